@@ -1,0 +1,383 @@
+"""The accelerator configuration: one dataclass, the single source of every hardware parameter.
+
+hw/ generates RTL from it, sim/ models it, sw/ compiles for it. Everything derived from it (lane
+count, word widths, operand widths, spad depths) is a property here, never recomputed elsewhere.
+
+Example
+-------
+>>> cfg = AcceleratorConfig()
+>>> cfg.lanes, cfg.beat_bytes, cfg.wgt_word_bytes
+(64, 16, 64)
+>>> AcceleratorConfig.from_json(cfg.to_json()) == cfg
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["NMPattern", "MemoryModel", "AcceleratorConfig", "ConfigError", "DENSE"]
+
+
+class ConfigError(ValueError):
+    """An invalid accelerator configuration or pattern; the message names the bad value."""
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+@dataclass(frozen=True, order=True)
+class NMPattern:
+    """An N:M sparsity pattern along the reduction dimension: at most ``n`` of every ``m``.
+
+    ``n == m`` is dense. Dense streams carry no index field; their implicit block size is
+    :data:`DENSE_BLOCK` activations (see docs/architecture.md, "Weight stream").
+    """
+
+    n: int
+    m: int
+
+    def __post_init__(self):
+        if not isinstance(self.n, int) or not isinstance(self.m, int):
+            raise ConfigError(f"N:M pattern needs integers, got {self.n!r}:{self.m!r}")
+        if self.m not in (1, 2, 4, 8, 16):
+            raise ConfigError(f"N:M pattern: M must be a power of two <= 16, got M={self.m!r}")
+        if not 1 <= self.n <= self.m:
+            raise ConfigError(f"N:M pattern: need 1 <= N <= M, got {self.n}:{self.m}")
+
+    @classmethod
+    def parse(cls, text: str | NMPattern) -> NMPattern:
+        """Parse ``"2:4"``; ``"dense"`` means 1:1."""
+        if isinstance(text, NMPattern):
+            return text
+        if not isinstance(text, str):
+            raise ConfigError(f"N:M pattern must be a string like '2:4', got {text!r}")
+        if text.strip().lower() == "dense":
+            return DENSE
+        try:
+            n, m = (int(p) for p in text.split(":"))
+        except ValueError:
+            raise ConfigError(f"N:M pattern must look like '2:4', got {text!r}") from None
+        if n == m:
+            return DENSE
+        if n > m:
+            raise ConfigError(f"N:M pattern: N must be < M for sparsity, got {text!r}")
+        return cls(n, m)
+
+    @property
+    def dense(self) -> bool:
+        return self.n == self.m
+
+    @property
+    def index_bits(self) -> int:
+        """Bits of the in-block index stored with every kept value (0 for dense)."""
+        return 0 if self.dense else int(math.log2(self.m))
+
+    @property
+    def block(self) -> int:
+        """Activations one step may select from (the M-block; dense uses DENSE_BLOCK)."""
+        return DENSE_BLOCK if self.dense else self.m
+
+    @property
+    def steps_per_block(self) -> int:
+        """Steps (kept values per lane) that share one activation block."""
+        return DENSE_BLOCK if self.dense else self.n
+
+    @property
+    def density(self) -> float:
+        return self.n / self.m
+
+    def __str__(self) -> str:
+        return "dense" if self.dense else f"{self.n}:{self.m}"
+
+
+DENSE = NMPattern(1, 1)
+#: Activations fetched at once in dense mode; step ``s`` uses element ``s % DENSE_BLOCK``.
+DENSE_BLOCK = 16
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """The DRAM seen by the DMA engines.
+
+    Parameters
+    ----------
+    bytes_per_cycle:
+        Beat size: bytes moved per cycle in each direction (separate read and write channels).
+    latency:
+        Cycles from a read request to its data.
+    size_bytes:
+        DRAM size modelled in simulation (addresses beyond it are errors).
+    """
+
+    bytes_per_cycle: int = 16
+    latency: int = 24
+    size_bytes: int = 1 << 22
+
+    def __post_init__(self):
+        if not _is_pow2(self.bytes_per_cycle) or not 4 <= self.bytes_per_cycle <= 1 << 16:
+            raise ConfigError(
+                f"memory.bytes_per_cycle must be a power of two in [4, 65536], "
+                f"got {self.bytes_per_cycle!r}")
+        if not isinstance(self.latency, int) or not 1 <= self.latency <= 4096:
+            raise ConfigError(f"memory.latency must be an int in [1, 4096], got {self.latency!r}")
+        if not isinstance(self.size_bytes, int) or self.size_bytes % self.bytes_per_cycle:
+            raise ConfigError(
+                f"memory.size_bytes must be a multiple of bytes_per_cycle "
+                f"({self.bytes_per_cycle}), got {self.size_bytes!r}")
+        if self.size_bytes // self.bytes_per_cycle > 1 << 32:
+            raise ConfigError(f"memory.size_bytes too large for 32-bit beat addresses: "
+                              f"{self.size_bytes!r}")
+
+
+def _default_patterns() -> tuple[NMPattern, ...]:
+    return tuple(NMPattern.parse(p) for p in ("1:4", "2:4", "1:8", "2:8", "4:8", "4:16"))
+
+
+@dataclass(frozen=True)
+class AcceleratorConfig:
+    """Every parameter of one accelerator instance.
+
+    Parameters
+    ----------
+    rows, cols:
+        The array: ``rows`` pipelined rows of ``cols`` processing elements (lanes = rows*cols).
+    max_tokens:
+        Depth of every PE's accumulator file: tokens one GEMM instruction processes.
+    patterns:
+        Sparse N:M patterns the decoder supports, selectable per instruction. Dense is always
+        supported and is pattern index 0 in instructions.
+    weight_bits:
+        Weight value widths the decoder supports (4 and/or 8).
+    act_bits, acc_bits:
+        Activation and accumulator widths (two's complement; accumulators wrap).
+    scale_code_bits:
+        Width of the unsigned per-group scale code (see docs/architecture.md, "Numerics").
+    group_size:
+        Default quantization group along K used by the compiler and compressor.
+    act_spad_bytes, wgt_spad_bytes, out_spad_bytes, param_spad_bytes:
+        Scratchpad capacities.
+    queue_depth:
+        Depth of each engine's instruction queue.
+    num_events:
+        Event counters (at most 31: id 31 in an instruction means "none").
+    event_bits:
+        Width of each event counter; counting past its maximum is an error.
+    imem_depth:
+        Instruction memory depth (instructions).
+    memory:
+        The DRAM model.
+    clock_mhz:
+        Target clock, used to convert cycles into seconds.
+    """
+
+    rows: int = 4
+    cols: int = 16
+    max_tokens: int = 16
+    patterns: tuple[NMPattern, ...] = field(default_factory=_default_patterns)
+    weight_bits: tuple[int, ...] = (4, 8)
+    act_bits: int = 8
+    acc_bits: int = 32
+    scale_code_bits: int = 8
+    group_size: int = 128
+    act_spad_bytes: int = 32 << 10
+    wgt_spad_bytes: int = 64 << 10
+    out_spad_bytes: int = 16 << 10
+    param_spad_bytes: int = 1 << 10
+    queue_depth: int = 4
+    num_events: int = 16
+    event_bits: int = 8
+    imem_depth: int = 4096
+    memory: MemoryModel = field(default_factory=MemoryModel)
+    clock_mhz: float = 100.0
+
+    def __post_init__(self):
+        # Normalise patterns given as strings (e.g. from JSON or the CLI).
+        pats = tuple(NMPattern.parse(p) for p in self.patterns)
+        object.__setattr__(self, "patterns", pats)
+        object.__setattr__(self, "weight_bits", tuple(self.weight_bits))
+        if isinstance(self.memory, dict):
+            object.__setattr__(self, "memory", MemoryModel(**self.memory))
+        self._validate()
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self):
+        def need(cond, msg):
+            if not cond:
+                raise ConfigError(msg)
+
+        for name in ("rows", "cols"):
+            v = getattr(self, name)
+            need(isinstance(v, int) and _is_pow2(v) and v <= 256,
+                 f"{name} must be a power of two in [1, 256], got {v!r}")
+        need(self.lanes >= 8, f"rows*cols must be >= 8 (byte-aligned lane fields), "
+                              f"got {self.rows}*{self.cols}={self.lanes}")
+        need(isinstance(self.max_tokens, int) and _is_pow2(self.max_tokens)
+             and self.max_tokens <= 32,
+             f"max_tokens must be a power of two in [1, 32], got {self.max_tokens!r}")
+        need(len(self.patterns) <= 7, f"at most 7 sparse patterns, got {len(self.patterns)}")
+        need(len(set(self.patterns)) == len(self.patterns),
+             f"duplicate patterns in {[str(p) for p in self.patterns]}")
+        for p in self.patterns:
+            need(not p.dense, f"patterns lists sparse patterns only (dense is implicit), got {p}")
+        need(set(self.weight_bits) <= {4, 8} and len(self.weight_bits) > 0,
+             f"weight_bits must be a non-empty subset of (4, 8), got {self.weight_bits!r}")
+        need(4 in self.weight_bits, f"weight_bits must include 4, got {self.weight_bits!r}")
+        need(self.act_bits == 8, f"act_bits must be 8, got {self.act_bits!r}")
+        need(self.acc_bits in (24, 32, 40, 48),
+             f"acc_bits must be one of 24, 32, 40, 48, got {self.acc_bits!r}")
+        need(self.scale_code_bits in (4, 6, 8),
+             f"scale_code_bits must be 4, 6 or 8, got {self.scale_code_bits!r}")
+        need(self.group_size in (32, 64, 128, 256) or self.group_size == 0,
+             f"group_size must be 32, 64, 128, 256 or 0 (whole row), got {self.group_size!r}")
+        need(self.beat_bytes <= self.lanes or self.lanes % self.beat_bytes == 0
+             or self.beat_bytes % self.lanes == 0,
+             f"memory.bytes_per_cycle ({self.beat_bytes}) and lanes ({self.lanes}) must divide "
+             f"one another")
+        for name in ("act_spad_bytes", "wgt_spad_bytes", "out_spad_bytes", "param_spad_bytes"):
+            v = getattr(self, name)
+            word = getattr(self, name.replace("spad_bytes", "word_bytes"))
+            need(isinstance(v, int) and v > 0 and v % max(word, self.beat_bytes) == 0,
+                 f"{name} must be a positive multiple of {max(word, self.beat_bytes)} bytes, "
+                 f"got {v!r}")
+            need(v // self.beat_bytes <= 1 << 16,
+                 f"{name}={v} exceeds 65536 beats, the ISA's spad address range")
+        need(self.param_spad_bytes // self.beat_bytes <= 1 << 8,
+             f"param_spad_bytes={self.param_spad_bytes} exceeds the ISA's 256-beat param range")
+        need(isinstance(self.queue_depth, int) and 1 <= self.queue_depth <= 64,
+             f"queue_depth must be in [1, 64], got {self.queue_depth!r}")
+        need(isinstance(self.num_events, int) and 1 <= self.num_events <= 31,
+             f"num_events must be in [1, 31], got {self.num_events!r}")
+        need(self.event_bits in range(2, 17), f"event_bits must be in [2, 16], "
+                                              f"got {self.event_bits!r}")
+        need(isinstance(self.imem_depth, int) and _is_pow2(self.imem_depth)
+             and self.imem_depth <= 1 << 20,
+             f"imem_depth must be a power of two <= 2**20, got {self.imem_depth!r}")
+        need(isinstance(self.clock_mhz, (int, float)) and 0 < self.clock_mhz <= 1000,
+             f"clock_mhz must be in (0, 1000], got {self.clock_mhz!r}")
+        need(max(self.max_block, self.beat_bytes) % self.act_word_bytes == 0
+             or self.act_word_bytes % self.beat_bytes == 0,
+             "act word and beat widths must nest")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def lanes(self) -> int:
+        """Processing elements = output channels computed at once = weight-stream lanes."""
+        return self.rows * self.cols
+
+    @property
+    def beat_bytes(self) -> int:
+        """DMA beat: bytes per cycle per direction; spad addresses in the ISA count beats."""
+        return self.memory.bytes_per_cycle
+
+    @property
+    def max_block(self) -> int:
+        """Largest activation block a step selects from (also the ACT spad word)."""
+        return max([DENSE_BLOCK] + [p.m for p in self.patterns])
+
+    @property
+    def act_word_bytes(self) -> int:
+        return self.max_block
+
+    @property
+    def wgt_word_bytes(self) -> int:
+        """One WGT spad word holds one byte per lane: the widest step record."""
+        return self.lanes
+
+    @property
+    def out_word_bytes(self) -> int:
+        return self.lanes
+
+    @property
+    def param_word_bytes(self) -> int:
+        """Per-lane 16-bit requantisation multipliers for the INT8 epilogue."""
+        return 2 * self.lanes
+
+    @property
+    def weight_operand_bits(self) -> int:
+        """Signed width of a dequantised weight ``code * (q - z)`` entering a PE."""
+        code_max = (1 << self.scale_code_bits) - 1
+        worst = max(code_max * ((1 << b) - 1) for b in self.weight_bits)  # asymmetric bound
+        return worst.bit_length() + 1
+
+    @property
+    def product_bits(self) -> int:
+        return self.weight_operand_bits + self.act_bits
+
+    @property
+    def pattern_table(self) -> tuple[NMPattern, ...]:
+        """Pattern index as encoded in GEMM instructions: 0 is dense."""
+        return (DENSE,) + self.patterns
+
+    def pattern_index(self, pattern: NMPattern | str) -> int:
+        """Index of ``pattern`` in :attr:`pattern_table`; raises if unsupported."""
+        p = NMPattern.parse(pattern)
+        try:
+            return self.pattern_table.index(p)
+        except ValueError:
+            raise ConfigError(f"pattern {p} is not supported by this accelerator; supported: "
+                              f"{[str(q) for q in self.pattern_table]}") from None
+
+    def spad_beats(self, spad: str) -> int:
+        return getattr(self, f"{spad}_spad_bytes") // self.beat_bytes
+
+    @property
+    def peak_macs_per_cycle(self) -> int:
+        """Dense MACs per cycle at full utilisation (one per PE)."""
+        return self.lanes
+
+    @property
+    def dram_beats(self) -> int:
+        return self.memory.size_bytes // self.beat_bytes
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["patterns"] = [str(p) for p in self.patterns]
+        d["weight_bits"] = list(self.weight_bits)
+        return d
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AcceleratorConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown configuration fields: {sorted(unknown)}")
+        d = dict(d)
+        if "memory" in d:
+            mem = d["memory"]
+            if not isinstance(mem, dict):
+                raise ConfigError(f"memory must be an object, got {mem!r}")
+            unknown = set(mem) - {f.name for f in dataclasses.fields(MemoryModel)}
+            if unknown:
+                raise ConfigError(f"unknown memory fields: {sorted(unknown)}")
+            d["memory"] = MemoryModel(**mem)
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> AcceleratorConfig:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"configuration is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"configuration JSON must be an object, got {type(d).__name__}")
+        return cls.from_dict(d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> AcceleratorConfig:
+        return cls.from_json(Path(path).read_text())
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    def replace(self, **changes) -> AcceleratorConfig:
+        return dataclasses.replace(self, **changes)

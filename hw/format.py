@@ -1,0 +1,445 @@
+"""The packed N:M + INT4/INT8 weight format: written by the compressor, read by the hardware.
+
+Two representations of one compressed weight matrix ``W[n_out, k]``:
+
+* :class:`QuantizedWeight` -- canonical and unpacked: per output row, the kept values in step order,
+  their in-block indices, per-group scale codes (and zero points) and one float32 row scale.
+* the **stream** -- the bytes the accelerator's weight decoder consumes, laid out tile by tile in
+  the order the array streams them (see docs/architecture.md, "Weight stream"):
+
+  for each tile of ``lanes`` output rows, for each group of ``group`` dense K positions:
+
+  ``[codes: lanes bytes] [zeros: lanes bytes, asymmetric only] [steps_per_group step records]``
+
+  A step record holds one field of ``bits + index_bits`` bits per lane, lane 0 in the least
+  significant bits, value in the low ``bits`` and the in-block index above it. Records are packed
+  back to back, little-endian, so a record is ``lanes * field_bits / 8`` bytes.
+
+:func:`pack` and :func:`unpack` convert between them exactly (vectorised numpy).
+
+Numerics of the fields (docs/architecture.md, "Numerics"): the integer weight of a kept value is
+``code * q`` (symmetric, ``q`` two's complement) or ``code * (u - zero)`` (asymmetric, ``u``
+unsigned); the real weight is ``row_scale * integer weight``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw.config import DENSE, AcceleratorConfig, NMPattern
+
+__all__ = ["FormatError", "WeightFormat", "QuantizedWeight", "pack", "unpack", "stream_layout"]
+
+
+class FormatError(ValueError):
+    """Invalid format parameters or a stream that does not match its metadata."""
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How one weight matrix is compressed.
+
+    Parameters
+    ----------
+    pattern:
+        N:M sparsity along K (:data:`hw.config.DENSE` for none).
+    bits:
+        Weight value width: 4 or 8.
+    group:
+        Dense K positions sharing one scale code (a multiple of the block); 0 = whole row.
+    symmetric:
+        Symmetric (two's complement values, no zero point) or asymmetric (unsigned + zero).
+    code_bits:
+        Width of the unsigned per-group scale code.
+    raw:
+        No scales at all: values are plain integers (``code = 1``, no header). Used for INT8
+        operands such as the KV cache.
+    """
+
+    pattern: NMPattern = DENSE
+    bits: int = 4
+    group: int = 128
+    symmetric: bool = True
+    code_bits: int = 8
+    raw: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "pattern", NMPattern.parse(self.pattern))
+        if self.bits not in (4, 8):
+            raise FormatError(f"weight bits must be 4 or 8, got {self.bits!r}")
+        if not isinstance(self.group, int) or self.group < 0:
+            raise FormatError(f"group must be a non-negative int (0 = whole row), "
+                              f"got {self.group!r}")
+        if self.group and self.group % self.block:
+            raise FormatError(f"group ({self.group}) must be a multiple of the block size "
+                              f"({self.block} for {self.pattern})")
+        if self.code_bits not in (4, 6, 8):
+            raise FormatError(f"code_bits must be 4, 6 or 8, got {self.code_bits!r}")
+        if self.raw and not self.symmetric:
+            raise FormatError("raw (unscaled) weights must be symmetric")
+
+    @property
+    def block(self) -> int:
+        return self.pattern.block
+
+    @property
+    def field_bits(self) -> int:
+        """Bits per lane per step: value + in-block index."""
+        return self.bits + self.pattern.index_bits
+
+    @property
+    def qmin(self) -> int:
+        return -(1 << (self.bits - 1)) if self.symmetric else 0
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.bits - 1)) - 1 if self.symmetric else (1 << self.bits) - 1
+
+    @property
+    def code_max(self) -> int:
+        return (1 << self.code_bits) - 1
+
+    @property
+    def header_bytes_per_lane(self) -> int:
+        return 0 if self.raw else (1 if self.symmetric else 2)
+
+    def padded_k(self, k: int) -> int:
+        """K rounded up so that every group and block is complete."""
+        unit = math.lcm(self.block, self.group) if self.group else self.block
+        return -(-k // unit) * unit
+
+    def group_of(self, k_padded: int) -> int:
+        """Dense K positions per group for a padded K (whole row when ``group == 0``)."""
+        return self.group or k_padded
+
+    def steps(self, k_padded: int) -> int:
+        """Steps (kept values per row) for a padded K."""
+        return k_padded * self.pattern.n // self.pattern.m
+
+    def steps_per_group(self, k_padded: int) -> int:
+        return self.group_of(k_padded) * self.pattern.n // self.pattern.m
+
+    def bits_per_weight(self, k: int, n_out: int = 1, lanes: int = 64) -> dict[str, float]:
+        """Storage cost per dense weight position, split into its parts."""
+        return stream_layout(self, n_out, k, lanes).bits_per_weight
+
+    def check_supported(self, cfg: AcceleratorConfig) -> None:
+        """Raise :class:`FormatError` if ``cfg``'s decoder cannot stream this format."""
+        if self.bits not in cfg.weight_bits:
+            raise FormatError(f"{self.bits}-bit weights not supported by this accelerator "
+                              f"(weight_bits={cfg.weight_bits})")
+        if self.bits == 8 and not self.pattern.dense:
+            raise FormatError(f"the decoder streams INT8 weights dense only, got {self.pattern}")
+        if self.field_bits > 8:
+            raise FormatError(f"field of {self.field_bits} bits exceeds one byte per lane")
+        if not self.pattern.dense and self.pattern not in cfg.patterns:
+            raise FormatError(f"pattern {self.pattern} not supported by this accelerator; "
+                              f"supported: {[str(p) for p in cfg.pattern_table]}")
+        if self.code_bits != cfg.scale_code_bits:
+            raise FormatError(f"scale codes of {self.code_bits} bits, accelerator decodes "
+                              f"{cfg.scale_code_bits}")
+
+    def to_dict(self) -> dict:
+        return {"pattern": str(self.pattern), "bits": self.bits, "group": self.group,
+                "symmetric": self.symmetric, "code_bits": self.code_bits, "raw": self.raw}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> WeightFormat:
+        return cls(**d)
+
+
+@dataclass
+class QuantizedWeight:
+    """A compressed weight matrix in canonical, unpacked form (exact).
+
+    Attributes
+    ----------
+    fmt:
+        The format.
+    shape:
+        ``(n_out, k)`` of the original matrix; K is padded to ``fmt.padded_k(k)`` with zeros.
+    values:
+        ``int16 [n_out, steps]``: kept values in step order (two's complement if symmetric).
+    index:
+        ``uint8 [n_out, steps]``: position of each kept value inside its M-block (``None`` for
+        dense, where step ``s`` is position ``s`` of the row).
+    codes:
+        ``uint8 [n_out, groups]`` scale codes (all ones when raw).
+    zeros:
+        ``uint8 [n_out, groups]`` zero points (``None`` if symmetric).
+    row_scale:
+        ``float32 [n_out]``: real weight = row_scale * integer weight.
+    """
+
+    fmt: WeightFormat
+    shape: tuple[int, int]
+    values: np.ndarray
+    index: np.ndarray | None
+    codes: np.ndarray
+    zeros: np.ndarray | None
+    row_scale: np.ndarray
+
+    def __post_init__(self):
+        self.shape = tuple(int(s) for s in self.shape)
+        n, _ = self.shape
+        steps = self.fmt.steps(self.k_padded)
+        groups = self.k_padded // self.fmt.group_of(self.k_padded)
+        expect = {"values": (n, steps), "codes": (n, groups), "row_scale": (n,)}
+        if not self.fmt.pattern.dense:
+            expect["index"] = (n, steps)
+        if not self.fmt.symmetric:
+            expect["zeros"] = (n, groups)
+        for name, shp in expect.items():
+            arr = getattr(self, name)
+            if arr is None or arr.shape != shp:
+                got = None if arr is None else arr.shape
+                raise FormatError(f"{name} has shape {got}, expected {shp} for "
+                                  f"{self.shape} {self.fmt.pattern} group {self.fmt.group}")
+
+    @property
+    def n_out(self) -> int:
+        return self.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.shape[1]
+
+    @property
+    def k_padded(self) -> int:
+        return self.fmt.padded_k(self.shape[1])
+
+    @property
+    def n_groups(self) -> int:
+        return self.codes.shape[1]
+
+    def positions(self) -> np.ndarray:
+        """``int64 [n_out, steps]``: dense K position of every kept value."""
+        p = self.fmt.pattern
+        steps = self.values.shape[1]
+        if p.dense:
+            return np.broadcast_to(np.arange(steps, dtype=np.int64), self.values.shape)
+        block = np.arange(steps, dtype=np.int64) // p.n
+        return block[None, :] * p.m + self.index.astype(np.int64)
+
+    def step_groups(self) -> np.ndarray:
+        """``int64 [steps]``: group of every step."""
+        steps = self.values.shape[1]
+        return np.arange(steps, dtype=np.int64) // self.fmt.steps_per_group(self.k_padded)
+
+    def int_values(self) -> np.ndarray:
+        """``int32 [n_out, steps]``: the integer weight ``code * (q - zero)`` of each step."""
+        g = self.step_groups()
+        q = self.values.astype(np.int32)
+        if self.zeros is not None:
+            q = q - self.zeros[:, g].astype(np.int32)
+        return q * self.codes[:, g].astype(np.int32)
+
+    def int_weight(self) -> np.ndarray:
+        """``int32 [n_out, k_padded]``: the dense integer weight matrix the datapath computes."""
+        if self.fmt.pattern.dense:
+            return self.int_values()
+        w = np.zeros((self.n_out, self.k_padded), dtype=np.int32)
+        np.put_along_axis(w, self.positions(), self.int_values(), axis=1)
+        return w
+
+    def dequantize(self) -> np.ndarray:
+        """``float32 [n_out, k]``: the real weights this compressed matrix stands for."""
+        w = self.int_weight()[:, : self.k].astype(np.float32)
+        return w * self.row_scale[:, None]
+
+    def equals(self, other: QuantizedWeight) -> bool:
+        """Exact equality of every field."""
+        def same(a, b):
+            return (a is None and b is None) or (
+                a is not None and b is not None and a.shape == b.shape and np.array_equal(a, b))
+        return (self.fmt == other.fmt and self.shape == other.shape
+                and all(same(getattr(self, f), getattr(other, f))
+                        for f in ("values", "index", "codes", "zeros"))
+                and np.array_equal(self.row_scale.view(np.uint32),
+                                   other.row_scale.view(np.uint32)))
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    """Byte layout of a packed stream (see module docstring)."""
+
+    fmt: WeightFormat
+    n_out: int
+    k: int
+    lanes: int
+
+    @property
+    def k_padded(self) -> int:
+        return self.fmt.padded_k(self.k)
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.n_out // self.lanes)
+
+    @property
+    def groups(self) -> int:
+        return self.k_padded // self.fmt.group_of(self.k_padded)
+
+    @property
+    def steps_per_group(self) -> int:
+        return self.fmt.steps_per_group(self.k_padded)
+
+    @property
+    def record_bytes(self) -> int:
+        return self.lanes * self.fmt.field_bits // 8
+
+    @property
+    def header_bytes(self) -> int:
+        return self.lanes * self.fmt.header_bytes_per_lane
+
+    @property
+    def group_bytes(self) -> int:
+        return self.header_bytes + self.steps_per_group * self.record_bytes
+
+    @property
+    def tile_bytes(self) -> int:
+        return self.groups * self.group_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.tiles * self.tile_bytes
+
+    @property
+    def bits_per_weight(self) -> dict[str, float]:
+        """Bits per dense weight of the original (unpadded) matrix, split by part."""
+        dense = self.n_out * self.k
+        body = self.tiles * self.groups * self.steps_per_group * self.lanes
+        parts = {
+            "values": body * self.fmt.bits,
+            "indices": body * self.fmt.pattern.index_bits,
+            "scales": self.tiles * self.groups * self.header_bytes * 8
+            + (0 if self.fmt.raw else 32 * self.n_out),
+        }
+        out = {name: v / dense for name, v in parts.items()}
+        out["total"] = sum(out.values())
+        return out
+
+
+def stream_layout(fmt: WeightFormat, n_out: int, k: int, lanes: int) -> StreamLayout:
+    """The byte layout of ``W[n_out, k]`` packed for ``lanes`` lanes."""
+    if lanes % 8 or lanes <= 0:
+        raise FormatError(f"lanes must be a positive multiple of 8, got {lanes!r}")
+    if n_out <= 0 or k <= 0:
+        raise FormatError(f"weight shape must be non-empty, got ({n_out}, {k})")
+    return StreamLayout(fmt, n_out, k, lanes)
+
+
+# ---------------------------------------------------------------------- bit packing helpers
+def _pack_fields(fields: np.ndarray, width: int) -> np.ndarray:
+    """Pack the last axis of ``fields`` (a multiple of 8 long) as ``width``-bit fields, LSB first.
+
+    Returns uint8 with the last axis ``len * width / 8`` long.
+    """
+    *lead, n = fields.shape
+    if width == 8:
+        return fields.astype(np.uint8)
+    if width == 4:
+        f = fields.astype(np.uint8).reshape(*lead, n // 2, 2)
+        return (f[..., 0] | (f[..., 1] << 4)).astype(np.uint8)
+    f = fields.astype(np.uint64).reshape(*lead, n // 8, 8)
+    shifts = np.arange(8, dtype=np.uint64) * np.uint64(width)
+    word = np.bitwise_or.reduce(f << shifts, axis=-1)  # 8 fields -> `width` bytes
+    return word[..., None].view(np.uint8).reshape(*lead, n // 8, 8)[..., :width].reshape(
+        *lead, n * width // 8)
+
+
+def _unpack_fields(data: np.ndarray, width: int, n: int) -> np.ndarray:
+    """Inverse of :func:`_pack_fields`: uint8 ``[..., n*width/8]`` -> uint16 ``[..., n]``."""
+    *lead, _ = data.shape
+    if width == 8:
+        return data.astype(np.uint16)
+    if width == 4:
+        lo = data & 0xF
+        hi = data >> 4
+        return np.stack([lo, hi], axis=-1).reshape(*lead, n).astype(np.uint16)
+    chunks = data.reshape(*lead, n // 8, width)
+    padded = np.zeros((*lead, n // 8, 8), dtype=np.uint8)
+    padded[..., :width] = chunks
+    word = padded.view(np.uint64)  # [..., n//8, 1]
+    shifts = np.arange(8, dtype=np.uint64) * np.uint64(width)
+    f = (word >> shifts) & np.uint64((1 << width) - 1)
+    return f.reshape(*lead, n).astype(np.uint16)
+
+
+# ---------------------------------------------------------------------- pack / unpack
+def pack(w: QuantizedWeight, lanes: int) -> np.ndarray:
+    """Pack ``w`` into the hardware stream for an array of ``lanes`` lanes (uint8, 1-D).
+
+    Rows beyond ``n_out`` in the last tile are zero (code 0), so they contribute nothing.
+    """
+    fmt = w.fmt
+    lay = stream_layout(fmt, w.n_out, w.k, lanes)
+    n_pad = lay.tiles * lanes
+    steps = fmt.steps(lay.k_padded)
+
+    def pad_rows(a, dtype):
+        out = np.zeros((n_pad, a.shape[1]), dtype=dtype)
+        out[: w.n_out] = a
+        return out
+
+    # Field = value (low `bits`, two's complement masked) | index << bits.
+    fields = pad_rows(w.values.astype(np.int32) & ((1 << fmt.bits) - 1), np.uint16)
+    if not fmt.pattern.dense:
+        fields |= pad_rows(w.index, np.uint16) << fmt.bits
+    # [tiles, lanes, groups, spg] -> [tiles, groups, spg, lanes]: one record per step.
+    fields = fields.reshape(lay.tiles, lanes, lay.groups, lay.steps_per_group)
+    records = _pack_fields(fields.transpose(0, 2, 3, 1), fmt.field_bits)
+    body = records.reshape(lay.tiles, lay.groups, lay.steps_per_group * lay.record_bytes)
+    if fmt.raw:
+        return np.ascontiguousarray(body).reshape(-1)
+    heads = [pad_rows(w.codes, np.uint8)]
+    if not fmt.symmetric:
+        heads.append(pad_rows(w.zeros, np.uint8))
+    # [tiles, lanes, groups] -> [tiles, groups, lanes] per header word.
+    heads = [h.reshape(lay.tiles, lanes, lay.groups).transpose(0, 2, 1) for h in heads]
+    out = np.concatenate(heads + [body], axis=2)
+    assert out.shape[2] == lay.group_bytes and steps == lay.groups * lay.steps_per_group
+    return np.ascontiguousarray(out).reshape(-1)
+
+
+def unpack(stream: np.ndarray, fmt: WeightFormat, shape: tuple[int, int], lanes: int,
+           row_scale: np.ndarray) -> QuantizedWeight:
+    """Parse a stream produced by :func:`pack` back into a :class:`QuantizedWeight` (exact)."""
+    n_out, k = shape
+    lay = stream_layout(fmt, n_out, k, lanes)
+    stream = np.asarray(stream)
+    if stream.dtype != np.uint8 or stream.ndim != 1:
+        raise FormatError(f"stream must be a 1-D uint8 array, got {stream.dtype} "
+                          f"{stream.shape}")
+    if stream.size != lay.total_bytes:
+        raise FormatError(f"stream is {stream.size} bytes, expected {lay.total_bytes} for "
+                          f"{shape} {fmt.pattern} int{fmt.bits} group {fmt.group} "
+                          f"on {lanes} lanes")
+    row_scale = np.asarray(row_scale, dtype=np.float32)
+    if row_scale.shape != (n_out,):
+        raise FormatError(f"row_scale has shape {row_scale.shape}, expected ({n_out},)")
+    grouped = stream.reshape(lay.tiles, lay.groups, lay.group_bytes)
+    hb = lay.header_bytes
+    records = grouped[:, :, hb:].reshape(lay.tiles, lay.groups, lay.steps_per_group,
+                                         lay.record_bytes)
+    fields = _unpack_fields(records, fmt.field_bits, lanes)  # [t, g, spg, lanes]
+    fields = fields.transpose(0, 3, 1, 2).reshape(lay.tiles * lanes, -1)[:n_out]
+    vmask = (1 << fmt.bits) - 1
+    values = (fields & vmask).astype(np.int16)
+    if fmt.symmetric:
+        values = np.where(values > fmt.qmax, values - (1 << fmt.bits), values).astype(np.int16)
+    index = None if fmt.pattern.dense else (fields >> fmt.bits).astype(np.uint8)
+
+    def header(i):
+        h = grouped[:, :, i * lanes:(i + 1) * lanes]  # [t, g, lanes]
+        return np.ascontiguousarray(h.transpose(0, 2, 1).reshape(lay.tiles * lanes, -1)[:n_out])
+
+    if fmt.raw:
+        codes = np.ones((n_out, lay.groups), dtype=np.uint8)
+    else:
+        codes = header(0)
+    zeros = None if fmt.symmetric else header(1)
+    return QuantizedWeight(fmt, (n_out, k), values, index, codes, zeros, row_scale.copy())

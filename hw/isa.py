@@ -1,0 +1,450 @@
+"""The instruction set, defined once as Amaranth data layouts.
+
+The RTL decodes instructions with these layouts; the Python encoder/decoder below derives every
+field offset and width from the same layouts, so the compiler, the fast model and the tests can
+never disagree with the hardware about bit positions. See docs/architecture.md, "Instruction set".
+
+An instruction is 128 bits: a 13-bit header (opcode, wait event, signal event) and a body whose
+meaning depends on the opcode. Addresses into scratchpads and DRAM count *beats*
+(``cfg.beat_bytes`` bytes).
+
+Example
+-------
+>>> from hw.config import AcceleratorConfig
+>>> cfg = AcceleratorConfig()
+>>> ins = Load(spad=Spad.WGT, dram_addr=0, spad_addr=0, rows=1, row_beats=4, signal=2)
+>>> decode(encode(ins, cfg)) == ins
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from amaranth.lib import data, enum
+
+from hw.config import AcceleratorConfig
+
+__all__ = [
+    "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "Opcode", "Spad", "Engine", "Epilogue", "ErrorCode",
+    "Header", "DmaBody", "GemmBody", "SyncBody", "InstrLayout",
+    "Load", "Store", "Gemm", "Sync", "End", "Instr", "ISAError",
+    "encode", "decode", "encode_program", "decode_program", "engine_of", "dispatch_error",
+    "check", "gemm_weight_bytes",
+]
+
+INSTR_BITS = 128
+INSTR_BYTES = INSTR_BITS // 8
+#: Event id meaning "no event" in the wait/signal fields.
+NO_EVENT = 31
+
+
+class Opcode(enum.Enum, shape=3):
+    INVALID = 0  # zeroed memory decodes as an illegal instruction, never as END
+    LOAD = 1
+    STORE = 2
+    GEMM = 3
+    SYNC = 4
+    END = 5
+
+
+class Spad(enum.Enum, shape=2):
+    ACT = 0    # activations, read by the array
+    WGT = 1    # packed weight streams, read by the decoder
+    OUT = 2    # epilogue results, read by the store engine
+    PARAM = 3  # epilogue operands: per-lane multipliers, residual rows
+
+
+class Engine(enum.Enum, shape=2):
+    LOAD = 0
+    COMPUTE = 1
+    STORE = 2
+
+
+class Epilogue(enum.Enum, shape=2):
+    NONE = 0           # keep results in the accumulators (more K chunks follow)
+    WIDE = 1           # write accumulators as int32
+    INT8 = 2           # requantise with per-lane multipliers and a shift
+    INT8_RESIDUAL = 3  # as INT8, plus an int8 residual read from PARAM
+
+
+class ErrorCode(enum.Enum, shape=4):
+    NONE = 0
+    ILLEGAL_OPCODE = 1
+    BAD_EVENT = 2
+    BAD_ADDRESS = 3
+    BAD_GEMM = 4
+    PC_OVERFLOW = 5
+    EVENT_OVERFLOW = 6
+    DEADLOCK = 7
+
+
+Header = data.StructLayout({
+    "opcode": Opcode,
+    "wait": 5,
+    "signal": 5,
+})
+
+DmaBody = data.StructLayout({
+    "spad": Spad,
+    "dram_addr": 32,
+    "spad_addr": 16,
+    "rows": 16,
+    "row_beats": 16,
+    "dram_stride": 32,
+})
+
+GemmBody = data.StructLayout({
+    "wgt_addr": 16,
+    "act_addr": 16,
+    "act_stride": 12,
+    "out_addr": 16,
+    "param_addr": 8,
+    "k_steps": 14,
+    "group_steps": 14,   # 0: raw weights, no group headers
+    "tokens_m1": 5,      # tokens - 1
+    "pattern": 3,        # index into cfg.pattern_table (0 = dense)
+    "int8": 1,           # 8-bit weight values (dense only)
+    "asym": 1,           # asymmetric: a zero-point header word follows each code word
+    "accumulate": 1,     # add onto the accumulators instead of clearing them
+    "epilogue": Epilogue,
+    "shift": 5,
+})
+
+SyncBody = data.StructLayout({
+    "engine": Engine,
+})
+
+InstrLayout = data.StructLayout({
+    "header": Header,
+    "body": data.UnionLayout({"dma": DmaBody, "gemm": GemmBody, "sync": SyncBody}),
+})
+assert InstrLayout.size <= INSTR_BITS, InstrLayout.size
+
+
+class ISAError(ValueError):
+    """An instruction the encoder refuses; the message names the field and value."""
+
+
+# ---------------------------------------------------------------------- field offsets
+def _fields(layout: data.StructLayout, base: int) -> dict[str, tuple[int, int]]:
+    return {name: (base + f.offset, f.width) for name, f in layout}
+
+
+_HDR = _fields(Header, InstrLayout["header"].offset)
+_BODY = InstrLayout["body"].offset
+_BODIES = {"dma": _fields(DmaBody, _BODY), "gemm": _fields(GemmBody, _BODY),
+           "sync": _fields(SyncBody, _BODY)}
+
+
+def _put(word: int, field: tuple[int, int], value: int, name: str) -> int:
+    off, width = field
+    if not 0 <= value < (1 << width):
+        raise ISAError(f"field {name}={value} does not fit in {width} bits")
+    return word | (value << off)
+
+
+def _get(word: int, field: tuple[int, int]) -> int:
+    off, width = field
+    return (word >> off) & ((1 << width) - 1)
+
+
+# ---------------------------------------------------------------------- instructions
+@dataclass(frozen=True, kw_only=True)
+class _Base:
+    """Common header: wait on an event before executing, signal one when done."""
+
+    wait: int | None = None
+    signal: int | None = None
+    opcode: ClassVar[Opcode]
+    body: ClassVar[str | None] = None
+
+    def _body_fields(self) -> dict[str, int]:
+        return {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Load(_Base):
+    """DRAM -> scratchpad: ``rows`` rows of ``row_beats`` beats, DRAM rows ``dram_stride`` apart,
+    written contiguously from ``spad_addr``."""
+
+    spad: Spad = Spad.ACT
+    dram_addr: int = 0
+    spad_addr: int = 0
+    rows: int = 1
+    row_beats: int = 1
+    dram_stride: int = 0
+    opcode: ClassVar[Opcode] = Opcode.LOAD
+    body: ClassVar[str] = "dma"
+
+    def _body_fields(self):
+        return {"spad": self.spad.value, "dram_addr": self.dram_addr,
+                "spad_addr": self.spad_addr, "rows": self.rows, "row_beats": self.row_beats,
+                "dram_stride": self.dram_stride}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Store(Load):
+    """Scratchpad (OUT) -> DRAM, the mirror image of :class:`Load`."""
+
+    spad: Spad = Spad.OUT
+    opcode: ClassVar[Opcode] = Opcode.STORE
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gemm(_Base):
+    """Stream ``k_steps`` steps of a packed weight tile against ``tokens`` activation rows.
+
+    Lane ``l`` computes output channel ``l`` of the tile for every token. Token ``t``'s
+    activations start at ACT beat ``act_addr + t * act_stride``.
+    """
+
+    wgt_addr: int = 0
+    act_addr: int = 0
+    act_stride: int = 0
+    out_addr: int = 0
+    param_addr: int = 0
+    k_steps: int = 1
+    group_steps: int = 0
+    tokens: int = 1
+    pattern: int = 0
+    int8: bool = False
+    asym: bool = False
+    accumulate: bool = False
+    epilogue: Epilogue = Epilogue.WIDE
+    shift: int = 0
+    opcode: ClassVar[Opcode] = Opcode.GEMM
+    body: ClassVar[str] = "gemm"
+
+    def _body_fields(self):
+        if self.tokens < 1:
+            raise ISAError(f"tokens must be >= 1, got {self.tokens}")
+        return {"wgt_addr": self.wgt_addr, "act_addr": self.act_addr,
+                "act_stride": self.act_stride, "out_addr": self.out_addr,
+                "param_addr": self.param_addr, "k_steps": self.k_steps,
+                "group_steps": self.group_steps, "tokens_m1": self.tokens - 1,
+                "pattern": self.pattern, "int8": int(self.int8), "asym": int(self.asym),
+                "accumulate": int(self.accumulate), "epilogue": self.epilogue.value,
+                "shift": self.shift}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sync(_Base):
+    """Only wait and/or signal, on the queue of ``engine`` (e.g. to seed buffer credits)."""
+
+    engine: Engine = Engine.LOAD
+    opcode: ClassVar[Opcode] = Opcode.SYNC
+    body: ClassVar[str] = "sync"
+
+    def _body_fields(self):
+        return {"engine": self.engine.value}
+
+
+@dataclass(frozen=True, kw_only=True)
+class End(_Base):
+    """End of program: the accelerator is done once every engine has drained."""
+
+    opcode: ClassVar[Opcode] = Opcode.END
+
+
+Instr = Load | Store | Gemm | Sync | End
+_BY_OPCODE = {c.opcode: c for c in (Load, Store, Gemm, Sync, End)}
+
+
+def engine_of(ins: Instr) -> Engine | None:
+    """The engine whose queue receives ``ins`` (None for END)."""
+    if isinstance(ins, Store):
+        return Engine.STORE
+    if isinstance(ins, Load):
+        return Engine.LOAD
+    if isinstance(ins, Gemm):
+        return Engine.COMPUTE
+    if isinstance(ins, Sync):
+        return ins.engine
+    return None
+
+
+# ---------------------------------------------------------------------- encode / decode
+def _event(v: int | None) -> int:
+    return NO_EVENT if v is None else v
+
+
+def encode(ins: Instr, cfg: AcceleratorConfig | None = None) -> int:
+    """Encode one instruction as a 128-bit integer; with ``cfg``, validate it first."""
+    if cfg is not None:
+        check(ins, cfg)
+    w = _put(0, _HDR["opcode"], ins.opcode.value, "opcode")
+    w = _put(w, _HDR["wait"], _event(ins.wait), "wait")
+    w = _put(w, _HDR["signal"], _event(ins.signal), "signal")
+    if ins.body:
+        fields = _BODIES[ins.body]
+        for name, value in ins._body_fields().items():
+            w = _put(w, fields[name], int(value), name)
+    return w
+
+
+def decode(word: int) -> Instr:
+    """Decode a 128-bit instruction word (raises :class:`ISAError` for an illegal opcode)."""
+    op = _get(word, _HDR["opcode"])
+    try:
+        cls = _BY_OPCODE[Opcode(op)]
+    except (ValueError, KeyError):
+        raise ISAError(f"illegal opcode {op}") from None
+    ev = {k: (None if (v := _get(word, _HDR[k])) == NO_EVENT else v) for k in ("wait", "signal")}
+    if cls is End:
+        return End(**ev)
+    f = {name: _get(word, fld) for name, fld in _BODIES[cls.body].items()}
+    if cls is Sync:
+        return Sync(engine=Engine(f["engine"]), **ev)
+    if cls in (Load, Store):
+        return cls(spad=Spad(f.pop("spad")), **f, **ev)
+    f["tokens"] = f.pop("tokens_m1") + 1
+    for b in ("int8", "asym", "accumulate"):
+        f[b] = bool(f[b])
+    f["epilogue"] = Epilogue(f["epilogue"])
+    return Gemm(**f, **ev)
+
+
+def encode_program(program: list[Instr], cfg: AcceleratorConfig | None = None) -> np.ndarray:
+    """Encode a program as little-endian bytes (``INSTR_BYTES`` per instruction)."""
+    out = bytearray()
+    for ins in program:
+        out += encode(ins, cfg).to_bytes(INSTR_BYTES, "little")
+    return np.frombuffer(bytes(out), dtype=np.uint8).copy()
+
+
+def decode_program(blob: np.ndarray | bytes) -> list[Instr]:
+    raw = bytes(np.asarray(blob, dtype=np.uint8)) if not isinstance(blob, bytes) else blob
+    if len(raw) % INSTR_BYTES:
+        raise ISAError(f"program of {len(raw)} bytes is not a whole number of instructions")
+    return [decode(int.from_bytes(raw[i:i + INSTR_BYTES], "little"))
+            for i in range(0, len(raw), INSTR_BYTES)]
+
+
+# ---------------------------------------------------------------------- validation
+def gemm_weight_bytes(g: Gemm, cfg: AcceleratorConfig) -> int:
+    """Bytes of the weight stream a GEMM instruction reads from the WGT spad."""
+    pat = cfg.pattern_table[g.pattern]
+    field = (8 if g.int8 else 4) + pat.index_bits
+    headers = 0 if g.group_steps == 0 else -(-g.k_steps // g.group_steps) * (1 + g.asym)
+    return headers * cfg.lanes + g.k_steps * cfg.lanes * field // 8
+
+
+def dispatch_error(ins: Instr, cfg: AcceleratorConfig) -> ErrorCode:
+    """The checks the hardware's fetch unit applies when an instruction reaches dispatch.
+
+    Deliberately cheap: opcode, event ids, pattern/width/token limits, start addresses and DMA
+    extents. GEMM streams that run past the end of a scratchpad wrap around (the Python
+    :func:`check` rejects those before they reach the hardware).
+    """
+    for ev in (ins.wait, ins.signal):
+        if ev is not None and ev >= cfg.num_events:
+            return ErrorCode.BAD_EVENT
+    if isinstance(ins, Load):  # Load and Store
+        if isinstance(ins, Store) != (ins.spad == Spad.OUT):
+            return ErrorCode.BAD_ADDRESS
+        if ins.rows == 0 or ins.row_beats == 0:
+            return ErrorCode.BAD_ADDRESS
+        if ins.spad_addr + ins.rows * ins.row_beats > cfg.spad_beats(ins.spad.name.lower()):
+            return ErrorCode.BAD_ADDRESS
+        if ins.dram_addr + (ins.rows - 1) * ins.dram_stride + ins.row_beats > cfg.dram_beats:
+            return ErrorCode.BAD_ADDRESS
+    elif isinstance(ins, Gemm):
+        if ins.pattern >= len(cfg.pattern_table) or ins.tokens > cfg.max_tokens \
+                or ins.k_steps == 0:
+            return ErrorCode.BAD_GEMM
+        if ins.int8 and (8 not in cfg.weight_bits or ins.pattern != 0):
+            return ErrorCode.BAD_GEMM
+        if ins.asym and ins.group_steps == 0:
+            return ErrorCode.BAD_GEMM
+        words = cfg.wgt_word_bytes // cfg.beat_bytes if cfg.wgt_word_bytes > cfg.beat_bytes \
+            else 1
+        if (ins.wgt_addr >= cfg.spad_beats("wgt") or ins.wgt_addr % words
+                or ins.act_addr >= cfg.spad_beats("act")
+                or ins.out_addr >= cfg.spad_beats("out")
+                or ins.param_addr >= cfg.spad_beats("param")):
+            return ErrorCode.BAD_ADDRESS
+    return ErrorCode.NONE
+
+
+def check(ins: Instr, cfg: AcceleratorConfig) -> None:
+    """Full validation for the Python side: everything the hardware checks, and more.
+
+    Raises :class:`ISAError` naming the offending field and value.
+    """
+    if not isinstance(ins, (Load, Store, Gemm, Sync, End)):
+        raise ISAError(f"not an instruction: {ins!r}")
+    for name in ("wait", "signal"):
+        ev = getattr(ins, name)
+        if ev is not None and not 0 <= ev < cfg.num_events:
+            raise ISAError(f"{name}={ev}: events are 0..{cfg.num_events - 1}")
+    if isinstance(ins, Load):
+        kind = "STORE" if isinstance(ins, Store) else "LOAD"
+        if isinstance(ins, Store) and ins.spad != Spad.OUT:
+            raise ISAError(f"STORE reads the OUT scratchpad only, got spad={ins.spad.name}")
+        if not isinstance(ins, Store) and ins.spad == Spad.OUT:
+            raise ISAError("LOAD cannot write the OUT scratchpad (the epilogue owns it)")
+        if ins.rows < 1 or ins.row_beats < 1:
+            raise ISAError(f"{kind} of rows={ins.rows} x row_beats={ins.row_beats} is empty")
+        end = ins.spad_addr + ins.rows * ins.row_beats
+        if end > cfg.spad_beats(ins.spad.name.lower()):
+            raise ISAError(f"{kind} spad range [{ins.spad_addr}, {end}) beats exceeds "
+                           f"{ins.spad.name} ({cfg.spad_beats(ins.spad.name.lower())} beats)")
+        dend = ins.dram_addr + (ins.rows - 1) * ins.dram_stride + ins.row_beats
+        if dend > cfg.dram_beats:
+            raise ISAError(f"{kind} DRAM range ends at beat {dend}, DRAM has "
+                           f"{cfg.dram_beats} beats")
+    elif isinstance(ins, Gemm):
+        if not 0 <= ins.pattern < len(cfg.pattern_table):
+            raise ISAError(f"pattern={ins.pattern}: this accelerator has patterns "
+                           f"{[str(p) for p in cfg.pattern_table]}")
+        if not 1 <= ins.tokens <= cfg.max_tokens:
+            raise ISAError(f"tokens={ins.tokens}: must be in [1, {cfg.max_tokens}]")
+        if ins.k_steps < 1:
+            raise ISAError(f"k_steps={ins.k_steps} must be >= 1")
+        if ins.int8 and 8 not in cfg.weight_bits:
+            raise ISAError("int8 weights are not supported by this accelerator")
+        if ins.int8 and ins.pattern != 0:
+            raise ISAError("int8 weights are streamed dense only (pattern 0)")
+        if ins.asym and ins.group_steps == 0:
+            raise ISAError("asymmetric weights need group headers (group_steps > 0)")
+        words = max(1, cfg.wgt_word_bytes // cfg.beat_bytes)
+        if ins.wgt_addr % words:
+            raise ISAError(f"wgt_addr={ins.wgt_addr} must be a multiple of {words} beats "
+                           f"(one WGT word)")
+        wend = ins.wgt_addr * cfg.beat_bytes + gemm_weight_bytes(ins, cfg)
+        if wend > cfg.wgt_spad_bytes:
+            raise ISAError(f"weight stream ends at byte {wend}, WGT spad has "
+                           f"{cfg.wgt_spad_bytes}")
+        pat = cfg.pattern_table[ins.pattern]
+        k_dense = -(-ins.k_steps // pat.steps_per_block) * pat.block
+        aend = (ins.act_addr + (ins.tokens - 1) * ins.act_stride) * cfg.beat_bytes + k_dense
+        if aend > cfg.act_spad_bytes:
+            raise ISAError(f"activations end at byte {aend}, ACT spad has "
+                           f"{cfg.act_spad_bytes}")
+        row = {Epilogue.NONE: 0, Epilogue.WIDE: 4 * cfg.lanes}.get(ins.epilogue, cfg.lanes)
+        oend = ins.out_addr * cfg.beat_bytes + ins.tokens * row
+        if oend > cfg.out_spad_bytes:
+            raise ISAError(f"outputs end at byte {oend}, OUT spad has {cfg.out_spad_bytes}")
+        if ins.epilogue in (Epilogue.INT8, Epilogue.INT8_RESIDUAL):
+            pend = ins.param_addr * cfg.beat_bytes + 2 * cfg.lanes
+            if ins.epilogue == Epilogue.INT8_RESIDUAL:
+                pend += ins.tokens * cfg.lanes
+            if pend > cfg.param_spad_bytes:
+                raise ISAError(f"epilogue operands end at byte {pend}, PARAM spad has "
+                               f"{cfg.param_spad_bytes}")
+    err = dispatch_error(ins, cfg)
+    if err != ErrorCode.NONE:  # anything the checks above missed
+        raise ISAError(f"instruction rejected by the hardware checks: {err.name}: {ins}")
+    # Field widths: let the encoder raise with the field name.
+    w = _put(0, _HDR["opcode"], ins.opcode.value, "opcode")
+    if ins.body:
+        for name, value in ins._body_fields().items():
+            w = _put(w, _BODIES[ins.body][name], int(value), name)
+
+
+def replace(ins: Instr, **changes) -> Instr:
+    return dataclasses.replace(ins, **changes)

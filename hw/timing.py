@@ -1,0 +1,116 @@
+"""The timing contract: how many cycles every instruction and the whole machine take.
+
+This module is the single source of the accelerator's timing. The RTL implements it (the
+equivalence harness proves cycle counts and counters match), the fast model (sim/) computes it,
+and the compiler uses it for cost estimates. Constants below are properties of the RTL pipeline;
+changing the RTL pipeline means changing them here, nowhere else.
+
+Machine-level rules (cycle 0 is the first cycle after the ``start`` pulse)
+------------------------------------------------------------------------
+Fetch
+    Instruction ``i`` is *available* at ``a_0 = FETCH_LATENCY`` and ``a_i = d_{i-1} + 1``. It is
+    *dispatched* into its engine's queue at ``d_i = max(a_i, f_i)`` where ``f_i`` is one cycle
+    after the pop of the instruction ``queue_depth`` places earlier in the same queue (a queue
+    slot freed by a pop in cycle ``p`` can be written in ``p + 1``); ``f_i = 0`` if there is none.
+    ``END`` is dispatched like any instruction but enters no queue; fetching stops.
+    A dispatch error (:func:`hw.isa.dispatch_error`) in instruction ``i`` stops the machine at
+    cycle ``a_i``; so does reaching ``pc == imem_depth`` (PC_OVERFLOW).
+Engines (LOAD, COMPUTE, STORE), each in order, one instruction at a time
+    *pop* ``p = max(d + 1, free)`` where ``free`` is the cycle after the previous instruction's
+    execution (0 initially). The engine then waits from ``p + 1``: the *grant* ``g`` is ``p + 1``
+    without a wait event, otherwise the first cycle ``>= p + 1`` in which the event counter
+    (as registered at the start of that cycle) is >= 1; the grant decrements it. Execution
+    occupies cycles ``g + 1 .. g + D`` (``D`` from the functions below); the signal event is
+    incremented at the end of cycle ``e = g + D`` (visible from ``e + 1``), and ``free = e + 1``.
+Events
+    Counters start at 0 and are ``event_bits`` wide. An increment that would exceed the maximum
+    stops the machine with EVENT_OVERFLOW in that cycle. Programs must give every event a single
+    consumer engine (the hardware grants one waiter per event and cycle).
+Done
+    ``cycles = max(d_END + 1, free of every engine)``: the first cycle in which fetch has ended and
+    every engine is idle with an empty queue.
+Deadlock
+    The first cycle in which no engine executes, every engine is either idle with an empty queue
+    or waiting on an event whose counter is 0, fetch has ended or holds an instruction whose
+    queue is full, and the machine is not done: the machine stops with DEADLOCK in that cycle.
+
+Errors report ``cycles`` = the cycle they were raised in.
+"""
+
+from __future__ import annotations
+
+from hw.config import AcceleratorConfig
+from hw.isa import Epilogue, Gemm, Instr, Load, Store, Sync
+
+__all__ = [
+    "FETCH_LATENCY", "LOAD_OVERHEAD", "STORE_OVERHEAD", "SYNC_CYCLES", "GEMM_FILL",
+    "GEMM_DRAIN", "EPILOGUE_FILL", "dma_beats", "load_cycles", "store_cycles", "gemm_step_cycles",
+    "epilogue_cycles", "gemm_cycles", "exec_cycles",
+]
+
+#: Cycles from start (or a dispatch) to the next instruction being available at dispatch.
+FETCH_LATENCY = 1
+#: LOAD execution = beats + memory latency + this (spad write of the last beat).
+LOAD_OVERHEAD = 1
+#: STORE execution = beats + this (spad read latency before the first write).
+STORE_OVERHEAD = 1
+#: SYNC executes in one cycle.
+SYNC_CYCLES = 1
+#: GEMM cycles before the first step enters row 0 (decoder prefetch + dequant + multiply).
+GEMM_FILL = 4
+#: GEMM cycles after the last step leaves the last row before the accumulators are final.
+GEMM_DRAIN = 2
+#: Epilogue cycles before the first output word is written (parameter read, multiply, round).
+EPILOGUE_FILL = 3
+
+
+def dma_beats(ins: Load) -> int:
+    return ins.rows * ins.row_beats
+
+
+def load_cycles(ins: Load, cfg: AcceleratorConfig) -> int:
+    """LOAD: one read request per cycle; the last beat lands ``latency`` cycles after its
+    request."""
+    return dma_beats(ins) + cfg.memory.latency + LOAD_OVERHEAD
+
+
+def store_cycles(ins: Store, cfg: AcceleratorConfig) -> int:
+    """STORE: one spad read per cycle, each written to DRAM the cycle after (posted writes)."""
+    return dma_beats(ins) + STORE_OVERHEAD
+
+
+def gemm_step_cycles(ins: Gemm) -> int:
+    """Cycles to stream all steps: each step holds its weights for ``tokens`` cycles, but a step
+    that starts a group also needs its header words read first (one per word), one per cycle."""
+    t = ins.tokens
+    header_words = 0 if ins.group_steps == 0 else 1 + int(ins.asym)
+    groups = 0 if ins.group_steps == 0 else -(-ins.k_steps // ins.group_steps)
+    extra = max(0, 1 + header_words - t)
+    return ins.k_steps * t + groups * extra
+
+
+def epilogue_cycles(ins: Gemm, cfg: AcceleratorConfig) -> int:
+    """Epilogue: one OUT word (``lanes`` bytes) per cycle; WIDE writes four per token."""
+    if ins.epilogue == Epilogue.NONE:
+        return 0
+    words_per_token = 4 if ins.epilogue == Epilogue.WIDE else 1
+    return EPILOGUE_FILL + ins.tokens * words_per_token
+
+
+def gemm_cycles(ins: Gemm, cfg: AcceleratorConfig) -> int:
+    """GEMM: fill, stream the steps, skew through the rows, drain, epilogue."""
+    return (GEMM_FILL + gemm_step_cycles(ins) + (cfg.rows - 1) + GEMM_DRAIN
+            + epilogue_cycles(ins, cfg))
+
+
+def exec_cycles(ins: Instr, cfg: AcceleratorConfig) -> int:
+    """Execution cycles ``D`` of one queued instruction."""
+    if isinstance(ins, Store):
+        return store_cycles(ins, cfg)
+    if isinstance(ins, Load):
+        return load_cycles(ins, cfg)
+    if isinstance(ins, Gemm):
+        return gemm_cycles(ins, cfg)
+    if isinstance(ins, Sync):
+        return SYNC_CYCLES
+    raise TypeError(f"{type(ins).__name__} does not execute on an engine")

@@ -1,0 +1,157 @@
+"""Functional semantics of every instruction on byte-exact machine state (values, no timing).
+
+This is what each instruction *does* to DRAM, the scratchpads and the accumulators; the RTL
+must produce the same bytes. The fast model (:mod:`sim.model`) pairs it with the timing of
+:mod:`hw.timing`. Arithmetic comes from :mod:`hw.numerics`; bit layouts from :mod:`hw.format` and
+:mod:`hw.isa`. Scratchpad accesses wrap around modulo the scratchpad size (the hardware does
+not check GEMM extents; :func:`hw.isa.check` rejects such programs before they get here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hw.config import AcceleratorConfig
+from hw.format import _unpack_fields
+from hw.isa import Epilogue, Gemm, Load, Spad, Store
+from hw.numerics import requantize_int8, wrap
+
+__all__ = ["MachineState", "exec_load", "exec_store", "exec_gemm", "decode_gemm_weights"]
+
+
+@dataclass
+class MachineState:
+    """DRAM, scratchpads and accumulator files of one accelerator, as bytes / integers."""
+
+    cfg: AcceleratorConfig
+    dram: np.ndarray = None
+    spads: dict[Spad, np.ndarray] = field(default_factory=dict)
+    acc: np.ndarray = None  # int64 [max_tokens, lanes]
+
+    def __post_init__(self):
+        cfg = self.cfg
+        if self.dram is None:
+            self.dram = np.zeros(cfg.memory.size_bytes, dtype=np.uint8)
+        if self.dram.dtype != np.uint8 or self.dram.shape != (cfg.memory.size_bytes,):
+            raise ValueError(f"DRAM image must be uint8[{cfg.memory.size_bytes}], got "
+                             f"{self.dram.dtype}{list(self.dram.shape)}")
+        for sp in Spad:
+            self.spads.setdefault(sp, np.zeros(getattr(cfg, f"{sp.name.lower()}_spad_bytes"),
+                                               dtype=np.uint8))
+        if self.acc is None:
+            self.acc = np.zeros((cfg.max_tokens, cfg.lanes), dtype=np.int64)
+
+
+def exec_load(st: MachineState, ins: Load) -> None:
+    """DRAM rows -> contiguous scratchpad beats."""
+    beat = st.cfg.beat_bytes
+    row = ins.row_beats * beat
+    starts = (ins.dram_addr + np.arange(ins.rows) * ins.dram_stride) * beat
+    src = st.dram[(starts[:, None] + np.arange(row)[None, :]).reshape(-1)]
+    dst = ins.spad_addr * beat
+    st.spads[ins.spad][dst:dst + src.size] = src
+
+
+def exec_store(st: MachineState, ins: Store) -> None:
+    """Contiguous OUT beats -> DRAM rows."""
+    beat = st.cfg.beat_bytes
+    row = ins.row_beats * beat
+    src = ins.spad_addr * beat
+    data = st.spads[ins.spad][src:src + ins.rows * row]
+    starts = (ins.dram_addr + np.arange(ins.rows) * ins.dram_stride) * beat
+    st.dram[(starts[:, None] + np.arange(row)[None, :]).reshape(-1)] = data
+
+
+def _read_wrapped(buf: np.ndarray, start: int, n: int) -> np.ndarray:
+    idx = (start + np.arange(n)) % buf.size
+    return buf[idx]
+
+
+def decode_gemm_weights(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Decode the weight stream of a GEMM instruction as the decoder does.
+
+    Returns
+    -------
+    w_eff, pos:
+        ``int64 [lanes, k_steps]`` dequantised integer weights ``code * (q - zero)`` and the
+        activation offset ``block * block_size + index`` each step selects.
+    """
+    lanes = cfg.lanes
+    pat = cfg.pattern_table[ins.pattern]
+    bits = 8 if ins.int8 else 4
+    fbits = bits + pat.index_bits
+    rec = lanes * fbits // 8
+    S = ins.k_steps
+    gs = ins.group_steps or S
+    hdr_words = 0 if ins.group_steps == 0 else 1 + int(ins.asym)
+    n_groups = -(-S // gs)
+    # Byte offset of every record and header inside the stream.
+    group_start = np.arange(n_groups) * (hdr_words * lanes + gs * rec)
+    step_in_group = np.arange(S) % gs
+    rec_off = group_start[np.arange(S) // gs] + hdr_words * lanes + step_in_group * rec
+    base = ins.wgt_addr * cfg.beat_bytes
+    raw = wgt[(base + rec_off[:, None] + np.arange(rec)[None, :]) % wgt.size]  # [S, rec]
+    fields = _unpack_fields(raw, fbits, lanes).astype(np.int64).T  # [lanes, S]
+    q = fields & ((1 << bits) - 1)
+    if not ins.asym:
+        q = np.where(q >= 1 << (bits - 1), q - (1 << bits), q)
+    g_of_step = np.arange(S) // gs
+    if hdr_words:
+        hdr = wgt[(base + group_start[:, None] + np.arange(hdr_words * lanes)[None, :])
+                  % wgt.size].astype(np.int64)  # [groups, hdr_words*lanes]
+        codes = hdr[:, :lanes].T[:, g_of_step]
+        zeros = hdr[:, lanes:].T[:, g_of_step] if ins.asym else 0
+        w_eff = codes * (q - zeros)
+    else:
+        w_eff = q
+    steps = np.arange(S)
+    if pat.dense:
+        pos = np.broadcast_to(steps, (lanes, S))
+    else:
+        pos = (steps // pat.n)[None, :] * pat.m + (fields >> bits)
+    return w_eff, pos
+
+
+def exec_gemm(st: MachineState, ins: Gemm) -> None:
+    """Stream the weights against ``tokens`` activation rows, then run the epilogue."""
+    cfg = st.cfg
+    beat, lanes, T = cfg.beat_bytes, cfg.lanes, ins.tokens
+    w_eff, pos = decode_gemm_weights(ins, cfg, st.spads[Spad.WGT])
+    act = st.spads[Spad.ACT]
+    k_span = int(pos.max()) + 1
+    # Activation rows as the array sees them: [T, k_span] int8 from each token's base address.
+    rows = (ins.act_addr + np.arange(T) * ins.act_stride) * beat
+    a = act[(rows[:, None] + np.arange(k_span)[None, :]) % act.size].view(np.int8)
+    # Dense integer weights over the span (kept values at their positions), then exact BLAS.
+    w = np.zeros((lanes, k_span), dtype=np.float64)
+    np.add.at(w, (np.arange(lanes)[:, None], pos), w_eff)
+    acc = (a.astype(np.float64) @ w.T).astype(np.int64)
+    if ins.accumulate:
+        acc += st.acc[:T]
+    st.acc[:T] = wrap(acc, cfg.acc_bits)
+    _epilogue(st, ins)
+
+
+def _epilogue(st: MachineState, ins: Gemm) -> None:
+    cfg = st.cfg
+    beat, lanes, T = cfg.beat_bytes, cfg.lanes, ins.tokens
+    out = st.spads[Spad.OUT]
+    base = ins.out_addr * beat
+    acc = st.acc[:T]
+    if ins.epilogue == Epilogue.NONE:
+        return
+    if ins.epilogue == Epilogue.WIDE:
+        data = acc.astype("<i4").view(np.uint8).reshape(-1)  # int32 little-endian per lane
+    else:
+        param = st.spads[Spad.PARAM]
+        pbase = ins.param_addr * beat
+        mult = _read_wrapped(param, pbase, 2 * lanes).view("<u2")
+        res = None
+        if ins.epilogue == Epilogue.INT8_RESIDUAL:
+            res = _read_wrapped(param, pbase + 2 * lanes, T * lanes).view(np.int8)
+            res = res.reshape(T, lanes)
+        data = requantize_int8(acc, mult, ins.shift, res).view(np.uint8).reshape(-1)
+    out[(base + np.arange(data.size)) % out.size] = data
