@@ -31,7 +31,8 @@ import numpy as np
 
 from hw.config import DENSE, AcceleratorConfig, NMPattern
 
-__all__ = ["FormatError", "WeightFormat", "QuantizedWeight", "pack", "unpack", "stream_layout"]
+__all__ = ["FormatError", "WeightFormat", "QuantizedWeight", "pack", "unpack", "stream_layout",
+           "random_quantized"]
 
 
 class FormatError(ValueError):
@@ -370,6 +371,10 @@ def _unpack_fields(data: np.ndarray, width: int, n: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- pack / unpack
+#: Output rows packed/unpacked per chunk: bounds temporaries to a few MB.
+_CHUNK_ROWS = 512
+
+
 def pack(w: QuantizedWeight, lanes: int) -> np.ndarray:
     """Pack ``w`` into the hardware stream for an array of ``lanes`` lanes (uint8, 1-D).
 
@@ -377,32 +382,41 @@ def pack(w: QuantizedWeight, lanes: int) -> np.ndarray:
     """
     fmt = w.fmt
     lay = stream_layout(fmt, w.n_out, w.k, lanes)
-    n_pad = lay.tiles * lanes
-    steps = fmt.steps(lay.k_padded)
+    out = np.empty((lay.tiles, lay.groups, lay.group_bytes), dtype=np.uint8)
+    per = max(1, _CHUNK_ROWS // lanes)
+    for t0 in range(0, lay.tiles, per):
+        t1 = min(lay.tiles, t0 + per)
+        _pack_tiles(w, lay, t0, t1, out[t0:t1])
+    return out.reshape(-1)
 
-    def pad_rows(a, dtype):
-        out = np.zeros((n_pad, a.shape[1]), dtype=dtype)
-        out[: w.n_out] = a
-        return out
+
+def _pack_tiles(w: QuantizedWeight, lay: StreamLayout, t0: int, t1: int,
+                out: np.ndarray) -> None:
+    fmt, lanes = lay.fmt, lay.lanes
+    r0, r1 = t0 * lanes, min(w.n_out, t1 * lanes)
+    nt = t1 - t0
+
+    def rows(a, dtype):
+        res = np.zeros((nt * lanes, a.shape[1]), dtype=dtype)
+        res[: r1 - r0] = a[r0:r1]
+        return res
 
     # Field = value (low `bits`, two's complement masked) | index << bits.
-    fields = pad_rows(w.values.astype(np.int32) & ((1 << fmt.bits) - 1), np.uint16)
+    fields = rows(w.values, np.int16).astype(np.uint16) & np.uint16((1 << fmt.bits) - 1)
     if not fmt.pattern.dense:
-        fields |= pad_rows(w.index, np.uint16) << fmt.bits
+        fields |= rows(w.index, np.uint16) << np.uint16(fmt.bits)
     # [tiles, lanes, groups, spg] -> [tiles, groups, spg, lanes]: one record per step.
-    fields = fields.reshape(lay.tiles, lanes, lay.groups, lay.steps_per_group)
+    fields = fields.reshape(nt, lanes, lay.groups, lay.steps_per_group)
     records = _pack_fields(fields.transpose(0, 2, 3, 1), fmt.field_bits)
-    body = records.reshape(lay.tiles, lay.groups, lay.steps_per_group * lay.record_bytes)
+    hb = lay.header_bytes
+    out[:, :, hb:] = records.reshape(nt, lay.groups, -1)
     if fmt.raw:
-        return np.ascontiguousarray(body).reshape(-1)
-    heads = [pad_rows(w.codes, np.uint8)]
+        return
+    # Header words: [tiles, lanes, groups] -> [tiles, groups, lanes].
+    out[:, :, :lanes] = rows(w.codes, np.uint8).reshape(nt, lanes, -1).transpose(0, 2, 1)
     if not fmt.symmetric:
-        heads.append(pad_rows(w.zeros, np.uint8))
-    # [tiles, lanes, groups] -> [tiles, groups, lanes] per header word.
-    heads = [h.reshape(lay.tiles, lanes, lay.groups).transpose(0, 2, 1) for h in heads]
-    out = np.concatenate(heads + [body], axis=2)
-    assert out.shape[2] == lay.group_bytes and steps == lay.groups * lay.steps_per_group
-    return np.ascontiguousarray(out).reshape(-1)
+        out[:, :, lanes:2 * lanes] = rows(w.zeros, np.uint8).reshape(nt, lanes, -1).transpose(
+            0, 2, 1)
 
 
 def unpack(stream: np.ndarray, fmt: WeightFormat, shape: tuple[int, int], lanes: int,
@@ -443,3 +457,29 @@ def unpack(stream: np.ndarray, fmt: WeightFormat, shape: tuple[int, int], lanes:
         codes = header(0)
     zeros = None if fmt.symmetric else header(1)
     return QuantizedWeight(fmt, (n_out, k), values, index, codes, zeros, row_scale.copy())
+
+
+def random_quantized(fmt: WeightFormat, shape: tuple[int, int],
+                     rng: np.random.Generator) -> QuantizedWeight:
+    """A :class:`QuantizedWeight` with uniformly random fields (for tests and benchmarks).
+
+    Every field covers its full legal range: values, distinct ascending in-block indices, codes
+    (including 0), zero points and positive row scales.
+    """
+    n, k = shape
+    kp = fmt.padded_k(k)
+    steps, groups = fmt.steps(kp), kp // fmt.group_of(kp)
+    p = fmt.pattern
+    values = rng.integers(fmt.qmin, fmt.qmax + 1, size=(n, steps)).astype(np.int16)
+    index = None
+    if not p.dense:
+        # N distinct ascending positions per block: sort random keys, keep the N smallest.
+        keys = rng.random((n, kp // p.m, p.m))
+        idx = np.sort(np.argsort(keys, axis=2)[:, :, :p.n], axis=2)
+        index = idx.reshape(n, steps).astype(np.uint8)
+    codes = np.ones((n, groups), np.uint8) if fmt.raw else \
+        rng.integers(0, fmt.code_max + 1, size=(n, groups)).astype(np.uint8)
+    zeros = None if fmt.symmetric else \
+        rng.integers(0, fmt.qmax + 1, size=(n, groups)).astype(np.uint8)
+    row_scale = (rng.random(n) + 0.5).astype(np.float32)
+    return QuantizedWeight(fmt, (n, k), values, index, codes, zeros, row_scale)
