@@ -345,6 +345,10 @@ def _pack_fields(fields: np.ndarray, width: int) -> np.ndarray:
     if width == 4:
         f = fields.astype(np.uint8).reshape(*lead, n // 2, 2)
         return (f[..., 0] | (f[..., 1] << 4)).astype(np.uint8)
+    if width > 8:  # wide fields (INT8 + index; software-only formats): go through bits
+        bits = (fields.astype(np.uint16)[..., None] >> np.arange(width, dtype=np.uint16)) & 1
+        return np.packbits(bits.astype(np.uint8).reshape(*lead, n * width), axis=-1,
+                           bitorder="little")
     f = fields.astype(np.uint64).reshape(*lead, n // 8, 8)
     shifts = np.arange(8, dtype=np.uint64) * np.uint64(width)
     word = np.bitwise_or.reduce(f << shifts, axis=-1)  # 8 fields -> `width` bytes
@@ -361,6 +365,10 @@ def _unpack_fields(data: np.ndarray, width: int, n: int) -> np.ndarray:
         lo = data & 0xF
         hi = data >> 4
         return np.stack([lo, hi], axis=-1).reshape(*lead, n).astype(np.uint16)
+    if width > 8:
+        bits = np.unpackbits(data, axis=-1, bitorder="little").reshape(*lead, n, width)
+        return (bits.astype(np.uint16) << np.arange(width, dtype=np.uint16)).sum(
+            axis=-1, dtype=np.uint16)
     chunks = data.reshape(*lead, n // 8, width)
     padded = np.zeros((*lead, n // 8, 8), dtype=np.uint8)
     padded[..., :width] = chunks

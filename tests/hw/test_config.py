@@ -1,0 +1,97 @@
+"""Accelerator configuration: validation and JSON round trip."""
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hw.config import DENSE, AcceleratorConfig, ConfigError, MemoryModel, NMPattern
+
+PATTERNS = ["1:4", "2:4", "3:4", "1:8", "2:8", "4:8", "4:16", "8:16"]
+
+
+@st.composite
+def configs(draw):
+    rows = draw(st.sampled_from([1, 2, 4, 8]))
+    cols = draw(st.sampled_from([8, 16, 32])) if rows == 1 else draw(st.sampled_from([4, 8, 16]))
+    pats = draw(st.lists(st.sampled_from(PATTERNS), min_size=0, max_size=5, unique=True))
+    beat = draw(st.sampled_from([8, 16]))
+    return AcceleratorConfig(
+        rows=rows, cols=cols, patterns=tuple(pats), max_tokens=draw(st.sampled_from([1, 8, 16])),
+        weight_bits=draw(st.sampled_from([(4,), (4, 8)])),
+        memory=MemoryModel(bytes_per_cycle=beat, latency=draw(st.integers(1, 100)),
+                           size_bytes=beat * draw(st.integers(64, 4096))),
+        queue_depth=draw(st.integers(1, 16)), num_events=draw(st.integers(1, 31)),
+        clock_mhz=draw(st.floats(10, 500)))
+
+
+@given(configs())
+def test_json_round_trip(cfg):
+    again = AcceleratorConfig.from_json(cfg.to_json())
+    assert again == cfg
+    assert json.loads(again.to_json()) == json.loads(cfg.to_json())
+
+
+def test_default_fits_the_contract():
+    cfg = AcceleratorConfig()
+    assert cfg.lanes == 64 and cfg.beat_bytes == 16
+    assert cfg.pattern_table[0] == DENSE
+    assert cfg.pattern_index("2:4") == cfg.pattern_table.index(NMPattern(2, 4))
+    # 255 * 255 (INT8 asymmetric) needs 17 signed bits.
+    assert cfg.weight_operand_bits == 17
+
+
+def test_save_load(tmp_path):
+    cfg = AcceleratorConfig(rows=2, cols=8, patterns=("2:4",))
+    cfg.save(tmp_path / "c.json")
+    assert AcceleratorConfig.load(tmp_path / "c.json") == cfg
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"rows": 3}, "rows must be a power of two"),
+    ({"cols": 0}, "cols must be a power of two"),
+    ({"rows": 1, "cols": 4}, "rows*cols must be >= 8"),
+    ({"max_tokens": 12}, "max_tokens"),
+    ({"weight_bits": (4, 2)}, "weight_bits"),
+    ({"weight_bits": (8,)}, "must include 4"),
+    ({"act_bits": 16}, "act_bits must be 8, got 16"),
+    ({"patterns": ("2:4", "2:4")}, "duplicate"),
+    ({"patterns": ("dense",)}, "sparse patterns only"),
+    ({"patterns": ("5:4",)}, "N must be < M"),
+    ({"patterns": ("2:6",)}, "M must be a power of two"),
+    ({"patterns": ("2-4",)}, "must look like '2:4'"),
+    ({"num_events": 40}, "num_events must be in [1, 31], got 40"),
+    ({"wgt_spad_bytes": 1000}, "wgt_spad_bytes must be a positive multiple"),
+    ({"clock_mhz": -5}, "clock_mhz"),
+    ({"group_size": 100}, "group_size"),
+])
+def test_bad_values_are_named(kwargs, needle):
+    with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")
+                       .replace("*", r"\*")):
+        AcceleratorConfig(**kwargs)
+
+
+@pytest.mark.parametrize("mem, needle", [
+    ({"bytes_per_cycle": 12}, "bytes_per_cycle must be a power of two"),
+    ({"latency": 0}, "latency"),
+    ({"size_bytes": 1000}, "multiple of bytes_per_cycle"),
+])
+def test_bad_memory(mem, needle):
+    with pytest.raises(ConfigError, match=needle):
+        MemoryModel(**mem)
+
+
+def test_bad_json():
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        AcceleratorConfig.from_json("{rows: 4")
+    with pytest.raises(ConfigError, match="unknown configuration fields: \\['colums'\\]"):
+        AcceleratorConfig.from_json('{"colums": 4}')
+    with pytest.raises(ConfigError, match="unknown memory fields"):
+        AcceleratorConfig.from_json('{"memory": {"bandwidth": 4}}')
+
+
+def test_unsupported_pattern_is_named():
+    cfg = AcceleratorConfig(patterns=("2:4",))
+    with pytest.raises(ConfigError, match="pattern 1:4 is not supported"):
+        cfg.pattern_index("1:4")

@@ -1,0 +1,133 @@
+"""Instruction set: encoder/decoder round trip, layouts as the single source, validation."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hw.config import AcceleratorConfig
+from hw.isa import (
+    INSTR_BITS,
+    NO_EVENT,
+    End,
+    Engine,
+    Epilogue,
+    ErrorCode,
+    Gemm,
+    GemmBody,
+    InstrLayout,
+    ISAError,
+    Load,
+    Spad,
+    Store,
+    Sync,
+    check,
+    decode,
+    decode_program,
+    dispatch_error,
+    encode,
+    encode_program,
+)
+
+CFG = AcceleratorConfig()
+events = st.one_of(st.none(), st.integers(0, 30))
+
+
+def _dma(cls):
+    return st.builds(cls, wait=events, signal=events, spad=st.sampled_from(list(Spad)),
+                     dram_addr=st.integers(0, 2**32 - 1), spad_addr=st.integers(0, 2**16 - 1),
+                     rows=st.integers(0, 2**16 - 1), row_beats=st.integers(0, 2**16 - 1),
+                     dram_stride=st.integers(0, 2**32 - 1))
+
+
+instructions = st.one_of(
+    _dma(Load), _dma(Store),
+    st.builds(Gemm, wait=events, signal=events, wgt_addr=st.integers(0, 2**16 - 1),
+              act_addr=st.integers(0, 2**16 - 1), act_stride=st.integers(0, 2**12 - 1),
+              out_addr=st.integers(0, 2**16 - 1), param_addr=st.integers(0, 255),
+              k_steps=st.integers(0, 2**14 - 1), group_steps=st.integers(0, 2**14 - 1),
+              tokens=st.integers(1, 32), pattern=st.integers(0, 7), int8=st.booleans(),
+              asym=st.booleans(), accumulate=st.booleans(),
+              epilogue=st.sampled_from(list(Epilogue)), shift=st.integers(0, 31)),
+    st.builds(Sync, wait=events, signal=events, engine=st.sampled_from(list(Engine))),
+    st.builds(End, wait=events, signal=events))
+
+
+@given(instructions)
+def test_encode_decode_round_trip(ins):
+    word = encode(ins)
+    assert 0 <= word < 2**INSTR_BITS
+    assert decode(word) == ins
+
+
+@given(st.lists(instructions, max_size=8))
+def test_program_round_trip(prog):
+    blob = encode_program(prog)
+    assert blob.dtype == np.uint8 and blob.size == 16 * len(prog)
+    assert decode_program(blob) == prog
+
+
+def test_fields_come_from_the_amaranth_layouts():
+    """Setting one GEMM field moves exactly the bits the Amaranth layout assigns to it."""
+    body = InstrLayout["body"].offset
+    for name, f in GemmBody:
+        value = (1 << f.width) - 1 if name != "epilogue" else 3
+        base = Gemm(tokens=1, k_steps=0, epilogue=Epilogue.NONE)
+        kw = {"tokens": 32} if name == "tokens_m1" else {name: value}
+        if name == "epilogue":
+            kw = {"epilogue": Epilogue.INT8_RESIDUAL}
+        if name in ("int8", "asym", "accumulate"):
+            kw = {name: True}
+        diff = encode(Gemm(**{**base.__dict__, **kw})) ^ encode(base)
+        assert diff == ((1 << f.width) - 1) << (body + f.offset), name
+
+
+def test_opcode_zero_is_illegal_and_events_default_to_none():
+    with pytest.raises(ISAError, match="illegal opcode 0"):
+        decode(0)
+    w = encode(End())
+    assert (w >> 3) & 31 == NO_EVENT and (w >> 8) & 31 == NO_EVENT
+
+
+@pytest.mark.parametrize("ins, needle", [
+    (Load(spad=Spad.OUT, rows=1, row_beats=1), "cannot write the OUT"),
+    (Store(spad=Spad.ACT, rows=1, row_beats=1), "OUT scratchpad only"),
+    (Load(spad=Spad.ACT, rows=0, row_beats=1), "empty"),
+    (Load(spad=Spad.ACT, spad_addr=CFG.spad_beats("act"), rows=1, row_beats=1),
+     "exceeds ACT"),
+    (Load(spad=Spad.WGT, dram_addr=CFG.dram_beats - 1, rows=1, row_beats=2), "DRAM range"),
+    (Gemm(pattern=9), "pattern=9"),
+    (Gemm(tokens=CFG.max_tokens + 1), "tokens=17"),
+    (Gemm(k_steps=0), "k_steps=0"),
+    (Gemm(pattern=2, int8=True), "dense only"),
+    (Gemm(asym=True, group_steps=0), "group headers"),
+    (Gemm(wgt_addr=1), "multiple of 4 beats"),
+    (Gemm(k_steps=4096, group_steps=0, int8=True), "WGT spad"),
+    (Gemm(act_addr=CFG.spad_beats("act") - 1, k_steps=32), "ACT spad"),
+    (Gemm(out_addr=CFG.spad_beats("out") - 1, tokens=2), "OUT spad"),
+    (Gemm(epilogue=Epilogue.INT8_RESIDUAL, param_addr=60, tokens=8), "PARAM spad"),
+    (Sync(wait=16), "wait=16"),
+    (End(signal=31), "signal=31"),
+])
+def test_check_rejects_with_field_names(ins, needle):
+    with pytest.raises(ISAError, match=needle):
+        check(ins, CFG)
+
+
+def test_dispatch_error_codes():
+    assert dispatch_error(Gemm(pattern=7), CFG) == ErrorCode.BAD_GEMM
+    assert dispatch_error(Gemm(tokens=17), CFG) == ErrorCode.BAD_GEMM
+    assert dispatch_error(Load(spad=Spad.OUT), CFG) == ErrorCode.BAD_ADDRESS
+    assert dispatch_error(Sync(signal=20), CFG) == ErrorCode.BAD_EVENT
+    assert dispatch_error(Gemm(act_addr=CFG.spad_beats("act")), CFG) == ErrorCode.BAD_ADDRESS
+    assert dispatch_error(Load(spad=Spad.ACT, rows=2, row_beats=3), CFG) == ErrorCode.NONE
+    # The hardware does not check GEMM stream extents (they wrap); check() does.
+    big = Gemm(k_steps=4096, int8=True)
+    assert dispatch_error(big, CFG) == ErrorCode.NONE
+    with pytest.raises(ISAError):
+        check(big, CFG)
+
+
+def test_field_overflow_is_named():
+    with pytest.raises(ISAError, match="k_steps=20000 does not fit in 14 bits"):
+        encode(Gemm(k_steps=20000))
