@@ -357,14 +357,16 @@ def _pack_fields(fields: np.ndarray, width: int) -> np.ndarray:
 
 
 def _unpack_fields(data: np.ndarray, width: int, n: int) -> np.ndarray:
-    """Inverse of :func:`_pack_fields`: uint8 ``[..., n*width/8]`` -> uint16 ``[..., n]``."""
+    """Inverse of :func:`_pack_fields`: uint8 ``[..., n*width/8]`` -> ``[..., n]`` (uint8 for
+    fields up to 8 bits, else uint16)."""
     *lead, _ = data.shape
     if width == 8:
-        return data.astype(np.uint16)
+        return data
     if width == 4:
-        lo = data & 0xF
-        hi = data >> 4
-        return np.stack([lo, hi], axis=-1).reshape(*lead, n).astype(np.uint16)
+        out = np.empty((*lead, n), dtype=np.uint8)
+        out[..., 0::2] = data & 0xF
+        out[..., 1::2] = data >> 4
+        return out
     if width > 8:
         bits = np.unpackbits(data, axis=-1, bitorder="little").reshape(*lead, n, width)
         return (bits.astype(np.uint16) << np.arange(width, dtype=np.uint16)).sum(
@@ -375,7 +377,7 @@ def _unpack_fields(data: np.ndarray, width: int, n: int) -> np.ndarray:
     word = padded.view(np.uint64)  # [..., n//8, 1]
     shifts = np.arange(8, dtype=np.uint64) * np.uint64(width)
     f = (word >> shifts) & np.uint64((1 << width) - 1)
-    return f.reshape(*lead, n).astype(np.uint16)
+    return f.reshape(*lead, n).astype(np.uint8)
 
 
 # ---------------------------------------------------------------------- pack / unpack
@@ -444,25 +446,33 @@ def unpack(stream: np.ndarray, fmt: WeightFormat, shape: tuple[int, int], lanes:
     if row_scale.shape != (n_out,):
         raise FormatError(f"row_scale has shape {row_scale.shape}, expected ({n_out},)")
     grouped = stream.reshape(lay.tiles, lay.groups, lay.group_bytes)
-    hb = lay.header_bytes
-    records = grouped[:, :, hb:].reshape(lay.tiles, lay.groups, lay.steps_per_group,
-                                         lay.record_bytes)
-    fields = _unpack_fields(records, fmt.field_bits, lanes)  # [t, g, spg, lanes]
-    fields = fields.transpose(0, 3, 1, 2).reshape(lay.tiles * lanes, -1)[:n_out]
-    vmask = (1 << fmt.bits) - 1
-    values = (fields & vmask).astype(np.int16)
+    steps = lay.groups * lay.steps_per_group
+    values = np.empty((n_out, steps), dtype=np.int16)
+    index = None if fmt.pattern.dense else np.empty((n_out, steps), dtype=np.uint8)
+    # Lookup tables from a raw field to its value (sign-extended) and its index.
+    raw = np.arange(1 << fmt.field_bits)
+    v = raw & ((1 << fmt.bits) - 1)
     if fmt.symmetric:
-        values = np.where(values > fmt.qmax, values - (1 << fmt.bits), values).astype(np.int16)
-    index = None if fmt.pattern.dense else (fields >> fmt.bits).astype(np.uint8)
+        v = np.where(v > fmt.qmax, v - (1 << fmt.bits), v)
+    value_lut, index_lut = v.astype(np.int16), (raw >> fmt.bits).astype(np.uint8)
+    hb = lay.header_bytes
+    per = max(1, _CHUNK_ROWS // lanes)
+    for t0 in range(0, lay.tiles, per):
+        t1 = min(lay.tiles, t0 + per)
+        r0, r1 = t0 * lanes, min(n_out, t1 * lanes)
+        records = grouped[t0:t1, :, hb:].reshape(t1 - t0, lay.groups, lay.steps_per_group,
+                                                 lay.record_bytes)
+        fields = _unpack_fields(records, fmt.field_bits, lanes)  # [t, g, spg, lanes]
+        fields = fields.transpose(0, 3, 1, 2).reshape((t1 - t0) * lanes, steps)[: r1 - r0]
+        values[r0:r1] = value_lut[fields]
+        if index is not None:
+            index[r0:r1] = index_lut[fields]
 
     def header(i):
         h = grouped[:, :, i * lanes:(i + 1) * lanes]  # [t, g, lanes]
         return np.ascontiguousarray(h.transpose(0, 2, 1).reshape(lay.tiles * lanes, -1)[:n_out])
 
-    if fmt.raw:
-        codes = np.ones((n_out, lay.groups), dtype=np.uint8)
-    else:
-        codes = header(0)
+    codes = np.ones((n_out, lay.groups), dtype=np.uint8) if fmt.raw else header(0)
     zeros = None if fmt.symmetric else header(1)
     return QuantizedWeight(fmt, (n_out, k), values, index, codes, zeros, row_scale.copy())
 
