@@ -33,7 +33,7 @@ __all__ = [
     "Header", "DmaBody", "GemmBody", "SyncBody", "InstrLayout",
     "Load", "Store", "Gemm", "Sync", "End", "Instr", "ISAError",
     "encode", "decode", "encode_program", "decode_program", "engine_of", "dispatch_error",
-    "check", "gemm_weight_bytes",
+    "check", "gemm_weight_bytes", "word_beats",
 ]
 
 INSTR_BITS = 128
@@ -333,12 +333,40 @@ def gemm_weight_bytes(g: Gemm, cfg: AcceleratorConfig) -> int:
     return headers * cfg.lanes + g.k_steps * cfg.lanes * field // 8
 
 
+def word_beats(word_bytes: int, cfg: AcceleratorConfig) -> int:
+    """Beats per scratchpad word of ``word_bytes`` (1 when a word is no wider than a beat)."""
+    return max(1, word_bytes // cfg.beat_bytes)
+
+
+def _misaligned(g: Gemm, cfg: AcceleratorConfig) -> str | None:
+    """The first GEMM address that is not on a word of its scratchpad, as ``"name=value:
+    beats"``; None if all are aligned.
+
+    The compute engine reads one word of each scratchpad per cycle and writes whole OUT words,
+    so every ACT row (``act_addr + t * act_stride``), the OUT destination (unless the epilogue
+    is NONE) and the PARAM operands (INT8 epilogues) must start on a word, as the WGT stream
+    already must. With the default configuration only OUT (4 beats) and PARAM (8 beats) words
+    are wider than a beat.
+    """
+    act = word_beats(cfg.act_word_bytes, cfg)
+    rules = [("act_addr", g.act_addr, act), ("act_stride", g.act_stride, act)]
+    if g.epilogue != Epilogue.NONE:
+        rules.append(("out_addr", g.out_addr, word_beats(cfg.out_word_bytes, cfg)))
+    if g.epilogue in (Epilogue.INT8, Epilogue.INT8_RESIDUAL):
+        rules.append(("param_addr", g.param_addr, word_beats(cfg.param_word_bytes, cfg)))
+    for name, value, words in rules:
+        if value % words:
+            return f"{name}={value}: {words}"
+    return None
+
+
 def dispatch_error(ins: Instr, cfg: AcceleratorConfig) -> ErrorCode:
     """The checks the hardware's fetch unit applies when an instruction reaches dispatch.
 
-    Deliberately cheap: opcode, event ids, pattern/width/token limits, start addresses and DMA
-    extents. GEMM streams that run past the end of a scratchpad wrap around (the Python
-    :func:`check` rejects those before they reach the hardware).
+    Deliberately cheap: opcode, event ids, pattern/width/token limits, start addresses (range
+    and scratchpad-word alignment) and DMA extents. GEMM streams that run past the end of a
+    scratchpad wrap around (the Python :func:`check` rejects those before they reach the
+    hardware).
     """
     for ev in (ins.wait, ins.signal):
         if ev is not None and ev >= cfg.num_events:
@@ -366,6 +394,8 @@ def dispatch_error(ins: Instr, cfg: AcceleratorConfig) -> ErrorCode:
                 or ins.act_addr >= cfg.spad_beats("act")
                 or ins.out_addr >= cfg.spad_beats("out")
                 or ins.param_addr >= cfg.spad_beats("param")):
+            return ErrorCode.BAD_ADDRESS
+        if _misaligned(ins, cfg):
             return ErrorCode.BAD_ADDRESS
     return ErrorCode.NONE
 
@@ -436,6 +466,10 @@ def check(ins: Instr, cfg: AcceleratorConfig) -> None:
             if pend > cfg.param_spad_bytes:
                 raise ISAError(f"epilogue operands end at byte {pend}, PARAM spad has "
                                f"{cfg.param_spad_bytes}")
+        bad = _misaligned(ins, cfg)
+        if bad:
+            field, words = bad.split(": ")
+            raise ISAError(f"{field} must be a multiple of {words} beats (one scratchpad word)")
     err = dispatch_error(ins, cfg)
     if err != ErrorCode.NONE:  # anything the checks above missed
         raise ISAError(f"instruction rejected by the hardware checks: {err.name}: {ins}")

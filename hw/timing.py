@@ -56,12 +56,16 @@ LOAD_OVERHEAD = 1
 STORE_OVERHEAD = 1
 #: SYNC executes in one cycle.
 SYNC_CYCLES = 1
-#: GEMM cycles before the first step enters row 0 (decoder prefetch + dequant + multiply).
-GEMM_FILL = 4
-#: GEMM cycles after the last step leaves the last row before the accumulators are final.
+#: GEMM cycles before the first step enters row 0 (command in cycle c, hw/compute.py): the WGT
+#: window fills (c+1, c+2), up to two header words (c+3, c+4), the first record (c+5) is
+#: rotated, dequantised and loaded into row 0, which multiplies from c+9 = c + GEMM_FILL + 1.
+GEMM_FILL = 8
+#: GEMM cycles after the last step enters the last row until its accumulators are written
+#: (PE multiply and accumulate stages).
 GEMM_DRAIN = 2
-#: Epilogue cycles before the first output word is written (parameter read, multiply, round).
-EPILOGUE_FILL = 3
+#: Epilogue cycles before the first output word is written (accumulator read, multiply, sum and
+#: round, shift and saturate; see hw/epilogue.py).
+EPILOGUE_FILL = 4
 
 
 def dma_beats(ins: Load) -> int:

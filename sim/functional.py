@@ -102,8 +102,10 @@ def decode_gemm_weights(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray
     if hdr_words:
         hdr = wgt[(base + group_start[:, None] + np.arange(hdr_words * lanes)[None, :])
                   % wgt.size].astype(np.int64)  # [groups, hdr_words*lanes]
-        codes = hdr[:, :lanes].T[:, g_of_step]
-        zeros = hdr[:, lanes:].T[:, g_of_step] if ins.asym else 0
+        # The decoder keeps the low scale_code_bits of a code byte and the low `bits` of a zero
+        # byte (legal streams have no other bits set; this defines the rest).
+        codes = hdr[:, :lanes].T[:, g_of_step] & ((1 << cfg.scale_code_bits) - 1)
+        zeros = hdr[:, lanes:].T[:, g_of_step] & ((1 << bits) - 1) if ins.asym else 0
         w_eff = codes * (q - zeros)
     else:
         w_eff = q

@@ -1,0 +1,272 @@
+"""The compute engine datapath: decoder + PE array + epilogue, sequenced per GEMM instruction.
+
+:class:`ComputeCore` executes one :class:`hw.isa.Gemm` body at a time with the exact bytes of
+:func:`sim.functional.exec_gemm` and the exact duration of :func:`hw.timing.gemm_cycles`
+(docs/architecture.md, section 7). Its schedule, for a command accepted in cycle ``c``::
+
+    c               start the WGT window fill (decoder) from the command's wgt_addr
+    x_0 - hdr ..    header words of step 0's group, one per cycle
+    x_s             RECORD of step s; slots (s, j) for tokens j = 0..T-1 in x_s + j
+    x_s + L         step s's weights in row 0's PEs; slot (s, j)'s activation block reaches row 0
+                    in x_s + j + L (L = LATENCY, the same for both paths)
+    x_{s+1} - x_s   T, or max(T, 1 + hdr) when step s+1 starts a group (its header words are
+                    read in the last hdr cycles of the gap)
+
+with ``x_0 = c + GEMM_FILL + 1 - L + max(0, 1 + hdr - T)``, which makes the first MAC enter
+row 0 in ``c + GEMM_FILL + 1`` (plus the first group's header excess) and the last one leave
+row 0 ``sum of step cycles`` later. After the last row has accumulated, the epilogue runs; the
+cycle of the last OUT write (or of the last accumulation, for epilogue NONE) is
+``c + gemm_cycles``, which is when ``done`` pulses.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out, connect, flipped
+
+from hw.array import Array
+from hw.config import AcceleratorConfig
+from hw.decoder import (
+    Decoder,
+    WeightOp,
+    beats_to_words,
+    spad_depth,
+    spad_read_signature,
+    spad_word_bits,
+    spad_write_signature,
+    wrap_add,
+    wrap_inc,
+)
+from hw.epilogue import Epilogue
+from hw.isa import Epilogue as EpilogueKind
+from hw.isa import GemmBody
+from hw.pe import PE, act_block_layout, index_bits
+from hw.timing import GEMM_DRAIN, GEMM_FILL
+
+__all__ = ["ComputeCore"]
+
+#: Header words per group at most (codes, zero points).
+MAX_HEADER_WORDS = 2
+
+
+class ComputeCore(wiring.Component):
+    """The COMPUTE engine's datapath for one accelerator configuration.
+
+    Parameters
+    ----------
+    cfg:
+        The accelerator configuration.
+
+    Members
+    -------
+    cmd: In(stream.Signature(GemmBody))
+        GEMM instruction bodies; ``ready`` is high whenever the core is idle. The transfer
+        cycle is cycle ``c``.
+    done: Out(1)
+        High for one cycle, in cycle ``c + hw.timing.gemm_cycles(ins, cfg)``. A new command may
+        be accepted from the next cycle.
+    mac: Out(1)
+        Row 0 takes a MAC this cycle: ``k_steps * tokens`` cycles per GEMM.
+    act_rd, wgt_rd, param_rd: In(ReadPort.Signature(...))
+        Synchronous read ports of the ACT, WGT and PARAM scratchpads (word addressed; see
+        :func:`hw.decoder.spad_read_signature`).
+    out_wr: In(WritePort.Signature(...))
+        Full-word write port of the OUT scratchpad.
+    """
+
+    #: Cycles from a RECORD (or an activation slot) to row 0 using it.
+    LATENCY = Decoder.LATENCY + 1
+    #: Activation path: address sum, wrap, scratchpad read, block register.
+    ACT_LATENCY = 4
+
+    def __init__(self, cfg: AcceleratorConfig):
+        if not isinstance(cfg, AcceleratorConfig):
+            raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
+        if self.ACT_LATENCY != self.LATENCY:
+            raise AssertionError("weight and activation paths must have equal latency")
+        lead = GEMM_FILL + 1 - self.LATENCY - MAX_HEADER_WORDS
+        if lead < Decoder.FIRST_OP:
+            raise ValueError(f"hw.timing.GEMM_FILL={GEMM_FILL} leaves {lead} cycles before the "
+                             f"first header word; the decoder needs {Decoder.FIRST_OP}")
+        if GEMM_DRAIN < PE.LATENCY - 1:
+            raise ValueError(f"hw.timing.GEMM_DRAIN={GEMM_DRAIN} is shorter than the PE "
+                             f"accumulate pipeline ({PE.LATENCY - 1} cycles)")
+        if spad_word_bits(cfg, "act") != act_block_layout(cfg).size \
+                or 1 << index_bits(cfg) != cfg.act_word_bytes:
+            raise ValueError("an ACT word must be one activation block of max_block bytes")
+        self._cfg = cfg
+        super().__init__({
+            "cmd": In(stream.Signature(GemmBody)),
+            "done": Out(1),
+            "mac": Out(1),
+            "act_rd": In(spad_read_signature(cfg, "act")),
+            "wgt_rd": In(spad_read_signature(cfg, "wgt")),
+            "param_rd": In(spad_read_signature(cfg, "param")),
+            "out_wr": In(spad_write_signature(cfg, "out")),
+        })
+
+    @property
+    def cfg(self) -> AcceleratorConfig:
+        return self._cfg
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._cfg
+        adepth = spad_depth(cfg, "act")
+        m.submodules.decoder = dec = Decoder(cfg)
+        m.submodules.array = arr = Array(cfg)
+        m.submodules.epilogue = epi = Epilogue(cfg)
+        connect(m, flipped(self.wgt_rd), dec.rd)
+        connect(m, flipped(self.param_rd), epi.param_rd)
+        connect(m, flipped(self.out_wr), epi.out_wr)
+
+        ins = Signal(GemmBody)
+        cmd = self.cmd.payload
+        take = self.cmd.valid & self.cmd.ready
+        with m.If(take):
+            m.d.sync += ins.eq(cmd)
+        m.d.comb += [dec.start.eq(take), dec.wgt_addr.eq(cmd.wgt_addr), dec.ins.eq(ins),
+                     epi.ins.eq(ins)]
+
+        # ---- per-instruction constants (registered: ins is constant while the core runs) -----
+        hdr = Signal(range(MAX_HEADER_WORDS + 1))
+        m.d.comb += hdr.eq(Mux(ins.group_steps == 0, 0, 1 + ins.asym))
+        gap_gs = Signal.like(ins.tokens_m1)  # cycles before a group-start record, minus one
+        m.d.sync += gap_gs.eq(Mux(hdr > ins.tokens_m1, hdr, ins.tokens_m1))
+        n_eff = Signal(range(cfg.max_block + 1))  # steps per activation block (dense: 1)
+        m_eff = Signal(range(cfg.max_block + 1))  # bytes per activation block (dense: 1)
+        with m.Switch(ins.pattern):
+            for i, p in enumerate(cfg.pattern_table):
+                with m.Case(i):
+                    m.d.sync += [n_eff.eq(1 if p.dense else p.n), m_eff.eq(1 if p.dense else p.m)]
+        act_base = Signal(range(adepth))
+        stride = Signal(range(adepth))
+        m.d.sync += act_base.eq(beats_to_words(ins.act_addr, cfg, "act"))
+        sw = beats_to_words(ins.act_stride, cfg, "act")
+        m.d.sync += stride.eq(sw if adepth & (adepth - 1) == 0 else sw % adepth)
+
+        # ---- step sequencer ---------------------------------------------------------------------
+        rem = Signal(range(GEMM_FILL + MAX_HEADER_WORDS + 2 + cfg.max_tokens))
+        steps_left = Signal.like(ins.k_steps)
+        gpos = Signal.like(ins.group_steps)     # steps left in the current group
+        next_gs = Signal()                      # the next RECORD starts a group
+        step0 = Signal()
+        slots_left = Signal.like(ins.tokens_m1)
+        j = Signal(range(cfg.max_tokens))
+        cur_first = Signal()
+        nib = Signal(range(cfg.max_block))      # step inside the activation block
+        kb_sub = Signal(index_bits(cfg))        # block offset inside the ACT word
+        kb_word = Signal(range(adepth))         # ACT word of the block, from the token base
+
+        rec = Signal()
+        slot = Signal()
+        slot_tok = Signal.like(j)
+        slot_first = Signal()
+        last_slot = Signal()                    # last token of a step
+        final_slot = Signal()                   # ... of the last step
+        drain = Signal(range(cfg.rows + self.LATENCY + GEMM_DRAIN + 1))
+
+        ep_start = Signal()
+        none_done = Signal()
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.cmd.ready.eq(1)
+                with m.If(take):
+                    c_hdr = Mux(cmd.group_steps == 0, 0, 1 + cmd.asym)
+                    extra0 = Mux((cmd.group_steps != 0) & (c_hdr > cmd.tokens_m1),
+                                 c_hdr - cmd.tokens_m1, 0)
+                    m.d.sync += [
+                        rem.eq(GEMM_FILL - self.LATENCY + extra0),
+                        steps_left.eq(cmd.k_steps), next_gs.eq(cmd.group_steps != 0),
+                        step0.eq(1), slots_left.eq(0), nib.eq(0), kb_sub.eq(0),
+                        kb_word.eq(0),
+                    ]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                m.d.comb += rec.eq((rem == 0) & (steps_left != 0))
+                with m.If(rec):
+                    m.d.comb += dec.op.eq(WeightOp.RECORD)
+                with m.Elif((steps_left != 0) & next_gs & (rem <= hdr)):
+                    m.d.comb += dec.op.eq(Mux(rem == hdr, WeightOp.CODES, WeightOp.ZEROS))
+
+                with m.If(rec):
+                    gpos_after = Mux(next_gs, ins.group_steps, gpos) - 1
+                    ngs = (gpos_after == 0) & (ins.group_steps != 0)
+                    m.d.sync += [
+                        steps_left.eq(steps_left - 1),
+                        gpos.eq(gpos_after), next_gs.eq(ngs),
+                        rem.eq(Mux(ngs, gap_gs, ins.tokens_m1)),
+                        slots_left.eq(ins.tokens_m1), j.eq(1),
+                        cur_first.eq(step0 & ~ins.accumulate), step0.eq(0),
+                    ]
+                with m.Else():
+                    with m.If(rem != 0):
+                        m.d.sync += rem.eq(rem - 1)
+                    with m.If(slots_left != 0):
+                        m.d.sync += [slots_left.eq(slots_left - 1), j.eq(j + 1)]
+                m.d.comb += [
+                    slot.eq(rec | (slots_left != 0)),
+                    slot_tok.eq(Mux(rec, 0, j)),
+                    slot_first.eq(Mux(rec, step0 & ~ins.accumulate, cur_first)),
+                    last_slot.eq(Mux(rec, ins.tokens_m1 == 0, slots_left == 1)),
+                    final_slot.eq(last_slot & (steps_left == rec)),
+                ]
+                # Advance the activation block after the last token of each step.
+                with m.If(last_slot):
+                    with m.If(nib + 1 == n_eff):
+                        m.d.sync += nib.eq(0)
+                        nsub = kb_sub + m_eff
+                        m.d.sync += kb_sub.eq(nsub[:index_bits(cfg)])
+                        with m.If(nsub[index_bits(cfg)]):
+                            m.d.sync += kb_word.eq(wrap_inc(kb_word, adepth))
+                    with m.Else():
+                        m.d.sync += nib.eq(nib + 1)
+                # Epilogue start = last slot + activation path + row skew + drain.
+                with m.If(final_slot | ((steps_left == 0) & (slots_left == 0))):
+                    m.d.sync += drain.eq(self.LATENCY + cfg.rows - 1 + GEMM_DRAIN - 1)
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):
+                with m.If(drain == 0):
+                    m.d.comb += ep_start.eq(1)
+                    with m.If(ins.epilogue == EpilogueKind.NONE):
+                        m.d.comb += none_done.eq(1)
+                        m.next = "IDLE"
+                    with m.Else():
+                        m.next = "EPILOGUE"
+                with m.Else():
+                    m.d.sync += drain.eq(drain - 1)
+            with m.State("EPILOGUE"):
+                with m.If(epi.done):
+                    m.next = "IDLE"
+        m.d.comb += [
+            dec.sub.eq(kb_sub),
+            epi.start.eq(ep_start),
+            self.done.eq(none_done | epi.done),
+        ]
+
+        # ---- activation path: slot -> address -> ACT read -> block register -> row 0 ----------
+        tb = Signal(range(adepth))              # token base of the next slot
+        base = Mux(slot_tok == 0, act_base, tb)
+        with m.If(slot):
+            m.d.sync += tb.eq(wrap_add(base, stride, adepth))
+        a_sum = Signal(range(2 * adepth))
+        a_addr = Signal(range(adepth))
+        m.d.sync += [a_sum.eq(base + kb_word),
+                     a_addr.eq(Mux(a_sum >= adepth, a_sum - adepth, a_sum))]
+        m.d.comb += self.act_rd.addr.eq(a_addr)
+        blk = Signal(act_block_layout(cfg))
+        m.d.sync += blk.eq(self.act_rd.data)
+        ctl = [slot, slot_tok, slot_first]
+        for stage in range(self.ACT_LATENCY):
+            nxt = [Signal.like(s, name=f"{s.name}_p{stage}") for s in ctl]
+            m.d.sync += [n.eq(s) for n, s in zip(nxt, ctl, strict=True)]
+            ctl = nxt
+        m.d.comb += [
+            arr.act.eq(blk), arr.valid.eq(ctl[0]), arr.tok.eq(ctl[1]), arr.first.eq(ctl[2]),
+            arr.w.eq(dec.w), arr.idx.eq(dec.idx), arr.load.eq(dec.valid),
+            arr.rd_addr.eq(epi.acc_addr), epi.acc_data.eq(arr.rd_data),
+            self.mac.eq(arr.mac),
+        ]
+        return m

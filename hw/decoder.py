@@ -1,0 +1,296 @@
+"""Weight-stream decoder: the "gearbox" that turns WGT scratchpad words into per-lane weights.
+
+The stream (hw/format.py) is, per group, ``[codes word] [zeros word, asymmetric only]`` and then
+one step record per step; a record holds one ``bits + index_bits`` field per lane, lane 0 in the
+least significant bits. Records and header words are multiples of ``lanes`` bits (``lanes`` is a
+multiple of 8), so the decoder works in **chunks** of ``lanes`` bits: a WGT word (``lanes``
+bytes) is 8 chunks, a header word 8 chunks, a record ``field_bits`` chunks (4 to 8).
+
+The decoder keeps a window of two consecutive words and a chunk pointer ``p`` (0..7). An
+operation reads the 8 chunks starting at ``p`` -- an 8-way rotator, three 2:1 levels whatever
+the lane count -- and consumes 8 (header) or ``field_bits`` (record) chunks. When the pointer
+passes the end of the first word, the window shifts by one word and the next word, already
+read, enters it; the read port address is chosen one cycle ahead so its data is always the word
+after the window. One word is read per cycle at most, and an operation consumes at most one, so
+any mix of operations runs at one per cycle::
+
+    cycle x     op: rotate window by p -> R                      (pointer/window update)
+    cycle x+1   CODES/ZEROS: header register <- R
+                RECORD: extract the fields of R, Dequant stage 1 (q - zero)
+    cycle x+2   Dequant stage 2 (code * diff)
+    cycle x+3   w, idx, valid out
+
+Reads wrap modulo the scratchpad depth. Also here: small helpers for the scratchpad port
+signatures and wrapping address arithmetic shared by the compute engine.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.lib import data, enum, wiring
+from amaranth.lib.memory import ReadPort, WritePort
+from amaranth.lib.wiring import In, Out
+
+from hw.config import AcceleratorConfig
+from hw.dequant import Dequant
+from hw.isa import GemmBody
+from hw.pe import index_bits
+
+__all__ = [
+    "SPADS", "WeightOp", "Decoder", "spad_depth", "spad_addr_width", "spad_word_bits",
+    "spad_read_signature", "spad_write_signature", "beats_to_words", "wrap_add", "wrap_inc",
+    "field_formats",
+]
+
+#: Scratchpad names, as in the ``AcceleratorConfig`` attributes ``<name>_spad_bytes``.
+SPADS = ("act", "wgt", "out", "param")
+#: Chunks per WGT word: a chunk is ``lanes`` bits, a word ``lanes`` bytes.
+CHUNKS = 8
+
+
+# ---------------------------------------------------------------------- scratchpad helpers
+def _check_spad(name: str) -> None:
+    if name not in SPADS:
+        raise ValueError(f"scratchpad must be one of {SPADS}, got {name!r}")
+
+
+def spad_depth(cfg: AcceleratorConfig, name: str) -> int:
+    """Words in scratchpad ``name``."""
+    _check_spad(name)
+    return getattr(cfg, f"{name}_spad_bytes") // getattr(cfg, f"{name}_word_bytes")
+
+
+def spad_addr_width(cfg: AcceleratorConfig, name: str) -> int:
+    """Word address width of scratchpad ``name`` (as :class:`~amaranth.lib.memory.Memory`)."""
+    return (spad_depth(cfg, name) - 1).bit_length()
+
+
+def spad_word_bits(cfg: AcceleratorConfig, name: str) -> int:
+    _check_spad(name)
+    return 8 * getattr(cfg, f"{name}_word_bytes")
+
+
+def spad_read_signature(cfg: AcceleratorConfig, name: str) -> ReadPort.Signature:
+    """Signature of a read port of scratchpad ``name``: word address, ``unsigned`` word with byte
+    ``i`` in bits ``8i..8i+7``. A reader declares ``In(spad_read_signature(...))``."""
+    return ReadPort.Signature(addr_width=spad_addr_width(cfg, name),
+                              shape=unsigned(spad_word_bits(cfg, name)))
+
+
+def spad_write_signature(cfg: AcceleratorConfig, name: str) -> WritePort.Signature:
+    """Signature of a full-word write port of scratchpad ``name``."""
+    return WritePort.Signature(addr_width=spad_addr_width(cfg, name),
+                               shape=unsigned(spad_word_bits(cfg, name)))
+
+
+def beats_to_words(beats: Value, cfg: AcceleratorConfig, name: str) -> Value:
+    """Word address of an ISA beat address in scratchpad ``name`` (exact for the aligned
+    addresses :func:`hw.isa.dispatch_error` admits)."""
+    word = getattr(cfg, f"{name}_word_bytes")
+    beat = cfg.beat_bytes
+    if word >= beat:
+        return beats >> ((word // beat).bit_length() - 1)
+    return beats << ((beat // word).bit_length() - 1)
+
+
+def wrap_add(a: Value, b: Value, depth: int) -> Value:
+    """``(a + b) % depth`` for ``a, b`` in ``[0, depth)``: a mask for a power of two, else one
+    conditional subtraction."""
+    width = (depth - 1).bit_length()
+    if depth & (depth - 1) == 0:
+        return (a + b)[:width]
+    s = a + b
+    return Mux(s >= depth, s - depth, s)[:width]
+
+
+def wrap_inc(a: Value, depth: int) -> Value:
+    """``(a + 1) % depth`` for ``a`` in ``[0, depth)``."""
+    width = (depth - 1).bit_length()
+    if depth & (depth - 1) == 0:
+        return (a + 1)[:width]
+    return Mux(a == depth - 1, 0, a + 1)[:width]
+
+
+def field_formats(cfg: AcceleratorConfig) -> list[tuple[int, int]]:
+    """Distinct ``(value_bits, index_bits)`` record field formats ``cfg`` can stream."""
+    fmts = {(4, p.index_bits) for p in cfg.pattern_table}
+    if 8 in cfg.weight_bits:
+        fmts.add((8, 0))
+    return sorted(fmts)
+
+
+class WeightOp(enum.Enum, shape=2):
+    """What the decoder does with the window in one cycle."""
+
+    NONE = 0
+    CODES = 1   # consume a header word of scale codes
+    ZEROS = 2   # consume a header word of zero points
+    RECORD = 3  # consume one step record and emit its weights
+
+
+class Decoder(wiring.Component):
+    """Weight-stream decoder for ``cfg.lanes`` lanes.
+
+    Protocol: pulse ``start`` with ``wgt_addr`` (ISA beats, word aligned) in cycle ``c``; the
+    window is full and operations may be issued from ``c + FIRST_OP``. ``ins`` must hold the
+    instruction (pattern, int8, asym, group_steps) from ``c + 1`` on. A RECORD issued in cycle
+    ``x`` with index offset ``sub`` appears on ``w``/``idx`` with ``valid`` in ``x + LATENCY``
+    (only then are ``w`` and ``idx`` meaningful).
+
+    Parameters
+    ----------
+    cfg:
+        The accelerator configuration.
+
+    Members
+    -------
+    rd: In(spad_read_signature(cfg, "wgt"))
+        WGT scratchpad read port (synchronous).
+    start: In(1)
+        Begin a new stream at ``wgt_addr``.
+    wgt_addr: In(16)
+        Start of the stream in beats (sampled with ``start``).
+    ins: In(GemmBody)
+        The instruction being decoded (mode fields).
+    op: In(WeightOp)
+        Operation of this cycle.
+    sub: In(index_bits(cfg))
+        Offset of the step's M-block inside the activation word, OR-ed into every lane's index
+        (RECORD only; for dense streams the step's position in the word).
+    w: Out(data.ArrayLayout(signed(cfg.weight_operand_bits), cfg.lanes))
+        Dequantised weights.
+    idx: Out(data.ArrayLayout(index_bits(cfg), cfg.lanes))
+        Activation index of each lane inside the activation word.
+    valid: Out(1)
+        ``w``/``idx`` hold a record this cycle.
+    """
+
+    #: Cycles from ``start`` to the first operation.
+    FIRST_OP = 3
+    #: Cycles from a RECORD operation to its outputs.
+    LATENCY = 1 + Dequant.LATENCY
+
+    def __init__(self, cfg: AcceleratorConfig):
+        if not isinstance(cfg, AcceleratorConfig):
+            raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
+        if cfg.wgt_word_bytes * 8 != CHUNKS * cfg.lanes:
+            raise ValueError(f"WGT word of {cfg.wgt_word_bytes} bytes is not {CHUNKS} chunks of "
+                             f"{cfg.lanes} bits")
+        self._cfg = cfg
+        super().__init__({
+            "rd": In(spad_read_signature(cfg, "wgt")),
+            "start": In(1),
+            "wgt_addr": In(GemmBody["wgt_addr"].shape),
+            "ins": In(GemmBody),
+            "op": In(WeightOp),
+            "sub": In(index_bits(cfg)),
+            "w": Out(data.ArrayLayout(signed(cfg.weight_operand_bits), cfg.lanes)),
+            "idx": Out(data.ArrayLayout(index_bits(cfg), cfg.lanes)),
+            "valid": Out(1),
+        })
+
+    @property
+    def cfg(self) -> AcceleratorConfig:
+        return self._cfg
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._cfg
+        lanes = cfg.lanes
+        depth = spad_depth(cfg, "wgt")
+        wbits = spad_word_bits(cfg, "wgt")
+        vmax = max(cfg.weight_bits)
+        fmts = field_formats(cfg)
+        ins = self.ins
+        raw = ins.group_steps == 0
+
+        # ---- window: two words, chunk pointer, next-word read address --------------------------
+        w0 = Signal(wbits)
+        w1 = Signal(wbits)
+        ptr = Signal(range(CHUNKS))
+        ra = Signal(range(depth))        # word whose data the read port returns this cycle
+        fill = Signal(range(3))          # forced shifts left after start
+
+        # Field format of the instruction (one-hot over `fmts`), registered: it is constant while
+        # the instruction runs and drives wide multiplexers.
+        fmt_sel = Signal(len(fmts))
+        ib = Signal(range(5))
+        with m.Switch(ins.pattern):
+            for i, p in enumerate(cfg.pattern_table):
+                with m.Case(i):
+                    m.d.comb += ib.eq(p.index_bits)
+        int8 = ins.int8 if 8 in cfg.weight_bits else Const(0)
+        for i, (vb, xb) in enumerate(fmts):
+            m.d.sync += fmt_sel[i].eq(Mux(int8, vb == 8, (vb == 4) & (ib == xb)))
+        fbits = Signal(range(CHUNKS + 1))  # chunks per record = field bits
+        m.d.comb += fbits.eq(sum(Mux(fmt_sel[i], vb + xb, 0) for i, (vb, xb) in enumerate(fmts)))
+
+        consume = Signal(range(CHUNKS + 1))
+        with m.Switch(self.op):
+            with m.Case(WeightOp.CODES, WeightOp.ZEROS):
+                m.d.comb += consume.eq(CHUNKS)
+            with m.Case(WeightOp.RECORD):
+                m.d.comb += consume.eq(fbits)
+        nxt = Signal(range(2 * CHUNKS))
+        m.d.comb += nxt.eq(ptr + consume)
+        shift = Signal()
+        m.d.comb += shift.eq((fill != 0) | (nxt >= CHUNKS))
+
+        addr = Signal(range(depth))
+        with m.If(self.start):
+            m.d.comb += addr.eq(beats_to_words(self.wgt_addr, cfg, "wgt"))
+            m.d.sync += [fill.eq(2), ptr.eq(0)]
+        with m.Else():
+            m.d.comb += addr.eq(Mux(shift, wrap_inc(ra, depth), ra))
+            with m.If(fill != 0):
+                m.d.sync += fill.eq(fill - 1)
+            with m.Else():
+                m.d.sync += ptr.eq(nxt % CHUNKS)
+        m.d.comb += self.rd.addr.eq(addr)
+        m.d.sync += ra.eq(addr)
+        with m.If(shift & ~self.start):
+            m.d.sync += [w0.eq(w1), w1.eq(self.rd.data)]
+
+        # ---- cycle x: rotate by the pointer ------------------------------------------------
+        window = Cat(w0, w1)
+        rot = Signal(wbits)
+        with m.Switch(ptr):
+            for k in range(CHUNKS):
+                with m.Case(k):
+                    m.d.comb += rot.eq(window[k * lanes:k * lanes + wbits])
+        r = Signal(wbits)
+        r_op = Signal(WeightOp)
+        r_sub = Signal.like(self.sub)
+        m.d.sync += [r.eq(rot), r_op.eq(self.op), r_sub.eq(self.sub)]
+
+        # ---- cycle x+1: headers, or field extraction + dequant stage 1 ----------------------
+        codes = Signal(data.ArrayLayout(cfg.scale_code_bits, lanes))
+        zeros = Signal(data.ArrayLayout(vmax, lanes))
+        with m.If(r_op == WeightOp.CODES):
+            m.d.sync += codes.eq(Cat(r[8 * l:8 * l + cfg.scale_code_bits] for l in range(lanes)))
+        with m.If(r_op == WeightOp.ZEROS):
+            m.d.sync += zeros.eq(Cat(r[8 * l:8 * l + vmax] for l in range(lanes)))
+
+        e_idx = Signal(data.ArrayLayout(index_bits(cfg), lanes))
+        e_valid = Signal()
+        m.d.sync += e_valid.eq(r_op == WeightOp.RECORD)
+        for l in range(lanes):
+            m.submodules[f"dq{l}"] = dq = Dequant(cfg)
+            value = Signal(vmax, name=f"value{l}")
+            index = Signal(index_bits(cfg), name=f"index{l}")
+            for i, (vb, xb) in enumerate(fmts):
+                fb = vb + xb
+                with m.If(fmt_sel[i]):
+                    m.d.comb += value.eq(r[l * fb:l * fb + vb])
+                    if xb:
+                        m.d.comb += index.eq(r[l * fb + vb:l * fb + fb])
+            m.d.comb += [
+                dq.value.eq(value), dq.code.eq(codes[l]), dq.zero.eq(zeros[l]),
+                dq.int8.eq(int8), dq.asym.eq(ins.asym), dq.raw.eq(raw),
+                self.w[l].eq(dq.w),
+            ]
+            m.d.sync += e_idx[l].eq(index | r_sub)
+
+        # ---- cycle x+2: Dequant stage 2; index and valid registered alongside ----------------
+        m.d.sync += [self.idx.eq(e_idx), self.valid.eq(e_valid)]
+        return m

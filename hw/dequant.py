@@ -1,0 +1,110 @@
+"""Dequantisation unit: one packed weight field to the integer weight a PE multiplies.
+
+The arithmetic is that of :func:`sim.functional.decode_gemm_weights` (docs/architecture.md,
+"Numerics")::
+
+    w = code * q            symmetric: q = the low `bits` of the field, two's complement
+    w = code * (u - zero)   asymmetric: u and zero unsigned `bits`-bit values
+    w = q                   raw (no group headers): code = 1, zero = 0
+
+where ``bits`` is 8 for INT8 instructions and 4 otherwise, ``code`` keeps the low
+``cfg.scale_code_bits`` bits of its header byte and ``zero`` the low ``bits`` bits of its byte.
+The result always fits ``cfg.weight_operand_bits`` signed bits.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal, signed, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.config import AcceleratorConfig
+
+__all__ = ["Dequant", "dequant_reference"]
+
+
+def dequant_reference(value: int, code: int, zero: int, *, int8: bool, asym: bool, raw: bool,
+                      cfg: AcceleratorConfig) -> int:
+    """Python model of :class:`Dequant` (the per-element rule of ``decode_gemm_weights``).
+
+    ``value``, ``code`` and ``zero`` are the raw unsigned bit patterns on the unit's inputs.
+    """
+    bits = 8 if int8 else 4
+    q = value & ((1 << bits) - 1)
+    if not asym and q >= 1 << (bits - 1):
+        q -= 1 << bits
+    if raw:
+        return q
+    code &= (1 << cfg.scale_code_bits) - 1
+    return code * (q - (zero & ((1 << bits) - 1) if asym else 0))
+
+
+class Dequant(wiring.Component):
+    """Pipelined dequantiser for one lane: inputs in cycle ``x``, ``w`` valid in ``x + 2``.
+
+    Stage 1 forms the signed difference ``q - zero`` (and the effective code), stage 2 the
+    product. Both stages are registered so the unit sits between the decoder's field extraction
+    and the PE without lengthening either path.
+
+    Parameters
+    ----------
+    cfg:
+        The accelerator configuration (value, code and operand widths).
+
+    Members
+    -------
+    value: In(max(cfg.weight_bits))
+        Raw field value bits (the low 4 are used for INT4).
+    code: In(cfg.scale_code_bits)
+        Group scale code (ignored when ``raw``).
+    zero: In(max(cfg.weight_bits))
+        Group zero point (used when ``asym`` and not ``raw``).
+    int8, asym, raw: In(1)
+        Instruction mode: 8-bit values, asymmetric, no group headers.
+    w: Out(signed(cfg.weight_operand_bits))
+        ``code * (q - zero)``, two cycles after the inputs.
+    """
+
+    #: Cycles from the inputs to ``w``.
+    LATENCY = 2
+
+    def __init__(self, cfg: AcceleratorConfig):
+        if not isinstance(cfg, AcceleratorConfig):
+            raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
+        self._cfg = cfg
+        vbits = max(cfg.weight_bits)
+        super().__init__({
+            "value": In(vbits),
+            "code": In(cfg.scale_code_bits),
+            "zero": In(vbits),
+            "int8": In(1),
+            "asym": In(1),
+            "raw": In(1),
+            "w": Out(signed(cfg.weight_operand_bits)),
+        })
+
+    @property
+    def cfg(self) -> AcceleratorConfig:
+        return self._cfg
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._cfg
+        vbits = max(cfg.weight_bits)
+        int8 = self.int8 if vbits == 8 else 0  # INT8 unsupported: dispatch rejects it anyway
+
+        # Stage 1: the field as a signed number, minus the zero point.
+        q4, q8 = self.value[:4], self.value[:vbits]
+        sym = Mux(int8, q8.as_signed(), q4.as_signed())
+        uns = Mux(int8, q8, q4)
+        zero = Mux(self.asym & ~self.raw, Mux(int8, self.zero[:vbits], self.zero[:4]), 0)
+        diff = Signal(signed(vbits + 2))
+        code = Signal(unsigned(cfg.scale_code_bits))
+        m.d.sync += [
+            diff.eq(Mux(self.asym, uns, sym) - zero),
+            code.eq(Mux(self.raw, 1, self.code)),
+        ]
+
+        # Stage 2: the product; |code * diff| <= code_max * (2**bits - 1) fits the operand.
+        m.d.sync += self.w.eq(code * diff)
+        return m

@@ -1,0 +1,135 @@
+"""Processing element: one lane of the output-stationary array.
+
+A PE holds one dequantised weight and its in-block index for a whole step (``T`` cycles) and,
+each cycle, selects the activation its index names from the broadcast block, multiplies, and
+accumulates into the entry of its accumulator file for the current token
+(docs/architecture.md, section 1)::
+
+    cycle m     inputs: act block, tok, valid, first     a1 <- act[idx], w1 <- w   (mux)
+    cycle m+1                                            p2 <- a1 * w1             (multiply)
+    cycle m+2   acc[tok] <- (first ? 0 : acc[tok]) + p2  (accumulate, wraps at acc_bits)
+
+The accumulator file is a :class:`~amaranth.lib.memory.Memory` of ``max_tokens`` entries with
+one write port and one *asynchronous* read port: on the ECP5 this maps to distributed RAM
+(``max_tokens x acc_bits``: eight DPR16X4 for 16 x 32), whereas registers would cost
+``max_tokens * acc_bits`` flip-flops plus a ``max_tokens``:1 read multiplexer per bit, per PE.
+The read-add-write of one token happens in one cycle, so back-to-back updates of the same token
+(``T = 1``) need no forwarding. The same read port serves the epilogue (``rd_addr``) when no
+accumulation is in flight, so the file is not duplicated for a second read port.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal, signed
+from amaranth.lib import data, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from hw.config import AcceleratorConfig
+
+__all__ = ["PE", "index_bits", "act_block_layout"]
+
+
+def index_bits(cfg: AcceleratorConfig) -> int:
+    """Width of a PE's activation index: it selects one of ``cfg.max_block`` activations."""
+    return (cfg.max_block - 1).bit_length()
+
+
+def act_block_layout(cfg: AcceleratorConfig) -> data.ArrayLayout:
+    """One broadcast activation block: ``cfg.max_block`` signed ``cfg.act_bits`` values."""
+    return data.ArrayLayout(signed(cfg.act_bits), cfg.max_block)
+
+
+class PE(wiring.Component):
+    """One multiply-accumulate lane with a ``max_tokens``-entry accumulator file.
+
+    Parameters
+    ----------
+    cfg:
+        The accelerator configuration.
+
+    Members
+    -------
+    w_in: In(signed(cfg.weight_operand_bits))
+        Dequantised weight of the next step.
+    idx_in: In(index_bits(cfg))
+        Position of the activation the weight multiplies, inside the block.
+    load: In(1)
+        Latch ``w_in``/``idx_in``; the PE uses them from the next cycle until the next load.
+    act: In(act_block_layout(cfg))
+        The activation block of the current token.
+    tok: In(range(cfg.max_tokens))
+        Token (accumulator entry) of the current cycle.
+    valid: In(1)
+        The current cycle carries a MAC.
+    first: In(1)
+        First step of a non-accumulating instruction: overwrite the entry instead of adding.
+    rd_addr: In(range(cfg.max_tokens))
+        Epilogue read address (used when no accumulation is in flight).
+    rd_data: Out(signed(cfg.acc_bits))
+        Accumulator entry ``rd_addr`` (combinational).
+    """
+
+    #: Cycles from an input MAC to its accumulator entry being readable.
+    LATENCY = 3
+
+    def __init__(self, cfg: AcceleratorConfig):
+        if not isinstance(cfg, AcceleratorConfig):
+            raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
+        self._cfg = cfg
+        super().__init__({
+            "w_in": In(signed(cfg.weight_operand_bits)),
+            "idx_in": In(index_bits(cfg)),
+            "load": In(1),
+            "act": In(act_block_layout(cfg)),
+            "tok": In(range(cfg.max_tokens)),
+            "valid": In(1),
+            "first": In(1),
+            "rd_addr": In(range(cfg.max_tokens)),
+            "rd_data": Out(signed(cfg.acc_bits)),
+        })
+
+    @property
+    def cfg(self) -> AcceleratorConfig:
+        return self._cfg
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._cfg
+        wshape = signed(cfg.weight_operand_bits)
+
+        # Weight and index held for the whole step.
+        w_hold = Signal(wshape)
+        i_hold = Signal(index_bits(cfg))
+        with m.If(self.load):
+            m.d.sync += [w_hold.eq(self.w_in), i_hold.eq(self.idx_in)]
+
+        # Stage 1: select the activation (register before the multiplier).
+        a1 = Signal(signed(cfg.act_bits))
+        w1 = Signal(wshape)
+        t1 = Signal.like(self.tok)
+        v1 = Signal()
+        f1 = Signal()
+        m.d.sync += [a1.eq(self.act[i_hold]), w1.eq(w_hold), t1.eq(self.tok),
+                     v1.eq(self.valid), f1.eq(self.first)]
+
+        # Stage 2: multiply (register before the accumulator).
+        p2 = Signal(signed(cfg.product_bits))
+        t2 = Signal.like(self.tok)
+        v2 = Signal()
+        f2 = Signal()
+        m.d.sync += [p2.eq(a1 * w1), t2.eq(t1), v2.eq(v1), f2.eq(f1)]
+
+        # Stage 3: read-add-write of the token's entry.
+        m.submodules.acc = acc = Memory(shape=signed(cfg.acc_bits), depth=cfg.max_tokens,
+                                        init=[])
+        rd = acc.read_port(domain="comb")
+        wr = acc.write_port()
+        m.d.comb += [
+            rd.addr.eq(Mux(v2, t2, self.rd_addr)),
+            self.rd_data.eq(rd.data),
+            wr.addr.eq(t2),
+            wr.en.eq(v2),
+            wr.data.eq(Mux(f2, 0, rd.data) + p2),
+        ]
+        return m
