@@ -47,6 +47,9 @@ class RunResult:
         Final DRAM image (``uint8``); ``None`` in timing-only runs.
     trace:
         Optional per-instruction timeline (backend specific).
+    detail:
+        Human-readable explanation of an error (e.g. the engine states of a deadlock), when the
+        backend can give one.
     """
 
     cycles: int
@@ -55,6 +58,7 @@ class RunResult:
     counters: dict[str, int] = field(default_factory=dict)
     dram: np.ndarray | None = None
     trace: list | None = None
+    detail: str = ""
 
     @property
     def ok(self) -> bool:

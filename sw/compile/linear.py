@@ -1,0 +1,279 @@
+"""Lower one linear layer ``y[T, N] = x[T, K] @ W[N, K]^T`` to a program for the array.
+
+The weight stream is cut into tiles of ``lanes`` output channels (one tile per GEMM) and, along
+K, into chunks of whole quantisation groups that fit half of the WGT scratchpad, so the LOAD
+engine fills one half while the array streams the other. Tokens are processed
+``max_tokens`` at a time. Activations stay resident in the ACT scratchpad when a token tile's
+whole K fits (decode), else they are chunked along K with the weights (prefill).
+
+Events (counting semaphores, one producer and one consumer engine each)::
+
+    FULL[b]      LOAD -> COMPUTE   chunk b's weights (and activations) have landed
+    FREE[b]      COMPUTE -> LOAD   the GEMM reading buffer b is done (non-final K chunk)
+    OUT_FULL[o]  COMPUTE -> STORE  the final GEMM of a tile filled output buffer o
+    STORED[o]    STORE -> LOAD     output buffer o is written back (so its GEMM is done too)
+
+A GEMM has one wait and one signal, so a tile's final GEMM signals OUT_FULL instead of FREE;
+the load that next reuses its input buffer waits for STORED instead, which also orders the
+next write of that output buffer after its store (the GEMM that writes it depends on a later
+load). No SYNC instructions are needed. Instructions are emitted in software-pipelined order
+(the loads of chunk i+1 before the GEMM of chunk i), so in-order fetch into short queues never
+blocks on an engine that waits for a later instruction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hw.config import AcceleratorConfig
+from hw.format import QuantizedWeight, WeightFormat, pack, stream_layout
+from hw.isa import End, Epilogue, Gemm, Instr, Load, Spad, Store
+
+__all__ = ["LoweringError", "DramAllocator", "LinearPlan", "LinearProgram", "plan_linear",
+           "lower_linear", "build_linear", "EVENTS"]
+
+#: Event ids used by the linear-layer lowering.
+EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
+          "STORED0": 6, "STORED1": 7}
+
+
+class LoweringError(ValueError):
+    """The layer cannot be lowered for this accelerator (the message says why)."""
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class DramAllocator:
+    """Bump allocator of beat-aligned DRAM regions."""
+
+    cfg: AcceleratorConfig
+    next_beat: int = 0
+    regions: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def alloc(self, name: str, nbytes: int) -> int:
+        """Reserve ``nbytes`` and return the region's start in beats."""
+        if name in self.regions:
+            raise LoweringError(f"DRAM region {name!r} allocated twice")
+        beats = _ceil(max(nbytes, 1), self.cfg.beat_bytes)
+        start = self.next_beat
+        self.next_beat += beats
+        if self.next_beat > self.cfg.dram_beats:
+            raise LoweringError(f"DRAM of {self.cfg.memory.size_bytes} bytes is too small: "
+                                f"region {name!r} needs {nbytes} more bytes")
+        self.regions[name] = (start, nbytes)
+        return start
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """Tiling decisions for one linear layer."""
+
+    tokens: int
+    n: int
+    k_padded: int
+    fmt: WeightFormat
+    token_tile: int
+    n_tiles: int
+    groups_per_chunk: int
+    k_chunks: int
+    act_row_bytes: int        # ACT/DRAM bytes per token row (K padded to whole beats)
+    resident_acts: bool       # whole-K activations stay in ACT for a token tile
+    tile_bytes: int           # weight stream bytes per n tile (beat-aligned in DRAM)
+    chunk_bytes: int          # weight stream bytes per K chunk (last may be shorter)
+
+    @property
+    def token_tiles(self) -> int:
+        return _ceil(self.tokens, self.token_tile)
+
+
+def plan_linear(cfg: AcceleratorConfig, fmt: WeightFormat, n: int, k: int,
+                tokens: int) -> LinearPlan:
+    """Choose tile and chunk sizes for ``tokens x k @ (n x k)^T`` on ``cfg``."""
+    try:
+        fmt.check_supported(cfg)
+    except ValueError as e:
+        raise LoweringError(str(e)) from None
+    if tokens < 1:
+        raise LoweringError(f"tokens must be >= 1, got {tokens}")
+    lay = stream_layout(fmt, n, k, cfg.lanes)
+    kp = lay.k_padded
+    beat = cfg.beat_bytes
+    half_wgt = cfg.wgt_spad_bytes // 2
+    if lay.group_bytes > half_wgt:
+        raise LoweringError(f"one quantisation group of {lay.group_bytes} bytes exceeds half "
+                            f"the WGT spad ({half_wgt}); use smaller groups")
+    tt = min(tokens, cfg.max_tokens)
+    row = _ceil(kp, beat) * beat
+    group_k = fmt.group_of(kp)
+    gpc = min(lay.groups, half_wgt // lay.group_bytes)
+    resident = tt * row <= cfg.act_spad_bytes
+    if not resident:  # two activation chunks of tt tokens must fit as well
+        gpc = min(gpc, cfg.act_spad_bytes // (2 * tt * group_k))
+        if gpc == 0 or (group_k * gpc) % beat:
+            raise LoweringError(f"ACT spad of {cfg.act_spad_bytes} bytes cannot hold two "
+                                f"beat-aligned chunks of {tt} tokens x {group_k} values")
+    if gpc < lay.groups and lay.group_bytes % beat:
+        raise LoweringError(f"K must be split into chunks but a group is {lay.group_bytes} "
+                            f"bytes, not a multiple of the {beat}-byte beat")
+    k_chunks = _ceil(lay.groups, gpc)
+    return LinearPlan(tokens=tokens, n=n, k_padded=kp, fmt=fmt, token_tile=tt,
+                      n_tiles=lay.tiles, groups_per_chunk=gpc, k_chunks=k_chunks,
+                      act_row_bytes=row, resident_acts=resident,
+                      tile_bytes=_ceil(lay.tile_bytes, beat) * beat,
+                      chunk_bytes=gpc * lay.group_bytes)
+
+
+def lower_linear(cfg: AcceleratorConfig, plan: LinearPlan, w_addr: int, x_addr: int,
+                 y_addr: int) -> list[Instr]:
+    """The program (without END) for a planned layer.
+
+    ``w_addr``: weight tiles (``plan.tile_bytes`` apart); ``x_addr``: int8 activations
+    ``[tokens, act_row_bytes]``; ``y_addr``: int32 outputs ``[tokens, n_tiles * lanes]``.
+    All in beats. Outputs use the WIDE epilogue.
+    """
+    fmt, beat, lanes = plan.fmt, cfg.beat_bytes, cfg.lanes
+    lay = stream_layout(fmt, plan.n, plan.k_padded, lanes)
+    spg = lay.steps_per_group
+    group_k = fmt.group_of(plan.k_padded)
+    pattern = cfg.pattern_index(fmt.pattern)
+    half_wgt_beats = cfg.spad_beats("wgt") // 2
+    out_row_beats = 4 * lanes // beat
+    out_buf_beats = plan.token_tile * out_row_beats
+    if 2 * out_buf_beats > cfg.spad_beats("out"):
+        raise LoweringError(f"OUT spad of {cfg.out_spad_bytes} bytes cannot hold two tiles of "
+                            f"{plan.token_tile} tokens x {lanes} int32 outputs")
+    y_row_beats = plan.n_tiles * out_row_beats
+    act_beats = cfg.spad_beats("act")
+    row_beats = plan.act_row_bytes // beat
+    E = EVENTS
+
+    # One work item per GEMM: (token tile, n tile, k chunk).
+    items = [(t, j, c) for t in range(plan.token_tiles) for j in range(plan.n_tiles)
+             for c in range(plan.k_chunks)]
+    final = [c == plan.k_chunks - 1 for _, _, c in items]
+    out_buf = [sum(final[:i]) % 2 for i in range(len(items))]  # tile index parity
+    stored_waited = set()  # final items whose STORED signal a load already consumed
+
+    def chunk_groups(c):
+        return min(plan.groups_per_chunk, lay.groups - c * plan.groups_per_chunk)
+
+    def done_wait(prev):
+        """The wait that orders a load after GEMM ``prev`` (None if nothing to wait for)."""
+        if prev < 0 or prev in stored_waited:
+            return None
+        if final[prev]:
+            stored_waited.add(prev)
+            return E[f"STORED{out_buf[prev]}"]
+        return E[f"FREE{prev % 2}"]
+
+    def loads(i):
+        t, j, c = items[i]
+        b = i % 2
+        t0 = t * plan.token_tile
+        tok = min(plan.token_tile, plan.tokens - t0)
+        out = []
+        if plan.resident_acts:
+            if j == 0 and c == 0:  # new token tile: activations for all of K, once GEMM i-1
+                out.append(Load(spad=Spad.ACT, dram_addr=x_addr + t0 * row_beats, spad_addr=0,
+                                rows=tok, row_beats=row_beats, dram_stride=row_beats,
+                                wait=done_wait(i - 1)))
+        # Buffer b was last read by GEMM i-2: the first load into it waits for that GEMM (the
+        # LOAD engine is in order, so the loads after it need no wait of their own).
+        buffer_free = done_wait(i - 2)
+        if not plan.resident_acts:
+            out.append(Load(spad=Spad.ACT, rows=tok, dram_stride=row_beats,
+                            row_beats=chunk_groups(c) * group_k // beat,
+                            dram_addr=x_addr + t0 * row_beats
+                            + c * plan.groups_per_chunk * group_k // beat,
+                            spad_addr=b * (act_beats // 2), wait=buffer_free))
+            buffer_free = None
+        nbytes = chunk_groups(c) * lay.group_bytes
+        out.append(Load(spad=Spad.WGT, rows=1, row_beats=_ceil(nbytes, beat),
+                        dram_addr=w_addr + (j * plan.tile_bytes + c * plan.chunk_bytes) // beat,
+                        spad_addr=b * half_wgt_beats, wait=buffer_free, signal=E[f"FULL{b}"]))
+        return out
+
+    prog: list[Instr] = loads(0)
+    for i, (t, j, c) in enumerate(items):
+        if i + 1 < len(items):
+            prog += loads(i + 1)
+        b, o = i % 2, out_buf[i]
+        t0 = t * plan.token_tile
+        tok = min(plan.token_tile, plan.tokens - t0)
+        if plan.resident_acts:
+            act_addr, stride = c * plan.groups_per_chunk * group_k // beat, row_beats
+        else:
+            act_addr, stride = b * (act_beats // 2), chunk_groups(c) * group_k // beat
+        prog.append(Gemm(
+            wgt_addr=b * half_wgt_beats, act_addr=act_addr, act_stride=stride,
+            out_addr=o * out_buf_beats, k_steps=chunk_groups(c) * spg,
+            group_steps=0 if fmt.raw else spg, tokens=tok, pattern=pattern,
+            int8=fmt.bits == 8, asym=not fmt.symmetric, accumulate=c > 0,
+            epilogue=Epilogue.WIDE if final[i] else Epilogue.NONE,
+            wait=E[f"FULL{b}"], signal=E[f"OUT_FULL{o}" if final[i] else f"FREE{b}"]))
+        if final[i]:
+            prog.append(Store(spad=Spad.OUT, spad_addr=o * out_buf_beats, rows=tok,
+                              row_beats=out_row_beats, dram_stride=y_row_beats,
+                              dram_addr=y_addr + t0 * y_row_beats + j * out_row_beats,
+                              wait=E[f"OUT_FULL{o}"], signal=E[f"STORED{o}"]))
+    return prog
+
+
+@dataclass
+class LinearProgram:
+    """A lowered linear layer with its DRAM image (``dram`` is None when timing-only)."""
+
+    cfg: AcceleratorConfig
+    plan: LinearPlan
+    program: list[Instr]
+    dram: np.ndarray | None
+    regions: dict[str, tuple[int, int]]
+
+    def read_output(self, dram: np.ndarray) -> np.ndarray:
+        """The int32 accumulators ``[tokens, n]`` from a final DRAM image."""
+        start, nbytes = self.regions["y"]
+        b = self.cfg.beat_bytes
+        y = dram[start * b:start * b + nbytes].view("<i4")
+        return y.reshape(self.plan.tokens, -1)[:, : self.plan.n]
+
+
+def build_linear(cfg: AcceleratorConfig, fmt: WeightFormat, n: int, k: int, tokens: int,
+                 weight: QuantizedWeight | None = None, acts: np.ndarray | None = None
+                 ) -> LinearProgram:
+    """Plan, allocate DRAM, lower, and (given weights and int8 activations) fill the image.
+
+    Without ``weight``/``acts`` the program is timing-only (no DRAM image is allocated, so
+    LLaMA-7B shapes need no memory).
+    """
+    plan = plan_linear(cfg, fmt, n, k, tokens)
+    alloc = DramAllocator(cfg)
+    w_addr = alloc.alloc("w", plan.n_tiles * plan.tile_bytes)
+    x_addr = alloc.alloc("x", tokens * plan.act_row_bytes)
+    y_addr = alloc.alloc("y", tokens * plan.n_tiles * cfg.lanes * 4)
+    prog = lower_linear(cfg, plan, w_addr, x_addr, y_addr)
+    prog.append(End())
+    dram = None
+    if weight is not None or acts is not None:
+        if weight is None or acts is None:
+            raise LoweringError("give both weight and activations, or neither (timing-only)")
+        if weight.fmt != fmt or weight.shape != (n, k):
+            raise LoweringError(f"weight is {weight.shape} {weight.fmt}, plan is {(n, k)} {fmt}")
+        acts = np.asarray(acts)
+        if acts.dtype != np.int8 or acts.shape != (tokens, k):
+            raise LoweringError(f"activations must be int8 [{tokens}, {k}], got {acts.dtype} "
+                                f"{list(acts.shape)}")
+        dram = np.zeros(cfg.memory.size_bytes, dtype=np.uint8)
+        beat = cfg.beat_bytes
+        stream = pack(weight, cfg.lanes).reshape(plan.n_tiles, -1)
+        for j in range(plan.n_tiles):
+            off = w_addr * beat + j * plan.tile_bytes
+            dram[off:off + stream.shape[1]] = stream[j]
+        xa = np.zeros((tokens, plan.act_row_bytes), dtype=np.int8)
+        xa[:, :k] = acts
+        dram[x_addr * beat:x_addr * beat + xa.size] = xa.view(np.uint8).reshape(-1)
+    return LinearProgram(cfg, plan, prog, dram, dict(alloc.regions))
