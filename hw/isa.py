@@ -298,6 +298,8 @@ def decode(word: int) -> Instr:
         return End(**ev)
     f = {name: _get(word, fld) for name, fld in _BODIES[cls.body].items()}
     if cls is Sync:
+        if f["engine"] not in Engine._value2member_map_:
+            raise ISAError(f"SYNC names engine {f['engine']}, which does not exist")
         return Sync(engine=Engine(f["engine"]), **ev)
     if cls in (Load, Store):
         return cls(spad=Spad(f.pop("spad")), **f, **ev)
@@ -360,42 +362,78 @@ def _misaligned(g: Gemm, cfg: AcceleratorConfig) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Limits:
+    """Per-configuration constants of the dispatch checks (computed once per config)."""
+
+    num_events: int
+    spad_beats: tuple[int, ...]   # indexed by Spad value
+    dram_beats: int
+    patterns: int
+    max_tokens: int
+    int8: bool
+    wgt_words: int
+    act_words: int
+    out_words: int
+    param_words: int
+
+
+def _limits(cfg: AcceleratorConfig) -> _Limits:
+    # Cached in the (frozen) config's __dict__: the fast model checks every instruction of
+    # programs with 10^5 instructions, and recomputing these dominated its run time.
+    lim = cfg.__dict__.get("_isa_limits")
+    if lim is None:
+        lim = _Limits(
+            num_events=cfg.num_events,
+            spad_beats=tuple(cfg.spad_beats(sp.name.lower()) for sp in Spad),
+            dram_beats=cfg.dram_beats, patterns=len(cfg.pattern_table),
+            max_tokens=cfg.max_tokens, int8=8 in cfg.weight_bits,
+            wgt_words=word_beats(cfg.wgt_word_bytes, cfg),
+            act_words=word_beats(cfg.act_word_bytes, cfg),
+            out_words=word_beats(cfg.out_word_bytes, cfg),
+            param_words=word_beats(cfg.param_word_bytes, cfg))
+        cfg.__dict__["_isa_limits"] = lim
+    return lim
+
+
 def dispatch_error(ins: Instr, cfg: AcceleratorConfig) -> ErrorCode:
     """The checks the hardware's fetch unit applies when an instruction reaches dispatch.
 
     Deliberately cheap: opcode, event ids, pattern/width/token limits, start addresses (range
     and scratchpad-word alignment) and DMA extents. GEMM streams that run past the end of a
     scratchpad wrap around (the Python :func:`check` rejects those before they reach the
-    hardware).
+    hardware). Alignment: see :func:`_misaligned`.
     """
-    for ev in (ins.wait, ins.signal):
-        if ev is not None and ev >= cfg.num_events:
-            return ErrorCode.BAD_EVENT
-    if isinstance(ins, Load):  # Load and Store
-        if isinstance(ins, Store) != (ins.spad == Spad.OUT):
+    lim = _limits(cfg)
+    if (ins.wait is not None and ins.wait >= lim.num_events) or \
+            (ins.signal is not None and ins.signal >= lim.num_events):
+        return ErrorCode.BAD_EVENT
+    kind = type(ins)
+    if kind is Load or kind is Store:
+        if (kind is Store) != (ins.spad == Spad.OUT) or ins.rows == 0 or ins.row_beats == 0:
             return ErrorCode.BAD_ADDRESS
-        if ins.rows == 0 or ins.row_beats == 0:
+        if ins.spad_addr + ins.rows * ins.row_beats > lim.spad_beats[ins.spad.value]:
             return ErrorCode.BAD_ADDRESS
-        if ins.spad_addr + ins.rows * ins.row_beats > cfg.spad_beats(ins.spad.name.lower()):
+        if ins.dram_addr + (ins.rows - 1) * ins.dram_stride + ins.row_beats > lim.dram_beats:
             return ErrorCode.BAD_ADDRESS
-        if ins.dram_addr + (ins.rows - 1) * ins.dram_stride + ins.row_beats > cfg.dram_beats:
-            return ErrorCode.BAD_ADDRESS
-    elif isinstance(ins, Gemm):
-        if ins.pattern >= len(cfg.pattern_table) or ins.tokens > cfg.max_tokens \
-                or ins.k_steps == 0:
+    elif kind is Gemm:
+        if ins.pattern >= lim.patterns or ins.tokens > lim.max_tokens or ins.k_steps == 0:
             return ErrorCode.BAD_GEMM
-        if ins.int8 and (8 not in cfg.weight_bits or ins.pattern != 0):
+        if ins.int8 and (not lim.int8 or ins.pattern != 0):
             return ErrorCode.BAD_GEMM
         if ins.asym and ins.group_steps == 0:
             return ErrorCode.BAD_GEMM
-        words = cfg.wgt_word_bytes // cfg.beat_bytes if cfg.wgt_word_bytes > cfg.beat_bytes \
-            else 1
-        if (ins.wgt_addr >= cfg.spad_beats("wgt") or ins.wgt_addr % words
-                or ins.act_addr >= cfg.spad_beats("act")
-                or ins.out_addr >= cfg.spad_beats("out")
-                or ins.param_addr >= cfg.spad_beats("param")):
+        sb = lim.spad_beats
+        if (ins.wgt_addr >= sb[Spad.WGT.value] or ins.wgt_addr % lim.wgt_words
+                or ins.act_addr >= sb[Spad.ACT.value] or ins.out_addr >= sb[Spad.OUT.value]
+                or ins.param_addr >= sb[Spad.PARAM.value]):
             return ErrorCode.BAD_ADDRESS
-        if _misaligned(ins, cfg):
+        if ins.act_addr % lim.act_words or ins.act_stride % lim.act_words:
+            return ErrorCode.BAD_ADDRESS
+        if ins.epilogue != Epilogue.NONE and ins.out_addr % lim.out_words:
+            return ErrorCode.BAD_ADDRESS
+        if ins.epilogue in (Epilogue.INT8, Epilogue.INT8_RESIDUAL) and \
+                ins.param_addr % lim.param_words:
             return ErrorCode.BAD_ADDRESS
     return ErrorCode.NONE
 

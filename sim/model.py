@@ -33,7 +33,6 @@ from hw.isa import (
     Sync,
     decode,
     dispatch_error,
-    engine_of,
 )
 from sim.functional import MachineState, exec_gemm, exec_load, exec_store
 from sim.result import COUNTERS, RunResult
@@ -62,14 +61,24 @@ class InstrTiming:
 
 @dataclass
 class Schedule:
-    """Timing of a whole program run."""
+    """Timing of a whole program run.
+
+    ``times`` is an ``int64 [dispatched, 6]`` array of (engine, available, dispatch, pop,
+    grant, end) per dispatched instruction (engine -1 for END; -1 where never reached).
+    """
 
     cycles: int
     error: ErrorCode
     error_pc: int
-    timings: list[InstrTiming]
+    times: np.ndarray
     counters: dict[str, int]
     detail: str = ""
+
+    @property
+    def timings(self) -> list[InstrTiming]:
+        """Per-instruction :class:`InstrTiming` records (built on demand)."""
+        return [InstrTiming(i, None if e < 0 else _ENGINES[e], a, d, p, g, n)
+                for i, (e, a, d, p, g, n) in enumerate(self.times.tolist())]
 
 
 def _as_instructions(program) -> list[Instr | None]:
@@ -89,31 +98,16 @@ def _as_instructions(program) -> list[Instr | None]:
     return list(program)
 
 
-def _check_events(program: list[Instr | None]) -> None:
-    producers: dict[int, set] = {}
-    consumers: dict[int, set] = {}
-    for ins in program:
-        if ins is None or isinstance(ins, End):
-            continue
-        eng = engine_of(ins)
-        if ins.signal is not None:
-            producers.setdefault(ins.signal, set()).add(eng)
-        if ins.wait is not None:
-            consumers.setdefault(ins.wait, set()).add(eng)
-    for kind, table in (("producer", producers), ("consumer", consumers)):
-        for ev, engs in table.items():
-            if len(engs) > 1:
-                names = sorted(e.name for e in engs)
-                raise ProgramError(f"event {ev} has more than one {kind} engine ({names}); "
-                                   f"the programming model needs one producer and one "
-                                   f"consumer engine per event")
-
-
 def _decode_table(prog: list[Instr | None], cfg: AcceleratorConfig):
-    """Per instruction: engine index (-1 END, -2 illegal), wait, signal, duration, error."""
+    """Per instruction: engine (-1 END, -2 illegal), wait, signal, duration, dispatch error and
+    the work it does (DRAM beats read and written, MAC cycles); checks the event rule."""
     eng_of = {Load: 0, Gemm: 1, Store: 2}
     engines, waits, signals, durs, errs = [], [], [], [], []
-    for ins in prog:
+    work = np.zeros((len(prog), 3), dtype=np.int64)  # read beats, write beats, mac cycles
+    producers: dict[int, int] = {}
+    consumers: dict[int, int] = {}
+    exec_cycles, check = timing.exec_cycles, dispatch_error
+    for i, ins in enumerate(prog):
         if ins is None:
             engines.append(-2)
             waits.append(None)
@@ -122,20 +116,39 @@ def _decode_table(prog: list[Instr | None], cfg: AcceleratorConfig):
             errs.append(ErrorCode.ILLEGAL_OPCODE)
             continue
         kind = type(ins)
-        engines.append(-1 if kind is End else eng_of.get(kind, None)
-                       if kind is not Sync else ins.engine.value)
-        waits.append(ins.wait)
-        signals.append(ins.signal)
-        durs.append(0 if kind is End else timing.exec_cycles(ins, cfg))
-        errs.append(dispatch_error(ins, cfg))
-    return engines, waits, signals, durs, errs
+        if kind is End:
+            e = -1
+        else:
+            e = ins.engine.value if kind is Sync else eng_of[kind]
+            if kind is Gemm:
+                work[i, 2] = ins.k_steps * ins.tokens
+            elif kind is Load:
+                work[i, 0] = ins.rows * ins.row_beats
+            elif kind is Store:
+                work[i, 1] = ins.rows * ins.row_beats
+        w, sg = ins.wait, ins.signal
+        if w is not None and consumers.setdefault(w, e) != e:
+            raise ProgramError(_two_engines(w, "consumer", consumers[w], e))
+        if sg is not None and producers.setdefault(sg, e) != e:
+            raise ProgramError(_two_engines(sg, "producer", producers[sg], e))
+        engines.append(e)
+        waits.append(w)
+        signals.append(sg)
+        durs.append(0 if e < 0 else exec_cycles(ins, cfg))
+        errs.append(check(ins, cfg))
+    return engines, waits, signals, durs, errs, work
+
+
+def _two_engines(ev: int, kind: str, a: int, b: int) -> str:
+    names = sorted({"END" if x < 0 else _ENGINES[x].name for x in (a, b)})
+    return (f"event {ev} has more than one {kind} engine ({names}); the programming model "
+            f"needs one producer and one consumer engine per event")
 
 
 def schedule(program, cfg: AcceleratorConfig) -> Schedule:
     """Resolve the timing of ``program`` on ``cfg`` exactly as the RTL executes it."""
     prog = _as_instructions(program)
-    _check_events(prog)
-    engines, waits, signals, durs, errs = _decode_table(prog, cfg)
+    engines, waits, signals, durs, errs, work = _decode_table(prog, cfg)
     n_prog = len(prog)
     Q = cfg.queue_depth
     depth = cfg.imem_depth
@@ -234,8 +247,14 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
         if not progressed:
             break
 
-    timings = [InstrTiming(i, None if engines[i] < 0 else _ENGINES[engines[i]], avail[i],
-                           disp[i], pops[i], grants[i], ends[i]) for i in range(len(disp))]
+    nd = len(disp)
+    times = np.empty((nd, 6), dtype=np.int64)
+    times[:, 0] = engines[:nd]
+    times[:, 1] = avail
+    times[:, 2] = disp
+    times[:, 3] = pops[:nd]
+    times[:, 4] = grants[:nd]
+    times[:, 5] = ends[:nd]
     # ---- how the run ended
     error, error_pc, detail = ErrorCode.NONE, 0, ""
     all_popped = all(pos[e] == len(order[e]) for e in range(3))
@@ -244,21 +263,21 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
     elif end_dispatch is not None and all_popped:
         cycles = max([end_dispatch + 1] + free)
     else:
-        cycles, detail = _deadlock(prog, timings, order, pos, free, fetch_i, end_dispatch,
+        cycles, detail = _deadlock(prog, times, order, pos, free, fetch_i, end_dispatch,
                                    last_d, sig, waits_done, Q)
         error = ErrorCode.DEADLOCK
     limit = (1 << cfg.event_bits) - 1
-    if any(len(s) > limit for s in sig.values()):
-        cycles, error, error_pc, detail = _event_overflow(cfg, prog, timings, cycles, error,
+    if any(len(v) > limit for v in sig.values()):
+        cycles, error, error_pc, detail = _event_overflow(cfg, prog, times, cycles, error,
                                                           error_pc, detail)
     held = None  # available cycle of an instruction fetch holds for a full queue
     if stop is None and end_dispatch is None:
         held = timing.FETCH_LATENCY if last_d is None else last_d + 1
-    return Schedule(cycles, error, error_pc, timings,
-                    _counters(prog, timings, cycles, held), detail)
+    return Schedule(cycles, error, error_pc, times,
+                    _counters(times, work[:nd], cycles, held), detail)
 
 
-def _deadlock(prog, timings, order, pos, free, fetch_i, end_dispatch, last_d, sig, waits_done,
+def _deadlock(prog, times, order, pos, free, fetch_i, end_dispatch, last_d, sig, waits_done,
               Q) -> tuple[int, str]:
     """First cycle in which every engine and fetch are blocked for good, and why."""
     blocked_since = []
@@ -267,8 +286,7 @@ def _deadlock(prog, timings, order, pos, free, fetch_i, end_dispatch, last_d, si
         q = order[e]
         if pos[e] < len(q):
             i = q[pos[e]]
-            t = timings[i]
-            p = max(t.dispatch + 1, free[e])
+            p = int(times[i, 3])
             ev = prog[i].wait
             have = len(sig.get(ev, ()))
             blocked_since.append(p + 1)
@@ -287,22 +305,20 @@ def _deadlock(prog, timings, order, pos, free, fetch_i, end_dispatch, last_d, si
     return max(blocked_since), "deadlock: " + "; ".join(states)
 
 
-def _event_overflow(cfg, prog, timings, cycles, error, error_pc, detail):
+def _event_overflow(cfg, prog, times, cycles, error, error_pc, detail):
     """Stop at the first counter overflow if one happens before the run ends."""
     limit = (1 << cfg.event_bits) - 1
     changes: dict[int, list[tuple[int, int]]] = {}
-    for t in timings:
-        if t.engine is None or t.end < 0:
+    for i, (eng, _, _, _, grant, end) in enumerate(times.tolist()):
+        if eng < 0 or end < 0:
             continue
-        ins = prog[t.index]
+        ins = prog[i]
         if ins.signal is not None:
-            changes.setdefault(ins.signal, []).append((t.end, +1))
+            changes.setdefault(ins.signal, []).append((end, +1))
         if ins.wait is not None:
-            changes.setdefault(ins.wait, []).append((t.grant, -1))
+            changes.setdefault(ins.wait, []).append((grant, -1))
     first = None
     for ev, ch in changes.items():
-        if sum(1 for _, d in ch if d > 0) <= limit:
-            continue  # never enough signals to overflow
         by_cycle: dict[int, int] = {}
         for c, d in ch:
             by_cycle[c] = by_cycle.get(c, 0) + d
@@ -318,33 +334,25 @@ def _event_overflow(cfg, prog, timings, cycles, error, error_pc, detail):
     return cycles, error, error_pc, detail
 
 
-def _counters(prog, timings, cycles, held) -> dict[str, int]:
-    """Counter values at the end of the run (cycles before ``cycles``)."""
+def _counters(times: np.ndarray, work: np.ndarray, cycles: int, held) -> dict[str, int]:
+    """Counter values at the end of the run (cycles before ``cycles``), vectorised."""
     c = dict.fromkeys(COUNTERS, 0)
-    names = {Engine.LOAD: "load", Engine.COMPUTE: "compute", Engine.STORE: "store"}
+    eng, avail, disp, pop, grant, end = times.T
     if held is not None and held < cycles:
         c["fetch_stall"] += cycles - held
-    for t in timings:
-        if t.available < cycles:
-            c["fetch_stall"] += min(t.dispatch, cycles) - t.available
-        if t.dispatch >= cycles:
-            continue
-        c["instructions"] += 1
-        if t.engine is None or t.pop < 0 or t.pop >= cycles:
-            continue
-        ins = prog[t.index]
-        n = names[t.engine]
-        granted = t.grant >= 0
-        c[f"{n}_wait"] += max(0, min(t.grant if granted else cycles, cycles) - (t.pop + 1))
-        if granted:
-            c[f"{n}_exec"] += max(0, min(t.end + 1, cycles) - (t.grant + 1))
-        if t.end < cycles:  # completed instructions only
-            if isinstance(ins, Store):
-                c["dram_write_beats"] += timing.dma_beats(ins)
-            elif isinstance(ins, Load):
-                c["dram_read_beats"] += timing.dma_beats(ins)
-            elif isinstance(ins, Gemm):
-                c["mac_cycles"] += ins.k_steps * ins.tokens
+    c["fetch_stall"] += int((np.minimum(disp, cycles) - avail)[avail < cycles].sum())
+    c["instructions"] = int((disp < cycles).sum())
+    on_engine = (eng >= 0) & (pop >= 0) & (pop < cycles)
+    granted = grant >= 0
+    wait = np.maximum(0, np.minimum(np.where(granted, grant, cycles), cycles) - (pop + 1))
+    busy = np.where(granted, np.maximum(0, np.minimum(end + 1, cycles) - (grant + 1)), 0)
+    finished = on_engine & granted & (end < cycles)
+    for e, name in enumerate(("load", "compute", "store")):
+        mine = on_engine & (eng == e)
+        c[f"{name}_wait"] = int(wait[mine].sum())
+        c[f"{name}_exec"] = int(busy[mine].sum())
+    c["dram_read_beats"], c["dram_write_beats"], c["mac_cycles"] = (
+        int(x) for x in work[finished].sum(axis=0))
     return c
 
 
@@ -380,11 +388,11 @@ class FastModel:
         out_dram = None
         if not timing_only:
             state = MachineState(self.cfg, dram=None if dram is None else np.array(dram))
-            done = [t for t in sched.timings
-                    if t.engine is not None and 0 <= t.end < sched.cycles]
-            done.sort(key=lambda t: (t.end, t.index))
-            for t in done:
-                ins = prog[t.index]
+            t = sched.times
+            done = np.flatnonzero((t[:, 0] >= 0) & (t[:, 5] >= 0) & (t[:, 5] < sched.cycles))
+            done = done[np.lexsort((done, t[done, 5]))]  # completion order, ties by index
+            for i in done.tolist():
+                ins = prog[i]
                 if isinstance(ins, Store):
                     exec_store(state, ins)
                 elif isinstance(ins, Load):

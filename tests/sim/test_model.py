@@ -64,18 +64,20 @@ def test_programs_without_end_stop_at_the_first_unwritten_word(prog):
 
 
 def test_hand_checked_timing():
-    # END alone: available at 1, dispatched at 1, done at 2.
-    assert schedule([End()], CFG).cycles == 2
-    # LOAD: dispatched 1, popped 2, granted 3, executes 4..3+D; done at 4+D.
+    F = timing.FETCH_LATENCY
+    # END alone: available and dispatched at F, done the cycle after.
+    assert schedule([End()], CFG).cycles == F + 1
+    # LOAD: dispatched F, popped F+1, granted F+2, executes F+3..F+2+D; done at F+3+D.
     ld = Load(spad=Spad.ACT, rows=1, row_beats=5, signal=0)
     D = timing.load_cycles(ld, CFG)
     assert D == 5 + 3 + timing.LOAD_OVERHEAD
     s = schedule([ld, End()], CFG)
     t = s.timings[0]
-    assert (t.dispatch, t.pop, t.grant, t.end) == (1, 2, 3, 3 + D) and s.cycles == 4 + D
+    assert (t.dispatch, t.pop, t.grant, t.end) == (F, F + 1, F + 2, F + 2 + D)
+    assert s.cycles == F + 3 + D
     # A SYNC waiting on that event is granted the cycle after the signal.
     s = schedule([ld, Sync(engine=Engine.COMPUTE, wait=0), End()], CFG)
-    assert s.timings[1].grant == 3 + D + 1
+    assert s.timings[1].grant == F + 2 + D + 1
     assert s.counters["compute_wait"] == s.timings[1].grant - s.timings[1].pop - 1
 
 
