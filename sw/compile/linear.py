@@ -23,6 +23,7 @@ blocks on an engine that waits for a later instruction.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,12 +80,22 @@ class LinearPlan:
     fmt: WeightFormat
     token_tile: int
     n_tiles: int
-    groups_per_chunk: int
-    k_chunks: int
+    chunk_sizes: tuple[int, ...]  # quantisation groups per K chunk
     act_row_bytes: int        # ACT/DRAM bytes per token row (K padded to whole beats)
     resident_acts: bool       # whole-K activations stay in ACT for a token tile
     tile_bytes: int           # weight stream bytes per n tile (beat-aligned in DRAM)
-    chunk_bytes: int          # weight stream bytes per K chunk (last may be shorter)
+    group_bytes: int          # weight stream bytes per quantisation group
+
+    @property
+    def k_chunks(self) -> int:
+        return len(self.chunk_sizes)
+
+    def chunk_groups(self, c: int) -> int:
+        return self.chunk_sizes[c]
+
+    def chunk_start(self, c: int) -> int:
+        """First group of K chunk ``c``."""
+        return sum(self.chunk_sizes[:c])
 
     @property
     def token_tiles(self) -> int:
@@ -110,22 +121,38 @@ def plan_linear(cfg: AcceleratorConfig, fmt: WeightFormat, n: int, k: int,
     tt = min(tokens, cfg.max_tokens)
     row = _ceil(kp, beat) * beat
     group_k = fmt.group_of(kp)
-    gpc = min(lay.groups, half_wgt // lay.group_bytes)
     resident = tt * row <= cfg.act_spad_bytes
+    gmax = half_wgt // lay.group_bytes
     if not resident:  # two activation chunks of tt tokens must fit as well
-        gpc = min(gpc, cfg.act_spad_bytes // (2 * tt * group_k))
-        if gpc == 0 or (group_k * gpc) % beat:
-            raise LoweringError(f"ACT spad of {cfg.act_spad_bytes} bytes cannot hold two "
-                                f"beat-aligned chunks of {tt} tokens x {group_k} values")
-    if gpc < lay.groups and lay.group_bytes % beat:
-        raise LoweringError(f"K must be split into chunks but a group is {lay.group_bytes} "
-                            f"bytes, not a multiple of the {beat}-byte beat")
-    k_chunks = _ceil(lay.groups, gpc)
+        gmax = min(gmax, cfg.act_spad_bytes // (2 * tt * group_k))
+    sizes = _chunk_sizes(lay.groups, gmax, beat, lay.group_bytes, group_k)
+    if sizes is None:
+        raise LoweringError(
+            f"cannot split K into beat-aligned chunks: a group is {lay.group_bytes} bytes "
+            f"({group_k} activations), at most {gmax} fit a buffer, and chunk boundaries must "
+            f"fall on {beat}-byte beats")
     return LinearPlan(tokens=tokens, n=n, k_padded=kp, fmt=fmt, token_tile=tt,
-                      n_tiles=lay.tiles, groups_per_chunk=gpc, k_chunks=k_chunks,
-                      act_row_bytes=row, resident_acts=resident,
-                      tile_bytes=_ceil(lay.tile_bytes, beat) * beat,
-                      chunk_bytes=gpc * lay.group_bytes)
+                      n_tiles=lay.tiles, chunk_sizes=sizes, act_row_bytes=row,
+                      resident_acts=resident, tile_bytes=_ceil(lay.tile_bytes, beat) * beat,
+                      group_bytes=lay.group_bytes)
+
+
+def _chunk_sizes(groups: int, gmax: int, beat: int, group_bytes: int,
+                 group_k: int) -> tuple[int, ...] | None:
+    """Groups per K chunk: as few chunks as fit ``gmax`` groups, balanced (so every load is
+    long enough to hide the previous GEMM), each boundary on a beat of both the weight stream
+    and the activation rows. None if impossible."""
+    if groups <= gmax:
+        return (groups,)
+    unit = math.lcm(beat // math.gcd(beat, group_bytes), beat // math.gcd(beat, group_k))
+    per = gmax // unit
+    if per == 0:
+        return None
+    units = _ceil(groups, unit)
+    k = _ceil(units, per)
+    sizes = [(units // k + (c < units % k)) * unit for c in range(k)]
+    sizes[-1] -= sum(sizes) - groups
+    return tuple(sizes)
 
 
 def lower_linear(cfg: AcceleratorConfig, plan: LinearPlan, w_addr: int, x_addr: int,
@@ -159,8 +186,7 @@ def lower_linear(cfg: AcceleratorConfig, plan: LinearPlan, w_addr: int, x_addr: 
     out_buf = [sum(final[:i]) % 2 for i in range(len(items))]  # tile index parity
     stored_waited = set()  # final items whose STORED signal a load already consumed
 
-    def chunk_groups(c):
-        return min(plan.groups_per_chunk, lay.groups - c * plan.groups_per_chunk)
+    chunk_groups, chunk_start = plan.chunk_groups, plan.chunk_start
 
     def done_wait(prev):
         """The wait that orders a load after GEMM ``prev`` (None if nothing to wait for)."""
@@ -189,12 +215,13 @@ def lower_linear(cfg: AcceleratorConfig, plan: LinearPlan, w_addr: int, x_addr: 
             out.append(Load(spad=Spad.ACT, rows=tok, dram_stride=row_beats,
                             row_beats=chunk_groups(c) * group_k // beat,
                             dram_addr=x_addr + t0 * row_beats
-                            + c * plan.groups_per_chunk * group_k // beat,
+                            + chunk_start(c) * group_k // beat,
                             spad_addr=b * (act_beats // 2), wait=buffer_free))
             buffer_free = None
         nbytes = chunk_groups(c) * lay.group_bytes
         out.append(Load(spad=Spad.WGT, rows=1, row_beats=_ceil(nbytes, beat),
-                        dram_addr=w_addr + (j * plan.tile_bytes + c * plan.chunk_bytes) // beat,
+                        dram_addr=w_addr + (j * plan.tile_bytes
+                                            + chunk_start(c) * plan.group_bytes) // beat,
                         spad_addr=b * half_wgt_beats, wait=buffer_free, signal=E[f"FULL{b}"]))
         return out
 
@@ -206,7 +233,7 @@ def lower_linear(cfg: AcceleratorConfig, plan: LinearPlan, w_addr: int, x_addr: 
         t0 = t * plan.token_tile
         tok = min(plan.token_tile, plan.tokens - t0)
         if plan.resident_acts:
-            act_addr, stride = c * plan.groups_per_chunk * group_k // beat, row_beats
+            act_addr, stride = chunk_start(c) * group_k // beat, row_beats
         else:
             act_addr, stride = b * (act_beats // 2), chunk_groups(c) * group_k // beat
         prog.append(Gemm(

@@ -1,0 +1,67 @@
+"""Timeline traces of a run in the Chrome / Perfetto JSON format (open in ui.perfetto.dev).
+
+One track per engine (fetch, LOAD, COMPUTE, STORE); every instruction is a slice from its grant
+to its last execution cycle, preceded by a "wait" slice while it waits on an event.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hw.config import AcceleratorConfig
+from hw.isa import Gemm, Instr, Load, Store, Sync
+from sim.model import InstrTiming
+
+__all__ = ["chrome_trace", "write_trace"]
+
+_TRACKS = {"fetch": 0, "LOAD": 1, "COMPUTE": 2, "STORE": 3}
+
+
+def _label(ins: Instr) -> str:
+    if isinstance(ins, Store):
+        return f"STORE {ins.rows}x{ins.row_beats} beats -> @{ins.dram_addr}"
+    if isinstance(ins, Load):
+        return f"LOAD {ins.spad.name} {ins.rows}x{ins.row_beats} beats"
+    if isinstance(ins, Gemm):
+        return f"GEMM {ins.k_steps} steps x {ins.tokens} tok ({ins.epilogue.name})"
+    if isinstance(ins, Sync):
+        return "SYNC"
+    return type(ins).__name__
+
+
+def chrome_trace(program: list[Instr], timings: list[InstrTiming],
+                 cfg: AcceleratorConfig) -> dict:
+    """Build the trace document for a run (``timings`` from ``FastModel.run(trace=True)``)."""
+    us = 1.0 / cfg.clock_mhz  # microseconds per cycle
+    events = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "accelerator"}}]
+    for name, tid in _TRACKS.items():
+        events.append({"ph": "M", "pid": 0, "tid": tid, "name": "thread_name",
+                       "args": {"name": name}})
+    for t in timings:
+        ins = program[t.index]
+        if t.dispatch > t.available:
+            events.append({"ph": "X", "pid": 0, "tid": 0, "name": "queue full",
+                           "ts": t.available * us, "dur": (t.dispatch - t.available) * us})
+        if t.engine is None or t.grant < 0:
+            continue
+        tid = _TRACKS[t.engine.name]
+        args = {"index": t.index, "wait": ins.wait, "signal": ins.signal,
+                "cycles": t.end - t.grant}
+        if t.grant > t.pop + 1:
+            events.append({"ph": "X", "pid": 0, "tid": tid, "name": f"wait ev{ins.wait}",
+                           "ts": (t.pop + 1) * us, "dur": (t.grant - t.pop - 1) * us,
+                           "args": {"index": t.index}})
+        events.append({"ph": "X", "pid": 0, "tid": tid, "name": _label(ins),
+                       "ts": (t.grant + 1) * us, "dur": (t.end - t.grant) * us, "args": args})
+    return {"traceEvents": events, "displayTimeUnit": "ns",
+            "otherData": {"clock_mhz": cfg.clock_mhz, "lanes": cfg.lanes}}
+
+
+def write_trace(path: str | Path, program: list[Instr], timings: list[InstrTiming],
+                cfg: AcceleratorConfig) -> Path:
+    """Write :func:`chrome_trace` to ``path`` (JSON)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chrome_trace(program, timings, cfg)))
+    return path
