@@ -1,0 +1,297 @@
+"""Evaluation of language models on the reference corpus (fixed, documented protocol).
+
+Protocol (``EvalProtocol`` defaults)
+------------------------------------
+* Text: the held-out ``test`` split of :mod:`sw.models.corpus` (stdlib files whose path
+  hash falls in the test bucket), concatenated in sorted path order, each file followed
+  by ``EOS_ID``; byte-level tokens.
+* Windows: the first ``max_tokens + 1`` tokens are cut into non-overlapping windows of
+  ``seq_len + 1`` tokens sharing one boundary token (window ``i`` covers tokens
+  ``[i*seq_len, (i+1)*seq_len]``). Each window is an independent sequence starting at
+  position 0; its ``seq_len`` next-token targets are scored, so every token after the
+  first is predicted exactly once with 0..seq_len-1 tokens of context.
+* Defaults: ``seq_len=256``, ``max_tokens=32768`` (128 windows), which takes a few
+  seconds for the reference model on 2 CPU cores.
+* Perplexity is ``exp`` of the mean negative log-likelihood (nats) over all targets.
+* Comparison of a model against a reference (fp32) model uses the same windows: top-1
+  agreement is the fraction of positions whose argmax tokens match; the KL divergence is
+  ``KL(p_ref || p_model)`` per position, averaged over positions (nats).
+* Unigram baseline: token frequencies of the train split with add-one smoothing, scored
+  on the same targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sw.models import corpus
+from sw.models.tokenizer import VOCAB_SIZE
+
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    """Windows used for perplexity and model comparison (see the module docstring)."""
+
+    split: str = "test"
+    seq_len: int = 256
+    max_tokens: int = 32768
+    batch_size: int = 16
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    """Mean next-token loss over the protocol's targets."""
+
+    nll: float
+    perplexity: float
+    bits_per_token: float
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class ComparisonResult:
+    """Agreement of a model's next-token distributions with a reference model's."""
+
+    top1_agreement: float
+    mean_kl: float
+    max_kl: float
+    num_tokens: int
+
+
+def eval_windows(protocol: EvalProtocol = EvalProtocol(), root: str | None = None) -> torch.Tensor:
+    """Token windows of the protocol, ``[num_windows, seq_len + 1]`` int64.
+
+    Raises
+    ------
+    CorpusError
+        If the split holds fewer than ``seq_len + 1`` tokens.
+    """
+    tokens = corpus.load_split(protocol.split, root)
+    n = min(protocol.max_tokens, tokens.size - 1) // protocol.seq_len
+    if n < 1:
+        raise corpus.CorpusError(
+            f"split {protocol.split!r} has {tokens.size} tokens; need at least "
+            f"{protocol.seq_len + 1} for one window"
+        )
+    idx = np.arange(n)[:, None] * protocol.seq_len + np.arange(protocol.seq_len + 1)[None, :]
+    return torch.from_numpy(tokens[idx].astype(np.int64))
+
+
+def _batches(windows: torch.Tensor, batch_size: int):
+    for start in range(0, windows.shape[0], batch_size):
+        yield windows[start : start + batch_size]
+
+
+@torch.no_grad()
+def perplexity(
+    model: LogitsFn | torch.nn.Module,
+    protocol: EvalProtocol = EvalProtocol(),
+    root: str | None = None,
+) -> PerplexityResult:
+    """Perplexity of ``model`` under the protocol.
+
+    Parameters
+    ----------
+    model : callable
+        Maps ``input_ids [B, T]`` to logits ``[B, T, V]`` (an ``LlamaLM`` or any wrapper,
+        e.g. a compressed model).
+    protocol : EvalProtocol
+        Windows to score.
+    root : str, optional
+        Corpus root (defaults to the running Python's stdlib).
+
+    Returns
+    -------
+    PerplexityResult
+    """
+    windows = eval_windows(protocol, root)
+    total, count = 0.0, 0
+    for batch in _batches(windows, protocol.batch_size):
+        logits = model(batch[:, :-1]).float()
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum"
+        )
+        total += float(loss)
+        count += batch[:, 1:].numel()
+    nll = total / count
+    return PerplexityResult(nll, math.exp(nll), nll / math.log(2), count)
+
+
+@torch.no_grad()
+def compare(
+    model: LogitsFn | torch.nn.Module,
+    reference: LogitsFn | torch.nn.Module,
+    protocol: EvalProtocol = EvalProtocol(),
+    root: str | None = None,
+) -> ComparisonResult:
+    """Top-1 agreement and KL(reference || model) of next-token distributions.
+
+    Parameters
+    ----------
+    model, reference : callable
+        Map ``input_ids [B, T]`` to logits ``[B, T, V]``; ``reference`` is typically the
+        fp32 model ``model`` was derived from.
+    protocol : EvalProtocol
+        Windows to score (targets are not used, only the inputs).
+    root : str, optional
+        Corpus root.
+
+    Returns
+    -------
+    ComparisonResult
+    """
+    windows = eval_windows(protocol, root)
+    agree, kl_sum, kl_max, count = 0, 0.0, 0.0, 0
+    for batch in _batches(windows, protocol.batch_size):
+        inputs = batch[:, :-1]
+        ref_logp = F.log_softmax(reference(inputs).double(), dim=-1)
+        logp = F.log_softmax(model(inputs).double(), dim=-1)
+        kl = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
+        agree += int((ref_logp.argmax(-1) == logp.argmax(-1)).sum())
+        kl_sum += float(kl.sum())
+        kl_max = max(kl_max, float(kl.max()))
+        count += inputs.numel()
+    return ComparisonResult(agree / count, kl_sum / count, kl_max, count)
+
+
+def unigram_baseline(
+    protocol: EvalProtocol = EvalProtocol(), root: str | None = None
+) -> PerplexityResult:
+    """Perplexity of the add-one-smoothed train-split unigram model on the protocol targets."""
+    counts = np.bincount(corpus.load_split("train", root), minlength=VOCAB_SIZE) + 1.0
+    logp = np.log(counts / counts.sum())
+    targets = eval_windows(protocol, root)[:, 1:].numpy().reshape(-1)
+    nll = float(-logp[targets].mean())
+    return PerplexityResult(nll, math.exp(nll), nll / math.log(2), int(targets.size))
+
+
+def calibration_samples(
+    num_samples: int,
+    seq_len: int,
+    seed: int = 0,
+    split: str = "train",
+    root: str | None = None,
+) -> torch.Tensor:
+    """Random token sequences for calibrating pruning/quantisation (Wanda, SparseGPT, GPTQ).
+
+    Start offsets are drawn uniformly (with replacement) from the split's token stream
+    with a ``torch.Generator`` seeded by ``seed``, so the same arguments always return the
+    same tensor.
+
+    Parameters
+    ----------
+    num_samples : int
+        Number of sequences ``N``.
+    seq_len : int
+        Length ``L`` of each sequence.
+    seed : int
+        Generator seed.
+    split : str
+        Corpus split; ``"train"`` by default so evaluation data stays unseen.
+    root : str, optional
+        Corpus root.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[N, L]`` int64 token ids.
+
+    Raises
+    ------
+    CorpusError
+        If the split is shorter than ``seq_len`` tokens or the sizes are not positive.
+    """
+    if num_samples < 1 or seq_len < 1:
+        raise corpus.CorpusError(
+            f"num_samples and seq_len must be positive, got {num_samples} and {seq_len}"
+        )
+    tokens = corpus.load_split(split, root)
+    if tokens.size < seq_len:
+        raise corpus.CorpusError(
+            f"split {split!r} has only {tokens.size} tokens; cannot cut sequences of "
+            f"length {seq_len}"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, tokens.size - seq_len + 1, (num_samples,), generator=gen).numpy()
+    idx = starts[:, None] + np.arange(seq_len)[None, :]
+    return torch.from_numpy(tokens[idx].astype(np.int64))
+
+
+def corpus_warnings(checkpoint_dir: str | Path, root: str | None = None) -> list[str]:
+    """Differences between the corpus a checkpoint was trained on and the local one.
+
+    Reads ``training_meta.json`` (written by :mod:`sw.models.train_reference`); returns an
+    empty list when it matches or when the checkpoint has no such file.
+    """
+    meta_file = Path(checkpoint_dir) / "training_meta.json"
+    if not meta_file.is_file():
+        return []
+    recorded = json.loads(meta_file.read_text()).get("corpus", {})
+    return corpus.fingerprint_mismatches(recorded, root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: perplexity of a checkpoint, the unigram baseline and, optionally, the
+    comparison against a reference checkpoint."""
+    from sw.models.hf import load_checkpoint
+    from sw.models.reference_model import REFERENCE_DIR
+
+    parser = argparse.ArgumentParser(
+        prog="python -m sw.models.eval", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--checkpoint", default=str(REFERENCE_DIR), help="checkpoint directory")
+    parser.add_argument("--reference", help="reference checkpoint for top-1/KL comparison")
+    parser.add_argument("--split", default="test", choices=corpus.SPLITS)
+    parser.add_argument("--seq-len", type=int, default=EvalProtocol.seq_len)
+    parser.add_argument("--max-tokens", type=int, default=EvalProtocol.max_tokens)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    protocol = EvalProtocol(args.split, args.seq_len, args.max_tokens)
+    for warning in corpus_warnings(args.checkpoint):
+        print(f"warning: corpus differs from training: {warning}", file=sys.stderr)
+    start = time.perf_counter()
+    model = load_checkpoint(args.checkpoint)
+    result: dict[str, object] = {
+        "checkpoint": args.checkpoint,
+        "protocol": asdict(protocol),
+        "model": asdict(perplexity(model, protocol)),
+        "unigram": asdict(unigram_baseline(protocol)),
+    }
+    if args.reference:
+        ref = load_checkpoint(args.reference)
+        result["vs_reference"] = asdict(compare(model, ref, protocol))
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        m, u = result["model"], result["unigram"]
+        print(f"split={args.split} tokens={m['num_tokens']} seq_len={args.seq_len}")
+        for label, r in (("model", m), ("unigram", u)):
+            print(
+                f"{label:8s}: nll={r['nll']:.4f} ppl={r['perplexity']:.3f} "
+                f"bits/token={r['bits_per_token']:.3f}"
+            )
+        if "vs_reference" in result:
+            c = result["vs_reference"]
+            print(f"vs ref  : top1={c['top1_agreement']:.4f} mean_kl={c['mean_kl']:.3e}")
+        print(f"time    : {result['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
