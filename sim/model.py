@@ -82,20 +82,24 @@ class Schedule:
 
 
 def _as_instructions(program) -> list[Instr | None]:
-    """Accept instruction objects or encoded bytes; undecodable words become None (illegal)."""
+    """Accept instruction objects, raw 128-bit words (ints) or encoded bytes; undecodable
+    words become None (an illegal instruction, as the hardware sees them)."""
     if isinstance(program, (bytes, bytearray, np.ndarray)):
         raw = bytes(np.asarray(program, dtype=np.uint8)) if not isinstance(program, bytes) \
             else program
         if len(raw) % INSTR_BYTES:
             raise ProgramError(f"program of {len(raw)} bytes is not whole instructions")
-        out = []
-        for i in range(0, len(raw), INSTR_BYTES):
+        program = [int.from_bytes(raw[i:i + INSTR_BYTES], "little")
+                   for i in range(0, len(raw), INSTR_BYTES)]
+    out = []
+    for ins in program:
+        if isinstance(ins, int):
             try:
-                out.append(decode(int.from_bytes(raw[i:i + INSTR_BYTES], "little")))
+                ins = decode(ins)
             except ISAError:
-                out.append(None)
-        return out
-    return list(program)
+                ins = None
+        out.append(ins)
+    return out
 
 
 def _decode_table(prog: list[Instr | None], cfg: AcceleratorConfig):

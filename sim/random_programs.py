@@ -1,0 +1,241 @@
+"""Random valid programs and configurations for the equivalence harness.
+
+A program is a set of independent *chains*, each owning a disjoint slice of every scratchpad and
+of the DRAM output area. A chain repeats tasks -- load ACT/WGT/PARAM data, run 1-3 GEMMs with
+random fields, store OUT to DRAM -- linked by three events (loads -> compute -> store -> next
+loads), so every instruction that touches data another one touches is ordered by events or by
+its engine's order: programs are race-free, and their result is defined bit for bit. Chains
+interleave in program order and run concurrently on the engines. Random SYNCs add extra
+cross-engine dependencies. Every wait refers to a signal earlier in program order, so valid
+programs never deadlock; :func:`break_program` makes the invalid variants (illegal words, bad
+fields, missing END, deadlocks, event overflows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hw.config import AcceleratorConfig, MemoryModel
+from hw.isa import (
+    NO_EVENT,
+    End,
+    Engine,
+    Epilogue,
+    Gemm,
+    Instr,
+    ISAError,
+    Load,
+    Spad,
+    Store,
+    Sync,
+    check,
+    encode,
+)
+
+__all__ = ["RandomProgram", "random_config", "random_program", "break_program",
+           "EQUIVALENCE_CONFIGS"]
+
+#: Two array shapes (8 and 16 lanes) with different memories, queues and pattern sets; small
+#: buffers and DRAM keep RTL runs fast.
+EQUIVALENCE_CONFIGS = {
+    "2x4": AcceleratorConfig(
+        rows=2, cols=4, max_tokens=4, act_spad_bytes=1024, wgt_spad_bytes=4096,
+        out_spad_bytes=1024, param_spad_bytes=512, queue_depth=2, num_events=12,
+        event_bits=4, imem_depth=512, memory=MemoryModel(latency=5, size_bytes=1 << 15)),
+    "4x4": AcceleratorConfig(
+        rows=4, cols=4, max_tokens=8, patterns=("1:4", "2:4", "3:4", "2:8", "1:16"),
+        act_spad_bytes=2048, wgt_spad_bytes=4096, out_spad_bytes=2048, param_spad_bytes=512,
+        queue_depth=3, num_events=16, event_bits=3, imem_depth=512,
+        memory=MemoryModel(bytes_per_cycle=16, latency=11, size_bytes=1 << 15)),
+}
+
+
+def random_config(name: str) -> AcceleratorConfig:
+    return EQUIVALENCE_CONFIGS[name]
+
+
+@dataclass
+class RandomProgram:
+    """A generated program, its DRAM image and what it exercises."""
+
+    program: list[Instr | int]
+    dram: np.ndarray
+    notes: list[str] = field(default_factory=list)
+
+    def words(self) -> list[int]:
+        return [w if isinstance(w, int) else encode(w) for w in self.program]
+
+
+def _region(cfg: AcceleratorConfig, spad: str, chain: int, chains: int) -> tuple[int, int]:
+    """Beat range [start, end) of a chain's slice of a scratchpad (word aligned)."""
+    beats = cfg.spad_beats(spad)
+    word = max(1, getattr(cfg, f"{spad}_word_bytes") // cfg.beat_bytes)
+    size = beats // chains // word * word
+    return chain * size, (chain + 1) * size
+
+
+def _random_gemm(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Gemm:
+    """A GEMM whose every access stays inside the chain's regions (rejection sampling)."""
+    beat = cfg.beat_bytes
+    for _ in range(200):
+        pidx = int(rng.integers(len(cfg.pattern_table)))
+        pat = cfg.pattern_table[pidx]
+        int8 = pat.dense and 8 in cfg.weight_bits and rng.random() < 0.4
+        raw = rng.random() < 0.2
+        k_steps = int(rng.integers(1, 48))
+        group_steps = 0 if raw else int(rng.integers(1, k_steps + 4))
+        asym = not raw and rng.random() < 0.4
+        tokens = int(rng.integers(1, cfg.max_tokens + 1))
+        epi = Epilogue(int(rng.integers(4)))
+        ws, we = regions["wgt"]
+        aw, ae = regions["act"]
+        os_, oe = regions["out"]
+        ps, pe = regions["param"]
+        wwords = max(1, cfg.wgt_word_bytes // beat)
+        owords = max(1, cfg.out_word_bytes // beat)
+        pwords = max(1, cfg.param_word_bytes // beat)
+        g = Gemm(k_steps=k_steps, group_steps=group_steps, tokens=tokens, pattern=pidx,
+                 int8=bool(int8), asym=bool(asym), epilogue=epi,
+                 accumulate=bool(rng.random() < 0.3), shift=int(rng.integers(32)),
+                 wgt_addr=ws + int(rng.integers(0, max(1, (we - ws) // 2))) // wwords * wwords,
+                 act_addr=aw + int(rng.integers(0, max(1, (ae - aw) // 2))),
+                 act_stride=int(rng.integers(0, 6)),
+                 out_addr=os_ + int(rng.integers(0, max(1, (oe - os_) // 2))) // owords * owords,
+                 param_addr=ps + int(rng.integers(0, max(1, (pe - ps) // 2))) // pwords * pwords)
+        try:
+            check(g, cfg)
+        except ISAError:
+            continue
+        if _inside(g, cfg, regions):
+            return g
+    # Fallback that always fits: one dense step, one token, WIDE at the region start.
+    return Gemm(k_steps=1, group_steps=0, tokens=1, epilogue=Epilogue.WIDE,
+                wgt_addr=regions["wgt"][0], act_addr=regions["act"][0],
+                out_addr=regions["out"][0], param_addr=regions["param"][0])
+
+
+def _inside(g: Gemm, cfg: AcceleratorConfig, regions) -> bool:
+    from hw.isa import gemm_weight_bytes
+    beat, lanes = cfg.beat_bytes, cfg.lanes
+    pat = cfg.pattern_table[g.pattern]
+    k_dense = -(-g.k_steps // pat.steps_per_block) * pat.block
+    row = {Epilogue.NONE: 0, Epilogue.WIDE: 4 * lanes}.get(g.epilogue, lanes)
+    param = 0 if g.epilogue in (Epilogue.NONE, Epilogue.WIDE) else \
+        2 * lanes + (g.tokens * lanes if g.epilogue == Epilogue.INT8_RESIDUAL else 0)
+    ends = {
+        "wgt": g.wgt_addr * beat + gemm_weight_bytes(g, cfg),
+        "act": (g.act_addr + (g.tokens - 1) * g.act_stride) * beat + k_dense,
+        "out": g.out_addr * beat + g.tokens * row,
+        "param": g.param_addr * beat + param,
+    }
+    return all(ends[s] <= regions[s][1] * beat for s in ends)
+
+
+def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: int = 2,
+                   tasks: int = 3, syncs: float = 0.3) -> RandomProgram:
+    """A race-free, deadlock-free program with ``chains`` concurrent chains of ``tasks``."""
+    dram = rng.integers(0, 256, size=cfg.memory.size_bytes, dtype=np.uint8)
+    half = cfg.dram_beats // 2          # inputs below, chain outputs above
+    out_span = (cfg.dram_beats - half) // chains
+    if cfg.num_events < 3 * chains + 2:
+        raise ValueError(f"need {3 * chains + 2} events for {chains} chains")
+    ev = [(3 * c, 3 * c + 1, 3 * c + 2) for c in range(chains)]  # loads->gemm->store->loads
+    next_event = 3 * chains
+    sync_events: dict[tuple[Engine, Engine], int] = {}
+    pending_sync: list[tuple[Engine, int]] = []
+    per_chain: list[list[list[Instr]]] = []
+    for c in range(chains):
+        regions = {s: _region(cfg, s, c, chains) for s in ("act", "wgt", "out", "param")}
+        chain_tasks = []
+        for t in range(tasks):
+            task: list[Instr] = []
+            for k, spad in enumerate((Spad.WGT, Spad.ACT, Spad.PARAM)):
+                s0, s1 = regions[spad.name.lower()]
+                span = s1 - s0
+                start = s0 + int(rng.integers(0, max(1, span // 4)))
+                beats = int(rng.integers(1, s1 - start + 1))
+                rows = int(rng.integers(1, 4))
+                row_beats = max(1, beats // rows)
+                rows = min(rows, (s1 - start) // row_beats)
+                stride = row_beats + int(rng.integers(0, 3))
+                dmax = half - ((rows - 1) * stride + row_beats)
+                task.append(Load(spad=spad, spad_addr=start, rows=rows, row_beats=row_beats,
+                                 dram_stride=stride, dram_addr=int(rng.integers(0, dmax)),
+                                 wait=ev[c][2] if (k == 0 and t > 0) else None))
+            task[-1] = Load(**{**task[-1].__dict__, "signal": ev[c][0]})
+            gemms = [_random_gemm(cfg, rng, regions) for _ in range(int(rng.integers(1, 4)))]
+            gemms[0] = Gemm(**{**gemms[0].__dict__, "wait": ev[c][0]})
+            gemms[-1] = Gemm(**{**gemms[-1].__dict__, "signal": ev[c][1]})
+            task += gemms
+            o0, o1 = regions["out"]
+            rows = int(rng.integers(1, 3))
+            row_beats = max(1, int(rng.integers(1, o1 - o0 + 1)) // rows)
+            base = half + c * out_span
+            dmax = out_span - ((rows - 1) * row_beats * 2 + row_beats)
+            task.append(Store(spad=Spad.OUT, spad_addr=o0, rows=rows, row_beats=row_beats,
+                              dram_stride=row_beats * 2,
+                              dram_addr=base + int(rng.integers(0, max(1, dmax))),
+                              wait=ev[c][1], signal=ev[c][2]))
+            chain_tasks.append(task)
+        per_chain.append(chain_tasks)
+    # Interleave chains task by task, sprinkle matched SYNC pairs between them.
+    program: list[Instr] = []
+    engines = list(Engine)
+    for t in range(tasks):
+        for c in rng.permutation(chains):
+            program += per_chain[c][t]
+            if rng.random() < syncs:
+                if pending_sync and rng.random() < 0.5:
+                    eng, e = pending_sync.pop(0)
+                    program.append(Sync(engine=eng, wait=e))
+                else:
+                    src, dst = (engines[i] for i in rng.integers(0, 3, size=2))
+                    if (src, dst) not in sync_events:
+                        if next_event >= cfg.num_events:
+                            continue
+                        sync_events[(src, dst)] = next_event
+                        next_event += 1
+                    e = sync_events[(src, dst)]
+                    program.append(Sync(engine=src, signal=e))
+                    pending_sync.append((dst, e))
+    for eng, e in pending_sync:  # consume what was signalled: counters return to zero
+        program.append(Sync(engine=eng, wait=e))
+    program.append(End())
+    return RandomProgram(program, dram, [f"{chains} chains x {tasks} tasks"])
+
+
+def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Generator,
+                  kind: str) -> RandomProgram:
+    """An invalid variant of a valid program: the machine must stop with an error."""
+    prog = list(rp.program)
+    pos = int(rng.integers(0, len(prog)))
+    if kind == "illegal":
+        rest = int.from_bytes(rng.bytes(16), "little") >> 3  # random bits above the opcode
+        word = int(rng.choice([0, 6, 7])) | (rest << 3)
+        prog.insert(pos, word)
+    elif kind == "bad_field":
+        choices = [Gemm(pattern=len(cfg.pattern_table)), Load(spad=Spad.OUT),
+                   Sync(engine=Engine.LOAD, signal=cfg.num_events),
+                   Load(spad=Spad.ACT, spad_addr=cfg.spad_beats("act")),
+                   Gemm(tokens=cfg.max_tokens + 1), Store(spad=Spad.WGT)]
+        prog.insert(pos, choices[int(rng.integers(len(choices)))])
+    elif kind == "no_end":
+        prog = prog[:-1]
+    elif kind == "deadlock":
+        used = {i.wait for i in prog if not isinstance(i, int)} | \
+            {i.signal for i in prog if not isinstance(i, int)}
+        free = [e for e in range(cfg.num_events) if e not in used]
+        if not free:
+            free = [cfg.num_events - 1]
+        prog.insert(pos, Sync(engine=Engine(int(rng.integers(3))), wait=free[0]))
+    elif kind == "overflow":
+        used = {i.wait for i in prog if not isinstance(i, int)} | \
+            {i.signal for i in prog if not isinstance(i, int)}
+        e = next((e for e in range(cfg.num_events) if e not in used), NO_EVENT - 1)
+        eng = Engine(int(rng.integers(3)))
+        prog[pos:pos] = [Sync(engine=eng, signal=e)] * (1 << cfg.event_bits)
+    else:
+        raise ValueError(f"unknown breakage {kind!r}")
+    return RandomProgram(prog, rp.dram, rp.notes + [kind])
