@@ -215,6 +215,24 @@ def _weight_files(directory: Path) -> dict[str, Path]:
     )
 
 
+def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensor name -> shape implied by ``config`` (no memory is allocated)."""
+    with torch.device("meta"):
+        return {name: tuple(t.shape) for name, t in LlamaLM(config).state_dict().items()}
+
+
+def _uninitialised_model(config: LlamaConfig) -> LlamaLM:
+    """A CPU model with allocated but unset weights: skips random init, which costs
+    seconds for billion-parameter checkpoints that are overwritten anyway."""
+    with torch.device("meta"):
+        model = LlamaLM(config)
+    model = model.to_empty(device="cpu")
+    if config.tie_word_embeddings:  # to_empty replaces parameters one module at a time
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.init_buffers()
+    return model
+
+
 def load_state_dict(path: str | Path, config: LlamaConfig) -> dict[str, torch.Tensor]:
     """Read and check every tensor of a checkpoint against the shapes ``config`` implies.
 
@@ -232,7 +250,7 @@ def load_state_dict(path: str | Path, config: LlamaConfig) -> dict[str, torch.Te
     """
     directory = resolve_dir(path)
     files = _weight_files(directory)
-    expected = {name: tuple(t.shape) for name, t in LlamaLM(config).state_dict().items()}
+    expected = expected_shapes(config)
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight")
         # Some exporters write the tied head anyway; it must then equal the embedding.
@@ -309,7 +327,7 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Lla
     """
     config = read_config(path)
     state = load_state_dict(path, config)
-    model = LlamaLM(config)
+    model = _uninitialised_model(config)
     with torch.no_grad():
         params = dict(model.named_parameters(remove_duplicate=False))
         for name, tensor in state.items():

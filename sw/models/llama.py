@@ -197,11 +197,19 @@ class LlamaLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        cos, sin = rotary_tables(config.head_dim, config.max_position_embeddings, config.rope_theta)
         # Derived from the config, so not saved in checkpoints.
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.init_buffers()
         self.reset_parameters()
+
+    def init_buffers(self) -> None:
+        """(Re)compute the rotary tables, e.g. after ``to_empty`` from the meta device."""
+        cfg = self.config
+        device = self.model.embed_tokens.weight.device
+        cos, sin = rotary_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.rope_cos = cos.to(device)
+        self.rope_sin = sin.to(device)
 
     def reset_parameters(self, std: float = 0.02) -> None:
         """Initialise linear and embedding weights from N(0, std) and norms to one.
