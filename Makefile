@@ -8,7 +8,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-all lint bench clean
+.PHONY: setup demo test test-all lint bench clean sim synth generate
 
 setup: $(STAMP)
 
@@ -29,6 +29,18 @@ test-all: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# RTL: `make generate [CONFIG=x.json]` writes Verilog + config to build/generated;
+# `make sim [WAVES=1]` builds the Verilator runner (cached per configuration under build/rtl)
+# and runs the 2:4-vs-dense layer demo; `make synth` runs Yosys + nextpnr for the ECP5-85F.
+generate: setup
+	$(PY) -m hw.generate --out build/generated $(if $(CONFIG),--config $(CONFIG))
+
+sim: setup
+	$(PY) -m bench.rtl --demo
+
+synth: setup
+	$(PY) -m hw.synth $(if $(CONFIG),--config $(CONFIG))
 
 clean:
 	rm -rf build sim_build .hypothesis

@@ -14,7 +14,10 @@ Fetch
     slot freed by a pop in cycle ``p`` can be written in ``p + 1``); ``f_i = 0`` if there is none.
     ``END`` is dispatched like any instruction but enters no queue; fetching stops.
     A dispatch error (:func:`hw.isa.dispatch_error`) in instruction ``i`` stops the machine at
-    cycle ``a_i``; so does reaching ``pc == imem_depth`` (PC_OVERFLOW).
+    cycle ``a_i``; so does reaching ``pc == imem_depth`` (PC_OVERFLOW, ``error_pc =
+    imem_depth``). An undefined opcode, and a SYNC whose engine field is not an engine, is
+    ILLEGAL_OPCODE. (The fetch pipeline reads and checks instructions ahead of dispatch, so
+    ``a_i = d_{i-1} + 1`` holds whatever the check latency; only ``a_0`` shows it.)
 Engines (LOAD, COMPUTE, STORE), each in order, one instruction at a time
     *pop* ``p = max(d + 1, free)`` where ``free`` is the cycle after the previous instruction's
     execution (0 initially). The engine then waits from ``p + 1``: the *grant* ``g`` is ``p + 1``
@@ -24,8 +27,9 @@ Engines (LOAD, COMPUTE, STORE), each in order, one instruction at a time
     incremented at the end of cycle ``e = g + D`` (visible from ``e + 1``), and ``free = e + 1``.
 Events
     Counters start at 0 and are ``event_bits`` wide. An increment that would exceed the maximum
-    stops the machine with EVENT_OVERFLOW in that cycle. Programs must give every event a single
-    consumer engine (the hardware grants one waiter per event and cycle).
+    (the cycle's increments minus its grant, added to the registered value) stops the machine
+    with EVENT_OVERFLOW in that cycle. Programs must give every event a single consumer engine
+    (the hardware grants one waiter per event and cycle, the lowest engine number first).
 Done
     ``cycles = max(d_END + 1, free of every engine)``: the first cycle in which fetch has ended and
     every engine is idle with an empty queue.
@@ -34,7 +38,10 @@ Deadlock
     or waiting on an event whose counter is 0, fetch has ended or holds an instruction whose
     queue is full, and the machine is not done: the machine stops with DEADLOCK in that cycle.
 
-Errors report ``cycles`` = the cycle they were raised in.
+Errors report ``cycles`` = the cycle they were raised in; of several errors in one cycle the
+lowest :class:`hw.isa.ErrorCode` is reported. Counters (:data:`sim.result.COUNTERS`) cover
+cycles ``0 .. cycles - 1``; the DMA beat and MAC counters count finished instructions. After an
+error, a STORE still executing in the error cycle may have written part of its beats to DRAM.
 """
 
 from __future__ import annotations
@@ -48,8 +55,9 @@ __all__ = [
     "epilogue_cycles", "gemm_cycles", "exec_cycles",
 ]
 
-#: Cycles from start (or a dispatch) to the next instruction being available at dispatch.
-FETCH_LATENCY = 1
+#: Cycles from start to the first instruction being available at dispatch (hw/fetch.py:
+#: instruction memory read in cycle 0, then register, extent products, range checks).
+FETCH_LATENCY = 4
 #: LOAD execution = beats + memory latency + this (spad write of the last beat).
 LOAD_OVERHEAD = 1
 #: STORE execution = beats + this (spad read latency before the first write).

@@ -1,0 +1,111 @@
+"""Generate the accelerator's Verilog from a configuration.
+
+``python -m hw.generate --config X.json --out DIR`` writes ``DIR/accel.v`` (module ``accel``,
+:class:`hw.top.Accelerator`) and ``DIR/config.json`` (the normalised configuration it was
+generated from). ``--top sim`` generates :class:`hw.sim_top.SimTop` instead (accelerator + DRAM
+model + host port; only sensible for small ``memory.size_bytes``). Invalid configurations are
+rejected before any elaboration, with the bad value in the message, and exit status 2.
+
+The Python API is :func:`generate_verilog` / :func:`write_design`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from amaranth import Signal
+from amaranth.back import verilog
+from amaranth.hdl import Value
+from amaranth.lib import wiring
+
+from hw.config import AcceleratorConfig, ConfigError
+
+__all__ = ["TOP_NAME", "SIM_TOP_NAME", "top_ports", "build_top", "generate_verilog",
+           "write_design", "main"]
+
+#: Verilog module name of the accelerator top.
+TOP_NAME = "accel"
+#: Verilog module name of the simulation top (accelerator + DRAM model).
+SIM_TOP_NAME = "sim_top"
+
+
+def top_ports(component: wiring.Component) -> list[Signal]:
+    """The signals of a component's signature, for ``verilog.convert(ports=...)``.
+
+    Constant members (the ``ready`` of an ``always_ready`` stream) are left out: a constant is
+    not a port.
+    """
+    ports = []
+    for _path, _flow, value in component.signature.flatten(component):
+        value = Value.cast(value)
+        if isinstance(value, Signal):
+            ports.append(value)
+    return ports
+
+
+def build_top(cfg: AcceleratorConfig, *, top: str = "accel",
+              compute: Callable | None = None) -> wiring.Component:
+    """Construct the top-level component (``"accel"`` or ``"sim"``)."""
+    if not isinstance(cfg, AcceleratorConfig):
+        raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
+    if top == "accel":
+        from hw.top import Accelerator
+        return Accelerator(cfg, compute=compute)
+    if top == "sim":
+        from hw.sim_top import SimTop
+        return SimTop(cfg, compute=compute)
+    raise ValueError(f"top must be 'accel' or 'sim', got {top!r}")
+
+
+def generate_verilog(cfg: AcceleratorConfig, *, top: str = "accel",
+                     compute: Callable | None = None) -> str:
+    """Verilog text of the ``top`` for ``cfg`` (module ``accel`` or ``sim_top``)."""
+    design = build_top(cfg, top=top, compute=compute)
+    name = TOP_NAME if top == "accel" else SIM_TOP_NAME
+    return verilog.convert(design, name=name, ports=top_ports(design), emit_src=False)
+
+
+def write_design(cfg: AcceleratorConfig, out_dir: str | Path, *, top: str = "accel",
+                 compute: Callable | None = None) -> dict[str, Path]:
+    """Write the Verilog and ``config.json`` into ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name = TOP_NAME if top == "accel" else SIM_TOP_NAME
+    text = generate_verilog(cfg, top=top, compute=compute)
+    v_path = out / f"{name}.v"
+    v_path.write_text(text)
+    c_path = out / "config.json"
+    cfg.save(c_path)
+    return {"verilog": v_path, "config": c_path}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hw.generate", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", help="configuration JSON (default: AcceleratorConfig())")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--top", choices=("accel", "sim"), default="accel",
+                    help="accel: the synthesizable top; sim: with the DRAM model")
+    args = ap.parse_args(argv)
+    try:
+        cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
+    except (ConfigError, TypeError) as e:
+        print(f"hw.generate: invalid configuration {args.config}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"hw.generate: cannot read {args.config}: {e}", file=sys.stderr)
+        return 2
+    try:
+        paths = write_design(cfg, args.out, top=args.top)
+    except (ConfigError, ValueError) as e:
+        print(f"hw.generate: configuration rejected by the generator: {e}", file=sys.stderr)
+        return 2
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

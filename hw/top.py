@@ -1,0 +1,225 @@
+"""The synthesizable accelerator: control, DMA, scratchpads and the compute core.
+
+::
+
+    host: imem_wr, start
+      |
+    FetchUnit (imem, checks) -+-> InstrQueue -> EngineSequencer -> LoadEngine  <- DRAM read
+                              +-> InstrQueue -> EngineSequencer -> ComputeCore
+                              +-> InstrQueue -> EngineSequencer -> StoreEngine -> DRAM write
+    EventUnit: wait / signal of the three sequencers
+    ACT, WGT, PARAM scratchpads: LoadEngine writes beats, ComputeCore reads words
+    OUT scratchpad:              ComputeCore writes words, StoreEngine reads beats
+
+Host protocol: write the program into the instruction memory (``imem_wr``) while ``busy`` is
+low, pulse ``start`` for one cycle (cycle -1 of hw/timing.py), wait for ``busy`` to fall; then
+``done`` is high and ``error``, ``error_pc``, ``cycles`` and ``counters`` hold the outcome until
+the next ``start``. ``busy`` falls in cycle ``cycles + 1``.
+
+``start`` resets every control and datapath register (not the memories), so a run after an
+error starts clean. The stop conditions of hw/timing.py ("Done", "Deadlock", errors) are
+evaluated every cycle; the counters of :data:`sim.result.COUNTERS` take each cycle's increments
+one cycle later, so the increments of the stop cycle itself are dropped (counters cover cycles
+``0 .. cycles - 1``), and the beat and MAC counters add an instruction's total when it ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from amaranth import Cat, Module, Mux, ResetInserter, Signal, unsigned
+from amaranth.lib import data, memory, wiring
+from amaranth.lib.wiring import In, Out, connect
+from amaranth.utils import ceil_log2
+
+from hw.config import AcceleratorConfig
+from hw.dma import DramSignature, LoadEngine, StoreEngine
+from hw.engine import EngineSequencer
+from hw.events import EventUnit
+from hw.fetch import FetchUnit
+from hw.isa import INSTR_BITS, DmaBody, Engine, ErrorCode, GemmBody
+from hw.queues import DMA_ENTRY, GEMM_ENTRY, InstrQueue
+from hw.spad import Scratchpad
+from sim.result import COUNTERS
+
+__all__ = ["COUNTER_BITS", "CounterLayout", "Accelerator"]
+
+#: Width of the cycle counter and of every performance counter.
+COUNTER_BITS = 48
+#: The performance counters, in the order of :data:`sim.result.COUNTERS`.
+CounterLayout = data.StructLayout({name: COUNTER_BITS for name in COUNTERS})
+
+
+def _default_compute(cfg: AcceleratorConfig):
+    from hw.compute import ComputeCore
+    return ComputeCore(cfg)
+
+
+class Accelerator(wiring.Component):
+    """The accelerator for one configuration, with a DRAM-side port.
+
+    Parameters
+    ----------
+    cfg:
+        The accelerator configuration.
+    compute:
+        Factory ``cfg -> component`` for the COMPUTE engine's datapath; the default is
+        :class:`hw.compute.ComputeCore`. (Tests substitute a stand-in with the same interface.)
+
+    Members
+    -------
+    start: In(1)
+        One-cycle pulse that starts the program at instruction 0 (ignored while busy).
+    busy: Out(1)
+        The machine is running.
+    done: Out(1)
+        A run has finished (successfully or not); cleared by ``start``.
+    error: Out(ErrorCode)
+        Outcome of the last run (``NONE`` on success).
+    error_pc: Out(range(imem_depth + 1))
+        Index of the instruction that failed a dispatch check (0 for other errors).
+    cycles: Out(COUNTER_BITS)
+        Cycle in which the last run stopped (hw/timing.py).
+    counters: Out(CounterLayout)
+        Performance counters of the last run.
+    imem_wr: Out(WritePort.Signature(addr_width=ceil_log2(imem_depth), shape=128))
+        Host write port of the instruction memory.
+    dram: Out(DramSignature(cfg))
+        The DRAM port.
+    """
+
+    def __init__(self, cfg: AcceleratorConfig,
+                 compute: Callable[[AcceleratorConfig], wiring.Component] | None = None):
+        if not isinstance(cfg, AcceleratorConfig):
+            raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
+        if compute is not None and not callable(compute):
+            raise TypeError(f"compute must be a factory cfg -> component, got {compute!r}")
+        self._cfg = cfg
+        self._compute = compute or _default_compute
+        super().__init__({
+            "start": In(1),
+            "busy": Out(1),
+            "done": Out(1),
+            "error": Out(ErrorCode),
+            "error_pc": Out(range(cfg.imem_depth + 1)),
+            "cycles": Out(COUNTER_BITS),
+            "counters": Out(CounterLayout),
+            "imem_wr": Out(memory.WritePort.Signature(addr_width=ceil_log2(cfg.imem_depth),
+                                                      shape=unsigned(INSTR_BITS))),
+            "dram": Out(DramSignature(cfg)),
+        })
+
+    @property
+    def cfg(self) -> AcceleratorConfig:
+        return self._cfg
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._cfg
+        running = Signal()
+        go = Signal()
+        m.d.comb += go.eq(self.start & ~running)
+
+        # Everything below is reset by `start` (memories keep their contents).
+        core_m = Module()
+        m.submodules.machine = ResetInserter(go)(core_m)
+        sub = core_m.submodules
+        sub.fetch = fetch = FetchUnit(cfg)
+        bodies = {Engine.LOAD: DMA_ENTRY, Engine.COMPUTE: GEMM_ENTRY, Engine.STORE: DMA_ENTRY}
+        queues, seqs = {}, {}
+        for eng, entry in bodies.items():
+            name = eng.name.lower()
+            queues[eng] = sub[f"{name}_queue"] = InstrQueue(entry, cfg.queue_depth)
+            seqs[eng] = sub[f"{name}_seq"] = EngineSequencer(
+                GemmBody if eng == Engine.COMPUTE else DmaBody)
+        sub.events = events = EventUnit(cfg.num_events, cfg.event_bits, ports=len(Engine))
+        sub.load = load = LoadEngine(cfg)
+        sub.store = store = StoreEngine(cfg)
+        sub.core = core = self._compute(cfg)
+        spads = {}
+        for name, core_dir in (("act", "read"), ("wgt", "read"), ("param", "read"),
+                               ("out", "write")):
+            spads[name] = sub[f"{name}_spad"] = Scratchpad(
+                size_bytes=getattr(cfg, f"{name}_spad_bytes"),
+                word_bytes=getattr(cfg, f"{name}_word_bytes"),
+                beat_bytes=cfg.beat_bytes, core=core_dir)
+
+        # ---- wiring
+        connect(m, wiring.flipped(self.imem_wr), fetch.imem_wr)
+        m.d.comb += fetch.run.eq(running)
+        for eng, port in ((Engine.LOAD, fetch.load), (Engine.COMPUTE, fetch.compute),
+                          (Engine.STORE, fetch.store)):
+            connect(m, port, queues[eng].w)
+            connect(m, queues[eng].r, seqs[eng].queue)
+            connect(m, seqs[eng].wait, events.wait[eng.value])
+            connect(m, seqs[eng].signal, events.signal[eng.value])
+        connect(m, seqs[Engine.LOAD].cmd, load.cmd)
+        connect(m, seqs[Engine.COMPUTE].cmd, core.cmd)
+        connect(m, seqs[Engine.STORE].cmd, store.cmd)
+        m.d.comb += [seqs[Engine.LOAD].done.eq(load.done),
+                     seqs[Engine.COMPUTE].done.eq(core.done),
+                     seqs[Engine.STORE].done.eq(store.done)]
+        for name in ("act", "wgt", "param"):
+            connect(m, getattr(load, f"{name}_wr"), spads[name].dma_wr)
+            connect(m, getattr(core, f"{name}_rd"), spads[name].core_rd)
+        connect(m, core.out_wr, spads["out"].core_wr)
+        connect(m, store.out_rd, spads["out"].dma_rd)
+        # DRAM: nothing leaves the machine once it has stopped.
+        m.d.comb += [
+            self.dram.rd_req.valid.eq(load.rd_req.valid & running),
+            self.dram.rd_req.payload.eq(load.rd_req.payload),
+            load.rd_resp.valid.eq(self.dram.rd_resp.valid),
+            load.rd_resp.payload.eq(self.dram.rd_resp.payload),
+            self.dram.wr.valid.eq(store.wr.valid & running),
+            self.dram.wr.payload.eq(store.wr.payload),
+        ]
+
+        # ---- stop conditions (hw/timing.py: Done, Deadlock, errors)
+        idle_empty = {eng: seqs[eng].idle & ~queues[eng].r.valid for eng in Engine}
+        done_now = fetch.ended & Cat(idle_empty.values()).all()
+        blocked = Cat(idle_empty[eng] | seqs[eng].waiting for eng in Engine).all()
+        deadlock_now = ~done_now & blocked & (fetch.ended | fetch.stalled)
+        err_now = Signal(ErrorCode)
+        m.d.comb += err_now.eq(
+            Mux(fetch.error != ErrorCode.NONE, fetch.error,
+                Mux(events.overflow, ErrorCode.EVENT_OVERFLOW,
+                    Mux(deadlock_now, ErrorCode.DEADLOCK, ErrorCode.NONE))))
+        stop_now = running & (done_now | (err_now != ErrorCode.NONE))
+
+        cyc = Signal(COUNTER_BITS)
+        with m.If(go):
+            m.d.sync += [running.eq(1), cyc.eq(0), self.done.eq(0),
+                         self.error.eq(ErrorCode.NONE), self.error_pc.eq(0)]
+        with m.Elif(running):
+            m.d.sync += cyc.eq(cyc + 1)
+            with m.If(stop_now):
+                m.d.sync += [running.eq(0), self.done.eq(1), self.cycles.eq(cyc),
+                             self.error.eq(err_now),
+                             self.error_pc.eq(Mux(fetch.error != ErrorCode.NONE,
+                                                  fetch.error_pc, 0))]
+        m.d.comb += self.busy.eq(running)
+
+        # ---- counters: this cycle's increments, added next cycle if the machine still runs.
+        # MAC cycles of the GEMM in flight: at most k_steps * tokens.
+        mac_acc = Signal(GemmBody["k_steps"].width + GemmBody["tokens_m1"].width + 1)
+        m.d.sync += mac_acc.eq(Mux(core.done | go, 0, mac_acc + core.mac))
+        incs = {
+            "fetch_stall": fetch.stalled,
+            "dram_read_beats": Mux(load.done, load.beats, 0),
+            "dram_write_beats": Mux(store.done, store.beats, 0),
+            "mac_cycles": Mux(core.done, mac_acc + core.mac, 0),
+            "instructions": fetch.dispatched,
+        }
+        for eng in Engine:
+            name = eng.name.lower()
+            incs[f"{name}_exec"] = seqs[eng].executing
+            incs[f"{name}_wait"] = seqs[eng].waiting
+        assert set(incs) == set(COUNTERS), set(COUNTERS) ^ set(incs)
+        for name, value in incs.items():
+            pend = Signal(value.shape(), name=f"inc_{name}")
+            counter = getattr(self.counters, name)
+            with m.If(go):
+                m.d.sync += [pend.eq(0), counter.eq(0)]
+            with m.Elif(running):
+                m.d.sync += [pend.eq(value), counter.eq(counter + pend)]
+        return m

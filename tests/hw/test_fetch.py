@@ -1,0 +1,261 @@
+# amaranth: UnusedElaboratable=no
+"""Fetch unit: the hardware checks equal hw.isa.dispatch_error, and dispatch follows the
+fetch rules of hw/timing.py (a_0 = FETCH_LATENCY, a_i = d_{i-1} + 1, d = first cycle with queue
+space)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from amaranth import Module, ResetInserter, Signal
+from control_testutil import random_dma, random_gemm, run_sim, small_config, wide_config
+
+from hw import timing
+from hw.config import AcceleratorConfig
+from hw.fetch import FetchUnit
+from hw.isa import (
+    NO_EVENT,
+    DmaBody,
+    End,
+    Engine,
+    ErrorCode,
+    GemmBody,
+    Header,
+    InstrLayout,
+    ISAError,
+    Sync,
+    decode,
+    dispatch_error,
+    encode,
+    engine_of,
+)
+from hw.queues import InstrQueue
+
+_BODY = InstrLayout["body"].offset
+_HDR = InstrLayout["header"].offset
+
+
+def _set(word: int, off: int, width: int, value: int) -> int:
+    value &= (1 << width) - 1
+    return (word & ~(((1 << width) - 1) << off)) | (value << off)
+
+
+def _near(rng, limit: int, width: int) -> int:
+    """A field value biased towards the boundaries that the checks compare with."""
+    return rng.choice([0, 1, max(limit - 1, 0), limit, limit + 1, rng.randrange(1 << width),
+                       rng.randrange(max(limit, 1) + 1)]) & ((1 << width) - 1)
+
+
+def random_word(rng: random.Random, cfg: AcceleratorConfig) -> int:
+    """A random 128-bit instruction word with fields near the limits of ``cfg``."""
+    word = rng.getrandbits(128)
+    word = _set(word, _HDR + Header["opcode"].offset, 3,
+                rng.choice([0, 1, 1, 2, 2, 3, 3, 3, 4, 4, 5, 6, 7]))
+    for name in ("wait", "signal"):
+        word = _set(word, _HDR + Header[name].offset, 5,
+                    rng.choice([NO_EVENT, NO_EVENT, 0, cfg.num_events - 1, cfg.num_events,
+                                rng.randrange(32)]))
+    dma_limits = {"rows": 4, "row_beats": 4, "spad_addr": cfg.spad_beats("param"),
+                  "dram_addr": cfg.dram_beats, "dram_stride": cfg.dram_beats // 2,
+                  "spad": 4}
+    for name, limit in dma_limits.items():
+        if rng.random() < 0.7:
+            f = DmaBody[name]
+            word = _set(word, _BODY + f.offset, f.width, _near(rng, limit, f.width))
+    gemm_limits = {"wgt_addr": cfg.spad_beats("wgt"), "act_addr": cfg.spad_beats("act"),
+                   "out_addr": cfg.spad_beats("out"), "param_addr": cfg.spad_beats("param"),
+                   "act_stride": 4, "k_steps": 2, "group_steps": 2,
+                   "tokens_m1": cfg.max_tokens - 1, "pattern": len(cfg.pattern_table)}
+    for name, limit in gemm_limits.items():
+        if rng.random() < 0.5:
+            f = GemmBody[name]
+            word = _set(word, _BODY + f.offset, f.width, _near(rng, limit, f.width))
+    return word
+
+
+def expected_error(word: int, cfg: AcceleratorConfig) -> ErrorCode:
+    try:
+        ins = decode(word)
+    except (ISAError, ValueError):  # undefined opcode; SYNC of engine 3
+        return ErrorCode.ILLEGAL_OPCODE
+    return dispatch_error(ins, cfg)
+
+
+class FetchBench:
+    """A fetch unit restartable by the testbench."""
+
+    def __init__(self, cfg):
+        self.fetch = FetchUnit(cfg)
+        self.restart = Signal()
+        self.m = Module()
+        self.m.submodules.fetch = ResetInserter(self.restart)(self.fetch)
+
+    async def load(self, ctx, words):
+        for i, w in enumerate(words):
+            ctx.set(self.fetch.imem_wr.addr, i)
+            ctx.set(self.fetch.imem_wr.data, w)
+            ctx.set(self.fetch.imem_wr.en, 1)
+            await ctx.tick()
+        ctx.set(self.fetch.imem_wr.en, 0)
+
+    async def start(self, ctx):
+        ctx.set(self.fetch.run, 0)
+        ctx.set(self.restart, 1)
+        await ctx.tick()          # cycle -1
+        ctx.set(self.restart, 0)
+        ctx.set(self.fetch.run, 1)
+
+    def streams(self):
+        return {Engine.LOAD: self.fetch.load, Engine.COMPUTE: self.fetch.compute,
+                Engine.STORE: self.fetch.store}
+
+
+_CONFIGS = {"small": small_config(), "wide": wide_config(), "default": AcceleratorConfig(),
+            "beat4": small_config(memory={"bytes_per_cycle": 4, "latency": 2,
+                                          "size_bytes": 1 << 12})}
+
+
+@pytest.mark.parametrize("name", sorted(_CONFIGS))
+def test_checks_match_dispatch_error(name):
+    """Random words near every limit: the error code at a_0 is dispatch_error's."""
+    cfg = _CONFIGS[name]
+    rng = random.Random(name)
+    words = [random_word(rng, cfg) for _ in range(150)]
+    words += [encode(random_gemm(rng, cfg)) for _ in range(15)]
+    words += [encode(random_dma(rng, cfg, store=rng.random() < 0.5)) for _ in range(15)]
+    bench = FetchBench(cfg)
+    seen = set()
+
+    async def tb(ctx):
+        for s in bench.streams().values():
+            ctx.set(s.ready, 1)
+        for word in words:
+            want = expected_error(word, cfg)
+            seen.add(want)
+            await bench.load(ctx, [word])
+            await bench.start(ctx)
+            for _ in range(timing.FETCH_LATENCY):
+                assert ctx.get(bench.fetch.error) == ErrorCode.NONE
+                assert not ctx.get(bench.fetch.dispatched)
+                await ctx.tick()
+            assert ctx.get(bench.fetch.error) == want, (hex(word), want)
+            if want == ErrorCode.NONE:
+                assert ctx.get(bench.fetch.dispatched)
+                ins = decode(word)
+                eng = engine_of(ins)
+                for e, s in bench.streams().items():
+                    assert ctx.get(s.valid) == (e == eng)
+                if eng is not None:
+                    p = ctx.get(bench.streams()[eng].payload)
+                    assert (p.wait, p.signal, p.sync) == (
+                        NO_EVENT if ins.wait is None else ins.wait,
+                        NO_EVENT if ins.signal is None else ins.signal, isinstance(ins, Sync))
+            else:
+                assert ctx.get(bench.fetch.error_pc) == 0
+                assert not ctx.get(bench.fetch.dispatched)
+
+    run_sim(bench.m, tb)
+    assert {ErrorCode.NONE, ErrorCode.ILLEGAL_OPCODE, ErrorCode.BAD_EVENT,
+            ErrorCode.BAD_ADDRESS, ErrorCode.BAD_GEMM} <= seen
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dispatch_timing(seed):
+    """Random queue back-pressure: a_0 = FETCH_LATENCY, d_i = first cycle >= a_i with space,
+    a_{i+1} = d_i + 1; stalls are flagged; nothing is dispatched after END."""
+    cfg = small_config()
+    rng = random.Random(seed)
+    prog = [Sync(engine=rng.choice(list(Engine)), signal=rng.choice([None, 1]))
+            for _ in range(25)] + [End()]
+    bench = FetchBench(cfg)
+
+    async def tb(ctx):
+        await bench.load(ctx, [encode(i) for i in prog])
+        await bench.start(ctx)
+        a, i, c = timing.FETCH_LATENCY, 0, 0
+        streams = bench.streams()
+        while c < 200:
+            ready = {e: rng.random() < 0.4 for e in Engine}
+            for e, s in streams.items():
+                ctx.set(s.ready, ready[e])
+            f = bench.fetch
+            if i < len(prog) and c >= a:
+                ins = prog[i]
+                eng = engine_of(ins)
+                can = eng is None or ready[eng]
+                assert ctx.get(f.dispatched) == can, (i, c)
+                assert ctx.get(f.stalled) == (not can)
+                for e, s in streams.items():
+                    assert ctx.get(s.valid) == (e == eng), (i, c)
+                if can:
+                    i, a = i + 1, c + 1
+            else:
+                assert not ctx.get(f.dispatched) and not ctx.get(f.stalled)
+                assert not any(ctx.get(s.valid) for s in streams.values())
+            assert ctx.get(f.ended) == (i == len(prog) and c >= a)
+            await ctx.tick()
+            c += 1
+        assert i == len(prog)
+
+    run_sim(bench.m, tb)
+
+
+def test_pc_overflow():
+    cfg = small_config(imem_depth=16)
+    bench = FetchBench(cfg)
+
+    async def tb(ctx):
+        await bench.load(ctx, [encode(Sync(engine=Engine(i % 3))) for i in range(16)])
+        for s in bench.streams().values():
+            ctx.set(s.ready, 1)
+        await bench.start(ctx)
+        for c in range(timing.FETCH_LATENCY + 16):
+            assert ctx.get(bench.fetch.error) == ErrorCode.NONE
+            assert ctx.get(bench.fetch.dispatched) == (c >= timing.FETCH_LATENCY)
+            await ctx.tick()
+        assert ctx.get(bench.fetch.error) == ErrorCode.PC_OVERFLOW
+        assert ctx.get(bench.fetch.error_pc) == 16
+
+    run_sim(bench.m, tb)
+
+
+def test_fetch_latency_checked(monkeypatch):
+    monkeypatch.setattr(timing, "FETCH_LATENCY", 1)
+    with pytest.raises(ValueError, match="FETCH_LATENCY=1"):
+        FetchUnit(small_config())
+
+
+def test_queue_order_and_flags():
+    """InstrQueue: first in, first out; full/empty registered; any depth."""
+    from hw.queues import DMA_ENTRY
+    for depth in (1, 3):
+        dut = InstrQueue(DMA_ENTRY, depth)
+        rng = random.Random(depth)
+
+        async def tb(ctx, dut=dut, depth=depth, rng=rng):
+            model = []
+            for _ in range(120):
+                push = rng.random() < 0.6
+                pop = rng.random() < 0.5
+                v = rng.getrandbits(10)
+                ctx.set(dut.w.valid, push)
+                ctx.set(dut.w.payload, {"wait": v & 31, "signal": v >> 5, "sync": 0,
+                                        "body": {}})
+                ctx.set(dut.r.ready, pop)
+                assert ctx.get(dut.w.ready) == (len(model) < depth)
+                assert ctx.get(dut.r.valid) == (len(model) > 0)
+                assert ctx.get(dut.level) == len(model)
+                accepted = push and len(model) < depth
+                popped = pop and len(model) > 0
+                if popped:
+                    p = ctx.get(dut.r.payload)
+                    assert (p.wait | p.signal << 5) == model[0]
+                await ctx.tick()
+                if popped:
+                    model.pop(0)
+                if accepted:
+                    model.append(v)
+
+        run_sim(dut, tb)
+
