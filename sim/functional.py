@@ -88,20 +88,26 @@ def decode_gemm_weights(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray
     gs = ins.group_steps or S
     hdr_words = 0 if ins.group_steps == 0 else 1 + int(ins.asym)
     n_groups = -(-S // gs)
-    # Byte offset of every record and header inside the stream.
-    group_start = np.arange(n_groups) * (hdr_words * lanes + gs * rec)
-    step_in_group = np.arange(S) % gs
-    rec_off = group_start[np.arange(S) // gs] + hdr_words * lanes + step_in_group * rec
+    hb = hdr_words * lanes
+    group_bytes = hb + gs * rec
+    # The stream as one contiguous byte run (wrapping around the spad), padded to whole groups
+    # so it reshapes into [group, header + records] without per-byte index arithmetic.
     base = ins.wgt_addr * cfg.beat_bytes
-    raw = wgt[(base + rec_off[:, None] + np.arange(rec)[None, :]) % wgt.size]  # [S, rec]
+    total = hb * n_groups + S * rec
+    if base + total <= wgt.size:
+        buf = wgt[base:base + total]
+    else:
+        buf = np.take(wgt, np.arange(base, base + total), mode="wrap")
+    buf = np.concatenate([buf, np.zeros(n_groups * group_bytes - total, np.uint8)])
+    grouped = buf.reshape(n_groups, group_bytes)
+    raw = grouped[:, hb:].reshape(n_groups * gs, rec)[:S]                     # [S, rec]
     fields = _unpack_fields(raw, fbits, lanes).astype(np.int64).T  # [lanes, S]
     q = fields & ((1 << bits) - 1)
     if not ins.asym:
         q = np.where(q >= 1 << (bits - 1), q - (1 << bits), q)
-    g_of_step = np.arange(S) // gs
     if hdr_words:
-        hdr = wgt[(base + group_start[:, None] + np.arange(hdr_words * lanes)[None, :])
-                  % wgt.size].astype(np.int64)  # [groups, hdr_words*lanes]
+        g_of_step = np.arange(S) // gs
+        hdr = grouped[:, :hb].astype(np.int64)  # [groups, hdr_words*lanes]
         # The decoder keeps the low scale_code_bits of a code byte and the low `bits` of a zero
         # byte (legal streams have no other bits set; this defines the rest).
         codes = hdr[:, :lanes].T[:, g_of_step] & ((1 << cfg.scale_code_bits) - 1)
@@ -128,8 +134,10 @@ def exec_gemm(st: MachineState, ins: Gemm) -> None:
     rows = (ins.act_addr + np.arange(T) * ins.act_stride) * beat
     a = act[(rows[:, None] + np.arange(k_span)[None, :]) % act.size].view(np.int8)
     # Dense integer weights over the span (kept values at their positions), then exact BLAS.
-    w = np.zeros((lanes, k_span), dtype=np.float64)
-    np.add.at(w, (np.arange(lanes)[:, None], pos), w_eff)
+    # bincount sums repeated positions (possible in arbitrary streams) like the array does.
+    flat = (np.arange(lanes)[:, None] * k_span + pos).ravel()
+    w = np.bincount(flat, weights=w_eff.ravel().astype(np.float64),
+                    minlength=lanes * k_span).reshape(lanes, k_span)
     acc = (a.astype(np.float64) @ w.T).astype(np.int64)
     if ins.accumulate:
         acc += st.acc[:T]
