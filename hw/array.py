@@ -13,7 +13,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
-from hw.pe import PE, act_block_layout, index_bits
+from hw.pe import MULT_BITS, PE, act_block_layout, index_bits, lo_product_shape
 
 __all__ = ["Array"]
 
@@ -65,6 +65,9 @@ class Array(wiring.Component):
             "rd_addr": In(range(cfg.max_tokens)),
             "rd_data": Out(data.ArrayLayout(signed(cfg.acc_bits), cfg.lanes)),
             "mac": Out(1),
+            "ep": In(1),
+            "ep_mult": In(data.ArrayLayout(MULT_BITS, cfg.lanes)),
+            "ep_lo": Out(data.ArrayLayout(lo_product_shape(cfg), cfg.lanes)),
         })
 
     @property
@@ -106,6 +109,8 @@ class Array(wiring.Component):
                     pe.act.eq(act), pe.tok.eq(tok), pe.valid.eq(valid), pe.first.eq(first),
                     pe.rd_addr.eq(self.rd_addr),
                     self.rd_data[lane].eq(pe.rd_data),
+                    pe.ep.eq(self.ep), pe.ep_mult.eq(self.ep_mult[lane]),
+                    self.ep_lo[lane].eq(pe.ep_lo),
                 ]
         m.d.comb += self.mac.eq(self.valid)
         return m

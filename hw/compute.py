@@ -128,6 +128,7 @@ class ComputeCore(wiring.Component):
             m.d.sync += ins.eq(cmd)
         m.d.comb += [dec.start.eq(take), dec.wgt_addr.eq(cmd.wgt_addr), dec.ins.eq(ins),
                      epi.ins.eq(ins)]
+        m.d.sync += epi.prefetch.eq(take)  # in c + 1, when ins holds the command
 
         # ---- per-instruction constants (registered: ins is constant while the core runs) -----
         hdr = Signal(range(MAX_HEADER_WORDS + 1))
@@ -268,5 +269,9 @@ class ComputeCore(wiring.Component):
             arr.w.eq(dec.w), arr.idx.eq(dec.idx), arr.load.eq(dec.valid),
             arr.rd_addr.eq(epi.acc_addr), epi.acc_data.eq(arr.rd_data),
             self.mac.eq(arr.mac),
+            # The epilogue's products come from the idle PE and Dequant multipliers.
+            arr.ep.eq(epi.ep), arr.ep_mult.eq(epi.mult), epi.lo_prod.eq(arr.ep_lo),
+            dec.ext.eq(epi.hi_en), dec.ext_a.eq(epi.hi), dec.ext_b.eq(epi.mult),
+            epi.hi_prod.eq(dec.ext_prod),
         ]
         return m

@@ -32,9 +32,9 @@ from amaranth.lib.memory import ReadPort, WritePort
 from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
-from hw.dequant import Dequant
+from hw.dequant import Dequant, hi_product_shape
 from hw.isa import GemmBody
-from hw.pe import index_bits
+from hw.pe import MULT_BITS, hi_slice_bits, index_bits
 
 __all__ = [
     "SPADS", "WeightOp", "Decoder", "spad_depth", "spad_addr_width", "spad_word_bits",
@@ -163,6 +163,10 @@ class Decoder(wiring.Component):
         Activation index of each lane inside the activation word.
     valid: Out(1)
         ``w``/``idx`` hold a record this cycle.
+    ext, ext_a, ext_b, ext_prod:
+        The lanes' Dequant multipliers lent to the epilogue (:class:`hw.dequant.Dequant`):
+        with ``ext`` high, ``ext_prod[l]`` in the next cycle is ``ext_a[l] * ext_b[l]``. Only
+        while no RECORD is in flight.
     """
 
     #: Cycles from ``start`` to the first operation.
@@ -187,6 +191,10 @@ class Decoder(wiring.Component):
             "w": Out(data.ArrayLayout(signed(cfg.weight_operand_bits), cfg.lanes)),
             "idx": Out(data.ArrayLayout(index_bits(cfg), cfg.lanes)),
             "valid": Out(1),
+            "ext": In(1),
+            "ext_a": In(data.ArrayLayout(signed(hi_slice_bits(cfg)), cfg.lanes)),
+            "ext_b": In(data.ArrayLayout(MULT_BITS, cfg.lanes)),
+            "ext_prod": Out(data.ArrayLayout(hi_product_shape(cfg), cfg.lanes)),
         })
 
     @property
@@ -288,6 +296,8 @@ class Decoder(wiring.Component):
                 dq.value.eq(value), dq.code.eq(codes[l]), dq.zero.eq(zeros[l]),
                 dq.int8.eq(int8), dq.asym.eq(ins.asym), dq.raw.eq(raw),
                 self.w[l].eq(dq.w),
+                dq.ext.eq(self.ext), dq.ext_a.eq(self.ext_a[l]), dq.ext_b.eq(self.ext_b[l]),
+                self.ext_prod[l].eq(dq.prod),
             ]
             m.d.sync += e_idx[l].eq(index | r_sub)
 

@@ -10,6 +10,10 @@ The arithmetic is that of :func:`sim.functional.decode_gemm_weights` (docs/archi
 where ``bits`` is 8 for INT8 instructions and 4 otherwise, ``code`` keeps the low
 ``cfg.scale_code_bits`` bits of its header byte and ``zero`` the low ``bits`` bits of its byte.
 The result always fits ``cfg.weight_operand_bits`` signed bits.
+
+The unit's multiplier is also lent to the INT8 epilogue, which runs while the decoder is idle:
+with ``ext`` high, the product register takes ``ext_a * ext_b`` (the high accumulator slice times
+the lane's multiplier; see :mod:`hw.pe`, "Multiplier sharing").
 """
 
 from __future__ import annotations
@@ -19,8 +23,14 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
+from hw.pe import MULT_BITS, hi_slice_bits
 
-__all__ = ["Dequant", "dequant_reference"]
+__all__ = ["Dequant", "dequant_reference", "hi_product_shape"]
+
+
+def hi_product_shape(cfg: AcceleratorConfig):
+    """Shape of the Dequant multiplier's output: weights and epilogue high partial products."""
+    return signed(max(cfg.weight_operand_bits, hi_slice_bits(cfg) + MULT_BITS + 1))
 
 
 def dequant_reference(value: int, code: int, zero: int, *, int8: bool, asym: bool, raw: bool,
@@ -63,6 +73,14 @@ class Dequant(wiring.Component):
         Instruction mode: 8-bit values, asymmetric, no group headers.
     w: Out(signed(cfg.weight_operand_bits))
         ``code * (q - zero)``, two cycles after the inputs.
+    ext: In(1)
+        Lend the multiplier this cycle: ``prod`` in the next cycle is ``ext_a * ext_b``.
+    ext_a: In(signed(hi_slice_bits(cfg)))
+        High accumulator slice (registered by the user).
+    ext_b: In(MULT_BITS)
+        Requantisation multiplier.
+    prod: Out(hi_product_shape(cfg))
+        The multiplier's output register (``w`` is its low bits).
     """
 
     #: Cycles from the inputs to ``w``.
@@ -81,6 +99,10 @@ class Dequant(wiring.Component):
             "asym": In(1),
             "raw": In(1),
             "w": Out(signed(cfg.weight_operand_bits)),
+            "ext": In(1),
+            "ext_a": In(signed(hi_slice_bits(cfg))),
+            "ext_b": In(MULT_BITS),
+            "prod": Out(hi_product_shape(cfg)),
         })
 
     @property
@@ -106,5 +128,6 @@ class Dequant(wiring.Component):
         ]
 
         # Stage 2: the product; |code * diff| <= code_max * (2**bits - 1) fits the operand.
-        m.d.sync += self.w.eq(code * diff)
+        m.d.sync += self.prod.eq(Mux(self.ext, self.ext_a, code) * Mux(self.ext, self.ext_b, diff))
+        m.d.comb += self.w.eq(self.prod)
         return m

@@ -12,12 +12,21 @@ at once) and writes one OUT word (``lanes`` bytes) per cycle:
   ``param_addr_word + 1 + t // 2``);
 * NONE: nothing (the core does not start the epilogue).
 
+The ``acc * mult`` products come from multipliers borrowed from the idle array and decoder
+(:mod:`hw.pe`, "Multiplier sharing"): the PE multiplies the low ``SLICE_BITS`` of its own
+accumulator, the lane's Dequant unit the high slice, so the epilogue itself has no multiplier.
+Requantisation then needs only eleven bits of ``acc * mult``, a window at bit ``shift - 1``
+(``floor(acc * mult / 2**(shift-1))``; rounding is adding 1 and dropping the low bit), and
+whether the bits above the window are all sign bits; if not, the result saturates whatever the
+residual. This replaces a full-width barrel shifter and comparators per lane.
+
 Pipeline (read ``i`` in cycle ``e``, the ``i``-th word written in cycle ``e + LATENCY``)::
 
-    e     A <- accumulators of token t (combinational read of every PE's file)
-    e+1   P <- A * mult, as partial products of <= 18-bit slices of A (one DSP each)
-    e+2   S <- sum of the partial products + rounding term 2**(shift-1)
-    e+3   Y <- sat8((S >> shift) + residual)        (WIDE: Y <- quarter of A, delayed)
+    e     every PE reads token t; A <- accumulators; PEs latch (low slice, mult)
+    e+1   PE: lo <- low slice * mult;  Dequant: hi <- A[SLICE_BITS:] * mult
+    e+2   S <- lo + hi * 2**SLICE_BITS (= acc * mult);  residual row registered
+    e+3   Y <- sat8((window(2 * S, shift) + 1 + 2 * residual) >> 1), or saturated by sign
+          (WIDE: Y <- quarter of A, delayed)
     e+4   OUT[out_addr_word + i] <- Y
 """
 
@@ -36,26 +45,30 @@ from hw.decoder import (
     spad_write_signature,
     wrap_inc,
 )
+from hw.dequant import hi_product_shape
 from hw.isa import Epilogue as EpilogueKind
 from hw.isa import GemmBody
+from hw.pe import MULT_BITS, SLICE_BITS, hi_slice_bits, lo_product_shape
 from hw.timing import EPILOGUE_FILL
 
-__all__ = ["Epilogue", "MULT_BITS", "SLICE_BITS"]
+__all__ = ["Epilogue", "WIDE_BITS", "WINDOW_BITS"]
 
-#: Width of the unsigned per-lane requantisation multipliers.
-MULT_BITS = 16
-#: Accumulator slice width per partial product: an unsigned slice of 17 bits (or a signed top
-#: slice of up to 18) times a 17-bit signed multiplier fits one 18x18 DSP multiplier.
-SLICE_BITS = 17
 #: WIDE writes the accumulators as 32-bit integers.
 WIDE_BITS = 32
+#: Bits of ``acc * mult >> (shift - 1)`` kept: with the rounding bit dropped, [-512, 511], beyond
+#: which any int8 residual still saturates.
+WINDOW_BITS = 11
+#: Largest ISA shift.
+MAX_SHIFT = (1 << GemmBody["shift"].width) - 1
 
 
 class Epilogue(wiring.Component):
     """Writes the results of a GEMM from the accumulator files to the OUT scratchpad.
 
     Protocol: ``ins`` holds the instruction (epilogue, tokens_m1, shift, out_addr, param_addr)
-    from the ``start`` pulse (cycle ``y``) until ``done``. The accumulators are read from
+    from a ``prefetch`` pulse (which reads the multipliers; at least two cycles before
+    ``start``, and not while the epilogue reads residuals) until ``done``. The epilogue proper
+    starts with a ``start`` pulse in cycle ``y``. The accumulators are read from
     ``y + 1 + (EPILOGUE_FILL - LATENCY)`` on; the words are written in cycles
     ``y + 1 + EPILOGUE_FILL ..``, and ``done`` is high in the cycle of the last write, which is
     ``y + epilogue_cycles``. ``start`` with epilogue NONE writes nothing and never raises
@@ -68,6 +81,8 @@ class Epilogue(wiring.Component):
 
     Members
     -------
+    prefetch: In(1)
+        Read the multiplier word of ``ins`` (into ``mult`` two cycles later).
     start: In(1)
         Begin the epilogue of ``ins``.
     ins: In(GemmBody)
@@ -82,6 +97,18 @@ class Epilogue(wiring.Component):
         OUT scratchpad write port.
     done: Out(1)
         The last word is written this cycle.
+    ep: Out(1)
+        An accumulator read this cycle (to the array: multiply the low slices).
+    mult: Out(data.ArrayLayout(MULT_BITS, cfg.lanes))
+        The per-lane multipliers (to the array and the decoder).
+    hi_en: Out(1)
+        ``hi`` holds the high slices of the previous read (to the decoder's ``ext``).
+    hi: Out(data.ArrayLayout(signed(hi_slice_bits(cfg)), cfg.lanes))
+        High accumulator slices (to the decoder's ``ext_a``).
+    lo_prod: In(data.ArrayLayout(lo_product_shape(cfg), cfg.lanes))
+        Low partial products, two cycles after ``ep`` (from the array).
+    hi_prod: In(data.ArrayLayout(hi_product_shape(cfg), cfg.lanes))
+        High partial products, one cycle after ``hi_en`` (from the decoder).
     """
 
     #: Cycles from an accumulator read to the write of its word.
@@ -97,6 +124,7 @@ class Epilogue(wiring.Component):
             raise ValueError(f"WIDE needs lanes divisible by 4, got {cfg.lanes}")
         self._cfg = cfg
         super().__init__({
+            "prefetch": In(1),
             "start": In(1),
             "ins": In(GemmBody),
             "acc_addr": Out(range(cfg.max_tokens)),
@@ -104,6 +132,12 @@ class Epilogue(wiring.Component):
             "param_rd": In(spad_read_signature(cfg, "param")),
             "out_wr": In(spad_write_signature(cfg, "out")),
             "done": Out(1),
+            "ep": Out(1),
+            "mult": Out(data.ArrayLayout(MULT_BITS, cfg.lanes)),
+            "hi_en": Out(1),
+            "hi": Out(data.ArrayLayout(signed(hi_slice_bits(cfg)), cfg.lanes)),
+            "lo_prod": In(data.ArrayLayout(lo_product_shape(cfg), cfg.lanes)),
+            "hi_prod": In(data.ArrayLayout(hi_product_shape(cfg), cfg.lanes)),
         })
 
     @property
@@ -125,7 +159,7 @@ class Epilogue(wiring.Component):
         wait = Signal(range(slack + 1))
         busy = Signal()
         last = Signal()        # reading the final word
-        tok = Signal(range(cfg.max_tokens))
+        tok = Signal.like(ins.tokens_m1)  # as wide as tokens_m1: always reaches it
         quarter = Signal(2)
         m.d.comb += last.eq(busy & (tok == ins.tokens_m1) & (~wide | (quarter == 3)))
         with m.If(self.start & (ins.epilogue != EpilogueKind.NONE)):
@@ -140,7 +174,7 @@ class Epilogue(wiring.Component):
                 m.d.sync += tok.eq(tok + 1)
             with m.If(last):
                 m.d.sync += busy.eq(0)
-        m.d.comb += self.acc_addr.eq(tok)
+        m.d.comb += [self.acc_addr.eq(tok), self.ep.eq(busy)]
 
         # ---- e: register the accumulators ------------------------------------------------------
         a = Signal.like(self.acc_data)
@@ -156,33 +190,28 @@ class Epilogue(wiring.Component):
         pbase = Signal(range(pdepth))
         m.d.comb += pbase.eq(beats_to_words(ins.param_addr, cfg, "param"))
         rrow = Signal(range(pdepth))
-        with m.If(self.start):
+        with m.If(self.prefetch):
             m.d.comb += self.param_rd.addr.eq(pbase)
-            m.d.sync += rrow.eq(wrap_inc(pbase, pdepth))
         with m.Else():
             m.d.comb += self.param_rd.addr.eq(rrow)
-            with m.If(a_valid & a_tok[0] & ~wide):
-                m.d.sync += rrow.eq(wrap_inc(rrow, pdepth))
-        mult = Signal(data.ArrayLayout(MULT_BITS, lanes))
+        with m.If(self.start):
+            m.d.sync += rrow.eq(wrap_inc(pbase, pdepth))
+        with m.Elif(a_valid & a_tok[0] & ~wide):
+            m.d.sync += rrow.eq(wrap_inc(rrow, pdepth))
+        # The multipliers must be in place when the first accumulators are read (the PEs latch
+        # them with the low slices), hence the separate, earlier prefetch.
         load_mult = Signal()
-        m.d.sync += load_mult.eq(self.start)
+        m.d.sync += load_mult.eq(self.prefetch)
         with m.If(load_mult):
-            m.d.sync += mult.eq(self.param_rd.data)
+            m.d.sync += self.mult.eq(self.param_rd.data)
 
-        # ---- e+1: partial products / WIDE quarter select ---------------------------------------
-        nslices = -(-cfg.acc_bits // SLICE_BITS)
-        parts = []
+        # ---- e+1: high slices to the decoder's multipliers; WIDE quarter select ---------------
+        m.d.comb += self.hi_en.eq(a_valid)
+        for l in range(lanes):
+            m.d.comb += self.hi[l].eq(a[l][SLICE_BITS:])
         p_valid = Signal()
         p_tok = Signal.like(tok)
         m.d.sync += [p_valid.eq(a_valid), p_tok.eq(a_tok)]
-        for l in range(lanes):
-            acc = a[l]  # a signed Value; slices of it are unsigned
-            for k in range(nslices):
-                lo, hi = k * SLICE_BITS, min(cfg.acc_bits, (k + 1) * SLICE_BITS)
-                sl = acc[lo:hi].as_signed() if k == nslices - 1 else acc[lo:hi]
-                pp = Signal(signed(hi - lo + MULT_BITS + 1), name=f"pp_l{l}_{k}")
-                m.d.sync += pp.eq(sl * mult[l])
-                parts.append(pp)
         word_bits = spad_word_bits(cfg, "out")
         per_word = word_bits // WIDE_BITS
         as32 = []
@@ -196,14 +225,12 @@ class Epilogue(wiring.Component):
                 with m.Case(q):
                     m.d.sync += wide_q.eq(Cat(as32[q * per_word:(q + 1) * per_word]))
 
-        # ---- e+2: sum + rounding; residual half select ----------------------------------------
-        prod_bits = cfg.acc_bits + MULT_BITS + 2
-        s = [Signal(signed(prod_bits), name=f"s_l{l}") for l in range(lanes)]
-        shift = ins.shift
-        rnd = (Const(1, 1) << shift)[1:]  # 2**(shift-1), 0 for shift 0
+        # ---- e+2: sum of the partial products; residual half select --------------------------
+        # S = acc * mult exactly, sign-extended so that the window below fits at any shift.
+        sbits = max(cfg.acc_bits + MULT_BITS + 1, MAX_SHIFT + WINDOW_BITS)
+        s = [Signal(signed(sbits), name=f"s_l{l}") for l in range(lanes)]
         for l in range(lanes):
-            terms = [parts[l * nslices + k] << (k * SLICE_BITS) for k in range(nslices)]
-            m.d.sync += s[l].eq(sum(terms) + rnd)
+            m.d.sync += s[l].eq(self.lo_prod[l] + (self.hi_prod[l] << SLICE_BITS))
         wide_q2 = Signal.like(wide_q)
         m.d.sync += wide_q2.eq(wide_q)
         res = Signal(data.ArrayLayout(signed(8), lanes))
@@ -213,14 +240,38 @@ class Epilogue(wiring.Component):
         m.d.sync += res.eq(Mux(resid, half, 0))
         s_valid = Signal()
         m.d.sync += s_valid.eq(p_valid)
+        # C = S * 2 (a zero below bit 0): the window C[shift : shift + WINDOW_BITS] is
+        # floor(S / 2**(shift-1)) for any shift, 0 included. It is exact iff every bit of C from
+        # shift + WINDOW_BITS - 1 up equals the sign (constant mask, shared by all lanes).
+        shift = ins.shift
+        cbits = sbits + 1
+        above = Signal(cbits)
+        m.d.sync += above.eq(Cat(shift + (WINDOW_BITS - 1) <= i for i in range(cbits)))
 
-        # ---- e+3: shift, residual, saturate ----------------------------------------------------
+        # ---- e+3: window, rounding, residual, saturation ------------------------------------
+        # q + r = floor((W + 1) / 2) + r = (W + 1 + 2r) >> 1 with W the window: one adder.
         y = Signal(word_bits)
         y8 = []
+        coarse_bits = WINDOW_BITS + 7
         for l in range(lanes):
-            v = Signal(signed(prod_bits + 1), name=f"v_l{l}")
-            m.d.comb += v.eq((s[l] >> shift) + res[l])
-            y8.append(Mux(v > 127, 127, Mux(v < -128, -128, v))[:8])
+            c = Cat(Const(0, 1), s[l])
+            sign = s[l][-1]
+            coarse = Signal(coarse_bits, name=f"coarse_l{l}")
+            with m.Switch(shift[3:]):  # two mux levels: by 8 bits, then by bits
+                for k in range(4):
+                    with m.Case(k):
+                        m.d.comb += coarse.eq(c[8 * k:8 * k + coarse_bits])
+            win = Signal(signed(WINDOW_BITS), name=f"win_l{l}")
+            with m.Switch(shift[:3]):
+                for k in range(8):
+                    with m.Case(k):
+                        m.d.comb += win.eq(coarse[k:k + WINDOW_BITS])
+            out = ((c ^ sign.replicate(cbits)) & above).any()
+            t = Signal(signed(WINDOW_BITS + 1), name=f"t_l{l}")
+            m.d.comb += t.eq(win + Cat(Const(1, 1), res[l]).as_signed())
+            v = t >> 1
+            sat = Mux(v > 127, 127, Mux(v < -128, -128, v))
+            y8.append(Mux(out, Mux(sign, -128, 127), sat)[:8])
         m.d.sync += y.eq(Mux(wide, wide_q2, Cat(y8)))
         y_valid = Signal()
         m.d.sync += y_valid.eq(s_valid)

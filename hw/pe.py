@@ -16,6 +16,14 @@ one write port and one *asynchronous* read port: on the ECP5 this maps to distri
 The read-add-write of one token happens in one cycle, so back-to-back updates of the same token
 (``T = 1``) need no forwarding. The same read port serves the epilogue (``rd_addr``) when no
 accumulation is in flight, so the file is not duplicated for a second read port.
+
+**Multiplier sharing.** The INT8 epilogue needs ``acc * mult`` (``acc_bits`` x 16 bits, two
+18x18 DSP multipliers per lane at one token per cycle) just when the array and the decoder are
+idle. Rather than giving it 2 x lanes multipliers of its own (the default array would need 256
+of the ECP5-85F's 156), it borrows this PE's multiplier for the low ``SLICE_BITS`` of the
+accumulator and the lane's :class:`hw.dequant.Dequant` multiplier for the rest. With ``ep``
+high in cycle ``e`` (an epilogue read of ``rd_addr``), ``ep_lo`` in ``e + 2`` is
+``acc[rd_addr][:SLICE_BITS] * ep_mult`` (the slice unsigned).
 """
 
 from __future__ import annotations
@@ -27,12 +35,29 @@ from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
 
-__all__ = ["PE", "index_bits", "act_block_layout"]
+__all__ = ["PE", "index_bits", "act_block_layout", "MULT_BITS", "SLICE_BITS", "hi_slice_bits",
+           "lo_product_shape"]
+
+#: Width of the unsigned per-lane requantisation multipliers of the INT8 epilogue.
+MULT_BITS = 16
+#: Accumulator bits multiplied by the PE's multiplier in the epilogue: a 17-bit unsigned slice
+#: (18 bits signed) times a 16-bit unsigned multiplier (17 bits signed) fits one 18x18 DSP.
+SLICE_BITS = 17
 
 
 def index_bits(cfg: AcceleratorConfig) -> int:
     """Width of a PE's activation index: it selects one of ``cfg.max_block`` activations."""
     return (cfg.max_block - 1).bit_length()
+
+
+def hi_slice_bits(cfg: AcceleratorConfig) -> int:
+    """Width of the signed accumulator slice above :data:`SLICE_BITS` (the Dequant's share)."""
+    return cfg.acc_bits - SLICE_BITS
+
+
+def lo_product_shape(cfg: AcceleratorConfig):
+    """Shape of the PE multiplier's output: MAC products and epilogue low partial products."""
+    return signed(max(cfg.weight_operand_bits, SLICE_BITS + 1) + MULT_BITS + 1)
 
 
 def act_block_layout(cfg: AcceleratorConfig) -> data.ArrayLayout:
@@ -68,6 +93,13 @@ class PE(wiring.Component):
         Epilogue read address (used when no accumulation is in flight).
     rd_data: Out(signed(cfg.acc_bits))
         Accumulator entry ``rd_addr`` (combinational).
+    ep: In(1)
+        Epilogue read: multiply the low slice of entry ``rd_addr`` by ``ep_mult``.
+    ep_mult: In(MULT_BITS)
+        The lane's requantisation multiplier.
+    ep_lo: Out(lo_product_shape(cfg))
+        The multiplier's output register: ``acc[:SLICE_BITS] * ep_mult`` two cycles after
+        ``ep``.
     """
 
     #: Cycles from an input MAC to its accumulator entry being readable.
@@ -87,6 +119,9 @@ class PE(wiring.Component):
             "first": In(1),
             "rd_addr": In(range(cfg.max_tokens)),
             "rd_data": Out(signed(cfg.acc_bits)),
+            "ep": In(1),
+            "ep_mult": In(MULT_BITS),
+            "ep_lo": Out(lo_product_shape(cfg)),
         })
 
     @property
@@ -104,27 +139,32 @@ class PE(wiring.Component):
         with m.If(self.load):
             m.d.sync += [w_hold.eq(self.w_in), i_hold.eq(self.idx_in)]
 
-        # Stage 1: select the activation (register before the multiplier).
-        a1 = Signal(signed(cfg.act_bits))
-        w1 = Signal(wshape)
-        t1 = Signal.like(self.tok)
-        v1 = Signal()
-        f1 = Signal()
-        m.d.sync += [a1.eq(self.act[i_hold]), w1.eq(w_hold), t1.eq(self.tok),
-                     v1.eq(self.valid), f1.eq(self.first)]
-
-        # Stage 2: multiply (register before the accumulator).
-        p2 = Signal(signed(cfg.product_bits))
-        t2 = Signal.like(self.tok)
-        v2 = Signal()
-        f2 = Signal()
-        m.d.sync += [p2.eq(a1 * w1), t2.eq(t1), v2.eq(v1), f2.eq(f1)]
-
-        # Stage 3: read-add-write of the token's entry.
+        # Stage 1: select the multiplier operands (registered: they feed the DSP directly). An
+        # epilogue read takes the low accumulator slice and the multiplier instead.
         m.submodules.acc = acc = Memory(shape=signed(cfg.acc_bits), depth=cfg.max_tokens,
                                         init=[])
         rd = acc.read_port(domain="comb")
         wr = acc.write_port()
+        a1 = Signal(signed(MULT_BITS + 1))
+        w1 = Signal(signed(max(cfg.weight_operand_bits, SLICE_BITS + 1)))
+        t1 = Signal.like(self.tok)
+        v1 = Signal()
+        f1 = Signal()
+        m.d.sync += [
+            a1.eq(Mux(self.ep, self.ep_mult, self.act[i_hold])),
+            w1.eq(Mux(self.ep, rd.data.as_unsigned()[:SLICE_BITS], w_hold)),
+            t1.eq(self.tok), v1.eq(self.valid), f1.eq(self.first),
+        ]
+
+        # Stage 2: multiply (register before the accumulator).
+        p2 = Signal(lo_product_shape(cfg))
+        t2 = Signal.like(self.tok)
+        v2 = Signal()
+        f2 = Signal()
+        m.d.sync += [p2.eq(a1 * w1), t2.eq(t1), v2.eq(v1), f2.eq(f1)]
+        m.d.comb += self.ep_lo.eq(p2)
+
+        # Stage 3: read-add-write of the token's entry (the sum wraps at acc_bits).
         m.d.comb += [
             rd.addr.eq(Mux(v2, t2, self.rd_addr)),
             self.rd_data.eq(rd.data),

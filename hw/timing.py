@@ -71,8 +71,9 @@ GEMM_FILL = 8
 #: GEMM cycles after the last step enters the last row until its accumulators are written
 #: (PE multiply and accumulate stages).
 GEMM_DRAIN = 2
-#: Epilogue cycles before the first output word is written (accumulator read, multiply, sum and
-#: round, shift and saturate; see hw/epilogue.py).
+#: Epilogue cycles before the first output word is written (accumulator read; partial products
+#: on the borrowed PE and Dequant multipliers; their sum; window, rounding, residual and
+#: saturation; see hw/epilogue.py).
 EPILOGUE_FILL = 4
 
 

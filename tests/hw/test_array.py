@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hw.array import Array
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.numerics import wrap
-from hw.pe import PE
+from hw.pe import MULT_BITS, PE, SLICE_BITS
 
 CFG = AcceleratorConfig(rows=2, cols=4, max_tokens=4, memory=MemoryModel(size_bytes=1 << 16))
 TALL = AcceleratorConfig(rows=4, cols=2, max_tokens=2, acc_bits=24,
@@ -118,3 +118,45 @@ def test_one_token_every_cycle():
 def test_rejects_non_config():
     with pytest.raises(TypeError, match="got 'x'"):
         Array("x")
+
+
+def test_epilogue_products_of_every_lane():
+    """ep reads: every lane's ep_lo is its entry's low slice times its own multiplier."""
+    cfg = CFG
+    rng = np.random.default_rng(6)
+    steps = random_steps(cfg, rng, 5)
+    ref = reference(cfg, steps)
+    mults = [int(v) for v in rng.integers(0, 1 << MULT_BITS, size=cfg.lanes)]
+    dut = Array(cfg)
+    got = []
+
+    async def testbench(ctx):
+        for c in cycles_of(steps):
+            ctx.set(dut.load, c.get("load", 0))
+            if "load" in c:
+                ctx.set(dut.w, c["w"])
+                ctx.set(dut.idx, c["idx"])
+            ctx.set(dut.valid, c.get("valid", 0))
+            if "valid" in c:
+                ctx.set(dut.act, c["act"])
+                ctx.set(dut.tok, c["tok"])
+                ctx.set(dut.first, c["first"])
+            await ctx.tick()
+        ctx.set(dut.valid, 0)
+        ctx.set(dut.load, 0)
+        await ctx.tick().repeat(cfg.rows - 1 + PE.LATENCY - 1)
+        ctx.set(dut.ep_mult, mults)
+        for t in range(cfg.max_tokens + 2):
+            ctx.set(dut.ep, int(t < cfg.max_tokens))
+            ctx.set(dut.rd_addr, t % cfg.max_tokens)
+            if t >= 2:
+                got.append([ctx.get(dut.ep_lo[l]) for l in range(cfg.lanes)])
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(testbench)
+    sim.run()
+    lo = ref & ((1 << SLICE_BITS) - 1)
+    assert got == [[int(lo[t, l]) * mults[l] for l in range(cfg.lanes)]
+                   for t in range(cfg.max_tokens)]

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.dequant import Dequant, dequant_reference
 from hw.isa import Gemm
+from hw.pe import MULT_BITS, hi_slice_bits
 from sim.functional import decode_gemm_weights
 
 DEFAULT = AcceleratorConfig()
@@ -109,3 +110,36 @@ def test_output_fits_the_operand_width():
 def test_rejects_non_config():
     with pytest.raises(TypeError, match="got 'cfg'"):
         Dequant("cfg")
+
+
+def test_epilogue_borrows_the_multiplier():
+    """With ext high, prod in the next cycle is ext_a * ext_b (signed high slice times the
+    unsigned multiplier); the next dequantisation is unaffected."""
+    cfg = DEFAULT
+    dut = Dequant(cfg)
+    rng = np.random.default_rng(8)
+    half = 1 << (hi_slice_bits(cfg) - 1)
+    pairs = [(int(a), int(b)) for a, b in zip(rng.integers(-half, half, size=50),
+                                              rng.integers(0, 1 << MULT_BITS, size=50),
+                                              strict=True)]
+    pairs += [(-half, (1 << MULT_BITS) - 1), (half - 1, (1 << MULT_BITS) - 1)]
+    got = []
+
+    async def testbench(ctx):
+        for a, b in pairs:
+            ctx.set(dut.ext, 1)
+            ctx.set(dut.ext_a, a)
+            ctx.set(dut.ext_b, b)
+            await ctx.tick()
+            got.append(ctx.get(dut.prod))
+        ctx.set(dut.ext, 0)
+        for name, v in {"value": 9, "code": 200, "zero": 3, "asym": 1}.items():
+            ctx.set(getattr(dut, name), v)
+        await ctx.tick().repeat(Dequant.LATENCY)
+        got.append(ctx.get(dut.w))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(testbench)
+    sim.run()
+    assert got == [a * b for a, b in pairs] + [200 * (9 - 3)]

@@ -4,7 +4,7 @@ exact duration."""
 
 import numpy as np
 import pytest
-from amaranth import Elaboratable, Module, signed, unsigned
+from amaranth import Elaboratable, Module, Signal, signed, unsigned
 from amaranth.lib import data
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import connect
@@ -15,6 +15,7 @@ from hw.decoder import spad_depth, spad_word_bits
 from hw.epilogue import Epilogue
 from hw.isa import Epilogue as Kind
 from hw.isa import Gemm, GemmBody, Spad, word_beats
+from hw.pe import MULT_BITS, SLICE_BITS
 from hw.timing import epilogue_cycles
 from sim.functional import MachineState, _epilogue
 
@@ -30,9 +31,11 @@ WIDEACC = AcceleratorConfig(rows=1, cols=8, max_tokens=4, acc_bits=48, out_spad_
 
 
 class Harness(Elaboratable):
-    """The epilogue with PARAM/OUT memories and an accumulator memory (combinational read)."""
+    """The epilogue with PARAM/OUT memories, an accumulator memory (combinational read) and
+    behavioural stand-ins for the borrowed PE and Dequant multipliers (same latencies)."""
 
     def __init__(self, cfg):
+        self.cfg = cfg
         self.epi = Epilogue(cfg)
         self.acc = Memory(shape=data.ArrayLayout(signed(cfg.acc_bits), cfg.lanes),
                           depth=cfg.max_tokens, init=[])
@@ -49,6 +52,17 @@ class Harness(Elaboratable):
         m.submodules.out = self.out
         rd = self.acc.read_port(domain="comb")
         m.d.comb += [rd.addr.eq(epi.acc_addr), epi.acc_data.eq(rd.data)]
+        cfg = self.cfg
+        for l in range(cfg.lanes):
+            # PE: operands latched in the read cycle, product one cycle later.
+            lo = Signal(SLICE_BITS)
+            mul = Signal(MULT_BITS)
+            with m.If(epi.ep):
+                m.d.sync += [lo.eq(rd.data[l].as_unsigned()[:SLICE_BITS]), mul.eq(epi.mult[l])]
+            m.d.sync += epi.lo_prod[l].eq(lo * mul)
+            # Dequant: product of the registered operands one cycle after hi_en.
+            with m.If(epi.hi_en):
+                m.d.sync += epi.hi_prod[l].eq(epi.hi[l] * epi.mult[l])
         connect(m, self.param.read_port(), epi.param_rd)
         connect(m, self.out.write_port(), epi.out_wr)
         return m
@@ -89,6 +103,10 @@ def run_epilogues(cfg, program, seed):
                                                         "little"))
             body = sum(int(v) << GemmBody[k].offset for k, v in ins._body_fields().items())
             ctx.set(epi.ins.as_value(), body)
+            ctx.set(epi.prefetch, 1)
+            await ctx.tick()
+            ctx.set(epi.prefetch, 0)
+            await ctx.tick()
             ctx.set(epi.start, 1)
             await ctx.tick()
             ctx.set(epi.start, 0)

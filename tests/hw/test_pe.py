@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.numerics import wrap
-from hw.pe import PE
+from hw.pe import MULT_BITS, PE, SLICE_BITS
 
 CFG = AcceleratorConfig(rows=2, cols=4, max_tokens=4, memory=MemoryModel(size_bytes=1 << 16))
 #: 24-bit accumulators wrap quickly with the largest operands.
@@ -127,3 +127,48 @@ def test_index_selects_each_activation():
 def test_rejects_non_config():
     with pytest.raises(TypeError, match="got 4"):
         PE(4)
+
+
+def test_epilogue_borrows_the_multiplier():
+    """With ep high in cycle e, ep_lo in e + 2 is the entry's low SLICE_BITS times ep_mult,
+    one entry per cycle; MACs before and after are unaffected."""
+    cfg = CFG
+    rng = np.random.default_rng(4)
+    cycles = random_schedule(cfg, rng, 6)
+    ref = reference(cfg, cycles)
+    dut = PE(cfg)
+    mults = [int(v) for v in rng.integers(0, 1 << MULT_BITS, size=cfg.max_tokens)]
+    got = []
+
+    async def testbench(ctx):
+        for c in cycles:
+            ctx.set(dut.load, c.get("load", 0))
+            if c.get("load"):
+                ctx.set(dut.w_in, c["w_in"])
+                ctx.set(dut.idx_in, c["idx_in"])
+            ctx.set(dut.valid, c.get("valid", 0))
+            if c.get("valid"):
+                ctx.set(dut.act, c["act"])
+                ctx.set(dut.tok, c["tok"])
+                ctx.set(dut.first, c["first"])
+            await ctx.tick()
+        ctx.set(dut.load, 0)
+        ctx.set(dut.valid, 0)
+        await ctx.tick().repeat(PE.LATENCY - 1)
+        for t in range(cfg.max_tokens + 2):
+            if t < cfg.max_tokens:
+                ctx.set(dut.ep, 1)
+                ctx.set(dut.rd_addr, t)
+                ctx.set(dut.ep_mult, mults[t])
+            else:
+                ctx.set(dut.ep, 0)
+            if t >= 2:
+                got.append(ctx.get(dut.ep_lo))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(testbench)
+    sim.run()
+    lo = [int(v) & ((1 << SLICE_BITS) - 1) for v in ref]
+    assert got == [lo[t] * mults[t] for t in range(cfg.max_tokens)]
