@@ -8,11 +8,11 @@ latency, tokens/s, the fraction of the roofline bound reached and speedups over 
 the same array. Host-side operations (RMSNorm, RoPE, softmax, SwiGLU, residuals, activation
 quantisation) run on the host, are timed apart with numpy and listed separately.
 
-Every layer's program is simulated as its own run and cycles are summed (conservative: no
-overlap between layers). The 32 blocks are identical programs (only DRAM addresses differ),
-as are the 32 heads, so each distinct program is simulated once and multiplied -- exactly what
-simulating every copy would give (``python -m bench.simspeed`` simulates every copy to time the
-simulator itself).
+Every linear layer is one program, and the attention products of all heads of a block are one
+program each; programs run one after the other and their cycles are summed (conservative: no
+overlap between them). The 32 blocks are identical programs (only DRAM addresses differ), so
+each distinct program is simulated once and multiplied -- exactly what simulating every copy
+would give (``python -m bench.simspeed`` simulates every copy to time the simulator itself).
 
 Writes ``bench/results/scaling.json`` (flat records), ``docs/scaling.md`` and plots under
 ``docs/img/``.
@@ -32,7 +32,7 @@ from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, stream_layout
 from sim.model import FastModel
 from sim.roofline import LayerPoint, plot_roofline
-from sw.compile.linear import build_linear
+from sw.compile.linear import LayerSpec, build_layers
 
 RESULTS = Path(__file__).parent / "results"
 DOCS = Path(__file__).parents[1] / "docs"
@@ -83,31 +83,40 @@ class Work:
 _CACHE: dict = {}
 
 
-def simulate_layer(cfg: AcceleratorConfig, fmt: WeightFormat, n: int, k: int,
-                   tokens: int) -> Work:
-    """Lower ``tokens x k @ (n x k)^T`` and run it timing-only (memoised per distinct shape)."""
-    key = (cfg, fmt, n, k, tokens)
+def simulate_program(cfg: AcceleratorConfig, layers: tuple) -> Work:
+    """Lower ``layers`` (``(fmt, n, k, tokens)`` each) into one program and run it timing-only
+    (memoised per distinct program)."""
+    key = (cfg, layers)
     if key not in _CACHE:
-        lp = build_linear(cfg, fmt, n, k, tokens)
+        lp = build_layers(cfg, [LayerSpec(*ly) for ly in layers])
         r = FastModel(cfg).run(lp.program, timing_only=True)
         if not r.ok:
-            raise RuntimeError(f"{n}x{k} x{tokens} failed on the model: {r.error} {r.detail}")
-        wbytes = stream_layout(fmt, n, k, cfg.lanes).total_bytes
-        _CACHE[key] = Work(r.cycles, wbytes + tokens * k, tokens * n * 4,
-                           tokens * n * fmt.steps(fmt.padded_k(k)), len(lp.program))
+            raise RuntimeError(f"{layers[0][1:]} failed on the model: {r.error} {r.detail}")
+        read = write = macs = 0
+        for fmt, n, k, tokens in layers:
+            read += stream_layout(fmt, n, k, cfg.lanes).total_bytes + tokens * k
+            write += tokens * n * 4
+            macs += tokens * n * fmt.steps(fmt.padded_k(k))
+        _CACHE[key] = Work(r.cycles, read, write, macs, len(lp.program))
     return _CACHE[key]
 
 
-def step_layers(phase: str, tokens: int, context: int) -> list[tuple[str, int, int, int, int]]:
-    """(name, n, k, tokens, copies per step) of one model step, LLaMA-7B shapes."""
+def step_programs(phase: str, tokens: int, context: int, fmt: WeightFormat
+                  ) -> list[tuple[str, tuple, int]]:
+    """(name, layers of one program, copies per step) of one model step, LLaMA-7B shapes.
+
+    Each linear layer is one program; the attention products of all heads of a block are one
+    program each (Q.K^T, then P.V: softmax runs on the host in between).
+    """
     h, f, L, H, d = (LLAMA7B[x] for x in ("hidden", "intermediate", "layers", "heads",
                                            "head_dim"))
     ctx = context if phase == "decode" else tokens
     per_block = [("q_proj", h, h), ("k_proj", h, h), ("v_proj", h, h), ("o_proj", h, h),
                  ("gate_proj", f, h), ("up_proj", f, h), ("down_proj", h, f)]
-    out = [(name, n, k, tokens, L) for name, n, k in per_block]
-    out += [("attn_qk", ctx, d, tokens, L * H), ("attn_pv", d, ctx, tokens, L * H)]
-    out += [("lm_head", LLAMA7B["vocab"], h, 1 if phase == "decode" else tokens, 1)]
+    out = [(name, ((fmt, n, k, tokens),), L) for name, n, k in per_block]
+    out += [("attn_qk", ((KV_FORMAT, ctx, d, tokens),) * H, L),
+            ("attn_pv", ((KV_FORMAT, d, ctx, tokens),) * H, L)]
+    out += [("lm_head", ((fmt, LLAMA7B["vocab"], h, 1 if phase == "decode" else tokens),), 1)]
     return out
 
 
@@ -115,9 +124,8 @@ def run_point(cfg: AcceleratorConfig, fmt: WeightFormat, phase: str, tokens: int
               context: int) -> tuple[dict, list[LayerPoint]]:
     cycles = bound = 0.0
     points = []
-    for name, n, k, tok, copies in step_layers(phase, tokens, context):
-        f = KV_FORMAT if name.startswith("attn") else fmt
-        w = simulate_layer(cfg, f, n, k, tok)
+    for name, layers, copies in step_programs(phase, tokens, context, fmt):
+        w = simulate_program(cfg, layers)
         cycles += copies * w.cycles
         p = LayerPoint(name, w.read_bytes, w.write_bytes, w.macs, w.cycles)
         bound += copies * p.bound(cfg)

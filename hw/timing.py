@@ -52,7 +52,7 @@ from hw.isa import Epilogue, Gemm, Instr, Load, Store, Sync
 __all__ = [
     "FETCH_LATENCY", "LOAD_OVERHEAD", "STORE_OVERHEAD", "SYNC_CYCLES", "GEMM_FILL",
     "GEMM_DRAIN", "EPILOGUE_FILL", "dma_beats", "load_cycles", "store_cycles", "gemm_step_cycles",
-    "epilogue_cycles", "gemm_cycles", "exec_cycles",
+    "epilogue_cycles", "gemm_cycles", "exec_cycles", "exec_cycles_fields",
 ]
 
 #: Cycles from start to the first instruction being available at dispatch (hw/fetch.py:
@@ -127,3 +127,31 @@ def exec_cycles(ins: Instr, cfg: AcceleratorConfig) -> int:
     if isinstance(ins, Sync):
         return SYNC_CYCLES
     raise TypeError(f"{type(ins).__name__} does not execute on an engine")
+
+
+def exec_cycles_fields(f: dict, cfg: AcceleratorConfig):
+    """:func:`exec_cycles` for many instructions at once, from :func:`hw.isa.decode_fields`.
+
+    The same formulas written with array operations (0 for END and illegal words); a test
+    checks both agree on random instructions.
+    """
+    import numpy as np
+
+    from hw.isa import Opcode
+
+    op = f["opcode"]
+    beats = f["dma.rows"] * f["dma.row_beats"]
+    t = f["gemm.tokens_m1"] + 1
+    k, gs = f["gemm.k_steps"], f["gemm.group_steps"]
+    header_words = np.where(gs == 0, 0, 1 + f["gemm.asym"])
+    groups = np.where(gs == 0, 0, -(-k // np.maximum(gs, 1)))
+    steps = k * t + groups * np.maximum(0, 1 + header_words - t)
+    epi = f["gemm.epilogue"]
+    epilogue = np.where(epi == Epilogue.NONE.value, 0,
+                        EPILOGUE_FILL + t * np.where(epi == Epilogue.WIDE.value, 4, 1))
+    gemm = GEMM_FILL + steps + (cfg.rows - 1) + GEMM_DRAIN + epilogue
+    return np.select(
+        [op == Opcode.LOAD.value, op == Opcode.STORE.value, op == Opcode.GEMM.value,
+         op == Opcode.SYNC.value],
+        [beats + cfg.memory.latency + LOAD_OVERHEAD, beats + STORE_OVERHEAD, gemm,
+         SYNC_CYCLES], 0).astype(np.int64)

@@ -21,18 +21,18 @@ import numpy as np
 from hw import timing
 from hw.config import AcceleratorConfig
 from hw.isa import (
-    INSTR_BYTES,
-    End,
+    NO_EVENT,
     Engine,
     ErrorCode,
     Gemm,
     Instr,
-    ISAError,
     Load,
+    Opcode,
     Store,
-    Sync,
     decode,
-    dispatch_error,
+    decode_fields,
+    dispatch_errors,
+    program_words,
 )
 from sim.functional import MachineState, exec_gemm, exec_load, exec_store
 from sim.result import COUNTERS, RunResult
@@ -81,66 +81,54 @@ class Schedule:
                 for i, (e, a, d, p, g, n) in enumerate(self.times.tolist())]
 
 
-def _as_instructions(program) -> list[Instr | None]:
-    """Accept instruction objects, raw 128-bit words (ints) or encoded bytes; undecodable
-    words become None (an illegal instruction, as the hardware sees them)."""
-    if isinstance(program, (bytes, bytearray, np.ndarray)):
-        raw = bytes(np.asarray(program, dtype=np.uint8)) if not isinstance(program, bytes) \
-            else program
-        if len(raw) % INSTR_BYTES:
-            raise ProgramError(f"program of {len(raw)} bytes is not whole instructions")
-        program = [int.from_bytes(raw[i:i + INSTR_BYTES], "little")
-                   for i in range(0, len(raw), INSTR_BYTES)]
-    out = []
-    for ins in program:
-        if isinstance(ins, int):
-            try:
-                ins = decode(ins)
-            except ISAError:
-                ins = None
-        out.append(ins)
-    return out
+def _instruction(program, words: np.ndarray, i: int) -> Instr:
+    """Instruction ``i`` as an object (given objects are used as they are)."""
+    if isinstance(program, list) and not isinstance(program[i], int):
+        return program[i]
+    return decode(int(words[i, 0]) | (int(words[i, 1]) << 64))
 
 
-def _decode_table(prog: list[Instr | None], cfg: AcceleratorConfig):
-    """Per instruction: engine (-1 END, -2 illegal), wait, signal, duration, dispatch error and
-    the work it does (DRAM beats read and written, MAC cycles); checks the event rule."""
-    eng_of = {Load: 0, Gemm: 1, Store: 2}
-    engines, waits, signals, durs, errs = [], [], [], [], []
-    work = np.zeros((len(prog), 3), dtype=np.int64)  # read beats, write beats, mac cycles
-    producers: dict[int, int] = {}
-    consumers: dict[int, int] = {}
-    exec_cycles, check = timing.exec_cycles, dispatch_error
-    for i, ins in enumerate(prog):
-        if ins is None:
-            engines.append(-2)
-            waits.append(None)
-            signals.append(None)
-            durs.append(0)
-            errs.append(ErrorCode.ILLEGAL_OPCODE)
-            continue
-        kind = type(ins)
-        if kind is End:
-            e = -1
-        else:
-            e = ins.engine.value if kind is Sync else eng_of[kind]
-            if kind is Gemm:
-                work[i, 2] = ins.k_steps * ins.tokens
-            elif kind is Load:
-                work[i, 0] = ins.rows * ins.row_beats
-            elif kind is Store:
-                work[i, 1] = ins.rows * ins.row_beats
-        w, sg = ins.wait, ins.signal
-        if w is not None and consumers.setdefault(w, e) != e:
-            raise ProgramError(_two_engines(w, "consumer", consumers[w], e))
-        if sg is not None and producers.setdefault(sg, e) != e:
-            raise ProgramError(_two_engines(sg, "producer", producers[sg], e))
-        engines.append(e)
-        waits.append(w)
-        signals.append(sg)
-        durs.append(0 if e < 0 else exec_cycles(ins, cfg))
-        errs.append(check(ins, cfg))
-    return engines, waits, signals, durs, errs, work
+@dataclass
+class _Table:
+    """The program as the fetch unit sees it, decoded once with array operations."""
+
+    engines: list[int]      # 0 LOAD, 1 COMPUTE, 2 STORE, -1 END, -2 illegal
+    waits: list[int]        # event id or -1
+    signals: list[int]      # event id or -1
+    durs: list[int]         # execution cycles D
+    errs: list[int]         # ErrorCode value of the dispatch checks
+    work: np.ndarray        # [n, 3]: DRAM beats read, beats written, MAC cycles
+
+
+def _decode_table(words: np.ndarray, cfg: AcceleratorConfig) -> _Table:
+    """Decode ``uint64 [n, 2]`` instruction words (see :func:`hw.isa.program_words`)."""
+    f = decode_fields(words)
+    op = f["opcode"]
+    errs = dispatch_errors(f, cfg)
+    durs = timing.exec_cycles_fields(f, cfg)
+    engines = np.select(
+        [op == Opcode.LOAD.value, op == Opcode.GEMM.value, op == Opcode.STORE.value,
+         op == Opcode.SYNC.value, op == Opcode.END.value],
+        [0, 1, 2, f["sync.engine"], -1], -2)
+    engines = np.where(errs == ErrorCode.ILLEGAL_OPCODE.value, -2, engines)
+    beats = f["dma.rows"] * f["dma.row_beats"]
+    work = np.zeros((op.size, 3), dtype=np.int64)
+    work[:, 0] = np.where(op == Opcode.LOAD.value, beats, 0)
+    work[:, 1] = np.where(op == Opcode.STORE.value, beats, 0)
+    work[:, 2] = np.where(op == Opcode.GEMM.value,
+                          f["gemm.k_steps"] * (f["gemm.tokens_m1"] + 1), 0)
+    waits = np.where((f["wait"] == NO_EVENT) | (engines < 0), -1, f["wait"])
+    signals = np.where((f["signal"] == NO_EVENT) | (engines < 0), -1, f["signal"])
+    for kind, ev in (("consumer", waits), ("producer", signals)):
+        used = ev >= 0
+        pairs = np.unique(np.stack([ev[used], engines[used]], axis=1), axis=0)
+        ids, counts = np.unique(pairs[:, 0], return_counts=True) if pairs.size else ([], [])
+        for e, c in zip(ids, counts, strict=True):
+            if c > 1:
+                engs = pairs[pairs[:, 0] == e, 1]
+                raise ProgramError(_two_engines(int(e), kind, int(engs[0]), int(engs[1])))
+    return _Table(engines.tolist(), waits.tolist(), signals.tolist(), durs.tolist(),
+                  errs.tolist(), work)
 
 
 def _two_engines(ev: int, kind: str, a: int, b: int) -> str:
@@ -150,13 +138,18 @@ def _two_engines(ev: int, kind: str, a: int, b: int) -> str:
 
 
 def schedule(program, cfg: AcceleratorConfig) -> Schedule:
-    """Resolve the timing of ``program`` on ``cfg`` exactly as the RTL executes it."""
-    prog = _as_instructions(program)
-    engines, waits, signals, durs, errs, work = _decode_table(prog, cfg)
-    n_prog = len(prog)
+    """Resolve the timing of ``program`` on ``cfg`` exactly as the RTL executes it.
+
+    ``program``: instructions, raw 128-bit words or encoded bytes (fastest: no encoding).
+    """
+    words = program_words(program)
+    table = _decode_table(words, cfg)
+    engines, waits, signals, durs, errs, work = (table.engines, table.waits, table.signals,
+                                                 table.durs, table.errs, table.work)
+    n_prog = len(engines)
     Q = cfg.queue_depth
     depth = cfg.imem_depth
-    NONE = ErrorCode.NONE
+    NONE = ErrorCode.NONE.value
     order: list[list[int]] = [[], [], []]      # instruction indices per engine queue
     pos = [0, 0, 0]                             # next instruction each engine pops
     free = [0, 0, 0]                            # first cycle each engine is idle
@@ -186,7 +179,7 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
                 break
             err = errs[fetch_i]
             if err != NONE:
-                stop = (a, err, fetch_i)
+                stop = (a, ErrorCode(err), fetch_i)
                 break
             e = engines[fetch_i]
             if e == -1:  # END: dispatched, enters no queue, fetching stops
@@ -224,7 +217,7 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
                     p = f
                 pops[i] = p  # known even while the wait below is unresolved (fetch needs it)
                 w = waits[i]
-                if w is None:
+                if w < 0:
                     g = p + 1
                 else:
                     k = waits_done.get(w, 0)
@@ -239,7 +232,7 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
                 grants[i], ends[i] = g, end
                 f = end + 1
                 sg = signals[i]
-                if sg is not None:
+                if sg >= 0:
                     if sg in sig:
                         sig[sg].append(end)
                     else:
@@ -267,13 +260,13 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
     elif end_dispatch is not None and all_popped:
         cycles = max([end_dispatch + 1] + free)
     else:
-        cycles, detail = _deadlock(prog, times, order, pos, free, fetch_i, end_dispatch,
+        cycles, detail = _deadlock(waits, times, order, pos, free, fetch_i, end_dispatch,
                                    last_d, sig, waits_done, Q)
         error = ErrorCode.DEADLOCK
     limit = (1 << cfg.event_bits) - 1
     if any(len(v) > limit for v in sig.values()):
-        cycles, error, error_pc, detail = _event_overflow(cfg, prog, times, cycles, error,
-                                                          error_pc, detail)
+        cycles, error, error_pc, detail = _event_overflow(cfg, waits, signals, times, cycles,
+                                                          error, error_pc, detail)
     held = None  # available cycle of an instruction fetch holds for a full queue
     if stop is None and end_dispatch is None:
         held = timing.FETCH_LATENCY if last_d is None else last_d + 1
@@ -281,7 +274,7 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
                     _counters(times, work[:nd], cycles, held), detail)
 
 
-def _deadlock(prog, times, order, pos, free, fetch_i, end_dispatch, last_d, sig, waits_done,
+def _deadlock(waits, times, order, pos, free, fetch_i, end_dispatch, last_d, sig, waits_done,
               Q) -> tuple[int, str]:
     """First cycle in which every engine and fetch are blocked for good, and why."""
     blocked_since = []
@@ -291,7 +284,7 @@ def _deadlock(prog, times, order, pos, free, fetch_i, end_dispatch, last_d, sig,
         if pos[e] < len(q):
             i = q[pos[e]]
             p = int(times[i, 3])
-            ev = prog[i].wait
+            ev = waits[i]
             have = len(sig.get(ev, ()))
             blocked_since.append(p + 1)
             states.append(f"{name} waits on event {ev} at instruction {i} (needs signal "
@@ -309,30 +302,27 @@ def _deadlock(prog, times, order, pos, free, fetch_i, end_dispatch, last_d, sig,
     return max(blocked_since), "deadlock: " + "; ".join(states)
 
 
-def _event_overflow(cfg, prog, times, cycles, error, error_pc, detail):
-    """Stop at the first counter overflow if one happens before the run ends."""
+def _event_overflow(cfg, waits, signals, times, cycles, error, error_pc, detail):
+    """Stop at the first counter overflow if one happens before the run ends.
+
+    A counter after cycle ``c`` is (signals ending at or before ``c``) - (grants at or before
+    ``c``); it overflows in the first signal cycle where that exceeds its maximum.
+    """
     limit = (1 << cfg.event_bits) - 1
-    changes: dict[int, list[tuple[int, int]]] = {}
-    for i, (eng, _, _, _, grant, end) in enumerate(times.tolist()):
-        if eng < 0 or end < 0:
-            continue
-        ins = prog[i]
-        if ins.signal is not None:
-            changes.setdefault(ins.signal, []).append((end, +1))
-        if ins.wait is not None:
-            changes.setdefault(ins.wait, []).append((grant, -1))
+    eng, grant, end = times[:, 0], times[:, 4], times[:, 5]
+    n = len(times)
+    sig_ev = np.asarray(signals[:n])
+    wait_ev = np.asarray(waits[:n])
     first = None
-    for ev, ch in changes.items():
-        by_cycle: dict[int, int] = {}
-        for c, d in ch:
-            by_cycle[c] = by_cycle.get(c, 0) + d
-        count = 0
-        for c in sorted(by_cycle):
-            if count + by_cycle[c] > limit:
-                if first is None or c < first[0]:
-                    first = (c, ev)
-                break
-            count += by_cycle[c]
+    for ev in np.unique(sig_ev[sig_ev >= 0]).tolist():
+        s = np.sort(end[(sig_ev == ev) & (eng >= 0) & (end >= 0)])
+        if s.size <= limit:
+            continue
+        g = np.sort(grant[(wait_ev == ev) & (eng >= 0) & (grant >= 0)])
+        value = np.searchsorted(s, s, "right") - np.searchsorted(g, s, "right")
+        over = np.flatnonzero(value > limit)
+        if over.size and (first is None or s[over[0]] < first[0]):
+            first = (int(s[over[0]]), ev)
     if first is not None and first[0] < cycles:
         return first[0], ErrorCode.EVENT_OVERFLOW, 0, f"event {first[1]} overflowed"
     return cycles, error, error_pc, detail
@@ -387,8 +377,10 @@ class FastModel:
         shapes need no memory). Returns a :class:`sim.result.RunResult`; its ``trace`` holds
         the per-instruction :class:`InstrTiming` list when ``trace`` is set.
         """
-        prog = _as_instructions(program)
-        sched = schedule(prog, self.cfg)
+        if not isinstance(program, (bytes, bytearray, np.ndarray)):
+            program = list(program)
+        words = program_words(program)
+        sched = schedule(words, self.cfg)
         out_dram = None
         if not timing_only:
             state = MachineState(self.cfg, dram=None if dram is None else np.array(dram))
@@ -396,7 +388,7 @@ class FastModel:
             done = np.flatnonzero((t[:, 0] >= 0) & (t[:, 5] >= 0) & (t[:, 5] < sched.cycles))
             done = done[np.lexsort((done, t[done, 5]))]  # completion order, ties by index
             for i in done.tolist():
-                ins = prog[i]
+                ins = _instruction(program, words, i)
                 if isinstance(ins, Store):
                     exec_store(state, ins)
                 elif isinstance(ins, Load):

@@ -32,8 +32,9 @@ from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, pack, stream_layout
 from hw.isa import End, Epilogue, Gemm, Instr, Load, Spad, Store
 
-__all__ = ["LoweringError", "DramAllocator", "LinearPlan", "LinearProgram", "plan_linear",
-           "lower_linear", "build_linear", "EVENTS"]
+__all__ = ["LoweringError", "DramAllocator", "LinearPlan", "LinearProgram", "LayerSpec",
+           "PlacedLayer", "plan_linear", "lower_linear", "lower_layers", "build_linear",
+           "build_layers", "EVENTS"]
 
 #: Event ids used by the linear-layer lowering.
 EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
@@ -155,38 +156,52 @@ def _chunk_sizes(groups: int, gmax: int, beat: int, group_bytes: int,
     return tuple(sizes)
 
 
-def lower_linear(cfg: AcceleratorConfig, plan: LinearPlan, w_addr: int, x_addr: int,
-                 y_addr: int) -> list[Instr]:
-    """The program (without END) for a planned layer.
+@dataclass(frozen=True)
+class PlacedLayer:
+    """A planned layer and where its operands live in DRAM (beats).
 
     ``w_addr``: weight tiles (``plan.tile_bytes`` apart); ``x_addr``: int8 activations
     ``[tokens, act_row_bytes]``; ``y_addr``: int32 outputs ``[tokens, n_tiles * lanes]``.
-    All in beats. Outputs use the WIDE epilogue.
     """
-    fmt, beat, lanes = plan.fmt, cfg.beat_bytes, cfg.lanes
-    lay = stream_layout(fmt, plan.n, plan.k_padded, lanes)
-    spg = lay.steps_per_group
-    group_k = fmt.group_of(plan.k_padded)
-    pattern = cfg.pattern_index(fmt.pattern)
+
+    plan: LinearPlan
+    w_addr: int
+    x_addr: int
+    y_addr: int
+
+
+def lower_linear(cfg: AcceleratorConfig, plan: LinearPlan, w_addr: int, x_addr: int,
+                 y_addr: int) -> list[Instr]:
+    """The program (without END) for one planned layer; see :func:`lower_layers`."""
+    return lower_layers(cfg, [PlacedLayer(plan, w_addr, x_addr, y_addr)])
+
+
+def lower_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer]) -> list[Instr]:
+    """One program (without END) for several independent layers run back to back.
+
+    The double-buffered pipeline runs on across layer boundaries, so the next layer's first
+    weights load while the previous layer computes (e.g. the heads of an attention layer, or
+    q/k/v). Outputs use the WIDE epilogue.
+    """
+    beat, lanes = cfg.beat_bytes, cfg.lanes
     half_wgt_beats = cfg.spad_beats("wgt") // 2
+    act_beats = cfg.spad_beats("act")
     out_row_beats = 4 * lanes // beat
-    out_buf_beats = plan.token_tile * out_row_beats
+    out_buf_beats = max(ly.plan.token_tile for ly in layers) * out_row_beats
     if 2 * out_buf_beats > cfg.spad_beats("out"):
         raise LoweringError(f"OUT spad of {cfg.out_spad_bytes} bytes cannot hold two tiles of "
-                            f"{plan.token_tile} tokens x {lanes} int32 outputs")
-    y_row_beats = plan.n_tiles * out_row_beats
-    act_beats = cfg.spad_beats("act")
-    row_beats = plan.act_row_bytes // beat
+                            f"{out_buf_beats // out_row_beats} tokens x {lanes} int32 outputs")
     E = EVENTS
+    lays = [stream_layout(ly.plan.fmt, ly.plan.n, ly.plan.k_padded, lanes) for ly in layers]
 
-    # One work item per GEMM: (token tile, n tile, k chunk).
-    items = [(t, j, c) for t in range(plan.token_tiles) for j in range(plan.n_tiles)
-             for c in range(plan.k_chunks)]
-    final = [c == plan.k_chunks - 1 for _, _, c in items]
+    # One work item per GEMM: (layer, token tile, n tile, k chunk).
+    items = [(L, t, j, c) for L, ly in enumerate(layers) for t in range(ly.plan.token_tiles)
+             for j in range(ly.plan.n_tiles) for c in range(ly.plan.k_chunks)]
+    final = [c == layers[L].plan.k_chunks - 1 for L, _, _, c in items]
     out_buf = [sum(final[:i]) % 2 for i in range(len(items))]  # tile index parity
+    # A new activation set (layer or token tile) starts at these items.
+    new_set = [i == 0 or items[i][:2] != items[i - 1][:2] for i in range(len(items))]
     stored_waited = set()  # final items whose STORED signal a load already consumed
-
-    chunk_groups, chunk_start = plan.chunk_groups, plan.chunk_start
 
     def done_wait(prev):
         """The wait that orders a load after GEMM ``prev`` (None if nothing to wait for)."""
@@ -197,110 +212,162 @@ def lower_linear(cfg: AcceleratorConfig, plan: LinearPlan, w_addr: int, x_addr: 
             return E[f"STORED{out_buf[prev]}"]
         return E[f"FREE{prev % 2}"]
 
+    def act_geometry(i):
+        """(ACT spad beat of the chunk's first activation, token row stride in beats)."""
+        L, _, _, c = items[i]
+        plan = layers[L].plan
+        group_k = plan.fmt.group_of(plan.k_padded)
+        if plan.resident_acts:
+            return plan.chunk_start(c) * group_k // beat, plan.act_row_bytes // beat
+        return (i % 2) * (act_beats // 2), plan.chunk_groups(c) * group_k // beat
+
     def loads(i):
-        t, j, c = items[i]
+        L, t, j, c = items[i]
+        ly, plan = layers[L], layers[L].plan
         b = i % 2
         t0 = t * plan.token_tile
         tok = min(plan.token_tile, plan.tokens - t0)
+        row_beats = plan.act_row_bytes // beat
+        group_k = plan.fmt.group_of(plan.k_padded)
         out = []
-        if plan.resident_acts:
-            if j == 0 and c == 0:  # new token tile: activations for all of K, once GEMM i-1
-                out.append(Load(spad=Spad.ACT, dram_addr=x_addr + t0 * row_beats, spad_addr=0,
-                                rows=tok, row_beats=row_beats, dram_stride=row_beats,
-                                wait=done_wait(i - 1)))
-        # Buffer b was last read by GEMM i-2: the first load into it waits for that GEMM (the
-        # LOAD engine is in order, so the loads after it need no wait of their own).
+        # Buffer b was last read by GEMM i-2. The first load into it waits for that GEMM; a
+        # new activation set also waits for GEMM i-1, which may still read the ACT spad. The
+        # LOAD engine is in order, so later loads need no wait of their own.
         buffer_free = done_wait(i - 2)
-        if not plan.resident_acts:
+        if plan.resident_acts:
+            if new_set[i]:  # activations for all of K, once GEMM i-1 is done with the spad
+                out.append(Load(spad=Spad.ACT, dram_addr=ly.x_addr + t0 * row_beats,
+                                spad_addr=0, rows=tok, row_beats=row_beats,
+                                dram_stride=row_beats, wait=done_wait(i - 1)))
+        else:
+            start, _ = act_geometry(i)
             out.append(Load(spad=Spad.ACT, rows=tok, dram_stride=row_beats,
-                            row_beats=chunk_groups(c) * group_k // beat,
-                            dram_addr=x_addr + t0 * row_beats
-                            + chunk_start(c) * group_k // beat,
-                            spad_addr=b * (act_beats // 2), wait=buffer_free))
-            buffer_free = None
-        nbytes = chunk_groups(c) * lay.group_bytes
+                            row_beats=plan.chunk_groups(c) * group_k // beat,
+                            dram_addr=ly.x_addr + t0 * row_beats
+                            + plan.chunk_start(c) * group_k // beat, spad_addr=start,
+                            wait=done_wait(i - 1) if new_set[i] else buffer_free))
+            if not new_set[i]:
+                buffer_free = None
+        nbytes = plan.chunk_groups(c) * plan.group_bytes
         out.append(Load(spad=Spad.WGT, rows=1, row_beats=_ceil(nbytes, beat),
-                        dram_addr=w_addr + (j * plan.tile_bytes
-                                            + chunk_start(c) * plan.group_bytes) // beat,
+                        dram_addr=ly.w_addr + (j * plan.tile_bytes
+                                               + plan.chunk_start(c) * plan.group_bytes) // beat,
                         spad_addr=b * half_wgt_beats, wait=buffer_free, signal=E[f"FULL{b}"]))
         return out
 
     prog: list[Instr] = loads(0)
-    for i, (t, j, c) in enumerate(items):
+    for i, (L, t, j, c) in enumerate(items):
         if i + 1 < len(items):
             prog += loads(i + 1)
+        ly, plan, lay = layers[L], layers[L].plan, lays[L]
+        fmt = plan.fmt
         b, o = i % 2, out_buf[i]
         t0 = t * plan.token_tile
         tok = min(plan.token_tile, plan.tokens - t0)
-        if plan.resident_acts:
-            act_addr, stride = chunk_start(c) * group_k // beat, row_beats
-        else:
-            act_addr, stride = b * (act_beats // 2), chunk_groups(c) * group_k // beat
+        act_addr, stride = act_geometry(i)
+        spg = lay.steps_per_group
         prog.append(Gemm(
             wgt_addr=b * half_wgt_beats, act_addr=act_addr, act_stride=stride,
-            out_addr=o * out_buf_beats, k_steps=chunk_groups(c) * spg,
-            group_steps=0 if fmt.raw else spg, tokens=tok, pattern=pattern,
-            int8=fmt.bits == 8, asym=not fmt.symmetric, accumulate=c > 0,
+            out_addr=o * out_buf_beats, k_steps=plan.chunk_groups(c) * spg,
+            group_steps=0 if fmt.raw else spg, tokens=tok,
+            pattern=cfg.pattern_index(fmt.pattern), int8=fmt.bits == 8,
+            asym=not fmt.symmetric, accumulate=c > 0,
             epilogue=Epilogue.WIDE if final[i] else Epilogue.NONE,
             wait=E[f"FULL{b}"], signal=E[f"OUT_FULL{o}" if final[i] else f"FREE{b}"]))
         if final[i]:
+            y_row_beats = plan.n_tiles * out_row_beats
             prog.append(Store(spad=Spad.OUT, spad_addr=o * out_buf_beats, rows=tok,
                               row_beats=out_row_beats, dram_stride=y_row_beats,
-                              dram_addr=y_addr + t0 * y_row_beats + j * out_row_beats,
+                              dram_addr=ly.y_addr + t0 * y_row_beats + j * out_row_beats,
                               wait=E[f"OUT_FULL{o}"], signal=E[f"STORED{o}"]))
     return prog
 
 
 @dataclass
 class LinearProgram:
-    """A lowered linear layer with its DRAM image (``dram`` is None when timing-only)."""
+    """Lowered layers with their DRAM image (``dram`` is None when timing-only)."""
 
     cfg: AcceleratorConfig
-    plan: LinearPlan
+    plans: list[LinearPlan]
     program: list[Instr]
     dram: np.ndarray | None
     regions: dict[str, tuple[int, int]]
 
-    def read_output(self, dram: np.ndarray) -> np.ndarray:
-        """The int32 accumulators ``[tokens, n]`` from a final DRAM image."""
-        start, nbytes = self.regions["y"]
+    @property
+    def plan(self) -> LinearPlan:
+        """The plan of a single-layer program."""
+        return self.plans[0]
+
+    def read_output(self, dram: np.ndarray, layer: int = 0) -> np.ndarray:
+        """The int32 accumulators ``[tokens, n]`` of ``layer`` from a final DRAM image."""
+        start, nbytes = self.regions[f"y{layer}"]
         b = self.cfg.beat_bytes
         y = dram[start * b:start * b + nbytes].view("<i4")
-        return y.reshape(self.plan.tokens, -1)[:, : self.plan.n]
+        plan = self.plans[layer]
+        return y.reshape(plan.tokens, -1)[:, : plan.n]
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer to lower: its format and shape, and optionally its data."""
+
+    fmt: WeightFormat
+    n: int
+    k: int
+    tokens: int
+    weight: QuantizedWeight | None = None
+    acts: np.ndarray | None = None
+
+
+def build_layers(cfg: AcceleratorConfig, specs: list[LayerSpec]) -> LinearProgram:
+    """Plan, allocate DRAM, lower several layers into one program, and fill the image.
+
+    Without data (``weight``/``acts`` None in every spec) the program is timing-only: no DRAM
+    image is allocated, so LLaMA-7B shapes need no memory.
+    """
+    alloc = DramAllocator(cfg)
+    placed, plans = [], []
+    for L, sp in enumerate(specs):
+        plan = plan_linear(cfg, sp.fmt, sp.n, sp.k, sp.tokens)
+        plans.append(plan)
+        placed.append(PlacedLayer(
+            plan, alloc.alloc(f"w{L}", plan.n_tiles * plan.tile_bytes),
+            alloc.alloc(f"x{L}", sp.tokens * plan.act_row_bytes),
+            alloc.alloc(f"y{L}", sp.tokens * plan.n_tiles * cfg.lanes * 4)))
+    prog = lower_layers(cfg, placed) + [End()]
+    with_data = [sp.weight is not None or sp.acts is not None for sp in specs]
+    dram = None
+    if any(with_data):
+        if not all(sp.weight is not None and sp.acts is not None for sp in specs):
+            raise LoweringError("give weights and activations for every layer, or for none "
+                                "(timing-only)")
+        dram = np.zeros(cfg.memory.size_bytes, dtype=np.uint8)
+        for sp, ly in zip(specs, placed, strict=True):
+            _fill(cfg, dram, sp, ly)
+    return LinearProgram(cfg, plans, prog, dram, dict(alloc.regions))
+
+
+def _fill(cfg: AcceleratorConfig, dram: np.ndarray, sp: LayerSpec, ly: PlacedLayer) -> None:
+    """Write a layer's packed weight tiles and int8 activations into the DRAM image."""
+    plan, beat = ly.plan, cfg.beat_bytes
+    if sp.weight.fmt != sp.fmt or sp.weight.shape != (sp.n, sp.k):
+        raise LoweringError(f"weight is {sp.weight.shape} {sp.weight.fmt}, plan is "
+                            f"{(sp.n, sp.k)} {sp.fmt}")
+    acts = np.asarray(sp.acts)
+    if acts.dtype != np.int8 or acts.shape != (sp.tokens, sp.k):
+        raise LoweringError(f"activations must be int8 [{sp.tokens}, {sp.k}], got {acts.dtype} "
+                            f"{list(acts.shape)}")
+    stream = pack(sp.weight, cfg.lanes).reshape(plan.n_tiles, -1)
+    for j in range(plan.n_tiles):
+        off = ly.w_addr * beat + j * plan.tile_bytes
+        dram[off:off + stream.shape[1]] = stream[j]
+    xa = np.zeros((sp.tokens, plan.act_row_bytes), dtype=np.int8)
+    xa[:, :sp.k] = acts
+    dram[ly.x_addr * beat:ly.x_addr * beat + xa.size] = xa.view(np.uint8).reshape(-1)
 
 
 def build_linear(cfg: AcceleratorConfig, fmt: WeightFormat, n: int, k: int, tokens: int,
                  weight: QuantizedWeight | None = None, acts: np.ndarray | None = None
                  ) -> LinearProgram:
-    """Plan, allocate DRAM, lower, and (given weights and int8 activations) fill the image.
-
-    Without ``weight``/``acts`` the program is timing-only (no DRAM image is allocated, so
-    LLaMA-7B shapes need no memory).
-    """
-    plan = plan_linear(cfg, fmt, n, k, tokens)
-    alloc = DramAllocator(cfg)
-    w_addr = alloc.alloc("w", plan.n_tiles * plan.tile_bytes)
-    x_addr = alloc.alloc("x", tokens * plan.act_row_bytes)
-    y_addr = alloc.alloc("y", tokens * plan.n_tiles * cfg.lanes * 4)
-    prog = lower_linear(cfg, plan, w_addr, x_addr, y_addr)
-    prog.append(End())
-    dram = None
-    if weight is not None or acts is not None:
-        if weight is None or acts is None:
-            raise LoweringError("give both weight and activations, or neither (timing-only)")
-        if weight.fmt != fmt or weight.shape != (n, k):
-            raise LoweringError(f"weight is {weight.shape} {weight.fmt}, plan is {(n, k)} {fmt}")
-        acts = np.asarray(acts)
-        if acts.dtype != np.int8 or acts.shape != (tokens, k):
-            raise LoweringError(f"activations must be int8 [{tokens}, {k}], got {acts.dtype} "
-                                f"{list(acts.shape)}")
-        dram = np.zeros(cfg.memory.size_bytes, dtype=np.uint8)
-        beat = cfg.beat_bytes
-        stream = pack(weight, cfg.lanes).reshape(plan.n_tiles, -1)
-        for j in range(plan.n_tiles):
-            off = w_addr * beat + j * plan.tile_bytes
-            dram[off:off + stream.shape[1]] = stream[j]
-        xa = np.zeros((tokens, plan.act_row_bytes), dtype=np.int8)
-        xa[:, :k] = acts
-        dram[x_addr * beat:x_addr * beat + xa.size] = xa.view(np.uint8).reshape(-1)
-    return LinearProgram(cfg, plan, prog, dram, dict(alloc.regions))
+    """One layer: :func:`build_layers` with a single :class:`LayerSpec`."""
+    return build_layers(cfg, [LayerSpec(fmt, n, k, tokens, weight, acts)])

@@ -131,3 +131,30 @@ def test_dispatch_error_codes():
 def test_field_overflow_is_named():
     with pytest.raises(ISAError, match="k_steps=20000 does not fit in 14 bits"):
         encode(Gemm(k_steps=20000))
+
+
+@given(st.lists(instructions, min_size=1, max_size=20))
+def test_vectorised_decode_and_checks_equal_the_scalar_ones(prog):
+    """decode_fields / dispatch_errors / exec_cycles_fields are the array twins of decode /
+    dispatch_error / exec_cycles (the fast model uses the twins on whole programs)."""
+    from hw import timing
+    from hw.isa import decode_fields, dispatch_errors, program_words
+
+    for cfg in (CFG, AcceleratorConfig(rows=2, cols=4, weight_bits=(4,), num_events=8)):
+        f = decode_fields(program_words(prog))
+        errs = dispatch_errors(f, cfg)
+        durs = timing.exec_cycles_fields(f, cfg)
+        for i, ins in enumerate(prog):
+            assert errs[i] == dispatch_error(ins, cfg).value, ins
+            if not isinstance(ins, End):
+                assert durs[i] == timing.exec_cycles(ins, cfg), ins
+            back = decode(encode(ins))
+            assert f["opcode"][i] == back.opcode.value
+
+
+def test_vectorised_checks_flag_illegal_words():
+    from hw.isa import decode_fields, dispatch_errors, program_words
+
+    bad_sync = encode(Sync(engine=Engine.LOAD)) | (3 << 13)
+    f = decode_fields(program_words([0, 6 | (1 << 40), bad_sync, encode(End())]))
+    assert list(dispatch_errors(f, CFG)) == [ErrorCode.ILLEGAL_OPCODE.value] * 3 + [0]

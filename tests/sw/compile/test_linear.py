@@ -95,3 +95,41 @@ def test_lowering_errors():
         build_linear(cfg, WeightFormat("2:4", 4, 128), 64, 128, 2,
                      random_quantized(WeightFormat("2:4", 4, 128), (64, 128),
                                       np.random.default_rng(0)), np.zeros((2, 128), np.int16))
+
+
+@st.composite
+def layer_groups(draw):
+    cfg = SMALL if draw(st.booleans()) else AcceleratorConfig(
+        rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 18))
+    specs = []
+    for _ in range(draw(st.integers(1, 4))):
+        p = draw(st.sampled_from(cfg.pattern_table))
+        bits = 8 if p.dense and draw(st.booleans()) else 4
+        fmt = WeightFormat(p, bits, draw(st.sampled_from([32, 64])),
+                           symmetric=draw(st.booleans()))
+        specs.append((fmt, draw(st.integers(1, 24)), draw(st.integers(1, 200)),
+                      draw(st.integers(1, 9))))
+    return cfg, specs, draw(st.integers(0, 2**32 - 1))
+
+
+@given(layer_groups())
+def test_several_layers_in_one_program(case):
+    """The pipeline runs across layer boundaries (mixed formats, residency and token counts)
+    and every layer still computes its golden result."""
+    from sw.compile.linear import LayerSpec, build_layers
+    cfg, shapes, seed = case
+    rng = np.random.default_rng(seed)
+    specs = []
+    for fmt, n, k, tokens in shapes:
+        specs.append(LayerSpec(fmt, n, k, tokens, random_quantized(fmt, (n, k), rng),
+                               rng.integers(-127, 128, size=(tokens, k)).astype(np.int8)))
+    try:
+        lp = build_layers(cfg, specs)
+    except LoweringError:
+        assert cfg is SMALL
+        return
+    r = FastModel(cfg).run(lp.program, lp.dram)
+    assert r.ok, r.detail
+    for L, sp in enumerate(specs):
+        a = np.pad(sp.acts, ((0, 0), (0, sp.weight.k_padded - sp.k)))
+        assert np.array_equal(lp.read_output(r.dram, L), gemm_acc(a, sp.weight.int_weight()))

@@ -1,0 +1,167 @@
+"""How fast the fast model is, against the Verilator RTL, on identical programs.
+
+``python -m bench.simspeed`` measures, on this machine:
+
+* one transformer block of the shipped reference model (q, k, v, o, gate, up, down, 2:4 INT4
+  g128, 64 tokens) lowered for the default accelerator and run on the RTL (Verilator) and on the
+  fast model, full mode (values and timing) and timing-only; cycles, counters and DRAM must be
+  identical (the run fails otherwise);
+* one LLaMA-7B-shape decode token (32 blocks x 7 linear layers, 32 x 32 x 2 attention products,
+  LM head; 2:4 INT4) in timing-only mode, every layer program simulated (no memoisation);
+* a 4096x4096 2:4 INT4 GEMV in full mode (values).
+
+Walls are medians of ``--repeats`` runs. Writes ``bench/results/simspeed.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hw.config import AcceleratorConfig, MemoryModel
+from hw.format import WeightFormat, random_quantized
+from hw.isa import program_words
+from sim.equivalence import compare_results
+from sim.model import FastModel
+from sw.compile.linear import LayerSpec, build_layers, build_linear
+from sw.compress.core import compress_matrix
+
+RESULTS = Path(__file__).parent / "results"
+FMT = WeightFormat("2:4", 4, 128)
+
+
+def _median_wall(fn, repeats: int) -> tuple[float, object]:
+    walls, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        walls.append(time.perf_counter() - t0)
+    return statistics.median(walls), out
+
+
+def reference_block_programs(cfg: AcceleratorConfig, tokens: int, seed: int = 0):
+    """The 7 linear layers of block 0 of the reference model, compressed and lowered."""
+    from sw.models.reference_model import load_reference
+    model = load_reference()
+    rng = np.random.default_rng(seed)
+    progs = []
+    for name, mod in model.named_modules():
+        if name.startswith("model.layers.0.") and hasattr(mod, "weight") and \
+                mod.weight.ndim == 2:
+            w = mod.weight.detach().float().numpy()
+            qw = compress_matrix(w, FMT, name=name)
+            acts = rng.integers(-127, 128, size=(tokens, w.shape[1])).astype(np.int8)
+            progs.append((name.split(".")[-1], build_linear(cfg, FMT, *w.shape, tokens, qw,
+                                                            acts)))
+    return progs
+
+
+def block_speed(cfg: AcceleratorConfig, tokens: int, repeats: int) -> dict:
+    from sim.rtl import RTLBackend
+    rtl = RTLBackend(cfg)
+    rtl.build(verbose=True)
+    model = FastModel(cfg)
+    rec = {"rtl_wall_s": 0.0, "rtl_sim_s": 0.0, "model_wall_s": 0.0,
+           "model_timing_wall_s": 0.0, "rtl_cycles": 0, "model_cycles": 0, "layers": []}
+    for name, lp in reference_block_programs(cfg, tokens):
+        t_rtl, r = _median_wall(lambda lp=lp: rtl.run(lp.program, lp.dram), repeats)
+        sim_s = rtl.last_stats["wall_s"]
+        t_model, m = _median_wall(lambda lp=lp: model.run(lp.program, lp.dram), repeats)
+        t_timing, mt = _median_wall(lambda lp=lp: model.run(lp.program, timing_only=True),
+                                    repeats)
+        diff = compare_results(m, r)
+        if diff is not None or mt.cycles != r.cycles:
+            raise SystemExit(f"{name}: model and RTL disagree: {diff}")
+        rec["layers"].append({"layer": name, "cycles": r.cycles, "instructions":
+                              len(lp.program), "rtl_wall_s": t_rtl, "model_wall_s": t_model,
+                              "model_timing_wall_s": t_timing})
+        rec["rtl_wall_s"] += t_rtl
+        rec["rtl_sim_s"] += sim_s
+        rec["model_wall_s"] += t_model
+        rec["model_timing_wall_s"] += t_timing
+        rec["rtl_cycles"] += r.cycles
+        rec["model_cycles"] += m.cycles
+        print(f"  {name:<10} {r.cycles:>8} cycles  RTL {t_rtl * 1e3:8.1f} ms  model "
+              f"{t_model * 1e3:7.2f} ms (timing-only {t_timing * 1e3:6.2f} ms)", flush=True)
+    rec["rtl_cycles_per_s"] = rec["rtl_cycles"] / rec["rtl_sim_s"]
+    rec["speedup"] = rec["rtl_wall_s"] / rec["model_wall_s"]
+    rec["speedup_timing_only"] = rec["rtl_wall_s"] / rec["model_timing_wall_s"]
+    rec["speedup_vs_rtl_loop"] = rec["rtl_sim_s"] / rec["model_wall_s"]
+    return rec
+
+
+def llama7b_decode_token(repeats: int) -> dict:
+    """Timing-only simulation of every program of one LLaMA-7B decode token (2:4 INT4)."""
+    from bench.scaling import LLAMA7B, scaled_config, step_programs
+    cfg = scaled_config(4, 16, 16, 100.0)
+    programs = []
+    t0 = time.perf_counter()
+    cache = {}
+    for _name, layers, copies in step_programs("decode", 1, 128, FMT):
+        if layers not in cache:  # compile and encode each distinct program once; every copy
+            cache[layers] = program_words(  # is simulated below
+                build_layers(cfg, [LayerSpec(*ly) for ly in layers]).program)
+        programs += [cache[layers]] * copies
+    compile_s = time.perf_counter() - t0
+    model = FastModel(cfg)
+
+    def simulate():
+        return sum(model.run(p, timing_only=True).cycles for p in programs)
+
+    wall, cycles = _median_wall(simulate, repeats)
+    return {"llama7b_decode_token_wall_s": wall, "llama7b_decode_token_cycles": cycles,
+            "llama7b_decode_programs": len(programs),
+            "llama7b_decode_instructions": sum(len(p) for p in programs),
+            "llama7b_decode_compile_s": compile_s, "llama7b_layers": LLAMA7B["layers"]}
+
+
+def gemv_full(repeats: int) -> dict:
+    cfg = AcceleratorConfig(memory=MemoryModel(size_bytes=1 << 24))
+    rng = np.random.default_rng(0)
+    w = random_quantized(FMT, (4096, 4096), rng)
+    a = rng.integers(-127, 128, size=(1, 4096)).astype(np.int8)
+    lp = build_linear(cfg, FMT, 4096, 4096, 1, w, a)
+    model = FastModel(cfg)
+    wall, r = _median_wall(lambda: model.run(lp.program, lp.dram), repeats)
+    return {"gemv_4096_full_wall_s": wall, "gemv_4096_cycles": r.cycles}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=RESULTS / "simspeed.json")
+    args = ap.parse_args(argv)
+    cfg = AcceleratorConfig()
+    print(f"reference-model block, {args.tokens} tokens, default {cfg.rows}x{cfg.cols} array:")
+    block = block_speed(cfg, args.tokens, args.repeats)
+    print("LLaMA-7B decode token, timing-only ...", flush=True)
+    token = llama7b_decode_token(args.repeats)
+    print("4096x4096 2:4 GEMV, full mode ...", flush=True)
+    gemv = gemv_full(args.repeats)
+    rec = {**{k: v for k, v in block.items() if k != "layers"}, **token, **gemv,
+           "block_layers": block["layers"], "tokens": args.tokens}
+    print(f"\nblock: RTL {block['rtl_wall_s']:.2f} s ({block['rtl_cycles_per_s'] / 1e3:.0f}k "
+          f"cycles/s in the Verilator loop), model {block['model_wall_s'] * 1e3:.1f} ms full / "
+          f"{block['model_timing_wall_s'] * 1e3:.1f} ms timing-only, identical "
+          f"{block['rtl_cycles']} cycles")
+    print(f"speedup: {block['speedup']:.0f}x full, {block['speedup_timing_only']:.0f}x "
+          f"timing-only ({block['speedup_vs_rtl_loop']:.0f}x against the Verilator loop alone)")
+    print(f"LLaMA-7B decode token (timing-only, {token['llama7b_decode_instructions']} "
+          f"instructions in {token['llama7b_decode_programs']} programs): "
+          f"{token['llama7b_decode_token_wall_s']:.2f} s")
+    print(f"4096x4096 2:4 GEMV with values: {gemv['gemv_4096_full_wall_s']:.2f} s")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rec, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
