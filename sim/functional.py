@@ -76,7 +76,7 @@ def decode_gemm_weights(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray
     Returns
     -------
     w_eff, pos:
-        ``int64 [lanes, k_steps]`` dequantised integer weights ``code * (q - zero)`` and the
+        ``int32 [lanes, k_steps]`` dequantised integer weights ``code * (q - zero)`` and the
         activation offset ``block * block_size + index`` each step selects.
     """
     lanes = cfg.lanes
@@ -100,26 +100,30 @@ def decode_gemm_weights(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray
         buf = np.take(wgt, np.arange(base, base + total), mode="wrap")
     buf = np.concatenate([buf, np.zeros(n_groups * group_bytes - total, np.uint8)])
     grouped = buf.reshape(n_groups, group_bytes)
-    raw = grouped[:, hb:].reshape(n_groups * gs, rec)[:S]                     # [S, rec]
-    fields = _unpack_fields(raw, fbits, lanes).astype(np.int64).T  # [lanes, S]
-    q = fields & ((1 << bits) - 1)
+    # Fields of every (group, step, lane); the last group may be partial (zero padding).
+    fields = _unpack_fields(grouped[:, hb:].reshape(n_groups * gs, rec), fbits, lanes)
+    fields = fields.reshape(n_groups, gs, lanes)
+    # Lookup tables: raw field -> value (sign-extended unless asymmetric) and in-block index.
+    raw = np.arange(1 << fbits)
+    v = raw & ((1 << bits) - 1)
     if not ins.asym:
-        q = np.where(q >= 1 << (bits - 1), q - (1 << bits), q)
+        v = np.where(v >= 1 << (bits - 1), v - (1 << bits), v)
+    q = v.astype(np.int32)[fields]                                 # [groups, gs, lanes]
     if hdr_words:
-        g_of_step = np.arange(S) // gs
-        hdr = grouped[:, :hb].astype(np.int64)  # [groups, hdr_words*lanes]
         # The decoder keeps the low scale_code_bits of a code byte and the low `bits` of a zero
         # byte (legal streams have no other bits set; this defines the rest).
-        codes = hdr[:, :lanes].T[:, g_of_step] & ((1 << cfg.scale_code_bits) - 1)
-        zeros = hdr[:, lanes:].T[:, g_of_step] & ((1 << bits) - 1) if ins.asym else 0
-        w_eff = codes * (q - zeros)
-    else:
-        w_eff = q
+        hdr = grouped[:, :hb].astype(np.int32)
+        codes = hdr[:, None, :lanes] & ((1 << cfg.scale_code_bits) - 1)
+        if ins.asym:
+            q = q - (hdr[:, None, lanes:] & ((1 << bits) - 1))
+        q = q * codes
+    w_eff = q.reshape(n_groups * gs, lanes)[:S].T                 # [lanes, S]
     steps = np.arange(S)
     if pat.dense:
         pos = np.broadcast_to(steps, (lanes, S))
     else:
-        pos = (steps // pat.n)[None, :] * pat.m + (fields >> bits)
+        index = (raw >> bits).astype(np.int32)[fields].reshape(n_groups * gs, lanes)[:S].T
+        pos = (steps // pat.n)[None, :] * pat.m + index
     return w_eff, pos
 
 
