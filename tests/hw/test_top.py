@@ -117,6 +117,7 @@ def test_linear_layer_double_buffered(rtl):
     x = rng.integers(-127, 128, (tokens, k), dtype=np.int8)
     lp = build_linear(CFG, fmt, n, k, tokens, weight=w, acts=x)
     res = rtl.run(lp.program, lp.dram)
+    assert res.error == ErrorCode.NONE
     _check(res, _model(lp.program, lp.dram))
     np.testing.assert_array_equal(lp.read_output(res.dram), gemm_acc_packed(x, w))
 
@@ -142,13 +143,13 @@ def _error_case(rtl, prog, model_prog, code, pc=None):
 def test_illegal_opcode(rtl, opcode):
     bad = _raw(End(), op=((_OPCODE, 3), opcode))
     prog = [Sync(engine=Engine.STORE), bad, End()]
-    _error_case(rtl, prog, [prog[0], None, End()], ErrorCode.ILLEGAL_OPCODE, 1)
+    _error_case(rtl, prog, prog, ErrorCode.ILLEGAL_OPCODE, 1)
 
 
 def test_sync_of_no_engine_is_illegal(rtl):
     bad = _raw(Sync(engine=Engine.LOAD), eng=((_SYNC_ENGINE, 2), 3))
     prog = [Load(spad=Spad.ACT, rows=2, row_beats=2), bad, End()]
-    _error_case(rtl, prog, [prog[0], None, End()], ErrorCode.ILLEGAL_OPCODE, 1)
+    _error_case(rtl, prog, prog, ErrorCode.ILLEGAL_OPCODE, 1)
 
 
 def test_missing_end(rtl):
@@ -207,5 +208,5 @@ def test_deadlock_fetch_blocked(rtl):
 
 def test_event_overflow(rtl):
     limit = (1 << CFG.event_bits) - 1
-    prog = [Sync(engine=Engine(i % 3), signal=1) for i in range(limit + 1)] + [End()]
+    prog = [Sync(engine=Engine.STORE, signal=1) for _ in range(limit + 1)] + [End()]
     _error_case(rtl, prog, prog, ErrorCode.EVENT_OVERFLOW, 0)
