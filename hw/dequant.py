@@ -18,7 +18,7 @@ the lane's multiplier; see :mod:`hw.pe`, "Multiplier sharing").
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, signed, unsigned
+from amaranth import Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -28,7 +28,7 @@ from hw.pe import MULT_BITS, hi_slice_bits
 __all__ = ["Dequant", "dequant_reference", "hi_product_shape"]
 
 
-def hi_product_shape(cfg: AcceleratorConfig):
+def hi_product_shape(cfg: AcceleratorConfig) -> Shape:
     """Shape of the Dequant multiplier's output: weights and epilogue high partial products."""
     return signed(max(cfg.weight_operand_bits, hi_slice_bits(cfg) + MULT_BITS + 1))
 

@@ -28,7 +28,7 @@ high in cycle ``e`` (an epilogue read of ``rd_addr``), ``ep_lo`` in ``e + 2`` is
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, signed
+from amaranth import Module, Mux, Shape, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -55,7 +55,7 @@ def hi_slice_bits(cfg: AcceleratorConfig) -> int:
     return cfg.acc_bits - SLICE_BITS
 
 
-def lo_product_shape(cfg: AcceleratorConfig):
+def lo_product_shape(cfg: AcceleratorConfig) -> Shape:
     """Shape of the PE multiplier's output: MAC products and epilogue low partial products."""
     return signed(max(cfg.weight_operand_bits, SLICE_BITS + 1) + MULT_BITS + 1)
 

