@@ -71,6 +71,7 @@ def run_layer(backend: RTLBackend, pattern: str, k: int, n: int, tokens: int, *,
         "sim_cycles_per_s": stats["cycles_per_s"],
         "sim_cycles_per_cpu_s": stats["cycles_per_cpu_s"],
         "run_wall_s": wall,
+        "waves": str(backend.last_waves) if backend.waves else None,
     }
 
 
@@ -142,6 +143,8 @@ def demo() -> bool:
               f"{r['sim_cycles_per_s'] / 1e3:.0f} kcycles/s simulated -> "
               f"golden {'ok' if r['matches_golden'] else 'MISMATCH'}, "
               f"fast model {'ok' if r['matches_model'] else 'MISMATCH'}")
+        if r.get("waves"):
+            print(f"      waveform: {r['waves']}")
     sparse = recs[0]
     print(f"2:4 sparse speedup over dense: {sparse['speedup_vs_dense']:.2f}x "
           f"(ideal {sparse['ideal_speedup']:.1f}x)")

