@@ -23,7 +23,8 @@ class Array(wiring.Component):
 
     Timing: a MAC presented on ``act``/``tok``/``valid``/``first`` in cycle ``m`` uses, in every
     row ``r``, the weights loaded by the last ``load`` before cycle ``m`` (row ``r`` sees both
-    ``r`` cycles later), and is readable on ``rd_data`` from ``m + rows - 1 + PE.LATENCY``.
+    ``r`` cycles later), and is readable on ``rd_data`` from ``m + rows - 1 + PE.LATENCY``
+    (with ``rd_addr`` presented a cycle earlier).
 
     Parameters
     ----------
@@ -43,9 +44,9 @@ class Array(wiring.Component):
     tok, valid, first: In
         Token, MAC strobe and overwrite flag of the current MAC (row 0 timing).
     rd_addr: In(range(cfg.max_tokens))
-        Accumulator entry read by the epilogue.
+        Accumulator entry the epilogue reads in the next cycle.
     rd_data: Out(data.ArrayLayout(signed(cfg.acc_bits), cfg.lanes))
-        Entry ``rd_addr`` of every lane (combinational).
+        Every lane's entry addressed in the previous cycle.
     mac: Out(1)
         Row 0 multiplies this cycle.
     """

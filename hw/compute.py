@@ -5,12 +5,13 @@
 (docs/architecture.md, section 7). Its schedule, for a command accepted in cycle ``c``::
 
     c               start the WGT window fill (decoder) from the command's wgt_addr
-    x_0 - hdr ..    header words of step 0's group, one per cycle
-    x_s             RECORD of step s; slots (s, j) for tokens j = 0..T-1 in x_s + j
+    x_0 - hdr ..    header words of step 0's group issued, one per cycle
+    x_s             RECORD of step s issued (the decoder registers it, acts in x_s + 1);
+                    activation slots (s, j) for tokens j = 0..T-1 in x_s + j
     x_s + L         step s's weights in row 0's PEs; slot (s, j)'s activation block reaches row 0
-                    in x_s + j + L (L = LATENCY, the same for both paths)
+                    in x_s + j + L (L = LATENCY = 5, the same for both paths)
     x_{s+1} - x_s   T, or max(T, 1 + hdr) when step s+1 starts a group (its header words are
-                    read in the last hdr cycles of the gap)
+                    issued in the last hdr cycles of the gap)
 
 with ``x_0 = c + GEMM_FILL + 1 - L + max(0, 1 + hdr - T)``, which makes the first MAC enter
 row 0 in ``c + GEMM_FILL + 1`` (plus the first group's header excess) and the last one leave
@@ -77,8 +78,8 @@ class ComputeCore(wiring.Component):
 
     #: Cycles from a RECORD (or an activation slot) to row 0 using it.
     LATENCY = Decoder.LATENCY + 1
-    #: Activation path: address sum, wrap, scratchpad read, block register.
-    ACT_LATENCY = 4
+    #: Activation path: slot register, address sum, wrap, scratchpad read, block register.
+    ACT_LATENCY = 5
 
     def __init__(self, cfg: AcceleratorConfig):
         if not isinstance(cfg, AcceleratorConfig):
@@ -131,10 +132,17 @@ class ComputeCore(wiring.Component):
         m.d.sync += epi.prefetch.eq(take)  # in c + 1, when ins holds the command
 
         # ---- per-instruction constants (registered: ins is constant while the core runs) -----
-        hdr = Signal(range(MAX_HEADER_WORDS + 1))
-        m.d.comb += hdr.eq(Mux(ins.group_steps == 0, 0, 1 + ins.asym))
-        gap_gs = Signal.like(ins.tokens_m1)  # cycles before a group-start record, minus one
-        m.d.sync += gap_gs.eq(Mux(hdr > ins.tokens_m1, hdr, ins.tokens_m1))
+        # The sequencer's per-cycle decisions use only these flags and small counters, so the
+        # instruction fields' wide comparisons stay off its critical paths.
+        hdr = Mux(ins.group_steps == 0, 0, 1 + ins.asym)
+        has_hdr = Signal()                      # group headers: 1 or 2 words
+        hdr2 = Signal()                         # two header words (asymmetric)
+        gs_is1 = Signal()                       # one step per group
+        t_is1 = Signal()                        # one token
+        gap_gs = Signal.like(ins.tokens_m1)     # cycles before a group-start record, minus one
+        m.d.sync += [has_hdr.eq(ins.group_steps != 0), hdr2.eq((ins.group_steps != 0) & ins.asym),
+                     gs_is1.eq(ins.group_steps == 1), t_is1.eq(ins.tokens_m1 == 0),
+                     gap_gs.eq(Mux(hdr > ins.tokens_m1, hdr, ins.tokens_m1))]
         n_eff = Signal(range(cfg.max_block + 1))  # steps per activation block (dense: 1)
         m_eff = Signal(range(cfg.max_block + 1))  # bytes per activation block (dense: 1)
         with m.Switch(ins.pattern):
@@ -149,8 +157,11 @@ class ComputeCore(wiring.Component):
 
         # ---- step sequencer ---------------------------------------------------------------------
         rem = Signal(range(GEMM_FILL + MAX_HEADER_WORDS + 2 + cfg.max_tokens))
-        steps_left = Signal.like(ins.k_steps)
+        steps_left = Signal.like(ins.k_steps)   # RECORDs still to issue ...
+        more = Signal()                         # ... is not zero
+        last_step = Signal()                    # ... is one
         gpos = Signal.like(ins.group_steps)     # steps left in the current group
+        gpos_is1 = Signal()
         next_gs = Signal()                      # the next RECORD starts a group
         step0 = Signal()
         slots_left = Signal.like(ins.tokens_m1)
@@ -180,24 +191,29 @@ class ComputeCore(wiring.Component):
                                  c_hdr - cmd.tokens_m1, 0)
                     m.d.sync += [
                         rem.eq(GEMM_FILL - self.LATENCY + extra0),
-                        steps_left.eq(cmd.k_steps), next_gs.eq(cmd.group_steps != 0),
+                        steps_left.eq(cmd.k_steps), more.eq(cmd.k_steps != 0),
+                        last_step.eq(cmd.k_steps == 1), next_gs.eq(cmd.group_steps != 0),
                         step0.eq(1), slots_left.eq(0), nib.eq(0), kb_sub.eq(0),
                         kb_word.eq(0),
                     ]
                     m.next = "RUN"
             with m.State("RUN"):
-                m.d.comb += rec.eq((rem == 0) & (steps_left != 0))
+                # Header words in the last hdr cycles before a group's first RECORD.
+                m.d.comb += rec.eq((rem == 0) & more)
                 with m.If(rec):
                     m.d.comb += dec.op.eq(WeightOp.RECORD)
-                with m.Elif((steps_left != 0) & next_gs & (rem <= hdr)):
-                    m.d.comb += dec.op.eq(Mux(rem == hdr, WeightOp.CODES, WeightOp.ZEROS))
+                with m.Elif(more & next_gs & (rem == 2) & hdr2):
+                    m.d.comb += dec.op.eq(WeightOp.CODES)
+                with m.Elif(more & next_gs & (rem == 1) & has_hdr):
+                    m.d.comb += dec.op.eq(Mux(hdr2, WeightOp.ZEROS, WeightOp.CODES))
 
                 with m.If(rec):
-                    gpos_after = Mux(next_gs, ins.group_steps, gpos) - 1
-                    ngs = (gpos_after == 0) & (ins.group_steps != 0)
+                    ngs = has_hdr & Mux(next_gs, gs_is1, gpos_is1)
+                    gpos_n = Mux(next_gs, ins.group_steps, gpos) - 1
                     m.d.sync += [
-                        steps_left.eq(steps_left - 1),
-                        gpos.eq(gpos_after), next_gs.eq(ngs),
+                        steps_left.eq(steps_left - 1), more.eq(~last_step),
+                        last_step.eq(steps_left == 2),
+                        gpos.eq(gpos_n), gpos_is1.eq(gpos_n == 1), next_gs.eq(ngs),
                         rem.eq(Mux(ngs, gap_gs, ins.tokens_m1)),
                         slots_left.eq(ins.tokens_m1), j.eq(1),
                         cur_first.eq(step0 & ~ins.accumulate), step0.eq(0),
@@ -211,8 +227,8 @@ class ComputeCore(wiring.Component):
                     slot.eq(rec | (slots_left != 0)),
                     slot_tok.eq(Mux(rec, 0, j)),
                     slot_first.eq(Mux(rec, step0 & ~ins.accumulate, cur_first)),
-                    last_slot.eq(Mux(rec, ins.tokens_m1 == 0, slots_left == 1)),
-                    final_slot.eq(last_slot & (steps_left == rec)),
+                    last_slot.eq(Mux(rec, t_is1, slots_left == 1)),
+                    final_slot.eq(last_slot & Mux(rec, last_step, ~more)),
                 ]
                 # Advance the activation block after the last token of each step.
                 with m.If(last_slot):
@@ -225,7 +241,7 @@ class ComputeCore(wiring.Component):
                     with m.Else():
                         m.d.sync += nib.eq(nib + 1)
                 # Epilogue start = last slot + activation path + row skew + drain.
-                with m.If(final_slot | ((steps_left == 0) & (slots_left == 0))):
+                with m.If(final_slot | (~more & (slots_left == 0))):
                     m.d.sync += drain.eq(self.LATENCY + cfg.rows - 1 + GEMM_DRAIN - 1)
                     m.next = "DRAIN"
             with m.State("DRAIN"):
@@ -247,14 +263,18 @@ class ComputeCore(wiring.Component):
             self.done.eq(none_done | epi.done),
         ]
 
-        # ---- activation path: slot -> address -> ACT read -> block register -> row 0 ----------
+        # ---- activation path: slot -> register -> address -> wrap -> ACT read -> block -> row 0
+        s_v = Signal()
+        s_tok = Signal.like(slot_tok)
+        s_kbw = Signal.like(kb_word)
+        m.d.sync += [s_v.eq(slot), s_tok.eq(slot_tok), s_kbw.eq(kb_word)]
         tb = Signal(range(adepth))              # token base of the next slot
-        base = Mux(slot_tok == 0, act_base, tb)
-        with m.If(slot):
+        base = Mux(s_tok == 0, act_base, tb)
+        with m.If(s_v):
             m.d.sync += tb.eq(wrap_add(base, stride, adepth))
         a_sum = Signal(range(2 * adepth))
         a_addr = Signal(range(adepth))
-        m.d.sync += [a_sum.eq(base + kb_word),
+        m.d.sync += [a_sum.eq(base + s_kbw),
                      a_addr.eq(Mux(a_sum >= adepth, a_sum - adepth, a_sum))]
         m.d.comb += self.act_rd.addr.eq(a_addr)
         blk = Signal(act_block_layout(cfg))

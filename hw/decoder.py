@@ -14,11 +14,12 @@ read, enters it; the read port address is chosen one cycle ahead so its data is 
 after the window. One word is read per cycle at most, and an operation consumes at most one, so
 any mix of operations runs at one per cycle::
 
-    cycle x     op: rotate window by p -> R                      (pointer/window update)
-    cycle x+1   CODES/ZEROS: header register <- R
+    cycle x     op registered
+    cycle x+1   rotate window by p -> R                          (pointer/window update)
+    cycle x+2   CODES/ZEROS: header register <- R
                 RECORD: extract the fields of R, Dequant stage 1 (q - zero)
-    cycle x+2   Dequant stage 2 (code * diff)
-    cycle x+3   w, idx, valid out
+    cycle x+3   Dequant stage 2 (code * diff)
+    cycle x+4   w, idx, valid out
 
 Reads wrap modulo the scratchpad depth. Also here: small helpers for the scratchpad port
 signatures and wrapping address arithmetic shared by the compute engine.
@@ -165,14 +166,14 @@ class Decoder(wiring.Component):
         ``w``/``idx`` hold a record this cycle.
     ext, ext_a, ext_b, ext_prod:
         The lanes' Dequant multipliers lent to the epilogue (:class:`hw.dequant.Dequant`):
-        with ``ext`` high, ``ext_prod[l]`` in the next cycle is ``ext_a[l] * ext_b[l]``. Only
-        while no RECORD is in flight.
+        with ``ext`` high in cycle ``e``, ``ext_prod[l]`` in ``e + 2`` is
+        ``ext_a[l] * ext_b[l]``. Only while no RECORD is in flight.
     """
 
     #: Cycles from ``start`` to the first operation.
-    FIRST_OP = 3
+    FIRST_OP = 2
     #: Cycles from a RECORD operation to its outputs.
-    LATENCY = 1 + Dequant.LATENCY
+    LATENCY = 2 + Dequant.LATENCY
 
     def __init__(self, cfg: AcceleratorConfig):
         if not isinstance(cfg, AcceleratorConfig):
@@ -210,7 +211,8 @@ class Decoder(wiring.Component):
         vmax = max(cfg.weight_bits)
         fmts = field_formats(cfg)
         ins = self.ins
-        raw = ins.group_steps == 0
+        raw = Signal()                   # no group headers: registered, it fans out to every lane
+        m.d.sync += raw.eq(ins.group_steps == 0)
 
         # ---- window: two words, chunk pointer, next-word read address --------------------------
         w0 = Signal(wbits)
@@ -233,12 +235,18 @@ class Decoder(wiring.Component):
         fbits = Signal(range(CHUNKS + 1))  # chunks per record = field bits
         m.d.comb += fbits.eq(sum(Mux(fmt_sel[i], vb + xb, 0) for i, (vb, xb) in enumerate(fmts)))
 
+        # Operations are registered on entry, with the chunks they consume: the window update
+        # they drive (pointer, word shift of 2 x 8 x lanes bits, next read address) then starts
+        # from registers, not from the sequencer.
+        op = Signal(WeightOp)
+        sub = Signal.like(self.sub)
         consume = Signal(range(CHUNKS + 1))
+        m.d.sync += [op.eq(self.op), sub.eq(self.sub), consume.eq(0)]
         with m.Switch(self.op):
             with m.Case(WeightOp.CODES, WeightOp.ZEROS):
-                m.d.comb += consume.eq(CHUNKS)
+                m.d.sync += consume.eq(CHUNKS)
             with m.Case(WeightOp.RECORD):
-                m.d.comb += consume.eq(fbits)
+                m.d.sync += consume.eq(fbits)
         nxt = Signal(range(2 * CHUNKS))
         m.d.comb += nxt.eq(ptr + consume)
         shift = Signal()
@@ -269,7 +277,7 @@ class Decoder(wiring.Component):
         r = Signal(wbits)
         r_op = Signal(WeightOp)
         r_sub = Signal.like(self.sub)
-        m.d.sync += [r.eq(rot), r_op.eq(self.op), r_sub.eq(self.sub)]
+        m.d.sync += [r.eq(rot), r_op.eq(op), r_sub.eq(sub)]
 
         # ---- cycle x+1: headers, or field extraction + dequant stage 1 ----------------------
         codes = Signal(data.ArrayLayout(cfg.scale_code_bits, lanes))

@@ -12,8 +12,8 @@ where ``bits`` is 8 for INT8 instructions and 4 otherwise, ``code`` keeps the lo
 The result always fits ``cfg.weight_operand_bits`` signed bits.
 
 The unit's multiplier is also lent to the INT8 epilogue, which runs while the decoder is idle:
-with ``ext`` high, the product register takes ``ext_a * ext_b`` (the high accumulator slice times
-the lane's multiplier; see :mod:`hw.pe`, "Multiplier sharing").
+with ``ext`` high, the product register takes ``ext_a * ext_b`` two cycles later (the high
+accumulator slice times the lane's multiplier; see :mod:`hw.pe`, "Multiplier sharing").
 """
 
 from __future__ import annotations
@@ -74,9 +74,10 @@ class Dequant(wiring.Component):
     w: Out(signed(cfg.weight_operand_bits))
         ``code * (q - zero)``, two cycles after the inputs.
     ext: In(1)
-        Lend the multiplier this cycle: ``prod`` in the next cycle is ``ext_a * ext_b``.
+        Lend the multiplier: with ``ext`` high in cycle ``e``, ``prod`` in ``e + 2`` is
+        ``ext_a * ext_b`` (both sampled in ``e``).
     ext_a: In(signed(hi_slice_bits(cfg)))
-        High accumulator slice (registered by the user).
+        High accumulator slice.
     ext_b: In(MULT_BITS)
         Requantisation multiplier.
     prod: Out(hi_product_shape(cfg))
@@ -127,7 +128,13 @@ class Dequant(wiring.Component):
             code.eq(Mux(self.raw, 1, self.code)),
         ]
 
+        # The borrowed operands are registered here, beside the multiplier, as stage 1 is.
+        ext = Signal()
+        ext_a = Signal.like(self.ext_a)
+        ext_b = Signal.like(self.ext_b)
+        m.d.sync += [ext.eq(self.ext), ext_a.eq(self.ext_a), ext_b.eq(self.ext_b)]
+
         # Stage 2: the product; |code * diff| <= code_max * (2**bits - 1) fits the operand.
-        m.d.sync += self.prod.eq(Mux(self.ext, self.ext_a, code) * Mux(self.ext, self.ext_b, diff))
+        m.d.sync += self.prod.eq(Mux(ext, ext_a, code) * Mux(ext, ext_b, diff))
         m.d.comb += self.w.eq(self.prod)
         return m

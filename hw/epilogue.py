@@ -22,12 +22,13 @@ residual. This replaces a full-width barrel shifter and comparators per lane.
 
 Pipeline (read ``i`` in cycle ``e``, the ``i``-th word written in cycle ``e + LATENCY``)::
 
-    e     every PE reads token t; A <- accumulators; PEs latch (low slice, mult)
-    e+1   PE: lo <- low slice * mult;  Dequant: hi <- A[SLICE_BITS:] * mult
+    e     every PE reads token t; A <- accumulators; PEs latch (low slice, mult), Dequant
+          units (high slice, mult)
+    e+1   PE: lo <- low slice * mult;  Dequant: hi <- high slice * mult
     e+2   S <- lo + hi * 2**SLICE_BITS (= acc * mult);  residual row registered
-    e+3   Y <- sat8((window(2 * S, shift) + 1 + 2 * residual) >> 1), or saturated by sign
-          (WIDE: Y <- quarter of A, delayed)
-    e+4   OUT[out_addr_word + i] <- Y
+    e+3   W <- window(2 * S, shift); whether S fits it      (WIDE: quarter of A, delayed)
+    e+4   Y <- sat8((W + 1 + 2 * residual) >> 1), or saturated by the sign of S
+    e+5   OUT[out_addr_word + i] <- Y
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ class Epilogue(wiring.Component):
     ins: In(GemmBody)
         The instruction.
     acc_addr: Out(range(cfg.max_tokens))
-        Token whose accumulators are read.
+        Token whose accumulators are read in the next cycle.
     acc_data: In(data.ArrayLayout(signed(cfg.acc_bits), cfg.lanes))
-        The accumulators of token ``acc_addr`` (combinational).
+        The accumulators of the token addressed in the previous cycle.
     param_rd: In(spad_read_signature(cfg, "param"))
         PARAM scratchpad read port (synchronous).
     out_wr: In(spad_write_signature(cfg, "out"))
@@ -102,17 +103,17 @@ class Epilogue(wiring.Component):
     mult: Out(data.ArrayLayout(MULT_BITS, cfg.lanes))
         The per-lane multipliers (to the array and the decoder).
     hi_en: Out(1)
-        ``hi`` holds the high slices of the previous read (to the decoder's ``ext``).
+        ``hi`` holds the high slices of this cycle's read (to the decoder's ``ext``).
     hi: Out(data.ArrayLayout(signed(hi_slice_bits(cfg)), cfg.lanes))
         High accumulator slices (to the decoder's ``ext_a``).
     lo_prod: In(data.ArrayLayout(lo_product_shape(cfg), cfg.lanes))
         Low partial products, two cycles after ``ep`` (from the array).
     hi_prod: In(data.ArrayLayout(hi_product_shape(cfg), cfg.lanes))
-        High partial products, one cycle after ``hi_en`` (from the decoder).
+        High partial products, two cycles after ``hi_en`` (from the decoder).
     """
 
     #: Cycles from an accumulator read to the write of its word.
-    LATENCY = 4
+    LATENCY = 5
 
     def __init__(self, cfg: AcceleratorConfig):
         if not isinstance(cfg, AcceleratorConfig):
@@ -156,25 +157,33 @@ class Epilogue(wiring.Component):
         slack = EPILOGUE_FILL - self.LATENCY
 
         # ---- sequencing: `slack` idle cycles, then one read per cycle ---------------------------
+        # The array registers the read address next to its files, so acc_addr is the token of
+        # the *next* cycle: the counters' next state.
         wait = Signal(range(slack + 1))
         busy = Signal()
         last = Signal()        # reading the final word
         tok = Signal.like(ins.tokens_m1)  # as wide as tokens_m1: always reaches it
         quarter = Signal(2)
-        m.d.comb += last.eq(busy & (tok == ins.tokens_m1) & (~wide | (quarter == 3)))
+        wait_n = Signal.like(wait)
+        busy_n = Signal()
+        tok_n = Signal.like(tok)
+        quarter_n = Signal.like(quarter)
+        m.d.comb += [last.eq(busy & (tok == ins.tokens_m1) & (~wide | (quarter == 3))),
+                     wait_n.eq(wait), busy_n.eq(busy), tok_n.eq(tok), quarter_n.eq(quarter)]
         with m.If(self.start & (ins.epilogue != EpilogueKind.NONE)):
-            m.d.sync += [wait.eq(slack), busy.eq(slack == 0), tok.eq(0), quarter.eq(0)]
+            m.d.comb += [wait_n.eq(slack), busy_n.eq(slack == 0), tok_n.eq(0), quarter_n.eq(0)]
         with m.Elif(wait != 0):
-            m.d.sync += wait.eq(wait - 1)
+            m.d.comb += wait_n.eq(wait - 1)
             with m.If(wait == 1):
-                m.d.sync += busy.eq(1)
+                m.d.comb += busy_n.eq(1)
         with m.Elif(busy):
-            m.d.sync += quarter.eq(Mux(wide, quarter + 1, 0))
+            m.d.comb += quarter_n.eq(Mux(wide, quarter + 1, 0))
             with m.If(~wide | (quarter == 3)):
-                m.d.sync += tok.eq(tok + 1)
+                m.d.comb += tok_n.eq(tok + 1)
             with m.If(last):
-                m.d.sync += busy.eq(0)
-        m.d.comb += [self.acc_addr.eq(tok), self.ep.eq(busy)]
+                m.d.comb += busy_n.eq(0)
+        m.d.sync += [wait.eq(wait_n), busy.eq(busy_n), tok.eq(tok_n), quarter.eq(quarter_n)]
+        m.d.comb += [self.acc_addr.eq(tok_n), self.ep.eq(busy)]
 
         # ---- e: register the accumulators ------------------------------------------------------
         a = Signal.like(self.acc_data)
@@ -205,10 +214,13 @@ class Epilogue(wiring.Component):
         with m.If(load_mult):
             m.d.sync += self.mult.eq(self.param_rd.data)
 
-        # ---- e+1: high slices to the decoder's multipliers; WIDE quarter select ---------------
-        m.d.comb += self.hi_en.eq(a_valid)
+        # The high slices go straight from the array to the Dequant units, which register them
+        # beside their multipliers (as the PEs do with the low slices).
+        m.d.comb += self.hi_en.eq(busy)
         for l in range(lanes):
-            m.d.comb += self.hi[l].eq(a[l][SLICE_BITS:])
+            m.d.comb += self.hi[l].eq(self.acc_data[l][SLICE_BITS:])
+
+        # ---- e+1: WIDE quarter select -------------------------------------------------------
         p_valid = Signal()
         p_tok = Signal.like(tok)
         m.d.sync += [p_valid.eq(a_valid), p_tok.eq(a_tok)]
@@ -248,10 +260,12 @@ class Epilogue(wiring.Component):
         above = Signal(cbits)
         m.d.sync += above.eq(Cat(shift + (WINDOW_BITS - 1) <= i for i in range(cbits)))
 
-        # ---- e+3: window, rounding, residual, saturation ------------------------------------
-        # q + r = floor((W + 1) / 2) + r = (W + 1 + 2r) >> 1 with W the window: one adder.
-        y = Signal(word_bits)
-        y8 = []
+        # ---- e+3: the window and whether S fits it -------------------------------------------
+        win = [Signal(signed(WINDOW_BITS), name=f"win_l{l}") for l in range(lanes)]
+        fits = Signal(lanes)
+        neg = Signal(lanes)
+        res3 = Signal.like(res)
+        wide_q3 = Signal.like(wide_q)
         coarse_bits = WINDOW_BITS + 7
         for l in range(lanes):
             c = Cat(Const(0, 1), s[l])
@@ -261,22 +275,33 @@ class Epilogue(wiring.Component):
                 for k in range(4):
                     with m.Case(k):
                         m.d.comb += coarse.eq(c[8 * k:8 * k + coarse_bits])
-            win = Signal(signed(WINDOW_BITS), name=f"win_l{l}")
             with m.Switch(shift[:3]):
                 for k in range(8):
                     with m.Case(k):
-                        m.d.comb += win.eq(coarse[k:k + WINDOW_BITS])
-            out = ((c ^ sign.replicate(cbits)) & above).any()
-            t = Signal(signed(WINDOW_BITS + 1), name=f"t_l{l}")
-            m.d.comb += t.eq(win + Cat(Const(1, 1), res[l]).as_signed())
-            v = t >> 1
-            sat = Mux(v > 127, 127, Mux(v < -128, -128, v))
-            y8.append(Mux(out, Mux(sign, -128, 127), sat)[:8])
-        m.d.sync += y.eq(Mux(wide, wide_q2, Cat(y8)))
-        y_valid = Signal()
-        m.d.sync += y_valid.eq(s_valid)
+                        m.d.sync += win[l].eq(coarse[k:k + WINDOW_BITS])
+            m.d.sync += [fits[l].eq(~((c ^ sign.replicate(cbits)) & above).any()),
+                         neg[l].eq(sign)]
+        m.d.sync += [res3.eq(res), wide_q3.eq(wide_q2)]
+        w_valid = Signal()
+        m.d.sync += w_valid.eq(s_valid)
 
-        # ---- e+4: write ----------------------------------------------------------------------
+        # ---- e+4: rounding, residual, saturation --------------------------------------------
+        # q + r = floor((W + 1) / 2) + r = (W + 1 + 2r) >> 1: one adder; int8 overflow is bits
+        # 7 and up not all equal (no comparator chains).
+        y = Signal(word_bits)
+        y8 = []
+        for l in range(lanes):
+            t = Signal(signed(WINDOW_BITS + 1), name=f"t_l{l}")
+            m.d.comb += t.eq(win[l] + Cat(Const(1, 1), res3[l]).as_signed())
+            v = t[1:]  # (W + 1 + 2r) >> 1, 11 bits
+            ovf = v[7:].any() & ~v[7:].all()
+            sat = Mux(~fits[l], Mux(neg[l], -128, 127), Mux(ovf, Mux(v[-1], -128, 127), v[:8]))
+            y8.append(sat[:8])
+        m.d.sync += y.eq(Mux(wide, wide_q3, Cat(y8)))
+        y_valid = Signal()
+        m.d.sync += y_valid.eq(w_valid)
+
+        # ---- e+5: write ----------------------------------------------------------------------
         waddr = Signal(range(odepth))
         with m.If(self.start):
             m.d.sync += waddr.eq(beats_to_words(ins.out_addr, cfg, "out"))

@@ -22,8 +22,8 @@ accumulation is in flight, so the file is not duplicated for a second read port.
 idle. Rather than giving it 2 x lanes multipliers of its own (the default array would need 256
 of the ECP5-85F's 156), it borrows this PE's multiplier for the low ``SLICE_BITS`` of the
 accumulator and the lane's :class:`hw.dequant.Dequant` multiplier for the rest. With ``ep``
-high in cycle ``e`` (an epilogue read of ``rd_addr``), ``ep_lo`` in ``e + 2`` is
-``acc[rd_addr][:SLICE_BITS] * ep_mult`` (the slice unsigned).
+high in cycle ``e`` (an epilogue read: ``rd_addr`` was presented in ``e - 1``), ``ep_lo`` in
+``e + 2`` is ``rd_data[:SLICE_BITS] * ep_mult`` (the slice unsigned).
 """
 
 from __future__ import annotations
@@ -90,11 +90,12 @@ class PE(wiring.Component):
     first: In(1)
         First step of a non-accumulating instruction: overwrite the entry instead of adding.
     rd_addr: In(range(cfg.max_tokens))
-        Epilogue read address (used when no accumulation is in flight).
+        Epilogue read address, one cycle ahead: ``rd_data`` shows entry ``rd_addr`` in the next
+        cycle (when no accumulation is in flight).
     rd_data: Out(signed(cfg.acc_bits))
-        Accumulator entry ``rd_addr`` (combinational).
+        The entry addressed in the previous cycle.
     ep: In(1)
-        Epilogue read: multiply the low slice of entry ``rd_addr`` by ``ep_mult``.
+        Epilogue read: multiply the low slice of ``rd_data`` by ``ep_mult``.
     ep_mult: In(MULT_BITS)
         The lane's requantisation multiplier.
     ep_lo: Out(lo_product_shape(cfg))
@@ -164,9 +165,15 @@ class PE(wiring.Component):
         m.d.sync += [p2.eq(a1 * w1), t2.eq(t1), v2.eq(v1), f2.eq(f1)]
         m.d.comb += self.ep_lo.eq(p2)
 
+        # The file's read address is registered next to the file, so neither the accumulate
+        # path nor the epilogue's read starts at a distant, high-fanout register: it is t2 while
+        # an accumulation is in stage 3, else the epilogue's rd_addr of the previous cycle.
+        raddr = Signal.like(self.tok)
+        m.d.sync += raddr.eq(Mux(v1, t1, self.rd_addr))
+
         # Stage 3: read-add-write of the token's entry (the sum wraps at acc_bits).
         m.d.comb += [
-            rd.addr.eq(Mux(v2, t2, self.rd_addr)),
+            rd.addr.eq(raddr),
             self.rd_data.eq(rd.data),
             wr.addr.eq(t2),
             wr.en.eq(v2),

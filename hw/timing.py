@@ -72,9 +72,9 @@ GEMM_FILL = 8
 #: (PE multiply and accumulate stages).
 GEMM_DRAIN = 2
 #: Epilogue cycles before the first output word is written (accumulator read; partial products
-#: on the borrowed PE and Dequant multipliers; their sum; window, rounding, residual and
+#: on the borrowed PE and Dequant multipliers; their sum; window; rounding, residual and
 #: saturation; see hw/epilogue.py).
-EPILOGUE_FILL = 4
+EPILOGUE_FILL = 5
 
 
 def dma_beats(ins: Load) -> int:

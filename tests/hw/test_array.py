@@ -79,11 +79,12 @@ def run_array(cfg, steps):
         ctx.set(dut.valid, 0)
         ctx.set(dut.load, 0)
         # The last MAC entered row 0 at most one cycle ago; it is readable in the last row
-        # rows - 1 + LATENCY cycles after it entered.
-        await ctx.tick().repeat(cfg.rows - 1 + PE.LATENCY - 1)
+        # rows - 1 + LATENCY cycles after it entered, the address given a cycle before.
+        await ctx.tick().repeat(cfg.rows - 1 + PE.LATENCY - 2)
         acc = np.zeros((cfg.max_tokens, cfg.lanes), dtype=np.int64)
-        for t in range(cfg.max_tokens):
+        for t in range(cfg.max_tokens):  # the address is registered: data a cycle later
             ctx.set(dut.rd_addr, t)
+            await ctx.tick()
             acc[t] = [ctx.get(dut.rd_data[l]) for l in range(cfg.lanes)]
         res["acc"], res["macs"] = acc, macs
 
@@ -144,12 +145,12 @@ def test_epilogue_products_of_every_lane():
             await ctx.tick()
         ctx.set(dut.valid, 0)
         ctx.set(dut.load, 0)
-        await ctx.tick().repeat(cfg.rows - 1 + PE.LATENCY - 1)
+        await ctx.tick().repeat(cfg.rows - 1 + PE.LATENCY - 2)
         ctx.set(dut.ep_mult, mults)
-        for t in range(cfg.max_tokens + 2):
-            ctx.set(dut.ep, int(t < cfg.max_tokens))
-            ctx.set(dut.rd_addr, t % cfg.max_tokens)
-            if t >= 2:
+        for k in range(cfg.max_tokens + 3):  # address in k, read and ep in k + 1
+            ctx.set(dut.rd_addr, k % cfg.max_tokens)
+            ctx.set(dut.ep, int(1 <= k <= cfg.max_tokens))
+            if k >= 3:
                 got.append([ctx.get(dut.ep_lo[l]) for l in range(cfg.lanes)])
             await ctx.tick()
 

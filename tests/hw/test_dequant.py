@@ -113,7 +113,7 @@ def test_rejects_non_config():
 
 
 def test_epilogue_borrows_the_multiplier():
-    """With ext high, prod in the next cycle is ext_a * ext_b (signed high slice times the
+    """With ext high in cycle e, prod in e + 2 is ext_a * ext_b (signed high slice times the
     unsigned multiplier); the next dequantisation is unaffected."""
     cfg = DEFAULT
     dut = Dequant(cfg)
@@ -126,13 +126,16 @@ def test_epilogue_borrows_the_multiplier():
     got = []
 
     async def testbench(ctx):
-        for a, b in pairs:
-            ctx.set(dut.ext, 1)
-            ctx.set(dut.ext_a, a)
-            ctx.set(dut.ext_b, b)
+        for k in range(len(pairs) + 2):  # operands in cycle k, product in k + 2
+            if k < len(pairs):
+                ctx.set(dut.ext, 1)
+                ctx.set(dut.ext_a, pairs[k][0])
+                ctx.set(dut.ext_b, pairs[k][1])
+            else:
+                ctx.set(dut.ext, 0)
+            if k >= 2:
+                got.append(ctx.get(dut.prod))
             await ctx.tick()
-            got.append(ctx.get(dut.prod))
-        ctx.set(dut.ext, 0)
         for name, v in {"value": 9, "code": 200, "zero": 3, "asym": 1}.items():
             ctx.set(getattr(dut, name), v)
         await ctx.tick().repeat(Dequant.LATENCY)

@@ -31,7 +31,7 @@ WIDEACC = AcceleratorConfig(rows=1, cols=8, max_tokens=4, acc_bits=48, out_spad_
 
 
 class Harness(Elaboratable):
-    """The epilogue with PARAM/OUT memories, an accumulator memory (combinational read) and
+    """The epilogue with PARAM/OUT memories, an accumulator memory (synchronous read) and
     behavioural stand-ins for the borrowed PE and Dequant multipliers (same latencies)."""
 
     def __init__(self, cfg):
@@ -50,7 +50,7 @@ class Harness(Elaboratable):
         m.submodules.acc = self.acc
         m.submodules.param = self.param
         m.submodules.out = self.out
-        rd = self.acc.read_port(domain="comb")
+        rd = self.acc.read_port()  # the array registers the address: data a cycle later
         m.d.comb += [rd.addr.eq(epi.acc_addr), epi.acc_data.eq(rd.data)]
         cfg = self.cfg
         for l in range(cfg.lanes):
@@ -60,9 +60,11 @@ class Harness(Elaboratable):
             with m.If(epi.ep):
                 m.d.sync += [lo.eq(rd.data[l].as_unsigned()[:SLICE_BITS]), mul.eq(epi.mult[l])]
             m.d.sync += epi.lo_prod[l].eq(lo * mul)
-            # Dequant: product of the registered operands one cycle after hi_en.
+            # Dequant: operands latched with hi_en, product one cycle later.
+            hi = Signal.like(epi.hi[l])
             with m.If(epi.hi_en):
-                m.d.sync += epi.hi_prod[l].eq(epi.hi[l] * epi.mult[l])
+                m.d.sync += hi.eq(epi.hi[l])
+            m.d.sync += epi.hi_prod[l].eq(hi * epi.mult[l])
         connect(m, self.param.read_port(), epi.param_rd)
         connect(m, self.out.write_port(), epi.out_wr)
         return m

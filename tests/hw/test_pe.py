@@ -74,8 +74,9 @@ def run_pe(cfg, cycles):
         ctx.set(dut.load, 0)
         ctx.set(dut.valid, 0)
         await ctx.tick().repeat(PE.LATENCY - 1)
-        for t in range(cfg.max_tokens):
+        for t in range(cfg.max_tokens):  # the address is registered: data a cycle later
             ctx.set(dut.rd_addr, t)
+            await ctx.tick()
             got.append(ctx.get(dut.rd_data))
 
     sim = Simulator(dut)
@@ -130,8 +131,8 @@ def test_rejects_non_config():
 
 
 def test_epilogue_borrows_the_multiplier():
-    """With ep high in cycle e, ep_lo in e + 2 is the entry's low SLICE_BITS times ep_mult,
-    one entry per cycle; MACs before and after are unaffected."""
+    """With rd_addr in e - 1 and ep high in e, ep_lo in e + 2 is the entry's low SLICE_BITS times
+    ep_mult, one entry per cycle."""
     cfg = CFG
     rng = np.random.default_rng(4)
     cycles = random_schedule(cfg, rng, 6)
@@ -155,14 +156,13 @@ def test_epilogue_borrows_the_multiplier():
         ctx.set(dut.load, 0)
         ctx.set(dut.valid, 0)
         await ctx.tick().repeat(PE.LATENCY - 1)
-        for t in range(cfg.max_tokens + 2):
-            if t < cfg.max_tokens:
-                ctx.set(dut.ep, 1)
-                ctx.set(dut.rd_addr, t)
-                ctx.set(dut.ep_mult, mults[t])
-            else:
-                ctx.set(dut.ep, 0)
-            if t >= 2:
+        # Address in cycle k, entry and ep in k + 1, product in k + 3.
+        for k in range(cfg.max_tokens + 3):
+            ctx.set(dut.rd_addr, k % cfg.max_tokens)
+            ctx.set(dut.ep, int(1 <= k <= cfg.max_tokens))
+            if 1 <= k <= cfg.max_tokens:
+                ctx.set(dut.ep_mult, mults[k - 1])
+            if k >= 3:
                 got.append(ctx.get(dut.ep_lo))
             await ctx.tick()
 
