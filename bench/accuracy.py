@@ -1,0 +1,678 @@
+"""Accuracy of N:M pruning and INT4 quantisation on the shipped reference model.
+
+``python -m bench.accuracy`` compresses the reference model (``sw/models/reference``) with every
+configuration of :func:`default_configs`, evaluates each with the default
+:class:`sw.models.eval.EvalProtocol` (perplexity, top-1 agreement and KL against the fp32
+model), prints a table, and writes ``bench/results/accuracy.json`` (one flat record per
+configuration) and ``docs/img/accuracy.png``. See docs/accuracy.md for the numbers.
+
+Rows: fp32; dense W4 g128 by RTN and GPTQ; 2:4, 4:8, 1:4, 2:8 pruning only (weights kept in
+float, rounded to FP16) by magnitude, Wanda and SparseGPT; 2:4 + W4 g128 with every mask method
+combined with RTN and with GPTQ (``sparsegpt+rtn``: SparseGPT's float reconstruction then
+rounding; ``sparsegpt+gptq``: SparseGPT's joint mode, rounding inside the sweep); and the golden
+W4A8 hardware numerics (:class:`sw.compress.model.HardwareLinear`) on top of the best 2:4 + W4
+configuration and of dense W4 GPTQ.
+
+Record fields: ``method``, ``mask`` / ``quant`` (its two halves), ``pattern``, ``bits`` (32 fp32,
+16 float pruned weights rounded to FP16, 4 INT4), ``group`` (0 when not quantised),
+``numerics`` (``float``: the model with dequantised weights; ``hardware``: INT8 activations,
+integer accumulation), ``perplexity``, ``nll``, ``top1_agreement``, ``kl``, ``max_kl``,
+``seconds`` (compression wall time, calibration included; hardware rows reuse the weights of
+the float row and repeat its time), ``eval_seconds``, and the calibration / eval settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import math
+import re
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from hw.config import NMPattern
+from hw.format import QuantizedWeight, WeightFormat
+from sw.compress.calibrate import collect_stats
+from sw.compress.core import PaddingWarning
+from sw.compress.model import (
+    compress_llama,
+    prune_llama,
+    selected_linears,
+    use_hardware_numerics,
+)
+from sw.compress.prune import nm_mask
+from sw.compress.sparsegpt import sparsegpt_prune
+from sw.compress.wanda import wanda_mask
+from sw.models.eval import (
+    EvalProtocol,
+    calibration_samples,
+    compare,
+    eval_windows,
+    perplexity,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+IMG = ROOT / "docs" / "img"
+#: The default evaluation protocol (sw/models/README.md).
+PROTOCOL = EvalProtocol()
+
+#: Patterns of the pruning-only rows.
+PRUNE_PATTERNS = ("2:4", "4:8", "1:4", "2:8")
+#: Mask methods (pruning-only rows and the mask half of the combined rows).
+MASKS = ("magnitude", "wanda", "sparsegpt")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One row of the study.
+
+    Attributes
+    ----------
+    method : str
+        Record label (``fp32``, ``rtn``, ``gptq``, ``magnitude``, ``wanda``, ``sparsegpt``,
+        ``<mask>+rtn``, ``<mask>+gptq``).
+    pattern : str
+        ``dense`` or ``N:M``.
+    bits : int
+        32 (fp32), 16 (float pruned weights, rounded to FP16) or the integer weight width.
+    group : int
+        Quantisation group (0 when not quantised).
+    numerics : str
+        ``float`` or ``hardware``.
+    """
+
+    method: str
+    pattern: str = "dense"
+    bits: int = 32
+    group: int = 0
+    numerics: str = "float"
+
+    @property
+    def label(self) -> str:
+        """Short unique name, e.g. ``wanda+gptq 2:4 w4g128 hw``."""
+        q = "fp32" if self.bits == 32 else "fp16" if self.bits == 16 else \
+            f"w{self.bits}g{self.group}"
+        hw = " hw" if self.numerics == "hardware" else ""
+        return f"{self.method} {self.pattern} {q}{hw}"
+
+    @property
+    def mask(self) -> str:
+        """Mask half of the method (``none`` for dense)."""
+        if self.pattern == "dense":
+            return "none"
+        head = self.method.split("+")[0].split("-")[0]
+        return "magnitude" if head in ("rtn", "gptq") else head
+
+    @property
+    def quant(self) -> str:
+        """Quantisation half (``none`` for float weights)."""
+        if self.bits >= 16:
+            return "none"
+        if self.method.endswith("gptq") or self.method in ("sparsegpt", "sparsegpt-joint"):
+            return "gptq"
+        return "rtn"
+
+
+def default_configs(group: int = 128) -> list[Config]:
+    """The float rows of the study (hardware rows are chosen by :func:`hardware_configs`)."""
+    rows = [Config("fp32"), Config("rtn", "dense", 4, group), Config("gptq", "dense", 4, group)]
+    rows += [Config(m, p, 16, 0) for p in PRUNE_PATTERNS for m in MASKS]
+    rows += [Config(f"{m}+{q}", "2:4", 4, group) for q in ("rtn", "gptq") for m in MASKS]
+    return rows
+
+
+def hardware_configs(records: Sequence[dict]) -> list[Config]:
+    """Hardware-numerics rows: the best (lowest perplexity) 2:4 + W4 float row and dense GPTQ."""
+    out = []
+    sparse = [r for r in records if r["numerics"] == "float" and r["pattern"] == "2:4"
+              and r["bits"] == 4]
+    if sparse:
+        best = min(sparse, key=lambda r: r["perplexity"])
+        out.append(Config(best["method"], "2:4", 4, best["group"], "hardware"))
+    out += [Config("gptq", "dense", 4, r["group"], "hardware") for r in records
+            if r["numerics"] == "float" and r["method"] == "gptq" and r["pattern"] == "dense"]
+    return out
+
+
+# ---------------------------------------------------------------------- evaluation
+class LogitsMemo:
+    """Callable wrapper computing a model's logits once per distinct input batch.
+
+    :func:`~sw.models.eval.perplexity` and :func:`~sw.models.eval.compare` walk the same
+    protocol windows; with this wrapper the model runs once per window batch, not twice, and
+    the fp32 reference once for the whole study.
+    """
+
+    def __init__(self, model: Callable[[torch.Tensor], torch.Tensor]):
+        self.model = model
+        self.cache: dict[str, torch.Tensor] = {}
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        key = hashlib.sha1(ids.numpy().tobytes() + str(tuple(ids.shape)).encode()).hexdigest()
+        if key not in self.cache:
+            self.cache[key] = self.model(ids)
+        return self.cache[key]
+
+
+def evaluate(model: torch.nn.Module, reference: LogitsMemo,
+             protocol: EvalProtocol = PROTOCOL) -> dict:
+    """Perplexity and agreement with the reference of ``model`` under ``protocol``."""
+    t0 = time.perf_counter()
+    memo = LogitsMemo(model)
+    with torch.no_grad():
+        ppl = perplexity(memo, protocol)
+        cmp = compare(memo, reference, protocol)
+    return {"perplexity": ppl.perplexity, "nll": ppl.nll, "top1_agreement": cmp.top1_agreement,
+            "kl": cmp.mean_kl, "max_kl": cmp.max_kl, "eval_tokens": ppl.num_tokens,
+            "eval_seconds": time.perf_counter() - t0}
+
+
+# ---------------------------------------------------------------------- compression
+def compress(cfg: Config, reference: torch.nn.Module, calibration: torch.Tensor | None, *,
+             sequential: bool = True, progress: bool = False,
+             **method_kwargs) -> tuple[torch.nn.Module, dict[str, QuantizedWeight] | None, float]:
+    """Apply a float-numerics configuration to a copy of ``reference``.
+
+    Returns
+    -------
+    model, weights, seconds
+        The compressed copy, its packed weights (None when not quantised) and the wall time.
+    """
+    model = copy.deepcopy(reference)
+    t0 = time.perf_counter()
+    weights = None
+    if cfg.mask == "sparsegpt":  # SparseGPT picks its column order itself
+        method_kwargs = {k: v for k, v in method_kwargs.items() if k != "act_order"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PaddingWarning)  # K=688 is padded to whole groups
+        if cfg.method == "fp32":
+            pass
+        elif cfg.bits == 16:
+            kw = method_kwargs if cfg.method == "sparsegpt" else {}
+            prune_llama(model, cfg.pattern, cfg.method, calibration, sequential=sequential,
+                        progress=progress, **kw)
+        else:
+            fmt = WeightFormat(cfg.pattern, cfg.bits, cfg.group)
+            needs_h = cfg.quant == "gptq" or cfg.mask == "sparsegpt"
+            kw = method_kwargs if needs_h else {}
+            weights = compress_llama(model, fmt, cfg.method, calibration,
+                                     sequential=sequential, progress=progress, **kw)
+    return model, weights, time.perf_counter() - t0
+
+
+def build_records(reference: torch.nn.Module, configs: Sequence[Config],
+                  calibration: torch.Tensor | None, protocol: EvalProtocol = PROTOCOL, *,
+                  hardware: bool = True, sequential: bool = True, progress: bool = True,
+                  extra: dict | None = None, **method_kwargs) -> list[dict]:
+    """Compress and evaluate every configuration; returns the flat records.
+
+    Parameters
+    ----------
+    reference : torch.nn.Module
+        The fp32 ``LlamaLM`` (left unchanged).
+    configs : sequence of Config
+        Float-numerics rows to run.
+    calibration : torch.Tensor or None
+        int64 ``[N, L]`` calibration tokens.
+    protocol : EvalProtocol
+        Evaluation windows.
+    hardware : bool
+        Also run the :func:`hardware_configs` rows.
+    sequential : bool
+        Layer-wise sequential calibration (see :mod:`sw.compress.model`).
+    progress : bool
+        Progress bar over rows.
+    extra : dict, optional
+        Fields added to every record (calibration settings, threads, ...).
+    **method_kwargs
+        Passed to GPTQ / SparseGPT (``percdamp``, ``act_order``, ...).
+    """
+    ref = LogitsMemo(reference)
+    extra = dict(extra or {})
+    records: list[dict] = []
+    weights_of: dict[Config, dict[str, QuantizedWeight]] = {}
+    seconds_of: dict[Config, float] = {}
+    bar = tqdm(total=len(configs) + (2 if hardware else 0), desc="accuracy",
+               disable=not progress)
+
+    def record(cfg: Config, model: torch.nn.Module, seconds: float) -> dict:
+        bar.set_postfix_str(cfg.label)
+        r = {"method": cfg.method, "mask": cfg.mask, "quant": cfg.quant,
+             "pattern": cfg.pattern, "bits": cfg.bits, "group": cfg.group,
+             "numerics": cfg.numerics, "sparsegpt_mode": _sparsegpt_mode(cfg),
+             **evaluate(model, ref, protocol), "seconds": seconds,
+             "sequential": sequential, **extra}
+        records.append(r)
+        bar.update()
+        return r
+
+    try:
+        for cfg in configs:
+            bar.set_postfix_str(cfg.label)
+            model, weights, seconds = compress(cfg, reference, calibration,
+                                               sequential=sequential, **method_kwargs)
+            if weights is not None:
+                weights_of[cfg] = weights
+                seconds_of[cfg] = seconds
+            record(cfg, model, seconds)
+            del model
+        if hardware:
+            for hcfg in hardware_configs(records):
+                base = replace(hcfg, numerics="float")
+                model = use_hardware_numerics(copy.deepcopy(reference), weights_of[base])
+                record(hcfg, model, seconds_of[base])
+    finally:
+        bar.close()
+    return records
+
+
+def _sparsegpt_mode(cfg: Config) -> str:
+    if cfg.mask != "sparsegpt":
+        return ""
+    if cfg.quant == "none":
+        return "prune (float)"
+    return "joint" if cfg.quant == "gptq" else "float reconstruction, then RTN"
+
+
+# ---------------------------------------------------------------------- reporting
+def format_table(records: Sequence[dict]) -> str:
+    """Markdown table of the records."""
+    head = ("| method | pattern | weights | numerics | perplexity | top-1 agree | KL (nats) "
+            "| compress s |\n|---|---|---|---|---:|---:|---:|---:|")
+    lines = [head]
+    for r in records:
+        w = "fp32" if r["bits"] == 32 else "fp16" if r["bits"] == 16 else \
+            f"INT{r['bits']} g{r['group']}"
+        lines.append(f"| {r['method']} | {r['pattern']} | {w} | {r['numerics']} | "
+                     f"{r['perplexity']:.4f} | {r['top1_agreement']:.4f} | {r['kl']:.4f} | "
+                     f"{r['seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(records: Sequence[dict], path: Path) -> Path:
+    """Bar chart of perplexity per configuration, grouped by pattern / weights; fp32 line.
+
+    Colour: mask method (grey for dense); hatching: quantiser (``//`` GPTQ, ``..`` RTN, none
+    for float weights); bars of hardware-numerics rows have a thick outline.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    colors = {"none": "#9e9e9e", "magnitude": "#e57373", "wanda": "#64b5f6",
+              "sparsegpt": "#81c784"}
+    hatches = {"gptq": "//", "rtn": "..", "none": None}
+    fp32 = next((r["perplexity"] for r in records if r["method"] == "fp32"), None)
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        if r["method"] == "fp32":
+            continue
+        w = "fp16" if r["bits"] == 16 else f"W{r['bits']} g{r['group']}"
+        key = f"{r['pattern']}\n{w}" + ("\nW4A8 hw" if r["numerics"] == "hardware" else "")
+        groups.setdefault(key, []).append(r)
+    fig, (ax, zoom) = plt.subplots(2, 1, figsize=(13, 8), sharex=True,
+                                   gridspec_kw={"height_ratios": [3, 2]})
+    top = max(r["perplexity"] for r in records)
+    bottom = 0.97 * min(r["perplexity"] for r in records)
+    z_lo = bottom
+    z_hi = (fp32 or bottom) * 1.10
+    x, ticks, tick_labels = 0.0, [], []
+    for key, rows in groups.items():
+        start = x
+        for r in rows:
+            hw = r["numerics"] == "hardware"
+            for a in (ax, zoom):
+                a.bar(x, r["perplexity"], color=colors[r["mask"]], hatch=hatches[r["quant"]],
+                      edgecolor="black", linewidth=1.8 if hw else 0.5)
+            ax.text(x, r["perplexity"] * 1.005, f"{r['method']}  {r['perplexity']:.3f}",
+                    ha="center", va="bottom", fontsize=6, rotation=90)
+            if r["perplexity"] > z_hi:
+                zoom.text(x, z_hi * 0.995, "\u2191", ha="center", va="top", fontsize=8)
+            x += 1
+        ticks.append((start + x - 1) / 2)
+        tick_labels.append(key)
+        x += 0.8
+    for a in (ax, zoom):
+        if fp32 is not None:
+            a.axhline(fp32, color="black", linestyle="--", linewidth=1)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom, top * 1.4)
+    levels = [v for v in (3.5, 4, 5, 6, 7, 8, 10, 15, 20, 30, 50, 100)
+              if bottom <= v <= top * 1.4]
+    ax.yaxis.set_major_locator(FixedLocator(levels))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_yticks(levels, [f"{v:g}" for v in levels])
+    ax.set_ylabel("perplexity (log scale)")
+    zoom.set_ylim(z_lo, z_hi)
+    zoom.set_ylabel("perplexity (zoom, linear)")
+    zoom.set_xticks(ticks, tick_labels, fontsize=8)
+    ax.set_title("Reference model, test split (fp32 perplexity {:.3f}, dashed): perplexity per "
+                 "compression configuration".format(fp32 or float("nan")))
+    handles = [Patch(facecolor=c, edgecolor="black", label=f"mask: {m}")
+               for m, c in colors.items()]
+    handles += [Patch(facecolor="white", edgecolor="black", hatch=h, label=f"quant: {q}")
+                for q, h in hatches.items()]
+    handles.append(Patch(facecolor="white", edgecolor="black", linewidth=1.8,
+                         label="W4A8 hardware numerics"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------- investigation
+#: Linear layers grouped by the activation they read.
+LAYER_KINDS: dict[str, tuple[str, ...]] = {
+    "q/k/v": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",),
+    "gate/up": ("gate_proj", "up_proj"), "down": ("down_proj",)}
+
+
+def _kind(name: str) -> str:
+    leaf = name.rsplit(".", 1)[-1]
+    return next(k for k, v in LAYER_KINDS.items() if leaf in v)
+
+
+@torch.no_grad()
+def window_nll(model: Callable[[torch.Tensor], torch.Tensor],
+               protocol: EvalProtocol = PROTOCOL) -> np.ndarray:
+    """Mean NLL (nats) of every protocol window; their mean is the protocol's NLL."""
+    windows = eval_windows(protocol)
+    out = []
+    for batch in windows.split(protocol.batch_size):
+        logits = model(batch[:, :-1]).float()
+        nll = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
+        out.append(nll.double().mean(1))
+    return torch.cat(out).numpy()
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray) -> dict:
+    """Mean per-window NLL difference ``b - a`` with its standard error over the windows."""
+    d = np.asarray(b) - np.asarray(a)
+    se = float(d.std(ddof=1) / math.sqrt(d.size))
+    return {"delta_nll": float(d.mean()), "se": se, "z": float(d.mean()) / se if se else 0.0,
+            "ppl_a": math.exp(float(np.mean(a))), "ppl_b": math.exp(float(np.mean(b)))}
+
+
+def _prune_one_shot(w: torch.Tensor, st, pattern: str, method: str) -> torch.Tensor:
+    wn = w.detach().numpy()
+    p = NMPattern.parse(pattern)
+    if method == "magnitude":
+        return torch.from_numpy(np.where(nm_mask(np.abs(wn), p), wn, np.float32(0)))
+    if method == "wanda":
+        return torch.from_numpy(np.where(wanda_mask(wn, st.x_norms, p), wn, np.float32(0)))
+    return torch.from_numpy(sparsegpt_prune(wn, st.hessian, p)[0])
+
+
+def investigate(reference: torch.nn.Module, calibration: torch.Tensor, *,
+                protocol: EvalProtocol = PROTOCOL, progress: bool = True) -> dict:
+    """Evidence for the method ordering on the reference model (see docs/accuracy.md).
+
+    Sections: ``significance`` (paired per-window NLL differences of the key comparisons),
+    ``feature_norms`` (spread of the input feature norms Wanda weights by), ``layer_error``
+    (relative layer output error ``tr(D H D^T) / tr(W H W^T)`` and Wanda/magnitude mask
+    agreement, one-shot on the fp32 model), ``sensitivity_1:4`` (perplexity with one layer
+    kind, all but one, or all pruned 1:4), ``calibration`` (Wanda / SparseGPT 2:4 across
+    calibration sizes, seeds and one-shot calibration), ``sparsegpt_quant`` (joint vs
+    float-then-RTN, more calibration and more dampening) and ``one_shot`` (1:4 and 2:8 pruning
+    with one-shot calibration, against the sequential rows of the main table).
+    """
+    out: dict = {}
+    steps = tqdm(total=7, desc="investigate", disable=not progress)
+    fmt = WeightFormat("2:4", 4, 128)
+
+    def run(cfg: Config, cal=calibration, **kw) -> torch.nn.Module:
+        return compress(cfg, reference, cal, **kw)[0]
+
+    # 1. paired significance of the key comparisons
+    ref_nll = window_nll(reference, protocol)
+    models = {c.label: c for c in (
+        Config("magnitude", "2:4", 16), Config("wanda", "2:4", 16), Config("sparsegpt", "2:4", 16),
+        Config("magnitude", "1:4", 16), Config("wanda", "1:4", 16),
+        Config("rtn", "dense", 4, 128), Config("gptq", "dense", 4, 128),
+        Config("sparsegpt+rtn", "2:4", 4, 128), Config("sparsegpt+gptq", "2:4", 4, 128))}
+    nll = {label: window_nll(run(c), protocol) for label, c in models.items()}
+    pairs = [("magnitude 2:4 fp16", "wanda 2:4 fp16"), ("magnitude 2:4 fp16", "sparsegpt 2:4 fp16"),
+             ("wanda 2:4 fp16", "sparsegpt 2:4 fp16"), ("magnitude 1:4 fp16", "wanda 1:4 fp16"),
+             ("rtn dense w4g128", "gptq dense w4g128"),
+             ("sparsegpt+rtn 2:4 w4g128", "sparsegpt+gptq 2:4 w4g128")]
+    out["significance"] = [{"a": a, "b": b, **paired_difference(nll[a], nll[b])}
+                           for a, b in pairs]
+    out["significance"].append({"a": "fp32", "b": "gptq dense w4g128",
+                                **paired_difference(ref_nll, nll["gptq dense w4g128"])})
+    steps.update()
+
+    # 2.-3. feature-norm spread and layer errors from one-shot fp32 statistics
+    layers = selected_linears(reference)
+    stats = collect_stats(reference, list(calibration.split(16)), list(layers))
+    spread: dict[str, list] = {}
+    for name, st in stats.items():
+        n = st.x_norms.numpy()
+        spread.setdefault(_kind(name), []).append((n.max() / np.median(n), n.std() / n.mean()))
+    out["feature_norms"] = {k: {"max_over_median": float(np.mean([v[0] for v in vals])),
+                                "cv": float(np.mean([v[1] for v in vals]))}
+                            for k, vals in spread.items()}
+    steps.update()
+    errs: dict = {}
+    for pattern in ("2:4", "1:4"):
+        acc: dict[str, dict[str, list]] = {}
+        for name, lin in layers.items():
+            st, w = stats[name], lin.weight.detach()
+            h = st.hessian.float()
+            base = float(torch.trace(w @ h @ w.T))
+            pruned = {m: _prune_one_shot(w, st, pattern, m) for m in MASKS}
+            kind = acc.setdefault(_kind(name), {})
+            for m, wp in pruned.items():
+                dlt = w - wp
+                kind.setdefault(m, []).append(float(torch.trace(dlt @ h @ dlt.T)) / base)
+            same = ((pruned["wanda"] != 0) == (pruned["magnitude"] != 0)).float().mean()
+            kind.setdefault("mask_agreement", []).append(float(same))
+        errs[pattern] = {k: {m: float(np.mean(v)) for m, v in d.items()} for k, d in acc.items()}
+    out["layer_error"] = errs
+    steps.update()
+
+    # 4. sensitivity: one layer kind pruned 1:4, or all but one (one-shot masks)
+    out["sensitivity_1:4"] = sensitivity_rows(reference, stats, protocol=protocol)
+    steps.update()
+
+    # 5. calibration size, seed and one-shot calibration for the 2:4 masks
+    cal_rows = []
+    for method in ("wanda", "sparsegpt"):
+        for n, seed, seq in ((16, 0, True), (128, 0, True), (64, 1, True), (64, 2, True),
+                             (64, 0, False)):
+            cal = calibration_samples(n, calibration.shape[1], seed)
+            model = run(Config(method, "2:4", 16), cal, sequential=seq)
+            cal_rows.append({"method": method, "calib_samples": n, "seed": seed,
+                             "sequential": seq,
+                             "perplexity": perplexity(model, protocol).perplexity})
+    out["calibration"] = cal_rows
+    steps.update()
+
+    # 6. SparseGPT + W4: joint vs float-then-RTN with more calibration / dampening
+    sq = []
+    for n, damp in ((128, 0.01), (64, 0.1)):
+        cal = calibration_samples(n, calibration.shape[1], 0)
+        for method in ("sparsegpt+rtn", "sparsegpt+gptq"):
+            model = copy.deepcopy(reference)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", PaddingWarning)
+                compress_llama(model, fmt, method, cal, progress=False, percdamp=damp)
+            r = evaluate(model, LogitsMemo(reference), protocol)
+            sq.append({"method": method, "calib_samples": n, "percdamp": damp,
+                       "perplexity": r["perplexity"], "kl": r["kl"],
+                       "top1_agreement": r["top1_agreement"]})
+    out["sparsegpt_quant"] = sq
+    steps.update()
+    out["one_shot"] = one_shot_rows(reference, calibration, protocol=protocol)
+    steps.update()
+    steps.close()
+    return out
+
+
+def sensitivity_rows(reference: torch.nn.Module, stats: dict, *, pattern: str = "1:4",
+                     protocol: EvalProtocol = PROTOCOL) -> dict:
+    """Perplexity with only one layer kind pruned (``only <kind>``), all but one
+    (``all but <kind>``) and all (``all``), by one-shot magnitude and Wanda masks."""
+    subsets = {f"only {k}": {k} for k in LAYER_KINDS}
+    subsets.update({f"all but {k}": set(LAYER_KINDS) - {k} for k in LAYER_KINDS})
+    subsets["all"] = set(LAYER_KINDS)
+    out: dict = {}
+    for label, kinds in subsets.items():
+        row = {}
+        for m in ("magnitude", "wanda"):
+            model = copy.deepcopy(reference)
+            with torch.no_grad():
+                for name, lin in selected_linears(model).items():
+                    if _kind(name) in kinds:
+                        lin.weight.copy_(_prune_one_shot(lin.weight, stats[name], pattern, m))
+            row[m] = perplexity(model, protocol).perplexity
+        out[label] = row
+    return out
+
+
+def one_shot_rows(reference: torch.nn.Module, calibration: torch.Tensor, *,
+                  patterns: Sequence[str] = ("1:4", "2:8"),
+                  methods: Sequence[str] = ("wanda", "sparsegpt"),
+                  protocol: EvalProtocol = PROTOCOL) -> list[dict]:
+    """Pruning-only perplexity with one-shot calibration (every layer on the fp32 model)."""
+    rows = []
+    for pattern in patterns:
+        for method in methods:
+            model = compress(Config(method, pattern, 16), reference, calibration,
+                             sequential=False)[0]
+            rows.append({"method": method, "pattern": pattern, "sequential": False,
+                         "perplexity": perplexity(model, protocol).perplexity})
+    return rows
+
+
+def format_investigation(inv: dict) -> str:
+    """Markdown tables of :func:`investigate`'s sections."""
+    lines = ["Paired per-window NLL differences (b - a; 128 windows):", "",
+             "| a | b | ppl a | ppl b | delta NLL (b - a) | SE | z |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in inv["significance"]:
+        lines.append(f"| {r['a']} | {r['b']} | {r['ppl_a']:.4f} | {r['ppl_b']:.4f} | "
+                     f"{r['delta_nll']:+.4f} | {r['se']:.4f} | {r['z']:+.1f} |")
+    lines += ["", "Input feature norms ||X_j|| (mean over the blocks):", "",
+              "| layer input | max / median | std / mean |", "|---|---:|---:|"]
+    for k, v in inv["feature_norms"].items():
+        lines.append(f"| {k} | {v['max_over_median']:.2f} | {v['cv']:.2f} |")
+    for pattern, kinds in inv["layer_error"].items():
+        lines += ["", f"Relative layer output error at {pattern} (one-shot, mean over blocks):",
+                  "", "| layers | magnitude | wanda | sparsegpt | wanda/magnitude mask agreement |",
+                  "|---|---:|---:|---:|---:|"]
+        for k, v in kinds.items():
+            lines.append(f"| {k} | {v['magnitude']:.4f} | {v['wanda']:.4f} | "
+                         f"{v['sparsegpt']:.4f} | {v['mask_agreement']:.3f} |")
+    lines += ["", "Perplexity with some layer kinds pruned 1:4 (one-shot masks):", "",
+              "| pruned layers | magnitude | wanda |", "|---|---:|---:|"]
+    for k, v in inv["sensitivity_1:4"].items():
+        lines.append(f"| {k} | {v['magnitude']:.4f} | {v['wanda']:.4f} |")
+    lines += ["", "2:4 pruning (fp16 weights) across calibration settings:", "",
+              "| method | calib seqs | seed | sequential | perplexity |",
+              "|---|---:|---:|---|---:|"]
+    for r in inv["calibration"]:
+        lines.append(f"| {r['method']} | {r['calib_samples']} | {r['seed']} | "
+                     f"{r['sequential']} | {r['perplexity']:.4f} |")
+    lines += ["", "SparseGPT 2:4 + W4 g128, joint vs float-then-RTN:", "",
+              "| method | calib seqs | percdamp | perplexity | KL | top-1 |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for r in inv["sparsegpt_quant"]:
+        lines.append(f"| {r['method']} | {r['calib_samples']} | {r['percdamp']} | "
+                     f"{r['perplexity']:.4f} | {r['kl']:.4f} | {r['top1_agreement']:.4f} |")
+    lines += ["", "Pruning only (fp16 weights), one-shot calibration on the fp32 model:", "",
+              "| method | pattern | perplexity |", "|---|---|---:|"]
+    for r in inv.get("one_shot", []):
+        lines.append(f"| {r['method']} | {r['pattern']} | {r['perplexity']:.4f} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calib-samples", type=int, default=64)
+    ap.add_argument("--calib-seq-len", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0, help="calibration sample seed")
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", default=None,
+                    help="regex over row labels (e.g. '2:4'); fp32 always runs")
+    ap.add_argument("--one-shot", action="store_true",
+                    help="calibrate every layer on the fp32 model (not sequentially)")
+    ap.add_argument("--percdamp", type=float, default=None, help="GPTQ/SparseGPT dampening")
+    ap.add_argument("--act-order", action="store_true", help="GPTQ activation order")
+    ap.add_argument("--no-hardware", action="store_true")
+    ap.add_argument("--investigate", action="store_true",
+                    help="print the evidence tables of docs/accuracy.md (section "
+                         "'Investigation') instead of running the rows")
+    ap.add_argument("--out", type=Path, default=RESULTS / "accuracy.json")
+    ap.add_argument("--plot", type=Path, default=IMG / "accuracy.png")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    from sw.models.reference_model import load_reference
+    reference = load_reference()
+    configs = default_configs(args.group)
+    if args.only:
+        pat = re.compile(args.only)
+        configs = [c for c in configs if c.method == "fp32" or pat.search(c.label)]
+    kwargs = {}
+    if args.percdamp is not None:
+        kwargs["percdamp"] = args.percdamp
+    if args.act_order:
+        kwargs["act_order"] = True
+    calibration = calibration_samples(args.calib_samples, args.calib_seq_len, args.seed)
+    protocol = PROTOCOL
+    if args.investigate:
+        t0 = time.perf_counter()
+        inv = investigate(reference, calibration, protocol=protocol)
+        print(format_investigation(inv))
+        print(f"\ninvestigation took {time.perf_counter() - t0:.0f} s on {args.threads} threads")
+        if args.out != RESULTS / "accuracy.json":
+            args.out.write_text(json.dumps(inv, indent=1) + "\n")
+        return 0
+    extra = {"calib_samples": args.calib_samples, "calib_seq_len": args.calib_seq_len,
+             "calib_seed": args.seed, "threads": args.threads,
+             "percdamp": kwargs.get("percdamp", 0.01), "act_order": args.act_order,
+             **{f"eval_{k}": v for k, v in asdict(protocol).items()}}
+    t0 = time.perf_counter()
+    records = build_records(reference, configs, calibration, protocol,
+                            hardware=not args.no_hardware, sequential=not args.one_shot,
+                            extra=extra, **kwargs)
+    total = time.perf_counter() - t0
+    for r in records:
+        r["benchmark_seconds"] = total
+    print(format_table(records))
+    print(f"\ncalibration {args.calib_samples} x {args.calib_seq_len} tokens (seed {args.seed}),"
+          f" eval {records[0]['eval_tokens']} test tokens; total {total:.0f} s on "
+          f"{args.threads} threads")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(records, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    if not args.no_plot:
+        print(f"wrote {plot(records, args.plot)}")
+    bad = [r["method"] for r in records if not math.isfinite(r["perplexity"])]
+    if bad:
+        print(f"non-finite perplexity: {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
