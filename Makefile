@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(PY) -m sw.compress --demo
+	$(PY) -m sw.demo
 
 test: setup
 	$(PY) -m pytest -q -n 2
