@@ -143,12 +143,17 @@ class ComputeCore(wiring.Component):
         m.d.sync += [has_hdr.eq(ins.group_steps != 0), hdr2.eq((ins.group_steps != 0) & ins.asym),
                      gs_is1.eq(ins.group_steps == 1), t_is1.eq(ins.tokens_m1 == 0),
                      gap_gs.eq(Mux(hdr > ins.tokens_m1, hdr, ins.tokens_m1))]
-        n_eff = Signal(range(cfg.max_block + 1))  # steps per activation block (dense: 1)
-        m_eff = Signal(range(cfg.max_block + 1))  # bytes per activation block (dense: 1)
+        # Activation blocks: n_eff steps per block, m_eff bytes per block (dense: 1 and 1); a
+        # step ends its block at nib == n_last and its ACT word at kb_sub == sub_last.
+        n_last = Signal(range(cfg.max_block))
+        m_eff = Signal(range(cfg.max_block + 1))
+        sub_last = Signal(index_bits(cfg))
         with m.Switch(ins.pattern):
             for i, p in enumerate(cfg.pattern_table):
+                n, mb = (1, 1) if p.dense else (p.n, p.m)
                 with m.Case(i):
-                    m.d.sync += [n_eff.eq(1 if p.dense else p.n), m_eff.eq(1 if p.dense else p.m)]
+                    m.d.sync += [n_last.eq(n - 1), m_eff.eq(mb),
+                                 sub_last.eq(cfg.max_block - mb)]
         act_base = Signal(range(adepth))
         stride = Signal(range(adepth))
         m.d.sync += act_base.eq(beats_to_words(ins.act_addr, cfg, "act"))
@@ -230,13 +235,12 @@ class ComputeCore(wiring.Component):
                     last_slot.eq(Mux(rec, t_is1, slots_left == 1)),
                     final_slot.eq(last_slot & Mux(rec, last_step, ~more)),
                 ]
-                # Advance the activation block after the last token of each step.
+                # Advance the activation block after the last token of each step (equality
+                # tests against registered limits: no adder before the enables).
                 with m.If(last_slot):
-                    with m.If(nib + 1 == n_eff):
-                        m.d.sync += nib.eq(0)
-                        nsub = kb_sub + m_eff
-                        m.d.sync += kb_sub.eq(nsub[:index_bits(cfg)])
-                        with m.If(nsub[index_bits(cfg)]):
+                    with m.If(nib == n_last):
+                        m.d.sync += [nib.eq(0), kb_sub.eq(kb_sub + m_eff)]
+                        with m.If(kb_sub == sub_last):
                             m.d.sync += kb_word.eq(wrap_inc(kb_word, adepth))
                     with m.Else():
                         m.d.sync += nib.eq(nib + 1)
