@@ -14,8 +14,9 @@ one write port and one *asynchronous* read port: on the ECP5 this maps to distri
 (``max_tokens x acc_bits``: eight DPR16X4 for 16 x 32), whereas registers would cost
 ``max_tokens * acc_bits`` flip-flops plus a ``max_tokens``:1 read multiplexer per bit, per PE.
 The read-add-write of one token happens in one cycle, so back-to-back updates of the same token
-(``T = 1``) need no forwarding. The same read port serves the epilogue (``rd_addr``) when no
-accumulation is in flight, so the file is not duplicated for a second read port.
+(``T = 1``) need no forwarding. The same read port serves the epilogue (``rd_addr``, one cycle
+ahead) when no accumulation is in flight, so the file is not duplicated for a second read port;
+its address is registered beside the file.
 
 **Multiplier sharing.** The INT8 epilogue needs ``acc * mult`` (``acc_bits`` x 16 bits, two
 18x18 DSP multipliers per lane at one token per cycle) just when the array and the decoder are
