@@ -85,8 +85,8 @@ def _check_cfg(cfg):
 
 class _Walker:
     """DRAM address sequence of a strided transfer: ``rows`` rows of ``row_beats`` beats,
-    ``dram_stride`` apart. :meth:`start` in the command cycle, :meth:`step` in every cycle that
-    uses :attr:`addr`; :attr:`last` marks the final beat and :attr:`active` the transfer."""
+    ``dram_stride`` apart. :meth:`load` while idle, ``active`` set in the command cycle,
+    :meth:`step` in every cycle that uses :attr:`addr`; :attr:`last` marks the final beat."""
 
     def __init__(self):
         self.active = Signal()
@@ -99,9 +99,10 @@ class _Walker:
         self.end_of_row = self.col == self.row_beats - 1
         self.last = self.end_of_row & (self.rows_left == 1)
 
-    def start(self, m, body):
+    def load(self, m, body):
+        """Copy the transfer's parameters (every idle cycle: the command's payload is stable
+        before it is valid, so the copy needs no enable from the grant logic)."""
         m.d.sync += [
-            self.active.eq(1),
             self.addr.eq(body.dram_addr), self.row_base.eq(body.dram_addr),
             self.stride.eq(body.dram_stride), self.col.eq(0),
             self.row_beats.eq(body.row_beats), self.rows_left.eq(body.rows),
@@ -130,6 +131,8 @@ class LoadEngine(wiring.Component):
     -------
     cmd: In(stream.Signature(DmaBody))
         LOAD bodies (already checked by fetch); ``ready`` whenever idle. Transfer cycle ``g``.
+        The payload is copied in every idle cycle, so it must be stable in the transfer cycle
+        (as :class:`hw.engine.EngineSequencer` keeps it).
     done: Out(1)
         Pulse in ``g + hw.timing.load_cycles(ins, cfg)``.
     beats: Out(32)
@@ -171,11 +174,14 @@ class LoadEngine(wiring.Component):
         resp_valid = Signal()
         resp_data = Signal(8 * cfg.beat_bytes)
 
-        m.d.comb += self.cmd.ready.eq(~walk.active & (pending == 0))
-        with m.If(self.cmd.valid & self.cmd.ready):
-            walk.start(m, self.cmd.payload)
+        idle = ~walk.active & (pending == 0)
+        m.d.comb += self.cmd.ready.eq(idle)
+        with m.If(idle):
+            walk.load(m, self.cmd.payload)
             m.d.sync += [spad.eq(self.cmd.payload.spad), wr_ptr.eq(self.cmd.payload.spad_addr),
                          self.beats.eq(0)]
+            with m.If(self.cmd.valid):
+                m.d.sync += walk.active.eq(1)
 
         issue = walk.active
         m.d.comb += [self.rd_req.valid.eq(issue), self.rd_req.payload.eq(walk.addr)]
@@ -184,8 +190,16 @@ class LoadEngine(wiring.Component):
             m.d.sync += self.beats.eq(self.beats + 1)
 
         # Responses: register, then write the beat; responses nobody waits for are dropped.
-        m.d.sync += [resp_valid.eq(self.rd_resp.valid & (pending != 0)),
-                     resp_data.eq(self.rd_resp.payload)]
+        # `done` is registered with the last one (all requests are out by then: latency >= 1),
+        # so the end of a LOAD reaches the event counters straight from a flip-flop.
+        arrive = self.rd_resp.valid & (pending != 0)
+        received = Signal(_BEATS_BITS)
+        with m.If(idle):
+            m.d.sync += received.eq(0)
+        with m.Elif(arrive):
+            m.d.sync += received.eq(received + 1)
+        m.d.sync += [resp_valid.eq(arrive), resp_data.eq(self.rd_resp.payload),
+                     self.done.eq(arrive & ~walk.active & (received + 1 == self.beats))]
         write = resp_valid
         for sp, port in ((Spad.ACT, self.act_wr), (Spad.WGT, self.wgt_wr),
                          (Spad.PARAM, self.param_wr)):
@@ -194,7 +208,6 @@ class LoadEngine(wiring.Component):
         with m.If(write):
             m.d.sync += wr_ptr.eq(wr_ptr + 1)
         m.d.sync += pending.eq(pending + issue - write)
-        m.d.comb += self.done.eq(write & ~walk.active & (pending == 1))
         return m
 
 
@@ -245,10 +258,13 @@ class StoreEngine(wiring.Component):
         w_last = Signal()
         w_addr = Signal(DRAM_ADDR_BITS)
 
-        m.d.comb += self.cmd.ready.eq(~walk.active & ~w_valid)
-        with m.If(self.cmd.valid & self.cmd.ready):
-            walk.start(m, self.cmd.payload)
+        idle = ~walk.active & ~w_valid
+        m.d.comb += self.cmd.ready.eq(idle)
+        with m.If(idle):
+            walk.load(m, self.cmd.payload)
             m.d.sync += [rd_ptr.eq(self.cmd.payload.spad_addr), self.beats.eq(0)]
+            with m.If(self.cmd.valid):
+                m.d.sync += walk.active.eq(1)
 
         issue = walk.active
         m.d.comb += [self.out_rd.addr.eq(rd_ptr), self.out_rd.en.eq(issue)]

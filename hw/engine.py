@@ -18,12 +18,12 @@ and the engine is IDLE again in ``e + 1 = free``.
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.isa import NO_EVENT
-from hw.queues import EVENT_ID_BITS, entry_layout
+from hw.queues import entry_layout
 from hw.timing import SYNC_CYCLES
 
 __all__ = ["EngineSequencer"]
@@ -36,30 +36,37 @@ class EngineSequencer(wiring.Component):
     ----------
     body:
         Layout of the instruction body the executor takes.
+    num_events:
+        Number of event counters; events travel to the event unit as one-hot masks of this
+        width, decoded when the entry is popped (so the grant logic starts from flip-flops).
 
     Members
     -------
     queue: In(stream.Signature(entry_layout(body)))
         The engine's instruction queue; popped (``ready``) in IDLE.
-    wait: Out(stream.Signature(EVENT_ID_BITS))
-        Wait request to the event unit; ``ready`` is the grant.
-    signal: Out(stream.Signature(EVENT_ID_BITS, always_ready=True))
-        Signal event, raised in the last execution cycle.
+    wait: Out(stream.Signature(num_events))
+        Wait request to the event unit (one-hot event mask); ``ready`` is the grant.
+    signal: Out(stream.Signature(num_events, always_ready=True))
+        Signal event (one-hot mask), raised in the last execution cycle.
     cmd: Out(stream.Signature(body))
         The body, valid in the grant cycle of a non-SYNC instruction. The executor must be
-        ready then (it is idle: the previous instruction has ended).
+        ready then (it is idle: the previous instruction has ended). ``payload`` holds the body
+        from the cycle after the pop, so an executor may copy it while idle.
     done: In(1)
         The executor's end-of-execution pulse.
     idle, waiting, executing: Out(1)
         The state; ``waiting`` is high only while the wait is *not* granted (a wait cycle).
     """
 
-    def __init__(self, body: data.Layout):
+    def __init__(self, body: data.Layout, num_events: int):
+        if not isinstance(num_events, int) or not 1 <= num_events < NO_EVENT:
+            raise ValueError(f"num_events must be in [1, {NO_EVENT - 1}], got {num_events!r}")
         self._body = body
+        self._num_events = num_events
         super().__init__({
             "queue": In(stream.Signature(entry_layout(body))),
-            "wait": Out(stream.Signature(EVENT_ID_BITS)),
-            "signal": Out(stream.Signature(EVENT_ID_BITS, always_ready=True)),
+            "wait": Out(stream.Signature(num_events)),
+            "signal": Out(stream.Signature(num_events, always_ready=True)),
             "cmd": Out(stream.Signature(body)),
             "done": In(1),
             "idle": Out(1),
@@ -69,33 +76,44 @@ class EngineSequencer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        entry = Signal(entry_layout(self._body))
+        n = self._num_events
+        body = Signal(self._body)
+        is_sync = Signal()
+        has_wait = Signal()
+        has_signal = Signal()
+        wait_mask = Signal(n)
+        signal_mask = Signal(n)
         sync_left = Signal(range(max(SYNC_CYCLES, 1)))
-        has_wait = entry.wait != NO_EVENT
         m.d.comb += [
-            self.wait.payload.eq(entry.wait),
-            self.signal.payload.eq(entry.signal),
-            self.cmd.payload.eq(entry.body),
+            self.wait.payload.eq(wait_mask),
+            self.signal.payload.eq(signal_mask),
+            self.cmd.payload.eq(body),
         ]
         with m.FSM(name="state"):
             with m.State("IDLE"):
                 m.d.comb += [self.idle.eq(1), self.queue.ready.eq(1)]
                 with m.If(self.queue.valid):
-                    m.d.sync += entry.eq(self.queue.payload)
+                    e = self.queue.payload
+                    m.d.sync += [
+                        body.eq(e.body), is_sync.eq(e.sync),
+                        has_wait.eq(e.wait != NO_EVENT), has_signal.eq(e.signal != NO_EVENT),
+                        wait_mask.eq(Cat(e.wait == v for v in range(n))),
+                        signal_mask.eq(Cat(e.signal == v for v in range(n))),
+                    ]
                     m.next = "WAIT"
             with m.State("WAIT"):
                 m.d.comb += self.wait.valid.eq(has_wait)
                 granted = ~has_wait | self.wait.ready
                 m.d.comb += self.waiting.eq(~granted)
                 with m.If(granted):
-                    m.d.comb += self.cmd.valid.eq(~entry.sync)
+                    m.d.comb += self.cmd.valid.eq(~is_sync)
                     m.d.sync += sync_left.eq(SYNC_CYCLES - 1)
                     m.next = "EXEC"
             with m.State("EXEC"):
                 m.d.comb += self.executing.eq(1)
                 m.d.sync += sync_left.eq(sync_left - 1)
-                finish = Mux(entry.sync, sync_left == 0, self.done)
+                finish = Mux(is_sync, sync_left == 0, self.done)
                 with m.If(finish):
-                    m.d.comb += self.signal.valid.eq(entry.signal != NO_EVENT)
+                    m.d.comb += self.signal.valid.eq(has_signal)
                     m.next = "IDLE"
         return m

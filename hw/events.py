@@ -7,12 +7,13 @@ Each of ``num_events`` counters is ``event_bits`` wide and starts at 0. In one c
   same event; the grant decrements the counter at the end of the cycle;
 * every *signal* (``signal[e].valid``) increments its counter at the end of the cycle;
 * if an update (increments minus the grant) would take a counter above ``2**event_bits - 1``,
-  :attr:`EventUnit.overflow` is high in that cycle (the top level stops with EVENT_OVERFLOW).
+  :attr:`EventUnit.overflow` is high in the *next* cycle (the top level stops with
+  EVENT_OVERFLOW, reporting the cycle of the update).
 """
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -35,12 +36,17 @@ class EventUnit(wiring.Component):
 
     Members
     -------
-    wait: In(stream.Signature(EVENT_ID_BITS)).array(ports)
-        Wait requests: ``payload`` is the event id; the transfer (``ready``) is the grant.
-    signal: In(stream.Signature(EVENT_ID_BITS, always_ready=True)).array(ports)
-        Increments at the end of the cycle.
+    wait: In(stream.Signature(num_events)).array(ports)
+        Wait requests: ``payload`` is the event as a one-hot mask; the transfer (``ready``) is
+        the grant.
+    signal: In(stream.Signature(num_events, always_ready=True)).array(ports)
+        Increments at the end of the cycle (one-hot mask).
     overflow: Out(1)
-        A counter would exceed its maximum at the end of this cycle.
+        A counter exceeded its maximum at the end of the *previous* cycle (the update of that
+        cycle is what hw/timing.py calls the overflow; it is reported one cycle late so that
+        the stop logic does not wait for the grants).
+    starved: Out(ports)
+        Port ``e`` requests an event whose counter is 0 (registered value).
     count: Out(data.ArrayLayout(event_bits, num_events))
         The registered counter values (for debug and tests).
     """
@@ -57,34 +63,66 @@ class EventUnit(wiring.Component):
         self._event_bits = event_bits
         self._ports = ports
         super().__init__({
-            "wait": In(stream.Signature(EVENT_ID_BITS)).array(ports),
-            "signal": In(stream.Signature(EVENT_ID_BITS, always_ready=True)).array(ports),
+            "wait": In(stream.Signature(num_events)).array(ports),
+            "signal": In(stream.Signature(num_events, always_ready=True)).array(ports),
             "overflow": Out(1),
+            "starved": Out(ports),
             "count": Out(data.ArrayLayout(event_bits, num_events)),
         })
 
     def elaborate(self, platform):
         m = Module()
-        n, ports = self._num_events, self._ports
-        limit = (1 << self._event_bits) - 1
-        nonzero = Signal(n)
-        m.d.comb += nonzero.eq(Cat(self.count[v] != 0 for v in range(n)))
+        n, ports, bits = self._num_events, self._ports, self._event_bits
+        limit = (1 << bits) - 1
 
-        # Grants: the counter must be non-zero and no lower port may ask for the same event.
-        for e in range(ports):
-            req = self.wait[e]
-            contended = 0
-            for f in range(e):
-                contended = contended | (self.wait[f].valid & (self.wait[f].payload == req.payload))
-            m.d.comb += req.ready.eq(req.valid & nonzero.bit_select(req.payload, 1) & ~contended)
+        # A counter is held as `base + pend`: `pend` is the registered number of signals of
+        # the previous cycle, folded into `base` a cycle later. A signal arrives late in its
+        # cycle (from an executor's `done`), so it only reaches a small register; the grant
+        # loop (base -> grant -> base) never waits for it, and reads registered flags only.
+        base = [Signal(bits, name=f"base_{v}") for v in range(n)]
+        pend = [Signal(range(ports + 1), name=f"pend_{v}") for v in range(n)]
+        base_nonzero = Signal(n)
+        nonzero = base_nonzero | Cat(p != 0 for p in pend)
 
-        overflows = []
+        # Grants: the counter must be non-zero and no lower port may claim the same event.
+        wait_hot = [w.payload for w in self.wait]
+        sig_hot = [s.payload for s in self.signal]
+        claimed = Const(0, n)
+        for e, w in enumerate(self.wait):
+            avail = wait_hot[e] & nonzero & ~claimed
+            m.d.comb += w.ready.eq(w.valid & avail.any())
+            claimed = claimed | Mux(w.valid, wait_hot[e], 0)
+
+        # Overflow, decided one cycle late from registered parts (it feeds the stop logic):
+        # count + inc exceeds the maximum by 2 or more, or by exactly 1 without a grant.
+        over2 = Signal(n)
+        over1 = Signal(n)
+        granted = Signal(n)
         for v in range(n):
-            inc = sum((s.valid & (s.payload == v)) for s in self.signal)
-            dec = Cat((w.ready & (w.payload == v)) for w in self.wait).any()
-            nxt = Signal(range(limit + ports + 1), name=f"next_{v}")
-            m.d.comb += nxt.eq(self.count[v] + inc - dec)
-            overflows.append(nxt > limit)
-            m.d.sync += self.count[v].eq(nxt)
-        m.d.comb += self.overflow.eq(Cat(overflows).any())
+            inc = Signal(range(ports + 1), name=f"inc_{v}")
+            dec = Signal(name=f"dec_{v}")
+            m.d.comb += [inc.eq(sum(s.valid & sig_hot[e][v] for e, s in enumerate(self.signal))),
+                         # Some port requests v and it is non-zero: exactly one is granted.
+                         dec.eq(nonzero[v] & Cat(w.valid & wait_hot[e][v]
+                                                 for e, w in enumerate(self.wait)).any()),
+                         self.count[v].eq(base[v] + pend[v])]
+
+            def base_plus_pend_is(value, v=v):
+                """base + pend == value, by cases on the small register pend."""
+                return Cat((pend[v] == p) & (base[v] == value - p)
+                           for p in range(ports + 1) if 0 <= value - p <= limit).any()
+
+            near = [base_plus_pend_is(limit - k) for k in range(ports)]
+            m.d.sync += [
+                over2[v].eq(Cat(near[k] & (inc >= k + 2) for k in range(ports)).any()),
+                over1[v].eq(Cat(near[k] & (inc == k + 1) for k in range(ports)).any()),
+                granted[v].eq(dec),
+                pend[v].eq(inc),
+                base[v].eq(base[v] + pend[v] - dec),
+                # base + pend - dec != 0; the grant implies base + pend >= 1.
+                base_nonzero[v].eq(~(base_plus_pend_is(0) | dec & base_plus_pend_is(1))),
+            ]
+        m.d.comb += self.overflow.eq((over2 | over1 & ~granted).any())
+        for e, w in enumerate(self.wait):
+            m.d.comb += self.starved[e].eq(w.valid & ~(w.payload & nonzero).any())
         return m

@@ -1,21 +1,24 @@
 """Instruction fetch, hardware checks and dispatch into the engine queues.
 
 The fetch unit owns the instruction memory (``cfg.imem_depth`` x 128 bits, written through
-:attr:`FetchUnit.imem_wr` while the machine is idle) and runs a four-stage pipeline:
+:attr:`FetchUnit.imem_wr` while the machine is idle) and runs a five-stage pipeline:
 
 ====  ========================================================================================
-F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``)
-S1    the instruction word, registered
-S2    opcode / event / GEMM field checks; DMA extent products ``rows * row_beats`` and
-      ``(rows - 1) * dram_stride`` (multipliers between registers)
-S3    extent sums and comparisons -> the error code; this is the *dispatch* stage
+F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048 words
+S1    the banks' words, registered
+S2    bank select; opcode / event / GEMM field checks; DMA extent products ``rows * row_beats`` and
+      ``rows * dram_stride`` (in 16-bit halves: multipliers between registers)
+S3    extent sums
+S4    extent comparisons -> the error code; this is the *dispatch* stage
 ====  ========================================================================================
 
-so instruction 0 is available at dispatch in cycle ``FETCH_LATENCY = 4``. The stages advance
-together and stall together, so while S3 holds instruction ``i`` the pipeline already holds
+so instruction 0 is available at dispatch in cycle ``FETCH_LATENCY = 5``. The stages advance
+together and stall together, so while S4 holds instruction ``i`` the pipeline already holds
 ``i + 1`` checked: ``a_{i+1} = d_i + 1`` whatever the check latency (hw/timing.py, "Fetch").
+The depth is set by 100 MHz on the ECP5: a 16 x 32 product, then a 50-bit sum, then a 50-bit
+comparison each need a stage of their own.
 
-S3 dispatches its instruction into the queue of its engine when the queue is not full
+S4 dispatches its instruction into the queue of its engine when the queue is not full
 (registered), or ends fetching (END), or reports its error (:func:`hw.isa.dispatch_error`,
 implemented here from the ISA layouts and the configuration; PC_OVERFLOW when the instruction's
 ``pc`` is ``imem_depth``; ILLEGAL_OPCODE for undefined opcodes and for a SYNC whose engine field
@@ -24,7 +27,7 @@ names no engine). The top level stops the machine on an error.
 
 from __future__ import annotations
 
-from amaranth import Array, Const, Module, Mux, Signal, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -47,7 +50,9 @@ from hw.queues import DMA_ENTRY, GEMM_ENTRY
 __all__ = ["FetchUnit"]
 
 #: Register stages between the instruction memory read and the dispatch stage.
-_CHECK_STAGES = 3
+_CHECK_STAGES = 4
+#: Largest instruction-memory bank (an ECP5 DP16KD is 2048 x 9).
+_BANK_DEPTH = 2048
 
 
 class FetchUnit(wiring.Component):
@@ -119,8 +124,6 @@ class FetchUnit(wiring.Component):
             bad_event = bad_event | ((ev != NO_EVENT) & (ev >= cfg.num_events))
 
         dma = ins.body.dma
-        rows_m1 = Signal.like(dma.rows, name="rows_m1")
-        m.d.comb += rows_m1.eq(dma.rows - 1)
         dma_bad = ((is_[Opcode.STORE] != (dma.spad == Spad.OUT))
                    | (dma.rows == 0) | (dma.row_beats == 0))
 
@@ -160,8 +163,12 @@ class FetchUnit(wiring.Component):
             "is_sync": is_[Opcode.SYNC],
             "target": target,
             "spad_len": dma.rows * dma.row_beats,
-            "dram_span": rows_m1 * dma.dram_stride,
-            "dram_tail": dma.dram_addr + dma.row_beats,
+            # (rows - 1) * stride as rows * stride - stride, the product in two 16-bit halves
+            # (one multiplier each, summed in the next stage): no adder on either side of a
+            # multiplier. rows == 0 is rejected on its own.
+            "span_lo": dma.rows * dma.dram_stride[:16],
+            "span_hi": dma.rows * dma.dram_stride[16:],
+            "dram_tail": dma.dram_addr + dma.row_beats - dma.dram_stride,  # signed
         }
 
     def elaborate(self, platform):
@@ -169,77 +176,94 @@ class FetchUnit(wiring.Component):
         cfg = self._cfg
         depth = cfg.imem_depth
         aw = ceil_log2(depth)
-        m.submodules.imem = imem = memory.Memory(shape=unsigned(INSTR_BITS), depth=depth,
-                                                 init=[])
-        wp = imem.write_port()
-        rp = imem.read_port()
-        m.d.comb += [wp.addr.eq(self.imem_wr.addr), wp.data.eq(self.imem_wr.data),
-                     wp.en.eq(self.imem_wr.en)]
+        # Banks of at most _BANK_DEPTH words: a deeper memory makes Yosys put a multiplexer
+        # behind the block RAMs, whose slow clock-to-output then leaves no time for it. Each
+        # bank's word goes straight into a flip-flop; the bank is selected in the next stage.
+        banks = max(1, depth // _BANK_DEPTH)
+        bank_bits = ceil_log2(banks)
+        low = aw - bank_bits
+        rd_ports = []
+        for b in range(banks):
+            mem = memory.Memory(shape=unsigned(INSTR_BITS), depth=depth // banks, init=[])
+            m.submodules[f"imem{b}" if banks > 1 else "imem"] = mem
+            wp, rp = mem.write_port(), mem.read_port()
+            m.d.comb += [wp.addr.eq(self.imem_wr.addr[:low]), wp.data.eq(self.imem_wr.data),
+                         wp.en.eq(self.imem_wr.en & (self.imem_wr.addr[low:] == b))]
+            rd_ports.append(rp)
 
         pc_shape = range(depth + 2 * _CHECK_STAGES + 2)
         pc = Signal(pc_shape)
-        # F -> S1 -> S2 -> S3 stage registers.
-        v0, pc0 = Signal(), Signal(pc_shape)
-        v1, pc1, i1 = Signal(), Signal(pc_shape), Signal(InstrLayout)
-        v2, pc2, i2 = Signal(), Signal(pc_shape), Signal(InstrLayout)
-        v3, pc3, i3 = Signal(), Signal(pc_shape), Signal(InstrLayout)
-        chk = self._field_checks(m, i1)
-        pre2 = Signal(ErrorCode)
-        is_dma2 = Signal()
-        spad_len2 = Signal(len(chk["spad_len"]))
-        dram_span2 = Signal(len(chk["dram_span"]))
-        dram_tail2 = Signal(len(chk["dram_tail"]))
-        err3 = Signal(ErrorCode)
-        target3 = Signal(Engine)
-        is_end3, is_sync3 = Signal(), Signal()
-        is_end2, is_sync2, target2 = Signal(), Signal(), Signal(Engine)
+        adv = Signal()
+        copies = []
 
-        # ---- dispatch (S3)
+        def stage(name: str, **values) -> dict:
+            """Registers of the next stage, loaded from ``values`` when the pipeline advances."""
+            regs = {}
+            for key, value in values.items():
+                regs[key] = Signal(value.shape(), name=f"{name}_{key}")
+                copies.append(regs[key].eq(value))
+            return regs
+
+        # F: read imem[pc]; S1: the word; S2: field checks and products; S3: extent sums;
+        # S4: extent comparisons -> error code (the dispatch stage).
+        s0 = stage("s0", v=Const(1), pc=pc)
+        s1 = stage("s1", v=s0["v"], pc=s0["pc"], **{f"word{b}": rp.data for b, rp in
+                                                    enumerate(rd_ports)})
+        word = Array(s1[f"word{b}"] for b in range(banks))[s1["pc"][low:aw]] if banks > 1 \
+            else s1["word0"]
+        ins1 = InstrLayout(word[:InstrLayout.size])
+        chk = self._field_checks(m, ins1)
+        s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=ins1, **chk)
+        dma = s2["ins"].body.dma
+        spad_beats = Array([Const(cfg.spad_beats(sp.name.lower())) for sp in Spad])
+        s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=s2["ins"], pre=s2["pre"],
+                   is_dma=s2["is_dma"], is_end=s2["is_end"], is_sync=s2["is_sync"],
+                   target=s2["target"], spad_end=dma.spad_addr + s2["spad_len"],
+                   spad_bound=spad_beats[dma.spad.as_value()],
+                   dram_end=s2["dram_tail"] + s2["span_lo"] + (s2["span_hi"] << 16))
+        over = (s3["spad_end"] > s3["spad_bound"]) | (s3["dram_end"] > cfg.dram_beats)
+        err = Mux(s3["pc"] == depth, ErrorCode.PC_OVERFLOW,
+                  Mux((s3["pre"] == ErrorCode.NONE) & s3["is_dma"] & over,
+                      ErrorCode.BAD_ADDRESS, s3["pre"]))
+        # The dispatch stage keeps its decisions one-hot and pre-decoded, because `adv`
+        # (below) gates the whole pipeline and must settle early.
+        s4 = stage("s4", v=s3["v"], pc=s3["pc"], ins=s3["ins"], is_end=s3["is_end"],
+                   is_sync=s3["is_sync"], err=err, ok=err == ErrorCode.NONE,
+                   to=Cat(~s3["is_end"] & (s3["target"] == e.value) for e in Engine))
+        v4, ins4, to4 = s4["v"], s4["ins"], s4["to"]
+        err4 = Signal(ErrorCode)
+        m.d.comb += err4.eq(s4["err"])
+
+        # ---- dispatch (S4)
         ended = self.ended
-        live = self.run & ~ended & v3
-        ok3 = err3 == ErrorCode.NONE
-        ready = Array([self.load.ready, self.compute.ready, self.store.ready])[target3.as_value()]
-        go = live & ok3 & (is_end3 | ready)
-        for port, eng, body in ((self.load, Engine.LOAD, i3.body.dma),
-                                (self.compute, Engine.COMPUTE, i3.body.gemm),
-                                (self.store, Engine.STORE, i3.body.dma)):
+        live = self.run & ~ended & v4
+        ok = s4["ok"]
+        ports = (self.load, self.compute, self.store)
+        ready = Cat(to4[e.value] & port.ready for e, port in zip(Engine, ports, strict=True)).any()
+        go = live & ok & (s4["is_end"] | ready)
+        for port, eng, body in ((self.load, Engine.LOAD, ins4.body.dma),
+                                (self.compute, Engine.COMPUTE, ins4.body.gemm),
+                                (self.store, Engine.STORE, ins4.body.dma)):
             m.d.comb += [
-                port.valid.eq(live & ok3 & ~is_end3 & (target3 == eng)),
-                port.payload.wait.eq(i3.header.wait),
-                port.payload.signal.eq(i3.header.signal),
-                port.payload.sync.eq(is_sync3),
+                port.valid.eq(live & ok & to4[eng.value]),
+                port.payload.wait.eq(ins4.header.wait),
+                port.payload.signal.eq(ins4.header.signal),
+                port.payload.sync.eq(s4["is_sync"]),
                 port.payload.body.eq(body),
             ]
         m.d.comb += [
-            self.error.eq(Mux(live, err3, ErrorCode.NONE)),
-            self.error_pc.eq(pc3),
-            self.stalled.eq(live & ok3 & ~is_end3 & ~ready),
+            self.error.eq(Mux(live, err4, ErrorCode.NONE)),
+            self.error_pc.eq(s4["pc"]),
+            self.stalled.eq(live & ok & to4.any() & ~ready),
             self.dispatched.eq(go),
         ]
-        with m.If(go & is_end3):
+        with m.If(go & s4["is_end"]):
             m.d.sync += ended.eq(1)
 
-        # ---- the pipeline advances as a whole unless S3 holds an instruction that stays
-        adv = self.run & ~ended & (~v3 | go)
-        m.d.comb += [rp.addr.eq(pc[:aw]), rp.en.eq(adv)]
+        # ---- the stages advance together unless the dispatch stage holds an instruction
+        m.d.comb += adv.eq(self.run & ~ended & (~v4 | go))
+        for rp in rd_ports:
+            m.d.comb += [rp.addr.eq(pc[:low]), rp.en.eq(adv)]
         with m.If(adv):
-            m.d.sync += [
-                pc.eq(pc + 1), v0.eq(1), pc0.eq(pc),
-                v1.eq(v0), pc1.eq(pc0), i1.eq(rp.data),
-                v2.eq(v1), pc2.eq(pc1), i2.eq(i1),
-                pre2.eq(chk["pre"]), is_dma2.eq(chk["is_dma"]), is_end2.eq(chk["is_end"]),
-                is_sync2.eq(chk["is_sync"]), target2.eq(chk["target"]),
-                spad_len2.eq(chk["spad_len"]), dram_span2.eq(chk["dram_span"]),
-                dram_tail2.eq(chk["dram_tail"]),
-                v3.eq(v2), pc3.eq(pc2), i3.eq(i2), is_end3.eq(is_end2), is_sync3.eq(is_sync2),
-                target3.eq(target2),
-            ]
-            # S2 -> S3: DMA extents against the scratchpad and DRAM sizes.
-            dma = i2.body.dma
-            spad_beats = Array([Const(cfg.spad_beats(sp.name.lower())) for sp in Spad])
-            over = ((dma.spad_addr + spad_len2 > spad_beats[dma.spad.as_value()])
-                    | (dram_tail2 + dram_span2 > cfg.dram_beats))
-            m.d.sync += err3.eq(
-                Mux(pc2 == depth, ErrorCode.PC_OVERFLOW,
-                    Mux((pre2 == ErrorCode.NONE) & is_dma2 & over, ErrorCode.BAD_ADDRESS, pre2)))
+            m.d.sync += [pc.eq(pc + 1)] + copies
         return m

@@ -87,9 +87,14 @@ class InstrQueue(wiring.Component):
 
         push = self.w.valid & self.w.ready
         pop = self.r.valid & self.r.ready
+        # Registered flags: `ready` feeds the fetch unit's stall logic.
+        not_full = Signal(init=1)
+        not_empty = Signal()
+        level_next = self.level + push - pop
+        m.d.sync += [not_full.eq(level_next != depth), not_empty.eq(level_next != 0)]
         m.d.comb += [
-            self.w.ready.eq(self.level != depth),
-            self.r.valid.eq(self.level != 0),
+            self.w.ready.eq(not_full),
+            self.r.valid.eq(not_empty),
             wp.addr.eq(w_ptr), wp.data.eq(self.w.payload), wp.en.eq(push),
             rp.addr.eq(r_ptr), self.r.payload.eq(rp.data),
         ]
@@ -97,5 +102,5 @@ class InstrQueue(wiring.Component):
             m.d.sync += w_ptr.eq(inc(w_ptr))
         with m.If(pop):
             m.d.sync += r_ptr.eq(inc(r_ptr))
-        m.d.sync += self.level.eq(self.level + push - pop)
+        m.d.sync += self.level.eq(level_next)
         return m

@@ -56,8 +56,9 @@ __all__ = [
 ]
 
 #: Cycles from start to the first instruction being available at dispatch (hw/fetch.py:
-#: instruction memory read in cycle 0, then register, extent products, range checks).
-FETCH_LATENCY = 4
+#: instruction memory read in cycle 0, then word register, extent products, extent sums,
+#: range comparisons).
+FETCH_LATENCY = 5
 #: LOAD execution = beats + memory latency + this (spad write of the last beat).
 LOAD_OVERHEAD = 1
 #: STORE execution = beats + this (spad read latency before the first write).

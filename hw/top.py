@@ -14,13 +14,15 @@
 Host protocol: write the program into the instruction memory (``imem_wr``) while ``busy`` is
 low, pulse ``start`` for one cycle (cycle -1 of hw/timing.py), wait for ``busy`` to fall; then
 ``done`` is high and ``error``, ``error_pc``, ``cycles`` and ``counters`` hold the outcome until
-the next ``start``. ``busy`` falls in cycle ``cycles + 1``.
+the next ``start``. ``busy`` falls in cycle ``cycles + 1``, or ``cycles + 2`` after an
+EVENT_OVERFLOW (decided a cycle late, so that the stop logic does not wait for the event
+grants).
 
 ``start`` resets every control and datapath register (not the memories), so a run after an
-error starts clean. The stop conditions of hw/timing.py ("Done", "Deadlock", errors) are
-evaluated every cycle; the counters of :data:`sim.result.COUNTERS` take each cycle's increments
-one cycle later, so the increments of the stop cycle itself are dropped (counters cover cycles
-``0 .. cycles - 1``), and the beat and MAC counters add an instruction's total when it ends.
+error starts clean. The counters of :data:`sim.result.COUNTERS` take each cycle's increments one
+cycle later, and only while the machine still runs, so the increments of the stop cycle itself
+are dropped (counters cover cycles ``0 .. cycles - 1``); the beat and MAC counters add an
+instruction's total when it ends.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class Accelerator(wiring.Component):
     start: In(1)
         One-cycle pulse that starts the program at instruction 0 (ignored while busy).
     busy: Out(1)
-        The machine is running.
+        The machine is running (see the host protocol above for when it falls).
     done: Out(1)
         A run has finished (successfully or not); cleared by ``start``.
     error: Out(ErrorCode)
@@ -131,7 +133,7 @@ class Accelerator(wiring.Component):
             name = eng.name.lower()
             queues[eng] = sub[f"{name}_queue"] = InstrQueue(entry, cfg.queue_depth)
             seqs[eng] = sub[f"{name}_seq"] = EngineSequencer(
-                GemmBody if eng == Engine.COMPUTE else DmaBody)
+                GemmBody if eng == Engine.COMPUTE else DmaBody, cfg.num_events)
         sub.events = events = EventUnit(cfg.num_events, cfg.event_bits, ports=len(Engine))
         sub.load = load = LoadEngine(cfg)
         sub.store = store = StoreEngine(cfg)
@@ -164,27 +166,32 @@ class Accelerator(wiring.Component):
             connect(m, getattr(core, f"{name}_rd"), spads[name].core_rd)
         connect(m, core.out_wr, spads["out"].core_wr)
         connect(m, store.out_rd, spads["out"].dma_rd)
+        # ---- stop conditions (hw/timing.py: Done, Deadlock, errors)
+        # Done, deadlock and dispatch errors come from registered state and stop the machine in
+        # the cycle they arise. An event overflow is decided a cycle later (EventUnit.overflow,
+        # so that the stop logic does not wait for the grants) and stops the machine then,
+        # reporting the cycle of the overflowing update; counters and DRAM traffic are held
+        # back in that extra cycle, so nothing observable happens in it.
+        idle_empty = {eng: seqs[eng].idle & ~queues[eng].r.valid for eng in Engine}
+        done_now = fetch.ended & Cat(idle_empty.values()).all()
+        blocked = Cat(idle_empty[eng] | events.starved[eng.value] for eng in Engine).all()
+        deadlock_now = ~done_now & blocked & (fetch.ended | fetch.stalled)
+        now = Signal(ErrorCode)
+        m.d.comb += now.eq(Mux(fetch.error != ErrorCode.NONE, fetch.error,
+                               Mux(deadlock_now, ErrorCode.DEADLOCK, ErrorCode.NONE)))
+        late = Signal()
+        active = Signal()
+        m.d.comb += [late.eq(events.overflow), active.eq(running & ~late)]
+
         # DRAM: nothing leaves the machine once it has stopped.
         m.d.comb += [
-            self.dram.rd_req.valid.eq(load.rd_req.valid & running),
+            self.dram.rd_req.valid.eq(load.rd_req.valid & active),
             self.dram.rd_req.payload.eq(load.rd_req.payload),
             load.rd_resp.valid.eq(self.dram.rd_resp.valid),
             load.rd_resp.payload.eq(self.dram.rd_resp.payload),
-            self.dram.wr.valid.eq(store.wr.valid & running),
+            self.dram.wr.valid.eq(store.wr.valid & active),
             self.dram.wr.payload.eq(store.wr.payload),
         ]
-
-        # ---- stop conditions (hw/timing.py: Done, Deadlock, errors)
-        idle_empty = {eng: seqs[eng].idle & ~queues[eng].r.valid for eng in Engine}
-        done_now = fetch.ended & Cat(idle_empty.values()).all()
-        blocked = Cat(idle_empty[eng] | seqs[eng].waiting for eng in Engine).all()
-        deadlock_now = ~done_now & blocked & (fetch.ended | fetch.stalled)
-        err_now = Signal(ErrorCode)
-        m.d.comb += err_now.eq(
-            Mux(fetch.error != ErrorCode.NONE, fetch.error,
-                Mux(events.overflow, ErrorCode.EVENT_OVERFLOW,
-                    Mux(deadlock_now, ErrorCode.DEADLOCK, ErrorCode.NONE))))
-        stop_now = running & (done_now | (err_now != ErrorCode.NONE))
 
         cyc = Signal(COUNTER_BITS)
         with m.If(go):
@@ -192,9 +199,12 @@ class Accelerator(wiring.Component):
                          self.error.eq(ErrorCode.NONE), self.error_pc.eq(0)]
         with m.Elif(running):
             m.d.sync += cyc.eq(cyc + 1)
-            with m.If(stop_now):
-                m.d.sync += [running.eq(0), self.done.eq(1), self.cycles.eq(cyc),
-                             self.error.eq(err_now),
+            with m.If(late | done_now | (now != ErrorCode.NONE)):
+                m.d.sync += [running.eq(0), self.done.eq(1)]
+            with m.If(late):
+                m.d.sync += [self.cycles.eq(cyc - 1), self.error.eq(ErrorCode.EVENT_OVERFLOW)]
+            with m.Elif(done_now | (now != ErrorCode.NONE)):
+                m.d.sync += [self.cycles.eq(cyc), self.error.eq(now),
                              self.error_pc.eq(Mux(fetch.error != ErrorCode.NONE,
                                                   fetch.error_pc, 0))]
         m.d.comb += self.busy.eq(running)
@@ -221,5 +231,7 @@ class Accelerator(wiring.Component):
             with m.If(go):
                 m.d.sync += [pend.eq(0), counter.eq(0)]
             with m.Elif(running):
-                m.d.sync += [pend.eq(value), counter.eq(counter + pend)]
+                m.d.sync += pend.eq(value)
+                with m.If(~late):
+                    m.d.sync += counter.eq(counter + pend)
         return m

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from amaranth import Module, ResetInserter, Signal
 from control_testutil import run_sim
 
 from hw import timing
@@ -21,42 +22,48 @@ def test_event_unit_random(seed):
     n, bits = 5, 3
     limit = (1 << bits) - 1
     dut = EventUnit(n, bits, ports=3)
+    restart = Signal()
+    top = Module()
+    top.submodules.events = ResetInserter(restart)(dut)
+    overflows = 0
 
     async def tb(ctx):
+        nonlocal overflows
         count = [0] * n
-        for t in range(400):
+        for t in range(600):
             waits = [(rng.random() < 0.5, rng.randrange(n)) for _ in range(3)]
             sigs = [(rng.random() < 0.4, rng.randrange(n)) for _ in range(3)]
             for e in range(3):
                 ctx.set(dut.wait[e].valid, waits[e][0])
-                ctx.set(dut.wait[e].payload, waits[e][1])
+                ctx.set(dut.wait[e].payload, 1 << waits[e][1])
                 ctx.set(dut.signal[e].valid, sigs[e][0])
-                ctx.set(dut.signal[e].payload, sigs[e][1])
+                ctx.set(dut.signal[e].payload, 1 << sigs[e][1])
+            assert not ctx.get(dut.overflow), t
+            assert [ctx.get(dut.count[v]) for v in range(n)] == count
             granted = []
             for e, (valid, ev) in enumerate(waits):
                 first = all(not (waits[f][0] and waits[f][1] == ev) for f in range(e))
                 want = valid and count[ev] >= 1 and first
                 assert ctx.get(dut.wait[e].ready) == want, (t, e)
+                assert ctx.get(dut.starved[e]) == (valid and count[ev] == 0), (t, e)
                 if want:
                     granted.append(ev)
-            new = list(count)
             for ev in granted:
-                new[ev] -= 1
+                count[ev] -= 1
             for valid, ev in sigs:
-                new[ev] += valid
-            overflow = any(v > limit for v in new)
-            assert ctx.get(dut.overflow) == overflow, t
-            if overflow:  # the machine would stop here; keep the model in range
-                for e in range(3):
-                    ctx.set(dut.signal[e].valid, 0)
-                new = list(count)
-                for ev in granted:
-                    new[ev] -= 1
-            assert [ctx.get(dut.count[v]) for v in range(n)] == count
+                count[ev] += valid
             await ctx.tick()
-            count = new
+            if any(v > limit for v in count):
+                # Reported in the next cycle; then start over, as the machine would.
+                assert ctx.get(dut.overflow), t
+                overflows += 1
+                ctx.set(restart, 1)
+                await ctx.tick()
+                ctx.set(restart, 0)
+                count = [0] * n
 
-    run_sim(dut, tb)
+    run_sim(top, tb)
+    assert overflows >= 3
 
 
 def test_event_unit_args():
@@ -78,7 +85,7 @@ def test_sequencer_timing(seed):
     """Pop p = max(d + 1, free), grant g >= p + 1 when the event allows, execution g+1 .. g+D,
     signal in g + D, free = g + D + 1; SYNC executes SYNC_CYCLES cycles."""
     rng = random.Random(seed)
-    dut = EngineSequencer(DmaBody)
+    dut = EngineSequencer(DmaBody, num_events=6)
     jobs = []
     for _ in range(12):
         sync = rng.random() < 0.3
@@ -103,7 +110,7 @@ def test_sequencer_timing(seed):
             # WAIT from p + 1: the event is held back `hold` cycles when there is one.
             held = job["hold"] if job["wait"] is not None else 0
             for _ in range(held):
-                assert ctx.get(dut.wait.valid) and ctx.get(dut.wait.payload) == job["wait"]
+                assert ctx.get(dut.wait.valid) and ctx.get(dut.wait.payload) == 1 << job["wait"]
                 assert ctx.get(dut.waiting) and not ctx.get(dut.cmd.valid)
                 await ctx.tick()
                 t += 1
@@ -124,7 +131,7 @@ def test_sequencer_timing(seed):
                 ctx.set(dut.done, last and not job["sync"])
                 assert ctx.get(dut.signal.valid) == (last and job["signal"] is not None)
                 if last and job["signal"] is not None:
-                    assert ctx.get(dut.signal.payload) == job["signal"]
+                    assert ctx.get(dut.signal.payload) == 1 << job["signal"]
                 await ctx.tick()
                 t += 1
             ctx.set(dut.done, 0)

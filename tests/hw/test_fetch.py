@@ -259,3 +259,30 @@ def test_queue_order_and_flags():
 
         run_sim(dut, tb)
 
+
+
+def test_banked_instruction_memory():
+    """Programs longer than one 2048-word bank: every word comes from the right bank."""
+    cfg = small_config(imem_depth=4096, num_events=8)
+    n = 2048 + 40
+    prog = [Sync(engine=Engine(i % 3), signal=i % 8, wait=(i // 8) % 8) for i in range(n)]
+    prog.append(End())
+    bench = FetchBench(cfg)
+
+    async def tb(ctx):
+        await bench.load(ctx, [encode(i) for i in prog])
+        for s in bench.streams().values():
+            ctx.set(s.ready, 1)
+        await bench.start(ctx)
+        seen = []
+        for _ in range(timing.FETCH_LATENCY + n + 2):
+            for e, s in bench.streams().items():
+                if ctx.get(s.valid):
+                    p = ctx.get(s.payload)
+                    seen.append((e, p.signal, p.wait))
+            assert ctx.get(bench.fetch.error) == ErrorCode.NONE
+            await ctx.tick()
+        assert ctx.get(bench.fetch.ended)
+        assert seen == [(i.engine, i.signal, i.wait) for i in prog[:-1]]
+
+    run_sim(bench.m, tb)
