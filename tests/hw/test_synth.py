@@ -1,0 +1,68 @@
+"""hw.synth: the result record read back from Yosys' and nextpnr's outputs.
+
+The tools themselves run in ``make synth`` (tens of minutes for the default design); these
+tests check how their outputs are summarised, on files in the tools' formats.
+"""
+
+import json
+
+import pytest
+
+from hw.config import AcceleratorConfig
+from hw.synth import ECP5_85F, collect, main, summary
+
+STAT = {"creator": "Yosys", "modules": {"\\accel": {"num_cells_by_type": {
+    "LUT4": 30000, "CCU2C": 4000, "TRELLIS_DPR16X4": 800, "TRELLIS_FF": 28000,
+    "MULT18X18D": 131, "DP16KD": 90}}}}
+PLACED = "Info: Max frequency for clock 'clk': 39.48 MHz (FAIL at 100.00 MHz)\n"
+ROUTED = (PLACED + "Info: Routing complete.\n"
+          "Info: Max frequency for clock 'clk': 45.10 MHz (FAIL at 100.00 MHz)\n")
+
+
+def _run_dir(tmp_path, log, report=None):
+    (tmp_path / "stat.json").write_text(json.dumps(STAT))
+    (tmp_path / "nextpnr.log").write_text(log)
+    if report is not None:
+        (tmp_path / "report.json").write_text(json.dumps(report))
+    return tmp_path
+
+
+def test_routed_run(tmp_path):
+    out = _run_dir(tmp_path, ROUTED, {"utilization": {"TRELLIS_COMB": {"used": 46000}}})
+    rec = collect(AcceleratorConfig(), out)
+    assert rec["fmax_mhz"] == 45.10 and rec["fmax_after"] == "routing"
+    assert rec["luts"] == 46000 and rec["dsps"] == 131 and rec["brams"] == 90
+    assert rec["fits"] is True
+    assert json.loads((out / "synth.json").read_text())["fmax_mhz"] == 45.10
+    assert "45.1 MHz after routing (FAIL at 100 MHz)" in summary(rec)
+
+
+def test_unfinished_routing_reports_the_placement_estimate(tmp_path):
+    out = _run_dir(tmp_path, PLACED)            # no report.json: nextpnr did not finish
+    rec = collect(AcceleratorConfig(), out)
+    assert rec["fmax_mhz"] == 39.48 and rec["fmax_after"] == "placement"
+    assert rec["luts"] == 30000 + 2 * 4000      # from Yosys' cells when nextpnr has no count
+
+
+def test_too_big_does_not_fit(tmp_path):
+    stat = json.loads(json.dumps(STAT))
+    stat["modules"]["\\accel"]["num_cells_by_type"]["MULT18X18D"] = ECP5_85F["dsps"] + 1
+    (tmp_path / "stat.json").write_text(json.dumps(stat))
+    (tmp_path / "nextpnr.log").write_text(ROUTED)
+    assert collect(AcceleratorConfig(), tmp_path)["fits"] is False
+
+
+def test_cli_collect_exit_status_and_bad_config(tmp_path, capsys):
+    out = _run_dir(tmp_path, ROUTED)
+    assert main(["--collect", "--out", str(out), "--freq", "40"]) == 0
+    assert main(["--collect", "--out", str(out)]) == 1    # 45 MHz < 100 MHz
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": 0}))
+    assert main(["--config", str(bad)]) == 2
+    assert "invalid configuration" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("log", ["", "Info: nothing yet\n"])
+def test_no_timing_yet(tmp_path, log):
+    rec = collect(AcceleratorConfig(), _run_dir(tmp_path, log))
+    assert rec["fmax_mhz"] == 0.0 and rec["fmax_after"] == "none"
