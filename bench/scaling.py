@@ -278,26 +278,37 @@ def _write_docs(docs: Path, records, host, roof_points, wall, quick) -> None:
                        key=lambda r: r["gemm_speedup_vs_dense_int4"])
     default = [r for r in records if r["system"] == "default"]
     dec = [r for r in default if r["phase"] == "decode"]
-    dec24 = [r for r in dec if r["format"] == "2:4-int4"]
     pre24 = [r for r in default if r["phase"] == "prefill" and r["format"] == "2:4-int4"]
 
     def row(what, target, value, ok):
         return f"| {what} | {target} | {value} | {'met' if ok else '**not met**'} |"
 
-    lo_roof = min(r["roofline_fraction"] for r in dec)
-    lo_dec = min(r["speedup_vs_dense_int4"] for r in dec24)
-    lo_gemm = min(r["gemm_speedup_vs_dense_int4"] for r in pre24)
-    lo_pre = min(r["speedup_vs_dense_int4"] for r in pre24)
     lines += ["", "## Targets (default system: 4x16 array, 1.6 GB/s, 100 MHz)", "",
-              "| quantity | target | measured (worst case over the rows above) | |",
-              "|---|---|---|---|",
-              row("decode, fraction of the roofline bound", ">= 90%", f"{lo_roof:.1%}",
-                  lo_roof >= 0.9),
-              row("decode tokens/s, 2:4 INT4 vs dense INT4", ">= 1.28x", f"{lo_dec:.2f}x",
-                  lo_dec >= 1.28),
-              row("prefill GEMM (linear layers), 2:4 INT4 vs dense INT4", ">= 1.9x",
-                  f"{lo_gemm:.2f}x (whole step with attention: {lo_pre:.2f}x)",
-                  lo_gemm >= 1.9)]
+              "| quantity | target | measured | |", "|---|---|---|---|"]
+    for ctx in sorted({r["context"] for r in dec}):
+        at = [r for r in dec if r["context"] == ctx]
+        roof = min(r["roofline_fraction"] for r in at)
+        r24 = next(r for r in at if r["format"] == "2:4-int4")
+        dense = next(r for r in at if r["format"] == "dense-int4")
+        attn = 1 - dense["linear_cycles"] / dense["cycles"]
+        lines += [row(f"decode, context {ctx}: fraction of the roofline bound (worst format)",
+                      ">= 90%", f"{roof:.1%}", roof >= 0.9),
+                  row(f"decode, context {ctx}: tokens/s, 2:4 INT4 vs dense INT4", ">= 1.28x",
+                      f"{r24['speedup_vs_dense_int4']:.2f}x (linear layers "
+                      f"{r24['gemm_speedup_vs_dense_int4']:.2f}x; attention is {attn:.0%} of "
+                      "the dense step)", r24["speedup_vs_dense_int4"] >= 1.28)]
+    for r in pre24:
+        lines.append(row(f"prefill {r['tokens']} tokens: GEMM (linear layers), 2:4 INT4 vs "
+                         "dense INT4", ">= 1.9x", f"{r['gemm_speedup_vs_dense_int4']:.2f}x "
+                         f"(whole step with attention: {r['speedup_vs_dense_int4']:.2f}x)",
+                         r["gemm_speedup_vs_dense_int4"] >= 1.9))
+    lines += ["", "Weight sparsity shrinks only the weight stream. In decode the attention "
+              "products read the INT8 KV cache, which every format reads in full, so the "
+              "step speedup falls below the weight-byte ratio (about 1.33x for 2:4 INT4 "
+              "g128 against dense INT4 g128) as the context grows; quantising the KV cache "
+              "to 4 bits, or keeping it on chip, is what would restore it. In prefill the "
+              "attention products are dense INT8 x INT8 GEMMs, which grow with the square of "
+              "the prompt length."]
     lines += ["", "## Against the seed paper's claims (2:4 + INT4 vs dense)", "",
               "| quantity | seed paper (withdrawn) | this model, 2:4 INT4 vs dense INT4 |",
               "|---|---|---|",

