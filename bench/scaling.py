@@ -226,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _roofline_png(fname: str) -> str:
+    """Plot file name of a format ("2:4-int4" -> roofline_decode_2of4-int4.png: no colons)."""
+    return f"roofline_decode_{fname.replace(':', 'of')}.png"
+
+
 def _write_docs(docs: Path, records, host, roof_points, wall, quick) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -234,7 +239,7 @@ def _write_docs(docs: Path, records, host, roof_points, wall, quick) -> None:
     img = docs / "img"
     img.mkdir(parents=True, exist_ok=True)
     for fname, (cfg, points) in roof_points.items():
-        plot_roofline(points, cfg, img / f"roofline_decode_{fname}.png",
+        plot_roofline(points, cfg, img / _roofline_png(fname),
                       f"LLaMA-7B decode layers, {fname}, default 4x16 array, 1.6 GB/s")
     # tokens/s per system and format, decode ctx 128 and prefill 256
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -327,7 +332,7 @@ def _write_docs(docs: Path, records, host, roof_points, wall, quick) -> None:
         lines.append(f"| {step} | " + " | ".join(f"{v:.2f}" for v in ops.values())
                      + f" | {sum(ops.values()):.2f} |")
     lines += ["", "![tokens/s](img/scaling_tokens_per_s.png)", ""]
-    lines += [f"![roofline {f}](img/roofline_decode_{f}.png)" for f in roof_points]
+    lines += [f"![roofline {f}](img/{_roofline_png(f)})" for f in roof_points]
     (docs / "scaling.md").write_text("\n".join(lines) + "\n")
 
 

@@ -101,16 +101,21 @@ class _Table:
     work: np.ndarray        # [n, 3]: DRAM beats read, beats written, MAC cycles
 
 
+#: Engine of each 3-bit opcode value; SYNC's comes from its body, -1 END, -2 illegal.
+_ENGINE_OF_OPCODE = np.full(8, -2, dtype=np.int64)
+_ENGINE_OF_OPCODE[[Opcode.LOAD.value, Opcode.GEMM.value, Opcode.STORE.value, Opcode.END.value]] \
+    = [0, 1, 2, -1]
+
+
 def _decode_table(words: np.ndarray, cfg: AcceleratorConfig) -> _Table:
     """Decode ``uint64 [n, 2]`` instruction words (see :func:`hw.isa.program_words`)."""
     f = decode_fields(words)
     op = f["opcode"]
     errs = dispatch_errors(f, cfg)
     durs = timing.exec_cycles_fields(f, cfg)
-    engines = np.select(
-        [op == Opcode.LOAD.value, op == Opcode.GEMM.value, op == Opcode.STORE.value,
-         op == Opcode.SYNC.value, op == Opcode.END.value],
-        [0, 1, 2, f["sync.engine"], -1], -2)
+    # engine per opcode (SYNC names its engine; -1 END, -2 illegal)
+    engines = _ENGINE_OF_OPCODE[op]
+    engines = np.where(op == Opcode.SYNC.value, f["sync.engine"], engines)
     engines = np.where(errs == ErrorCode.ILLEGAL_OPCODE.value, -2, engines)
     beats = f["dma.rows"] * f["dma.row_beats"]
     work = np.zeros((op.size, 3), dtype=np.int64)
@@ -122,12 +127,14 @@ def _decode_table(words: np.ndarray, cfg: AcceleratorConfig) -> _Table:
     signals = np.where((f["signal"] == NO_EVENT) | (engines < 0), -1, f["signal"])
     for kind, ev in (("consumer", waits), ("producer", signals)):
         used = ev >= 0
-        pairs = np.unique(np.stack([ev[used], engines[used]], axis=1), axis=0)
-        ids, counts = np.unique(pairs[:, 0], return_counts=True) if pairs.size else ([], [])
-        for e, c in zip(ids, counts, strict=True):
-            if c > 1:
-                engs = pairs[pairs[:, 0] == e, 1]
-                raise ProgramError(_two_engines(int(e), kind, int(engs[0]), int(engs[1])))
+        # distinct (event, engine) pairs as one integer each: an event listed twice has two
+        pairs = np.unique(ev[used] * 4 + engines[used])
+        evs = pairs >> 2
+        twice = np.flatnonzero(evs[1:] == evs[:-1])
+        if twice.size:
+            j = int(twice[0])
+            raise ProgramError(_two_engines(int(evs[j]), kind, int(pairs[j] & 3),
+                                            int(pairs[j + 1] & 3)))
     return _Table(engines.tolist(), waits.tolist(), signals.tolist(), durs.tolist(),
                   errs.tolist(), work)
 
