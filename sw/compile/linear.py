@@ -23,6 +23,7 @@ blocks on an engine that waits for a later instruction.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -198,7 +199,8 @@ def lower_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer]) -> list[Inst
     items = [(L, t, j, c) for L, ly in enumerate(layers) for t in range(ly.plan.token_tiles)
              for j in range(ly.plan.n_tiles) for c in range(ly.plan.k_chunks)]
     final = [c == layers[L].plan.k_chunks - 1 for L, _, _, c in items]
-    out_buf = [sum(final[:i]) % 2 for i in range(len(items))]  # tile index parity
+    # parity of the number of finished tiles before item i: the OUT buffer it writes
+    out_buf = [(n - f) % 2 for n, f in zip(itertools.accumulate(final), final, strict=True)]
     # A new activation set (layer or token tile) starts at these items.
     new_set = [i == 0 or items[i][:2] != items[i - 1][:2] for i in range(len(items))]
     stored_waited = set()  # final items whose STORED signal a load already consumed
