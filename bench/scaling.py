@@ -1,12 +1,13 @@
 """LLaMA-7B scaling analysis on the fast model (timing-only).
 
 ``python -m bench.scaling`` lowers every linear layer of a LLaMA-7B decoder block (q, k, v, o,
-gate, up, down; 4096 hidden, 11008 MLP) plus the LM head, and the attention products of every
-head (Q.K^T and P.V on the array as INT8 x INT8, against an INT8 KV cache), runs them on the
-fast model for several weight formats, memory bandwidths and array sizes, and reports per-token
-latency, tokens/s, the fraction of the roofline bound reached and speedups over dense INT4 on
-the same array. Host-side operations (RMSNorm, RoPE, softmax, SwiGLU, residuals, activation
-quantisation) run on the host, are timed apart with numpy and listed separately.
+gate, up, down; 4096 hidden, 11008 MLP), the LM head (last position only, as generation
+needs) and the attention products of every head (Q.K^T and P.V on the array as INT8 x INT8,
+against an INT8 KV cache), runs them on the fast model for several weight formats, memory
+bandwidths and array sizes, and reports per-token latency, tokens/s, the fraction of the
+roofline bound reached and speedups over dense INT4 on the same array. Host-side operations
+(RMSNorm, RoPE, softmax, SwiGLU, residuals, activation quantisation) run on the host, are
+timed apart with numpy and listed separately.
 
 Every linear layer is one program, and the attention products of all heads of a block are one
 program each; programs run one after the other and their cycles are summed (conservative: no
@@ -46,13 +47,19 @@ SEED = {"decode_throughput": 1.36, "gemm": 1.71}
 
 
 def scaled_config(rows: int, cols: int, beat: int, clock_mhz: float) -> AcceleratorConfig:
-    """An accelerator whose buffers grow with the array (1 KiB of WGT per lane); its
-    instruction memory holds a whole layer (the FPGA default holds 4096 instructions)."""
+    """An accelerator whose buffers grow with the array and the memory beat; its instruction
+    memory holds a whole layer (the FPGA default holds 4096 instructions).
+
+    WGT holds at least 1 KiB per lane and ``2 * lanes * beat`` bytes: K chunks must start on a
+    beat of the activation rows, so with 2 KiB beats a chunk is a multiple of 16 groups of 128,
+    and each half of WGT must hold such a chunk.
+    """
     lanes = rows * cols
     act = max(32 << 10, 256 << 10 if lanes > 64 else 0)
     return AcceleratorConfig(
         rows=rows, cols=cols, clock_mhz=clock_mhz, imem_depth=1 << 20,
-        act_spad_bytes=max(act, beat * 16), wgt_spad_bytes=max(64 << 10, lanes << 10),
+        act_spad_bytes=max(act, beat * 16),
+        wgt_spad_bytes=max(64 << 10, lanes << 10, 2 * lanes * beat),
         out_spad_bytes=max(16 << 10, 256 * lanes), param_spad_bytes=max(1 << 10, 4 * lanes,
                                                                         beat * 8),
         memory=MemoryModel(bytes_per_cycle=beat, latency=24 if beat <= 16 else 64,
@@ -116,7 +123,8 @@ def step_programs(phase: str, tokens: int, context: int, fmt: WeightFormat
     out = [(name, ((fmt, n, k, tokens),), L) for name, n, k in per_block]
     out += [("attn_qk", ((KV_FORMAT, ctx, d, tokens),) * H, L),
             ("attn_pv", ((KV_FORMAT, d, ctx, tokens),) * H, L)]
-    out += [("lm_head", ((fmt, LLAMA7B["vocab"], h, 1 if phase == "decode" else tokens),), 1)]
+    # Generation needs the logits of the last position only, in prefill as in decode.
+    out += [("lm_head", ((fmt, LLAMA7B["vocab"], h, 1),), 1)]
     return out
 
 

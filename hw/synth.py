@@ -127,6 +127,9 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
     report_file = out / "report.json"
     report = json.loads(report_file.read_text()) if report_file.exists() else {}
     util = {k: v.get("used") for k, v in report.get("utilization", {}).items()}
+    if not util:  # no report (unfinished run): the utilisation nextpnr logs after packing
+        util = {k: int(v) for k, v in re.findall(r"^Info:\s+(\w+):\s+(\d+)/\s*\d+", log,
+                                                 re.MULTILINE)}
     rec = {
         "config": json.loads(cfg.to_json()),
         "array": f"{cfg.rows}x{cfg.cols}",

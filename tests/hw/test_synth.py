@@ -14,7 +14,10 @@ from hw.synth import ECP5_85F, collect, main, summary
 STAT = {"creator": "Yosys", "modules": {"\\accel": {"num_cells_by_type": {
     "LUT4": 30000, "CCU2C": 4000, "TRELLIS_DPR16X4": 800, "TRELLIS_FF": 28000,
     "MULT18X18D": 131, "DP16KD": 90}}}}
-PLACED = "Info: Max frequency for clock 'clk': 39.48 MHz (FAIL at 100.00 MHz)\n"
+PLACED = ("Info: Device utilisation:\n"
+          "Info: \t          TRELLIS_FF:   30719/  83640    36%\n"
+          "Info: \t        TRELLIS_COMB:   47930/  83640    57%\n"
+          "Info: Max frequency for clock 'clk': 39.48 MHz (FAIL at 100.00 MHz)\n")
 ROUTED = (PLACED + "Info: Routing complete.\n"
           "Info: Max frequency for clock 'clk': 45.10 MHz (FAIL at 100.00 MHz)\n")
 
@@ -41,7 +44,12 @@ def test_unfinished_routing_reports_the_placement_estimate(tmp_path):
     out = _run_dir(tmp_path, PLACED)            # no report.json: nextpnr did not finish
     rec = collect(AcceleratorConfig(), out)
     assert rec["fmax_mhz"] == 39.48 and rec["fmax_after"] == "placement"
-    assert rec["luts"] == 30000 + 2 * 4000      # from Yosys' cells when nextpnr has no count
+    assert rec["luts"] == 47930                 # logged by nextpnr after packing
+
+
+def test_luts_from_yosys_cells_without_any_nextpnr_count(tmp_path):
+    rec = collect(AcceleratorConfig(), _run_dir(tmp_path, "Info: placing\n"))
+    assert rec["luts"] == 30000 + 2 * 4000
 
 
 def test_too_big_does_not_fit(tmp_path):
