@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from hw.config import AcceleratorConfig
-from hw.isa import INSTR_BYTES, ErrorCode, Instr, encode
+from hw.isa import INSTR_BYTES, ErrorCode, Instr, encode, program_words
 from sim.result import COUNTERS, RunResult
 
 __all__ = ["RTLBackend", "RTLBuildError", "RTLTimeoutError", "verilator_env", "encode_any"]
@@ -69,7 +69,8 @@ def verilator_env() -> dict[str, str]:
 
 
 def encode_any(program, cfg: AcceleratorConfig) -> bytes:
-    """Program bytes from instructions, raw 128-bit words (ints) or encoded bytes.
+    """Program bytes from instructions, raw 128-bit words (ints), encoded bytes or the word
+    arrays of :func:`hw.isa.program_words`.
 
     Instructions are encoded without the configuration checks, so that programs the hardware
     must reject can be run.
@@ -77,7 +78,7 @@ def encode_any(program, cfg: AcceleratorConfig) -> bytes:
     if isinstance(program, (bytes, bytearray)):
         raw = bytes(program)
     elif isinstance(program, np.ndarray):
-        raw = np.asarray(program, dtype=np.uint8).tobytes()
+        raw = np.ascontiguousarray(program_words(program), dtype="<u8").tobytes()
     else:
         raw = b"".join((w if isinstance(w, int) else encode(w)).to_bytes(INSTR_BYTES, "little")
                        for w in program)

@@ -10,7 +10,7 @@ import pytest
 from control_testutil import small_config
 
 from hw.generate import main as generate_main
-from hw.isa import End, Engine, ErrorCode, Load, Spad, Sync, encode, encode_program
+from hw.isa import End, Engine, ErrorCode, Load, Spad, Sync, encode, encode_program, program_words
 from sim.rtl import RTLBackend, RTLTimeoutError, encode_any
 
 CFG = small_config()
@@ -51,6 +51,7 @@ def test_encode_any_forms():
     assert encode_any(PROG, CFG) == raw.tobytes()
     assert encode_any([encode(i) for i in PROG], CFG) == raw.tobytes()
     assert encode_any(raw, CFG) == encode_any(raw.tobytes(), CFG)
+    assert encode_any(program_words(PROG), CFG) == raw.tobytes()
     with pytest.raises(ValueError, match="not a whole number"):
         encode_any(b"\0" * 17, CFG)
     with pytest.raises(ValueError, match="exceeds imem_depth"):
