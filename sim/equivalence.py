@@ -1,8 +1,9 @@
 """Compare two backends on one program and shrink any disagreement to a minimal reproducer.
 
 Used by the equivalence harness (``pytest -m equivalence``): the fast model (level 2) against
-the Verilator RTL (level 3), and later the netlist (level 4). Everything observable is compared:
-error code and pc, cycle count, every counter and, for successful runs, the whole DRAM image.
+the Verilator RTL (level 3), and the RTL against the Yosys netlist (level 4). Everything
+observable is compared: error code and pc, cycle count, every counter and, for successful runs,
+the whole DRAM image.
 """
 
 from __future__ import annotations

@@ -148,6 +148,9 @@ class RTLBackend:
         Default cycle guard of :meth:`run`.
     """
 
+    #: Distinguishes the build directories of subclasses that simulate other Verilog.
+    _build_suffix = ""
+
     def __init__(self, cfg: AcceleratorConfig, *, waves: bool | None = None,
                  build_root: str | Path | None = None, compute: Callable | None = None,
                  compute_tag: str | None = None, jobs: int = 2, max_cycles: int = 50_000_000):
@@ -172,8 +175,13 @@ class RTLBackend:
     def build_dir(self) -> Path:
         cfg_hash = hashlib.sha256(self.cfg.to_json().encode()).hexdigest()[:12]
         src = hashlib.sha256((_sources_digest() + self.compute_tag).encode()).hexdigest()[:10]
-        suffix = "-waves" if self.waves else ""
+        suffix = ("-waves" if self.waves else "") + self._build_suffix
         return self.build_root / f"{cfg_hash}-{src}{suffix}"
+
+    def _simulated_verilog(self, out: Path, verbose: bool) -> str:
+        """The Verilog file in ``out`` that Verilator compiles (the netlist backend
+        synthesises ``accel.v`` first)."""
+        return "accel.v"
 
     @property
     def runner(self) -> Path:
@@ -201,6 +209,7 @@ class RTLBackend:
             t0 = time.perf_counter()
             from hw.generate import write_design
             write_design(self.cfg, out, top="runner", compute=self.compute)
+            verilog = self._simulated_verilog(out, verbose)
             (out / "accel_config.h").write_text(_config_header(self.cfg))
             shutil.copy(HARNESS, out / "harness.cpp")
             cmd = ["verilator", "--cc", "--exe", "--build", "-j", str(self.jobs),
@@ -208,7 +217,7 @@ class RTLBackend:
                    "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert",
                    "-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-UNOPTFLAT",
                    "-CFLAGS", "-O2 -std=c++17", "-o", "../runner",
-                   "accel.v", "harness.cpp"]
+                   verilog, "harness.cpp"]
             if self.waves:
                 # VCD: FST would need the system's lz4 headers, which a fresh machine lacks.
                 cmd[1:1] = ["--trace", "--trace-structs"]

@@ -6,7 +6,8 @@ ones (illegal words, bad fields, missing END, deadlocks, event overflows) run on
 errors, error pcs, cycles, every counter and the final DRAM must be identical. A mismatch is
 shrunk to a minimal program and saved under build/equivalence/ for replay.
 
-Default run: 110 programs per configuration (220 in all); `-m slow` adds many more.
+Default run: 110 programs per configuration (220 in all); `-m slow` adds many more. The
+Yosys netlist of the 2x4 configuration (level 4) runs 100 more against the RTL.
 """
 
 import os
@@ -33,10 +34,10 @@ def backends(request):
     return cfg, FastModel(cfg), rtl
 
 
-def _check(cfg, model, rtl, program, dram):
+def _check(cfg, model, rtl, program, dram, names=("model", "rtl")):
     a = model.run(program, dram)
     b = rtl.run(program, dram)
-    mismatch = compare_results(a, b)
+    mismatch = compare_results(a, b, names)
     if mismatch is None:
         return a
 
@@ -45,10 +46,10 @@ def _check(cfg, model, rtl, program, dram):
 
     small = minimize(program, fails)
     path = write_reproducer(REPRO_DIR, cfg, small, dram,
-                            compare_results(model.run(small, dram), rtl.run(small, dram)))
+                            compare_results(model.run(small, dram), rtl.run(small, dram), names))
     lines = "\n".join(f"  {i}: {ins!r}" for i, ins in enumerate(small))
-    pytest.fail(f"model and RTL disagree: {mismatch}\nminimal reproducer ({len(small)} of "
-                f"{len(program)} instructions, saved in {path}):\n{lines}")
+    pytest.fail(f"{names[0]} and {names[1]} disagree: {mismatch}\nminimal reproducer "
+                f"({len(small)} of {len(program)} instructions, saved in {path}):\n{lines}")
 
 
 def _programs(seed0, count, cfg):
@@ -125,3 +126,38 @@ def test_lowered_layers_agree(backends, seed):
         pytest.skip(f"layer does not fit this small configuration: {e}")
     r = _check(cfg, model, rtl, lp.program, lp.dram)
     assert r.ok and r.counters["load_exec"] and r.counters["compute_exec"]
+
+
+# ---- level 4: the Yosys netlist against the RTL (sim/netlist.py)
+NETLIST_CONFIG = "2x4"
+
+
+@pytest.fixture(scope="module")
+def netlist_backends():
+    from sim.netlist import NetlistBackend
+    from sim.rtl import RTLBackend
+    cfg = EQUIVALENCE_CONFIGS[NETLIST_CONFIG]
+    netlist = NetlistBackend(cfg)
+    netlist.build()
+    return cfg, RTLBackend(cfg), netlist
+
+
+@pytest.mark.netlist
+@pytest.mark.parametrize("block", range(10))
+def test_netlist_agrees_with_rtl(netlist_backends, block):
+    """Random programs, broken ones included, give the same bits, cycles and counters on the
+    gate-level netlist as on the RTL (and so, by the tests above, as on the fast model)."""
+    cfg, rtl, netlist = netlist_backends
+    errors = set()
+    for _seed, rp in _programs(50_000 + 10 * block, 10, cfg):
+        errors.add(_check(cfg, rtl, netlist, rp.program, rp.dram, ("rtl", "netlist")).error)
+    assert len(errors) >= 2  # valid and broken programs both ran
+
+
+@pytest.mark.netlist
+@pytest.mark.slow
+@pytest.mark.parametrize("block", range(10, 60))
+def test_netlist_agrees_with_rtl_more(netlist_backends, block):
+    cfg, rtl, netlist = netlist_backends
+    for _seed, rp in _programs(50_000 + 10 * block, 10, cfg):
+        _check(cfg, rtl, netlist, rp.program, rp.dram, ("rtl", "netlist"))
