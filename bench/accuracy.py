@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
-import json
 import math
 import re
 import sys
@@ -41,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from bench.common import RESULTS, write_json
 from hw.config import NMPattern
 from hw.format import QuantizedWeight, WeightFormat
 from sw.compress.calibrate import collect_stats
@@ -63,7 +63,6 @@ from sw.models.eval import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 IMG = ROOT / "docs" / "img"
 #: The default evaluation protocol (sw/models/README.md).
 PROTOCOL = EvalProtocol()
@@ -645,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_investigation(inv))
         print(f"\ninvestigation took {time.perf_counter() - t0:.0f} s on {args.threads} threads")
         if args.out != RESULTS / "accuracy.json":
-            args.out.write_text(json.dumps(inv, indent=1) + "\n")
+            write_json(args.out, inv)
         return 0
     extra = {"calib_samples": args.calib_samples, "calib_seq_len": args.calib_seq_len,
              "calib_seed": args.seed, "threads": args.threads,
@@ -662,8 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ncalibration {args.calib_samples} x {args.calib_seq_len} tokens (seed {args.seed}),"
           f" eval {records[0]['eval_tokens']} test tokens; total {total:.0f} s on "
           f"{args.threads} threads")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(records, indent=1) + "\n")
+    write_json(args.out, records)
     print(f"wrote {args.out}")
     if not args.no_plot:
         print(f"wrote {plot(records, args.plot)}")

@@ -9,30 +9,23 @@ reconstruction error and the error of the golden W4A8 GEMM against fp32.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 
+from bench.common import RESULTS, median_wall, write_json
 from hw.format import WeightFormat, pack, stream_layout, unpack
 from hw.numerics import golden_linear
 from sw.compress.core import compress_matrix
 
-RESULTS = Path(__file__).parent / "results"
 LAYERS = {"4096x4096": (4096, 4096), "11008x4096": (11008, 4096)}
 FORMATS = [("dense", 4), ("2:4", 4), ("1:4", 4), ("2:8", 4), ("4:8", 4), ("dense", 8)]
 
 
 def _median_rate(fn, weights: int, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return weights / statistics.median(times)
+    return weights / median_wall(fn, repeats)[0]
 
 
 def measure(shape: tuple[int, int], pattern: str, bits: int, group: int, lanes: int,
@@ -94,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['rel_error']:>8.3f}{r['gemm_rel_error_vs_fp32']:>9.3f}", flush=True)
     print("throughput in dense weights per second (median of "
           f"{args.repeats}); peak memory of compress+pack relative to the FP16 layer")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(records, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_json(args.out, records)}")
     return 0
 
 

@@ -15,13 +15,13 @@ PASS/FAIL.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.common import RESULTS, write_json
 from hw.config import AcceleratorConfig
 from hw.format import WeightFormat, random_quantized
 from hw.numerics import gemm_acc_packed
@@ -31,7 +31,6 @@ from sw.compile.linear import build_linear
 
 __all__ = ["ARRAYS", "PATTERNS", "run_layer", "bench", "demo", "main"]
 
-RESULTS = Path(__file__).parent / "results"
 #: Array shapes of the benchmark (rows, cols); the rest of the configuration is the default.
 ARRAYS = {"4x16": (4, 16), "2x8": (2, 8)}
 PATTERNS = ("dense", "2:4", "1:4", "2:8")
@@ -118,8 +117,7 @@ def bench(arrays=ARRAYS, patterns=PATTERNS, k: int = 1024, n: int = 1024, tokens
                       f"{rec['sim_cycles_per_s'] / 1e3:.0f} kcycles/s", flush=True)
     records = _with_speedup(records)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(records, indent=1) + "\n")
+        write_json(out, records)
     if verbose:
         print(_table(records))
     return records

@@ -22,20 +22,19 @@ Writes ``bench/results/scaling.json`` (flat records), ``docs/scaling.md`` and pl
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from bench.common import RESULTS, write_json
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, stream_layout
 from sim.model import FastModel
 from sim.roofline import LayerPoint, plot_roofline
 from sw.compile.linear import LayerSpec, build_layers
 
-RESULTS = Path(__file__).parent / "results"
 DOCS = Path(__file__).parents[1] / "docs"
 
 LLAMA7B = dict(hidden=4096, intermediate=11008, layers=32, heads=32, head_dim=128, vocab=32000)
@@ -226,9 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
     host = {f"{p}-{t if p == 'prefill' else c}": host_ops_ms(p, t, c) for p, t, c in phases}
     wall = time.perf_counter() - t_start
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(records, indent=1) + "\n")
-    (args.out.parent / "scaling_host_ops.json").write_text(json.dumps(host, indent=1) + "\n")
+    write_json(args.out, records)
+    write_json(args.out.parent / "scaling_host_ops.json", host)
     _write_docs(args.docs, records, host, roof_points, wall, args.quick)
     print(f"wrote {args.out} and {args.docs / 'scaling.md'} ({wall:.0f} s)")
     return 0

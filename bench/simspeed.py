@@ -18,13 +18,12 @@ Walls are medians of ``--repeats`` runs. Writes ``bench/results/simspeed.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.common import RESULTS, median_wall, write_json
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, random_quantized
 from hw.isa import program_words
@@ -33,17 +32,7 @@ from sim.model import FastModel
 from sw.compile.linear import LayerSpec, build_layers, build_linear
 from sw.compress.core import compress_matrix
 
-RESULTS = Path(__file__).parent / "results"
 FMT = WeightFormat("2:4", 4, 128)
-
-
-def _median_wall(fn, repeats: int) -> tuple[float, object]:
-    walls, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        walls.append(time.perf_counter() - t0)
-    return statistics.median(walls), out
 
 
 def reference_block_specs(tokens: int, seed: int = 0) -> list[tuple[str, LayerSpec]]:
@@ -66,10 +55,10 @@ def reference_block_specs(tokens: int, seed: int = 0) -> list[tuple[str, LayerSp
 def _race(name: str, lp, rtl, model, repeats: int) -> dict:
     """One program on both backends (the same encoded words and DRAM image)."""
     words = program_words(lp.program)
-    t_rtl, r = _median_wall(lambda: rtl.run(words, lp.dram), repeats)
+    t_rtl, r = median_wall(lambda: rtl.run(words, lp.dram), repeats)
     loop_s = rtl.last_stats["wall_s"]
-    t_model, m = _median_wall(lambda: model.run(words, lp.dram), repeats)
-    t_timing, mt = _median_wall(lambda: model.run(words, timing_only=True), repeats)
+    t_model, m = median_wall(lambda: model.run(words, lp.dram), repeats)
+    t_timing, mt = median_wall(lambda: model.run(words, timing_only=True), repeats)
     diff = compare_results(m, r)
     if diff is not None or mt.cycles != r.cycles:
         raise SystemExit(f"{name}: model and RTL disagree: {diff}")
@@ -115,7 +104,7 @@ def llama7b_decode_token(repeats: int) -> dict:
     def simulate():
         return sum(model.run(p, timing_only=True).cycles for p in programs)
 
-    wall, cycles = _median_wall(simulate, repeats)
+    wall, cycles = median_wall(simulate, repeats)
     return {"llama7b_decode_token_wall_s": wall, "llama7b_decode_token_cycles": cycles,
             "llama7b_decode_programs": len(programs),
             "llama7b_decode_instructions": sum(len(p) for p in programs),
@@ -129,7 +118,7 @@ def gemv_full(repeats: int) -> dict:
     a = rng.integers(-127, 128, size=(1, 4096)).astype(np.int8)
     lp = build_linear(cfg, FMT, 4096, 4096, 1, w, a)
     model = FastModel(cfg)
-    wall, r = _median_wall(lambda: model.run(lp.program, lp.dram), repeats)
+    wall, r = median_wall(lambda: model.run(lp.program, lp.dram), repeats)
     return {"gemv_4096_full_wall_s": wall, "gemv_4096_cycles": r.cycles}
 
 
@@ -159,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
           f"instructions in {token['llama7b_decode_programs']} programs): "
           f"{token['llama7b_decode_token_wall_s']:.2f} s")
     print(f"4096x4096 2:4 GEMV with values: {gemv['gemv_4096_full_wall_s']:.2f} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rec, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_json(args.out, rec)}")
     return 0
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +45,7 @@ from sw.compress.sparsegpt import sparsegpt_compress
 from sw.compress.wanda import wanda_compress, wanda_mask
 
 __all__ = ["CalibrationError", "CalibrationWarning", "LayerStats", "Calibrator",
-           "linear_layers", "collect_stats", "METHODS", "compress_model"]
+           "linear_layers", "collect_stats", "METHODS", "compress_model", "eval_mode"]
 
 #: Default least number of calibration tokens every layer must see.
 MIN_TOKENS = 16
@@ -305,21 +306,21 @@ def collect_stats(model: nn.Module, batches: Iterable, layers=None, *, hessian: 
     -------
     ``{name: LayerStats}``.
     """
-    with _eval_mode(model), Calibrator(model, layers, hessian=hessian) as cal:
+    with eval_mode(model), Calibrator(model, layers, hessian=hessian) as cal:
         for batch in tqdm(batches, desc="calibrate", disable=not progress, leave=False):
             cal.run(batch, forward)
     return cal.finish(min_tokens)
 
 
-class _eval_mode:
-    def __init__(self, model: nn.Module):
-        self.model, self.was = model, model.training
-
-    def __enter__(self):
-        self.model.eval()
-
-    def __exit__(self, *exc):
-        self.model.train(self.was)
+@contextmanager
+def eval_mode(model: nn.Module):
+    """``model.eval()`` for the block, then the training flag it had before."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
 
 
 def _compress_one(method: str, name: str, weight: torch.Tensor, st: LayerStats | None,
@@ -424,7 +425,7 @@ def compress_model(model: nn.Module, batches: Iterable | None,
         for group in groups:
             stats: dict[str, LayerStats | None] = dict.fromkeys(group)
             if need_norms or need_h:
-                with _eval_mode(model), Calibrator(model, group, hessian=need_h,
+                with eval_mode(model), Calibrator(model, group, hessian=need_h,
                                                    early_exit=sequential) as cal:
                     for batch in batches:
                         cal.run(batch, forward)

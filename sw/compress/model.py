@@ -56,6 +56,7 @@ from sw.compress.calibrate import (
     LayerStats,
     collect_stats,
     compress_model,
+    eval_mode,
 )
 from sw.compress.prune import nm_mask
 from sw.compress.sparsegpt import sparsegpt_prune
@@ -157,17 +158,6 @@ def _as_batches(calibration: Calibration, batch_size: int) -> list[torch.Tensor]
 
 
 # ---------------------------------------------------------------------- layer-wise driver
-class _eval_mode:
-    def __init__(self, model: nn.Module):
-        self.model, self.was = model, model.training
-
-    def __enter__(self):
-        self.model.eval()
-
-    def __exit__(self, *exc):
-        self.model.train(self.was)
-
-
 def _layerwise(model: LlamaLM, batches: list[torch.Tensor], selected: dict[str, nn.Linear],
                compress_block: Callable[[nn.Module, str, list[list[str]], list, Callable], dict],
                desc: str, progress: bool) -> dict:
@@ -288,7 +278,7 @@ def compress_llama(model: LlamaLM, fmt: WeightFormat | Callable[[str, nn.Linear]
             return fmt(prefix + name, mod) if callable(fmt) else fmt
         return f
 
-    with _eval_mode(model):
+    with eval_mode(model):
         if not needs_data:  # no statistics: every layer on its own
             return compress_model(model, None, fmt_of(""), base, layers=list(selected),
                                   progress=progress, **kwargs)
@@ -394,7 +384,7 @@ def prune_llama(model: LlamaLM, pattern: NMPattern | str, method: str = "sparseg
             masks[name] = mask
         return masks
 
-    with _eval_mode(model):
+    with eval_mode(model):
         if not (need_norms or need_h):
             return apply(model, list(selected), {}, "")
         if not sequential:

@@ -56,6 +56,30 @@ def cycles_of(steps):
     return cycles
 
 
+async def drive(ctx, dut, cfg, steps):
+    """Apply the steps (row 0 timing), then idle until the last MAC is readable in every row;
+    returns the number of cycles ``mac`` was high."""
+    macs = 0
+    for c in cycles_of(steps):
+        ctx.set(dut.load, c.get("load", 0))
+        if "load" in c:
+            ctx.set(dut.w, c["w"])
+            ctx.set(dut.idx, c["idx"])
+        ctx.set(dut.valid, c.get("valid", 0))
+        if "valid" in c:
+            ctx.set(dut.act, c["act"])
+            ctx.set(dut.tok, c["tok"])
+            ctx.set(dut.first, c["first"])
+        macs += ctx.get(dut.mac)
+        await ctx.tick()
+    ctx.set(dut.valid, 0)
+    ctx.set(dut.load, 0)
+    # The last MAC entered row 0 at most one cycle ago; it is readable in the last row
+    # rows - 1 + LATENCY cycles after it entered, the address given a cycle before.
+    await ctx.tick().repeat(cfg.rows - 1 + PE.LATENCY - 2)
+    return macs
+
+
 def run_array(cfg, steps):
     """Drive the steps (row 0 timing); return the accumulators, read in the first cycle in
     which the last MAC is readable in every row, and the number of ``mac`` cycles."""
@@ -63,24 +87,7 @@ def run_array(cfg, steps):
     res = {}
 
     async def testbench(ctx):
-        macs = 0
-        for c in cycles_of(steps):
-            ctx.set(dut.load, c.get("load", 0))
-            if "load" in c:
-                ctx.set(dut.w, c["w"])
-                ctx.set(dut.idx, c["idx"])
-            ctx.set(dut.valid, c.get("valid", 0))
-            if "valid" in c:
-                ctx.set(dut.act, c["act"])
-                ctx.set(dut.tok, c["tok"])
-                ctx.set(dut.first, c["first"])
-            macs += ctx.get(dut.mac)
-            await ctx.tick()
-        ctx.set(dut.valid, 0)
-        ctx.set(dut.load, 0)
-        # The last MAC entered row 0 at most one cycle ago; it is readable in the last row
-        # rows - 1 + LATENCY cycles after it entered, the address given a cycle before.
-        await ctx.tick().repeat(cfg.rows - 1 + PE.LATENCY - 2)
+        macs = await drive(ctx, dut, cfg, steps)
         acc = np.zeros((cfg.max_tokens, cfg.lanes), dtype=np.int64)
         for t in range(cfg.max_tokens):  # the address is registered: data a cycle later
             ctx.set(dut.rd_addr, t)
@@ -132,20 +139,7 @@ def test_epilogue_products_of_every_lane():
     got = []
 
     async def testbench(ctx):
-        for c in cycles_of(steps):
-            ctx.set(dut.load, c.get("load", 0))
-            if "load" in c:
-                ctx.set(dut.w, c["w"])
-                ctx.set(dut.idx, c["idx"])
-            ctx.set(dut.valid, c.get("valid", 0))
-            if "valid" in c:
-                ctx.set(dut.act, c["act"])
-                ctx.set(dut.tok, c["tok"])
-                ctx.set(dut.first, c["first"])
-            await ctx.tick()
-        ctx.set(dut.valid, 0)
-        ctx.set(dut.load, 0)
-        await ctx.tick().repeat(cfg.rows - 1 + PE.LATENCY - 2)
+        await drive(ctx, dut, cfg, steps)
         ctx.set(dut.ep_mult, mults)
         for k in range(cfg.max_tokens + 3):  # address in k, read and ep in k + 1
             ctx.set(dut.rd_addr, k % cfg.max_tokens)

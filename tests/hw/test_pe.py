@@ -54,26 +54,31 @@ def reference(cfg, cycles):
     return acc
 
 
+async def drive(ctx, dut, cycles):
+    """Apply one cycle dict per clock, then idle until the last MAC is readable."""
+    for c in cycles:
+        ctx.set(dut.load, c.get("load", 0))
+        if c.get("load"):
+            ctx.set(dut.w_in, c["w_in"])
+            ctx.set(dut.idx_in, c["idx_in"])
+        ctx.set(dut.valid, c.get("valid", 0))
+        if c.get("valid"):
+            ctx.set(dut.act, c["act"])
+            ctx.set(dut.tok, c["tok"])
+            ctx.set(dut.first, c["first"])
+        await ctx.tick()
+    ctx.set(dut.load, 0)
+    ctx.set(dut.valid, 0)
+    await ctx.tick().repeat(PE.LATENCY - 1)
+
+
 def run_pe(cfg, cycles):
     """Drive the cycles, drain, and read every accumulator through the epilogue port."""
     dut = PE(cfg)
     got = []
 
     async def testbench(ctx):
-        for c in cycles:
-            ctx.set(dut.load, c.get("load", 0))
-            if c.get("load"):
-                ctx.set(dut.w_in, c["w_in"])
-                ctx.set(dut.idx_in, c["idx_in"])
-            ctx.set(dut.valid, c.get("valid", 0))
-            if c.get("valid"):
-                ctx.set(dut.act, c["act"])
-                ctx.set(dut.tok, c["tok"])
-                ctx.set(dut.first, c["first"])
-            await ctx.tick()
-        ctx.set(dut.load, 0)
-        ctx.set(dut.valid, 0)
-        await ctx.tick().repeat(PE.LATENCY - 1)
+        await drive(ctx, dut, cycles)
         for t in range(cfg.max_tokens):  # the address is registered: data a cycle later
             ctx.set(dut.rd_addr, t)
             await ctx.tick()
@@ -142,20 +147,7 @@ def test_epilogue_borrows_the_multiplier():
     got = []
 
     async def testbench(ctx):
-        for c in cycles:
-            ctx.set(dut.load, c.get("load", 0))
-            if c.get("load"):
-                ctx.set(dut.w_in, c["w_in"])
-                ctx.set(dut.idx_in, c["idx_in"])
-            ctx.set(dut.valid, c.get("valid", 0))
-            if c.get("valid"):
-                ctx.set(dut.act, c["act"])
-                ctx.set(dut.tok, c["tok"])
-                ctx.set(dut.first, c["first"])
-            await ctx.tick()
-        ctx.set(dut.load, 0)
-        ctx.set(dut.valid, 0)
-        await ctx.tick().repeat(PE.LATENCY - 1)
+        await drive(ctx, dut, cycles)
         # Address in cycle k, entry and ep in k + 1, product in k + 3.
         for k in range(cfg.max_tokens + 3):
             ctx.set(dut.rd_addr, k % cfg.max_tokens)

@@ -1,0 +1,32 @@
+"""What every benchmark shares: where results go, median timing, and writing the JSON."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RESULTS", "median_wall", "write_json"]
+
+#: Committed benchmark results (``bench/results/<name>.json``).
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_wall(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """Median wall time of ``repeats`` calls of ``fn`` and the last call's result."""
+    walls, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        walls.append(time.perf_counter() - t0)
+    return statistics.median(walls), out
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON (creating the directory); returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
