@@ -337,6 +337,10 @@ def build_layers(cfg: AcceleratorConfig, specs: list[LayerSpec]) -> LinearProgra
             alloc.alloc(f"x{L}", sp.tokens * plan.act_row_bytes),
             alloc.alloc(f"y{L}", sp.tokens * plan.n_tiles * cfg.lanes * 4)))
     prog = lower_layers(cfg, placed) + [End()]
+    if len(prog) > cfg.imem_depth:  # the hardware would stop with PC_OVERFLOW
+        raise LoweringError(f"the program needs {len(prog)} instructions and the instruction "
+                            f"memory holds {cfg.imem_depth}: lower fewer layers or tokens per "
+                            "program, or configure a larger imem_depth")
     with_data = [sp.weight is not None or sp.acts is not None for sp in specs]
     dram = None
     if any(with_data):

@@ -97,6 +97,15 @@ def test_lowering_errors():
                                       np.random.default_rng(0)), np.zeros((2, 128), np.int16))
 
 
+def test_program_must_fit_the_instruction_memory():
+    fmt = WeightFormat("2:4", 4, 128)
+    n = 64 * 40  # 40 n-tiles: three instructions each, plus END
+    fits = build_linear(AcceleratorConfig(imem_depth=128), fmt, n, 128, 1)
+    assert len(fits.program) <= 128
+    with pytest.raises(LoweringError, match=r"needs \d+ instructions .* holds 64"):
+        build_linear(AcceleratorConfig(imem_depth=64), fmt, n, 128, 1)
+
+
 @st.composite
 def layer_groups(draw):
     cfg = SMALL if draw(st.booleans()) else AcceleratorConfig(
