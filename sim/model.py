@@ -103,8 +103,9 @@ class _Table:
 
 #: Engine of each 3-bit opcode value; SYNC's comes from its body, -1 END, -2 illegal.
 _ENGINE_OF_OPCODE = np.full(8, -2, dtype=np.int64)
-_ENGINE_OF_OPCODE[[Opcode.LOAD.value, Opcode.GEMM.value, Opcode.STORE.value, Opcode.END.value]] \
-    = [0, 1, 2, -1]
+for _op, _eng in ((Opcode.LOAD, Engine.LOAD.value), (Opcode.GEMM, Engine.COMPUTE.value),
+                  (Opcode.STORE, Engine.STORE.value), (Opcode.END, -1)):
+    _ENGINE_OF_OPCODE[_op.value] = _eng
 
 
 def _decode_table(words: np.ndarray, cfg: AcceleratorConfig) -> _Table:
