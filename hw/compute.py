@@ -22,7 +22,7 @@ cycle of the last OUT write (or of the last accumulation, for epilogue NONE) is
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Module, Mux, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
@@ -40,15 +40,17 @@ from hw.decoder import (
     wrap_inc,
 )
 from hw.epilogue import Epilogue
-from hw.isa import Epilogue as EpilogueKind
-from hw.isa import GemmBody
+from hw.isa import MAX_HEADER_WORDS, EpilogueMode, GemmBody
 from hw.pe import PE, act_block_layout, index_bits
 from hw.timing import GEMM_DRAIN, GEMM_FILL
 
-__all__ = ["ComputeCore"]
+__all__ = ["ComputeCore", "header_words"]
 
-#: Header words per group at most (codes, zero points).
-MAX_HEADER_WORDS = 2
+
+def header_words(body) -> Value:
+    """Header words per group of the GEMM ``body`` (a :data:`hw.isa.GemmBody` view), as logic:
+    :func:`hw.isa.gemm_header_words` (a test checks the two agree on every input)."""
+    return Mux(body.group_steps == 0, 0, 1 + body.asym)
 
 
 class ComputeCore(wiring.Component):
@@ -134,7 +136,7 @@ class ComputeCore(wiring.Component):
         # ---- per-instruction constants (registered: ins is constant while the core runs) -----
         # The sequencer's per-cycle decisions use only these flags and small counters, so the
         # instruction fields' wide comparisons stay off its critical paths.
-        hdr = Mux(ins.group_steps == 0, 0, 1 + ins.asym)
+        hdr = header_words(ins)
         has_hdr = Signal()                      # group headers: 1 or 2 words
         hdr2 = Signal()                         # two header words (asymmetric)
         gs_is1 = Signal()                       # one step per group
@@ -191,7 +193,7 @@ class ComputeCore(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
                 with m.If(take):
-                    c_hdr = Mux(cmd.group_steps == 0, 0, 1 + cmd.asym)
+                    c_hdr = header_words(cmd)
                     extra0 = Mux((cmd.group_steps != 0) & (c_hdr > cmd.tokens_m1),
                                  c_hdr - cmd.tokens_m1, 0)
                     m.d.sync += [
@@ -251,7 +253,7 @@ class ComputeCore(wiring.Component):
             with m.State("DRAIN"):
                 with m.If(drain == 0):
                     m.d.comb += ep_start.eq(1)
-                    with m.If(ins.epilogue == EpilogueKind.NONE):
+                    with m.If(ins.epilogue == EpilogueMode.NONE):
                         m.d.comb += none_done.eq(1)
                         m.next = "IDLE"
                     with m.Else():

@@ -34,7 +34,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
 from hw.dequant import Dequant, hi_product_shape
-from hw.isa import GemmBody
+from hw.isa import ErrorCode, Gemm, GemmBody, dispatch_error, gemm_geometry
 from hw.pe import MULT_BITS, hi_slice_bits, index_bits
 
 __all__ = [
@@ -113,10 +113,16 @@ def wrap_inc(a: Value, depth: int) -> Value:
 
 
 def field_formats(cfg: AcceleratorConfig) -> list[tuple[int, int]]:
-    """Distinct ``(value_bits, index_bits)`` record field formats ``cfg`` can stream."""
-    fmts = {(4, p.index_bits) for p in cfg.pattern_table}
-    if 8 in cfg.weight_bits:
-        fmts.add((8, 0))
+    """Distinct ``(value_bits, index_bits)`` record field formats ``cfg`` can stream: the
+    stream geometry (:func:`hw.isa.gemm_geometry`) of every pattern and weight width that the
+    dispatch checks admit."""
+    fmts = set()
+    for pattern in range(len(cfg.pattern_table)):
+        for int8 in (False, True):
+            g = Gemm(pattern=pattern, int8=int8)
+            if dispatch_error(g, cfg) != ErrorCode.BAD_GEMM:
+                geo = gemm_geometry(g, cfg)
+                fmts.add((geo.value_bits, geo.index_bits))
     return sorted(fmts)
 
 

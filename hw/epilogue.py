@@ -47,8 +47,7 @@ from hw.decoder import (
     wrap_inc,
 )
 from hw.dequant import hi_product_shape
-from hw.isa import Epilogue as EpilogueKind
-from hw.isa import GemmBody
+from hw.isa import EpilogueMode, GemmBody
 from hw.pe import MULT_BITS, SLICE_BITS, hi_slice_bits, lo_product_shape
 from hw.timing import EPILOGUE_FILL
 
@@ -152,8 +151,8 @@ class Epilogue(wiring.Component):
         ins = self.ins
         pdepth = spad_depth(cfg, "param")
         odepth = spad_depth(cfg, "out")
-        wide = ins.epilogue == EpilogueKind.WIDE
-        resid = ins.epilogue == EpilogueKind.INT8_RESIDUAL
+        wide = ins.epilogue == EpilogueMode.WIDE
+        resid = ins.epilogue == EpilogueMode.INT8_RESIDUAL
         slack = EPILOGUE_FILL - self.LATENCY
 
         # ---- sequencing: `slack` idle cycles, then one read per cycle ---------------------------
@@ -170,7 +169,7 @@ class Epilogue(wiring.Component):
         quarter_n = Signal.like(quarter)
         m.d.comb += [last.eq(busy & (tok == ins.tokens_m1) & (~wide | (quarter == 3))),
                      wait_n.eq(wait), busy_n.eq(busy), tok_n.eq(tok), quarter_n.eq(quarter)]
-        with m.If(self.start & (ins.epilogue != EpilogueKind.NONE)):
+        with m.If(self.start & (ins.epilogue != EpilogueMode.NONE)):
             m.d.comb += [wait_n.eq(slack), busy_n.eq(slack == 0), tok_n.eq(0), quarter_n.eq(0)]
         with m.Elif(wait != 0):
             m.d.comb += wait_n.eq(wait - 1)

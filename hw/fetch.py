@@ -38,12 +38,12 @@ from hw.isa import (
     INSTR_BITS,
     NO_EVENT,
     Engine,
-    Epilogue,
+    EpilogueMode,
     ErrorCode,
     InstrLayout,
     Opcode,
     Spad,
-    word_beats,
+    dispatch_limits,
 )
 from hw.queues import DMA_ENTRY, GEMM_ENTRY
 
@@ -110,8 +110,12 @@ class FetchUnit(wiring.Component):
 
     # ------------------------------------------------------------------ checks (S1 -> S2)
     def _field_checks(self, m: Module, ins) -> dict:
-        """Combinational checks of one instruction view; returns named flags and products."""
-        cfg = self._cfg
+        """Combinational checks of one instruction view; returns named flags and products.
+
+        The rules are those of :func:`hw.isa.dispatch_error`, written here as logic split over
+        the pipeline stages; every constant comes from :func:`hw.isa.dispatch_limits`.
+        """
+        lim = dispatch_limits(self._cfg)
         op = ins.header.opcode
         is_ = {o: op == o for o in Opcode}
         engine_ok = Const(0)
@@ -121,31 +125,35 @@ class FetchUnit(wiring.Component):
                  | is_[Opcode.SYNC] & engine_ok)
         bad_event = Const(0)
         for ev in (ins.header.wait, ins.header.signal):
-            bad_event = bad_event | ((ev != NO_EVENT) & (ev >= cfg.num_events))
+            bad_event = bad_event | ((ev != NO_EVENT) & (ev >= lim.num_events))
 
         dma = ins.body.dma
         dma_bad = ((is_[Opcode.STORE] != (dma.spad == Spad.OUT))
                    | (dma.rows == 0) | (dma.row_beats == 0))
 
         g = ins.body.gemm
-        int8_bad = g.int8 if 8 not in cfg.weight_bits else g.int8 & (g.pattern != 0)
-        bad_gemm = ((g.pattern >= len(cfg.pattern_table)) | (g.tokens_m1 >= cfg.max_tokens)
+        int8_bad = g.int8 if not lim.int8 else g.int8 & (g.pattern != 0)
+        bad_gemm = ((g.pattern >= lim.patterns) | (g.tokens_m1 >= lim.max_tokens)
                     | (g.k_steps == 0) | int8_bad | (g.asym & (g.group_steps == 0)))
 
         def misaligned(value, words):
             return value[:ceil_log2(words)] != 0 if words > 1 else Const(0)
 
-        act_w = word_beats(cfg.act_word_bytes, cfg)
-        bad_gemm_addr = ((g.wgt_addr >= cfg.spad_beats("wgt"))
-                         | misaligned(g.wgt_addr, word_beats(cfg.wgt_word_bytes, cfg))
-                         | (g.act_addr >= cfg.spad_beats("act"))
-                         | (g.out_addr >= cfg.spad_beats("out"))
-                         | (g.param_addr >= cfg.spad_beats("param"))
-                         | misaligned(g.act_addr, act_w) | misaligned(g.act_stride, act_w)
-                         | ((g.epilogue != Epilogue.NONE)
-                            & misaligned(g.out_addr, word_beats(cfg.out_word_bytes, cfg)))
-                         | (((g.epilogue == Epilogue.INT8) | (g.epilogue == Epilogue.INT8_RESIDUAL))
-                            & misaligned(g.param_addr, word_beats(cfg.param_word_bytes, cfg))))
+        def beats(spad: Spad) -> int:
+            return int(lim.spad_beats[spad.value])
+
+        int8_epilogue = ((g.epilogue == EpilogueMode.INT8)
+                         | (g.epilogue == EpilogueMode.INT8_RESIDUAL))
+        bad_gemm_addr = ((g.wgt_addr >= beats(Spad.WGT))
+                         | misaligned(g.wgt_addr, lim.wgt_words)
+                         | (g.act_addr >= beats(Spad.ACT))
+                         | (g.out_addr >= beats(Spad.OUT))
+                         | (g.param_addr >= beats(Spad.PARAM))
+                         | misaligned(g.act_addr, lim.act_words)
+                         | misaligned(g.act_stride, lim.act_words)
+                         | ((g.epilogue != EpilogueMode.NONE)
+                            & misaligned(g.out_addr, lim.out_words))
+                         | (int8_epilogue & misaligned(g.param_addr, lim.param_words)))
         gemm_err = Mux(bad_gemm, ErrorCode.BAD_GEMM,
                        Mux(bad_gemm_addr, ErrorCode.BAD_ADDRESS, ErrorCode.NONE))
         pre = Mux(~legal, ErrorCode.ILLEGAL_OPCODE,
@@ -215,13 +223,14 @@ class FetchUnit(wiring.Component):
         chk = self._field_checks(m, ins1)
         s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=ins1, **chk)
         dma = s2["ins"].body.dma
-        spad_beats = Array([Const(cfg.spad_beats(sp.name.lower())) for sp in Spad])
+        spad_beats = Array([Const(int(n)) for n in dispatch_limits(cfg).spad_beats])
         s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=s2["ins"], pre=s2["pre"],
                    is_dma=s2["is_dma"], is_end=s2["is_end"], is_sync=s2["is_sync"],
                    target=s2["target"], spad_end=dma.spad_addr + s2["spad_len"],
                    spad_bound=spad_beats[dma.spad.as_value()],
                    dram_end=s2["dram_tail"] + s2["span_lo"] + (s2["span_hi"] << 16))
-        over = (s3["spad_end"] > s3["spad_bound"]) | (s3["dram_end"] > cfg.dram_beats)
+        over = ((s3["spad_end"] > s3["spad_bound"])
+                | (s3["dram_end"] > dispatch_limits(cfg).dram_beats))
         err = Mux(s3["pc"] == depth, ErrorCode.PC_OVERFLOW,
                   Mux((s3["pre"] == ErrorCode.NONE) & s3["is_dma"] & over,
                       ErrorCode.BAD_ADDRESS, s3["pre"]))

@@ -24,15 +24,17 @@ unsigned); the real weight is ``row_scale * integer weight``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from hw.config import DENSE, AcceleratorConfig, NMPattern
 
-__all__ = ["FormatError", "WeightFormat", "QuantizedWeight", "pack", "unpack", "stream_layout",
-           "random_quantized"]
+__all__ = ["FormatError", "WeightFormat", "QuantizedWeight", "StreamGeometry", "StreamLayout",
+           "pack", "unpack", "stream_layout", "random_quantized"]
 
 
 class FormatError(ValueError):
@@ -264,6 +266,73 @@ class QuantizedWeight:
 
 
 @dataclass(frozen=True)
+class StreamGeometry:
+    """Byte geometry of one tile's weight stream (see module docstring): the single source of
+    record, header and group sizes for the packer, the GEMM instruction that reads the stream
+    (:func:`hw.isa.gemm_geometry`), its functional decode and its timing.
+
+    Every attribute is an int for one stream, or an ``int64`` array (elementwise) for many: the
+    formulas use only arithmetic that works on both.
+
+    Parameters
+    ----------
+    lanes:
+        Lanes of the array (one byte per lane in a header word).
+    steps:
+        Step records in the stream.
+    group_steps:
+        Steps per quantisation group; 0: no groups (the records of the whole stream follow
+        each other without headers).
+    header_words:
+        Header words (``lanes`` bytes each) before each group's records: 0 (raw), 1 (scale
+        codes) or 2 (codes, zero points).
+    value_bits, index_bits:
+        The two parts of a record's per-lane field.
+    """
+
+    lanes: int
+    steps: Any
+    group_steps: Any
+    header_words: Any
+    value_bits: Any
+    index_bits: Any
+
+    @property
+    def field_bits(self):
+        """Bits per lane per record."""
+        return self.value_bits + self.index_bits
+
+    @property
+    def record_bytes(self):
+        return self.lanes * self.field_bits // 8
+
+    @property
+    def header_bytes(self):
+        """Header bytes before each group's records."""
+        return self.header_words * self.lanes
+
+    @property
+    def group_len(self):
+        """Steps per group: the whole stream when there are no groups (at least 1)."""
+        n = self.group_steps + (self.group_steps == 0) * self.steps
+        return n + (n == 0)
+
+    @property
+    def groups(self):
+        """Groups in the stream, the last one possibly partial (one when there are none)."""
+        return -(-self.steps // self.group_len)
+
+    @property
+    def group_bytes(self):
+        """Bytes of one whole group: its headers and records."""
+        return self.header_bytes + self.group_len * self.record_bytes
+
+    @property
+    def total_bytes(self):
+        return self.groups * self.header_bytes + self.steps * self.record_bytes
+
+
+@dataclass(frozen=True)
 class StreamLayout:
     """Byte layout of a packed stream (see module docstring)."""
 
@@ -280,9 +349,18 @@ class StreamLayout:
     def tiles(self) -> int:
         return -(-self.n_out // self.lanes)
 
+    @functools.cached_property
+    def geometry(self) -> StreamGeometry:
+        """The stream of one tile."""
+        f = self.fmt
+        return StreamGeometry(lanes=self.lanes, steps=f.steps(self.k_padded),
+                              group_steps=self.steps_per_group,
+                              header_words=f.header_bytes_per_lane, value_bits=f.bits,
+                              index_bits=f.pattern.index_bits)
+
     @property
     def groups(self) -> int:
-        return self.k_padded // self.fmt.group_of(self.k_padded)
+        return self.geometry.groups
 
     @property
     def steps_per_group(self) -> int:
@@ -290,19 +368,19 @@ class StreamLayout:
 
     @property
     def record_bytes(self) -> int:
-        return self.lanes * self.fmt.field_bits // 8
+        return self.geometry.record_bytes
 
     @property
     def header_bytes(self) -> int:
-        return self.lanes * self.fmt.header_bytes_per_lane
+        return self.geometry.header_bytes
 
     @property
     def group_bytes(self) -> int:
-        return self.header_bytes + self.steps_per_group * self.record_bytes
+        return self.geometry.group_bytes
 
     @property
     def tile_bytes(self) -> int:
-        return self.groups * self.group_bytes
+        return self.geometry.total_bytes
 
     @property
     def total_bytes(self) -> int:

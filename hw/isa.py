@@ -20,6 +20,10 @@ True
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -27,14 +31,18 @@ import numpy as np
 from amaranth.lib import data, enum
 
 from hw.config import AcceleratorConfig
+from hw.format import StreamGeometry
 
 __all__ = [
-    "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "Opcode", "Spad", "Engine", "Epilogue", "ErrorCode",
+    "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "MAX_HEADER_WORDS", "ENGINE_OF_OPCODE", "Opcode",
+    "Spad", "Engine", "EpilogueMode", "ErrorCode",
     "Header", "DmaBody", "GemmBody", "SyncBody", "InstrLayout",
     "Load", "Store", "Gemm", "Sync", "End", "Instr", "ISAError",
-    "encode", "decode", "encode_program", "decode_program", "engine_of", "dispatch_error",
-    "check", "gemm_weight_bytes", "word_beats", "program_words", "decode_fields",
-    "dispatch_errors",
+    "encode", "decode", "encode_program", "decode_program", "field_location", "engine_of",
+    "program_words",
+    "decode_fields", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
+    "gemm_weight_bytes", "gemm_extents", "word_beats", "DispatchLimits", "dispatch_limits",
+    "dispatch_error", "dispatch_errors", "check",
 ]
 
 INSTR_BITS = 128
@@ -65,7 +73,7 @@ class Engine(enum.Enum, shape=2):
     STORE = 2
 
 
-class Epilogue(enum.Enum, shape=2):
+class EpilogueMode(enum.Enum, shape=2):
     NONE = 0           # keep results in the accumulators (more K chunks follow)
     WIDE = 1           # write accumulators as int32
     INT8 = 2           # requantise with per-lane multipliers and a shift
@@ -111,7 +119,7 @@ GemmBody = data.StructLayout({
     "int8": 1,           # 8-bit weight values (dense only)
     "asym": 1,           # asymmetric: a zero-point header word follows each code word
     "accumulate": 1,     # add onto the accumulators instead of clearing them
-    "epilogue": Epilogue,
+    "epilogue": EpilogueMode,
     "shift": 5,
 })
 
@@ -168,9 +176,9 @@ class _Base:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Load(_Base):
-    """DRAM -> scratchpad: ``rows`` rows of ``row_beats`` beats, DRAM rows ``dram_stride`` apart,
-    written contiguously from ``spad_addr``."""
+class _Dma(_Base):
+    """The body shared by :class:`Load` and :class:`Store`: ``rows`` rows of ``row_beats``
+    beats, DRAM rows ``dram_stride`` apart, scratchpad rows contiguous from ``spad_addr``."""
 
     spad: Spad = Spad.ACT
     dram_addr: int = 0
@@ -178,7 +186,6 @@ class Load(_Base):
     rows: int = 1
     row_beats: int = 1
     dram_stride: int = 0
-    opcode: ClassVar[Opcode] = Opcode.LOAD
     body: ClassVar[str] = "dma"
 
     def _body_fields(self):
@@ -188,7 +195,15 @@ class Load(_Base):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Store(Load):
+class Load(_Dma):
+    """DRAM -> scratchpad: ``rows`` rows of ``row_beats`` beats, DRAM rows ``dram_stride`` apart,
+    written contiguously from ``spad_addr``."""
+
+    opcode: ClassVar[Opcode] = Opcode.LOAD
+
+
+@dataclass(frozen=True, kw_only=True)
+class Store(_Dma):
     """Scratchpad (OUT) -> DRAM, the mirror image of :class:`Load`."""
 
     spad: Spad = Spad.OUT
@@ -215,7 +230,7 @@ class Gemm(_Base):
     int8: bool = False
     asym: bool = False
     accumulate: bool = False
-    epilogue: Epilogue = Epilogue.WIDE
+    epilogue: EpilogueMode = EpilogueMode.WIDE
     shift: int = 0
     opcode: ClassVar[Opcode] = Opcode.GEMM
     body: ClassVar[str] = "gemm"
@@ -255,17 +270,16 @@ Instr = Load | Store | Gemm | Sync | End
 _BY_OPCODE = {c.opcode: c for c in (Load, Store, Gemm, Sync, End)}
 
 
+#: The engine whose queue receives each opcode (SYNC names its engine; END enters no queue).
+ENGINE_OF_OPCODE = {Opcode.LOAD: Engine.LOAD, Opcode.STORE: Engine.STORE,
+                    Opcode.GEMM: Engine.COMPUTE}
+
+
 def engine_of(ins: Instr) -> Engine | None:
     """The engine whose queue receives ``ins`` (None for END)."""
-    if isinstance(ins, Store):
-        return Engine.STORE
-    if isinstance(ins, Load):
-        return Engine.LOAD
-    if isinstance(ins, Gemm):
-        return Engine.COMPUTE
     if isinstance(ins, Sync):
         return ins.engine
-    return None
+    return ENGINE_OF_OPCODE.get(ins.opcode)
 
 
 # ---------------------------------------------------------------------- encode / decode
@@ -307,7 +321,7 @@ def decode(word: int) -> Instr:
     f["tokens"] = f.pop("tokens_m1") + 1
     for b in ("int8", "asym", "accumulate"):
         f[b] = bool(f[b])
-    f["epilogue"] = Epilogue(f["epilogue"])
+    f["epilogue"] = EpilogueMode(f["epilogue"])
     return Gemm(**f, **ev)
 
 
@@ -327,119 +341,7 @@ def decode_program(blob: np.ndarray | bytes) -> list[Instr]:
             for i in range(0, len(raw), INSTR_BYTES)]
 
 
-# ---------------------------------------------------------------------- validation
-def gemm_weight_bytes(g: Gemm, cfg: AcceleratorConfig) -> int:
-    """Bytes of the weight stream a GEMM instruction reads from the WGT spad."""
-    pat = cfg.pattern_table[g.pattern]
-    field = (8 if g.int8 else 4) + pat.index_bits
-    headers = 0 if g.group_steps == 0 else -(-g.k_steps // g.group_steps) * (1 + g.asym)
-    return headers * cfg.lanes + g.k_steps * cfg.lanes * field // 8
-
-
-def word_beats(word_bytes: int, cfg: AcceleratorConfig) -> int:
-    """Beats per scratchpad word of ``word_bytes`` (1 when a word is no wider than a beat)."""
-    return max(1, word_bytes // cfg.beat_bytes)
-
-
-def _misaligned(g: Gemm, cfg: AcceleratorConfig) -> str | None:
-    """The first GEMM address that is not on a word of its scratchpad, as ``"name=value:
-    beats"``; None if all are aligned.
-
-    The compute engine reads one word of each scratchpad per cycle and writes whole OUT words,
-    so every ACT row (``act_addr + t * act_stride``), the OUT destination (unless the epilogue
-    is NONE) and the PARAM operands (INT8 epilogues) must start on a word, as the WGT stream
-    already must. With the default configuration only OUT (4 beats) and PARAM (8 beats) words
-    are wider than a beat.
-    """
-    act = word_beats(cfg.act_word_bytes, cfg)
-    rules = [("act_addr", g.act_addr, act), ("act_stride", g.act_stride, act)]
-    if g.epilogue != Epilogue.NONE:
-        rules.append(("out_addr", g.out_addr, word_beats(cfg.out_word_bytes, cfg)))
-    if g.epilogue in (Epilogue.INT8, Epilogue.INT8_RESIDUAL):
-        rules.append(("param_addr", g.param_addr, word_beats(cfg.param_word_bytes, cfg)))
-    for name, value, words in rules:
-        if value % words:
-            return f"{name}={value}: {words}"
-    return None
-
-
-@dataclass(frozen=True)
-class _Limits:
-    """Per-configuration constants of the dispatch checks (computed once per config)."""
-
-    num_events: int
-    spad_beats: tuple[int, ...]   # indexed by Spad value
-    dram_beats: int
-    patterns: int
-    max_tokens: int
-    int8: bool
-    wgt_words: int
-    act_words: int
-    out_words: int
-    param_words: int
-
-
-def _limits(cfg: AcceleratorConfig) -> _Limits:
-    # Cached in the (frozen) config's __dict__: the fast model checks every instruction of
-    # programs with 10^5 instructions, and recomputing these dominated its run time.
-    lim = cfg.__dict__.get("_isa_limits")
-    if lim is None:
-        lim = _Limits(
-            num_events=cfg.num_events,
-            spad_beats=tuple(cfg.spad_beats(sp.name.lower()) for sp in Spad),
-            dram_beats=cfg.dram_beats, patterns=len(cfg.pattern_table),
-            max_tokens=cfg.max_tokens, int8=8 in cfg.weight_bits,
-            wgt_words=word_beats(cfg.wgt_word_bytes, cfg),
-            act_words=word_beats(cfg.act_word_bytes, cfg),
-            out_words=word_beats(cfg.out_word_bytes, cfg),
-            param_words=word_beats(cfg.param_word_bytes, cfg))
-        cfg.__dict__["_isa_limits"] = lim
-    return lim
-
-
-def dispatch_error(ins: Instr, cfg: AcceleratorConfig) -> ErrorCode:
-    """The checks the hardware's fetch unit applies when an instruction reaches dispatch.
-
-    Deliberately cheap: opcode, event ids, pattern/width/token limits, start addresses (range
-    and scratchpad-word alignment) and DMA extents. GEMM streams that run past the end of a
-    scratchpad wrap around (the Python :func:`check` rejects those before they reach the
-    hardware). Alignment: see :func:`_misaligned`.
-    """
-    lim = _limits(cfg)
-    if (ins.wait is not None and ins.wait >= lim.num_events) or \
-            (ins.signal is not None and ins.signal >= lim.num_events):
-        return ErrorCode.BAD_EVENT
-    kind = type(ins)
-    if kind is Load or kind is Store:
-        if (kind is Store) != (ins.spad == Spad.OUT) or ins.rows == 0 or ins.row_beats == 0:
-            return ErrorCode.BAD_ADDRESS
-        if ins.spad_addr + ins.rows * ins.row_beats > lim.spad_beats[ins.spad.value]:
-            return ErrorCode.BAD_ADDRESS
-        if ins.dram_addr + (ins.rows - 1) * ins.dram_stride + ins.row_beats > lim.dram_beats:
-            return ErrorCode.BAD_ADDRESS
-    elif kind is Gemm:
-        if ins.pattern >= lim.patterns or ins.tokens > lim.max_tokens or ins.k_steps == 0:
-            return ErrorCode.BAD_GEMM
-        if ins.int8 and (not lim.int8 or ins.pattern != 0):
-            return ErrorCode.BAD_GEMM
-        if ins.asym and ins.group_steps == 0:
-            return ErrorCode.BAD_GEMM
-        sb = lim.spad_beats
-        if (ins.wgt_addr >= sb[Spad.WGT.value] or ins.wgt_addr % lim.wgt_words
-                or ins.act_addr >= sb[Spad.ACT.value] or ins.out_addr >= sb[Spad.OUT.value]
-                or ins.param_addr >= sb[Spad.PARAM.value]):
-            return ErrorCode.BAD_ADDRESS
-        if ins.act_addr % lim.act_words or ins.act_stride % lim.act_words:
-            return ErrorCode.BAD_ADDRESS
-        if ins.epilogue != Epilogue.NONE and ins.out_addr % lim.out_words:
-            return ErrorCode.BAD_ADDRESS
-        if ins.epilogue in (Epilogue.INT8, Epilogue.INT8_RESIDUAL) and \
-                ins.param_addr % lim.param_words:
-            return ErrorCode.BAD_ADDRESS
-    return ErrorCode.NONE
-
-
-# ---------------------------------------------------------------------- vectorised twins
+# ---------------------------------------------------------------------- vectorised decode
 def program_words(program) -> np.ndarray:
     """A program as ``uint64 [n, 2]`` (low, high halves of each 128-bit word).
 
@@ -471,6 +373,18 @@ def _field_array(words: np.ndarray, field: tuple[int, int]) -> np.ndarray:
     return (v & np.uint64((1 << width) - 1)).astype(np.int64)
 
 
+def field_location(name: str) -> tuple[int, int]:
+    """``(offset, width)`` in bits of a field named as :func:`decode_fields` names it
+    (``"opcode"``, ``"dma.dram_addr"``, ``"gemm.k_steps"``...), from the same layouts."""
+    if name in _HDR:
+        return _HDR[name]
+    body, _, field = name.partition(".")
+    try:
+        return _BODIES[body][field]
+    except KeyError:
+        raise ISAError(f"no instruction field {name!r}") from None
+
+
 def decode_fields(words: np.ndarray) -> dict[str, np.ndarray]:
     """Every field of every instruction as ``int64`` arrays (the vectorised :func:`decode`).
 
@@ -485,123 +399,351 @@ def decode_fields(words: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
+# ---------------------------------------------------------------------- GEMM stream geometry
+def gemm_header_words(group_steps, asym):
+    """Header words at the start of every group of a GEMM's weight stream (ints or arrays).
+
+    None without groups (``group_steps == 0``: raw weights), else the scale codes, followed by
+    the zero points when the weights are asymmetric.
+    """
+    return (group_steps != 0) * (1 + asym)
+
+
+#: Header words of one group at most (codes and zero points).
+MAX_HEADER_WORDS = gemm_header_words(1, True)
+
+
+def _gemm_geometry(cfg: AcceleratorConfig, k_steps, group_steps, asym, int8,
+                   index_bits) -> StreamGeometry:
+    """How a GEMM's fields encode its weight stream (ints or arrays alike)."""
+    return StreamGeometry(lanes=cfg.lanes, steps=k_steps, group_steps=group_steps,
+                          header_words=gemm_header_words(group_steps, asym),
+                          value_bits=4 + 4 * int8, index_bits=index_bits)
+
+
+def _index_bits(pattern, cfg: AcceleratorConfig):
+    """Index bits of pattern ``pattern`` (an int or an array); a pattern outside
+    ``cfg.pattern_table`` (which never dispatches: BAD_GEMM) reads as dense."""
+    table = [p.index_bits for p in cfg.pattern_table] + [0]
+    if isinstance(pattern, np.ndarray):
+        return np.array(table, dtype=np.int64)[np.clip(pattern, 0, len(table) - 1)]
+    return table[pattern] if 0 <= pattern < len(table) else 0
+
+
+def gemm_geometry(g: Gemm, cfg: AcceleratorConfig) -> StreamGeometry:
+    """The weight stream a GEMM instruction reads from the WGT spad (:class:`StreamGeometry`).
+
+    The single source of a GEMM's stream geometry: the functional semantics decode it, the
+    timing contract counts its groups and header words, :func:`check` bounds it.
+    """
+    return _gemm_geometry(cfg, g.k_steps, g.group_steps, g.asym, g.int8,
+                          _index_bits(g.pattern, cfg))
+
+
+def gemm_geometry_fields(f: dict[str, np.ndarray], cfg: AcceleratorConfig) -> StreamGeometry:
+    """:func:`gemm_geometry` of many instructions at once, from :func:`decode_fields`
+    (``int64`` arrays)."""
+    return _gemm_geometry(cfg, f["gemm.k_steps"], f["gemm.group_steps"], f["gemm.asym"],
+                          f["gemm.int8"], _index_bits(f["gemm.pattern"], cfg))
+
+
+def gemm_weight_bytes(g: Gemm, cfg: AcceleratorConfig) -> int:
+    """Bytes of the weight stream a GEMM instruction reads from the WGT spad."""
+    return gemm_geometry(g, cfg).total_bytes
+
+
+_EPI_NONE, _EPI_INT8, _EPI_INT8_RESIDUAL = (EpilogueMode.NONE.value, EpilogueMode.INT8.value,
+                                            EpilogueMode.INT8_RESIDUAL.value)
+
+
+def _reads_param(epilogue):
+    """The epilogue mode (its value) reads PARAM (multipliers, residual rows); ints or arrays."""
+    return (epilogue == _EPI_INT8) | (epilogue == _EPI_INT8_RESIDUAL)
+
+
+def gemm_extents(g: Gemm, cfg: AcceleratorConfig) -> dict[Spad, int]:
+    """End (exclusive, in bytes) of the range of every scratchpad a GEMM instruction uses.
+
+    WGT: its weight stream; ACT: the activation blocks of its last token; OUT: its results
+    (an empty range when the epilogue is NONE); PARAM: the epilogue's multipliers and residual
+    rows (only for the INT8 epilogues). The hardware does not check these (streams wrap);
+    :func:`check` does. The pattern must be in ``cfg.pattern_table``.
+    """
+    beat, lanes = cfg.beat_bytes, cfg.lanes
+    pat = cfg.pattern_table[g.pattern]
+    k_dense = -(-g.k_steps // pat.steps_per_block) * pat.block
+    row = {EpilogueMode.NONE: 0, EpilogueMode.WIDE: 4 * lanes}.get(g.epilogue, lanes)
+    ends = {
+        Spad.WGT: g.wgt_addr * beat + gemm_weight_bytes(g, cfg),
+        Spad.ACT: (g.act_addr + (g.tokens - 1) * g.act_stride) * beat + k_dense,
+        Spad.OUT: g.out_addr * beat + g.tokens * row,
+    }
+    if _reads_param(g.epilogue.value):
+        residual = g.tokens * lanes if g.epilogue == EpilogueMode.INT8_RESIDUAL else 0
+        ends[Spad.PARAM] = g.param_addr * beat + 2 * lanes + residual
+    return ends
+
+
+# ---------------------------------------------------------------------- dispatch checks
+def word_beats(word_bytes: int, cfg: AcceleratorConfig) -> int:
+    """Beats per scratchpad word of ``word_bytes`` (1 when a word is no wider than a beat)."""
+    return max(1, word_bytes // cfg.beat_bytes)
+
+
+@dataclass(frozen=True, eq=False)
+class DispatchLimits:
+    """Per-configuration constants of the dispatch checks (computed once per config); the
+    fetch unit's checks take their constants from here too."""
+
+    num_events: int
+    spad_beats: np.ndarray   # int64, indexed by Spad value
+    dram_beats: int
+    patterns: int
+    max_tokens: int
+    int8: bool               # 8-bit weights supported
+    wgt_words: int           # beats per word of each scratchpad
+    act_words: int
+    out_words: int
+    param_words: int
+
+
+def dispatch_limits(cfg: AcceleratorConfig) -> DispatchLimits:
+    """The :class:`DispatchLimits` of ``cfg``."""
+    # Cached in the (frozen) config's __dict__: the fast model checks every instruction of
+    # programs with 10^5 instructions, and recomputing these dominated its run time.
+    lim = cfg.__dict__.get("_isa_limits")
+    if lim is None:
+        lim = DispatchLimits(
+            num_events=cfg.num_events,
+            spad_beats=np.array([cfg.spad_beats(sp.name.lower()) for sp in Spad],
+                                dtype=np.int64),
+            dram_beats=cfg.dram_beats, patterns=len(cfg.pattern_table),
+            max_tokens=cfg.max_tokens, int8=8 in cfg.weight_bits,
+            wgt_words=word_beats(cfg.wgt_word_bytes, cfg),
+            act_words=word_beats(cfg.act_word_bytes, cfg),
+            out_words=word_beats(cfg.out_word_bytes, cfg),
+            param_words=word_beats(cfg.param_word_bytes, cfg))
+        cfg.__dict__["_isa_limits"] = lim
+    return lim
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """One dispatch check: an instruction whose opcode is in ``ops`` and for which
+    ``bad(f, lim)`` holds fails with ``code``.
+
+    ``f`` maps the names of :func:`decode_fields` to encoded field values: ints for one
+    instruction (:func:`dispatch_error`, :func:`check`) or arrays for a program
+    (:func:`dispatch_errors`); ``bad`` uses only operators that work on both. ``message(f,
+    cfg)`` names the field and value, for :func:`check`.
+    """
+
+    code: ErrorCode
+    ops: tuple[Opcode, ...]
+    bad: Callable[[dict, DispatchLimits], object]
+    message: Callable[[dict, AcceleratorConfig], str]
+
+
+_ALL = tuple(_BY_OPCODE)
+_DMA = (Opcode.LOAD, Opcode.STORE)
+_GEMM = (Opcode.GEMM,)
+_BAD_ADDRESS, _BAD_GEMM = ErrorCode.BAD_ADDRESS, ErrorCode.BAD_GEMM
+
+
+def _event_rule(name: str) -> _Rule:
+    return _Rule(ErrorCode.BAD_EVENT, _ALL,
+                 lambda f, lim: (f[name] != NO_EVENT) & (f[name] >= lim.num_events),
+                 lambda f, cfg: f"{name}={f[name]}: events are 0..{cfg.num_events - 1}")
+
+
+def _kind(f: dict) -> str:
+    return Opcode(f["opcode"]).name
+
+
+def _dma_end(f: dict) -> int:
+    return f["dma.spad_addr"] + f["dma.rows"] * f["dma.row_beats"]
+
+
+def _dram_end(f: dict) -> int:
+    return f["dma.dram_addr"] + (f["dma.rows"] - 1) * f["dma.dram_stride"] + f["dma.row_beats"]
+
+
+def _range_rule(field: str, spad: Spad) -> _Rule:
+    key, index = f"gemm.{field}", spad.value
+    return _Rule(_BAD_ADDRESS, _GEMM,
+                 lambda f, lim: f[key] >= lim.spad_beats[index],
+                 lambda f, cfg: f"{field}={f[key]} is outside {spad.name} "
+                                f"({cfg.spad_beats(spad.name.lower())} beats)")
+
+
+def _align_rule(field: str, words: str, when=lambda f: True) -> _Rule:
+    # ``when`` is ANDed in (ints or arrays): the OUT and PARAM addresses only matter to the
+    # epilogues that use them.
+    key = f"gemm.{field}"
+    return _Rule(_BAD_ADDRESS, _GEMM,
+                 lambda f, lim: when(f) & (f[key] % getattr(lim, words) != 0),
+                 lambda f, cfg: f"{field}={f[key]} must be a multiple of "
+                                f"{getattr(dispatch_limits(cfg), words)} beats "
+                                f"(one scratchpad word)")
+
+
+#: What the hardware checks when an instruction reaches dispatch, in its order of priority:
+#: events, then the body (GEMM: the fields before the addresses). An instruction's error is
+#: the code of the first rule it fails. The scratchpad-word alignment: the compute engine reads
+#: one word of each scratchpad per cycle and writes whole OUT words, so every ACT row
+#: (``act_addr + t * act_stride``), the OUT destination (unless the epilogue is NONE) and the
+#: PARAM operands (INT8 epilogues) start on a word, as the WGT stream does.
+_EVENT_RULES = (_event_rule("wait"), _event_rule("signal"))
+_DMA_RULES = (
+    _Rule(_BAD_ADDRESS, _DMA,
+          lambda f, lim: (f["opcode"] == Opcode.STORE.value) & (f["dma.spad"] != Spad.OUT.value),
+          lambda f, cfg: f"STORE reads the OUT scratchpad only, got "
+                         f"spad={Spad(f['dma.spad']).name}"),
+    _Rule(_BAD_ADDRESS, _DMA,
+          lambda f, lim: (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == Spad.OUT.value),
+          lambda f, cfg: "LOAD cannot write the OUT scratchpad (the epilogue owns it)"),
+    _Rule(_BAD_ADDRESS, _DMA,
+          lambda f, lim: (f["dma.rows"] < 1) | (f["dma.row_beats"] < 1),
+          lambda f, cfg: f"{_kind(f)} of rows={f['dma.rows']} x "
+                         f"row_beats={f['dma.row_beats']} is empty"),
+    _Rule(_BAD_ADDRESS, _DMA,
+          lambda f, lim: _dma_end(f) > lim.spad_beats[f["dma.spad"]],
+          lambda f, cfg: f"{_kind(f)} spad range [{f['dma.spad_addr']}, {_dma_end(f)}) beats "
+                         f"exceeds {Spad(f['dma.spad']).name} "
+                         f"({cfg.spad_beats(Spad(f['dma.spad']).name.lower())} beats)"),
+    _Rule(_BAD_ADDRESS, _DMA,
+          lambda f, lim: _dram_end(f) > lim.dram_beats,
+          lambda f, cfg: f"{_kind(f)} DRAM range ends at beat {_dram_end(f)}, DRAM has "
+                         f"{cfg.dram_beats} beats"),
+)
+_GEMM_FIELD_RULES = (
+    _Rule(_BAD_GEMM, _GEMM,
+          lambda f, lim: (f["gemm.pattern"] < 0) | (f["gemm.pattern"] >= lim.patterns),
+          lambda f, cfg: f"pattern={f['gemm.pattern']}: this accelerator has patterns "
+                         f"{[str(p) for p in cfg.pattern_table]}"),
+    _Rule(_BAD_GEMM, _GEMM,
+          lambda f, lim: (f["gemm.tokens_m1"] < 0) | (f["gemm.tokens_m1"] >= lim.max_tokens),
+          lambda f, cfg: f"tokens={f['gemm.tokens_m1'] + 1}: must be in [1, {cfg.max_tokens}]"),
+    _Rule(_BAD_GEMM, _GEMM,
+          lambda f, lim: f["gemm.k_steps"] < 1,
+          lambda f, cfg: f"k_steps={f['gemm.k_steps']} must be >= 1"),
+    _Rule(_BAD_GEMM, _GEMM,
+          lambda f, lim: (f["gemm.int8"] != 0) & (not lim.int8),
+          lambda f, cfg: "int8 weights are not supported by this accelerator"),
+    _Rule(_BAD_GEMM, _GEMM,
+          lambda f, lim: (f["gemm.int8"] != 0) & (f["gemm.pattern"] != 0),
+          lambda f, cfg: "int8 weights are streamed dense only (pattern 0)"),
+    _Rule(_BAD_GEMM, _GEMM,
+          lambda f, lim: (f["gemm.asym"] != 0) & (f["gemm.group_steps"] == 0),
+          lambda f, cfg: "asymmetric weights need group headers (group_steps > 0)"),
+)
+_GEMM_ADDRESS_RULES = (
+    _range_rule("wgt_addr", Spad.WGT),
+    _range_rule("act_addr", Spad.ACT),
+    _range_rule("out_addr", Spad.OUT),
+    _range_rule("param_addr", Spad.PARAM),
+    _align_rule("wgt_addr", "wgt_words"),
+    _align_rule("act_addr", "act_words"),
+    _align_rule("act_stride", "act_words"),
+    _align_rule("out_addr", "out_words", lambda f: f["gemm.epilogue"] != _EPI_NONE),
+    _align_rule("param_addr", "param_words", lambda f: _reads_param(f["gemm.epilogue"])),
+)
+_DISPATCH_RULES = _EVENT_RULES + _DMA_RULES + _GEMM_FIELD_RULES + _GEMM_ADDRESS_RULES
+_RULES_OF = {op: tuple(r for r in _DISPATCH_RULES if op in r.ops) for op in _BY_OPCODE}
+
+
+_FIELD_NAMES = {body: {name: f"{body}.{name}" for name in fields}
+                for body, fields in _BODIES.items()}
+
+
+def _fields_of(ins: Instr) -> dict[str, int]:
+    """The encoded fields of one instruction, named as by :func:`decode_fields` (``None``
+    events read as ``NO_EVENT``)."""
+    f = {"opcode": ins.opcode.value, "wait": _event(ins.wait), "signal": _event(ins.signal)}
+    if ins.body:
+        names = _FIELD_NAMES[ins.body]
+        for name, value in ins._body_fields().items():
+            f[names[name]] = value
+    return f
+
+
+def dispatch_error(ins: Instr, cfg: AcceleratorConfig) -> ErrorCode:
+    """The checks the hardware's fetch unit applies when an instruction reaches dispatch.
+
+    Deliberately cheap: event ids, pattern/width/token limits, start addresses (range and
+    scratchpad-word alignment) and DMA extents. GEMM streams that run past the end of a
+    scratchpad wrap around (the Python :func:`check` rejects those before they reach the
+    hardware). The rules are defined once, for this function, :func:`dispatch_errors` and
+    :func:`check`.
+    """
+    f, lim = _fields_of(ins), dispatch_limits(cfg)
+    for rule in _RULES_OF[ins.opcode]:
+        if rule.bad(f, lim):
+            return rule.code
+    return ErrorCode.NONE
+
+
 def dispatch_errors(f: dict[str, np.ndarray], cfg: AcceleratorConfig) -> np.ndarray:
     """:func:`dispatch_error` for many instructions at once (``ErrorCode`` values, int64).
 
     ``f`` comes from :func:`decode_fields`. Undefined opcodes and SYNCs naming no engine are
-    ILLEGAL_OPCODE, as for the scalar decoder. Tests check both agree on random instructions.
+    ILLEGAL_OPCODE, as for the scalar decoder; the other rules are :func:`dispatch_error`'s.
     """
-    lim = _limits(cfg)
+    lim = dispatch_limits(cfg)
     op = f["opcode"]
     err = np.zeros(op.shape, dtype=np.int64)
-
-    def flag(cond, code):
-        np.putmask(err, (err == 0) & cond, code.value)
-
     legal = np.isin(op, [o.value for o in _BY_OPCODE]) & \
-        ~((op == Opcode.SYNC.value) & (f["sync.engine"] > Engine.STORE.value))
-    flag(~legal, ErrorCode.ILLEGAL_OPCODE)
-    for ev in (f["wait"], f["signal"]):
-        flag((ev != NO_EVENT) & (ev >= lim.num_events), ErrorCode.BAD_EVENT)
-    dma = (op == Opcode.LOAD.value) | (op == Opcode.STORE.value)
-    spad, rows, rb = f["dma.spad"], f["dma.rows"], f["dma.row_beats"]
-    spad_beats = np.asarray(lim.spad_beats, dtype=np.int64)[spad]
-    bad_dma = ((op == Opcode.STORE.value) != (spad == Spad.OUT.value)) | (rows == 0) | \
-        (rb == 0) | (f["dma.spad_addr"] + rows * rb > spad_beats) | \
-        (f["dma.dram_addr"] + (rows - 1) * f["dma.dram_stride"] + rb > lim.dram_beats)
-    flag(dma & bad_dma, ErrorCode.BAD_ADDRESS)
-    gemm = op == Opcode.GEMM.value
-    g = {k.split(".", 1)[1]: v for k, v in f.items() if k.startswith("gemm.")}
-    bad_gemm = (g["pattern"] >= lim.patterns) | (g["tokens_m1"] + 1 > lim.max_tokens) | \
-        (g["k_steps"] == 0) | ((g["int8"] == 1) & ((g["pattern"] != 0) | (not lim.int8))) | \
-        ((g["asym"] == 1) & (g["group_steps"] == 0))
-    flag(gemm & bad_gemm, ErrorCode.BAD_GEMM)
-    sb = lim.spad_beats
-    epi = g["epilogue"]
-    int8_epi = (epi == Epilogue.INT8.value) | (epi == Epilogue.INT8_RESIDUAL.value)
-    bad_addr = (g["wgt_addr"] >= sb[Spad.WGT.value]) | (g["wgt_addr"] % lim.wgt_words != 0) | \
-        (g["act_addr"] >= sb[Spad.ACT.value]) | (g["out_addr"] >= sb[Spad.OUT.value]) | \
-        (g["param_addr"] >= sb[Spad.PARAM.value]) | (g["act_addr"] % lim.act_words != 0) | \
-        (g["act_stride"] % lim.act_words != 0) | \
-        ((epi != Epilogue.NONE.value) & (g["out_addr"] % lim.out_words != 0)) | \
-        (int8_epi & (g["param_addr"] % lim.param_words != 0))
-    flag(gemm & bad_addr, ErrorCode.BAD_ADDRESS)
+        ~((op == Opcode.SYNC.value) & (f["sync.engine"] > max(e.value for e in Engine)))
+    np.putmask(err, ~legal, ErrorCode.ILLEGAL_OPCODE.value)
+    # Consecutive rules with one code and opcode set are one flag: their order cannot matter.
+    for (code, ops), rules in itertools.groupby(_DISPATCH_RULES, lambda r: (r.code, r.ops)):
+        bad = functools.reduce(operator.or_, (r.bad(f, lim) for r in rules))
+        if ops != _ALL:  # (illegal words are flagged already)
+            bad = bad & functools.reduce(operator.or_, (op == o.value for o in ops))
+        np.putmask(err, (err == 0) & bad, code.value)
     return err
+
+
+# ---------------------------------------------------------------------- full validation
+_EXTENT_NAMES = {Spad.WGT: "weight stream ends", Spad.ACT: "activations end",
+                 Spad.OUT: "outputs end", Spad.PARAM: "epilogue operands end"}
+assert _RULES_OF[Opcode.GEMM] == _EVENT_RULES + _GEMM_FIELD_RULES + _GEMM_ADDRESS_RULES
+
+
+def _raise_first(rules: tuple[_Rule, ...], f: dict, lim: DispatchLimits,
+                 cfg: AcceleratorConfig) -> None:
+    for rule in rules:
+        if rule.bad(f, lim):
+            raise ISAError(rule.message(f, cfg))
 
 
 def check(ins: Instr, cfg: AcceleratorConfig) -> None:
     """Full validation for the Python side: everything the hardware checks, and more.
 
-    Raises :class:`ISAError` naming the offending field and value.
+    Raises :class:`ISAError` naming the offending field and value. Beyond the dispatch rules
+    (:func:`dispatch_error`): explicit event ids must be encodable (``None`` is "no event"),
+    every scratchpad range a GEMM uses must fit (:func:`gemm_extents`; the hardware wraps),
+    and every field must fit its width.
     """
     if not isinstance(ins, (Load, Store, Gemm, Sync, End)):
         raise ISAError(f"not an instruction: {ins!r}")
     for name in ("wait", "signal"):
         ev = getattr(ins, name)
-        if ev is not None and not 0 <= ev < cfg.num_events:
-            raise ISAError(f"{name}={ev}: events are 0..{cfg.num_events - 1}")
-    if isinstance(ins, Load):
-        kind = "STORE" if isinstance(ins, Store) else "LOAD"
-        if isinstance(ins, Store) and ins.spad != Spad.OUT:
-            raise ISAError(f"STORE reads the OUT scratchpad only, got spad={ins.spad.name}")
-        if not isinstance(ins, Store) and ins.spad == Spad.OUT:
-            raise ISAError("LOAD cannot write the OUT scratchpad (the epilogue owns it)")
-        if ins.rows < 1 or ins.row_beats < 1:
-            raise ISAError(f"{kind} of rows={ins.rows} x row_beats={ins.row_beats} is empty")
-        end = ins.spad_addr + ins.rows * ins.row_beats
-        if end > cfg.spad_beats(ins.spad.name.lower()):
-            raise ISAError(f"{kind} spad range [{ins.spad_addr}, {end}) beats exceeds "
-                           f"{ins.spad.name} ({cfg.spad_beats(ins.spad.name.lower())} beats)")
-        dend = ins.dram_addr + (ins.rows - 1) * ins.dram_stride + ins.row_beats
-        if dend > cfg.dram_beats:
-            raise ISAError(f"{kind} DRAM range ends at beat {dend}, DRAM has "
-                           f"{cfg.dram_beats} beats")
-    elif isinstance(ins, Gemm):
-        if not 0 <= ins.pattern < len(cfg.pattern_table):
-            raise ISAError(f"pattern={ins.pattern}: this accelerator has patterns "
-                           f"{[str(p) for p in cfg.pattern_table]}")
-        if not 1 <= ins.tokens <= cfg.max_tokens:
-            raise ISAError(f"tokens={ins.tokens}: must be in [1, {cfg.max_tokens}]")
-        if ins.k_steps < 1:
-            raise ISAError(f"k_steps={ins.k_steps} must be >= 1")
-        if ins.int8 and 8 not in cfg.weight_bits:
-            raise ISAError("int8 weights are not supported by this accelerator")
-        if ins.int8 and ins.pattern != 0:
-            raise ISAError("int8 weights are streamed dense only (pattern 0)")
-        if ins.asym and ins.group_steps == 0:
-            raise ISAError("asymmetric weights need group headers (group_steps > 0)")
-        words = max(1, cfg.wgt_word_bytes // cfg.beat_bytes)
-        if ins.wgt_addr % words:
-            raise ISAError(f"wgt_addr={ins.wgt_addr} must be a multiple of {words} beats "
-                           f"(one WGT word)")
-        wend = ins.wgt_addr * cfg.beat_bytes + gemm_weight_bytes(ins, cfg)
-        if wend > cfg.wgt_spad_bytes:
-            raise ISAError(f"weight stream ends at byte {wend}, WGT spad has "
-                           f"{cfg.wgt_spad_bytes}")
-        pat = cfg.pattern_table[ins.pattern]
-        k_dense = -(-ins.k_steps // pat.steps_per_block) * pat.block
-        aend = (ins.act_addr + (ins.tokens - 1) * ins.act_stride) * cfg.beat_bytes + k_dense
-        if aend > cfg.act_spad_bytes:
-            raise ISAError(f"activations end at byte {aend}, ACT spad has "
-                           f"{cfg.act_spad_bytes}")
-        row = {Epilogue.NONE: 0, Epilogue.WIDE: 4 * cfg.lanes}.get(ins.epilogue, cfg.lanes)
-        oend = ins.out_addr * cfg.beat_bytes + ins.tokens * row
-        if oend > cfg.out_spad_bytes:
-            raise ISAError(f"outputs end at byte {oend}, OUT spad has {cfg.out_spad_bytes}")
-        if ins.epilogue in (Epilogue.INT8, Epilogue.INT8_RESIDUAL):
-            pend = ins.param_addr * cfg.beat_bytes + 2 * cfg.lanes
-            if ins.epilogue == Epilogue.INT8_RESIDUAL:
-                pend += ins.tokens * cfg.lanes
-            if pend > cfg.param_spad_bytes:
-                raise ISAError(f"epilogue operands end at byte {pend}, PARAM spad has "
-                               f"{cfg.param_spad_bytes}")
-        bad = _misaligned(ins, cfg)
-        if bad:
-            field, words = bad.split(": ")
-            raise ISAError(f"{field} must be a multiple of {words} beats (one scratchpad word)")
-    err = dispatch_error(ins, cfg)
-    if err != ErrorCode.NONE:  # anything the checks above missed
-        raise ISAError(f"instruction rejected by the hardware checks: {err.name}: {ins}")
+        if ev is not None and not 0 <= ev < NO_EVENT:
+            raise ISAError(f"{name}={ev}: events are 0..{cfg.num_events - 1} "
+                           f"(None for no event)")
+    f, lim = _fields_of(ins), dispatch_limits(cfg)
+    if isinstance(ins, Gemm):
+        _raise_first(_EVENT_RULES + _GEMM_FIELD_RULES, f, lim, cfg)
+        # Before the start addresses: the ranges that begin at them.
+        for spad, end in gemm_extents(ins, cfg).items():
+            size = getattr(cfg, f"{spad.name.lower()}_spad_bytes")
+            if end > size:
+                raise ISAError(f"{_EXTENT_NAMES[spad]} at byte {end}, {spad.name} spad has "
+                               f"{size}")
+        _raise_first(_GEMM_ADDRESS_RULES, f, lim, cfg)
+    else:
+        _raise_first(_RULES_OF[ins.opcode], f, lim, cfg)
     # Field widths: let the encoder raise with the field name.
     w = _put(0, _HDR["opcode"], ins.opcode.value, "opcode")
     if ins.body:

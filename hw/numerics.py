@@ -167,8 +167,9 @@ def _wrap_torch(acc: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def gemm_acc_torch(a: torch.Tensor, w_int: torch.Tensor, acc_bits: int = 32) -> torch.Tensor:
-    """Torch twin of :func:`gemm_acc`: ``[..., K] x [N, K] -> int64 [..., N]``."""
-    acc = (a.to(torch.float64) @ w_int.to(torch.float64).T).to(torch.int64)
+    """Torch twin of :func:`gemm_acc`: ``[..., K] x [N, K] -> int64 [..., N]``; a batched
+    ``w_int [..., N, K]`` multiplies batch by batch (the attention products)."""
+    acc = (a.to(torch.float64) @ w_int.to(torch.float64).transpose(-2, -1)).to(torch.int64)
     return _wrap_torch(acc, acc_bits)
 
 

@@ -16,9 +16,10 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 from amaranth.utils import ceil_log2
 
 from hw.config import AcceleratorConfig
+from hw.counters import COUNTER_BITS, CounterLayout
 from hw.isa import INSTR_BITS, ErrorCode
 from hw.memory_model import DramModel
-from hw.top import COUNTER_BITS, Accelerator, CounterLayout
+from hw.top import Accelerator
 
 __all__ = ["SimTop", "RunnerTop"]
 

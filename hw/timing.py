@@ -39,7 +39,7 @@ Deadlock
     queue is full, and the machine is not done: the machine stops with DEADLOCK in that cycle.
 
 Errors report ``cycles`` = the cycle they were raised in; of several errors in one cycle the
-lowest :class:`hw.isa.ErrorCode` is reported. Counters (:data:`sim.result.COUNTERS`) cover
+lowest :class:`hw.isa.ErrorCode` is reported. Counters (:data:`hw.counters.COUNTERS`) cover
 cycles ``0 .. cycles - 1``; the DMA beat and MAC counters count finished instructions. After an
 error, a STORE still executing in the error cycle may have written part of its beats to DRAM.
 """
@@ -47,7 +47,17 @@ error, a STORE still executing in the error cycle may have written part of its b
 from __future__ import annotations
 
 from hw.config import AcceleratorConfig
-from hw.isa import Epilogue, Gemm, Instr, Load, Store, Sync
+from hw.format import StreamGeometry
+from hw.isa import (
+    EpilogueMode,
+    Gemm,
+    Instr,
+    Load,
+    Store,
+    Sync,
+    gemm_geometry,
+    gemm_geometry_fields,
+)
 
 __all__ = [
     "FETCH_LATENCY", "LOAD_OVERHEAD", "STORE_OVERHEAD", "SYNC_CYCLES", "GEMM_FILL",
@@ -93,36 +103,40 @@ def store_cycles(ins: Store, cfg: AcceleratorConfig) -> int:
     return dma_beats(ins) + STORE_OVERHEAD
 
 
-def gemm_step_cycles(ins: Gemm) -> int:
+def _step_cycles(tokens, geo: StreamGeometry):
+    """:func:`gemm_step_cycles` on ints or arrays: ``max(T, 1 + header words)`` for the first
+    step of each group, ``T`` for the others."""
+    excess = 1 + geo.header_words - tokens
+    return geo.steps * tokens + geo.groups * excess * (excess > 0)
+
+
+def gemm_step_cycles(ins: Gemm, cfg: AcceleratorConfig) -> int:
     """Cycles to stream all steps: each step holds its weights for ``tokens`` cycles, but a step
-    that starts a group also needs its header words read first (one per word), one per cycle."""
-    t = ins.tokens
-    header_words = 0 if ins.group_steps == 0 else 1 + int(ins.asym)
-    groups = 0 if ins.group_steps == 0 else -(-ins.k_steps // ins.group_steps)
-    extra = max(0, 1 + header_words - t)
-    return ins.k_steps * t + groups * extra
+    that starts a group also needs its header words read first (one per word), one per cycle.
+    The stream's groups and header words are :func:`hw.isa.gemm_geometry`'s."""
+    return _step_cycles(ins.tokens, gemm_geometry(ins, cfg))
 
 
 def epilogue_cycles(ins: Gemm, cfg: AcceleratorConfig) -> int:
     """Epilogue: one OUT word (``lanes`` bytes) per cycle; WIDE writes four per token."""
-    if ins.epilogue == Epilogue.NONE:
+    if ins.epilogue == EpilogueMode.NONE:
         return 0
-    words_per_token = 4 if ins.epilogue == Epilogue.WIDE else 1
+    words_per_token = 4 if ins.epilogue == EpilogueMode.WIDE else 1
     return EPILOGUE_FILL + ins.tokens * words_per_token
 
 
 def gemm_cycles(ins: Gemm, cfg: AcceleratorConfig) -> int:
     """GEMM: fill, stream the steps, skew through the rows, drain, epilogue."""
-    return (GEMM_FILL + gemm_step_cycles(ins) + (cfg.rows - 1) + GEMM_DRAIN
+    return (GEMM_FILL + gemm_step_cycles(ins, cfg) + (cfg.rows - 1) + GEMM_DRAIN
             + epilogue_cycles(ins, cfg))
 
 
 def exec_cycles(ins: Instr, cfg: AcceleratorConfig) -> int:
     """Execution cycles ``D`` of one queued instruction."""
-    if isinstance(ins, Store):
-        return store_cycles(ins, cfg)
     if isinstance(ins, Load):
         return load_cycles(ins, cfg)
+    if isinstance(ins, Store):
+        return store_cycles(ins, cfg)
     if isinstance(ins, Gemm):
         return gemm_cycles(ins, cfg)
     if isinstance(ins, Sync):
@@ -143,13 +157,10 @@ def exec_cycles_fields(f: dict, cfg: AcceleratorConfig):
     op = f["opcode"]
     beats = f["dma.rows"] * f["dma.row_beats"]
     t = f["gemm.tokens_m1"] + 1
-    k, gs = f["gemm.k_steps"], f["gemm.group_steps"]
-    header_words = np.where(gs == 0, 0, 1 + f["gemm.asym"])
-    groups = np.where(gs == 0, 0, -(-k // np.maximum(gs, 1)))
-    steps = k * t + groups * np.maximum(0, 1 + header_words - t)
+    steps = _step_cycles(t, gemm_geometry_fields(f, cfg))
     epi = f["gemm.epilogue"]
-    epilogue = np.where(epi == Epilogue.NONE.value, 0,
-                        EPILOGUE_FILL + t * np.where(epi == Epilogue.WIDE.value, 4, 1))
+    epilogue = np.where(epi == EpilogueMode.NONE.value, 0,
+                        EPILOGUE_FILL + t * np.where(epi == EpilogueMode.WIDE.value, 4, 1))
     gemm = GEMM_FILL + steps + (cfg.rows - 1) + GEMM_DRAIN + epilogue
     return np.select(
         [op == Opcode.LOAD.value, op == Opcode.STORE.value, op == Opcode.GEMM.value,

@@ -19,9 +19,9 @@ EVENT_OVERFLOW (decided a cycle late, so that the stop logic does not wait for t
 grants).
 
 ``start`` resets every control and datapath register (not the memories), so a run after an
-error starts clean. The counters of :data:`sim.result.COUNTERS` take each cycle's increments one
-cycle later, and only while the machine still runs, so the increments of the stop cycle itself
-are dropped (counters cover cycles ``0 .. cycles - 1``); the beat and MAC counters add an
+error starts clean. The counters of :data:`hw.counters.COUNTERS` take each cycle's increments
+one cycle later, and only while the machine still runs, so the increments of the stop cycle
+itself are dropped (counters cover cycles ``0 .. cycles - 1``); the beat and MAC counters add an
 instruction's total when it ends.
 """
 
@@ -30,11 +30,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from amaranth import Cat, Module, Mux, ResetInserter, Signal, unsigned
-from amaranth.lib import data, memory, wiring
+from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out, connect
 from amaranth.utils import ceil_log2
 
 from hw.config import AcceleratorConfig
+from hw.counters import COUNTER_BITS, COUNTERS, CounterLayout
 from hw.dma import DramSignature, LoadEngine, StoreEngine
 from hw.engine import EngineSequencer
 from hw.events import EventUnit
@@ -42,14 +43,8 @@ from hw.fetch import FetchUnit
 from hw.isa import INSTR_BITS, DmaBody, Engine, ErrorCode, GemmBody
 from hw.queues import DMA_ENTRY, GEMM_ENTRY, InstrQueue
 from hw.spad import Scratchpad
-from sim.result import COUNTERS
 
-__all__ = ["COUNTER_BITS", "CounterLayout", "Accelerator"]
-
-#: Width of the cycle counter and of every performance counter.
-COUNTER_BITS = 48
-#: The performance counters, in the order of :data:`sim.result.COUNTERS`.
-CounterLayout = data.StructLayout({name: COUNTER_BITS for name in COUNTERS})
+__all__ = ["Accelerator"]
 
 
 def _default_compute(cfg: AcceleratorConfig):

@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from hw.config import AcceleratorConfig
+from hw.counters import COUNTERS
 from hw.isa import encode
-from sim.result import COUNTERS, RunResult
+from sim.result import RunResult
 
 __all__ = ["Mismatch", "compare_results", "run_both", "minimize", "write_reproducer"]
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from hw.config import AcceleratorConfig
 from hw.format import _unpack_fields
-from hw.isa import Epilogue, Gemm, Load, Spad, Store
+from hw.isa import EpilogueMode, Gemm, Load, Spad, Store, gemm_geometry
 from hw.numerics import requantize_int8, wrap
 
 __all__ = ["MachineState", "exec_load", "exec_store", "exec_gemm", "decode_gemm_weights"]
@@ -81,19 +81,13 @@ def decode_gemm_weights(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray
     """
     lanes = cfg.lanes
     pat = cfg.pattern_table[ins.pattern]
-    bits = 8 if ins.int8 else 4
-    fbits = bits + pat.index_bits
-    rec = lanes * fbits // 8
-    S = ins.k_steps
-    gs = ins.group_steps or S
-    hdr_words = 0 if ins.group_steps == 0 else 1 + int(ins.asym)
-    n_groups = -(-S // gs)
-    hb = hdr_words * lanes
-    group_bytes = hb + gs * rec
+    geo = gemm_geometry(ins, cfg)
+    bits, fbits, rec = geo.value_bits, geo.field_bits, geo.record_bytes
+    S, gs, n_groups = ins.k_steps, geo.group_len, geo.groups
+    hb, group_bytes, total = geo.header_bytes, geo.group_bytes, geo.total_bytes
     # The stream as one contiguous byte run (wrapping around the spad), padded to whole groups
     # so it reshapes into [group, header + records] without per-byte index arithmetic.
     base = ins.wgt_addr * cfg.beat_bytes
-    total = hb * n_groups + S * rec
     if base + total <= wgt.size:
         buf = wgt[base:base + total]
     else:
@@ -109,7 +103,7 @@ def decode_gemm_weights(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray
     if not ins.asym:
         v = np.where(v >= 1 << (bits - 1), v - (1 << bits), v)
     q = v.astype(np.int32)[fields]                                 # [groups, gs, lanes]
-    if hdr_words:
+    if geo.header_words:
         # The decoder keeps the low scale_code_bits of a code byte and the low `bits` of a zero
         # byte (legal streams have no other bits set; this defines the rest).
         hdr = grouped[:, :hb].astype(np.int32)
@@ -155,16 +149,16 @@ def _epilogue(st: MachineState, ins: Gemm) -> None:
     out = st.spads[Spad.OUT]
     base = ins.out_addr * beat
     acc = st.acc[:T]
-    if ins.epilogue == Epilogue.NONE:
+    if ins.epilogue == EpilogueMode.NONE:
         return
-    if ins.epilogue == Epilogue.WIDE:
+    if ins.epilogue == EpilogueMode.WIDE:
         data = acc.astype("<i4").view(np.uint8).reshape(-1)  # int32 little-endian per lane
     else:
         param = st.spads[Spad.PARAM]
         pbase = ins.param_addr * beat
         mult = _read_wrapped(param, pbase, 2 * lanes).view("<u2")
         res = None
-        if ins.epilogue == Epilogue.INT8_RESIDUAL:
+        if ins.epilogue == EpilogueMode.INT8_RESIDUAL:
             res = _read_wrapped(param, pbase + 2 * lanes, T * lanes).view(np.int8)
             res = res.reshape(T, lanes)
         data = requantize_int8(acc, mult, ins.shift, res).view(np.uint8).reshape(-1)

@@ -21,7 +21,9 @@ from threadpoolctl import threadpool_limits
 
 from hw import timing
 from hw.config import AcceleratorConfig
+from hw.counters import COUNTERS
 from hw.isa import (
+    ENGINE_OF_OPCODE,
     NO_EVENT,
     Engine,
     ErrorCode,
@@ -36,7 +38,7 @@ from hw.isa import (
     program_words,
 )
 from sim.functional import MachineState, exec_gemm, exec_load, exec_store
-from sim.result import COUNTERS, RunResult
+from sim.result import RunResult
 
 __all__ = ["ProgramError", "InstrTiming", "Schedule", "schedule", "FastModel"]
 
@@ -103,9 +105,9 @@ class _Table:
 
 #: Engine of each 3-bit opcode value; SYNC's comes from its body, -1 END, -2 illegal.
 _ENGINE_OF_OPCODE = np.full(8, -2, dtype=np.int64)
-for _op, _eng in ((Opcode.LOAD, Engine.LOAD.value), (Opcode.GEMM, Engine.COMPUTE.value),
-                  (Opcode.STORE, Engine.STORE.value), (Opcode.END, -1)):
-    _ENGINE_OF_OPCODE[_op.value] = _eng
+_ENGINE_OF_OPCODE[Opcode.END.value] = -1
+for _op, _eng in ENGINE_OF_OPCODE.items():
+    _ENGINE_OF_OPCODE[_op.value] = _eng.value
 
 
 def _decode_table(words: np.ndarray, cfg: AcceleratorConfig) -> _Table:
@@ -411,10 +413,10 @@ class FastModel:
         done = done[np.lexsort((done, t[done, 5]))]  # completion order, ties by index
         for i in done.tolist():
             ins = _instruction(program, words, i)
-            if isinstance(ins, Store):
-                exec_store(state, ins)
-            elif isinstance(ins, Load):
+            if isinstance(ins, Load):
                 exec_load(state, ins)
+            elif isinstance(ins, Store):
+                exec_store(state, ins)
             elif isinstance(ins, Gemm):
                 exec_gemm(state, ins)
         return state.dram

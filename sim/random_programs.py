@@ -22,7 +22,7 @@ from hw.isa import (
     NO_EVENT,
     End,
     Engine,
-    Epilogue,
+    EpilogueMode,
     Gemm,
     Instr,
     ISAError,
@@ -32,6 +32,7 @@ from hw.isa import (
     Sync,
     check,
     encode,
+    gemm_extents,
 )
 
 __all__ = ["RandomProgram", "random_config", "random_program", "break_program",
@@ -88,7 +89,7 @@ def _random_gemm(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> G
         group_steps = 0 if raw else int(rng.integers(1, k_steps + 4))
         asym = not raw and rng.random() < 0.4
         tokens = int(rng.integers(1, cfg.max_tokens + 1))
-        epi = Epilogue(int(rng.integers(4)))
+        epi = EpilogueMode(int(rng.integers(4)))
         ws, we = regions["wgt"]
         aw, ae = regions["act"]
         os_, oe = regions["out"]
@@ -111,26 +112,15 @@ def _random_gemm(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> G
         if _inside(g, cfg, regions):
             return g
     # Fallback that always fits: one dense step, one token, WIDE at the region start.
-    return Gemm(k_steps=1, group_steps=0, tokens=1, epilogue=Epilogue.WIDE,
+    return Gemm(k_steps=1, group_steps=0, tokens=1, epilogue=EpilogueMode.WIDE,
                 wgt_addr=regions["wgt"][0], act_addr=regions["act"][0],
                 out_addr=regions["out"][0], param_addr=regions["param"][0])
 
 
 def _inside(g: Gemm, cfg: AcceleratorConfig, regions) -> bool:
-    from hw.isa import gemm_weight_bytes
-    beat, lanes = cfg.beat_bytes, cfg.lanes
-    pat = cfg.pattern_table[g.pattern]
-    k_dense = -(-g.k_steps // pat.steps_per_block) * pat.block
-    row = {Epilogue.NONE: 0, Epilogue.WIDE: 4 * lanes}.get(g.epilogue, lanes)
-    param = 0 if g.epilogue in (Epilogue.NONE, Epilogue.WIDE) else \
-        2 * lanes + (g.tokens * lanes if g.epilogue == Epilogue.INT8_RESIDUAL else 0)
-    ends = {
-        "wgt": g.wgt_addr * beat + gemm_weight_bytes(g, cfg),
-        "act": (g.act_addr + (g.tokens - 1) * g.act_stride) * beat + k_dense,
-        "out": g.out_addr * beat + g.tokens * row,
-        "param": g.param_addr * beat + param,
-    }
-    return all(ends[s] <= regions[s][1] * beat for s in ends)
+    """Every scratchpad range of ``g`` lies inside its chain's region of that scratchpad."""
+    return all(end <= regions[spad.name.lower()][1] * cfg.beat_bytes
+               for spad, end in gemm_extents(g, cfg).items())
 
 
 def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: int = 2,

@@ -1,6 +1,7 @@
 """What every backend (fast model, RTL, netlist) returns for one program run.
 
-The counter names are part of the contract: the equivalence harness compares them one by one.
+The counter names are part of the hardware contract (:data:`hw.counters.COUNTERS`): the
+equivalence harness compares them one by one.
 """
 
 from __future__ import annotations
@@ -11,22 +12,7 @@ import numpy as np
 
 from hw.isa import ErrorCode
 
-__all__ = ["COUNTERS", "RunResult"]
-
-#: Hardware counters, all reset at start. Engine names: load, compute, store.
-COUNTERS = (
-    "load_exec",        # cycles the LOAD engine spends executing (sum of D)
-    "load_wait",        # cycles it waits on an event whose counter is 0: g - (p + 1)
-    "compute_exec",
-    "compute_wait",
-    "store_exec",
-    "store_wait",
-    "fetch_stall",      # cycles an available instruction waits for queue space: d - a
-    "dram_read_beats",  # beats read from DRAM
-    "dram_write_beats", # beats written to DRAM
-    "mac_cycles",       # cycles row 0 of the array multiplies: sum of k_steps * tokens
-    "instructions",     # instructions dispatched, END included
-)
+__all__ = ["RunResult"]
 
 
 @dataclass
@@ -42,7 +28,7 @@ class RunResult:
     error_pc:
         Index of the offending instruction (for dispatch errors), else 0.
     counters:
-        Values of :data:`COUNTERS`.
+        Values of :data:`hw.counters.COUNTERS`.
     dram:
         Final DRAM image (``uint8``); ``None`` in timing-only runs.
     trace:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import platform
 import sysconfig
 from pathlib import Path
@@ -162,3 +163,16 @@ def fingerprint_mismatches(recorded: dict[str, object], root: str | None = None)
         for k in keys
         if recorded.get(k) != local[k]
     ]
+
+
+def corpus_warnings(checkpoint_dir: str | Path, root: str | None = None) -> list[str]:
+    """Differences between the corpus a checkpoint was trained on and the local one.
+
+    Reads ``training_meta.json`` (written by :mod:`sw.models.train_reference`); returns an
+    empty list when it matches or when the checkpoint has no such file.
+    """
+    meta_file = Path(checkpoint_dir) / "training_meta.json"
+    if not meta_file.is_file():
+        return []
+    recorded = json.loads(meta_file.read_text()).get("corpus", {})
+    return fingerprint_mismatches(recorded, root)

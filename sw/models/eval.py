@@ -29,7 +29,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -100,6 +99,7 @@ def perplexity(
     model: LogitsFn | torch.nn.Module,
     protocol: EvalProtocol = EvalProtocol(),
     root: str | None = None,
+    windows: torch.Tensor | None = None,
 ) -> PerplexityResult:
     """Perplexity of ``model`` under the protocol.
 
@@ -112,12 +112,17 @@ def perplexity(
         Windows to score.
     root : str, optional
         Corpus root (defaults to the running Python's stdlib).
+    windows : torch.Tensor, optional
+        Token windows ``[n, L + 1]`` to score instead of the protocol's (e.g. another
+        tokenizer's, :meth:`sw.models.source.ModelSource.windows`); batched as the protocol
+        says.
 
     Returns
     -------
     PerplexityResult
     """
-    windows = eval_windows(protocol, root)
+    if windows is None:
+        windows = eval_windows(protocol, root)
     total, count = 0.0, 0
     for batch in _batches(windows, protocol.batch_size):
         logits = model(batch[:, :-1]).float()
@@ -230,19 +235,6 @@ def calibration_samples(
     return torch.from_numpy(tokens[idx].astype(np.int64))
 
 
-def corpus_warnings(checkpoint_dir: str | Path, root: str | None = None) -> list[str]:
-    """Differences between the corpus a checkpoint was trained on and the local one.
-
-    Reads ``training_meta.json`` (written by :mod:`sw.models.train_reference`); returns an
-    empty list when it matches or when the checkpoint has no such file.
-    """
-    meta_file = Path(checkpoint_dir) / "training_meta.json"
-    if not meta_file.is_file():
-        return []
-    recorded = json.loads(meta_file.read_text()).get("corpus", {})
-    return corpus.fingerprint_mismatches(recorded, root)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command line: perplexity of a checkpoint, the unigram baseline and, optionally, the
     comparison against a reference checkpoint."""
@@ -262,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     protocol = EvalProtocol(args.split, args.seq_len, args.max_tokens)
-    for warning in corpus_warnings(args.checkpoint):
+    for warning in corpus.corpus_warnings(args.checkpoint):
         print(f"warning: corpus differs from training: {warning}", file=sys.stderr)
     start = time.perf_counter()
     model = load_checkpoint(args.checkpoint)

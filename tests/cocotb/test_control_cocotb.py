@@ -31,10 +31,9 @@ for _p in (ROOT, ROOT / "tests" / "hw"):
 
 from control_testutil import random_dma, random_gemm, random_program, small_config  # noqa: E402
 
+from hw.counters import COUNTERS, CounterLayout  # noqa: E402
 from hw.isa import End, Engine, ErrorCode, Gemm, Load, Store, Sync, encode  # noqa: E402
-from hw.top import CounterLayout  # noqa: E402
 from sim.model import FastModel  # noqa: E402
-from sim.result import COUNTERS  # noqa: E402
 
 CFG = small_config()
 TOP = "sim_top"

@@ -11,7 +11,7 @@ from hw.config import AcceleratorConfig, MemoryModel
 from hw.isa import (
     End,
     Engine,
-    Epilogue,
+    EpilogueMode,
     Gemm,
     Load,
     Spad,
@@ -87,7 +87,7 @@ def random_gemm(rng: random.Random, cfg: AcceleratorConfig, max_k: int = 6, **ev
     k_steps = rng.randint(1, max_k)
     group_steps = rng.choice([0, rng.randint(1, k_steps)])
     asym = group_steps > 0 and rng.random() < 0.3
-    epilogue = rng.choice(list(Epilogue))
+    epilogue = rng.choice(list(EpilogueMode))
     act_w = word_beats(cfg.act_word_bytes, cfg)
     ins = Gemm(wgt_addr=_aligned(rng, cfg, "wgt", cfg.wgt_word_bytes),
                act_addr=_aligned(rng, cfg, "act", cfg.act_word_bytes),

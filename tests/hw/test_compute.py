@@ -8,17 +8,17 @@ must leave exactly the OUT bytes of the functional model, raise ``done`` exactly
 
 import numpy as np
 import pytest
-from amaranth import Elaboratable, Module, unsigned
+from amaranth import Elaboratable, Module, Signal, unsigned
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import connect
 from amaranth.sim import Simulator
 
-from hw.compute import ComputeCore
+from hw.compute import ComputeCore, header_words
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.decoder import SPADS, spad_depth, spad_word_bits
 from hw.format import WeightFormat, pack, random_quantized
 from hw.isa import (
-    Epilogue,
+    EpilogueMode,
     ErrorCode,
     Gemm,
     GemmBody,
@@ -26,6 +26,7 @@ from hw.isa import (
     Spad,
     check,
     dispatch_error,
+    gemm_header_words,
     word_beats,
 )
 from hw.numerics import gemm_acc
@@ -95,7 +96,7 @@ def random_gemm(rng, cfg, *, max_k=24, accumulate=None):
                param_addr=addr("param", cfg.param_word_bytes), k_steps=k, group_steps=gs,
                tokens=int(rng.integers(1, cfg.max_tokens + 1)), pattern=pat, int8=bool(int8),
                asym=bool(asym), accumulate=accumulate,
-               epilogue=Epilogue(int(rng.integers(len(Epilogue)))),
+               epilogue=EpilogueMode(int(rng.integers(len(EpilogueMode)))),
                shift=int(rng.integers(32)))
     assert dispatch_error(ins, cfg) == ErrorCode.NONE, ins
     return ins
@@ -182,7 +183,7 @@ def test_every_mode_is_covered():
                      ("tokens", g.tokens == cfg.max_tokens)}
     for want in [("pattern", m) for m in (1, 2, 4, 8, 16)] + \
             [("int8", True), ("mode", "raw"), ("mode", "sym"), ("mode", "asym"),
-             ("accumulate", True), ("tokens", True)] + [("epilogue", e) for e in Epilogue]:
+             ("accumulate", True), ("tokens", True)] + [("epilogue", e) for e in EpilogueMode]:
         assert want in seen, want
 
 
@@ -235,12 +236,12 @@ def test_packed_weights_in_k_chunks_with_accumulate(cfg):
                        act_stride=stride, k_steps=(g1 - g0) * spg, group_steps=spg, tokens=T,
                        pattern=cfg.pattern_index(fmt.pattern), asym=not fmt.symmetric,
                        accumulate=n > 0, shift=9,
-                       epilogue=Epilogue.INT8 if last else Epilogue.NONE)
+                       epilogue=EpilogueMode.INT8 if last else EpilogueMode.NONE)
             check(ins, cfg)
             program.append((ins, fill))
         # One more K chunk of zero weights (raw, dense) that writes the accumulators as int32.
         zero = Gemm(wgt_addr=(cfg.wgt_spad_bytes - cfg.wgt_word_bytes) // beat, k_steps=1,
-                    tokens=T, accumulate=True, epilogue=Epilogue.WIDE)
+                    tokens=T, accumulate=True, epilogue=EpilogueMode.WIDE)
         check(zero, cfg)
 
         def fill_zero(st, rng, fill=fill, golden=golden, T=T):
@@ -269,20 +270,20 @@ def test_alignment_rules_at_dispatch():
     """GEMM addresses must start on a scratchpad word (the core reads/writes whole words)."""
     cfg = AcceleratorConfig()  # OUT words are 4 beats, PARAM words 8
     assert dispatch_error(Gemm(out_addr=2), cfg) == ErrorCode.BAD_ADDRESS
-    assert dispatch_error(Gemm(out_addr=2, epilogue=Epilogue.NONE), cfg) == ErrorCode.NONE
+    assert dispatch_error(Gemm(out_addr=2, epilogue=EpilogueMode.NONE), cfg) == ErrorCode.NONE
     assert dispatch_error(Gemm(out_addr=4), cfg) == ErrorCode.NONE
-    assert dispatch_error(Gemm(param_addr=4, epilogue=Epilogue.INT8), cfg) == \
+    assert dispatch_error(Gemm(param_addr=4, epilogue=EpilogueMode.INT8), cfg) == \
         ErrorCode.BAD_ADDRESS
-    assert dispatch_error(Gemm(param_addr=4, epilogue=Epilogue.WIDE), cfg) == ErrorCode.NONE
+    assert dispatch_error(Gemm(param_addr=4, epilogue=EpilogueMode.WIDE), cfg) == ErrorCode.NONE
     with pytest.raises(ISAError, match="out_addr=2 must be a multiple of 4 beats"):
         check(Gemm(out_addr=2), cfg)
     # Narrow beats: ACT rows must start on an ACT word too.
     assert dispatch_error(Gemm(act_addr=2), ODD) == ErrorCode.BAD_ADDRESS
-    assert dispatch_error(Gemm(act_stride=6, epilogue=Epilogue.NONE), ODD) == \
+    assert dispatch_error(Gemm(act_stride=6, epilogue=EpilogueMode.NONE), ODD) == \
         ErrorCode.BAD_ADDRESS
     with pytest.raises(ISAError, match="act_stride=6 must be a multiple of 4 beats"):
-        check(Gemm(act_stride=6, epilogue=Epilogue.NONE), ODD)
-    assert dispatch_error(Gemm(act_addr=4, act_stride=8, epilogue=Epilogue.NONE), ODD) == \
+        check(Gemm(act_stride=6, epilogue=EpilogueMode.NONE), ODD)
+    assert dispatch_error(Gemm(act_addr=4, act_stride=8, epilogue=EpilogueMode.NONE), ODD) == \
         ErrorCode.NONE
 
 
@@ -296,3 +297,22 @@ def test_decode_keeps_code_and_zero_bits_only():
     wgt[2 * lanes:2 * lanes + lanes // 2] = 0x99  # values 9 in every lane
     w, _ = decode_gemm_weights(Gemm(k_steps=1, group_steps=1, asym=True), cfg, wgt)
     assert (w == 5 * (9 - 3)).all()
+
+
+def test_header_words_logic_is_the_isa_rule():
+    """The core's per-instruction header-word count is hw.isa.gemm_header_words."""
+    body = Signal(GemmBody)
+    hdr = Signal(2)
+    m = Module()
+    m.d.comb += hdr.eq(header_words(body))
+    cases = [(gs, asym) for gs in (0, 1, 2, 3, (1 << 14) - 1) for asym in (0, 1)]
+    sim = Simulator(m)
+
+    async def tb(ctx):
+        for gs, asym in cases:
+            ctx.set(body.group_steps, gs)
+            ctx.set(body.asym, asym)
+            assert ctx.get(hdr) == gemm_header_words(gs, asym), (gs, asym)
+
+    sim.add_testbench(tb)
+    sim.run()

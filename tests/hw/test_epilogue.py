@@ -13,8 +13,7 @@ from amaranth.sim import Simulator
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.decoder import spad_depth, spad_word_bits
 from hw.epilogue import Epilogue
-from hw.isa import Epilogue as Kind
-from hw.isa import Gemm, GemmBody, Spad, word_beats
+from hw.isa import EpilogueMode, Gemm, GemmBody, Spad, word_beats
 from hw.pe import MULT_BITS, SLICE_BITS
 from hw.timing import epilogue_cycles
 from sim.functional import MachineState, _epilogue
@@ -133,9 +132,9 @@ def run_epilogues(cfg, program, seed):
                          ids=["small", "odd", "wideacc"])
 def test_every_epilogue_matches_functional_model(cfg, seed):
     rng = np.random.default_rng(seed)
-    program = [random_epilogue(cfg, rng, Kind(int(k))) for k in rng.integers(0, 4, size=16)]
+    program = [random_epilogue(cfg, rng, EpilogueMode(int(k))) for k in rng.integers(0, 4, size=16)]
     # Every kind, all tokens, ending at the last OUT/PARAM words (addresses wrap).
-    for kind in Kind:
+    for kind in EpilogueMode:
         ins = random_epilogue(cfg, rng, kind)
         last = cfg.spad_beats("out") - word_beats(cfg.out_word_bytes, cfg)
         lastp = cfg.spad_beats("param") - word_beats(cfg.param_word_bytes, cfg)

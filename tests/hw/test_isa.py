@@ -11,7 +11,7 @@ from hw.isa import (
     NO_EVENT,
     End,
     Engine,
-    Epilogue,
+    EpilogueMode,
     ErrorCode,
     Gemm,
     GemmBody,
@@ -48,7 +48,7 @@ instructions = st.one_of(
               k_steps=st.integers(0, 2**14 - 1), group_steps=st.integers(0, 2**14 - 1),
               tokens=st.integers(1, 32), pattern=st.integers(0, 7), int8=st.booleans(),
               asym=st.booleans(), accumulate=st.booleans(),
-              epilogue=st.sampled_from(list(Epilogue)), shift=st.integers(0, 31)),
+              epilogue=st.sampled_from(list(EpilogueMode)), shift=st.integers(0, 31)),
     st.builds(Sync, wait=events, signal=events, engine=st.sampled_from(list(Engine))),
     st.builds(End, wait=events, signal=events))
 
@@ -72,10 +72,10 @@ def test_fields_come_from_the_amaranth_layouts():
     body = InstrLayout["body"].offset
     for name, f in GemmBody:
         value = (1 << f.width) - 1 if name != "epilogue" else 3
-        base = Gemm(tokens=1, k_steps=0, epilogue=Epilogue.NONE)
+        base = Gemm(tokens=1, k_steps=0, epilogue=EpilogueMode.NONE)
         kw = {"tokens": 32} if name == "tokens_m1" else {name: value}
         if name == "epilogue":
-            kw = {"epilogue": Epilogue.INT8_RESIDUAL}
+            kw = {"epilogue": EpilogueMode.INT8_RESIDUAL}
         if name in ("int8", "asym", "accumulate"):
             kw = {name: True}
         diff = encode(Gemm(**{**base.__dict__, **kw})) ^ encode(base)
@@ -105,7 +105,7 @@ def test_opcode_zero_is_illegal_and_events_default_to_none():
     (Gemm(k_steps=4096, group_steps=0, int8=True), "WGT spad"),
     (Gemm(act_addr=CFG.spad_beats("act") - 1, k_steps=32), "ACT spad"),
     (Gemm(out_addr=CFG.spad_beats("out") - 1, tokens=2), "OUT spad"),
-    (Gemm(epilogue=Epilogue.INT8_RESIDUAL, param_addr=60, tokens=8), "PARAM spad"),
+    (Gemm(epilogue=EpilogueMode.INT8_RESIDUAL, param_addr=60, tokens=8), "PARAM spad"),
     (Sync(wait=16), "wait=16"),
     (End(signal=31), "signal=31"),
 ])
@@ -158,3 +158,35 @@ def test_vectorised_checks_flag_illegal_words():
     bad_sync = encode(Sync(engine=Engine.LOAD)) | (3 << 13)
     f = decode_fields(program_words([0, 6 | (1 << 40), bad_sync, encode(End())]))
     assert list(dispatch_errors(f, CFG)) == [ErrorCode.ILLEGAL_OPCODE.value] * 3 + [0]
+
+
+@given(st.lists(instructions, min_size=1, max_size=20))
+def test_gemm_geometry_scalar_and_vectorised_agree(prog):
+    """One stream geometry: gemm_geometry per instruction equals gemm_geometry_fields."""
+    from hw.isa import decode_fields, gemm_geometry, gemm_geometry_fields, program_words
+
+    geo = gemm_geometry_fields(decode_fields(program_words(prog)), CFG)
+    for i, ins in enumerate(prog):
+        if isinstance(ins, Gemm):
+            one = gemm_geometry(ins, CFG)
+            for name in ("header_words", "groups", "group_len", "record_bytes", "total_bytes"):
+                assert getattr(geo, name)[i] == getattr(one, name), (name, ins)
+
+
+@pytest.mark.parametrize("fmt", ["2:4 sym", "dense asym", "1:4 sym", "dense int8 raw"])
+def test_gemm_geometry_is_the_packed_format(fmt):
+    """A GEMM over one packed tile reads exactly the tile's bytes, group by group."""
+    from hw.format import WeightFormat, stream_layout
+    from hw.isa import gemm_geometry
+
+    pattern, kind = fmt.split(" ", 1)
+    int8, raw = "int8" in kind, "raw" in kind
+    wf = WeightFormat(pattern, 8 if int8 else 4, 0 if raw else 64,
+                      symmetric="asym" not in kind, raw=raw)
+    lay = stream_layout(wf, CFG.lanes, 256, CFG.lanes)
+    steps = wf.steps(lay.k_padded)
+    g = Gemm(k_steps=steps, group_steps=0 if raw else lay.steps_per_group, int8=int8,
+             asym=not wf.symmetric, pattern=CFG.pattern_index(wf.pattern))
+    geo = gemm_geometry(g, CFG)
+    for name in ("total_bytes", "groups", "group_bytes", "header_bytes", "record_bytes"):
+        assert getattr(geo, name) == getattr(lay.geometry, name), name

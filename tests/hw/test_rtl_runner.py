@@ -101,13 +101,17 @@ def test_max_cycle_guard(rtl):
 
 @pytest.mark.rtl
 def test_simulation_speed(rtl):
-    """A long program: the runner reports its speed (cycles per second of the C++ loop)."""
+    """A long program: the runner reports its speed (cycles per second of the C++ loop).
+
+    How fast is a benchmark's question (``python -m bench.rtl``, ``bench.simspeed``); this
+    checks the report is consistent, whatever else the machine is doing."""
     prog = [Load(spad=Spad.WGT, rows=8, row_beats=16, dram_stride=16) for _ in range(120)]
     res = rtl.run(prog + [End()])
     assert res.error == ErrorCode.NONE and res.cycles > 10_000
     stats = rtl.last_stats
     assert stats["simulated_cycles"] == res.cycles + 1   # until busy falls (no error)
-    assert stats["cycles_per_cpu_s"] > 50_000, stats
+    assert stats["cpu_s"] > 0 and stats["wall_s"] > 0, stats
+    assert stats["cycles_per_cpu_s"] == pytest.approx(stats["simulated_cycles"] / stats["cpu_s"])
 
 
 @pytest.mark.rtl

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hw.timing
-from hw.isa import Epilogue, Gemm, decode
+from hw.isa import EpilogueMode, Gemm, decode
 from sim.equivalence import compare_results, minimize, write_reproducer
 from sim.model import FastModel
 from sim.random_programs import EQUIVALENCE_CONFIGS, random_program
@@ -35,7 +35,7 @@ def _epilogue_program(cfg, seed=0):
     rng = np.random.default_rng(seed)
     while True:
         rp = random_program(cfg, rng)
-        if any(isinstance(i, Gemm) and i.epilogue != Epilogue.NONE for i in rp.program):
+        if any(isinstance(i, Gemm) and i.epilogue != EpilogueMode.NONE for i in rp.program):
             return rp
 
 
@@ -55,7 +55,7 @@ def test_off_by_one_is_caught_and_shrunk(setup, tmp_path):
     for i in range(len(small)):
         cand = small[:i] + small[i + 1:]
         assert not cand or mismatch(cand) is None
-    assert any(isinstance(i, Gemm) and i.epilogue != Epilogue.NONE for i in small)
+    assert any(isinstance(i, Gemm) and i.epilogue != EpilogueMode.NONE for i in small)
 
     d = write_reproducer(tmp_path, cfg, small, rp.dram, mismatch(small))
     meta = json.loads((d / "program.json").read_text())

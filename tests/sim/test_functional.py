@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, pack, random_quantized
-from hw.isa import Epilogue, Gemm, Load, Spad, Store
+from hw.isa import EpilogueMode, Gemm, Load, Spad, Store
 from hw.numerics import gemm_acc, requantize_int8
 from sim.functional import MachineState, exec_gemm, exec_load, exec_store
 
@@ -22,7 +22,7 @@ def gemm_cases(draw):
         group = 0
     fmt = WeightFormat(p, bits, group, symmetric=draw(st.booleans()))
     return fmt, draw(st.integers(1, 96)), draw(st.integers(1, CFG.max_tokens)), \
-        draw(st.sampled_from(list(Epilogue))), draw(st.integers(0, 2**32 - 1))
+        draw(st.sampled_from(list(EpilogueMode))), draw(st.integers(0, 2**32 - 1))
 
 
 @given(gemm_cases())
@@ -51,11 +51,11 @@ def test_gemm_matches_golden(case):
     ref = gemm_acc(a, w.int_weight())
     assert np.array_equal(st_.acc[:T], ref)
     out = st_.spads[Spad.OUT]
-    if epi == Epilogue.WIDE:
+    if epi == EpilogueMode.WIDE:
         assert np.array_equal(out[:T * lanes * 4].view("<i4").reshape(T, lanes), ref)
-    elif epi != Epilogue.NONE:
+    elif epi != EpilogueMode.NONE:
         expect = requantize_int8(ref, mult, shift,
-                                 res if epi == Epilogue.INT8_RESIDUAL else None)
+                                 res if epi == EpilogueMode.INT8_RESIDUAL else None)
         assert np.array_equal(out[:T * lanes].view(np.int8).reshape(T, lanes), expect)
     else:
         assert not out.any()
@@ -74,9 +74,9 @@ def test_accumulate_across_k_chunks():
         st_.spads[Spad.ACT][t * 64:(t + 1) * 64] = a[t].view(np.uint8)
     half = stream.size // 2  # two groups of 32 dense positions = two K chunks
     exec_gemm(st_, Gemm(k_steps=16, group_steps=16, tokens=3, act_stride=4, pattern=2,
-                        epilogue=Epilogue.NONE))
+                        epilogue=EpilogueMode.NONE))
     exec_gemm(st_, Gemm(wgt_addr=half // 16, act_addr=2, k_steps=16, group_steps=16, tokens=3,
-                        act_stride=4, pattern=2, accumulate=True, epilogue=Epilogue.WIDE))
+                        act_stride=4, pattern=2, accumulate=True, epilogue=EpilogueMode.WIDE))
     ref = gemm_acc(a, w.int_weight())
     assert np.array_equal(st_.spads[Spad.OUT][:3 * lanes * 4].view("<i4").reshape(3, lanes), ref)
 

@@ -8,7 +8,18 @@ from reference_scheduler import run_reference
 
 from hw import timing
 from hw.config import AcceleratorConfig, MemoryModel
-from hw.isa import End, Engine, Epilogue, ErrorCode, Gemm, Load, Spad, Store, Sync, encode_program
+from hw.isa import (
+    End,
+    Engine,
+    EpilogueMode,
+    ErrorCode,
+    Gemm,
+    Load,
+    Spad,
+    Store,
+    Sync,
+    encode_program,
+)
 from sim.model import FastModel, ProgramError, schedule
 
 CFG = AcceleratorConfig(rows=2, cols=8, queue_depth=2, num_events=8, event_bits=3,
@@ -41,7 +52,7 @@ def programs(draw, end=True):
         else:
             prog.append(Gemm(k_steps=draw(st.integers(1, 6)), group_steps=draw(
                 st.sampled_from([0, 2, 3])), tokens=draw(st.integers(1, 3)),
-                epilogue=draw(st.sampled_from(list(Epilogue))), wait=wait, signal=sig))
+                epilogue=draw(st.sampled_from(list(EpilogueMode))), wait=wait, signal=sig))
     if end:
         prog.append(End())
     return prog

@@ -24,14 +24,6 @@ from sw.compress.calibrate import (
 from sw.compress.prune import check_nm_mask
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def tiny_net(seed: int = 0) -> nn.Sequential:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(6, 10), nn.ReLU(), nn.Linear(10, 3))

@@ -7,41 +7,15 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from compress_testutil import layer, out_err, round_trips
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hw.format import WeightFormat, pack, unpack
+from hw.format import WeightFormat
 from sw.compress.core import PaddingWarning, compress_matrix
 from sw.compress.gptq import HessianError
 from sw.compress.prune import check_nm_mask
 from sw.compress.sparsegpt import sparsegpt_compress, sparsegpt_prune
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def layer(seed: int, n: int = 48, k: int = 128, tokens: int = 384, rank: int = 12):
-    """Correlated calibration inputs (low rank + noise, uneven feature scales) and a weight."""
-    g = np.random.default_rng(seed)
-    x = g.standard_normal((tokens, rank)) @ g.standard_normal((rank, k))
-    x += 0.3 * g.standard_normal((tokens, k))
-    x *= np.exp(0.7 * g.standard_normal(k))[None, :]
-    w = g.standard_normal((n, k)).astype(np.float32)
-    return x, w, 2.0 * x.T @ x / tokens
-
-
-def out_err(x, w, w_hat) -> float:
-    """Layer-wise reconstruction error ||X W^T - X What^T||_F."""
-    return float(np.linalg.norm(x @ (w.astype(np.float64) - w_hat).T))
-
-
-def round_trips(qw, lanes: int = 16) -> bool:
-    return unpack(pack(qw, lanes), qw.fmt, qw.shape, lanes, qw.row_scale).equals(qw)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -7,6 +7,7 @@ import doctest
 import numpy as np
 import pytest
 import torch
+from compress_testutil import layer, out_err
 
 from hw.format import WeightFormat, pack, unpack
 from sw.compress import wanda as wanda_mod
@@ -15,22 +16,8 @@ from sw.compress.prune import check_nm_mask, nm_keep_index
 from sw.compress.wanda import wanda_compress, wanda_mask, wanda_scores
 
 
-def layer(seed: int, n: int = 48, k: int = 128, tokens: int = 384, rank: int = 12):
-    """Correlated calibration inputs (low rank + noise, uneven feature scales) and a weight."""
-    g = np.random.default_rng(seed)
-    x = g.standard_normal((tokens, rank)) @ g.standard_normal((rank, k))
-    x += 0.3 * g.standard_normal((tokens, k))
-    x *= np.exp(0.7 * g.standard_normal(k))[None, :]
-    w = g.standard_normal((n, k)).astype(np.float32)
-    return x, w
-
-
-def out_err(x, w, qw) -> float:
-    return float(np.linalg.norm(x @ (w.astype(np.float64) - qw.dequantize()).T))
-
-
 def test_scores_are_weight_times_feature_norm():
-    x, w = layer(0, k=32)
+    x, w, _ = layer(0, k=32)
     norms = np.linalg.norm(x, axis=0)
     s = wanda_scores(torch.from_numpy(w), torch.from_numpy(norms))
     assert np.allclose(s, np.abs(w) * norms[None, :], rtol=1e-12)
@@ -46,7 +33,7 @@ def test_scores_are_weight_times_feature_norm():
                                  WeightFormat("1:4", 8, 32)],
                          ids=lambda f: f"{f.pattern}-int{f.bits}-g{f.group}")
 def test_wanda_beats_magnitude(fmt, seed):
-    x, w = layer(seed)
+    x, w, _ = layer(seed)
     qw = wanda_compress(w, np.linalg.norm(x, axis=0), fmt)
     check_nm_mask(qw.dequantize() != 0, fmt.pattern)
     assert unpack(pack(qw, 16), fmt, qw.shape, 16, qw.row_scale).equals(qw)
@@ -54,7 +41,7 @@ def test_wanda_beats_magnitude(fmt, seed):
 
 
 def test_scale_of_norms_does_not_matter_and_dense_is_rtn():
-    x, w = layer(3, k=64)
+    x, w, _ = layer(3, k=64)
     norms = np.linalg.norm(x, axis=0)
     fmt = WeightFormat("2:4", 4, 32)
     assert wanda_compress(w, norms, fmt).equals(wanda_compress(w, norms / 7.0, fmt))
@@ -64,7 +51,7 @@ def test_scale_of_norms_does_not_matter_and_dense_is_rtn():
 
 
 def test_bad_norms():
-    _, w = layer(4, k=16)
+    _, w, _ = layer(4, k=16)
     with pytest.raises(ValueError, match=r"x_norms shape \(8,\) does not match .* 16"):
         wanda_scores(w, np.ones(8))
     with pytest.raises(ValueError, match="finite and non-negative"):

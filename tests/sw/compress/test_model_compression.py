@@ -29,13 +29,10 @@ from sw.models.eval import EvalProtocol
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _no_padding_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PaddingWarning)
         yield
-    torch.set_num_threads(previous)
 
 
 def tiny_lm(seed: int = 0, layers: int = 2, tied: bool = False) -> LlamaLM:
@@ -83,7 +80,9 @@ def test_hardware_linear_is_close_to_the_dequantised_float_layer():
     x = torch.from_numpy(rng.standard_normal((50, 128)).astype(np.float32))
     ref = x @ torch.from_numpy(qw.dequantize()).T
     err = (HardwareLinear(qw)(x) - ref).norm() / ref.norm()
-    assert 0 < float(err) < 0.02  # INT8 activations: small but non-zero
+    # INT8 activations: small but non-zero. Measured 6.7e-3; the floor 1e-3 is far above
+    # float32 rounding (~1e-7), so "non-zero" means quantisation error, not rounding noise.
+    assert 1e-3 < float(err) < 0.02
 
 
 # ---------------------------------------------------------------------- compress_llama
@@ -193,9 +192,25 @@ def test_hardware_model_is_close_to_the_float_compressed_model():
     n = sum(isinstance(m, HardwareLinear) for m in hw.modules())
     assert n == len(ws) and not any(isinstance(m, nn.Linear) and m is not hw.lm_head
                                     for m in hw.modules())
-    p, q = torch.softmax(ref, -1), torch.log_softmax(got, -1)
-    kl = float((p * (p.log() - q)).sum(-1).mean())
-    assert 0 < kl < 1e-3
+    # A tiny random model predicts nearly uniform distributions, so the KL between the two
+    # models is ~1e-8: float32 rounding level, its sign set by the BLAS build and thread count
+    # (issue 9). "They differ" is therefore asserted on the logits, never on the sign of KL.
+    diff = float((got - ref).abs().max())
+    # INT8 per-token activations move the logits by up to 7.8e-4 here (measured); float32
+    # rounding of one forward pass moves them by ~1e-7 (logits ~0.5). 1e-5 is ~80x below the
+    # first and ~100x above the second: the hardware numerics are really in use.
+    assert diff > 1e-5
+    # Close: the move stays far below the logits' spread (std ~0.1, max ~0.5); 1e-2 is 13x
+    # the measured move.
+    assert diff < 1e-2
+    lp, lq = torch.log_softmax(ref.double(), -1), torch.log_softmax(got.double(), -1)
+    kl = float((lp.exp() * (lp - lq)).sum(-1).mean())
+    # KL(ref || hw) measured ~1e-8; abs() so that a rounding-level negative value cannot fail
+    # the bound, which is 1e5x the measured value (as in sw.models.eval.compare: in float64).
+    assert abs(kl) < 1e-3
+    # Top-1 agrees at 31 of the 32 positions (measured). The one flip is a near-tie (top-2 gap
+    # 8e-5, below the hardware's move); the next-closest gap is 1.3e-3, four decades above
+    # float rounding, so > 0.95 (at most 1 flip) cannot change with the BLAS or thread count.
     assert float((ref.argmax(-1) == got.argmax(-1)).float().mean()) > 0.95
     # swapping onto a fresh float copy gives the same model (only the linears matter)
     fresh = use_hardware_numerics(copy.deepcopy(tiny_lm()), ws)
