@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(PY) -m sw.demo
+	$(PY) -m sw.deploy --out build/demo
 
 test: setup
 	$(PY) -m pytest -q -n 2

@@ -1,19 +1,21 @@
-"""LLaMA-7B scaling analysis on the fast model (timing-only).
+"""LLaMA-7B scaling analysis on the fast model (timing-only), every program from the compiler.
 
-``python -m bench.scaling`` lowers every linear layer of a LLaMA-7B decoder block (q, k, v, o,
-gate, up, down; 4096 hidden, 11008 MLP), the LM head (last position only, as generation
-needs) and the attention products of every head (Q.K^T and P.V on the array as INT8 x INT8,
-against an INT8 KV cache), runs them on the fast model for several weight formats, memory
-bandwidths and array sizes, and reports per-token latency, tokens/s, the fraction of the
-roofline bound reached and speedups over dense INT4 on the same array. Host-side operations
-(RMSNorm, RoPE, softmax, SwiGLU, residuals, activation quantisation) run on the host, are
-timed apart with numpy and listed separately.
+``python -m bench.scaling`` builds LLaMA-7B (4096 hidden, 11008 MLP, 32 layers and heads,
+vocabulary 32000) on the meta device -- shapes, no weights --, compiles one decode step
+(context 128 and 2048) and one prefill (256 and 2048 tokens) with :func:`sw.compile.compile_model`
+for several weight formats (every linear layer, the LM head included, on the last position
+only as generation needs), memories and arrays, runs the step with the runtime on the fast
+model, and reports per-token latency, tokens/s, the fraction of the roofline bound reached and
+speedups over dense INT4 on the same array. The attention products run on the array as
+INT8 x INT8 against the INT8 KV cache. The host's operations (norms, rotary embedding, softmax,
+SiLU gate, (de)quantisation around every program) are accounted as the runtime accounts them:
+their wall time on this machine and their estimated cycles on an on-chip vector unit
+(:mod:`sw.runtime.costs`), shown apart so the accelerator figures stay comparable.
 
-Every linear layer is one program, and the attention products of all heads of a block are one
-program each; programs run one after the other and their cycles are summed (conservative: no
-overlap between them). The 32 blocks are identical programs (only DRAM addresses differ), so
-each distinct program is simulated once and multiplied -- exactly what simulating every copy
-would give (``python -m bench.simspeed`` simulates every copy to time the simulator itself).
+Programs run one after the other (no overlap between programs). The 32 blocks are one template
+relocated (only DRAM addresses differ), which the timing contract ignores, so each template is
+simulated once (``Runtime(memo_timing=True)``; ``python -m bench.simspeed`` simulates every
+copy to time the simulator itself).
 
 Writes ``bench/results/scaling.json`` (flat records), ``docs/scaling.md`` and plots under
 ``docs/img/``.
@@ -23,24 +25,28 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch import nn
 
 from bench.common import RESULTS, write_json
 from hw.config import AcceleratorConfig, MemoryModel
-from hw.format import WeightFormat, stream_layout
-from sim.model import FastModel
+from hw.format import WeightFormat
+from sim.backends import make_backend
 from sim.roofline import LayerPoint, plot_roofline
-from sw.compile.linear import LayerSpec, build_layers
+from sw.compile import CompileOptions, compile_model
+from sw.compile.compiler import capture_model
+from sw.models import LlamaConfig, LlamaLM
+from sw.runtime import Runtime, StepStats
 
 DOCS = Path(__file__).parents[1] / "docs"
 
 LLAMA7B = dict(hidden=4096, intermediate=11008, layers=32, heads=32, head_dim=128, vocab=32000)
 FORMATS = {"dense-int4": WeightFormat("dense", 4, 128), "2:4-int4": WeightFormat("2:4", 4, 128),
            "1:4-int4": WeightFormat("1:4", 4, 128)}
-KV_FORMAT = WeightFormat("dense", 8, 128, raw=True)  # INT8 KV cache, no scales
 #: Seed paper (arXiv 2512.24713, withdrawn): 2:4 + INT4 vs dense.
 SEED = {"decode_throughput": 1.36, "gemm": 1.71}
 
@@ -75,109 +81,85 @@ SYSTEMS = [
 ]
 
 
-@dataclass
-class Work:
-    """A simulated layer program and its minimal DRAM traffic and useful MACs."""
-
-    cycles: int
-    read_bytes: int
-    write_bytes: int
-    macs: int
-    instructions: int
-
-
-_CACHE: dict = {}
+@cache
+def llama7b() -> LlamaLM:
+    """LLaMA-7B shapes on the meta device (no memory)."""
+    c = LLAMA7B
+    with torch.device("meta"):
+        return LlamaLM(LlamaConfig(
+            vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["intermediate"],
+            num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+            num_key_value_heads=c["heads"], max_position_embeddings=4096))
 
 
-def simulate_program(cfg: AcceleratorConfig, layers: tuple) -> Work:
-    """Lower ``layers`` (``(fmt, n, k, tokens)`` each) into one program and run it timing-only
-    (memoised per distinct program)."""
-    key = (cfg, layers)
-    if key not in _CACHE:
-        lp = build_layers(cfg, [LayerSpec(*ly) for ly in layers])
-        r = FastModel(cfg).run(lp.program, timing_only=True)
-        if not r.ok:
-            raise RuntimeError(f"{layers[0][1:]} failed on the model: {r.error} {r.detail}")
-        read = write = macs = 0
-        for fmt, n, k, tokens in layers:
-            read += stream_layout(fmt, n, k, cfg.lanes).total_bytes + tokens * k
-            write += tokens * n * 4
-            macs += tokens * n * fmt.steps(fmt.padded_k(k))
-        _CACHE[key] = Work(r.cycles, read, write, macs, len(lp.program))
-    return _CACHE[key]
+def step_options(phase: str, tokens: int, context: int) -> CompileOptions:
+    """One step: a prefill of ``tokens``, or a decode token attending to ``context``."""
+    prompt = tokens if phase == "prefill" else context - 1
+    return CompileOptions(prompt_tokens=prompt, max_context=max(context, prompt),
+                          decode_contexts=(context,) if phase == "decode" else (),
+                          phases=(phase,), logits="last")
 
 
-def step_programs(phase: str, tokens: int, context: int, fmt: WeightFormat
-                  ) -> list[tuple[str, tuple, int]]:
-    """(name, layers of one program, copies per step) of one model step, LLaMA-7B shapes.
-
-    Each linear layer is one program; the attention products of all heads of a block are one
-    program each (Q.K^T, then P.V: softmax runs on the host in between).
-    """
-    h, f, L, H, d = (LLAMA7B[x] for x in ("hidden", "intermediate", "layers", "heads",
-                                           "head_dim"))
-    ctx = context if phase == "decode" else tokens
-    per_block = [("q_proj", h, h), ("k_proj", h, h), ("v_proj", h, h), ("o_proj", h, h),
-                 ("gate_proj", f, h), ("up_proj", f, h), ("down_proj", h, f)]
-    out = [(name, ((fmt, n, k, tokens),), L) for name, n, k in per_block]
-    out += [("attn_qk", ((KV_FORMAT, ctx, d, tokens),) * H, L),
-            ("attn_pv", ((KV_FORMAT, d, ctx, tokens),) * H, L)]
-    # Generation needs the logits of the last position only, in prefill as in decode.
-    out += [("lm_head", ((fmt, LLAMA7B["vocab"], h, 1),), 1)]
-    return out
+@cache
+def _captured(phase: str, tokens: int, context: int):
+    return capture_model(llama7b(), step_options(phase, tokens, context))
 
 
-def run_point(cfg: AcceleratorConfig, fmt: WeightFormat, phase: str, tokens: int,
-              context: int) -> tuple[dict, list[LayerPoint]]:
-    cycles = bound = linear = 0.0
-    points = []
-    for name, layers, copies in step_programs(phase, tokens, context, fmt):
-        w = simulate_program(cfg, layers)
-        cycles += copies * w.cycles
-        if not name.startswith("attn"):
-            linear += copies * w.cycles
-        p = LayerPoint(name, w.read_bytes, w.write_bytes, w.macs, w.cycles)
-        bound += copies * p.bound(cfg)
-        points.append(p)
-    seconds = cycles / (cfg.clock_mhz * 1e6)
+def run_step(cfg: AcceleratorConfig, fmt: WeightFormat, phase: str, tokens: int,
+             context: int) -> StepStats:
+    """Compile one LLaMA-7B step in ``fmt`` and run it on the fast model (timing-only)."""
+    lm = llama7b()
+    formats = {n: fmt for n, m in lm.named_modules() if isinstance(m, nn.Linear)}
+    exe = compile_model(lm, cfg, step_options(phase, tokens, context), formats=formats,
+                        captured=_captured(phase, tokens, context))
+    rt = Runtime(exe, make_backend("model-timing", cfg), memo_timing=True)
+    if phase == "decode":
+        rt.seek(context - 1)
+    _, stats = rt.step(torch.zeros((1, tokens), dtype=torch.long))
+    stats.ops = {n.name: n.op for n in exe.graphs[phase].nodes}
+    return stats
+
+
+def _kind(node: str) -> str:
+    """Program or host op of every block under one name (``layers.3.mlp.down_proj`` ->
+    ``mlp.down_proj``)."""
+    parts = node.split(".")
+    return ".".join(parts[2:]) if parts[0] == "layers" else node
+
+
+def summarise(stats: StepStats, cfg: AcceleratorConfig, phase: str, tokens: int) -> dict:
+    """The step's costs as one record."""
+    linear = sum(p.cycles for p in stats.programs if stats.ops[p.node] in ("linear", "linears"))
+    seconds = stats.cycles / (cfg.clock_mhz * 1e6)
     produced = 1 if phase == "decode" else tokens
-    return {"cycles": int(cycles), "linear_cycles": int(linear), "step_ms": seconds * 1e3,
-            "tokens_per_s": produced / seconds, "roofline_fraction": bound / cycles}, points
+    return {"cycles": stats.cycles, "linear_cycles": linear, "step_ms": seconds * 1e3,
+            "tokens_per_s": produced / seconds, "roofline_fraction": stats.roofline_fraction,
+            "programs": len(stats.programs), "host_transitions": stats.transitions,
+            "host_unit_cycles": stats.host_unit_cycles,
+            "step_ms_with_host_unit": (stats.cycles + stats.host_unit_cycles)
+            / (cfg.clock_mhz * 1e3),
+            "host_wall_ms": stats.host_wall_s * 1e3}
 
 
-def host_ops_ms(phase: str, tokens: int, context: int) -> dict[str, float]:
-    """Wall time of the host-side operations of one step (numpy, this machine), all blocks."""
-    rng = np.random.default_rng(0)
-    h, f, H, d, L = (LLAMA7B[x] for x in ("hidden", "intermediate", "heads", "head_dim",
-                                           "layers"))
-    T = tokens
-    ctx = context if phase == "decode" else tokens
-    x = rng.standard_normal((T, h), dtype=np.float32)
-    g = rng.standard_normal((T, f), dtype=np.float32)
-    s = rng.standard_normal((H, T, min(ctx, 4096)), dtype=np.float32)
+def roofline_points(stats: StepStats) -> list[LayerPoint]:
+    """One point per program kind, summed over the blocks."""
+    points: dict[str, LayerPoint] = {}
+    for p in stats.programs:
+        k = _kind(p.node)
+        q = points.setdefault(k, LayerPoint(k, 0, 0, 0, 0))
+        q.read_bytes += p.read_bytes
+        q.write_bytes += p.write_bytes
+        q.macs += p.macs
+        q.cycles += p.cycles
+    return list(points.values())
 
-    def timed(fn, reps=3):
-        best = 1e9
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-        return best * 1e3
 
-    def quant(a):
-        m = np.abs(a).max(axis=1, keepdims=True) / 127
-        return np.rint(a / m).astype(np.int8)
-
-    ops = {
-        "rmsnorm x2": timed(lambda: [x / np.sqrt((x * x).mean(1, keepdims=True) + 1e-6)
-                                     for _ in range(2)]),
-        "rope q,k": timed(lambda: [x * 0.5 + np.roll(x, 64, axis=1) * 0.5 for _ in range(2)]),
-        "softmax": timed(lambda: np.exp(s - s.max(-1, keepdims=True)).sum(-1)),
-        "silu*up": timed(lambda: g / (1 + np.exp(-g)) * g),
-        "residual x2": timed(lambda: [x + x for _ in range(2)]),
-        "quantise acts x4": timed(lambda: [quant(x), quant(x), quant(x), quant(g)]),
-    }
-    return {k: v * L for k, v in ops.items()}
+def host_breakdown(stats: StepStats) -> dict[str, float]:
+    """Host wall milliseconds per op (prologue/epilogue of programs as ``<op>:io``)."""
+    out: dict[str, float] = {}
+    for h in stats.host:
+        out[h.op] = out.get(h.op, 0.0) + h.wall_s * 1e3
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     systems = SYSTEMS
     if args.quick:
         phases, systems = phases[:1] + phases[2:3], SYSTEMS[:1]
-    records, roof_points = [], {}
+    records, roof_points, host = [], {}, {}
     t_start = time.perf_counter()
     head = (f"{'system':<12}{'array':>7}{'GB/s':>7}{'phase':>9}{'tok/ctx':>8}{'format':>12}"
-            f"{'ms/step':>12}{'tok/s':>10}{'roofline':>9}{'vs dense':>9}{'GEMM':>7}")
+            f"{'ms/step':>12}{'tok/s':>10}{'roofline':>9}{'vs dense':>9}{'GEMM':>7}"
+            f"{'+host est':>11}")
     print(head + "\n" + "-" * len(head))
     for label, (rows, cols), beat, mhz in systems:
         cfg = scaled_config(rows, cols, beat, mhz)
@@ -204,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         for phase, tokens, ctx in phases:
             dense = None
             for fname, fmt in FORMATS.items():
-                res, points = run_point(cfg, fmt, phase, tokens, ctx)
+                stats = run_step(cfg, fmt, phase, tokens, ctx)
+                res = summarise(stats, cfg, phase, tokens)
                 dense = dense or res
                 rec = {"system": label, "phase": phase, "format": fname,
                        "bandwidth_gbps": gbps, "array": f"{rows}x{cols}",
@@ -216,14 +200,17 @@ def main(argv: list[str] | None = None) -> int:
                        / res["linear_cycles"]}
                 records.append(rec)
                 if label == "default" and phase == "decode" and ctx == 128:
-                    roof_points[fname] = (cfg, points)
+                    roof_points[fname] = (cfg, roofline_points(stats))
+                if label == "default" and fname == "2:4-int4":
+                    host[f"{phase}-{tokens if phase == 'prefill' else ctx}"] = \
+                        host_breakdown(stats)
                 print(f"{label:<12}{rec['array']:>7}{gbps:>7.1f}{phase:>9}"
                       f"{rec['context'] if phase == 'decode' else tokens:>8}{fname:>12}"
                       f"{res['step_ms']:>12.2f}{res['tokens_per_s']:>10.1f}"
                       f"{res['roofline_fraction']:>9.1%}{rec['speedup_vs_dense_int4']:>8.2f}x"
-                      f"{rec['gemm_speedup_vs_dense_int4']:>6.2f}x",
+                      f"{rec['gemm_speedup_vs_dense_int4']:>6.2f}x"
+                      f"{res['step_ms_with_host_unit']:>11.2f}",
                       flush=True)
-    host = {f"{p}-{t if p == 'prefill' else c}": host_ops_ms(p, t, c) for p, t, c in phases}
     wall = time.perf_counter() - t_start
     write_json(args.out, records)
     write_json(args.out.parent / "scaling_host_ops.json", host)
@@ -267,21 +254,26 @@ def _write_docs(docs: Path, records, host, roof_points, wall, quick) -> None:
     lines = ["# LLaMA-7B scaling analysis (fast model, timing-only)", "",
              "Generated by `python -m bench.scaling`" + (" --quick" if quick else "")
              + f" in {wall:.0f} s; raw records in `bench/results/scaling.json`. "
-             "Each layer program (tiling and events of `sw/compile/linear.py`) runs on the "
-             "fast model; cycles are summed over the step (no overlap between layers). "
+             "Every step is compiled from the model's graph by `sw.compile` (LLaMA-7B shapes "
+             "on the meta device: capture, passes, memory plan, lowering) and run by the "
+             "runtime on the fast model, program after program (no overlap between programs). "
              "Roofline = achieved fraction of max(read bytes / bandwidth, MACs / peak) summed "
-             "over layers. Speedup is over dense INT4 on the same array and memory, for the "
+             "over programs. Speedup is over dense INT4 on the same array and memory, for the "
              "whole step (`vs dense INT4`) and for its linear layers alone (`GEMM`: the "
-             "attention products are INT8 x INT8 against the KV cache, dense in every format).",
+             "attention products are INT8 x INT8 against the KV cache, dense in every format). "
+             "`+ host est.` adds the host's work (norms, rotary embedding, softmax, SiLU gate, "
+             "(de)quantisation around each program) at its estimated cycles on an on-chip "
+             "vector unit; the other columns are the accelerator alone.",
              "", "| system | array | GB/s | phase | tokens / context | format | ms/step | "
-             "tokens/s | roofline | vs dense INT4 | GEMM |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tokens/s | roofline | vs dense INT4 | GEMM | programs | ms/step + host est. |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         lines.append(f"| {r['system']} | {r['array']} | {r['bandwidth_gbps']:.1f} | "
                      f"{r['phase']} | {r['context'] if r['phase'] == 'decode' else r['tokens']}"
                      f" | {r['format']} | {r['step_ms']:.2f} | {r['tokens_per_s']:.1f} | "
                      f"{r['roofline_fraction']:.1%} | {r['speedup_vs_dense_int4']:.2f}x | "
-                     f"{r['gemm_speedup_vs_dense_int4']:.2f}x |")
+                     f"{r['gemm_speedup_vs_dense_int4']:.2f}x | {r['programs']} | "
+                     f"{r['step_ms_with_host_unit']:.2f} |")
     d24 = [r for r in records if r["format"] == "2:4-int4"]
     best_decode = max((r for r in d24 if r["phase"] == "decode"),
                       key=lambda r: r["speedup_vs_dense_int4"])
@@ -346,12 +338,16 @@ def _write_docs(docs: Path, records, host, roof_points, wall, quick) -> None:
               "its roofline fraction falls, while the linear layers keep their ~2x (`GEMM` "
               "column). Packing several heads into one GEMM (block-diagonal weights) would fix "
               "it; the lowering does not do that yet.", "",
-              "## Host-side operations (numpy on this machine, all 32 blocks, ms per step)", "",
-              "| step | " + " | ".join(next(iter(host.values())).keys()) + " | total |",
-              "|---|" + "---|" * (len(next(iter(host.values()))) + 1)]
-    for step, ops in host.items():
-        lines.append(f"| {step} | " + " | ".join(f"{v:.2f}" for v in ops.values())
-                     + f" | {sum(ops.values()):.2f} |")
+              "## Host operations (default system, 2:4 INT4; wall ms per step on this machine)",
+              "", "Measured by the runtime while it ran each step (timing-only, on zeros of the "
+              "right shapes; a repeated op with the same shapes is timed once). `:io` is the "
+              "quantisation of a program's inputs and the dequantisation of its outputs.", ""]
+    ops = sorted({op for d in host.values() for op in d},
+                 key=lambda op: -sum(d.get(op, 0.0) for d in host.values()))
+    lines += ["| step | " + " | ".join(ops) + " | total |", "|---|" + "---|" * (len(ops) + 1)]
+    for step, d in host.items():
+        lines.append(f"| {step} | " + " | ".join(f"{d.get(op, 0.0):.2f}" for op in ops)
+                     + f" | {sum(d.values()):.2f} |")
     lines += ["", "![tokens/s](img/scaling_tokens_per_s.png)", ""]
     lines += [f"![roofline {f}](img/{_roofline_png(f)})" for f in roof_points]
     (docs / "scaling.md").write_text("\n".join(lines) + "\n")

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from torch import nn
 
 from bench.common import RESULTS, median_wall, write_json
 from hw.config import AcceleratorConfig, MemoryModel
@@ -87,18 +88,19 @@ def block_speed(cfg: AcceleratorConfig, tokens: int, repeats: int) -> dict:
 
 
 def llama7b_decode_token(repeats: int) -> dict:
-    """Timing-only simulation of every program of one LLaMA-7B decode token (2:4 INT4)."""
-    from bench.scaling import LLAMA7B, scaled_config, step_programs
+    """Timing-only simulation of every program of one compiled LLaMA-7B decode token (2:4
+    INT4, context 128): all 32 blocks' programs, each simulated (no memo)."""
+    from bench.scaling import FORMATS, LLAMA7B, _captured, llama7b, scaled_config, step_options
+    from sw.compile import compile_model
     cfg = scaled_config(4, 16, 16, 100.0)
-    programs = []
+    lm = llama7b()
     t0 = time.perf_counter()
-    cache = {}
-    for _name, layers, copies in step_programs("decode", 1, 128, FMT):
-        if layers not in cache:  # compile and encode each distinct program once; every copy
-            cache[layers] = program_words(  # is simulated below
-                build_layers(cfg, [LayerSpec(*ly) for ly in layers]).program)
-        programs += [cache[layers]] * copies
+    exe = compile_model(lm, cfg, step_options("decode", 1, 128),
+                        formats={n: FORMATS["2:4-int4"] for n, m in lm.named_modules()
+                                 if isinstance(m, nn.Linear)},
+                        captured=_captured("decode", 1, 128))
     compile_s = time.perf_counter() - t0
+    programs = exe.programs
     model = FastModel(cfg)
 
     def simulate():

@@ -6,7 +6,9 @@ engine fills one half while the array streams the other. Tokens are processed
 ``max_tokens`` at a time. Activations stay resident in the ACT scratchpad when a token tile's
 whole K fits (decode), else they are chunked along K with the weights (prefill).
 
-Events (counting semaphores, one producer and one consumer engine each)::
+Which scratchpad buffers and events a program uses is the planner's choice
+(:class:`sw.compile.plan.SpadPlan`); this module only emits instructions. The events (counting
+semaphores, one producer and one consumer engine each)::
 
     FULL[b]      LOAD -> COMPUTE   chunk b's weights (and activations) have landed
     FREE[b]      COMPUTE -> LOAD   the GEMM reading buffer b is done (non-final K chunk)
@@ -23,6 +25,7 @@ blocks on an engine that waits for a later instruction.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -30,20 +33,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw.config import AcceleratorConfig
-from hw.format import QuantizedWeight, WeightFormat, pack, stream_layout
-from hw.isa import End, Epilogue, Gemm, Instr, Load, Spad, Store
+from hw.format import QuantizedWeight, StreamLayout, WeightFormat, pack, stream_layout
+from hw.isa import End, EpilogueMode, Gemm, Instr, Load, Spad, Store
+from sw.compile.errors import LoweringError
+from sw.compile.plan import SpadPlan, plan_spads
 
 __all__ = ["LoweringError", "DramAllocator", "LinearPlan", "LinearProgram", "LayerSpec",
-           "PlacedLayer", "plan_linear", "lower_linear", "lower_layers", "build_linear",
-           "build_layers", "EVENTS"]
+           "PlacedLayer", "Reloc", "plan_linear", "lower_linear", "lower_layers",
+           "lower_relocatable", "build_linear", "build_layers", "weight_image"]
 
-#: Event ids used by the linear-layer lowering.
-EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
-          "STORED0": 6, "STORED1": 7}
-
-
-class LoweringError(ValueError):
-    """The layer cannot be lowered for this accelerator (the message says why)."""
+#: Which operand a DMA instruction's DRAM address is relative to: (layer, "w" | "x" | "y").
+Reloc = tuple[int, str]
 
 
 def _ceil(a: int, b: int) -> int:
@@ -74,19 +74,41 @@ class DramAllocator:
 
 @dataclass(frozen=True)
 class LinearPlan:
-    """Tiling decisions for one linear layer."""
+    """Tiling decisions for one linear layer; the stream geometry is ``layout``'s (derived
+    sizes are computed once: the lowering reads them for every instruction)."""
 
     tokens: int
-    n: int
-    k_padded: int
-    fmt: WeightFormat
+    layout: StreamLayout
     token_tile: int
-    n_tiles: int
     chunk_sizes: tuple[int, ...]  # quantisation groups per K chunk
     act_row_bytes: int        # ACT/DRAM bytes per token row (K padded to whole beats)
     resident_acts: bool       # whole-K activations stay in ACT for a token tile
-    tile_bytes: int           # weight stream bytes per n tile (beat-aligned in DRAM)
-    group_bytes: int          # weight stream bytes per quantisation group
+    tile_bytes: int           # weight stream bytes per n tile, rounded up to a whole beat
+
+    @property
+    def fmt(self) -> WeightFormat:
+        return self.layout.fmt
+
+    @functools.cached_property
+    def n(self) -> int:
+        return self.layout.n_out
+
+    @functools.cached_property
+    def k_padded(self) -> int:
+        return self.layout.k_padded
+
+    @functools.cached_property
+    def n_tiles(self) -> int:
+        return self.layout.tiles
+
+    @functools.cached_property
+    def group_bytes(self) -> int:
+        return self.layout.group_bytes
+
+    @functools.cached_property
+    def group_k(self) -> int:
+        """Dense K positions per quantisation group."""
+        return self.fmt.group_of(self.k_padded)
 
     @property
     def k_chunks(self) -> int:
@@ -97,11 +119,20 @@ class LinearPlan:
 
     def chunk_start(self, c: int) -> int:
         """First group of K chunk ``c``."""
-        return sum(self.chunk_sizes[:c])
+        return self._chunk_starts[c]
 
-    @property
+    @functools.cached_property
+    def _chunk_starts(self) -> tuple[int, ...]:
+        return tuple(itertools.accumulate(self.chunk_sizes, initial=0))
+
+    @functools.cached_property
     def token_tiles(self) -> int:
         return _ceil(self.tokens, self.token_tile)
+
+    @functools.cached_property
+    def out_row_bytes(self) -> int:
+        """DRAM bytes per token row of the int32 outputs (every tile's lanes)."""
+        return self.n_tiles * self.layout.lanes * 4
 
 
 def plan_linear(cfg: AcceleratorConfig, fmt: WeightFormat, n: int, k: int,
@@ -133,10 +164,9 @@ def plan_linear(cfg: AcceleratorConfig, fmt: WeightFormat, n: int, k: int,
             f"cannot split K into beat-aligned chunks: a group is {lay.group_bytes} bytes "
             f"({group_k} activations), at most {gmax} fit a buffer, and chunk boundaries must "
             f"fall on {beat}-byte beats")
-    return LinearPlan(tokens=tokens, n=n, k_padded=kp, fmt=fmt, token_tile=tt,
-                      n_tiles=lay.tiles, chunk_sizes=sizes, act_row_bytes=row,
-                      resident_acts=resident, tile_bytes=_ceil(lay.tile_bytes, beat) * beat,
-                      group_bytes=lay.group_bytes)
+    return LinearPlan(tokens=tokens, layout=lay, token_tile=tt, chunk_sizes=sizes,
+                      act_row_bytes=row, resident_acts=resident,
+                      tile_bytes=_ceil(lay.tile_bytes, beat) * beat)
 
 
 def _chunk_sizes(groups: int, gmax: int, beat: int, group_bytes: int,
@@ -161,14 +191,21 @@ def _chunk_sizes(groups: int, gmax: int, beat: int, group_bytes: int,
 class PlacedLayer:
     """A planned layer and where its operands live in DRAM (beats).
 
-    ``w_addr``: weight tiles (``plan.tile_bytes`` apart); ``x_addr``: int8 activations
-    ``[tokens, act_row_bytes]``; ``y_addr``: int32 outputs ``[tokens, n_tiles * lanes]``.
+    ``w_addr``: weight tiles, ``w_tile_stride`` bytes apart (default ``plan.tile_bytes``: a
+    region laid out for a longer K, such as the value cache, has wider tiles); ``x_addr``: int8
+    activations ``[tokens, act_row_bytes]``; ``y_addr``: int32 outputs ``[tokens, n_tiles *
+    lanes]``.
     """
 
     plan: LinearPlan
     w_addr: int
     x_addr: int
     y_addr: int
+    w_tile_stride: int | None = None
+
+    @property
+    def tile_stride(self) -> int:
+        return self.plan.tile_bytes if self.w_tile_stride is None else self.w_tile_stride
 
 
 def lower_linear(cfg: AcceleratorConfig, plan: LinearPlan, w_addr: int, x_addr: int,
@@ -177,23 +214,31 @@ def lower_linear(cfg: AcceleratorConfig, plan: LinearPlan, w_addr: int, x_addr: 
     return lower_layers(cfg, [PlacedLayer(plan, w_addr, x_addr, y_addr)])
 
 
-def lower_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer]) -> list[Instr]:
+def lower_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer],
+                 spads: SpadPlan | None = None) -> list[Instr]:
     """One program (without END) for several independent layers run back to back.
 
     The double-buffered pipeline runs on across layer boundaries, so the next layer's first
     weights load while the previous layer computes (e.g. the heads of an attention layer, or
-    q/k/v). Outputs use the WIDE epilogue.
+    q/k/v). Outputs use the WIDE epilogue. ``spads``: the scratchpad buffers and events
+    (default :func:`sw.compile.plan.plan_spads` for these layers).
     """
-    beat, lanes = cfg.beat_bytes, cfg.lanes
-    half_wgt_beats = cfg.spad_beats("wgt") // 2
-    act_beats = cfg.spad_beats("act")
-    out_row_beats = 4 * lanes // beat
-    out_buf_beats = max(ly.plan.token_tile for ly in layers) * out_row_beats
-    if 2 * out_buf_beats > cfg.spad_beats("out"):
-        raise LoweringError(f"OUT spad of {cfg.out_spad_bytes} bytes cannot hold two tiles of "
-                            f"{out_buf_beats // out_row_beats} tokens x {lanes} int32 outputs")
-    E = EVENTS
-    lays = [stream_layout(ly.plan.fmt, ly.plan.n, ly.plan.k_padded, lanes) for ly in layers]
+    return lower_relocatable(cfg, layers, spads)[0]
+
+
+def lower_relocatable(cfg: AcceleratorConfig, layers: list[PlacedLayer],
+                      spads: SpadPlan | None = None
+                      ) -> tuple[list[Instr], list[Reloc | None]]:
+    """:func:`lower_layers` and, per instruction, the operand its DRAM address points into.
+
+    With every layer's addresses 0 the program is a *template*: adding each operand's base
+    to the ``dram_addr`` of the instructions that name it places the same program anywhere
+    (the compiler lowers one decoder block and relocates it for every block).
+    """
+    spads = spads or plan_spads(cfg, max(ly.plan.token_tile for ly in layers))
+    beat = cfg.beat_bytes
+    E = spads.events
+    relocs: list[Reloc | None] = []
 
     # One work item per GEMM: (layer, token tile, n tile, k chunk).
     items = [(L, t, j, c) for L, ly in enumerate(layers) for t in range(ly.plan.token_tiles)
@@ -218,10 +263,13 @@ def lower_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer]) -> list[Inst
         """(ACT spad beat of the chunk's first activation, token row stride in beats)."""
         L, _, _, c = items[i]
         plan = layers[L].plan
-        group_k = plan.fmt.group_of(plan.k_padded)
         if plan.resident_acts:
-            return plan.chunk_start(c) * group_k // beat, plan.act_row_bytes // beat
-        return (i % 2) * (act_beats // 2), plan.chunk_groups(c) * group_k // beat
+            return plan.chunk_start(c) * plan.group_k // beat, plan.act_row_bytes // beat
+        return (i % 2) * spads.act_half_beats, plan.chunk_groups(c) * plan.group_k // beat
+
+    def dma(L: int, operand: str, ins: Instr) -> Instr:
+        relocs.append((L, operand))
+        return ins
 
     def loads(i):
         L, t, j, c = items[i]
@@ -230,7 +278,6 @@ def lower_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer]) -> list[Inst
         t0 = t * plan.token_tile
         tok = min(plan.token_tile, plan.tokens - t0)
         row_beats = plan.act_row_bytes // beat
-        group_k = plan.fmt.group_of(plan.k_padded)
         out = []
         # Buffer b was last read by GEMM i-2. The first load into it waits for that GEMM; a
         # new activation set also waits for GEMM i-1, which may still read the ACT spad. The
@@ -238,51 +285,56 @@ def lower_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer]) -> list[Inst
         buffer_free = done_wait(i - 2)
         if plan.resident_acts:
             if new_set[i]:  # activations for all of K, once GEMM i-1 is done with the spad
-                out.append(Load(spad=Spad.ACT, dram_addr=ly.x_addr + t0 * row_beats,
-                                spad_addr=0, rows=tok, row_beats=row_beats,
-                                dram_stride=row_beats, wait=done_wait(i - 1)))
+                out.append(dma(L, "x", Load(
+                    spad=Spad.ACT, dram_addr=ly.x_addr + t0 * row_beats, spad_addr=0,
+                    rows=tok, row_beats=row_beats, dram_stride=row_beats,
+                    wait=done_wait(i - 1))))
         else:
             start, _ = act_geometry(i)
-            out.append(Load(spad=Spad.ACT, rows=tok, dram_stride=row_beats,
-                            row_beats=plan.chunk_groups(c) * group_k // beat,
-                            dram_addr=ly.x_addr + t0 * row_beats
-                            + plan.chunk_start(c) * group_k // beat, spad_addr=start,
-                            wait=done_wait(i - 1) if new_set[i] else buffer_free))
+            out.append(dma(L, "x", Load(
+                spad=Spad.ACT, rows=tok, dram_stride=row_beats,
+                row_beats=plan.chunk_groups(c) * plan.group_k // beat,
+                dram_addr=ly.x_addr + t0 * row_beats + plan.chunk_start(c) * plan.group_k // beat,
+                spad_addr=start, wait=done_wait(i - 1) if new_set[i] else buffer_free)))
             if not new_set[i]:
                 buffer_free = None
         nbytes = plan.chunk_groups(c) * plan.group_bytes
-        out.append(Load(spad=Spad.WGT, rows=1, row_beats=_ceil(nbytes, beat),
-                        dram_addr=ly.w_addr + (j * plan.tile_bytes
-                                               + plan.chunk_start(c) * plan.group_bytes) // beat,
-                        spad_addr=b * half_wgt_beats, wait=buffer_free, signal=E[f"FULL{b}"]))
+        out.append(dma(L, "w", Load(
+            spad=Spad.WGT, rows=1, row_beats=_ceil(nbytes, beat),
+            dram_addr=ly.w_addr + (j * ly.tile_stride + plan.chunk_start(c) * plan.group_bytes)
+            // beat, spad_addr=b * spads.wgt_half_beats, wait=buffer_free,
+            signal=E[f"FULL{b}"])))
         return out
 
     prog: list[Instr] = loads(0)
     for i, (L, t, j, c) in enumerate(items):
         if i + 1 < len(items):
             prog += loads(i + 1)
-        ly, plan, lay = layers[L], layers[L].plan, lays[L]
-        fmt = plan.fmt
+        ly, plan = layers[L], layers[L].plan
+        fmt, lay = plan.fmt, plan.layout
         b, o = i % 2, out_buf[i]
         t0 = t * plan.token_tile
         tok = min(plan.token_tile, plan.tokens - t0)
         act_addr, stride = act_geometry(i)
         spg = lay.steps_per_group
         prog.append(Gemm(
-            wgt_addr=b * half_wgt_beats, act_addr=act_addr, act_stride=stride,
-            out_addr=o * out_buf_beats, k_steps=plan.chunk_groups(c) * spg,
+            wgt_addr=b * spads.wgt_half_beats, act_addr=act_addr, act_stride=stride,
+            out_addr=o * spads.out_buf_beats, k_steps=plan.chunk_groups(c) * spg,
             group_steps=0 if fmt.raw else spg, tokens=tok,
             pattern=cfg.pattern_index(fmt.pattern), int8=fmt.bits == 8,
             asym=not fmt.symmetric, accumulate=c > 0,
-            epilogue=Epilogue.WIDE if final[i] else Epilogue.NONE,
+            epilogue=EpilogueMode.WIDE if final[i] else EpilogueMode.NONE,
             wait=E[f"FULL{b}"], signal=E[f"OUT_FULL{o}" if final[i] else f"FREE{b}"]))
+        relocs.append(None)
         if final[i]:
-            y_row_beats = plan.n_tiles * out_row_beats
-            prog.append(Store(spad=Spad.OUT, spad_addr=o * out_buf_beats, rows=tok,
-                              row_beats=out_row_beats, dram_stride=y_row_beats,
-                              dram_addr=ly.y_addr + t0 * y_row_beats + j * out_row_beats,
-                              wait=E[f"OUT_FULL{o}"], signal=E[f"STORED{o}"]))
-    return prog
+            y_row_beats = plan.out_row_bytes // beat
+            prog.append(dma(L, "y", Store(
+                spad=Spad.OUT, spad_addr=o * spads.out_buf_beats, rows=tok,
+                row_beats=spads.out_row_beats, dram_stride=y_row_beats,
+                dram_addr=ly.y_addr + t0 * y_row_beats + j * spads.out_row_beats,
+                wait=E[f"OUT_FULL{o}"], signal=E[f"STORED{o}"])))
+    assert len(relocs) == len(prog)
+    return prog, relocs
 
 
 @dataclass
@@ -335,7 +387,7 @@ def build_layers(cfg: AcceleratorConfig, specs: list[LayerSpec]) -> LinearProgra
         placed.append(PlacedLayer(
             plan, alloc.alloc(f"w{L}", plan.n_tiles * plan.tile_bytes),
             alloc.alloc(f"x{L}", sp.tokens * plan.act_row_bytes),
-            alloc.alloc(f"y{L}", sp.tokens * plan.n_tiles * cfg.lanes * 4)))
+            alloc.alloc(f"y{L}", sp.tokens * plan.out_row_bytes)))
     prog = lower_layers(cfg, placed) + [End()]
     if len(prog) > cfg.imem_depth:  # the hardware would stop with PC_OVERFLOW
         raise LoweringError(f"the program needs {len(prog)} instructions and the instruction "
@@ -363,13 +415,20 @@ def _fill(cfg: AcceleratorConfig, dram: np.ndarray, sp: LayerSpec, ly: PlacedLay
     if acts.dtype != np.int8 or acts.shape != (sp.tokens, sp.k):
         raise LoweringError(f"activations must be int8 [{sp.tokens}, {sp.k}], got {acts.dtype} "
                             f"{list(acts.shape)}")
-    stream = pack(sp.weight, cfg.lanes).reshape(plan.n_tiles, -1)
-    for j in range(plan.n_tiles):
-        off = ly.w_addr * beat + j * plan.tile_bytes
-        dram[off:off + stream.shape[1]] = stream[j]
+    image = weight_image(sp.weight, plan)
+    dram[ly.w_addr * beat:ly.w_addr * beat + image.size] = image
     xa = np.zeros((sp.tokens, plan.act_row_bytes), dtype=np.int8)
     xa[:, :sp.k] = acts
     dram[ly.x_addr * beat:ly.x_addr * beat + xa.size] = xa.view(np.uint8).reshape(-1)
+
+
+def weight_image(weight: QuantizedWeight, plan: LinearPlan) -> np.ndarray:
+    """The packed stream of ``weight`` as the program reads it from DRAM: tile ``j`` at byte
+    ``j * plan.tile_bytes`` (tiles start on beats)."""
+    stream = pack(weight, plan.layout.lanes).reshape(plan.n_tiles, -1)
+    out = np.zeros((plan.n_tiles, plan.tile_bytes), dtype=np.uint8)
+    out[:, :stream.shape[1]] = stream
+    return out.reshape(-1)
 
 
 def build_linear(cfg: AcceleratorConfig, fmt: WeightFormat, n: int, k: int, tokens: int,

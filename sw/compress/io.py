@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from hw.config import AcceleratorConfig
 from hw.format import FormatError, QuantizedWeight, WeightFormat, pack, stream_layout, unpack
+from sw.artifact import ArtifactError, read_safetensors
 
 __all__ = ["FORMAT_VERSION", "CompressedModel", "CompressedFileError", "save", "load"]
 
@@ -83,15 +83,10 @@ def load(path: str | Path) -> CompressedModel:
         If the file is missing, truncated, corrupted, of another version, or inconsistent.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CompressedFileError(f"{path}: no such file")
     try:
-        tensors = load_file(str(path))
-        with safe_open(str(path), framework="numpy") as f:
-            header = f.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CompressedFileError(f"{path}: truncated or corrupted safetensors file ({e})") \
-            from None
+        tensors, header = read_safetensors(path)
+    except ArtifactError as e:
+        raise CompressedFileError(str(e)) from None
     if _META_KEY not in header:
         raise CompressedFileError(f"{path}: not a compressed model (no '{_META_KEY}' metadata)")
     try:

@@ -61,7 +61,7 @@ from sw.compress.calibrate import (
 from sw.compress.prune import nm_mask
 from sw.compress.sparsegpt import sparsegpt_prune
 from sw.compress.wanda import wanda_mask
-from sw.models.llama import LlamaLM, causal_mask
+from sw.models.llama import AttentionProducts, LlamaLM
 
 __all__ = ["COMPRESS_METHODS", "PRUNE_METHODS", "BLOCK_GROUPS", "compress_llama", "prune_llama",
            "HardwareLinear", "use_hardware_numerics", "selected_linears"]
@@ -177,9 +177,8 @@ def _layerwise(model: LlamaLM, batches: list[torch.Tensor], selected: dict[str, 
 
             def forward(mod, x, i=i):
                 t = x.shape[1]
-                mask = causal_mask(t, 0, x.dtype, x.device)
-                return mod(x, model.rope_cos[:t].to(x.dtype), model.rope_sin[:t].to(x.dtype),
-                           mask, None, i, 0)
+                cos, sin, mask = model.positions(0, t, 0, x.dtype)
+                return mod(x, cos, sin, mask, None, i, 0)
 
             groups = [[n for n in g if prefix + n in selected] for g in BLOCK_GROUPS]
             groups = [g for g in groups if g]
@@ -447,8 +446,13 @@ class HardwareLinear(nn.Module):
 
 
 def use_hardware_numerics(model: nn.Module, weights: dict[str, QuantizedWeight],
-                          acc_bits: int = 32) -> nn.Module:
-    """Replace the named ``nn.Linear`` layers of ``model`` by :class:`HardwareLinear` (in place).
+                          acc_bits: int = 32, *, attention: bool = False) -> nn.Module:
+    """Replace the named ``nn.Linear`` layers of ``model`` by :class:`HardwareLinear` (in place),
+    and with ``attention`` every attention's products by the INT8 KV-cache numerics of
+    :class:`sw.compress.attention.HardwareAttentionProducts`.
+
+    With ``attention`` the model is the *model-level twin* of a compiled model: it computes
+    exactly what the accelerator and its host compute (:mod:`sw.compile`).
 
     Parameters
     ----------
@@ -459,6 +463,8 @@ def use_hardware_numerics(model: nn.Module, weights: dict[str, QuantizedWeight],
         ``{qualified name: QuantizedWeight}`` as returned by :func:`compress_llama`.
     acc_bits : int
         Accumulator width.
+    attention : bool
+        Also compute the attention products with INT8 keys, values, queries and probabilities.
 
     Returns
     -------
@@ -486,4 +492,12 @@ def use_hardware_numerics(model: nn.Module, weights: dict[str, QuantizedWeight],
         if isinstance(mod, nn.Linear) and mod.bias is not None:
             raise ValueError(f"{name}: layers with a bias are not supported")
         setattr(parent, attr, HardwareLinear(qw, acc_bits))
+    if attention:
+        from sw.compress.attention import HardwareAttentionProducts
+
+        for mod in list(model.modules()):
+            p = getattr(mod, "products", None)
+            if isinstance(p, AttentionProducts) and not isinstance(p, HardwareAttentionProducts):
+                mod.products = HardwareAttentionProducts(p.num_heads, p.num_kv_heads,
+                                                         p.head_dim, acc_bits)
     return model

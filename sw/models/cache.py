@@ -15,7 +15,9 @@ class KVCache(nn.Module):
     each of shape ``[num_layers, batch, num_kv_heads, max_len, head_dim]``. Keys are stored
     after the rotary embedding. Writes are in-place slice assignments, which
     ``torch.export`` records as buffer mutations, so a wrapper module that owns both the
-    model and a cache exports a decode step without hidden Python state.
+    model and a cache exports a decode step without hidden Python state. The model calls the
+    cache (``cache(layer, k, v, start_pos)``, i.e. :meth:`update`) so that an exported graph
+    shows every cache access inside the cache module.
 
     Parameters
     ----------
@@ -89,6 +91,12 @@ class KVCache(nn.Module):
         self.k[layer, :, :, start_pos:end] = k
         self.v[layer, :, :, start_pos:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def forward(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, start_pos: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`update` (the model calls the cache as a module)."""
+        return self.update(layer, k, v, start_pos)
 
     def reset(self) -> None:
         """Zero the cache (not needed for correctness; positions beyond ``start_pos`` are

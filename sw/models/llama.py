@@ -3,6 +3,15 @@
 Module and parameter names mirror Hugging Face ``LlamaForCausalLM`` so a ``state_dict``
 maps one to one onto a ``model.safetensors`` file, and every projection is a plain
 ``nn.Linear`` (weight ``[out, in]``, no bias) that a compressor can swap or rewrite.
+
+Every operation the accelerator or its host knows is a *leaf module*: ``nn.Embedding``,
+:class:`RMSNorm`, ``nn.Linear``, :class:`StepPositions` (rotary tables and causal mask of a
+step), :class:`Rotary`, :class:`~sw.models.cache.KVCache` (called to write and read the
+cache), :class:`AttentionProducts` (scores, softmax, values) and :class:`SiLUGate`. Only
+layout operations (view, transpose, reshape) and the residual additions run outside them, so
+the graph compiler (:mod:`sw.compile.capture`) maps a ``torch.export`` graph onto its IR by
+module, and a model-level twin swaps a leaf for one computing with the hardware's numerics
+(:func:`sw.compress.model.use_hardware_numerics`).
 """
 
 from __future__ import annotations
@@ -17,10 +26,17 @@ from sw.models.cache import KVCache
 from sw.models.config import LlamaConfig
 
 __all__ = [
+    "AttentionProducts",
     "LlamaConfig",
     "LlamaLM",
     "RMSNorm",
+    "Rotary",
+    "SiLUGate",
+    "StepPositions",
     "apply_rotary",
+    "attention_probs",
+    "causal_mask",
+    "rms_norm",
     "rotary_tables",
     "rotate_half",
 ]
@@ -36,10 +52,15 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise the last dimension of ``x`` and scale it."""
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of the last dimension of ``x`` (fp32 statistics, as in HF), scaled by ``weight``."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
 
 
 def rotary_tables(
@@ -80,6 +101,90 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotate_half(x) * sin
 
 
+class Rotary(nn.Module):
+    """Rotary position embedding of queries or keys (no parameters)."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x`` is ``[batch, heads, T, head_dim]``; ``cos``/``sin`` ``[T, head_dim]``."""
+        return apply_rotary(x, cos, sin)
+
+
+def attention_probs(scores: torch.Tensor, scale: float, mask: torch.Tensor) -> torch.Tensor:
+    """Softmax of ``scores * scale + mask`` over the key positions, in fp32."""
+    return F.softmax(scores * scale + mask, dim=-1, dtype=torch.float32)
+
+
+class AttentionProducts(nn.Module):
+    """The two attention products and the softmax between them (no parameters).
+
+    ``forward(q, k, v, mask)``: queries ``[batch, heads, T, head_dim]`` against keys and
+    values ``[batch, kv_heads, S, head_dim]`` (grouped-query: query head ``h`` reads kv head
+    ``h // (heads // kv_heads)``, HF ``repeat_kv`` order), additive ``mask [T, S]``; returns
+    ``[batch, heads, T, head_dim]``.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = 1.0 / math.sqrt(head_dim)
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head."""
+        return self.num_heads // self.num_kv_heads
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """Scaled dot-product attention of ``q`` over ``k``/``v`` (see the class docstring)."""
+        if self.groups > 1:
+            k = k.repeat_interleave(self.groups, dim=1)
+            v = v.repeat_interleave(self.groups, dim=1)
+        probs = attention_probs(torch.matmul(q, k.transpose(-2, -1)), self.scale, mask)
+        return torch.matmul(probs.to(q.dtype), v)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
+
+
+class SiLUGate(nn.Module):
+    """SwiGLU's gate: ``silu(gate) * up`` (no parameters)."""
+
+    def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """Elementwise ``silu(gate) * up``."""
+        return F.silu(gate) * up
+
+
+class StepPositions(nn.Module):
+    """Rotary tables and causal mask of one forward step (no parameters).
+
+    Holds the cosine and sine tables (derived from the config, not saved in checkpoints) and
+    returns, for the ``t`` positions ``start_pos .. start_pos + t - 1``, their table rows and
+    the additive causal mask ``[t, past + t]`` over ``past`` cached positions.
+    """
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+
+    def init_tables(self, device: torch.device | str | None = None) -> None:
+        """(Re)compute the tables, e.g. after ``to_empty`` from the meta device."""
+        cfg = self.config
+        cos, sin = rotary_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.cos = cos.to(device)
+        self.sin = sin.to(device)
+
+    def forward(self, start_pos: int, t: int, past: int, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(cos, sin, mask)`` of the step in ``dtype``."""
+        end = start_pos + t
+        return (self.cos[start_pos:end].to(dtype), self.sin[start_pos:end].to(dtype),
+                causal_mask(t, past, dtype, self.cos.device))
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention with rotary embeddings and an optional KV cache."""
 
@@ -88,12 +193,13 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.scale = 1.0 / math.sqrt(self.head_dim)
         hidden, kv_width = config.hidden_size, self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_width, bias=False)
         self.v_proj = nn.Linear(hidden, kv_width, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.rotary = Rotary()
+        self.products = AttentionProducts(self.num_heads, self.num_kv_heads, self.head_dim)
 
     def forward(
         self,
@@ -110,19 +216,12 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+        q = self.rotary(q, cos, sin)
+        k = self.rotary(k, cos, sin)
         if cache is not None:
-            k, v = cache.update(layer_idx, k, v, start_pos)
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            # Query head h reads kv head h // groups (HF repeat_kv order).
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale + mask
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, -1)
-        return self.o_proj(out)
+            k, v = cache(layer_idx, k, v, start_pos)
+        out = self.products(q, k, v, mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):
@@ -133,10 +232,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act = SiLUGate()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the gated MLP."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -197,19 +297,13 @@ class LlamaLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # Derived from the config, so not saved in checkpoints.
-        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.positions = StepPositions(config)
         self.init_buffers()
         self.reset_parameters()
 
     def init_buffers(self) -> None:
         """(Re)compute the rotary tables, e.g. after ``to_empty`` from the meta device."""
-        cfg = self.config
-        device = self.model.embed_tokens.weight.device
-        cos, sin = rotary_tables(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-        self.rope_cos = cos.to(device)
-        self.rope_sin = sin.to(device)
+        self.positions.init_tables(self.model.embed_tokens.weight.device)
 
     def reset_parameters(self, std: float = 0.02) -> None:
         """Initialise linear and embedding weights from N(0, std) and norms to one.
@@ -262,10 +356,8 @@ class LlamaLM(nn.Module):
         if cache is not None and end > cache.max_len:
             raise ValueError(f"positions up to {end} exceed the cache capacity {cache.max_len}")
         x = self.model.embed_tokens(input_ids)
-        cos = self.rope_cos[start_pos:end].to(x.dtype)
-        sin = self.rope_sin[start_pos:end].to(x.dtype)
         past = start_pos if cache is not None else 0
-        mask = causal_mask(t, past, x.dtype, x.device)
+        cos, sin, mask = self.positions(start_pos, t, past, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, cache, i, start_pos)
         return self.lm_head(self.model.norm(x)).float()

@@ -1,0 +1,78 @@
+"""One interface to every backend: ``make_backend(name, cfg).run(program, dram)``.
+
+=================  =============================================================
+name               backend
+=================  =============================================================
+``model``          the fast model (:mod:`sim.model`), values and timing
+``model-timing``   the fast model, timing only (no DRAM image, no values)
+``rtl``            the Verilator build of the Amaranth RTL (:mod:`sim.rtl`)
+``netlist``        the Verilator build of the Yosys netlist (:mod:`sim.netlist`)
+=================  =============================================================
+
+Each returns a :class:`sim.result.RunResult` for a program (instruction words, objects or
+bytes) and a DRAM image; ``values`` says whether the result carries the final DRAM.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from hw.config import AcceleratorConfig
+from sim.model import FastModel
+from sim.result import RunResult
+
+__all__ = ["BACKENDS", "Backend", "make_backend"]
+
+BACKENDS = ("model", "model-timing", "rtl", "netlist")
+
+
+class Backend(Protocol):
+    """What the runtime needs of a backend."""
+
+    name: str
+    cfg: AcceleratorConfig
+    values: bool
+    traces: bool
+
+    def run(self, program, dram: np.ndarray | None, *, trace: bool = False) -> RunResult:
+        """Run ``program`` on ``dram`` (ignored when ``values`` is false)."""
+
+
+class _Model:
+    traces = True
+
+    def __init__(self, cfg: AcceleratorConfig, values: bool):
+        self.cfg, self.values = cfg, values
+        self.name = "model" if values else "model-timing"
+        self._model = FastModel(cfg)
+
+    def run(self, program, dram, *, trace=False) -> RunResult:
+        if self.values:
+            return self._model.run(program, dram, trace=trace)
+        return self._model.run(program, timing_only=True, trace=trace)
+
+
+class _Verilated:
+    values = True
+    traces = False
+
+    def __init__(self, name: str, impl):
+        self.name, self._impl, self.cfg = name, impl, impl.cfg
+
+    def run(self, program, dram, *, trace=False) -> RunResult:
+        return self._impl.run(program, dram)
+
+
+def make_backend(name: str, cfg: AcceleratorConfig) -> Backend:
+    """The backend called ``name`` (one of :data:`BACKENDS`) for ``cfg``."""
+    if name in ("model", "model-timing"):
+        return _Model(cfg, name == "model")
+    if name == "rtl":
+        from sim.rtl import RTLBackend
+        return _Verilated(name, RTLBackend(cfg))
+    if name == "netlist":
+        from sim.netlist import NetlistBackend
+        return _Verilated(name, NetlistBackend(cfg))
+    raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")

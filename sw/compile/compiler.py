@@ -1,0 +1,346 @@
+"""``compile_model``: a LLaMA-style model to one :class:`~sw.compile.executable.Executable`.
+
+The pipeline, each stage a small pure function::
+
+    capture (torch.export -> IR)      sw/compile/capture.py    prefill of T tokens, decode
+    passes  (DCE, GQA, grouping,      sw/compile/passes.py     to a fixpoint, reported
+             epilogue fusion)
+    partition                          here                     each node: accelerator or host
+    plan    (DRAM: weights, KV cache,  sw/compile/plan.py       arena by liveness vs. its
+             activation arena)                                   lower bound
+    lower   (programs, relocated)      sw/compile/lower.py      one per accelerator node
+                                                                 (and context bucket)
+
+A node runs on the accelerator when the hardware can compute it: a linear whose layer has a
+format (compressed weights, or a format for timing-only compilation), and the attention
+products (INT8 KV cache). Everything else runs on the host; each accelerator node is one
+program, i.e. one host -> accelerator -> host round trip (two *transitions*).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw.config import AcceleratorConfig
+from hw.format import QuantizedWeight, WeightFormat
+from sw.compile.capture import CaptureResult, capture
+from sw.compile.errors import CompileError
+from sw.compile.executable import Executable, ProgramInfo
+from sw.compile.interpret import layer_of
+from sw.compile.ir import ACCELERATOR_OPS, Graph, Node
+from sw.compile.linear import plan_linear, weight_image
+from sw.compile.lower import (
+    KVLayout,
+    Member,
+    Template,
+    context_bucket,
+    lower_template,
+    node_members,
+    relocate,
+)
+from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
+from sw.compile.plan import ArenaPlan, Buffer, DramLayout, Region, layout_dram, plan_arena
+from sw.models.llama import LlamaLM
+
+__all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes",
+           "HOST_PARAM_OPS"]
+
+#: Host ops that read a parameter (``attrs["weight"]``).
+HOST_PARAM_OPS = frozenset({"embed", "rmsnorm", "linear"})
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """What to compile.
+
+    Parameters
+    ----------
+    prompt_tokens : int
+        Tokens of the prefill step.
+    max_context : int
+        KV-cache capacity: the longest context a decode step attends to.
+    decode_contexts : iterable of int, optional
+        Contexts (key positions, the new token included) to build decode attention programs
+        for; default every one from ``prompt_tokens + 1`` to ``max_context``.
+    fuse : bool
+        Run the GQA, grouping and epilogue-fusion passes (off: the unfused baseline).
+    attention : bool
+        Attention products on the accelerator (INT8 KV cache); off: on the host in float.
+    phases : tuple of str
+        Which steps to compile.
+    logits : str
+        ``"all"``: the logits of every position of a step (what the model returns);
+        ``"last"``: only the last position's, all that generation needs (the LM head then
+        runs on one row in prefill too).
+    """
+
+    prompt_tokens: int
+    max_context: int
+    decode_contexts: tuple[int, ...] | None = None
+    fuse: bool = True
+    attention: bool = True
+    phases: tuple[str, ...] = ("prefill", "decode")
+    logits: str = "all"
+
+
+def accelerator_nodes(g: Graph, accelerated: Iterable[str], attention: bool = True
+                      ) -> list[Node]:
+    """The nodes of ``g`` that run on the accelerator, in order (the partition)."""
+    acc = set(accelerated)
+    out = []
+    for n in g.nodes:
+        if n.op not in ACCELERATOR_OPS:
+            continue
+        if n.op == "linear" and layer_of(n) not in acc:
+            continue
+        if n.op == "linears" and not all(w.removesuffix(".weight") in acc
+                                         for w in n.attrs["weights"]):
+            raise CompileError(f"node {n.name!r} groups layers that do not all run on the "
+                               "accelerator")
+        if n.op in ("attn_scores", "attn_values") and not attention:
+            continue
+        out.append(n)
+    return out
+
+
+def _linear_layers(model: LlamaLM) -> list[str]:
+    from torch import nn
+    return [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+def capture_model(model: LlamaLM, options: CompileOptions) -> dict[str, CaptureResult]:
+    """The captured graph of every phase of ``options`` (reusable across compilations)."""
+    return {phase: capture(model, phase, options.prompt_tokens) for phase in options.phases}
+
+
+def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOptions, *,
+                  weights: Mapping[str, QuantizedWeight] | None = None,
+                  formats: Mapping[str, WeightFormat] | None = None,
+                  captured: Mapping[str, CaptureResult] | None = None) -> Executable:
+    """Compile ``model`` for ``cfg``.
+
+    Parameters
+    ----------
+    model : LlamaLM
+        The model (on the ``meta`` device for timing-only compilation of large shapes).
+    cfg : AcceleratorConfig
+        The accelerator.
+    options : CompileOptions
+        Prompt length, context, passes.
+    weights : mapping, optional
+        Compressed layers (module name -> QuantizedWeight): they run on the accelerator and
+        their packed streams form the DRAM image.
+    formats : mapping, optional
+        Instead of ``weights``: the format of each accelerated layer, for a timing-only
+        executable (no DRAM image, no values).
+    captured : mapping, optional
+        :func:`capture_model` of the same model and options, to skip the capture.
+
+    Raises
+    ------
+    CompileError
+        Unsupported ops (:class:`~sw.compile.capture.CaptureError`), layers that do not fit
+        (:class:`~sw.compile.errors.LoweringError`), a model larger than the DRAM
+        (:class:`~sw.compile.errors.PlanError`), bad options.
+    """
+    fmt_map = _formats(model, cfg, options, weights, formats)
+    captured = captured or capture_model(model, options)
+    graphs, report, passes_s = _optimise(captured, fmt_map, options)
+    t0 = time.perf_counter()
+    work, buffers, kv = _partition(model, cfg, graphs, fmt_map, options, report)
+    symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options)
+    programs, infos, templates = _lower(cfg, work, symbols)
+    compile_s = passes_s + time.perf_counter() - t0
+    for phase, arena in arenas.items():
+        report["phases"][phase].update(arena_bytes=arena.size,
+                                       arena_lower_bound_bytes=arena.lower_bound)
+    image = {}
+    if weights is not None:
+        for layer, qw in weights.items():
+            image[f"w:{layer}"] = weight_image(qw, plan_linear(cfg, qw.fmt, qw.n_out, qw.k, 1))
+    host, host_shapes = _host_tensors(model, graphs, fmt_map, weights)
+    mcfg = model.config
+    report.update({
+        "capture_s": sum(captured[p].seconds for p in options.phases),
+        "compile_s": compile_s, "programs": len(programs),
+        "templates": templates, "instructions": int(sum(i.instructions for i in infos)),
+        "dram": {"weights": layout.weight_bytes, "kv_cache": layout.kv_bytes,
+                 "arena": layout.arena_bytes, "total": layout.total_bytes,
+                 "size": cfg.memory.size_bytes},
+        "arena_bytes": layout.arena_bytes,
+        "arena_lower_bound_bytes": max(a.lower_bound for a in arenas.values()),
+        "fuse": options.fuse, "accelerated_layers": len(fmt_map)})
+    return Executable(
+        cfg=cfg, model=mcfg.to_dict(), graphs=graphs, programs=programs, infos=infos,
+        symbols=symbols, image=image, host=host, host_shapes=host_shapes,
+        kv={"head_dim": kv.head_dim, "max_context": kv.max_context, "lanes": kv.lanes,
+            "beat": kv.beat, "layers": mcfg.num_hidden_layers,
+            "kv_heads": mcfg.num_key_value_heads, "on_accelerator": options.attention},
+        io={"prompt_tokens": options.prompt_tokens, "max_context": options.max_context,
+            "vocab_size": mcfg.vocab_size, "decode_contexts": list(_decode_contexts(options))},
+        report=report)
+
+
+def _formats(model: LlamaLM, cfg: AcceleratorConfig, opts: CompileOptions, weights, formats
+             ) -> dict[str, WeightFormat]:
+    """Check the options; the format of every accelerated layer."""
+    if (weights is None) == (formats is None):
+        raise CompileError("give either compressed weights or formats (timing-only)")
+    mcfg = model.config
+    if opts.logits not in ("all", "last"):
+        raise CompileError(f"logits must be 'all' or 'last', got {opts.logits!r}")
+    if not 1 <= opts.prompt_tokens <= opts.max_context <= mcfg.max_position_embeddings:
+        raise CompileError(f"need 1 <= prompt_tokens ({opts.prompt_tokens}) <= max_context "
+                           f"({opts.max_context}) <= the model's max_position_embeddings "
+                           f"({mcfg.max_position_embeddings})")
+    fmt_map = {k: w.fmt for k, w in weights.items()} if weights is not None else dict(formats)
+    unknown = sorted(set(fmt_map) - set(_linear_layers(model)))
+    if unknown:
+        raise CompileError(f"formats given for layers the model does not have: {unknown[:5]}")
+    for layer, fmt in fmt_map.items():
+        try:
+            fmt.check_supported(cfg)
+        except ValueError as e:
+            raise CompileError(f"layer {layer}: {e}") from None
+    return fmt_map
+
+
+def _optimise(captured: Mapping[str, CaptureResult], fmt_map, opts: CompileOptions
+              ) -> tuple[dict[str, Graph], dict, float]:
+    """The passes on every phase's graph: the graphs, the report they start, their seconds."""
+    graphs, report, seconds = {}, {"phases": {}}, 0.0
+    for phase in opts.phases:
+        cap = captured[phase]
+        t0 = time.perf_counter()
+        passes = default_passes(fmt_map, fuse=opts.fuse)
+        if opts.logits == "last":
+            passes.append(("last_token_logits", last_token_logits))
+        g, reports = run_passes(cap.graph, passes)
+        seconds += time.perf_counter() - t0
+        graphs[phase] = g
+        report["phases"][phase] = {
+            "capture_s": cap.seconds, "export_s": cap.export_s, "aten_nodes": cap.aten_nodes,
+            "nodes_captured": len(cap.graph.nodes), "nodes": len(g.nodes),
+            "passes": _summarise(reports)}
+    return graphs, report, seconds
+
+
+def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Graph], fmt_map,
+               opts: CompileOptions, report: dict):
+    """The accelerator's nodes and their members, per phase and context bucket, and every
+    activation buffer with its lifetime (host stage before a program to the one after)."""
+    kv = KVLayout(model.config.head_dim, context_bucket(opts.max_context), cfg.lanes,
+                  cfg.beat_bytes)
+    contexts = _decode_contexts(opts)
+    work: list[tuple[str, Node, int | None, list[Member]]] = []
+    buffers: dict[str, list[Buffer]] = {}
+    for phase, g in graphs.items():
+        acc = accelerator_nodes(g, fmt_map, opts.attention)
+        buckets = ([context_bucket(opts.prompt_tokens)] if phase == "prefill"
+                   else sorted({context_bucket(s) for s in contexts}))
+        live: dict[str, Buffer] = {}
+        for p, node in enumerate(acc):
+            attn = node.op in ("attn_scores", "attn_values")
+            for bucket in (buckets if attn else [None]):
+                members = node_members(node, g, cfg, fmt_map.get, bucket, kv)
+                work.append((phase, node, bucket, members))
+                for m in members:  # the largest bucket sizes the buffers
+                    for sym, size, t in ((m.x, m.x_bytes, 2 * p), (m.y, m.y_bytes, 2 * p + 1)):
+                        old = live.get(sym)
+                        live[sym] = Buffer(sym, max(size, old.size if old else 0), t, t + 1)
+        buffers[phase] = list(live.values())
+        report["phases"][phase].update({
+            "accelerator_nodes": len(acc), "programs_per_step": len(acc),
+            "host_transitions_per_step": 2 * len(acc)})
+    return work, buffers, kv
+
+
+def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str, list[Buffer]],
+           kv: KVLayout, opts: CompileOptions
+           ) -> tuple[dict[str, Region], DramLayout, dict[str, ArenaPlan]]:
+    """DRAM regions of the weights, the KV cache and every buffer (arena per phase)."""
+    mcfg = model.config
+    weights = [(f"w:{layer}", _stream_bytes(fmt_map[layer], model, layer, cfg))
+               for layer in _linear_layers(model) if layer in fmt_map]
+    kv_regions = []
+    if opts.attention:
+        for L in range(mcfg.num_hidden_layers):
+            for h in range(mcfg.num_key_value_heads):
+                kv_regions += [(f"k:{L}:{h}", kv.key_bytes), (f"v:{L}:{h}", kv.value_bytes)]
+    arenas = {phase: plan_arena(bufs, cfg.beat_bytes) for phase, bufs in buffers.items()}
+    layout = layout_dram(cfg, weights, kv_regions, list(arenas.values()))
+    symbols = dict(layout.regions)
+    base = symbols["arena"].addr
+    for phase, bufs in buffers.items():
+        for b in bufs:
+            symbols[b.name] = Region(base + arenas[phase].offsets[b.name], b.size, "arena")
+    return symbols, layout, arenas
+
+
+def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region]):
+    """One program per (node, bucket): each distinct one lowered once, relocated."""
+    templates: dict[tuple, tuple[int, Template]] = {}
+    programs, infos = [], []
+    addr = {k: r.addr for k, r in symbols.items()}
+    for phase, node, bucket, members in work:
+        key = tuple(m.signature for m in members)
+        if key not in templates:
+            templates[key] = (len(templates), lower_template(cfg, members))
+        index, t = templates[key]
+        programs.append(relocate(t, addr, members, cfg.beat_bytes))
+        infos.append(ProgramInfo(phase, node.name, bucket, t.instructions,
+                                 [_member_info(m) for m in members], index))
+    return programs, infos, len(templates)
+
+
+def _decode_contexts(opts: CompileOptions) -> tuple[int, ...]:
+    if opts.decode_contexts is None:
+        return tuple(range(opts.prompt_tokens + 1, opts.max_context + 1))
+    bad = [s for s in opts.decode_contexts if not 1 <= s <= opts.max_context]
+    if bad:
+        raise CompileError(f"decode contexts {bad} outside [1, max_context={opts.max_context}]")
+    return tuple(sorted(set(opts.decode_contexts)))
+
+
+def _stream_bytes(fmt: WeightFormat, model: LlamaLM, layer: str, cfg: AcceleratorConfig) -> int:
+    """DRAM bytes of a layer's packed stream, tiles on beats (:func:`linear.weight_image`)."""
+    w = model.get_parameter(f"{layer}.weight")
+    plan = plan_linear(cfg, fmt, int(w.shape[0]), int(w.shape[1]), 1)
+    return plan.n_tiles * plan.tile_bytes
+
+
+def _member_info(m: Member) -> dict:
+    p = m.plan
+    return {"w": m.w, "x": m.x, "y": m.y, "tokens": p.tokens, "n": p.n, "k": p.k_padded,
+            "act_row_bytes": p.act_row_bytes, "out_row_bytes": p.out_row_bytes,
+            "stream_bytes": p.n_tiles * p.layout.tile_bytes,
+            "macs": p.tokens * p.n * p.fmt.steps(p.k_padded)}
+
+
+def _host_tensors(model: LlamaLM, graphs: Mapping[str, Graph], fmt_map, weights
+                  ) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
+    """Parameters the host nodes read, and the row scales of compressed layers."""
+    names = set()
+    for g in graphs.values():
+        for n in g.nodes:
+            if n.op in HOST_PARAM_OPS and layer_of(n) not in fmt_map:
+                names.add(n.attrs["weight"])
+    shapes = {n: list(model.get_parameter(n).shape) for n in sorted(names)}
+    meta = model.lm_head.weight.device.type == "meta"
+    host = {} if meta else {
+        n: model.get_parameter(n).detach().to("cpu").float().numpy().copy() for n in shapes}
+    if weights is not None:
+        for layer, qw in weights.items():
+            host[f"row_scale:{layer}"] = qw.row_scale.astype(np.float32)
+            shapes[f"row_scale:{layer}"] = [qw.n_out]
+    return host, shapes
+
+
+def _summarise(reports: list[PassReport]) -> list[dict]:
+    """Every application of every pass, with its round (the last round matches nothing)."""
+    per_round = len({r.name for r in reports})
+    return [{"round": i // per_round + 1, **r.to_dict()} for i, r in enumerate(reports)]

@@ -1,0 +1,243 @@
+"""Lowering: the accelerator nodes of a step become programs (:mod:`sw.compile.linear`).
+
+Every accelerator node is one program of one or more *members*, each a GEMM layer
+``y[T, N] = x[T, K] @ W[N, K]^T`` over a weight stream in DRAM:
+
+=================  ================================================================
+node               members
+=================  ================================================================
+``linear``         its layer (packed weights), input rows = tokens
+``linears``        each layer, one shared input buffer
+``attn_scores``    per kv head: W = that head's key cache ``[S, head_dim]`` (raw INT8),
+                   rows = its query heads x tokens (per query head without the GQA pass)
+``attn_values``    per kv head: W = the value cache transposed ``[head_dim, S]``, rows the
+                   same; the cache region is laid out for the longest context, so its
+                   tiles are further apart than a shorter context's (``w_tile_stride``)
+=================  ================================================================
+
+The KV cache is a weight stream the host extends one position at a time (:class:`KVLayout`
+gives the byte of every element), so the attention programs depend on the context only
+through its *bucket*: positions rounded up to whole value-stream groups
+(:func:`context_bucket`); decode holds one program per bucket.
+
+Identical members at other addresses (the blocks of a decoder) share one *template*: it is
+lowered once with every address 0 (:func:`sw.compile.linear.lower_relocatable`), encoded, and
+placed by adding each operand's base to the instructions that address it (:func:`relocate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw.config import DENSE, DENSE_BLOCK, AcceleratorConfig
+from hw.format import StreamLayout, WeightFormat, stream_layout
+from hw.isa import End, field_location, program_words
+from sw.compile.errors import LoweringError
+from sw.compile.ir import Graph, Node
+from sw.compile.linear import LinearPlan, PlacedLayer, lower_relocatable, plan_linear
+
+__all__ = ["KEY_FORMAT", "VALUE_FORMAT", "context_bucket", "KVLayout", "Member",
+           "node_members", "Template", "lower_template", "relocate", "FormatOf"]
+
+#: Keys as the weight of ``q . k^T``: raw INT8, one group per head (K = head_dim).
+KEY_FORMAT = WeightFormat(DENSE, 8, 0, raw=True)
+#: Values as the weight of ``p . v``: raw INT8, K = positions in groups of one dense block.
+VALUE_FORMAT = WeightFormat(DENSE, 8, DENSE_BLOCK, raw=True)
+
+#: A layer's format by module name (None: not on the accelerator).
+FormatOf = Callable[[str], WeightFormat | None]
+
+
+def context_bucket(positions: int) -> int:
+    """Key positions an attention program covers for ``positions`` real ones."""
+    return VALUE_FORMAT.padded_k(positions)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Where the INT8 keys and values of one kv head of one layer live in its regions.
+
+    The key region is the stream of ``W = K[max_context, head_dim]`` (tiles of ``lanes``
+    positions); the value region that of ``W = V^T[head_dim, max_context]`` (tiles of
+    ``lanes`` channels, each ``value_tile_stride`` bytes).
+    """
+
+    head_dim: int
+    max_context: int
+    lanes: int
+    beat: int
+
+    @property
+    def keys(self) -> StreamLayout:
+        return stream_layout(KEY_FORMAT, self.max_context, self.head_dim, self.lanes)
+
+    @property
+    def values(self) -> StreamLayout:
+        return stream_layout(VALUE_FORMAT, self.head_dim, self.max_context, self.lanes)
+
+    def _aligned(self, n: int) -> int:
+        return -(-n // self.beat) * self.beat
+
+    @property
+    def key_bytes(self) -> int:
+        return self.keys.tiles * self._aligned(self.keys.tile_bytes)
+
+    @property
+    def value_tile_stride(self) -> int:
+        return self._aligned(self.values.tile_bytes)
+
+    @property
+    def value_bytes(self) -> int:
+        return self.values.tiles * self.value_tile_stride
+
+    def key_offsets(self, positions) -> np.ndarray:
+        """Byte offsets ``[len(positions), head_dim]`` of ``K[positions, :]`` in the key region."""
+        pos = np.asarray(positions).reshape(-1, 1)
+        return _dense8_offsets(self.keys, self._aligned(self.keys.tile_bytes), pos,
+                               np.arange(self.head_dim)[None, :])
+
+    def value_offsets(self, positions) -> np.ndarray:
+        """Byte offsets ``[len(positions), head_dim]`` of ``V[positions, :]`` in the value
+        region."""
+        pos = np.asarray(positions).reshape(-1, 1)
+        return _dense8_offsets(self.values, self.value_tile_stride,
+                               np.arange(self.head_dim)[None, :], pos)
+
+
+def _dense8_offsets(lay: StreamLayout, tile_stride: int, row, kpos) -> np.ndarray:
+    """Byte offset of element ``(row, kpos)`` of a dense 8-bit stream (one byte per lane and
+    step, lane = row within its tile, step = K position)."""
+    if not lay.fmt.pattern.dense or lay.fmt.field_bits != 8:
+        raise LoweringError(f"byte offsets need a dense 8-bit stream, got {lay.fmt}")
+    row, kpos = np.asarray(row), np.asarray(kpos)
+    group_k = lay.fmt.group_of(lay.k_padded)
+    return ((row // lay.lanes) * tile_stride + (kpos // group_k) * lay.group_bytes
+            + lay.header_bytes + (kpos % group_k) * lay.record_bytes + row % lay.lanes)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One GEMM layer of a node's program and the DRAM symbols of its operands."""
+
+    plan: LinearPlan
+    w: str
+    x: str
+    y: str
+    w_tile_stride: int | None = None
+
+    @property
+    def signature(self) -> tuple:
+        """What the instructions depend on, addresses aside."""
+        p = self.plan
+        return (p.fmt, p.n, p.k_padded, p.tokens, self.w_tile_stride)
+
+    @property
+    def x_bytes(self) -> int:
+        return self.plan.tokens * self.plan.act_row_bytes
+
+    @property
+    def y_bytes(self) -> int:
+        return self.plan.tokens * self.plan.out_row_bytes
+
+
+def _rows(shape) -> int:
+    n = 1
+    for d in shape[:-1]:
+        n *= d
+    return n
+
+
+def node_members(node: Node, graph: Graph, cfg: AcceleratorConfig, fmt_of: FormatOf,
+                 bucket: int | None = None, kv: KVLayout | None = None) -> list[Member]:
+    """The members of an accelerator node's program (``bucket``: key positions covered by
+    attention nodes; ``kv``: the cache layout, for the value tiles' stride). Buffer symbols
+    are ``x:<phase>:<node>[:i]`` and ``y:...``."""
+    buf = f"{graph.meta.get('phase', '')}:{node.name}"
+    x_type = graph.values[node.inputs[0]]
+    if node.op in ("linear", "linears"):
+        weights = node.attrs["weights"] if node.op == "linears" else [node.attrs["weight"]]
+        out = []
+        for i, (w, y) in enumerate(zip(weights, node.outputs, strict=True)):
+            layer = w.removesuffix(".weight")
+            fmt = fmt_of(layer)
+            if fmt is None:
+                raise LoweringError(f"node {node.name!r}: layer {layer} has no format for the "
+                                    "accelerator")
+            n, k = graph.values[y].shape[-1], x_type.shape[-1]
+            plan = plan_linear(cfg, fmt, n, k, _rows(x_type.shape))
+            suffix = f":{i}" if node.op == "linears" else ""
+            out.append(Member(plan, f"w:{layer}", f"x:{buf}", f"y:{buf}{suffix}"))
+        return out
+    if node.op in ("attn_scores", "attn_values"):
+        if bucket is None or kv is None:
+            raise LoweringError(f"node {node.name!r}: attention needs a context bucket")
+        a = node.attrs
+        b, heads, t, _ = x_type.shape
+        kv_type = graph.values[node.inputs[1]]
+        operand_heads = kv_type.shape[1]       # kv_heads, or heads when K/V are repeated
+        per = heads // operand_heads           # query heads per operand head
+        groups = heads // a["kv_heads"]
+        out = []
+        for j in range(operand_heads):
+            cache_head = j // (operand_heads // a["kv_heads"])
+            if node.op == "attn_scores":
+                plan = plan_linear(cfg, KEY_FORMAT, bucket, a["head_dim"], b * per * t)
+                stride = None
+                w = f"k:{a['layer']}:{cache_head}"
+            else:
+                plan = plan_linear(cfg, VALUE_FORMAT, a["head_dim"], bucket, b * per * t)
+                stride = kv.value_tile_stride
+                w = f"v:{a['layer']}:{cache_head}"
+            out.append(Member(plan, w, f"x:{buf}:{j}", f"y:{buf}:{j}", stride))
+        assert groups >= 1
+        return out
+    raise LoweringError(f"node {node.name!r}: op {node.op} does not run on the accelerator")
+
+
+@dataclass(frozen=True)
+class Template:
+    """A program lowered with every address 0, encoded, with its relocations."""
+
+    words: np.ndarray          # uint64 [n, 2], END included
+    reloc_rows: np.ndarray     # instruction indices whose dram_addr is relative
+    reloc_keys: np.ndarray     # per such instruction: member * 3 + operand (w, x, y)
+    instructions: int
+
+
+_OPERANDS = {"w": 0, "x": 1, "y": 2}
+
+
+def lower_template(cfg: AcceleratorConfig, members: list[Member]) -> Template:
+    """Lower ``members`` into one relocatable program (END appended)."""
+    placed = [PlacedLayer(m.plan, 0, 0, 0, m.w_tile_stride) for m in members]
+    prog, relocs = lower_relocatable(cfg, placed)
+    prog = prog + [End()]
+    if len(prog) > cfg.imem_depth:
+        raise LoweringError(f"a program needs {len(prog)} instructions and the instruction "
+                            f"memory holds {cfg.imem_depth}")
+    rows = np.array([i for i, r in enumerate(relocs) if r is not None], dtype=np.int64)
+    keys = np.array([r[0] * 3 + _OPERANDS[r[1]] for r in relocs if r is not None],
+                    dtype=np.int64)
+    return Template(program_words(prog), rows, keys, len(prog))
+
+
+def relocate(t: Template, bases: Mapping[str, int], members: list[Member],
+             beat: int) -> np.ndarray:
+    """The template's words with every operand's base (bytes, beat-aligned) added."""
+    base = np.array([bases[getattr(m, op)] // beat for m in members for op in "wxy"],
+                    dtype=np.uint64)
+    words = t.words.copy()
+    off, width = field_location("dma.dram_addr")
+    if off + width > 64:
+        raise LoweringError("dram_addr straddles the instruction's 64-bit halves")
+    mask = np.uint64((1 << width) - 1) << np.uint64(off)
+    lo = words[t.reloc_rows, 0]
+    field = (lo & mask) >> np.uint64(off)
+    new = field + base[t.reloc_keys]
+    if new.size and int(new.max()) >= 1 << width:
+        raise LoweringError("a relocated DRAM address does not fit the instruction field")
+    words[t.reloc_rows, 0] = (lo & ~mask) | (new << np.uint64(off))
+    return words

@@ -1,0 +1,205 @@
+"""Memory planning: where every tensor of a compiled model lives in the accelerator's DRAM.
+
+DRAM holds three kinds of data, laid out one after the other (beat-aligned)::
+
+    [ packed weights | KV cache | activation arena ]
+
+* **weights**: the packed stream of every linear layer the accelerator runs (static);
+* **KV cache**: per layer and kv head, the INT8 keys and values of ``max_context`` positions
+  in the stream layout the attention products read (static, written by the host step by step);
+* **arena**: the INT8 inputs and INT32 outputs of each program. A buffer is live from the
+  host stage that writes it to the host stage that reads it (:class:`Buffer`); buffers whose
+  lifetimes do not overlap share bytes. :func:`plan_arena` places them greedily by size, each
+  at the best-fitting gap (the lowest offset among those that waste least), and
+  :func:`lower_bound` is the most bytes live at once, which no placement can beat.
+
+Prefill and decode are never live at once, so their arenas overlap (the arena is the larger).
+A model that does not fit raises :class:`PlanError` with every size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from hw.config import AcceleratorConfig
+from sw.compile.errors import LoweringError, PlanError
+
+__all__ = ["PlanError", "Buffer", "ArenaPlan", "plan_arena", "lower_bound", "Region",
+           "DramLayout", "layout_dram", "SpadPlan", "plan_spads", "EVENTS"]
+
+#: The event table of a lowered program: two per double buffer (docs/architecture.md, 9).
+EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
+          "STORED0": 6, "STORED1": 7}
+
+
+@dataclass(frozen=True)
+class SpadPlan:
+    """The scratchpad buffers and events one program uses (beats; see
+    :func:`sw.compile.linear.lower_layers`): two WGT halves, two ACT halves (chunked
+    activations; resident ones start at 0), two OUT buffers of ``token_tile`` int32 rows."""
+
+    wgt_half_beats: int
+    act_half_beats: int
+    out_row_beats: int
+    out_buf_beats: int
+    events: dict[str, int]
+
+
+def plan_spads(cfg: AcceleratorConfig, token_tile: int) -> SpadPlan:
+    """The double buffers of a program whose largest token tile is ``token_tile``."""
+    if len(EVENTS) > cfg.num_events:
+        raise LoweringError(f"lowered programs use {len(EVENTS)} events, the accelerator has "
+                            f"num_events={cfg.num_events}")
+    out_row_beats = 4 * cfg.lanes // cfg.beat_bytes
+    out_buf_beats = token_tile * out_row_beats
+    if 2 * out_buf_beats > cfg.spad_beats("out"):
+        raise LoweringError(f"OUT spad of {cfg.out_spad_bytes} bytes cannot hold two tiles of "
+                            f"{token_tile} tokens x {cfg.lanes} int32 outputs")
+    return SpadPlan(wgt_half_beats=cfg.spad_beats("wgt") // 2,
+                    act_half_beats=cfg.spad_beats("act") // 2,
+                    out_row_beats=out_row_beats, out_buf_beats=out_buf_beats,
+                    events=dict(EVENTS))
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A tensor that lives in time steps ``[start, end]`` (inclusive) and needs ``size`` bytes."""
+
+    name: str
+    size: int
+    start: int
+    end: int
+
+    def overlaps_in_time(self, other: Buffer) -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+
+@dataclass(frozen=True)
+class ArenaPlan:
+    """Offsets (bytes from the arena's start) and the arena's size."""
+
+    offsets: dict[str, int]
+    size: int
+    lower_bound: int
+
+    @property
+    def ratio(self) -> float:
+        """Arena size over the lower bound (1.0 is optimal)."""
+        return self.size / self.lower_bound if self.lower_bound else 1.0
+
+
+def lower_bound(buffers: Iterable[Buffer]) -> int:
+    """The most bytes live in any one time step."""
+    events: dict[int, int] = {}
+    for b in buffers:
+        events[b.start] = events.get(b.start, 0) + b.size
+        events[b.end + 1] = events.get(b.end + 1, 0) - b.size
+    live = peak = 0
+    for t in sorted(events):
+        live += events[t]
+        peak = max(peak, live)
+    return peak
+
+
+def plan_arena(buffers: Sequence[Buffer], align: int) -> ArenaPlan:
+    """Place ``buffers`` (each size rounded up to ``align``) so that no two that are live at
+    the same time share a byte: largest first, each into the gap between already placed,
+    time-overlapping buffers that leaves the least slack (lowest offset on ties), or on top.
+    """
+    names = [b.name for b in buffers]
+    if len(set(names)) != len(names):
+        raise PlanError("buffer names must be unique")
+
+    def rounded(n: int) -> int:
+        return -(-n // align) * align
+
+    order = sorted(buffers, key=lambda b: (-rounded(b.size), b.start, b.name))
+    placed: list[tuple[int, int]] = []            # (offset, end) per placed buffer
+    at: dict[int, list[int]] = {}                 # time step -> placed buffers live then
+    offsets: dict[str, int] = {}
+    for b in order:
+        size = rounded(b.size)
+        live = {i for t in range(b.start, b.end + 1) for i in at.get(t, ())}
+        busy = sorted(placed[i] for i in live)
+        best, best_slack, cursor = None, None, 0
+        for lo, hi in busy:
+            gap = lo - cursor
+            if gap >= size and (best_slack is None or gap - size < best_slack):
+                best, best_slack = cursor, gap - size
+            cursor = max(cursor, hi)
+        if best is None:
+            best = cursor
+        offsets[b.name] = best
+        for t in range(b.start, b.end + 1):
+            at.setdefault(t, []).append(len(placed))
+        placed.append((best, best + size))
+    size = max((end for _, end in placed), default=0)
+    return ArenaPlan(offsets, size, lower_bound(
+        Buffer(b.name, rounded(b.size), b.start, b.end) for b in buffers))
+
+
+@dataclass(frozen=True)
+class Region:
+    """A named DRAM range: ``[addr, addr + nbytes)`` in bytes (``addr`` beat-aligned)."""
+
+    addr: int
+    nbytes: int
+    kind: str  # "weight", "kv", "arena"
+
+    @property
+    def end(self) -> int:
+        return self.addr + self.nbytes
+
+
+@dataclass(frozen=True)
+class DramLayout:
+    """Every region of a compiled model, and the totals per kind."""
+
+    regions: dict[str, Region]
+    weight_bytes: int
+    kv_bytes: int
+    arena_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.arena_bytes
+
+
+def layout_dram(cfg: AcceleratorConfig, weights: Sequence[tuple[str, int]],
+                kv: Sequence[tuple[str, int]], arenas: Sequence[ArenaPlan]) -> DramLayout:
+    """Weights, then KV cache, then one arena as large as the largest phase's; beat-aligned.
+
+    Raises
+    ------
+    PlanError
+        The total exceeds ``cfg.memory.size_bytes``.
+    """
+    beat = cfg.beat_bytes
+    regions: dict[str, Region] = {}
+    cursor = 0
+
+    def put(name: str, nbytes: int, kind: str) -> None:
+        nonlocal cursor
+        if name in regions:
+            raise PlanError(f"DRAM region {name!r} placed twice")
+        regions[name] = Region(cursor, nbytes, kind)
+        cursor += -(-max(nbytes, 1) // beat) * beat
+
+    for name, nbytes in weights:
+        put(name, nbytes, "weight")
+    w_end = cursor
+    for name, nbytes in kv:
+        put(name, nbytes, "kv")
+    kv_end = cursor
+    arena = max((a.size for a in arenas), default=0)
+    put("arena", arena, "arena")
+    layout = DramLayout(regions, w_end, kv_end - w_end, cursor - kv_end)
+    if cursor > cfg.memory.size_bytes:
+        raise PlanError(
+            f"the model needs {cursor:,} bytes of accelerator DRAM (packed weights "
+            f"{layout.weight_bytes:,}, KV cache {layout.kv_bytes:,}, activations "
+            f"{layout.arena_bytes:,}) but the configuration has memory.size_bytes="
+            f"{cfg.memory.size_bytes:,}; use a configuration with more memory, a shorter "
+            f"context, or a sparser format")
+    return layout

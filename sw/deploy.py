@@ -1,0 +1,425 @@
+"""python -m sw.deploy -- run a compressed LLM end to end on the simulated accelerator.
+
+Compresses the model (N:M pruning + INT4/INT8 group quantisation), measures its accuracy,
+compiles prefill and decode into programs for the accelerator (sw.compile), generates text
+from a prompt on a backend (the fast cycle-accurate model by default, or the Verilator RTL or
+the Yosys netlist), checks that every generated token equals the model-level twin's (the torch
+model computing with the accelerator's exact integer numerics), and reports cycles, simulated
+tokens/s, the speedup over the same model in dense INT4 on the same hardware, utilisation,
+DRAM traffic, the roofline fraction and the host <-> accelerator transitions per token.
+
+Writes into --out: report.json, report.md (with roofline.png), decode_trace.json (a Perfetto
+timeline of one decode step: open it in ui.perfetto.dev) and executable.safetensors (the
+compiled model). The directory is written whole or not at all.
+
+examples:
+  python -m sw.deploy
+  python -m sw.deploy --sparsity 1:4 --max-new-tokens 64 --prompt "def fib(n):"
+  python -m sw.deploy --backend rtl --max-new-tokens 4
+  python -m sw.deploy --model path/to/hf_llama_dir --method wanda+gptq --calib 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from hw.config import DENSE, AcceleratorConfig, ConfigError, NMPattern
+from hw.format import FormatError, WeightFormat, stream_layout
+from sim.backends import BACKENDS, make_backend
+from sim.roofline import LayerPoint, plot_roofline
+from sw.compile import CompileError, CompileOptions, compile_model
+from sw.compile import executable as executable_io
+from sw.compress.model import COMPRESS_METHODS, compress_llama, use_hardware_numerics
+from sw.models.eval import EvalProtocol, perplexity
+from sw.models.generate import generate
+from sw.models.source import ModelSourceError, open_model
+from sw.runtime import Runtime, RuntimeFault
+from sw.runtime.trace import write_step_trace
+
+__all__ = ["DeployOptions", "deploy", "main"]
+
+ROOT = Path(__file__).resolve().parents[1]
+SYNTH_RECORD = ROOT / "bench" / "results" / "synth.json"
+DEFAULT_PROMPT = "class Stack:\n    def push(self, item"
+
+
+class UsageError(ValueError):
+    """A bad option value (reported in one line, exit status 2)."""
+
+
+@dataclass
+class DeployOptions:
+    """Everything ``sw.deploy`` needs (the command-line options, validated)."""
+
+    model: str = "reference"
+    sparsity: str = "2:4"
+    bits: int = 4
+    group: int = 128
+    method: str = "sparsegpt+gptq"
+    config: str | None = None
+    backend: str = "model"
+    prompt: str = DEFAULT_PROMPT
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_k: int | None = None
+    seed: int = 0
+    calib: int = 32
+    eval_tokens: int = 8192
+    out: str = "build/deploy"
+    quiet: bool = False
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = DeployOptions()
+    ap = argparse.ArgumentParser(
+        prog="python -m sw.deploy", description=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=d.model, help="'reference' (the shipped model) or a "
+                    f"Hugging Face LLaMA directory (default: {d.model})")
+    ap.add_argument("--sparsity", default=d.sparsity, help="N:M pattern of every linear layer, "
+                    f"or 'dense' (default: {d.sparsity})")
+    ap.add_argument("--bits", type=int, default=d.bits, choices=(4, 8),
+                    help=f"weight bits (default: {d.bits})")
+    ap.add_argument("--group", type=int, default=d.group,
+                    help=f"quantisation group along K, 0 = whole row (default: {d.group})")
+    ap.add_argument("--method", default=d.method,
+                    help=f"compression method, one of {', '.join(sorted(COMPRESS_METHODS))} "
+                    f"(default: {d.method})")
+    ap.add_argument("--config", default=d.config, help="accelerator configuration JSON "
+                    "(default: the built-in AcceleratorConfig)")
+    ap.add_argument("--backend", default=d.backend, choices=BACKENDS,
+                    help="model: fast model with values; model-timing: cycles only (text from "
+                    "the twin); rtl: Verilator RTL; netlist: Yosys netlist "
+                    f"(default: {d.backend})")
+    ap.add_argument("--prompt", default=d.prompt, help=f"prompt text (default: {d.prompt!r})")
+    ap.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
+                    help=f"tokens to generate (default: {d.max_new_tokens})")
+    ap.add_argument("--temperature", type=float, default=d.temperature,
+                    help=f"sampling temperature, 0 = greedy (default: {d.temperature})")
+    ap.add_argument("--top-k", type=int, default=d.top_k,
+                    help=f"sample among the k most likely tokens (default: {d.top_k}: all)")
+    ap.add_argument("--seed", type=int, default=d.seed,
+                    help=f"seed of the sampler and of calibration (default: {d.seed})")
+    ap.add_argument("--calib", type=int, default=d.calib, help="calibration sequences of 256 "
+                    f"tokens (default: {d.calib})")
+    ap.add_argument("--eval-tokens", type=int, default=d.eval_tokens, help="held-out tokens for "
+                    f"perplexity, 0 to skip (default: {d.eval_tokens})")
+    ap.add_argument("--out", default=d.out, help=f"output directory (default: {d.out})")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    return ap
+
+
+# ---------------------------------------------------------------------- validation
+def _accelerator(path: str | None) -> AcceleratorConfig:
+    if path is None:
+        return AcceleratorConfig()
+    try:
+        return AcceleratorConfig.load(path)
+    except OSError as e:
+        raise UsageError(f"--config {path}: cannot read it ({e.strerror})") from None
+    except (ConfigError, TypeError) as e:
+        raise UsageError(f"--config {path}: invalid configuration: {e}") from None
+
+
+def _format(opts: DeployOptions, cfg: AcceleratorConfig) -> WeightFormat:
+    try:
+        pattern = NMPattern.parse(opts.sparsity)
+    except ConfigError as e:
+        raise UsageError(f"--sparsity {opts.sparsity!r}: {e}") from None
+    try:
+        fmt = WeightFormat(pattern, opts.bits, opts.group)
+        fmt.check_supported(cfg)
+    except (FormatError, ConfigError) as e:
+        raise UsageError(f"--sparsity {opts.sparsity} --bits {opts.bits} --group {opts.group}: "
+                         f"{e}") from None
+    return fmt
+
+
+def _check(opts: DeployOptions) -> None:
+    if opts.method not in COMPRESS_METHODS:
+        raise UsageError(f"--method {opts.method!r}: choose one of "
+                         f"{', '.join(sorted(COMPRESS_METHODS))}")
+    if opts.backend not in BACKENDS:
+        raise UsageError(f"--backend {opts.backend!r}: choose one of {', '.join(BACKENDS)}")
+    if opts.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {opts.max_new_tokens}")
+    if opts.calib < 1:
+        raise UsageError(f"--calib must be >= 1, got {opts.calib}")
+    if opts.eval_tokens < 0:
+        raise UsageError(f"--eval-tokens must be >= 0, got {opts.eval_tokens}")
+    if not opts.prompt:
+        raise UsageError("--prompt is empty")
+    if opts.temperature < 0:
+        raise UsageError(f"--temperature must be >= 0, got {opts.temperature}")
+    if opts.top_k is not None and opts.top_k < 1:
+        raise UsageError(f"--top-k must be >= 1, got {opts.top_k}")
+
+
+# ---------------------------------------------------------------------- pipeline
+def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
+    """Run the whole pipeline, writing the outputs into ``out``; returns the report."""
+    _check(opts)
+    cfg = _accelerator(opts.config)
+    fmt = _format(opts, cfg)
+    progress = not opts.quiet
+    torch.manual_seed(opts.seed)
+    t_all = time.perf_counter()
+    try:
+        src = open_model(opts.model)
+    except ModelSourceError as e:
+        raise UsageError(str(e)) from None
+    mcfg = src.model.config
+    prompt = src.encode(opts.prompt)
+    total = len(prompt) + opts.max_new_tokens
+    if total > mcfg.max_position_embeddings:
+        raise UsageError(f"--prompt of {len(prompt)} tokens + --max-new-tokens "
+                         f"{opts.max_new_tokens} = {total} exceeds the model's context of "
+                         f"{mcfg.max_position_embeddings} positions")
+    log(f"model: {src.name} ({src.model.num_parameters():,} parameters, "
+        f"{mcfg.num_hidden_layers} layers, hidden {mcfg.hidden_size}, "
+        f"{mcfg.num_attention_heads}/{mcfg.num_key_value_heads} heads)")
+
+    # ---- compress
+    log(f"compress: {fmt.pattern} INT{fmt.bits} g{fmt.group} with {opts.method}, "
+        f"{opts.calib} x 256 calibration tokens")
+    t0 = time.perf_counter()
+    compressed = copy.deepcopy(src.model)
+    seq = min(256, mcfg.max_position_embeddings)
+    weights = compress_llama(compressed, fmt, opts.method,
+                             src.calibration(opts.calib, seq, opts.seed), progress=progress)
+    compress_s = time.perf_counter() - t0
+    bits = sum(stream_layout(w.fmt, *w.shape, cfg.lanes).bits_per_weight["total"] * w.shape[0]
+               * w.shape[1] for w in weights.values()) / sum(
+                   w.shape[0] * w.shape[1] for w in weights.values())
+    twin = use_hardware_numerics(copy.deepcopy(compressed), weights, cfg.acc_bits,
+                                 attention=True)
+
+    # ---- accuracy
+    ppl = {}
+    if opts.eval_tokens:
+        windows = src.windows("test", seq, opts.eval_tokens)
+        proto = EvalProtocol(seq_len=seq, max_tokens=opts.eval_tokens)
+        for label, m in (("fp32", src.model), ("compressed", twin)):
+            ppl[label] = perplexity(m, proto, windows=windows).perplexity
+        log(f"perplexity on {windows.shape[0] * seq:,} held-out tokens: fp32 "
+            f"{ppl['fp32']:.3f} -> compressed, accelerator numerics {ppl['compressed']:.3f}")
+
+    # ---- compile
+    options = CompileOptions(prompt_tokens=len(prompt), max_context=total)
+    exe = compile_model(src.model, cfg, options, weights=weights)
+    rep = exe.report
+    log(f"compile: {rep['programs']} programs, {rep['instructions']:,} instructions in "
+        f"{rep['compile_s']:.2f} s (capture {rep['capture_s']:.1f} s); DRAM "
+        f"{rep['dram']['total']:,} of {cfg.memory.size_bytes:,} bytes")
+
+    # ---- run on the backend, and the twin
+    backend = make_backend(opts.backend, cfg)
+    runtime = Runtime(exe, backend, trace=True)
+    bar = tqdm(total=opts.max_new_tokens, desc=f"generate ({opts.backend})",
+               disable=not progress, leave=False)
+    sampling = dict(temperature=opts.temperature, top_k=opts.top_k)
+    gen = runtime.generate(prompt, opts.max_new_tokens, seed=opts.seed,
+                           on_token=lambda _: bar.update(), **sampling)
+    bar.close()
+    with torch.no_grad():
+        twin_out = generate(twin, torch.tensor(prompt), opts.max_new_tokens,
+                            generator=torch.Generator().manual_seed(opts.seed), **sampling)
+    twin_tokens = twin_out[len(prompt):].tolist()
+    values = runtime.values
+    tokens = gen.tokens if values else twin_tokens
+    match = tokens == twin_tokens[:len(tokens)] if values else None
+
+    # ---- the same model in dense INT4 on the same hardware (timing only)
+    dense = {k: WeightFormat(DENSE, 4, fmt.group) for k in weights}
+    dense_exe = compile_model(src.model, cfg, options, formats=dense)
+    dense_rt = Runtime(dense_exe, make_backend("model-timing", cfg))
+    dense_steps = [dense_rt.step(torch.tensor([prompt]))[1]]
+    for tok in tokens[:-1]:
+        dense_steps.append(dense_rt.step(torch.tensor([[tok]]))[1])
+
+    report = _report(opts, cfg, fmt, src, exe, gen, tokens, match, dense_steps, ppl, bits,
+                     compress_s, time.perf_counter() - t_all)
+    _write(out, opts, cfg, exe, gen, report, src, tokens)
+    _print_summary(report, src.decode(tokens), opts, log)
+    return report
+
+
+def _decode_steps(steps):
+    return [s for s in steps if s.phase == "decode"] or steps
+
+
+def _report(opts, cfg, fmt, src, exe, gen, tokens, match, dense_steps, ppl, bits, compress_s,
+            wall) -> dict:
+    dec = _decode_steps(gen.steps)
+    dense = _decode_steps(dense_steps)
+    cycles = float(np.mean([s.cycles for s in dec]))
+    dense_cycles = float(np.mean([s.cycles for s in dense]))
+    host_unit = float(np.mean([s.host_unit_cycles for s in dec]))
+    synth = _synthesised_clock(cfg)
+    rep = exe.report
+    return {
+        "model": src.name, "pattern": str(fmt.pattern), "bits": fmt.bits, "group": fmt.group,
+        "method": opts.method, "backend": opts.backend, "prompt_tokens": len(gen.prompt),
+        "new_tokens": len(tokens), "tokens_match_twin": match,
+        "cycles_per_token": cycles,
+        "tokens_per_s_sim": cfg.clock_mhz * 1e6 / cycles,
+        "clock_mhz": cfg.clock_mhz,
+        "synthesised_clock": synth,
+        "tokens_per_s_at_synthesised_clock":
+            synth["fmax_mhz"] * 1e6 / cycles if synth else None,
+        "speedup_vs_dense": dense_cycles / cycles,
+        "dense_int4_cycles_per_token": dense_cycles,
+        "utilisation": float(np.mean([s.counter("mac_cycles") / s.cycles for s in dec])),
+        "host_transitions_per_token": float(np.mean([s.transitions for s in dec])),
+        "host_unit_cycles_per_token_estimated": host_unit,
+        "host_wall_ms_per_token": 1e3 * float(np.mean([s.host_wall_s for s in dec])),
+        "dram_read_bytes_per_token": float(np.mean([s.counter("dram_read_beats")
+                                                     for s in dec])) * cfg.beat_bytes,
+        "roofline_fraction": sum(p.bound_cycles for s in dec for p in s.programs)
+        / sum(s.cycles for s in dec),
+        "prefill_cycles": gen.steps[0].cycles,
+        "ppl_fp32": ppl.get("fp32"), "ppl_compressed": ppl.get("compressed"),
+        "bits_per_weight": bits, "compress_s": compress_s,
+        "compile_s": rep["compile_s"], "capture_s": rep["capture_s"],
+        "programs": rep["programs"], "instructions": rep["instructions"],
+        "dram_bytes": rep["dram"], "arena_bytes": rep["arena_bytes"],
+        "arena_lower_bound_bytes": rep["arena_lower_bound_bytes"],
+        "passes": {ph: d["passes"] for ph, d in rep["phases"].items()},
+        "config": cfg.to_dict(), "note": src.note, "wall_s": wall,
+    }
+
+
+def _synthesised_clock(cfg: AcceleratorConfig) -> dict | None:
+    """The clock the last synthesis of this configuration reached, if it is on record."""
+    try:
+        rec = json.loads(SYNTH_RECORD.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    same = {k: v for k, v in rec.get("config", {}).items() if k != "clock_mhz"} == \
+        {k: v for k, v in cfg.to_dict().items() if k != "clock_mhz"}
+    if not same or not rec.get("fmax_mhz"):
+        return None
+    return {"fmax_mhz": rec["fmax_mhz"], "after": rec.get("fmax_after", "placement")}
+
+
+def _write(out: Path, opts, cfg, exe, gen, report, src, tokens) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    executable_io.save(exe, out / "executable.safetensors")
+    dec = _decode_steps(gen.steps)
+    last = dec[-1]
+    points = [LayerPoint(p.node, p.read_bytes, p.write_bytes, p.macs, p.cycles)
+              for p in last.programs]
+    plot_roofline(points, cfg, out / "roofline.png",
+                  f"one decode step at position {last.past}: {len(points)} programs")
+    if any(p.trace is not None for p in last.programs):
+        write_step_trace(out / "decode_trace.json", exe, last)
+    (out / "report.md").write_text(_markdown(report, src.decode(tokens), opts))
+
+
+def _markdown(r: dict, text: str, opts) -> str:
+    def f(x, spec=".3f"):
+        return "n/a" if x is None else format(x, spec)
+    synth = r["synthesised_clock"]
+    lines = [
+        f"# sw.deploy: {r['model']}, {r['pattern']} INT{r['bits']} g{r['group']} "
+        f"({r['method']}) on the {r['backend']} backend", "",
+        "```", f"{opts.prompt}{text}", "```", "",
+        "| quantity | value |", "|---|---|",
+        f"| generated tokens equal the model-level twin's | {r['tokens_match_twin']} |",
+        f"| perplexity fp32 -> compressed (accelerator numerics) | {f(r['ppl_fp32'])} -> "
+        f"{f(r['ppl_compressed'])} |",
+        f"| storage | {r['bits_per_weight']:.3f} bits/weight ({16 / r['bits_per_weight']:.2f}x "
+        "smaller than FP16) |",
+        f"| accelerator cycles per decode token | {r['cycles_per_token']:,.0f} |",
+        f"| simulated tokens/s at {r['clock_mhz']:g} MHz | {r['tokens_per_s_sim']:,.1f} |",
+        "| at the synthesised clock | " + (
+            f"{r['tokens_per_s_at_synthesised_clock']:,.1f} ({synth['fmax_mhz']:.1f} MHz, "
+            f"after {synth['after']})" if synth else "no synthesis of this configuration on "
+            "record") + " |",
+        f"| speedup over dense INT4 on the same hardware | {r['speedup_vs_dense']:.2f}x |",
+        f"| array utilisation (MAC cycles / cycles) | {r['utilisation']:.1%} |",
+        f"| DRAM bytes read per token | {r['dram_read_bytes_per_token']:,.0f} |",
+        f"| roofline fraction | {r['roofline_fraction']:.1%} |",
+        f"| host <-> accelerator transitions per token | "
+        f"{r['host_transitions_per_token']:.0f} |",
+        f"| host work per token: wall on this machine / estimated on-chip cycles | "
+        f"{r['host_wall_ms_per_token']:.2f} ms / "
+        f"{r['host_unit_cycles_per_token_estimated']:,.0f} |",
+        f"| compile (passes, planning, lowering) / capture | {r['compile_s']:.2f} s / "
+        f"{r['capture_s']:.2f} s |", "",
+        "## Compiler passes (decode step, run to a fixpoint)", "",
+        "| round | pass | matches | nodes before | nodes after | ms |",
+        "|---|---|---|---|---|---|"]
+    for p in r["passes"].get("decode", []):
+        lines.append(f"| {p['round']} | {p['pass']} | {p['matches']} | {p['nodes_before']} | "
+                     f"{p['nodes_after']} | {p['seconds'] * 1e3:.2f} |")
+    lines += ["", "![roofline of one decode step](roofline.png)", "",
+              "`decode_trace.json` is a Perfetto timeline of one decode step "
+              "(ui.perfetto.dev); `executable.safetensors` the compiled model.", ""]
+    if r["note"]:
+        lines += [f"Model: {r['note']}.", ""]
+    return "\n".join(lines)
+
+
+def _print_summary(r: dict, text: str, opts, log) -> None:
+    log("")
+    log(f"--- generated on the {r['backend']} backend:\n{opts.prompt}{text}")
+    log("---")
+    match = {True: "yes", False: "NO", None: "not checked (timing-only)"}[r["tokens_match_twin"]]
+    log(f"tokens equal the model-level twin's: {match}")
+    log(f"decode: {r['cycles_per_token']:,.0f} cycles/token = {r['tokens_per_s_sim']:,.1f} "
+        f"tokens/s at {r['clock_mhz']:g} MHz"
+        + (f" ({r['tokens_per_s_at_synthesised_clock']:,.1f} at the synthesised "
+           f"{r['synthesised_clock']['fmax_mhz']:.1f} MHz)" if r["synthesised_clock"] else "")
+        + f"; {r['speedup_vs_dense']:.2f}x dense INT4; utilisation {r['utilisation']:.1%}; "
+        f"{r['dram_read_bytes_per_token']:,.0f} DRAM bytes/token; roofline "
+        f"{r['roofline_fraction']:.1%}; {r['host_transitions_per_token']:.0f} host transitions")
+
+
+# ---------------------------------------------------------------------- command line
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    opts = DeployOptions(**{k: v for k, v in vars(args).items()})
+    out = Path(opts.out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=_parent(out)))
+    tmp.chmod(0o755)
+    try:
+        deploy(opts, tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+        print(f"wrote {out}/report.json, report.md, roofline.png, decode_trace.json, "
+              "executable.safetensors")
+        return 0
+    except UsageError as e:
+        print(f"sw.deploy: {e}", file=sys.stderr)
+        return 2
+    except (CompileError, RuntimeFault) as e:
+        print(f"sw.deploy: {e}", file=sys.stderr)
+        return 2 if isinstance(e, CompileError) else 1
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _parent(out: Path) -> Path:
+    parent = out.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,483 @@
+"""The runtime: runs a compiled model (:class:`~sw.compile.executable.Executable`) token by
+token on a backend, and accounts for every cycle.
+
+A step walks its graph in order. Host nodes run with the IR's kernels
+(:mod:`sw.compile.interpret`: the same functions the model's modules call). Each accelerator
+node is one program: the runtime quantises its inputs into their DRAM buffers (the
+prologue), runs the program on the backend, and dequantises the outputs it reads back (the
+epilogue; a fused residual is added there). The KV cache lives in accelerator memory: the
+``kv_update`` node writes the step's INT8 keys and values into their stream layout
+(:class:`~sw.compile.lower.KVLayout`) and keeps their scales on the host.
+
+Accounting per step (:class:`StepStats`): every program's cycles and counters, its minimal
+DRAM traffic and MACs (for the roofline), every host operation's wall time on this machine and
+its estimated cycles on an on-chip vector unit (:mod:`sw.runtime.costs`), and the host <->
+accelerator transitions (two per program).
+
+With a timing-only backend or executable the programs run timing-only and the host nodes run
+on zeros of the right shapes (their wall time is still measured); outputs are meaningless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from hw.numerics import dequant_output, quantize_activations
+from sim.backends import Backend
+from sim.roofline import bound_cycles
+from sw.compile.executable import Executable
+from sw.compile.interpret import KERNELS, Interpreter, Kernel, Numerics, run_node
+from sw.compile.ir import Node
+from sw.compile.lower import KVLayout, context_bucket
+from sw.compress.attention import (
+    kv_rows,
+    scores_epilogue,
+    scores_prologue,
+    values_epilogue,
+    values_prologue,
+)
+from sw.models.config import LlamaConfig
+from sw.models.generate import sample_next
+from sw.runtime.costs import host_op_cycles, stream_cycles
+
+__all__ = ["Runtime", "RuntimeFault", "StepStats", "ProgramRun", "HostRun", "Generation",
+           "to_dict"]
+
+
+class RuntimeFault(RuntimeError):
+    """A program stopped with an error (deadlock, overflow, bad instruction) or an input
+    does not match the executable; the message names the step, node and engine states."""
+
+
+@dataclass
+class ProgramRun:
+    """One accelerator program of a step."""
+
+    node: str
+    program: int
+    bucket: int | None
+    cycles: int
+    counters: dict
+    read_bytes: int
+    write_bytes: int
+    macs: int
+    bound_cycles: float
+    trace: list | None = None
+
+
+@dataclass
+class HostRun:
+    """One host operation of a step (``op`` ends in ``:io`` for a program's prologue and
+    epilogue)."""
+
+    node: str
+    op: str
+    wall_s: float
+    unit_cycles: int
+
+
+@dataclass
+class StepStats:
+    """Everything one step cost."""
+
+    phase: str
+    past: int
+    tokens: int
+    programs: list[ProgramRun] = field(default_factory=list)
+    host: list[HostRun] = field(default_factory=list)
+
+    @property
+    def cycles(self) -> int:
+        """Simulated accelerator cycles (programs run back to back)."""
+        return sum(p.cycles for p in self.programs)
+
+    @property
+    def host_unit_cycles(self) -> int:
+        """Estimated cycles of the host's work on an on-chip vector unit."""
+        return sum(h.unit_cycles for h in self.host)
+
+    @property
+    def host_wall_s(self) -> float:
+        return sum(h.wall_s for h in self.host)
+
+    @property
+    def transitions(self) -> int:
+        """Host <-> accelerator transitions: each program is a round trip."""
+        return 2 * len(self.programs)
+
+    def counter(self, name: str) -> int:
+        return sum(p.counters.get(name, 0) for p in self.programs)
+
+    @property
+    def roofline_fraction(self) -> float:
+        """Sum of the programs' roofline bounds over their simulated cycles."""
+        return sum(p.bound_cycles for p in self.programs) / self.cycles if self.cycles else 0.0
+
+    def summary(self) -> dict:
+        return {"phase": self.phase, "past": self.past, "tokens": self.tokens,
+                "cycles": self.cycles, "programs": len(self.programs),
+                "transitions": self.transitions, "host_unit_cycles": self.host_unit_cycles,
+                "host_wall_s": self.host_wall_s, "mac_cycles": self.counter("mac_cycles"),
+                "dram_read_beats": self.counter("dram_read_beats"),
+                "roofline_fraction": self.roofline_fraction}
+
+
+@dataclass
+class Generation:
+    """Tokens generated and what each step cost."""
+
+    prompt: list[int]
+    tokens: list[int]
+    steps: list[StepStats]
+    logits: list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _KVRef:
+    """The keys or values of one layer as they live in accelerator memory."""
+
+    layer: int
+    kind: str  # "k" or "v"
+
+
+class Runtime:
+    """Run ``exe`` on ``backend``, keeping the KV cache in the backend's memory.
+
+    Parameters
+    ----------
+    exe : Executable
+        The compiled model.
+    backend : Backend
+        From :func:`sim.backends.make_backend` (its configuration must be ``exe.cfg``).
+    trace : bool
+        Keep the per-instruction timeline of every program (fast model only).
+    memo_timing : bool
+        Without values, simulate each template once: relocated copies of a program differ only
+        in DRAM addresses, which the timing contract ignores (``hw/timing.py``), so their
+        cycles and counters are the same; likewise a host operation repeated with the same
+        shapes (the next decoder block's) is timed once (the benchmarks of large models).
+    """
+
+    def __init__(self, exe: Executable, backend: Backend, *, trace: bool = False,
+                 memo_timing: bool = False) -> None:
+        if backend.cfg != exe.cfg:
+            raise RuntimeFault("the backend's accelerator configuration differs from the one "
+                               "the executable was compiled for")
+        self.exe, self.backend = exe, backend
+        self.values = backend.values and not exe.timing_only
+        self.trace = trace and backend.traces
+        self.config = LlamaConfig.from_dict(exe.model)
+        kv = exe.kv
+        self.kv_on_acc = kv["on_accelerator"]
+        self.kv = KVLayout(kv["head_dim"], kv["max_context"], kv["lanes"], kv["beat"])
+        params = {k: torch.from_numpy(v) for k, v in exe.host.items()}
+        for name, shape in exe.host_shapes.items():
+            params.setdefault(name, torch.zeros(shape))
+        self.params = params
+        self.interp = Interpreter(params, self.config, Numerics(), exe.io["max_context"])
+        self.acc = {(i.phase, i.node) for i in exe.infos}
+        self.memo: dict[tuple, object] | None = {} if memo_timing and not self.values else None
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Forget the sequence: fresh DRAM image (weights only) and an empty cache."""
+        self.dram = self.exe.dram_image() if self.values else None
+        self.past = 0
+        shape = (1, self.exe.kv["kv_heads"], self.exe.io["max_context"])
+        self.scales = {(L, kind): torch.ones(shape) for L in range(self.exe.kv["layers"])
+                       for kind in "kv"}
+        self.interp.cache.reset()
+
+    def seek(self, past: int) -> None:
+        """Continue as if ``past`` positions were cached (for timing: the cache holds whatever
+        the memory holds, so values after a seek are meaningless)."""
+        if not 0 <= past < self.exe.io["max_context"]:
+            raise RuntimeFault(f"position {past} outside [0, {self.exe.io['max_context']})")
+        self.past = past
+
+    # ------------------------------------------------------------------ steps
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor) -> tuple[torch.Tensor, StepStats]:
+        """Run one step on token ids ``[1, T]``: the prefill (first call, ``T`` the prompt
+        length the executable was compiled for) or one decode token. Returns the logits
+        ``[1, T, vocab]`` and the step's costs."""
+        ids = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1)
+        t = ids.shape[1]
+        io = self.exe.io
+        if self.past == 0:
+            phase = "prefill"
+            if t != io["prompt_tokens"]:
+                raise RuntimeFault(f"the executable was compiled for prompts of "
+                                   f"{io['prompt_tokens']} tokens, got {t}")
+        else:
+            phase = "decode"
+            if t != 1:
+                raise RuntimeFault(f"decode steps take one token, got {t}")
+        if self.past + t > io["max_context"]:
+            raise RuntimeFault(f"context of {self.past + t} positions exceeds the executable's "
+                               f"max_context={io['max_context']}")
+        if int(ids.min()) < 0 or int(ids.max()) >= io["vocab_size"]:
+            raise RuntimeFault(f"token ids must be in [0, {io['vocab_size']}), got "
+                               f"{ids.min().item()}..{ids.max().item()}")
+        graph = self.exe.graphs[phase]
+        stats = StepStats(phase, self.past, t)
+        env = self.interp.env(graph, self.past)
+        kernels = self._kernels(phase, stats)
+        vals: dict = {graph.inputs[0]: ids}
+        for i, node in enumerate(graph.nodes):
+            device = (phase, node.name) in self.acc or \
+                (self.kv_on_acc and node.op in _DEVICE_STATE)
+            if not (self.memo is not None and self._replay(node, vals, env, stats)):
+                if device:
+                    run_node(node, kernels, vals, env)
+                else:
+                    t0 = time.perf_counter()
+                    run_node(node, KERNELS, vals, env)
+                    wall = time.perf_counter() - t0
+                    stats.host.append(HostRun(node.name, node.op, wall, host_op_cycles(
+                        node.op, _nbytes([vals[v] for v in node.inputs]),
+                        _nbytes([vals[o] for o in node.outputs]), self.exe.cfg)))
+                if self.memo is not None:
+                    self._remember(node, vals, env, stats)
+            for v in graph.dead_after(i):  # free what no later node reads
+                del vals[v]
+        self.past += t
+        return vals[graph.outputs[0]], stats
+
+    # ------------------------------------------------------------------ timing memo
+    def _key(self, node: Node, vals: dict, env) -> tuple | None:
+        """Nodes of one op, attributes (names aside) and input shapes cost the same; without
+        values their outputs are placeholders, so a repeat is replayed, not recomputed."""
+        if node.op in _DEVICE_STATE:
+            return None
+        attrs = {k: v for k, v in node.attrs.items() if k not in ("weight", "weights", "layer")}
+        shapes = tuple(tuple(vals[v].shape) if isinstance(vals[v], torch.Tensor) else
+                       vals[v].kind for v in node.inputs)
+        return (node.op, json.dumps(attrs, sort_keys=True), shapes, env.past, env.t,
+                len(node.outputs))
+
+    def _replay(self, node: Node, vals: dict, env, stats: StepStats) -> bool:
+        hit = self.memo.get(("node", self._key(node, vals, env)))
+        if hit is None:
+            return False
+        outs, programs, host = hit
+        vals.update(zip(node.outputs, outs, strict=True))
+        stats.programs += [dataclasses.replace(p, node=node.name) for p in programs]
+        stats.host += [dataclasses.replace(h, node=node.name) for h in host]
+        return True
+
+    def _remember(self, node: Node, vals: dict, env, stats: StepStats) -> None:
+        key = self._key(node, vals, env)
+        if key is None:
+            return
+        programs = [p for p in stats.programs if p.node == node.name]
+        host = [h for h in stats.host if h.node == node.name]
+        self.memo[("node", key)] = ([vals[o] for o in node.outputs], programs, host)
+
+    def _kernels(self, phase: str, stats: StepStats) -> dict[str, Kernel]:
+        acc = self._accelerator_kernel(phase, stats)
+        out = {op: acc for op in _PROLOGUE}
+        out["kv_update"] = self._kv_update(stats)
+        out["repeat_kv"] = lambda n, a, e: (a[0],)  # members read their kv head's cache
+        return out
+
+    def _accelerator_kernel(self, phase: str, stats: StepStats) -> Kernel:
+        """Prologue (host), program (backend), epilogue (host) of an accelerator node."""
+        def kernel(node: Node, args: list, env):
+            bucket = context_bucket(env.past + env.t) if node.op in _ATTENTION else None
+            pid = self.exe.program_id(phase, node.name, bucket)
+            info = self.exe.infos[pid]
+            t0 = time.perf_counter()
+            state, cycles_in = _PROLOGUE[node.op](self, node, args, env, info)
+            wall = time.perf_counter() - t0
+            self._run(phase, node, pid, bucket, stats)
+            t0 = time.perf_counter()
+            outs, cycles_out = _EPILOGUE[node.op](self, node, args, env, info, state)
+            wall += time.perf_counter() - t0
+            stats.host.append(HostRun(node.name, f"{node.op}:io", wall, cycles_in + cycles_out))
+            return outs
+        return kernel
+
+    # ------------------------------------------------------------------ DRAM I/O
+    def _write_rows(self, symbol: str, rows: np.ndarray, row_bytes: int) -> None:
+        """Int8 ``rows [R, K]`` into a buffer of ``row_bytes`` per row (zero padded)."""
+        buf = np.zeros((rows.shape[0], row_bytes), dtype=np.int8)
+        buf[:, :rows.shape[1]] = rows
+        addr = self.exe.symbols[symbol].addr
+        self.dram[addr:addr + buf.size] = buf.view(np.uint8).reshape(-1)
+
+    def _read_rows(self, symbol: str, rows: int, row_bytes: int, n: int) -> np.ndarray:
+        """Int32 outputs ``[rows, n]`` (as int64) from a buffer of ``row_bytes`` per row."""
+        addr = self.exe.symbols[symbol].addr
+        y = self.dram[addr:addr + rows * row_bytes].view("<i4").reshape(rows, -1)
+        return y[:, :n].astype(np.int64)
+
+    def _run(self, phase: str, node: Node, pid: int, bucket: int | None,
+             stats: StepStats) -> None:
+        info = self.exe.infos[pid]
+        key = ("template", info.template)
+        if self.memo is not None and key in self.memo:
+            r = self.memo[key]
+        else:
+            r = self.backend.run(self.exe.programs[pid], self.dram, trace=self.trace)
+            if self.memo is not None:
+                self.memo[key] = r
+        if not r.ok:
+            raise RuntimeFault(
+                f"{phase} step at position {self.past}: the program of node {node.name!r}"
+                + (f" (context bucket {bucket})" if bucket else "")
+                + f" stopped with {r.error.name} at cycle {r.cycles}, instruction "
+                f"{r.error_pc}" + (f": {r.detail}" if r.detail else ""))
+        if self.values:
+            self.dram = r.dram
+        cfg = self.exe.cfg
+        stats.programs.append(ProgramRun(
+            node.name, pid, bucket, r.cycles, dict(r.counters), info.read_bytes,
+            info.write_bytes, info.macs,
+            bound_cycles(cfg, info.read_bytes, info.write_bytes, info.macs), r.trace))
+
+    # ------------------------------------------------------------------ accelerator nodes
+    def _linear_in(self, node: Node, args: list, env, info) -> tuple:
+        """Quantise the input rows (one buffer shared by every member)."""
+        rows = args[0].reshape(-1, args[0].shape[-1])
+        s_x = None
+        if self.values:
+            a, s_x = quantize_activations(rows.numpy())
+            m0 = info.members[0]
+            self._write_rows(m0["x"], a, m0["act_row_bytes"])
+        return s_x, stream_cycles(rows.numel() * 4, rows.numel(), self.exe.cfg)
+
+    def _linear_out(self, node: Node, args: list, env, info, s_x) -> tuple:
+        """Dequantise every member's outputs; a fused residual is added as they are read."""
+        x = args[0]
+        weights = node.attrs["weights"] if node.op == "linears" else [node.attrs["weight"]]
+        rows = x.numel() // x.shape[-1]
+        outs, nbytes = [], 0
+        for m, w in zip(info.members, weights, strict=True):
+            shape = (*x.shape[:-1], m["n"])
+            if self.values:
+                acc = self._read_rows(m["y"], rows, m["out_row_bytes"], m["n"])
+                scale = self.exe.host[f"row_scale:{w.removesuffix('.weight')}"]
+                y = torch.from_numpy(dequant_output(acc, scale, s_x)).reshape(shape)
+            else:
+                y = torch.zeros(shape)
+            outs.append(y)
+            nbytes += y.numel() * 4
+        read = nbytes
+        if len(args) == 2:  # fused residual epilogue
+            outs[0] = args[1] + outs[0]
+            read += args[1].numel() * 4
+        return tuple(outs), stream_cycles(read, nbytes, self.exe.cfg)
+
+    def _attention_scale(self, node: Node, ref: _KVRef, s: int, operand_heads: int):
+        scale = self.scales[(node.attrs["layer"], ref.kind)][:, :, :s]
+        if operand_heads != scale.shape[1]:  # per query head against repeated K/V
+            scale = scale.repeat_interleave(operand_heads // scale.shape[1], dim=1)
+        return scale
+
+    def _attention_in(self, node: Node, args: list, env, info) -> tuple:
+        """Quantise the query (or probability) rows of every operand head."""
+        x, ref = args
+        operand_heads = len(info.members)
+        scale = self._attention_scale(node, ref, env.past + env.t, operand_heads)
+        if node.op == "attn_scores":
+            x8, s_x = scores_prologue(x, operand_heads)
+        else:
+            x8, s_x = values_prologue(x, scale, operand_heads)
+        if self.values:
+            for j, m in enumerate(info.members):
+                self._write_rows(m["x"], x8[0, j].numpy(), m["act_row_bytes"])
+        return (x8.shape[2], s_x, scale), stream_cycles(x.numel() * 4, x8.numel(),
+                                                        self.exe.cfg)
+
+    def _attention_out(self, node: Node, args: list, env, info, state) -> tuple:
+        """Dequantise the integer scores (key scales as row scales) or values."""
+        rows, s_x, scale = state
+        s = env.past + env.t
+        n = s if node.op == "attn_scores" else self.kv.head_dim
+        heads = args[0].shape[1]
+        if self.values:
+            acc = torch.from_numpy(np.stack([
+                self._read_rows(m["y"], rows, m["out_row_bytes"], n) for m in info.members]))[None]
+        else:
+            acc = torch.zeros((1, len(info.members), rows, n), dtype=torch.int64)
+        out = (scores_epilogue(acc, s_x, scale, heads) if node.op == "attn_scores"
+               else values_epilogue(acc, s_x, heads))
+        return (out,), stream_cycles(acc.numel() * 4, out.numel() * 4, self.exe.cfg)
+
+    def _kv_update(self, stats: StepStats) -> Kernel:
+        def kernel(node: Node, args: list, env):
+            t0 = time.perf_counter()
+            layer = node.attrs["layer"]
+            past, t = env.past, env.t
+            positions = np.arange(past, past + t)
+            for kind, x in zip("kv", args, strict=True):
+                x8, sc = kv_rows(x)                      # [1, KV, T, d], [1, KV, T]
+                self.scales[(layer, kind)][:, :, past:past + t] = sc
+                if not self.values:
+                    continue
+                offsets = (self.kv.key_offsets if kind == "k" else self.kv.value_offsets)(
+                    positions)                           # [T, d]
+                for h in range(x8.shape[1]):
+                    base = self.exe.symbols[f"{kind}:{layer}:{h}"].addr
+                    self.dram[base + offsets] = x8[0, h].numpy().view(np.uint8)
+            nbytes = sum(a.numel() for a in args)
+            stats.host.append(HostRun(node.name, node.op, time.perf_counter() - t0,
+                                      stream_cycles(4 * nbytes, nbytes, self.exe.cfg)))
+            return _KVRef(layer, "k"), _KVRef(layer, "v")
+        return kernel
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt: list[int], max_new_tokens: int, *,
+                 temperature: float = 0.0, top_k: int | None = None, seed: int = 0,
+                 eos_token_id: int | None = None,
+                 on_token: Callable[[int], None] | None = None) -> Generation:
+        """Generate from ``prompt`` (the cache is reset first): greedy by default, else sampled
+        with ``temperature`` / ``top_k`` (:func:`sw.models.generate.sample_next`, seeded)."""
+        self.reset()
+        gen = torch.Generator().manual_seed(seed)
+        logits, st = self.step(torch.tensor([prompt]))
+        steps, outs, all_logits = [st], [], [logits]
+        for i in range(max_new_tokens):
+            nxt = int(sample_next(logits[:, -1], temperature, top_k, gen)[0])
+            outs.append(nxt)
+            if on_token:
+                on_token(nxt)
+            if (eos_token_id is not None and nxt == eos_token_id) or i == max_new_tokens - 1:
+                break
+            logits, st = self.step(torch.tensor([[nxt]]))
+            steps.append(st)
+            all_logits.append(logits)
+        return Generation(list(prompt), outs, steps, all_logits)
+
+
+#: Ops whose kernel the runtime provides itself (state in accelerator memory).
+_DEVICE_STATE = frozenset({"kv_update", "repeat_kv"})
+_ATTENTION = frozenset({"attn_scores", "attn_values"})
+#: Host side of each accelerator op: prologue(rt, node, args, env, info) -> (state, cycles)
+#: and epilogue(rt, node, args, env, info, state) -> (outputs, cycles).
+_PROLOGUE = {"linear": Runtime._linear_in, "linears": Runtime._linear_in,
+             "attn_scores": Runtime._attention_in, "attn_values": Runtime._attention_in}
+_EPILOGUE = {"linear": Runtime._linear_out, "linears": Runtime._linear_out,
+             "attn_scores": Runtime._attention_out, "attn_values": Runtime._attention_out}
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def to_dict(s: StepStats) -> dict:
+    """A step's costs as JSON-serialisable data (traces dropped)."""
+    d = asdict(s)
+    for p in d["programs"]:
+        p.pop("trace", None)
+    return d
+

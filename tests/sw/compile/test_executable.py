@@ -1,0 +1,57 @@
+"""The Executable round-trips through its file, and any corrupted byte is caught."""
+
+import numpy as np
+import pytest
+from compile_testutil import SMALL, compressed, tiny_lm
+
+from sw.compile import CompileOptions, compile_model
+from sw.compile.executable import ExecutableError, load, save
+
+
+@pytest.fixture(scope="module")
+def exe():
+    lm = tiny_lm(layers=1)
+    return compile_model(lm, SMALL, CompileOptions(prompt_tokens=4, max_context=8),
+                         weights=compressed(lm))
+
+
+def test_round_trip(exe, tmp_path):
+    back = load(save(exe, tmp_path / "m.safetensors"))
+    assert back.cfg == exe.cfg and back.io == exe.io and back.kv == exe.kv
+    assert back.report == exe.report and back.infos == exe.infos
+    assert back.symbols == exe.symbols
+    assert {k: g.to_dict() for k, g in back.graphs.items()} == \
+        {k: g.to_dict() for k, g in exe.graphs.items()}
+    assert all(np.array_equal(a, b) for a, b in zip(back.programs, exe.programs, strict=True))
+    assert np.array_equal(back.dram_image(), exe.dram_image())
+    assert exe.host.keys() == back.host.keys()
+
+
+def test_every_part_is_checksummed(exe, tmp_path):
+    path = save(exe, tmp_path / "m.safetensors")
+    raw = path.read_bytes()
+    header = int.from_bytes(raw[:8], "little") + 8
+    # a byte in the JSON header (metadata, names, shapes), early, middle and late in the data
+    for pos in (60, header // 2, header + 1, (header + len(raw)) // 2, len(raw) - 2):
+        bad = bytearray(raw)
+        bad[pos] ^= 0x5A
+        corrupt = tmp_path / f"bad{pos}.safetensors"
+        corrupt.write_bytes(bytes(bad))
+        with pytest.raises(ExecutableError):
+            load(corrupt)
+    (tmp_path / "short.safetensors").write_bytes(raw[:len(raw) // 3])
+    with pytest.raises(ExecutableError, match="truncated or corrupted"):
+        load(tmp_path / "short.safetensors")
+    with pytest.raises(ExecutableError, match="no such file"):
+        load(tmp_path / "missing.safetensors")
+
+
+def test_interrupted_save_leaves_nothing(exe, tmp_path, monkeypatch):
+    import sw.artifact
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sw.artifact, "save_file", boom)
+    with pytest.raises(KeyboardInterrupt):
+        save(exe, tmp_path / "m.safetensors")
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,28 @@
+"""Tiny models shared by the compiler, runtime and deploy tests (``tests/sw/conftest.py`` puts
+this directory on the import path)."""
+
+import torch
+
+from hw.config import AcceleratorConfig, MemoryModel
+from hw.format import WeightFormat
+from sw.compress.model import compress_llama
+from sw.models import LlamaConfig, LlamaLM
+
+#: A small accelerator: 16 lanes, room for the tiny models below.
+SMALL = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 20))
+
+
+def tiny_lm(layers: int = 2, heads: int = 4, kv_heads: int = 2, hidden: int = 64,
+            seed: int = 0, vocab: int = 64) -> LlamaLM:
+    """A random LLaMA-style model (grouped-query attention when ``kv_heads < heads``)."""
+    torch.manual_seed(seed)
+    return LlamaLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden,
+                               intermediate_size=hidden * 3 // 2, num_hidden_layers=layers,
+                               num_attention_heads=heads, num_key_value_heads=kv_heads,
+                               max_position_embeddings=64))
+
+
+def compressed(lm: LlamaLM, pattern: str = "2:4", group: int = 32) -> dict:
+    """Magnitude N:M + INT4 RTN of every linear but the head (in place)."""
+    return compress_llama(lm, WeightFormat(pattern, 4, group), "magnitude", progress=False)
+

@@ -1,0 +1,1 @@
+"""Makes ``tests/sw`` importable (``compile_testutil``) from every test below it."""
