@@ -36,7 +36,7 @@ from bench.common import RESULTS, write_json
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat
 from sim.backends import make_backend
-from sim.roofline import LayerPoint, plot_roofline
+from sim.roofline import plot_roofline
 from sw.compile import CompileOptions, compile_model
 from sw.compile.compiler import capture_model
 from sw.models import LlamaConfig, LlamaLM
@@ -120,13 +120,6 @@ def run_step(cfg: AcceleratorConfig, fmt: WeightFormat, phase: str, tokens: int,
     return stats
 
 
-def _kind(node: str) -> str:
-    """Program or host op of every block under one name (``layers.3.mlp.down_proj`` ->
-    ``mlp.down_proj``)."""
-    parts = node.split(".")
-    return ".".join(parts[2:]) if parts[0] == "layers" else node
-
-
 def summarise(stats: StepStats, cfg: AcceleratorConfig, phase: str, tokens: int) -> dict:
     """The step's costs as one record."""
     linear = sum(p.cycles for p in stats.programs if stats.ops[p.node] in ("linear", "linears"))
@@ -139,19 +132,6 @@ def summarise(stats: StepStats, cfg: AcceleratorConfig, phase: str, tokens: int)
             "step_ms_with_host_unit": (stats.cycles + stats.host_unit_cycles)
             / (cfg.clock_mhz * 1e3),
             "host_wall_ms": stats.host_wall_s * 1e3}
-
-
-def roofline_points(stats: StepStats) -> list[LayerPoint]:
-    """One point per program kind, summed over the blocks."""
-    points: dict[str, LayerPoint] = {}
-    for p in stats.programs:
-        k = _kind(p.node)
-        q = points.setdefault(k, LayerPoint(k, 0, 0, 0, 0))
-        q.read_bytes += p.read_bytes
-        q.write_bytes += p.write_bytes
-        q.macs += p.macs
-        q.cycles += p.cycles
-    return list(points.values())
 
 
 def host_breakdown(stats: StepStats) -> dict[str, float]:
@@ -200,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                        / res["linear_cycles"]}
                 records.append(rec)
                 if label == "default" and phase == "decode" and ctx == 128:
-                    roof_points[fname] = (cfg, roofline_points(stats))
+                    roof_points[fname] = (cfg, stats.roofline_points())
                 if label == "default" and fname == "2:4-int4":
                     host[f"{phase}-{tokens if phase == 'prefill' else ctx}"] = \
                         host_breakdown(stats)

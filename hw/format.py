@@ -402,6 +402,26 @@ class StreamLayout:
         return out
 
 
+def storage_warning(fmt: WeightFormat, n_out: int, k: int, lanes: int) -> str | None:
+    """Why ``fmt`` may be a poor choice for ``W[n_out, k]``, or None: K padded to whole
+    blocks and groups, or a sparse pattern whose stream is larger than dense at the same
+    width (its index bits cost more than the zeros it skips, e.g. 3:4 INT4)."""
+    notes = []
+    kp = fmt.padded_k(k)
+    if kp != k:
+        notes.append(f"K={k} is padded with {kp - k} zero columns to {kp} (whole "
+                     f"{fmt.pattern} blocks and groups of {fmt.group_of(kp)})")
+    if not fmt.pattern.dense:
+        dense = WeightFormat(DENSE, fmt.bits, fmt.group, fmt.symmetric, fmt.code_bits, fmt.raw)
+        ours = stream_layout(fmt, n_out, k, lanes).bits_per_weight["total"]
+        base = stream_layout(dense, n_out, k, lanes).bits_per_weight["total"]
+        if ours > base:
+            notes.append(f"{fmt.pattern} INT{fmt.bits} stores {ours:.2f} bits/weight, more than "
+                         f"dense INT{fmt.bits}'s {base:.2f}: its index bits cost more than the "
+                         "zeros it skips")
+    return "; ".join(notes) or None
+
+
 def stream_layout(fmt: WeightFormat, n_out: int, k: int, lanes: int) -> StreamLayout:
     """The byte layout of ``W[n_out, k]`` packed for ``lanes`` lanes."""
     if lanes % 8 or lanes <= 0:

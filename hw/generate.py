@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"hw.generate: cannot read {args.config}: {e}", file=sys.stderr)
         return 2
+    print(f"hw.generate: elaborating the {args.top} top for a {cfg.rows}x{cfg.cols} array and "
+          "converting it to Verilog (about 20 s on 2 cores)...", file=sys.stderr, flush=True)
     try:
         paths = write_design(cfg, args.out, top=args.top)
     except (ConfigError, ValueError) as e:

@@ -19,7 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from hw.config import AcceleratorConfig, ConfigError, MemoryModel, NMPattern
-from hw.format import FormatError, WeightFormat, random_quantized, stream_layout
+from hw.format import (
+    FormatError,
+    WeightFormat,
+    random_quantized,
+    storage_warning,
+    stream_layout,
+)
 from hw.numerics import gemm_acc
 from sim.model import FastModel
 from sim.roofline import bound_cycles
@@ -75,24 +81,48 @@ def report(cfg: AcceleratorConfig, r, lp, fmt: WeightFormat, seconds: float) -> 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layer", type=_shape, default=(4096, 4096), help="OUTxIN (default 4096x4096)")
-    ap.add_argument("--tokens", type=int, default=1)
-    ap.add_argument("--pattern", default="2:4")
-    ap.add_argument("--bits", type=int, default=4, choices=(4, 8))
-    ap.add_argument("--group", type=int, default=128)
-    ap.add_argument("--config", type=Path, help="accelerator configuration JSON")
+    ap.add_argument("--layer", type=_shape, default=(4096, 4096),
+                    help="the layer as OUTxIN (default: 4096x4096)")
+    ap.add_argument("--tokens", type=int, default=1,
+                    help="activation rows: 1 is a decode GEMV, more a prefill GEMM (default: 1)")
+    ap.add_argument("--pattern", default="2:4",
+                    help="N:M sparsity of the weights, or 'dense' (default: 2:4)")
+    ap.add_argument("--bits", type=int, default=4, choices=(4, 8),
+                    help="weight bits (default: 4)")
+    ap.add_argument("--group", type=int, default=128,
+                    help="quantisation group along K, 0 = whole row (default: 128)")
+    ap.add_argument("--config", type=Path,
+                    help="accelerator configuration JSON (default: the built-in one)")
     ap.add_argument("--values", action="store_true",
                     help="random weights and activations; check the result against the golden "
-                         "numerics (full mode)")
+                         "numerics (full mode; default: timing only)")
     ap.add_argument("--rtl", action="store_true",
-                    help="also run on the Verilator RTL and compare everything (needs --values)")
-    ap.add_argument("--trace", type=Path, help="write a Perfetto/Chrome trace JSON")
-    ap.add_argument("--seed", type=int, default=0)
+                    help="also run on the Verilator RTL and compare everything (needs --values; "
+                    "default: off)")
+    ap.add_argument("--trace", type=Path,
+                    help="write a Perfetto/Chrome trace JSON (default: none)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the random weights and activations (default: 0)")
     args = ap.parse_args(argv)
+    if args.tokens < 1:
+        print(f"python -m sim: --tokens must be >= 1, got {args.tokens}", file=sys.stderr)
+        return 2
     try:
         cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
+    except OSError as e:
+        print(f"python -m sim: --config {args.config}: cannot read it ({e.strerror})",
+              file=sys.stderr)
+        return 2
+    except (ConfigError, TypeError) as e:
+        print(f"python -m sim: --config {args.config}: invalid configuration: {e}",
+              file=sys.stderr)
+        return 2
+    try:
         fmt = WeightFormat(NMPattern.parse(args.pattern), args.bits, args.group)
         n, k = args.layer
+        note = storage_warning(fmt, n, k, cfg.lanes)
+        if note:
+            print(f"note: {note}")
         w = a = None
         if args.values or args.rtl:
             lay = stream_layout(fmt, n, k, cfg.lanes)
@@ -113,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(lp.program) > cfg.imem_depth:
             cfg = cfg.replace(imem_depth=1 << (len(lp.program) - 1).bit_length())
     except (ConfigError, FormatError, LoweringError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"python -m sim: {e}", file=sys.stderr)
         return 2
     model = FastModel(cfg)
     t0 = time.perf_counter()

@@ -53,17 +53,20 @@ def plot_roofline(points: list[LayerPoint], cfg: AcceleratorConfig, path: str | 
     ys = np.array([p.macs / p.cycles for p in points])
     lo, hi = min(xs.min(), peak / bw) / 4, max(xs.max(), peak / bw) * 4
     grid = np.geomspace(lo, hi, 200)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     ax.loglog(grid, np.minimum(peak, bw * grid), "k-", lw=2, label="roofline")
     ax.axvline(peak / bw, color="gray", ls=":", lw=1)
-    for p, x, y in zip(points, xs, ys, strict=True):
-        ax.plot(x, y, "o")
-        ax.annotate(p.name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    # Points of similar intensity overlap: name them in the legend, never on the plot.
+    markers = "os^vD<>ph*"
+    for i, (p, x, y) in enumerate(zip(points, xs, ys, strict=True)):
+        ax.plot(x, y, markers[i % len(markers)], ms=7, alpha=0.8,
+                label=f"{p.name} ({p.fraction(cfg):.0%} of bound)")
     ax.set_xlabel("arithmetic intensity (MACs per DRAM byte read)")
     ax.set_ylabel("achieved MACs per cycle")
-    ax.set_title(title or f"{cfg.rows}x{cfg.cols} array, {bw} B/cycle")
+    ax.set_title(title or f"{cfg.rows}x{cfg.cols} array, {bw} B/cycle", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7,
+              ncol=1 if len(points) <= 16 else 2)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -207,6 +208,10 @@ class RTLBackend:
             if runner.exists():
                 return runner
             t0 = time.perf_counter()
+            # A build takes minutes on 2 cores; say so once, then it is cached.
+            print(f"sim.rtl: building the {type(self).__name__} runner for a "
+                  f"{self.cfg.rows}x{self.cfg.cols} array in {out} (a few minutes; cached "
+                  "afterwards)", file=sys.stderr, flush=True)
             from hw.generate import write_design
             write_design(self.cfg, out, top="runner", compute=self.compute)
             verilog = self._simulated_verilog(out, verbose)

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from hw.config import DENSE, AcceleratorConfig, ConfigError, NMPattern
 from hw.format import FormatError, WeightFormat, stream_layout
 from sim.backends import BACKENDS, make_backend
-from sim.roofline import LayerPoint, plot_roofline
+from sim.roofline import plot_roofline
 from sw.compile import CompileError, CompileOptions, compile_model
 from sw.compile import executable as executable_io
 from sw.compress.model import COMPRESS_METHODS, compress_llama, use_hardware_numerics
@@ -320,10 +320,9 @@ def _write(out: Path, opts, cfg, exe, gen, report, src, tokens) -> None:
     executable_io.save(exe, out / "executable.safetensors")
     dec = _decode_steps(gen.steps)
     last = dec[-1]
-    points = [LayerPoint(p.node, p.read_bytes, p.write_bytes, p.macs, p.cycles)
-              for p in last.programs]
-    plot_roofline(points, cfg, out / "roofline.png",
-                  f"one decode step at position {last.past}: {len(points)} programs")
+    plot_roofline(last.roofline_points(), cfg, out / "roofline.png",
+                  f"one decode step at position {last.past}: {len(last.programs)} programs, "
+                  "summed per kind over the blocks")
     if any(p.trace is not None for p in last.programs):
         write_step_trace(out / "decode_trace.json", exe, last)
     (out / "report.md").write_text(_markdown(report, src.decode(tokens), opts))

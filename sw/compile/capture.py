@@ -368,12 +368,10 @@ def _rmsnorm(t: _Translator, r: _Region, ins, outs):
 
 
 def _linear(t: _Translator, r: _Region, ins, outs):
-    if r.module.bias is not None:
-        raise CaptureError(f"linear layer '{r.path}' has a bias: the accelerator's epilogue "
-                           "has no bias term yet")
     name = t.short(r.path)
+    bias = {} if r.module.bias is None else {"bias": f"{r.path}.bias"}
     return t.emit("linear", name, [t._one_input(r, ins)], [(name, t.ttype(outs[0]))],
-                  weight=f"{r.path}.weight")
+                  weight=f"{r.path}.weight", **bias)
 
 
 def _rope(t: _Translator, r: _Region, ins, outs):
@@ -432,9 +430,10 @@ _TranslateFn = Callable[[_Translator, _Region, list, list], list]
 #: Leaf module type -> (translation, ATen ops its region may contain).
 _LEAVES: dict[type, tuple[_TranslateFn, frozenset[str]]] = {
     nn.Embedding: (_embed, frozenset({"embedding"})),
-    StepPositions: (_positions, frozenset({"slice", "to", "arange", "unsqueeze", "add", "zeros",
-                                           "full", "le", "where", "_assert_tensor_metadata",
-                                           "scalar_tensor"})),
+    StepPositions: (_positions, frozenset({"slice", "to", "arange", "unsqueeze", "add", "sub",
+                                           "zeros", "full", "le", "gt", "where",
+                                           "bitwise_and", "logical_and", "__and__",
+                                           "_assert_tensor_metadata", "scalar_tensor"})),
     RMSNorm: (_rmsnorm, frozenset({"to", "pow", "mean", "add", "rsqrt", "mul",
                                    "_assert_tensor_metadata"})),
     nn.Linear: (_linear, frozenset({"linear"})),

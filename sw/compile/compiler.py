@@ -30,7 +30,7 @@ from hw.format import QuantizedWeight, WeightFormat
 from sw.compile.capture import CaptureResult, capture
 from sw.compile.errors import CompileError
 from sw.compile.executable import Executable, ProgramInfo
-from sw.compile.interpret import layer_of
+from sw.compile.interpret import layer_of, linear_members
 from sw.compile.ir import ACCELERATOR_OPS, Graph, Node
 from sw.compile.linear import plan_linear, weight_image
 from sw.compile.lower import (
@@ -323,12 +323,16 @@ def _member_info(m: Member) -> dict:
 
 def _host_tensors(model: LlamaLM, graphs: Mapping[str, Graph], fmt_map, weights
                   ) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
-    """Parameters the host nodes read, and the row scales of compressed layers."""
+    """Parameters the host reads (its nodes' weights, every bias: the epilogue adds it) and
+    the row scales of compressed layers."""
     names = set()
     for g in graphs.values():
         for n in g.nodes:
-            if n.op in HOST_PARAM_OPS and layer_of(n) not in fmt_map:
-                names.add(n.attrs["weight"])
+            for m in (linear_members(n) if n.op in ("linear", "linears") else [n]):
+                if m.op in HOST_PARAM_OPS and layer_of(m) not in fmt_map:
+                    names.add(m.attrs["weight"])
+                if "bias" in m.attrs:
+                    names.add(m.attrs["bias"])
     shapes = {n: list(model.get_parameter(n).shape) for n in sorted(names)}
     meta = model.lm_head.weight.device.type == "meta"
     host = {} if meta else {

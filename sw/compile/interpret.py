@@ -52,7 +52,8 @@ from sw.models.llama import (
     rotary_tables,
 )
 
-__all__ = ["Numerics", "Interpreter", "Env", "KERNELS", "Kernel", "layer_of", "run_node"]
+__all__ = ["Numerics", "Interpreter", "Env", "KERNELS", "Kernel", "layer_of", "run_node",
+           "linear_members"]
 
 
 def layer_of(node: Node) -> str:
@@ -93,9 +94,10 @@ class Env:
     """What kernels see besides their inputs: parameters, numerics, the cache and the step."""
 
     def __init__(self, params: Mapping[str, torch.Tensor], numerics: Numerics, cache, past: int,
-                 tokens: int, tables: tuple[torch.Tensor, torch.Tensor]):
+                 tokens: int, tables: tuple[torch.Tensor, torch.Tensor],
+                 window: int | None = None):
         self.params, self.numerics, self.cache = params, numerics, cache
-        self.past, self.t, self.tables = past, tokens, tables
+        self.past, self.t, self.tables, self.window = past, tokens, tables, window
 
     def param(self, name: str) -> torch.Tensor:
         try:
@@ -110,21 +112,32 @@ Kernel = Callable[[Node, list, Env], tuple]
 def _linear(node: Node, args: list, env: Env) -> tuple:
     x = args[0]
     layer = layer_of(node)
+    bias = env.param(node.attrs["bias"]) if "bias" in node.attrs else None
     if layer in env.numerics.weights:
         w_int, row_scale = env.numerics.int_weight(layer)
         y = golden_linear_torch(x, w_int, row_scale, env.numerics.acc_bits).to(x.dtype)
+        if bias is not None:  # added to the dequantised output, in the epilogue
+            y = y + bias
     else:
-        y = F.linear(x, env.param(node.attrs["weight"]))
+        y = F.linear(x, env.param(node.attrs["weight"]), bias)
     if len(args) == 2:  # fused residual epilogue
         y = args[1] + y
     return (y,)
 
 
 def _linears(node: Node, args: list, env: Env) -> tuple:
-    return tuple(_linear(Node(f"{node.name}[{i}]", "linear", node.inputs, (o,),
-                              {"weight": w}), args, env)[0]
-                 for i, (o, w) in enumerate(zip(node.outputs, node.attrs["weights"],
-                                                strict=True)))
+    return tuple(_linear(member, args, env)[0] for member in linear_members(node))
+
+
+def linear_members(node: Node) -> list[Node]:
+    """The ``linear`` nodes a ``linears`` node groups (a ``linear`` is its own member)."""
+    if node.op == "linear":
+        return [node]
+    biases = node.attrs.get("biases") or [None] * len(node.outputs)
+    return [Node(f"{node.name}[{i}]", "linear", node.inputs, (o,),
+                 {"weight": w, **({"bias": b} if b else {})})
+            for i, (o, w, b) in enumerate(zip(node.outputs, node.attrs["weights"], biases,
+                                              strict=True))]
 
 
 def _positions(node: Node, args: list, env: Env) -> tuple:
@@ -133,7 +146,7 @@ def _positions(node: Node, args: list, env: Env) -> tuple:
     end = env.past + t
     dtype = torch.float32
     return cos[env.past:end].to(dtype), sin[env.past:end].to(dtype), \
-        causal_mask(t, env.past, dtype, cos.device)
+        causal_mask(t, env.past, dtype, cos.device, env.window)
 
 
 def _kv_update(node: Node, args: list, env: Env) -> tuple:
@@ -221,7 +234,7 @@ class Interpreter:
     def env(self, graph: Graph, past: int) -> Env:
         """The kernels' environment for one step of ``graph`` after ``past`` positions."""
         return Env(self.params, self.numerics, self.cache, past,
-                   int(graph.meta.get("tokens", 1)), self.tables)
+                   int(graph.meta.get("tokens", 1)), self.tables, self.config.sliding_window)
 
     @torch.no_grad()
     def step(self, graph: Graph, ids: torch.Tensor, past: int) -> torch.Tensor:

@@ -97,9 +97,11 @@ def group_linears(g: Graph, accelerated: Collection[str]) -> tuple[Graph, int]:
     for n in g.nodes:
         if n.name in groups:
             members = groups[n.name]
+            attrs = {"weights": [m.attrs["weight"] for m in members]}
+            if any("bias" in m.attrs for m in members):
+                attrs["biases"] = [m.attrs.get("bias") for m in members]
             nodes.append(Node(f"{n.name}+{len(members) - 1}", "linears", n.inputs,
-                              tuple(m.outputs[0] for m in members),
-                              {"weights": [m.attrs["weight"] for m in members]}))
+                              tuple(m.outputs[0] for m in members), attrs))
         elif n.name not in grouped:
             nodes.append(n)
     return g.replace(nodes=nodes), len(groups)

@@ -411,7 +411,8 @@ class HardwareLinear(nn.Module):
     the integer weights ``code * (q - zero)`` of the packed format (cut to the original K; the
     padding columns are zero), exact integer accumulation wrapped to ``acc_bits``, and the
     float32 WIDE epilogue ``float32(acc) * row_scale[n] * act_scale[t]``. Equal bit for bit to
-    :func:`hw.numerics.golden_linear` on the same inputs.
+    :func:`hw.numerics.golden_linear` on the same inputs. A bias (Qwen2's q/k/v) is added to
+    the dequantised output in float, where the runtime's epilogue adds it.
 
     Parameters
     ----------
@@ -419,9 +420,12 @@ class HardwareLinear(nn.Module):
         The compressed weight.
     acc_bits : int
         Accumulator width of the datapath.
+    bias : torch.Tensor, optional
+        The layer's float bias ``[out_features]``.
     """
 
-    def __init__(self, qw: QuantizedWeight, acc_bits: int = 32) -> None:
+    def __init__(self, qw: QuantizedWeight, acc_bits: int = 32,
+                 bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.in_features = qw.k
         self.out_features = qw.n_out
@@ -430,14 +434,16 @@ class HardwareLinear(nn.Module):
         w_int = np.ascontiguousarray(qw.int_weight()[:, : qw.k], dtype=np.int32)
         self.register_buffer("w_int", torch.from_numpy(w_int))
         self.register_buffer("row_scale", torch.from_numpy(qw.row_scale.astype(np.float32)))
+        self.register_buffer("bias", None if bias is None else
+                             bias.detach().to(torch.float32).clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., in_features]`` float -> ``[..., out_features]`` in ``x``'s dtype."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, layer expects "
                              f"{self.in_features}")
-        y = golden_linear_torch(x, self.w_int, self.row_scale, self.acc_bits)
-        return y.to(x.dtype)
+        y = golden_linear_torch(x, self.w_int, self.row_scale, self.acc_bits).to(x.dtype)
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -489,9 +495,7 @@ def use_hardware_numerics(model: nn.Module, weights: dict[str, QuantizedWeight],
         if (mod.out_features, mod.in_features) != qw.shape:
             raise ValueError(f"{name}: layer is {(mod.out_features, mod.in_features)}, "
                              f"compressed weight is {qw.shape}")
-        if isinstance(mod, nn.Linear) and mod.bias is not None:
-            raise ValueError(f"{name}: layers with a bias are not supported")
-        setattr(parent, attr, HardwareLinear(qw, acc_bits))
+        setattr(parent, attr, HardwareLinear(qw, acc_bits, mod.bias))
     if attention:
         from sw.compress.attention import HardwareAttentionProducts
 

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: Model families the implementation reproduces (LLaMA and its close relatives).
+MODEL_TYPES = ("llama", "mistral", "qwen2")
+
 
 class ConfigError(ValueError):
     """A model configuration that is invalid or that this implementation does not support."""
@@ -44,6 +47,15 @@ class LlamaConfig:
         Longest sequence the rotary table covers.
     bos_token_id, eos_token_id, pad_token_id : int or None
         Special token ids (metadata only; the model itself does not use them).
+    model_type : str
+        The family the checkpoint came from: ``llama``, ``mistral`` (LLaMA with a sliding
+        window) or ``qwen2`` (LLaMA with q/k/v biases).
+    qkv_bias, o_bias : bool
+        Biases on the q/k/v projections (Qwen2; LLaMA's ``attention_bias`` sets both) and on
+        the output projection.
+    sliding_window : int or None
+        Each query attends only to the last ``sliding_window`` positions, itself included
+        (Mistral); None: to all.
     """
 
     vocab_size: int = 260
@@ -59,6 +71,10 @@ class LlamaConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    model_type: str = "llama"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -105,6 +121,13 @@ class LlamaConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"unsupported head layout: head_dim={self.head_dim} must be even")
+        if self.model_type not in MODEL_TYPES:
+            raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
+        window = self.sliding_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                                   or window <= 0):
+            raise ConfigError(f"sliding_window must be a positive integer or None, got "
+                              f"{window!r}")
         if not self.rope_theta > 0:
             raise ConfigError(f"rope_theta must be positive, got {self.rope_theta!r}")
         if not self.rms_norm_eps > 0:

@@ -25,8 +25,9 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
 
-_ARCHITECTURE = "LlamaForCausalLM"
-_MODEL_TYPE = "llama"
+#: model_type -> architecture class of the families we load.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM"}
 
 
 class CheckpointError(ValueError):
@@ -54,11 +55,13 @@ def config_from_hf(data: dict[str, Any]) -> LlamaConfig:
         layouts, rope scaling, biases or activations.
     """
     model_type = data.get("model_type")
-    if model_type != _MODEL_TYPE:
-        raise ConfigError(f"unsupported: model_type={model_type!r} (only {_MODEL_TYPE!r})")
+    if model_type not in ARCHITECTURES:
+        raise ConfigError(f"unsupported: model_type={model_type!r} (only "
+                          f"{', '.join(map(repr, ARCHITECTURES))})")
     archs = data.get("architectures")
-    if archs is not None and list(archs) != [_ARCHITECTURE]:
-        raise ConfigError(f"unsupported: architectures={archs!r} (only [{_ARCHITECTURE!r}])")
+    if archs is not None and list(archs) != [ARCHITECTURES[model_type]]:
+        raise ConfigError(f"unsupported: architectures={archs!r} (a {model_type} checkpoint "
+                          f"is [{ARCHITECTURES[model_type]!r}])")
     required = (
         "vocab_size",
         "hidden_size",
@@ -83,9 +86,17 @@ def config_from_hf(data: dict[str, Any]) -> LlamaConfig:
                 f"unsupported head layout: head_dim={head_dim} != hidden_size / "
                 f"num_attention_heads = {hidden // heads}"
             )
-    for flag in ("attention_bias", "mlp_bias"):
-        if data.get(flag):
-            raise ConfigError(f"unsupported: {flag}={data[flag]!r}")
+    if data.get("mlp_bias"):
+        raise ConfigError(f"unsupported: mlp_bias={data['mlp_bias']!r}")
+    if model_type == "qwen2":  # q/k/v biases always; a sliding window only when enabled
+        qkv_bias, o_bias = True, False
+        window = data.get("sliding_window") if data.get("use_sliding_window") else None
+        if window is not None and data.get("max_window_layers", 0) < data["num_hidden_layers"]:
+            raise ConfigError(f"unsupported: use_sliding_window with max_window_layers="
+                              f"{data.get('max_window_layers')!r} (a window on some layers only)")
+    else:
+        qkv_bias = o_bias = bool(data.get("attention_bias", False))
+        window = data.get("sliding_window") if model_type == "mistral" else None
     act = data.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"unsupported: hidden_act={act!r} (only 'silu')")
@@ -103,6 +114,10 @@ def config_from_hf(data: dict[str, Any]) -> LlamaConfig:
         bos_token_id=_single_id(data.get("bos_token_id")),
         eos_token_id=_single_id(data.get("eos_token_id")),
         pad_token_id=_single_id(data.get("pad_token_id")),
+        model_type=model_type,
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        sliding_window=window,
     )
 
 
@@ -129,10 +144,22 @@ def _single_id(value: Any) -> int | None:
 
 
 def config_to_hf(config: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    """``config.json`` content for ``config``, readable by ``transformers.LlamaConfig``."""
+    """``config.json`` content for ``config``, readable by transformers' config class of
+    its family (LLaMA, Mistral, Qwen2)."""
+    if config.model_type == "qwen2" and (not config.qkv_bias or config.o_bias):
+        raise ConfigError("a qwen2 config.json has q/k/v biases and no o_proj bias")
+    if config.qkv_bias != config.o_bias and config.model_type != "qwen2":
+        raise ConfigError(f"{config.model_type} has biases on all four attention projections "
+                          "or on none")
+    family = {"sliding_window": config.sliding_window} if config.model_type == "mistral" else {}
+    if config.model_type == "qwen2":
+        family = {"use_sliding_window": config.sliding_window is not None,
+                  "sliding_window": config.sliding_window,
+                  "max_window_layers": config.num_hidden_layers}
     return {
-        "architectures": [_ARCHITECTURE],
-        "model_type": _MODEL_TYPE,
+        **family,
+        "architectures": [ARCHITECTURES[config.model_type]],
+        "model_type": config.model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -146,7 +173,7 @@ def config_to_hf(config: LlamaConfig, dtype: torch.dtype = torch.float32) -> dic
         "rope_theta": config.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
         "rope_scaling": None,
-        "attention_bias": False,
+        "attention_bias": config.o_bias,
         "attention_dropout": 0.0,
         "mlp_bias": False,
         "tie_word_embeddings": config.tie_word_embeddings,
@@ -327,6 +354,50 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Lla
     """
     config = read_config(path)
     state = load_state_dict(path, config)
+    return model_from_state_dict(config, state, dtype, check=False)
+
+
+def model_from_state_dict(config: LlamaConfig, state: dict[str, torch.Tensor],
+                          dtype: torch.dtype = torch.float32, check: bool = True) -> LlamaLM:
+    """A :class:`LlamaLM` holding ``state`` (every parameter; the tied head may be omitted).
+
+    The one place a model is filled from tensors read elsewhere (a checkpoint directory, a
+    GGUF file, a compressed model).
+
+    Parameters
+    ----------
+    config : LlamaConfig
+        The model's configuration.
+    state : dict
+        Parameter name -> floating tensor of the shape ``config`` implies.
+    dtype : torch.dtype
+        Parameter dtype of the returned model.
+    check : bool
+        Check names, shapes and finiteness first (:func:`load_state_dict` already did).
+
+    Returns
+    -------
+    LlamaLM
+        The model in eval mode on the CPU.
+
+    Raises
+    ------
+    CheckpointError
+        Missing or unexpected tensors, a shape mismatch or non-finite values (naming the
+        tensor).
+    """
+    if check:
+        expected = expected_shapes(config)
+        if config.tie_word_embeddings and "lm_head.weight" not in state:
+            expected.pop("lm_head.weight")
+        missing = sorted(set(expected) - set(state))
+        if missing:
+            raise CheckpointError(f"missing tensors: {missing[:8]}")
+        unexpected = sorted(set(state) - set(expected))
+        if unexpected:
+            raise CheckpointError(f"unexpected tensors: {unexpected[:8]}")
+        for name, shape in expected.items():
+            _check_tensor(name, state[name], shape)
     model = _uninitialised_model(config)
     with torch.no_grad():
         params = dict(model.named_parameters(remove_duplicate=False))

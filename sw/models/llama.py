@@ -2,7 +2,8 @@
 
 Module and parameter names mirror Hugging Face ``LlamaForCausalLM`` so a ``state_dict``
 maps one to one onto a ``model.safetensors`` file, and every projection is a plain
-``nn.Linear`` (weight ``[out, in]``, no bias) that a compressor can swap or rewrite.
+``nn.Linear`` (weight ``[out, in]``; biases only where the family has them: Qwen2's q/k/v)
+that a compressor can swap or rewrite. Mistral's sliding window is part of the causal mask.
 
 Every operation the accelerator or its host knows is a *leaf module*: ``nn.Embedding``,
 :class:`RMSNorm`, ``nn.Linear``, :class:`StepPositions` (rotary tables and causal mask of a
@@ -182,7 +183,7 @@ class StepPositions(nn.Module):
         """``(cos, sin, mask)`` of the step in ``dtype``."""
         end = start_pos + t
         return (self.cos[start_pos:end].to(dtype), self.sin[start_pos:end].to(dtype),
-                causal_mask(t, past, dtype, self.cos.device))
+                causal_mask(t, past, dtype, self.cos.device, self.config.sliding_window))
 
 
 class Attention(nn.Module):
@@ -194,10 +195,11 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         hidden, kv_width = config.hidden_size, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_width, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_width, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        qkv = config.qkv_bias
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv)
+        self.k_proj = nn.Linear(hidden, kv_width, bias=qkv)
+        self.v_proj = nn.Linear(hidden, kv_width, bias=qkv)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.o_bias)
         self.rotary = Rotary()
         self.products = AttentionProducts(self.num_heads, self.num_kv_heads, self.head_dim)
 
@@ -376,10 +378,15 @@ class LlamaLM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def causal_mask(t: int, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Additive mask ``[T, past + T]``: 0 where key position <= query position, else -inf."""
+def causal_mask(t: int, past: int, dtype: torch.dtype, device: torch.device,
+                window: int | None = None) -> torch.Tensor:
+    """Additive mask ``[T, past + T]``: 0 where key position <= query position (and, with a
+    sliding ``window``, query - key < window, as in HF Mistral), else -inf."""
     q_pos = torch.arange(t, device=device).unsqueeze(1) + past
     k_pos = torch.arange(past + t, device=device).unsqueeze(0)
     zero = torch.zeros((), dtype=dtype, device=device)
     neg = torch.full((), float("-inf"), dtype=dtype, device=device)
-    return torch.where(k_pos <= q_pos, zero, neg)
+    seen = k_pos <= q_pos
+    if window is not None:
+        seen = seen & (k_pos > q_pos - window)
+    return torch.where(seen, zero, neg)

@@ -31,9 +31,17 @@ import torch
 
 from hw.numerics import dequant_output, quantize_activations
 from sim.backends import Backend
-from sim.roofline import bound_cycles
+from sim.roofline import LayerPoint, bound_cycles
 from sw.compile.executable import Executable
-from sw.compile.interpret import KERNELS, Interpreter, Kernel, Numerics, run_node
+from sw.compile.interpret import (
+    KERNELS,
+    Interpreter,
+    Kernel,
+    Numerics,
+    layer_of,
+    linear_members,
+    run_node,
+)
 from sw.compile.ir import Node
 from sw.compile.lower import KVLayout, context_bucket
 from sw.compress.attention import (
@@ -119,6 +127,20 @@ class StepStats:
     def roofline_fraction(self) -> float:
         """Sum of the programs' roofline bounds over their simulated cycles."""
         return sum(p.bound_cycles for p in self.programs) / self.cycles if self.cycles else 0.0
+
+    def roofline_points(self) -> list[LayerPoint]:
+        """One point per kind of program (the blocks' ``layers.N.`` prefix dropped), its work
+        and cycles summed over the step."""
+        points: dict[str, LayerPoint] = {}
+        for p in self.programs:
+            parts = p.node.split(".")
+            kind = ".".join(parts[2:]) if parts[0] == "layers" and len(parts) > 2 else p.node
+            q = points.setdefault(kind, LayerPoint(kind, 0, 0, 0, 0))
+            q.read_bytes += p.read_bytes
+            q.write_bytes += p.write_bytes
+            q.macs += p.macs
+            q.cycles += p.cycles
+        return list(points.values())
 
     def summary(self) -> dict:
         return {"phase": self.phase, "past": self.past, "tokens": self.tokens,
@@ -258,7 +280,8 @@ class Runtime:
         values their outputs are placeholders, so a repeat is replayed, not recomputed."""
         if node.op in _DEVICE_STATE:
             return None
-        attrs = {k: v for k, v in node.attrs.items() if k not in ("weight", "weights", "layer")}
+        attrs = {k: v for k, v in node.attrs.items()
+                 if k not in ("weight", "weights", "bias", "biases", "layer")}
         shapes = tuple(tuple(vals[v].shape) if isinstance(vals[v], torch.Tensor) else
                        vals[v].kind for v in node.inputs)
         return (node.op, json.dumps(attrs, sort_keys=True), shapes, env.past, env.t,
@@ -358,17 +381,18 @@ class Runtime:
     def _linear_out(self, node: Node, args: list, env, info, s_x) -> tuple:
         """Dequantise every member's outputs; a fused residual is added as they are read."""
         x = args[0]
-        weights = node.attrs["weights"] if node.op == "linears" else [node.attrs["weight"]]
         rows = x.numel() // x.shape[-1]
         outs, nbytes = [], 0
-        for m, w in zip(info.members, weights, strict=True):
+        for m, lin in zip(info.members, linear_members(node), strict=True):
             shape = (*x.shape[:-1], m["n"])
             if self.values:
                 acc = self._read_rows(m["y"], rows, m["out_row_bytes"], m["n"])
-                scale = self.exe.host[f"row_scale:{w.removesuffix('.weight')}"]
+                scale = self.exe.host[f"row_scale:{layer_of(lin)}"]
                 y = torch.from_numpy(dequant_output(acc, scale, s_x)).reshape(shape)
             else:
                 y = torch.zeros(shape)
+            if "bias" in lin.attrs:  # added to the dequantised output
+                y = y + self.params[lin.attrs["bias"]]
             outs.append(y)
             nbytes += y.numel() * 4
         read = nbytes

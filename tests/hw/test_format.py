@@ -121,3 +121,12 @@ def test_quantized_weight_shape_checks():
     w = random_quantized(fmt, (4, 32), np.random.default_rng(0))
     with pytest.raises(FormatError, match="index has shape"):
         QuantizedWeight(fmt, (4, 32), w.values, w.index[:, :3], w.codes, None, w.row_scale)
+
+
+def test_storage_warning_says_when_a_format_is_a_poor_choice():
+    from hw.format import storage_warning
+    assert storage_warning(WeightFormat("2:4", 4, 128), 64, 4096, 64) is None
+    pad = storage_warning(WeightFormat("2:4", 4, 128), 64, 100, 64)
+    assert pad == "K=100 is padded with 28 zero columns to 128 (whole 2:4 blocks and groups of 128)"
+    worse = storage_warning(WeightFormat("3:4", 4, 128), 64, 4096, 64)
+    assert "3:4 INT4 stores 4.57 bits/weight, more than dense INT4's 4.07" in worse

@@ -31,3 +31,27 @@ def test_cli_timing_only_llama_layer(capsys):
 def test_cli_bad_input(capsys):
     assert main(["--pattern", "3:5"]) == 2
     assert "M must be a power of two" in capsys.readouterr().err
+
+
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rows": 3}')
+    for args, message in ((["--config", str(tmp_path / "missing.json")], "cannot read it"),
+                          (["--config", str(bad)], "rows must be a power of two"),
+                          (["--tokens", "0"], "--tokens must be >= 1")):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("python -m sim: ") and message in err and "\n" not in err
+
+
+def test_cli_help_documents_defaults_and_padding_is_said(capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for opt in ("--layer", "--tokens", "--pattern", "--bits", "--group", "--config", "--values",
+                "--rtl", "--trace", "--seed"):
+        assert opt in text
+    assert text.count("default:") >= 10
+    assert main(["--layer", "100x100"]) == 0
+    assert "K=100 is padded with 28 zero columns to 128" in capsys.readouterr().out

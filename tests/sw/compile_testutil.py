@@ -13,13 +13,14 @@ SMALL = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 20)
 
 
 def tiny_lm(layers: int = 2, heads: int = 4, kv_heads: int = 2, hidden: int = 64,
-            seed: int = 0, vocab: int = 64) -> LlamaLM:
-    """A random LLaMA-style model (grouped-query attention when ``kv_heads < heads``)."""
+            seed: int = 0, vocab: int = 64, **family) -> LlamaLM:
+    """A random LLaMA-style model (grouped-query attention when ``kv_heads < heads``;
+    ``family``: e.g. ``model_type="qwen2", qkv_bias=True`` or a ``sliding_window``)."""
     torch.manual_seed(seed)
     return LlamaLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden,
                                intermediate_size=hidden * 3 // 2, num_hidden_layers=layers,
                                num_attention_heads=heads, num_key_value_heads=kv_heads,
-                               max_position_embeddings=64))
+                               max_position_embeddings=64, **family))
 
 
 def compressed(lm: LlamaLM, pattern: str = "2:4", group: int = 32) -> dict:

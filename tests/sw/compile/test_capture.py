@@ -96,12 +96,13 @@ def test_a_modified_leaf_module_is_refused():
         capture(lm, "prefill", 3)
 
 
-def test_a_linear_with_a_bias_is_refused():
-    lm = tiny_lm(layers=1)
-    old = lm.model.layers[0].mlp.up_proj
-    lm.model.layers[0].mlp.up_proj = nn.Linear(old.in_features, old.out_features)
-    with pytest.raises(CaptureError, match="'model.layers.0.mlp.up_proj' has a bias"):
-        capture(lm, "decode")
+def test_a_biased_linear_keeps_its_bias():
+    lm = tiny_lm(layers=1, model_type="qwen2", qkv_bias=True)
+    g = capture(lm, "decode").graph
+    biased = [n for n in g.nodes if "bias" in n.attrs]
+    assert [n.name for n in biased] == [f"layers.0.self_attn.{p}_proj" for p in "qkv"]
+    assert biased[0].attrs["bias"] == "model.layers.0.self_attn.q_proj.bias"
+    _run_both(lm, lm, Numerics())
 
 
 @pytest.mark.parametrize("phase, tokens, msg", [("train", 1, "phase"), ("prefill", 0, "tokens"),

@@ -152,7 +152,8 @@ def test_non_finite_weights(ckpt):
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"model_type": "mistral"}, "unsupported: model_type='mistral'"),
+        ({"model_type": "gemma"}, "unsupported: model_type='gemma'"),
+        ({"model_type": "mistral"}, r"a mistral checkpoint is \['MistralForCausalLM'\]"),
         (
             {"architectures": ["GPT2LMHeadModel"]},
             r"unsupported: architectures=\['GPT2LMHeadModel'\]",
@@ -166,7 +167,7 @@ def test_non_finite_weights(ckpt):
             "unsupported: rope_parameters",
         ),
         ({"hidden_act": "gelu"}, "unsupported: hidden_act='gelu'"),
-        ({"attention_bias": True}, "unsupported: attention_bias"),
+        ({"mlp_bias": True}, "unsupported: mlp_bias"),
         ({"vocab_size": None}, "vocab_size must be a positive integer"),
     ],
 )
@@ -182,3 +183,47 @@ def test_missing_config_field(ckpt):
     (ckpt / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="missing required field 'num_hidden_layers'"):
         load_checkpoint(ckpt)
+
+
+def _family(kind: str, seed: int = 0):
+    """A tiny random Mistral (sliding window 5, shorter than the test sequence) or Qwen2
+    (q/k/v biases) checkpoint from transformers."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=67, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+                  rope_theta=500.0, rms_norm_eps=1e-5)
+    if kind == "mistral":
+        model = transformers.MistralForCausalLM(
+            transformers.MistralConfig(**common, sliding_window=5))
+    else:
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            **common, tie_word_embeddings=True, use_sliding_window=False))
+    model = model.eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_mistral_and_qwen2_logits_match_transformers(tmp_path, kind):
+    """Logits within 1e-5 (the float32 rounding of two implementations of the same math):
+    Mistral's window hides all but the last 5 positions of the 33, Qwen2 adds q/k/v biases."""
+    ref = _family(kind)
+    ref.save_pretrained(tmp_path)
+    model = load_checkpoint(tmp_path)
+    assert model.config.model_type == kind
+    assert (model.config.sliding_window, model.config.qkv_bias) == \
+        ((5, False) if kind == "mistral" else (None, True))
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS), ref(IDS).logits, atol=1e-5, rtol=0)
+        # the cached decode path applies the window the same way
+        cache = model.new_cache(2, IDS.shape[1])
+        model(IDS[:, :20], cache=cache, start_pos=0)
+        step = model(IDS[:, 20:21], cache=cache, start_pos=20)
+        torch.testing.assert_close(step[:, 0], ref(IDS[:, :21]).logits[:, -1], atol=1e-5, rtol=0)
+    save_checkpoint(model, tmp_path / "again")
+    back = type(ref).from_pretrained(tmp_path / "again").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(IDS).logits, ref(IDS).logits, atol=1e-5, rtol=0)

@@ -224,3 +224,18 @@ def test_generation_greedy_and_sampled():
     b = rt.generate(prompt, 6, temperature=1.0, top_k=8, seed=3).tokens
     assert a == b and len(a) == 6                         # seeded: reproducible
     assert len(greedy.steps) == 6 and greedy.steps[0].phase == "prefill"
+
+
+@pytest.mark.parametrize("family", [dict(model_type="qwen2", qkv_bias=True),
+                                    dict(model_type="mistral", sliding_window=3)],
+                         ids=["qwen2-bias", "mistral-window"])
+def test_families_equal_their_twin(family):
+    """Qwen2's q/k/v biases are added in the epilogue; Mistral's window (3 positions, shorter
+    than the context) is in the mask."""
+    lm = tiny_lm(layers=2, **family)
+    weights = compressed(lm)
+    exe = compile_model(lm, SMALL, CompileOptions(PROMPT, PROMPT + STEPS), weights=weights)
+    ids = _ids(lm, PROMPT + STEPS)
+    got, _ = _run(exe, make_backend("model", SMALL), ids, PROMPT)
+    for a, b in zip(got, _twin_logits(lm, weights, ids, PROMPT), strict=True):
+        assert torch.equal(a, b)
