@@ -23,7 +23,6 @@ the float row and repeat its time), ``eval_seconds``, and the calibration / eval
 
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import math
@@ -40,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from bench.common import RESULTS, write_json
+from bench.common import RESULTS, parser, write_json
 from hw.config import NMPattern
 from hw.format import QuantizedWeight, WeightFormat
 from sw.compress.calibrate import collect_stats
@@ -602,26 +601,28 @@ def format_investigation(inv: dict) -> str:
 
 # ---------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calib-samples", type=int, default=64)
-    ap.add_argument("--calib-seq-len", type=int, default=256)
+    ap = parser("python -m bench.accuracy", __doc__)
+    ap.add_argument("--calib-samples", type=int, default=64, help="calibration sequences")
+    ap.add_argument("--calib-seq-len", type=int, default=256,
+                    help="tokens per calibration sequence")
     ap.add_argument("--seed", type=int, default=0, help="calibration sample seed")
-    ap.add_argument("--group", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--group", type=int, default=128, help="quantisation group along K")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--only", default=None,
                     help="regex over row labels (e.g. '2:4'); fp32 always runs")
     ap.add_argument("--one-shot", action="store_true",
                     help="calibrate every layer on the fp32 model (not sequentially)")
     ap.add_argument("--percdamp", type=float, default=None, help="GPTQ/SparseGPT dampening")
     ap.add_argument("--act-order", action="store_true", help="GPTQ activation order")
-    ap.add_argument("--no-hardware", action="store_true")
+    ap.add_argument("--no-hardware", action="store_true",
+                    help="skip the rows with the accelerator's exact W4A8 numerics")
     ap.add_argument("--investigate", action="store_true",
                     help="print the evidence tables of docs/accuracy.md (section "
                          "'Investigation') instead of running the rows")
-    ap.add_argument("--out", type=Path, default=RESULTS / "accuracy.json")
-    ap.add_argument("--plot", type=Path, default=IMG / "accuracy.png")
-    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--out", type=Path, default=RESULTS / "accuracy.json",
+                    help="results JSON")
+    ap.add_argument("--plot", type=Path, default=IMG / "accuracy.png", help="the plot")
+    ap.add_argument("--no-plot", action="store_true", help="do not draw the plot")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS", "median_wall", "write_json"]
+__all__ = ["RESULTS", "median_wall", "write_json", "parser"]
 
 #: Committed benchmark results (``bench/results/<name>.json``).
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -30,3 +31,12 @@ def write_json(path: Path, data: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default after its help."""
+
+
+def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The command line of a benchmark: ``--help`` shows its docstring and every default."""
+    return argparse.ArgumentParser(prog=prog, description=doc, formatter_class=_HelpFormatter)

@@ -8,14 +8,13 @@ reconstruction error and the error of the golden W4A8 GEMM against fp32.
 
 from __future__ import annotations
 
-import argparse
 import time
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import RESULTS, median_wall, write_json
+from bench.common import RESULTS, median_wall, parser, write_json
 from hw.format import WeightFormat, pack, stream_layout, unpack
 from hw.numerics import golden_linear
 from sw.compress.core import compress_matrix
@@ -63,12 +62,14 @@ def measure(shape: tuple[int, int], pattern: str, bits: int, group: int, lanes: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--group", type=int, default=128)
-    ap.add_argument("--lanes", type=int, default=64)
+    ap = parser("python -m bench.compress", __doc__)
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="timed runs per measurement (the median is reported)")
+    ap.add_argument("--group", type=int, default=128, help="quantisation group along K")
+    ap.add_argument("--lanes", type=int, default=64, help="lanes the streams are packed for")
     ap.add_argument("--quick", action="store_true", help="4096x4096 only, 2 formats")
-    ap.add_argument("--out", type=Path, default=RESULTS / "compress.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "compress.json",
+                    help="results JSON")
     args = ap.parse_args(argv)
     layers = {"4096x4096": LAYERS["4096x4096"]} if args.quick else LAYERS
     formats = FORMATS[:2] if args.quick else FORMATS

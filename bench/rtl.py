@@ -14,14 +14,13 @@ PASS/FAIL.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import RESULTS, write_json
+from bench.common import RESULTS, parser, write_json
 from hw.config import AcceleratorConfig
 from hw.format import WeightFormat, random_quantized
 from hw.numerics import gemm_acc_packed
@@ -151,14 +150,15 @@ def demo() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.rtl", description=__doc__.split("\n")[0])
+    ap = parser("python -m bench.rtl", __doc__)
     ap.add_argument("--demo", action="store_true", help="the short make-sim demo")
-    ap.add_argument("--k", type=int, default=1024)
-    ap.add_argument("--n", type=int, default=1024)
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=1024, help="layer inputs")
+    ap.add_argument("--n", type=int, default=1024, help="layer outputs")
+    ap.add_argument("--tokens", type=int, default=64, help="activation rows")
     ap.add_argument("--arrays", default=",".join(ARRAYS),
                     help=f"comma-separated subset of {list(ARRAYS)}")
-    ap.add_argument("--patterns", default=",".join(PATTERNS))
+    ap.add_argument("--patterns", default=",".join(PATTERNS),
+                    help="comma-separated N:M patterns (dense is always measured)")
     args = ap.parse_args(argv)
     if args.demo:
         return 0 if demo() else 1

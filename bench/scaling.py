@@ -23,7 +23,6 @@ Writes ``bench/results/scaling.json`` (flat records), ``docs/scaling.md`` and pl
 
 from __future__ import annotations
 
-import argparse
 import time
 from functools import cache
 from pathlib import Path
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.common import RESULTS, write_json
+from bench.common import RESULTS, parser, write_json
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat
 from sim.backends import make_backend
@@ -143,12 +142,13 @@ def host_breakdown(stats: StepStats) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser("python -m bench.scaling", __doc__)
     ap.add_argument("--quick", action="store_true",
                     help="default system only, decode 128 and prefill 256")
-    ap.add_argument("--out", type=Path, default=RESULTS / "scaling.json")
-    ap.add_argument("--docs", type=Path, default=DOCS)
+    ap.add_argument("--out", type=Path, default=RESULTS / "scaling.json",
+                    help="results JSON")
+    ap.add_argument("--docs", type=Path, default=DOCS,
+                    help="where scaling.md and the plots (img/) are written")
     args = ap.parse_args(argv)
     phases = [("decode", 1, 128), ("decode", 1, 2048), ("prefill", 256, 0),
               ("prefill", 2048, 0)]

@@ -17,14 +17,13 @@ Walls are medians of ``--repeats`` runs. Writes ``bench/results/simspeed.json``.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 from torch import nn
 
-from bench.common import RESULTS, median_wall, write_json
+from bench.common import RESULTS, median_wall, parser, write_json
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, random_quantized
 from hw.isa import program_words
@@ -125,11 +124,12 @@ def gemv_full(repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--out", type=Path, default=RESULTS / "simspeed.json")
+    ap = parser("python -m bench.simspeed", __doc__)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs per measurement (the median is reported)")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens of the reference block")
+    ap.add_argument("--out", type=Path, default=RESULTS / "simspeed.json",
+                    help="results JSON")
     args = ap.parse_args(argv)
     cfg = AcceleratorConfig()
     print(f"reference-model block, {args.tokens} tokens, default {cfg.rows}x{cfg.cols} array:")

@@ -28,7 +28,7 @@ class ConfigError(ValueError):
 
 
 def _is_pow2(x: int) -> bool:
-    return x > 0 and (x & (x - 1)) == 0
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0 and (x & (x - 1)) == 0
 
 
 @dataclass(frozen=True, order=True)
@@ -198,11 +198,21 @@ class AcceleratorConfig:
 
     def __post_init__(self):
         # Normalise patterns given as strings (e.g. from JSON or the CLI).
+        for name in ("patterns", "weight_bits"):
+            if not isinstance(getattr(self, name), (list, tuple)):
+                raise ConfigError(f"{name} must be a list, got {getattr(self, name)!r}")
         pats = tuple(NMPattern.parse(p) for p in self.patterns)
         object.__setattr__(self, "patterns", pats)
+        if not all(isinstance(b, int) and not isinstance(b, bool) for b in self.weight_bits):
+            raise ConfigError(f"weight_bits must be a list of ints, got {self.weight_bits!r}")
         object.__setattr__(self, "weight_bits", tuple(self.weight_bits))
         if isinstance(self.memory, dict):
+            unknown = set(self.memory) - {f.name for f in dataclasses.fields(MemoryModel)}
+            if unknown:
+                raise ConfigError(f"unknown memory fields: {sorted(unknown)}")
             object.__setattr__(self, "memory", MemoryModel(**self.memory))
+        if not isinstance(self.memory, MemoryModel):
+            raise ConfigError(f"memory must be an object, got {self.memory!r}")
         self._validate()
 
     # ------------------------------------------------------------------ validation

@@ -156,7 +156,7 @@ def test_netlist_agrees_with_rtl(netlist_backends, block):
 
 @pytest.mark.netlist
 @pytest.mark.slow
-@pytest.mark.parametrize("block", range(10, 60))
+@pytest.mark.parametrize("block", range(10, 100))
 def test_netlist_agrees_with_rtl_more(netlist_backends, block):
     cfg, rtl, netlist = netlist_backends
     for _seed, rp in _programs(50_000 + 10 * block, 10, cfg):
