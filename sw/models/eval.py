@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -141,6 +142,7 @@ def compare(
     reference: LogitsFn | torch.nn.Module,
     protocol: EvalProtocol = EvalProtocol(),
     root: str | None = None,
+    windows: torch.Tensor | None = None,
 ) -> ComparisonResult:
     """Top-1 agreement and KL(reference || model) of next-token distributions.
 
@@ -153,12 +155,15 @@ def compare(
         Windows to score (targets are not used, only the inputs).
     root : str, optional
         Corpus root.
+    windows : torch.Tensor, optional
+        Token windows to compare on instead of the protocol's (as in :func:`perplexity`).
 
     Returns
     -------
     ComparisonResult
     """
-    windows = eval_windows(protocol, root)
+    if windows is None:
+        windows = eval_windows(protocol, root)
     agree, kl_sum, kl_max, count = 0, 0.0, 0.0, 0
     for batch in _batches(windows, protocol.batch_size):
         inputs = batch[:, :-1]
@@ -176,9 +181,15 @@ def unigram_baseline(
     protocol: EvalProtocol = EvalProtocol(), root: str | None = None
 ) -> PerplexityResult:
     """Perplexity of the add-one-smoothed train-split unigram model on the protocol targets."""
-    counts = np.bincount(corpus.load_split("train", root), minlength=VOCAB_SIZE) + 1.0
+    return unigram(corpus.load_split("train", root), VOCAB_SIZE, eval_windows(protocol, root))
+
+
+def unigram(train: np.ndarray, vocab_size: int, windows: torch.Tensor) -> PerplexityResult:
+    """Add-one-smoothed unigram frequencies of the token stream ``train`` scored on the
+    targets of ``windows`` (any tokenizer; :func:`unigram_baseline` on the protocol's)."""
+    counts = np.bincount(train, minlength=vocab_size) + 1.0
     logp = np.log(counts / counts.sum())
-    targets = eval_windows(protocol, root)[:, 1:].numpy().reshape(-1)
+    targets = windows[:, 1:].numpy().reshape(-1)
     nll = float(-logp[targets].mean())
     return PerplexityResult(nll, math.exp(nll), nll / math.log(2), int(targets.size))
 
@@ -235,43 +246,79 @@ def calibration_samples(
     return torch.from_numpy(tokens[idx].astype(np.int64))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: perplexity of a checkpoint, the unigram baseline and, optionally, the
-    comparison against a reference checkpoint."""
-    from sw.models.hf import load_checkpoint
-    from sw.models.reference_model import REFERENCE_DIR
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit status 2 (argparse prints usage too)
+        self.exit(2, f"sw.models.eval: {message}\n")
 
-    parser = argparse.ArgumentParser(
-        prog="python -m sw.models.eval", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--checkpoint", default=str(REFERENCE_DIR), help="checkpoint directory")
-    parser.add_argument("--reference", help="reference checkpoint for top-1/KL comparison")
-    parser.add_argument("--split", default="test", choices=corpus.SPLITS)
-    parser.add_argument("--seq-len", type=int, default=EvalProtocol.seq_len)
-    parser.add_argument("--max-tokens", type=int, default=EvalProtocol.max_tokens)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: perplexity of a model (any ``--model`` spec of
+    :func:`sw.models.source.open_model`, a compressed file included), the unigram baseline
+    and, optionally, the comparison against a reference model with the same tokenizer."""
+    from sw.models.reference_model import REFERENCE_DIR
+    from sw.models.source import ModelSourceError, open_model
+
+    d = EvalProtocol()
+    parser = _Parser(prog="python -m sw.models.eval", description=__doc__.split("\n")[0])
+    kinds = ("'reference', 'smollm2', a Hugging Face directory, a .gguf file or a compressed "
+             ".safetensors written by python -m sw.compress")
+    parser.add_argument("--checkpoint", default="reference",
+                        help=f"model to evaluate: {kinds} (default: reference)")
+    parser.add_argument("--reference", default=None,
+                        help="model to compare against (top-1 agreement, KL), same kinds, same "
+                        "tokenizer (default: none)")
+    parser.add_argument("--split", default=d.split, choices=corpus.SPLITS,
+                        help=f"corpus split (default: {d.split})")
+    parser.add_argument("--seq-len", type=int, default=d.seq_len,
+                        help=f"tokens per window (default: {d.seq_len})")
+    parser.add_argument("--max-tokens", type=int, default=d.max_tokens,
+                        help=f"tokens scored at most (default: {d.max_tokens})")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch CPU threads (default: 2)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (default: a table)")
     args = parser.parse_args(argv)
+    for opt in ("seq_len", "max_tokens", "threads"):
+        if getattr(args, opt) < 1:
+            parser.error(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(args, opt)}")
     torch.set_num_threads(args.threads)
     protocol = EvalProtocol(args.split, args.seq_len, args.max_tokens)
-    for warning in corpus.corpus_warnings(args.checkpoint):
-        print(f"warning: corpus differs from training: {warning}", file=sys.stderr)
+    meta_dir = REFERENCE_DIR if args.checkpoint == "reference" else Path(args.checkpoint)
+    if meta_dir.is_dir():
+        for warning in corpus.corpus_warnings(meta_dir):
+            print(f"warning: corpus differs from training: {warning}", file=sys.stderr)
     start = time.perf_counter()
-    model = load_checkpoint(args.checkpoint)
+    try:
+        src = open_model(args.checkpoint, option="--checkpoint")
+        ref = open_model(args.reference, option="--reference") if args.reference else None
+        context = src.model.config.max_position_embeddings
+        if args.seq_len > context:
+            raise ModelSourceError(f"--seq-len {args.seq_len} exceeds the model's context of "
+                                   f"{context} positions")
+        if ref is not None and not _same_tokenizer(src, ref):
+            raise ModelSourceError(f"--reference {args.reference}: its tokenizer differs from "
+                                   f"--checkpoint {args.checkpoint}'s; they cannot be compared")
+        windows = src.windows(args.split, args.seq_len, args.max_tokens)
+        train = src.tokens("train")
+    except (ModelSourceError, corpus.CorpusError) as e:
+        print(f"sw.models.eval: {e}", file=sys.stderr)
+        return 2
     result: dict[str, object] = {
         "checkpoint": args.checkpoint,
+        "note": src.note,
         "protocol": asdict(protocol),
-        "model": asdict(perplexity(model, protocol)),
-        "unigram": asdict(unigram_baseline(protocol)),
+        "model": asdict(perplexity(src.model, protocol, windows=windows)),
+        "unigram": asdict(unigram(train, src.model.config.vocab_size, windows)),
     }
-    if args.reference:
-        ref = load_checkpoint(args.reference)
-        result["vs_reference"] = asdict(compare(model, ref, protocol))
+    if ref is not None:
+        result["vs_reference"] = asdict(compare(src.model, ref.model, protocol,
+                                                windows=windows))
     result["seconds"] = round(time.perf_counter() - start, 2)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         m, u = result["model"], result["unigram"]
+        print(f"{args.checkpoint}: {src.note}" if src.note else args.checkpoint)
         print(f"split={args.split} tokens={m['num_tokens']} seq_len={args.seq_len}")
         for label, r in (("model", m), ("unigram", u)):
             print(
@@ -283,6 +330,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vs ref  : top1={c['top1_agreement']:.4f} mean_kl={c['mean_kl']:.3e}")
         print(f"time    : {result['seconds']} s")
     return 0
+
+
+def _same_tokenizer(a, b) -> bool:
+    """Whether two model sources turn text into the same ids (same vocabulary and rules)."""
+    if (a.tokenizer is None) != (b.tokenizer is None):
+        return False
+    same = a.tokenizer is None or a.tokenizer.to_str() == b.tokenizer.to_str()
+    return same and a.model.config.vocab_size == b.model.config.vocab_size
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ if it looks like a Hub id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
@@ -54,8 +55,10 @@ def config_from_hf(data: dict[str, Any]) -> LlamaConfig:
         model families, a message naming the field for missing sizes, unsupported head
         layouts, rope scaling, biases or activations.
     """
+    if not isinstance(data, dict):
+        raise ConfigError(f"config.json must hold an object, got {type(data).__name__}")
     model_type = data.get("model_type")
-    if model_type not in ARCHITECTURES:
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise ConfigError(f"unsupported: model_type={model_type!r} (only "
                           f"{', '.join(map(repr, ARCHITECTURES))})")
     archs = data.get("architectures")
@@ -90,10 +93,14 @@ def config_from_hf(data: dict[str, Any]) -> LlamaConfig:
         raise ConfigError(f"unsupported: mlp_bias={data['mlp_bias']!r}")
     if model_type == "qwen2":  # q/k/v biases always; a sliding window only when enabled
         qkv_bias, o_bias = True, False
+        # transformers slides the window on layers >= max_window_layers
         window = data.get("sliding_window") if data.get("use_sliding_window") else None
-        if window is not None and data.get("max_window_layers", 0) < data["num_hidden_layers"]:
+        first = data.get("max_window_layers", 0)
+        if window is not None and first == data["num_hidden_layers"]:
+            window = None
+        elif window is not None and first != 0:
             raise ConfigError(f"unsupported: use_sliding_window with max_window_layers="
-                              f"{data.get('max_window_layers')!r} (a window on some layers only)")
+                              f"{first!r} (a window on some layers only)")
     else:
         qkv_bias = o_bias = bool(data.get("attention_bias", False))
         window = data.get("sliding_window") if model_type == "mistral" else None
@@ -155,7 +162,7 @@ def config_to_hf(config: LlamaConfig, dtype: torch.dtype = torch.float32) -> dic
     if config.model_type == "qwen2":
         family = {"use_sliding_window": config.sliding_window is not None,
                   "sliding_window": config.sliding_window,
-                  "max_window_layers": config.num_hidden_layers}
+                  "max_window_layers": 0 if config.sliding_window else config.num_hidden_layers}
     return {
         **family,
         "architectures": [ARCHITECTURES[config.model_type]],
@@ -214,10 +221,21 @@ def read_config(path: str | Path) -> LlamaConfig:
     if not cfg_path.is_file():
         raise CheckpointError(f"missing {CONFIG_FILE} in {cfg_path.parent}")
     try:
-        data = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from exc
+        data = json.loads(cfg_path.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from None
     return config_from_hf(data)
+
+
+@contextlib.contextmanager
+def _open(file: Path):
+    """``safe_open`` whose failures (truncated, corrupted, not safetensors) are
+    :class:`CheckpointError` naming the file."""
+    try:
+        with safe_open(file, "pt") as f:
+            yield f
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file.name} is not a readable safetensors file ({e})") from None
 
 
 def _weight_files(directory: Path) -> dict[str, Path]:
@@ -225,12 +243,17 @@ def _weight_files(directory: Path) -> dict[str, Path]:
     single = directory / WEIGHTS_FILE
     index = directory / INDEX_FILE
     if single.is_file():
-        with safe_open(single, "pt") as f:
+        with _open(single) as f:
             return {name: single for name in f.keys()}
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} has no 'weight_map' object")
+        try:
+            doc = json.loads(index.read_bytes().decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{index} is not valid JSON: {e}") from None
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index} has no 'weight_map' object of file names")
         files = {name: directory / shard for name, shard in weight_map.items()}
         for shard in sorted(set(files.values())):
             if not shard.is_file():
@@ -297,7 +320,7 @@ def load_state_dict(path: str | Path, config: LlamaConfig) -> dict[str, torch.Te
     for name, file in files.items():
         by_file.setdefault(file, []).append(name)
     for file, names in sorted(by_file.items()):
-        with safe_open(file, "pt") as f:
+        with _open(file) as f:
             present = set(f.keys())
             for name in names:
                 if name not in present:
@@ -306,7 +329,7 @@ def load_state_dict(path: str | Path, config: LlamaConfig) -> dict[str, torch.Te
     for name, shape in expected.items():  # model order, so the first error is stable
         _check_tensor(name, state[name], shape)
     if files_lm_head is not None:
-        with safe_open(files_lm_head, "pt") as f:
+        with _open(files_lm_head) as f:
             head = f.get_tensor("lm_head.weight")
         if not torch.equal(head, state["model.embed_tokens.weight"]):
             raise CheckpointError(

