@@ -8,7 +8,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-all lint bench clean sim synth generate smollm2 test-smollm2
+.PHONY: setup demo test test-all lint bench clean sim synth generate prove smollm2 test-smollm2
 
 setup: $(STAMP)
 
@@ -26,6 +26,11 @@ test: setup
 
 test-all: setup
 	$(PY) -m pytest -q -n 2 -m ""
+
+# Bounded and inductive proofs (SymbiYosys + z3) of the PE, Dequant, EventUnit and FetchUnit
+# against hw/config.py, hw/isa.py and hw/format.py; fails if any proof fails (formal/).
+prove: setup
+	$(PY) -m formal
 
 lint: setup
 	$(VENV)/bin/ruff check .
