@@ -53,6 +53,7 @@ __all__ = ["DeployOptions", "deploy", "main"]
 ROOT = Path(__file__).resolve().parents[1]
 SYNTH_RECORD = ROOT / "bench" / "results" / "synth.json"
 DEFAULT_PROMPT = "class Stack:\n    def push(self, item"
+CHAT_PROMPT = "What is the capital of France?"
 
 
 class UsageError(ValueError):
@@ -70,7 +71,9 @@ class DeployOptions:
     method: str = "sparsegpt+gptq"
     config: str | None = None
     backend: str = "model"
-    prompt: str = DEFAULT_PROMPT
+    prompt: str | None = None
+    no_chat_template: bool = False
+    dram_mb: int | None = None
     max_new_tokens: int = 32
     temperature: float = 0.0
     top_k: int | None = None
@@ -103,7 +106,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="model: fast model with values; model-timing: cycles only (text from "
                     "the twin); rtl: Verilator RTL; netlist: Yosys netlist "
                     f"(default: {d.backend})")
-    ap.add_argument("--prompt", default=d.prompt, help=f"prompt text (default: {d.prompt!r})")
+    ap.add_argument("--prompt", default=d.prompt, help="prompt text (default: "
+                    f"{DEFAULT_PROMPT!r}, or {CHAT_PROMPT!r} for a model with a chat template)")
+    ap.add_argument("--no-chat-template", action="store_true",
+                    help="feed the prompt as it is, even to a chat model (default: off)")
+    ap.add_argument("--dram-mb", type=int, default=d.dram_mb,
+                    help="simulated accelerator DRAM in MiB, overriding the configuration's "
+                    "(default: the configuration's; a 135M-parameter model needs about 128)")
     ap.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
                     help=f"tokens to generate (default: {d.max_new_tokens})")
     ap.add_argument("--temperature", type=float, default=d.temperature,
@@ -122,15 +131,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------- validation
-def _accelerator(path: str | None) -> AcceleratorConfig:
-    if path is None:
-        return AcceleratorConfig()
+def _accelerator(path: str | None, dram_mb: int | None) -> AcceleratorConfig:
     try:
-        return AcceleratorConfig.load(path)
+        cfg = AcceleratorConfig.load(path) if path else AcceleratorConfig()
     except OSError as e:
         raise UsageError(f"--config {path}: cannot read it ({e.strerror})") from None
     except (ConfigError, TypeError) as e:
         raise UsageError(f"--config {path}: invalid configuration: {e}") from None
+    if dram_mb is None:
+        return cfg
+    try:
+        return cfg.replace(memory=cfg.memory.__class__(
+            cfg.memory.bytes_per_cycle, cfg.memory.latency, dram_mb << 20))
+    except ConfigError as e:
+        raise UsageError(f"--dram-mb {dram_mb}: {e}") from None
 
 
 def _format(opts: DeployOptions, cfg: AcceleratorConfig) -> WeightFormat:
@@ -159,8 +173,10 @@ def _check(opts: DeployOptions) -> None:
         raise UsageError(f"--calib must be >= 1, got {opts.calib}")
     if opts.eval_tokens < 0:
         raise UsageError(f"--eval-tokens must be >= 0, got {opts.eval_tokens}")
-    if not opts.prompt:
+    if opts.prompt is not None and not opts.prompt:
         raise UsageError("--prompt is empty")
+    if opts.dram_mb is not None and opts.dram_mb < 1:
+        raise UsageError(f"--dram-mb must be >= 1, got {opts.dram_mb}")
     if opts.temperature < 0:
         raise UsageError(f"--temperature must be >= 0, got {opts.temperature}")
     if opts.top_k is not None and opts.top_k < 1:
@@ -171,7 +187,7 @@ def _check(opts: DeployOptions) -> None:
 def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     """Run the whole pipeline, writing the outputs into ``out``; returns the report."""
     _check(opts)
-    cfg = _accelerator(opts.config)
+    cfg = _accelerator(opts.config, opts.dram_mb)
     fmt = _format(opts, cfg)
     progress = not opts.quiet
     torch.manual_seed(opts.seed)
@@ -181,7 +197,7 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     except ModelSourceError as e:
         raise UsageError(str(e)) from None
     mcfg = src.model.config
-    prompt = src.encode(opts.prompt)
+    prompt, prompt_text, eos = _prompt(src, opts)
     total = len(prompt) + opts.max_new_tokens
     if total > mcfg.max_position_embeddings:
         raise UsageError(f"--prompt of {len(prompt)} tokens + --max-new-tokens "
@@ -190,31 +206,25 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     log(f"model: {src.name} ({src.model.num_parameters():,} parameters, "
         f"{mcfg.num_hidden_layers} layers, hidden {mcfg.hidden_size}, "
         f"{mcfg.num_attention_heads}/{mcfg.num_key_value_heads} heads)")
-
-    # ---- compress
-    log(f"compress: {fmt.pattern} INT{fmt.bits} g{fmt.group} with {opts.method}, "
-        f"{opts.calib} x 256 calibration tokens")
-    t0 = time.perf_counter()
-    compressed = copy.deepcopy(src.model)
     seq = min(256, mcfg.max_position_embeddings)
-    weights = compress_llama(compressed, fmt, opts.method,
-                             src.calibration(opts.calib, seq, opts.seed), progress=progress)
-    compress_s = time.perf_counter() - t0
+    weights, compressed, compress_s = _compress(src, fmt, opts, seq, progress, log)
     bits = sum(stream_layout(w.fmt, *w.shape, cfg.lanes).bits_per_weight["total"] * w.shape[0]
                * w.shape[1] for w in weights.values()) / sum(
                    w.shape[0] * w.shape[1] for w in weights.values())
     twin = use_hardware_numerics(copy.deepcopy(compressed), weights, cfg.acc_bits,
                                  attention=True)
 
-    # ---- accuracy
+    # ---- accuracy (no fp32 baseline for a compressed file: it holds compressed weights)
     ppl = {}
     if opts.eval_tokens:
         windows = src.windows("test", seq, opts.eval_tokens)
         proto = EvalProtocol(seq_len=seq, max_tokens=opts.eval_tokens)
-        for label, m in (("fp32", src.model), ("compressed", twin)):
+        models = ([] if src.weights else [("fp32", src.model)]) + [("compressed", twin)]
+        for label, m in models:
             ppl[label] = perplexity(m, proto, windows=windows).perplexity
-        log(f"perplexity on {windows.shape[0] * seq:,} held-out tokens: fp32 "
-            f"{ppl['fp32']:.3f} -> compressed, accelerator numerics {ppl['compressed']:.3f}")
+        log(f"perplexity on {windows.shape[0] * seq:,} held-out tokens: "
+            + (f"fp32 {ppl['fp32']:.3f} -> " if "fp32" in ppl else "")
+            + f"compressed, accelerator numerics {ppl['compressed']:.3f}")
 
     # ---- compile
     options = CompileOptions(prompt_tokens=len(prompt), max_context=total)
@@ -225,43 +235,88 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
         f"{rep['dram']['total']:,} of {cfg.memory.size_bytes:,} bytes")
 
     # ---- run on the backend, and the twin
-    backend = make_backend(opts.backend, cfg)
-    runtime = Runtime(exe, backend, trace=True)
+    runtime = Runtime(exe, make_backend(opts.backend, cfg), trace=True)
     bar = tqdm(total=opts.max_new_tokens, desc=f"generate ({opts.backend})",
                disable=not progress, leave=False)
-    sampling = dict(temperature=opts.temperature, top_k=opts.top_k)
+    sampling = dict(temperature=opts.temperature, top_k=opts.top_k, eos_token_id=eos)
     gen = runtime.generate(prompt, opts.max_new_tokens, seed=opts.seed,
                            on_token=lambda _: bar.update(), **sampling)
     bar.close()
+    if len(gen.steps) == 1:  # ended at the first token: measure one decode step anyway
+        gen.steps.append(runtime.step(torch.tensor([[gen.tokens[-1]]]))[1])
     with torch.no_grad():
         twin_out = generate(twin, torch.tensor(prompt), opts.max_new_tokens,
                             generator=torch.Generator().manual_seed(opts.seed), **sampling)
-    twin_tokens = twin_out[len(prompt):].tolist()
+    twin_tokens = _until_eos(twin_out[len(prompt):].tolist(), eos)
     values = runtime.values
     tokens = gen.tokens if values else twin_tokens
-    match = tokens == twin_tokens[:len(tokens)] if values else None
+    match = tokens == twin_tokens if values else None
 
     # ---- the same model in dense INT4 on the same hardware (timing only)
-    dense = {k: WeightFormat(DENSE, 4, fmt.group) for k in weights}
+    dense = {k: WeightFormat(DENSE, 4, w.fmt.group or fmt.group) for k, w in weights.items()}
     dense_exe = compile_model(src.model, cfg, options, formats=dense)
     dense_rt = Runtime(dense_exe, make_backend("model-timing", cfg))
     dense_steps = [dense_rt.step(torch.tensor([prompt]))[1]]
-    for tok in tokens[:-1]:
+    for tok in tokens[:max(1, len(gen.steps) - 1)]:  # the same decode steps as the run
         dense_steps.append(dense_rt.step(torch.tensor([[tok]]))[1])
 
-    report = _report(opts, cfg, fmt, src, exe, gen, tokens, match, dense_steps, ppl, bits,
+    report = _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, bits,
                      compress_s, time.perf_counter() - t_all)
-    _write(out, opts, cfg, exe, gen, report, src, tokens)
-    _print_summary(report, src.decode(tokens), opts, log)
+    _write(out, opts, cfg, exe, gen, report, src, tokens, prompt_text)
+    _print_summary(report, src.decode(tokens), prompt_text, log)
     return report
 
 
+def _prompt(src, opts: DeployOptions) -> tuple[list[int], str, int | None]:
+    """Token ids of the prompt (through the chat template when the model has one), the text
+    shown with the answer, and the token that ends generation (chat models)."""
+    text = opts.prompt or (CHAT_PROMPT if src.chat_template else DEFAULT_PROMPT)
+    if src.chat_template and not opts.no_chat_template:
+        return src.chat([{"role": "user", "content": text}]), f"[user] {text}\n[assistant] ", \
+            src.eos_token_id
+    return src.encode(text), text, None
+
+
+def _until_eos(tokens: list[int], eos: int | None) -> list[int]:
+    if eos is not None and eos in tokens:
+        return tokens[:tokens.index(eos) + 1]
+    return tokens
+
+
+def _compress(src, fmt: WeightFormat, opts: DeployOptions, seq: int, progress: bool, log):
+    """The compressed weights and the float model computing with them: a compressed file's
+    own, else compressed here."""
+    if src.weights:
+        fmts = sorted({str(w.fmt.pattern) + f" INT{w.fmt.bits}" for w in src.weights.values()})
+        log(f"compressed model: {len(src.weights)} layers ({', '.join(fmts)}); "
+            "--sparsity, --bits, --group and --method do not apply")
+        return dict(src.weights), src.model, 0.0
+    log(f"compress: {fmt.pattern} INT{fmt.bits} g{fmt.group} with {opts.method}, "
+        f"{opts.calib} x {seq} calibration tokens")
+    t0 = time.perf_counter()
+    compressed = copy.deepcopy(src.model)
+    weights = compress_llama(compressed, fmt, opts.method,
+                             src.calibration(opts.calib, seq, opts.seed), progress=progress)
+    return weights, compressed, time.perf_counter() - t0
+
+
 def _decode_steps(steps):
-    return [s for s in steps if s.phase == "decode"] or steps
+    return [s for s in steps if s.phase == "decode"]
 
 
-def _report(opts, cfg, fmt, src, exe, gen, tokens, match, dense_steps, ppl, bits, compress_s,
-            wall) -> dict:
+def _formats(weights: dict) -> tuple[str, int | str, int | str, str]:
+    """(pattern, bits, group, method-independent label) of the weights: one format, or the
+    mix of a searched assignment."""
+    fmts = {w.fmt for w in weights.values()}
+    if len(fmts) == 1:
+        (f,) = fmts
+        return str(f.pattern), f.bits, f.group, f"{f.pattern} INT{f.bits} g{f.group}"
+    names = sorted({f"{f.pattern}/INT{f.bits}" for f in fmts})
+    return "mixed", "mixed", "mixed", "mixed (" + ", ".join(names) + ")"
+
+
+def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, bits,
+            compress_s, wall) -> dict:
     dec = _decode_steps(gen.steps)
     dense = _decode_steps(dense_steps)
     cycles = float(np.mean([s.cycles for s in dec]))
@@ -269,9 +324,11 @@ def _report(opts, cfg, fmt, src, exe, gen, tokens, match, dense_steps, ppl, bits
     host_unit = float(np.mean([s.host_unit_cycles for s in dec]))
     synth = _synthesised_clock(cfg)
     rep = exe.report
+    pattern, wbits, group, label = _formats(weights)
     return {
-        "model": src.name, "pattern": str(fmt.pattern), "bits": fmt.bits, "group": fmt.group,
-        "method": opts.method, "backend": opts.backend, "prompt_tokens": len(gen.prompt),
+        "model": src.name, "pattern": pattern, "bits": wbits, "group": group,
+        "format": label, "method": "from the file" if src.weights else opts.method,
+        "backend": opts.backend, "prompt_tokens": len(gen.prompt),
         "new_tokens": len(tokens), "tokens_match_twin": match,
         "cycles_per_token": cycles,
         "tokens_per_s_sim": cfg.clock_mhz * 1e6 / cycles,
@@ -314,7 +371,7 @@ def _synthesised_clock(cfg: AcceleratorConfig) -> dict | None:
     return {"fmax_mhz": rec["fmax_mhz"], "after": rec.get("fmax_after", "placement")}
 
 
-def _write(out: Path, opts, cfg, exe, gen, report, src, tokens) -> None:
+def _write(out: Path, opts, cfg, exe, gen, report, src, tokens, prompt_text: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     executable_io.save(exe, out / "executable.safetensors")
@@ -325,17 +382,17 @@ def _write(out: Path, opts, cfg, exe, gen, report, src, tokens) -> None:
                   "summed per kind over the blocks")
     if any(p.trace is not None for p in last.programs):
         write_step_trace(out / "decode_trace.json", exe, last)
-    (out / "report.md").write_text(_markdown(report, src.decode(tokens), opts))
+    (out / "report.md").write_text(_markdown(report, src.decode(tokens), prompt_text))
 
 
-def _markdown(r: dict, text: str, opts) -> str:
+def _markdown(r: dict, text: str, prompt_text: str) -> str:
     def f(x, spec=".3f"):
         return "n/a" if x is None else format(x, spec)
     synth = r["synthesised_clock"]
     lines = [
-        f"# sw.deploy: {r['model']}, {r['pattern']} INT{r['bits']} g{r['group']} "
-        f"({r['method']}) on the {r['backend']} backend", "",
-        "```", f"{opts.prompt}{text}", "```", "",
+        f"# sw.deploy: {r['model']}, {r['format']} ({r['method']}) on the {r['backend']} "
+        "backend", "",
+        "```", f"{prompt_text}{text}", "```", "",
         "| quantity | value |", "|---|---|",
         f"| generated tokens equal the model-level twin's | {r['tokens_match_twin']} |",
         f"| perplexity fp32 -> compressed (accelerator numerics) | {f(r['ppl_fp32'])} -> "
@@ -373,9 +430,9 @@ def _markdown(r: dict, text: str, opts) -> str:
     return "\n".join(lines)
 
 
-def _print_summary(r: dict, text: str, opts, log) -> None:
+def _print_summary(r: dict, text: str, prompt_text: str, log) -> None:
     log("")
-    log(f"--- generated on the {r['backend']} backend:\n{opts.prompt}{text}")
+    log(f"--- generated on the {r['backend']} backend:\n{prompt_text}{text}")
     log("---")
     match = {True: "yes", False: "NO", None: "not checked (timing-only)"}[r["tokens_match_twin"]]
     log(f"tokens equal the model-level twin's: {match}")

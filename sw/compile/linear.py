@@ -194,7 +194,8 @@ class PlacedLayer:
     ``w_addr``: weight tiles, ``w_tile_stride`` bytes apart (default ``plan.tile_bytes``: a
     region laid out for a longer K, such as the value cache, has wider tiles); ``x_addr``: int8
     activations ``[tokens, act_row_bytes]``; ``y_addr``: int32 outputs ``[tokens, n_tiles *
-    lanes]``.
+    lanes]``. ``x_key`` names the input buffer (default: ``x_addr``): consecutive layers of
+    one program reading the same resident input (q/k/v) load it into ACT once.
     """
 
     plan: LinearPlan
@@ -202,10 +203,15 @@ class PlacedLayer:
     x_addr: int
     y_addr: int
     w_tile_stride: int | None = None
+    x_key: object = None
 
     @property
     def tile_stride(self) -> int:
         return self.plan.tile_bytes if self.w_tile_stride is None else self.w_tile_stride
+
+    @property
+    def input_id(self) -> object:
+        return self.x_addr if self.x_key is None else self.x_key
 
 
 def lower_linear(cfg: AcceleratorConfig, plan: LinearPlan, w_addr: int, x_addr: int,
@@ -246,8 +252,18 @@ def lower_relocatable(cfg: AcceleratorConfig, layers: list[PlacedLayer],
     final = [c == layers[L].plan.k_chunks - 1 for L, _, _, c in items]
     # parity of the number of finished tiles before item i: the OUT buffer it writes
     out_buf = [(n - f) % 2 for n, f in zip(itertools.accumulate(final), final, strict=True)]
-    # A new activation set (layer or token tile) starts at these items.
-    new_set = [i == 0 or items[i][:2] != items[i - 1][:2] for i in range(len(items))]
+    # A new activation set (layer or token tile) starts at these items -- unless the layer
+    # reads the resident activations already in ACT (same input buffer and token tile).
+    def same_acts(a: int, b: int) -> bool:
+        (la, ta, _, _), (lb, tb, _, _) = items[a], items[b]
+        pa, pb = layers[la].plan, layers[lb].plan
+        return (ta == tb and pa.resident_acts and pb.resident_acts
+                and layers[la].input_id == layers[lb].input_id
+                and pa.act_row_bytes == pb.act_row_bytes and pa.token_tile == pb.token_tile
+                and pa.token_tiles == pb.token_tiles == 1)
+
+    new_set = [i == 0 or (items[i][:2] != items[i - 1][:2] and not same_acts(i - 1, i))
+               for i in range(len(items))]
     stored_waited = set()  # final items whose STORED signal a load already consumed
 
     def done_wait(prev):

@@ -212,7 +212,7 @@ _OPERANDS = {"w": 0, "x": 1, "y": 2}
 
 def lower_template(cfg: AcceleratorConfig, members: list[Member]) -> Template:
     """Lower ``members`` into one relocatable program (END appended)."""
-    placed = [PlacedLayer(m.plan, 0, 0, 0, m.w_tile_stride) for m in members]
+    placed = [PlacedLayer(m.plan, 0, 0, 0, m.w_tile_stride, x_key=m.x) for m in members]
     prog, relocs = lower_relocatable(cfg, placed)
     prog = prog + [End()]
     if len(prog) > cfg.imem_depth:

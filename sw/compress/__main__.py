@@ -254,10 +254,7 @@ def _model(args, fmt: WeightFormat) -> tuple[list[LayerReport], CompressedModel]
     print(f"compressed in {seconds:.1f} s (calibrated layer-wise: no per-layer times)")
     reports = [_report(name.removeprefix("model."), originals[name], qw, args.lanes, 0.0)
                for name, qw in weights.items()]
-    tokenizer = ({"kind": "bytes"} if src.tokenizer is None else
-                 {"kind": "tokenizers", "json": src.tokenizer.to_str(),
-                  "chat_template": src.chat_template})
-    cm = from_llama(model, weights, tokenizer=tokenizer,
+    cm = from_llama(model, weights, tokenizer=src.tokenizer_record(),
                     recipe=_recipe(args, fmt, calibrated, seq),
                     meta={"source": src.name, "note": src.note,
                           "compress_s": round(seconds, 2)})

@@ -94,6 +94,13 @@ class ModelSource:
         starts = torch.randint(0, stream.size - seq_len + 1, (samples,), generator=gen).numpy()
         return torch.from_numpy(stream[starts[:, None] + np.arange(seq_len)].astype(np.int64))
 
+    def tokenizer_record(self) -> dict:
+        """The tokenizer as a compressed model file stores it (:mod:`sw.compress.io`)."""
+        if self.tokenizer is None:
+            return {"kind": "bytes"}
+        return {"kind": "tokenizers", "json": self.tokenizer.to_str(),
+                "chat_template": self.chat_template}
+
     def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True
              ) -> list[int]:
         """Token ids of a conversation rendered with the model's chat template (by

@@ -257,7 +257,7 @@ class Runtime:
         for i, node in enumerate(graph.nodes):
             device = (phase, node.name) in self.acc or \
                 (self.kv_on_acc and node.op in _DEVICE_STATE)
-            if not (self.memo is not None and self._replay(node, vals, env, stats)):
+            if not (self.memo is not None and self._replay(phase, node, vals, env, stats)):
                 if device:
                     run_node(node, kernels, vals, env)
                 else:
@@ -268,27 +268,32 @@ class Runtime:
                         node.op, _nbytes([vals[v] for v in node.inputs]),
                         _nbytes([vals[o] for o in node.outputs]), self.exe.cfg)))
                 if self.memo is not None:
-                    self._remember(node, vals, env, stats)
+                    self._remember(phase, node, vals, env, stats)
             for v in graph.dead_after(i):  # free what no later node reads
                 del vals[v]
         self.past += t
         return vals[graph.outputs[0]], stats
 
     # ------------------------------------------------------------------ timing memo
-    def _key(self, node: Node, vals: dict, env) -> tuple | None:
-        """Nodes of one op, attributes (names aside) and input shapes cost the same; without
-        values their outputs are placeholders, so a repeat is replayed, not recomputed."""
+    def _key(self, phase: str, node: Node, vals: dict, env) -> tuple | None:
+        """Nodes of one op, attributes (names aside), input shapes and -- on the accelerator
+        -- program template cost the same; without values their outputs are placeholders, so
+        a repeat is replayed, not recomputed."""
         if node.op in _DEVICE_STATE:
             return None
         attrs = {k: v for k, v in node.attrs.items()
                  if k not in ("weight", "weights", "bias", "biases", "layer")}
         shapes = tuple(tuple(vals[v].shape) if isinstance(vals[v], torch.Tensor) else
                        vals[v].kind for v in node.inputs)
+        template = None
+        if (phase, node.name) in self.acc:
+            bucket = context_bucket(env.past + env.t) if node.op in _ATTENTION else None
+            template = self.exe.infos[self.exe.program_id(phase, node.name, bucket)].template
         return (node.op, json.dumps(attrs, sort_keys=True), shapes, env.past, env.t,
-                len(node.outputs))
+                len(node.outputs), template)
 
-    def _replay(self, node: Node, vals: dict, env, stats: StepStats) -> bool:
-        hit = self.memo.get(("node", self._key(node, vals, env)))
+    def _replay(self, phase: str, node: Node, vals: dict, env, stats: StepStats) -> bool:
+        hit = self.memo.get(("node", self._key(phase, node, vals, env)))
         if hit is None:
             return False
         outs, programs, host = hit
@@ -297,8 +302,8 @@ class Runtime:
         stats.host += [dataclasses.replace(h, node=node.name) for h in host]
         return True
 
-    def _remember(self, node: Node, vals: dict, env, stats: StepStats) -> None:
-        key = self._key(node, vals, env)
+    def _remember(self, phase: str, node: Node, vals: dict, env, stats: StepStats) -> None:
+        key = self._key(phase, node, vals, env)
         if key is None:
             return
         programs = [p for p in stats.programs if p.node == node.name]

@@ -10,6 +10,7 @@ import torch
 from compile_testutil import SMALL, compressed, tiny_lm
 
 from hw.config import AcceleratorConfig, MemoryModel
+from hw.format import WeightFormat
 from hw.isa import field_location
 from sim.backends import make_backend
 from sim.random_programs import EQUIVALENCE_CONFIGS
@@ -239,3 +240,18 @@ def test_families_equal_their_twin(family):
     got, _ = _run(exe, make_backend("model", SMALL), ids, PROMPT)
     for a, b in zip(got, _twin_logits(lm, weights, ids, PROMPT), strict=True):
         assert torch.equal(a, b)
+
+
+def test_timing_memo_tells_formats_apart():
+    """Two grouped linears of one shape but different formats are different programs: the
+    memo must not replay one's cycles for the other (mixed per-layer formats)."""
+    lm = tiny_lm(layers=2)
+    names = [n for n, _ in compressed(lm).items()]
+    formats = {n: WeightFormat("1:4" if ".0." in n else "dense", 4, 32) for n in names}
+    exe = compile_model(lm, SMALL, CompileOptions(PROMPT, PROMPT + 1), formats=formats)
+    ids = _ids(lm, PROMPT + 1)
+    full = _run(exe, make_backend("model-timing", SMALL), ids, PROMPT)[1]
+    rt = Runtime(exe, make_backend("model-timing", SMALL), memo_timing=True)
+    memo = [rt.step(ids[:, :PROMPT])[1], rt.step(ids[:, PROMPT:])[1]]
+    for a, b in zip(full, memo, strict=True):
+        assert [(p.node, p.cycles) for p in a.programs] == [(p.node, p.cycles) for p in b.programs]

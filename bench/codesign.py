@@ -1,0 +1,110 @@
+"""The co-design search on the reference model and SmolLM2 (``sw.codesign``).
+
+``python -m bench.codesign --model reference`` (or ``smollm2``, after ``make smollm2``)
+compresses the model in every candidate format, measures each layer's decode cycles on the
+fast model and its sensitivity on held-out text, searches per-layer formats under the decode
+latency of each uniform format, measures every assignment for real (perplexity on the test
+split, cycles of the compiled decode step) and writes ``bench/results/codesign.json`` (records
+of this model replace its old ones) and ``docs/img/codesign_<model>.png`` (perplexity against
+simulated tokens/s, uniform points and searched ones).
+
+Record fields: ``model``, ``method`` (``uniform-<format>``, ``searched`` -- the knapsack on
+first-order losses -- or ``searched+refined`` -- then the measured local search), ``budget`` (the
+latency the search was held to, e.g. ``uniform-2:4-latency``; empty for uniform points),
+``assignment`` (layers per format, and the per-unit choice), ``cycles_per_token``,
+``tokens_per_s_sim``, ``bits_per_weight``, ``perplexity``, and for the searched points at a
+uniform latency ``gap_closed``: the fraction of the perplexity gap between that uniform
+format and dense INT4 that the search closes at the same latency.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench.common import RESULTS, parser, write_json
+from hw.config import AcceleratorConfig
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+#: Per-model settings: how finely to assign formats and how much text to use.
+SETTINGS = {
+    "reference": dict(granularity="layer", calib=32, search_tokens=8192, eval_tokens=16384),
+    "smollm2": dict(granularity="type:3", calib=32, search_tokens=4096, eval_tokens=8192,
+                    dram_mb=128),
+}
+
+
+def records(model: str, result: dict, cfg: AcceleratorConfig, method: str) -> list[dict]:
+    """Flat records of every measured point."""
+    from sw.codesign import pareto
+    hz = cfg.clock_mhz * 1e6
+    uniform = {p.label.removeprefix("uniform "): p for p in result["uniform"]}
+    dense = uniform.get("dense-int4")
+    front = pareto(result["uniform"] + result["searched"])
+    out = []
+    for p in result["uniform"] + result["searched"]:
+        kind, _, rest = p.label.partition(" ")
+        searched = kind in ("searched", "refined")
+        budget = rest if searched else ""
+        rec = {"model": model, "method": {"searched": "searched", "refined": "searched+refined"}
+               .get(kind, "uniform-" + rest.removesuffix("-int4")),
+               "compression": method, "budget": budget,
+               "assignment": {"layers_per_format": dict(Counter(
+                   str(w.fmt.pattern) + f"-int{w.fmt.bits}" for w in p.weights.values())),
+                   "units": p.assignment if searched else {}},
+               "cycles_per_token": p.cycles_per_token,
+               "tokens_per_s_sim": hz / p.cycles_per_token,
+               "bits_per_weight": p.bits_per_weight, "perplexity": p.perplexity,
+               "pareto": p.label in front}
+        ref = budget.removeprefix("uniform-").removesuffix("-latency") + "-int4"
+        if searched and ref in uniform and dense is not None:
+            gap = uniform[ref].perplexity - dense.perplexity
+            rec["gap_closed"] = (uniform[ref].perplexity - p.perplexity) / gap if gap else None
+        out.append(rec)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser("python -m bench.codesign", __doc__)
+    ap.add_argument("--model", default="reference", choices=sorted(SETTINGS),
+                    help="the model to search")
+    ap.add_argument("--method", default="sparsegpt+gptq", help="compression method")
+    ap.add_argument("--out", type=Path, default=RESULTS / "codesign.json", help="results JSON")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = ap.parse_args(argv)
+    from sw.codesign import plot, run
+    from sw.models.source import open_model
+    settings = dict(SETTINGS[args.model])
+    dram = settings.pop("dram_mb", None)
+    cfg = AcceleratorConfig()
+    if dram:
+        cfg = cfg.replace(memory=cfg.memory.__class__(cfg.memory.bytes_per_cycle,
+                                                      cfg.memory.latency, dram << 20))
+    t0 = time.perf_counter()
+    src = open_model(args.model)
+    result = run(src, cfg, method=args.method, progress=not args.quiet, **settings)
+    wall = time.perf_counter() - t0
+    recs = records(args.model, result, cfg, args.method)
+    for r in recs:
+        r["wall_s"] = wall
+    old = json.loads(args.out.read_text()) if args.out.exists() else []
+    write_json(args.out, [r for r in old if r.get("model") != args.model] + recs)
+    img = DOCS / "img" / f"codesign_{args.model}.png"
+    img.parent.mkdir(parents=True, exist_ok=True)
+    plot(result, cfg, img, f"{args.model}: per-layer formats ({settings['granularity']}) vs "
+         f"one format, {args.method}")
+    print(f"\n{'point':<32}{'perplexity':>11}{'cycles/token':>14}{'bits/w':>8}{'gap closed':>12}")
+    for r in recs:
+        label = r["method"] + (f" @ {r['budget']}" if r["budget"] else "")
+        gap = f"{r['gap_closed']:.0%}" if r.get("gap_closed") is not None else ""
+        print(f"{label:<32}{r['perplexity']:>11.3f}{r['cycles_per_token']:>14,}"
+              f"{r['bits_per_weight']:>8.2f}{gap:>12}")
+    print(f"wrote {args.out} and {img} ({wall:.0f} s; {json.dumps(result['seconds'])})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,512 @@
+"""Co-design search: the N:M pattern and precision of each linear layer, chosen to minimise
+perplexity under a budget of simulated decode latency (or of weight bytes).
+
+The accelerator runs any N:M pattern of its configuration, chosen per instruction, so every
+layer can have its own format. The search measures what each choice costs and loses, then
+solves for the best mix:
+
+1. **Candidates**: each format (dense INT4, 4:8, 2:4, 1:4 INT4; optionally INT8) compresses the
+   whole model once with the chosen method (``compress_llama``, layer-wise calibration).
+2. **Costs** (measured on the fast model, timing-only): the decode cycles of every layer in
+   every format -- the layer's own single-token program on the accelerator configuration --
+   and its packed stream bytes. Decode is memory-bound, so a step's cycles are close to the
+   sum of its layers' (the assignment's real cycles are measured afterwards, from the
+   compiled model).
+3. **Sensitivities** (measured, not guessed): starting from the model with every layer in
+   the *base* format -- the uniform format whose latency is the budget, so the first-order
+   model is taken where the search operates --, each *unit* of layers (one layer, or one
+   layer type in one depth range of the network) is switched to each other candidate's
+   weights, and the held-out negative log-likelihood is measured; the change is the unit's
+   loss for that candidate (negative when the candidate is better than the base).
+4. **Search**: a multiple-choice knapsack -- one candidate per unit, minimise the summed loss,
+   total cost within the budget -- solved exactly by dynamic programming over the cost
+   discretised into ``bins`` steps (each unit's cost rounded up, so a solution never exceeds
+   the budget).
+
+5. **Refinement** (at the main budget): the first-order model is optimistic where formats
+   interact (a few 2:8 layers cost more together than apart), so a measured local search
+   starts from the better of the knapsack's answer and the uniform base, evaluates the moves
+   the losses rank best (one unit changed, or one made cheaper to pay for another made
+   better) on the validation split, and keeps a move only if it really lowers the NLL.
+
+Every reported point is then measured for real: perplexity on the test split, cycles of the
+compiled decode step.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from hw.config import DENSE, AcceleratorConfig
+from hw.format import QuantizedWeight, WeightFormat, stream_layout
+from sim.model import FastModel
+from sw.compile.linear import build_linear
+from sw.compress.model import compress_llama, selected_linears
+from sw.models.eval import EvalProtocol, perplexity
+from sw.models.llama import LlamaLM
+
+__all__ = ["CANDIDATES", "Unit", "units", "layer_costs", "compress_candidates",
+           "sensitivities", "search", "refine", "assemble", "with_weights", "run"]
+
+#: Formats the search chooses from (group 128, symmetric INT4 unless named INT8).
+CANDIDATES: dict[str, WeightFormat] = {
+    "dense-int4": WeightFormat(DENSE, 4, 128),
+    "4:8-int4": WeightFormat("4:8", 4, 128),
+    "2:4-int4": WeightFormat("2:4", 4, 128),
+    "2:8-int4": WeightFormat("2:8", 4, 128),
+    "1:4-int4": WeightFormat("1:4", 4, 128),
+}
+#: Optional wider format (dense only: the decoder streams INT8 dense).
+INT8 = {"dense-int8": WeightFormat(DENSE, 8, 128)}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Layers that take one format together."""
+
+    name: str
+    layers: tuple[str, ...]
+
+
+def units(model: LlamaLM, granularity: str = "layer", skip: Iterable[str] = ("lm_head",)
+          ) -> list[Unit]:
+    """Group the compressed linear layers: ``"layer"`` (each on its own), ``"type"`` (q_proj
+    of every block together, ...) or ``"type:K"`` (each type in K depth ranges of blocks)."""
+    layers = list(selected_linears(model, skip))
+    if granularity == "layer":
+        return [Unit(name.removeprefix("model."), (name,)) for name in layers]
+    m = re.fullmatch(r"type(?::(\d+))?", granularity)
+    if not m:
+        raise ValueError(f"granularity must be 'layer', 'type' or 'type:K', got "
+                         f"{granularity!r}")
+    ranges = int(m.group(1) or 1)
+    blocks = model.config.num_hidden_layers
+    if not 1 <= ranges <= blocks:
+        raise ValueError(f"type:{ranges}: between 1 and the {blocks} blocks")
+    groups: dict[str, list[str]] = {}
+    for name in layers:
+        found = re.match(r"model\.layers\.(\d+)\.(.+)", name)
+        if not found:
+            groups.setdefault(name, []).append(name)
+            continue
+        block, kind = int(found.group(1)), found.group(2)
+        r = block * ranges // blocks
+        lo, hi = r * blocks // ranges, (r + 1) * blocks // ranges - 1
+        key = kind if ranges == 1 else f"{kind}[{lo}-{hi}]"
+        groups.setdefault(key, []).append(name)
+    return [Unit(k, tuple(v)) for k, v in groups.items()]
+
+
+def layer_costs(model: LlamaLM, cfg: AcceleratorConfig, candidates: Mapping[str, WeightFormat],
+                layers: Iterable[str]) -> dict[str, dict[str, dict[str, int]]]:
+    """``{layer: {candidate: {"cycles": decode cycles, "bytes": stream bytes}}}``: each layer
+    alone as a one-token program on the fast model (timing-only), memoised per shape."""
+    timing = cfg.replace(memory=cfg.memory.__class__(cfg.memory.bytes_per_cycle,
+                                                     cfg.memory.latency, 1 << 36),
+                         imem_depth=max(cfg.imem_depth, 1 << 20))
+    model_run = FastModel(timing)
+    memo: dict[tuple, dict[str, int]] = {}
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for layer in layers:
+        w = model.get_parameter(f"{layer}.weight")
+        n, k = int(w.shape[0]), int(w.shape[1])
+        out[layer] = {}
+        for name, fmt in candidates.items():
+            key = (fmt, n, k)
+            if key not in memo:
+                lp = build_linear(timing, fmt, n, k, 1)
+                r = model_run.run(lp.program, timing_only=True)
+                memo[key] = {"cycles": r.cycles,
+                             "bytes": stream_layout(fmt, n, k, cfg.lanes).total_bytes}
+            out[layer][name] = memo[key]
+    return out
+
+
+def compress_candidates(model: LlamaLM, candidates: Mapping[str, WeightFormat], method: str,
+                        calibration: torch.Tensor, *, progress: bool = True,
+                        **options) -> dict[str, dict[str, QuantizedWeight]]:
+    """Every candidate format applied to the whole model (a copy each) with ``method``."""
+    out = {}
+    for name, fmt in candidates.items():
+        out[name] = compress_llama(copy.deepcopy(model), fmt, method, calibration,
+                                   progress=progress, **options)
+    return out
+
+
+def with_weights(model: LlamaLM, weights: Mapping[str, QuantizedWeight]) -> LlamaLM:
+    """``model`` (in place) computing with the dequantised ``weights`` of these layers."""
+    with torch.no_grad():
+        for name, qw in weights.items():
+            lin: nn.Linear = model.get_submodule(name)
+            lin.weight.copy_(torch.from_numpy(qw.dequantize()[:, : qw.k]).to(lin.weight.dtype))
+    return model
+
+
+def _nll(model: LlamaLM, windows: torch.Tensor, batch_size: int) -> float:
+    proto = EvalProtocol(seq_len=windows.shape[1] - 1, batch_size=batch_size)
+    return perplexity(model, proto, windows=windows).nll
+
+
+def sensitivities(model: LlamaLM, weights: Mapping[str, Mapping[str, QuantizedWeight]],
+                  base: str, unit_list: Sequence[Unit], windows: torch.Tensor, *,
+                  batch_size: int = 8, progress: bool = True
+                  ) -> tuple[float, dict[str, dict[str, float]]]:
+    """The base model's held-out NLL (nats per token) and, per unit and candidate, the NLL
+    increase when only that unit takes that candidate's weights (base: 0)."""
+    work = with_weights(copy.deepcopy(model), weights[base])
+    nll0 = _nll(work, windows, batch_size)
+    out: dict[str, dict[str, float]] = {u.name: {base: 0.0} for u in unit_list}
+    others = [c for c in weights if c != base]
+    bar = tqdm(total=len(unit_list) * len(others), desc="sensitivities", disable=not progress,
+               leave=False)
+    for u in unit_list:
+        for c in others:
+            with_weights(work, {k: weights[c][k] for k in u.layers})
+            out[u.name][c] = _nll(work, windows, batch_size) - nll0
+            bar.update()
+        with_weights(work, {k: weights[base][k] for k in u.layers})
+    bar.close()
+    return nll0, out
+
+
+def search(unit_list: Sequence[Unit], loss: Mapping[str, Mapping[str, float]],
+           cost: Callable[[Unit, str], float], budget: float, bins: int = 4000
+           ) -> dict[str, str] | None:
+    """Minimise the summed loss with the summed cost within ``budget``: one candidate per
+    unit (multiple-choice knapsack, exact over costs rounded up to ``budget / bins`` steps).
+    Returns ``{unit: candidate}``, or None when even the cheapest choice exceeds the budget."""
+    step = budget / bins
+    inf = np.inf
+    best = np.full(bins + 1, inf)
+    best[0] = 0.0
+    choices: list[np.ndarray] = []
+    for u in unit_list:
+        names = list(loss[u.name])
+        new = np.full(bins + 1, inf)
+        pick = np.full(bins + 1, -1, dtype=np.int64)
+        for i, c in enumerate(names):
+            w = int(np.ceil(cost(u, c) / step - 1e-9))
+            if w > bins:
+                continue
+            cand = np.full(bins + 1, inf)
+            cand[w:] = best[: bins + 1 - w] + loss[u.name][c]
+            better = cand < new
+            new[better] = cand[better]
+            pick[better] = i
+        choices.append(pick)
+        best = new
+    if not np.isfinite(best).any():
+        return None
+    j = int(np.argmin(best))
+    out: dict[str, str] = {}
+    for u, pick in zip(reversed(unit_list), reversed(choices), strict=True):
+        names = list(loss[u.name])
+        c = names[int(pick[j])]
+        out[u.name] = c
+        j -= int(np.ceil(cost(u, c) / step - 1e-9))
+    return {u.name: out[u.name] for u in unit_list}
+
+
+def refine(unit_list: Sequence[Unit], loss: Mapping[str, Mapping[str, float]],
+           cost: Callable[[Unit, str], float], budget: float, start: dict[str, str],
+           evaluate: Callable[[dict[str, str]], float], *, max_evals: int = 40,
+           per_round: int = 4, log=None) -> tuple[dict[str, str], float, int]:
+    """Measured local search from ``start``: each round evaluates (``evaluate`` gives the
+    held-out NLL of an assignment) the ``per_round`` moves the first-order losses rank best --
+    one unit changed, or one made cheaper to pay for another made better -- within the
+    budget, and keeps the best only if it really lowers the NLL. Stops when a round finds
+    nothing or after ``max_evals`` evaluations. Returns (assignment, its NLL, evaluations)."""
+    current, nll, evals = dict(start), evaluate(start), 1
+    tried: set[tuple] = set()
+    spent = sum(cost(u, current[u.name]) for u in unit_list)
+    while evals < max_evals:
+        singles = []
+        for u in unit_list:
+            for c in loss[u.name]:
+                if c != current[u.name]:
+                    singles.append((loss[u.name][c] - loss[u.name][current[u.name]],
+                                    cost(u, c) - cost(u, current[u.name]), ((u.name, c),)))
+        moves = [m for m in singles if spent + m[1] <= budget]
+        up = sorted((m for m in singles if m[0] < 0), key=lambda m: m[0])[:40]
+        down = sorted((m for m in singles if m[1] < 0), key=lambda m: m[0])[:40]
+        for a in up:
+            for b in down:
+                if a[2][0][0] != b[2][0][0] and spent + a[1] + b[1] <= budget:
+                    moves.append((a[0] + b[0], a[1] + b[1], a[2] + b[2]))
+        moves = sorted((m for m in moves if m[2] not in tried and m[0] < 0),
+                       key=lambda m: m[0])[:per_round]
+        if not moves:
+            break
+        best = None
+        for m in moves:
+            tried.add(m[2])
+            cand = {**current, **dict(m[2])}
+            value = evaluate(cand)
+            evals += 1
+            if best is None or value < best[0]:
+                best = (value, cand, m)
+            if evals >= max_evals:
+                break
+        if best[0] >= nll:
+            continue
+        nll, current = best[0], best[1]
+        spent = sum(cost(u, current[u.name]) for u in unit_list)
+        if log:
+            log(f"    refine: {', '.join(f'{u} -> {c}' for u, c in best[2][2])}: "
+                f"NLL {nll:.5f} ({evals} evaluations)")
+    return current, nll, evals
+
+
+def assemble(weights: Mapping[str, Mapping[str, QuantizedWeight]], unit_list: Sequence[Unit],
+             assignment: Mapping[str, str]) -> dict[str, QuantizedWeight]:
+    """The compressed layers of an assignment: each unit's layers from its candidate."""
+    return {layer: weights[assignment[u.name]][layer] for u in unit_list for layer in u.layers}
+
+
+# ---------------------------------------------------------------------- the whole flow
+BUDGETS = {"uniform-2:4-latency": "2:4-int4", "uniform-4:8-latency": "4:8-int4",
+           "uniform-2:8-latency": "2:8-int4"}
+
+
+def decode_cycles(model: LlamaLM, cfg: AcceleratorConfig, formats: Mapping[str, WeightFormat],
+                  context: int) -> int:
+    """Simulated accelerator cycles of one decode step at ``context`` positions, compiled from
+    the model's graph with these formats (timing-only)."""
+    from sim.backends import make_backend
+    from sw.compile import CompileOptions, compile_model
+    from sw.runtime import Runtime
+    opts = CompileOptions(prompt_tokens=context - 1, max_context=context,
+                          decode_contexts=(context,), phases=("decode",))
+    exe = compile_model(model, cfg, opts, formats=formats)
+    rt = Runtime(exe, make_backend("model-timing", cfg), memo_timing=True)
+    rt.seek(context - 1)
+    return rt.step(torch.zeros((1, 1), dtype=torch.long))[1].cycles
+
+
+def bits_per_weight(weights: Mapping[str, QuantizedWeight], lanes: int) -> float:
+    """Stream bits per dense weight over all compressed layers."""
+    bits = sum(stream_layout(w.fmt, *w.shape, lanes).total_bytes * 8 for w in weights.values())
+    return bits / sum(w.shape[0] * w.shape[1] for w in weights.values())
+
+
+@dataclass
+class Point:
+    """A measured assignment."""
+
+    label: str
+    assignment: dict[str, str]
+    weights: dict[str, QuantizedWeight]
+    perplexity: float
+    cycles_per_token: int
+    bits_per_weight: float
+    estimated_cycles: float
+
+
+def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
+        candidates: Mapping[str, WeightFormat] = CANDIDATES, base: str = "2:4-int4",
+        granularity: str = "layer", calib: int = 32, seq_len: int = 256,
+        search_tokens: int = 8192, eval_tokens: int = 16384, context: int = 128,
+        budgets: Mapping[str, str] = BUDGETS, extra_points: int = 4, seed: int = 0,
+        refine_evals: int = 40, progress: bool = True, log=print) -> dict:
+    """Compress, measure, search and measure again (see the module docstring).
+
+    Sensitivities use the validation split, the reported perplexities the test split (both
+    held out from calibration's train split). Returns ``{"uniform": [Point], "searched":
+    [Point], "units": [...], "nll_base": ..., "seconds": {...}}``.
+    """
+    import time
+    model = src.model
+    seq = min(seq_len, model.config.max_position_embeddings)
+    t0 = time.perf_counter()
+    log(f"compressing with {len(candidates)} formats ({method}, {calib} x {seq} tokens)")
+    weights = compress_candidates(model, candidates, method,
+                                  src.calibration(calib, seq, seed), progress=progress)
+    t_compress = time.perf_counter() - t0
+    unit_list = units(model, granularity)
+    per_layer = layer_costs(model, cfg, candidates, [x for u in unit_list for x in u.layers])
+
+    def cost(u: Unit, c: str) -> float:
+        return float(sum(per_layer[x][c]["cycles"] for x in u.layers))
+
+    t0 = time.perf_counter()
+    valid = src.windows("validation", seq, search_tokens)
+    nll0, loss = sensitivities(model, weights, base, unit_list, valid, progress=progress)
+    t_sens = time.perf_counter() - t0
+    test = src.windows("test", seq, eval_tokens)
+
+    def measure(label: str, assignment: dict[str, str]) -> Point:
+        w = assemble(weights, unit_list, assignment)
+        m = with_weights(copy.deepcopy(model), w)
+        ppl = float(np.exp(_nll(m, test, 8)))
+        cycles = decode_cycles(model, cfg, {k: q.fmt for k, q in w.items()}, context)
+        est = sum(cost(u, assignment[u.name]) for u in unit_list)
+        log(f"  {label:<28} perplexity {ppl:8.3f}  {cycles:>12,} cycles/token (estimated "
+            f"{est:,.0f} + attention)  "
+            f"{bits_per_weight(w, cfg.lanes):.2f} bits/weight")
+        return Point(label, assignment, w, ppl, cycles, bits_per_weight(w, cfg.lanes), est)
+
+    t0 = time.perf_counter()
+    uniform = [measure(f"uniform {c}", {u.name: c for u in unit_list}) for c in candidates]
+    searched = []
+    totals = {c: sum(cost(u, c) for u in unit_list) for c in candidates}
+    targets = {label: totals[c] for label, c in budgets.items() if c in totals}
+    lo, hi = min(totals.values()), max(totals.values())
+    for i in range(1, extra_points + 1):
+        targets.setdefault(f"budget-{i}", lo + (hi - lo) * i / (extra_points + 1))
+    for label, budget in sorted(targets.items(), key=lambda kv: kv[1]):
+        a = search(unit_list, loss, cost, budget)
+        if a is not None:
+            searched.append(measure(f"searched {label}", a))
+    # The first-order model is optimistic where formats interact: refine the main budget's
+    # assignment by measurement, from the better of the knapsack's answer and uniform base.
+    t_refine = time.perf_counter()
+    work = with_weights(copy.deepcopy(model), weights[base])
+    state = {u.name: base for u in unit_list}
+
+    def evaluate(assignment: dict[str, str]) -> float:
+        changed = [u for u in unit_list if assignment[u.name] != state[u.name]]
+        with_weights(work, {x: weights[assignment[u.name]][x] for u in changed for x in u.layers})
+        state.update({u.name: assignment[u.name] for u in changed})
+        return _nll(work, valid, 8)
+
+    main = next(label for label, c in budgets.items() if c == base)
+    knap = next((p.assignment for p in searched if p.label == f"searched {main}"), None)
+    start = {u.name: base for u in unit_list}
+    if knap is not None and evaluate(knap) < nll0:
+        start = knap
+    refined, _, evals = refine(unit_list, loss, cost, targets[main], start, evaluate,
+                               max_evals=refine_evals, log=log)
+    searched.append(measure(f"refined {main}", refined))
+    t_refine = time.perf_counter() - t_refine
+    return {"uniform": uniform, "searched": searched, "units": unit_list, "nll_base": nll0,
+            "loss": loss, "costs": {u.name: {c: cost(u, c) for c in candidates}
+                                    for u in unit_list},
+            "refine_evals": evals,
+            "seconds": {"compress": t_compress, "sensitivities": t_sens,
+                        "refine": t_refine, "measure": time.perf_counter() - t0 - t_refine}}
+
+
+def pareto(points: Sequence[Point]) -> set[str]:
+    """Labels of the points no other point beats in both perplexity and cycles."""
+    return {p.label for p in points
+            if not any(q.perplexity <= p.perplexity and q.cycles_per_token <= p.cycles_per_token
+                       and (q.perplexity, q.cycles_per_token) != (p.perplexity,
+                                                                   p.cycles_per_token)
+                       for q in points)}
+
+
+def plot(result: dict, cfg: AcceleratorConfig, path, title: str):
+    """Perplexity against simulated tokens/s: uniform formats and searched assignments."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    hz = cfg.clock_mhz * 1e6
+    refined = [p for p in result["searched"] if p.label.startswith("refined")]
+    if refined:
+        ax.plot([hz / p.cycles_per_token for p in refined], [p.perplexity for p in refined],
+                "*", ms=14, label="searched + measured refinement")
+    for kind, marker in (("uniform", "s"), ("searched", "o")):
+        pts = sorted((p for p in result[kind] if not p.label.startswith("refined")),
+                     key=lambda p: p.cycles_per_token)
+        xs = [hz / p.cycles_per_token for p in pts]
+        ys = [p.perplexity for p in pts]
+        ax.plot(xs, ys, marker + ("--" if kind == "searched" else ""), ms=7,
+                label=f"{kind} ({'per-layer formats' if kind == 'searched' else 'one format'})")
+        if kind == "uniform":
+            for p, x, y in zip(pts, xs, ys, strict=True):
+                ax.annotate(p.label.removeprefix("uniform "), (x, y), textcoords="offset points",
+                            xytext=(5, 5), fontsize=8)
+    ax.set_xlabel(f"simulated decode tokens/s at {cfg.clock_mhz:g} MHz")
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sw.codesign``: search one model, write the assignment, the packed model of
+    the main budget, the records and the Pareto plot into ``--out``."""
+    import argparse
+    import json
+    import shutil
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from sw.compress.io import from_llama, save
+    from sw.compress.model import COMPRESS_METHODS
+    from sw.models.source import ModelSourceError, open_model
+
+    ap = argparse.ArgumentParser(
+        prog="python -m sw.codesign", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--model", default="reference", help="a --model spec (sw.deploy's)")
+    ap.add_argument("--budget", default="uniform-2:4-latency", choices=sorted(BUDGETS),
+                    help="the decode latency of a uniform format; its assignment is packed")
+    ap.add_argument("--method", default="sparsegpt+gptq", help="compression method")
+    ap.add_argument("--granularity", default="layer",
+                    help="'layer', 'type' or 'type:K' (K depth ranges per layer type)")
+    ap.add_argument("--calib", type=int, default=32, help="calibration sequences")
+    ap.add_argument("--search-tokens", type=int, default=8192,
+                    help="validation tokens for the sensitivities")
+    ap.add_argument("--eval-tokens", type=int, default=16384,
+                    help="test tokens for the reported perplexities")
+    ap.add_argument("--dram-mb", type=int, default=None,
+                    help="simulated DRAM in MiB (default: the configuration's)")
+    ap.add_argument("--out", default="build/codesign", help="output directory")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = ap.parse_args(argv)
+    if args.method not in COMPRESS_METHODS:
+        print(f"sw.codesign: --method {args.method!r}: choose one of "
+              f"{', '.join(sorted(COMPRESS_METHODS))}", file=sys.stderr)
+        return 2
+    try:
+        if not re.fullmatch(r"layer|type(:\d+)?", args.granularity):
+            raise ValueError(f"--granularity {args.granularity!r}: 'layer', 'type' or 'type:K'")
+        src = open_model(args.model)
+    except (ModelSourceError, ValueError) as e:
+        print(f"sw.codesign: {e}", file=sys.stderr)
+        return 2
+    cfg = AcceleratorConfig()
+    if args.dram_mb:
+        cfg = cfg.replace(memory=cfg.memory.__class__(cfg.memory.bytes_per_cycle,
+                                                      cfg.memory.latency, args.dram_mb << 20))
+    result = run(src, cfg, method=args.method, granularity=args.granularity,
+                 base=BUDGETS[args.budget], calib=args.calib,
+                 search_tokens=args.search_tokens, eval_tokens=args.eval_tokens,
+                 progress=not args.quiet)
+    main_point = next(p for p in result["searched"] if p.label == f"refined {args.budget}")
+    out = Path(args.out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.resolve().parent
+                                if out.resolve().parent.exists() else None))
+    try:
+        (tmp / "assignment.json").write_text(json.dumps(main_point.assignment, indent=1))
+        save(from_llama(src.model, main_point.weights, tokenizer=src.tokenizer_record(),
+                        recipe={"method": args.method, "codesign": args.budget},
+                        meta={"source": src.name}), tmp / "model.safetensors")
+        plot(result, cfg, tmp / "pareto.png", f"{src.name}: per-layer formats vs uniform")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"wrote {out}/assignment.json, model.safetensors (sw.deploy --model accepts it), "
+          "pareto.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
