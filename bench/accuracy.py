@@ -1,31 +1,49 @@
-"""Accuracy of N:M pruning and INT4 quantisation on the shipped reference model.
+"""Accuracy of N:M pruning and INT4 quantisation on a real model: the reference model or any
+``--model`` that :func:`sw.models.source.open_model` accepts (``smollm2``, a Hugging Face
+directory, a LLaMA ``.gguf`` file).
 
-``python -m bench.accuracy`` compresses the reference model (``sw/models/reference``) with every
-configuration of :func:`default_configs`, evaluates each with the default
-:class:`sw.models.eval.EvalProtocol` (perplexity, top-1 agreement and KL against the fp32
-model), prints a table, and writes ``bench/results/accuracy.json`` (one flat record per
-configuration) and ``docs/img/accuracy.png``. See docs/accuracy.md for the numbers.
+``python -m bench.accuracy [--model SPEC]`` compresses the model with every configuration of
+:func:`default_configs`, evaluates each on the held-out **test** split of the CPython standard
+library in the model's own tokens (perplexity, top-1 agreement and KL against the uncompressed
+model), calibrates on random windows of the disjoint **train** split
+(:meth:`~sw.models.source.ModelSource.windows` / :meth:`~sw.models.source.ModelSource.calibration`),
+prints a table, and writes ``bench/results/accuracy.json`` (one flat record per configuration;
+the file holds every model's records and a run replaces only its own model's) and the plot
+``docs/img/accuracy.png`` (``accuracy_<model>.png`` for other models). See docs/accuracy.md.
 
-Rows: fp32; dense W4 g128 by RTN and GPTQ; 2:4, 4:8, 1:4, 2:8 pruning only (weights kept in
-float, rounded to FP16) by magnitude, Wanda and SparseGPT; 2:4 + W4 g128 with every mask method
+Rows: fp32 (the uncompressed model; for ``smollm2`` its float weights are the dequantised Q4_1
+GGUF tensors); dense W4 g128 by RTN and GPTQ, symmetric and asymmetric (zero points); N:M
+pruning only (weights kept in float, rounded to FP16) by magnitude, Wanda and SparseGPT (2:4, 4:8,
+1:4, 2:8 on the reference model; 2:4, 4:8 on other models); 2:4 + W4 g128 with every mask method
 combined with RTN and with GPTQ (``sparsegpt+rtn``: SparseGPT's float reconstruction then
-rounding; ``sparsegpt+gptq``: SparseGPT's joint mode, rounding inside the sweep); and the golden
-W4A8 hardware numerics (:class:`sw.compress.model.HardwareLinear`) on top of the best 2:4 + W4
-configuration and of dense W4 GPTQ.
+rounding; ``sparsegpt+gptq``: SparseGPT's joint mode, rounding inside the sweep); and the
+accelerator's exact numerics (:func:`sw.compress.model.use_hardware_numerics`) on the best 2:4 +
+W4 row (W4A8 linears, then also the INT8 attention / KV cache of the compiled model) and on
+symmetric dense W4 GPTQ (W4A8 linears). The head stays in float (the default skip of
+:func:`~sw.compress.model.compress_llama`, as in the GPTQ / SparseGPT / Wanda papers; SmolLM2
+ties it to the embedding, which therefore stays float too).
 
-Record fields: ``method``, ``mask`` / ``quant`` (its two halves), ``pattern``, ``bits`` (32 fp32,
-16 float pruned weights rounded to FP16, 4 INT4), ``group`` (0 when not quantised),
-``numerics`` (``float``: the model with dequantised weights; ``hardware``: INT8 activations,
-integer accumulation), ``perplexity``, ``nll``, ``top1_agreement``, ``kl``, ``max_kl``,
-``seconds`` (compression wall time, calibration included; hardware rows reuse the weights of
-the float row and repeat its time), ``eval_seconds``, and the calibration / eval settings.
+Record fields: ``model`` (``reference``, ``smollm2`` or the spec), ``method``, ``mask`` /
+``quant`` (its two halves), ``pattern``, ``bits`` (32 fp32, 16 float pruned weights rounded to
+FP16, 4 INT4), ``group`` (0 when not quantised), ``symmetric``, ``numerics`` (``float``: the
+model with dequantised weights; ``hardware``: INT8 activations, integer accumulation;
+``hardware+attention``: also the INT8 attention products), ``perplexity``, ``nll``,
+``top1_agreement``, ``kl``, ``max_kl``, ``seconds`` (whole-model compression wall time,
+calibration included; hardware rows reuse the weights of the float row and repeat its time),
+``eval_seconds``, ``eval_tokens``, ``window_nll`` (mean NLL of each evaluation window, for
+paired comparisons: :func:`paired_difference`), ``calib_tokens``, the other calibration / eval
+settings,
+``model_note`` and ``tied_embeddings``.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import hashlib
+import json
 import math
+import os
 import re
 import sys
 import time
@@ -60,14 +78,32 @@ from sw.models.eval import (
     eval_windows,
     perplexity,
 )
+from sw.models.source import ModelSource, ModelSourceError, open_model
 
 ROOT = Path(__file__).resolve().parent.parent
 IMG = ROOT / "docs" / "img"
 #: The default evaluation protocol (sw/models/README.md).
 PROTOCOL = EvalProtocol()
 
-#: Patterns of the pruning-only rows.
+#: Patterns of the pruning-only rows (the reference model; :data:`MODEL_DEFAULTS` for others).
 PRUNE_PATTERNS = ("2:4", "4:8", "1:4", "2:8")
+#: Row set and evaluation size per model (``auto`` options); any model not named here gets
+#: ``"other"``. The reference model's eval is :data:`PROTOCOL`.
+#: SmolLM2-135M on 2 shared cores: a GPTQ row with 32 x 128 calibration tokens took 311 s
+#: (about half of it the per-layer solves, the rest scales with the calibration tokens) and
+#: scoring 8192 tokens about 100 s (docs/accuracy.md).
+MODEL_DEFAULTS: dict[str, dict] = {
+    "reference": {"patterns": PRUNE_PATTERNS, "eval_tokens": PROTOCOL.max_tokens,
+                  "calib_samples": 64, "calib_seq_len": 256, "zoom": 1.10},
+    "other": {"patterns": ("2:4", "4:8"), "eval_tokens": 8192,
+              "calib_samples": 32, "calib_seq_len": 128, "zoom": 3.5},
+}
+MODEL_DEFAULTS["smollm2"] = {**MODEL_DEFAULTS["other"],
+                             "title": "SmolLM2-135M-Instruct (fp32 = dequantised Q4_1 GGUF)"}
+#: Most logits elements (batch x positions x vocabulary) of one evaluation batch: the KL of
+#: :func:`sw.models.eval.compare` holds a few float64 copies of them (16 x 256 x 259 for the
+#: reference model; 5 x 256 x 49152, about 0.5 GB each, for SmolLM2).
+MAX_BATCH_LOGITS = 1 << 26
 #: Mask methods (pruning-only rows and the mask half of the combined rows).
 MASKS = ("magnitude", "wanda", "sparsegpt")
 
@@ -88,7 +124,10 @@ class Config:
     group : int
         Quantisation group (0 when not quantised).
     numerics : str
-        ``float`` or ``hardware``.
+        ``float``, ``hardware`` (W4A8 linears) or ``hardware+attention`` (and the INT8
+        attention products of the compiled model).
+    symmetric : bool
+        Symmetric INT weights, or asymmetric with per-group zero points.
     """
 
     method: str
@@ -96,14 +135,16 @@ class Config:
     bits: int = 32
     group: int = 0
     numerics: str = "float"
+    symmetric: bool = True
 
     @property
     def label(self) -> str:
-        """Short unique name, e.g. ``wanda+gptq 2:4 w4g128 hw``."""
+        """Short unique name, e.g. ``wanda+gptq 2:4 w4g128 hw``, ``rtn dense w4g128 asym``."""
         q = "fp32" if self.bits == 32 else "fp16" if self.bits == 16 else \
             f"w{self.bits}g{self.group}"
-        hw = " hw" if self.numerics == "hardware" else ""
-        return f"{self.method} {self.pattern} {q}{hw}"
+        asym = "" if self.symmetric or self.bits >= 16 else " asym"
+        hw = {"float": "", "hardware": " hw", "hardware+attention": " hw+attn"}[self.numerics]
+        return f"{self.method} {self.pattern} {q}{asym}{hw}"
 
     @property
     def mask(self) -> str:
@@ -123,24 +164,34 @@ class Config:
         return "rtn"
 
 
-def default_configs(group: int = 128) -> list[Config]:
-    """The float rows of the study (hardware rows are chosen by :func:`hardware_configs`)."""
-    rows = [Config("fp32"), Config("rtn", "dense", 4, group), Config("gptq", "dense", 4, group)]
-    rows += [Config(m, p, 16, 0) for p in PRUNE_PATTERNS for m in MASKS]
+def default_configs(group: int = 128, patterns: Sequence[str] = PRUNE_PATTERNS
+                    ) -> list[Config]:
+    """The float rows of the study (hardware rows are chosen by :func:`hardware_configs`):
+    fp32, dense W4 RTN / GPTQ symmetric then asymmetric, pruning only at each of ``patterns``,
+    2:4 + W4 with each mask and RTN, then with GPTQ."""
+    rows = [Config("fp32")]
+    rows += [Config(q, "dense", 4, group, symmetric=sym) for sym in (True, False)
+             for q in ("rtn", "gptq")]
+    rows += [Config(m, p, 16, 0) for p in patterns for m in MASKS]
     rows += [Config(f"{m}+{q}", "2:4", 4, group) for q in ("rtn", "gptq") for m in MASKS]
     return rows
 
 
-def hardware_configs(records: Sequence[dict]) -> list[Config]:
-    """Hardware-numerics rows: the best (lowest perplexity) 2:4 + W4 float row and dense GPTQ."""
+def hardware_configs(records: Sequence[dict], attention: bool = True) -> list[Config]:
+    """Hardware-numerics rows: the best (lowest perplexity) 2:4 + W4 float row with W4A8
+    linears and, with ``attention``, also with the INT8 attention products; symmetric dense
+    GPTQ with W4A8 linears."""
     out = []
     sparse = [r for r in records if r["numerics"] == "float" and r["pattern"] == "2:4"
               and r["bits"] == 4]
     if sparse:
         best = min(sparse, key=lambda r: r["perplexity"])
-        out.append(Config(best["method"], "2:4", 4, best["group"], "hardware"))
+        kinds = ("hardware", "hardware+attention") if attention else ("hardware",)
+        out += [Config(best["method"], "2:4", 4, best["group"], k,
+                       best.get("symmetric", True)) for k in kinds]
     out += [Config("gptq", "dense", 4, r["group"], "hardware") for r in records
-            if r["numerics"] == "float" and r["method"] == "gptq" and r["pattern"] == "dense"]
+            if r["numerics"] == "float" and r["method"] == "gptq" and r["pattern"] == "dense"
+            and r.get("symmetric", True)]
     return out
 
 
@@ -165,15 +216,18 @@ class LogitsMemo:
 
 
 def evaluate(model: torch.nn.Module, reference: LogitsMemo,
-             protocol: EvalProtocol = PROTOCOL) -> dict:
-    """Perplexity and agreement with the reference of ``model`` under ``protocol``."""
+             protocol: EvalProtocol = PROTOCOL, windows: torch.Tensor | None = None) -> dict:
+    """Perplexity and agreement with the reference of ``model`` on ``windows`` (default: the
+    byte-level windows of ``protocol``), batched as ``protocol`` says."""
     t0 = time.perf_counter()
     memo = LogitsMemo(model)
     with torch.no_grad():
-        ppl = perplexity(memo, protocol)
-        cmp = compare(memo, reference, protocol)
+        ppl = perplexity(memo, protocol, windows=windows)
+        cmp = compare(memo, reference, protocol, windows=windows)
+        per_window = window_nll(memo, protocol, windows)  # from the cached logits
     return {"perplexity": ppl.perplexity, "nll": ppl.nll, "top1_agreement": cmp.top1_agreement,
             "kl": cmp.mean_kl, "max_kl": cmp.max_kl, "eval_tokens": ppl.num_tokens,
+            "window_nll": [round(float(v), 6) for v in per_window],
             "eval_seconds": time.perf_counter() - t0}
 
 
@@ -202,7 +256,7 @@ def compress(cfg: Config, reference: torch.nn.Module, calibration: torch.Tensor 
             prune_llama(model, cfg.pattern, cfg.method, calibration, sequential=sequential,
                         progress=progress, **kw)
         else:
-            fmt = WeightFormat(cfg.pattern, cfg.bits, cfg.group)
+            fmt = WeightFormat(cfg.pattern, cfg.bits, cfg.group, symmetric=cfg.symmetric)
             needs_h = cfg.quant == "gptq" or cfg.mask == "sparsegpt"
             kw = method_kwargs if needs_h else {}
             weights = compress_llama(model, fmt, cfg.method, calibration,
@@ -213,7 +267,8 @@ def compress(cfg: Config, reference: torch.nn.Module, calibration: torch.Tensor 
 def build_records(reference: torch.nn.Module, configs: Sequence[Config],
                   calibration: torch.Tensor | None, protocol: EvalProtocol = PROTOCOL, *,
                   hardware: bool = True, sequential: bool = True, progress: bool = True,
-                  extra: dict | None = None, **method_kwargs) -> list[dict]:
+                  extra: dict | None = None, windows: torch.Tensor | None = None,
+                  **method_kwargs) -> list[dict]:
     """Compress and evaluate every configuration; returns the flat records.
 
     Parameters
@@ -225,7 +280,7 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
     calibration : torch.Tensor or None
         int64 ``[N, L]`` calibration tokens.
     protocol : EvalProtocol
-        Evaluation windows.
+        Evaluation windows (byte-level corpus) and batch size.
     hardware : bool
         Also run the :func:`hardware_configs` rows.
     sequential : bool
@@ -233,7 +288,10 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
     progress : bool
         Progress bar over rows.
     extra : dict, optional
-        Fields added to every record (calibration settings, threads, ...).
+        Fields added to every record (model, calibration settings, threads, ...).
+    windows : torch.Tensor, optional
+        ``[n, L + 1]`` evaluation windows in the model's tokens
+        (:meth:`~sw.models.source.ModelSource.windows`) instead of the protocol's.
     **method_kwargs
         Passed to GPTQ / SparseGPT (``percdamp``, ``act_order``, ...).
     """
@@ -242,15 +300,17 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
     records: list[dict] = []
     weights_of: dict[Config, dict[str, QuantizedWeight]] = {}
     seconds_of: dict[Config, float] = {}
-    bar = tqdm(total=len(configs) + (2 if hardware else 0), desc="accuracy",
+    bar = tqdm(total=len(configs) + (3 if hardware else 0), desc="accuracy",
                disable=not progress)
 
-    def record(cfg: Config, model: torch.nn.Module, seconds: float) -> dict:
+    def record(cfg: Config, model: Callable[[torch.Tensor], torch.Tensor],
+               seconds: float) -> dict:
         bar.set_postfix_str(cfg.label)
         r = {"method": cfg.method, "mask": cfg.mask, "quant": cfg.quant,
              "pattern": cfg.pattern, "bits": cfg.bits, "group": cfg.group,
-             "numerics": cfg.numerics, "sparsegpt_mode": _sparsegpt_mode(cfg),
-             **evaluate(model, ref, protocol), "seconds": seconds,
+             "symmetric": cfg.symmetric, "numerics": cfg.numerics,
+             "sparsegpt_mode": _sparsegpt_mode(cfg),
+             **evaluate(model, ref, protocol, windows), "seconds": seconds,
              "sequential": sequential, **extra}
         records.append(r)
         bar.update()
@@ -264,12 +324,15 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
             if weights is not None:
                 weights_of[cfg] = weights
                 seconds_of[cfg] = seconds
-            record(cfg, model, seconds)
+            # the uncompressed row scores the reference itself: its logits are computed once
+            record(cfg, ref if cfg.method == "fp32" else model, seconds)
             del model
         if hardware:
             for hcfg in hardware_configs(records):
                 base = replace(hcfg, numerics="float")
-                model = use_hardware_numerics(copy.deepcopy(reference), weights_of[base])
+                model = use_hardware_numerics(
+                    copy.deepcopy(reference), weights_of[base],
+                    attention=hcfg.numerics == "hardware+attention")
                 record(hcfg, model, seconds_of[base])
     finally:
         bar.close()
@@ -285,25 +348,32 @@ def _sparsegpt_mode(cfg: Config) -> str:
 
 
 # ---------------------------------------------------------------------- reporting
+def _weights(r: dict) -> str:
+    if r["bits"] >= 16:
+        return "fp32" if r["bits"] == 32 else "fp16"
+    return f"INT{r['bits']} g{r['group']}" + ("" if r.get("symmetric", True) else " asym")
+
+
 def format_table(records: Sequence[dict]) -> str:
     """Markdown table of the records."""
     head = ("| method | pattern | weights | numerics | perplexity | top-1 agree | KL (nats) "
             "| compress s |\n|---|---|---|---|---:|---:|---:|---:|")
     lines = [head]
     for r in records:
-        w = "fp32" if r["bits"] == 32 else "fp16" if r["bits"] == 16 else \
-            f"INT{r['bits']} g{r['group']}"
+        w = _weights(r)
         lines.append(f"| {r['method']} | {r['pattern']} | {w} | {r['numerics']} | "
                      f"{r['perplexity']:.4f} | {r['top1_agreement']:.4f} | {r['kl']:.4f} | "
                      f"{r['seconds']:.1f} |")
     return "\n".join(lines)
 
 
-def plot(records: Sequence[dict], path: Path) -> Path:
+def plot(records: Sequence[dict], path: Path, title: str = "Reference model",
+         zoom_to: float = 1.10) -> Path:
     """Bar chart of perplexity per configuration, grouped by pattern / weights; fp32 line.
 
     Colour: mask method (grey for dense); hatching: quantiser (``//`` GPTQ, ``..`` RTN, none
-    for float weights); bars of hardware-numerics rows have a thick outline.
+    for float weights); bars of hardware-numerics rows have a thick outline. The lower panel
+    zooms on perplexities up to ``zoom_to`` times fp32's.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -319,20 +389,22 @@ def plot(records: Sequence[dict], path: Path) -> Path:
     for r in records:
         if r["method"] == "fp32":
             continue
-        w = "fp16" if r["bits"] == 16 else f"W{r['bits']} g{r['group']}"
-        key = f"{r['pattern']}\n{w}" + ("\nW4A8 hw" if r["numerics"] == "hardware" else "")
+        w = "fp16" if r["bits"] == 16 else f"W{r['bits']} g{r['group']}" + \
+            ("" if r.get("symmetric", True) else " asym")
+        hw = {"float": "", "hardware": "\nW4A8 hw", "hardware+attention": "\nW4A8 hw\n+INT8 attn"}
+        key = f"{r['pattern']}\n{w}" + hw[r["numerics"]]
         groups.setdefault(key, []).append(r)
     fig, (ax, zoom) = plt.subplots(2, 1, figsize=(13, 8), sharex=True,
                                    gridspec_kw={"height_ratios": [3, 2]})
     top = max(r["perplexity"] for r in records)
     bottom = 0.97 * min(r["perplexity"] for r in records)
     z_lo = bottom
-    z_hi = (fp32 or bottom) * 1.10
+    z_hi = (fp32 or bottom) * zoom_to
     x, ticks, tick_labels = 0.0, [], []
     for key, rows in groups.items():
         start = x
         for r in rows:
-            hw = r["numerics"] == "hardware"
+            hw = r["numerics"] != "float"
             for a in (ax, zoom):
                 a.bar(x, r["perplexity"], color=colors[r["mask"]], hatch=hatches[r["quant"]],
                       edgecolor="black", linewidth=1.8 if hw else 0.5)
@@ -348,9 +420,11 @@ def plot(records: Sequence[dict], path: Path) -> Path:
         if fp32 is not None:
             a.axhline(fp32, color="black", linestyle="--", linewidth=1)
     ax.set_yscale("log")
-    ax.set_ylim(bottom, top * 1.4)
-    levels = [v for v in (3.5, 4, 5, 6, 7, 8, 10, 15, 20, 30, 50, 100)
-              if bottom <= v <= top * 1.4]
+    # room above the tallest bar for its rotated label (a wide range needs more, in log scale)
+    headroom = 1.4 if top / bottom < 20 else 8.0
+    ax.set_ylim(bottom, top * headroom)
+    levels = [v for v in (3.5, 4, 5, 6, 7, 8, 10, 15, 20, 30, 50, 100, 200, 500, 1000, 2000,
+                          5000, 10000) if bottom <= v <= top * headroom]
     ax.yaxis.set_major_locator(FixedLocator(levels))
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_yticks(levels, [f"{v:g}" for v in levels])
@@ -358,8 +432,8 @@ def plot(records: Sequence[dict], path: Path) -> Path:
     zoom.set_ylim(z_lo, z_hi)
     zoom.set_ylabel("perplexity (zoom, linear)")
     zoom.set_xticks(ticks, tick_labels, fontsize=8)
-    ax.set_title("Reference model, test split (fp32 perplexity {:.3f}, dashed): perplexity per "
-                 "compression configuration".format(fp32 or float("nan")))
+    ax.set_title("{}, test split (fp32 perplexity {:.3f}, dashed): perplexity per "
+                 "compression configuration".format(title, fp32 or float("nan")))
     handles = [Patch(facecolor=c, edgecolor="black", label=f"mask: {m}")
                for m, c in colors.items()]
     handles += [Patch(facecolor="white", edgecolor="black", hatch=h, label=f"quant: {q}")
@@ -387,9 +461,11 @@ def _kind(name: str) -> str:
 
 @torch.no_grad()
 def window_nll(model: Callable[[torch.Tensor], torch.Tensor],
-               protocol: EvalProtocol = PROTOCOL) -> np.ndarray:
-    """Mean NLL (nats) of every protocol window; their mean is the protocol's NLL."""
-    windows = eval_windows(protocol)
+               protocol: EvalProtocol = PROTOCOL, windows: torch.Tensor | None = None
+               ) -> np.ndarray:
+    """Mean NLL (nats) of every window (default: the protocol's); their mean is the NLL."""
+    if windows is None:
+        windows = eval_windows(protocol)
     out = []
     for batch in windows.split(protocol.batch_size):
         logits = model(batch[:, :-1]).float()
@@ -403,6 +479,7 @@ def paired_difference(a: np.ndarray, b: np.ndarray) -> dict:
     d = np.asarray(b) - np.asarray(a)
     se = float(d.std(ddof=1) / math.sqrt(d.size))
     return {"delta_nll": float(d.mean()), "se": se, "z": float(d.mean()) / se if se else 0.0,
+            "windows": int(d.size),
             "ppl_a": math.exp(float(np.mean(a))), "ppl_b": math.exp(float(np.mean(b)))}
 
 
@@ -417,8 +494,14 @@ def _prune_one_shot(w: torch.Tensor, st, pattern: str, method: str) -> torch.Ten
 
 
 def investigate(reference: torch.nn.Module, calibration: torch.Tensor, *,
-                protocol: EvalProtocol = PROTOCOL, progress: bool = True) -> dict:
+                protocol: EvalProtocol = PROTOCOL, progress: bool = True,
+                windows: torch.Tensor | None = None,
+                sample: Callable[[int, int, int], torch.Tensor] = calibration_samples) -> dict:
     """Evidence for the method ordering on the reference model (see docs/accuracy.md).
+
+    ``windows`` (default: the protocol's) are the evaluation windows and ``sample(n, seq_len,
+    seed)`` draws the calibration sets of the calibration sections (default: the reference
+    corpus; :meth:`sw.models.source.ModelSource.calibration` for another model).
 
     Sections: ``significance`` (paired per-window NLL differences of the key comparisons),
     ``feature_norms`` (spread of the input feature norms Wanda weights by), ``layer_error``
@@ -437,13 +520,13 @@ def investigate(reference: torch.nn.Module, calibration: torch.Tensor, *,
         return compress(cfg, reference, cal, **kw)[0]
 
     # 1. paired significance of the key comparisons
-    ref_nll = window_nll(reference, protocol)
+    ref_nll = window_nll(reference, protocol, windows)
     models = {c.label: c for c in (
         Config("magnitude", "2:4", 16), Config("wanda", "2:4", 16), Config("sparsegpt", "2:4", 16),
         Config("magnitude", "1:4", 16), Config("wanda", "1:4", 16),
         Config("rtn", "dense", 4, 128), Config("gptq", "dense", 4, 128),
         Config("sparsegpt+rtn", "2:4", 4, 128), Config("sparsegpt+gptq", "2:4", 4, 128))}
-    nll = {label: window_nll(run(c), protocol) for label, c in models.items()}
+    nll = {label: window_nll(run(c), protocol, windows) for label, c in models.items()}
     pairs = [("magnitude 2:4 fp16", "wanda 2:4 fp16"), ("magnitude 2:4 fp16", "sparsegpt 2:4 fp16"),
              ("wanda 2:4 fp16", "sparsegpt 2:4 fp16"), ("magnitude 1:4 fp16", "wanda 1:4 fp16"),
              ("rtn dense w4g128", "gptq dense w4g128"),
@@ -484,7 +567,8 @@ def investigate(reference: torch.nn.Module, calibration: torch.Tensor, *,
     steps.update()
 
     # 4. sensitivity: one layer kind pruned 1:4, or all but one (one-shot masks)
-    out["sensitivity_1:4"] = sensitivity_rows(reference, stats, protocol=protocol)
+    out["sensitivity_1:4"] = sensitivity_rows(reference, stats, protocol=protocol,
+                                              windows=windows)
     steps.update()
 
     # 5. calibration size, seed and one-shot calibration for the 2:4 masks
@@ -492,37 +576,40 @@ def investigate(reference: torch.nn.Module, calibration: torch.Tensor, *,
     for method in ("wanda", "sparsegpt"):
         for n, seed, seq in ((16, 0, True), (128, 0, True), (64, 1, True), (64, 2, True),
                              (64, 0, False)):
-            cal = calibration_samples(n, calibration.shape[1], seed)
+            cal = sample(n, calibration.shape[1], seed)
             model = run(Config(method, "2:4", 16), cal, sequential=seq)
             cal_rows.append({"method": method, "calib_samples": n, "seed": seed,
                              "sequential": seq,
-                             "perplexity": perplexity(model, protocol).perplexity})
+                             "perplexity": perplexity(model, protocol,
+                                                      windows=windows).perplexity})
     out["calibration"] = cal_rows
     steps.update()
 
     # 6. SparseGPT + W4: joint vs float-then-RTN with more calibration / dampening
     sq = []
     for n, damp in ((128, 0.01), (64, 0.1)):
-        cal = calibration_samples(n, calibration.shape[1], 0)
+        cal = sample(n, calibration.shape[1], 0)
         for method in ("sparsegpt+rtn", "sparsegpt+gptq"):
             model = copy.deepcopy(reference)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", PaddingWarning)
                 compress_llama(model, fmt, method, cal, progress=False, percdamp=damp)
-            r = evaluate(model, LogitsMemo(reference), protocol)
+            r = evaluate(model, LogitsMemo(reference), protocol, windows)
             sq.append({"method": method, "calib_samples": n, "percdamp": damp,
                        "perplexity": r["perplexity"], "kl": r["kl"],
                        "top1_agreement": r["top1_agreement"]})
     out["sparsegpt_quant"] = sq
     steps.update()
-    out["one_shot"] = one_shot_rows(reference, calibration, protocol=protocol)
+    out["one_shot"] = one_shot_rows(reference, calibration, protocol=protocol,
+                                    windows=windows)
     steps.update()
     steps.close()
     return out
 
 
 def sensitivity_rows(reference: torch.nn.Module, stats: dict, *, pattern: str = "1:4",
-                     protocol: EvalProtocol = PROTOCOL) -> dict:
+                     protocol: EvalProtocol = PROTOCOL, windows: torch.Tensor | None = None
+                     ) -> dict:
     """Perplexity with only one layer kind pruned (``only <kind>``), all but one
     (``all but <kind>``) and all (``all``), by one-shot magnitude and Wanda masks."""
     subsets = {f"only {k}": {k} for k in LAYER_KINDS}
@@ -537,7 +624,7 @@ def sensitivity_rows(reference: torch.nn.Module, stats: dict, *, pattern: str = 
                 for name, lin in selected_linears(model).items():
                     if _kind(name) in kinds:
                         lin.weight.copy_(_prune_one_shot(lin.weight, stats[name], pattern, m))
-            row[m] = perplexity(model, protocol).perplexity
+            row[m] = perplexity(model, protocol, windows=windows).perplexity
         out[label] = row
     return out
 
@@ -545,7 +632,8 @@ def sensitivity_rows(reference: torch.nn.Module, stats: dict, *, pattern: str = 
 def one_shot_rows(reference: torch.nn.Module, calibration: torch.Tensor, *,
                   patterns: Sequence[str] = ("1:4", "2:8"),
                   methods: Sequence[str] = ("wanda", "sparsegpt"),
-                  protocol: EvalProtocol = PROTOCOL) -> list[dict]:
+                  protocol: EvalProtocol = PROTOCOL, windows: torch.Tensor | None = None
+                  ) -> list[dict]:
     """Pruning-only perplexity with one-shot calibration (every layer on the fp32 model)."""
     rows = []
     for pattern in patterns:
@@ -553,13 +641,15 @@ def one_shot_rows(reference: torch.nn.Module, calibration: torch.Tensor, *,
             model = compress(Config(method, pattern, 16), reference, calibration,
                              sequential=False)[0]
             rows.append({"method": method, "pattern": pattern, "sequential": False,
-                         "perplexity": perplexity(model, protocol).perplexity})
+                         "perplexity": perplexity(model, protocol,
+                                                  windows=windows).perplexity})
     return rows
 
 
 def format_investigation(inv: dict) -> str:
     """Markdown tables of :func:`investigate`'s sections."""
-    lines = ["Paired per-window NLL differences (b - a; 128 windows):", "",
+    n = inv["significance"][0].get("windows", 128) if inv["significance"] else 0
+    lines = [f"Paired per-window NLL differences (b - a; {n} windows):", "",
              "| a | b | ppl a | ppl b | delta NLL (b - a) | SE | z |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in inv["significance"]:
@@ -600,19 +690,98 @@ def format_investigation(inv: dict) -> str:
 
 
 # ---------------------------------------------------------------------- CLI
+def _auto_int(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def model_defaults(name: str) -> dict:
+    """The ``auto`` settings of a model (:data:`MODEL_DEFAULTS`)."""
+    return MODEL_DEFAULTS.get(name, MODEL_DEFAULTS["other"])
+
+
+def eval_protocol(src: ModelSource, seq_len: int, max_tokens: int) -> EvalProtocol:
+    """The evaluation protocol of a model: ``max_tokens`` of the test split in windows of
+    ``seq_len``; batches of at most :data:`MAX_BATCH_LOGITS` logits (16 windows at most)."""
+    vocab = src.model.config.vocab_size
+    batch = max(1, min(PROTOCOL.batch_size, MAX_BATCH_LOGITS // (seq_len * vocab)))
+    return EvalProtocol("test", seq_len, max_tokens, batch)
+
+
+def merge_records(path: Path, model: str, records: Sequence[dict]) -> list[dict]:
+    """The records of ``path`` with ``model``'s replaced by ``records`` (records without a
+    ``model`` field are the reference model's); the reference model first, then the others
+    in the order they first appear."""
+    old = json.loads(path.read_text()) if path.is_file() else []
+    if not isinstance(old, list):  # e.g. an --investigate dump: nothing to keep
+        old = []
+    kept = [r for r in old if isinstance(r, dict) and r.get("model", "reference") != model]
+    for r in kept:
+        r.setdefault("model", "reference")
+    merged = kept + list(records)
+    order = ["reference"] + list(dict.fromkeys(r["model"] for r in merged))
+    return sorted(merged, key=lambda r: order.index(r["model"]))  # stable within a model
+
+
+def _plot_path(model: str) -> Path:
+    if model == "reference":
+        return IMG / "accuracy.png"
+    return IMG / f"accuracy_{re.sub(r'[^A-Za-z0-9]+', '_', Path(model).stem).strip('_')}.png"
+
+
+def replot(model: str, out: Path, path: Path | str = "auto") -> int:
+    """Redraw the plot of ``model``'s records in ``out`` (no model is loaded)."""
+    records = [r for r in (json.loads(out.read_text()) if out.is_file() else [])
+               if r.get("model", "reference") == model]
+    if not records:
+        print(f"bench.accuracy: no {model} records in {out}", file=sys.stderr)
+        return 2
+    auto = model_defaults(model)
+    path = _plot_path(model) if str(path) == "auto" else Path(path)
+    print(f"wrote {plot(records, path, _title(model), auto['zoom'])}")
+    return 0
+
+
+def _title(model: str) -> str:
+    return model_defaults(model).get("title", "Reference model" if model == "reference"
+                                     else model)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.accuracy", __doc__)
-    ap.add_argument("--calib-samples", type=int, default=64, help="calibration sequences")
-    ap.add_argument("--calib-seq-len", type=int, default=256,
-                    help="tokens per calibration sequence")
+    ap.add_argument("--model", default="reference",
+                    help="model to compress: 'reference', 'smollm2', a Hugging Face directory or "
+                         "a LLaMA .gguf file (anything sw.models.source.open_model accepts)")
+    ap.add_argument("--calib-samples", type=_auto_int, default="auto",
+                    help="calibration sequences, random windows of the train split ('auto': "
+                         "64 for the reference model, 32 for any other)")
+    ap.add_argument("--calib-seq-len", type=_auto_int, default="auto",
+                    help="tokens per calibration sequence ('auto': 256 for the reference "
+                         "model, 128 for any other)")
     ap.add_argument("--seed", type=int, default=0, help="calibration sample seed")
+    ap.add_argument("--eval-tokens", type=_auto_int, default="auto",
+                    help="test-split tokens scored ('auto': 32768 for the reference model, "
+                         "8192 for any other)")
+    ap.add_argument("--eval-seq-len", type=int, default=PROTOCOL.seq_len,
+                    help="tokens per evaluation window (at most the model's context)")
+    ap.add_argument("--patterns", default="auto",
+                    help="comma-separated N:M patterns of the pruning-only rows ('auto': "
+                         "2:4,4:8,1:4,2:8 for the reference model, 2:4,4:8 for any other)")
     ap.add_argument("--group", type=int, default=128, help="quantisation group along K")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--only", default=None,
                     help="regex over row labels (e.g. '2:4'); fp32 always runs")
     ap.add_argument("--one-shot", action="store_true",
                     help="calibrate every layer on the fp32 model (not sequentially)")
-    ap.add_argument("--percdamp", type=float, default=None, help="GPTQ/SparseGPT dampening")
+    ap.add_argument("--percdamp", type=float, default=None,
+                    help="GPTQ/SparseGPT dampening (None: theirs, 0.01)")
     ap.add_argument("--act-order", action="store_true", help="GPTQ activation order")
     ap.add_argument("--no-hardware", action="store_true",
                     help="skip the rows with the accelerator's exact W4A8 numerics")
@@ -620,15 +789,39 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the evidence tables of docs/accuracy.md (section "
                          "'Investigation') instead of running the rows")
     ap.add_argument("--out", type=Path, default=RESULTS / "accuracy.json",
-                    help="results JSON")
-    ap.add_argument("--plot", type=Path, default=IMG / "accuracy.png", help="the plot")
+                    help="results JSON (the other models' records in it are kept)")
+    ap.add_argument("--plot", type=Path, default="auto",
+                    help="the plot ('auto': docs/img/accuracy.png for the reference model, "
+                         "docs/img/accuracy_<model>.png for any other)")
     ap.add_argument("--no-plot", action="store_true", help="do not draw the plot")
+    ap.add_argument("--replot", action="store_true",
+                    help="only redraw the plot of --model from the records in --out")
     args = ap.parse_args(argv)
+    if args.replot:
+        return replot(args.model, args.out, args.plot)
 
     torch.set_num_threads(args.threads)
-    from sw.models.reference_model import load_reference
-    reference = load_reference()
-    configs = default_configs(args.group)
+    t_load = time.perf_counter()
+    try:
+        src = open_model(args.model)
+    except ModelSourceError as e:
+        print(f"bench.accuracy: {e}", file=sys.stderr)
+        return 2
+    t_load = time.perf_counter() - t_load
+    auto = model_defaults(src.name)
+    args.calib_samples = args.calib_samples or auto["calib_samples"]
+    args.calib_seq_len = args.calib_seq_len or auto["calib_seq_len"]
+    context = src.model.config.max_position_embeddings
+    for opt, value in (("--eval-seq-len", args.eval_seq_len),
+                       ("--calib-seq-len", args.calib_seq_len)):
+        if value > context:
+            ap.error(f"{opt} {value} exceeds the model's context of {context} positions")
+    eval_tokens = args.eval_tokens or auto["eval_tokens"]
+    patterns = auto["patterns"] if args.patterns == "auto" else \
+        tuple(p.strip() for p in args.patterns.split(",") if p.strip())
+    reference = src.model
+    tied = reference.lm_head.weight is reference.model.embed_tokens.weight
+    configs = default_configs(args.group, patterns)
     if args.only:
         pat = re.compile(args.only)
         configs = [c for c in configs if c.method == "fp32" or pat.search(c.label)]
@@ -637,35 +830,49 @@ def main(argv: list[str] | None = None) -> int:
         kwargs["percdamp"] = args.percdamp
     if args.act_order:
         kwargs["act_order"] = True
-    calibration = calibration_samples(args.calib_samples, args.calib_seq_len, args.seed)
-    protocol = PROTOCOL
+    calibration = src.calibration(args.calib_samples, args.calib_seq_len, args.seed)
+    protocol = eval_protocol(src, args.eval_seq_len, eval_tokens)
+    windows = src.windows(protocol.split, protocol.seq_len, protocol.max_tokens)
+    n_eval = windows.shape[0] * protocol.seq_len
+    settings = (f"model {src.name}: {src.note}\n"
+                f"calibration {args.calib_samples} x {args.calib_seq_len} = {calibration.numel()}"
+                f" train-split tokens (seed {args.seed}); eval {n_eval} test-split tokens in "
+                f"{windows.shape[0]} windows of {protocol.seq_len}; head (lm_head) in float"
+                + (" (tied to the embedding)" if tied else ""))
     if args.investigate:
+        print(settings)
         t0 = time.perf_counter()
-        inv = investigate(reference, calibration, protocol=protocol)
+        inv = investigate(reference, calibration, protocol=protocol, windows=windows,
+                          sample=src.calibration)
         print(format_investigation(inv))
         print(f"\ninvestigation took {time.perf_counter() - t0:.0f} s on {args.threads} threads")
         if args.out != RESULTS / "accuracy.json":
             write_json(args.out, inv)
         return 0
-    extra = {"calib_samples": args.calib_samples, "calib_seq_len": args.calib_seq_len,
+    extra = {"model": src.name, "calib_samples": args.calib_samples,
+             "calib_seq_len": args.calib_seq_len, "calib_tokens": int(calibration.numel()),
              "calib_seed": args.seed, "threads": args.threads,
              "percdamp": kwargs.get("percdamp", 0.01), "act_order": args.act_order,
-             **{f"eval_{k}": v for k, v in asdict(protocol).items()}}
-    t0 = time.perf_counter()
+             **{f"eval_{k}": v for k, v in asdict(protocol).items()},
+             "model_note": src.note, "tied_embeddings": tied}
+    t0, cpu0 = time.perf_counter(), time.process_time()
     records = build_records(reference, configs, calibration, protocol,
                             hardware=not args.no_hardware, sequential=not args.one_shot,
-                            extra=extra, **kwargs)
-    total = time.perf_counter() - t0
+                            extra=extra, windows=windows, **kwargs)
+    total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     for r in records:
-        r["benchmark_seconds"] = total
+        r.update(benchmark_seconds=total, benchmark_cpu_seconds=cpu, load_seconds=t_load,
+                 load_average_end=list(load))
     print(format_table(records))
-    print(f"\ncalibration {args.calib_samples} x {args.calib_seq_len} tokens (seed {args.seed}),"
-          f" eval {records[0]['eval_tokens']} test tokens; total {total:.0f} s on "
-          f"{args.threads} threads")
-    write_json(args.out, records)
-    print(f"wrote {args.out}")
+    print(f"\n{settings}\ntotal {total:.0f} s on {args.threads} threads (+{t_load:.0f} s "
+          f"loading the model); {cpu:.0f} s of CPU time, load average at the end "
+          f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")
+    write_json(args.out, merge_records(args.out, src.name, records))
+    print(f"wrote {args.out} ({src.name} records replaced)")
     if not args.no_plot:
-        print(f"wrote {plot(records, args.plot)}")
+        path = _plot_path(src.name) if str(args.plot) == "auto" else args.plot
+        print(f"wrote {plot(records, path, _title(src.name), auto['zoom'])}")
     bad = [r["method"] for r in records if not math.isfinite(r["perplexity"])]
     if bad:
         print(f"non-finite perplexity: {bad}", file=sys.stderr)

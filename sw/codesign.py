@@ -30,7 +30,12 @@ solves for the best mix:
    better) on the validation split, and keeps a move only if it really lowers the NLL.
 
 Every reported point is then measured for real: perplexity on the test split, cycles of the
-compiled decode step.
+compiled decode step. A searched assignment is measured (and packed) **recompressed**: the
+method runs again over the whole model with the assignment's per-layer formats, so that each
+layer is calibrated on the inputs the mixed model really gives it. The candidates' uniform
+compressions calibrate a dense layer behind dense layers, which is not where the assignment
+puts it (with SparseGPT + GPTQ on the reference model, random mixes measured 3.765 assembled
+against 3.691 recompressed, an all-dense-MLP mix 3.436 against 3.427).
 """
 
 from __future__ import annotations
@@ -315,20 +320,25 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
         granularity: str = "layer", calib: int = 32, seq_len: int = 256,
         search_tokens: int = 8192, eval_tokens: int = 16384, context: int = 128,
         budgets: Mapping[str, str] = BUDGETS, extra_points: int = 4, seed: int = 0,
-        refine_evals: int = 40, progress: bool = True, log=print) -> dict:
+        refine_evals: int = 40, recompress: bool = True, progress: bool = True,
+        log=print) -> dict:
     """Compress, measure, search and measure again (see the module docstring).
 
     Sensitivities use the validation split, the reported perplexities the test split (both
-    held out from calibration's train split). Returns ``{"uniform": [Point], "searched":
-    [Point], "units": [...], "nll_base": ..., "seconds": {...}}``.
+    held out from calibration's train split). ``budgets`` names the uniform formats whose
+    latency is a budget (its format must be among ``candidates``); ``extra_points`` more
+    budgets spread between the cheapest and the dearest uniform latency fill the Pareto plot;
+    ``recompress`` measures searched points recompressed (module docstring). Returns
+    ``{"uniform": [Point], "searched": [Point], "units": [...], "nll_base": ...,
+    "seconds": {...}}``.
     """
     import time
     model = src.model
     seq = min(seq_len, model.config.max_position_embeddings)
     t0 = time.perf_counter()
     log(f"compressing with {len(candidates)} formats ({method}, {calib} x {seq} tokens)")
-    weights = compress_candidates(model, candidates, method,
-                                  src.calibration(calib, seq, seed), progress=progress)
+    calibration = src.calibration(calib, seq, seed)
+    weights = compress_candidates(model, candidates, method, calibration, progress=progress)
     t_compress = time.perf_counter() - t0
     unit_list = units(model, granularity)
     per_layer = layer_costs(model, cfg, candidates, [x for u in unit_list for x in u.layers])
@@ -344,6 +354,14 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
 
     def measure(label: str, assignment: dict[str, str]) -> Point:
         w = assemble(weights, unit_list, assignment)
+        if recompress and len(set(assignment.values())) > 1:
+            formats = {x: q.fmt for x, q in w.items()}
+            again = compress_llama(copy.deepcopy(model), lambda name, _: formats.get(name),
+                                   method, calibration, progress=False)
+            if set(again) != set(w):
+                raise RuntimeError(f"recompression gave layers {sorted(set(again) ^ set(w))} "
+                                   "apart from the assignment's")
+            w = again
         m = with_weights(copy.deepcopy(model), w)
         ppl = float(np.exp(_nll(m, test, 8)))
         cycles = decode_cycles(model, cfg, {k: q.fmt for k, q in w.items()}, context)

@@ -27,3 +27,12 @@ def test_targets_accept_their_seeds_and_mutations(target: str):
             for i in rng.integers(0, len(data), 4).tolist():
                 data[i] ^= int(rng.integers(1, 256))
             check(target, bytes(data))
+
+
+@pytest.mark.parametrize("target", ["executable_load", "compressed_load", "hf_checkpoint",
+                                    "gguf_load"])
+def test_file_seeds_are_valid_files(target: str):
+    """The file targets start from files their loaders accept, so mutations explore the
+    loaders' insides rather than their first magic-number check."""
+    for seed in TARGETS[target].seeds():
+        TARGETS[target].run(seed)  # raises if the seed itself is refused

@@ -31,8 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
-from hw.config import ConfigError, NMPattern
-from hw.format import FormatError, QuantizedWeight, WeightFormat, stream_layout
+from hw.config import AcceleratorConfig, ConfigError, NMPattern
+from hw.format import (
+    FormatError,
+    QuantizedWeight,
+    WeightFormat,
+    storage_warning,
+    stream_layout,
+)
 from sw.artifact import atomic_write
 from sw.compress.calibrate import CalibrationError
 from sw.compress.io import (
@@ -92,8 +98,12 @@ def _parser() -> argparse.ArgumentParser:
                     "(default: 256)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the calibration windows (default: 0)")
-    ap.add_argument("--lanes", type=int, default=64,
-                    help="array lanes the streams are packed for (default: 64)")
+    ap.add_argument("--config", type=Path, default=None,
+                    help="accelerator configuration JSON the format must stream on (default: "
+                    "the default configuration, AcceleratorConfig())")
+    ap.add_argument("--lanes", type=int, default=None,
+                    help="array lanes the streams are packed for (default: the "
+                    "configuration's, 64)")
     ap.add_argument("--select", default=DEFAULT_SELECT,
                     help=f"regex of loose-layer tensor names to compress (default: "
                     f"{DEFAULT_SELECT})")
@@ -126,22 +136,36 @@ def _kind(args) -> str:
     return "model"
 
 
+def _accelerator(args) -> AcceleratorConfig:
+    if args.config is None:
+        return AcceleratorConfig()
+    try:
+        return AcceleratorConfig.load(args.config)
+    except (ConfigError, TypeError, ValueError, OSError) as e:
+        raise UsageError(f"--config {args.config}: {e}") from None
+
+
 def _format(args) -> WeightFormat:
+    """The weight format of the options, refused unless the accelerator can stream it."""
     try:
         pattern = NMPattern.parse(args.pattern)
     except ConfigError as e:
         raise UsageError(f"--pattern {args.pattern!r}: {e}") from None
     try:
-        return WeightFormat(pattern, args.bits, args.group, symmetric=not args.asym)
+        fmt = WeightFormat(pattern, args.bits, args.group, symmetric=not args.asym)
+        fmt.check_supported(_accelerator(args))
     except (FormatError, ConfigError, ValueError) as e:
         raise UsageError(f"--pattern {args.pattern} --bits {args.bits} --group {args.group}: "
                          f"{e}") from None
+    return fmt
 
 
 def _check(args, kind: str) -> None:
     if args.method not in COMPRESS_METHODS:
         raise UsageError(f"--method {args.method!r}: choose one of "
                          f"{', '.join(sorted(COMPRESS_METHODS))}")
+    if args.lanes is None:
+        args.lanes = _accelerator(args).lanes
     for opt in ("calib", "seq_len", "lanes", "blocks"):
         if getattr(args, opt) < 1:
             raise UsageError(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(args, opt)}")
@@ -289,6 +313,9 @@ def run(args) -> int:
         fmt = _format(args)
         reports, cm = _model(args, fmt) if kind == "model" else _layers(args, kind, fmt)
         print(format_table(reports))
+        notes = dict.fromkeys(storage_warning(fmt, *r.shape, args.lanes) for r in reports)
+        for note in filter(None, notes):
+            print(f"note: {note}")
         if args.out:
             save(cm, args.out, lanes=args.lanes)
             print(f"wrote {args.out}")

@@ -331,8 +331,11 @@ def _compress_one(method: str, name: str, weight: torch.Tensor, st: LayerStats |
     if method == "wanda":
         return wanda_compress(w, st.x_norms, fmt, name=name)
     if method == "sparsegpt":
-        if fmt.pattern.dense:  # nothing to prune: the same sweep is GPTQ
-            return gptq_compress(w, st.hessian, fmt, name=name, **kwargs)
+        if fmt.pattern.dense:  # nothing to prune: the joint sweep is GPTQ, the float one RTN
+            opts = {k: v for k, v in kwargs.items() if k != "joint"}
+            if kwargs.get("joint", True):
+                return gptq_compress(w, st.hessian, fmt, name=name, **opts)
+            return compress_matrix(w, fmt, name=name)
         return sparsegpt_compress(w, st.hessian, fmt, name=name, **kwargs)
     if method == "gptq":
         return gptq_compress(w, st.hessian, fmt, name=name, **kwargs)

@@ -90,8 +90,11 @@ def eval_windows(protocol: EvalProtocol = EvalProtocol(), root: str | None = Non
     return torch.from_numpy(tokens[idx].astype(np.int64))
 
 
-def _batches(windows: torch.Tensor, batch_size: int):
-    for start in range(0, windows.shape[0], batch_size):
+def _batches(windows: torch.Tensor, batch_size: int, desc: str | None = None):
+    """Batches of windows; with ``desc``, a progress bar (stderr) of that name over them."""
+    from tqdm.auto import tqdm
+    starts = range(0, windows.shape[0], batch_size)
+    for start in tqdm(starts, desc=desc, unit="batch", disable=desc is None, leave=False):
         yield windows[start : start + batch_size]
 
 
@@ -101,6 +104,7 @@ def perplexity(
     protocol: EvalProtocol = EvalProtocol(),
     root: str | None = None,
     windows: torch.Tensor | None = None,
+    progress: bool = False,
 ) -> PerplexityResult:
     """Perplexity of ``model`` under the protocol.
 
@@ -117,6 +121,8 @@ def perplexity(
         Token windows ``[n, L + 1]`` to score instead of the protocol's (e.g. another
         tokenizer's, :meth:`sw.models.source.ModelSource.windows`); batched as the protocol
         says.
+    progress : bool
+        Show a progress bar over the batches (stderr).
 
     Returns
     -------
@@ -125,7 +131,7 @@ def perplexity(
     if windows is None:
         windows = eval_windows(protocol, root)
     total, count = 0.0, 0
-    for batch in _batches(windows, protocol.batch_size):
+    for batch in _batches(windows, protocol.batch_size, "perplexity" if progress else None):
         logits = model(batch[:, :-1]).float()
         loss = F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum"
@@ -143,6 +149,7 @@ def compare(
     protocol: EvalProtocol = EvalProtocol(),
     root: str | None = None,
     windows: torch.Tensor | None = None,
+    progress: bool = False,
 ) -> ComparisonResult:
     """Top-1 agreement and KL(reference || model) of next-token distributions.
 
@@ -157,6 +164,8 @@ def compare(
         Corpus root.
     windows : torch.Tensor, optional
         Token windows to compare on instead of the protocol's (as in :func:`perplexity`).
+    progress : bool
+        Show a progress bar over the batches (stderr).
 
     Returns
     -------
@@ -165,7 +174,7 @@ def compare(
     if windows is None:
         windows = eval_windows(protocol, root)
     agree, kl_sum, kl_max, count = 0, 0.0, 0.0, 0
-    for batch in _batches(windows, protocol.batch_size):
+    for batch in _batches(windows, protocol.batch_size, "compare" if progress else None):
         inputs = batch[:, :-1]
         ref_logp = F.log_softmax(reference(inputs).double(), dim=-1)
         logp = F.log_softmax(model(inputs).double(), dim=-1)
@@ -307,12 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint": args.checkpoint,
         "note": src.note,
         "protocol": asdict(protocol),
-        "model": asdict(perplexity(src.model, protocol, windows=windows)),
+        "model": asdict(perplexity(src.model, protocol, windows=windows, progress=True)),
         "unigram": asdict(unigram(train, src.model.config.vocab_size, windows)),
     }
     if ref is not None:
         result["vs_reference"] = asdict(compare(src.model, ref.model, protocol,
-                                                windows=windows))
+                                                windows=windows, progress=True))
     result["seconds"] = round(time.perf_counter() - start, 2)
     if args.json:
         print(json.dumps(result, indent=2))

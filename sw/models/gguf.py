@@ -41,7 +41,7 @@ from sw.models.llama import LlamaLM
 
 __all__ = ["ARCHITECTURE", "BLOCK_TENSORS", "GLOBAL_TENSORS", "GGUFError", "GGUFFile",
            "GGUFModel", "open_gguf", "read_config", "load_state_dict", "read_gguf", "load_gguf",
-           "load_gguf_tokenizer", "state_dict_name", "unpermute_qk"]
+           "load_gguf_tokenizer", "state_dict_name", "unpermute_qk", "write_config"]
 
 #: The only ``general.architecture`` read.
 ARCHITECTURE = "llama"
@@ -130,6 +130,23 @@ class GGUFFile:
         return dict(Counter(t.tensor_type.name for t in self.reader.tensors).most_common())
 
 
+class _BoundedReader(gguf.GGUFReader):
+    """``gguf.GGUFReader`` that refuses reads past the end of the file.
+
+    The reader slices its memory map, so a value past the end reads as an empty array of
+    size 0; an array field claiming 2**60 scalars at the end of a truncated file then loops
+    for ever without moving (found by ``python -m bench.fuzz``, regression in
+    ``tests/fuzz_regressions/gguf_load``). Every read here must return what it asked for.
+    """
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        arr = super()._get(offset, dtype, count, override_order)
+        if arr.size != int(count):
+            raise ValueError(f"truncated: {int(count)} x {np.dtype(dtype).name} at byte "
+                             f"{offset} of {len(self.data)}")
+        return arr
+
+
 def open_gguf(path: str | Path) -> GGUFFile:
     """Open a GGUF file with the ``gguf`` package's reader.
 
@@ -142,7 +159,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
     if not path.is_file():
         raise GGUFError(f"{path}: no such file")
     try:
-        reader = gguf.GGUFReader(path)
+        reader = _BoundedReader(path)
     except (ValueError, OSError, IndexError, KeyError) as e:
         raise GGUFError(f"{path}: not a readable GGUF file ({e})") from None
     return GGUFFile(path, reader)
@@ -173,6 +190,22 @@ def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
         raise GGUFError(f"cannot unpermute {rows} rows into {n_head} heads of even width")
     return (weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:])
             .swapaxes(1, 2).reshape(weight.shape))
+
+
+def write_config(writer: gguf.GGUFWriter, config: LlamaConfig) -> None:
+    """Write ``config`` as the ``llama.*`` metadata :func:`read_config` reads back, with the
+    ``gguf`` package's own key writers (tied embeddings are said by leaving out
+    ``output.weight``; the tokenizer is the caller's)."""
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_rope_dimension_count(config.head_dim)
 
 
 def read_config(f: GGUFFile) -> LlamaConfig:

@@ -6,8 +6,9 @@ ones (illegal words, bad fields, missing END, deadlocks, event overflows) run on
 errors, error pcs, cycles, every counter and the final DRAM must be identical. A mismatch is
 shrunk to a minimal program and saved under build/equivalence/ for replay.
 
-Default run: 110 programs per configuration (220 in all); `-m slow` adds many more. The
-Yosys netlist of the 2x4 configuration (level 4) runs 100 more against the RTL.
+Default run: 110 programs per configuration (220 in all); `-m slow` adds 1,000 more per
+configuration. The Yosys netlist (level 4) runs 100 programs of the 2x4 configuration against
+the RTL by default; `-m slow` brings it to 1,000 per configuration.
 """
 
 import os
@@ -129,35 +130,45 @@ def test_lowered_layers_agree(backends, seed):
 
 
 # ---- level 4: the Yosys netlist against the RTL (sim/netlist.py)
-NETLIST_CONFIG = "2x4"
+NETLIST_CONFIG = "2x4"  # the default run's shape; the slow set adds the other
+_NETLISTS: dict = {}
 
 
-@pytest.fixture(scope="module")
-def netlist_backends():
-    from sim.netlist import NetlistBackend
-    from sim.rtl import RTLBackend
-    cfg = EQUIVALENCE_CONFIGS[NETLIST_CONFIG]
-    netlist = NetlistBackend(cfg)
-    netlist.build()
-    return cfg, RTLBackend(cfg), netlist
+def _netlist_pair(name):
+    """(config, RTL, netlist) of an equivalence shape, built once per session."""
+    if name not in _NETLISTS:
+        from sim.netlist import NetlistBackend
+        from sim.rtl import RTLBackend
+        cfg = EQUIVALENCE_CONFIGS[name]
+        netlist = NetlistBackend(cfg)
+        netlist.build()
+        _NETLISTS[name] = cfg, RTLBackend(cfg), netlist
+    return _NETLISTS[name]
+
+
+def _netlist_block(name, block):
+    cfg, rtl, netlist = _netlist_pair(name)
+    errors = set()
+    for _seed, rp in _programs(50_000 + 10 * block, 10, cfg):
+        errors.add(_check(cfg, rtl, netlist, rp.program, rp.dram, ("rtl", "netlist")).error)
+    return errors
 
 
 @pytest.mark.netlist
 @pytest.mark.parametrize("block", range(10))
-def test_netlist_agrees_with_rtl(netlist_backends, block):
+def test_netlist_agrees_with_rtl(block):
     """Random programs, broken ones included, give the same bits, cycles and counters on the
     gate-level netlist as on the RTL (and so, by the tests above, as on the fast model)."""
-    cfg, rtl, netlist = netlist_backends
-    errors = set()
-    for _seed, rp in _programs(50_000 + 10 * block, 10, cfg):
-        errors.add(_check(cfg, rtl, netlist, rp.program, rp.dram, ("rtl", "netlist")).error)
-    assert len(errors) >= 2  # valid and broken programs both ran
+    assert len(_netlist_block(NETLIST_CONFIG, block)) >= 2  # valid and broken programs both ran
+
+
+#: The slow set: 1,000 programs per shape in all (the default run's 100 included).
+SLOW_NETLIST_BLOCKS = [(name, block) for name in sorted(EQUIVALENCE_CONFIGS)
+                       for block in range(10 if name == NETLIST_CONFIG else 0, 100)]
 
 
 @pytest.mark.netlist
 @pytest.mark.slow
-@pytest.mark.parametrize("block", range(10, 100))
-def test_netlist_agrees_with_rtl_more(netlist_backends, block):
-    cfg, rtl, netlist = netlist_backends
-    for _seed, rp in _programs(50_000 + 10 * block, 10, cfg):
-        _check(cfg, rtl, netlist, rp.program, rp.dram, ("rtl", "netlist"))
+@pytest.mark.parametrize("name,block", SLOW_NETLIST_BLOCKS)
+def test_netlist_agrees_with_rtl_more(name, block):
+    _netlist_block(name, block)

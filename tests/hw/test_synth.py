@@ -5,11 +5,12 @@ tests check how their outputs are summarised, on files in the tools' formats.
 """
 
 import json
+import sys
 
 import pytest
 
 from hw.config import AcceleratorConfig
-from hw.synth import ECP5_85F, collect, main, summary
+from hw.synth import ECP5_85F, _run, collect, main, summary
 
 STAT = {"creator": "Yosys", "modules": {"\\accel": {"num_cells_by_type": {
     "LUT4": 30000, "CCU2C": 4000, "TRELLIS_DPR16X4": 800, "TRELLIS_FF": 28000,
@@ -74,3 +75,31 @@ def test_cli_collect_exit_status_and_bad_config(tmp_path, capsys):
 def test_no_timing_yet(tmp_path, log):
     rec = collect(AcceleratorConfig(), _run_dir(tmp_path, log))
     assert rec["fmax_mhz"] == 0.0 and rec["fmax_after"] == "none"
+
+
+def test_tool_runs_report_progress_and_stop_at_the_time_limit(tmp_path, capsys):
+    """A long tool run prints its phase, elapsed time and latest log line, and is stopped at
+    the time limit (nextpnr's run then reports the timing logged so far)."""
+    script = ("import sys, time\n"
+              "for i in range(100):\n"
+              "    print(f'Info: step {i}', flush=True)\n"
+              "    time.sleep(0.1)\n")
+    log = tmp_path / "tool.out"
+    assert _run([sys.executable, "-c", script], log, tmp_path, phase="tool", time_limit_s=3,
+                progress_s=0.5) is False
+    out = capsys.readouterr().out
+    assert "[tool 0.0 min] Info: step" in out and "time limit reached (0.05 min)" in out
+    assert "step 99" not in log.read_text()            # really stopped early
+    # within the limit: True; a failing tool raises with its log's tail
+    assert _run([sys.executable, "-c", "print('ok')"], log, tmp_path, time_limit_s=60) is True
+    with pytest.raises(RuntimeError, match=r"(?s)failed \(rc=3\).*boom"):
+        _run([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], log, tmp_path)
+
+
+@pytest.mark.parametrize("args", [["--time-limit", "-1"], ["--progress", "-5"],
+                                  ["--freq", "0"]])
+def test_cli_rejects_bad_limits(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    assert args[0] in capsys.readouterr().err

@@ -86,7 +86,7 @@ def test_whole_flow_on_a_tiny_model():
     torch.manual_seed(0)
     src = _tiny_source()
     cfg = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 20))
-    res = run(src, cfg, method="magnitude", candidates={k: CANDIDATES[k] for k in
+    res = run(src, cfg, method="sparsegpt+gptq", candidates={k: CANDIDATES[k] for k in
                                                         ("dense-int4", "2:4-int4", "1:4-int4")},
               budgets={"uniform-2:4-latency": "2:4-int4"}, extra_points=1, seq_len=32,
               calib=2, search_tokens=512, eval_tokens=512, context=16, refine_evals=6,
@@ -99,3 +99,8 @@ def test_whole_flow_on_a_tiny_model():
     refined = res["searched"][-1]
     assert set(refined.assignment.values()) <= {"dense-int4", "2:4-int4", "1:4-int4"}
     assert res["refine_evals"] <= 6
+    # searched points are recompressed with their per-layer formats (dense layers by GPTQ,
+    # sparse ones by SparseGPT), every layer of every unit in its assigned format
+    for p in res["searched"]:
+        formats = {x: CANDIDATES[p.assignment[u.name]] for u in res["units"] for x in u.layers}
+        assert {x: q.fmt for x, q in p.weights.items()} == formats

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from hw.config import AcceleratorConfig
+from hw.config import AcceleratorConfig, NMPattern
 from hw.format import WeightFormat, random_quantized
 from sw.artifact import load_artifact, save_artifact
 from sw.compress.__main__ import main
@@ -163,3 +163,30 @@ def test_cli_bad_input(tmp_path, capsys):
     assert "no .safetensors files" in capsys.readouterr().err
     assert main(["--pattern", "3:2"]) == 2
     assert "N must be < M" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--bits", "8", "--pattern", "2:4"], "the decoder streams INT8 weights dense only"),
+    (["--pattern", "3:4"], "pattern 3:4 not supported by this accelerator"),
+    (["--config", "missing.json"], "--config missing.json"),
+])
+def test_cli_refuses_formats_the_hardware_cannot_stream(tmp_path, capsys, args, needle):
+    out = tmp_path / "x.safetensors"
+    assert main(args + ["--blocks", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_cli_notes_a_pattern_dearer_than_dense(tmp_path, capsys):
+    """A configuration may offer 3:4, whose INT4 stream is larger than dense: compressed as
+    asked, with a note saying so."""
+    cfg = AcceleratorConfig(rows=1, cols=16)
+    cfg = cfg.replace(patterns=cfg.patterns + (NMPattern.parse("3:4"),))
+    cfg.save(tmp_path / "c.json")
+    layers = {"q_proj.weight": np.random.default_rng(0).standard_normal((32, 256))
+              .astype(np.float32)}
+    save_file(layers, str(tmp_path / "l.safetensors"))
+    assert main([str(tmp_path / "l.safetensors"), "--pattern", "3:4", "--config",
+                 str(tmp_path / "c.json"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 3:4 INT4 stores" in out and "more than dense INT4's" in out

@@ -108,6 +108,23 @@ def test_compress_llama_gives_nm_weights_and_a_running_model(method, pattern):
     assert out.shape == (2, 12, 260) and torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("method", ["sparsegpt+gptq", "sparsegpt+rtn"])
+def test_per_layer_formats_mix_dense_and_sparse(method):
+    """A callable format may give SparseGPT dense layers among sparse ones (the co-design
+    search's assignments): dense layers take the joint sweep's dense case (GPTQ) or, for the
+    float sweep, plain rounding -- what the uniform dense format gives them."""
+    dense, sparse = WeightFormat("dense", 4, 32), WeightFormat("2:4", 4, 32)
+    lm = tiny_lm()
+    ws = compress_llama(lm, lambda n, m: dense if "mlp" in n else sparse, method, calib(),
+                        progress=False)
+    assert {qw.fmt for n, qw in ws.items() if "mlp" in n} == {dense}
+    assert {qw.fmt for n, qw in ws.items() if "mlp" not in n} == {sparse}
+    if method == "sparsegpt+rtn":  # the float sweep leaves dense layers to round to nearest
+        first = "model.layers.0.mlp.gate_proj"
+        rtn = compress_matrix(tiny_lm().get_submodule(first).weight.detach(), dense)
+        assert ws[first].equals(rtn)
+
+
 def test_sequential_one_shot_and_skip():
     base = tiny_lm()
     fmt = WeightFormat("2:4", 4, 32)
@@ -231,25 +248,35 @@ def test_benchmark_records_on_a_tiny_model(tmp_path):
                if c.method in ("fp32", "rtn", "gptq", "wanda", "sparsegpt+gptq", "wanda+rtn")
                and c.pattern in ("dense", "2:4")]
     assert {c.label for c in configs} == {
-        "fp32 dense fp32", "rtn dense w4g32", "gptq dense w4g32", "wanda 2:4 fp16",
-        "sparsegpt+gptq 2:4 w4g32", "wanda+rtn 2:4 w4g32"}
+        "fp32 dense fp32", "rtn dense w4g32", "gptq dense w4g32", "rtn dense w4g32 asym",
+        "gptq dense w4g32 asym", "wanda 2:4 fp16", "sparsegpt+gptq 2:4 w4g32",
+        "wanda+rtn 2:4 w4g32"}
     protocol = EvalProtocol(seq_len=16, max_tokens=64, batch_size=4)
     lm = tiny_lm(layers=1)
     before = {k: v.clone() for k, v in lm.state_dict().items()}
     records = bench.build_records(lm, configs, calib(), protocol, progress=False,
                                   extra={"calib_samples": 8})
     assert all(torch.equal(before[k], v) for k, v in lm.state_dict().items())  # untouched
-    assert len(records) == len(configs) + 2
-    hw = [r for r in records if r["numerics"] == "hardware"]
-    assert {(r["method"], r["pattern"]) for r in hw} >= {("gptq", "dense")}
+    # hardware rows: the best 2:4 + W4 row (W4A8 linears, and with INT8 attention) and
+    # symmetric dense GPTQ (not the asymmetric one)
+    assert len(records) == len(configs) + 3
+    hw = [r for r in records if r["numerics"] != "float"]
+    assert [(r["method"], r["pattern"], r["symmetric"]) for r in hw
+            if r["pattern"] == "dense"] == [("gptq", "dense", True)]
     best = min((r for r in records if r["pattern"] == "2:4" and r["bits"] == 4
                 and r["numerics"] == "float"), key=lambda r: r["perplexity"])
     assert (best["method"], "2:4") in {(r["method"], r["pattern"]) for r in hw}
-    keys = {"method", "mask", "quant", "pattern", "bits", "group", "numerics", "perplexity",
-            "top1_agreement", "kl", "seconds", "calib_samples", "sparsegpt_mode"}
+    keys = {"method", "mask", "quant", "pattern", "bits", "group", "symmetric", "numerics",
+            "perplexity", "top1_agreement", "kl", "seconds", "calib_samples", "sparsegpt_mode"}
     for r in records:
         assert keys <= set(r) and np.isfinite(r["perplexity"])
-        assert all(isinstance(v, (str, int, float, bool)) for v in r.values())
+        assert all(isinstance(v, (str, int, float, bool)) for k, v in r.items()
+                   if k != "window_nll")
+        # one NLL per window (64 tokens / 16); their mean is the row's NLL. The window means
+        # are float64 and stored to 6 decimals; perplexity() sums each batch's 64 token losses
+        # in float32, at most 64 * 6e-8 * NLL (~6) = 2.3e-5 off: 1e-4 is 4x that bound
+        assert len(r["window_nll"]) == 4
+        assert np.mean(r["window_nll"]) == pytest.approx(r["nll"], abs=1e-4)
     fp32 = records[0]
     assert (fp32["method"], fp32["bits"], fp32["top1_agreement"], fp32["kl"]) == \
         ("fp32", 32, 1.0, 0.0)
@@ -258,8 +285,12 @@ def test_benchmark_records_on_a_tiny_model(tmp_path):
         (16, 0, "wanda", "none")
     sg = next(r for r in records if r["method"] == "sparsegpt+gptq" and r["numerics"] == "float")
     assert sg["sparsegpt_mode"] == "joint" and sg["quant"] == "gptq"
+    asym = [r for r in records if not r["symmetric"]]
+    assert {(r["method"], r["pattern"], r["bits"]) for r in asym} == {
+        ("rtn", "dense", 4), ("gptq", "dense", 4)}
     table = bench.format_table(records)
     assert table.count("\n") == len(records) + 1 and "| hardware |" in table
+    assert "| hardware+attention |" in table and "| INT4 g32 asym |" in table
     assert bench.plot(records, tmp_path / "a.png").stat().st_size > 1000
 
 

@@ -14,6 +14,7 @@ import gguf
 import numpy as np
 import torch
 
+from sw.models.gguf import write_config
 from sw.models.llama import LlamaLM
 from sw.models.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
@@ -69,16 +70,7 @@ def write_gguf(model: LlamaLM, path: Path, qtype: str = "Q8_0", arch: str = "lla
     cfg = model.config
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-test")
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_rope_dimension_count(cfg.head_dim)
+    write_config(w, cfg)
     if tokenizer:
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("default")

@@ -1,0 +1,120 @@
+"""bench.accuracy on a model that is not the reference model: the ``--model`` code path, run on a
+tiny random LLaMA with byte-level tokens, and the records file shared by several models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bench import accuracy as bench
+from sw.models import LlamaConfig, LlamaLM
+from sw.models.source import ModelSource
+from sw.models.tokenizer import EOS_ID, VOCAB_SIZE, decode, encode
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    previous = torch.get_num_threads()  # main() sets the thread count
+    yield
+    torch.set_num_threads(previous)
+
+
+def tiny_source(name: str = "tiny") -> ModelSource:
+    """A tiny random LlamaLM (tied head, like SmolLM2) with byte-level tokens; its train and
+    test splits are disjoint random token streams (the bench only needs token ids)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=72,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      max_position_embeddings=32, tie_word_embeddings=True)
+    streams = {split: np.random.default_rng(seed).integers(0, 256, 600)
+               for seed, split in enumerate(("train", "test"))}
+    return ModelSource(name, LlamaLM(cfg).eval(), lambda s: encode(s).astype(int).tolist(),
+                       decode, EOS_ID, lambda split: streams[split], note="tiny random model")
+
+
+ARGS = ["--model", "tiny", "--calib-samples", "8", "--calib-seq-len", "16", "--eval-tokens",
+        "64", "--eval-seq-len", "16", "--patterns", "2:4", "--group", "32", "--threads", "1"]
+
+
+def test_non_reference_model_records(tmp_path, monkeypatch, capsys):
+    src = tiny_source()
+    monkeypatch.setattr(bench, "open_model", lambda spec: src)
+    out, png = tmp_path / "accuracy.json", tmp_path / "a.png"
+    # a reference-model record from before the model field existed is kept as "reference"
+    out.write_text(json.dumps([{"method": "fp32", "perplexity": 3.65}]))
+    assert bench.main(ARGS + ["--out", str(out), "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    # the token counts used are stated: 8 x 16 calibration tokens, 4 windows of 16 eval tokens
+    assert "calibration 8 x 16 = 128 train-split tokens" in text
+    assert "eval 64 test-split tokens in 4 windows of 16" in text
+    assert "(tied to the embedding)" in text
+    saved = json.loads(out.read_text())
+    assert saved[0] == {"method": "fp32", "perplexity": 3.65, "model": "reference"}
+    records = saved[1:]
+    assert {r["model"] for r in records} == {"tiny"}
+    labels = {bench.Config(r["method"], r["pattern"], r["bits"], r["group"], r["numerics"],
+                           r["symmetric"]).label for r in records}
+    float_rows = {c.label for c in bench.default_configs(32, ("2:4",))}
+    assert float_rows <= labels and len(labels) == len(records) == len(float_rows) + 3
+    assert {r["numerics"] for r in records} == {"float", "hardware", "hardware+attention"}
+    assert {r["symmetric"] for r in records if r["pattern"] == "dense" and r["bits"] == 4} \
+        == {True, False}
+    keys = {"model", "method", "mask", "quant", "pattern", "bits", "group", "symmetric",
+            "numerics", "perplexity", "top1_agreement", "kl", "seconds", "eval_tokens",
+            "calib_tokens", "model_note", "tied_embeddings", "benchmark_seconds"}
+    for r in records:
+        assert keys <= set(r) and np.isfinite(r["perplexity"]) and r["seconds"] >= 0
+        assert (r["eval_tokens"], r["calib_tokens"], r["eval_seq_len"]) == (64, 128, 16)
+        assert r["tied_embeddings"] is True and r["model_note"] == "tiny random model"
+    fp32 = records[0]
+    assert (fp32["method"], fp32["top1_agreement"], fp32["kl"]) == ("fp32", 1.0, 0.0)
+    best = min((r for r in records if r["pattern"] == "2:4" and r["bits"] == 4
+                and r["numerics"] == "float"), key=lambda r: r["perplexity"])
+    hw = {r["numerics"] for r in records if r["method"] == best["method"]
+          and r["pattern"] == "2:4" and r["bits"] == 4}
+    assert hw == {"float", "hardware", "hardware+attention"}
+    assert png.stat().st_size > 1000
+    # --replot redraws from the records alone (no model loaded)
+    monkeypatch.setattr(bench, "open_model", None)
+    png.unlink()
+    assert bench.main(["--model", "tiny", "--replot", "--out", str(out), "--plot",
+                       str(png)]) == 0
+    assert png.stat().st_size > 1000
+    assert bench.main(["--model", "nothing", "--replot", "--out", str(out)]) == 2
+    monkeypatch.setattr(bench, "open_model", lambda spec: src)
+
+    # a second run of the same model replaces its records and keeps the others
+    assert bench.main(ARGS + ["--out", str(out), "--no-plot", "--only", "^rtn",
+                              "--no-hardware"]) == 0
+    saved = json.loads(out.read_text())
+    assert [(r["model"], r["method"], r.get("symmetric")) for r in saved] == [
+        ("reference", "fp32", None), ("tiny", "fp32", True), ("tiny", "rtn", True),
+        ("tiny", "rtn", False)]
+
+
+def test_reference_model_keeps_its_protocol():
+    # the reference model's windows and calibration from its ModelSource are the ones the
+    # benchmark always used (sw.models.eval's protocol), so its rows compute what they did
+    from sw.models.eval import calibration_samples, eval_windows
+    from sw.models.source import open_model
+
+    src = open_model("reference")
+    assert bench.eval_protocol(src, 256, 32768) == bench.PROTOCOL
+    assert torch.equal(src.windows("test", 256, 32768), eval_windows(bench.PROTOCOL))
+    assert torch.equal(src.calibration(64, 256, 0), calibration_samples(64, 256, 0))
+    assert bench.model_defaults("reference")["patterns"] == bench.PRUNE_PATTERNS
+    other = bench.MODEL_DEFAULTS["other"]
+    assert bench.model_defaults("some/dir") == other
+    assert {k: v for k, v in bench.model_defaults("smollm2").items() if k != "title"} == other
+
+
+def test_context_and_bad_options(monkeypatch):
+    monkeypatch.setattr(bench, "open_model", lambda spec: tiny_source())
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--model", "tiny", "--eval-seq-len", "64", "--no-plot"])
+    assert e.value.code == 2  # 64 > the tiny model's 32 positions
+    with pytest.raises(SystemExit):
+        bench.main(["--eval-tokens", "lots"])
