@@ -71,6 +71,11 @@ CANDIDATES: dict[str, WeightFormat] = {
 }
 #: Optional wider format (dense only: the decoder streams INT8 dense).
 INT8 = {"dense-int8": WeightFormat(DENSE, 8, 128)}
+#: Optional: the default configuration's widest block at 25% density, more freedom than 1:4
+#: and 2:8 for the same kept weights, at 4 index bits per kept value.
+WIDE_BLOCKS = {"4:16-int4": WeightFormat("4:16", 4, 128)}
+#: Every format a caller may name (``bench.codesign`` settings).
+ALL_FORMATS = {**CANDIDATES, **INT8, **WIDE_BLOCKS}
 
 
 @dataclass(frozen=True)
