@@ -20,6 +20,7 @@ format and dense INT4 that the search closes at the same latency.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -77,6 +78,31 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str) -> li
     return out
 
 
+def replot(model: str, out: Path) -> int:
+    """Redraw ``docs/img/codesign_<model>.png`` from the records in ``out`` (no search)."""
+    from sw.codesign import Point, plot
+    recs = [r for r in (json.loads(out.read_text()) if out.exists() else [])
+            if r.get("model") == model]
+    if not recs:
+        print(f"bench.codesign: no {model} records in {out}", file=sys.stderr)
+        return 2
+    kinds = {"searched": "searched", "searched+refined": "refined"}
+
+    def point(r: dict) -> Point:
+        label = (f"{kinds[r['method']]} {r['budget']}" if r["method"] in kinds else
+                 "uniform " + r["method"].removeprefix("uniform-") + "-int4")
+        return Point(label, r["assignment"]["units"], {}, r["perplexity"],
+                     r["cycles_per_token"], r["bits_per_weight"], 0.0)
+    result = {"uniform": [point(r) for r in recs if r["method"] not in kinds],
+              "searched": [point(r) for r in recs if r["method"] in kinds]}
+    s = SETTINGS[model]
+    img = DOCS / "img" / f"codesign_{model}.png"
+    plot(result, AcceleratorConfig(), img, f"{model}: per-layer formats ({s['granularity']}) "
+         f"vs one format, {recs[0]['compression']}")
+    print(f"wrote {img}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.codesign", __doc__)
     ap.add_argument("--model", default="reference", choices=sorted(SETTINGS),
@@ -84,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--method", default="sparsegpt+gptq", help="compression method")
     ap.add_argument("--out", type=Path, default=RESULTS / "codesign.json", help="results JSON")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--replot", action="store_true",
+                    help="only redraw the plot of --model from the records in --out")
     args = ap.parse_args(argv)
+    if args.replot:
+        return replot(args.model, args.out)
     from sw.codesign import ALL_FORMATS, BUDGETS, plot, run
     from sw.models.source import open_model
     settings = dict(SETTINGS[args.model])

@@ -449,6 +449,9 @@ def plot(result: dict, cfg: AcceleratorConfig, path, title: str):
                 ax.annotate(p.label.removeprefix("uniform "), (x, y), textcoords="offset points",
                             xytext=(5, 5), fontsize=8)
     ax.set_xlabel(f"simulated decode tokens/s at {cfg.clock_mhz:g} MHz")
+    ppl = [p.perplexity for p in result["uniform"] + result["searched"]]
+    if max(ppl) > 4 * min(ppl):  # a catastrophic format would flatten the rest
+        ax.set_yscale("log")
     ax.set_ylabel("held-out perplexity")
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)

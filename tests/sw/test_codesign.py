@@ -104,3 +104,23 @@ def test_whole_flow_on_a_tiny_model():
     for p in res["searched"]:
         formats = {x: CANDIDATES[p.assignment[u.name]] for u in res["units"] for x in u.layers}
         assert {x: q.fmt for x, q in p.weights.items()} == formats
+
+
+def test_bench_replot_from_records(tmp_path, monkeypatch):
+    """bench.codesign --replot redraws the Pareto plot from the committed records alone."""
+    import json
+
+    from bench import codesign as bench
+    monkeypatch.setattr(bench, "DOCS", tmp_path)
+    (tmp_path / "img").mkdir()
+    rec = {"model": "reference", "compression": "sparsegpt+gptq", "budget": "",
+           "assignment": {"units": {}}, "bits_per_weight": 3.0}
+    recs = [{**rec, "method": "uniform-dense", "perplexity": 3.4, "cycles_per_token": 120},
+            {**rec, "method": "uniform-1:4", "perplexity": 40.0, "cycles_per_token": 60},
+            {**rec, "method": "searched+refined", "budget": "uniform-2:4-latency",
+             "perplexity": 3.5, "cycles_per_token": 90}]
+    out = tmp_path / "codesign.json"
+    out.write_text(json.dumps(recs))
+    assert bench.main(["--model", "reference", "--out", str(out), "--replot"]) == 0
+    assert (tmp_path / "img" / "codesign_reference.png").stat().st_size > 1000
+    assert bench.main(["--model", "smollm2", "--out", str(out), "--replot"]) == 2
