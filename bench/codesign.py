@@ -125,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         settings["budgets"] = {b: BUDGETS[b] for b in settings["budgets"]}
     cfg = AcceleratorConfig()
     if dram:
-        cfg = cfg.replace(memory=cfg.memory.__class__(cfg.memory.bytes_per_cycle,
-                                                      cfg.memory.latency, dram << 20))
+        cfg = cfg.with_dram(dram << 20)
     t0 = time.perf_counter()
     src = open_model(args.model)
     result = run(src, cfg, method=args.method, progress=not args.quiet, **settings)

@@ -391,3 +391,7 @@ class AcceleratorConfig:
 
     def replace(self, **changes) -> AcceleratorConfig:
         return dataclasses.replace(self, **changes)
+
+    def with_dram(self, size_bytes: int) -> AcceleratorConfig:
+        """The same accelerator with a simulated DRAM of ``size_bytes`` (validated)."""
+        return self.replace(memory=dataclasses.replace(self.memory, size_bytes=size_bytes))

@@ -119,9 +119,7 @@ def layer_costs(model: LlamaLM, cfg: AcceleratorConfig, candidates: Mapping[str,
                 layers: Iterable[str]) -> dict[str, dict[str, dict[str, int]]]:
     """``{layer: {candidate: {"cycles": decode cycles, "bytes": stream bytes}}}``: each layer
     alone as a one-token program on the fast model (timing-only), memoised per shape."""
-    timing = cfg.replace(memory=cfg.memory.__class__(cfg.memory.bytes_per_cycle,
-                                                     cfg.memory.latency, 1 << 36),
-                         imem_depth=max(cfg.imem_depth, 1 << 20))
+    timing = cfg.with_dram(1 << 36).replace(imem_depth=max(cfg.imem_depth, 1 << 20))
     model_run = FastModel(timing)
     memo: dict[tuple, dict[str, int]] = {}
     out: dict[str, dict[str, dict[str, int]]] = {}
@@ -507,9 +505,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sw.codesign: {e}", file=sys.stderr)
         return 2
     cfg = AcceleratorConfig()
-    if args.dram_mb:
-        cfg = cfg.replace(memory=cfg.memory.__class__(cfg.memory.bytes_per_cycle,
-                                                      cfg.memory.latency, args.dram_mb << 20))
+    if args.dram_mb is not None:
+        if args.dram_mb < 1:
+            print(f"sw.codesign: --dram-mb must be >= 1, got {args.dram_mb}", file=sys.stderr)
+            return 2
+        cfg = cfg.with_dram(args.dram_mb << 20)
     result = run(src, cfg, method=args.method, granularity=args.granularity,
                  base=BUDGETS[args.budget], calib=args.calib,
                  search_tokens=args.search_tokens, eval_tokens=args.eval_tokens,

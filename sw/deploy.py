@@ -141,8 +141,7 @@ def _accelerator(path: str | None, dram_mb: int | None) -> AcceleratorConfig:
     if dram_mb is None:
         return cfg
     try:
-        return cfg.replace(memory=cfg.memory.__class__(
-            cfg.memory.bytes_per_cycle, cfg.memory.latency, dram_mb << 20))
+        return cfg.with_dram(dram_mb << 20)
     except ConfigError as e:
         raise UsageError(f"--dram-mb {dram_mb}: {e}") from None
 

@@ -95,3 +95,12 @@ def test_unsupported_pattern_is_named():
     cfg = AcceleratorConfig(patterns=("2:4",))
     with pytest.raises(ConfigError, match="pattern 1:4 is not supported"):
         cfg.pattern_index("1:4")
+
+
+def test_with_dram_changes_only_the_size():
+    cfg = AcceleratorConfig()
+    big = cfg.with_dram(128 << 20)
+    assert big.memory.size_bytes == 128 << 20
+    assert big.replace(memory=cfg.memory) == cfg          # nothing else changed
+    with pytest.raises(ConfigError, match="multiple of bytes_per_cycle"):
+        cfg.with_dram(3)
