@@ -73,7 +73,7 @@ def word_fields(word) -> dict:
 def rule_error(word, cfg: AcceleratorConfig):
     """:func:`hw.isa.dispatch_errors` of one symbolic word: an Amaranth value of ErrorCode.
 
-    Undefined opcodes and SYNCs naming no engine are ILLEGAL_OPCODE; otherwise the code of the
+    Words :func:`hw.isa.legal_words` rejects are ILLEGAL_OPCODE; otherwise the code of the
     first rule of the table (hw.isa's ``_DISPATCH_RULES``, in order) that applies to the opcode
     and fails, else NONE. The rules index ``lim.spad_beats`` with the spad field, so it becomes
     an :class:`~amaranth.hdl.Array` of constants here.
@@ -82,8 +82,7 @@ def rule_error(word, cfg: AcceleratorConfig):
     lim = dispatch_limits(cfg)
     lim = dataclasses.replace(lim, spad_beats=Array(Const(int(b)) for b in lim.spad_beats))
     op = f["opcode"]
-    legal = functools.reduce(operator.or_, (op == o.value for o in isa._BY_OPCODE))
-    legal = legal & ~((op == Opcode.SYNC.value) & (f["sync.engine"] > max(e.value for e in Engine)))
+    legal = isa.legal_words(f)
     err = Const(ErrorCode.NONE.value, ErrorCode.as_shape())
     for rule in reversed(isa._DISPATCH_RULES):  # the first failing rule wins
         applies = functools.reduce(operator.or_, (op == o.value for o in rule.ops))

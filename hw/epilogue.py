@@ -5,6 +5,9 @@ at once) and writes one OUT word (``lanes`` bytes) per cycle:
 
 * WIDE: four words per token, word ``q`` holding lanes ``q*lanes/4 ..`` as int32 little-endian
   (the low 32 bits of the accumulator, sign-extended if it is narrower);
+* WIDE_BIAS: as WIDE, plus token ``t``'s int32 bias row, ``4 * lanes`` bytes from PARAM byte
+  ``param_addr * beat + t * 4 * lanes``, added modulo 2**32 (:func:`hw.numerics.add_bias_wide`):
+  word ``q`` of token ``t`` adds half ``q % 2`` of PARAM word ``param_addr_word + 2t + q // 2``;
 * INT8 / INT8_RESIDUAL: one word per token, lane ``l`` in byte ``l``, computed exactly as
   :func:`hw.numerics.requantize_int8` with the per-lane uint16 multipliers of the PARAM word at
   ``param_addr`` and, for INT8_RESIDUAL, the int8 row of token ``t`` at byte
@@ -24,8 +27,9 @@ Pipeline (read ``i`` in cycle ``e``, the ``i``-th word written in cycle ``e + LA
 
     e     every PE reads token t; A <- accumulators; PEs latch (low slice, mult), Dequant
           units (high slice, mult)
-    e+1   PE: lo <- low slice * mult;  Dequant: hi <- high slice * mult
-    e+2   S <- lo + hi * 2**SLICE_BITS (= acc * mult);  residual row registered
+    e+1   PE: lo <- low slice * mult;  Dequant: hi <- high slice * mult;  PARAM row addressed
+    e+2   S <- lo + hi * 2**SLICE_BITS (= acc * mult);  residual row registered;
+          (WIDE_BIAS) quarter of A + its bias half
     e+3   W <- window(2 * S, shift); whether S fits it      (WIDE: quarter of A, delayed)
     e+4   Y <- sat8((W + 1 + 2 * residual) >> 1), or saturated by the sign of S
     e+5   OUT[out_addr_word + i] <- Y
@@ -151,7 +155,8 @@ class Epilogue(wiring.Component):
         ins = self.ins
         pdepth = spad_depth(cfg, "param")
         odepth = spad_depth(cfg, "out")
-        wide = ins.epilogue == EpilogueMode.WIDE
+        bias = ins.epilogue == EpilogueMode.WIDE_BIAS
+        wide = (ins.epilogue == EpilogueMode.WIDE) | bias
         resid = ins.epilogue == EpilogueMode.INT8_RESIDUAL
         slack = EPILOGUE_FILL - self.LATENCY
 
@@ -194,7 +199,8 @@ class Epilogue(wiring.Component):
 
         # ---- PARAM: the multiplier word is read at start, residual rows one per token ----------
         # Residual row t lives in half t % 2 of word pbase + 1 + t // 2; it is addressed in e+1
-        # (while a_tok == t), arrives in e+2 and is registered next to the sum.
+        # (while a_tok == t), arrives in e+2 and is registered next to the sum. Bias rows (two
+        # words per token from pbase, no multiplier word) are read one word per two quarters.
         pbase = Signal(range(pdepth))
         m.d.comb += pbase.eq(beats_to_words(ins.param_addr, cfg, "param"))
         rrow = Signal(range(pdepth))
@@ -203,8 +209,8 @@ class Epilogue(wiring.Component):
         with m.Else():
             m.d.comb += self.param_rd.addr.eq(rrow)
         with m.If(self.start):
-            m.d.sync += rrow.eq(wrap_inc(pbase, pdepth))
-        with m.Elif(a_valid & a_tok[0] & ~wide):
+            m.d.sync += rrow.eq(Mux(bias, pbase, wrap_inc(pbase, pdepth)))
+        with m.Elif(a_valid & Mux(wide, bias & a_quarter[0], a_tok[0])):
             m.d.sync += rrow.eq(wrap_inc(rrow, pdepth))
         # The multipliers must be in place when the first accumulators are read (the PEs latch
         # them with the low slices), hence the separate, earlier prefetch.
@@ -222,7 +228,8 @@ class Epilogue(wiring.Component):
         # ---- e+1: WIDE quarter select -------------------------------------------------------
         p_valid = Signal()
         p_tok = Signal.like(tok)
-        m.d.sync += [p_valid.eq(a_valid), p_tok.eq(a_tok)]
+        p_quarter = Signal(2)
+        m.d.sync += [p_valid.eq(a_valid), p_tok.eq(a_tok), p_quarter.eq(a_quarter)]
         word_bits = spad_word_bits(cfg, "out")
         per_word = word_bits // WIDE_BITS
         as32 = []
@@ -236,18 +243,21 @@ class Epilogue(wiring.Component):
                 with m.Case(q):
                     m.d.sync += wide_q.eq(Cat(as32[q * per_word:(q + 1) * per_word]))
 
-        # ---- e+2: sum of the partial products; residual half select --------------------------
+        # ---- e+2: sum of the partial products; residual or bias half select -----------------
         # S = acc * mult exactly, sign-extended so that the window below fits at any shift.
         sbits = max(cfg.acc_bits + MULT_BITS + 1, MAX_SHIFT + WINDOW_BITS)
         s = [Signal(signed(sbits), name=f"s_l{l}") for l in range(lanes)]
         for l in range(lanes):
             m.d.sync += s[l].eq(self.lo_prod[l] + (self.hi_prod[l] << SLICE_BITS))
-        wide_q2 = Signal.like(wide_q)
-        m.d.sync += wide_q2.eq(wide_q)
-        res = Signal(data.ArrayLayout(signed(8), lanes))
         half = Signal(8 * lanes)
-        m.d.comb += half.eq(Mux(p_tok[0], self.param_rd.data[8 * lanes:],
+        m.d.comb += half.eq(Mux(Mux(wide, p_quarter[0], p_tok[0]), self.param_rd.data[8 * lanes:],
                                 self.param_rd.data[:8 * lanes]))
+        wide_q2 = Signal.like(wide_q)
+        m.d.sync += wide_q2.eq(Cat(
+            (wide_q[j * WIDE_BITS:(j + 1) * WIDE_BITS]
+             + Mux(bias, half[j * WIDE_BITS:(j + 1) * WIDE_BITS], 0))[:WIDE_BITS]
+            for j in range(per_word)))
+        res = Signal(data.ArrayLayout(signed(8), lanes))
         m.d.sync += res.eq(Mux(resid, half, 0))
         s_valid = Signal()
         m.d.sync += s_valid.eq(p_valid)

@@ -21,8 +21,8 @@ comparison each need a stage of their own.
 S4 dispatches its instruction into the queue of its engine when the queue is not full
 (registered), or ends fetching (END), or reports its error (:func:`hw.isa.dispatch_error`,
 implemented here from the ISA layouts and the configuration; PC_OVERFLOW when the instruction's
-``pc`` is ``imem_depth``; ILLEGAL_OPCODE for undefined opcodes and for a SYNC whose engine field
-names no engine). The top level stops the machine on an error.
+``pc`` is ``imem_depth``; ILLEGAL_OPCODE for the words :func:`hw.isa.legal_words` rejects).
+The top level stops the machine on an error.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from hw.isa import (
     Opcode,
     Spad,
     dispatch_limits,
+    legal_words,
 )
 from hw.queues import DMA_ENTRY, GEMM_ENTRY
 
@@ -118,11 +119,9 @@ class FetchUnit(wiring.Component):
         lim = dispatch_limits(self._cfg)
         op = ins.header.opcode
         is_ = {o: op == o for o in Opcode}
-        engine_ok = Const(0)
-        for e in Engine:
-            engine_ok = engine_ok | (ins.body.sync.engine == e)
-        legal = (is_[Opcode.LOAD] | is_[Opcode.STORE] | is_[Opcode.GEMM] | is_[Opcode.END]
-                 | is_[Opcode.SYNC] & engine_ok)
+        legal = legal_words({"opcode": op.as_value(),
+                             "sync.engine": ins.body.sync.engine.as_value(),
+                             "gemm.epilogue": ins.body.gemm.epilogue.as_value()})
         bad_event = Const(0)
         for ev in (ins.header.wait, ins.header.signal):
             bad_event = bad_event | ((ev != NO_EVENT) & (ev >= lim.num_events))
@@ -142,8 +141,9 @@ class FetchUnit(wiring.Component):
         def beats(spad: Spad) -> int:
             return int(lim.spad_beats[spad.value])
 
-        int8_epilogue = ((g.epilogue == EpilogueMode.INT8)
-                         | (g.epilogue == EpilogueMode.INT8_RESIDUAL))
+        reads_param = ((g.epilogue == EpilogueMode.INT8)
+                       | (g.epilogue == EpilogueMode.INT8_RESIDUAL)
+                       | (g.epilogue == EpilogueMode.WIDE_BIAS))
         bad_gemm_addr = ((g.wgt_addr >= beats(Spad.WGT))
                          | misaligned(g.wgt_addr, lim.wgt_words)
                          | (g.act_addr >= beats(Spad.ACT))
@@ -153,7 +153,7 @@ class FetchUnit(wiring.Component):
                          | misaligned(g.act_stride, lim.act_words)
                          | ((g.epilogue != EpilogueMode.NONE)
                             & misaligned(g.out_addr, lim.out_words))
-                         | (int8_epilogue & misaligned(g.param_addr, lim.param_words)))
+                         | (reads_param & misaligned(g.param_addr, lim.param_words)))
         gemm_err = Mux(bad_gemm, ErrorCode.BAD_GEMM,
                        Mux(bad_gemm_addr, ErrorCode.BAD_ADDRESS, ErrorCode.NONE))
         pre = Mux(~legal, ErrorCode.ILLEGAL_OPCODE,

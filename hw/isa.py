@@ -41,8 +41,9 @@ __all__ = [
     "encode", "decode", "encode_program", "decode_program", "field_location", "engine_of",
     "program_words",
     "decode_fields", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
-    "gemm_weight_bytes", "gemm_extents", "word_beats", "DispatchLimits", "dispatch_limits",
-    "dispatch_error", "dispatch_errors", "check",
+    "gemm_weight_bytes", "gemm_extents", "EPILOGUE_VALUES", "writes_wide", "epilogue_words",
+    "bias_row_bytes", "word_beats", "DispatchLimits", "dispatch_limits",
+    "legal_words", "dispatch_error", "dispatch_errors", "check",
 ]
 
 INSTR_BITS = 128
@@ -73,11 +74,12 @@ class Engine(enum.Enum, shape=2):
     STORE = 2
 
 
-class EpilogueMode(enum.Enum, shape=2):
+class EpilogueMode(enum.Enum, shape=3):
     NONE = 0           # keep results in the accumulators (more K chunks follow)
     WIDE = 1           # write accumulators as int32
     INT8 = 2           # requantise with per-lane multipliers and a shift
     INT8_RESIDUAL = 3  # as INT8, plus an int8 residual read from PARAM
+    WIDE_BIAS = 4      # as WIDE, plus a per-token int32 bias row read from PARAM
 
 
 class ErrorCode(enum.Enum, shape=4):
@@ -321,6 +323,8 @@ def decode(word: int) -> Instr:
     f["tokens"] = f.pop("tokens_m1") + 1
     for b in ("int8", "asym", "accumulate"):
         f[b] = bool(f[b])
+    if f["epilogue"] not in EpilogueMode._value2member_map_:
+        raise ISAError(f"GEMM names epilogue {f['epilogue']}, which does not exist")
     f["epilogue"] = EpilogueMode(f["epilogue"])
     return Gemm(**f, **ev)
 
@@ -452,13 +456,33 @@ def gemm_weight_bytes(g: Gemm, cfg: AcceleratorConfig) -> int:
     return gemm_geometry(g, cfg).total_bytes
 
 
-_EPI_NONE, _EPI_INT8, _EPI_INT8_RESIDUAL = (EpilogueMode.NONE.value, EpilogueMode.INT8.value,
-                                            EpilogueMode.INT8_RESIDUAL.value)
+_EPI_NONE, _EPI_WIDE, _EPI_INT8, _EPI_INT8_RESIDUAL, _EPI_WIDE_BIAS = (
+    m.value for m in EpilogueMode)
+#: The epilogue field's defined values, 0..4 (any other is ILLEGAL_OPCODE: :func:`legal_words`).
+EPILOGUE_VALUES = tuple(m.value for m in EpilogueMode)
+assert EPILOGUE_VALUES == tuple(range(len(EPILOGUE_VALUES)))
 
 
 def _reads_param(epilogue):
-    """The epilogue mode (its value) reads PARAM (multipliers, residual rows); ints or arrays."""
-    return (epilogue == _EPI_INT8) | (epilogue == _EPI_INT8_RESIDUAL)
+    """The epilogue mode (its value) reads PARAM (multipliers, residual rows, bias rows);
+    ints or arrays."""
+    return (epilogue == _EPI_INT8) | (epilogue == _EPI_INT8_RESIDUAL) | (epilogue == _EPI_WIDE_BIAS)
+
+
+def writes_wide(epilogue):
+    """The epilogue mode (its value) writes int32 per lane (WIDE, WIDE_BIAS); ints or arrays."""
+    return (epilogue == _EPI_WIDE) | (epilogue == _EPI_WIDE_BIAS)
+
+
+def epilogue_words(epilogue):
+    """OUT words (``lanes`` bytes each) the epilogue writes per token: 0 (NONE), 4 (int32 per
+    lane) or 1 (int8 per lane); ints or arrays."""
+    return (epilogue != _EPI_NONE) * (1 + 3 * writes_wide(epilogue))
+
+
+def bias_row_bytes(cfg: AcceleratorConfig) -> int:
+    """PARAM bytes of one token's WIDE_BIAS row: an int32 per lane."""
+    return 4 * cfg.lanes
 
 
 def gemm_extents(g: Gemm, cfg: AcceleratorConfig) -> dict[Spad, int]:
@@ -466,19 +490,21 @@ def gemm_extents(g: Gemm, cfg: AcceleratorConfig) -> dict[Spad, int]:
 
     WGT: its weight stream; ACT: the activation blocks of its last token; OUT: its results
     (an empty range when the epilogue is NONE); PARAM: the epilogue's multipliers and residual
-    rows (only for the INT8 epilogues). The hardware does not check these (streams wrap);
-    :func:`check` does. The pattern must be in ``cfg.pattern_table``.
+    rows (INT8 epilogues) or bias rows (WIDE_BIAS). The hardware does not check these
+    (streams wrap); :func:`check` does. The pattern must be in ``cfg.pattern_table``.
     """
     beat, lanes = cfg.beat_bytes, cfg.lanes
     pat = cfg.pattern_table[g.pattern]
     k_dense = -(-g.k_steps // pat.steps_per_block) * pat.block
-    row = {EpilogueMode.NONE: 0, EpilogueMode.WIDE: 4 * lanes}.get(g.epilogue, lanes)
+    row = int(epilogue_words(g.epilogue.value)) * lanes
     ends = {
         Spad.WGT: g.wgt_addr * beat + gemm_weight_bytes(g, cfg),
         Spad.ACT: (g.act_addr + (g.tokens - 1) * g.act_stride) * beat + k_dense,
         Spad.OUT: g.out_addr * beat + g.tokens * row,
     }
-    if _reads_param(g.epilogue.value):
+    if g.epilogue == EpilogueMode.WIDE_BIAS:
+        ends[Spad.PARAM] = g.param_addr * beat + g.tokens * bias_row_bytes(cfg)
+    elif _reads_param(g.epilogue.value):
         residual = g.tokens * lanes if g.epilogue == EpilogueMode.INT8_RESIDUAL else 0
         ends[Spad.PARAM] = g.param_addr * beat + 2 * lanes + residual
     return ends
@@ -683,6 +709,17 @@ def dispatch_error(ins: Instr, cfg: AcceleratorConfig) -> ErrorCode:
     return ErrorCode.NONE
 
 
+def legal_words(f: dict):
+    """Which words decode (:func:`decode` raises for the others): a defined opcode, a SYNC
+    naming an engine, a GEMM naming an epilogue mode. ``f`` as from :func:`decode_fields`,
+    numpy arrays or Amaranth values (the fetch unit and its proof use it too)."""
+    op = f["opcode"]
+    defined = functools.reduce(operator.or_, (op == o.value for o in _BY_OPCODE))
+    no_engine = (op == Opcode.SYNC.value) & (f["sync.engine"] > max(e.value for e in Engine))
+    no_mode = (op == Opcode.GEMM.value) & (f["gemm.epilogue"] > max(EPILOGUE_VALUES))
+    return defined & ~no_engine & ~no_mode
+
+
 def dispatch_errors(f: dict[str, np.ndarray], cfg: AcceleratorConfig) -> np.ndarray:
     """:func:`dispatch_error` for many instructions at once (``ErrorCode`` values, int64).
 
@@ -692,9 +729,7 @@ def dispatch_errors(f: dict[str, np.ndarray], cfg: AcceleratorConfig) -> np.ndar
     lim = dispatch_limits(cfg)
     op = f["opcode"]
     err = np.zeros(op.shape, dtype=np.int64)
-    legal = np.isin(op, [o.value for o in _BY_OPCODE]) & \
-        ~((op == Opcode.SYNC.value) & (f["sync.engine"] > max(e.value for e in Engine)))
-    np.putmask(err, ~legal, ErrorCode.ILLEGAL_OPCODE.value)
+    np.putmask(err, ~legal_words(f), ErrorCode.ILLEGAL_OPCODE.value)
     # Consecutive rules with one code and opcode set are one flag: their order cannot matter.
     for (code, ops), rules in itertools.groupby(_DISPATCH_RULES, lambda r: (r.code, r.ops)):
         bad = functools.reduce(operator.or_, (r.bad(f, lim) for r in rules))

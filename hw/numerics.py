@@ -32,9 +32,9 @@ from hw.format import QuantizedWeight
 
 __all__ = [
     "ACT_QMAX", "quantize_activations", "wrap", "gemm_acc", "gemm_acc_packed",
-    "dequant_output", "requantize_int8", "golden_linear",
+    "dequant_output", "requantize_int8", "bias_to_acc", "add_bias_wide", "golden_linear",
     "quantize_activations_torch", "gemm_acc_torch", "dequant_output_torch",
-    "golden_linear_torch",
+    "bias_to_acc_torch", "golden_linear_torch",
 ]
 
 #: Activations are symmetric INT8 in [-127, 127] (-128 unused, so negation is exact).
@@ -141,14 +141,43 @@ def requantize_int8(acc: np.ndarray, mult: np.ndarray, shift: int,
     return np.clip(prod, -128, 127).astype(np.int8)
 
 
-def golden_linear(x: np.ndarray, w: QuantizedWeight, acc_bits: int = 32) -> np.ndarray:
-    """W4A8 (or W8A8) linear layer with hardware numerics: float ``[T, K]`` -> float ``[T, N]``."""
+#: The WIDE epilogues write int32: bias rows are saturated to it.
+_INT32 = np.iinfo(np.int32)
+
+
+def bias_to_acc(bias: np.ndarray, row_scale: np.ndarray, act_scale: np.ndarray) -> np.ndarray:
+    """A float per-channel bias in accumulator units, one row per token (the WIDE_BIAS operand).
+
+    ``rint(bias[n] / (row_scale[n] * act_scale[t]))`` in float64 (the float32 product is exact
+    there), saturated to int32: ``int32 [T, N]``. The accumulator's unit is per token because
+    activation scales are (:func:`quantize_activations`), so the runtime converts a bias per
+    call, as it converts the activations. Rounding costs at most half an accumulator unit.
+    """
+    unit = np.asarray(row_scale, np.float64)[None, :] * np.asarray(act_scale, np.float64)[:, None]
+    q = np.rint(np.asarray(bias, np.float64)[None, :] / unit)
+    return np.clip(q, _INT32.min, _INT32.max).astype(np.int32)
+
+
+def add_bias_wide(acc: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """WIDE_BIAS epilogue: the WIDE output (low 32 bits of ``acc``) plus ``bias [T, N]``, modulo
+    2**32: ``int32 [T, N]``."""
+    return wrap(wrap(np.asarray(acc, np.int64), 32) + np.asarray(bias, np.int64), 32
+                ).astype(np.int32)
+
+
+def golden_linear(x: np.ndarray, w: QuantizedWeight, acc_bits: int = 32,
+                  bias: np.ndarray | None = None) -> np.ndarray:
+    """W4A8 (or W8A8) linear layer with hardware numerics: float ``[T, K]`` -> float ``[T, N]``;
+    a float ``bias [N]`` enters the accumulators as the WIDE_BIAS epilogue adds it."""
     x = np.asarray(x, dtype=np.float32)
     if x.shape[1] != w.k:
         raise ValueError(f"input has K={x.shape[1]}, weight has K={w.k}")
     a, s_x = quantize_activations(x)
     a = np.pad(a, ((0, 0), (0, w.k_padded - w.k)))
-    return dequant_output(gemm_acc(a, w.int_weight(), acc_bits), w.row_scale, s_x)
+    acc = gemm_acc(a, w.int_weight(), acc_bits)
+    if bias is not None:
+        acc = add_bias_wide(acc, bias_to_acc(bias, w.row_scale, s_x))
+    return dequant_output(acc, w.row_scale, s_x)
 
 
 # ---------------------------------------------------------------------- torch twin
@@ -180,12 +209,23 @@ def dequant_output_torch(acc: torch.Tensor, row_scale: torch.Tensor,
         act_scale.to(torch.float32).unsqueeze(-1)
 
 
+def bias_to_acc_torch(bias: torch.Tensor, row_scale: torch.Tensor,
+                      act_scale: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`bias_to_acc` (bit-identical; any leading dims of ``act_scale``)."""
+    unit = row_scale.to(torch.float64) * act_scale.to(torch.float64).unsqueeze(-1)
+    q = torch.round(bias.to(torch.float64) / unit)
+    return torch.clamp(q, _INT32.min, _INT32.max).to(torch.int64)
+
+
 def golden_linear_torch(x: torch.Tensor, w_int: torch.Tensor, row_scale: torch.Tensor,
-                        acc_bits: int = 32) -> torch.Tensor:
+                        acc_bits: int = 32, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Hardware-numerics linear layer in torch (for whole-model accuracy runs).
 
     ``w_int`` is ``QuantizedWeight.int_weight()`` cut to the original K (padding columns are
-    zero, so cutting them changes nothing).
+    zero, so cutting them changes nothing); ``bias`` as in :func:`golden_linear`.
     """
     a, s_x = quantize_activations_torch(x)
-    return dequant_output_torch(gemm_acc_torch(a, w_int, acc_bits), row_scale, s_x)
+    acc = gemm_acc_torch(a, w_int, acc_bits)
+    if bias is not None:
+        acc = _wrap_torch(_wrap_torch(acc, 32) + bias_to_acc_torch(bias, row_scale, s_x), 32)
+    return dequant_output_torch(acc, row_scale, s_x)

@@ -55,6 +55,7 @@ from hw.isa import (
     Load,
     Store,
     Sync,
+    epilogue_words,
     gemm_geometry,
     gemm_geometry_fields,
 )
@@ -118,11 +119,11 @@ def gemm_step_cycles(ins: Gemm, cfg: AcceleratorConfig) -> int:
 
 
 def epilogue_cycles(ins: Gemm, cfg: AcceleratorConfig) -> int:
-    """Epilogue: one OUT word (``lanes`` bytes) per cycle; WIDE writes four per token."""
+    """Epilogue: one OUT word (``lanes`` bytes) per cycle; WIDE and WIDE_BIAS write four per
+    token (:func:`hw.isa.epilogue_words`)."""
     if ins.epilogue == EpilogueMode.NONE:
         return 0
-    words_per_token = 4 if ins.epilogue == EpilogueMode.WIDE else 1
-    return EPILOGUE_FILL + ins.tokens * words_per_token
+    return EPILOGUE_FILL + ins.tokens * int(epilogue_words(ins.epilogue.value))
 
 
 def gemm_cycles(ins: Gemm, cfg: AcceleratorConfig) -> int:
@@ -159,8 +160,7 @@ def exec_cycles_fields(f: dict, cfg: AcceleratorConfig):
     t = f["gemm.tokens_m1"] + 1
     steps = _step_cycles(t, gemm_geometry_fields(f, cfg))
     epi = f["gemm.epilogue"]
-    epilogue = np.where(epi == EpilogueMode.NONE.value, 0,
-                        EPILOGUE_FILL + t * np.where(epi == EpilogueMode.WIDE.value, 4, 1))
+    epilogue = np.where(epi == EpilogueMode.NONE.value, 0, EPILOGUE_FILL + t * epilogue_words(epi))
     gemm = GEMM_FILL + steps + (cfg.rows - 1) + GEMM_DRAIN + epilogue
     return np.select(
         [op == Opcode.LOAD.value, op == Opcode.STORE.value, op == Opcode.GEMM.value,

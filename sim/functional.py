@@ -15,8 +15,8 @@ import numpy as np
 
 from hw.config import AcceleratorConfig
 from hw.format import _unpack_fields
-from hw.isa import EpilogueMode, Gemm, Load, Spad, Store, gemm_geometry
-from hw.numerics import requantize_int8, wrap
+from hw.isa import EpilogueMode, Gemm, Load, Spad, Store, bias_row_bytes, gemm_geometry
+from hw.numerics import add_bias_wide, requantize_int8, wrap
 
 __all__ = ["MachineState", "exec_load", "exec_store", "exec_gemm", "decode_gemm_weights"]
 
@@ -153,6 +153,10 @@ def _epilogue(st: MachineState, ins: Gemm) -> None:
         return
     if ins.epilogue == EpilogueMode.WIDE:
         data = acc.astype("<i4").view(np.uint8).reshape(-1)  # int32 little-endian per lane
+    elif ins.epilogue == EpilogueMode.WIDE_BIAS:
+        n = bias_row_bytes(cfg)
+        bias = _read_wrapped(st.spads[Spad.PARAM], ins.param_addr * beat, T * n).view("<i4")
+        data = add_bias_wide(acc, bias.reshape(T, lanes)).view(np.uint8).reshape(-1)
     else:
         param = st.spads[Spad.PARAM]
         pbase = ins.param_addr * beat

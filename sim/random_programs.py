@@ -32,6 +32,7 @@ from hw.isa import (
     Sync,
     check,
     encode,
+    field_location,
     gemm_extents,
 )
 
@@ -89,7 +90,7 @@ def _random_gemm(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> G
         group_steps = 0 if raw else int(rng.integers(1, k_steps + 4))
         asym = not raw and rng.random() < 0.4
         tokens = int(rng.integers(1, cfg.max_tokens + 1))
-        epi = EpilogueMode(int(rng.integers(4)))
+        epi = EpilogueMode(int(rng.integers(len(EpilogueMode))))
         ws, we = regions["wgt"]
         aw, ae = regions["act"]
         os_, oe = regions["out"]
@@ -202,8 +203,13 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
     prog = list(rp.program)
     pos = int(rng.integers(0, len(prog)))
     if kind == "illegal":
-        rest = int.from_bytes(rng.bytes(16), "little") >> 3  # random bits above the opcode
-        word = int(rng.choice([0, 6, 7])) | (rest << 3)
+        if rng.random() < 0.75:  # an undefined opcode
+            rest = int.from_bytes(rng.bytes(16), "little") >> 3  # random bits above the opcode
+            word = int(rng.choice([0, 6, 7])) | (rest << 3)
+        else:  # a GEMM whose epilogue field names no mode
+            offset, width = field_location("gemm.epilogue")
+            undefined = int(rng.integers(len(EpilogueMode), 1 << width))
+            word = encode(Gemm()) & ~(((1 << width) - 1) << offset) | (undefined << offset)
         prog.insert(pos, word)
     elif kind == "bad_field":
         choices = [Gemm(pattern=len(cfg.pattern_table)), Load(spad=Spad.OUT),

@@ -249,7 +249,8 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                 members = node_members(node, g, cfg, fmt_map.get, bucket, kv)
                 work.append((phase, node, bucket, members))
                 for m in members:  # the largest bucket sizes the buffers
-                    for sym, size, t in ((m.x, m.x_bytes, 2 * p), (m.y, m.y_bytes, 2 * p + 1)):
+                    for sym, size, before in m.buffers():
+                        t = 2 * p if before else 2 * p + 1
                         old = live.get(sym)
                         live[sym] = Buffer(sym, max(size, old.size if old else 0), t, t + 1)
         buffers[phase] = list(live.values())
@@ -315,7 +316,8 @@ def _stream_bytes(fmt: WeightFormat, model: LlamaLM, layer: str, cfg: Accelerato
 
 def _member_info(m: Member) -> dict:
     p = m.plan
-    return {"w": m.w, "x": m.x, "y": m.y, "tokens": p.tokens, "n": p.n, "k": p.k_padded,
+    return {"w": m.w, "x": m.x, "y": m.y, **({"b": m.b} if m.b else {}),
+            "tokens": p.tokens, "n": p.n, "k": p.k_padded,
             "act_row_bytes": p.act_row_bytes, "out_row_bytes": p.out_row_bytes,
             "stream_bytes": p.n_tiles * p.layout.tile_bytes,
             "macs": p.tokens * p.n * p.fmt.steps(p.k_padded)}
@@ -323,8 +325,9 @@ def _member_info(m: Member) -> dict:
 
 def _host_tensors(model: LlamaLM, graphs: Mapping[str, Graph], fmt_map, weights
                   ) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
-    """Parameters the host reads (its nodes' weights, every bias: the epilogue adds it) and
-    the row scales of compressed layers."""
+    """Parameters the host reads (its nodes' weights, every bias: the host adds it, or
+    converts it to bias rows for the WIDE_BIAS epilogue) and the row scales of compressed
+    layers."""
     names = set()
     for g in graphs.values():
         for n in g.nodes:

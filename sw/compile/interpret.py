@@ -115,9 +115,8 @@ def _linear(node: Node, args: list, env: Env) -> tuple:
     bias = env.param(node.attrs["bias"]) if "bias" in node.attrs else None
     if layer in env.numerics.weights:
         w_int, row_scale = env.numerics.int_weight(layer)
-        y = golden_linear_torch(x, w_int, row_scale, env.numerics.acc_bits).to(x.dtype)
-        if bias is not None:  # added to the dequantised output, in the epilogue
-            y = y + bias
+        y = golden_linear_torch(x, w_int, row_scale, env.numerics.acc_bits,
+                                bias).to(x.dtype)  # a bias: the WIDE_BIAS epilogue's
     else:
         y = F.linear(x, env.param(node.attrs["weight"]), bias)
     if len(args) == 2:  # fused residual epilogue

@@ -34,15 +34,16 @@ import numpy as np
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, StreamLayout, WeightFormat, pack, stream_layout
-from hw.isa import End, EpilogueMode, Gemm, Instr, Load, Spad, Store
+from hw.isa import End, EpilogueMode, Gemm, Instr, Load, Spad, Store, bias_row_bytes
 from sw.compile.errors import LoweringError
 from sw.compile.plan import SpadPlan, plan_spads
 
 __all__ = ["LoweringError", "DramAllocator", "LinearPlan", "LinearProgram", "LayerSpec",
-           "PlacedLayer", "Reloc", "plan_linear", "lower_linear", "lower_layers",
+           "PlacedLayer", "Reloc", "bias_token_tile", "plan_linear", "lower_linear", "lower_layers",
            "lower_relocatable", "build_linear", "build_layers", "weight_image"]
 
-#: Which operand a DMA instruction's DRAM address is relative to: (layer, "w" | "x" | "y").
+#: Which operand a DMA instruction's DRAM address is relative to: (layer, "w" | "x" | "y" |
+#: "b").
 Reloc = tuple[int, str]
 
 
@@ -84,6 +85,7 @@ class LinearPlan:
     act_row_bytes: int        # ACT/DRAM bytes per token row (K padded to whole beats)
     resident_acts: bool       # whole-K activations stay in ACT for a token tile
     tile_bytes: int           # weight stream bytes per n tile, rounded up to a whole beat
+    bias: bool = False        # WIDE_BIAS: int32 bias rows, laid out as the outputs
 
     @property
     def fmt(self) -> WeightFormat:
@@ -135,9 +137,16 @@ class LinearPlan:
         return self.n_tiles * self.layout.lanes * 4
 
 
+def bias_token_tile(cfg: AcceleratorConfig) -> int:
+    """Most tokens per GEMM of a biased layer: two PARAM buffers (the next tile's rows load
+    while the epilogue reads this tile's) of one int32 row per token."""
+    return min(cfg.max_tokens, cfg.param_spad_bytes // (2 * bias_row_bytes(cfg)))
+
+
 def plan_linear(cfg: AcceleratorConfig, fmt: WeightFormat, n: int, k: int,
-                tokens: int) -> LinearPlan:
-    """Choose tile and chunk sizes for ``tokens x k @ (n x k)^T`` on ``cfg``."""
+                tokens: int, bias: bool = False) -> LinearPlan:
+    """Choose tile and chunk sizes for ``tokens x k @ (n x k)^T`` on ``cfg`` (``bias``: a
+    per-channel bias the WIDE_BIAS epilogue adds)."""
     try:
         fmt.check_supported(cfg)
     except ValueError as e:
@@ -151,7 +160,10 @@ def plan_linear(cfg: AcceleratorConfig, fmt: WeightFormat, n: int, k: int,
     if lay.group_bytes > half_wgt:
         raise LoweringError(f"one quantisation group of {lay.group_bytes} bytes exceeds half "
                             f"the WGT spad ({half_wgt}); use smaller groups")
-    tt = min(tokens, cfg.max_tokens)
+    tt = min(tokens, bias_token_tile(cfg) if bias else cfg.max_tokens)
+    if tt < 1:
+        raise LoweringError(f"a PARAM spad of {cfg.param_spad_bytes} bytes cannot hold two "
+                            f"bias rows of {bias_row_bytes(cfg)} bytes")
     row = _ceil(kp, beat) * beat
     group_k = fmt.group_of(kp)
     resident = tt * row <= cfg.act_spad_bytes
@@ -166,7 +178,7 @@ def plan_linear(cfg: AcceleratorConfig, fmt: WeightFormat, n: int, k: int,
             f"fall on {beat}-byte beats")
     return LinearPlan(tokens=tokens, layout=lay, token_tile=tt, chunk_sizes=sizes,
                       act_row_bytes=row, resident_acts=resident,
-                      tile_bytes=_ceil(lay.tile_bytes, beat) * beat)
+                      tile_bytes=_ceil(lay.tile_bytes, beat) * beat, bias=bias)
 
 
 def _chunk_sizes(groups: int, gmax: int, beat: int, group_bytes: int,
@@ -194,8 +206,9 @@ class PlacedLayer:
     ``w_addr``: weight tiles, ``w_tile_stride`` bytes apart (default ``plan.tile_bytes``: a
     region laid out for a longer K, such as the value cache, has wider tiles); ``x_addr``: int8
     activations ``[tokens, act_row_bytes]``; ``y_addr``: int32 outputs ``[tokens, n_tiles *
-    lanes]``. ``x_key`` names the input buffer (default: ``x_addr``): consecutive layers of
-    one program reading the same resident input (q/k/v) load it into ACT once.
+    lanes]``; ``b_addr``: int32 bias rows laid out as the outputs (biased plans). ``x_key``
+    names the input buffer (default: ``x_addr``): consecutive layers of one program reading
+    the same resident input (q/k/v) load it into ACT once.
     """
 
     plan: LinearPlan
@@ -204,6 +217,7 @@ class PlacedLayer:
     y_addr: int
     w_tile_stride: int | None = None
     x_key: object = None
+    b_addr: int = 0
 
     @property
     def tile_stride(self) -> int:
@@ -241,7 +255,9 @@ def lower_relocatable(cfg: AcceleratorConfig, layers: list[PlacedLayer],
     to the ``dram_addr`` of the instructions that name it places the same program anywhere
     (the compiler lowers one decoder block and relocates it for every block).
     """
-    spads = spads or plan_spads(cfg, max(ly.plan.token_tile for ly in layers))
+    spads = spads or plan_spads(cfg, max(ly.plan.token_tile for ly in layers),
+                                max((ly.plan.token_tile for ly in layers if ly.plan.bias),
+                                    default=0))
     beat = cfg.beat_bytes
     E = spads.events
     relocs: list[Reloc | None] = []
@@ -314,6 +330,16 @@ def lower_relocatable(cfg: AcceleratorConfig, layers: list[PlacedLayer],
                 spad_addr=start, wait=done_wait(i - 1) if new_set[i] else buffer_free)))
             if not new_set[i]:
                 buffer_free = None
+        if plan.bias and final[i]:
+            # The tile's bias rows, into the PARAM buffer of its OUT buffer: that buffer's
+            # previous reader is the GEMM the STORED wait (here or in an earlier load) follows.
+            y_row_beats = plan.out_row_bytes // beat
+            out.append(dma(L, "b", Load(
+                spad=Spad.PARAM, spad_addr=out_buf[i] * spads.param_buf_beats, rows=tok,
+                row_beats=spads.out_row_beats, dram_stride=y_row_beats,
+                dram_addr=ly.b_addr + t0 * y_row_beats + j * spads.out_row_beats,
+                wait=buffer_free)))
+            buffer_free = None
         nbytes = plan.chunk_groups(c) * plan.group_bytes
         out.append(dma(L, "w", Load(
             spad=Spad.WGT, rows=1, row_beats=_ceil(nbytes, beat),
@@ -333,13 +359,15 @@ def lower_relocatable(cfg: AcceleratorConfig, layers: list[PlacedLayer],
         tok = min(plan.token_tile, plan.tokens - t0)
         act_addr, stride = act_geometry(i)
         spg = lay.steps_per_group
+        wide = EpilogueMode.WIDE_BIAS if plan.bias else EpilogueMode.WIDE
         prog.append(Gemm(
             wgt_addr=b * spads.wgt_half_beats, act_addr=act_addr, act_stride=stride,
-            out_addr=o * spads.out_buf_beats, k_steps=plan.chunk_groups(c) * spg,
+            out_addr=o * spads.out_buf_beats, param_addr=o * spads.param_buf_beats,
+            k_steps=plan.chunk_groups(c) * spg,
             group_steps=0 if fmt.raw else spg, tokens=tok,
             pattern=cfg.pattern_index(fmt.pattern), int8=fmt.bits == 8,
             asym=not fmt.symmetric, accumulate=c > 0,
-            epilogue=EpilogueMode.WIDE if final[i] else EpilogueMode.NONE,
+            epilogue=wide if final[i] else EpilogueMode.NONE,
             wait=E[f"FULL{b}"], signal=E[f"OUT_FULL{o}" if final[i] else f"FREE{b}"]))
         relocs.append(None)
         if final[i]:

@@ -120,19 +120,21 @@ def _dense8_offsets(lay: StreamLayout, tile_stride: int, row, kpos) -> np.ndarra
 
 @dataclass(frozen=True)
 class Member:
-    """One GEMM layer of a node's program and the DRAM symbols of its operands."""
+    """One GEMM layer of a node's program and the DRAM symbols of its operands (``b``: the
+    int32 bias rows of a biased layer, laid out as its outputs)."""
 
     plan: LinearPlan
     w: str
     x: str
     y: str
     w_tile_stride: int | None = None
+    b: str | None = None
 
     @property
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
         p = self.plan
-        return (p.fmt, p.n, p.k_padded, p.tokens, self.w_tile_stride)
+        return (p.fmt, p.n, p.k_padded, p.tokens, self.w_tile_stride, p.bias)
 
     @property
     def x_bytes(self) -> int:
@@ -141,6 +143,12 @@ class Member:
     @property
     def y_bytes(self) -> int:
         return self.plan.tokens * self.plan.out_row_bytes
+
+    def buffers(self) -> list[tuple[str, int, bool]]:
+        """``(symbol, bytes, written by the host)`` of its arena buffers: the input (and bias
+        rows) the host writes before the program, the output it reads after."""
+        out = [(self.x, self.x_bytes, True), (self.y, self.y_bytes, False)]
+        return out + ([(self.b, self.y_bytes, True)] if self.b else [])
 
 
 def _rows(shape) -> int:
@@ -154,22 +162,25 @@ def node_members(node: Node, graph: Graph, cfg: AcceleratorConfig, fmt_of: Forma
                  bucket: int | None = None, kv: KVLayout | None = None) -> list[Member]:
     """The members of an accelerator node's program (``bucket``: key positions covered by
     attention nodes; ``kv``: the cache layout, for the value tiles' stride). Buffer symbols
-    are ``x:<phase>:<node>[:i]`` and ``y:...``."""
+    are ``x:<phase>:<node>[:i]``, ``y:...`` and, for biased layers, ``b:...``."""
     buf = f"{graph.meta.get('phase', '')}:{node.name}"
     x_type = graph.values[node.inputs[0]]
     if node.op in ("linear", "linears"):
         weights = node.attrs["weights"] if node.op == "linears" else [node.attrs["weight"]]
+        biases = (node.attrs.get("biases") or [None] * len(weights) if node.op == "linears"
+                  else [node.attrs.get("bias")])
         out = []
-        for i, (w, y) in enumerate(zip(weights, node.outputs, strict=True)):
+        for i, (w, y, bias) in enumerate(zip(weights, node.outputs, biases, strict=True)):
             layer = w.removesuffix(".weight")
             fmt = fmt_of(layer)
             if fmt is None:
                 raise LoweringError(f"node {node.name!r}: layer {layer} has no format for the "
                                     "accelerator")
             n, k = graph.values[y].shape[-1], x_type.shape[-1]
-            plan = plan_linear(cfg, fmt, n, k, _rows(x_type.shape))
+            plan = plan_linear(cfg, fmt, n, k, _rows(x_type.shape), bias=bias is not None)
             suffix = f":{i}" if node.op == "linears" else ""
-            out.append(Member(plan, f"w:{layer}", f"x:{buf}", f"y:{buf}{suffix}"))
+            out.append(Member(plan, f"w:{layer}", f"x:{buf}", f"y:{buf}{suffix}",
+                              b=None if bias is None else f"b:{buf}{suffix}"))
         return out
     if node.op in ("attn_scores", "attn_values"):
         if bucket is None or kv is None:
@@ -203,11 +214,11 @@ class Template:
 
     words: np.ndarray          # uint64 [n, 2], END included
     reloc_rows: np.ndarray     # instruction indices whose dram_addr is relative
-    reloc_keys: np.ndarray     # per such instruction: member * 3 + operand (w, x, y)
+    reloc_keys: np.ndarray     # per such instruction: member * 4 + operand (w, x, y, b)
     instructions: int
 
 
-_OPERANDS = {"w": 0, "x": 1, "y": 2}
+_OPERANDS = {"w": 0, "x": 1, "y": 2, "b": 3}
 
 
 def lower_template(cfg: AcceleratorConfig, members: list[Member]) -> Template:
@@ -219,7 +230,7 @@ def lower_template(cfg: AcceleratorConfig, members: list[Member]) -> Template:
         raise LoweringError(f"a program needs {len(prog)} instructions and the instruction "
                             f"memory holds {cfg.imem_depth}")
     rows = np.array([i for i, r in enumerate(relocs) if r is not None], dtype=np.int64)
-    keys = np.array([r[0] * 3 + _OPERANDS[r[1]] for r in relocs if r is not None],
+    keys = np.array([r[0] * len(_OPERANDS) + _OPERANDS[r[1]] for r in relocs if r is not None],
                     dtype=np.int64)
     return Template(program_words(prog), rows, keys, len(prog))
 
@@ -227,8 +238,8 @@ def lower_template(cfg: AcceleratorConfig, members: list[Member]) -> Template:
 def relocate(t: Template, bases: Mapping[str, int], members: list[Member],
              beat: int) -> np.ndarray:
     """The template's words with every operand's base (bytes, beat-aligned) added."""
-    base = np.array([bases[getattr(m, op)] // beat for m in members for op in "wxy"],
-                    dtype=np.uint64)
+    base = np.array([bases[sym] // beat if (sym := getattr(m, op)) else 0
+                     for m in members for op in _OPERANDS], dtype=np.uint64)
     words = t.words.copy()
     off, width = field_location("dma.dram_addr")
     if off + width > 64:

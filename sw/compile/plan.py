@@ -37,17 +37,20 @@ EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_F
 class SpadPlan:
     """The scratchpad buffers and events one program uses (beats; see
     :func:`sw.compile.linear.lower_layers`): two WGT halves, two ACT halves (chunked
-    activations; resident ones start at 0), two OUT buffers of ``token_tile`` int32 rows."""
+    activations; resident ones start at 0), two OUT buffers of ``token_tile`` int32 rows and,
+    for biased layers, two PARAM buffers of as many int32 bias rows (0 beats when none)."""
 
     wgt_half_beats: int
     act_half_beats: int
     out_row_beats: int
     out_buf_beats: int
     events: dict[str, int]
+    param_buf_beats: int = 0
 
 
-def plan_spads(cfg: AcceleratorConfig, token_tile: int) -> SpadPlan:
-    """The double buffers of a program whose largest token tile is ``token_tile``."""
+def plan_spads(cfg: AcceleratorConfig, token_tile: int, bias_tile: int = 0) -> SpadPlan:
+    """The double buffers of a program whose largest token tile is ``token_tile`` and largest
+    token tile of a biased layer ``bias_tile`` (0: no biases)."""
     if len(EVENTS) > cfg.num_events:
         raise LoweringError(f"lowered programs use {len(EVENTS)} events, the accelerator has "
                             f"num_events={cfg.num_events}")
@@ -56,10 +59,14 @@ def plan_spads(cfg: AcceleratorConfig, token_tile: int) -> SpadPlan:
     if 2 * out_buf_beats > cfg.spad_beats("out"):
         raise LoweringError(f"OUT spad of {cfg.out_spad_bytes} bytes cannot hold two tiles of "
                             f"{token_tile} tokens x {cfg.lanes} int32 outputs")
+    param_buf_beats = bias_tile * out_row_beats  # bias rows: the outputs' int32 layout
+    if 2 * param_buf_beats > cfg.spad_beats("param"):
+        raise LoweringError(f"PARAM spad of {cfg.param_spad_bytes} bytes cannot hold two tiles "
+                            f"of {bias_tile} tokens x {cfg.lanes} int32 bias rows")
     return SpadPlan(wgt_half_beats=cfg.spad_beats("wgt") // 2,
                     act_half_beats=cfg.spad_beats("act") // 2,
                     out_row_beats=out_row_beats, out_buf_beats=out_buf_beats,
-                    events=dict(EVENTS))
+                    events=dict(EVENTS), param_buf_beats=param_buf_beats)
 
 
 @dataclass(frozen=True)

@@ -411,8 +411,8 @@ class HardwareLinear(nn.Module):
     the integer weights ``code * (q - zero)`` of the packed format (cut to the original K; the
     padding columns are zero), exact integer accumulation wrapped to ``acc_bits``, and the
     float32 WIDE epilogue ``float32(acc) * row_scale[n] * act_scale[t]``. Equal bit for bit to
-    :func:`hw.numerics.golden_linear` on the same inputs. A bias (Qwen2's q/k/v) is added to
-    the dequantised output in float, where the runtime's epilogue adds it.
+    :func:`hw.numerics.golden_linear` on the same inputs. A bias (Qwen2's q/k/v) enters the
+    accumulators as the WIDE_BIAS epilogue adds it (:func:`hw.numerics.bias_to_acc`).
 
     Parameters
     ----------
@@ -442,8 +442,8 @@ class HardwareLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, layer expects "
                              f"{self.in_features}")
-        y = golden_linear_torch(x, self.w_int, self.row_scale, self.acc_bits).to(x.dtype)
-        return y if self.bias is None else y + self.bias
+        return golden_linear_torch(x, self.w_int, self.row_scale, self.acc_bits,
+                                   self.bias).to(x.dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from hw.numerics import dequant_output, quantize_activations
+from hw.numerics import bias_to_acc, dequant_output, quantize_activations
 from sim.backends import Backend
 from sim.roofline import LayerPoint, bound_cycles
 from sw.compile.executable import Executable
@@ -336,11 +336,13 @@ class Runtime:
 
     # ------------------------------------------------------------------ DRAM I/O
     def _write_rows(self, symbol: str, rows: np.ndarray, row_bytes: int) -> None:
-        """Int8 ``rows [R, K]`` into a buffer of ``row_bytes`` per row (zero padded)."""
-        buf = np.zeros((rows.shape[0], row_bytes), dtype=np.int8)
-        buf[:, :rows.shape[1]] = rows
+        """Integer ``rows [R, K]`` (int8, or little-endian int32) into a buffer of
+        ``row_bytes`` per row (zero padded)."""
+        raw = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)
+        buf = np.zeros((rows.shape[0], row_bytes), dtype=np.uint8)
+        buf[:, :raw.shape[1]] = raw
         addr = self.exe.symbols[symbol].addr
-        self.dram[addr:addr + buf.size] = buf.view(np.uint8).reshape(-1)
+        self.dram[addr:addr + buf.size] = buf.reshape(-1)
 
     def _read_rows(self, symbol: str, rows: int, row_bytes: int, n: int) -> np.ndarray:
         """Int32 outputs ``[rows, n]`` (as int64) from a buffer of ``row_bytes`` per row."""
@@ -374,14 +376,23 @@ class Runtime:
 
     # ------------------------------------------------------------------ accelerator nodes
     def _linear_in(self, node: Node, args: list, env, info) -> tuple:
-        """Quantise the input rows (one buffer shared by every member)."""
+        """Quantise the input rows (one buffer shared by every member); convert each biased
+        member's bias to accumulator units, one int32 row per token (WIDE_BIAS)."""
         rows = args[0].reshape(-1, args[0].shape[-1])
         s_x = None
+        biased = [(m, lin) for m, lin in zip(info.members, linear_members(node), strict=True)
+                  if "b" in m]
         if self.values:
             a, s_x = quantize_activations(rows.numpy())
             m0 = info.members[0]
             self._write_rows(m0["x"], a, m0["act_row_bytes"])
-        return s_x, stream_cycles(rows.numel() * 4, rows.numel(), self.exe.cfg)
+            for m, lin in biased:
+                bias = self.params[lin.attrs["bias"]].numpy()
+                scale = self.exe.host[f"row_scale:{layer_of(lin)}"]
+                self._write_rows(m["b"], bias_to_acc(bias, scale, s_x).astype("<i4"),
+                                 m["out_row_bytes"])
+        written = rows.numel() + sum(rows.shape[0] * m["n"] * 4 for m, _ in biased)
+        return s_x, stream_cycles(rows.numel() * 4, written, self.exe.cfg)
 
     def _linear_out(self, node: Node, args: list, env, info, s_x) -> tuple:
         """Dequantise every member's outputs; a fused residual is added as they are read."""
@@ -396,8 +407,6 @@ class Runtime:
                 y = torch.from_numpy(dequant_output(acc, scale, s_x)).reshape(shape)
             else:
                 y = torch.zeros(shape)
-            if "bias" in lin.attrs:  # added to the dequantised output
-                y = y + self.params[lin.attrs["bias"]]
             outs.append(y)
             nbytes += y.numel() * 4
         read = nbytes

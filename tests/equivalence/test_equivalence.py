@@ -16,6 +16,7 @@ import os
 import numpy as np
 import pytest
 
+from hw.isa import EpilogueMode
 from sim.equivalence import compare_results, minimize, write_reproducer
 from sim.model import FastModel
 from sim.random_programs import EQUIVALENCE_CONFIGS, break_program, random_program
@@ -94,13 +95,14 @@ def test_every_pattern_and_instruction_is_covered(backends):
             if type(ins).__name__ == "Gemm":
                 seen.add(("pattern", ins.pattern))
                 seen.add(("epilogue", ins.epilogue.name))
+                seen.add(("epilogue", ins.epilogue.name, ins.tokens > 1))
                 seen.add(("int8", ins.int8))
                 seen.add(("asym", ins.asym))
                 seen.add(("raw", ins.group_steps == 0))
                 seen.add(("accumulate", ins.accumulate))
     need = {"Load", "Store", "Gemm", "Sync", "End", "illegal"}
     need |= {("pattern", i) for i in range(len(cfg.pattern_table))}
-    need |= {("epilogue", e) for e in ("NONE", "WIDE", "INT8", "INT8_RESIDUAL")}
+    need |= {("epilogue", e.name, many) for e in EpilogueMode for many in (False, True)}
     need |= {(f, v) for f in ("int8", "asym", "raw", "accumulate") for v in (True, False)}
     assert need <= seen, need - seen
 

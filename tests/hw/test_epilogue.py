@@ -132,7 +132,8 @@ def run_epilogues(cfg, program, seed):
                          ids=["small", "odd", "wideacc"])
 def test_every_epilogue_matches_functional_model(cfg, seed):
     rng = np.random.default_rng(seed)
-    program = [random_epilogue(cfg, rng, EpilogueMode(int(k))) for k in rng.integers(0, 4, size=16)]
+    program = [random_epilogue(cfg, rng, EpilogueMode(int(k)))
+               for k in rng.integers(0, len(EpilogueMode), size=20)]
     # Every kind, all tokens, ending at the last OUT/PARAM words (addresses wrap).
     for kind in EpilogueMode:
         ins = random_epilogue(cfg, rng, kind)

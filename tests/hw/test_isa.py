@@ -27,6 +27,7 @@ from hw.isa import (
     dispatch_error,
     encode,
     encode_program,
+    field_location,
 )
 
 CFG = AcceleratorConfig()
@@ -71,15 +72,16 @@ def test_fields_come_from_the_amaranth_layouts():
     """Setting one GEMM field moves exactly the bits the Amaranth layout assigns to it."""
     body = InstrLayout["body"].offset
     for name, f in GemmBody:
-        value = (1 << f.width) - 1 if name != "epilogue" else 3
+        value = (1 << f.width) - 1
         base = Gemm(tokens=1, k_steps=0, epilogue=EpilogueMode.NONE)
         kw = {"tokens": 32} if name == "tokens_m1" else {name: value}
-        if name == "epilogue":
-            kw = {"epilogue": EpilogueMode.INT8_RESIDUAL}
+        if name == "epilogue":  # the largest mode: the field's bits that any mode sets
+            mode = max(EpilogueMode, key=lambda e: e.value)
+            kw, value = {"epilogue": mode}, mode.value
         if name in ("int8", "asym", "accumulate"):
             kw = {name: True}
         diff = encode(Gemm(**{**base.__dict__, **kw})) ^ encode(base)
-        assert diff == ((1 << f.width) - 1) << (body + f.offset), name
+        assert diff == value << (body + f.offset), name
 
 
 def test_opcode_zero_is_illegal_and_events_default_to_none():
@@ -106,6 +108,9 @@ def test_opcode_zero_is_illegal_and_events_default_to_none():
     (Gemm(act_addr=CFG.spad_beats("act") - 1, k_steps=32), "ACT spad"),
     (Gemm(out_addr=CFG.spad_beats("out") - 1, tokens=2), "OUT spad"),
     (Gemm(epilogue=EpilogueMode.INT8_RESIDUAL, param_addr=60, tokens=8), "PARAM spad"),
+    # A bias row per token, 4 bytes per lane: a 1 KiB PARAM holds four 64-lane rows.
+    (Gemm(epilogue=EpilogueMode.WIDE_BIAS, tokens=CFG.param_spad_bytes // (4 * CFG.lanes) + 1),
+     "PARAM spad"),
     (Sync(wait=16), "wait=16"),
     (End(signal=31), "signal=31"),
 ])
@@ -156,8 +161,14 @@ def test_vectorised_checks_flag_illegal_words():
     from hw.isa import decode_fields, dispatch_errors, program_words
 
     bad_sync = encode(Sync(engine=Engine.LOAD)) | (3 << 13)
-    f = decode_fields(program_words([0, 6 | (1 << 40), bad_sync, encode(End())]))
-    assert list(dispatch_errors(f, CFG)) == [ErrorCode.ILLEGAL_OPCODE.value] * 3 + [0]
+    offset, _ = field_location("gemm.epilogue")
+    bad_epilogue = encode(Gemm()) | (7 << offset)  # modes are 0..4
+    with pytest.raises(ISAError, match="epilogue 7"):
+        decode(bad_epilogue)
+    f = decode_fields(program_words([0, 6 | (1 << 40), bad_sync, bad_epilogue, encode(End())]))
+    assert list(dispatch_errors(f, CFG)) == [ErrorCode.ILLEGAL_OPCODE.value] * 4 + [0]
+    ok = Gemm(epilogue=EpilogueMode.WIDE_BIAS, tokens=CFG.param_spad_bytes // (4 * CFG.lanes))
+    check(ok, CFG)  # exactly fills PARAM
 
 
 @given(st.lists(instructions, min_size=1, max_size=20))

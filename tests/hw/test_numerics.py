@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from hw.format import WeightFormat, random_quantized
 from hw.numerics import (
+    add_bias_wide,
+    bias_to_acc,
     dequant_output,
     gemm_acc,
     gemm_acc_packed,
@@ -69,6 +71,35 @@ def test_torch_twin_is_bit_identical(t, k, seed):
     yt = golden_linear_torch(torch.from_numpy(x), torch.from_numpy(w.int_weight()[:, :k]),
                              torch.from_numpy(w.row_scale))
     assert np.array_equal(y.view(np.uint32), yt.numpy().view(np.uint32))
+
+
+@given(st.integers(1, 6), st.integers(1, 70), st.integers(0, 2**32 - 1))
+def test_bias_epilogue_twins_and_error_bound(t, k, seed):
+    """The WIDE_BIAS path: numpy and torch twins bit-identical; against the float bias added
+    after dequantising, the only difference is rounding the bias to an accumulator unit
+    (``row_scale * act_scale``): at most half a unit, plus float32 rounding of the output."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((t, k)) * rng.uniform(0.01, 100)).astype(np.float32)
+    w = random_quantized(WeightFormat("2:4", 4, 32), (11, k), rng)
+    bias = (rng.standard_normal(11) * rng.uniform(0.01, 100)).astype(np.float32)
+    y = golden_linear(x, w, bias=bias)
+    yt = golden_linear_torch(torch.from_numpy(x), torch.from_numpy(w.int_weight()[:, :k]),
+                             torch.from_numpy(w.row_scale), bias=torch.from_numpy(bias))
+    assert np.array_equal(y.view(np.uint32), yt.numpy().view(np.uint32))
+    _, s_x = quantize_activations(x)
+    unit = w.row_scale[None, :].astype(np.float64) * s_x[:, None]
+    host = golden_linear(x, w).astype(np.float64) + bias
+    # float32 rounding of |y| (2**-24 relative, twice: product and the host's sum) on top.
+    tol = 0.5 * unit + 2.0**-22 * (np.abs(host) + np.abs(bias))
+    assert np.all(np.abs(y - host) <= tol)
+
+
+def test_bias_rows_saturate_and_wrap():
+    big = bias_to_acc(np.array([1e30, -1e30, 2.5, 3.5], np.float32), np.ones(4, np.float32),
+                      np.ones(1, np.float32))
+    assert big.tolist() == [[2**31 - 1, -(2**31), 2, 4]]  # saturated; rint: half to even
+    got = add_bias_wide(np.array([[2**31 - 1, -5]]), np.array([[1, 5]], np.int32))
+    assert got.tolist() == [[-(2**31), 0]]  # modulo 2**32, as WIDE writes int32
 
 
 def test_requantize_rounding_and_saturation():

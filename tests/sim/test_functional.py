@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, pack, random_quantized
-from hw.isa import EpilogueMode, Gemm, Load, Spad, Store
-from hw.numerics import gemm_acc, requantize_int8
+from hw.isa import EpilogueMode, Gemm, Load, Spad, Store, bias_row_bytes
+from hw.numerics import gemm_acc, requantize_int8, wrap
 from sim.functional import MachineState, exec_gemm, exec_load, exec_store
 
 CFG = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 16))
@@ -30,6 +30,8 @@ def test_gemm_matches_golden(case):
     fmt, k, T, epi, seed = case
     rng = np.random.default_rng(seed)
     lanes = CFG.lanes
+    if epi == EpilogueMode.WIDE_BIAS:  # as many bias rows as PARAM holds
+        T = min(T, CFG.param_spad_bytes // bias_row_bytes(CFG))
     w = random_quantized(fmt, (lanes, k), rng)
     stream = pack(w, lanes)
     kp = w.k_padded
@@ -43,6 +45,9 @@ def test_gemm_matches_golden(case):
     res = rng.integers(-128, 128, size=(T, lanes)).astype(np.int8)
     st_.spads[Spad.PARAM][:2 * lanes] = mult.view(np.uint8)
     st_.spads[Spad.PARAM][2 * lanes:2 * lanes + T * lanes] = res.view(np.uint8).reshape(-1)
+    bias = rng.integers(-2**31, 2**31, size=(T, lanes)).astype("<i4")
+    if epi == EpilogueMode.WIDE_BIAS:
+        st_.spads[Spad.PARAM][:bias.nbytes] = bias.view(np.uint8).reshape(-1)
     shift = int(rng.integers(0, 32))
     ins = Gemm(k_steps=fmt.steps(kp), group_steps=fmt.steps_per_group(kp), tokens=T,
                act_stride=stride, pattern=CFG.pattern_index(fmt.pattern), int8=fmt.bits == 8,
@@ -53,6 +58,9 @@ def test_gemm_matches_golden(case):
     out = st_.spads[Spad.OUT]
     if epi == EpilogueMode.WIDE:
         assert np.array_equal(out[:T * lanes * 4].view("<i4").reshape(T, lanes), ref)
+    elif epi == EpilogueMode.WIDE_BIAS:  # int32 wraps: the sum modulo 2**32
+        got = out[:T * lanes * 4].view("<i4").reshape(T, lanes).astype(np.int64)
+        assert np.array_equal(got, wrap(ref + bias, 32))
     elif epi != EpilogueMode.NONE:
         expect = requantize_int8(ref, mult, shift,
                                  res if epi == EpilogueMode.INT8_RESIDUAL else None)

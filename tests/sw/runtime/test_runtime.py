@@ -11,7 +11,7 @@ from compile_testutil import SMALL, compressed, tiny_lm
 
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat
-from hw.isa import field_location
+from hw.isa import EpilogueMode, Gemm, decode_program, field_location
 from sim.backends import make_backend
 from sim.random_programs import EQUIVALENCE_CONFIGS
 from sw.compile import CompileOptions, PlanError, compile_model
@@ -112,7 +112,9 @@ RTL_CFG = EQUIVALENCE_CONFIGS["2x4"]   # shares the equivalence harness's Verila
 
 
 def _rtl_case():
-    lm = tiny_lm(layers=1, heads=2, kv_heads=1, hidden=32, vocab=32)
+    # Qwen2: the q/k/v biases climb the ladder in the WIDE_BIAS epilogue with the rest.
+    lm = tiny_lm(layers=1, heads=2, kv_heads=1, hidden=32, vocab=32, model_type="qwen2",
+                 qkv_bias=True)
     weights = compressed(lm, "2:4", 32)
     exe = compile_model(lm, RTL_CFG, CompileOptions(PROMPT, PROMPT + 2), weights=weights)
     return lm, exe, _ids(lm, PROMPT + 2)
@@ -120,6 +122,8 @@ def _rtl_case():
 
 def _agree(name):
     lm, exe, ids = _rtl_case()
+    assert any(ins.epilogue == EpilogueMode.WIDE_BIAS for p in exe.programs
+               for ins in decode_program(p.view(np.uint8)) if isinstance(ins, Gemm))
     model, m_steps = _run(exe, make_backend("model", RTL_CFG), ids, PROMPT)
     other, o_steps = _run(exe, make_backend(name, RTL_CFG), ids, PROMPT)
     for a, b in zip(model, other, strict=True):
