@@ -11,7 +11,9 @@ Placing and routing the default 64-lane design (``--router router2``) takes a lo
 one core;
 ``--no-route`` stops after placement (about 15 minutes) and reports nextpnr's post-placement
 timing estimate, marked as such. ``--collect`` summarises whatever a previous (possibly
-unfinished) run left in its directory.
+unfinished) run left in its directory. ``--report`` also prints the critical path, each cell
+named by its Amaranth hierarchy (``machine.core.epilogue.win_l6``: the technology-mapping
+suffixes that Yosys and nextpnr add are cut off); the record keeps it as ``critical_path``.
 
 Every phase prints a progress line (its name, the elapsed time and the tool's latest log line)
 every ``--progress`` seconds, and place-and-route is bounded by ``--time-limit`` minutes
@@ -33,7 +35,8 @@ from pathlib import Path
 
 from hw.config import AcceleratorConfig, ConfigError
 
-__all__ = ["ECP5_85F", "find_tool", "synthesize", "collect", "summary", "main"]
+__all__ = ["ECP5_85F", "find_tool", "synthesize", "collect", "critical_path", "summary",
+           "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Capacity of the LFE5U-85F (LUT4s, flip-flops, 18x18 multipliers, 18 Kbit block RAMs).
@@ -170,6 +173,43 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     return rec
 
 
+#: What technology mapping appends to a signal's name: ``win_l6_TRELLIS_FF_Q_7``,
+#: ``win_l3_TRELLIS_FF_Q_5_DI_LUT4_Z_A_LUT4_Z_2``, ``acc_CCU2C_S0``...
+_MAPPED = re.compile(r"_(?:TRELLIS_|LUT4|CCU2C|DP16KD|MULT18X18D|ALU54B|PFUMX|L6MUX21)\w*$")
+
+
+def amaranth_name(cell: str) -> str:
+    """The Amaranth signal (hierarchy and name) a mapped cell comes from."""
+    return _MAPPED.sub("", cell)
+
+
+def critical_path(report: dict) -> dict | None:
+    """The longest path of nextpnr's ``--report`` JSON: ``{"text", "from", "to", "ns",
+    "logic_ns", "routing_ns"}`` (``from``/``to``: Amaranth names of its start and end
+    registers), or None when the report has none."""
+    paths = [p for p in report.get("critical_paths", []) if p.get("path")]
+    if not paths:
+        return None
+    best = max(paths, key=lambda p: sum(step["delay"] for step in p["path"]))
+    lines, total, kinds = [], 0.0, {"logic": 0.0, "routing": 0.0}
+    for step in best["path"]:
+        total += step["delay"]
+        kinds[step["type"] if step["type"] in kinds else "logic"] += step["delay"]
+        if step["type"] == "routing":
+            name, bit = re.fullmatch(r"(.*?)(\[\d+\])?", step["net"]).groups()
+            what = f"net {amaranth_name(name)}{bit or ''}"
+        else:
+            what = f"{amaranth_name(step['to']['cell'])}.{step['to']['port']}"
+        lines.append(f"{step['type']:>9} {step['delay']:6.2f} {total:6.2f}  {what}")
+    start, end = best["path"][0]["from"]["cell"], best["path"][-1]["to"]["cell"]
+    head = (f"critical path {best.get('from', '')} -> {best.get('to', '')}: {total:.2f} ns "
+            f"({kinds['logic']:.2f} logic, {kinds['routing']:.2f} routing), from "
+            f"{amaranth_name(start)} to {amaranth_name(end)}")
+    return {"text": "\n".join([head, *lines]), "from": amaranth_name(start),
+            "to": amaranth_name(end), "ns": total, "logic_ns": kinds["logic"],
+            "routing_ns": kinds["routing"]}
+
+
 def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
             seconds: dict | None = None) -> dict:
     """Read Yosys' and nextpnr's outputs in ``out`` into the result record (and write it).
@@ -186,6 +226,8 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
     report_file = out / "report.json"
     report = json.loads(report_file.read_text()) if report_file.exists() else {}
     util = {k: v.get("used") for k, v in report.get("utilization", {}).items()}
+    path = critical_path(report)
+    route_s = re.findall(r"Router\d time ([\d.]+)s", log)
     if not util:  # no report (unfinished run): the utilisation nextpnr logs after packing
         util = {k: int(v) for k, v in re.findall(r"^Info:\s+(\w+):\s+(\d+)/\s*\d+", log,
                                                  re.MULTILINE)}
@@ -204,6 +246,11 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
         "target_mhz": freq_mhz,
         "capacity": ECP5_85F,
         "pnr_utilization": util,
+        "critical_path": path["text"] if path else None,
+        "critical_path_from": path["from"] if path else None,
+        "critical_path_to": path["to"] if path else None,
+        "route_s": sum(float(x) for x in route_s) if route_s else None,
+        "total_s": sum((seconds or {}).values()) or None,
         "seconds": seconds or {},
         "cells": cells,
     }
@@ -228,7 +275,8 @@ def summary(rec: dict) -> str:
         f"  Fmax       {rec['fmax_mhz']:.1f} MHz after {rec['fmax_after']} "
         f"({'PASS' if rec['fmax_mhz'] >= rec['target_mhz'] else 'FAIL'} at "
         f"{rec['target_mhz']:.0f} MHz); fits: {rec['fits']}",
-    ])
+    ] + ([f"  critical   {rec['critical_path'].splitlines()[0].removeprefix('critical path ')}"]
+         if rec.get("critical_path") else []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds between progress lines; 0: quiet (default: 30)")
     ap.add_argument("--no-route", action="store_true",
                     help="stop after placement (nextpnr's post-placement timing estimate)")
+    ap.add_argument("--report", action="store_true",
+                    help="also print the critical path, step by step (default: its summary)")
     ap.add_argument("--collect", action="store_true",
                     help="only summarise the outputs of a previous run in the output directory")
     args = ap.parse_args(argv)
@@ -264,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         rec = synthesize(cfg, Path(args.out) if args.out else None, freq_mhz=args.freq,
                          seed=args.seed, route=not args.no_route,
                          time_limit_min=args.time_limit, progress_s=args.progress)
+    if args.report:
+        print(rec.get("critical_path") or "no critical path: nextpnr wrote no report (a run "
+              "stopped by --time-limit reports none)")
     return 0 if rec["fits"] and rec["fmax_mhz"] >= args.freq else 1
 
 

@@ -407,7 +407,8 @@ class LinearProgram:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """One layer to lower: its format and shape, and optionally its data."""
+    """One layer to lower: its format and shape, and optionally its data (``bias``: int32
+    bias rows ``[tokens, n]`` in accumulator units, for the WIDE_BIAS epilogue)."""
 
     fmt: WeightFormat
     n: int
@@ -415,6 +416,7 @@ class LayerSpec:
     tokens: int
     weight: QuantizedWeight | None = None
     acts: np.ndarray | None = None
+    bias: np.ndarray | None = None
 
 
 def build_layers(cfg: AcceleratorConfig, specs: list[LayerSpec]) -> LinearProgram:
@@ -426,12 +428,13 @@ def build_layers(cfg: AcceleratorConfig, specs: list[LayerSpec]) -> LinearProgra
     alloc = DramAllocator(cfg)
     placed, plans = [], []
     for L, sp in enumerate(specs):
-        plan = plan_linear(cfg, sp.fmt, sp.n, sp.k, sp.tokens)
+        plan = plan_linear(cfg, sp.fmt, sp.n, sp.k, sp.tokens, bias=sp.bias is not None)
         plans.append(plan)
         placed.append(PlacedLayer(
             plan, alloc.alloc(f"w{L}", plan.n_tiles * plan.tile_bytes),
             alloc.alloc(f"x{L}", sp.tokens * plan.act_row_bytes),
-            alloc.alloc(f"y{L}", sp.tokens * plan.out_row_bytes)))
+            alloc.alloc(f"y{L}", sp.tokens * plan.out_row_bytes),
+            b_addr=alloc.alloc(f"b{L}", sp.tokens * plan.out_row_bytes) if plan.bias else 0))
     prog = lower_layers(cfg, placed) + [End()]
     if len(prog) > cfg.imem_depth:  # the hardware would stop with PC_OVERFLOW
         raise LoweringError(f"the program needs {len(prog)} instructions and the instruction "
@@ -464,6 +467,13 @@ def _fill(cfg: AcceleratorConfig, dram: np.ndarray, sp: LayerSpec, ly: PlacedLay
     xa = np.zeros((sp.tokens, plan.act_row_bytes), dtype=np.int8)
     xa[:, :sp.k] = acts
     dram[ly.x_addr * beat:ly.x_addr * beat + xa.size] = xa.view(np.uint8).reshape(-1)
+    if sp.bias is not None:  # laid out as the outputs: int32, every tile's lanes per row
+        if sp.bias.shape != (sp.tokens, sp.n):
+            raise LoweringError(f"bias rows must be [{sp.tokens}, {sp.n}], got "
+                                f"{list(sp.bias.shape)}")
+        rows = np.zeros((sp.tokens, plan.out_row_bytes // 4), dtype="<i4")
+        rows[:, :sp.n] = sp.bias
+        dram[ly.b_addr * beat:ly.b_addr * beat + rows.nbytes] = rows.view(np.uint8).reshape(-1)
 
 
 def weight_image(weight: QuantizedWeight, plan: LinearPlan) -> np.ndarray:

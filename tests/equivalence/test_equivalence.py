@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from hw.isa import EpilogueMode
+from hw.numerics import add_bias_wide, gemm_acc, wrap
 from sim.equivalence import compare_results, minimize, write_reproducer
 from sim.model import FastModel
 from sim.random_programs import EQUIVALENCE_CONFIGS, break_program, random_program
@@ -121,14 +122,22 @@ def test_lowered_layers_agree(backends, seed):
         p = cfg.pattern_table[int(rng.integers(len(cfg.pattern_table)))]
         fmt = WeightFormat(p, 4, 32, symmetric=bool(rng.integers(2)))
         n, k, t = int(rng.integers(1, 20)), int(rng.integers(8, 160)), int(rng.integers(1, 7))
+        # Biased layers (WIDE_BIAS) too, with more tokens than two PARAM buffers hold.
+        bias = rng.integers(-2**31, 2**31, size=(t, n)).astype(np.int32) \
+            if rng.random() < 0.5 else None
         specs.append(LayerSpec(fmt, n, k, t, random_quantized(fmt, (n, k), rng),
-                               rng.integers(-127, 128, size=(t, k)).astype(np.int8)))
+                               rng.integers(-127, 128, size=(t, k)).astype(np.int8), bias))
     try:
         lp = build_layers(cfg, specs)
     except LoweringError as e:
         pytest.skip(f"layer does not fit this small configuration: {e}")
     r = _check(cfg, model, rtl, lp.program, lp.dram)
     assert r.ok and r.counters["load_exec"] and r.counters["compute_exec"]
+    for i, sp in enumerate(specs):  # and the values are the golden ones
+        acc = gemm_acc(np.pad(sp.acts, ((0, 0), (0, sp.weight.k_padded - sp.k))),
+                       sp.weight.int_weight(), cfg.acc_bits)
+        want = acc if sp.bias is None else add_bias_wide(acc, sp.bias)
+        assert np.array_equal(lp.read_output(r.dram, i), wrap(want, 32))
 
 
 # ---- level 4: the Yosys netlist against the RTL (sim/netlist.py)

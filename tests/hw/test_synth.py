@@ -41,6 +41,46 @@ def test_routed_run(tmp_path):
     assert "45.1 MHz after routing (FAIL at 100 MHz)" in summary(rec)
 
 
+#: The start of the routed 2x4 array's critical path, as nextpnr 0.11 reports it.
+PATH = [
+    {"type": "clk-to-q", "delay": 0.525, "from": {"cell": "machine.core.ins_TRELLIS_FF_Q_7",
+     "port": "Q"}, "to": {"cell": "machine.core.ins_TRELLIS_FF_Q_7", "port": "Q"}},
+    {"type": "routing", "delay": 5.867, "net": "machine.core.ins[111]",
+     "from": {"cell": "machine.core.ins_TRELLIS_FF_Q_7", "port": "Q"},
+     "to": {"cell": "machine.core.epilogue.win_l3_TRELLIS_FF_Q_5_DI_LUT4_Z_A_LUT4_Z_2",
+            "port": "C"}},
+    {"type": "logic", "delay": 0.236,
+     "from": {"cell": "machine.core.epilogue.win_l3_TRELLIS_FF_Q_5_DI_LUT4_Z_A_LUT4_Z_2",
+              "port": "C"},
+     "to": {"cell": "machine.core.epilogue.win_l3_TRELLIS_FF_Q_5_DI_LUT4_Z_A_LUT4_Z_2",
+            "port": "F"}},
+    {"type": "routing", "delay": 0.13, "net": "machine.core.epilogue.win_l6_TRELLIS_FF_Q_7_DI",
+     "from": {"cell": "x", "port": "F"},
+     "to": {"cell": "machine.core.epilogue.win_l6_TRELLIS_FF_Q_7", "port": "DI"}},
+    {"type": "setup", "delay": 0.0,
+     "from": {"cell": "machine.core.epilogue.win_l6_TRELLIS_FF_Q_7", "port": "DI"},
+     "to": {"cell": "machine.core.epilogue.win_l6_TRELLIS_FF_Q_7", "port": "DI"}},
+]
+
+
+def test_critical_path_named_in_the_amaranth_hierarchy(tmp_path, capsys):
+    short = {"from": "posedge clk", "to": "posedge clk", "path": PATH[:1] + PATH[-1:]}
+    report = {"critical_paths": [short, {"from": "posedge clk", "to": "posedge clk",
+                                         "path": PATH}]}
+    log = ROUTED + "Info: Router2 time 283.69s\nInfo: Router1 time 4.01s\n"
+    rec = collect(AcceleratorConfig(), _run_dir(tmp_path, log, report))
+    assert rec["critical_path_from"] == "machine.core.ins"
+    assert rec["critical_path_to"] == "machine.core.epilogue.win_l6"
+    head, *steps = rec["critical_path"].splitlines()
+    assert "6.76 ns (0.76 logic, 6.00 routing)" in head     # the longer of the two paths
+    assert len(steps) == len(PATH) and steps[1].endswith("net machine.core.ins[111]")
+    assert steps[2].endswith("machine.core.epilogue.win_l3.F")
+    assert rec["route_s"] == pytest.approx(287.70)
+    assert "from machine.core.ins to machine.core.epilogue.win_l6" in summary(rec)
+    main(["--collect", "--out", str(tmp_path), "--report"])
+    assert "net machine.core.ins[111]" in capsys.readouterr().out
+
+
 def test_unfinished_routing_reports_the_placement_estimate(tmp_path):
     out = _run_dir(tmp_path, PLACED)            # no report.json: nextpnr did not finish
     rec = collect(AcceleratorConfig(), out)
