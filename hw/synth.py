@@ -14,6 +14,8 @@ timing estimate, marked as such. ``--collect`` summarises whatever a previous (p
 unfinished) run left in its directory. ``--report`` also prints the critical path, each cell
 named by its Amaranth hierarchy (``machine.core.epilogue.win_l6``: the technology-mapping
 suffixes that Yosys and nextpnr add are cut off); the record keeps it as ``critical_path``.
+A finished run is cached in its directory by the hash of the generated Verilog and the tool
+options: running it again prints the record at once (``--force`` runs the tools anyway).
 
 Every phase prints a progress line (its name, the elapsed time and the tool's latest log line)
 every ``--progress`` seconds, and place-and-route is bounded by ``--time-limit`` minutes
@@ -116,11 +118,13 @@ def _default_out(cfg: AcceleratorConfig) -> Path:
 
 def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz: float = 100,
                seed: int = 1, route: bool = True, verbose: bool = True,
-               time_limit_min: float = 60, progress_s: float = 30) -> dict:
+               time_limit_min: float = 60, progress_s: float = 30, force: bool = False) -> dict:
     """Synthesize, place and route ``cfg``'s accelerator; returns the result record.
 
     ``time_limit_min`` (0: none) bounds place-and-route; ``progress_s`` (0: quiet) is the
-    interval of the progress lines (only with ``verbose``).
+    interval of the progress lines (only with ``verbose``). A finished run is cached: the
+    record of the same generated Verilog and tool options in ``out_dir`` is returned without
+    running the tools again (``force``: run them anyway).
     """
     progress_s = progress_s if verbose else 0
     from hw.generate import write_design
@@ -129,6 +133,16 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     t0 = time.perf_counter()
     write_design(cfg, out)
     t_gen = time.perf_counter() - t0
+    key = hashlib.sha256((out / "accel.v").read_bytes() + json.dumps(
+        {"freq": freq_mhz, "seed": seed, "route": route}).encode()).hexdigest()[:16]
+    old = out / "synth.json"
+    if not force and old.exists():
+        rec = json.loads(old.read_text())
+        if rec.get("cache_key") == key:
+            if verbose:
+                print(summary(rec))
+                print(f"cached: {old} (same Verilog and options; --force runs the tools again)")
+            return rec
     if verbose:
         print(f"Verilog: {out / 'accel.v'} ({t_gen:.0f} s); running yosys synth_ecp5 ...",
               flush=True)
@@ -164,9 +178,11 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     t_pnr = time.perf_counter() - t2
     rec = collect(cfg, out, freq_mhz, seconds={"generate": t_gen, "synth": t_syn,
                                                "pnr": t_pnr})
-    if not finished:
+    if finished:
+        rec["cache_key"] = key
+    else:
         rec["stopped"] = "time limit"
-        (out / "synth.json").write_text(json.dumps(rec, indent=1) + "\n")
+    (out / "synth.json").write_text(json.dumps(rec, indent=1) + "\n")
     if verbose:
         print(summary(rec))
         print(f"written {out / 'synth.json'}")
@@ -293,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds between progress lines; 0: quiet (default: 30)")
     ap.add_argument("--no-route", action="store_true",
                     help="stop after placement (nextpnr's post-placement timing estimate)")
+    ap.add_argument("--force", action="store_true",
+                    help="run the tools even when the output directory holds the record of "
+                         "the same Verilog and options")
     ap.add_argument("--report", action="store_true",
                     help="also print the critical path, step by step (default: its summary)")
     ap.add_argument("--collect", action="store_true",
@@ -313,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rec = synthesize(cfg, Path(args.out) if args.out else None, freq_mhz=args.freq,
                          seed=args.seed, route=not args.no_route,
-                         time_limit_min=args.time_limit, progress_s=args.progress)
+                         time_limit_min=args.time_limit, progress_s=args.progress,
+                         force=args.force)
     if args.report:
         print(rec.get("critical_path") or "no critical path: nextpnr wrote no report (a run "
               "stopped by --time-limit reports none)")

@@ -6,6 +6,7 @@ tests check how their outputs are summarised, on files in the tools' formats.
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,37 @@ def test_cli_rejects_bad_limits(args, capsys):
         main(args)
     assert e.value.code == 2
     assert args[0] in capsys.readouterr().err
+
+
+def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
+    """A second run of the same generated Verilog and options returns the record without
+    running the tools; other Verilog, other options or ``force`` run them again."""
+    import hw.generate
+    import hw.synth
+
+    verilog = {"text": "module accel; endmodule\n"}
+    monkeypatch.setattr(hw.generate, "write_design",
+                        lambda cfg, out: (out / "accel.v").write_text(verilog["text"]))
+    calls = []
+
+    def fake_run(cmd, log, cwd, **kw):
+        calls.append(Path(cmd[0]).name)
+        _run_dir(cwd, ROUTED)
+        return True
+
+    monkeypatch.setattr(hw.synth, "_run", fake_run)
+    cfg = AcceleratorConfig()
+
+    def run(**kw):
+        before = len(calls)
+        rec = hw.synth.synthesize(cfg, tmp_path, verbose=False, **kw)
+        return rec, len(calls) - before
+
+    assert run()[1] == 2                       # yosys and nextpnr
+    rec, ran = run()
+    assert ran == 0 and rec["fmax_mhz"] == 45.10
+    assert run(force=True)[1] == 2
+    assert run(seed=2)[1] == 2                 # other options
+    assert run(seed=2)[1] == 0
+    verilog["text"] = "module accel; wire w; endmodule\n"
+    assert run(seed=2)[1] == 2                 # other Verilog
