@@ -71,8 +71,8 @@ class Epilogue(wiring.Component):
 
     Protocol: ``ins`` holds the instruction (epilogue, tokens_m1, shift, out_addr, param_addr)
     from a ``prefetch`` pulse (which reads the multipliers; at least two cycles before
-    ``start``, and not while the epilogue reads residuals) until ``done``. The epilogue proper
-    starts with a ``start`` pulse in cycle ``y``. The accumulators are read from
+    ``start``, and not while the epilogue reads residual or bias rows) until ``done``. The
+    epilogue proper starts with a ``start`` pulse in cycle ``y``. The accumulators are read from
     ``y + 1 + (EPILOGUE_FILL - LATENCY)`` on; the words are written in cycles
     ``y + 1 + EPILOGUE_FILL ..``, and ``done`` is high in the cycle of the last write, which is
     ``y + epilogue_cycles``. ``start`` with epilogue NONE writes nothing and never raises
