@@ -234,6 +234,10 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
     (CCU2C) and distributed RAM together, which is what the 83640 of the device bound.
     """
     cells = _cells(json.loads((out / "stat.json").read_text()))
+    # Summarising a finished run again keeps what only the run itself knew.
+    old = out / "synth.json"
+    prev = json.loads(old.read_text()) if seconds is None and old.exists() else {}
+    seconds = prev.get("seconds", {}) if seconds is None else seconds
     log = (out / "nextpnr.log").read_text() if (out / "nextpnr.log").exists() else ""
     fmax = [float(x) for x in re.findall(r"Max frequency for clock\s+'?[^:']*'?:\s*([\d.]+) MHz",
                                          log)]
@@ -266,10 +270,11 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
         "critical_path_from": path["from"] if path else None,
         "critical_path_to": path["to"] if path else None,
         "route_s": sum(float(x) for x in route_s) if route_s else None,
-        "total_s": sum((seconds or {}).values()) or None,
-        "seconds": seconds or {},
+        "total_s": sum(seconds.values()) or None,
+        "seconds": seconds,
         "cells": cells,
     }
+    rec.update({k: prev[k] for k in ("cache_key", "stopped") if k in prev})
     rec["fits"] = bool(all(rec[k] <= ECP5_85F[k] for k in ECP5_85F))
     (out / "synth.json").write_text(json.dumps(rec, indent=1) + "\n")
     return rec
@@ -335,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                          time_limit_min=args.time_limit, progress_s=args.progress,
                          force=args.force)
     if args.report:
-        print(rec.get("critical_path") or "no critical path: nextpnr wrote no report (a run "
-              "stopped by --time-limit reports none)")
+        print(rec.get("critical_path") or "no critical path: nextpnr reports paths after "
+              "routing (not with --no-route), and writes no report when --time-limit stops it")
     return 0 if rec["fits"] and rec["fmax_mhz"] >= args.freq else 1
 
 

@@ -178,3 +178,13 @@ def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
     assert run(seed=2)[1] == 0
     verilog["text"] = "module accel; wire w; endmodule\n"
     assert run(seed=2)[1] == 2                 # other Verilog
+
+
+def test_collect_again_keeps_the_run_s_times_and_cache_key(tmp_path):
+    out = _run_dir(tmp_path, ROUTED)
+    rec = collect(AcceleratorConfig(), out, seconds={"synth": 60.0, "pnr": 600.0})
+    rec["cache_key"] = "abc"
+    (out / "synth.json").write_text(json.dumps(rec))
+    again = collect(AcceleratorConfig(), out)
+    assert again["seconds"] == {"synth": 60.0, "pnr": 600.0} and again["total_s"] == 660.0
+    assert again["cache_key"] == "abc"
