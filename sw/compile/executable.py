@@ -37,7 +37,8 @@ class ExecutableError(ValueError):
 class ProgramInfo:
     """What one program computes, for the runtime's I/O and the reports.
 
-    ``members``: per GEMM layer, its DRAM symbols (``w``, ``x``, ``y``), ``tokens`` (rows),
+    ``members``: per GEMM layer, its DRAM symbols (``w``, ``x``, ``y``; ``b``: the int32 bias
+    rows of a biased layer, as many bytes as its outputs), ``tokens`` (rows),
     ``n``, ``k``, ``act_row_bytes``, ``out_row_bytes`` and the minimal work: ``stream_bytes``
     (weight bytes read), ``macs`` (kept-weight MACs). Programs with the same ``template``
     are one lowered program placed at other addresses: their timing is identical.
@@ -52,9 +53,11 @@ class ProgramInfo:
 
     @property
     def read_bytes(self) -> int:
-        """Bytes the program must read at least: weights and int8 inputs (shared ones once)."""
+        """Bytes the program must read at least: weights, int8 inputs (shared ones once) and
+        bias rows."""
         inputs = {m["x"]: m["tokens"] * m["k"] for m in self.members}
-        return sum(m["stream_bytes"] for m in self.members) + sum(inputs.values())
+        bias = sum(m["tokens"] * m["n"] * 4 for m in self.members if "b" in m)
+        return sum(m["stream_bytes"] for m in self.members) + sum(inputs.values()) + bias
 
     @property
     def write_bytes(self) -> int:
