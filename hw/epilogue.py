@@ -51,7 +51,7 @@ from hw.decoder import (
     wrap_inc,
 )
 from hw.dequant import hi_product_shape
-from hw.isa import EpilogueMode, GemmBody
+from hw.isa import EpilogueMode, GemmBody, writes_wide
 from hw.pe import MULT_BITS, SLICE_BITS, hi_slice_bits, lo_product_shape
 from hw.timing import EPILOGUE_FILL
 
@@ -156,7 +156,7 @@ class Epilogue(wiring.Component):
         pdepth = spad_depth(cfg, "param")
         odepth = spad_depth(cfg, "out")
         bias = ins.epilogue == EpilogueMode.WIDE_BIAS
-        wide = (ins.epilogue == EpilogueMode.WIDE) | bias
+        wide = writes_wide(ins.epilogue.as_value())
         resid = ins.epilogue == EpilogueMode.INT8_RESIDUAL
         slack = EPILOGUE_FILL - self.LATENCY
 

@@ -45,6 +45,7 @@ from hw.isa import (
     Spad,
     dispatch_limits,
     legal_words,
+    reads_param,
 )
 from hw.queues import DMA_ENTRY, GEMM_ENTRY
 
@@ -141,9 +142,6 @@ class FetchUnit(wiring.Component):
         def beats(spad: Spad) -> int:
             return int(lim.spad_beats[spad.value])
 
-        reads_param = ((g.epilogue == EpilogueMode.INT8)
-                       | (g.epilogue == EpilogueMode.INT8_RESIDUAL)
-                       | (g.epilogue == EpilogueMode.WIDE_BIAS))
         bad_gemm_addr = ((g.wgt_addr >= beats(Spad.WGT))
                          | misaligned(g.wgt_addr, lim.wgt_words)
                          | (g.act_addr >= beats(Spad.ACT))
@@ -153,7 +151,8 @@ class FetchUnit(wiring.Component):
                          | misaligned(g.act_stride, lim.act_words)
                          | ((g.epilogue != EpilogueMode.NONE)
                             & misaligned(g.out_addr, lim.out_words))
-                         | (reads_param & misaligned(g.param_addr, lim.param_words)))
+                         | (reads_param(g.epilogue.as_value())
+                            & misaligned(g.param_addr, lim.param_words)))
         gemm_err = Mux(bad_gemm, ErrorCode.BAD_GEMM,
                        Mux(bad_gemm_addr, ErrorCode.BAD_ADDRESS, ErrorCode.NONE))
         pre = Mux(~legal, ErrorCode.ILLEGAL_OPCODE,

@@ -41,7 +41,8 @@ __all__ = [
     "encode", "decode", "encode_program", "decode_program", "field_location", "engine_of",
     "program_words",
     "decode_fields", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
-    "gemm_weight_bytes", "gemm_extents", "EPILOGUE_VALUES", "writes_wide", "epilogue_words",
+    "gemm_weight_bytes", "gemm_extents", "EPILOGUE_VALUES", "reads_param", "writes_wide",
+    "epilogue_words",
     "bias_row_bytes", "word_beats", "DispatchLimits", "dispatch_limits",
     "legal_words", "dispatch_error", "dispatch_errors", "check",
 ]
@@ -463,14 +464,15 @@ EPILOGUE_VALUES = tuple(m.value for m in EpilogueMode)
 assert EPILOGUE_VALUES == tuple(range(len(EPILOGUE_VALUES)))
 
 
-def _reads_param(epilogue):
+def reads_param(epilogue):
     """The epilogue mode (its value) reads PARAM (multipliers, residual rows, bias rows);
-    ints or arrays."""
+    ints, arrays or Amaranth values (the fetch unit's alignment check)."""
     return (epilogue == _EPI_INT8) | (epilogue == _EPI_INT8_RESIDUAL) | (epilogue == _EPI_WIDE_BIAS)
 
 
 def writes_wide(epilogue):
-    """The epilogue mode (its value) writes int32 per lane (WIDE, WIDE_BIAS); ints or arrays."""
+    """The epilogue mode (its value) writes int32 per lane (WIDE, WIDE_BIAS); ints, arrays or
+    Amaranth values (the epilogue's datapath)."""
     return (epilogue == _EPI_WIDE) | (epilogue == _EPI_WIDE_BIAS)
 
 
@@ -504,7 +506,7 @@ def gemm_extents(g: Gemm, cfg: AcceleratorConfig) -> dict[Spad, int]:
     }
     if g.epilogue == EpilogueMode.WIDE_BIAS:
         ends[Spad.PARAM] = g.param_addr * beat + g.tokens * bias_row_bytes(cfg)
-    elif _reads_param(g.epilogue.value):
+    elif reads_param(g.epilogue.value):
         residual = g.tokens * lanes if g.epilogue == EpilogueMode.INT8_RESIDUAL else 0
         ends[Spad.PARAM] = g.param_addr * beat + 2 * lanes + residual
     return ends
@@ -672,7 +674,7 @@ _GEMM_ADDRESS_RULES = (
     _align_rule("act_addr", "act_words"),
     _align_rule("act_stride", "act_words"),
     _align_rule("out_addr", "out_words", lambda f: f["gemm.epilogue"] != _EPI_NONE),
-    _align_rule("param_addr", "param_words", lambda f: _reads_param(f["gemm.epilogue"])),
+    _align_rule("param_addr", "param_words", lambda f: reads_param(f["gemm.epilogue"])),
 )
 _DISPATCH_RULES = _EVENT_RULES + _DMA_RULES + _GEMM_FIELD_RULES + _GEMM_ADDRESS_RULES
 _RULES_OF = {op: tuple(r for r in _DISPATCH_RULES if op in r.ops) for op in _BY_OPCODE}

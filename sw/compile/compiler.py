@@ -325,9 +325,9 @@ def _member_info(m: Member) -> dict:
 
 def _host_tensors(model: LlamaLM, graphs: Mapping[str, Graph], fmt_map, weights
                   ) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
-    """Parameters the host reads (its nodes' weights, every bias: the host adds it, or
-    converts it to bias rows for the WIDE_BIAS epilogue) and the row scales of compressed
-    layers."""
+    """Parameters the host reads (its nodes' weights; every bias: the host converts it to bias
+    rows for the WIDE_BIAS epilogue, or adds it to a host layer) and the row scales of
+    compressed layers."""
     names = set()
     for g in graphs.values():
         for n in g.nodes:
