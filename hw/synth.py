@@ -332,7 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hw.synth: invalid configuration {args.config}: {e}", file=sys.stderr)
         return 2
     if args.collect:
-        rec = collect(cfg, Path(args.out) if args.out else _default_out(cfg), args.freq)
+        out = Path(args.out) if args.out else _default_out(cfg)
+        if not (out / "stat.json").exists():
+            print(f"hw.synth: --collect: {out} holds no synthesis run (no stat.json)",
+                  file=sys.stderr)
+            return 2
+        rec = collect(cfg, out, args.freq)
         print(summary(rec))
     else:
         rec = synthesize(cfg, Path(args.out) if args.out else None, freq_mhz=args.freq,
