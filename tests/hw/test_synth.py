@@ -109,11 +109,10 @@ def test_cli_collect_exit_status_and_bad_config(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rows": 0}))
     assert main(["--config", str(bad)]) == 2
-    capsys.readouterr()
+    assert "invalid configuration" in capsys.readouterr().err
     assert main(["--collect", "--out", str(tmp_path / "none")]) == 2   # no run there
     err = capsys.readouterr().err
     assert "holds no synthesis run" in err and len(err.strip().splitlines()) == 1
-    assert "invalid configuration" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("log", ["", "Info: nothing yet\n"])
