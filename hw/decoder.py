@@ -34,6 +34,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
 from hw.dequant import Dequant, hi_product_shape
+from hw.fanout import replica
 from hw.isa import ErrorCode, Gemm, GemmBody, dispatch_error, gemm_geometry
 from hw.pe import MULT_BITS, hi_slice_bits, index_bits
 
@@ -217,8 +218,6 @@ class Decoder(wiring.Component):
         vmax = max(cfg.weight_bits)
         fmts = field_formats(cfg)
         ins = self.ins
-        raw = Signal()                   # no group headers: registered, it fans out to every lane
-        m.d.sync += raw.eq(ins.group_steps == 0)
 
         # ---- window: two words, chunk pointer, next-word read address --------------------------
         w0 = Signal(wbits)
@@ -229,15 +228,15 @@ class Decoder(wiring.Component):
 
         # Field format of the instruction (one-hot over `fmts`), registered: it is constant while
         # the instruction runs and drives wide multiplexers.
-        fmt_sel = Signal(len(fmts))
         ib = Signal(range(5))
         with m.Switch(ins.pattern):
             for i, p in enumerate(cfg.pattern_table):
                 with m.Case(i):
                     m.d.comb += ib.eq(p.index_bits)
         int8 = ins.int8 if 8 in cfg.weight_bits else Const(0)
-        for i, (vb, xb) in enumerate(fmts):
-            m.d.sync += fmt_sel[i].eq(Mux(int8, vb == 8, (vb == 4) & (ib == xb)))
+        fmt = Cat(Mux(int8, vb == 8, (vb == 4) & (ib == xb)) for vb, xb in fmts)
+        fmt_sel = Signal(len(fmts))
+        m.d.sync += fmt_sel.eq(fmt)
         fbits = Signal(range(CHUNKS + 1))  # chunks per record = field bits
         m.d.comb += fbits.eq(sum(Mux(fmt_sel[i], vb + xb, 0) for i, (vb, xb) in enumerate(fmts)))
 
@@ -296,19 +295,27 @@ class Decoder(wiring.Component):
         e_idx = Signal(data.ArrayLayout(index_bits(cfg), lanes))
         e_valid = Signal()
         m.d.sync += e_valid.eq(r_op == WeightOp.RECORD)
+        # Every lane reads its own registered copies of the format and of the instruction's
+        # flags (hw.fanout): they fan out to the lane's field multiplexers and Dequant unit.
+        # One cycle behind `ins` is what the format register always was: the instruction is in
+        # `ins` from before its first record's previous cycle until its last record has left
+        # this stage (the stage reads `ins` combinationally nowhere any more).
         for l in range(lanes):
             m.submodules[f"dq{l}"] = dq = Dequant(cfg)
             value = Signal(vmax, name=f"value{l}")
             index = Signal(index_bits(cfg), name=f"index{l}")
+            l_fmt = replica(m, fmt, f"fmt_l{l}")
             for i, (vb, xb) in enumerate(fmts):
                 fb = vb + xb
-                with m.If(fmt_sel[i]):
+                with m.If(l_fmt[i]):
                     m.d.comb += value.eq(r[l * fb:l * fb + vb])
                     if xb:
                         m.d.comb += index.eq(r[l * fb + vb:l * fb + fb])
             m.d.comb += [
                 dq.value.eq(value), dq.code.eq(codes[l]), dq.zero.eq(zeros[l]),
-                dq.int8.eq(int8), dq.asym.eq(ins.asym), dq.raw.eq(raw),
+                dq.int8.eq(replica(m, int8, f"int8_l{l}")),
+                dq.asym.eq(replica(m, ins.asym, f"asym_l{l}")),
+                dq.raw.eq(replica(m, ins.group_steps == 0, f"raw_l{l}")),
                 self.w[l].eq(dq.w),
                 dq.ext.eq(self.ext), dq.ext_a.eq(self.ext_a[l]), dq.ext_b.eq(self.ext_b[l]),
                 self.ext_prod[l].eq(dq.prod),

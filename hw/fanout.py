@@ -1,0 +1,23 @@
+"""Registered copies of a signal that drives many loads (fan-out is routing delay on the ECP5).
+
+A control value that is constant while an instruction runs (a field of the instruction
+register, a decoded mode) can feed each lane, or each group of lanes, from its own flip-flop one
+cycle behind the value: the copies hold the instruction wherever the original would have,
+provided the value is stable one cycle before its first use and until one cycle after its last
+(every user states why it is). Each copy carries the ``keep`` attribute, and ``hw.synth`` puts
+``keep`` on the flip-flop of every register so marked, because Yosys' ``opt_merge`` otherwise
+folds identical registers back into one.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Signal, Value
+
+__all__ = ["replica"]
+
+
+def replica(m: Module, value: Value, name: str) -> Signal:
+    """A ``keep`` register in ``m``'s sync domain that follows ``value`` one cycle behind."""
+    r = Signal.like(value, name=name, attrs={"keep": 1})
+    m.d.sync += r.eq(value)
+    return r
