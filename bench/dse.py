@@ -63,6 +63,10 @@ class SweepError(RuntimeError):
         super().__init__("; ".join(f"{k}: {v}" for k, v in failures.items()))
 
 
+class SchedulerError(RuntimeError):
+    """The Dask scheduler given with ``--scheduler`` cannot be reached."""
+
+
 @dataclass(frozen=True)
 class Point:
     """One design point: the array, the core, the model's weight width and the memory."""
@@ -294,7 +298,11 @@ def _arrays(text: str) -> list[tuple[int, int]]:
 def _client(scheduler: str | None, workers: int):
     from dask.distributed import Client, LocalCluster
     if scheduler:
-        return Client(scheduler, timeout="20s"), None
+        try:
+            return Client(scheduler, timeout="10s"), None
+        except (OSError, TimeoutError) as e:
+            raise SchedulerError(f"cannot reach the Dask scheduler at {scheduler!r}: "
+                                 f"{str(e).splitlines()[0]}") from None
     cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                            dashboard_address=None)
     return Client(cluster), cluster
@@ -405,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         records = run_sweep(points, base, route=not args.no_route, pnr=not args.no_pnr,
                             time_limit_min=args.time_limit, seed=args.seed,
                             scheduler=args.scheduler, workers=args.workers)
+    except SchedulerError as e:
+        print(f"bench.dse: {e}", file=sys.stderr)
+        return 2
     except SweepError as e:
         for label, err in e.failures.items():
             print(f"bench.dse: point {label} failed: {err.splitlines()[0]}", file=sys.stderr)

@@ -117,3 +117,14 @@ def test_sweep_on_a_local_dask_cluster_and_resume(tmp_path, monkeypatch, capsys)
 
     monkeypatch.setattr(dse, "_client", no_cluster)
     assert dse.run_sweep(pts, base, pnr=False, workers=1, progress=False) == [rec]
+
+
+def test_unreachable_scheduler_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(dse, "CACHE", tmp_path / "cache")
+    out = tmp_path / "dse.json"
+    # port 9 (discard) on the loopback: nothing listens there, the connection is refused
+    assert dse.main(["--arrays", "2x4", "--weight-bits", "4", "--scheduler",
+                     "tcp://127.0.0.1:9", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "tcp://127.0.0.1:9" in err, err
+    assert not out.exists()
