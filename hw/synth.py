@@ -30,6 +30,7 @@ import hashlib
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -105,6 +106,15 @@ def _run(cmd: list[str], log: Path, cwd: Path, *, phase: str = "", time_limit_s:
         raise RuntimeError(f"{Path(cmd[0]).name} failed (rc={proc.returncode}), log {log}:\n"
                            f"{tail}")
     return True
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into ``SystemExit``, so that a stopped run stops its tool too (:func:`_run`
+    kills the tool on any exception; by default SIGTERM ends Python without one)."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _cells(stat_json: dict) -> dict[str, int]:
@@ -346,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collect", action="store_true",
                     help="only summarise the outputs of a previous run in the output directory")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     for opt, value in (("--time-limit", args.time_limit), ("--progress", args.progress),
                        ("--freq", args.freq)):
         if not value >= 0 or (opt == "--freq" and not value > 0):

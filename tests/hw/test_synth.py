@@ -225,3 +225,30 @@ def test_flow_keeps_the_registered_replicas(tmp_path):
                         yosys_script("top", "t.v", "t.json")], cwd=tmp_path, check=True)
         cells = json.loads((tmp_path / "stat.json").read_text())["design"]["num_cells_by_type"]
         assert cells["TRELLIS_FF"] == ffs
+
+
+def test_sigterm_stops_the_tool_too(tmp_path):
+    """`kill` of a synthesis run must not leave nextpnr running without it."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    runner = ("import sys\n"
+              "from hw.synth import _run, exit_on_sigterm\n"
+              "exit_on_sigterm()\n"
+              "_run([sys.executable, '-c', 'import os, time; print(os.getpid(), flush=True); "
+              "time.sleep(120)'], __import__('pathlib').Path(sys.argv[1]), "
+              "__import__('pathlib').Path(sys.argv[2]))\n")
+    log = tmp_path / "tool.out"
+    proc = subprocess.Popen([sys.executable, "-c", runner, str(log), str(tmp_path)],
+                            cwd=Path(__file__).resolve().parents[2])
+    deadline = time.monotonic() + 60
+    while not (log.exists() and log.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the tool never started"
+        time.sleep(0.1)
+    tool = int(log.read_text().split()[0])
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):  # killed and reaped by _run
+        os.kill(tool, 0)
