@@ -123,12 +123,6 @@ def synth_design(cfg_json: str, flow: dict) -> dict:
     return synthesize(AcceleratorConfig.from_json(cfg_json), verbose=False, **flow)
 
 
-def timing_config(cfg: AcceleratorConfig) -> AcceleratorConfig:
-    """``cfg`` as the timing-only simulations see it: a DRAM holding LLaMA-7B and an
-    instruction memory holding a whole layer (neither changes a cycle count)."""
-    return cfg.with_dram(1 << 36).replace(imem_depth=max(cfg.imem_depth, 1 << 20))
-
-
 def simulate(point: Point, cfg_json: str) -> dict:
     """Cycles of the decode token and of the compute-bound layer on the fast model."""
     from bench.scaling import run_step
@@ -136,7 +130,7 @@ def simulate(point: Point, cfg_json: str) -> dict:
     from sw.compile.linear import build_linear
     cfg = AcceleratorConfig.from_json(cfg_json)
     fmt = point.weight_format(cfg)
-    timing = timing_config(cfg)
+    timing = cfg.timing_only()
     t0 = time.perf_counter()
     decode = run_step(timing, fmt, "decode", 1, DECODE_CONTEXT).cycles
     lp = build_linear(timing, fmt, GEMM["n"], GEMM["k"], GEMM["tokens"])

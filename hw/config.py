@@ -395,3 +395,10 @@ class AcceleratorConfig:
     def with_dram(self, size_bytes: int) -> AcceleratorConfig:
         """The same accelerator with a simulated DRAM of ``size_bytes`` (validated)."""
         return self.replace(memory=dataclasses.replace(self.memory, size_bytes=size_bytes))
+
+    def timing_only(self) -> AcceleratorConfig:
+        """The same accelerator as timing-only simulations of whole models see it: a 64 GiB
+        DRAM (LLaMA-7B's addresses are legal) and an instruction memory of at least 2**20
+        (a whole layer in one program). No cycle count depends on either."""
+        return self.with_dram(max(self.memory.size_bytes, 1 << 36)).replace(
+            imem_depth=max(self.imem_depth, 1 << 20))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hw.config import AcceleratorConfig, ConfigError, MemoryModel, NMPattern
+from hw.config import AcceleratorConfig, ConfigError, NMPattern
 from hw.format import (
     FormatError,
     WeightFormat,
@@ -130,15 +130,12 @@ def main(argv: list[str] | None = None) -> int:
                     + (1 << 16))
             if need > cfg.memory.size_bytes:  # grow the simulated DRAM to fit the layer
                 size = 1 << (need - 1).bit_length()
-                cfg = cfg.replace(memory=MemoryModel(cfg.memory.bytes_per_cycle,
-                                                     cfg.memory.latency, size))
+                cfg = cfg.with_dram(size)
             rng = np.random.default_rng(args.seed)
             w = random_quantized(fmt, (n, k), rng)
             a = rng.integers(-127, 128, size=(args.tokens, k)).astype(np.int8)
-        elif cfg.memory.size_bytes < 1 << 36:  # timing-only: addresses only need to be legal
-            cfg = cfg.replace(imem_depth=max(cfg.imem_depth, 1 << 20),
-                              memory=MemoryModel(cfg.memory.bytes_per_cycle,
-                                                 cfg.memory.latency, 1 << 36))
+        else:  # timing-only: addresses only need to be legal
+            cfg = cfg.timing_only()
         lp = build_linear(cfg, fmt, n, k, args.tokens, w, a)
         if len(lp.program) > cfg.imem_depth:
             cfg = cfg.replace(imem_depth=1 << (len(lp.program) - 1).bit_length())

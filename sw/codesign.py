@@ -119,7 +119,7 @@ def layer_costs(model: LlamaLM, cfg: AcceleratorConfig, candidates: Mapping[str,
                 layers: Iterable[str]) -> dict[str, dict[str, dict[str, int]]]:
     """``{layer: {candidate: {"cycles": decode cycles, "bytes": stream bytes}}}``: each layer
     alone as a one-token program on the fast model (timing-only), memoised per shape."""
-    timing = cfg.with_dram(1 << 36).replace(imem_depth=max(cfg.imem_depth, 1 << 20))
+    timing = cfg.timing_only()
     model_run = FastModel(timing)
     memo: dict[tuple, dict[str, int]] = {}
     out: dict[str, dict[str, dict[str, int]]] = {}

@@ -104,3 +104,13 @@ def test_with_dram_changes_only_the_size():
     assert big.replace(memory=cfg.memory) == cfg          # nothing else changed
     with pytest.raises(ConfigError, match="multiple of bytes_per_cycle"):
         cfg.with_dram(3)
+
+
+def test_timing_only_view_changes_only_dram_and_imem():
+    cfg = AcceleratorConfig(imem_depth=64)
+    t = cfg.timing_only()
+    assert t.memory.size_bytes == 1 << 36 and t.imem_depth == 1 << 20
+    assert t.replace(memory=cfg.memory, imem_depth=64) == cfg
+    big = AcceleratorConfig(imem_depth=1 << 21, memory=MemoryModel(
+        bytes_per_cycle=64, size_bytes=1 << 38))  # 64-byte beats: 2**32 beats
+    assert big.timing_only() == big  # never shrinks
