@@ -111,6 +111,6 @@ def test_timing_only_view_changes_only_dram_and_imem():
     t = cfg.timing_only()
     assert t.memory.size_bytes == 1 << 36 and t.imem_depth == 1 << 20
     assert t.replace(memory=cfg.memory, imem_depth=64) == cfg
-    big = AcceleratorConfig(imem_depth=1 << 21, memory=MemoryModel(
+    big = AcceleratorConfig(imem_depth=1 << 20, memory=MemoryModel(
         bytes_per_cycle=64, size_bytes=1 << 38))  # 64-byte beats: 2**32 beats
     assert big.timing_only() == big  # never shrinks
