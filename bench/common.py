@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -27,9 +28,17 @@ def median_wall(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 
 def write_json(path: Path, data: Any) -> Path:
-    """Write ``data`` as indented JSON (creating the directory); returns ``path``."""
+    """Write ``data`` as indented JSON (creating the directory); returns ``path``.
+
+    Atomic: the text goes to a temporary file beside ``path`` that then replaces it, so an
+    interrupted run (a sweep's cached point, a result file) never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -271,11 +271,10 @@ def update_synth_record(comps: list[dict], base: AcceleratorConfig,
 # ---------------------------------------------------------------------------- command line
 def _ints(text: str, what: str) -> list[int]:
     try:
-        vals = [int(x) for x in text.split(",")]
+        return [int(x) for x in text.split(",")]
     except ValueError:
         raise ValueError(f"{what} must be a comma-separated list of integers, got {text!r}") \
             from None
-    return vals
 
 
 def _arrays(text: str) -> list[tuple[int, int]]:

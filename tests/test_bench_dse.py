@@ -128,3 +128,15 @@ def test_unreachable_scheduler_is_one_line_and_exit_2(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "tcp://127.0.0.1:9" in err, err
     assert not out.exists()
+
+
+def test_results_are_written_whole(tmp_path):
+    """write_json replaces the file in one step: no temporary file is left, and a failure to
+    serialise leaves the previous contents."""
+    from bench.common import write_json
+    path = tmp_path / "sub" / "r.json"
+    write_json(path, {"a": 1})
+    with pytest.raises(TypeError):
+        write_json(path, {"a": object()})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
