@@ -7,13 +7,14 @@
 the resources -- LUT4s, flip-flops, MULT18X18D DSPs, DP16KD block RAMs, distributed-RAM
 slices -- against the ECP5-85F's capacity, and the maximum frequency of ``clk``.
 
-Placing and routing the default 64-lane design (``--router router2``) takes a long time on
-one core;
-``--no-route`` stops after placement (about 15 minutes) and reports nextpnr's post-placement
-timing estimate, marked as such. ``--collect`` summarises whatever a previous (possibly
-unfinished) run left in its directory. ``--report`` also prints the critical path, each cell
-named by its Amaranth hierarchy (``machine.core.epilogue.win_l6``: the technology-mapping
-suffixes that Yosys and nextpnr add are cut off); the record keeps it as ``critical_path``.
+Placing and routing the default 64-lane design (``--router router2``) takes a long time on one
+core (it has not converged in an hour); ``--no-route`` stops after placement (about 35 minutes)
+and reports nextpnr's post-placement timing estimate, marked as such; ``--no-pnr`` stops after
+Yosys (resources only, about 13 minutes). ``--collect`` summarises whatever a previous
+(possibly unfinished) run left in its directory. ``--report`` also prints the critical path,
+each cell named by its Amaranth hierarchy (``machine.core.epilogue.win_l6``: the
+technology-mapping suffixes that Yosys and nextpnr add are cut off); the record keeps it as
+``critical_path``.
 A finished run is cached in its directory by the hash of the generated Verilog and the tool
 options: running it again prints the record at once (``--force`` runs the tools anyway).
 
