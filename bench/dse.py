@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weight-bits", default="4,8", help="weight widths of the model (4, 8)")
     ap.add_argument("--beats", default="16", help="memory bytes per cycle, comma-separated")
     ap.add_argument("--config", help="base configuration JSON whose array, core and memory "
-                                     "beat the sweep varies (default: AcceleratorConfig())")
+                                     "beat the sweep varies; none: AcceleratorConfig()")
     ap.add_argument("--no-route", action="store_true",
                     help="stop each design after placement (nextpnr's timing estimate)")
     ap.add_argument("--no-pnr", action="store_true",
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2,
                     help="worker processes of the local Dask cluster")
     ap.add_argument("--scheduler", metavar="ADDRESS",
-                    help="address of a running Dask scheduler (default: a LocalCluster here)")
+                    help="address of a running Dask scheduler; none: a LocalCluster here")
     ap.add_argument("--out", default=str(RESULTS / "dse.json"), help="result JSON")
     ap.add_argument("--plot", default=str(DOCS / "img" / "dse_pareto.png"), help="Pareto plot")
     args = ap.parse_args(argv)
