@@ -8,13 +8,16 @@ split, cycles of the compiled decode step) and writes ``bench/results/codesign.j
 of this model replace its old ones) and ``docs/img/codesign_<model>.png`` (perplexity against
 simulated tokens/s, uniform points and searched ones).
 
-Record fields: ``model``, ``method`` (``uniform-<format>``, ``searched`` -- the knapsack on
-first-order losses -- or ``searched+refined`` -- then the measured local search), ``budget`` (the
-latency the search was held to, e.g. ``uniform-2:4-latency``; empty for uniform points),
-``assignment`` (layers per format, and the per-unit choice), ``cycles_per_token``,
-``tokens_per_s_sim``, ``bits_per_weight``, ``perplexity``, and for the searched points at a
-uniform latency ``gap_closed``: the fraction of the perplexity gap between that uniform
-format and dense INT4 that the search closes at the same latency.
+Record fields: ``model``, ``method`` (``uniform-<format>``, e.g. ``uniform-2:4`` or
+``uniform-dense-g64``, with ``format`` the candidate's full name; ``searched`` -- the knapsack
+on first-order losses -- or ``searched+refined`` -- then the measured local search),
+``budget`` (the latency the search was held to, e.g. ``uniform-2:4-latency``; empty for
+uniform points), ``assignment`` (layers per format, and the per-unit choice),
+``cycles_per_token``, ``tokens_per_s_sim``, ``bits_per_weight``, ``perplexity``, ``packing``
+(of a mixed assignment: ``assembled`` or ``recompressed``, the one the validation split
+chose), and for the searched points at a uniform latency ``gap_closed``: the fraction of the
+perplexity gap between that uniform format and dense INT4 (group 128) that the search closes
+at the same latency (its compiled decode step simulated within the uniform's cycles).
 """
 
 from __future__ import annotations
@@ -31,26 +34,35 @@ from hw.config import AcceleratorConfig
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 #: Per-model settings: how finely to assign formats and how much text to use.
+#: The reference model's whole 2:4-vs-dense gap is about 1% of perplexity, so its
+#: sensitivities and perplexities use 65,536 validation and 131,072 test tokens (its splits
+#: hold 0.76 M and 0.61 M) and units of a layer type in half the blocks; its down_proj
+#: (K = 688) pads to 768 in groups of 128, so whole-row groups are candidates.
 #: SmolLM2 is sized to finish in under half an hour on 2 cores: each compression (32 x 128
-#: calibration tokens, as in its accuracy table) takes about 2 minutes and the sensitivities
-#: (14 units x 5 other formats, 2048 tokens each) about 6; only the 2:4 and 4:8 latencies are
-#: searched. Paying for dense layers at the 2:4 latency needs formats cheaper than 2:4, and
-#: uniform 1:4 is unusable on this model (perplexity 309), so the 25%-density formats with
-#: more freedom (2:8, 4:16) are candidates too.
+#: calibration tokens, as in its accuracy table) takes about 100 s and the sensitivities
+#: (14 units x 5 other formats, 2048 tokens each) about 7 minutes; only the 2:4 latency is
+#: searched. Its K = 576 layers (all but down_proj) pad to 640 in groups of 128, so the
+#: candidates besides the two reference formats (uniform 2:4 and dense INT4, group 128) are
+#: in groups of 64: dense, 4:8, 2:4, and 4:16 (the 25%-density format with the most freedom;
+#: uniform 1:4 is unusable on this model, perplexity 309).
 SETTINGS = {
-    "reference": dict(granularity="layer", calib=32, search_tokens=8192, eval_tokens=16384),
+    "reference": dict(granularity="type:2", calib=32, search_tokens=65536, eval_tokens=131072,
+                      candidates=("dense-int4", "4:8-int4", "2:4-int4", "dense-int4-row",
+                                  "4:8-int4-row", "2:4-int4-row", "2:8-int4-row"),
+                      budgets=("uniform-2:4-latency", "uniform-4:8-latency"), extra_points=3,
+                      refine_evals=20),
     "smollm2": dict(granularity="type:2", calib=32, seq_len=128, search_tokens=2048,
                     eval_tokens=4096,
-                    candidates=("dense-int4", "4:8-int4", "2:4-int4", "4:16-int4", "2:8-int4",
-                                "1:4-int4"),
-                    budgets=("uniform-2:4-latency", "uniform-4:8-latency"), extra_points=0,
+                    candidates=("dense-int4", "2:4-int4", "dense-int4-g64", "4:8-int4-g64",
+                                "2:4-int4-g64", "4:16-int4-g64"),
+                    budgets=("uniform-2:4-latency",), extra_points=0,
                     refine_evals=12, dram_mb=128),
 }
 
 
 def records(model: str, result: dict, cfg: AcceleratorConfig, method: str) -> list[dict]:
     """Flat records of every measured point."""
-    from sw.codesign import pareto
+    from sw.codesign import candidate_name, pareto
     hz = cfg.clock_mhz * 1e6
     uniform = {p.label.removeprefix("uniform "): p for p in result["uniform"]}
     dense = uniform.get("dense-int4")
@@ -61,14 +73,16 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str) -> li
         searched = kind in ("searched", "refined")
         budget = rest if searched else ""
         rec = {"model": model, "method": {"searched": "searched", "refined": "searched+refined"}
-               .get(kind, "uniform-" + rest.removesuffix("-int4")),
+               .get(kind, "uniform-" + rest.replace("-int4", "")),
                "compression": method, "budget": budget,
+               "format": "" if searched else rest,
                "assignment": {"layers_per_format": dict(Counter(
-                   str(w.fmt.pattern) + f"-int{w.fmt.bits}" for w in p.weights.values())),
+                   candidate_name(w.fmt) for w in p.weights.values())),
                    "units": p.assignment if searched else {}},
                "cycles_per_token": p.cycles_per_token,
                "tokens_per_s_sim": hz / p.cycles_per_token,
                "bits_per_weight": p.bits_per_weight, "perplexity": p.perplexity,
+               "packing": p.packing,
                "pareto": p.label in front}
         ref = budget.removeprefix("uniform-").removesuffix("-latency") + "-int4"
         if searched and ref in uniform and dense is not None:
@@ -90,7 +104,7 @@ def replot(model: str, out: Path) -> int:
 
     def point(r: dict) -> Point:
         label = (f"{kinds[r['method']]} {r['budget']}" if r["method"] in kinds else
-                 "uniform " + r["method"].removeprefix("uniform-") + "-int4")
+                 "uniform " + r.get("format", r["method"].removeprefix("uniform-") + "-int4"))
         return Point(label, r["assignment"]["units"], {}, r["perplexity"],
                      r["cycles_per_token"], r["bits_per_weight"], 0.0)
     result = {"uniform": [point(r) for r in recs if r["method"] not in kinds],
@@ -115,12 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.replot:
         return replot(args.model, args.out)
-    from sw.codesign import ALL_FORMATS, BUDGETS, plot, run
+    from sw.codesign import BUDGETS, parse_candidate, plot, run
     from sw.models.source import open_model
     settings = dict(SETTINGS[args.model])
     dram = settings.pop("dram_mb", None)
     if "candidates" in settings:
-        settings["candidates"] = {c: ALL_FORMATS[c] for c in settings["candidates"]}
+        settings["candidates"] = {c: parse_candidate(c) for c in settings["candidates"]}
     if "budgets" in settings:
         settings["budgets"] = {b: BUDGETS[b] for b in settings["budgets"]}
     cfg = AcceleratorConfig()

@@ -5,8 +5,12 @@ The accelerator runs any N:M pattern of its configuration, chosen per instructio
 layer can have its own format. The search measures what each choice costs and loses, then
 solves for the best mix:
 
-1. **Candidates**: each format (dense INT4, 4:8, 2:4, 1:4 INT4; optionally INT8) compresses the
-   whole model once with the chosen method (``compress_llama``, layer-wise calibration).
+1. **Candidates**: each format (dense INT4, 4:8, 2:4, 2:8, 1:4 INT4 by default; any other
+   pattern of the configuration, group size, asymmetric or INT8 by name, see
+   :func:`parse_candidate`) compresses the whole model once with the chosen method
+   (``compress_llama``, layer-wise calibration). The group size is part of a layer's
+   precision: groups of 128 pad K = 576 to 640, so on SmolLM2 ``-g64`` is both cheaper and
+   finer.
 2. **Costs** (measured on the fast model, timing-only): the decode cycles of every layer in
    every format -- the layer's own single-token program on the accelerator configuration --
    and its packed stream bytes. Decode is memory-bound, so a step's cycles are close to the
@@ -21,7 +25,9 @@ solves for the best mix:
 4. **Search**: a multiple-choice knapsack -- one candidate per unit, minimise the summed loss,
    total cost within the budget -- solved exactly by dynamic programming over the cost
    discretised into ``bins`` steps (each unit's cost rounded up, so a solution never exceeds
-   the budget).
+   the budget). The budget is then held by measurement: the compiled decode step of the
+   answer is simulated, and while it takes more cycles than the uniform format it is held
+   to, the budget is lowered by the excess and the knapsack solved again.
 
 5. **Refinement** (at the main budget): the first-order model is optimistic where formats
    interact (a few 2:8 layers cost more together than apart), so a measured local search
@@ -30,12 +36,13 @@ solves for the best mix:
    better) on the validation split, and keeps a move only if it really lowers the NLL.
 
 Every reported point is then measured for real: perplexity on the test split, cycles of the
-compiled decode step. A searched assignment is measured (and packed) **recompressed**: the
-method runs again over the whole model with the assignment's per-layer formats, so that each
-layer is calibrated on the inputs the mixed model really gives it. The candidates' uniform
-compressions calibrate a dense layer behind dense layers, which is not where the assignment
-puts it (with SparseGPT + GPTQ on the reference model, random mixes measured 3.765 assembled
-against 3.691 recompressed, an all-dense-MLP mix 3.436 against 3.427).
+compiled decode step. A searched assignment has two packings with the same formats and cycles:
+**assembled** from the candidates' uniform compressions, or **recompressed** -- the method runs
+again over the whole model with the assignment's per-layer formats, so that each layer is
+calibrated on the inputs the mixed model really gives it. Neither is always better (with
+SparseGPT + GPTQ on the reference model, random mixes measured 3.765 assembled against 3.691
+recompressed, but some searched mixes lose by recompression what the search gained), so the
+validation split chooses, and the test split measures the choice.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hw.config import DENSE, AcceleratorConfig
+from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
 from sim.model import FastModel
 from sw.compile.linear import build_linear
@@ -58,24 +65,40 @@ from sw.compress.model import compress_llama, selected_linears
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.llama import LlamaLM
 
-__all__ = ["CANDIDATES", "Unit", "units", "layer_costs", "compress_candidates",
-           "sensitivities", "search", "refine", "assemble", "with_weights", "run"]
+__all__ = ["CANDIDATES", "candidate_name", "parse_candidate", "Unit", "units", "layer_costs",
+           "compress_candidates", "sensitivities", "search", "refine", "assemble",
+           "with_weights", "run"]
 
-#: Formats the search chooses from (group 128, symmetric INT4 unless named INT8).
+_NAME = re.compile(r"(dense|\d+:\d+)-int(\d+)(?:-g(\d+)|-(row))?(-asym)?")
+
+
+def candidate_name(fmt: WeightFormat) -> str:
+    """The search's name of a format: ``<pattern>-int<bits>``, then ``-g<group>`` when the
+    group is not the default 128 (``-row`` for whole-row groups) and ``-asym`` when
+    asymmetric: ``"2:4-int4"``, ``"dense-int4-g64"``, ``"4:8-int4-row"``."""
+    group = "" if fmt.group == 128 else "-row" if fmt.group == 0 else f"-g{fmt.group}"
+    return f"{fmt.pattern}-int{fmt.bits}{group}{'' if fmt.symmetric else '-asym'}"
+
+
+def parse_candidate(name: str) -> WeightFormat:
+    """The format a :func:`candidate_name` names (ValueError naming a bad one)."""
+    m = _NAME.fullmatch(name)
+    if not m:
+        raise ValueError(f"format {name!r}: expected <pattern>-int<bits>[-g<group>|-row][-asym], "
+                         "e.g. '2:4-int4' or 'dense-int4-g64'")
+    pattern, bits, group, row, asym = m.groups()
+    try:
+        return WeightFormat(pattern, int(bits), 0 if row else int(group or 128),
+                            symmetric=not asym)
+    except ValueError as e:
+        raise ValueError(f"format {name!r}: {e}") from None
+
+
+#: Formats the search chooses from by default (group 128, symmetric INT4). Any other name
+#: :func:`parse_candidate` reads can be a candidate too: group sizes (``-g64``: no padding at
+#: K = 576), whole-row groups, asymmetric, ``dense-int8``.
 CANDIDATES: dict[str, WeightFormat] = {
-    "dense-int4": WeightFormat(DENSE, 4, 128),
-    "4:8-int4": WeightFormat("4:8", 4, 128),
-    "2:4-int4": WeightFormat("2:4", 4, 128),
-    "2:8-int4": WeightFormat("2:8", 4, 128),
-    "1:4-int4": WeightFormat("1:4", 4, 128),
-}
-#: Optional wider format (dense only: the decoder streams INT8 dense).
-INT8 = {"dense-int8": WeightFormat(DENSE, 8, 128)}
-#: Optional: the default configuration's widest block at 25% density, more freedom than 1:4
-#: and 2:8 for the same kept weights, at 4 index bits per kept value.
-WIDE_BLOCKS = {"4:16-int4": WeightFormat("4:16", 4, 128)}
-#: Every format a caller may name (``bench.codesign`` settings).
-ALL_FORMATS = {**CANDIDATES, **INT8, **WIDE_BLOCKS}
+    n: parse_candidate(n) for n in ("dense-int4", "4:8-int4", "2:4-int4", "2:8-int4", "1:4-int4")}
 
 
 @dataclass(frozen=True)
@@ -223,15 +246,22 @@ def search(unit_list: Sequence[Unit], loss: Mapping[str, Mapping[str, float]],
     return {u.name: out[u.name] for u in unit_list}
 
 
+def _key(assignment: Mapping[str, str]) -> tuple:
+    return tuple(sorted(assignment.items()))
+
+
 def refine(unit_list: Sequence[Unit], loss: Mapping[str, Mapping[str, float]],
            cost: Callable[[Unit, str], float], budget: float, start: dict[str, str],
            evaluate: Callable[[dict[str, str]], float], *, max_evals: int = 40,
-           per_round: int = 4, log=None) -> tuple[dict[str, str], float, int]:
+           per_round: int = 4, fits: Callable[[dict[str, str]], bool] | None = None,
+           log=None) -> tuple[dict[str, str], float, int]:
     """Measured local search from ``start``: each round evaluates (``evaluate`` gives the
     held-out NLL of an assignment) the ``per_round`` moves the first-order losses rank best --
     one unit changed, or one made cheaper to pay for another made better -- within the
-    budget, and keeps the best only if it really lowers the NLL. Stops when a round finds
-    nothing or after ``max_evals`` evaluations. Returns (assignment, its NLL, evaluations)."""
+    budget (and, given ``fits``, that it accepts: the measured latency), and keeps the best
+    only if it really lowers the NLL. Stops when a round finds nothing or after ``max_evals``
+    evaluations (a move ``fits`` rejects counts as one). Returns (assignment, its NLL,
+    evaluations)."""
     current, nll, evals = dict(start), evaluate(start), 1
     tried: set[tuple] = set()
     spent = sum(cost(u, current[u.name]) for u in unit_list)
@@ -249,21 +279,24 @@ def refine(unit_list: Sequence[Unit], loss: Mapping[str, Mapping[str, float]],
             for b in down:
                 if a[2][0][0] != b[2][0][0] and spent + a[1] + b[1] <= budget:
                     moves.append((a[0] + b[0], a[1] + b[1], a[2] + b[2]))
-        moves = sorted((m for m in moves if m[2] not in tried and m[0] < 0),
-                       key=lambda m: m[0])[:per_round]
+        moves = sorted((m for m in moves if _key({**current, **dict(m[2])}) not in tried
+                        and m[0] < 0), key=lambda m: m[0])[:per_round]
         if not moves:
             break
         best = None
         for m in moves:
-            tried.add(m[2])
             cand = {**current, **dict(m[2])}
+            tried.add(_key(cand))
+            if fits is not None and not fits(cand):
+                evals += 1  # a measurement too: bounds the time spent
+                continue
             value = evaluate(cand)
             evals += 1
             if best is None or value < best[0]:
                 best = (value, cand, m)
             if evals >= max_evals:
                 break
-        if best[0] >= nll:
+        if best is None or best[0] >= nll:
             continue
         nll, current = best[0], best[1]
         spent = sum(cost(u, current[u.name]) for u in unit_list)
@@ -316,6 +349,7 @@ class Point:
     cycles_per_token: int
     bits_per_weight: float
     estimated_cycles: float
+    packing: str = ""  # of a mixed assignment: "assembled" or "recompressed" (module docstring)
 
 
 def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
@@ -331,12 +365,15 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
     held out from calibration's train split). ``budgets`` names the uniform formats whose
     latency is a budget (its format must be among ``candidates``); ``extra_points`` more
     budgets spread between the cheapest and the dearest uniform latency fill the Pareto plot;
-    ``recompress`` measures searched points recompressed (module docstring). Returns
+    ``recompress`` also packs searched points recompressed and keeps the packing the
+    validation split prefers (module docstring). Returns
     ``{"uniform": [Point], "searched": [Point], "units": [...], "nll_base": ...,
     "seconds": {...}}``.
     """
     import time
     model = src.model
+    for fmt in candidates.values():
+        fmt.check_supported(cfg)
     seq = min(seq_len, model.config.max_position_embeddings)
     t0 = time.perf_counter()
     log(f"compressing with {len(candidates)} formats ({method}, {calib} x {seq} tokens)")
@@ -356,7 +393,7 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
     test = src.windows("test", seq, eval_tokens)
 
     def measure(label: str, assignment: dict[str, str]) -> Point:
-        w = assemble(weights, unit_list, assignment)
+        w, packing = assemble(weights, unit_list, assignment), ""
         if recompress and len(set(assignment.values())) > 1:
             formats = {x: q.fmt for x, q in w.items()}
             again = compress_llama(copy.deepcopy(model), lambda name, _: formats.get(name),
@@ -364,26 +401,55 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
             if set(again) != set(w):
                 raise RuntimeError(f"recompression gave layers {sorted(set(again) ^ set(w))} "
                                    "apart from the assignment's")
-            w = again
+            # two packings of the same formats (same cycles): the validation split chooses
+            nll = [_nll(with_weights(copy.deepcopy(model), x), valid, 8) for x in (w, again)]
+            w, packing = (again, "recompressed") if nll[1] <= nll[0] else (w, "assembled")
         m = with_weights(copy.deepcopy(model), w)
         ppl = float(np.exp(_nll(m, test, 8)))
-        cycles = decode_cycles(model, cfg, {k: q.fmt for k, q in w.items()}, context)
+        cycles = step_cycles(assignment)
         est = sum(cost(u, assignment[u.name]) for u in unit_list)
         log(f"  {label:<28} perplexity {ppl:8.3f}  {cycles:>12,} cycles/token (estimated "
             f"{est:,.0f} + attention)  "
-            f"{bits_per_weight(w, cfg.lanes):.2f} bits/weight")
-        return Point(label, assignment, w, ppl, cycles, bits_per_weight(w, cfg.lanes), est)
+            f"{bits_per_weight(w, cfg.lanes):.2f} bits/weight  {packing}")
+        return Point(label, assignment, w, ppl, cycles, bits_per_weight(w, cfg.lanes), est,
+                     packing)
+
+    memo: dict[tuple, int] = {}
+
+    def step_cycles(assignment: Mapping[str, str]) -> int:
+        """The compiled decode step's simulated cycles (formats only; memoised)."""
+        key = tuple(assignment[u.name] for u in unit_list)
+        if key not in memo:
+            memo[key] = decode_cycles(model, cfg, {x: candidates[assignment[u.name]]
+                                                   for u in unit_list for x in u.layers}, context)
+        return memo[key]
+
+    def within(budget: float, limit: int | None) -> tuple[dict[str, str] | None, float]:
+        """The knapsack's answer at ``budget`` (summed per-layer cycles), the budget lowered
+        by the excess until the compiled step's measured cycles are within ``limit``: the
+        per-layer sum misses how layers overlap in the step, by a fraction of a percent."""
+        for _ in range(8):
+            a = search(unit_list, loss, cost, budget)
+            if a is None or limit is None:
+                return a, budget
+            over = step_cycles(a) - limit
+            if over <= 0:
+                return a, budget
+            budget -= max(over, budget / 1000)  # at least a few bins: a new answer
+        return None, budget
 
     t0 = time.perf_counter()
     uniform = [measure(f"uniform {c}", {u.name: c for u in unit_list}) for c in candidates]
+    measured = dict(zip(candidates, (p.cycles_per_token for p in uniform), strict=True))
     searched = []
     totals = {c: sum(cost(u, c) for u in unit_list) for c in candidates}
     targets = {label: totals[c] for label, c in budgets.items() if c in totals}
     lo, hi = min(totals.values()), max(totals.values())
     for i in range(1, extra_points + 1):
         targets.setdefault(f"budget-{i}", lo + (hi - lo) * i / (extra_points + 1))
+    limits = {label: measured.get(budgets.get(label)) for label in targets}
     for label, budget in sorted(targets.items(), key=lambda kv: kv[1]):
-        a = search(unit_list, loss, cost, budget)
+        a, targets[label] = within(budget, limits[label])
         if a is not None:
             searched.append(measure(f"searched {label}", a))
     # The first-order model is optimistic where formats interact: refine the main budget's
@@ -404,7 +470,8 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
     if knap is not None and evaluate(knap) < nll0:
         start = knap
     refined, _, evals = refine(unit_list, loss, cost, targets[main], start, evaluate,
-                               max_evals=refine_evals, log=log)
+                               max_evals=refine_evals, log=log,
+                               fits=lambda a: step_cycles(a) <= limits[main])
     searched.append(measure(f"refined {main}", refined))
     t_refine = time.perf_counter() - t_refine
     return {"uniform": uniform, "searched": searched, "units": unit_list, "nll_base": nll0,
@@ -481,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", default="uniform-2:4-latency", choices=sorted(BUDGETS),
                     help="the decode latency of a uniform format; its assignment is packed")
     ap.add_argument("--method", default="sparsegpt+gptq", help="compression method")
+    ap.add_argument("--candidates", default=",".join(CANDIDATES),
+                    help="formats to choose from, comma-separated: <pattern>-int<bits>"
+                         "[-g<group>|-row][-asym]; must include the budget's format")
     ap.add_argument("--granularity", default="layer",
                     help="'layer', 'type' or 'type:K' (K depth ranges per layer type)")
     ap.add_argument("--calib", type=int, default=32, help="calibration sequences")
@@ -500,17 +570,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not re.fullmatch(r"layer|type(:\d+)?", args.granularity):
             raise ValueError(f"--granularity {args.granularity!r}: 'layer', 'type' or 'type:K'")
+        candidates = {c: parse_candidate(c) for c in args.candidates.split(",")}
+        if BUDGETS[args.budget] not in candidates:
+            raise ValueError(f"--candidates {args.candidates!r}: the budget {args.budget} needs "
+                             f"{BUDGETS[args.budget]} among them")
+        cfg = AcceleratorConfig()
+        for fmt in candidates.values():
+            fmt.check_supported(cfg)
         src = open_model(args.model)
     except (ModelSourceError, ValueError) as e:
         print(f"sw.codesign: {e}", file=sys.stderr)
         return 2
-    cfg = AcceleratorConfig()
     if args.dram_mb is not None:
         if args.dram_mb < 1:
             print(f"sw.codesign: --dram-mb must be >= 1, got {args.dram_mb}", file=sys.stderr)
             return 2
         cfg = cfg.with_dram(args.dram_mb << 20)
-    result = run(src, cfg, method=args.method, granularity=args.granularity,
+    result = run(src, cfg, method=args.method, candidates=candidates,
+                 granularity=args.granularity,
                  base=BUDGETS[args.budget], calib=args.calib,
                  search_tokens=args.search_tokens, eval_tokens=args.eval_tokens,
                  progress=not args.quiet)

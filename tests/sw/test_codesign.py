@@ -7,8 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-from hw.config import AcceleratorConfig, MemoryModel
-from sw.codesign import CANDIDATES, Unit, refine, run, search, units
+from hw.config import DENSE, AcceleratorConfig, MemoryModel
+from hw.format import WeightFormat
+from sw.codesign import (
+    CANDIDATES,
+    Unit,
+    candidate_name,
+    parse_candidate,
+    refine,
+    run,
+    search,
+    units,
+)
 
 
 def _brute(unit_list, loss, cost, budget):
@@ -62,6 +72,36 @@ def test_refine_keeps_only_measured_gains():
     assert evals <= 60
 
 
+def test_refine_never_keeps_what_does_not_fit():
+    """A move the measured latency rejects is never taken, however good its NLL."""
+    unit_list = [Unit(f"u{i}", (f"l{i}",)) for i in range(3)]
+    loss = {u.name: {"base": 0.0, "big": -0.1} for u in unit_list}
+
+    def nll(a):
+        return sum(-0.1 * (c == "big") for c in a.values())
+
+    start = {u.name: "base" for u in unit_list}
+    best, _, _ = refine(unit_list, loss, lambda u, c: 1.0, 3.0, start, nll, max_evals=20,
+                        fits=lambda a: a["u1"] == "base")
+    assert best["u1"] == "base" and best["u0"] == best["u2"] == "big"
+
+
+@pytest.mark.parametrize("fmt", [WeightFormat(p, 4, g, symmetric=s) for p in
+                                 (DENSE, "2:4", "4:8", "1:4", "4:16") for g in (32, 64, 128, 0)
+                                 for s in (True, False)] + [WeightFormat(DENSE, 8, 128)])
+def test_candidate_names_round_trip(fmt):
+    assert parse_candidate(candidate_name(fmt)) == fmt
+
+
+def test_candidate_names():
+    assert [candidate_name(f) for f in CANDIDATES.values()] == list(CANDIDATES)
+    assert parse_candidate("dense-int4-g64") == WeightFormat(DENSE, 4, 64)
+    assert parse_candidate("4:8-int4-row-asym") == WeightFormat("4:8", 4, 0, symmetric=False)
+    for bad in ("2:4", "2:4-int4-g", "2:4-int4-g6", "2:4-int3", "dense-int4 "):
+        with pytest.raises(ValueError, match="group|bits|expected"):
+            parse_candidate(bad)
+
+
 def _tiny_source():
     from compile_testutil import tiny_lm
 
@@ -82,28 +122,41 @@ def test_units_group_layers():
         units(src.model, "blocks")
 
 
-def test_whole_flow_on_a_tiny_model():
+def test_whole_flow_on_a_tiny_model(tmp_path):
     torch.manual_seed(0)
     src = _tiny_source()
     cfg = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 20))
-    res = run(src, cfg, method="sparsegpt+gptq", candidates={k: CANDIDATES[k] for k in
-                                                        ("dense-int4", "2:4-int4", "1:4-int4")},
+    # K = 64 pads to 128 in groups of 128: groups of 32 are a real choice
+    names = ("dense-int4", "2:4-int4", "1:4-int4", "2:4-int4-g32")
+    res = run(src, cfg, method="sparsegpt+gptq", candidates={k: parse_candidate(k) for k in names},
               budgets={"uniform-2:4-latency": "2:4-int4"}, extra_points=1, seq_len=32,
               calib=2, search_tokens=512, eval_tokens=512, context=16, refine_evals=6,
               progress=False, log=lambda *a: None)
     labels = [p.label for p in res["searched"]]
-    assert labels[-1] == "refined uniform-2:4-latency" and len(res["uniform"]) == 3
+    assert labels[-1] == "refined uniform-2:4-latency" and len(res["uniform"]) == 4
     cycles = {p.label: p.cycles_per_token for p in res["uniform"] + res["searched"]}
     # memory-bound decode: sparser uniform formats take fewer simulated cycles
     assert cycles["uniform 1:4-int4"] < cycles["uniform 2:4-int4"] < cycles["uniform dense-int4"]
+    # the budget holds for the compiled step, not only for the per-layer estimate
+    assert cycles["searched uniform-2:4-latency"] <= cycles["uniform 2:4-int4"]
+    assert cycles["refined uniform-2:4-latency"] <= cycles["uniform 2:4-int4"]
     refined = res["searched"][-1]
-    assert set(refined.assignment.values()) <= {"dense-int4", "2:4-int4", "1:4-int4"}
+    assert set(refined.assignment.values()) <= set(names)
     assert res["refine_evals"] <= 6
-    # searched points are recompressed with their per-layer formats (dense layers by GPTQ,
-    # sparse ones by SparseGPT), every layer of every unit in its assigned format
+    # searched points are packed (assembled or recompressed) with their per-layer formats,
+    # every layer of every unit in its assigned format
     for p in res["searched"]:
-        formats = {x: CANDIDATES[p.assignment[u.name]] for u in res["units"] for x in u.layers}
+        mixed = len(set(p.assignment.values())) > 1
+        assert p.packing in (("assembled", "recompressed") if mixed else ("",))
+        formats = {x: parse_candidate(p.assignment[u.name]) for u in res["units"]
+                   for x in u.layers}
         assert {x: q.fmt for x, q in p.weights.items()} == formats
+    # the packed file of a mixed assignment (what sw.codesign writes) reads back layer by layer
+    from sw.compress.io import from_llama, load, save
+    save(from_llama(src.model, refined.weights), tmp_path / "m.safetensors")
+    back = load(tmp_path / "m.safetensors").weights
+    assert {x: q.fmt for x, q in back.items()} == {x: q.fmt for x, q in refined.weights.items()}
+    assert all(np.array_equal(back[x].values, q.values) for x, q in refined.weights.items())
 
 
 def test_bench_replot_from_records(tmp_path, monkeypatch):
@@ -124,3 +177,32 @@ def test_bench_replot_from_records(tmp_path, monkeypatch):
     assert bench.main(["--model", "reference", "--out", str(out), "--replot"]) == 0
     assert (tmp_path / "img" / "codesign_reference.png").stat().st_size > 1000
     assert bench.main(["--model", "smollm2", "--out", str(out), "--replot"]) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--candidates", "dense-int4,2:4-int3"], "'2:4-int3'"),
+    (["--candidates", "dense-int4,4:8-int4"], "needs 2:4-int4"),
+    (["--candidates", "2:4-int4,3:8-int4"], "pattern 3:8 not supported"),
+    (["--granularity", "blocks"], "'blocks'"),
+])
+def test_cli_bad_input_is_one_line(args, message, capsys, tmp_path):
+    from sw.codesign import main
+    out = tmp_path / "out"
+    assert main(args + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err
+    assert not out.exists()
+
+
+def test_cli_help_shows_every_default(capsys):
+    import re
+
+    from sw.codesign import main
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    options = set(re.findall(r"^\s+(--[a-z][a-z-]*)", text, re.M)) - {"--help", "--quiet"}
+    documented = set(re.findall(r"^\s+(--[a-z][a-z-]*)[^\n]*(?:\n\s{10,}[^\n]*)*?\(default:",
+                                text, re.M))
+    assert options and options <= documented, options - documented
