@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-tokens", type=int, default=16384,
                     help="test tokens for the reported perplexities")
     ap.add_argument("--dram-mb", type=int, default=None,
-                    help="simulated DRAM in MiB (default: the configuration's)")
+                    help="simulated DRAM in MiB; none: the configuration's")
     ap.add_argument("--out", default="build/codesign", help="output directory")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
@@ -568,6 +568,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(sorted(COMPRESS_METHODS))}", file=sys.stderr)
         return 2
     try:
+        for opt in ("calib", "search_tokens", "eval_tokens"):
+            if getattr(args, opt) < 1:
+                raise ValueError(f"--{opt.replace('_', '-')} must be >= 1, got "
+                                 f"{getattr(args, opt)}")
         if not re.fullmatch(r"layer|type(:\d+)?", args.granularity):
             raise ValueError(f"--granularity {args.granularity!r}: 'layer', 'type' or 'type:K'")
         candidates = {c: parse_candidate(c) for c in args.candidates.split(",")}

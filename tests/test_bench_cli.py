@@ -1,16 +1,17 @@
-"""Every benchmark's command line documents each option with its default."""
+"""Every benchmark's command line (and sw.codesign's) documents each option with its default."""
 
 import importlib
 import re
 
 import pytest
 
-BENCHES = ["accuracy", "compile", "compress", "dse", "fuzz", "rtl", "scaling", "simspeed"]
+COMMANDS = [f"bench.{name}" for name in ("accuracy", "codesign", "compile", "compress", "dse",
+                                         "fuzz", "rtl", "scaling", "simspeed")] + ["sw.codesign"]
 
 
-@pytest.mark.parametrize("name", BENCHES)
-def test_help_shows_every_default(name, capsys):
-    main = importlib.import_module(f"bench.{name}").main
+@pytest.mark.parametrize("module", COMMANDS)
+def test_help_shows_every_default(module, capsys):
+    main = importlib.import_module(module).main
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0
