@@ -62,7 +62,7 @@ SETTINGS = {
 
 def records(model: str, result: dict, cfg: AcceleratorConfig, method: str) -> list[dict]:
     """Flat records of every measured point."""
-    from sw.codesign import candidate_name, pareto
+    from sw.codesign import pareto
     hz = cfg.clock_mhz * 1e6
     uniform = {p.label.removeprefix("uniform "): p for p in result["uniform"]}
     dense = uniform.get("dense-int4")
@@ -77,7 +77,7 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str) -> li
                "compression": method, "budget": budget,
                "format": "" if searched else rest,
                "assignment": {"layers_per_format": dict(Counter(
-                   candidate_name(w.fmt) for w in p.weights.values())),
+                   w.fmt.name for w in p.weights.values())),
                    "units": p.assignment if searched else {}},
                "cycles_per_token": p.cycles_per_token,
                "tokens_per_s_sim": hz / p.cycles_per_token,
@@ -94,7 +94,7 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str) -> li
 
 def replot(model: str, out: Path) -> int:
     """Redraw ``docs/img/codesign_<model>.png`` from the records in ``out`` (no search)."""
-    from sw.codesign import Point, plot
+    from sw.codesign import BUDGETS, Point, focus, plot
     recs = [r for r in (json.loads(out.read_text()) if out.exists() else [])
             if r.get("model") == model]
     if not recs:
@@ -112,7 +112,7 @@ def replot(model: str, out: Path) -> int:
     s = SETTINGS[model]
     img = DOCS / "img" / f"codesign_{model}.png"
     plot(result, AcceleratorConfig(), img, f"{model}: per-layer formats ({s['granularity']}) "
-         f"vs one format, {recs[0]['compression']}")
+         f"vs one format, {recs[0]['compression']}", focus(result, BUDGETS[s["budgets"][0]]))
     print(f"wrote {img}")
     return 0
 
@@ -129,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.replot:
         return replot(args.model, args.out)
-    from sw.codesign import BUDGETS, parse_candidate, plot, run
+    from hw.format import WeightFormat
+    from sw.codesign import BUDGETS, focus, plot, run
     from sw.models.source import open_model
     settings = dict(SETTINGS[args.model])
     dram = settings.pop("dram_mb", None)
     if "candidates" in settings:
-        settings["candidates"] = {c: parse_candidate(c) for c in settings["candidates"]}
+        settings["candidates"] = {c: WeightFormat.parse(c) for c in settings["candidates"]}
     if "budgets" in settings:
         settings["budgets"] = {b: BUDGETS[b] for b in settings["budgets"]}
     cfg = AcceleratorConfig()
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     img = DOCS / "img" / f"codesign_{args.model}.png"
     img.parent.mkdir(parents=True, exist_ok=True)
     plot(result, cfg, img, f"{args.model}: per-layer formats ({settings['granularity']}) vs "
-         f"one format, {args.method}")
+         f"one format, {args.method}", focus(result, BUDGETS[SETTINGS[args.model]["budgets"][0]]))
     print(f"\n{'point':<32}{'perplexity':>11}{'cycles/token':>14}{'bits/w':>8}{'gap closed':>12}")
     for r in recs:
         label = r["method"] + (f" @ {r['budget']}" if r["budget"] else "")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,9 @@ __all__ = ["FormatError", "WeightFormat", "QuantizedWeight", "StreamGeometry", "
 
 class FormatError(ValueError):
     """Invalid format parameters or a stream that does not match its metadata."""
+
+
+_NAME = re.compile(r"(dense|\d+:\d+)-int(\d+)(?:-g(\d+)|-(row))?(-asym)?")
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,29 @@ class WeightFormat:
         if self.code_bits != cfg.scale_code_bits:
             raise FormatError(f"scale codes of {self.code_bits} bits, accelerator decodes "
                               f"{cfg.scale_code_bits}")
+
+    @property
+    def name(self) -> str:
+        """Short name: ``<pattern>-int<bits>``, then ``-g<group>`` when the group is not the
+        default 128 (``-row`` for whole-row groups) and ``-asym`` when asymmetric:
+        ``"2:4-int4"``, ``"dense-int4-g64"``, ``"4:8-int4-row"``. Scale-code width and raw
+        are not named (the defaults)."""
+        group = "" if self.group == 128 else "-row" if self.group == 0 else f"-g{self.group}"
+        return f"{self.pattern}-int{self.bits}{group}{'' if self.symmetric else '-asym'}"
+
+    @classmethod
+    def parse(cls, name: str) -> WeightFormat:
+        """The format :attr:`name` names (:class:`FormatError` naming a bad one)."""
+        m = _NAME.fullmatch(name)
+        if not m:
+            raise FormatError(f"format {name!r}: expected "
+                              "<pattern>-int<bits>[-g<group>|-row][-asym], "
+                              "e.g. '2:4-int4' or 'dense-int4-g64'")
+        pattern, bits, group, row, asym = m.groups()
+        try:
+            return cls(pattern, int(bits), 0 if row else int(group or 128), symmetric=not asym)
+        except ValueError as e:
+            raise FormatError(f"format {name!r}: {e}") from None
 
     def to_dict(self) -> dict:
         return {"pattern": str(self.pattern), "bits": self.bits, "group": self.group,

@@ -7,7 +7,7 @@ solves for the best mix:
 
 1. **Candidates**: each format (dense INT4, 4:8, 2:4, 2:8, 1:4 INT4 by default; any other
    pattern of the configuration, group size, asymmetric or INT8 by name, see
-   :func:`parse_candidate`) compresses the whole model once with the chosen method
+   :meth:`hw.format.WeightFormat.parse`) compresses the whole model once with the chosen method
    (``compress_llama``, layer-wise calibration). The group size is part of a layer's
    precision: groups of 128 pad K = 576 to 640, so on SmolLM2 ``-g64`` is both cheaper and
    finer.
@@ -65,40 +65,16 @@ from sw.compress.model import compress_llama, selected_linears
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.llama import LlamaLM
 
-__all__ = ["CANDIDATES", "candidate_name", "parse_candidate", "Unit", "units", "layer_costs",
+__all__ = ["CANDIDATES", "Unit", "units", "layer_costs",
            "compress_candidates", "sensitivities", "search", "refine", "assemble",
            "with_weights", "run"]
 
-_NAME = re.compile(r"(dense|\d+:\d+)-int(\d+)(?:-g(\d+)|-(row))?(-asym)?")
-
-
-def candidate_name(fmt: WeightFormat) -> str:
-    """The search's name of a format: ``<pattern>-int<bits>``, then ``-g<group>`` when the
-    group is not the default 128 (``-row`` for whole-row groups) and ``-asym`` when
-    asymmetric: ``"2:4-int4"``, ``"dense-int4-g64"``, ``"4:8-int4-row"``."""
-    group = "" if fmt.group == 128 else "-row" if fmt.group == 0 else f"-g{fmt.group}"
-    return f"{fmt.pattern}-int{fmt.bits}{group}{'' if fmt.symmetric else '-asym'}"
-
-
-def parse_candidate(name: str) -> WeightFormat:
-    """The format a :func:`candidate_name` names (ValueError naming a bad one)."""
-    m = _NAME.fullmatch(name)
-    if not m:
-        raise ValueError(f"format {name!r}: expected <pattern>-int<bits>[-g<group>|-row][-asym], "
-                         "e.g. '2:4-int4' or 'dense-int4-g64'")
-    pattern, bits, group, row, asym = m.groups()
-    try:
-        return WeightFormat(pattern, int(bits), 0 if row else int(group or 128),
-                            symmetric=not asym)
-    except ValueError as e:
-        raise ValueError(f"format {name!r}: {e}") from None
-
-
 #: Formats the search chooses from by default (group 128, symmetric INT4). Any other name
-#: :func:`parse_candidate` reads can be a candidate too: group sizes (``-g64``: no padding at
+#: :meth:`WeightFormat.parse` reads can be a candidate too: group sizes (``-g64``: no padding at
 #: K = 576), whole-row groups, asymmetric, ``dense-int8``.
 CANDIDATES: dict[str, WeightFormat] = {
-    n: parse_candidate(n) for n in ("dense-int4", "4:8-int4", "2:4-int4", "2:8-int4", "1:4-int4")}
+    n: WeightFormat.parse(n)
+    for n in ("dense-int4", "4:8-int4", "2:4-int4", "2:8-int4", "1:4-int4")}
 
 
 @dataclass(frozen=True)
@@ -491,40 +467,63 @@ def pareto(points: Sequence[Point]) -> set[str]:
                        for q in points)}
 
 
-def plot(result: dict, cfg: AcceleratorConfig, path, title: str):
-    """Perplexity against simulated tokens/s: uniform formats and searched assignments."""
+def plot(result: dict, cfg: AcceleratorConfig, path, title: str, focus: float | None = None):
+    """Perplexity against simulated tokens/s: uniform formats and searched assignments.
+
+    With ``focus`` (a perplexity) and points above it, a second panel zooms on the points at
+    or below it, where the budgets' formats sit close together."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    points = result["uniform"] + result["searched"]
+    zoom = focus is not None and any(p.perplexity > focus for p in points)
+    fig, axes = plt.subplots(1, 2 if zoom else 1, figsize=(12 if zoom else 7, 4.5),
+                             squeeze=False)
+    _draw(axes[0, 0], result, cfg, None)
+    if zoom:
+        _draw(axes[0, 1], result, cfg, focus)
+        axes[0, 1].set_title(f"zoom: perplexity <= {focus:.3f}", fontsize=10)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def focus(result: dict, base: str, margin: float = 1.05) -> float | None:
+    """The perplexity bound of :func:`plot`'s zoom: ``margin`` over uniform ``base``'s (None
+    without that point)."""
+    ppl = [p.perplexity for p in result["uniform"] if p.label == f"uniform {base}"]
+    return margin * ppl[0] if ppl else None
+
+
+def _draw(ax, result: dict, cfg: AcceleratorConfig, focus: float | None):
     hz = cfg.clock_mhz * 1e6
-    refined = [p for p in result["searched"] if p.label.startswith("refined")]
+
+    def shown(pts):
+        return [p for p in pts if focus is None or p.perplexity <= focus]
+    refined = shown(p for p in result["searched"] if p.label.startswith("refined"))
     if refined:
         ax.plot([hz / p.cycles_per_token for p in refined], [p.perplexity for p in refined],
                 "*", ms=14, label="searched + measured refinement")
     for kind, marker in (("uniform", "s"), ("searched", "o")):
-        pts = sorted((p for p in result[kind] if not p.label.startswith("refined")),
+        pts = sorted(shown(p for p in result[kind] if not p.label.startswith("refined")),
                      key=lambda p: p.cycles_per_token)
         xs = [hz / p.cycles_per_token for p in pts]
         ys = [p.perplexity for p in pts]
         ax.plot(xs, ys, marker + ("--" if kind == "searched" else ""), ms=7,
                 label=f"{kind} ({'per-layer formats' if kind == 'searched' else 'one format'})")
-        if kind == "uniform":
-            for p, x, y in zip(pts, xs, ys, strict=True):
+        if kind == "uniform":  # labels alternate above and below: neighbours sit close
+            for i, (p, x, y) in enumerate(zip(pts, xs, ys, strict=True)):
                 ax.annotate(p.label.removeprefix("uniform "), (x, y), textcoords="offset points",
-                            xytext=(5, 5), fontsize=8)
+                            xytext=(5, 6 if i % 2 == 0 else -12), fontsize=8)
     ax.set_xlabel(f"simulated decode tokens/s at {cfg.clock_mhz:g} MHz")
-    ppl = [p.perplexity for p in result["uniform"] + result["searched"]]
+    ppl = [p.perplexity for p in shown(result["uniform"] + result["searched"])]
     if max(ppl) > 4 * min(ppl):  # a catastrophic format would flatten the rest
         ax.set_yscale("log")
     ax.set_ylabel("held-out perplexity")
-    ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -574,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{getattr(args, opt)}")
         if not re.fullmatch(r"layer|type(:\d+)?", args.granularity):
             raise ValueError(f"--granularity {args.granularity!r}: 'layer', 'type' or 'type:K'")
-        candidates = {c: parse_candidate(c) for c in args.candidates.split(",")}
+        candidates = {c: WeightFormat.parse(c) for c in args.candidates.split(",")}
         if BUDGETS[args.budget] not in candidates:
             raise ValueError(f"--candidates {args.candidates!r}: the budget {args.budget} needs "
                              f"{BUDGETS[args.budget]} among them")
@@ -604,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         save(from_llama(src.model, main_point.weights, tokenizer=src.tokenizer_record(),
                         recipe={"method": args.method, "codesign": args.budget},
                         meta={"source": src.name}), tmp / "model.safetensors")
-        plot(result, cfg, tmp / "pareto.png", f"{src.name}: per-layer formats vs uniform")
+        plot(result, cfg, tmp / "pareto.png", f"{src.name}: per-layer formats vs uniform",
+             focus(result, BUDGETS[args.budget]))
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

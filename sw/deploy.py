@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -286,7 +287,8 @@ def _compress(src, fmt: WeightFormat, opts: DeployOptions, seq: int, progress: b
     """The compressed weights and the float model computing with them: a compressed file's
     own, else compressed here."""
     if src.weights:
-        fmts = sorted({str(w.fmt.pattern) + f" INT{w.fmt.bits}" for w in src.weights.values()})
+        counts = Counter(w.fmt.name for w in src.weights.values())
+        fmts = [f"{n} x{k}" for n, k in sorted(counts.items())]
         log(f"compressed model: {len(src.weights)} layers ({', '.join(fmts)}); "
             "--sparsity, --bits, --group and --method do not apply")
         return dict(src.weights), src.model, 0.0
@@ -310,7 +312,7 @@ def _formats(weights: dict) -> tuple[str, int | str, int | str, str]:
     if len(fmts) == 1:
         (f,) = fmts
         return str(f.pattern), f.bits, f.group, f"{f.pattern} INT{f.bits} g{f.group}"
-    names = sorted({f"{f.pattern}/INT{f.bits}" for f in fmts})
+    names = sorted(f.name for f in fmts)
     return "mixed", "mixed", "mixed", "mixed (" + ", ".join(names) + ")"
 
 

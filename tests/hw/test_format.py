@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hw.config import NMPattern
+from hw.config import DENSE, NMPattern
 from hw.format import (
     FormatError,
     QuantizedWeight,
@@ -130,3 +130,19 @@ def test_storage_warning_says_when_a_format_is_a_poor_choice():
     assert pad == "K=100 is padded with 28 zero columns to 128 (whole 2:4 blocks and groups of 128)"
     worse = storage_warning(WeightFormat("3:4", 4, 128), 64, 4096, 64)
     assert "3:4 INT4 stores 4.57 bits/weight, more than dense INT4's 4.07" in worse
+
+
+@pytest.mark.parametrize("fmt", [WeightFormat(p, 4, g, symmetric=s) for p in
+                                 (DENSE, "2:4", "4:8", "1:4", "4:16") for g in (32, 64, 128, 0)
+                                 for s in (True, False)] + [WeightFormat(DENSE, 8, 128)])
+def test_format_names_round_trip(fmt):
+    assert WeightFormat.parse(fmt.name) == fmt
+
+
+def test_format_names():
+    assert [WeightFormat(p).name for p in (DENSE, "2:4")] == ["dense-int4", "2:4-int4"]
+    assert WeightFormat.parse("dense-int4-g64") == WeightFormat(DENSE, 4, 64)
+    assert WeightFormat.parse("4:8-int4-row-asym") == WeightFormat("4:8", 4, 0, symmetric=False)
+    for bad in ("2:4", "2:4-int4-g", "2:4-int4-g6", "2:4-int3", "dense-int4 "):
+        with pytest.raises(FormatError, match="group|bits|expected"):
+            WeightFormat.parse(bad)

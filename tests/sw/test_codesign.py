@@ -7,13 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from hw.config import DENSE, AcceleratorConfig, MemoryModel
+from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat
 from sw.codesign import (
     CANDIDATES,
     Unit,
-    candidate_name,
-    parse_candidate,
     refine,
     run,
     search,
@@ -86,20 +84,8 @@ def test_refine_never_keeps_what_does_not_fit():
     assert best["u1"] == "base" and best["u0"] == best["u2"] == "big"
 
 
-@pytest.mark.parametrize("fmt", [WeightFormat(p, 4, g, symmetric=s) for p in
-                                 (DENSE, "2:4", "4:8", "1:4", "4:16") for g in (32, 64, 128, 0)
-                                 for s in (True, False)] + [WeightFormat(DENSE, 8, 128)])
-def test_candidate_names_round_trip(fmt):
-    assert parse_candidate(candidate_name(fmt)) == fmt
-
-
-def test_candidate_names():
-    assert [candidate_name(f) for f in CANDIDATES.values()] == list(CANDIDATES)
-    assert parse_candidate("dense-int4-g64") == WeightFormat(DENSE, 4, 64)
-    assert parse_candidate("4:8-int4-row-asym") == WeightFormat("4:8", 4, 0, symmetric=False)
-    for bad in ("2:4", "2:4-int4-g", "2:4-int4-g6", "2:4-int3", "dense-int4 "):
-        with pytest.raises(ValueError, match="group|bits|expected"):
-            parse_candidate(bad)
+def test_candidates_are_named_by_their_formats():
+    assert [f.name for f in CANDIDATES.values()] == list(CANDIDATES)
 
 
 def _tiny_source():
@@ -128,7 +114,8 @@ def test_whole_flow_on_a_tiny_model(tmp_path):
     cfg = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 20))
     # K = 64 pads to 128 in groups of 128: groups of 32 are a real choice
     names = ("dense-int4", "2:4-int4", "1:4-int4", "2:4-int4-g32")
-    res = run(src, cfg, method="sparsegpt+gptq", candidates={k: parse_candidate(k) for k in names},
+    res = run(src, cfg, method="sparsegpt+gptq",
+              candidates={k: WeightFormat.parse(k) for k in names},
               budgets={"uniform-2:4-latency": "2:4-int4"}, extra_points=1, seq_len=32,
               calib=2, search_tokens=512, eval_tokens=512, context=16, refine_evals=6,
               progress=False, log=lambda *a: None)
@@ -148,7 +135,7 @@ def test_whole_flow_on_a_tiny_model(tmp_path):
     for p in res["searched"]:
         mixed = len(set(p.assignment.values())) > 1
         assert p.packing in (("assembled", "recompressed") if mixed else ("",))
-        formats = {x: parse_candidate(p.assignment[u.name]) for u in res["units"]
+        formats = {x: WeightFormat.parse(p.assignment[u.name]) for u in res["units"]
                    for x in u.layers}
         assert {x: q.fmt for x, q in p.weights.items()} == formats
     # the packed file of a mixed assignment (what sw.codesign writes) reads back layer by layer
@@ -170,12 +157,18 @@ def test_bench_replot_from_records(tmp_path, monkeypatch):
            "assignment": {"units": {}}, "bits_per_weight": 3.0}
     recs = [{**rec, "method": "uniform-dense", "perplexity": 3.4, "cycles_per_token": 120},
             {**rec, "method": "uniform-1:4", "perplexity": 40.0, "cycles_per_token": 60},
+            {**rec, "method": "uniform-2:4", "perplexity": 3.6, "cycles_per_token": 90},
             {**rec, "method": "searched+refined", "budget": "uniform-2:4-latency",
              "perplexity": 3.5, "cycles_per_token": 90}]
     out = tmp_path / "codesign.json"
     out.write_text(json.dumps(recs))
     assert bench.main(["--model", "reference", "--out", str(out), "--replot"]) == 0
-    assert (tmp_path / "img" / "codesign_reference.png").stat().st_size > 1000
+    from matplotlib.image import imread
+    # 1:4 lies far above uniform 2:4: a second panel zooms on the rest (twice as wide)
+    wide = imread(tmp_path / "img" / "codesign_reference.png").shape[1]
+    out.write_text(json.dumps([r for r in recs if r["method"] != "uniform-1:4"]))
+    assert bench.main(["--model", "reference", "--out", str(out), "--replot"]) == 0
+    assert imread(tmp_path / "img" / "codesign_reference.png").shape[1] < 0.7 * wide
     assert bench.main(["--model", "smollm2", "--out", str(out), "--replot"]) == 2
 
 

@@ -80,3 +80,16 @@ def test_invalid_configuration_and_a_model_too_large(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "accelerator DRAM" in err and "memory.size_bytes=65,536" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "small.json"]
+
+
+def test_format_summary_names_group_sizes():
+    from types import SimpleNamespace
+
+    from hw.format import WeightFormat
+    from sw.deploy import _formats
+    one = {"a": SimpleNamespace(fmt=WeightFormat("2:4", 4, 64))}
+    assert _formats(one) == ("2:4", 4, 64, "2:4 INT4 g64")
+    mixed = {"a": SimpleNamespace(fmt=WeightFormat("2:4", 4, 0)),
+             "b": SimpleNamespace(fmt=WeightFormat("2:4", 4, 128)),
+             "c": SimpleNamespace(fmt=WeightFormat("dense", 4, 0))}
+    assert _formats(mixed)[3] == "mixed (2:4-int4, 2:4-int4-row, dense-int4-row)"
