@@ -64,6 +64,30 @@ def atomic_write(path: str | Path, write) -> Path:
     return path
 
 
+def publish(tmp: str | Path, out: str | Path) -> Path:
+    """Move the files a command wrote into the directory ``tmp`` to the directory ``out``.
+
+    A new ``out`` is ``tmp`` renamed; into an existing one each file moves by an atomic
+    rename, replacing a file of the same name and leaving every other file where it is (a
+    command's ``--out .`` must not empty the current directory). Both get the modes the
+    umask gives new files and directories (``mkdtemp`` makes them private)."""
+    tmp, out = Path(tmp), Path(out)
+    umask = os.umask(0)
+    os.umask(umask)
+    for file in tmp.iterdir():
+        file.chmod(0o666 & ~umask)
+    if not out.exists():
+        tmp.chmod(0o777 & ~umask)
+        tmp.rename(out)
+        return out
+    if not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a directory")
+    for file in tmp.iterdir():
+        os.replace(file, out / file.name)
+    tmp.rmdir()
+    return out
+
+
 def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Every tensor and the header metadata of a safetensors file.
 

@@ -536,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
     from pathlib import Path
 
+    from sw.artifact import publish
     from sw.compress.io import from_llama, save
     from sw.compress.model import COMPRESS_METHODS
     from sw.models.source import ModelSourceError, open_model
@@ -571,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(args, opt) < 1:
                 raise ValueError(f"--{opt.replace('_', '-')} must be >= 1, got "
                                  f"{getattr(args, opt)}")
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise ValueError(f"--out {args.out}: exists and is not a directory")
         if not re.fullmatch(r"layer|type(:\d+)?", args.granularity):
             raise ValueError(f"--granularity {args.granularity!r}: 'layer', 'type' or 'type:K'")
         candidates = {c: WeightFormat.parse(c) for c in args.candidates.split(",")}
@@ -596,8 +599,8 @@ def main(argv: list[str] | None = None) -> int:
                  progress=not args.quiet)
     main_point = next(p for p in result["searched"] if p.label == f"refined {args.budget}")
     out = Path(args.out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.resolve().parent
-                                if out.resolve().parent.exists() else None))
+    out.resolve().parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.resolve().parent))
     try:
         (tmp / "assignment.json").write_text(json.dumps(main_point.assignment, indent=1))
         save(from_llama(src.model, main_point.weights, tokenizer=src.tokenizer_record(),
@@ -605,9 +608,7 @@ def main(argv: list[str] | None = None) -> int:
                         meta={"source": src.name}), tmp / "model.safetensors")
         plot(result, cfg, tmp / "pareto.png", f"{src.name}: per-layer formats vs uniform",
              focus(result, BUDGETS[args.budget]))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {out}/assignment.json, model.safetensors (sw.deploy --model accepts it), "

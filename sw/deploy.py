@@ -40,6 +40,7 @@ from hw.config import DENSE, AcceleratorConfig, ConfigError, NMPattern
 from hw.format import FormatError, WeightFormat, stream_layout
 from sim.backends import BACKENDS, make_backend
 from sim.roofline import plot_roofline
+from sw.artifact import publish
 from sw.compile import CompileError, CompileOptions, compile_model
 from sw.compile import executable as executable_io
 from sw.compress.model import COMPRESS_METHODS, compress_llama, use_hardware_numerics
@@ -451,13 +452,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     opts = DeployOptions(**{k: v for k, v in vars(args).items()})
     out = Path(opts.out)
+    if out.exists() and not out.is_dir():
+        print(f"sw.deploy: --out {out}: exists and is not a directory", file=sys.stderr)
+        return 2
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=_parent(out)))
-    tmp.chmod(0o755)
     try:
         deploy(opts, tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        publish(tmp, out)
         print(f"wrote {out}/report.json, report.md, roofline.png, decode_trace.json, "
               "executable.safetensors")
         return 0

@@ -187,3 +187,12 @@ def test_cli_bad_input_is_one_line(args, message, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err
     assert not out.exists()
+
+
+def test_cli_out_that_is_a_file_is_refused(capsys, tmp_path):
+    from sw.codesign import main
+    out = tmp_path / "out"
+    out.write_text("mine")
+    assert main(["--out", str(out)]) == 2
+    assert "is not a directory" in capsys.readouterr().err and out.read_text() == "mine"
+

@@ -18,7 +18,10 @@ REPORT_FIELDS = {"model", "pattern", "bits", "group", "method", "backend", "prom
 
 def test_deploy_reference_model(tmp_path, capsys):
     out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")  # an existing --out keeps what it held
     assert main(FAST + ["--out", str(out)]) == 0
+    assert (out / "notes.txt").read_text() == "mine"
     report = json.loads((out / "report.json").read_text())
     assert REPORT_FIELDS <= set(report)
     assert report["tokens_match_twin"] is True and report["new_tokens"] == 3
@@ -67,6 +70,14 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args,
     err = capsys.readouterr().err.strip()
     assert err.startswith("sw.deploy: ") and message in err and "\n" not in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.write_text("mine")
+    assert main(FAST + ["--out", str(out)]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    assert out.read_text() == "mine" and list(tmp_path.iterdir()) == [out]
 
 
 def test_invalid_configuration_and_a_model_too_large(tmp_path, capsys):

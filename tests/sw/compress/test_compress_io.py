@@ -190,3 +190,20 @@ def test_cli_notes_a_pattern_dearer_than_dense(tmp_path, capsys):
                  str(tmp_path / "c.json"), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "note: 3:4 INT4 stores" in out and "more than dense INT4's" in out
+
+
+def test_publish_moves_files_and_keeps_others(tmp_path):
+    from sw.artifact import publish
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    (out / "a.json").write_text("old")
+    tmp.mkdir()
+    (tmp / "a.json").write_text("new")
+    publish(tmp, out)
+    assert (out / "mine.txt").read_text() == "keep" and (out / "a.json").read_text() == "new"
+    assert not tmp.exists()
+    tmp.mkdir()
+    (tmp / "b.json").write_text("b")
+    publish(tmp, tmp_path / "fresh")
+    assert (tmp_path / "fresh" / "b.json").read_text() == "b"
