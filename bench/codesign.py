@@ -17,16 +17,20 @@ uniform points), ``assignment`` (layers per format, and the per-unit choice),
 (of a mixed assignment: ``assembled`` or ``recompressed``, the one the validation split
 chose), and for the searched points at a uniform latency ``gap_closed``: the fraction of the
 perplexity gap between that uniform format and dense INT4 (group 128) that the search closes
-at the same latency (its compiled decode step simulated within the uniform's cycles).
+at the same latency (its compiled decode step simulated within the uniform's cycles), and
+``gap_closed_se``, its standard error over the test windows (:func:`gap_closed_se`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 from bench.common import RESULTS, parser, write_json
 from hw.config import AcceleratorConfig
@@ -36,8 +40,10 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 #: Per-model settings: how finely to assign formats and how much text to use.
 #: The reference model's whole 2:4-vs-dense gap is about 1% of perplexity, so its
 #: sensitivities and perplexities use 65,536 validation and 131,072 test tokens (its splits
-#: hold 0.76 M and 0.61 M) and units of a layer type in half the blocks; its down_proj
-#: (K = 688) pads to 768 in groups of 128, so whole-row groups are candidates.
+#: hold 0.76 M and 0.61 M) and one unit per layer (28; units of a layer type in half the
+#: blocks closed 18% of the 2:4 gap instead of 39%: per layer, sensitivities differ enough to
+#: trade); its down_proj (K = 688) pads to 768 in groups of 128, so whole-row groups are
+#: candidates. About 17 minutes, 12 of them the 168 sensitivities.
 #: SmolLM2 is sized to finish in under half an hour on 2 cores: each compression (32 x 128
 #: calibration tokens, as in its accuracy table) takes about 100 s and the sensitivities
 #: (14 units x 5 other formats, 2048 tokens each) about 7 minutes; only the 2:4 latency is
@@ -46,11 +52,11 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 #: in groups of 64: dense, 4:8, 2:4, and 4:16 (the 25%-density format with the most freedom;
 #: uniform 1:4 is unusable on this model, perplexity 309).
 SETTINGS = {
-    "reference": dict(granularity="type:2", calib=32, search_tokens=65536, eval_tokens=131072,
+    "reference": dict(granularity="layer", calib=32, search_tokens=65536, eval_tokens=131072,
                       candidates=("dense-int4", "4:8-int4", "2:4-int4", "dense-int4-row",
                                   "4:8-int4-row", "2:4-int4-row", "2:8-int4-row"),
                       budgets=("uniform-2:4-latency", "uniform-4:8-latency"), extra_points=3,
-                      refine_evals=20),
+                      refine_evals=40),
     "smollm2": dict(granularity="type:2", calib=32, seq_len=128, search_tokens=2048,
                     eval_tokens=4096,
                     candidates=("dense-int4", "2:4-int4", "dense-int4-g64", "4:8-int4-g64",
@@ -60,8 +66,40 @@ SETTINGS = {
 }
 
 
-def records(model: str, result: dict, cfg: AcceleratorConfig, method: str) -> list[dict]:
-    """Flat records of every measured point."""
+def gap_closed_se(ref: np.ndarray, point: np.ndarray, dense: np.ndarray) -> float:
+    """Standard error of the gap closed, from per-window NLLs of the same test windows.
+
+    The gap closed is the ratio ``mean(ref - point) / mean(ref - dense)`` (the perplexity
+    ratio of the records agrees to first order: the differences are a few percent); its
+    standard error is the ratio estimator's, ``std(num - r * den) / sqrt(n) / |mean(den)|``
+    over the windows, paired. Adjacent windows of one source file are correlated, so it is
+    somewhat optimistic (docs/accuracy.md, "Significance")."""
+    num, den = ref - point, ref - dense
+    r = num.mean() / den.mean()
+    return float((num - r * den).std(ddof=1) / np.sqrt(num.size) / abs(den.mean()))
+
+
+def window_nlls(src, result: dict) -> dict[str, np.ndarray]:
+    """Per-window test NLL of the points a gap closed compares: dense INT4, the uniform
+    formats whose latency is a budget, and the searched points at those budgets."""
+    from bench.accuracy import window_nll
+    from sw.codesign import with_weights
+    from sw.models.eval import EvalProtocol
+    budgets = {p.label.split(" ", 1)[1] for p in result["searched"]}
+    wanted = {"uniform dense-int4"} | {
+        "uniform " + b.removeprefix("uniform-").removesuffix("-latency") + "-int4"
+        for b in budgets if b.startswith("uniform-")}
+    points = [p for p in result["uniform"] if p.label in wanted] + [
+        p for p in result["searched"] if p.label.split(" ", 1)[1].startswith("uniform-")]
+    model = copy.deepcopy(src.model)
+    return {p.label: window_nll(with_weights(model, p.weights), EvalProtocol(batch_size=8),
+                                result["test_windows"]) for p in points}
+
+
+def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
+            nll: dict[str, np.ndarray] | None = None) -> list[dict]:
+    """Flat records of every measured point (with ``nll``, :func:`window_nlls`, the gap
+    closed gains its standard error)."""
     from sw.codesign import pareto
     hz = cfg.clock_mhz * 1e6
     uniform = {p.label.removeprefix("uniform "): p for p in result["uniform"]}
@@ -88,6 +126,9 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str) -> li
         if searched and ref in uniform and dense is not None:
             gap = uniform[ref].perplexity - dense.perplexity
             rec["gap_closed"] = (uniform[ref].perplexity - p.perplexity) / gap if gap else None
+            if nll and gap:
+                rec["gap_closed_se"] = gap_closed_se(nll[f"uniform {ref}"], nll[p.label],
+                                                     nll["uniform dense-int4"])
         out.append(rec)
     return out
 
@@ -145,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     src = open_model(args.model)
     result = run(src, cfg, method=args.method, progress=not args.quiet, **settings)
     wall = time.perf_counter() - t0
-    recs = records(args.model, result, cfg, args.method)
+    recs = records(args.model, result, cfg, args.method, window_nlls(src, result))
     for r in recs:
         r["wall_s"] = wall
     old = json.loads(args.out.read_text()) if args.out.exists() else []
@@ -154,12 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     img.parent.mkdir(parents=True, exist_ok=True)
     plot(result, cfg, img, f"{args.model}: per-layer formats ({settings['granularity']}) vs "
          f"one format, {args.method}", focus(result, BUDGETS[SETTINGS[args.model]["budgets"][0]]))
-    print(f"\n{'point':<32}{'perplexity':>11}{'cycles/token':>14}{'bits/w':>8}{'gap closed':>12}")
+    print(f"\n{'point':<32}{'perplexity':>11}{'cycles/token':>14}{'bits/w':>8}{'gap closed':>14}")
     for r in recs:
         label = r["method"] + (f" @ {r['budget']}" if r["budget"] else "")
-        gap = f"{r['gap_closed']:.0%}" if r.get("gap_closed") is not None else ""
+        gap = (f"{r['gap_closed']:.0%} +- {r['gap_closed_se']:.0%}"
+               if r.get("gap_closed") is not None else "")
         print(f"{label:<32}{r['perplexity']:>11.3f}{r['cycles_per_token']:>14,}"
-              f"{r['bits_per_weight']:>8.2f}{gap:>12}")
+              f"{r['bits_per_weight']:>8.2f}{gap:>14}")
     print(f"wrote {args.out} and {img} ({wall:.0f} s; {json.dumps(result['seconds'])})")
     return 0
 

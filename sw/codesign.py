@@ -344,7 +344,7 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
     ``recompress`` also packs searched points recompressed and keeps the packing the
     validation split prefers (module docstring). Returns
     ``{"uniform": [Point], "searched": [Point], "units": [...], "nll_base": ...,
-    "seconds": {...}}``.
+    "test_windows": tensor, "seconds": {...}}``.
     """
     import time
     model = src.model
@@ -453,7 +453,7 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
     return {"uniform": uniform, "searched": searched, "units": unit_list, "nll_base": nll0,
             "loss": loss, "costs": {u.name: {c: cost(u, c) for c in candidates}
                                     for u in unit_list},
-            "refine_evals": evals,
+            "refine_evals": evals, "test_windows": test,
             "seconds": {"compress": t_compress, "sensitivities": t_sens,
                         "refine": t_refine, "measure": time.perf_counter() - t0 - t_refine}}
 

@@ -144,6 +144,18 @@ def test_whole_flow_on_a_tiny_model(tmp_path):
     back = load(tmp_path / "m.safetensors").weights
     assert {x: q.fmt for x, q in back.items()} == {x: q.fmt for x, q in refined.weights.items()}
     assert all(np.array_equal(back[x].values, q.values) for x, q in refined.weights.items())
+    # the bench's records: per-window test NLLs average to the reported perplexities, and the
+    # points at a uniform latency carry the gap closed with its standard error
+    from bench.codesign import records, window_nlls
+    nll = window_nlls(src, res)
+    assert set(nll) == {"uniform dense-int4", "uniform 2:4-int4", "searched uniform-2:4-latency",
+                        "refined uniform-2:4-latency"}
+    for p in res["uniform"] + res["searched"]:
+        if p.label in nll:  # the same windows, batched alike: rounding-level agreement
+            assert np.exp(nll[p.label].mean()) == pytest.approx(p.perplexity, rel=1e-5)
+    recs = records("tiny", res, cfg, "sparsegpt+gptq", nll)
+    gaps = [r for r in recs if r.get("gap_closed") is not None]
+    assert len(gaps) == 2 and all(np.isfinite(r["gap_closed_se"]) for r in gaps)
 
 
 def test_bench_replot_from_records(tmp_path, monkeypatch):
@@ -196,3 +208,16 @@ def test_cli_out_that_is_a_file_is_refused(capsys, tmp_path):
     assert main(["--out", str(out)]) == 2
     assert "is not a directory" in capsys.readouterr().err and out.read_text() == "mine"
 
+
+
+def test_gap_closed_standard_error():
+    from bench.codesign import gap_closed_se
+    rng = np.random.default_rng(0)
+    ref = 3.0 + rng.normal(0, 0.2, 400)
+    dense = ref - 0.02 - rng.normal(0, 0.001, 400)
+    assert gap_closed_se(ref, ref - 0.5 * (ref - dense), dense) == pytest.approx(0, abs=1e-12)
+    point = ref - 0.01 + rng.normal(0, 0.004, 400)
+    # against a bootstrap over the windows (seeded): the ratio estimator's SE within 15%
+    idx = rng.integers(0, 400, (2000, 400))
+    boot = [(ref[i] - point[i]).mean() / (ref[i] - dense[i]).mean() for i in idx]
+    assert gap_closed_se(ref, point, dense) == pytest.approx(np.std(boot), rel=0.15)
