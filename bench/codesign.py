@@ -9,7 +9,8 @@ of this model replace its old ones) and ``docs/img/codesign_<model>.png`` (perpl
 simulated tokens/s, uniform points and searched ones).
 
 Record fields: ``model``, ``method`` (``uniform-<format>``, e.g. ``uniform-2:4`` or
-``uniform-dense-g64``, with ``format`` the candidate's full name; ``searched`` -- the knapsack
+``uniform-dense-g64``, with ``format`` the candidate's full name, except ``dense-int4`` for
+dense INT4 in groups of 128, the gap's dense end; ``searched`` -- the knapsack
 on first-order losses -- or ``searched+refined`` -- then the measured local search),
 ``budget`` (the latency the search was held to, e.g. ``uniform-2:4-latency``; empty for
 uniform points), ``assignment`` (layers per format, and the per-unit choice),
@@ -110,8 +111,10 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
         kind, _, rest = p.label.partition(" ")
         searched = kind in ("searched", "refined")
         budget = rest if searched else ""
+        # uniform points: uniform-2:4, uniform-4:8-row, ...; the gap's dense end: dense-int4
+        name = rest if rest == "dense-int4" else "uniform-" + rest.replace("-int4", "")
         rec = {"model": model, "method": {"searched": "searched", "refined": "searched+refined"}
-               .get(kind, "uniform-" + rest.replace("-int4", "")),
+               .get(kind, name),
                "compression": method, "budget": budget,
                "format": "" if searched else rest,
                "assignment": {"layers_per_format": dict(Counter(
@@ -145,7 +148,7 @@ def replot(model: str, out: Path) -> int:
 
     def point(r: dict) -> Point:
         label = (f"{kinds[r['method']]} {r['budget']}" if r["method"] in kinds else
-                 "uniform " + r.get("format", r["method"].removeprefix("uniform-") + "-int4"))
+                 "uniform " + r["format"])
         return Point(label, r["assignment"]["units"], {}, r["perplexity"],
                      r["cycles_per_token"], r["bits_per_weight"], 0.0)
     result = {"uniform": [point(r) for r in recs if r["method"] not in kinds],

@@ -154,6 +154,8 @@ def test_whole_flow_on_a_tiny_model(tmp_path):
         if p.label in nll:  # the same windows, batched alike: rounding-level agreement
             assert np.exp(nll[p.label].mean()) == pytest.approx(p.perplexity, rel=1e-5)
     recs = records("tiny", res, cfg, "sparsegpt+gptq", nll)
+    assert {r["method"] for r in recs} >= {"dense-int4", "uniform-2:4", "uniform-2:4-g32",
+                                           "searched", "searched+refined"}
     gaps = [r for r in recs if r.get("gap_closed") is not None]
     assert len(gaps) == 2 and all(np.isfinite(r["gap_closed_se"]) for r in gaps)
 
@@ -167,9 +169,12 @@ def test_bench_replot_from_records(tmp_path, monkeypatch):
     (tmp_path / "img").mkdir()
     rec = {"model": "reference", "compression": "sparsegpt+gptq", "budget": "",
            "assignment": {"units": {}}, "bits_per_weight": 3.0}
-    recs = [{**rec, "method": "uniform-dense", "perplexity": 3.4, "cycles_per_token": 120},
-            {**rec, "method": "uniform-1:4", "perplexity": 40.0, "cycles_per_token": 60},
-            {**rec, "method": "uniform-2:4", "perplexity": 3.6, "cycles_per_token": 90},
+    recs = [{**rec, "method": "dense-int4", "format": "dense-int4", "perplexity": 3.4,
+             "cycles_per_token": 120},
+            {**rec, "method": "uniform-1:4", "format": "1:4-int4", "perplexity": 40.0,
+             "cycles_per_token": 60},
+            {**rec, "method": "uniform-2:4", "format": "2:4-int4", "perplexity": 3.6,
+             "cycles_per_token": 90},
             {**rec, "method": "searched+refined", "budget": "uniform-2:4-latency",
              "perplexity": 3.5, "cycles_per_token": 90}]
     out = tmp_path / "codesign.json"
