@@ -44,8 +44,7 @@ from sw.runtime import Runtime, StepStats
 DOCS = Path(__file__).parents[1] / "docs"
 
 LLAMA7B = dict(hidden=4096, intermediate=11008, layers=32, heads=32, head_dim=128, vocab=32000)
-FORMATS = {"dense-int4": WeightFormat("dense", 4, 128), "2:4-int4": WeightFormat("2:4", 4, 128),
-           "1:4-int4": WeightFormat("1:4", 4, 128)}
+FORMATS = {n: WeightFormat.parse(n) for n in ("dense-int4", "2:4-int4", "1:4-int4")}
 #: Seed paper (arXiv 2512.24713, withdrawn): 2:4 + INT4 vs dense.
 SEED = {"decode_throughput": 1.36, "gemm": 1.71}
 
