@@ -138,7 +138,7 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
 
 def replot(model: str, out: Path) -> int:
     """Redraw ``docs/img/codesign_<model>.png`` from the records in ``out`` (no search)."""
-    from sw.codesign import BUDGETS, Point, focus, plot
+    from sw.codesign import BUDGETS, Point, plot, zoom_bound
     recs = [r for r in (json.loads(out.read_text()) if out.exists() else [])
             if r.get("model") == model]
     if not recs:
@@ -156,7 +156,7 @@ def replot(model: str, out: Path) -> int:
     s = SETTINGS[model]
     img = DOCS / "img" / f"codesign_{model}.png"
     plot(result, AcceleratorConfig(), img, f"{model}: per-layer formats ({s['granularity']}) "
-         f"vs one format, {recs[0]['compression']}", focus(result, BUDGETS[s["budgets"][0]]))
+         f"vs one format, {recs[0]['compression']}", zoom_bound(result, BUDGETS[s["budgets"][0]]))
     print(f"wrote {img}")
     return 0
 
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot:
         return replot(args.model, args.out)
     from hw.format import WeightFormat
-    from sw.codesign import BUDGETS, focus, plot, run
+    from sw.codesign import BUDGETS, plot, run, zoom_bound
     from sw.models.source import open_model
     settings = dict(SETTINGS[args.model])
     dram = settings.pop("dram_mb", None)
@@ -188,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     src = open_model(args.model)
     result = run(src, cfg, method=args.method, progress=not args.quiet, **settings)
+    nll = window_nlls(src, result)
     wall = time.perf_counter() - t0
-    recs = records(args.model, result, cfg, args.method, window_nlls(src, result))
+    recs = records(args.model, result, cfg, args.method, nll)
     for r in recs:
         r["wall_s"] = wall
     old = json.loads(args.out.read_text()) if args.out.exists() else []
@@ -197,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     img = DOCS / "img" / f"codesign_{args.model}.png"
     img.parent.mkdir(parents=True, exist_ok=True)
     plot(result, cfg, img, f"{args.model}: per-layer formats ({settings['granularity']}) vs "
-         f"one format, {args.method}", focus(result, BUDGETS[SETTINGS[args.model]["budgets"][0]]))
+         f"one format, {args.method}",
+         zoom_bound(result, BUDGETS[SETTINGS[args.model]["budgets"][0]]))
     print(f"\n{'point':<32}{'perplexity':>11}{'cycles/token':>14}{'bits/w':>8}{'gap closed':>14}")
     for r in recs:
         label = r["method"] + (f" @ {r['budget']}" if r["budget"] else "")

@@ -490,7 +490,7 @@ def plot(result: dict, cfg: AcceleratorConfig, path, title: str, focus: float | 
     return path
 
 
-def focus(result: dict, base: str, margin: float = 1.05) -> float | None:
+def zoom_bound(result: dict, base: str, margin: float = 1.05) -> float | None:
     """The perplexity bound of :func:`plot`'s zoom: ``margin`` over uniform ``base``'s (None
     without that point)."""
     ppl = [p.perplexity for p in result["uniform"] if p.label == f"uniform {base}"]
@@ -607,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                         recipe={"method": args.method, "codesign": args.budget},
                         meta={"source": src.name}), tmp / "model.safetensors")
         plot(result, cfg, tmp / "pareto.png", f"{src.name}: per-layer formats vs uniform",
-             focus(result, BUDGETS[args.budget]))
+             zoom_bound(result, BUDGETS[args.budget]))
         publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
