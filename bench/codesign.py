@@ -47,7 +47,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 #: candidates. About 17 minutes, 12 of them the 168 sensitivities.
 #: SmolLM2 is sized to finish in under half an hour on 2 cores: each compression (32 x 128
 #: calibration tokens, as in its accuracy table) takes about 100 s and the sensitivities
-#: (14 units x 5 other formats, 2048 tokens each) about 7 minutes; only the 2:4 latency is
+#: (14 units x 5 other formats, 2048 tokens each) 5 to 7 minutes; only the 2:4 latency is
 #: searched. Its K = 576 layers (all but down_proj) pad to 640 in groups of 128, so the
 #: candidates besides the two reference formats (uniform 2:4 and dense INT4, group 128) are
 #: in groups of 64: dense, 4:8, 2:4, and 4:16 (the 25%-density format with the most freedom;
