@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -64,13 +65,15 @@ def atomic_write(path: str | Path, write) -> Path:
     return path
 
 
-def publish(tmp: str | Path, out: str | Path) -> Path:
+def publish(tmp: str | Path, out: str | Path, outputs: Iterable[str] = ()) -> Path:
     """Move the files a command wrote into the directory ``tmp`` to the directory ``out``.
 
     A new ``out`` is ``tmp`` renamed; into an existing one each file moves by an atomic
-    rename, replacing a file of the same name and leaving every other file where it is (a
-    command's ``--out .`` must not empty the current directory). Both get the modes the
-    umask gives new files and directories (``mkdtemp`` makes them private)."""
+    rename, replacing a file of the same name, and of the other files only those named in
+    ``outputs`` (what the command can write) are removed, as stale outputs of an earlier run:
+    everything else stays (a command's ``--out .`` must not empty the current directory).
+    Both get the modes the umask gives new files and directories (``mkdtemp`` makes them
+    private)."""
     tmp, out = Path(tmp), Path(out)
     umask = os.umask(0)
     os.umask(umask)
@@ -82,8 +85,11 @@ def publish(tmp: str | Path, out: str | Path) -> Path:
         return out
     if not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory")
+    written = {file.name for file in tmp.iterdir()}
     for file in tmp.iterdir():
         os.replace(file, out / file.name)
+    for name in set(outputs) - written:
+        (out / name).unlink(missing_ok=True)
     tmp.rmdir()
     return out
 

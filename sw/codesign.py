@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
                         meta={"source": src.name}), tmp / "model.safetensors")
         plot(result, cfg, tmp / "pareto.png", f"{src.name}: per-layer formats vs uniform",
              zoom_bound(result, BUDGETS[args.budget]))
-        publish(tmp, out)
+        publish(tmp, out, ("assignment.json", "model.safetensors", "pareto.png"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {out}/assignment.json, model.safetensors (sw.deploy --model accepts it), "

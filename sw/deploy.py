@@ -448,6 +448,11 @@ def _print_summary(r: dict, text: str, prompt_text: str, log) -> None:
 
 
 # ---------------------------------------------------------------------- command line
+#: The files ``--out`` receives (decode_trace.json only from backends that trace).
+OUTPUTS = ("report.json", "report.md", "roofline.png", "decode_trace.json",
+           "executable.safetensors")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     opts = DeployOptions(**{k: v for k, v in vars(args).items()})
@@ -458,9 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=_parent(out)))
     try:
         deploy(opts, tmp)
-        publish(tmp, out)
-        print(f"wrote {out}/report.json, report.md, roofline.png, decode_trace.json, "
-              "executable.safetensors")
+        publish(tmp, out, OUTPUTS)
+        print(f"wrote {out}/{', '.join(n for n in OUTPUTS if (out / n).exists())}")
         return 0
     except UsageError as e:
         print(f"sw.deploy: {e}", file=sys.stderr)

@@ -199,9 +199,11 @@ def test_publish_moves_files_and_keeps_others(tmp_path):
     (out / "mine.txt").write_text("keep")
     (out / "a.json").write_text("old")
     tmp.mkdir()
+    (out / "trace.json").write_text("stale")  # an output this run did not write
     (tmp / "a.json").write_text("new")
-    publish(tmp, out)
+    publish(tmp, out, ("a.json", "trace.json"))
     assert (out / "mine.txt").read_text() == "keep" and (out / "a.json").read_text() == "new"
+    assert not (out / "trace.json").exists()
     assert not tmp.exists()
     tmp.mkdir()
     (tmp / "b.json").write_text("b")
