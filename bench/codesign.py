@@ -84,14 +84,12 @@ def window_nlls(src, result: dict) -> dict[str, np.ndarray]:
     """Per-window test NLL of the points a gap closed compares: dense INT4, the uniform
     formats whose latency is a budget, and the searched points at those budgets."""
     from bench.accuracy import window_nll
-    from sw.codesign import with_weights
+    from sw.codesign import BUDGETS, with_weights
     from sw.models.eval import EvalProtocol
-    budgets = {p.label.split(" ", 1)[1] for p in result["searched"]}
-    wanted = {"uniform dense-int4"} | {
-        "uniform " + b.removeprefix("uniform-").removesuffix("-latency") + "-int4"
-        for b in budgets if b.startswith("uniform-")}
-    points = [p for p in result["uniform"] if p.label in wanted] + [
-        p for p in result["searched"] if p.label.split(" ", 1)[1].startswith("uniform-")]
+    at_uniform = [p for p in result["searched"] if p.label.split(" ", 1)[1] in BUDGETS]
+    wanted = {"uniform dense-int4"} | {"uniform " + BUDGETS[p.label.split(" ", 1)[1]]
+                                       for p in at_uniform}
+    points = [p for p in result["uniform"] if p.label in wanted] + at_uniform
     model = copy.deepcopy(src.model)
     return {p.label: window_nll(with_weights(model, p.weights), EvalProtocol(batch_size=8),
                                 result["test_windows"]) for p in points}
@@ -101,7 +99,7 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
             nll: dict[str, np.ndarray] | None = None) -> list[dict]:
     """Flat records of every measured point (with ``nll``, :func:`window_nlls`, the gap
     closed gains its standard error)."""
-    from sw.codesign import pareto
+    from sw.codesign import BUDGETS, pareto
     hz = cfg.clock_mhz * 1e6
     uniform = {p.label.removeprefix("uniform "): p for p in result["uniform"]}
     dense = uniform.get("dense-int4")
@@ -125,7 +123,7 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
                "bits_per_weight": p.bits_per_weight, "perplexity": p.perplexity,
                "packing": p.packing,
                "pareto": p.label in front}
-        ref = budget.removeprefix("uniform-").removesuffix("-latency") + "-int4"
+        ref = BUDGETS.get(budget)  # the uniform format whose latency the budget is
         if searched and ref in uniform and dense is not None:
             gap = uniform[ref].perplexity - dense.perplexity
             rec["gap_closed"] = (uniform[ref].perplexity - p.perplexity) / gap if gap else None
@@ -180,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     dram = settings.pop("dram_mb", None)
     if "candidates" in settings:
         settings["candidates"] = {c: WeightFormat.parse(c) for c in settings["candidates"]}
-    if "budgets" in settings:
-        settings["budgets"] = {b: BUDGETS[b] for b in settings["budgets"]}
+    settings["budgets"] = {b: BUDGETS[b] for b in settings["budgets"]}  # the first: the plot's
     cfg = AcceleratorConfig()
     if dram:
         cfg = cfg.with_dram(dram << 20)
@@ -198,8 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     img = DOCS / "img" / f"codesign_{args.model}.png"
     img.parent.mkdir(parents=True, exist_ok=True)
     plot(result, cfg, img, f"{args.model}: per-layer formats ({settings['granularity']}) vs "
-         f"one format, {args.method}",
-         zoom_bound(result, BUDGETS[SETTINGS[args.model]["budgets"][0]]))
+         f"one format, {args.method}", zoom_bound(result, next(iter(settings["budgets"].values()))))
     print(f"\n{'point':<32}{'perplexity':>11}{'cycles/token':>14}{'bits/w':>8}{'gap closed':>14}")
     for r in recs:
         label = r["method"] + (f" @ {r['budget']}" if r["budget"] else "")
