@@ -87,10 +87,11 @@ class Array(wiring.Component):
         i_row = [self.idx[r * cols + c] for r in range(cfg.rows) for c in range(cols)]
         for r in range(cfg.rows):
             if r:
-                nact = Signal(act_block_layout(cfg), name=f"act_r{r}")
-                ntok = Signal.like(self.tok, name=f"tok_r{r}")
+                # Only the strobes are reset by `start` (hw/top.py, "Reset").
+                nact = Signal(act_block_layout(cfg), name=f"act_r{r}", reset_less=True)
+                ntok = Signal.like(self.tok, name=f"tok_r{r}", reset_less=True)
                 nvalid = Signal(name=f"valid_r{r}")
-                nfirst = Signal(name=f"first_r{r}")
+                nfirst = Signal(name=f"first_r{r}", reset_less=True)
                 nload = Signal(name=f"load_r{r}")
                 m.d.sync += [nact.eq(act), ntok.eq(tok), nvalid.eq(valid), nfirst.eq(first),
                              nload.eq(load)]
@@ -100,8 +101,9 @@ class Array(wiring.Component):
                 # Row r's weights pass through r registers (the skew of the activations).
                 wv, iv = w_row[lane], i_row[lane]
                 for d in range(r):
-                    nw = Signal(signed(cfg.weight_operand_bits), name=f"w_l{lane}_d{d}")
-                    ni = Signal(index_bits(cfg), name=f"i_l{lane}_d{d}")
+                    nw = Signal(signed(cfg.weight_operand_bits), name=f"w_l{lane}_d{d}",
+                                reset_less=True)
+                    ni = Signal(index_bits(cfg), name=f"i_l{lane}_d{d}", reset_less=True)
                     m.d.sync += [nw.eq(wv), ni.eq(iv)]
                     wv, iv = nw, ni
                 m.submodules[f"pe{lane}"] = pe = PE(cfg)

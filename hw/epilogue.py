@@ -34,13 +34,14 @@ Pipeline (read ``i`` in cycle ``e``, the ``i``-th word written in cycle ``e + LA
     e+4   Y <- sat8((W + 1 + 2 * residual) >> 1), or saturated by the sign of S
     e+5   OUT[out_addr_word + i] <- Y
 
-Fan-out: the instruction register drives every lane's window multiplexers and mode selects,
-which made it the design's critical path (``python -m hw.synth --report``). Every lane
-therefore reads its own registered copy of ``shift``, and every group of
-:data:`LANES_PER_COPY` lanes its own copy of the decoded mode and of the shift mask, one
-cycle behind ``ins`` (the mask two); the instruction is constant from ``prefetch`` (at least
-two cycles before ``start``) to ``done``, so the copies hold it whenever a stage reads them
-and no cycle changes (:mod:`hw.fanout`).
+Fan-out: the instruction register drives every lane's window multiplexers and mode selects, which
+made it the design's critical path (``python -m hw.synth --report``). Every lane therefore reads
+its own registered copy of ``shift``, and every group of :data:`LANES_PER_COPY` lanes its own copy
+of the decoded mode and of the shift mask, one cycle behind ``ins`` (the mask, computed once, two);
+the instruction is constant from ``prefetch`` (at least two cycles before ``start``) to ``done``,
+so the copies hold it whenever a stage reads them and no cycle changes (:mod:`hw.fanout`). Only the
+sequencing and the valid bits of the stages are reset by ``start``; the data registers are not
+(hw/top.py, "Reset").
 """
 
 from __future__ import annotations
@@ -209,10 +210,10 @@ class Epilogue(wiring.Component):
         m.d.comb += [self.acc_addr.eq(tok_n), self.ep.eq(busy)]
 
         # ---- e: register the accumulators ------------------------------------------------------
-        a = Signal.like(self.acc_data)
+        a = Signal.like(self.acc_data, reset_less=True)
         a_valid = Signal()
-        a_tok = Signal.like(tok)
-        a_quarter = Signal(2)
+        a_tok = Signal.like(tok, reset_less=True)
+        a_quarter = Signal(2, reset_less=True)
         m.d.sync += [a.eq(self.acc_data), a_valid.eq(busy), a_tok.eq(tok),
                      a_quarter.eq(quarter)]
 
@@ -236,8 +237,10 @@ class Epilogue(wiring.Component):
         # them with the low slices), hence the separate, earlier prefetch.
         load_mult = Signal()
         m.d.sync += load_mult.eq(self.prefetch)
+        mult = Signal.like(self.mult, reset_less=True)
         with m.If(load_mult):
-            m.d.sync += self.mult.eq(self.param_rd.data)
+            m.d.sync += mult.eq(self.param_rd.data)
+        m.d.comb += self.mult.eq(mult)
 
         # The high slices go straight from the array to the Dequant units, which register them
         # beside their multipliers (as the PEs do with the low slices).
@@ -247,8 +250,8 @@ class Epilogue(wiring.Component):
 
         # ---- e+1: WIDE quarter select -------------------------------------------------------
         p_valid = Signal()
-        p_tok = Signal.like(tok)
-        p_quarter = Signal(2)
+        p_tok = Signal.like(tok, reset_less=True)
+        p_quarter = Signal(2, reset_less=True)
         m.d.sync += [p_valid.eq(a_valid), p_tok.eq(a_tok), p_quarter.eq(a_quarter)]
         word_bits = spad_word_bits(cfg, "out")
         per_word = word_bits // WIDE_BITS
@@ -257,7 +260,7 @@ class Epilogue(wiring.Component):
             x = Signal(signed(WIDE_BITS), name=f"wide_l{l}")
             m.d.comb += x.eq(a[l])  # low 32 bits, or sign-extended when narrower
             as32.append(x)
-        wide_q = Signal(word_bits)
+        wide_q = Signal(word_bits, reset_less=True)
         with m.Switch(a_quarter):
             for q in range(4):
                 with m.Case(q):
@@ -266,12 +269,12 @@ class Epilogue(wiring.Component):
         # ---- e+2: sum of the partial products; residual or bias half select -----------------
         # S = acc * mult exactly, sign-extended so that the window below fits at any shift.
         sbits = max(cfg.acc_bits + MULT_BITS + 1, MAX_SHIFT + WINDOW_BITS)
-        s = [Signal(signed(sbits), name=f"s_l{l}") for l in range(lanes)]
+        s = [Signal(signed(sbits), name=f"s_l{l}", reset_less=True) for l in range(lanes)]
         for l in range(lanes):
             m.d.sync += s[l].eq(self.lo_prod[l] + (self.hi_prod[l] << SLICE_BITS))
         # Which half of the PARAM word: selected per group, registered a stage early (at e+1
         # a_quarter / a_tok are what p_quarter / p_tok are at e+2).
-        g_upper = [Signal(name=f"upper_g{g}") for g in groups]
+        g_upper = [Signal(name=f"upper_g{g}", reset_less=True) for g in groups]
         for g in groups:
             m.d.sync += g_upper[g].eq(Mux(g_wide[g], a_quarter[0], a_tok[0]))
         half = Signal(8 * lanes)
@@ -280,14 +283,14 @@ class Epilogue(wiring.Component):
             m.d.comb += half[byte].eq(Mux(g_upper[l // LANES_PER_COPY],
                                           self.param_rd.data[8 * lanes:][byte],
                                           self.param_rd.data[byte]))
-        wide_q2 = Signal.like(wide_q)
+        wide_q2 = Signal.like(wide_q, reset_less=True)
         lanes_per_int32 = WIDE_BITS // 8
         m.d.sync += wide_q2.eq(Cat(
             (wide_q[j * WIDE_BITS:(j + 1) * WIDE_BITS]
              + Mux(g_bias[j * lanes_per_int32 // LANES_PER_COPY],
                    half[j * WIDE_BITS:(j + 1) * WIDE_BITS], 0))[:WIDE_BITS]
             for j in range(per_word)))
-        res = Signal(data.ArrayLayout(signed(8), lanes))
+        res = Signal(data.ArrayLayout(signed(8), lanes), reset_less=True)
         for l in range(lanes):
             m.d.sync += res[l].eq(Mux(g_resid[l // LANES_PER_COPY], half[8 * l:8 * l + 8], 0))
         s_valid = Signal()
@@ -295,18 +298,20 @@ class Epilogue(wiring.Component):
         # C = S * 2 (a zero below bit 0): the window C[shift : shift + WINDOW_BITS] is
         # floor(S / 2**(shift-1)) for any shift, 0 included. It is exact iff every bit of C from
         # shift + WINDOW_BITS - 1 up equals the sign (constant mask, shared by all lanes).
+        # The mask is computed once from `ins` and copied per group (both two cycles behind
+        # `ins`, as the lanes' shift copies are one).
         cbits = sbits + 1
-        g_above = [Signal(cbits, name=f"above_g{g}") for g in groups]
-        for g in groups:
-            m.d.sync += g_above[g].eq(Cat(l_shift[g * LANES_PER_COPY] + (WINDOW_BITS - 1) <= i
-                                          for i in range(cbits)))
+        above = Signal(cbits, reset_less=True)
+        m.d.sync += above.eq(Cat(ins.shift + (WINDOW_BITS - 1) <= i for i in range(cbits)))
+        g_above = [replica(m, above, f"above_g{g}") for g in groups]
 
         # ---- e+3: the window and whether S fits it -------------------------------------------
-        win = [Signal(signed(WINDOW_BITS), name=f"win_l{l}") for l in range(lanes)]
-        fits = Signal(lanes)
-        neg = Signal(lanes)
-        res3 = Signal.like(res)
-        wide_q3 = Signal.like(wide_q)
+        win = [Signal(signed(WINDOW_BITS), name=f"win_l{l}", reset_less=True)
+               for l in range(lanes)]
+        fits = Signal(lanes, reset_less=True)
+        neg = Signal(lanes, reset_less=True)
+        res3 = Signal.like(res, reset_less=True)
+        wide_q3 = Signal.like(wide_q, reset_less=True)
         coarse_bits = WINDOW_BITS + 7
         for l in range(lanes):
             shift, above = l_shift[l], g_above[l // LANES_PER_COPY]
@@ -330,7 +335,7 @@ class Epilogue(wiring.Component):
         # ---- e+4: rounding, residual, saturation --------------------------------------------
         # q + r = floor((W + 1) / 2) + r = (W + 1 + 2r) >> 1: one adder; int8 overflow is bits
         # 7 and up not all equal (no comparator chains).
-        y = Signal(word_bits)
+        y = Signal(word_bits, reset_less=True)
         for l in range(lanes):
             t = Signal(signed(WINDOW_BITS + 1), name=f"t_l{l}")
             m.d.comb += t.eq(win[l] + Cat(Const(1, 1), res3[l]).as_signed())

@@ -6,7 +6,8 @@ cycle behind the value: the copies hold the instruction wherever the original wo
 provided the value is stable one cycle before its first use and until one cycle after its last
 (every user states why it is). Each copy carries the ``keep`` attribute, and ``hw.synth`` puts
 ``keep`` on the flip-flop of every register so marked, because Yosys' ``opt_merge`` otherwise
-folds identical registers back into one.
+folds identical registers back into one. A copy is not reset (it follows ``value`` within a
+cycle), so it adds no load to a reset net either.
 """
 
 from __future__ import annotations
@@ -18,6 +19,6 @@ __all__ = ["replica"]
 
 def replica(m: Module, value: Value, name: str) -> Signal:
     """A ``keep`` register in ``m``'s sync domain that follows ``value`` one cycle behind."""
-    r = Signal.like(value, name=name, attrs={"keep": 1})
+    r = Signal.like(value, name=name, reset_less=True, attrs={"keep": 1})
     m.d.sync += r.eq(value)
     return r

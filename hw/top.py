@@ -12,17 +12,24 @@
     OUT scratchpad:              ComputeCore writes words, StoreEngine reads beats
 
 Host protocol: write the program into the instruction memory (``imem_wr``) while ``busy`` is
-low, pulse ``start`` for one cycle (cycle -1 of hw/timing.py), wait for ``busy`` to fall; then
-``done`` is high and ``error``, ``error_pc``, ``cycles`` and ``counters`` hold the outcome until
-the next ``start``. ``busy`` falls in cycle ``cycles + 1``, or ``cycles + 2`` after an
-EVENT_OVERFLOW (decided a cycle late, so that the stop logic does not wait for the event
-grants).
+low, pulse ``start`` for one cycle (cycle ``-START_LATENCY`` of hw/timing.py), wait for ``busy``
+to fall; then ``done`` is high and ``error``, ``error_pc``, ``cycles`` and ``counters`` hold the
+outcome until the next ``start``. ``busy`` rises in the cycle after ``start`` and falls in cycle
+``cycles + 1``, or ``cycles + 2`` after an EVENT_OVERFLOW (decided a cycle late, so that the stop
+logic does not wait for the event grants).
 
-``start`` resets every control and datapath register (not the memories), so a run after an
-error starts clean. The counters of :data:`hw.counters.COUNTERS` take each cycle's increments
-one cycle later, and only while the machine still runs, so the increments of the stop cycle
-itself are dropped (counters cover cycles ``0 .. cycles - 1``); the beat and MAC counters add an
-instruction's total when it ends.
+Reset: ``start`` resets the control state of every block (sequencers, counters, pointers, the
+valid bit of every pipeline stage; not the memories), so a run after an error starts clean. The
+datapath registers (operands, products, weight words and headers, results, registered copies of
+instruction fields) are ``reset_less``: each is written before a reset valid bit lets it reach
+any state or output, and a reset that reached all of them would be a net to nearly every
+flip-flop, across the die (docs/synthesis.md). The reset is registered, one copy per block, so
+the machine's cycle 0 is the second cycle after ``start``.
+
+The counters of :data:`hw.counters.COUNTERS` take each cycle's increments one cycle later, and only
+while the machine still runs, so the increments of the stop cycle itself are dropped (counters
+cover cycles ``0 .. cycles - 1``); the beat and MAC counters add an instruction's total when it
+ends.
 """
 
 from __future__ import annotations
@@ -39,10 +46,12 @@ from hw.counters import COUNTER_BITS, COUNTERS, CounterLayout
 from hw.dma import DramSignature, LoadEngine, StoreEngine
 from hw.engine import EngineSequencer
 from hw.events import EventUnit
+from hw.fanout import replica
 from hw.fetch import FetchUnit
 from hw.isa import INSTR_BITS, DmaBody, Engine, ErrorCode, GemmBody
 from hw.queues import DMA_ENTRY, GEMM_ENTRY, InstrQueue
 from hw.spad import Scratchpad
+from hw.timing import START_LATENCY
 
 __all__ = ["Accelerator"]
 
@@ -85,8 +94,14 @@ class Accelerator(wiring.Component):
         The DRAM port.
     """
 
+    #: Cycles from ``start`` to cycle 0: ``start`` accepted, then the blocks' registered reset.
+    START_CYCLES = 2
+
     def __init__(self, cfg: AcceleratorConfig,
                  compute: Callable[[AcceleratorConfig], wiring.Component] | None = None):
+        if START_LATENCY != self.START_CYCLES:
+            raise ValueError(f"hw.timing.START_LATENCY={START_LATENCY} is not this top's "
+                             f"{self.START_CYCLES} cycles from start to cycle 0")
         if not isinstance(cfg, AcceleratorConfig):
             raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
         if compute is not None and not callable(compute):
@@ -114,32 +129,40 @@ class Accelerator(wiring.Component):
         m = Module()
         cfg = self._cfg
         running = Signal()
-        go = Signal()
-        m.d.comb += go.eq(self.start & ~running)
+        go = Signal()      # start accepted: cycle -START_LATENCY
+        launch = Signal()  # the blocks are being reset: cycle -1
+        m.d.comb += go.eq(self.start & ~running & ~launch)
+        m.d.sync += launch.eq(go)
 
-        # Everything below is reset by `start` (memories keep their contents).
+        # Every block below is reset by `start` (memories keep their contents), through its own
+        # registered copy of `go` (hw.fanout): a reset that reaches every flip-flop of the
+        # machine must start at a register near them, not at the logic that accepts `start`.
         core_m = Module()
-        m.submodules.machine = ResetInserter(go)(core_m)
-        sub = core_m.submodules
-        sub.fetch = fetch = FetchUnit(cfg)
+        m.submodules.machine = core_m
+
+        def block(name: str, component):
+            core_m.submodules[name] = ResetInserter(replica(m, go, f"rst_{name}"))(component)
+            return component
+
+        fetch = block("fetch", FetchUnit(cfg))
         bodies = {Engine.LOAD: DMA_ENTRY, Engine.COMPUTE: GEMM_ENTRY, Engine.STORE: DMA_ENTRY}
         queues, seqs = {}, {}
         for eng, entry in bodies.items():
             name = eng.name.lower()
-            queues[eng] = sub[f"{name}_queue"] = InstrQueue(entry, cfg.queue_depth)
-            seqs[eng] = sub[f"{name}_seq"] = EngineSequencer(
-                GemmBody if eng == Engine.COMPUTE else DmaBody, cfg.num_events)
-        sub.events = events = EventUnit(cfg.num_events, cfg.event_bits, ports=len(Engine))
-        sub.load = load = LoadEngine(cfg)
-        sub.store = store = StoreEngine(cfg)
-        sub.core = core = self._compute(cfg)
+            queues[eng] = block(f"{name}_queue", InstrQueue(entry, cfg.queue_depth))
+            seqs[eng] = block(f"{name}_seq", EngineSequencer(
+                GemmBody if eng == Engine.COMPUTE else DmaBody, cfg.num_events))
+        events = block("events", EventUnit(cfg.num_events, cfg.event_bits, ports=len(Engine)))
+        load = block("load", LoadEngine(cfg))
+        store = block("store", StoreEngine(cfg))
+        core = block("core", self._compute(cfg))
         spads = {}
         for name, core_dir in (("act", "read"), ("wgt", "read"), ("param", "read"),
                                ("out", "write")):
-            spads[name] = sub[f"{name}_spad"] = Scratchpad(
+            spads[name] = block(f"{name}_spad", Scratchpad(
                 size_bytes=getattr(cfg, f"{name}_spad_bytes"),
                 word_bytes=getattr(cfg, f"{name}_word_bytes"),
-                beat_bytes=cfg.beat_bytes, core=core_dir)
+                beat_bytes=cfg.beat_bytes, core=core_dir))
 
         # ---- wiring
         connect(m, wiring.flipped(self.imem_wr), fetch.imem_wr)
@@ -189,7 +212,7 @@ class Accelerator(wiring.Component):
         ]
 
         cyc = Signal(COUNTER_BITS)
-        with m.If(go):
+        with m.If(launch):
             m.d.sync += [running.eq(1), cyc.eq(0), self.done.eq(0),
                          self.error.eq(ErrorCode.NONE), self.error_pc.eq(0)]
         with m.Elif(running):
@@ -202,12 +225,12 @@ class Accelerator(wiring.Component):
                 m.d.sync += [self.cycles.eq(cyc), self.error.eq(now),
                              self.error_pc.eq(Mux(fetch.error != ErrorCode.NONE,
                                                   fetch.error_pc, 0))]
-        m.d.comb += self.busy.eq(running)
+        m.d.comb += self.busy.eq(running | launch)
 
         # ---- counters: this cycle's increments, added next cycle if the machine still runs.
         # MAC cycles of the GEMM in flight: at most k_steps * tokens.
         mac_acc = Signal(GemmBody["k_steps"].width + GemmBody["tokens_m1"].width + 1)
-        m.d.sync += mac_acc.eq(Mux(core.done | go, 0, mac_acc + core.mac))
+        m.d.sync += mac_acc.eq(Mux(core.done | launch, 0, mac_acc + core.mac))
         incs = {
             "fetch_stall": fetch.stalled,
             "dram_read_beats": Mux(load.done, load.beats, 0),
@@ -223,7 +246,7 @@ class Accelerator(wiring.Component):
         for name, value in incs.items():
             pend = Signal(value.shape(), name=f"inc_{name}")
             counter = getattr(self.counters, name)
-            with m.If(go):
+            with m.If(launch):
                 m.d.sync += [pend.eq(0), counter.eq(0)]
             with m.Elif(running):
                 m.d.sync += pend.eq(value)

@@ -41,6 +41,7 @@ import numpy as np
 from hw.config import AcceleratorConfig
 from hw.counters import COUNTER_BITS, COUNTERS
 from hw.isa import INSTR_BYTES, ErrorCode, Instr, encode, program_words
+from hw.timing import START_LATENCY
 from sim.result import RunResult
 
 __all__ = ["RTLBackend", "RTLBuildError", "RTLTimeoutError", "engine_states", "verilator_env",
@@ -127,6 +128,7 @@ def _config_header(cfg: AcceleratorConfig) -> str:
         f"#define ACCEL_DRAM_BEATS {cfg.dram_beats}ull",
         f"#define ACCEL_LATENCY {cfg.memory.latency}",
         f"#define ACCEL_IMEM_DEPTH {cfg.imem_depth}",
+        f"#define ACCEL_START_LATENCY {START_LATENCY}",
         f"#define ACCEL_INSTR_BYTES {INSTR_BYTES}",
         f"#define ACCEL_WR_ADDR_BITS {DRAM_ADDR_BITS}",
         f"#define ACCEL_WR_BITS {DRAM_ADDR_BITS + 8 * cfg.beat_bytes}",

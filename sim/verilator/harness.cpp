@@ -283,7 +283,8 @@ int main(int argc, char** argv) {
     top->start = 1;
     h.tick();  // start is registered in the runner top: the accelerator sees it next cycle,
     top->start = 0;
-    h.tick();  // which is cycle -1
+    for (int i = 0; i < ACCEL_START_LATENCY; ++i)
+        h.tick();  // which is cycle -ACCEL_START_LATENCY; the loop ends with cycle -1
     const uint64_t first = h.ticks();
     bool timed_out = false;
     do {

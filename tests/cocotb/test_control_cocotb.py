@@ -33,6 +33,7 @@ from control_testutil import random_dma, random_gemm, random_program, small_conf
 
 from hw.counters import COUNTERS, CounterLayout  # noqa: E402
 from hw.isa import End, Engine, ErrorCode, Gemm, Load, Store, Sync, encode  # noqa: E402
+from hw.timing import START_LATENCY  # noqa: E402
 from sim.model import FastModel  # noqa: E402
 
 CFG = small_config()
@@ -125,9 +126,26 @@ def _compare(got: dict, ref) -> None:
                                                               ref.error_pc), (got, ref.detail)
     assert got["counters"] == ref.counters
     assert got["done"]
-    # busy falls in cycle `cycles + 1`, a cycle later after an event overflow
+    # counted from the cycle after start (-START_LATENCY + 1): busy falls in cycle
+    # `cycles + 1`, a cycle later after an event overflow
     late = ref.error == ErrorCode.EVENT_OVERFLOW
-    assert got["busy_cycles"] == ref.cycles + 1 + late
+    assert got["busy_cycles"] == ref.cycles + START_LATENCY + late
+
+
+def _lowered_layer(seed: int):
+    """A compiled 2:4 INT4 linear layer (sw.compile.linear) and its golden int32 outputs."""
+    from hw.format import WeightFormat, random_quantized
+    from hw.numerics import gemm_acc, wrap
+    from sw.compile.linear import LayerSpec, build_layers
+    rng = np.random.default_rng(seed)
+    fmt = WeightFormat(next(p for p in CFG.pattern_table if p.n == 2 and p.m == 4), 4, 32)
+    n, k, t = 12, 96, 3
+    spec = LayerSpec(fmt, n, k, t, random_quantized(fmt, (n, k), rng),
+                     rng.integers(-127, 128, size=(t, k)).astype(np.int8), None)
+    lp = build_layers(CFG, [spec])
+    acc = gemm_acc(np.pad(spec.acts, ((0, 0), (0, spec.weight.k_padded - k))),
+                   spec.weight.int_weight(), CFG.acc_bits)
+    return lp, wrap(acc, 32)
 
 
 def _serial_program(rng: random.Random) -> list:
@@ -153,8 +171,8 @@ except ImportError:  # pragma: no cover - cocotb is a project dependency
 if cocotb is not None:
     @cocotb.test()
     async def random_programs(dut):
-        """A race-free data program (DRAM), random control programs (timing), then an error
-        and a clean run after it."""
+        """A race-free data program (DRAM), random control programs (timing), an error and a
+        clean run after it, and a compiled layer's values."""
         from cocotb.clock import Clock
         Clock(dut.clk, 10, unit="ns").start()
         host = Host(dut)
@@ -185,6 +203,15 @@ if cocotb is not None:
         prog = [Sync(engine=Engine.LOAD, signal=3), Sync(engine=Engine.COMPUTE, wait=3), End()]
         await host.write_program([encode(i) for i in prog])
         _compare(await host.run(), model.run(prog, timing_only=True))
+        # Values again, after runs that stopped anywhere (errors mid-GEMM among them): start
+        # resets control state only (hw/top.py, "Reset"), so no stale datapath register may
+        # reach a result. A compiled layer (it writes every scratchpad byte it reads) gives
+        # the golden product whatever the scratchpads held.
+        lp, want = _lowered_layer(seed)
+        await host.write_dram_all(lp.dram)
+        await host.write_program([encode(i) for i in lp.program])
+        _compare(await host.run(), model.run(lp.program, timing_only=True))
+        np.testing.assert_array_equal(lp.read_output(await host.read_dram(), 0), want)
 
 
 # ---------------------------------------------------------------------- pytest entry

@@ -141,7 +141,7 @@ def test_tool_runs_report_progress_and_stop_at_the_time_limit(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args", [["--time-limit", "-1"], ["--progress", "-5"],
-                                  ["--freq", "0"]])
+                                  ["--freq", "0"], ["--router", "router3"]])
 def test_cli_rejects_bad_limits(args, capsys):
     with pytest.raises(SystemExit) as e:
         main(args)
@@ -160,8 +160,12 @@ def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
                         lambda cfg, out: (out / "accel.v").write_text(verilog["text"]))
     calls = []
 
+    routers = []
+
     def fake_run(cmd, log, cwd, **kw):
         calls.append(Path(cmd[0]).name)
+        if "--router" in cmd:
+            routers.append(cmd[cmd.index("--router") + 1])
         _run_dir(cwd, ROUTED)
         return True
 
@@ -181,6 +185,10 @@ def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
     assert run(seed=2)[1] == 0
     verilog["text"] = "module accel; wire w; endmodule\n"
     assert run(seed=2)[1] == 2                 # other Verilog
+    rec, ran = run(seed=2, router="router2")   # the router is an option too
+    assert ran == 2 and routers[-2:] == ["router1", "router2"] and rec["router"] == "router2"
+    with pytest.raises(ValueError, match="'router3'"):
+        run(router="router3")
 
 
 def test_collect_again_keeps_the_run_s_times_and_cache_key(tmp_path):
