@@ -129,13 +129,17 @@ class ComputeCore(wiring.Component):
         connect(m, flipped(self.param_rd), epi.param_rd)
         connect(m, flipped(self.out_wr), epi.out_wr)
 
+        # The command's transfer (`take`) comes late in its cycle, from the event grant, so it
+        # only moves the state machine and starts the decoder. Everything a run starts from is
+        # copied from the payload in every idle cycle instead: nothing reads it while idle, and
+        # the copy made in the transfer cycle is the command's.
         ins = Signal(GemmBody)
         cmd = self.cmd.payload
         take = self.cmd.valid & self.cmd.ready
-        with m.If(take):
+        with m.If(self.cmd.ready):
             m.d.sync += ins.eq(cmd)
-        m.d.comb += [dec.start.eq(take), dec.wgt_addr.eq(cmd.wgt_addr), dec.ins.eq(ins),
-                     epi.ins.eq(ins)]
+        m.d.comb += [dec.start.eq(take), dec.idle.eq(self.cmd.ready),
+                     dec.wgt_addr.eq(cmd.wgt_addr), dec.ins.eq(ins), epi.ins.eq(ins)]
         m.d.sync += epi.prefetch.eq(take)  # in c + 1, when ins holds the command
 
         # ---- per-instruction constants (registered: ins is constant while the core runs) -----
@@ -200,17 +204,16 @@ class ComputeCore(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
+                c_hdr = header_words(cmd)
+                extra0 = Mux((cmd.group_steps != 0) & (c_hdr > cmd.tokens_m1),
+                             c_hdr - cmd.tokens_m1, 0)
+                m.d.sync += [
+                    rem.eq(GEMM_FILL - self.LATENCY + extra0),
+                    steps_left.eq(cmd.k_steps), more.eq(cmd.k_steps != 0),
+                    last_step.eq(cmd.k_steps == 1), next_gs.eq(cmd.group_steps != 0),
+                    step0.eq(1), slots_left.eq(0), nib.eq(0), kb_sub.eq(0), kb_word.eq(0),
+                ]
                 with m.If(take):
-                    c_hdr = header_words(cmd)
-                    extra0 = Mux((cmd.group_steps != 0) & (c_hdr > cmd.tokens_m1),
-                                 c_hdr - cmd.tokens_m1, 0)
-                    m.d.sync += [
-                        rem.eq(GEMM_FILL - self.LATENCY + extra0),
-                        steps_left.eq(cmd.k_steps), more.eq(cmd.k_steps != 0),
-                        last_step.eq(cmd.k_steps == 1), next_gs.eq(cmd.group_steps != 0),
-                        step0.eq(1), slots_left.eq(0), nib.eq(0), kb_sub.eq(0),
-                        kb_word.eq(0),
-                    ]
                     m.next = "RUN"
             with m.State("RUN"):
                 # Header words in the last hdr cycles before a group's first RECORD.

@@ -143,11 +143,11 @@ class WeightOp(enum.Enum, shape=2):
 class Decoder(wiring.Component):
     """Weight-stream decoder for ``cfg.lanes`` lanes.
 
-    Protocol: pulse ``start`` with ``wgt_addr`` (ISA beats, word aligned) in cycle ``c``; the
-    window is full and operations may be issued from ``c + FIRST_OP``. ``ins`` must hold the
-    instruction (pattern, int8, asym, group_steps) from ``c + 1`` on. A RECORD issued in cycle
-    ``x`` with index offset ``sub`` appears on ``w``/``idx`` with ``valid`` in ``x + LATENCY``
-    (only then are ``w`` and ``idx`` meaningful).
+    Protocol: pulse ``start`` with ``wgt_addr`` (ISA beats, word aligned) in cycle ``c``, with
+    ``idle`` high; the window is full and operations may be issued from ``c + FIRST_OP``.
+    ``ins`` must hold the instruction (pattern, int8, asym, group_steps) from ``c + 1`` on. A
+    RECORD issued in cycle ``x`` with index offset ``sub`` appears on ``w``/``idx`` with
+    ``valid`` in ``x + LATENCY`` (only then are ``w`` and ``idx`` meaningful).
 
     Parameters
     ----------
@@ -162,6 +162,10 @@ class Decoder(wiring.Component):
         Begin a new stream at ``wgt_addr``.
     wgt_addr: In(16)
         Start of the stream in beats (sampled with ``start``).
+    idle: In(1)
+        No stream is running: high in the ``start`` cycle, low from the next cycle until the
+        stream's last operation. While it is high the read port addresses ``wgt_addr``, so
+        that the late ``start`` (the event grant's) does not reach the block RAM address.
     ins: In(GemmBody)
         The instruction being decoded (mode fields).
     op: In(WeightOp)
@@ -197,6 +201,7 @@ class Decoder(wiring.Component):
             "rd": In(spad_read_signature(cfg, "wgt")),
             "start": In(1),
             "wgt_addr": In(GemmBody["wgt_addr"].shape),
+            "idle": In(1),
             "ins": In(GemmBody),
             "op": In(WeightOp),
             "sub": In(index_bits(cfg)),
@@ -261,19 +266,22 @@ class Decoder(wiring.Component):
         shift = Signal()
         m.d.comb += shift.eq((fill != 0) | (nxt >= CHUNKS))
 
+        # Idle, the port reads the next stream's first word whether or not it starts now: the
+        # window is refilled from `start` on, so what it read before does not matter.
         addr = Signal(range(depth))
+        m.d.comb += addr.eq(Mux(self.idle, beats_to_words(self.wgt_addr, cfg, "wgt"),
+                                Mux(shift, wrap_inc(ra, depth), ra)))
         with m.If(self.start):
-            m.d.comb += addr.eq(beats_to_words(self.wgt_addr, cfg, "wgt"))
             m.d.sync += [fill.eq(2), ptr.eq(0)]
+        with m.Elif(fill != 0):
+            m.d.sync += fill.eq(fill - 1)
         with m.Else():
-            m.d.comb += addr.eq(Mux(shift, wrap_inc(ra, depth), ra))
-            with m.If(fill != 0):
-                m.d.sync += fill.eq(fill - 1)
-            with m.Else():
-                m.d.sync += ptr.eq(nxt % CHUNKS)
+            m.d.sync += ptr.eq(nxt % CHUNKS)
         m.d.comb += self.rd.addr.eq(addr)
         m.d.sync += ra.eq(addr)
-        with m.If(shift & ~self.start):
+        # Not gated by `start` (late, and these are 2 x 8 x lanes enables): the two forced
+        # shifts after it replace both words anyway.
+        with m.If(shift):
             m.d.sync += [w0.eq(w1), w1.eq(self.rd.data)]
 
         # ---- cycle x: rotate by the pointer ------------------------------------------------

@@ -93,10 +93,12 @@ class _Walker:
         self.addr = Signal(DRAM_ADDR_BITS)
         self.row_base = Signal(DRAM_ADDR_BITS)
         self.stride = Signal(DmaBody["dram_stride"].width)
-        self.col = Signal(DmaBody["row_beats"].width)
-        self.row_beats = Signal(DmaBody["row_beats"].width)
+        # Beats left in the row after this one, counted down to a zero test: the end of a row
+        # selects the next address, so it must not wait for a subtraction.
+        self.cols_left = Signal(DmaBody["row_beats"].width)
+        self.last_col = Signal(DmaBody["row_beats"].width)   # row_beats - 1
         self.rows_left = Signal(DmaBody["rows"].width)
-        self.end_of_row = self.col == self.row_beats - 1
+        self.end_of_row = self.cols_left == 0
         self.last = self.end_of_row & (self.rows_left == 1)
 
     def load(self, m, body):
@@ -104,19 +106,19 @@ class _Walker:
         before it is valid, so the copy needs no enable from the grant logic)."""
         m.d.sync += [
             self.addr.eq(body.dram_addr), self.row_base.eq(body.dram_addr),
-            self.stride.eq(body.dram_stride), self.col.eq(0),
-            self.row_beats.eq(body.row_beats), self.rows_left.eq(body.rows),
+            self.stride.eq(body.dram_stride), self.cols_left.eq(body.row_beats - 1),
+            self.last_col.eq(body.row_beats - 1), self.rows_left.eq(body.rows),
         ]
 
     def step(self, m):
         with m.If(self.end_of_row):
             next_row = self.row_base + self.stride
-            m.d.sync += [self.col.eq(0), self.row_base.eq(next_row), self.addr.eq(next_row),
-                         self.rows_left.eq(self.rows_left - 1)]
+            m.d.sync += [self.cols_left.eq(self.last_col), self.row_base.eq(next_row),
+                         self.addr.eq(next_row), self.rows_left.eq(self.rows_left - 1)]
             with m.If(self.rows_left == 1):
                 m.d.sync += self.active.eq(0)
         with m.Else():
-            m.d.sync += [self.col.eq(self.col + 1), self.addr.eq(self.addr + 1)]
+            m.d.sync += [self.cols_left.eq(self.cols_left - 1), self.addr.eq(self.addr + 1)]
 
 
 class LoadEngine(wiring.Component):

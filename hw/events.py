@@ -43,8 +43,8 @@ class EventUnit(wiring.Component):
         Increments at the end of the cycle (one-hot mask).
     overflow: Out(1)
         A counter exceeded its maximum at the end of the *previous* cycle (the update of that
-        cycle is what hw/timing.py calls the overflow; it is reported one cycle late so that
-        the stop logic does not wait for the grants).
+        cycle is what hw/timing.py calls the overflow; it is reported one cycle late, from a
+        register, so that neither the stop logic nor what it holds back waits for the grants).
     starved: Out(ports)
         Port ``e`` requests an event whose counter is 0 (registered value).
     count: Out(data.ArrayLayout(event_bits, num_events))
@@ -93,11 +93,10 @@ class EventUnit(wiring.Component):
             m.d.comb += w.ready.eq(w.valid & avail.any())
             claimed = claimed | Mux(w.valid, wait_hot[e], 0)
 
-        # Overflow, decided one cycle late from registered parts (it feeds the stop logic):
-        # count + inc exceeds the maximum by 2 or more, or by exactly 1 without a grant.
-        over2 = Signal(n)
-        over1 = Signal(n)
-        granted = Signal(n)
+        # Overflow, decided in the cycle of the update and registered, because it gates every
+        # counter and the DRAM ports at the top: count + inc exceeds the maximum by 2 or more,
+        # or by exactly 1 without a grant.
+        over = Signal(n)
         for v in range(n):
             inc = Signal(range(ports + 1), name=f"inc_{v}")
             dec = Signal(name=f"dec_{v}")
@@ -113,16 +112,16 @@ class EventUnit(wiring.Component):
                            for p in range(ports + 1) if 0 <= value - p <= limit).any()
 
             near = [base_plus_pend_is(limit - k) for k in range(ports)]
+            m.d.comb += over[v].eq(Cat(near[k] & (inc >= k + 2) for k in range(ports)).any()
+                                   | Cat(near[k] & (inc == k + 1) for k in range(ports)).any()
+                                   & ~dec)
             m.d.sync += [
-                over2[v].eq(Cat(near[k] & (inc >= k + 2) for k in range(ports)).any()),
-                over1[v].eq(Cat(near[k] & (inc == k + 1) for k in range(ports)).any()),
-                granted[v].eq(dec),
                 pend[v].eq(inc),
                 base[v].eq(base[v] + pend[v] - dec),
                 # base + pend - dec != 0; the grant implies base + pend >= 1.
                 base_nonzero[v].eq(~(base_plus_pend_is(0) | dec & base_plus_pend_is(1))),
             ]
-        m.d.comb += self.overflow.eq((over2 | over1 & ~granted).any())
+        m.d.sync += self.overflow.eq(over.any())
         for e, w in enumerate(self.wait):
             m.d.comb += self.starved[e].eq(w.valid & ~(w.payload & nonzero).any())
         return m

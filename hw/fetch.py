@@ -8,15 +8,16 @@ F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048
 S1    the banks' words, registered
 S2    bank select; opcode / event / GEMM field checks; DMA extent products ``rows * row_beats`` and
       ``rows * dram_stride`` (in 16-bit halves: multipliers between registers)
-S3    extent sums
-S4    extent comparisons -> the error code; this is the *dispatch* stage
+S3    extent sums, each less its limit, so that the range check is the sum's sign bit
+S4    the error code from the registered checks; this is the *dispatch* stage
 ====  ========================================================================================
 
 so instruction 0 is available at dispatch in cycle ``FETCH_LATENCY = 5``. The stages advance
 together and stall together, so while S4 holds instruction ``i`` the pipeline already holds
 ``i + 1`` checked: ``a_{i+1} = d_i + 1`` whatever the check latency (hw/timing.py, "Fetch").
-The depth is set by 100 MHz on the ECP5: a 16 x 32 product, then a 50-bit sum, then a 50-bit
-comparison each need a stage of their own.
+The depth is set by 100 MHz on the ECP5: a 16 x 32 product and a 50-bit sum each need a stage of
+their own, and a 50-bit comparison on top of the sum would need a third (it was the 2x4 array's
+critical path), so S2 folds each limit into an operand of the sum and S3 keeps only its sign.
 
 S4 dispatches its instruction into the queue of its engine when the queue is not full
 (registered), or ends fetching (END), or reports its error (:func:`hw.isa.dispatch_error`,
@@ -175,7 +176,10 @@ class FetchUnit(wiring.Component):
             # multiplier. rows == 0 is rejected on its own.
             "span_lo": dma.rows * dma.dram_stride[:16],
             "span_hi": dma.rows * dma.dram_stride[16:],
-            "dram_tail": dma.dram_addr + dma.row_beats - dma.dram_stride,  # signed
+            # The DRAM range's last beat less the first beat past DRAM, less the span: negative
+            # while the range fits. The limits are folded in here so that S3 ends in a sign bit.
+            "dram_tail": dma.dram_addr + dma.row_beats - dma.dram_stride - (lim.dram_beats + 1),
+            "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[dma.spad.as_value()],
         }
 
     def elaborate(self, platform):
@@ -222,21 +226,20 @@ class FetchUnit(wiring.Component):
         chk = self._field_checks(m, ins1)
         s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=ins1, **chk)
         dma = s2["ins"].body.dma
-        spad_beats = Array([Const(int(n)) for n in dispatch_limits(cfg).spad_beats])
+        # An extent is out of range when its end less the limit (folded in by S2) is >= 0.
+        spad_over = dma.spad_addr + s2["spad_len"] + s2["spad_limit"] >= 0
+        dram_over = s2["dram_tail"] + s2["span_lo"] + (s2["span_hi"] << 16) >= 0
         s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=s2["ins"], pre=s2["pre"],
-                   is_dma=s2["is_dma"], is_end=s2["is_end"], is_sync=s2["is_sync"],
-                   target=s2["target"], spad_end=dma.spad_addr + s2["spad_len"],
-                   spad_bound=spad_beats[dma.spad.as_value()],
-                   dram_end=s2["dram_tail"] + s2["span_lo"] + (s2["span_hi"] << 16))
-        over = ((s3["spad_end"] > s3["spad_bound"])
-                | (s3["dram_end"] > dispatch_limits(cfg).dram_beats))
-        err = Mux(s3["pc"] == depth, ErrorCode.PC_OVERFLOW,
-                  Mux((s3["pre"] == ErrorCode.NONE) & s3["is_dma"] & over,
-                      ErrorCode.BAD_ADDRESS, s3["pre"]))
+                   pre_ok=s2["pre"] == ErrorCode.NONE, pc_over=s2["pc"] == depth,
+                   is_end=s2["is_end"], is_sync=s2["is_sync"], target=s2["target"],
+                   bad_range=s2["is_dma"] & (spad_over | dram_over))
+        err = Mux(s3["pc_over"], ErrorCode.PC_OVERFLOW,
+                  Mux(s3["pre_ok"] & s3["bad_range"], ErrorCode.BAD_ADDRESS, s3["pre"]))
         # The dispatch stage keeps its decisions one-hot and pre-decoded, because `adv`
         # (below) gates the whole pipeline and must settle early.
         s4 = stage("s4", v=s3["v"], pc=s3["pc"], ins=s3["ins"], is_end=s3["is_end"],
-                   is_sync=s3["is_sync"], err=err, ok=err == ErrorCode.NONE,
+                   is_sync=s3["is_sync"], err=err,
+                   ok=~s3["pc_over"] & s3["pre_ok"] & ~s3["bad_range"],
                    to=Cat(~s3["is_end"] & (s3["target"] == e.value) for e in Engine))
         v4, ins4, to4 = s4["v"], s4["ins"], s4["to"]
         err4 = Signal(ErrorCode)

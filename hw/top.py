@@ -81,7 +81,8 @@ class Accelerator(wiring.Component):
     done: Out(1)
         A run has finished (successfully or not); cleared by ``start``.
     error: Out(ErrorCode)
-        Outcome of the last run (``NONE`` on success).
+        Outcome of the last run (``NONE`` on success). Like ``error_pc`` and ``cycles``, valid
+        once ``done`` is high; while the machine runs it follows the run.
     error_pc: Out(range(imem_depth + 1))
         Index of the instruction that failed a dispatch check (0 for other errors).
     cycles: Out(COUNTER_BITS)
@@ -211,6 +212,10 @@ class Accelerator(wiring.Component):
             self.dram.wr.payload.eq(store.wr.payload),
         ]
 
+        # The outcome registers follow the run and freeze when it stops, so that the stop
+        # decision (the deadlock check is deep) drives two enables, not the outcome's sixty:
+        # `now` is NONE until the cycle that stops the machine, and in the extra cycle of an
+        # overflow they keep the previous cycle's values (`cycles` = the overflow's cycle).
         cyc = Signal(COUNTER_BITS)
         with m.If(launch):
             m.d.sync += [running.eq(1), cyc.eq(0), self.done.eq(0),
@@ -220,8 +225,8 @@ class Accelerator(wiring.Component):
             with m.If(late | done_now | (now != ErrorCode.NONE)):
                 m.d.sync += [running.eq(0), self.done.eq(1)]
             with m.If(late):
-                m.d.sync += [self.cycles.eq(cyc - 1), self.error.eq(ErrorCode.EVENT_OVERFLOW)]
-            with m.Elif(done_now | (now != ErrorCode.NONE)):
+                m.d.sync += self.error.eq(ErrorCode.EVENT_OVERFLOW)
+            with m.Else():
                 m.d.sync += [self.cycles.eq(cyc), self.error.eq(now),
                              self.error_pc.eq(Mux(fetch.error != ErrorCode.NONE,
                                                   fetch.error_pc, 0))]

@@ -68,10 +68,16 @@ def run_decoder(cfg, program, wgt, rng):
         for ins in program:
             ops = ops_of(ins, cfg, rng)
             body = sum(int(v) << GemmBody[k].offset for k, v in ins._body_fields().items())
+            # Idle cycles first, reading from anywhere: the stream must not depend on them.
+            ctx.set(dec.idle, 1)
+            for _ in range(int(rng.integers(0, 3))):
+                ctx.set(dec.wgt_addr, int(rng.integers(cfg.spad_beats("wgt"))))
+                await ctx.tick()
             ctx.set(dec.start, 1)
             ctx.set(dec.wgt_addr, ins.wgt_addr)
             await ctx.tick()
             ctx.set(dec.start, 0)
+            ctx.set(dec.idle, 0)
             ctx.set(dec.ins.as_value(), body)
             await ctx.tick().repeat(Decoder.FIRST_OP - 1)
             out = []

@@ -24,6 +24,9 @@ from hw.isa import (
     Header,
     InstrLayout,
     ISAError,
+    Load,
+    Spad,
+    Store,
     Sync,
     decode,
     dispatch_error,
@@ -72,6 +75,34 @@ def random_word(rng: random.Random, cfg: AcceleratorConfig) -> int:
             f = GemmBody[name]
             word = _set(word, _BODY + f.offset, f.width, _near(rng, limit, f.width))
     return word
+
+
+def boundary_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
+    """LOADs and STOREs whose scratchpad or DRAM range ends one beat before, at and one beat
+    past its limit, in every scratchpad, with DRAM strides wide enough to use both halves of
+    the fetch unit's span product."""
+    words = []
+    for spad in Spad:
+        beats = cfg.spad_beats(spad.name.lower())
+        for _ in range(3):
+            rows = rng.randint(1, 4)
+            row_beats = rng.randint(1, max(1, beats // rows))
+            stride = rng.choice([rng.randrange(1 << 17), rng.randrange(row_beats + 1),
+                                 cfg.dram_beats // max(rows - 1, 1)])
+            span = (rows - 1) * stride + row_beats
+            spad_inside = rng.randrange(rows * row_beats, beats + 1)
+            dram_inside = rng.randrange(span, max(span, cfg.dram_beats) + 1)
+            for delta in (-1, 0, 1):
+                # one range at its limit + delta, the other anywhere inside
+                for s_end, d_end in ((beats + delta, dram_inside),
+                                     (spad_inside, cfg.dram_beats + delta)):
+                    if s_end < rows * row_beats or d_end < span:
+                        continue
+                    cls = Store if spad is Spad.OUT else Load
+                    words.append(encode(cls(spad=spad, rows=rows, row_beats=row_beats,
+                                            spad_addr=s_end - rows * row_beats,
+                                            dram_addr=d_end - span, dram_stride=stride)))
+    return words
 
 
 def expected_error(word: int, cfg: AcceleratorConfig) -> ErrorCode:
@@ -124,6 +155,7 @@ def test_checks_match_dispatch_error(name):
     words = [random_word(rng, cfg) for _ in range(150)]
     words += [encode(random_gemm(rng, cfg)) for _ in range(15)]
     words += [encode(random_dma(rng, cfg, store=rng.random() < 0.5)) for _ in range(15)]
+    words += boundary_words(rng, cfg)
     bench = FetchBench(cfg)
     seen = set()
 
