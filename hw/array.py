@@ -49,6 +49,14 @@ class Array(wiring.Component):
         Every lane's entry addressed in the previous cycle.
     mac: Out(1)
         Row 0 multiplies this cycle.
+    ep_next: In(1)
+        The PEs' ``ep`` of the next cycle (an epilogue read, :class:`hw.pe.PE`). Each PE takes
+        it from a register of its own: ``ep`` selects the operands of every PE's multiplier,
+        36 loads per lane, too many for one flip-flop at 64 lanes.
+    ep_mult: In(data.ArrayLayout(MULT_BITS, cfg.lanes))
+        The lanes' epilogue multipliers.
+    ep_lo: Out(data.ArrayLayout(lo_product_shape(cfg), cfg.lanes))
+        The PEs' low partial products (:attr:`hw.pe.PE.ep_lo`).
     """
 
     def __init__(self, cfg: AcceleratorConfig):
@@ -66,7 +74,7 @@ class Array(wiring.Component):
             "rd_addr": In(range(cfg.max_tokens)),
             "rd_data": Out(data.ArrayLayout(signed(cfg.acc_bits), cfg.lanes)),
             "mac": Out(1),
-            "ep": In(1),
+            "ep_next": In(1),
             "ep_mult": In(data.ArrayLayout(MULT_BITS, cfg.lanes)),
             "ep_lo": Out(data.ArrayLayout(lo_product_shape(cfg), cfg.lanes)),
         })
@@ -107,12 +115,15 @@ class Array(wiring.Component):
                     m.d.sync += [nw.eq(wv), ni.eq(iv)]
                     wv, iv = nw, ni
                 m.submodules[f"pe{lane}"] = pe = PE(cfg)
+                # A control register like `valid`: reset by `start` (hw/top.py, "Reset").
+                ep = Signal(name=f"ep_l{lane}", attrs={"keep": 1})
+                m.d.sync += ep.eq(self.ep_next)
                 m.d.comb += [
                     pe.w_in.eq(wv), pe.idx_in.eq(iv), pe.load.eq(load),
                     pe.act.eq(act), pe.tok.eq(tok), pe.valid.eq(valid), pe.first.eq(first),
                     pe.rd_addr.eq(self.rd_addr),
                     self.rd_data[lane].eq(pe.rd_data),
-                    pe.ep.eq(self.ep), pe.ep_mult.eq(self.ep_mult[lane]),
+                    pe.ep.eq(ep), pe.ep_mult.eq(self.ep_mult[lane]),
                     self.ep_lo[lane].eq(pe.ep_lo),
                 ]
         m.d.comb += self.mac.eq(self.valid)

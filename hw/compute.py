@@ -307,7 +307,7 @@ class ComputeCore(wiring.Component):
             arr.rd_addr.eq(epi.acc_addr), epi.acc_data.eq(arr.rd_data),
             self.mac.eq(arr.mac),
             # The epilogue's products come from the idle PE and Dequant multipliers.
-            arr.ep.eq(epi.ep), arr.ep_mult.eq(epi.mult), epi.lo_prod.eq(arr.ep_lo),
+            arr.ep_next.eq(epi.ep_next), arr.ep_mult.eq(epi.mult), epi.lo_prod.eq(arr.ep_lo),
             dec.ext.eq(epi.hi_en), dec.ext_a.eq(epi.hi), dec.ext_b.eq(epi.mult),
             epi.hi_prod.eq(dec.ext_prod),
         ]

@@ -38,7 +38,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
 from hw.dequant import Dequant, hi_product_shape
-from hw.fanout import replica
+from hw.fanout import LANES_PER_COPY, replica
 from hw.isa import ErrorCode, Gemm, GemmBody, dispatch_error, gemm_geometry
 from hw.pe import MULT_BITS, hi_slice_bits, index_bits
 
@@ -231,9 +231,7 @@ class Decoder(wiring.Component):
         # ---- window: two words, chunk pointer, next-word read address --------------------------
         w0 = Signal(wbits, reset_less=True)
         w1 = Signal(wbits, reset_less=True)
-        ptr = Signal(range(CHUNKS))
         ra = Signal(range(depth))        # word whose data the read port returns this cycle
-        fill = Signal(range(3))          # forced shifts left after start
 
         # Field format of the instruction (one-hot over `fmts`), registered: it is constant while
         # the instruction runs and drives wide multiplexers.
@@ -254,43 +252,65 @@ class Decoder(wiring.Component):
         # from registers, not from the sequencer.
         op = Signal(WeightOp)
         sub = Signal.like(self.sub, reset_less=True)
-        consume = Signal(range(CHUNKS + 1))
-        m.d.sync += [op.eq(self.op), sub.eq(self.sub), consume.eq(0)]
+        m.d.sync += [op.eq(self.op), sub.eq(self.sub)]
+        consume_now = Signal(range(CHUNKS + 1))
         with m.Switch(self.op):
             with m.Case(WeightOp.CODES, WeightOp.ZEROS):
-                m.d.sync += consume.eq(CHUNKS)
+                m.d.comb += consume_now.eq(CHUNKS)
             with m.Case(WeightOp.RECORD):
-                m.d.sync += consume.eq(fbits)
-        nxt = Signal(range(2 * CHUNKS))
-        m.d.comb += nxt.eq(ptr + consume)
-        shift = Signal()
-        m.d.comb += shift.eq((fill != 0) | (nxt >= CHUNKS))
+                m.d.comb += consume_now.eq(fbits)
+
+        def control(name: str) -> tuple[Signal, Signal]:
+            """One copy of the window's control: the chunk pointer and the shift of this cycle.
+            Every copy sees the same inputs, so all hold the same state; `keep` stops Yosys
+            from merging them back into one (hw.fanout)."""
+            ptr = Signal(range(CHUNKS), name=f"ptr{name}", attrs={"keep": 1})
+            fill = Signal(range(3), name=f"fill{name}", attrs={"keep": 1})  # forced shifts
+            consume = Signal(range(CHUNKS + 1), name=f"consume{name}", attrs={"keep": 1})
+            m.d.sync += consume.eq(consume_now)
+            nxt = Signal(range(2 * CHUNKS), name=f"nxt{name}")
+            shift = Signal(name=f"shift{name}")
+            m.d.comb += [nxt.eq(ptr + consume), shift.eq((fill != 0) | (nxt >= CHUNKS))]
+            with m.If(self.start):
+                m.d.sync += [fill.eq(2), ptr.eq(0)]
+            with m.Elif(fill != 0):
+                m.d.sync += fill.eq(fill - 1)
+            with m.Else():
+                m.d.sync += ptr.eq(nxt % CHUNKS)
+            return ptr, shift
+
+        # The window's lanes are independent: chunk c of lane l only ever moves to chunk c' of
+        # lane l. So every group of LANES_PER_COPY lanes shifts and rotates its part of the
+        # window under its own copy of the control, and the shift enables (2 x 8 x lanes) and
+        # rotator selects (8 x lanes multiplexers) do not hang off one flip-flop.
+        window = Cat(w0, w1)
+        rot = Signal(wbits)
+        shift = None
+        for lo in range(0, lanes, LANES_PER_COPY):
+            hi = min(lanes, lo + LANES_PER_COPY)
+            ptr_g, shift_g = control(f"_g{lo // LANES_PER_COPY}")
+            shift = shift if shift is not None else shift_g   # group 0's drives the address
+            # Not gated by `start` (late): the two forced shifts after it replace both words.
+            with m.If(shift_g):
+                for c in range(CHUNKS):
+                    part = slice(c * lanes + lo, c * lanes + hi)
+                    m.d.sync += [w0[part].eq(w1[part]), w1[part].eq(self.rd.data[part])]
+            # ---- cycle x: rotate by the pointer
+            with m.Switch(ptr_g):
+                for k in range(CHUNKS):
+                    with m.Case(k):
+                        m.d.comb += [rot[c * lanes + lo:c * lanes + hi].eq(
+                            window[(k + c) * lanes + lo:(k + c) * lanes + hi])
+                            for c in range(CHUNKS)]
 
         # Idle, the port reads the next stream's first word whether or not it starts now: the
         # window is refilled from `start` on, so what it read before does not matter.
         addr = Signal(range(depth))
         m.d.comb += addr.eq(Mux(self.idle, beats_to_words(self.wgt_addr, cfg, "wgt"),
                                 Mux(shift, wrap_inc(ra, depth), ra)))
-        with m.If(self.start):
-            m.d.sync += [fill.eq(2), ptr.eq(0)]
-        with m.Elif(fill != 0):
-            m.d.sync += fill.eq(fill - 1)
-        with m.Else():
-            m.d.sync += ptr.eq(nxt % CHUNKS)
         m.d.comb += self.rd.addr.eq(addr)
         m.d.sync += ra.eq(addr)
-        # Not gated by `start` (late, and these are 2 x 8 x lanes enables): the two forced
-        # shifts after it replace both words anyway.
-        with m.If(shift):
-            m.d.sync += [w0.eq(w1), w1.eq(self.rd.data)]
 
-        # ---- cycle x: rotate by the pointer ------------------------------------------------
-        window = Cat(w0, w1)
-        rot = Signal(wbits)
-        with m.Switch(ptr):
-            for k in range(CHUNKS):
-                with m.Case(k):
-                    m.d.comb += rot.eq(window[k * lanes:k * lanes + wbits])
         r = Signal(wbits, reset_less=True)
         r_op = Signal(WeightOp)
         r_sub = Signal.like(self.sub, reset_less=True)

@@ -36,10 +36,12 @@ Pipeline (read ``i`` in cycle ``e``, the ``i``-th word written in cycle ``e + LA
 
 Fan-out: the instruction register drives every lane's window multiplexers and mode selects, which
 made it the design's critical path (``python -m hw.synth --report``). Every lane therefore reads
-its own registered copy of ``shift``, and every group of :data:`LANES_PER_COPY` lanes its own copy
-of the decoded mode and of the shift mask, one cycle behind ``ins`` (the mask, computed once, two);
-the instruction is constant from ``prefetch`` (at least two cycles before ``start``) to ``done``,
-so the copies hold it whenever a stage reads them and no cycle changes (:mod:`hw.fanout`). Only the
+its own registered copy of ``shift``, and every group of :data:`hw.fanout.LANES_PER_COPY` lanes
+its own copy of the decoded mode and of the shift mask, one cycle behind ``ins`` (the mask,
+computed once, two); the instruction is constant from ``prefetch`` (at least two cycles before
+``start``) to ``done``, so the copies hold it whenever a stage reads them and no cycle changes
+(:mod:`hw.fanout`). The multiplier's load enable and the WIDE quarter select are copied per
+group the same way, and each PE registers its own epilogue read strobe (``ep_next``). Only the
 sequencing and the valid bits of the stages are reset by ``start``; the data registers are not
 (hw/top.py, "Reset").
 """
@@ -60,12 +62,12 @@ from hw.decoder import (
     wrap_inc,
 )
 from hw.dequant import hi_product_shape
-from hw.fanout import replica
+from hw.fanout import LANES_PER_COPY, replica
 from hw.isa import EpilogueMode, GemmBody, writes_wide
 from hw.pe import MULT_BITS, SLICE_BITS, hi_slice_bits, lo_product_shape
 from hw.timing import EPILOGUE_FILL
 
-__all__ = ["Epilogue", "WIDE_BITS", "WINDOW_BITS", "LANES_PER_COPY"]
+__all__ = ["Epilogue", "WIDE_BITS", "WINDOW_BITS"]
 
 #: WIDE writes the accumulators as 32-bit integers.
 WIDE_BITS = 32
@@ -74,9 +76,6 @@ WIDE_BITS = 32
 WINDOW_BITS = 11
 #: Largest ISA shift.
 MAX_SHIFT = (1 << GemmBody["shift"].width) - 1
-#: Lanes served by one registered copy of the instruction's mode and shift mask (fan-out
-#: bound); every lane has its own copy of ``shift``, which drives its window multiplexers.
-LANES_PER_COPY = 8
 
 
 class Epilogue(wiring.Component):
@@ -114,8 +113,9 @@ class Epilogue(wiring.Component):
         OUT scratchpad write port.
     done: Out(1)
         The last word is written this cycle.
-    ep: Out(1)
-        An accumulator read this cycle (to the array: multiply the low slices).
+    ep_next: Out(1)
+        An accumulator read in the next cycle (to the array: multiply the low slices; the
+        array registers it per PE).
     mult: Out(data.ArrayLayout(MULT_BITS, cfg.lanes))
         The per-lane multipliers (to the array and the decoder).
     hi_en: Out(1)
@@ -123,7 +123,7 @@ class Epilogue(wiring.Component):
     hi: Out(data.ArrayLayout(signed(hi_slice_bits(cfg)), cfg.lanes))
         High accumulator slices (to the decoder's ``ext_a``).
     lo_prod: In(data.ArrayLayout(lo_product_shape(cfg), cfg.lanes))
-        Low partial products, two cycles after ``ep`` (from the array).
+        Low partial products, two cycles after the read (from the array).
     hi_prod: In(data.ArrayLayout(hi_product_shape(cfg), cfg.lanes))
         High partial products, two cycles after ``hi_en`` (from the decoder).
     """
@@ -149,7 +149,7 @@ class Epilogue(wiring.Component):
             "param_rd": In(spad_read_signature(cfg, "param")),
             "out_wr": In(spad_write_signature(cfg, "out")),
             "done": Out(1),
-            "ep": Out(1),
+            "ep_next": Out(1),
             "mult": Out(data.ArrayLayout(MULT_BITS, cfg.lanes)),
             "hi_en": Out(1),
             "hi": Out(data.ArrayLayout(signed(hi_slice_bits(cfg)), cfg.lanes)),
@@ -207,7 +207,7 @@ class Epilogue(wiring.Component):
             with m.If(last):
                 m.d.comb += busy_n.eq(0)
         m.d.sync += [wait.eq(wait_n), busy.eq(busy_n), tok.eq(tok_n), quarter.eq(quarter_n)]
-        m.d.comb += [self.acc_addr.eq(tok_n), self.ep.eq(busy)]
+        m.d.comb += [self.acc_addr.eq(tok_n), self.ep_next.eq(busy_n)]
 
         # ---- e: register the accumulators ------------------------------------------------------
         a = Signal.like(self.acc_data, reset_less=True)
@@ -235,11 +235,15 @@ class Epilogue(wiring.Component):
             m.d.sync += rrow.eq(wrap_inc(rrow, pdepth))
         # The multipliers must be in place when the first accumulators are read (the PEs latch
         # them with the low slices), hence the separate, earlier prefetch.
-        load_mult = Signal()
-        m.d.sync += load_mult.eq(self.prefetch)
+        # The load enable is `prefetch` a cycle later, one copy per group of lanes (16 enables
+        # a lane). A copy left over from before `start` loads a word no one reads: the real
+        # prefetch of every instruction loads again before the first accumulator read.
         mult = Signal.like(self.mult, reset_less=True)
-        with m.If(load_mult):
-            m.d.sync += mult.eq(self.param_rd.data)
+        for g in groups:
+            load_mult = replica(m, self.prefetch, f"load_mult_g{g}")
+            for l in range(g * LANES_PER_COPY, min(lanes, (g + 1) * LANES_PER_COPY)):
+                with m.If(load_mult):
+                    m.d.sync += mult[l].eq(self.param_rd.data[MULT_BITS * l:][:MULT_BITS])
         m.d.comb += self.mult.eq(mult)
 
         # The high slices go straight from the array to the Dequant units, which register them
@@ -260,11 +264,18 @@ class Epilogue(wiring.Component):
             x = Signal(signed(WIDE_BITS), name=f"wide_l{l}")
             m.d.comb += x.eq(a[l])  # low 32 bits, or sign-extended when narrower
             as32.append(x)
+        # The quarter selects 4:1 multiplexers on every bit of the word: one copy of it per
+        # LANES_PER_COPY bytes of the word.
         wide_q = Signal(word_bits, reset_less=True)
-        with m.Switch(a_quarter):
-            for q in range(4):
-                with m.Case(q):
-                    m.d.sync += wide_q.eq(Cat(as32[q * per_word:(q + 1) * per_word]))
+        int32_per_copy = max(1, LANES_PER_COPY * 8 // WIDE_BITS)
+        for c in range(-(-per_word // int32_per_copy)):
+            quarter_c = replica(m, quarter, f"a_quarter_c{c}")   # = a_quarter
+            js = range(c * int32_per_copy, min(per_word, (c + 1) * int32_per_copy))
+            with m.Switch(quarter_c):
+                for q in range(4):
+                    with m.Case(q):
+                        m.d.sync += [wide_q[j * WIDE_BITS:(j + 1) * WIDE_BITS].eq(
+                            as32[q * per_word + j]) for j in js]
 
         # ---- e+2: sum of the partial products; residual or bias half select -----------------
         # S = acc * mult exactly, sign-extended so that the window below fits at any shift.

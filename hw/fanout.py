@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from amaranth import Module, Signal, Value
 
-__all__ = ["replica"]
+__all__ = ["LANES_PER_COPY", "replica"]
+
+#: Lanes served by one copy of a per-lane-group control value (the epilogue's mode and shift
+#: mask, the decoder's window control): the fan-out bound of the lane datapaths.
+LANES_PER_COPY = 8
 
 
 def replica(m: Module, value: Value, name: str) -> Signal:

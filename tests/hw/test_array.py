@@ -141,9 +141,9 @@ def test_epilogue_products_of_every_lane():
     async def testbench(ctx):
         await drive(ctx, dut, cfg, steps)
         ctx.set(dut.ep_mult, mults)
-        for k in range(cfg.max_tokens + 3):  # address in k, read and ep in k + 1
+        for k in range(cfg.max_tokens + 3):  # address and ep_next in k, read and ep in k + 1
             ctx.set(dut.rd_addr, k % cfg.max_tokens)
-            ctx.set(dut.ep, int(1 <= k <= cfg.max_tokens))
+            ctx.set(dut.ep_next, int(k < cfg.max_tokens))
             if k >= 3:
                 got.append([ctx.get(dut.ep_lo[l]) for l in range(cfg.lanes)])
             await ctx.tick()

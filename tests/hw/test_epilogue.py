@@ -52,11 +52,13 @@ class Harness(Elaboratable):
         rd = self.acc.read_port()  # the array registers the address: data a cycle later
         m.d.comb += [rd.addr.eq(epi.acc_addr), epi.acc_data.eq(rd.data)]
         cfg = self.cfg
+        ep = Signal()  # the array's register of ep_next
+        m.d.sync += ep.eq(epi.ep_next)
         for l in range(cfg.lanes):
             # PE: operands latched in the read cycle, product one cycle later.
             lo = Signal(SLICE_BITS)
             mul = Signal(MULT_BITS)
-            with m.If(epi.ep):
+            with m.If(ep):
                 m.d.sync += [lo.eq(rd.data[l].as_unsigned()[:SLICE_BITS]), mul.eq(epi.mult[l])]
             m.d.sync += epi.lo_prod[l].eq(lo * mul)
             # Dequant: operands latched with hi_en, product one cycle later.
