@@ -13,9 +13,11 @@ such; ``--no-pnr`` stops after Yosys (resources only, about 13 minutes). ``--col
 whatever a previous (possibly unfinished) run left in its directory. ``--report`` also prints the
 critical path, each cell named by its Amaranth hierarchy (``machine.core.epilogue.win_l6``: the
 technology-mapping suffixes that Yosys and nextpnr add are cut off); the record keeps it as
-``critical_path``. A finished run is cached in its directory by the hash of the generated Verilog
-and the tool options: running it again prints the record at once (``--force`` runs the tools
-anyway).
+``critical_path``. It also prints the nets of Yosys' netlist with the most loads (``fanout`` in
+the record), which nextpnr must route across the die: they name the likely critical paths and
+the congestion of a design that does not finish routing. A finished run is cached in its
+directory by the hash of the generated Verilog and the tool options: running it again prints
+the record at once (``--force`` runs the tools anyway).
 
 Every phase prints a progress line (its name, the elapsed time and the tool's latest log line)
 every ``--progress`` seconds, and place-and-route is bounded by ``--time-limit`` minutes
@@ -266,6 +268,40 @@ def critical_path(report: dict) -> dict | None:
             "routing_ns": kinds["routing"]}
 
 
+def high_fanout(netlist: dict, top: int = 10) -> list[dict]:
+    """The ``top`` nets of a Yosys JSON netlist with the most cell inputs, most first:
+    ``{"net", "sinks", "driver"}`` (``net``: the Amaranth name of its shortest public name;
+    ``driver``: the driving cell's type, or ``"port"`` for a top-level input). Clock nets (on
+    the global network) are left out."""
+    mod = next(m for m in netlist["modules"].values() if m.get("attributes", {}).get("top"))
+    sinks: dict[int, int] = {}
+    driver: dict[int, str] = {}
+    clocks: set[int] = set()
+    for cell in mod["cells"].values():
+        dirs = cell.get("port_directions", {})
+        for port, bits in cell["connections"].items():
+            for b in bits:
+                if isinstance(b, int):
+                    if dirs.get(port) == "input":
+                        sinks[b] = sinks.get(b, 0) + 1
+                        if port == "CLK":
+                            clocks.add(b)
+                    else:
+                        driver[b] = cell["type"]
+    best = sorted((b for b in sinks if b not in clocks), key=lambda b: -sinks[b])[:top]
+    names: dict[int, tuple] = {}
+    wanted = set(best)
+    for name, net in mod["netnames"].items():
+        for i, b in enumerate(net["bits"]):
+            if b in wanted:
+                key = (net.get("hide_name", 0), len(name), name)
+                if b not in names or key < names[b][0]:
+                    names[b] = (key, f"{amaranth_name(name)}[{i}]" if len(net["bits"]) > 1
+                                else amaranth_name(name))
+    return [{"net": names[b][1] if b in names else f"${b}", "sinks": sinks[b],
+             "driver": driver.get(b, "port")} for b in best]
+
+
 def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
             seconds: dict | None = None) -> dict:
     """Read Yosys' and nextpnr's outputs in ``out`` into the result record (and write it).
@@ -309,6 +345,8 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
         "critical_path": path["text"] if path else None,
         "critical_path_from": path["from"] if path else None,
         "critical_path_to": path["to"] if path else None,
+        "fanout": (high_fanout(json.loads((out / "accel.json").read_text()))
+                   if (out / "accel.json").exists() else None),
         "route_s": sum(float(x) for x in route_s) if route_s else None,
         "total_s": sum(seconds.values()) or None,
         "seconds": seconds,
@@ -393,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         print(rec.get("critical_path") or "no critical path: nextpnr reports paths after "
               "routing (not with --no-route), and writes no report when --time-limit stops it")
+        if rec.get("fanout"):
+            print("nets with the most loads (Yosys netlist):")
+            for n in rec["fanout"]:
+                print(f"  {n['sinks']:6d}  {n['driver']:<10} {n['net']}")
     return 0 if rec["fits"] and (args.no_pnr or rec["fmax_mhz"] >= args.freq) else 1
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hw.config import AcceleratorConfig
-from hw.synth import ECP5_85F, _run, collect, main, summary
+from hw.synth import ECP5_85F, _run, collect, high_fanout, main, summary
 
 STAT = {"creator": "Yosys", "modules": {"\\accel": {"num_cells_by_type": {
     "LUT4": 30000, "CCU2C": 4000, "TRELLIS_DPR16X4": 800, "TRELLIS_FF": 28000,
@@ -80,6 +80,45 @@ def test_critical_path_named_in_the_amaranth_hierarchy(tmp_path, capsys):
     assert "from machine.core.ins to machine.core.epilogue.win_l6" in summary(rec)
     main(["--collect", "--out", str(tmp_path), "--report"])
     assert "net machine.core.ins[111]" in capsys.readouterr().out
+
+
+#: A Yosys JSON netlist: the input `x` loads a LUT and three flip-flops, the LUT's output the
+#: three enables, `q[0]` one flip-flop; the clock (global network) is left out of the report.
+NETLIST = {"modules": {"accel": {
+    "attributes": {"top": "00000000000000000000000000000001"},
+    "ports": {"clk": {"direction": "input", "bits": [2]}, "x": {"direction": "input",
+                                                               "bits": [3]}},
+    "cells": {
+        "machine.core.en_LUT4_Z": {"type": "LUT4", "port_directions": {"A": "input", "Z": "output"},
+                                   "connections": {"A": [3], "Z": [4]}},
+        **{f"machine.core.q_TRELLIS_FF_Q_{i}": {
+            "type": "TRELLIS_FF", "port_directions": {"CLK": "input", "CE": "input",
+                                                      "DI": "input", "Q": "output"},
+            "connections": {"CLK": [2], "CE": [4], "DI": [3], "Q": [6 + i]}} for i in range(3)},
+        "d_TRELLIS_FF_Q": {"type": "TRELLIS_FF", "port_directions": {"CLK": "input",
+                                                                       "DI": "input",
+                                                                       "Q": "output"},
+                           "connections": {"CLK": [2], "DI": [6], "Q": [5]}}},
+    "netnames": {"clk": {"bits": [2]}, "x": {"bits": [3]},
+                 "$auto$en": {"hide_name": 1, "bits": [4]},
+                 "machine.core.en_LUT4_Z": {"hide_name": 0, "bits": [4]},
+                 "machine.core.enable": {"hide_name": 0, "bits": [4]},
+                 "d": {"hide_name": 0, "bits": [5]},
+                 "machine.core.q": {"hide_name": 0, "bits": [6, 7, 8]}}}}}
+
+
+def test_high_fanout_nets(tmp_path, capsys):
+    fan = high_fanout(NETLIST)
+    assert fan == [{"net": "x", "sinks": 4, "driver": "port"},
+                   # named by its shortest public name
+                   {"net": "machine.core.enable", "sinks": 3, "driver": "LUT4"},
+                   {"net": "machine.core.q[0]", "sinks": 1, "driver": "TRELLIS_FF"}]
+    assert [n["net"] for n in high_fanout(NETLIST, top=1)] == ["x"]
+    out = _run_dir(tmp_path, ROUTED)
+    (out / "accel.json").write_text(json.dumps(NETLIST))
+    assert collect(AcceleratorConfig(), out)["fanout"] == fan
+    main(["--collect", "--out", str(tmp_path), "--report"])
+    assert "     3  LUT4       machine.core.enable" in capsys.readouterr().out
 
 
 def test_unfinished_routing_reports_the_placement_estimate(tmp_path):
@@ -220,7 +259,7 @@ def test_flow_keeps_the_registered_replicas(tmp_path):
             if copies:
                 outs.append(replica(m, a, f"r{i}"))
             else:
-                r = Signal(5, name=f"r{i}")
+                r = Signal(5, name=f"r{i}", reset_less=True)   # like the copies
                 m.d.sync += r.eq(a)
                 outs.append(r)
         o = Signal(20)
@@ -233,6 +272,10 @@ def test_flow_keeps_the_registered_replicas(tmp_path):
                         yosys_script("top", "t.v", "t.json")], cwd=tmp_path, check=True)
         cells = json.loads((tmp_path / "stat.json").read_text())["design"]["num_cells_by_type"]
         assert cells["TRELLIS_FF"] == ffs
+        # ... and the fan-out report sees it: each bit of `a` loads every copy, or the one.
+        fan = high_fanout(json.loads((tmp_path / "t.json").read_text()))
+        assert sorted((n["net"], n["sinks"], n["driver"]) for n in fan) == \
+            [(f"a[{i}]", 4 if copies else 1, "port") for i in range(5)]
 
 
 def test_sigterm_stops_the_tool_too(tmp_path):
