@@ -208,10 +208,12 @@ class FetchUnit(wiring.Component):
         copies = []
 
         def stage(name: str, **values) -> dict:
-            """Registers of the next stage, loaded from ``values`` when the pipeline advances."""
+            """Registers of the next stage, loaded from ``values`` when the pipeline advances.
+            Only the valid bit ``v`` is reset by ``start``: the dispatch stage uses nothing of
+            an invalid instruction (hw/top.py, "Reset")."""
             regs = {}
             for key, value in values.items():
-                regs[key] = Signal(value.shape(), name=f"{name}_{key}")
+                regs[key] = Signal(value.shape(), name=f"{name}_{key}", reset_less=key != "v")
                 copies.append(regs[key].eq(value))
             return regs
 
