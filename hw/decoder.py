@@ -319,10 +319,16 @@ class Decoder(wiring.Component):
         # ---- cycle x+1: headers, or field extraction + dequant stage 1 ----------------------
         codes = Signal(data.ArrayLayout(cfg.scale_code_bits, lanes), reset_less=True)
         zeros = Signal(data.ArrayLayout(vmax, lanes), reset_less=True)
-        with m.If(r_op == WeightOp.CODES):
-            m.d.sync += codes.eq(Cat(r[8 * l:8 * l + cfg.scale_code_bits] for l in range(lanes)))
-        with m.If(r_op == WeightOp.ZEROS):
-            m.d.sync += zeros.eq(Cat(r[8 * l:8 * l + vmax] for l in range(lanes)))
+        # The header registers' enables come from a copy of r_op per group of lanes (16 a
+        # lane). The copies are not reset: one left over from before `start` loads a header
+        # that every group's own CODES/ZEROS replaces before a RECORD reads it.
+        for lo in range(0, lanes, LANES_PER_COPY):
+            op_g = replica(m, op, f"r_op_g{lo // LANES_PER_COPY}")   # = r_op
+            ls = range(lo, min(lanes, lo + LANES_PER_COPY))
+            with m.If(op_g == WeightOp.CODES):
+                m.d.sync += [codes[l].eq(r[8 * l:8 * l + cfg.scale_code_bits]) for l in ls]
+            with m.If(op_g == WeightOp.ZEROS):
+                m.d.sync += [zeros[l].eq(r[8 * l:8 * l + vmax]) for l in ls]
 
         e_idx = Signal(data.ArrayLayout(index_bits(cfg), lanes), reset_less=True)
         e_valid = Signal()
