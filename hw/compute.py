@@ -204,11 +204,18 @@ class ComputeCore(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
+                # rem starts at GEMM_FILL - LATENCY + max(0, hdr - tokens_m1) for a grouped
+                # stream: the extra is nonzero for a handful of (hdr, tokens_m1) pairs, so it
+                # is a table here, not a subtraction and a comparison in the transfer cycle.
                 c_hdr = header_words(cmd)
-                extra0 = Mux((cmd.group_steps != 0) & (c_hdr > cmd.tokens_m1),
-                             c_hdr - cmd.tokens_m1, 0)
+                rem0 = Signal.like(rem)
+                m.d.comb += rem0.eq(GEMM_FILL - self.LATENCY)
+                for h in range(1, MAX_HEADER_WORDS + 1):
+                    for t in range(h):
+                        with m.If((c_hdr == h) & (cmd.tokens_m1 == t)):
+                            m.d.comb += rem0.eq(GEMM_FILL - self.LATENCY + h - t)
                 m.d.sync += [
-                    rem.eq(GEMM_FILL - self.LATENCY + extra0),
+                    rem.eq(rem0),
                     steps_left.eq(cmd.k_steps), more.eq(cmd.k_steps != 0),
                     last_step.eq(cmd.k_steps == 1), next_gs.eq(cmd.group_steps != 0),
                     step0.eq(1), slots_left.eq(0), nib.eq(0), kb_sub.eq(0), kb_word.eq(0),

@@ -13,7 +13,7 @@ Each of ``num_events`` counters is ``event_bits`` wide and starts at 0. In one c
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -93,10 +93,8 @@ class EventUnit(wiring.Component):
             m.d.comb += w.ready.eq(w.valid & avail.any())
             claimed = claimed | Mux(w.valid, wait_hot[e], 0)
 
-        # Overflow, decided in the cycle of the update and registered, because it gates every
-        # counter and the DRAM ports at the top: count + inc exceeds the maximum by 2 or more,
-        # or by exactly 1 without a grant.
-        over = Signal(n)
+        near = []   # near[v][k]: counter v is k below its maximum (from registers)
+        decs = []   # decs[v]: counter v is decremented by a grant this cycle
         for v in range(n):
             inc = Signal(range(ports + 1), name=f"inc_{v}")
             dec = Signal(name=f"dec_{v}")
@@ -111,17 +109,34 @@ class EventUnit(wiring.Component):
                 return Cat((pend[v] == p) & (base[v] == value - p)
                            for p in range(ports + 1) if 0 <= value - p <= limit).any()
 
-            near = [base_plus_pend_is(limit - k) for k in range(ports)]
-            m.d.comb += over[v].eq(Cat(near[k] & (inc >= k + 2) for k in range(ports)).any()
-                                   | Cat(near[k] & (inc == k + 1) for k in range(ports)).any()
-                                   & ~dec)
+            near.append([base_plus_pend_is(limit - k) for k in range(ports)])
+            decs.append(dec)
             m.d.sync += [
                 pend[v].eq(inc),
                 base[v].eq(base[v] + pend[v] - dec),
                 # base + pend - dec != 0; the grant implies base + pend >= 1.
                 base_nonzero[v].eq(~(base_plus_pend_is(0) | dec & base_plus_pend_is(1))),
             ]
-        m.d.sync += self.overflow.eq(over.any())
+
+        # Overflow: count + inc - dec above the maximum, decided in the cycle of the update and
+        # registered, because it holds back every counter and the DRAM ports at the top. The
+        # signals come late in the cycle (an executor's `done`), so the decision is taken per
+        # signalling port e, from flags of registers only: ovf[e][j - 1], "j signals on e's
+        # event overflow it" (its counter is k below the maximum with j - dec > k). The
+        # signals then only count the ports signalling e's event (j) and pick a flag.
+        def any_of(values) -> Value:
+            return Cat(*values).any() if values else Const(0)
+
+        overflow = []
+        for e, s in enumerate(self.signal):
+            ovf = [any_of([sig_hot[e][v] & (any_of(near[v][:j - 1]) | ~decs[v] & near[v][j - 1])
+                           for v in range(n)]) for j in range(1, ports + 1)]
+            same = [s.valid if f == e else t.valid & (sig_hot[e] & sig_hot[f]).any()
+                    for f, t in enumerate(self.signal)]
+            signals = sum(same)   # ports signalling e's event, e included
+            overflow.append(s.valid & any_of([(signals >= j) & ovf[j - 1]
+                                              for j in range(1, ports + 1)]))
+        m.d.sync += self.overflow.eq(any_of(overflow))
         for e, w in enumerate(self.wait):
             m.d.comb += self.starved[e].eq(w.valid & ~(w.payload & nonzero).any())
         return m
