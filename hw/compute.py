@@ -130,15 +130,15 @@ class ComputeCore(wiring.Component):
         connect(m, flipped(self.out_wr), epi.out_wr)
 
         # The command's transfer (`take`) comes late in its cycle, from the event grant, so it
-        # only moves the state machine and starts the decoder. Everything a run starts from is
-        # copied from the payload in every idle cycle instead: nothing reads it while idle, and
-        # the copy made in the transfer cycle is the command's.
+        # only moves the state machine (the decoder starts when `idle` falls). Everything a run
+        # starts from is copied from the payload in every idle cycle instead: nothing reads it
+        # while idle, and the copy made in the transfer cycle is the command's.
         ins = Signal(GemmBody)
         cmd = self.cmd.payload
         take = self.cmd.valid & self.cmd.ready
         with m.If(self.cmd.ready):
             m.d.sync += ins.eq(cmd)
-        m.d.comb += [dec.start.eq(take), dec.idle.eq(self.cmd.ready),
+        m.d.comb += [dec.idle.eq(self.cmd.ready),
                      dec.wgt_addr.eq(cmd.wgt_addr), dec.ins.eq(ins), epi.ins.eq(ins)]
         m.d.sync += epi.prefetch.eq(take)  # in c + 1, when ins holds the command
 

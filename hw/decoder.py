@@ -23,7 +23,7 @@ any mix of operations runs at one per cycle::
 
 Reads wrap modulo the scratchpad depth. ``start`` (of the machine, hw/top.py "Reset") resets the
 pointer, the fill count and the operation and valid registers, not the words and fields: a
-stream's ``start`` refills the window before its first operation.
+stream refills the window before its first operation.
 
 Also here: small helpers for the scratchpad port signatures and wrapping address arithmetic
 shared by the compute engine.
@@ -143,8 +143,9 @@ class WeightOp(enum.Enum, shape=2):
 class Decoder(wiring.Component):
     """Weight-stream decoder for ``cfg.lanes`` lanes.
 
-    Protocol: pulse ``start`` with ``wgt_addr`` (ISA beats, word aligned) in cycle ``c``, with
-    ``idle`` high; the window is full and operations may be issued from ``c + FIRST_OP``.
+    Protocol: a stream starts in cycle ``c``, the last cycle of ``idle``, with ``wgt_addr`` (ISA
+    beats, word aligned); the window is full and operations may be issued from
+    ``c + FIRST_OP``.
     ``ins`` must hold the instruction (pattern, int8, asym, group_steps) from ``c + 1`` on. A
     RECORD issued in cycle ``x`` with index offset ``sub`` appears on ``w``/``idx`` with
     ``valid`` in ``x + LATENCY`` (only then are ``w`` and ``idx`` meaningful).
@@ -158,14 +159,13 @@ class Decoder(wiring.Component):
     -------
     rd: In(spad_read_signature(cfg, "wgt"))
         WGT scratchpad read port (synchronous).
-    start: In(1)
-        Begin a new stream at ``wgt_addr``.
     wgt_addr: In(16)
-        Start of the stream in beats (sampled with ``start``).
+        Start of the stream in beats (sampled in its first cycle).
     idle: In(1)
-        No stream is running: high in the ``start`` cycle, low from the next cycle until the
-        stream's last operation. While it is high the read port addresses ``wgt_addr``, so
-        that the late ``start`` (the event grant's) does not reach the block RAM address.
+        No stream is running: high until a stream's first cycle ``c``, low from ``c + 1`` to
+        the stream's last operation. While it is high the window is reset and the read port
+        addresses ``wgt_addr``, in every cycle: the decoder has no start strobe, because the
+        compute core's (the event grant's) comes late in its cycle.
     ins: In(GemmBody)
         The instruction being decoded (mode fields).
     op: In(WeightOp)
@@ -185,7 +185,7 @@ class Decoder(wiring.Component):
         ``ext_a[l] * ext_b[l]``. Only while no RECORD is in flight.
     """
 
-    #: Cycles from ``start`` to the first operation.
+    #: Cycles from a stream's first cycle to its first operation.
     FIRST_OP = 2
     #: Cycles from a RECORD operation to its outputs.
     LATENCY = 2 + Dequant.LATENCY
@@ -199,7 +199,6 @@ class Decoder(wiring.Component):
         self._cfg = cfg
         super().__init__({
             "rd": In(spad_read_signature(cfg, "wgt")),
-            "start": In(1),
             "wgt_addr": In(GemmBody["wgt_addr"].shape),
             "idle": In(1),
             "ins": In(GemmBody),
@@ -271,7 +270,7 @@ class Decoder(wiring.Component):
             nxt = Signal(range(2 * CHUNKS), name=f"nxt{name}")
             shift = Signal(name=f"shift{name}")
             m.d.comb += [nxt.eq(ptr + consume), shift.eq((fill != 0) | (nxt >= CHUNKS))]
-            with m.If(self.start):
+            with m.If(self.idle):
                 m.d.sync += [fill.eq(2), ptr.eq(0)]
             with m.Elif(fill != 0):
                 m.d.sync += fill.eq(fill - 1)
@@ -290,7 +289,7 @@ class Decoder(wiring.Component):
             hi = min(lanes, lo + LANES_PER_COPY)
             ptr_g, shift_g = control(f"_g{lo // LANES_PER_COPY}")
             shift = shift if shift is not None else shift_g   # group 0's drives the address
-            # Not gated by `start` (late): the two forced shifts after it replace both words.
+            # Idle or not: the two forced shifts of a stream replace both words.
             with m.If(shift_g):
                 for c in range(CHUNKS):
                     part = slice(c * lanes + lo, c * lanes + hi)
@@ -304,7 +303,7 @@ class Decoder(wiring.Component):
                             for c in range(CHUNKS)]
 
         # Idle, the port reads the next stream's first word whether or not it starts now: the
-        # window is refilled from `start` on, so what it read before does not matter.
+        # window is refilled after, so what it read before does not matter.
         addr = Signal(range(depth))
         m.d.comb += addr.eq(Mux(self.idle, beats_to_words(self.wgt_addr, cfg, "wgt"),
                                 Mux(shift, wrap_inc(ra, depth), ra)))
@@ -320,8 +319,8 @@ class Decoder(wiring.Component):
         codes = Signal(data.ArrayLayout(cfg.scale_code_bits, lanes), reset_less=True)
         zeros = Signal(data.ArrayLayout(vmax, lanes), reset_less=True)
         # The header registers' enables come from a copy of r_op per group of lanes (16 a
-        # lane). The copies are not reset: one left over from before `start` loads a header
-        # that every group's own CODES/ZEROS replaces before a RECORD reads it.
+        # lane). The copies are not reset: one left over from before the machine's `start`
+        # loads a header that every group's own CODES/ZEROS replaces before a RECORD reads it.
         for lo in range(0, lanes, LANES_PER_COPY):
             op_g = replica(m, op, f"r_op_g{lo // LANES_PER_COPY}")   # = r_op
             ls = range(lo, min(lanes, lo + LANES_PER_COPY))

@@ -94,7 +94,6 @@ class EventUnit(wiring.Component):
             claimed = claimed | Mux(w.valid, wait_hot[e], 0)
 
         near = []   # near[v][k]: counter v is k below its maximum (from registers)
-        decs = []   # decs[v]: counter v is decremented by a grant this cycle
         for v in range(n):
             inc = Signal(range(ports + 1), name=f"inc_{v}")
             dec = Signal(name=f"dec_{v}")
@@ -110,7 +109,6 @@ class EventUnit(wiring.Component):
                            for p in range(ports + 1) if 0 <= value - p <= limit).any()
 
             near.append([base_plus_pend_is(limit - k) for k in range(ports)])
-            decs.append(dec)
             m.d.sync += [
                 pend[v].eq(inc),
                 base[v].eq(base[v] + pend[v] - dec),
@@ -120,21 +118,29 @@ class EventUnit(wiring.Component):
 
         # Overflow: count + inc - dec above the maximum, decided in the cycle of the update and
         # registered, because it holds back every counter and the DRAM ports at the top. The
-        # signals come late in the cycle (an executor's `done`), so the decision is taken per
-        # signalling port e, from flags of registers only: ovf[e][j - 1], "j signals on e's
-        # event overflow it" (its counter is k below the maximum with j - dec > k). The
-        # signals then only count the ports signalling e's event (j) and pick a flag.
+        # signals come late in the cycle (an executor's `done`), and so do the grants, so the
+        # decision is taken per signalling port e from flags of registers: with e's counter k
+        # below the maximum, j signals on its event overflow it if j > k + 1 (`over`), or if
+        # j = k + 1 and it is not granted (`edge`). The grant of e's event and the signals
+        # only pick a flag.
         def any_of(values) -> Value:
             return Cat(*values).any() if values else Const(0)
 
         overflow = []
         for e, s in enumerate(self.signal):
-            ovf = [any_of([sig_hot[e][v] & (any_of(near[v][:j - 1]) | ~decs[v] & near[v][j - 1])
-                           for v in range(n)]) for j in range(1, ports + 1)]
-            same = [s.valid if f == e else t.valid & (sig_hot[e] & sig_hot[f]).any()
+            hot = sig_hot[e]
+            over = [any_of([hot[v] & any_of(near[v][:j - 1]) for v in range(n)])
+                    for j in range(1, ports + 1)]
+            edge = [any_of([hot[v] & near[v][j - 1] for v in range(n)])
+                    for j in range(1, ports + 1)]
+            # e's event is granted: some port waits on it and it is non-zero (decs, per port)
+            granted = (hot & nonzero).any() & any_of(
+                [w.valid & (hot & wait_hot[f]).any() for f, w in enumerate(self.wait)])
+            same = [s.valid if f == e else t.valid & (hot & sig_hot[f]).any()
                     for f, t in enumerate(self.signal)]
             signals = sum(same)   # ports signalling e's event, e included
-            overflow.append(s.valid & any_of([(signals >= j) & ovf[j - 1]
+            overflow.append(s.valid & any_of([(signals >= j) & (over[j - 1]
+                                                                | edge[j - 1] & ~granted)
                                               for j in range(1, ports + 1)]))
         m.d.sync += self.overflow.eq(any_of(overflow))
         for e, w in enumerate(self.wait):

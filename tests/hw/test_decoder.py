@@ -73,10 +73,8 @@ def run_decoder(cfg, program, wgt, rng):
             for _ in range(int(rng.integers(0, 3))):
                 ctx.set(dec.wgt_addr, int(rng.integers(cfg.spad_beats("wgt"))))
                 await ctx.tick()
-            ctx.set(dec.start, 1)
-            ctx.set(dec.wgt_addr, ins.wgt_addr)
+            ctx.set(dec.wgt_addr, ins.wgt_addr)   # the stream's first cycle: idle's last
             await ctx.tick()
-            ctx.set(dec.start, 0)
             ctx.set(dec.idle, 0)
             ctx.set(dec.ins.as_value(), body)
             await ctx.tick().repeat(Decoder.FIRST_OP - 1)
