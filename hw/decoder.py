@@ -38,7 +38,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
 from hw.dequant import Dequant, hi_product_shape
-from hw.fanout import LANES_PER_COPY, replica
+from hw.fanout import lane_groups, replica
 from hw.isa import ErrorCode, Gemm, GemmBody, dispatch_error, gemm_geometry
 from hw.pe import MULT_BITS, hi_slice_bits, index_bits
 
@@ -279,16 +279,16 @@ class Decoder(wiring.Component):
             return ptr, shift
 
         # The window's lanes are independent: chunk c of lane l only ever moves to chunk c' of
-        # lane l. So every group of LANES_PER_COPY lanes shifts and rotates its part of the
-        # window under its own copy of the control, and the shift enables (2 x 8 x lanes) and
-        # rotator selects (8 x lanes multiplexers) do not hang off one flip-flop.
+        # lane l. So every group of lanes (hw.fanout.lane_groups) shifts and rotates its part
+        # of the window under its own copy of the control, and the shift enables (2 x 8 x
+        # lanes) and rotator selects (8 x lanes multiplexers) do not hang off one flip-flop.
         window = Cat(w0, w1)
         rot = Signal(wbits)
-        shift = None
-        for lo in range(0, lanes, LANES_PER_COPY):
-            hi = min(lanes, lo + LANES_PER_COPY)
-            ptr_g, shift_g = control(f"_g{lo // LANES_PER_COPY}")
-            shift = shift if shift is not None else shift_g   # group 0's drives the address
+        shifts = []
+        for g, ls in enumerate(lane_groups(lanes)):
+            lo, hi = ls.start, ls.stop
+            ptr_g, shift_g = control(f"_g{g}")
+            shifts.append(shift_g)
             # Idle or not: the two forced shifts of a stream replace both words.
             with m.If(shift_g):
                 for c in range(CHUNKS):
@@ -306,7 +306,7 @@ class Decoder(wiring.Component):
         # window is refilled after, so what it read before does not matter.
         addr = Signal(range(depth))
         m.d.comb += addr.eq(Mux(self.idle, beats_to_words(self.wgt_addr, cfg, "wgt"),
-                                Mux(shift, wrap_inc(ra, depth), ra)))
+                                Mux(shifts[0], wrap_inc(ra, depth), ra)))  # group 0's
         m.d.comb += self.rd.addr.eq(addr)
         m.d.sync += ra.eq(addr)
 
@@ -321,9 +321,8 @@ class Decoder(wiring.Component):
         # The header registers' enables come from a copy of r_op per group of lanes (16 a
         # lane). The copies are not reset: one left over from before the machine's `start`
         # loads a header that every group's own CODES/ZEROS replaces before a RECORD reads it.
-        for lo in range(0, lanes, LANES_PER_COPY):
-            op_g = replica(m, op, f"r_op_g{lo // LANES_PER_COPY}")   # = r_op
-            ls = range(lo, min(lanes, lo + LANES_PER_COPY))
+        for g, ls in enumerate(lane_groups(lanes)):
+            op_g = replica(m, op, f"r_op_g{g}")   # = r_op
             with m.If(op_g == WeightOp.CODES):
                 m.d.sync += [codes[l].eq(r[8 * l:8 * l + cfg.scale_code_bits]) for l in ls]
             with m.If(op_g == WeightOp.ZEROS):

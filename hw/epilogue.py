@@ -62,7 +62,7 @@ from hw.decoder import (
     wrap_inc,
 )
 from hw.dequant import hi_product_shape
-from hw.fanout import LANES_PER_COPY, replica
+from hw.fanout import LANES_PER_COPY, lane_groups, replica
 from hw.isa import EpilogueMode, GemmBody, writes_wide
 from hw.pe import MULT_BITS, SLICE_BITS, hi_slice_bits, lo_product_shape
 from hw.timing import EPILOGUE_FILL
@@ -239,9 +239,9 @@ class Epilogue(wiring.Component):
         # a lane). A copy left over from before `start` loads a word no one reads: the real
         # prefetch of every instruction loads again before the first accumulator read.
         mult = Signal.like(self.mult, reset_less=True)
-        for g in groups:
+        for g, ls in enumerate(lane_groups(lanes)):
             load_mult = replica(m, self.prefetch, f"load_mult_g{g}")
-            for l in range(g * LANES_PER_COPY, min(lanes, (g + 1) * LANES_PER_COPY)):
+            for l in ls:
                 with m.If(load_mult):
                     m.d.sync += mult[l].eq(self.param_rd.data[MULT_BITS * l:][:MULT_BITS])
         m.d.comb += self.mult.eq(mult)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from amaranth import Module, Signal, Value
 
-__all__ = ["LANES_PER_COPY", "replica"]
+__all__ = ["LANES_PER_COPY", "lane_groups", "replica"]
 
 #: Lanes served by one copy of a per-lane-group control value (the epilogue's mode and shift
 #: mask, the decoder's window control): the fan-out bound of the lane datapaths.
@@ -26,3 +26,8 @@ def replica(m: Module, value: Value, name: str) -> Signal:
     r = Signal.like(value, name=name, reset_less=True, attrs={"keep": 1})
     m.d.sync += r.eq(value)
     return r
+
+
+def lane_groups(lanes: int) -> list[range]:
+    """The lanes of each copy: ``range(0, 8)``, ``range(8, 16)``, ... (the last may be short)."""
+    return [range(lo, min(lanes, lo + LANES_PER_COPY)) for lo in range(0, lanes, LANES_PER_COPY)]
