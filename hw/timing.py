@@ -37,6 +37,13 @@ Deadlock
     The first cycle in which no engine executes, every engine is either idle with an empty queue
     or waiting on an event whose counter is 0, fetch has ended or holds an instruction whose
     queue is full, and the machine is not done: the machine stops with DEADLOCK in that cycle.
+Stop
+    ``busy`` falls in cycle ``cycles + 1 + stop_delay(error)``. Done, a deadlock and an event
+    overflow are decided a cycle after the cycle they are reported for (:data:`STOP_DELAY`):
+    each reads state from across the whole machine, and the cycle lets the stop reach the
+    machine's run register, its outcome and its counters from one flip-flop. Done and deadlock
+    are states that no later cycle leaves, and in the extra cycle nothing observable happens
+    (no DRAM traffic, counters held). A dispatch error stops the machine at once.
 
 Errors report ``cycles`` = the cycle they were raised in; of several errors in one cycle the
 lowest :class:`hw.isa.ErrorCode` is reported. Counters (:data:`hw.counters.COUNTERS`) cover
@@ -50,6 +57,7 @@ from hw.config import AcceleratorConfig
 from hw.format import StreamGeometry
 from hw.isa import (
     EpilogueMode,
+    ErrorCode,
     Gemm,
     Instr,
     Load,
@@ -62,7 +70,8 @@ from hw.isa import (
 
 __all__ = [
     "START_LATENCY", "FETCH_LATENCY", "LOAD_OVERHEAD", "STORE_OVERHEAD", "SYNC_CYCLES", "GEMM_FILL",
-    "GEMM_DRAIN", "EPILOGUE_FILL", "dma_beats", "load_cycles", "store_cycles", "gemm_step_cycles",
+    "GEMM_DRAIN", "EPILOGUE_FILL", "STOP_DELAY", "stop_delay", "dma_beats", "load_cycles",
+    "store_cycles", "gemm_step_cycles",
     "epilogue_cycles", "gemm_cycles", "exec_cycles", "exec_cycles_fields",
 ]
 
@@ -90,6 +99,16 @@ GEMM_DRAIN = 2
 #: on the borrowed PE and Dequant multipliers; their sum; window; rounding, residual and
 #: saturation; see hw/epilogue.py).
 EPILOGUE_FILL = 5
+#: Cycles from the cycle a run is done, deadlocked or overflows an event to the cycle it stops.
+STOP_DELAY = 1
+
+
+def stop_delay(error: ErrorCode) -> int:
+    """Cycles the stop of a run that ended with ``error`` comes after its ``cycles`` (see Stop):
+    :data:`STOP_DELAY` after done (``NONE``), DEADLOCK and EVENT_OVERFLOW, 0 after a dispatch
+    error."""
+    late = (ErrorCode.NONE, ErrorCode.EVENT_OVERFLOW, ErrorCode.DEADLOCK)
+    return STOP_DELAY if ErrorCode(error) in late else 0
 
 
 def dma_beats(ins: Load) -> int:

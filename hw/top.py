@@ -15,8 +15,8 @@ Host protocol: write the program into the instruction memory (``imem_wr``) while
 low, pulse ``start`` for one cycle (cycle ``-START_LATENCY`` of hw/timing.py), wait for ``busy``
 to fall; then ``done`` is high and ``error``, ``error_pc``, ``cycles`` and ``counters`` hold the
 outcome until the next ``start``. ``busy`` rises in the cycle after ``start`` and falls in cycle
-``cycles + 1``, or ``cycles + 2`` after an EVENT_OVERFLOW (decided a cycle late, so that the stop
-logic does not wait for the event grants).
+``cycles + 1 + hw.timing.stop_delay(error)``: done, a deadlock and an event overflow are decided
+a cycle late, so that the deep checks behind them end in one flip-flop each.
 
 Reset: ``start`` resets the control state of every block (sequencers, counters, pointers, the
 valid bit of every pipeline stage; not the memories), so a run after an error starts clean. The
@@ -51,7 +51,7 @@ from hw.fetch import FetchUnit
 from hw.isa import INSTR_BITS, DmaBody, Engine, ErrorCode, GemmBody
 from hw.queues import DMA_ENTRY, GEMM_ENTRY, InstrQueue
 from hw.spad import Scratchpad
-from hw.timing import START_LATENCY
+from hw.timing import START_LATENCY, STOP_DELAY
 
 __all__ = ["Accelerator"]
 
@@ -97,12 +97,17 @@ class Accelerator(wiring.Component):
 
     #: Cycles from ``start`` to cycle 0: ``start`` accepted, then the blocks' registered reset.
     START_CYCLES = 2
+    #: Cycles from done, a deadlock or an event overflow to the stop: the decision's register.
+    STOP_CYCLES = 1
 
     def __init__(self, cfg: AcceleratorConfig,
                  compute: Callable[[AcceleratorConfig], wiring.Component] | None = None):
         if START_LATENCY != self.START_CYCLES:
             raise ValueError(f"hw.timing.START_LATENCY={START_LATENCY} is not this top's "
                              f"{self.START_CYCLES} cycles from start to cycle 0")
+        if STOP_DELAY != self.STOP_CYCLES:
+            raise ValueError(f"hw.timing.STOP_DELAY={STOP_DELAY} is not this top's "
+                             f"{self.STOP_CYCLES} cycle from a decided stop to the stop")
         if not isinstance(cfg, AcceleratorConfig):
             raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
         if compute is not None and not callable(compute):
@@ -185,22 +190,23 @@ class Accelerator(wiring.Component):
             connect(m, getattr(core, f"{name}_rd"), spads[name].core_rd)
         connect(m, core.out_wr, spads["out"].core_wr)
         connect(m, store.out_rd, spads["out"].dma_rd)
-        # ---- stop conditions (hw/timing.py: Done, Deadlock, errors)
-        # Done, deadlock and dispatch errors come from registered state and stop the machine in
-        # the cycle they arise. An event overflow is decided a cycle later (EventUnit.overflow,
-        # so that the stop logic does not wait for the grants) and stops the machine then,
-        # reporting the cycle of the overflowing update; counters and DRAM traffic are held
-        # back in that extra cycle, so nothing observable happens in it.
+        # ---- stop conditions (hw/timing.py: Done, Deadlock, errors, Stop)
+        # Dispatch errors come from registered state and stop the machine in the cycle they
+        # arise. Done and a deadlock (states the machine never leaves) are registered in `ended`
+        # and an event overflow is decided a cycle later (EventUnit.overflow, so that it does
+        # not wait for the grants): each stops the machine in the next cycle (`late`),
+        # reporting the cycle before; counters and DRAM traffic are held back in that cycle, so
+        # nothing observable happens in it. The deep checks end in `ended` and `dead`, not in
+        # the enables of everything the stop reaches.
         idle_empty = {eng: seqs[eng].idle & ~queues[eng].r.valid for eng in Engine}
         done_now = fetch.ended & Cat(idle_empty.values()).all()
         blocked = Cat(idle_empty[eng] | events.starved[eng.value] for eng in Engine).all()
         deadlock_now = ~done_now & blocked & (fetch.ended | fetch.stalled)
-        now = Signal(ErrorCode)
-        m.d.comb += now.eq(Mux(fetch.error != ErrorCode.NONE, fetch.error,
-                               Mux(deadlock_now, ErrorCode.DEADLOCK, ErrorCode.NONE)))
+        ended = Signal()   # done or deadlocked in the previous cycle
+        dead = Signal()    # deadlocked in the previous cycle
         late = Signal()
         active = Signal()
-        m.d.comb += [late.eq(events.overflow), active.eq(running & ~late)]
+        m.d.comb += [late.eq(events.overflow | ended), active.eq(running & ~late)]
 
         # DRAM: nothing leaves the machine once it has stopped.
         m.d.comb += [
@@ -212,22 +218,25 @@ class Accelerator(wiring.Component):
             self.dram.wr.payload.eq(store.wr.payload),
         ]
 
-        # The outcome registers follow the run and freeze when it stops, so that the stop
-        # decision (the deadlock check is deep) drives two enables, not the outcome's sixty:
-        # `now` is NONE until the cycle that stops the machine, and in the extra cycle of an
-        # overflow they keep the previous cycle's values (`cycles` = the overflow's cycle).
+        # The outcome registers follow the run and freeze when it stops, so that a stop drives
+        # two enables, not the outcome's sixty: the error follows the fetch unit's (NONE until
+        # a dispatch error stops the machine), and in the late cycle the outcome keeps the
+        # previous cycle's `cycles` and takes the late error.
         cyc = Signal(COUNTER_BITS)
         with m.If(launch):
-            m.d.sync += [running.eq(1), cyc.eq(0), self.done.eq(0),
+            m.d.sync += [running.eq(1), cyc.eq(0), self.done.eq(0), ended.eq(0), dead.eq(0),
                          self.error.eq(ErrorCode.NONE), self.error_pc.eq(0)]
         with m.Elif(running):
-            m.d.sync += cyc.eq(cyc + 1)
-            with m.If(late | done_now | (now != ErrorCode.NONE)):
+            m.d.sync += [cyc.eq(cyc + 1), ended.eq(done_now | deadlock_now),
+                         dead.eq(deadlock_now)]
+            with m.If(late | (fetch.error != ErrorCode.NONE)):
                 m.d.sync += [running.eq(0), self.done.eq(1)]
-            with m.If(late):
+            with m.If(events.overflow):
                 m.d.sync += self.error.eq(ErrorCode.EVENT_OVERFLOW)
+            with m.Elif(ended):
+                m.d.sync += self.error.eq(Mux(dead, ErrorCode.DEADLOCK, ErrorCode.NONE))
             with m.Else():
-                m.d.sync += [self.cycles.eq(cyc), self.error.eq(now),
+                m.d.sync += [self.cycles.eq(cyc), self.error.eq(fetch.error),
                              self.error_pc.eq(Mux(fetch.error != ErrorCode.NONE,
                                                   fetch.error_pc, 0))]
         m.d.comb += self.busy.eq(running | launch)

@@ -33,7 +33,7 @@ from control_testutil import random_dma, random_gemm, random_program, small_conf
 
 from hw.counters import COUNTERS, CounterLayout  # noqa: E402
 from hw.isa import End, Engine, ErrorCode, Gemm, Load, Store, Sync, encode  # noqa: E402
-from hw.timing import START_LATENCY  # noqa: E402
+from hw.timing import START_LATENCY, stop_delay  # noqa: E402
 from sim.model import FastModel  # noqa: E402
 
 CFG = small_config()
@@ -127,9 +127,8 @@ def _compare(got: dict, ref) -> None:
     assert got["counters"] == ref.counters
     assert got["done"]
     # counted from the cycle after start (-START_LATENCY + 1): busy falls in cycle
-    # `cycles + 1`, a cycle later after an event overflow
-    late = ref.error == ErrorCode.EVENT_OVERFLOW
-    assert got["busy_cycles"] == ref.cycles + START_LATENCY + late
+    # `cycles + 1 + stop_delay(error)`
+    assert got["busy_cycles"] == ref.cycles + START_LATENCY + stop_delay(ref.error)
 
 
 def _lowered_layer(seed: int):
