@@ -11,6 +11,7 @@ from control_testutil import small_config
 
 from hw.generate import main as generate_main
 from hw.isa import End, Engine, ErrorCode, Load, Spad, Sync, encode, encode_program, program_words
+from hw.timing import stop_delay
 from sim.rtl import RTLBackend, RTLTimeoutError, encode_any
 
 CFG = small_config()
@@ -111,7 +112,8 @@ def test_simulation_speed(rtl):
     res = rtl.run(prog + [End()])
     assert res.error == ErrorCode.NONE and res.cycles > 10_000
     stats = rtl.last_stats
-    assert stats["simulated_cycles"] == res.cycles + 1   # until busy falls (no error)
+    # until busy falls (hw.timing, "Stop")
+    assert stats["simulated_cycles"] == res.cycles + 1 + stop_delay(res.error)
     assert stats["cpu_s"] > 0 and stats["wall_s"] > 0, stats
     assert stats["cycles_per_cpu_s"] == pytest.approx(stats["simulated_cycles"] / stats["cpu_s"])
 
