@@ -13,7 +13,7 @@ Each of ``num_events`` counters is ``event_bits`` wide and starts at 0. In one c
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, Value
+from amaranth import Cat, Const, Module, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -84,16 +84,27 @@ class EventUnit(wiring.Component):
         base_nonzero = Signal(n)
         nonzero = base_nonzero | Cat(p != 0 for p in pend)
 
-        # Grants: the counter must be non-zero and no lower port may claim the same event.
+        def any_of(values) -> Value:
+            return Cat(*values).any() if values else Const(0)
+
+        # Grants: the counter must be non-zero and no lower port may claim the same event. A
+        # request's mask is one-hot, so these are two tests side by side (its event is
+        # non-zero; a lower port requests the same mask), not a claim per event in series
+        # behind every lower port's request.
         wait_hot = [w.payload for w in self.wait]
         sig_hot = [s.payload for s in self.signal]
-        claimed = Const(0, n)
         for e, w in enumerate(self.wait):
-            avail = wait_hot[e] & nonzero & ~claimed
-            m.d.comb += w.ready.eq(w.valid & avail.any())
-            claimed = claimed | Mux(w.valid, wait_hot[e], 0)
+            claimed = any_of([f.valid & (wait_hot[e] & wait_hot[i]).any()
+                              for i, f in enumerate(self.wait[:e])])
+            m.d.comb += w.ready.eq(w.valid & (wait_hot[e] & nonzero).any() & ~claimed)
 
-        near = []   # near[v][k]: counter v is k below its maximum (from registers)
+        # near[v][k]: counter v is k below its maximum, registered: computed in the previous
+        # cycle from that cycle's count and update, so the overflow decision below starts
+        # from flip-flops (counters start at 0).
+        near_reg = [Signal(ports, name=f"near_{v}", init=sum(1 << k for k in range(ports)
+                                                             if k == limit))
+                    for v in range(n)]
+        near = [list(r) for r in near_reg]
         for v in range(n):
             inc = Signal(range(ports + 1), name=f"inc_{v}")
             dec = Signal(name=f"dec_{v}")
@@ -108,8 +119,14 @@ class EventUnit(wiring.Component):
                 return Cat((pend[v] == p) & (base[v] == value - p)
                            for p in range(ports + 1) if 0 <= value - p <= limit).any()
 
-            near.append([base_plus_pend_is(limit - k) for k in range(ports)])
+            def after_update_is(value, v=v, inc=inc, dec=dec):
+                """base + pend + inc - dec == value, by cases on the small update."""
+                return any_of([(inc == i) & (dec == d) & base_plus_pend_is(value - i + d)
+                               for i in range(ports + 1) for d in (0, 1)
+                               if 0 <= value - i + d <= limit])
+
             m.d.sync += [
+                near_reg[v].eq(Cat(after_update_is(limit - k) for k in range(ports))),
                 pend[v].eq(inc),
                 base[v].eq(base[v] + pend[v] - dec),
                 # base + pend - dec != 0; the grant implies base + pend >= 1.
@@ -123,9 +140,6 @@ class EventUnit(wiring.Component):
         # below the maximum, j signals on its event overflow it if j > k + 1 (`over`), or if
         # j = k + 1 and it is not granted (`edge`). The grant of e's event and the signals
         # only pick a flag.
-        def any_of(values) -> Value:
-            return Cat(*values).any() if values else Const(0)
-
         overflow = []
         for e, s in enumerate(self.signal):
             hot = sig_hot[e]
