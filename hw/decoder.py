@@ -259,23 +259,35 @@ class Decoder(wiring.Component):
             with m.Case(WeightOp.RECORD):
                 m.d.comb += consume_now.eq(fbits)
 
+        def wraps(p: Value) -> Value:
+            """``p + consume_now >= CHUNKS`` for a pointer ``p < CHUNKS``: a header always
+            wraps, a record by a test of registers, so the late operation picks a flag."""
+            return (((self.op == WeightOp.CODES) | (self.op == WeightOp.ZEROS))
+                    | (self.op == WeightOp.RECORD) & (p + fbits >= CHUNKS))
+
         def control(name: str) -> tuple[Signal, Signal]:
             """One copy of the window's control: the chunk pointer and the shift of this cycle.
             Every copy sees the same inputs, so all hold the same state; `keep` stops Yosys
-            from merging them back into one (hw.fanout)."""
+            from merging them back into one (hw.fanout).
+
+            The shift is ``fill != 0 | ptr + consume >= CHUNKS`` of this cycle's registers,
+            computed from their next values a cycle ahead, so that it is a flip-flop: it
+            selects the next read address, whose net reaches every block RAM of WGT."""
             ptr = Signal(range(CHUNKS), name=f"ptr{name}", attrs={"keep": 1})
             fill = Signal(range(3), name=f"fill{name}", attrs={"keep": 1})  # forced shifts
             consume = Signal(range(CHUNKS + 1), name=f"consume{name}", attrs={"keep": 1})
+            shift = Signal(name=f"shift{name}", attrs={"keep": 1})
             m.d.sync += consume.eq(consume_now)
             nxt = Signal(range(2 * CHUNKS), name=f"nxt{name}")
-            shift = Signal(name=f"shift{name}")
-            m.d.comb += [nxt.eq(ptr + consume), shift.eq((fill != 0) | (nxt >= CHUNKS))]
+            m.d.comb += nxt.eq(ptr + consume)
             with m.If(self.idle):
-                m.d.sync += [fill.eq(2), ptr.eq(0)]
+                m.d.sync += [fill.eq(2), ptr.eq(0), shift.eq(1)]
             with m.Elif(fill != 0):
-                m.d.sync += fill.eq(fill - 1)
+                m.d.sync += [fill.eq(fill - 1),
+                             shift.eq((fill != 1) | wraps(ptr))]
             with m.Else():
-                m.d.sync += ptr.eq(nxt % CHUNKS)
+                m.d.sync += [ptr.eq(nxt % CHUNKS),
+                             shift.eq(wraps(nxt % CHUNKS))]
             return ptr, shift
 
         # The window's lanes are independent: chunk c of lane l only ever moves to chunk c' of
@@ -304,11 +316,13 @@ class Decoder(wiring.Component):
 
         # Idle, the port reads the next stream's first word whether or not it starts now: the
         # window is refilled after, so what it read before does not matter.
+        # The word after `ra` is registered with it (no increment before the address).
         addr = Signal(range(depth))
+        ra_inc = Signal(range(depth), reset_less=True)  # read after an idle cycle wrote it
         m.d.comb += addr.eq(Mux(self.idle, beats_to_words(self.wgt_addr, cfg, "wgt"),
-                                Mux(shifts[0], wrap_inc(ra, depth), ra)))  # group 0's
+                                Mux(shifts[0], ra_inc, ra)))  # group 0's
         m.d.comb += self.rd.addr.eq(addr)
-        m.d.sync += ra.eq(addr)
+        m.d.sync += [ra.eq(addr), ra_inc.eq(wrap_inc(addr, depth))]
 
         r = Signal(wbits, reset_less=True)
         r_op = Signal(WeightOp)
