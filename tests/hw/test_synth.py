@@ -180,7 +180,8 @@ def test_tool_runs_report_progress_and_stop_at_the_time_limit(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args", [["--time-limit", "-1"], ["--progress", "-5"],
-                                  ["--freq", "0"], ["--router", "router3"]])
+                                  ["--freq", "0"], ["--router", "router3"],
+                                  ["--placer-timing-weight", "-1"], ["--placer-critexp", "-2"]])
 def test_cli_rejects_bad_limits(args, capsys):
     with pytest.raises(SystemExit) as e:
         main(args)
@@ -199,12 +200,14 @@ def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
                         lambda cfg, out: (out / "accel.v").write_text(verilog["text"]))
     calls = []
 
-    routers = []
+    routers, placers = [], []
 
     def fake_run(cmd, log, cwd, **kw):
         calls.append(Path(cmd[0]).name)
         if "--router" in cmd:
             routers.append(cmd[cmd.index("--router") + 1])
+            placers.append((cmd[cmd.index("--placer-heap-timingweight") + 1],
+                            cmd[cmd.index("--placer-heap-critexp") + 1]))
         _run_dir(cwd, ROUTED)
         return True
 
@@ -228,6 +231,13 @@ def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
     assert ran == 2 and routers[-2:] == ["router1", "router2"] and rec["router"] == "router2"
     with pytest.raises(ValueError, match="'router3'"):
         run(router="router3")
+    assert placers[-1] == (str(hw.synth.PLACER_TIMING_WEIGHT), str(hw.synth.PLACER_CRITEXP))
+    rec, ran = run(seed=2, router="router2", timing_weight=10, critexp=2)  # nextpnr's own
+    assert ran == 2 and placers[-1] == ("10", "2")
+    assert rec["placer"] == {"timing_weight": 10, "critexp": 2} and rec["seed"] == 2
+    assert run(seed=2, router="router2", timing_weight=10, critexp=2)[1] == 0
+    with pytest.raises(ValueError, match="critexp.*-1"):
+        run(critexp=-1)
 
 
 def test_collect_again_keeps_the_run_s_times_and_cache_key(tmp_path):
