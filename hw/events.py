@@ -120,10 +120,12 @@ class EventUnit(wiring.Component):
                            for p in range(ports + 1) if 0 <= value - p <= limit).any()
 
             def after_update_is(value, v=v, inc=inc, dec=dec):
-                """base + pend + inc - dec == value, by cases on the small update."""
-                return any_of([(inc == i) & (dec == d) & base_plus_pend_is(value - i + d)
-                               for i in range(ports + 1) for d in (0, 1)
-                               if 0 <= value - i + d <= limit])
+                """base + pend + inc - dec == value, by cases on the small update: a flag per
+                number of signals (from registers and the grant), picked by the signals, which
+                come last (an executor's `done`)."""
+                per_inc = [any_of([(dec == d) & base_plus_pend_is(value - i + d) for d in (0, 1)
+                                   if 0 <= value - i + d <= limit]) for i in range(ports + 1)]
+                return any_of([(inc == i) & f for i, f in enumerate(per_inc)])
 
             m.d.sync += [
                 near_reg[v].eq(Cat(after_update_is(limit - k) for k in range(ports))),
