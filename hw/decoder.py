@@ -182,7 +182,8 @@ class Decoder(wiring.Component):
     ext, ext_a, ext_b, ext_prod:
         The lanes' Dequant multipliers lent to the epilogue (:class:`hw.dequant.Dequant`):
         with ``ext`` high in cycle ``e``, ``ext_prod[l]`` in ``e + 2`` is
-        ``ext_a[l] * ext_b[l]``. Only while no RECORD is in flight.
+        ``ext_a[l] * ext_b[l]``. Only while no RECORD is in flight. ``ext`` has a bit per
+        group of lanes (:func:`hw.fanout.lane_groups`), all equal.
     """
 
     #: Cycles from a stream's first cycle to its first operation.
@@ -207,7 +208,7 @@ class Decoder(wiring.Component):
             "w": Out(data.ArrayLayout(signed(cfg.weight_operand_bits), cfg.lanes)),
             "idx": Out(data.ArrayLayout(index_bits(cfg), cfg.lanes)),
             "valid": Out(1),
-            "ext": In(1),
+            "ext": In(len(lane_groups(cfg.lanes))),
             "ext_a": In(data.ArrayLayout(signed(hi_slice_bits(cfg)), cfg.lanes)),
             "ext_b": In(data.ArrayLayout(MULT_BITS, cfg.lanes)),
             "ext_prod": Out(data.ArrayLayout(hi_product_shape(cfg), cfg.lanes)),
@@ -350,6 +351,7 @@ class Decoder(wiring.Component):
         # One cycle behind `ins` is what the format register always was: the instruction is in
         # `ins` from before its first record's previous cycle until its last record has left
         # this stage (the stage reads `ins` combinationally nowhere any more).
+        group_of = {l: g for g, ls in enumerate(lane_groups(lanes)) for l in ls}
         for l in range(lanes):
             m.submodules[f"dq{l}"] = dq = Dequant(cfg)
             value = Signal(vmax, name=f"value{l}")
@@ -367,7 +369,8 @@ class Decoder(wiring.Component):
                 dq.asym.eq(replica(m, ins.asym, f"asym_l{l}")),
                 dq.raw.eq(replica(m, ins.group_steps == 0, f"raw_l{l}")),
                 self.w[l].eq(dq.w),
-                dq.ext.eq(self.ext), dq.ext_a.eq(self.ext_a[l]), dq.ext_b.eq(self.ext_b[l]),
+                dq.ext.eq(self.ext[group_of[l]]), dq.ext_a.eq(self.ext_a[l]),
+                dq.ext_b.eq(self.ext_b[l]),
                 self.ext_prod[l].eq(dq.prod),
             ]
             m.d.sync += e_idx[l].eq(index | r_sub)

@@ -18,7 +18,7 @@ accumulator slice times the lane's multiplier; see :mod:`hw.pe`, "Multiplier sha
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Shape, Signal, signed, unsigned
+from amaranth import Module, Mux, Shape, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -116,31 +116,27 @@ class Dequant(wiring.Component):
         vbits = max(cfg.weight_bits)
         int8 = self.int8 if vbits == 8 else 0  # INT8 unsupported: dispatch rejects it anyway
 
-        # Stage 1: the field as a signed number, minus the zero point.
+        # Stage 1: the multiplier's operands, registered beside it, so that nothing but a
+        # route lies between a flip-flop and the DSP: the scale code and the field as a signed
+        # number minus the zero point, or (`ext`) the borrowed accumulator slice and the
+        # epilogue's multiplier. Datapath only: nothing here is reset by `start` (hw/top.py,
+        # "Reset"); `ext` comes from a copy per group of lanes (hw.epilogue `hi_en`).
         q4, q8 = self.value[:4], self.value[:vbits]
         sym = Mux(int8, q8.as_signed(), q4.as_signed())
         uns = Mux(int8, q8, q4)
         zero = Mux(self.asym & ~self.raw, Mux(int8, self.zero[:vbits], self.zero[:4]), 0)
-        # Datapath only: nothing here is reset by `start` (hw/top.py, "Reset").
-        diff = Signal(signed(vbits + 2), reset_less=True)
-        code = Signal(unsigned(cfg.scale_code_bits), reset_less=True)
-        m.d.sync += [
-            diff.eq(Mux(self.asym, uns, sym) - zero),
-            code.eq(Mux(self.raw, 1, self.code)),
-        ]
-
-        # The borrowed accumulator slice is registered here, beside the multiplier, as stage 1
-        # is, and so is ext_b: it comes from one register in the epilogue that feeds every lane
-        # across the die, and the operand multiplexer into the DSP must not start there.
-        # `ext` is the same in every lane: keep each lane's register (hw.fanout), or Yosys
-        # merges them into one that drives every lane's operand multiplexers.
-        ext = Signal(reset_less=True, attrs={"keep": 1})
-        ext_a = Signal.like(self.ext_a, reset_less=True)
-        ext_b = Signal.like(self.ext_b, reset_less=True)
-        m.d.sync += [ext.eq(self.ext), ext_a.eq(self.ext_a), ext_b.eq(self.ext_b)]
+        # b is the field minus the zero point, or `ext_b - 0`: `ext` picks the subtraction's
+        # operands (in the LUTs that pick the field's signed or unsigned value), not its
+        # result, so that no LUT follows the carry chain. Both fit b: |q - zero| < 2**(bits+1).
+        code = Mux(self.raw, 1, self.code)
+        a_in = Mux(self.ext, self.ext_a, code)
+        b_in = Mux(self.ext, self.ext_b, Mux(self.asym, uns, sym)) - Mux(self.ext, 0, zero)
+        a = Signal(a_in.shape(), reset_less=True)
+        b = Signal(signed(max(MULT_BITS + 1, vbits + 2)), reset_less=True)
+        m.d.sync += [a.eq(a_in), b.eq(b_in)]
 
         # Stage 2: the product; |code * diff| <= code_max * (2**bits - 1) fits the operand.
         prod = Signal.like(self.prod, reset_less=True)
-        m.d.sync += prod.eq(Mux(ext, ext_a, code) * Mux(ext, ext_b, diff))
+        m.d.sync += prod.eq(a * b)
         m.d.comb += [self.prod.eq(prod), self.w.eq(prod)]
         return m

@@ -118,8 +118,10 @@ class Epilogue(wiring.Component):
         array registers it per PE).
     mult: Out(data.ArrayLayout(MULT_BITS, cfg.lanes))
         The per-lane multipliers (to the array and the decoder).
-    hi_en: Out(1)
-        ``hi`` holds the high slices of this cycle's read (to the decoder's ``ext``).
+    hi_en: Out(len(lane_groups(cfg.lanes)))
+        ``hi`` holds the high slices of this cycle's read (to the decoder's ``ext``): equal
+        copies, one per group of lanes (:func:`hw.fanout.lane_groups`), because each lane's
+        Dequant unit selects its multiplier operands with it.
     hi: Out(data.ArrayLayout(signed(hi_slice_bits(cfg)), cfg.lanes))
         High accumulator slices (to the decoder's ``ext_a``).
     lo_prod: In(data.ArrayLayout(lo_product_shape(cfg), cfg.lanes))
@@ -151,7 +153,7 @@ class Epilogue(wiring.Component):
             "done": Out(1),
             "ep_next": Out(1),
             "mult": Out(data.ArrayLayout(MULT_BITS, cfg.lanes)),
-            "hi_en": Out(1),
+            "hi_en": Out(len(lane_groups(cfg.lanes))),
             "hi": Out(data.ArrayLayout(signed(hi_slice_bits(cfg)), cfg.lanes)),
             "lo_prod": In(data.ArrayLayout(lo_product_shape(cfg), cfg.lanes)),
             "hi_prod": In(data.ArrayLayout(hi_product_shape(cfg), cfg.lanes)),
@@ -248,7 +250,10 @@ class Epilogue(wiring.Component):
 
         # The high slices go straight from the array to the Dequant units, which register them
         # beside their multipliers (as the PEs do with the low slices).
-        m.d.comb += self.hi_en.eq(busy)
+        for g in range(len(lane_groups(lanes))):   # copies of `busy`, reset with it
+            hi_en = Signal(name=f"hi_en_g{g}", attrs={"keep": 1})
+            m.d.sync += hi_en.eq(busy_n)
+            m.d.comb += self.hi_en[g].eq(hi_en)
         for l in range(lanes):
             m.d.comb += self.hi[l].eq(self.acc_data[l][SLICE_BITS:])
 
