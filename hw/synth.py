@@ -7,17 +7,18 @@
 the resources -- LUT4s, flip-flops, MULT18X18D DSPs, DP16KD block RAMs, distributed-RAM
 slices -- against the ECP5-85F's capacity, and the maximum frequency of ``clk``.
 
-Placing and routing the default 64-lane design takes a long time on one core; ``--no-route`` stops
-after placement (about 35 minutes) and reports nextpnr's post-placement timing estimate, marked as
-such; ``--no-pnr`` stops after Yosys (resources only, about 13 minutes). ``--collect`` summarises
-whatever a previous (possibly unfinished) run left in its directory. ``--report`` also prints the
-critical path, each cell named by its Amaranth hierarchy (``machine.core.epilogue.win_l6``: the
-technology-mapping suffixes that Yosys and nextpnr add are cut off); the record keeps it as
-``critical_path``. It also prints the nets of Yosys' netlist with the most loads (``fanout`` in
-the record), which nextpnr must route across the die: they name the likely critical paths and
-the congestion of a design that does not finish routing. A finished run is cached in its
-directory by the hash of the generated Verilog and the tool options: running it again prints
-the record at once (``--force`` runs the tools anyway).
+Routing the default 64-lane design does not finish in an hour on one core; ``--no-route`` stops
+after placement (about 11 minutes) and reports nextpnr's post-placement timing estimate, marked as
+such; ``--no-pnr`` stops after Yosys (resources only, about 3 minutes). nextpnr's placer weighs
+timing more than by its defaults (:data:`PLACER_TIMING_WEIGHT`, :data:`PLACER_CRITEXP`).
+``--collect`` summarises whatever a previous (possibly unfinished) run left in its directory.
+``--report`` also prints the critical path, each cell named by its Amaranth hierarchy
+(``machine.core.epilogue.win_l6``: the technology-mapping suffixes that Yosys and nextpnr add are
+cut off); the record keeps it as ``critical_path``. It also prints the nets of Yosys' netlist with
+the most loads (``fanout`` in the record), which nextpnr must route across the die: they name the
+likely critical paths and the congestion of a design that does not finish routing. A finished run
+is cached in its directory by the hash of the generated Verilog and the tool options: running it
+again prints the record at once (``--force`` runs the tools anyway).
 
 Every phase prints a progress line (its name, the elapsed time and the tool's latest log line)
 every ``--progress`` seconds, and place-and-route is bounded by ``--time-limit`` minutes
