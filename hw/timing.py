@@ -27,16 +27,17 @@ Engines (LOAD, COMPUTE, STORE), each in order, one instruction at a time
     incremented at the end of cycle ``e = g + D`` (visible from ``e + 1``), and ``free = e + 1``.
 Events
     Counters start at 0 and are ``event_bits`` wide. An increment that would exceed the maximum
-    (the cycle's increments minus its grant, added to the registered value) stops the machine
-    with EVENT_OVERFLOW in that cycle. Programs must give every event a single consumer engine
-    (the hardware grants one waiter per event and cycle, the lowest engine number first).
+    (the cycle's increments minus its grant, added to the registered value) ends the run with
+    EVENT_OVERFLOW in that cycle (see Stop). Programs must give every event a single consumer
+    engine (the hardware grants one waiter per event and cycle, the lowest engine number first).
 Done
     ``cycles = max(d_END + 1, free of every engine)``: the first cycle in which fetch has ended and
     every engine is idle with an empty queue.
 Deadlock
     The first cycle in which no engine executes, every engine is either idle with an empty queue
     or waiting on an event whose counter is 0, fetch has ended or holds an instruction whose
-    queue is full, and the machine is not done: the machine stops with DEADLOCK in that cycle.
+    queue is full, and the machine is not done: the run ends with DEADLOCK in that cycle (see
+    Stop).
 Stop
     ``busy`` falls in cycle ``cycles + 1 + stop_delay(error)``. Done, a deadlock and an event
     overflow are decided a cycle after the cycle they are reported for (:data:`STOP_DELAY`):
