@@ -135,7 +135,7 @@ class Dequant(wiring.Component):
         b = Signal(signed(max(MULT_BITS + 1, vbits + 2)), reset_less=True)
         m.d.sync += [a.eq(a_in), b.eq(b_in)]
 
-        # Stage 2: the product; |code * diff| <= code_max * (2**bits - 1) fits the operand.
+        # Stage 2: the product; |code * (q - zero)| <= code_max * (2**bits - 1) fits the operand.
         prod = Signal.like(self.prod, reset_less=True)
         m.d.sync += prod.eq(a * b)
         m.d.comb += [self.prod.eq(prod), self.w.eq(prod)]
