@@ -11,7 +11,8 @@ it against ``QuantizedWeight.int_values`` for every field, code and zero.
 
 One proof per instruction mode (value bits x symmetric/asymmetric x raw): the harness drives the
 unit's mode inputs with constants, so the solver works on one datapath at a time, and the
-value, code and zero inputs are free in every cycle. Asymmetric raw weights have no golden
+value (extended into the unit's ``q`` by :func:`hw.dequant.field_number`, as the decoder
+extends it), code and zero inputs are free in every cycle. Asymmetric raw weights have no golden
 value (``WeightFormat`` rejects them and the dispatch rules of hw.isa stop such a GEMM with
 BAD_GEMM), so no proof covers that mode.
 """
@@ -22,7 +23,7 @@ from amaranth import Const, Signal
 from amaranth.hdl import Assert
 
 from hw.config import AcceleratorConfig
-from hw.dequant import Dequant
+from hw.dequant import Dequant, field_number
 from hw.format import WeightFormat
 
 from .flow import Harness, Proof
@@ -81,7 +82,9 @@ class DequantHarness(Harness):
         cfg, fmt = self.cfg, self.fmt
         m.submodules.dut = dut = Dequant(cfg)
         m.d.comb += [
-            dut.value.eq(self.value), dut.code.eq(self.code), dut.zero.eq(self.zero),
+            dut.q.eq(field_number(self.value, fmt.bits, Const(int(not fmt.symmetric)),
+                                  len(dut.q))),
+            dut.code.eq(self.code), dut.zero.eq(self.zero),
             dut.int8.eq(Const(int(fmt.bits == 8))), dut.asym.eq(Const(int(not fmt.symmetric))),
             dut.raw.eq(Const(int(fmt.raw))), dut.ext.eq(0),
         ]

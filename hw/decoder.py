@@ -31,13 +31,16 @@ shared by the compute engine.
 
 from __future__ import annotations
 
+import functools
+import operator
+
 from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, enum, wiring
 from amaranth.lib.memory import ReadPort, WritePort
 from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
-from hw.dequant import Dequant, hi_product_shape
+from hw.dequant import Dequant, field_number, hi_product_shape
 from hw.fanout import lane_groups, replica
 from hw.isa import ErrorCode, Gemm, GemmBody, dispatch_error, gemm_geometry
 from hw.pe import MULT_BITS, hi_slice_bits, index_bits
@@ -354,19 +357,22 @@ class Decoder(wiring.Component):
         group_of = {l: g for g, ls in enumerate(lane_groups(lanes)) for l in ls}
         for l in range(lanes):
             m.submodules[f"dq{l}"] = dq = Dequant(cfg)
-            value = Signal(vmax, name=f"value{l}")
+            q = Signal(signed(vmax + 1), name=f"q{l}")
             index = Signal(index_bits(cfg), name=f"index{l}")
             l_fmt = replica(m, fmt, f"fmt_l{l}")
+            l_asym = replica(m, ins.asym, f"asym_l{l}")
+            # The format is one-hot: q is an OR of the formats' numbers, not a priority chain.
+            numbers = []
             for i, (vb, xb) in enumerate(fmts):
                 fb = vb + xb
-                with m.If(l_fmt[i]):
-                    m.d.comb += value.eq(r[l * fb:l * fb + vb])
-                    if xb:
+                numbers.append(Mux(l_fmt[i], field_number(r[l * fb:], vb, l_asym, vmax + 1), 0))
+                if xb:
+                    with m.If(l_fmt[i]):
                         m.d.comb += index.eq(r[l * fb + vb:l * fb + fb])
+            m.d.comb += q.eq(functools.reduce(operator.or_, numbers))
             m.d.comb += [
-                dq.value.eq(value), dq.code.eq(codes[l]), dq.zero.eq(zeros[l]),
-                dq.int8.eq(replica(m, int8, f"int8_l{l}")),
-                dq.asym.eq(replica(m, ins.asym, f"asym_l{l}")),
+                dq.q.eq(q), dq.code.eq(codes[l]), dq.zero.eq(zeros[l]),
+                dq.int8.eq(replica(m, int8, f"int8_l{l}")), dq.asym.eq(l_asym),
                 dq.raw.eq(replica(m, ins.group_steps == 0, f"raw_l{l}")),
                 self.w[l].eq(dq.w),
                 dq.ext.eq(self.ext[group_of[l]]), dq.ext_a.eq(self.ext_a[l]),

@@ -18,14 +18,14 @@ accumulator slice times the lane's multiplier; see :mod:`hw.pe`, "Multiplier sha
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Shape, Signal, signed
+from amaranth import Cat, Module, Mux, Shape, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
 from hw.pe import MULT_BITS, hi_slice_bits
 
-__all__ = ["Dequant", "dequant_reference", "hi_product_shape"]
+__all__ = ["Dequant", "dequant_reference", "field_number", "field_value", "hi_product_shape"]
 
 
 def hi_product_shape(cfg: AcceleratorConfig) -> Shape:
@@ -33,16 +33,29 @@ def hi_product_shape(cfg: AcceleratorConfig) -> Shape:
     return signed(max(cfg.weight_operand_bits, hi_slice_bits(cfg) + MULT_BITS + 1))
 
 
+def field_value(value: int, bits: int, asym: bool) -> int:
+    """The low ``bits`` of a field's bit pattern as a number: two's complement, or unsigned
+    when ``asym`` (:func:`field_number` in the RTL)."""
+    q = value & ((1 << bits) - 1)
+    return q - (1 << bits) if not asym and q >= 1 << (bits - 1) else q
+
+
+def field_number(field: Value, bits: int, asym: Value, width: int) -> Value:
+    """:func:`field_value` of the Amaranth value ``field``, as ``width`` signed bits: the
+    decoder extends each field format's value for :attr:`Dequant.q`."""
+    return Cat(field[:bits], (field[bits - 1] & ~asym).replicate(width - bits)).as_signed()
+
+
 def dequant_reference(value: int, code: int, zero: int, *, int8: bool, asym: bool, raw: bool,
                       cfg: AcceleratorConfig) -> int:
-    """Python model of :class:`Dequant` (the per-element rule of ``decode_gemm_weights``).
+    """Python model of the decoder's field extraction and :class:`Dequant` (the per-element
+    rule of ``decode_gemm_weights``).
 
-    ``value``, ``code`` and ``zero`` are the raw unsigned bit patterns on the unit's inputs.
+    ``value``, ``code`` and ``zero`` are raw unsigned bit patterns: the field (its low 8 or 4
+    bits), and the unit's code and zero inputs; the unit's ``q`` is ``field_value(value)``.
     """
     bits = 8 if int8 else 4
-    q = value & ((1 << bits) - 1)
-    if not asym and q >= 1 << (bits - 1):
-        q -= 1 << bits
+    q = field_value(value, bits, asym)
     if raw:
         return q
     code &= (1 << cfg.scale_code_bits) - 1
@@ -63,14 +76,15 @@ class Dequant(wiring.Component):
 
     Members
     -------
-    value: In(max(cfg.weight_bits))
-        Raw field value bits (the low 4 are used for INT4).
+    q: In(signed(max(cfg.weight_bits) + 1))
+        The field's value as a number (:func:`field_number`: two's complement, or unsigned
+        when ``asym``), extended by the decoder, whose field multiplexer picks it per format.
     code: In(cfg.scale_code_bits)
         Group scale code (ignored when ``raw``).
     zero: In(max(cfg.weight_bits))
         Group zero point (used when ``asym`` and not ``raw``).
     int8, asym, raw: In(1)
-        Instruction mode: 8-bit values, asymmetric, no group headers.
+        Instruction mode: 8-bit values (the zero point's width), asymmetric, no group headers.
     w: Out(signed(cfg.weight_operand_bits))
         ``code * (q - zero)``, two cycles after the inputs.
     ext: In(1)
@@ -93,7 +107,7 @@ class Dequant(wiring.Component):
         self._cfg = cfg
         vbits = max(cfg.weight_bits)
         super().__init__({
-            "value": In(vbits),
+            "q": In(signed(vbits + 1)),
             "code": In(cfg.scale_code_bits),
             "zero": In(vbits),
             "int8": In(1),
@@ -117,20 +131,19 @@ class Dequant(wiring.Component):
         int8 = self.int8 if vbits == 8 else 0  # INT8 unsupported: dispatch rejects it anyway
 
         # Stage 1: the multiplier's operands, registered beside it, so that nothing but a
-        # route lies between a flip-flop and the DSP: the scale code and the field as a signed
-        # number minus the zero point, or (`ext`) the borrowed accumulator slice and the
-        # epilogue's multiplier. Datapath only: nothing here is reset by `start` (hw/top.py,
-        # "Reset"); `ext` comes from a copy per group of lanes (hw.epilogue `hi_en`).
-        q4, q8 = self.value[:4], self.value[:vbits]
-        sym = Mux(int8, q8.as_signed(), q4.as_signed())
-        uns = Mux(int8, q8, q4)
+        # route lies between a flip-flop and the DSP: the scale code and the field's number
+        # minus the zero point, or (`ext`) the borrowed accumulator slice and the epilogue's
+        # multiplier. Datapath only: nothing here is reset by `start` (hw/top.py, "Reset");
+        # `ext` comes from a copy per group of lanes (hw.epilogue `hi_en`). The field arrives
+        # as a number (the decoder's format multiplexer extends it, no mode multiplexer here:
+        # the path from the decoder's registered word to b was the 2x8 array's critical one).
         zero = Mux(self.asym & ~self.raw, Mux(int8, self.zero[:vbits], self.zero[:4]), 0)
         # b is the field minus the zero point, or `ext_b - 0`: `ext` picks the subtraction's
-        # operands (in the LUTs that pick the field's signed or unsigned value), not its
-        # result, so that no LUT follows the carry chain. Both fit b: |q - zero| < 2**(bits+1).
+        # operands, not its result, so that no LUT follows the carry chain. Both fit b:
+        # |q - zero| < 2**(bits+1).
         code = Mux(self.raw, 1, self.code)
         a_in = Mux(self.ext, self.ext_a, code)
-        b_in = Mux(self.ext, self.ext_b, Mux(self.asym, uns, sym)) - Mux(self.ext, 0, zero)
+        b_in = Mux(self.ext, self.ext_b, self.q) - Mux(self.ext, 0, zero)
         a = Signal(a_in.shape(), reset_less=True)
         b = Signal(signed(max(MULT_BITS + 1, vbits + 2)), reset_less=True)
         m.d.sync += [a.eq(a_in), b.eq(b_in)]

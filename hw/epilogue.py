@@ -30,8 +30,10 @@ Pipeline (read ``i`` in cycle ``e``, the ``i``-th word written in cycle ``e + LA
     e+1   PE: lo <- low slice * mult;  Dequant: hi <- high slice * mult;  PARAM row addressed
     e+2   S <- lo + hi * 2**SLICE_BITS (= acc * mult);  residual row registered;
           (WIDE_BIAS) quarter of A + its bias half
-    e+3   W <- window(2 * S, shift); whether S fits it      (WIDE: quarter of A, delayed)
-    e+4   Y <- sat8((W + 1 + 2 * residual) >> 1), or saturated by the sign of S
+    e+3   W <- window(2 * S, shift); per byte of S, whether a bit above the window differs
+          from the sign                                    (WIDE: quarter of A, delayed)
+    e+4   Y <- sat8((W + 1 + 2 * residual) >> 1), or saturated by the sign of S if S does not
+          fit the window (a byte's flag set)
     e+5   OUT[out_addr_word + i] <- Y
 
 Fan-out: the instruction register drives every lane's window multiplexers and mode selects, which
@@ -321,10 +323,14 @@ class Epilogue(wiring.Component):
         m.d.sync += above.eq(Cat(ins.shift + (WINDOW_BITS - 1) <= i for i in range(cbits)))
         g_above = [replica(m, above, f"above_g{g}") for g in groups]
 
-        # ---- e+3: the window and whether S fits it -------------------------------------------
+        # ---- e+3: the window and whether S fits it, per byte --------------------------------
         win = [Signal(signed(WINDOW_BITS), name=f"win_l{l}", reset_less=True)
                for l in range(lanes)]
-        fits = Signal(lanes, reset_less=True)
+        # Whether S fits, as the OR of per-byte "a bit above the window differs from the sign"
+        # flags: registered per byte here, OR-ed at e+4 (a 50-bit test in one stage was the
+        # 2x8 array's critical path: seven LUTs behind a 4 ns net from the mask copy).
+        n_parts = -(-cbits // 8)
+        outside = [Signal(n_parts, name=f"outside_l{l}", reset_less=True) for l in range(lanes)]
         neg = Signal(lanes, reset_less=True)
         res3 = Signal.like(res, reset_less=True)
         wide_q3 = Signal.like(wide_q, reset_less=True)
@@ -342,7 +348,9 @@ class Epilogue(wiring.Component):
                 for k in range(8):
                     with m.Case(k):
                         m.d.sync += win[l].eq(coarse[k:k + WINDOW_BITS])
-            m.d.sync += [fits[l].eq(~((c ^ sign.replicate(cbits)) & above).any()),
+            differs = (c ^ sign.replicate(cbits)) & above
+            m.d.sync += [outside[l].eq(Cat(differs[8 * j:8 * j + 8].any()
+                                           for j in range(n_parts))),
                          neg[l].eq(sign)]
         m.d.sync += [res3.eq(res), wide_q3.eq(wide_q2)]
         w_valid = Signal()
@@ -357,7 +365,8 @@ class Epilogue(wiring.Component):
             m.d.comb += t.eq(win[l] + Cat(Const(1, 1), res3[l]).as_signed())
             v = t[1:]  # (W + 1 + 2r) >> 1, 11 bits
             ovf = v[7:].any() & ~v[7:].all()
-            sat = Mux(~fits[l], Mux(neg[l], -128, 127), Mux(ovf, Mux(v[-1], -128, 127), v[:8]))
+            sat = Mux(outside[l].any(), Mux(neg[l], -128, 127),
+                      Mux(ovf, Mux(v[-1], -128, 127), v[:8]))
             m.d.sync += y[8 * l:8 * l + 8].eq(
                 Mux(g_wide[l // LANES_PER_COPY], wide_q3[8 * l:8 * l + 8], sat[:8]))
         y_valid = Signal()

@@ -6,9 +6,11 @@ The fetch unit owns the instruction memory (``cfg.imem_depth`` x 128 bits, writt
 ====  ========================================================================================
 F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048 words
 S1    the banks' words, registered
-S2    bank select; opcode / event / GEMM field checks; DMA extent products ``rows * row_beats`` and
-      ``rows * dram_stride`` (in 16-bit halves: multipliers between registers)
-S3    extent sums, each less its limit, so that the range check is the sum's sign bit
+S2    bank select; the terms of the opcode / event / GEMM field checks; DMA extent products
+      ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves: multipliers between
+      registers)
+S3    the field checks' error code from their terms; extent sums, each less its limit, so that
+      the range check is the sum's sign bit
 S4    the error code from the registered checks; this is the *dispatch* stage
 ====  ========================================================================================
 
@@ -28,7 +30,7 @@ The top level stops the machine on an error.
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -124,18 +126,19 @@ class FetchUnit(wiring.Component):
         legal = legal_words({"opcode": op.as_value(),
                              "sync.engine": ins.body.sync.engine.as_value(),
                              "gemm.epilogue": ins.body.gemm.epilogue.as_value()})
-        bad_event = Const(0)
-        for ev in (ins.header.wait, ins.header.signal):
-            bad_event = bad_event | ((ev != NO_EVENT) & (ev >= lim.num_events))
+        # Each rule's terms are registered apart (S2) and OR-ed into the error code in S3
+        # (:meth:`_pre_error`): the word's bank multiplexer and the comparisons fill S2.
+        bad_event = Cat((ev != NO_EVENT) & (ev >= lim.num_events)
+                        for ev in (ins.header.wait, ins.header.signal))
 
         dma = ins.body.dma
-        dma_bad = ((is_[Opcode.STORE] != (dma.spad == Spad.OUT))
-                   | (dma.rows == 0) | (dma.row_beats == 0))
+        dma_bad = Cat(is_[Opcode.STORE] != (dma.spad == Spad.OUT),
+                      dma.rows == 0, dma.row_beats == 0)
 
         g = ins.body.gemm
         int8_bad = g.int8 if not lim.int8 else g.int8 & (g.pattern != 0)
-        bad_gemm = ((g.pattern >= lim.patterns) | (g.tokens_m1 >= lim.max_tokens)
-                    | (g.k_steps == 0) | int8_bad | (g.asym & (g.group_steps == 0)))
+        bad_gemm = Cat(g.pattern >= lim.patterns, g.tokens_m1 >= lim.max_tokens,
+                       g.k_steps == 0, int8_bad, g.asym & (g.group_steps == 0))
 
         def misaligned(value, words):
             return value[:ceil_log2(words)] != 0 if words > 1 else Const(0)
@@ -143,29 +146,27 @@ class FetchUnit(wiring.Component):
         def beats(spad: Spad) -> int:
             return int(lim.spad_beats[spad.value])
 
-        bad_gemm_addr = ((g.wgt_addr >= beats(Spad.WGT))
-                         | misaligned(g.wgt_addr, lim.wgt_words)
-                         | (g.act_addr >= beats(Spad.ACT))
-                         | (g.out_addr >= beats(Spad.OUT))
-                         | (g.param_addr >= beats(Spad.PARAM))
-                         | misaligned(g.act_addr, lim.act_words)
-                         | misaligned(g.act_stride, lim.act_words)
-                         | ((g.epilogue != EpilogueMode.NONE)
-                            & misaligned(g.out_addr, lim.out_words))
-                         | (reads_param(g.epilogue.as_value())
-                            & misaligned(g.param_addr, lim.param_words)))
-        gemm_err = Mux(bad_gemm, ErrorCode.BAD_GEMM,
-                       Mux(bad_gemm_addr, ErrorCode.BAD_ADDRESS, ErrorCode.NONE))
-        pre = Mux(~legal, ErrorCode.ILLEGAL_OPCODE,
-                  Mux(bad_event, ErrorCode.BAD_EVENT,
-                      Mux(is_[Opcode.GEMM], gemm_err,
-                          Mux((is_[Opcode.LOAD] | is_[Opcode.STORE]) & dma_bad,
-                              ErrorCode.BAD_ADDRESS, ErrorCode.NONE))))
+        bad_gemm_addr = Cat(g.wgt_addr >= beats(Spad.WGT),
+                            misaligned(g.wgt_addr, lim.wgt_words),
+                            g.act_addr >= beats(Spad.ACT),
+                            g.out_addr >= beats(Spad.OUT),
+                            g.param_addr >= beats(Spad.PARAM),
+                            misaligned(g.act_addr, lim.act_words),
+                            misaligned(g.act_stride, lim.act_words),
+                            (g.epilogue != EpilogueMode.NONE)
+                            & misaligned(g.out_addr, lim.out_words),
+                            reads_param(g.epilogue.as_value())
+                            & misaligned(g.param_addr, lim.param_words))
         target = Mux(is_[Opcode.LOAD], Engine.LOAD,
                      Mux(is_[Opcode.STORE], Engine.STORE,
                          Mux(is_[Opcode.GEMM], Engine.COMPUTE, ins.body.sync.engine)))
         return {
-            "pre": pre,
+            "illegal": ~legal,
+            "bad_event": bad_event,
+            "bad_gemm": bad_gemm,
+            "bad_gemm_addr": bad_gemm_addr,
+            "dma_bad": dma_bad,
+            "is_gemm": is_[Opcode.GEMM],
             "is_dma": is_[Opcode.LOAD] | is_[Opcode.STORE],
             "is_end": is_[Opcode.END],
             "is_sync": is_[Opcode.SYNC],
@@ -181,6 +182,17 @@ class FetchUnit(wiring.Component):
             "dram_tail": dma.dram_addr + dma.row_beats - dma.dram_stride - (lim.dram_beats + 1),
             "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[dma.spad.as_value()],
         }
+
+    @staticmethod
+    def _pre_error(c: dict) -> Value:
+        """The error code of the field checks (:meth:`_field_checks`), from their terms."""
+        gemm_err = Mux(c["bad_gemm"].any(), ErrorCode.BAD_GEMM,
+                       Mux(c["bad_gemm_addr"].any(), ErrorCode.BAD_ADDRESS, ErrorCode.NONE))
+        return Mux(c["illegal"], ErrorCode.ILLEGAL_OPCODE,
+                   Mux(c["bad_event"].any(), ErrorCode.BAD_EVENT,
+                       Mux(c["is_gemm"], gemm_err,
+                           Mux(c["is_dma"] & c["dma_bad"].any(),
+                               ErrorCode.BAD_ADDRESS, ErrorCode.NONE))))
 
     def elaborate(self, platform):
         m = Module()
@@ -217,8 +229,8 @@ class FetchUnit(wiring.Component):
                 copies.append(regs[key].eq(value))
             return regs
 
-        # F: read imem[pc]; S1: the word; S2: field checks and products; S3: extent sums;
-        # S4: extent comparisons -> error code (the dispatch stage).
+        # F: read imem[pc]; S1: the word; S2: field check terms and products; S3: their error
+        # code, extent sums; S4: extent comparisons -> error code (the dispatch stage).
         s0 = stage("s0", v=Const(1), pc=pc)
         s1 = stage("s1", v=s0["v"], pc=s0["pc"], **{f"word{b}": rp.data for b, rp in
                                                     enumerate(rd_ports)})
@@ -231,18 +243,19 @@ class FetchUnit(wiring.Component):
         # An extent is out of range when its end less the limit (folded in by S2) is >= 0.
         spad_over = dma.spad_addr + s2["spad_len"] + s2["spad_limit"] >= 0
         dram_over = s2["dram_tail"] + s2["span_lo"] + (s2["span_hi"] << 16) >= 0
-        s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=s2["ins"], pre=s2["pre"],
-                   pre_ok=s2["pre"] == ErrorCode.NONE, pc_over=s2["pc"] == depth,
+        pre = self._pre_error(s2)
+        s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=s2["ins"], pre=pre,
+                   pre_ok=pre == ErrorCode.NONE, pc_over=s2["pc"] == depth,
                    is_end=s2["is_end"], is_sync=s2["is_sync"], target=s2["target"],
                    bad_range=s2["is_dma"] & (spad_over | dram_over))
         err = Mux(s3["pc_over"], ErrorCode.PC_OVERFLOW,
                   Mux(s3["pre_ok"] & s3["bad_range"], ErrorCode.BAD_ADDRESS, s3["pre"]))
         # The dispatch stage keeps its decisions one-hot and pre-decoded, because `adv`
         # (below) gates the whole pipeline and must settle early.
+        ok3 = ~s3["pc_over"] & s3["pre_ok"] & ~s3["bad_range"]
+        to3 = Cat(~s3["is_end"] & (s3["target"] == e.value) for e in Engine)
         s4 = stage("s4", v=s3["v"], pc=s3["pc"], ins=s3["ins"], is_end=s3["is_end"],
-                   is_sync=s3["is_sync"], err=err,
-                   ok=~s3["pc_over"] & s3["pre_ok"] & ~s3["bad_range"],
-                   to=Cat(~s3["is_end"] & (s3["target"] == e.value) for e in Engine))
+                   is_sync=s3["is_sync"], err=err, ok=ok3, to=to3)
         v4, ins4, to4 = s4["v"], s4["ins"], s4["to"]
         err4 = Signal(ErrorCode)
         m.d.comb += err4.eq(s4["err"])
@@ -254,11 +267,43 @@ class FetchUnit(wiring.Component):
         ports = (self.load, self.compute, self.store)
         ready = Cat(to4[e.value] & port.ready for e, port in zip(Engine, ports, strict=True)).any()
         go = live & ok & (s4["is_end"] | ready)
+        with m.If(go & s4["is_end"]):
+            m.d.sync += ended.eq(1)
+
+        # The stages advance together unless the dispatch stage holds an instruction:
+        # adv = run & ~ended & (~v4 | go). It gates ~1,000 registers and the instruction
+        # memory, and the queues' write enables follow the same decisions, so these are
+        # computed from registered copies of the dispatch decisions (`keep`: one net for each
+        # use): "the stage is empty or holds an END", "it holds a legal instruction for a
+        # queue" and its queue, each loaded with S4, and `ended`. Then adv is two LUT levels,
+        # a queue's valid one.
+        def decisions(name: str, adv_c: Signal) -> tuple[Value, Signal]:
+            """Drive ``adv_c`` (= adv) from copies of the decisions loaded under it; return
+            "running and a legal instruction for a queue" and the queue, from the copies."""
+            idle = Signal(name=f"s4_idle_{name}", init=1, attrs={"keep": 1})  # = ~v4 at reset
+            queue = Signal(name=f"s4_queue_{name}", attrs={"keep": 1})
+            to_c = Signal(len(Engine), name=f"s4_to_{name}", reset_less=True,
+                          attrs={"keep": 1})
+            ended_c = Signal(name=f"ended_{name}", attrs={"keep": 1})
+            with m.If(adv_c):
+                m.d.sync += [idle.eq(~s3["v"] | (ok3 & s3["is_end"])),
+                             queue.eq(s3["v"] & ok3 & ~s3["is_end"]), to_c.eq(to3)]
+            with m.If(go & s4["is_end"]):
+                m.d.sync += ended_c.eq(1)
+            ready_c = Cat(to_c[e.value] & port.ready
+                          for e, port in zip(Engine, ports, strict=True)).any()
+            m.d.comb += adv_c.eq(self.run & ~ended_c & (idle | queue & ready_c))
+            return self.run & ~ended_c & queue, to_c
+
+        adv_mem = Signal()
+        decisions("mem", adv_mem)
+        decisions("stages", adv)
+        offer, to_q = decisions("queues", Signal())
         for port, eng, body in ((self.load, Engine.LOAD, ins4.body.dma),
                                 (self.compute, Engine.COMPUTE, ins4.body.gemm),
                                 (self.store, Engine.STORE, ins4.body.dma)):
             m.d.comb += [
-                port.valid.eq(live & ok & to4[eng.value]),
+                port.valid.eq(offer & to_q[eng.value]),   # = live & ok & to4[eng]
                 port.payload.wait.eq(ins4.header.wait),
                 port.payload.signal.eq(ins4.header.signal),
                 port.payload.sync.eq(s4["is_sync"]),
@@ -270,13 +315,10 @@ class FetchUnit(wiring.Component):
             self.stalled.eq(live & ok & to4.any() & ~ready),
             self.dispatched.eq(go),
         ]
-        with m.If(go & s4["is_end"]):
-            m.d.sync += ended.eq(1)
-
-        # ---- the stages advance together unless the dispatch stage holds an instruction
-        m.d.comb += adv.eq(self.run & ~ended & (~v4 | go))
         for rp in rd_ports:
-            m.d.comb += [rp.addr.eq(pc[:low]), rp.en.eq(adv)]
+            m.d.comb += [rp.addr.eq(pc[:low]), rp.en.eq(adv_mem)]
+        with m.If(adv_mem):
+            m.d.sync += pc.eq(pc + 1)
         with m.If(adv):
-            m.d.sync += [pc.eq(pc + 1)] + copies
+            m.d.sync += copies
         return m

@@ -87,11 +87,15 @@ class InstrQueue(wiring.Component):
 
         push = self.w.valid & self.w.ready
         pop = self.r.valid & self.r.ready
-        # Registered flags: `ready` feeds the fetch unit's stall logic.
+        # Registered flags: `ready` feeds the fetch unit's stall logic. push and pop arrive
+        # late in their cycle, so the flags' next values are tests of `level` that they only
+        # pick from, not a comparison behind the level's adder.
         not_full = Signal(init=1)
         not_empty = Signal()
         level_next = self.level + push - pop
-        m.d.sync += [not_full.eq(level_next != depth), not_empty.eq(level_next != 0)]
+        m.d.sync += [not_full.eq(pop | (self.level < depth - 1) | ((self.level == depth - 1)
+                                                                 & ~push)),
+                     not_empty.eq(push | (self.level > 1) | ((self.level == 1) & ~pop))]
         m.d.comb += [
             self.w.ready.eq(not_full),
             self.r.valid.eq(not_empty),

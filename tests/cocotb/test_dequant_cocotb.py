@@ -9,7 +9,7 @@ from cocotb.triggers import FallingEdge
 from runner_util import config_from_env, run_cocotb, unpack
 
 from hw.config import AcceleratorConfig, MemoryModel
-from hw.dequant import Dequant, dequant_reference
+from hw.dequant import Dequant, dequant_reference, field_value
 
 CFG = AcceleratorConfig(rows=2, cols=4, scale_code_bits=6, memory=MemoryModel(size_bytes=1 << 16))
 
@@ -33,8 +33,11 @@ async def dequant_random_vectors(dut):
              "zero": rng.randint(0, vmax), "int8": 8 in cfg.weight_bits and rng.random() < 0.5,
              "asym": not raw and rng.random() < 0.5, "raw": raw}
         vectors.append(v)
-        for name, value in v.items():
-            getattr(dut, name).value = int(value)
+        for name in ("code", "zero", "int8", "asym", "raw"):
+            getattr(dut, name).value = int(v[name])
+        bits = 8 if v["int8"] else 4
+        q = field_value(v["value"], bits, v["asym"])
+        dut.q.value = q & ((1 << len(dut.q)) - 1)   # two's complement bit pattern
 
 
 @pytest.mark.cocotb

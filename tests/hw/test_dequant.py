@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hw.config import AcceleratorConfig, MemoryModel
-from hw.dequant import Dequant, dequant_reference
+from hw.dequant import Dequant, dequant_reference, field_value
 from hw.isa import Gemm
 from hw.pe import MULT_BITS, hi_slice_bits
 from sim.functional import decode_gemm_weights
@@ -27,8 +27,9 @@ def run_vectors(cfg, vectors):
         for n in range(len(vectors) + Dequant.LATENCY):
             if n < len(vectors):
                 v = vectors[n]
-                for name in ("value", "code", "zero", "int8", "asym", "raw"):
+                for name in ("code", "zero", "int8", "asym", "raw"):
                     ctx.set(getattr(dut, name), v[name])
+                ctx.set(dut.q, field_value(v["value"], 8 if v["int8"] else 4, v["asym"]))
             if n >= Dequant.LATENCY:
                 got.append(ctx.get(dut.w))
             await ctx.tick()
@@ -135,7 +136,7 @@ def test_epilogue_borrows_the_multiplier():
             if k >= 2:
                 got.append(ctx.get(dut.prod))
             await ctx.tick()
-        for name, v in {"value": 9, "code": 200, "zero": 3, "asym": 1}.items():
+        for name, v in {"q": 9, "code": 200, "zero": 3, "asym": 1}.items():
             ctx.set(getattr(dut, name), v)
         await ctx.tick().repeat(Dequant.LATENCY)
         got.append(ctx.get(dut.w))

@@ -261,7 +261,7 @@ def test_fetch_latency_checked(monkeypatch):
 def test_queue_order_and_flags():
     """InstrQueue: first in, first out; full/empty registered; any depth."""
     from hw.queues import DMA_ENTRY
-    for depth in (1, 3):
+    for depth in (1, 2, 3, 4):
         dut = InstrQueue(DMA_ENTRY, depth)
         rng = random.Random(depth)
 

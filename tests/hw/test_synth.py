@@ -191,7 +191,8 @@ def test_cli_rejects_bad_limits(args, capsys):
 
 def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
     """A second run of the same generated Verilog and options returns the record without
-    running the tools; other Verilog, other options or ``force`` run them again."""
+    running the tools; other Verilog, other options, another Yosys script or ``force`` run
+    them again."""
     import hw.generate
     import hw.synth
 
@@ -227,6 +228,11 @@ def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
     assert run(seed=2)[1] == 0
     verilog["text"] = "module accel; wire w; endmodule\n"
     assert run(seed=2)[1] == 2                 # other Verilog
+    script = hw.synth.yosys_script
+    monkeypatch.setattr(hw.synth, "yosys_script", lambda *a: script(*a) + "; stat")
+    assert run(seed=2)[1] == 2                 # another Yosys script
+    assert run(seed=2)[1] == 0
+    monkeypatch.setattr(hw.synth, "yosys_script", script)
     rec, ran = run(seed=2, router="router2")   # the router is an option too
     assert ran == 2 and routers[-2:] == ["router1", "router2"] and rec["router"] == "router2"
     with pytest.raises(ValueError, match="'router3'"):
