@@ -373,7 +373,8 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
         "seconds": seconds,
         "cells": cells,
     }
-    rec.update({k: prev[k] for k in ("cache_key", "stopped") if k in prev})
+    rec.update({k: prev[k] for k in ("cache_key", "stopped", "router", "seed", "placer")
+                if k in prev})
     rec["fits"] = bool(all(rec[k] <= ECP5_85F[k] for k in ECP5_85F))
     (out / "synth.json").write_text(json.dumps(rec, indent=1) + "\n")
     return rec

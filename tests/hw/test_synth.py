@@ -246,14 +246,17 @@ def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
         run(critexp=-1)
 
 
-def test_collect_again_keeps_the_run_s_times_and_cache_key(tmp_path):
+def test_collect_again_keeps_what_only_the_run_knew(tmp_path):
+    """Summarising a run again keeps its times, cache key, seed, router and placer options."""
     out = _run_dir(tmp_path, ROUTED)
     rec = collect(AcceleratorConfig(), out, seconds={"synth": 60.0, "pnr": 600.0})
-    rec["cache_key"] = "abc"
+    rec.update(cache_key="abc", seed=3, router="router1",
+               placer={"timing_weight": 40, "critexp": 4})
     (out / "synth.json").write_text(json.dumps(rec))
     again = collect(AcceleratorConfig(), out)
     assert again["seconds"] == {"synth": 60.0, "pnr": 600.0} and again["total_s"] == 660.0
-    assert again["cache_key"] == "abc"
+    assert again["cache_key"] == "abc" and again["seed"] == 3 and again["router"] == "router1"
+    assert again["placer"] == {"timing_weight": 40, "critexp": 4}
 
 
 def test_flow_keeps_the_registered_replicas(tmp_path):
