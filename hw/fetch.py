@@ -265,9 +265,16 @@ class FetchUnit(wiring.Component):
         live = self.run & ~ended & v4
         ok = s4["ok"]
         ports = (self.load, self.compute, self.store)
-        ready = Cat(to4[e.value] & port.ready for e, port in zip(Engine, ports, strict=True)).any()
+
+        def ready_of(to: Value) -> Value:
+            """The queue of one-hot ``to`` is not full."""
+            return Cat(to[e.value] & port.ready
+                       for e, port in zip(Engine, ports, strict=True)).any()
+
+        ready = ready_of(to4)
         go = live & ok & (s4["is_end"] | ready)
-        with m.If(go & s4["is_end"]):
+        end_now = go & s4["is_end"]
+        with m.If(end_now):
             m.d.sync += ended.eq(1)
 
         # The stages advance together unless the dispatch stage holds an instruction:
@@ -288,11 +295,9 @@ class FetchUnit(wiring.Component):
             with m.If(adv_c):
                 m.d.sync += [idle.eq(~s3["v"] | (ok3 & s3["is_end"])),
                              queue.eq(s3["v"] & ok3 & ~s3["is_end"]), to_c.eq(to3)]
-            with m.If(go & s4["is_end"]):
+            with m.If(end_now):
                 m.d.sync += ended_c.eq(1)
-            ready_c = Cat(to_c[e.value] & port.ready
-                          for e, port in zip(Engine, ports, strict=True)).any()
-            m.d.comb += adv_c.eq(self.run & ~ended_c & (idle | queue & ready_c))
+            m.d.comb += adv_c.eq(self.run & ~ended_c & (idle | queue & ready_of(to_c)))
             return self.run & ~ended_c & queue, to_c
 
         adv_mem = Signal()
