@@ -23,6 +23,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
+from hw.ecp5_dsp import DSP_REGISTER
 from hw.pe import MULT_BITS, hi_slice_bits
 
 __all__ = ["Dequant", "dequant_reference", "field_number", "field_value", "hi_product_shape"]
@@ -149,7 +150,7 @@ class Dequant(wiring.Component):
         m.d.sync += [a.eq(a_in), b.eq(b_in)]
 
         # Stage 2: the product; |code * (q - zero)| <= code_max * (2**bits - 1) fits the operand.
-        prod = Signal.like(self.prod, reset_less=True)
+        prod = Signal.like(self.prod, reset_less=True, attrs={DSP_REGISTER: 1})
         m.d.sync += prod.eq(a * b)
         m.d.comb += [self.prod.eq(prod), self.w.eq(prod)]
         return m

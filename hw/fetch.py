@@ -37,6 +37,7 @@ from amaranth.utils import ceil_log2
 
 from hw import timing
 from hw.config import AcceleratorConfig
+from hw.ecp5_dsp import DSP_REGISTER
 from hw.isa import (
     INSTR_BITS,
     NO_EVENT,
@@ -56,6 +57,9 @@ __all__ = ["FetchUnit"]
 
 #: Register stages between the instruction memory read and the dispatch stage.
 _CHECK_STAGES = 4
+#: The S2 registers that hold a multiplier's product: the DSP's own output register can hold
+#: them (hw.ecp5_dsp), so no route lies between the multiplier and its register.
+_PRODUCTS = ("span_lo", "span_hi")
 #: Largest instruction-memory bank (an ECP5 DP16KD is 2048 x 9).
 _BANK_DEPTH = 2048
 
@@ -225,7 +229,8 @@ class FetchUnit(wiring.Component):
             an invalid instruction (hw/top.py, "Reset")."""
             regs = {}
             for key, value in values.items():
-                regs[key] = Signal(value.shape(), name=f"{name}_{key}", reset_less=key != "v")
+                regs[key] = Signal(value.shape(), name=f"{name}_{key}", reset_less=key != "v",
+                                   attrs={DSP_REGISTER: 1} if key in _PRODUCTS else {})
                 copies.append(regs[key].eq(value))
             return regs
 

@@ -35,6 +35,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
+from hw.ecp5_dsp import DSP_REGISTER
 
 __all__ = ["PE", "index_bits", "act_block_layout", "MULT_BITS", "SLICE_BITS", "hi_slice_bits",
            "lo_product_shape"]
@@ -162,7 +163,7 @@ class PE(wiring.Component):
         ]
 
         # Stage 2: multiply (register before the accumulator).
-        p2 = Signal(lo_product_shape(cfg), reset_less=True)
+        p2 = Signal(lo_product_shape(cfg), reset_less=True, attrs={DSP_REGISTER: 1})
         t2 = Signal.like(self.tok, reset_less=True, attrs={"keep": 1})
         v2 = Signal(attrs={"keep": 1})
         f2 = Signal(reset_less=True, attrs={"keep": 1})

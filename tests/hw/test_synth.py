@@ -40,6 +40,15 @@ def test_routed_run(tmp_path):
     assert rec["fits"] is True
     assert json.loads((out / "synth.json").read_text())["fmax_mhz"] == 45.10
     assert "45.1 MHz after routing (FAIL at 100 MHz)" in summary(rec)
+    assert rec["ffs"] == 28000 and rec["dsp_registers"] == {"dsps": 0, "ffs": 0}
+
+
+def test_flip_flops_in_dsp_registers_are_not_counted_twice(tmp_path):
+    out = _run_dir(tmp_path, ROUTED)
+    (out / "dsp_registers.json").write_text(json.dumps({"dsps": 64, "ffs": 2240}))
+    rec = collect(AcceleratorConfig(), out)
+    assert rec["ffs"] == 28000 - 2240 and rec["dsp_registers"]["dsps"] == 64
+    assert "(and 2240 in 64 DSPs' registers)" in summary(rec)
 
 
 #: The start of the routed 2x4 array's critical path, as nextpnr 0.11 reports it.
@@ -191,8 +200,8 @@ def test_cli_rejects_bad_limits(args, capsys):
 
 def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
     """A second run of the same generated Verilog and options returns the record without
-    running the tools; other Verilog, other options, another Yosys script or ``force`` run
-    them again."""
+    running the tools; other Verilog, other options, another Yosys script or DSP register pass,
+    or ``force`` run them again."""
     import hw.generate
     import hw.synth
 
@@ -210,6 +219,9 @@ def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
             placers.append((cmd[cmd.index("--placer-heap-timingweight") + 1],
                             cmd[cmd.index("--placer-heap-critexp") + 1]))
         _run_dir(cwd, ROUTED)
+        (cwd / "accel.json").write_text(json.dumps(
+            {"modules": {"accel": {"attributes": {"top": "1"}, "ports": {}, "cells": {},
+                                    "netnames": {}}}}))
         return True
 
     monkeypatch.setattr(hw.synth, "_run", fake_run)
@@ -233,6 +245,8 @@ def test_finished_runs_are_cached_by_verilog_and_options(tmp_path, monkeypatch):
     assert run(seed=2)[1] == 2                 # another Yosys script
     assert run(seed=2)[1] == 0
     monkeypatch.setattr(hw.synth, "yosys_script", script)
+    monkeypatch.setattr(hw.synth, "_DSP_PASS_HASH", "changed")
+    assert run(seed=2)[1] == 2                 # another DSP register pass
     rec, ran = run(seed=2, router="router2")   # the router is an option too
     assert ran == 2 and routers[-2:] == ["router1", "router2"] and rec["router"] == "router2"
     with pytest.raises(ValueError, match="'router3'"):

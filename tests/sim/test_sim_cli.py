@@ -2,6 +2,7 @@
 
 import json
 
+from hw.config import AcceleratorConfig
 from sim.__main__ import main
 
 
@@ -25,7 +26,7 @@ def test_cli_values_and_trace(tmp_path, capsys):
 def test_cli_timing_only_llama_layer(capsys):
     assert main(["--layer", "4096x4096", "--tokens", "1"]) == 0
     out = capsys.readouterr().out
-    assert "64 n-tiles" in out and "of the bound" in out
+    assert f"{4096 // AcceleratorConfig().lanes} n-tiles" in out and "of the bound" in out
 
 
 def test_cli_bad_input(capsys):

@@ -74,7 +74,7 @@ def _run_and_check(cfg, fmt, tokens, n, k, seed):
 
 def test_loads_overlap_compute():
     """Double buffering: in a long decode layer the array waits only for the first chunk."""
-    cfg = AcceleratorConfig(memory=MemoryModel(size_bytes=1 << 24))
+    cfg = AcceleratorConfig(rows=4, cols=16, memory=MemoryModel(size_bytes=1 << 24))
     fmt = WeightFormat("dense", 4, 128)
     lp = build_linear(cfg, fmt, 256, 4096, 1)
     r = FastModel(cfg).run(lp.program, timing_only=True)
@@ -99,11 +99,11 @@ def test_lowering_errors():
 
 def test_program_must_fit_the_instruction_memory():
     fmt = WeightFormat("2:4", 4, 128)
-    n = 64 * 40  # 40 n-tiles: three instructions each, plus END
-    fits = build_linear(AcceleratorConfig(imem_depth=128), fmt, n, 128, 1)
+    n = 64 * 40  # 40 n-tiles of 64 lanes: three instructions each, plus END
+    fits = build_linear(AcceleratorConfig(rows=4, cols=16, imem_depth=128), fmt, n, 128, 1)
     assert len(fits.program) <= 128
     with pytest.raises(LoweringError, match=r"needs \d+ instructions .* holds 64"):
-        build_linear(AcceleratorConfig(imem_depth=64), fmt, n, 128, 1)
+        build_linear(AcceleratorConfig(rows=4, cols=16, imem_depth=64), fmt, n, 128, 1)
 
 
 @st.composite

@@ -60,5 +60,6 @@ def test_a_model_too_large_for_dram_names_every_size():
 
 def test_scratchpad_plan_refuses_tiles_that_do_not_fit():
     with pytest.raises(LoweringError, match="OUT spad"):
-        plan_spads(AcceleratorConfig(out_spad_bytes=4096), 16)
-    assert plan_spads(AcceleratorConfig(), 16).out_buf_beats == 16 * 4 * 64 // 16
+        plan_spads(AcceleratorConfig(rows=4, cols=16, out_spad_bytes=4096), 16)
+    cfg = AcceleratorConfig()
+    assert plan_spads(cfg, 16).out_buf_beats == 16 * 4 * cfg.lanes // cfg.beat_bytes
