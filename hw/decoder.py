@@ -332,6 +332,15 @@ class Decoder(wiring.Component):
         r_op = Signal(WeightOp)
         r_sub = Signal.like(self.sub, reset_less=True)
         m.d.sync += [r.eq(rot), r_op.eq(op), r_sub.eq(sub)]
+        # A copy of r per field width: a bit of r is a field of a different lane in every
+        # format, lanes that sit apart; each copy's bits feed one lane's extraction.
+        r_fb = {}
+        for vb, xb in fmts:
+            fb = vb + xb
+            if fb not in r_fb:
+                r_fb[fb] = Signal(lanes * fb, name=f"r_f{fb}", reset_less=True,
+                                  attrs={"keep": 1})
+                m.d.sync += r_fb[fb].eq(rot[:lanes * fb])
 
         # ---- cycle x+1: headers, or field extraction + dequant stage 1 ----------------------
         codes = Signal(data.ArrayLayout(cfg.scale_code_bits, lanes), reset_less=True)
@@ -365,10 +374,11 @@ class Decoder(wiring.Component):
             numbers = []
             for i, (vb, xb) in enumerate(fmts):
                 fb = vb + xb
-                numbers.append(Mux(l_fmt[i], field_number(r[l * fb:], vb, l_asym, vmax + 1), 0))
+                rf = r_fb[fb]
+                numbers.append(Mux(l_fmt[i], field_number(rf[l * fb:], vb, l_asym, vmax + 1), 0))
                 if xb:
                     with m.If(l_fmt[i]):
-                        m.d.comb += index.eq(r[l * fb + vb:l * fb + fb])
+                        m.d.comb += index.eq(rf[l * fb + vb:l * fb + fb])
             m.d.comb += q.eq(functools.reduce(operator.or_, numbers))
             m.d.comb += [
                 dq.q.eq(q), dq.code.eq(codes[l]), dq.zero.eq(zeros[l]),
