@@ -177,7 +177,7 @@ class AcceleratorConfig:
     """
 
     rows: int = 4
-    cols: int = 16
+    cols: int = 8
     max_tokens: int = 16
     patterns: tuple[NMPattern, ...] = field(default_factory=_default_patterns)
     weight_bits: tuple[int, ...] = (4, 8)

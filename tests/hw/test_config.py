@@ -35,7 +35,7 @@ def test_json_round_trip(cfg):
 
 def test_default_fits_the_contract():
     cfg = AcceleratorConfig()
-    assert cfg.lanes == 64 and cfg.beat_bytes == 16
+    assert cfg.lanes == 32 and cfg.beat_bytes == 16
     assert cfg.pattern_table[0] == DENSE
     assert cfg.pattern_index("2:4") == cfg.pattern_table.index(NMPattern(2, 4))
     # 255 * 255 (INT8 asymmetric) needs 17 signed bits.
