@@ -9,9 +9,10 @@ slices -- against the ECP5-85F's capacity, and the maximum frequency of ``clk``.
 and nextpnr, :func:`hw.ecp5_dsp.absorb_registers` moves the flip-flops the RTL marks for it (the
 multipliers' product registers) into the DSPs' own registers.
 
-Routing the default 64-lane design does not finish in an hour on one core; ``--no-route`` stops
-after placement (about 11 minutes) and reports nextpnr's post-placement timing estimate, marked as
-such; ``--no-pnr`` stops after Yosys (resources only, about 3 minutes). nextpnr's placer weighs
+The default 32-lane design is synthesised, placed and routed in about 11 minutes (routing the
+64-lane one does not finish in an hour); ``--no-route`` stops after placement and reports
+nextpnr's post-placement timing estimate, marked as such; ``--no-pnr`` stops after Yosys
+(resources only, about 1.5 minutes). nextpnr's placer weighs
 timing more than by its defaults (:data:`PLACER_TIMING_WEIGHT`, :data:`PLACER_CRITEXP`).
 ``--collect`` summarises whatever a previous (possibly unfinished) run left in its directory.
 ``--report`` also prints the critical path, each cell named by its Amaranth hierarchy
