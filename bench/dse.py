@@ -364,7 +364,7 @@ def run_sweep(points: list[Point], base: AcceleratorConfig, *, route: bool = Tru
 
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.dse", __doc__)
-    ap.add_argument("--arrays", default="2x4,2x8,4x16", help="arrays, ROWSxCOLS,...")
+    ap.add_argument("--arrays", default="2x4,2x8,4x8", help="arrays, ROWSxCOLS,...")
     ap.add_argument("--weight-bits", default="4,8", help="weight widths of the model (4, 8)")
     ap.add_argument("--beats", default="16", help="memory bytes per cycle, comma-separated")
     ap.add_argument("--config", help="base configuration JSON whose array, core and memory "
