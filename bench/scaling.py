@@ -38,6 +38,7 @@ from sim.backends import make_backend
 from sim.roofline import plot_roofline
 from sw.compile import CompileOptions, compile_model
 from sw.compile.compiler import capture_model
+from sw.compile.ir import OPS
 from sw.models import LlamaConfig, LlamaLM
 from sw.runtime import Runtime, StepStats
 
@@ -120,7 +121,7 @@ def run_step(cfg: AcceleratorConfig, fmt: WeightFormat, phase: str, tokens: int,
 
 def summarise(stats: StepStats, cfg: AcceleratorConfig, phase: str, tokens: int) -> dict:
     """The step's costs as one record."""
-    linear = sum(p.cycles for p in stats.programs if stats.ops[p.node] in ("linear", "linears"))
+    linear = sum(p.cycles for p in stats.programs if OPS[stats.ops[p.node]].streams == "weights")
     seconds = stats.cycles / (cfg.clock_mhz * 1e6)
     produced = 1 if phase == "decode" else tokens
     return {"cycles": stats.cycles, "linear_cycles": linear, "step_ms": seconds * 1e3,

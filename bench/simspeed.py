@@ -99,7 +99,7 @@ def llama7b_decode_token(repeats: int) -> dict:
                                  if isinstance(m, nn.Linear)},
                         captured=_captured("decode", 1, 128))
     compile_s = time.perf_counter() - t0
-    programs = exe.programs
+    programs = [p.words for p in exe.programs]
     model = FastModel(cfg)
 
     def simulate():

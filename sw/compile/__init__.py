@@ -1,13 +1,22 @@
 """The graph compiler: a LLaMA-style model to one :class:`Executable` for the accelerator.
 
-capture (:mod:`.capture`) -> IR (:mod:`.ir`) -> passes (:mod:`.passes`) -> partition and
-memory plan (:mod:`.plan`) -> lowering (:mod:`.lower`, :mod:`.linear`) -> :class:`Executable`
-(:mod:`.executable`). :mod:`.interpret` defines what every IR op computes.
+capture (:mod:`.capture`) -> IR (:mod:`.ir`: types, the op registry, graphs, the interpreter)
+-> passes (:mod:`.passes`) -> partition and memory plan (:mod:`.plan`) -> lowering
+(:mod:`.lower`, :mod:`.linear`) -> :class:`Executable` (:mod:`.executable`). Every error is a
+:class:`CompileError` (:mod:`.errors`).
 """
 
 from sw.compile.compiler import CompileOptions, compile_model
-from sw.compile.errors import CompileError, LoweringError, PlanError
-from sw.compile.executable import Executable, ExecutableError
+from sw.compile.errors import (
+    CaptureError,
+    CompileError,
+    ExecutableError,
+    IRError,
+    LoweringError,
+    PassError,
+    PlanError,
+)
+from sw.compile.executable import Executable
 
-__all__ = ["CompileError", "CompileOptions", "Executable", "ExecutableError", "LoweringError",
-           "PlanError", "compile_model"]
+__all__ = ["CaptureError", "CompileError", "CompileOptions", "Executable", "ExecutableError",
+           "IRError", "LoweringError", "PassError", "PlanError", "compile_model"]

@@ -21,7 +21,8 @@ leaf module            IR
 =====================  ===========================================================
 
 Outside leaf modules only layout operations (view, reshape, transpose, no-op casts) and
-additions may appear; anything else raises :class:`CaptureError` naming the ATen op, the node
+additions may appear (the registry's ``aten`` names); anything else raises
+:class:`~sw.compile.errors.CaptureError` naming the ATen op, the node
 and the module it came from. A leaf region whose ATen ops differ from what its translation
 knows (a modified or subclassed module) is refused the same way.
 """
@@ -35,7 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from sw.compile.ir import SYMBOL, Graph, Node, TensorType
+from sw.compile.errors import CaptureError
+from sw.compile.ir import OPS, SYMBOL, Graph, Node, TensorType
 from sw.models.cache import KVCache
 from sw.models.llama import (
     AttentionProducts,
@@ -46,13 +48,9 @@ from sw.models.llama import (
     StepPositions,
 )
 
-__all__ = ["CaptureError", "capture", "CaptureResult"]
+__all__ = ["capture", "CaptureResult"]
 
 PHASES = ("prefill", "decode")
-
-
-class CaptureError(ValueError):
-    """The model cannot be captured (the message names the op, the node and the module)."""
 
 
 class _Step(nn.Module):
@@ -132,9 +130,8 @@ def _aten_name(target) -> str:
 
 #: Identity ops (no-op casts and metadata checks) that the translation skips.
 _IDENTITY = {"to", "_to_copy", "alias", "_assert_tensor_metadata", "clone", "contiguous"}
-#: Layout ops allowed outside leaf modules, and their IR op.
-_LAYOUT = {"view": "view", "reshape": "reshape", "_unsafe_view": "view",
-           "transpose": "transpose"}
+#: ATen ops allowed outside leaf modules, and their IR op (the registry's ``aten`` names).
+_DIRECT = {aten: name for name, d in OPS.items() for aten in d.aten}
 
 
 @dataclass
@@ -269,13 +266,13 @@ class _Translator:
         if any(a not in self.env for a in tensor_args):
             raise self.fail(str(node.target), node, path)
         ins = [self.env[a] for a in tensor_args]
-        if op in _LAYOUT:
-            ir_op = _LAYOUT[op]
+        ir_op = _DIRECT.get(op)
+        if ir_op is not None and OPS[ir_op].layout:
             attrs = ({"dims": [int(d) for d in node.args[1:3]]} if ir_op == "transpose"
                      else {"shape": [int(d) for d in node.args[1]]})
             out = self.emit(ir_op, node.name, ins, [(node.name, self._inline_type(node, ins))],
                             **attrs)
-        elif op == "add" and len(tensor_args) == 2 and len(node.args) == 2:
+        elif ir_op == "add" and len(tensor_args) == 2 and len(node.args) == 2:
             out = self.emit("add", node.name, ins, [(node.name, self.ttype(node))])
         else:
             raise self.fail(str(node.target), node, path)
@@ -332,7 +329,7 @@ class _Translator:
     def source_linear(self, v: str) -> str:
         """The linear a value comes from through layout ops (its name), else the value."""
         node = next((n for n in self.nodes if v in n.outputs), None)
-        while node is not None and node.op in ("view", "reshape", "transpose"):
+        while node is not None and OPS[node.op].layout:
             node = next((n for n in self.nodes if node.inputs[0] in n.outputs), None)
         return node.name if node is not None and node.op == "linear" else v
 

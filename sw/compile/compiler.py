@@ -24,14 +24,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat
+from sw.compile import symbols as sym
 from sw.compile.capture import CaptureResult, capture
 from sw.compile.errors import CompileError
-from sw.compile.executable import Executable, ProgramInfo
-from sw.compile.interpret import layer_of, linear_members
-from sw.compile.ir import ACCELERATOR_OPS, Graph, Node
+from sw.compile.executable import (
+    Executable,
+    IOBinding,
+    KVCachePlan,
+    Program,
+    ProgramMember,
+    ProgramTable,
+)
+from sw.compile.ir import OPS, Graph, Node, linear_layers
 from sw.compile.linear import plan_linear, weight_image
 from sw.compile.lower import (
     KVLayout,
@@ -46,11 +54,7 @@ from sw.compile.passes import PassReport, default_passes, last_token_logits, run
 from sw.compile.plan import ArenaPlan, Buffer, DramLayout, Region, layout_dram, plan_arena
 from sw.models.llama import LlamaLM
 
-__all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes",
-           "HOST_PARAM_OPS"]
-
-#: Host ops that read a parameter (``attrs["weight"]``).
-HOST_PARAM_OPS = frozenset({"embed", "rmsnorm", "linear"})
+__all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes"]
 
 
 @dataclass(frozen=True)
@@ -89,26 +93,26 @@ class CompileOptions:
 
 def accelerator_nodes(g: Graph, accelerated: Iterable[str], attention: bool = True
                       ) -> list[Node]:
-    """The nodes of ``g`` that run on the accelerator, in order (the partition)."""
+    """The nodes of ``g`` that run on the accelerator, in order (the partition): ops that may
+    (``OPS[op].streams``) whose weight operand is there -- every layer compressed (or given
+    a format) for ``"weights"``, the INT8 KV cache (``attention``) for ``"kv"``."""
     acc = set(accelerated)
     out = []
     for n in g.nodes:
-        if n.op not in ACCELERATOR_OPS:
-            continue
-        if n.op == "linear" and layer_of(n) not in acc:
-            continue
-        if n.op == "linears" and not all(w.removesuffix(".weight") in acc
-                                         for w in n.attrs["weights"]):
-            raise CompileError(f"node {n.name!r} groups layers that do not all run on the "
-                               "accelerator")
-        if n.op in ("attn_scores", "attn_values") and not attention:
-            continue
-        out.append(n)
+        streams = OPS[n.op].streams
+        if streams == "kv" and attention:
+            out.append(n)
+        elif streams == "weights":
+            on = [layer.layer in acc for layer in linear_layers(n)]
+            if all(on):
+                out.append(n)
+            elif any(on):
+                raise CompileError(f"node {n.name!r} groups layers that do not all run on "
+                                   "the accelerator")
     return out
 
 
 def _linear_layers(model: LlamaLM) -> list[str]:
-    from torch import nn
     return [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
@@ -153,7 +157,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     t0 = time.perf_counter()
     work, buffers, kv = _partition(model, cfg, graphs, fmt_map, options, report)
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options)
-    programs, infos, templates = _lower(cfg, work, symbols)
+    programs, table, templates = _lower(cfg, work, symbols)
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
         report["phases"][phase].update(arena_bytes=arena.size,
@@ -161,13 +165,14 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     image = {}
     if weights is not None:
         for layer, qw in weights.items():
-            image[f"w:{layer}"] = weight_image(qw, plan_linear(cfg, qw.fmt, qw.n_out, qw.k, 1))
+            image[sym.weights(layer)] = weight_image(
+                qw, plan_linear(cfg, qw.fmt, qw.n_out, qw.k, 1))
     host, host_shapes = _host_tensors(model, graphs, fmt_map, weights)
     mcfg = model.config
     report.update({
         "capture_s": sum(captured[p].seconds for p in options.phases),
         "compile_s": compile_s, "programs": len(programs),
-        "templates": templates, "instructions": int(sum(i.instructions for i in infos)),
+        "templates": templates, "instructions": int(sum(p.instructions for p in programs)),
         "dram": {"weights": layout.weight_bytes, "kv_cache": layout.kv_bytes,
                  "arena": layout.arena_bytes, "total": layout.total_bytes,
                  "size": cfg.memory.size_bytes},
@@ -175,14 +180,21 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         "arena_lower_bound_bytes": max(a.lower_bound for a in arenas.values()),
         "fuse": options.fuse, "accelerated_layers": len(fmt_map)})
     return Executable(
-        cfg=cfg, model=mcfg.to_dict(), graphs=graphs, programs=programs, infos=infos,
+        cfg=cfg, model=mcfg, graphs=graphs, programs=programs, table=table,
         symbols=symbols, image=image, host=host, host_shapes=host_shapes,
-        kv={"head_dim": kv.head_dim, "max_context": kv.max_context, "lanes": kv.lanes,
-            "beat": kv.beat, "layers": mcfg.num_hidden_layers,
-            "kv_heads": mcfg.num_key_value_heads, "on_accelerator": options.attention},
-        io={"prompt_tokens": options.prompt_tokens, "max_context": options.max_context,
-            "vocab_size": mcfg.vocab_size, "decode_contexts": list(_decode_contexts(options))},
+        kv=_kv_plan(mcfg, kv, options.attention),
+        io=IOBinding(options.prompt_tokens, options.max_context, mcfg.vocab_size,
+                     _decode_contexts(options)),
         report=report)
+
+
+def _kv_plan(mcfg, layout: KVLayout, on_accelerator: bool) -> KVCachePlan:
+    """The cache's layout and, when attention runs on the accelerator, its symbols."""
+    heads = range(mcfg.num_key_value_heads) if on_accelerator else range(0)
+    layers = range(mcfg.num_hidden_layers)
+    return KVCachePlan(layout, mcfg.num_hidden_layers, mcfg.num_key_value_heads, on_accelerator,
+                       tuple(tuple(sym.cache("k", L, h) for h in heads) for L in layers),
+                       tuple(tuple(sym.cache("v", L, h) for h in heads) for L in layers))
 
 
 def _formats(model: LlamaLM, cfg: AcceleratorConfig, opts: CompileOptions, weights, formats
@@ -244,15 +256,15 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                    else sorted({context_bucket(s) for s in contexts}))
         live: dict[str, Buffer] = {}
         for p, node in enumerate(acc):
-            attn = node.op in ("attn_scores", "attn_values")
-            for bucket in (buckets if attn else [None]):
+            per_context = OPS[node.op].streams == "kv"   # the cache grows with the context
+            for bucket in (buckets if per_context else [None]):
                 members = node_members(node, g, cfg, fmt_map.get, bucket, kv)
                 work.append((phase, node, bucket, members))
                 for m in members:  # the largest bucket sizes the buffers
-                    for sym, size, before in m.buffers():
+                    for name, size, before in m.buffers():
                         t = 2 * p if before else 2 * p + 1
-                        old = live.get(sym)
-                        live[sym] = Buffer(sym, max(size, old.size if old else 0), t, t + 1)
+                        old = live.get(name)
+                        live[name] = Buffer(name, max(size, old.size if old else 0), t, t + 1)
         buffers[phase] = list(live.values())
         report["phases"][phase].update({
             "accelerator_nodes": len(acc), "programs_per_step": len(acc),
@@ -265,13 +277,14 @@ def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str
            ) -> tuple[dict[str, Region], DramLayout, dict[str, ArenaPlan]]:
     """DRAM regions of the weights, the KV cache and every buffer (arena per phase)."""
     mcfg = model.config
-    weights = [(f"w:{layer}", _stream_bytes(fmt_map[layer], model, layer, cfg))
+    weights = [(sym.weights(layer), _stream_bytes(fmt_map[layer], model, layer, cfg))
                for layer in _linear_layers(model) if layer in fmt_map]
     kv_regions = []
     if opts.attention:
         for L in range(mcfg.num_hidden_layers):
             for h in range(mcfg.num_key_value_heads):
-                kv_regions += [(f"k:{L}:{h}", kv.key_bytes), (f"v:{L}:{h}", kv.value_bytes)]
+                kv_regions += [(sym.cache("k", L, h), kv.key_bytes),
+                               (sym.cache("v", L, h), kv.value_bytes)]
     arenas = {phase: plan_arena(bufs, cfg.beat_bytes) for phase, bufs in buffers.items()}
     layout = layout_dram(cfg, weights, kv_regions, list(arenas.values()))
     symbols = dict(layout.regions)
@@ -282,20 +295,25 @@ def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str
     return symbols, layout, arenas
 
 
-def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region]):
-    """One program per (node, bucket): each distinct one lowered once, relocated."""
+def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region]
+           ) -> tuple[list[Program], ProgramTable, int]:
+    """One program per (node, bucket): each distinct one lowered once, relocated; and the
+    table that finds them."""
     templates: dict[tuple, tuple[int, Template]] = {}
-    programs, infos = [], []
+    programs: list[Program] = []
+    table: dict[str, dict[str, list[tuple[int | None, int]]]] = {}
     addr = {k: r.addr for k, r in symbols.items()}
     for phase, node, bucket, members in work:
         key = tuple(m.signature for m in members)
         if key not in templates:
             templates[key] = (len(templates), lower_template(cfg, members))
         index, t = templates[key]
-        programs.append(relocate(t, addr, members, cfg.beat_bytes))
-        infos.append(ProgramInfo(phase, node.name, bucket, t.instructions,
-                                 [_member_info(m) for m in members], index))
-    return programs, infos, len(templates)
+        table.setdefault(phase, {}).setdefault(node.name, []).append((bucket, len(programs)))
+        programs.append(Program(phase, node.name, bucket, relocate(t, addr, members,
+                                                                   cfg.beat_bytes),
+                                tuple(_program_member(m) for m in members), index))
+    return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
+                                   for ph, nodes in table.items()}), len(templates)
 
 
 def _decode_contexts(opts: CompileOptions) -> tuple[int, ...]:
@@ -314,36 +332,45 @@ def _stream_bytes(fmt: WeightFormat, model: LlamaLM, layer: str, cfg: Accelerato
     return plan.n_tiles * plan.tile_bytes
 
 
-def _member_info(m: Member) -> dict:
-    p = m.plan
-    return {"w": m.w, "x": m.x, "y": m.y, **({"b": m.b} if m.b else {}),
-            "tokens": p.tokens, "n": p.n, "k": p.k_padded,
-            "act_row_bytes": p.act_row_bytes, "out_row_bytes": p.out_row_bytes,
-            "stream_bytes": p.n_tiles * p.layout.tile_bytes,
-            "macs": p.tokens * p.n * p.fmt.steps(p.k_padded)}
+def _program_member(m: Member) -> ProgramMember:
+    p, layer = m.plan, m.source
+    return ProgramMember(
+        w=m.w, x=m.x, y=m.y, b=m.b, tokens=p.tokens, n=p.n, k=p.k_padded,
+        act_row_bytes=p.act_row_bytes, out_row_bytes=p.out_row_bytes,
+        stream_bytes=p.n_tiles * p.layout.tile_bytes, macs=p.tokens * p.n * p.fmt.steps(p.k_padded),
+        row_scale=None if layer is None else _row_scale(layer.layer),
+        bias=None if layer is None else layer.bias)
+
+
+def _row_scale(layer: str) -> str:
+    """The host tensor of a compressed layer's row scales."""
+    return f"row_scale:{layer}"
 
 
 def _host_tensors(model: LlamaLM, graphs: Mapping[str, Graph], fmt_map, weights
-                  ) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
-    """Parameters the host reads (its nodes' weights; every bias: the host converts it to bias
-    rows for the WIDE_BIAS epilogue, or adds it to a host layer) and the row scales of
+                  ) -> tuple[dict[str, np.ndarray], dict[str, tuple[int, ...]]]:
+    """Parameters the host reads (the weights of its nodes; every bias: the host converts it
+    to bias rows for the WIDE_BIAS epilogue, or adds it to a host layer) and the row scales of
     compressed layers."""
     names = set()
     for g in graphs.values():
         for n in g.nodes:
-            for m in (linear_members(n) if n.op in ("linear", "linears") else [n]):
-                if m.op in HOST_PARAM_OPS and layer_of(m) not in fmt_map:
-                    names.add(m.attrs["weight"])
-                if "bias" in m.attrs:
-                    names.add(m.attrs["bias"])
-    shapes = {n: list(model.get_parameter(n).shape) for n in sorted(names)}
+            if OPS[n.op].streams == "weights":
+                for layer in linear_layers(n):
+                    if layer.layer not in fmt_map:
+                        names.add(layer.weight)
+                    if layer.bias:
+                        names.add(layer.bias)
+            elif "weight" in n.attrs:
+                names.add(n.attrs["weight"])
+    shapes = {n: tuple(model.get_parameter(n).shape) for n in sorted(names)}
     meta = model.lm_head.weight.device.type == "meta"
     host = {} if meta else {
         n: model.get_parameter(n).detach().to("cpu").float().numpy().copy() for n in shapes}
     if weights is not None:
         for layer, qw in weights.items():
-            host[f"row_scale:{layer}"] = qw.row_scale.astype(np.float32)
-            shapes[f"row_scale:{layer}"] = [qw.n_out]
+            host[_row_scale(layer)] = qw.row_scale.astype(np.float32)
+            shapes[_row_scale(layer)] = (qw.n_out,)
     return host, shapes
 
 

@@ -1,71 +1,184 @@
-"""The compiler's output: one :class:`Executable` that every backend runs.
+"""The compiler's output: one typed :class:`Executable` that every backend runs.
 
-It holds, for each phase (``prefill`` of the prompt, ``decode`` of one token), the optimised
-graph whose host nodes the runtime executes and one encoded program per accelerator node
-(per context bucket for attention), plus everything needed to run them: the DRAM regions of
-every tensor (symbols), the DRAM image of the packed weights, the host-side tensors
-(embedding, norm weights, float layers, the row scales of compressed layers), the KV-cache
-geometry, the accelerator configuration and the I/O contract (prompt length, context).
+It is the whole contract between the compiler and the runtime; the runtime reads every
+decision from it and imports nothing else of the compiler but the IR:
 
-:func:`save` / :func:`load` write it as one checksummed safetensors file
-(:mod:`sw.artifact`): every byte is covered by a SHA-256.
+==================  ===========================================================================
+field               what it holds
+==================  ===========================================================================
+``cfg``             the accelerator configuration it was compiled for
+``model``           the model's :class:`~sw.models.config.LlamaConfig`
+``graphs``          per phase (``prefill`` of the prompt, ``decode`` of one token) the optimised
+                    graph whose host nodes the runtime executes
+``programs``        every encoded :class:`Program` with its :class:`ProgramMember` s (the DRAM
+                    symbols of its operands, their geometry and the host tensors around them)
+``table``           the per-context :class:`ProgramTable`: which program runs an accelerator
+                    node for a step attending to ``S`` positions
+``symbols``         the DRAM :class:`~sw.compile.plan.Region` of every tensor (by symbol)
+``image``           the initial bytes of the packed weights (by symbol); empty: timing-only
+``host``            host tensors: parameters of host nodes, biases, the row scales of
+                    compressed layers (``host_shapes`` has every shape, data or not)
+``kv``              the :class:`KVCachePlan`: the cache's stream layout and its symbols
+``io``              the :class:`IOBinding`: prompt length, context, vocabulary
+``report``          what the compiler measured (times, pass counts, memory), for people
+==================  ===========================================================================
+
+:func:`save` / :func:`load` write it as one checksummed safetensors file (:mod:`sw.artifact`,
+every byte covered by a SHA-256) of format :data:`FORMAT_VERSION`; a file of another version is
+refused with one line.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import bisect
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
 from hw.config import AcceleratorConfig
 from sw.artifact import ArtifactError, load_artifact, save_artifact
-from sw.compile.ir import Graph, IRError
+from sw.compile.errors import ExecutableError, IRError
+from sw.compile.ir import Graph
+from sw.compile.lower import KVLayout
 from sw.compile.plan import Region
+from sw.models.config import LlamaConfig
 
-__all__ = ["Executable", "ProgramInfo", "ExecutableError", "save", "load", "FORMAT_VERSION"]
+__all__ = ["Executable", "Program", "ProgramMember", "ProgramTable", "KVCachePlan",
+           "IOBinding", "FORMAT_VERSION", "save", "load"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _KEY = "nmfpga-executable"
 
 
-class ExecutableError(ValueError):
-    """A saved executable that cannot be loaded (corrupt, other version, inconsistent)."""
-
-
 @dataclass(frozen=True)
-class ProgramInfo:
-    """What one program computes, for the runtime's I/O and the reports.
+class ProgramMember:
+    """One GEMM of a program: ``y[tokens, n] = x[tokens, k] @ w[n, k]^T`` over DRAM symbols.
 
-    ``members``: per GEMM layer, its DRAM symbols (``w``, ``x``, ``y``; ``b``: the int32 bias
-    rows of a biased layer, as many bytes as its outputs), ``tokens`` (rows),
-    ``n``, ``k``, ``act_row_bytes``, ``out_row_bytes`` and the minimal work: ``stream_bytes``
-    (weight bytes read), ``macs`` (kept-weight MACs). Programs with the same ``template``
-    are one lowered program placed at other addresses: their timing is identical.
+    ``b``: the int32 bias rows of a biased layer (as many bytes as its outputs);
+    ``act_row_bytes`` / ``out_row_bytes``: DRAM bytes per row of ``x`` / ``y``;
+    ``stream_bytes`` and ``macs``: the minimal work (weight bytes read, kept-weight MACs);
+    ``row_scale``: the host tensor of a compressed layer's row scales, ``bias`` the parameter
+    its bias rows come from (None for attention members).
     """
+
+    w: str
+    x: str
+    y: str
+    tokens: int
+    n: int
+    k: int
+    act_row_bytes: int
+    out_row_bytes: int
+    stream_bytes: int
+    macs: int
+    b: str | None = None
+    row_scale: str | None = None
+    bias: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """One encoded program (``words``: uint64 ``[n, 2]``, END included) of node ``node`` in
+    ``phase`` (``bucket``: the key positions an attention program covers). Programs of one
+    ``template`` differ only in DRAM addresses, so their timing is identical."""
 
     phase: str
     node: str
     bucket: int | None
-    instructions: int
-    members: list[dict]
-    template: int = 0   # programs of one template differ only in DRAM addresses
+    words: np.ndarray
+    members: tuple[ProgramMember, ...]
+    template: int = 0
+
+    @property
+    def instructions(self) -> int:
+        return int(self.words.shape[0])
 
     @property
     def read_bytes(self) -> int:
         """Bytes the program must read at least: weights, int8 inputs (shared ones once) and
         bias rows."""
-        inputs = {m["x"]: m["tokens"] * m["k"] for m in self.members}
-        bias = sum(m["tokens"] * m["n"] * 4 for m in self.members if "b" in m)
-        return sum(m["stream_bytes"] for m in self.members) + sum(inputs.values()) + bias
+        inputs = {m.x: m.tokens * m.k for m in self.members}
+        bias = sum(m.tokens * m.n * 4 for m in self.members if m.b)
+        return sum(m.stream_bytes for m in self.members) + sum(inputs.values()) + bias
 
     @property
     def write_bytes(self) -> int:
-        return sum(m["tokens"] * m["n"] * 4 for m in self.members)
+        return sum(m.tokens * m.n * 4 for m in self.members)
 
     @property
     def macs(self) -> int:
-        return sum(m["macs"] for m in self.members)
+        return sum(m.macs for m in self.members)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Program):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(self)
+                   if f.name != "words") and np.array_equal(self.words, other.words)
+
+
+@dataclass(frozen=True)
+class ProgramTable:
+    """Which program runs each accelerator node, per phase and context.
+
+    ``entries[phase][node]`` is a tuple of ``(bucket, program index)`` with increasing
+    buckets: a step attending to ``S`` key positions runs the first program whose bucket is
+    at least ``S``; a bucket of None (the only entry) serves every context.
+
+    Example
+    -------
+    >>> t = ProgramTable({"decode": {"attn": ((32, 0), (64, 1)), "mlp": ((None, 2),)}})
+    >>> t.lookup("decode", "attn", 33), t.lookup("decode", "mlp", 33), t.lookup("decode", "x", 1)
+    (1, 2, None)
+    """
+
+    entries: Mapping[str, Mapping[str, tuple[tuple[int | None, int], ...]]]
+
+    def nodes(self, phase: str) -> frozenset[str]:
+        """The accelerator nodes of ``phase``."""
+        return frozenset(self.entries.get(phase, {}))
+
+    def lookup(self, phase: str, node: str, positions: int) -> int | None:
+        """The program index of ``node`` for a step attending to ``positions`` key positions;
+        None if ``node`` does not run on the accelerator or no program covers them."""
+        rows = self.entries.get(phase, {}).get(node)
+        if not rows:
+            return None
+        if rows[0][0] is None:
+            return rows[0][1]
+        i = bisect.bisect_left([b for b, _ in rows], positions)
+        return rows[i][1] if i < len(rows) else None
+
+
+@dataclass(frozen=True)
+class KVCachePlan:
+    """The KV cache in accelerator memory: the stream layout of every kv head's keys and
+    values, and their DRAM symbols ``keys[layer][head]`` / ``values[layer][head]`` (empty
+    when attention runs on the host)."""
+
+    layout: KVLayout
+    layers: int
+    kv_heads: int
+    on_accelerator: bool
+    keys: tuple[tuple[str, ...], ...] = ()
+    values: tuple[tuple[str, ...], ...] = ()
+
+    def symbol(self, kind: str, layer: int, head: int) -> str:
+        """The symbol of the keys (``kind="k"``) or values (``"v"``) of one head."""
+        return (self.keys if kind == "k" else self.values)[layer][head]
+
+
+@dataclass(frozen=True)
+class IOBinding:
+    """What a step takes and gives: ``prompt_tokens`` ids in the prefill, one in each decode
+    step, up to ``max_context`` positions; token ids below ``vocab_size``; decode programs
+    exist for ``decode_contexts`` (key positions)."""
+
+    prompt_tokens: int
+    max_context: int
+    vocab_size: int
+    decode_contexts: tuple[int, ...]
 
 
 @dataclass
@@ -73,33 +186,34 @@ class Executable:
     """A compiled model (see the module docstring)."""
 
     cfg: AcceleratorConfig
-    model: dict                         # LlamaConfig.to_dict()
-    graphs: dict[str, Graph]            # phase -> optimised graph
-    programs: list[np.ndarray]          # uint64 [n, 2] instruction words, END included
-    infos: list[ProgramInfo]
-    symbols: dict[str, Region]          # DRAM regions (bytes) of weights, KV cache, buffers
-    image: dict[str, np.ndarray]        # symbol -> initial bytes (packed weights)
-    host: dict[str, np.ndarray]         # host tensors by parameter name; "row_scale:<layer>"
-    host_shapes: dict[str, list[int]]   # every host tensor's shape (timing-only: no data)
-    kv: dict                            # KV-cache geometry (lower.KVLayout fields + heads)
-    io: dict                            # prompt_tokens, max_context, vocab_size
+    model: LlamaConfig
+    graphs: dict[str, Graph]
+    programs: list[Program]
+    table: ProgramTable
+    symbols: dict[str, Region]
+    image: dict[str, np.ndarray]
+    host: dict[str, np.ndarray]
+    host_shapes: dict[str, tuple[int, ...]]
+    kv: KVCachePlan
+    io: IOBinding
     report: dict = field(default_factory=dict)
 
-    # ------------------------------------------------------------------ lookup
-    def program_id(self, phase: str, node: str, bucket: int | None = None) -> int:
-        """Index of the program of ``node`` in ``phase`` (attention: for ``bucket``)."""
-        idx = self.__dict__.get("_idx")
-        if idx is None:
-            idx = {(i.phase, i.node, i.bucket): k for k, i in enumerate(self.infos)}
-            self.__dict__["_idx"] = idx
-        try:
-            return idx[(phase, node, bucket)]
-        except KeyError:
-            raise ExecutableError(f"no program for node {node!r} of {phase}"
-                                  + (f" at context bucket {bucket}" if bucket else "")
-                                  + ": the executable was compiled for prompt_tokens="
-                                  f"{self.io['prompt_tokens']}, max_context="
-                                  f"{self.io['max_context']}") from None
+    def program_index(self, phase: str, node: str, positions: int) -> int:
+        """The index in :attr:`programs` of accelerator node ``node``'s program for a
+        ``phase`` step attending to ``positions`` key positions.
+
+        Raises
+        ------
+        ExecutableError
+            No program was compiled for that node and context.
+        """
+        pid = self.table.lookup(phase, node, positions)
+        if pid is None:
+            raise ExecutableError(
+                f"no program for node {node!r} of {phase} at {positions} key positions: the "
+                f"executable was compiled for prompt_tokens={self.io.prompt_tokens}, "
+                f"max_context={self.io.max_context}")
+        return pid
 
     @property
     def timing_only(self) -> bool:
@@ -108,7 +222,7 @@ class Executable:
 
     @property
     def instructions(self) -> int:
-        return sum(i.instructions for i in self.infos)
+        return sum(p.instructions for p in self.programs)
 
     def dram_image(self) -> np.ndarray:
         """The initial DRAM: zeros with the packed weights in place."""
@@ -119,18 +233,31 @@ class Executable:
         return dram
 
 
+# ---------------------------------------------------------------------- file format
+def _program_doc(p: Program) -> dict:
+    return {"phase": p.phase, "node": p.node, "bucket": p.bucket, "template": p.template,
+            "instructions": p.instructions, "members": [asdict(m) for m in p.members]}
+
+
+def _kv_doc(kv: KVCachePlan) -> dict:
+    return {**asdict(kv), "layout": asdict(kv.layout)}
+
+
 def save(exe: Executable, path: str | Path) -> Path:
     """Write ``exe`` to ``path`` (one checksummed safetensors file, written atomically)."""
-    lengths = [int(p.shape[0]) for p in exe.programs]
-    tensors = {"programs": (np.concatenate(exe.programs) if exe.programs
+    words = [p.words for p in exe.programs]
+    tensors = {"programs": (np.concatenate(words) if words
                             else np.zeros((0, 2), np.uint64)).view(np.uint8).reshape(-1)}
     tensors.update({f"image/{k}": v for k, v in exe.image.items()})
     tensors.update({f"host/{k}": v for k, v in exe.host.items()})
-    doc = {"version": FORMAT_VERSION, "config": exe.cfg.to_dict(), "model": exe.model,
+    doc = {"version": FORMAT_VERSION, "config": exe.cfg.to_dict(), "model": exe.model.to_dict(),
            "graphs": {k: g.to_dict() for k, g in exe.graphs.items()},
-           "program_lengths": lengths, "infos": [asdict(i) for i in exe.infos],
+           "programs": [_program_doc(p) for p in exe.programs],
+           "table": {ph: {n: [list(r) for r in rows] for n, rows in nodes.items()}
+                     for ph, nodes in exe.table.entries.items()},
            "symbols": {k: asdict(r) for k, r in exe.symbols.items()},
-           "host_shapes": exe.host_shapes, "kv": exe.kv, "io": exe.io, "report": exe.report}
+           "host_shapes": {k: list(v) for k, v in exe.host_shapes.items()},
+           "kv": _kv_doc(exe.kv), "io": asdict(exe.io), "report": exe.report}
     return save_artifact(path, _KEY, tensors, doc)
 
 
@@ -148,25 +275,42 @@ def load(path: str | Path) -> Executable:
         raise ExecutableError(str(e)) from None
     if doc.get("version") != FORMAT_VERSION:
         raise ExecutableError(f"{path}: executable format version {doc.get('version')!r}, "
-                              f"this toolkit reads version {FORMAT_VERSION}")
+                              f"this toolkit reads version {FORMAT_VERSION}; compile the model "
+                              "again")
     try:
-        words = tensors["programs"].view(np.uint64).reshape(-1, 2)
-        lengths = doc["program_lengths"]
-        if sum(lengths) != words.shape[0]:
-            raise ExecutableError(f"{path}: program table does not match the program words")
-        starts = np.cumsum([0] + lengths)
-        return Executable(
-            cfg=AcceleratorConfig.from_dict(doc["config"]), model=doc["model"],
-            graphs={k: Graph.from_dict(g) for k, g in doc["graphs"].items()},
-            programs=[words[a:b].copy() for a, b in zip(starts[:-1], starts[1:], strict=True)],
-            infos=[ProgramInfo(**i) for i in doc["infos"]],
-            symbols={k: Region(**r) for k, r in doc["symbols"].items()},
-            image={k.removeprefix("image/"): v for k, v in tensors.items()
-                   if k.startswith("image/")},
-            host={k.removeprefix("host/"): v for k, v in tensors.items()
-                  if k.startswith("host/")},
-            host_shapes=doc["host_shapes"], kv=doc["kv"], io=doc["io"], report=doc["report"])
+        return _from_doc(tensors, doc)
+    except ExecutableError:
+        raise
     except (KeyError, TypeError, IRError, ValueError) as e:
-        if isinstance(e, ExecutableError):
-            raise
         raise ExecutableError(f"{path}: inconsistent executable ({e!r})") from None
+
+
+def _from_doc(tensors: dict[str, np.ndarray], doc: dict) -> Executable:
+    words = tensors["programs"].view(np.uint64).reshape(-1, 2)
+    lengths = [p["instructions"] for p in doc["programs"]]
+    if sum(lengths) != words.shape[0]:
+        raise ExecutableError("the program table does not match the program words")
+    starts = np.cumsum([0] + lengths)
+    programs = [
+        Program(p["phase"], p["node"], p["bucket"], words[a:b].copy(),
+                tuple(ProgramMember(**m) for m in p["members"]), p["template"])
+        for p, a, b in zip(doc["programs"], starts[:-1], starts[1:], strict=True)]
+    kv = doc["kv"]
+    return Executable(
+        cfg=AcceleratorConfig.from_dict(doc["config"]),
+        model=LlamaConfig.from_dict(doc["model"]),
+        graphs={k: Graph.from_dict(g) for k, g in doc["graphs"].items()},
+        programs=programs,
+        table=ProgramTable({ph: {n: tuple((r[0], r[1]) for r in rows)
+                                 for n, rows in nodes.items()}
+                            for ph, nodes in doc["table"].items()}),
+        symbols={k: Region(**r) for k, r in doc["symbols"].items()},
+        image={k.removeprefix("image/"): v for k, v in tensors.items()
+               if k.startswith("image/")},
+        host={k.removeprefix("host/"): v for k, v in tensors.items() if k.startswith("host/")},
+        host_shapes={k: tuple(v) for k, v in doc["host_shapes"].items()},
+        kv=KVCachePlan(KVLayout(**kv["layout"]), kv["layers"], kv["kv_heads"],
+                       kv["on_accelerator"], tuple(tuple(h) for h in kv["keys"]),
+                       tuple(tuple(h) for h in kv["values"])),
+        io=IOBinding(**{**doc["io"], "decode_contexts": tuple(doc["io"]["decode_contexts"])}),
+        report=doc["report"])

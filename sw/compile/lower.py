@@ -35,12 +35,14 @@ import numpy as np
 from hw.config import DENSE, DENSE_BLOCK, AcceleratorConfig
 from hw.format import StreamLayout, WeightFormat, stream_layout
 from hw.isa import End, field_location, program_words
+from sw.compile import symbols
 from sw.compile.errors import LoweringError
-from sw.compile.ir import Graph, Node
+from sw.compile.ir import Graph, LinearLayer, Node, linear_layers
 from sw.compile.linear import LinearPlan, PlacedLayer, lower_relocatable, plan_linear
 
 __all__ = ["KEY_FORMAT", "VALUE_FORMAT", "context_bucket", "KVLayout", "Member",
-           "node_members", "Template", "lower_template", "relocate", "FormatOf"]
+           "node_members", "LOWERINGS", "LoweringRule", "LowerContext", "Template",
+           "lower_template", "relocate", "FormatOf"]
 
 #: Keys as the weight of ``q . k^T``: raw INT8, one group per head (K = head_dim).
 KEY_FORMAT = WeightFormat(DENSE, 8, 0, raw=True)
@@ -121,7 +123,8 @@ def _dense8_offsets(lay: StreamLayout, tile_stride: int, row, kpos) -> np.ndarra
 @dataclass(frozen=True)
 class Member:
     """One GEMM layer of a node's program and the DRAM symbols of its operands (``b``: the
-    int32 bias rows of a biased layer, laid out as its outputs)."""
+    int32 bias rows of a biased layer, laid out as its outputs); ``source``: the linear layer
+    it computes (None for attention members, whose weight is the KV cache)."""
 
     plan: LinearPlan
     w: str
@@ -129,6 +132,7 @@ class Member:
     y: str
     w_tile_stride: int | None = None
     b: str | None = None
+    source: LinearLayer | None = None
 
     @property
     def signature(self) -> tuple:
@@ -151,6 +155,21 @@ class Member:
         return out + ([(self.b, self.y_bytes, True)] if self.b else [])
 
 
+@dataclass(frozen=True)
+class LowerContext:
+    """What a lowering rule needs besides the node: the accelerator, the layers' formats and,
+    for attention, the context bucket and the cache layout."""
+
+    cfg: AcceleratorConfig
+    fmt_of: FormatOf
+    bucket: int | None = None
+    kv: KVLayout | None = None
+
+
+#: ``rule(node, graph, context) -> members`` of an accelerator op's program.
+LoweringRule = Callable[[Node, Graph, LowerContext], list[Member]]
+
+
 def _rows(shape) -> int:
     n = 1
     for d in shape[:-1]:
@@ -158,54 +177,73 @@ def _rows(shape) -> int:
     return n
 
 
+def _linear_members(node: Node, graph: Graph, ctx: LowerContext) -> list[Member]:
+    """One member per layer, all reading one input buffer."""
+    phase = graph.meta.get("phase", "")
+    x_type = graph.values[node.inputs[0]]
+    many = "weights" in node.attrs  # one member per output, each with its own buffer
+    out = []
+    for i, (layer, y) in enumerate(zip(linear_layers(node), node.outputs, strict=True)):
+        fmt = ctx.fmt_of(layer.layer)
+        if fmt is None:
+            raise LoweringError(f"node {node.name!r}: layer {layer.layer} has no format for "
+                                "the accelerator")
+        n, k = graph.values[y].shape[-1], x_type.shape[-1]
+        plan = plan_linear(ctx.cfg, fmt, n, k, _rows(x_type.shape), bias=layer.bias is not None)
+        index = i if many else None
+        out.append(Member(plan, symbols.weights(layer.layer),
+                          symbols.buffer("x", phase, node.name),
+                          symbols.buffer("y", phase, node.name, index),
+                          b=symbols.buffer("b", phase, node.name, index) if layer.bias else None,
+                          source=layer))
+    return out
+
+
+def _attention_members(node: Node, graph: Graph, ctx: LowerContext) -> list[Member]:
+    """One member per operand head: its query (or probability) rows against that head's key
+    (or value) cache, ``bucket`` positions long."""
+    if ctx.bucket is None or ctx.kv is None:
+        raise LoweringError(f"node {node.name!r}: attention needs a context bucket")
+    phase = graph.meta.get("phase", "")
+    a = node.attrs
+    b, heads, t, _ = graph.values[node.inputs[0]].shape
+    operand_heads = graph.values[node.inputs[1]].shape[1]  # kv_heads, or heads if repeated
+    per = heads // operand_heads                           # query heads per operand head
+    out = []
+    for j in range(operand_heads):
+        cache_head = j // (operand_heads // a["kv_heads"])
+        if node.op == "attn_scores":
+            plan = plan_linear(ctx.cfg, KEY_FORMAT, ctx.bucket, a["head_dim"], b * per * t)
+            stride, kind = None, "k"
+        else:
+            plan = plan_linear(ctx.cfg, VALUE_FORMAT, a["head_dim"], ctx.bucket, b * per * t)
+            stride, kind = ctx.kv.value_tile_stride, "v"
+        out.append(Member(plan, symbols.cache(kind, a["layer"], cache_head),
+                          symbols.buffer("x", phase, node.name, j),
+                          symbols.buffer("y", phase, node.name, j), stride))
+    return out
+
+
+#: How each op that may run on the accelerator (``OPS[op].streams``) becomes a program's
+#: members: its lowering, beside the op's definition in :data:`sw.compile.ir.ops.OPS`.
+LOWERINGS: dict[str, LoweringRule] = {
+    "linear": _linear_members,
+    "linears": _linear_members,
+    "attn_scores": _attention_members,
+    "attn_values": _attention_members,
+}
+
+
 def node_members(node: Node, graph: Graph, cfg: AcceleratorConfig, fmt_of: FormatOf,
                  bucket: int | None = None, kv: KVLayout | None = None) -> list[Member]:
-    """The members of an accelerator node's program (``bucket``: key positions covered by
-    attention nodes; ``kv``: the cache layout, for the value tiles' stride). Buffer symbols
-    are ``x:<phase>:<node>[:i]``, ``y:...`` and, for biased layers, ``b:...``."""
-    buf = f"{graph.meta.get('phase', '')}:{node.name}"
-    x_type = graph.values[node.inputs[0]]
-    if node.op in ("linear", "linears"):
-        weights = node.attrs["weights"] if node.op == "linears" else [node.attrs["weight"]]
-        biases = (node.attrs.get("biases") or [None] * len(weights) if node.op == "linears"
-                  else [node.attrs.get("bias")])
-        out = []
-        for i, (w, y, bias) in enumerate(zip(weights, node.outputs, biases, strict=True)):
-            layer = w.removesuffix(".weight")
-            fmt = fmt_of(layer)
-            if fmt is None:
-                raise LoweringError(f"node {node.name!r}: layer {layer} has no format for the "
-                                    "accelerator")
-            n, k = graph.values[y].shape[-1], x_type.shape[-1]
-            plan = plan_linear(cfg, fmt, n, k, _rows(x_type.shape), bias=bias is not None)
-            suffix = f":{i}" if node.op == "linears" else ""
-            out.append(Member(plan, f"w:{layer}", f"x:{buf}", f"y:{buf}{suffix}",
-                              b=None if bias is None else f"b:{buf}{suffix}"))
-        return out
-    if node.op in ("attn_scores", "attn_values"):
-        if bucket is None or kv is None:
-            raise LoweringError(f"node {node.name!r}: attention needs a context bucket")
-        a = node.attrs
-        b, heads, t, _ = x_type.shape
-        kv_type = graph.values[node.inputs[1]]
-        operand_heads = kv_type.shape[1]       # kv_heads, or heads when K/V are repeated
-        per = heads // operand_heads           # query heads per operand head
-        groups = heads // a["kv_heads"]
-        out = []
-        for j in range(operand_heads):
-            cache_head = j // (operand_heads // a["kv_heads"])
-            if node.op == "attn_scores":
-                plan = plan_linear(cfg, KEY_FORMAT, bucket, a["head_dim"], b * per * t)
-                stride = None
-                w = f"k:{a['layer']}:{cache_head}"
-            else:
-                plan = plan_linear(cfg, VALUE_FORMAT, a["head_dim"], bucket, b * per * t)
-                stride = kv.value_tile_stride
-                w = f"v:{a['layer']}:{cache_head}"
-            out.append(Member(plan, w, f"x:{buf}:{j}", f"y:{buf}:{j}", stride))
-        assert groups >= 1
-        return out
-    raise LoweringError(f"node {node.name!r}: op {node.op} does not run on the accelerator")
+    """The members of an accelerator node's program by its op's lowering rule (``bucket``:
+    key positions covered by attention nodes; ``kv``: the cache layout, for the value tiles'
+    stride). Buffer symbols are :func:`sw.compile.symbols.buffer`'s."""
+    rule = LOWERINGS.get(node.op)
+    if rule is None:
+        raise LoweringError(f"node {node.name!r}: op {node.op} does not run on the "
+                            "accelerator")
+    return rule(node, graph, LowerContext(cfg, fmt_of, bucket, kv))
 
 
 @dataclass(frozen=True)

@@ -29,16 +29,13 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from sw.compile.ir import Graph, Node, TensorType
+from sw.compile.errors import PassError
+from sw.compile.ir import OPS, Graph, Node, TensorType
 
 __all__ = ["PassReport", "Pass", "dce", "gqa", "group_linears", "fuse_residual",
            "last_token_logits", "default_passes", "run_passes"]
 
 Pass = Callable[[Graph], tuple[Graph, int]]
-
-#: Ops with effects beyond their outputs.
-SIDE_EFFECTS = frozenset({"kv_update"})
-
 
 @dataclass(frozen=True)
 class PassReport:
@@ -56,11 +53,11 @@ class PassReport:
 
 
 def dce(g: Graph) -> tuple[Graph, int]:
-    """Remove nodes none of whose outputs is read (kv_update is kept)."""
+    """Remove nodes none of whose outputs is read (ops with side effects are kept)."""
     live = set(g.outputs)
     keep: list[Node] = []
     for n in reversed(g.nodes):
-        if n.op in SIDE_EFFECTS or any(o in live for o in n.outputs):
+        if OPS[n.op].side_effect or any(o in live for o in n.outputs):
             keep.append(n)
             live.update(n.inputs)
     removed = len(g.nodes) - len(keep)
@@ -73,7 +70,7 @@ def gqa(g: Graph) -> tuple[Graph, int]:
     matches = 0
     nodes = []
     for n in g.nodes:
-        if n.op in ("attn_scores", "attn_values") and n.inputs[1] in source:
+        if OPS[n.op].streams == "kv" and n.inputs[1] in source:
             n = n.with_(inputs=(n.inputs[0], source[n.inputs[1]]))
             matches += 1
         nodes.append(n)
@@ -172,7 +169,13 @@ def default_passes(accelerated: Collection[str], *, fuse: bool = True) -> list[t
 
 def run_passes(g: Graph, passes: Sequence[tuple[str, Pass]], max_rounds: int = 10
                ) -> tuple[Graph, list[PassReport]]:
-    """Apply ``passes`` in order, repeatedly, until a whole round matches nothing."""
+    """Apply ``passes`` in order, repeatedly, until a whole round matches nothing.
+
+    Raises
+    ------
+    PassError
+        Still matching after ``max_rounds`` rounds.
+    """
     reports = []
     for _ in range(max_rounds):
         changed = False
@@ -185,4 +188,5 @@ def run_passes(g: Graph, passes: Sequence[tuple[str, Pass]], max_rounds: int = 1
             changed |= matches > 0
         if not changed:
             return g, reports
-    raise RuntimeError(f"passes did not reach a fixpoint in {max_rounds} rounds")
+    raise PassError(f"passes {[name for name, _ in passes]} did not reach a fixpoint in "
+                    f"{max_rounds} rounds")

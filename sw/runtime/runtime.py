@@ -1,17 +1,22 @@
 """The runtime: runs a compiled model (:class:`~sw.compile.executable.Executable`) token by
 token on a backend, and accounts for every cycle.
 
-A step walks its graph in order. Host nodes run with the IR's kernels
-(:mod:`sw.compile.interpret`: the same functions the model's modules call). Each accelerator
-node is one program: the runtime quantises its inputs into their DRAM buffers (the
-prologue), runs the program on the backend, and dequantises the outputs it reads back (the
-epilogue; a fused residual is added there). The KV cache lives in accelerator memory: the
-``kv_update`` node writes the step's INT8 keys and values into their stream layout
-(:class:`~sw.compile.lower.KVLayout`) and keeps their scales on the host.
+A step walks its graph in order. Host nodes run with their op's kernel from the registry
+(:data:`sw.compile.ir.OPS`: the same functions the model's modules call). Each accelerator node
+(the executable's :class:`~sw.compile.executable.ProgramTable` says which, and which program for
+the step's context) is one program: the runtime quantises its inputs into their DRAM buffers
+(the prologue), runs the program on the backend, and dequantises the outputs it reads back (the
+epilogue; a fused residual is added there); which prologue and epilogue follows from the
+weight operand the op streams (``OPS[op].streams``). The KV cache lives in accelerator memory:
+the op that appends to it (``OPS[op].kv_state``) writes the step's INT8 keys and values into
+their stream layout (:class:`~sw.compile.executable.KVCachePlan`) and keeps their scales on the
+host. Everything the runtime needs to know of the compilation it reads from the
+:class:`~sw.compile.executable.Executable`.
 
 Accounting per step (:class:`StepStats`): every program's cycles and counters, its minimal
 DRAM traffic and MACs (for the roofline), every host operation's wall time on this machine and
-its estimated cycles on an on-chip vector unit (:mod:`sw.runtime.costs`), and the host <->
+its estimated cycles on an on-chip vector unit (the op's ``cost`` in the registry: one
+streaming pass through DRAM, free for layout ops), and the host <->
 accelerator transitions (two per program).
 
 With a timing-only backend or executable the programs run timing-only and the host nodes run
@@ -32,18 +37,9 @@ import torch
 from hw.numerics import bias_to_acc, dequant_output, quantize_activations
 from sim.backends import Backend
 from sim.roofline import LayerPoint, bound_cycles
-from sw.compile.executable import Executable
-from sw.compile.interpret import (
-    KERNELS,
-    Interpreter,
-    Kernel,
-    Numerics,
-    layer_of,
-    linear_members,
-    run_node,
-)
-from sw.compile.ir import Node
-from sw.compile.lower import KVLayout, context_bucket
+from sw.compile.executable import Executable, Program
+from sw.compile.ir import OPS, Interpreter, Node, Numerics, run_node, stream_cycles
+from sw.compile.ir.ops import Kernel
 from sw.compress.attention import (
     kv_rows,
     scores_epilogue,
@@ -51,9 +47,7 @@ from sw.compress.attention import (
     values_epilogue,
     values_prologue,
 )
-from sw.models.config import LlamaConfig
 from sw.models.generate import sample_next
-from sw.runtime.costs import host_op_cycles, stream_cycles
 
 __all__ = ["Runtime", "RuntimeFault", "StepStats", "ProgramRun", "HostRun", "Generation",
            "to_dict"]
@@ -195,16 +189,13 @@ class Runtime:
         self.exe, self.backend = exe, backend
         self.values = backend.values and not exe.timing_only
         self.trace = trace and backend.traces
-        self.config = LlamaConfig.from_dict(exe.model)
-        kv = exe.kv
-        self.kv_on_acc = kv["on_accelerator"]
-        self.kv = KVLayout(kv["head_dim"], kv["max_context"], kv["lanes"], kv["beat"])
+        self.config = exe.model
+        self.kv = exe.kv.layout
         params = {k: torch.from_numpy(v) for k, v in exe.host.items()}
         for name, shape in exe.host_shapes.items():
             params.setdefault(name, torch.zeros(shape))
         self.params = params
-        self.interp = Interpreter(params, self.config, Numerics(), exe.io["max_context"])
-        self.acc = {(i.phase, i.node) for i in exe.infos}
+        self.interp = Interpreter(params, self.config, Numerics(), exe.io.max_context)
         self.memo: dict[tuple, object] | None = {} if memo_timing and not self.values else None
         self.reset()
 
@@ -213,16 +204,16 @@ class Runtime:
         """Forget the sequence: fresh DRAM image (weights only) and an empty cache."""
         self.dram = self.exe.dram_image() if self.values else None
         self.past = 0
-        shape = (1, self.exe.kv["kv_heads"], self.exe.io["max_context"])
-        self.scales = {(L, kind): torch.ones(shape) for L in range(self.exe.kv["layers"])
+        shape = (1, self.exe.kv.kv_heads, self.exe.io.max_context)
+        self.scales = {(L, kind): torch.ones(shape) for L in range(self.exe.kv.layers)
                        for kind in "kv"}
         self.interp.cache.reset()
 
     def seek(self, past: int) -> None:
         """Continue as if ``past`` positions were cached (for timing: the cache holds whatever
         the memory holds, so values after a seek are meaningless)."""
-        if not 0 <= past < self.exe.io["max_context"]:
-            raise RuntimeFault(f"position {past} outside [0, {self.exe.io['max_context']})")
+        if not 0 <= past < self.exe.io.max_context:
+            raise RuntimeFault(f"position {past} outside [0, {self.exe.io.max_context})")
         self.past = past
 
     # ------------------------------------------------------------------ steps
@@ -236,36 +227,34 @@ class Runtime:
         io = self.exe.io
         if self.past == 0:
             phase = "prefill"
-            if t != io["prompt_tokens"]:
+            if t != io.prompt_tokens:
                 raise RuntimeFault(f"the executable was compiled for prompts of "
-                                   f"{io['prompt_tokens']} tokens, got {t}")
+                                   f"{io.prompt_tokens} tokens, got {t}")
         else:
             phase = "decode"
             if t != 1:
                 raise RuntimeFault(f"decode steps take one token, got {t}")
-        if self.past + t > io["max_context"]:
+        if self.past + t > io.max_context:
             raise RuntimeFault(f"context of {self.past + t} positions exceeds the executable's "
-                               f"max_context={io['max_context']}")
-        if int(ids.min()) < 0 or int(ids.max()) >= io["vocab_size"]:
-            raise RuntimeFault(f"token ids must be in [0, {io['vocab_size']}), got "
+                               f"max_context={io.max_context}")
+        if int(ids.min()) < 0 or int(ids.max()) >= io.vocab_size:
+            raise RuntimeFault(f"token ids must be in [0, {io.vocab_size}), got "
                                f"{ids.min().item()}..{ids.max().item()}")
         graph = self.exe.graphs[phase]
         stats = StepStats(phase, self.past, t)
         env = self.interp.env(graph, self.past)
-        kernels = self._kernels(phase, stats)
         vals: dict = {graph.inputs[0]: ids}
         for i, node in enumerate(graph.nodes):
-            device = (phase, node.name) in self.acc or \
-                (self.kv_on_acc and node.op in _DEVICE_STATE)
             if not (self.memo is not None and self._replay(phase, node, vals, env, stats)):
-                if device:
-                    run_node(node, kernels, vals, env)
+                kernel = self._device_kernel(phase, node, stats)
+                if kernel is not None:
+                    run_node(node, vals, env, kernel)
                 else:
                     t0 = time.perf_counter()
-                    run_node(node, KERNELS, vals, env)
+                    run_node(node, vals, env)
                     wall = time.perf_counter() - t0
-                    stats.host.append(HostRun(node.name, node.op, wall, host_op_cycles(
-                        node.op, _nbytes([vals[v] for v in node.inputs]),
+                    stats.host.append(HostRun(node.name, node.op, wall, OPS[node.op].cost(
+                        _nbytes([vals[v] for v in node.inputs]),
                         _nbytes([vals[o] for o in node.outputs]), self.exe.cfg)))
                 if self.memo is not None:
                     self._remember(phase, node, vals, env, stats)
@@ -279,16 +268,15 @@ class Runtime:
         """Nodes of one op, attributes (names aside), input shapes and -- on the accelerator
         -- program template cost the same; without values their outputs are placeholders, so
         a repeat is replayed, not recomputed."""
-        if node.op in _DEVICE_STATE:
+        if OPS[node.op].kv_state:
             return None
         attrs = {k: v for k, v in node.attrs.items()
                  if k not in ("weight", "weights", "bias", "biases", "layer")}
         shapes = tuple(tuple(vals[v].shape) if isinstance(vals[v], torch.Tensor) else
                        vals[v].kind for v in node.inputs)
         template = None
-        if (phase, node.name) in self.acc:
-            bucket = context_bucket(env.past + env.t) if node.op in _ATTENTION else None
-            template = self.exe.infos[self.exe.program_id(phase, node.name, bucket)].template
+        if node.name in self.exe.table.nodes(phase):
+            template = self._program(phase, node, env)[1].template
         return (node.op, json.dumps(attrs, sort_keys=True), shapes, env.past, env.t,
                 len(node.outputs), template)
 
@@ -310,25 +298,34 @@ class Runtime:
         host = [h for h in stats.host if h.node == node.name]
         self.memo[("node", key)] = ([vals[o] for o in node.outputs], programs, host)
 
-    def _kernels(self, phase: str, stats: StepStats) -> dict[str, Kernel]:
-        acc = self._accelerator_kernel(phase, stats)
-        out = {op: acc for op in _PROLOGUE}
-        out["kv_update"] = self._kv_update(stats)
-        out["repeat_kv"] = lambda n, a, e: (a[0],)  # members read their kv head's cache
-        return out
+    def _device_kernel(self, phase: str, node: Node, stats: StepStats) -> Kernel | None:
+        """The kernel of a node the accelerator runs or whose state it holds (None: a host
+        node, run with its op's kernel)."""
+        if node.name in self.exe.table.nodes(phase):
+            return self._accelerator_kernel(phase, stats)
+        state = OPS[node.op].kv_state if self.exe.kv.on_accelerator else None
+        if state == "append":
+            return self._kv_append(stats)
+        if state == "alias":  # members read their kv head's cache: nothing to materialise
+            return lambda n, a, e: (a[0],)
+        return None
+
+    def _program(self, phase: str, node: Node, env) -> tuple[int, Program]:
+        """The index and program of an accelerator node for this step's context."""
+        pid = self.exe.program_index(phase, node.name, env.past + env.t)
+        return pid, self.exe.programs[pid]
 
     def _accelerator_kernel(self, phase: str, stats: StepStats) -> Kernel:
         """Prologue (host), program (backend), epilogue (host) of an accelerator node."""
         def kernel(node: Node, args: list, env):
-            bucket = context_bucket(env.past + env.t) if node.op in _ATTENTION else None
-            pid = self.exe.program_id(phase, node.name, bucket)
-            info = self.exe.infos[pid]
+            pid, program = self._program(phase, node, env)
+            prologue, epilogue = _IO[OPS[node.op].streams]
             t0 = time.perf_counter()
-            state, cycles_in = _PROLOGUE[node.op](self, node, args, env, info)
+            state, cycles_in = prologue(self, node, args, env, program)
             wall = time.perf_counter() - t0
-            self._run(phase, node, pid, bucket, stats)
+            self._run(phase, node, pid, stats)
             t0 = time.perf_counter()
-            outs, cycles_out = _EPILOGUE[node.op](self, node, args, env, info, state)
+            outs, cycles_out = epilogue(self, node, args, env, program, state)
             wall += time.perf_counter() - t0
             stats.host.append(HostRun(node.name, f"{node.op}:io", wall, cycles_in + cycles_out))
             return outs
@@ -350,60 +347,58 @@ class Runtime:
         y = self.dram[addr:addr + rows * row_bytes].view("<i4").reshape(rows, -1)
         return y[:, :n].astype(np.int64)
 
-    def _run(self, phase: str, node: Node, pid: int, bucket: int | None,
-             stats: StepStats) -> None:
-        info = self.exe.infos[pid]
-        key = ("template", info.template)
+    def _run(self, phase: str, node: Node, pid: int, stats: StepStats) -> None:
+        program = self.exe.programs[pid]
+        key = ("template", program.template)
         if self.memo is not None and key in self.memo:
             r = self.memo[key]
         else:
-            r = self.backend.run(self.exe.programs[pid], self.dram, trace=self.trace)
+            r = self.backend.run(program.words, self.dram, trace=self.trace)
             if self.memo is not None:
                 self.memo[key] = r
         if not r.ok:
             raise RuntimeFault(
                 f"{phase} step at position {self.past}: the program of node {node.name!r}"
-                + (f" (context bucket {bucket})" if bucket else "")
+                + (f" (context bucket {program.bucket})" if program.bucket else "")
                 + f" stopped with {r.error.name} at cycle {r.cycles}, instruction "
                 f"{r.error_pc}" + (f": {r.detail}" if r.detail else ""))
         if self.values:
             self.dram = r.dram
         cfg = self.exe.cfg
         stats.programs.append(ProgramRun(
-            node.name, pid, bucket, r.cycles, dict(r.counters), info.read_bytes,
-            info.write_bytes, info.macs,
-            bound_cycles(cfg, info.read_bytes, info.write_bytes, info.macs), r.trace))
+            node.name, pid, program.bucket, r.cycles, dict(r.counters), program.read_bytes,
+            program.write_bytes, program.macs,
+            bound_cycles(cfg, program.read_bytes, program.write_bytes, program.macs), r.trace))
 
     # ------------------------------------------------------------------ accelerator nodes
-    def _linear_in(self, node: Node, args: list, env, info) -> tuple:
+    def _linear_in(self, node: Node, args: list, env, program: Program) -> tuple:
         """Quantise the input rows (one buffer shared by every member); convert each biased
         member's bias to accumulator units, one int32 row per token (WIDE_BIAS)."""
         rows = args[0].reshape(-1, args[0].shape[-1])
         s_x = None
-        biased = [(m, lin) for m, lin in zip(info.members, linear_members(node), strict=True)
-                  if "b" in m]
+        biased = [m for m in program.members if m.b]
         if self.values:
             a, s_x = quantize_activations(rows.numpy())
-            m0 = info.members[0]
-            self._write_rows(m0["x"], a, m0["act_row_bytes"])
-            for m, lin in biased:
-                bias = self.params[lin.attrs["bias"]].numpy()
-                scale = self.exe.host[f"row_scale:{layer_of(lin)}"]
-                self._write_rows(m["b"], bias_to_acc(bias, scale, s_x).astype("<i4"),
-                                 m["out_row_bytes"])
-        written = rows.numel() + sum(rows.shape[0] * m["n"] * 4 for m, _ in biased)
+            m0 = program.members[0]
+            self._write_rows(m0.x, a, m0.act_row_bytes)
+            for m in biased:
+                bias = self.params[m.bias].numpy()
+                scale = self.exe.host[m.row_scale]
+                self._write_rows(m.b, bias_to_acc(bias, scale, s_x).astype("<i4"),
+                                 m.out_row_bytes)
+        written = rows.numel() + sum(rows.shape[0] * m.n * 4 for m in biased)
         return s_x, stream_cycles(rows.numel() * 4, written, self.exe.cfg)
 
-    def _linear_out(self, node: Node, args: list, env, info, s_x) -> tuple:
+    def _linear_out(self, node: Node, args: list, env, program: Program, s_x) -> tuple:
         """Dequantise every member's outputs; a fused residual is added as they are read."""
         x = args[0]
         rows = x.numel() // x.shape[-1]
         outs, nbytes = [], 0
-        for m, lin in zip(info.members, linear_members(node), strict=True):
-            shape = (*x.shape[:-1], m["n"])
+        for m in program.members:
+            shape = (*x.shape[:-1], m.n)
             if self.values:
-                acc = self._read_rows(m["y"], rows, m["out_row_bytes"], m["n"])
-                scale = self.exe.host[f"row_scale:{layer_of(lin)}"]
+                acc = self._read_rows(m.y, rows, m.out_row_bytes, m.n)
+                scale = self.exe.host[m.row_scale]
                 y = torch.from_numpy(dequant_output(acc, scale, s_x)).reshape(shape)
             else:
                 y = torch.zeros(shape)
@@ -421,22 +416,22 @@ class Runtime:
             scale = scale.repeat_interleave(operand_heads // scale.shape[1], dim=1)
         return scale
 
-    def _attention_in(self, node: Node, args: list, env, info) -> tuple:
+    def _attention_in(self, node: Node, args: list, env, program: Program) -> tuple:
         """Quantise the query (or probability) rows of every operand head."""
         x, ref = args
-        operand_heads = len(info.members)
+        operand_heads = len(program.members)
         scale = self._attention_scale(node, ref, env.past + env.t, operand_heads)
         if node.op == "attn_scores":
             x8, s_x = scores_prologue(x, operand_heads)
         else:
             x8, s_x = values_prologue(x, scale, operand_heads)
         if self.values:
-            for j, m in enumerate(info.members):
-                self._write_rows(m["x"], x8[0, j].numpy(), m["act_row_bytes"])
+            for j, m in enumerate(program.members):
+                self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
         return (x8.shape[2], s_x, scale), stream_cycles(x.numel() * 4, x8.numel(),
                                                         self.exe.cfg)
 
-    def _attention_out(self, node: Node, args: list, env, info, state) -> tuple:
+    def _attention_out(self, node: Node, args: list, env, program: Program, state) -> tuple:
         """Dequantise the integer scores (key scales as row scales) or values."""
         rows, s_x, scale = state
         s = env.past + env.t
@@ -444,14 +439,14 @@ class Runtime:
         heads = args[0].shape[1]
         if self.values:
             acc = torch.from_numpy(np.stack([
-                self._read_rows(m["y"], rows, m["out_row_bytes"], n) for m in info.members]))[None]
+                self._read_rows(m.y, rows, m.out_row_bytes, n) for m in program.members]))[None]
         else:
-            acc = torch.zeros((1, len(info.members), rows, n), dtype=torch.int64)
+            acc = torch.zeros((1, len(program.members), rows, n), dtype=torch.int64)
         out = (scores_epilogue(acc, s_x, scale, heads) if node.op == "attn_scores"
                else values_epilogue(acc, s_x, heads))
         return (out,), stream_cycles(acc.numel() * 4, out.numel() * 4, self.exe.cfg)
 
-    def _kv_update(self, stats: StepStats) -> Kernel:
+    def _kv_append(self, stats: StepStats) -> Kernel:
         def kernel(node: Node, args: list, env):
             t0 = time.perf_counter()
             layer = node.attrs["layer"]
@@ -465,7 +460,7 @@ class Runtime:
                 offsets = (self.kv.key_offsets if kind == "k" else self.kv.value_offsets)(
                     positions)                           # [T, d]
                 for h in range(x8.shape[1]):
-                    base = self.exe.symbols[f"{kind}:{layer}:{h}"].addr
+                    base = self.exe.symbols[self.exe.kv.symbol(kind, layer, h)].addr
                     self.dram[base + offsets] = x8[0, h].numpy().view(np.uint8)
             nbytes = sum(a.numel() for a in args)
             stats.host.append(HostRun(node.name, node.op, time.perf_counter() - t0,
@@ -497,15 +492,11 @@ class Runtime:
         return Generation(list(prompt), outs, steps, all_logits)
 
 
-#: Ops whose kernel the runtime provides itself (state in accelerator memory).
-_DEVICE_STATE = frozenset({"kv_update", "repeat_kv"})
-_ATTENTION = frozenset({"attn_scores", "attn_values"})
-#: Host side of each accelerator op: prologue(rt, node, args, env, info) -> (state, cycles)
-#: and epilogue(rt, node, args, env, info, state) -> (outputs, cycles).
-_PROLOGUE = {"linear": Runtime._linear_in, "linears": Runtime._linear_in,
-             "attn_scores": Runtime._attention_in, "attn_values": Runtime._attention_in}
-_EPILOGUE = {"linear": Runtime._linear_out, "linears": Runtime._linear_out,
-             "attn_scores": Runtime._attention_out, "attn_values": Runtime._attention_out}
+#: Host side of an accelerator node by the weight operand its op streams (``OPS[op].streams``):
+#: prologue(rt, node, args, env, program) -> (state, cycles) and
+#: epilogue(rt, node, args, env, program, state) -> (outputs, cycles).
+_IO = {"weights": (Runtime._linear_in, Runtime._linear_out),
+       "kv": (Runtime._attention_in, Runtime._attention_out)}
 
 
 def _nbytes(tensors) -> int:

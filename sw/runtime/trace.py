@@ -39,7 +39,7 @@ def step_trace(exe: Executable, step: StepStats) -> dict:
         if p is None:
             continue
         if p.trace is not None:
-            words = exe.programs[p.program]
+            words = exe.programs[p.program].words
             program = decode_program(words.astype("<u8").tobytes())
             events += instruction_events(program, p.trace, cfg, start=clock)
         events.append({"ph": "X", "pid": 0, "tid": _PROGRAMS, "name": node.name,

@@ -8,9 +8,9 @@ import torch
 from compile_testutil import compressed, tiny_lm
 from torch import nn
 
-from sw.compile.capture import CaptureError, capture
-from sw.compile.interpret import Interpreter, Numerics
-from sw.compile.ir import SYMBOL, Graph, IRError, Node, TensorType
+from sw.compile.capture import capture
+from sw.compile.errors import CaptureError
+from sw.compile.ir import SYMBOL, Graph, Interpreter, IRError, Node, Numerics, TensorType
 from sw.compress.model import use_hardware_numerics
 
 

@@ -6,7 +6,7 @@ import torch
 from compile_testutil import compressed, tiny_lm
 
 from sw.compile.capture import capture
-from sw.compile.interpret import Interpreter, Numerics
+from sw.compile.ir import Interpreter, Numerics
 from sw.compile.passes import (
     dce,
     default_passes,

@@ -3,6 +3,7 @@ and several decode steps, the same cycles on the fast model, the RTL and the net
 clear errors for everything that can go wrong."""
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -123,7 +124,7 @@ def _rtl_case():
 def _agree(name):
     lm, exe, ids = _rtl_case()
     assert any(ins.epilogue == EpilogueMode.WIDE_BIAS for p in exe.programs
-               for ins in decode_program(p.view(np.uint8)) if isinstance(ins, Gemm))
+               for ins in decode_program(p.words.view(np.uint8)) if isinstance(ins, Gemm))
     model, m_steps = _run(exe, make_backend("model", RTL_CFG), ids, PROMPT)
     other, o_steps = _run(exe, make_backend(name, RTL_CFG), ids, PROMPT)
     for a, b in zip(model, other, strict=True):
@@ -173,13 +174,13 @@ def test_a_model_larger_than_dram_is_refused_with_sizes():
 def test_a_stalled_program_reports_the_engine_states():
     lm = tiny_lm(layers=1)
     exe = compile_model(lm, SMALL, CompileOptions(4, 6), weights=compressed(lm))
-    pid = exe.program_id("prefill", exe.infos[0].node)
+    pid = exe.program_index("prefill", exe.programs[0].node, 4)
     off, width = field_location("wait")
-    words = exe.programs[pid].copy()
+    words = exe.programs[pid].words.copy()
     gemm = int(np.flatnonzero((words[:, 0] & np.uint64(7)) == 3)[0])   # first GEMM
     mask = np.uint64(((1 << width) - 1) << off)
     words[gemm, 0] = (words[gemm, 0] & ~mask) | np.uint64(12 << off)   # never signalled
-    exe.programs[pid] = words
+    exe.programs[pid] = dataclasses.replace(exe.programs[pid], words=words)
     with pytest.raises(RuntimeFault, match=r"stopped with DEADLOCK .*COMPUTE waits on event 12"):
         Runtime(exe, make_backend("model", SMALL)).step(torch.zeros((1, 4), dtype=torch.long))
 

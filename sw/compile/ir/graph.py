@@ -8,25 +8,9 @@ own, known only when the step runs). Graphs are immutable; every pass is a pure 
 ``Graph -> Graph``. Weights are not in the graph: nodes name them (``attrs["weight"]``) and the
 compiler looks them up in the model.
 
-The op set (:data:`OPS`)::
-
-    embed(ids)                      token embedding                               host
-    positions()                     -> cos, sin [T, d], mask [T, S] of the step   host
-    rmsnorm(x)                      RMSNorm with a weight                         host
-    linear(x [, residual])          x @ W^T (+ residual, a fused epilogue)        accelerator*
-    linears(x)                      several linears of one input: one program     accelerator
-    rope(x, cos, sin)               rotary embedding of q or k                    host
-    kv_update(k, v)                 write the step's keys/values; -> all of them  host (DRAM)
-    repeat_kv(x)                    materialised grouped-query repeat (as captured)
-    attn_scores(q, k)               q . k^T against the INT8 key cache            accelerator
-    softmax(scores, mask)           softmax(scores * scale + mask)                host
-    attn_values(p, v)               p . v against the INT8 value cache            accelerator
-    silu_gate(gate, up)             silu(gate) * up                               host
-    add(a, b)                       residual addition                             host
-    view / reshape / transpose      layout only                                   host (free)
-    last_token(x)                   the last position of x (layout only)          host (free)
-
-(* a linear whose weight is not compressed runs on the host in float.)
+The op set is the registry :data:`sw.compile.ir.ops.OPS`; a graph is valid when every node is
+a registered op with its arity, its attributes and output types its shape rule accepts
+(:meth:`Graph.validate`).
 
 Example
 -------
@@ -35,6 +19,11 @@ Example
 ...           outputs=("c",))
 >>> g.producer("c").op, g.users("a")[0].name
 ('add', 'n0')
+>>> Graph(nodes=(Node("n0", "rmsnorm", ("a",), ("c",)),), values=g.values, inputs=("a",),
+...       outputs=("c",))
+Traceback (most recent call last):
+...
+sw.compile.errors.IRError: node 'n0': rmsnorm needs attribute 'weight'
 """
 
 from __future__ import annotations
@@ -45,49 +34,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OPS", "ACCELERATOR_OPS", "LAYOUT_OPS", "IRError", "TensorType", "Node", "Graph",
-           "SYMBOL"]
+from sw.compile.errors import IRError
+from sw.compile.ir.ops import OPS
+from sw.compile.ir.types import TensorType
 
-#: The symbolic dimension of a step's key positions (cached + new), resolved per step.
-SYMBOL = "S"
-
-#: Every op of the IR and its number of (inputs, outputs); -1: any number.
-OPS: dict[str, tuple[int, int]] = {
-    "embed": (1, 1), "positions": (0, 3), "rmsnorm": (1, 1), "linear": (-1, 1),
-    "linears": (1, -1), "rope": (3, 1), "kv_update": (2, 2), "repeat_kv": (1, 1),
-    "attn_scores": (2, 1), "softmax": (2, 1), "attn_values": (2, 1), "silu_gate": (2, 1),
-    "add": (2, 1), "view": (1, 1), "reshape": (1, 1), "transpose": (1, 1),
-    "last_token": (1, 1),
-}
-#: Ops the accelerator can execute (the partitioner decides per node).
-ACCELERATOR_OPS = frozenset({"linear", "linears", "attn_scores", "attn_values"})
-#: Ops that only change how a tensor is indexed (no arithmetic, no cost).
-LAYOUT_OPS = frozenset({"view", "reshape", "transpose", "last_token"})
-
-
-class IRError(ValueError):
-    """A malformed graph (the message names the node or value)."""
-
-
-@dataclass(frozen=True)
-class TensorType:
-    """Shape (ints and :data:`SYMBOL`) and dtype (``f32``, ``i64``) of a value."""
-
-    shape: tuple[int | str, ...]
-    dtype: str = "f32"
-
-    def resolve(self, s: int) -> tuple[int, ...]:
-        """The concrete shape for ``S = s``."""
-        return tuple(s if d == SYMBOL else d for d in self.shape)
-
-    def numel(self, s: int) -> int:
-        n = 1
-        for d in self.resolve(s):
-            n *= d
-        return n
-
-    def __str__(self) -> str:
-        return f"{self.dtype}[{', '.join(str(d) for d in self.shape)}]"
+__all__ = ["Node", "Graph"]
 
 
 @dataclass(frozen=True)
@@ -193,8 +144,9 @@ class Graph:
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
-        """Raise :class:`IRError` unless every value is typed, defined once before its use,
-        and every node is a known op with the right arity."""
+        """Raise :class:`~sw.compile.errors.IRError` unless every value is typed, defined once
+        before its use, and every node is a registered op whose arity, attributes and shapes
+        its definition accepts (:meth:`sw.compile.ir.ops.OpDef.check`)."""
         defined = set(self.inputs)
         for name in self.inputs:
             if name not in self.values:
@@ -206,10 +158,6 @@ class Graph:
             if n.name in names:
                 raise IRError(f"two nodes named {n.name!r}")
             names.add(n.name)
-            n_in, n_out = OPS[n.op]
-            if (n_in >= 0 and len(n.inputs) != n_in) or (n_out >= 0 and len(n.outputs) != n_out):
-                raise IRError(f"node {n.name!r}: {n.op} takes {n_in} inputs and {n_out} "
-                              f"outputs, got {len(n.inputs)} and {len(n.outputs)}")
             for i in n.inputs:
                 if i not in defined:
                     raise IRError(f"node {n.name!r} reads {i!r} before it is written")
@@ -219,6 +167,10 @@ class Graph:
                 if o not in self.values:
                     raise IRError(f"node {n.name!r}: output {o!r} has no type")
                 defined.add(o)
+            problem = OPS[n.op].check(n, [self.values[i] for i in n.inputs],
+                                      [self.values[o] for o in n.outputs])
+            if problem:
+                raise IRError(f"node {n.name!r}: {problem}")
         for o in self.outputs:
             if o not in defined:
                 raise IRError(f"graph output {o!r} is never written")

@@ -1,0 +1,26 @@
+"""Names of the DRAM symbols (regions) of a compiled model, defined once.
+
+The compiler names every region it places; the :class:`~sw.compile.executable.Executable`
+records the names next to what they hold (program members, the KV cache table), so the runtime
+never builds a name itself.
+"""
+
+from __future__ import annotations
+
+__all__ = ["weights", "cache", "buffer"]
+
+
+def weights(layer: str) -> str:
+    """The packed weight stream of ``layer`` (a module name)."""
+    return f"w:{layer}"
+
+
+def cache(kind: str, layer: int, head: int) -> str:
+    """The INT8 keys (``kind="k"``) or values (``"v"``) of one kv head of one layer."""
+    return f"{kind}:{layer}:{head}"
+
+
+def buffer(kind: str, phase: str, node: str, index: int | None = None) -> str:
+    """An arena buffer of a program: its input (``"x"``), output (``"y"``) or bias rows
+    (``"b"``), per member ``index`` where a node has several."""
+    return f"{kind}:{phase}:{node}" + ("" if index is None else f":{index}")
