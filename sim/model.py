@@ -371,10 +371,15 @@ class FastModel:
 
     Examples
     --------
+    A program of one END takes ``FETCH_LATENCY + 1`` cycles (hw/timing.py: END is available,
+    and dispatched, at ``FETCH_LATENCY``, and the run is done the cycle after):
+
     >>> from hw.config import AcceleratorConfig
     >>> from hw.isa import End
-    >>> FastModel(AcceleratorConfig()).run([End()], timing_only=True).cycles
-    2
+    >>> from hw.timing import FETCH_LATENCY
+    >>> cycles = FastModel(AcceleratorConfig()).run([End()], timing_only=True).cycles
+    >>> cycles, cycles == FETCH_LATENCY + 1
+    (6, True)
     """
 
     def __init__(self, cfg: AcceleratorConfig):

@@ -16,10 +16,15 @@ and writes a VCD waveform per run.
 
 Examples
 --------
+The same cycles as the fast model (skipped in the doctest run: the first call builds the
+Verilator runner, minutes; tests/hw/test_rtl_runner.py runs it):
+
 >>> from hw.config import AcceleratorConfig
 >>> from hw.isa import End
->>> RTLBackend(AcceleratorConfig()).run([End()]).cycles    # doctest: +SKIP
-5
+>>> from sim.model import FastModel
+>>> cfg = AcceleratorConfig()
+>>> RTLBackend(cfg).run([End()]).cycles == FastModel(cfg).run([End()]).cycles  # doctest: +SKIP
+True
 """
 
 from __future__ import annotations
