@@ -41,6 +41,7 @@ from hw.format import FormatError, WeightFormat, stream_layout
 from sim.backends import BACKENDS, make_backend
 from sim.roofline import plot_roofline
 from sw.artifact import publish
+from sw.cli import UsageError
 from sw.compile import CompileError, CompileOptions, compile_model
 from sw.compile import executable as executable_io
 from sw.compress.model import COMPRESS_METHODS, compress_llama, use_hardware_numerics
@@ -56,10 +57,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SYNTH_RECORD = ROOT / "bench" / "results" / "synth.json"
 DEFAULT_PROMPT = "class Stack:\n    def push(self, item"
 CHAT_PROMPT = "What is the capital of France?"
-
-
-class UsageError(ValueError):
-    """A bad option value (reported in one line, exit status 2)."""
 
 
 @dataclass
