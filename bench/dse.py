@@ -68,8 +68,11 @@ class SchedulerError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Point:
-    """One design point: the array, the core, the model's weight width and the memory."""
+class DesignPoint:
+    """One design point: the array, the core, the model's weight width and the memory.
+
+    (Not :class:`sw.codesign.Point`, which is a measured per-layer format assignment.)
+    """
 
     rows: int
     cols: int
@@ -100,9 +103,9 @@ class Point:
 
 
 def sweep_points(arrays: list[tuple[int, int]], weight_bits: list[int],
-                 beats: list[int]) -> list[Point]:
+                 beats: list[int]) -> list[DesignPoint]:
     """Every combination, N:M and dense-only."""
-    return [Point(r, c, sparse, wb, beat) for (r, c) in arrays for beat in beats
+    return [DesignPoint(r, c, sparse, wb, beat) for (r, c) in arrays for beat in beats
             for sparse in (True, False) for wb in weight_bits]
 
 
@@ -123,7 +126,7 @@ def synth_design(cfg_json: str, flow: dict) -> dict:
     return synthesize(AcceleratorConfig.from_json(cfg_json), verbose=False, **flow)
 
 
-def simulate(point: Point, cfg_json: str) -> dict:
+def simulate(point: DesignPoint, cfg_json: str) -> dict:
     """Cycles of the decode token and of the compute-bound layer on the fast model."""
     from bench.scaling import run_step
     from sim.model import FastModel
@@ -139,7 +142,7 @@ def simulate(point: Point, cfg_json: str) -> dict:
             "gemm_cycles": gemm, "sim_s": time.perf_counter() - t0}
 
 
-def point_record(point: Point, synth: dict, sim: dict, clock_mhz: float) -> dict:
+def point_record(point: DesignPoint, synth: dict, sim: dict, clock_mhz: float) -> dict:
     """The dse.json record of one point (``pareto`` is filled in over the whole sweep)."""
     placed = synth["fmax_after"] != "none"
     clock = synth["fmax_mhz"] if placed else clock_mhz
@@ -162,7 +165,7 @@ def point_record(point: Point, synth: dict, sim: dict, clock_mhz: float) -> dict
     }
 
 
-def evaluate(point: Point, cfg_json: str, synth: dict, cache: str) -> dict:
+def evaluate(point: DesignPoint, cfg_json: str, synth: dict, cache: str) -> dict:
     """Simulate ``point`` on its synthesised design and cache the record in ``cache``."""
     cfg = AcceleratorConfig.from_json(cfg_json)
     rec = point_record(point, synth, simulate(point, cfg_json), cfg.clock_mhz)
@@ -173,11 +176,10 @@ def evaluate(point: Point, cfg_json: str, synth: dict, cache: str) -> dict:
 # ---------------------------------------------------------------------------- analysis
 def pareto(records: list[dict], cost: str, gain: str) -> set[str]:
     """Labels of the fitting points no other fitting point beats on ``cost`` (lower) and
-    ``gain`` (higher) at once."""
+    ``gain`` (higher) at once (dominance as :func:`sw.codesign.pareto_front`)."""
+    from sw.codesign import pareto_front
     fit = [r for r in records if r["fits"]]
-    return {r["label"] for r in fit if not any(
-        o[cost] <= r[cost] and o[gain] >= r[gain] and (o[cost], o[gain]) != (r[cost], r[gain])
-        for o in fit)}
+    return {r["label"] for r in pareto_front(fit, lambda r: (r[cost], -r[gain]))}
 
 
 def comparisons(records: list[dict]) -> list[dict]:
@@ -259,7 +261,7 @@ def update_synth_record(comps: list[dict], base: AcceleratorConfig,
     rec = json.loads(path.read_text())
     for c in comps:
         rows, cols = (int(x) for x in c["array"].split("x"))
-        cfg = Point(rows, cols, True, 4, c["bytes_per_cycle"]).config(base)
+        cfg = DesignPoint(rows, cols, True, 4, c["bytes_per_cycle"]).config(base)
         if json.loads(cfg.to_json()) == rec["config"]:
             rec.update({k: c[k] for k in ("dense_luts", "dense_ffs", "dense_dsps",
                                           "throughput_per_lut_ff_vs_dense")})
@@ -301,7 +303,7 @@ def _client(scheduler: str | None, workers: int):
     return Client(cluster), cluster
 
 
-def run_sweep(points: list[Point], base: AcceleratorConfig, *, route: bool = True,
+def run_sweep(points: list[DesignPoint], base: AcceleratorConfig, *, route: bool = True,
               pnr: bool = True, time_limit_min: float = 60, seed: int = 1,
               scheduler: str | None = None, workers: int = 2,
               progress: bool = True) -> list[dict]:

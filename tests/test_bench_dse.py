@@ -13,16 +13,16 @@ from hw.format import WeightFormat
 
 def test_point_configs_and_formats():
     base = AcceleratorConfig()
-    nm, dense = dse.Point(2, 8, True, 4, 32), dse.Point(2, 8, False, 8, 32)
+    nm, dense = dse.DesignPoint(2, 8, True, 4, 32), dse.DesignPoint(2, 8, False, 8, 32)
     cfg = nm.config(base)
     assert (cfg.rows, cfg.cols, cfg.beat_bytes, cfg.patterns) == (2, 8, 32, base.patterns)
     assert dense.config(base).patterns == ()
     assert nm.weight_format(cfg) == WeightFormat("2:4", 4, base.group_size)
     # INT8 weights stream dense only: the N:M core runs them dense.
-    assert dse.Point(2, 8, True, 8, 32).weight_format(cfg) == WeightFormat("dense", 8, 128)
+    assert dse.DesignPoint(2, 8, True, 8, 32).weight_format(cfg) == WeightFormat("dense", 8, 128)
     assert dense.weight_format(cfg) == WeightFormat("dense", 8, 128)
     # The default configuration is the N:M point of its own array and beat.
-    assert dse.Point(base.rows, base.cols, True, 4, base.beat_bytes).config(base) == base
+    assert dse.DesignPoint(base.rows, base.cols, True, 4, base.beat_bytes).config(base) == base
     pts = dse.sweep_points([(2, 4), (4, 16)], [4, 8], [16, 64])
     assert len(pts) == len({p.label for p in pts}) == 16
 
@@ -97,7 +97,7 @@ def test_sweep_on_a_local_dask_cluster_and_resume(tmp_path, monkeypatch, capsys)
     and the fast model, on a one-worker LocalCluster; the second run comes from the cache."""
     monkeypatch.setattr(dse, "CACHE", tmp_path / "cache")
     base = AcceleratorConfig()
-    (point,) = pts = [dse.Point(1, 8, True, 4, 16)]
+    (point,) = pts = [dse.DesignPoint(1, 8, True, 4, 16)]
     (rec,) = dse.run_sweep(pts, base, pnr=False, workers=1, progress=False)
     cfg = point.config(base)
     assert rec["label"] == point.label and rec["fmax_after"] == "none"
