@@ -27,8 +27,8 @@ sweep resumes.
 
 Writes ``bench/results/dse.json`` (``points``, one record per point, and ``comparisons``, N:M
 against dense-only per array), ``docs/img/dse_pareto.png``, and, when the sweep covers the
-configuration of the committed synthesis record ``bench/results/synth.json``, adds that
-record's dense-only comparison (``dense_luts``, ``dense_ffs``, ``dense_dsps``,
+configuration of a committed synthesis record (:data:`hw.synth.RECORDS`), adds that record's
+dense-only comparison (``dense_luts``, ``dense_ffs``, ``dense_dsps``,
 ``throughput_per_lut_ff_vs_dense``).
 """
 
@@ -45,6 +45,7 @@ from pathlib import Path
 from bench.common import RESULTS, parser, write_json
 from hw.config import AcceleratorConfig, ConfigError
 from hw.format import WeightFormat
+from hw.synth import RECORDS, keep_record, recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "build" / "dse"
@@ -253,21 +254,21 @@ def plot(records: list[dict], path: Path) -> Path:
 
 
 def update_synth_record(comps: list[dict], base: AcceleratorConfig,
-                        path: Path = RESULTS / "synth.json") -> bool:
-    """Add the dense-only comparison to the committed synthesis record when the sweep's N:M
-    design of the same array is that record's configuration; returns whether it did."""
-    if not path.exists():
-        return False
-    rec = json.loads(path.read_text())
+                        path: Path | None = None) -> bool:
+    """Add the dense-only comparison to the committed synthesis record
+    (:data:`hw.synth.RECORDS`) of each of the sweep's N:M designs that has one, with the same
+    configuration; returns whether it added any."""
+    added = False
     for c in comps:
         rows, cols = (int(x) for x in c["array"].split("x"))
         cfg = DesignPoint(rows, cols, True, 4, c["bytes_per_cycle"]).config(base)
-        if json.loads(cfg.to_json()) == rec["config"]:
+        rec = recorded(cfg, path)
+        if rec is not None and rec["config"] == json.loads(cfg.to_json()):
             rec.update({k: c[k] for k in ("dense_luts", "dense_ffs", "dense_dsps",
                                           "throughput_per_lut_ff_vs_dense")})
-            write_json(path, rec)
-            return True
-    return False
+            keep_record(rec, path)
+            added = True
+    return added
 
 
 # ---------------------------------------------------------------------------- command line
@@ -435,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "pnr": not args.no_pnr})
     print(f"written {out} and {plot(records, Path(args.plot))} ({wall / 60:.1f} min)")
     if update_synth_record(comps, base):
-        print(f"added the dense-only comparison to {RESULTS / 'synth.json'}")
+        print(f"added the dense-only comparison to {RECORDS}")
     return 0
 
 

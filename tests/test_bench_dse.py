@@ -63,16 +63,19 @@ def test_comparison_ratio():
 
 def test_synth_record_gains_the_comparison_only_for_its_own_configuration(tmp_path):
     base = AcceleratorConfig()
-    path = tmp_path / "synth.json"
-    path.write_text(json.dumps({"config": json.loads(base.to_json()), "luts": 1}))
+    other = base.replace(rows=2, cols=8)
+    path = tmp_path / "synth_records.json"
+    path.write_text(json.dumps([{"config": json.loads(other.to_json()), "luts": 2},
+                                {"config": json.loads(base.to_json()), "luts": 1}]))
     comp = {"array": "2x4", "bytes_per_cycle": 16, "dense_luts": 5, "dense_ffs": 6,
             "dense_dsps": 7, "throughput_per_lut_ff_vs_dense": 1.5}
     assert not dse.update_synth_record([comp], base, path)
-    assert "dense_luts" not in json.loads(path.read_text())
+    assert all("dense_luts" not in r for r in json.loads(path.read_text()))
     comp["array"] = f"{base.rows}x{base.cols}"
     assert dse.update_synth_record([comp], base, path)
-    rec = json.loads(path.read_text())
-    assert (rec["luts"], rec["dense_luts"], rec["throughput_per_lut_ff_vs_dense"]) == (1, 5, 1.5)
+    recs = {r["luts"]: r for r in json.loads(path.read_text())}
+    assert "dense_luts" not in recs[2]
+    assert (recs[1]["dense_luts"], recs[1]["throughput_per_lut_ff_vs_dense"]) == (5, 1.5)
 
 
 @pytest.mark.parametrize("argv, needle", [
