@@ -39,10 +39,9 @@ Every reported point is then measured for real: perplexity on the test split, cy
 compiled decode step. A searched assignment has two packings with the same formats and cycles:
 **assembled** from the candidates' uniform compressions, or **recompressed** -- the method runs
 again over the whole model with the assignment's per-layer formats, so that each layer is
-calibrated on the inputs the mixed model really gives it. Neither is always better (with
-SparseGPT + GPTQ on the reference model, random mixes measured 3.765 assembled against 3.691
-recompressed, but some searched mixes lose by recompression what the search gained), so the
-validation split chooses, and the test split measures the choice.
+calibrated on the inputs the mixed model really gives it. Neither is always better
+(docs/accuracy.md has measured examples), so the validation split chooses, and the test split
+measures the choice.
 """
 
 from __future__ import annotations
