@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make demo   -- run the main job on the built-in default
-#   make test   -- run the default test suite
+#   make test   -- run the default test suite (tests/ and the docstring examples of hw, sim, sw)
 # Every target depends on `setup`, which creates .venv and installs the project.
 
 PYTHON ?= python3

@@ -89,9 +89,9 @@ PROTOCOL = EvalProtocol()
 PRUNE_PATTERNS = ("2:4", "4:8", "1:4", "2:8")
 #: Row set and evaluation size per model (``auto`` options); any model not named here gets
 #: ``"other"``. The reference model's eval is :data:`PROTOCOL`.
-#: SmolLM2-135M on 2 shared cores: a GPTQ row with 32 x 128 calibration tokens took 311 s
-#: (about half of it the per-layer solves, the rest scales with the calibration tokens) and
-#: scoring 8192 tokens about 100 s (docs/accuracy.md).
+#: The smaller calibration and evaluation of other models keep a SmolLM2-135M table within
+#: minutes per row on 2 cores (a GPTQ row's time is about half per-layer solves, the rest
+#: scales with the calibration tokens; docs/accuracy.md has the measured times).
 MODEL_DEFAULTS: dict[str, dict] = {
     "reference": {"patterns": PRUNE_PATTERNS, "eval_tokens": PROTOCOL.max_tokens,
                   "calib_samples": 64, "calib_seq_len": 256, "zoom": 1.10},

@@ -27,8 +27,8 @@ sweep resumes.
 
 Writes ``bench/results/dse.json`` (``points``, one record per point, and ``comparisons``, N:M
 against dense-only per array), ``docs/img/dse_pareto.png``, and, when the sweep covers the
-configuration of the committed synthesis record ``bench/results/synth.json``, adds that
-record's dense-only comparison (``dense_luts``, ``dense_ffs``, ``dense_dsps``,
+configuration of a committed synthesis record (:data:`hw.synth.RECORDS`), adds that record's
+dense-only comparison (``dense_luts``, ``dense_ffs``, ``dense_dsps``,
 ``throughput_per_lut_ff_vs_dense``).
 """
 
@@ -45,6 +45,7 @@ from pathlib import Path
 from bench.common import RESULTS, parser, write_json
 from hw.config import AcceleratorConfig, ConfigError
 from hw.format import WeightFormat
+from hw.synth import RECORDS, keep_record, recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "build" / "dse"
@@ -68,8 +69,11 @@ class SchedulerError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Point:
-    """One design point: the array, the core, the model's weight width and the memory."""
+class DesignPoint:
+    """One design point: the array, the core, the model's weight width and the memory.
+
+    (Not :class:`sw.codesign.Point`, which is a measured per-layer format assignment.)
+    """
 
     rows: int
     cols: int
@@ -100,9 +104,9 @@ class Point:
 
 
 def sweep_points(arrays: list[tuple[int, int]], weight_bits: list[int],
-                 beats: list[int]) -> list[Point]:
+                 beats: list[int]) -> list[DesignPoint]:
     """Every combination, N:M and dense-only."""
-    return [Point(r, c, sparse, wb, beat) for (r, c) in arrays for beat in beats
+    return [DesignPoint(r, c, sparse, wb, beat) for (r, c) in arrays for beat in beats
             for sparse in (True, False) for wb in weight_bits]
 
 
@@ -123,7 +127,7 @@ def synth_design(cfg_json: str, flow: dict) -> dict:
     return synthesize(AcceleratorConfig.from_json(cfg_json), verbose=False, **flow)
 
 
-def simulate(point: Point, cfg_json: str) -> dict:
+def simulate(point: DesignPoint, cfg_json: str) -> dict:
     """Cycles of the decode token and of the compute-bound layer on the fast model."""
     from bench.scaling import run_step
     from sim.model import FastModel
@@ -139,7 +143,7 @@ def simulate(point: Point, cfg_json: str) -> dict:
             "gemm_cycles": gemm, "sim_s": time.perf_counter() - t0}
 
 
-def point_record(point: Point, synth: dict, sim: dict, clock_mhz: float) -> dict:
+def point_record(point: DesignPoint, synth: dict, sim: dict, clock_mhz: float) -> dict:
     """The dse.json record of one point (``pareto`` is filled in over the whole sweep)."""
     placed = synth["fmax_after"] != "none"
     clock = synth["fmax_mhz"] if placed else clock_mhz
@@ -162,7 +166,7 @@ def point_record(point: Point, synth: dict, sim: dict, clock_mhz: float) -> dict
     }
 
 
-def evaluate(point: Point, cfg_json: str, synth: dict, cache: str) -> dict:
+def evaluate(point: DesignPoint, cfg_json: str, synth: dict, cache: str) -> dict:
     """Simulate ``point`` on its synthesised design and cache the record in ``cache``."""
     cfg = AcceleratorConfig.from_json(cfg_json)
     rec = point_record(point, synth, simulate(point, cfg_json), cfg.clock_mhz)
@@ -173,11 +177,10 @@ def evaluate(point: Point, cfg_json: str, synth: dict, cache: str) -> dict:
 # ---------------------------------------------------------------------------- analysis
 def pareto(records: list[dict], cost: str, gain: str) -> set[str]:
     """Labels of the fitting points no other fitting point beats on ``cost`` (lower) and
-    ``gain`` (higher) at once."""
+    ``gain`` (higher) at once (dominance as :func:`sw.codesign.pareto_front`)."""
+    from sw.codesign import pareto_front
     fit = [r for r in records if r["fits"]]
-    return {r["label"] for r in fit if not any(
-        o[cost] <= r[cost] and o[gain] >= r[gain] and (o[cost], o[gain]) != (r[cost], r[gain])
-        for o in fit)}
+    return {r["label"] for r in pareto_front(fit, lambda r: (r[cost], -r[gain]))}
 
 
 def comparisons(records: list[dict]) -> list[dict]:
@@ -251,21 +254,21 @@ def plot(records: list[dict], path: Path) -> Path:
 
 
 def update_synth_record(comps: list[dict], base: AcceleratorConfig,
-                        path: Path = RESULTS / "synth.json") -> bool:
-    """Add the dense-only comparison to the committed synthesis record when the sweep's N:M
-    design of the same array is that record's configuration; returns whether it did."""
-    if not path.exists():
-        return False
-    rec = json.loads(path.read_text())
+                        path: Path | None = None) -> bool:
+    """Add the dense-only comparison to the committed synthesis record
+    (:data:`hw.synth.RECORDS`) of each of the sweep's N:M designs that has one, with the same
+    configuration; returns whether it added any."""
+    added = False
     for c in comps:
         rows, cols = (int(x) for x in c["array"].split("x"))
-        cfg = Point(rows, cols, True, 4, c["bytes_per_cycle"]).config(base)
-        if json.loads(cfg.to_json()) == rec["config"]:
+        cfg = DesignPoint(rows, cols, True, 4, c["bytes_per_cycle"]).config(base)
+        rec = recorded(cfg, path)
+        if rec is not None and rec["config"] == json.loads(cfg.to_json()):
             rec.update({k: c[k] for k in ("dense_luts", "dense_ffs", "dense_dsps",
                                           "throughput_per_lut_ff_vs_dense")})
-            write_json(path, rec)
-            return True
-    return False
+            keep_record(rec, path)
+            added = True
+    return added
 
 
 # ---------------------------------------------------------------------------- command line
@@ -301,7 +304,7 @@ def _client(scheduler: str | None, workers: int):
     return Client(cluster), cluster
 
 
-def run_sweep(points: list[Point], base: AcceleratorConfig, *, route: bool = True,
+def run_sweep(points: list[DesignPoint], base: AcceleratorConfig, *, route: bool = True,
               pnr: bool = True, time_limit_min: float = 60, seed: int = 1,
               scheduler: str | None = None, workers: int = 2,
               progress: bool = True) -> list[dict]:
@@ -433,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "pnr": not args.no_pnr})
     print(f"written {out} and {plot(records, Path(args.plot))} ({wall / 60:.1f} min)")
     if update_synth_record(comps, base):
-        print(f"added the dense-only comparison to {RESULTS / 'synth.json'}")
+        print(f"added the dense-only comparison to {RECORDS}")
     return 0
 
 

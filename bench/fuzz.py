@@ -270,7 +270,7 @@ TARGETS: dict[str, Target] = {
     "compressed_load": Target(_compressed, _allowed("sw.compress.io.CompressedFileError"),
                               _seed_compressed, 1 << 16),
     "hf_checkpoint": Target(_hf, _allowed("sw.models.hf.CheckpointError",
-                                          "sw.models.config.ConfigError"), _seed_hf, 1 << 16),
+                                          "sw.models.config.ModelConfigError"), _seed_hf, 1 << 16),
     "gguf_load": Target(_gguf, _allowed("sw.models.gguf.GGUFError"), _seed_gguf, 1 << 16),
 }
 

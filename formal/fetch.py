@@ -4,7 +4,7 @@ The reference is the rule table of :mod:`hw.isa` itself: :func:`rule_error` eval
 rule's ``bad(f, lim)`` -- written with operators that work on ints, numpy arrays and, as here,
 Amaranth values -- on the fields of a symbolic 128-bit word (offsets from
 :func:`hw.isa.field_location`), in the order and with the opcode legality of
-:func:`hw.isa.dispatch_errors`; ``tests/prove/test_rules.py`` checks the lifted table against
+:func:`hw.isa.dispatch_errors`; ``tests/prove/test_golden.py`` checks the lifted table against
 ``dispatch_errors`` on random and rule-targeted words.
 
 The harness writes two free words into the instruction memory (``cfg.imem_depth`` = 2), starts

@@ -6,8 +6,10 @@ count, word widths, operand widths, spad depths) is a property here, never recom
 Example
 -------
 >>> cfg = AcceleratorConfig()
->>> cfg.lanes, cfg.beat_bytes, cfg.wgt_word_bytes
-(64, 16, 64)
+>>> cfg.rows, cfg.cols, cfg.lanes, cfg.beat_bytes, cfg.wgt_word_bytes
+(4, 8, 32, 16, 32)
+>>> cfg.lanes == cfg.rows * cfg.cols
+True
 >>> AcceleratorConfig.from_json(cfg.to_json()) == cfg
 True
 """

@@ -4,14 +4,14 @@
 "NONE"``) and leaves the flip-flops around it in logic slices; nextpnr does not move them into
 the DSP either, but it places and times the DSP's registers when the netlist sets them. A PE's
 multiplier sits between two registers (hw/pe.py: ``a1``, ``w1`` -> ``p2``), so with both in
-slices one cycle holds a route from a slice to the DSP, the multiplier (3.9 ns) and a route
-back (10-11 ns on the 4x8 array when the slices sit away from the DSP).
+slices one cycle holds a route from a slice to the DSP, the multiplier and a route back
+(docs/synthesis.md has what that path measured on the 4x8 array).
 
 :func:`absorb_registers` rewrites the mapped netlist (Yosys JSON) between Yosys and nextpnr.
 The RTL marks the registers it may move with the :data:`DSP_REGISTER` attribute: which side of
 a multiplier gains is a property of the design, not of the netlist (an operand register in the
-DSP puts the route to the DSP on the operand's logic path: on the 4x8 array the PEs' operand
-selection then ended 5.5 ns away from its DSP, 88 MHz against 95 without). A marked flip-flop
+DSP puts the route to the DSP on the operand's logic path, after the PEs' operand selection:
+on the 4x8 array that lost clock, docs/synthesis.md). A marked flip-flop
 with no set/reset, reset value 0 and no GSR is exactly a DSP register with ``RST = 0`` and
 ``GSR = "DISABLED"``, clocked by its clock and enabled by its enable (or ``1``). For each
 MULT18X18D with no register in use:

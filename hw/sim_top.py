@@ -12,14 +12,12 @@ from collections.abc import Callable
 
 from amaranth import ClockDomain, Module, Signal, unsigned
 from amaranth.lib import memory, wiring
-from amaranth.lib.wiring import In, Out, connect, flipped
+from amaranth.lib.wiring import Out, connect, flipped
 from amaranth.utils import ceil_log2
 
 from hw.config import AcceleratorConfig
-from hw.counters import COUNTER_BITS, CounterLayout
-from hw.isa import INSTR_BITS, ErrorCode
 from hw.memory_model import DramModel
-from hw.top import Accelerator
+from hw.top import HOST_STATUS, Accelerator, host_ports
 
 __all__ = ["SimTop", "RunnerTop"]
 
@@ -37,7 +35,7 @@ class SimTop(wiring.Component):
     Members
     -------
     start, busy, done, error, error_pc, cycles, counters, imem_wr:
-        As :class:`hw.top.Accelerator`.
+        As :class:`hw.top.Accelerator` (:func:`hw.top.host_ports`).
     dram_rd: Out(ReadPort.Signature(...))
         Host read port of the DRAM model (beat address, data one cycle later).
     dram_wr: Out(WritePort.Signature(...))
@@ -50,15 +48,7 @@ class SimTop(wiring.Component):
         aw = ceil_log2(cfg.dram_beats)
         beat = unsigned(8 * cfg.beat_bytes)
         super().__init__({
-            "start": In(1),
-            "busy": Out(1),
-            "done": Out(1),
-            "error": Out(ErrorCode),
-            "error_pc": Out(range(cfg.imem_depth + 1)),
-            "cycles": Out(COUNTER_BITS),
-            "counters": Out(CounterLayout),
-            "imem_wr": Out(memory.WritePort.Signature(addr_width=ceil_log2(cfg.imem_depth),
-                                                      shape=unsigned(INSTR_BITS))),
+            **host_ports(cfg),
             "dram_rd": Out(memory.ReadPort.Signature(addr_width=aw, shape=beat)),
             "dram_wr": Out(memory.WritePort.Signature(addr_width=aw, shape=beat)),
         })
@@ -79,12 +69,9 @@ class SimTop(wiring.Component):
         connect(m, flipped(self.imem_wr), accel.imem_wr)
         connect(m, flipped(self.dram_rd), dram.host_rd)
         connect(m, flipped(self.dram_wr), dram.host_wr)
-        m.d.comb += [
-            accel.start.eq(self.start),
-            self.busy.eq(accel.busy), self.done.eq(accel.done), self.error.eq(accel.error),
-            self.error_pc.eq(accel.error_pc), self.cycles.eq(accel.cycles),
-            self.counters.eq(accel.counters),
-        ]
+        m.d.comb += accel.start.eq(self.start)
+        for name in HOST_STATUS:
+            m.d.comb += getattr(self, name).eq(getattr(accel, name))
         return m
 
 
@@ -123,7 +110,7 @@ class RunnerTop(wiring.Component):
         start = Signal()
         m.d.sync += start.eq(self.start)
         m.d.comb += accel.start.eq(start)
-        for name in ("busy", "done", "error", "error_pc", "cycles", "counters"):
+        for name in HOST_STATUS:
             m.d.comb += getattr(self, name).eq(getattr(accel, name))
         connect(m, flipped(self.imem_wr), accel.imem_wr)
         connect(m, flipped(self.dram), accel.dram)

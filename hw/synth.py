@@ -9,12 +9,15 @@ slices -- against the ECP5-85F's capacity, and the maximum frequency of ``clk``.
 and nextpnr, :func:`hw.ecp5_dsp.absorb_registers` moves the flip-flops the RTL marks for it (the
 multipliers' product registers) into the DSPs' own registers.
 
-The default 32-lane design is synthesised, placed and routed in about 11 minutes (routing the
-64-lane one does not finish in an hour); ``--no-route`` stops after placement and reports
-nextpnr's post-placement timing estimate, marked as such; ``--no-pnr`` stops after Yosys
-(resources only, about 1.5 minutes). nextpnr's placer weighs
-timing more than by its defaults (:data:`PLACER_TIMING_WEIGHT`, :data:`PLACER_CRITEXP`).
+``--no-route`` stops after placement and reports nextpnr's post-placement timing estimate,
+marked as such; ``--no-pnr`` stops after Yosys (resources only). How long each phase took is
+in the record's ``seconds``; docs/synthesis.md has the measured run times and clocks of the
+default and the other arrays. nextpnr's placer weighs timing more than by its defaults
+(:data:`PLACER_TIMING_WEIGHT`, :data:`PLACER_CRITEXP`).
 ``--collect`` summarises whatever a previous (possibly unfinished) run left in its directory.
+``--record`` keeps a finished run's record in :data:`RECORDS` (``hw/synth_records.json``,
+committed, one record per configuration); :func:`synthesised_clock` reads the clock a
+configuration reached from it (``sw.deploy`` reports decode at that clock).
 ``--report`` also prints the critical path, each cell named by its Amaranth hierarchy
 (``machine.core.epilogue.win_l6``: the technology-mapping suffixes that Yosys and nextpnr add are
 cut off); the record keeps it as ``critical_path``. It also prints the nets of Yosys' netlist with
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -41,29 +45,131 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from hw import ecp5_dsp
 from hw.config import AcceleratorConfig, ConfigError
 from hw.ecp5_dsp import DSP_REGISTER
 
-#: nextpnr-ecp5's routers, the default first: router1 routes the 2x4 array in under three
-#: minutes about as fast as placement estimated; router2 was 15-20 MHz below the estimate on
-#: the same placements (docs/synthesis.md).
+#: nextpnr-ecp5's routers, the default first: on the same placements router1 ends near
+#: placement's timing estimate and router2 well below it (docs/synthesis.md has the
+#: measurements).
 ROUTERS = ("router1", "router2")
 #: nextpnr's HeAP placer weighting of timing (``--placer-heap-timingweight``, nextpnr's own
 #: default 10) and the exponent of a path's criticality in it (``--placer-heap-critexp``,
-#: default 2). Ours place the control paths that cross the design closer together: on the 2x8
-#: array 79.7 MHz after placement and 97.1 routed, against 64.5 and 88.6 with nextpnr's
-#: defaults, on the same netlist and seed (docs/synthesis.md).
+#: default 2). Ours place the control paths that cross the design closer together, for a higher
+#: clock than nextpnr's defaults on the same netlist and seed (docs/synthesis.md has the
+#: measurements).
 PLACER_TIMING_WEIGHT = 40
 PLACER_CRITEXP = 4
 
-__all__ = ["ROUTERS", "PLACER_TIMING_WEIGHT", "PLACER_CRITEXP", "ECP5_85F", "find_tool",
-           "yosys_script", "synthesize", "collect", "critical_path", "summary", "main"]
+__all__ = ["ROUTERS", "PLACER_TIMING_WEIGHT", "PLACER_CRITEXP", "ECP5_85F", "RECORDS",
+           "SynthesisedClock", "find_tool", "yosys_script", "synthesize", "collect",
+           "critical_path", "summary", "recorded", "synthesised_clock", "keep_record", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Capacity of the LFE5U-85F (LUT4s, flip-flops, 18x18 multipliers, 18 Kbit block RAMs).
 ECP5_85F = {"luts": 83640, "ffs": 83640, "dsps": 156, "brams": 208}
+#: The committed records of finished runs, at most one per configuration (a JSON list of
+#: :func:`synthesize` records): ``python -m hw.synth --record`` adds or replaces a run's, so a
+#: fresh clone knows the clock each recorded configuration reached (:func:`synthesised_clock`).
+RECORDS = Path(__file__).resolve().with_name("synth_records.json")
+
+
+class SynthesisedClock(NamedTuple):
+    """The clock a recorded synthesis of a configuration reached."""
+
+    #: nextpnr's maximum frequency of ``clk``.
+    mhz: float
+    #: After routing (else nextpnr's post-placement estimate).
+    routed: bool
+
+
+def _design(config: dict) -> dict:
+    """A configuration's fields that make its hardware (``clock_mhz`` is the target, not the
+    design: a record holds for any target clock)."""
+    return {k: v for k, v in config.items() if k != "clock_mhz"}
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    try:
+        recs = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(recs, list) or not all(isinstance(r, dict) and isinstance(
+            r.get("config"), dict) for r in recs):
+        raise ValueError(f"{path} must hold a list of synthesis records with a 'config', got "
+                         f"{type(recs).__name__}")
+    return recs
+
+
+def recorded(cfg: AcceleratorConfig, path: Path | None = None) -> dict | None:
+    """The committed record of ``cfg``'s design (configuration equal up to ``clock_mhz``).
+
+    Parameters
+    ----------
+    cfg:
+        The configuration.
+    path:
+        The records file (default :data:`RECORDS`).
+
+    Returns
+    -------
+    dict or None
+        The record (:func:`synthesize`'s), or None when no run of this design is on record.
+    """
+    want = _design(cfg.to_dict())
+    return next((r for r in _records(Path(path or RECORDS)) if _design(r["config"]) == want),
+                None)
+
+
+def synthesised_clock(cfg: AcceleratorConfig,
+                      path: Path | None = None) -> SynthesisedClock | None:
+    """The clock the recorded synthesis of ``cfg``'s design reached, if one is on record.
+
+    Parameters
+    ----------
+    cfg:
+        The configuration.
+    path:
+        The records file (default :data:`RECORDS`, committed).
+
+    Returns
+    -------
+    SynthesisedClock or None
+        ``(mhz, routed)``; None without a record of this design or without a clock in it
+        (a run stopped after Yosys).
+    """
+    rec = recorded(cfg, path)
+    if rec is None or not rec.get("fmax_mhz"):
+        return None
+    return SynthesisedClock(rec["fmax_mhz"], rec.get("fmax_after") == "routing")
+
+
+def keep_record(rec: dict, path: Path | None = None) -> Path:
+    """Add ``rec`` to the records file, replacing the record of the same design; returns it.
+
+    Parameters
+    ----------
+    rec:
+        A :func:`synthesize` record (with its ``config``).
+    path:
+        The records file (default :data:`RECORDS`).
+    """
+    if not isinstance(rec.get("config"), dict):
+        raise ValueError(f"a synthesis record needs its 'config', got keys {sorted(rec)}")
+    path = Path(path or RECORDS)
+    design = _design(rec["config"])
+    recs = [r for r in _records(path) if _design(r["config"]) != design] + [rec]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(recs, indent=1) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def find_tool(name: str) -> str:
@@ -468,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also print the critical path, step by step (default: its summary)")
     ap.add_argument("--collect", action="store_true",
                     help="only summarise the outputs of a previous run in the output directory")
+    ap.add_argument("--record", action="store_true",
+                    help="keep the finished run's record in hw/synth_records.json "
+                         "(committed; replaces the record of the same configuration)")
     args = ap.parse_args(argv)
     exit_on_sigterm()
     for opt, value in (("--time-limit", args.time_limit), ("--progress", args.progress),
@@ -497,6 +606,13 @@ def main(argv: list[str] | None = None) -> int:
                          time_limit_min=args.time_limit, progress_s=args.progress,
                          force=args.force, router=args.router,
                          timing_weight=args.placer_timing_weight, critexp=args.placer_critexp)
+    if args.record:
+        if rec.get("stopped") or not rec.get("fmax_mhz"):
+            print("hw.synth: --record: this run has no finished clock to keep "
+                  f"(fmax_after={rec.get('fmax_after')!r}, stopped={rec.get('stopped')!r})",
+                  file=sys.stderr)
+            return 2
+        print(f"recorded in {keep_record(rec, RECORDS)}")
     if args.report:
         print(rec.get("critical_path") or "no critical path: nextpnr reports paths after "
               "routing (not with --no-route), and writes no report when --time-limit stops it")

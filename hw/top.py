@@ -53,7 +53,40 @@ from hw.queues import DMA_ENTRY, GEMM_ENTRY, InstrQueue
 from hw.spad import Scratchpad
 from hw.timing import START_LATENCY, STOP_DELAY
 
-__all__ = ["Accelerator"]
+__all__ = ["Accelerator", "host_ports", "HOST_STATUS"]
+
+#: The host-side outputs that report a run (:func:`host_ports`), in port order.
+HOST_STATUS = ("busy", "done", "error", "error_pc", "cycles", "counters")
+
+
+def host_ports(cfg: AcceleratorConfig) -> dict[str, wiring.Member]:
+    """The host's ports of :class:`Accelerator` (and of every top around it), in port order.
+
+    ``start`` (in), the :data:`HOST_STATUS` outputs and the instruction memory's write port
+    ``imem_wr``; :class:`Accelerator` adds the DRAM port, :class:`hw.sim_top.SimTop` its DRAM
+    model's host ports.
+
+    Parameters
+    ----------
+    cfg:
+        The accelerator configuration (instruction memory depth).
+
+    Returns
+    -------
+    dict
+        Member name -> :class:`amaranth.lib.wiring.Member`, as ``wiring.Component`` takes them.
+    """
+    return {
+        "start": In(1),
+        "busy": Out(1),
+        "done": Out(1),
+        "error": Out(ErrorCode),
+        "error_pc": Out(range(cfg.imem_depth + 1)),
+        "cycles": Out(COUNTER_BITS),
+        "counters": Out(CounterLayout),
+        "imem_wr": Out(memory.WritePort.Signature(addr_width=ceil_log2(cfg.imem_depth),
+                                                  shape=unsigned(INSTR_BITS))),
+    }
 
 
 def _default_compute(cfg: AcceleratorConfig):
@@ -114,18 +147,7 @@ class Accelerator(wiring.Component):
             raise TypeError(f"compute must be a factory cfg -> component, got {compute!r}")
         self._cfg = cfg
         self._compute = compute or _default_compute
-        super().__init__({
-            "start": In(1),
-            "busy": Out(1),
-            "done": Out(1),
-            "error": Out(ErrorCode),
-            "error_pc": Out(range(cfg.imem_depth + 1)),
-            "cycles": Out(COUNTER_BITS),
-            "counters": Out(CounterLayout),
-            "imem_wr": Out(memory.WritePort.Signature(addr_width=ceil_log2(cfg.imem_depth),
-                                                      shape=unsigned(INSTR_BITS))),
-            "dram": Out(DramSignature(cfg)),
-        })
+        super().__init__({**host_ports(cfg), "dram": Out(DramSignature(cfg))})
 
     @property
     def cfg(self) -> AcceleratorConfig:

@@ -15,7 +15,7 @@ bytes) and a DRAM image; ``values`` says whether the result carries the final DR
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -28,8 +28,14 @@ __all__ = ["BACKENDS", "Backend", "make_backend"]
 BACKENDS = ("model", "model-timing", "rtl", "netlist")
 
 
+@runtime_checkable
 class Backend(Protocol):
-    """What the runtime needs of a backend."""
+    """What the runtime needs of a backend.
+
+    The fast model's backend (``model``, ``model-timing``), :class:`sim.rtl.RTLBackend` and
+    :class:`sim.netlist.NetlistBackend` each have these members; ``isinstance(b, Backend)``
+    checks that they are present (tests/sim/test_backends.py also checks their signatures).
+    """
 
     name: str
     cfg: AcceleratorConfig
@@ -54,25 +60,14 @@ class _Model:
         return self._model.run(program, timing_only=True, trace=trace)
 
 
-class _Verilated:
-    values = True
-    traces = False
-
-    def __init__(self, name: str, impl):
-        self.name, self._impl, self.cfg = name, impl, impl.cfg
-
-    def run(self, program, dram, *, trace=False) -> RunResult:
-        return self._impl.run(program, dram)
-
-
 def make_backend(name: str, cfg: AcceleratorConfig) -> Backend:
     """The backend called ``name`` (one of :data:`BACKENDS`) for ``cfg``."""
     if name in ("model", "model-timing"):
         return _Model(cfg, name == "model")
     if name == "rtl":
         from sim.rtl import RTLBackend
-        return _Verilated(name, RTLBackend(cfg))
+        return RTLBackend(cfg)
     if name == "netlist":
         from sim.netlist import NetlistBackend
-        return _Verilated(name, NetlistBackend(cfg))
+        return NetlistBackend(cfg)
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")

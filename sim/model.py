@@ -371,10 +371,15 @@ class FastModel:
 
     Examples
     --------
+    A program of one END takes ``FETCH_LATENCY + 1`` cycles (hw/timing.py: END is available,
+    and dispatched, at ``FETCH_LATENCY``, and the run is done the cycle after):
+
     >>> from hw.config import AcceleratorConfig
     >>> from hw.isa import End
-    >>> FastModel(AcceleratorConfig()).run([End()], timing_only=True).cycles
-    2
+    >>> from hw.timing import FETCH_LATENCY
+    >>> cycles = FastModel(AcceleratorConfig()).run([End()], timing_only=True).cycles
+    >>> cycles, cycles == FETCH_LATENCY + 1
+    (6, True)
     """
 
     def __init__(self, cfg: AcceleratorConfig):
@@ -404,8 +409,8 @@ class FastModel:
         """Apply every completed instruction's semantics in completion order.
 
         BLAS is held to one thread: the per-GEMM products are small, and multithreaded
-        OpenBLAS spends far longer synchronising than computing on them (47 ms vs 0.2 ms on a
-        16x1024x64 product on a busy 2-core machine).
+        OpenBLAS spends far longer synchronising than computing on them (on a busy machine,
+        by orders of magnitude; ``python -m bench.simspeed`` measures the fast model).
         """
         state = MachineState(self.cfg, dram=None if dram is None else np.array(dram))
         t = sched.times

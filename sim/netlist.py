@@ -44,6 +44,8 @@ class NetlistBackend(RTLBackend):
     (``build/rtl/<config>-<sources>-netlist-<script>``).
     """
 
+    #: The backend's name in :data:`sim.backends.BACKENDS`.
+    name = "netlist"
     _build_suffix = "-netlist-" + hashlib.sha256(NETLIST_SCRIPT.encode()).hexdigest()[:6]
 
     def _simulated_verilog(self, out: Path, verbose: bool) -> str:

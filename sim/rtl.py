@@ -16,10 +16,15 @@ and writes a VCD waveform per run.
 
 Examples
 --------
+The same cycles as the fast model (skipped in the doctest run: the first call builds the
+Verilator runner, minutes; tests/hw/test_rtl_runner.py runs it):
+
 >>> from hw.config import AcceleratorConfig
 >>> from hw.isa import End
->>> RTLBackend(AcceleratorConfig()).run([End()]).cycles    # doctest: +SKIP
-5
+>>> from sim.model import FastModel
+>>> cfg = AcceleratorConfig()
+>>> RTLBackend(cfg).run([End()]).cycles == FastModel(cfg).run([End()]).cycles  # doctest: +SKIP
+True
 """
 
 from __future__ import annotations
@@ -160,8 +165,19 @@ class RTLBackend:
         Parallel compile jobs (default 2).
     max_cycles:
         Default cycle guard of :meth:`run`.
+
+    Notes
+    -----
+    A :class:`sim.backends.Backend` (``make_backend("rtl", cfg)``): results carry the final
+    DRAM (``values``) and no step trace (``traces`` is false).
     """
 
+    #: The backend's name in :data:`sim.backends.BACKENDS`.
+    name = "rtl"
+    #: Results carry the final DRAM image.
+    values = True
+    #: Runs record no step trace (:meth:`run` ignores ``trace``).
+    traces = False
     #: Distinguishes the build directories of subclasses that simulate other Verilog.
     _build_suffix = ""
 
@@ -256,8 +272,8 @@ class RTLBackend:
 
     # ------------------------------------------------------------------ run
     def run(self, program: Sequence[Instr | int] | bytes | np.ndarray,
-            dram: np.ndarray | None = None, *, max_cycles: int | None = None,
-            waves_path: str | Path | None = None) -> RunResult:
+            dram: np.ndarray | None = None, *, trace: bool = False,
+            max_cycles: int | None = None, waves_path: str | Path | None = None) -> RunResult:
         """Run ``program`` on a DRAM image; returns a :class:`sim.result.RunResult`.
 
         Parameters
@@ -266,6 +282,9 @@ class RTLBackend:
             Instructions (:mod:`hw.isa`), raw 128-bit words, or encoded bytes.
         dram:
             ``uint8[cfg.memory.size_bytes]`` (default: zeros).
+        trace:
+            Accepted for :class:`sim.backends.Backend` and ignored: this backend records no
+            step trace (``traces`` is false; ``waves`` records a waveform instead).
         max_cycles:
             Cycle guard; :class:`RTLTimeoutError` if the machine is still busy after it.
         waves_path:

@@ -39,10 +39,9 @@ Every reported point is then measured for real: perplexity on the test split, cy
 compiled decode step. A searched assignment has two packings with the same formats and cycles:
 **assembled** from the candidates' uniform compressions, or **recompressed** -- the method runs
 again over the whole model with the assignment's per-layer formats, so that each layer is
-calibrated on the inputs the mixed model really gives it. Neither is always better (with
-SparseGPT + GPTQ on the reference model, random mixes measured 3.765 assembled against 3.691
-recompressed, but some searched mixes lose by recompression what the search gained), so the
-validation split chooses, and the test split measures the choice.
+calibrated on the inputs the mixed model really gives it. Neither is always better
+(docs/accuracy.md has measured examples), so the validation split chooses, and the test split
+measures the choice.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ import copy
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -67,7 +67,9 @@ from sw.models.llama import LlamaLM
 
 __all__ = ["CANDIDATES", "Unit", "units", "layer_costs",
            "compress_candidates", "sensitivities", "search", "refine", "assemble",
-           "with_weights", "run"]
+           "with_weights", "run", "Point", "pareto_front", "pareto"]
+
+T = TypeVar("T")
 
 #: Formats the search chooses from by default (group 128, symmetric INT4). Any other name
 #: :meth:`WeightFormat.parse` reads can be a candidate too: group sizes (``-g64``: no padding at
@@ -458,13 +460,36 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
                         "refine": t_refine, "measure": time.perf_counter() - t0 - t_refine}}
 
 
+def pareto_front(items: Sequence[T], objectives: Callable[[T], tuple]) -> list[T]:
+    """The items no other item dominates, in their order.
+
+    Parameters
+    ----------
+    items:
+        The candidates.
+    objectives:
+        ``item -> tuple`` of the values to minimise (negate one to maximise it). ``q``
+        dominates ``p`` when each of ``q``'s values is ``<=`` ``p``'s and the tuples differ.
+
+    Returns
+    -------
+    list
+        The undominated items (items with equal objectives are all kept).
+
+    Examples
+    --------
+    >>> pareto_front([(1, 5), (2, 2), (3, 3), (2, 2)], lambda p: p)
+    [(1, 5), (2, 2), (2, 2)]
+    """
+    keys = [objectives(x) for x in items]
+    return [x for x, k in zip(items, keys, strict=True)
+            if not any(o != k and all(a <= b for a, b in zip(o, k, strict=True))
+                       for o in keys)]
+
+
 def pareto(points: Sequence[Point]) -> set[str]:
     """Labels of the points no other point beats in both perplexity and cycles."""
-    return {p.label for p in points
-            if not any(q.perplexity <= p.perplexity and q.cycles_per_token <= p.cycles_per_token
-                       and (q.perplexity, q.cycles_per_token) != (p.perplexity,
-                                                                   p.cycles_per_token)
-                       for q in points)}
+    return {p.label for p in pareto_front(points, lambda p: (p.perplexity, p.cycles_per_token))}
 
 
 def plot(result: dict, cfg: AcceleratorConfig, path, title: str, focus: float | None = None):

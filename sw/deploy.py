@@ -38,9 +38,11 @@ from tqdm.auto import tqdm
 
 from hw.config import DENSE, AcceleratorConfig, ConfigError, NMPattern
 from hw.format import FormatError, WeightFormat, stream_layout
+from hw.synth import synthesised_clock
 from sim.backends import BACKENDS, make_backend
 from sim.roofline import plot_roofline
 from sw.artifact import publish
+from sw.cli import UsageError
 from sw.compile import CompileError, CompileOptions, compile_model
 from sw.compile import executable as executable_io
 from sw.compress.model import COMPRESS_METHODS, compress_llama, use_hardware_numerics
@@ -52,14 +54,8 @@ from sw.runtime.trace import write_step_trace
 
 __all__ = ["DeployOptions", "deploy", "main"]
 
-ROOT = Path(__file__).resolve().parents[1]
-SYNTH_RECORD = ROOT / "bench" / "results" / "synth.json"
 DEFAULT_PROMPT = "class Stack:\n    def push(self, item"
 CHAT_PROMPT = "What is the capital of France?"
-
-
-class UsageError(ValueError):
-    """A bad option value (reported in one line, exit status 2)."""
 
 
 @dataclass
@@ -361,16 +357,12 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
 
 
 def _synthesised_clock(cfg: AcceleratorConfig) -> dict | None:
-    """The clock the last synthesis of this configuration reached, if it is on record."""
-    try:
-        rec = json.loads(SYNTH_RECORD.read_text())
-    except (OSError, json.JSONDecodeError):
+    """The clock the recorded synthesis of this configuration reached, if there is one
+    (:func:`hw.synth.synthesised_clock`)."""
+    clock = synthesised_clock(cfg)
+    if clock is None:
         return None
-    same = {k: v for k, v in rec.get("config", {}).items() if k != "clock_mhz"} == \
-        {k: v for k, v in cfg.to_dict().items() if k != "clock_mhz"}
-    if not same or not rec.get("fmax_mhz"):
-        return None
-    return {"fmax_mhz": rec["fmax_mhz"], "after": rec.get("fmax_after", "placement")}
+    return {"fmax_mhz": clock.mhz, "after": "routing" if clock.routed else "placement"}
 
 
 def _write(out: Path, opts, cfg, exe, gen, report, src, tokens, prompt_text: str) -> None:

@@ -13,16 +13,16 @@ from hw.format import WeightFormat
 
 def test_point_configs_and_formats():
     base = AcceleratorConfig()
-    nm, dense = dse.Point(2, 8, True, 4, 32), dse.Point(2, 8, False, 8, 32)
+    nm, dense = dse.DesignPoint(2, 8, True, 4, 32), dse.DesignPoint(2, 8, False, 8, 32)
     cfg = nm.config(base)
     assert (cfg.rows, cfg.cols, cfg.beat_bytes, cfg.patterns) == (2, 8, 32, base.patterns)
     assert dense.config(base).patterns == ()
     assert nm.weight_format(cfg) == WeightFormat("2:4", 4, base.group_size)
     # INT8 weights stream dense only: the N:M core runs them dense.
-    assert dse.Point(2, 8, True, 8, 32).weight_format(cfg) == WeightFormat("dense", 8, 128)
+    assert dse.DesignPoint(2, 8, True, 8, 32).weight_format(cfg) == WeightFormat("dense", 8, 128)
     assert dense.weight_format(cfg) == WeightFormat("dense", 8, 128)
     # The default configuration is the N:M point of its own array and beat.
-    assert dse.Point(base.rows, base.cols, True, 4, base.beat_bytes).config(base) == base
+    assert dse.DesignPoint(base.rows, base.cols, True, 4, base.beat_bytes).config(base) == base
     pts = dse.sweep_points([(2, 4), (4, 16)], [4, 8], [16, 64])
     assert len(pts) == len({p.label for p in pts}) == 16
 
@@ -63,16 +63,19 @@ def test_comparison_ratio():
 
 def test_synth_record_gains_the_comparison_only_for_its_own_configuration(tmp_path):
     base = AcceleratorConfig()
-    path = tmp_path / "synth.json"
-    path.write_text(json.dumps({"config": json.loads(base.to_json()), "luts": 1}))
+    other = base.replace(rows=2, cols=8)
+    path = tmp_path / "synth_records.json"
+    path.write_text(json.dumps([{"config": json.loads(other.to_json()), "luts": 2},
+                                {"config": json.loads(base.to_json()), "luts": 1}]))
     comp = {"array": "2x4", "bytes_per_cycle": 16, "dense_luts": 5, "dense_ffs": 6,
             "dense_dsps": 7, "throughput_per_lut_ff_vs_dense": 1.5}
     assert not dse.update_synth_record([comp], base, path)
-    assert "dense_luts" not in json.loads(path.read_text())
+    assert all("dense_luts" not in r for r in json.loads(path.read_text()))
     comp["array"] = f"{base.rows}x{base.cols}"
     assert dse.update_synth_record([comp], base, path)
-    rec = json.loads(path.read_text())
-    assert (rec["luts"], rec["dense_luts"], rec["throughput_per_lut_ff_vs_dense"]) == (1, 5, 1.5)
+    recs = {r["luts"]: r for r in json.loads(path.read_text())}
+    assert "dense_luts" not in recs[2]
+    assert (recs[1]["dense_luts"], recs[1]["throughput_per_lut_ff_vs_dense"]) == (5, 1.5)
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -97,7 +100,7 @@ def test_sweep_on_a_local_dask_cluster_and_resume(tmp_path, monkeypatch, capsys)
     and the fast model, on a one-worker LocalCluster; the second run comes from the cache."""
     monkeypatch.setattr(dse, "CACHE", tmp_path / "cache")
     base = AcceleratorConfig()
-    (point,) = pts = [dse.Point(1, 8, True, 4, 16)]
+    (point,) = pts = [dse.DesignPoint(1, 8, True, 4, 16)]
     (rec,) = dse.run_sweep(pts, base, pnr=False, workers=1, progress=False)
     cfg = point.config(base)
     assert rec["label"] == point.label and rec["fmax_after"] == "none"

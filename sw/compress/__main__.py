@@ -40,6 +40,7 @@ from hw.format import (
     stream_layout,
 )
 from sw.artifact import atomic_write
+from sw.cli import UsageError
 from sw.compress.calibrate import CalibrationError
 from sw.compress.io import (
     CompressedFileError,
@@ -63,10 +64,6 @@ from sw.compress.report import (
 DEFAULT_SELECT = r"(q|k|v|o|gate|up|down)_proj\.weight$"
 #: Methods that need no calibration data: the only ones for loose layers.
 NO_CALIBRATION = tuple(m for m, (base, _) in COMPRESS_METHODS.items() if base == "magnitude")
-
-
-class UsageError(ValueError):
-    """A bad input (reported in one line, exit status 2)."""
 
 
 class _Parser(argparse.ArgumentParser):

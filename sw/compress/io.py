@@ -40,7 +40,7 @@ from safetensors import SafetensorError, safe_open
 from hw.config import AcceleratorConfig
 from hw.format import FormatError, QuantizedWeight, WeightFormat, pack, stream_layout, unpack
 from sw.artifact import ArtifactError, load_artifact, save_artifact
-from sw.models.config import ConfigError, LlamaConfig
+from sw.models.config import LlamaConfig, ModelConfigError
 
 __all__ = ["FORMAT_VERSION", "TOKENIZER_KINDS", "TOKENIZER_TENSOR", "CompressedModel",
            "CompressedFileError", "save", "load", "is_compressed", "from_llama", "to_llama",
@@ -231,7 +231,7 @@ def _from_doc(path: Path, tensors: dict[str, np.ndarray], doc: dict) -> Compress
     if doc.get("model_config") is not None:
         try:
             out.model_config = LlamaConfig.from_dict(doc["model_config"])
-        except (ConfigError, TypeError) as e:
+        except (ModelConfigError, TypeError) as e:
             raise CompressedFileError(f"{path}: invalid model configuration: {e}") from None
     if tok is not None:
         if tok.get("kind") not in TOKENIZER_KINDS:

@@ -2,7 +2,7 @@
 the stdlib reference corpus, evaluation and the shipped reference model."""
 
 from sw.models.cache import KVCache
-from sw.models.config import ConfigError, LlamaConfig
+from sw.models.config import LlamaConfig, ModelConfigError
 from sw.models.generate import generate, sample_next
 from sw.models.hf import CheckpointError, load_checkpoint, load_tokenizer, save_checkpoint
 from sw.models.llama import LlamaLM
@@ -11,7 +11,7 @@ from sw.models.reference_model import REFERENCE_DIR, load_reference
 __all__ = [
     "REFERENCE_DIR",
     "CheckpointError",
-    "ConfigError",
+    "ModelConfigError",
     "KVCache",
     "LlamaConfig",
     "LlamaLM",

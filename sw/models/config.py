@@ -12,8 +12,12 @@ from typing import Any
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
-class ConfigError(ValueError):
-    """A model configuration that is invalid or that this implementation does not support."""
+class ModelConfigError(ValueError):
+    """A model configuration that is invalid or that this implementation does not support.
+
+    Distinct from :class:`hw.config.ConfigError` (an invalid accelerator configuration): both
+    are ``ValueError``s, and a handler that means one of them names it.
+    """
 
 
 @dataclass(frozen=True)
@@ -90,11 +94,11 @@ class LlamaConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the first offending field.
+        """Raise :class:`ModelConfigError` naming the first offending field.
 
         Raises
         ------
-        ConfigError
+        ModelConfigError
             If a size is not a positive integer or the head layout is unsupported.
         """
         for name in (
@@ -108,30 +112,32 @@ class LlamaConfig:
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+                raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(
+            raise ModelConfigError(
                 f"unsupported head layout: hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}"
             )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
+            raise ModelConfigError(
                 f"unsupported head layout: num_attention_heads={self.num_attention_heads} is not "
                 f"divisible by num_key_value_heads={self.num_key_value_heads}"
             )
         if self.head_dim % 2:
-            raise ConfigError(f"unsupported head layout: head_dim={self.head_dim} must be even")
+            raise ModelConfigError(
+                f"unsupported head layout: head_dim={self.head_dim} must be even")
         if self.model_type not in MODEL_TYPES:
-            raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
+            raise ModelConfigError(
+                f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
         window = self.sliding_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int)
                                    or window <= 0):
-            raise ConfigError(f"sliding_window must be a positive integer or None, got "
-                              f"{window!r}")
+            raise ModelConfigError(f"sliding_window must be a positive integer or None, got "
+                                   f"{window!r}")
         if not self.rope_theta > 0:
-            raise ConfigError(f"rope_theta must be positive, got {self.rope_theta!r}")
+            raise ModelConfigError(f"rope_theta must be positive, got {self.rope_theta!r}")
         if not self.rms_norm_eps > 0:
-            raise ConfigError(f"rms_norm_eps must be positive, got {self.rms_norm_eps!r}")
+            raise ModelConfigError(f"rms_norm_eps must be positive, got {self.rms_norm_eps!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Return the fields as a plain JSON-serialisable dict."""
@@ -143,13 +149,13 @@ class LlamaConfig:
 
         Raises
         ------
-        ConfigError
+        ModelConfigError
             If ``data`` has keys that are not fields.
         """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ConfigError(f"unknown LlamaConfig fields: {unknown}")
+            raise ModelConfigError(f"unknown LlamaConfig fields: {unknown}")
         return cls(**data)
 
     def save_json(self, path: str | Path) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from sw.models.config import ConfigError, LlamaConfig
+from sw.models.config import LlamaConfig, ModelConfigError
 from sw.models.llama import LlamaLM
 
 __all__ = ["ARCHITECTURE", "BLOCK_TENSORS", "GLOBAL_TENSORS", "GGUFError", "GGUFFile",
@@ -250,7 +250,7 @@ def read_config(f: GGUFFile) -> LlamaConfig:
             eos_token_id=f.number("tokenizer.ggml.eos_token_id", int, None),
             pad_token_id=f.number("tokenizer.ggml.padding_token_id", int, None),
         )
-    except ConfigError as e:
+    except ModelConfigError as e:
         raise GGUFError(f"{f.path}: {e}") from None
     if config.max_position_embeddings > MAX_CONTEXT:
         raise GGUFError(f"{f.path}: {a}.context_length={config.max_position_embeddings} exceeds "

@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from sw.models.config import ConfigError, LlamaConfig
+from sw.models.config import LlamaConfig, ModelConfigError
 from sw.models.llama import LlamaLM
 
 CONFIG_FILE = "config.json"
@@ -50,21 +50,21 @@ def config_from_hf(data: dict[str, Any]) -> LlamaConfig:
 
     Raises
     ------
-    ConfigError
+    ModelConfigError
         ``unsupported: model_type=...`` / ``unsupported: architectures=...`` for other
         model families, a message naming the field for missing sizes, unsupported head
         layouts, rope scaling, biases or activations.
     """
     if not isinstance(data, dict):
-        raise ConfigError(f"config.json must hold an object, got {type(data).__name__}")
+        raise ModelConfigError(f"config.json must hold an object, got {type(data).__name__}")
     model_type = data.get("model_type")
     if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
-        raise ConfigError(f"unsupported: model_type={model_type!r} (only "
-                          f"{', '.join(map(repr, ARCHITECTURES))})")
+        raise ModelConfigError(f"unsupported: model_type={model_type!r} (only "
+                               f"{', '.join(map(repr, ARCHITECTURES))})")
     archs = data.get("architectures")
     if archs is not None and list(archs) != [ARCHITECTURES[model_type]]:
-        raise ConfigError(f"unsupported: architectures={archs!r} (a {model_type} checkpoint "
-                          f"is [{ARCHITECTURES[model_type]!r}])")
+        raise ModelConfigError(f"unsupported: architectures={archs!r} (a {model_type} checkpoint "
+                               f"is [{ARCHITECTURES[model_type]!r}])")
     required = (
         "vocab_size",
         "hidden_size",
@@ -74,23 +74,23 @@ def config_from_hf(data: dict[str, Any]) -> LlamaConfig:
     )
     for name in required:
         if name not in data:
-            raise ConfigError(f"config.json is missing required field {name!r}")
+            raise ModelConfigError(f"config.json is missing required field {name!r}")
     hidden, heads = data["hidden_size"], data["num_attention_heads"]
     kv_heads = data.get("num_key_value_heads") or heads
     if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
         if hidden % heads:
-            raise ConfigError(
+            raise ModelConfigError(
                 f"unsupported head layout: hidden_size={hidden} is not divisible by "
                 f"num_attention_heads={heads}"
             )
         head_dim = data.get("head_dim")
         if head_dim is not None and head_dim != hidden // heads:
-            raise ConfigError(
+            raise ModelConfigError(
                 f"unsupported head layout: head_dim={head_dim} != hidden_size / "
                 f"num_attention_heads = {hidden // heads}"
             )
     if data.get("mlp_bias"):
-        raise ConfigError(f"unsupported: mlp_bias={data['mlp_bias']!r}")
+        raise ModelConfigError(f"unsupported: mlp_bias={data['mlp_bias']!r}")
     if model_type == "qwen2":  # q/k/v biases always; a sliding window only when enabled
         qkv_bias, o_bias = True, False
         # transformers slides the window on layers >= max_window_layers
@@ -99,14 +99,14 @@ def config_from_hf(data: dict[str, Any]) -> LlamaConfig:
         if window is not None and first == data["num_hidden_layers"]:
             window = None
         elif window is not None and first != 0:
-            raise ConfigError(f"unsupported: use_sliding_window with max_window_layers="
-                              f"{first!r} (a window on some layers only)")
+            raise ModelConfigError(f"unsupported: use_sliding_window with max_window_layers="
+                                   f"{first!r} (a window on some layers only)")
     else:
         qkv_bias = o_bias = bool(data.get("attention_bias", False))
         window = data.get("sliding_window") if model_type == "mistral" else None
     act = data.get("hidden_act", "silu")
     if act != "silu":
-        raise ConfigError(f"unsupported: hidden_act={act!r} (only 'silu')")
+        raise ModelConfigError(f"unsupported: hidden_act={act!r} (only 'silu')")
     return LlamaConfig(
         vocab_size=data["vocab_size"],
         hidden_size=hidden,
@@ -134,11 +134,12 @@ def _rope_theta(data: dict[str, Any]) -> float:
     if scaling:
         kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
         if kind != "default":
-            raise ConfigError(f"unsupported: rope_scaling={scaling!r} (only plain RoPE)")
+            raise ModelConfigError(f"unsupported: rope_scaling={scaling!r} (only plain RoPE)")
     params = data.get("rope_parameters") or {}
     kind = params.get("rope_type", "default")
     if kind != "default":
-        raise ConfigError(f"unsupported: rope_parameters={params!r} (only rope_type='default')")
+        raise ModelConfigError(
+            f"unsupported: rope_parameters={params!r} (only rope_type='default')")
     theta = params.get("rope_theta", data.get("rope_theta", 10000.0))
     return float(theta)
 
@@ -154,10 +155,10 @@ def config_to_hf(config: LlamaConfig, dtype: torch.dtype = torch.float32) -> dic
     """``config.json`` content for ``config``, readable by transformers' config class of
     its family (LLaMA, Mistral, Qwen2)."""
     if config.model_type == "qwen2" and (not config.qkv_bias or config.o_bias):
-        raise ConfigError("a qwen2 config.json has q/k/v biases and no o_proj bias")
+        raise ModelConfigError("a qwen2 config.json has q/k/v biases and no o_proj bias")
     if config.qkv_bias != config.o_bias and config.model_type != "qwen2":
-        raise ConfigError(f"{config.model_type} has biases on all four attention projections "
-                          "or on none")
+        raise ModelConfigError(f"{config.model_type} has biases on all four attention projections "
+                               "or on none")
     family = {"sliding_window": config.sliding_window} if config.model_type == "mistral" else {}
     if config.model_type == "qwen2":
         family = {"use_sliding_window": config.sliding_window is not None,
@@ -370,7 +371,7 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Lla
     ------
     FileNotFoundError
         ``path`` is not a local directory (no network access is used).
-    ConfigError
+    ModelConfigError
         Unsupported or invalid ``config.json``.
     CheckpointError
         Missing files, missing/unexpected tensors, shape mismatches, non-finite weights.

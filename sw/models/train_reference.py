@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m sw.models.train_reference               # ~14 min on 2 cores -> sw/models/reference/
+    python -m sw.models.train_reference               # time-budgeted -> sw/models/reference/
     python -m sw.models.train_reference --steps 600   # fixed step count, no timing
     python -m sw.models.train_reference --plan 22:630,200:568,400:541  # replay a schedule
 

@@ -10,8 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from hw import synth
 from hw.config import AcceleratorConfig
-from hw.synth import ECP5_85F, _run, collect, high_fanout, main, summary
+from hw.synth import (
+    ECP5_85F,
+    SynthesisedClock,
+    _run,
+    collect,
+    high_fanout,
+    keep_record,
+    main,
+    recorded,
+    summary,
+    synthesised_clock,
+)
 
 STAT = {"creator": "Yosys", "modules": {"\\accel": {"num_cells_by_type": {
     "LUT4": 30000, "CCU2C": 4000, "TRELLIS_DPR16X4": 800, "TRELLIS_FF": 28000,
@@ -336,3 +348,64 @@ def test_sigterm_stops_the_tool_too(tmp_path):
     assert proc.wait(30) == 128 + signal.SIGTERM
     with pytest.raises(ProcessLookupError):  # killed and reaped by _run
         os.kill(tool, 0)
+
+
+def _record(cfg, fmax=97.5, after="routing", **extra):
+    return {"config": cfg.to_dict(), "fmax_mhz": fmax, "fmax_after": after, **extra}
+
+
+def test_records_give_the_clock_of_their_own_design(tmp_path):
+    path = tmp_path / "records.json"
+    base, other = AcceleratorConfig(), AcceleratorConfig(rows=2, cols=8)
+    assert synthesised_clock(base, path) is None            # no file: nothing on record
+    keep_record(_record(base, 97.5), path)
+    keep_record(_record(other, 80.0, "placement"), path)
+    assert synthesised_clock(base, path) == SynthesisedClock(97.5, True)
+    assert synthesised_clock(other, path) == (80.0, False)
+    # the target clock is not the design: a record holds for any clock_mhz
+    assert synthesised_clock(base.replace(clock_mhz=50.0), path) == (97.5, True)
+    assert synthesised_clock(base.replace(queue_depth=8), path) is None
+    # a new run of a design replaces its record; the others stay
+    keep_record(_record(base, 99.0, seed=3), path)
+    assert [r["fmax_mhz"] for r in json.loads(path.read_text())] == [80.0, 99.0]
+    assert recorded(base, path)["seed"] == 3
+    keep_record(_record(base, None, "none"), path)          # stopped after Yosys: no clock
+    assert synthesised_clock(base, path) is None
+
+
+def test_bad_records_name_the_file(tmp_path):
+    path = tmp_path / "records.json"
+    path.write_text("{")
+    with pytest.raises(ValueError, match="records.json is not valid JSON"):
+        synthesised_clock(AcceleratorConfig(), path)
+    path.write_text(json.dumps({"config": {}}))
+    with pytest.raises(ValueError, match="must hold a list of synthesis records"):
+        synthesised_clock(AcceleratorConfig(), path)
+    with pytest.raises(ValueError, match="needs its 'config'"):
+        keep_record({"fmax_mhz": 1.0}, tmp_path / "new.json")
+
+
+def test_committed_records_cover_the_default_configuration():
+    """sw.deploy (make demo) reports decode at the synthesised clock of the default design:
+    the committed record must be of that design and routed (python -m hw.synth --record)."""
+    for rec in json.loads(synth.RECORDS.read_text()):
+        AcceleratorConfig.from_dict(rec["config"])
+    clock = synthesised_clock(AcceleratorConfig())
+    assert clock is not None and clock.routed, (
+        f"{synth.RECORDS} holds no routed run of the default configuration: run "
+        "`python -m hw.synth --record` after changing it")
+
+
+def test_cli_record_keeps_finished_runs_only(tmp_path, monkeypatch, capsys):
+    records = tmp_path / "records.json"
+    monkeypatch.setattr(synth, "RECORDS", records)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "none").mkdir()
+    out = _run_dir(tmp_path / "run", ROUTED)
+    assert main(["--collect", "--out", str(out), "--freq", "40", "--record"]) == 0
+    assert synthesised_clock(AcceleratorConfig(), records) == (45.10, True)
+    assert f"recorded in {records}" in capsys.readouterr().out
+    stopped = _run_dir(tmp_path / "none", "")
+    assert main(["--collect", "--out", str(stopped), "--record"]) == 2
+    assert "no finished clock to keep" in capsys.readouterr().err
+    assert synthesised_clock(AcceleratorConfig(), records) == (45.10, True)

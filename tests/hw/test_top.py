@@ -210,3 +210,19 @@ def test_event_overflow(rtl):
     limit = (1 << CFG.event_bits) - 1
     prog = [Sync(engine=Engine.STORE, signal=1) for _ in range(limit + 1)] + [End()]
     _error_case(rtl, prog, prog, ErrorCode.EVENT_OVERFLOW, 0)
+
+
+def test_host_ports_are_every_tops():
+    """The accelerator and both simulation tops expose hw.top.host_ports, member for member;
+    the accelerator adds only its DRAM port."""
+    from hw.sim_top import RunnerTop, SimTop
+    from hw.top import HOST_STATUS, Accelerator, host_ports
+
+    want = host_ports(CFG)
+    assert tuple(want) == ("start", *HOST_STATUS, "imem_wr")
+    accel = dict(Accelerator(CFG).signature.members.items())
+    assert accel == {**want, "dram": accel["dram"]}
+    for top in (SimTop(CFG), RunnerTop(CFG)):
+        members = dict(top.signature.members.items())
+        assert {k: members[k] for k in want} == want, type(top).__name__
+    assert set(dict(SimTop(CFG).signature.members.items())) - set(want) == {"dram_rd", "dram_wr"}

@@ -11,7 +11,10 @@ from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat
 from sw.codesign import (
     CANDIDATES,
+    Point,
     Unit,
+    pareto,
+    pareto_front,
     refine,
     run,
     search,
@@ -226,3 +229,23 @@ def test_gap_closed_standard_error():
     idx = rng.integers(0, 400, (2000, 400))
     boot = [(ref[i] - point[i]).mean() / (ref[i] - dense[i]).mean() for i in idx]
     assert gap_closed_se(ref, point, dense) == pytest.approx(np.std(boot), rel=0.15)
+
+
+def test_pareto_front_keeps_exactly_the_undominated():
+    """Every point kept is beaten by none; every point dropped is beaten (no worse in both
+    objectives, different in one); equal points are all kept."""
+    rng = np.random.default_rng(3)
+    pts = [Point(f"p{i}", {}, {}, float(rng.integers(1, 6)), int(rng.integers(1, 6)), 0.0, 0.0)
+           for i in range(40)]
+    front = pareto(pts)
+    for p in pts:
+        beaten = any(q.perplexity <= p.perplexity and q.cycles_per_token <= p.cycles_per_token
+                     and (q.perplexity, q.cycles_per_token) != (p.perplexity,
+                                                                 p.cycles_per_token)
+                     for q in pts)
+        assert (p.label in front) == (not beaten), p
+    assert 0 < len(front) < len(pts)
+    # three objectives, one maximised by negation; order kept
+    items = [(1, 1, 5), (1, 1, 4), (0, 2, 4), (1, 1, 5)]
+    assert pareto_front(items, lambda t: (t[0], t[1], -t[2])) == [(1, 1, 5), (0, 2, 4),
+                                                                  (1, 1, 5)]

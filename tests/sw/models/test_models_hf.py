@@ -9,7 +9,7 @@ import torch
 from models_testutil import tiny_model
 from safetensors.torch import load_file, save_file
 
-from sw.models.config import ConfigError
+from sw.models.config import ModelConfigError
 from sw.models.hf import CheckpointError, load_checkpoint, read_config, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -173,7 +173,7 @@ def test_non_finite_weights(ckpt):
 )
 def test_bad_config(ckpt, changes, message):
     _edit_config(ckpt, **changes)
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ModelConfigError, match=message):
         read_config(ckpt)
 
 
@@ -181,7 +181,7 @@ def test_missing_config_field(ckpt):
     cfg = json.loads((ckpt / "config.json").read_text())
     del cfg["num_hidden_layers"]
     (ckpt / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConfigError, match="missing required field 'num_hidden_layers'"):
+    with pytest.raises(ModelConfigError, match="missing required field 'num_hidden_layers'"):
         load_checkpoint(ckpt)
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from models_testutil import tiny_model
 from torch import nn
 
-from sw.models.config import ConfigError, LlamaConfig
+from sw.models.config import LlamaConfig, ModelConfigError
 from sw.models.generate import generate, sample_next
 from sw.models.llama import rotate_half
 
@@ -145,7 +145,7 @@ def test_rotate_half_convention():
 )
 def test_config_validation(fields, message):
     base = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4)
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ModelConfigError, match=message):
         LlamaConfig(**{**base, **fields})
 
 
