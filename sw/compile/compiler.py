@@ -26,24 +26,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from hw.config import AcceleratorConfig
-from hw.format import QuantizedWeight, WeightFormat
+from hw.format import QuantizedWeight, WeightFormat, stream_layout
 from sw.compile.capture import CaptureResult, capture
 from sw.compile.errors import CompileError
 from sw.compile.executable import Executable, ProgramInfo
 from sw.compile.interpret import layer_of, linear_members
 from sw.compile.ir import ACCELERATOR_OPS, Graph, Node
-from sw.compile.linear import plan_linear, weight_image
-from sw.compile.lower import (
-    KVLayout,
-    Member,
-    Template,
-    context_bucket,
-    lower_template,
-    node_members,
-    relocate,
-)
+from sw.compile.lower import KVLayout, Member, context_bucket, node_members
 from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
 from sw.compile.plan import ArenaPlan, Buffer, DramLayout, Region, layout_dram, plan_arena
+from sw.compile.relocation import Template, lower_template, relocate
+from sw.compile.tiling import stream_bytes, weight_image
 from sw.models.llama import LlamaLM
 
 __all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes",
@@ -161,7 +154,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     image = {}
     if weights is not None:
         for layer, qw in weights.items():
-            image[f"w:{layer}"] = weight_image(qw, plan_linear(cfg, qw.fmt, qw.n_out, qw.k, 1))
+            image[f"w:{layer}"] = weight_image(qw, cfg.lanes, cfg.beat_bytes)
     host, host_shapes = _host_tensors(model, graphs, fmt_map, weights)
     mcfg = model.config
     report.update({
@@ -308,10 +301,10 @@ def _decode_contexts(opts: CompileOptions) -> tuple[int, ...]:
 
 
 def _stream_bytes(fmt: WeightFormat, model: LlamaLM, layer: str, cfg: AcceleratorConfig) -> int:
-    """DRAM bytes of a layer's packed stream, tiles on beats (:func:`linear.weight_image`)."""
+    """DRAM bytes of a layer's packed stream, tiles on beats (:func:`tiling.weight_image`)."""
     w = model.get_parameter(f"{layer}.weight")
-    plan = plan_linear(cfg, fmt, int(w.shape[0]), int(w.shape[1]), 1)
-    return plan.n_tiles * plan.tile_bytes
+    return stream_bytes(stream_layout(fmt, int(w.shape[0]), int(w.shape[1]), cfg.lanes),
+                        cfg.beat_bytes)
 
 
 def _member_info(m: Member) -> dict:
