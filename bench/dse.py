@@ -131,14 +131,14 @@ def simulate(point: DesignPoint, cfg_json: str) -> dict:
     """Cycles of the decode token and of the compute-bound layer on the fast model."""
     from bench.scaling import run_step
     from sim.model import FastModel
-    from sw.compile.linear import build_linear
+    from sw.compile.layers import build_linear
     cfg = AcceleratorConfig.from_json(cfg_json)
     fmt = point.weight_format(cfg)
     timing = cfg.timing_only()
     t0 = time.perf_counter()
     decode = run_step(timing, fmt, "decode", 1, DECODE_CONTEXT).cycles
     lp = build_linear(timing, fmt, GEMM["n"], GEMM["k"], GEMM["tokens"])
-    gemm = FastModel(timing).run(lp.program, timing_only=True).cycles
+    gemm = FastModel(timing).run(lp.words, timing_only=True).cycles
     return {"weight_format": str(fmt.pattern) + f" INT{fmt.bits}", "decode_cycles": decode,
             "gemm_cycles": gemm, "sim_s": time.perf_counter() - t0}
 

@@ -1,7 +1,7 @@
 """Linear layers on the Verilator RTL: utilisation, sparse speedup, simulator speed.
 
 ``python -m bench.rtl`` lowers a compute-bound linear layer (K = N = 1024, 64 tokens by default)
-with :mod:`sw.compile.linear` (double-buffered weight loads ordered by events, so loads overlap
+with :mod:`sw.compile.layers` (double-buffered weight loads ordered by events, so loads overlap
 the GEMMs) for several N:M patterns on two array sizes, runs every program on the Verilator
 build of the accelerator (:mod:`sim.rtl`), checks the int32 outputs against the golden
 numerics (:func:`hw.numerics.gemm_acc_packed`) and the cycles against the fast model, and
@@ -26,7 +26,7 @@ from hw.format import WeightFormat, random_quantized
 from hw.numerics import gemm_acc_packed
 from sim.model import FastModel
 from sim.rtl import RTLBackend
-from sw.compile.linear import build_linear
+from sw.compile.layers import build_linear
 
 __all__ = ["ARRAYS", "PATTERNS", "run_layer", "bench", "demo", "main"]
 

@@ -26,10 +26,9 @@ from torch import nn
 from bench.common import RESULTS, median_wall, parser, write_json
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, random_quantized
-from hw.isa import program_words
 from sim.equivalence import compare_results
 from sim.model import FastModel
-from sw.compile.linear import LayerSpec, build_layers, build_linear
+from sw.compile.layers import LayerSpec, build_layers, build_linear
 from sw.compress.core import compress_matrix
 
 FMT = WeightFormat("2:4", 4, 128)
@@ -54,7 +53,7 @@ def reference_block_specs(tokens: int, seed: int = 0) -> list[tuple[str, LayerSp
 
 def _race(name: str, lp, rtl, model, repeats: int) -> dict:
     """One program on both backends (the same encoded words and DRAM image)."""
-    words = program_words(lp.program)
+    words = lp.words
     t_rtl, r = median_wall(lambda: rtl.run(words, lp.dram), repeats)
     loop_s = rtl.last_stats["wall_s"]
     t_model, m = median_wall(lambda: model.run(words, lp.dram), repeats)

@@ -358,6 +358,12 @@ class StreamGeometry:
     def total_bytes(self):
         return self.groups * self.header_bytes + self.steps * self.record_bytes
 
+    def record_offset(self, step):
+        """Byte offset of step ``step``'s record from the start of the stream: the whole
+        groups before its group, its group's headers, then the records before it."""
+        group, within = step // self.group_len, step % self.group_len
+        return group * self.group_bytes + self.header_bytes + within * self.record_bytes
+
 
 @dataclass(frozen=True)
 class StreamLayout:
@@ -412,6 +418,35 @@ class StreamLayout:
     @property
     def total_bytes(self) -> int:
         return self.tiles * self.tile_bytes
+
+    def byte_offset(self, row, k, tile_stride: int | None = None):
+        """Byte offset of weight ``W[row, k]`` in a dense stream of one byte per field.
+
+        Parameters
+        ----------
+        row, k:
+            Output row and (dense) K position: ints or int arrays, broadcast elementwise. In
+            a dense stream step ``k`` holds K position ``k``; its record holds lane
+            ``row % lanes`` of tile ``row // lanes``.
+        tile_stride:
+            Bytes from one tile's start to the next: :attr:`tile_bytes` (default) where the
+            tiles follow each other as :func:`pack` writes them, more where a DRAM region
+            places them further apart.
+
+        Raises
+        ------
+        FormatError
+            The format is sparse or its fields are not 8 bits wide (an element is then not
+            one byte, or not stored at its K position).
+        """
+        if not self.fmt.pattern.dense or self.fmt.field_bits != 8:
+            raise FormatError(f"byte offsets need a dense stream of 8-bit fields, got "
+                              f"{self.fmt.name}")
+        row, k = np.asarray(row), np.asarray(k)
+        stride = self.tile_bytes if tile_stride is None else tile_stride
+        lane = row % self.lanes
+        return ((row // self.lanes) * stride + self.geometry.record_offset(k)
+                + lane * self.fmt.field_bits // 8)
 
     @property
     def bits_per_weight(self) -> dict[str, float]:

@@ -30,7 +30,9 @@ from hw.numerics import gemm_acc
 from sim.model import FastModel
 from sim.roofline import bound_cycles
 from sim.trace import write_trace
-from sw.compile.linear import LoweringError, build_linear
+from sw.compile.errors import LoweringError
+from sw.compile.layers import build_linear
+from sw.compile.tiling import stream_bytes
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -126,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         w = a = None
         if args.values or args.rtl:
             lay = stream_layout(fmt, n, k, cfg.lanes)
-            need = (lay.tiles * lay.tile_bytes + args.tokens * (lay.k_padded + 16 + 4 * n)
-                    + (1 << 16))
+            need = (stream_bytes(lay, cfg.beat_bytes)
+                    + args.tokens * (lay.k_padded + 16 + 4 * n) + (1 << 16))
             if need > cfg.memory.size_bytes:  # grow the simulated DRAM to fit the layer
                 size = 1 << (need - 1).bit_length()
                 cfg = cfg.with_dram(size)

@@ -60,7 +60,7 @@ from tqdm.auto import tqdm
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
 from sim.model import FastModel
-from sw.compile.linear import build_linear
+from sw.compile.layers import build_linear
 from sw.compress.model import compress_llama, selected_linears
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.llama import LlamaLM
@@ -132,7 +132,7 @@ def layer_costs(model: LlamaLM, cfg: AcceleratorConfig, candidates: Mapping[str,
             key = (fmt, n, k)
             if key not in memo:
                 lp = build_linear(timing, fmt, n, k, 1)
-                r = model_run.run(lp.program, timing_only=True)
+                r = model_run.run(lp.words, timing_only=True)
                 memo[key] = {"cycles": r.cycles,
                              "bytes": stream_layout(fmt, n, k, cfg.lanes).total_bytes}
             out[layer][name] = memo[key]

@@ -2,7 +2,9 @@
 
 capture (:mod:`.capture`) -> IR (:mod:`.ir`: types, the op registry, graphs, the interpreter)
 -> passes (:mod:`.passes`) -> partition and memory plan (:mod:`.plan`) -> lowering
-(:mod:`.lower`, :mod:`.linear`) -> :class:`Executable` (:mod:`.executable`). Every error is a
+(:mod:`.lower`: nodes to layers; :mod:`.tiling`, :mod:`.schedule`, :mod:`.relocation`: layers
+to relocatable programs) -> :class:`Executable` (:mod:`.executable`). :mod:`.layers` compiles a
+few layers alone through the same tiling, scheduling, layout and relocation. Every error is a
 :class:`CompileError` (:mod:`.errors`).
 """
 

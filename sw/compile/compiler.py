@@ -27,7 +27,7 @@ import numpy as np
 from torch import nn
 
 from hw.config import AcceleratorConfig
-from hw.format import QuantizedWeight, WeightFormat
+from hw.format import QuantizedWeight, WeightFormat, stream_layout
 from sw.compile import symbols as sym
 from sw.compile.capture import CaptureResult, capture
 from sw.compile.errors import CompileError
@@ -40,18 +40,19 @@ from sw.compile.executable import (
     ProgramTable,
 )
 from sw.compile.ir import OPS, Graph, Node, linear_layers
-from sw.compile.linear import plan_linear, weight_image
-from sw.compile.lower import (
-    KVLayout,
-    Member,
-    Template,
-    context_bucket,
-    lower_template,
-    node_members,
-    relocate,
-)
+from sw.compile.lower import KVLayout, Member, context_bucket, node_members
 from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
-from sw.compile.plan import ArenaPlan, Buffer, DramLayout, Region, layout_dram, plan_arena
+from sw.compile.plan import (
+    ArenaPlan,
+    Buffer,
+    DramLayout,
+    Region,
+    buffer_regions,
+    layout_dram,
+    plan_arena,
+)
+from sw.compile.relocation import Template, lower_template, relocate
+from sw.compile.tiling import stream_bytes, weight_image
 from sw.models.llama import LlamaLM
 
 __all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes"]
@@ -165,8 +166,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     image = {}
     if weights is not None:
         for layer, qw in weights.items():
-            image[sym.weights(layer)] = weight_image(
-                qw, plan_linear(cfg, qw.fmt, qw.n_out, qw.k, 1))
+            image[sym.weights(layer)] = weight_image(qw, cfg.lanes, cfg.beat_bytes)
     host, host_shapes = _host_tensors(model, graphs, fmt_map, weights)
     mcfg = model.config
     report.update({
@@ -288,10 +288,8 @@ def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str
     arenas = {phase: plan_arena(bufs, cfg.beat_bytes) for phase, bufs in buffers.items()}
     layout = layout_dram(cfg, weights, kv_regions, list(arenas.values()))
     symbols = dict(layout.regions)
-    base = symbols["arena"].addr
     for phase, bufs in buffers.items():
-        for b in bufs:
-            symbols[b.name] = Region(base + arenas[phase].offsets[b.name], b.size, "arena")
+        symbols.update(buffer_regions(layout, arenas[phase], bufs))
     return symbols, layout, arenas
 
 
@@ -326,10 +324,10 @@ def _decode_contexts(opts: CompileOptions) -> tuple[int, ...]:
 
 
 def _stream_bytes(fmt: WeightFormat, model: LlamaLM, layer: str, cfg: AcceleratorConfig) -> int:
-    """DRAM bytes of a layer's packed stream, tiles on beats (:func:`linear.weight_image`)."""
+    """DRAM bytes of a layer's packed stream, tiles on beats (:func:`tiling.weight_image`)."""
     w = model.get_parameter(f"{layer}.weight")
-    plan = plan_linear(cfg, fmt, int(w.shape[0]), int(w.shape[1]), 1)
-    return plan.n_tiles * plan.tile_bytes
+    return stream_bytes(stream_layout(fmt, int(w.shape[0]), int(w.shape[1]), cfg.lanes),
+                        cfg.beat_bytes)
 
 
 def _program_member(m: Member) -> ProgramMember:

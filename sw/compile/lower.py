@@ -1,4 +1,4 @@
-"""Lowering: the accelerator nodes of a step become programs (:mod:`sw.compile.linear`).
+"""Lowering: the accelerator nodes of a step become the layers of programs.
 
 Every accelerator node is one program of one or more *members*, each a GEMM layer
 ``y[T, N] = x[T, K] @ W[N, K]^T`` over a weight stream in DRAM:
@@ -20,29 +20,28 @@ gives the byte of every element), so the attention programs depend on the contex
 through its *bucket*: positions rounded up to whole value-stream groups
 (:func:`context_bucket`); decode holds one program per bucket.
 
-Identical members at other addresses (the blocks of a decoder) share one *template*: it is
-lowered once with every address 0 (:func:`sw.compile.linear.lower_relocatable`), encoded, and
-placed by adding each operand's base to the instructions that address it (:func:`relocate`).
+A node's members are tiled (:mod:`sw.compile.tiling`) and scheduled into one relocatable
+program (:func:`sw.compile.relocation.lower_template`); identical members at other addresses
+(the blocks of a decoder) share that template, placed by
+:func:`sw.compile.relocation.relocate`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from hw.config import DENSE, DENSE_BLOCK, AcceleratorConfig
 from hw.format import StreamLayout, WeightFormat, stream_layout
-from hw.isa import End, field_location, program_words
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
 from sw.compile.ir import Graph, LinearLayer, Node, linear_layers
-from sw.compile.linear import LinearPlan, PlacedLayer, lower_relocatable, plan_linear
+from sw.compile.tiling import LinearPlan, plan_linear, stream_bytes, tile_stride
 
 __all__ = ["KEY_FORMAT", "VALUE_FORMAT", "context_bucket", "KVLayout", "Member",
-           "node_members", "LOWERINGS", "LoweringRule", "LowerContext", "Template",
-           "lower_template", "relocate", "FormatOf"]
+           "node_members", "LOWERINGS", "LoweringRule", "LowerContext", "FormatOf"]
 
 #: Keys as the weight of ``q . k^T``: raw INT8, one group per head (K = head_dim).
 KEY_FORMAT = WeightFormat(DENSE, 8, 0, raw=True)
@@ -80,44 +79,34 @@ class KVLayout:
     def values(self) -> StreamLayout:
         return stream_layout(VALUE_FORMAT, self.head_dim, self.max_context, self.lanes)
 
-    def _aligned(self, n: int) -> int:
-        return -(-n // self.beat) * self.beat
-
     @property
     def key_bytes(self) -> int:
-        return self.keys.tiles * self._aligned(self.keys.tile_bytes)
+        return stream_bytes(self.keys, self.beat)
+
+    @property
+    def key_tile_stride(self) -> int:
+        return tile_stride(self.keys, self.beat)
 
     @property
     def value_tile_stride(self) -> int:
-        return self._aligned(self.values.tile_bytes)
+        return tile_stride(self.values, self.beat)
 
     @property
     def value_bytes(self) -> int:
-        return self.values.tiles * self.value_tile_stride
+        return stream_bytes(self.values, self.beat)
 
     def key_offsets(self, positions) -> np.ndarray:
         """Byte offsets ``[len(positions), head_dim]`` of ``K[positions, :]`` in the key region."""
         pos = np.asarray(positions).reshape(-1, 1)
-        return _dense8_offsets(self.keys, self._aligned(self.keys.tile_bytes), pos,
-                               np.arange(self.head_dim)[None, :])
+        return self.keys.byte_offset(pos, np.arange(self.head_dim)[None, :],
+                                     self.key_tile_stride)
 
     def value_offsets(self, positions) -> np.ndarray:
         """Byte offsets ``[len(positions), head_dim]`` of ``V[positions, :]`` in the value
         region."""
         pos = np.asarray(positions).reshape(-1, 1)
-        return _dense8_offsets(self.values, self.value_tile_stride,
-                               np.arange(self.head_dim)[None, :], pos)
-
-
-def _dense8_offsets(lay: StreamLayout, tile_stride: int, row, kpos) -> np.ndarray:
-    """Byte offset of element ``(row, kpos)`` of a dense 8-bit stream (one byte per lane and
-    step, lane = row within its tile, step = K position)."""
-    if not lay.fmt.pattern.dense or lay.fmt.field_bits != 8:
-        raise LoweringError(f"byte offsets need a dense 8-bit stream, got {lay.fmt}")
-    row, kpos = np.asarray(row), np.asarray(kpos)
-    group_k = lay.fmt.group_of(lay.k_padded)
-    return ((row // lay.lanes) * tile_stride + (kpos // group_k) * lay.group_bytes
-            + lay.header_bytes + (kpos % group_k) * lay.record_bytes + row % lay.lanes)
+        return self.values.byte_offset(np.arange(self.head_dim)[None, :], pos,
+                                       self.value_tile_stride)
 
 
 @dataclass(frozen=True)
@@ -244,49 +233,3 @@ def node_members(node: Node, graph: Graph, cfg: AcceleratorConfig, fmt_of: Forma
         raise LoweringError(f"node {node.name!r}: op {node.op} does not run on the "
                             "accelerator")
     return rule(node, graph, LowerContext(cfg, fmt_of, bucket, kv))
-
-
-@dataclass(frozen=True)
-class Template:
-    """A program lowered with every address 0, encoded, with its relocations."""
-
-    words: np.ndarray          # uint64 [n, 2], END included
-    reloc_rows: np.ndarray     # instruction indices whose dram_addr is relative
-    reloc_keys: np.ndarray     # per such instruction: member * 4 + operand (w, x, y, b)
-    instructions: int
-
-
-_OPERANDS = {"w": 0, "x": 1, "y": 2, "b": 3}
-
-
-def lower_template(cfg: AcceleratorConfig, members: list[Member]) -> Template:
-    """Lower ``members`` into one relocatable program (END appended)."""
-    placed = [PlacedLayer(m.plan, 0, 0, 0, m.w_tile_stride, x_key=m.x) for m in members]
-    prog, relocs = lower_relocatable(cfg, placed)
-    prog = prog + [End()]
-    if len(prog) > cfg.imem_depth:
-        raise LoweringError(f"a program needs {len(prog)} instructions and the instruction "
-                            f"memory holds {cfg.imem_depth}")
-    rows = np.array([i for i, r in enumerate(relocs) if r is not None], dtype=np.int64)
-    keys = np.array([r[0] * len(_OPERANDS) + _OPERANDS[r[1]] for r in relocs if r is not None],
-                    dtype=np.int64)
-    return Template(program_words(prog), rows, keys, len(prog))
-
-
-def relocate(t: Template, bases: Mapping[str, int], members: list[Member],
-             beat: int) -> np.ndarray:
-    """The template's words with every operand's base (bytes, beat-aligned) added."""
-    base = np.array([bases[sym] // beat if (sym := getattr(m, op)) else 0
-                     for m in members for op in _OPERANDS], dtype=np.uint64)
-    words = t.words.copy()
-    off, width = field_location("dma.dram_addr")
-    if off + width > 64:
-        raise LoweringError("dram_addr straddles the instruction's 64-bit halves")
-    mask = np.uint64((1 << width) - 1) << np.uint64(off)
-    lo = words[t.reloc_rows, 0]
-    field = (lo & mask) >> np.uint64(off)
-    new = field + base[t.reloc_keys]
-    if new.size and int(new.max()) >= 1 << width:
-        raise LoweringError("a relocated DRAM address does not fit the instruction field")
-    words[t.reloc_rows, 0] = (lo & ~mask) | (new << np.uint64(off))
-    return words

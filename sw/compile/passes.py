@@ -1,7 +1,7 @@
 """Graph passes: small pure functions ``Graph -> (Graph, matches)``, run to a fixpoint.
 
 Every pass keeps what the graph computes bit for bit, in float and in the accelerator's
-numerics (tests interpret the graph before and after, :mod:`sw.compile.interpret`):
+numerics (tests interpret the graph before and after, :mod:`sw.compile.ir.interpret`):
 
 ``dce``
     drops nodes whose outputs nothing reads (side effects -- the KV cache writes -- stay).

@@ -14,7 +14,9 @@ DRAM holds three kinds of data, laid out one after the other (beat-aligned)::
   :func:`lower_bound` is the most bytes live at once, which no placement can beat.
 
 Prefill and decode are never live at once, so their arenas overlap (the arena is the larger).
-A model that does not fit raises :class:`PlanError` with every size.
+A model that does not fit raises :class:`~sw.compile.errors.PlanError` with every size.
+:func:`layout_dram` is the one DRAM allocator: a model's and a few layers compiled alone
+(:mod:`sw.compile.layers`) are laid out by it alike.
 """
 
 from __future__ import annotations
@@ -23,50 +25,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from hw.config import AcceleratorConfig
-from sw.compile.errors import LoweringError, PlanError
+from sw.compile.errors import PlanError
 
-__all__ = ["PlanError", "Buffer", "ArenaPlan", "plan_arena", "lower_bound", "Region",
-           "DramLayout", "layout_dram", "SpadPlan", "plan_spads", "EVENTS"]
-
-#: The event table of a lowered program: two per double buffer (docs/architecture.md, 9).
-EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
-          "STORED0": 6, "STORED1": 7}
-
-
-@dataclass(frozen=True)
-class SpadPlan:
-    """The scratchpad buffers and events one program uses (beats; see
-    :func:`sw.compile.linear.lower_layers`): two WGT halves, two ACT halves (chunked
-    activations; resident ones start at 0), two OUT buffers of ``token_tile`` int32 rows and,
-    for biased layers, two PARAM buffers of as many int32 bias rows (0 beats when none)."""
-
-    wgt_half_beats: int
-    act_half_beats: int
-    out_row_beats: int
-    out_buf_beats: int
-    events: dict[str, int]
-    param_buf_beats: int = 0
-
-
-def plan_spads(cfg: AcceleratorConfig, token_tile: int, bias_tile: int = 0) -> SpadPlan:
-    """The double buffers of a program whose largest token tile is ``token_tile`` and largest
-    token tile of a biased layer ``bias_tile`` (0: no biases)."""
-    if len(EVENTS) > cfg.num_events:
-        raise LoweringError(f"lowered programs use {len(EVENTS)} events, the accelerator has "
-                            f"num_events={cfg.num_events}")
-    out_row_beats = 4 * cfg.lanes // cfg.beat_bytes
-    out_buf_beats = token_tile * out_row_beats
-    if 2 * out_buf_beats > cfg.spad_beats("out"):
-        raise LoweringError(f"OUT spad of {cfg.out_spad_bytes} bytes cannot hold two tiles of "
-                            f"{token_tile} tokens x {cfg.lanes} int32 outputs")
-    param_buf_beats = bias_tile * out_row_beats  # bias rows: the outputs' int32 layout
-    if 2 * param_buf_beats > cfg.spad_beats("param"):
-        raise LoweringError(f"PARAM spad of {cfg.param_spad_bytes} bytes cannot hold two tiles "
-                            f"of {bias_tile} tokens x {cfg.lanes} int32 bias rows")
-    return SpadPlan(wgt_half_beats=cfg.spad_beats("wgt") // 2,
-                    act_half_beats=cfg.spad_beats("act") // 2,
-                    out_row_beats=out_row_beats, out_buf_beats=out_buf_beats,
-                    events=dict(EVENTS), param_buf_beats=param_buf_beats)
+__all__ = ["Buffer", "ArenaPlan", "plan_arena", "lower_bound", "Region", "DramLayout",
+           "layout_dram", "buffer_regions"]
 
 
 @dataclass(frozen=True)
@@ -210,3 +172,11 @@ def layout_dram(cfg: AcceleratorConfig, weights: Sequence[tuple[str, int]],
             f"{cfg.memory.size_bytes:,}; use a configuration with more memory, a shorter "
             f"context, or a sparser format")
     return layout
+
+
+def buffer_regions(layout: DramLayout, arena: ArenaPlan, buffers: Iterable[Buffer]
+                   ) -> dict[str, Region]:
+    """The DRAM region of each of ``buffers``: its offset in ``arena`` from the start of
+    ``layout``'s arena region."""
+    base = layout.regions["arena"].addr
+    return {b.name: Region(base + arena.offsets[b.name], b.size, "arena") for b in buffers}

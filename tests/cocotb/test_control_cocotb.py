@@ -132,10 +132,10 @@ def _compare(got: dict, ref) -> None:
 
 
 def _lowered_layer(seed: int):
-    """A compiled 2:4 INT4 linear layer (sw.compile.linear) and its golden int32 outputs."""
+    """A compiled 2:4 INT4 linear layer (sw.compile.layers) and its golden int32 outputs."""
     from hw.format import WeightFormat, random_quantized
     from hw.numerics import gemm_acc, wrap
-    from sw.compile.linear import LayerSpec, build_layers
+    from sw.compile.layers import LayerSpec, build_layers
     rng = np.random.default_rng(seed)
     fmt = WeightFormat(next(p for p in CFG.pattern_table if p.n == 2 and p.m == 4), 4, 32)
     n, k, t = 12, 96, 3

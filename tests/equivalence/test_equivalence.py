@@ -114,7 +114,8 @@ def test_lowered_layers_agree(backends, seed):
     one program) run identically on both backends, values included: this also shows the
     lowering is race-free, since the RTL really overlaps loads with compute."""
     from hw.format import WeightFormat, random_quantized
-    from sw.compile.linear import LayerSpec, LoweringError, build_layers
+    from sw.compile.errors import LoweringError
+    from sw.compile.layers import LayerSpec, build_layers
     cfg, model, rtl = backends
     rng = np.random.default_rng(seed)
     specs = []

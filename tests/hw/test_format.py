@@ -66,6 +66,32 @@ def test_stream_bytes_follow_the_layout():
     assert list(s[14:17]) == list(word.to_bytes(3, "little"))
 
 
+@given(st.sampled_from([0, 16, 32, 128]), st.booleans(), st.booleans(), st.integers(1, 70),
+       st.integers(1, 300), st.sampled_from([8, 16, 32]), st.integers(0, 3),
+       st.integers(0, 2**32 - 1))
+def test_byte_offsets_of_a_dense_int8_stream_are_where_pack_puts_each_weight(
+        group, symmetric, raw, n, k, lanes, extra_beats, seed):
+    """``StreamLayout.byte_offset``: the byte of the packed stream at each weight's offset is
+    that weight, with tiles back to back (as packed) or further apart (a DRAM region)."""
+    fmt = WeightFormat(DENSE, 8, group, symmetric=symmetric or raw, raw=raw)
+    w = random_quantized(fmt, (n, k), np.random.default_rng(seed))
+    lay = stream_layout(fmt, n, k, lanes)
+    stream = pack(w, lanes)
+    rows, ks = np.arange(n)[:, None], np.arange(lay.k_padded)[None, :]
+    want = w.values.astype(np.uint8)           # two's complement or unsigned: the stored byte
+    assert np.array_equal(stream[lay.byte_offset(rows, ks)], want)
+    stride = lay.tile_bytes + 16 * extra_beats
+    region = np.zeros(lay.tiles * stride, np.uint8)
+    region.reshape(lay.tiles, stride)[:, :lay.tile_bytes] = stream.reshape(lay.tiles, -1)
+    assert np.array_equal(region[lay.byte_offset(rows, ks, stride)], want)
+
+
+@pytest.mark.parametrize("fmt", [WeightFormat("2:4", 4, 128), WeightFormat(DENSE, 4, 128)])
+def test_byte_offsets_need_one_byte_per_weight(fmt):
+    with pytest.raises(FormatError, match="dense stream of 8-bit fields"):
+        stream_layout(fmt, 8, 128, 8).byte_offset(0, 0)
+
+
 def test_bits_per_weight_2_4_int4_g128_meets_target():
     bpw = stream_layout(WeightFormat("2:4", 4, 128), 4096, 4096, 64).bits_per_weight
     assert bpw["values"] == 2.0 and bpw["indices"] == 1.0

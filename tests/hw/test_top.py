@@ -106,9 +106,9 @@ def test_serial_gemm_programs_data(rtl, seed):
 
 
 def test_linear_layer_double_buffered(rtl):
-    """A 2:4 INT4 layer lowered by sw.compile.linear: DRAM output equals the golden int32."""
+    """A 2:4 INT4 layer lowered by sw.compile.layers: DRAM output equals the golden int32."""
     from hw.format import random_quantized
-    from sw.compile.linear import build_linear
+    from sw.compile.layers import build_linear
 
     fmt = WeightFormat(pattern="2:4", bits=4, group=32)
     n, k, tokens = 16, 256, 5

@@ -1,22 +1,10 @@
-"""Lowering of graph nodes: the KV cache layout matches the packed stream the hardware reads,
-and relocated templates equal programs lowered at their final addresses."""
+"""Lowering of graph nodes: the KV cache layout matches the packed stream the hardware reads."""
 
 import numpy as np
 import pytest
 
-from hw.config import AcceleratorConfig
-from hw.format import QuantizedWeight, WeightFormat, pack, random_quantized
-from hw.isa import End, program_words
-from sw.compile.linear import PlacedLayer, lower_layers, plan_linear
-from sw.compile.lower import (
-    KEY_FORMAT,
-    VALUE_FORMAT,
-    KVLayout,
-    Member,
-    context_bucket,
-    lower_template,
-    relocate,
-)
+from hw.format import QuantizedWeight, WeightFormat, pack
+from sw.compile.lower import KEY_FORMAT, VALUE_FORMAT, KVLayout, context_bucket
 
 
 def _dense8(fmt: WeightFormat, w: np.ndarray) -> QuantizedWeight:
@@ -53,22 +41,3 @@ def test_kv_offsets_are_where_pack_puts_each_element(lanes, head_dim, max_contex
 
 def test_context_buckets_follow_the_value_stream_groups():
     assert [context_bucket(s) for s in (1, 16, 17, 33)] == [16, 16, 32, 48]
-
-
-def test_relocated_template_equals_lowering_at_final_addresses():
-    cfg = AcceleratorConfig(rows=2, cols=8)
-    rng = np.random.default_rng(0)
-    fmts = [WeightFormat("2:4", 4, 32), WeightFormat("dense", 8, 64)]
-    members = []
-    for i, fmt in enumerate(fmts):
-        random_quantized(fmt, (20, 96), rng)
-        plan = plan_linear(cfg, fmt, 20 + 8 * i, 96, 5)
-        members.append(Member(plan, f"w{i}", "x", f"y{i}", None if i == 0 else 4096))
-    bases = {"w0": 1 << 12, "w1": 1 << 16, "x": 80_000, "y0": 90_000, "y1": 120_000}
-    t = lower_template(cfg, members)
-    got = relocate(t, bases, members, cfg.beat_bytes)
-    beat = cfg.beat_bytes
-    placed = [PlacedLayer(m.plan, bases[m.w] // beat, bases[m.x] // beat, bases[m.y] // beat,
-                          m.w_tile_stride) for m in members]
-    want = program_words(lower_layers(cfg, placed) + [End()])
-    assert np.array_equal(got, want)

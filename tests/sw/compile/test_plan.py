@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hw.config import AcceleratorConfig, MemoryModel
-from sw.compile.errors import LoweringError, PlanError
-from sw.compile.plan import Buffer, layout_dram, lower_bound, plan_arena, plan_spads
+from sw.compile.errors import PlanError
+from sw.compile.plan import Buffer, layout_dram, lower_bound, plan_arena
 
 
 @st.composite
@@ -56,10 +56,3 @@ def test_a_model_too_large_for_dram_names_every_size():
         layout_dram(cfg, [("w:a", 1 << 16)], [("k:0:0", 4096)], [arena])
     ok = layout_dram(AcceleratorConfig(), [("w:a", 100)], [("k:0:0", 50)], [arena])
     assert ok.regions["k:0:0"].addr == 112 and ok.regions["arena"].addr == 176   # beat-aligned
-
-
-def test_scratchpad_plan_refuses_tiles_that_do_not_fit():
-    with pytest.raises(LoweringError, match="OUT spad"):
-        plan_spads(AcceleratorConfig(rows=4, cols=16, out_spad_bytes=4096), 16)
-    cfg = AcceleratorConfig()
-    assert plan_spads(cfg, 16).out_buf_beats == 16 * 4 * cfg.lanes // cfg.beat_bytes

@@ -1,0 +1,106 @@
+"""Relocatable programs: layers scheduled once with every DRAM address 0, placed anywhere.
+
+A *template* is a schedule (:func:`sw.compile.schedule.schedule_layers`) of layers whose
+operands are DRAM *symbols* rather than addresses, encoded to instruction words once, with the
+rows whose ``dram_addr`` is relative and the operand each is relative to. :func:`relocate`
+places it: it adds each operand's base to those fields of a copy of the words. Layers with the
+same shapes and formats at other addresses (the blocks of a decoder) share one template, and
+one layer compiled alone (:mod:`sw.compile.layers`) is a template placed once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from hw.config import AcceleratorConfig
+from hw.isa import End, field_location, program_words
+from sw.compile.errors import LoweringError
+from sw.compile.schedule import PlacedLayer, schedule_layers
+from sw.compile.tiling import LinearPlan
+
+__all__ = ["SymbolicLayer", "Template", "lower_template", "relocate"]
+
+#: The operands of a layer, in the order of a template's relocation keys.
+_OPERANDS = {"w": 0, "x": 1, "y": 2, "b": 3}
+
+
+class SymbolicLayer(Protocol):
+    """A layer of a template: its plan and the DRAM symbols of its operands (weights ``w``,
+    int8 inputs ``x``, int32 outputs ``y``, int32 bias rows ``b`` or None), and the weight
+    tiles' stride when it is not the plan's (:class:`sw.compile.lower.Member` is one)."""
+
+    @property
+    def plan(self) -> LinearPlan: ...
+    @property
+    def w(self) -> str: ...
+    @property
+    def x(self) -> str: ...
+    @property
+    def y(self) -> str: ...
+    @property
+    def b(self) -> str | None: ...
+    @property
+    def w_tile_stride(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class Template:
+    """A program lowered with every address 0, encoded, with its relocations."""
+
+    words: np.ndarray          # uint64 [n, 2], END included
+    reloc_rows: np.ndarray     # instruction indices whose dram_addr is relative
+    reloc_keys: np.ndarray     # per such instruction: layer * 4 + operand (w, x, y, b)
+    instructions: int
+
+
+def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer]) -> Template:
+    """Schedule ``layers`` into one relocatable program (END appended).
+
+    Layers with the same input symbol ``x`` read one resident input (loaded into ACT once).
+
+    Raises
+    ------
+    LoweringError
+        A layer's scratchpad buffers do not fit, or the program is longer than the
+        instruction memory (the hardware would stop with PC_OVERFLOW).
+    """
+    placed = [PlacedLayer(m.plan, w_tile_stride=m.w_tile_stride, x_key=m.x) for m in layers]
+    prog, relocs = schedule_layers(cfg, placed)
+    prog = prog + [End()]
+    if len(prog) > cfg.imem_depth:
+        raise LoweringError(f"the program needs {len(prog)} instructions and the instruction "
+                            f"memory holds {cfg.imem_depth}: lower fewer layers or tokens per "
+                            "program, or configure a larger imem_depth")
+    rows = np.array([i for i, r in enumerate(relocs) if r is not None], dtype=np.int64)
+    keys = np.array([r[0] * len(_OPERANDS) + _OPERANDS[r[1]] for r in relocs if r is not None],
+                    dtype=np.int64)
+    return Template(program_words(prog), rows, keys, len(prog))
+
+
+def relocate(t: Template, bases: Mapping[str, int], layers: Sequence[SymbolicLayer],
+             beat: int) -> np.ndarray:
+    """The template's words with every operand's base (bytes, beat-aligned) added.
+
+    Raises
+    ------
+    LoweringError
+        A relocated address does not fit the instruction's ``dram_addr`` field.
+    """
+    base = np.array([bases[sym] // beat if (sym := getattr(m, op)) else 0
+                     for m in layers for op in _OPERANDS], dtype=np.uint64)
+    words = t.words.copy()
+    off, width = field_location("dma.dram_addr")
+    if off + width > 64:
+        raise LoweringError("dram_addr straddles the instruction's 64-bit halves")
+    mask = np.uint64((1 << width) - 1) << np.uint64(off)
+    lo = words[t.reloc_rows, 0]
+    field = (lo & mask) >> np.uint64(off)
+    new = field + base[t.reloc_keys]
+    if new.size and int(new.max()) >= 1 << width:
+        raise LoweringError("a relocated DRAM address does not fit the instruction field")
+    words[t.reloc_rows, 0] = (lo & ~mask) | (new << np.uint64(off))
+    return words

@@ -1,0 +1,320 @@
+"""The instruction scheduler: planned layers become one event-synchronised program.
+
+Every layer (:class:`~sw.compile.tiling.LinearPlan`) is a sequence of GEMMs, one per (token
+tile, n-tile, K chunk); a program runs the GEMMs of its layers back to back, alternating
+between the two halves of the WGT (and, for chunked activations, ACT) scratchpad, so the LOAD
+engine fills one half while the array streams the other -- across layer boundaries too (the
+heads of an attention layer, q/k/v). The scratchpad buffers and the events are the contract
+between this module and the hardware (:class:`SpadPlan`, :data:`EVENTS`); each event is a
+counting semaphore with one producer and one consumer engine::
+
+    FULL[b]      LOAD -> COMPUTE   GEMM i's weights (and activations) landed in half b = i % 2
+    FREE[b]      COMPUTE -> LOAD   the GEMM reading half b is done (non-final K chunk)
+    OUT_FULL[o]  COMPUTE -> STORE  the final GEMM of a tile filled output buffer o
+    STORED[o]    STORE -> LOAD     output buffer o is written back (so its GEMM is done too)
+
+A GEMM has one wait and one signal, so a tile's final GEMM signals OUT_FULL instead of FREE;
+the load that next reuses its input half waits for STORED instead, which also orders the next
+write of that output buffer after its store (the GEMM that writes it depends on a later load).
+No SYNC instructions are needed. Instructions are emitted software-pipelined (the loads of GEMM
+i+1 before GEMM i), so in-order fetch into short queues never blocks on an engine that waits
+for a later instruction.
+
+Every DMA instruction names the operand its DRAM address points into (:data:`Reloc`): with
+every address 0 the program is a template placed anywhere by :mod:`sw.compile.relocation`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from hw.config import AcceleratorConfig
+from hw.isa import EpilogueMode, Gemm, Instr, Load, Spad, Store
+from sw.compile.errors import LoweringError
+from sw.compile.tiling import LinearPlan
+
+__all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule",
+           "schedule_layers"]
+
+#: The event table of a scheduled program: two per double buffer (docs/architecture.md, 9).
+EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
+          "STORED0": 6, "STORED1": 7}
+
+#: Which operand a DMA instruction's DRAM address is relative to: (layer, "w" | "x" | "y" |
+#: "b").
+Reloc = tuple[int, str]
+
+
+@dataclass(frozen=True)
+class SpadPlan:
+    """The scratchpad buffers and events one program uses (beats): two WGT halves, two ACT
+    halves (chunked activations; resident ones start at 0), two OUT buffers of ``token_tile``
+    int32 rows and, for biased layers, two PARAM buffers of as many int32 bias rows (0 beats
+    when none)."""
+
+    wgt_half_beats: int
+    act_half_beats: int
+    out_row_beats: int
+    out_buf_beats: int
+    events: dict[str, int]
+    param_buf_beats: int = 0
+
+
+def plan_spads(cfg: AcceleratorConfig, token_tile: int, bias_tile: int = 0) -> SpadPlan:
+    """The double buffers of a program whose largest token tile is ``token_tile`` and largest
+    token tile of a biased layer ``bias_tile`` (0: no biases).
+
+    Raises
+    ------
+    LoweringError
+        The accelerator has too few events, or two OUT (PARAM) buffers do not fit.
+    """
+    if len(EVENTS) > cfg.num_events:
+        raise LoweringError(f"lowered programs use {len(EVENTS)} events, the accelerator has "
+                            f"num_events={cfg.num_events}")
+    out_row_beats = 4 * cfg.lanes // cfg.beat_bytes
+    out_buf_beats = token_tile * out_row_beats
+    if 2 * out_buf_beats > cfg.spad_beats("out"):
+        raise LoweringError(f"OUT spad of {cfg.out_spad_bytes} bytes cannot hold two tiles of "
+                            f"{token_tile} tokens x {cfg.lanes} int32 outputs")
+    param_buf_beats = bias_tile * out_row_beats  # bias rows: the outputs' int32 layout
+    if 2 * param_buf_beats > cfg.spad_beats("param"):
+        raise LoweringError(f"PARAM spad of {cfg.param_spad_bytes} bytes cannot hold two tiles "
+                            f"of {bias_tile} tokens x {cfg.lanes} int32 bias rows")
+    return SpadPlan(wgt_half_beats=cfg.spad_beats("wgt") // 2,
+                    act_half_beats=cfg.spad_beats("act") // 2,
+                    out_row_beats=out_row_beats, out_buf_beats=out_buf_beats,
+                    events=dict(EVENTS), param_buf_beats=param_buf_beats)
+
+
+@dataclass(frozen=True)
+class PlacedLayer:
+    """A planned layer and where its operands start in DRAM (beats; all 0 for a template).
+
+    ``w_addr``: weight tiles, ``w_tile_stride`` bytes apart (default ``plan.tile_stride``: a
+    region laid out for a longer K, such as the value cache, has wider tiles); ``x_addr``: int8
+    activations ``[tokens, act_row_bytes]``; ``y_addr``: int32 outputs ``[tokens, n_tiles *
+    lanes]``; ``b_addr``: int32 bias rows laid out as the outputs (biased plans). ``x_key``
+    names the input buffer (default: ``x_addr``): consecutive layers of one program reading
+    the same resident input (q/k/v) load it into ACT once.
+    """
+
+    plan: LinearPlan
+    w_addr: int = 0
+    x_addr: int = 0
+    y_addr: int = 0
+    b_addr: int = 0
+    w_tile_stride: int | None = None
+    x_key: object = None
+
+    @property
+    def tile_stride(self) -> int:
+        return self.plan.tile_stride if self.w_tile_stride is None else self.w_tile_stride
+
+    @property
+    def input_id(self) -> object:
+        return self.x_addr if self.x_key is None else self.x_key
+
+
+class Schedule(NamedTuple):
+    """A program (without END) and, per instruction, the operand its DRAM address points
+    into (None: no DRAM address)."""
+
+    instructions: list[Instr]
+    relocs: list[Reloc | None]
+
+
+def schedule_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer],
+                    spads: SpadPlan | None = None) -> Schedule:
+    """One program for several independent layers run back to back.
+
+    Outputs use the WIDE epilogue (WIDE_BIAS for biased layers). ``spads``: the scratchpad
+    buffers and events (default :func:`plan_spads` for these layers' token tiles).
+    """
+    spads = spads or plan_spads(cfg, max(ly.plan.token_tile for ly in layers),
+                                max((ly.plan.token_tile for ly in layers if ly.plan.bias),
+                                    default=0))
+    return _Scheduler(cfg, layers, spads).run()
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One GEMM of the program: K chunk ``chunk`` of n-tile ``n_tile`` of token tile
+    ``token_tile`` of layer ``layer``, the ``index``-th GEMM."""
+
+    index: int
+    layer: int
+    token_tile: int
+    n_tile: int
+    chunk: int
+    final: bool      # the tile's last K chunk: signals OUT_FULL and is followed by a STORE
+    out_buf: int     # the OUT (and PARAM) buffer its tile writes: finished tiles before, mod 2
+    new_acts: bool   # starts a new activation set (its loads wait for GEMM index - 1)
+
+    @property
+    def half(self) -> int:
+        """The WGT (and chunked ACT) half it reads."""
+        return self.index % 2
+
+
+class _ActChunk(NamedTuple):
+    """A GEMM's activations in ACT (beats): its first, the stride between token rows, and the
+    chunk's offset in a token's DRAM row (what a chunked load skips)."""
+
+    spad_addr: int
+    row_stride: int
+    row_offset: int
+
+
+def _steps(layers: list[PlacedLayer]) -> list[_Step]:
+    """Every GEMM of the program, in order."""
+    steps: list[_Step] = []
+    tiles_done = 0
+    for L, ly in enumerate(layers):
+        p = ly.plan
+        for t in range(p.token_tiles):
+            for j in range(p.n_tiles):
+                for c in range(p.k_chunks):
+                    prev = steps[-1] if steps else None
+                    new_acts = prev is None or (
+                        (prev.layer, prev.token_tile) != (L, t)
+                        and not _share_acts(layers[prev.layer], ly))
+                    final = c == p.k_chunks - 1
+                    steps.append(_Step(len(steps), L, t, j, c, final, tiles_done % 2, new_acts))
+                    tiles_done += final
+    return steps
+
+
+def _share_acts(a: PlacedLayer, b: PlacedLayer) -> bool:
+    """Whether layer ``b`` reads the resident activations layer ``a`` left in ACT: the same
+    input buffer, laid out alike, in one token tile."""
+    pa, pb = a.plan, b.plan
+    return (pa.resident_acts and pb.resident_acts and a.input_id == b.input_id
+            and pa.act_row_bytes == pb.act_row_bytes and pa.token_tile == pb.token_tile
+            and pa.token_tiles == pb.token_tiles == 1)
+
+
+class _Scheduler:
+    """Emits the instructions of :func:`schedule_layers`: per GEMM its loads (emitted one GEMM
+    ahead), the GEMM, and after a tile's final GEMM its store."""
+
+    def __init__(self, cfg: AcceleratorConfig, layers: list[PlacedLayer], spads: SpadPlan):
+        self.cfg, self.layers, self.spads = cfg, layers, spads
+        self.beat = cfg.beat_bytes
+        self.steps = _steps(layers)
+        self.instructions: list[Instr] = []
+        self.relocs: list[Reloc | None] = []
+        self._stored_waited: set[int] = set()  # final GEMMs whose STORED a load consumed
+
+    def run(self) -> Schedule:
+        self._loads(self.steps[0])
+        for s in self.steps:
+            if s.index + 1 < len(self.steps):
+                self._loads(self.steps[s.index + 1])
+            self._gemm(s)
+            if s.final:
+                self._store(s)
+        return Schedule(self.instructions, self.relocs)
+
+    # ---- helpers
+    def _event(self, name: str, buf: int) -> int:
+        return self.spads.events[f"{name}{buf}"]
+
+    def _emit(self, ins: Instr, reloc: Reloc | None) -> None:
+        self.instructions.append(ins)
+        self.relocs.append(reloc)
+
+    def _done_wait(self, prev: int) -> int | None:
+        """The wait that orders a load after GEMM ``prev``: FREE of its half, or STORED of its
+        output buffer if it was a tile's final GEMM (consumed once: None after that, and
+        before the first GEMM)."""
+        if prev < 0 or prev in self._stored_waited:
+            return None
+        s = self.steps[prev]
+        if s.final:
+            self._stored_waited.add(prev)
+            return self._event("STORED", s.out_buf)
+        return self._event("FREE", s.half)
+
+    def _act_chunk(self, s: _Step) -> _ActChunk:
+        """Where GEMM ``s`` reads its activations in ACT, and where a chunked load puts them."""
+        plan, beat = self.layers[s.layer].plan, self.beat
+        k0, chunk = plan.chunk_act_start(s.chunk) // beat, plan.chunk_act_bytes(s.chunk) // beat
+        if plan.resident_acts:  # the whole row is in ACT from beat 0
+            return _ActChunk(k0, plan.act_row_bytes // beat, k0)
+        return _ActChunk(s.half * self.spads.act_half_beats, chunk, k0)
+
+    # ---- instructions
+    def _loads(self, s: _Step) -> None:
+        """The loads of GEMM ``s``: its activations (resident: once per activation set), its
+        tile's bias rows before a final chunk of a biased layer, its weight chunk.
+
+        Half ``s.half`` was last read by GEMM ``s.index - 2``: the first load into it waits
+        for that GEMM; a new activation set also waits for GEMM ``s.index - 1``, which may
+        still read the ACT spad. The LOAD engine is in order, so later loads need no wait.
+        """
+        ly, spads, beat = self.layers[s.layer], self.spads, self.beat
+        plan = ly.plan
+        half_free = self._done_wait(s.index - 2)
+        acts_free = self._done_wait(s.index - 1) if s.new_acts else None
+        t0, rows = plan.first_token(s.token_tile), plan.tile_tokens(s.token_tile)
+        x_row_beats = plan.act_row_bytes // beat
+        x_rows = ly.x_addr + t0 * x_row_beats
+        if plan.resident_acts:
+            if s.new_acts:  # activations for all of K
+                self._emit(Load(spad=Spad.ACT, spad_addr=0, dram_addr=x_rows, rows=rows,
+                                row_beats=x_row_beats, dram_stride=x_row_beats,
+                                wait=acts_free), (s.layer, "x"))
+        else:
+            act = self._act_chunk(s)
+            self._emit(Load(spad=Spad.ACT, spad_addr=act.spad_addr,
+                            dram_addr=x_rows + act.row_offset, rows=rows,
+                            row_beats=act.row_stride, dram_stride=x_row_beats,
+                            wait=acts_free if s.new_acts else half_free), (s.layer, "x"))
+            if not s.new_acts:
+                half_free = None
+        if plan.bias and s.final:
+            # Into the PARAM buffer of the tile's OUT buffer: its previous reader is the GEMM
+            # the STORED wait (here or in an earlier load) follows.
+            y_row_beats = plan.out_row_bytes // beat
+            self._emit(Load(spad=Spad.PARAM, spad_addr=s.out_buf * spads.param_buf_beats,
+                            dram_addr=(ly.b_addr + t0 * y_row_beats
+                                       + s.n_tile * spads.out_row_beats),
+                            rows=rows, row_beats=spads.out_row_beats, dram_stride=y_row_beats,
+                            wait=half_free), (s.layer, "b"))
+            half_free = None
+        w_start = s.n_tile * ly.tile_stride + plan.chunk_weight_start(s.chunk)
+        self._emit(Load(spad=Spad.WGT, spad_addr=s.half * spads.wgt_half_beats,
+                        dram_addr=ly.w_addr + w_start // beat, rows=1,
+                        row_beats=-(-plan.chunk_weight_bytes(s.chunk) // beat),
+                        wait=half_free, signal=self._event("FULL", s.half)), (s.layer, "w"))
+
+    def _gemm(self, s: _Step) -> None:
+        plan, spads = self.layers[s.layer].plan, self.spads
+        fmt, spg = plan.fmt, plan.layout.steps_per_group
+        act = self._act_chunk(s)
+        wide = EpilogueMode.WIDE_BIAS if plan.bias else EpilogueMode.WIDE
+        self._emit(Gemm(
+            wgt_addr=s.half * spads.wgt_half_beats, act_addr=act.spad_addr,
+            act_stride=act.row_stride,
+            out_addr=s.out_buf * spads.out_buf_beats,
+            param_addr=s.out_buf * spads.param_buf_beats,
+            k_steps=plan.chunk_groups(s.chunk) * spg, group_steps=0 if fmt.raw else spg,
+            tokens=plan.tile_tokens(s.token_tile), pattern=self.cfg.pattern_index(fmt.pattern),
+            int8=fmt.bits == 8, asym=not fmt.symmetric, accumulate=s.chunk > 0,
+            epilogue=wide if s.final else EpilogueMode.NONE,
+            wait=self._event("FULL", s.half),
+            signal=(self._event("OUT_FULL", s.out_buf) if s.final
+                    else self._event("FREE", s.half))), None)
+
+    def _store(self, s: _Step) -> None:
+        ly, plan, spads = self.layers[s.layer], self.layers[s.layer].plan, self.spads
+        y_row_beats = plan.out_row_bytes // self.beat
+        self._emit(Store(
+            spad=Spad.OUT, spad_addr=s.out_buf * spads.out_buf_beats,
+            dram_addr=(ly.y_addr + plan.first_token(s.token_tile) * y_row_beats
+                       + s.n_tile * spads.out_row_beats),
+            rows=plan.tile_tokens(s.token_tile), row_beats=spads.out_row_beats,
+            dram_stride=y_row_beats, wait=self._event("OUT_FULL", s.out_buf),
+            signal=self._event("STORED", s.out_buf)), (s.layer, "y"))
