@@ -38,8 +38,7 @@ from hw.numerics import bias_to_acc, dequant_output, quantize_activations
 from sim.backends import Backend
 from sim.roofline import LayerPoint, bound_cycles
 from sw.compile.executable import Executable, Program
-from sw.compile.ir import OPS, Interpreter, Node, Numerics, run_node, stream_cycles
-from sw.compile.ir.ops import Kernel
+from sw.compile.ir import OPS, Interpreter, Kernel, Node, Numerics, run_node, stream_cycles
 from sw.compress.attention import (
     kv_rows,
     scores_epilogue,
