@@ -32,15 +32,16 @@ import torch
 import torch.nn.functional as F
 
 from hw.format import QuantizedWeight
-from hw.numerics import gemm_acc_torch, golden_linear_torch
-from sw.compile.ir import Graph, IRError, Node
-from sw.compress.attention import (
+from hw.numerics import (
+    gemm_acc_torch,
+    golden_linear_torch,
     kv_rows,
     scores_epilogue,
     scores_prologue,
     values_epilogue,
     values_prologue,
 )
+from sw.compile.ir import Graph, IRError, Node
 from sw.models.cache import KVCache
 from sw.models.config import LlamaConfig
 from sw.models.llama import (

@@ -29,7 +29,16 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from hw.numerics import bias_to_acc, dequant_output, quantize_activations
+from hw.numerics import (
+    bias_to_acc,
+    dequant_output,
+    kv_rows,
+    quantize_activations,
+    scores_epilogue,
+    scores_prologue,
+    values_epilogue,
+    values_prologue,
+)
 from sim.backends import Backend
 from sim.roofline import LayerPoint, bound_cycles
 from sw.compile.executable import Executable
@@ -44,13 +53,6 @@ from sw.compile.interpret import (
 )
 from sw.compile.ir import Node
 from sw.compile.lower import KVLayout, context_bucket
-from sw.compress.attention import (
-    kv_rows,
-    scores_epilogue,
-    scores_prologue,
-    values_epilogue,
-    values_prologue,
-)
 from sw.models.config import LlamaConfig
 from sw.models.generate import sample_next
 from sw.runtime.costs import host_op_cycles, stream_cycles
