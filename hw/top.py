@@ -41,6 +41,7 @@ from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out, connect
 from amaranth.utils import ceil_log2
 
+from hw.compute import ComputeCore
 from hw.config import AcceleratorConfig
 from hw.counters import COUNTER_BITS, COUNTERS, CounterLayout
 from hw.dma import DramSignature, LoadEngine, StoreEngine
@@ -57,7 +58,6 @@ __all__ = ["Accelerator"]
 
 
 def _default_compute(cfg: AcceleratorConfig):
-    from hw.compute import ComputeCore
     return ComputeCore(cfg)
 
 
