@@ -33,8 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.accuracy import window_nll
 from bench.common import RESULTS, parser, write_json
 from hw.config import AcceleratorConfig
+from hw.format import WeightFormat
+from sw.codesign import BUDGETS, Point, pareto, plot, run, with_weights, zoom_bound
+from sw.models.eval import EvalProtocol
+from sw.models.source import open_model
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -82,9 +87,6 @@ def gap_closed_se(ref: np.ndarray, point: np.ndarray, dense: np.ndarray) -> floa
 def window_nlls(src, result: dict) -> dict[str, np.ndarray]:
     """Per-window test NLL of the points a gap closed compares: dense INT4, the uniform
     formats whose latency is a budget, and the searched points at those budgets."""
-    from bench.accuracy import window_nll
-    from sw.codesign import BUDGETS, with_weights
-    from sw.models.eval import EvalProtocol
     at_uniform = [p for p in result["searched"] if p.label.split(" ", 1)[1] in BUDGETS]
     wanted = {"uniform dense-int4"} | {"uniform " + BUDGETS[p.label.split(" ", 1)[1]]
                                        for p in at_uniform}
@@ -98,7 +100,6 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
             nll: dict[str, np.ndarray] | None = None) -> list[dict]:
     """Flat records of every measured point (with ``nll``, :func:`window_nlls`, the gap
     closed gains its standard error)."""
-    from sw.codesign import BUDGETS, pareto
     hz = cfg.clock_mhz * 1e6
     uniform = {p.label.removeprefix("uniform "): p for p in result["uniform"]}
     dense = uniform.get("dense-int4")
@@ -135,7 +136,6 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
 
 def replot(model: str, out: Path) -> int:
     """Redraw ``docs/img/codesign_<model>.png`` from the records in ``out`` (no search)."""
-    from sw.codesign import BUDGETS, Point, plot, zoom_bound
     recs = [r for r in (json.loads(out.read_text()) if out.exists() else [])
             if r.get("model") == model]
     if not recs:
@@ -170,9 +170,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.replot:
         return replot(args.model, args.out)
-    from hw.format import WeightFormat
-    from sw.codesign import BUDGETS, plot, run, zoom_bound
-    from sw.models.source import open_model
     settings = dict(SETTINGS[args.model])
     dram = settings.pop("dram_mb", None)
     if "candidates" in settings:

@@ -28,13 +28,13 @@ from hw.format import WeightFormat
 from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model
 from sw.models import LlamaLM
+from sw.models.reference_model import load_reference
 from sw.runtime import Runtime
 
 FORMAT = WeightFormat("2:4", 4, 128)
 
 
 def reference() -> LlamaLM:
-    from sw.models.reference_model import load_reference
     return load_reference()
 
 

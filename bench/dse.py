@@ -45,7 +45,7 @@ from pathlib import Path
 from bench.common import RESULTS, parser, write_json
 from hw.config import AcceleratorConfig, ConfigError
 from hw.format import WeightFormat
-from hw.synth import RECORDS, keep_record, recorded
+from hw.synth import ECP5_85F, RECORDS, keep_record, recorded, synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "build" / "dse"
@@ -123,12 +123,13 @@ def source_hash() -> str:
 def synth_design(cfg_json: str, flow: dict) -> dict:
     """Synthesise (place, route) one design; the record of :func:`hw.synth.synthesize`
     (``flow``: its ``route``, ``pnr``, ``seed`` and ``time_limit_min``)."""
-    from hw.synth import synthesize
     return synthesize(AcceleratorConfig.from_json(cfg_json), verbose=False, **flow)
 
 
 def simulate(point: DesignPoint, cfg_json: str) -> dict:
     """Cycles of the decode token and of the compute-bound layer on the fast model."""
+    # Imported here, in the worker: torch and the compiler load only in the processes that
+    # simulate, not in the client or in workers that only run synthesis.
     from bench.scaling import run_step
     from sim.model import FastModel
     from sw.compile.layers import build_linear
@@ -212,7 +213,6 @@ def plot(records: list[dict], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hw.synth import ECP5_85F
     fig, axes = plt.subplots(2, 2, figsize=(11, 8.5))
     for row, (gain, gname) in enumerate((("decode_tokens_per_s", "LLaMA-7B decode tokens/s"),
                                          ("gemm_gmacs", "4096x4096x64 GEMM, effective GMAC/s"))):

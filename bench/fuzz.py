@@ -48,6 +48,9 @@ class Target:
 
 
 # ---------------------------------------------------------------------- targets
+# Every project import in this file is deferred on purpose: atheris instruments only the
+# modules first imported inside ``instrument_imports`` in the fuzzing process (:func:`_child`),
+# so importing hw/sim/sw at module level would leave the targets uninstrumented.
 def _small_cfg():
     from sim.random_programs import EQUIVALENCE_CONFIGS
     return EQUIVALENCE_CONFIGS["2x4"]
@@ -130,7 +133,7 @@ def _executable(data: bytes) -> None:
 
 
 def _compressed(data: bytes) -> None:
-    from sw.compress.io import load
+    from sw.models.compressed import load
     _with_file(data, load)
 
 
@@ -172,13 +175,13 @@ def _seed_executable() -> list[bytes]:
 
 def _seed_compressed() -> list[bytes]:
     from hw.format import WeightFormat, random_quantized
-    from sw.compress import io
+    from sw.models import compressed
     rng = np.random.default_rng(0)
-    model = io.CompressedModel(weights={"a": random_quantized(WeightFormat("2:4", 4, 32),
-                                                               (8, 64), rng)},
-                               tensors={"norm": np.ones(8, np.float32)})
+    model = compressed.CompressedModel(
+        weights={"a": random_quantized(WeightFormat("2:4", 4, 32), (8, 64), rng)},
+        tensors={"norm": np.ones(8, np.float32)})
     with tempfile.TemporaryDirectory() as tmp:
-        return [io.save(model, Path(tmp) / "m.safetensors").read_bytes()]
+        return [compressed.save(model, Path(tmp) / "m.safetensors").read_bytes()]
 
 
 def _seed_hf() -> list[bytes]:
@@ -267,7 +270,7 @@ TARGETS: dict[str, Target] = {
                              16 * 48),
     "executable_load": Target(_executable, _allowed("sw.compile.executable.ExecutableError"),
                               _seed_executable, 1 << 20),
-    "compressed_load": Target(_compressed, _allowed("sw.compress.io.CompressedFileError"),
+    "compressed_load": Target(_compressed, _allowed("sw.models.compressed.CompressedFileError"),
                               _seed_compressed, 1 << 16),
     "hf_checkpoint": Target(_hf, _allowed("sw.models.hf.CheckpointError",
                                           "sw.models.config.ModelConfigError"), _seed_hf, 1 << 16),
@@ -294,7 +297,7 @@ def _child(name: str, seconds: float, timeout_s: int) -> None:
         import hw.isa  # noqa: F401
         import sim.model  # noqa: F401
         import sw.compile.executable  # noqa: F401
-        import sw.compress.io  # noqa: F401
+        import sw.models.compressed  # noqa: F401
         import sw.models.gguf  # noqa: F401
         import sw.models.hf  # noqa: F401
     t = TARGETS[name]

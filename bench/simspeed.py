@@ -24,12 +24,16 @@ import numpy as np
 from torch import nn
 
 from bench.common import RESULTS, median_wall, parser, write_json
+from bench.scaling import FORMATS, LLAMA7B, _captured, llama7b, scaled_config, step_options
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, random_quantized
 from sim.equivalence import compare_results
 from sim.model import FastModel
+from sim.rtl import RTLBackend
+from sw.compile import compile_model
 from sw.compile.layers import LayerSpec, build_layers, build_linear
 from sw.compress.core import compress_matrix
+from sw.models.reference_model import load_reference
 
 FMT = WeightFormat("2:4", 4, 128)
 
@@ -37,7 +41,6 @@ FMT = WeightFormat("2:4", 4, 128)
 def reference_block_specs(tokens: int, seed: int = 0) -> list[tuple[str, LayerSpec]]:
     """The 7 linear layers of block 0 of the reference model, compressed, with random INT8
     activations of ``tokens`` tokens."""
-    from sw.models.reference_model import load_reference
     model = load_reference()
     rng = np.random.default_rng(seed)
     specs = []
@@ -71,7 +74,6 @@ def _race(name: str, lp, rtl, model, repeats: int) -> dict:
 def block_speed(cfg: AcceleratorConfig, tokens: int, repeats: int) -> dict:
     """The block as one persistent program (as the accelerator runs a model step), and each
     layer as a program of its own (for the breakdown)."""
-    from sim.rtl import RTLBackend
     rtl = RTLBackend(cfg)
     rtl.build(verbose=True)
     model = FastModel(cfg)
@@ -88,8 +90,6 @@ def block_speed(cfg: AcceleratorConfig, tokens: int, repeats: int) -> dict:
 def llama7b_decode_token(repeats: int) -> dict:
     """Timing-only simulation of every program of one compiled LLaMA-7B decode token (2:4
     INT4, context 128): all 32 blocks' programs, each simulated (no memo)."""
-    from bench.scaling import FORMATS, LLAMA7B, _captured, llama7b, scaled_config, step_options
-    from sw.compile import compile_model
     cfg = scaled_config(4, 16, 16, 100.0)
     lm = llama7b()
     t0 = time.perf_counter()

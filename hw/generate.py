@@ -22,6 +22,8 @@ from amaranth.hdl import Value
 from amaranth.lib import wiring
 
 from hw.config import AcceleratorConfig, ConfigError
+from hw.sim_top import RunnerTop, SimTop
+from hw.top import Accelerator
 
 __all__ = ["TOP_NAME", "SIM_TOP_NAME", "TOPS", "top_ports", "build_top", "generate_verilog",
            "write_design", "main"]
@@ -60,13 +62,10 @@ def build_top(cfg: AcceleratorConfig, *, top: str = "accel",
     if not isinstance(cfg, AcceleratorConfig):
         raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
     if top == "accel":
-        from hw.top import Accelerator
         return Accelerator(cfg, compute=compute)
     if top == "sim":
-        from hw.sim_top import SimTop
         return SimTop(cfg, compute=compute)
     if top == "runner":
-        from hw.sim_top import RunnerTop
         return RunnerTop(cfg, compute=compute)
     raise ValueError(f"top must be one of {sorted(TOPS)}, got {top!r}")
 

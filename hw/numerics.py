@@ -21,6 +21,32 @@ and one of the epilogues:
 Integer sums are order-independent, so any accumulation order (systolic, tiled, BLAS) gives the
 same bits as long as intermediate sums are exact: float64 BLAS is exact below 2**53, far above
 any reachable sum (|a| <= 128, |w| < 2**17, K < 2**24).
+
+INT8 KV-cache attention (torch only: the host's side of the attention products). The accelerator
+multiplies INT8 by INT8 in both attention products, with the KV cache as the weight stream
+(``raw`` INT8, no scales) and the queries or probabilities as activations. The scales live on
+the host:
+
+* keys and values are quantised per position and kv head (symmetric INT8 over ``head_dim``,
+  :func:`kv_rows`, once when written to the cache);
+* scores: queries are quantised per (head, token) row; ``acc = q8 . k8`` exactly, then
+  ``scores = (float32(acc) * s_k[j]) * s_q[t]`` -- the WIDE epilogue with the key scales as
+  row scales;
+* softmax of ``scores * scale + mask`` in fp32 on the host
+  (:func:`sw.models.llama.attention_probs`);
+* values: the value scales are folded into the probabilities, ``p'[t, j] = p[t, j] * s_v[j]``,
+  which are then quantised per (head, token) row; ``acc = p8 . v8`` exactly and
+  ``out = (float32(acc) * 1) * s_p[t]``.
+
+Grouped-query attention never repeats K/V: the ``groups`` query heads that share a kv head are
+stacked as ``groups * T`` activation rows against that head's cache (row ``i * T + t`` is query
+head ``kv * groups + i``, token ``t``: HF ``repeat_kv`` order).
+
+Each product is split into a *prologue* (host: quantise the activation rows), the integer
+product (accelerator, or :func:`gemm_acc_torch` in the model-level twin) and an *epilogue*
+(host: dequantise). The compiler's interpreter, the runtime and the model-level twin
+(:class:`sw.compress.attention.HardwareAttentionProducts`) all compose these functions, so they
+agree bit for bit.
 """
 
 from __future__ import annotations
@@ -35,6 +61,8 @@ __all__ = [
     "dequant_output", "requantize_int8", "bias_to_acc", "add_bias_wide", "golden_linear",
     "quantize_activations_torch", "gemm_acc_torch", "dequant_output_torch",
     "bias_to_acc_torch", "golden_linear_torch",
+    "kv_rows", "group_rows", "ungroup_rows", "scores_prologue", "scores_epilogue",
+    "values_prologue", "values_epilogue",
 ]
 
 #: Activations are symmetric INT8 in [-127, 127] (-128 unused, so negation is exact).
@@ -229,3 +257,47 @@ def golden_linear_torch(x: torch.Tensor, w_int: torch.Tensor, row_scale: torch.T
     if bias is not None:
         acc = _wrap_torch(_wrap_torch(acc, 32) + bias_to_acc_torch(bias, row_scale, s_x), 32)
     return dequant_output_torch(acc, row_scale, s_x)
+
+
+# ---------------------------------------------------------------------- INT8 KV-cache attention
+def kv_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise keys or values ``[B, KV, S, d]`` per position: int8 and scales ``[B, KV, S]``."""
+    return quantize_activations_torch(x)
+
+
+def group_rows(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``[B, H, T, n]`` -> ``[B, KV, H // KV * T, n]``: the query heads of each kv head as rows."""
+    b, h, t, n = x.shape
+    return x.reshape(b, kv_heads, h // kv_heads * t, n)
+
+
+def ungroup_rows(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Inverse of :func:`group_rows`: ``[B, KV, G * T, n]`` -> ``[B, H, T, n]``."""
+    b, kv, rows, n = x.shape
+    return x.reshape(b, heads, rows * kv // heads, n)
+
+
+def scores_prologue(q: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries ``[B, H, T, d]`` -> INT8 rows ``[B, KV, G*T, d]`` and scales ``[B, KV, G*T]``."""
+    return quantize_activations_torch(group_rows(q, kv_heads))
+
+
+def scores_epilogue(acc: torch.Tensor, s_q: torch.Tensor, s_k: torch.Tensor,
+                    heads: int) -> torch.Tensor:
+    """Integer scores ``[B, KV, G*T, S]`` -> float32 ``[B, H, T, S]`` (key scales as row scales)."""
+    y = dequant_output_torch(acc, s_k.unsqueeze(-2), s_q)
+    return ungroup_rows(y, heads)
+
+
+def values_prologue(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities ``[B, H, T, S]`` times the value scales ``[B, KV, S]`` of their kv head,
+    as INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]``."""
+    folded = group_rows(probs, kv_heads) * s_v.unsqueeze(-2)
+    return quantize_activations_torch(folded)
+
+
+def values_epilogue(acc: torch.Tensor, s_p: torch.Tensor, heads: int) -> torch.Tensor:
+    """Integer outputs ``[B, KV, G*T, d]`` -> float32 ``[B, H, T, d]``."""
+    ones = torch.ones(acc.shape[-1], dtype=torch.float32)
+    return ungroup_rows(dequant_output_torch(acc, ones, s_p), heads)

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from hw import ecp5_dsp
+from hw import ecp5_dsp, generate
 from hw.config import AcceleratorConfig, ConfigError
 from hw.ecp5_dsp import DSP_REGISTER
 
@@ -329,11 +329,10 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
             raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
     placer = {"timing_weight": timing_weight, "critexp": critexp}
     progress_s = progress_s if verbose else 0
-    from hw.generate import write_design
     out = Path(out_dir) if out_dir else _default_out(cfg)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    write_design(cfg, out)
+    generate.write_design(cfg, out)
     t_gen = time.perf_counter() - t0
     script = yosys_script("accel", "accel.v", "accel.json")
     key = hashlib.sha256((out / "accel.v").read_bytes() + json.dumps(

@@ -54,6 +54,8 @@ error, a STORE still executing in the error cycle may have written part of its b
 
 from __future__ import annotations
 
+import numpy as np
+
 from hw.config import AcceleratorConfig
 from hw.format import StreamGeometry
 from hw.isa import (
@@ -62,6 +64,7 @@ from hw.isa import (
     Gemm,
     Instr,
     Load,
+    Opcode,
     Store,
     Sync,
     epilogue_words,
@@ -174,10 +177,6 @@ def exec_cycles_fields(f: dict, cfg: AcceleratorConfig):
     The same formulas written with array operations (0 for END and illegal words); a test
     checks both agree on random instructions.
     """
-    import numpy as np
-
-    from hw.isa import Opcode
-
     op = f["opcode"]
     beats = f["dma.rows"] * f["dma.row_beats"]
     t = f["gemm.tokens_m1"] + 1

@@ -41,6 +41,7 @@ from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out, connect
 from amaranth.utils import ceil_log2
 
+from hw.compute import ComputeCore
 from hw.config import AcceleratorConfig
 from hw.counters import COUNTER_BITS, COUNTERS, CounterLayout
 from hw.dma import DramSignature, LoadEngine, StoreEngine
@@ -90,7 +91,6 @@ def host_ports(cfg: AcceleratorConfig) -> dict[str, wiring.Member]:
 
 
 def _default_compute(cfg: AcceleratorConfig):
-    from hw.compute import ComputeCore
     return ComputeCore(cfg)
 
 

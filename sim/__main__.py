@@ -27,8 +27,10 @@ from hw.format import (
     stream_layout,
 )
 from hw.numerics import gemm_acc
+from sim.equivalence import compare_results
 from sim.model import FastModel
 from sim.roofline import bound_cycles
+from sim.rtl import RTLBackend
 from sim.trace import write_trace
 from sw.compile.errors import LoweringError
 from sw.compile.layers import build_linear
@@ -160,8 +162,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"values vs golden numerics: {'PASS' if ok else 'FAIL'}")
         status |= 0 if ok else 1
     if args.rtl:
-        from sim.equivalence import compare_results
-        from sim.rtl import RTLBackend
         rtl = RTLBackend(cfg)
         t0 = time.perf_counter()
         rr = rtl.run(lp.program, lp.dram)

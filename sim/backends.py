@@ -21,7 +21,9 @@ import numpy as np
 
 from hw.config import AcceleratorConfig
 from sim.model import FastModel
+from sim.netlist import NetlistBackend
 from sim.result import RunResult
+from sim.rtl import RTLBackend
 
 __all__ = ["BACKENDS", "Backend", "make_backend"]
 
@@ -65,9 +67,7 @@ def make_backend(name: str, cfg: AcceleratorConfig) -> Backend:
     if name in ("model", "model-timing"):
         return _Model(cfg, name == "model")
     if name == "rtl":
-        from sim.rtl import RTLBackend
         return RTLBackend(cfg)
     if name == "netlist":
-        from sim.netlist import NetlistBackend
         return NetlistBackend(cfg)
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from hw.synth import find_tool
 from sim.rtl import RTLBackend, RTLBuildError
 
 __all__ = ["NETLIST_SCRIPT", "NetlistBackend"]
@@ -49,7 +50,6 @@ class NetlistBackend(RTLBackend):
     _build_suffix = "-netlist-" + hashlib.sha256(NETLIST_SCRIPT.encode()).hexdigest()[:6]
 
     def _simulated_verilog(self, out: Path, verbose: bool) -> str:
-        from hw.synth import find_tool
         t0 = time.perf_counter()
         log = out / "yosys.log"
         # Relative paths: YoWASP's sandbox may not reach absolute ones (e.g. under /tmp).

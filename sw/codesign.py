@@ -46,10 +46,16 @@ measures the choice.
 
 from __future__ import annotations
 
+import argparse
 import copy
+import json
 import re
+import shutil
+import sys
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -59,11 +65,17 @@ from tqdm.auto import tqdm
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
+from sim.backends import make_backend
 from sim.model import FastModel
+from sw.artifact import publish
+from sw.compile import CompileOptions, compile_model
 from sw.compile.layers import build_linear
-from sw.compress.model import compress_llama, selected_linears
+from sw.compress.model import COMPRESS_METHODS, compress_llama, selected_linears
+from sw.models.compressed import from_llama, save
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.llama import LlamaLM
+from sw.models.source import ModelSourceError, open_model
+from sw.runtime import Runtime
 
 __all__ = ["CANDIDATES", "Unit", "units", "layer_costs",
            "compress_candidates", "sensitivities", "search", "refine", "assemble",
@@ -299,9 +311,6 @@ def decode_cycles(model: LlamaLM, cfg: AcceleratorConfig, formats: Mapping[str, 
                   context: int) -> int:
     """Simulated accelerator cycles of one decode step at ``context`` positions, compiled from
     the model's graph with these formats (timing-only)."""
-    from sim.backends import make_backend
-    from sw.compile import CompileOptions, compile_model
-    from sw.runtime import Runtime
     opts = CompileOptions(prompt_tokens=context - 1, max_context=context,
                           decode_contexts=(context,), phases=("decode",))
     exe = compile_model(model, cfg, opts, formats=formats)
@@ -554,18 +563,6 @@ def _draw(ax, result: dict, cfg: AcceleratorConfig, focus: float | None):
 def main(argv: list[str] | None = None) -> int:
     """``python -m sw.codesign``: search one model, write the assignment, the packed model of
     the main budget, the records and the Pareto plot into ``--out``."""
-    import argparse
-    import json
-    import shutil
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    from sw.artifact import publish
-    from sw.compress.io import from_llama, save
-    from sw.compress.model import COMPRESS_METHODS
-    from sw.models.source import ModelSourceError, open_model
-
     ap = argparse.ArgumentParser(
         prog="python -m sw.codesign", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)

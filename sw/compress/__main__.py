@@ -42,7 +42,15 @@ from hw.format import (
 from sw.artifact import atomic_write
 from sw.cli import UsageError
 from sw.compress.calibrate import CalibrationError
-from sw.compress.io import (
+from sw.compress.model import COMPRESS_METHODS, compress_llama, selected_linears
+from sw.compress.report import (
+    LayerReport,
+    compress_layers,
+    format_table,
+    llama_layer_shapes,
+    random_llama_layers,
+)
+from sw.models.compressed import (
     CompressedFileError,
     CompressedModel,
     check_export_dir,
@@ -52,14 +60,7 @@ from sw.compress.io import (
     load,
     save,
 )
-from sw.compress.model import COMPRESS_METHODS, compress_llama, selected_linears
-from sw.compress.report import (
-    LayerReport,
-    compress_layers,
-    format_table,
-    llama_layer_shapes,
-    random_llama_layers,
-)
+from sw.models.source import ModelSourceError, open_model
 
 DEFAULT_SELECT = r"(q|k|v|o|gate|up|down)_proj\.weight$"
 #: Methods that need no calibration data: the only ones for loose layers.
@@ -248,8 +249,6 @@ def _report(name: str, w: np.ndarray, qw: QuantizedWeight, lanes: int, seconds: 
 
 
 def _model(args, fmt: WeightFormat) -> tuple[list[LayerReport], CompressedModel]:
-    from sw.models.source import ModelSourceError, open_model
-
     try:
         src = open_model(args.model, option="MODEL")
     except ModelSourceError as e:

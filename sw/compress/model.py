@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 from hw.config import NMPattern
 from hw.format import QuantizedWeight, WeightFormat
 from hw.numerics import golden_linear_torch
+from sw.compress.attention import HardwareAttentionProducts
 from sw.compress.calibrate import (
     MIN_TOKENS,
     CalibrationError,
@@ -497,8 +498,6 @@ def use_hardware_numerics(model: nn.Module, weights: dict[str, QuantizedWeight],
                              f"compressed weight is {qw.shape}")
         setattr(parent, attr, HardwareLinear(qw, acc_bits, mod.bias))
     if attention:
-        from sw.compress.attention import HardwareAttentionProducts
-
         for mod in list(model.modules()):
             p = getattr(mod, "products", None)
             if isinstance(p, AttentionProducts) and not isinstance(p, HardwareAttentionProducts):

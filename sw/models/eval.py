@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from sw.models import corpus
+from sw.models.reference_model import REFERENCE_DIR
+from sw.models.source import ModelSourceError, open_model
 from sw.models.tokenizer import VOCAB_SIZE
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
@@ -264,9 +266,6 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: perplexity of a model (any ``--model`` spec of
     :func:`sw.models.source.open_model`, a compressed file included), the unigram baseline
     and, optionally, the comparison against a reference model with the same tokenizer."""
-    from sw.models.reference_model import REFERENCE_DIR
-    from sw.models.source import ModelSourceError, open_model
-
     d = EvalProtocol()
     parser = _Parser(prog="python -m sw.models.eval", description=__doc__.split("\n")[0])
     kinds = ("'reference', 'smollm2', a Hugging Face directory, a .gguf file or a compressed "

@@ -37,6 +37,7 @@ import torch
 from tokenizers import Tokenizer
 
 from sw.models.config import LlamaConfig, ModelConfigError
+from sw.models.hf import CheckpointError, expected_shapes, model_from_state_dict
 from sw.models.llama import LlamaLM
 
 __all__ = ["ARCHITECTURE", "BLOCK_TENSORS", "GLOBAL_TENSORS", "GGUFError", "GGUFFile",
@@ -279,8 +280,6 @@ def load_state_dict(f: GGUFFile, config: LlamaConfig) -> dict[str, torch.Tensor]
         A tensor with no counterpart in the model, a type the ``gguf`` package cannot
         dequantise, or a shape that disagrees with the metadata (each naming the tensor).
     """
-    from sw.models.hf import expected_shapes
-
     expected = expected_shapes(config)
     state: dict[str, torch.Tensor] = {}
     for t in f.reader.tensors:
@@ -349,8 +348,6 @@ def read_gguf(path: str | Path, dtype: torch.dtype = torch.float32,
     GGUFError
         Missing or unreadable file, another architecture, an unsupported tensor or type.
     """
-    from sw.models.hf import CheckpointError, model_from_state_dict
-
     f = open_gguf(path)
     config = read_config(f)
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from sw.models.corpus import corpus_warnings
+from sw.models.hf import load_checkpoint
 from sw.models.llama import LlamaLM
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
@@ -29,8 +30,6 @@ def load_reference(dtype: torch.dtype = torch.float32, check_corpus: bool = True
     LlamaLM
         The model in eval mode.
     """
-    from sw.models.hf import load_checkpoint
-
     if check_corpus:
         for message in corpus_warnings(REFERENCE_DIR):
             warnings.warn(f"reference corpus differs: {message}", stacklevel=2)

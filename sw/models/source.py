@@ -9,9 +9,9 @@
   architecture (:mod:`sw.models.hf`);
 * a LLaMA-family ``.gguf`` file (:mod:`sw.models.gguf`: weights dequantised to float32,
   tokenizer and chat template from its metadata);
-* a compressed model ``.safetensors`` written by ``python -m sw.compress`` (:mod:`sw.compress.io`):
-  the model computes with the dequantised compressed weights, and :attr:`ModelSource.weights`
-  carries the compressed matrices themselves.
+* a compressed model ``.safetensors`` written by ``python -m sw.compress``
+  (:mod:`sw.models.compressed`): the model computes with the dequantised compressed weights,
+  and :attr:`ModelSource.weights` carries the compressed matrices themselves.
 
 Each kind is one loader in :data:`LOADERS`; a new kind is one more entry. Calibration and
 evaluation text is the CPython standard library (train and test splits, disjoint), tokenised
@@ -28,13 +28,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
-from sw.models import corpus
+from sw.models import compressed, corpus
+from sw.models.gguf import GGUFError, read_gguf
+from sw.models.hf import CheckpointError, load_checkpoint, load_tokenizer
 from sw.models.llama import LlamaLM
+from sw.models.reference_model import load_reference
+from sw.models.tokenizer import EOS_ID, build_tokenizer, decode, encode
 
 if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
     from hw.format import QuantizedWeight
 
 __all__ = ["ModelSource", "ModelSourceError", "open_model", "LOADERS", "BUILTINS",
@@ -95,7 +98,7 @@ class ModelSource:
         return torch.from_numpy(stream[starts[:, None] + np.arange(seq_len)].astype(np.int64))
 
     def tokenizer_record(self) -> dict:
-        """The tokenizer as a compressed model file stores it (:mod:`sw.compress.io`)."""
+        """The tokenizer as a compressed model file stores it (:mod:`sw.models.compressed`)."""
         if self.tokenizer is None:
             return {"kind": "bytes"}
         return {"kind": "tokenizers", "json": self.tokenizer.to_str(),
@@ -137,8 +140,6 @@ class ModelSource:
 # ---------------------------------------------------------------------- text of a tokenizer
 def _byte_level(name: str, model: LlamaLM, note: str, **extra) -> ModelSource:
     """A source with the reference model's byte-level tokens and corpus."""
-    from sw.models.tokenizer import EOS_ID, decode, encode
-
     return ModelSource(name, model, lambda s: encode(s).astype(int).tolist(), decode, EOS_ID,
                        lambda split: corpus.load_split(split), note, **extra)
 
@@ -148,8 +149,6 @@ def _tokenized(name: str, model: LlamaLM, tok: Tokenizer, note: str = "", **extr
     """A source whose text goes through a ``tokenizers.Tokenizer`` (corpus: the first 64 files
     of each split, tokenised once). The reference model's byte-level tokenizer (a checkpoint
     directory trained here) gets the byte-level source and its evaluation protocol."""
-    from sw.models.tokenizer import build_tokenizer
-
     if tok.to_str() == build_tokenizer().to_str():
         return _byte_level(name, model, note, **extra)
     cache: dict[str, np.ndarray] = {}
@@ -171,16 +170,12 @@ def _tokenized(name: str, model: LlamaLM, tok: Tokenizer, note: str = "", **extr
 # Each loader raises ModelSourceError with a message starting with the spec; open_model
 # prefixes the option.
 def _reference(spec: str) -> ModelSource:
-    from sw.models.reference_model import load_reference
-
     return _byte_level("reference", load_reference(),
                        "3.0 M-parameter LLaMA-style model trained here on the CPython standard "
                        "library")
 
 
 def _hf_directory(spec: str) -> ModelSource:
-    from sw.models.hf import CheckpointError, load_checkpoint, load_tokenizer
-
     try:
         model = load_checkpoint(spec)
         tok = load_tokenizer(spec)
@@ -193,8 +188,6 @@ def _hf_directory(spec: str) -> ModelSource:
 
 
 def _gguf_file(spec: str, name: str | None = None, label: str | None = None) -> ModelSource:
-    from sw.models.gguf import GGUFError, read_gguf
-
     try:
         g = read_gguf(spec)
     except GGUFError as e:
@@ -235,14 +228,10 @@ def _smollm2(spec: str) -> ModelSource:
 
 
 def _compressed_file(spec: str) -> ModelSource:
-    from tokenizers import Tokenizer
-
-    from sw.compress.io import CompressedFileError, load, to_llama
-
     try:
-        cm = load(spec)
-        model = to_llama(cm, path=spec)
-    except CompressedFileError as e:
+        cm = compressed.load(spec)
+        model = compressed.to_llama(cm, path=spec)
+    except compressed.CompressedFileError as e:
         raise ModelSourceError(str(e)) from None
     if cm.tokenizer is None:
         raise ModelSourceError(f"{spec}: holds no tokenizer (needed to encode prompts and "

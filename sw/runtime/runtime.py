@@ -34,18 +34,20 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from hw.numerics import bias_to_acc, dequant_output, quantize_activations
-from sim.backends import Backend
-from sim.roofline import LayerPoint, bound_cycles
-from sw.compile.executable import Executable, Program
-from sw.compile.ir import OPS, Interpreter, Kernel, Node, Numerics, run_node, stream_cycles
-from sw.compress.attention import (
+from hw.numerics import (
+    bias_to_acc,
+    dequant_output,
     kv_rows,
+    quantize_activations,
     scores_epilogue,
     scores_prologue,
     values_epilogue,
     values_prologue,
 )
+from sim.backends import Backend
+from sim.roofline import LayerPoint, bound_cycles
+from sw.compile.executable import Executable, Program
+from sw.compile.ir import OPS, Interpreter, Kernel, Node, Numerics, run_node, stream_cycles
 from sw.models.generate import sample_next
 
 __all__ = ["Runtime", "RuntimeFault", "StepStats", "ProgramRun", "HostRun", "Generation",

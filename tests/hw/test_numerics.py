@@ -13,11 +13,17 @@ from hw.numerics import (
     dequant_output,
     gemm_acc,
     gemm_acc_packed,
+    gemm_acc_torch,
     golden_linear,
     golden_linear_torch,
+    kv_rows,
     quantize_activations,
     quantize_activations_torch,
     requantize_int8,
+    scores_epilogue,
+    scores_prologue,
+    values_epilogue,
+    values_prologue,
     wrap,
 )
 from sw.compress.core import compress_matrix
@@ -71,6 +77,42 @@ def test_torch_twin_is_bit_identical(t, k, seed):
     yt = golden_linear_torch(torch.from_numpy(x), torch.from_numpy(w.int_weight()[:, :k]),
                              torch.from_numpy(w.row_scale))
     assert np.array_equal(y.view(np.uint32), yt.numpy().view(np.uint32))
+
+
+
+def _bits(x) -> np.ndarray:
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+@given(st.integers(1, 2), st.sampled_from([(1, 1), (2, 1), (4, 2), (3, 3)]), st.integers(1, 5),
+       st.integers(1, 9), st.integers(1, 16), st.integers(0, 2**32 - 1))
+def test_attention_products_are_golden_gemms_per_head(b, heads, t, s, d, seed):
+    """The INT8 KV-cache attention prologues and epilogues (grouped-query rows, key scales as
+    row scales, value scales folded into the probabilities) compute, head by head, exactly the
+    numpy golden GEMM: quantise the activation rows, integer product, WIDE epilogue."""
+    h, kv = heads
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(shape, generator=g) * 3
+               for shape in ((b, h, t, d), (b, kv, s, d), (b, kv, s, d)))
+    probs = torch.softmax(torch.randn((b, h, t, s), generator=g), dim=-1)
+    k8, s_k = kv_rows(k)
+    v8, s_v = kv_rows(v)
+    q8, s_q = scores_prologue(q, kv)
+    scores = scores_epilogue(gemm_acc_torch(q8, k8), s_q, s_k, h)
+    p8, s_p = values_prologue(probs, s_v, kv)
+    out = values_epilogue(gemm_acc_torch(p8, v8.transpose(-2, -1)), s_p, h)
+    assert scores.shape == (b, h, t, s) and out.shape == (b, h, t, d)
+    for i in range(b):
+        for head in range(h):
+            j = head // (h // kv)            # the kv head this query head shares
+            k8n, s_kn = quantize_activations(k[i, j].numpy())
+            v8n, s_vn = quantize_activations(v[i, j].numpy())
+            a, s_a = quantize_activations(q[i, head].numpy())
+            ref = dequant_output(gemm_acc(a, k8n), s_kn, s_a)
+            assert np.array_equal(_bits(scores[i, head]), _bits(ref))
+            a, s_a = quantize_activations(probs[i, head].numpy() * s_vn[None, :])
+            ref = dequant_output(gemm_acc(a, v8n.T), np.ones(d, np.float32), s_a)
+            assert np.array_equal(_bits(out[i, head]), _bits(ref))
 
 
 @given(st.integers(1, 6), st.integers(1, 70), st.integers(0, 2**32 - 1))

@@ -142,7 +142,7 @@ def test_whole_flow_on_a_tiny_model(tmp_path):
                    for x in u.layers}
         assert {x: q.fmt for x, q in p.weights.items()} == formats
     # the packed file of a mixed assignment (what sw.codesign writes) reads back layer by layer
-    from sw.compress.io import from_llama, load, save
+    from sw.models.compressed import from_llama, load, save
     save(from_llama(src.model, refined.weights), tmp_path / "m.safetensors")
     back = load(tmp_path / "m.safetensors").weights
     assert {x: q.fmt for x, q in back.items()} == {x: q.fmt for x, q in refined.weights.items()}

@@ -53,7 +53,7 @@ class Numerics:
         Compressed layers (module name -> :class:`~hw.format.QuantizedWeight`): these linears
         compute W4A8/W8A8 with the datapath's integer numerics; the others in float.
     attention : bool
-        INT8 KV-cache attention products, else float.
+        INT8 KV-cache attention products (:mod:`hw.numerics`), else float.
     acc_bits : int
         Accumulator width.
     """

@@ -42,15 +42,16 @@ import torch
 import torch.nn.functional as F
 
 from hw.config import AcceleratorConfig
-from hw.numerics import gemm_acc_torch, golden_linear_torch
-from sw.compile.ir.types import SYMBOL, TensorType
-from sw.compress.attention import (
+from hw.numerics import (
+    gemm_acc_torch,
+    golden_linear_torch,
     kv_rows,
     scores_epilogue,
     scores_prologue,
     values_epilogue,
     values_prologue,
 )
+from sw.compile.ir.types import SYMBOL, TensorType
 from sw.models.llama import apply_rotary, attention_probs, causal_mask, rms_norm
 
 if TYPE_CHECKING:

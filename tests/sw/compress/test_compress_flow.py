@@ -13,8 +13,8 @@ import torch
 from hw.config import AcceleratorConfig
 from hw.format import WeightFormat
 from sw.compress.__main__ import main as compress_main
-from sw.compress.io import load
 from sw.compress.model import compress_llama
+from sw.models.compressed import load
 from sw.models.eval import main as eval_main
 from sw.models.hf import load_checkpoint
 from sw.models.reference_model import load_reference

@@ -11,7 +11,7 @@ from hw.config import AcceleratorConfig, NMPattern
 from hw.format import WeightFormat, random_quantized
 from sw.artifact import load_artifact, save_artifact
 from sw.compress.__main__ import main
-from sw.compress.io import (
+from sw.models.compressed import (
     FORMAT_VERSION,
     TOKENIZER_TENSOR,
     CompressedFileError,

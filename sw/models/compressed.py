@@ -22,6 +22,11 @@ A file with a model configuration loads back as a model (:func:`to_llama`: the f
 computes with the dequantised compressed weights; :func:`sw.models.source.open_model` wraps it
 with its tokenizer) and exports to a Hugging Face directory (:func:`export_hf`). A file of loose
 layers (``python -m sw.compress`` on a bare safetensors file) has none.
+
+The format lives in :mod:`sw.models` beside the Hugging Face and GGUF formats: reading a
+compressed file needs the model and the weight format, not the compressor, so
+:func:`~sw.models.source.open_model` loads one without importing :mod:`sw.compress` (which
+writes them and imports this module).
 """
 
 from __future__ import annotations
@@ -36,11 +41,14 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
+from tokenizers import Tokenizer
 
 from hw.config import AcceleratorConfig
 from hw.format import FormatError, QuantizedWeight, WeightFormat, pack, stream_layout, unpack
 from sw.artifact import ArtifactError, load_artifact, save_artifact
+from sw.models import tokenizer as byte_tok
 from sw.models.config import LlamaConfig, ModelConfigError
+from sw.models.hf import CheckpointError, model_from_state_dict, save_checkpoint
 
 __all__ = ["FORMAT_VERSION", "TOKENIZER_KINDS", "TOKENIZER_TENSOR", "CompressedModel",
            "CompressedFileError", "save", "load", "is_compressed", "from_llama", "to_llama",
@@ -290,8 +298,6 @@ def to_llama(cm: CompressedModel, dtype: torch.dtype = torch.float32,
         ``cm`` holds loose layers without a model configuration, or its tensors do not make
         up the model (named); the message starts with ``path``.
     """
-    from sw.models.hf import CheckpointError, model_from_state_dict
-
     if cm.model_config is None:
         raise CompressedFileError(f"{path}: holds compressed layers only, no model "
                                   "(compress a model: python -m sw.compress MODEL --out FILE)")
@@ -305,21 +311,15 @@ def to_llama(cm: CompressedModel, dtype: torch.dtype = torch.float32,
 
 
 def _tokenizer_object(cm: CompressedModel):
-    from tokenizers import Tokenizer
-
-    from sw.models.tokenizer import build_tokenizer
-
     if cm.tokenizer is None:
         return None
     if cm.tokenizer["kind"] == "bytes":
-        return build_tokenizer()
+        return byte_tok.build_tokenizer()
     return Tokenizer.from_str(cm.tokenizer["json"])
 
 
 def _tokenizer_config(cm: CompressedModel, tok) -> dict[str, Any]:
     """``tokenizer_config.json``: the special tokens by name and the chat template."""
-    from sw.models import tokenizer as byte_tok
-
     cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
                            "clean_up_tokenization_spaces": False, "model_max_length":
                            cm.model_config.max_position_embeddings}
@@ -370,8 +370,6 @@ def export_hf(cm: CompressedModel, out: str | Path, path: str | Path = "compress
     FileExistsError
         ``out`` exists and is not a directory of exported files.
     """
-    from sw.models.hf import save_checkpoint
-
     out = Path(out)
     check_export_dir(out)
     model = to_llama(cm, path=path)
