@@ -186,3 +186,17 @@ def test_imports_run_one_way(importer, forbidden, why):
            and any(_within(i.target, f) for f in forbidden)]
     assert not bad, (f"{importer} may not import {', '.join(forbidden)} ({why}):\n"
                      + "\n".join(f"  {i}" for i in bad))
+
+
+#: What the runtime may import of the compiler: the artifact it runs and the IR it interprets.
+RUNTIME_SEES = ("sw.compile.executable", "sw.compile.ir", "sw.compile.errors")
+
+
+def test_the_runtime_reads_the_executable_not_the_compiler():
+    """Every decision the compiler made reaches the runtime through the Executable; of the
+    compiler it imports only those types and the IR (the registry and its interpreter)."""
+    bad = [i for i in project_imports() if _within(i.importer, "sw.runtime")
+           and _within(i.target, "sw.compile")
+           and not any(_within(i.target, a) for a in RUNTIME_SEES)]
+    assert not bad, ("sw.runtime may import of sw.compile only " + ", ".join(RUNTIME_SEES)
+                     + ":\n" + "\n".join(f"  {i}" for i in bad))
