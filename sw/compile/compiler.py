@@ -158,7 +158,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     t0 = time.perf_counter()
     work, buffers, kv = _partition(model, cfg, graphs, fmt_map, options, report)
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options)
-    programs, table, templates = _lower(cfg, work, symbols)
+    programs, table, templates = _lower(cfg, work, symbols, options.max_context)
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
         report["phases"][phase].update(arena_bytes=arena.size,
@@ -293,25 +293,35 @@ def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str
     return symbols, layout, arenas
 
 
-def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region]
+def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int
            ) -> tuple[list[Program], ProgramTable, int]:
     """One program per (node, bucket): each distinct one lowered once, relocated; and the
-    table that finds them."""
+    table that finds them for every context."""
     templates: dict[tuple, tuple[int, Template]] = {}
     programs: list[Program] = []
-    table: dict[str, dict[str, list[tuple[int | None, int]]]] = {}
+    table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
     addr = {k: r.addr for k, r in symbols.items()}
     for phase, node, bucket, members in work:
         key = tuple(m.signature for m in members)
         if key not in templates:
             templates[key] = (len(templates), lower_template(cfg, members))
         index, t = templates[key]
-        table.setdefault(phase, {}).setdefault(node.name, []).append((bucket, len(programs)))
+        first, last = (1, max_context) if bucket is None else _bucket_contexts(bucket)
+        table.setdefault(phase, {}).setdefault(node.name, []).append(
+            (first, last, len(programs)))
         programs.append(Program(phase, node.name, bucket, relocate(t, addr, members,
                                                                    cfg.beat_bytes),
                                 tuple(_program_member(m) for m in members), index))
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
                                    for ph, nodes in table.items()}), len(templates)
+
+
+def _bucket_contexts(bucket: int) -> tuple[int, int]:
+    """The contexts (key positions) whose attention programs are ``bucket``'s."""
+    first = bucket
+    while first > 1 and context_bucket(first - 1) == bucket:
+        first -= 1
+    return first, bucket
 
 
 def _decode_contexts(opts: CompileOptions) -> tuple[int, ...]:

@@ -30,7 +30,6 @@ refused with one line.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -122,18 +121,21 @@ class Program:
 class ProgramTable:
     """Which program runs each accelerator node, per phase and context.
 
-    ``entries[phase][node]`` is a tuple of ``(bucket, program index)`` with increasing
-    buckets: a step attending to ``S`` key positions runs the first program whose bucket is
-    at least ``S``; a bucket of None (the only entry) serves every context.
+    ``entries[phase][node]`` is a tuple of ``(first, last, program index)``: a step attending
+    to ``S`` key positions, ``first <= S <= last``, runs that program. A program that does not
+    depend on the context covers every one (``first = 1``, ``last`` the executable's
+    ``max_context``); an attention program covers the contexts of its bucket.
 
     Example
     -------
-    >>> t = ProgramTable({"decode": {"attn": ((32, 0), (64, 1)), "mlp": ((None, 2),)}})
+    >>> t = ProgramTable({"decode": {"attn": ((17, 32, 0), (33, 48, 1)), "mlp": ((1, 48, 2),)}})
     >>> t.lookup("decode", "attn", 33), t.lookup("decode", "mlp", 33), t.lookup("decode", "x", 1)
     (1, 2, None)
+    >>> t.lookup("decode", "attn", 16) is None
+    True
     """
 
-    entries: Mapping[str, Mapping[str, tuple[tuple[int | None, int], ...]]]
+    entries: Mapping[str, Mapping[str, tuple[tuple[int, int, int], ...]]]
 
     def nodes(self, phase: str) -> frozenset[str]:
         """The accelerator nodes of ``phase``."""
@@ -142,13 +144,10 @@ class ProgramTable:
     def lookup(self, phase: str, node: str, positions: int) -> int | None:
         """The program index of ``node`` for a step attending to ``positions`` key positions;
         None if ``node`` does not run on the accelerator or no program covers them."""
-        rows = self.entries.get(phase, {}).get(node)
-        if not rows:
-            return None
-        if rows[0][0] is None:
-            return rows[0][1]
-        i = bisect.bisect_left([b for b, _ in rows], positions)
-        return rows[i][1] if i < len(rows) else None
+        for first, last, pid in self.entries.get(phase, {}).get(node, ()):
+            if first <= positions <= last:
+                return pid
+        return None
 
 
 @dataclass(frozen=True)
@@ -301,7 +300,7 @@ def _from_doc(tensors: dict[str, np.ndarray], doc: dict) -> Executable:
         model=LlamaConfig.from_dict(doc["model"]),
         graphs={k: Graph.from_dict(g) for k, g in doc["graphs"].items()},
         programs=programs,
-        table=ProgramTable({ph: {n: tuple((r[0], r[1]) for r in rows)
+        table=ProgramTable({ph: {n: tuple(tuple(r) for r in rows)
                                  for n, rows in nodes.items()}
                             for ph, nodes in doc["table"].items()}),
         symbols={k: Region(**r) for k, r in doc["symbols"].items()},

@@ -7,7 +7,7 @@ import pytest
 from compile_testutil import SMALL, compressed, tiny_lm
 
 from sw.compile import CompileOptions, compile_model
-from sw.compile.executable import Executable, ExecutableError, load, save
+from sw.compile.executable import FORMAT_VERSION, Executable, ExecutableError, load, save
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +57,28 @@ def test_interrupted_save_leaves_nothing(exe, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         save(exe, tmp_path / "m.safetensors")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_another_format_version_is_refused_with_one_line(exe, tmp_path, monkeypatch):
+    import sw.compile.executable as executable
+    path = save(exe, tmp_path / "m.safetensors")
+    monkeypatch.setattr(executable, "FORMAT_VERSION", FORMAT_VERSION + 1)
+    with pytest.raises(ExecutableError, match=rf"format version {FORMAT_VERSION}, this toolkit "
+                       rf"reads version {FORMAT_VERSION + 1}") as e:
+        load(path)
+    assert "\n" not in str(e.value)
+
+
+def test_the_program_table_covers_exactly_the_compiled_contexts():
+    lm = tiny_lm(layers=1)
+    exe = compile_model(lm, SMALL, CompileOptions(prompt_tokens=4, max_context=40,
+                                                  decode_contexts=(40,)),
+                        weights=compressed(lm))
+    scores = next(n for n in exe.table.nodes("decode") if n.endswith("scores"))
+    mlp = next(n for n in exe.table.nodes("decode") if "mlp" in n)
+    covered = [s for s in range(1, 41) if exe.table.lookup("decode", scores, s) is not None]
+    assert covered == list(range(covered[0], 41)) and 20 < covered[0] <= 40
+    assert exe.program_index("decode", mlp, 5) == exe.program_index("decode", mlp, 40)
+    with pytest.raises(ExecutableError, match=f"no program for node '{scores}' of decode at "
+                       "20 key positions"):
+        exe.program_index("decode", scores, 20)
