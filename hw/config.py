@@ -22,10 +22,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hw.errors import ContractError
+
 __all__ = ["NMPattern", "MemoryModel", "AcceleratorConfig", "ConfigError", "DENSE"]
 
 
-class ConfigError(ValueError):
+class ConfigError(ContractError):
     """An invalid accelerator configuration or pattern; the message names the bad value."""
 
 

@@ -33,12 +33,13 @@ from typing import Any
 import numpy as np
 
 from hw.config import DENSE, AcceleratorConfig, NMPattern
+from hw.errors import ContractError
 
 __all__ = ["FormatError", "WeightFormat", "QuantizedWeight", "StreamGeometry", "StreamLayout",
            "pack", "unpack", "stream_layout", "random_quantized"]
 
 
-class FormatError(ValueError):
+class FormatError(ContractError):
     """Invalid format parameters or a stream that does not match its metadata."""
 
 

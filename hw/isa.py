@@ -31,6 +31,7 @@ import numpy as np
 from amaranth.lib import data, enum
 
 from hw.config import AcceleratorConfig
+from hw.errors import ContractError
 from hw.format import StreamGeometry
 
 __all__ = [
@@ -137,7 +138,7 @@ InstrLayout = data.StructLayout({
 assert InstrLayout.size <= INSTR_BITS, InstrLayout.size
 
 
-class ISAError(ValueError):
+class ISAError(ContractError):
     """An instruction the encoder refuses; the message names the field and value."""
 
 

@@ -37,6 +37,7 @@ from hw.isa import (
     dispatch_errors,
     program_words,
 )
+from sim.errors import SimulationError
 from sim.functional import MachineState, exec_gemm, exec_load, exec_store
 from sim.result import RunResult
 
@@ -45,7 +46,7 @@ __all__ = ["ProgramError", "InstrTiming", "Schedule", "schedule", "FastModel"]
 _ENGINES = (Engine.LOAD, Engine.COMPUTE, Engine.STORE)
 
 
-class ProgramError(ValueError):
+class ProgramError(SimulationError, ValueError):
     """A program the model cannot execute faithfully (e.g. an event with two producers)."""
 
 

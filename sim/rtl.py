@@ -49,6 +49,7 @@ from hw.dma import DRAM_ADDR_BITS
 from hw.generate import write_design
 from hw.isa import INSTR_BYTES, ErrorCode, Instr, encode, program_words
 from hw.timing import START_LATENCY
+from sim.errors import SimulationError
 from sim.result import RunResult
 
 __all__ = ["RTLBackend", "RTLBuildError", "RTLTimeoutError", "engine_states", "verilator_env",
@@ -59,11 +60,11 @@ HARNESS = ROOT / "sim" / "verilator" / "harness.cpp"
 DEFAULT_BUILD_ROOT = ROOT / "build" / "rtl"
 
 
-class RTLBuildError(RuntimeError):
+class RTLBuildError(SimulationError, RuntimeError):
     """Verilog generation or the Verilator build failed (the message has the log tail)."""
 
 
-class RTLTimeoutError(RuntimeError):
+class RTLTimeoutError(SimulationError, RuntimeError):
     """The run did not finish within ``max_cycles``."""
 
 

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from hw.format import QuantizedWeight, WeightFormat
 from sw.compress.core import compress_matrix
+from sw.compress.errors import CompressError
 from sw.compress.gptq import gptq_compress
 from sw.compress.sparsegpt import sparsegpt_compress
 from sw.compress.wanda import wanda_compress, wanda_mask
@@ -60,7 +61,7 @@ METHODS: dict[str, tuple[bool, bool]] = {
 }
 
 
-class CalibrationError(ValueError):
+class CalibrationError(CompressError):
     """Calibration could not produce usable statistics; the message names the layer."""
 
 

@@ -52,6 +52,7 @@ import torch
 from hw.config import NMPattern
 from hw.format import QuantizedWeight, WeightFormat
 from sw.compress.core import PaddingWarning, as_weight_array, gather_kept
+from sw.compress.errors import CompressError
 from sw.compress.prune import check_nm_mask, mask_to_keep_index, nm_mask
 from sw.compress.quant import compute_scales
 
@@ -68,7 +69,7 @@ HEADROOM = 1.05
 SUB = 16
 
 
-class HessianError(ValueError):
+class HessianError(CompressError):
     """A layer Hessian that cannot be used: wrong shape, non-finite, or not positive definite
     even after the largest dampening."""
 

@@ -48,6 +48,7 @@ from hw.format import FormatError, QuantizedWeight, WeightFormat, pack, stream_l
 from sw.artifact import ArtifactError, load_artifact, save_artifact
 from sw.models import tokenizer as byte_tok
 from sw.models.config import LlamaConfig, ModelConfigError
+from sw.models.errors import ModelError
 from sw.models.hf import CheckpointError, model_from_state_dict, save_checkpoint
 
 __all__ = ["FORMAT_VERSION", "TOKENIZER_KINDS", "TOKENIZER_TENSOR", "CompressedModel",
@@ -68,7 +69,7 @@ _KEY = "nmfpga-compressed"
 _V1_KEY = "nmfpga"
 
 
-class CompressedFileError(ValueError):
+class CompressedFileError(ModelError):
     """A compressed-model file that cannot be trusted or used: missing, corrupt, truncated,
     of another version, inconsistent, or without what the caller needs."""
 

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sw.models.errors import ModelError
+
 #: Model families the implementation reproduces (LLaMA and its close relatives).
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(ModelError):
     """A model configuration that is invalid or that this implementation does not support.
 
     Distinct from :class:`hw.config.ConfigError` (an invalid accelerator configuration): both

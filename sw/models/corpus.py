@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sw.models.errors import ModelError
 from sw.models.tokenizer import EOS_ID
 
 SPLITS = ("train", "validation", "test")
@@ -36,7 +37,7 @@ _EXCLUDED_DIRS = frozenset(
 _MAX_FILE_BYTES = 256 * 1024
 
 
-class CorpusError(ValueError):
+class CorpusError(ModelError):
     """The corpus cannot satisfy a request (missing, empty or too short)."""
 
 

@@ -37,6 +37,7 @@ import torch
 from tokenizers import Tokenizer
 
 from sw.models.config import LlamaConfig, ModelConfigError
+from sw.models.errors import ModelError
 from sw.models.hf import CheckpointError, expected_shapes, model_from_state_dict
 from sw.models.llama import LlamaLM
 
@@ -74,7 +75,7 @@ _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 MAX_CONTEXT = 1 << 20
 
 
-class GGUFError(ValueError):
+class GGUFError(ModelError):
     """A GGUF file that cannot be read as a LLaMA model (the message names the file and the
     offending key, tensor or type)."""
 

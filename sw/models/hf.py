@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from sw.models.config import LlamaConfig, ModelConfigError
+from sw.models.errors import ModelError
 from sw.models.llama import LlamaLM
 
 CONFIG_FILE = "config.json"
@@ -31,7 +32,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ModelError):
     """A checkpoint directory that is missing files or holds inconsistent tensors."""
 
 

