@@ -1,11 +1,10 @@
 """The libraries (hw, sim, sw) never read a benchmark's output or import a benchmark.
 
 bench/ prints tables and writes bench/results/*.json from the libraries; a library that read
-them back would depend on whichever benchmark ran last (sw.deploy once took its synthesised
-clock from bench/results/synth.json; it now asks hw.synth, whose record is
-hw/synth_records.json). Every module is scanned: its imports (AST), its string literals (a path
-built from "bench" or naming bench/...) and its whole text (comments and docstrings included)
-for ``bench/results``.
+them back would depend on whichever benchmark ran last (the synthesised clock that sw.deploy
+reports comes from hw.synth's own record, hw/synth_records.json). Every module is scanned:
+its imports (AST), its string literals (a path built from "bench" or naming bench/...) and its
+whole text (comments and docstrings included) for ``bench/results``.
 """
 
 import ast
