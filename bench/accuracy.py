@@ -57,7 +57,18 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from bench.common import RESULTS, parser, write_json
+from bench.common import (
+    DOCS,
+    RESULTS,
+    command,
+    nonnegative_float,
+    nonnegative_int,
+    parser,
+    patterns,
+    positive_int,
+    recorded,
+    write_json,
+)
 from hw.config import NMPattern
 from hw.format import QuantizedWeight, WeightFormat
 from sw.compress.calibrate import collect_stats
@@ -81,7 +92,8 @@ from sw.models.eval import (
 from sw.models.source import ModelSource, ModelSourceError, open_model
 
 ROOT = Path(__file__).resolve().parent.parent
-IMG = ROOT / "docs" / "img"
+#: Default directory of the plots (``--record``: docs/img).
+IMG = DOCS / "img"
 #: The default evaluation protocol (sw/models/README.md).
 PROTOCOL = EvalProtocol()
 
@@ -730,13 +742,14 @@ def merge_records(path: Path, model: str, records: Sequence[dict]) -> list[dict]
     return sorted(merged, key=lambda r: order.index(r["model"]))  # stable within a model
 
 
-def _plot_path(model: str) -> Path:
+def _plot_path(model: str, record: bool = False) -> Path:
+    img = recorded(IMG) if record else IMG
     if model == "reference":
-        return IMG / "accuracy.png"
-    return IMG / f"accuracy_{re.sub(r'[^A-Za-z0-9]+', '_', Path(model).stem).strip('_')}.png"
+        return img / "accuracy.png"
+    return img / f"accuracy_{re.sub(r'[^A-Za-z0-9]+', '_', Path(model).stem).strip('_')}.png"
 
 
-def replot(model: str, out: Path, path: Path | str = "auto") -> int:
+def replot(model: str, out: Path, path: Path | str = "auto", record: bool = False) -> int:
     """Redraw the plot of ``model``'s records in ``out`` (no model is loaded)."""
     records = [r for r in (json.loads(out.read_text()) if out.is_file() else [])
                if r.get("model", "reference") == model]
@@ -744,7 +757,7 @@ def replot(model: str, out: Path, path: Path | str = "auto") -> int:
         print(f"bench.accuracy: no {model} records in {out}", file=sys.stderr)
         return 2
     auto = model_defaults(model)
-    path = _plot_path(model) if str(path) == "auto" else Path(path)
+    path = _plot_path(model, record) if str(path) == "auto" else Path(path)
     print(f"wrote {plot(records, path, _title(model), auto['zoom'])}")
     return 0
 
@@ -754,6 +767,16 @@ def _title(model: str) -> str:
                                      else model)
 
 
+def _auto_patterns(text: str) -> tuple[str, ...] | str:
+    if text == "auto":
+        return text
+    if "dense" in (out := patterns(text)):
+        raise argparse.ArgumentTypeError("'dense' is not a pruning pattern (the dense rows "
+                                         "always run)")
+    return out
+
+
+@command("bench.accuracy")
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.accuracy", __doc__)
     ap.add_argument("--model", default="reference",
@@ -769,18 +792,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-tokens", type=_auto_int, default="auto",
                     help="test-split tokens scored ('auto': 32768 for the reference model, "
                          "8192 for any other)")
-    ap.add_argument("--eval-seq-len", type=int, default=PROTOCOL.seq_len,
+    ap.add_argument("--eval-seq-len", type=positive_int, default=PROTOCOL.seq_len,
                     help="tokens per evaluation window (at most the model's context)")
-    ap.add_argument("--patterns", default="auto",
+    ap.add_argument("--patterns", type=_auto_patterns, default="auto",
                     help="comma-separated N:M patterns of the pruning-only rows ('auto': "
                          "2:4,4:8,1:4,2:8 for the reference model, 2:4,4:8 for any other)")
-    ap.add_argument("--group", type=int, default=128, help="quantisation group along K")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--group", type=nonnegative_int, default=128,
+                    help="quantisation group along K, 0 = whole row")
+    ap.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     ap.add_argument("--only", default=None,
                     help="regex over row labels (e.g. '2:4'); fp32 always runs")
     ap.add_argument("--one-shot", action="store_true",
                     help="calibrate every layer on the fp32 model (not sequentially)")
-    ap.add_argument("--percdamp", type=float, default=None,
+    ap.add_argument("--percdamp", type=nonnegative_float, default=None,
                     help="GPTQ/SparseGPT dampening (None: theirs, 0.01)")
     ap.add_argument("--act-order", action="store_true", help="GPTQ activation order")
     ap.add_argument("--no-hardware", action="store_true",
@@ -791,14 +815,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "accuracy.json",
                     help="results JSON (the other models' records in it are kept)")
     ap.add_argument("--plot", type=Path, default="auto",
-                    help="the plot ('auto': docs/img/accuracy.png for the reference model, "
-                         "docs/img/accuracy_<model>.png for any other)")
+                    help=f"the plot ('auto': {IMG.relative_to(ROOT)}/accuracy.png for the "
+                         "reference model, accuracy_<model>.png for any other; with --record "
+                         "docs/img/)")
     ap.add_argument("--no-plot", action="store_true", help="do not draw the plot")
     ap.add_argument("--replot", action="store_true",
                     help="only redraw the plot of --model from the records in --out")
     args = ap.parse_args(argv)
+    try:  # every option checked before the model loads
+        WeightFormat(NMPattern.parse("dense"), 4, args.group)
+    except ValueError as e:
+        ap.error(f"argument --group: {e}")
+    if args.only:
+        try:
+            re.compile(args.only)
+        except re.error as e:
+            ap.error(f"argument --only: {args.only!r} is not a regular expression ({e})")
     if args.replot:
-        return replot(args.model, args.out, args.plot)
+        return replot(args.model, args.out, args.plot, args.record)
 
     torch.set_num_threads(args.threads)
     t_load = time.perf_counter()
@@ -817,8 +851,7 @@ def main(argv: list[str] | None = None) -> int:
         if value > context:
             ap.error(f"{opt} {value} exceeds the model's context of {context} positions")
     eval_tokens = args.eval_tokens or auto["eval_tokens"]
-    patterns = auto["patterns"] if args.patterns == "auto" else \
-        tuple(p.strip() for p in args.patterns.split(",") if p.strip())
+    patterns = auto["patterns"] if args.patterns == "auto" else args.patterns
     reference = src.model
     tied = reference.lm_head.weight is reference.model.embed_tokens.weight
     configs = default_configs(args.group, patterns)
@@ -846,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
                           sample=src.calibration)
         print(format_investigation(inv))
         print(f"\ninvestigation took {time.perf_counter() - t0:.0f} s on {args.threads} threads")
-        if args.out != RESULTS / "accuracy.json":
+        if args.out not in (RESULTS / "accuracy.json", recorded(RESULTS / "accuracy.json")):
             write_json(args.out, inv)
         return 0
     extra = {"model": src.name, "calib_samples": args.calib_samples,
@@ -871,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.out, merge_records(args.out, src.name, records))
     print(f"wrote {args.out} ({src.name} records replaced)")
     if not args.no_plot:
-        path = _plot_path(src.name) if str(args.plot) == "auto" else args.plot
+        path = _plot_path(src.name, args.record) if str(args.plot) == "auto" else args.plot
         print(f"wrote {plot(records, path, _title(src.name), auto['zoom'])}")
     bad = [r["method"] for r in records if not math.isfinite(r["perplexity"])]
     if bad:

@@ -34,14 +34,17 @@ from pathlib import Path
 import numpy as np
 
 from bench.accuracy import window_nll
-from bench.common import RESULTS, parser, write_json
+from bench.common import DOCS as OUTPUT_DOCS
+from bench.common import RESULTS, command, parser, recorded, write_json
 from hw.config import AcceleratorConfig
 from hw.format import WeightFormat
 from sw.codesign import BUDGETS, Point, pareto, plot, run, with_weights, zoom_bound
+from sw.compress.model import COMPRESS_METHODS
 from sw.models.eval import EvalProtocol
 from sw.models.source import open_model
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+#: Where the plots go (``img/``); ``--record``: its committed place, docs/.
+DOCS = OUTPUT_DOCS
 
 #: Per-model settings: how finely to assign formats and how much text to use.
 #: The reference model's whole 2:4-vs-dense gap is a small fraction of its perplexity, so its
@@ -134,7 +137,7 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
     return out
 
 
-def replot(model: str, out: Path) -> int:
+def replot(model: str, out: Path, record: bool = False) -> int:
     """Redraw ``docs/img/codesign_<model>.png`` from the records in ``out`` (no search)."""
     recs = [r for r in (json.loads(out.read_text()) if out.exists() else [])
             if r.get("model") == model]
@@ -151,25 +154,28 @@ def replot(model: str, out: Path) -> int:
     result = {"uniform": [point(r) for r in recs if r["method"] not in kinds],
               "searched": [point(r) for r in recs if r["method"] in kinds]}
     s = SETTINGS[model]
-    img = DOCS / "img" / f"codesign_{model}.png"
+    img = (recorded(DOCS) if record else DOCS) / "img" / f"codesign_{model}.png"
+    img.parent.mkdir(parents=True, exist_ok=True)
     plot(result, AcceleratorConfig(), img, f"{model}: per-layer formats ({s['granularity']}) "
          f"vs one format, {recs[0]['compression']}", zoom_bound(result, BUDGETS[s["budgets"][0]]))
     print(f"wrote {img}")
     return 0
 
 
+@command("bench.codesign")
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.codesign", __doc__)
     ap.add_argument("--model", default="reference", choices=sorted(SETTINGS),
                     help="the model to search")
-    ap.add_argument("--method", default="sparsegpt+gptq", help="compression method")
+    ap.add_argument("--method", default="sparsegpt+gptq", choices=sorted(COMPRESS_METHODS),
+                    help="compression method")
     ap.add_argument("--out", type=Path, default=RESULTS / "codesign.json", help="results JSON")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--replot", action="store_true",
                     help="only redraw the plot of --model from the records in --out")
     args = ap.parse_args(argv)
     if args.replot:
-        return replot(args.model, args.out)
+        return replot(args.model, args.out, args.record)
     settings = dict(SETTINGS[args.model])
     dram = settings.pop("dram_mb", None)
     if "candidates" in settings:
@@ -188,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         r["wall_s"] = wall
     old = json.loads(args.out.read_text()) if args.out.exists() else []
     write_json(args.out, [r for r in old if r.get("model") != args.model] + recs)
-    img = DOCS / "img" / f"codesign_{args.model}.png"
+    img = (recorded(DOCS) if args.record else DOCS) / "img" / f"codesign_{args.model}.png"
     img.parent.mkdir(parents=True, exist_ok=True)
     plot(result, cfg, img, f"{args.model}: per-layer formats ({settings['granularity']}) vs "
          f"one format, {args.method}", zoom_bound(result, next(iter(settings["budgets"].values()))))

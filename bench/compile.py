@@ -13,7 +13,6 @@ step) and ``host_transitions_per_token``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.common import RESULTS, write_json
+from bench.common import RESULTS, command, parser, positive_int, write_json
 from bench.scaling import llama7b, scaled_config
 from hw.config import AcceleratorConfig
 from hw.format import WeightFormat
@@ -78,13 +77,12 @@ def measure(name: str, model: LlamaLM, cfg, phase: str, tokens: int, context: in
             "nodes_captured": ph["nodes_captured"], "nodes": ph["nodes"]}
 
 
+@command("bench.compile")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.compile", description=__doc__.split(
-        "\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="compilations per point; compile_s is their median (default: 3)")
-    ap.add_argument("--out", default=str(RESULTS / "compile.json"),
-                    help="results JSON (default: bench/results/compile.json)")
+    ap = parser("python -m bench.compile", __doc__)
+    ap.add_argument("--repeats", type=positive_int, default=3,
+                    help="compilations per point; compile_s is their median")
+    ap.add_argument("--out", default=str(RESULTS / "compile.json"), help="results JSON")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     t0 = time.perf_counter()

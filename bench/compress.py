@@ -14,7 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import RESULTS, median_wall, parser, write_json
+from bench.common import (
+    RESULTS,
+    command,
+    median_wall,
+    nonnegative_int,
+    parser,
+    positive_int,
+    write_json,
+)
+from hw.config import AcceleratorConfig
 from hw.format import WeightFormat, pack, stream_layout, unpack
 from hw.numerics import golden_linear
 from sw.compress.core import compress_matrix
@@ -61,16 +70,25 @@ def measure(shape: tuple[int, int], pattern: str, bits: int, group: int, lanes: 
     }
 
 
+@command("bench.compress")
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.compress", __doc__)
-    ap.add_argument("--repeats", type=int, default=5,
+    ap.add_argument("--repeats", type=positive_int, default=5,
                     help="timed runs per measurement (the median is reported)")
-    ap.add_argument("--group", type=int, default=128, help="quantisation group along K")
-    ap.add_argument("--lanes", type=int, default=64, help="lanes the streams are packed for")
+    ap.add_argument("--group", type=nonnegative_int, default=128,
+                    help="quantisation group along K, 0 = whole row")
+    ap.add_argument("--lanes", type=positive_int, default=64,
+                    help="lanes the streams are packed for (the default configuration has "
+                         f"{AcceleratorConfig().lanes})")
     ap.add_argument("--quick", action="store_true", help="4096x4096 only, 2 formats")
     ap.add_argument("--out", type=Path, default=RESULTS / "compress.json",
                     help="results JSON")
     args = ap.parse_args(argv)
+    for pattern, bits in FORMATS:  # the group must suit every format before any work
+        try:
+            WeightFormat(pattern, bits, args.group)
+        except ValueError as e:
+            ap.error(f"argument --group: {e}")
     layers = {"4096x4096": LAYERS["4096x4096"]} if args.quick else LAYERS
     formats = FORMATS[:2] if args.quick else FORMATS
     records = []

@@ -42,14 +42,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import RESULTS, parser, write_json
+from bench.common import DOCS as OUTPUT_DOCS
+from bench.common import RESULTS, command, parser, write_json
 from hw.config import AcceleratorConfig, ConfigError
 from hw.format import WeightFormat
 from hw.synth import ECP5_85F, RECORDS, keep_record, recorded, synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "build" / "dse"
-DOCS = ROOT / "docs"
 #: The compute-bound layer: LLaMA-7B's attention projection on a 64-token prompt chunk.
 GEMM = {"n": 4096, "k": 4096, "tokens": 64}
 #: Context of the simulated decode token.
@@ -365,6 +365,7 @@ def run_sweep(points: list[DesignPoint], base: AcceleratorConfig, *, route: bool
     return records
 
 
+@command("bench.dse")
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.dse", __doc__)
     ap.add_argument("--arrays", default="2x4,2x8,4x8", help="arrays, ROWSxCOLS,...")
@@ -385,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scheduler", metavar="ADDRESS",
                     help="address of a running Dask scheduler; none: a LocalCluster here")
     ap.add_argument("--out", default=str(RESULTS / "dse.json"), help="result JSON")
-    ap.add_argument("--plot", default=str(DOCS / "img" / "dse_pareto.png"), help="Pareto plot")
+    ap.add_argument("--plot", default=str(OUTPUT_DOCS / "img" / "dse_pareto.png"),
+                    help="Pareto plot")
     args = ap.parse_args(argv)
     try:
         arrays = _arrays(args.arrays)
@@ -435,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "wall_s": wall, "route": not args.no_route,
                                       "pnr": not args.no_pnr})
     print(f"written {out} and {plot(records, Path(args.plot))} ({wall / 60:.1f} min)")
-    if update_synth_record(comps, base):
+    if args.record and update_synth_record(comps, base):
         print(f"added the dense-only comparison to {RECORDS}")
     return 0
 

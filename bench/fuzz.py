@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import RESULTS, parser, write_json
+from bench.common import RESULTS, command, parser, positive_float, positive_int, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "fuzz"
@@ -339,17 +339,17 @@ def run_target(name: str, seconds: float, timeout_s: int = 10) -> dict:
             "exit_code": proc.returncode}
 
 
+@command("bench.fuzz")
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.fuzz", __doc__)
-    ap.add_argument("--seconds", type=float, default=60,
-                    help="fuzzing time per target (default: 60)")
+    ap.add_argument("--seconds", type=positive_float, default=60,
+                    help="fuzzing time per target")
     ap.add_argument("--target", action="append", choices=sorted(TARGETS),
                     help="fuzz only this target, repeatable; its records in --out are replaced, "
-                         "the others kept (default: all, --out rewritten)")
-    ap.add_argument("--timeout", type=int, default=10,
-                    help="seconds one input may take before it counts as a hang (default: 10)")
-    ap.add_argument("--out", type=Path, default=RESULTS / "fuzz.json",
-                    help="results JSON (default: bench/results/fuzz.json)")
+                         "the others kept (all: --out rewritten)")
+    ap.add_argument("--timeout", type=positive_int, default=10,
+                    help="seconds one input may take before it counts as a hang")
+    ap.add_argument("--out", type=Path, default=RESULTS / "fuzz.json", help="results JSON")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:

@@ -14,13 +14,14 @@ PASS/FAIL.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import RESULTS, parser, write_json
+from bench.common import RESULTS, command, parser, patterns, positive_int, write_json
 from hw.config import AcceleratorConfig
 from hw.format import WeightFormat, random_quantized
 from hw.numerics import gemm_acc_packed
@@ -149,21 +150,30 @@ def demo() -> bool:
     return ok
 
 
+def _arrays(text: str) -> dict[str, tuple[int, int]]:
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    if not names or (bad := [a for a in names if a not in ARRAYS]):
+        raise argparse.ArgumentTypeError(f"{text!r}: choose among {', '.join(ARRAYS)}"
+                                         + (f" (not {bad[0]!r})" if names else ""))
+    return {a: ARRAYS[a] for a in names}
+
+
+@command("bench.rtl")
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.rtl", __doc__)
     ap.add_argument("--demo", action="store_true", help="the short make-sim demo")
-    ap.add_argument("--k", type=int, default=1024, help="layer inputs")
-    ap.add_argument("--n", type=int, default=1024, help="layer outputs")
-    ap.add_argument("--tokens", type=int, default=64, help="activation rows")
-    ap.add_argument("--arrays", default=",".join(ARRAYS),
+    ap.add_argument("--k", type=positive_int, default=1024, help="layer inputs")
+    ap.add_argument("--n", type=positive_int, default=1024, help="layer outputs")
+    ap.add_argument("--tokens", type=positive_int, default=64, help="activation rows")
+    ap.add_argument("--arrays", type=_arrays, default=",".join(ARRAYS),
                     help=f"comma-separated subset of {list(ARRAYS)}")
-    ap.add_argument("--patterns", default=",".join(PATTERNS),
+    ap.add_argument("--patterns", type=patterns, default=",".join(PATTERNS),
                     help="comma-separated N:M patterns (dense is always measured)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "rtl.json", help="results JSON")
     args = ap.parse_args(argv)
     if args.demo:
         return 0 if demo() else 1
-    arrays = {a: ARRAYS[a] for a in args.arrays.split(",")}
-    records = bench(arrays, args.patterns.split(","), args.k, args.n, args.tokens)
+    records = bench(args.arrays, args.patterns, args.k, args.n, args.tokens, out=args.out)
     ok = all(r["matches_golden"] and r["matches_model"] for r in records)
     return 0 if ok else 1
 

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.common import RESULTS, parser, write_json
+from bench.common import DOCS as OUTPUT_DOCS
+from bench.common import RESULTS, command, parser, write_json
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat
 from sim.backends import make_backend
@@ -42,7 +43,8 @@ from sw.compile.ir import OPS
 from sw.models import LlamaConfig, LlamaLM
 from sw.runtime import Runtime, StepStats
 
-DOCS = Path(__file__).parents[1] / "docs"
+#: Where scaling.md and the plots go (``--record``: docs/).
+DOCS = OUTPUT_DOCS
 
 LLAMA7B = dict(hidden=4096, intermediate=11008, layers=32, heads=32, head_dim=128, vocab=32000)
 FORMATS = {n: WeightFormat.parse(n) for n in ("dense-int4", "2:4-int4", "1:4-int4")}
@@ -141,6 +143,7 @@ def host_breakdown(stats: StepStats) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+@command("bench.scaling")
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.scaling", __doc__)
     ap.add_argument("--quick", action="store_true",

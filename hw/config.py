@@ -388,7 +388,35 @@ class AcceleratorConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> AcceleratorConfig:
-        return cls.from_json(Path(path).read_text())
+        """The configuration in the JSON file ``path``: the one loader of every command.
+
+        Parameters
+        ----------
+        path : str or Path
+            A configuration JSON file (as :meth:`save` writes).
+
+        Returns
+        -------
+        AcceleratorConfig
+            The validated configuration.
+
+        Raises
+        ------
+        ConfigError
+            Naming ``path``: it cannot be read (missing, a directory, no permission), is not
+            UTF-8 text or JSON, or holds an invalid configuration.
+        """
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not a UTF-8 text file ({e.reason} at byte "
+                              f"{e.start})") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+        try:
+            return cls.from_json(text)
+        except (ConfigError, TypeError, ValueError) as e:
+            raise ConfigError(f"{path}: invalid configuration: {e}") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")

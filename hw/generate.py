@@ -12,6 +12,7 @@ The Python API is :func:`generate_verilog` / :func:`write_design`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from amaranth.back import verilog
 from amaranth.hdl import Value
 from amaranth.lib import wiring
 
+from hw.cli import command
 from hw.config import AcceleratorConfig, ConfigError
 from hw.sim_top import RunnerTop, SimTop
 from hw.top import Accelerator
@@ -82,30 +84,37 @@ def write_design(cfg: AcceleratorConfig, out_dir: str | Path, *, top: str = "acc
                  compute: Callable | None = None) -> dict[str, Path]:
     """Write the Verilog and ``config.json`` into ``out_dir``; returns their paths."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     name = TOPS[top]
     text = generate_verilog(cfg, top=top, compute=compute)
-    v_path = out / f"{name}.v"
-    v_path.write_text(text)
-    c_path = out / "config.json"
-    cfg.save(c_path)
+    out.mkdir(parents=True, exist_ok=True)
+    v_path, c_path = out / f"{name}.v", out / "config.json"
+    for path, content in ((v_path, text), (c_path, cfg.to_json() + "\n")):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # nothing half-written
+        try:
+            tmp.write_text(content)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return {"verilog": v_path, "config": c_path}
 
 
+@command("hw.generate")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hw.generate", description=__doc__.split("\n")[0])
     ap.add_argument("--config", help="configuration JSON (default: AcceleratorConfig())")
-    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--out", required=True, help="output directory (created if missing)")
     ap.add_argument("--top", choices=("accel", "sim"), default="accel",
-                    help="accel: the synthesizable top; sim: with the DRAM model")
+                    help="accel: the synthesizable top; sim: with the DRAM model "
+                         "(default: accel)")
     args = ap.parse_args(argv)
     try:
         cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
-    except (ConfigError, TypeError) as e:
-        print(f"hw.generate: invalid configuration {args.config}: {e}", file=sys.stderr)
+    except ConfigError as e:
+        print(f"hw.generate: --config {e}", file=sys.stderr)
         return 2
-    except OSError as e:
-        print(f"hw.generate: cannot read {args.config}: {e}", file=sys.stderr)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"hw.generate: --out {out}: exists and is not a directory", file=sys.stderr)
         return 2
     print(f"hw.generate: elaborating the {args.top} top for a {cfg.rows}x{cfg.cols} array and "
           "converting it to Verilog (about 20 s on 2 cores)...", file=sys.stderr, flush=True)
@@ -113,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         paths = write_design(cfg, args.out, top=args.top)
     except (ConfigError, ValueError) as e:
         print(f"hw.generate: configuration rejected by the generator: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"hw.generate: --out {out}: cannot write it ({e.strerror or e})", file=sys.stderr)
         return 2
     for kind, path in paths.items():
         print(f"{kind}: {path}")

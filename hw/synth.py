@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hw import ecp5_dsp, generate
+from hw.cli import command
 from hw.config import AcceleratorConfig, ConfigError
 from hw.ecp5_dsp import DSP_REGISTER
 
@@ -542,6 +543,7 @@ def summary(rec: dict) -> str:
          if rec.get("critical_path") else []))
 
 
+@command("hw.synth")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hw.synth", description=__doc__.split("\n")[0])
     ap.add_argument("--config", help="configuration JSON (default: AcceleratorConfig())")
@@ -588,8 +590,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{opt} must be >= 0, got {value}")
     try:
         cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
-    except (ConfigError, TypeError, OSError) as e:
-        print(f"hw.synth: invalid configuration {args.config}: {e}", file=sys.stderr)
+    except ConfigError as e:
+        print(f"hw.synth: --config {e}", file=sys.stderr)
         return 2
     if args.collect:
         out = Path(args.out) if args.out else _default_out(cfg)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hw.cli import command
 from hw.config import AcceleratorConfig, ConfigError, NMPattern
 from hw.format import (
     FormatError,
@@ -82,6 +83,7 @@ def report(cfg: AcceleratorConfig, r, lp, fmt: WeightFormat, seconds: float) -> 
     return "\n".join(lines)
 
 
+@command("python -m sim")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="random weights and activations; check the result against the golden "
                          "numerics (full mode; default: timing only)")
     ap.add_argument("--rtl", action="store_true",
-                    help="also run on the Verilator RTL and compare everything (needs --values; "
-                    "default: off)")
+                    help="also run on the Verilator RTL and compare everything (implies "
+                    "--values; default: off)")
     ap.add_argument("--trace", type=Path,
                     help="write a Perfetto/Chrome trace JSON (default: none)")
     ap.add_argument("--seed", type=int, default=0,
@@ -111,15 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens < 1:
         print(f"python -m sim: --tokens must be >= 1, got {args.tokens}", file=sys.stderr)
         return 2
-    try:
-        cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
-    except OSError as e:
-        print(f"python -m sim: --config {args.config}: cannot read it ({e.strerror})",
+    if args.trace is not None and args.trace.is_dir():
+        print(f"python -m sim: --trace {args.trace}: is a directory (give a file name)",
               file=sys.stderr)
         return 2
-    except (ConfigError, TypeError) as e:
-        print(f"python -m sim: --config {args.config}: invalid configuration: {e}",
-              file=sys.stderr)
+    try:
+        cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
+    except ConfigError as e:
+        print(f"python -m sim: --config {e}", file=sys.stderr)
         return 2
     try:
         fmt = WeightFormat(NMPattern.parse(args.pattern), args.bits, args.group)

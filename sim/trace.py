@@ -7,6 +7,7 @@ to its last execution cycle, preceded by a "wait" slice while it waits on an eve
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from hw.config import AcceleratorConfig
@@ -78,5 +79,10 @@ def write_trace(path: str | Path, program: list[Instr], timings: list[InstrTimin
     """Write :func:`chrome_trace` to ``path`` (JSON)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(program, timings, cfg)))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # nothing half-written
+    try:
+        tmp.write_text(json.dumps(chrome_trace(program, timings, cfg)))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path

@@ -63,6 +63,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from hw.cli import command
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
 from sim.backends import make_backend
@@ -560,6 +561,7 @@ def _draw(ax, result: dict, cfg: AcceleratorConfig, focus: float | None):
     ax.legend(fontsize=8)
 
 
+@command("sw.codesign")
 def main(argv: list[str] | None = None) -> int:
     """``python -m sw.codesign``: search one model, write the assignment, the packed model of
     the main budget, the records and the Pareto plot into ``--out``."""

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hw.cli import command
 from hw.config import DENSE, AcceleratorConfig, ConfigError, NMPattern
 from hw.format import FormatError, WeightFormat, stream_layout
 from hw.synth import synthesised_clock
@@ -48,7 +49,7 @@ from sw.compile import executable as executable_io
 from sw.compress.model import COMPRESS_METHODS, compress_llama, use_hardware_numerics
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.generate import generate
-from sw.models.source import ModelSourceError, open_model
+from sw.models.source import BUILTINS, ModelSourceError, open_model
 from sw.runtime import Runtime, RuntimeFault
 from sw.runtime.trace import write_step_trace
 
@@ -87,8 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m sw.deploy", description=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=d.model, help="'reference' (the shipped model) or a "
-                    f"Hugging Face LLaMA directory (default: {d.model})")
+    ap.add_argument("--model", default=d.model, help="a built-in model "
+                    f"({', '.join(BUILTINS)}), a Hugging Face directory, a .gguf file or a "
+                    f"compressed .safetensors written by sw.compress (default: {d.model})")
     ap.add_argument("--sparsity", default=d.sparsity, help="N:M pattern of every linear layer, "
                     f"or 'dense' (default: {d.sparsity})")
     ap.add_argument("--bits", type=int, default=d.bits, choices=(4, 8),
@@ -132,10 +134,8 @@ def _parser() -> argparse.ArgumentParser:
 def _accelerator(path: str | None, dram_mb: int | None) -> AcceleratorConfig:
     try:
         cfg = AcceleratorConfig.load(path) if path else AcceleratorConfig()
-    except OSError as e:
-        raise UsageError(f"--config {path}: cannot read it ({e.strerror})") from None
-    except (ConfigError, TypeError) as e:
-        raise UsageError(f"--config {path}: invalid configuration: {e}") from None
+    except ConfigError as e:
+        raise UsageError(f"--config {e}") from None
     if dram_mb is None:
         return cfg
     try:
@@ -445,6 +445,7 @@ OUTPUTS = ("report.json", "report.md", "roofline.png", "decode_trace.json",
            "executable.safetensors")
 
 
+@command("sw.deploy")
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     opts = DeployOptions(**{k: v for k, v in vars(args).items()})

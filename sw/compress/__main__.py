@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hw.cli import command
 from hw.config import AcceleratorConfig, ConfigError, NMPattern
 from hw.format import (
     FormatError,
@@ -101,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
                     "the default configuration, AcceleratorConfig())")
     ap.add_argument("--lanes", type=int, default=None,
                     help="array lanes the streams are packed for (default: the "
-                    "configuration's, 64)")
+                    f"configuration's, {AcceleratorConfig().lanes} for the default one)")
     ap.add_argument("--select", default=DEFAULT_SELECT,
                     help=f"regex of loose-layer tensor names to compress (default: "
                     f"{DEFAULT_SELECT})")
@@ -111,7 +112,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--blocks", type=int, default=1,
                     help="random LLaMA-7B-shaped blocks (default: 1)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="write the compressed model or layers (.safetensors) (default: none)")
+                    help="write the compressed model or layers (.safetensors); an existing "
+                    "file is refused unless --force (default: none)")
+    ap.add_argument("--force", action="store_true",
+                    help="let --out replace an existing file (default: off)")
     ap.add_argument("--json", type=Path, default=None,
                     help="write the per-layer report as JSON (default: none)")
     ap.add_argument("--export-hf", type=Path, default=None, metavar="DIR",
@@ -139,8 +143,8 @@ def _accelerator(args) -> AcceleratorConfig:
         return AcceleratorConfig()
     try:
         return AcceleratorConfig.load(args.config)
-    except (ConfigError, TypeError, ValueError, OSError) as e:
-        raise UsageError(f"--config {args.config}: {e}") from None
+    except ConfigError as e:
+        raise UsageError(f"--config {e}") from None
 
 
 def _format(args) -> WeightFormat:
@@ -178,6 +182,10 @@ def _check(args, kind: str) -> None:
             check_export_dir(args.export_hf)
         except FileExistsError as e:
             raise UsageError(f"--export-hf: {e}") from None
+    if args.out is not None and (args.out.is_dir()
+                                 or (args.out.exists() and not args.force)):
+        raise UsageError(f"--out {args.out}: " + (
+            "is a directory" if args.out.is_dir() else "exists (--force replaces it)"))
     if kind == "compressed" and (args.out or args.json):
         raise UsageError(f"--{'out' if args.out else 'json'}: {args.model} is already a "
                          "compressed model (--export-hf DIR writes it as a Hugging Face "
@@ -329,6 +337,7 @@ def run(args) -> int:
     return 0
 
 
+@command("sw.compress")
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:

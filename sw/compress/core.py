@@ -18,14 +18,44 @@ from hw.format import QuantizedWeight, WeightFormat
 from sw.compress.prune import mask_to_keep_index, nm_keep_index
 from sw.compress.quant import compute_scales, quantize_values
 
-__all__ = ["PaddingWarning", "as_weight_array", "compress_matrix", "gather_kept"]
+__all__ = ["PaddingWarning", "warn_padding", "as_weight_array", "compress_matrix",
+           "gather_kept"]
 
 #: Rows compressed at once; bounds the temporary memory to a few copies of this many rows.
 CHUNK_ROWS = 512
 
 
 class PaddingWarning(UserWarning):
-    """K was padded with zero columns to whole blocks and groups."""
+    """K was padded with zero columns to whole blocks and groups (:func:`warn_padding`)."""
+
+
+#: Which padding messages were shown (the ``default`` filter shows each message once).
+_PADDING_SHOWN: dict = {}
+
+
+def warn_padding(name: str, k: int, fmt) -> None:
+    """Warn that ``name``'s ``k`` columns are padded to ``fmt.padded_k(k)``.
+
+    Shown as one line, ``sw.compress:0: PaddingWarning: <name>: K=... padded ...``: the
+    warning is issued at no source line, so it never prints a line of this package's code into
+    a progress bar, whichever function of the package reported it. Each message is shown once
+    under the default filter; :class:`PaddingWarning` filters and ``pytest.warns`` see it as
+    any warning.
+
+    Parameters
+    ----------
+    name : str
+        The layer (or weight) named in the message.
+    k : int
+        Its input columns.
+    fmt : WeightFormat
+        The format whose blocks and groups ``k`` is padded to.
+    """
+    kp = fmt.padded_k(k)
+    warnings.warn_explicit(
+        f"{name}: K={k} padded with {kp - k} zero columns to {kp} (whole {fmt.pattern} blocks "
+        f"and groups of {fmt.group or 'row'})", PaddingWarning, filename="sw.compress",
+        lineno=0, module=__name__, registry=_PADDING_SHOWN)
 
 
 def as_weight_array(weight, name: str = "weight") -> np.ndarray:
@@ -100,9 +130,7 @@ def compress_matrix(weight, fmt: WeightFormat, *, scores=None, mask=None,
     n, k = w.shape
     kp = fmt.padded_k(k)
     if kp != k:
-        warnings.warn(f"{name}: K={k} padded with {kp - k} zero columns to {kp} (whole "
-                      f"{fmt.pattern} blocks and groups of {fmt.group or 'row'})",
-                      PaddingWarning, stacklevel=2)
+        warn_padding(name, k, fmt)
     extra = []
     for label, arr in (("scores", scores), ("mask", mask)):
         if arr is None:

@@ -51,7 +51,7 @@ import torch
 
 from hw.config import NMPattern
 from hw.format import QuantizedWeight, WeightFormat
-from sw.compress.core import PaddingWarning, as_weight_array, gather_kept
+from sw.compress.core import as_weight_array, gather_kept, warn_padding
 from sw.compress.errors import CompressError
 from sw.compress.prune import check_nm_mask, mask_to_keep_index, nm_mask
 from sw.compress.quant import compute_scales
@@ -467,9 +467,7 @@ def prepare(weight, hessian, fmt: WeightFormat, name: str,
     h = as_hessian(hessian, k, name)
     kp = fmt.padded_k(k)
     if kp != k:
-        warnings.warn(f"{name}: K={k} padded with {kp - k} zero columns to {kp} (whole "
-                      f"{fmt.pattern} blocks and groups of {fmt.group or 'row'})",
-                      PaddingWarning, stacklevel=3)
+        warn_padding(name, k, fmt)
         wp = np.zeros((n, kp), np.float32)
         wp[:, :k] = w
         hp = torch.zeros((kp, kp), dtype=torch.float64)

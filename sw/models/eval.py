@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hw.cli import command
 from sw.models import corpus
 from sw.models.reference_model import REFERENCE_DIR
 from sw.models.source import ModelSourceError, open_model
@@ -262,6 +263,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"sw.models.eval: {message}\n")
 
 
+@command("sw.models.eval")
 def main(argv: list[str] | None = None) -> int:
     """Command line: perplexity of a model (any ``--model`` spec of
     :func:`sw.models.source.open_model`, a compressed file included), the unigram baseline

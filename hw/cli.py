@@ -1,0 +1,58 @@
+"""What every command of the project shares, from the bottom layer up (hw, sim, sw, bench).
+
+:func:`command` wraps a ``main(argv) -> int``: Ctrl-C ends it with one line, ``PROG:
+interrupted``, and exit status 130 instead of a traceback (what a command writes goes through
+atomic renames, so nothing is left half-written). :class:`OneLineParser` reports a bad option
+in one line, ``PROG: MESSAGE``, with exit status 2 (argparse's usage block left out).
+
+>>> @command("demo")
+... def main(argv=None):
+...     raise KeyboardInterrupt
+>>> main([])
+130
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+
+__all__ = ["INTERRUPTED", "OneLineParser", "command"]
+
+#: Exit status of a command ended by Ctrl-C (128 + SIGINT, what a shell reports).
+INTERRUPTED = 130
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``PROG: MESSAGE``, and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Decorate a command's ``main(argv=None) -> int`` to end quietly on Ctrl-C.
+
+    Parameters
+    ----------
+    prog : str
+        The command's name, the prefix of its one line (``python -m sim``).
+
+    Returns
+    -------
+    Callable
+        The decorator: the decorated ``main`` returns :data:`INTERRUPTED` after printing
+        ``PROG: interrupted`` to stderr when a :class:`KeyboardInterrupt` reaches it.
+    """
+    def wrap(main: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(main)
+        def run(argv: list[str] | None = None) -> int:
+            try:
+                return main(argv)
+            except KeyboardInterrupt:
+                print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+                return INTERRUPTED
+        return run
+    return wrap
