@@ -7,7 +7,8 @@ directory, a LLaMA ``.gguf`` file).
 library in the model's own tokens (perplexity, top-1 agreement and KL against the uncompressed
 model), calibrates on random windows of the disjoint **train** split
 (:meth:`~sw.models.source.ModelSource.windows` / :meth:`~sw.models.source.ModelSource.calibration`),
-prints a table, and writes ``bench/results/accuracy.json`` (one flat record per configuration;
+prints a table, and writes ``bench/results/accuracy.json`` (with ``--record``; by default under
+``build/bench/``) (one flat record per configuration;
 the file holds every model's records and a run replaces only its own model's) and the plot
 ``docs/img/accuracy.png`` (``accuracy_<model>.png`` for other models). See docs/accuracy.md.
 

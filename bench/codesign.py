@@ -4,7 +4,8 @@
 compresses the model in every candidate format, measures each layer's decode cycles on the
 fast model and its sensitivity on held-out text, searches per-layer formats under the decode
 latency of each uniform format, measures every assignment for real (perplexity on the test
-split, cycles of the compiled decode step) and writes ``bench/results/codesign.json`` (records
+split, cycles of the compiled decode step) and writes ``bench/results/codesign.json`` (with
+``--record``; by default under ``build/bench/``) (records
 of this model replace its old ones) and ``docs/img/codesign_<model>.png`` (perplexity against
 simulated tokens/s, uniform points and searched ones).
 

@@ -4,7 +4,8 @@ passes, for LLaMA-7B shapes (on the meta device: no weights) and the reference m
 ``python -m bench.compile`` compiles a decode step (context 128) and a prefill (256 tokens for
 LLaMA-7B, 64 for the reference model) with 2:4 INT4 g128 formats, with and without the fusion
 passes, runs one step of each on the fast model (timing-only) and writes
-``bench/results/compile.json``: per model and phase ``capture_s`` (torch.export and
+``bench/results/compile.json`` (with ``--record``; by default under ``build/bench/``): per model
+and phase ``capture_s`` (torch.export and
 translation, timed apart), ``compile_s`` (passes, planning, lowering: the median of
 ``--repeats`` runs), ``instructions``, ``programs``, ``arena_bytes``,
 ``arena_lower_bound_bytes``, ``fused_cycles``, ``unfused_cycles`` (accelerator cycles of the

@@ -1,6 +1,7 @@
 """Storage and speed of the compressor on LLaMA-7B-shaped layers.
 
-``python -m bench.compress`` prints a table and writes ``bench/results/compress.json``: one flat
+``python -m bench.compress`` prints a table and writes ``bench/results/compress.json`` (with
+``--record``; by default under ``build/bench/``): one flat
 record per (layer, format) with bits/weight, ratio vs FP16, compress/pack/unpack throughput
 (median of 5 on this machine), peak memory relative to the FP16 layer, the weight
 reconstruction error and the error of the golden W4A8 GEMM against fp32.

@@ -25,7 +25,8 @@ engine runs independent syntheses side by side. Finished points are cached in
 ``build/dse/<point>.json`` (keyed by the point, the options and the sources), so an interrupted
 sweep resumes.
 
-Writes ``bench/results/dse.json`` (``points``, one record per point, and ``comparisons``, N:M
+Writes ``bench/results/dse.json`` (with ``--record``; by default under ``build/bench/``)
+(``points``, one record per point, and ``comparisons``, N:M
 against dense-only per array), ``docs/img/dse_pareto.png``, and, when the sweep covers the
 configuration of a committed synthesis record (:data:`hw.synth.RECORDS`), adds that record's
 dense-only comparison (``dense_luts``, ``dense_ffs``, ``dense_dsps``,

@@ -2,7 +2,8 @@
 
 ``python -m bench.fuzz --seconds S`` runs each target of :data:`TARGETS` for ``S`` seconds in
 its own process (libFuzzer stops a process at its first crash) and writes
-``bench/results/fuzz.json``: per target ``target``, ``seconds``, ``executions``, ``findings``
+``bench/results/fuzz.json`` (with ``--record``; by default under ``build/bench/``): per target
+``target``, ``seconds``, ``executions``, ``findings``
 (inputs that raised an exception the surface does not document, or ran past the per-input
 timeout; 0 when clean) and ``corpus_size``. Each target starts from seed inputs made here
 (valid files and programs, so mutations explore near-valid input) and keeps its corpus under

@@ -5,7 +5,8 @@ with :mod:`sw.compile.layers` (double-buffered weight loads ordered by events, s
 the GEMMs) for several N:M patterns on two array sizes, runs every program on the Verilator
 build of the accelerator (:mod:`sim.rtl`), checks the int32 outputs against the golden
 numerics (:func:`hw.numerics.gemm_acc_packed`) and the cycles against the fast model, and
-writes ``bench/results/rtl.json`` (flat records) and a table.
+writes ``bench/results/rtl.json`` (with ``--record``; by default under ``build/bench/``) (flat
+records) and a table.
 
 ``python -m bench.rtl --demo`` (``make sim``) is the short version on the default
 configuration: one 2:4 INT4 layer (K=512, N=128, 16 tokens) and the same layer dense, with

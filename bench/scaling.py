@@ -17,7 +17,8 @@ relocated (only DRAM addresses differ), which the timing contract ignores, so ea
 simulated once (``Runtime(memo_timing=True)``; ``python -m bench.simspeed`` simulates every
 copy to time the simulator itself).
 
-Writes ``bench/results/scaling.json`` (flat records), ``docs/scaling.md`` and plots under
+Writes ``bench/results/scaling.json`` (with ``--record``; by default under ``build/bench/``) (flat
+records), ``docs/scaling.md`` and plots under
 ``docs/img/``.
 """
 
