@@ -69,13 +69,15 @@ def reference_block_specs(tokens: int, seed: int = 0) -> list[tuple[str, LayerSp
     return specs
 
 
-def _race(name: str, lp, rtl, model, repeats: int) -> dict:
-    """One program on both backends (the same encoded words and DRAM image)."""
+def _race(name: str, lp, rtl, cfg: AcceleratorConfig, repeats: int) -> dict:
+    """One program on both backends (the same encoded words and DRAM image); each model run
+    on a fresh :class:`FastModel`, so nothing (schedule, decoded weights) comes from a
+    previous run."""
     words = lp.words
     t_rtl, r = median_wall(lambda: rtl.run(words, lp.dram), repeats)
     loop_s = rtl.last_stats["wall_s"]
-    t_model, m = median_wall(lambda: model.run(words, lp.dram), repeats)
-    t_timing, mt = median_wall(lambda: model.run(words, timing_only=True), repeats)
+    t_model, m = median_wall(lambda: FastModel(cfg).run(words, lp.dram), repeats)
+    t_timing, mt = median_wall(lambda: FastModel(cfg).run(words, timing_only=True), repeats)
     diff = compare_results(m, r)
     if diff is not None or mt.cycles != r.cycles:
         raise SystemExit(f"{name}: model and RTL disagree: {diff}")
@@ -91,10 +93,9 @@ def block_speed(cfg: AcceleratorConfig, tokens: int, repeats: int) -> dict:
     layer as a program of its own (for the breakdown)."""
     rtl = RTLBackend(cfg)
     rtl.build(verbose=True)
-    model = FastModel(cfg)
     specs = reference_block_specs(tokens)
-    rec = _race("block", build_layers(cfg, [sp for _, sp in specs]), rtl, model, repeats)
-    rec["layers"] = [_race(name, build_layers(cfg, [sp]), rtl, model, repeats)
+    rec = _race("block", build_layers(cfg, [sp for _, sp in specs]), rtl, cfg, repeats)
+    rec["layers"] = [_race(name, build_layers(cfg, [sp]), rtl, cfg, repeats)
                      for name, sp in specs]
     rec["rtl_cycles_per_s"] = rec["rtl_cycles"] / rec["rtl_loop_s"]
     rec["speedup"] = rec["rtl_wall_s"] / rec["model_wall_s"]
@@ -114,9 +115,9 @@ def llama7b_decode_token(repeats: int) -> dict:
                         captured=_captured("decode", 1, 128))
     compile_s = time.perf_counter() - t0
     programs = [p.words for p in exe.programs]
-    model = FastModel(cfg)
 
-    def simulate():
+    def simulate():  # a fresh model: no schedule cached from the previous repeat
+        model = FastModel(cfg)
         return sum(model.run(p, timing_only=True).cycles for p in programs)
 
     wall, cycles = median_wall(simulate, repeats)
@@ -132,8 +133,7 @@ def gemv_full(repeats: int) -> dict:
     w = random_quantized(FMT, (4096, 4096), rng)
     a = rng.integers(-127, 128, size=(1, 4096)).astype(np.int8)
     lp = build_linear(cfg, FMT, 4096, 4096, 1, w, a)
-    model = FastModel(cfg)
-    wall, r = median_wall(lambda: model.run(lp.program, lp.dram), repeats)
+    wall, r = median_wall(lambda: FastModel(cfg).run(lp.program, lp.dram), repeats)
     return {"gemv_4096_full_wall_s": wall, "gemv_4096_cycles": r.cycles}
 
 

@@ -427,9 +427,10 @@ class FastModel:
         of before the program must keep a copy (the runtime raises
         :class:`sw.runtime.RuntimeFault` and the sequence must be ``reset``).
 
-        Schedules are a function of the program words alone (the timing contract ignores
-        values), so a program run again reuses its schedule and decoded instructions;
-        weight streams are decoded once (:class:`sim.functional.WeightCache`).
+        A schedule is a function of the program words, the configuration and the contract's
+        constants only (the timing contract ignores values), so a program run again reuses
+        its schedule and decoded instructions; weight streams are decoded once per distinct
+        bytes (:class:`sim.functional.WeightCache`).
         """
         if not isinstance(program, (bytes, bytearray, np.ndarray)):
             program = list(program)
