@@ -10,11 +10,17 @@ name               backend
 =================  =============================================================
 
 Each returns a :class:`sim.result.RunResult` for a program (instruction words, objects or
-bytes) and a DRAM image; ``values`` says whether the result carries the final DRAM.
+bytes) and a DRAM image; ``values`` says whether the result carries the final DRAM. The image
+passed in is left as it was, except where the caller asks the ``model`` backend to run
+``in_place`` (an optional keyword of its ``run``, the only backend with it): then the program
+works on that array and the result's ``dram`` is the same array (:meth:`sim.model.FastModel.run`
+says what it holds after an error). The runtime uses it when ``run`` takes it
+(:func:`runs_in_place`), saving a copy of the whole memory per program.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -25,7 +31,7 @@ from sim.netlist import NetlistBackend
 from sim.result import RunResult
 from sim.rtl import RTLBackend
 
-__all__ = ["BACKENDS", "Backend", "make_backend"]
+__all__ = ["BACKENDS", "Backend", "make_backend", "runs_in_place"]
 
 BACKENDS = ("model", "model-timing", "rtl", "netlist")
 
@@ -56,10 +62,18 @@ class _Model:
         self.name = "model" if values else "model-timing"
         self._model = FastModel(cfg)
 
-    def run(self, program, dram, *, trace=False) -> RunResult:
+    def run(self, program, dram, *, trace=False, in_place=False) -> RunResult:
         if self.values:
-            return self._model.run(program, dram, trace=trace)
+            return self._model.run(program, dram, trace=trace, in_place=in_place)
         return self._model.run(program, timing_only=True, trace=trace)
+
+
+def runs_in_place(backend: Backend) -> bool:
+    """Whether ``backend.run`` takes ``in_place`` (work on the caller's DRAM array)."""
+    try:
+        return "in_place" in inspect.signature(backend.run).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def make_backend(name: str, cfg: AcceleratorConfig) -> Backend:

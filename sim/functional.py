@@ -9,6 +9,7 @@ not check GEMM extents; :func:`hw.isa.check` rejects such programs before they g
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,7 +19,11 @@ from hw.format import _unpack_fields
 from hw.isa import EpilogueMode, Gemm, Load, Spad, Store, bias_row_bytes, gemm_geometry
 from hw.numerics import add_bias_wide, requantize_int8, wrap
 
-__all__ = ["MachineState", "exec_load", "exec_store", "exec_gemm", "decode_gemm_weights"]
+__all__ = ["MachineState", "WeightCache", "exec_load", "exec_store", "exec_gemm",
+           "decode_gemm_weights"]
+
+#: float64 represents every integer of magnitude below 2**53 exactly.
+F64_EXACT = 1 << 53
 
 
 @dataclass
@@ -29,6 +34,8 @@ class MachineState:
     dram: np.ndarray = None
     spads: dict[Spad, np.ndarray] = field(default_factory=dict)
     acc: np.ndarray = None  # int64 [max_tokens, lanes]
+    #: Decoded weight streams shared across runs (:class:`WeightCache`), or None.
+    weights: WeightCache | None = None
 
     def __post_init__(self):
         cfg = self.cfg
@@ -42,14 +49,90 @@ class MachineState:
                                                dtype=np.uint8))
         if self.acc is None:
             self.acc = np.zeros((cfg.max_tokens, cfg.lanes), dtype=np.int64)
+        if self.weights is not None and self.weights.cfg != cfg:
+            raise ValueError("the weight cache belongs to another accelerator configuration")
+
+
+class WeightCache:
+    """Decoded weight streams, keyed by their exact bytes: a stream read again is decoded once.
+
+    A GEMM's weights are a function of its stream's bytes in the WGT scratchpad and of the
+    instruction fields that set the stream's geometry (``k_steps``, ``group_steps``,
+    ``pattern``, ``int8``, ``asym``; the configuration is fixed per cache). The key is those
+    fields *and the bytes themselves*: a dictionary hit compares the stored bytes with the
+    stream's byte for byte (after a hash of them), so an entry is served only for exactly the
+    bytes it was decoded from. The cache can therefore never be stale, whoever wrote the memory
+    the stream came from -- the host between programs (the KV cache, a new weight image), a
+    STORE, a LOAD of other bytes into the same scratchpad slot -- with no invalidation to get
+    right: a stream whose bytes changed is a miss and is decoded again. The price per GEMM is a
+    copy and a hash of the stream (a few GB/s), against decoding it (bit unpacking, lookup
+    tables and a scatter into the dense matrix, about a hundred times slower).
+
+    Entries are the dense ``float64 [lanes, k_span]`` matrices :func:`exec_gemm` multiplies
+    (read-only), with ``k_span`` and the largest weight magnitude; the least recently used are
+    dropped beyond ``max_bytes`` (keys included).
+    """
+
+    def __init__(self, cfg: AcceleratorConfig, max_bytes: int = 2 << 30):
+        self.cfg, self.max_bytes = cfg, max_bytes
+        self._entries: OrderedDict[tuple, tuple[np.ndarray, int, int]] = OrderedDict()
+        self.nbytes = self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.nbytes = 0
+
+    def dense(self, ins: Gemm, stream: np.ndarray) -> tuple[np.ndarray, int, int]:
+        """``(w, k_span, w_max)`` of ``ins`` for its stream bytes (see :func:`_dense`)."""
+        key = (ins.k_steps, ins.group_steps, ins.pattern, ins.int8, ins.asym, stream.tobytes())
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return hit
+        self.misses += 1
+        entry = _dense(ins, self.cfg, stream)
+        size = entry[0].nbytes + len(key[-1])
+        if size <= self.max_bytes:
+            entry[0].flags.writeable = False
+            self._entries[key] = entry
+            self.nbytes += size
+            while self.nbytes > self.max_bytes:
+                k, (w, _, _) = self._entries.popitem(last=False)
+                self.nbytes -= w.nbytes + len(k[-1])
+        return entry
+
+
+def _dram_rows(st: MachineState, ins: Load | Store) -> np.ndarray | None:
+    """The DRAM rows a LOAD or STORE moves, ``[rows, row bytes]``: a strided view of the
+    image when they lie inside it, else (the index arithmetic's IndexError is the behaviour
+    then) a gathered copy for a LOAD and None for a STORE."""
+    beat = st.cfg.beat_bytes
+    row = ins.row_beats * beat
+    first, step = ins.dram_addr * beat, ins.dram_stride * beat
+    last = first + (ins.rows - 1) * step + row  # one past the last byte of the last row
+    # a STORE's rows must not overlap (the gather's order of writes decides then)
+    disjoint = isinstance(ins, Load) or ins.rows == 1 or step >= row
+    if (ins.rows > 0 and row > 0 and last <= st.dram.size and disjoint
+            and st.dram.flags.c_contiguous):
+        if step == row or ins.rows == 1:  # one contiguous run
+            return st.dram[first:first + ins.rows * row].reshape(ins.rows, row)
+        return np.lib.stride_tricks.as_strided(st.dram[first:], shape=(ins.rows, row),
+                                               strides=(step, 1), writeable=True)
+    if isinstance(ins, Store):
+        return None
+    starts = (ins.dram_addr + np.arange(ins.rows) * ins.dram_stride) * beat
+    return st.dram[(starts[:, None] + np.arange(row)[None, :]).reshape(-1)].reshape(ins.rows,
+                                                                                    row)
 
 
 def exec_load(st: MachineState, ins: Load) -> None:
     """DRAM rows -> contiguous scratchpad beats."""
     beat = st.cfg.beat_bytes
-    row = ins.row_beats * beat
-    starts = (ins.dram_addr + np.arange(ins.rows) * ins.dram_stride) * beat
-    src = st.dram[(starts[:, None] + np.arange(row)[None, :]).reshape(-1)]
+    src = _dram_rows(st, ins).reshape(-1)
     dst = ins.spad_addr * beat
     st.spads[ins.spad][dst:dst + src.size] = src
 
@@ -60,8 +143,12 @@ def exec_store(st: MachineState, ins: Store) -> None:
     row = ins.row_beats * beat
     src = ins.spad_addr * beat
     data = st.spads[ins.spad][src:src + ins.rows * row]
-    starts = (ins.dram_addr + np.arange(ins.rows) * ins.dram_stride) * beat
-    st.dram[(starts[:, None] + np.arange(row)[None, :]).reshape(-1)] = data
+    rows = _dram_rows(st, ins)
+    if rows is not None and rows.size == data.size:
+        rows[...] = data.reshape(rows.shape)
+    else:
+        starts = (ins.dram_addr + np.arange(ins.rows) * ins.dram_stride) * beat
+        st.dram[(starts[:, None] + np.arange(row)[None, :]).reshape(-1)] = data
 
 
 def _read_wrapped(buf: np.ndarray, start: int, n: int) -> np.ndarray:
@@ -79,20 +166,30 @@ def decode_gemm_weights(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray
         ``int32 [lanes, k_steps]`` dequantised integer weights ``code * (q - zero)`` and the
         activation offset ``block * block_size + index`` each step selects.
     """
+    return _decode_stream(ins, cfg, _stream_bytes(ins, cfg, wgt))
+
+
+def _stream_bytes(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray) -> np.ndarray:
+    """The GEMM's weight stream as one contiguous byte run (wrapping around the spad)."""
+    total = gemm_geometry(ins, cfg).total_bytes
+    base = ins.wgt_addr * cfg.beat_bytes
+    if base + total <= wgt.size:
+        return wgt[base:base + total]
+    return np.take(wgt, np.arange(base, base + total), mode="wrap")
+
+
+def _decode_stream(ins: Gemm, cfg: AcceleratorConfig, stream: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`decode_gemm_weights` of the stream's bytes (:func:`_stream_bytes`)."""
     lanes = cfg.lanes
     pat = cfg.pattern_table[ins.pattern]
     geo = gemm_geometry(ins, cfg)
     bits, fbits, rec = geo.value_bits, geo.field_bits, geo.record_bytes
     S, gs, n_groups = ins.k_steps, geo.group_len, geo.groups
     hb, group_bytes, total = geo.header_bytes, geo.group_bytes, geo.total_bytes
-    # The stream as one contiguous byte run (wrapping around the spad), padded to whole groups
-    # so it reshapes into [group, header + records] without per-byte index arithmetic.
-    base = ins.wgt_addr * cfg.beat_bytes
-    if base + total <= wgt.size:
-        buf = wgt[base:base + total]
-    else:
-        buf = np.take(wgt, np.arange(base, base + total), mode="wrap")
-    buf = np.concatenate([buf, np.zeros(n_groups * group_bytes - total, np.uint8)])
+    # Padded to whole groups so it reshapes into [group, header + records] without per-byte
+    # index arithmetic.
+    buf = np.concatenate([stream, np.zeros(n_groups * group_bytes - total, np.uint8)])
     grouped = buf.reshape(n_groups, group_bytes)
     # Fields of every (group, step, lane); the last group may be partial (zero padding).
     fields = _unpack_fields(grouped[:, hb:].reshape(n_groups * gs, rec), fbits, lanes)
@@ -121,22 +218,52 @@ def decode_gemm_weights(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray
     return w_eff, pos
 
 
-def exec_gemm(st: MachineState, ins: Gemm) -> None:
-    """Stream the weights against ``tokens`` activation rows, then run the epilogue."""
-    cfg = st.cfg
-    beat, lanes, T = cfg.beat_bytes, cfg.lanes, ins.tokens
-    w_eff, pos = decode_gemm_weights(ins, cfg, st.spads[Spad.WGT])
-    act = st.spads[Spad.ACT]
+def _dense(ins: Gemm, cfg: AcceleratorConfig, stream: np.ndarray
+           ) -> tuple[np.ndarray, int, int]:
+    """The GEMM's weights as a dense ``float64 [lanes, k_span]`` matrix (kept values at their
+    activation offsets, zeros elsewhere), ``k_span`` and ``max |w|``.
+
+    ``bincount`` sums repeated positions (possible in arbitrary streams) like the array does;
+    its float64 sums are exact: each is at most ``k_steps`` values ``code * (q - zero)`` of
+    well under 2**31 each (8-bit codes, 8-bit values), far below 2**53.
+    """
+    lanes = cfg.lanes
+    w_eff, pos = _decode_stream(ins, cfg, stream)
     k_span = int(pos.max()) + 1
-    # Activation rows as the array sees them: [T, k_span] int8 from each token's base address.
-    rows = (ins.act_addr + np.arange(T) * ins.act_stride) * beat
-    a = act[(rows[:, None] + np.arange(k_span)[None, :]) % act.size].view(np.int8)
-    # Dense integer weights over the span (kept values at their positions), then exact BLAS.
-    # bincount sums repeated positions (possible in arbitrary streams) like the array does.
     flat = (np.arange(lanes)[:, None] * k_span + pos).ravel()
     w = np.bincount(flat, weights=w_eff.ravel().astype(np.float64),
                     minlength=lanes * k_span).reshape(lanes, k_span)
-    acc = (a.astype(np.float64) @ w.T).astype(np.int64)
+    return w, k_span, int(np.abs(w).max()) if w.size else 0
+
+
+def exec_gemm(st: MachineState, ins: Gemm) -> None:
+    """Stream the weights against ``tokens`` activation rows, then run the epilogue.
+
+    The products are exact integers whatever the BLAS build, its blocking or thread count: the
+    activations are int8 (``|a| <= 128``), so every partial sum of a dot product over ``k_span``
+    positions is an integer of magnitude at most ``k_span * 128 * max|w|``; below 2**53 each
+    is a float64 exactly, in any summation order, and float64 BLAS gives the exact sum.
+    Otherwise (no legal stream comes near) the product is taken in int64, exact modulo 2**64,
+    which the accumulator's wrap to ``acc_bits <= 64`` bits does not see.
+    """
+    cfg = st.cfg
+    beat, T = cfg.beat_bytes, ins.tokens
+    stream = _stream_bytes(ins, cfg, st.spads[Spad.WGT])
+    if st.weights is not None:
+        w, k_span, w_max = st.weights.dense(ins, stream)
+    else:
+        w, k_span, w_max = _dense(ins, cfg, stream)
+    act = st.spads[Spad.ACT]
+    # Activation rows as the array sees them: [T, k_span] int8 from each token's base address.
+    rows = (ins.act_addr + np.arange(T) * ins.act_stride) * beat
+    if T == 1 and rows[0] + k_span <= act.size:
+        a = act[rows[0]:rows[0] + k_span].view(np.int8)[None, :]
+    else:
+        a = act[(rows[:, None] + np.arange(k_span)[None, :]) % act.size].view(np.int8)
+    if k_span * 128 * w_max < F64_EXACT:
+        acc = (a.astype(np.float64) @ w.T).astype(np.int64)
+    else:
+        acc = a.astype(np.int64) @ w.astype(np.int64).T
     if ins.accumulate:
         acc += st.acc[:T]
     st.acc[:T] = wrap(acc, cfg.acc_bits)

@@ -14,10 +14,11 @@ with a clear error.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from hw import timing
 from hw.config import AcceleratorConfig
@@ -38,7 +39,7 @@ from hw.isa import (
     program_words,
 )
 from sim.errors import SimulationError
-from sim.functional import MachineState, exec_gemm, exec_load, exec_store
+from sim.functional import MachineState, WeightCache, exec_gemm, exec_load, exec_store
 from sim.result import RunResult
 
 __all__ = ["ProgramError", "InstrTiming", "Schedule", "schedule", "FastModel"]
@@ -362,6 +363,23 @@ def _counters(times: np.ndarray, work: np.ndarray, cycles: int, held) -> dict[st
     return c
 
 
+def _timing_constants() -> tuple:
+    """The cycle contract's integer constants as they are now (tests patch them; a schedule
+    depends on them as on the program)."""
+    return tuple((k, v) for k, v in vars(timing).items() if k.isupper() and type(v) is int)
+
+
+_CONTROLLER: list[ThreadpoolController] = []
+
+
+def _blas() -> ThreadpoolController:
+    """The process's thread pools, found once (``threadpool_limits`` scans the loaded
+    libraries on every call, which costs more than a small program's values)."""
+    if not _CONTROLLER:
+        _CONTROLLER.append(ThreadpoolController())
+    return _CONTROLLER[0]
+
+
 class FastModel:
     """Run programs on the fast model.
 
@@ -383,42 +401,86 @@ class FastModel:
     (6, True)
     """
 
-    def __init__(self, cfg: AcceleratorConfig):
+    #: Programs whose schedule and decoded instructions are kept (least recently used go).
+    PROGRAM_CACHE = 1024
+
+    def __init__(self, cfg: AcceleratorConfig, *, weight_cache_bytes: int = 2 << 30):
         self.cfg = cfg
+        #: Decoded weight streams, shared by every run (keyed by their bytes: never stale).
+        self.weights = WeightCache(cfg, weight_cache_bytes) if weight_cache_bytes > 0 else None
+        self._programs: OrderedDict[tuple, tuple[Schedule, dict]] = OrderedDict()
 
     def run(self, program, dram: np.ndarray | None = None, *, timing_only: bool = False,
-            trace: bool = False) -> RunResult:
+            trace: bool = False, in_place: bool = False) -> RunResult:
         """Execute ``program`` (instructions or encoded bytes) on a DRAM image.
 
         With ``timing_only`` no values are computed and ``dram`` may be omitted (LLaMA-7B
         shapes need no memory). Returns a :class:`sim.result.RunResult`; its ``trace`` holds
         the per-instruction :class:`InstrTiming` list when ``trace`` is set.
+
+        ``dram`` is copied and left as it was unless ``in_place`` is set: then the run works
+        on ``dram`` itself (``uint8``, the memory's size; no copy of the memory per program)
+        and the result's ``dram`` *is* that array. Either way the final image holds every
+        instruction that completed before the machine stopped, so a program that stops with
+        an error (``ok`` false) has, in place, applied what it completed up to the error, as
+        the hardware's memory would hold it; whoever runs in place and then wants the image
+        of before the program must keep a copy (the runtime raises
+        :class:`sw.runtime.RuntimeFault` and the sequence must be ``reset``).
+
+        A schedule is a function of the program words, the configuration and the contract's
+        constants only (the timing contract ignores values), so a program run again reuses
+        its schedule and decoded instructions; weight streams are decoded once per distinct
+        bytes (:class:`sim.functional.WeightCache`).
         """
         if not isinstance(program, (bytes, bytearray, np.ndarray)):
             program = list(program)
         words = program_words(program)
-        sched = schedule(words, self.cfg)
+        objects = isinstance(program, list) and any(not isinstance(x, int) for x in program)
+        sched, decoded = self._schedule(words)
         out_dram = None
         if not timing_only:
-            with threadpool_limits(limits=1, user_api="blas"):
-                out_dram = self._values(program, words, sched, dram)
+            with _blas().limit(limits=1, user_api="blas"):
+                out_dram = self._values(program if objects else None, words, sched, dram,
+                                        decoded, in_place)
         return RunResult(cycles=sched.cycles, error=sched.error, error_pc=sched.error_pc,
-                         counters=sched.counters, dram=out_dram,
+                         counters=dict(sched.counters), dram=out_dram,
                          trace=sched.timings if trace else None, detail=sched.detail)
 
-    def _values(self, program, words, sched, dram):
+    def _schedule(self, words: np.ndarray) -> tuple[Schedule, dict]:
+        """The program's schedule (a pure function of its words, the configuration and the
+        contract's constants) and its decoded instructions so far, from the program cache."""
+        key = (np.ascontiguousarray(words).tobytes(), _timing_constants())
+        hit = self._programs.get(key)
+        if hit is not None:
+            self._programs.move_to_end(key)
+            return hit
+        sched = schedule(words, self.cfg)
+        sched.times.flags.writeable = False
+        hit = self._programs[key] = (sched, {})
+        if len(self._programs) > self.PROGRAM_CACHE:
+            self._programs.popitem(last=False)
+        return hit
+
+    def _values(self, program, words, sched, dram, decoded, in_place):
         """Apply every completed instruction's semantics in completion order.
 
         BLAS is held to one thread: the per-GEMM products are small, and multithreaded
         OpenBLAS spends far longer synchronising than computing on them (on a busy machine,
         by orders of magnitude; ``python -m bench.simspeed`` measures the fast model).
         """
-        state = MachineState(self.cfg, dram=None if dram is None else np.array(dram))
+        if dram is not None and not in_place:
+            dram = np.array(dram)
+        state = MachineState(self.cfg, dram=dram, weights=self.weights)
         t = sched.times
         done = np.flatnonzero((t[:, 0] >= 0) & (t[:, 5] >= 0) & (t[:, 5] < sched.cycles))
         done = done[np.lexsort((done, t[done, 5]))]  # completion order, ties by index
         for i in done.tolist():
-            ins = _instruction(program, words, i)
+            if program is not None:
+                ins = _instruction(program, words, i)
+            else:
+                ins = decoded.get(i)
+                if ins is None:
+                    ins = decoded[i] = _instruction(None, words, i)
             if isinstance(ins, Load):
                 exec_load(state, ins)
             elif isinstance(ins, Store):

@@ -44,7 +44,7 @@ from hw.numerics import (
     values_epilogue,
     values_prologue,
 )
-from sim.backends import Backend
+from sim.backends import Backend, runs_in_place
 from sim.roofline import LayerPoint, bound_cycles
 from sw.compile.executable import Executable, Program
 from sw.compile.ir import OPS, Interpreter, Kernel, Node, Numerics, run_node, stream_cycles
@@ -56,7 +56,11 @@ __all__ = ["Runtime", "RuntimeFault", "StepStats", "ProgramRun", "HostRun", "Gen
 
 class RuntimeFault(RuntimeError):
     """A program stopped with an error (deadlock, overflow, bad instruction) or an input
-    does not match the executable; the message names the step, node and engine states."""
+    does not match the executable; the message names the step, node and engine states.
+
+    After a program's fault the accelerator memory holds what the program completed before
+    it stopped (the fast model runs on the runtime's image in place, as the hardware would
+    leave it), so the sequence cannot continue: :meth:`Runtime.reset` starts a new one."""
 
 
 @dataclass
@@ -198,6 +202,9 @@ class Runtime:
         self.params = params
         self.interp = Interpreter(params, self.config, Numerics(), exe.io.max_context)
         self.memo: dict[tuple, object] | None = {} if memo_timing and not self.values else None
+        # The fast model runs on self.dram itself (no copy of the memory per program); after
+        # a program that faults (RuntimeFault) the image holds what it completed: reset().
+        self._in_place = {"in_place": True} if self.values and runs_in_place(backend) else {}
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -354,7 +361,7 @@ class Runtime:
         if self.memo is not None and key in self.memo:
             r = self.memo[key]
         else:
-            r = self.backend.run(program.words, self.dram, trace=self.trace)
+            r = self.backend.run(program.words, self.dram, trace=self.trace, **self._in_place)
             if self.memo is not None:
                 self.memo[key] = r
         if not r.ok:

@@ -181,8 +181,31 @@ def test_a_stalled_program_reports_the_engine_states():
     mask = np.uint64(((1 << width) - 1) << off)
     words[gemm, 0] = (words[gemm, 0] & ~mask) | np.uint64(12 << off)   # never signalled
     exe.programs[pid] = dataclasses.replace(exe.programs[pid], words=words)
+    rt = Runtime(exe, make_backend("model", SMALL))
     with pytest.raises(RuntimeFault, match=r"stopped with DEADLOCK .*COMPUTE waits on event 12"):
-        Runtime(exe, make_backend("model", SMALL)).step(torch.zeros((1, 4), dtype=torch.long))
+        rt.step(torch.zeros((1, 4), dtype=torch.long))
+    # the program ran on the runtime's memory in place: what it completed is there; reset()
+    # gives the image of a new sequence
+    assert not np.array_equal(rt.dram, exe.dram_image())
+    rt.reset()
+    assert np.array_equal(rt.dram, exe.dram_image())
+
+
+def test_programs_run_in_place_on_the_runtimes_memory():
+    """The fast model works on the runtime's DRAM array (no copy of the memory per program);
+    the KV cache the host rewrites every step is a weight stream too, and the logits stay
+    those of the twin (the decoded streams follow the bytes: tests/sim/test_model_reuse.py)."""
+    lm = tiny_lm(layers=1)
+    weights = compressed(lm)
+    exe = compile_model(lm, SMALL, CompileOptions(PROMPT, PROMPT + 3), weights=weights)
+    ids = _ids(lm, PROMPT + 3)
+    rt = Runtime(exe, make_backend("model", SMALL))
+    dram = rt.dram
+    got = [rt.step(ids[:, :PROMPT])[0]] + [rt.step(ids[:, p:p + 1])[0]
+                                           for p in range(PROMPT, PROMPT + 3)]
+    assert rt.dram is dram
+    for a, b in zip(got, _twin_logits(lm, weights, ids, PROMPT), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_timing_memo_gives_the_same_costs():
