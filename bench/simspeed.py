@@ -18,8 +18,9 @@
   (2:4 INT4 g128) always, SmolLM2-135M (dense INT4 g128, 128 MiB of DRAM) when ``make
   smollm2`` has installed it (``smollm2_*`` fields; null otherwise).
 
-Walls are medians of ``--repeats`` runs. Writes ``bench/results/simspeed.json``;
-``--values-only`` measures only the values tokens and updates those fields of ``--out``.
+Walls are medians of ``--repeats`` runs. Writes ``simspeed.json`` under
+``build/bench/results/`` (``--record``: ``bench/results/``); ``--values-only`` measures only
+the values tokens and updates those fields of ``--out``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 from threadpoolctl import threadpool_limits
 from torch import nn
 
-from bench.common import RESULTS, median_wall, parser, write_json
+from bench.common import RESULTS, command, median_wall, parser, positive_int, write_json
 from bench.scaling import FORMATS, LLAMA7B, _captured, llama7b, scaled_config, step_options
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, random_quantized
@@ -208,11 +209,12 @@ def values_tokens(repeats: int) -> dict:
     return rec
 
 
+@command("bench.simspeed")
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.simspeed", __doc__)
-    ap.add_argument("--repeats", type=int, default=3,
+    ap.add_argument("--repeats", type=positive_int, default=3,
                     help="runs per measurement (the median is reported)")
-    ap.add_argument("--tokens", type=int, default=64, help="tokens of the reference block")
+    ap.add_argument("--tokens", type=positive_int, default=64, help="tokens of the reference block")
     ap.add_argument("--out", type=Path, default=RESULTS / "simspeed.json",
                     help="results JSON")
     ap.add_argument("--values-only", action="store_true",
