@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hw.cli import OneLineParser, command
+from hw.cli import OneLineParser, command, write_text_atomic
 from hw.config import ConfigError, NMPattern
 
 __all__ = ["ROOT", "OUTPUT", "RESULTS", "DOCS", "RECORDS", "recorded", "median_wall",
@@ -64,14 +63,7 @@ def write_json(path: Path, data: Any) -> Path:
 
     Atomic: the text goes to a temporary file beside ``path`` that then replaces it, so an
     interrupted run (a sweep's cached point, a result file) never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

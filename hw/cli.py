@@ -4,6 +4,8 @@
 interrupted``, and exit status 130 instead of a traceback (what a command writes goes through
 atomic renames, so nothing is left half-written). :class:`OneLineParser` reports a bad option
 in one line, ``PROG: MESSAGE``, with exit status 2 (argparse's usage block left out).
+:func:`write_text_atomic` writes a file so that an interrupted run leaves the old one or none,
+never half of the new one.
 
 >>> @command("demo")
 ... def main(argv=None):
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["INTERRUPTED", "OneLineParser", "command"]
+__all__ = ["INTERRUPTED", "OneLineParser", "command", "write_text_atomic"]
 
 #: Exit status of a command ended by Ctrl-C (128 + SIGINT, what a shell reports).
 INTERRUPTED = 130
@@ -56,3 +60,17 @@ def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
                 return INTERRUPTED
         return run
     return wrap
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file beside it that then replaces it
+    (creating the directory); returns ``path``. An interruption leaves no partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

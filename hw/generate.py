@@ -12,7 +12,6 @@ The Python API is :func:`generate_verilog` / :func:`write_design`.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ from amaranth.back import verilog
 from amaranth.hdl import Value
 from amaranth.lib import wiring
 
-from hw.cli import command
+from hw.cli import command, write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError
 from hw.sim_top import RunnerTop, SimTop
 from hw.top import Accelerator
@@ -89,12 +88,7 @@ def write_design(cfg: AcceleratorConfig, out_dir: str | Path, *, top: str = "acc
     out.mkdir(parents=True, exist_ok=True)
     v_path, c_path = out / f"{name}.v", out / "config.json"
     for path, content in ((v_path, text), (c_path, cfg.to_json() + "\n")):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # nothing half-written
-        try:
-            tmp.write_text(content)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text_atomic(path, content)
     return {"verilog": v_path, "config": c_path}
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import re
 import shutil
 import signal
@@ -48,7 +47,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hw import ecp5_dsp, generate
-from hw.cli import command
+from hw.cli import command, write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError
 from hw.ecp5_dsp import DSP_REGISTER
 
@@ -164,13 +163,7 @@ def keep_record(rec: dict, path: Path | None = None) -> Path:
     path = Path(path or RECORDS)
     design = _design(rec["config"])
     recs = [r for r in _records(path) if _design(r["config"]) != design] + [rec]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(recs, indent=1) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_text_atomic(path, json.dumps(recs, indent=1) + "\n")
 
 
 def find_tool(name: str) -> str:

@@ -7,9 +7,9 @@ to its last execution cycle, preceded by a "wait" slice while it waits on an eve
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from hw.cli import write_text_atomic
 from hw.config import AcceleratorConfig
 from hw.isa import Gemm, Instr, Load, Store, Sync
 from sim.model import InstrTiming
@@ -77,12 +77,4 @@ def chrome_trace(program: list[Instr], timings: list[InstrTiming],
 def write_trace(path: str | Path, program: list[Instr], timings: list[InstrTiming],
                 cfg: AcceleratorConfig) -> Path:
     """Write :func:`chrome_trace` to ``path`` (JSON)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # nothing half-written
-    try:
-        tmp.write_text(json.dumps(chrome_trace(program, timings, cfg)))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_text_atomic(path, json.dumps(chrome_trace(program, timings, cfg)))
