@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="timed runs per measurement (the median is reported)")
     ap.add_argument("--group", type=nonnegative_int, default=128,
                     help="quantisation group along K, 0 = whole row")
-    ap.add_argument("--lanes", type=positive_int, default=64,
-                    help="lanes the streams are packed for (the default configuration has "
-                         f"{AcceleratorConfig().lanes})")
+    ap.add_argument("--lanes", type=positive_int, default=AcceleratorConfig().lanes,
+                    help="lanes the streams are packed for; the default is the default "
+                         "configuration's")
     ap.add_argument("--quick", action="store_true", help="4096x4096 only, 2 formats")
     ap.add_argument("--out", type=Path, default=RESULTS / "compress.json",
                     help="results JSON")
