@@ -1,7 +1,7 @@
 """Every committed benchmark record names what it was measured on, and a record presented as the
 default's was measured on the default configuration.
 
-The rule (README, "Numbers and records"): a benchmark stamps each record, or each row of a list
+The rule (README, "Results"): a benchmark stamps each record, or each row of a list
 record, with :func:`bench.common.provenance` -- configuration fingerprint and array, commit,
 ``dirty``, and ``default``: whether the configuration was ``AcceleratorConfig()`` when it ran.
 README/docs present a number as the default's only from a stamp with ``"default": true``; such a
