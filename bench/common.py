@@ -82,8 +82,10 @@ def write_json(path: Path, data: Any) -> Path:
 def commit() -> dict[str, Any]:
     """The checkout's commit: ``{"commit": short sha, "dirty": tracked files differ from it}``.
 
-    ``commit`` is ``None`` when ``git`` or the repository cannot be read (and
-    :func:`record_problems` then flags the record)."""
+    Files no measurement reads are left out of ``dirty``: the records and pages benchmarks
+    write (``bench/results/``, ``docs/``) and Markdown, so benchmarks run one after another
+    with ``--record`` on a clean checkout all stay clean. ``commit`` is ``None`` when ``git``
+    or the repository cannot be read (and :func:`record_problems` then flags the record)."""
     def git(*args: str) -> str | None:
         try:
             return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
@@ -91,7 +93,8 @@ def commit() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             return None
     sha = git("rev-parse", "--short=12", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                 *(f":(exclude){p.relative_to(ROOT)}" for p in RECORDS.values()), ":(exclude)*.md")
     return {"commit": sha, "dirty": bool(status) if status is not None else True}
 
 

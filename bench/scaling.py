@@ -40,6 +40,7 @@ from sim.backends import make_backend
 from sim.roofline import plot_roofline
 from sw.compile import CompileOptions, compile_model
 from sw.compile.compiler import capture_model
+from sw.compile.errors import LoweringError
 from sw.compile.ir import OPS
 from sw.models import LlamaConfig, LlamaLM
 from sw.runtime import Runtime, StepStats
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     systems = SYSTEMS
     if args.quick:
         phases, systems = phases[:1] + phases[2:3], SYSTEMS[:1]
-    records, roof_points, host = [], {}, {}
+    records, roof_points, host, skipped = [], {}, {}, []
     t_start = time.perf_counter()
     head = (f"{'system':<12}{'array':>7}{'GB/s':>7}{'phase':>9}{'tok/ctx':>8}{'format':>12}"
             f"{'ms/step':>12}{'tok/s':>10}{'roofline':>9}{'vs dense':>9}{'GEMM':>7}"
@@ -173,7 +174,15 @@ def main(argv: list[str] | None = None) -> int:
         for phase, tokens, ctx in phases:
             dense = None
             for fname, fmt in FORMATS.items():
-                stats = run_step(cfg, fmt, phase, tokens, ctx)
+                try:
+                    stats = run_step(cfg, fmt, phase, tokens, ctx)
+                except LoweringError as e:  # e.g. a program longer than the instruction memory
+                    size = ctx if phase == "decode" else tokens
+                    skipped.append(f"{label} {design.array}, {phase} {size}, {fname} and the "
+                                   f"formats after it: {e}")
+                    print(f"{label:<12}{design.array:>7}{gbps:>7.1f}{phase:>9}{size:>8}"
+                          f"{fname:>12}  not run: {e}", flush=True)
+                    break
                 res = summarise(stats, cfg, phase, tokens)
                 dense = dense or res
                 rec = {"system": label, "phase": phase, "format": fname,
@@ -200,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t_start
     write_json(args.out, records)
     write_json(args.out.parent / "scaling_host_ops.json", stamp(dict(host), SYSTEMS[0][1]))
-    _write_docs(args.docs, records, host, roof_points, wall, args.quick)
+    _write_docs(args.docs, records, host, roof_points, wall, args.quick, skipped)
     print(f"wrote {args.out} and {args.docs / 'scaling.md'} ({wall:.0f} s)")
     return 0
 
@@ -210,7 +219,7 @@ def _roofline_png(fname: str) -> str:
     return f"roofline_decode_{fname.replace(':', 'of')}.png"
 
 
-def _write_docs(docs: Path, records, host, roof_points, wall, quick) -> None:
+def _write_docs(docs: Path, records, host, roof_points, wall, quick, skipped=()) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -263,6 +272,9 @@ def _write_docs(docs: Path, records, host, roof_points, wall, quick) -> None:
                      f"{r['roofline_fraction']:.1%} | {r['speedup_vs_dense_int4']:.2f}x | "
                      f"{r['gemm_speedup_vs_dense_int4']:.2f}x | {r['programs']} | "
                      f"{r['step_ms_with_host_unit']:.2f} |")
+    if skipped:
+        lines += ["", "Not run (the compiler cannot lower the step for that system):", ""]
+        lines += [f"- {s}" for s in skipped]
     d24 = [r for r in records if r["format"] == "2:4-int4"]
     best_decode = max((r for r in d24 if r["phase"] == "decode"),
                       key=lambda r: r["speedup_vs_dense_int4"])
