@@ -250,10 +250,11 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
         f"{mcfg.num_hidden_layers} layers, hidden {mcfg.hidden_size}, "
         f"{mcfg.num_attention_heads}/{mcfg.num_key_value_heads} heads)")
     seq = min(256, mcfg.max_position_embeddings)
-    windows = _eval_windows(src, opts, seq)
     formats = _layer_formats(src, recipe, opts)
     options = CompileOptions(prompt_tokens=len(prompt), max_context=total)
-    cfg, captured, dram = _size_dram(src.model, cfg, options, formats, opts, log)
+    explicit = _check_static_dram(src.model, cfg, options, formats, opts)
+    windows = _eval_windows(src, opts, seq)
+    cfg, captured, dram = _size_dram(src.model, cfg, options, formats, explicit, log)
     weights, compressed, compress_s = _compress(src, recipe, formats, opts, seq, progress, log)
     bits = sum(stream_layout(w.fmt, *w.shape, cfg.lanes).bits_per_weight["total"] * w.shape[0]
                * w.shape[1] for w in weights.values()) / sum(
@@ -358,17 +359,10 @@ def _layer_formats(src, recipe: Recipe, opts: DeployOptions) -> dict[str, Weight
         raise UsageError(f"the recipe of --model {opts.model}: {e}") from None
 
 
-def _size_dram(model, cfg: AcceleratorConfig, options: CompileOptions,
-               formats: dict[str, WeightFormat], opts: DeployOptions, log):
-    """Check that the compiled model fits before anything is compressed, sizing the DRAM to
-    it when no --config or --dram-mb says otherwise.
-
-    The packed weights and KV cache follow from the shapes (checked first, before the
-    capture); the activation arena from the captured graph: a timing-only compilation with
-    the same formats runs the planner (and the lowering) that the real one will. Returns the
-    configuration, the captured graphs (reused by every compilation) and what the report
-    says of the DRAM.
-    """
+def _check_static_dram(model, cfg: AcceleratorConfig, options: CompileOptions,
+                       formats: dict[str, WeightFormat], opts: DeployOptions) -> str | None:
+    """The option that fixes the DRAM (None: sized to the model), after checking that an
+    explicit one holds the packed weights and KV cache (from the shapes alone)."""
     explicit = (f"--dram-mb {opts.dram_mb}" if opts.dram_mb is not None
                 else f"--config {opts.config}" if opts.config else None)
     size = cfg.memory.size_bytes
@@ -378,6 +372,21 @@ def _size_dram(model, cfg: AcceleratorConfig, options: CompileOptions,
                          f"{static:,} bytes of accelerator DRAM but the configuration has "
                          f"memory.size_bytes={size:,}; give more memory, a shorter context or "
                          "a sparser format")
+    return explicit
+
+
+def _size_dram(model, cfg: AcceleratorConfig, options: CompileOptions,
+               formats: dict[str, WeightFormat], explicit: str | None, log):
+    """Check that the compiled model fits before anything is compressed, sizing the DRAM to
+    it when no --config or --dram-mb (``explicit``) says otherwise.
+
+    The packed weights and KV cache follow from the shapes (:func:`_check_static_dram`,
+    before this); the activation arena from the captured graph: a timing-only compilation
+    with the same formats runs the planner (and the lowering) that the real one will.
+    Returns the configuration, the captured graphs (reused by every compilation) and what
+    the report says of the DRAM.
+    """
+    size = cfg.memory.size_bytes
     captured = capture_model(model, options)
     probe = cfg if explicit else cfg.with_dram(cfg.timing_only().memory.size_bytes)
     try:
