@@ -1,16 +1,24 @@
 """python -m sw.deploy -- run a compressed LLM end to end on the simulated accelerator.
 
-Compresses the model (N:M pruning + INT4/INT8 group quantisation), measures its accuracy,
-compiles prefill and decode into programs for the accelerator (sw.compile), generates text
-from a prompt on a backend (the fast cycle-accurate model by default, or the Verilator RTL or
-the Yosys netlist), checks that every generated token equals the model-level twin's (the torch
-model computing with the accelerator's exact integer numerics), and reports cycles, simulated
-tokens/s, the speedup over the same model in dense INT4 on the same hardware, utilisation,
-DRAM traffic, the roofline fraction and the host <-> accelerator transitions per token.
+Compresses the model (N:M pruning + INT4/INT8 group quantisation) with its default recipe
+(below) or the options given, measures its accuracy, compiles prefill and decode into programs
+for the accelerator (sw.compile), generates text from a prompt on a backend (the fast
+cycle-accurate model by default, or the Verilator RTL or the Yosys netlist), checks that every
+generated token equals the model-level twin's (the torch model computing with the
+accelerator's exact integer numerics), and reports cycles, simulated tokens/s, the speedup over
+the same model in dense INT4 on the same hardware, utilisation, DRAM traffic, the roofline
+fraction and the host <-> accelerator transitions per token.
 
 Writes into --out: report.json, report.md (with roofline.png), decode_trace.json (a Perfetto
 timeline of one decode step: open it in ui.perfetto.dev) and executable.safetensors (the
 compiled model). The directory is written whole or not at all.
+
+Everything that follows from the options and the model's shapes is checked before the
+compression: formats against the configuration, the context, and the DRAM the compiled model
+needs (the packed weights and KV cache from the shapes, then the activation arena from the
+captured graph). With no --config and no --dram-mb, the simulated DRAM is the default
+configuration's, grown to the model's need (rounded up to whole MiB) if that is larger; an
+explicit --config or --dram-mb that is too small is an error.
 
 examples:
   python -m sw.deploy
@@ -27,6 +35,7 @@ import json
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -44,11 +53,18 @@ from sim.backends import BACKENDS, make_backend
 from sim.roofline import plot_roofline
 from sw.artifact import publish
 from sw.cli import UsageError, add_tokenizer_option
-from sw.compile import CompileError, CompileOptions, compile_model
+from sw.compile import CompileError, CompileOptions, PlanError, compile_model
 from sw.compile import executable as executable_io
-from sw.compress.model import COMPRESS_METHODS, compress_llama, use_hardware_numerics
+from sw.compile.compiler import capture_model, static_dram_bytes
+from sw.compress.model import (
+    COMPRESS_METHODS,
+    compress_llama,
+    selected_linears,
+    use_hardware_numerics,
+)
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.generate import generate
+from sw.models.recipes import DEFAULT_RECIPE, RECIPES, Recipe, recipe_for
 from sw.models.source import BUILTINS, ModelSourceError, open_model
 from sw.runtime import Runtime, RuntimeFault
 from sw.runtime.trace import write_step_trace
@@ -65,10 +81,10 @@ class DeployOptions:
 
     model: str = "reference"
     tokenizer: str | None = None
-    sparsity: str = "2:4"
-    bits: int = 4
-    group: int = 128
-    method: str = "sparsegpt+gptq"
+    sparsity: str | None = None   # None: the model's recipe (sw.models.recipes)
+    bits: int | None = None
+    group: int | None = None
+    method: str | None = None
     config: str | None = None
     backend: str = "model"
     prompt: str | None = None
@@ -84,24 +100,43 @@ class DeployOptions:
     quiet: bool = False
 
 
+#: Bytes the simulated DRAM is rounded up to when it is sized to the model (--dram-mb's unit).
+MIB = 1 << 20
+
+
+def _recipes_help() -> str:
+    """The table of default recipes (sw.models.recipes), for --help."""
+    def wrap(text: str, indent: str) -> str:
+        return textwrap.fill(text, 79, initial_indent=indent, subsequent_indent=indent + "  ")
+    lines = [wrap("default recipes (sw.models.recipes; --method replaces the method, --sparsity, "
+                  "--bits or --group replace the formats by one):", "")]
+    for name, r in RECIPES.items():
+        lines.append(wrap(f"{name}: {r} -- {r.why}", "  "))
+        lines += [wrap(f"{unit}: {fmt}", "      ") for unit, fmt in r.layers.items()]
+    lines.append(wrap(f"any other model: {DEFAULT_RECIPE}", "  "))
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     d = DeployOptions()
+    r = DEFAULT_RECIPE
     ap = OneLineParser(
         prog="python -m sw.deploy", name="sw.deploy", description=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_recipes_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=d.model, help="a built-in model "
                     f"({', '.join(BUILTINS)}), a Hugging Face directory, a .gguf file or a "
                     f"compressed .safetensors written by sw.compress (default: {d.model})")
     add_tokenizer_option(ap)
     ap.add_argument("--sparsity", default=d.sparsity, help="N:M pattern of every linear layer, "
-                    f"or 'dense' (default: {d.sparsity})")
+                    f"or 'dense' (default: the model's recipe, below; {r.sparsity} for others)")
     ap.add_argument("--bits", type=int, default=d.bits, choices=(4, 8),
-                    help=f"weight bits (default: {d.bits})")
+                    help=f"weight bits (default: the model's recipe; {r.bits} for others)")
     ap.add_argument("--group", type=int, default=d.group,
-                    help=f"quantisation group along K, 0 = whole row (default: {d.group})")
+                    help="quantisation group along K, 0 = whole row (default: the model's "
+                    f"recipe; {r.group} for others)")
     ap.add_argument("--method", default=d.method,
                     help=f"compression method, one of {', '.join(sorted(COMPRESS_METHODS))} "
-                    f"(default: {d.method})")
+                    f"(default: the model's recipe; {r.method} for others)")
     ap.add_argument("--config", default=d.config, help="accelerator configuration JSON "
                     "(default: the built-in AcceleratorConfig)")
     ap.add_argument("--backend", default=d.backend, choices=BACKENDS,
@@ -114,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="feed the prompt as it is, even to a chat model (default: off)")
     ap.add_argument("--dram-mb", type=int, default=d.dram_mb,
                     help="simulated accelerator DRAM in MiB, overriding the configuration's "
-                    "(default: the configuration's; a 135M-parameter model needs about 128)")
+                    "(default: the configuration's; with no --config, grown to what the model "
+                    "needs if that is more)")
     ap.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
                     help=f"tokens to generate (default: {d.max_new_tokens})")
     ap.add_argument("--temperature", type=float, default=d.temperature,
@@ -146,24 +182,34 @@ def _accelerator(path: str | None, dram_mb: int | None) -> AcceleratorConfig:
         raise UsageError(f"--dram-mb {dram_mb}: {e}") from None
 
 
-def _format(opts: DeployOptions, cfg: AcceleratorConfig) -> WeightFormat:
+def _recipe(opts: DeployOptions, cfg: AcceleratorConfig) -> Recipe:
+    """The model's default recipe with the options given in its place, its formats checked
+    against the configuration."""
+    recipe = recipe_for(opts.model).override(method=opts.method, sparsity=opts.sparsity,
+                                             bits=opts.bits, group=opts.group)
+    if recipe.method not in COMPRESS_METHODS:
+        raise UsageError(f"--method {recipe.method!r}: choose one of "
+                         f"{', '.join(sorted(COMPRESS_METHODS))}")
+    if recipe.layers:
+        for unit, name in recipe.layers.items():
+            try:
+                WeightFormat.parse(name).check_supported(cfg)
+            except (FormatError, ConfigError) as e:
+                raise UsageError(f"the recipe of --model {opts.model}, {unit}: {e}") from None
+        return recipe
     try:
-        pattern = NMPattern.parse(opts.sparsity)
+        pattern = NMPattern.parse(recipe.sparsity)
     except ConfigError as e:
-        raise UsageError(f"--sparsity {opts.sparsity!r}: {e}") from None
+        raise UsageError(f"--sparsity {recipe.sparsity!r}: {e}") from None
     try:
-        fmt = WeightFormat(pattern, opts.bits, opts.group)
-        fmt.check_supported(cfg)
+        WeightFormat(pattern, recipe.bits, recipe.group).check_supported(cfg)
     except (FormatError, ConfigError) as e:
-        raise UsageError(f"--sparsity {opts.sparsity} --bits {opts.bits} --group {opts.group}: "
-                         f"{e}") from None
-    return fmt
+        raise UsageError(f"--sparsity {recipe.sparsity} --bits {recipe.bits} --group "
+                         f"{recipe.group}: {e}") from None
+    return recipe
 
 
 def _check(opts: DeployOptions) -> None:
-    if opts.method not in COMPRESS_METHODS:
-        raise UsageError(f"--method {opts.method!r}: choose one of "
-                         f"{', '.join(sorted(COMPRESS_METHODS))}")
     if opts.backend not in BACKENDS:
         raise UsageError(f"--backend {opts.backend!r}: choose one of {', '.join(BACKENDS)}")
     if opts.max_new_tokens < 1:
@@ -176,8 +222,8 @@ def _check(opts: DeployOptions) -> None:
         raise UsageError("--prompt is empty")
     if opts.dram_mb is not None and opts.dram_mb < 1:
         raise UsageError(f"--dram-mb must be >= 1, got {opts.dram_mb}")
-    if opts.temperature < 0:
-        raise UsageError(f"--temperature must be >= 0, got {opts.temperature}")
+    if not 0 <= opts.temperature < float("inf"):
+        raise UsageError(f"--temperature must be a finite number >= 0, got {opts.temperature}")
     if opts.top_k is not None and opts.top_k < 1:
         raise UsageError(f"--top-k must be >= 1, got {opts.top_k}")
 
@@ -187,7 +233,7 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     """Run the whole pipeline, writing the outputs into ``out``; returns the report."""
     _check(opts)
     cfg = _accelerator(opts.config, opts.dram_mb)
-    fmt = _format(opts, cfg)
+    recipe = _recipe(opts, cfg)
     progress = not opts.quiet
     torch.manual_seed(opts.seed)
     t_all = time.perf_counter()
@@ -206,7 +252,12 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
         f"{mcfg.num_hidden_layers} layers, hidden {mcfg.hidden_size}, "
         f"{mcfg.num_attention_heads}/{mcfg.num_key_value_heads} heads)")
     seq = min(256, mcfg.max_position_embeddings)
-    weights, compressed, compress_s = _compress(src, fmt, opts, seq, progress, log)
+    formats = _layer_formats(src, recipe, opts)
+    options = CompileOptions(prompt_tokens=len(prompt), max_context=total)
+    explicit = _check_static_dram(src.model, cfg, options, formats, opts)
+    windows = _eval_windows(src, opts, seq)
+    cfg, captured, dram = _size_dram(src.model, cfg, options, formats, explicit, log)
+    weights, compressed, compress_s = _compress(src, recipe, formats, opts, seq, progress, log)
     bits = sum(stream_layout(w.fmt, *w.shape, cfg.lanes).bits_per_weight["total"] * w.shape[0]
                * w.shape[1] for w in weights.values()) / sum(
                    w.shape[0] * w.shape[1] for w in weights.values())
@@ -215,8 +266,7 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
 
     # ---- accuracy (no fp32 baseline for a compressed file: it holds compressed weights)
     ppl = {}
-    if opts.eval_tokens:
-        windows = src.windows("test", seq, opts.eval_tokens)
+    if windows is not None:
         proto = EvalProtocol(seq_len=seq, max_tokens=opts.eval_tokens)
         models = ([] if src.weights else [("fp32", src.model)]) + [("compressed", twin)]
         for label, m in models:
@@ -226,8 +276,7 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
             + f"compressed, accelerator numerics {ppl['compressed']:.3f}")
 
     # ---- compile
-    options = CompileOptions(prompt_tokens=len(prompt), max_context=total)
-    exe = compile_model(src.model, cfg, options, weights=weights)
+    exe = compile_model(src.model, cfg, options, weights=weights, captured=captured)
     rep = exe.report
     log(f"compile: {rep['programs']} programs, {rep['instructions']:,} instructions in "
         f"{rep['compile_s']:.2f} s (capture {rep['capture_s']:.1f} s); DRAM "
@@ -251,16 +300,22 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     tokens = gen.tokens if values else twin_tokens
     match = tokens == twin_tokens if values else None
 
-    # ---- the same model in dense INT4 on the same hardware (timing only)
-    dense = {k: WeightFormat(DENSE, 4, w.fmt.group or fmt.group) for k, w in weights.items()}
-    dense_exe = compile_model(src.model, cfg, options, formats=dense)
-    dense_rt = Runtime(dense_exe, make_backend("model-timing", cfg))
+    # ---- the same model in dense INT4 on the same hardware (timing only: no cycle count
+    # depends on the DRAM's size, which the denser weights may outgrow)
+    dense = {k: WeightFormat(DENSE, 4, w.fmt.group or recipe.group) for k, w in weights.items()}
+    dense_cfg = cfg.timing_only()
+    dense_exe = compile_model(src.model, dense_cfg, options, formats=dense, captured=captured)
+    dense_rt = Runtime(dense_exe, make_backend("model-timing", dense_cfg))
     dense_steps = [dense_rt.step(torch.tensor([prompt]))[1]]
     for tok in tokens[:max(1, len(gen.steps) - 1)]:  # the same decode steps as the run
         dense_steps.append(dense_rt.step(torch.tensor([[tok]]))[1])
 
     report = _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, bits,
                      compress_s, time.perf_counter() - t_all)
+    report.update(method="from the file" if src.weights else recipe.method,
+                  recipe=None if src.weights else str(recipe),
+                  recipe_why=None if src.weights else recipe.why,
+                  recipe_layers=None if src.weights else dict(recipe.layers), dram_sizing=dram)
     _write(out, opts, cfg, exe, gen, report, src, tokens, prompt_text)
     _print_summary(report, src.decode(tokens), prompt_text, log)
     return report
@@ -282,21 +337,96 @@ def _until_eos(tokens: list[int], eos: int | None) -> list[int]:
     return tokens
 
 
-def _compress(src, fmt: WeightFormat, opts: DeployOptions, seq: int, progress: bool, log):
+def _eval_windows(src, opts: DeployOptions, seq: int) -> torch.Tensor | None:
+    """The held-out windows perplexity is measured on (None: --eval-tokens 0)."""
+    if not opts.eval_tokens:
+        return None
+    if opts.eval_tokens < seq:
+        raise UsageError(f"--eval-tokens must be 0 or at least one window of {seq} tokens, got "
+                         f"{opts.eval_tokens}")
+    try:
+        return src.windows("test", seq, opts.eval_tokens)
+    except ModelSourceError as e:
+        raise UsageError(f"--eval-tokens {opts.eval_tokens}: {e}") from None
+
+
+def _layer_formats(src, recipe: Recipe, opts: DeployOptions) -> dict[str, WeightFormat]:
+    """The format of every layer the accelerator runs: a compressed file's, else the
+    recipe's for each layer compression selects (known before compressing)."""
+    if src.weights:
+        return {k: w.fmt for k, w in src.weights.items()}
+    try:
+        return recipe.formats(selected_linears(src.model))
+    except FormatError as e:
+        raise UsageError(f"the recipe of --model {opts.model}: {e}") from None
+
+
+def _check_static_dram(model, cfg: AcceleratorConfig, options: CompileOptions,
+                       formats: dict[str, WeightFormat], opts: DeployOptions) -> str | None:
+    """The option that fixes the DRAM (None: sized to the model), after checking that an
+    explicit one holds the packed weights and KV cache (from the shapes alone)."""
+    explicit = (f"--dram-mb {opts.dram_mb}" if opts.dram_mb is not None
+                else f"--config {opts.config}" if opts.config else None)
+    size = cfg.memory.size_bytes
+    static = static_dram_bytes(model, cfg, options, formats)
+    if explicit and static > size:
+        raise UsageError(f"{explicit}: the model's packed weights and KV cache alone need "
+                         f"{static:,} bytes of accelerator DRAM but the configuration has "
+                         f"memory.size_bytes={size:,}; give more memory, a shorter context or "
+                         "a sparser format")
+    return explicit
+
+
+def _size_dram(model, cfg: AcceleratorConfig, options: CompileOptions,
+               formats: dict[str, WeightFormat], explicit: str | None, log):
+    """Check that the compiled model fits before anything is compressed, sizing the DRAM to
+    it when no --config or --dram-mb (``explicit``) says otherwise.
+
+    The packed weights and KV cache follow from the shapes (:func:`_check_static_dram`,
+    before this); the activation arena from the captured graph: a timing-only compilation
+    with the same formats runs the planner (and the lowering) that the real one will.
+    Returns the configuration, the captured graphs (reused by every compilation) and what
+    the report says of the DRAM.
+    """
+    size = cfg.memory.size_bytes
+    captured = capture_model(model, options)
+    probe = cfg if explicit else cfg.with_dram(cfg.timing_only().memory.size_bytes)
+    try:
+        needed = compile_model(model, probe, options, formats=formats,
+                               captured=captured).report["dram"]["total"]
+    except PlanError as e:
+        raise UsageError(f"{explicit}: {e}") from None
+    if explicit:
+        how = explicit
+    elif needed <= size:
+        how = "the default configuration's"
+    else:
+        cfg = cfg.with_dram(-(-needed // MIB) * MIB)
+        how = (f"sized to the model: the default configuration's {size:,} bytes grown to the "
+               "need, rounded up to whole MiB")
+    dram = {"needed_bytes": needed, "size_bytes": cfg.memory.size_bytes, "how": how}
+    log(f"DRAM: the compiled model needs {needed:,} bytes; simulating "
+        f"{cfg.memory.size_bytes:,} ({how})")
+    return cfg, captured, dram
+
+
+def _compress(src, recipe: Recipe, formats: dict[str, WeightFormat], opts: DeployOptions,
+              seq: int, progress: bool, log):
     """The compressed weights and the float model computing with them: a compressed file's
-    own, else compressed here."""
+    own, else compressed here with ``recipe`` (``formats``: its format of every layer)."""
     if src.weights:
         counts = Counter(w.fmt.name for w in src.weights.values())
         fmts = [f"{n} x{k}" for n, k in sorted(counts.items())]
         log(f"compressed model: {len(src.weights)} layers ({', '.join(fmts)}); "
             "--sparsity, --bits, --group and --method do not apply")
         return dict(src.weights), src.model, 0.0
-    log(f"compress: {fmt.pattern} INT{fmt.bits} g{fmt.group} with {opts.method}, "
-        f"{opts.calib} x {seq} calibration tokens")
+    log(f"compress: {recipe} ({recipe.why}), {opts.calib} x {seq} calibration tokens")
     t0 = time.perf_counter()
     compressed = copy.deepcopy(src.model)
-    weights = compress_llama(compressed, fmt, opts.method,
-                             src.calibration(opts.calib, seq, opts.seed), progress=progress)
+    uniform = recipe.uniform_format()
+    weights = compress_llama(compressed, uniform or (lambda name, _: formats.get(name)),
+                             recipe.method, src.calibration(opts.calib, seq, opts.seed),
+                             progress=progress)
     return weights, compressed, time.perf_counter() - t0
 
 
@@ -391,6 +521,10 @@ def _markdown(r: dict, text: str, prompt_text: str) -> str:
         "```", f"{prompt_text}{text}", "```", "",
         "| quantity | value |", "|---|---|",
         f"| generated tokens equal the model-level twin's | {r['tokens_match_twin']} |",
+        "| recipe | " + (f"{r['recipe']} ({r['recipe_why']})" if r.get("recipe")
+                         else "from the compressed file") + " |",
+        f"| simulated DRAM | {r['dram_sizing']['size_bytes']:,} bytes "
+        f"({r['dram_sizing']['how']}); the model needs {r['dram_sizing']['needed_bytes']:,} |",
         f"| perplexity fp32 -> compressed (accelerator numerics) | {f(r['ppl_fp32'])} -> "
         f"{f(r['ppl_compressed'])} |",
         f"| storage | {r['bits_per_weight']:.3f} bits/weight ({16 / r['bits_per_weight']:.2f}x "
@@ -421,6 +555,10 @@ def _markdown(r: dict, text: str, prompt_text: str) -> str:
     lines += ["", "![roofline of one decode step](roofline.png)", "",
               "`decode_trace.json` is a Perfetto timeline of one decode step "
               "(ui.perfetto.dev); `executable.safetensors` the compiled model.", ""]
+    if r.get("recipe_layers"):
+        lines += ["## Recipe: the format of each layer group", "",
+                  "| layers | format |", "|---|---|"]
+        lines += [f"| {unit} | {fmt} |" for unit, fmt in r["recipe_layers"].items()] + [""]
     if r["note"]:
         lines += [f"Model: {r['note']}.", ""]
     return "\n".join(lines)

@@ -55,7 +55,8 @@ from sw.compile.relocation import Template, lower_template, relocate
 from sw.compile.tiling import stream_bytes, weight_image
 from sw.models.llama import LlamaLM
 
-__all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes"]
+__all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes",
+           "static_dram_bytes"]
 
 
 @dataclass(frozen=True)
@@ -245,8 +246,7 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                opts: CompileOptions, report: dict):
     """The accelerator's nodes and their members, per phase and context bucket, and every
     activation buffer with its lifetime (host stage before a program to the one after)."""
-    kv = KVLayout(model.config.head_dim, context_bucket(opts.max_context), cfg.lanes,
-                  cfg.beat_bytes)
+    kv = _kv_layout(model, cfg, opts)
     contexts = _decode_contexts(opts)
     work: list[tuple[str, Node, int | None, list[Member]]] = []
     buffers: dict[str, list[Buffer]] = {}
@@ -276,6 +276,26 @@ def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str
            kv: KVLayout, opts: CompileOptions
            ) -> tuple[dict[str, Region], DramLayout, dict[str, ArenaPlan]]:
     """DRAM regions of the weights, the KV cache and every buffer (arena per phase)."""
+    weights, kv_regions = _static_regions(model, cfg, fmt_map, kv, opts)
+    arenas = {phase: plan_arena(bufs, cfg.beat_bytes) for phase, bufs in buffers.items()}
+    layout = layout_dram(cfg, weights, kv_regions, list(arenas.values()))
+    symbols = dict(layout.regions)
+    for phase, bufs in buffers.items():
+        symbols.update(buffer_regions(layout, arenas[phase], bufs))
+    return symbols, layout, arenas
+
+
+def _kv_layout(model: LlamaLM, cfg: AcceleratorConfig, opts: CompileOptions) -> KVLayout:
+    """The KV cache's layout: ``max_context`` positions rounded up to their bucket."""
+    return KVLayout(model.config.head_dim, context_bucket(opts.max_context), cfg.lanes,
+                    cfg.beat_bytes)
+
+
+def _static_regions(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, kv: KVLayout,
+                    opts: CompileOptions
+                    ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The (symbol, bytes) of every packed weight stream and KV-cache region: what the model's
+    shapes and formats fix, before any graph is captured."""
     mcfg = model.config
     weights = [(sym.weights(layer), _stream_bytes(fmt_map[layer], model, layer, cfg))
                for layer in _linear_layers(model) if layer in fmt_map]
@@ -285,12 +305,25 @@ def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str
             for h in range(mcfg.num_key_value_heads):
                 kv_regions += [(sym.cache("k", L, h), kv.key_bytes),
                                (sym.cache("v", L, h), kv.value_bytes)]
-    arenas = {phase: plan_arena(bufs, cfg.beat_bytes) for phase, bufs in buffers.items()}
-    layout = layout_dram(cfg, weights, kv_regions, list(arenas.values()))
-    symbols = dict(layout.regions)
-    for phase, bufs in buffers.items():
-        symbols.update(buffer_regions(layout, arenas[phase], bufs))
-    return symbols, layout, arenas
+    return weights, kv_regions
+
+
+def static_dram_bytes(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOptions,
+                      formats: Mapping[str, WeightFormat]) -> int:
+    """DRAM bytes of the packed weights and the KV cache that :func:`compile_model` would lay
+    out for these formats: a lower bound of its ``report["dram"]["total"]`` (the activation
+    arena needs the captured graph), from the shapes alone -- nothing captured or compressed.
+
+    Raises
+    ------
+    CompileError
+        Bad options, or formats the configuration does not support.
+    """
+    fmt_map = _formats(model, cfg, options, None, formats)
+    weights, kv = _static_regions(model, cfg, fmt_map, _kv_layout(model, cfg, options),
+                                  options)
+    layout = layout_dram(cfg.timing_only(), weights, kv, [])
+    return layout.weight_bytes + layout.kv_bytes
 
 
 def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int

@@ -5,7 +5,10 @@ import json
 
 import pytest
 
-from sw.deploy import main
+import sw.deploy
+from hw.config import AcceleratorConfig
+from sw.deploy import MIB, main
+from sw.models.recipes import RECIPES
 
 FAST = ["--method", "magnitude", "--calib", "1", "--eval-tokens", "512", "--max-new-tokens",
         "3", "--quiet"]
@@ -26,6 +29,11 @@ def test_deploy_reference_model(tmp_path, capsys):
     assert REPORT_FIELDS <= set(report)
     assert report["tokens_match_twin"] is True and report["new_tokens"] == 3
     assert report["model"] == "reference" and report["pattern"] == "2:4"
+    # the reference model's recipe with --method in its place; it fits the default DRAM
+    assert report["recipe"] == str(RECIPES["reference"].override(method="magnitude"))
+    assert report["dram_sizing"] == {"needed_bytes": report["dram_bytes"]["total"],
+                                     "size_bytes": AcceleratorConfig().memory.size_bytes,
+                                     "how": "the default configuration's"}
     # 2:4 INT4 streams fewer weight bytes than dense INT4 on the memory-bound decode
     assert report["speedup_vs_dense"] > 1.1
     assert 0 < report["roofline_fraction"] <= 1.0
@@ -37,6 +45,83 @@ def test_deploy_reference_model(tmp_path, capsys):
         "layers.0.self_attn.scores"}
     text = capsys.readouterr().out
     assert "tokens equal the model-level twin's: yes" in text
+    assert f"DRAM: the compiled model needs {report['dram_bytes']['total']:,} bytes" in text
+    md = (out / "report.md").read_text()
+    assert f"| recipe | {report['recipe']} (the options given) |" in md
+
+
+def test_dram_is_sized_to_the_model_without_a_configuration(tmp_path, monkeypatch, capsys):
+    """A default configuration whose DRAM is too small grows to what the compiled model needs,
+    rounded up to whole MiB, and the report says so."""
+    small = AcceleratorConfig().with_dram(1 << 16)
+    monkeypatch.setattr(sw.deploy, "AcceleratorConfig", lambda: small)
+    out = tmp_path / "run"
+    assert main(FAST + ["--out", str(out), "--eval-tokens", "0"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    sizing = report["dram_sizing"]
+    assert sizing["needed_bytes"] == report["dram_bytes"]["total"] > small.memory.size_bytes
+    assert sizing["size_bytes"] == -(-sizing["needed_bytes"] // MIB) * MIB
+    assert report["config"]["memory"]["size_bytes"] == sizing["size_bytes"]
+    assert "sized to the model" in sizing["how"] and report["tokens_match_twin"] is True
+    assert "sized to the model" in capsys.readouterr().out
+    assert "sized to the model" in (out / "report.md").read_text()
+
+
+def _no_slow_work(monkeypatch, capture: bool = True):
+    """Make compression (and the capture) fail if they are reached."""
+    def reached(*a, **k):
+        raise AssertionError("slow work reached")
+    monkeypatch.setattr(sw.deploy, "compress_llama", reached)
+    if capture:
+        monkeypatch.setattr(sw.deploy, "capture_model", reached)
+
+
+def test_too_small_dram_fails_before_capture_and_compression(tmp_path, monkeypatch, capsys):
+    _no_slow_work(monkeypatch)
+    out = tmp_path / "out"
+    assert main(FAST + ["--out", str(out), "--dram-mb", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sw.deploy: --dram-mb 1: the model's packed weights and KV cache "
+                          "alone need ") and "\n" not in err, err
+    assert "memory.size_bytes=1,048,576" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dram_without_room_for_activations_fails_before_compression(tmp_path, monkeypatch,
+                                                                   capsys):
+    """Weights and KV cache fit, the activation arena does not: found by planning the
+    captured graph, before anything is compressed."""
+    from hw.format import WeightFormat
+    from sw.compile import CompileOptions
+    from sw.compile.compiler import static_dram_bytes
+    from sw.models.reference_model import load_reference
+    from sw.models.tokenizer import encode
+    model = load_reference()
+    cfg = AcceleratorConfig()
+    prompt = len(encode(sw.deploy.DEFAULT_PROMPT))
+    options = CompileOptions(prompt_tokens=prompt, max_context=prompt + 3)
+    fmts = RECIPES["reference"].formats(
+        [n for n in sw.deploy.selected_linears(model)])
+    assert set(fmts.values()) == {WeightFormat("2:4", 4, 128)}
+    static = static_dram_bytes(model, cfg, options, fmts)
+    step = cfg.memory.bytes_per_cycle
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"memory": {"size_bytes": -(-static // step) * step}}))
+    _no_slow_work(monkeypatch, capture=False)
+    assert main(FAST + ["--out", str(tmp_path / "out"), "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"sw.deploy: --config {config}: the model needs ") and "\n" not in err
+    assert "activations" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json"]
+
+
+def test_help_states_every_default_recipe(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name, recipe in RECIPES.items():
+        assert f"{name}: {recipe} -- {recipe.why}" in text
+        assert all(f"{unit}: {fmt}" in text for unit, fmt in recipe.layers.items())
 
 
 def test_help_documents_every_option_with_its_default(capsys):
@@ -63,6 +148,8 @@ def test_help_documents_every_option_with_its_default(capsys):
     (["--config", "missing.json"], "--config missing.json: cannot read it"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--max-new-tokens", "400"], "exceeds the model's context of 256 positions"),
+    (["--eval-tokens", "100"], "--eval-tokens must be 0 or at least one window of 256"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "out"
@@ -80,16 +167,18 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     assert out.read_text() == "mine" and list(tmp_path.iterdir()) == [out]
 
 
-def test_invalid_configuration_and_a_model_too_large(tmp_path, capsys):
+def test_invalid_configuration_and_a_model_too_large(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text('{"rows": 3}')
     assert main(FAST + ["--config", str(bad), "--out", str(tmp_path / "o1")]) == 2
     assert "rows must be a power of two" in capsys.readouterr().err
     small = tmp_path / "small.json"
     small.write_text('{"memory": {"size_bytes": 65536}}')
+    _no_slow_work(monkeypatch)
     assert main(FAST + ["--config", str(small), "--out", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err
     assert "accelerator DRAM" in err and "memory.size_bytes=65,536" in err
+    assert err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "small.json"]
 
 
@@ -104,3 +193,24 @@ def test_format_summary_names_group_sizes():
              "b": SimpleNamespace(fmt=WeightFormat("2:4", 4, 128)),
              "c": SimpleNamespace(fmt=WeightFormat("dense", 4, 0))}
     assert _formats(mixed)[3] == "mixed (2:4-int4, 2:4-int4-row, dense-int4-row)"
+
+
+@pytest.mark.smollm2
+def test_smollm2_answers_with_its_default_recipe(tmp_path, capsys):
+    """The first command of the README: no option but --model (and the answer's length)."""
+    from sw.models.source import ModelSourceError, smollm2_path
+    try:
+        smollm2_path()
+    except ModelSourceError as e:
+        pytest.skip(str(e))
+    out = tmp_path / "run"
+    assert main(["--model", "smollm2", "--prompt", "What is the capital of France?",
+                 "--max-new-tokens", "12", "--out", str(out), "--quiet"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    text = capsys.readouterr().out
+    print(text)
+    assert report["tokens_match_twin"] is True
+    assert report["recipe"] == str(RECIPES["smollm2"])
+    assert "sized to the model" in report["dram_sizing"]["how"]
+    answer = text.split("[assistant] ", 1)[1].split("\n---", 1)[0]
+    assert "Paris" in answer, answer
