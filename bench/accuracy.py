@@ -68,6 +68,7 @@ from bench.common import (
     patterns,
     positive_int,
     recorded,
+    stamp,
     write_json,
 )
 from hw.config import NMPattern
@@ -881,7 +882,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_investigation(inv))
         print(f"\ninvestigation took {time.perf_counter() - t0:.0f} s on {args.threads} threads")
         if args.out not in (RESULTS / "accuracy.json", recorded(RESULTS / "accuracy.json")):
-            write_json(args.out, inv)
+            write_json(args.out, stamp(inv, None))
         return 0
     extra = {"model": src.name, "calib_samples": args.calib_samples,
              "calib_seq_len": args.calib_seq_len, "calib_tokens": int(calibration.numel()),
@@ -902,7 +903,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{settings}\ntotal {total:.0f} s on {args.threads} threads (+{t_load:.0f} s "
           f"loading the model); {cpu:.0f} s of CPU time, load average at the end "
           f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")
-    write_json(args.out, merge_records(args.out, src.name, records))
+    # no accelerator configuration is measured: the hardware rows use the fixed W4A8
+    # numerics (hw.numerics), the same on every array
+    write_json(args.out, merge_records(args.out, src.name, stamp(records, None)))
     print(f"wrote {args.out} ({src.name} records replaced)")
     if not args.no_plot:
         path = _plot_path(src.name, args.record) if str(args.plot) == "auto" else args.plot
