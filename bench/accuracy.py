@@ -73,6 +73,7 @@ from bench.common import (
 )
 from hw.config import NMPattern
 from hw.format import QuantizedWeight, WeightFormat
+from sw.cli import add_tokenizer_option
 from sw.compress.calibrate import collect_stats
 from sw.compress.core import PaddingWarning
 from sw.compress.model import (
@@ -784,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="reference",
                     help="model to compress: 'reference', 'smollm2', a Hugging Face directory or "
                          "a LLaMA .gguf file (anything sw.models.source.open_model accepts)")
+    add_tokenizer_option(ap)
     ap.add_argument("--calib-samples", type=_auto_int, default="auto",
                     help="calibration sequences, random windows of the train split ('auto': "
                          "64 for the reference model, 32 for any other)")
@@ -839,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     t_load = time.perf_counter()
     try:
-        src = open_model(args.model)
+        src = open_model(args.model, tokenizer=args.tokenizer)
     except ModelSourceError as e:
         print(f"bench.accuracy: {e}", file=sys.stderr)
         return 2

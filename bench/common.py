@@ -209,9 +209,11 @@ class _Parser(OneLineParser):
 
 def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """The command line of a benchmark: ``--help`` shows its docstring and every default, a
-    bad option is one line and exit status 2, and ``--record`` writes the committed records
+    bad option is one line (``bench.NAME: MESSAGE``, as the benchmark's own errors) and exit
+    status 2, and ``--record`` writes the committed records
     (every default output path under :data:`OUTPUT` becomes its :func:`recorded` place)."""
-    ap = _Parser(prog=prog, description=doc, formatter_class=_HelpFormatter)
+    ap = _Parser(prog=prog, name=prog.removeprefix("python -m "), description=doc,
+                 formatter_class=_HelpFormatter)
     ap.add_argument("--record", action="store_true",
                     help="update the committed records (bench/results/, docs/) instead of "
                          f"writing under {OUTPUT.relative_to(ROOT)}/ (same file names)")

@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", type=nonnegative_int, default=128,
                     help="quantisation group along K, 0 = whole row")
     ap.add_argument("--lanes", type=positive_int, default=AcceleratorConfig().lanes,
-                    help="lanes the streams are packed for (the default configuration's)")
+                    help="lanes the streams are packed for; the default is the default "
+                         "configuration's")
     ap.add_argument("--quick", action="store_true", help="4096x4096 only, 2 formats")
     ap.add_argument("--out", type=Path, default=RESULTS / "compress.json",
                     help="results JSON")

@@ -6,20 +6,26 @@ directory holding the counterexample trace).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+
+from hw.cli import OneLineParser, command
 
 from . import formal_config
 from .flow import run_proof
 from .registry import all_proofs
 
 
+@command("python -m formal")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m formal", description=__doc__)
-    ap.add_argument("-k", default="", help="run the proofs whose name contains this")
-    ap.add_argument("--list", action="store_true", help="list the proofs and exit")
-    ap.add_argument("--out", default="build/formal", help="work directory")
+    """Run the proofs selected by ``-k`` (or list them); 0 if all pass, 1 otherwise."""
+    ap = OneLineParser(prog="python -m formal", description=__doc__)
+    ap.add_argument("-k", default="", metavar="SUBSTRING",
+                    help="run the proofs whose name contains SUBSTRING (default: all)")
+    ap.add_argument("--list", action="store_true",
+                    help="list the proofs and exit (default: run them)")
+    ap.add_argument("--out", default="build/formal",
+                    help="work directory (default: %(default)s)")
     args = ap.parse_args(argv)
     proofs = [p for p in all_proofs(formal_config()) if args.k in p.name]
     if args.list:

@@ -2,8 +2,9 @@
 
 :func:`command` wraps a ``main(argv) -> int``: Ctrl-C ends it with one line, ``PROG:
 interrupted``, and exit status 130 instead of a traceback (what a command writes goes through
-atomic renames, so nothing is left half-written). :class:`OneLineParser` reports a bad option
-in one line, ``PROG: MESSAGE``, with exit status 2 (argparse's usage block left out).
+atomic renames, so nothing is left half-written). :class:`OneLineParser`, the argument parser
+of every command, reports a bad option in one line, ``NAME: MESSAGE``, with exit status 2
+(argparse's usage block left out), ``NAME`` being the prefix of the command's other errors.
 :func:`write_text_atomic` writes a file so that an interrupted run leaves the old one or none,
 never half of the new one.
 
@@ -30,10 +31,36 @@ INTERRUPTED = 130
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line, ``PROG: MESSAGE``, and exit status 2."""
+    """An argument parser whose errors are one line, ``NAME: MESSAGE``, and exit status 2.
+
+    Parameters
+    ----------
+    *args, **kwargs
+        Those of :class:`argparse.ArgumentParser`.
+    name : str, optional
+        The prefix of the error line: the name the command's own errors and
+        :func:`command` use (``sw.deploy``). Default: ``prog``.
+
+    >>> ap = OneLineParser(prog="python -m demo", name="demo")
+    >>> _ = ap.add_argument("--n", type=int)
+    >>> import contextlib, io
+    >>> err = io.StringIO()
+    >>> with contextlib.redirect_stderr(err):
+    ...     try:
+    ...         ap.parse_args(["--n", "x"])
+    ...     except SystemExit as e:
+    ...         print(e.code)
+    2
+    >>> err.getvalue()
+    "demo: argument --n: invalid int value: 'x'\\n"
+    """
+
+    def __init__(self, *args, name: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.name = name or self.prog
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: {message}\n")
+        self.exit(2, f"{self.name}: {message}\n")
 
 
 def command(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:

@@ -11,7 +11,6 @@ The Python API is :func:`generate_verilog` / :func:`write_design`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from amaranth.back import verilog
 from amaranth.hdl import Value
 from amaranth.lib import wiring
 
-from hw.cli import command, write_text_atomic
+from hw.cli import OneLineParser, command, write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError
 from hw.sim_top import RunnerTop, SimTop
 from hw.top import Accelerator
@@ -94,12 +93,13 @@ def write_design(cfg: AcceleratorConfig, out_dir: str | Path, *, top: str = "acc
 
 @command("hw.generate")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hw.generate", description=__doc__.split("\n")[0])
+    ap = OneLineParser(prog="python -m hw.generate", name="hw.generate",
+                       description=__doc__.split("\n")[0])
     ap.add_argument("--config", help="configuration JSON (default: AcceleratorConfig())")
-    ap.add_argument("--out", required=True, help="output directory (created if missing)")
+    ap.add_argument("--out", required=True, help="output directory, created if missing (required)")
     ap.add_argument("--top", choices=("accel", "sim"), default="accel",
                     help="accel: the synthesizable top; sim: with the DRAM model "
-                         "(default: accel)")
+                         "(default: %(default)s)")
     args = ap.parse_args(argv)
     try:
         cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()

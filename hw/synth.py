@@ -34,7 +34,6 @@ every ``--progress`` seconds, and place-and-route is bounded by ``--time-limit``
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hw import ecp5_dsp, generate
-from hw.cli import command, write_text_atomic
+from hw.cli import OneLineParser, command, write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError
 from hw.ecp5_dsp import DSP_REGISTER
 
@@ -538,12 +537,15 @@ def summary(rec: dict) -> str:
 
 @command("hw.synth")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hw.synth", description=__doc__.split("\n")[0])
+    ap = OneLineParser(prog="python -m hw.synth", name="hw.synth",
+                       description=__doc__.split("\n")[0])
     ap.add_argument("--config", help="configuration JSON (default: AcceleratorConfig())")
     ap.add_argument("--out", help="output directory (default build/synth/<config-hash>)")
-    ap.add_argument("--freq", type=float, default=100.0,
-                    help="target clock in MHz (default: 100)")
-    ap.add_argument("--seed", type=int, default=1, help="nextpnr placement seed (default: 1)")
+    ap.add_argument("--freq", type=float, default=None,
+                    help="target clock in MHz (default: the configuration's clock_mhz, "
+                    f"{AcceleratorConfig().clock_mhz:g} for the default one)")
+    ap.add_argument("--seed", type=int, default=1,
+                    help="nextpnr placement seed (default: %(default)s)")
     ap.add_argument("--router", choices=ROUTERS, default=ROUTERS[0],
                     help=f"nextpnr's router (default: {ROUTERS[0]})")
     ap.add_argument("--placer-timing-weight", type=int, default=PLACER_TIMING_WEIGHT,
@@ -554,9 +556,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"(--placer-heap-critexp; default: {PLACER_CRITEXP})")
     ap.add_argument("--time-limit", type=float, default=60, metavar="MIN",
                     help="stop place-and-route after MIN minutes and report the timing logged "
-                         "so far; 0: no limit (default: 60)")
+                         "so far; 0: no limit (default: %(default)g)")
     ap.add_argument("--progress", type=float, default=30, metavar="S",
-                    help="seconds between progress lines; 0: quiet (default: 30)")
+                    help="seconds between progress lines; 0: quiet (default: %(default)g)")
     ap.add_argument("--no-route", action="store_true",
                     help="stop after placement (nextpnr's post-placement timing estimate)")
     ap.add_argument("--no-pnr", action="store_true",
@@ -574,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     exit_on_sigterm()
     for opt, value in (("--time-limit", args.time_limit), ("--progress", args.progress),
-                       ("--freq", args.freq)):
+                       ("--freq", 1.0 if args.freq is None else args.freq)):
         if not value >= 0 or (opt == "--freq" and not value > 0):
             ap.error(f"{opt} must be {'> 0' if opt == '--freq' else '>= 0'}, got {value:g}")
     for opt, value in (("--placer-timing-weight", args.placer_timing_weight),
@@ -586,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"hw.synth: --config {e}", file=sys.stderr)
         return 2
+    if args.freq is None:
+        args.freq = cfg.clock_mhz
     if args.collect:
         out = Path(args.out) if args.out else _default_out(cfg)
         if not (out / "stat.json").exists():

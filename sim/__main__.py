@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hw.cli import command
+from hw.cli import OneLineParser, command
 from hw.config import AcceleratorConfig, ConfigError, NMPattern
 from hw.format import (
     FormatError,
@@ -85,18 +85,21 @@ def report(cfg: AcceleratorConfig, r, lp, fmt: WeightFormat, seconds: float) -> 
 
 @command("python -m sim")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layer", type=_shape, default=(4096, 4096),
-                    help="the layer as OUTxIN (default: 4096x4096)")
+    ap = OneLineParser(prog="python -m sim", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    # argparse converts a string default with ``type`` and fills in %(default)s: each
+    # default is written once
+    ap.add_argument("--layer", type=_shape, default="4096x4096",
+                    help="the layer as OUTxIN (default: %(default)s)")
     ap.add_argument("--tokens", type=int, default=1,
-                    help="activation rows: 1 is a decode GEMV, more a prefill GEMM (default: 1)")
+                    help="activation rows: 1 is a decode GEMV, more a prefill GEMM "
+                    "(default: %(default)s)")
     ap.add_argument("--pattern", default="2:4",
-                    help="N:M sparsity of the weights, or 'dense' (default: 2:4)")
+                    help="N:M sparsity of the weights, or 'dense' (default: %(default)s)")
     ap.add_argument("--bits", type=int, default=4, choices=(4, 8),
-                    help="weight bits (default: 4)")
+                    help="weight bits (default: %(default)s)")
     ap.add_argument("--group", type=int, default=128,
-                    help="quantisation group along K, 0 = whole row (default: 128)")
+                    help="quantisation group along K, 0 = whole row (default: %(default)s)")
     ap.add_argument("--config", type=Path,
                     help="accelerator configuration JSON (default: the built-in one)")
     ap.add_argument("--values", action="store_true",
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", type=Path,
                     help="write a Perfetto/Chrome trace JSON (default: none)")
     ap.add_argument("--seed", type=int, default=0,
-                    help="seed of the random weights and activations (default: 0)")
+                    help="seed of the random weights and activations (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.tokens < 1:
         print(f"python -m sim: --tokens must be >= 1, got {args.tokens}", file=sys.stderr)

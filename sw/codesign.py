@@ -67,12 +67,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hw.cli import command
+from hw.cli import OneLineParser, command
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
 from sim.backends import make_backend
 from sim.model import FastModel
 from sw.artifact import publish
+from sw.cli import add_tokenizer_option
 from sw.compile import CompileOptions, compile_model
 from sw.compile.layers import build_linear
 from sw.compress.model import COMPRESS_METHODS, compress_llama, selected_linears
@@ -576,10 +577,11 @@ def _draw(ax, result: dict, cfg: AcceleratorConfig, focus: float | None):
 def main(argv: list[str] | None = None) -> int:
     """``python -m sw.codesign``: search one model, write the assignment, the packed model of
     the main budget, the records and the Pareto plot into ``--out``."""
-    ap = argparse.ArgumentParser(
-        prog="python -m sw.codesign", description=__doc__.split("\n\n")[0],
+    ap = OneLineParser(
+        prog="python -m sw.codesign", name="sw.codesign", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--model", default="reference", help="a --model spec (sw.deploy's)")
+    add_tokenizer_option(ap)
     ap.add_argument("--budget", default="uniform-2:4-latency", choices=sorted(BUDGETS),
                     help="the decode latency of a uniform format; its assignment is packed")
     ap.add_argument("--method", default="sparsegpt+gptq", help="compression method")
@@ -618,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = AcceleratorConfig()
         for fmt in candidates.values():
             fmt.check_supported(cfg)
-        src = open_model(args.model)
+        src = open_model(args.model, tokenizer=args.tokenizer)
     except (ModelSourceError, ValueError) as e:
         print(f"sw.codesign: {e}", file=sys.stderr)
         return 2

@@ -36,14 +36,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from hw.cli import command
+from hw.cli import OneLineParser, command
 from hw.config import DENSE, AcceleratorConfig, ConfigError, NMPattern
 from hw.format import FormatError, WeightFormat, stream_layout
 from hw.synth import synthesised_clock
 from sim.backends import BACKENDS, make_backend
 from sim.roofline import plot_roofline
 from sw.artifact import publish
-from sw.cli import UsageError
+from sw.cli import UsageError, add_tokenizer_option
 from sw.compile import CompileError, CompileOptions, compile_model
 from sw.compile import executable as executable_io
 from sw.compress.model import COMPRESS_METHODS, compress_llama, use_hardware_numerics
@@ -64,6 +64,7 @@ class DeployOptions:
     """Everything ``sw.deploy`` needs (the command-line options, validated)."""
 
     model: str = "reference"
+    tokenizer: str | None = None
     sparsity: str = "2:4"
     bits: int = 4
     group: int = 128
@@ -85,12 +86,13 @@ class DeployOptions:
 
 def _parser() -> argparse.ArgumentParser:
     d = DeployOptions()
-    ap = argparse.ArgumentParser(
-        prog="python -m sw.deploy", description=__doc__.split("\n\n", 1)[1],
+    ap = OneLineParser(
+        prog="python -m sw.deploy", name="sw.deploy", description=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=d.model, help="a built-in model "
                     f"({', '.join(BUILTINS)}), a Hugging Face directory, a .gguf file or a "
                     f"compressed .safetensors written by sw.compress (default: {d.model})")
+    add_tokenizer_option(ap)
     ap.add_argument("--sparsity", default=d.sparsity, help="N:M pattern of every linear layer, "
                     f"or 'dense' (default: {d.sparsity})")
     ap.add_argument("--bits", type=int, default=d.bits, choices=(4, 8),
@@ -190,7 +192,7 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     torch.manual_seed(opts.seed)
     t_all = time.perf_counter()
     try:
-        src = open_model(opts.model)
+        src = open_model(opts.model, tokenizer=opts.tokenizer)
     except ModelSourceError as e:
         raise UsageError(str(e)) from None
     mcfg = src.model.config

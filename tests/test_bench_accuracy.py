@@ -41,7 +41,7 @@ ARGS = ["--model", "tiny", "--calib-samples", "8", "--calib-seq-len", "16", "--e
 
 def test_non_reference_model_records(tmp_path, monkeypatch, capsys):
     src = tiny_source()
-    monkeypatch.setattr(bench, "open_model", lambda spec: src)
+    monkeypatch.setattr(bench, "open_model", lambda spec, **_: src)
     out, png = tmp_path / "accuracy.json", tmp_path / "a.png"
     # a reference-model record from before the model field existed is kept as "reference"
     out.write_text(json.dumps([{"method": "fp32", "perplexity": 3.65}]))
@@ -84,7 +84,7 @@ def test_non_reference_model_records(tmp_path, monkeypatch, capsys):
                        str(png)]) == 0
     assert png.stat().st_size > 1000
     assert bench.main(["--model", "nothing", "--replot", "--out", str(out)]) == 2
-    monkeypatch.setattr(bench, "open_model", lambda spec: src)
+    monkeypatch.setattr(bench, "open_model", lambda spec, **_: src)
 
     # a second run of the same model replaces its records and keeps the others
     assert bench.main(ARGS + ["--out", str(out), "--no-plot", "--only", "^rtn",
@@ -112,7 +112,7 @@ def test_reference_model_keeps_its_protocol():
 
 
 def test_context_and_bad_options(monkeypatch):
-    monkeypatch.setattr(bench, "open_model", lambda spec: tiny_source())
+    monkeypatch.setattr(bench, "open_model", lambda spec, **_: tiny_source())
     with pytest.raises(SystemExit) as e:
         bench.main(["--model", "tiny", "--eval-seq-len", "64", "--no-plot"])
     assert e.value.code == 2  # 64 > the tiny model's 32 positions

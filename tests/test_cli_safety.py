@@ -162,7 +162,8 @@ def test_padding_warning_is_one_clean_line():
 
 # ---------------------------------------------------------------------- 7. Ctrl-C
 CLIS = ["sw.deploy", "sw.compress.__main__", "sw.codesign", "sw.models.eval", "sim.__main__",
-        "hw.generate", "hw.synth"] + [f"bench.{n}" for n in BENCHES if n != "simspeed"]
+        "hw.generate", "hw.synth", "formal.__main__", "sw.models.train_reference"] + [
+            f"bench.{n}" for n in BENCHES if n != "simspeed"]
 
 
 @pytest.mark.parametrize("module", CLIS)
@@ -187,6 +188,14 @@ def test_ctrl_c_is_one_line_and_130(tmp_path, monkeypatch, capsys):
 
 # ---------------------------------------------------------------------- 8. help text
 def test_help_derives_defaults(capsys):
+    from hw.synth import main as synth
+    assert _exit(synth, ["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"clock_mhz, {AcceleratorConfig().clock_mhz:g} for the default one" in text
+    from bench.compress import main as bench_compress
+    assert _exit(bench_compress, ["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"configuration's (default: {AcceleratorConfig().lanes})" in text
     from sw.compress.__main__ import _parser as compress_parser
     from sw.deploy import _parser as deploy_parser
     from sw.models.source import BUILTINS
@@ -198,3 +207,62 @@ def test_help_derives_defaults(capsys):
     assert _exit(sim, ["--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "needs --values" not in text and "implies --values" in text
+
+
+# ---------------------------------------------------------------------- 9. one parser class
+#: Every command and the prefix of its one-line errors (the name its own errors use).
+COMMANDS = {"sim.__main__": "python -m sim", "hw.generate": "hw.generate",
+            "hw.synth": "hw.synth", "sw.deploy": "sw.deploy", "sw.codesign": "sw.codesign",
+            "sw.compress.__main__": "sw.compress", "sw.models.eval": "sw.models.eval",
+            "sw.models.train_reference": "sw.models.train_reference",
+            "formal.__main__": "python -m formal"} | {f"bench.{n}": f"bench.{n}" for n in BENCHES}
+
+
+def test_every_command_is_listed_and_parses_with_one_line_parser():
+    """No ``argparse.ArgumentParser`` is built or subclassed outside hw/cli.py, and every
+    module with a ``__main__`` entry point is in :data:`COMMANDS`."""
+    import ast
+    bad, entry = [], set()
+    for pkg in ("hw", "sim", "sw", "bench", "formal"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            text = path.read_text()
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            if "__name__ == \"__main__\"" in text or path.name == "__main__.py":
+                entry.add(module)
+            if path == ROOT / "hw" / "cli.py":
+                continue
+            for node in ast.walk(ast.parse(text)):
+                used = ([node.func] if isinstance(node, ast.Call) else
+                        node.bases if isinstance(node, ast.ClassDef) else [])
+                if any(getattr(n, "attr", getattr(n, "id", None)) == "ArgumentParser"
+                       for n in used):  # built or subclassed, not merely named in a hint
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, f"argparse.ArgumentParser outside hw.cli.OneLineParser: {bad}"
+    assert entry == set(COMMANDS), entry ^ set(COMMANDS)
+
+
+@pytest.mark.parametrize("module", sorted(COMMANDS))
+def test_a_bad_option_is_one_line_without_usage(module, capsys):
+    main = importlib.import_module(module).main
+    required = ["--out", "x"] if module == "hw.generate" else []
+    assert _exit(main, [*required, "--no-such-option"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == f"{COMMANDS[module]}: unrecognized arguments: --no-such-option", line
+
+
+@pytest.mark.parametrize("module", sorted(COMMANDS))
+def test_help_shows_the_default_of_every_option_with_a_value(module, capsys):
+    import re
+    main = importlib.import_module(module).main
+    assert _exit(main, ["--help"]) == 0
+    text = capsys.readouterr().out
+    options = text.split("\noptions:\n", 1)[1]
+    entries = re.split(r"\n(?=  -)", options)
+    missing = []
+    for entry in entries:
+        head = entry.strip().split("  ")[0]              # "--layer LAYER", "-h, --help"
+        takes_value = re.search(r"--?[\w-]+ [\w{]", head)
+        flat = " ".join(entry.split())
+        if takes_value and "default" not in flat and "(required)" not in flat:
+            missing.append(head)
+    assert not missing, f"{module} --help shows no default for {missing}"

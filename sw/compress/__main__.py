@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hw.cli import command
+from hw.cli import OneLineParser, command
 from hw.config import AcceleratorConfig, ConfigError, NMPattern
 from hw.format import (
     FormatError,
@@ -41,7 +41,7 @@ from hw.format import (
     stream_layout,
 )
 from sw.artifact import atomic_write
-from sw.cli import UsageError
+from sw.cli import UsageError, add_tokenizer_option
 from sw.compress.calibrate import CalibrationError
 from sw.compress.model import COMPRESS_METHODS, compress_llama, selected_linears
 from sw.compress.report import (
@@ -68,35 +68,32 @@ DEFAULT_SELECT = r"(q|k|v|o|gate|up|down)_proj\.weight$"
 NO_CALIBRATION = tuple(m for m, (base, _) in COMPRESS_METHODS.items() if base == "magnitude")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit status 2 (argparse prints usage too)
-        self.exit(2, f"sw.compress: {message}\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m sw.compress", description=__doc__.split("\n\n", 1)[1],
-                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m sw.compress", name="sw.compress",
+                       description=__doc__.split("\n\n", 1)[1],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", metavar="MODEL",
                     help="model, compressed model or loose layers (see above; default: "
                     "random LLaMA-7B-shaped layers)")
     ap.add_argument("--method", default="magnitude",
                     help=f"compression method, one of {', '.join(sorted(COMPRESS_METHODS))}; "
-                    f"loose layers take {', '.join(NO_CALIBRATION)} (default: magnitude)")
+                    f"loose layers take {', '.join(NO_CALIBRATION)} (default: %(default)s)")
     ap.add_argument("--pattern", default="2:4",
-                    help="N:M pattern or 'dense' (default: 2:4)")
+                    help="N:M pattern or 'dense' (default: %(default)s)")
     ap.add_argument("--bits", type=int, default=4, choices=(4, 8),
-                    help="weight bits (default: 4)")
+                    help="weight bits (default: %(default)s)")
     ap.add_argument("--group", type=int, default=128,
-                    help="quantisation group along K, 0 = whole row (default: 128)")
+                    help="quantisation group along K, 0 = whole row (default: %(default)s)")
     ap.add_argument("--asym", action="store_true",
                     help="asymmetric quantisation with zero points (default: symmetric)")
     ap.add_argument("--calib", type=int, default=32,
-                    help="calibration sequences (default: 32)")
+                    help="calibration sequences (default: %(default)s)")
     ap.add_argument("--seq-len", type=int, default=256,
                     help="tokens per calibration sequence, at most the model's context "
-                    "(default: 256)")
+                    "(default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0,
-                    help="seed of the calibration windows (default: 0)")
+                    help="seed of the calibration windows (default: %(default)s)")
+    add_tokenizer_option(ap, "MODEL")
     ap.add_argument("--config", type=Path, default=None,
                     help="accelerator configuration JSON the format must stream on (default: "
                     "the default configuration, AcceleratorConfig())")
@@ -110,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="compress random LLaMA-7B-shaped layers even if MODEL is given "
                     "(default: off)")
     ap.add_argument("--blocks", type=int, default=1,
-                    help="random LLaMA-7B-shaped blocks (default: 1)")
+                    help="random LLaMA-7B-shaped blocks (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=None,
                     help="write the compressed model or layers (.safetensors); an existing "
                     "file is refused unless --force (default: none)")
@@ -177,6 +174,10 @@ def _check(args, kind: str) -> None:
                              f"on; use {', '.join(NO_CALIBRATION)} or give a model")
         if args.export_hf:
             raise UsageError("--export-hf: loose layers are not a model")
+    if args.tokenizer is not None and kind != "model":
+        raise UsageError(f"--tokenizer {args.tokenizer}: only a model MODEL takes one (MODEL is "
+                         + ("a compressed model, which holds its own)" if kind == "compressed"
+                            else "loose layers)"))
     if args.export_hf:
         try:
             check_export_dir(args.export_hf)
@@ -258,7 +259,7 @@ def _report(name: str, w: np.ndarray, qw: QuantizedWeight, lanes: int, seconds: 
 
 def _model(args, fmt: WeightFormat) -> tuple[list[LayerReport], CompressedModel]:
     try:
-        src = open_model(args.model, option="MODEL")
+        src = open_model(args.model, option="MODEL", tokenizer=args.tokenizer)
     except ModelSourceError as e:
         raise UsageError(str(e)) from None
     model = src.model

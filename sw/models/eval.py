@@ -22,7 +22,6 @@ Protocol (``EvalProtocol`` defaults)
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -35,10 +34,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hw.cli import command
+from hw.cli import OneLineParser, command
+from sw.cli import add_tokenizer_option
 from sw.models import corpus
 from sw.models.reference_model import REFERENCE_DIR
-from sw.models.source import ModelSourceError, open_model
+from sw.models.source import BUILTINS, ModelSourceError, open_model
 from sw.models.tokenizer import VOCAB_SIZE
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
@@ -258,25 +258,25 @@ def calibration_samples(
     return torch.from_numpy(tokens[idx].astype(np.int64))
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit status 2 (argparse prints usage too)
-        self.exit(2, f"sw.models.eval: {message}\n")
-
-
 @command("sw.models.eval")
 def main(argv: list[str] | None = None) -> int:
     """Command line: perplexity of a model (any ``--model`` spec of
     :func:`sw.models.source.open_model`, a compressed file included), the unigram baseline
-    and, optionally, the comparison against a reference model with the same tokenizer."""
+    and, optionally, the comparison against a reference model that turns the text into the
+    same token ids."""
     d = EvalProtocol()
-    parser = _Parser(prog="python -m sw.models.eval", description=__doc__.split("\n")[0])
-    kinds = ("'reference', 'smollm2', a Hugging Face directory, a .gguf file or a compressed "
-             ".safetensors written by python -m sw.compress")
+    parser = OneLineParser(prog="python -m sw.models.eval", name="sw.models.eval",
+                           description=__doc__.split("\n")[0])
+    kinds = (f"a built-in ({', '.join(BUILTINS)}), a Hugging Face directory, a .gguf file or a "
+             "compressed .safetensors written by python -m sw.compress")
     parser.add_argument("--checkpoint", default="reference",
-                        help=f"model to evaluate: {kinds} (default: reference)")
+                        help=f"model to evaluate: {kinds} (default: %(default)s)")
     parser.add_argument("--reference", default=None,
-                        help="model to compare against (top-1 agreement, KL), same kinds, same "
-                        "tokenizer (default: none)")
+                        help="model to compare against (top-1 agreement, KL), same kinds; its "
+                        "tokenizer must turn the evaluated text into the same ids (default: "
+                        "none)")
+    add_tokenizer_option(parser, "--checkpoint")
+    add_tokenizer_option(parser, "--reference", flag="--reference-tokenizer")
     parser.add_argument("--split", default=d.split, choices=corpus.SPLITS,
                         help=f"corpus split (default: {d.split})")
     parser.add_argument("--seq-len", type=int, default=d.seq_len,
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=d.max_tokens,
                         help=f"tokens scored at most (default: {d.max_tokens})")
     parser.add_argument("--threads", type=int, default=2,
-                        help="torch CPU threads (default: 2)")
+                        help="torch CPU threads (default: %(default)s)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (default: a table)")
     args = parser.parse_args(argv)
@@ -299,16 +299,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: corpus differs from training: {warning}", file=sys.stderr)
     start = time.perf_counter()
     try:
-        src = open_model(args.checkpoint, option="--checkpoint")
-        ref = open_model(args.reference, option="--reference") if args.reference else None
+        src = open_model(args.checkpoint, option="--checkpoint", tokenizer=args.tokenizer)
+        ref = (open_model(args.reference, option="--reference", tokenizer=args.reference_tokenizer,
+                          tokenizer_option="--reference-tokenizer")
+               if args.reference else None)
         context = src.model.config.max_position_embeddings
         if args.seq_len > context:
             raise ModelSourceError(f"--seq-len {args.seq_len} exceeds the model's context of "
                                    f"{context} positions")
-        if ref is not None and not _same_tokenizer(src, ref):
-            raise ModelSourceError(f"--reference {args.reference}: its tokenizer differs from "
-                                   f"--checkpoint {args.checkpoint}'s; they cannot be compared")
         windows = src.windows(args.split, args.seq_len, args.max_tokens)
+        if ref is not None:
+            why = _not_comparable(src, ref, windows, args)
+            if why:
+                raise ModelSourceError(f"--reference {args.reference}: {why}; they cannot be "
+                                       "compared")
         train = src.tokens("train")
     except (ModelSourceError, corpus.CorpusError) as e:
         print(f"sw.models.eval: {e}", file=sys.stderr)
@@ -342,12 +346,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _same_tokenizer(a, b) -> bool:
-    """Whether two model sources turn text into the same ids (same vocabulary and rules)."""
-    if (a.tokenizer is None) != (b.tokenizer is None):
-        return False
-    same = a.tokenizer is None or a.tokenizer.to_str() == b.tokenizer.to_str()
-    return same and a.model.config.vocab_size == b.model.config.vocab_size
+def _not_comparable(src, ref, windows: torch.Tensor, args) -> str:
+    """Why ``ref`` cannot be scored on ``src``'s evaluation windows ('' if it can): another
+    vocabulary size, or a tokenizer that turns the evaluated text into other ids. What is
+    compared is the ids themselves, not how the tokenizers are written down: a GGUF file's
+    tokenizer, rebuilt from its metadata, is serialised differently from the Hugging Face
+    tokenizer.json it came from and gives the same ids."""
+    a, b = src.model.config.vocab_size, ref.model.config.vocab_size
+    if a != b:
+        return f"its vocabulary has {b} ids, --checkpoint {args.checkpoint}'s {a}"
+    need = windows.shape[0] * args.seq_len + 1      # the windows cover this stream prefix
+    mine, other = src.tokens(args.split)[:need], ref.tokens(args.split)[:need]
+    n = min(mine.size, other.size)
+    diff = np.flatnonzero(mine[:n] != other[:n])
+    if diff.size == 0 and mine.size == other.size:
+        return ""
+    at = int(diff[0]) if diff.size else n
+    where = (f"id {int(mine[at])} vs {int(other[at])}" if at < n
+             else f"{mine.size:,} vs {other.size:,} tokens")
+    return (f"its tokenizer turns the {args.split} split into other ids than --checkpoint "
+            f"{args.checkpoint}'s (first difference at token {at:,} of the {need:,} "
+            f"evaluated: {where})")
 
 
 if __name__ == "__main__":

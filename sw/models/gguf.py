@@ -20,7 +20,8 @@ transformers' GGUF support; nothing touches the network.
   rotary embedding sees Hugging Face-ordered heads.
 * **Tokenizer**: ``transformers.AutoTokenizer.from_pretrained(dir, gguf_file=name)`` builds a
   ``tokenizers.Tokenizer`` from ``tokenizer.ggml.*``; the chat template is
-  ``tokenizer.chat_template``.
+  ``tokenizer.chat_template``. A file without that metadata raises
+  :class:`GGUFNoTokenizerError` (the commands' ``--tokenizer`` supplies one).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from sw.models.hf import CheckpointError, expected_shapes, model_from_state_dict
 from sw.models.llama import LlamaLM
 
 __all__ = ["ARCHITECTURE", "BLOCK_TENSORS", "GLOBAL_TENSORS", "GGUFError", "GGUFFile",
-           "GGUFModel", "open_gguf", "read_config", "load_state_dict", "read_gguf", "load_gguf",
+           "GGUFModel", "GGUFNoTokenizerError", "open_gguf", "read_config", "load_state_dict",
+           "read_gguf", "load_gguf",
            "load_gguf_tokenizer", "state_dict_name", "unpermute_qk", "write_config"]
 
 #: The only ``general.architecture`` read.
@@ -78,6 +80,11 @@ MAX_CONTEXT = 1 << 20
 class GGUFError(ModelError):
     """A GGUF file that cannot be read as a LLaMA model (the message names the file and the
     offending key, tensor or type)."""
+
+
+class GGUFNoTokenizerError(GGUFError):
+    """A GGUF file whose metadata holds no tokenizer (no ``tokenizer.ggml.model`` or
+    ``tokenizer.ggml.tokens``): the model loads, its text needs a tokenizer from elsewhere."""
 
 
 @dataclass
@@ -337,7 +344,8 @@ def read_gguf(path: str | Path, dtype: torch.dtype = torch.float32,
     dtype : torch.dtype
         Parameter dtype of the model.
     tokenizer : bool
-        Also build the tokenizer (:func:`load_gguf_tokenizer`).
+        Also build the tokenizer (:func:`load_gguf_tokenizer`); without it the chat template
+        is still read (``tokenizer.chat_template``).
 
     Returns
     -------
@@ -346,10 +354,16 @@ def read_gguf(path: str | Path, dtype: torch.dtype = torch.float32,
 
     Raises
     ------
+    GGUFNoTokenizerError
+        ``tokenizer`` asked for and the file holds no tokenizer metadata.
     GGUFError
         Missing or unreadable file, another architecture, an unsupported tensor or type.
     """
     f = open_gguf(path)
+    missing = sorted({"tokenizer.ggml.model", "tokenizer.ggml.tokens"} - set(f.reader.fields))
+    if tokenizer and missing:
+        raise GGUFNoTokenizerError(f"{f.path}: holds no tokenizer (no metadata "
+                                   f"{' or '.join(missing)})")
     config = read_config(f)
     try:
         model = model_from_state_dict(config, load_state_dict(f, config), dtype)
@@ -358,6 +372,9 @@ def read_gguf(path: str | Path, dtype: torch.dtype = torch.float32,
     out = GGUFModel(model, str(f.field("general.name", f.path.name)), f.tensor_types())
     if tokenizer:
         out.tokenizer, out.chat_template = load_gguf_tokenizer(f.path)
+    else:
+        template = f.field("tokenizer.chat_template", None)
+        out.chat_template = template if isinstance(template, str) else None
     return out
 
 
@@ -380,7 +397,9 @@ def load_gguf_tokenizer(path: str | Path) -> tuple[Tokenizer, str | None]:
     Raises
     ------
     GGUFError
-        No such file, or a tokenizer transformers cannot build (the message says why).
+        No such file.
+    GGUFNoTokenizerError
+        A tokenizer transformers cannot build (the message says why).
     """
     from transformers import AutoTokenizer
 
@@ -391,6 +410,6 @@ def load_gguf_tokenizer(path: str | Path) -> tuple[Tokenizer, str | None]:
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
                                             local_files_only=True)
     except (ValueError, KeyError, OSError) as e:
-        raise GGUFError(f"{path}: cannot build its tokenizer ({e})") from None
+        raise GGUFNoTokenizerError(f"{path}: cannot build its tokenizer ({e})") from None
     template = tok.chat_template if isinstance(tok.chat_template, str) else None
     return tok.backend_tokenizer, template

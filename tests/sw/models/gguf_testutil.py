@@ -118,3 +118,19 @@ def stored_model(model: LlamaLM, qtype: str) -> LlamaLM:
             if p.ndim == 2:
                 p.copy_(torch.from_numpy(roundtrip(p.detach().numpy(), q)))
     return model
+
+
+def hf_tokenizer(regex: bool = True):
+    """The Hugging Face ``tokenizer.json`` a GGUF file written with :func:`write_gguf` came
+    from: BPE over :data:`TOKENS` with :data:`MERGES`, GPT-2's byte-level pre-tokenizer
+    (``tokenizer.ggml.model = gpt2``) and the special tokens; built by hand, so serialised
+    unlike the tokenizer transformers rebuilds from the GGUF metadata. ``regex=False``: the
+    same vocabulary without GPT-2's split rule, which gives other ids on indented text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(TOKENS)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in MERGES]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))   # ids 256..259, as in TOKENS
+    return tok

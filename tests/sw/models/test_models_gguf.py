@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from gguf_testutil import CHAT_TEMPLATE, TOKENS, stored_model, write_gguf
+from gguf_testutil import CHAT_TEMPLATE, TOKENS, hf_tokenizer, stored_model, write_gguf
 from models_testutil import tiny_model
 
 from sw.models.generate import generate
@@ -85,6 +85,109 @@ def test_tokenizer_and_chat_template(tmp_path):
     assert ids == [256, *encode("user: hi").tolist(), 257, 256, *encode("assistant: ").tolist()]
     assert "float baseline is the dequantised Q8_0 weights" in src.note
     assert src.tokens("test").size > 1000 and src.weights is None
+
+
+# ---------------------------------------------------------------------- tokenizers
+EVAL = ["--seq-len", "64", "--max-tokens", "512", "--threads", "1"]
+
+
+def _eval(argv, capsys) -> tuple[int, str, str]:
+    from sw.models.eval import main
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A Hugging Face directory and the F32 GGUF files exported from it, with and without
+    the tokenizer metadata."""
+    from sw.models.hf import save_checkpoint
+    d = tmp_path_factory.mktemp("exported")
+    model = _tiny()
+    save_checkpoint(model, d / "hf", tokenizer=hf_tokenizer())
+    return {"hf": d / "hf", "gguf": write_gguf(model, d / "m.gguf", qtype="F32"),
+            "bare": write_gguf(model, d / "bare.gguf", qtype="F32", tokenizer=False), "dir": d}
+
+
+def test_eval_compares_a_gguf_with_the_hf_model_it_came_from(exported, capsys):
+    # the tokenizers are written down differently (transformers rebuilds the GGUF one from
+    # its metadata) but give the same ids: comparable
+    a, b = open_model(str(exported["gguf"])), open_model(str(exported["hf"]))
+    assert a.tokenizer.to_str() != b.tokenizer.to_str()
+    rc, out, err = _eval(["--checkpoint", str(exported["gguf"]), "--reference",
+                          str(exported["hf"]), "--json", *EVAL], capsys)
+    assert rc == 0, err
+    import json
+    vs = json.loads(out)["vs_reference"]
+    # F32 GGUF: the same weights through the same code, the same logits
+    assert vs["top1_agreement"] == 1.0 and vs["mean_kl"] == 0.0
+
+
+def test_eval_refuses_a_reference_that_gives_other_ids(exported, tmp_path, capsys):
+    other = tmp_path / "tokenizer.json"
+    hf_tokenizer(regex=False).save(str(other))      # same vocabulary, other split rule
+    rc, _, err = _eval(["--checkpoint", str(exported["gguf"]), "--reference",
+                        str(exported["hf"]), "--reference-tokenizer", str(other), *EVAL], capsys)
+    assert rc == 2
+    assert err.count("\n") == 1 and "other ids than --checkpoint" in err
+    assert "first difference at token" in err and "cannot be compared" in err
+    rc, _, err = _eval(["--checkpoint", str(exported["gguf"]), "--reference", "reference",
+                        *EVAL], capsys)
+    assert rc == 2 and "its vocabulary has 260 ids, --checkpoint" in err and "261" in err
+
+
+def test_gguf_without_tokenizer_is_one_line_and_takes_one(exported, capsys):
+    bare = str(exported["bare"])
+    for argv in (["--checkpoint", bare], ["--checkpoint", str(exported["gguf"]), "--reference",
+                                          bare]):
+        rc, _, err = _eval([*argv, *EVAL], capsys)
+        assert rc == 2 and err.count("\n") == 1, err
+        assert f"{bare}: holds no tokenizer" in err and "transformers" not in err
+        option = "--tokenizer" if argv[-1] == bare and len(argv) == 2 else \
+            "--reference-tokenizer"
+        assert f"give one with {option} PATH" in err
+    for given in (exported["hf"], exported["hf"] / "tokenizer.json"):
+        src = open_model(bare, tokenizer=given)
+        assert src.encode("if x:\n    pass") == open_model(str(exported["gguf"])).encode(
+            "if x:\n    pass") and f"tokenizer from {given}" in src.note
+
+
+def test_a_bad_tokenizer_option_names_it(exported, tmp_path):
+    bare = str(exported["bare"])
+    with pytest.raises(ModelSourceError, match="--tokenizer .*nothing: no such file"):
+        open_model(bare, tokenizer=tmp_path / "nothing")
+    with pytest.raises(ModelSourceError, match="no tokenizer.json in the directory"):
+        open_model(bare, tokenizer=tmp_path)
+    junk = tmp_path / "junk.json"
+    junk.write_text("{}")
+    with pytest.raises(ModelSourceError, match="junk.json: not a tokenizers file"):
+        open_model(bare, tokenizer=junk)
+    big = tmp_path / "big.json"
+    tok = hf_tokenizer()
+    tok.add_tokens(["<|extra|>"])                     # id 261: beyond the model's 261 ids
+    tok.save(str(big))
+    with pytest.raises(ModelSourceError, match="has token ids up to 261, beyond the vocabulary "
+                       "of --model .* \\(261 ids\\)"):
+        open_model(bare, tokenizer=big)
+
+
+def test_the_commands_share_the_tokenizer_option(exported, tmp_path, capsys):
+    from sw.compress.__main__ import main as compress
+    from sw.deploy import DeployOptions, _parser
+    args = vars(_parser().parse_args(["--model", "m.gguf", "--tokenizer", "t"]))
+    assert DeployOptions(**args).tokenizer == "t"
+    out = tmp_path / "c.safetensors"
+    assert compress([str(exported["bare"]), "--tokenizer", str(exported["hf"]), "--method",
+                     "magnitude", "--pattern", "dense", "--group", "0", "--out", str(out),
+                     "--quiet"]) == 0
+    assert open_model(str(out)).encode("a  b") == open_model(str(exported["gguf"])).encode("a  b")
+    capsys.readouterr()
+    assert compress(["--tokenizer", str(exported["hf"]), "--quiet"]) == 2
+    assert "--tokenizer" in capsys.readouterr().err
 
 
 def test_not_llama_architecture(tmp_path):
