@@ -15,12 +15,16 @@ dense INT4 in groups of 128, the gap's dense end; ``searched`` -- the knapsack
 on first-order losses -- or ``searched+refined`` -- then the measured local search),
 ``budget`` (the latency the search was held to, e.g. ``uniform-2:4-latency``; empty for
 uniform points), ``assignment`` (layers per format, and the per-unit choice),
-``cycles_per_token``, ``tokens_per_s_sim``, ``bits_per_weight``, ``perplexity``, ``packing``
+``cycles_per_token``, ``budget_cycles_per_token`` (of a searched point at a uniform latency:
+that uniform format's cycles on the same configuration, never below ``cycles_per_token``),
+``tokens_per_s_sim``, ``bits_per_weight``, ``perplexity``, ``packing``
 (of a mixed assignment: ``assembled`` or ``recompressed``, the one the validation split
 chose), and for the searched points at a uniform latency ``gap_closed``: the fraction of the
 perplexity gap between that uniform format and dense INT4 (group 128) that the search closes
 at the same latency (its compiled decode step simulated within the uniform's cycles), and
-``gap_closed_se``, its standard error over the test windows (:func:`gap_closed_se`).
+``gap_closed_se``, its standard error over the test windows (:func:`gap_closed_se`). The
+per-window test NLLs behind it (:func:`window_nlls`) go to
+``build/bench/codesign_windows_<model>.json``, never recorded.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import numpy as np
 
 from bench.accuracy import window_nll
 from bench.common import DOCS as OUTPUT_DOCS
-from bench.common import RESULTS, command, parser, recorded, stamp, write_json
+from bench.common import OUTPUT, RESULTS, command, parser, recorded, stamp, write_json
 from hw.config import AcceleratorConfig
 from hw.format import WeightFormat
 from sw.codesign import BUDGETS, Point, pareto, plot, run, with_weights, zoom_bound
@@ -127,6 +131,8 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
                "bits_per_weight": p.bits_per_weight, "perplexity": p.perplexity,
                "packing": p.packing,
                "pareto": p.label in front}
+        if p.budget_cycles is not None:
+            rec["budget_cycles_per_token"] = p.budget_cycles
         ref = BUDGETS.get(budget)  # the uniform format whose latency the budget is
         if searched and ref in uniform and dense is not None:
             gap = uniform[ref].perplexity - dense.perplexity
@@ -190,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(src, cfg, method=args.method, progress=not args.quiet, **settings)
     nll = window_nlls(src, result)
     wall = time.perf_counter() - t0
+    windows = write_json(OUTPUT / f"codesign_windows_{args.model}.json",
+                         {label: v.tolist() for label, v in nll.items()})
     recs = records(args.model, result, cfg, args.method, nll)
     for r in recs:
         r["wall_s"] = wall
@@ -207,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                if r.get("gap_closed") is not None else "")
         print(f"{label:<32}{r['perplexity']:>11.3f}{r['cycles_per_token']:>14,}"
               f"{r['bits_per_weight']:>8.2f}{gap:>14}")
-    print(f"wrote {args.out} and {img} ({wall:.0f} s; {json.dumps(result['seconds'])})")
+    print(f"wrote {args.out}, {img} and {windows} ({wall:.0f} s; "
+          f"{json.dumps(result['seconds'])})")
     return 0
 
 

@@ -27,7 +27,10 @@ solves for the best mix:
    discretised into ``bins`` steps (each unit's cost rounded up, so a solution never exceeds
    the budget). The budget is then held by measurement: the compiled decode step of the
    answer is simulated, and while it takes more cycles than the uniform format it is held
-   to, the budget is lowered by the excess and the knapsack solved again.
+   to, the budget is lowered by the excess and the knapsack solved again (a budget no answer
+   meets after a few rounds gives no point). Both sides are the exact cycles of compiled
+   decode steps on the configuration the search runs on, so they hold there only: another
+   array (rows x cols) changes every layer's cycles, and a point is searched again on it.
 
 5. **Refinement** (at the main budget): the first-order model is optimistic where formats
    interact (a few 2:8 layers cost more together than apart), so a measured local search
@@ -36,7 +39,8 @@ solves for the best mix:
    better) on the validation split, and keeps a move only if it really lowers the NLL.
 
 Every reported point is then measured for real: perplexity on the test split, cycles of the
-compiled decode step. A searched assignment has two packings with the same formats and cycles:
+compiled decode step (a searched point above its budget's would be an error, never a
+result). A searched assignment has two packings with the same formats and cycles:
 **assembled** from the candidates' uniform compressions, or **recompressed** -- the method runs
 again over the whole model with the assignment's per-layer formats, so that each layer is
 calibrated on the inputs the mixed model really gives it. Neither is always better
@@ -339,6 +343,10 @@ class Point:
     bits_per_weight: float
     estimated_cycles: float
     packing: str = ""  # of a mixed assignment: "assembled" or "recompressed" (module docstring)
+    #: The compiled decode step's cycles of the uniform format whose latency is the point's
+    #: budget, on the same configuration (None: no uniform budget); ``cycles_per_token`` is
+    #: never above it.
+    budget_cycles: int | None = None
 
 
 def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
@@ -381,7 +389,11 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
     t_sens = time.perf_counter() - t0
     test = src.windows("test", seq, eval_tokens)
 
-    def measure(label: str, assignment: dict[str, str]) -> Point:
+    def measure(label: str, assignment: dict[str, str], limit: int | None = None) -> Point:
+        cycles = step_cycles(assignment)
+        if limit is not None and cycles > limit:  # the search held it: a broken invariant
+            raise RuntimeError(f"{label}: the compiled decode step takes {cycles:,} cycles, "
+                               f"over its budget of {limit:,}")
         w, packing = assemble(weights, unit_list, assignment), ""
         if recompress and len(set(assignment.values())) > 1:
             formats = {x: q.fmt for x, q in w.items()}
@@ -395,13 +407,12 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
             w, packing = (again, "recompressed") if nll[1] <= nll[0] else (w, "assembled")
         m = with_weights(copy.deepcopy(model), w)
         ppl = float(np.exp(_nll(m, test, 8)))
-        cycles = step_cycles(assignment)
         est = sum(cost(u, assignment[u.name]) for u in unit_list)
         log(f"  {label:<28} perplexity {ppl:8.3f}  {cycles:>12,} cycles/token (estimated "
             f"{est:,.0f} + attention)  "
             f"{bits_per_weight(w, cfg.lanes):.2f} bits/weight  {packing}")
         return Point(label, assignment, w, ppl, cycles, bits_per_weight(w, cfg.lanes), est,
-                     packing)
+                     packing, limit)
 
     memo: dict[tuple, int] = {}
 
@@ -440,7 +451,7 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
     for label, budget in sorted(targets.items(), key=lambda kv: kv[1]):
         a, targets[label] = within(budget, limits[label])
         if a is not None:
-            searched.append(measure(f"searched {label}", a))
+            searched.append(measure(f"searched {label}", a, limits[label]))
     # The first-order model is optimistic where formats interact: refine the main budget's
     # assignment by measurement, from the better of the knapsack's answer and uniform base.
     t_refine = time.perf_counter()
@@ -461,7 +472,7 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
     refined, _, evals = refine(unit_list, loss, cost, targets[main], start, evaluate,
                                max_evals=refine_evals, log=log,
                                fits=lambda a: step_cycles(a) <= limits[main])
-    searched.append(measure(f"refined {main}", refined))
+    searched.append(measure(f"refined {main}", refined, limits[main]))
     t_refine = time.perf_counter() - t_refine
     return {"uniform": uniform, "searched": searched, "units": unit_list, "nll_base": nll0,
             "loss": loss, "costs": {u.name: {c: cost(u, c) for c in candidates}
