@@ -288,6 +288,7 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
                   calibration: torch.Tensor | None, protocol: EvalProtocol = PROTOCOL, *,
                   hardware: bool = True, sequential: bool = True, progress: bool = True,
                   extra: dict | None = None, windows: torch.Tensor | None = None,
+                  also: Sequence[tuple[EvalProtocol, torch.Tensor]] = (),
                   **method_kwargs) -> list[dict]:
     """Compress and evaluate every configuration; returns the flat records.
 
@@ -312,29 +313,37 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
     windows : torch.Tensor, optional
         ``[n, L + 1]`` evaluation windows in the model's tokens
         (:meth:`~sw.models.source.ModelSource.windows`) instead of the protocol's.
+    also : sequence of (EvalProtocol, torch.Tensor)
+        Further evaluations of every compressed model (e.g. another text domain's windows),
+        each giving its own records; the hardware rows follow the first evaluation's ranking.
     **method_kwargs
         Passed to GPTQ / SparseGPT (``percdamp``, ``act_order``, ...).
+
+    Every record carries its evaluation's ``eval_*`` fields (the protocol's).
     """
-    ref = LogitsMemo(reference)
+    evals = [(protocol, windows), *also]
+    refs = [LogitsMemo(reference) for _ in evals]
     extra = dict(extra or {})
     records: list[dict] = []
     weights_of: dict[Config, dict[str, QuantizedWeight]] = {}
     seconds_of: dict[Config, float] = {}
-    bar = tqdm(total=len(configs) + (3 if hardware else 0), desc="accuracy",
+    bar = tqdm(total=(len(configs) + (3 if hardware else 0)) * len(evals), desc="accuracy",
                disable=not progress)
 
-    def record(cfg: Config, model: Callable[[torch.Tensor], torch.Tensor],
-               seconds: float) -> dict:
+    def record(cfg: Config, model: Callable[[torch.Tensor], torch.Tensor] | None,
+               seconds: float) -> None:
+        """Records of ``model`` (None: the uncompressed reference) on every evaluation."""
         bar.set_postfix_str(cfg.label)
-        r = {"method": cfg.method, "mask": cfg.mask, "quant": cfg.quant,
-             "pattern": cfg.pattern, "bits": cfg.bits, "group": cfg.group,
-             "symmetric": cfg.symmetric, "numerics": cfg.numerics,
-             "sparsegpt_mode": _sparsegpt_mode(cfg),
-             **evaluate(model, ref, protocol, windows), "seconds": seconds,
-             "sequential": sequential, **extra}
-        records.append(r)
-        bar.update()
-        return r
+        for ref, (prot, win) in zip(refs, evals, strict=True):
+            records.append({
+                "method": cfg.method, "mask": cfg.mask, "quant": cfg.quant,
+                "pattern": cfg.pattern, "bits": cfg.bits, "group": cfg.group,
+                "symmetric": cfg.symmetric, "numerics": cfg.numerics,
+                "sparsegpt_mode": _sparsegpt_mode(cfg),
+                **evaluate(ref if model is None else model, ref, prot, win),
+                "seconds": seconds, "sequential": sequential, **extra,
+                **{f"eval_{k}": v for k, v in asdict(prot).items()}})
+            bar.update()
 
     try:
         for cfg in configs:
@@ -345,10 +354,11 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
                 weights_of[cfg] = weights
                 seconds_of[cfg] = seconds
             # the uncompressed row scores the reference itself: its logits are computed once
-            record(cfg, ref if cfg.method == "fp32" else model, seconds)
+            record(cfg, None if cfg.method == "fp32" else model, seconds)
             del model
         if hardware:
-            for hcfg in hardware_configs(records):
+            first = [r for r in records if r["eval_corpus"] == protocol.corpus]
+            for hcfg in hardware_configs(first):
                 base = replace(hcfg, numerics="float")
                 model = use_hardware_numerics(
                     copy.deepcopy(reference), weights_of[base],
@@ -777,11 +787,15 @@ def run_key(record: dict) -> tuple:
     return tuple(record.get(k, v) for k, v in RUN_KEYS.items())
 
 
-def merge_records(path: Path, key: tuple, records: Sequence[dict]) -> list[dict]:
-    """The records of ``path`` with those of run ``key`` (:func:`run_key`) replaced by
-    ``records`` (records without a ``model`` field are the reference model's); the reference
-    model first, then the others in the order they first appear."""
-    old = json.loads(path.read_text()) if path.is_file() else []
+def merge_records(path: Path | list, key: tuple, records: Sequence[dict]) -> list[dict]:
+    """The records of ``path`` (a file, or the records themselves) with those of run ``key``
+    (:func:`run_key`) replaced by ``records`` (records without a ``model`` field are the
+    reference model's); the reference model first, then the others in the order they first
+    appear."""
+    if isinstance(path, list):
+        old = path
+    else:
+        old = json.loads(path.read_text()) if path.is_file() else []
     if not isinstance(old, list):  # e.g. an --investigate dump: nothing to keep
         old = []
     kept = [r for r in old if isinstance(r, dict) and run_key(r) != key]
@@ -830,6 +844,15 @@ def _title(model: str, calib: str = CODE, domain: str = CODE) -> str:
     return title
 
 
+def _domains(text: str) -> tuple[str, ...]:
+    out = tuple(dict.fromkeys(d.strip() for d in text.split(",")))
+    bad = [d for d in out if d not in DOMAINS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown text domain {bad[0]!r}; expected a "
+                                         f"comma-separated list of {', '.join(DOMAINS)}")
+    return out
+
+
 def _auto_patterns(text: str) -> tuple[str, ...] | str:
     if text == "auto":
         return text
@@ -852,10 +875,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="tokens per calibration sequence ('auto': 256 for the reference "
                          "model, 128 for any other)")
     ap.add_argument("--seed", type=int, default=0, help="calibration sample seed")
-    ap.add_argument("--domain", default=CODE, choices=DOMAINS,
+    ap.add_argument("--domain", type=_domains, default=CODE,
                     help="evaluation text: the test split of 'code' (the CPython standard "
                          "library) or 'prose' (the Lee corpus of English news articles; "
-                         "`make setup` installs it)")
+                         "`make setup` installs it); 'code,prose' evaluates every compressed "
+                         "model on both (one record each)")
     ap.add_argument("--calib-domain", default=CODE, choices=CALIBRATION_SETS,
                     help="calibration text: the train split of 'code', 'prose' or both "
                          "('code+prose': half the sequences from each)")
@@ -905,9 +929,13 @@ def main(argv: list[str] | None = None) -> int:
             re.compile(args.only)
         except re.error as e:
             ap.error(f"argument --only: {args.only!r} is not a regular expression ({e})")
+    if isinstance(args.domain, str):  # the default
+        args.domain = _domains(args.domain)
     if args.replot:
+        if len(args.domain) > 1:
+            ap.error("argument --domain: --replot draws one domain's records")
         return replot(args.model, args.out, args.plot, args.record, args.calib_domain,
-                      args.domain)
+                      args.domain[0])
 
     torch.set_num_threads(args.threads)
     t_load = time.perf_counter()
@@ -941,19 +969,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         calibration = src.calibration(args.calib_samples, args.calib_seq_len, args.seed,
                                       args.calib_domain)
-        protocol = eval_protocol(src, args.eval_seq_len, eval_tokens, args.domain)
-        windows = src.windows(protocol.split, protocol.seq_len, protocol.max_tokens,
-                              protocol.corpus)
+        evals = []
+        for domain in args.domain:
+            prot = eval_protocol(src, args.eval_seq_len, eval_tokens, domain)
+            evals.append((prot, src.windows(prot.split, prot.seq_len, prot.max_tokens,
+                                            domain)))
     except ModelSourceError as e:
         print(f"bench.accuracy: {e}", file=sys.stderr)
         return 2
+    (protocol, windows), also = evals[0], evals[1:]
     n_eval = windows.shape[0] * protocol.seq_len
     settings = (f"model {src.name}: {src.note}\n"
                 f"calibration {args.calib_samples} x {args.calib_seq_len} = {calibration.numel()}"
                 f" train-split tokens (seed {args.seed}) of {args.calib_domain}; eval {n_eval} "
                 f"test-split tokens in {windows.shape[0]} windows of {protocol.seq_len} of "
-                f"{protocol.corpus}; N:M ties keep the {args.ties} index; head (lm_head) in "
-                "float" + (" (tied to the embedding)" if tied else ""))
+                f"{' and of '.join(args.domain)}; N:M ties keep the {args.ties} index; head "
+                "(lm_head) in float" + (" (tied to the embedding)" if tied else ""))
     if args.investigate:
         print(settings)
         t0 = time.perf_counter()
@@ -971,13 +1002,12 @@ def main(argv: list[str] | None = None) -> int:
              "calib_seed": args.seed, "calib_corpus": args.calib_domain,
              "nm_ties": args.ties, "threads": args.threads,
              "percdamp": kwargs.get("percdamp", 0.01), "act_order": args.act_order,
-             **{f"eval_{k}": v for k, v in asdict(protocol).items()},
              "model_note": src.note, "tied_embeddings": tied}
     t0, cpu0 = time.perf_counter(), time.process_time()
     with tie_rule(args.ties):
         records = build_records(reference, configs, calibration, protocol,
                                 hardware=not args.no_hardware, sequential=not args.one_shot,
-                                extra=extra, windows=windows, **kwargs)
+                                extra=extra, windows=windows, also=also, **kwargs)
     total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     for r in records:
@@ -987,15 +1017,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{settings}\ntotal {total:.0f} s on {args.threads} threads (+{t_load:.0f} s "
           f"loading the model); {cpu:.0f} s of CPU time, load average at the end "
           f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")
-    key = run_key(records[0])
-    write_json(args.out, merge_records(args.out, key, records))
+    merged = args.out
+    for domain in args.domain:
+        mine = [r for r in records if r["eval_corpus"] == domain]
+        merged = merge_records(merged, run_key(mine[0]), mine)
+    write_json(args.out, merged)
     print(f"wrote {args.out} ({src.name} records calibrated on {args.calib_domain}, evaluated "
-          f"on {args.domain}, ties {args.ties}, replaced)")
-    if not args.no_plot:
-        path = (_plot_path(src.name, args.record, args.calib_domain, args.domain)
+          f"on {', '.join(args.domain)}, ties {args.ties}, replaced)")
+    # one plot per domain ('auto'), or the first domain's in --plot
+    for domain in () if args.no_plot else args.domain if str(args.plot) == "auto" \
+            else args.domain[:1]:
+        path = (_plot_path(src.name, args.record, args.calib_domain, domain)
                 if str(args.plot) == "auto" else args.plot)
-        title = _title(src.name, args.calib_domain, args.domain)
-        print(f"wrote {plot(records, path, title, auto['zoom'])}")
+        title = _title(src.name, args.calib_domain, domain)
+        mine = [r for r in records if r["eval_corpus"] == domain]
+        print(f"wrote {plot(mine, path, title, auto['zoom'])}")
     bad = [r["method"] for r in records if not math.isfinite(r["perplexity"])]
     if bad:
         print(f"non-finite perplexity: {bad}", file=sys.stderr)

@@ -107,25 +107,32 @@ def test_domains_and_tie_rule_are_recorded_and_kept_apart(tmp_path, monkeypatch,
     assert bench.main(quick + ["--domain", "prose", "--plot", str(tmp_path / "p.png")]) == 0
     assert "calibration 8 x 16 = 128 train-split tokens (seed 0) of code; eval 64 test-split " \
         "tokens in 4 windows of 16 of prose" in capsys.readouterr().out
-    assert bench.main(quick + ["--domain", "prose", "--calib-domain", "code+prose",
-                               "--no-plot"]) == 0
+    # one compression, evaluated on both domains: a record each
+    assert bench.main(quick + ["--domain", "code,prose", "--calib-domain", "code+prose",
+                               "--plot", str(tmp_path / "q.png")]) == 0
     assert bench.main(quick + ["--ties", "higher", "--no-plot"]) == 0
     saved = json.loads(out.read_text())
     runs = [(r["calib_corpus"], r["eval_corpus"], r["nm_ties"], r["method"]) for r in saved]
     # every run kept beside the others: fp32 and the magnitude row of each
     assert sorted(runs) == sorted((c, e, t, m) for c, e, t in (
-        ("code", "code", "lower"), ("code", "prose", "lower"), ("code+prose", "prose", "lower"),
-        ("code", "code", "higher")) for m in ("fp32", "magnitude"))
+        ("code", "code", "lower"), ("code", "prose", "lower"), ("code+prose", "code", "lower"),
+        ("code+prose", "prose", "lower"), ("code", "code", "higher"))
+        for m in ("fp32", "magnitude"))
     ppl = {(r["calib_corpus"], r["eval_corpus"], r["method"]): r["perplexity"] for r in saved
            if r["nm_ties"] == "lower"}
     # the fp32 model needs no calibration: the same on prose whatever the calibration set
     assert ppl["code", "prose", "fp32"] == ppl["code+prose", "prose", "fp32"]
+    assert ppl["code", "code", "fp32"] == ppl["code+prose", "code", "fp32"]
     assert ppl["code", "prose", "fp32"] != ppl["code", "code", "fp32"]
     # --replot picks one run's records
     assert bench.main(["--model", "tiny", "--replot", "--out", str(out), "--domain", "prose",
                        "--plot", str(tmp_path / "r.png")]) == 0
     assert bench.main(["--model", "tiny", "--replot", "--out", str(out), "--domain", "prose",
                        "--calib-domain", "prose"]) == 2
+    assert (tmp_path / "q.png").stat().st_size > 1000  # --plot: the first domain's
+    with pytest.raises(SystemExit) as e:
+        bench.main(quick + ["--domain", "code,poetry"])
+    assert e.value.code == 2
     assert bench._plot_path("tiny", calib="prose", domain="prose").name == \
         "accuracy_tiny_prose.png"
     assert bench._plot_path("reference", calib="code+prose", domain="code").name == \
