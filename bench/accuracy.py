@@ -39,7 +39,9 @@ calibration included; hardware rows reuse the weights of the float row and repea
 paired comparisons: :func:`paired_difference`), ``calib_corpus`` (the calibration set: ``code``,
 ``prose`` or ``code+prose``, its train splits) and ``eval_corpus`` (the evaluation domain:
 ``code`` or ``prose``, its test split), ``nm_ties`` (the N:M tie rule, ``lower`` unless
-``--ties higher``: :mod:`sw.compress.prune`), ``calib_tokens``, the other calibration / eval
+``--ties higher``: :mod:`sw.compress.prune`), ``magnitude_ties_2_4`` (the fraction of 4-blocks
+of the compressed layers' ``|W|`` whose 2:4 magnitude mask the tie rule decides:
+:func:`magnitude_ties`), ``calib_tokens``, the other calibration / eval
 settings, ``model_note`` and ``tied_embeddings``.
 """
 
@@ -487,6 +489,20 @@ LAYER_KINDS: dict[str, tuple[str, ...]] = {
 def _kind(name: str) -> str:
     leaf = name.rsplit(".", 1)[-1]
     return next(k for k, v in LAYER_KINDS.items() if leaf in v)
+
+
+def magnitude_ties(model: torch.nn.Module, pattern: str = "2:4") -> float:
+    """Fraction of the M-blocks of the compressed layers' ``|W|`` (along K, the whole blocks)
+    whose N-th and (N+1)-th largest values are equal: the blocks where the tie rule alone
+    decides a magnitude mask (:mod:`sw.compress.prune`)."""
+    p = NMPattern.parse(pattern)
+    ties = total = 0
+    for lin in selected_linears(model).values():
+        w = lin.weight.detach().abs().float().numpy()
+        b = np.sort(w[:, : w.shape[1] // p.m * p.m].reshape(w.shape[0], -1, p.m), axis=2)
+        ties += int((b[:, :, p.m - p.n] == b[:, :, p.m - p.n - 1]).sum())
+        total += b.shape[0] * b.shape[1]
+    return ties / total if total else 0.0
 
 
 @torch.no_grad()
@@ -983,7 +999,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"calibration {args.calib_samples} x {args.calib_seq_len} = {calibration.numel()}"
                 f" train-split tokens (seed {args.seed}) of {args.calib_domain}; eval {n_eval} "
                 f"test-split tokens in {windows.shape[0]} windows of {protocol.seq_len} of "
-                f"{' and of '.join(args.domain)}; N:M ties keep the {args.ties} index; head "
+                f"{' and of '.join(args.domain)}; N:M ties keep the {args.ties} index "
+                f"({magnitude_ties(reference):.1%} of the 4-blocks of |W| tie at the 2:4 "
+                "boundary); head "
                 "(lm_head) in float" + (" (tied to the embedding)" if tied else ""))
     if args.investigate:
         print(settings)
@@ -1000,7 +1018,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = {"model": src.name, "calib_samples": args.calib_samples,
              "calib_seq_len": args.calib_seq_len, "calib_tokens": int(calibration.numel()),
              "calib_seed": args.seed, "calib_corpus": args.calib_domain,
-             "nm_ties": args.ties, "threads": args.threads,
+             "nm_ties": args.ties, "magnitude_ties_2_4": magnitude_ties(reference),
+             "threads": args.threads,
              "percdamp": kwargs.get("percdamp", 0.01), "act_order": args.act_order,
              "model_note": src.note, "tied_embeddings": tied}
     t0, cpu0 = time.perf_counter(), time.process_time()

@@ -162,3 +162,16 @@ def test_context_and_bad_options(monkeypatch):
     assert e.value.code == 2  # 64 > the tiny model's 32 positions
     with pytest.raises(SystemExit):
         bench.main(["--eval-tokens", "lots"])
+
+
+def test_magnitude_ties_counts_the_blocks_the_tie_rule_decides():
+    from sw.compress.model import selected_linears
+    model = tiny_source().model
+    assert bench.magnitude_ties(model) == 0.0  # random float weights: no exact ties
+    layers = list(selected_linears(model).values())
+    with torch.no_grad():
+        for lin in layers:  # every 4-block |W| = (3, 1, 1, 0): the 2nd and 3rd largest tie
+            lin.weight.copy_(torch.tensor([3.0, -1.0, 1.0, 0.0]).repeat(
+                lin.weight.shape[0], lin.weight.shape[1] // 4))
+    assert bench.magnitude_ties(model) == 1.0
+    assert bench.magnitude_ties(model, "1:4") == 0.0  # 3 is alone at the top
