@@ -76,6 +76,7 @@ from bench.common import (
     patterns,
     positive_int,
     recorded,
+    stamp,
     write_json,
 )
 from hw.config import NMPattern
@@ -1013,7 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_investigation(inv))
         print(f"\ninvestigation took {time.perf_counter() - t0:.0f} s on {args.threads} threads")
         if args.out not in (RESULTS / "accuracy.json", recorded(RESULTS / "accuracy.json")):
-            write_json(args.out, inv)
+            write_json(args.out, stamp(inv, None))
         return 0
     extra = {"model": src.name, "calib_samples": args.calib_samples,
              "calib_seq_len": args.calib_seq_len, "calib_tokens": int(calibration.numel()),
@@ -1036,6 +1037,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{settings}\ntotal {total:.0f} s on {args.threads} threads (+{t_load:.0f} s "
           f"loading the model); {cpu:.0f} s of CPU time, load average at the end "
           f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")
+    # no accelerator configuration is measured: the hardware rows use the fixed W4A8
+    # numerics (hw.numerics), the same on every array
+    stamp(records, None)
     merged = args.out
     for domain in args.domain:
         mine = [r for r in records if r["eval_corpus"] == domain]

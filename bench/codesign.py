@@ -37,7 +37,7 @@ import numpy as np
 
 from bench.accuracy import gap_closed, window_nll
 from bench.common import DOCS as OUTPUT_DOCS
-from bench.common import RESULTS, command, parser, recorded, write_json
+from bench.common import RESULTS, command, parser, recorded, stamp, write_json
 from hw.config import AcceleratorConfig
 from hw.format import WeightFormat
 from sw.codesign import BUDGETS, Point, pareto, plot, run, with_weights, zoom_bound
@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in recs:
         r["wall_s"] = wall
     old = json.loads(args.out.read_text()) if args.out.exists() else []
-    write_json(args.out, [r for r in old if r.get("model") != args.model] + recs)
+    write_json(args.out, [r for r in old if r.get("model") != args.model]
+               + stamp(recs, AcceleratorConfig()))
     img = (recorded(DOCS) if args.record else DOCS) / "img" / f"codesign_{args.model}.png"
     img.parent.mkdir(parents=True, exist_ok=True)
     plot(result, cfg, img, f"{args.model}: per-layer formats ({settings['granularity']}) vs "

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.common import RESULTS, command, parser, positive_int, write_json
-from bench.scaling import llama7b, scaled_config
+from bench.common import RESULTS, command, parser, positive_int, stamp, write_json
+from bench.scaling import llama7b
 from hw.config import AcceleratorConfig
 from hw.format import WeightFormat
 from sim.backends import make_backend
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     t0 = time.perf_counter()
-    cfg7 = scaled_config(4, 16, 16, 100.0)
+    cfg7 = AcceleratorConfig().timing_only()  # LLaMA-7B's addresses and programs fit
     points = [("llama-7b", llama7b, cfg7, "decode", 1, 128),
               ("llama-7b", llama7b, cfg7, "prefill", 256, 256),
               ("reference", reference, AcceleratorConfig(), "decode", 1, 128),
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['unfused_cycles'] / r['fused_cycles']:>6.3f}x"
               f"{r['host_transitions_per_token']:>6} vs {r['unfused_host_transitions_per_token']}",
               flush=True)
-    write_json(Path(args.out), records)
+    write_json(Path(args.out), stamp(records, AcceleratorConfig()))
     print(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)")
     return 0
 

@@ -22,6 +22,7 @@ from bench.common import (
     nonnegative_int,
     parser,
     positive_int,
+    stamp,
     write_json,
 )
 from hw.config import AcceleratorConfig
@@ -78,9 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="timed runs per measurement (the median is reported)")
     ap.add_argument("--group", type=nonnegative_int, default=128,
                     help="quantisation group along K, 0 = whole row")
-    ap.add_argument("--lanes", type=positive_int, default=64,
-                    help="lanes the streams are packed for (the default configuration has "
-                         f"{AcceleratorConfig().lanes})")
+    ap.add_argument("--lanes", type=positive_int, default=AcceleratorConfig().lanes,
+                    help="lanes the streams are packed for (the default configuration's)")
     ap.add_argument("--quick", action="store_true", help="4096x4096 only, 2 formats")
     ap.add_argument("--out", type=Path, default=RESULTS / "compress.json",
                     help="results JSON")
@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['rel_error']:>8.3f}{r['gemm_rel_error_vs_fp32']:>9.3f}", flush=True)
     print("throughput in dense weights per second (median of "
           f"{args.repeats}); peak memory of compress+pack relative to the FP16 layer")
-    print(f"wrote {write_json(args.out, records)}")
+    # the default configuration's numbers when packed for its lanes; else no configuration's
+    default = AcceleratorConfig()
+    stamped = stamp(records, default if args.lanes == default.lanes else None)
+    print(f"wrote {write_json(args.out, stamped)}")
     return 0
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import DOCS as OUTPUT_DOCS
-from bench.common import RESULTS, command, parser, write_json
+from bench.common import RESULTS, command, parser, stamp, write_json
 from hw.config import AcceleratorConfig, ConfigError
 from hw.format import WeightFormat
 from hw.synth import ECP5_85F, RECORDS, keep_record, recorded, synthesize
@@ -171,7 +171,7 @@ def point_record(point: DesignPoint, synth: dict, sim: dict, clock_mhz: float) -
 def evaluate(point: DesignPoint, cfg_json: str, synth: dict, cache: str) -> dict:
     """Simulate ``point`` on its synthesised design and cache the record in ``cache``."""
     cfg = AcceleratorConfig.from_json(cfg_json)
-    rec = point_record(point, synth, simulate(point, cfg_json), cfg.clock_mhz)
+    rec = stamp(point_record(point, synth, simulate(point, cfg_json), cfg.clock_mhz), cfg)
     write_json(Path(cache), rec)
     return rec
 
@@ -434,9 +434,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{c['array']} b{c['bytes_per_cycle']}: N:M core {c['lut_ratio']:.2f}x the LUTs, "
               f"{c['ff_ratio']:.2f}x the FFs of dense-only; effective GMAC/s per (LUT+FF) at "
               f"2:4: {c['throughput_per_lut_ff_vs_dense']:.2f}x")
-    out = write_json(Path(args.out), {"points": records, "comparisons": comps,
-                                      "wall_s": wall, "route": not args.no_route,
-                                      "pnr": not args.no_pnr})
+    # the sweep's base configuration at the top; each point names its own (stamped when
+    # measured, kept in the point cache)
+    out = write_json(Path(args.out), stamp({"points": records, "comparisons": comps,
+                                            "wall_s": wall, "route": not args.no_route,
+                                            "pnr": not args.no_pnr}, base))
     print(f"written {out} and {plot(records, Path(args.plot))} ({wall / 60:.1f} min)")
     if args.record and update_synth_record(comps, base):
         print(f"added the dense-only comparison to {RECORDS}")

@@ -2,7 +2,7 @@
 
 ``python -m bench.rtl`` lowers a compute-bound linear layer (K = N = 1024, 64 tokens by default)
 with :mod:`sw.compile.layers` (double-buffered weight loads ordered by events, so loads overlap
-the GEMMs) for several N:M patterns on two array sizes, runs every program on the Verilator
+the GEMMs) for several N:M patterns on three array sizes, runs every program on the Verilator
 build of the accelerator (:mod:`sim.rtl`), checks the int32 outputs against the golden
 numerics (:func:`hw.numerics.gemm_acc_packed`) and the cycles against the fast model, and
 writes ``bench/results/rtl.json`` (with ``--record``; by default under ``build/bench/``) (flat
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import RESULTS, command, parser, patterns, positive_int, write_json
+from bench.common import RESULTS, command, parser, patterns, positive_int, stamp, write_json
 from hw.config import AcceleratorConfig
 from hw.format import WeightFormat, random_quantized
 from hw.numerics import gemm_acc_packed
@@ -32,8 +32,10 @@ from sw.compile.layers import build_linear
 
 __all__ = ["ARRAYS", "PATTERNS", "run_layer", "bench", "demo", "main"]
 
-#: Array shapes of the benchmark (rows, cols); the rest of the configuration is the default.
-ARRAYS = {"4x16": (4, 16), "2x8": (2, 8)}
+#: Array shapes of the benchmark (rows, cols): the default configuration's first, then two
+#: others; the rest of the configuration is the default.
+ARRAYS = {AcceleratorConfig().array: (AcceleratorConfig().rows, AcceleratorConfig().cols),
+          "4x16": (4, 16), "2x8": (2, 8)}
 PATTERNS = ("dense", "2:4", "1:4", "2:8")
 
 
@@ -56,8 +58,8 @@ def run_layer(backend: RTLBackend, pattern: str, k: int, n: int, tokens: int, *,
     golden = np.array_equal(lp.read_output(res.dram), gemm_acc_packed(x, w, cfg.acc_bits))
     model = FastModel(cfg).run(lp.program, timing_only=True)
     stats = backend.last_stats
-    return {
-        "array": f"{cfg.rows}x{cfg.cols}",
+    return stamp({
+        "array": cfg.array,
         "pattern": "4:4" if fmt.pattern.dense else str(fmt.pattern),
         "bits": bits, "tokens": tokens, "k": k, "n": n,
         "instructions": len(lp.program),
@@ -72,7 +74,7 @@ def run_layer(backend: RTLBackend, pattern: str, k: int, n: int, tokens: int, *,
         "sim_cycles_per_cpu_s": stats["cycles_per_cpu_s"],
         "run_wall_s": wall,
         "waves": str(backend.last_waves) if backend.waves else None,
-    }
+    }, cfg)
 
 
 def _with_speedup(records: list[dict]) -> list[dict]:

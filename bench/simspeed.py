@@ -16,7 +16,9 @@
   token's matrix products in plain numpy (float64 BLAS on one thread, as the model computes
   them, operands prepared beforehand: ``*_matmul_floor_token_s``): the reference model
   (2:4 INT4 g128) always, SmolLM2-135M (dense INT4 g128, 128 MiB of DRAM) when ``make
-  smollm2`` has installed it (``smollm2_*`` fields; null otherwise).
+  smollm2`` has installed it (``smollm2_*`` fields; null otherwise), SmolLM2's floor also as
+  ``matmul_floor_token_s``, the field the values-speed target (``smollm2_values_token_s``
+  <= 0.5 s and within 10x of it) names.
 
 Walls are medians of ``--repeats`` runs. Writes ``simspeed.json`` under
 ``build/bench/results/`` (``--record``: ``bench/results/``); ``--values-only`` measures only
@@ -35,8 +37,17 @@ import torch
 from threadpoolctl import threadpool_limits
 from torch import nn
 
-from bench.common import RESULTS, command, median_wall, parser, positive_int, write_json
-from bench.scaling import FORMATS, LLAMA7B, _captured, llama7b, scaled_config, step_options
+from bench.common import (
+    RESULTS,
+    command,
+    median_wall,
+    parser,
+    positive_int,
+    provenance,
+    stamp,
+    write_json,
+)
+from bench.scaling import FORMATS, LLAMA7B, _captured, llama7b, step_options
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, random_quantized
 from sim.backends import make_backend
@@ -107,7 +118,7 @@ def block_speed(cfg: AcceleratorConfig, tokens: int, repeats: int) -> dict:
 def llama7b_decode_token(repeats: int) -> dict:
     """Timing-only simulation of every program of one compiled LLaMA-7B decode token (2:4
     INT4, context 128): all 32 blocks' programs, each simulated (no memo)."""
-    cfg = scaled_config(4, 16, 16, 100.0)
+    cfg = AcceleratorConfig().timing_only()
     lm = llama7b()
     t0 = time.perf_counter()
     exe = compile_model(lm, cfg, step_options("decode", 1, 128),
@@ -198,6 +209,7 @@ def values_tokens(repeats: int) -> dict:
     print("decode token in values mode (runtime + fast model) vs its numpy matmul floor:",
           flush=True)
     rec = {**reference_values_token(repeats), **smollm2_values_token(repeats)}
+    rec["matmul_floor_token_s"] = rec["smollm2_matmul_floor_token_s"]  # beside the target
     print(f"  {'model':<10} {'programs':>8} {'token (s)':>10} {'floor (s)':>10} {'ratio':>6}")
     for name in ("reference", "smollm2"):
         tok, floor = rec[f"{name}_values_token_s"], rec[f"{name}_matmul_floor_token_s"]
@@ -224,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.values_only:
         values = values_tokens(args.repeats)
         old = json.loads(args.out.read_text()) if args.out.exists() else {}
+        # the other fields keep the stamp of the run that measured them
+        values["values_provenance"] = provenance(AcceleratorConfig())
         print(f"wrote {write_json(args.out, {**old, **values})}")
         return 0
     cfg = AcceleratorConfig()
@@ -246,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
           f"instructions in {token['llama7b_decode_programs']} programs): "
           f"{token['llama7b_decode_token_wall_s']:.2f} s")
     print(f"4096x4096 2:4 GEMV with values: {gemv['gemv_4096_full_wall_s']:.2f} s")
-    print(f"wrote {write_json(args.out, rec)}")
+    print(f"wrote {write_json(args.out, stamp(rec, cfg))}")
     return 0
 
 

@@ -17,6 +17,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -348,6 +349,30 @@ class AcceleratorConfig:
     @property
     def dram_beats(self) -> int:
         return self.memory.size_bytes // self.beat_bytes
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def fingerprint(self) -> str:
+        """The configuration's identity: the first 12 hex digits of the SHA-256 of its
+        canonical JSON (:meth:`to_json`). Equal configurations, and only they (up to hash
+        collisions), share it; it names build directories and stamps benchmark records.
+
+        >>> AcceleratorConfig().fingerprint == AcceleratorConfig.from_json(
+        ...     AcceleratorConfig().to_json()).fingerprint
+        True
+        >>> AcceleratorConfig(rows=2).fingerprint != AcceleratorConfig().fingerprint
+        True
+        """
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+    @property
+    def array(self) -> str:
+        """The array as ``"ROWSxCOLS"``.
+
+        >>> AcceleratorConfig(rows=2, cols=4).array
+        '2x4'
+        """
+        return f"{self.rows}x{self.cols}"
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:

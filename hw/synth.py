@@ -243,7 +243,7 @@ def _cells(stat_json: dict) -> dict[str, int]:
 
 
 def _default_out(cfg: AcceleratorConfig) -> Path:
-    return ROOT / "build" / "synth" / hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]
+    return ROOT / "build" / "synth" / cfg.fingerprint
 
 
 def yosys_script(top: str, verilog: str, json_out: str) -> str:

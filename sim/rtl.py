@@ -205,10 +205,9 @@ class RTLBackend:
     # ------------------------------------------------------------------ build
     @property
     def build_dir(self) -> Path:
-        cfg_hash = hashlib.sha256(self.cfg.to_json().encode()).hexdigest()[:12]
         src = hashlib.sha256((_sources_digest() + self.compute_tag).encode()).hexdigest()[:10]
         suffix = ("-waves" if self.waves else "") + self._build_suffix
-        return self.build_root / f"{cfg_hash}-{src}{suffix}"
+        return self.build_root / f"{self.cfg.fingerprint}-{src}{suffix}"
 
     def _simulated_verilog(self, out: Path, verbose: bool) -> str:
         """The Verilog file in ``out`` that Verilator compiles (the netlist backend
