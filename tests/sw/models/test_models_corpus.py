@@ -181,3 +181,14 @@ def test_prose_corpus_missing_says_make_setup(monkeypatch):
         corpus.prose_dir()
     assert "not installed" in str(e.value) and "`make setup` installs it" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_eval_cli_on_prose(capsys):
+    from sw.models.eval import main
+    assert main(["--domain", "prose", "--max-tokens", "512", "--json"]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    assert out["protocol"]["corpus"] == "prose" and out["model"]["num_tokens"] == 512
+    with pytest.raises(SystemExit) as e:
+        main(["--domain", "poetry"])
+    assert e.value.code == 2 and "--domain" in capsys.readouterr().err
