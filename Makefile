@@ -7,16 +7,25 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+PROSE  := $(VENV)/.prose-corpus
 
 .PHONY: setup demo test test-all lint bench clean sim synth generate prove smollm2 test-smollm2
 
-setup: $(STAMP)
+setup: $(STAMP) $(PROSE)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e ".[dev]"
 	touch $(STAMP)
+
+# The prose corpus (sw/models/corpus.py): the Lee corpus of English news articles ships inside
+# the wheel of gensim (a 28 MB wheel), installed without its dependencies (scipy, ...): the
+# corpus files are read, gensim is never imported. The requirement is corpus.PROSE_REQUIREMENT.
+$(PROSE): $(STAMP)
+	$(VENV)/bin/pip install -q --no-deps \
+	    "$$($(PY) -c 'from sw.models.corpus import PROSE_REQUIREMENT; print(PROSE_REQUIREMENT)')"
+	touch $(PROSE)
 
 demo: setup
 	$(PY) -m sw.deploy --out build/demo

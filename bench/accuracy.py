@@ -2,15 +2,19 @@
 ``--model`` that :func:`sw.models.source.open_model` accepts (``smollm2``, a Hugging Face
 directory, a LLaMA ``.gguf`` file).
 
-``python -m bench.accuracy [--model SPEC]`` compresses the model with every configuration of
-:func:`default_configs`, evaluates each on the held-out **test** split of the CPython standard
-library in the model's own tokens (perplexity, top-1 agreement and KL against the uncompressed
-model), calibrates on random windows of the disjoint **train** split
+``python -m bench.accuracy [--model SPEC] [--domain code|prose] [--calib-domain SET]``
+compresses the model with every configuration of :func:`default_configs`, evaluates each on the
+held-out **test** split of a text domain (``--domain``: ``code``, the CPython standard library,
+by default; ``prose``, the Lee corpus of English news articles; :mod:`sw.models.corpus`) in the
+model's own tokens (perplexity, top-1 agreement and KL against the uncompressed model),
+calibrates on random windows of the disjoint **train** split of the calibration set
+(``--calib-domain``: ``code`` by default, ``prose`` or ``code+prose``, half of each)
 (:meth:`~sw.models.source.ModelSource.windows` / :meth:`~sw.models.source.ModelSource.calibration`),
 prints a table, and writes ``bench/results/accuracy.json`` (with ``--record``; by default under
-``build/bench/``) (one flat record per configuration;
-the file holds every model's records and a run replaces only its own model's) and the plot
-``docs/img/accuracy.png`` (``accuracy_<model>.png`` for other models). See docs/accuracy.md.
+``build/bench/``) (one flat record per configuration; the file holds every model's records, and
+a run replaces only those of its own model, corpora and tie rule) and the plot
+``docs/img/accuracy.png`` (``accuracy_<model>.png`` for other models, with ``_<corpora>`` for
+other corpora than code). See docs/accuracy.md.
 
 Rows: fp32 (the uncompressed model; for ``smollm2`` its float weights are the dequantised Q4_1
 GGUF tensors); dense W4 g128 by RTN and GPTQ, symmetric and asymmetric (zero points); N:M
@@ -32,9 +36,13 @@ model with dequantised weights; ``hardware``: INT8 activations, integer accumula
 ``top1_agreement``, ``kl``, ``max_kl``, ``seconds`` (whole-model compression wall time,
 calibration included; hardware rows reuse the weights of the float row and repeat its time),
 ``eval_seconds``, ``eval_tokens``, ``window_nll`` (mean NLL of each evaluation window, for
-paired comparisons: :func:`paired_difference`), ``calib_tokens``, the other calibration / eval
-settings,
-``model_note`` and ``tied_embeddings``.
+paired comparisons: :func:`paired_difference`), ``calib_corpus`` (the calibration set: ``code``,
+``prose`` or ``code+prose``, its train splits) and ``eval_corpus`` (the evaluation domain:
+``code`` or ``prose``, its test split), ``nm_ties`` (the N:M tie rule, ``lower`` unless
+``--ties higher``: :mod:`sw.compress.prune`), ``magnitude_ties_2_4`` (the fraction of 4-blocks
+of the compressed layers' ``|W|`` whose 2:4 magnitude mask the tie rule decides:
+:func:`magnitude_ties`), ``calib_tokens``, the other calibration / eval
+settings, ``model_note`` and ``tied_embeddings``.
 """
 
 from __future__ import annotations
@@ -82,9 +90,10 @@ from sw.compress.model import (
     selected_linears,
     use_hardware_numerics,
 )
-from sw.compress.prune import nm_mask
+from sw.compress.prune import TIE_RULES, nm_mask, tie_rule
 from sw.compress.sparsegpt import sparsegpt_prune
 from sw.compress.wanda import wanda_mask
+from sw.models.corpus import CALIBRATION_SETS, CODE, DOMAINS
 from sw.models.eval import (
     EvalProtocol,
     calibration_samples,
@@ -283,6 +292,7 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
                   calibration: torch.Tensor | None, protocol: EvalProtocol = PROTOCOL, *,
                   hardware: bool = True, sequential: bool = True, progress: bool = True,
                   extra: dict | None = None, windows: torch.Tensor | None = None,
+                  also: Sequence[tuple[EvalProtocol, torch.Tensor]] = (),
                   **method_kwargs) -> list[dict]:
     """Compress and evaluate every configuration; returns the flat records.
 
@@ -307,29 +317,37 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
     windows : torch.Tensor, optional
         ``[n, L + 1]`` evaluation windows in the model's tokens
         (:meth:`~sw.models.source.ModelSource.windows`) instead of the protocol's.
+    also : sequence of (EvalProtocol, torch.Tensor)
+        Further evaluations of every compressed model (e.g. another text domain's windows),
+        each giving its own records; the hardware rows follow the first evaluation's ranking.
     **method_kwargs
         Passed to GPTQ / SparseGPT (``percdamp``, ``act_order``, ...).
+
+    Every record carries its evaluation's ``eval_*`` fields (the protocol's).
     """
-    ref = LogitsMemo(reference)
+    evals = [(protocol, windows), *also]
+    refs = [LogitsMemo(reference) for _ in evals]
     extra = dict(extra or {})
     records: list[dict] = []
     weights_of: dict[Config, dict[str, QuantizedWeight]] = {}
     seconds_of: dict[Config, float] = {}
-    bar = tqdm(total=len(configs) + (3 if hardware else 0), desc="accuracy",
+    bar = tqdm(total=(len(configs) + (3 if hardware else 0)) * len(evals), desc="accuracy",
                disable=not progress)
 
-    def record(cfg: Config, model: Callable[[torch.Tensor], torch.Tensor],
-               seconds: float) -> dict:
+    def record(cfg: Config, model: Callable[[torch.Tensor], torch.Tensor] | None,
+               seconds: float) -> None:
+        """Records of ``model`` (None: the uncompressed reference) on every evaluation."""
         bar.set_postfix_str(cfg.label)
-        r = {"method": cfg.method, "mask": cfg.mask, "quant": cfg.quant,
-             "pattern": cfg.pattern, "bits": cfg.bits, "group": cfg.group,
-             "symmetric": cfg.symmetric, "numerics": cfg.numerics,
-             "sparsegpt_mode": _sparsegpt_mode(cfg),
-             **evaluate(model, ref, protocol, windows), "seconds": seconds,
-             "sequential": sequential, **extra}
-        records.append(r)
-        bar.update()
-        return r
+        for ref, (prot, win) in zip(refs, evals, strict=True):
+            records.append({
+                "method": cfg.method, "mask": cfg.mask, "quant": cfg.quant,
+                "pattern": cfg.pattern, "bits": cfg.bits, "group": cfg.group,
+                "symmetric": cfg.symmetric, "numerics": cfg.numerics,
+                "sparsegpt_mode": _sparsegpt_mode(cfg),
+                **evaluate(ref if model is None else model, ref, prot, win),
+                "seconds": seconds, "sequential": sequential, **extra,
+                **{f"eval_{k}": v for k, v in asdict(prot).items()}})
+            bar.update()
 
     try:
         for cfg in configs:
@@ -340,10 +358,11 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
                 weights_of[cfg] = weights
                 seconds_of[cfg] = seconds
             # the uncompressed row scores the reference itself: its logits are computed once
-            record(cfg, ref if cfg.method == "fp32" else model, seconds)
+            record(cfg, None if cfg.method == "fp32" else model, seconds)
             del model
         if hardware:
-            for hcfg in hardware_configs(records):
+            first = [r for r in records if r["eval_corpus"] == protocol.corpus]
+            for hcfg in hardware_configs(first):
                 base = replace(hcfg, numerics="float")
                 model = use_hardware_numerics(
                     copy.deepcopy(reference), weights_of[base],
@@ -474,6 +493,20 @@ def _kind(name: str) -> str:
     return next(k for k, v in LAYER_KINDS.items() if leaf in v)
 
 
+def magnitude_ties(model: torch.nn.Module, pattern: str = "2:4") -> float:
+    """Fraction of the M-blocks of the compressed layers' ``|W|`` (along K, the whole blocks)
+    whose N-th and (N+1)-th largest values are equal: the blocks where the tie rule alone
+    decides a magnitude mask (:mod:`sw.compress.prune`)."""
+    p = NMPattern.parse(pattern)
+    ties = total = 0
+    for lin in selected_linears(model).values():
+        w = lin.weight.detach().abs().float().numpy()
+        b = np.sort(w[:, : w.shape[1] // p.m * p.m].reshape(w.shape[0], -1, p.m), axis=2)
+        ties += int((b[:, :, p.m - p.n] == b[:, :, p.m - p.n - 1]).sum())
+        total += b.shape[0] * b.shape[1]
+    return ties / total if total else 0.0
+
+
 @torch.no_grad()
 def window_nll(model: Callable[[torch.Tensor], torch.Tensor],
                protocol: EvalProtocol = PROTOCOL, windows: torch.Tensor | None = None
@@ -487,6 +520,35 @@ def window_nll(model: Callable[[torch.Tensor], torch.Tensor],
         nll = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
         out.append(nll.double().mean(1))
     return torch.cat(out).numpy()
+
+
+def gap_closed(ref: np.ndarray, point: np.ndarray, dense: np.ndarray
+               ) -> tuple[float, float] | None:
+    """The fraction of the gap between ``ref`` and ``dense`` that ``point`` closes, and its
+    standard error: the one gap-closed estimator (docs/accuracy.md, "Co-design search").
+
+    The arguments are the per-window mean NLLs (:func:`window_nll`) of three models on the same
+    windows of equal length. The gap closed is ``G = mean(ref - point) / mean(ref - dense)``,
+    the fraction of the log-perplexity gap closed: ``ln(ppl_ref / ppl_point) /
+    ln(ppl_ref / ppl_dense)``. Its standard error is the paired ratio estimator's,
+    ``std(d_i) / sqrt(n) / |mean(ref - dense)|`` with ``d_i = (ref - point)_i - G (ref -
+    dense)_i`` over the ``n`` windows (``ddof=1``). Adjacent windows of one document are
+    correlated, so it is somewhat optimistic (as :func:`paired_difference`).
+
+    Returns
+    -------
+    (G, SE), or None when the gap ``mean(ref - dense)`` is exactly zero.
+
+    >>> g, se = gap_closed(np.array([2.0, 2.2]), np.array([1.9, 2.1]), np.array([1.8, 2.0]))
+    >>> round(g, 6), round(se, 6)
+    (0.5, 0.0)
+    """
+    num = np.asarray(ref, np.float64) - np.asarray(point, np.float64)
+    den = np.asarray(ref, np.float64) - np.asarray(dense, np.float64)
+    if den.mean() == 0:
+        return None
+    g = float(num.mean() / den.mean())
+    return g, float((num - g * den).std(ddof=1) / math.sqrt(num.size) / abs(den.mean()))
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray) -> dict:
@@ -722,22 +784,39 @@ def model_defaults(name: str) -> dict:
     return MODEL_DEFAULTS.get(name, MODEL_DEFAULTS["other"])
 
 
-def eval_protocol(src: ModelSource, seq_len: int, max_tokens: int) -> EvalProtocol:
-    """The evaluation protocol of a model: ``max_tokens`` of the test split in windows of
-    ``seq_len``; batches of at most :data:`MAX_BATCH_LOGITS` logits (16 windows at most)."""
+def eval_protocol(src: ModelSource, seq_len: int, max_tokens: int, domain: str = CODE
+                  ) -> EvalProtocol:
+    """The evaluation protocol of a model: ``max_tokens`` of the test split of ``domain`` in
+    windows of ``seq_len``; batches of at most :data:`MAX_BATCH_LOGITS` logits (16 windows at
+    most)."""
     vocab = src.model.config.vocab_size
     batch = max(1, min(PROTOCOL.batch_size, MAX_BATCH_LOGITS // (seq_len * vocab)))
-    return EvalProtocol("test", seq_len, max_tokens, batch)
+    return EvalProtocol("test", seq_len, max_tokens, batch, domain)
 
 
-def merge_records(path: Path, model: str, records: Sequence[dict]) -> list[dict]:
-    """The records of ``path`` with ``model``'s replaced by ``records`` (records without a
-    ``model`` field are the reference model's); the reference model first, then the others
-    in the order they first appear."""
-    old = json.loads(path.read_text()) if path.is_file() else []
+#: What a run replaces in the records file: the records of its model, corpora and tie rule,
+#: with the value a record without the field was measured with.
+RUN_KEYS = {"model": "reference", "calib_corpus": CODE, "eval_corpus": CODE,
+            "nm_ties": TIE_RULES[0]}
+
+
+def run_key(record: dict) -> tuple:
+    """The :data:`RUN_KEYS` of a record (missing fields: their defaults)."""
+    return tuple(record.get(k, v) for k, v in RUN_KEYS.items())
+
+
+def merge_records(path: Path | list, key: tuple, records: Sequence[dict]) -> list[dict]:
+    """The records of ``path`` (a file, or the records themselves) with those of run ``key``
+    (:func:`run_key`) replaced by ``records`` (records without a ``model`` field are the
+    reference model's); the reference model first, then the others in the order they first
+    appear."""
+    if isinstance(path, list):
+        old = path
+    else:
+        old = json.loads(path.read_text()) if path.is_file() else []
     if not isinstance(old, list):  # e.g. an --investigate dump: nothing to keep
         old = []
-    kept = [r for r in old if isinstance(r, dict) and r.get("model", "reference") != model]
+    kept = [r for r in old if isinstance(r, dict) and run_key(r) != key]
     for r in kept:
         r.setdefault("model", "reference")
     merged = kept + list(records)
@@ -745,29 +824,51 @@ def merge_records(path: Path, model: str, records: Sequence[dict]) -> list[dict]
     return sorted(merged, key=lambda r: order.index(r["model"]))  # stable within a model
 
 
-def _plot_path(model: str, record: bool = False) -> Path:
+def _plot_path(model: str, record: bool = False, calib: str = CODE, domain: str = CODE
+               ) -> Path:
+    """``accuracy[_<model>][_<corpora>].png``: ``_prose`` calibrated and evaluated on prose,
+    ``_<calib>_on_<domain>`` for other mixes (``+`` written ``-``), nothing for code."""
     img = recorded(IMG) if record else IMG
-    if model == "reference":
-        return img / "accuracy.png"
-    return img / f"accuracy_{re.sub(r'[^A-Za-z0-9]+', '_', Path(model).stem).strip('_')}.png"
+    name = "accuracy"
+    if model != "reference":
+        name += f"_{re.sub(r'[^A-Za-z0-9]+', '_', Path(model).stem).strip('_')}"
+    if (calib, domain) != (CODE, CODE):
+        name += f"_{domain}" if calib == domain else f"_{calib.replace('+', '-')}_on_{domain}"
+    return img / f"{name}.png"
 
 
-def replot(model: str, out: Path, path: Path | str = "auto", record: bool = False) -> int:
-    """Redraw the plot of ``model``'s records in ``out`` (no model is loaded)."""
+def replot(model: str, out: Path, path: Path | str = "auto", record: bool = False,
+           calib: str = CODE, domain: str = CODE) -> int:
+    """Redraw the plot of ``model``'s records on these corpora in ``out`` (no model is
+    loaded)."""
+    key = (model, calib, domain, TIE_RULES[0])
     records = [r for r in (json.loads(out.read_text()) if out.is_file() else [])
-               if r.get("model", "reference") == model]
+               if run_key(r) == key]
     if not records:
-        print(f"bench.accuracy: no {model} records in {out}", file=sys.stderr)
+        print(f"bench.accuracy: no {model} records calibrated on {calib}, evaluated on "
+              f"{domain}, in {out}", file=sys.stderr)
         return 2
     auto = model_defaults(model)
-    path = _plot_path(model, record) if str(path) == "auto" else Path(path)
-    print(f"wrote {plot(records, path, _title(model), auto['zoom'])}")
+    path = _plot_path(model, record, calib, domain) if str(path) == "auto" else Path(path)
+    print(f"wrote {plot(records, path, _title(model, calib, domain), auto['zoom'])}")
     return 0
 
 
-def _title(model: str) -> str:
-    return model_defaults(model).get("title", "Reference model" if model == "reference"
-                                     else model)
+def _title(model: str, calib: str = CODE, domain: str = CODE) -> str:
+    title = model_defaults(model).get("title", "Reference model" if model == "reference"
+                                      else model)
+    if (calib, domain) != (CODE, CODE):
+        title += f", calibrated on {calib}, evaluated on {domain}"
+    return title
+
+
+def _domains(text: str) -> tuple[str, ...]:
+    out = tuple(dict.fromkeys(d.strip() for d in text.split(",")))
+    bad = [d for d in out if d not in DOMAINS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown text domain {bad[0]!r}; expected a "
+                                         f"comma-separated list of {', '.join(DOMAINS)}")
+    return out
 
 
 def _auto_patterns(text: str) -> tuple[str, ...] | str:
@@ -793,6 +894,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="tokens per calibration sequence ('auto': 256 for the reference "
                          "model, 128 for any other)")
     ap.add_argument("--seed", type=int, default=0, help="calibration sample seed")
+    ap.add_argument("--domain", type=_domains, default=CODE,
+                    help="evaluation text: the test split of 'code' (the CPython standard "
+                         "library) or 'prose' (the Lee corpus of English news articles; "
+                         "`make setup` installs it); 'code,prose' evaluates every compressed "
+                         "model on both (one record each)")
+    ap.add_argument("--calib-domain", default=CODE, choices=CALIBRATION_SETS,
+                    help="calibration text: the train split of 'code', 'prose' or both "
+                         "('code+prose': half the sequences from each)")
+    ap.add_argument("--ties", default=TIE_RULES[0], choices=TIE_RULES,
+                    help="which of equal N:M scores a block keeps: the 'lower' in-block index "
+                         "(the rule of sw.compress.prune) or, to measure the rule's effect, "
+                         "the 'higher'")
     ap.add_argument("--eval-tokens", type=_auto_int, default="auto",
                     help="test-split tokens scored ('auto': 32768 for the reference model, "
                          "8192 for any other)")
@@ -835,8 +948,13 @@ def main(argv: list[str] | None = None) -> int:
             re.compile(args.only)
         except re.error as e:
             ap.error(f"argument --only: {args.only!r} is not a regular expression ({e})")
+    if isinstance(args.domain, str):  # the default
+        args.domain = _domains(args.domain)
     if args.replot:
-        return replot(args.model, args.out, args.plot, args.record)
+        if len(args.domain) > 1:
+            ap.error("argument --domain: --replot draws one domain's records")
+        return replot(args.model, args.out, args.plot, args.record, args.calib_domain,
+                      args.domain[0])
 
     torch.set_num_threads(args.threads)
     t_load = time.perf_counter()
@@ -867,20 +985,34 @@ def main(argv: list[str] | None = None) -> int:
         kwargs["percdamp"] = args.percdamp
     if args.act_order:
         kwargs["act_order"] = True
-    calibration = src.calibration(args.calib_samples, args.calib_seq_len, args.seed)
-    protocol = eval_protocol(src, args.eval_seq_len, eval_tokens)
-    windows = src.windows(protocol.split, protocol.seq_len, protocol.max_tokens)
+    try:
+        calibration = src.calibration(args.calib_samples, args.calib_seq_len, args.seed,
+                                      args.calib_domain)
+        evals = []
+        for domain in args.domain:
+            prot = eval_protocol(src, args.eval_seq_len, eval_tokens, domain)
+            evals.append((prot, src.windows(prot.split, prot.seq_len, prot.max_tokens,
+                                            domain)))
+    except ModelSourceError as e:
+        print(f"bench.accuracy: {e}", file=sys.stderr)
+        return 2
+    (protocol, windows), also = evals[0], evals[1:]
     n_eval = windows.shape[0] * protocol.seq_len
     settings = (f"model {src.name}: {src.note}\n"
                 f"calibration {args.calib_samples} x {args.calib_seq_len} = {calibration.numel()}"
-                f" train-split tokens (seed {args.seed}); eval {n_eval} test-split tokens in "
-                f"{windows.shape[0]} windows of {protocol.seq_len}; head (lm_head) in float"
-                + (" (tied to the embedding)" if tied else ""))
+                f" train-split tokens (seed {args.seed}) of {args.calib_domain}; eval {n_eval} "
+                f"test-split tokens in {windows.shape[0]} windows of {protocol.seq_len} of "
+                f"{' and of '.join(args.domain)}; N:M ties keep the {args.ties} index "
+                f"({magnitude_ties(reference):.1%} of the 4-blocks of |W| tie at the 2:4 "
+                "boundary); head "
+                "(lm_head) in float" + (" (tied to the embedding)" if tied else ""))
     if args.investigate:
         print(settings)
         t0 = time.perf_counter()
-        inv = investigate(reference, calibration, protocol=protocol, windows=windows,
-                          sample=src.calibration)
+        with tie_rule(args.ties):
+            inv = investigate(reference, calibration, protocol=protocol, windows=windows,
+                              sample=lambda n, seq, seed: src.calibration(n, seq, seed,
+                                                                          args.calib_domain))
         print(format_investigation(inv))
         print(f"\ninvestigation took {time.perf_counter() - t0:.0f} s on {args.threads} threads")
         if args.out not in (RESULTS / "accuracy.json", recorded(RESULTS / "accuracy.json")):
@@ -888,14 +1020,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     extra = {"model": src.name, "calib_samples": args.calib_samples,
              "calib_seq_len": args.calib_seq_len, "calib_tokens": int(calibration.numel()),
-             "calib_seed": args.seed, "threads": args.threads,
+             "calib_seed": args.seed, "calib_corpus": args.calib_domain,
+             "nm_ties": args.ties, "magnitude_ties_2_4": magnitude_ties(reference),
+             "threads": args.threads,
              "percdamp": kwargs.get("percdamp", 0.01), "act_order": args.act_order,
-             **{f"eval_{k}": v for k, v in asdict(protocol).items()},
              "model_note": src.note, "tied_embeddings": tied}
     t0, cpu0 = time.perf_counter(), time.process_time()
-    records = build_records(reference, configs, calibration, protocol,
-                            hardware=not args.no_hardware, sequential=not args.one_shot,
-                            extra=extra, windows=windows, **kwargs)
+    with tie_rule(args.ties):
+        records = build_records(reference, configs, calibration, protocol,
+                                hardware=not args.no_hardware, sequential=not args.one_shot,
+                                extra=extra, windows=windows, also=also, **kwargs)
     total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     for r in records:
@@ -907,11 +1041,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")
     # no accelerator configuration is measured: the hardware rows use the fixed W4A8
     # numerics (hw.numerics), the same on every array
-    write_json(args.out, merge_records(args.out, src.name, stamp(records, None)))
-    print(f"wrote {args.out} ({src.name} records replaced)")
-    if not args.no_plot:
-        path = _plot_path(src.name, args.record) if str(args.plot) == "auto" else args.plot
-        print(f"wrote {plot(records, path, _title(src.name), auto['zoom'])}")
+    stamp(records, None)
+    merged = args.out
+    for domain in args.domain:
+        mine = [r for r in records if r["eval_corpus"] == domain]
+        merged = merge_records(merged, run_key(mine[0]), mine)
+    write_json(args.out, merged)
+    print(f"wrote {args.out} ({src.name} records calibrated on {args.calib_domain}, evaluated "
+          f"on {', '.join(args.domain)}, ties {args.ties}, replaced)")
+    # one plot per domain ('auto'), or the first domain's in --plot
+    for domain in () if args.no_plot else args.domain if str(args.plot) == "auto" \
+            else args.domain[:1]:
+        path = (_plot_path(src.name, args.record, args.calib_domain, domain)
+                if str(args.plot) == "auto" else args.plot)
+        title = _title(src.name, args.calib_domain, domain)
+        mine = [r for r in records if r["eval_corpus"] == domain]
+        print(f"wrote {plot(mine, path, title, auto['zoom'])}")
     bad = [r["method"] for r in records if not math.isfinite(r["perplexity"])]
     if bad:
         print(f"non-finite perplexity: {bad}", file=sys.stderr)

@@ -20,9 +20,10 @@ that uniform format's cycles on the same configuration, never below ``cycles_per
 ``tokens_per_s_sim``, ``bits_per_weight``, ``perplexity``, ``packing``
 (of a mixed assignment: ``assembled`` or ``recompressed``, the one the validation split
 chose), and for the searched points at a uniform latency ``gap_closed``: the fraction of the
-perplexity gap between that uniform format and dense INT4 (group 128) that the search closes
-at the same latency (its compiled decode step simulated within the uniform's cycles), and
-``gap_closed_se``, its standard error over the test windows (:func:`gap_closed_se`). The
+log-perplexity gap between that uniform format and dense INT4 (group 128) that the search
+closes at the same latency (its compiled decode step simulated within the uniform's cycles),
+and ``gap_closed_se``, its standard error over the paired test windows: both from
+:func:`bench.accuracy.gap_closed`, the one estimator. The
 per-window test NLLs behind it (:func:`window_nlls`) go to
 ``build/bench/codesign_windows_<model>.json``, never recorded.
 """
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.accuracy import window_nll
+from bench.accuracy import gap_closed, window_nll
 from bench.common import DOCS as OUTPUT_DOCS
 from bench.common import OUTPUT, RESULTS, command, parser, recorded, stamp, write_json
 from hw.config import AcceleratorConfig
@@ -79,19 +80,6 @@ SETTINGS = {
 }
 
 
-def gap_closed_se(ref: np.ndarray, point: np.ndarray, dense: np.ndarray) -> float:
-    """Standard error of the gap closed, from per-window NLLs of the same test windows.
-
-    The gap closed is the ratio ``mean(ref - point) / mean(ref - dense)`` (the perplexity
-    ratio of the records agrees to first order: the differences are a few percent); its
-    standard error is the ratio estimator's, ``std(num - r * den) / sqrt(n) / |mean(den)|``
-    over the windows, paired. Adjacent windows of one source file are correlated, so it is
-    somewhat optimistic (docs/accuracy.md, "Significance")."""
-    num, den = ref - point, ref - dense
-    r = num.mean() / den.mean()
-    return float((num - r * den).std(ddof=1) / np.sqrt(num.size) / abs(den.mean()))
-
-
 def window_nlls(src, result: dict) -> dict[str, np.ndarray]:
     """Per-window test NLL of the points a gap closed compares: dense INT4, the uniform
     formats whose latency is a budget, and the searched points at those budgets."""
@@ -106,8 +94,8 @@ def window_nlls(src, result: dict) -> dict[str, np.ndarray]:
 
 def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
             nll: dict[str, np.ndarray] | None = None) -> list[dict]:
-    """Flat records of every measured point (with ``nll``, :func:`window_nlls`, the gap
-    closed gains its standard error)."""
+    """Flat records of every measured point (with ``nll``, :func:`window_nlls`, the searched
+    points at a uniform latency gain the gap closed and its standard error)."""
     hz = cfg.clock_mhz * 1e6
     uniform = {p.label.removeprefix("uniform "): p for p in result["uniform"]}
     dense = uniform.get("dense-int4")
@@ -134,12 +122,9 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
         if p.budget_cycles is not None:
             rec["budget_cycles_per_token"] = p.budget_cycles
         ref = BUDGETS.get(budget)  # the uniform format whose latency the budget is
-        if searched and ref in uniform and dense is not None:
-            gap = uniform[ref].perplexity - dense.perplexity
-            rec["gap_closed"] = (uniform[ref].perplexity - p.perplexity) / gap if gap else None
-            if nll and gap:
-                rec["gap_closed_se"] = gap_closed_se(nll[f"uniform {ref}"], nll[p.label],
-                                                     nll["uniform dense-int4"])
+        if searched and ref in uniform and dense is not None and nll:
+            gap = gap_closed(nll[f"uniform {ref}"], nll[p.label], nll["uniform dense-int4"])
+            rec["gap_closed"], rec["gap_closed_se"] = gap if gap else (None, None)
         out.append(rec)
     return out
 

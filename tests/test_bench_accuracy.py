@@ -24,15 +24,18 @@ def _restore_threads():
 
 def tiny_source(name: str = "tiny") -> ModelSource:
     """A tiny random LlamaLM (tied head, like SmolLM2) with byte-level tokens; its train and
-    test splits are disjoint random token streams (the bench only needs token ids)."""
+    test splits of both text domains are disjoint random token streams (the bench only needs
+    token ids)."""
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=72,
                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                       max_position_embeddings=32, tie_word_embeddings=True)
-    streams = {split: np.random.default_rng(seed).integers(0, 256, 600)
-               for seed, split in enumerate(("train", "test"))}
+    streams = {(split, domain): np.random.default_rng(seed).integers(0, 256, 600)
+               for seed, (split, domain) in enumerate((s, d) for s in ("train", "test")
+                                                      for d in ("code", "prose"))}
     return ModelSource(name, LlamaLM(cfg).eval(), lambda s: encode(s).astype(int).tolist(),
-                       decode, EOS_ID, lambda split: streams[split], note="tiny random model")
+                       decode, EOS_ID, lambda split, domain="code": streams[split, domain],
+                       note="tiny random model")
 
 
 ARGS = ["--model", "tiny", "--calib-samples", "8", "--calib-seq-len", "16", "--eval-tokens",
@@ -95,6 +98,47 @@ def test_non_reference_model_records(tmp_path, monkeypatch, capsys):
         ("tiny", "rtn", False)]
 
 
+def test_domains_and_tie_rule_are_recorded_and_kept_apart(tmp_path, monkeypatch, capsys):
+    src = tiny_source()
+    monkeypatch.setattr(bench, "open_model", lambda spec: src)
+    out = tmp_path / "accuracy.json"
+    quick = ARGS + ["--out", str(out), "--no-hardware", "--only", "^magnitude 2:4 fp16"]
+    assert bench.main(quick + ["--no-plot"]) == 0
+    assert bench.main(quick + ["--domain", "prose", "--plot", str(tmp_path / "p.png")]) == 0
+    assert "calibration 8 x 16 = 128 train-split tokens (seed 0) of code; eval 64 test-split " \
+        "tokens in 4 windows of 16 of prose" in capsys.readouterr().out
+    # one compression, evaluated on both domains: a record each
+    assert bench.main(quick + ["--domain", "code,prose", "--calib-domain", "code+prose",
+                               "--plot", str(tmp_path / "q.png")]) == 0
+    assert bench.main(quick + ["--ties", "higher", "--no-plot"]) == 0
+    saved = json.loads(out.read_text())
+    runs = [(r["calib_corpus"], r["eval_corpus"], r["nm_ties"], r["method"]) for r in saved]
+    # every run kept beside the others: fp32 and the magnitude row of each
+    assert sorted(runs) == sorted((c, e, t, m) for c, e, t in (
+        ("code", "code", "lower"), ("code", "prose", "lower"), ("code+prose", "code", "lower"),
+        ("code+prose", "prose", "lower"), ("code", "code", "higher"))
+        for m in ("fp32", "magnitude"))
+    ppl = {(r["calib_corpus"], r["eval_corpus"], r["method"]): r["perplexity"] for r in saved
+           if r["nm_ties"] == "lower"}
+    # the fp32 model needs no calibration: the same on prose whatever the calibration set
+    assert ppl["code", "prose", "fp32"] == ppl["code+prose", "prose", "fp32"]
+    assert ppl["code", "code", "fp32"] == ppl["code+prose", "code", "fp32"]
+    assert ppl["code", "prose", "fp32"] != ppl["code", "code", "fp32"]
+    # --replot picks one run's records
+    assert bench.main(["--model", "tiny", "--replot", "--out", str(out), "--domain", "prose",
+                       "--plot", str(tmp_path / "r.png")]) == 0
+    assert bench.main(["--model", "tiny", "--replot", "--out", str(out), "--domain", "prose",
+                       "--calib-domain", "prose"]) == 2
+    assert (tmp_path / "q.png").stat().st_size > 1000  # --plot: the first domain's
+    with pytest.raises(SystemExit) as e:
+        bench.main(quick + ["--domain", "code,poetry"])
+    assert e.value.code == 2
+    assert bench._plot_path("tiny", calib="prose", domain="prose").name == \
+        "accuracy_tiny_prose.png"
+    assert bench._plot_path("reference", calib="code+prose", domain="code").name == \
+        "accuracy_code-prose_on_code.png"
+
+
 def test_reference_model_keeps_its_protocol():
     # the reference model's windows and calibration from its ModelSource are the ones the
     # benchmark always used (sw.models.eval's protocol), so its rows compute what they did
@@ -118,3 +162,16 @@ def test_context_and_bad_options(monkeypatch):
     assert e.value.code == 2  # 64 > the tiny model's 32 positions
     with pytest.raises(SystemExit):
         bench.main(["--eval-tokens", "lots"])
+
+
+def test_magnitude_ties_counts_the_blocks_the_tie_rule_decides():
+    from sw.compress.model import selected_linears
+    model = tiny_source().model
+    assert bench.magnitude_ties(model) == 0.0  # random float weights: no exact ties
+    layers = list(selected_linears(model).values())
+    with torch.no_grad():
+        for lin in layers:  # every 4-block |W| = (3, 1, 1, 0): the 2nd and 3rd largest tie
+            lin.weight.copy_(torch.tensor([3.0, -1.0, 1.0, 0.0]).repeat(
+                lin.weight.shape[0], lin.weight.shape[1] // 4))
+    assert bench.magnitude_ties(model) == 1.0
+    assert bench.magnitude_ties(model, "1:4") == 0.0  # 3 is alone at the top

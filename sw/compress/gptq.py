@@ -53,7 +53,7 @@ from hw.config import NMPattern
 from hw.format import QuantizedWeight, WeightFormat
 from sw.compress.core import as_weight_array, gather_kept, warn_padding
 from sw.compress.errors import CompressError
-from sw.compress.prune import check_nm_mask, mask_to_keep_index, nm_mask
+from sw.compress.prune import check_nm_mask, mask_to_keep_index, nm_block_keep, nm_mask
 from sw.compress.quant import compute_scales
 
 __all__ = ["HessianError", "DampingWarning", "as_hessian", "inverse_hessian_factor",
@@ -303,13 +303,11 @@ class SweepResult:
 
 
 def _nm_keep_t(scores: torch.Tensor, pattern: NMPattern) -> torch.Tensor:
-    """Keep the N highest scores of every M consecutive rows of ``scores [cols, n]``."""
+    """Keep the N highest scores of every M consecutive rows of ``scores [cols, n]`` (equal
+    scores: the tie rule of :func:`sw.compress.prune.nm_block_keep`)."""
     cols, n = scores.shape
-    b = scores.reshape(cols // pattern.m, pattern.m, n)
-    top = torch.topk(b, pattern.n, dim=1).indices
-    keep = torch.zeros_like(b, dtype=torch.bool)
-    keep.scatter_(1, top, True)
-    return keep.reshape(cols, n)
+    b = scores.reshape(cols // pattern.m, pattern.m, n).transpose(1, 2)
+    return nm_block_keep(b, pattern.n).transpose(1, 2).reshape(cols, n)
 
 
 def obs_sweep(w: torch.Tensor, u: torch.Tensor, *, keep: torch.Tensor | None = None,

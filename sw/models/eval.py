@@ -2,9 +2,10 @@
 
 Protocol (``EvalProtocol`` defaults)
 ------------------------------------
-* Text: the held-out ``test`` split of :mod:`sw.models.corpus` (stdlib files whose path
-  hash falls in the test bucket), concatenated in sorted path order, each file followed
-  by ``EOS_ID``; byte-level tokens.
+* Text: the held-out ``test`` split of a domain of :mod:`sw.models.corpus` (``corpus``:
+  ``code`` by default, the stdlib files whose path hash falls in the test bucket, in sorted
+  path order; or ``prose``, the Lee corpus's test articles), each document followed by
+  ``EOS_ID``; byte-level tokens.
 * Windows: the first ``max_tokens + 1`` tokens are cut into non-overlapping windows of
   ``seq_len + 1`` tokens sharing one boundary token (window ``i`` covers tokens
   ``[i*seq_len, (i+1)*seq_len]``). Each window is an independent sequence starting at
@@ -46,12 +47,14 @@ LogitsFn = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class EvalProtocol:
-    """Windows used for perplexity and model comparison (see the module docstring)."""
+    """Windows used for perplexity and model comparison (see the module docstring);
+    ``corpus`` is the text domain (:data:`sw.models.corpus.DOMAINS`)."""
 
     split: str = "test"
     seq_len: int = 256
     max_tokens: int = 32768
     batch_size: int = 16
+    corpus: str = corpus.CODE
 
 
 @dataclass(frozen=True)
@@ -82,11 +85,12 @@ def eval_windows(protocol: EvalProtocol = EvalProtocol(), root: str | None = Non
     CorpusError
         If the split holds fewer than ``seq_len + 1`` tokens.
     """
-    tokens = corpus.load_split(protocol.split, root)
+    tokens = corpus.load_split(protocol.split, root, protocol.corpus)
     n = min(protocol.max_tokens, tokens.size - 1) // protocol.seq_len
     if n < 1:
         raise corpus.CorpusError(
-            f"split {protocol.split!r} has {tokens.size} tokens; need at least "
+            f"split {protocol.split!r} of the {protocol.corpus} corpus has {tokens.size} "
+            f"tokens; need at least "
             f"{protocol.seq_len + 1} for one window"
         )
     idx = np.arange(n)[:, None] * protocol.seq_len + np.arange(protocol.seq_len + 1)[None, :]
@@ -193,7 +197,8 @@ def unigram_baseline(
     protocol: EvalProtocol = EvalProtocol(), root: str | None = None
 ) -> PerplexityResult:
     """Perplexity of the add-one-smoothed train-split unigram model on the protocol targets."""
-    return unigram(corpus.load_split("train", root), VOCAB_SIZE, eval_windows(protocol, root))
+    return unigram(corpus.load_split("train", root, protocol.corpus), VOCAB_SIZE,
+                   eval_windows(protocol, root))
 
 
 def unigram(train: np.ndarray, vocab_size: int, windows: torch.Tensor) -> PerplexityResult:
@@ -212,12 +217,13 @@ def calibration_samples(
     seed: int = 0,
     split: str = "train",
     root: str | None = None,
+    calib: str = corpus.CODE,
 ) -> torch.Tensor:
     """Random token sequences for calibrating pruning/quantisation (Wanda, SparseGPT, GPTQ).
 
     Start offsets are drawn uniformly (with replacement) from the split's token stream
     with a ``torch.Generator`` seeded by ``seed``, so the same arguments always return the
-    same tensor.
+    same tensor (:func:`sw.models.corpus.calibration_mix`).
 
     Parameters
     ----------
@@ -230,7 +236,10 @@ def calibration_samples(
     split : str
         Corpus split; ``"train"`` by default so evaluation data stays unseen.
     root : str, optional
-        Corpus root.
+        Code corpus root.
+    calib : str
+        Calibration set (:data:`sw.models.corpus.CALIBRATION_SETS`): ``code`` (default),
+        ``prose`` or ``code+prose`` (half the sequences from each).
 
     Returns
     -------
@@ -242,20 +251,8 @@ def calibration_samples(
     CorpusError
         If the split is shorter than ``seq_len`` tokens or the sizes are not positive.
     """
-    if num_samples < 1 or seq_len < 1:
-        raise corpus.CorpusError(
-            f"num_samples and seq_len must be positive, got {num_samples} and {seq_len}"
-        )
-    tokens = corpus.load_split(split, root)
-    if tokens.size < seq_len:
-        raise corpus.CorpusError(
-            f"split {split!r} has only {tokens.size} tokens; cannot cut sequences of "
-            f"length {seq_len}"
-        )
-    gen = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, tokens.size - seq_len + 1, (num_samples,), generator=gen).numpy()
-    idx = starts[:, None] + np.arange(seq_len)[None, :]
-    return torch.from_numpy(tokens[idx].astype(np.int64))
+    return torch.from_numpy(corpus.calibration_mix(
+        calib, num_samples, seq_len, seed, lambda d: corpus.load_split(split, root, d), split))
 
 
 @command("sw.models.eval")
@@ -279,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     add_tokenizer_option(parser, "--reference", flag="--reference-tokenizer")
     parser.add_argument("--split", default=d.split, choices=corpus.SPLITS,
                         help=f"corpus split (default: {d.split})")
+    parser.add_argument("--domain", default=d.corpus, choices=corpus.DOMAINS,
+                        help=f"text domain: code (the CPython standard library) or prose "
+                        f"(the Lee corpus of English news articles) (default: {d.corpus})")
     parser.add_argument("--seq-len", type=int, default=d.seq_len,
                         help=f"tokens per window (default: {d.seq_len})")
     parser.add_argument("--max-tokens", type=int, default=d.max_tokens,
@@ -292,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, opt) < 1:
             parser.error(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(args, opt)}")
     torch.set_num_threads(args.threads)
-    protocol = EvalProtocol(args.split, args.seq_len, args.max_tokens)
+    protocol = EvalProtocol(args.split, args.seq_len, args.max_tokens, corpus=args.domain)
     meta_dir = REFERENCE_DIR if args.checkpoint == "reference" else Path(args.checkpoint)
-    if meta_dir.is_dir():
+    if meta_dir.is_dir() and args.domain == corpus.CODE:
         for warning in corpus.corpus_warnings(meta_dir):
             print(f"warning: corpus differs from training: {warning}", file=sys.stderr)
     start = time.perf_counter()
@@ -307,13 +307,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.seq_len > context:
             raise ModelSourceError(f"--seq-len {args.seq_len} exceeds the model's context of "
                                    f"{context} positions")
-        windows = src.windows(args.split, args.seq_len, args.max_tokens)
+        windows = src.windows(args.split, args.seq_len, args.max_tokens, args.domain)
         if ref is not None:
             why = _not_comparable(src, ref, windows, args)
             if why:
                 raise ModelSourceError(f"--reference {args.reference}: {why}; they cannot be "
                                        "compared")
-        train = src.tokens("train")
+        train = src.tokens("train", args.domain)
     except (ModelSourceError, corpus.CorpusError) as e:
         print(f"sw.models.eval: {e}", file=sys.stderr)
         return 2

@@ -14,10 +14,12 @@
   and :attr:`ModelSource.weights` carries the compressed matrices themselves.
 
 Each kind is one loader in :data:`LOADERS`; a new kind is one more entry. Calibration and
-evaluation text is the CPython standard library (train and test splits, disjoint), tokenised
-with the model's own tokenizer, or with the one ``tokenizer=`` names (a Hugging Face directory
-or a ``tokenizer.json``: the ``--tokenizer`` option of the commands, :mod:`sw.cli`), which
-supplies one to a file that holds none and replaces the model's own otherwise.
+evaluation text is one of the two domains of :mod:`sw.models.corpus` (train and test splits,
+disjoint): ``code``, the CPython standard library (the default), or ``prose``, the Lee corpus
+of English news articles; tokenised with the model's own tokenizer, or with the one
+``tokenizer=`` names (a Hugging Face directory or a ``tokenizer.json``: the ``--tokenizer``
+option of the commands, :mod:`sw.cli`), which supplies one to a file that holds none and
+replaces the model's own otherwise.
 """
 
 from __future__ import annotations
@@ -80,29 +82,48 @@ class ModelSource:
     encode: Callable[[str], list[int]]
     decode: Callable[[list[int]], str]
     eos_token_id: int | None
-    tokens: Callable[[str], np.ndarray]   # a corpus split's token stream
+    tokens: Callable[..., np.ndarray]   # tokens(split, domain="code"): a split's token stream
     note: str = ""
     tokenizer: Tokenizer | None = None
     chat_template: str | None = None
     weights: dict[str, QuantizedWeight] | None = None
 
-    def windows(self, split: str, seq_len: int, max_tokens: int) -> torch.Tensor:
-        """Non-overlapping windows ``[n, seq_len + 1]`` of a split (as in
+    def stream(self, split: str, domain: str = corpus.CODE) -> np.ndarray:
+        """Token stream of a split of a text domain (:data:`sw.models.corpus.DOMAINS`).
+
+        Raises
+        ------
+        ModelSourceError
+            An unknown domain, or the prose corpus is not installed.
+        """
+        try:
+            corpus.check_domain(domain)
+            # sources that know one text (tests) take no domain
+            return self.tokens(split) if domain == corpus.CODE else self.tokens(split, domain)
+        except corpus.CorpusError as e:
+            raise ModelSourceError(str(e)) from None
+
+    def windows(self, split: str, seq_len: int, max_tokens: int,
+                domain: str = corpus.CODE) -> torch.Tensor:
+        """Non-overlapping windows ``[n, seq_len + 1]`` of a split of ``domain`` (as in
         :func:`sw.models.eval.eval_windows`)."""
-        stream = self.tokens(split)
+        stream = self.stream(split, domain)
         n = min(max_tokens, stream.size - 1) // seq_len
         if n < 1:
-            raise ModelSourceError(f"split {split!r} has too few tokens for a window of "
-                                   f"{seq_len}")
+            raise ModelSourceError(f"split {split!r} of the {domain} corpus has too few tokens "
+                                   f"for a window of {seq_len}")
         idx = np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
         return torch.from_numpy(stream[idx].astype(np.int64))
 
-    def calibration(self, samples: int, seq_len: int, seed: int = 0) -> torch.Tensor:
-        """Random windows ``[samples, seq_len]`` of the train split (seeded)."""
-        stream = self.tokens("train")
-        gen = torch.Generator().manual_seed(seed)
-        starts = torch.randint(0, stream.size - seq_len + 1, (samples,), generator=gen).numpy()
-        return torch.from_numpy(stream[starts[:, None] + np.arange(seq_len)].astype(np.int64))
+    def calibration(self, samples: int, seq_len: int, seed: int = 0,
+                    calib: str = corpus.CODE) -> torch.Tensor:
+        """Random windows ``[samples, seq_len]`` of the train split of the calibration set
+        ``calib`` (:func:`sw.models.corpus.calibration_mix`; seeded)."""
+        try:
+            return torch.from_numpy(corpus.calibration_mix(
+                calib, samples, seq_len, seed, lambda d: self.stream("train", d)))
+        except corpus.CorpusError as e:
+            raise ModelSourceError(str(e)) from None
 
     def tokenizer_record(self) -> dict:
         """The tokenizer as a compressed model file stores it (:mod:`sw.models.compressed`)."""
@@ -148,25 +169,26 @@ class ModelSource:
 def _byte_level(name: str, model: LlamaLM, note: str, **extra) -> ModelSource:
     """A source with the reference model's byte-level tokens and corpus."""
     return ModelSource(name, model, lambda s: encode(s).astype(int).tolist(), decode, EOS_ID,
-                       lambda split: corpus.load_split(split), note, **extra)
+                       lambda split, domain=corpus.CODE: corpus.load_split(split, domain=domain),
+                       note, **extra)
 
 
 def _tokenized(name: str, model: LlamaLM, tok: Tokenizer, note: str = "", **extra
                ) -> ModelSource:
-    """A source whose text goes through a ``tokenizers.Tokenizer`` (corpus: the first 64 files
-    of each split, tokenised once). The reference model's byte-level tokenizer (a checkpoint
-    directory trained here) gets the byte-level source and its evaluation protocol."""
+    """A source whose text goes through a ``tokenizers.Tokenizer`` (text: the first 64 files
+    of each code split, every article of each prose split, joined by newlines and tokenised
+    once). The reference model's byte-level tokenizer (a checkpoint directory trained here)
+    gets the byte-level source and its evaluation protocol."""
     if tok.to_str() == build_tokenizer().to_str():
         return _byte_level(name, model, note, **extra)
-    cache: dict[str, np.ndarray] = {}
+    cache: dict[tuple[str, str], np.ndarray] = {}
 
-    def tokens(split: str) -> np.ndarray:
-        if split not in cache:
-            base = corpus.stdlib_root()
-            text = "\n".join((base / rel).read_text(errors="replace")
-                             for rel in corpus.split_files(split)[:64])
-            cache[split] = np.asarray(tok.encode(text).ids, dtype=np.int64)
-        return cache[split]
+    def tokens(split: str, domain: str = corpus.CODE) -> np.ndarray:
+        if (split, domain) not in cache:
+            limit = 64 if domain == corpus.CODE else None
+            text = "\n".join(corpus.split_texts(split, domain, limit=limit))
+            cache[split, domain] = np.asarray(tok.encode(text).ids, dtype=np.int64)
+        return cache[split, domain]
 
     return ModelSource(name, model, lambda s: tok.encode(s).ids,
                        lambda ids: tok.decode(list(ids)), model.config.eos_token_id, tokens,

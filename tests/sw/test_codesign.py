@@ -258,16 +258,23 @@ def test_cli_out_that_is_a_file_is_refused(capsys, tmp_path):
 
 
 def test_gap_closed_standard_error():
-    from bench.codesign import gap_closed_se
+    from bench.accuracy import gap_closed
     rng = np.random.default_rng(0)
     ref = 3.0 + rng.normal(0, 0.2, 400)
     dense = ref - 0.02 - rng.normal(0, 0.001, 400)
-    assert gap_closed_se(ref, ref - 0.5 * (ref - dense), dense) == pytest.approx(0, abs=1e-12)
+    half = gap_closed(ref, ref - 0.5 * (ref - dense), dense)
+    assert half == pytest.approx((0.5, 0.0), abs=1e-12)
     point = ref - 0.01 + rng.normal(0, 0.004, 400)
+    g, se = gap_closed(ref, point, dense)
+    # the point estimate is the log-perplexity ratio of the three models (equal windows)
+    ppl = {k: np.exp(v.mean()) for k, v in (("ref", ref), ("point", point), ("dense", dense))}
+    assert g == pytest.approx(np.log(ppl["ref"] / ppl["point"]) /
+                              np.log(ppl["ref"] / ppl["dense"]), rel=1e-9)
     # against a bootstrap over the windows (seeded): the ratio estimator's SE within 15%
     idx = rng.integers(0, 400, (2000, 400))
     boot = [(ref[i] - point[i]).mean() / (ref[i] - dense[i]).mean() for i in idx]
-    assert gap_closed_se(ref, point, dense) == pytest.approx(np.std(boot), rel=0.15)
+    assert se == pytest.approx(np.std(boot), rel=0.15)
+    assert gap_closed(ref, point, ref) is None  # no gap
 
 
 def test_pareto_front_keeps_exactly_the_undominated():

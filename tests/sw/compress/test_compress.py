@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hw.config import ConfigError, NMPattern
 from hw.format import WeightFormat, pack, unpack
 from sw.compress.core import PaddingWarning, compress_matrix
-from sw.compress.prune import check_nm_mask, nm_keep_index, nm_mask
+from sw.compress.prune import check_nm_mask, nm_block_keep, nm_keep_index, nm_mask, tie_rule
 
 SPARSE = ["1:4", "2:4", "3:4", "1:8", "2:8", "4:8", "4:16", "8:16"]
 
@@ -28,6 +28,38 @@ def test_mask_keeps_the_n_largest_of_every_block(pat, rows, blocks, seed):
     sb = s.reshape(rows, blocks, p.m)
     ref = np.argsort(-sb, axis=2, kind="stable")[:, :, :p.n]
     assert np.array_equal(np.sort(ref, axis=2).reshape(rows, -1), nm_keep_index(s, p))
+
+
+@given(st.sampled_from(SPARSE), st.integers(1, 12), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_tie_rule_is_one_rule_on_every_path(pat, rows, blocks, seed):
+    """Equal scores keep the lower in-block index (a stable descending sort), in numpy and in
+    the torch selection inside SparseGPT's sweep, whatever the thread count; the opposite rule
+    (for sensitivity studies only) is its mirror image."""
+    from sw.compress.gptq import _nm_keep_t
+    p = NMPattern.parse(pat)
+    s = np.random.default_rng(seed).integers(0, 3, size=(rows, blocks * p.m)).astype(np.float32)
+    sb = s.reshape(rows, blocks, p.m)
+    order = np.argsort(-sb, axis=2, kind="stable")[:, :, :p.n]
+    expected = np.zeros(sb.shape, bool)
+    np.put_along_axis(expected, order, True, axis=2)
+    assert np.array_equal(nm_mask(s, p), expected.reshape(rows, -1))
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            # the sweep scores columns: [K, n_out], M consecutive rows form a block
+            got = _nm_keep_t(torch.from_numpy(np.ascontiguousarray(s.T)), p).numpy().T
+            assert np.array_equal(got, expected.reshape(rows, -1))
+    finally:
+        torch.set_num_threads(threads)
+    with tie_rule("higher"):
+        mirrored = nm_mask(s.reshape(rows, blocks, p.m)[:, :, ::-1].reshape(rows, -1), p)
+        assert np.array_equal(nm_block_keep(torch.from_numpy(sb.copy()), p.n).numpy(),
+                              nm_block_keep(sb, p.n))
+    assert np.array_equal(mirrored.reshape(rows, blocks, p.m)[:, :, ::-1], expected)
+    with pytest.raises(ValueError, match="unknown tie rule 'random'"):
+        with tie_rule("random"):
+            pass
 
 
 @given(st.sampled_from(SPARSE + ["dense"]), st.sampled_from([4, 8]), st.sampled_from([0, 32, 128]),

@@ -116,3 +116,79 @@ def test_calibration_samples_errors_on_short_corpus(tmp_path):
         calibration_samples(0, 16, root=root)
     with pytest.raises(corpus.CorpusError, match="unknown split"):
         corpus.split_files("dev", root)
+
+
+# ---------------------------------------------------------------------- the prose domain
+def test_prose_split_is_deterministic_disjoint_and_stated():
+    articles = corpus.prose_articles()
+    texts = [t for _, t in articles]
+    assert len(set(texts)) == len(texts)  # duplicates kept once
+    parts = {s: set(corpus.split_texts(s, corpus.PROSE)) for s in corpus.SPLITS}
+    assert all(not (parts[a] & parts[b]) for a in corpus.SPLITS for b in corpus.SPLITS if a < b)
+    assert set().union(*parts.values()) == set(texts)
+    # the stated rule: background articles [0, 150) test, [150, 200) validation, the rest and
+    # every lee.cor article train
+    assert [corpus.prose_split_of(i) for i in (0, 149, 150, 199, 200, 299)] == [
+        "test", "test", "validation", "validation", "train", "train"]
+    assert corpus.prose_split_of(0, extra=True) == "train"
+    assert {s: len(p) for s, p in parts.items()} == {"train": 147, "validation": 49, "test": 147}
+    corpus.prose_articles.cache_clear()
+    assert corpus.prose_articles() == articles  # read again: the same articles, same order
+
+
+def test_no_prose_story_straddles_two_splits():
+    # near-duplicate articles (the same news item rewritten) share word 3-grams; across splits
+    # the most similar pair shares 6% of them (Jaccard), within one split some share over 50%
+    def grams(text):
+        w = text.lower().split()
+        return {tuple(w[i:i + 3]) for i in range(len(w) - 2)}
+    split = {s: [grams(t) for t in corpus.split_texts(s, corpus.PROSE)] for s in corpus.SPLITS}
+    worst = max(len(a & b) / len(a | b) for x in corpus.SPLITS for y in corpus.SPLITS if x < y
+                for a in split[x] for b in split[y])
+    assert worst < 0.2
+
+
+def test_prose_tokens_windows_and_fingerprint():
+    tokens = corpus.load_split("test", domain=corpus.PROSE)
+    assert int((tokens == EOS_ID).sum()) == len(corpus.split_texts("test", corpus.PROSE))
+    assert decode(tokens[:40]).startswith("Hundreds of people have been forced")
+    # the reference model's protocol on prose: 128 windows of 256 byte tokens
+    windows = eval_windows(EvalProtocol(corpus=corpus.PROSE))
+    assert windows.shape == (128, 257)
+    assert torch.equal(windows[1], torch.from_numpy(tokens[256:513].astype(np.int64)))
+    assert 3.0 < unigram_baseline(EvalProtocol(max_tokens=4096, corpus="prose")).bits_per_token
+    fp = corpus.prose_fingerprint()
+    assert fp["num_articles"] == 343 and len(fp["content_sha256"]) == 64
+    assert fp["split_tokens"]["test"] == tokens.size
+
+
+def test_calibration_sets_mix_both_domains():
+    code = calibration_samples(5, 64, seed=1)
+    prose = calibration_samples(5, 64, seed=1, calib="prose")
+    mixed = calibration_samples(5, 64, seed=1, calib="code+prose")
+    # ceil(5 / 2) code windows, then floor(5 / 2) prose ones, each drawn with the seed
+    assert torch.equal(mixed, torch.cat([calibration_samples(3, 64, seed=1),
+                                         calibration_samples(2, 64, seed=1, calib="prose")]))
+    assert not torch.equal(code, prose)
+    with pytest.raises(corpus.CorpusError, match="unknown text domain 'poetry'"):
+        calibration_samples(4, 64, calib="poetry")
+
+
+def test_prose_corpus_missing_says_make_setup(monkeypatch):
+    import importlib.util
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(corpus.CorpusError) as e:
+        corpus.prose_dir()
+    assert "not installed" in str(e.value) and "`make setup` installs it" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_eval_cli_on_prose(capsys):
+    from sw.models.eval import main
+    assert main(["--domain", "prose", "--max-tokens", "512", "--json"]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    assert out["protocol"]["corpus"] == "prose" and out["model"]["num_tokens"] == 512
+    with pytest.raises(SystemExit) as e:
+        main(["--domain", "poetry"])
+    assert e.value.code == 2 and "--domain" in capsys.readouterr().err

@@ -38,3 +38,27 @@ def test_unknown_spec_names_the_option_and_the_kinds():
     assert str(e.value) == ("--checkpoint 'nowhere': not a built-in (reference, smollm2), a "
                             "directory, a .gguf file or a compressed .safetensors file")
     assert set(source.LOADERS) == {"builtin", "hf-directory", "gguf", "compressed"}
+
+
+def test_prose_tokens_for_the_reference_tokenizer():
+    from sw.models import corpus
+    src = open_model("reference")
+    assert np.array_equal(src.stream("test", "prose"), corpus.load_split("test", domain="prose"))
+    windows = src.windows("test", 128, 1024, "prose")
+    assert windows.shape == (8, 129)
+    assert src.calibration(4, 32, 0, "code+prose").shape == (4, 32)
+    with pytest.raises(ModelSourceError, match="unknown text domain 'poetry'"):
+        src.windows("test", 128, 1024, "poetry")
+
+
+@pytest.mark.smollm2
+def test_prose_tokens_for_the_smollm2_tokenizer():
+    from sw.models import corpus
+    src = open_model("smollm2")
+    texts = corpus.split_texts("test", "prose")
+    stream = src.stream("test", "prose")
+    assert stream.size > 8192  # the accuracy table's evaluation fits
+    assert src.decode(stream[:200].tolist()) == "\n".join(texts)[:len(src.decode(
+        stream[:200].tolist()))]
+    assert src.windows("test", 256, 8192, "prose").shape == (32, 257)
+    assert src.calibration(32, 128, 0, "prose").shape == (32, 128)
