@@ -100,7 +100,7 @@ def test_non_reference_model_records(tmp_path, monkeypatch, capsys):
 
 def test_domains_and_tie_rule_are_recorded_and_kept_apart(tmp_path, monkeypatch, capsys):
     src = tiny_source()
-    monkeypatch.setattr(bench, "open_model", lambda spec: src)
+    monkeypatch.setattr(bench, "open_model", lambda spec, **_: src)
     out = tmp_path / "accuracy.json"
     quick = ARGS + ["--out", str(out), "--no-hardware", "--only", "^magnitude 2:4 fp16"]
     assert bench.main(quick + ["--no-plot"]) == 0

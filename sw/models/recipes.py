@@ -2,7 +2,7 @@
 
 A :class:`Recipe` is a method and a uniform weight format (N:M pattern, bits, group), or a
 method and a per-layer assignment: one format per layer type and range of blocks, as the
-co-design search (:mod:`sw.codesign`, ``bench/results/codesign.json``) writes them, e.g.
+co-design search (:mod:`sw.codesign`, ``python -m bench.codesign``) writes them, e.g.
 ``"mlp.down_proj[0-14]": "dense-int4"``. ``python -m sw.deploy --model NAME`` compresses with
 ``RECIPES[NAME]`` unless its options say otherwise (:meth:`Recipe.override`); any other model
 gets :data:`DEFAULT_RECIPE`.
@@ -128,7 +128,7 @@ RECIPES: dict[str, Recipe] = {
         "(python -m bench.accuracy)"),
     # The sparse recipes measured on SmolLM2-135M do not answer the France prompt: uniform 2:4
     # and the co-design search's per-layer assignment at the 2:4 latency
-    # (bench/results/codesign.json, recompressed; perplexity 19.5 on 8,192 held-out tokens
+    # (python -m bench.codesign, recompressed; perplexity 19.5 on 8,192 held-out tokens
     # with the accelerator's numerics) end at once, 4:8 in groups of 64 (perplexity 20.1;
     # sw.deploy --model smollm2 --sparsity 4:8 --group 64) says "furnlles". Dense INT4
     # answers; groups of 64 do not pad K = 576 as 128 do.
