@@ -100,6 +100,23 @@ def _tiny_source():
     return ModelSource("tiny", lm, list, list, None, lambda split: stream)
 
 
+#: The tiny search's candidates. K = 64 pads to 128 in groups of 128: groups of 32 are a choice.
+TINY_CANDIDATES = ("dense-int4", "2:4-int4", "1:4-int4", "2:4-int4-g32")
+
+
+def _tiny_run(extra_points: int):
+    """The search on the tiny model, a 2x8 array, held to uniform 2:4's latency."""
+    torch.manual_seed(0)
+    src = _tiny_source()
+    cfg = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 20))
+    res = run(src, cfg, method="sparsegpt+gptq",
+              candidates={k: WeightFormat.parse(k) for k in TINY_CANDIDATES},
+              budgets={"uniform-2:4-latency": "2:4-int4"}, extra_points=extra_points,
+              seq_len=32, calib=2, search_tokens=512, eval_tokens=512, context=16,
+              refine_evals=6, progress=False, log=lambda *a: None)
+    return src, cfg, res
+
+
 def test_units_group_layers():
     src = _tiny_source()
     assert len(units(src.model, "layer")) == 14
@@ -112,16 +129,7 @@ def test_units_group_layers():
 
 
 def test_whole_flow_on_a_tiny_model(tmp_path):
-    torch.manual_seed(0)
-    src = _tiny_source()
-    cfg = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 20))
-    # K = 64 pads to 128 in groups of 128: groups of 32 are a real choice
-    names = ("dense-int4", "2:4-int4", "1:4-int4", "2:4-int4-g32")
-    res = run(src, cfg, method="sparsegpt+gptq",
-              candidates={k: WeightFormat.parse(k) for k in names},
-              budgets={"uniform-2:4-latency": "2:4-int4"}, extra_points=1, seq_len=32,
-              calib=2, search_tokens=512, eval_tokens=512, context=16, refine_evals=6,
-              progress=False, log=lambda *a: None)
+    src, cfg, res = _tiny_run(extra_points=1)
     labels = [p.label for p in res["searched"]]
     assert labels[-1] == "refined uniform-2:4-latency" and len(res["uniform"]) == 4
     cycles = {p.label: p.cycles_per_token for p in res["uniform"] + res["searched"]}
@@ -131,7 +139,7 @@ def test_whole_flow_on_a_tiny_model(tmp_path):
     assert cycles["searched uniform-2:4-latency"] <= cycles["uniform 2:4-int4"]
     assert cycles["refined uniform-2:4-latency"] <= cycles["uniform 2:4-int4"]
     refined = res["searched"][-1]
-    assert set(refined.assignment.values()) <= set(names)
+    assert set(refined.assignment.values()) <= set(TINY_CANDIDATES)
     assert res["refine_evals"] <= 6
     # searched points are packed (assembled or recompressed) with their per-layer formats,
     # every layer of every unit in its assigned format
@@ -184,15 +192,7 @@ def test_budget_held_by_the_compiled_step_when_formats_interact(monkeypatch):
         return cycles
 
     monkeypatch.setattr(codesign, "decode_cycles", interacting)
-    torch.manual_seed(0)
-    src = _tiny_source()
-    cfg = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 20))
-    names = ("dense-int4", "2:4-int4", "1:4-int4", "2:4-int4-g32")
-    res = run(src, cfg, method="sparsegpt+gptq",
-              candidates={k: WeightFormat.parse(k) for k in names},
-              budgets={"uniform-2:4-latency": "2:4-int4"}, extra_points=0, seq_len=32,
-              calib=2, search_tokens=512, eval_tokens=512, context=16, refine_evals=6,
-              progress=False, log=lambda *a: None)
+    _, _, res = _tiny_run(extra_points=0)
     limit = next(p.cycles_per_token for p in res["uniform"] if p.label == "uniform 2:4-int4")
     # the interaction bit: the search met a mixed answer over the budget and turned it down
     assert any(mixed and cycles > limit for mixed, cycles in seen)
