@@ -384,9 +384,9 @@ def causal_mask(t: int, past: int, dtype: torch.dtype, device: torch.device,
     sliding ``window``, query - key < window, as in HF Mistral), else -inf."""
     q_pos = torch.arange(t, device=device).unsqueeze(1) + past
     k_pos = torch.arange(past + t, device=device).unsqueeze(0)
-    zero = torch.zeros((), dtype=dtype, device=device)
-    neg = torch.full((), float("-inf"), dtype=dtype, device=device)
     seen = k_pos <= q_pos
     if window is not None:
         seen = seen & (k_pos > q_pos - window)
-    return torch.where(seen, zero, neg)
+    # no 0-dim tensors: torch.export may lift a small factory result as a (fake) constant
+    return torch.full((t, past + t), float("-inf"), dtype=dtype, device=device
+                      ).masked_fill(seen, 0.0)

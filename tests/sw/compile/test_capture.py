@@ -126,3 +126,26 @@ def test_graph_json_round_trip_and_validation():
         Graph((Node("n", "add", ("a", "b"), ("a",)),), t, ("a", "b"), ("a",))
     with pytest.raises(IRError, match="malformed"):
         Graph.from_dict({"nodes": [{"name": "x"}]})
+
+
+def test_a_fake_constant_export_is_repeated_once(monkeypatch):
+    """torch.export's fake-constant error (seen once in a Dask worker) is retried once; the
+    second capture is the same graph; twice in a row, the error goes through."""
+    from sw.compile import capture as cap
+    lm = tiny_lm()
+    real, calls = torch.export.export, []
+
+    def flaky(*a, failures, **k):
+        calls.append(1)
+        if len(calls) <= failures:
+            raise RuntimeError(f"We found a {cap._FAKE_CONSTANT}'s list. ...")
+        return real(*a, **k)
+
+    expected = capture(lm, "decode").graph
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: flaky(*a, failures=1, **k))
+    assert capture(lm, "decode").graph == expected and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: flaky(*a, failures=2, **k))
+    with pytest.raises(RuntimeError, match="fake tensor"):
+        capture(lm, "decode")
+    assert len(calls) == 2
