@@ -2,12 +2,15 @@
 
 ``python -m bench.codesign --model reference`` (or ``smollm2``, after ``make smollm2``)
 compresses the model in every candidate format, measures each layer's decode cycles on the
-fast model and its sensitivity on held-out text, searches per-layer formats under the decode
-latency of each uniform format, measures every assignment for real (perplexity on the test
-split, cycles of the compiled decode step) and writes ``bench/results/codesign.json`` (with
-``--record``; by default under ``build/bench/``) (records
-of this model replace its old ones) and ``docs/img/codesign_<model>.png`` (perplexity against
-simulated tokens/s, uniform points and searched ones).
+fast model and its sensitivity on held-out text (the validation split of ``--domain``:
+``code`` by default, or ``prose``; calibrated on the train splits of ``--calib-domain``, as in
+:mod:`bench.accuracy`), searches per-layer formats under the decode latency of each uniform
+format, measures every assignment for real (perplexity on the test split, cycles of the
+compiled decode step) and writes ``bench/results/codesign.json`` (with ``--record``; by
+default under ``build/bench/``) (records of this model and these corpora replace their old
+ones) and ``docs/img/codesign_<model>.png`` (``codesign_<model>_<calib>_on_<domain>.png`` for
+other corpora than code; perplexity against simulated tokens/s, uniform points and searched
+ones).
 
 Record fields: ``model``, ``method`` (``uniform-<format>``, e.g. ``uniform-2:4`` or
 ``uniform-dense-g64``, with ``format`` the candidate's full name, except ``dense-int4`` for
@@ -25,7 +28,8 @@ closes at the same latency (its compiled decode step simulated within the unifor
 and ``gap_closed_se``, its standard error over the paired test windows: both from
 :func:`bench.accuracy.gap_closed`, the one estimator. The
 per-window test NLLs behind it (:func:`window_nlls`) go to
-``build/bench/codesign_windows_<model>.json``, never recorded.
+``build/bench/codesign_windows_<model>.json`` (named like the plot), never recorded;
+``calib_corpus`` and ``eval_corpus`` name the calibration set and the evaluation domain.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from hw.config import AcceleratorConfig
 from hw.format import WeightFormat
 from sw.codesign import BUDGETS, Point, pareto, plot, run, with_weights, zoom_bound
 from sw.compress.model import COMPRESS_METHODS
+from sw.models.corpus import CALIBRATION_SETS, CODE, DOMAINS
 from sw.models.eval import EvalProtocol
 from sw.models.source import open_model
 
@@ -129,12 +134,27 @@ def records(model: str, result: dict, cfg: AcceleratorConfig, method: str,
     return out
 
 
-def replot(model: str, out: Path, record: bool = False) -> int:
-    """Redraw ``docs/img/codesign_<model>.png`` from the records in ``out`` (no search)."""
+def corpora(rec: dict) -> tuple[str, str]:
+    """``(calib_corpus, eval_corpus)`` of a record (records before the fields: code, code)."""
+    return rec.get("calib_corpus", CODE), rec.get("eval_corpus", CODE)
+
+
+def run_name(model: str, calib: str = CODE, domain: str = CODE) -> str:
+    """``<model>`` for code calibration and evaluation, else ``<model>_<calib>_on_<domain>``
+    (``+`` written ``-``): the plot's and the windows file's name."""
+    if (calib, domain) == (CODE, CODE):
+        return model
+    return f"{model}_{calib.replace('+', '-')}_on_{domain}"
+
+
+def replot(model: str, out: Path, record: bool = False, calib: str = CODE,
+           domain: str = CODE) -> int:
+    """Redraw ``docs/img/codesign_<run_name>.png`` from the records in ``out`` (no search)."""
     recs = [r for r in (json.loads(out.read_text()) if out.exists() else [])
-            if r.get("model") == model]
+            if r.get("model") == model and corpora(r) == (calib, domain)]
     if not recs:
-        print(f"bench.codesign: no {model} records in {out}", file=sys.stderr)
+        print(f"bench.codesign: no {model} records calibrated on {calib} and evaluated on "
+              f"{domain} in {out}", file=sys.stderr)
         return 2
     kinds = {"searched": "searched", "searched+refined": "refined"}
 
@@ -146,12 +166,20 @@ def replot(model: str, out: Path, record: bool = False) -> int:
     result = {"uniform": [point(r) for r in recs if r["method"] not in kinds],
               "searched": [point(r) for r in recs if r["method"] in kinds]}
     s = SETTINGS[model]
-    img = (recorded(DOCS) if record else DOCS) / "img" / f"codesign_{model}.png"
+    img = ((recorded(DOCS) if record else DOCS) / "img"
+           / f"codesign_{run_name(model, calib, domain)}.png")
     img.parent.mkdir(parents=True, exist_ok=True)
-    plot(result, AcceleratorConfig(), img, f"{model}: per-layer formats ({s['granularity']}) "
-         f"vs one format, {recs[0]['compression']}", zoom_bound(result, BUDGETS[s["budgets"][0]]))
+    plot(result, AcceleratorConfig(), img, title(model, s["granularity"], recs[0]["compression"],
+                                                 calib, domain),
+         zoom_bound(result, BUDGETS[s["budgets"][0]]))
     print(f"wrote {img}")
     return 0
+
+
+def title(model: str, granularity: str, method: str, calib: str, domain: str) -> str:
+    """The plot's title: what was searched, and on which text when not code."""
+    text = "" if (calib, domain) == (CODE, CODE) else f" (calib {calib}, eval {domain})"
+    return f"{model}: per-layer formats ({granularity}) vs one format, {method}{text}"
 
 
 @command("bench.codesign")
@@ -161,13 +189,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="the model to search")
     ap.add_argument("--method", default="sparsegpt+gptq", choices=sorted(COMPRESS_METHODS),
                     help="compression method")
+    ap.add_argument("--domain", default=CODE, choices=DOMAINS,
+                    help="text domain of the sensitivities (validation split) and the "
+                         "reported perplexities (test split)")
+    ap.add_argument("--calib-domain", default=CODE, choices=CALIBRATION_SETS,
+                    help="calibration set (train splits)")
     ap.add_argument("--out", type=Path, default=RESULTS / "codesign.json", help="results JSON")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--replot", action="store_true",
                     help="only redraw the plot of --model from the records in --out")
     args = ap.parse_args(argv)
     if args.replot:
-        return replot(args.model, args.out, args.record)
+        return replot(args.model, args.out, args.record, args.calib_domain, args.domain)
     settings = dict(SETTINGS[args.model])
     dram = settings.pop("dram_mb", None)
     if "candidates" in settings:
@@ -178,21 +211,25 @@ def main(argv: list[str] | None = None) -> int:
         cfg = cfg.with_dram(dram << 20)
     t0 = time.perf_counter()
     src = open_model(args.model)
-    result = run(src, cfg, method=args.method, progress=not args.quiet, **settings)
+    result = run(src, cfg, method=args.method, progress=not args.quiet, domain=args.domain,
+                 calib_domain=args.calib_domain, **settings)
     nll = window_nlls(src, result)
     wall = time.perf_counter() - t0
-    windows = write_json(OUTPUT / f"codesign_windows_{args.model}.json",
+    name = run_name(args.model, args.calib_domain, args.domain)
+    windows = write_json(OUTPUT / f"codesign_windows_{name}.json",
                          {label: v.tolist() for label, v in nll.items()})
     recs = records(args.model, result, cfg, args.method, nll)
+    run_key = (args.calib_domain, args.domain)
     for r in recs:
         r["wall_s"] = wall
+        r["calib_corpus"], r["eval_corpus"] = run_key
     old = json.loads(args.out.read_text()) if args.out.exists() else []
-    write_json(args.out, [r for r in old if r.get("model") != args.model]
+    write_json(args.out, [r for r in old if r.get("model") != args.model or corpora(r) != run_key]
                + stamp(recs, AcceleratorConfig()))
-    img = (recorded(DOCS) if args.record else DOCS) / "img" / f"codesign_{args.model}.png"
+    img = (recorded(DOCS) if args.record else DOCS) / "img" / f"codesign_{name}.png"
     img.parent.mkdir(parents=True, exist_ok=True)
-    plot(result, cfg, img, f"{args.model}: per-layer formats ({settings['granularity']}) vs "
-         f"one format, {args.method}", zoom_bound(result, next(iter(settings["budgets"].values()))))
+    plot(result, cfg, img, title(args.model, settings["granularity"], args.method, *run_key),
+         zoom_bound(result, next(iter(settings["budgets"].values()))))
     print(f"\n{'point':<32}{'perplexity':>11}{'cycles/token':>14}{'bits/w':>8}{'gap closed':>14}")
     for r in recs:
         label = r["method"] + (f" @ {r['budget']}" if r["budget"] else "")

@@ -77,6 +77,7 @@ from sw.cli import add_tokenizer_option
 from sw.compile import CompileOptions, compile_model
 from sw.compile.layers import build_linear
 from sw.compress.model import COMPRESS_METHODS, compress_llama, selected_linears
+from sw.models import corpus
 from sw.models.compressed import from_llama, save
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.llama import LlamaLM
@@ -355,11 +356,12 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
         search_tokens: int = 8192, eval_tokens: int = 16384, context: int = 128,
         budgets: Mapping[str, str] = BUDGETS, extra_points: int = 4, seed: int = 0,
         refine_evals: int = 40, recompress: bool = True, progress: bool = True,
-        log=print) -> dict:
+        domain: str = corpus.CODE, calib_domain: str = corpus.CODE, log=print) -> dict:
     """Compress, measure, search and measure again (see the module docstring).
 
-    Sensitivities use the validation split, the reported perplexities the test split (both
-    held out from calibration's train split). ``budgets`` names the uniform formats whose
+    Sensitivities use the validation split, the reported perplexities the test split of the
+    text ``domain`` (both held out from the train split that calibrates, of the calibration set
+    ``calib_domain``: :mod:`sw.models.corpus`). ``budgets`` names the uniform formats whose
     latency is a budget (its format must be among ``candidates``); ``extra_points`` more
     budgets spread between the cheapest and the dearest uniform latency fill the Pareto plot;
     ``recompress`` also packs searched points recompressed and keeps the packing the
@@ -373,8 +375,9 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
         fmt.check_supported(cfg)
     seq = min(seq_len, model.config.max_position_embeddings)
     t0 = time.perf_counter()
-    log(f"compressing with {len(candidates)} formats ({method}, {calib} x {seq} tokens)")
-    calibration = src.calibration(calib, seq, seed)
+    log(f"compressing with {len(candidates)} formats ({method}, {calib} x {seq} tokens of "
+        f"{calib_domain})")
+    calibration = src.calibration(calib, seq, seed, calib_domain)
     weights = compress_candidates(model, candidates, method, calibration, progress=progress)
     t_compress = time.perf_counter() - t0
     unit_list = units(model, granularity)
@@ -384,10 +387,10 @@ def run(src, cfg: AcceleratorConfig, *, method: str = "sparsegpt+gptq",
         return float(sum(per_layer[x][c]["cycles"] for x in u.layers))
 
     t0 = time.perf_counter()
-    valid = src.windows("validation", seq, search_tokens)
+    valid = src.windows("validation", seq, search_tokens, domain)
     nll0, loss = sensitivities(model, weights, base, unit_list, valid, progress=progress)
     t_sens = time.perf_counter() - t0
-    test = src.windows("test", seq, eval_tokens)
+    test = src.windows("test", seq, eval_tokens, domain)
 
     def measure(label: str, assignment: dict[str, str], limit: int | None = None) -> Point:
         cycles = step_cycles(assignment)
@@ -595,6 +598,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="validation tokens for the sensitivities")
     ap.add_argument("--eval-tokens", type=int, default=16384,
                     help="test tokens for the reported perplexities")
+    ap.add_argument("--domain", default=corpus.CODE, choices=corpus.DOMAINS,
+                    help="text domain of the sensitivities and the reported perplexities")
+    ap.add_argument("--calib-domain", default=corpus.CODE, choices=corpus.CALIBRATION_SETS,
+                    help="calibration set (train splits)")
     ap.add_argument("--dram-mb", type=int, default=None,
                     help="simulated DRAM in MiB; none: the configuration's")
     ap.add_argument("--out", default="build/codesign", help="output directory")
@@ -633,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
                  granularity=args.granularity,
                  base=BUDGETS[args.budget], calib=args.calib,
                  search_tokens=args.search_tokens, eval_tokens=args.eval_tokens,
-                 progress=not args.quiet)
+                 domain=args.domain, calib_domain=args.calib_domain, progress=not args.quiet)
     main_point = next(p for p in result["searched"] if p.label == f"refined {args.budget}")
     out = Path(args.out)
     out.resolve().parent.mkdir(parents=True, exist_ok=True)

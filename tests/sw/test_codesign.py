@@ -91,29 +91,38 @@ def test_candidates_are_named_by_their_formats():
     assert [f.name for f in CANDIDATES.values()] == list(CANDIDATES)
 
 
-def _tiny_source():
+def _tiny_source(read: list | None = None):
+    """The tiny model with a random token stream per text domain; ``read`` collects the
+    ``(split, domain)`` streams asked for."""
     from compile_testutil import tiny_lm
 
     from sw.models.source import ModelSource
     lm = tiny_lm(layers=2, hidden=64)
-    stream = np.random.default_rng(0).integers(0, 64, 20_000)
-    return ModelSource("tiny", lm, list, list, None, lambda split: stream)
+    streams = {d: np.random.default_rng(i).integers(0, 64, 20_000)
+               for i, d in enumerate(("code", "prose"))}
+
+    def tokens(split, domain="code"):
+        if read is not None:
+            read.append((split, domain))
+        return streams[domain]
+    return ModelSource("tiny", lm, list, list, None, tokens)
 
 
 #: The tiny search's candidates. K = 64 pads to 128 in groups of 128: groups of 32 are a choice.
 TINY_CANDIDATES = ("dense-int4", "2:4-int4", "1:4-int4", "2:4-int4-g32")
 
 
-def _tiny_run(extra_points: int):
-    """The search on the tiny model, a 2x8 array, held to uniform 2:4's latency."""
+def _tiny_run(extra_points: int, read: list | None = None, **text):
+    """The search on the tiny model, a 2x8 array, held to uniform 2:4's latency (``text``:
+    ``domain`` and ``calib_domain`` of :func:`run`)."""
     torch.manual_seed(0)
-    src = _tiny_source()
+    src = _tiny_source(read)
     cfg = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 20))
     res = run(src, cfg, method="sparsegpt+gptq",
               candidates={k: WeightFormat.parse(k) for k in TINY_CANDIDATES},
               budgets={"uniform-2:4-latency": "2:4-int4"}, extra_points=extra_points,
               seq_len=32, calib=2, search_tokens=512, eval_tokens=512, context=16,
-              refine_evals=6, progress=False, log=lambda *a: None)
+              refine_evals=6, progress=False, log=lambda *a: None, **text)
     return src, cfg, res
 
 
@@ -129,7 +138,12 @@ def test_units_group_layers():
 
 
 def test_whole_flow_on_a_tiny_model(tmp_path):
-    src, cfg, res = _tiny_run(extra_points=1)
+    # on the second text: calibrated on both train splits, searched and measured on prose only
+    read: list[tuple[str, str]] = []
+    src, cfg, res = _tiny_run(extra_points=1, read=read, domain="prose",
+                              calib_domain="code+prose")
+    assert set(read) == {("train", "code"), ("train", "prose"), ("validation", "prose"),
+                         ("test", "prose")}
     labels = [p.label for p in res["searched"]]
     assert labels[-1] == "refined uniform-2:4-latency" and len(res["uniform"]) == 4
     cycles = {p.label: p.cycles_per_token for p in res["uniform"] + res["searched"]}
@@ -229,6 +243,13 @@ def test_bench_replot_from_records(tmp_path, monkeypatch):
     assert bench.main(["--model", "reference", "--out", str(out), "--replot"]) == 0
     assert imread(tmp_path / "img" / "codesign_reference.png").shape[1] < 0.7 * wide
     assert bench.main(["--model", "smollm2", "--out", str(out), "--replot"]) == 2
+    # a run on other corpora is drawn apart, by the corpora it names
+    assert bench.main(["--model", "reference", "--out", str(out), "--replot",
+                       "--domain", "prose"]) == 2
+    out.write_text(json.dumps([{**r, "eval_corpus": "prose"} for r in recs]))
+    assert bench.main(["--model", "reference", "--out", str(out), "--replot",
+                       "--domain", "prose"]) == 0
+    assert (tmp_path / "img" / "codesign_reference_code_on_prose.png").exists()
 
 
 @pytest.mark.parametrize("args, message", [
