@@ -45,7 +45,7 @@ from pathlib import Path
 
 from bench.common import DOCS as OUTPUT_DOCS
 from bench.common import RESULTS, command, parser, stamp, write_json
-from hw.config import AcceleratorConfig, ConfigError
+from hw.config import WEIGHT_BITS, AcceleratorConfig, ConfigError
 from hw.format import WeightFormat
 from hw.synth import ECP5_85F, RECORDS, keep_record, recorded, synthesize
 
@@ -95,7 +95,7 @@ class DesignPoint:
         """``base`` with this point's array, core and memory beat."""
         return base.replace(
             rows=self.rows, cols=self.cols, patterns=base.patterns if self.sparse else (),
-            weight_bits=(4, 8),
+            weight_bits=WEIGHT_BITS,
             memory=dataclasses.replace(base.memory, bytes_per_cycle=self.bytes_per_cycle))
 
     def weight_format(self, cfg: AcceleratorConfig) -> WeightFormat:
@@ -370,7 +370,8 @@ def run_sweep(points: list[DesignPoint], base: AcceleratorConfig, *, route: bool
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.dse", __doc__)
     ap.add_argument("--arrays", default="2x4,2x8,4x8", help="arrays, ROWSxCOLS,...")
-    ap.add_argument("--weight-bits", default="4,8", help="weight widths of the model (4, 8)")
+    ap.add_argument("--weight-bits", default=",".join(map(str, WEIGHT_BITS)),
+                    help=f"weight widths of the model (of {WEIGHT_BITS})")
     ap.add_argument("--beats", default="16", help="memory bytes per cycle, comma-separated")
     ap.add_argument("--config", help="base configuration JSON whose array, core and memory "
                                      "beat the sweep varies; none: AcceleratorConfig()")
@@ -394,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         arrays = _arrays(args.arrays)
         wbits = _ints(args.weight_bits, "--weight-bits")
         beats = _ints(args.beats, "--beats")
-        if bad := [b for b in wbits if b not in (4, 8)]:
-            raise ValueError(f"--weight-bits must be 4 and/or 8, got {bad[0]}")
+        if bad := [b for b in wbits if b not in WEIGHT_BITS]:
+            raise ValueError(f"--weight-bits must be among {WEIGHT_BITS}, got {bad[0]}")
         if args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")
         if not args.time_limit >= 0:

@@ -102,6 +102,9 @@ class NMPattern:
 
 
 DENSE = NMPattern(1, 1)
+#: Weight widths the dequantisation units decode (INT4 and INT8 codes); a configuration
+#: streams a non-empty subset (``weight_bits``), always with 4.
+WEIGHT_BITS = (4, 8)
 #: Activations fetched at once in dense mode; step ``s`` uses element ``s % DENSE_BLOCK``.
 DENSE_BLOCK = 16
 
@@ -185,7 +188,7 @@ class AcceleratorConfig:
     cols: int = 8
     max_tokens: int = 16
     patterns: tuple[NMPattern, ...] = field(default_factory=_default_patterns)
-    weight_bits: tuple[int, ...] = (4, 8)
+    weight_bits: tuple[int, ...] = WEIGHT_BITS
     act_bits: int = 8
     acc_bits: int = 32
     scale_code_bits: int = 8
@@ -240,8 +243,9 @@ class AcceleratorConfig:
              f"duplicate patterns in {[str(p) for p in self.patterns]}")
         for p in self.patterns:
             need(not p.dense, f"patterns lists sparse patterns only (dense is implicit), got {p}")
-        need(set(self.weight_bits) <= {4, 8} and len(self.weight_bits) > 0,
-             f"weight_bits must be a non-empty subset of (4, 8), got {self.weight_bits!r}")
+        need(set(self.weight_bits) <= set(WEIGHT_BITS) and len(self.weight_bits) > 0,
+             f"weight_bits must be a non-empty subset of {WEIGHT_BITS}, got "
+             f"{self.weight_bits!r}")
         need(4 in self.weight_bits, f"weight_bits must include 4, got {self.weight_bits!r}")
         need(self.act_bits == 8, f"act_bits must be 8, got {self.act_bits!r}")
         need(self.acc_bits in (24, 32, 40, 48),

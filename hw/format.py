@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hw.config import DENSE, AcceleratorConfig, NMPattern
+from hw.config import DENSE, WEIGHT_BITS, AcceleratorConfig, NMPattern
 from hw.errors import ContractError
 
 __all__ = ["FormatError", "WeightFormat", "QuantizedWeight", "StreamGeometry", "StreamLayout",
@@ -76,8 +76,8 @@ class WeightFormat:
 
     def __post_init__(self):
         object.__setattr__(self, "pattern", NMPattern.parse(self.pattern))
-        if self.bits not in (4, 8):
-            raise FormatError(f"weight bits must be 4 or 8, got {self.bits!r}")
+        if self.bits not in WEIGHT_BITS:
+            raise FormatError(f"weight bits must be one of {WEIGHT_BITS}, got {self.bits!r}")
         if not isinstance(self.group, int) or self.group < 0:
             raise FormatError(f"group must be a non-negative int (0 = whole row), "
                               f"got {self.group!r}")

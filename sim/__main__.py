@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from hw.cli import OneLineParser, command
-from hw.config import AcceleratorConfig, ConfigError, NMPattern
+from hw.config import WEIGHT_BITS, AcceleratorConfig, ConfigError, NMPattern
 from hw.format import (
     FormatError,
     WeightFormat,
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: %(default)s)")
     ap.add_argument("--pattern", default="2:4",
                     help="N:M sparsity of the weights, or 'dense' (default: %(default)s)")
-    ap.add_argument("--bits", type=int, default=4, choices=(4, 8),
+    ap.add_argument("--bits", type=int, default=4, choices=WEIGHT_BITS,
                     help="weight bits (default: %(default)s)")
     ap.add_argument("--group", type=int, default=128,
                     help="quantisation group along K, 0 = whole row (default: %(default)s)")

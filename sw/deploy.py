@@ -46,7 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hw.cli import OneLineParser, command
-from hw.config import DENSE, AcceleratorConfig, ConfigError, NMPattern
+from hw.config import DENSE, WEIGHT_BITS, AcceleratorConfig, ConfigError, NMPattern
 from hw.format import FormatError, WeightFormat, stream_layout
 from hw.synth import synthesised_clock
 from sim.backends import BACKENDS, make_backend
@@ -129,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     add_tokenizer_option(ap)
     ap.add_argument("--sparsity", default=d.sparsity, help="N:M pattern of every linear layer, "
                     f"or 'dense' (default: the model's recipe, below; {r.sparsity} for others)")
-    ap.add_argument("--bits", type=int, default=d.bits, choices=(4, 8),
+    ap.add_argument("--bits", type=int, default=d.bits, choices=WEIGHT_BITS,
                     help=f"weight bits (default: the model's recipe; {r.bits} for others)")
     ap.add_argument("--group", type=int, default=d.group,
                     help="quantisation group along K, 0 = whole row (default: the model's "

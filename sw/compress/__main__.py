@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from hw.cli import OneLineParser, command
-from hw.config import AcceleratorConfig, ConfigError, NMPattern
+from hw.config import WEIGHT_BITS, AcceleratorConfig, ConfigError, NMPattern
 from hw.format import (
     FormatError,
     QuantizedWeight,
@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
                     f"loose layers take {', '.join(NO_CALIBRATION)} (default: %(default)s)")
     ap.add_argument("--pattern", default="2:4",
                     help="N:M pattern or 'dense' (default: %(default)s)")
-    ap.add_argument("--bits", type=int, default=4, choices=(4, 8),
+    ap.add_argument("--bits", type=int, default=4, choices=WEIGHT_BITS,
                     help="weight bits (default: %(default)s)")
     ap.add_argument("--group", type=int, default=128,
                     help="quantisation group along K, 0 = whole row (default: %(default)s)")

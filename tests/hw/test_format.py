@@ -124,7 +124,7 @@ def test_unpack_rejects_wrong_sizes():
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    ({"bits": 3}, "bits must be 4 or 8"),
+    ({"bits": 3}, r"bits must be one of \(4, 8\), got 3"),
     ({"pattern": "2:4", "group": 30}, "multiple of the block"),
     ({"group": -1}, "non-negative"),
     ({"code_bits": 5}, "code_bits"),

@@ -139,7 +139,7 @@ def test_bad_patterns_and_bits():
         NMPattern.parse("4:2")
     with pytest.raises(ConfigError, match="M must be a power of two"):
         NMPattern.parse("2:5")
-    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+    with pytest.raises(ValueError, match=r"bits must be one of \(4, 8\)"):
         WeightFormat("2:4", bits=2)
 
 
