@@ -192,6 +192,9 @@ class Runtime:
             raise RuntimeFault("the backend's accelerator configuration differs from the one "
                                "the executable was compiled for")
         self.exe, self.backend = exe, backend
+        #: The accelerator nodes of each phase (the table is immutable: looked up once).
+        self._accelerated = {phase: exe.table.nodes(phase) for phase in exe.graphs}
+        self._program_work: dict[int, tuple[int, int, int, float]] = {}
         self.values = backend.values and not exe.timing_only
         self.trace = trace and backend.traces
         self.config = exe.model
@@ -283,7 +286,7 @@ class Runtime:
         shapes = tuple(tuple(vals[v].shape) if isinstance(vals[v], torch.Tensor) else
                        vals[v].kind for v in node.inputs)
         template = None
-        if node.name in self.exe.table.nodes(phase):
+        if node.name in self._accelerated[phase]:
             template = self._program(phase, node, env)[1].template
         return (node.op, json.dumps(attrs, sort_keys=True), shapes, env.past, env.t,
                 len(node.outputs), template)
@@ -309,7 +312,7 @@ class Runtime:
     def _device_kernel(self, phase: str, node: Node, stats: StepStats) -> Kernel | None:
         """The kernel of a node the accelerator runs or whose state it holds (None: a host
         node, run with its op's kernel)."""
-        if node.name in self.exe.table.nodes(phase):
+        if node.name in self._accelerated[phase]:
             return self._accelerator_kernel(phase, stats)
         state = OPS[node.op].kv_state if self.exe.kv.on_accelerator else None
         if state == "append":
@@ -372,11 +375,18 @@ class Runtime:
                 f"{r.error_pc}" + (f": {r.detail}" if r.detail else ""))
         if self.values:
             self.dram = r.dram
-        cfg = self.exe.cfg
-        stats.programs.append(ProgramRun(
-            node.name, pid, program.bucket, r.cycles, dict(r.counters), program.read_bytes,
-            program.write_bytes, program.macs,
-            bound_cycles(cfg, program.read_bytes, program.write_bytes, program.macs), r.trace))
+        stats.programs.append(ProgramRun(node.name, pid, program.bucket, r.cycles,
+                                         dict(r.counters), *self._work(pid), r.trace))
+
+    def _work(self, pid: int) -> tuple[int, int, int, float]:
+        """Program ``pid``'s minimal DRAM reads and writes, MACs and their roofline bound
+        (functions of the immutable executable: worked out once per program)."""
+        work = self._program_work.get(pid)
+        if work is None:
+            p = self.exe.programs[pid]
+            work = (p.read_bytes, p.write_bytes, p.macs)
+            work = self._program_work[pid] = (*work, bound_cycles(self.exe.cfg, *work))
+        return work
 
     # ------------------------------------------------------------------ accelerator nodes
     def _linear_in(self, node: Node, args: list, env, program: Program) -> tuple:
