@@ -15,6 +15,7 @@ with a clear error.
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -366,15 +367,29 @@ def _timing_constants() -> tuple:
     return tuple((k, v) for k, v in vars(timing).items() if k.isupper() and type(v) is int)
 
 
-_CONTROLLER: list[ThreadpoolController] = []
+_BLAS: list[list] = []
 
 
-def _blas() -> ThreadpoolController:
-    """The process's thread pools, found once (``threadpool_limits`` scans the loaded
-    libraries on every call, which costs more than a small program's values)."""
-    if not _CONTROLLER:
-        _CONTROLLER.append(ThreadpoolController())
-    return _CONTROLLER[0]
+@contextmanager
+def _one_blas_thread():
+    """Hold the process's BLAS libraries to one thread, restoring their counts after.
+
+    The libraries are found once (``threadpool_limits`` scans the loaded libraries on every
+    call, and its limiter reads every pool's full description, which costs more than a small
+    program's values); only their thread counts are read and set per run.
+    """
+    if not _BLAS:
+        _BLAS.append(ThreadpoolController().select(user_api="blas").lib_controllers)
+    libs = [(lib, lib.num_threads) for lib in _BLAS[0]]
+    for lib, n in libs:
+        if n != 1:
+            lib.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for lib, n in libs:
+            if n != 1:
+                lib.set_num_threads(n)
 
 
 class FastModel:
@@ -445,7 +460,7 @@ class FastModel:
                     entry.steps = _steps(sched, lambda i: _instruction(None, words, i),
                                          self.cfg)
                 steps = entry.steps
-            with _blas().limit(limits=1, user_api="blas"):
+            with _one_blas_thread():
                 out_dram = self._values(steps, dram, in_place)
         return RunResult(cycles=sched.cycles, error=sched.error, error_pc=sched.error_pc,
                          counters=dict(sched.counters), dram=out_dram,
