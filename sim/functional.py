@@ -10,8 +10,9 @@ not check GEMM extents; :func:`hw.isa.check` rejects such programs before they g
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
@@ -29,6 +30,8 @@ F64_EXACT = 1 << 53
 
 #: The configuration field of each scratchpad's size.
 _SPAD_BYTES = {sp: f"{sp.name.lower()}_spad_bytes" for sp in Spad}
+#: Indices of the scratchpads in ``MachineState.spad_arrays``.
+_ACT, _WGT, _OUT, _PARAM = Spad.ACT.value, Spad.WGT.value, Spad.OUT.value, Spad.PARAM.value
 
 
 @dataclass
@@ -37,7 +40,7 @@ class MachineState:
 
     cfg: AcceleratorConfig
     dram: np.ndarray = None
-    spads: dict[Spad, np.ndarray] = field(default_factory=dict)
+    spads: Mapping[Spad, np.ndarray] = field(default_factory=dict)
     acc: np.ndarray = None  # int64 [max_tokens, lanes]
     #: Decoded weight streams shared across runs (:class:`WeightCache`), or None.
     weights: WeightCache | None = None
@@ -49,9 +52,15 @@ class MachineState:
         if self.dram.dtype != np.uint8 or self.dram.shape != (cfg.memory.size_bytes,):
             raise ValueError(f"DRAM image must be uint8[{cfg.memory.size_bytes}], got "
                              f"{self.dram.dtype}{list(self.dram.shape)}")
+        spads = dict(self.spads)
         for sp, size in _SPAD_BYTES.items():
-            if sp not in self.spads:
-                self.spads[sp] = np.zeros(getattr(cfg, size), dtype=np.uint8)
+            if sp not in spads:
+                spads[sp] = np.zeros(getattr(cfg, size), dtype=np.uint8)
+        # Fixed from here on (their bytes are written, the arrays are not replaced), so that
+        # the steps can index them by value: an enum key costs a Python-level hash per lookup.
+        self.spads = MappingProxyType(spads)
+        #: The arrays of ``spads`` by ``Spad`` value.
+        self.spad_arrays = tuple(spads[Spad(v)] for v in range(len(Spad)))
         if self.acc is None:
             self.acc = np.zeros((cfg.max_tokens, cfg.lanes), dtype=np.int64)
         if self.weights is not None and self.weights.cfg is not cfg and self.weights.cfg != cfg:
@@ -192,19 +201,19 @@ def _dram_run(ins: Load | Store, cfg: AcceleratorConfig) -> tuple[int, int] | No
 
 def _prepare_load(ins: Load, cfg: AcceleratorConfig) -> Step:
     beat = cfg.beat_bytes
-    spad, dst = ins.spad, ins.spad_addr * beat
+    k, dst = ins.spad.value, ins.spad_addr * beat
     run = _dram_run(ins, cfg)
     if run is not None:
         first, end = run
         stop = dst + end - first
 
         def load_run(st: MachineState) -> None:
-            st.spads[spad][dst:stop] = st.dram[first:end]
+            st.spad_arrays[k][dst:stop] = st.dram[first:end]
         return load_run
 
     def load(st: MachineState) -> None:
         src = _dram_rows(st, ins).reshape(-1)
-        st.spads[spad][dst:dst + src.size] = src
+        st.spad_arrays[k][dst:dst + src.size] = src
     return load
 
 
@@ -216,11 +225,11 @@ def exec_load(st: MachineState, ins: Load) -> None:
 def _prepare_store(ins: Store, cfg: AcceleratorConfig) -> Step:
     beat = cfg.beat_bytes
     row = ins.row_beats * beat
-    spad, src, n = ins.spad, ins.spad_addr * beat, ins.rows * row
+    k, src, n = ins.spad.value, ins.spad_addr * beat, ins.rows * row
     run = _dram_run(ins, cfg)
 
     def store(st: MachineState) -> None:
-        data = st.spads[spad][src:src + n]
+        data = st.spad_arrays[k][src:src + n]
         if run is not None and data.size == n:
             st.dram[run[0]:run[1]] = data
             return
@@ -384,12 +393,12 @@ def _prepare_gemm(ins: Gemm, cfg: AcceleratorConfig) -> Step:
 
     def gemm(st: MachineState) -> None:
         nonlocal last
-        stream = _stream_slice(st.spads[Spad.WGT], w0, total)
+        stream = _stream_slice(st.spad_arrays[_WGT], w0, total)
         if st.weights is not None:
             (w, k_span, w_max), last = st.weights.lookup(ins, stream, fields, last)
         else:
             w, k_span, w_max = _dense(ins, cfg, stream)
-        a = act_rows(st.spads[Spad.ACT], k_span)
+        a = act_rows(st.spad_arrays[_ACT], k_span)
         bound = k_span * 128 * w_max
         if bound < F64_EXACT:
             prod = a.astype(np.float64) @ w.T
@@ -421,12 +430,12 @@ def _prepare_epilogue(ins: Gemm, cfg: AcceleratorConfig) -> Step | None:
         return None
     if mode == EpilogueMode.WIDE:
         def wide(st: MachineState) -> None:  # int32 little-endian per lane
-            _write_wrapped(st.spads[Spad.OUT], base,
+            _write_wrapped(st.spad_arrays[_OUT], base,
                            st.acc[:T].astype("<i4").view(np.uint8).reshape(-1))
         return wide
 
     def epilogue(st: MachineState) -> None:
-        acc, param = st.acc[:T], st.spads[Spad.PARAM]
+        acc, param = st.acc[:T], st.spad_arrays[_PARAM]
         if mode == EpilogueMode.WIDE_BIAS:
             bias = _read_wrapped(param, pbase, T * bias_row_bytes(cfg)).view("<i4")
             data = add_bias_wide(acc, bias.reshape(T, lanes)).view(np.uint8).reshape(-1)
@@ -437,7 +446,7 @@ def _prepare_epilogue(ins: Gemm, cfg: AcceleratorConfig) -> Step | None:
                 res = _read_wrapped(param, pbase + 2 * lanes, T * lanes).view(np.int8)
                 res = res.reshape(T, lanes)
             data = requantize_int8(acc, mult, ins.shift, res).view(np.uint8).reshape(-1)
-        _write_wrapped(st.spads[Spad.OUT], base, data)
+        _write_wrapped(st.spad_arrays[_OUT], base, data)
     return epilogue
 
 

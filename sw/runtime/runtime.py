@@ -195,6 +195,7 @@ class Runtime:
         #: The accelerator nodes of each phase (the table is immutable: looked up once).
         self._accelerated = {phase: exe.table.nodes(phase) for phase in exe.graphs}
         self._program_work: dict[int, tuple[int, int, int, float]] = {}
+        self._offsets: dict[tuple[str, int, int], np.ndarray] = {}
         self.values = backend.values and not exe.timing_only
         self.trace = trace and backend.traces
         self.config = exe.model
@@ -469,14 +470,12 @@ class Runtime:
             t0 = time.perf_counter()
             layer = node.attrs["layer"]
             past, t = env.past, env.t
-            positions = np.arange(past, past + t)
             for kind, x in zip("kv", args, strict=True):
                 x8, sc = kv_rows(x)                      # [1, KV, T, d], [1, KV, T]
                 self.scales[(layer, kind)][:, :, past:past + t] = sc
                 if not self.values:
                     continue
-                offsets = (self.kv.key_offsets if kind == "k" else self.kv.value_offsets)(
-                    positions)                           # [T, d]
+                offsets = self._kv_offsets(kind, past, t)  # [T, d]
                 for h in range(x8.shape[1]):
                     base = self.exe.symbols[self.exe.kv.symbol(kind, layer, h)].addr
                     self.dram[base + offsets] = x8[0, h].numpy().view(np.uint8)
@@ -485,6 +484,21 @@ class Runtime:
                                       stream_cycles(4 * nbytes, nbytes, self.exe.cfg)))
             return _KVRef(layer, "k"), _KVRef(layer, "v")
         return kernel
+
+    def _kv_offsets(self, kind: str, past: int, t: int) -> np.ndarray:
+        """Byte offsets ``[t, head_dim]`` of positions ``past..past+t-1`` in a kv head's key
+        (``kind`` "k") or value stream: the same for every layer and head, so worked out once
+        a step (the last step's are kept)."""
+        key = (kind, past, t)
+        offsets = self._offsets.get(key)
+        if offsets is None:
+            if len(self._offsets) >= 2:
+                self._offsets.clear()
+            offsets = (self.kv.key_offsets if kind == "k" else self.kv.value_offsets)(
+                np.arange(past, past + t))
+            offsets.flags.writeable = False
+            self._offsets[key] = offsets
+        return offsets
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt: list[int], max_new_tokens: int, *,
