@@ -10,20 +10,28 @@ not check GEMM extents; :func:`hw.isa.check` rejects such programs before they g
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
 from hw.config import AcceleratorConfig
 from hw.format import _unpack_fields
-from hw.isa import EpilogueMode, Gemm, Load, Spad, Store, bias_row_bytes, gemm_geometry
+from hw.isa import EpilogueMode, Gemm, Instr, Load, Spad, Store, bias_row_bytes, gemm_geometry
 from hw.numerics import add_bias_wide, requantize_int8, wrap
 
-__all__ = ["MachineState", "WeightCache", "exec_load", "exec_store", "exec_gemm",
-           "decode_gemm_weights"]
+__all__ = ["MachineState", "WeightCache", "Step", "prepare", "exec_load", "exec_store",
+           "exec_gemm", "decode_gemm_weights"]
 
 #: float64 represents every integer of magnitude below 2**53 exactly.
 F64_EXACT = 1 << 53
+
+
+#: The configuration field of each scratchpad's size.
+_SPAD_BYTES = {sp: f"{sp.name.lower()}_spad_bytes" for sp in Spad}
+#: Indices of the scratchpads in ``MachineState.spad_arrays``.
+_ACT, _WGT, _OUT, _PARAM = Spad.ACT.value, Spad.WGT.value, Spad.OUT.value, Spad.PARAM.value
 
 
 @dataclass
@@ -32,7 +40,7 @@ class MachineState:
 
     cfg: AcceleratorConfig
     dram: np.ndarray = None
-    spads: dict[Spad, np.ndarray] = field(default_factory=dict)
+    spads: Mapping[Spad, np.ndarray] = field(default_factory=dict)
     acc: np.ndarray = None  # int64 [max_tokens, lanes]
     #: Decoded weight streams shared across runs (:class:`WeightCache`), or None.
     weights: WeightCache | None = None
@@ -44,12 +52,18 @@ class MachineState:
         if self.dram.dtype != np.uint8 or self.dram.shape != (cfg.memory.size_bytes,):
             raise ValueError(f"DRAM image must be uint8[{cfg.memory.size_bytes}], got "
                              f"{self.dram.dtype}{list(self.dram.shape)}")
-        for sp in Spad:
-            self.spads.setdefault(sp, np.zeros(getattr(cfg, f"{sp.name.lower()}_spad_bytes"),
-                                               dtype=np.uint8))
+        spads = dict(self.spads)
+        for sp, size in _SPAD_BYTES.items():
+            if sp not in spads:
+                spads[sp] = np.zeros(getattr(cfg, size), dtype=np.uint8)
+        # Fixed from here on (their bytes are written, the arrays are not replaced), so that
+        # the steps can index them by value: an enum key costs a Python-level hash per lookup.
+        self.spads = MappingProxyType(spads)
+        #: The arrays of ``spads`` by ``Spad`` value.
+        self.spad_arrays = tuple(spads[Spad(v)] for v in range(len(Spad)))
         if self.acc is None:
             self.acc = np.zeros((cfg.max_tokens, cfg.lanes), dtype=np.int64)
-        if self.weights is not None and self.weights.cfg != cfg:
+        if self.weights is not None and self.weights.cfg is not cfg and self.weights.cfg != cfg:
             raise ValueError("the weight cache belongs to another accelerator configuration")
 
 
@@ -65,8 +79,10 @@ class WeightCache:
     the stream came from -- the host between programs (the KV cache, a new weight image), a
     STORE, a LOAD of other bytes into the same scratchpad slot -- with no invalidation to get
     right: a stream whose bytes changed is a miss and is decoded again. The price per GEMM is a
-    copy and a hash of the stream (a few GB/s), against decoding it (bit unpacking, lookup
-    tables and a scatter into the dense matrix, about a hundred times slower).
+    copy of the stream and a hash of it (a few GB/s) or, for a GEMM that streams the bytes of
+    its previous lookup again (:meth:`lookup`), a comparison with them, against decoding it
+    (bit unpacking, lookup tables and a scatter into the dense matrix, about a hundred times
+    slower).
 
     Entries are the dense ``float64 [lanes, k_span]`` matrices :func:`exec_gemm` multiplies
     (read-only), with ``k_span`` and the largest weight magnitude; the least recently used are
@@ -87,15 +103,31 @@ class WeightCache:
 
     def dense(self, ins: Gemm, stream: np.ndarray) -> tuple[np.ndarray, int, int]:
         """``(w, k_span, w_max)`` of ``ins`` for its stream bytes (see :func:`_dense`)."""
-        key = (ins.k_steps, ins.group_steps, ins.pattern, ins.int8, ins.asym, stream.tobytes())
+        return self.lookup(ins, stream, _stream_fields(ins), None)[0]
+
+    def lookup(self, ins: Gemm, stream: np.ndarray, fields: tuple, last: tuple | None
+               ) -> tuple[tuple[np.ndarray, int, int], tuple]:
+        """:meth:`dense` and the entry's key, for a caller that keeps the key of its previous
+        lookup (``last``, None at first; ``fields``: ``_stream_fields(ins)``).
+
+        When the stream's bytes equal those of ``last`` (one comparison of the bytes), the
+        lookup goes by ``last`` itself, whose bytes object keeps the hash computed when it
+        was stored: a GEMM that streams what it streamed before is found without hashing its
+        bytes again. Either way the entry served is the one of exactly these bytes.
+        """
+        data = stream.tobytes()
+        if last is not None and last[-1] == data and last[:-1] == fields:
+            key = last
+        else:
+            key = (*fields, data)
         hit = self._entries.get(key)
         if hit is not None:
             self._entries.move_to_end(key)
             self.hits += 1
-            return hit
+            return hit, key
         self.misses += 1
         entry = _dense(ins, self.cfg, stream)
-        size = entry[0].nbytes + len(key[-1])
+        size = entry[0].nbytes + len(data)
         if size <= self.max_bytes:
             entry[0].flags.writeable = False
             self._entries[key] = entry
@@ -103,7 +135,7 @@ class WeightCache:
             while self.nbytes > self.max_bytes:
                 k, (w, _, _) = self._entries.popitem(last=False)
                 self.nbytes -= w.nbytes + len(k[-1])
-        return entry
+        return entry, key
 
 
 def _dram_rows(st: MachineState, ins: Load | Store) -> np.ndarray | None:
@@ -129,31 +161,105 @@ def _dram_rows(st: MachineState, ins: Load | Store) -> np.ndarray | None:
                                                                                     row)
 
 
+#: One instruction's semantics, prepared for its fields: applies it to a machine state.
+Step = Callable[[MachineState], None]
+
+
+def prepare(ins: Instr, cfg: AcceleratorConfig) -> Step | None:
+    """The semantics of ``ins`` as a function of the machine state (None for an instruction
+    that moves no data: SYNC, END).
+
+    What depends on the instruction alone -- its stream geometry, the address arithmetic,
+    which of the copies below applies -- is worked out here, once; what depends on the state
+    (bytes, sizes) is read when the step runs. :func:`exec_load`, :func:`exec_store` and
+    :func:`exec_gemm` are a step prepared and applied once: the one implementation of the
+    semantics, which the fast model runs with a program's steps prepared once per program
+    (:class:`sim.model.FastModel`).
+    """
+    if isinstance(ins, Load):
+        return _prepare_load(ins, cfg)
+    if isinstance(ins, Store):
+        return _prepare_store(ins, cfg)
+    if isinstance(ins, Gemm):
+        return _prepare_gemm(ins, cfg)
+    return None
+
+
+def _dram_run(ins: Load | Store, cfg: AcceleratorConfig) -> tuple[int, int] | None:
+    """``(first, end)`` DRAM bytes of a LOAD's or STORE's rows when they form one contiguous
+    run inside the memory (``rows`` back to back, or one row): the bytes :func:`_dram_rows`
+    moves, as one slice; None otherwise."""
+    beat = cfg.beat_bytes
+    row = ins.row_beats * beat
+    first = ins.dram_addr * beat
+    end = first + ins.rows * row
+    if (ins.rows > 0 and row > 0 and (ins.dram_stride * beat == row or ins.rows == 1)
+            and end <= cfg.memory.size_bytes):
+        return first, end
+    return None
+
+
+def _prepare_load(ins: Load, cfg: AcceleratorConfig) -> Step:
+    beat = cfg.beat_bytes
+    k, dst = ins.spad.value, ins.spad_addr * beat
+    run = _dram_run(ins, cfg)
+    if run is not None:
+        first, end = run
+        stop = dst + end - first
+
+        def load_run(st: MachineState) -> None:
+            st.spad_arrays[k][dst:stop] = st.dram[first:end]
+        return load_run
+
+    def load(st: MachineState) -> None:
+        src = _dram_rows(st, ins).reshape(-1)
+        st.spad_arrays[k][dst:dst + src.size] = src
+    return load
+
+
 def exec_load(st: MachineState, ins: Load) -> None:
     """DRAM rows -> contiguous scratchpad beats."""
-    beat = st.cfg.beat_bytes
-    src = _dram_rows(st, ins).reshape(-1)
-    dst = ins.spad_addr * beat
-    st.spads[ins.spad][dst:dst + src.size] = src
+    _prepare_load(ins, st.cfg)(st)
+
+
+def _prepare_store(ins: Store, cfg: AcceleratorConfig) -> Step:
+    beat = cfg.beat_bytes
+    row = ins.row_beats * beat
+    k, src, n = ins.spad.value, ins.spad_addr * beat, ins.rows * row
+    run = _dram_run(ins, cfg)
+
+    def store(st: MachineState) -> None:
+        data = st.spad_arrays[k][src:src + n]
+        if run is not None and data.size == n:
+            st.dram[run[0]:run[1]] = data
+            return
+        rows = _dram_rows(st, ins)
+        if rows is not None and rows.size == data.size:
+            rows[...] = data.reshape(rows.shape)
+        else:
+            starts = (ins.dram_addr + np.arange(ins.rows) * ins.dram_stride) * beat
+            st.dram[(starts[:, None] + np.arange(row)[None, :]).reshape(-1)] = data
+    return store
 
 
 def exec_store(st: MachineState, ins: Store) -> None:
     """Contiguous OUT beats -> DRAM rows."""
-    beat = st.cfg.beat_bytes
-    row = ins.row_beats * beat
-    src = ins.spad_addr * beat
-    data = st.spads[ins.spad][src:src + ins.rows * row]
-    rows = _dram_rows(st, ins)
-    if rows is not None and rows.size == data.size:
-        rows[...] = data.reshape(rows.shape)
-    else:
-        starts = (ins.dram_addr + np.arange(ins.rows) * ins.dram_stride) * beat
-        st.dram[(starts[:, None] + np.arange(row)[None, :]).reshape(-1)] = data
+    _prepare_store(ins, st.cfg)(st)
 
 
 def _read_wrapped(buf: np.ndarray, start: int, n: int) -> np.ndarray:
-    idx = (start + np.arange(n)) % buf.size
-    return buf[idx]
+    """``n`` bytes of a scratchpad from ``start``, wrapping around its end (read-only)."""
+    if 0 <= start and start + n <= buf.size:
+        return buf[start:start + n]
+    return buf[(start + np.arange(n)) % buf.size]
+
+
+def _write_wrapped(buf: np.ndarray, start: int, data: np.ndarray) -> None:
+    """``data`` into a scratchpad from ``start``, wrapping around its end."""
+    if 0 <= start and start + data.size <= buf.size:
+        buf[start:start + data.size] = data
+    else:
+        buf[(start + np.arange(data.size)) % buf.size] = data
 
 
 def decode_gemm_weights(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray
@@ -171,11 +277,20 @@ def decode_gemm_weights(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray
 
 def _stream_bytes(ins: Gemm, cfg: AcceleratorConfig, wgt: np.ndarray) -> np.ndarray:
     """The GEMM's weight stream as one contiguous byte run (wrapping around the spad)."""
-    total = gemm_geometry(ins, cfg).total_bytes
-    base = ins.wgt_addr * cfg.beat_bytes
+    return _stream_slice(wgt, ins.wgt_addr * cfg.beat_bytes, gemm_geometry(ins, cfg).total_bytes)
+
+
+def _stream_slice(wgt: np.ndarray, base: int, total: int) -> np.ndarray:
+    """``total`` bytes of the WGT scratchpad from ``base``, wrapping around its end."""
     if base + total <= wgt.size:
         return wgt[base:base + total]
     return np.take(wgt, np.arange(base, base + total), mode="wrap")
+
+
+def _stream_fields(ins: Gemm) -> tuple:
+    """The fields besides its bytes that decide how a GEMM's weight stream decodes (the
+    configuration aside)."""
+    return ins.k_steps, ins.group_steps, ins.pattern, ins.int8, ins.asym
 
 
 def _decode_stream(ins: Gemm, cfg: AcceleratorConfig, stream: np.ndarray
@@ -229,68 +344,113 @@ def _dense(ins: Gemm, cfg: AcceleratorConfig, stream: np.ndarray
     """
     lanes = cfg.lanes
     w_eff, pos = _decode_stream(ins, cfg, stream)
-    k_span = int(pos.max()) + 1
-    flat = (np.arange(lanes)[:, None] * k_span + pos).ravel()
-    w = np.bincount(flat, weights=w_eff.ravel().astype(np.float64),
-                    minlength=lanes * k_span).reshape(lanes, k_span)
+    if cfg.pattern_table[ins.pattern].dense and pos.size:
+        # step s selects position s: every position holds exactly one value, which is what
+        # the scatter below computes (0.0 + x == x), without the scatter
+        w = np.ascontiguousarray(w_eff, dtype=np.float64)
+        k_span = w.shape[1]
+    else:
+        k_span = int(pos.max()) + 1
+        flat = (np.arange(lanes)[:, None] * k_span + pos).ravel()
+        w = np.bincount(flat, weights=w_eff.ravel().astype(np.float64),
+                        minlength=lanes * k_span).reshape(lanes, k_span)
     return w, k_span, int(np.abs(w).max()) if w.size else 0
 
 
-def exec_gemm(st: MachineState, ins: Gemm) -> None:
-    """Stream the weights against ``tokens`` activation rows, then run the epilogue.
+def _prepare_gemm(ins: Gemm, cfg: AcceleratorConfig) -> Step:
+    """:func:`exec_gemm` of ``ins``, prepared.
 
     The products are exact integers whatever the BLAS build, its blocking or thread count: the
     activations are int8 (``|a| <= 128``), so every partial sum of a dot product over ``k_span``
-    positions is an integer of magnitude at most ``k_span * 128 * max|w|``; below 2**53 each
-    is a float64 exactly, in any summation order, and float64 BLAS gives the exact sum.
+    positions is an integer of magnitude at most ``bound = k_span * 128 * max|w|``; below 2**53
+    each is a float64 exactly, in any summation order, and float64 BLAS gives the exact sum.
     Otherwise (no legal stream comes near) the product is taken in int64, exact modulo 2**64,
-    which the accumulator's wrap to ``acc_bits <= 64`` bits does not see.
+    which the accumulator's wrap to ``acc_bits <= 64`` bits does not see. A product that does
+    not accumulate and whose ``bound`` is below ``2**(acc_bits - 1)`` lies in the wrap's range
+    already (``-2**(acc_bits-1) < -bound <= acc <= bound``): the wrap is the identity there and
+    is skipped, and the exact float64 integers go into the int64 accumulators by the
+    assignment's cast (exact for integers below 2**53).
     """
-    cfg = st.cfg
     beat, T = cfg.beat_bytes, ins.tokens
-    stream = _stream_bytes(ins, cfg, st.spads[Spad.WGT])
-    if st.weights is not None:
-        w, k_span, w_max = st.weights.dense(ins, stream)
-    else:
-        w, k_span, w_max = _dense(ins, cfg, stream)
-    act = st.spads[Spad.ACT]
-    # Activation rows as the array sees them: [T, k_span] int8 from each token's base address.
-    rows = (ins.act_addr + np.arange(T) * ins.act_stride) * beat
-    if T == 1 and rows[0] + k_span <= act.size:
-        a = act[rows[0]:rows[0] + k_span].view(np.int8)[None, :]
-    else:
-        a = act[(rows[:, None] + np.arange(k_span)[None, :]) % act.size].view(np.int8)
-    if k_span * 128 * w_max < F64_EXACT:
-        acc = (a.astype(np.float64) @ w.T).astype(np.int64)
-    else:
-        acc = a.astype(np.int64) @ w.astype(np.int64).T
-    if ins.accumulate:
-        acc += st.acc[:T]
-    st.acc[:T] = wrap(acc, cfg.acc_bits)
-    _epilogue(st, ins)
+    fields = _stream_fields(ins)
+    w0, total = ins.wgt_addr * beat, gemm_geometry(ins, cfg).total_bytes
+    a0, astep = ins.act_addr * beat, ins.act_stride * beat
+    starts = a0 + np.arange(T) * astep
+    accumulate, acc_bits = ins.accumulate, cfg.acc_bits
+    half = 1 << (acc_bits - 1)
+    epilogue = _prepare_epilogue(ins, cfg)
+
+    def act_rows(act: np.ndarray, k_span: int) -> np.ndarray:
+        """Activation rows as the array sees them: ``int8 [T, k_span]`` from each token's base
+        address, wrapping around the ACT scratchpad (slices where they do not wrap)."""
+        if T == 1 and a0 + k_span <= act.size:
+            return act[a0:a0 + k_span].view(np.int8)[None, :]
+        if astep >= k_span and a0 + T * astep <= act.size:
+            return act[a0:a0 + T * astep].reshape(T, astep)[:, :k_span].view(np.int8)
+        return act[(starts[:, None] + np.arange(k_span)[None, :]) % act.size].view(np.int8)
+
+    last = None  # the weight cache's key of the previous run's stream
+
+    def gemm(st: MachineState) -> None:
+        nonlocal last
+        stream = _stream_slice(st.spad_arrays[_WGT], w0, total)
+        if st.weights is not None:
+            (w, k_span, w_max), last = st.weights.lookup(ins, stream, fields, last)
+        else:
+            w, k_span, w_max = _dense(ins, cfg, stream)
+        a = act_rows(st.spad_arrays[_ACT], k_span)
+        bound = k_span * 128 * w_max
+        if bound < F64_EXACT:
+            prod = a.astype(np.float64) @ w.T
+        else:
+            prod = a.astype(np.int64) @ w.astype(np.int64).T
+        if not accumulate and bound < half:  # integers in the wrap's range: cast exactly
+            st.acc[:T] = prod
+        else:
+            acc = np.asarray(prod, dtype=np.int64)
+            if accumulate:
+                acc = acc + st.acc[:T]
+            st.acc[:T] = wrap(acc, acc_bits)
+        if epilogue is not None:
+            epilogue(st)
+    return gemm
+
+
+def exec_gemm(st: MachineState, ins: Gemm) -> None:
+    """Stream the weights against ``tokens`` activation rows, then run the epilogue
+    (exactness: :func:`_prepare_gemm`)."""
+    _prepare_gemm(ins, st.cfg)(st)
+
+
+def _prepare_epilogue(ins: Gemm, cfg: AcceleratorConfig) -> Step | None:
+    """The epilogue of ``ins``: accumulators -> OUT (None for ``EpilogueMode.NONE``)."""
+    beat, lanes, T = cfg.beat_bytes, cfg.lanes, ins.tokens
+    base, pbase, mode = ins.out_addr * beat, ins.param_addr * beat, ins.epilogue
+    if mode == EpilogueMode.NONE:
+        return None
+    if mode == EpilogueMode.WIDE:
+        def wide(st: MachineState) -> None:  # int32 little-endian per lane
+            _write_wrapped(st.spad_arrays[_OUT], base,
+                           st.acc[:T].astype("<i4").view(np.uint8).reshape(-1))
+        return wide
+
+    def epilogue(st: MachineState) -> None:
+        acc, param = st.acc[:T], st.spad_arrays[_PARAM]
+        if mode == EpilogueMode.WIDE_BIAS:
+            bias = _read_wrapped(param, pbase, T * bias_row_bytes(cfg)).view("<i4")
+            data = add_bias_wide(acc, bias.reshape(T, lanes)).view(np.uint8).reshape(-1)
+        else:
+            mult = _read_wrapped(param, pbase, 2 * lanes).view("<u2")
+            res = None
+            if mode == EpilogueMode.INT8_RESIDUAL:
+                res = _read_wrapped(param, pbase + 2 * lanes, T * lanes).view(np.int8)
+                res = res.reshape(T, lanes)
+            data = requantize_int8(acc, mult, ins.shift, res).view(np.uint8).reshape(-1)
+        _write_wrapped(st.spad_arrays[_OUT], base, data)
+    return epilogue
 
 
 def _epilogue(st: MachineState, ins: Gemm) -> None:
-    cfg = st.cfg
-    beat, lanes, T = cfg.beat_bytes, cfg.lanes, ins.tokens
-    out = st.spads[Spad.OUT]
-    base = ins.out_addr * beat
-    acc = st.acc[:T]
-    if ins.epilogue == EpilogueMode.NONE:
-        return
-    if ins.epilogue == EpilogueMode.WIDE:
-        data = acc.astype("<i4").view(np.uint8).reshape(-1)  # int32 little-endian per lane
-    elif ins.epilogue == EpilogueMode.WIDE_BIAS:
-        n = bias_row_bytes(cfg)
-        bias = _read_wrapped(st.spads[Spad.PARAM], ins.param_addr * beat, T * n).view("<i4")
-        data = add_bias_wide(acc, bias.reshape(T, lanes)).view(np.uint8).reshape(-1)
-    else:
-        param = st.spads[Spad.PARAM]
-        pbase = ins.param_addr * beat
-        mult = _read_wrapped(param, pbase, 2 * lanes).view("<u2")
-        res = None
-        if ins.epilogue == EpilogueMode.INT8_RESIDUAL:
-            res = _read_wrapped(param, pbase + 2 * lanes, T * lanes).view(np.int8)
-            res = res.reshape(T, lanes)
-        data = requantize_int8(acc, mult, ins.shift, res).view(np.uint8).reshape(-1)
-    out[(base + np.arange(data.size)) % out.size] = data
+    step = _prepare_epilogue(ins, st.cfg)
+    if step is not None:
+        step(st)

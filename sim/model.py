@@ -15,6 +15,7 @@ with a clear error.
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,18 +29,15 @@ from hw.isa import (
     NO_EVENT,
     Engine,
     ErrorCode,
-    Gemm,
     Instr,
-    Load,
     Opcode,
-    Store,
     decode,
     decode_fields,
     dispatch_errors,
     program_words,
 )
 from sim.errors import SimulationError
-from sim.functional import MachineState, WeightCache, exec_gemm, exec_load, exec_store
+from sim.functional import MachineState, Step, WeightCache, prepare
 from sim.result import RunResult
 
 __all__ = ["ProgramError", "InstrTiming", "Schedule", "schedule", "FastModel"]
@@ -369,15 +367,29 @@ def _timing_constants() -> tuple:
     return tuple((k, v) for k, v in vars(timing).items() if k.isupper() and type(v) is int)
 
 
-_CONTROLLER: list[ThreadpoolController] = []
+_BLAS: list[list] = []
 
 
-def _blas() -> ThreadpoolController:
-    """The process's thread pools, found once (``threadpool_limits`` scans the loaded
-    libraries on every call, which costs more than a small program's values)."""
-    if not _CONTROLLER:
-        _CONTROLLER.append(ThreadpoolController())
-    return _CONTROLLER[0]
+@contextmanager
+def _one_blas_thread():
+    """Hold the process's BLAS libraries to one thread, restoring their counts after.
+
+    The libraries are found once (``threadpool_limits`` scans the loaded libraries on every
+    call, and its limiter reads every pool's full description, which costs more than a small
+    program's values); only their thread counts are read and set per run.
+    """
+    if not _BLAS:
+        _BLAS.append(ThreadpoolController().select(user_api="blas").lib_controllers)
+    libs = [(lib, lib.num_threads) for lib in _BLAS[0]]
+    for lib, n in libs:
+        if n != 1:
+            lib.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for lib, n in libs:
+            if n != 1:
+                lib.set_num_threads(n)
 
 
 class FastModel:
@@ -408,7 +420,7 @@ class FastModel:
         self.cfg = cfg
         #: Decoded weight streams, shared by every run (keyed by their bytes: never stale).
         self.weights = WeightCache(cfg, weight_cache_bytes) if weight_cache_bytes > 0 else None
-        self._programs: OrderedDict[tuple, tuple[Schedule, dict]] = OrderedDict()
+        self._programs: OrderedDict[tuple, _Cached] = OrderedDict()
 
     def run(self, program, dram: np.ndarray | None = None, *, timing_only: bool = False,
             trace: bool = False, in_place: bool = False) -> RunResult:
@@ -429,26 +441,34 @@ class FastModel:
 
         A schedule is a function of the program words, the configuration and the contract's
         constants only (the timing contract ignores values), so a program run again reuses
-        its schedule and decoded instructions; weight streams are decoded once per distinct
+        its schedule and its values steps (:func:`sim.functional.prepare` of its completed
+        instructions, in completion order); weight streams are decoded once per distinct
         bytes (:class:`sim.functional.WeightCache`).
         """
         if not isinstance(program, (bytes, bytearray, np.ndarray)):
             program = list(program)
         words = program_words(program)
         objects = isinstance(program, list) and any(not isinstance(x, int) for x in program)
-        sched, decoded = self._schedule(words)
+        entry = self._schedule(words)
+        sched = entry.sched
         out_dram = None
         if not timing_only:
-            with _blas().limit(limits=1, user_api="blas"):
-                out_dram = self._values(program if objects else None, words, sched, dram,
-                                        decoded, in_place)
+            if objects:  # the given objects, as they are: steps of their own
+                steps = _steps(sched, lambda i: _instruction(program, words, i), self.cfg)
+            else:
+                if entry.steps is None:
+                    entry.steps = _steps(sched, lambda i: _instruction(None, words, i),
+                                         self.cfg)
+                steps = entry.steps
+            with _one_blas_thread():
+                out_dram = self._values(steps, dram, in_place)
         return RunResult(cycles=sched.cycles, error=sched.error, error_pc=sched.error_pc,
                          counters=dict(sched.counters), dram=out_dram,
                          trace=sched.timings if trace else None, detail=sched.detail)
 
-    def _schedule(self, words: np.ndarray) -> tuple[Schedule, dict]:
+    def _schedule(self, words: np.ndarray) -> _Cached:
         """The program's schedule (a pure function of its words, the configuration and the
-        contract's constants) and its decoded instructions so far, from the program cache."""
+        contract's constants) and its values steps once built, from the program cache."""
         key = (np.ascontiguousarray(words).tobytes(), _timing_constants())
         hit = self._programs.get(key)
         if hit is not None:
@@ -456,12 +476,12 @@ class FastModel:
             return hit
         sched = schedule(words, self.cfg)
         sched.times.flags.writeable = False
-        hit = self._programs[key] = (sched, {})
+        hit = self._programs[key] = _Cached(sched)
         if len(self._programs) > self.PROGRAM_CACHE:
             self._programs.popitem(last=False)
         return hit
 
-    def _values(self, program, words, sched, dram, decoded, in_place):
+    def _values(self, steps: tuple[Step, ...], dram, in_place):
         """Apply every completed instruction's semantics in completion order.
 
         BLAS is held to one thread: the per-GEMM products are small, and multithreaded
@@ -471,20 +491,26 @@ class FastModel:
         if dram is not None and not in_place:
             dram = np.array(dram)
         state = MachineState(self.cfg, dram=dram, weights=self.weights)
-        t = sched.times
-        done = np.flatnonzero((t[:, 0] >= 0) & (t[:, 5] >= 0) & (t[:, 5] < sched.cycles))
-        done = done[np.lexsort((done, t[done, 5]))]  # completion order, ties by index
-        for i in done.tolist():
-            if program is not None:
-                ins = _instruction(program, words, i)
-            else:
-                ins = decoded.get(i)
-                if ins is None:
-                    ins = decoded[i] = _instruction(None, words, i)
-            if isinstance(ins, Load):
-                exec_load(state, ins)
-            elif isinstance(ins, Store):
-                exec_store(state, ins)
-            elif isinstance(ins, Gemm):
-                exec_gemm(state, ins)
+        for step in steps:
+            step(state)
         return state.dram
+
+
+@dataclass
+class _Cached:
+    """A program in :class:`FastModel`'s cache: its schedule, and its values steps once a
+    values run has built them."""
+
+    sched: Schedule
+    steps: tuple[Step, ...] | None = None
+
+
+def _steps(sched: Schedule, instruction, cfg: AcceleratorConfig) -> tuple[Step, ...]:
+    """The values steps of a run: :func:`sim.functional.prepare` of every instruction that
+    completed before the machine stopped (``instruction(i)``: instruction ``i``), in
+    completion order, ties by index (exact for race-free programs)."""
+    t = sched.times
+    done = np.flatnonzero((t[:, 0] >= 0) & (t[:, 5] >= 0) & (t[:, 5] < sched.cycles))
+    done = done[np.lexsort((done, t[done, 5]))]
+    steps = (prepare(instruction(i), cfg) for i in done.tolist())
+    return tuple(s for s in steps if s is not None)

@@ -192,6 +192,10 @@ class Runtime:
             raise RuntimeFault("the backend's accelerator configuration differs from the one "
                                "the executable was compiled for")
         self.exe, self.backend = exe, backend
+        #: The accelerator nodes of each phase (the table is immutable: looked up once).
+        self._accelerated = {phase: exe.table.nodes(phase) for phase in exe.graphs}
+        self._program_work: dict[int, tuple[int, int, int, float]] = {}
+        self._offsets: dict[tuple[str, int, int], np.ndarray] = {}
         self.values = backend.values and not exe.timing_only
         self.trace = trace and backend.traces
         self.config = exe.model
@@ -283,7 +287,7 @@ class Runtime:
         shapes = tuple(tuple(vals[v].shape) if isinstance(vals[v], torch.Tensor) else
                        vals[v].kind for v in node.inputs)
         template = None
-        if node.name in self.exe.table.nodes(phase):
+        if node.name in self._accelerated[phase]:
             template = self._program(phase, node, env)[1].template
         return (node.op, json.dumps(attrs, sort_keys=True), shapes, env.past, env.t,
                 len(node.outputs), template)
@@ -309,7 +313,7 @@ class Runtime:
     def _device_kernel(self, phase: str, node: Node, stats: StepStats) -> Kernel | None:
         """The kernel of a node the accelerator runs or whose state it holds (None: a host
         node, run with its op's kernel)."""
-        if node.name in self.exe.table.nodes(phase):
+        if node.name in self._accelerated[phase]:
             return self._accelerator_kernel(phase, stats)
         state = OPS[node.op].kv_state if self.exe.kv.on_accelerator else None
         if state == "append":
@@ -372,11 +376,18 @@ class Runtime:
                 f"{r.error_pc}" + (f": {r.detail}" if r.detail else ""))
         if self.values:
             self.dram = r.dram
-        cfg = self.exe.cfg
-        stats.programs.append(ProgramRun(
-            node.name, pid, program.bucket, r.cycles, dict(r.counters), program.read_bytes,
-            program.write_bytes, program.macs,
-            bound_cycles(cfg, program.read_bytes, program.write_bytes, program.macs), r.trace))
+        stats.programs.append(ProgramRun(node.name, pid, program.bucket, r.cycles,
+                                         dict(r.counters), *self._work(pid), r.trace))
+
+    def _work(self, pid: int) -> tuple[int, int, int, float]:
+        """Program ``pid``'s minimal DRAM reads and writes, MACs and their roofline bound
+        (functions of the immutable executable: worked out once per program)."""
+        work = self._program_work.get(pid)
+        if work is None:
+            p = self.exe.programs[pid]
+            work = (p.read_bytes, p.write_bytes, p.macs)
+            work = self._program_work[pid] = (*work, bound_cycles(self.exe.cfg, *work))
+        return work
 
     # ------------------------------------------------------------------ accelerator nodes
     def _linear_in(self, node: Node, args: list, env, program: Program) -> tuple:
@@ -459,14 +470,12 @@ class Runtime:
             t0 = time.perf_counter()
             layer = node.attrs["layer"]
             past, t = env.past, env.t
-            positions = np.arange(past, past + t)
             for kind, x in zip("kv", args, strict=True):
                 x8, sc = kv_rows(x)                      # [1, KV, T, d], [1, KV, T]
                 self.scales[(layer, kind)][:, :, past:past + t] = sc
                 if not self.values:
                     continue
-                offsets = (self.kv.key_offsets if kind == "k" else self.kv.value_offsets)(
-                    positions)                           # [T, d]
+                offsets = self._kv_offsets(kind, past, t)  # [T, d]
                 for h in range(x8.shape[1]):
                     base = self.exe.symbols[self.exe.kv.symbol(kind, layer, h)].addr
                     self.dram[base + offsets] = x8[0, h].numpy().view(np.uint8)
@@ -475,6 +484,21 @@ class Runtime:
                                       stream_cycles(4 * nbytes, nbytes, self.exe.cfg)))
             return _KVRef(layer, "k"), _KVRef(layer, "v")
         return kernel
+
+    def _kv_offsets(self, kind: str, past: int, t: int) -> np.ndarray:
+        """Byte offsets ``[t, head_dim]`` of positions ``past..past+t-1`` in a kv head's key
+        (``kind`` "k") or value stream: the same for every layer and head, so worked out once
+        a step (the last step's are kept)."""
+        key = (kind, past, t)
+        offsets = self._offsets.get(key)
+        if offsets is None:
+            if len(self._offsets) >= 2:
+                self._offsets.clear()
+            offsets = (self.kv.key_offsets if kind == "k" else self.kv.value_offsets)(
+                np.arange(past, past + t))
+            offsets.flags.writeable = False
+            self._offsets[key] = offsets
+        return offsets
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt: list[int], max_new_tokens: int, *,

@@ -102,3 +102,32 @@ def test_load_store_strided():
     exec_store(st_, Store(dram_addr=100, spad_addr=0, rows=2, row_beats=2, dram_stride=10))
     assert np.array_equal(st_.dram[1600:1632], np.arange(32))
     assert np.array_equal(st_.dram[1760:1792], np.arange(32, 64))
+
+
+def test_accumulators_wrap_exactly_where_products_can_overflow():
+    """With 24-bit accumulators, a short GEMM (its bound below 2**23: no wrap needed) and a
+    long one whose first lane's sum is driven past 2**23 (wrapped) both equal the wrapping
+    golden GEMM."""
+    cfg = AcceleratorConfig(rows=2, cols=8, acc_bits=24, memory=MemoryModel(size_bytes=1 << 16))
+    fmt = WeightFormat(cfg.pattern_table[0], 8, 0)
+    rng = np.random.default_rng(7)
+    for k, saturate in ((96, False), (2048, True)):
+        w = random_quantized(fmt, (cfg.lanes, k), rng)
+        w_int = w.int_weight()
+        if saturate:  # lane 0: every product positive and large
+            a = np.where(w_int[0] >= 0, 127, -127)[None, :].repeat(2, axis=0).astype(np.int8)
+        else:
+            a = rng.integers(-127, 128, size=(2, k)).astype(np.int8)
+        st_ = MachineState(cfg)
+        stream = pack(w, cfg.lanes)
+        st_.spads[Spad.WGT][:stream.size] = stream
+        stride = k // cfg.beat_bytes
+        for t in range(2):
+            st_.spads[Spad.ACT][t * k:(t + 1) * k] = a[t].view(np.uint8)
+        exec_gemm(st_, Gemm(k_steps=fmt.steps(k), group_steps=fmt.steps_per_group(k),
+                            tokens=2, act_stride=stride, int8=True, asym=not fmt.symmetric,
+                            pattern=cfg.pattern_index(fmt.pattern)))
+        ref = gemm_acc(a, w_int, acc_bits=24)
+        assert np.array_equal(st_.acc[:2], ref)
+        exact = a.astype(np.int64) @ w_int.astype(np.int64).T
+        assert saturate == (exact[0, 0] >= 1 << 23)  # the long GEMM does wrap
