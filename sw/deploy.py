@@ -58,10 +58,12 @@ from sw.compile import executable as executable_io
 from sw.compile.compiler import capture_model, static_dram_bytes
 from sw.compress.model import (
     COMPRESS_METHODS,
+    calibrates,
     compress_llama,
     selected_linears,
     use_hardware_numerics,
 )
+from sw.models import corpus
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.generate import generate
 from sw.models.recipes import DEFAULT_RECIPE, RECIPES, Recipe, recipe_for
@@ -95,6 +97,7 @@ class DeployOptions:
     top_k: int | None = None
     seed: int = 0
     calib: int = 32
+    calib_domain: str = corpus.CODE
     eval_tokens: int = 8192
     out: str = "build/deploy"
     quiet: bool = False
@@ -161,6 +164,10 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"seed of the sampler and of calibration (default: {d.seed})")
     ap.add_argument("--calib", type=int, default=d.calib, help="calibration sequences of 256 "
                     f"tokens (default: {d.calib})")
+    ap.add_argument("--calib-domain", default=d.calib_domain, choices=corpus.CALIBRATION_SETS,
+                    help="calibration text, train splits: CPython source ('code'), English "
+                         "news ('prose') or half of each; docs/accuracy.md measures them "
+                         f"(default: {d.calib_domain})")
     ap.add_argument("--eval-tokens", type=int, default=d.eval_tokens, help="held-out tokens for "
                     f"perplexity, 0 to skip (default: {d.eval_tokens})")
     ap.add_argument("--out", default=d.out, help=f"output directory (default: {d.out})")
@@ -315,7 +322,9 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     report.update(method="from the file" if src.weights else recipe.method,
                   recipe=None if src.weights else str(recipe),
                   recipe_why=None if src.weights else recipe.why,
-                  recipe_layers=None if src.weights else dict(recipe.layers), dram_sizing=dram)
+                  recipe_layers=None if src.weights else dict(recipe.layers), dram_sizing=dram,
+                  calib_corpus=(opts.calib_domain if not src.weights and calibrates(recipe.method)
+                                else None))
     _write(out, opts, cfg, exe, gen, report, src, tokens, prompt_text)
     _print_summary(report, src.decode(tokens), prompt_text, log)
     return report
@@ -420,12 +429,14 @@ def _compress(src, recipe: Recipe, formats: dict[str, WeightFormat], opts: Deplo
         log(f"compressed model: {len(src.weights)} layers ({', '.join(fmts)}); "
             "--sparsity, --bits, --group and --method do not apply")
         return dict(src.weights), src.model, 0.0
-    log(f"compress: {recipe} ({recipe.why}), {opts.calib} x {seq} calibration tokens")
+    log(f"compress: {recipe} ({recipe.why}), {opts.calib} x {seq} calibration tokens of "
+        f"{opts.calib_domain}")
     t0 = time.perf_counter()
     compressed = copy.deepcopy(src.model)
     uniform = recipe.uniform_format()
     weights = compress_llama(compressed, uniform or (lambda name, _: formats.get(name)),
-                             recipe.method, src.calibration(opts.calib, seq, opts.seed),
+                             recipe.method,
+                             src.calibration(opts.calib, seq, opts.seed, opts.calib_domain),
                              progress=progress)
     return weights, compressed, time.perf_counter() - t0
 

@@ -43,7 +43,7 @@ from hw.format import (
 from sw.artifact import atomic_write
 from sw.cli import UsageError, add_tokenizer_option
 from sw.compress.calibrate import CalibrationError
-from sw.compress.model import COMPRESS_METHODS, compress_llama, selected_linears
+from sw.compress.model import COMPRESS_METHODS, calibrates, compress_llama, selected_linears
 from sw.compress.report import (
     LayerReport,
     compress_layers,
@@ -51,6 +51,7 @@ from sw.compress.report import (
     llama_layer_shapes,
     random_llama_layers,
 )
+from sw.models import corpus
 from sw.models.compressed import (
     CompressedFileError,
     CompressedModel,
@@ -93,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
                     "(default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the calibration windows (default: %(default)s)")
+    ap.add_argument("--calib-domain", default=corpus.CODE, choices=corpus.CALIBRATION_SETS,
+                    help="calibration text, train splits: CPython source ('code'), English "
+                         "news ('prose') or half of each (default: %(default)s)")
     add_tokenizer_option(ap, "MODEL")
     ap.add_argument("--config", type=Path, default=None,
                     help="accelerator configuration JSON the format must stream on (default: "
@@ -242,7 +246,7 @@ def _recipe(args, fmt: WeightFormat, calibrated: bool, seq_len: int | None = Non
          "group": fmt.group, "symmetric": fmt.symmetric, "lanes": args.lanes}
     if calibrated:
         r["calibration"] = {"sequences": args.calib, "seq_len": seq_len, "seed": args.seed,
-                            "split": "train"}
+                            "split": "train", "text": args.calib_domain}
     return r
 
 
@@ -263,16 +267,18 @@ def _model(args, fmt: WeightFormat) -> tuple[list[LayerReport], CompressedModel]
     except ModelSourceError as e:
         raise UsageError(str(e)) from None
     model = src.model
-    calibrated = COMPRESS_METHODS[args.method][0] != "magnitude"
+    calibrated = calibrates(args.method)
     seq = min(args.seq_len, model.config.max_position_embeddings)
     print(f"compressing {src.name} ({model.num_parameters():,} parameters) with "
           f"{args.method}: {fmt.pattern} int{fmt.bits} group {fmt.group or 'row'} "
           f"{'asym' if args.asym else 'sym'}"
-          + (f", {args.calib} x {seq} calibration tokens" if calibrated else "")
+          + (f", {args.calib} x {seq} calibration tokens of {args.calib_domain}"
+             if calibrated else "")
           + f", streams for {args.lanes} lanes")
     originals = {name: mod.weight.detach().float().numpy().copy()
                  for name, mod in selected_linears(model).items()}
-    calibration = src.calibration(args.calib, seq, args.seed) if calibrated else None
+    calibration = (src.calibration(args.calib, seq, args.seed, args.calib_domain)
+                   if calibrated else None)
     t0 = time.perf_counter()
     try:
         weights = compress_llama(model, fmt, args.method, calibration,

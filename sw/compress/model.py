@@ -65,7 +65,7 @@ from sw.compress.wanda import wanda_mask
 from sw.models.llama import AttentionProducts, LlamaLM
 
 __all__ = ["COMPRESS_METHODS", "PRUNE_METHODS", "BLOCK_GROUPS", "compress_llama", "prune_llama",
-           "HardwareLinear", "use_hardware_numerics", "selected_linears"]
+           "HardwareLinear", "use_hardware_numerics", "selected_linears", "calibrates"]
 
 #: Methods of :func:`compress_llama`: name -> (``compress_model`` method, fixed options).
 #: ``rtn`` / ``magnitude`` / ``magnitude+rtn`` round to nearest (with the magnitude mask on a
@@ -88,6 +88,12 @@ COMPRESS_METHODS: dict[str, tuple[str, dict]] = {
     "sparsegpt-joint": ("sparsegpt", {"joint": True}),
     "sparsegpt+rtn": ("sparsegpt", {"joint": False}),
 }
+
+def calibrates(method: str) -> bool:
+    """Whether the :data:`COMPRESS_METHODS` ``method`` reads calibration data (all but those
+    that round the magnitude-masked weights to nearest)."""
+    return COMPRESS_METHODS[method][0] != "magnitude"
+
 
 #: Methods of :func:`prune_llama` and whether they need (norms, Hessian).
 PRUNE_METHODS: dict[str, tuple[bool, bool]] = {

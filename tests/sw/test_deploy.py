@@ -31,6 +31,7 @@ def test_deploy_reference_model(tmp_path, capsys):
     assert report["model"] == "reference" and report["pattern"] == "2:4"
     # the reference model's recipe with --method in its place; it fits the default DRAM
     assert report["recipe"] == str(RECIPES["reference"].override(method="magnitude"))
+    assert report["calib_corpus"] is None  # magnitude pruning reads no calibration text
     assert report["dram_sizing"] == {"needed_bytes": report["dram_bytes"]["total"],
                                      "size_bytes": AcceleratorConfig().memory.size_bytes,
                                      "how": "the default configuration's"}

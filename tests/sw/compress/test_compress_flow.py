@@ -186,3 +186,21 @@ def test_help_documents_every_option_with_its_default(capsys):
         text = capsys.readouterr().out
         assert text.count("(default:") >= count, text
 
+
+
+def test_calibration_text_is_chosen_and_recorded(tmp_path, capsys):
+    """--calib-domain picks the calibration set (Wanda's masks follow it) and the file's
+    recipe names it; an unknown set is one line and exit status 2, nothing written."""
+    weights = {}
+    for text in ("code", "prose"):
+        m = tmp_path / f"{text}.safetensors"
+        assert compress_main(["reference", "--method", "wanda", "--calib", "2", "--seq-len",
+                              "64", "--calib-domain", text, "--out", str(m), "--quiet"]) == 0
+        assert load(m).recipe["calibration"]["text"] == text
+        weights[text] = open_model(str(m)).weights
+    assert any(not weights["code"][n].equals(weights["prose"][n]) for n in weights["code"])
+    capsys.readouterr()
+    bad = tmp_path / "bad.safetensors"
+    assert _rc(compress_main, ["reference", "--calib-domain", "poetry", "--out", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "poetry" in err and not bad.exists()
