@@ -1,0 +1,107 @@
+"""The ECPIX-5 85F board: the facts every board module reads, defined once.
+
+LambdaConcept's ECPIX-5 (``amaranth_boards.ecpix5.ECPIX585Platform``): an LFE5UM5G-85F
+(ECP5-5G, BG554, speed grade 8), a 100 MHz oscillator, one DDR3L MT41K256M16 (x16, 512 MB) and
+an FTDI FT2232H whose second channel is the board's UART.
+
+LiteDRAM's ECP5 DDR3 PHY moves 4 beats of 16 bits per controller (``sys``) cycle, 8 bytes:
+600 MB/s peak at 75 MHz. The controller's native data word is one BL8 burst (128 bits); the
+accelerator's port is 64 bits, one peak-rate beat per cycle, and LiteDRAM's port converter
+pairs consecutive beats into bursts (sequential streams lose nothing).
+
+Examples
+--------
+>>> from hw.config import AcceleratorConfig
+>>> cfg = ECPIX5.accelerator_config(AcceleratorConfig())
+>>> cfg.beat_bytes, cfg.memory.size_bytes == ECPIX5.dram_bytes
+(8, True)
+>>> ECPIX5.peak_bytes_per_s / 1e6
+600.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hw.config import AcceleratorConfig, MemoryModel
+
+__all__ = ["Board", "ECPIX5"]
+
+
+@dataclass(frozen=True)
+class Board:
+    """One FPGA board as the board flow sees it.
+
+    Parameters
+    ----------
+    name:
+        Short name, used in paths (``bitstreams/<name>/...``).
+    platform:
+        ``module:Class`` of the amaranth-boards platform.
+    device:
+        Full part number, as LiteDRAM's generator takes it.
+    input_clk_hz, sys_clk_hz, init_clk_hz:
+        The oscillator, the controller and accelerator clock, LiteDRAM's initialisation clock.
+    sdram_module, sdram_phy:
+        LiteDRAM's names of the memory chip (``litedram.modules``) and of the PHY.
+    dram_bytes:
+        Memory size.
+    port_bits:
+        Width of the accelerator's native port (= 8 x its beat bytes).
+    peak_bytes_per_sys_cycle:
+        What the PHY moves per ``sys`` cycle at best.
+    uart_baud:
+        Host link rate.
+    """
+
+    name: str
+    platform: str
+    device: str
+    input_clk_hz: float
+    sys_clk_hz: float
+    init_clk_hz: float
+    sdram_module: str
+    sdram_phy: str
+    dram_bytes: int
+    port_bits: int
+    peak_bytes_per_sys_cycle: int
+    uart_baud: int
+
+    @property
+    def peak_bytes_per_s(self) -> float:
+        """The memory roofline's bandwidth."""
+        return self.peak_bytes_per_sys_cycle * self.sys_clk_hz
+
+    @property
+    def port_addr_bits(self) -> int:
+        """Word-address width of a native port of :attr:`port_bits`."""
+        return (self.dram_bytes // (self.port_bits // 8) - 1).bit_length()
+
+    def accelerator_config(self, base: AcceleratorConfig, latency: int | None = None
+                           ) -> AcceleratorConfig:
+        """``base`` with this board's memory: beats of the native port, the whole DRAM.
+
+        ``latency`` (default: ``base``'s) is the contract's read latency; the bridge stalls the
+        accelerator whenever the controller takes longer (hw/board/bridge.py).
+        """
+        memory = MemoryModel(bytes_per_cycle=self.port_bits // 8,
+                             latency=base.memory.latency if latency is None else latency,
+                             size_bytes=self.dram_bytes)
+        return dataclasses.replace(base, memory=memory)
+
+
+ECPIX5 = Board(
+    name="ecpix5-85f",
+    platform="amaranth_boards.ecpix5:ECPIX585Platform",
+    device="LFE5UM5G-85F-8BG554I",
+    input_clk_hz=100e6,
+    sys_clk_hz=75e6,
+    init_clk_hz=25e6,
+    sdram_module="MT41K256M16",
+    sdram_phy="ECP5DDRPHY",
+    dram_bytes=512 << 20,
+    port_bits=64,
+    peak_bytes_per_sys_cycle=8,
+    uart_baud=3_000_000,
+)
