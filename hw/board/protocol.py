@@ -103,7 +103,8 @@ __all__ = [
     "CSR_ADDR_BITS", "CSR_DATA_BITS", "ERROR_PC_BITS", "STALL_CYCLES_BITS",
     "Command", "Status", "Field", "REQUEST_HEADER", "REPLY_HEADER", "REQUEST_HEADER_BYTES",
     "REPLY_HEADER_BYTES", "HELLO_FIELDS", "STATUS_FIELDS", "CSR_READ_FIELDS",
-    "ProtocolError", "crc16_byte", "crc16", "fields_bytes", "pack_fields", "unpack_fields",
+    "ProtocolError", "crc16_bit", "crc16_byte", "crc16", "fields_bytes", "pack_fields",
+    "unpack_fields",
     "board_id", "config_id", "request_status", "Frame", "Request", "Reply", "FrameDecoder",
 ]
 
@@ -277,16 +278,21 @@ def unpack_fields(fields: Sequence[Field], data: bytes) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------- CRC
-def crc16_byte(crc, byte):
-    """One byte of CRC-16/CCITT-FALSE, bit by bit (no table): the specification.
+def crc16_bit(crc, bit):
+    """One message bit of CRC-16/CCITT-FALSE (MSB first): the specification.
 
-    Written with ``^``, ``&``, ``>>``, ``<<`` and ``*`` only, so that ``crc`` and ``byte`` may be
+    Written with ``^``, ``&``, ``>>``, ``<<`` and ``*`` only, so that ``crc`` and ``bit`` may be
     ints (the driver) or Amaranth values (the RTL builds its CRC logic from this function). The
     result of Amaranth values is wider than 16 bits; its low 16 bits are the CRC.
     """
-    for i in range(8):
-        feedback = ((crc >> (CRC_BITS - 1)) ^ (byte >> (7 - i))) & 1
-        crc = ((crc << 1) & ((1 << CRC_BITS) - 1)) ^ (feedback * CRC_POLY)
+    feedback = ((crc >> (CRC_BITS - 1)) ^ bit) & 1
+    return ((crc << 1) & ((1 << CRC_BITS) - 1)) ^ (feedback * CRC_POLY)
+
+
+def crc16_byte(crc: int, byte: int) -> int:
+    """One byte of CRC-16/CCITT-FALSE: :func:`crc16_bit` over its bits, MSB first (no table)."""
+    for i in reversed(range(8)):
+        crc = crc16_bit(crc, (byte >> i) & 1)
     return crc
 
 
