@@ -10,13 +10,15 @@ one per concern, hand a frame along::
                                                Wishbone control bus)
 
 RX hunts for the sync byte, shifts the header into a register, writes the data bytes into the
-request buffer and checks the CRC; a frame with a bad CRC or an oversized ``len`` is dropped
-without a reply (the host retries). A good frame waits (``rx.ready`` low) until its reply has
-been sent. EXEC checks the request (:func:`hw.board.protocol.request_status`, the model these
-checks are tested against), executes it and writes the reply data into the reply buffer; a
-request with the seq of the last executed one (HELLO aside) skips EXEC: TX re-sends the kept
-reply. Both buffers are :data:`~hw.board.protocol.DATA_BYTES` of native-port words, written a
-byte at a time (byte enables) or a word at a time.
+request buffer and checks the CRC; a frame with a bad CRC or an oversized ``len``, or one whose
+next byte does not come within :data:`~hw.board.protocol.FRAME_GAP_S` (at the board's
+``sys_clk_hz``), is dropped without a reply (the host retries). A good frame waits (``rx.ready``
+low) until its reply has been sent. EXEC checks the request
+(:func:`hw.board.protocol.request_status`, the model these checks are tested against), executes
+it and writes the reply data into the reply buffer; a request with the seq of the last executed
+one (HELLO aside) skips EXEC: TX re-sends the kept reply. Both buffers are
+:data:`~hw.board.protocol.DATA_BYTES` of native-port words, written a byte at a time (byte
+enables) or a word at a time.
 
 Memory access uses the link's own native port: writes one word at a time (command, then its
 data, as LiteDRAM's Wishbone bridge does), reads with as many commands in flight as the port
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from amaranth import Cat, Const, Module, Signal, Value, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -207,6 +209,11 @@ class HostLink(wiring.Component):
         rx_crc = Signal(p.CRC_BITS)
         rx_cnt = Signal(range(max(hdr_bytes, p.DATA_BYTES)))
         rx_take = self.rx.valid & self.rx.ready
+        gap_cycles = max(1, round(self._board.sys_clk_hz * p.FRAME_GAP_S))
+        gap = Signal(range(gap_cycles))  # cycles since the frame's last byte
+        mid_frame = Signal()
+        m.d.sync += gap.eq(Mux(rx_take | ~mid_frame, 0, gap + 1))
+        stalled = gap == gap_cycles - 1  # (ready is high mid-frame: no byte is waiting)
         frame = Signal()    # a good frame waits for its reply
         release = Signal()  # its reply has been sent
         rx_crc_next = crc_next(rx_crc, self.rx.payload)
@@ -219,7 +226,9 @@ class HostLink(wiring.Component):
                     m.d.sync += [rx_crc.eq(p.CRC_INIT), rx_cnt.eq(0)]
                     m.next = "HEADER"
             with m.State("HEADER"):
-                m.d.comb += self.rx.ready.eq(1)
+                m.d.comb += [self.rx.ready.eq(1), mid_frame.eq(1)]
+                with m.If(stalled & ~self.rx.valid):
+                    m.next = "HUNT"
                 with m.If(rx_take):
                     m.d.sync += [hdr.eq(hdr_next), rx_cnt.eq(rx_cnt + 1)]
                     with m.If(rx_cnt == hdr_bytes - 1):
@@ -232,7 +241,9 @@ class HostLink(wiring.Component):
                         with m.Else():
                             m.next = "DATA"
             with m.State("DATA"):
-                m.d.comb += self.rx.ready.eq(1)
+                m.d.comb += [self.rx.ready.eq(1), mid_frame.eq(1)]
+                with m.If(stalled & ~self.rx.valid):
+                    m.next = "HUNT"
                 with m.If(rx_take):
                     byte_write(req_w, rx_cnt, self.rx.payload)
                     m.d.sync += rx_cnt.eq(rx_cnt + 1)
@@ -240,7 +251,9 @@ class HostLink(wiring.Component):
                         m.d.sync += rx_cnt.eq(0)
                         m.next = "CRC"
             with m.State("CRC"):
-                m.d.comb += self.rx.ready.eq(1)
+                m.d.comb += [self.rx.ready.eq(1), mid_frame.eq(1)]
+                with m.If(stalled & ~self.rx.valid):
+                    m.next = "HUNT"
                 with m.If(rx_take):
                     m.d.sync += rx_cnt.eq(rx_cnt + 1)
                     with m.If(rx_cnt == p.CRC_BYTES - 1):

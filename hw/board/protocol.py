@@ -58,9 +58,9 @@ The board checks a request in the order of :func:`request_status`: a bad command
 length or word count, an address range outside the DRAM, the instruction memory or the CSR
 bus, DRAM that is not initialised (memory access and START), an accelerator that is busy
 (memory access, instruction writes and START). A refused request changes nothing and its reply
-says why. A frame with a bad CRC, an oversized ``len`` or a broken header is dropped without a
-reply: the host's timeout and retry recover it (a NAK would have to trust the seq of a frame
-that failed its CRC).
+says why. A frame with a bad CRC, an oversized ``len`` or a pause of more than
+:data:`FRAME_GAP_S` between two of its bytes is dropped without a reply: the host's timeout and
+retry recover it (a NAK would have to trust the seq of a frame that failed its CRC).
 
 Exactly once: the board keeps the reply of the last request it executed. A request whose seq
 equals that request's seq is a retry: the board re-sends the kept reply without executing the
@@ -99,7 +99,7 @@ from hw.isa import INSTR_BITS, ErrorCode
 
 __all__ = [
     "PROTOCOL_VERSION", "SYNC_REQUEST", "SYNC_REPLY", "CRC_INIT", "CRC_POLY", "CRC_BYTES",
-    "WORD_BYTES", "INSTR_BYTES", "DATA_BYTES", "MAX_MEM_WORDS", "MAX_IMEM_WORDS",
+    "FRAME_GAP_S", "WORD_BYTES", "INSTR_BYTES", "DATA_BYTES", "MAX_MEM_WORDS", "MAX_IMEM_WORDS",
     "CSR_ADDR_BITS", "CSR_DATA_BITS", "ERROR_PC_BITS", "STALL_CYCLES_BITS",
     "Command", "Status", "Field", "REQUEST_HEADER", "REPLY_HEADER", "REQUEST_HEADER_BYTES",
     "REPLY_HEADER_BYTES", "HELLO_FIELDS", "STATUS_FIELDS", "CSR_READ_FIELDS",
@@ -139,6 +139,10 @@ MAX_IMEM_WORDS = DATA_BYTES // INSTR_BYTES
 #: LiteDRAM's control bus (``wb_ctrl``): Wishbone classic, 32-bit data, word addresses.
 CSR_DATA_BITS = 32
 CSR_ADDR_BITS = 30
+#: A frame whose next byte does not come within this many seconds is abandoned by the board (a
+#: corrupted ``len`` would otherwise make it wait for bytes of later frames). The host's reply
+#: timeout must be longer, so that its retry starts a fresh frame.
+FRAME_GAP_S = 0.01
 #: Width of STATUS's ``error_pc`` (the link refuses an instruction memory deeper than this).
 ERROR_PC_BITS = 32
 #: Width of the memory-stall cycle counter the link reports (hw/board/bridge.py counts them).

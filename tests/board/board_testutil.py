@@ -20,8 +20,10 @@ from hw.isa import ErrorCode
 __all__ = ["SMALL_BOARD", "NativePortModel", "WishboneModel", "AcceleratorModel", "BytePump",
            "LinkBench", "SimTransport"]
 
-#: The ECPIX-5 with 64 KiB of DRAM: address checks reachable by small tests.
-SMALL_BOARD = dataclasses.replace(ECPIX5, name="ecpix5-test", dram_bytes=1 << 16)
+#: The ECPIX-5 with 64 KiB of DRAM (address checks reachable by small tests) and a 100 kHz clock:
+#: the simulations' seconds (:class:`SimTransport`, the link's frame gap) in few cycles.
+SMALL_BOARD = dataclasses.replace(ECPIX5, name="ecpix5-test", dram_bytes=1 << 16,
+                                  sys_clk_hz=1e5)
 
 
 class _Outputs:
@@ -205,6 +207,7 @@ class LinkBench:
                  dram_ready: bool = True, dead_csr: frozenset[int] = frozenset(),
                  run_cycles: int = 30):
         rng = random.Random(seed)
+        self.board = board
         self.cfg = board.accelerator_config(cfg)
         self.link = link = HostLink(self.cfg, board)
         self.native = NativePortModel(link.mem, rng)
@@ -250,10 +253,12 @@ class LinkBench:
 class SimTransport:
     """A :class:`sim.board.Transport` into a :class:`LinkBench`: writes queue bytes for ``rx``,
     reads step the simulation until the bytes are there or the timeout passed, in simulated
-    seconds of ``clock_hz`` (skipping the UART: a byte per cycle at most)."""
+    seconds of the board's clock (skipping the UART: a byte per cycle at most)."""
 
-    def __init__(self, bench: LinkBench, clock_hz: float = 1e6):
-        self.bench, self.clock_hz = bench, clock_hz
+    name = "simulated HostLink"
+
+    def __init__(self, bench: LinkBench):
+        self.bench, self.clock_hz = bench, bench.board.sys_clk_hz
 
     def write(self, data: bytes) -> None:
         self.bench.pump.to_link.extend(data)

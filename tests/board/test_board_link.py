@@ -187,6 +187,20 @@ def test_bad_frames_are_dropped_and_the_link_resynchronises():
     assert (r.seq, r.status) == (1, p.Status.OK)
 
 
+def test_a_stalled_frame_is_abandoned_after_the_frame_gap():
+    """A header whose corrupted len announces more data than comes: after FRAME_GAP_S without a
+    byte the link hunts again, so the host's retry is answered instead of swallowed."""
+    bench = LinkBench(CFG, seed=8)
+    good = p.Request(seq=1, cmd=p.Command.CSR_READ, addr=3)
+    stalled = bytes([p.SYNC_REQUEST]) + p.pack_fields(p.REQUEST_HEADER, {
+        "seq": 0, "cmd": p.Command.WRITE_MEM, "addr": 0, "arg": 0, "len": p.DATA_BYTES})
+    bench.pump.to_link.extend(stalled + good.encode())
+    assert bench.read(1, REPLY_CYCLES) == b""  # the good frame went into the stalled one's data
+    gap_cycles = round(SMALL_BOARD.sys_clk_hz * p.FRAME_GAP_S)
+    bench.run(gap_cycles)
+    assert transact(bench, good).status == p.Status.OK
+
+
 def test_constructor_validates():
     with pytest.raises(LinkError, match="use board.accelerator_config"):
         HostLink(CFG, ECPIX5)
