@@ -79,6 +79,7 @@ def test_driver_against_the_rtl():
     link = BoardLink(SimTransport(bench), timeout=TIMEOUT)
     assert link.info["config_id"] == p.config_id(bench.cfg)
     assert link.info["board_id"] == p.board_id(SMALL_BOARD)
+    link.require_build(bench.cfg, SMALL_BOARD)
     _run_session(link, bench, random.Random(11))
     assert link.frames_recovered == 0
 
@@ -130,6 +131,17 @@ class _Board:
         out = bytes(self.out[:n])
         del self.out[:n]
         return out
+
+
+def test_a_bitstream_for_another_build_is_refused():
+    cfg = SMALL_BOARD.accelerator_config(CFG)
+    link = BoardLink(_Board(board_id=p.board_id(SMALL_BOARD), config_id=p.config_id(cfg)),
+                     timeout=TIMEOUT)
+    link.require_build(cfg, SMALL_BOARD)
+    other = SMALL_BOARD.accelerator_config(small_config(rows=4))
+    with pytest.raises(BoardLinkError, match=f"this program is for board ecpix5-test .*config "
+                                             f"{other.fingerprint}"):
+        link.require_build(other, SMALL_BOARD)
 
 
 def test_another_protocol_is_refused():
