@@ -295,7 +295,7 @@ class HostLink(wiring.Component):
             is_cmd[p.Command.START]
         needs_idle = needs_dram | is_cmd[p.Command.WRITE_IMEM]
         check = Signal(p.Status)
-        with m.If(cmd >= len(p.Command)):
+        with m.If(~Cat(*is_cmd.values()).any()):
             m.d.comb += check.eq(p.Status.BAD_COMMAND)
         with m.Elif(bad_length):
             m.d.comb += check.eq(p.Status.BAD_LENGTH)
@@ -460,8 +460,11 @@ class HostLink(wiring.Component):
         tx_take = self.tx.valid & self.tx.ready
         crc_be = Cat(*(tx_crc.word_select(b, 8) for b in reversed(range(p.CRC_BYTES))))
         m.d.comb += rep_r.addr.eq(tx_cnt >> word_bytes_log2)
+        tx_covered = Signal()  # the byte being sent is covered by the CRC: header and data
         with m.If(tx_take):
-            m.d.sync += [tx_crc.eq(crc_next(tx_crc, self.tx.payload)), tx_cnt.eq(tx_cnt + 1)]
+            m.d.sync += tx_cnt.eq(tx_cnt + 1)
+        with m.If(tx_take & tx_covered):
+            m.d.sync += tx_crc.eq(crc_next(tx_crc, self.tx.payload))
         with m.FSM(name="tx"):
             with m.State("IDLE"):
                 with m.If(send):
@@ -472,7 +475,8 @@ class HostLink(wiring.Component):
                     m.d.sync += [tx_crc.eq(p.CRC_INIT), tx_cnt.eq(0)]
                     m.next = "HEADER"
             with m.State("HEADER"):
-                m.d.comb += [self.tx.valid.eq(1), self.tx.payload.eq(rhdr.word_select(tx_cnt, 8))]
+                m.d.comb += [self.tx.valid.eq(1), self.tx.payload.eq(rhdr.word_select(tx_cnt, 8)),
+                             tx_covered.eq(1)]
                 with m.If(tx_take & (tx_cnt == rhdr_bytes - 1)):
                     m.d.sync += tx_cnt.eq(0)
                     m.next = "CRC"
@@ -483,7 +487,8 @@ class HostLink(wiring.Component):
             with m.State("DATA"):
                 m.d.comb += [self.tx.valid.eq(1),
                              self.tx.payload.eq(rep_r.data.word_select(
-                                 tx_cnt[:word_bytes_log2], 8))]
+                                 tx_cnt[:word_bytes_log2], 8)),
+                             tx_covered.eq(1)]
                 with m.If(tx_take):
                     with m.If(tx_cnt == rep_len - 1):
                         m.d.sync += tx_cnt.eq(0)
@@ -494,7 +499,6 @@ class HostLink(wiring.Component):
                 m.d.comb += [self.tx.valid.eq(1),
                              self.tx.payload.eq(crc_be.word_select(tx_cnt, 8))]
                 with m.If(tx_take):
-                    m.d.sync += tx_crc.eq(tx_crc)
                     with m.If(tx_cnt == p.CRC_BYTES - 1):
                         m.d.comb += sent.eq(1)
                         m.next = "IDLE"

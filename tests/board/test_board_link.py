@@ -209,3 +209,49 @@ def test_constructor_validates():
     wide = dataclasses.replace(ECPIX5, port_bits=128)
     with pytest.raises(LinkError, match="native port is 128 bits"):
         HostLink(wide.accelerator_config(AcceleratorConfig()), wide)
+
+
+def test_through_the_uart():
+    """The link behind the board's UART, the host's end a UART too: HELLO and STATUS answered
+    (divisor 4 keeps it short; the rate is a parameter of the UART alone)."""
+    from amaranth import Module
+    from amaranth.lib.wiring import connect
+    from amaranth.sim import Simulator
+
+    from hw.board.uart import UartRx, UartTx
+
+    cfg = SMALL_BOARD.accelerator_config(CFG)
+    rate = (SMALL_BOARD.sys_clk_hz, SMALL_BOARD.sys_clk_hz / 4)
+    m = Module()
+    m.submodules.link = link = HostLink(cfg, SMALL_BOARD)
+    m.submodules.board_rx, m.submodules.board_tx = board_rx, board_tx = UartRx(*rate), \
+        UartTx(*rate)
+    m.submodules.host_tx, m.submodules.host_rx = host_tx, host_rx = UartTx(*rate), \
+        UartRx(*rate)
+    connect(m, board_rx.byte, link.rx)
+    connect(m, link.tx, board_tx.byte)
+    m.d.comb += [board_rx.line.eq(host_tx.line), host_rx.line.eq(board_tx.line)]
+    requests = [p.Request(seq=0, cmd=p.Command.HELLO), p.Request(seq=1, cmd=p.Command.STATUS)]
+    dec = p.FrameDecoder(p.Reply)
+    replies = []
+
+    async def host(ctx):
+        ctx.set(host_rx.byte.ready, 1)
+        for req in requests:
+            for b in req.encode():
+                ctx.set(host_tx.byte.payload, b)
+                ctx.set(host_tx.byte.valid, 1)
+                await ctx.tick().until(host_tx.byte.ready)
+            ctx.set(host_tx.byte.valid, 0)
+            while not replies or replies[-1].seq != req.seq:
+                if ctx.get(host_rx.byte.valid):
+                    replies.extend(dec.feed([ctx.get(host_rx.byte.payload)]))
+                await ctx.tick()
+
+    sim = Simulator(m)
+    sim.add_clock(1 / SMALL_BOARD.sys_clk_hz)
+    sim.add_testbench(host)
+    sim.run_until(0.2)  # 20000 cycles; the exchange needs 156 bytes x 40 cycles
+    assert [(r.seq, r.cmd, r.status) for r in replies] == [
+        (0, p.Command.HELLO, p.Status.OK), (1, p.Command.STATUS, p.Status.OK)]
+    assert p.unpack_fields(p.HELLO_FIELDS, replies[0].data)["config_id"] == p.config_id(cfg)
