@@ -1,7 +1,7 @@
 # amaranth: UnusedElaboratable=no
 """The DRAM bridge (hw/board/bridge.py) in the Amaranth simulator, against unkind memories.
 
-The memory behind the native port is :class:`board_testutil.NativePortModel`: random
+The memory behind the native port is :class:`bridge_testutil.NativePortModel`: random
 ``cmd.ready``, random read latencies and write-data delays, refresh-like stalls, all seeded.
 Two levels:
 
@@ -22,7 +22,7 @@ import random
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
-from board_testutil import NativePortModel
+from bridge_testutil import NativePortModel
 
 from hw.board.bridge import BridgedAccelerator, DramBridge
 from hw.board.ecpix5 import ECPIX5
