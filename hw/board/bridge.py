@@ -93,9 +93,11 @@ class DramBridge(wiring.Component):
     wdata_depth:
         Write-data FIFO entries: write commands accepted whose data LiteDRAM has not taken.
     resp_depth:
-        Response FIFO entries, the most reads in flight (default ``cfg.memory.latency``: the
-        accelerator never has more unconsumed reads, so the bridge never withholds a read
-        for want of room).
+        Response FIFO entries, the most reads in flight; at least (and by default)
+        ``cfg.memory.latency``: the accelerator has at most that many reads it has not consumed,
+        so a read is never withheld for want of room. (With fewer, the queue could fill with
+        reads that wait for room while the read whose consumption would make room waits for an
+        enabled cycle: a deadlock.)
 
     Members
     -------
@@ -130,7 +132,7 @@ class DramBridge(wiring.Component):
                              f"board.dram_bytes={board.dram_bytes}")
         resp_depth = cfg.memory.latency if resp_depth is None else resp_depth
         for name, v, low in (("cmd_depth", cmd_depth, 2), ("wdata_depth", wdata_depth, 1),
-                             ("resp_depth", resp_depth, 1)):
+                             ("resp_depth", resp_depth, cfg.memory.latency)):
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         self._cfg = cfg

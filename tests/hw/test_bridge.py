@@ -49,11 +49,16 @@ def _run(dut, bench) -> None:
 
 
 # ------------------------------------------------------------------ the bridge alone
-@pytest.mark.parametrize("latency,seed", [(1, 0), (2, 1), (5, 2), (24, 3)])
-def test_bridge_keeps_the_contract(latency, seed):
+@pytest.mark.parametrize("latency,seed,depths", [
+    (1, 0, {}), (2, 1, {}), (5, 2, {}), (24, 3, {}),
+    # The smallest queues: the accelerator stalls for want of command slots, writes wait for
+    # write-data slots.
+    (5, 4, {"cmd_depth": 2, "wdata_depth": 1, "resp_depth": 5}),
+])
+def test_bridge_keeps_the_contract(latency, seed, depths):
     """Random reads and writes on 6 words: data and timing as hw/memory_model.py says."""
     cfg = _cfg(latency)
-    dut = DramBridge(cfg, BOARD)
+    dut = DramBridge(cfg, BOARD, **depths)
     rng = random.Random(seed)
     mem = np.frombuffer(rng.randbytes(BOARD.dram_bytes), dtype=np.uint8).copy()
     ref = mem.copy()                    # the contract's memory, updated in enabled cycles
@@ -95,6 +100,7 @@ def test_bridge_keeps_the_contract(latency, seed):
                 e += 1
             elif not ctx.get(dut.clear):
                 seen["stalls"] += 1
+            assert native.now < 100 * n_cycles, f"stuck after {native.now} cycles"
             native.step(ctx)
             await ctx.tick()
             ctx.set(dut.clear, 0)
@@ -133,7 +139,7 @@ def test_idle_lines_flush_the_up_converter():
     ({"cfg": AcceleratorConfig()}, "beat_bytes=16"),
     ({"board": dataclasses.replace(BOARD, dram_bytes=1 << 12)}, "size_bytes=32768"),
     ({"cmd_depth": 1}, "cmd_depth"),
-    ({"resp_depth": 0}, "resp_depth"),
+    ({"resp_depth": 4}, "resp_depth must be an int >= 5, got 4"),
 ])
 def test_bad_arguments_name_the_value(kw, msg):
     args = {"cfg": _cfg(5), "board": BOARD, **kw}
@@ -142,8 +148,9 @@ def test_bad_arguments_name_the_value(kw, msg):
 
 
 # ------------------------------------------------------------------ the accelerator on it
-def run_bridged(cfg, program, dram, seed, **native_kw):
-    """Run ``program`` on :class:`BridgedAccelerator` over a :class:`NativePortModel` memory.
+def run_bridged(cfg, program, dram, seed, max_cycles=200_000, **native_kw):
+    """Run ``program`` on :class:`BridgedAccelerator` over a :class:`NativePortModel` memory
+    (at most ``max_cycles`` cycles).
 
     Returns ``(cycles, error, error_pc, counters, dram, stall_cycles, stalls_seen)``.
     """
@@ -177,6 +184,7 @@ def run_bridged(cfg, program, dram, seed, **native_kw):
                 stalls += 1
             if ctx.get(dut.done) and not ctx.get(dut.start):
                 break
+            assert native.now < max_cycles, f"still busy after {native.now} cycles"
             native.step(ctx)
             await ctx.tick()
         ctrs = ctx.get(dut.counters)
@@ -189,7 +197,7 @@ def run_bridged(cfg, program, dram, seed, **native_kw):
     return out, mem
 
 
-@pytest.mark.parametrize("latency,seed", [(5, 0), (2, 1), (24, 2)])
+@pytest.mark.parametrize("latency,seed", [(5, 0), (24, 2)])
 def test_random_programs_match_the_fast_model(latency, seed):
     """Cycles, error, counters and the DRAM image as FastModel; stalls counted apart."""
     cfg = _cfg(latency)
