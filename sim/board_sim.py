@@ -142,7 +142,8 @@ class BoardSim:
         return self._runner
 
     def open(self, seed: int = 1, *, ready_percent: int = 70, max_latency: int = 25,
-             refresh_every: int = 600, refresh_cycles: int = 40) -> BoardSimTransport:
+             refresh_every: int = 600, refresh_cycles: int = 40,
+             upconverter: bool = True) -> BoardSimTransport:
         """Start the simulated board; returns its transport (close it, or use ``with``).
 
         Parameters
@@ -155,6 +156,10 @@ class BoardSim:
             Longest read latency of the simulated LiteDRAM, cycles (the shortest is 3).
         refresh_every, refresh_cycles:
             Both ports stall for ``refresh_cycles`` about every ``refresh_every`` cycles.
+        upconverter:
+            Model LiteDRAM's up-converter on both ports (a 64-bit port on the 128-bit
+            controller, as on the ECPIX-5; see the harness): the runner stops with an error when
+            a port's commands would make it serve an address once for two commands, or hang.
         """
         for name, v, low in (("seed", seed, 0), ("ready_percent", ready_percent, 1),
                              ("max_latency", max_latency, 3), ("refresh_every", refresh_every, 2),
@@ -165,7 +170,8 @@ class BoardSim:
             raise ValueError(f"ready_percent must be at most 100, got {ready_percent!r}")
         args = ["--seed", seed, "--idle-cycles", frame_gap_cycles(self.board) + 1000,
                 "--ready-percent", ready_percent, "--max-latency", max_latency,
-                "--refresh-every", refresh_every, "--refresh-cycles", refresh_cycles]
+                "--refresh-every", refresh_every, "--refresh-cycles", refresh_cycles,
+                "--upconverter", int(bool(upconverter))]
         return BoardSimTransport([str(self.build()), *map(str, args)],
                                  name=f"board-sim(seed={seed})")
 
@@ -189,6 +195,10 @@ class BoardSimTransport:
                                       stderr=self._stderr)
 
     def _dead(self) -> BoardSimError:
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
         self._stderr.seek(0)
         err = self._stderr.read().decode(errors="replace").strip()
         return BoardSimError(f"{self.name}: the board runner exited (rc={self._proc.poll()}): "

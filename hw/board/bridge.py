@@ -35,12 +35,23 @@ accelerator's order, so a read sees exactly the writes of earlier enabled cycles
 model. Writes are posted: a LOAD that depends on a STORE is ordered after the STORE's ``done``
 by the program's events, and the STORE's writes are in the queue ahead of the LOAD's reads.
 
-LiteDRAM's up-converter (a 64-bit port on the 128-bit controller) keeps a half-filled
-command until the port's command lines show another word or the other direction, whether or not
-``cmd.valid`` is high (``next_cmd`` in ``LiteDRAMNativePortUpConverter``); the generated core
-exposes neither ``cmd.last`` nor ``flush``. While it has nothing to send, the bridge therefore
-drives ``cmd.we`` low and ``cmd.addr`` to the complement of the last address it sent, so the
-last write of a STORE reaches the memory and the last read of a LOAD returns.
+LiteDRAM's up-converter (a 64-bit port on the 128-bit controller,
+``LiteDRAMNativePortUpConverter``) gathers consecutive commands of one direction to one
+controller word into one controller command, and keeps that command open until the port's
+command lines show another word or the other direction, whether or not ``cmd.valid`` is high
+(``next_cmd``); the generated core exposes neither ``cmd.last`` nor ``flush``. Two rules follow:
+
+* while it has nothing to send, the bridge drives ``cmd.we`` low and ``cmd.addr`` to the
+  complement of the last address it sent, so that the last write of a STORE reaches the memory
+  and the last read of a LOAD returns;
+* a command to the same address and in the same direction as the one before it (a DMA with a
+  zero stride) would join that command's group, which serves each address once: one response
+  for two reads, and a write's data left behind to corrupt the next write. So a repeated read
+  waits until the data of the reads before it is back (the converter has then closed their
+  group), and a repeated write waits one cycle with the lines showing another word (the
+  converter sees it while it gathers: it gathers from the cycle after it accepted the write).
+  With two port words per controller word, a group is full after two different addresses, so
+  only a command right after its twin can join it.
 
 Examples
 --------
@@ -180,10 +191,23 @@ class DramBridge(wiring.Component):
         head = layout(cmdq.r_data)
         rd_sent = Signal()                          # the head's read is out, its write is not
         in_flight = Signal(range(self.resp_depth + 1))  # reads sent, data not yet popped
-        last_addr = Signal(aw)
-        want_rd = cmdq.r_rdy & head.rd & ~rd_sent & (in_flight != self.resp_depth)
-        want_wr = cmdq.r_rdy & head.wr & (~head.rd | rd_sent) & wdataq.w_rdy
+        last_addr = Signal(aw)                      # of the last accepted command
+        last_we = Signal()
+        rd_waiting = Signal(range(self.resp_depth + 1))  # reads sent, data not yet back
+        flushed = Signal()                          # a cycle without a command since then
+        # A repeat of the last command (see the module docstring): a read waits for the data of
+        # the reads before it, a write for one cycle without a command.
+        repeat_rd = ~last_we & (head.rd_addr == last_addr) & (rd_waiting != 0)
+        repeat_wr = last_we & (head.wr_addr == last_addr) & ~flushed
+        want_rd = (cmdq.r_rdy & head.rd & ~rd_sent & (in_flight != self.resp_depth)
+                   & ~repeat_rd)
+        want_wr = cmdq.r_rdy & head.wr & (~head.rd | rd_sent) & wdataq.w_rdy & ~repeat_wr
         accepted = port.cmd.valid & port.cmd.ready
+        with m.If(accepted):
+            m.d.sync += [last_we.eq(port.cmd.payload.we), flushed.eq(0)]
+        with m.Elif(~port.cmd.valid):
+            m.d.sync += flushed.eq(1)
+        m.d.sync += rd_waiting.eq(rd_waiting + (accepted & want_rd) - port.rdata.valid)
         m.d.comb += port.cmd.valid.eq(want_rd | want_wr)
         with m.If(want_rd):
             m.d.comb += [port.cmd.payload.we.eq(0), port.cmd.payload.addr.eq(head.rd_addr)]
