@@ -10,16 +10,6 @@ link's bytes; :mod:`sim.board_sim` builds and runs it.
 
 LiteDRAM's control bus is answered by a stand-in (every access acknowledged in the next cycle,
 reads return 0) and its initialisation is reported done: the simulated memory needs none.
-
-Examples
---------
->>> import dataclasses
->>> from hw.board.ecpix5 import ECPIX5
->>> from hw.config import AcceleratorConfig
->>> board = dataclasses.replace(ECPIX5, dram_bytes=1 << 15)
->>> top = BoardSimTop(board.accelerator_config(AcceleratorConfig(rows=2, cols=4)), board)
->>> sorted(top.signature.members)
-['accel', 'busy', 'host', 'rx', 'tx']
 """
 
 from __future__ import annotations
