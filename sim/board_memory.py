@@ -54,7 +54,8 @@ from typing import Any
 from hw.board.ecpix5 import Board
 
 __all__ = ["SIM_ROWS", "PATTERNS", "MemoryTiming", "phy_settings", "sdram_module",
-           "refresh_cycles", "controller_bits", "measure", "MemoryMeasureError"]
+           "refresh_cycles", "controller_bits", "measure", "board_cycles",
+           "MemoryMeasureError"]
 
 #: Rows per bank of the simulated memory (the chip's banks and columns are kept): enough for
 #: a sequential stream to cross a row of every bank within :func:`measure`'s default window
@@ -387,3 +388,24 @@ def measure(board: Board, port_bits: int | None = None, refresh_intervals: int =
         refresh_intervals=refresh_intervals if window and window_cycles is None else 0,
         trefi_cycles=trefi, trfc_cycles=trfc,
         peak_bytes_per_cycle=board.peak_bytes_per_sys_cycle)
+
+
+def board_cycles(fast_cycles: float, beats: float, beat_bytes: int,
+                 bytes_per_cycle: float) -> float:
+    """Cycles on the board of work the fast model counts as ``fast_cycles`` with one beat of
+    ``beat_bytes`` per cycle, when each of its ``beats`` DRAM beats comes at the memory's
+    ``bytes_per_cycle`` instead: the bridge stops the accelerator for the difference
+    (:mod:`hw.board`), ``beats * (beat_bytes / bytes_per_cycle - 1)`` cycles, none when the
+    memory is as fast as the beat.
+
+    >>> board_cycles(1000, 400, 8, 6.4)
+    1100.0
+
+    Raises
+    ------
+    MemoryMeasureError
+        ``bytes_per_cycle`` not positive.
+    """
+    if not bytes_per_cycle > 0:
+        raise MemoryMeasureError(f"bytes_per_cycle must be > 0, got {bytes_per_cycle!r}")
+    return fast_cycles + beats * max(0.0, beat_bytes / bytes_per_cycle - 1)
