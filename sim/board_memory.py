@@ -16,14 +16,18 @@ controller's own width, as in the generated core), and runs it in Migen's simula
     One read of an idle controller (no row open, no refresh due): cycles from the cycle in
     which the port accepts the command (``cmd.valid & cmd.ready``) to the cycle of its first
     data beat (``rdata.valid``); the definition of the accelerator's DRAM read latency
-    (``hw/dma.py``: a request of cycle ``r`` answered in ``r + latency``). Then a second read of
-    the same row (the row left open): :attr:`MemoryTiming.row_hit_latency`.
+    (``hw/dma.py``: a request of cycle ``r`` answered in ``r + latency``). Then, once it has
+    answered, a read of the next word of the same row (left open):
+    :attr:`MemoryTiming.row_hit_latency`.
 ``sequential``
     Consecutive addresses, a command offered every cycle, data always taken: bytes per
-    ``sys`` cycle over a window of :attr:`MemoryTiming.window_cycles` after the first beat,
-    a whole number of refresh intervals (tREFI) long, so the refreshes (precharge-all,
-    tRFC) and the row changes of a sequential stream (a new bank every row's bytes) are in
-    the figure as they come.
+    ``sys`` cycle over a window of :attr:`MemoryTiming.window_cycles`, a whole number of
+    refresh intervals (tREFI) long, that starts one interval after the first beat: the
+    refresher's timer runs from reset, so from the first refresh on one refresh
+    (precharge-all, tRFC, the rows opened again) falls in every interval and the window
+    holds as many refreshes' time as intervals, wherever in the interval it starts; the row
+    changes of a sequential stream (a new bank every row's bytes) are in the figure as
+    they come.
 ``row_miss``
     Every controller word (one burst) from another row of the same bank: the worst case of
     interleaved streams, each access a precharge and an activate.
@@ -95,7 +99,8 @@ class MemoryTiming:
         Reads each from another row of one bank, over ``row_miss_cycles``.
     window_cycles, row_miss_cycles:
         The measurement windows (``sys`` cycles); ``window_cycles`` is
-        ``refresh_intervals`` x ``trefi_cycles``.
+        ``refresh_intervals`` x ``trefi_cycles`` (0 intervals: a short window from the first
+        beat).
     refresh_intervals:
         Refresh intervals in the sequential window.
     trefi_cycles, trfc_cycles:
@@ -313,8 +318,9 @@ def measure(board: Board, port_bits: int | None = None, refresh_intervals: int =
     patterns:
         Which of :data:`PATTERNS` to run; the others are recorded as 0.
     window_cycles:
-        A sequential window of this many cycles instead (a short run: refresh then counts
-        only as far as the window reaches; ``refresh_intervals`` is recorded as 0).
+        A sequential window of this many cycles from the first beat instead (a short run:
+        refresh then counts only as far as the window reaches; ``refresh_intervals`` is
+        recorded as 0).
 
     Raises
     ------
@@ -359,13 +365,15 @@ def measure(board: Board, port_bits: int | None = None, refresh_intervals: int =
     sequential, window = 0.0, 0
     if "sequential" in patterns:
         window = window_cycles if window_cycles is not None else refresh_intervals * trefi
+        warmup = 0 if window_cycles is not None else trefi
         size = row_words * banks * SIM_ROWS * ratio  # the simulated memory, port words
         # at most one port word per cycle: enough addresses for the whole run
-        cycles = start + _TIMEOUT + window
+        cycles = start + _TIMEOUT + warmup + window
         _, beats = _run(board, port_bits, [(a % size, start) for a in range(cycles)], cycles)
         if not beats:
             raise MemoryMeasureError(f"{port_bits}-bit port: no data in the sequential run")
-        sequential = sum(beats[0] <= b < beats[0] + window for b in beats) * port_bytes / window
+        first = beats[0] + warmup
+        sequential = sum(first <= b < first + window for b in beats) * port_bytes / window
 
     row_miss = 0.0
     if "row_miss" in patterns:
