@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hw.board.ecpix5 import Board
+from sim.errors import SimulationError
 
 __all__ = ["SIM_ROWS", "PATTERNS", "MemoryTiming", "phy_settings", "sdram_module",
            "refresh_cycles", "controller_bits", "measure", "board_cycles",
@@ -75,7 +76,7 @@ _PADS = {"clk": "clk_p", "clk_en": "cke", "we": "we_n", "ras": "ras_n", "cas": "
          "a": "a", "ba": "ba", "dqs": "dqs_p", "dq": "dq", "dm": "dm", "odt": "odt"}
 
 
-class MemoryMeasureError(ValueError):
+class MemoryMeasureError(SimulationError):
     """A measurement that cannot be made as asked (the message names the value)."""
 
 
