@@ -6,12 +6,14 @@ roofline; it gathers the bitstream build's figures when a build report is there.
 
 The board's memory (sim.board_memory): LiteDRAM's controller for the board's DDR3, with its
 PHY's settings and LiteDRAM's behavioural PHY, simulated in Migen through a native port of the
-board's width (LiteDRAM's port converter in between, as in the generated core) and through a
-port of the controller's own width: idle read latency, sequential read rate over whole
-refresh intervals, row-miss rate. Measured once (minutes; --measure-memory), recorded in
-board_memory.json and read from there.
+board's width (LiteDRAM's port converter in between, as in the generated core), through a
+port of the controller's own width, and through that port with the chip's tRFC given to the
+controller as a time (LiteDRAM's table has it in memory clocks of DDR3-1600, which the
+controller keeps at this board's slower memory clock): idle read latency, sequential read
+rate over whole refresh intervals, row-miss rate. Measured once (minutes; --measure-memory),
+recorded in board_memory.json and read from there.
 
-The prediction, per model and port:
+The prediction, per model and measured memory:
   1. the fast model (sim.model) runs one decode step at --context positions, compiled from the
      model's graph with its default recipe (sw.models.recipes) or the format after '@', on the
      accelerator with the board's memory (ECPIX5.accelerator_config: one beat of the port's 8
@@ -35,7 +37,8 @@ apart, as its estimated cycles on an on-chip vector unit (sw.runtime.costs); the
 traffic is not modelled.
 
 Writes board.json (bench/results/ with --record, else build/bench/results/) with board,
-config, predicted_tokens_per_s and roofline_tokens_per_s per model, the per-port details,
+config, predicted_tokens_per_s (the board's port) and roofline_tokens_per_s per model,
+predicted_tokens_per_s_by_memory (every measured memory), the details,
 and the build's fields (clocks, seeds_met, luts, ffs, dsps, brams, bitstream_bytes, build_s)
 from --build-report or bitstreams/<board>/<config fingerprint>/report.json, null when there
 is none; sim_tokens_match, sim_cycles_equal_model, frames_injected and frames_recovered are
@@ -67,15 +70,21 @@ from hw.board.ecpix5 import ECPIX5, Board
 from hw.cli import write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError
 from hw.format import FormatError, WeightFormat
-from sim.board_memory import MemoryMeasureError, MemoryTiming, board_cycles, controller_bits
+from sim.board_memory import (
+    MemoryMeasureError,
+    MemoryTiming,
+    board_cycles,
+    controller_bits,
+    speedgrade_trfc_ns,
+)
 from sim.board_memory import measure as measure_memory
 from sw.codesign import decode_step
 from sw.compress.model import selected_linears
 from sw.models.recipes import recipe_for
 from sw.models.source import BUILTINS, ModelSourceError, open_model
 
-__all__ = ["MODELS", "BUILD_FIELDS", "SIM_FIELDS", "ModelSpec", "memory_timings",
-           "predict", "build_fields", "main"]
+__all__ = ["MODELS", "BUILD_FIELDS", "SIM_FIELDS", "ModelSpec", "variants", "memory_timings",
+           "predict", "build_report_path", "build_fields", "main"]
 
 #: The models predicted by default: each built-in with its recipe, and SmolLM2 in 2:4 INT4.
 MODELS = ("reference", "smollm2", "smollm2@2:4-int4")
@@ -124,30 +133,44 @@ def _models(text: str) -> tuple[ModelSpec, ...]:
 
 
 # ---------------------------------------------------------------------- the memory
+def variants(board: Board) -> list[tuple[int, float | None]]:
+    """The (port width, tRFC) measured: the board's port, the controller's own width, and
+    that width with the chip's tRFC as a time (:func:`sim.board_memory.speedgrade_trfc_ns`)
+    instead of LiteDRAM's clock count."""
+    native = controller_bits(board)
+    return list(dict.fromkeys([(board.port_bits, None), (native, None),
+                               (native, speedgrade_trfc_ns(board))]))
+
+
 def memory_timings(path: Path, board: Board, remeasure: bool, log=print
-                   ) -> dict[int, MemoryTiming]:
-    """The board's memory through each port measured (the board's width and the controller's):
-    read from ``path`` (or, for the default output path, its recorded copy) when it holds a
-    record of this board and LiteDRAM, else measured now and written to ``path``."""
-    widths = sorted({board.port_bits, controller_bits(board)})
+                   ) -> dict[str, MemoryTiming]:
+    """The board's memory for each of :func:`variants`, by :attr:`MemoryTiming.key`: read
+    from ``path`` (or, for the default output path, its recorded copy) when it holds a record
+    of each on this board and LiteDRAM, else measured now and written to ``path``."""
+    wanted = variants(board)
     if not remeasure:
         for candidate in dict.fromkeys((path, recorded(path))):
             if candidate.is_file():
                 rows = json.loads(candidate.read_text()).get("ports", [])
                 try:
-                    found = {t.port_bits: t for t in map(MemoryTiming.from_dict, rows)}
+                    found = [MemoryTiming.from_dict(r) for r in rows]
                 except MemoryMeasureError:
                     continue
-                if all(w in found and found[w].matches(board, w) for w in widths):
+                out = {}
+                for w, trfc in wanted:
+                    out.update({t.key: t for t in found if t.matches(board, w, trfc)})
+                if len(out) == len(wanted):
                     log(f"memory: the measurement in {_rel(candidate)}")
-                    return {w: found[w] for w in widths}
+                    return out
     out = {}
-    for w in widths:
-        log(f"memory: measuring the {w}-bit port on LiteDRAM's controller (Migen, minutes)")
+    for w, trfc in wanted:
+        what = f"the {w}-bit port" + (f", tRFC {trfc:g} ns," if trfc else "")
+        log(f"memory: measuring {what} on LiteDRAM's controller (Migen, minutes)")
         t0 = time.perf_counter()
-        out[w] = measure_memory(board, w)
-        log(f"  {time.perf_counter() - t0:.0f} s: latency {out[w].read_latency} cycles, "
-            f"sequential {out[w].sequential_bytes_per_cycle:.3f} B/cycle")
+        t = measure_memory(board, w, trfc_ns=trfc)
+        out[t.key] = t
+        log(f"  {time.perf_counter() - t0:.0f} s: latency {t.read_latency} cycles, "
+            f"sequential {t.sequential_bytes_per_cycle:.3f} B/cycle")
     write_json(path, stamp({"board": board.name, "ports": [t.to_dict() for t in out.values()]},
                            None))
     log(f"wrote {_rel(path)}")
@@ -161,8 +184,9 @@ def _rel(path: Path) -> str:
 
 # ---------------------------------------------------------------------- the prediction
 def predict(spec: ModelSpec, base: AcceleratorConfig, board: Board,
-            timings: dict[int, MemoryTiming], context: int) -> dict[str, Any]:
-    """One model's prediction (module docstring) for each port of ``timings``.
+            timings: dict[str, MemoryTiming], context: int) -> dict[str, Any]:
+    """One model's prediction (module docstring) for each memory of ``timings`` (by
+    :attr:`~sim.board_memory.MemoryTiming.key`).
 
     Raises
     ------
@@ -183,7 +207,7 @@ def predict(spec: ModelSpec, base: AcceleratorConfig, board: Board,
     peak_s = board.peak_bytes_per_s
     steps: dict[int, tuple] = {}  # by contract latency: the fast model's step
     ports, roofline = {}, None
-    for w, t in timings.items():
+    for key, t in timings.items():
         cfg = board.accelerator_config(base, latency=t.read_latency)
         if t.read_latency not in steps:
             steps[t.read_latency] = decode_step(lm, cfg, formats, context)
@@ -193,7 +217,7 @@ def predict(spec: ModelSpec, base: AcceleratorConfig, board: Board,
         worst = board_cycles(stats.cycles, beats, cfg.beat_bytes, t.row_miss_bytes_per_cycle)
         dram = exe.report["dram"]
         roofline = peak_s / (dram["weights"] + dram["kv_cache"])
-        ports[str(w)] = {
+        ports[key] = {
             "contract_latency": t.read_latency, "fast_model_cycles": stats.cycles,
             "dram_beats": beats, "cycles": cycles,
             "tokens_per_s": board.sys_clk_hz / cycles,
@@ -223,9 +247,23 @@ def build_fields(path: Path) -> tuple[dict[str, Any], str]:
 
 
 # ---------------------------------------------------------------------- the page
-def _page(rec: dict, memory: dict[int, MemoryTiming], wall: float) -> str:
+def _label(t: MemoryTiming, board_port: int, long: bool = False) -> str:
+    """How the page names a measured memory."""
+    text = f"{t.port_bits}-bit"
+    if long:
+        text += (": the board's port, through LiteDRAM's port converter"
+                 if t.port_bits < t.controller_bits else ": the controller's own width")
+    elif t.port_bits == board_port:
+        text += " (board)"
+    if t.trfc_ns:
+        text += f", tRFC {t.trfc_ns:g} ns"
+    return text
+
+
+def _page(rec: dict, memory: dict[str, MemoryTiming], wall: float) -> str:
     board = rec["board"]
-    port = str(rec["port_bits"])
+    port = rec["port_bits"]
+    t0 = memory[str(port)]
     lines = [
         f"# The board: predicted decode on the {board}", "",
         f"Generated by `python -m bench.board` in {wall:.0f} s; the record is "
@@ -233,40 +271,40 @@ def _page(rec: dict, memory: dict[int, MemoryTiming], wall: float) -> str:
         "(`python -m bench.board --measure-memory` repeats it). How the prediction is made "
         "and what it leaves out: `python -m bench.board --help`.", "",
         "## The memory, measured on LiteDRAM's controller", "",
-        "| port | read latency, idle (row closed / open) | sequential reads | of peak "
-        "| row misses | refresh alone leaves |", "|---|---|---|---|---|---|"]
-    for w, t in sorted(memory.items()):
-        how = "the board's, through LiteDRAM's port converter" if w != t.controller_bits \
-            else "the controller's own width"
-        lines.append(
-            f"| {w}-bit ({how}) | {t.read_latency} / {t.row_hit_latency} cycles | "
-            f"{t.sequential_bytes_per_cycle:.3f} B/cycle | {t.efficiency:.1%} | "
-            f"{t.row_miss_bytes_per_cycle:.3f} B/cycle | {t.refresh_bound:.1%} |")
-    t0 = next(iter(memory.values()))
-    lines += [
-        "", f"At {t0.sys_clk_hz / 1e6:g} MHz, peak {t0.peak_bytes_per_cycle} bytes per cycle "
+        f"At {t0.sys_clk_hz / 1e6:g} MHz, peak {t0.peak_bytes_per_cycle} bytes per cycle "
         f"({t0.peak_bytes_per_cycle * t0.sys_clk_hz / 1e6:g} MB/s); sequential reads over "
-        f"{t0.refresh_intervals} refresh intervals of {t0.trefi_cycles} cycles "
-        f"(tRFC {t0.trfc_cycles} cycles), LiteDRAM {t0.litedram}.", "",
-        "## Decode tokens/s against the memory roofline", "",
+        f"{t0.refresh_intervals} refresh intervals of {t0.trefi_cycles} cycles; LiteDRAM "
+        f"{t0.litedram}. LiteDRAM gives the chip's tRFC as {t0.trfc_cycles} cycles here (its "
+        "table's memory clocks of DDR3-1600 at this board's slower memory clock); the last "
+        "row gives the controller the same tRFC as a time instead.", "",
+        "| port | read latency, idle (row closed / open) | sequential reads | of peak "
+        "| row misses | tRFC | refresh alone leaves |", "|---|---|---|---|---|---|---|"]
+    for t in memory.values():
+        lines.append(
+            f"| {_label(t, port, long=True)} | {t.read_latency} / {t.row_hit_latency} cycles | "
+            f"{t.sequential_bytes_per_cycle:.3f} B/cycle | {t.efficiency:.1%} | "
+            f"{t.row_miss_bytes_per_cycle:.3f} B/cycle | {t.trfc_cycles} cycles | "
+            f"{t.refresh_bound:.1%} |")
+    lines += [
+        "", "## Decode tokens/s against the memory roofline", "",
         f"One decode step at context {rec['context']}, the accelerator alone; the host's work "
         "between programs (norms, softmax, rotary embedding, LM head) is shown apart, at its "
         "estimated cycles on an on-chip vector unit at the same clock, and the UART's traffic "
-        f"is not modelled. The board's port is {port} bits; the others are what a bridge on "
-        "a port of that width would get.", "",
-        "| model | formats | weight + KV bytes/token | roofline tok/s | port | fast model tok/s "
-        "| predicted tok/s | of roofline | if every burst missed its row | host work, est. "
-        "ms/token |", "|---|---|---|---|---|---|---|---|---|---|"]
+        f"is not modelled. The board's port is {port} bits; the other rows are what a bridge "
+        "on a port of the controller's width would get.", "",
+        "| model | formats | weight + KV bytes/token | roofline tok/s | memory | fast model "
+        "tok/s | predicted tok/s | of roofline | if every burst missed its row | host work, "
+        "est. ms/token |", "|---|---|---|---|---|---|---|---|---|---|"]
     for m in rec["models"]:
         if m.get("skipped"):
             lines.append(f"| {m['model']} | not predicted: {m['skipped']} |")
             continue
-        for w, p in sorted(m["ports"].items(), key=lambda kv: kv[0] != port):
+        for key, p in m["ports"].items():
             lines.append(
                 f"| {m['model']} | {', '.join(m['formats'])} | "
                 f"{m['weight_bytes'] + m['kv_cache_bytes']:,} | "
-                f"{m['roofline_tokens_per_s']:.1f} | {w}-bit"
-                f"{' (board)' if w == port else ''} | {p['fast_model_tokens_per_s']:.1f} | "
+                f"{m['roofline_tokens_per_s']:.1f} | {_label(memory[key], port)} | "
+                f"{p['fast_model_tokens_per_s']:.1f} | "
                 f"{p['tokens_per_s']:.1f} | {p['fraction_of_roofline']:.0%} | "
                 f"{p['tokens_per_s_all_row_misses']:.1f} | "
                 f"{p['host_unit_cycles'] / t0.sys_clk_hz * 1e3:.2f} |")
@@ -318,20 +356,20 @@ def main(argv: list[str] | None = None) -> int:
             models.append({"model": str(spec), "skipped": str(e)})
         except ValueError as e:
             ap.error(str(e))
-    board_cfg = board.accelerator_config(base, latency=memory[board.port_bits].read_latency)
+    port = str(board.port_bits)
+    board_cfg = board.accelerator_config(base, latency=memory[port].read_latency)
     report = args.build_report or build_report_path(board, board_cfg)
     build, source = build_fields(report)
     done = [m for m in models if not m.get("skipped")]
-    port = str(board.port_bits)
     rec = {
         "board": board.name, "config": board_cfg.fingerprint, "port_bits": board.port_bits,
         "context": args.context,
         "predicted_tokens_per_s": {m["model"]: m["ports"][port]["tokens_per_s"] for m in done},
         "roofline_tokens_per_s": {m["model"]: m["roofline_tokens_per_s"] for m in done},
-        **{f"predicted_tokens_per_s_{w}_bit_port": {m["model"]: m["ports"][str(w)][
-            "tokens_per_s"] for m in done} for w in memory if w != board.port_bits},
+        "predicted_tokens_per_s_by_memory": {key: {m["model"]: m["ports"][key]["tokens_per_s"]
+                                                   for m in done} for key in memory},
         **build, "build_source": source, **dict.fromkeys(SIM_FIELDS),
-        "memory": {str(w): t.to_dict() for w, t in memory.items()}, "models": models}
+        "memory": {key: t.to_dict() for key, t in memory.items()}, "models": models}
     wall = time.perf_counter() - t_start
     write_json(args.out, stamp(rec, board_cfg))
     write_text_atomic(args.docs / "board_performance.md", _page(rec, memory, wall))

@@ -59,7 +59,7 @@ from hw.board.ecpix5 import Board
 from sim.errors import SimulationError
 
 __all__ = ["SIM_ROWS", "PATTERNS", "MemoryTiming", "phy_settings", "sdram_module",
-           "refresh_cycles", "controller_bits", "measure", "board_cycles",
+           "refresh_cycles", "speedgrade_trfc_ns", "controller_bits", "measure", "board_cycles",
            "MemoryMeasureError"]
 
 #: Rows per bank of the simulated memory (the chip's banks and columns are kept): enough for
@@ -107,6 +107,9 @@ class MemoryTiming:
     trefi_cycles, trfc_cycles:
         The controller's refresh interval and refresh time (``sys`` cycles): what refresh
         alone takes is at most ``trfc / trefi`` of the time.
+    trfc_ns:
+        None: the controller's tRFC as LiteDRAM's table of the chip gives it; else the tRFC
+        it was given instead, in ns (:func:`speedgrade_trfc_ns`).
     peak_bytes_per_cycle:
         The board's peak (:attr:`hw.board.ecpix5.Board.peak_bytes_per_sys_cycle`).
     """
@@ -126,6 +129,13 @@ class MemoryTiming:
     trefi_cycles: int
     trfc_cycles: int
     peak_bytes_per_cycle: int
+    trfc_ns: float | None = None
+
+    @property
+    def key(self) -> str:
+        """The port and the timing variant, as records name them: ``"64"``, ``"128"``,
+        ``"128-trfc260ns"``."""
+        return f"{self.port_bits}" + (f"-trfc{self.trfc_ns:g}ns" if self.trfc_ns else "")
 
     @property
     def efficiency(self) -> float:
@@ -151,15 +161,16 @@ class MemoryTiming:
             A field missing (named).
         """
         names = cls.__dataclass_fields__
-        missing = [n for n in names if n not in d]
+        missing = [n for n in names if n not in d and n != "trfc_ns"]
         if missing:
             raise MemoryMeasureError(f"memory record without {', '.join(missing)}")
-        return cls(**{n: d[n] for n in names})
+        return cls(**{n: d[n] for n in names if n in d})
 
-    def matches(self, board: Board, port_bits: int) -> bool:
-        """Whether this record measured ``board``'s memory through a ``port_bits`` port with
-        the LiteDRAM installed now."""
+    def matches(self, board: Board, port_bits: int, trfc_ns: float | None = None) -> bool:
+        """Whether this record measured ``board``'s memory through a ``port_bits`` port (with
+        tRFC ``trfc_ns``) with the LiteDRAM installed now."""
         return (self.board == board.name and self.port_bits == port_bits
+                and self.trfc_ns == trfc_ns
                 and self.sys_clk_hz == board.sys_clk_hz
                 and self.peak_bytes_per_cycle == board.peak_bytes_per_sys_cycle
                 and self.litedram == _litedram_version())
@@ -198,9 +209,11 @@ def phy_settings(board: Board):
     return phy.settings
 
 
-def sdram_module(board: Board, rows: int | None = None):
+def sdram_module(board: Board, rows: int | None = None, trfc_ns: float | None = None):
     """LiteDRAM's module of the board's chip at its ``sys`` clock and the PHY's rate; with
-    ``rows`` rows per bank instead of the chip's (the address pins stay the chip's).
+    ``rows`` rows per bank instead of the chip's (the address pins stay the chip's), and a
+    tRFC of ``trfc_ns`` instead of LiteDRAM's (rounded up to cycles as LiteDRAM rounds a
+    time).
 
     Raises
     ------
@@ -212,20 +225,39 @@ def sdram_module(board: Board, rows: int | None = None):
     chip = getattr(modules, board.sdram_module)
     rate = f"1:{phy_settings(board).nphases}"
     if rows is None:
-        return chip(board.sys_clk_hz, rate)
+        return sdram_module(board, chip.nrows, trfc_ns)
     if not isinstance(rows, int) or rows < 2 or rows & (rows - 1) or rows > chip.nrows:
         raise MemoryMeasureError(f"rows must be a power of two in [2, {chip.nrows}], got "
                                  f"{rows!r}")
+    if trfc_ns is not None and not trfc_ns > 0:
+        raise MemoryMeasureError(f"trfc_ns must be > 0, got {trfc_ns!r}")
     small = type(f"{chip.__name__}_{rows}rows", (chip,), {"nrows": rows})(board.sys_clk_hz,
                                                                           rate)
     small.geom_settings.addressbits = chip(board.sys_clk_hz, rate).geom_settings.addressbits
+    if trfc_ns is not None:
+        small.timing_settings.tRFC = small.ns_to_cycles(trfc_ns)
     return small
 
 
-def refresh_cycles(board: Board) -> tuple[int, int]:
-    """``(tREFI, tRFC)`` of the board's chip in ``sys`` cycles, as the controller counts them."""
-    t = sdram_module(board).timing_settings
+def refresh_cycles(board: Board, trfc_ns: float | None = None) -> tuple[int, int]:
+    """``(tREFI, tRFC)`` of the board's chip in ``sys`` cycles, as the controller counts them
+    (with a tRFC of ``trfc_ns``, if given)."""
+    t = sdram_module(board, trfc_ns=trfc_ns).timing_settings
     return t.tREFI, t.tRFC
+
+
+def speedgrade_trfc_ns(board: Board) -> float:
+    """The chip's tRFC as a time: LiteDRAM's table gives it in memory clocks of the chip's
+    default speedgrade (DDR3-1600: 208 clocks, 260 ns), and the controller keeps the clock
+    count at any clock, so at a slower memory clock it waits longer than the chip needs;
+    this is those clocks at the speedgrade's own clock period (two transfers per clock)."""
+    from litedram import modules
+
+    chip = getattr(modules, board.sdram_module)
+    grades = chip.speedgrade_timings
+    (grade,) = [g for g, t in grades.items() if g != "default" and t is grades["default"]]
+    clocks = sdram_module(board).get("tRFC").ck
+    return clocks * 2e3 / int(grade)
 
 
 def controller_bits(board: Board) -> int:
@@ -236,14 +268,14 @@ def controller_bits(board: Board) -> int:
     return s.databits * burst_lengths[s.memtype]
 
 
-def _system(board: Board, port_bits: int, rows: int):
+def _system(board: Board, port_bits: int, rows: int, trfc_ns: float | None = None):
     """The controller, the model PHY and one native port of ``port_bits`` (Migen)."""
     from litedram.core import LiteDRAMCore
     from litedram.core.controller import ControllerSettings
     from litedram.phy.model import SDRAMPHYModel
     from migen import Module
 
-    module = sdram_module(board, rows)
+    module = sdram_module(board, rows, trfc_ns)
 
     class System(Module):
         def __init__(self):
@@ -258,7 +290,7 @@ def _system(board: Board, port_bits: int, rows: int):
 
 
 def _run(board: Board, port_bits: int, requests: list[tuple[int, int]], cycles: int,
-         rows: int = SIM_ROWS) -> tuple[list[int], list[int]]:
+         trfc_ns: float | None = None) -> tuple[list[int], list[int]]:
     """Offer reads of ``requests`` (``(port word address, first cycle it may be offered)``)
     one after the other for ``cycles`` cycles, data always taken; returns the cycles in which
     each was accepted and the cycles of the data beats (one per port word).
@@ -268,7 +300,7 @@ def _run(board: Board, port_bits: int, requests: list[tuple[int, int]], cycles: 
     the word, or ``last`` says that no more of the word is coming."""
     from migen import run_simulation
 
-    system = _system(board, port_bits, rows)
+    system = _system(board, port_bits, SIM_ROWS, trfc_ns)
     port = system.port
     accepted: list[int] = []
     beats: list[int] = []
@@ -302,7 +334,7 @@ def _geometry(board: Board, port_bits: int) -> tuple[int, int, int]:
 
 def measure(board: Board, port_bits: int | None = None, refresh_intervals: int = 3,
             row_miss_cycles: int = 400, patterns: tuple[str, ...] = PATTERNS,
-            window_cycles: int | None = None) -> MemoryTiming:
+            window_cycles: int | None = None, trfc_ns: float | None = None) -> MemoryTiming:
     """Measure the board's memory through a native port (module docstring).
 
     Parameters
@@ -322,6 +354,8 @@ def measure(board: Board, port_bits: int | None = None, refresh_intervals: int =
         A sequential window of this many cycles from the first beat instead (a short run:
         refresh then counts only as far as the window reaches; ``refresh_intervals`` is
         recorded as 0).
+    trfc_ns:
+        Give the controller this tRFC (ns) instead of LiteDRAM's (:func:`speedgrade_trfc_ns`).
 
     Raises
     ------
@@ -344,20 +378,23 @@ def measure(board: Board, port_bits: int | None = None, refresh_intervals: int =
     unknown = [p for p in patterns if p not in PATTERNS]
     if unknown:
         raise MemoryMeasureError(f"patterns {unknown}: choose among {', '.join(PATTERNS)}")
-    trefi, trfc = refresh_cycles(board)
+    if trfc_ns is not None and (isinstance(trfc_ns, bool) or not trfc_ns > 0):
+        raise MemoryMeasureError(f"trfc_ns must be > 0, got {trfc_ns!r}")
+    trefi, trfc = refresh_cycles(board, trfc_ns)
     port_bytes = port_bits // 8
     ratio, row_words, banks = _geometry(board, port_bits)
     start = _START
 
     latency = hit = 0
     if "latency" in patterns:
-        acc, beats = _run(board, port_bits, [(0, start)], start + _TIMEOUT)
+        acc, beats = _run(board, port_bits, [(0, start)], start + _TIMEOUT, trfc_ns)
         if not beats:
             raise MemoryMeasureError(f"{port_bits}-bit port: no data within {_TIMEOUT} cycles")
         latency = beats[0] - acc[0]
         # the next controller word of the same row, offered once the first read has answered
         later = beats[-1] + 2
-        acc, beats = _run(board, port_bits, [(0, start), (ratio, later)], later + _TIMEOUT)
+        acc, beats = _run(board, port_bits, [(0, start), (ratio, later)], later + _TIMEOUT,
+                           trfc_ns)
         after = [b for b in beats if len(acc) > 1 and b > acc[1]]
         if not after:
             raise MemoryMeasureError(f"{port_bits}-bit port: no data for the row-hit read")
@@ -370,7 +407,8 @@ def measure(board: Board, port_bits: int | None = None, refresh_intervals: int =
         size = row_words * banks * SIM_ROWS * ratio  # the simulated memory, port words
         # at most one port word per cycle: enough addresses for the whole run
         cycles = start + _TIMEOUT + warmup + window
-        _, beats = _run(board, port_bits, [(a % size, start) for a in range(cycles)], cycles)
+        _, beats = _run(board, port_bits, [(a % size, start) for a in range(cycles)], cycles,
+                        trfc_ns)
         if not beats:
             raise MemoryMeasureError(f"{port_bits}-bit port: no data in the sequential run")
         first = beats[0] + warmup
@@ -382,7 +420,7 @@ def measure(board: Board, port_bits: int | None = None, refresh_intervals: int =
         stride = row_words * banks * ratio
         cycles = start + _TIMEOUT + row_miss_cycles
         addrs = [((k // ratio) % SIM_ROWS * stride + k % ratio, start) for k in range(cycles)]
-        _, beats = _run(board, port_bits, addrs, cycles)
+        _, beats = _run(board, port_bits, addrs, cycles, trfc_ns)
         if not beats:
             raise MemoryMeasureError(f"{port_bits}-bit port: no data in the row-miss run")
         row_miss = (sum(beats[0] <= b < beats[0] + row_miss_cycles for b in beats) * port_bytes
@@ -396,7 +434,7 @@ def measure(board: Board, port_bits: int | None = None, refresh_intervals: int =
         row_miss_cycles=row_miss_cycles if "row_miss" in patterns else 0,
         refresh_intervals=refresh_intervals if window and window_cycles is None else 0,
         trefi_cycles=trefi, trfc_cycles=trfc,
-        peak_bytes_per_cycle=board.peak_bytes_per_sys_cycle)
+        peak_bytes_per_cycle=board.peak_bytes_per_sys_cycle, trfc_ns=trfc_ns)
 
 
 def board_cycles(fast_cycles: float, beats: float, beat_bytes: int,

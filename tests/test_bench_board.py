@@ -17,10 +17,17 @@ from bench.common import write_json
 from hw.board.ecpix5 import ECPIX5
 from hw.config import AcceleratorConfig
 from hw.format import WeightFormat
-from sim.board_memory import MemoryMeasureError, MemoryTiming, board_cycles, controller_bits
+from sim.board_memory import (
+    MemoryMeasureError,
+    MemoryTiming,
+    board_cycles,
+    controller_bits,
+    speedgrade_trfc_ns,
+)
 
 
-def timing(port_bits: int, sequential: float, row_miss: float | None = None) -> MemoryTiming:
+def timing(port_bits: int, sequential: float, row_miss: float | None = None,
+           trfc_ns: float | None = None) -> MemoryTiming:
     """A memory record of the board and the installed LiteDRAM."""
     return MemoryTiming(
         board=ECPIX5.name, port_bits=port_bits, controller_bits=controller_bits(ECPIX5),
@@ -28,29 +35,31 @@ def timing(port_bits: int, sequential: float, row_miss: float | None = None) -> 
         read_latency=20, row_hit_latency=17, sequential_bytes_per_cycle=sequential,
         row_miss_bytes_per_cycle=sequential / 2 if row_miss is None else row_miss,
         window_cycles=1758, row_miss_cycles=400, refresh_intervals=3, trefi_cycles=586,
-        trfc_cycles=104, peak_bytes_per_cycle=ECPIX5.peak_bytes_per_sys_cycle)
+        trfc_cycles=104, peak_bytes_per_cycle=ECPIX5.peak_bytes_per_sys_cycle,
+        trfc_ns=trfc_ns)
 
 
 PEAK = ECPIX5.peak_bytes_per_sys_cycle
+BOARD, NATIVE = str(ECPIX5.port_bits), str(controller_bits(ECPIX5))
 
 
 @pytest.fixture(scope="module")
 def reference() -> dict:
     """The reference model at the peak rate (64-bit port) and at half of it (native)."""
-    memory = {ECPIX5.port_bits: timing(ECPIX5.port_bits, PEAK),
-              controller_bits(ECPIX5): timing(controller_bits(ECPIX5), PEAK / 2)}
+    memory = {BOARD: timing(ECPIX5.port_bits, PEAK),
+              NATIVE: timing(controller_bits(ECPIX5), PEAK / 2)}
     return predict(ModelSpec.parse("reference"), AcceleratorConfig(), ECPIX5, memory, 64)
 
 
 def test_at_the_peak_the_board_is_the_fast_model(reference):
-    p = reference["ports"][str(ECPIX5.port_bits)]
+    p = reference["ports"][BOARD]
     assert p["cycles"] == p["fast_model_cycles"]
     assert p["tokens_per_s"] == p["fast_model_tokens_per_s"]
     assert p["dram_beats"] > 0
 
 
 def test_half_the_rate_costs_a_cycle_per_beat(reference):
-    p = reference["ports"][str(controller_bits(ECPIX5))]
+    p = reference["ports"][NATIVE]
     assert p["cycles"] == p["fast_model_cycles"] + p["dram_beats"]
     # row misses at a quarter of the peak: three extra cycles per beat
     assert p["tokens_per_s_all_row_misses"] == pytest.approx(
@@ -60,7 +69,7 @@ def test_half_the_rate_costs_a_cycle_per_beat(reference):
 def test_roofline_is_weight_and_kv_bytes_at_the_peak(reference):
     bytes_per_token = reference["weight_bytes"] + reference["kv_cache_bytes"]
     assert reference["roofline_tokens_per_s"] == ECPIX5.peak_bytes_per_s / bytes_per_token
-    p = reference["ports"][str(ECPIX5.port_bits)]
+    p = reference["ports"][BOARD]
     # the fast model reads at least the weights and the KV cache, one beat per cycle at best
     assert p["fraction_of_roofline"] <= 1.0
 
@@ -103,9 +112,11 @@ def test_build_fields_absent_and_present(tmp_path):
 
 
 def test_main_writes_the_record_and_page(tmp_path, capsys):
+    trfc = speedgrade_trfc_ns(ECPIX5)
     write_json(tmp_path / bench_board.MEMORY_FILE, {"ports": [
         timing(ECPIX5.port_bits, PEAK / 4).to_dict(),
-        timing(controller_bits(ECPIX5), PEAK).to_dict()]})
+        timing(controller_bits(ECPIX5), PEAK / 2).to_dict(),
+        timing(controller_bits(ECPIX5), PEAK, trfc_ns=trfc).to_dict()]})
     out = tmp_path / "board.json"
     assert bench_board.main(["--models", "reference", "--context", "64", "--out", str(out),
                              "--docs", str(tmp_path / "docs"),
@@ -118,11 +129,15 @@ def test_main_writes_the_record_and_page(tmp_path, capsys):
     assert all(rec[k] is None for k in BUILD_FIELDS + SIM_FIELDS)
     assert "none.json" in rec["build_source"]
     (m,) = rec["models"]
-    native = rec[f"predicted_tokens_per_s_{controller_bits(ECPIX5)}_bit_port"]["reference"]
-    # the native port at the peak is the fast model; the board's port at a quarter of it
-    # pays three cycles per beat
-    assert native == m["ports"][str(controller_bits(ECPIX5))]["fast_model_tokens_per_s"]
-    p = m["ports"][str(ECPIX5.port_bits)]
+    by_memory = rec["predicted_tokens_per_s_by_memory"]
+    assert set(by_memory) == {BOARD, NATIVE, f"{NATIVE}-trfc{trfc:g}ns"} == set(m["ports"])
+    # at the peak the board is the fast model; at half of it a beat costs two cycles, at a
+    # quarter of it (the board's port) four
+    best = m["ports"][f"{NATIVE}-trfc{trfc:g}ns"]
+    assert by_memory[f"{NATIVE}-trfc{trfc:g}ns"]["reference"] == best["fast_model_tokens_per_s"]
+    half = m["ports"][NATIVE]
+    assert half["cycles"] == half["fast_model_cycles"] + half["dram_beats"]
+    p = m["ports"][BOARD]
     assert rec["predicted_tokens_per_s"]["reference"] == pytest.approx(
         ECPIX5.sys_clk_hz / (p["fast_model_cycles"] + 3 * p["dram_beats"]), rel=1e-12)
     assert rec["provenance"]["config"] == rec["config"]

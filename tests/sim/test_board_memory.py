@@ -7,6 +7,8 @@ reach the PHY's peak exactly, and latencies of an idle controller.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hw.board.ecpix5 import ECPIX5
@@ -18,6 +20,7 @@ from sim.board_memory import (
     phy_settings,
     refresh_cycles,
     sdram_module,
+    speedgrade_trfc_ns,
 )
 
 #: A sequential window that ends long before the first refresh (tREFI is hundreds of cycles).
@@ -51,6 +54,23 @@ def test_refresh_interval_is_the_chips_at_the_sys_clock():
     # the controller rounds the interval up to whole cycles (litedram.modules, no margin)
     assert 0 <= trefi - ns * 1e-9 * ECPIX5.sys_clk_hz < 1
     assert 0 < trfc < trefi
+
+
+def test_trfc_as_a_time_agrees_with_litedram_at_the_speedgrades_clock():
+    """LiteDRAM counts the chip's tRFC in memory clocks of its speedgrade; at that speedgrade's
+    clock (DDR3-1600: 800 MHz memory, 400 MHz sys at two phases) the time gives the same
+    count, up to the one cycle of margin LiteDRAM adds to a time."""
+    fast = dataclasses.replace(ECPIX5, sys_clk_hz=400e6)
+    trfc_ns = speedgrade_trfc_ns(fast)
+    assert speedgrade_trfc_ns(ECPIX5) == trfc_ns  # a property of the chip, not the clock
+    assert 0 <= refresh_cycles(fast, trfc_ns)[1] - refresh_cycles(fast)[1] <= 1
+    # at the board's slower clock the time is fewer cycles than LiteDRAM's clock count
+    trefi, trfc = refresh_cycles(ECPIX5, trfc_ns)
+    assert trefi == refresh_cycles(ECPIX5)[0]
+    assert trfc < refresh_cycles(ECPIX5)[1]
+    period_ns = 1e9 / ECPIX5.sys_clk_hz
+    # the cycles cover the time; rounding up and LiteDRAM's margin add less than two cycles
+    assert trfc_ns <= trfc * period_ns < trfc_ns + 2 * period_ns
 
 
 def test_native_port_streams_at_the_peak_before_refresh(native):
@@ -89,6 +109,11 @@ def test_record_round_trip(native):
     assert d["efficiency"] == native.efficiency
     assert native.matches(ECPIX5, controller_bits(ECPIX5))
     assert not native.matches(ECPIX5, ECPIX5.port_bits // 2)
+    assert not native.matches(ECPIX5, controller_bits(ECPIX5), speedgrade_trfc_ns(ECPIX5))
+    assert native.key == str(controller_bits(ECPIX5))
+    other = dataclasses.replace(native, trfc_ns=speedgrade_trfc_ns(ECPIX5))
+    assert other.key == f"{controller_bits(ECPIX5)}-trfc{speedgrade_trfc_ns(ECPIX5):g}ns"
+    assert MemoryTiming.from_dict(other.to_dict()) == other
     del d["read_latency"]
     with pytest.raises(MemoryMeasureError, match="read_latency"):
         MemoryTiming.from_dict(d)
@@ -101,6 +126,7 @@ def test_record_round_trip(native):
     (dict(row_miss_cycles=10), "row_miss_cycles .* got 10"),
     (dict(window_cycles=3), "window_cycles .* got 3"),
     (dict(patterns=("latency", "random")), "'random'"),
+    (dict(trfc_ns=0), "trfc_ns must be > 0, got 0"),
 ])
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(MemoryMeasureError, match=message):
