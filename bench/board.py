@@ -285,6 +285,17 @@ def _page(rec: dict, memory: dict[str, MemoryTiming], wall: float) -> str:
             f"{t.sequential_bytes_per_cycle:.3f} B/cycle | {t.efficiency:.1%} | "
             f"{t.row_miss_bytes_per_cycle:.3f} B/cycle | {t.trfc_cycles} cycles | "
             f"{t.refresh_bound:.1%} |")
+    if any(t.port_bits < t.controller_bits for t in memory.values()):
+        lines += [
+            "", "A port narrower than the controller's word goes through LiteDRAM's "
+            "up-converter (`litedram.frontend.adapter.LiteDRAMNativePortUpConverter`), which "
+            "keeps one controller command in flight: it takes the next command only once the "
+            "burst's data has gone out to the port, so a stream moves one burst per read "
+            "latency. It also holds a word's read until all the word's beats have been asked "
+            "for, the address lines move to another word, or `cmd.last` is set; the generated "
+            "core's native port has no `last` (`litedram/gen.py`), so a lone read of part of a "
+            "word waits while the address stays on that word (the measurement asserts `last` "
+            "on a sequence's final read)."]
     lines += [
         "", "## Decode tokens/s against the memory roofline", "",
         f"One decode step at context {rec['context']}, the accelerator alone; the host's work "
