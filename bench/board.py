@@ -16,9 +16,10 @@ recorded in board_memory.json and read from there.
 The prediction, per model and measured memory:
   1. the fast model (sim.model) runs one decode step at --context positions, compiled from the
      model's graph with its default recipe (sw.models.recipes) or the format after '@', on the
-     accelerator with the board's memory (ECPIX5.accelerator_config: one beat of the port's 8
-     bytes per sys cycle, the measured idle latency as the contract's latency): C cycles,
-     B DRAM beats (reads and writes);
+     accelerator with the board's memory (ECPIX5.accelerator_config, the configuration the
+     bitstream is built for: one beat of the port's bytes per sys cycle, the contract's
+     read latency, longer than the measured idle latency): C cycles, B DRAM beats (reads and
+     writes);
   2. the board's bridge stops the whole accelerator whenever the memory is late
      (hw/board/__init__.py), so every beat the memory delivers below the port's rate costs
      cycles on top of C: cycles = C + B * (beat / measured sequential bytes per cycle - 1);
@@ -134,11 +135,12 @@ def _models(text: str) -> tuple[ModelSpec, ...]:
 
 # ---------------------------------------------------------------------- the memory
 def variants(board: Board) -> list[tuple[int, float | None]]:
-    """The (port width, tRFC) measured: the board's port, the controller's own width, and
-    that width with the chip's tRFC as a time (:func:`sim.board_memory.speedgrade_trfc_ns`)
-    instead of LiteDRAM's clock count."""
+    """The (port width, tRFC) measured: the board's port; a port half as wide, through
+    LiteDRAM's port converter (why the board's port has the controller's width); and the
+    controller's width with the chip's tRFC as a time
+    (:func:`sim.board_memory.speedgrade_trfc_ns`) instead of LiteDRAM's clock count."""
     native = controller_bits(board)
-    return list(dict.fromkeys([(board.port_bits, None), (native, None),
+    return list(dict.fromkeys([(board.port_bits, None), (board.port_bits // 2, None),
                                (native, speedgrade_trfc_ns(board))]))
 
 
@@ -205,20 +207,21 @@ def predict(spec: ModelSpec, base: AcceleratorConfig, board: Board,
                else recipe_for(spec.model).formats(layers))
     names = sorted({f.name for f in formats.values()})
     peak_s = board.peak_bytes_per_s
-    steps: dict[int, tuple] = {}  # by contract latency: the fast model's step
+    cfg = board.accelerator_config(base)
+    exe, stats = decode_step(lm, cfg, formats, context)
     ports, roofline = {}, None
     for key, t in timings.items():
-        cfg = board.accelerator_config(base, latency=t.read_latency)
-        if t.read_latency not in steps:
-            steps[t.read_latency] = decode_step(lm, cfg, formats, context)
-        exe, stats = steps[t.read_latency]
+        if t.read_latency > cfg.memory.latency:
+            raise ValueError(f"the contract's read latency ({cfg.memory.latency} cycles) is "
+                             f"below the measured idle latency of {key} ({t.read_latency}): "
+                             f"every read would stall, which this model does not charge")
         beats = stats.counter("dram_read_beats") + stats.counter("dram_write_beats")
         cycles = board_cycles(stats.cycles, beats, cfg.beat_bytes, t.sequential_bytes_per_cycle)
         worst = board_cycles(stats.cycles, beats, cfg.beat_bytes, t.row_miss_bytes_per_cycle)
         dram = exe.report["dram"]
         roofline = peak_s / (dram["weights"] + dram["kv_cache"])
         ports[key] = {
-            "contract_latency": t.read_latency, "fast_model_cycles": stats.cycles,
+            "contract_latency": cfg.memory.latency, "fast_model_cycles": stats.cycles,
             "dram_beats": beats, "cycles": cycles,
             "tokens_per_s": board.sys_clk_hz / cycles,
             "fraction_of_roofline": board.sys_clk_hz / cycles / roofline,
@@ -368,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             ap.error(str(e))
     port = str(board.port_bits)
-    board_cfg = board.accelerator_config(base, latency=memory[port].read_latency)
+    board_cfg = board.accelerator_config(base)
     report = args.build_report or build_report_path(board, board_cfg)
     build, source = build_fields(report)
     done = [m for m in models if not m.get("skipped")]
