@@ -36,23 +36,22 @@ offset bytes    field     meaning
 6+len  2        crc       :func:`crc16` of bytes 1 .. 5+len, big-endian
 ====== ======== ========= ==============================================================
 
-Commands (``addr``, ``arg``, request data -> reply data):
+Commands (``addr``, ``arg``, request data -> reply data; a word is :data:`WORD_BYTES`, an
+instruction :data:`INSTR_BYTES`, little-endian):
 
-============ ============================ ====================== ==========================
-cmd          addr, arg                    request data           reply data
-============ ============================ ====================== ==========================
-HELLO        -                            -                      :data:`HELLO_FIELDS`
-WRITE_MEM    DRAM word address, -         1 .. MAX_MEM_WORDS     -
-                                          words (WORD_BYTES each)
-READ_MEM     DRAM word address, n words   -                      n words
-WRITE_IMEM   instruction index, -         1 .. MAX_IMEM_WORDS    -
-                                          instructions
-                                          (INSTR_BYTES each)
-START        -                            -                      -
-STATUS       -                            -                      :data:`STATUS_FIELDS`
-CSR_WRITE    CSR word address, data       -                      -
-CSR_READ     CSR word address, -          -                      :data:`CSR_READ_FIELDS`
-============ ============================ ====================== ==========================
+========== ====================== ======================== =======================
+cmd        addr, arg              request data             reply data
+========== ====================== ======================== =======================
+HELLO      -                      -                        :data:`HELLO_FIELDS`
+WRITE_MEM  DRAM word address, -   1 .. MAX_MEM_WORDS words -
+READ_MEM   DRAM word address, n   -                        n words
+WRITE_IMEM instruction index, -   1 .. MAX_IMEM_WORDS      -
+                                  instructions
+START      -                      -                        -
+STATUS     -                      -                        :data:`STATUS_FIELDS`
+CSR_WRITE  CSR word address, data -                        -
+CSR_READ   CSR word address, -    -                        :data:`CSR_READ_FIELDS`
+========== ====================== ======================== =======================
 
 The board checks a request in the order of :func:`request_status`: a bad command, a bad data
 length or word count, an address range outside the DRAM, the instruction memory or the CSR
