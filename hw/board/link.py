@@ -335,9 +335,9 @@ class HostLink(wiring.Component):
         }
 
         # ------------------------------------------------------------ EXEC
-        last_seq = Signal(8)
+        last_seq = Signal(p.SEQ_BITS)
         last_valid = Signal()
-        rep_seq, rep_cmd, rep_status = Signal(8), Signal(8), Signal(p.Status)
+        rep_seq, rep_cmd, rep_status = Signal(p.SEQ_BITS), Signal(p.Command), Signal(p.Status)
         rep_len = Signal(range(p.DATA_BYTES + 1))
         i = Signal(range(p.DATA_BYTES + 1))  # words or bytes done
         j = Signal(range(p.DATA_BYTES + 1))  # second counter: instructions, read words back

@@ -98,7 +98,8 @@ from hw.isa import INSTR_BITS, ErrorCode
 
 __all__ = [
     "PROTOCOL_VERSION", "SYNC_REQUEST", "SYNC_REPLY", "CRC_INIT", "CRC_POLY", "CRC_BYTES",
-    "FRAME_GAP_S", "WORD_BYTES", "INSTR_BYTES", "DATA_BYTES", "MAX_MEM_WORDS", "MAX_IMEM_WORDS",
+    "FRAME_GAP_S", "SEQ_BITS", "WORD_BYTES", "INSTR_BYTES", "DATA_BYTES", "MAX_MEM_WORDS",
+    "MAX_IMEM_WORDS",
     "CSR_ADDR_BITS", "CSR_DATA_BITS", "ERROR_PC_BITS", "STALL_CYCLES_BITS",
     "Command", "Status", "Field", "REQUEST_HEADER", "REPLY_HEADER", "REQUEST_HEADER_BYTES",
     "REPLY_HEADER_BYTES", "HELLO_FIELDS", "STATUS_FIELDS", "CSR_READ_FIELDS",
@@ -196,9 +197,12 @@ class Field:
         return (self.bits + 7) // 8
 
 
-REQUEST_HEADER = (Field("seq", 8), Field("cmd", 8), Field("addr", 32), Field("arg", 32),
-                  Field("len", 16))
-REPLY_HEADER = (Field("seq", 8), Field("cmd", 8), Field("status", 8), Field("len", 16))
+#: Width of the sequence number (the host counts modulo 2**SEQ_BITS).
+SEQ_BITS = 8
+REQUEST_HEADER = (Field("seq", SEQ_BITS), Field("cmd", Command.as_shape().width),
+                  Field("addr", 32), Field("arg", 32), Field("len", 16))
+REPLY_HEADER = (Field("seq", SEQ_BITS), Field("cmd", Command.as_shape().width),
+                Field("status", Status.as_shape().width), Field("len", 16))
 
 #: HELLO's reply: what the bitstream was built for.
 HELLO_FIELDS = (
