@@ -126,9 +126,10 @@ CRC_BYTES = CRC_BITS // 8
 WORD_BYTES = ECPIX5.port_bits // 8
 #: An instruction word of the accelerator's instruction memory.
 INSTR_BYTES = INSTR_BITS // 8
-#: Data bytes one frame carries at most: each of the link's two frame buffers is one ECP5
-#: block RAM's 16 Kibit of data. A full frame takes ~7 ms at 3 Mbaud, so a retry costs little
-#: while the 13 + 2 bytes of header and CRC cost < 1% of the link's rate.
+#: Data bytes one frame carries at most: the 16 Kibit of data of one ECP5 block RAM (each of
+#: the link's two frame buffers holds that many, in as many block RAMs as its word width
+#: needs). A full frame takes ~7 ms at 3 Mbaud, so a retry costs little, while the 13 + 2 bytes
+#: of header and CRC cost < 1% of the link's rate.
 EBR_DATA_BITS = 16 * 1024
 DATA_BYTES = EBR_DATA_BITS // 8
 #: DRAM words per WRITE_MEM / READ_MEM.
