@@ -99,7 +99,7 @@ def test_a_retry_is_answered_from_the_kept_reply_not_executed_again():
     assert transact(bench, start).status == p.Status.OK and bench.accel.starts == 2
 
 
-def test_status_reports_the_ports_busy_first():
+def test_status_reports_the_ports_and_a_busy_accelerator_refuses_memory():
     bench = LinkBench(CFG, seed=3, run_cycles=400)
     assert transact(bench, p.Request(seq=0, cmd=p.Command.START)).status == p.Status.OK
     r = transact(bench, p.Request(seq=1, cmd=p.Command.STATUS))
