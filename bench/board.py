@@ -254,9 +254,9 @@ def _label(t: MemoryTiming, board_port: int, long: bool = False) -> str:
     """How the page names a measured memory."""
     text = f"{t.port_bits}-bit"
     if long:
-        text += (": the board's port, through LiteDRAM's port converter"
-                 if t.port_bits < t.controller_bits else ": the controller's own width")
-    elif t.port_bits == board_port:
+        text += (": through LiteDRAM's port converter" if t.port_bits < t.controller_bits
+                 else ": the controller's own width")
+    if t.port_bits == board_port:
         text += " (board)"
     if t.trfc_ns:
         text += f", tRFC {t.trfc_ns:g} ns"
@@ -304,8 +304,8 @@ def _page(rec: dict, memory: dict[str, MemoryTiming], wall: float) -> str:
         f"One decode step at context {rec['context']}, the accelerator alone; the host's work "
         "between programs (norms, softmax, rotary embedding, LM head) is shown apart, at its "
         "estimated cycles on an on-chip vector unit at the same clock, and the UART's traffic "
-        f"is not modelled. The board's port is {port} bits; the other rows are what a bridge "
-        "on a port of the controller's width would get.", "",
+        f"is not modelled. The board's port is {port} bits; the other rows are what the same "
+        "bridge would get from each other measured memory.", "",
         "| model | formats | weight + KV bytes/token | roofline tok/s | memory | fast model "
         "tok/s | predicted tok/s | of roofline | if every burst missed its row | host work, "
         "est. ms/token |", "|---|---|---|---|---|---|---|---|---|---|"]
