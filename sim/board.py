@@ -267,7 +267,7 @@ class BoardLink:
                   data: bytes = b"") -> bytes:
         """Send one request until its reply comes; its data, or an error for its status."""
         req = p.Request(seq=self._seq, cmd=cmd, addr=addr, arg=arg, data=data)
-        self._seq = (self._seq + 1) % 256
+        self._seq = (self._seq + 1) % (1 << p.SEQ_BITS)
         frame = req.encode()
         for attempt in range(1 + self.retries):
             self.transport.write(frame)
