@@ -90,10 +90,15 @@ class BoardSim:
         Cache directory (default ``build/board_sim`` in the repository).
     jobs:
         Parallel compile jobs (default 2).
+    upconverter:
+        The native ports are half the controller's width, behind LiteDRAM's up-converter: the
+        bridge keeps its rules (:class:`hw.board.bridge.DramBridge`) and the harness models it
+        (its gathering of commands; a misuse stops the run with an error). Default off: the
+        ECPIX-5's ports have the controller's width.
     """
 
     def __init__(self, cfg: AcceleratorConfig, board: Board, *,
-                 build_root: str | Path | None = None, jobs: int = 2):
+                 build_root: str | Path | None = None, jobs: int = 2, upconverter: bool = False):
         if not isinstance(cfg, AcceleratorConfig):
             raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
         if not isinstance(board, Board):
@@ -102,11 +107,13 @@ class BoardSim:
         self.board = board
         self.build_root = Path(build_root) if build_root else DEFAULT_BUILD_ROOT
         self.jobs = jobs
+        self.upconverter = bool(upconverter)
         self._runner: Path | None = None
 
     @property
     def build_dir(self) -> Path:
-        key = hashlib.sha256((self.cfg.to_json() + repr(self.board) + _sources_digest())
+        key = hashlib.sha256((self.cfg.to_json() + repr(self.board) + str(self.upconverter)
+                              + _sources_digest())
                              .encode()).hexdigest()[:16]
         return self.build_root / key
 
@@ -123,7 +130,7 @@ class BoardSim:
                   file=sys.stderr, flush=True)
             from amaranth.back import verilog
 
-            top = BoardSimTop(self.cfg, self.board)
+            top = BoardSimTop(self.cfg, self.board, upconverter=self.upconverter)
             text = verilog.convert(top, name=BOARD_SIM_TOP_NAME, ports=top_ports(top),
                                    emit_src=False)
             (out / f"{BOARD_SIM_TOP_NAME}.v").write_text(text)
@@ -142,8 +149,7 @@ class BoardSim:
         return self._runner
 
     def open(self, seed: int = 1, *, ready_percent: int = 70, max_latency: int = 25,
-             refresh_every: int = 600, refresh_cycles: int = 40,
-             upconverter: bool = True) -> BoardSimTransport:
+             refresh_every: int = 600, refresh_cycles: int = 40) -> BoardSimTransport:
         """Start the simulated board; returns its transport (close it, or use ``with``).
 
         Parameters
@@ -156,10 +162,6 @@ class BoardSim:
             Longest read latency of the simulated LiteDRAM, cycles (the shortest is 3).
         refresh_every, refresh_cycles:
             Both ports stall for ``refresh_cycles`` about every ``refresh_every`` cycles.
-        upconverter:
-            Model LiteDRAM's up-converter on both ports (a 64-bit port on the 128-bit
-            controller, as on the ECPIX-5; see the harness): the runner stops with an error when
-            a port's commands would make it serve an address once for two commands, or hang.
         """
         for name, v, low in (("seed", seed, 0), ("ready_percent", ready_percent, 1),
                              ("max_latency", max_latency, 3), ("refresh_every", refresh_every, 2),
@@ -171,7 +173,7 @@ class BoardSim:
         args = ["--seed", seed, "--idle-cycles", frame_gap_cycles(self.board) + 1000,
                 "--ready-percent", ready_percent, "--max-latency", max_latency,
                 "--refresh-every", refresh_every, "--refresh-cycles", refresh_cycles,
-                "--upconverter", int(bool(upconverter))]
+                "--upconverter", int(self.upconverter)]
         return BoardSimTransport([str(self.build()), *map(str, args)],
                                  name=f"board-sim(seed={seed})")
 

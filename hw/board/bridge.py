@@ -35,11 +35,14 @@ accelerator's order, so a read sees exactly the writes of earlier enabled cycles
 model. Writes are posted: a LOAD that depends on a STORE is ordered after the STORE's ``done``
 by the program's events, and the STORE's writes are in the queue ahead of the LOAD's reads.
 
-LiteDRAM's up-converter (a 64-bit port on the 128-bit controller,
-``LiteDRAMNativePortUpConverter``) gathers consecutive commands of one direction to one
+The ECPIX-5's native ports have the controller's width (:data:`hw.board.ecpix5.ECPIX5`), so no
+converter sits between the bridge and the crossbar. With ``upconverter=True`` the bridge also
+serves a port of half the controller's width: LiteDRAM's up-converter
+(``LiteDRAMNativePortUpConverter``) gathers consecutive commands of one direction to one
 controller word into one controller command, and keeps that command open until the port's
 command lines show another word or the other direction, whether or not ``cmd.valid`` is high
-(``next_cmd``); the generated core exposes neither ``cmd.last`` nor ``flush``. Two rules follow:
+(``next_cmd``); the generated core exposes neither ``cmd.last`` nor ``flush``. Two rules follow
+(off without ``upconverter``):
 
 * while it has nothing to send, the bridge drives ``cmd.we`` low and ``cmd.addr`` to the
   complement of the last address it sent, so that the last write of a STORE reaches the memory
@@ -107,6 +110,10 @@ class DramBridge(wiring.Component):
         cycle's issue (which would put LiteDRAM's ``cmd.ready`` on the path to ``enable``).
     wdata_depth:
         Write-data FIFO entries: write commands accepted whose data LiteDRAM has not taken.
+    upconverter:
+        The native port is half the controller's width, behind LiteDRAM's up-converter: keep
+        its two rules (module docstring). Default off: the ECPIX-5's ports have the
+        controller's width.
     resp_depth:
         Response FIFO entries, the most reads in flight; at least (and by default)
         ``cfg.memory.latency``: the accelerator has at most that many reads it has not consumed,
@@ -134,7 +141,8 @@ class DramBridge(wiring.Component):
     """
 
     def __init__(self, cfg: AcceleratorConfig, board: Board, *, cmd_depth: int = 4,
-                 wdata_depth: int = 16, resp_depth: int | None = None):
+                 wdata_depth: int = 16, resp_depth: int | None = None,
+                 upconverter: bool = False):
         if not isinstance(cfg, AcceleratorConfig):
             raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
         if not isinstance(board, Board):
@@ -155,6 +163,7 @@ class DramBridge(wiring.Component):
         self.cmd_depth = cmd_depth
         self.wdata_depth = wdata_depth
         self.resp_depth = resp_depth
+        self.upconverter = bool(upconverter)
         super().__init__({
             "bus": In(DramSignature(cfg)),
             "port": Out(NativePortSignature(board.port_bits, board.port_addr_bits)),
@@ -203,6 +212,8 @@ class DramBridge(wiring.Component):
         # the reads before it, a write for one cycle without a command.
         repeat_rd = ~last_we & (head.rd_addr == last_addr) & (rd_waiting != 0)
         repeat_wr = last_we & (head.wr_addr == last_addr) & ~flushed
+        if not self.upconverter:
+            repeat_rd = repeat_wr = Const(0)
         want_rd = (cmdq.r_rdy & head.rd & ~rd_sent & (in_flight != self.resp_depth)
                    & ~repeat_rd)
         want_wr = cmdq.r_rdy & head.wr & (~head.rd | rd_sent) & wdataq.w_rdy & ~repeat_wr
@@ -217,7 +228,7 @@ class DramBridge(wiring.Component):
             m.d.comb += [port.cmd.payload.we.eq(0), port.cmd.payload.addr.eq(head.rd_addr)]
         with m.Elif(want_wr):
             m.d.comb += [port.cmd.payload.we.eq(1), port.cmd.payload.addr.eq(head.wr_addr)]
-        with m.Else():  # flush LiteDRAM's up-converter (see the module docstring)
+        with m.Elif(self.upconverter):  # close the up-converter's group (module docstring)
             m.d.comb += [port.cmd.payload.we.eq(0), port.cmd.payload.addr.eq(~last_addr)]
         with m.If(accepted):
             m.d.sync += last_addr.eq(port.cmd.payload.addr)

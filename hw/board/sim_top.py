@@ -48,6 +48,8 @@ class BoardSimTop(wiring.Component):
         The board (its native port; its ``dram_bytes`` may be a small simulated memory).
     compute:
         Passed to :class:`hw.top.Accelerator`.
+    upconverter:
+        Passed to :class:`hw.board.bridge.DramBridge` (a port of half the controller's width).
 
     Members
     -------
@@ -63,8 +65,9 @@ class BoardSimTop(wiring.Component):
         The accelerator runs or its bridge has work (the harness keeps the clock running).
     """
 
-    def __init__(self, cfg: AcceleratorConfig, board: Board, compute: Callable | None = None):
-        self._bridged = BridgedAccelerator(cfg, board, compute=compute)
+    def __init__(self, cfg: AcceleratorConfig, board: Board, compute: Callable | None = None,
+                 upconverter: bool = False):
+        self._bridged = BridgedAccelerator(cfg, board, compute=compute, upconverter=upconverter)
         self._link = HostLink(cfg, board)
         self._domain = ClockDomain("sync", reset_less=True)
         native = NativePortSignature(board.port_bits, board.port_addr_bits)

@@ -13,8 +13,8 @@
 //   random (probability kReadyPercent %, at most kMaxPending commands in flight), and every
 //   ~kRefreshEvery cycles both ports stall for kRefreshCycles cycles (a refresh: nothing moves).
 //   All random choices come from --seed.
-//   With --upconverter 1 (default), each port is a 64-bit port on the 128-bit controller, as
-//   on the ECPIX-5: LiteDRAM's up-converter (LiteDRAMNativePortUpConverter) gathers consecutive
+//   With --upconverter 1 (default 0: the ECPIX-5's ports have the controller's width), each
+//   port is half the controller's width: LiteDRAM's up-converter (LiteDRAMNativePortUpConverter) gathers consecutive
 //   commands of one direction to one controller word into a group that executes only once it
 //   is closed (full, or the command lines, valid or not, show another word or direction); a
 //   group must not hold one address twice (the converter would serve it once): the harness
@@ -103,7 +103,7 @@ struct Params {
     uint64_t refresh_every = 600;
     uint64_t refresh_cycles = 40;
     size_t max_pending = 16;
-    bool upconverter = true;
+    bool upconverter = false;
 };
 
 // After the end of stdin, the cycles without activity after which the harness exits (nobody

@@ -11,7 +11,8 @@ seeded randomness so that every run is reproducible:
   data when it needs it, valid or not: the model checks ``wdata.valid`` then); a read
   ``min_latency .. max_latency`` cycles after the command, sampling the memory then;
 * at most ``max_pending`` commands are in flight;
-* with ``upconverter`` (default), LiteDRAM's up-converter of a port of half the controller's
+* with ``upconverter`` (off by default: the ECPIX-5's ports have the controller's width),
+  LiteDRAM's up-converter of a port of half the controller's
   word (``LiteDRAMNativePortUpConverter``): consecutive commands of one direction to one
   controller word form a group that executes only once it is closed (full, or the command
   lines, valid or not, show another word or direction), and a group must not hold one address
@@ -44,7 +45,7 @@ class NativePortModel:
     def __init__(self, port, mem: np.ndarray, seed: int, *, ready_p: float = 0.7,
                  min_latency: int = 3, max_latency: int = 25, max_wdata_delay: int = 6,
                  refresh_every: int = 300, refresh: int = 40, max_pending: int = 16,
-                 upconverter: bool = True):
+                 upconverter: bool = False):
         self.port = port
         self.mem = mem
         self.rng = random.Random(seed)
