@@ -58,13 +58,13 @@ command lines show another word or the other direction, whether or not ``cmd.val
 
 Examples
 --------
-On the ECPIX-5, the bridge drives a 64-bit native port over the board's 512 MB, and takes the
-accelerator's 8-byte beats:
+On the ECPIX-5, the bridge drives a 128-bit native port over the board's 512 MB, and takes
+the accelerator's 16-byte beats:
 
 >>> from hw.board.ecpix5 import ECPIX5
 >>> from hw.config import AcceleratorConfig
 >>> NativePortSignature(ECPIX5.port_bits, ECPIX5.port_addr_bits)
-NativePortSignature(data_width=64, addr_width=26)
+NativePortSignature(data_width=128, addr_width=25)
 >>> ECPIX5.accelerator_config(AcceleratorConfig()).beat_bytes * 8 == ECPIX5.port_bits
 True
 """
