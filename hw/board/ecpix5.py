@@ -16,8 +16,8 @@ Examples
 --------
 >>> from hw.config import AcceleratorConfig
 >>> cfg = ECPIX5.accelerator_config(AcceleratorConfig())
->>> cfg.beat_bytes, cfg.memory.size_bytes == ECPIX5.dram_bytes
-(16, True)
+>>> cfg.beat_bytes, cfg.memory.size_bytes == ECPIX5.dram_bytes, cfg.clock_mhz
+(16, True, 75.0)
 >>> ECPIX5.peak_bytes_per_s / 1e6
 600.0
 """
@@ -83,7 +83,8 @@ class Board:
 
     def accelerator_config(self, base: AcceleratorConfig, latency: int | None = None
                            ) -> AcceleratorConfig:
-        """``base`` with this board's memory: beats of the native port, the whole DRAM.
+        """``base`` on this board: its clock (``sys``), its memory (beats of the native port,
+        the whole DRAM).
 
         ``latency`` (default: ``base``'s) is the contract's read latency; the bridge stalls the
         accelerator whenever the controller takes longer (hw/board/bridge.py).
@@ -91,7 +92,7 @@ class Board:
         memory = MemoryModel(bytes_per_cycle=self.port_bits // 8,
                              latency=base.memory.latency if latency is None else latency,
                              size_bytes=self.dram_bytes)
-        return dataclasses.replace(base, memory=memory)
+        return dataclasses.replace(base, memory=memory, clock_mhz=self.sys_clk_hz / 1e6)
 
 
 ECPIX5 = Board(
