@@ -7,7 +7,14 @@ name               backend
 ``model-timing``   the fast model, timing only (no DRAM image, no values)
 ``rtl``            the Verilator build of the Amaranth RTL (:mod:`sim.rtl`)
 ``netlist``        the Verilator build of the Yosys netlist (:mod:`sim.netlist`)
+``board``          the ECPIX-5 board over its UART (:mod:`sim.board_backend`; ``port=``)
+``board-sim``      the board's RTL under Verilator, over the same host link
+                   (:mod:`sim.board_sim`; ``seed=`` of its memory's random latencies)
 =================  =============================================================
+
+The two board backends (:data:`BOARD_BACKENDS`) take a configuration with the board's memory
+(:meth:`hw.board.ecpix5.Board.accelerator_config`); ``board-sim`` simulates a board whose DRAM
+is ``cfg``'s.
 
 Each returns a :class:`sim.result.RunResult` for a program (instruction words, objects or
 bytes) and a DRAM image; ``values`` says whether the result carries the final DRAM. The image
@@ -20,20 +27,28 @@ says what it holds after an error). The runtime uses it when ``run`` takes it
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from hw.board.ecpix5 import ECPIX5, Board
 from hw.config import AcceleratorConfig
+from sim.board import BoardLink, SerialTransport
+from sim.board_backend import BoardBackend
+from sim.board_sim import BoardSim
 from sim.model import FastModel
 from sim.netlist import NetlistBackend
 from sim.result import RunResult
 from sim.rtl import RTLBackend
 
-__all__ = ["BACKENDS", "Backend", "make_backend", "runs_in_place"]
+__all__ = ["BACKENDS", "BOARD_BACKENDS", "Backend", "make_backend", "runs_in_place"]
 
+#: The simulators, which need nothing but a configuration.
 BACKENDS = ("model", "model-timing", "rtl", "netlist")
+#: The board and its simulation, which talk over the host link (:mod:`sim.board`).
+BOARD_BACKENDS = ("board", "board-sim")
 
 
 @runtime_checkable
@@ -76,12 +91,27 @@ def runs_in_place(backend: Backend) -> bool:
         return False
 
 
-def make_backend(name: str, cfg: AcceleratorConfig) -> Backend:
-    """The backend called ``name`` (one of :data:`BACKENDS`) for ``cfg``."""
+def make_backend(name: str, cfg: AcceleratorConfig, *, port: str | None = None,
+                 seed: int = 1, board: Board = ECPIX5) -> Backend:
+    """The backend called ``name`` (one of :data:`BACKENDS` or :data:`BOARD_BACKENDS`) for
+    ``cfg``.
+
+    ``port`` is the board's serial port (``board``); ``seed`` seeds the simulated memory's
+    random latencies and refresh stalls (``board-sim``); ``board`` is the board either talks
+    to. A board backend holds its link open: call its ``close()`` when done.
+    """
     if name in ("model", "model-timing"):
         return _Model(cfg, name == "model")
     if name == "rtl":
         return RTLBackend(cfg)
     if name == "netlist":
         return NetlistBackend(cfg)
-    raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name == "board":
+        if not port:
+            raise ValueError("the board backend needs the board's serial port (port=...)")
+        return BoardBackend(cfg, BoardLink(SerialTransport(port)), board)
+    if name == "board-sim":
+        sim = BoardSim(cfg, dataclasses.replace(board, dram_bytes=cfg.memory.size_bytes))
+        return BoardBackend(cfg, BoardLink(sim.open(seed)), sim.board)
+    raise ValueError(f"unknown backend {name!r}; choose one of "
+                     f"{', '.join(BACKENDS + BOARD_BACKENDS)}")

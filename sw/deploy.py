@@ -24,6 +24,7 @@ examples:
   python -m sw.deploy
   python -m sw.deploy --sparsity 1:4 --max-new-tokens 64 --prompt "def fib(n):"
   python -m sw.deploy --backend rtl --max-new-tokens 4
+  python -m sw.deploy --backend board --port /dev/ttyUSB1   (docs/board.md)
   python -m sw.deploy --model path/to/hf_llama_dir --method wanda+gptq --calib 32
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import shutil
 import sys
@@ -45,11 +47,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hw.board.ecpix5 import ECPIX5
 from hw.cli import OneLineParser, command
 from hw.config import DENSE, WEIGHT_BITS, AcceleratorConfig, ConfigError, NMPattern
 from hw.format import FormatError, WeightFormat, stream_layout
 from hw.synth import synthesised_clock
-from sim.backends import BACKENDS, make_backend
+from sim.backends import BACKENDS, BOARD_BACKENDS, make_backend
+from sim.board import BoardLinkError
 from sim.roofline import plot_roofline
 from sw.artifact import publish
 from sw.cli import UsageError, add_tokenizer_option
@@ -89,6 +93,7 @@ class DeployOptions:
     method: str | None = None
     config: str | None = None
     backend: str = "model"
+    port: str = "/dev/ttyUSB1"
     prompt: str | None = None
     no_chat_template: bool = False
     dram_mb: int | None = None
@@ -142,10 +147,14 @@ def _parser() -> argparse.ArgumentParser:
                     f"(default: the model's recipe; {r.method} for others)")
     ap.add_argument("--config", default=d.config, help="accelerator configuration JSON "
                     "(default: the built-in AcceleratorConfig)")
-    ap.add_argument("--backend", default=d.backend, choices=BACKENDS,
+    ap.add_argument("--backend", default=d.backend, choices=BACKENDS + BOARD_BACKENDS,
                     help="model: fast model with values; model-timing: cycles only (text from "
-                    "the twin); rtl: Verilator RTL; netlist: Yosys netlist "
+                    "the twin); rtl: Verilator RTL; netlist: Yosys netlist; board: the ECPIX-5 "
+                    "over its UART (--port; docs/board.md); board-sim: the board's RTL under "
+                    "Verilator, over the same host link, the DRAM sized as for the simulators "
                     f"(default: {d.backend})")
+    ap.add_argument("--port", default=d.port, help="the board's serial port, with --backend "
+                    f"board (default: {d.port})")
     ap.add_argument("--prompt", default=d.prompt, help="prompt text (default: "
                     f"{DEFAULT_PROMPT!r}, or {CHAT_PROMPT!r} for a model with a chat template)")
     ap.add_argument("--no-chat-template", action="store_true",
@@ -189,6 +198,17 @@ def _accelerator(path: str | None, dram_mb: int | None) -> AcceleratorConfig:
         raise UsageError(f"--dram-mb {dram_mb}: {e}") from None
 
 
+def _on_board(backend: str, cfg: AcceleratorConfig) -> AcceleratorConfig:
+    """``cfg`` on the board a board backend runs: the ECPIX-5's clock and memory (for
+    ``board-sim`` a board with ``cfg``'s DRAM size, which the sizing below may still grow)."""
+    if backend == "board":
+        return ECPIX5.accelerator_config(cfg)
+    if backend == "board-sim":
+        return dataclasses.replace(ECPIX5, dram_bytes=cfg.memory.size_bytes
+                                   ).accelerator_config(cfg)
+    return cfg
+
+
 def _recipe(opts: DeployOptions, cfg: AcceleratorConfig) -> Recipe:
     """The model's default recipe with the options given in its place, its formats checked
     against the configuration."""
@@ -217,8 +237,12 @@ def _recipe(opts: DeployOptions, cfg: AcceleratorConfig) -> Recipe:
 
 
 def _check(opts: DeployOptions) -> None:
-    if opts.backend not in BACKENDS:
-        raise UsageError(f"--backend {opts.backend!r}: choose one of {', '.join(BACKENDS)}")
+    if opts.backend not in BACKENDS + BOARD_BACKENDS:
+        raise UsageError(f"--backend {opts.backend!r}: choose one of "
+                         f"{', '.join(BACKENDS + BOARD_BACKENDS)}")
+    if opts.backend == "board" and opts.dram_mb is not None:
+        raise UsageError(f"--dram-mb {opts.dram_mb}: --backend board has the board's "
+                         f"{ECPIX5.dram_bytes >> 20} MiB")
     if opts.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be >= 1, got {opts.max_new_tokens}")
     if opts.calib < 1:
@@ -239,7 +263,7 @@ def _check(opts: DeployOptions) -> None:
 def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     """Run the whole pipeline, writing the outputs into ``out``; returns the report."""
     _check(opts)
-    cfg = _accelerator(opts.config, opts.dram_mb)
+    cfg = _on_board(opts.backend, _accelerator(opts.config, opts.dram_mb))
     recipe = _recipe(opts, cfg)
     progress = not opts.quiet
     torch.manual_seed(opts.seed)
@@ -264,70 +288,77 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     explicit = _check_static_dram(src.model, cfg, options, formats, opts)
     windows = _eval_windows(src, opts, seq)
     cfg, captured, dram = _size_dram(src.model, cfg, options, formats, explicit, log)
-    weights, compressed, compress_s = _compress(src, recipe, formats, opts, seq, progress, log)
-    bits = sum(stream_layout(w.fmt, *w.shape, cfg.lanes).bits_per_weight["total"] * w.shape[0]
-               * w.shape[1] for w in weights.values()) / sum(
-                   w.shape[0] * w.shape[1] for w in weights.values())
-    twin = use_hardware_numerics(copy.deepcopy(compressed), weights, cfg.acc_bits,
-                                 attention=True)
+    # a board that cannot be reached fails here, before the compression
+    backend = _open_backend(opts, cfg)
+    try:
+        weights, compressed, compress_s = _compress(src, recipe, formats, opts, seq, progress, log)
+        bits = sum(stream_layout(w.fmt, *w.shape, cfg.lanes).bits_per_weight["total"] * w.shape[0]
+                   * w.shape[1] for w in weights.values()) / sum(
+                       w.shape[0] * w.shape[1] for w in weights.values())
+        twin = use_hardware_numerics(copy.deepcopy(compressed), weights, cfg.acc_bits,
+                                     attention=True)
 
-    # ---- accuracy (no fp32 baseline for a compressed file: it holds compressed weights)
-    ppl = {}
-    if windows is not None:
-        proto = EvalProtocol(seq_len=seq, max_tokens=opts.eval_tokens)
-        models = ([] if src.weights else [("fp32", src.model)]) + [("compressed", twin)]
-        for label, m in models:
-            ppl[label] = perplexity(m, proto, windows=windows).perplexity
-        log(f"perplexity on {windows.shape[0] * seq:,} held-out tokens: "
-            + (f"fp32 {ppl['fp32']:.3f} -> " if "fp32" in ppl else "")
-            + f"compressed, accelerator numerics {ppl['compressed']:.3f}")
+        # ---- accuracy (no fp32 baseline for a compressed file: it holds compressed weights)
+        ppl = {}
+        if windows is not None:
+            proto = EvalProtocol(seq_len=seq, max_tokens=opts.eval_tokens)
+            models = ([] if src.weights else [("fp32", src.model)]) + [("compressed", twin)]
+            for label, m in models:
+                ppl[label] = perplexity(m, proto, windows=windows).perplexity
+            log(f"perplexity on {windows.shape[0] * seq:,} held-out tokens: "
+                + (f"fp32 {ppl['fp32']:.3f} -> " if "fp32" in ppl else "")
+                + f"compressed, accelerator numerics {ppl['compressed']:.3f}")
 
-    # ---- compile
-    exe = compile_model(src.model, cfg, options, weights=weights, captured=captured)
-    rep = exe.report
-    log(f"compile: {rep['programs']} programs, {rep['instructions']:,} instructions in "
-        f"{rep['compile_s']:.2f} s (capture {rep['capture_s']:.1f} s); DRAM "
-        f"{rep['dram']['total']:,} of {cfg.memory.size_bytes:,} bytes")
+        # ---- compile
+        exe = compile_model(src.model, cfg, options, weights=weights, captured=captured)
+        rep = exe.report
+        log(f"compile: {rep['programs']} programs, {rep['instructions']:,} instructions in "
+            f"{rep['compile_s']:.2f} s (capture {rep['capture_s']:.1f} s); DRAM "
+            f"{rep['dram']['total']:,} of {cfg.memory.size_bytes:,} bytes")
 
-    # ---- run on the backend, and the twin
-    runtime = Runtime(exe, make_backend(opts.backend, cfg), trace=True)
-    bar = tqdm(total=opts.max_new_tokens, desc=f"generate ({opts.backend})",
-               disable=not progress, leave=False)
-    sampling = dict(temperature=opts.temperature, top_k=opts.top_k, eos_token_id=eos)
-    gen = runtime.generate(prompt, opts.max_new_tokens, seed=opts.seed,
-                           on_token=lambda _: bar.update(), **sampling)
-    bar.close()
-    if len(gen.steps) == 1:  # ended at the first token: measure one decode step anyway
-        gen.steps.append(runtime.step(torch.tensor([[gen.tokens[-1]]]))[1])
-    with torch.no_grad():
-        twin_out = generate(twin, torch.tensor(prompt), opts.max_new_tokens,
-                            generator=torch.Generator().manual_seed(opts.seed), **sampling)
-    twin_tokens = _until_eos(twin_out[len(prompt):].tolist(), eos)
-    values = runtime.values
-    tokens = gen.tokens if values else twin_tokens
-    match = tokens == twin_tokens if values else None
+        # ---- run on the backend, and the twin
+        runtime = Runtime(exe, backend, trace=True)
+        bar = tqdm(total=opts.max_new_tokens, desc=f"generate ({opts.backend})",
+                   disable=not progress, leave=False)
+        sampling = dict(temperature=opts.temperature, top_k=opts.top_k, eos_token_id=eos)
+        gen = runtime.generate(prompt, opts.max_new_tokens, seed=opts.seed,
+                               on_token=lambda _: bar.update(), **sampling)
+        bar.close()
+        if len(gen.steps) == 1:  # ended at the first token: measure one decode step anyway
+            gen.steps.append(runtime.step(torch.tensor([[gen.tokens[-1]]]))[1])
+        with torch.no_grad():
+            twin_out = generate(twin, torch.tensor(prompt), opts.max_new_tokens,
+                                generator=torch.Generator().manual_seed(opts.seed), **sampling)
+        twin_tokens = _until_eos(twin_out[len(prompt):].tolist(), eos)
+        values = runtime.values
+        tokens = gen.tokens if values else twin_tokens
+        match = tokens == twin_tokens if values else None
 
-    # ---- the same model in dense INT4 on the same hardware (timing only: no cycle count
-    # depends on the DRAM's size, which the denser weights may outgrow)
-    dense = {k: WeightFormat(DENSE, 4, w.fmt.group or recipe.group) for k, w in weights.items()}
-    dense_cfg = cfg.timing_only()
-    dense_exe = compile_model(src.model, dense_cfg, options, formats=dense, captured=captured)
-    dense_rt = Runtime(dense_exe, make_backend("model-timing", dense_cfg))
-    dense_steps = [dense_rt.step(torch.tensor([prompt]))[1]]
-    for tok in tokens[:max(1, len(gen.steps) - 1)]:  # the same decode steps as the run
-        dense_steps.append(dense_rt.step(torch.tensor([[tok]]))[1])
+        # ---- the same model in dense INT4 on the same hardware (timing only: no cycle count
+        # depends on the DRAM's size, which the denser weights may outgrow)
+        dense = {k: WeightFormat(DENSE, 4, w.fmt.group or recipe.group) for k, w in weights.items()}
+        dense_cfg = cfg.timing_only()
+        dense_exe = compile_model(src.model, dense_cfg, options, formats=dense, captured=captured)
+        dense_rt = Runtime(dense_exe, make_backend("model-timing", dense_cfg))
+        dense_steps = [dense_rt.step(torch.tensor([prompt]))[1]]
+        for tok in tokens[:max(1, len(gen.steps) - 1)]:  # the same decode steps as the run
+            dense_steps.append(dense_rt.step(torch.tensor([[tok]]))[1])
 
-    report = _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, bits,
-                     compress_s, time.perf_counter() - t_all)
-    report.update(method="from the file" if src.weights else recipe.method,
-                  recipe=None if src.weights else str(recipe),
-                  recipe_why=None if src.weights else recipe.why,
-                  recipe_layers=None if src.weights else dict(recipe.layers), dram_sizing=dram,
-                  calib_corpus=(opts.calib_domain if not src.weights and calibrates(recipe.method)
-                                else None))
-    _write(out, opts, cfg, exe, gen, report, src, tokens, prompt_text)
-    _print_summary(report, src.decode(tokens), prompt_text, log)
-    return report
+        report = _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, bits,
+                         compress_s, time.perf_counter() - t_all)
+        report.update(method="from the file" if src.weights else recipe.method,
+                      recipe=None if src.weights else str(recipe),
+                      recipe_why=None if src.weights else recipe.why,
+                      recipe_layers=None if src.weights else dict(recipe.layers), dram_sizing=dram,
+                      calib_corpus=(opts.calib_domain
+                                    if not src.weights and calibrates(recipe.method) else None),
+                      board=_board_report(backend, opts))
+        _write(out, opts, cfg, exe, gen, report, src, tokens, prompt_text)
+        _print_summary(report, src.decode(tokens), prompt_text, log)
+        return report
+    finally:
+        if opts.backend in BOARD_BACKENDS:
+            backend.close()
 
 
 def _prompt(src, opts: DeployOptions) -> tuple[list[int], str, int | None]:
@@ -375,6 +406,7 @@ def _check_static_dram(model, cfg: AcceleratorConfig, options: CompileOptions,
     """The option that fixes the DRAM (None: sized to the model), after checking that an
     explicit one holds the packed weights and KV cache (from the shapes alone)."""
     explicit = (f"--dram-mb {opts.dram_mb}" if opts.dram_mb is not None
+                else "--backend board" if opts.backend == "board"
                 else f"--config {opts.config}" if opts.config else None)
     size = cfg.memory.size_bytes
     static = static_dram_bytes(model, cfg, options, formats)
@@ -441,6 +473,25 @@ def _compress(src, recipe: Recipe, formats: dict[str, WeightFormat], opts: Deplo
     return weights, compressed, time.perf_counter() - t0
 
 
+def _open_backend(opts: DeployOptions, cfg: AcceleratorConfig):
+    """The backend of ``--backend``; a board that cannot be reached is a usage error (one line
+    naming the port)."""
+    try:
+        return make_backend(opts.backend, cfg, port=opts.port)
+    except BoardLinkError as e:
+        raise UsageError(f"--backend {opts.backend}: {e}") from None
+
+
+def _board_report(backend, opts: DeployOptions) -> dict | None:
+    """What a board backend moved and waited for over the whole run (None for the others)."""
+    if opts.backend not in BOARD_BACKENDS:
+        return None
+    return {"port": opts.port if opts.backend == "board" else None,
+            "programs_run": backend.runs, "memory_stall_cycles": backend.stall_cycles,
+            "dram_words_written": backend.words_written, "dram_words_read": backend.words_read,
+            "frames_recovered": backend.link.frames_recovered}
+
+
 def _decode_steps(steps):
     return [s for s in steps if s.phase == "decode"]
 
@@ -463,7 +514,8 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
     cycles = float(np.mean([s.cycles for s in dec]))
     dense_cycles = float(np.mean([s.cycles for s in dense]))
     host_unit = float(np.mean([s.host_unit_cycles for s in dec]))
-    synth = _synthesised_clock(cfg)
+    # On a board the clock is the board's (LiteDRAM's sys), whatever the accelerator alone reaches.
+    synth = None if opts.backend in BOARD_BACKENDS else _synthesised_clock(cfg)
     rep = exe.report
     pattern, wbits, group, label = _formats(weights)
     return {

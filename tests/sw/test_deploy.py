@@ -151,6 +151,9 @@ def test_help_documents_every_option_with_its_default(capsys):
     (["--max-new-tokens", "400"], "exceeds the model's context of 256 positions"),
     (["--eval-tokens", "100"], "--eval-tokens must be 0 or at least one window of 256"),
     (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
+    (["--backend", "board", "--dram-mb", "8"], "--dram-mb 8: --backend board has the board's"),
+    (["--backend", "board", "--port", "/nonexistent/tty"],
+     "cannot open serial port /nonexistent/tty"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
     out = tmp_path / "out"
