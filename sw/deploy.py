@@ -3,11 +3,11 @@
 Compresses the model (N:M pruning + INT4/INT8 group quantisation) with its default recipe
 (below) or the options given, measures its accuracy, compiles prefill and decode into programs
 for the accelerator (sw.compile), generates text from a prompt on a backend (the fast
-cycle-accurate model by default, or the Verilator RTL or the Yosys netlist), checks that every
-generated token equals the model-level twin's (the torch model computing with the
-accelerator's exact integer numerics), and reports cycles, simulated tokens/s, the speedup over
-the same model in dense INT4 on the same hardware, utilisation, DRAM traffic, the roofline
-fraction and the host <-> accelerator transitions per token.
+cycle-accurate model by default, or the Verilator RTL, the Yosys netlist, the ECPIX-5 board or
+its simulation), checks that every generated token equals the model-level twin's (the torch
+model computing with the accelerator's exact integer numerics), and reports cycles, simulated
+tokens/s, the speedup over the same model in dense INT4 on the same hardware, utilisation, DRAM
+traffic, the roofline fraction and the host <-> accelerator transitions per token.
 
 Writes into --out: report.json, report.md (with roofline.png), decode_trace.json (a Perfetto
 timeline of one decode step: open it in ui.perfetto.dev) and executable.safetensors (the
