@@ -9,10 +9,11 @@ configuration :func:`hw.board.litedram.core_config` wrote, and writes into ``OUT
 ``csr.csv``, ``csr.json``
     its control and status registers (LiteX's exports);
 ``init.json``
-    LiteDRAM's DRAM initialisation sequence (``litedram.init.get_sdram_phy_init_sequence``:
-    ``[comment, a, ba, cmd, delay]`` per step, ``cmd`` the C expression of the DFII command
-    bits) and the PHY settings the read leveling needs (what LiteX writes to the BIOS's
-    ``sdram_phy.h``).
+    the DFII control and command bits (``DFII_CONTROL_*``, ``DFII_COMMAND_*``, from
+    ``litedram.init.get_sdram_phy_py_header``), LiteDRAM's DRAM initialisation sequence
+    (``litedram.init.get_sdram_phy_init_sequence``: ``[comment, a, ba, cmd, delay]`` per
+    step, ``cmd`` the C expression of the DFII command bits) and the PHY settings the read
+    leveling needs (what LiteX writes to the BIOS's ``sdram_phy.h``).
 
 LiteX is imported only here, in its own process: it prints its build log and keeps global
 state, which the caller does not want.
@@ -21,6 +22,7 @@ state, which the caller does not want.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 
@@ -29,7 +31,7 @@ def run(config_path: str, out_dir: str) -> None:
     from litedram import modules as litedram_modules
     from litedram import phy as litedram_phys
     from litedram.gen import LiteDRAMCore
-    from litedram.init import get_sdram_phy_init_sequence
+    from litedram.init import get_sdram_phy_init_sequence, get_sdram_phy_py_header
     from litex.build.lattice import LatticePlatform
     from litex.soc.integration.builder import Builder
 
@@ -56,7 +58,12 @@ def run(config_path: str, out_dir: str) -> None:
     def reset_value(v):
         return v.reset.value if hasattr(v, "reset") else int(v)
 
+    # The DFII control and command bits, as LiteDRAM's Python header names them.
+    header = get_sdram_phy_py_header(phy, settings.timing)
+    bits = {name.upper(): int(value, 0) for name, value in
+            re.findall(r"^(dfii_\w+)\s*=\s*(0x[0-9a-fA-F]+)\s*$", header, re.MULTILINE)}
     init = {
+        "dfii": bits,
         "sequence": [[comment, int(a), int(ba), cmd, int(delay)]
                      for comment, a, ba, cmd, delay in sequence],
         "mode_registers": {str(k): int(v) for k, v in (mr or {}).items()},
