@@ -24,9 +24,10 @@ I/O's edge clock through ``ECLKSYNCB``) and ``init`` (:attr:`~hw.board.ecpix5.Bo
 used inside the PHY's initialisation); ``CLKDIVF`` divides ``sys2x`` by two into ``sys``
 (75 MHz). The core's ``user_clk`` output is ``sys``, and ``user_rst`` is ``sys``'s reset,
 asserted (synchronously released) while the PLL is unlocked or the PHY resets its clock
-divider. :class:`LiteDRAMCore` defines the design's ``sync`` domain as ``user_clk`` /
-``user_rst``: everything else on the board (accelerator, bridge, host link) runs on it, and the
-native ports, the control bus and the status outputs are synchronous to it.
+divider. :class:`LiteDRAMCore` drives the clock and reset of a domain (default ``sync``) that
+the top defines with ``user_clk`` / ``user_rst``: everything else on the board (accelerator,
+bridge, host link) runs on it, and the native ports, the control bus and the status outputs
+are synchronous to it.
 
 The user ports accept nothing before initialisation: LiteDRAM gates ``cmd_ready``,
 ``wdata_ready`` and ``rdata_valid`` with ``init_done & ~init_error``, two control registers
@@ -60,7 +61,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from amaranth import ClockDomain, ClockSignal, Const, Module, ResetSignal, Signal
+from amaranth import ClockSignal, Const, Module, ResetSignal, Signal
 from amaranth.hdl import Instance
 from amaranth.lib import io, wiring
 from amaranth.lib.wiring import In, Out
@@ -376,8 +377,10 @@ class LiteDRAMCore(wiring.Component):
     """LiteDRAM's generated DDR3 controller, its PLL and PHY, as an Amaranth component.
 
     Elaborating it needs the board's platform (the pads ``ddr3``, ``clk100`` and ``rst`` are
-    requested from it) and adds the generated Verilog to the platform's files. It defines the
-    design's ``sync`` clock domain (``user_clk``, ``user_rst``: see the module docstring).
+    requested from it) and adds the generated Verilog to the platform's files. It drives the
+    clock and reset of ``domain`` (``user_clk``, ``user_rst``: see the module docstring), which
+    the top must define (``m.domains.sync = ClockDomain()``): else the platform makes its
+    default ``sync`` from the oscillator and the two drivers collide.
 
     Parameters
     ----------
@@ -385,6 +388,8 @@ class LiteDRAMCore(wiring.Component):
         The board (default :data:`hw.board.ecpix5.ECPIX5`).
     core:
         The generated core (default: :func:`generate` of ``board``, from the cache).
+    domain:
+        The clock domain the core clocks (default ``"sync"``).
 
     Members
     -------
@@ -402,9 +407,12 @@ class LiteDRAMCore(wiring.Component):
         The core's PLL is locked.
     """
 
-    def __init__(self, board: Board = ECPIX5, core: GeneratedCore | None = None):
+    def __init__(self, board: Board = ECPIX5, core: GeneratedCore | None = None, *,
+                 domain: str = "sync"):
         _check_board(board)
-        self.board = board
+        if not isinstance(domain, str) or not domain:
+            raise TypeError(f"domain must be a domain name, got {domain!r}")
+        self.board, self.domain = board, domain
         self.core = core if core is not None else generate(board)
         if not isinstance(self.core, GeneratedCore):
             raise TypeError(f"core must be a GeneratedCore, got {core!r}")
@@ -422,7 +430,6 @@ class LiteDRAMCore(wiring.Component):
             raise TypeError("LiteDRAMCore needs the board's platform (it requests the DDR3 "
                             f"pads and the clock), got {platform!r}")
         m = Module()
-        m.domains.sync = ClockDomain("sync")
         platform.add_file(f"{MODULE}.v", self.core.verilog.read_text())
 
         clk = platform.request("clk100", 0, dir="-")
@@ -432,7 +439,7 @@ class LiteDRAMCore(wiring.Component):
             "i_clk": clk.io, "i_rst": rst.i,
             "o_pll_locked": self.pll_locked,
             "o_init_done": self.init_done, "o_init_error": self.init_error,
-            "o_user_clk": ClockSignal("sync"), "o_user_rst": ResetSignal("sync"),
+            "o_user_clk": ClockSignal(self.domain), "o_user_rst": ResetSignal(self.domain),
             # The raw pins, whatever the resource's polarity: LiteDRAM drives the active-low
             # pins (ras_n, cas_n, we_n) itself.
             "o_ddram_a": ddr.a.io, "o_ddram_ba": ddr.ba.io,

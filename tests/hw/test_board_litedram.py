@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """hw.board.litedram: LiteDRAM's generator configuration, its cache, and the Amaranth wrapper."""
 
 from __future__ import annotations
@@ -5,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from amaranth import ClockDomain, Module
 from amaranth.lib.wiring import In
 from amaranth_boards.ecpix5 import ECPIX585Platform
 
@@ -94,8 +96,11 @@ def test_wrapper_signature():
 def test_wrapper_elaborates_on_the_board(core):
     """On the ECPIX-5 platform: the generated Verilog is among the build's files, the DDR3
     pins are constrained (only the P side of the pseudo-differential pairs), and no default
-    clock domain is made from the oscillator (the core's user_clk is ``sync``)."""
-    plan = ECPIX585Platform().prepare(LiteDRAMCore(ECPIX5, core), name="top")
+    clock domain is made from the oscillator (the core's user_clk is the top's ``sync``)."""
+    top = Module()
+    top.domains.sync = ClockDomain()
+    top.submodules.dram = LiteDRAMCore(ECPIX5, core)
+    plan = ECPIX585Platform().prepare(top, name="top")
     assert plan.files[f"{MODULE}.v"] == core.verilog.read_text()
     lpf = plan.files["top.lpf"]
     assert 'LOCATE COMP "ddr3_0__dq__io[15]" SITE "W2"' in lpf
@@ -103,6 +108,10 @@ def test_wrapper_elaborates_on_the_board(core):
     rtlil = plan.files["top.il"]
     assert f"cell \\{MODULE} " in rtlil
     assert "connect \\user_clk " in rtlil
+    # The oscillator's pin goes to the core's clk input and nowhere else.
+    assert [ln.split()[1] for ln in rtlil.splitlines()
+            if "clk100_0__io" in ln and ln.strip().startswith("connect")] == [
+        "\\clk100_0__io", "\\clk"]
 
 
 def test_wrapper_needs_the_platform():
