@@ -35,6 +35,7 @@ import re
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hw import ecp5_dsp
@@ -123,7 +124,8 @@ def _nextpnr_cmd(platform, seed: int) -> list[str]:
 
 def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
           seeds: tuple[int, ...] = DEFAULT_SEEDS, out: Path | None = None,
-          work: Path | None = None, force: bool = False, time_limit_min: float = 120,
+          work: Path | None = None, force: bool = False, jobs: int = 1,
+          time_limit_min: float = 120,
           progress_s: float = 60, verbose: bool = True) -> dict:
     """Build the bitstream of ``cfg`` on ``board``; returns the report (also written).
 
@@ -143,6 +145,8 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         Work directory (default ``build/board/bitstream/<key>``).
     force:
         Build even when ``out`` holds the report of the same key.
+    jobs:
+        nextpnr runs at a time (each is one process).
     time_limit_min:
         Bound of each nextpnr run (0: none); a stopped run counts as not met.
     progress_s:
@@ -152,6 +156,8 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
     """
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
         raise ValueError(f"seeds must be integers >= 0, got {seeds!r}")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
     t0 = time.perf_counter()
     progress_s = progress_s if verbose else 0
     platform, plan = _prepare(cfg, board)
@@ -195,10 +201,7 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
     tmp.replace(work / f"{TOP}.json")
     seconds["yosys"] = time.perf_counter() - t
 
-    runs = []
-    for seed in seeds:
-        if verbose:
-            print(f"nextpnr-ecp5 seed {seed} ...", flush=True)
+    def place_and_route(seed: int) -> dict:
         t = time.perf_counter()
         for stale in (f"report_s{seed}.json", f"nextpnr_s{seed}.log", f"{TOP}_s{seed}.config"):
             (work / stale).unlink(missing_ok=True)
@@ -212,11 +215,18 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         clocks = parse_clocks(report, log)
         met = bool(finished and clocks and all(c["met"] for c in clocks.values())
                    and (work / f"{TOP}_s{seed}.config").exists())
-        runs.append({"seed": seed, "finished": finished, "met": met, "clocks": clocks,
-                     "utilization": _utilization(report, log)})
         if verbose:
-            print("  " + ", ".join(f"{n}: {c['fmax_mhz']:.1f}/{c['target_mhz']:.1f} MHz"
-                                   for n, c in clocks.items()) + f"; met: {met}", flush=True)
+            print(f"  seed {seed}: " + ", ".join(
+                f"{n}: {c['fmax_mhz']:.1f}/{c['target_mhz']:.1f} MHz"
+                for n, c in clocks.items()) + f"; met: {met}", flush=True)
+        return {"seed": seed, "finished": finished, "met": met, "clocks": clocks,
+                "utilization": _utilization(report, log)}
+
+    if verbose:
+        print(f"nextpnr-ecp5 seeds {', '.join(map(str, seeds))} ({jobs} at a time) ...",
+              flush=True)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        runs = list(pool.map(place_and_route, seeds))
 
     placed = [r for r in runs if (work / f"{TOP}_s{r['seed']}.config").exists()]
     if not placed:
@@ -298,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)),
                     help="nextpnr placer seeds to meet timing on (default: %(default)s)")
     ap.add_argument("--out", help=f"output folder (default: bitstreams/{ECPIX5.name}/NAME)")
+    ap.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="nextpnr runs (seeds) at a time (default: %(default)s)")
     ap.add_argument("--time-limit", type=float, default=120, metavar="MIN",
                     help="stop each nextpnr run after MIN minutes (counts as not met); "
                          "0: no limit (default: %(default)g)")
@@ -314,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     for opt, value in (("--time-limit", args.time_limit), ("--progress", args.progress)):
         if not value >= 0:
             ap.error(f"{opt} must be >= 0, got {value:g}")
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {args.jobs}")
     name = args.name or (Path(args.config).stem if args.config else "default")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         ap.error(f"--name must be letters, digits, '.', '_' or '-', got {name!r}")
@@ -322,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         ap.error(f"--config {e}")
     rep = build(cfg, name, seeds=seeds, out=Path(args.out) if args.out else None,
-                force=args.force, time_limit_min=args.time_limit, progress_s=args.progress)
+                force=args.force, jobs=args.jobs, time_limit_min=args.time_limit,
+                progress_s=args.progress)
     return 0 if rep["seeds_met"] == len(rep["seeds"]) else 1
 
 

@@ -2,11 +2,11 @@
 
 The generated core has no CPU (:mod:`hw.board.litedram`), so the host does what LiteX's BIOS
 does at boot (``liblitedram/sdram.c``: ``sdram_init``, ``sdram_leveling``) through two
-functions of its link, ``csr_write(addr, value)`` and ``csr_read(addr) -> value``: 32-bit
-accesses of the core's control registers at their byte addresses of ``csr.csv``
-(:attr:`hw.board.litedram.GeneratedCore.csr`; the Wishbone word address is ``addr // 4``).
-Registers wider than 32 bits span consecutive words, most significant word first (LiteX's
-CSR ordering).
+functions of its link (:class:`sim.board.BoardLink`), ``csr_write(addr, value)`` and
+``csr_read(addr) -> value``: 32-bit accesses of the core's control bus at Wishbone word
+addresses, a register's byte address of ``csr.csv``
+(:attr:`hw.board.litedram.GeneratedCore.csr`) divided by 4. Registers wider than 32 bits
+span consecutive words, most significant word first (LiteX's CSR ordering).
 
 :func:`initialize` runs, in order:
 
@@ -51,10 +51,10 @@ class CsrBus(Protocol):
     """What :func:`initialize` needs of the host link."""
 
     def csr_write(self, addr: int, value: int) -> None:
-        """Write a 32-bit word at byte address ``addr``."""
+        """Write a 32-bit word at word address ``addr``."""
 
     def csr_read(self, addr: int) -> int:
-        """Read the 32-bit word at byte address ``addr``."""
+        """Read the 32-bit word at word address ``addr``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,13 +155,13 @@ class _Dram:
     def write(self, name: str, value: int) -> None:
         words = self.size.get(name, 1)
         for i in range(words):
-            self.bus.csr_write(self.csr[name] + 4 * i,
+            self.bus.csr_write(self.csr[name] // 4 + i,
                                (value >> (32 * (words - 1 - i))) & 0xFFFF_FFFF)
 
     def read(self, name: str) -> int:
         value = 0
         for i in range(self.size.get(name, 1)):
-            value = (value << 32) | (self.bus.csr_read(self.csr[name] + 4 * i) & 0xFFFF_FFFF)
+            value = (value << 32) | (self.bus.csr_read(self.csr[name] // 4 + i) & 0xFFFF_FFFF)
         return value
 
     def cdelay(self, n: int) -> None:
@@ -319,7 +319,7 @@ class _Dram:
 def sequence_ops(csr: dict[str, int], csr_size: dict[str, int], init: dict,
                  sys_clk_hz: float) -> list[tuple]:
     """LiteDRAM's initialisation sequence (step 2 of :func:`initialize`) as operations:
-    ``("write", addr, value)`` and ``("wait", seconds)``.
+    ``("write", word address, value)`` and ``("wait", seconds)``.
 
     Parameters
     ----------

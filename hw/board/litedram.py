@@ -36,7 +36,8 @@ the host sets at the end of :mod:`hw.board.dram_init`'s sequence.
 Port names of the generated module (checked by :func:`generate` against this file's
 expectations): ``clk``, ``rst``, ``pll_locked``, ``init_done``, ``init_error``, ``user_clk``,
 ``user_rst``, ``wb_ctrl_{adr,dat_w,dat_r,sel,cyc,stb,ack,we,cti,bte,err}`` (a 32-bit Wishbone
-slave, word-addressed: a control register's byte address in ``csr.csv`` divided by 4),
+slave, word-addressed: a control register's byte address in ``csr.csv`` divided by 4; the
+wrapper uses classic cycles, ``cti = bte = 0``, and leaves ``err`` open),
 ``user_port_<name>_{cmd,wdata,rdata}_*`` (:mod:`hw.board.native`) and the DDR3 pads
 ``ddram_*``. LiteX declares the bidirectional pads ``ddram_dq`` and ``ddram_dqs_p`` (driven by
 ``TRELLIS_IO`` cells inside the core) as ``input``; :func:`generate` rewrites those two
@@ -67,11 +68,13 @@ from amaranth.lib import io, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.board.ecpix5 import ECPIX5, Board
+from hw.board.link import WishboneSignature
 from hw.board.native import NativePortSignature
+from hw.board.protocol import CSR_ADDR_BITS, CSR_DATA_BITS
 
-__all__ = ["MODULE", "USER_PORTS", "LITEDRAM_VERSION", "CACHE", "WishboneSignature",
-           "GeneratedCore", "dram_data_bits", "core_config", "cache_key", "generate",
-           "LiteDRAMCore"]
+__all__ = ["MODULE", "USER_PORTS", "LITEDRAM_VERSION", "CACHE", "GeneratedCore",
+           "dram_data_bits", "core_config", "cache_key", "module_ports", "expected_ports",
+           "generate", "LiteDRAMCore"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Name of the generated Verilog module.
@@ -82,43 +85,6 @@ USER_PORTS = ("accel", "host")
 LITEDRAM_VERSION = importlib.metadata.version("litedram")
 #: Where generated cores are cached, one directory per :func:`cache_key`.
 CACHE = ROOT / "build" / "board" / "litedram"
-#: Width of the core's control bus (LiteX's CSR bus, 32-bit Wishbone).
-WB_DATA_BITS = 32
-#: Its word-address width (LiteX's 32-bit byte address space in 32-bit words).
-WB_ADDR_BITS = 30
-
-
-class WishboneSignature(wiring.Signature):
-    """A classic 32-bit Wishbone bus seen from its master (LiteX's ``wishbone.Interface``).
-
-    Members
-    -------
-    adr: Out(30)
-        Word address (byte address // 4).
-    dat_w: Out(32), dat_r: In(32)
-        Write and read data.
-    sel: Out(4)
-        Byte enables.
-    cyc, stb, we: Out(1)
-        Cycle, strobe, write.
-    cti: Out(3), bte: Out(2)
-        Burst type (0: classic cycles).
-    ack, err: In(1)
-        The slave's end of a cycle.
-    """
-
-    def __init__(self):
-        super().__init__({
-            "adr": Out(WB_ADDR_BITS), "dat_w": Out(WB_DATA_BITS), "dat_r": In(WB_DATA_BITS),
-            "sel": Out(WB_DATA_BITS // 8), "cyc": Out(1), "stb": Out(1), "we": Out(1),
-            "cti": Out(3), "bte": Out(2), "ack": In(1), "err": In(1),
-        })
-
-    def __eq__(self, other):
-        return type(other) is WishboneSignature
-
-    def __repr__(self):
-        return "WishboneSignature()"
 
 
 def _check_board(board: Board) -> None:
@@ -262,8 +228,8 @@ def expected_ports(board: Board = ECPIX5) -> dict[str, tuple[str, int]]:
         "clk": ("input", 1), "rst": ("input", 1), "pll_locked": ("output", 1),
         "init_done": ("output", 1), "init_error": ("output", 1),
         "user_clk": ("output", 1), "user_rst": ("output", 1),
-        "wb_ctrl_adr": ("input", WB_ADDR_BITS), "wb_ctrl_dat_w": ("input", WB_DATA_BITS),
-        "wb_ctrl_dat_r": ("output", WB_DATA_BITS), "wb_ctrl_sel": ("input", WB_DATA_BITS // 8),
+        "wb_ctrl_adr": ("input", CSR_ADDR_BITS), "wb_ctrl_dat_w": ("input", CSR_DATA_BITS),
+        "wb_ctrl_dat_r": ("output", CSR_DATA_BITS), "wb_ctrl_sel": ("input", CSR_DATA_BITS // 8),
         "wb_ctrl_cyc": ("input", 1), "wb_ctrl_stb": ("input", 1), "wb_ctrl_we": ("input", 1),
         "wb_ctrl_cti": ("input", 3), "wb_ctrl_bte": ("input", 2),
         "wb_ctrl_ack": ("output", 1), "wb_ctrl_err": ("output", 1),
@@ -397,8 +363,9 @@ class LiteDRAMCore(wiring.Component):
         The accelerator's native port (the core provides it).
     host: In(NativePortSignature(board.port_bits, board.port_addr_bits))
         The host link's native port.
-    wb_ctrl: In(WishboneSignature())
-        The control bus (LiteDRAM's control registers, ``core.csr``): the host link drives it.
+    wb_ctrl: In(hw.board.link.WishboneSignature())
+        The control bus (LiteDRAM's control registers, ``core.csr``, at word addresses): the
+        host link drives it.
     init_done: Out(1)
         The ``ddrctrl_init_done`` register: set by the host when initialisation finished.
     init_error: Out(1)
@@ -453,10 +420,14 @@ class LiteDRAMCore(wiring.Component):
             "o_ddram_reset_n": Signal(1, name="ddram_reset_n_nc"),
         }
         wb = self.wb_ctrl
-        for name in ("adr", "dat_w", "sel", "cyc", "stb", "we", "cti", "bte"):
+        for name in ("adr", "dat_w", "sel", "cyc", "stb", "we"):
             conns[f"i_wb_ctrl_{name}"] = getattr(wb, name)
-        for name in ("dat_r", "ack", "err"):
+        for name in ("dat_r", "ack"):
             conns[f"o_wb_ctrl_{name}"] = getattr(wb, name)
+        # Classic cycles only; LiteX's CSR bus never ends a cycle with err (the link times out
+        # an access nothing acknowledges).
+        conns.update({"i_wb_ctrl_cti": Const(0, 3), "i_wb_ctrl_bte": Const(0, 2),
+                      "o_wb_ctrl_err": Signal(1, name="wb_ctrl_err_nc")})
         for pname in USER_PORTS:
             port, p = getattr(self, pname), f"user_port_{pname}_"
             conns.update({

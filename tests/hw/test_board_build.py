@@ -103,6 +103,14 @@ def test_builds_are_cached_by_design_and_options(tmp_path, fake_tools):
         _build(tmp_path, seeds=(-1,))
 
 
+def test_seeds_in_parallel_report_the_same(tmp_path, fake_tools):
+    one = _build(tmp_path / "a")
+    two = _build(tmp_path / "b", jobs=2)
+    assert [r["seed"] for r in two["seeds"]] == [1, 2]
+    for k in ("clocks", "seed", "seeds_met", "luts", "bitstream_bytes"):
+        assert two[k] == one[k], k
+
+
 def test_parse_clocks_from_the_log_without_a_report():
     log = ("Info: Max frequency for clock '$glbnet$clk': 60.00 MHz (FAIL at 75.00 MHz)\n"
            "Info: Max frequency for clock '$glbnet$clk': 77.50 MHz (PASS at 75.00 MHz)\n")
@@ -115,6 +123,7 @@ def test_parse_clocks_from_the_log_without_a_report():
     (["--seeds", "1,1"], "--seeds must be distinct integers >= 0, got '1,1'"),
     (["--name", "a/b"], "--name must be letters, digits, '.', '_' or '-', got 'a/b'"),
     (["--time-limit", "-1"], "--time-limit must be >= 0, got -1"),
+    (["--jobs", "0"], "--jobs must be >= 1, got 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     with pytest.raises(SystemExit) as e:

@@ -19,13 +19,13 @@ def core(tmp_path_factory):
 
 def _c_header_sequence(core) -> list[tuple]:
     """The writes and waits of ``init_sequence()`` in the C header LiteX generated for its BIOS
-    (``sdram_phy.h``), register addresses from its ``csr.h``: an independent reading of what
-    LiteDRAM wants done."""
+    (``sdram_phy.h``), register addresses from its ``csr.h`` (in words): an independent reading
+    of what LiteDRAM wants done."""
     gen = core.dir / "software" / "include" / "generated"
     header, csr_h = (gen / "sdram_phy.h").read_text(), (gen / "csr.h").read_text()
     defines = {k: int(v, 0) for k, v in re.findall(r"#define (DFII_\w+) (0x[0-9a-f]+)", header)}
     base = int(re.search(r"#define CSR_BASE (0x[0-9a-fA-F]+)L?", csr_h).group(1), 0)
-    addr = {k.lower(): base + int(v, 16) for k, v in
+    addr = {k.lower(): (base + int(v, 16)) // 4 for k, v in
             re.findall(r"#define CSR_(\w+)_ADDR \(CSR_BASE \+ 0x([0-9a-f]+)L\)", csr_h)}
     body = header.split("static inline void init_sequence(void)", 1)[1].split("\n}", 1)[0]
 
@@ -65,7 +65,7 @@ class FakePhy:
     burst detector stays low)."""
 
     def __init__(self, core, good: dict[int, tuple[int, set[int]]]):
-        self.reg = {a: n for n, a in core.csr.items()}
+        self.reg = {a // 4: n for n, a in core.csr.items()}  # word addresses
         self.size = core.csr_size
         self.phy = core.init["phy"]
         self.bits = core.init["dfii"]
@@ -79,8 +79,8 @@ class FakePhy:
 
     def _locate(self, addr):
         for name, a in ((n, a) for a, n in self.reg.items()):
-            if a <= addr < a + 4 * self.size[name]:
-                return name, (addr - a) // 4
+            if a <= addr < a + self.size[name]:
+                return name, addr - a
         raise KeyError(f"no register at {addr:#x}")
 
     def _value(self, name):

@@ -12,7 +12,8 @@ from amaranth_boards.ecpix5 import ECPIX585Platform
 
 from hw.board import litedram
 from hw.board.ecpix5 import ECPIX5
-from hw.board.litedram import MODULE, USER_PORTS, LiteDRAMCore, WishboneSignature
+from hw.board.link import WishboneSignature
+from hw.board.litedram import MODULE, USER_PORTS, LiteDRAMCore
 from hw.board.native import NativePortSignature
 
 
