@@ -12,7 +12,9 @@ LiteDRAM's Verilog (:mod:`hw.board.litedram`); then runs
    deriving every clock's constraint from the oscillator's through the PLL: LiteDRAM's ``sys``
    (the design's ``sync``, :attr:`~hw.board.ecpix5.Board.sys_clk_hz`), ``sys2x`` and ``init``;
 3. ``yowasp-ecppack`` on the placement of the first seed that met every clock (else of the
-   fastest), into ``bitstreams/<board>/<NAME>/top.bit``.
+   fastest), into ``bitstreams/<board>/<NAME>/top.bit``; ``NAME`` is by default the
+   fingerprint of the configuration with the board's memory
+   (``board.accelerator_config(cfg).fingerprint``, what an Executable for it carries).
 
 Beside the bitstream, ``report.json`` holds what the build measured: per clock nextpnr's
 maximum frequency against its target (``clocks``: ``fmax_mhz``, ``target_mhz``, ``met``, of
@@ -20,8 +22,9 @@ the packed seed) and per seed (``seeds``), ``seeds_met`` (seeds on which every c
 the resources of the packed seed (``luts``: nextpnr's TRELLIS_COMB, ``ffs``, ``dsps``:
 MULT18X18D, ``brams``: DP16KD) against the device's, ``bitstream_bytes`` and ``build_s`` (wall
 time of the whole build). The work files (logs, netlists, nextpnr's reports) stay in
-``build/board/bitstream/<key>/``. A finished build is cached: the same design files and tool
-options (the key) print the existing report at once (``--force`` builds again).
+``build/board/bitstream/<key>/`` with a copy of the report and the bitstream. A finished build
+is cached: the same design files and tool options (the key) print the existing report at once,
+from the output folder or else from the work folder (``--force`` builds again).
 
 Exit status: 0 when every clock met on every seed, 1 when not, 2 for bad input.
 """
@@ -175,14 +178,21 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
     key = h.hexdigest()[:16]
     out = Path(out) if out else ROOT / "bitstreams" / board.name / name
     report_path = out / "report.json"
-    if not force and report_path.exists() and (out / f"{TOP}.bit").exists():
-        rep = json.loads(report_path.read_text())
-        if rep.get("cache_key") == key:
-            if verbose:
-                print(summary(rep))
-                print(f"cached: {out} (same design and options; --force builds again)")
-            return rep
     work = Path(work) if work else ROOT / "build" / "board" / "bitstream" / key
+    for where in (out, work):  # the output, else the finished work of the same key
+        old = where / "report.json"
+        if force or not (old.exists() and (where / f"{TOP}.bit").exists()):
+            continue
+        rep = json.loads(old.read_text())
+        if rep.get("cache_key") != key:
+            continue
+        if where != out:
+            rep = {**rep, "board": board.name, "config": name}
+            _publish(work / f"{TOP}.bit", rep, out)
+        if verbose:
+            print(summary(rep))
+            print(f"cached: {out} (same design and options; --force builds again)")
+        return rep
     work.mkdir(parents=True, exist_ok=True)
     for path in design + [f"{TOP}.lpf"]:
         (work / path).write_bytes(files[path])
@@ -259,15 +269,24 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         "work": str(work.relative_to(ROOT) if work.is_relative_to(ROOT) else work),
         "cache_key": key,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    tmp_bit = out / f".{TOP}.bit.{os.getpid()}.tmp"
-    shutil.copyfile(work / f"{TOP}.bit", tmp_bit)
-    os.replace(tmp_bit, out / f"{TOP}.bit")
-    write_text_atomic(report_path, json.dumps(rep, indent=1) + "\n")
+    write_text_atomic(work / "report.json", json.dumps(rep, indent=1) + "\n")
+    _publish(work / f"{TOP}.bit", rep, out)
     if verbose:
         print(summary(rep))
         print(f"written {out / (TOP + '.bit')} and {report_path}")
     return rep
+
+
+def _publish(bit: Path, rep: dict, out: Path) -> None:
+    """Copy the bitstream and write the report into ``out``, each by an atomic rename."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{TOP}.bit.{os.getpid()}.tmp"
+    try:
+        shutil.copyfile(bit, tmp)
+        os.replace(tmp, out / f"{TOP}.bit")
+    finally:
+        tmp.unlink(missing_ok=True)
+    write_text_atomic(out / "report.json", json.dumps(rep, indent=1) + "\n")
 
 
 def summary(rep: dict) -> str:
@@ -303,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
                        description=__doc__.split("\n")[0])
     ap.add_argument("--config", help="accelerator configuration JSON (default: "
                     "AcceleratorConfig(), with the board's memory)")
-    ap.add_argument("--name", help="configuration name, the output folder's (default: "
-                    "'default' without --config, else the file's stem)")
+    ap.add_argument("--name", help="configuration name, the output folder's (default: the "
+                    "fingerprint of the configuration with the board's memory, "
+                    f"{ECPIX5.accelerator_config(AcceleratorConfig()).fingerprint} for the "
+                    "default one)")
     ap.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)),
                     help="nextpnr placer seeds to meet timing on (default: %(default)s)")
     ap.add_argument("--out", help=f"output folder (default: bitstreams/{ECPIX5.name}/NAME)")
@@ -328,13 +349,13 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{opt} must be >= 0, got {value:g}")
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
-    name = args.name or (Path(args.config).stem if args.config else "default")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        ap.error(f"--name must be letters, digits, '.', '_' or '-', got {name!r}")
     try:
         cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
     except ConfigError as e:
         ap.error(f"--config {e}")
+    name = args.name or ECPIX5.accelerator_config(cfg).fingerprint
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        ap.error(f"--name must be letters, digits, '.', '_' or '-', got {name!r}")
     rep = build(cfg, name, seeds=seeds, out=Path(args.out) if args.out else None,
                 force=args.force, jobs=args.jobs, time_limit_min=args.time_limit,
                 progress_s=args.progress)

@@ -103,6 +103,19 @@ def test_builds_are_cached_by_design_and_options(tmp_path, fake_tools):
         _build(tmp_path, seeds=(-1,))
 
 
+def test_a_finished_build_is_found_from_its_work_folder(tmp_path, fake_tools):
+    """Another output folder (another --name) of the same design copies the finished build."""
+    first = _build(tmp_path)
+    n = len(fake_tools.calls)
+    again = board_build.build(AcceleratorConfig(), "other", ECPIX5, out=tmp_path / "other",
+                              work=tmp_path / "work", verbose=False)
+    assert len(fake_tools.calls) == n and again["config"] == "other"
+    assert {k: v for k, v in again.items() if k != "config"} == {
+        k: v for k, v in first.items() if k != "config"}
+    assert (tmp_path / "other" / "top.bit").read_bytes() == (
+        tmp_path / "out" / "top.bit").read_bytes()
+
+
 def test_seeds_in_parallel_report_the_same(tmp_path, fake_tools):
     one = _build(tmp_path / "a")
     two = _build(tmp_path / "b", jobs=2)
@@ -136,7 +149,8 @@ def test_exit_status_says_whether_every_seed_met(tmp_path, fake_tools, monkeypat
     monkeypatch.setattr(board_build, "ROOT", tmp_path)
     assert board_build.main(["--progress", "0"]) == 1       # seed 1 misses
     assert board_build.main(["--seeds", "2,3", "--progress", "0"]) == 0
-    assert (tmp_path / "bitstreams" / ECPIX5.name / "default" / "top.bit").exists()
+    name = ECPIX5.accelerator_config(AcceleratorConfig()).fingerprint
+    assert (tmp_path / "bitstreams" / ECPIX5.name / name / "top.bit").exists()
 
 
 def test_board_top_elaborates():
