@@ -38,8 +38,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from hw.board.ecpix5 import ECPIX5, Board
+
 __all__ = ["CsrBus", "LaneResult", "InitResult", "TEST_SEEDS", "lfsr32", "pattern_words",
-           "sequence_ops", "initialize"]
+           "sequence_ops", "initialize", "initialize_board"]
 
 #: The seeds of the BIOS's read-leveling test patterns (``_seed_array``).
 TEST_SEEDS = (42, 84, 36)
@@ -385,3 +387,22 @@ def initialize(bus: CsrBus, csr: dict[str, int], csr_size: dict[str, int], init:
         dram.write("ddrctrl_init_error", 1)
     dram.write("ddrctrl_init_done", 1)
     return InitResult(lanes, error)
+
+
+def initialize_board(bus: CsrBus, board: Board = ECPIX5, *,
+                     wait: Callable[[float], None] = time.sleep) -> InitResult:
+    """:func:`initialize` with the register map and sequence of ``board``'s generated core
+    (:func:`hw.board.litedram.generate`, from its cache) and the board's ``sys`` clock.
+
+    Parameters
+    ----------
+    bus:
+        The host link (:class:`CsrBus`), e.g. :class:`sim.board.BoardLink`.
+    board:
+        The board (default :data:`hw.board.ecpix5.ECPIX5`).
+    wait:
+        As :func:`initialize`.
+    """
+    from hw.board.litedram import generate
+    core = generate(board)
+    return initialize(bus, core.csr, core.csr_size, core.init, board.sys_clk_hz, wait=wait)

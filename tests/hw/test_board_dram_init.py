@@ -187,3 +187,11 @@ def test_a_core_without_read_leveling_is_refused(core):
     with pytest.raises(ValueError, match="write_leveling=True"):
         dram_init.initialize(FakePhy(core, {}), core.csr, core.csr_size, init,
                              ECPIX5.sys_clk_hz)
+
+
+def test_initialize_board_uses_the_board_s_core(core, monkeypatch):
+    import hw.board.litedram
+    monkeypatch.setattr(hw.board.litedram, "generate", lambda board: core)
+    phy = FakePhy(core, {0: (1, {2, 3, 4, 5}), 1: (2, {3, 4, 5})})
+    res = dram_init.initialize_board(phy, wait=lambda s: None)
+    assert res.ok and [lane.delay for lane in res.lanes] == [3, 4]
