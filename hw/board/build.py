@@ -215,13 +215,19 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         t = time.perf_counter()
         for stale in (f"report_s{seed}.json", f"nextpnr_s{seed}.log", f"{TOP}_s{seed}.config"):
             (work / stale).unlink(missing_ok=True)
-        finished = _run(_nextpnr_cmd(platform, seed), work / f"nextpnr_s{seed}.out", work,
-                        phase=f"nextpnr seed {seed}", time_limit_s=time_limit_min * 60,
-                        progress_s=progress_s, watch=work / f"nextpnr_s{seed}.log")
+        failure = None
+        try:
+            finished = _run(_nextpnr_cmd(platform, seed), work / f"nextpnr_s{seed}.out", work,
+                            phase=f"nextpnr seed {seed}", time_limit_s=time_limit_min * 60,
+                            progress_s=progress_s, watch=work / f"nextpnr_s{seed}.log")
+        except RuntimeError as e:  # this seed failed; the others still count
+            finished, failure = False, str(e).splitlines()[0]
+            (work / f"{TOP}_s{seed}.config").unlink(missing_ok=True)
         seconds[f"nextpnr_s{seed}"] = time.perf_counter() - t
         rfile = work / f"report_s{seed}.json"
         report = json.loads(rfile.read_text()) if rfile.exists() else {}
-        log = (work / f"nextpnr_s{seed}.log").read_text(errors="replace")
+        lfile = work / f"nextpnr_s{seed}.log"
+        log = lfile.read_text(errors="replace") if lfile.exists() else ""
         clocks = parse_clocks(report, log)
         met = bool(finished and clocks and all(c["met"] for c in clocks.values())
                    and (work / f"{TOP}_s{seed}.config").exists())
@@ -229,8 +235,11 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
             print(f"  seed {seed}: " + ", ".join(
                 f"{n}: {c['fmax_mhz']:.1f}/{c['target_mhz']:.1f} MHz"
                 for n, c in clocks.items()) + f"; met: {met}", flush=True)
-        return {"seed": seed, "finished": finished, "met": met, "clocks": clocks,
-                "utilization": _utilization(report, log)}
+        run = {"seed": seed, "finished": finished, "met": met, "clocks": clocks,
+               "utilization": _utilization(report, log)}
+        if failure:
+            run["failed"] = failure
+        return run
 
     if verbose:
         print(f"nextpnr-ecp5 seeds {', '.join(map(str, seeds))} ({jobs} at a time) ...",

