@@ -9,6 +9,10 @@ within ``timeout`` (lost or corrupted, either way) makes it send the same frame 
 sequence number, so the board answers a retry from its kept reply without executing the command
 twice. After ``retries`` resends it raises :class:`LinkTimeout`, naming the transport.
 
+A session opens with HELLO, which checks the bitstream's protocol version and frame size;
+:meth:`BoardLink.require_build` then refuses a bitstream built for another accelerator
+configuration or board.
+
 Examples
 --------
 >>> class Dead:
@@ -30,7 +34,8 @@ from typing import Protocol
 import numpy as np
 
 from hw.board import protocol as p
-from hw.board.ecpix5 import ECPIX5
+from hw.board.ecpix5 import ECPIX5, Board
+from hw.config import AcceleratorConfig
 from hw.counters import COUNTERS
 from hw.isa import ErrorCode
 from sim.errors import SimulationError
@@ -262,7 +267,7 @@ class BoardLink:
                   data: bytes = b"") -> bytes:
         """Send one request until its reply comes; its data, or an error for its status."""
         req = p.Request(seq=self._seq, cmd=cmd, addr=addr, arg=arg, data=data)
-        self._seq = (self._seq + 1) % 256
+        self._seq = (self._seq + 1) % (1 << p.SEQ_BITS)
         frame = req.encode()
         for attempt in range(1 + self.retries):
             self.transport.write(frame)
@@ -299,6 +304,31 @@ class BoardLink:
                 if reply.seq == req.seq and reply.cmd == req.cmd:
                     return reply
         return None
+
+    def require_build(self, cfg: AcceleratorConfig, board: Board) -> None:
+        """Refuse a board whose bitstream was built for another configuration or board.
+
+        Parameters
+        ----------
+        cfg:
+            The configuration a program was compiled for, with the board's memory
+            (:meth:`hw.board.ecpix5.Board.accelerator_config`).
+        board:
+            The board it was compiled for.
+
+        Raises
+        ------
+        BoardLinkError
+            HELLO's ``board_id`` or ``config_id`` differs (both named).
+        """
+        want = {"board_id": p.board_id(board), "config_id": p.config_id(cfg)}
+        got = {k: self.info[k] for k in want}
+        if got != want:
+            raise BoardLinkError(
+                f"the board on {_name(self.transport)} runs a bitstream for board "
+                f"{got['board_id']:#010x}, config {got['config_id']:012x}; this program is "
+                f"for board {board.name} ({want['board_id']:#010x}), config "
+                f"{cfg.fingerprint}")
 
     # ------------------------------------------------------------ commands
     def hello(self) -> dict[str, int]:

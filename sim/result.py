@@ -36,6 +36,9 @@ class RunResult:
     detail:
         Human-readable explanation of an error (e.g. the engine states of a deadlock), when the
         backend can give one.
+    stall_cycles:
+        Cycles the board's memory froze the accelerator (hw/board/bridge.py), on top of
+        ``cycles``; 0 on the other backends, whose memory is the timing contract's.
     """
 
     cycles: int
@@ -45,6 +48,7 @@ class RunResult:
     dram: np.ndarray | None = None
     trace: list | None = None
     detail: str = ""
+    stall_cycles: int = 0
 
     @property
     def ok(self) -> bool:

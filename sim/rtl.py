@@ -53,7 +53,7 @@ from sim.errors import SimulationError
 from sim.result import RunResult
 
 __all__ = ["RTLBackend", "RTLBuildError", "RTLTimeoutError", "engine_states", "verilator_env",
-           "encode_any"]
+           "encode_any", "locked_build", "verilate"]
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "sim" / "verilator" / "harness.cpp"
@@ -88,6 +88,55 @@ def verilator_env() -> dict[str, str]:
     env["PATH"] = f"{root / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["MAKEFLAGS"] = "CFG_CXXFLAGS_PCH_I=-include"
     return env
+
+
+def locked_build(out: Path, target: str, make: Callable[[], None], *,
+                 verbose: bool = False) -> Path:
+    """``out / target``, made by ``make()`` unless it exists, under a file lock in ``out`` so
+    that parallel test workers share one build; ``out/build_seconds.txt`` records the time."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / target
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return path
+        t0 = time.perf_counter()
+        make()
+        if not path.exists():
+            raise RTLBuildError(f"the build in {out} made no {target}")
+        (out / "build_seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
+        if verbose:
+            print(f"built {path} in {time.perf_counter() - t0:.1f} s")
+        return path
+
+
+def verilate(out: Path, sources: Sequence[str], *, prefix: str, top_module: str, output: str,
+             jobs: int = 2, waves: bool = False) -> None:
+    """Compile ``sources`` (Verilog and C++ harness, in ``out``) into the executable
+    ``out/output`` with the project's Verilator options; the log is ``out/build.log``.
+
+    Raises
+    ------
+    RTLBuildError
+        Verilator or the C++ compiler failed (the message has the log's tail).
+    """
+    cmd = ["verilator", "--cc", "--exe", "--build", "-j", str(jobs),
+           "--prefix", prefix, "--top-module", top_module, "--Mdir", "obj",
+           "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert",
+           "-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-UNOPTFLAT",
+           "-CFLAGS", "-O2 -std=c++17", "-o", f"../{output}", *sources]
+    if waves:
+        # VCD: FST would need the system's lz4 headers, which a fresh machine lacks.
+        cmd[1:1] = ["--trace", "--trace-structs"]
+    log = out / "build.log"
+    with open(log, "w") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.run(cmd, cwd=out, env=verilator_env(), stdout=f,
+                              stderr=subprocess.STDOUT)
+    if proc.returncode != 0 or not (out / output).exists():
+        tail = log.read_text()[-4000:]
+        raise RTLBuildError(f"Verilator build failed in {out} (rc={proc.returncode}):\n{tail}")
 
 
 def encode_any(program, cfg: AcceleratorConfig) -> bytes:
@@ -231,13 +280,8 @@ class RTLBackend:
 
     def _build(self, verbose: bool) -> Path:
         out = self.build_dir
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            runner = out / "runner"
-            if runner.exists():
-                return runner
-            t0 = time.perf_counter()
+
+        def make() -> None:
             # A build takes minutes on 2 cores; say so once, then it is cached.
             print(f"sim.rtl: building the {type(self).__name__} runner for a "
                   f"{self.cfg.rows}x{self.cfg.cols} array in {out} (a few minutes; cached "
@@ -246,29 +290,10 @@ class RTLBackend:
             verilog = self._simulated_verilog(out, verbose)
             (out / "accel_config.h").write_text(_config_header(self.cfg))
             shutil.copy(HARNESS, out / "harness.cpp")
-            cmd = ["verilator", "--cc", "--exe", "--build", "-j", str(self.jobs),
-                   "--prefix", "Vaccel", "--top-module", "accel", "--Mdir", "obj",
-                   "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert",
-                   "-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-UNOPTFLAT",
-                   "-CFLAGS", "-O2 -std=c++17", "-o", "../runner",
-                   verilog, "harness.cpp"]
-            if self.waves:
-                # VCD: FST would need the system's lz4 headers, which a fresh machine lacks.
-                cmd[1:1] = ["--trace", "--trace-structs"]
-            log = out / "build.log"
-            with open(log, "w") as f:
-                f.write(" ".join(cmd) + "\n")
-                f.flush()
-                proc = subprocess.run(cmd, cwd=out, env=verilator_env(), stdout=f,
-                                      stderr=subprocess.STDOUT)
-            if proc.returncode != 0 or not runner.exists():
-                tail = log.read_text()[-4000:]
-                raise RTLBuildError(f"Verilator build failed in {out} (rc={proc.returncode}):\n"
-                                    f"{tail}")
-            (out / "build_seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
-            if verbose:
-                print(f"built {runner} in {time.perf_counter() - t0:.1f} s")
-            return runner
+            verilate(out, [verilog, "harness.cpp"], prefix="Vaccel", top_module="accel",
+                     output="runner", jobs=self.jobs, waves=self.waves)
+
+        return locked_build(out, "runner", make, verbose=verbose)
 
     # ------------------------------------------------------------------ run
     def run(self, program: Sequence[Instr | int] | bytes | np.ndarray,

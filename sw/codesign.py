@@ -74,7 +74,7 @@ from sim.backends import make_backend
 from sim.model import FastModel
 from sw.artifact import publish
 from sw.cli import add_tokenizer_option
-from sw.compile import CompileOptions, compile_model
+from sw.compile import CompileOptions, Executable, compile_model
 from sw.compile.layers import build_linear
 from sw.compress.model import COMPRESS_METHODS, compress_llama, selected_linears
 from sw.models import corpus
@@ -82,11 +82,12 @@ from sw.models.compressed import from_llama, save
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.llama import LlamaLM
 from sw.models.source import ModelSourceError, open_model
-from sw.runtime import Runtime
+from sw.runtime import Runtime, StepStats
 
 __all__ = ["CANDIDATES", "Unit", "units", "layer_costs",
            "compress_candidates", "sensitivities", "search", "refine", "assemble",
-           "with_weights", "run", "Point", "pareto_front", "pareto"]
+           "with_weights", "decode_step", "decode_cycles", "run", "Point", "pareto_front",
+           "pareto"]
 
 T = TypeVar("T")
 
@@ -314,16 +315,24 @@ BUDGETS = {"uniform-2:4-latency": "2:4-int4", "uniform-4:8-latency": "4:8-int4",
            "uniform-2:8-latency": "2:8-int4"}
 
 
-def decode_cycles(model: LlamaLM, cfg: AcceleratorConfig, formats: Mapping[str, WeightFormat],
-                  context: int) -> int:
-    """Simulated accelerator cycles of one decode step at ``context`` positions, compiled from
-    the model's graph with these formats (timing-only)."""
+def decode_step(model: LlamaLM, cfg: AcceleratorConfig, formats: Mapping[str, WeightFormat],
+                context: int) -> tuple[Executable, StepStats]:
+    """One decode step at ``context`` positions compiled from the model's graph with these
+    formats, and what it cost on the fast model (timing-only): the executable (its
+    ``report`` says the DRAM it lays out) and the step's :class:`~sw.runtime.StepStats`."""
     opts = CompileOptions(prompt_tokens=context - 1, max_context=context,
                           decode_contexts=(context,), phases=("decode",))
     exe = compile_model(model, cfg, opts, formats=formats)
     rt = Runtime(exe, make_backend("model-timing", cfg), memo_timing=True)
     rt.seek(context - 1)
-    return rt.step(torch.zeros((1, 1), dtype=torch.long))[1].cycles
+    return exe, rt.step(torch.zeros((1, 1), dtype=torch.long))[1]
+
+
+def decode_cycles(model: LlamaLM, cfg: AcceleratorConfig, formats: Mapping[str, WeightFormat],
+                  context: int) -> int:
+    """Simulated accelerator cycles of one decode step at ``context`` positions, compiled from
+    the model's graph with these formats (timing-only; :func:`decode_step`)."""
+    return decode_step(model, cfg, formats, context)[1].cycles
 
 
 def bits_per_weight(weights: Mapping[str, QuantizedWeight], lanes: int) -> float:

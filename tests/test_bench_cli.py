@@ -5,8 +5,9 @@ import re
 
 import pytest
 
-COMMANDS = [f"bench.{name}" for name in ("accuracy", "codesign", "compile", "compress", "dse",
-                                         "fuzz", "rtl", "scaling", "simspeed")] + ["sw.codesign"]
+COMMANDS = [f"bench.{name}" for name in ("accuracy", "board", "codesign", "compile", "compress",
+                                         "dse", "fuzz", "rtl", "scaling", "simspeed")
+            ] + ["sw.codesign"]
 
 
 @pytest.mark.parametrize("module", COMMANDS)

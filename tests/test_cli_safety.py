@@ -16,8 +16,8 @@ import pytest
 from hw.config import AcceleratorConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHES = ("accuracy", "codesign", "compile", "compress", "dse", "fuzz", "rtl", "scaling",
-           "simspeed")
+BENCHES = ("accuracy", "board", "codesign", "compile", "compress", "dse", "fuzz", "rtl",
+           "scaling", "simspeed")
 
 
 def _one_line(err: str) -> str:
@@ -107,7 +107,8 @@ BAD_BENCH = [
     ("fuzz", ["--seconds", "0"]), ("fuzz", ["--timeout", "-1"]),
     ("fuzz", ["--target", "nothing"]), ("rtl", ["--arrays", "4y8"]),
     ("rtl", ["--patterns", "2:3"]), ("rtl", ["--k", "0"]), ("scaling", ["--quick", "1"]),
-    ("simspeed", ["--tokens", "x"])]
+    ("simspeed", ["--tokens", "x"]), ("board", ["--models", "llama"]),
+    ("board", ["--context", "0"]), ("board", ["--config", "/nonexistent.json"])]
 
 
 @pytest.mark.parametrize("name, argv", BAD_BENCH, ids=[f"{n}{' '.join(a)}" for n, a in BAD_BENCH])

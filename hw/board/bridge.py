@@ -35,20 +35,38 @@ accelerator's order, so a read sees exactly the writes of earlier enabled cycles
 model. Writes are posted: a LOAD that depends on a STORE is ordered after the STORE's ``done``
 by the program's events, and the STORE's writes are in the queue ahead of the LOAD's reads.
 
-LiteDRAM's up-converter (a 64-bit port on the 128-bit controller) keeps a half-filled
-command until the port's command lines show another word or the other direction, whether or not
-``cmd.valid`` is high (``next_cmd`` in ``LiteDRAMNativePortUpConverter``); the generated core
-exposes neither ``cmd.last`` nor ``flush``. While it has nothing to send, the bridge therefore
-drives ``cmd.we`` low and ``cmd.addr`` to the complement of the last address it sent, so the
-last write of a STORE reaches the memory and the last read of a LOAD returns.
+The ECPIX-5's native ports have the controller's width (:data:`hw.board.ecpix5.ECPIX5`), so no
+converter sits between the bridge and the crossbar. With ``upconverter=True`` the bridge also
+serves a port of half the controller's width: LiteDRAM's up-converter
+(``LiteDRAMNativePortUpConverter``) gathers consecutive commands of one direction to one
+controller word into one controller command, and keeps that command open until the port's
+command lines show another word or the other direction, whether or not ``cmd.valid`` is high
+(``next_cmd``); the generated core exposes neither ``cmd.last`` nor ``flush``. Two rules follow
+(off without ``upconverter``):
+
+* while it has nothing to send, the bridge drives ``cmd.we`` low and ``cmd.addr`` to the
+  complement of the last address it sent, so that the last write of a STORE reaches the memory
+  and the last read of a LOAD returns;
+* a command to the same address and in the same direction as the one before it (a DMA with a
+  zero stride) would join that command's group, which serves each address once: one response
+  for two reads, and a write's data left behind to corrupt the next write. So a repeated read
+  waits until the data of the reads before it is back (the converter has then closed their
+  group), and a repeated write waits one cycle with the lines showing another word (the
+  converter sees it while it gathers: it gathers from the cycle after it accepted the write).
+  With two port words per controller word, a group is full after two different addresses, so
+  only a command right after its twin can join it.
 
 Examples
 --------
+On the ECPIX-5, the bridge drives a 128-bit native port over the board's 512 MB, and takes
+the accelerator's 16-byte beats:
+
 >>> from hw.board.ecpix5 import ECPIX5
 >>> from hw.config import AcceleratorConfig
->>> bridge = DramBridge(ECPIX5.accelerator_config(AcceleratorConfig(rows=4, cols=4)), ECPIX5)
->>> bridge.signature.members["port"].signature
-NativePortSignature(data_width=64, addr_width=26)
+>>> NativePortSignature(ECPIX5.port_bits, ECPIX5.port_addr_bits)
+NativePortSignature(data_width=128, addr_width=25)
+>>> ECPIX5.accelerator_config(AcceleratorConfig()).beat_bytes * 8 == ECPIX5.port_bits
+True
 """
 
 from __future__ import annotations
@@ -92,10 +110,16 @@ class DramBridge(wiring.Component):
         cycle's issue (which would put LiteDRAM's ``cmd.ready`` on the path to ``enable``).
     wdata_depth:
         Write-data FIFO entries: write commands accepted whose data LiteDRAM has not taken.
+    upconverter:
+        The native port is half the controller's width, behind LiteDRAM's up-converter: keep
+        its two rules (module docstring). Default off: the ECPIX-5's ports have the
+        controller's width.
     resp_depth:
-        Response FIFO entries, the most reads in flight (default ``cfg.memory.latency``: the
-        accelerator never has more unconsumed reads, so the bridge never withholds a read
-        for want of room).
+        Response FIFO entries, the most reads in flight; at least (and by default)
+        ``cfg.memory.latency``: the accelerator has at most that many reads it has not consumed,
+        so a read is never withheld for want of room. (With fewer, the queue could fill with
+        reads that wait for room while the read whose consumption would make room waits for an
+        enabled cycle: a deadlock.)
 
     Members
     -------
@@ -117,7 +141,8 @@ class DramBridge(wiring.Component):
     """
 
     def __init__(self, cfg: AcceleratorConfig, board: Board, *, cmd_depth: int = 4,
-                 wdata_depth: int = 16, resp_depth: int | None = None):
+                 wdata_depth: int = 16, resp_depth: int | None = None,
+                 upconverter: bool = False):
         if not isinstance(cfg, AcceleratorConfig):
             raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
         if not isinstance(board, Board):
@@ -130,7 +155,7 @@ class DramBridge(wiring.Component):
                              f"board.dram_bytes={board.dram_bytes}")
         resp_depth = cfg.memory.latency if resp_depth is None else resp_depth
         for name, v, low in (("cmd_depth", cmd_depth, 2), ("wdata_depth", wdata_depth, 1),
-                             ("resp_depth", resp_depth, 1)):
+                             ("resp_depth", resp_depth, cfg.memory.latency)):
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         self._cfg = cfg
@@ -138,6 +163,7 @@ class DramBridge(wiring.Component):
         self.cmd_depth = cmd_depth
         self.wdata_depth = wdata_depth
         self.resp_depth = resp_depth
+        self.upconverter = bool(upconverter)
         super().__init__({
             "bus": In(DramSignature(cfg)),
             "port": Out(NativePortSignature(board.port_bits, board.port_addr_bits)),
@@ -178,16 +204,31 @@ class DramBridge(wiring.Component):
         head = layout(cmdq.r_data)
         rd_sent = Signal()                          # the head's read is out, its write is not
         in_flight = Signal(range(self.resp_depth + 1))  # reads sent, data not yet popped
-        last_addr = Signal(aw)
-        want_rd = cmdq.r_rdy & head.rd & ~rd_sent & (in_flight != self.resp_depth)
-        want_wr = cmdq.r_rdy & head.wr & (~head.rd | rd_sent) & wdataq.w_rdy
+        last_addr = Signal(aw)                      # of the last accepted command
+        last_we = Signal()
+        rd_waiting = Signal(range(self.resp_depth + 1))  # reads sent, data not yet back
+        flushed = Signal()                          # a cycle without a command since then
+        # A repeat of the last command (see the module docstring): a read waits for the data of
+        # the reads before it, a write for one cycle without a command.
+        repeat_rd = ~last_we & (head.rd_addr == last_addr) & (rd_waiting != 0)
+        repeat_wr = last_we & (head.wr_addr == last_addr) & ~flushed
+        if not self.upconverter:
+            repeat_rd = repeat_wr = Const(0)
+        want_rd = (cmdq.r_rdy & head.rd & ~rd_sent & (in_flight != self.resp_depth)
+                   & ~repeat_rd)
+        want_wr = cmdq.r_rdy & head.wr & (~head.rd | rd_sent) & wdataq.w_rdy & ~repeat_wr
         accepted = port.cmd.valid & port.cmd.ready
+        with m.If(accepted):
+            m.d.sync += [last_we.eq(port.cmd.payload.we), flushed.eq(0)]
+        with m.Elif(~port.cmd.valid):
+            m.d.sync += flushed.eq(1)
+        m.d.sync += rd_waiting.eq(rd_waiting + (accepted & want_rd) - port.rdata.valid)
         m.d.comb += port.cmd.valid.eq(want_rd | want_wr)
         with m.If(want_rd):
             m.d.comb += [port.cmd.payload.we.eq(0), port.cmd.payload.addr.eq(head.rd_addr)]
         with m.Elif(want_wr):
             m.d.comb += [port.cmd.payload.we.eq(1), port.cmd.payload.addr.eq(head.wr_addr)]
-        with m.Else():  # flush LiteDRAM's up-converter (see the module docstring)
+        with m.Elif(self.upconverter):  # close the up-converter's group (module docstring)
             m.d.comb += [port.cmd.payload.we.eq(0), port.cmd.payload.addr.eq(~last_addr)]
         with m.If(accepted):
             m.d.sync += last_addr.eq(port.cmd.payload.addr)

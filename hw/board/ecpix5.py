@@ -5,16 +5,19 @@ LambdaConcept's ECPIX-5 (``amaranth_boards.ecpix5.ECPIX585Platform``): an LFE5UM
 an FTDI FT2232H whose second channel is the board's UART.
 
 LiteDRAM's ECP5 DDR3 PHY moves 4 beats of 16 bits per controller (``sys``) cycle, 8 bytes:
-600 MB/s peak at 75 MHz. The controller's native data word is one BL8 burst (128 bits); the
-accelerator's port is 64 bits, one peak-rate beat per cycle, and LiteDRAM's port converter
-pairs consecutive beats into bursts (sequential streams lose nothing).
+600 MB/s peak at 75 MHz. The controller's native data word is one BL8 burst (128 bits), and the
+accelerator's port has that width: its beat is a burst, so the accelerator, one beat per cycle,
+asks for twice what the memory gives, and the bridge stalls it (hw/board/__init__.py). A 64-bit
+port would match the rate on paper, but LiteDRAM's port converter serves sequential 64-bit reads
+at 0.7 bytes per cycle against 6.8 for the 128-bit port (``python -m bench.board``, which
+measures both on LiteDRAM's controller).
 
 Examples
 --------
 >>> from hw.config import AcceleratorConfig
 >>> cfg = ECPIX5.accelerator_config(AcceleratorConfig())
->>> cfg.beat_bytes, cfg.memory.size_bytes == ECPIX5.dram_bytes
-(8, True)
+>>> cfg.beat_bytes, cfg.memory.size_bytes == ECPIX5.dram_bytes, cfg.clock_mhz
+(16, True, 75.0)
 >>> ECPIX5.peak_bytes_per_s / 1e6
 600.0
 """
@@ -80,7 +83,8 @@ class Board:
 
     def accelerator_config(self, base: AcceleratorConfig, latency: int | None = None
                            ) -> AcceleratorConfig:
-        """``base`` with this board's memory: beats of the native port, the whole DRAM.
+        """``base`` on this board: its clock (``sys``), its memory (beats of the native port,
+        the whole DRAM).
 
         ``latency`` (default: ``base``'s) is the contract's read latency; the bridge stalls the
         accelerator whenever the controller takes longer (hw/board/bridge.py).
@@ -88,7 +92,7 @@ class Board:
         memory = MemoryModel(bytes_per_cycle=self.port_bits // 8,
                              latency=base.memory.latency if latency is None else latency,
                              size_bytes=self.dram_bytes)
-        return dataclasses.replace(base, memory=memory)
+        return dataclasses.replace(base, memory=memory, clock_mhz=self.sys_clk_hz / 1e6)
 
 
 ECPIX5 = Board(
@@ -101,7 +105,7 @@ ECPIX5 = Board(
     sdram_module="MT41K256M16",
     sdram_phy="ECP5DDRPHY",
     dram_bytes=512 << 20,
-    port_bits=64,
+    port_bits=128,
     peak_bytes_per_sys_cycle=8,
     uart_baud=3_000_000,
 )

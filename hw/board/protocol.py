@@ -36,23 +36,22 @@ offset bytes    field     meaning
 6+len  2        crc       :func:`crc16` of bytes 1 .. 5+len, big-endian
 ====== ======== ========= ==============================================================
 
-Commands (``addr``, ``arg``, request data -> reply data):
+Commands (``addr``, ``arg``, request data -> reply data; a word is :data:`WORD_BYTES`, an
+instruction :data:`INSTR_BYTES`, little-endian):
 
-============ ============================ ====================== ==========================
-cmd          addr, arg                    request data           reply data
-============ ============================ ====================== ==========================
-HELLO        -                            -                      :data:`HELLO_FIELDS`
-WRITE_MEM    DRAM word address, -         1 .. MAX_MEM_WORDS     -
-                                          words (WORD_BYTES each)
-READ_MEM     DRAM word address, n words   -                      n words
-WRITE_IMEM   instruction index, -         1 .. MAX_IMEM_WORDS    -
-                                          instructions
-                                          (INSTR_BYTES each)
-START        -                            -                      -
-STATUS       -                            -                      :data:`STATUS_FIELDS`
-CSR_WRITE    CSR word address, data       -                      -
-CSR_READ     CSR word address, -          -                      :data:`CSR_READ_FIELDS`
-============ ============================ ====================== ==========================
+========== ====================== ======================== =======================
+cmd        addr, arg              request data             reply data
+========== ====================== ======================== =======================
+HELLO      -                      -                        :data:`HELLO_FIELDS`
+WRITE_MEM  DRAM word address, -   1 .. MAX_MEM_WORDS words -
+READ_MEM   DRAM word address, n   -                        n words
+WRITE_IMEM instruction index, -   1 .. MAX_IMEM_WORDS      -
+                                  instructions
+START      -                      -                        -
+STATUS     -                      -                        :data:`STATUS_FIELDS`
+CSR_WRITE  CSR word address, data -                        -
+CSR_READ   CSR word address, -    -                        :data:`CSR_READ_FIELDS`
+========== ====================== ======================== =======================
 
 The board checks a request in the order of :func:`request_status`: a bad command, a bad data
 length or word count, an address range outside the DRAM, the instruction memory or the CSR
@@ -99,7 +98,8 @@ from hw.isa import INSTR_BITS, ErrorCode
 
 __all__ = [
     "PROTOCOL_VERSION", "SYNC_REQUEST", "SYNC_REPLY", "CRC_INIT", "CRC_POLY", "CRC_BYTES",
-    "FRAME_GAP_S", "WORD_BYTES", "INSTR_BYTES", "DATA_BYTES", "MAX_MEM_WORDS", "MAX_IMEM_WORDS",
+    "FRAME_GAP_S", "SEQ_BITS", "WORD_BYTES", "INSTR_BYTES", "DATA_BYTES", "MAX_MEM_WORDS",
+    "MAX_IMEM_WORDS",
     "CSR_ADDR_BITS", "CSR_DATA_BITS", "ERROR_PC_BITS", "STALL_CYCLES_BITS",
     "Command", "Status", "Field", "REQUEST_HEADER", "REPLY_HEADER", "REQUEST_HEADER_BYTES",
     "REPLY_HEADER_BYTES", "HELLO_FIELDS", "STATUS_FIELDS", "CSR_READ_FIELDS",
@@ -126,9 +126,10 @@ CRC_BYTES = CRC_BITS // 8
 WORD_BYTES = ECPIX5.port_bits // 8
 #: An instruction word of the accelerator's instruction memory.
 INSTR_BYTES = INSTR_BITS // 8
-#: Data bytes one frame carries at most: each of the link's two frame buffers is one ECP5
-#: block RAM's 16 Kibit of data. A full frame takes ~7 ms at 3 Mbaud, so a retry costs little
-#: while the 13 + 2 bytes of header and CRC cost < 1% of the link's rate.
+#: Data bytes one frame carries at most: the 16 Kibit of data of one ECP5 block RAM (each of
+#: the link's two frame buffers holds that many, in as many block RAMs as its word width
+#: needs). A full frame takes ~7 ms at 3 Mbaud, so a retry costs little, while the 13 + 2 bytes
+#: of header and CRC cost < 1% of the link's rate.
 EBR_DATA_BITS = 16 * 1024
 DATA_BYTES = EBR_DATA_BITS // 8
 #: DRAM words per WRITE_MEM / READ_MEM.
@@ -197,9 +198,12 @@ class Field:
         return (self.bits + 7) // 8
 
 
-REQUEST_HEADER = (Field("seq", 8), Field("cmd", 8), Field("addr", 32), Field("arg", 32),
-                  Field("len", 16))
-REPLY_HEADER = (Field("seq", 8), Field("cmd", 8), Field("status", 8), Field("len", 16))
+#: Width of the sequence number (the host counts modulo 2**SEQ_BITS).
+SEQ_BITS = 8
+REQUEST_HEADER = (Field("seq", SEQ_BITS), Field("cmd", Command.as_shape().width),
+                  Field("addr", 32), Field("arg", 32), Field("len", 16))
+REPLY_HEADER = (Field("seq", SEQ_BITS), Field("cmd", Command.as_shape().width),
+                Field("status", Status.as_shape().width), Field("len", 16))
 
 #: HELLO's reply: what the bitstream was built for.
 HELLO_FIELDS = (

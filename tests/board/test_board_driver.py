@@ -29,8 +29,9 @@ from control_testutil import small_config  # noqa: E402
 
 CFG = small_config()
 #: Reply timeout in simulated seconds of SMALL_BOARD's 100 kHz clock: 6000 cycles, over the
-#: longest exchange here (a full frame in, 256 native-port writes or reads, a full frame out at
-#: the pump's random ready) and over the link's frame gap (FRAME_GAP_S, 1000 cycles).
+#: longest exchange here (a full frame in, MAX_MEM_WORDS native-port writes or reads, a full
+#: frame out at the pump's random ready) and over the link's frame gap (FRAME_GAP_S, 1000
+#: cycles).
 TIMEOUT = 0.06
 
 
@@ -79,6 +80,7 @@ def test_driver_against_the_rtl():
     link = BoardLink(SimTransport(bench), timeout=TIMEOUT)
     assert link.info["config_id"] == p.config_id(bench.cfg)
     assert link.info["board_id"] == p.board_id(SMALL_BOARD)
+    link.require_build(bench.cfg, SMALL_BOARD)
     _run_session(link, bench, random.Random(11))
     assert link.frames_recovered == 0
 
@@ -132,6 +134,17 @@ class _Board:
         return out
 
 
+def test_a_bitstream_for_another_build_is_refused():
+    cfg = SMALL_BOARD.accelerator_config(CFG)
+    link = BoardLink(_Board(board_id=p.board_id(SMALL_BOARD), config_id=p.config_id(cfg)),
+                     timeout=TIMEOUT)
+    link.require_build(cfg, SMALL_BOARD)
+    other = SMALL_BOARD.accelerator_config(small_config(rows=4))
+    with pytest.raises(BoardLinkError, match=f"this program is for board ecpix5-test .*config "
+                                             f"{other.fingerprint}"):
+        link.require_build(other, SMALL_BOARD)
+
+
 def test_another_protocol_is_refused():
     with pytest.raises(BoardLinkError, match="protocol version 9 .* rebuild the bitstream"):
         BoardLink(_Board(version=9), timeout=TIMEOUT)
@@ -160,9 +173,9 @@ def test_arguments_are_validated(kw, match):
 
 def test_data_that_is_not_whole_words_is_refused_before_sending():
     link = BoardLink(_Board(), timeout=TIMEOUT)
-    with pytest.raises(BoardLinkError, match="write_mem data of 12 bytes"):
-        link.write_mem(0, bytes(12))
-    with pytest.raises(BoardLinkError, match="write_imem program of 8 bytes"):
-        link.write_imem(0, bytes(8))
+    with pytest.raises(BoardLinkError, match=f"write_mem data of {p.WORD_BYTES + 4} bytes"):
+        link.write_mem(0, bytes(p.WORD_BYTES + 4))
+    with pytest.raises(BoardLinkError, match=f"write_imem program of {p.INSTR_BYTES // 2} "):
+        link.write_imem(0, bytes(p.INSTR_BYTES // 2))
     with pytest.raises(BoardLinkError, match="read_mem words must be a positive int, got 0"):
         link.read_mem(0, 0)

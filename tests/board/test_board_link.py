@@ -90,7 +90,8 @@ def test_a_retry_is_answered_from_the_kept_reply_not_executed_again():
     assert first.status == p.Status.OK and bench.accel.starts == 1
     bench.run(20)  # the run is over: a second execution would start again
     assert transact(bench, start) == first and bench.accel.starts == 1
-    write = p.Request(seq=10, cmd=p.Command.WRITE_MEM, addr=7, data=bytes(range(8)))
+    write = p.Request(seq=10, cmd=p.Command.WRITE_MEM, addr=7,
+                      data=bytes(range(p.WORD_BYTES)))
     assert transact(bench, write) == transact(bench, write)
     assert bench.native.writes[7] == 1
     # HELLO is always executed and forgets the kept seq: the same START now runs.
@@ -98,7 +99,7 @@ def test_a_retry_is_answered_from_the_kept_reply_not_executed_again():
     assert transact(bench, start).status == p.Status.OK and bench.accel.starts == 2
 
 
-def test_status_reports_the_ports_busy_first():
+def test_status_reports_the_ports_and_a_busy_accelerator_refuses_memory():
     bench = LinkBench(CFG, seed=3, run_cycles=400)
     assert transact(bench, p.Request(seq=0, cmd=p.Command.START)).status == p.Status.OK
     r = transact(bench, p.Request(seq=1, cmd=p.Command.STATUS))
@@ -129,7 +130,7 @@ def test_csr_write_read_and_timeout():
 def test_dram_not_ready_refuses_memory_and_start():
     bench = LinkBench(CFG, seed=5, dram_ready=False)
     for req in [p.Request(seq=0, cmd=p.Command.START),
-                p.Request(seq=1, cmd=p.Command.WRITE_MEM, data=bytes(8))]:
+                p.Request(seq=1, cmd=p.Command.WRITE_MEM, data=bytes(p.WORD_BYTES))]:
         assert transact(bench, req).status == p.Status.DRAM_NOT_READY
     assert bench.accel.starts == 0 and not bench.native.writes
     # The control bus (LiteDRAM's initialisation) and the instruction memory still work.
@@ -206,8 +207,8 @@ def test_constructor_validates():
         HostLink(CFG, ECPIX5)
     with pytest.raises(TypeError, match="cfg must be an AcceleratorConfig"):
         HostLink("cfg", ECPIX5)
-    wide = dataclasses.replace(ECPIX5, port_bits=128)
-    with pytest.raises(LinkError, match="native port is 128 bits"):
+    wide = dataclasses.replace(ECPIX5, port_bits=2 * ECPIX5.port_bits)
+    with pytest.raises(LinkError, match=f"native port is {2 * ECPIX5.port_bits} bits"):
         HostLink(wide.accelerator_config(AcceleratorConfig()), wide)
 
 

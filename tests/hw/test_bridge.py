@@ -1,7 +1,7 @@
 # amaranth: UnusedElaboratable=no
 """The DRAM bridge (hw/board/bridge.py) in the Amaranth simulator, against unkind memories.
 
-The memory behind the native port is :class:`board_testutil.NativePortModel`: random
+The memory behind the native port is :class:`bridge_testutil.NativePortModel`: random
 ``cmd.ready``, random read latencies and write-data delays, refresh-like stalls, all seeded.
 Two levels:
 
@@ -22,23 +22,25 @@ import random
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
-from board_testutil import NativePortModel
+from bridge_testutil import NativePortModel
 
 from hw.board.bridge import BridgedAccelerator, DramBridge
 from hw.board.ecpix5 import ECPIX5
-from hw.config import AcceleratorConfig
+from hw.config import AcceleratorConfig, MemoryModel
 from hw.counters import COUNTERS
 from hw.isa import INSTR_BYTES, ErrorCode, Load, Store
 from sim.model import FastModel
 from sim.random_programs import EQUIVALENCE_CONFIGS, random_program
 from sim.rtl import encode_any
 
-#: A 2x4 array on the board's 8-byte port, over 32 KiB of DRAM (the board's facts otherwise).
+#: A 2x4 array on the board's port, over 32 KiB of DRAM (the board's facts otherwise).
 BOARD = dataclasses.replace(ECPIX5, dram_bytes=1 << 15)
+#: The same with a port of half the controller's width, behind LiteDRAM's up-converter.
+HALF_BOARD = dataclasses.replace(BOARD, port_bits=BOARD.port_bits // 2)
 
 
-def _cfg(latency: int) -> AcceleratorConfig:
-    return BOARD.accelerator_config(EQUIVALENCE_CONFIGS["2x4"], latency=latency)
+def _cfg(latency: int, board=BOARD) -> AcceleratorConfig:
+    return board.accelerator_config(EQUIVALENCE_CONFIGS["2x4"], latency=latency)
 
 
 def _run(dut, bench) -> None:
@@ -49,13 +51,22 @@ def _run(dut, bench) -> None:
 
 
 # ------------------------------------------------------------------ the bridge alone
-@pytest.mark.parametrize("latency,seed", [(1, 0), (2, 1), (5, 2), (24, 3)])
-def test_bridge_keeps_the_contract(latency, seed):
+@pytest.mark.parametrize("latency,seed,depths", [
+    (1, 0, {}), (2, 1, {}), (5, 2, {}), (24, 3, {}),
+    # The smallest queues: the accelerator stalls for want of command slots, writes wait for
+    # write-data slots.
+    (5, 4, {"cmd_depth": 2, "wdata_depth": 1, "resp_depth": 5}),
+    # A half-width port: the up-converter's groups (the model fails on a repeated address in
+    # one group, and a group that never closes stalls the bench).
+    (2, 5, {"upconverter": True}), (5, 6, {"upconverter": True}),
+])
+def test_bridge_keeps_the_contract(latency, seed, depths):
     """Random reads and writes on 6 words: data and timing as hw/memory_model.py says."""
-    cfg = _cfg(latency)
-    dut = DramBridge(cfg, BOARD)
+    board = HALF_BOARD if depths.get("upconverter") else BOARD
+    cfg = _cfg(latency, board)
+    dut = DramBridge(cfg, board, **depths)
     rng = random.Random(seed)
-    mem = np.frombuffer(rng.randbytes(BOARD.dram_bytes), dtype=np.uint8).copy()
+    mem = np.frombuffer(rng.randbytes(board.dram_bytes), dtype=np.uint8).copy()
     ref = mem.copy()                    # the contract's memory, updated in enabled cycles
     beat = cfg.beat_bytes
     n_cycles = 1500
@@ -65,7 +76,8 @@ def test_bridge_keeps_the_contract(latency, seed):
         return int.from_bytes(ref[a * beat:(a + 1) * beat].tobytes(), "little")
 
     async def bench(ctx):
-        native = NativePortModel(dut.port, mem, seed, refresh_every=200, refresh=30)
+        native = NativePortModel(dut.port, mem, seed, refresh_every=200, refresh=30,
+                                 upconverter=dut.upconverter)
         due = {}                        # enabled cycle -> expected data
         e = 0
         ctx.set(dut.clear, 1)
@@ -95,6 +107,7 @@ def test_bridge_keeps_the_contract(latency, seed):
                 e += 1
             elif not ctx.get(dut.clear):
                 seen["stalls"] += 1
+            assert native.now < 100 * n_cycles, f"stuck after {native.now} cycles"
             native.step(ctx)
             await ctx.tick()
             ctx.set(dut.clear, 0)
@@ -109,7 +122,7 @@ def test_bridge_keeps_the_contract(latency, seed):
 
 def test_idle_lines_flush_the_up_converter():
     """With nothing to send, cmd shows a read of another word than the last command's."""
-    dut = DramBridge(_cfg(5), BOARD)
+    dut = DramBridge(_cfg(5, HALF_BOARD), HALF_BOARD, upconverter=True)
 
     async def bench(ctx):
         ctx.set(dut.port.cmd.ready, 1)
@@ -124,16 +137,16 @@ def test_idle_lines_flush_the_up_converter():
             await ctx.tick()
         assert not ctx.get(dut.port.cmd.valid)
         assert ctx.get(dut.port.cmd.payload.we) == 0
-        assert ctx.get(dut.port.cmd.payload.addr) == ~5 % (1 << BOARD.port_addr_bits)
+        assert ctx.get(dut.port.cmd.payload.addr) == ~5 % (1 << HALF_BOARD.port_addr_bits)
 
     _run(dut, bench)
 
 
 @pytest.mark.parametrize("kw,msg", [
-    ({"cfg": AcceleratorConfig()}, "beat_bytes=16"),
+    ({"cfg": AcceleratorConfig(memory=MemoryModel(bytes_per_cycle=8))}, "beat_bytes=8"),
     ({"board": dataclasses.replace(BOARD, dram_bytes=1 << 12)}, "size_bytes=32768"),
     ({"cmd_depth": 1}, "cmd_depth"),
-    ({"resp_depth": 0}, "resp_depth"),
+    ({"resp_depth": 4}, "resp_depth must be an int >= 5, got 4"),
 ])
 def test_bad_arguments_name_the_value(kw, msg):
     args = {"cfg": _cfg(5), "board": BOARD, **kw}
@@ -142,8 +155,9 @@ def test_bad_arguments_name_the_value(kw, msg):
 
 
 # ------------------------------------------------------------------ the accelerator on it
-def run_bridged(cfg, program, dram, seed, **native_kw):
-    """Run ``program`` on :class:`BridgedAccelerator` over a :class:`NativePortModel` memory.
+def run_bridged(cfg, program, dram, seed, max_cycles=200_000, **native_kw):
+    """Run ``program`` on :class:`BridgedAccelerator` over a :class:`NativePortModel` memory
+    (at most ``max_cycles`` cycles).
 
     Returns ``(cycles, error, error_pc, counters, dram, stall_cycles, stalls_seen)``.
     """
@@ -177,6 +191,7 @@ def run_bridged(cfg, program, dram, seed, **native_kw):
                 stalls += 1
             if ctx.get(dut.done) and not ctx.get(dut.start):
                 break
+            assert native.now < max_cycles, f"still busy after {native.now} cycles"
             native.step(ctx)
             await ctx.tick()
         ctrs = ctx.get(dut.counters)
@@ -189,7 +204,7 @@ def run_bridged(cfg, program, dram, seed, **native_kw):
     return out, mem
 
 
-@pytest.mark.parametrize("latency,seed", [(5, 0), (2, 1), (24, 2)])
+@pytest.mark.parametrize("latency,seed", [(5, 0), (24, 2)])
 def test_random_programs_match_the_fast_model(latency, seed):
     """Cycles, error, counters and the DRAM image as FastModel; stalls counted apart."""
     cfg = _cfg(latency)

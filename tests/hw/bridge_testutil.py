@@ -10,7 +10,13 @@ seeded randomness so that every run is reproducible:
   model takes its data, ``1 .. max_wdata_delay`` cycles after the command (LiteDRAM takes write
   data when it needs it, valid or not: the model checks ``wdata.valid`` then); a read
   ``min_latency .. max_latency`` cycles after the command, sampling the memory then;
-* at most ``max_pending`` commands are in flight.
+* at most ``max_pending`` commands are in flight;
+* with ``upconverter`` (off by default: the ECPIX-5's ports have the controller's width),
+  LiteDRAM's up-converter of a port of half the controller's
+  word (``LiteDRAMNativePortUpConverter``): consecutive commands of one direction to one
+  controller word form a group that executes only once it is closed (full, or the command
+  lines, valid or not, show another word or direction), and a group must not hold one address
+  twice (the converter would answer it once): the model fails the test if it does.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ class NativePortModel:
 
     def __init__(self, port, mem: np.ndarray, seed: int, *, ready_p: float = 0.7,
                  min_latency: int = 3, max_latency: int = 25, max_wdata_delay: int = 6,
-                 refresh_every: int = 300, refresh: int = 40, max_pending: int = 16):
+                 refresh_every: int = 300, refresh: int = 40, max_pending: int = 16,
+                 upconverter: bool = False):
         self.port = port
         self.mem = mem
         self.rng = random.Random(seed)
@@ -48,7 +55,9 @@ class NativePortModel:
         self.max_wdata_delay = max_wdata_delay
         self.refresh_every, self.refresh = refresh, refresh
         self.max_pending = max_pending
-        self.pending: deque = deque()   # [kind, addr, time it may execute]
+        self.pending: deque = deque()   # [kind, addr, time it may execute (None: open)]
+        self.upconverter = upconverter
+        self.group: list | None = None  # the open group's commands (the converter's)
         self.now = 0
         self.refresh_at = self.rng.randint(1, refresh_every)
         self.reads = self.writes = 0
@@ -69,7 +78,7 @@ class NativePortModel:
                      and self.rng.random() < self.ready_p)
         take_wdata = read_out = False
         head = self.pending[0] if self.pending else None
-        if head is not None and not refreshing and self.now >= head[2]:
+        if head is not None and not refreshing and head[2] is not None and self.now >= head[2]:
             take_wdata, read_out = head[0] == "w", head[0] == "r"
         ctx.set(p.cmd.ready, cmd_ready)
         ctx.set(p.wdata.ready, take_wdata)
@@ -89,11 +98,29 @@ class NativePortModel:
             self.reads += 1
         if take_wdata or read_out:
             self.pending.popleft()
+        we, addr = int(ctx.get(p.cmd.payload.we)), int(ctx.get(p.cmd.payload.addr))
+        kind = "w" if we else "r"
+        g = self.group
+        if g and (g[0][0] != kind or g[0][1] // 2 != addr // 2):
+            self._close()
         if cmd_ready and ctx.get(p.cmd.valid):
-            we, addr = ctx.get(p.cmd.payload.we), ctx.get(p.cmd.payload.addr)
-            if we:
-                t = self.now + self.rng.randint(1, self.max_wdata_delay)
+            op = [kind, addr, None]
+            self.pending.append(op)
+            if not self.upconverter:
+                self.group = [op]
+                self._close()
+            elif self.group:
+                assert addr not in [o[1] for o in self.group], \
+                    f"cycle {self.now}: {kind} of word {addr} twice in one up-converter group"
+                self.group.append(op)
+                self._close()   # full: two port words
             else:
-                t = self.now + self.rng.randint(self.min_latency, self.max_latency)
-            self.pending.append(["w" if we else "r", int(addr), t])
+                self.group = [op]
         self.now += 1
+
+    def _close(self) -> None:
+        """The open group executes: its commands' times from now."""
+        for op in self.group:
+            op[2] = self.now + (self.rng.randint(1, self.max_wdata_delay) if op[0] == "w"
+                                else self.rng.randint(self.min_latency, self.max_latency))
+        self.group = None

@@ -1,0 +1,399 @@
+"""The ECPIX-5 board: predicted decode tokens/s against the memory roofline, and the build.
+
+``python -m bench.board`` predicts, for each model of --models, the accelerator's decode
+tokens/s on the ECPIX-5 (:data:`hw.board.ecpix5.ECPIX5`) and compares them with the memory
+roofline; it gathers the bitstream build's figures when a build report is there.
+
+The board's memory (sim.board_memory): LiteDRAM's controller for the board's DDR3, with its
+PHY's settings and LiteDRAM's behavioural PHY, simulated in Migen through a native port of the
+board's width (LiteDRAM's port converter in between, as in the generated core), through a
+port of the controller's own width, and through that port with the chip's tRFC given to the
+controller as a time (LiteDRAM's table has it in memory clocks of DDR3-1600, which the
+controller keeps at this board's slower memory clock): idle read latency, sequential read
+rate over whole refresh intervals, row-miss rate. Measured once (minutes; --measure-memory),
+recorded in board_memory.json and read from there.
+
+The prediction, per model and measured memory:
+  1. the fast model (sim.model) runs one decode step at --context positions, compiled from the
+     model's graph with its default recipe (sw.models.recipes) or the format after '@', on the
+     accelerator with the board's memory (ECPIX5.accelerator_config, the configuration the
+     bitstream is built for: one beat of the port's bytes per sys cycle, the contract's
+     read latency, longer than the measured idle latency): C cycles, B DRAM beats (reads and
+     writes);
+  2. the board's bridge stops the whole accelerator whenever the memory is late
+     (hw/board/__init__.py), so every beat the memory delivers below the port's rate costs
+     cycles on top of C: cycles = C + B * (beat / measured sequential bytes per cycle - 1);
+     tokens/s = sys clock / cycles. This charges every beat at the sustained rate of a
+     sequential stream (refresh and a sequential stream's row changes included): exact for
+     back-to-back streams, pessimistic where the accelerator computes between beats (the
+     memory then keeps up). Writes are charged as reads. Not modelled: row misses from
+     switching between streams (weights, activations, KV cache; the row-miss rate bounds
+     them: 'all row misses' column), host work.
+The memory roofline is (packed weight bytes + KV-cache bytes read per token) / the board's
+peak bytes per second.
+
+The figures are the accelerator's alone: the host still runs norms, softmax, rotary embedding
+and the LM head between programs, over the UART (sw.runtime). The host's work is reported
+apart, as its estimated cycles on an on-chip vector unit (sw.runtime.costs); the UART's
+traffic is not modelled.
+
+Writes board.json (bench/results/ with --record, else build/bench/results/) with board,
+config, predicted_tokens_per_s (the board's port) and roofline_tokens_per_s per model,
+predicted_tokens_per_s_by_memory (every measured memory), the details,
+and the build's fields (clocks, seeds_met, luts, ffs, dsps, brams, bitstream_bytes, build_s)
+from --build-report or bitstreams/<board>/<config fingerprint>/report.json, null when there
+is none; sim_tokens_match, sim_cycles_equal_model, frames_injected and frames_recovered are
+the board simulation's and left null here. Also writes board_performance.md (docs/ with
+--record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    DOCS,
+    RESULTS,
+    ROOT,
+    command,
+    parser,
+    positive_int,
+    recorded,
+    stamp,
+    write_json,
+)
+from hw.board.ecpix5 import ECPIX5, Board
+from hw.cli import write_text_atomic
+from hw.config import AcceleratorConfig, ConfigError
+from hw.format import FormatError, WeightFormat
+from sim.board_memory import (
+    MemoryMeasureError,
+    MemoryTiming,
+    board_cycles,
+    controller_bits,
+    speedgrade_trfc_ns,
+)
+from sim.board_memory import measure as measure_memory
+from sw.codesign import decode_step
+from sw.compress.model import selected_linears
+from sw.models.recipes import recipe_for
+from sw.models.source import BUILTINS, ModelSourceError, open_model
+
+__all__ = ["MODELS", "BUILD_FIELDS", "SIM_FIELDS", "ModelSpec", "variants", "memory_timings",
+           "predict", "build_report_path", "build_fields", "main"]
+
+#: The models predicted by default: each built-in with its recipe, and SmolLM2 in 2:4 INT4.
+MODELS = ("reference", "smollm2", "smollm2@2:4-int4")
+#: The build's fields of board.json, read from the bitstream build's report.
+BUILD_FIELDS = ("clocks", "seeds_met", "luts", "ffs", "dsps", "brams", "bitstream_bytes",
+                "build_s")
+#: The board simulation's fields of board.json (filled from that simulation, not here).
+SIM_FIELDS = ("sim_tokens_match", "sim_cycles_equal_model", "frames_injected",
+              "frames_recovered")
+#: The memory record's file name (beside board.json).
+MEMORY_FILE = "board_memory.json"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One entry of --models: a built-in model and, after ``@``, one format for every layer
+    compression selects (default: the model's recipe)."""
+
+    model: str
+    fmt: WeightFormat | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSpec:
+        """``NAME`` or ``NAME@FORMAT``; a ValueError names a bad one."""
+        name, _, fmt = text.strip().partition("@")
+        if name not in BUILTINS:
+            raise ValueError(f"model {name!r}: choose one of {', '.join(BUILTINS)}")
+        try:
+            return cls(name, WeightFormat.parse(fmt) if fmt else None)
+        except FormatError as e:
+            raise ValueError(f"{text!r}: {e}") from None
+
+    def __str__(self) -> str:
+        return self.model + (f"@{self.fmt.name}" if self.fmt else "")
+
+
+def _models(text: str) -> tuple[ModelSpec, ...]:
+    """``type=`` of --models: comma-separated :class:`ModelSpec` entries."""
+    try:
+        specs = tuple(ModelSpec.parse(t) for t in text.split(",") if t.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not specs:
+        raise argparse.ArgumentTypeError(f"no model in {text!r}")
+    return specs
+
+
+# ---------------------------------------------------------------------- the memory
+def variants(board: Board) -> list[tuple[int, float | None]]:
+    """The (port width, tRFC) measured: the board's port; a port half as wide, through
+    LiteDRAM's port converter (why the board's port has the controller's width); and the
+    controller's width with the chip's tRFC as a time
+    (:func:`sim.board_memory.speedgrade_trfc_ns`) instead of LiteDRAM's clock count."""
+    native = controller_bits(board)
+    return list(dict.fromkeys([(board.port_bits, None), (board.port_bits // 2, None),
+                               (native, speedgrade_trfc_ns(board))]))
+
+
+def memory_timings(path: Path, board: Board, remeasure: bool, log=print
+                   ) -> dict[str, MemoryTiming]:
+    """The board's memory for each of :func:`variants`, by :attr:`MemoryTiming.key`: read
+    from ``path`` (or, for the default output path, its recorded copy) when it holds a record
+    of each on this board and LiteDRAM, else measured now and written to ``path``."""
+    wanted = variants(board)
+    if not remeasure:
+        for candidate in dict.fromkeys((path, recorded(path))):
+            if candidate.is_file():
+                rows = json.loads(candidate.read_text()).get("ports", [])
+                try:
+                    found = [MemoryTiming.from_dict(r) for r in rows]
+                except MemoryMeasureError:
+                    continue
+                out = {}
+                for w, trfc in wanted:
+                    out.update({t.key: t for t in found if t.matches(board, w, trfc)})
+                if len(out) == len(wanted):
+                    log(f"memory: the measurement in {_rel(candidate)}")
+                    return out
+    out = {}
+    for w, trfc in wanted:
+        what = f"the {w}-bit port" + (f", tRFC {trfc:g} ns," if trfc else "")
+        log(f"memory: measuring {what} on LiteDRAM's controller (Migen, minutes)")
+        t0 = time.perf_counter()
+        t = measure_memory(board, w, trfc_ns=trfc)
+        out[t.key] = t
+        log(f"  {time.perf_counter() - t0:.0f} s: latency {t.read_latency} cycles, "
+            f"sequential {t.sequential_bytes_per_cycle:.3f} B/cycle")
+    write_json(path, stamp({"board": board.name, "ports": [t.to_dict() for t in out.values()]},
+                           None))
+    log(f"wrote {_rel(path)}")
+    return out
+
+
+def _rel(path: Path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+# ---------------------------------------------------------------------- the prediction
+def predict(spec: ModelSpec, base: AcceleratorConfig, board: Board,
+            timings: dict[str, MemoryTiming], context: int) -> dict[str, Any]:
+    """One model's prediction (module docstring) for each memory of ``timings`` (by
+    :attr:`~sim.board_memory.MemoryTiming.key`).
+
+    Raises
+    ------
+    ModelSourceError
+        The model cannot be loaded (SmolLM2 not installed).
+    ValueError
+        ``context`` beyond the model's positions (named).
+    """
+    src = open_model(spec.model)
+    lm = src.model
+    if not 2 <= context <= lm.config.max_position_embeddings:
+        raise ValueError(f"--context {context}: {spec.model} has "
+                         f"{lm.config.max_position_embeddings} positions")
+    layers = selected_linears(lm)
+    formats = ({n: spec.fmt for n in layers} if spec.fmt
+               else recipe_for(spec.model).formats(layers))
+    names = sorted({f.name for f in formats.values()})
+    peak_s = board.peak_bytes_per_s
+    cfg = board.accelerator_config(base)
+    exe, stats = decode_step(lm, cfg, formats, context)
+    ports, roofline = {}, None
+    for key, t in timings.items():
+        if t.read_latency > cfg.memory.latency:
+            raise ValueError(f"the contract's read latency ({cfg.memory.latency} cycles) is "
+                             f"below the measured idle latency of {key} ({t.read_latency}): "
+                             f"every read would stall, which this model does not charge")
+        beats = stats.counter("dram_read_beats") + stats.counter("dram_write_beats")
+        cycles = board_cycles(stats.cycles, beats, cfg.beat_bytes, t.sequential_bytes_per_cycle)
+        worst = board_cycles(stats.cycles, beats, cfg.beat_bytes, t.row_miss_bytes_per_cycle)
+        dram = exe.report["dram"]
+        roofline = peak_s / (dram["weights"] + dram["kv_cache"])
+        ports[key] = {
+            "contract_latency": cfg.memory.latency, "fast_model_cycles": stats.cycles,
+            "dram_beats": beats, "cycles": cycles,
+            "tokens_per_s": board.sys_clk_hz / cycles,
+            "fraction_of_roofline": board.sys_clk_hz / cycles / roofline,
+            "tokens_per_s_all_row_misses": board.sys_clk_hz / worst,
+            "fast_model_tokens_per_s": board.sys_clk_hz / stats.cycles,
+            "config": cfg.fingerprint,
+            "host_unit_cycles": stats.host_unit_cycles, "programs": len(stats.programs)}
+    return {"model": str(spec), "name": src.name, "formats": names, "context": context,
+            "weight_bytes": dram["weights"], "kv_cache_bytes": dram["kv_cache"],
+            "roofline_tokens_per_s": roofline, "ports": ports}
+
+
+# ---------------------------------------------------------------------- the build
+def build_report_path(board: Board, cfg: AcceleratorConfig) -> Path:
+    """Where the bitstream build writes its report for ``cfg`` on ``board``."""
+    return ROOT / "bitstreams" / board.name / cfg.fingerprint / "report.json"
+
+
+def build_fields(path: Path) -> tuple[dict[str, Any], str]:
+    """:data:`BUILD_FIELDS` from the build report at ``path`` (each null when absent) and a
+    sentence saying where they come from."""
+    if not path.is_file():
+        return dict.fromkeys(BUILD_FIELDS), f"no bitstream build report at {_rel(path)}"
+    report = json.loads(path.read_text())
+    return {k: report.get(k) for k in BUILD_FIELDS}, f"from {_rel(path)}"
+
+
+# ---------------------------------------------------------------------- the page
+def _label(t: MemoryTiming, board_port: int, long: bool = False) -> str:
+    """How the page names a measured memory."""
+    text = f"{t.port_bits}-bit"
+    if long:
+        text += (": through LiteDRAM's port converter" if t.port_bits < t.controller_bits
+                 else ": the controller's own width")
+    if t.port_bits == board_port:
+        text += " (board)"
+    if t.trfc_ns:
+        text += f", tRFC {t.trfc_ns:g} ns"
+    return text
+
+
+def _page(rec: dict, memory: dict[str, MemoryTiming], wall: float) -> str:
+    board = rec["board"]
+    port = rec["port_bits"]
+    t0 = memory[str(port)]
+    lines = [
+        f"# The board: predicted decode on the {board}", "",
+        f"Generated by `python -m bench.board` in {wall:.0f} s; the record is "
+        "`bench/results/board.json`, the memory measurement `bench/results/board_memory.json` "
+        "(`python -m bench.board --measure-memory` repeats it). How the prediction is made "
+        "and what it leaves out: `python -m bench.board --help`.", "",
+        "## The memory, measured on LiteDRAM's controller", "",
+        f"At {t0.sys_clk_hz / 1e6:g} MHz, peak {t0.peak_bytes_per_cycle} bytes per cycle "
+        f"({t0.peak_bytes_per_cycle * t0.sys_clk_hz / 1e6:g} MB/s); sequential reads over "
+        f"{t0.refresh_intervals} refresh intervals of {t0.trefi_cycles} cycles; LiteDRAM "
+        f"{t0.litedram}. LiteDRAM gives the chip's tRFC as {t0.trfc_cycles} cycles here (its "
+        "table's memory clocks of DDR3-1600 at this board's slower memory clock); the last "
+        "row gives the controller the same tRFC as a time instead.", "",
+        "| port | read latency, idle (row closed / open) | sequential reads | of peak "
+        "| row misses | tRFC | refresh alone leaves |", "|---|---|---|---|---|---|---|"]
+    for t in memory.values():
+        lines.append(
+            f"| {_label(t, port, long=True)} | {t.read_latency} / {t.row_hit_latency} cycles | "
+            f"{t.sequential_bytes_per_cycle:.3f} B/cycle | {t.efficiency:.1%} | "
+            f"{t.row_miss_bytes_per_cycle:.3f} B/cycle | {t.trfc_cycles} cycles | "
+            f"{t.refresh_bound:.1%} |")
+    if any(t.port_bits < t.controller_bits for t in memory.values()):
+        lines += [
+            "", "A port narrower than the controller's word goes through LiteDRAM's "
+            "up-converter (`litedram.frontend.adapter.LiteDRAMNativePortUpConverter`), which "
+            "keeps one controller command in flight: it takes the next command only once the "
+            "burst's data has gone out to the port, so a stream moves one burst per read "
+            "latency. It also holds a word's read until all the word's beats have been asked "
+            "for, the address lines move to another word, or `cmd.last` is set; the generated "
+            "core's native port has no `last` (`litedram/gen.py`), so a lone read of part of a "
+            "word waits while the address stays on that word (the measurement asserts `last` "
+            "on a sequence's final read)."]
+    lines += [
+        "", "## Decode tokens/s against the memory roofline", "",
+        f"One decode step at context {rec['context']}, the accelerator alone; the host's work "
+        "between programs (norms, softmax, rotary embedding, LM head) is shown apart, at its "
+        "estimated cycles on an on-chip vector unit at the same clock, and the UART's traffic "
+        f"is not modelled. The board's port is {port} bits; the other rows are what the same "
+        "bridge would get from each other measured memory.", "",
+        "| model | formats | weight + KV bytes/token | roofline tok/s | memory | fast model "
+        "tok/s | predicted tok/s | of roofline | if every burst missed its row | host work, "
+        "est. ms/token |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for m in rec["models"]:
+        if m.get("skipped"):
+            lines.append(f"| {m['model']} | not predicted: {m['skipped']} |")
+            continue
+        for key, p in m["ports"].items():
+            lines.append(
+                f"| {m['model']} | {', '.join(m['formats'])} | "
+                f"{m['weight_bytes'] + m['kv_cache_bytes']:,} | "
+                f"{m['roofline_tokens_per_s']:.1f} | {_label(memory[key], port)} | "
+                f"{p['fast_model_tokens_per_s']:.1f} | "
+                f"{p['tokens_per_s']:.1f} | {p['fraction_of_roofline']:.0%} | "
+                f"{p['tokens_per_s_all_row_misses']:.1f} | "
+                f"{p['host_unit_cycles'] / t0.sys_clk_hz * 1e3:.2f} |")
+    lines += ["", f"Build: {rec['build_source']}.", ""]
+    return "\n".join(lines)
+
+
+@command("bench.board")
+def main(argv: list[str] | None = None) -> int:
+    ap = parser("python -m bench.board", __doc__)
+    ap.add_argument("--models", type=_models, default=",".join(MODELS),
+                    metavar="NAME[@FORMAT],...",
+                    help=f"models to predict: built-ins ({', '.join(BUILTINS)}), each with its "
+                         "recipe or the format after '@'")
+    ap.add_argument("--context", type=positive_int, default=128,
+                    help="positions the decode step attends to")
+    ap.add_argument("--config", type=Path, default=None,
+                    help="accelerator configuration JSON, before the board's memory "
+                         "(none: the built-in AcceleratorConfig)")
+    ap.add_argument("--build-report", type=Path, default=None,
+                    help="the bitstream build's report.json (none: "
+                         "bitstreams/<board>/<config fingerprint>/report.json)")
+    ap.add_argument("--measure-memory", action="store_true",
+                    help="measure the memory on LiteDRAM's controller again (minutes) instead "
+                         "of reading the record")
+    ap.add_argument("--out", type=Path, default=RESULTS / "board.json", help="results JSON")
+    ap.add_argument("--docs", type=Path, default=DOCS,
+                    help="where board_performance.md is written")
+    args = ap.parse_args(argv)
+    board = ECPIX5
+    try:
+        base = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
+    except (ConfigError, OSError) as e:
+        ap.error(f"--config {args.config}: {e}")
+    for spec in args.models:
+        if spec.fmt is not None:
+            try:
+                spec.fmt.check_supported(board.accelerator_config(base))
+            except (FormatError, ConfigError) as e:
+                ap.error(f"--models {spec}: {e}")
+    t_start = time.perf_counter()
+    memory = memory_timings(args.out.parent / MEMORY_FILE, board, args.measure_memory)
+    models = []
+    for spec in args.models:
+        try:
+            models.append(predict(spec, base, board, memory, args.context))
+        except ModelSourceError as e:
+            print(f"{spec}: not predicted: {e}")
+            models.append({"model": str(spec), "skipped": str(e)})
+        except ValueError as e:
+            ap.error(str(e))
+    port = str(board.port_bits)
+    board_cfg = board.accelerator_config(base)
+    report = args.build_report or build_report_path(board, board_cfg)
+    build, source = build_fields(report)
+    done = [m for m in models if not m.get("skipped")]
+    rec = {
+        "board": board.name, "config": board_cfg.fingerprint, "port_bits": board.port_bits,
+        "context": args.context,
+        "predicted_tokens_per_s": {m["model"]: m["ports"][port]["tokens_per_s"] for m in done},
+        "roofline_tokens_per_s": {m["model"]: m["roofline_tokens_per_s"] for m in done},
+        "predicted_tokens_per_s_by_memory": {key: {m["model"]: m["ports"][key]["tokens_per_s"]
+                                                   for m in done} for key in memory},
+        **build, "build_source": source, **dict.fromkeys(SIM_FIELDS),
+        "memory": {key: t.to_dict() for key, t in memory.items()}, "models": models}
+    wall = time.perf_counter() - t_start
+    write_json(args.out, stamp(rec, board_cfg))
+    write_text_atomic(args.docs / "board_performance.md", _page(rec, memory, wall))
+    print(_page(rec, memory, wall))
+    print(f"wrote {_rel(args.out)} and {_rel(args.docs / 'board_performance.md')} "
+          f"({wall:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""bench.board: the board performance model and its record, on the reference model.
+
+The memory measurement itself (Migen, minutes) is tests/sim/test_board_memory.py's; here the
+memory is a record written by the test, so every figure below follows from it exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+
+import pytest
+
+from bench import board as bench_board
+from bench.board import BUILD_FIELDS, SIM_FIELDS, ModelSpec, build_fields, predict
+from bench.common import write_json
+from hw.board.ecpix5 import ECPIX5
+from hw.config import AcceleratorConfig
+from hw.format import WeightFormat
+from sim.board_memory import (
+    MemoryMeasureError,
+    MemoryTiming,
+    board_cycles,
+    controller_bits,
+    speedgrade_trfc_ns,
+)
+
+
+def timing(port_bits: int, sequential: float, row_miss: float | None = None,
+           trfc_ns: float | None = None) -> MemoryTiming:
+    """A memory record of the board and the installed LiteDRAM."""
+    return MemoryTiming(
+        board=ECPIX5.name, port_bits=port_bits, controller_bits=controller_bits(ECPIX5),
+        sys_clk_hz=ECPIX5.sys_clk_hz, litedram=importlib.metadata.version("litedram"),
+        read_latency=20, row_hit_latency=17, sequential_bytes_per_cycle=sequential,
+        row_miss_bytes_per_cycle=sequential / 2 if row_miss is None else row_miss,
+        window_cycles=1758, row_miss_cycles=400, refresh_intervals=3, trefi_cycles=586,
+        trfc_cycles=104, peak_bytes_per_cycle=ECPIX5.peak_bytes_per_sys_cycle,
+        trfc_ns=trfc_ns)
+
+
+BEAT = ECPIX5.port_bits // 8
+#: Two memories of the board's port: one as fast as the beat (never a stall), one at half that.
+FULL = timing(ECPIX5.port_bits, BEAT)
+HALF = timing(ECPIX5.port_bits, BEAT / 2, trfc_ns=speedgrade_trfc_ns(ECPIX5))
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    """The reference model with a memory at the beat's rate and one at half of it."""
+    memory = {FULL.key: FULL, HALF.key: HALF}
+    return predict(ModelSpec.parse("reference"), AcceleratorConfig(), ECPIX5, memory, 64)
+
+
+def test_at_the_beat_rate_the_board_is_the_fast_model(reference):
+    p = reference["ports"][FULL.key]
+    assert p["cycles"] == p["fast_model_cycles"]
+    assert p["tokens_per_s"] == p["fast_model_tokens_per_s"]
+    assert p["dram_beats"] > 0
+
+
+def test_half_the_rate_costs_a_cycle_per_beat(reference):
+    p = reference["ports"][HALF.key]
+    assert p["cycles"] == p["fast_model_cycles"] + p["dram_beats"]
+    # row misses at a quarter of the peak: three extra cycles per beat
+    assert p["tokens_per_s_all_row_misses"] == pytest.approx(
+        ECPIX5.sys_clk_hz / (p["fast_model_cycles"] + 3 * p["dram_beats"]), rel=1e-12)
+
+
+def test_roofline_is_weight_and_kv_bytes_at_the_peak(reference):
+    bytes_per_token = reference["weight_bytes"] + reference["kv_cache_bytes"]
+    assert reference["roofline_tokens_per_s"] == ECPIX5.peak_bytes_per_s / bytes_per_token
+    p = reference["ports"][HALF.key]
+    # the fast model reads at least the weights and the KV cache; at the peak's rate (half the
+    # beat) no faster than the roofline
+    assert HALF.sequential_bytes_per_cycle == ECPIX5.peak_bytes_per_sys_cycle
+    assert p["fraction_of_roofline"] <= 1.0
+
+
+def test_board_cycles_refuses_a_memory_that_moves_nothing():
+    with pytest.raises(MemoryMeasureError, match="got 0"):
+        board_cycles(100, 10, 8, 0)
+    # a memory faster than the beat does not speed the accelerator up
+    assert board_cycles(100, 10, 8, 16) == 100
+
+
+@pytest.mark.parametrize("text, model, fmt", [
+    ("reference", "reference", None),
+    ("smollm2@2:4-int4", "smollm2", "2:4-int4"),
+    (" smollm2@dense-int4-g64 ", "smollm2", "dense-int4-g64"),
+])
+def test_model_spec(text, model, fmt):
+    spec = ModelSpec.parse(text)
+    assert spec.model == model
+    assert spec.fmt == (WeightFormat.parse(fmt) if fmt else None)
+    assert str(ModelSpec.parse(str(spec))) == str(spec)
+
+
+@pytest.mark.parametrize("text, message", [("llama", "'llama'"),
+                                           ("reference@2:4", "'reference@2:4'")])
+def test_bad_model_spec_is_named(text, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSpec.parse(text)
+
+
+def test_build_fields_absent_and_present(tmp_path):
+    fields, note = build_fields(tmp_path / "report.json")
+    assert fields == dict.fromkeys(BUILD_FIELDS) and "no bitstream build report" in note
+    report = {"luts": 1234, "clocks": {"sys": {"fmax_mhz": 80.0, "target_mhz": 75.0,
+                                               "met": True}}, "other": 1}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    fields, note = build_fields(tmp_path / "report.json")
+    assert fields["luts"] == 1234 and fields["clocks"] == report["clocks"]
+    assert fields["brams"] is None and "other" not in fields
+
+
+def test_main_writes_the_record_and_page(tmp_path, capsys):
+    trfc = speedgrade_trfc_ns(ECPIX5)
+    narrow = ECPIX5.port_bits // 2
+    write_json(tmp_path / bench_board.MEMORY_FILE, {"ports": [
+        timing(ECPIX5.port_bits, BEAT / 2).to_dict(),
+        timing(narrow, BEAT / 4).to_dict(),
+        timing(controller_bits(ECPIX5), BEAT, trfc_ns=trfc).to_dict()]})
+    out = tmp_path / "board.json"
+    assert bench_board.main(["--models", "reference", "--context", "64", "--out", str(out),
+                             "--docs", str(tmp_path / "docs"),
+                             "--build-report", str(tmp_path / "none.json")]) == 0
+    rec = json.loads(out.read_text())
+    for key in ("board", "config", "predicted_tokens_per_s", "roofline_tokens_per_s",
+                *BUILD_FIELDS, *SIM_FIELDS):
+        assert key in rec, key
+    assert rec["board"] == ECPIX5.name
+    assert all(rec[k] is None for k in BUILD_FIELDS + SIM_FIELDS)
+    assert "none.json" in rec["build_source"]
+    (m,) = rec["models"]
+    by_memory = rec["predicted_tokens_per_s_by_memory"]
+    fast = f"{controller_bits(ECPIX5)}-trfc{trfc:g}ns"
+    assert set(by_memory) == {str(ECPIX5.port_bits), str(narrow), fast} == set(m["ports"])
+    # at the beat's rate the board is the fast model; at half of it (the board's port) a beat
+    # costs two cycles, at a quarter of it (the narrow port) four
+    best = m["ports"][fast]
+    assert by_memory[fast]["reference"] == best["fast_model_tokens_per_s"]
+    quarter = m["ports"][str(narrow)]
+    assert quarter["cycles"] == quarter["fast_model_cycles"] + 3 * quarter["dram_beats"]
+    p = m["ports"][str(ECPIX5.port_bits)]
+    assert rec["predicted_tokens_per_s"]["reference"] == pytest.approx(
+        ECPIX5.sys_clk_hz / (p["fast_model_cycles"] + p["dram_beats"]), rel=1e-12)
+    assert rec["provenance"]["config"] == rec["config"]
+    page = (tmp_path / "docs" / "board_performance.md").read_text()
+    assert f"{rec['roofline_tokens_per_s']['reference']:.1f}" in page
+    assert "memory: the measurement in" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "foo"], "model 'foo'"),
+    (["--models", "smollm2@3:4-int4"], "3:4"),
+    (["--context", "0"], "--context"),
+    (["--config", "/nonexistent.json"], "/nonexistent.json"),
+])
+def test_bad_options_are_one_line(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        bench_board.main([*argv, "--out", str(tmp_path / "b.json")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench.board: ") and "\n" not in err and message in err
+    assert not (tmp_path / "b.json").exists()
