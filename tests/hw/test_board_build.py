@@ -176,7 +176,8 @@ def test_board_top_elaborates():
     from hw.board.top import Ecpix5Top
     cfg = AcceleratorConfig(rows=2, cols=4)
     top = Ecpix5Top(cfg, ECPIX5)
-    assert top.cfg.memory.size_bytes == ECPIX5.dram_bytes and top.cfg.beat_bytes == 8
+    assert top.cfg.memory.size_bytes == ECPIX5.dram_bytes
+    assert top.cfg.beat_bytes == ECPIX5.port_bits // 8
     plan = ECPIX585Platform().prepare(top, name="top")
     assert "litedram_core.v" in plan.files
     assert "cell \\litedram_core " in plan.files["top.il"]
