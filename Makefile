@@ -9,7 +9,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROSE  := $(VENV)/.prose-corpus
 
-.PHONY: setup demo test test-all lint bench clean sim synth generate prove smollm2 test-smollm2
+.PHONY: setup demo test test-all lint bench clean sim synth generate prove smollm2 test-smollm2 \
+        bitstream
 
 setup: $(STAMP) $(PROSE)
 
@@ -64,6 +65,12 @@ sim: setup
 
 synth: setup
 	$(PY) -m hw.synth $(if $(CONFIG),--config $(CONFIG))
+
+# The ECPIX-5 board: `make bitstream [CONFIG=x.json]` generates LiteDRAM's DDR3 controller,
+# runs Yosys, nextpnr-ecp5 (placer seeds 1 and 2) and ecppack on the board top, and writes
+# bitstreams/ecpix5-85f/<config>/top.bit and report.json (hw/board/build.py).
+bitstream: setup
+	$(PY) -m hw.board.build $(if $(CONFIG),--config $(CONFIG))
 
 clean:
 	rm -rf build sim_build .hypothesis

@@ -165,7 +165,8 @@ def test_padding_warning_is_one_clean_line():
 
 # ---------------------------------------------------------------------- 7. Ctrl-C
 CLIS = ["sw.deploy", "sw.compress.__main__", "sw.codesign", "sw.models.eval", "sim.__main__",
-        "hw.generate", "hw.synth", "formal.__main__", "sw.models.train_reference"] + [
+        "hw.generate", "hw.synth", "hw.board.build", "formal.__main__",
+        "sw.models.train_reference"] + [
             f"bench.{n}" for n in BENCHES if n != "simspeed"]
 
 
@@ -215,7 +216,8 @@ def test_help_derives_defaults(capsys):
 # ---------------------------------------------------------------------- 9. one parser class
 #: Every command and the prefix of its one-line errors (the name its own errors use).
 COMMANDS = {"sim.__main__": "python -m sim", "hw.generate": "hw.generate",
-            "hw.synth": "hw.synth", "sw.deploy": "sw.deploy", "sw.codesign": "sw.codesign",
+            "hw.synth": "hw.synth", "hw.board.build": "hw.board.build",
+            "sw.deploy": "sw.deploy", "sw.codesign": "sw.codesign",
             "sw.compress.__main__": "sw.compress", "sw.models.eval": "sw.models.eval",
             "sw.models.train_reference": "sw.models.train_reference",
             "formal.__main__": "python -m formal"} | {f"bench.{n}": f"bench.{n}" for n in BENCHES}
