@@ -15,7 +15,9 @@ board they do not matter to this program. (A program reads DRAM only through LOA
 only through STORE: hw/dma.py.)
 
 Before the first run the backend checks that the bitstream was built for ``cfg`` and for the
-board (HELLO's ``config_id`` and ``board_id``) and that the DRAM is initialised.
+board (HELLO's ``config_id`` and ``board_id``), and initialises the DRAM when it is not yet
+(LiteDRAM's sequence and read leveling over the control bus, :mod:`hw.board.dram_init`);
+a failed calibration is an error and nothing is started.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 import numpy as np
 
 from hw.board import protocol as p
+from hw.board.dram_init import initialize_board
 from hw.board.ecpix5 import ECPIX5, Board
 from hw.config import AcceleratorConfig
 from hw.isa import INSTR_BYTES, Opcode, decode_fields, program_words
@@ -110,6 +113,8 @@ class BoardBackend:
     ----------
     words_written, words_read:
         DRAM words moved over the link so far (both directions), for the report.
+    runs, stall_cycles:
+        Programs run so far, and the cycles the memory froze the accelerator in them.
     """
 
     name = "board"
@@ -131,14 +136,30 @@ class BoardBackend:
         self._shadow = self._words(np.zeros(cfg.memory.size_bytes, np.uint8))
         self._known = np.zeros(len(self._shadow), bool)
         self.words_written = self.words_read = 0
+        self.runs = self.stall_cycles = 0
+
+    def close(self) -> None:
+        """Close the link's transport (the serial port, the simulation's process)."""
+        close = getattr(self.link.transport, "close", None)
+        if close is not None:
+            close()
 
     def _check_bitstream(self) -> None:
+        """The bitstream's build, and its DRAM: initialised and read-levelled by the host when
+        it is not yet (the first run after power-up), refused when that fails."""
         self.link.require_build(self.cfg, self.board)
         status = self.link.status()
+        if not status.dram_init_done and not status.dram_init_error:
+            result = initialize_board(self.link, self.board)
+            status = self.link.status()
+            if not result.ok:
+                failed = [i for i, lane in enumerate(result.lanes) if not lane.ok]
+                raise BoardLinkError(f"the board's DRAM failed its read leveling (byte lanes "
+                                     f"{failed}): nothing was started")
         if status.dram_init_error or not status.dram_init_done:
             raise BoardLinkError("the board's DRAM is not initialised"
-                                 + (" (calibration failed)" if status.dram_init_error else "")
-                                 + ": run its initialisation (hw.board.dram_init) first")
+                                 + (" (its calibration failed)" if status.dram_init_error
+                                    else "") + ": nothing was started")
 
     @staticmethod
     def _words(dram: np.ndarray) -> np.ndarray:
@@ -191,6 +212,8 @@ class BoardBackend:
             self._shadow[start:start + n] = got
             self._known[start:start + n] = True
             self.words_read += n
+        self.runs += 1
+        self.stall_cycles += status.stall_cycles
         return RunResult(cycles=status.cycles, error=status.error, error_pc=status.error_pc,
                          counters=dict(status.counters), dram=out,
                          stall_cycles=status.stall_cycles)

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from hw.board import protocol as p
+from hw.board.dram_init import InitResult, LaneResult
 from hw.board.ecpix5 import ECPIX5
 from hw.config import AcceleratorConfig
 from hw.isa import INSTR_BYTES, Opcode, program_words
+from sim import board_backend
 from sim.board import BoardLinkError, BoardStatus
 from sim.board_backend import BoardBackend, dma_spans
 from sim.model import FastModel
@@ -28,11 +30,12 @@ CFG = BOARD.accelerator_config(EQUIVALENCE_CONFIGS["2x4"])
 class ModelBoard:
     """The driver's view of a board whose accelerator is the fast model."""
 
-    def __init__(self, cfg: AcceleratorConfig, rng: np.random.Generator, dram_ready=True):
+    def __init__(self, cfg: AcceleratorConfig, rng: np.random.Generator, dram_ready=True,
+                 dram_error=False):
         self.cfg = cfg
         self.dram = rng.integers(0, 256, cfg.memory.size_bytes, dtype=np.uint8)  # power-up
         self.imem = b""
-        self.dram_ready = dram_ready
+        self.dram_ready, self.dram_error = dram_ready, dram_error
         self.last = None
         self.transport = None
         self.frames_recovered = 0
@@ -66,7 +69,7 @@ class ModelBoard:
         return BoardStatus(busy=False, done=r is not None, error=r.error if r else 0,
                            error_pc=r.error_pc if r else 0, cycles=r.cycles if r else 0,
                            counters=dict(r.counters) if r else {}, stall_cycles=0,
-                           dram_init_done=self.dram_ready, dram_init_error=False)
+                           dram_init_done=self.dram_ready, dram_init_error=self.dram_error)
 
 
 def test_random_programs_in_a_row_equal_the_fast_model():
@@ -101,10 +104,34 @@ def test_only_what_changed_moves():
     assert np.array_equal(again.dram, FastModel(CFG).run(rp.program, first.dram).dram)
 
 
+def _lane(ok: bool) -> LaneResult:
+    return LaneResult(bitslip=0, delay=4 if ok else -1, window=(2, 6) if ok else None,
+                      scores=(1,), ok=ok)
+
+
+def test_the_dram_is_initialised_once_and_a_failed_calibration_refused(monkeypatch):
+    rng = np.random.default_rng(2)
+    calls = []
+
+    def init(board_link, board, ok):
+        calls.append(board)
+        board_link.dram_ready, board_link.dram_error = ok, not ok
+        return InitResult(lanes=(_lane(True), _lane(ok)), error=not ok)
+
+    monkeypatch.setattr(board_backend, "initialize_board", lambda b, board: init(b, board, True))
+    board = ModelBoard(CFG, rng, dram_ready=False)
+    BoardBackend(CFG, board, BOARD)
+    BoardBackend(CFG, board, BOARD)             # initialised already: not again
+    assert calls == [BOARD]
+    monkeypatch.setattr(board_backend, "initialize_board", lambda b, board: init(b, board, False))
+    with pytest.raises(BoardLinkError, match=r"read leveling \(byte lanes \[1\]\): nothing"):
+        BoardBackend(CFG, ModelBoard(CFG, rng, dram_ready=False), BOARD)
+
+
 def test_refuses_what_the_board_cannot_run():
     rng = np.random.default_rng(2)
-    with pytest.raises(BoardLinkError, match="not initialised"):
-        BoardBackend(CFG, ModelBoard(CFG, rng, dram_ready=False), BOARD)
+    with pytest.raises(BoardLinkError, match="calibration failed"):
+        BoardBackend(CFG, ModelBoard(CFG, rng, dram_ready=False, dram_error=True), BOARD)
     narrow = dataclasses.replace(CFG, memory=dataclasses.replace(CFG.memory, bytes_per_cycle=8))
     with pytest.raises(BoardLinkError, match="8-byte DRAM beats"):
         BoardBackend(narrow, ModelBoard(narrow, rng), BOARD)
