@@ -69,12 +69,6 @@ def _sources_digest() -> str:
     return h.hexdigest()
 
 
-def frame_gap_cycles(board: Board) -> int:
-    """Cycles after which the host link abandons a frame whose next byte does not come: the
-    simulation keeps the clock running this long after the last activity."""
-    return max(1, round(board.sys_clk_hz * protocol.FRAME_GAP_S))
-
-
 class BoardSim:
     """Build and start the Verilator board simulation for ``cfg`` on ``board``.
 
@@ -170,7 +164,8 @@ class BoardSim:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         if ready_percent > 100:
             raise ValueError(f"ready_percent must be at most 100, got {ready_percent!r}")
-        args = ["--seed", seed, "--idle-cycles", frame_gap_cycles(self.board) + 1000,
+        args = ["--seed", seed, "--idle-cycles",
+                protocol.frame_gap_cycles(self.board.sys_clk_hz) + 1000,
                 "--ready-percent", ready_percent, "--max-latency", max_latency,
                 "--refresh-every", refresh_every, "--refresh-cycles", refresh_cycles,
                 "--upconverter", int(self.upconverter)]

@@ -211,7 +211,7 @@ class HostLink(wiring.Component):
         rx_crc = Signal(p.CRC_BITS)
         rx_cnt = Signal(range(max(hdr_bytes, p.DATA_BYTES)))
         rx_take = self.rx.valid & self.rx.ready
-        gap_cycles = max(1, round(self._board.sys_clk_hz * p.FRAME_GAP_S))
+        gap_cycles = p.frame_gap_cycles(self._board.sys_clk_hz)
         gap = Signal(range(gap_cycles))  # cycles since the frame's last byte
         mid_frame = Signal()
         m.d.sync += gap.eq(Mux(rx_take | ~mid_frame, 0, gap + 1))

@@ -98,8 +98,8 @@ from hw.isa import INSTR_BITS, ErrorCode
 
 __all__ = [
     "PROTOCOL_VERSION", "SYNC_REQUEST", "SYNC_REPLY", "CRC_INIT", "CRC_POLY", "CRC_BYTES",
-    "FRAME_GAP_S", "SEQ_BITS", "WORD_BYTES", "INSTR_BYTES", "DATA_BYTES", "MAX_MEM_WORDS",
-    "MAX_IMEM_WORDS",
+    "FRAME_GAP_S", "frame_gap_cycles", "SEQ_BITS", "WORD_BYTES", "INSTR_BYTES", "DATA_BYTES",
+    "MAX_MEM_WORDS", "MAX_IMEM_WORDS",
     "CSR_ADDR_BITS", "CSR_DATA_BITS", "ERROR_PC_BITS", "STALL_CYCLES_BITS",
     "Command", "Status", "Field", "REQUEST_HEADER", "REPLY_HEADER", "REQUEST_HEADER_BYTES",
     "REPLY_HEADER_BYTES", "HELLO_FIELDS", "STATUS_FIELDS", "CSR_READ_FIELDS",
@@ -144,6 +144,12 @@ CSR_ADDR_BITS = 30
 #: corrupted ``len`` would otherwise make it wait for bytes of later frames). The host's reply
 #: timeout must be longer, so that its retry starts a fresh frame.
 FRAME_GAP_S = 0.01
+
+
+def frame_gap_cycles(sys_clk_hz: float) -> int:
+    """:data:`FRAME_GAP_S` in cycles of a board clocked at ``sys_clk_hz`` (at least one)."""
+    return max(1, round(sys_clk_hz * FRAME_GAP_S))
+
 #: Width of STATUS's ``error_pc`` (the link refuses an instruction memory deeper than this).
 ERROR_PC_BITS = 32
 #: Width of the memory-stall cycle counter the link reports (hw/board/bridge.py counts them).
