@@ -42,19 +42,28 @@ config, predicted_tokens_per_s (the board's port) and roofline_tokens_per_s per 
 predicted_tokens_per_s_by_memory (every measured memory), the details,
 and the build's fields (clocks, seeds_met, luts, ffs, dsps, brams, bitstream_bytes, build_s)
 from --build-report or bitstreams/<board>/<config fingerprint>/report.json, null when there
-is none; sim_tokens_match, sim_cycles_equal_model, frames_injected and frames_recovered are
-the board simulation's and left null here. Also writes board_performance.md (docs/ with
---record).
+is none; and, with --sim, the board simulation's fields: the reference model, compressed with
+its recipe's formats (RTN, for speed), generates --sim-tokens tokens on the board's RTL under
+Verilator (hw/board/sim_top.py: the bridged accelerator and the host link, LiteDRAM's ports
+modelled with random latencies and refresh stalls) through sim.board.BoardLink over a link that
+corrupts and drops bytes (--sim-faults), and on the fast model: sim_tokens_match (the same
+tokens), sim_cycles_equal_model (every program's accelerator cycles equal, and the final DRAM
+images), frames_injected and frames_recovered (null without --sim). Also writes
+board_performance.md (docs/ with --record).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench.common import (
     DOCS,
@@ -71,6 +80,9 @@ from hw.board.ecpix5 import ECPIX5, Board
 from hw.cli import write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError
 from hw.format import FormatError, WeightFormat
+from sim.backends import make_backend
+from sim.board import BoardLink, FaultyTransport
+from sim.board_backend import BoardBackend
 from sim.board_memory import (
     MemoryMeasureError,
     MemoryTiming,
@@ -79,22 +91,27 @@ from sim.board_memory import (
     speedgrade_trfc_ns,
 )
 from sim.board_memory import measure as measure_memory
+from sim.board_sim import BoardSim
 from sw.codesign import decode_step
-from sw.compress.model import selected_linears
+from sw.compile import CompileOptions, compile_model
+from sw.compress.model import compress_llama, selected_linears
 from sw.models.recipes import recipe_for
 from sw.models.source import BUILTINS, ModelSourceError, open_model
+from sw.runtime import Runtime
 
 __all__ = ["MODELS", "BUILD_FIELDS", "SIM_FIELDS", "ModelSpec", "variants", "memory_timings",
-           "predict", "build_report_path", "build_fields", "main"]
+           "predict", "build_report_path", "build_fields", "simulate_board", "main"]
 
 #: The models predicted by default: each built-in with its recipe, and SmolLM2 in 2:4 INT4.
 MODELS = ("reference", "smollm2", "smollm2@2:4-int4")
 #: The build's fields of board.json, read from the bitstream build's report.
 BUILD_FIELDS = ("clocks", "seeds_met", "luts", "ffs", "dsps", "brams", "bitstream_bytes",
                 "build_s")
-#: The board simulation's fields of board.json (filled from that simulation, not here).
+#: The board simulation's fields of board.json (:func:`simulate_board`).
 SIM_FIELDS = ("sim_tokens_match", "sim_cycles_equal_model", "frames_injected",
               "frames_recovered")
+#: The prompt of the board simulation (--sim).
+SIM_PROMPT = "class Stack:\n    def push(self, item"
 #: The memory record's file name (beside board.json).
 MEMORY_FILE = "board_memory.json"
 
@@ -326,6 +343,68 @@ def _page(rec: dict, memory: dict[str, MemoryTiming], wall: float) -> str:
     return "\n".join(lines)
 
 
+def simulate_board(board: Board, base: AcceleratorConfig, tokens: int, faults: float,
+                   seed: int = 1, log=print) -> dict:
+    """The reference model on the board simulation over a faulty link, against the fast model.
+
+    Parameters
+    ----------
+    board:
+        The board (simulated with ``base``'s DRAM size).
+    base:
+        The accelerator configuration before the board's memory.
+    tokens:
+        Tokens to generate.
+    faults:
+        Probability that a frame is corrupted, and again that it is dropped, each way
+        (:class:`sim.board.FaultyTransport`).
+    seed:
+        Seed of the faults and of the simulated memory's latencies.
+
+    Returns
+    -------
+    dict
+        :data:`SIM_FIELDS` and what the run moved and waited for.
+    """
+    # A 100 kHz board: the link abandons a broken frame after FRAME_GAP_S of the board's time,
+    # which at this clock is a thousand simulated cycles rather than most of a million (cycle
+    # counts do not depend on the clock).
+    sim_board = dataclasses.replace(board, dram_bytes=base.memory.size_bytes, sys_clk_hz=1e5)
+    cfg = sim_board.accelerator_config(base)
+    src = open_model("reference")
+    formats = recipe_for("reference").formats(selected_linears(src.model))
+    weights = compress_llama(src.model, lambda name, _: formats.get(name), method="rtn",
+                             progress=False)
+    prompt = src.encode(SIM_PROMPT)
+    exe = compile_model(src.model, cfg, CompileOptions(prompt_tokens=len(prompt),
+                                                       max_context=len(prompt) + tokens),
+                        weights=weights)
+    sim = BoardSim(cfg, sim_board)
+    t0 = time.perf_counter()
+    with sim.open(seed) as transport:
+        link = FaultyTransport(transport, random.Random(seed), corrupt=faults, drop=faults)
+        backend = BoardBackend(cfg, BoardLink(link), sim_board)
+        on_board = Runtime(exe, backend)
+        got = on_board.generate(prompt, tokens)
+    log(f"board simulation: {tokens} tokens, {backend.runs} programs in "
+        f"{time.perf_counter() - t0:.0f} s")
+    model = Runtime(exe, make_backend("model", cfg))
+    want = model.generate(prompt, tokens)
+
+    def cycles(gen) -> list[int]:
+        return [p.cycles for s in gen.steps for p in s.programs]
+
+    return {"sim_tokens_match": got.tokens == want.tokens,
+            "sim_cycles_equal_model": cycles(got) == cycles(want)
+            and bool(np.array_equal(on_board.dram, model.dram)),
+            "frames_injected": link.frames_injected,
+            "frames_recovered": backend.link.frames_recovered,
+            "sim_programs": backend.runs, "sim_tokens": tokens, "sim_faults": faults,
+            "sim_memory_stall_cycles": backend.stall_cycles,
+            "sim_dram_words_written": backend.words_written,
+            "sim_dram_words_read": backend.words_read}
+
+
 @command("bench.board")
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.board", __doc__)
@@ -344,10 +423,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measure-memory", action="store_true",
                     help="measure the memory on LiteDRAM's controller again (minutes) instead "
                          "of reading the record")
+    ap.add_argument("--sim", action="store_true",
+                    help="run the reference model on the board simulation (Verilator; minutes "
+                         "the first time, while it builds) for the sim_* fields")
+    ap.add_argument("--sim-tokens", type=positive_int, default=4,
+                    help="tokens the board simulation generates")
+    ap.add_argument("--sim-faults", type=float, default=0.02,
+                    help="probability of corrupting, and of dropping, each frame of the "
+                         "simulated link")
     ap.add_argument("--out", type=Path, default=RESULTS / "board.json", help="results JSON")
     ap.add_argument("--docs", type=Path, default=DOCS,
                     help="where board_performance.md is written")
     args = ap.parse_args(argv)
+    if not 0 <= args.sim_faults < 1:
+        ap.error(f"--sim-faults must be in [0, 1), got {args.sim_faults}")
     board = ECPIX5
     try:
         base = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
@@ -375,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     report = args.build_report or build_report_path(board, board_cfg)
     build, source = build_fields(report)
     done = [m for m in models if not m.get("skipped")]
+    sim = (simulate_board(board, base, args.sim_tokens, args.sim_faults) if args.sim
+           else dict.fromkeys(SIM_FIELDS))
     rec = {
         "board": board.name, "config": board_cfg.fingerprint, "port_bits": board.port_bits,
         "context": args.context,
@@ -382,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         "roofline_tokens_per_s": {m["model"]: m["roofline_tokens_per_s"] for m in done},
         "predicted_tokens_per_s_by_memory": {key: {m["model"]: m["ports"][key]["tokens_per_s"]
                                                    for m in done} for key in memory},
-        **build, "build_source": source, **dict.fromkeys(SIM_FIELDS),
+        **build, "build_source": source, **sim,
         "memory": {key: t.to_dict() for key, t in memory.items()}, "models": models}
     wall = time.perf_counter() - t_start
     write_json(args.out, stamp(rec, board_cfg))

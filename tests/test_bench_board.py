@@ -164,3 +164,12 @@ def test_bad_options_are_one_line(argv, message, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert err.startswith("bench.board: ") and "\n" not in err and message in err
     assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.slow
+def test_reference_model_on_the_board_simulation():
+    """The reference model's compiled program through the Verilator board over a faulty link:
+    the fast model's tokens, cycles and DRAM (minutes: `bench.board --sim` records it)."""
+    rec = bench_board.simulate_board(ECPIX5, AcceleratorConfig(), tokens=2, faults=0.02)
+    assert rec["sim_tokens_match"] and rec["sim_cycles_equal_model"]
+    assert rec["frames_injected"] > 0 and rec["sim_programs"] > 0
