@@ -46,7 +46,7 @@ from hw.board.sim_top import BOARD_SIM_TOP_NAME, BoardSimTop
 from hw.config import AcceleratorConfig
 from hw.generate import top_ports
 from sim.errors import SimulationError
-from sim.rtl import ROOT, locked_build, verilate
+from sim.rtl import PORT_WORDS, ROOT, locked_build, verilate
 
 __all__ = ["BoardSim", "BoardSimTransport", "BoardSimError"]
 
@@ -63,7 +63,7 @@ class BoardSimError(SimulationError, RuntimeError):
 def _sources_digest() -> str:
     h = hashlib.sha256()
     hw = [p for p in sorted((ROOT / "hw").rglob("*.py")) if p.name not in _NOT_RTL]
-    for path in hw + [HARNESS, Path(__file__), ROOT / "sim" / "rtl.py"]:
+    for path in hw + [HARNESS, PORT_WORDS, Path(__file__), ROOT / "sim" / "rtl.py"]:
         h.update(str(path.relative_to(ROOT)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
@@ -136,6 +136,7 @@ class BoardSim:
                 "",
             ]))
             shutil.copy(HARNESS, out / "board_harness.cpp")
+            shutil.copy(PORT_WORDS, out / PORT_WORDS.name)
             verilate(out, [f"{BOARD_SIM_TOP_NAME}.v", "board_harness.cpp"], prefix="Vboard",
                      top_module=BOARD_SIM_TOP_NAME, output="board_runner", jobs=self.jobs)
 

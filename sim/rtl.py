@@ -57,6 +57,8 @@ __all__ = ["RTLBackend", "RTLBuildError", "RTLTimeoutError", "engine_states", "v
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "sim" / "verilator" / "harness.cpp"
+#: The port <-> word helpers both harnesses include (copied beside them into every build).
+PORT_WORDS = ROOT / "sim" / "verilator" / "port_words.h"
 DEFAULT_BUILD_ROOT = ROOT / "build" / "rtl"
 
 
@@ -168,7 +170,7 @@ _NOT_RTL = {"synth.py"}
 def _sources_digest() -> str:
     h = hashlib.sha256()
     hw = [p for p in sorted((ROOT / "hw").glob("*.py")) if p.name not in _NOT_RTL]
-    for path in hw + [HARNESS, Path(__file__)]:
+    for path in hw + [HARNESS, PORT_WORDS, Path(__file__)]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()
@@ -290,6 +292,7 @@ class RTLBackend:
             verilog = self._simulated_verilog(out, verbose)
             (out / "accel_config.h").write_text(_config_header(self.cfg))
             shutil.copy(HARNESS, out / "harness.cpp")
+            shutil.copy(PORT_WORDS, out / PORT_WORDS.name)
             verilate(out, [verilog, "harness.cpp"], prefix="Vaccel", top_module="accel",
                      output="runner", jobs=self.jobs, waves=self.waves)
 

@@ -51,6 +51,7 @@
 
 #include "Vboard.h"
 #include "board_config.h"
+#include "port_words.h"
 #include "verilated.h"
 
 // Port names: Amaranth joins signature paths with "__", which Verilator escapes as "___05F".
@@ -58,24 +59,6 @@
 
 namespace {
 
-template <typename T>
-void to_words(const T& v, uint32_t* w) {
-    uint64_t x = static_cast<uint64_t>(v);
-    w[0] = static_cast<uint32_t>(x);
-    w[1] = static_cast<uint32_t>(x >> 32);
-}
-template <std::size_t N>
-void to_words(const VlWide<N>& v, uint32_t* w) {
-    std::memcpy(w, v.data(), 4 * N);
-}
-template <typename T>
-void from_words(T& v, const uint32_t* w) {
-    v = static_cast<T>(w[0] | (static_cast<uint64_t>(w[1]) << 32));
-}
-template <std::size_t N>
-void from_words(VlWide<N>& v, const uint32_t* w) {
-    std::memcpy(v.data(), w, 4 * N);
-}
 
 // xorshift64*: small, fast, reproducible from the seed.
 struct Rng {

@@ -27,6 +27,7 @@
 
 #include "Vaccel.h"
 #include "accel_config.h"
+#include "port_words.h"
 #include "verilated.h"
 #if VM_TRACE
 #include "verilated_vcd_c.h"
@@ -47,24 +48,6 @@
 namespace {
 
 // ---------------------------------------------------------------- port <-> little-endian words
-template <typename T>
-void to_words(const T& v, uint32_t* w) {
-    uint64_t x = static_cast<uint64_t>(v);
-    w[0] = static_cast<uint32_t>(x);
-    w[1] = static_cast<uint32_t>(x >> 32);
-}
-template <std::size_t N>
-void to_words(const VlWide<N>& v, uint32_t* w) {
-    std::memcpy(w, v.data(), 4 * N);
-}
-template <typename T>
-void from_words(T& v, const uint32_t* w) {
-    v = static_cast<T>(w[0] | (static_cast<uint64_t>(w[1]) << 32));
-}
-template <std::size_t N>
-void from_words(VlWide<N>& v, const uint32_t* w) {
-    std::memcpy(v.data(), w, 4 * N);
-}
 
 uint64_t field(const uint32_t* w, unsigned lsb, unsigned width) {
     uint64_t v = 0;
