@@ -3,11 +3,12 @@
 A board's DDR3 sits behind a LiteDRAM controller (:mod:`hw.board`); how fast it answers is
 measured here rather than guessed: :func:`measure` builds, in Migen, the controller LiteDRAM
 generates for the board (:class:`litedram.core.LiteDRAMCore`: refresher, bank machines,
-multiplexer, crossbar) for the board's memory chip (``board.sdram_module``, with
-LiteDRAM's timings of that chip at ``board.sys_clk_hz``), with the PHY settings of the board's
-PHY (``board.sdram_phy``: its :class:`litedram.common.PhySettings`, read from the PHY class
-itself, constructed on the widths of the board's ``ddr3`` pins) and LiteDRAM's behavioural PHY
-(:class:`litedram.phy.model.SDRAMPHYModel`) in place of the pads, and a native user port of
+multiplexer, crossbar) for the board's memory chip (``board.sdram_module``, with LiteDRAM's
+timings of that chip at ``board.sys_clk_hz``; ``trfc_ns`` gives tRFC as a time, as the generated
+core has the board's :attr:`~hw.board.ecpix5.Board.sdram_trfc_ns`), with the PHY settings of the
+board's PHY (``board.sdram_phy``: its :class:`litedram.common.PhySettings`, read from the PHY
+class itself, constructed on the widths of the board's ``ddr3`` pins) and LiteDRAM's behavioural
+PHY (:class:`litedram.phy.model.SDRAMPHYModel`) in place of the pads, and a native user port of
 ``port_bits`` from the crossbar (through LiteDRAM's port converter when that is not the
 controller's own width, as in the generated core), and runs it in Migen's simulator
 (:func:`migen.sim.run_simulation`). Three patterns of reads, each on a fresh controller:
@@ -56,9 +57,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hw.board.ecpix5 import Board
+from hw.board.litedram import sdram_module_class
 from sim.errors import SimulationError
 
-__all__ = ["SIM_ROWS", "PATTERNS", "MemoryTiming", "phy_settings", "sdram_module",
+__all__ = ["SIM_ROWS", "PATTERNS", "MemoryTiming", "timing_key", "phy_settings", "sdram_module",
            "refresh_cycles", "speedgrade_trfc_ns", "controller_bits", "measure", "board_cycles",
            "MemoryMeasureError"]
 
@@ -109,7 +111,8 @@ class MemoryTiming:
         alone takes is at most ``trfc / trefi`` of the time.
     trfc_ns:
         None: the controller's tRFC as LiteDRAM's table of the chip gives it; else the tRFC
-        it was given instead, in ns (:func:`speedgrade_trfc_ns`).
+        it was given instead, in ns (the board's generated core has
+        :attr:`~hw.board.ecpix5.Board.sdram_trfc_ns`).
     peak_bytes_per_cycle:
         The board's peak (:attr:`hw.board.ecpix5.Board.peak_bytes_per_sys_cycle`).
     """
@@ -133,9 +136,8 @@ class MemoryTiming:
 
     @property
     def key(self) -> str:
-        """The port and the timing variant, as records name them: ``"64"``, ``"128"``,
-        ``"128-trfc260ns"``."""
-        return f"{self.port_bits}" + (f"-trfc{self.trfc_ns:g}ns" if self.trfc_ns else "")
+        """:func:`timing_key` of this measurement."""
+        return timing_key(self.port_bits, self.trfc_ns)
 
     @property
     def efficiency(self) -> float:
@@ -174,6 +176,16 @@ class MemoryTiming:
                 and self.sys_clk_hz == board.sys_clk_hz
                 and self.peak_bytes_per_cycle == board.peak_bytes_per_sys_cycle
                 and self.litedram == _litedram_version())
+
+
+def timing_key(port_bits: int, trfc_ns: float | None = None) -> str:
+    """How records name the memory measured through a ``port_bits`` port with tRFC
+    ``trfc_ns`` (None: LiteDRAM's table).
+
+    >>> timing_key(128), timing_key(128, 260.0)
+    ('128', '128-trfc260ns')
+    """
+    return f"{port_bits}" + (f"-trfc{trfc_ns:g}ns" if trfc_ns else "")
 
 
 def _litedram_version() -> str:
@@ -220,22 +232,19 @@ def sdram_module(board: Board, rows: int | None = None, trfc_ns: float | None = 
     MemoryMeasureError
         ``rows`` not a power of two >= 2, or more than the chip has.
     """
-    from litedram import modules
-
-    chip = getattr(modules, board.sdram_module)
+    try:
+        chip = sdram_module_class(board.sdram_module, trfc_ns)
+    except ValueError as e:
+        raise MemoryMeasureError(str(e)) from None
     rate = f"1:{phy_settings(board).nphases}"
     if rows is None:
         return sdram_module(board, chip.nrows, trfc_ns)
     if not isinstance(rows, int) or rows < 2 or rows & (rows - 1) or rows > chip.nrows:
         raise MemoryMeasureError(f"rows must be a power of two in [2, {chip.nrows}], got "
                                  f"{rows!r}")
-    if trfc_ns is not None and not trfc_ns > 0:
-        raise MemoryMeasureError(f"trfc_ns must be > 0, got {trfc_ns!r}")
     small = type(f"{chip.__name__}_{rows}rows", (chip,), {"nrows": rows})(board.sys_clk_hz,
                                                                           rate)
     small.geom_settings.addressbits = chip(board.sys_clk_hz, rate).geom_settings.addressbits
-    if trfc_ns is not None:
-        small.timing_settings.tRFC = small.ns_to_cycles(trfc_ns)
     return small
 
 

@@ -12,7 +12,15 @@ import json
 import pytest
 
 from bench import board as bench_board
-from bench.board import BUILD_FIELDS, SIM_FIELDS, ModelSpec, build_fields, predict
+from bench.board import (
+    BUILD_FIELDS,
+    SIM_FIELDS,
+    ModelSpec,
+    board_key,
+    build_fields,
+    predict,
+    variants,
+)
 from bench.common import write_json
 from hw.board.ecpix5 import ECPIX5
 from hw.config import AcceleratorConfig
@@ -23,6 +31,7 @@ from sim.board_memory import (
     board_cycles,
     controller_bits,
     speedgrade_trfc_ns,
+    timing_key,
 )
 
 
@@ -115,12 +124,13 @@ def test_build_fields_absent_and_present(tmp_path):
 
 
 def test_main_writes_the_record_and_page(tmp_path, capsys):
-    trfc = speedgrade_trfc_ns(ECPIX5)
-    narrow = ECPIX5.port_bits // 2
+    # the board's memory at half the beat's rate, the narrow port at a quarter, LiteDRAM's
+    # tRFC table at the beat's rate
+    (board_mem, board_trfc), (narrow, narrow_trfc), (native, table) = variants(ECPIX5)
     write_json(tmp_path / bench_board.MEMORY_FILE, {"ports": [
-        timing(ECPIX5.port_bits, BEAT / 2).to_dict(),
-        timing(narrow, BEAT / 4).to_dict(),
-        timing(controller_bits(ECPIX5), BEAT, trfc_ns=trfc).to_dict()]})
+        timing(board_mem, BEAT / 2, trfc_ns=board_trfc).to_dict(),
+        timing(narrow, BEAT / 4, trfc_ns=narrow_trfc).to_dict(),
+        timing(native, BEAT, trfc_ns=table).to_dict()]})
     out = tmp_path / "board.json"
     assert bench_board.main(["--models", "reference", "--context", "64", "--out", str(out),
                              "--docs", str(tmp_path / "docs"),
@@ -134,15 +144,16 @@ def test_main_writes_the_record_and_page(tmp_path, capsys):
     assert "none.json" in rec["build_source"]
     (m,) = rec["models"]
     by_memory = rec["predicted_tokens_per_s_by_memory"]
-    fast = f"{controller_bits(ECPIX5)}-trfc{trfc:g}ns"
-    assert set(by_memory) == {str(ECPIX5.port_bits), str(narrow), fast} == set(m["ports"])
+    board, quarter_key, fast = (timing_key(*v) for v in variants(ECPIX5))
+    assert rec["board_memory"] == board == board_key(ECPIX5)
+    assert set(by_memory) == {board, quarter_key, fast} == set(m["ports"])
     # at the beat's rate the board is the fast model; at half of it (the board's port) a beat
     # costs two cycles, at a quarter of it (the narrow port) four
     best = m["ports"][fast]
     assert by_memory[fast]["reference"] == best["fast_model_tokens_per_s"]
-    quarter = m["ports"][str(narrow)]
+    quarter = m["ports"][quarter_key]
     assert quarter["cycles"] == quarter["fast_model_cycles"] + 3 * quarter["dram_beats"]
-    p = m["ports"][str(ECPIX5.port_bits)]
+    p = m["ports"][board]
     assert rec["predicted_tokens_per_s"]["reference"] == pytest.approx(
         ECPIX5.sys_clk_hz / (p["fast_model_cycles"] + p["dram_beats"]), rel=1e-12)
     assert rec["provenance"]["config"] == rec["config"]

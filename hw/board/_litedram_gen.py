@@ -13,7 +13,9 @@ configuration :func:`hw.board.litedram.core_config` wrote, and writes into ``OUT
     ``litedram.init.get_sdram_phy_py_header``), LiteDRAM's DRAM initialisation sequence
     (``litedram.init.get_sdram_phy_init_sequence``: ``[comment, a, ba, cmd, delay]`` per
     step, ``cmd`` the C expression of the DFII command bits) and the PHY settings the read
-    leveling needs (what LiteX writes to the BIOS's ``sdram_phy.h``).
+    leveling needs (what LiteX writes to the BIOS's ``sdram_phy.h``), and the controller's
+    timings in ``sys`` cycles (``timing``: ``tREFI``, ``tRFC``, ... as LiteDRAM computed them
+    from the module class, :func:`hw.board.litedram.sdram_module_class`).
 
 LiteX is imported only here, in its own process: it prints its build log and keeps global
 state, which the caller does not want.
@@ -25,10 +27,11 @@ import json
 import re
 from pathlib import Path
 
+from hw.board.litedram import sdram_module_class
+
 
 def run(config_path: str, out_dir: str) -> None:
     """Generate the core of the configuration in ``config_path`` into ``out_dir``."""
-    from litedram import modules as litedram_modules
     from litedram import phy as litedram_phys
     from litedram.gen import LiteDRAMCore
     from litedram.init import get_sdram_phy_init_sequence, get_sdram_phy_py_header
@@ -38,7 +41,9 @@ def run(config_path: str, out_dir: str) -> None:
     config = json.loads(Path(config_path).read_text())
     core_config = dict(config)
     core_config["cpu"] = None
-    core_config["sdram_module"] = getattr(litedram_modules, config["sdram_module"])
+    core_config["sdram_module"] = sdram_module_class(config["sdram_module"],
+                                                     config.get("sdram_trfc_ns"))
+    core_config.pop("sdram_trfc_ns", None)
     core_config["sdram_phy"] = getattr(litedram_phys, config["sdram_phy"])
     for k in core_config:
         if "clk_freq" in k:
@@ -84,5 +89,8 @@ def run(config_path: str, out_dir: str) -> None:
             "cwl": phy.cwl,
         },
     }
+    # The controller's timings in sys cycles (what the generated Verilog counts).
+    init["timing"] = {k: v for k, v in vars(settings.timing).items()
+                      if k.startswith("t") and (v is None or isinstance(v, int))}
     (out / "init.json").write_text(json.dumps(init, indent=1) + "\n")
 

@@ -48,6 +48,11 @@ class Board:
         The oscillator, the controller and accelerator clock, LiteDRAM's initialisation clock.
     sdram_module, sdram_phy:
         LiteDRAM's names of the memory chip (``litedram.modules``) and of the PHY.
+    sdram_trfc_ns:
+        The chip's refresh cycle time tRFC (datasheet minimum, ns), given to the controller as a
+        time (None: LiteDRAM's table of the chip, which counts it in memory clocks of its
+        fastest speed grade and keeps that count at any clock, waiting longer than the chip
+        needs at a slower memory clock).
     dram_bytes:
         Memory size.
     port_bits:
@@ -66,6 +71,7 @@ class Board:
     init_clk_hz: float
     sdram_module: str
     sdram_phy: str
+    sdram_trfc_ns: float | None
     dram_bytes: int
     port_bits: int
     peak_bytes_per_sys_cycle: int
@@ -104,6 +110,8 @@ ECPIX5 = Board(
     init_clk_hz=25e6,
     sdram_module="MT41K256M16",
     sdram_phy="ECP5DDRPHY",
+    # MT41K256M16 (4 Gb) datasheet: tRFC(min) 260 ns; LiteDRAM's 208 clocks of DDR3-1600.
+    sdram_trfc_ns=260.0,
     dram_bytes=512 << 20,
     port_bits=128,
     peak_bytes_per_sys_cycle=8,

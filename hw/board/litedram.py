@@ -1,7 +1,8 @@
 """The board's DDR3 controller: LiteDRAM's generated core, instantiated from Amaranth.
 
 :func:`core_config` is LiteDRAM's generator configuration for a :class:`hw.board.ecpix5.Board`
-(every value from the board's facts): no CPU, DDR3, the board's memory chip and PHY, one x16
+(every value from the board's facts): no CPU, DDR3, the board's memory chip (its tRFC as a
+time, :attr:`~hw.board.ecpix5.Board.sdram_trfc_ns`: :func:`sdram_module_class`) and PHY, one x16
 chip (the data width follows from the chip's geometry and the board's DRAM size), the board's
 clocks, and two native user ports, ``accel`` (the accelerator, through the bridge) and
 ``host`` (the host link), of :attr:`~hw.board.ecpix5.Board.port_bits` bits addressed in words
@@ -73,8 +74,8 @@ from hw.board.native import NativePortSignature
 from hw.board.protocol import CSR_ADDR_BITS, CSR_DATA_BITS
 
 __all__ = ["MODULE", "USER_PORTS", "LITEDRAM_VERSION", "CACHE", "GeneratedCore",
-           "dram_data_bits", "core_config", "cache_key", "module_ports", "expected_ports",
-           "generate", "LiteDRAMCore"]
+           "dram_data_bits", "sdram_module_class", "core_config", "cache_key", "module_ports",
+           "expected_ports", "generate", "LiteDRAMCore"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Name of the generated Verilog module.
@@ -115,6 +116,37 @@ def dram_data_bits(board: Board) -> int:
     return bits
 
 
+def sdram_module_class(name: str, trfc_ns: float | None = None) -> type:
+    """LiteDRAM's module class ``litedram.modules.<name>``; with ``trfc_ns``, a subclass whose
+    every speed grade has the refresh cycle time tRFC as that time (``(None, trfc_ns)``:
+    LiteDRAM rounds it up to controller cycles at the clock the module is built for) instead
+    of the table's memory clocks (:attr:`hw.board.ecpix5.Board.sdram_trfc_ns`).
+
+    Raises ``ValueError`` for a name LiteDRAM does not have or a ``trfc_ns`` not > 0.
+
+    Examples
+    --------
+    >>> cls = sdram_module_class("MT41K256M16", 260.0)
+    >>> cls.__name__, cls.speedgrade_timings["default"].tRFC
+    ('MT41K256M16_tRFC260ns', (None, 260.0))
+    """
+    from litedram import modules
+    chip = getattr(modules, name, None)
+    if not (isinstance(chip, type) and issubclass(chip, modules.SDRAMModule)):
+        raise ValueError(f"sdram module {name!r} is not a LiteDRAM module")
+    if trfc_ns is None:
+        return chip
+    if isinstance(trfc_ns, bool) or not isinstance(trfc_ns, (int, float)) or not trfc_ns > 0:
+        raise ValueError(f"trfc_ns must be > 0, got {trfc_ns!r}")
+    timed = {}  # by the original's id: "default" stays the same object as its grade
+    for t in chip.speedgrade_timings.values():
+        fields = {k: getattr(t, k) for k in modules._speedgrade_timings}
+        timed.setdefault(id(t), modules._SpeedgradeTimings(**{**fields,
+                                                               "tRFC": (None, float(trfc_ns))}))
+    grades = {g: timed[id(t)] for g, t in chip.speedgrade_timings.items()}
+    return type(f"{name}_tRFC{trfc_ns:g}ns", (chip,), {"speedgrade_timings": grades})
+
+
 def core_config(board: Board = ECPIX5) -> dict:
     """LiteDRAM's generator configuration for ``board`` (``litedram_gen``'s YAML, as a dict).
 
@@ -132,6 +164,7 @@ def core_config(board: Board = ECPIX5) -> dict:
         "cpu": "None",
         "memtype": "DDR3",
         "sdram_module": board.sdram_module,
+        "sdram_trfc_ns": board.sdram_trfc_ns,
         "sdram_module_nb": dram_data_bits(board) // 8,
         "sdram_rank_nb": 1,
         "sdram_phy": board.sdram_phy,

@@ -15,6 +15,7 @@ from hw.board.ecpix5 import ECPIX5
 from hw.board.link import WishboneSignature
 from hw.board.litedram import MODULE, USER_PORTS, LiteDRAMCore
 from hw.board.native import NativePortSignature
+from sim.board_memory import refresh_cycles
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,7 @@ def test_config_comes_from_the_board():
     assert (cfg["input_clk_freq"], cfg["sys_clk_freq"], cfg["init_clk_freq"]) == (
         ECPIX5.input_clk_hz, ECPIX5.sys_clk_hz, ECPIX5.init_clk_hz)
     assert cfg["cpu"] == "None" and cfg["memtype"] == "DDR3"
+    assert cfg["sdram_trfc_ns"] == ECPIX5.sdram_trfc_ns
     assert cfg["user_ports"] == {name: {"type": "native", "data_width": ECPIX5.port_bits}
                                  for name in USER_PORTS}
     # MT41K256M16: 8 banks x 32768 rows x 1024 columns of 16 bits = the board's 512 MB.
@@ -67,6 +69,28 @@ def test_csr_map_and_init_sequence(core):
         "ECP5DDRPHY", 2, 8, 4)
     comments = [step[0] for step in core.init["sequence"]]
     assert comments[0] == "Release reset" and comments[-1] == "ZQ Calibration"
+
+
+def test_the_core_refreshes_with_the_chip_s_trfc_as_a_time(core):
+    """The generated controller waits the board's tRFC (a time), not LiteDRAM's table's clock
+    count, which at this board's slower memory clock is about twice as long."""
+    assert core.init["timing"]["tRFC"] == refresh_cycles(ECPIX5, ECPIX5.sdram_trfc_ns)[1]
+    assert core.init["timing"]["tREFI"] == refresh_cycles(ECPIX5)[0]
+    assert core.init["timing"]["tRFC"] < refresh_cycles(ECPIX5)[1]
+
+
+def test_module_class_with_trfc_as_a_time():
+    table = litedram.sdram_module_class(ECPIX5.sdram_module)
+    timed = litedram.sdram_module_class(ECPIX5.sdram_module, 260.0)
+    assert issubclass(timed, table) and timed.nrows == table.nrows
+    assert {g: t.tRFC for g, t in timed.speedgrade_timings.items()} == dict.fromkeys(
+        table.speedgrade_timings, (None, 260.0))
+    assert timed.speedgrade_timings["default"] is timed.speedgrade_timings["1600"]
+    for bad in (0, -1.0, True, "260"):
+        with pytest.raises(ValueError, match=f"trfc_ns must be > 0, got {bad!r}"):
+            litedram.sdram_module_class(ECPIX5.sdram_module, bad)
+    with pytest.raises(ValueError, match="'NO_SUCH_CHIP'"):
+        litedram.sdram_module_class("NO_SUCH_CHIP")
 
 
 def test_cache_is_reused_and_whole(core, tmp_path_factory):

@@ -64,6 +64,8 @@ def test_trfc_as_a_time_agrees_with_litedram_at_the_speedgrades_clock():
     fast = dataclasses.replace(ECPIX5, sys_clk_hz=400e6)
     trfc_ns = speedgrade_trfc_ns(fast)
     assert speedgrade_trfc_ns(ECPIX5) == trfc_ns  # a property of the chip, not the clock
+    # the board's datasheet figure is LiteDRAM's table's clocks at the speedgrade's clock
+    assert ECPIX5.sdram_trfc_ns == pytest.approx(trfc_ns, rel=1e-12)  # float division only
     assert 0 <= refresh_cycles(fast, trfc_ns)[1] - refresh_cycles(fast)[1] <= 1
     # at the board's slower clock the time is fewer cycles than LiteDRAM's clock count
     trefi, trfc = refresh_cycles(ECPIX5, trfc_ns)
