@@ -51,6 +51,7 @@ from hw.board.ecpix5 import ECPIX5
 from hw.cli import OneLineParser, command
 from hw.config import DENSE, WEIGHT_BITS, AcceleratorConfig, ConfigError, NMPattern
 from hw.format import FormatError, WeightFormat, stream_layout
+from hw.isa import INSTR_BYTES
 from hw.synth import synthesised_clock
 from sim.backends import BACKENDS, BOARD_BACKENDS, make_backend
 from sim.board import BoardLinkError
@@ -514,6 +515,9 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
     cycles = float(np.mean([s.cycles for s in dec]))
     dense_cycles = float(np.mean([s.cycles for s in dense]))
     host_unit = float(np.mean([s.host_unit_cycles for s in dec]))
+    bound = float(np.mean([sum(p.bound_cycles for p in s.programs) for s in dec]))
+    instr_bytes = float(np.mean([sum(exe.programs[p.program].instructions for p in s.programs)
+                                 for s in dec])) * INSTR_BYTES
     # On a board the clock is the board's (LiteDRAM's sys), whatever the accelerator alone reaches.
     synth = None if opts.backend in BOARD_BACKENDS else _synthesised_clock(cfg)
     rep = exe.report
@@ -532,13 +536,15 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
         "speedup_vs_dense": dense_cycles / cycles,
         "dense_int4_cycles_per_token": dense_cycles,
         "utilisation": float(np.mean([s.counter("mac_cycles") / s.cycles for s in dec])),
+        "programs_per_token": float(np.mean([len(s.programs) for s in dec])),
+        "instruction_bytes_per_token": instr_bytes,
         "host_transitions_per_token": float(np.mean([s.transitions for s in dec])),
         "host_unit_cycles_per_token_estimated": host_unit,
-        "host_wall_ms_per_token": 1e3 * float(np.mean([s.host_wall_s for s in dec])),
+        "host_ms_per_token": 1e3 * float(np.mean([s.host_wall_s for s in dec])),
         "dram_read_bytes_per_token": float(np.mean([s.counter("dram_read_beats")
                                                      for s in dec])) * cfg.beat_bytes,
-        "roofline_fraction": sum(p.bound_cycles for s in dec for p in s.programs)
-        / sum(s.cycles for s in dec),
+        "roofline_fraction": bound / cycles,
+        "roofline_fraction_end_to_end": bound / (cycles + host_unit),
         "prefill_cycles": gen.steps[0].cycles,
         "ppl_fp32": ppl.get("fp32"), "ppl_compressed": ppl.get("compressed"),
         "bits_per_weight": bits, "compress_s": compress_s,
@@ -601,11 +607,13 @@ def _markdown(r: dict, text: str, prompt_text: str) -> str:
         f"| speedup over dense INT4 on the same hardware | {r['speedup_vs_dense']:.2f}x |",
         f"| array utilisation (MAC cycles / cycles) | {r['utilisation']:.1%} |",
         f"| DRAM bytes read per token | {r['dram_read_bytes_per_token']:,.0f} |",
-        f"| roofline fraction | {r['roofline_fraction']:.1%} |",
-        f"| host <-> accelerator transitions per token | "
-        f"{r['host_transitions_per_token']:.0f} |",
+        f"| roofline fraction: accelerator programs / end to end (host work on chip, "
+        f"estimated) | {r['roofline_fraction']:.1%} / {r['roofline_fraction_end_to_end']:.1%} |",
+        f"| programs / host <-> accelerator transitions / instruction bytes per token | "
+        f"{r['programs_per_token']:.0f} / {r['host_transitions_per_token']:.0f} / "
+        f"{r['instruction_bytes_per_token']:,.0f} |",
         f"| host work per token: wall on this machine / estimated on-chip cycles | "
-        f"{r['host_wall_ms_per_token']:.2f} ms / "
+        f"{r['host_ms_per_token']:.2f} ms / "
         f"{r['host_unit_cycles_per_token_estimated']:,.0f} |",
         f"| compile (passes, planning, lowering) / capture | {r['compile_s']:.2f} s / "
         f"{r['capture_s']:.2f} s |", "",
@@ -639,7 +647,9 @@ def _print_summary(r: dict, text: str, prompt_text: str, log) -> None:
            f"{r['synthesised_clock']['fmax_mhz']:.1f} MHz)" if r["synthesised_clock"] else "")
         + f"; {r['speedup_vs_dense']:.2f}x dense INT4; utilisation {r['utilisation']:.1%}; "
         f"{r['dram_read_bytes_per_token']:,.0f} DRAM bytes/token; roofline "
-        f"{r['roofline_fraction']:.1%}; {r['host_transitions_per_token']:.0f} host transitions")
+        f"{r['roofline_fraction']:.1%} ({r['roofline_fraction_end_to_end']:.1%} end to end); "
+        f"{r['programs_per_token']:.0f} programs, {r['host_transitions_per_token']:.0f} host "
+        "transitions")
 
 
 # ---------------------------------------------------------------------- command line

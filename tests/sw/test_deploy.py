@@ -16,7 +16,9 @@ REPORT_FIELDS = {"model", "pattern", "bits", "group", "method", "backend", "prom
                  "new_tokens", "tokens_match_twin", "cycles_per_token", "tokens_per_s_sim",
                  "speedup_vs_dense", "host_transitions_per_token",
                  "dram_read_bytes_per_token", "roofline_fraction", "ppl_fp32",
-                 "ppl_compressed", "compile_s"}
+                 "ppl_compressed", "compile_s", "programs_per_token",
+                 "instruction_bytes_per_token", "host_ms_per_token",
+                 "roofline_fraction_end_to_end"}
 
 
 def test_deploy_reference_model(tmp_path, capsys):
@@ -39,6 +41,15 @@ def test_deploy_reference_model(tmp_path, capsys):
     assert report["speedup_vs_dense"] > 1.1
     assert 0 < report["roofline_fraction"] <= 1.0
     assert report["host_transitions_per_token"] == 2 * 6 * 4   # 6 programs per block, 4 blocks
+    assert report["programs_per_token"] == 6 * 4
+    # every decode program runs once per token; the step's programs hold all decode instructions
+    # but one copy per context bucket, so a token runs at most that many bytes
+    assert 0 < report["instruction_bytes_per_token"] <= report["instructions"] * 16
+    # the end-to-end fraction charges the host's work as time on top of the same bounds
+    assert report["roofline_fraction_end_to_end"] == pytest.approx(
+        report["roofline_fraction"] * report["cycles_per_token"]
+        / (report["cycles_per_token"] + report["host_unit_cycles_per_token_estimated"]),
+        rel=1e-12)  # the same float64 sums, regrouped
     for name in ("report.md", "roofline.png", "decode_trace.json", "executable.safetensors"):
         assert (out / name).stat().st_size > 100, name
     trace = json.loads((out / "decode_trace.json").read_text())
