@@ -28,7 +28,8 @@ time of the whole build). The work files (logs, netlists, nextpnr's reports) sta
 is cached: the same design files and tool options (the key) print the existing report at once,
 from the output folder or else from the work folder (``--force`` builds again).
 
-Exit status: 0 when every clock met on every seed, 1 when not, 2 for bad input.
+Exit status: 0 when every clock met on every seed, 1 when not or when a tool failed (one line
+naming its log), 2 for bad input.
 """
 
 from __future__ import annotations
@@ -376,9 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or ECPIX5.accelerator_config(cfg).fingerprint
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         ap.error(f"--name must be letters, digits, '.', '_' or '-', got {name!r}")
-    rep = build(cfg, name, seeds=seeds, out=Path(args.out) if args.out else None,
-                force=args.force, jobs=args.jobs, time_limit_min=args.time_limit,
-                progress_s=args.progress)
+    try:
+        rep = build(cfg, name, seeds=seeds, out=Path(args.out) if args.out else None,
+                    force=args.force, jobs=args.jobs, time_limit_min=args.time_limit,
+                    progress_s=args.progress)
+    except RuntimeError as e:  # a tool failed or was stopped: its log is named
+        print(f"hw.board.build: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
     return 0 if rep["seeds_met"] == len(rep["seeds"]) else 1
 
 

@@ -170,6 +170,17 @@ def test_exit_status_says_whether_every_seed_met(tmp_path, fake_tools, monkeypat
     assert (tmp_path / "bitstreams" / ECPIX5.name / name / "top.bit").exists()
 
 
+def test_every_seed_failing_is_one_line_and_exit_1(tmp_path, fake_tools, monkeypatch, capsys):
+    def failing(cmd, log, cwd, **kw):
+        raise RuntimeError(f"{Path(cmd[0]).name} failed (rc=1), log {log}:\nERROR: ...")
+    monkeypatch.setattr(board_build, "ROOT", tmp_path)
+    monkeypatch.setattr(board_build, "_run", failing)
+    assert board_build.main(["--progress", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hw.board.build: ") and err.count("\n") == 1 and "log" in err
+    assert not list(tmp_path.glob("bitstreams/*/*/top.bit"))
+
+
 def test_board_top_elaborates():
     """The top on the board's platform: LiteDRAM's Verilog among the files, the accelerator
     with the board's memory, the UART and DDR3 pins constrained."""
