@@ -246,13 +246,16 @@ def bias_to_acc_torch(bias: torch.Tensor, row_scale: torch.Tensor,
 
 
 def golden_linear_torch(x: torch.Tensor, w_int: torch.Tensor, row_scale: torch.Tensor,
-                        acc_bits: int = 32, bias: torch.Tensor | None = None) -> torch.Tensor:
+                        acc_bits: int = 32, bias: torch.Tensor | None = None,
+                        vector: bool = False) -> torch.Tensor:
     """Hardware-numerics linear layer in torch (for whole-model accuracy runs).
 
     ``w_int`` is ``QuantizedWeight.int_weight()`` cut to the original K (padding columns are
-    zero, so cutting them changes nothing); ``bias`` as in :func:`golden_linear`.
+    zero, so cutting them changes nothing); ``bias`` as in :func:`golden_linear`; with
+    ``vector`` the activations are requantised as the vector unit does it
+    (:func:`quantize_activations_vector_torch`).
     """
-    a, s_x = quantize_activations_torch(x)
+    a, s_x = (quantize_activations_vector_torch if vector else quantize_activations_torch)(x)
     acc = gemm_acc_torch(a, w_int, acc_bits)
     if bias is not None:
         acc = _wrap_torch(_wrap_torch(acc, 32) + bias_to_acc_torch(bias, row_scale, s_x), 32)
@@ -260,8 +263,11 @@ def golden_linear_torch(x: torch.Tensor, w_int: torch.Tensor, row_scale: torch.T
 
 
 # ---------------------------------------------------------------------- INT8 KV-cache attention
-def kv_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantise keys or values ``[B, KV, S, d]`` per position: int8 and scales ``[B, KV, S]``."""
+def kv_rows(x: torch.Tensor, vector: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise keys or values ``[B, KV, S, d]`` per position: int8 and scales ``[B, KV, S]``
+    (with ``vector``, as the vector unit requantises: :func:`quantize_activations_vector`)."""
+    if vector:
+        return quantize_activations_vector_torch(x)
     return quantize_activations_torch(x)
 
 
@@ -277,9 +283,11 @@ def ungroup_rows(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.reshape(b, heads, rows * kv // heads, n)
 
 
-def scores_prologue(q: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Queries ``[B, H, T, d]`` -> INT8 rows ``[B, KV, G*T, d]`` and scales ``[B, KV, G*T]``."""
-    return quantize_activations_torch(group_rows(q, kv_heads))
+def scores_prologue(q: torch.Tensor, kv_heads: int, vector: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries ``[B, H, T, d]`` -> INT8 rows ``[B, KV, G*T, d]`` and scales ``[B, KV, G*T]``
+    (with ``vector``, requantised by the vector unit)."""
+    return kv_rows(group_rows(q, kv_heads), vector)
 
 
 def scores_epilogue(acc: torch.Tensor, s_q: torch.Tensor, s_k: torch.Tensor,
@@ -289,10 +297,13 @@ def scores_epilogue(acc: torch.Tensor, s_q: torch.Tensor, s_k: torch.Tensor,
     return ungroup_rows(y, heads)
 
 
-def values_prologue(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def values_prologue(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
+                    vector: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Probabilities ``[B, H, T, S]`` times the value scales ``[B, KV, S]`` of their kv head,
-    as INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]``."""
+    as INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` (with ``vector``, in
+    integers on the vector unit: :func:`fold_values_vector`)."""
+    if vector:
+        return fold_values_vector(probs, s_v, kv_heads)
     folded = group_rows(probs, kv_heads) * s_v.unsqueeze(-2)
     return quantize_activations_torch(folded)
 
@@ -601,15 +612,19 @@ def vec_softmax(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
 def vec_requant(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-row symmetric INT8 requantisation of activations ``x [..., K]``, as the unit does it.
 
-    ``amax = max|x|`` per row; ``(r, sh) = vec_recip(amax)``; ``a = clip(round_shift(x * 127 *
-    r, sh), -127, 127)`` (product below 2**55): ``a ~= x * 127 / amax`` within 0.5 + 2**-12 * 127
-    codes. An all-zero row gives zeros and ``amax = 0``. Returns ``(int8 a, int64 amax)``; the
+    ``amax = max|x|`` per row; rows wider than the activation format (``amax >= 2**31``, up to
+    2**53: the attention's folded probabilities) are first shifted right (flooring) by ``s =
+    bitlen(amax) - 31``, else ``s = 0``; ``(r, sh) = vec_recip(amax >> s)``; ``a =
+    clip(round_shift((x >> s) * 127 * r, sh), -127, 127)`` (product below 2**55): ``a ~= x *
+    127 / amax`` within 0.5 + 2**-13 * 127 codes (plus 2**-30 * 127 from a shift). An all-zero
+    row gives zeros and ``amax = 0``. Returns ``(int8 a, int64 amax)``; the
     dequantisation scale is :func:`act_scale`.
     """
     x = np.asarray(x, dtype=np.int64)
     amax = np.abs(x).max(axis=-1)
-    r, sh = vec_recip(np.maximum(amax, 1))
-    a = round_shift(x * ACT_QMAX * r[..., None], sh[..., None])
+    s = np.maximum(0, _bit_length(amax) - (ACT_BITS - 1))[..., None]
+    r, sh = vec_recip(np.maximum(amax[..., None] >> s, 1))
+    a = round_shift((x >> s) * ACT_QMAX * r, sh)
     a = np.where(amax[..., None] > 0, np.clip(a, -ACT_QMAX, ACT_QMAX), 0)
     return a.astype(np.int8), amax
 
@@ -652,13 +667,16 @@ def from_fixed_torch(q: torch.Tensor, frac: int = ACT_FRAC) -> torch.Tensor:
 
 
 def round_shift_torch(v: torch.Tensor, s: torch.Tensor | int) -> torch.Tensor:
-    """Torch twin of :func:`round_shift`."""
-    s = torch.as_tensor(s, dtype=torch.int64, device=v.device).clamp(max=62)
+    """Torch twin of :func:`round_shift` (fewest passes: it is the twin's inner loop)."""
+    if isinstance(s, int):
+        s = min(s, 62)
+        return (v + (1 << (s - 1))) >> s if s > 0 else v << -s
+    s = s.clamp(max=62)
     pos = s.clamp(min=0)
-    one = torch.ones((), dtype=torch.int64, device=v.device)
-    bias = torch.where(pos > 0, one << (pos - 1).clamp(min=0), torch.zeros_like(one))
-    right = (v + bias) >> pos
-    return torch.where(s < 0, v << (-s).clamp(min=0), right)
+    right = (v + ((torch.ones_like(pos) << pos) >> 1)) >> pos  # 2**(s-1), 0 for s == 0
+    if bool((s < 0).any()):
+        return torch.where(s < 0, v << (-s).clamp(min=0), right)
+    return right
 
 
 def saturate_torch(v: torch.Tensor, bits: int = ACT_BITS) -> torch.Tensor:
@@ -784,8 +802,9 @@ def vec_softmax_torch(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 def vec_requant_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch twin of :func:`vec_requant`."""
     amax = x.abs().amax(dim=-1)
-    r, sh = vec_recip_torch(amax.clamp(min=1))
-    a = round_shift_torch(x * ACT_QMAX * r.unsqueeze(-1), sh.unsqueeze(-1))
+    s = (_bit_length_torch(amax) - (ACT_BITS - 1)).clamp(min=0).unsqueeze(-1)
+    r, sh = vec_recip_torch((amax.unsqueeze(-1) >> s).clamp(min=1))
+    a = round_shift_torch((x >> s) * ACT_QMAX * r, sh)
     a = torch.where(amax.unsqueeze(-1) > 0, a.clamp(-ACT_QMAX, ACT_QMAX), torch.zeros_like(a))
     return a.to(torch.int8), amax
 
@@ -802,3 +821,80 @@ def vec_argmax_torch(x: torch.Tensor) -> torch.Tensor:
     m = x.amax(dim=-1, keepdim=True)
     idx = torch.arange(x.shape[-1], device=x.device).expand_as(x)
     return torch.where(x == m, idx, torch.full_like(idx, x.shape[-1])).amin(dim=-1)
+
+
+# ------------------------------------------------- vector unit: the float interface
+# The model-level twin and the runtime hold activations as float32 tensors (the WIDE
+# epilogue's output). A vector op converts its float operands with to_fixed, computes
+# exactly, and returns from_fixed of the result: every value it writes is on the 2**-16 grid.
+def rms_norm_vector(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of the last dimension with the vector unit's numerics (:func:`vec_rmsnorm`;
+    the weight and epsilon as the unit holds them: :func:`norm_weight`, :func:`norm_eps`)."""
+    k = x.shape[-1]
+    y = vec_rmsnorm_torch(to_fixed_torch(x), norm_weight_torch(weight, k), norm_eps(eps, k))
+    return from_fixed_torch(y)
+
+
+def rope_vector(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding with the vector unit's numerics (:func:`vec_rope`; float tables in
+    fixed point by :func:`rope_table`)."""
+    return from_fixed_torch(vec_rope_torch(to_fixed_torch(x), rope_table_torch(cos),
+                                           rope_table_torch(sin)))
+
+
+def softmax_vector(scores: torch.Tensor, scale: float, mask: torch.Tensor) -> torch.Tensor:
+    """Attention softmax with the vector unit's numerics: ``z = scores * scale + mask`` in
+    float32 (the scale belongs to the scores' float epilogue, the additive mask only says
+    which positions are valid: finite ``z``), then :func:`vec_softmax` of ``to_fixed(z)``."""
+    z = scores * scale + mask
+    valid = torch.isfinite(z)
+    zero = torch.zeros((), dtype=z.dtype)
+    return from_fixed_torch(vec_softmax_torch(to_fixed_torch(torch.where(valid, z, zero)),
+                                              valid))
+
+
+def silu_gate_vector(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` with the vector unit's numerics (:func:`vec_silu_gate`)."""
+    return from_fixed_torch(vec_silu_gate_torch(to_fixed_torch(gate), to_fixed_torch(up)))
+
+
+def add_vector(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Residual addition with the vector unit's numerics (:func:`vec_add`)."""
+    return from_fixed_torch(vec_add_torch(to_fixed_torch(a), to_fixed_torch(b)))
+
+
+def quantize_activations_vector(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row INT8 requantisation as the vector unit does it: :func:`vec_requant` of
+    ``to_fixed(x)`` and the scale :func:`act_scale` (the drop-in for
+    :func:`quantize_activations`: ``int8 [T, K]``, ``float32 [T]``)."""
+    a, amax = vec_requant(to_fixed(x))
+    return a, act_scale(amax)
+
+
+def quantize_activations_vector_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of :func:`quantize_activations_vector` (any leading dims)."""
+    a, amax = vec_requant_torch(to_fixed_torch(x))
+    return a, act_scale_torch(amax)
+
+
+def fold_values_vector(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values prologue on the vector unit: probabilities ``[B, H, T, S]`` (on the 2**-16
+    grid) times the value rows' ``amax`` codes, requantised per row.
+
+    ``c = rint(float64(s_v) * 127 * 2**16)`` recovers each value row's integer ``amax``
+    (:func:`act_scale` inverted; exact below 2**23); ``w = to_fixed(p) * c`` exactly (below
+    2**47: ``p * s_v`` with 32 fraction bits, times 127); :func:`vec_requant` of ``w`` per
+    (head, token) row; the scale ``float32(amax_w / 127**2 * 2**-32)`` in float64. Returns
+    INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` as :func:`values_prologue`.
+    """
+    c = torch.round(s_v.to(torch.float64) * ACT_QMAX * 2.0 ** ACT_FRAC).to(torch.int64)
+    w = group_rows(to_fixed_torch(probs), kv_heads) * c.unsqueeze(-2)
+    a, amax = vec_requant_torch(w)
+    s = amax.to(torch.float64) / (ACT_QMAX * ACT_QMAX) * 2.0 ** (-2 * ACT_FRAC)
+    return a, torch.where(amax > 0, s, torch.ones_like(s)).to(torch.float32)
+
+
+__all__ += ["rms_norm_vector", "rope_vector", "softmax_vector", "silu_gate_vector",
+            "add_vector", "quantize_activations_vector", "quantize_activations_vector_torch",
+            "fold_values_vector"]
