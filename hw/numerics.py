@@ -325,7 +325,8 @@ ACT_FRAC = 16
 #: Activations are 32-bit words, saturated symmetrically (``-ACT_MAX`` .. ``ACT_MAX``).
 ACT_BITS = 32
 ACT_MAX = (1 << (ACT_BITS - 1)) - 1
-#: Fraction bits of the normalised row inside RMSNorm (``|x| / rms / sqrt(K) <= 1``).
+#: Fraction bits of values in [-1, 1] inside a composed op: RMSNorm's normalised row
+#: (``|x| / rms / sqrt(K) <= 1``) and the SiLU-gate's exp and sigmoid.
 NORM_FRAC = 30
 #: Fraction bits of the rotary cos / sin tables (1.0 = 2**14 fits a signed 16-bit word).
 ROPE_FRAC = 14
@@ -495,16 +496,17 @@ def vec_rsqrt(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return r, RSQRT_FRAC + e // 2
 
 
-def vec_exp(d: np.ndarray) -> np.ndarray:
+def vec_exp(d: np.ndarray, frac: int = ACT_FRAC) -> np.ndarray:
     """``exp(d)`` of non-positive activations ``d`` (``-2**32 < d <= 0``, 16 fraction bits),
-    in the activation format (so in [0, 2**16]).
+    with ``frac`` fraction bits (16: the activation format, in [0, 2**16]; the SiLU-gate uses
+    :data:`NORM_FRAC` = 30 to keep small results' precision).
 
     ``u = (d * LOG2E_Q) >> 16`` (flooring; ``d * log2(e)`` with 16 fraction bits, product
     below 2**50); ``k = u >> 16`` (<= 0) and ``f = u & 0xFFFF``; ``2**f`` from the table of
     2**LUT_BITS entries (:data:`EXP2_LUT`) at the top 6 bits of ``f`` and a linear step over
     the low 10 bits ``lo``: ``p = T + round_shift(T * lo * LN2_Q, 32)`` (in [2**16, 2**17));
-    then ``round_shift(p, -k)``. ``vec_exp(0) == 2**16`` exactly. Error: at most
-    ``2**-12 * exp(d) + 2**-16`` in real terms (constant quantisation, the interpolation's
+    then ``round_shift(p, 16 - frac - k)``. ``vec_exp(0) == 2**frac`` exactly. Error: at most
+    ``2**-12 * exp(d) + 2**-frac`` in real terms (constant quantisation, the interpolation's
     ``(ln2 * 2**-6)**2 / 2`` and the final rounding).
     """
     d = np.asarray(d, dtype=np.int64)
@@ -516,7 +518,7 @@ def vec_exp(d: np.ndarray) -> np.ndarray:
     lo_bits = ACT_FRAC - LUT_BITS
     t = EXP2_LUT[f >> lo_bits]
     p = t + round_shift(t * (f & ((1 << lo_bits) - 1)) * LN2_Q, ACT_FRAC + CONST_FRAC)
-    return round_shift(p, -k)
+    return round_shift(p, ACT_FRAC - frac - k)
 
 
 def rope_table(c: np.ndarray) -> np.ndarray:
@@ -539,19 +541,20 @@ def vec_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def vec_silu_gate(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     """SwiGLU's gate ``silu(g) * u`` of activations.
 
-    ``e = vec_exp(-|g|)``; ``s = 1 / (1 + e)`` as ``round_shift(r, sh - 32)`` with ``(r, sh) =
-    vec_recip(2**16 + e)`` (16 fraction bits, in [2**15, 2**16]); the sigmoid is ``s`` for
-    ``g >= 0`` and ``round_shift(e * s, 16)`` (= e / (1 + e), accurate relative to itself)
-    below; ``silu = round_shift(g * sigmoid, 16)`` (product below 2**48) and the result
-    ``vec_mul(silu, u)`` (product below 2**63). Error of the sigmoid below 2**-12 (exp and
-    reciprocal), plus the two roundings.
+    With 30 fraction bits (:data:`NORM_FRAC`) for the sigmoid: ``e = vec_exp(-|g|, 30)``;
+    ``s = 1 / (1 + e)`` as ``round_shift(r, sh - 60)`` with ``(r, sh) = vec_recip(2**30 + e)``
+    (in [2**29, 2**30]); the sigmoid is ``s`` for ``g >= 0`` and ``round_shift(e * s, 30)``
+    (= e / (1 + e), accurate relative to itself) below; ``silu = round_shift(g * sigmoid, 30)``
+    (products below 2**61) and the result ``vec_mul(silu, u)`` (product below 2**63). The
+    sigmoid is within 2**-12 of its value relatively (exp and reciprocal) plus 2**-30, then
+    the two roundings to the activation format.
     """
     g = np.asarray(g, dtype=np.int64)
-    e = vec_exp(-np.abs(g))
-    r, sh = vec_recip((1 << ACT_FRAC) + e)
-    s = round_shift(r, sh - 2 * ACT_FRAC)
-    sig = np.where(g >= 0, s, round_shift(e * s, ACT_FRAC))
-    return vec_mul(round_shift(g * sig, ACT_FRAC), u)
+    e = vec_exp(-np.abs(g), NORM_FRAC)
+    r, sh = vec_recip((1 << NORM_FRAC) + e)
+    s = round_shift(r, sh - 2 * NORM_FRAC)
+    sig = np.where(g >= 0, s, round_shift(e * s, NORM_FRAC))
+    return vec_mul(round_shift(g * sig, NORM_FRAC), u)
 
 
 def norm_weight(w: np.ndarray, k: int) -> np.ndarray:
@@ -737,7 +740,7 @@ def vec_rsqrt_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return r, RSQRT_FRAC + torch.div(e, 2, rounding_mode="floor")
 
 
-def vec_exp_torch(d: torch.Tensor) -> torch.Tensor:
+def vec_exp_torch(d: torch.Tensor, frac: int = ACT_FRAC) -> torch.Tensor:
     """Torch twin of :func:`vec_exp`."""
     if (d > 0).any():
         raise ValueError(f"exp of {int(d.max())} > 0: the unit takes max-subtracted operands")
@@ -747,7 +750,7 @@ def vec_exp_torch(d: torch.Tensor) -> torch.Tensor:
     lo_bits = ACT_FRAC - LUT_BITS
     t = _lut_t("exp2", EXP2_LUT, d.device)[f >> lo_bits]
     p = t + round_shift_torch(t * (f & ((1 << lo_bits) - 1)) * LN2_Q, ACT_FRAC + CONST_FRAC)
-    return round_shift_torch(p, -k)
+    return round_shift_torch(p, ACT_FRAC - frac - k)
 
 
 def rope_table_torch(c: torch.Tensor) -> torch.Tensor:
@@ -764,11 +767,11 @@ def vec_rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 
 def vec_silu_gate_torch(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Torch twin of :func:`vec_silu_gate`."""
-    e = vec_exp_torch(-g.abs())
-    r, sh = vec_recip_torch((1 << ACT_FRAC) + e)
-    s = round_shift_torch(r, sh - 2 * ACT_FRAC)
-    sig = torch.where(g >= 0, s, round_shift_torch(e * s, ACT_FRAC))
-    return vec_mul_torch(round_shift_torch(g * sig, ACT_FRAC), u)
+    e = vec_exp_torch(-g.abs(), NORM_FRAC)
+    r, sh = vec_recip_torch((1 << NORM_FRAC) + e)
+    s = round_shift_torch(r, sh - 2 * NORM_FRAC)
+    sig = torch.where(g >= 0, s, round_shift_torch(e * s, NORM_FRAC))
+    return vec_mul_torch(round_shift_torch(g * sig, NORM_FRAC), u)
 
 
 def norm_weight_torch(w: torch.Tensor, k: int) -> torch.Tensor:
