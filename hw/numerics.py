@@ -47,6 +47,14 @@ product (accelerator, or :func:`gemm_acc_torch` in the model-level twin) and an 
 (host: dequantise). The compiler's interpreter, the runtime and the model-level twin
 (:class:`sw.compress.attention.HardwareAttentionProducts`) all compose these functions, so they
 agree bit for bit.
+
+The vector unit (the last sections): exact integer semantics of the host ops of a step
+(reductions, exp, reciprocal, rsqrt, saturating add and multiply, RoPE, SiLU-gate, RMSNorm,
+softmax, INT8 requantisation, argmax) on Q15.16 activations, with table + Newton / table +
+linear-step units (:data:`RECIP_LUT`, :data:`RSQRT_LUT`, :data:`EXP2_LUT`), and their float
+interface (:func:`rms_norm_vector` ...) through which the twin (:mod:`sw.compress.vector`), the
+interpreter and the runtime use them (``vector=True``). docs/architecture.md, section 3, justifies
+the format.
 """
 
 from __future__ import annotations
