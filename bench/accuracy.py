@@ -23,8 +23,11 @@ pruning only (weights kept in float, rounded to FP16) by magnitude, Wanda and Sp
 combined with RTN and with GPTQ (``sparsegpt+rtn``: SparseGPT's float reconstruction then
 rounding; ``sparsegpt+gptq``: SparseGPT's joint mode, rounding inside the sweep); and the
 accelerator's exact numerics (:func:`sw.compress.model.use_hardware_numerics`) on the best 2:4 +
-W4 row (W4A8 linears, then also the INT8 attention / KV cache of the compiled model) and on
-symmetric dense W4 GPTQ (W4A8 linears). The head stays in float (the default skip of
+W4 row (W4A8 linears, then also the INT8 attention / KV cache of the compiled model, then also
+the vector unit's exact integer host ops: :mod:`sw.compress.vector`) and on symmetric dense W4
+GPTQ (W4A8 linears). The run prints the perplexity cost of the vector unit's numerics: the
+``hardware+vector`` row against the ``hardware+attention`` row (float host ops) of the same
+weights (:func:`vector_cost`). The head stays in float (the default skip of
 :func:`~sw.compress.model.compress_llama`, as in the GPTQ / SparseGPT / Wanda papers; SmolLM2
 ties it to the embedding, which therefore stays float too).
 
@@ -32,7 +35,8 @@ Record fields: ``model`` (``reference``, ``smollm2`` or the spec), ``method``, `
 ``quant`` (its two halves), ``pattern``, ``bits`` (32 fp32, 16 float pruned weights rounded to
 FP16, 4 INT4), ``group`` (0 when not quantised), ``symmetric``, ``numerics`` (``float``: the
 model with dequantised weights; ``hardware``: INT8 activations, integer accumulation;
-``hardware+attention``: also the INT8 attention products), ``perplexity``, ``nll``,
+``hardware+attention``: also the INT8 attention products; ``hardware+vector``: also the vector
+unit's numerics for every host op), ``perplexity``, ``nll``,
 ``top1_agreement``, ``kl``, ``max_kl``, ``seconds`` (whole-model compression wall time,
 calibration included; hardware rows reuse the weights of the float row and repeat its time),
 ``eval_seconds``, ``eval_tokens``, ``window_nll`` (mean NLL of each evaluation window, for
@@ -148,8 +152,10 @@ class Config:
     group : int
         Quantisation group (0 when not quantised).
     numerics : str
-        ``float``, ``hardware`` (W4A8 linears) or ``hardware+attention`` (and the INT8
-        attention products of the compiled model).
+        ``float``, ``hardware`` (W4A8 linears), ``hardware+attention`` (and the INT8
+        attention products of the compiled model) or ``hardware+vector`` (and the vector
+        unit's exact numerics for the host ops: RMSNorm, RoPE, softmax, SiLU-gate, residual
+        additions, INT8 requantisation).
     symmetric : bool
         Symmetric INT weights, or asymmetric with per-group zero points.
     """
@@ -167,7 +173,8 @@ class Config:
         q = "fp32" if self.bits == 32 else "fp16" if self.bits == 16 else \
             f"w{self.bits}g{self.group}"
         asym = "" if self.symmetric or self.bits >= 16 else " asym"
-        hw = {"float": "", "hardware": " hw", "hardware+attention": " hw+attn"}[self.numerics]
+        hw = {"float": "", "hardware": " hw", "hardware+attention": " hw+attn",
+              "hardware+vector": " hw+vec"}[self.numerics]
         return f"{self.method} {self.pattern} {q}{asym}{hw}"
 
     @property
@@ -203,14 +210,15 @@ def default_configs(group: int = 128, patterns: Sequence[str] = PRUNE_PATTERNS
 
 def hardware_configs(records: Sequence[dict], attention: bool = True) -> list[Config]:
     """Hardware-numerics rows: the best (lowest perplexity) 2:4 + W4 float row with W4A8
-    linears and, with ``attention``, also with the INT8 attention products; symmetric dense
-    GPTQ with W4A8 linears."""
+    linears and, with ``attention``, also with the INT8 attention products, then also with the
+    vector unit's host ops; symmetric dense GPTQ with W4A8 linears."""
     out = []
     sparse = [r for r in records if r["numerics"] == "float" and r["pattern"] == "2:4"
               and r["bits"] == 4]
     if sparse:
         best = min(sparse, key=lambda r: r["perplexity"])
-        kinds = ("hardware", "hardware+attention") if attention else ("hardware",)
+        kinds = (("hardware", "hardware+attention", "hardware+vector") if attention
+                 else ("hardware",))
         out += [Config(best["method"], "2:4", 4, best["group"], k,
                        best.get("symmetric", True)) for k in kinds]
     out += [Config("gptq", "dense", 4, r["group"], "hardware") for r in records
@@ -331,7 +339,7 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
     records: list[dict] = []
     weights_of: dict[Config, dict[str, QuantizedWeight]] = {}
     seconds_of: dict[Config, float] = {}
-    bar = tqdm(total=(len(configs) + (3 if hardware else 0)) * len(evals), desc="accuracy",
+    bar = tqdm(total=(len(configs) + (4 if hardware else 0)) * len(evals), desc="accuracy",
                disable=not progress)
 
     def record(cfg: Config, model: Callable[[torch.Tensor], torch.Tensor] | None,
@@ -366,7 +374,8 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
                 base = replace(hcfg, numerics="float")
                 model = use_hardware_numerics(
                     copy.deepcopy(reference), weights_of[base],
-                    attention=hcfg.numerics == "hardware+attention")
+                    attention=hcfg.numerics == "hardware+attention",
+                    vector=hcfg.numerics == "hardware+vector")
                 record(hcfg, model, seconds_of[base])
     finally:
         bar.close()
@@ -401,6 +410,78 @@ def format_table(records: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def vector_cost(records: Sequence[dict]) -> list[dict]:
+    """The perplexity cost of the vector unit's numerics: for every ``hardware+vector`` record,
+    the ``hardware+attention`` record of the same weights and evaluation (float host ops) and
+    ``relative = ppl(vector) / ppl(float host ops) - 1``."""
+    def key(r: dict) -> tuple:
+        return (r["method"], r["pattern"], r["bits"], r["group"], r.get("symmetric", True),
+                r.get("eval_corpus"))
+    host = {key(r): r for r in records if r["numerics"] == "hardware+attention"}
+    out = []
+    for r in records:
+        base = host.get(key(r)) if r["numerics"] == "hardware+vector" else None
+        if base is not None:
+            out.append({"method": r["method"], "pattern": r["pattern"],
+                        "eval_corpus": r.get("eval_corpus"),
+                        "perplexity_float_host": base["perplexity"],
+                        "perplexity_vector": r["perplexity"],
+                        "relative": r["perplexity"] / base["perplexity"] - 1})
+    return out
+
+
+def activation_ranges(model: torch.nn.Module, windows: torch.Tensor,
+                      batch: int = 16) -> dict[str, dict]:
+    """Magnitudes of the float model's operands of the vector unit on the first ``batch``
+    evaluation windows (the inputs ``windows[:, :-1]``): for each kind, ``max`` and ``median``
+    of ``|x|`` and the fraction of values at or beyond the activation format's saturation
+    (``ACT_MAX / 2**ACT_FRAC``) -- the ranges the fixed-point format must cover
+    (docs/architecture.md, section 3)."""
+    from hw.numerics import ACT_FRAC, ACT_MAX
+    from sw.models.llama import AttentionProducts, RMSNorm, Rotary, SiLUGate
+
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def keep(kind: str, t: torch.Tensor) -> None:
+        seen.setdefault(kind, []).append(t.detach().abs().flatten().float())
+
+    def hook(mod, args, out):
+        if isinstance(mod, RMSNorm):
+            keep("residual stream (norm input)", args[0])
+            keep("RMSNorm output", out)
+        elif isinstance(mod, Rotary):
+            keep("q, k after RoPE", out)
+        elif isinstance(mod, SiLUGate):
+            keep("gate, up (SiLU-gate inputs)", torch.cat([args[0], args[1]]))
+            keep("SiLU-gate output", out)
+        elif isinstance(mod, AttentionProducts):
+            q, k = args[0], args[1]
+            if mod.groups > 1:
+                k = k.repeat_interleave(mod.groups, dim=1)
+            scores = torch.matmul(q, k.transpose(-2, -1)) * mod.scale + args[3]
+            keep("scaled scores (softmax input)", scores[torch.isfinite(scores)])
+            keep("attention output", out)
+        elif mod is getattr(model, "lm_head", None):
+            keep("logits (argmax input)", out)
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (RMSNorm, Rotary, SiLUGate, AttentionProducts))
+               or m is getattr(model, "lm_head", None)]
+    try:
+        with torch.no_grad():
+            model(windows[:batch, :-1])
+    finally:
+        for h in handles:
+            h.remove()
+    limit = ACT_MAX / 2**ACT_FRAC
+    out = {}
+    for kind, parts in seen.items():
+        x = torch.cat(parts)
+        out[kind] = {"max": float(x.max()), "median": float(x.median()),
+                     "saturated": float((x >= limit).double().mean())}
+    return out
+
+
 def plot(records: Sequence[dict], path: Path, title: str = "Reference model",
          zoom_to: float = 1.10) -> Path:
     """Bar chart of perplexity per configuration, grouped by pattern / weights; fp32 line.
@@ -425,7 +506,8 @@ def plot(records: Sequence[dict], path: Path, title: str = "Reference model",
             continue
         w = "fp16" if r["bits"] == 16 else f"W{r['bits']} g{r['group']}" + \
             ("" if r.get("symmetric", True) else " asym")
-        hw = {"float": "", "hardware": "\nW4A8 hw", "hardware+attention": "\nW4A8 hw\n+INT8 attn"}
+        hw = {"float": "", "hardware": "\nW4A8 hw", "hardware+attention": "\nW4A8 hw\n+INT8 attn",
+              "hardware+vector": "\nW4A8 hw\n+vector unit"}
         key = f"{r['pattern']}\n{w}" + hw[r["numerics"]]
         groups.setdefault(key, []).append(r)
     fig, (ax, zoom) = plt.subplots(2, 1, figsize=(13, 8), sharex=True,
@@ -1036,6 +1118,16 @@ def main(argv: list[str] | None = None) -> int:
         r.update(benchmark_seconds=total, benchmark_cpu_seconds=cpu, load_seconds=t_load,
                  load_average_end=list(load))
     print(format_table(records))
+    if not args.no_hardware:
+        print(f"\noperand magnitudes of the vector unit (fp32 model, first "
+              f"{protocol.batch_size} evaluation windows of {protocol.corpus}):")
+        for kind, r in activation_ranges(reference, windows, protocol.batch_size).items():
+            print(f"  {kind:<30} max |x| {r['max']:10.4g}  median {r['median']:10.4g}  "
+                  f"saturated {r['saturated']:.2%}")
+    for c in vector_cost(records):
+        print(f"vector unit numerics ({c['method']} {c['pattern']}, {c['eval_corpus']}): "
+              f"perplexity {c['perplexity_vector']:.4f} vs {c['perplexity_float_host']:.4f} "
+              f"with float host ops, {c['relative']:+.3%} relative")
     print(f"\n{settings}\ntotal {total:.0f} s on {args.threads} threads (+{t_load:.0f} s "
           f"loading the model); {cpu:.0f} s of CPU time, load average at the end "
           f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")

@@ -47,6 +47,14 @@ product (accelerator, or :func:`gemm_acc_torch` in the model-level twin) and an 
 (host: dequantise). The compiler's interpreter, the runtime and the model-level twin
 (:class:`sw.compress.attention.HardwareAttentionProducts`) all compose these functions, so they
 agree bit for bit.
+
+The vector unit (the last sections): exact integer semantics of the host ops of a step
+(reductions, exp, reciprocal, rsqrt, saturating add and multiply, RoPE, SiLU-gate, RMSNorm,
+softmax, INT8 requantisation, argmax) on Q15.16 activations, with table + Newton / table +
+linear-step units (:data:`RECIP_LUT`, :data:`RSQRT_LUT`, :data:`EXP2_LUT`), and their float
+interface (:func:`rms_norm_vector` ...) through which the twin (:mod:`sw.compress.vector`), the
+interpreter and the runtime use them (``vector=True``). docs/architecture.md, section 3, justifies
+the format.
 """
 
 from __future__ import annotations
@@ -246,13 +254,16 @@ def bias_to_acc_torch(bias: torch.Tensor, row_scale: torch.Tensor,
 
 
 def golden_linear_torch(x: torch.Tensor, w_int: torch.Tensor, row_scale: torch.Tensor,
-                        acc_bits: int = 32, bias: torch.Tensor | None = None) -> torch.Tensor:
+                        acc_bits: int = 32, bias: torch.Tensor | None = None,
+                        vector: bool = False) -> torch.Tensor:
     """Hardware-numerics linear layer in torch (for whole-model accuracy runs).
 
     ``w_int`` is ``QuantizedWeight.int_weight()`` cut to the original K (padding columns are
-    zero, so cutting them changes nothing); ``bias`` as in :func:`golden_linear`.
+    zero, so cutting them changes nothing); ``bias`` as in :func:`golden_linear`; with
+    ``vector`` the activations are requantised as the vector unit does it
+    (:func:`quantize_activations_vector_torch`).
     """
-    a, s_x = quantize_activations_torch(x)
+    a, s_x = (quantize_activations_vector_torch if vector else quantize_activations_torch)(x)
     acc = gemm_acc_torch(a, w_int, acc_bits)
     if bias is not None:
         acc = _wrap_torch(_wrap_torch(acc, 32) + bias_to_acc_torch(bias, row_scale, s_x), 32)
@@ -260,8 +271,11 @@ def golden_linear_torch(x: torch.Tensor, w_int: torch.Tensor, row_scale: torch.T
 
 
 # ---------------------------------------------------------------------- INT8 KV-cache attention
-def kv_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantise keys or values ``[B, KV, S, d]`` per position: int8 and scales ``[B, KV, S]``."""
+def kv_rows(x: torch.Tensor, vector: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise keys or values ``[B, KV, S, d]`` per position: int8 and scales ``[B, KV, S]``
+    (with ``vector``, as the vector unit requantises: :func:`quantize_activations_vector`)."""
+    if vector:
+        return quantize_activations_vector_torch(x)
     return quantize_activations_torch(x)
 
 
@@ -277,9 +291,11 @@ def ungroup_rows(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.reshape(b, heads, rows * kv // heads, n)
 
 
-def scores_prologue(q: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Queries ``[B, H, T, d]`` -> INT8 rows ``[B, KV, G*T, d]`` and scales ``[B, KV, G*T]``."""
-    return quantize_activations_torch(group_rows(q, kv_heads))
+def scores_prologue(q: torch.Tensor, kv_heads: int, vector: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries ``[B, H, T, d]`` -> INT8 rows ``[B, KV, G*T, d]`` and scales ``[B, KV, G*T]``
+    (with ``vector``, requantised by the vector unit)."""
+    return kv_rows(group_rows(q, kv_heads), vector)
 
 
 def scores_epilogue(acc: torch.Tensor, s_q: torch.Tensor, s_k: torch.Tensor,
@@ -289,10 +305,13 @@ def scores_epilogue(acc: torch.Tensor, s_q: torch.Tensor, s_k: torch.Tensor,
     return ungroup_rows(y, heads)
 
 
-def values_prologue(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def values_prologue(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
+                    vector: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Probabilities ``[B, H, T, S]`` times the value scales ``[B, KV, S]`` of their kv head,
-    as INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]``."""
+    as INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` (with ``vector``, in
+    integers on the vector unit: :func:`fold_values_vector`)."""
+    if vector:
+        return fold_values_vector(probs, s_v, kv_heads)
     folded = group_rows(probs, kv_heads) * s_v.unsqueeze(-2)
     return quantize_activations_torch(folded)
 
@@ -301,3 +320,592 @@ def values_epilogue(acc: torch.Tensor, s_p: torch.Tensor, heads: int) -> torch.T
     """Integer outputs ``[B, KV, G*T, d]`` -> float32 ``[B, H, T, d]``."""
     ones = torch.ones(acc.shape[-1], dtype=torch.float32)
     return ungroup_rows(dequant_output_torch(acc, ones, s_p), heads)
+
+
+# ---------------------------------------------------------------------- vector unit
+# The host ops of a decode step (RMSNorm, RoPE, softmax, SiLU-gate, residual add, INT8
+# requantisation, argmax) in exact integer arithmetic: what the vector unit computes. Values
+# are two's complement integers in int64 containers; every intermediate fits int64 (stated
+# per function), so numpy and torch agree bit for bit. See docs/architecture.md, section 3.
+
+#: Fraction bits of the activation format: a value ``x`` is the integer ``rint(x * 2**16)``.
+ACT_FRAC = 16
+#: Activations are 32-bit words, saturated symmetrically (``-ACT_MAX`` .. ``ACT_MAX``).
+ACT_BITS = 32
+ACT_MAX = (1 << (ACT_BITS - 1)) - 1
+#: Fraction bits of values in [-1, 1] inside a composed op: RMSNorm's normalised row
+#: (``|x| / rms / sqrt(K) <= 1``) and the SiLU-gate's exp and sigmoid.
+NORM_FRAC = 30
+#: Fraction bits of the rotary cos / sin tables (1.0 = 2**14 fits a signed 16-bit word).
+ROPE_FRAC = 14
+#: Index bits of the reciprocal, rsqrt and exp2 lookup tables.
+LUT_BITS = 6
+#: Width of the normalised mantissa the reciprocal and rsqrt tables are indexed by.
+MANT_BITS = 16
+#: Fraction bits of the log2(e) constant of exp and of the ln(2) interpolation slope.
+CONST_FRAC = 16
+#: Reciprocal and rsqrt results carry this many significant bits (a value in (2**15, 2**16]).
+RECIP_FRAC = 2 * MANT_BITS - 1
+RSQRT_FRAC = MANT_BITS + MANT_BITS // 2 - 1
+#: Inputs of the reciprocal and rsqrt (and so of every reduction feeding them) stay below this.
+_EXACT = 1 << 53
+
+LOG2E_Q = int(np.rint(np.log2(np.e) * (1 << CONST_FRAC)))
+LN2_Q = int(np.rint(np.log(2.0) * (1 << CONST_FRAC)))
+#: ``RECIP_LUT[i] = rint(2**31 / m)``, ``m`` the midpoint of mantissa interval ``i`` of
+#: [2**15, 2**16).
+RECIP_LUT = np.rint(2.0 ** RECIP_FRAC / (
+    (2 ** LUT_BITS + np.arange(2 ** LUT_BITS) + 0.5) * 2.0 ** (MANT_BITS - 1 - LUT_BITS))
+).astype(np.int64)
+#: ``RSQRT_LUT[i] = rint(2**23 / sqrt(m))`` over the two octaves [2**14, 2**16).
+RSQRT_LUT = np.rint(2.0 ** RSQRT_FRAC / np.sqrt(
+    (2 ** (LUT_BITS - 1) + np.arange(3 * 2 ** (LUT_BITS - 1)) + 0.5)
+    * 2.0 ** (MANT_BITS - 1 - LUT_BITS))).astype(np.int64)
+#: ``EXP2_LUT[i] = rint(2**(i / 2**LUT_BITS) * 2**16)``: 2**f at the start of each interval.
+EXP2_LUT = np.rint(2.0 ** (np.arange(2 ** LUT_BITS) / 2 ** LUT_BITS) * (1 << ACT_FRAC)
+                   ).astype(np.int64)
+
+__all__ += [
+    "ACT_FRAC", "ACT_BITS", "ACT_MAX", "NORM_FRAC", "ROPE_FRAC", "LUT_BITS", "MANT_BITS",
+    "CONST_FRAC", "LOG2E_Q", "LN2_Q", "RECIP_LUT", "RSQRT_LUT", "EXP2_LUT",
+    "to_fixed", "from_fixed", "round_shift", "saturate", "vec_sum", "vec_sumsq", "vec_max",
+    "vec_add", "vec_mul", "vec_exp", "vec_recip", "vec_rsqrt", "vec_rope", "vec_silu_gate",
+    "norm_weight", "norm_eps", "vec_rmsnorm", "vec_softmax", "vec_requant", "act_scale",
+    "vec_argmax", "rope_table",
+    "to_fixed_torch", "from_fixed_torch", "round_shift_torch", "saturate_torch",
+    "vec_sumsq_torch", "vec_add_torch", "vec_mul_torch", "vec_exp_torch", "vec_recip_torch",
+    "vec_rsqrt_torch", "vec_rope_torch", "vec_silu_gate_torch", "norm_weight_torch",
+    "vec_rmsnorm_torch", "vec_softmax_torch", "vec_requant_torch", "act_scale_torch",
+    "vec_argmax_torch", "rope_table_torch",
+]
+
+
+def to_fixed(x: np.ndarray, frac: int = ACT_FRAC) -> np.ndarray:
+    """Float to the activation format: ``sat(rint(float64(x) * 2**frac))`` as int64.
+
+    The float64 product is exact (a power-of-two scale); ``rint`` rounds half to even;
+    saturation is to ``[-ACT_MAX, ACT_MAX]`` (also for infinities). NaN is an error.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if np.isnan(x).any():
+        raise ValueError("vector operand contains NaN")
+    return np.clip(np.rint(x * 2.0 ** frac), -ACT_MAX, ACT_MAX).astype(np.int64)
+
+
+def from_fixed(q: np.ndarray, frac: int = ACT_FRAC) -> np.ndarray:
+    """The activation format to float32: ``float32(q * 2**-frac)`` (float64 product, exact;
+    then rounded to nearest even float32: exact while ``|q| < 2**24``)."""
+    return (np.asarray(q, dtype=np.int64).astype(np.float64) * 2.0 ** -frac).astype(np.float32)
+
+
+def round_shift(v: np.ndarray, s: np.ndarray | int) -> np.ndarray:
+    """Rounding arithmetic right shift: ``(v + 2**(s-1)) >> s`` (round half up) for ``s > 0``,
+    ``v`` for ``s == 0``, ``v << -s`` for ``s < 0``; ``s`` is clamped to 62 (the result is then
+    0 for every ``|v| < 2**61``). ``v`` and the result are int64."""
+    v = np.asarray(v, dtype=np.int64)
+    s = np.minimum(np.asarray(s, dtype=np.int64), 62)
+    pos = np.maximum(s, 0)
+    bias = np.where(pos > 0, np.left_shift(np.int64(1), np.maximum(pos - 1, 0)), 0)
+    right = np.right_shift(v + bias, pos)
+    return np.where(s < 0, np.left_shift(v, np.maximum(-s, 0)), right)
+
+
+def saturate(v: np.ndarray, bits: int = ACT_BITS) -> np.ndarray:
+    """Symmetric saturation to ``[-(2**(bits-1) - 1), 2**(bits-1) - 1]`` (int64)."""
+    m = (1 << (bits - 1)) - 1
+    return np.clip(np.asarray(v, dtype=np.int64), -m, m)
+
+
+def vec_sum(x: np.ndarray) -> np.ndarray:
+    """Sum reduction of the last axis, exact in int64 (``K * ACT_MAX < 2**63`` for K < 2**32)."""
+    return np.asarray(x, dtype=np.int64).sum(axis=-1)
+
+
+def vec_max(x: np.ndarray) -> np.ndarray:
+    """Max reduction of the last axis (int64)."""
+    return np.asarray(x, dtype=np.int64).max(axis=-1)
+
+
+def vec_sumsq(x: np.ndarray, shift: np.ndarray | int) -> np.ndarray:
+    """Sum of squares of ``x >> shift`` (arithmetic, flooring; ``shift`` per row, broadcast
+    over the last axis) over the last axis, exact in int64 when every ``|x >> shift| <= 2**16``
+    and K < 2**30 (below 2**62)."""
+    y = np.right_shift(np.asarray(x, dtype=np.int64), np.asarray(shift, np.int64)[..., None])
+    return (y * y).sum(axis=-1)
+
+
+def vec_add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise ``sat32(a + b)``."""
+    return saturate(np.asarray(a, np.int64) + np.asarray(b, np.int64))
+
+
+def vec_mul(a: np.ndarray, b: np.ndarray, frac: int = ACT_FRAC) -> np.ndarray:
+    """Elementwise ``sat32(round_shift(a * b, frac))``: the product of a value with ``frac``
+    fraction bits and one in the activation format (exact 63-bit product for two 31-bit
+    magnitudes)."""
+    return saturate(round_shift(np.asarray(a, np.int64) * np.asarray(b, np.int64), frac))
+
+
+def _bit_length(x: np.ndarray) -> np.ndarray:
+    """Bit length of non-negative integers below 2**53 (frexp of the exact float64)."""
+    x = np.asarray(x, dtype=np.int64)
+    if (x < 0).any() or (x >= _EXACT).any():
+        raise ValueError(f"operand out of the table units' range [0, 2**53): "
+                         f"{int(x.min())}..{int(x.max())}")
+    return np.frexp(x.astype(np.float64))[1].astype(np.int64)
+
+
+def _normalise(x: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """``x >> e`` (flooring) for ``e >= 0``, ``x << -e`` otherwise."""
+    return np.where(e >= 0, np.right_shift(x, np.maximum(e, 0)),
+                    np.left_shift(x, np.maximum(-e, 0)))
+
+
+def vec_recip(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal of positive integers ``1 <= x < 2**53``: ``(r, sh)`` with ``1/x ~= r / 2**sh``.
+
+    Leading-one normalisation to a 16-bit mantissa ``m = x >> (n - 16)`` (flooring; ``x <<
+    (16 - n)`` for ``n < 16``, ``n`` the bit length, ``sh = n + 15``), a table of 2**LUT_BITS
+    entries indexed by the 6 bits after the leading one (:data:`RECIP_LUT`, the reciprocal
+    of the interval's midpoint) and one Newton step ``r = (r0 * (2**32 - m * r0)) >> 31``
+    (every product below 2**48). ``r`` is in (2**15, 2**16]; its relative error is below
+    2**-13 (table 2**-7.5 squared by Newton, plus the mantissa truncation and the flooring).
+    """
+    x = np.asarray(x, dtype=np.int64)
+    if (x < 1).any():
+        raise ValueError(f"reciprocal of {int(x.min())}: operands must be >= 1")
+    n = _bit_length(x)
+    m = _normalise(x, n - MANT_BITS)
+    r0 = RECIP_LUT[(m >> (MANT_BITS - 1 - LUT_BITS)) - 2 ** LUT_BITS]
+    r = (r0 * ((np.int64(1) << (RECIP_FRAC + 1)) - m * r0)) >> RECIP_FRAC
+    return r, n + RECIP_FRAC - MANT_BITS
+
+
+def vec_rsqrt(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal square root of positive integers ``1 <= x < 2**53``: ``(r, sh)`` with
+    ``1/sqrt(x) ~= r / 2**sh``.
+
+    Normalisation by an even shift ``e`` (``n - 16`` rounded up to even, ``n`` the bit
+    length) to ``m`` in [2**14, 2**16) (flooring right shift, or left shift), a table of
+    3 * 2**(LUT_BITS-1) entries over the two octaves (:data:`RSQRT_LUT`, at the midpoints)
+    indexed by ``(m >> 9) - 32``, and one Newton step ``t = (m * r0 * r0) >> 16``,
+    ``r = (r0 * (3 * 2**30 - t)) >> 31`` (products below 2**49); ``sh = 23 + e / 2``. ``r`` is
+    in (2**15, 2**16]; relative error below 2**-13.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    if (x < 1).any():
+        raise ValueError(f"rsqrt of {int(x.min())}: operands must be >= 1")
+    e = _bit_length(x) - MANT_BITS
+    e = e + (e & 1)
+    m = _normalise(x, e)
+    r0 = RSQRT_LUT[(m >> (MANT_BITS - 1 - LUT_BITS)) - 2 ** (LUT_BITS - 1)]
+    t = (m * r0 * r0) >> MANT_BITS
+    r = (r0 * ((3 << (2 * RSQRT_FRAC - MANT_BITS)) - t)) >> (2 * RSQRT_FRAC - MANT_BITS + 1)
+    return r, RSQRT_FRAC + e // 2
+
+
+def vec_exp(d: np.ndarray, frac: int = ACT_FRAC) -> np.ndarray:
+    """``exp(d)`` of non-positive activations ``d`` (``-2**32 < d <= 0``, 16 fraction bits),
+    with ``frac`` fraction bits (16: the activation format, in [0, 2**16]; the SiLU-gate uses
+    :data:`NORM_FRAC` = 30 to keep small results' precision).
+
+    ``u = (d * LOG2E_Q) >> 16`` (flooring; ``d * log2(e)`` with 16 fraction bits, product
+    below 2**50); ``k = u >> 16`` (<= 0) and ``f = u & 0xFFFF``; ``2**f`` from the table of
+    2**LUT_BITS entries (:data:`EXP2_LUT`) at the top 6 bits of ``f`` and a linear step over
+    the low 10 bits ``lo``: ``p = T + round_shift(T * lo * LN2_Q, 32)`` (in [2**16, 2**17));
+    then ``round_shift(p, 16 - frac - k)``. ``vec_exp(0) == 2**frac`` exactly. Error: at most
+    ``2**-12 * exp(d) + 2**-frac`` in real terms (constant quantisation, the interpolation's
+    ``(ln2 * 2**-6)**2 / 2`` and the final rounding).
+    """
+    d = np.asarray(d, dtype=np.int64)
+    if (d > 0).any():
+        raise ValueError(f"exp of {int(d.max())} > 0: the unit takes max-subtracted operands")
+    u = (d * LOG2E_Q) >> CONST_FRAC
+    k = u >> ACT_FRAC
+    f = u & ((1 << ACT_FRAC) - 1)
+    lo_bits = ACT_FRAC - LUT_BITS
+    t = EXP2_LUT[f >> lo_bits]
+    p = t + round_shift(t * (f & ((1 << lo_bits) - 1)) * LN2_Q, ACT_FRAC + CONST_FRAC)
+    return round_shift(p, ACT_FRAC - frac - k)
+
+
+def rope_table(c: np.ndarray) -> np.ndarray:
+    """A float rotary table (cos or sin) in fixed point: ``rint(float64(c) * 2**ROPE_FRAC)``."""
+    return np.rint(np.asarray(c, np.float64) * 2.0 ** ROPE_FRAC).astype(np.int64)
+
+
+def vec_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotary rotation of activations ``x [..., d]`` by fixed-point tables ``cos, sin [..., d]``
+    (:func:`rope_table`; the halves repeat the frequencies, HF's rotate_half pairing):
+    ``sat32(round_shift(x * cos + rot(x) * sin, ROPE_FRAC))`` with ``rot(x) = (-x2, x1)``
+    (exact: activations are symmetric); both products below 2**46, their sum exact."""
+    x = np.asarray(x, dtype=np.int64)
+    h = x.shape[-1] // 2
+    rot = np.concatenate((-x[..., h:], x[..., :h]), axis=-1)
+    return saturate(round_shift(x * np.asarray(cos, np.int64) + rot * np.asarray(sin, np.int64),
+                                ROPE_FRAC))
+
+
+def vec_silu_gate(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """SwiGLU's gate ``silu(g) * u`` of activations.
+
+    With 30 fraction bits (:data:`NORM_FRAC`) for the sigmoid: ``e = vec_exp(-|g|, 30)``;
+    ``s = 1 / (1 + e)`` as ``round_shift(r, sh - 60)`` with ``(r, sh) = vec_recip(2**30 + e)``
+    (in [2**29, 2**30]); the sigmoid is ``s`` for ``g >= 0`` and ``round_shift(e * s, 30)``
+    (= e / (1 + e), accurate relative to itself) below; ``silu = round_shift(g * sigmoid, 30)``
+    (products below 2**61) and the result ``vec_mul(silu, u)`` (product below 2**63). The
+    sigmoid is within 2**-12 of its value relatively (exp and reciprocal) plus 2**-30, then
+    the two roundings to the activation format.
+    """
+    g = np.asarray(g, dtype=np.int64)
+    e = vec_exp(-np.abs(g), NORM_FRAC)
+    r, sh = vec_recip((1 << NORM_FRAC) + e)
+    s = round_shift(r, sh - 2 * NORM_FRAC)
+    sig = np.where(g >= 0, s, round_shift(e * s, NORM_FRAC))
+    return vec_mul(round_shift(g * sig, NORM_FRAC), u)
+
+
+def norm_weight(w: np.ndarray, k: int) -> np.ndarray:
+    """An RMSNorm weight as the vector unit holds it: ``rint(float64(w) * sqrt(k) * 2**16)``
+    (the norm's ``sqrt(K)`` folded in, so the unit never divides by K), int64."""
+    return np.rint(np.asarray(w, np.float64) * np.sqrt(np.float64(k)) * 2.0 ** ACT_FRAC
+                   ).astype(np.int64)
+
+
+def norm_eps(eps: float, k: int) -> int:
+    """RMSNorm's epsilon as the vector unit holds it: ``rint(eps * k * 2**32)`` (in units of a
+    sum of squares of activations, ``K`` times ``eps`` at 2 * 16 fraction bits)."""
+    return int(np.rint(np.float64(eps) * k * 2.0 ** (2 * ACT_FRAC)))
+
+
+def vec_rmsnorm(x: np.ndarray, w: np.ndarray, eps: int) -> np.ndarray:
+    """RMSNorm of activations ``x [..., K]`` with a unit weight ``w [K]`` (:func:`norm_weight`)
+    and epsilon ``eps`` (:func:`norm_eps`).
+
+    Per row: ``s = max(0, bitlen(max|x|) - 17)`` so that every ``|x >> s| < 2**17`` (the sum
+    of squares stays below 2**53 for K < 2**19);
+    ``ss = vec_sumsq(x, s) + (eps >> 2s)`` (flooring); ``(r, sh) = vec_rsqrt(ss)`` (``ss = 0``,
+    an all-zero row with ``eps = 0``, gives zeros); the normalised row ``n = round_shift(x * r,
+    sh + s - NORM_FRAC)`` (= ``x / sqrt(mean(x**2) + eps) / sqrt(K)`` with 30 fraction bits,
+    ``|n| <= 2**30``; product below 2**48) and ``sat32(round_shift(n * w, NORM_FRAC))``
+    (product below 2**63 for ``|w| < 2**32``). Relative error below 2**-12 plus half an output
+    unit.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    amax = np.abs(x).max(axis=-1)
+    s = np.maximum(0, _bit_length(amax) - (ACT_FRAC + 1))
+    ss = vec_sumsq(x, s) + np.right_shift(np.int64(eps), 2 * s)
+    r, sh = vec_rsqrt(np.maximum(ss, 1))
+    r = np.where(ss > 0, r, 0)
+    n = round_shift(x * r[..., None], (sh + s - NORM_FRAC)[..., None])
+    return saturate(round_shift(n * np.asarray(w, np.int64), NORM_FRAC))
+
+
+def vec_softmax(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Softmax of activations ``x [..., S]`` over the ``valid`` positions (the mask: the others
+    get 0), in the activation format (probabilities with 16 fraction bits, in [0, 2**16]).
+
+    ``m = max(x[valid])``; ``e = vec_exp(x - m)`` (0 where not valid; the max's is exactly
+    2**16); ``S = vec_sum(e)`` (>= 2**16, below 2**53 for S < 2**36 positions); ``(r, sh) =
+    vec_recip(S)``; ``p = round_shift(e * r, sh - 16)`` (product below 2**34). A row with no
+    valid position is all zeros. Each ``p`` is within ``2**-11 * p + 2**-15`` of the exact
+    softmax of ``x``'s real values (exp and reciprocal errors, roundings).
+    """
+    x = np.asarray(x, dtype=np.int64)
+    valid = np.asarray(valid, dtype=bool)
+    m = np.where(valid, x, -ACT_MAX).max(axis=-1, keepdims=True)
+    e = np.where(valid, vec_exp(np.where(valid, x - m, 0)), 0)
+    total = vec_sum(e)[..., None]
+    r, sh = vec_recip(np.maximum(total, 1))
+    return np.where(total > 0, round_shift(e * r, sh - ACT_FRAC), 0)
+
+
+def vec_requant(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row symmetric INT8 requantisation of activations ``x [..., K]``, as the unit does it.
+
+    ``amax = max|x|`` per row; rows wider than the activation format (``amax >= 2**31``, up to
+    2**53: the attention's folded probabilities) are first shifted right (flooring) by ``s =
+    bitlen(amax) - 31``, else ``s = 0``; ``(r, sh) = vec_recip(amax >> s)``; ``a =
+    clip(round_shift((x >> s) * 127 * r, sh), -127, 127)`` (product below 2**55): ``a ~= x *
+    127 / amax`` within 0.5 + 2**-13 * 127 codes (plus 2**-30 * 127 from a shift). An all-zero
+    row gives zeros and ``amax = 0``. Returns ``(int8 a, int64 amax)``; the
+    dequantisation scale is :func:`act_scale`.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    amax = np.abs(x).max(axis=-1)
+    s = np.maximum(0, _bit_length(amax) - (ACT_BITS - 1))[..., None]
+    r, sh = vec_recip(np.maximum(amax[..., None] >> s, 1))
+    a = round_shift((x >> s) * ACT_QMAX * r, sh)
+    a = np.where(amax[..., None] > 0, np.clip(a, -ACT_QMAX, ACT_QMAX), 0)
+    return a.astype(np.int8), amax
+
+
+def act_scale(amax: np.ndarray, frac: int = ACT_FRAC) -> np.ndarray:
+    """The float32 dequantisation scale of a requantised row (the WIDE epilogue's ``s_x``):
+    ``float32(amax / 127 * 2**-frac)`` evaluated in float64 (1 for an all-zero row)."""
+    amax = np.asarray(amax, dtype=np.int64).astype(np.float64)
+    s = amax / ACT_QMAX * 2.0 ** -frac
+    return np.where(amax > 0, s, 1.0).astype(np.float32)
+
+
+def vec_argmax(x: np.ndarray) -> np.ndarray:
+    """Index of the maximum of the last axis; ties go to the lowest index (int64)."""
+    return np.argmax(np.asarray(x, dtype=np.int64), axis=-1).astype(np.int64)
+
+
+# ------------------------------------------------- vector unit: torch twin (bit-identical)
+_LUTS_T: dict[str, torch.Tensor] = {}
+
+
+def _lut_t(name: str, table: np.ndarray, device: torch.device) -> torch.Tensor:
+    key = f"{name}:{device}"
+    if key not in _LUTS_T:
+        _LUTS_T[key] = torch.from_numpy(table).to(device)
+    return _LUTS_T[key]
+
+
+def to_fixed_torch(x: torch.Tensor, frac: int = ACT_FRAC) -> torch.Tensor:
+    """Torch twin of :func:`to_fixed` (int64)."""
+    x = x.to(torch.float64)
+    if torch.isnan(x).any():
+        raise ValueError("vector operand contains NaN")
+    return torch.clamp(torch.round(x * 2.0 ** frac), -ACT_MAX, ACT_MAX).to(torch.int64)
+
+
+def from_fixed_torch(q: torch.Tensor, frac: int = ACT_FRAC) -> torch.Tensor:
+    """Torch twin of :func:`from_fixed` (float32)."""
+    return (q.to(torch.float64) * 2.0 ** -frac).to(torch.float32)
+
+
+def round_shift_torch(v: torch.Tensor, s: torch.Tensor | int) -> torch.Tensor:
+    """Torch twin of :func:`round_shift` (fewest passes: it is the twin's inner loop)."""
+    if isinstance(s, int):
+        s = min(s, 62)
+        return (v + (1 << (s - 1))) >> s if s > 0 else v << -s
+    s = s.clamp(max=62)
+    pos = s.clamp(min=0)
+    right = (v + ((torch.ones_like(pos) << pos) >> 1)) >> pos  # 2**(s-1), 0 for s == 0
+    if bool((s < 0).any()):
+        return torch.where(s < 0, v << (-s).clamp(min=0), right)
+    return right
+
+
+def saturate_torch(v: torch.Tensor, bits: int = ACT_BITS) -> torch.Tensor:
+    """Torch twin of :func:`saturate`."""
+    m = (1 << (bits - 1)) - 1
+    return v.clamp(-m, m)
+
+
+def vec_sumsq_torch(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`vec_sumsq`."""
+    y = x >> shift.unsqueeze(-1)
+    return (y * y).sum(dim=-1)
+
+
+def vec_add_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`vec_add`."""
+    return saturate_torch(a + b)
+
+
+def vec_mul_torch(a: torch.Tensor, b: torch.Tensor, frac: int = ACT_FRAC) -> torch.Tensor:
+    """Torch twin of :func:`vec_mul`."""
+    return saturate_torch(round_shift_torch(a * b, frac))
+
+
+def _bit_length_torch(x: torch.Tensor) -> torch.Tensor:
+    if (x < 0).any() or (x >= _EXACT).any():
+        raise ValueError(f"operand out of the table units' range [0, 2**53): "
+                         f"{int(x.min())}..{int(x.max())}")
+    return torch.frexp(x.to(torch.float64))[1].to(torch.int64)
+
+
+def _normalise_torch(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    return torch.where(e >= 0, x >> e.clamp(min=0), x << (-e).clamp(min=0))
+
+
+def vec_recip_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of :func:`vec_recip`."""
+    if (x < 1).any():
+        raise ValueError(f"reciprocal of {int(x.min())}: operands must be >= 1")
+    n = _bit_length_torch(x)
+    m = _normalise_torch(x, n - MANT_BITS)
+    r0 = _lut_t("recip", RECIP_LUT, x.device)[(m >> (MANT_BITS - 1 - LUT_BITS)) - 2 ** LUT_BITS]
+    r = (r0 * ((1 << (RECIP_FRAC + 1)) - m * r0)) >> RECIP_FRAC
+    return r, n + RECIP_FRAC - MANT_BITS
+
+
+def vec_rsqrt_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of :func:`vec_rsqrt`."""
+    if (x < 1).any():
+        raise ValueError(f"rsqrt of {int(x.min())}: operands must be >= 1")
+    e = _bit_length_torch(x) - MANT_BITS
+    e = e + (e & 1)
+    m = _normalise_torch(x, e)
+    lut = _lut_t("rsqrt", RSQRT_LUT, x.device)
+    r0 = lut[(m >> (MANT_BITS - 1 - LUT_BITS)) - 2 ** (LUT_BITS - 1)]
+    t = (m * r0 * r0) >> MANT_BITS
+    r = (r0 * ((3 << (2 * RSQRT_FRAC - MANT_BITS)) - t)) >> (2 * RSQRT_FRAC - MANT_BITS + 1)
+    return r, RSQRT_FRAC + torch.div(e, 2, rounding_mode="floor")
+
+
+def vec_exp_torch(d: torch.Tensor, frac: int = ACT_FRAC) -> torch.Tensor:
+    """Torch twin of :func:`vec_exp`."""
+    if (d > 0).any():
+        raise ValueError(f"exp of {int(d.max())} > 0: the unit takes max-subtracted operands")
+    u = (d * LOG2E_Q) >> CONST_FRAC
+    k = u >> ACT_FRAC
+    f = u & ((1 << ACT_FRAC) - 1)
+    lo_bits = ACT_FRAC - LUT_BITS
+    t = _lut_t("exp2", EXP2_LUT, d.device)[f >> lo_bits]
+    p = t + round_shift_torch(t * (f & ((1 << lo_bits) - 1)) * LN2_Q, ACT_FRAC + CONST_FRAC)
+    return round_shift_torch(p, ACT_FRAC - frac - k)
+
+
+def rope_table_torch(c: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`rope_table`."""
+    return torch.round(c.to(torch.float64) * 2.0 ** ROPE_FRAC).to(torch.int64)
+
+
+def vec_rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`vec_rope`."""
+    h = x.shape[-1] // 2
+    rot = torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+    return saturate_torch(round_shift_torch(x * cos + rot * sin, ROPE_FRAC))
+
+
+def vec_silu_gate_torch(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`vec_silu_gate`."""
+    e = vec_exp_torch(-g.abs(), NORM_FRAC)
+    r, sh = vec_recip_torch((1 << NORM_FRAC) + e)
+    s = round_shift_torch(r, sh - 2 * NORM_FRAC)
+    sig = torch.where(g >= 0, s, round_shift_torch(e * s, NORM_FRAC))
+    return vec_mul_torch(round_shift_torch(g * sig, NORM_FRAC), u)
+
+
+def norm_weight_torch(w: torch.Tensor, k: int) -> torch.Tensor:
+    """Torch twin of :func:`norm_weight`."""
+    return torch.round(w.detach().to(torch.float64) * float(np.sqrt(np.float64(k)))
+                       * 2.0 ** ACT_FRAC).to(torch.int64)
+
+
+def vec_rmsnorm_torch(x: torch.Tensor, w: torch.Tensor, eps: int) -> torch.Tensor:
+    """Torch twin of :func:`vec_rmsnorm`."""
+    amax = x.abs().amax(dim=-1)
+    s = (_bit_length_torch(amax) - (ACT_FRAC + 1)).clamp(min=0)
+    ss = vec_sumsq_torch(x, s) + (torch.full_like(s, eps) >> (2 * s))
+    r, sh = vec_rsqrt_torch(ss.clamp(min=1))
+    r = torch.where(ss > 0, r, torch.zeros_like(r))
+    n = round_shift_torch(x * r.unsqueeze(-1), (sh + s - NORM_FRAC).unsqueeze(-1))
+    return saturate_torch(round_shift_torch(n * w, NORM_FRAC))
+
+
+def vec_softmax_torch(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`vec_softmax`."""
+    neg = torch.full_like(x, -ACT_MAX)
+    m = torch.where(valid, x, neg).amax(dim=-1, keepdim=True)
+    zero = torch.zeros_like(x)
+    e = torch.where(valid, vec_exp_torch(torch.where(valid, x - m, zero)), zero)
+    total = e.sum(dim=-1, keepdim=True)
+    r, sh = vec_recip_torch(total.clamp(min=1))
+    return torch.where(total > 0, round_shift_torch(e * r, sh - ACT_FRAC), zero)
+
+
+def vec_requant_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of :func:`vec_requant`."""
+    amax = x.abs().amax(dim=-1)
+    s = (_bit_length_torch(amax) - (ACT_BITS - 1)).clamp(min=0).unsqueeze(-1)
+    r, sh = vec_recip_torch((amax.unsqueeze(-1) >> s).clamp(min=1))
+    a = round_shift_torch((x >> s) * ACT_QMAX * r, sh)
+    a = torch.where(amax.unsqueeze(-1) > 0, a.clamp(-ACT_QMAX, ACT_QMAX), torch.zeros_like(a))
+    return a.to(torch.int8), amax
+
+
+def act_scale_torch(amax: torch.Tensor, frac: int = ACT_FRAC) -> torch.Tensor:
+    """Torch twin of :func:`act_scale`."""
+    a = amax.to(torch.float64)
+    s = a / ACT_QMAX * 2.0 ** -frac
+    return torch.where(a > 0, s, torch.ones_like(s)).to(torch.float32)
+
+
+def vec_argmax_torch(x: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`vec_argmax` (ties: lowest index, made explicit)."""
+    m = x.amax(dim=-1, keepdim=True)
+    idx = torch.arange(x.shape[-1], device=x.device).expand_as(x)
+    return torch.where(x == m, idx, torch.full_like(idx, x.shape[-1])).amin(dim=-1)
+
+
+# ------------------------------------------------- vector unit: the float interface
+# The model-level twin and the runtime hold activations as float32 tensors (the WIDE
+# epilogue's output). A vector op converts its float operands with to_fixed, computes
+# exactly, and returns from_fixed of the result: every value it writes is on the 2**-16 grid.
+def rms_norm_vector(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of the last dimension with the vector unit's numerics (:func:`vec_rmsnorm`;
+    the weight and epsilon as the unit holds them: :func:`norm_weight`, :func:`norm_eps`)."""
+    k = x.shape[-1]
+    y = vec_rmsnorm_torch(to_fixed_torch(x), norm_weight_torch(weight, k), norm_eps(eps, k))
+    return from_fixed_torch(y)
+
+
+def rope_vector(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding with the vector unit's numerics (:func:`vec_rope`; float tables in
+    fixed point by :func:`rope_table`)."""
+    return from_fixed_torch(vec_rope_torch(to_fixed_torch(x), rope_table_torch(cos),
+                                           rope_table_torch(sin)))
+
+
+def softmax_vector(scores: torch.Tensor, scale: float, mask: torch.Tensor) -> torch.Tensor:
+    """Attention softmax with the vector unit's numerics: ``z = scores * scale + mask`` in
+    float32 (the scale belongs to the scores' float epilogue, the additive mask only says
+    which positions are valid: finite ``z``), then :func:`vec_softmax` of ``to_fixed(z)``."""
+    z = scores * scale + mask
+    valid = torch.isfinite(z)
+    zero = torch.zeros((), dtype=z.dtype)
+    return from_fixed_torch(vec_softmax_torch(to_fixed_torch(torch.where(valid, z, zero)),
+                                              valid))
+
+
+def silu_gate_vector(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` with the vector unit's numerics (:func:`vec_silu_gate`)."""
+    return from_fixed_torch(vec_silu_gate_torch(to_fixed_torch(gate), to_fixed_torch(up)))
+
+
+def add_vector(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Residual addition with the vector unit's numerics (:func:`vec_add`)."""
+    return from_fixed_torch(vec_add_torch(to_fixed_torch(a), to_fixed_torch(b)))
+
+
+def quantize_activations_vector(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row INT8 requantisation as the vector unit does it: :func:`vec_requant` of
+    ``to_fixed(x)`` and the scale :func:`act_scale` (the drop-in for
+    :func:`quantize_activations`: ``int8 [T, K]``, ``float32 [T]``)."""
+    a, amax = vec_requant(to_fixed(x))
+    return a, act_scale(amax)
+
+
+def quantize_activations_vector_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of :func:`quantize_activations_vector` (any leading dims)."""
+    a, amax = vec_requant_torch(to_fixed_torch(x))
+    return a, act_scale_torch(amax)
+
+
+def fold_values_vector(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values prologue on the vector unit: probabilities ``[B, H, T, S]`` (on the 2**-16
+    grid) times the value rows' ``amax`` codes, requantised per row.
+
+    ``c = rint(float64(s_v) * 127 * 2**16)`` recovers each value row's integer ``amax``
+    (:func:`act_scale` inverted; exact below 2**23); ``w = to_fixed(p) * c`` exactly (below
+    2**47: ``p * s_v`` with 32 fraction bits, times 127); :func:`vec_requant` of ``w`` per
+    (head, token) row; the scale ``float32(amax_w / 127**2 * 2**-32)`` in float64. Returns
+    INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` as :func:`values_prologue`.
+    """
+    c = torch.round(s_v.to(torch.float64) * ACT_QMAX * 2.0 ** ACT_FRAC).to(torch.int64)
+    w = group_rows(to_fixed_torch(probs), kv_heads) * c.unsqueeze(-2)
+    a, amax = vec_requant_torch(w)
+    s = amax.to(torch.float64) / (ACT_QMAX * ACT_QMAX) * 2.0 ** (-2 * ACT_FRAC)
+    return a, torch.where(amax > 0, s, torch.ones_like(s)).to(torch.float32)
+
+
+__all__ += ["rms_norm_vector", "rope_vector", "softmax_vector", "silu_gate_vector",
+            "add_vector", "quantize_activations_vector", "quantize_activations_vector_torch",
+            "fold_values_vector"]

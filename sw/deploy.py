@@ -105,6 +105,7 @@ class DeployOptions:
     calib: int = 32
     calib_domain: str = corpus.CODE
     eval_tokens: int = 8192
+    vector_numerics: bool = False
     out: str = "build/deploy"
     quiet: bool = False
 
@@ -180,6 +181,10 @@ def _parser() -> argparse.ArgumentParser:
                          f"(default: {d.calib_domain})")
     ap.add_argument("--eval-tokens", type=int, default=d.eval_tokens, help="held-out tokens for "
                     f"perplexity, 0 to skip (default: {d.eval_tokens})")
+    ap.add_argument("--vector-numerics", action="store_true",
+                    help="the host ops (RMSNorm, RoPE, softmax, SiLU-gate, residual adds, INT8 "
+                         "requantisation) in the vector unit's exact fixed point "
+                         "(hw/numerics.py), in the runtime and the twin (default: float)")
     ap.add_argument("--out", default=d.out, help=f"output directory (default: {d.out})")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     return ap
@@ -297,7 +302,7 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
                    * w.shape[1] for w in weights.values()) / sum(
                        w.shape[0] * w.shape[1] for w in weights.values())
         twin = use_hardware_numerics(copy.deepcopy(compressed), weights, cfg.acc_bits,
-                                     attention=True)
+                                     attention=True, vector=opts.vector_numerics)
 
         # ---- accuracy (no fp32 baseline for a compressed file: it holds compressed weights)
         ppl = {}
@@ -318,7 +323,7 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
             f"{rep['dram']['total']:,} of {cfg.memory.size_bytes:,} bytes")
 
         # ---- run on the backend, and the twin
-        runtime = Runtime(exe, backend, trace=True)
+        runtime = Runtime(exe, backend, trace=True, vector=opts.vector_numerics)
         bar = tqdm(total=opts.max_new_tokens, desc=f"generate ({opts.backend})",
                    disable=not progress, leave=False)
         sampling = dict(temperature=opts.temperature, top_k=opts.top_k, eos_token_id=eos)
@@ -527,6 +532,7 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
         "format": label, "method": "from the file" if src.weights else opts.method,
         "backend": opts.backend, "prompt_tokens": len(gen.prompt),
         "new_tokens": len(tokens), "tokens_match_twin": match,
+        "vector_numerics": opts.vector_numerics,
         "cycles_per_token": cycles,
         "tokens_per_s_sim": cfg.clock_mhz * 1e6 / cycles,
         "clock_mhz": cfg.clock_mhz,

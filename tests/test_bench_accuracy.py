@@ -61,8 +61,9 @@ def test_non_reference_model_records(tmp_path, monkeypatch, capsys):
     labels = {bench.Config(r["method"], r["pattern"], r["bits"], r["group"], r["numerics"],
                            r["symmetric"]).label for r in records}
     float_rows = {c.label for c in bench.default_configs(32, ("2:4",))}
-    assert float_rows <= labels and len(labels) == len(records) == len(float_rows) + 3
-    assert {r["numerics"] for r in records} == {"float", "hardware", "hardware+attention"}
+    assert float_rows <= labels and len(labels) == len(records) == len(float_rows) + 4
+    assert {r["numerics"] for r in records} == {"float", "hardware", "hardware+attention",
+                                                "hardware+vector"}
     assert {r["symmetric"] for r in records if r["pattern"] == "dense" and r["bits"] == 4} \
         == {True, False}
     keys = {"model", "method", "mask", "quant", "pattern", "bits", "group", "symmetric",
@@ -78,7 +79,10 @@ def test_non_reference_model_records(tmp_path, monkeypatch, capsys):
                 and r["numerics"] == "float"), key=lambda r: r["perplexity"])
     hw = {r["numerics"] for r in records if r["method"] == best["method"]
           and r["pattern"] == "2:4" and r["bits"] == 4}
-    assert hw == {"float", "hardware", "hardware+attention"}
+    assert hw == {"float", "hardware", "hardware+attention", "hardware+vector"}
+    cost = bench.vector_cost(records)
+    assert len(cost) == 1 and cost[0]["method"] == best["method"]
+    assert f"{cost[0]['relative']:+.3%} relative" in text
     assert png.stat().st_size > 1000
     # --replot redraws from the records alone (no model loaded)
     monkeypatch.setattr(bench, "open_model", None)

@@ -61,6 +61,7 @@ from sw.compress.calibrate import (
 )
 from sw.compress.prune import nm_mask
 from sw.compress.sparsegpt import sparsegpt_prune
+from sw.compress.vector import use_vector_numerics
 from sw.compress.wanda import wanda_mask
 from sw.models.llama import AttentionProducts, LlamaLM
 
@@ -429,11 +430,15 @@ class HardwareLinear(nn.Module):
         Accumulator width of the datapath.
     bias : torch.Tensor, optional
         The layer's float bias ``[out_features]``.
+    vector : bool
+        Requantise the activations as the vector unit does
+        (:func:`hw.numerics.quantize_activations_vector_torch`).
     """
 
     def __init__(self, qw: QuantizedWeight, acc_bits: int = 32,
-                 bias: torch.Tensor | None = None) -> None:
+                 bias: torch.Tensor | None = None, vector: bool = False) -> None:
         super().__init__()
+        self.vector = vector
         self.in_features = qw.k
         self.out_features = qw.n_out
         self.fmt = qw.fmt
@@ -450,22 +455,26 @@ class HardwareLinear(nn.Module):
             raise ValueError(f"input has {x.shape[-1]} features, layer expects "
                              f"{self.in_features}")
         return golden_linear_torch(x, self.w_int, self.row_scale, self.acc_bits,
-                                   self.bias).to(x.dtype)
+                                   self.bias, self.vector).to(x.dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"pattern={self.fmt.pattern}, bits={self.fmt.bits}, group={self.fmt.group}, "
-                f"acc_bits={self.acc_bits}")
+                f"acc_bits={self.acc_bits}" + (", vector=True" if self.vector else ""))
 
 
 def use_hardware_numerics(model: nn.Module, weights: dict[str, QuantizedWeight],
-                          acc_bits: int = 32, *, attention: bool = False) -> nn.Module:
+                          acc_bits: int = 32, *, attention: bool = False,
+                          vector: bool = False) -> nn.Module:
     """Replace the named ``nn.Linear`` layers of ``model`` by :class:`HardwareLinear` (in place),
     and with ``attention`` every attention's products by the INT8 KV-cache numerics of
     :class:`sw.compress.attention.HardwareAttentionProducts`.
 
     With ``attention`` the model is the *model-level twin* of a compiled model: it computes
-    exactly what the accelerator and its host compute (:mod:`sw.compile`).
+    exactly what the accelerator and its host compute (:mod:`sw.compile`). With ``vector``
+    (which implies ``attention``) the host's work too is the vector unit's exact numerics
+    (:mod:`sw.compress.vector`: RMSNorm, RoPE, softmax, SiLU-gate, residual additions, INT8
+    requantisation), the twin of ``Runtime(..., vector=True)``.
 
     Parameters
     ----------
@@ -478,6 +487,8 @@ def use_hardware_numerics(model: nn.Module, weights: dict[str, QuantizedWeight],
         Accumulator width.
     attention : bool
         Also compute the attention products with INT8 keys, values, queries and probabilities.
+    vector : bool
+        Also compute the host ops with the vector unit's numerics.
 
     Returns
     -------
@@ -502,11 +513,13 @@ def use_hardware_numerics(model: nn.Module, weights: dict[str, QuantizedWeight],
         if (mod.out_features, mod.in_features) != qw.shape:
             raise ValueError(f"{name}: layer is {(mod.out_features, mod.in_features)}, "
                              f"compressed weight is {qw.shape}")
-        setattr(parent, attr, HardwareLinear(qw, acc_bits, mod.bias))
-    if attention:
+        setattr(parent, attr, HardwareLinear(qw, acc_bits, mod.bias, vector))
+    if attention or vector:
         for mod in list(model.modules()):
             p = getattr(mod, "products", None)
             if isinstance(p, AttentionProducts) and not isinstance(p, HardwareAttentionProducts):
                 mod.products = HardwareAttentionProducts(p.num_heads, p.num_kv_heads,
-                                                         p.head_dim, acc_bits)
+                                                         p.head_dim, acc_bits, vector)
+    if vector:
+        use_vector_numerics(model)
     return model

@@ -35,10 +35,12 @@ import numpy as np
 import torch
 
 from hw.numerics import (
+    add_vector,
     bias_to_acc,
     dequant_output,
     kv_rows,
     quantize_activations,
+    quantize_activations_vector,
     scores_epilogue,
     scores_prologue,
     values_epilogue,
@@ -184,10 +186,15 @@ class Runtime:
         in DRAM addresses, which the timing contract ignores (``hw/timing.py``), so their
         cycles and counters are the same; likewise a host operation repeated with the same
         shapes (the next decoder block's) is timed once (the benchmarks of large models).
+    vector : bool
+        Host ops, prologues (INT8 requantisation of activations, keys, values and the folded
+        probabilities) and the fused residual compute with the vector unit's exact numerics
+        (:class:`~sw.compile.ir.Numerics` ``vector``), as the model-level twin of
+        ``use_hardware_numerics(..., vector=True)`` does; else in float.
     """
 
     def __init__(self, exe: Executable, backend: Backend, *, trace: bool = False,
-                 memo_timing: bool = False) -> None:
+                 memo_timing: bool = False, vector: bool = False) -> None:
         if backend.cfg != exe.cfg:
             raise RuntimeFault("the backend's accelerator configuration differs from the one "
                                "the executable was compiled for")
@@ -204,7 +211,9 @@ class Runtime:
         for name, shape in exe.host_shapes.items():
             params.setdefault(name, torch.zeros(shape))
         self.params = params
-        self.interp = Interpreter(params, self.config, Numerics(), exe.io.max_context)
+        self.vector = vector
+        self.interp = Interpreter(params, self.config, Numerics(vector=vector),
+                                  exe.io.max_context)
         self.memo: dict[tuple, object] | None = {} if memo_timing and not self.values else None
         # The fast model runs on self.dram itself (no copy of the memory per program); after
         # a program that faults (RuntimeFault) the image holds what it completed: reset().
@@ -397,7 +406,8 @@ class Runtime:
         s_x = None
         biased = [m for m in program.members if m.b]
         if self.values:
-            a, s_x = quantize_activations(rows.numpy())
+            quantize = quantize_activations_vector if self.vector else quantize_activations
+            a, s_x = quantize(rows.numpy())
             m0 = program.members[0]
             self._write_rows(m0.x, a, m0.act_row_bytes)
             for m in biased:
@@ -425,7 +435,7 @@ class Runtime:
             nbytes += y.numel() * 4
         read = nbytes
         if len(args) == 2:  # fused residual epilogue
-            outs[0] = args[1] + outs[0]
+            outs[0] = (add_vector if self.vector else torch.add)(args[1], outs[0])
             read += args[1].numel() * 4
         return tuple(outs), stream_cycles(read, nbytes, self.exe.cfg)
 
@@ -441,9 +451,9 @@ class Runtime:
         operand_heads = len(program.members)
         scale = self._attention_scale(node, ref, env.past + env.t, operand_heads)
         if node.op == "attn_scores":
-            x8, s_x = scores_prologue(x, operand_heads)
+            x8, s_x = scores_prologue(x, operand_heads, self.vector)
         else:
-            x8, s_x = values_prologue(x, scale, operand_heads)
+            x8, s_x = values_prologue(x, scale, operand_heads, self.vector)
         if self.values:
             for j, m in enumerate(program.members):
                 self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
@@ -471,7 +481,7 @@ class Runtime:
             layer = node.attrs["layer"]
             past, t = env.past, env.t
             for kind, x in zip("kv", args, strict=True):
-                x8, sc = kv_rows(x)                      # [1, KV, T, d], [1, KV, T]
+                x8, sc = kv_rows(x, self.vector)         # [1, KV, T, d], [1, KV, T]
                 self.scales[(layer, kind)][:, :, past:past + t] = sc
                 if not self.values:
                     continue

@@ -56,11 +56,16 @@ class Numerics:
         INT8 KV-cache attention products (:mod:`hw.numerics`), else float.
     acc_bits : int
         Accumulator width.
+    vector : bool
+        The host ops (RMSNorm, RoPE, softmax, SiLU-gate, residual additions) and the INT8
+        requantisation of activations, keys and values compute with the vector unit's exact
+        integer numerics (:mod:`hw.numerics`, "vector unit"), else in float.
     """
 
     weights: Mapping[str, QuantizedWeight] = field(default_factory=dict)
     attention: bool = False
     acc_bits: int = 32
+    vector: bool = False
 
     def int_weight(self, layer: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``(w_int [N, K] int32, row_scale [N])`` of a compressed layer (memoised)."""

@@ -43,11 +43,16 @@ import torch.nn.functional as F
 
 from hw.config import AcceleratorConfig
 from hw.numerics import (
+    add_vector,
     gemm_acc_torch,
     golden_linear_torch,
     kv_rows,
+    rms_norm_vector,
+    rope_vector,
     scores_epilogue,
     scores_prologue,
+    silu_gate_vector,
+    softmax_vector,
     values_epilogue,
     values_prologue,
 )
@@ -290,14 +295,14 @@ def _linear_kernel(layer: LinearLayer, x: torch.Tensor, env: Env) -> torch.Tenso
         w_int, row_scale = env.numerics.int_weight(layer.layer)
         # a bias: the WIDE_BIAS epilogue's
         return golden_linear_torch(x, w_int, row_scale, env.numerics.acc_bits,
-                                   bias).to(x.dtype)
+                                   bias, env.numerics.vector).to(x.dtype)
     return F.linear(x, env.param(layer.weight), bias)
 
 
 def _linear(node: Node, args: list, env: Env) -> tuple:
     y = _linear_kernel(linear_layers(node)[0], args[0], env)
     if len(args) == 2:  # fused residual epilogue
-        y = args[1] + y
+        y = _add(node, [args[1], y], env)[0]
     return (y,)
 
 
@@ -319,8 +324,9 @@ def _attn_scores(node: Node, args: list, env: Env) -> tuple:
         if k.shape[1] != q.shape[1]:
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         return (torch.matmul(q, k.transpose(-2, -1)),)
-    k8, s_k = kv_rows(k)
-    q8, s_q = scores_prologue(q, k.shape[1])
+    vector = env.numerics.vector
+    k8, s_k = kv_rows(k, vector)
+    q8, s_q = scores_prologue(q, k.shape[1], vector)
     acc = gemm_acc_torch(q8, k8, env.numerics.acc_bits)
     return (scores_epilogue(acc, s_q, s_k, q.shape[1]),)
 
@@ -332,10 +338,35 @@ def _attn_values(node: Node, args: list, env: Env) -> tuple:
         if v.shape[1] != heads:
             v = v.repeat_interleave(heads // v.shape[1], dim=1)
         return (torch.matmul(p.to(v.dtype), v),)
-    v8, s_v = kv_rows(v)
-    p8, s_p = values_prologue(p, s_v, v.shape[1])
+    v8, s_v = kv_rows(v, env.numerics.vector)
+    p8, s_p = values_prologue(p, s_v, v.shape[1], env.numerics.vector)
     acc = gemm_acc_torch(p8, v8.transpose(-2, -1), env.numerics.acc_bits)
     return (values_epilogue(acc, s_p, heads),)
+
+
+# The host ops: float, or the vector unit's exact numerics (``env.numerics.vector``).
+def _rmsnorm(node: Node, args: list, env: Env) -> tuple:
+    f = rms_norm_vector if env.numerics.vector else rms_norm
+    return (f(args[0], env.param(node.attrs["weight"]), node.attrs["eps"]),)
+
+
+def _rope(node: Node, args: list, env: Env) -> tuple:
+    return ((rope_vector if env.numerics.vector else apply_rotary)(*args),)
+
+
+def _softmax(node: Node, args: list, env: Env) -> tuple:
+    f = softmax_vector if env.numerics.vector else attention_probs
+    return (f(args[0], node.attrs["scale"], args[1]),)
+
+
+def _silu_gate(node: Node, args: list, env: Env) -> tuple:
+    if env.numerics.vector:
+        return (silu_gate_vector(*args),)
+    return (F.silu(args[0]) * args[1],)
+
+
+def _add(node: Node, args: list, env: Env) -> tuple:
+    return ((add_vector if env.numerics.vector else torch.add)(args[0], args[1]),)
 
 
 # ---------------------------------------------------------------------- the registry
@@ -350,9 +381,8 @@ OPS: dict[str, OpDef] = {d.name: d for d in (
           doc="token embedding: ids [B, T] -> [B, T, hidden]"),
     OpDef("positions", (0, 3), _positions, _positions_shape, stream_cycles,
           doc="the step's rotary tables cos, sin [T, d] and causal mask [T, S]"),
-    OpDef("rmsnorm", (1, 1), lambda n, a, e: (rms_norm(a[0], e.param(n.attrs["weight"]),
-                                                        n.attrs["eps"]),),
-          _same_as_input, stream_cycles, {"weight": Attr(str), "eps": Attr(float)},
+    OpDef("rmsnorm", (1, 1), _rmsnorm, _same_as_input, stream_cycles,
+          {"weight": Attr(str), "eps": Attr(float)},
           doc="RMSNorm with a weight"),
     OpDef("linear", (-1, 1), _linear, _linear_shape, stream_cycles,
           {"weight": Attr(str), "bias": Attr(str, False), "residual": Attr(bool, False)},
@@ -361,7 +391,7 @@ OPS: dict[str, OpDef] = {d.name: d for d in (
     OpDef("linears", (1, -1), _linears, _linears_shape, stream_cycles,
           {"weights": Attr(_LIST), "biases": Attr(_LIST, False)}, streams="weights",
           doc="several linears of one input: one program"),
-    OpDef("rope", (3, 1), lambda n, a, e: (apply_rotary(*a),), _rope_shape, stream_cycles,
+    OpDef("rope", (3, 1), _rope, _rope_shape, stream_cycles,
           doc="rotary embedding of q or k with the step's tables"),
     OpDef("kv_update", (2, 2), lambda n, a, e: e.cache(n.attrs["layer"], a[0], a[1], e.past),
           _kv_update_shape, stream_cycles, {"layer": Attr(int)}, kv_state="append",
@@ -372,15 +402,13 @@ OPS: dict[str, OpDef] = {d.name: d for d in (
           doc="materialised grouped-query repeat of K or V (as captured)"),
     OpDef("attn_scores", (2, 1), _attn_scores, _attention_shape, stream_cycles,
           _ATTENTION_ATTRS, streams="kv", doc="q . k^T against the INT8 key cache"),
-    OpDef("softmax", (2, 1),
-          lambda n, a, e: (attention_probs(a[0], n.attrs["scale"], a[1]),),
-          _softmax_shape, stream_cycles, {"scale": Attr(float)},
+    OpDef("softmax", (2, 1), _softmax, _softmax_shape, stream_cycles, {"scale": Attr(float)},
           doc="softmax(scores * scale + mask)"),
     OpDef("attn_values", (2, 1), _attn_values, _attention_shape, stream_cycles,
           _ATTENTION_ATTRS, streams="kv", doc="p . v against the INT8 value cache"),
-    OpDef("silu_gate", (2, 1), lambda n, a, e: (F.silu(a[0]) * a[1],), _elementwise_shape,
+    OpDef("silu_gate", (2, 1), _silu_gate, _elementwise_shape,
           stream_cycles, doc="silu(gate) * up"),
-    OpDef("add", (2, 1), lambda n, a, e: (a[0] + a[1],), _elementwise_shape, stream_cycles,
+    OpDef("add", (2, 1), _add, _elementwise_shape, stream_cycles,
           aten=("add",), doc="residual addition"),
     OpDef("view", (1, 1), lambda n, a, e: (a[0].view(n.attrs["shape"]),), _reshape_shape,
           free, {"shape": Attr(_LIST)}, aten=("view", "_unsafe_view"), doc="layout only"),

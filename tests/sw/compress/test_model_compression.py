@@ -257,9 +257,9 @@ def test_benchmark_records_on_a_tiny_model(tmp_path):
     records = bench.build_records(lm, configs, calib(), protocol, progress=False,
                                   extra={"calib_samples": 8})
     assert all(torch.equal(before[k], v) for k, v in lm.state_dict().items())  # untouched
-    # hardware rows: the best 2:4 + W4 row (W4A8 linears, and with INT8 attention) and
-    # symmetric dense GPTQ (not the asymmetric one)
-    assert len(records) == len(configs) + 3
+    # hardware rows: the best 2:4 + W4 row (W4A8 linears, with INT8 attention, and with the
+    # vector unit's host ops) and symmetric dense GPTQ (not the asymmetric one)
+    assert len(records) == len(configs) + 4
     hw = [r for r in records if r["numerics"] != "float"]
     assert [(r["method"], r["pattern"], r["symmetric"]) for r in hw
             if r["pattern"] == "dense"] == [("gptq", "dense", True)]
