@@ -74,7 +74,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from amaranth import Cat, Const, EnableInserter, Module, Mux, Signal
-from amaranth.hdl import Instance
 from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
@@ -294,13 +293,6 @@ class BridgedAccelerator(wiring.Component):
         As :class:`DramBridge`.
     compute:
         Passed to :class:`hw.top.Accelerator`.
-    global_enable:
-        Drive the accelerator's clock enable through an ECP5 global buffer (``DCCA``). The
-        enable reaches the clock-enable pin of nearly every flip-flop, multiplier and block
-        RAM of the accelerator (some 12,000 loads for the default array, all over the die):
-        on a global network it arrives with a clock's skew, and the router has none of those
-        loads to route through the fabric (nextpnr routes a user ``DCCA``'s net on one of the
-        globals that reach the fabric). Board tops on the ECP5 set it; simulations do not.
 
     Members
     -------
@@ -318,9 +310,7 @@ class BridgedAccelerator(wiring.Component):
     """
 
     def __init__(self, cfg: AcceleratorConfig, board: Board,
-                 compute: Callable | None = None, *, global_enable: bool = False,
-                 **bridge_args):
-        self._global_enable = bool(global_enable)
+                 compute: Callable | None = None, **bridge_args):
         self._bridge = DramBridge(cfg, board, **bridge_args)
         self._accel = Accelerator(cfg, compute=compute)
         super().__init__({
@@ -340,12 +330,7 @@ class BridgedAccelerator(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.bridge = bridge = self._bridge
-        enable = bridge.enable
-        if self._global_enable:
-            enable = Signal(name="enable_global")
-            m.submodules.enable_buffer = Instance("DCCA", i_CLKI=bridge.enable, i_CE=Const(1),
-                                                  o_CLKO=enable)
-        m.submodules.accel = EnableInserter({"sync": enable})(self._accel)
+        m.submodules.accel = EnableInserter({"sync": bridge.enable})(self._accel)
         connect(m, self._accel.dram, bridge.bus)
         connect(m, flipped(self.port), bridge.port)
 

@@ -15,8 +15,7 @@ One clock domain: :class:`Ecpix5Top` defines ``sync`` and
 :class:`hw.board.litedram.LiteDRAMCore` drives it with LiteDRAM's ``user_clk``
 (:attr:`hw.board.ecpix5.Board.sys_clk_hz`, from the core's PLL) and ``user_rst``. The
 accelerator is ``board.accelerator_config(cfg)``, under the clock enable of a
-:class:`hw.board.bridge.DramBridge` (:class:`hw.board.bridge.BridgedAccelerator`, the enable
-on a global network); the host
+:class:`hw.board.bridge.DramBridge` (:class:`hw.board.bridge.BridgedAccelerator`); the host
 link (:class:`hw.board.link.HostLink`) reads and writes the DRAM through its own native port,
 loads the instruction memory, starts the accelerator, reads its status and the bridge's stall
 cycles, and drives LiteDRAM's control bus (the DRAM initialisation of
@@ -69,9 +68,7 @@ class Ecpix5Top(Elaboratable):
         m = Module()
         m.domains.sync = ClockDomain()  # clocked by LiteDRAM's user_clk
         m.submodules.dram = dram = LiteDRAMCore(self.board)
-        # the enable's ~12k loads go on an ECP5 global (BridgedAccelerator's global_enable)
-        m.submodules.accel = accel = BridgedAccelerator(self.cfg, self.board,
-                                                        global_enable=True)
+        m.submodules.accel = accel = BridgedAccelerator(self.cfg, self.board)
         m.submodules.link = link = HostLink(self.cfg, self.board)
         connect(m, accel.port, dram.accel)
         connect(m, link.mem, dram.host)
