@@ -27,3 +27,14 @@ def compressed(lm: LlamaLM, pattern: str = "2:4", group: int = 32) -> dict:
     """Magnitude N:M + INT4 RTN of every linear but the head (in place)."""
     return compress_llama(lm, WeightFormat(pattern, 4, group), "magnitude", progress=False)
 
+
+
+def twin_step_logits(twin: LlamaLM, ids: torch.Tensor, prompt: int) -> list[torch.Tensor]:
+    """The logits of a model-level twin run as the runtime runs: the first ``prompt`` tokens in
+    one step, then one token per step on its KV cache."""
+    cache = twin.new_cache(1, ids.shape[1])
+    with torch.no_grad():
+        out = [twin(ids[:, :prompt], cache=cache, start_pos=0)]
+        for p in range(prompt, ids.shape[1]):
+            out.append(twin(ids[:, p:p + 1], cache=cache, start_pos=p))
+    return out

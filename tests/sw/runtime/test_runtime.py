@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from compile_testutil import SMALL, compressed, tiny_lm
+from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
 
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat
@@ -28,13 +28,8 @@ def _ids(lm, n, seed=7):
 
 
 def _twin_logits(lm, weights, ids, prompt):
-    twin = use_hardware_numerics(copy.deepcopy(lm), weights, attention=True)
-    cache = twin.new_cache(1, ids.shape[1])
-    with torch.no_grad():
-        out = [twin(ids[:, :prompt], cache=cache, start_pos=0)]
-        for p in range(prompt, ids.shape[1]):
-            out.append(twin(ids[:, p:p + 1], cache=cache, start_pos=p))
-    return out
+    return twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), weights, attention=True),
+                            ids, prompt)
 
 
 def _run(exe, backend, ids, prompt):

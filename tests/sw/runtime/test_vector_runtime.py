@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from compile_testutil import SMALL, compressed, tiny_lm
+from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
 
 from hw.config import AcceleratorConfig
 from sim.backends import make_backend
@@ -28,15 +28,6 @@ def _ids(lm, n, seed=7):
 
 def _twin(lm, weights):
     return use_hardware_numerics(copy.deepcopy(lm), weights, vector=True)
-
-
-def _twin_logits(twin, ids, prompt):
-    cache = twin.new_cache(1, ids.shape[1])
-    with torch.no_grad():
-        out = [twin(ids[:, :prompt], cache=cache, start_pos=0)]
-        for p in range(prompt, ids.shape[1]):
-            out.append(twin(ids[:, p:p + 1], cache=cache, start_pos=p))
-    return out
 
 
 def _runtime_logits(rt, ids, prompt):
@@ -61,14 +52,14 @@ def test_interpreter_equals_the_vector_twin_bit_for_bit():
     it = Interpreter.of(lm, Numerics(ws, attention=True, vector=True), max_len=PROMPT + STEPS)
     pre, dec = capture(lm, "prefill", PROMPT).graph, capture(lm, "decode").graph
     ids = _ids(lm, PROMPT + STEPS)
-    want = _twin_logits(twin, ids, PROMPT)
+    want = twin_step_logits(twin, ids, PROMPT)
     got = [it.step(pre, ids[:, :PROMPT], 0)] + [
         it.step(dec, ids[:, p:p + 1], p) for p in range(PROMPT, PROMPT + STEPS)]
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
     # the mode is not a no-op: float host ops give other logits
     float_twin = use_hardware_numerics(copy.deepcopy(lm), ws, attention=True)
-    assert not torch.equal(_twin_logits(float_twin, ids, PROMPT)[0], want[0])
+    assert not torch.equal(twin_step_logits(float_twin, ids, PROMPT)[0], want[0])
 
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
@@ -79,7 +70,7 @@ def test_runtime_equals_the_vector_twin_bit_for_bit(fuse):
                         weights=ws)
     ids = _ids(lm, PROMPT + STEPS)
     got = _runtime_logits(Runtime(exe, make_backend("model", SMALL), vector=True), ids, PROMPT)
-    for a, b in zip(got, _twin_logits(_twin(lm, ws), ids, PROMPT), strict=True):
+    for a, b in zip(got, twin_step_logits(_twin(lm, ws), ids, PROMPT), strict=True):
         assert torch.equal(a, b)
 
 
