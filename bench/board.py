@@ -6,9 +6,9 @@ roofline; it gathers the bitstream build's figures when a build report is there.
 
 The board's memory (sim.board_memory): LiteDRAM's controller for the board's DDR3, with its
 PHY's settings and LiteDRAM's behavioural PHY, simulated in Migen through a native port of the
-board's width (LiteDRAM's port converter in between, as in the generated core), through a
-port of the controller's own width, and through that port with the chip's tRFC given to the
-controller as a time (LiteDRAM's table has it in memory clocks of DDR3-1600, which the
+board's width with the chip's tRFC as a time (Board.sdram_trfc_ns, as the generated core has
+it), through a port half as wide (LiteDRAM's port converter in between), and through the
+board's port with LiteDRAM's table's tRFC instead (memory clocks of DDR3-1600, which the
 controller keeps at this board's slower memory clock): idle read latency, sequential read
 rate over whole refresh intervals, row-miss rate. Measured once (minutes; --measure-memory),
 recorded in board_memory.json and read from there.
