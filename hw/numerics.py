@@ -347,8 +347,10 @@ CONST_FRAC = 16
 #: Reciprocal and rsqrt results carry this many significant bits (a value in (2**15, 2**16]).
 RECIP_FRAC = 2 * MANT_BITS - 1
 RSQRT_FRAC = MANT_BITS + MANT_BITS // 2 - 1
-#: Inputs of the reciprocal and rsqrt (and so of every reduction feeding them) stay below this.
-_EXACT = 1 << 53
+#: Inputs of the reciprocal and rsqrt (and so of every reduction feeding them) stay below
+#: ``2**TABLE_IN_BITS`` (float64's exact integers: :func:`_bit_length` uses ``frexp``).
+TABLE_IN_BITS = 53
+_EXACT = 1 << TABLE_IN_BITS
 
 LOG2E_Q = int(np.rint(np.log2(np.e) * (1 << CONST_FRAC)))
 LN2_Q = int(np.rint(np.log(2.0) * (1 << CONST_FRAC)))
@@ -367,7 +369,8 @@ EXP2_LUT = np.rint(2.0 ** (np.arange(2 ** LUT_BITS) / 2 ** LUT_BITS) * (1 << ACT
 
 __all__ += [
     "ACT_FRAC", "ACT_BITS", "ACT_MAX", "NORM_FRAC", "ROPE_FRAC", "LUT_BITS", "MANT_BITS",
-    "CONST_FRAC", "LOG2E_Q", "LN2_Q", "RECIP_LUT", "RSQRT_LUT", "EXP2_LUT",
+    "CONST_FRAC", "RECIP_FRAC", "RSQRT_FRAC", "TABLE_IN_BITS", "LOG2E_Q", "LN2_Q", "RECIP_LUT",
+    "RSQRT_LUT", "EXP2_LUT",
     "to_fixed", "from_fixed", "round_shift", "saturate", "vec_sum", "vec_sumsq", "vec_max",
     "vec_add", "vec_mul", "vec_exp", "vec_recip", "vec_rsqrt", "vec_rope", "vec_silu_gate",
     "norm_weight", "norm_eps", "vec_rmsnorm", "vec_softmax", "vec_requant", "act_scale",

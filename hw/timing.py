@@ -189,3 +189,17 @@ def exec_cycles_fields(f: dict, cfg: AcceleratorConfig):
          op == Opcode.SYNC.value],
         [beats + cfg.memory.latency + LOAD_OVERHEAD, beats + STORE_OVERHEAD, gemm,
          SYNC_CYCLES], 0).astype(np.int64)
+
+
+# ---------------------------------------------------------------------- vector unit
+#: Latency of each function unit of the vector unit (:mod:`hw.vector`), by its ``NAME``: the
+#: cycles from the cycle a unit accepts an element (a reduction: the last element of a row) to
+#: the first cycle its result is valid, when its output is never stalled. Every unit takes one
+#: element per cycle; its constructor checks that its pipeline has exactly this many stages.
+VECTOR_LATENCY = {
+    "recip": 6, "rsqrt": 7, "exp": 7,
+    "sum": 2, "max": 2, "absmax": 2, "argmax": 2, "sumsq": 3,
+    "add": 1, "mul": 2, "rope": 3, "scale": 3, "requant": 4,
+}
+
+__all__ += ["VECTOR_LATENCY"]

@@ -1,0 +1,73 @@
+"""The vector unit's function units: small pipelined components that compute the primitives of
+the "vector unit" section of :mod:`hw.numerics` bit for bit, one element per cycle.
+
+Every unit is a :class:`amaranth.lib.wiring.Component` with an input stream ``i`` and an
+output stream ``o`` (``amaranth.lib.stream``, ``data.StructLayout`` payloads) and a fixed
+latency, its entry of :data:`hw.timing.VECTOR_LATENCY` (protocol: :mod:`hw.vector.base`).
+Widths derive from the numerics' constants; the tables are the numerics' own arrays.
+
+========================  ======================================================  =========
+unit                      computes                                                 numerics
+========================  ======================================================  =========
+``tables.Recip``          ``(r, sh)``, ``1/x ~= r / 2**sh``                       vec_recip
+``tables.Rsqrt``          ``(r, sh)``, ``1/sqrt(x) ~= r / 2**sh``                 vec_rsqrt
+``tables.Exp(frac)``      ``exp(a - b)``, ``frac`` fraction bits (16 or 30)       vec_exp
+``reduce.Sum``            sum of a row                                            vec_sum
+``reduce.Max``            max of a row                                            vec_max
+``reduce.AbsMax``         ``max |x|`` of a row                                    (amax)
+``reduce.ArgMax``         first index of the max of a row, and the max            vec_argmax
+``reduce.SumSq``          ``sum (x >> s)**2`` of a row                            vec_sumsq
+``elementwise.Add``       ``sat32(a + b)``                                        vec_add
+``elementwise.Mul(frac)`` ``sat32(round_shift(a * b, frac))``                     vec_mul
+``elementwise.Rope``      ``sat32(round_shift(x * cos + rot * sin, 14))``         vec_rope
+``elementwise.Scale(f)``  ``sat32(round_shift(x * r, sh - f))``                   (steps)
+``elementwise.Requant``   ``clip(round_shift((x >> s) * 127 * r, sh), +-127)``    vec_requant
+========================  ======================================================  =========
+
+Composites
+----------
+The composite ops are sequences of these over the passes of a row. Between passes, a few
+per-row scalars (a bit length, a shift, an add) are the sequencer's; they are written out
+below as the numerics define them. ``tests/hw/test_vector_composite.py`` runs each sequence
+through the units and compares with :mod:`hw.numerics` bit for bit.
+
+Softmax of a row ``x`` over its valid positions (:func:`hw.numerics.vec_softmax`)::
+
+    pass 1   m = Max(x[valid])
+    pass 2   e = Exp(16)(x, m) at the valid positions (0 at the others); S = Sum(e)
+    scalar   (r, sh) = Recip(S)                       (S = 0, no valid position: any result)
+    pass 3   p = Scale(16)(e, r, sh)                  (over e, not x)
+
+RMSNorm of ``x`` with weight ``w`` and epsilon ``eps`` (:func:`hw.numerics.vec_rmsnorm`)::
+
+    pass 1   amax = AbsMax(x)       (or beside the op that wrote x)
+    scalar   s = max(0, bitlen(amax) - 17)
+    pass 2   ss = SumSq(x, s)
+    scalar   ss += eps >> 2s;  (r, sh) = Rsqrt(ss)   (ss = 0 only for a zero row: any result)
+    pass 3   n = Scale(30)(x, r, sh + s);  y = Mul(30, b_bits=33)(n, w)
+
+INT8 requantisation of a row (:func:`hw.numerics.vec_requant`)::
+
+    pass 1   amax = AbsMax(x)
+    scalar   s = max(0, bitlen(amax) - 31);  (r, sh) = Recip(amax >> s)
+    pass 2   a = Requant(x, r, sh, s)                 (scale: hw.numerics.act_scale(amax))
+
+SiLU-gate of ``g`` and ``u`` (:func:`hw.numerics.vec_silu_gate`), elementwise::
+
+    e = Exp(30)(min(g, 0), max(g, 0))                 (exp(-|g|))
+    (r, sh) = Recip(2**30 + e)                        (a 32-bit add)
+    s = Scale(60)(1, r, sh)                           (1 / (1 + e), 30 fraction bits)
+    sig = s if g >= 0 else Mul(30)(e, s)
+    y = Mul(16)(Mul(30)(g, sig), u)
+
+RoPE is one :class:`~hw.vector.elementwise.Rope` pass (the partner element read from the other
+half of the head); the residual add one :class:`~hw.vector.elementwise.Add` pass; greedy
+sampling one :class:`~hw.vector.reduce.ArgMax` pass over the logits.
+"""
+
+from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
+from hw.vector.reduce import AbsMax, ArgMax, Max, Sum, SumSq
+from hw.vector.tables import Exp, Recip, Rsqrt
+
+__all__ = ["Recip", "Rsqrt", "Exp", "Sum", "Max", "AbsMax", "ArgMax", "SumSq", "Add", "Mul",
+           "Rope", "Scale", "Requant"]

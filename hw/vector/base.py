@@ -1,0 +1,244 @@
+"""What the vector unit's function units share: the stream protocol, the pipeline builder, the
+latency check against the timing contract, and the integer steps of :mod:`hw.numerics` as
+combinational expressions.
+
+Stream protocol
+---------------
+Every unit has an input stream ``i`` and an output stream ``o``
+(:class:`amaranth.lib.stream.Signature` with a ``data.StructLayout`` payload). A unit is one
+pipeline that advances as a whole: in a cycle in which its output holds no result or the
+result is taken (``en = ~o.valid | o.ready``), every stage moves one step and ``i.ready`` is
+high; otherwise every stage holds. An element accepted in cycle ``c`` (``i.valid & i.ready``)
+gives its result in cycle ``c + latency`` when the output is never stalled, one element per
+cycle; a stall delays everything behind it by the stalled cycles and loses nothing.
+``latency`` is the unit's entry of :data:`hw.timing.VECTOR_LATENCY` (the single source); the
+constructor checks that the pipeline it builds has exactly that many stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+
+from amaranth import Cat, Const, Module, Mux, Shape, Signal, Value, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from hw.numerics import ACT_BITS
+from hw.timing import VECTOR_LATENCY
+
+__all__ = ["Stage", "PipelineUnit", "ReductionUnit", "build_pipeline", "check_latency",
+           "round_shift", "round_shift_const", "saturate", "normalise_levels", "rom",
+           "bits_for", "MAX_ROW"]
+
+#: Default bound on the length of a row a reduction takes (the LM head's vocabulary of the
+#: largest supported models: LLaMA-3's 128256 needs 17 bits).
+MAX_ROW = 1 << 17
+
+#: A pipeline stage: from the previous stage's values (attributes of ``v``) to the values it
+#: registers, ``name -> value`` or ``name -> (value, shape)``.
+Stage = Callable[[Module, SimpleNamespace], dict]
+
+
+def bits_for(n: int) -> int:
+    """Bits of an unsigned counter that holds ``0 .. n - 1`` (at least 1)."""
+    return max(1, (n - 1).bit_length())
+
+
+def check_latency(name: str, stages: int, cls: str) -> int:
+    """The declared latency of unit ``name``; raises if its pipeline has another depth."""
+    if name not in VECTOR_LATENCY:
+        raise ValueError(f"hw.timing.VECTOR_LATENCY has no entry for vector unit {name!r} "
+                         f"({cls})")
+    if VECTOR_LATENCY[name] != stages:
+        raise ValueError(f"hw.timing.VECTOR_LATENCY[{name!r}] = {VECTOR_LATENCY[name]}, but "
+                         f"the {cls} pipeline has {stages} stages")
+    return VECTOR_LATENCY[name]
+
+
+def build_pipeline(m: Module, en: Value, first, stages: Sequence[Stage]) -> SimpleNamespace:
+    """Register each stage's values when ``en``, stage after stage; returns the last stage's.
+
+    ``first`` holds the inputs of the first stage (the input payload: a view); stage ``k``
+    (from 1) gets the registers of stage ``k - 1`` as attributes of a namespace, named
+    ``s<k>_<name>`` in the netlist. A value given without a shape is registered with its own.
+    """
+    v = first
+    for k, stage in enumerate(stages, 1):
+        regs = {}
+        for name, value in stage(m, v).items():
+            if isinstance(value, tuple):
+                value, shape = value
+            else:
+                shape = Value.cast(value).shape()
+            r = Signal(shape, name=f"s{k}_{name}", reset_less=True)
+            with m.If(en):
+                m.d.sync += r.eq(value)
+            regs[name] = r
+        v = SimpleNamespace(**regs)
+    return v
+
+
+def _delay(m: Module, en: Value, value: Value, n: int, name: str) -> Value:
+    """``value`` delayed by ``n`` enabled cycles (reset to 0: used for valid bits)."""
+    for k in range(n):
+        r = Signal(name=f"{name}{k + 1}")
+        with m.If(en):
+            m.d.sync += r.eq(value)
+        value = r
+    return value
+
+
+class PipelineUnit(wiring.Component):
+    """A unit that maps every input element to one output element through ``_stages()``.
+
+    Subclasses set ``NAME`` (their key in :data:`hw.timing.VECTOR_LATENCY`) and define
+    ``_stages()``: the last stage's value names are the output layout's fields.
+    """
+
+    NAME = ""
+
+    def __init__(self, in_layout: data.StructLayout, out_layout: data.StructLayout):
+        self._stage_list = list(self._stages())
+        self.latency = check_latency(self.NAME, len(self._stage_list), type(self).__name__)
+        super().__init__({"i": In(stream.Signature(in_layout)),
+                          "o": Out(stream.Signature(out_layout))})
+
+    def _stages(self) -> list[Stage]:
+        raise NotImplementedError
+
+    def elaborate(self, platform):
+        m = Module()
+        en = Signal()
+        m.d.comb += [en.eq(~self.o.valid | self.o.ready), self.i.ready.eq(en)]
+        v = build_pipeline(m, en, self.i.payload, self._stage_list)
+        m.d.comb += self.o.valid.eq(_delay(m, en, self.i.valid, self.latency, "valid"))
+        for name in self.o.payload.shape().members:
+            m.d.comb += getattr(self.o.payload, name).eq(getattr(v, name))
+        return m
+
+
+class ReductionUnit(wiring.Component):
+    """A unit that reduces each row (elements up to one with ``last`` set) to one result.
+
+    The element stages ``_stages()`` (they must carry ``last``) feed an accumulation stage:
+    ``_state()`` names the state registers and their shapes, ``_combine(m, v, state, first)``
+    gives the state after element ``v`` (``first``: ``v`` starts a row), and the output
+    payload's fields are taken from it when ``v.last``. The latency is the element stages plus
+    the accumulation stage.
+    """
+
+    NAME = ""
+
+    def __init__(self, in_layout: data.StructLayout, out_layout: data.StructLayout):
+        self._stage_list = list(self._stages())
+        self.latency = check_latency(self.NAME, len(self._stage_list) + 1,
+                                     type(self).__name__)
+        super().__init__({"i": In(stream.Signature(in_layout)),
+                          "o": Out(stream.Signature(out_layout))})
+
+    def _stages(self) -> list[Stage]:
+        raise NotImplementedError
+
+    def _state(self) -> dict[str, Shape]:
+        raise NotImplementedError
+
+    def _combine(self, m: Module, v: SimpleNamespace, state: SimpleNamespace,
+                 first: Value) -> dict:
+        raise NotImplementedError
+
+    def elaborate(self, platform):
+        m = Module()
+        en = Signal()
+        m.d.comb += [en.eq(~self.o.valid | self.o.ready), self.i.ready.eq(en)]
+        v = build_pipeline(m, en, self.i.payload, self._stage_list)
+        valid = _delay(m, en, self.i.valid, len(self._stage_list), "valid")
+        state = SimpleNamespace(**{k: Signal(s, name=f"acc_{k}", reset_less=True)
+                                   for k, s in self._state().items()})
+        first = Signal(init=1)   # the next element starts a row
+        nxt = self._combine(m, v, state, first)
+        out = Signal.like(self.o.payload, reset_less=True)
+        out_valid = Signal()
+        with m.If(en):
+            m.d.sync += out_valid.eq(valid & v.last)
+            with m.If(valid):
+                m.d.sync += [getattr(state, k).eq(nxt[k]) for k in self._state()]
+                m.d.sync += first.eq(v.last)
+                with m.If(v.last):
+                    m.d.sync += [getattr(out, k).eq(nxt[k])
+                                 for k in self.o.payload.shape().members]
+        m.d.comb += [self.o.valid.eq(out_valid), self.o.payload.eq(out)]
+        return m
+
+
+# ---------------------------------------------------------------------- integer steps
+def round_shift_const(v: Value, s: int) -> Value:
+    """:func:`hw.numerics.round_shift` by a constant: ``(v + 2**(s-1)) >> s``, ``v``, or
+    ``v << -s``."""
+    v = Value.cast(v)
+    if s > 0:
+        return (v + (1 << (s - 1))) >> s
+    return v << -s
+
+
+def round_shift(v: Value, s: Value, left: int = 0) -> Value:
+    """:func:`hw.numerics.round_shift` by a variable amount ``s``.
+
+    For ``s >= 0``: ``((2 * v) >> s) + 1) >> 1``, which is ``(v + 2**(s-1)) >> s`` (nested
+    floors) and ``v`` for ``s == 0``, with one shifter and no separate rounding constant; an
+    ``s`` past the width gives the numerics' 0 (its clamp to 62 leaves 0 for every operand of
+    the units, all below 2**61). A signed ``s`` with ``left > 0`` may be negative down to
+    ``-left``: then ``v << -s``.
+    """
+    v = Value.cast(v)
+    s = Value.cast(s)
+    twice = Cat(Const(0, 1), v)
+    twice = twice.as_signed() if v.shape().signed else twice
+    if s.shape().signed:
+        right = (((twice >> s[:-1].as_unsigned()) + 1) >> 1)
+        if not left:
+            return right
+        amount = (-s)[:left.bit_length()].as_unsigned()
+        return Mux(s[-1], v << amount, right)
+    return ((twice >> s) + 1) >> 1
+
+
+def saturate(v: Value, bits: int = ACT_BITS) -> Value:
+    """:func:`hw.numerics.saturate`: ``v`` clipped to ``[-(2**(bits-1) - 1), 2**(bits-1) -
+    1]``."""
+    top = (1 << (bits - 1)) - 1
+    v = Value.cast(v)
+    return Mux(v > top, top, Mux(v < -top, -top, v))
+
+
+def normalise_levels(y: Value, levels: Sequence[int]) -> tuple[Value, Value]:
+    """Steps of a leading-one normalisation of an unsigned word: for each level ``L`` (distinct
+    powers of two, largest first), ``y`` is shifted left by ``L`` when its top ``L`` bits are
+    zero. Returns the shifted word (as wide as ``y``) and the sum of the levels taken (over
+    all the levels of a word, its leading-zero count)."""
+    y = Value.cast(y)
+    width = y.shape().width
+    count = Const(0, 1)
+    for lvl in levels:
+        zero = y[width - lvl:] == 0
+        y = Mux(zero, (y << lvl)[:width], y)
+        count = count + Mux(zero, lvl, 0)
+    return y, count
+
+
+def rom(m: Module, name: str, init: Sequence[int], index: Value) -> Value:
+    """A constant table read combinationally at ``index`` (``amaranth.lib.memory``; with the
+    stage register behind it, Yosys maps it to a synchronous block-RAM read port)."""
+    init = [int(x) for x in init]
+    mem = Memory(shape=max(1, max(init).bit_length()), depth=len(init), init=init)
+    m.submodules[name] = mem
+    port = mem.read_port(domain="comb")
+    m.d.comb += port.addr.eq(index)
+    return port.data
+
+
+def signed_range(lo: int, hi: int) -> Shape:
+    """The narrowest signed shape holding ``lo .. hi``."""
+    bits = max(lo.bit_length(), hi.bit_length()) + 1
+    return signed(bits)

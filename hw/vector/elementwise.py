@@ -1,0 +1,250 @@
+"""The vector unit's elementwise units: saturating add, multiply with a rounding shift, rotary
+rotation, scaling by a table result, and INT8 requantisation, bit-exact with
+:func:`hw.numerics.vec_add`, :func:`~hw.numerics.vec_mul`, :func:`~hw.numerics.vec_rope` and
+the steps of :func:`~hw.numerics.vec_softmax`, :func:`~hw.numerics.vec_rmsnorm` and
+:func:`~hw.numerics.vec_requant`. One element per cycle each.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Mux, signed, unsigned
+from amaranth.lib import data
+
+from hw.numerics import ACT_BITS, ACT_FRAC, ACT_QMAX, ROPE_FRAC, TABLE_IN_BITS
+from hw.vector.base import (
+    PipelineUnit,
+    round_shift,
+    round_shift_const,
+    saturate,
+    signed_range,
+)
+from hw.vector.tables import SH_BITS, TABLE_RESULT_BITS
+
+__all__ = ["Add", "Mul", "Rope", "Scale", "Requant", "ROPE_BITS"]
+
+#: RoPE cos / sin words: Q1.14 in [-1, 1], ``1.0 = 2**14`` (16-bit signed).
+ROPE_BITS = ROPE_FRAC + 2
+
+
+def _bits(name: str, value, lo: int, hi: int) -> int:
+    if not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+class Add(PipelineUnit):
+    """``y = sat32(a + b)`` (:func:`hw.numerics.vec_add`: the residual add).
+
+    Pipeline: 1 add and saturate. No multiplier.
+
+    Members
+    -------
+    i: In(stream.Signature(StructLayout({"a": signed(32), "b": signed(32)})))
+    o: Out(stream.Signature(StructLayout({"y": signed(32)})))
+    """
+
+    NAME = "add"
+
+    def __init__(self):
+        act = signed(ACT_BITS)
+        super().__init__(data.StructLayout({"a": act, "b": act}), data.StructLayout({"y": act}))
+
+    def _stages(self):
+        def s1(m, v):
+            return {"y": (saturate(v.a + v.b), signed(ACT_BITS))}
+        return [s1]
+
+
+class Mul(PipelineUnit):
+    """``y = sat32(round_shift(a * b, frac))`` (:func:`hw.numerics.vec_mul`).
+
+    Pipeline: 1 ``a * b`` (exact); 2 rounding shift and saturation.
+
+    Cost: four 18x18 multipliers for two 32-bit operands (``a_bits``, ``b_bits`` up to 36: a
+    2 x 2 grid of partial products).
+
+    Parameters
+    ----------
+    frac:
+        Fraction bits of ``a`` (the product is shifted right by them): 16 for two activations,
+        30 (:data:`hw.numerics.NORM_FRAC`) for RMSNorm's ``n * w`` and the SiLU-gate.
+    a_bits, b_bits:
+        Signed widths of the operands (default 32; RMSNorm's weight takes 33).
+
+    Members
+    -------
+    i: In(stream.Signature(StructLayout({"a": signed(a_bits), "b": signed(b_bits)})))
+    o: Out(stream.Signature(StructLayout({"y": signed(32)})))
+    """
+
+    NAME = "mul"
+
+    def __init__(self, frac: int = ACT_FRAC, a_bits: int = ACT_BITS, b_bits: int = ACT_BITS):
+        self.frac = _bits("mul frac", frac, 0, 62)
+        self.a_bits = _bits("mul a_bits", a_bits, 2, 2 * ACT_BITS)
+        self.b_bits = _bits("mul b_bits", b_bits, 2, 2 * ACT_BITS)
+        super().__init__(data.StructLayout({"a": signed(a_bits), "b": signed(b_bits)}),
+                         data.StructLayout({"y": signed(ACT_BITS)}))
+
+    def _stages(self):
+        def s1(m, v):
+            return {"p": v.a * v.b}
+
+        def s2(m, v):
+            return {"y": (saturate(round_shift_const(v.p, self.frac)), signed(ACT_BITS))}
+
+        return [s1, s2]
+
+
+class Rope(PipelineUnit):
+    """One element of a rotary rotation (:func:`hw.numerics.vec_rope`):
+    ``y = sat32(round_shift(x * cos + rot * sin, 14))``, with ``rot`` the element of
+    ``rot(x) = (-x2, x1)`` at the same position (``-x[i + d/2]`` in the first half of a head,
+    ``x[i - d/2]`` in the second; negation is exact, activations being symmetric) and ``cos``,
+    ``sin`` the tables' words (:func:`hw.numerics.rope_table`).
+
+    Pipeline: 1 both products; 2 their sum (exact, below 2**47); 3 rounding and saturation.
+
+    Cost: four 18x18 multipliers (two per 32 x 16-bit product).
+
+    Members
+    -------
+    i: In(stream.Signature(StructLayout({"x", "rot": signed(32), "cos", "sin": signed(16)})))
+    o: Out(stream.Signature(StructLayout({"y": signed(32)})))
+    """
+
+    NAME = "rope"
+
+    def __init__(self):
+        act, tab = signed(ACT_BITS), signed(ROPE_BITS)
+        super().__init__(data.StructLayout({"x": act, "rot": act, "cos": tab, "sin": tab}),
+                         data.StructLayout({"y": act}))
+
+    def _stages(self):
+        def s1(m, v):
+            return {"xc": v.x * v.cos, "rs": v.rot * v.sin}
+
+        def s2(m, v):
+            return {"s": v.xc + v.rs}
+
+        def s3(m, v):
+            return {"y": (saturate(round_shift_const(v.s, ROPE_FRAC)), signed(ACT_BITS))}
+
+        return [s1, s2, s3]
+
+
+class Scale(PipelineUnit):
+    """Multiply by a table result: ``y = sat32(round_shift(x * r, sh - frac))`` with ``(r,
+    sh)`` from :class:`~hw.vector.tables.Recip` or :class:`~hw.vector.tables.Rsqrt`, so ``y ~=
+    x / X * 2**frac`` (or ``x / sqrt(X) * 2**frac``). A negative shift is a left shift, as in
+    :func:`hw.numerics.round_shift`.
+
+    Softmax's last step is ``Scale(16)`` of ``(e, recip(sum e))``; RMSNorm's normalised row
+    is ``Scale(30)`` of ``(x, rsqrt(ss))`` with the row's shift ``s`` added to ``sh``.
+
+    Pipeline: 1 ``x * r`` and ``sh - frac``; 2 ``w = (2 * p) >> (sh - frac)`` (or ``p <<
+    (frac - sh)``); 3 ``(w + 1) >> 1`` and saturation.
+
+    Cost: two 18x18 multipliers (32 x 17 bits).
+
+    Parameters
+    ----------
+    frac:
+        Fraction bits of the result (0 to 62).
+
+    Members
+    -------
+    i: In(stream.Signature(StructLayout({"x": signed(32), "r": unsigned(17),
+                                         "sh": unsigned(7)})))
+    o: Out(stream.Signature(StructLayout({"y": signed(32)})))
+    """
+
+    NAME = "scale"
+
+    def __init__(self, frac: int = ACT_FRAC):
+        self.frac = _bits("scale frac", frac, 0, 62)
+        super().__init__(data.StructLayout({"x": signed(ACT_BITS),
+                                            "r": unsigned(TABLE_RESULT_BITS),
+                                            "sh": unsigned(SH_BITS)}),
+                         data.StructLayout({"y": signed(ACT_BITS)}))
+
+    def _stages(self):
+        frac = self.frac
+        p_shape = signed(ACT_BITS + TABLE_RESULT_BITS)
+        s_shape = signed_range(-frac, (1 << SH_BITS) - 1 - frac)
+        # w = 2 * round-down of p / 2**s, or 2 * (p << -s): the last stage's (w + 1) >> 1 is
+        # then round_shift(p, s) either way.
+        w_shape = signed(p_shape.width + 1 + frac)
+
+        def s1(m, v):
+            return {"p": (v.x * v.r, p_shape), "s": (v.sh - frac, s_shape)}
+
+        def s2(m, v):
+            twice = Cat(Const(0, 1), v.p).as_signed()
+            w = twice >> v.s[:-1].as_unsigned()
+            if frac:
+                w = Mux(v.s[-1], twice << (-v.s)[:frac.bit_length()].as_unsigned(), w)
+            return {"w": (w, w_shape)}
+
+        def s3(m, v):
+            return {"y": (saturate((v.w + 1) >> 1), signed(ACT_BITS))}
+
+        return [s1, s2, s3]
+
+
+class Requant(PipelineUnit):
+    """INT8 requantisation of one element of a row (:func:`hw.numerics.vec_requant`):
+    ``a = clip(round_shift((x >> s) * 127 * r, sh), -127, 127)`` with the row's ``s`` and
+    ``(r, sh) = recip(amax >> s)``.
+
+    ``x >> s`` must fit an activation (32-bit signed), as the row's ``s`` ensures; the result
+    is unspecified otherwise.
+
+    Pipeline: 1 ``x >> s`` (flooring); 2 ``p = (x >> s) * r``; 3 ``127 * p`` (a shift and a
+    subtraction); 4 rounding shift by ``sh`` and clipping.
+
+    Cost: two 18x18 multipliers (32 x 17 bits).
+
+    Parameters
+    ----------
+    x_bits:
+        Signed width of the elements: 32 (activations; then ``s`` is 0) up to 54 (the
+        attention's values prologue, rows below 2**53).
+
+    Members
+    -------
+    i: In(stream.Signature(StructLayout({"x": signed(x_bits), "r": unsigned(17),
+                                         "sh": unsigned(7), "s": range(x_bits - 31)})))
+    o: Out(stream.Signature(StructLayout({"a": signed(8)})))
+    """
+
+    NAME = "requant"
+
+    def __init__(self, x_bits: int = ACT_BITS):
+        self.x_bits = _bits("requant x_bits", x_bits, ACT_BITS, TABLE_IN_BITS + 1)
+        super().__init__(data.StructLayout({"x": signed(x_bits),
+                                            "r": unsigned(TABLE_RESULT_BITS),
+                                            "sh": unsigned(SH_BITS),
+                                            "s": range(x_bits - ACT_BITS + 1)}),
+                         data.StructLayout({"a": signed(8)}))
+
+    def _stages(self):
+        p_shape = signed(ACT_BITS + TABLE_RESULT_BITS)
+        q_bits = p_shape.width + ACT_QMAX.bit_length()
+        if (ACT_QMAX + 1) & ACT_QMAX:
+            raise ValueError(f"ACT_QMAX + 1 must be a power of two, got {ACT_QMAX + 1}")
+
+        def s1(m, v):
+            return {"x": (v.x >> v.s, signed(ACT_BITS)), "r": v.r, "sh": v.sh}
+
+        def s2(m, v):
+            return {"p": (v.x * v.r, p_shape), "sh": v.sh}
+
+        def s3(m, v):
+            return {"q": ((v.p << ACT_QMAX.bit_length()) - v.p, signed(q_bits)), "sh": v.sh}
+
+        def s4(m, v):
+            q = round_shift(v.q, v.sh)
+            return {"a": (saturate(q, ACT_QMAX.bit_length() + 1), signed(8))}
+
+        return [s1, s2, s3, s4]

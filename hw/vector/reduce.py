@@ -1,0 +1,244 @@
+"""The vector unit's reductions over a streamed row: sum, max, abs-max, argmax and sum of
+squares, bit-exact with :func:`hw.numerics.vec_sum`, :func:`~hw.numerics.vec_max`,
+:func:`~hw.numerics.vec_argmax` and :func:`~hw.numerics.vec_sumsq`.
+
+A row is the elements up to and including one with ``last`` set; rows follow each other with
+no gap. Each unit takes one element per cycle and gives one result per row, ``latency`` cycles
+after the row's last element (:data:`hw.timing.VECTOR_LATENCY`). None uses a multiplier
+except :class:`SumSq` (one 18x18).
+"""
+
+from __future__ import annotations
+
+from amaranth import Mux, Shape, signed, unsigned
+from amaranth.lib import data
+
+from hw.numerics import ACT_BITS, ACT_FRAC
+from hw.vector.base import MAX_ROW, ReductionUnit, bits_for
+
+__all__ = ["Sum", "Max", "AbsMax", "ArgMax", "SumSq", "SQ_BITS", "SUMSQ_SHIFT_MAX",
+           "row_layout"]
+
+#: Shape of an activation, the default element.
+ACT = signed(ACT_BITS)
+#: Operands of a sum of squares, ``x >> shift``, are within ``[-2**17, 2**17)`` (RMSNorm's
+#: shift leaves every ``|x >> s| <= 2**(ACT_FRAC + 1)``): 18-bit signed, one 18x18 multiplier.
+SQ_BITS = ACT_FRAC + 2
+#: Largest shift RMSNorm chooses: ``bitlen(ACT_MAX) - (ACT_FRAC + 1)``.
+SUMSQ_SHIFT_MAX = (ACT_BITS - 1) - (ACT_FRAC + 1)
+
+
+def _check(shape, max_len: int) -> Shape:
+    if not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len must be an integer >= 1, got {max_len!r}")
+    try:
+        shape = Shape.cast(shape)
+    except TypeError as e:
+        raise TypeError(f"element shape must be an Amaranth shape, got {shape!r}") from e
+    if shape.width < 1:
+        raise ValueError(f"element shape must have at least one bit, got {shape!r}")
+    return shape
+
+
+def row_layout(shape, **extra) -> data.StructLayout:
+    """An element of a row: ``x`` of ``shape``, ``last`` (the row's final element), and the
+    ``extra`` fields."""
+    return data.StructLayout({"x": shape, **extra, "last": 1})
+
+
+def _input_stage(m, v):
+    return {"x": v.x, "last": v.last}
+
+
+class Sum(ReductionUnit):
+    """Sum of a row: ``y = sum(x)``, exact (:func:`hw.numerics.vec_sum`).
+
+    Pipeline: 1 input register; 2 accumulate (``y`` of the row in the output register).
+
+    Parameters
+    ----------
+    shape:
+        Shape of the elements (default: an activation, ``signed(32)``; softmax sums its
+        exponentials, ``unsigned(17)``).
+    max_len:
+        Longest row: the sum is ``bitlen(max_len - 1)`` bits wider than the elements.
+
+    Members
+    -------
+    i: In(stream.Signature(row_layout(shape)))
+    o: Out(stream.Signature(StructLayout({"y": ...})))
+    """
+
+    NAME = "sum"
+
+    def __init__(self, shape: Shape = ACT, max_len: int = MAX_ROW):
+        shape = _check(shape, max_len)
+        width = shape.width + bits_for(max_len)
+        self._acc = signed(width) if shape.signed else unsigned(width)
+        super().__init__(row_layout(shape), data.StructLayout({"y": self._acc}))
+
+    def _stages(self):
+        return [_input_stage]
+
+    def _state(self):
+        return {"y": self._acc}
+
+    def _combine(self, m, v, state, first):
+        return {"y": Mux(first, v.x, state.y + v.x)}
+
+
+class Max(ReductionUnit):
+    """Maximum of a row (:func:`hw.numerics.vec_max`).
+
+    Pipeline: 1 input register; 2 compare and keep.
+
+    Parameters
+    ----------
+    shape:
+        Shape of the elements (default ``signed(32)``).
+
+    Members
+    -------
+    i: In(stream.Signature(row_layout(shape)))
+    o: Out(stream.Signature(StructLayout({"y": shape})))
+    """
+
+    NAME = "max"
+
+    def __init__(self, shape: Shape = ACT):
+        self._shape = _check(shape, 1)
+        super().__init__(row_layout(self._shape), data.StructLayout({"y": self._shape}))
+
+    def _stages(self):
+        return [_input_stage]
+
+    def _state(self):
+        return {"y": self._shape}
+
+    def _combine(self, m, v, state, first):
+        return {"y": Mux(first | (v.x > state.y), v.x, state.y)}
+
+
+class AbsMax(ReductionUnit):
+    """Largest magnitude of a row, ``max |x|`` (the ``amax`` of
+    :func:`hw.numerics.vec_requant` and :func:`~hw.numerics.vec_rmsnorm`).
+
+    Pipeline: 1 ``|x|`` registered; 2 compare and keep.
+
+    Parameters
+    ----------
+    shape:
+        Shape of the elements, signed (default ``signed(32)``; requantisation of the
+        attention's folded values takes ``signed(54)``). The result is unsigned, as wide.
+
+    Members
+    -------
+    i: In(stream.Signature(row_layout(shape)))
+    o: Out(stream.Signature(StructLayout({"y": unsigned(shape.width)})))
+    """
+
+    NAME = "absmax"
+
+    def __init__(self, shape: Shape = ACT):
+        shape = _check(shape, 1)
+        if not shape.signed:
+            raise ValueError(f"abs-max takes signed elements, got {shape!r}")
+        self._out = unsigned(shape.width)
+        super().__init__(row_layout(shape), data.StructLayout({"y": self._out}))
+
+    def _stages(self):
+        def s1(m, v):
+            return {"x": (Mux(v.x[-1], -v.x, v.x), self._out), "last": v.last}
+        return [s1]
+
+    def _state(self):
+        return {"y": self._out}
+
+    def _combine(self, m, v, state, first):
+        return {"y": Mux(first | (v.x > state.y), v.x, state.y)}
+
+
+class ArgMax(ReductionUnit):
+    """Index of the maximum of a row, ties to the lowest index (:func:`hw.numerics.vec_argmax`),
+    and the maximum.
+
+    Pipeline: 1 input register; 2 compare (strictly greater replaces), count and keep.
+
+    Parameters
+    ----------
+    shape:
+        Shape of the elements (default ``signed(32)``).
+    max_len:
+        Longest row (the index's range).
+
+    Members
+    -------
+    i: In(stream.Signature(row_layout(shape)))
+    o: Out(stream.Signature(StructLayout({"index": range(max_len), "y": shape})))
+    """
+
+    NAME = "argmax"
+
+    def __init__(self, shape: Shape = ACT, max_len: int = MAX_ROW):
+        self._shape = _check(shape, max_len)
+        self._index = unsigned(bits_for(max_len))
+        super().__init__(row_layout(self._shape),
+                         data.StructLayout({"index": self._index, "y": self._shape}))
+
+    def _stages(self):
+        return [_input_stage]
+
+    def _state(self):
+        return {"y": self._shape, "index": self._index, "pos": self._index}
+
+    def _combine(self, m, v, state, first):
+        pos = Mux(first, 0, state.pos + 1)
+        take = first | (v.x > state.y)
+        return {"y": Mux(take, v.x, state.y), "index": Mux(take, pos, state.index),
+                "pos": pos}
+
+
+class SumSq(ReductionUnit):
+    """Sum of squares of ``x >> shift`` over a row (:func:`hw.numerics.vec_sumsq`; ``shift``
+    is the row's, given with every element).
+
+    Every ``x >> shift`` must be in ``[-2**17, 2**17)`` (:data:`SQ_BITS` bits), as RMSNorm's
+    choice of the shift guarantees; the result is unspecified otherwise.
+
+    Pipeline: 1 ``y = x >> shift`` (flooring); 2 ``y * y`` (one 18x18 multiplier);
+    3 accumulate.
+
+    Parameters
+    ----------
+    max_len:
+        Longest row: the sum has ``2 * SQ_BITS - 1 + bitlen(max_len - 1)`` bits.
+
+    Members
+    -------
+    i: In(stream.Signature(row_layout(signed(32), shift=range(SUMSQ_SHIFT_MAX + 1))))
+    o: Out(stream.Signature(StructLayout({"y": unsigned(...)})))
+    """
+
+    NAME = "sumsq"
+
+    def __init__(self, max_len: int = MAX_ROW):
+        _check(signed(ACT_BITS), max_len)
+        self._sq = unsigned(2 * SQ_BITS - 1)
+        self._acc = unsigned(2 * SQ_BITS - 1 + bits_for(max_len))
+        super().__init__(row_layout(signed(ACT_BITS), shift=range(SUMSQ_SHIFT_MAX + 1)),
+                         data.StructLayout({"y": self._acc}))
+
+    def _stages(self):
+        def s1(m, v):
+            return {"y": (v.x >> v.shift, signed(SQ_BITS)), "last": v.last}
+
+        def s2(m, v):
+            return {"x": (v.y * v.y, self._sq), "last": v.last}
+
+        return [s1, s2]
+
+    def _state(self):
+        return {"y": self._acc}
+
+    def _combine(self, m, v, state, first):
+        return {"y": Mux(first, v.x, state.y + v.x)}

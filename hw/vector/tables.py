@@ -1,0 +1,278 @@
+"""The vector unit's table units: reciprocal, reciprocal square root and exp, each a table of
+:mod:`hw.numerics` plus one refinement step, one element per cycle, bit-exact with
+:func:`hw.numerics.vec_recip`, :func:`~hw.numerics.vec_rsqrt` and :func:`~hw.numerics.vec_exp`.
+"""
+
+from __future__ import annotations
+
+from amaranth import Mux, signed, unsigned
+from amaranth.lib import data
+
+from hw.numerics import (
+    ACT_BITS,
+    ACT_FRAC,
+    CONST_FRAC,
+    EXP2_LUT,
+    LN2_Q,
+    LOG2E_Q,
+    LUT_BITS,
+    MANT_BITS,
+    NORM_FRAC,
+    RECIP_FRAC,
+    RECIP_LUT,
+    RSQRT_FRAC,
+    RSQRT_LUT,
+    TABLE_IN_BITS,
+)
+from hw.numerics import (
+    round_shift as np_round_shift,
+)
+from hw.vector.base import (
+    PipelineUnit,
+    normalise_levels,
+    rom,
+    round_shift,
+    round_shift_const,
+    signed_range,
+)
+
+__all__ = ["Recip", "Rsqrt", "Exp", "TABLE_RESULT_BITS", "RECIP_SH_MAX", "RSQRT_SH_MAX",
+           "SH_BITS", "table_in_layout", "table_out_layout"]
+
+#: A reciprocal or rsqrt result ``r`` is in (2**15, 2**16]: ``MANT_BITS + 1`` bits.
+TABLE_RESULT_BITS = MANT_BITS + 1
+#: Largest ``sh`` of a reciprocal (bit length 53) and of an rsqrt.
+RECIP_SH_MAX = TABLE_IN_BITS + RECIP_FRAC - MANT_BITS
+RSQRT_SH_MAX = RSQRT_FRAC + (TABLE_IN_BITS - MANT_BITS + 1) // 2
+#: Width of the ``sh`` of a table result (and of the units that take one).
+SH_BITS = max(RECIP_SH_MAX, RSQRT_SH_MAX).bit_length()
+#: Leading-one normalisation of a table operand: shift levels, split over two stages.
+_LEVELS = [1 << j for j in reversed(range((TABLE_IN_BITS - 1).bit_length()))]
+_HALF = len(_LEVELS) // 2
+#: Index bits of the mantissa below its leading one that address the tables.
+_IDX_LO = MANT_BITS - 1 - LUT_BITS
+
+
+def table_in_layout() -> data.StructLayout:
+    """Operand of :class:`Recip` / :class:`Rsqrt`: ``x`` below 2**53."""
+    return data.StructLayout({"x": unsigned(TABLE_IN_BITS)})
+
+
+def table_out_layout() -> data.StructLayout:
+    """Result of :class:`Recip` / :class:`Rsqrt`: ``(r, sh)``."""
+    return data.StructLayout({"r": unsigned(TABLE_RESULT_BITS), "sh": unsigned(SH_BITS)})
+
+
+def _normalise_stages():
+    """Stages 1 and 2 of both table units: ``y = x << lz`` with its leading one at bit 52
+    (an operand 0 is taken as 1), and ``lz``, the leading-zero count (``n = 53 - lz``)."""
+    def s1(m, v):
+        x = v.x | (v.x == 0)
+        y, lz = normalise_levels(x, _LEVELS[:_HALF])
+        return {"y": (y, unsigned(TABLE_IN_BITS)), "lz": lz}
+
+    def s2(m, v):
+        y, lz = normalise_levels(v.y, _LEVELS[_HALF:])
+        return {"y": (y, unsigned(TABLE_IN_BITS)),
+                "lz": (v.lz + lz, unsigned(TABLE_IN_BITS.bit_length()))}
+
+    return [s1, s2]
+
+
+class Recip(PipelineUnit):
+    """Reciprocal of ``1 <= x < 2**53``: ``(r, sh)`` with ``1/x ~= r / 2**sh``, exactly
+    :func:`hw.numerics.vec_recip` (``x = 0`` gives the result of ``x = 1``).
+
+    Pipeline (``n = 53 - lz`` the bit length)::
+
+        1, 2  y = x << lz (leading one at bit 52), three shift levels per stage
+        3     m = y[37:53] (= x >> (n - 16), flooring, or x << (16 - n)); sh = n + 15;
+              r0 = RECIP_LUT[m[9:15]] (the 6 bits after the leading one)
+        4     p = m * r0                         16 x 16 bits
+        5     q = 2**32 - p                      33 bits, positive
+        6     r = (r0 * q) >> 31                 16 x 33 bits
+
+    Cost: three 18x18 multipliers (one for ``m * r0``, two for ``r0 * q``), the table (64
+    words of 16 bits) and the normalising shifter.
+
+    Members
+    -------
+    i: In(stream.Signature(table_in_layout()))
+    o: Out(stream.Signature(table_out_layout()))
+    """
+
+    NAME = "recip"
+
+    def __init__(self):
+        super().__init__(table_in_layout(), table_out_layout())
+
+    def _stages(self):
+        r0_bits = int(RECIP_LUT.max()).bit_length()
+
+        def s3(m, v):
+            mant = v.y[TABLE_IN_BITS - MANT_BITS:]
+            sh = TABLE_IN_BITS + RECIP_FRAC - MANT_BITS - v.lz
+            r0 = rom(m, "recip_lut", RECIP_LUT, mant[_IDX_LO:MANT_BITS - 1])
+            return {"m": mant, "sh": (sh, unsigned(SH_BITS)), "r0": (r0, unsigned(r0_bits))}
+
+        def s4(m, v):
+            return {"p": (v.m * v.r0, unsigned(MANT_BITS + r0_bits)), "r0": v.r0, "sh": v.sh}
+
+        def s5(m, v):
+            return {"q": ((1 << (RECIP_FRAC + 1)) - v.p, unsigned(RECIP_FRAC + 2)),
+                    "r0": v.r0, "sh": v.sh}
+
+        def s6(m, v):
+            return {"r": ((v.r0 * v.q) >> RECIP_FRAC, unsigned(TABLE_RESULT_BITS)),
+                    "sh": v.sh}
+
+        return [*_normalise_stages(), s3, s4, s5, s6]
+
+
+class Rsqrt(PipelineUnit):
+    """Reciprocal square root of ``1 <= x < 2**53``: ``(r, sh)`` with ``1/sqrt(x) ~= r /
+    2**sh``, exactly :func:`hw.numerics.vec_rsqrt` (``x = 0`` gives the result of ``x = 1``).
+
+    Pipeline (``n = 53 - lz`` the bit length, ``e = n - 16 + (n & 1)`` the even shift)::
+
+        1, 2  y = x << lz (leading one at bit 52), three shift levels per stage
+        3     m = x >> e (= y[37:53], or y[38:53] for odd n); sh = 23 + e / 2;
+              r0 = RSQRT_LUT[(m >> 9) - 32] (a table of 128 words, the first 32 unused)
+        4     a = m * r0                         16 x 16 bits
+        5     t = (a * r0) >> 16                 32 x 16 bits
+        6     q = 3 * 2**30 - t                  32 bits, positive
+        7     r = (r0 * q) >> 31                 16 x 32 bits
+
+    Cost: five 18x18 multipliers (one, two, two), the table and the normalising shifter.
+
+    Members
+    -------
+    i: In(stream.Signature(table_in_layout()))
+    o: Out(stream.Signature(table_out_layout()))
+    """
+
+    NAME = "rsqrt"
+
+    def __init__(self):
+        super().__init__(table_in_layout(), table_out_layout())
+
+    def _stages(self):
+        r0_bits = int(RSQRT_LUT.max()).bit_length()
+        unused = 2 ** (LUT_BITS - 1)   # indices below the table's first octave
+        t_shift = MANT_BITS
+        q_const = 3 << (2 * RSQRT_FRAC - MANT_BITS)
+        r_shift = 2 * RSQRT_FRAC - MANT_BITS + 1
+
+        def s3(m, v):
+            n = (TABLE_IN_BITS - v.lz).as_signed()
+            odd = n[0]
+            e = n - MANT_BITS + odd
+            mant = Mux(odd, v.y[TABLE_IN_BITS - MANT_BITS + 1:],
+                       v.y[TABLE_IN_BITS - MANT_BITS:])
+            r0 = rom(m, "rsqrt_lut", [0] * unused + [int(x) for x in RSQRT_LUT],
+                     mant[_IDX_LO:])
+            return {"m": (mant, unsigned(MANT_BITS)),
+                    "sh": (RSQRT_FRAC + (e >> 1), unsigned(SH_BITS)),
+                    "r0": (r0, unsigned(r0_bits))}
+
+        def s4(m, v):
+            return {"a": (v.m * v.r0, unsigned(MANT_BITS + r0_bits)), "r0": v.r0, "sh": v.sh}
+
+        def s5(m, v):
+            return {"t": ((v.a * v.r0) >> t_shift, unsigned(q_const.bit_length())),
+                    "r0": v.r0, "sh": v.sh}
+
+        def s6(m, v):
+            return {"q": (q_const - v.t, unsigned(q_const.bit_length())), "r0": v.r0,
+                    "sh": v.sh}
+
+        def s7(m, v):
+            return {"r": ((v.r0 * v.q) >> r_shift, unsigned(TABLE_RESULT_BITS)), "sh": v.sh}
+
+        return [*_normalise_stages(), s3, s4, s5, s6, s7]
+
+
+class Exp(PipelineUnit):
+    """``exp(a - b)`` for ``a <= b`` (activations; ``d = a - b`` in ``(-2**32, 0]``, the
+    domain of :func:`hw.numerics.vec_exp`), with ``frac`` fraction bits: exactly
+    ``vec_exp(a - b, frac)``, a value in ``[0, 2**frac]``. Softmax feeds ``(x, max)``; the
+    SiLU-gate ``(min(g, 0), max(g, 0))``, whose difference is ``-|g|``.
+
+    Pipeline::
+
+        1  d = a - b                                    33 bits
+        2  u = (d * LOG2E_Q) >> 16                      33 x 17 bits, flooring
+        3  k = u >> 16, f = u & 0xFFFF; t = EXP2_LUT[f >> 10], lo = f & 0x3FF;
+           s = min(16 - frac - k, P_BITS + 1)           (any larger shift gives 0 as well)
+        4  tl = t * lo                                  17 x 10 bits
+        5  q = tl * LN2_Q                               27 x 16 bits
+        6  p = t + round_shift(q, 32)                   in [2**16, 2**P_BITS)
+        7  y = round_shift(p, s)                        (p << -s when frac > 16 and s < 0)
+
+    Cost: five 18x18 multipliers (two for ``d * LOG2E_Q``, one for ``t * lo``, two for
+    ``tl * LN2_Q``), the table (64 words of 17 bits) and a rounding shifter of ``p``.
+
+    Parameters
+    ----------
+    frac:
+        Fraction bits of the result: :data:`hw.numerics.ACT_FRAC` (16, softmax) or
+        :data:`hw.numerics.NORM_FRAC` (30, SiLU-gate); any value from 16 to 30.
+
+    Members
+    -------
+    i: In(stream.Signature(StructLayout({"a": signed(32), "b": signed(32)})))
+    o: Out(stream.Signature(StructLayout({"y": unsigned(frac + 1)})))
+    """
+
+    NAME = "exp"
+
+    def __init__(self, frac: int = ACT_FRAC):
+        if not isinstance(frac, int) or not ACT_FRAC <= frac <= NORM_FRAC:
+            raise ValueError(f"exp frac must be an integer in [{ACT_FRAC}, {NORM_FRAC}], "
+                             f"got {frac!r}")
+        self.frac = frac
+        super().__init__(data.StructLayout({"a": signed(ACT_BITS), "b": signed(ACT_BITS)}),
+                         data.StructLayout({"y": unsigned(frac + 1)}))
+
+    def _stages(self):
+        frac = self.frac
+        lo_bits = ACT_FRAC - LUT_BITS
+        t_max = int(EXP2_LUT.max())
+        p_max = t_max + int(np_round_shift(t_max * ((1 << lo_bits) - 1) * LN2_Q,
+                                           ACT_FRAC + CONST_FRAC))
+        p_bits = p_max.bit_length()
+        d_bits = ACT_BITS + 1
+        u_bits = d_bits + LOG2E_Q.bit_length() - CONST_FRAC
+        s_min, s_max = ACT_FRAC - frac, p_bits + 1
+        s_shape = signed_range(s_min, s_max)
+        tl_bits = p_bits + lo_bits
+
+        def s1(m, v):
+            return {"d": (v.a - v.b, signed(d_bits))}
+
+        def s2(m, v):
+            return {"u": ((v.d * LOG2E_Q) >> CONST_FRAC, signed(u_bits))}
+
+        def s3(m, v):
+            k = v.u[ACT_FRAC:].as_signed()
+            f = v.u[:ACT_FRAC]
+            t = rom(m, "exp2_lut", EXP2_LUT, f[lo_bits:])
+            s_full = (ACT_FRAC - frac) - k
+            return {"t": (t, unsigned(p_bits)), "lo": f[:lo_bits],
+                    "s": (Mux(s_full > s_max, s_max, s_full), s_shape)}
+
+        def s4(m, v):
+            return {"tl": (v.t * v.lo, unsigned(tl_bits)), "t": v.t, "s": v.s}
+
+        def s5(m, v):
+            return {"q": (v.tl * LN2_Q, unsigned(tl_bits + LN2_Q.bit_length())), "t": v.t,
+                    "s": v.s}
+
+        def s6(m, v):
+            return {"p": (v.t + round_shift_const(v.q, ACT_FRAC + CONST_FRAC),
+                          unsigned(p_bits)), "s": v.s}
+
+        def s7(m, v):
+            return {"y": (round_shift(v.p, v.s, left=frac - ACT_FRAC), unsigned(frac + 1))}
+
+        return [s1, s2, s3, s4, s5, s6, s7]

@@ -1,0 +1,156 @@
+# amaranth: UnusedElaboratable=no
+"""The vector unit's elementwise units (hw/vector/elementwise.py) against hw.numerics bit for
+bit: random operands, saturation at both ends, the RoPE tables' +-1, negative shifts of Scale,
+and requantisation of activation rows and of wide (folded-value) rows."""
+
+import numpy as np
+import pytest
+from vector_testutil import check_latency, run_unit
+
+from hw import timing
+from hw.numerics import (
+    ACT_FRAC,
+    ACT_MAX,
+    NORM_FRAC,
+    ROPE_FRAC,
+    round_shift,
+    saturate,
+    vec_add,
+    vec_mul,
+    vec_recip,
+    vec_requant,
+    vec_rope,
+    vec_rsqrt,
+)
+from hw.vector import Add, Mul, Requant, Rope, Scale
+
+
+def operands(seed: int, n: int = 240) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs of activations: uniform, small, and the format's ends (saturating sums and
+    products)."""
+    rng = np.random.default_rng(seed)
+    a = np.concatenate([rng.integers(-ACT_MAX, ACT_MAX + 1, n // 2),
+                        rng.integers(-(4 << ACT_FRAC), 4 << ACT_FRAC, n // 2),
+                        [ACT_MAX, -ACT_MAX, ACT_MAX, 0, -1]])
+    b = np.concatenate([rng.integers(-ACT_MAX, ACT_MAX + 1, n // 2),
+                        rng.integers(-(4 << ACT_FRAC), 4 << ACT_FRAC, n // 2),
+                        [ACT_MAX, -ACT_MAX, -ACT_MAX, 0, 1]])
+    return a, b
+
+
+def pairs(a, b, names=("a", "b")) -> list[dict]:
+    return [{names[0]: int(p), names[1]: int(q)} for p, q in zip(a, b, strict=True)]
+
+
+def test_add_saturates():
+    a, b = operands(1)
+    u = Add()
+    run = run_unit(u, pairs(a, b))
+    assert np.array_equal(run.field("y"), vec_add(a, b))
+    assert run.field("y")[-5] == ACT_MAX and run.field("y")[-4] == -ACT_MAX
+    check_latency(run, timing.VECTOR_LATENCY["add"])
+
+
+@pytest.mark.parametrize("frac", [ACT_FRAC, NORM_FRAC])
+def test_mul_matches_numerics(frac):
+    a, b = operands(2 + frac)
+    run = run_unit(Mul(frac), pairs(a, b))
+    assert np.array_equal(run.field("y"), vec_mul(a, b, frac))
+    check_latency(run, timing.VECTOR_LATENCY["mul"])
+
+
+def test_mul_of_rmsnorm_weights():
+    """RMSNorm's ``n * w``: ``|n| <= 2**30``, weights of 33 bits."""
+    rng = np.random.default_rng(3)
+    n = rng.integers(-(1 << NORM_FRAC), (1 << NORM_FRAC) + 1, 200)
+    w = rng.integers(-(1 << 32) + 1, 1 << 32, 200)
+    n[:2], w[:2] = [1 << NORM_FRAC, -(1 << NORM_FRAC)], [(1 << 32) - 1, (1 << 32) - 1]
+    run = run_unit(Mul(NORM_FRAC, b_bits=33), pairs(n, w))
+    assert np.array_equal(run.field("y"), vec_mul(n, w, NORM_FRAC))
+
+
+def test_rope_matches_numerics():
+    rng = np.random.default_rng(4)
+    d, heads = 16, 12
+    one = 1 << ROPE_FRAC
+    x = rng.integers(-ACT_MAX, ACT_MAX + 1, (heads, d))
+    x[0] = ACT_MAX
+    x[1] = -ACT_MAX
+    x[2] = rng.integers(-(8 << ACT_FRAC), 8 << ACT_FRAC, d)
+    cos = rng.integers(-one, one + 1, (heads, d))
+    sin = rng.integers(-one, one + 1, (heads, d))
+    cos[:2], sin[:2] = one, one          # saturating: x * 1 + x * 1
+    h = d // 2
+    rot = np.concatenate((-x[:, h:], x[:, :h]), axis=-1)
+    els = [{"x": int(p), "rot": int(q), "cos": int(c), "sin": int(s)}
+           for p, q, c, s in zip(x.ravel(), rot.ravel(), cos.ravel(), sin.ravel(), strict=True)]
+    u = Rope()
+    run = run_unit(u, els)
+    assert np.array_equal(run.field("y"), vec_rope(x, cos, sin).ravel())
+    check_latency(run, timing.VECTOR_LATENCY["rope"])
+
+
+@pytest.mark.parametrize("frac", [ACT_FRAC, NORM_FRAC])
+def test_scale_matches_numerics(frac):
+    """``(r, sh)`` of both table units over every bit length: right shifts and, for 30
+    fraction bits and small operands, left shifts."""
+    rng = np.random.default_rng(5 + frac)
+    x = rng.integers(-ACT_MAX, ACT_MAX + 1, 200)
+    x[:3] = [ACT_MAX, -ACT_MAX, 0]
+    ops = np.int64(1) << rng.integers(0, 53, 200) | rng.integers(0, 1 << 20, 200)
+    r1, sh1 = vec_recip(ops[:100])
+    r2, sh2 = vec_rsqrt(ops[100:])
+    r, sh = np.concatenate([r1, r2]), np.concatenate([sh1, sh2])
+    run = run_unit(Scale(frac), [{"x": int(a), "r": int(b), "sh": int(c)}
+                                 for a, b, c in zip(x, r, sh, strict=True)])
+    assert np.array_equal(run.field("y"), saturate(round_shift(x * r, sh - frac)))
+    assert (sh < frac).any() == (frac == NORM_FRAC)   # both directions of the shift covered
+    check_latency(run, timing.VECTOR_LATENCY["scale"])
+
+
+def requant_elements(rows_, x_bits):
+    """Each row's elements with its ``(r, sh, s)`` as the INT8 requantisation sequence
+    computes them (hw/vector/__init__.py), and the expected codes."""
+    els, want = [], []
+    for row in rows_:
+        amax = int(np.abs(row).max())
+        s = max(0, amax.bit_length() - 31)
+        r, sh = vec_recip(np.array([max(amax >> s, 1)]))
+        els += [{"x": int(e), "r": int(r[0]), "sh": int(sh[0]), "s": s} for e in row]
+        want += list(vec_requant(row)[0])
+    assert max(e["s"] for e in els) <= x_bits - 32   # the unit's range of s
+    return els, np.array(want)
+
+
+def test_requant_matches_numerics():
+    rng = np.random.default_rng(6)
+    data = [rng.integers(-ACT_MAX, ACT_MAX + 1, int(k)) for k in rng.integers(1, 20, 20)]
+    data += [np.zeros(4, np.int64), np.array([ACT_MAX, -ACT_MAX, 1]), np.array([-1, 0, 1]),
+             rng.integers(-300, 300, 16)]
+    els, want = requant_elements(data, 32)
+    u = Requant()
+    run = run_unit(u, els)
+    assert np.array_equal(run.field("a"), want)
+    check_latency(run, timing.VECTOR_LATENCY["requant"])
+
+
+def test_requant_of_wide_rows():
+    """The values prologue's rows: up to 2**53 - 1, shifted right by up to 22 first."""
+    rng = np.random.default_rng(7)
+    top = (1 << 53) - 1
+    data = [rng.integers(-(1 << int(b)), 1 << int(b), 12) for b in rng.integers(20, 54, 16)]
+    data += [np.array([top, -top, 0, 1]), np.array([-top, (1 << 31) - 1])]
+    els, want = requant_elements(data, 54)
+    run = run_unit(Requant(54), els, seed=8)
+    assert np.array_equal(run.field("a"), want)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Mul(frac=63), r"mul frac must be an integer in \[0, 62\], got 63"),
+    (lambda: Mul(a_bits=1), "got 1"),
+    (lambda: Scale(-1), "got -1"),
+    (lambda: Requant(55), r"requant x_bits must be an integer in \[32, 54\], got 55"),
+])
+def test_rejects_bad_parameters(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

@@ -1,0 +1,106 @@
+# amaranth: UnusedElaboratable=no
+"""The vector unit's reductions (hw/vector/reduce.py) against hw.numerics bit for bit: rows of
+random lengths back to back, all-zero rows, the format's extremes and ties for argmax, with the
+latency of hw.timing.VECTOR_LATENCY after each row's last element."""
+
+import numpy as np
+import pytest
+from amaranth import signed, unsigned
+from vector_testutil import check_latency, rows, run_unit
+
+from hw import timing
+from hw.numerics import ACT_FRAC, ACT_MAX, vec_argmax, vec_max, vec_sum, vec_sumsq
+from hw.vector import AbsMax, ArgMax, Max, Sum, SumSq
+
+
+def act_rows(seed: int, n: int = 40) -> list[np.ndarray]:
+    """Rows of activations of 1 to 24 elements: random, all zero, at the format's ends."""
+    rng = np.random.default_rng(seed)
+    out = [rng.integers(-ACT_MAX, ACT_MAX + 1, int(k)) for k in rng.integers(1, 25, n)]
+    out[1] = np.zeros(7, np.int64)
+    out[2] = np.full(5, -ACT_MAX)
+    out[3] = np.full(6, ACT_MAX)
+    out[4] = np.array([-ACT_MAX, ACT_MAX, 0])
+    out[5] = np.array([3])
+    out[6] = rng.integers(-(1 << 20), 1 << 20, 9)
+    return out
+
+
+def stream(data: list[np.ndarray], **extra) -> tuple[list[dict], list[int]]:
+    """The rows as one element stream, and the index of each row's last element."""
+    els = rows([[{"x": int(e), **{k: v[i] for k, v in extra.items()}} for e in row]
+                for i, row in enumerate(data)])
+    return els, list(np.cumsum([len(r) for r in data]) - 1)
+
+
+@pytest.mark.parametrize("unit, golden", [
+    (Sum, vec_sum), (Max, vec_max), (AbsMax, lambda r: np.abs(r).max())],
+    ids=["sum", "max", "absmax"])
+def test_reduction_matches_numerics(unit, golden):
+    data = act_rows(1)
+    els, ends = stream(data)
+    u = unit()
+    run = run_unit(u, els)
+    assert np.array_equal(run.field("y"), [golden(r) for r in data])
+    check_latency(run, timing.VECTOR_LATENCY[unit.NAME], ends)
+
+
+def test_sum_of_exponentials():
+    """Softmax's sum: unsigned elements up to 2**16, rows up to 4096 (a 29-bit result)."""
+    rng = np.random.default_rng(2)
+    data = [rng.integers(0, (1 << ACT_FRAC) + 1, 700), np.full(3, 1 << ACT_FRAC)]
+    els, ends = stream(data)
+    run = run_unit(Sum(unsigned(ACT_FRAC + 1), max_len=4096), els)
+    assert np.array_equal(run.field("y"), [vec_sum(r) for r in data])
+
+
+def test_argmax_ties_go_to_the_lowest_index():
+    rng = np.random.default_rng(3)
+    data = [rng.integers(-3, 4, int(k)) for k in rng.integers(1, 20, 40)]
+    data[0] = np.array([-ACT_MAX, -ACT_MAX])
+    data[1] = np.array([ACT_MAX, ACT_MAX, -ACT_MAX, ACT_MAX])
+    data[2] = np.zeros(6, np.int64)
+    els, ends = stream(data)
+    run = run_unit(ArgMax(max_len=32), els)
+    assert np.array_equal(run.field("index"), [vec_argmax(r) for r in data])
+    assert np.array_equal(run.field("y"), [vec_max(r) for r in data])
+    check_latency(run, timing.VECTOR_LATENCY["argmax"], ends)
+
+
+def test_sumsq_with_rmsnorm_shifts():
+    """The shift each row gets from RMSNorm (every |x >> s| <= 2**17), all-zero rows
+    included."""
+    data = act_rows(4)
+    shifts = [max(0, int(np.abs(r).max()).bit_length() - (ACT_FRAC + 1)) for r in data]
+    els, ends = stream(data, shift=shifts)
+    run = run_unit(SumSq(), els)
+    assert np.array_equal(run.field("y"),
+                          [vec_sumsq(r, s) for r, s in zip(data, shifts, strict=True)])
+    check_latency(run, timing.VECTOR_LATENCY["sumsq"], ends)
+
+
+def test_stalls_lose_nothing():
+    data = act_rows(5, 25)
+    els, _ = stream(data)
+    run = run_unit(ArgMax(), els, seed=6)
+    assert np.array_equal(run.field("index"), [vec_argmax(r) for r in data])
+
+
+def test_wide_absmax():
+    """Requantisation of the folded values: 54-bit elements, magnitudes up to 2**53 - 1."""
+    rng = np.random.default_rng(7)
+    top = (1 << 53) - 1
+    data = [rng.integers(-top, top + 1, 10), np.array([-top, 1]), np.array([0, -5])]
+    els, _ = stream(data)
+    run = run_unit(AbsMax(signed(54)), els)
+    assert np.array_equal(run.field("y"), [np.abs(r).max() for r in data])
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Sum(max_len=0), "max_len must be an integer >= 1, got 0"),
+    (lambda: ArgMax(max_len=2.5), "got 2.5"),
+    (lambda: AbsMax(unsigned(8)), "abs-max takes signed elements"),
+])
+def test_rejects_bad_parameters(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

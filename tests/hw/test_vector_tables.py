@@ -1,0 +1,100 @@
+# amaranth: UnusedElaboratable=no
+"""The vector unit's table units (hw/vector/tables.py) against hw.numerics bit for bit: the
+reciprocal, rsqrt and exp on random operands and the edges their docstrings name, with the
+latency of hw.timing.VECTOR_LATENCY and the stall protocol."""
+
+import numpy as np
+import pytest
+from vector_testutil import check_latency, run_unit
+
+from hw import timing
+from hw.numerics import (
+    ACT_FRAC,
+    ACT_MAX,
+    NORM_FRAC,
+    TABLE_IN_BITS,
+    vec_exp,
+    vec_recip,
+    vec_rsqrt,
+)
+from hw.vector import Exp, Recip, Rsqrt
+
+
+def table_operands(seed: int) -> np.ndarray:
+    """Operands of recip / rsqrt: uniform over the bit lengths, the range's ends, powers of two
+    and their neighbours (every normalisation shift, both parities for rsqrt)."""
+    rng = np.random.default_rng(seed)
+    n = rng.integers(1, TABLE_IN_BITS + 1, 200)
+    rand = (rng.integers(0, 1 << 62, 200) >> (62 - n)) | (1 << (n - 1))   # bit length n
+    k = np.arange(TABLE_IN_BITS)
+    pow2 = np.int64(1) << k
+    edges = [1, 2, 3, (1 << TABLE_IN_BITS) - 1, (1 << TABLE_IN_BITS) - 2]
+    return np.concatenate([edges, pow2, pow2[1:] - 1, pow2[1:] + 1, rand]).astype(np.int64)
+
+
+@pytest.mark.parametrize("unit, golden", [(Recip, vec_recip), (Rsqrt, vec_rsqrt)],
+                         ids=["recip", "rsqrt"])
+def test_table_unit_matches_numerics(unit, golden):
+    x = table_operands(1)
+    u = unit()
+    run = run_unit(u, [{"x": int(a)} for a in x])
+    r, sh = golden(x)
+    assert np.array_equal(run.field("r"), r)
+    assert np.array_equal(run.field("sh"), sh)
+    check_latency(run, timing.VECTOR_LATENCY[unit.NAME])
+
+
+@pytest.mark.parametrize("unit, golden", [(Recip, vec_recip), (Rsqrt, vec_rsqrt)],
+                         ids=["recip", "rsqrt"])
+def test_table_unit_takes_zero_as_one(unit, golden):
+    run = run_unit(unit(), [{"x": 0}])
+    r, sh = golden(np.array([1]))
+    assert (run.field("r")[0], run.field("sh")[0]) == (r[0], sh[0])
+
+
+def exp_operands(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, b)`` with ``a <= b``: ``d = a - b`` over the whole domain (down to -(2**32 - 2)),
+    near 0 (where the result has precision), and the edges."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-ACT_MAX, ACT_MAX + 1, 120)
+    b = rng.integers(-ACT_MAX, ACT_MAX + 1, 120)
+    a, b = np.minimum(a, b), np.maximum(a, b)
+    near = -rng.integers(0, 24 << ACT_FRAC, 160)
+    base = rng.integers(-ACT_MAX // 2, ACT_MAX // 2, 160)
+    ea = np.array([0, -ACT_MAX, 5, -1, 0, ACT_MAX])
+    eb = np.array([0, ACT_MAX, 5, 0, 1, ACT_MAX])
+    return (np.concatenate([a, base + near, ea]), np.concatenate([b, base, eb]))
+
+
+@pytest.mark.parametrize("frac", [ACT_FRAC, NORM_FRAC])
+def test_exp_matches_numerics(frac):
+    a, b = exp_operands(2 + frac)
+    u = Exp(frac)
+    run = run_unit(u, [{"a": int(p), "b": int(q)} for p, q in zip(a, b, strict=True)])
+    want = vec_exp(a - b, frac)
+    assert np.array_equal(run.field("y"), want)
+    assert run.field("y")[-6] == 1 << frac   # d = 0
+    assert run.field("y")[-5] == 0            # d = -(2**32 - 2)
+    check_latency(run, timing.VECTOR_LATENCY["exp"])
+
+
+def test_stalls_lose_nothing():
+    """Random gaps in the input and random output stalls: the same results, in order."""
+    x = table_operands(3)[:120]
+    run = run_unit(Rsqrt(), [{"x": int(a)} for a in x], seed=4)
+    r, sh = vec_rsqrt(x)
+    assert np.array_equal(run.field("r"), r) and np.array_equal(run.field("sh"), sh)
+
+
+@pytest.mark.parametrize("frac", [15, 31, 16.0])
+def test_exp_rejects_frac(frac):
+    with pytest.raises(ValueError, match=f"got {frac!r}"):
+        Exp(frac)
+
+
+def test_constructor_checks_the_timing_contract(monkeypatch):
+    depth = timing.VECTOR_LATENCY["recip"]
+    monkeypatch.setitem(timing.VECTOR_LATENCY, "recip", depth - 1)
+    with pytest.raises(ValueError, match=rf"VECTOR_LATENCY\['recip'\] = {depth - 1}, but the "
+                                         rf"Recip pipeline has {depth} stages"):
+        Recip()

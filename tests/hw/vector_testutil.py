@@ -1,0 +1,91 @@
+"""Driving the vector unit's function units in simulation: stream elements in, collect results
+and the cycles they took."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from amaranth.sim import Simulator
+
+
+@dataclass
+class Run:
+    """What a unit gave for a stream of elements."""
+
+    #: Output payloads, in order, as ``{field: int}``.
+    out: list[dict]
+    #: Cycle each input element was accepted in.
+    accepted: list[int]
+    #: Cycle each output was taken in.
+    produced: list[int]
+
+    def field(self, name: str) -> np.ndarray:
+        return np.array([o[name] for o in self.out], dtype=object).astype(np.int64)
+
+
+def _payload(value) -> dict:
+    return {name: int(getattr(value, name)) for name in value.shape().members}
+
+
+def run_unit(unit, elements: list[dict], *, seed: int | None = None,
+             max_cycles: int = 100_000) -> Run:
+    """Stream ``elements`` (payload dicts) through ``unit`` and collect every result.
+
+    Without ``seed`` the input is offered every cycle and the output always taken; with one,
+    both the input's valid and the output's ready are random (half the cycles each), which
+    checks the stall protocol.
+    """
+    rng = np.random.default_rng(seed) if seed is not None else None
+    res = Run([], [], [])
+    fields = list(unit.i.payload.shape().members)
+
+    async def bench(ctx):
+        k = 0
+        cycle = 0
+        idle = 0
+        while k < len(elements) or idle <= unit.latency + 2:
+            offer = k < len(elements) and (rng is None or rng.random() < 0.5)
+            take = rng is None or rng.random() < 0.5
+            ctx.set(unit.o.ready, int(take))
+            ctx.set(unit.i.valid, int(offer))
+            if offer:
+                for f in fields:
+                    ctx.set(getattr(unit.i.payload, f), int(elements[k][f]))
+            if offer and ctx.get(unit.i.ready):
+                res.accepted.append(cycle)
+                k += 1
+            valid = ctx.get(unit.o.valid)
+            if take and valid:
+                res.out.append(_payload(ctx.get(unit.o.payload)))
+                res.produced.append(cycle)
+            # Every cycle without a result advances the pipeline: latency + 1 such cycles
+            # after the last element, it is empty.
+            idle = idle + 1 if k == len(elements) and not valid else 0
+            await ctx.tick()
+            cycle += 1
+            assert cycle < max_cycles, f"{type(unit).__name__}: no progress"
+
+    sim = Simulator(unit)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    return res
+
+
+def rows(elements: list[list[dict]]) -> list[dict]:
+    """Rows of element payloads as one stream, ``last`` set on each row's final element."""
+    out = []
+    for row in elements:
+        for j, e in enumerate(row):
+            out.append({**e, "last": int(j == len(row) - 1)})
+    return out
+
+
+def check_latency(run: Run, latency: int, ends: list[int] | None = None) -> None:
+    """Every result came exactly ``latency`` cycles after its element (``ends``: the indices
+    of the elements the results belong to; default one result per element)."""
+    ends = list(range(len(run.accepted))) if ends is None else ends
+    assert len(run.produced) == len(ends)
+    got = [p - run.accepted[e] for p, e in zip(run.produced, ends, strict=True)]
+    assert got == [latency] * len(ends), got
