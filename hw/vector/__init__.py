@@ -65,9 +65,39 @@ half of the head); the residual add one :class:`~hw.vector.elementwise.Add` pass
 sampling one :class:`~hw.vector.reduce.ArgMax` pass over the logits.
 """
 
+from collections.abc import Callable
+
+from amaranth import unsigned
+from amaranth.lib import wiring
+
+from hw.numerics import ACT_BITS, ACT_FRAC, NORM_FRAC, TABLE_IN_BITS
 from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
 from hw.vector.reduce import AbsMax, ArgMax, Max, Sum, SumSq
 from hw.vector.tables import Exp, Recip, Rsqrt
 
 __all__ = ["Recip", "Rsqrt", "Exp", "Sum", "Max", "AbsMax", "ArgMax", "SumSq", "Add", "Mul",
-           "Rope", "Scale", "Requant"]
+           "Rope", "Scale", "Requant", "UNITS"]
+
+#: One lane of every unit in the configurations the composites use, by a name for reports
+#: (``python -m hw.synth --vector`` synthesises each): reductions over rows up to
+#: :data:`hw.vector.base.MAX_ROW` elements.
+UNITS: dict[str, Callable[[], wiring.Component]] = {
+    "recip": Recip,
+    "rsqrt": Rsqrt,
+    "exp(16)": lambda: Exp(ACT_FRAC),
+    "exp(30)": lambda: Exp(NORM_FRAC),
+    "sum": Sum,
+    "sum(exp)": lambda: Sum(unsigned(ACT_FRAC + 1)),
+    "max": Max,
+    "absmax": AbsMax,
+    "argmax": ArgMax,
+    "sumsq": SumSq,
+    "add": Add,
+    "mul(16)": lambda: Mul(ACT_FRAC),
+    "mul(30, w33)": lambda: Mul(NORM_FRAC, b_bits=ACT_BITS + 1),
+    "rope": Rope,
+    "scale(16)": lambda: Scale(ACT_FRAC),
+    "scale(30)": lambda: Scale(NORM_FRAC),
+    "requant": Requant,
+    "requant(x54)": lambda: Requant(TABLE_IN_BITS + 1),
+}

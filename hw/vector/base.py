@@ -30,7 +30,7 @@ from hw.timing import VECTOR_LATENCY
 
 __all__ = ["Stage", "PipelineUnit", "ReductionUnit", "build_pipeline", "check_latency",
            "round_shift", "round_shift_const", "saturate", "normalise_levels", "rom",
-           "bits_for", "MAX_ROW"]
+           "bits_for", "MAX_ROW", "MULT_CHUNK", "partial_products", "sum_partial_products"]
 
 #: Default bound on the length of a row a reduction takes (the LM head's vocabulary of the
 #: largest supported models: LLaMA-3's 128256 needs 17 bits).
@@ -206,10 +206,20 @@ def round_shift(v: Value, s: Value, left: int = 0) -> Value:
 
 def saturate(v: Value, bits: int = ACT_BITS) -> Value:
     """:func:`hw.numerics.saturate`: ``v`` clipped to ``[-(2**(bits-1) - 1), 2**(bits-1) -
-    1]``."""
-    top = (1 << (bits - 1)) - 1
+    1]``, from the bit pattern (no comparators): it overflows upwards when it is non-negative
+    with a bit set from ``bits - 1`` up, downwards when it is negative and those bits are not
+    all ones, or they are and the bits below are all zeros (``-2**(bits-1)``)."""
     v = Value.cast(v)
-    return Mux(v > top, top, Mux(v < -top, -top, v))
+    top = (1 << (bits - 1)) - 1
+    width = v.shape().width
+    if not v.shape().signed:
+        return Mux(v[bits - 1:].any(), top, v) if width >= bits else v
+    if width < bits:
+        return v
+    sign, hi, lo = v[-1], v[bits - 1:], v[:bits - 1]
+    up = ~sign & hi.any()
+    down = sign & (~hi.all() | (lo == 0))
+    return Mux(up, top, Mux(down, -top, v[:bits].as_signed()))
 
 
 def normalise_levels(y: Value, levels: Sequence[int]) -> tuple[Value, Value]:
@@ -225,6 +235,33 @@ def normalise_levels(y: Value, levels: Sequence[int]) -> tuple[Value, Value]:
         y = Mux(zero, (y << lvl)[:width], y)
         count = count + Mux(zero, lvl, 0)
     return y, count
+
+
+#: Bits of an unsigned operand chunk that one ECP5 MULT18X18D (18x18 signed) multiplies.
+MULT_CHUNK = 17
+
+
+def partial_products(a: Value, b: Value) -> dict[str, Value]:
+    """``a * b`` for a ``b`` wider than one multiplier, as one partial product per
+    :data:`MULT_CHUNK` bits of ``b``: ``{"pp0": a * b[0:17], "pp1": a * b[17:34], ...}``
+    (the chunks unsigned, the top one signed when ``b`` is), each one MULT18X18D when ``a``
+    fits one; a pipeline registers them, then :func:`sum_partial_products` adds them in the
+    next stage (the multipliers and the adder in two cycles, not one)."""
+    b = Value.cast(b)
+    n = -(-b.shape().width // MULT_CHUNK)
+    chunks = [b[k * MULT_CHUNK:(k + 1) * MULT_CHUNK] for k in range(n)]
+    if b.shape().signed:
+        chunks[-1] = chunks[-1].as_signed()
+    return {f"pp{k}": a * c for k, c in enumerate(chunks)}
+
+
+def sum_partial_products(v: SimpleNamespace) -> Value:
+    """The product whose :func:`partial_products` are the attributes ``pp0, pp1, ...`` of
+    ``v``."""
+    parts = []
+    while hasattr(v, f"pp{len(parts)}"):
+        parts.append(getattr(v, f"pp{len(parts)}") << (MULT_CHUNK * len(parts)))
+    return sum(parts[1:], parts[0])
 
 
 def rom(m: Module, name: str, init: Sequence[int], index: Value) -> Value:

@@ -13,12 +13,12 @@ from amaranth.lib import data
 from hw.numerics import ACT_BITS, ACT_FRAC, ACT_QMAX, ROPE_FRAC, TABLE_IN_BITS
 from hw.vector.base import (
     PipelineUnit,
-    round_shift,
+    partial_products,
     round_shift_const,
     saturate,
-    signed_range,
+    sum_partial_products,
 )
-from hw.vector.tables import SH_BITS, TABLE_RESULT_BITS
+from hw.vector.tables import SH_BITS, SH_MIN, TABLE_RESULT_BITS
 
 __all__ = ["Add", "Mul", "Rope", "Scale", "Requant", "ROPE_BITS"]
 
@@ -35,7 +35,9 @@ def _bits(name: str, value, lo: int, hi: int) -> int:
 class Add(PipelineUnit):
     """``y = sat32(a + b)`` (:func:`hw.numerics.vec_add`: the residual add).
 
-    Pipeline: 1 add and saturate. No multiplier.
+    Pipeline: 1 add and saturate.
+
+    Cost: no multiplier.
 
     Members
     -------
@@ -60,8 +62,8 @@ class Mul(PipelineUnit):
 
     Pipeline: 1 ``a * b`` (exact); 2 rounding shift and saturation.
 
-    Cost: four 18x18 multipliers for two 32-bit operands (``a_bits``, ``b_bits`` up to 36: a
-    2 x 2 grid of partial products).
+    Cost: four 18x18 multipliers (a 2 x 2 grid of partial products), for 32 x 32 bits and for
+    RMSNorm's 32 x 33.
 
     Parameters
     ----------
@@ -137,13 +139,17 @@ class Scale(PipelineUnit):
     """Multiply by a table result: ``y = sat32(round_shift(x * r, sh - frac))`` with ``(r,
     sh)`` from :class:`~hw.vector.tables.Recip` or :class:`~hw.vector.tables.Rsqrt`, so ``y ~=
     x / X * 2**frac`` (or ``x / sqrt(X) * 2**frac``). A negative shift is a left shift, as in
-    :func:`hw.numerics.round_shift`.
+    :func:`hw.numerics.round_shift`. ``sh`` must be at least
+    :data:`~hw.vector.tables.SH_MIN` (16: what the table units give, plus RMSNorm's row shift);
+    the result is unspecified below.
 
     Softmax's last step is ``Scale(16)`` of ``(e, recip(sum e))``; RMSNorm's normalised row
     is ``Scale(30)`` of ``(x, rsqrt(ss))`` with the row's shift ``s`` added to ``sh``.
 
-    Pipeline: 1 ``x * r`` and ``sh - frac``; 2 ``w = (2 * p) >> (sh - frac)`` (or ``p <<
-    (frac - sh)``); 3 ``(w + 1) >> 1`` and saturation.
+    Pipeline: 1 the partial products of ``x * r``, and the shift; 2 ``p``, their sum; 3 ``w =
+    (2 * p) >> (sh - frac)`` (a left shift when negative: one shifter, right, of ``2 * p``
+    shifted left by the largest left shift ``frac - 16``); 4 ``(w + 1) >> 1`` and
+    saturation.
 
     Cost: two 18x18 multipliers (32 x 17 bits).
 
@@ -171,25 +177,37 @@ class Scale(PipelineUnit):
     def _stages(self):
         frac = self.frac
         p_shape = signed(ACT_BITS + TABLE_RESULT_BITS)
-        s_shape = signed_range(-frac, (1 << SH_BITS) - 1 - frac)
-        # w = 2 * round-down of p / 2**s, or 2 * (p << -s): the last stage's (w + 1) >> 1 is
-        # then round_shift(p, s) either way.
-        w_shape = signed(p_shape.width + 1 + frac)
+        # One right shifter: 2p is first shifted left by the largest left shift, then right by
+        # sh - frac + left_max >= 0. Shifts past right_max change nothing (round_shift of p
+        # gives 0); a non-zero p shifted left by ACT_BITS - 1 or more saturates.
+        left_max = min(max(0, frac - SH_MIN), ACT_BITS - 1)
+        right_max = p_shape.width + 1 + left_max
+        amount = unsigned(right_max.bit_length())
+        # w = 2 * (p >> s) rounded down, or 2 * (p << -s): the last stage's (w + 1) >> 1 is
+        # round_shift(p, s) either way.
+        w_shape = signed(p_shape.width + 1 + left_max)
 
         def s1(m, v):
-            return {"p": (v.x * v.r, p_shape), "s": (v.sh - frac, s_shape)}
+            shift = (v.sh + (left_max - frac)).as_signed()
+            return {**partial_products(v.r, v.x),
+                    "amount": (Mux(shift > right_max, right_max, shift), amount)}
+
+        def s1b(m, v):
+            return {"p": (sum_partial_products(v), p_shape), "amount": v.amount}
 
         def s2(m, v):
-            twice = Cat(Const(0, 1), v.p).as_signed()
-            w = twice >> v.s[:-1].as_unsigned()
-            if frac:
-                w = Mux(v.s[-1], twice << (-v.s)[:frac.bit_length()].as_unsigned(), w)
-            return {"w": (w, w_shape)}
+            twice = Cat(Const(0, 1 + left_max), v.p).as_signed()
+            return {"w": (twice >> v.amount, w_shape)}
 
         def s3(m, v):
             return {"y": (saturate((v.w + 1) >> 1), signed(ACT_BITS))}
 
-        return [s1, s2, s3]
+        return [s1, s1b, s2, s3]
+
+
+def _at_most(v, hi: int):
+    """``min(v, hi)`` (``v`` non-negative wherever it is selected)."""
+    return Mux(v > hi, hi, v)
 
 
 class Requant(PipelineUnit):
@@ -200,8 +218,9 @@ class Requant(PipelineUnit):
     ``x >> s`` must fit an activation (32-bit signed), as the row's ``s`` ensures; the result
     is unspecified otherwise.
 
-    Pipeline: 1 ``x >> s`` (flooring); 2 ``p = (x >> s) * r``; 3 ``127 * p`` (a shift and a
-    subtraction); 4 rounding shift by ``sh`` and clipping.
+    Pipeline: 1 ``x >> s`` (flooring); 2 the partial products of ``(x >> s) * r``; 3 ``p``,
+    their sum; 4 ``q = 127 * p`` (a shift and a subtraction); 5 ``w = (2 * q) >> sh``;
+    6 ``(w + 1) >> 1`` (the rounding) and clipping.
 
     Cost: two 18x18 multipliers (32 x 17 bits).
 
@@ -238,13 +257,21 @@ class Requant(PipelineUnit):
             return {"x": (v.x >> v.s, signed(ACT_BITS)), "r": v.r, "sh": v.sh}
 
         def s2(m, v):
-            return {"p": (v.x * v.r, p_shape), "sh": v.sh}
+            return {**partial_products(v.r, v.x), "sh": v.sh}
+
+        def s2b(m, v):
+            return {"p": (sum_partial_products(v), p_shape), "sh": v.sh}
 
         def s3(m, v):
-            return {"q": ((v.p << ACT_QMAX.bit_length()) - v.p, signed(q_bits)), "sh": v.sh}
+            # A shift past q's bits gives 0, as any larger one does.
+            return {"q": ((v.p << ACT_QMAX.bit_length()) - v.p, signed(q_bits)),
+                    "sh": (_at_most(v.sh, q_bits + 1), unsigned((q_bits + 1).bit_length()))}
 
         def s4(m, v):
-            q = round_shift(v.q, v.sh)
-            return {"a": (saturate(q, ACT_QMAX.bit_length() + 1), signed(8))}
+            # 2q >> sh: round_shift(q, sh) is (w + 1) >> 1 (hw.vector.base.round_shift).
+            return {"w": (Cat(Const(0, 1), v.q).as_signed() >> v.sh, signed(q_bits + 1))}
 
-        return [s1, s2, s3, s4]
+        def s5(m, v):
+            return {"a": (saturate((v.w + 1) >> 1, ACT_QMAX.bit_length() + 1), signed(8))}
+
+        return [s1, s2, s2b, s3, s4, s5]

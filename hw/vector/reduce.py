@@ -4,8 +4,7 @@ squares, bit-exact with :func:`hw.numerics.vec_sum`, :func:`~hw.numerics.vec_max
 
 A row is the elements up to and including one with ``last`` set; rows follow each other with
 no gap. Each unit takes one element per cycle and gives one result per row, ``latency`` cycles
-after the row's last element (:data:`hw.timing.VECTOR_LATENCY`). None uses a multiplier
-except :class:`SumSq` (one 18x18).
+after the row's last element (:data:`hw.timing.VECTOR_LATENCY`).
 """
 
 from __future__ import annotations
@@ -55,6 +54,8 @@ class Sum(ReductionUnit):
 
     Pipeline: 1 input register; 2 accumulate (``y`` of the row in the output register).
 
+    Cost: no multiplier.
+
     Parameters
     ----------
     shape:
@@ -92,6 +93,8 @@ class Max(ReductionUnit):
 
     Pipeline: 1 input register; 2 compare and keep.
 
+    Cost: no multiplier.
+
     Parameters
     ----------
     shape:
@@ -124,6 +127,8 @@ class AbsMax(ReductionUnit):
     :func:`hw.numerics.vec_requant` and :func:`~hw.numerics.vec_rmsnorm`).
 
     Pipeline: 1 ``|x|`` registered; 2 compare and keep.
+
+    Cost: no multiplier.
 
     Parameters
     ----------
@@ -163,6 +168,8 @@ class ArgMax(ReductionUnit):
     and the maximum.
 
     Pipeline: 1 input register; 2 compare (strictly greater replaces), count and keep.
+
+    Cost: no multiplier.
 
     Parameters
     ----------
@@ -205,8 +212,9 @@ class SumSq(ReductionUnit):
     Every ``x >> shift`` must be in ``[-2**17, 2**17)`` (:data:`SQ_BITS` bits), as RMSNorm's
     choice of the shift guarantees; the result is unspecified otherwise.
 
-    Pipeline: 1 ``y = x >> shift`` (flooring); 2 ``y * y`` (one 18x18 multiplier);
-    3 accumulate.
+    Pipeline: 1 ``y = x >> shift`` (flooring); 2 ``y * y``; 3 accumulate.
+
+    Cost: one 18x18 multiplier.
 
     Parameters
     ----------

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from amaranth import Mux, signed, unsigned
+from amaranth import Const, Mux, signed, unsigned
 from amaranth.lib import data
 
 from hw.numerics import (
@@ -30,20 +30,25 @@ from hw.numerics import (
 from hw.vector.base import (
     PipelineUnit,
     normalise_levels,
+    partial_products,
     rom,
     round_shift,
     round_shift_const,
     signed_range,
+    sum_partial_products,
 )
 
 __all__ = ["Recip", "Rsqrt", "Exp", "TABLE_RESULT_BITS", "RECIP_SH_MAX", "RSQRT_SH_MAX",
-           "SH_BITS", "table_in_layout", "table_out_layout"]
+           "SH_MIN", "SH_BITS", "table_in_layout", "table_out_layout"]
 
 #: A reciprocal or rsqrt result ``r`` is in (2**15, 2**16]: ``MANT_BITS + 1`` bits.
 TABLE_RESULT_BITS = MANT_BITS + 1
 #: Largest ``sh`` of a reciprocal (bit length 53) and of an rsqrt.
 RECIP_SH_MAX = TABLE_IN_BITS + RECIP_FRAC - MANT_BITS
 RSQRT_SH_MAX = RSQRT_FRAC + (TABLE_IN_BITS - MANT_BITS + 1) // 2
+#: Smallest ``sh`` of either (the operand 1): a table result never asks for a left shift of
+#: more than ``frac - SH_MIN`` in :class:`hw.vector.elementwise.Scale`.
+SH_MIN = min(1 + RECIP_FRAC - MANT_BITS, RSQRT_FRAC + (1 - MANT_BITS + 1) // 2)
 #: Width of the ``sh`` of a table result (and of the units that take one).
 SH_BITS = max(RECIP_SH_MAX, RSQRT_SH_MAX).bit_length()
 #: Leading-one normalisation of a table operand: shift levels, split over two stages.
@@ -90,7 +95,8 @@ class Recip(PipelineUnit):
               r0 = RECIP_LUT[m[9:15]] (the 6 bits after the leading one)
         4     p = m * r0                         16 x 16 bits
         5     q = 2**32 - p                      33 bits, positive
-        6     r = (r0 * q) >> 31                 16 x 33 bits
+        6     r0 * q[0:17], r0 * q[17:33]        partial products
+        7     r = (r0 * q) >> 31                 their sum
 
     Cost: three 18x18 multipliers (one for ``m * r0``, two for ``r0 * q``), the table (64
     words of 16 bits) and the normalising shifter.
@@ -123,10 +129,13 @@ class Recip(PipelineUnit):
                     "r0": v.r0, "sh": v.sh}
 
         def s6(m, v):
-            return {"r": ((v.r0 * v.q) >> RECIP_FRAC, unsigned(TABLE_RESULT_BITS)),
+            return {**partial_products(v.r0, v.q), "sh": v.sh}
+
+        def s7(m, v):
+            return {"r": (sum_partial_products(v) >> RECIP_FRAC, unsigned(TABLE_RESULT_BITS)),
                     "sh": v.sh}
 
-        return [*_normalise_stages(), s3, s4, s5, s6]
+        return [*_normalise_stages(), s3, s4, s5, s6, s7]
 
 
 class Rsqrt(PipelineUnit):
@@ -139,9 +148,10 @@ class Rsqrt(PipelineUnit):
         3     m = x >> e (= y[37:53], or y[38:53] for odd n); sh = 23 + e / 2;
               r0 = RSQRT_LUT[(m >> 9) - 32] (a table of 128 words, the first 32 unused)
         4     a = m * r0                         16 x 16 bits
-        5     t = (a * r0) >> 16                 32 x 16 bits
-        6     q = 3 * 2**30 - t                  32 bits, positive
-        7     r = (r0 * q) >> 31                 16 x 32 bits
+        5     r0 * a[0:17], r0 * a[17:32]        partial products
+        6     t = (a * r0) >> 16 (their sum); q = 3 * 2**30 - t    32 bits, positive
+        7     r0 * q[0:17], r0 * q[17:32]        partial products
+        8     r = (r0 * q) >> 31                 their sum
 
     Cost: five 18x18 multipliers (one, two, two), the table and the normalising shifter.
 
@@ -179,17 +189,21 @@ class Rsqrt(PipelineUnit):
             return {"a": (v.m * v.r0, unsigned(MANT_BITS + r0_bits)), "r0": v.r0, "sh": v.sh}
 
         def s5(m, v):
-            return {"t": ((v.a * v.r0) >> t_shift, unsigned(q_const.bit_length())),
-                    "r0": v.r0, "sh": v.sh}
+            return {**partial_products(v.r0, v.a), "r0": v.r0, "sh": v.sh}
 
         def s6(m, v):
-            return {"q": (q_const - v.t, unsigned(q_const.bit_length())), "r0": v.r0,
+            t = sum_partial_products(v) >> t_shift
+            return {"q": (q_const - t, unsigned(q_const.bit_length())), "r0": v.r0,
                     "sh": v.sh}
 
         def s7(m, v):
-            return {"r": ((v.r0 * v.q) >> r_shift, unsigned(TABLE_RESULT_BITS)), "sh": v.sh}
+            return {**partial_products(v.r0, v.q), "sh": v.sh}
 
-        return [*_normalise_stages(), s3, s4, s5, s6, s7]
+        def s8(m, v):
+            return {"r": (sum_partial_products(v) >> r_shift, unsigned(TABLE_RESULT_BITS)),
+                    "sh": v.sh}
+
+        return [*_normalise_stages(), s3, s4, s5, s6, s7, s8]
 
 
 class Exp(PipelineUnit):
@@ -201,13 +215,14 @@ class Exp(PipelineUnit):
     Pipeline::
 
         1  d = a - b                                    33 bits
-        2  u = (d * LOG2E_Q) >> 16                      33 x 17 bits, flooring
-        3  k = u >> 16, f = u & 0xFFFF; t = EXP2_LUT[f >> 10], lo = f & 0x3FF;
+        2  d[0:17] * LOG2E_Q, d[17:33] * LOG2E_Q        partial products
+        3  u = (d * LOG2E_Q) >> 16                      their sum, flooring
+        4  k = u >> 16, f = u & 0xFFFF; t = EXP2_LUT[f >> 10], lo = f & 0x3FF;
            s = min(16 - frac - k, P_BITS + 1)           (any larger shift gives 0 as well)
-        4  tl = t * lo                                  17 x 10 bits
-        5  q = tl * LN2_Q                               27 x 16 bits
-        6  p = t + round_shift(q, 32)                   in [2**16, 2**P_BITS)
-        7  y = round_shift(p, s)                        (p << -s when frac > 16 and s < 0)
+        5  tl = t * lo                                  17 x 10 bits
+        6  q = tl * LN2_Q                               27 x 16 bits
+        7  p = t + round_shift(q, 32)                   in [2**16, 2**P_BITS)
+        8  y = round_shift(p, s)                        (p << -s when frac > 16 and s < 0)
 
     Cost: five 18x18 multipliers (two for ``d * LOG2E_Q``, one for ``t * lo``, two for
     ``tl * LN2_Q``), the table (64 words of 17 bits) and a rounding shifter of ``p``.
@@ -251,15 +266,21 @@ class Exp(PipelineUnit):
             return {"d": (v.a - v.b, signed(d_bits))}
 
         def s2(m, v):
-            return {"u": ((v.d * LOG2E_Q) >> CONST_FRAC, signed(u_bits))}
+            return partial_products(Const(LOG2E_Q), v.d)
+
+        def s2b(m, v):
+            return {"u": (sum_partial_products(v) >> CONST_FRAC, signed(u_bits))}
 
         def s3(m, v):
             k = v.u[ACT_FRAC:].as_signed()
             f = v.u[:ACT_FRAC]
             t = rom(m, "exp2_lut", EXP2_LUT, f[lo_bits:])
-            s_full = (ACT_FRAC - frac) - k
+            # min(16 - frac - k, s_max): a compare of k with a constant beside a subtraction
+            # as narrow as the result (which fits it whenever it is selected).
+            big = k < (ACT_FRAC - frac) - s_max
+            s_narrow = (ACT_FRAC - frac) - k[:s_shape.width].as_signed()
             return {"t": (t, unsigned(p_bits)), "lo": f[:lo_bits],
-                    "s": (Mux(s_full > s_max, s_max, s_full), s_shape)}
+                    "s": (Mux(big, s_max, s_narrow), s_shape)}
 
         def s4(m, v):
             return {"tl": (v.t * v.lo, unsigned(tl_bits)), "t": v.t, "s": v.s}
@@ -275,4 +296,4 @@ class Exp(PipelineUnit):
         def s7(m, v):
             return {"y": (round_shift(v.p, v.s, left=frac - ACT_FRAC), unsigned(frac + 1))}
 
-        return [s1, s2, s3, s4, s5, s6, s7]
+        return [s1, s2, s2b, s3, s4, s5, s6, s7]

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """hw.synth: the result record read back from Yosys' and nextpnr's outputs.
 
 The tools themselves run in ``make synth`` (tens of minutes for the default design); these
@@ -409,3 +410,50 @@ def test_cli_record_keeps_finished_runs_only(tmp_path, monkeypatch, capsys):
     assert main(["--collect", "--out", str(stopped), "--record"]) == 2
     assert "no finished clock to keep" in capsys.readouterr().err
     assert synthesised_clock(AcceleratorConfig(), records) == (45.10, True)
+
+
+def test_vector_units_synthesise_and_are_cached(tmp_path):
+    """``--vector``: each unit alone through the flow's Yosys script, its cells counted; a rerun
+    of the same Verilog reads the record back."""
+    from hw.synth import synthesize_vector, vector_summary
+
+    res = synthesize_vector(tmp_path, units=["add", "sumsq"], verbose=False, pnr=False)
+    add, sumsq = res["units"]["add"], res["units"]["sumsq"]
+    assert add["ffs"] > 0 and add["luts"] == add["lut4_logic"] + 2 * add["carry_cells"]
+    assert (add["dsps"], sumsq["dsps"]) == (0, 1)
+    assert json.loads((tmp_path / "vector.json").read_text()) == res
+    again = synthesize_vector(tmp_path, units=["add"], verbose=False, pnr=False)
+    assert again["units"]["add"]["seconds"] == add["seconds"]   # cached, not rerun
+    assert [ln.split()[0] for ln in vector_summary(res).splitlines()[1:]] == ["add", "sumsq"]
+
+
+def test_vector_rejects_unknown_units(tmp_path):
+    from hw.synth import synthesize_vector
+
+    with pytest.raises(ValueError, match=r"unknown vector unit\(s\) \['fft'\]"):
+        synthesize_vector(tmp_path, units=["fft"])
+
+
+def test_cli_vector_cannot_record(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--vector", "--record"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "hw.synth: --vector cannot be combined with --record or --collect")
+
+
+@pytest.mark.slow
+def test_vector_unit_docstrings_state_their_multipliers(tmp_path):
+    """Every unit's "Cost:" line names the MULT18X18D count Yosys maps it to."""
+    import re
+
+    from hw.synth import synthesize_vector
+    from hw.vector import UNITS
+
+    words = {"no": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+    res = synthesize_vector(tmp_path, verbose=False, pnr=False)
+    for name, make in UNITS.items():
+        doc = type(make()).__doc__
+        said = re.search(r"Cost: (\w+) (?:18x18 )?multiplier", doc)
+        assert said, f"{name}: no Cost line"
+        assert words[said.group(1)] == res["units"][name]["dsps"], name
