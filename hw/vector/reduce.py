@@ -13,7 +13,7 @@ from amaranth import Mux, Shape, signed, unsigned
 from amaranth.lib import data
 
 from hw.numerics import ACT_BITS, ACT_FRAC
-from hw.vector.base import MAX_ROW, ReductionUnit, bits_for
+from hw.vector.base import MAX_ROW, ReductionUnit, bits_for, dsp_product
 
 __all__ = ["Sum", "Max", "AbsMax", "ArgMax", "SumSq", "SQ_BITS", "SUMSQ_SHIFT_MAX",
            "row_layout"]
@@ -241,7 +241,7 @@ class SumSq(ReductionUnit):
             return {"y": (v.x >> v.shift, signed(SQ_BITS)), "last": v.last}
 
         def s2(m, v):
-            return {"x": (v.y * v.y, self._sq), "last": v.last}
+            return {"x": dsp_product(v.y * v.y, self._sq), "last": v.last}
 
         return [s1, s2]
 

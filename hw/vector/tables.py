@@ -29,6 +29,7 @@ from hw.numerics import (
 )
 from hw.vector.base import (
     PipelineUnit,
+    dsp_product,
     normalise_levels,
     partial_products,
     rom,
@@ -122,7 +123,8 @@ class Recip(PipelineUnit):
             return {"m": mant, "sh": (sh, unsigned(SH_BITS)), "r0": (r0, unsigned(r0_bits))}
 
         def s4(m, v):
-            return {"p": (v.m * v.r0, unsigned(MANT_BITS + r0_bits)), "r0": v.r0, "sh": v.sh}
+            return {"p": dsp_product(v.m * v.r0, unsigned(MANT_BITS + r0_bits)), "r0": v.r0,
+                    "sh": v.sh}
 
         def s5(m, v):
             return {"q": ((1 << (RECIP_FRAC + 1)) - v.p, unsigned(RECIP_FRAC + 2)),
@@ -186,7 +188,8 @@ class Rsqrt(PipelineUnit):
                     "r0": (r0, unsigned(r0_bits))}
 
         def s4(m, v):
-            return {"a": (v.m * v.r0, unsigned(MANT_BITS + r0_bits)), "r0": v.r0, "sh": v.sh}
+            return {"a": dsp_product(v.m * v.r0, unsigned(MANT_BITS + r0_bits)), "r0": v.r0,
+                    "sh": v.sh}
 
         def s5(m, v):
             return {**partial_products(v.r0, v.a), "r0": v.r0, "sh": v.sh}
@@ -220,8 +223,8 @@ class Exp(PipelineUnit):
         4  k = u >> 16, f = u & 0xFFFF; t = EXP2_LUT[f >> 10], lo = f & 0x3FF;
            s = min(16 - frac - k, P_BITS + 1)           (any larger shift gives 0 as well)
         5  tl = t * lo                                  17 x 10 bits
-        6  q = tl * LN2_Q                               27 x 16 bits
-        7  p = t + round_shift(q, 32)                   in [2**16, 2**P_BITS)
+        6  tl[0:17] * LN2_Q, tl[17:27] * LN2_Q          partial products
+        7  p = t + round_shift(q, 32), q = tl * LN2_Q   (their sum), in [2**16, 2**P_BITS)
         8  y = round_shift(p, s)                        (p << -s when frac > 16 and s < 0)
 
     Cost: five 18x18 multipliers (two for ``d * LOG2E_Q``, one for ``t * lo``, two for
@@ -283,15 +286,15 @@ class Exp(PipelineUnit):
                     "s": (Mux(big, s_max, s_narrow), s_shape)}
 
         def s4(m, v):
-            return {"tl": (v.t * v.lo, unsigned(tl_bits)), "t": v.t, "s": v.s}
+            return {"tl": dsp_product(v.t * v.lo, unsigned(tl_bits)), "t": v.t, "s": v.s}
 
         def s5(m, v):
-            return {"q": (v.tl * LN2_Q, unsigned(tl_bits + LN2_Q.bit_length())), "t": v.t,
-                    "s": v.s}
+            return {**partial_products(Const(LN2_Q), v.tl), "t": v.t, "s": v.s}
 
         def s6(m, v):
-            return {"p": (v.t + round_shift_const(v.q, ACT_FRAC + CONST_FRAC),
-                          unsigned(p_bits)), "s": v.s}
+            q = sum_partial_products(v)
+            return {"p": (v.t + round_shift_const(q, ACT_FRAC + CONST_FRAC), unsigned(p_bits)),
+                    "s": v.s}
 
         def s7(m, v):
             return {"y": (round_shift(v.p, v.s, left=frac - ACT_FRAC), unsigned(frac + 1))}
