@@ -40,7 +40,8 @@ __all__ = ["Stage", "PipelineUnit", "ReductionUnit", "build_pipeline", "check_la
 MAX_ROW = 1 << 17
 
 #: A pipeline stage: from the previous stage's values (attributes of ``v``) to the values it
-#: registers, ``name -> value`` or ``name -> (value, shape)``.
+#: registers, ``name -> value``, ``(value, shape)`` or ``(value, shape, attrs)``
+#: (:func:`build_pipeline`).
 Stage = Callable[[Module, SimpleNamespace], dict]
 
 
