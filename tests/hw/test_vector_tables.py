@@ -11,6 +11,9 @@ from hw import timing
 from hw.numerics import (
     ACT_FRAC,
     ACT_MAX,
+    CONST_FRAC,
+    LOG2E_Q,
+    MANT_BITS,
     NORM_FRAC,
     TABLE_IN_BITS,
     vec_exp,
@@ -98,3 +101,25 @@ def test_constructor_checks_the_timing_contract(monkeypatch):
     with pytest.raises(ValueError, match=rf"VECTOR_LATENCY\['recip'\] = {depth - 1}, but the "
                                          rf"Recip pipeline has {depth} stages"):
         Recip()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("unit, golden, lo", [
+    (Recip, vec_recip, 1 << (MANT_BITS - 1)), (Rsqrt, vec_rsqrt, 1 << (MANT_BITS - 2))],
+    ids=["recip", "rsqrt"])
+def test_every_mantissa(unit, golden, lo):
+    """Every normalised mantissa (both octaves for rsqrt) with no normalising shift: the table
+    and Newton step are exact for all of them, so with the shifts above, for every operand."""
+    x = np.arange(lo, 1 << MANT_BITS, dtype=np.int64)
+    run = run_unit(unit(), [{"x": int(a)} for a in x])
+    r, sh = golden(x)
+    assert np.array_equal(run.field("r"), r) and np.array_equal(run.field("sh"), sh)
+
+
+@pytest.mark.slow
+def test_exp_of_every_fraction():
+    """Every ``d`` whose ``u = d * log2(e)`` lies in [-1, 0]: every table entry and every
+    interpolation step the fraction reaches."""
+    d = np.arange(-(1 << (ACT_FRAC + CONST_FRAC)) // LOG2E_Q, 1, dtype=np.int64)
+    run = run_unit(Exp(ACT_FRAC), [{"a": int(v), "b": 0} for v in d])
+    assert np.array_equal(run.field("y"), vec_exp(d, ACT_FRAC))
