@@ -123,3 +123,10 @@ def test_exp_of_every_fraction():
     d = np.arange(-(1 << (ACT_FRAC + CONST_FRAC)) // LOG2E_Q, 1, dtype=np.int64)
     run = run_unit(Exp(ACT_FRAC), [{"a": int(v), "b": 0} for v in d])
     assert np.array_equal(run.field("y"), vec_exp(d, ACT_FRAC))
+
+
+def test_every_declared_latency_belongs_to_a_unit():
+    """hw.timing.VECTOR_LATENCY names exactly the units of hw.vector (none stale)."""
+    from hw.vector import UNITS
+
+    assert {type(make()).NAME for make in UNITS.values()} == set(timing.VECTOR_LATENCY)
