@@ -65,7 +65,7 @@ half of the head); the residual add one :class:`~hw.vector.elementwise.Add` pass
 sampling one :class:`~hw.vector.reduce.ArgMax` pass over the logits.
 """
 
-from collections.abc import Callable
+from functools import partial
 
 from amaranth import unsigned
 from amaranth.lib import wiring
@@ -80,24 +80,25 @@ __all__ = ["Recip", "Rsqrt", "Exp", "Sum", "Max", "AbsMax", "ArgMax", "SumSq", "
 
 #: One lane of every unit in the configurations the composites use, by a name for reports
 #: (``python -m hw.synth --vector`` synthesises each): reductions over rows up to
-#: :data:`hw.vector.base.MAX_ROW` elements.
-UNITS: dict[str, Callable[[], wiring.Component]] = {
-    "recip": Recip,
-    "rsqrt": Rsqrt,
-    "exp(16)": lambda: Exp(ACT_FRAC),
-    "exp(30)": lambda: Exp(NORM_FRAC),
-    "sum": Sum,
-    "sum(exp)": lambda: Sum(unsigned(ACT_FRAC + 1)),
-    "max": Max,
-    "absmax": AbsMax,
-    "argmax": ArgMax,
-    "sumsq": SumSq,
-    "add": Add,
-    "mul(16)": lambda: Mul(ACT_FRAC),
-    "mul(30, w33)": lambda: Mul(NORM_FRAC, b_bits=ACT_BITS + 1),
-    "rope": Rope,
-    "scale(16)": lambda: Scale(ACT_FRAC),
-    "scale(30)": lambda: Scale(NORM_FRAC),
-    "requant": Requant,
-    "requant(x54)": lambda: Requant(TABLE_IN_BITS + 1),
+#: :data:`hw.vector.base.MAX_ROW` elements. Each entry constructs its unit; its ``func`` is the
+#: unit's class.
+UNITS: dict[str, partial[wiring.Component]] = {
+    "recip": partial(Recip),
+    "rsqrt": partial(Rsqrt),
+    "exp(16)": partial(Exp, ACT_FRAC),
+    "exp(30)": partial(Exp, NORM_FRAC),
+    "sum": partial(Sum),
+    "sum(exp)": partial(Sum, unsigned(ACT_FRAC + 1)),
+    "max": partial(Max),
+    "absmax": partial(AbsMax),
+    "argmax": partial(ArgMax),
+    "sumsq": partial(SumSq),
+    "add": partial(Add),
+    "mul(16)": partial(Mul, ACT_FRAC),
+    "mul(30, w33)": partial(Mul, NORM_FRAC, b_bits=ACT_BITS + 1),
+    "rope": partial(Rope),
+    "scale(16)": partial(Scale, ACT_FRAC),
+    "scale(30)": partial(Scale, NORM_FRAC),
+    "requant": partial(Requant),
+    "requant(x54)": partial(Requant, TABLE_IN_BITS + 1),
 }

@@ -1,4 +1,3 @@
-# amaranth: UnusedElaboratable=no
 """hw.synth: the result record read back from Yosys' and nextpnr's outputs.
 
 The tools themselves run in ``make synth`` (tens of minutes for the default design); these
@@ -453,7 +452,7 @@ def test_vector_unit_docstrings_state_their_multipliers(tmp_path):
     words = {"no": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
     res = synthesize_vector(tmp_path, verbose=False, pnr=False)
     for name, make in UNITS.items():
-        doc = type(make()).__doc__
+        doc = make.func.__doc__
         said = re.search(r"Cost: (\w+) (?:18x18 )?multiplier", doc)
         assert said, f"{name}: no Cost line"
         assert words[said.group(1)] == res["units"][name]["dsps"], name

@@ -129,4 +129,4 @@ def test_every_declared_latency_belongs_to_a_unit():
     """hw.timing.VECTOR_LATENCY names exactly the units of hw.vector (none stale)."""
     from hw.vector import UNITS
 
-    assert {type(make()).NAME for make in UNITS.values()} == set(timing.VECTOR_LATENCY)
+    assert {make.func.NAME for make in UNITS.values()} == set(timing.VECTOR_LATENCY)
