@@ -551,13 +551,12 @@ def synthesize_vector(out_dir: Path | None = None, *, verbose: bool = True,
     False); returns ``{"units": {name: record}}``.
 
     A unit's record holds ``luts`` (:func:`yosys_luts`: Yosys' count, before packing),
-    ``lut4_logic``, ``carry_cells``, ``dist_ram_cells``, ``ffs`` (in logic slices: the
-    ``dsp_registers`` the flow moved into the DSPs, :mod:`hw.ecp5_dsp`, apart),
-    ``dsps`` (MULT18X18D),
-    ``brams`` (DP16KD), ``fmax_mhz`` (nextpnr's after routing, target ``freq_mhz``; 0 without
-    ``pnr``), its ``latency`` and ``cells``. Each unit runs in ``out_dir/<name>`` (default
-    ``build/synth/vector``), cached by the hash of its Verilog and the tool options
-    (``force``: run the tools anyway); the summary goes to ``out_dir/vector.json``.
+    ``lut4_logic``, ``carry_cells``, ``dist_ram_cells``, ``ffs`` (those in logic slices; the
+    ``dsp_registers`` that :mod:`hw.ecp5_dsp` moved into the DSPs apart), ``dsps``
+    (MULT18X18D), ``brams`` (DP16KD), ``fmax_mhz`` (nextpnr's after routing at the target
+    ``freq_mhz``; 0 without ``pnr``), its ``latency`` and ``cells``. Each unit runs in
+    ``out_dir/<name>`` (default ``build/synth/vector``), cached by the hash of its Verilog and
+    the flow (``force``: run the tools anyway); the summary goes to ``out_dir/vector.json``.
 
     Parameters
     ----------
@@ -574,6 +573,8 @@ def synthesize_vector(out_dir: Path | None = None, *, verbose: bool = True,
         raise ValueError(f"unknown vector unit(s) {unknown}; known: {list(UNITS)}")
     out = Path(out_dir) if out_dir else ROOT / "build" / "synth" / "vector"
     script = yosys_script(VECTOR_TOP, f"{VECTOR_TOP}.v", f"{VECTOR_TOP}.json")
+    nextpnr = nextpnr_command(f"{VECTOR_TOP}.json", freq_mhz=freq_mhz) if pnr else []
+    flow = json.dumps({"yosys": script, "dsp_pass": _DSP_PASS_HASH, "nextpnr": nextpnr[1:]})
     recs = {}
     for name in names:
         unit = UNITS[name]()
@@ -581,8 +582,7 @@ def synthesize_vector(out_dir: Path | None = None, *, verbose: bool = True,
         d.mkdir(parents=True, exist_ok=True)
         text = verilog.convert(unit, name=VECTOR_TOP, ports=generate.top_ports(unit),
                                emit_src=False)
-        key = hashlib.sha256((text + script + json.dumps(
-            {"pnr": pnr, "freq": freq_mhz})).encode()).hexdigest()[:16]
+        key = hashlib.sha256((text + flow).encode()).hexdigest()[:16]
         old = d / "unit.json"
         if not force and old.exists() and json.loads(old.read_text()).get("cache_key") == key:
             recs[name] = json.loads(old.read_text())
@@ -593,11 +593,11 @@ def synthesize_vector(out_dir: Path | None = None, *, verbose: bool = True,
              d, phase=f"yosys {name}", progress_s=progress_s if verbose else 0,
              watch=d / "yosys.log")
         packed = _absorb_dsp_registers(d, VECTOR_TOP)
-        (d / "nextpnr.log").unlink(missing_ok=True)
+        for stale in ("nextpnr.log", "report.json"):
+            (d / stale).unlink(missing_ok=True)
         if pnr:
-            _run(nextpnr_command(f"{VECTOR_TOP}.json", freq_mhz=freq_mhz), d / "nextpnr.out",
-                 d, phase=f"nextpnr {name}", progress_s=progress_s if verbose else 0,
-                 watch=d / "nextpnr.log")
+            _run(nextpnr, d / "nextpnr.out", d, phase=f"nextpnr {name}",
+                 progress_s=progress_s if verbose else 0, watch=d / "nextpnr.log")
         fmax = logged_fmax((d / "nextpnr.log").read_text()) if pnr else []
         cells = _cells(json.loads((d / "stat.json").read_text()))
         rec = {"unit": name, "latency": unit.latency, "luts": yosys_luts(cells),

@@ -212,8 +212,9 @@ class Rsqrt(PipelineUnit):
 class Exp(PipelineUnit):
     """``exp(a - b)`` for ``a <= b`` (activations; ``d = a - b`` in ``(-2**32, 0]``, the
     domain of :func:`hw.numerics.vec_exp`), with ``frac`` fraction bits: exactly
-    ``vec_exp(a - b, frac)``, a value in ``[0, 2**frac]``. Softmax feeds ``(x, max)``; the
-    SiLU-gate ``(min(g, 0), max(g, 0))``, whose difference is ``-|g|``.
+    ``vec_exp(a - b, frac)``, a value in ``[0, 2**frac]`` (unspecified for ``a > b``). Softmax
+    feeds ``(x, max)``; the SiLU-gate ``(min(g, 0), max(g, 0))``, whose difference is
+    ``-|g|``. ``P_BITS`` below is the bit length of the largest ``p`` the table allows.
 
     Pipeline::
 
