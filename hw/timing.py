@@ -23,21 +23,28 @@ Engines (LOAD, COMPUTE, STORE), each in order, one instruction at a time
     execution (0 initially). The engine then waits from ``p + 1``: the *grant* ``g`` is ``p + 1``
     without a wait event, otherwise the first cycle ``>= p + 1`` in which the event counter
     (as registered at the start of that cycle) is >= 1; the grant decrements it. Execution
-    occupies cycles ``g + 1 .. g + D`` (``D`` from the functions below); the signal event is
-    incremented at the end of cycle ``e = g + D`` (visible from ``e + 1``), and ``free = e + 1``.
+    occupies cycles ``g + 1 .. g + D`` (``D`` from the functions below) and ends in
+    ``e = g + D``; ``free = e + 1``. The instruction *completes* in ``c = e + X`` (``X`` =
+    :func:`completion_delay` of its engine): its last effect (a LOAD's last scratchpad write)
+    lands and its signal event is incremented at the end of cycle ``c`` (visible from
+    ``c + 1``). The LOAD engine's ``X`` is the memory latency plus :data:`LOAD_OVERHEAD`, so it
+    pops and issues the next LOAD's requests while the previous LOAD's responses are still in
+    flight; its instructions (SYNCs too) complete in order, at most one per cycle. The other
+    engines' ``X`` is 0.
 Events
     Counters start at 0 and are ``event_bits`` wide. An increment that would exceed the maximum
     (the cycle's increments minus its grant, added to the registered value) ends the run with
     EVENT_OVERFLOW in that cycle (see Stop). Programs must give every event a single consumer
     engine (the hardware grants one waiter per event and cycle, the lowest engine number first).
 Done
-    ``cycles = max(d_END + 1, free of every engine)``: the first cycle in which fetch has ended and
-    every engine is idle with an empty queue.
+    ``cycles = max(d_END + 1, c + 1 of every engine's last instruction)``: the first cycle in
+    which fetch has ended and every engine is idle with an empty queue and nothing left to
+    complete.
 Deadlock
-    The first cycle in which no engine executes, every engine is either idle with an empty queue
-    or waiting on an event whose counter is 0, fetch has ended or holds an instruction whose
-    queue is full, and the machine is not done: the run ends with DEADLOCK in that cycle (see
-    Stop).
+    The first cycle in which no engine executes or has an instruction left to complete, every
+    engine is either idle with an empty queue or waiting on an event whose counter is 0, fetch
+    has ended or holds an instruction whose queue is full, and the machine is not done: the run
+    ends with DEADLOCK in that cycle (see Stop).
 Stop
     ``busy`` falls in cycle ``cycles + 1 + stop_delay(error)``. Done, a deadlock and an event
     overflow are decided a cycle after the cycle they are reported for (:data:`STOP_DELAY`):
@@ -48,8 +55,9 @@ Stop
 
 Errors report ``cycles`` = the cycle they were raised in; of several errors in one cycle the
 lowest :class:`hw.isa.ErrorCode` is reported. Counters (:data:`hw.counters.COUNTERS`) cover
-cycles ``0 .. cycles - 1``; the DMA beat and MAC counters count finished instructions. After an
-error, a STORE still executing in the error cycle may have written part of its beats to DRAM.
+cycles ``0 .. cycles - 1``; the DMA beat and MAC counters count instructions that ended
+(``e < cycles``). After an error, a STORE still executing in the error cycle may have written
+part of its beats to DRAM.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ import numpy as np
 from hw.config import AcceleratorConfig
 from hw.format import StreamGeometry
 from hw.isa import (
+    Engine,
     EpilogueMode,
     ErrorCode,
     Gemm,
@@ -75,6 +84,7 @@ from hw.isa import (
 __all__ = [
     "START_LATENCY", "FETCH_LATENCY", "LOAD_OVERHEAD", "STORE_OVERHEAD", "SYNC_CYCLES", "GEMM_FILL",
     "GEMM_DRAIN", "EPILOGUE_FILL", "STOP_DELAY", "stop_delay", "dma_beats", "load_cycles",
+    "completion_delay",
     "store_cycles", "gemm_step_cycles",
     "epilogue_cycles", "gemm_cycles", "exec_cycles", "exec_cycles_fields",
 ]
@@ -86,7 +96,8 @@ START_LATENCY = 2
 #: instruction memory read in cycle 0, then word register, extent products, extent sums,
 #: range comparisons).
 FETCH_LATENCY = 5
-#: LOAD execution = beats + memory latency + this (spad write of the last beat).
+#: LOAD completion = its last read request + memory latency + this (the response register
+#: before the scratchpad write of the last beat).
 LOAD_OVERHEAD = 1
 #: STORE execution = beats + this (spad read latency before the first write).
 STORE_OVERHEAD = 1
@@ -120,9 +131,22 @@ def dma_beats(ins: Load) -> int:
 
 
 def load_cycles(ins: Load, cfg: AcceleratorConfig) -> int:
-    """LOAD: one read request per cycle; the last beat lands ``latency`` cycles after its
-    request."""
-    return dma_beats(ins) + cfg.memory.latency + LOAD_OVERHEAD
+    """LOAD: one read request per cycle; execution ends with the last request (the beats land
+    later: :func:`completion_delay`)."""
+    return dma_beats(ins)
+
+
+def completion_delay(engine: Engine, cfg: AcceleratorConfig) -> int:
+    """Cycles ``X`` from the end ``e`` of an instruction on ``engine`` to its completion ``c``
+    (its last effect and its signal event, see Engines).
+
+    LOAD engine: the last request's response comes ``cfg.memory.latency`` cycles after it and
+    is written :data:`LOAD_OVERHEAD` cycles later; a SYNC on that engine completes as late, so
+    that its signal follows the data of every LOAD before it. Other engines: 0.
+    """
+    if Engine(engine) == Engine.LOAD:
+        return cfg.memory.latency + LOAD_OVERHEAD
+    return 0
 
 
 def store_cycles(ins: Store, cfg: AcceleratorConfig) -> int:
@@ -187,5 +211,5 @@ def exec_cycles_fields(f: dict, cfg: AcceleratorConfig):
     return np.select(
         [op == Opcode.LOAD.value, op == Opcode.STORE.value, op == Opcode.GEMM.value,
          op == Opcode.SYNC.value],
-        [beats + cfg.memory.latency + LOAD_OVERHEAD, beats + STORE_OVERHEAD, gemm,
+        [beats, beats + STORE_OVERHEAD, gemm,
          SYNC_CYCLES], 0).astype(np.int64)

@@ -7,7 +7,8 @@
     FetchUnit (imem, checks) -+-> InstrQueue -> EngineSequencer -> LoadEngine  <- DRAM read
                               +-> InstrQueue -> EngineSequencer -> ComputeCore
                               +-> InstrQueue -> EngineSequencer -> StoreEngine -> DRAM write
-    EventUnit: wait / signal of the three sequencers
+    EventUnit: wait / signal of the three sequencers (the LOAD sequencer's signals delayed
+               by the LoadEngine to the completion of its scratchpad writes)
     ACT, WGT, PARAM scratchpads: LoadEngine writes beats, ComputeCore reads words
     OUT scratchpad:              ComputeCore writes words, StoreEngine reads beats
 
@@ -200,6 +201,11 @@ class Accelerator(wiring.Component):
             connect(m, port, queues[eng].w)
             connect(m, queues[eng].r, seqs[eng].queue)
             connect(m, seqs[eng].wait, events.wait[eng.value])
+        # The LOAD engine's signals come with its data (hw/dma.py: LoadEngine.signal).
+        connect(m, seqs[Engine.LOAD].signal, load.signal_in)
+        m.d.comb += load.end_in.eq(seqs[Engine.LOAD].ending)
+        connect(m, load.signal, events.signal[Engine.LOAD.value])
+        for eng in (Engine.COMPUTE, Engine.STORE):
             connect(m, seqs[eng].signal, events.signal[eng.value])
         connect(m, seqs[Engine.LOAD].cmd, load.cmd)
         connect(m, seqs[Engine.COMPUTE].cmd, core.cmd)
@@ -220,9 +226,12 @@ class Accelerator(wiring.Component):
         # reporting the cycle before; counters and DRAM traffic are held back in that cycle, so
         # nothing observable happens in it. The deep checks end in `ended` and `dead`, not in
         # the enables of everything the stop reaches.
+        # (A LOAD in flight still writes its data and raises its signal: neither done nor
+        # deadlocked.)
         idle_empty = {eng: seqs[eng].idle & ~queues[eng].r.valid for eng in Engine}
-        done_now = fetch.ended & Cat(idle_empty.values()).all()
-        blocked = Cat(idle_empty[eng] | events.starved[eng.value] for eng in Engine).all()
+        done_now = fetch.ended & Cat(idle_empty.values()).all() & ~load.in_flight
+        blocked = (Cat(idle_empty[eng] | events.starved[eng.value] for eng in Engine).all()
+                   & ~load.in_flight)
         deadlock_now = ~done_now & blocked & (fetch.ended | fetch.stalled)
         ended = Signal()   # done or deadlocked in the previous cycle
         dead = Signal()    # deadlocked in the previous cycle

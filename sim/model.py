@@ -51,7 +51,9 @@ class ProgramError(SimulationError, ValueError):
 
 @dataclass
 class InstrTiming:
-    """When one instruction moved through the machine (cycles, see hw/timing.py)."""
+    """When one instruction moved through the machine (cycles, see hw/timing.py): ``end`` is
+    the last execution cycle, ``done`` the completion (its signal; later than ``end`` on the
+    LOAD engine, :func:`hw.timing.completion_delay`)."""
 
     index: int
     engine: Engine | None
@@ -60,14 +62,15 @@ class InstrTiming:
     pop: int = -1
     grant: int = -1
     end: int = -1
+    done: int = -1
 
 
 @dataclass
 class Schedule:
     """Timing of a whole program run.
 
-    ``times`` is an ``int64 [dispatched, 6]`` array of (engine, available, dispatch, pop,
-    grant, end) per dispatched instruction (engine -1 for END; -1 where never reached).
+    ``times`` is an ``int64 [dispatched, 7]`` array of (engine, available, dispatch, pop,
+    grant, end, done) per dispatched instruction (engine -1 for END; -1 where never reached).
     """
 
     cycles: int
@@ -80,8 +83,8 @@ class Schedule:
     @property
     def timings(self) -> list[InstrTiming]:
         """Per-instruction :class:`InstrTiming` records (built on demand)."""
-        return [InstrTiming(i, None if e < 0 else _ENGINES[e], a, d, p, g, n)
-                for i, (e, a, d, p, g, n) in enumerate(self.times.tolist())]
+        return [InstrTiming(i, None if e < 0 else _ENGINES[e], a, d, p, g, n, c)
+                for i, (e, a, d, p, g, n, c) in enumerate(self.times.tolist())]
 
 
 def _instruction(program, words: np.ndarray, i: int) -> Instr:
@@ -164,6 +167,8 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
     order: list[list[int]] = [[], [], []]      # instruction indices per engine queue
     pos = [0, 0, 0]                             # next instruction each engine pops
     free = [0, 0, 0]                            # first cycle each engine is idle
+    settled = [0, 0, 0]                         # ... and has nothing left to complete
+    late = [timing.completion_delay(e, cfg) for e in _ENGINES]
     sig: dict[int, list[int]] = {}              # event -> end cycles of its signals
     waits_done: dict[int, int] = {}             # event -> grants so far
     avail: list[int] = []                       # per dispatched instruction
@@ -171,6 +176,7 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
     pops = [-1] * n_prog
     grants = [-1] * n_prog
     ends = [-1] * n_prog
+    dones = [-1] * n_prog
 
     fetch_i = 0
     last_d = None
@@ -221,6 +227,7 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
             n_q = len(q)
             i_pos = pos[e]
             f = free[e]
+            x = late[e]
             while i_pos < n_q:
                 i = q[i_pos]
                 p = disp[i] + 1
@@ -240,38 +247,42 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
                         g = p + 1
                     waits_done[w] = k + 1
                 end = g + durs[i]
-                grants[i], ends[i] = g, end
+                done = end + x
+                grants[i], ends[i], dones[i] = g, end, done
                 f = end + 1
                 sg = signals[i]
                 if sg >= 0:
                     if sg in sig:
-                        sig[sg].append(end)
+                        sig[sg].append(done)
                     else:
-                        sig[sg] = [end]
+                        sig[sg] = [done]
                 i_pos += 1
                 progressed = True
             pos[e] = i_pos
             free[e] = f
+            if i_pos:
+                settled[e] = dones[q[i_pos - 1]] + 1
         if not progressed:
             break
 
     nd = len(disp)
-    times = np.empty((nd, 6), dtype=np.int64)
+    times = np.empty((nd, 7), dtype=np.int64)
     times[:, 0] = engines[:nd]
     times[:, 1] = avail
     times[:, 2] = disp
     times[:, 3] = pops[:nd]
     times[:, 4] = grants[:nd]
     times[:, 5] = ends[:nd]
+    times[:, 6] = dones[:nd]
     # ---- how the run ended
     error, error_pc, detail = ErrorCode.NONE, 0, ""
     all_popped = all(pos[e] == len(order[e]) for e in range(3))
     if stop is not None:
         cycles, error, error_pc = stop
     elif end_dispatch is not None and all_popped:
-        cycles = max([end_dispatch + 1] + free)
+        cycles = max([end_dispatch + 1] + settled)
     else:
-        cycles, detail = _deadlock(waits, times, order, pos, free, fetch_i, end_dispatch,
+        cycles, detail = _deadlock(waits, times, order, pos, settled, fetch_i, end_dispatch,
                                    last_d, sig, waits_done, Q)
         error = ErrorCode.DEADLOCK
     limit = (1 << cfg.event_bits) - 1
@@ -285,9 +296,10 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
                     _counters(times, work[:nd], cycles, held), detail)
 
 
-def _deadlock(waits, times, order, pos, free, fetch_i, end_dispatch, last_d, sig, waits_done,
-              Q) -> tuple[int, str]:
-    """First cycle in which every engine and fetch are blocked for good, and why."""
+def _deadlock(waits, times, order, pos, settled, fetch_i, end_dispatch, last_d, sig,
+              waits_done, Q) -> tuple[int, str]:
+    """First cycle in which every engine and fetch are blocked for good, and why
+    (``settled``: the cycle after each engine's last completion)."""
     blocked_since = []
     states = []
     for e, name in enumerate(("LOAD", "COMPUTE", "STORE")):
@@ -297,11 +309,11 @@ def _deadlock(waits, times, order, pos, free, fetch_i, end_dispatch, last_d, sig
             p = int(times[i, 3])
             ev = waits[i]
             have = len(sig.get(ev, ()))
-            blocked_since.append(p + 1)
+            blocked_since.append(max(p + 1, settled[e]))
             states.append(f"{name} waits on event {ev} at instruction {i} (needs signal "
                           f"#{waits_done.get(ev, 0) + 1}, {have} ever signalled)")
         else:
-            blocked_since.append(free[e])
+            blocked_since.append(settled[e])
             states.append(f"{name} idle, queue empty")
     if end_dispatch is not None:
         blocked_since.append(end_dispatch + 1)
@@ -316,11 +328,11 @@ def _deadlock(waits, times, order, pos, free, fetch_i, end_dispatch, last_d, sig
 def _event_overflow(cfg, waits, signals, times, cycles, error, error_pc, detail):
     """Stop at the first counter overflow if one happens before the run ends.
 
-    A counter after cycle ``c`` is (signals ending at or before ``c``) - (grants at or before
-    ``c``); it overflows in the first signal cycle where that exceeds its maximum.
+    A counter after cycle ``c`` is (signals completing at or before ``c``) - (grants at or
+    before ``c``); it overflows in the first signal cycle where that exceeds its maximum.
     """
     limit = (1 << cfg.event_bits) - 1
-    eng, grant, end = times[:, 0], times[:, 4], times[:, 5]
+    eng, grant, end = times[:, 0], times[:, 4], times[:, 6]
     n = len(times)
     sig_ev = np.asarray(signals[:n])
     wait_ev = np.asarray(waits[:n])
@@ -342,7 +354,7 @@ def _event_overflow(cfg, waits, signals, times, cycles, error, error_pc, detail)
 def _counters(times: np.ndarray, work: np.ndarray, cycles: int, held) -> dict[str, int]:
     """Counter values at the end of the run (cycles before ``cycles``), vectorised."""
     c = dict.fromkeys(COUNTERS, 0)
-    eng, avail, disp, pop, grant, end = times.T
+    eng, avail, disp, pop, grant, end, _ = times.T
     if held is not None and held < cycles:
         c["fetch_stall"] += cycles - held
     c["fetch_stall"] += int((np.minimum(disp, cycles) - avail)[avail < cycles].sum())
@@ -510,7 +522,7 @@ def _steps(sched: Schedule, instruction, cfg: AcceleratorConfig) -> tuple[Step, 
     completed before the machine stopped (``instruction(i)``: instruction ``i``), in
     completion order, ties by index (exact for race-free programs)."""
     t = sched.times
-    done = np.flatnonzero((t[:, 0] >= 0) & (t[:, 5] >= 0) & (t[:, 5] < sched.cycles))
-    done = done[np.lexsort((done, t[done, 5]))]
+    done = np.flatnonzero((t[:, 0] >= 0) & (t[:, 6] >= 0) & (t[:, 6] < sched.cycles))
+    done = done[np.lexsort((done, t[done, 6]))]
     steps = (prepare(instruction(i), cfg) for i in done.tolist())
     return tuple(s for s in steps if s is not None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from hw import timing
-from hw.isa import End, ErrorCode, dispatch_error, engine_of
+from hw.isa import End, Engine, ErrorCode, dispatch_error, engine_of
 
 IDLE, WAIT, EXEC = "idle", "wait", "exec"
 
@@ -24,6 +24,8 @@ def run_reference(prog, cfg, max_cycles=200_000):
     cur = [None] * 3
     left = [0] * 3
     cnt = [0] * 32
+    late = [timing.completion_delay(e, cfg) for e in Engine]
+    completing = []    # (cycle, signal event or None) of instructions ended, not completed
     pc, avail, ended = 0, timing.FETCH_LATENCY, None
     names = ("load", "compute", "store")
     ctr = {f"{n}_{k}": 0 for n in names for k in ("exec", "wait")}
@@ -31,7 +33,8 @@ def run_reference(prog, cfg, max_cycles=200_000):
     for c in range(max_cycles):
         # ---- done / deadlock on the registered state of this cycle
         idle_empty = [state[e] == IDLE and not queues[e] for e in range(3)]
-        if ended is not None and c > ended and all(idle_empty):
+        completing = [x for x in completing if x[0] >= c]
+        if ended is not None and c > ended and all(idle_empty) and not completing:
             return c, ErrorCode.NONE, 0, ctr
         # ---- fetch
         fetch_blocked = ended is not None
@@ -55,7 +58,7 @@ def run_reference(prog, cfg, max_cycles=200_000):
                     fetch_blocked = True
         waiting_zero = [state[e] == WAIT and prog[cur[e]].wait is not None
                         and cnt[prog[cur[e]].wait] == 0 for e in range(3)]
-        if (not any(s == EXEC for s in state) and fetch_blocked
+        if (not any(s == EXEC for s in state) and not completing and fetch_blocked
                 and all(idle_empty[e] or waiting_zero[e] for e in range(3))
                 and any(waiting_zero)):
             return c, ErrorCode.DEADLOCK, 0, ctr
@@ -85,10 +88,11 @@ def run_reference(prog, cfg, max_cycles=200_000):
                 ctr[f"{names[e]}_exec"] += 1
                 left[e] -= 1
                 if left[e] == 0:
-                    ins = prog[cur[e]]
-                    if ins.signal is not None:
-                        inc[ins.signal] += 1
+                    completing.append((c + late[e], prog[cur[e]].signal))
                     state[e] = "finished"
+        for when, ev in completing:
+            if when == c and ev is not None:
+                inc[ev] += 1
         for ev in range(32):
             if cnt[ev] + inc[ev] - dec[ev] > limit:
                 return c, ErrorCode.EVENT_OVERFLOW, 0, ctr
