@@ -27,10 +27,10 @@ Engines (LOAD, COMPUTE, STORE), each in order, one instruction at a time
     ``e = g + D``; ``free = e + 1``. The instruction *completes* in ``c = e + X`` (``X`` =
     :func:`completion_delay` of its engine): its last effect (a LOAD's last scratchpad write)
     lands and its signal event is incremented at the end of cycle ``c`` (visible from
-    ``c + 1``). The LOAD engine's ``X`` is the memory latency plus :data:`LOAD_OVERHEAD`, so it
-    pops and issues the next LOAD's requests while the previous LOAD's responses are still in
-    flight; its instructions (SYNCs too) complete in order, at most one per cycle. The other
-    engines' ``X`` is 0.
+    ``c + 1``). The LOAD engine's ``X`` is the memory latency plus :data:`LOAD_OVERHEAD` (its
+    ``D`` covers the read requests only): it pops and issues the next LOAD's requests while
+    the previous LOAD's responses are still in flight, and its instructions (SYNCs too)
+    complete in order, at most one per cycle. The other engines' ``X`` is 0.
 Events
     Counters start at 0 and are ``event_bits`` wide. An increment that would exceed the maximum
     (the cycle's increments minus its grant, added to the registered value) ends the run with
