@@ -13,7 +13,7 @@ LOAD
     ``LOAD_OVERHEAD = 1``), so the responses of one LOAD are written while the next one's
     requests go out. The LOAD engine's signal events ride the same line: a signal raised in
     cycle ``e`` (a LOAD's ``done``, or a SYNC on that engine) reaches the event unit in
-    ``e + latency + LOAD_OVERHEAD`` (:func:`hw.timing.completion_delay`), with the LOAD's
+    ``e + latency + LOAD_OVERHEAD`` (:func:`hw.engines.completion_delay`), with the LOAD's
     last scratchpad write.
 STORE
     one scratchpad read per cycle in ``g + 1 .. g + B``; each beat is written to DRAM in the
@@ -34,6 +34,7 @@ from amaranth.utils import ceil_log2
 
 from hw import timing
 from hw.config import AcceleratorConfig
+from hw.engines import completion_delay
 from hw.isa import DmaBody, Engine, Spad
 
 __all__ = ["DRAM_ADDR_BITS", "dram_write_layout", "DramSignature", "LoadEngine", "StoreEngine"]
@@ -152,7 +153,7 @@ class LoadEngine(wiring.Component):
     signal_in: In(stream.Signature(cfg.num_events, always_ready=True))
         The LOAD engine sequencer's signal (one-hot event mask), raised in ``e``.
     signal: Out(stream.Signature(cfg.num_events, always_ready=True))
-        ``signal_in`` delayed to ``e + hw.timing.completion_delay(Engine.LOAD, cfg)``: a LOAD's
+        ``signal_in`` delayed to ``e + hw.engines.completion_delay(Engine.LOAD, cfg)``: a LOAD's
         signal comes with its last scratchpad write.
     in_flight: Out(1)
         An instruction that ended has not completed yet (its responses, its signal or, for a
@@ -171,10 +172,10 @@ class LoadEngine(wiring.Component):
         if timing.LOAD_OVERHEAD != self.RESPONSE_REGISTERS:
             raise ValueError(f"hw.timing.LOAD_OVERHEAD={timing.LOAD_OVERHEAD} does not match "
                              f"the LOAD engine's {self.RESPONSE_REGISTERS} response register")
-        if timing.completion_delay(Engine.LOAD, cfg) != cfg.memory.latency + \
+        if completion_delay(Engine.LOAD, cfg) != cfg.memory.latency + \
                 self.RESPONSE_REGISTERS:
-            raise ValueError(f"hw.timing.completion_delay(LOAD)="
-                             f"{timing.completion_delay(Engine.LOAD, cfg)} is not the LOAD "
+            raise ValueError(f"hw.engines.completion_delay(LOAD)="
+                             f"{completion_delay(Engine.LOAD, cfg)} is not the LOAD "
                              f"engine's {cfg.memory.latency} + {self.RESPONSE_REGISTERS} "
                              "cycles from the last request to its scratchpad write")
         self._cfg = cfg
@@ -220,7 +221,7 @@ class LoadEngine(wiring.Component):
         # The delay line, request (or end) cycle -> scratchpad write (or completion) cycle: the
         # valid bits are reset (a response to a request of before the reset is never written),
         # the scratchpad, address and event mask are datapath.
-        stages = timing.completion_delay(Engine.LOAD, cfg)
+        stages = completion_delay(Engine.LOAD, cfg)
         beat_v = Signal(stages)
         end_v = Signal(stages)
         sig_v = Signal(stages)

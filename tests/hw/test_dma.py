@@ -3,7 +3,7 @@
 
 Durations must be ``hw.timing.load_cycles`` / ``store_cycles`` (command in cycle g, ``done`` in
 g + D); a LOAD's last scratchpad write and its (delayed) signal come
-``hw.timing.completion_delay`` cycles after its ``done``, while the next LOAD's requests go out;
+``hw.engines.completion_delay`` cycles after its ``done``, while the next LOAD's requests go out;
 the bytes must be those of ``sim.functional.exec_load`` / ``exec_store``.
 """
 
@@ -19,6 +19,7 @@ from control_testutil import random_dma, run_sim, small_config, wide_config
 
 from hw import timing
 from hw.dma import LoadEngine, StoreEngine
+from hw.engines import completion_delay
 from hw.isa import Engine, Load, Spad, Store
 from hw.memory_model import DramModel
 from hw.spad import Scratchpad
@@ -179,7 +180,7 @@ def test_load_completion_and_signal_delay(name):
     write, in order, and the region ends with the last LOAD's bytes."""
     cfg = CONFIGS[name]
     bench = Bench(cfg)
-    x = timing.completion_delay(Engine.LOAD, cfg)
+    x = completion_delay(Engine.LOAD, cfg)
     image = np.random.default_rng(3).integers(0, 256, cfg.memory.size_bytes, dtype=np.uint8)
     loads = [Load(spad=Spad.ACT, dram_addr=a, spad_addr=0, rows=1, row_beats=b)
              for a, b in ((0, 1), (40, 3), (7, 2), (90, 1))]

@@ -8,6 +8,7 @@ from reference_scheduler import run_reference
 
 from hw import timing
 from hw.config import AcceleratorConfig, MemoryModel
+from hw.engines import completion_delay
 from hw.isa import (
     End,
     Engine,
@@ -77,9 +78,9 @@ def test_programs_without_end_stop_at_the_first_unwritten_word(prog):
 def test_hand_checked_timing():
     F = timing.FETCH_LATENCY
     X = CFG.memory.latency + timing.LOAD_OVERHEAD
-    assert timing.completion_delay(Engine.LOAD, CFG) == X
-    assert timing.completion_delay(Engine.COMPUTE, CFG) == 0
-    assert timing.completion_delay(Engine.STORE, CFG) == 0
+    assert completion_delay(Engine.LOAD, CFG) == X
+    assert completion_delay(Engine.COMPUTE, CFG) == 0
+    assert completion_delay(Engine.STORE, CFG) == 0
     # END alone: available and dispatched at F, done the cycle after.
     assert schedule([End()], CFG).cycles == F + 1
     # LOAD: dispatched F, popped F+1, granted F+2, requests F+3..F+2+D (D = beats), its last
@@ -104,7 +105,7 @@ def test_back_to_back_loads_overlap_their_latency():
     completions (and signals) follow in order, X cycles after each end, and a SYNC on the LOAD
     engine completes as late as a LOAD."""
     F = timing.FETCH_LATENCY
-    X = timing.completion_delay(Engine.LOAD, CFG)
+    X = completion_delay(Engine.LOAD, CFG)
     a = Load(spad=Spad.ACT, rows=1, row_beats=2, signal=0)
     b = Load(spad=Spad.WGT, rows=2, row_beats=3, signal=1)
     prog = [a, b, Sync(engine=Engine.LOAD, signal=2), Sync(engine=Engine.COMPUTE, wait=1),
