@@ -37,9 +37,9 @@ from amaranth.hdl import Assert, Assume
 
 from hw import isa, timing
 from hw.config import AcceleratorConfig
+from hw.engines import ENGINE_OF_OPCODE, ENGINES
 from hw.fetch import FetchUnit
 from hw.isa import (
-    ENGINE_OF_OPCODE,
     INSTR_BITS,
     Engine,
     ErrorCode,
@@ -109,7 +109,7 @@ class FetchHarness(Harness):
         cfg = self.cfg
         depth = cfg.imem_depth
         m.submodules.dut = dut = FetchUnit(cfg)
-        ports = {Engine.LOAD: dut.load, Engine.COMPUTE: dut.compute, Engine.STORE: dut.store}
+        ports = {e.engine: getattr(dut, e.name) for e in ENGINES}
         for e, port in ports.items():
             m.d.comb += port.ready.eq(self.ready[e])
 

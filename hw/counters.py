@@ -11,21 +11,25 @@ from __future__ import annotations
 
 from amaranth.lib import data
 
+from hw.engines import ENGINES, WORK_COUNTERS
+
 __all__ = ["COUNTERS", "COUNTER_BITS", "CounterLayout"]
 
-#: Hardware counters, in port order. Engine names: load, compute, store.
-COUNTERS = (
-    "load_exec",        # cycles the LOAD engine spends executing (sum of D)
-    "load_wait",        # cycles it waits on an event whose counter is 0: g - (p + 1)
-    "compute_exec",
-    "compute_wait",
-    "store_exec",
-    "store_wait",
-    "fetch_stall",      # cycles an available instruction waits for queue space: d - a
-    "dram_read_beats",  # beats read from DRAM
-    "dram_write_beats", # beats written to DRAM
-    "mac_cycles",       # cycles row 0 of the array multiplies: sum of k_steps * tokens
-    "instructions",     # instructions dispatched, END included
+#: Hardware counters, in port order, from the engine table (:mod:`hw.engines`):
+#:
+#: - ``<engine>_exec``, ``<engine>_wait`` of every engine (``load``, ``compute``, ``store``):
+#:   the cycles it executes (the sum of ``D``) and the cycles it waits on an event whose counter
+#:   is 0 (``g - (p + 1)``);
+#: - ``fetch_stall``: the cycles an available instruction waits for queue space (``d - a``);
+#: - the opcodes' work counters (:data:`hw.engines.WORK_COUNTERS`): ``dram_read_beats`` (beats
+#:   read from DRAM), ``dram_write_beats`` (beats written to DRAM), ``mac_cycles`` (cycles row 0
+#:   of the array multiplies: the sum of ``k_steps * tokens``);
+#: - ``instructions``: the instructions dispatched, END included.
+COUNTERS: tuple[str, ...] = (
+    *(name for e in ENGINES for name in (e.exec_counter, e.wait_counter)),
+    "fetch_stall",
+    *WORK_COUNTERS,
+    "instructions",
 )
 
 #: Width of the cycle counter and of every performance counter.

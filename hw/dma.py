@@ -5,10 +5,16 @@ scratchpad side is contiguous from ``spad_addr`` (:func:`sim.functional.exec_loa
 :func:`sim.functional.exec_store`). With the command transferred in cycle ``g`` (the grant):
 
 LOAD
-    one read request per cycle in ``g + 1 .. g + B`` (``B = rows * row_beats``); the response
-    to a request of cycle ``r`` arrives in ``r + latency`` and is registered, then written to
-    the scratchpad in ``r + latency + 1``: the last write, and ``done``, are in
-    ``g + B + latency + LOAD_OVERHEAD`` with ``LOAD_OVERHEAD = 1``.
+    one read request per cycle in ``g + 1 .. g + B`` (``B = rows * row_beats``); ``done`` is in
+    the last request's cycle ``g + B``, and the engine takes the next command from the cycle
+    after. The response to a request of cycle ``r`` arrives in ``r + latency`` and is
+    registered, then written to the scratchpad in ``r + latency + 1``: each request carries its
+    scratchpad and address down a delay line of ``latency + LOAD_OVERHEAD`` stages (with
+    ``LOAD_OVERHEAD = 1``), so the responses of one LOAD are written while the next one's
+    requests go out. The LOAD engine's signal events ride the same line: a signal raised in
+    cycle ``e`` (a LOAD's ``done``, or a SYNC on that engine) reaches the event unit in
+    ``e + latency + LOAD_OVERHEAD`` (:func:`hw.engines.completion_delay`), with the LOAD's
+    last scratchpad write.
 STORE
     one scratchpad read per cycle in ``g + 1 .. g + B``; each beat is written to DRAM in the
     next cycle (posted writes): the last write, and ``done``, are in ``g + B + STORE_OVERHEAD``
@@ -21,14 +27,15 @@ each per cycle; addresses count beats.
 
 from __future__ import annotations
 
-from amaranth import Module, Signal, unsigned
+from amaranth import Cat, Module, Signal, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from hw import timing
 from hw.config import AcceleratorConfig
-from hw.isa import DmaBody, Spad
+from hw.engines import completion_delay
+from hw.isa import DmaBody, Engine, Spad
 
 __all__ = ["DRAM_ADDR_BITS", "dram_write_layout", "DramSignature", "LoadEngine", "StoreEngine"]
 
@@ -132,13 +139,25 @@ class LoadEngine(wiring.Component):
     Members
     -------
     cmd: In(stream.Signature(DmaBody))
-        LOAD bodies (already checked by fetch); ``ready`` whenever idle. Transfer cycle ``g``.
-        The payload is copied in every idle cycle, so it must be stable in the transfer cycle
-        (as :class:`hw.engine.EngineSequencer` keeps it).
+        LOAD bodies (already checked by fetch); ``ready`` whenever no request is left to
+        issue (responses may still be in flight). Transfer cycle ``g``. The payload is copied
+        in every such cycle, so it must be stable in the transfer cycle (as
+        :class:`hw.engine.EngineSequencer` keeps it).
     done: Out(1)
-        Pulse in ``g + hw.timing.load_cycles(ins, cfg)``.
+        Pulse in ``g + hw.timing.load_cycles(ins, cfg)``, the last request's cycle.
     beats: Out(32)
-        Beats requested by the current instruction (its total when ``done`` pulses).
+        Beats requested by the current instruction, this cycle's included (its total when
+        ``done`` pulses).
+    end_in: In(1)
+        The LOAD engine sequencer's ``ending``: an instruction (LOAD or SYNC) ends in ``e``.
+    signal_in: In(stream.Signature(cfg.num_events, always_ready=True))
+        The LOAD engine sequencer's signal (one-hot event mask), raised in ``e``.
+    signal: Out(stream.Signature(cfg.num_events, always_ready=True))
+        ``signal_in`` delayed to ``e + hw.engines.completion_delay(Engine.LOAD, cfg)``: a LOAD's
+        signal comes with its last scratchpad write.
+    in_flight: Out(1)
+        An instruction that ended has not completed yet (its responses, its signal or, for a
+        SYNC, just its turn are on their way): in ``e + 1 .. e + completion_delay``.
     rd_req, rd_resp:
         The DRAM read channel (see :class:`DramSignature`).
     act_wr, wgt_wr, param_wr: In(WritePort.Signature(...))
@@ -153,11 +172,21 @@ class LoadEngine(wiring.Component):
         if timing.LOAD_OVERHEAD != self.RESPONSE_REGISTERS:
             raise ValueError(f"hw.timing.LOAD_OVERHEAD={timing.LOAD_OVERHEAD} does not match "
                              f"the LOAD engine's {self.RESPONSE_REGISTERS} response register")
+        if completion_delay(Engine.LOAD, cfg) != cfg.memory.latency + \
+                self.RESPONSE_REGISTERS:
+            raise ValueError(f"hw.engines.completion_delay(LOAD)="
+                             f"{completion_delay(Engine.LOAD, cfg)} is not the LOAD "
+                             f"engine's {cfg.memory.latency} + {self.RESPONSE_REGISTERS} "
+                             "cycles from the last request to its scratchpad write")
         self._cfg = cfg
         super().__init__({
             "cmd": In(stream.Signature(DmaBody)),
             "done": Out(1),
             "beats": Out(_BEATS_BITS),
+            "end_in": In(1),
+            "signal_in": In(stream.Signature(cfg.num_events, always_ready=True)),
+            "signal": Out(stream.Signature(cfg.num_events, always_ready=True)),
+            "in_flight": Out(1),
             "rd_req": Out(stream.Signature(DRAM_ADDR_BITS, always_ready=True)),
             "rd_resp": In(stream.Signature(8 * cfg.beat_bytes, always_ready=True)),
             "act_wr": _spad_beat_port(cfg, Spad.ACT, "write"),
@@ -171,45 +200,54 @@ class LoadEngine(wiring.Component):
         walk = _Walker()
         spad = Signal(Spad)
         wr_ptr = Signal(DmaBody["spad_addr"].width)
-        # Requests not yet written to the scratchpad (at most latency + 2 in flight).
-        pending = Signal(range(cfg.memory.latency + 4))
-        resp_valid = Signal()
-        resp_data = Signal(8 * cfg.beat_bytes)
+        count = Signal(_BEATS_BITS)
 
-        idle = ~walk.active & (pending == 0)
+        idle = ~walk.active
         m.d.comb += self.cmd.ready.eq(idle)
         with m.If(idle):
             walk.load(m, self.cmd.payload)
             m.d.sync += [spad.eq(self.cmd.payload.spad), wr_ptr.eq(self.cmd.payload.spad_addr),
-                         self.beats.eq(0)]
+                         count.eq(0)]
             with m.If(self.cmd.valid):
                 m.d.sync += walk.active.eq(1)
 
         issue = walk.active
-        m.d.comb += [self.rd_req.valid.eq(issue), self.rd_req.payload.eq(walk.addr)]
+        m.d.comb += [self.rd_req.valid.eq(issue), self.rd_req.payload.eq(walk.addr),
+                     self.beats.eq(count + issue), self.done.eq(issue & walk.last)]
         with m.If(issue):
             walk.step(m)
-            m.d.sync += self.beats.eq(self.beats + 1)
+            m.d.sync += [count.eq(count + 1), wr_ptr.eq(wr_ptr + 1)]
 
-        # Responses: register, then write the beat; responses nobody waits for are dropped.
-        # `done` is registered with the last one (all requests are out by then: latency >= 1),
-        # so the end of a LOAD reaches the event counters straight from a flip-flop.
-        arrive = self.rd_resp.valid & (pending != 0)
-        received = Signal(_BEATS_BITS)
-        with m.If(idle):
-            m.d.sync += received.eq(0)
-        with m.Elif(arrive):
-            m.d.sync += received.eq(received + 1)
-        m.d.sync += [resp_valid.eq(arrive), resp_data.eq(self.rd_resp.payload),
-                     self.done.eq(arrive & ~walk.active & (received + 1 == self.beats))]
-        write = resp_valid
+        # The delay line, request (or end) cycle -> scratchpad write (or completion) cycle: the
+        # valid bits are reset (a response to a request of before the reset is never written),
+        # the scratchpad, address and event mask are datapath.
+        stages = completion_delay(Engine.LOAD, cfg)
+        beat_v = Signal(stages)
+        end_v = Signal(stages)
+        sig_v = Signal(stages)
+        tags = [(Signal(Spad, name=f"tag_spad_{k}", reset_less=True),
+                 Signal(DmaBody["spad_addr"].width, name=f"tag_addr_{k}", reset_less=True),
+                 Signal(cfg.num_events, name=f"tag_sig_{k}", reset_less=True))
+                for k in range(stages)]
+        m.d.sync += [beat_v.eq(Cat(issue, beat_v[:-1])),
+                     end_v.eq(Cat(self.end_in, end_v[:-1])),
+                     sig_v.eq(Cat(self.signal_in.valid, sig_v[:-1]))]
+        prev = (spad, wr_ptr, self.signal_in.payload)
+        for tag in tags:
+            m.d.sync += [t.eq(p) for t, p in zip(tag, prev, strict=True)]
+            prev = tag
+        out_spad, out_addr, out_sig = prev
+        m.d.comb += [self.in_flight.eq((beat_v | end_v).any()),
+                     self.signal.valid.eq(sig_v[-1]), self.signal.payload.eq(out_sig)]
+
+        # Responses: registered, then written with their tag (rd_resp.valid is implied by the
+        # fixed latency; a response nobody requested since the reset is dropped).
+        resp_data = Signal(8 * cfg.beat_bytes, reset_less=True)
+        m.d.sync += resp_data.eq(self.rd_resp.payload)
         for sp, port in ((Spad.ACT, self.act_wr), (Spad.WGT, self.wgt_wr),
                          (Spad.PARAM, self.param_wr)):
-            m.d.comb += [port.addr.eq(wr_ptr), port.data.eq(resp_data),
-                         port.en.eq(write & (spad == sp))]
-        with m.If(write):
-            m.d.sync += wr_ptr.eq(wr_ptr + 1)
-        m.d.sync += pending.eq(pending + issue - write)
+            m.d.comb += [port.addr.eq(out_addr), port.data.eq(resp_data),
+                         port.en.eq(beat_v[-1] & (out_spad == sp))]
         return m
 
 

@@ -56,6 +56,8 @@ class EngineSequencer(wiring.Component):
         The executor's end-of-execution pulse.
     idle, waiting, executing: Out(1)
         The state; ``waiting`` is high only while the wait is *not* granted (a wait cycle).
+    ending: Out(1)
+        The last execution cycle ``e`` (every instruction's, with or without a signal).
     """
 
     def __init__(self, body: data.Layout, num_events: int):
@@ -72,6 +74,7 @@ class EngineSequencer(wiring.Component):
             "idle": Out(1),
             "waiting": Out(1),
             "executing": Out(1),
+            "ending": Out(1),
         })
 
     def elaborate(self, platform):
@@ -114,6 +117,6 @@ class EngineSequencer(wiring.Component):
                 m.d.sync += sync_left.eq(sync_left - 1)
                 finish = Mux(is_sync, sync_left == 0, self.done)
                 with m.If(finish):
-                    m.d.comb += self.signal.valid.eq(has_signal)
+                    m.d.comb += [self.ending.eq(1), self.signal.valid.eq(has_signal)]
                     m.next = "IDLE"
         return m

@@ -21,10 +21,11 @@ The depth is set by 100 MHz on the ECP5: a 16 x 32 product and a 50-bit sum each
 their own, and a 50-bit comparison on top of the sum would need a third (it was the 2x4 array's
 critical path), so S2 folds each limit into an operand of the sum and S3 keeps only its sign.
 
-S4 dispatches its instruction into the queue of its engine when the queue is not full
-(registered), or ends fetching (END), or reports its error (:func:`hw.isa.dispatch_error`,
-implemented here from the ISA layouts and the configuration; PC_OVERFLOW when the instruction's
-``pc`` is ``imem_depth``; ILLEGAL_OPCODE for the words :func:`hw.isa.legal_words` rejects).
+S4 dispatches its instruction into the queue of its engine (:func:`hw.engines.engine_of`) when
+the queue is not full (registered), or ends fetching (END), or reports its error
+(:func:`hw.isa.dispatch_error`, implemented here from the ISA layouts and the configuration;
+PC_OVERFLOW when the instruction's ``pc`` is ``imem_depth``; ILLEGAL_OPCODE for the words
+:func:`hw.isa.legal_words` rejects).
 The top level stops the machine on an error.
 """
 
@@ -38,10 +39,10 @@ from amaranth.utils import ceil_log2
 from hw import timing
 from hw.config import AcceleratorConfig
 from hw.ecp5_dsp import DSP_REGISTER
+from hw.engines import ENGINES, OPS
 from hw.isa import (
     INSTR_BITS,
     NO_EVENT,
-    Engine,
     EpilogueMode,
     ErrorCode,
     InstrLayout,
@@ -51,7 +52,7 @@ from hw.isa import (
     legal_words,
     reads_param,
 )
-from hw.queues import DMA_ENTRY, GEMM_ENTRY
+from hw.queues import entry_layout
 
 __all__ = ["FetchUnit"]
 
@@ -78,8 +79,10 @@ class FetchUnit(wiring.Component):
         Host write port of the instruction memory (instruction ``i`` at address ``i``).
     run: In(1)
         The machine is running; fetch starts from ``pc = 0`` after a reset.
-    load, compute, store: Out(stream.Signature(DMA_ENTRY | GEMM_ENTRY))
-        Dispatch into the engine queues; ``ready`` is the queue's registered "not full".
+    load, compute, store: Out(stream.Signature(entry_layout(body)))
+        Dispatch into the engine queues: one port per engine of :data:`hw.engines.ENGINES`,
+        named after it, whose entries carry its body layout; ``ready`` is the queue's
+        registered "not full".
     error: Out(ErrorCode)
         The dispatch stage holds an instruction that fails its checks (while running).
     error_pc: Out(range(imem_depth + 1))
@@ -103,9 +106,7 @@ class FetchUnit(wiring.Component):
             "imem_wr": Out(memory.WritePort.Signature(addr_width=ceil_log2(cfg.imem_depth),
                                                       shape=unsigned(INSTR_BITS))),
             "run": In(1),
-            "load": Out(stream.Signature(DMA_ENTRY)),
-            "compute": Out(stream.Signature(GEMM_ENTRY)),
-            "store": Out(stream.Signature(DMA_ENTRY)),
+            **{e.name: Out(stream.Signature(entry_layout(e.body_layout))) for e in ENGINES},
             "error": Out(ErrorCode),
             "error_pc": Out(range(cfg.imem_depth + 1)),
             "ended": Out(1),
@@ -161,9 +162,15 @@ class FetchUnit(wiring.Component):
                             & misaligned(g.out_addr, lim.out_words),
                             reads_param(g.epilogue.as_value())
                             & misaligned(g.param_addr, lim.param_words))
-        target = Mux(is_[Opcode.LOAD], Engine.LOAD,
-                     Mux(is_[Opcode.STORE], Engine.STORE,
-                         Mux(is_[Opcode.GEMM], Engine.COMPUTE, ins.body.sync.engine)))
+        # The engine of each queued opcode (hw.engines.OPS): fixed, or named by the body's
+        # engine field; the last opcode that names one is the default.
+        named = [op for op in OPS if op.engine is None]
+        target = ins.body[named[-1].body].engine if named else Const(0)
+        for op in reversed(OPS):
+            if op.engine is not None:
+                target = Mux(is_[op.opcode], op.engine, target)
+            elif op is not named[-1]:
+                target = Mux(is_[op.opcode], ins.body[op.body].engine, target)
         return {
             "illegal": ~legal,
             "bad_event": bad_event,
@@ -173,7 +180,7 @@ class FetchUnit(wiring.Component):
             "is_gemm": is_[Opcode.GEMM],
             "is_dma": is_[Opcode.LOAD] | is_[Opcode.STORE],
             "is_end": is_[Opcode.END],
-            "is_sync": is_[Opcode.SYNC],
+            "is_sync": Cat(is_[op.opcode] for op in OPS if op.sync).any(),
             "target": target,
             "spad_len": dma.rows * dma.row_beats,
             # (rows - 1) * stride as rows * stride - stride, the product in two 16-bit halves
@@ -258,7 +265,7 @@ class FetchUnit(wiring.Component):
         # The dispatch stage keeps its decisions one-hot and pre-decoded, because `adv`
         # (below) gates the whole pipeline and must settle early.
         ok3 = ~s3["pc_over"] & s3["pre_ok"] & ~s3["bad_range"]
-        to3 = Cat(~s3["is_end"] & (s3["target"] == e.value) for e in Engine)
+        to3 = Cat(~s3["is_end"] & (s3["target"] == e.engine.value) for e in ENGINES)
         s4 = stage("s4", v=s3["v"], pc=s3["pc"], ins=s3["ins"], is_end=s3["is_end"],
                    is_sync=s3["is_sync"], err=err, ok=ok3, to=to3)
         v4, ins4, to4 = s4["v"], s4["ins"], s4["to"]
@@ -269,12 +276,11 @@ class FetchUnit(wiring.Component):
         ended = self.ended
         live = self.run & ~ended & v4
         ok = s4["ok"]
-        ports = (self.load, self.compute, self.store)
+        ports = {e.engine: getattr(self, e.name) for e in ENGINES}
 
         def ready_of(to: Value) -> Value:
             """The queue of one-hot ``to`` is not full."""
-            return Cat(to[e.value] & port.ready
-                       for e, port in zip(Engine, ports, strict=True)).any()
+            return Cat(to[e.value] & port.ready for e, port in ports.items()).any()
 
         ready = ready_of(to4)
         go = live & ok & (s4["is_end"] | ready)
@@ -294,7 +300,7 @@ class FetchUnit(wiring.Component):
             "running and a legal instruction for a queue" and the queue, from the copies."""
             idle = Signal(name=f"s4_idle_{name}", init=1, attrs={"keep": 1})  # = ~v4 at reset
             queue = Signal(name=f"s4_queue_{name}", attrs={"keep": 1})
-            to_c = Signal(len(Engine), name=f"s4_to_{name}", reset_less=True,
+            to_c = Signal(len(ENGINES), name=f"s4_to_{name}", reset_less=True,
                           attrs={"keep": 1})
             ended_c = Signal(name=f"ended_{name}", attrs={"keep": 1})
             with m.If(adv_c):
@@ -309,11 +315,10 @@ class FetchUnit(wiring.Component):
         decisions("mem", adv_mem)
         decisions("stages", adv)
         offer, to_q = decisions("queues", Signal())
-        for port, eng, body in ((self.load, Engine.LOAD, ins4.body.dma),
-                                (self.compute, Engine.COMPUTE, ins4.body.gemm),
-                                (self.store, Engine.STORE, ins4.body.dma)):
+        for e in ENGINES:
+            port, body = ports[e.engine], ins4.body[e.body]
             m.d.comb += [
-                port.valid.eq(offer & to_q[eng.value]),   # = live & ok & to4[eng]
+                port.valid.eq(offer & to_q[e.engine.value]),   # = live & ok & to4[eng]
                 port.payload.wait.eq(ins4.header.wait),
                 port.payload.signal.eq(ins4.header.signal),
                 port.payload.sync.eq(s4["is_sync"]),

@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import itertools
 import operator
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -35,11 +36,11 @@ from hw.errors import ContractError
 from hw.format import StreamGeometry
 
 __all__ = [
-    "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "MAX_HEADER_WORDS", "ENGINE_OF_OPCODE", "Opcode",
+    "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "MAX_HEADER_WORDS", "Opcode",
     "Spad", "Engine", "EpilogueMode", "ErrorCode",
     "Header", "DmaBody", "GemmBody", "SyncBody", "InstrLayout",
     "Load", "Store", "Gemm", "Sync", "End", "Instr", "ISAError",
-    "encode", "decode", "encode_program", "decode_program", "field_location", "engine_of",
+    "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
     "program_words",
     "decode_fields", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
     "gemm_weight_bytes", "gemm_extents", "EPILOGUE_VALUES", "reads_param", "writes_wide",
@@ -149,8 +150,8 @@ def _fields(layout: data.StructLayout, base: int) -> dict[str, tuple[int, int]]:
 
 _HDR = _fields(Header, InstrLayout["header"].offset)
 _BODY = InstrLayout["body"].offset
-_BODIES = {"dma": _fields(DmaBody, _BODY), "gemm": _fields(GemmBody, _BODY),
-           "sync": _fields(SyncBody, _BODY)}
+#: Every body layout of the union, by its name there (an instruction class's ``body``).
+_BODIES = {name: _fields(f.shape, _BODY) for name, f in InstrLayout["body"].shape}
 
 
 def _put(word: int, field: tuple[int, int], value: int, name: str) -> int:
@@ -168,7 +169,12 @@ def _get(word: int, field: tuple[int, int]) -> int:
 # ---------------------------------------------------------------------- instructions
 @dataclass(frozen=True, kw_only=True)
 class _Base:
-    """Common header: wait on an event before executing, signal one when done."""
+    """Common header: wait on an event before executing, signal one when done.
+
+    A class per opcode: ``opcode``, ``body`` (the name of its layout in ``InstrLayout``'s body
+    union, None without one), ``_body_fields`` (its fields as encoded integers) and
+    ``_from_body`` (the inverse, raising :class:`ISAError` for a value no field member names).
+    """
 
     wait: int | None = None
     signal: int | None = None
@@ -177,6 +183,11 @@ class _Base:
 
     def _body_fields(self) -> dict[str, int]:
         return {}
+
+    @classmethod
+    def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
+        """The instruction of encoded body fields ``f`` and events ``ev``."""
+        return cls(**ev)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +207,10 @@ class _Dma(_Base):
         return {"spad": self.spad.value, "dram_addr": self.dram_addr,
                 "spad_addr": self.spad_addr, "rows": self.rows, "row_beats": self.row_beats,
                 "dram_stride": self.dram_stride}
+
+    @classmethod
+    def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
+        return cls(**{**f, "spad": Spad(f["spad"])}, **ev)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,6 +265,17 @@ class Gemm(_Base):
                 "accumulate": int(self.accumulate), "epilogue": self.epilogue.value,
                 "shift": self.shift}
 
+    @classmethod
+    def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
+        f = dict(f)
+        f["tokens"] = f.pop("tokens_m1") + 1
+        for b in ("int8", "asym", "accumulate"):
+            f[b] = bool(f[b])
+        if f["epilogue"] not in EpilogueMode._value2member_map_:
+            raise ISAError(f"GEMM names epilogue {f['epilogue']}, which does not exist")
+        f["epilogue"] = EpilogueMode(f["epilogue"])
+        return cls(**f, **ev)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Sync(_Base):
@@ -262,6 +288,12 @@ class Sync(_Base):
     def _body_fields(self):
         return {"engine": self.engine.value}
 
+    @classmethod
+    def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
+        if f["engine"] not in Engine._value2member_map_:
+            raise ISAError(f"SYNC names engine {f['engine']}, which does not exist")
+        return cls(engine=Engine(f["engine"]), **ev)
+
 
 @dataclass(frozen=True, kw_only=True)
 class End(_Base):
@@ -270,20 +302,12 @@ class End(_Base):
     opcode: ClassVar[Opcode] = Opcode.END
 
 
+#: Every instruction class, one per defined opcode (which engine runs each, how long it takes
+#: and what it counts: the table of :mod:`hw.engines`).
 Instr = Load | Store | Gemm | Sync | End
-_BY_OPCODE = {c.opcode: c for c in (Load, Store, Gemm, Sync, End)}
-
-
-#: The engine whose queue receives each opcode (SYNC names its engine; END enters no queue).
-ENGINE_OF_OPCODE = {Opcode.LOAD: Engine.LOAD, Opcode.STORE: Engine.STORE,
-                    Opcode.GEMM: Engine.COMPUTE}
-
-
-def engine_of(ins: Instr) -> Engine | None:
-    """The engine whose queue receives ``ins`` (None for END)."""
-    if isinstance(ins, Sync):
-        return ins.engine
-    return ENGINE_OF_OPCODE.get(ins.opcode)
+INSTRUCTIONS: tuple[type[_Base], ...] = typing.get_args(Instr)
+_BY_OPCODE = {c.opcode: c for c in INSTRUCTIONS}
+assert set(_BY_OPCODE) == set(Opcode) - {Opcode.INVALID}, set(Opcode) ^ set(_BY_OPCODE)
 
 
 # ---------------------------------------------------------------------- encode / decode
@@ -313,22 +337,8 @@ def decode(word: int) -> Instr:
     except (ValueError, KeyError):
         raise ISAError(f"illegal opcode {op}") from None
     ev = {k: (None if (v := _get(word, _HDR[k])) == NO_EVENT else v) for k in ("wait", "signal")}
-    if cls is End:
-        return End(**ev)
-    f = {name: _get(word, fld) for name, fld in _BODIES[cls.body].items()}
-    if cls is Sync:
-        if f["engine"] not in Engine._value2member_map_:
-            raise ISAError(f"SYNC names engine {f['engine']}, which does not exist")
-        return Sync(engine=Engine(f["engine"]), **ev)
-    if cls in (Load, Store):
-        return cls(spad=Spad(f.pop("spad")), **f, **ev)
-    f["tokens"] = f.pop("tokens_m1") + 1
-    for b in ("int8", "asym", "accumulate"):
-        f[b] = bool(f[b])
-    if f["epilogue"] not in EpilogueMode._value2member_map_:
-        raise ISAError(f"GEMM names epilogue {f['epilogue']}, which does not exist")
-    f["epilogue"] = EpilogueMode(f["epilogue"])
-    return Gemm(**f, **ev)
+    f = {name: _get(word, fld) for name, fld in _BODIES[cls.body].items()} if cls.body else {}
+    return cls._from_body(f, ev)
 
 
 def encode_program(program: list[Instr], cfg: AcceleratorConfig | None = None) -> np.ndarray:
@@ -763,7 +773,7 @@ def check(ins: Instr, cfg: AcceleratorConfig) -> None:
     every scratchpad range a GEMM uses must fit (:func:`gemm_extents`; the hardware wraps),
     and every field must fit its width.
     """
-    if not isinstance(ins, (Load, Store, Gemm, Sync, End)):
+    if not isinstance(ins, INSTRUCTIONS):
         raise ISAError(f"not an instruction: {ins!r}")
     for name in ("wait", "signal"):
         ev = getattr(ins, name)

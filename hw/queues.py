@@ -2,8 +2,9 @@
 
 Fetch writes one entry per dispatched instruction; the engine's sequencer (:mod:`hw.engine`)
 pops it. An entry keeps only what the engine needs: the event ids, whether it is a SYNC, and
-the instruction body the engine's executor consumes (:data:`hw.isa.DmaBody` for LOAD and STORE,
-:data:`hw.isa.GemmBody` for COMPUTE).
+the instruction body the engine's executor consumes (the engine's ``body`` in
+:data:`hw.engines.ENGINES`: :data:`hw.isa.DmaBody` for LOAD and STORE, :data:`hw.isa.GemmBody`
+for COMPUTE).
 
 Timing (hw/timing.py, "Fetch"): an entry written in cycle ``d`` can be popped from ``d + 1``; a
 slot freed by a pop in cycle ``p`` can be written from ``p + 1`` (``w.ready`` is a registered

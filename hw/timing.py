@@ -3,7 +3,11 @@
 This module is the single source of the accelerator's timing. The RTL implements it (the
 equivalence harness proves cycle counts and counters match), the fast model (sim/) computes it,
 and the compiler uses it for cost estimates. Constants below are properties of the RTL pipeline;
-changing the RTL pipeline means changing them here, nowhere else.
+changing the RTL pipeline means changing them here, nowhere else. Every opcode's duration is a
+pair of formulas here, one on an instruction and its twin on decoded fields (ints or numpy
+arrays); which pair is an opcode's, and which completion delay an engine's, is said once, in the
+table of :mod:`hw.engines` (:func:`hw.engines.exec_cycles`, :func:`hw.engines.exec_cycles_fields`,
+:func:`hw.engines.completion_delay`).
 
 Machine-level rules (cycle 0 is :data:`START_LATENCY` cycles after the ``start`` pulse)
 ------------------------------------------------------------------------------------
@@ -23,21 +27,29 @@ Engines (LOAD, COMPUTE, STORE), each in order, one instruction at a time
     execution (0 initially). The engine then waits from ``p + 1``: the *grant* ``g`` is ``p + 1``
     without a wait event, otherwise the first cycle ``>= p + 1`` in which the event counter
     (as registered at the start of that cycle) is >= 1; the grant decrements it. Execution
-    occupies cycles ``g + 1 .. g + D`` (``D`` from the functions below); the signal event is
-    incremented at the end of cycle ``e = g + D`` (visible from ``e + 1``), and ``free = e + 1``.
+    occupies cycles ``g + 1 .. g + D`` (``D`` from the functions below) and ends in
+    ``e = g + D``; ``free = e + 1``. The instruction *completes* in ``c = e + X`` (``X`` =
+    :func:`hw.engines.completion_delay` of its engine): its last effect (a LOAD's last
+    scratchpad write) lands and its signal event is incremented at the end of cycle ``c``
+    (visible from ``c + 1``). The LOAD engine's ``X`` is the memory latency plus
+    :data:`LOAD_OVERHEAD` (its ``D`` covers the read requests only): it pops and issues the
+    next LOAD's requests while the previous LOAD's responses are still in flight, and its
+    instructions (SYNCs too) complete in order, at most one per cycle. The other engines'
+    ``X`` is 0.
 Events
     Counters start at 0 and are ``event_bits`` wide. An increment that would exceed the maximum
     (the cycle's increments minus its grant, added to the registered value) ends the run with
     EVENT_OVERFLOW in that cycle (see Stop). Programs must give every event a single consumer
     engine (the hardware grants one waiter per event and cycle, the lowest engine number first).
 Done
-    ``cycles = max(d_END + 1, free of every engine)``: the first cycle in which fetch has ended and
-    every engine is idle with an empty queue.
+    ``cycles = max(d_END + 1, c + 1 of every engine's last instruction)``: the first cycle in
+    which fetch has ended and every engine is idle with an empty queue and nothing left to
+    complete.
 Deadlock
-    The first cycle in which no engine executes, every engine is either idle with an empty queue
-    or waiting on an event whose counter is 0, fetch has ended or holds an instruction whose
-    queue is full, and the machine is not done: the run ends with DEADLOCK in that cycle (see
-    Stop).
+    The first cycle in which no engine executes or has an instruction left to complete, every
+    engine is either idle with an empty queue or waiting on an event whose counter is 0, fetch
+    has ended or holds an instruction whose queue is full, and the machine is not done: the run
+    ends with DEADLOCK in that cycle (see Stop).
 Stop
     ``busy`` falls in cycle ``cycles + 1 + stop_delay(error)``. Done, a deadlock and an event
     overflow are decided a cycle after the cycle they are reported for (:data:`STOP_DELAY`):
@@ -48,8 +60,9 @@ Stop
 
 Errors report ``cycles`` = the cycle they were raised in; of several errors in one cycle the
 lowest :class:`hw.isa.ErrorCode` is reported. Counters (:data:`hw.counters.COUNTERS`) cover
-cycles ``0 .. cycles - 1``; the DMA beat and MAC counters count finished instructions. After an
-error, a STORE still executing in the error cycle may have written part of its beats to DRAM.
+cycles ``0 .. cycles - 1``; the DMA beat and MAC counters count instructions that ended
+(``e < cycles``). After an error, a STORE still executing in the error cycle may have written
+part of its beats to DRAM.
 """
 
 from __future__ import annotations
@@ -62,9 +75,7 @@ from hw.isa import (
     EpilogueMode,
     ErrorCode,
     Gemm,
-    Instr,
     Load,
-    Opcode,
     Store,
     Sync,
     epilogue_words,
@@ -74,9 +85,11 @@ from hw.isa import (
 
 __all__ = [
     "START_LATENCY", "FETCH_LATENCY", "LOAD_OVERHEAD", "STORE_OVERHEAD", "SYNC_CYCLES", "GEMM_FILL",
-    "GEMM_DRAIN", "EPILOGUE_FILL", "STOP_DELAY", "stop_delay", "dma_beats", "load_cycles",
-    "store_cycles", "gemm_step_cycles",
-    "epilogue_cycles", "gemm_cycles", "exec_cycles", "exec_cycles_fields",
+    "GEMM_DRAIN", "EPILOGUE_FILL", "STOP_DELAY", "stop_delay", "dma_beats", "dma_beats_fields",
+    "load_cycles", "load_cycles_fields", "load_completion_delay", "store_cycles",
+    "store_cycles_fields", "sync_cycles", "sync_cycles_fields", "gemm_step_cycles",
+    "epilogue_cycles", "gemm_cycles", "gemm_cycles_fields", "mac_cycles_fields",
+    "VECTOR_LATENCY",
 ]
 
 #: Cycles from the host's ``start`` pulse to cycle 0 (hw/top.py): ``start`` is accepted in
@@ -86,7 +99,8 @@ START_LATENCY = 2
 #: instruction memory read in cycle 0, then word register, extent products, extent sums,
 #: range comparisons).
 FETCH_LATENCY = 5
-#: LOAD execution = beats + memory latency + this (spad write of the last beat).
+#: LOAD completion = its last read request + memory latency + this (the response register
+#: before the scratchpad write of the last beat).
 LOAD_OVERHEAD = 1
 #: STORE execution = beats + this (spad read latency before the first write).
 STORE_OVERHEAD = 1
@@ -115,19 +129,56 @@ def stop_delay(error: ErrorCode) -> int:
     return STOP_DELAY if ErrorCode(error) in late else 0
 
 
-def dma_beats(ins: Load) -> int:
+def dma_beats(ins: Load | Store) -> int:
+    """Beats a LOAD or STORE moves: ``rows * row_beats``."""
     return ins.rows * ins.row_beats
 
 
+def dma_beats_fields(f: dict):
+    """:func:`dma_beats` from :func:`hw.isa.decode_fields` (ints or arrays): the total a LOAD
+    adds to ``dram_read_beats`` and a STORE to ``dram_write_beats`` when it ends."""
+    return f["dma.rows"] * f["dma.row_beats"]
+
+
 def load_cycles(ins: Load, cfg: AcceleratorConfig) -> int:
-    """LOAD: one read request per cycle; the last beat lands ``latency`` cycles after its
-    request."""
-    return dma_beats(ins) + cfg.memory.latency + LOAD_OVERHEAD
+    """LOAD: one read request per cycle; execution ends with the last request (the beats land
+    later: :func:`load_completion_delay`)."""
+    return dma_beats(ins)
+
+
+def load_cycles_fields(f: dict, cfg: AcceleratorConfig):
+    """:func:`load_cycles` from :func:`hw.isa.decode_fields` (ints or arrays)."""
+    return dma_beats_fields(f)
+
+
+def load_completion_delay(cfg: AcceleratorConfig) -> int:
+    """Cycles ``X`` from the end ``e`` of an instruction on the LOAD engine to its completion
+    ``c`` (its last effect and its signal event, see Engines): the last request's response
+    comes ``cfg.memory.latency`` cycles after it and is written :data:`LOAD_OVERHEAD` cycles
+    later; a SYNC on that engine completes as late, so that its signal follows the data of
+    every LOAD before it. (An engine without such a delay completes as it ends: ``X = 0``.)
+    """
+    return cfg.memory.latency + LOAD_OVERHEAD
 
 
 def store_cycles(ins: Store, cfg: AcceleratorConfig) -> int:
     """STORE: one spad read per cycle, each written to DRAM the cycle after (posted writes)."""
     return dma_beats(ins) + STORE_OVERHEAD
+
+
+def store_cycles_fields(f: dict, cfg: AcceleratorConfig):
+    """:func:`store_cycles` from :func:`hw.isa.decode_fields` (ints or arrays)."""
+    return dma_beats_fields(f) + STORE_OVERHEAD
+
+
+def sync_cycles(ins: Sync, cfg: AcceleratorConfig) -> int:
+    """SYNC: :data:`SYNC_CYCLES` (its sequencer only waits and signals)."""
+    return SYNC_CYCLES
+
+
+def sync_cycles_fields(f: dict, cfg: AcceleratorConfig) -> int:
+    """:func:`sync_cycles` from :func:`hw.isa.decode_fields` (an int for every SYNC)."""
+    return SYNC_CYCLES
 
 
 def _step_cycles(tokens, geo: StreamGeometry):
@@ -158,37 +209,21 @@ def gemm_cycles(ins: Gemm, cfg: AcceleratorConfig) -> int:
             + epilogue_cycles(ins, cfg))
 
 
-def exec_cycles(ins: Instr, cfg: AcceleratorConfig) -> int:
-    """Execution cycles ``D`` of one queued instruction."""
-    if isinstance(ins, Load):
-        return load_cycles(ins, cfg)
-    if isinstance(ins, Store):
-        return store_cycles(ins, cfg)
-    if isinstance(ins, Gemm):
-        return gemm_cycles(ins, cfg)
-    if isinstance(ins, Sync):
-        return SYNC_CYCLES
-    raise TypeError(f"{type(ins).__name__} does not execute on an engine")
-
-
-def exec_cycles_fields(f: dict, cfg: AcceleratorConfig):
-    """:func:`exec_cycles` for many instructions at once, from :func:`hw.isa.decode_fields`.
-
-    The same formulas written with array operations (0 for END and illegal words); a test
-    checks both agree on random instructions.
-    """
-    op = f["opcode"]
-    beats = f["dma.rows"] * f["dma.row_beats"]
+def gemm_cycles_fields(f: dict, cfg: AcceleratorConfig) -> np.ndarray:
+    """:func:`gemm_cycles` from :func:`hw.isa.decode_fields` (arrays): the same formulas
+    written with array operations."""
     t = f["gemm.tokens_m1"] + 1
     steps = _step_cycles(t, gemm_geometry_fields(f, cfg))
     epi = f["gemm.epilogue"]
     epilogue = np.where(epi == EpilogueMode.NONE.value, 0, EPILOGUE_FILL + t * epilogue_words(epi))
-    gemm = GEMM_FILL + steps + (cfg.rows - 1) + GEMM_DRAIN + epilogue
-    return np.select(
-        [op == Opcode.LOAD.value, op == Opcode.STORE.value, op == Opcode.GEMM.value,
-         op == Opcode.SYNC.value],
-        [beats + cfg.memory.latency + LOAD_OVERHEAD, beats + STORE_OVERHEAD, gemm,
-         SYNC_CYCLES], 0).astype(np.int64)
+    return GEMM_FILL + steps + (cfg.rows - 1) + GEMM_DRAIN + epilogue
+
+
+def mac_cycles_fields(f: dict):
+    """Cycles row 0 of the array multiplies in a GEMM, ``k_steps * tokens``, from
+    :func:`hw.isa.decode_fields` (ints or arrays): what it adds to ``mac_cycles`` when it
+    ends."""
+    return f["gemm.k_steps"] * (f["gemm.tokens_m1"] + 1)
 
 
 # ---------------------------------------------------------------------- vector unit
@@ -201,5 +236,3 @@ VECTOR_LATENCY = {
     "sum": 2, "max": 2, "absmax": 2, "argmax": 2, "sumsq": 3,
     "add": 1, "mul": 2, "rope": 3, "scale": 4, "requant": 6,
 }
-
-__all__ += ["VECTOR_LATENCY"]

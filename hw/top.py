@@ -7,9 +7,15 @@
     FetchUnit (imem, checks) -+-> InstrQueue -> EngineSequencer -> LoadEngine  <- DRAM read
                               +-> InstrQueue -> EngineSequencer -> ComputeCore
                               +-> InstrQueue -> EngineSequencer -> StoreEngine -> DRAM write
-    EventUnit: wait / signal of the three sequencers
+    EventUnit: wait / signal of the three sequencers (the LOAD sequencer's signals delayed
+               by the LoadEngine to the completion of its scratchpad writes)
     ACT, WGT, PARAM scratchpads: LoadEngine writes beats, ComputeCore reads words
     OUT scratchpad:              ComputeCore writes words, StoreEngine reads beats
+
+A queue and a sequencer per engine of :data:`hw.engines.ENGINES`, its fetch port, its event
+ports and its counters are generated from that table; each engine's executor is entered in
+``executors``, and an engine that completes late (:attr:`hw.engines.EngineSpec.completion`)
+has its signals routed through its executor.
 
 Host protocol: write the program into the instruction memory (``imem_wr``) while ``busy`` is
 low, pulse ``start`` for one cycle (cycle ``-START_LATENCY`` of hw/timing.py), wait for ``busy``
@@ -46,11 +52,12 @@ from hw.config import AcceleratorConfig
 from hw.counters import COUNTER_BITS, COUNTERS, CounterLayout
 from hw.dma import DramSignature, LoadEngine, StoreEngine
 from hw.engine import EngineSequencer
+from hw.engines import ENGINES
 from hw.events import EventUnit
 from hw.fanout import replica
 from hw.fetch import FetchUnit
-from hw.isa import INSTR_BITS, DmaBody, Engine, ErrorCode, GemmBody
-from hw.queues import DMA_ENTRY, GEMM_ENTRY, InstrQueue
+from hw.isa import INSTR_BITS, Engine, ErrorCode, GemmBody
+from hw.queues import InstrQueue, entry_layout
 from hw.spad import Scratchpad
 from hw.timing import START_LATENCY, STOP_DELAY
 
@@ -173,17 +180,21 @@ class Accelerator(wiring.Component):
             return component
 
         fetch = block("fetch", FetchUnit(cfg))
-        bodies = {Engine.LOAD: DMA_ENTRY, Engine.COMPUTE: GEMM_ENTRY, Engine.STORE: DMA_ENTRY}
+        # A queue and a sequencer per engine of the table (hw/engines.py), and its executor.
         queues, seqs = {}, {}
-        for eng, entry in bodies.items():
-            name = eng.name.lower()
-            queues[eng] = block(f"{name}_queue", InstrQueue(entry, cfg.queue_depth))
-            seqs[eng] = block(f"{name}_seq", EngineSequencer(
-                GemmBody if eng == Engine.COMPUTE else DmaBody, cfg.num_events))
-        events = block("events", EventUnit(cfg.num_events, cfg.event_bits, ports=len(Engine)))
+        for e in ENGINES:
+            queues[e.engine] = block(f"{e.name}_queue",
+                                     InstrQueue(entry_layout(e.body_layout), cfg.queue_depth))
+            seqs[e.engine] = block(f"{e.name}_seq",
+                                   EngineSequencer(e.body_layout, cfg.num_events))
+        events = block("events", EventUnit(cfg.num_events, cfg.event_bits, ports=len(ENGINES)))
         load = block("load", LoadEngine(cfg))
         store = block("store", StoreEngine(cfg))
         core = block("core", self._compute(cfg))
+        executors = {Engine.LOAD: load, Engine.COMPUTE: core, Engine.STORE: store}
+        if set(executors) != set(Engine):
+            raise ValueError(f"engines without an executor: "
+                             f"{sorted(e.name for e in set(Engine) - set(executors))}")
         spads = {}
         for name, core_dir in (("act", "read"), ("wgt", "read"), ("param", "read"),
                                ("out", "write")):
@@ -195,18 +206,23 @@ class Accelerator(wiring.Component):
         # ---- wiring
         connect(m, wiring.flipped(self.imem_wr), fetch.imem_wr)
         m.d.comb += fetch.run.eq(running)
-        for eng, port in ((Engine.LOAD, fetch.load), (Engine.COMPUTE, fetch.compute),
-                          (Engine.STORE, fetch.store)):
-            connect(m, port, queues[eng].w)
-            connect(m, queues[eng].r, seqs[eng].queue)
-            connect(m, seqs[eng].wait, events.wait[eng.value])
-            connect(m, seqs[eng].signal, events.signal[eng.value])
-        connect(m, seqs[Engine.LOAD].cmd, load.cmd)
-        connect(m, seqs[Engine.COMPUTE].cmd, core.cmd)
-        connect(m, seqs[Engine.STORE].cmd, store.cmd)
-        m.d.comb += [seqs[Engine.LOAD].done.eq(load.done),
-                     seqs[Engine.COMPUTE].done.eq(core.done),
-                     seqs[Engine.STORE].done.eq(store.done)]
+        for e in ENGINES:
+            eng, seq, ex = e.engine, seqs[e.engine], executors[e.engine]
+            connect(m, getattr(fetch, e.name), queues[eng].w)
+            connect(m, queues[eng].r, seq.queue)
+            connect(m, seq.wait, events.wait[eng.value])
+            if e.completion is None:
+                connect(m, seq.signal, events.signal[eng.value])
+            else:
+                # Its signals come with its last effect (hw/dma.py: LoadEngine.signal).
+                connect(m, seq.signal, ex.signal_in)
+                m.d.comb += ex.end_in.eq(seq.ending)
+                connect(m, ex.signal, events.signal[eng.value])
+            connect(m, seq.cmd, ex.cmd)
+            m.d.comb += seq.done.eq(ex.done)
+        # Engines that complete late have instructions in flight after they end.
+        in_flight = Cat(executors[e.engine].in_flight for e in ENGINES
+                        if e.completion is not None).any()
         for name in ("act", "wgt", "param"):
             connect(m, getattr(load, f"{name}_wr"), spads[name].dma_wr)
             connect(m, getattr(core, f"{name}_rd"), spads[name].core_rd)
@@ -220,9 +236,12 @@ class Accelerator(wiring.Component):
         # reporting the cycle before; counters and DRAM traffic are held back in that cycle, so
         # nothing observable happens in it. The deep checks end in `ended` and `dead`, not in
         # the enables of everything the stop reaches.
-        idle_empty = {eng: seqs[eng].idle & ~queues[eng].r.valid for eng in Engine}
-        done_now = fetch.ended & Cat(idle_empty.values()).all()
-        blocked = Cat(idle_empty[eng] | events.starved[eng.value] for eng in Engine).all()
+        # (A LOAD in flight still writes its data and raises its signal: neither done nor
+        # deadlocked.)
+        idle_empty = {eng: seqs[eng].idle & ~queues[eng].r.valid for eng in seqs}
+        done_now = fetch.ended & Cat(idle_empty.values()).all() & ~in_flight
+        blocked = (Cat(idle_empty[eng] | events.starved[eng.value] for eng in seqs).all()
+                   & ~in_flight)
         deadlock_now = ~done_now & blocked & (fetch.ended | fetch.stalled)
         ended = Signal()   # done or deadlocked in the previous cycle
         dead = Signal()    # deadlocked in the previous cycle
@@ -274,10 +293,9 @@ class Accelerator(wiring.Component):
             "mac_cycles": Mux(core.done, mac_acc + core.mac, 0),
             "instructions": fetch.dispatched,
         }
-        for eng in Engine:
-            name = eng.name.lower()
-            incs[f"{name}_exec"] = seqs[eng].executing
-            incs[f"{name}_wait"] = seqs[eng].waiting
+        for e in ENGINES:
+            incs[e.exec_counter] = seqs[e.engine].executing
+            incs[e.wait_counter] = seqs[e.engine].waiting
         assert set(incs) == set(COUNTERS), set(COUNTERS) ^ set(incs)
         for name, value in incs.items():
             pend = Signal(value.shape(), name=f"inc_{name}")

@@ -17,8 +17,20 @@ from types import MappingProxyType
 import numpy as np
 
 from hw.config import AcceleratorConfig
+from hw.engines import OPS
+from hw.errors import ContractError
 from hw.format import _unpack_fields
-from hw.isa import EpilogueMode, Gemm, Instr, Load, Spad, Store, bias_row_bytes, gemm_geometry
+from hw.isa import (
+    EpilogueMode,
+    Gemm,
+    Instr,
+    Load,
+    Opcode,
+    Spad,
+    Store,
+    bias_row_bytes,
+    gemm_geometry,
+)
 from hw.numerics import add_bias_wide, requantize_int8, wrap
 
 __all__ = ["MachineState", "WeightCache", "Step", "prepare", "exec_load", "exec_store",
@@ -174,15 +186,11 @@ def prepare(ins: Instr, cfg: AcceleratorConfig) -> Step | None:
     (bytes, sizes) is read when the step runs. :func:`exec_load`, :func:`exec_store` and
     :func:`exec_gemm` are a step prepared and applied once: the one implementation of the
     semantics, which the fast model runs with a program's steps prepared once per program
-    (:class:`sim.model.FastModel`).
+    (:class:`sim.model.FastModel`). Every opcode of :data:`hw.engines.OPS` that is not
+    ``sync`` has its semantics in ``_PREPARE``.
     """
-    if isinstance(ins, Load):
-        return _prepare_load(ins, cfg)
-    if isinstance(ins, Store):
-        return _prepare_store(ins, cfg)
-    if isinstance(ins, Gemm):
-        return _prepare_gemm(ins, cfg)
-    return None
+    make = _PREPARE.get(ins.opcode)
+    return None if make is None else make(ins, cfg)
 
 
 def _dram_run(ins: Load | Store, cfg: AcceleratorConfig) -> tuple[int, int] | None:
@@ -454,3 +462,16 @@ def _epilogue(st: MachineState, ins: Gemm) -> None:
     step = _prepare_epilogue(ins, st.cfg)
     if step is not None:
         step(st)
+
+
+#: The semantics of every opcode that moves data (:data:`hw.engines.OPS`, all but the ``sync``
+#: ones), as a function ``(ins, cfg) -> Step``.
+_PREPARE: dict[Opcode, Callable[[Instr, AcceleratorConfig], Step]] = {
+    Opcode.LOAD: _prepare_load,
+    Opcode.STORE: _prepare_store,
+    Opcode.GEMM: _prepare_gemm,
+}
+if set(_PREPARE) != {op.opcode for op in OPS if not op.sync}:
+    raise ContractError(f"sim.functional has semantics for {sorted(o.name for o in _PREPARE)}, "
+                        f"hw.engines.OPS moves data with "
+                        f"{sorted(op.opcode.name for op in OPS if not op.sync)}")

@@ -24,13 +24,19 @@ from threadpoolctl import ThreadpoolController
 from hw import timing
 from hw.config import AcceleratorConfig
 from hw.counters import COUNTERS
+from hw.engines import (
+    ENGINES,
+    WORK_COUNTERS,
+    completion_delay,
+    engines_fields,
+    exec_cycles_fields,
+    work_fields,
+)
 from hw.isa import (
-    ENGINE_OF_OPCODE,
     NO_EVENT,
     Engine,
     ErrorCode,
     Instr,
-    Opcode,
     decode,
     decode_fields,
     dispatch_errors,
@@ -42,7 +48,8 @@ from sim.result import RunResult
 
 __all__ = ["ProgramError", "InstrTiming", "Schedule", "schedule", "FastModel"]
 
-_ENGINES = (Engine.LOAD, Engine.COMPUTE, Engine.STORE)
+#: The engines, by value (one column of the schedule each): :data:`hw.engines.ENGINES`.
+_ENGINES = tuple(e.engine for e in ENGINES)
 
 
 class ProgramError(SimulationError, ValueError):
@@ -51,7 +58,9 @@ class ProgramError(SimulationError, ValueError):
 
 @dataclass
 class InstrTiming:
-    """When one instruction moved through the machine (cycles, see hw/timing.py)."""
+    """When one instruction moved through the machine (cycles, see hw/timing.py): ``end`` is
+    the last execution cycle, ``done`` the completion (its signal; later than ``end`` on the
+    LOAD engine, :func:`hw.engines.completion_delay`)."""
 
     index: int
     engine: Engine | None
@@ -60,14 +69,15 @@ class InstrTiming:
     pop: int = -1
     grant: int = -1
     end: int = -1
+    done: int = -1
 
 
 @dataclass
 class Schedule:
     """Timing of a whole program run.
 
-    ``times`` is an ``int64 [dispatched, 6]`` array of (engine, available, dispatch, pop,
-    grant, end) per dispatched instruction (engine -1 for END; -1 where never reached).
+    ``times`` is an ``int64 [dispatched, 7]`` array of (engine, available, dispatch, pop,
+    grant, end, done) per dispatched instruction (engine -1 for END; -1 where never reached).
     """
 
     cycles: int
@@ -80,8 +90,8 @@ class Schedule:
     @property
     def timings(self) -> list[InstrTiming]:
         """Per-instruction :class:`InstrTiming` records (built on demand)."""
-        return [InstrTiming(i, None if e < 0 else _ENGINES[e], a, d, p, g, n)
-                for i, (e, a, d, p, g, n) in enumerate(self.times.tolist())]
+        return [InstrTiming(i, None if e < 0 else _ENGINES[e], a, d, p, g, n, c)
+                for i, (e, a, d, p, g, n, c) in enumerate(self.times.tolist())]
 
 
 def _instruction(program, words: np.ndarray, i: int) -> Instr:
@@ -95,49 +105,36 @@ def _instruction(program, words: np.ndarray, i: int) -> Instr:
 class _Table:
     """The program as the fetch unit sees it, decoded once with array operations."""
 
-    engines: list[int]      # 0 LOAD, 1 COMPUTE, 2 STORE, -1 END, -2 illegal
+    engines: list[int]      # Engine value, -1 END, -2 illegal
     waits: list[int]        # event id or -1
     signals: list[int]      # event id or -1
     durs: list[int]         # execution cycles D
     errs: list[int]         # ErrorCode value of the dispatch checks
-    work: np.ndarray        # [n, 3]: DRAM beats read, beats written, MAC cycles
-
-
-#: Engine of each 3-bit opcode value; SYNC's comes from its body, -1 END, -2 illegal.
-_ENGINE_OF_OPCODE = np.full(8, -2, dtype=np.int64)
-_ENGINE_OF_OPCODE[Opcode.END.value] = -1
-for _op, _eng in ENGINE_OF_OPCODE.items():
-    _ENGINE_OF_OPCODE[_op.value] = _eng.value
+    work: np.ndarray        # [n, len(WORK_COUNTERS)]: totals of hw.engines.WORK_COUNTERS
 
 
 def _decode_table(words: np.ndarray, cfg: AcceleratorConfig) -> _Table:
     """Decode ``uint64 [n, 2]`` instruction words (see :func:`hw.isa.program_words`)."""
     f = decode_fields(words)
-    op = f["opcode"]
     errs = dispatch_errors(f, cfg)
-    durs = timing.exec_cycles_fields(f, cfg)
-    # engine per opcode (SYNC names its engine; -1 END, -2 illegal)
-    engines = _ENGINE_OF_OPCODE[op]
-    engines = np.where(op == Opcode.SYNC.value, f["sync.engine"], engines)
+    durs = exec_cycles_fields(f, cfg)
+    # engine per instruction (SYNC names its engine; -1 END, -2 illegal)
+    engines = engines_fields(f)
     engines = np.where(errs == ErrorCode.ILLEGAL_OPCODE.value, -2, engines)
-    beats = f["dma.rows"] * f["dma.row_beats"]
-    work = np.zeros((op.size, 3), dtype=np.int64)
-    work[:, 0] = np.where(op == Opcode.LOAD.value, beats, 0)
-    work[:, 1] = np.where(op == Opcode.STORE.value, beats, 0)
-    work[:, 2] = np.where(op == Opcode.GEMM.value,
-                          f["gemm.k_steps"] * (f["gemm.tokens_m1"] + 1), 0)
+    work = work_fields(f)
     waits = np.where((f["wait"] == NO_EVENT) | (engines < 0), -1, f["wait"])
     signals = np.where((f["signal"] == NO_EVENT) | (engines < 0), -1, f["signal"])
+    n_eng = len(_ENGINES)
     for kind, ev in (("consumer", waits), ("producer", signals)):
         used = ev >= 0
         # distinct (event, engine) pairs as one integer each: an event listed twice has two
-        pairs = np.unique(ev[used] * 4 + engines[used])
-        evs = pairs >> 2
+        pairs = np.unique(ev[used] * n_eng + engines[used])
+        evs = pairs // n_eng
         twice = np.flatnonzero(evs[1:] == evs[:-1])
         if twice.size:
             j = int(twice[0])
-            raise ProgramError(_two_engines(int(evs[j]), kind, int(pairs[j] & 3),
-                                            int(pairs[j + 1] & 3)))
+            raise ProgramError(_two_engines(int(evs[j]), kind, int(pairs[j] % n_eng),
+                                            int(pairs[j + 1] % n_eng)))
     return _Table(engines.tolist(), waits.tolist(), signals.tolist(), durs.tolist(),
                   errs.tolist(), work)
 
@@ -161,9 +158,12 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
     Q = cfg.queue_depth
     depth = cfg.imem_depth
     NONE = ErrorCode.NONE.value
-    order: list[list[int]] = [[], [], []]      # instruction indices per engine queue
-    pos = [0, 0, 0]                             # next instruction each engine pops
-    free = [0, 0, 0]                            # first cycle each engine is idle
+    n_eng = len(_ENGINES)
+    order: list[list[int]] = [[] for _ in range(n_eng)]  # instruction indices per engine queue
+    pos = [0] * n_eng                           # next instruction each engine pops
+    free = [0] * n_eng                          # first cycle each engine is idle
+    settled = [0] * n_eng                       # ... and has nothing left to complete
+    late = [completion_delay(e, cfg) for e in _ENGINES]
     sig: dict[int, list[int]] = {}              # event -> end cycles of its signals
     waits_done: dict[int, int] = {}             # event -> grants so far
     avail: list[int] = []                       # per dispatched instruction
@@ -171,6 +171,7 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
     pops = [-1] * n_prog
     grants = [-1] * n_prog
     ends = [-1] * n_prog
+    dones = [-1] * n_prog
 
     fetch_i = 0
     last_d = None
@@ -216,11 +217,12 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
             fetch_i += 1
             progressed = True
         # Engines: pop, wait, execute in order while dependencies are known.
-        for e in range(3):
+        for e in range(n_eng):
             q = order[e]
             n_q = len(q)
             i_pos = pos[e]
             f = free[e]
+            x = late[e]
             while i_pos < n_q:
                 i = q[i_pos]
                 p = disp[i] + 1
@@ -240,38 +242,42 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
                         g = p + 1
                     waits_done[w] = k + 1
                 end = g + durs[i]
-                grants[i], ends[i] = g, end
+                done = end + x
+                grants[i], ends[i], dones[i] = g, end, done
                 f = end + 1
                 sg = signals[i]
                 if sg >= 0:
                     if sg in sig:
-                        sig[sg].append(end)
+                        sig[sg].append(done)
                     else:
-                        sig[sg] = [end]
+                        sig[sg] = [done]
                 i_pos += 1
                 progressed = True
             pos[e] = i_pos
             free[e] = f
+            if i_pos:
+                settled[e] = dones[q[i_pos - 1]] + 1
         if not progressed:
             break
 
     nd = len(disp)
-    times = np.empty((nd, 6), dtype=np.int64)
+    times = np.empty((nd, 7), dtype=np.int64)
     times[:, 0] = engines[:nd]
     times[:, 1] = avail
     times[:, 2] = disp
     times[:, 3] = pops[:nd]
     times[:, 4] = grants[:nd]
     times[:, 5] = ends[:nd]
+    times[:, 6] = dones[:nd]
     # ---- how the run ended
     error, error_pc, detail = ErrorCode.NONE, 0, ""
-    all_popped = all(pos[e] == len(order[e]) for e in range(3))
+    all_popped = all(pos[e] == len(order[e]) for e in range(n_eng))
     if stop is not None:
         cycles, error, error_pc = stop
     elif end_dispatch is not None and all_popped:
-        cycles = max([end_dispatch + 1] + free)
+        cycles = max([end_dispatch + 1] + settled)
     else:
-        cycles, detail = _deadlock(waits, times, order, pos, free, fetch_i, end_dispatch,
+        cycles, detail = _deadlock(waits, times, order, pos, settled, fetch_i, end_dispatch,
                                    last_d, sig, waits_done, Q)
         error = ErrorCode.DEADLOCK
     limit = (1 << cfg.event_bits) - 1
@@ -285,23 +291,24 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
                     _counters(times, work[:nd], cycles, held), detail)
 
 
-def _deadlock(waits, times, order, pos, free, fetch_i, end_dispatch, last_d, sig, waits_done,
-              Q) -> tuple[int, str]:
-    """First cycle in which every engine and fetch are blocked for good, and why."""
+def _deadlock(waits, times, order, pos, settled, fetch_i, end_dispatch, last_d, sig,
+              waits_done, Q) -> tuple[int, str]:
+    """First cycle in which every engine and fetch are blocked for good, and why
+    (``settled``: the cycle after each engine's last completion)."""
     blocked_since = []
     states = []
-    for e, name in enumerate(("LOAD", "COMPUTE", "STORE")):
+    for e, name in enumerate(eng.name for eng in _ENGINES):
         q = order[e]
         if pos[e] < len(q):
             i = q[pos[e]]
             p = int(times[i, 3])
             ev = waits[i]
             have = len(sig.get(ev, ()))
-            blocked_since.append(p + 1)
+            blocked_since.append(max(p + 1, settled[e]))
             states.append(f"{name} waits on event {ev} at instruction {i} (needs signal "
                           f"#{waits_done.get(ev, 0) + 1}, {have} ever signalled)")
         else:
-            blocked_since.append(free[e])
+            blocked_since.append(settled[e])
             states.append(f"{name} idle, queue empty")
     if end_dispatch is not None:
         blocked_since.append(end_dispatch + 1)
@@ -316,11 +323,11 @@ def _deadlock(waits, times, order, pos, free, fetch_i, end_dispatch, last_d, sig
 def _event_overflow(cfg, waits, signals, times, cycles, error, error_pc, detail):
     """Stop at the first counter overflow if one happens before the run ends.
 
-    A counter after cycle ``c`` is (signals ending at or before ``c``) - (grants at or before
-    ``c``); it overflows in the first signal cycle where that exceeds its maximum.
+    A counter after cycle ``c`` is (signals completing at or before ``c``) - (grants at or
+    before ``c``); it overflows in the first signal cycle where that exceeds its maximum.
     """
     limit = (1 << cfg.event_bits) - 1
-    eng, grant, end = times[:, 0], times[:, 4], times[:, 5]
+    eng, grant, end = times[:, 0], times[:, 4], times[:, 6]
     n = len(times)
     sig_ev = np.asarray(signals[:n])
     wait_ev = np.asarray(waits[:n])
@@ -342,7 +349,7 @@ def _event_overflow(cfg, waits, signals, times, cycles, error, error_pc, detail)
 def _counters(times: np.ndarray, work: np.ndarray, cycles: int, held) -> dict[str, int]:
     """Counter values at the end of the run (cycles before ``cycles``), vectorised."""
     c = dict.fromkeys(COUNTERS, 0)
-    eng, avail, disp, pop, grant, end = times.T
+    eng, avail, disp, pop, grant, end, _ = times.T
     if held is not None and held < cycles:
         c["fetch_stall"] += cycles - held
     c["fetch_stall"] += int((np.minimum(disp, cycles) - avail)[avail < cycles].sum())
@@ -352,12 +359,12 @@ def _counters(times: np.ndarray, work: np.ndarray, cycles: int, held) -> dict[st
     wait = np.maximum(0, np.minimum(np.where(granted, grant, cycles), cycles) - (pop + 1))
     busy = np.where(granted, np.maximum(0, np.minimum(end + 1, cycles) - (grant + 1)), 0)
     finished = on_engine & granted & (end < cycles)
-    for e, name in enumerate(("load", "compute", "store")):
+    for e, spec in enumerate(ENGINES):
         mine = on_engine & (eng == e)
-        c[f"{name}_wait"] = int(wait[mine].sum())
-        c[f"{name}_exec"] = int(busy[mine].sum())
-    c["dram_read_beats"], c["dram_write_beats"], c["mac_cycles"] = (
-        int(x) for x in work[finished].sum(axis=0))
+        c[spec.wait_counter] = int(wait[mine].sum())
+        c[spec.exec_counter] = int(busy[mine].sum())
+    for name, total in zip(WORK_COUNTERS, work[finished].sum(axis=0), strict=True):
+        c[name] = int(total)
     return c
 
 
@@ -510,7 +517,7 @@ def _steps(sched: Schedule, instruction, cfg: AcceleratorConfig) -> tuple[Step, 
     completed before the machine stopped (``instruction(i)``: instruction ``i``), in
     completion order, ties by index (exact for race-free programs)."""
     t = sched.times
-    done = np.flatnonzero((t[:, 0] >= 0) & (t[:, 5] >= 0) & (t[:, 5] < sched.cycles))
-    done = done[np.lexsort((done, t[done, 5]))]
+    done = np.flatnonzero((t[:, 0] >= 0) & (t[:, 6] >= 0) & (t[:, 6] < sched.cycles))
+    done = done[np.lexsort((done, t[done, 6]))]
     steps = (prepare(instruction(i), cfg) for i in done.tolist())
     return tuple(s for s in steps if s is not None)

@@ -182,7 +182,7 @@ def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: 
                     eng, e = pending_sync.pop(0)
                     program.append(Sync(engine=eng, wait=e))
                 else:
-                    src, dst = (engines[i] for i in rng.integers(0, 3, size=2))
+                    src, dst = (engines[i] for i in rng.integers(0, len(engines), size=2))
                     if (src, dst) not in sync_events:
                         if next_event >= cfg.num_events:
                             continue
@@ -225,12 +225,12 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
         free = [e for e in range(cfg.num_events) if e not in used]
         if not free:
             free = [cfg.num_events - 1]
-        prog.insert(pos, Sync(engine=Engine(int(rng.integers(3))), wait=free[0]))
+        prog.insert(pos, Sync(engine=Engine(int(rng.integers(len(Engine)))), wait=free[0]))
     elif kind == "overflow":
         used = {i.wait for i in prog if not isinstance(i, int)} | \
             {i.signal for i in prog if not isinstance(i, int)}
         e = next((e for e in range(cfg.num_events) if e not in used), NO_EVENT - 1)
-        eng = Engine(int(rng.integers(3)))
+        eng = Engine(int(rng.integers(len(Engine))))
         prog[pos:pos] = [Sync(engine=eng, signal=e)] * (1 << cfg.event_bits)
     else:
         raise ValueError(f"unknown breakage {kind!r}")

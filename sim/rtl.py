@@ -46,6 +46,7 @@ import numpy as np
 from hw.config import AcceleratorConfig
 from hw.counters import COUNTER_BITS, COUNTERS
 from hw.dma import DRAM_ADDR_BITS
+from hw.engines import ENGINES
 from hw.generate import write_design
 from hw.isa import INSTR_BYTES, ErrorCode, Instr, encode, program_words
 from hw.timing import START_LATENCY
@@ -74,8 +75,8 @@ def engine_states(counters: dict) -> str:
     """One line on where each engine spent the run (a stuck run's post-mortem): executing or
     waiting on an event, the fetch unit's stalls and the instructions dispatched so far."""
     c = {k: int(v) for k, v in counters.items()}
-    engines = ", ".join(f"{e} exec {c[e + '_exec']:,} / wait {c[e + '_wait']:,} cycles"
-                        for e in ("load", "compute", "store"))
+    engines = ", ".join(f"{e.name} exec {c[e.exec_counter]:,} / wait {c[e.wait_counter]:,} "
+                        f"cycles" for e in ENGINES)
     return (f"{engines}; fetch stalled {c['fetch_stall']:,} cycles; "
             f"{c['instructions']:,} instructions dispatched")
 

@@ -11,12 +11,14 @@ from pathlib import Path
 
 from hw.cli import write_text_atomic
 from hw.config import AcceleratorConfig
+from hw.engines import ENGINES
 from hw.isa import Gemm, Instr, Load, Store, Sync
 from sim.model import InstrTiming
 
 __all__ = ["chrome_trace", "write_trace", "instruction_events", "track_names"]
 
-_TRACKS = {"fetch": 0, "LOAD": 1, "COMPUTE": 2, "STORE": 3}
+#: Track ids: fetch, then every engine of :data:`hw.engines.ENGINES`.
+_TRACKS = {"fetch": 0, **{e.engine.name: 1 + i for i, e in enumerate(ENGINES)}}
 
 
 def _label(ins: Instr) -> str:

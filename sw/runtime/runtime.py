@@ -129,6 +129,14 @@ class StepStats:
         """Sum of the programs' roofline bounds over their simulated cycles."""
         return sum(p.bound_cycles for p in self.programs) / self.cycles if self.cycles else 0.0
 
+    @property
+    def roofline_fraction_end_to_end(self) -> float:
+        """The programs' roofline bounds over the step's cycles with the host's work at its
+        estimated on-chip cycles added (:attr:`host_unit_cycles`): the fraction a step reaches
+        when every op, not only the programs, is counted."""
+        total = self.cycles + self.host_unit_cycles
+        return sum(p.bound_cycles for p in self.programs) / total if total else 0.0
+
     def roofline_points(self) -> list[LayerPoint]:
         """One point per kind of program (the blocks' ``layers.N.`` prefix dropped), its work
         and cycles summed over the step."""
@@ -149,7 +157,8 @@ class StepStats:
                 "transitions": self.transitions, "host_unit_cycles": self.host_unit_cycles,
                 "host_wall_s": self.host_wall_s, "mac_cycles": self.counter("mac_cycles"),
                 "dram_read_beats": self.counter("dram_read_beats"),
-                "roofline_fraction": self.roofline_fraction}
+                "roofline_fraction": self.roofline_fraction,
+                "roofline_fraction_end_to_end": self.roofline_fraction_end_to_end}
 
 
 @dataclass

@@ -2,7 +2,9 @@
 """LOAD and STORE engines with scratchpads and the DRAM model: durations and bytes.
 
 Durations must be ``hw.timing.load_cycles`` / ``store_cycles`` (command in cycle g, ``done`` in
-g + D); the bytes must be those of ``sim.functional.exec_load`` / ``exec_store``.
+g + D); a LOAD's last scratchpad write and its (delayed) signal come
+``hw.engines.completion_delay`` cycles after its ``done``, while the next LOAD's requests go out;
+the bytes must be those of ``sim.functional.exec_load`` / ``exec_store``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from control_testutil import random_dma, run_sim, small_config, wide_config
 
 from hw import timing
 from hw.dma import LoadEngine, StoreEngine
-from hw.isa import Load, Spad, Store
+from hw.engines import completion_delay
+from hw.isa import Engine, Load, Spad, Store
 from hw.memory_model import DramModel
 from hw.spad import Scratchpad
 from sim.functional import MachineState, exec_load, exec_store
@@ -94,6 +97,15 @@ class Bench:
             await ctx.tick()
         ctx.set(port.en, 0)
 
+    async def drain(self, ctx) -> int:
+        """Tick until the LOAD engine has nothing in flight; return the ticks."""
+        n = 0
+        while ctx.get(self.load.in_flight):
+            await ctx.tick()
+            n += 1
+            assert n < 10_000
+        return n
+
     async def execute(self, ctx, engine, ins) -> int:
         """Transfer ``ins`` in cycle g; return D such that ``done`` pulses in g + D."""
         assert ctx.get(engine.cmd.ready)
@@ -128,9 +140,10 @@ def test_load(name):
 
     async def tb(ctx):
         await bench.dram_fill(ctx, image)
-        for ins in loads:
+        for ins in loads:  # back to back: each one's responses overlap the next one's requests
             assert await bench.execute(ctx, bench.load, ins) == timing.load_cycles(ins, cfg), ins
             exec_load(state, ins)
+        await bench.drain(ctx)
         for sp in (Spad.ACT, Spad.WGT, Spad.PARAM):
             np.testing.assert_array_equal(await bench.spad_dump(ctx, sp), state.spads[sp],
                                           err_msg=sp.name)
@@ -158,6 +171,68 @@ def test_store(name):
         np.testing.assert_array_equal(await bench.dram_dump(ctx), state.dram)
 
     run_sim(bench.m, tb)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_load_completion_and_signal_delay(name):
+    """Back-to-back LOADs into one region: each signal comes exactly
+    ``completion_delay(LOAD)`` cycles after its ``done``, with the LOAD's last scratchpad
+    write, in order, and the region ends with the last LOAD's bytes."""
+    cfg = CONFIGS[name]
+    bench = Bench(cfg)
+    x = completion_delay(Engine.LOAD, cfg)
+    image = np.random.default_rng(3).integers(0, 256, cfg.memory.size_bytes, dtype=np.uint8)
+    loads = [Load(spad=Spad.ACT, dram_addr=a, spad_addr=0, rows=1, row_beats=b)
+             for a, b in ((0, 1), (40, 3), (7, 2), (90, 1))]
+    masks = [1 << (i % cfg.num_events) for i in range(len(loads))]
+    state = MachineState(cfg, dram=image.copy())
+    done_at, signal_at, written_at = [], [], []
+    clock = [0]
+
+    async def tick(ctx):
+        if ctx.get(bench.load.signal.valid):
+            signal_at.append((clock[0], ctx.get(bench.load.signal.payload)))
+            written_at.append(ctx.get(bench.load.act_wr.en))
+        await ctx.tick()
+        clock[0] += 1
+
+    async def tb(ctx):
+        await bench.dram_fill(ctx, image)
+        for ins, mask in zip(loads, masks, strict=True):
+            assert ctx.get(bench.load.cmd.ready)
+            body = {f: getattr(ins, f) for f in ("dram_addr", "spad_addr", "rows",
+                                                 "row_beats", "dram_stride")}
+            ctx.set(bench.load.cmd.payload, {**body, "spad": ins.spad})
+            ctx.set(bench.load.cmd.valid, 1)
+            await tick(ctx)
+            ctx.set(bench.load.cmd.valid, 0)
+            while not ctx.get(bench.load.done):
+                await tick(ctx)
+            done_at.append(clock[0])
+            ctx.set(bench.load.end_in, 1)
+            ctx.set(bench.load.signal_in.valid, 1)
+            ctx.set(bench.load.signal_in.payload, mask)
+            await tick(ctx)
+            ctx.set(bench.load.end_in, 0)
+            ctx.set(bench.load.signal_in.valid, 0)
+            exec_load(state, ins)
+        while ctx.get(bench.load.in_flight):
+            await tick(ctx)
+        assert clock[0] == done_at[-1] + x + 1  # in flight through the last completion
+        # An end without beats or a signal (a SYNC's) is in flight as long.
+        ctx.set(bench.load.end_in, 1)
+        await tick(ctx)
+        ctx.set(bench.load.end_in, 0)
+        start = clock[0]
+        while ctx.get(bench.load.in_flight):
+            await tick(ctx)
+        assert clock[0] - start == x
+        np.testing.assert_array_equal(await bench.spad_dump(ctx, Spad.ACT),
+                                      state.spads[Spad.ACT])
+
+    run_sim(bench.m, tb)
+    assert signal_at == [(d + x, mk) for d, mk in zip(done_at, masks, strict=True)]
+    assert written_at == [1] * len(loads)
 
 
 def test_overhead_constants_checked(monkeypatch):

@@ -13,6 +13,7 @@ from control_testutil import random_dma, random_gemm, run_sim, small_config, wid
 
 from hw import timing
 from hw.config import AcceleratorConfig
+from hw.engines import ENGINES, engine_of
 from hw.fetch import FetchUnit
 from hw.isa import (
     NO_EVENT,
@@ -31,7 +32,6 @@ from hw.isa import (
     decode,
     dispatch_error,
     encode,
-    engine_of,
 )
 from hw.queues import InstrQueue
 
@@ -138,8 +138,7 @@ class FetchBench:
         ctx.set(self.fetch.run, 1)
 
     def streams(self):
-        return {Engine.LOAD: self.fetch.load, Engine.COMPUTE: self.fetch.compute,
-                Engine.STORE: self.fetch.store}
+        return {e.engine: getattr(self.fetch, e.name) for e in ENGINES}
 
 
 _CONFIGS = {"small": small_config(), "wide": wide_config(), "default": AcceleratorConfig(),

@@ -142,17 +142,17 @@ def test_field_overflow_is_named():
 def test_vectorised_decode_and_checks_equal_the_scalar_ones(prog):
     """decode_fields / dispatch_errors / exec_cycles_fields are the array twins of decode /
     dispatch_error / exec_cycles (the fast model uses the twins on whole programs)."""
-    from hw import timing
+    from hw.engines import exec_cycles, exec_cycles_fields
     from hw.isa import decode_fields, dispatch_errors, program_words
 
     for cfg in (CFG, AcceleratorConfig(rows=2, cols=4, weight_bits=(4,), num_events=8)):
         f = decode_fields(program_words(prog))
         errs = dispatch_errors(f, cfg)
-        durs = timing.exec_cycles_fields(f, cfg)
+        durs = exec_cycles_fields(f, cfg)
         for i, ins in enumerate(prog):
             assert errs[i] == dispatch_error(ins, cfg).value, ins
             if not isinstance(ins, End):
-                assert durs[i] == timing.exec_cycles(ins, cfg), ins
+                assert durs[i] == exec_cycles(ins, cfg), ins
             back = decode(encode(ins))
             assert f["opcode"][i] == back.opcode.value
 

@@ -73,6 +73,37 @@ def test_random_programs_timing(rtl, seed):
     assert res.error == ErrorCode.NONE
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_back_to_back_loads_with_events(rtl, seed):
+    """Runs of LOADs issued back to back (the next one's requests go out while the previous
+    one's responses are in flight), some signalling SYNCs on COMPUTE and STORE, the first of
+    each run waiting on COMPUTE, SYNCs on the LOAD engine in between: cycles and counters are
+    the fast model's (every event's counter returns to 0: deadlock- and overflow-free)."""
+    rng = random.Random(1000 + seed)
+    to_compute, to_store, from_compute, load_sync = 0, 1, 2, 3
+    prog = []
+    for run in range(rng.randint(3, 8)):
+        loads = [random_dma(rng, CFG, max_rows=2, max_row_beats=rng.choice([1, 3, 8]))
+                 for _ in range(rng.randint(1, 5))]
+        if run:
+            loads[0] = Load(**{**loads[0].__dict__, "wait": from_compute})
+        for ins in loads[:-1]:
+            if rng.random() < 0.4:
+                prog += [Load(**{**ins.__dict__, "signal": to_store}),
+                         Sync(engine=Engine.STORE, wait=to_store)]
+            else:
+                prog.append(ins)
+            if rng.random() < 0.2:
+                prog += [Sync(engine=Engine.LOAD, signal=load_sync),
+                         Sync(engine=Engine.STORE, wait=load_sync)]
+        prog += [Load(**{**loads[-1].__dict__, "signal": to_compute}),
+                 Sync(engine=Engine.COMPUTE, wait=to_compute, signal=from_compute)]
+    prog += [Sync(engine=Engine.LOAD, wait=from_compute), End()]
+    res = rtl.run(prog, _dram(seed))
+    _check(res, _model(prog, timing_only=True), dram=False)
+    assert res.error == ErrorCode.NONE
+
+
 def test_empty_program(rtl):
     res = rtl.run([End()])
     _check(res, _model([End()], timing_only=True), dram=False)

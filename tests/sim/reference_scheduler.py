@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import deque
 
 from hw import timing
-from hw.isa import End, ErrorCode, dispatch_error, engine_of
+from hw.engines import ENGINES, completion_delay, engine_of, exec_cycles
+from hw.isa import End, ErrorCode, dispatch_error
 
 IDLE, WAIT, EXEC = "idle", "wait", "exec"
 
@@ -19,19 +20,23 @@ def run_reference(prog, cfg, max_cycles=200_000):
     """Return ``(cycles, error, error_pc, counters)`` for a list of instructions."""
     Q = cfg.queue_depth
     limit = (1 << cfg.event_bits) - 1
-    queues = [deque(), deque(), deque()]   # (index, written_cycle)
-    state = [IDLE] * 3
-    cur = [None] * 3
-    left = [0] * 3
+    n_eng = len(ENGINES)
+    queues = [deque() for _ in range(n_eng)]   # (index, written_cycle)
+    state = [IDLE] * n_eng
+    cur = [None] * n_eng
+    left = [0] * n_eng
     cnt = [0] * 32
+    late = [completion_delay(e.engine, cfg) for e in ENGINES]
+    completing = []    # (cycle, signal event or None) of instructions ended, not completed
     pc, avail, ended = 0, timing.FETCH_LATENCY, None
-    names = ("load", "compute", "store")
+    names = [e.name for e in ENGINES]
     ctr = {f"{n}_{k}": 0 for n in names for k in ("exec", "wait")}
     ctr.update(fetch_stall=0, instructions=0)
     for c in range(max_cycles):
         # ---- done / deadlock on the registered state of this cycle
-        idle_empty = [state[e] == IDLE and not queues[e] for e in range(3)]
-        if ended is not None and c > ended and all(idle_empty):
+        idle_empty = [state[e] == IDLE and not queues[e] for e in range(n_eng)]
+        completing = [x for x in completing if x[0] >= c]
+        if ended is not None and c > ended and all(idle_empty) and not completing:
             return c, ErrorCode.NONE, 0, ctr
         # ---- fetch
         fetch_blocked = ended is not None
@@ -54,9 +59,9 @@ def run_reference(prog, cfg, max_cycles=200_000):
                 else:
                     fetch_blocked = True
         waiting_zero = [state[e] == WAIT and prog[cur[e]].wait is not None
-                        and cnt[prog[cur[e]].wait] == 0 for e in range(3)]
-        if (not any(s == EXEC for s in state) and fetch_blocked
-                and all(idle_empty[e] or waiting_zero[e] for e in range(3))
+                        and cnt[prog[cur[e]].wait] == 0 for e in range(n_eng)]
+        if (not any(s == EXEC for s in state) and not completing and fetch_blocked
+                and all(idle_empty[e] or waiting_zero[e] for e in range(n_eng))
                 and any(waiting_zero)):
             return c, ErrorCode.DEADLOCK, 0, ctr
         if fetch_blocked and ended is None:
@@ -65,7 +70,7 @@ def run_reference(prog, cfg, max_cycles=200_000):
         inc = [0] * 32
         dec = [0] * 32
         pops = []
-        for e in range(3):
+        for e in range(n_eng):
             if state[e] == IDLE:
                 if queues[e] and queues[e][0][1] < c:
                     i, _ = queues[e][0]
@@ -78,17 +83,18 @@ def run_reference(prog, cfg, max_cycles=200_000):
                     if ins.wait is not None:
                         dec[ins.wait] += 1
                     state[e] = "granted"
-                    left[e] = timing.exec_cycles(ins, cfg)
+                    left[e] = exec_cycles(ins, cfg)
                 else:
                     ctr[f"{names[e]}_wait"] += 1
             elif state[e] == EXEC:
                 ctr[f"{names[e]}_exec"] += 1
                 left[e] -= 1
                 if left[e] == 0:
-                    ins = prog[cur[e]]
-                    if ins.signal is not None:
-                        inc[ins.signal] += 1
+                    completing.append((c + late[e], prog[cur[e]].signal))
                     state[e] = "finished"
+        for when, ev in completing:
+            if when == c and ev is not None:
+                inc[ev] += 1
         for ev in range(32):
             if cnt[ev] + inc[ev] - dec[ev] > limit:
                 return c, ErrorCode.EVENT_OVERFLOW, 0, ctr
@@ -103,7 +109,7 @@ def run_reference(prog, cfg, max_cycles=200_000):
                 queues[fetch_action].append((pc, c))
             pc += 1
             avail = c + 1
-        for e in range(3):
+        for e in range(n_eng):
             state[e] = {"popped": WAIT, "granted": EXEC, "finished": IDLE}.get(state[e],
                                                                                state[e])
     raise RuntimeError("reference simulation did not finish")

@@ -8,6 +8,7 @@ from reference_scheduler import run_reference
 
 from hw import timing
 from hw.config import AcceleratorConfig, MemoryModel
+from hw.engines import completion_delay
 from hw.isa import (
     End,
     Engine,
@@ -76,20 +77,56 @@ def test_programs_without_end_stop_at_the_first_unwritten_word(prog):
 
 def test_hand_checked_timing():
     F = timing.FETCH_LATENCY
+    X = CFG.memory.latency + timing.LOAD_OVERHEAD
+    assert completion_delay(Engine.LOAD, CFG) == X
+    assert completion_delay(Engine.COMPUTE, CFG) == 0
+    assert completion_delay(Engine.STORE, CFG) == 0
     # END alone: available and dispatched at F, done the cycle after.
     assert schedule([End()], CFG).cycles == F + 1
-    # LOAD: dispatched F, popped F+1, granted F+2, executes F+3..F+2+D; done at F+3+D.
+    # LOAD: dispatched F, popped F+1, granted F+2, requests F+3..F+2+D (D = beats), its last
+    # beat written and its signal raised X cycles after the last request; done the cycle after.
     ld = Load(spad=Spad.ACT, rows=1, row_beats=5, signal=0)
     D = timing.load_cycles(ld, CFG)
-    assert D == 5 + 3 + timing.LOAD_OVERHEAD
+    assert D == 5
     s = schedule([ld, End()], CFG)
     t = s.timings[0]
-    assert (t.dispatch, t.pop, t.grant, t.end) == (F, F + 1, F + 2, F + 2 + D)
-    assert s.cycles == F + 3 + D
+    assert (t.dispatch, t.pop, t.grant, t.end, t.done) == (F, F + 1, F + 2, F + 2 + D,
+                                                          F + 2 + D + X)
+    assert s.cycles == F + 3 + D + X
+    assert s.counters["load_exec"] == D
     # A SYNC waiting on that event is granted the cycle after the signal.
     s = schedule([ld, Sync(engine=Engine.COMPUTE, wait=0), End()], CFG)
-    assert s.timings[1].grant == F + 2 + D + 1
+    assert s.timings[1].grant == F + 2 + D + X + 1
     assert s.counters["compute_wait"] == s.timings[1].grant - s.timings[1].pop - 1
+
+
+def test_back_to_back_loads_overlap_their_latency():
+    """The LOAD engine pops the next LOAD the cycle after the previous one's last request; the
+    completions (and signals) follow in order, X cycles after each end, and a SYNC on the LOAD
+    engine completes as late as a LOAD."""
+    F = timing.FETCH_LATENCY
+    X = completion_delay(Engine.LOAD, CFG)
+    a = Load(spad=Spad.ACT, rows=1, row_beats=2, signal=0)
+    b = Load(spad=Spad.WGT, rows=2, row_beats=3, signal=1)
+    prog = [a, b, Sync(engine=Engine.LOAD, signal=2), Sync(engine=Engine.COMPUTE, wait=1),
+            Sync(engine=Engine.COMPUTE, wait=0), Sync(engine=Engine.STORE, wait=2), End()]
+    s = schedule(prog, CFG)
+    ta, tb, ts = s.timings[:3]
+    assert (ta.grant, ta.end, ta.done) == (F + 2, F + 4, F + 4 + X)
+    assert (tb.pop, tb.grant, tb.end, tb.done) == (F + 5, F + 6, F + 12, F + 12 + X)
+    assert (ts.pop, ts.grant, ts.end, ts.done) == (F + 13, F + 14, F + 15, F + 15 + X)
+    assert s.timings[3].grant == tb.done + 1   # waits for b's data, not just its requests
+    assert s.timings[5].grant == ts.done + 1
+    assert s.cycles == run_reference(prog, CFG)[0] == s.timings[5].end + 1
+
+
+def test_deadlock_waits_for_load_completions():
+    """A deadlock is not declared while a LOAD's signal is still in flight."""
+    prog = [Load(spad=Spad.ACT, rows=1, row_beats=1), Sync(engine=Engine.COMPUTE, wait=1),
+            End()]
+    s = schedule(prog, CFG)
+    assert s.error == ErrorCode.DEADLOCK
+    assert s.cycles == s.timings[0].done + 1 == run_reference(prog, CFG)[0]
 
 
 def test_deadlock_is_reported_with_engine_states():

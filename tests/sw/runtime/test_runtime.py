@@ -278,3 +278,18 @@ def test_timing_memo_tells_formats_apart():
     memo = [rt.step(ids[:, :PROMPT])[1], rt.step(ids[:, PROMPT:])[1]]
     for a, b in zip(full, memo, strict=True):
         assert [(p.node, p.cycles) for p in a.programs] == [(p.node, p.cycles) for p in b.programs]
+
+
+def test_step_roofline_fractions_count_the_programs_then_the_host_work():
+    """The accelerator's fraction divides the programs' bounds by their cycles; the end-to-end
+    fraction adds the host work's estimated on-chip cycles to the denominator."""
+    from sw.runtime.runtime import HostRun, ProgramRun, StepStats
+
+    def program(cycles: int, bound: float) -> ProgramRun:
+        return ProgramRun("n", 0, None, cycles, {}, 0, 0, 0, bound)
+
+    stats = StepStats("decode", 0, 1, [program(1000, 900.0), program(3000, 2700.0)],
+                      [HostRun("norm", "rmsnorm", 0.0, 400), HostRun("n", "gemm:io", 0.0, 600)])
+    assert stats.roofline_fraction == 3600 / 4000
+    assert stats.roofline_fraction_end_to_end == 3600 / 5000
+    assert StepStats("decode", 0, 1).roofline_fraction_end_to_end == 0.0

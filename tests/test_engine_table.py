@@ -1,0 +1,166 @@
+"""The engine table (hw/engines.py) is the one source of the per-engine and per-opcode design:
+every queued opcode and every engine is in it once, and the fetch unit, the top level, the
+counters, the timing dispatch, the fast model and the functional model follow it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hw import engines as table
+from hw import timing
+from hw.counters import COUNTERS, CounterLayout
+from hw.engines import (
+    ENGINE,
+    ENGINES,
+    OP,
+    OPS,
+    WORK_COUNTERS,
+    completion_delay,
+    engine_of,
+    engines_fields,
+    exec_cycles,
+    work_fields,
+)
+from hw.errors import ContractError
+from hw.fetch import FetchUnit
+from hw.isa import (
+    INSTRUCTIONS,
+    End,
+    Engine,
+    Gemm,
+    Load,
+    Opcode,
+    Store,
+    Sync,
+    decode_fields,
+    program_words,
+)
+from hw.queues import entry_layout
+from hw.top import Accelerator
+from sim import functional
+from sim.model import schedule
+from sim.random_programs import EQUIVALENCE_CONFIGS, random_program
+
+CFG = EQUIVALENCE_CONFIGS["2x4"]
+
+
+def test_every_queued_opcode_is_in_the_table_once():
+    queued = set(Opcode) - {Opcode.INVALID, Opcode.END}
+    for o in Opcode:
+        assert [op.opcode for op in OPS].count(o) == (o in queued), o
+    assert set(OP) == queued
+    # and every instruction class but END's is an entry's
+    assert {op.cls for op in OPS} == set(INSTRUCTIONS) - {End}
+
+
+def test_every_engine_is_in_the_table_once_in_value_order():
+    assert [e.engine for e in ENGINES] == list(Engine)
+    assert [e.engine.value for e in ENGINES] == list(range(len(ENGINES)))
+    assert set(ENGINE) == set(Engine)
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("ENGINES", ENGINES[:-1], "not every hw.isa.Engine"),
+    ("OPS", OPS[:-1], "not every queued opcode"),
+    ("OPS", (OPS[1], OPS[0]) + OPS[2:], r"lists \['STORE', 'LOAD'"),
+    ("ENGINES", (dataclasses.replace(ENGINES[0], body="nobody"),) + ENGINES[1:],
+     "body 'nobody' is not in the instruction's body union"),
+    ("OPS", (dataclasses.replace(OPS[0], engine=Engine.COMPUTE),) + OPS[1:],
+     "LOAD has body 'dma', its engine COMPUTE carries 'gemm'"),
+    ("OPS", (dataclasses.replace(OPS[0], engine=None),) + OPS[1:],
+     "LOAD has no fixed engine and its body 'dma' has no engine field"),
+    ("OPS", (OPS[0], dataclasses.replace(OPS[1], work=OPS[0].work)) + OPS[2:],
+     r"STORE: work counters \['dram_read_beats'\] belong to another opcode"),
+])
+def test_an_inconsistent_table_is_refused_naming_the_entry(monkeypatch, field, value, match):
+    monkeypatch.setattr(table, field, value)
+    with pytest.raises(ContractError, match=match):
+        table._checked()
+
+
+def test_counter_names_derive_from_the_table():
+    per_engine = [n for e in ENGINES for n in (f"{e.name}_exec", f"{e.name}_wait")]
+    assert COUNTERS == (*per_engine, "fetch_stall", *WORK_COUNTERS, "instructions")
+    assert list(WORK_COUNTERS) == [n for op in OPS for n in op.work]
+    assert [name for name, _ in CounterLayout] == list(COUNTERS)
+
+
+def test_the_fetch_unit_has_a_port_per_engine_with_its_body():
+    members = FetchUnit(CFG).signature.members
+    for e in ENGINES:
+        assert members[e.name].signature.members["payload"].shape == \
+            entry_layout(e.body_layout), e
+
+
+def test_the_elaborated_top_has_a_queue_and_a_sequencer_per_engine():
+    """Every engine of the table has its queue and sequencer block in the design, with its
+    body, and a wait and a signal port of the event unit."""
+    machine = Accelerator(CFG).elaborate(None).submodules["machine"]
+    for e in ENGINES:
+        queue = machine.submodules[f"{e.name}_queue"]
+        seq = machine.submodules[f"{e.name}_seq"]
+        assert queue.signature.members["w"].signature.members["payload"].shape == \
+            entry_layout(e.body_layout), e
+        assert seq.signature.members["cmd"].signature.members["payload"].shape == \
+            e.body_layout, e
+    events = machine.submodules["events"]
+    assert len(events.wait) == len(events.signal) == len(ENGINES)
+
+
+def test_a_sync_on_every_engine_lands_in_its_column_of_the_fast_model():
+    prog = [Sync(engine=e.engine) for e in ENGINES] + [End()]
+    s = schedule(prog, CFG)
+    assert s.error.name == "NONE"
+    assert list(s.times[:-1, 0]) == [e.engine.value for e in ENGINES]
+    assert [t.engine for t in s.timings[:-1]] == [e.engine for e in ENGINES]
+    for e in ENGINES:
+        assert s.counters[e.exec_counter] == timing.SYNC_CYCLES, e
+    # the last SYNC completes last: the run is done the cycle after (hw/timing.py, Done)
+    done = s.times[:-1, 6]
+    assert s.cycles == max(int(done.max()), int(s.times[-1, 2])) + 1
+
+
+def test_engine_and_work_arrays_equal_the_scalar_definitions():
+    """The array twins the fast model uses agree with each opcode's scalar definition on the
+    instructions of random programs."""
+    rng = np.random.default_rng(5)
+    prog = random_program(CFG, rng, chains=2, tasks=4).program
+    f = decode_fields(program_words(prog))
+    eng, work = engines_fields(f), work_fields(f)
+    col = {name: j for j, name in enumerate(WORK_COUNTERS)}
+    assert {type(i) for i in prog} == set(INSTRUCTIONS)  # the sample has every kind
+    for i, ins in enumerate(prog):
+        e = engine_of(ins)
+        assert eng[i] == (-1 if e is None else e.value), ins
+        want = dict.fromkeys(WORK_COUNTERS, 0)
+        if isinstance(ins, Load):
+            want["dram_read_beats"] = ins.rows * ins.row_beats
+        elif isinstance(ins, Store):
+            want["dram_write_beats"] = ins.rows * ins.row_beats
+        elif isinstance(ins, Gemm):
+            want["mac_cycles"] = ins.k_steps * ins.tokens
+        assert {n: int(work[i, col[n]]) for n in WORK_COUNTERS} == want, ins
+
+
+def test_timing_dispatch_follows_the_table():
+    assert completion_delay(Engine.LOAD, CFG) == timing.load_completion_delay(CFG)
+    for e in ENGINES:
+        want = 0 if e.completion is None else e.completion(CFG)
+        assert completion_delay(e.engine, CFG) == want, e
+    for ins in (Load(rows=2, row_beats=3), Store(rows=2, row_beats=3), Gemm(k_steps=5),
+                Sync()):
+        assert exec_cycles(ins, CFG) == OP[ins.opcode].cycles(ins, CFG), ins
+    with pytest.raises(TypeError, match="End does not execute on an engine"):
+        exec_cycles(End(), CFG)
+
+
+def test_the_functional_model_has_semantics_for_every_opcode_that_moves_data():
+    assert set(functional._PREPARE) == {op.opcode for op in OPS if not op.sync}
+    assert functional.prepare(Sync(), CFG) is None
+    assert functional.prepare(End(), CFG) is None
+    for op in OPS:
+        if not op.sync:
+            assert callable(functional.prepare(op.cls(), CFG)), op
