@@ -96,36 +96,46 @@ def _delay(m: Module, en: Value, value: Value, n: int, name: str) -> Value:
     return value
 
 
-class PipelineUnit(wiring.Component):
-    """A unit that maps every input element to one output element through ``_stages()``.
-
-    Subclasses set ``NAME`` (their key in :data:`hw.timing.VECTOR_LATENCY`) and define
-    ``_stages()``: the last stage's value names are the output layout's fields.
-    """
+class _StreamUnit(wiring.Component):
+    """An input stream ``i`` into the stages ``_stages()``, an output stream ``o``; the whole
+    pipeline advances (``en``) whenever ``o`` holds nothing or is taken. Subclasses set
+    ``NAME`` (their key in :data:`hw.timing.VECTOR_LATENCY`); ``_EXTRA_STAGES`` counts the
+    stages after ``_stages()`` toward the latency."""
 
     NAME = ""
+    _EXTRA_STAGES = 0
 
     def __init__(self, in_layout: data.StructLayout, out_layout: data.StructLayout):
         self._stage_list = list(self._stages())
-        self.latency = check_latency(self.NAME, len(self._stage_list), type(self).__name__)
+        self.latency = check_latency(self.NAME, len(self._stage_list) + self._EXTRA_STAGES,
+                                     type(self).__name__)
         super().__init__({"i": In(stream.Signature(in_layout)),
                           "o": Out(stream.Signature(out_layout))})
 
     def _stages(self) -> list[Stage]:
         raise NotImplementedError
 
-    def elaborate(self, platform):
-        m = Module()
+    def _front(self, m: Module) -> tuple[Value, SimpleNamespace]:
+        """The enable and the last of ``_stages()``'s registered values."""
         en = Signal()
         m.d.comb += [en.eq(~self.o.valid | self.o.ready), self.i.ready.eq(en)]
-        v = build_pipeline(m, en, self.i.payload, self._stage_list)
+        return en, build_pipeline(m, en, self.i.payload, self._stage_list)
+
+
+class PipelineUnit(_StreamUnit):
+    """A unit that maps every input element to one output element through ``_stages()``: the
+    last stage's value names are the output layout's fields."""
+
+    def elaborate(self, platform):
+        m = Module()
+        en, v = self._front(m)
         m.d.comb += self.o.valid.eq(_delay(m, en, self.i.valid, self.latency, "valid"))
         for name in self.o.payload.shape().members:
             m.d.comb += getattr(self.o.payload, name).eq(getattr(v, name))
         return m
 
 
-class ReductionUnit(wiring.Component):
+class ReductionUnit(_StreamUnit):
     """A unit that reduces each row (elements up to one with ``last`` set) to one result.
 
     The element stages ``_stages()`` (they must carry ``last``) feed an accumulation stage:
@@ -135,17 +145,7 @@ class ReductionUnit(wiring.Component):
     the accumulation stage.
     """
 
-    NAME = ""
-
-    def __init__(self, in_layout: data.StructLayout, out_layout: data.StructLayout):
-        self._stage_list = list(self._stages())
-        self.latency = check_latency(self.NAME, len(self._stage_list) + 1,
-                                     type(self).__name__)
-        super().__init__({"i": In(stream.Signature(in_layout)),
-                          "o": Out(stream.Signature(out_layout))})
-
-    def _stages(self) -> list[Stage]:
-        raise NotImplementedError
+    _EXTRA_STAGES = 1
 
     def _state(self) -> dict[str, Shape]:
         raise NotImplementedError
@@ -156,9 +156,7 @@ class ReductionUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        en = Signal()
-        m.d.comb += [en.eq(~self.o.valid | self.o.ready), self.i.ready.eq(en)]
-        v = build_pipeline(m, en, self.i.payload, self._stage_list)
+        en, v = self._front(m)
         valid = _delay(m, en, self.i.valid, len(self._stage_list), "valid")
         state = SimpleNamespace(**{k: Signal(s, name=f"acc_{k}", reset_less=True)
                                    for k, s in self._state().items()})
