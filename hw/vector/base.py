@@ -17,6 +17,7 @@ constructor checks that the pipeline it builds has exactly that many stages.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
@@ -96,7 +97,7 @@ def _delay(m: Module, en: Value, value: Value, n: int, name: str) -> Value:
     return value
 
 
-class _StreamUnit(wiring.Component):
+class _StreamUnit(wiring.Component, metaclass=abc.ABCMeta):
     """An input stream ``i`` into the stages ``_stages()``, an output stream ``o``; the whole
     pipeline advances (``en``) whenever ``o`` holds nothing or is taken. Subclasses set
     ``NAME`` (their key in :data:`hw.timing.VECTOR_LATENCY`); ``_EXTRA_STAGES`` counts the
@@ -112,8 +113,9 @@ class _StreamUnit(wiring.Component):
         super().__init__({"i": In(stream.Signature(in_layout)),
                           "o": Out(stream.Signature(out_layout))})
 
+    @abc.abstractmethod
     def _stages(self) -> list[Stage]:
-        raise NotImplementedError
+        """The unit's stages, in order (:func:`build_pipeline`)."""
 
     def _front(self, m: Module) -> tuple[Value, SimpleNamespace]:
         """The enable and the last of ``_stages()``'s registered values."""
@@ -147,12 +149,14 @@ class ReductionUnit(_StreamUnit):
 
     _EXTRA_STAGES = 1
 
+    @abc.abstractmethod
     def _state(self) -> dict[str, Shape]:
-        raise NotImplementedError
+        """The accumulation state's registers and their shapes."""
 
+    @abc.abstractmethod
     def _combine(self, m: Module, v: SimpleNamespace, state: SimpleNamespace,
                  first: Value) -> dict:
-        raise NotImplementedError
+        """The state after element ``v`` (``first``: it starts a row), by register name."""
 
     def elaborate(self, platform):
         m = Module()
