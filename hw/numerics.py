@@ -71,6 +71,8 @@ __all__ = [
     "bias_to_acc_torch", "golden_linear_torch",
     "kv_rows", "group_rows", "ungroup_rows", "scores_prologue", "scores_epilogue",
     "values_prologue", "values_epilogue",
+    "KV_BITS", "KV4_QMAX", "KV4_CODE_BITS", "KV4_CODE_MAX", "KV4_KEY_GROUP", "kv4_key_group",
+    "kv4_rows", "kv4_weight", "kv4_rows_torch", "kv4_weight_torch",
 ]
 
 #: Activations are symmetric INT8 in [-127, 127] (-128 unused, so negation is exact).
@@ -270,10 +272,123 @@ def golden_linear_torch(x: torch.Tensor, w_int: torch.Tensor, row_scale: torch.T
     return dequant_output_torch(acc, row_scale, s_x)
 
 
-# ---------------------------------------------------------------------- INT8 KV-cache attention
-def kv_rows(x: torch.Tensor, vector: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantise keys or values ``[B, KV, S, d]`` per position: int8 and scales ``[B, KV, S]``
-    (with ``vector``, as the vector unit requantises: :func:`quantize_activations_vector`)."""
+# ---------------------------------------------------------------------- INT4 KV cache
+#: KV-cache element widths: INT8 (per-position symmetric, like the activations) or INT4.
+KV_BITS = (8, 4)
+#: INT4 cache values are symmetric in [-7, 7] (-8 unused, so negation is exact).
+KV4_QMAX = 7
+#: The keys' INT4 scale codes: unsigned, as the weights' (``WeightFormat.code_bits``).
+KV4_CODE_BITS = 8
+KV4_CODE_MAX = (1 << KV4_CODE_BITS) - 1
+#: Head-dim elements of a key row sharing one scale code (fewer when the head is narrower).
+KV4_KEY_GROUP = 32
+
+
+def kv4_key_group(head_dim: int) -> int:
+    """The keys' INT4 group along ``head_dim``: :data:`KV4_KEY_GROUP`, or the whole row when
+    the head is narrower (``ValueError`` naming a head_dim the groups cannot tile)."""
+    group = min(KV4_KEY_GROUP, head_dim)
+    if head_dim % group:
+        raise ValueError(f"head_dim={head_dim} is not a multiple of the INT4 key group "
+                         f"({KV4_KEY_GROUP})")
+    return group
+
+
+def kv4_rows(x: np.ndarray, group: int | None) -> tuple[np.ndarray, np.ndarray | None,
+                                                          np.ndarray]:
+    """INT4 quantisation of key or value rows ``x [..., d]`` (float32), one row per position.
+
+    With ``group`` (keys), two levels as the weights' stream holds them: a float32 row scale
+    ``s = amax / (7 * 255)`` (1 for an all-zero row) and per group of ``group`` elements an
+    8-bit code ``c = clip(ceil(amax_g / (7 * s)), 1, 255)``; the values ``q =
+    clip(rint(x / (s * c)), -7, 7)``, so ``x ~= s * c * q`` and the GEMM's integer weight is
+    ``c * q`` (:func:`kv4_weight`). Without (``None``: values, a raw stream with no header)
+    one level: ``s = amax / 7``, ``q = clip(rint(x / s), -7, 7)``, codes None. Every step is
+    one float32 operation in this order (the torch twin :func:`kv4_rows_torch` repeats it).
+
+    Returns
+    -------
+    q, codes, scale:
+        ``int8 [..., d]``, ``uint8 [..., d // group]`` (or None), ``float32 [...]``.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise ValueError("keys or values contain NaN or Inf")
+    amax = np.abs(x).max(axis=-1)
+    qmax = np.float32(KV4_QMAX)
+    if group is None:
+        s = np.where(amax > 0, amax / qmax, np.float32(1)).astype(np.float32)
+        q = np.clip(np.rint(x / s[..., None]), -KV4_QMAX, KV4_QMAX).astype(np.int8)
+        return q, None, s
+    d = x.shape[-1]
+    if group <= 0 or d % group:
+        raise ValueError(f"group {group} does not tile rows of {d} elements")
+    s = np.where(amax > 0, amax / np.float32(KV4_QMAX * KV4_CODE_MAX),
+                 np.float32(1)).astype(np.float32)
+    amax_g = np.abs(x).reshape(*x.shape[:-1], d // group, group).max(axis=-1)
+    c = np.clip(np.ceil(amax_g / (s * qmax)[..., None]), 1, KV4_CODE_MAX).astype(np.float32)
+    unit = np.repeat(s[..., None] * c, group, axis=-1)
+    q = np.clip(np.rint(x / unit), -KV4_QMAX, KV4_QMAX).astype(np.int8)
+    return q, c.astype(np.uint8), s
+
+
+def kv4_weight(q: np.ndarray, codes: np.ndarray | None) -> np.ndarray:
+    """The integer weights ``c * q`` (``int32 [..., d]``) of :func:`kv4_rows`'s output (``q``
+    itself without codes)."""
+    q = np.asarray(q, dtype=np.int32)
+    if codes is None:
+        return q
+    group = q.shape[-1] // codes.shape[-1]
+    return q * np.repeat(np.asarray(codes, np.int32), group, axis=-1)
+
+
+def kv4_rows_torch(x: torch.Tensor, group: int | None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Torch twin of :func:`kv4_rows` (bit-identical; ``q`` int8, codes uint8)."""
+    x = x.to(torch.float32)
+    amax = x.abs().amax(dim=-1)
+    one = torch.ones_like(amax)
+    if group is None:
+        s = torch.where(amax > 0, amax / KV4_QMAX, one)
+        q = torch.clamp(torch.round(x / s.unsqueeze(-1)), -KV4_QMAX, KV4_QMAX)
+        return q.to(torch.int8), None, s
+    d = x.shape[-1]
+    if group <= 0 or d % group:
+        raise ValueError(f"group {group} does not tile rows of {d} elements")
+    s = torch.where(amax > 0, amax / float(KV4_QMAX * KV4_CODE_MAX), one)
+    amax_g = x.abs().reshape(*x.shape[:-1], d // group, group).amax(dim=-1)
+    c = torch.clamp(torch.ceil(amax_g / (s * KV4_QMAX).unsqueeze(-1)), 1, KV4_CODE_MAX)
+    unit = (s.unsqueeze(-1) * c).repeat_interleave(group, dim=-1)
+    q = torch.clamp(torch.round(x / unit), -KV4_QMAX, KV4_QMAX)
+    return q.to(torch.int8), c.to(torch.uint8), s
+
+
+def kv4_weight_torch(q: torch.Tensor, codes: torch.Tensor | None) -> torch.Tensor:
+    """Torch twin of :func:`kv4_weight` (int32)."""
+    if codes is None:
+        return q.to(torch.int32)
+    group = q.shape[-1] // codes.shape[-1]
+    return q.to(torch.int32) * codes.to(torch.int32).repeat_interleave(group, dim=-1)
+
+
+# ---------------------------------------------------------------------- KV-cache attention
+def kv_rows(x: torch.Tensor, vector: bool = False, bits: int = 8, group: int | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise keys or values ``[B, KV, S, d]`` per position: the integer weights the
+    attention GEMMs stream and the row scales ``[B, KV, S]``.
+
+    ``bits`` 8: int8 rows (with ``vector``, as the vector unit requantises:
+    :func:`quantize_activations_vector`); 4: :func:`kv4_rows_torch` with ``group`` (keys:
+    :func:`kv4_key_group`; None for values), the weights ``c * q`` (:func:`kv4_weight_torch`).
+    """
+    if bits not in KV_BITS:
+        raise ValueError(f"KV-cache bits must be one of {KV_BITS}, got {bits!r}")
+    if bits == 4:
+        if vector:
+            raise ValueError("an INT4 KV cache is not defined with the vector unit's "
+                             "numerics (vector=True); use kv_bits=8")
+        q, codes, s = kv4_rows_torch(x, group)
+        return kv4_weight_torch(q, codes), s
     if vector:
         return quantize_activations_vector_torch(x)
     return quantize_activations_torch(x)
