@@ -38,6 +38,12 @@ the host:
   which are then quantised per (head, token) row; ``acc = p8 . v8`` exactly and
   ``out = (float32(acc) * 1) * s_p[t]``.
 
+The INT4 KV cache (``kv_bits`` 4, :func:`kv4_rows`) changes only the cached rows: keys are
+two-level like the weights (``s_k`` per position, an 8-bit code per group of
+:data:`KV4_KEY_GROUP` channels, values in [-7, 7]; the GEMM's integer weight is ``code * q``),
+values one scale per position (``s_v``, folded into the probabilities as above). The queries,
+probabilities, prologues and epilogues are the INT8 cache's.
+
 Grouped-query attention never repeats K/V: the ``groups`` query heads that share a kv head are
 stacked as ``groups * T`` activation rows against that head's cache (row ``i * T + t`` is query
 head ``kv * groups + i``, token ``t``: HF ``repeat_kv`` order).

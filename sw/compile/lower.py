@@ -8,8 +8,9 @@ node               members
 =================  ================================================================
 ``linear``         its layer (packed weights), input rows = tokens
 ``linears``        each layer, one shared input buffer
-``attn_scores``    per kv head: W = that head's key cache ``[S, head_dim]`` (raw INT8),
-                   rows = its query heads x tokens (per query head without the GQA pass)
+``attn_scores``    per kv head: W = that head's key cache ``[S, head_dim]`` (raw INT8, or
+                   INT4 in groups along head_dim), rows = its query heads x tokens (per
+                   query head without the GQA pass)
 ``attn_values``    per kv head: W = the value cache transposed ``[head_dim, S]``, rows the
                    same; the cache region is laid out for the longest context, so its
                    tiles are further apart than a shorter context's (``w_tile_stride``)
