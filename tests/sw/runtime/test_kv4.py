@@ -154,3 +154,21 @@ def test_int4_cache_with_vector_numerics_is_refused():
         Runtime(exe, make_backend("model", SMALL), vector=True)
     with pytest.raises(ValueError, match="kv_bits=4"):
         use_hardware_numerics(copy.deepcopy(lm), weights, vector=True, kv_bits=4)
+
+
+@pytest.mark.rtl
+def test_rtl_runs_the_int4_cache_as_the_fast_model():
+    from sim.random_programs import EQUIVALENCE_CONFIGS
+    cfg = EQUIVALENCE_CONFIGS["2x4"]   # shares the equivalence harness's Verilator build
+    lm = tiny_lm(layers=1, heads=2, kv_heads=1, hidden=32, vocab=32)
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2, kv_bits=4),
+                        weights=compressed(lm, "2:4", 32))
+    ids = torch.randint(0, 32, (1, PROMPT + 2), generator=torch.Generator().manual_seed(5))
+    runs = []
+    for name in ("model", "rtl"):
+        rt = Runtime(exe, make_backend(name, cfg))
+        runs.append([rt.step(ids[:, :PROMPT])] + [rt.step(ids[:, p:p + 1])
+                                                   for p in range(PROMPT, PROMPT + 2)])
+    for (a, sa), (b, sb) in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+        assert [p.cycles for p in sa.programs] == [p.cycles for p in sb.programs]
