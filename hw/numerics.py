@@ -42,7 +42,8 @@ The INT4 KV cache (``kv_bits`` 4, :func:`kv4_rows`) changes only the cached rows
 two-level like the weights (``s_k`` per position, an 8-bit code per group of
 :data:`KV4_KEY_GROUP` channels, values in [-7, 7]; the GEMM's integer weight is ``code * q``),
 values one scale per position (``s_v``, folded into the probabilities as above). The queries,
-probabilities, prologues and epilogues are the INT8 cache's.
+probabilities, prologues and epilogues are the INT8 cache's; with the vector unit the rows
+are :func:`vec_kv4_rows` (:func:`kv4_rows_vector`).
 
 Grouped-query attention never repeats K/V: the ``groups`` query heads that share a kv head are
 stacked as ``groups * T`` activation rows against that head's cache (row ``i * T + t`` is query
@@ -384,16 +385,14 @@ def kv_rows(x: torch.Tensor, vector: bool = False, bits: int = 8, group: int | N
     attention GEMMs stream and the row scales ``[B, KV, S]``.
 
     ``bits`` 8: int8 rows (with ``vector``, as the vector unit requantises:
-    :func:`quantize_activations_vector`); 4: :func:`kv4_rows_torch` with ``group`` (keys:
-    :func:`kv4_key_group`; None for values), the weights ``c * q`` (:func:`kv4_weight_torch`).
+    :func:`quantize_activations_vector`); 4: :func:`kv4_rows_torch` (with ``vector``
+    :func:`kv4_rows_vector_torch`) with ``group`` (keys: :func:`kv4_key_group`; None for
+    values), the weights ``c * q`` (:func:`kv4_weight_torch`).
     """
     if bits not in KV_BITS:
         raise ValueError(f"KV-cache bits must be one of {KV_BITS}, got {bits!r}")
     if bits == 4:
-        if vector:
-            raise ValueError("an INT4 KV cache is not defined with the vector unit's "
-                             "numerics (vector=True); use kv_bits=8")
-        q, codes, s = kv4_rows_torch(x, group)
+        q, codes, s = (kv4_rows_vector_torch if vector else kv4_rows_torch)(x, group)
         return kv4_weight_torch(q, codes), s
     if vector:
         return quantize_activations_vector_torch(x)
@@ -427,12 +426,13 @@ def scores_epilogue(acc: torch.Tensor, s_q: torch.Tensor, s_k: torch.Tensor,
 
 
 def values_prologue(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
-                    vector: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    vector: bool = False, kv_bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Probabilities ``[B, H, T, S]`` times the value scales ``[B, KV, S]`` of their kv head,
     as INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` (with ``vector``, in
-    integers on the vector unit: :func:`fold_values_vector`)."""
+    integers on the vector unit: :func:`fold_values_vector`, the values' codes recovered from
+    the scales of a ``kv_bits`` cache)."""
     if vector:
-        return fold_values_vector(probs, s_v, kv_heads)
+        return fold_values_vector(probs, s_v, kv_heads, ACT_QMAX if kv_bits == 8 else KV4_QMAX)
     folded = group_rows(probs, kv_heads) * s_v.unsqueeze(-2)
     return quantize_activations_torch(folded)
 
@@ -764,6 +764,52 @@ def vec_requant(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return a.astype(np.int8), amax
 
 
+def vec_kv4_rows(x: np.ndarray, group: int | None
+                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    """INT4 KV rows of activations ``x [..., d]`` as the unit quantises them (the integer
+    :func:`kv4_rows`).
+
+    Rows wider than the activation format are shifted as in :func:`vec_requant`: ``s =
+    max(0, bitlen(max|x|) - 31)``, ``y = x >> s`` (flooring), ``a = max|y|``; ``(r, sh) =
+    vec_recip(a)``. Without ``group`` (values): ``q = clip(round_shift(y * 7 * r, sh), -7,
+    7)``. With it (keys): per group ``c = clip(ceil(max_g|y| * 255 * r / 2**sh), 1, 255)``
+    (the ceiling an arithmetic shift of the negation; product below 2**55), ``(r2, sh2) =
+    vec_recip(a * c)`` (below 2**39), ``q = clip(round_shift(y * 1785 * r2, sh2), -7, 7)``
+    (below 2**58). An all-zero row gives zeros. Returns ``(int8 q, uint8 codes or None,
+    int64 a, int64 s)``; the row scale is :func:`kv4_scale`.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    amax = np.abs(x).max(axis=-1)
+    s = np.maximum(0, _bit_length(amax) - (ACT_BITS - 1))
+    y = x >> s[..., None]
+    a = np.abs(y).max(axis=-1)
+    r, sh = vec_recip(np.maximum(a, 1))
+    live = a[..., None] > 0
+    if group is None:
+        q = round_shift(y * KV4_QMAX * r[..., None], sh[..., None])
+        return np.where(live, np.clip(q, -KV4_QMAX, KV4_QMAX), 0).astype(np.int8), None, a, s
+    d = x.shape[-1]
+    if group <= 0 or d % group:
+        raise ValueError(f"group {group} does not tile rows of {d} elements")
+    ag = np.abs(y).reshape(*x.shape[:-1], d // group, group).max(axis=-1)
+    c = -((-(ag * KV4_CODE_MAX * r[..., None])) >> sh[..., None])
+    c = np.clip(c, 1, KV4_CODE_MAX)
+    r2, sh2 = vec_recip(np.maximum(a, 1)[..., None] * c)
+    q = round_shift(y * (KV4_QMAX * KV4_CODE_MAX) * np.repeat(r2, group, axis=-1),
+                    np.repeat(sh2, group, axis=-1))
+    q = np.where(live, np.clip(q, -KV4_QMAX, KV4_QMAX), 0)
+    return q.astype(np.int8), c.astype(np.uint8), a, s
+
+
+def kv4_scale(a: np.ndarray, s: np.ndarray, group: int | None) -> np.ndarray:
+    """The float32 row scale of :func:`vec_kv4_rows`'s rows: ``a * 2**s / (7 * 255) *
+    2**-16`` for keys (``group``), ``a * 2**s / 7 * 2**-16`` for values, in float64 (1 for an
+    all-zero row)."""
+    div = KV4_QMAX * (KV4_CODE_MAX if group is not None else 1)
+    v = np.asarray(a, np.int64).astype(np.float64) * np.exp2(np.asarray(s, np.float64))
+    return np.where(v > 0, v / div * 2.0 ** -ACT_FRAC, 1.0).astype(np.float32)
+
+
 def act_scale(amax: np.ndarray, frac: int = ACT_FRAC) -> np.ndarray:
     """The float32 dequantisation scale of a requantised row (the WIDE epilogue's ``s_x``):
     ``float32(amax / 127 * 2**-frac)`` evaluated in float64 (1 for an all-zero row)."""
@@ -944,6 +990,40 @@ def vec_requant_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return a.to(torch.int8), amax
 
 
+def vec_kv4_rows_torch(x: torch.Tensor, group: int | None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Torch twin of :func:`vec_kv4_rows`."""
+    amax = x.abs().amax(dim=-1)
+    s = (_bit_length_torch(amax) - (ACT_BITS - 1)).clamp(min=0)
+    y = x >> s.unsqueeze(-1)
+    a = y.abs().amax(dim=-1)
+    r, sh = vec_recip_torch(a.clamp(min=1))
+    live = a.unsqueeze(-1) > 0
+    zero = torch.zeros_like(y)
+    if group is None:
+        q = round_shift_torch(y * KV4_QMAX * r.unsqueeze(-1), sh.unsqueeze(-1))
+        q = torch.where(live, q.clamp(-KV4_QMAX, KV4_QMAX), zero)
+        return q.to(torch.int8), None, a, s
+    d = x.shape[-1]
+    if group <= 0 or d % group:
+        raise ValueError(f"group {group} does not tile rows of {d} elements")
+    ag = y.abs().reshape(*x.shape[:-1], d // group, group).amax(dim=-1)
+    c = -((-(ag * KV4_CODE_MAX * r.unsqueeze(-1))) >> sh.unsqueeze(-1))
+    c = c.clamp(1, KV4_CODE_MAX)
+    r2, sh2 = vec_recip_torch(a.clamp(min=1).unsqueeze(-1) * c)
+    q = round_shift_torch(y * (KV4_QMAX * KV4_CODE_MAX) * r2.repeat_interleave(group, dim=-1),
+                          sh2.repeat_interleave(group, dim=-1))
+    q = torch.where(live, q.clamp(-KV4_QMAX, KV4_QMAX), zero)
+    return q.to(torch.int8), c.to(torch.uint8), a, s
+
+
+def kv4_scale_torch(a: torch.Tensor, s: torch.Tensor, group: int | None) -> torch.Tensor:
+    """Torch twin of :func:`kv4_scale`."""
+    div = KV4_QMAX * (KV4_CODE_MAX if group is not None else 1)
+    v = a.to(torch.float64) * torch.exp2(s.to(torch.float64))
+    return torch.where(v > 0, v / div * 2.0 ** -ACT_FRAC, torch.ones_like(v)).to(torch.float32)
+
+
 def act_scale_torch(amax: torch.Tensor, frac: int = ACT_FRAC) -> torch.Tensor:
     """Torch twin of :func:`act_scale`."""
     a = amax.to(torch.float64)
@@ -1012,24 +1092,43 @@ def quantize_activations_vector_torch(x: torch.Tensor) -> tuple[torch.Tensor, to
     return a, act_scale_torch(amax)
 
 
-def fold_values_vector(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def fold_values_vector(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
+                       qmax: int = ACT_QMAX) -> tuple[torch.Tensor, torch.Tensor]:
     """The values prologue on the vector unit: probabilities ``[B, H, T, S]`` (on the 2**-16
     grid) times the value rows' ``amax`` codes, requantised per row.
 
-    ``c = rint(float64(s_v) * 127 * 2**16)`` recovers each value row's integer ``amax``
-    (:func:`act_scale` inverted; exact below 2**23); ``w = to_fixed(p) * c`` exactly (below
-    2**47: ``p * s_v`` with 32 fraction bits, times 127); :func:`vec_requant` of ``w`` per
-    (head, token) row; the scale ``float32(amax_w / 127**2 * 2**-32)`` in float64. Returns
-    INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` as :func:`values_prologue`.
+    ``c = rint(float64(s_v) * qmax * 2**16)`` recovers each value row's integer ``amax``
+    (:func:`act_scale` inverted, ``qmax`` 127 for the INT8 cache; :func:`kv4_scale` inverted,
+    ``qmax`` 7 for the INT4 one; exact below 2**23); ``w = to_fixed(p) * c`` exactly (below
+    2**47: ``p * s_v`` with 32 fraction bits, times ``qmax``); :func:`vec_requant` of ``w`` per
+    (head, token) row; the scale ``float32(amax_w / (127 * qmax) * 2**-32)`` in float64.
+    Returns INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` as
+    :func:`values_prologue`.
     """
-    c = torch.round(s_v.to(torch.float64) * ACT_QMAX * 2.0 ** ACT_FRAC).to(torch.int64)
+    c = torch.round(s_v.to(torch.float64) * qmax * 2.0 ** ACT_FRAC).to(torch.int64)
     w = group_rows(to_fixed_torch(probs), kv_heads) * c.unsqueeze(-2)
     a, amax = vec_requant_torch(w)
-    s = amax.to(torch.float64) / (ACT_QMAX * ACT_QMAX) * 2.0 ** (-2 * ACT_FRAC)
+    s = amax.to(torch.float64) / (ACT_QMAX * qmax) * 2.0 ** (-2 * ACT_FRAC)
     return a, torch.where(amax > 0, s, torch.ones_like(s)).to(torch.float32)
+
+
+def kv4_rows_vector(x: np.ndarray, group: int | None
+                    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """:func:`kv4_rows` as the vector unit computes it: :func:`vec_kv4_rows` of
+    ``to_fixed(x)`` and the scale :func:`kv4_scale` (the same outputs: ``q``, codes, float32
+    row scales)."""
+    q, c, a, s = vec_kv4_rows(to_fixed(x), group)
+    return q, c, kv4_scale(a, s, group)
+
+
+def kv4_rows_vector_torch(x: torch.Tensor, group: int | None
+                          ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Torch twin of :func:`kv4_rows_vector`."""
+    q, c, a, s = vec_kv4_rows_torch(to_fixed_torch(x), group)
+    return q, c, kv4_scale_torch(a, s, group)
 
 
 __all__ += ["rms_norm_vector", "rope_vector", "softmax_vector", "silu_gate_vector",
             "add_vector", "quantize_activations_vector", "quantize_activations_vector_torch",
-            "fold_values_vector"]
+            "fold_values_vector", "vec_kv4_rows", "vec_kv4_rows_torch", "kv4_scale",
+            "kv4_scale_torch", "kv4_rows_vector", "kv4_rows_vector_torch"]

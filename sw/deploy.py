@@ -190,8 +190,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-bits", type=int, default=d.kv_bits,
                     help="width of the KV cache's elements: 8 or 4 (INT4: keys in groups of "
                          f"{KV4_KEY_GROUP} head_dim elements with 8-bit scale codes, values "
-                         "per position; docs/accuracy.md measures it; not with "
-                         f"--vector-numerics) (default: {d.kv_bits})")
+                         "per position; docs/accuracy.md measures it) (default: "
+                         f"{d.kv_bits})")
     ap.add_argument("--out", default=d.out, help=f"output directory (default: {d.out})")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     return ap
@@ -273,8 +273,6 @@ def _check(opts: DeployOptions) -> None:
     if opts.kv_bits not in KV_BITS:
         raise UsageError(f"--kv-bits must be one of {', '.join(map(str, KV_BITS))}, got "
                          f"{opts.kv_bits}")
-    if opts.kv_bits != 8 and opts.vector_numerics:
-        raise UsageError(f"--kv-bits {opts.kv_bits} is not defined with --vector-numerics")
 
 
 # ---------------------------------------------------------------------- pipeline

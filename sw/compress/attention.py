@@ -51,9 +51,6 @@ class HardwareAttentionProducts(AttentionProducts):
         super().__init__(num_heads, num_kv_heads, head_dim)
         if kv_bits not in KV_BITS:
             raise ValueError(f"KV-cache bits must be one of {KV_BITS}, got {kv_bits!r}")
-        if kv_bits != 8 and vector:
-            raise ValueError(f"kv_bits={kv_bits} is not defined with the vector unit's "
-                             "numerics (vector=True)")
         self.acc_bits = acc_bits
         self.vector = vector
         self.kv_bits = kv_bits
@@ -69,6 +66,6 @@ class HardwareAttentionProducts(AttentionProducts):
         q8, s_q = scores_prologue(q, kv, vec)
         scores = scores_epilogue(gemm_acc_torch(q8, k8, self.acc_bits), s_q, s_k, h)
         probs = (softmax_vector if vec else attention_probs)(scores, self.scale, mask)
-        p8, s_p = values_prologue(probs, s_v, kv, vec)
+        p8, s_p = values_prologue(probs, s_v, kv, vec, self.kv_bits)
         return values_epilogue(gemm_acc_torch(p8, v8.transpose(-2, -1), self.acc_bits), s_p, h)
 

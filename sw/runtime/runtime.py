@@ -39,6 +39,7 @@ from hw.numerics import (
     bias_to_acc,
     dequant_output,
     kv4_rows_torch,
+    kv4_rows_vector_torch,
     kv_rows,
     quantize_activations,
     quantize_activations_vector,
@@ -222,9 +223,6 @@ class Runtime:
             params.setdefault(name, torch.zeros(shape))
         self.params = params
         self.vector = vector
-        if self.kv.bits != 8 and vector and exe.kv.on_accelerator:
-            raise RuntimeFault(f"an INT{self.kv.bits} KV cache is not defined with the vector "
-                               "unit's numerics (vector=True)")
         self.interp = Interpreter(params, self.config, Numerics(vector=vector),
                                   exe.io.max_context)
         self.memo: dict[tuple, object] | None = {} if memo_timing and not self.values else None
@@ -466,7 +464,7 @@ class Runtime:
         if node.op == "attn_scores":
             x8, s_x = scores_prologue(x, operand_heads, self.vector)
         else:
-            x8, s_x = values_prologue(x, scale, operand_heads, self.vector)
+            x8, s_x = values_prologue(x, scale, operand_heads, self.vector, self.kv.bits)
         if self.values:
             for j, m in enumerate(program.members):
                 self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
@@ -515,9 +513,10 @@ class Runtime:
     def _kv4_append(self, kind: str, layer: int, past: int, x: torch.Tensor,
                     group: int | None) -> None:
         """Append INT4 keys (``group``: their scale codes' group) or values ``x [1, KV, T, d]``
-        at ``past``: the row scales stay on the host, the nibbles and codes go to each kv
-        head's region (:meth:`~sw.compile.lower.KVLayout.write`)."""
-        q, codes, sc = kv4_rows_torch(x, group)
+        at ``past`` (quantised in float, or with ``vector`` as the vector unit does it): the
+        row scales stay on the host, the nibbles and codes go to each kv head's region
+        (:meth:`~sw.compile.lower.KVLayout.write`)."""
+        q, codes, sc = (kv4_rows_vector_torch if self.vector else kv4_rows_torch)(x, group)
         t = x.shape[2]
         self.scales[(layer, kind)][:, :, past:past + t] = sc
         if not self.values:

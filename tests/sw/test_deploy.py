@@ -163,7 +163,6 @@ def test_help_documents_every_option_with_its_default(capsys):
     (["--eval-tokens", "100"], "--eval-tokens must be 0 or at least one window of 256"),
     (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
     (["--kv-bits", "3"], "--kv-bits must be one of 8, 4, got 3"),
-    (["--kv-bits", "4", "--vector-numerics"], "--kv-bits 4 is not defined with --vector"),
     (["--backend", "board", "--dram-mb", "8"], "--dram-mb 8: --backend board has the board's"),
     (["--backend", "board", "--port", "/nonexistent/tty"],
      "cannot open serial port /nonexistent/tty"),

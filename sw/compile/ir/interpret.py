@@ -75,9 +75,6 @@ class Numerics:
     def __post_init__(self):
         if self.kv_bits not in KV_BITS:
             raise IRError(f"KV-cache bits must be one of {KV_BITS}, got {self.kv_bits!r}")
-        if self.kv_bits != 8 and self.vector:
-            raise IRError(f"kv_bits={self.kv_bits} is not defined with the vector unit's "
-                          "numerics (vector=True)")
 
     def int_weight(self, layer: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``(w_int [N, K] int32, row_scale [N])`` of a compressed layer (memoised)."""

@@ -340,7 +340,7 @@ def _attn_values(node: Node, args: list, env: Env) -> tuple:
             v = v.repeat_interleave(heads // v.shape[1], dim=1)
         return (torch.matmul(p.to(v.dtype), v),)
     v8, s_v = kv_rows(v, env.numerics.vector, env.numerics.kv_bits)
-    p8, s_p = values_prologue(p, s_v, v.shape[1], env.numerics.vector)
+    p8, s_p = values_prologue(p, s_v, v.shape[1], env.numerics.vector, env.numerics.kv_bits)
     acc = gemm_acc_torch(p8, v8.transpose(-2, -1), env.numerics.acc_bits)
     return (values_epilogue(acc, s_p, heads),)
 

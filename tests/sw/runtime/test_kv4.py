@@ -17,6 +17,8 @@ from hw.numerics import (
     kv4_key_group,
     kv4_rows,
     kv4_rows_torch,
+    kv4_rows_vector,
+    kv4_rows_vector_torch,
     kv4_weight,
     kv4_weight_torch,
 )
@@ -24,7 +26,7 @@ from sim.backends import make_backend
 from sw.compile import CompileError, CompileOptions, compile_model
 from sw.compile.lower import KVLayout, context_bucket
 from sw.compress.model import use_hardware_numerics
-from sw.runtime import Runtime, RuntimeFault
+from sw.runtime import Runtime
 
 
 def _rows(seed: int, shape) -> np.ndarray:
@@ -112,22 +114,24 @@ def test_bad_kv_bits_are_refused():
 PROMPT, STEPS = 6, 5
 
 
-def _equals_twin(lm, cfg, weights, prompt, steps, seed=3):
-    """Run the INT4-cache compiled model for a prefill and ``steps`` decode tokens; assert
-    its logits equal the twin's bit for bit, and differ from the INT8-cache twin's."""
+def _equals_twin(lm, cfg, weights, prompt, steps, seed=3, vector=False):
+    """Run the INT4-cache compiled model for a prefill and ``steps`` decode tokens (host ops
+    in float, or the vector unit's numerics); assert its logits equal the twin's bit for bit,
+    and differ from the INT8-cache twin's."""
     exe = compile_model(lm, cfg, CompileOptions(prompt, prompt + steps, kv_bits=4),
                         weights=weights)
     assert exe.kv.layout.bits == 4 and exe.report["kv_bits"] == 4
     ids = torch.randint(0, lm.config.vocab_size, (1, prompt + steps),
                         generator=torch.Generator().manual_seed(seed))
-    rt = Runtime(exe, make_backend("model", cfg))
+    rt = Runtime(exe, make_backend("model", cfg), vector=vector)
     got = [rt.step(ids[:, :prompt])[0]] + [rt.step(ids[:, p:p + 1])[0]
                                             for p in range(prompt, prompt + steps)]
-    twin = use_hardware_numerics(copy.deepcopy(lm), weights, attention=True, kv_bits=4)
+    twin = use_hardware_numerics(copy.deepcopy(lm), weights, attention=True, kv_bits=4,
+                                 vector=vector)
     want = twin_step_logits(twin, ids, prompt)
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
-    twin8 = use_hardware_numerics(copy.deepcopy(lm), weights, attention=True)
+    twin8 = use_hardware_numerics(copy.deepcopy(lm), weights, attention=True, vector=vector)
     assert not torch.equal(twin_step_logits(twin8, ids, prompt)[-1], want[-1])
 
 
@@ -146,14 +150,35 @@ def test_reference_model_with_int4_cache_equals_its_twin():
     _equals_twin(lm, AcceleratorConfig(), compressed(lm, "2:4", 128), 8, 4)
 
 
-def test_int4_cache_with_vector_numerics_is_refused():
-    lm = tiny_lm(layers=1)
-    weights = compressed(lm)
-    exe = compile_model(lm, SMALL, CompileOptions(4, 6, kv_bits=4), weights=weights)
-    with pytest.raises(RuntimeFault, match="INT4 KV cache"):
-        Runtime(exe, make_backend("model", SMALL), vector=True)
-    with pytest.raises(ValueError, match="kv_bits=4"):
-        use_hardware_numerics(copy.deepcopy(lm), weights, vector=True, kv_bits=4)
+def test_int4_cache_with_vector_numerics_equals_its_twin():
+    lm = tiny_lm(layers=1, heads=2, kv_heads=1, hidden=128)
+    _equals_twin(lm, SMALL, compressed(lm), PROMPT, 3, vector=True)
+
+
+@pytest.mark.parametrize("group", [None, 16, 32])
+def test_vector_unit_int4_rows_agree_and_bound_the_error(group):
+    x = _rows(7 + (group or 0), (3, 5, 64))
+    x[0, 0, :] *= 100  # a wide row (the format holds |x| < 2**15)
+    q, c, s = kv4_rows_vector(x, group)
+    qt, ct, st = kv4_rows_vector_torch(torch.from_numpy(x), group)
+    assert np.array_equal(q, qt.numpy()) and np.array_equal(s.view(np.uint32),
+                                                            st.numpy().view(np.uint32))
+    assert (c is None and ct is None) or np.array_equal(c, ct.numpy())
+    assert np.abs(q).max() <= KV4_QMAX
+    w = kv4_weight(q, c)
+    if c is not None:
+        unit = s[..., None] * np.repeat(c, group, axis=-1)
+    else:
+        unit = np.broadcast_to(s[..., None], x.shape)
+    # half a step of the group's levels, plus the reciprocal's 2**-13 relative error (on up
+    # to 8 steps) and the fixed-point input's rounding (2**-17) and float32 slack
+    err = np.abs(w * s[..., None] - x)
+    slack = 2.0 ** -13 * 8 * unit + 2.0 ** -17 + 1e-6 * np.abs(x)
+    assert (err <= 0.5 * unit + slack).all()
+    assert (w[:, 1] == 0).all()
+    # the unit's rows are the float rows' but for rounding: most elements agree
+    qf, _, _ = kv4_rows(x, group)
+    assert (q == qf).mean() > 0.95
 
 
 @pytest.mark.rtl
