@@ -27,6 +27,7 @@ records), ``docs/scaling.md`` and plots under
 
 from __future__ import annotations
 
+import argparse
 import time
 from functools import cache
 from pathlib import Path
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _names(allowed):
-    """An argparse type: a comma-separated subset of ``allowed`` (ValueError naming a bad
+    """An argparse type: a comma-separated subset of ``allowed`` (the error names a bad
     one)."""
     allowed = list(allowed)
 
@@ -260,9 +261,9 @@ def _names(allowed):
         names = [t.strip() for t in text.split(",") if t.strip()]
         bad = [n for n in names if n not in allowed]
         if bad or not names:
-            raise ValueError(f"{text!r}: choose from {', '.join(map(str, allowed))}")
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from "
+                                             f"{', '.join(map(str, allowed))}")
         return names
-    parse.__name__ = "list"
     return parse
 
 
