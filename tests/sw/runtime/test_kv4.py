@@ -24,6 +24,7 @@ from hw.numerics import (
 )
 from sim.backends import make_backend
 from sw.compile import CompileError, CompileOptions, compile_model
+from sw.compile.executable import load, save
 from sw.compile.lower import KVLayout, context_bucket
 from sw.compress.model import use_hardware_numerics
 from sw.runtime import Runtime
@@ -114,13 +115,16 @@ def test_bad_kv_bits_are_refused():
 PROMPT, STEPS = 6, 5
 
 
-def _equals_twin(lm, cfg, weights, prompt, steps, seed=3, vector=False):
+def _equals_twin(lm, cfg, weights, prompt, steps, seed=3, vector=False, tmp_path=None):
     """Run the INT4-cache compiled model for a prefill and ``steps`` decode tokens (host ops
     in float, or the vector unit's numerics); assert its logits equal the twin's bit for bit,
     and differ from the INT8-cache twin's."""
     exe = compile_model(lm, cfg, CompileOptions(prompt, prompt + steps, kv_bits=4),
                         weights=weights)
     assert exe.kv.layout.bits == 4 and exe.report["kv_bits"] == 4
+    if tmp_path is not None:  # the cache's width survives a save and load
+        exe = load(save(exe, tmp_path / "m.safetensors"))
+        assert exe.kv.layout.bits == 4
     ids = torch.randint(0, lm.config.vocab_size, (1, prompt + steps),
                         generator=torch.Generator().manual_seed(seed))
     rt = Runtime(exe, make_backend("model", cfg), vector=vector)
@@ -137,10 +141,10 @@ def _equals_twin(lm, cfg, weights, prompt, steps, seed=3, vector=False):
 
 # head_dim 64: two key groups per row; 32: one; grouped-query and multi-query
 @pytest.mark.parametrize("shape", [(2, 2, 1), (1, 4, 2)], ids=["mqa-d64", "gqa-d32"])
-def test_int4_cache_compiled_model_equals_the_twin_bit_for_bit(shape):
+def test_int4_cache_compiled_model_equals_the_twin_bit_for_bit(shape, tmp_path):
     layers, heads, kv = shape
     lm = tiny_lm(layers=layers, heads=heads, kv_heads=kv, hidden=128)
-    _equals_twin(lm, SMALL, compressed(lm), PROMPT, STEPS)
+    _equals_twin(lm, SMALL, compressed(lm), PROMPT, STEPS, tmp_path=tmp_path)
 
 
 def test_reference_model_with_int4_cache_equals_its_twin():
