@@ -186,6 +186,7 @@ def test_vector_unit_int4_rows_agree_and_bound_the_error(group):
 
 
 @pytest.mark.rtl
+@pytest.mark.slow
 def test_rtl_runs_the_int4_cache_as_the_fast_model():
     from sim.random_programs import EQUIVALENCE_CONFIGS
     cfg = EQUIVALENCE_CONFIGS["2x4"]   # shares the equivalence harness's Verilator build
