@@ -153,9 +153,11 @@ class Config:
         Quantisation group (0 when not quantised).
     numerics : str
         ``float``, ``hardware`` (W4A8 linears), ``hardware+attention`` (and the INT8
-        attention products of the compiled model) or ``hardware+vector`` (and the vector
-        unit's exact numerics for the host ops: RMSNorm, RoPE, softmax, SiLU-gate, residual
-        additions, INT8 requantisation).
+        attention products of the compiled model), ``hardware+kv4`` (the same with the INT4
+        KV cache: ``kv_bits`` 4) or ``hardware+vector`` (and the vector unit's exact numerics
+        for the host ops: RMSNorm, RoPE, softmax, SiLU-gate, residual additions, INT8
+        requantisation); ``float+attention`` / ``float+kv4``: the attention products with the
+        INT8 / INT4 KV cache, the linears in float (the cache's cost alone).
     symmetric : bool
         Symmetric INT weights, or asymmetric with per-group zero points.
     """
@@ -174,7 +176,8 @@ class Config:
             f"w{self.bits}g{self.group}"
         asym = "" if self.symmetric or self.bits >= 16 else " asym"
         hw = {"float": "", "hardware": " hw", "hardware+attention": " hw+attn",
-              "hardware+vector": " hw+vec"}[self.numerics]
+              "hardware+kv4": " hw+kv4", "hardware+vector": " hw+vec",
+              "float+attention": " attn", "float+kv4": " kv4"}[self.numerics]
         return f"{self.method} {self.pattern} {q}{asym}{hw}"
 
     @property
@@ -208,22 +211,41 @@ def default_configs(group: int = 128, patterns: Sequence[str] = PRUNE_PATTERNS
     return rows
 
 
-def hardware_configs(records: Sequence[dict], attention: bool = True) -> list[Config]:
+#: The rows of the KV-cache study (``kv_cache``): each weight set with float attention, the
+#: INT8 KV cache and the INT4 one.
+KV_KINDS = ("hardware", "hardware+attention", "hardware+kv4")
+
+
+def hardware_configs(records: Sequence[dict], attention: bool = True,
+                     kv_cache: bool = False) -> list[Config]:
     """Hardware-numerics rows: the best (lowest perplexity) 2:4 + W4 float row with W4A8
     linears and, with ``attention``, also with the INT8 attention products, then also with the
-    vector unit's host ops; symmetric dense GPTQ with W4A8 linears."""
+    vector unit's host ops; symmetric dense GPTQ with W4A8 linears.
+
+    With ``kv_cache`` (the KV-cache study, instead): the fp32 model with the INT8 and the
+    INT4 KV cache (linears in float), then each of those weight sets with W4A8 linears and
+    float attention, the INT8 and the INT4 KV cache (:data:`KV_KINDS`)."""
     out = []
     sparse = [r for r in records if r["numerics"] == "float" and r["pattern"] == "2:4"
               and r["bits"] == 4]
+    dense = [r for r in records if r["numerics"] == "float" and r["method"] == "gptq"
+             and r["pattern"] == "dense" and r.get("symmetric", True)]
+    if kv_cache:
+        if any(r["method"] == "fp32" for r in records):
+            out += [Config("fp32", numerics=k) for k in ("float+attention", "float+kv4")]
+        if sparse:
+            best = min(sparse, key=lambda r: r["perplexity"])
+            out += [Config(best["method"], "2:4", 4, best["group"], k,
+                           best.get("symmetric", True)) for k in KV_KINDS]
+        out += [Config("gptq", "dense", 4, r["group"], k) for r in dense for k in KV_KINDS]
+        return out
     if sparse:
         best = min(sparse, key=lambda r: r["perplexity"])
         kinds = (("hardware", "hardware+attention", "hardware+vector") if attention
                  else ("hardware",))
         out += [Config(best["method"], "2:4", 4, best["group"], k,
                        best.get("symmetric", True)) for k in kinds]
-    out += [Config("gptq", "dense", 4, r["group"], "hardware") for r in records
-            if r["numerics"] == "float" and r["method"] == "gptq" and r["pattern"] == "dense"
-            and r.get("symmetric", True)]
+    out += [Config("gptq", "dense", 4, r["group"], "hardware") for r in dense]
     return out
 
 
@@ -301,7 +323,7 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
                   hardware: bool = True, sequential: bool = True, progress: bool = True,
                   extra: dict | None = None, windows: torch.Tensor | None = None,
                   also: Sequence[tuple[EvalProtocol, torch.Tensor]] = (),
-                  **method_kwargs) -> list[dict]:
+                  kv_cache: bool = False, **method_kwargs) -> list[dict]:
     """Compress and evaluate every configuration; returns the flat records.
 
     Parameters
@@ -328,6 +350,8 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
     also : sequence of (EvalProtocol, torch.Tensor)
         Further evaluations of every compressed model (e.g. another text domain's windows),
         each giving its own records; the hardware rows follow the first evaluation's ranking.
+    kv_cache : bool
+        The hardware rows are the KV-cache study's (:func:`hardware_configs`).
     **method_kwargs
         Passed to GPTQ / SparseGPT (``percdamp``, ``act_order``, ...).
 
@@ -370,13 +394,14 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
             del model
         if hardware:
             first = [r for r in records if r["eval_corpus"] == protocol.corpus]
-            for hcfg in hardware_configs(first):
+            for hcfg in hardware_configs(first, kv_cache=kv_cache):
                 base = replace(hcfg, numerics="float")
+                kv4 = hcfg.numerics.endswith("+kv4")
                 model = use_hardware_numerics(
-                    copy.deepcopy(reference), weights_of[base],
-                    attention=hcfg.numerics == "hardware+attention",
-                    vector=hcfg.numerics == "hardware+vector")
-                record(hcfg, model, seconds_of[base])
+                    copy.deepcopy(reference), weights_of.get(base, {}),
+                    attention=hcfg.numerics.endswith(("+attention", "+kv4")),
+                    vector=hcfg.numerics == "hardware+vector", kv_bits=4 if kv4 else 8)
+                record(hcfg, model, seconds_of.get(base, 0.0))
     finally:
         bar.close()
     return records
@@ -427,6 +452,35 @@ def vector_cost(records: Sequence[dict]) -> list[dict]:
                         "perplexity_float_host": base["perplexity"],
                         "perplexity_vector": r["perplexity"],
                         "relative": r["perplexity"] / base["perplexity"] - 1})
+    return out
+
+
+def kv_cost(records: Sequence[dict]) -> list[dict]:
+    """The perplexity cost of the KV cache's width: for every weight set (and evaluation)
+    with an INT4-cache record, its perplexity with float attention (``fp32`` or
+    ``hardware`` numerics), the INT8 cache and the INT4 cache, and the INT4 cache's cost
+    relative to the INT8 one and to float attention."""
+    def key(r: dict) -> tuple:
+        return (r["method"], r["pattern"], r["bits"], r["group"], r.get("symmetric", True),
+                r.get("eval_corpus"))
+    by: dict[tuple, dict[str, dict]] = {}
+    for r in records:
+        by.setdefault(key(r), {})[r["numerics"]] = r
+    out = []
+    for k, rows in by.items():
+        hw = "hardware" if "hardware+kv4" in rows else "float" if "float+kv4" in rows else None
+        if hw is None:
+            continue
+        kv4 = rows[f"{hw}+kv4"]
+        base = rows.get(hw)
+        int8 = rows.get(f"{hw}+attention")
+        out.append({"method": k[0], "pattern": k[1], "bits": k[2], "group": k[3],
+                    "eval_corpus": k[5], "linears": "W4A8" if hw == "hardware" else "float",
+                    "perplexity_float_attention": base and base["perplexity"],
+                    "perplexity_int8_kv": int8 and int8["perplexity"],
+                    "perplexity_int4_kv": kv4["perplexity"],
+                    "int4_vs_int8": int8 and kv4["perplexity"] / int8["perplexity"] - 1,
+                    "int4_vs_float": base and kv4["perplexity"] / base["perplexity"] - 1})
     return out
 
 
@@ -1008,6 +1062,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--act-order", action="store_true", help="GPTQ activation order")
     ap.add_argument("--no-hardware", action="store_true",
                     help="skip the rows with the accelerator's exact W4A8 numerics")
+    ap.add_argument("--kv-cache", action="store_true",
+                    help="the hardware rows are the KV-cache study: the fp32 model and the best "
+                         "2:4 and dense GPTQ rows with float attention, the INT8 and the INT4 KV "
+                         "cache (no vector-unit rows, no plot); the records go to "
+                         "accuracy_kv.json beside the default --out")
     ap.add_argument("--investigate", action="store_true",
                     help="print the evidence tables of docs/accuracy.md (section "
                          "'Investigation') instead of running the rows")
@@ -1032,6 +1091,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"argument --only: {args.only!r} is not a regular expression ({e})")
     if isinstance(args.domain, str):  # the default
         args.domain = _domains(args.domain)
+    if args.kv_cache:
+        args.no_plot = True
+        if args.out in (RESULTS / "accuracy.json", recorded(RESULTS / "accuracy.json")):
+            args.out = args.out.with_name("accuracy_kv.json")
     if args.replot:
         if len(args.domain) > 1:
             ap.error("argument --domain: --replot draws one domain's records")
@@ -1111,14 +1174,15 @@ def main(argv: list[str] | None = None) -> int:
     with tie_rule(args.ties):
         records = build_records(reference, configs, calibration, protocol,
                                 hardware=not args.no_hardware, sequential=not args.one_shot,
-                                extra=extra, windows=windows, also=also, **kwargs)
+                                extra=extra, windows=windows, also=also,
+                                kv_cache=args.kv_cache, **kwargs)
     total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     for r in records:
         r.update(benchmark_seconds=total, benchmark_cpu_seconds=cpu, load_seconds=t_load,
                  load_average_end=list(load))
     print(format_table(records))
-    if not args.no_hardware:
+    if not args.no_hardware and not args.kv_cache:
         print(f"\noperand magnitudes of the vector unit (fp32 model, first "
               f"{protocol.batch_size} evaluation windows of {protocol.corpus}):")
         for kind, r in activation_ranges(reference, windows, protocol.batch_size).items():
@@ -1128,6 +1192,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vector unit numerics ({c['method']} {c['pattern']}, {c['eval_corpus']}): "
               f"perplexity {c['perplexity_vector']:.4f} vs {c['perplexity_float_host']:.4f} "
               f"with float host ops, {c['relative']:+.3%} relative")
+    for c in kv_cost(records):
+        f = "n/a" if c["perplexity_float_attention"] is None else \
+            f"{c['perplexity_float_attention']:.4f}"
+        print(f"KV cache ({c['method']} {c['pattern']}, {c['linears']} linears, "
+              f"{c['eval_corpus']}): perplexity float attention {f}, INT8 "
+              f"{c['perplexity_int8_kv']:.4f}, INT4 {c['perplexity_int4_kv']:.4f}: INT4 "
+              f"{c['int4_vs_int8']:+.3%} vs INT8")
     print(f"\n{settings}\ntotal {total:.0f} s on {args.threads} threads (+{t_load:.0f} s "
           f"loading the model); {cpu:.0f} s of CPU time, load average at the end "
           f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)")

@@ -38,6 +38,13 @@ the host:
   which are then quantised per (head, token) row; ``acc = p8 . v8`` exactly and
   ``out = (float32(acc) * 1) * s_p[t]``.
 
+The INT4 KV cache (``kv_bits`` 4, :func:`kv4_rows`) changes only the cached rows: keys are
+two-level like the weights (``s_k`` per position, an 8-bit code per group of
+:data:`KV4_KEY_GROUP` channels, values in [-7, 7]; the GEMM's integer weight is ``code * q``),
+values one scale per position (``s_v``, folded into the probabilities as above). The queries,
+probabilities, prologues and epilogues are the INT8 cache's; with the vector unit the rows
+are :func:`vec_kv4_rows` (:func:`kv4_rows_vector`).
+
 Grouped-query attention never repeats K/V: the ``groups`` query heads that share a kv head are
 stacked as ``groups * T`` activation rows against that head's cache (row ``i * T + t`` is query
 head ``kv * groups + i``, token ``t``: HF ``repeat_kv`` order).
@@ -71,6 +78,8 @@ __all__ = [
     "bias_to_acc_torch", "golden_linear_torch",
     "kv_rows", "group_rows", "ungroup_rows", "scores_prologue", "scores_epilogue",
     "values_prologue", "values_epilogue",
+    "KV_BITS", "KV4_QMAX", "KV4_CODE_BITS", "KV4_CODE_MAX", "KV4_KEY_GROUP", "kv4_key_group",
+    "kv4_rows", "kv4_weight", "kv4_rows_torch", "kv4_weight_torch",
 ]
 
 #: Activations are symmetric INT8 in [-127, 127] (-128 unused, so negation is exact).
@@ -270,10 +279,121 @@ def golden_linear_torch(x: torch.Tensor, w_int: torch.Tensor, row_scale: torch.T
     return dequant_output_torch(acc, row_scale, s_x)
 
 
-# ---------------------------------------------------------------------- INT8 KV-cache attention
-def kv_rows(x: torch.Tensor, vector: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantise keys or values ``[B, KV, S, d]`` per position: int8 and scales ``[B, KV, S]``
-    (with ``vector``, as the vector unit requantises: :func:`quantize_activations_vector`)."""
+# ---------------------------------------------------------------------- INT4 KV cache
+#: KV-cache element widths: INT8 (per-position symmetric, like the activations) or INT4.
+KV_BITS = (8, 4)
+#: INT4 cache values are symmetric in [-7, 7] (-8 unused, so negation is exact).
+KV4_QMAX = 7
+#: The keys' INT4 scale codes: unsigned, as the weights' (``WeightFormat.code_bits``).
+KV4_CODE_BITS = 8
+KV4_CODE_MAX = (1 << KV4_CODE_BITS) - 1
+#: Head-dim elements of a key row sharing one scale code (fewer when the head is narrower).
+KV4_KEY_GROUP = 32
+
+
+def kv4_key_group(head_dim: int) -> int:
+    """The keys' INT4 group along ``head_dim``: :data:`KV4_KEY_GROUP`, or the whole row when
+    the head is narrower (``ValueError`` naming a head_dim the groups cannot tile)."""
+    group = min(KV4_KEY_GROUP, head_dim)
+    if head_dim % group:
+        raise ValueError(f"head_dim={head_dim} is not a multiple of the INT4 key group "
+                         f"({KV4_KEY_GROUP})")
+    return group
+
+
+def kv4_rows(x: np.ndarray, group: int | None) -> tuple[np.ndarray, np.ndarray | None,
+                                                          np.ndarray]:
+    """INT4 quantisation of key or value rows ``x [..., d]`` (float32), one row per position.
+
+    With ``group`` (keys), two levels as the weights' stream holds them: a float32 row scale
+    ``s = amax / (7 * 255)`` (1 for an all-zero row) and per group of ``group`` elements an
+    8-bit code ``c = clip(ceil(amax_g / (7 * s)), 1, 255)``; the values ``q =
+    clip(rint(x / (s * c)), -7, 7)``, so ``x ~= s * c * q`` and the GEMM's integer weight is
+    ``c * q`` (:func:`kv4_weight`). Without (``None``: values, a raw stream with no header)
+    one level: ``s = amax / 7``, ``q = clip(rint(x / s), -7, 7)``, codes None. Every step is
+    one float32 operation in this order (the torch twin :func:`kv4_rows_torch` repeats it).
+
+    Returns
+    -------
+    q, codes, scale:
+        ``int8 [..., d]``, ``uint8 [..., d // group]`` (or None), ``float32 [...]``.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise ValueError("keys or values contain NaN or Inf")
+    amax = np.abs(x).max(axis=-1)
+    qmax = np.float32(KV4_QMAX)
+    if group is None:
+        s = np.where(amax > 0, amax / qmax, np.float32(1)).astype(np.float32)
+        q = np.clip(np.rint(x / s[..., None]), -KV4_QMAX, KV4_QMAX).astype(np.int8)
+        return q, None, s
+    d = x.shape[-1]
+    if group <= 0 or d % group:
+        raise ValueError(f"group {group} does not tile rows of {d} elements")
+    s = np.where(amax > 0, amax / np.float32(KV4_QMAX * KV4_CODE_MAX),
+                 np.float32(1)).astype(np.float32)
+    amax_g = np.abs(x).reshape(*x.shape[:-1], d // group, group).max(axis=-1)
+    c = np.clip(np.ceil(amax_g / (s * qmax)[..., None]), 1, KV4_CODE_MAX).astype(np.float32)
+    unit = np.repeat(s[..., None] * c, group, axis=-1)
+    q = np.clip(np.rint(x / unit), -KV4_QMAX, KV4_QMAX).astype(np.int8)
+    return q, c.astype(np.uint8), s
+
+
+def kv4_weight(q: np.ndarray, codes: np.ndarray | None) -> np.ndarray:
+    """The integer weights ``c * q`` (``int32 [..., d]``) of :func:`kv4_rows`'s output (``q``
+    itself without codes)."""
+    q = np.asarray(q, dtype=np.int32)
+    if codes is None:
+        return q
+    group = q.shape[-1] // codes.shape[-1]
+    return q * np.repeat(np.asarray(codes, np.int32), group, axis=-1)
+
+
+def kv4_rows_torch(x: torch.Tensor, group: int | None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Torch twin of :func:`kv4_rows` (bit-identical; ``q`` int8, codes uint8)."""
+    x = x.to(torch.float32)
+    amax = x.abs().amax(dim=-1)
+    one = torch.ones_like(amax)
+    if group is None:
+        s = torch.where(amax > 0, amax / KV4_QMAX, one)
+        q = torch.clamp(torch.round(x / s.unsqueeze(-1)), -KV4_QMAX, KV4_QMAX)
+        return q.to(torch.int8), None, s
+    d = x.shape[-1]
+    if group <= 0 or d % group:
+        raise ValueError(f"group {group} does not tile rows of {d} elements")
+    s = torch.where(amax > 0, amax / float(KV4_QMAX * KV4_CODE_MAX), one)
+    amax_g = x.abs().reshape(*x.shape[:-1], d // group, group).amax(dim=-1)
+    c = torch.clamp(torch.ceil(amax_g / (s * KV4_QMAX).unsqueeze(-1)), 1, KV4_CODE_MAX)
+    unit = (s.unsqueeze(-1) * c).repeat_interleave(group, dim=-1)
+    q = torch.clamp(torch.round(x / unit), -KV4_QMAX, KV4_QMAX)
+    return q.to(torch.int8), c.to(torch.uint8), s
+
+
+def kv4_weight_torch(q: torch.Tensor, codes: torch.Tensor | None) -> torch.Tensor:
+    """Torch twin of :func:`kv4_weight` (int32)."""
+    if codes is None:
+        return q.to(torch.int32)
+    group = q.shape[-1] // codes.shape[-1]
+    return q.to(torch.int32) * codes.to(torch.int32).repeat_interleave(group, dim=-1)
+
+
+# ---------------------------------------------------------------------- KV-cache attention
+def kv_rows(x: torch.Tensor, vector: bool = False, bits: int = 8, group: int | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise keys or values ``[B, KV, S, d]`` per position: the integer weights the
+    attention GEMMs stream and the row scales ``[B, KV, S]``.
+
+    ``bits`` 8: int8 rows (with ``vector``, as the vector unit requantises:
+    :func:`quantize_activations_vector`); 4: :func:`kv4_rows_torch` (with ``vector``
+    :func:`kv4_rows_vector_torch`) with ``group`` (keys: :func:`kv4_key_group`; None for
+    values), the weights ``c * q`` (:func:`kv4_weight_torch`).
+    """
+    if bits not in KV_BITS:
+        raise ValueError(f"KV-cache bits must be one of {KV_BITS}, got {bits!r}")
+    if bits == 4:
+        q, codes, s = (kv4_rows_vector_torch if vector else kv4_rows_torch)(x, group)
+        return kv4_weight_torch(q, codes), s
     if vector:
         return quantize_activations_vector_torch(x)
     return quantize_activations_torch(x)
@@ -306,12 +426,13 @@ def scores_epilogue(acc: torch.Tensor, s_q: torch.Tensor, s_k: torch.Tensor,
 
 
 def values_prologue(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
-                    vector: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    vector: bool = False, kv_bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Probabilities ``[B, H, T, S]`` times the value scales ``[B, KV, S]`` of their kv head,
     as INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` (with ``vector``, in
-    integers on the vector unit: :func:`fold_values_vector`)."""
+    integers on the vector unit: :func:`fold_values_vector`, the values' codes recovered from
+    the scales of a ``kv_bits`` cache)."""
     if vector:
-        return fold_values_vector(probs, s_v, kv_heads)
+        return fold_values_vector(probs, s_v, kv_heads, ACT_QMAX if kv_bits == 8 else KV4_QMAX)
     folded = group_rows(probs, kv_heads) * s_v.unsqueeze(-2)
     return quantize_activations_torch(folded)
 
@@ -643,6 +764,52 @@ def vec_requant(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return a.astype(np.int8), amax
 
 
+def vec_kv4_rows(x: np.ndarray, group: int | None
+                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    """INT4 KV rows of activations ``x [..., d]`` as the unit quantises them (the integer
+    :func:`kv4_rows`).
+
+    Rows wider than the activation format are shifted as in :func:`vec_requant`: ``s =
+    max(0, bitlen(max|x|) - 31)``, ``y = x >> s`` (flooring), ``a = max|y|``; ``(r, sh) =
+    vec_recip(a)``. Without ``group`` (values): ``q = clip(round_shift(y * 7 * r, sh), -7,
+    7)``. With it (keys): per group ``c = clip(ceil(max_g|y| * 255 * r / 2**sh), 1, 255)``
+    (the ceiling an arithmetic shift of the negation; product below 2**55), ``(r2, sh2) =
+    vec_recip(a * c)`` (below 2**39), ``q = clip(round_shift(y * 1785 * r2, sh2), -7, 7)``
+    (below 2**58). An all-zero row gives zeros. Returns ``(int8 q, uint8 codes or None,
+    int64 a, int64 s)``; the row scale is :func:`kv4_scale`.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    amax = np.abs(x).max(axis=-1)
+    s = np.maximum(0, _bit_length(amax) - (ACT_BITS - 1))
+    y = x >> s[..., None]
+    a = np.abs(y).max(axis=-1)
+    r, sh = vec_recip(np.maximum(a, 1))
+    live = a[..., None] > 0
+    if group is None:
+        q = round_shift(y * KV4_QMAX * r[..., None], sh[..., None])
+        return np.where(live, np.clip(q, -KV4_QMAX, KV4_QMAX), 0).astype(np.int8), None, a, s
+    d = x.shape[-1]
+    if group <= 0 or d % group:
+        raise ValueError(f"group {group} does not tile rows of {d} elements")
+    ag = np.abs(y).reshape(*x.shape[:-1], d // group, group).max(axis=-1)
+    c = -((-(ag * KV4_CODE_MAX * r[..., None])) >> sh[..., None])
+    c = np.clip(c, 1, KV4_CODE_MAX)
+    r2, sh2 = vec_recip(np.maximum(a, 1)[..., None] * c)
+    q = round_shift(y * (KV4_QMAX * KV4_CODE_MAX) * np.repeat(r2, group, axis=-1),
+                    np.repeat(sh2, group, axis=-1))
+    q = np.where(live, np.clip(q, -KV4_QMAX, KV4_QMAX), 0)
+    return q.astype(np.int8), c.astype(np.uint8), a, s
+
+
+def kv4_scale(a: np.ndarray, s: np.ndarray, group: int | None) -> np.ndarray:
+    """The float32 row scale of :func:`vec_kv4_rows`'s rows: ``a * 2**s / (7 * 255) *
+    2**-16`` for keys (``group``), ``a * 2**s / 7 * 2**-16`` for values, in float64 (1 for an
+    all-zero row)."""
+    div = KV4_QMAX * (KV4_CODE_MAX if group is not None else 1)
+    v = np.asarray(a, np.int64).astype(np.float64) * np.exp2(np.asarray(s, np.float64))
+    return np.where(v > 0, v / div * 2.0 ** -ACT_FRAC, 1.0).astype(np.float32)
+
+
 def act_scale(amax: np.ndarray, frac: int = ACT_FRAC) -> np.ndarray:
     """The float32 dequantisation scale of a requantised row (the WIDE epilogue's ``s_x``):
     ``float32(amax / 127 * 2**-frac)`` evaluated in float64 (1 for an all-zero row)."""
@@ -823,6 +990,40 @@ def vec_requant_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return a.to(torch.int8), amax
 
 
+def vec_kv4_rows_torch(x: torch.Tensor, group: int | None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Torch twin of :func:`vec_kv4_rows`."""
+    amax = x.abs().amax(dim=-1)
+    s = (_bit_length_torch(amax) - (ACT_BITS - 1)).clamp(min=0)
+    y = x >> s.unsqueeze(-1)
+    a = y.abs().amax(dim=-1)
+    r, sh = vec_recip_torch(a.clamp(min=1))
+    live = a.unsqueeze(-1) > 0
+    zero = torch.zeros_like(y)
+    if group is None:
+        q = round_shift_torch(y * KV4_QMAX * r.unsqueeze(-1), sh.unsqueeze(-1))
+        q = torch.where(live, q.clamp(-KV4_QMAX, KV4_QMAX), zero)
+        return q.to(torch.int8), None, a, s
+    d = x.shape[-1]
+    if group <= 0 or d % group:
+        raise ValueError(f"group {group} does not tile rows of {d} elements")
+    ag = y.abs().reshape(*x.shape[:-1], d // group, group).amax(dim=-1)
+    c = -((-(ag * KV4_CODE_MAX * r.unsqueeze(-1))) >> sh.unsqueeze(-1))
+    c = c.clamp(1, KV4_CODE_MAX)
+    r2, sh2 = vec_recip_torch(a.clamp(min=1).unsqueeze(-1) * c)
+    q = round_shift_torch(y * (KV4_QMAX * KV4_CODE_MAX) * r2.repeat_interleave(group, dim=-1),
+                          sh2.repeat_interleave(group, dim=-1))
+    q = torch.where(live, q.clamp(-KV4_QMAX, KV4_QMAX), zero)
+    return q.to(torch.int8), c.to(torch.uint8), a, s
+
+
+def kv4_scale_torch(a: torch.Tensor, s: torch.Tensor, group: int | None) -> torch.Tensor:
+    """Torch twin of :func:`kv4_scale`."""
+    div = KV4_QMAX * (KV4_CODE_MAX if group is not None else 1)
+    v = a.to(torch.float64) * torch.exp2(s.to(torch.float64))
+    return torch.where(v > 0, v / div * 2.0 ** -ACT_FRAC, torch.ones_like(v)).to(torch.float32)
+
+
 def act_scale_torch(amax: torch.Tensor, frac: int = ACT_FRAC) -> torch.Tensor:
     """Torch twin of :func:`act_scale`."""
     a = amax.to(torch.float64)
@@ -891,24 +1092,43 @@ def quantize_activations_vector_torch(x: torch.Tensor) -> tuple[torch.Tensor, to
     return a, act_scale_torch(amax)
 
 
-def fold_values_vector(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def fold_values_vector(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
+                       qmax: int = ACT_QMAX) -> tuple[torch.Tensor, torch.Tensor]:
     """The values prologue on the vector unit: probabilities ``[B, H, T, S]`` (on the 2**-16
     grid) times the value rows' ``amax`` codes, requantised per row.
 
-    ``c = rint(float64(s_v) * 127 * 2**16)`` recovers each value row's integer ``amax``
-    (:func:`act_scale` inverted; exact below 2**23); ``w = to_fixed(p) * c`` exactly (below
-    2**47: ``p * s_v`` with 32 fraction bits, times 127); :func:`vec_requant` of ``w`` per
-    (head, token) row; the scale ``float32(amax_w / 127**2 * 2**-32)`` in float64. Returns
-    INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` as :func:`values_prologue`.
+    ``c = rint(float64(s_v) * qmax * 2**16)`` recovers each value row's integer ``amax``
+    (:func:`act_scale` inverted, ``qmax`` 127 for the INT8 cache; :func:`kv4_scale` inverted,
+    ``qmax`` 7 for the INT4 one; exact below 2**23); ``w = to_fixed(p) * c`` exactly (below
+    2**47: ``p * s_v`` with 32 fraction bits, times ``qmax``); :func:`vec_requant` of ``w`` per
+    (head, token) row; the scale ``float32(amax_w / (127 * qmax) * 2**-32)`` in float64.
+    Returns INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` as
+    :func:`values_prologue`.
     """
-    c = torch.round(s_v.to(torch.float64) * ACT_QMAX * 2.0 ** ACT_FRAC).to(torch.int64)
+    c = torch.round(s_v.to(torch.float64) * qmax * 2.0 ** ACT_FRAC).to(torch.int64)
     w = group_rows(to_fixed_torch(probs), kv_heads) * c.unsqueeze(-2)
     a, amax = vec_requant_torch(w)
-    s = amax.to(torch.float64) / (ACT_QMAX * ACT_QMAX) * 2.0 ** (-2 * ACT_FRAC)
+    s = amax.to(torch.float64) / (ACT_QMAX * qmax) * 2.0 ** (-2 * ACT_FRAC)
     return a, torch.where(amax > 0, s, torch.ones_like(s)).to(torch.float32)
+
+
+def kv4_rows_vector(x: np.ndarray, group: int | None
+                    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """:func:`kv4_rows` as the vector unit computes it: :func:`vec_kv4_rows` of
+    ``to_fixed(x)`` and the scale :func:`kv4_scale` (the same outputs: ``q``, codes, float32
+    row scales)."""
+    q, c, a, s = vec_kv4_rows(to_fixed(x), group)
+    return q, c, kv4_scale(a, s, group)
+
+
+def kv4_rows_vector_torch(x: torch.Tensor, group: int | None
+                          ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Torch twin of :func:`kv4_rows_vector`."""
+    q, c, a, s = vec_kv4_rows_torch(to_fixed_torch(x), group)
+    return q, c, kv4_scale_torch(a, s, group)
 
 
 __all__ += ["rms_norm_vector", "rope_vector", "softmax_vector", "silu_gate_vector",
             "add_vector", "quantize_activations_vector", "quantize_activations_vector_torch",
-            "fold_values_vector"]
+            "fold_values_vector", "vec_kv4_rows", "vec_kv4_rows_torch", "kv4_scale",
+            "kv4_scale_torch", "kv4_rows_vector", "kv4_rows_vector_torch"]

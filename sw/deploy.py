@@ -52,6 +52,7 @@ from hw.cli import OneLineParser, command
 from hw.config import DENSE, WEIGHT_BITS, AcceleratorConfig, ConfigError, NMPattern
 from hw.format import FormatError, WeightFormat, stream_layout
 from hw.isa import INSTR_BYTES
+from hw.numerics import KV4_KEY_GROUP, KV_BITS
 from hw.synth import synthesised_clock
 from sim.backends import BACKENDS, BOARD_BACKENDS, make_backend
 from sim.board import BoardLinkError
@@ -106,6 +107,7 @@ class DeployOptions:
     calib_domain: str = corpus.CODE
     eval_tokens: int = 8192
     vector_numerics: bool = False
+    kv_bits: int = 8
     out: str = "build/deploy"
     quiet: bool = False
 
@@ -185,6 +187,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="the host ops (RMSNorm, RoPE, softmax, SiLU-gate, residual adds, INT8 "
                          "requantisation) in the vector unit's exact fixed point "
                          "(hw/numerics.py), in the runtime and the twin (default: float)")
+    ap.add_argument("--kv-bits", type=int, default=d.kv_bits,
+                    help="width of the KV cache's elements: 8 or 4 (INT4: keys in groups of "
+                         f"{KV4_KEY_GROUP} head_dim elements with 8-bit scale codes, values "
+                         "per position; docs/accuracy.md measures it) (default: "
+                         f"{d.kv_bits})")
     ap.add_argument("--out", default=d.out, help=f"output directory (default: {d.out})")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     return ap
@@ -263,6 +270,9 @@ def _check(opts: DeployOptions) -> None:
         raise UsageError(f"--temperature must be a finite number >= 0, got {opts.temperature}")
     if opts.top_k is not None and opts.top_k < 1:
         raise UsageError(f"--top-k must be >= 1, got {opts.top_k}")
+    if opts.kv_bits not in KV_BITS:
+        raise UsageError(f"--kv-bits must be one of {', '.join(map(str, KV_BITS))}, got "
+                         f"{opts.kv_bits}")
 
 
 # ---------------------------------------------------------------------- pipeline
@@ -290,7 +300,7 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
         f"{mcfg.num_attention_heads}/{mcfg.num_key_value_heads} heads)")
     seq = min(256, mcfg.max_position_embeddings)
     formats = _layer_formats(src, recipe, opts)
-    options = CompileOptions(prompt_tokens=len(prompt), max_context=total)
+    options = CompileOptions(prompt_tokens=len(prompt), max_context=total, kv_bits=opts.kv_bits)
     explicit = _check_static_dram(src.model, cfg, options, formats, opts)
     windows = _eval_windows(src, opts, seq)
     cfg, captured, dram = _size_dram(src.model, cfg, options, formats, explicit, log)
@@ -302,7 +312,8 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
                    * w.shape[1] for w in weights.values()) / sum(
                        w.shape[0] * w.shape[1] for w in weights.values())
         twin = use_hardware_numerics(copy.deepcopy(compressed), weights, cfg.acc_bits,
-                                     attention=True, vector=opts.vector_numerics)
+                                     attention=True, vector=opts.vector_numerics,
+                                     kv_bits=opts.kv_bits)
 
         # ---- accuracy (no fp32 baseline for a compressed file: it holds compressed weights)
         ppl = {}
@@ -532,7 +543,7 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
         "format": label, "method": "from the file" if src.weights else opts.method,
         "backend": opts.backend, "prompt_tokens": len(gen.prompt),
         "new_tokens": len(tokens), "tokens_match_twin": match,
-        "vector_numerics": opts.vector_numerics,
+        "vector_numerics": opts.vector_numerics, "kv_bits": opts.kv_bits,
         "cycles_per_token": cycles,
         "tokens_per_s_sim": cfg.clock_mhz * 1e6 / cycles,
         "clock_mhz": cfg.clock_mhz,

@@ -102,6 +102,31 @@ def test_non_reference_model_records(tmp_path, monkeypatch, capsys):
         ("tiny", "rtn", False)]
 
 
+def test_kv_cache_study_rows_and_costs(tmp_path, monkeypatch, capsys):
+    src = tiny_source()
+    monkeypatch.setattr(bench, "open_model", lambda spec, **_: src)
+    out = tmp_path / "kv.json"
+    assert bench.main(ARGS + ["--out", str(out), "--kv-cache", "--only",
+                              r"^(gptq dense w4g32|magnitude\+rtn 2:4 w4g32)$"]) == 0
+    records = json.loads(out.read_text())
+    rows = {(r["method"], r["numerics"]) for r in records}
+    kinds = {"float", "hardware", "hardware+attention", "hardware+kv4"}
+    assert rows == ({("fp32", k) for k in ("float", "float+attention", "float+kv4")}
+                    | {(m, k) for m in ("gptq", "magnitude+rtn") for k in kinds})
+    cost = bench.kv_cost(records)
+    assert {(c["method"], c["linears"]) for c in cost} == {
+        ("fp32", "float"), ("gptq", "W4A8"), ("magnitude+rtn", "W4A8")}
+    ppl = {(r["method"], r["numerics"]): r["perplexity"] for r in records}
+    for c in cost:
+        hw = "float" if c["linears"] == "float" else "hardware"
+        assert c["perplexity_int4_kv"] == ppl[(c["method"], f"{hw}+kv4")]
+        assert c["int4_vs_int8"] == pytest.approx(
+            ppl[(c["method"], f"{hw}+kv4")] / ppl[(c["method"], f"{hw}+attention")] - 1)
+        assert c["perplexity_int4_kv"] != c["perplexity_int8_kv"]  # the widths differ
+    text = capsys.readouterr().out
+    assert text.count("KV cache (") == 3 and "vs INT8" in text
+
+
 def test_domains_and_tie_rule_are_recorded_and_kept_apart(tmp_path, monkeypatch, capsys):
     src = tiny_source()
     monkeypatch.setattr(bench, "open_model", lambda spec, **_: src)

@@ -107,6 +107,8 @@ BAD_BENCH = [
     ("fuzz", ["--seconds", "0"]), ("fuzz", ["--timeout", "-1"]),
     ("fuzz", ["--target", "nothing"]), ("rtl", ["--arrays", "4y8"]),
     ("rtl", ["--patterns", "2:3"]), ("rtl", ["--k", "0"]), ("scaling", ["--quick", "1"]),
+    ("scaling", ["--steps", "decode-99"]), ("scaling", ["--kv-bits", "3"]),
+    ("scaling", ["--systems", "TPU"]),
     ("simspeed", ["--tokens", "x"]), ("board", ["--models", "llama"]),
     ("board", ["--context", "0"]), ("board", ["--config", "/nonexistent.json"])]
 

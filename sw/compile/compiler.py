@@ -76,6 +76,9 @@ class CompileOptions:
         Run the GQA, grouping and epilogue-fusion passes (off: the unfused baseline).
     attention : bool
         Attention products on the accelerator (INT8 KV cache); off: on the host in float.
+    kv_bits : int
+        Width of the KV cache's elements on the accelerator: 8, or 4 (group-quantised keys,
+        per-position values: :func:`hw.numerics.kv4_rows`, :func:`sw.compile.lower.key_format`).
     phases : tuple of str
         Which steps to compile.
     logits : str
@@ -89,6 +92,7 @@ class CompileOptions:
     decode_contexts: tuple[int, ...] | None = None
     fuse: bool = True
     attention: bool = True
+    kv_bits: int = 8
     phases: tuple[str, ...] = ("prefill", "decode")
     logits: str = "all"
 
@@ -179,7 +183,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
                  "size": cfg.memory.size_bytes},
         "arena_bytes": layout.arena_bytes,
         "arena_lower_bound_bytes": max(a.lower_bound for a in arenas.values()),
-        "fuse": options.fuse, "accelerated_layers": len(fmt_map)})
+        "fuse": options.fuse, "accelerated_layers": len(fmt_map), "kv_bits": options.kv_bits})
     return Executable(
         cfg=cfg, model=mcfg, graphs=graphs, programs=programs, table=table,
         symbols=symbols, image=image, host=host, host_shapes=host_shapes,
@@ -287,8 +291,11 @@ def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str
 
 def _kv_layout(model: LlamaLM, cfg: AcceleratorConfig, opts: CompileOptions) -> KVLayout:
     """The KV cache's layout: ``max_context`` positions rounded up to their bucket."""
-    return KVLayout(model.config.head_dim, context_bucket(opts.max_context), cfg.lanes,
-                    cfg.beat_bytes)
+    try:
+        return KVLayout(model.config.head_dim, context_bucket(opts.max_context), cfg.lanes,
+                        cfg.beat_bytes, opts.kv_bits)
+    except ValueError as e:
+        raise CompileError(str(e)) from None
 
 
 def _static_regions(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, kv: KVLayout,

@@ -8,8 +8,9 @@ node               members
 =================  ================================================================
 ``linear``         its layer (packed weights), input rows = tokens
 ``linears``        each layer, one shared input buffer
-``attn_scores``    per kv head: W = that head's key cache ``[S, head_dim]`` (raw INT8),
-                   rows = its query heads x tokens (per query head without the GQA pass)
+``attn_scores``    per kv head: W = that head's key cache ``[S, head_dim]`` (raw INT8, or
+                   INT4 in groups along head_dim), rows = its query heads x tokens (per
+                   query head without the GQA pass)
 ``attn_values``    per kv head: W = the value cache transposed ``[head_dim, S]``, rows the
                    same; the cache region is laid out for the longest context, so its
                    tiles are further apart than a shorter context's (``w_tile_stride``)
@@ -35,12 +36,14 @@ import numpy as np
 
 from hw.config import DENSE, DENSE_BLOCK, AcceleratorConfig
 from hw.format import StreamLayout, WeightFormat, stream_layout
+from hw.numerics import KV4_CODE_BITS, KV_BITS, kv4_key_group
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
 from sw.compile.ir import Graph, LinearLayer, Node, linear_layers
 from sw.compile.tiling import LinearPlan, plan_linear, stream_bytes, tile_stride
 
-__all__ = ["KEY_FORMAT", "VALUE_FORMAT", "context_bucket", "KVLayout", "Member",
+__all__ = ["KEY_FORMAT", "VALUE_FORMAT", "key_format", "value_format", "context_bucket",
+           "KVLayout", "Member",
            "node_members", "LOWERINGS", "LoweringRule", "LowerContext", "FormatOf"]
 
 #: Keys as the weight of ``q . k^T``: raw INT8, one group per head (K = head_dim).
@@ -52,32 +55,72 @@ VALUE_FORMAT = WeightFormat(DENSE, 8, DENSE_BLOCK, raw=True)
 FormatOf = Callable[[str], WeightFormat | None]
 
 
+def key_format(bits: int, head_dim: int) -> WeightFormat:
+    """The key cache's stream format: :data:`KEY_FORMAT` (INT8), or INT4 with one 8-bit
+    scale code per :func:`hw.numerics.kv4_key_group` elements of a key row (the weights'
+    symmetric group format: the codes of :func:`hw.numerics.kv4_rows`)."""
+    if bits == 8:
+        return KEY_FORMAT
+    _check_bits(bits)
+    return WeightFormat(DENSE, 4, kv4_key_group(head_dim), code_bits=KV4_CODE_BITS)
+
+
+def value_format(bits: int) -> WeightFormat:
+    """The value cache's stream format: :data:`VALUE_FORMAT`, or the same raw at INT4 (a
+    value row's one scale is per position, a K position of ``p . v``: it is folded into the
+    probabilities, so the stream has no header)."""
+    if bits == 8:
+        return VALUE_FORMAT
+    _check_bits(bits)
+    return WeightFormat(DENSE, 4, DENSE_BLOCK, raw=True)
+
+
+def _check_bits(bits: int) -> None:
+    if bits not in KV_BITS:
+        raise LoweringError(f"KV-cache bits must be one of {KV_BITS}, got {bits!r}")
+
+
 def context_bucket(positions: int) -> int:
-    """Key positions an attention program covers for ``positions`` real ones."""
+    """Key positions an attention program covers for ``positions`` real ones (the same for
+    both cache widths: their value streams have the same groups)."""
     return VALUE_FORMAT.padded_k(positions)
 
 
 @dataclass(frozen=True)
 class KVLayout:
-    """Where the INT8 keys and values of one kv head of one layer live in its regions.
+    """Where the keys and values (INT8, or INT4 with ``bits`` 4) of one kv head of one layer
+    live in its regions.
 
     The key region is the stream of ``W = K[max_context, head_dim]`` (tiles of ``lanes``
     positions); the value region that of ``W = V^T[head_dim, max_context]`` (tiles of
-    ``lanes`` channels, each ``value_tile_stride`` bytes).
+    ``lanes`` channels, each ``value_tile_stride`` bytes). Formats: :func:`key_format`,
+    :func:`value_format`.
     """
 
     head_dim: int
     max_context: int
     lanes: int
     beat: int
+    bits: int = 8
+
+    def __post_init__(self):
+        _check_bits(self.bits)
+
+    @property
+    def key_format(self) -> WeightFormat:
+        return key_format(self.bits, self.head_dim)
+
+    @property
+    def value_format(self) -> WeightFormat:
+        return value_format(self.bits)
 
     @property
     def keys(self) -> StreamLayout:
-        return stream_layout(KEY_FORMAT, self.max_context, self.head_dim, self.lanes)
+        return stream_layout(self.key_format, self.max_context, self.head_dim, self.lanes)
 
     @property
     def values(self) -> StreamLayout:
-        return stream_layout(VALUE_FORMAT, self.head_dim, self.max_context, self.lanes)
+        return stream_layout(self.value_format, self.head_dim, self.max_context, self.lanes)
 
     @property
     def key_bytes(self) -> int:
@@ -96,17 +139,69 @@ class KVLayout:
         return stream_bytes(self.values, self.beat)
 
     def key_offsets(self, positions) -> np.ndarray:
-        """Byte offsets ``[len(positions), head_dim]`` of ``K[positions, :]`` in the key region."""
+        """Byte offsets ``[len(positions), head_dim]`` of ``K[positions, :]`` in the key region
+        (INT8 only: an INT4 element is half a byte, :meth:`fields`)."""
         pos = np.asarray(positions).reshape(-1, 1)
         return self.keys.byte_offset(pos, np.arange(self.head_dim)[None, :],
                                      self.key_tile_stride)
 
     def value_offsets(self, positions) -> np.ndarray:
         """Byte offsets ``[len(positions), head_dim]`` of ``V[positions, :]`` in the value
-        region."""
+        region (INT8 only, as :meth:`key_offsets`)."""
         pos = np.asarray(positions).reshape(-1, 1)
         return self.values.byte_offset(np.arange(self.head_dim)[None, :], pos,
                                        self.value_tile_stride)
+
+    def fields(self, kind: str, positions) -> tuple[np.ndarray, np.ndarray]:
+        """Where the elements ``[len(positions), head_dim]`` of the keys (``kind`` "k") or
+        values ("v") at ``positions`` live in their region, at either width: byte offsets and
+        the bit shift of each field in its byte (0, or 4 for the high nibble of INT4).
+
+        In a dense stream step ``k`` holds K position ``k``; its record holds lane ``row %
+        lanes`` of tile ``row // lanes`` (keys: row = position, K = channel; values: row =
+        channel, K = position) at bit ``lane * bits`` (:mod:`hw.format`)."""
+        pos = np.asarray(positions).reshape(-1, 1)
+        ch = np.arange(self.head_dim)[None, :]
+        if kind == "k":
+            lay, stride, row, k = self.keys, self.key_tile_stride, pos, ch
+        else:
+            lay, stride, row, k = self.values, self.value_tile_stride, ch, pos
+        bit = (row % self.lanes) * lay.fmt.field_bits
+        offset = (row // self.lanes) * stride + lay.geometry.record_offset(k) + bit // 8
+        return np.broadcast_to(offset, (pos.shape[0], self.head_dim)), \
+            np.broadcast_to(bit % 8, (pos.shape[0], self.head_dim))
+
+    def code_offsets(self, positions) -> np.ndarray:
+        """Byte offsets ``[len(positions), groups]`` of the INT4 keys' scale codes at
+        ``positions``: the header word of each group holds one code per lane."""
+        lay = self.keys
+        if lay.fmt.raw:
+            raise LoweringError(f"the {lay.fmt.name} key cache has no scale codes")
+        pos = np.asarray(positions).reshape(-1, 1)
+        g = np.arange(lay.groups)[None, :]
+        return (pos // self.lanes) * self.key_tile_stride + g * lay.group_bytes + \
+            pos % self.lanes
+
+    def write(self, region: np.ndarray, kind: str, positions, q: np.ndarray,
+              codes: np.ndarray | None = None) -> None:
+        """Write integer keys or values ``q [len(positions), head_dim]`` (int8, INT4 in
+        [-8, 7] at 4 bits) and, for INT4 keys, their scale ``codes [len(positions), groups]``
+        into ``region`` (the kv head's uint8 region, in place). A byte shared by two INT4
+        fields keeps the other field's bits."""
+        offset, shift = self.fields(kind, positions)
+        q = np.asarray(q)
+        if self.bits == 8:
+            region[offset] = q.astype(np.int8).view(np.uint8)
+        else:
+            nib = (q.astype(np.int16) & 0xF).astype(np.uint8)
+            for sh in (0, 4):  # the fields of one shift are in distinct bytes
+                sel = shift == sh
+                at = offset[sel]
+                region[at] = (region[at] & np.uint8(0xF0 >> sh)) | (nib[sel] << np.uint8(sh))
+        if kind == "k" and not self.keys.fmt.raw:
+            if codes is None:
+                raise LoweringError("INT4 keys need their scale codes")
+            region[self.code_offsets(positions)] = np.asarray(codes, np.uint8)
 
 
 @dataclass(frozen=True)
@@ -202,10 +297,12 @@ def _attention_members(node: Node, graph: Graph, ctx: LowerContext) -> list[Memb
     for j in range(operand_heads):
         cache_head = j // (operand_heads // a["kv_heads"])
         if node.op == "attn_scores":
-            plan = plan_linear(ctx.cfg, KEY_FORMAT, ctx.bucket, a["head_dim"], b * per * t)
+            plan = plan_linear(ctx.cfg, ctx.kv.key_format, ctx.bucket, a["head_dim"],
+                               b * per * t)
             stride, kind = None, "k"
         else:
-            plan = plan_linear(ctx.cfg, VALUE_FORMAT, a["head_dim"], ctx.bucket, b * per * t)
+            plan = plan_linear(ctx.cfg, ctx.kv.value_format, a["head_dim"], ctx.bucket,
+                               b * per * t)
             stride, kind = ctx.kv.value_tile_stride, "v"
         out.append(Member(plan, symbols.cache(kind, a["layer"], cache_head),
                           symbols.buffer("x", phase, node.name, j),

@@ -1,4 +1,4 @@
-"""The model-level twin of compiled attention: INT8 KV-cache attention products in torch.
+"""The model-level twin of compiled attention: INT8 (or INT4) KV-cache attention products.
 
 :class:`HardwareAttentionProducts` computes the attention products of a float model with the
 numerics of the accelerator and its host, composing the golden INT8 KV-cache attention
@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 
 from hw.numerics import (
+    KV_BITS,
     gemm_acc_torch,
+    kv4_key_group,
     kv_rows,
     scores_epilogue,
     scores_prologue,
@@ -39,24 +41,31 @@ class HardwareAttentionProducts(AttentionProducts):
         Requantisation (keys, values, queries, folded probabilities) and the softmax with the
         vector unit's exact numerics (:mod:`hw.numerics`, "vector unit"), else the float
         host's.
+    kv_bits : int
+        Width of the cached keys and values: 8, or 4 (:func:`hw.numerics.kv4_rows`: keys in
+        groups of :func:`hw.numerics.kv4_key_group`, values per position).
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int,
-                 acc_bits: int = 32, vector: bool = False) -> None:
+                 acc_bits: int = 32, vector: bool = False, kv_bits: int = 8) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim)
+        if kv_bits not in KV_BITS:
+            raise ValueError(f"KV-cache bits must be one of {KV_BITS}, got {kv_bits!r}")
         self.acc_bits = acc_bits
         self.vector = vector
+        self.kv_bits = kv_bits
+        self.key_group = kv4_key_group(head_dim) if kv_bits == 4 else None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
-        """INT8 scores, softmax (fp32 or the vector unit's), INT8 values; returns
+        """Integer scores, softmax (fp32 or the vector unit's), integer values; returns
         ``[B, H, T, d]`` float32."""
         kv, h, vec = self.num_kv_heads, self.num_heads, self.vector
-        k8, s_k = kv_rows(k, vec)
-        v8, s_v = kv_rows(v, vec)
+        k8, s_k = kv_rows(k, vec, self.kv_bits, self.key_group)
+        v8, s_v = kv_rows(v, vec, self.kv_bits)
         q8, s_q = scores_prologue(q, kv, vec)
         scores = scores_epilogue(gemm_acc_torch(q8, k8, self.acc_bits), s_q, s_k, h)
         probs = (softmax_vector if vec else attention_probs)(scores, self.scale, mask)
-        p8, s_p = values_prologue(probs, s_v, kv, vec)
+        p8, s_p = values_prologue(probs, s_v, kv, vec, self.kv_bits)
         return values_epilogue(gemm_acc_torch(p8, v8.transpose(-2, -1), self.acc_bits), s_p, h)
 

@@ -465,7 +465,7 @@ class HardwareLinear(nn.Module):
 
 def use_hardware_numerics(model: nn.Module, weights: dict[str, QuantizedWeight],
                           acc_bits: int = 32, *, attention: bool = False,
-                          vector: bool = False) -> nn.Module:
+                          vector: bool = False, kv_bits: int = 8) -> nn.Module:
     """Replace the named ``nn.Linear`` layers of ``model`` by :class:`HardwareLinear` (in place),
     and with ``attention`` every attention's products by the INT8 KV-cache numerics of
     :class:`sw.compress.attention.HardwareAttentionProducts`.
@@ -489,6 +489,9 @@ def use_hardware_numerics(model: nn.Module, weights: dict[str, QuantizedWeight],
         Also compute the attention products with INT8 keys, values, queries and probabilities.
     vector : bool
         Also compute the host ops with the vector unit's numerics.
+    kv_bits : int
+        Width of the cached keys and values in the attention products: 8 or 4 (the compiled
+        model's ``CompileOptions.kv_bits``).
 
     Returns
     -------
@@ -519,7 +522,7 @@ def use_hardware_numerics(model: nn.Module, weights: dict[str, QuantizedWeight],
             p = getattr(mod, "products", None)
             if isinstance(p, AttentionProducts) and not isinstance(p, HardwareAttentionProducts):
                 mod.products = HardwareAttentionProducts(p.num_heads, p.num_kv_heads,
-                                                         p.head_dim, acc_bits, vector)
+                                                         p.head_dim, acc_bits, vector, kv_bits)
     if vector:
         use_vector_numerics(model)
     return model

@@ -8,9 +8,9 @@ the step's context) is one program: the runtime quantises its inputs into their 
 (the prologue), runs the program on the backend, and dequantises the outputs it reads back (the
 epilogue; a fused residual is added there); which prologue and epilogue follows from the
 weight operand the op streams (``OPS[op].streams``). The KV cache lives in accelerator memory:
-the op that appends to it (``OPS[op].kv_state``) writes the step's INT8 keys and values into
-their stream layout (:class:`~sw.compile.executable.KVCachePlan`) and keeps their scales on the
-host. Everything the runtime needs to know of the compilation it reads from the
+the op that appends to it (``OPS[op].kv_state``) writes the step's INT8 (or INT4) keys and
+values into their stream layout (:class:`~sw.compile.executable.KVCachePlan`) and keeps their
+scales on the host. Everything the runtime needs to know of the compilation it reads from the
 :class:`~sw.compile.executable.Executable`.
 
 Accounting per step (:class:`StepStats`): every program's cycles and counters, its minimal
@@ -38,6 +38,8 @@ from hw.numerics import (
     add_vector,
     bias_to_acc,
     dequant_output,
+    kv4_rows_torch,
+    kv4_rows_vector_torch,
     kv_rows,
     quantize_activations,
     quantize_activations_vector,
@@ -462,7 +464,7 @@ class Runtime:
         if node.op == "attn_scores":
             x8, s_x = scores_prologue(x, operand_heads, self.vector)
         else:
-            x8, s_x = values_prologue(x, scale, operand_heads, self.vector)
+            x8, s_x = values_prologue(x, scale, operand_heads, self.vector, self.kv.bits)
         if self.values:
             for j, m in enumerate(program.members):
                 self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
@@ -490,6 +492,10 @@ class Runtime:
             layer = node.attrs["layer"]
             past, t = env.past, env.t
             for kind, x in zip("kv", args, strict=True):
+                if self.kv.bits == 4:
+                    group = self.kv.key_format.group if kind == "k" else None
+                    self._kv4_append(kind, layer, past, x, group)
+                    continue
                 x8, sc = kv_rows(x, self.vector)         # [1, KV, T, d], [1, KV, T]
                 self.scales[(layer, kind)][:, :, past:past + t] = sc
                 if not self.values:
@@ -503,6 +509,24 @@ class Runtime:
                                       stream_cycles(4 * nbytes, nbytes, self.exe.cfg)))
             return _KVRef(layer, "k"), _KVRef(layer, "v")
         return kernel
+
+    def _kv4_append(self, kind: str, layer: int, past: int, x: torch.Tensor,
+                    group: int | None) -> None:
+        """Append INT4 keys (``group``: their scale codes' group) or values ``x [1, KV, T, d]``
+        at ``past`` (quantised in float, or with ``vector`` as the vector unit does it): the
+        row scales stay on the host, the nibbles and codes go to each kv head's region
+        (:meth:`~sw.compile.lower.KVLayout.write`)."""
+        q, codes, sc = (kv4_rows_vector_torch if self.vector else kv4_rows_torch)(x, group)
+        t = x.shape[2]
+        self.scales[(layer, kind)][:, :, past:past + t] = sc
+        if not self.values:
+            return
+        positions = np.arange(past, past + t)
+        size = self.kv.key_bytes if kind == "k" else self.kv.value_bytes
+        for h in range(q.shape[1]):
+            base = self.exe.symbols[self.exe.kv.symbol(kind, layer, h)].addr
+            self.kv.write(self.dram[base:base + size], kind, positions, q[0, h].numpy(),
+                          None if codes is None else codes[0, h].numpy())
 
     def _kv_offsets(self, kind: str, past: int, t: int) -> np.ndarray:
         """Byte offsets ``[t, head_dim]`` of positions ``past..past+t-1`` in a kv head's key

@@ -143,7 +143,7 @@ def test_help_documents_every_option_with_its_default(capsys):
     text = capsys.readouterr().out
     for opt in ("--model", "--sparsity", "--bits", "--group", "--method", "--config",
                 "--backend", "--prompt", "--max-new-tokens", "--temperature", "--top-k",
-                "--seed", "--calib", "--eval-tokens",
+                "--seed", "--calib", "--eval-tokens", "--kv-bits",
                 "--out"):
         assert opt in text
     assert text.count("(default:") >= 15
@@ -162,6 +162,7 @@ def test_help_documents_every_option_with_its_default(capsys):
     (["--max-new-tokens", "400"], "exceeds the model's context of 256 positions"),
     (["--eval-tokens", "100"], "--eval-tokens must be 0 or at least one window of 256"),
     (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
+    (["--kv-bits", "3"], "--kv-bits must be one of 8, 4, got 3"),
     (["--backend", "board", "--dram-mb", "8"], "--dram-mb 8: --backend board has the board's"),
     (["--backend", "board", "--port", "/nonexistent/tty"],
      "cannot open serial port /nonexistent/tty"),
@@ -229,3 +230,11 @@ def test_smollm2_answers_with_its_default_recipe(tmp_path, capsys):
     assert "sized to the model" in report["dram_sizing"]["how"]
     answer = text.split("[assistant] ", 1)[1].split("\n---", 1)[0]
     assert "Paris" in answer, answer
+
+
+@pytest.mark.slow
+def test_deploy_with_an_int4_kv_cache(tmp_path):
+    out = tmp_path / "run"
+    assert main(FAST + ["--kv-bits", "4", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["kv_bits"] == 4 and report["tokens_match_twin"] is True

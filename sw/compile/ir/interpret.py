@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from hw.format import QuantizedWeight
+from hw.numerics import KV_BITS
 from sw.compile.errors import IRError
 from sw.compile.ir.graph import Graph, Node
 from sw.compile.ir.ops import OPS, Kernel
@@ -60,12 +61,20 @@ class Numerics:
         The host ops (RMSNorm, RoPE, softmax, SiLU-gate, residual additions) and the INT8
         requantisation of activations, keys and values compute with the vector unit's exact
         integer numerics (:mod:`hw.numerics`, "vector unit"), else in float.
+    kv_bits : int
+        Width of the cached keys and values in the attention products: 8 or 4
+        (:func:`hw.numerics.kv_rows`).
     """
 
     weights: Mapping[str, QuantizedWeight] = field(default_factory=dict)
     attention: bool = False
     acc_bits: int = 32
     vector: bool = False
+    kv_bits: int = 8
+
+    def __post_init__(self):
+        if self.kv_bits not in KV_BITS:
+            raise IRError(f"KV-cache bits must be one of {KV_BITS}, got {self.kv_bits!r}")
 
     def int_weight(self, layer: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``(w_int [N, K] int32, row_scale [N])`` of a compressed layer (memoised)."""

@@ -46,6 +46,7 @@ from hw.numerics import (
     add_vector,
     gemm_acc_torch,
     golden_linear_torch,
+    kv4_key_group,
     kv_rows,
     rms_norm_vector,
     rope_vector,
@@ -324,8 +325,8 @@ def _attn_scores(node: Node, args: list, env: Env) -> tuple:
         if k.shape[1] != q.shape[1]:
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         return (torch.matmul(q, k.transpose(-2, -1)),)
-    vector = env.numerics.vector
-    k8, s_k = kv_rows(k, vector)
+    vector, bits = env.numerics.vector, env.numerics.kv_bits
+    k8, s_k = kv_rows(k, vector, bits, kv4_key_group(k.shape[-1]) if bits == 4 else None)
     q8, s_q = scores_prologue(q, k.shape[1], vector)
     acc = gemm_acc_torch(q8, k8, env.numerics.acc_bits)
     return (scores_epilogue(acc, s_q, s_k, q.shape[1]),)
@@ -338,8 +339,8 @@ def _attn_values(node: Node, args: list, env: Env) -> tuple:
         if v.shape[1] != heads:
             v = v.repeat_interleave(heads // v.shape[1], dim=1)
         return (torch.matmul(p.to(v.dtype), v),)
-    v8, s_v = kv_rows(v, env.numerics.vector)
-    p8, s_p = values_prologue(p, s_v, v.shape[1], env.numerics.vector)
+    v8, s_v = kv_rows(v, env.numerics.vector, env.numerics.kv_bits)
+    p8, s_p = values_prologue(p, s_v, v.shape[1], env.numerics.vector, env.numerics.kv_bits)
     acc = gemm_acc_torch(p8, v8.transpose(-2, -1), env.numerics.acc_bits)
     return (values_epilogue(acc, s_p, heads),)
 
