@@ -82,7 +82,7 @@ def rule_error(word, cfg: AcceleratorConfig):
     lim = dispatch_limits(cfg)
     lim = dataclasses.replace(lim, spad_beats=Array(Const(int(b)) for b in lim.spad_beats))
     op = f["opcode"]
-    legal = isa.legal_words(f)
+    legal = isa.legal_words(f, lim)
     err = Const(ErrorCode.NONE.value, ErrorCode.as_shape())
     for rule in reversed(isa._DISPATCH_RULES):  # the first failing rule wins
         applies = functools.reduce(operator.or_, (op == o.value for o in rule.ops))
