@@ -37,6 +37,7 @@ from hw.isa import (
     Vec,
     VecFunc,
     check,
+    dispatch_limits,
     encode,
     field_location,
     gemm_extents,
@@ -267,13 +268,18 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
     prog = list(rp.program)
     pos = int(rng.integers(0, len(prog)))
     if kind == "illegal":
-        if rng.random() < 0.75:  # an undefined opcode
+        if rng.random() < 0.75:  # an opcode this configuration does not run
             rest = int.from_bytes(rng.bytes(16), "little") >> 3  # random bits above the opcode
-            word = int(rng.choice([0, 6, 7])) | (rest << 3)
-        else:  # a GEMM whose epilogue field names no mode
+            absent = [o for o in range(1 << 3) if o not in dispatch_limits(cfg).opcodes]
+            word = int(rng.choice(absent)) | (rest << 3)
+        elif not cfg.has_vector or rng.random() < 0.5:  # a GEMM naming no epilogue mode
             offset, width = field_location("gemm.epilogue")
             undefined = int(rng.integers(len(EpilogueMode), 1 << width))
             word = encode(Gemm()) & ~(((1 << width) - 1) << offset) | (undefined << offset)
+        else:  # a VEC naming no sub-op
+            offset, width = field_location("vec.func")
+            undefined = int(rng.integers(len(VecFunc), 1 << width))
+            word = encode(Vec()) & ~(((1 << width) - 1) << offset) | (undefined << offset)
         prog.insert(pos, word)
     elif kind == "bad_field":
         choices = [Gemm(pattern=len(cfg.pattern_table)), Load(spad=Spad.OUT),
