@@ -103,8 +103,9 @@ class VecFunc(enum.Enum, shape=4):
     """The sub-operation of a VEC instruction (its ``func`` field; docs/architecture.md,
     "Vector engine"). Rows are ``length`` int32 elements of VIN; results go to VOUT."""
 
-    ADD = 0     # dst[i] = sat32(a[i] + b[i])                   (hw.numerics.vec_add)
-    ARGMAX = 1  # dst[0] = first index of max(a), dst[1] = max   (hw.numerics.vec_argmax)
+    ADD = 0      # dst[i] = sat32(a[i] + b[i])                   (hw.numerics.vec_add)
+    ARGMAX = 1   # dst[0] = first index of max(a), dst[1] = max   (hw.numerics.vec_argmax)
+    REQUANT = 2  # int8 codes of a, four per word, then amax      (hw.numerics.vec_requant)
 
 
 #: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
@@ -362,9 +363,13 @@ class Vec(_Base):
 
 
 def vec_out_words(func, length):
-    """VOUT elements a VEC writes: ``length`` (ADD) or 2 (ARGMAX: index, max); ints, arrays
-    or Amaranth values (a sum of products, so that the three agree)."""
-    return (func == VecFunc.ADD.value) * length + (func == VecFunc.ARGMAX.value) * 2
+    """VOUT elements (words) a VEC writes: ``length`` (ADD); 2 (ARGMAX: the index, the max);
+    ``ceil(length / 4) + 1`` (REQUANT: the int8 codes packed four to a word, code ``i`` in
+    byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax`` as an
+    unsigned 32-bit word). Ints, arrays or Amaranth values (a sum of products, so that the
+    three agree)."""
+    return ((func == VecFunc.ADD.value) * length + (func == VecFunc.ARGMAX.value) * 2
+            + (func == VecFunc.REQUANT.value) * (((length + 3) >> 2) + 1))
 
 
 def vec_reads_b(func):

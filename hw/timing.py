@@ -258,7 +258,14 @@ def _vec_cycles(func, length):
     add = stream + VECTOR_LATENCY["add"]
     argmax = (stream + VECTOR_LATENCY["argmax"]
               + vec_out_words(VecFunc.ARGMAX.value, length) - 1)
-    return (func == VecFunc.ADD.value) * add + (func == VecFunc.ARGMAX.value) * argmax
+    # REQUANT: pass 1 into AbsMax; its result enters Recip in the cycle it is given (the
+    # scalar s is a bit of it); pass 2 reads from the cycle after Recip's result, into Requant,
+    # each code packed and a word written with the fourth code or the row's last; amax the
+    # cycle after.
+    requant = (stream + VECTOR_LATENCY["absmax"] + VECTOR_LATENCY["recip"]
+               + stream + VECTOR_LATENCY["requant"] + 1)
+    return ((func == VecFunc.ADD.value) * add + (func == VecFunc.ARGMAX.value) * argmax
+            + (func == VecFunc.REQUANT.value) * requant)
 
 
 def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:

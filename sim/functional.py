@@ -33,7 +33,7 @@ from hw.isa import (
     bias_row_bytes,
     gemm_geometry,
 )
-from hw.numerics import add_bias_wide, requantize_int8, vec_add, vec_argmax, wrap
+from hw.numerics import add_bias_wide, requantize_int8, vec_add, vec_argmax, vec_requant, wrap
 
 __all__ = ["MachineState", "WeightCache", "Step", "prepare", "exec_load", "exec_store",
            "exec_gemm", "exec_vec", "decode_gemm_weights"]
@@ -484,6 +484,14 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
         def add(st: MachineState) -> None:
             put(st, vec_add(row(st, a0), row(st, b0)))
         return add
+    if ins.func == VecFunc.REQUANT:
+        def requant(st: MachineState) -> None:
+            codes, amax = vec_requant(row(st, a0))
+            data = np.zeros(-(-n // 4) * 4 + 4, dtype=np.uint8)   # codes, padding, amax
+            data[:n] = codes.view(np.uint8)
+            data[-4:] = np.array([amax], dtype="<u4").view(np.uint8)
+            st.spad_arrays[_VOUT][d0:d0 + data.size] = data
+        return requant
 
     def argmax(st: MachineState) -> None:
         x = row(st, a0)

@@ -137,6 +137,7 @@ def test_argmax_ignores_b_and_its_result_is_two_words():
         == ErrorCode.NONE
     assert vec_out_words(VecFunc.ARGMAX.value, 100) == 2
     assert vec_out_words(VecFunc.ADD.value, 100) == 100
+    assert [vec_out_words(VecFunc.REQUANT.value, n) for n in (1, 4, 5, 8)] == [2, 2, 3, 3]
     assert Opcode.VEC.value == 6 and Engine.VECTOR.value == 3
 
 
@@ -249,6 +250,31 @@ def test_the_executor_matches_numerics_and_the_timing_contract(seed):
     assert np.array_equal(vout, st.spads[Spad.VOUT])
 
 
+def test_requant_edges_in_the_executor():
+    """REQUANT on the rows its scalar steps treat specially: all zeros (amax 0), one holding
+    -2**31 (amax 2**31: s = 1), constant rows, and lengths 1..5 (partial last words)."""
+    vin = np.zeros(VIN, dtype=np.int32)
+    vin[8:16] = [5, -2**31, 7, 2**31 - 1, -3, 0, 1, -1]
+    vin[16:24] = 2**31 - 1
+    vin[24:32] = -77
+    vin[32:40] = np.arange(8) * 65536
+    vecs = [Vec(func=VecFunc.REQUANT, a_addr=0, length=8, dst_addr=0),
+            Vec(func=VecFunc.REQUANT, a_addr=8, length=8, dst_addr=3),
+            Vec(func=VecFunc.REQUANT, a_addr=16, length=8, dst_addr=6)]
+    vecs += [Vec(func=VecFunc.REQUANT, a_addr=24 + k, length=n, dst_addr=9 + 3 * k)
+             for k, n in enumerate(range(1, 6))]
+    vecs += [Vec(func=VecFunc.REQUANT, a_addr=32, length=8, dst_addr=30)]
+    durations, vout = _simulate(vin, vecs, [0] * len(vecs))
+    st = MachineState(VCFG)
+    st.spads[Spad.VIN][:] = vin.astype("<i4").view(np.uint8)
+    for v in vecs:
+        exec_vec(st, v)
+    assert durations == [exec_cycles(v, VCFG) for v in vecs]
+    assert np.array_equal(vout, st.spads[Spad.VOUT])
+    words = st.spads[Spad.VOUT].view("<u4")
+    assert words[2] == 0 and words[5] == 2**31 and words[8] == 2**31 - 1   # amax words
+
+
 def test_the_timing_formula_and_its_array_twin_agree():
     rng = np.random.default_rng(1)
     vecs = _random_vecs(rng, 50)
@@ -259,6 +285,9 @@ def test_the_timing_formula_and_its_array_twin_agree():
     assert timing.vec_cycles(Vec(length=10), VCFG) == 10 + timing.VEC_READ_LATENCY + lat["add"]
     assert timing.vec_cycles(Vec(func=VecFunc.ARGMAX, length=10), VCFG) == \
         10 + timing.VEC_READ_LATENCY + lat["argmax"] + 1
+    # two passes; Recip between them; the amax word after the last code word
+    assert timing.vec_cycles(Vec(func=VecFunc.REQUANT, length=10), VCFG) == \
+        2 * (10 + timing.VEC_READ_LATENCY) + lat["absmax"] + lat["recip"] + lat["requant"] + 1
 
 
 def test_the_executor_refuses_a_configuration_without_the_engine():
