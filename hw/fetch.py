@@ -50,6 +50,7 @@ from hw.isa import (
     InstrLayout,
     Opcode,
     Spad,
+    VecFunc,
     dispatch_limits,
     legal_words,
     reads_param,
@@ -164,7 +165,8 @@ class FetchUnit(wiring.Component):
         bad_vec = Cat(length == 0,
                       v.a_addr + length > lim.vin_elems,
                       vec_reads_b(func) & (v.b_addr + length > lim.vin_elems),
-                      v.dst_addr + vec_out_words(func, length) > lim.vout_elems)
+                      v.dst_addr + vec_out_words(func, length) > lim.vout_elems,
+                      (func == VecFunc.SOFTMAX.value) & (v.imm > length))
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)
 

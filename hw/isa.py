@@ -106,6 +106,8 @@ class VecFunc(enum.Enum, shape=4):
     ADD = 0      # dst[i] = sat32(a[i] + b[i])                   (hw.numerics.vec_add)
     ARGMAX = 1   # dst[0] = first index of max(a), dst[1] = max   (hw.numerics.vec_argmax)
     REQUANT = 2  # int8 codes of a, four per word, then amax      (hw.numerics.vec_requant)
+    SOFTMAX = 3  # dst[i] = softmax of a over its first imm positions (hw.numerics.vec_softmax)
+    RMSNORM = 4  # dst[i] = RMSNorm of a, weight row b, eps imm    (hw.numerics.vec_rmsnorm)
 
 
 #: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
@@ -166,6 +168,7 @@ VecBody = data.StructLayout({
     "b_addr": 16,   # VIN: ADD's second operand
     "dst_addr": 16,  # VOUT: the results (vec_out_words of them)
     "length": 16,   # elements of the row, >= 1
+    "imm": 40,      # SOFTMAX: valid positions (<= length); RMSNORM: epsilon (norm_eps)
 })
 
 InstrLayout = data.StructLayout({
@@ -348,12 +351,13 @@ class Vec(_Base):
     b_addr: int = 0
     dst_addr: int = 0
     length: int = 1
+    imm: int = 0
     opcode: ClassVar[Opcode] = Opcode.VEC
     body: ClassVar[str] = "vec"
 
     def _body_fields(self):
         return {"func": self.func.value, "a_addr": self.a_addr, "b_addr": self.b_addr,
-                "dst_addr": self.dst_addr, "length": self.length}
+                "dst_addr": self.dst_addr, "length": self.length, "imm": self.imm}
 
     @classmethod
     def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
@@ -368,14 +372,16 @@ def vec_out_words(func, length):
     byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax`` as an
     unsigned 32-bit word). Ints, arrays or Amaranth values (a sum of products, so that the
     three agree)."""
-    return ((func == VecFunc.ADD.value) * length + (func == VecFunc.ARGMAX.value) * 2
+    rows = (func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value) \
+        | (func == VecFunc.RMSNORM.value)
+    return (rows * length + (func == VecFunc.ARGMAX.value) * 2
             + (func == VecFunc.REQUANT.value) * (((length + 3) >> 2) + 1))
 
 
 def vec_reads_b(func):
-    """The sub-op reads a second operand row from ``b_addr`` (ADD); ints, arrays or Amaranth
-    values."""
-    return func == VecFunc.ADD.value
+    """The sub-op reads a second operand row from ``b_addr`` (ADD's second operand, RMSNORM's
+    weight row); ints, arrays or Amaranth values."""
+    return (func == VecFunc.ADD.value) | (func == VecFunc.RMSNORM.value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -813,6 +819,11 @@ _VEC_RULES = (
           lambda f, lim: vec_reads_b(f["vec.func"]) & (_vec_end(f, "b") > lim.vin_elems),
           lambda f, cfg: f"VEC operand [{f['vec.b_addr']}, {_vec_end(f, 'b')}) exceeds VIN "
                          f"({dispatch_limits(cfg).vin_elems} elements)"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: (f["vec.func"] == VecFunc.SOFTMAX.value)
+          & (f["vec.imm"] > f["vec.length"]),
+          lambda f, cfg: f"SOFTMAX of {f['vec.imm']} valid positions in a row of "
+                         f"length={f['vec.length']}"),
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: _vec_dst_end(f) > lim.vout_elems,
           lambda f, cfg: f"VEC results [{f['vec.dst_addr']}, {_vec_dst_end(f)}) exceed VOUT "

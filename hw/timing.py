@@ -264,8 +264,21 @@ def _vec_cycles(func, length):
     # cycle after.
     requant = (stream + VECTOR_LATENCY["absmax"] + VECTOR_LATENCY["recip"]
                + stream + VECTOR_LATENCY["requant"] + 1)
+    # SOFTMAX: pass 1 into Max, m as it comes out; pass 2 from the cycle after into Exp and
+    # Sum; Recip of the sum; pass 3 from the cycle after its result into Exp and Scale,
+    # written as they come out.
+    lat = VECTOR_LATENCY
+    softmax = (stream + lat["max"] + stream + lat["exp"] + lat["sum"] + lat["recip"]
+               + stream + lat["exp"] + lat["scale"])
+    # RMSNORM: pass 1 into AbsMax, s as amax comes out; pass 2 from the cycle after into SumSq;
+    # Rsqrt of the sum plus epsilon; pass 3 from the cycle after its result into Scale and Mul
+    # (the weight beside it), written as they come out.
+    rmsnorm = (stream + lat["absmax"] + stream + lat["sumsq"] + lat["rsqrt"]
+               + stream + lat["scale"] + lat["mul"])
     return ((func == VecFunc.ADD.value) * add + (func == VecFunc.ARGMAX.value) * argmax
-            + (func == VecFunc.REQUANT.value) * requant)
+            + (func == VecFunc.REQUANT.value) * requant
+            + (func == VecFunc.SOFTMAX.value) * softmax
+            + (func == VecFunc.RMSNORM.value) * rmsnorm)
 
 
 def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:

@@ -33,7 +33,16 @@ from hw.isa import (
     bias_row_bytes,
     gemm_geometry,
 )
-from hw.numerics import add_bias_wide, requantize_int8, vec_add, vec_argmax, vec_requant, wrap
+from hw.numerics import (
+    add_bias_wide,
+    requantize_int8,
+    vec_add,
+    vec_argmax,
+    vec_requant,
+    vec_rmsnorm,
+    vec_softmax,
+    wrap,
+)
 
 __all__ = ["MachineState", "WeightCache", "Step", "prepare", "exec_load", "exec_store",
            "exec_gemm", "exec_vec", "decode_gemm_weights"]
@@ -492,6 +501,16 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
             data[-4:] = np.array([amax], dtype="<u4").view(np.uint8)
             st.spad_arrays[_VOUT][d0:d0 + data.size] = data
         return requant
+    if ins.func == VecFunc.SOFTMAX:
+        valid = np.arange(n) < ins.imm
+
+        def softmax(st: MachineState) -> None:
+            put(st, vec_softmax(row(st, a0)[None], valid[None])[0])
+        return softmax
+    if ins.func == VecFunc.RMSNORM:
+        def rmsnorm(st: MachineState) -> None:
+            put(st, vec_rmsnorm(row(st, a0)[None], row(st, b0), ins.imm)[0])
+        return rmsnorm
 
     def argmax(st: MachineState) -> None:
         x = row(st, a0)

@@ -39,6 +39,7 @@ from hw.isa import (
     program_words,
     vec_out_words,
 )
+from hw.numerics import norm_eps
 from hw.spad import Scratchpad
 from hw.vector.engine import VectorEngine
 from sim.functional import MachineState, exec_vec
@@ -178,7 +179,12 @@ def _random_vecs(rng, n):
         func = VecFunc(int(rng.integers(len(VecFunc))))
         length = int(rng.choice([1, 2, 3, int(rng.integers(1, VOUT + 1))]))
         words = int(vec_out_words(func.value, length))
-        out.append(Vec(func=func, length=length,
+        imm = 0
+        if func == VecFunc.SOFTMAX:   # valid positions: none, some, all
+            imm = int(rng.choice([0, length, int(rng.integers(0, length + 1))]))
+        elif func == VecFunc.RMSNORM:  # epsilon: none, a model's, a large one
+            imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
+        out.append(Vec(func=func, length=length, imm=imm,
                        a_addr=int(rng.integers(0, VIN - length + 1)),
                        b_addr=int(rng.integers(0, VIN - length + 1)),
                        dst_addr=int(rng.integers(0, VOUT - words + 1))))
@@ -250,9 +256,11 @@ def test_the_executor_matches_numerics_and_the_timing_contract(seed):
     assert np.array_equal(vout, st.spads[Spad.VOUT])
 
 
-def test_requant_edges_in_the_executor():
-    """REQUANT on the rows its scalar steps treat specially: all zeros (amax 0), one holding
-    -2**31 (amax 2**31: s = 1), constant rows, and lengths 1..5 (partial last words)."""
+def test_requant_softmax_and_rmsnorm_edges_in_the_executor():
+    """The rows the scalar steps treat specially: all zeros (REQUANT: amax 0; RMSNORM with
+    eps 0: a sum of squares of 0), one holding -2**31 (REQUANT: amax 2**31, s = 1; RMSNORM:
+    s = 15), constant rows, SOFTMAX with no valid position and with one, and lengths 1..5
+    (REQUANT: partial last words)."""
     vin = np.zeros(VIN, dtype=np.int32)
     vin[8:16] = [5, -2**31, 7, 2**31 - 1, -3, 0, 1, -1]
     vin[16:24] = 2**31 - 1
@@ -263,7 +271,12 @@ def test_requant_edges_in_the_executor():
             Vec(func=VecFunc.REQUANT, a_addr=16, length=8, dst_addr=6)]
     vecs += [Vec(func=VecFunc.REQUANT, a_addr=24 + k, length=n, dst_addr=9 + 3 * k)
              for k, n in enumerate(range(1, 6))]
-    vecs += [Vec(func=VecFunc.REQUANT, a_addr=32, length=8, dst_addr=30)]
+    vecs += [Vec(func=VecFunc.REQUANT, a_addr=32, length=8, dst_addr=29)]
+    vecs += [Vec(func=VecFunc.RMSNORM, a_addr=0, b_addr=32, length=8, dst_addr=32),
+             Vec(func=VecFunc.RMSNORM, a_addr=8, b_addr=16, length=8, dst_addr=40, imm=999),
+             Vec(func=VecFunc.SOFTMAX, a_addr=8, length=4, dst_addr=48, imm=0),
+             Vec(func=VecFunc.SOFTMAX, a_addr=8, length=4, dst_addr=52, imm=2),
+             Vec(func=VecFunc.SOFTMAX, a_addr=16, length=8, dst_addr=56, imm=8)]
     durations, vout = _simulate(vin, vecs, [0] * len(vecs))
     st = MachineState(VCFG)
     st.spads[Spad.VIN][:] = vin.astype("<i4").view(np.uint8)
