@@ -44,6 +44,7 @@ from hw.isa import (
     vec_out_words,
     vec_reads_b,
 )
+from hw.numerics import norm_eps
 
 __all__ = ["RandomProgram", "random_config", "random_program", "break_program",
            "EQUIVALENCE_CONFIGS"]
@@ -146,7 +147,12 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
     if rng.random() < 0.3:  # short rows, where the pipeline's fill and drain overlap most
         length = int(rng.integers(1, 4))
     out = int(vec_out_words(func.value, length))
-    return Vec(func=func, length=length,
+    imm = 0
+    if func == VecFunc.SOFTMAX:    # valid positions: none, some, all
+        imm = int(rng.choice([0, length, int(rng.integers(0, length + 1))]))
+    elif func == VecFunc.RMSNORM:  # epsilon: none, a model's, a large one
+        imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
+    return Vec(func=func, length=length, imm=imm,
                a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)),
                b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1))
                if vec_reads_b(func.value) else 0,
