@@ -108,6 +108,8 @@ class VecFunc(enum.Enum, shape=4):
     REQUANT = 2  # int8 codes of a, four per word, then amax      (hw.numerics.vec_requant)
     SOFTMAX = 3  # dst[i] = softmax of a over its first imm positions (hw.numerics.vec_softmax)
     RMSNORM = 4  # dst[i] = RMSNorm of a, weight row b, eps imm    (hw.numerics.vec_rmsnorm)
+    MUL = 5      # dst[i] = sat32(round_shift(a[i] * b[i], 16))   (hw.numerics.vec_mul)
+    SILU_GATE = 6  # dst[i] = silu(a[i]) * b[i]                  (hw.numerics.vec_silu_gate)
 
 
 #: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
@@ -372,16 +374,18 @@ def vec_out_words(func, length):
     byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax`` as an
     unsigned 32-bit word). Ints, arrays or Amaranth values (a sum of products, so that the
     three agree)."""
-    rows = (func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value) \
-        | (func == VecFunc.RMSNORM.value)
+    rows = ((func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value)
+            | (func == VecFunc.RMSNORM.value) | (func == VecFunc.MUL.value)
+            | (func == VecFunc.SILU_GATE.value))
     return (rows * length + (func == VecFunc.ARGMAX.value) * 2
             + (func == VecFunc.REQUANT.value) * (((length + 3) >> 2) + 1))
 
 
 def vec_reads_b(func):
-    """The sub-op reads a second operand row from ``b_addr`` (ADD's second operand, RMSNORM's
-    weight row); ints, arrays or Amaranth values."""
-    return (func == VecFunc.ADD.value) | (func == VecFunc.RMSNORM.value)
+    """The sub-op reads a second operand row from ``b_addr`` (the second operand of ADD, MUL
+    and SILU_GATE, RMSNORM's weight row); ints, arrays or Amaranth values."""
+    return ((func == VecFunc.ADD.value) | (func == VecFunc.RMSNORM.value)
+            | (func == VecFunc.MUL.value) | (func == VecFunc.SILU_GATE.value))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -275,7 +275,12 @@ def _vec_cycles(func, length):
     # (the weight beside it), written as they come out.
     rmsnorm = (stream + lat["absmax"] + stream + lat["sumsq"] + lat["rsqrt"]
                + stream + lat["scale"] + lat["mul"])
+    # MUL: one pass through Mul(16). SILU_GATE: one pass, each element through Exp(30),
+    # Recip, Scale(60) and three Muls (e * s, g * sigmoid, * u), written as it comes out.
+    mul = stream + lat["mul"]
+    silu = stream + lat["exp"] + lat["recip"] + lat["scale"] + 3 * lat["mul"]
     return ((func == VecFunc.ADD.value) * add + (func == VecFunc.ARGMAX.value) * argmax
+            + (func == VecFunc.MUL.value) * mul + (func == VecFunc.SILU_GATE.value) * silu
             + (func == VecFunc.REQUANT.value) * requant
             + (func == VecFunc.SOFTMAX.value) * softmax
             + (func == VecFunc.RMSNORM.value) * rmsnorm)

@@ -38,8 +38,10 @@ from hw.numerics import (
     requantize_int8,
     vec_add,
     vec_argmax,
+    vec_mul,
     vec_requant,
     vec_rmsnorm,
+    vec_silu_gate,
     vec_softmax,
     wrap,
 )
@@ -493,6 +495,14 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
         def add(st: MachineState) -> None:
             put(st, vec_add(row(st, a0), row(st, b0)))
         return add
+    if ins.func == VecFunc.MUL:
+        def mul(st: MachineState) -> None:
+            put(st, vec_mul(row(st, a0), row(st, b0)))
+        return mul
+    if ins.func == VecFunc.SILU_GATE:
+        def silu_gate(st: MachineState) -> None:
+            put(st, vec_silu_gate(row(st, a0), row(st, b0)))
+        return silu_gate
     if ins.func == VecFunc.REQUANT:
         def requant(st: MachineState) -> None:
             codes, amax = vec_requant(row(st, a0))

@@ -26,6 +26,11 @@ SOFTMAX    positions ``i >= imm`` are masked (``-ACT_MAX`` into Max, exponential
            pass 1 ``Max``, ``m`` as it comes out; pass 2 ``Exp(16)(x, m)`` into
            ``Sum(unsigned(17))``; ``Recip`` of the sum; pass 3 ``Exp(16)(x, m)`` into
            ``Scale(16)`` with ``r, sh`` (the exponentials are computed again rather than kept)
+MUL        ``Mul(16)(a, b)``, written as it comes out
+SILU_GATE  one pass, each element ``g`` (with ``u`` from ``b_addr``) through ``Exp(30)(min(g,
+           0), max(g, 0))``, ``Recip(2**30 + e)``, ``Scale(60)(1, r, sh)`` (the sigmoid of
+           ``|g|``), ``Mul(30)(e, s)`` (the sigmoid of ``-|g|``, chosen for ``g < 0``),
+           ``Mul(30)(g, sigmoid)`` and ``Mul(16)(silu, u)``, the operands carried beside
 RMSNORM    pass 1 ``AbsMax``, ``s = max(0, bitlen(amax) - 17)`` as it comes out and ``eps >>
            2s``; pass 2 ``SumSq(x, s)``; ``Rsqrt`` of the sum plus ``eps >> 2s`` (``r = 0``
            for a sum of 0); pass 3 ``Scale(30)(x, r, sh + s)`` into ``Mul(30, b_bits=33)``
@@ -136,6 +141,11 @@ class VectorEngine(wiring.Component):
             "rsqrt": Rsqrt(),
             "scale30": Scale(NORM_FRAC),
             "mul": Mul(NORM_FRAC, b_bits=ACT_BITS + 1),
+            "mul16": Mul(ACT_FRAC),
+            "exp30": Exp(NORM_FRAC),
+            "scale60": Scale(2 * NORM_FRAC),
+            "mul_es": Mul(NORM_FRAC),
+            "mul_gs": Mul(NORM_FRAC),
         }
         vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
         vout = cfg.vout_spad_bytes // cfg.vout_word_bytes
@@ -234,8 +244,12 @@ class VectorEngine(wiring.Component):
         with m.If(u["max"].o.valid):
             m.d.sync += top.eq(u["max"].o.payload.y)
         big = y[ACT_BITS - 1]
-        feed(u["recip"], Mux(is_[VecFunc.REQUANT], u["absmax"].o.valid, u["sum"].o.valid),
-             x=Mux(is_[VecFunc.REQUANT], y >> big, u["sum"].o.payload.y))
+        silu = is_[VecFunc.SILU_GATE]
+        e30 = u["exp30"].o.payload.y
+        feed(u["recip"], Mux(is_[VecFunc.REQUANT], u["absmax"].o.valid,
+                             Mux(silu, u["exp30"].o.valid, u["sum"].o.valid)),
+             x=Mux(is_[VecFunc.REQUANT], y >> big,
+                   Mux(silu, (1 << NORM_FRAC) + e30, u["sum"].o.payload.y)))
         ss = u["sumsq"].o.payload.y + eps
         feed(u["rsqrt"], u["sumsq"].o.valid, x=ss)
         with m.If(u["sumsq"].o.valid):
@@ -271,6 +285,30 @@ class VectorEngine(wiring.Component):
         feed(u["mul"], u["scale30"].o.valid, a=u["scale30"].o.payload.y, b=w)
         y_last = _delay(m, n_last, u["mul"].latency, "y_last")
 
+        # -- MUL; SILU_GATE: every unit's operands carried beside it (the units never stall)
+        feed(u["exp30"], valid & silu, a=Mux(x[-1], x, 0), b=Mux(x[-1], 0, x))
+        lat = {k: v.latency for k, v in u.items()}
+        at_recip = lat["exp30"]
+        at_scale = at_recip + lat["recip"]
+        at_mul_es = at_scale + lat["scale60"]
+        at_mul_gs = at_mul_es + lat["mul_es"]
+        at_mul_u = at_mul_gs + lat["mul_gs"]
+        e_es = _delay(m, e30, lat["recip"] + lat["scale60"], "silu_e")
+        g_gs = _delay(m, x, at_mul_gs, "silu_g")
+        u_mu = _delay(m, b, at_mul_u, "silu_u")
+        s_last = _delay(m, last & silu, at_mul_u + lat["mul16"], "silu_last")
+        feed(u["scale60"], u["recip"].o.valid & silu, x=1, r=u["recip"].o.payload.r,
+             sh=u["recip"].o.payload.sh)
+        sig_pos = u["scale60"].o.payload.y
+        feed(u["mul_es"], u["scale60"].o.valid, a=e_es, b=sig_pos)
+        sig = Mux(g_gs[-1], u["mul_es"].o.payload.y,
+                  _delay(m, sig_pos, lat["mul_es"], "silu_s"))
+        feed(u["mul_gs"], u["mul_es"].o.valid, a=g_gs, b=sig)
+        mul = is_[VecFunc.MUL]   # Mul(16): MUL's row, or the SiLU-gate's last step
+        feed(u["mul16"], (valid & mul) | u["mul_gs"].o.valid,
+             a=Mux(mul, x, u["mul_gs"].o.payload.y), b=Mux(mul, b, u_mu))
+        mul_last = _delay(m, last & is_[VecFunc.MUL], lat["mul16"], "mul_last")
+
         # ---- write
         add_last = _delay(m, last & is_[VecFunc.ADD], u["add"].latency, "add_last")
         code_last = _delay(m, last & is_[VecFunc.REQUANT] & (phase == 1),
@@ -305,6 +343,7 @@ class VectorEngine(wiring.Component):
             (amax_write, amax, 1),
             (u["scale16"].o.valid, u["scale16"].o.payload.y, p_last),   # 0 where masked
             (u["mul"].o.valid, u["mul"].o.payload.y, y_last),
+            (u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last),
         ]
         data = 0
         for en, value, _ in reversed(sources):
