@@ -37,11 +37,10 @@ from amaranth.hdl import Assert, Assume
 
 from hw import isa, timing
 from hw.config import AcceleratorConfig
-from hw.engines import ENGINE_OF_OPCODE, ENGINES
+from hw.engines import ENGINE_OF_OPCODE, engines_of
 from hw.fetch import FetchUnit
 from hw.isa import (
     INSTR_BITS,
-    Engine,
     ErrorCode,
     Opcode,
     dispatch_limits,
@@ -82,7 +81,7 @@ def rule_error(word, cfg: AcceleratorConfig):
     lim = dispatch_limits(cfg)
     lim = dataclasses.replace(lim, spad_beats=Array(Const(int(b)) for b in lim.spad_beats))
     op = f["opcode"]
-    legal = isa.legal_words(f)
+    legal = isa.legal_words(f, lim)
     err = Const(ErrorCode.NONE.value, ErrorCode.as_shape())
     for rule in reversed(isa._DISPATCH_RULES):  # the first failing rule wins
         applies = functools.reduce(operator.or_, (op == o.value for o in rule.ops))
@@ -102,14 +101,14 @@ class FetchHarness(Harness):
             raise ValueError(f"bound must be 'other' or 'dma', got {bound!r}")
         self.cfg, self.bound = cfg, bound
         self.data = self.free(INSTR_BITS, "data")
-        self.ready = {e: self.free(1, f"{e.name.lower()}_ready") for e in Engine}
+        self.ready = {e.engine: self.free(1, f"{e.name}_ready") for e in engines_of(cfg)}
 
     def elaborate(self, platform):
         m = self.module()
         cfg = self.cfg
         depth = cfg.imem_depth
         m.submodules.dut = dut = FetchUnit(cfg)
-        ports = {e.engine: getattr(dut, e.name) for e in ENGINES}
+        ports = {e.engine: getattr(dut, e.name) for e in engines_of(cfg)}
         for e, port in ports.items():
             m.d.comb += port.ready.eq(self.ready[e])
 

@@ -107,6 +107,10 @@ DENSE = NMPattern(1, 1)
 WEIGHT_BITS = (4, 8)
 #: Activations fetched at once in dense mode; step ``s`` uses element ``s % DENSE_BLOCK``.
 DENSE_BLOCK = 16
+#: Bytes of one element of the vector engine's scratchpads (an int32 activation word).
+VECTOR_WORD_BYTES = 4
+#: The configuration fields of the vector engine's scratchpads (0: no vector engine).
+_VECTOR_SPADS = ("vin_spad_bytes", "vout_spad_bytes")
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,12 @@ class AcceleratorConfig:
         Default quantization group along K used by the compiler and compressor.
     act_spad_bytes, wgt_spad_bytes, out_spad_bytes, param_spad_bytes:
         Scratchpad capacities.
+    vin_spad_bytes, vout_spad_bytes:
+        Capacities of the vector engine's input (LOAD writes it, the vector engine reads it) and
+        output (the vector engine writes it, STORE reads it) scratchpads; both 0 (the default)
+        or both positive: the accelerator has a vector engine (:attr:`has_vector`) exactly when
+        they are positive. At 0 they are left out of :meth:`to_dict`, so a configuration
+        without the engine keeps the :attr:`fingerprint` it had before the engine existed.
     queue_depth:
         Depth of each engine's instruction queue.
     num_events:
@@ -197,6 +207,8 @@ class AcceleratorConfig:
     wgt_spad_bytes: int = 64 << 10
     out_spad_bytes: int = 16 << 10
     param_spad_bytes: int = 1 << 10
+    vin_spad_bytes: int = 0
+    vout_spad_bytes: int = 0
     queue_depth: int = 4
     num_events: int = 16
     event_bits: int = 8
@@ -266,6 +278,17 @@ class AcceleratorConfig:
                  f"got {v!r}")
             need(v // self.beat_bytes <= 1 << 16,
                  f"{name}={v} exceeds 65536 beats, the ISA's spad address range")
+        for name in _VECTOR_SPADS:
+            v = getattr(self, name)
+            row = max(VECTOR_WORD_BYTES, self.beat_bytes)
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= 0 and v % row == 0,
+                 f"{name} must be 0 (no vector engine) or a positive multiple of {row} bytes, "
+                 f"got {v!r}")
+            need(v // self.beat_bytes <= 1 << 16 and v // VECTOR_WORD_BYTES <= 1 << 16,
+                 f"{name}={v} exceeds 65536 beats or elements, the ISA's address ranges")
+        need((self.vin_spad_bytes > 0) == (self.vout_spad_bytes > 0),
+             f"vin_spad_bytes={self.vin_spad_bytes} and vout_spad_bytes="
+             f"{self.vout_spad_bytes} must both be 0 (no vector engine) or both positive")
         need(self.param_spad_bytes // self.beat_bytes <= 1 << 8,
              f"param_spad_bytes={self.param_spad_bytes} exceeds the ISA's 256-beat param range")
         need(isinstance(self.queue_depth, int) and 1 <= self.queue_depth <= 64,
@@ -316,6 +339,26 @@ class AcceleratorConfig:
     def param_word_bytes(self) -> int:
         """Per-lane 16-bit requantisation multipliers for the INT8 epilogue."""
         return 2 * self.lanes
+
+    @property
+    def vin_word_bytes(self) -> int:
+        """The vector engine reads one int32 element per word."""
+        return VECTOR_WORD_BYTES
+
+    @property
+    def vout_word_bytes(self) -> int:
+        """The vector engine writes one int32 element per word."""
+        return VECTOR_WORD_BYTES
+
+    @property
+    def has_vector(self) -> bool:
+        """The accelerator has a vector engine (its scratchpads are not empty).
+
+        >>> AcceleratorConfig().has_vector, AcceleratorConfig(vin_spad_bytes=256,
+        ...                                                   vout_spad_bytes=256).has_vector
+        (False, True)
+        """
+        return self.vin_spad_bytes > 0
 
     @property
     def weight_operand_bits(self) -> int:
@@ -383,6 +426,9 @@ class AcceleratorConfig:
         d = dataclasses.asdict(self)
         d["patterns"] = [str(p) for p in self.patterns]
         d["weight_bits"] = list(self.weight_bits)
+        for name in _VECTOR_SPADS:  # absent engine: absent fields (the fingerprint is kept)
+            if d[name] == 0:
+                del d[name]
         return d
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -1,4 +1,6 @@
-"""DMA engines: LOAD (DRAM -> ACT/WGT/PARAM) and STORE (OUT -> DRAM), and the DRAM port.
+"""DMA engines: LOAD (DRAM -> ACT/WGT/PARAM/VIN) and STORE (OUT/VOUT -> DRAM), and the DRAM
+port (VIN and VOUT: configurations with a vector engine,
+:attr:`hw.config.AcceleratorConfig.has_vector`).
 
 Both move ``rows`` rows of ``row_beats`` beats; DRAM rows start ``dram_stride`` beats apart, the
 scratchpad side is contiguous from ``spad_addr`` (:func:`sim.functional.exec_load`,
@@ -27,7 +29,7 @@ each per cycle; addresses count beats.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Signal, unsigned
+from amaranth import Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -162,6 +164,8 @@ class LoadEngine(wiring.Component):
         The DRAM read channel (see :class:`DramSignature`).
     act_wr, wgt_wr, param_wr: In(WritePort.Signature(...))
         Beat-wide write ports of the scratchpads (beat addresses).
+    vin_wr: In(WritePort.Signature(...))
+        The same for VIN, with a vector engine.
     """
 
     #: Registers between a DRAM response and its scratchpad write.
@@ -192,6 +196,7 @@ class LoadEngine(wiring.Component):
             "act_wr": _spad_beat_port(cfg, Spad.ACT, "write"),
             "wgt_wr": _spad_beat_port(cfg, Spad.WGT, "write"),
             "param_wr": _spad_beat_port(cfg, Spad.PARAM, "write"),
+            **({"vin_wr": _spad_beat_port(cfg, Spad.VIN, "write")} if cfg.has_vector else {}),
         })
 
     def elaborate(self, platform):
@@ -244,15 +249,17 @@ class LoadEngine(wiring.Component):
         # fixed latency; a response nobody requested since the reset is dropped).
         resp_data = Signal(8 * cfg.beat_bytes, reset_less=True)
         m.d.sync += resp_data.eq(self.rd_resp.payload)
-        for sp, port in ((Spad.ACT, self.act_wr), (Spad.WGT, self.wgt_wr),
-                         (Spad.PARAM, self.param_wr)):
+        ports = [(Spad.ACT, self.act_wr), (Spad.WGT, self.wgt_wr), (Spad.PARAM, self.param_wr)]
+        if cfg.has_vector:
+            ports.append((Spad.VIN, self.vin_wr))
+        for sp, port in ports:
             m.d.comb += [port.addr.eq(out_addr), port.data.eq(resp_data),
                          port.en.eq(beat_v[-1] & (out_spad == sp))]
         return m
 
 
 class StoreEngine(wiring.Component):
-    """OUT scratchpad -> DRAM transfers.
+    """OUT (and VOUT) scratchpad -> DRAM transfers.
 
     Parameters
     ----------
@@ -269,6 +276,8 @@ class StoreEngine(wiring.Component):
         Beats read by the current instruction (its total when ``done`` pulses).
     out_rd: In(ReadPort.Signature(...))
         Beat-wide synchronous read port of the OUT scratchpad.
+    vout_rd: In(ReadPort.Signature(...))
+        The same for VOUT, with a vector engine.
     wr:
         The DRAM write channel (see :class:`DramSignature`).
     """
@@ -287,6 +296,8 @@ class StoreEngine(wiring.Component):
             "done": Out(1),
             "beats": Out(_BEATS_BITS),
             "out_rd": _spad_beat_port(cfg, Spad.OUT, "read"),
+            **({"vout_rd": _spad_beat_port(cfg, Spad.VOUT, "read")} if cfg.has_vector
+               else {}),
             "wr": Out(stream.Signature(dram_write_layout(cfg), always_ready=True)),
         })
 
@@ -307,7 +318,17 @@ class StoreEngine(wiring.Component):
                 m.d.sync += walk.active.eq(1)
 
         issue = walk.active
-        m.d.comb += [self.out_rd.addr.eq(rd_ptr), self.out_rd.en.eq(issue)]
+        data = self.out_rd.data
+        if self._cfg.has_vector:
+            # The source (OUT or VOUT; fetch lets nothing else through), copied while idle.
+            vout = Signal()
+            with m.If(idle):
+                m.d.sync += vout.eq(self.cmd.payload.spad == Spad.VOUT)
+            m.d.comb += [self.out_rd.addr.eq(rd_ptr), self.out_rd.en.eq(issue & ~vout),
+                         self.vout_rd.addr.eq(rd_ptr), self.vout_rd.en.eq(issue & vout)]
+            data = Mux(vout, self.vout_rd.data, self.out_rd.data)
+        else:
+            m.d.comb += [self.out_rd.addr.eq(rd_ptr), self.out_rd.en.eq(issue)]
         with m.If(issue):
             walk.step(m)
             m.d.sync += [rd_ptr.eq(rd_ptr + 1), self.beats.eq(self.beats + 1)]
@@ -315,7 +336,7 @@ class StoreEngine(wiring.Component):
         m.d.comb += [
             self.wr.valid.eq(w_valid),
             self.wr.payload.addr.eq(w_addr),
-            self.wr.payload.data.eq(self.out_rd.data),
+            self.wr.payload.data.eq(data),
             self.done.eq(w_valid & w_last),
         ]
         return m

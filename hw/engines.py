@@ -52,9 +52,11 @@ from hw.isa import (
     Opcode,
     Store,
     Sync,
+    Vec,
 )
 
 __all__ = ["EngineSpec", "OpSpec", "ENGINES", "ENGINE", "OPS", "OP", "ENGINE_OF_OPCODE",
+           "engines_of",
            "WORK_COUNTERS", "engine_of", "engines_fields", "exec_cycles", "exec_cycles_fields",
            "completion_delay", "work_fields"]
 
@@ -78,11 +80,17 @@ class EngineSpec:
         ``ending`` (as ``signal_in`` and ``end_in``) and drives the event unit's signal port
         and ``in_flight`` (an instruction has ended and not yet completed), as
         :class:`hw.dma.LoadEngine` does.
+    present:
+        ``cfg -> bool``: the configuration has this engine (default: always). Without it, its
+        opcodes and a SYNC naming it are ILLEGAL_OPCODE (:func:`hw.isa.legal_words`), the
+        fetch unit has no port and the top no queue, sequencer, executor or scratchpads for
+        it, and its counters are not among the configuration's (:func:`hw.counters.counters`).
     """
 
     engine: Engine
     body: str
     completion: Callable[[AcceleratorConfig], int] | None = None
+    present: Callable[[AcceleratorConfig], bool] = lambda cfg: True
 
     @property
     def name(self) -> str:
@@ -151,6 +159,7 @@ ENGINES: tuple[EngineSpec, ...] = (
     EngineSpec(Engine.LOAD, "dma", completion=timing.load_completion_delay),
     EngineSpec(Engine.COMPUTE, "gemm"),
     EngineSpec(Engine.STORE, "dma"),
+    EngineSpec(Engine.VECTOR, "vec", present=lambda cfg: cfg.has_vector),
 )
 
 #: The opcodes that enter a queue, in the order of their values.
@@ -162,6 +171,8 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec(Gemm, Engine.COMPUTE, timing.gemm_cycles, timing.gemm_cycles_fields,
            work={"mac_cycles": timing.mac_cycles_fields}),
     OpSpec(Sync, None, timing.sync_cycles, timing.sync_cycles_fields, sync=True),
+    OpSpec(Vec, Engine.VECTOR, timing.vec_cycles, timing.vec_cycles_fields,
+           work={"vector_elements": timing.vec_elements_fields}),
 )
 
 
@@ -262,3 +273,8 @@ def work_fields(f: dict[str, np.ndarray]) -> np.ndarray:
         for name, total in spec.work.items():
             out[:, column[name]] = np.where(op == spec.opcode.value, total(f), 0)
     return out
+
+
+def engines_of(cfg: AcceleratorConfig) -> tuple[EngineSpec, ...]:
+    """The engines ``cfg`` has (:attr:`EngineSpec.present`), in the order of their values."""
+    return tuple(e for e in ENGINES if e.present(cfg))

@@ -39,18 +39,23 @@ from amaranth.utils import ceil_log2
 from hw import timing
 from hw.config import AcceleratorConfig
 from hw.ecp5_dsp import DSP_REGISTER
-from hw.engines import ENGINES, OPS
+from hw.engines import OPS, engines_of
 from hw.isa import (
     INSTR_BITS,
+    LOAD_SPADS,
     NO_EVENT,
+    STORE_SPADS,
     EpilogueMode,
     ErrorCode,
     InstrLayout,
     Opcode,
     Spad,
+    VecFunc,
     dispatch_limits,
     legal_words,
     reads_param,
+    vec_out_words,
+    vec_reads_b,
 )
 from hw.queues import entry_layout
 
@@ -79,10 +84,10 @@ class FetchUnit(wiring.Component):
         Host write port of the instruction memory (instruction ``i`` at address ``i``).
     run: In(1)
         The machine is running; fetch starts from ``pc = 0`` after a reset.
-    load, compute, store: Out(stream.Signature(entry_layout(body)))
-        Dispatch into the engine queues: one port per engine of :data:`hw.engines.ENGINES`,
-        named after it, whose entries carry its body layout; ``ready`` is the queue's
-        registered "not full".
+    load, compute, store, vector: Out(stream.Signature(entry_layout(body)))
+        Dispatch into the engine queues: one port per engine the configuration has
+        (:func:`hw.engines.engines_of`), named after it, whose entries carry its body layout;
+        ``ready`` is the queue's registered "not full".
     error: Out(ErrorCode)
         The dispatch stage holds an instruction that fails its checks (while running).
     error_pc: Out(range(imem_depth + 1))
@@ -102,11 +107,17 @@ class FetchUnit(wiring.Component):
             raise ValueError(f"hw.timing.FETCH_LATENCY={timing.FETCH_LATENCY} does not match the "
                              f"fetch pipeline (read + {_CHECK_STAGES} register stages)")
         self._cfg = cfg
+        self._engines = engines_of(cfg)
+        if [e.engine.value for e in self._engines] != list(range(len(self._engines))):
+            raise ValueError(f"the engines {[e.name for e in self._engines]} are not the first "
+                             f"{len(self._engines)} values of hw.isa.Engine (dispatch is one-hot "
+                             f"by engine value)")
         super().__init__({
             "imem_wr": Out(memory.WritePort.Signature(addr_width=ceil_log2(cfg.imem_depth),
                                                       shape=unsigned(INSTR_BITS))),
             "run": In(1),
-            **{e.name: Out(stream.Signature(entry_layout(e.body_layout))) for e in ENGINES},
+            **{e.name: Out(stream.Signature(entry_layout(e.body_layout)))
+               for e in self._engines},
             "error": Out(ErrorCode),
             "error_pc": Out(range(cfg.imem_depth + 1)),
             "ended": Out(1),
@@ -130,15 +141,34 @@ class FetchUnit(wiring.Component):
         is_ = {o: op == o for o in Opcode}
         legal = legal_words({"opcode": op.as_value(),
                              "sync.engine": ins.body.sync.engine.as_value(),
-                             "gemm.epilogue": ins.body.gemm.epilogue.as_value()})
+                             "gemm.epilogue": ins.body.gemm.epilogue.as_value(),
+                             "dma.spad": ins.body.dma.spad.as_value(),
+                             "vec.func": ins.body.vec.func.as_value()}, lim)
         # Each rule's terms are registered apart (S2) and OR-ed into the error code in S3
         # (:meth:`_pre_error`): the word's bank multiplexer and the comparisons fill S2.
         bad_event = Cat((ev != NO_EVENT) & (ev >= lim.num_events)
                         for ev in (ins.header.wait, ins.header.signal))
 
         dma = ins.body.dma
-        dma_bad = Cat(is_[Opcode.STORE] != (dma.spad == Spad.OUT),
+        spad = dma.spad.as_value()
+
+        def one_of(spads) -> Value:
+            return Cat(spad == s.value for s in spads).any()
+
+        dma_bad = Cat(Mux(is_[Opcode.STORE], ~one_of(STORE_SPADS), ~one_of(LOAD_SPADS)),
                       dma.rows == 0, dma.row_beats == 0)
+
+        # VEC: a row of at least one element, its ranges inside VIN and VOUT (16-bit sums and
+        # comparisons, a stage of their own).
+        v = ins.body.vec
+        func, length = v.func.as_value(), v.length
+        bad_vec = Cat(length == 0,
+                      v.a_addr + length > lim.vin_elems,
+                      vec_reads_b(func) & (v.b_addr + length > lim.vin_elems),
+                      v.dst_addr + vec_out_words(func, length) > lim.vout_elems,
+                      (func == VecFunc.SOFTMAX.value) & (v.imm > length))
+        if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
+            bad_vec = Const(0, 1)
 
         g = ins.body.gemm
         int8_bad = g.int8 if not lim.int8 else g.int8 & (g.pattern != 0)
@@ -177,6 +207,8 @@ class FetchUnit(wiring.Component):
             "bad_gemm": bad_gemm,
             "bad_gemm_addr": bad_gemm_addr,
             "dma_bad": dma_bad,
+            "bad_vec": bad_vec,
+            "is_vec": is_[Opcode.VEC],
             "is_gemm": is_[Opcode.GEMM],
             "is_dma": is_[Opcode.LOAD] | is_[Opcode.STORE],
             "is_end": is_[Opcode.END],
@@ -191,7 +223,7 @@ class FetchUnit(wiring.Component):
             # The DRAM range's last beat less the first beat past DRAM, less the span: negative
             # while the range fits. The limits are folded in here so that S3 ends in a sign bit.
             "dram_tail": dma.dram_addr + dma.row_beats - dma.dram_stride - (lim.dram_beats + 1),
-            "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[dma.spad.as_value()],
+            "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[spad],
         }
 
     @staticmethod
@@ -202,7 +234,8 @@ class FetchUnit(wiring.Component):
         return Mux(c["illegal"], ErrorCode.ILLEGAL_OPCODE,
                    Mux(c["bad_event"].any(), ErrorCode.BAD_EVENT,
                        Mux(c["is_gemm"], gemm_err,
-                           Mux(c["is_dma"] & c["dma_bad"].any(),
+                           Mux((c["is_dma"] & c["dma_bad"].any())
+                               | (c["is_vec"] & c["bad_vec"].any()),
                                ErrorCode.BAD_ADDRESS, ErrorCode.NONE))))
 
     def elaborate(self, platform):
@@ -265,7 +298,7 @@ class FetchUnit(wiring.Component):
         # The dispatch stage keeps its decisions one-hot and pre-decoded, because `adv`
         # (below) gates the whole pipeline and must settle early.
         ok3 = ~s3["pc_over"] & s3["pre_ok"] & ~s3["bad_range"]
-        to3 = Cat(~s3["is_end"] & (s3["target"] == e.engine.value) for e in ENGINES)
+        to3 = Cat(~s3["is_end"] & (s3["target"] == e.engine.value) for e in self._engines)
         s4 = stage("s4", v=s3["v"], pc=s3["pc"], ins=s3["ins"], is_end=s3["is_end"],
                    is_sync=s3["is_sync"], err=err, ok=ok3, to=to3)
         v4, ins4, to4 = s4["v"], s4["ins"], s4["to"]
@@ -276,7 +309,7 @@ class FetchUnit(wiring.Component):
         ended = self.ended
         live = self.run & ~ended & v4
         ok = s4["ok"]
-        ports = {e.engine: getattr(self, e.name) for e in ENGINES}
+        ports = {e.engine: getattr(self, e.name) for e in self._engines}
 
         def ready_of(to: Value) -> Value:
             """The queue of one-hot ``to`` is not full."""
@@ -300,7 +333,7 @@ class FetchUnit(wiring.Component):
             "running and a legal instruction for a queue" and the queue, from the copies."""
             idle = Signal(name=f"s4_idle_{name}", init=1, attrs={"keep": 1})  # = ~v4 at reset
             queue = Signal(name=f"s4_queue_{name}", attrs={"keep": 1})
-            to_c = Signal(len(ENGINES), name=f"s4_to_{name}", reset_less=True,
+            to_c = Signal(len(self._engines), name=f"s4_to_{name}", reset_less=True,
                           attrs={"keep": 1})
             ended_c = Signal(name=f"ended_{name}", attrs={"keep": 1})
             with m.If(adv_c):
@@ -315,7 +348,7 @@ class FetchUnit(wiring.Component):
         decisions("mem", adv_mem)
         decisions("stages", adv)
         offer, to_q = decisions("queues", Signal())
-        for e in ENGINES:
+        for e in self._engines:
             port, body = ports[e.engine], ins4.body[e.body]
             m.d.comb += [
                 port.valid.eq(offer & to_q[e.engine.value]),   # = live & ok & to4[eng]

@@ -37,9 +37,10 @@ from hw.format import StreamGeometry
 
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "MAX_HEADER_WORDS", "Opcode",
-    "Spad", "Engine", "EpilogueMode", "ErrorCode",
-    "Header", "DmaBody", "GemmBody", "SyncBody", "InstrLayout",
-    "Load", "Store", "Gemm", "Sync", "End", "Instr", "ISAError",
+    "Spad", "Engine", "EpilogueMode", "ErrorCode", "VecFunc", "LOAD_SPADS", "STORE_SPADS",
+    "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "InstrLayout",
+    "Load", "Store", "Gemm", "Sync", "Vec", "End", "Instr", "ISAError",
+    "vec_out_words", "vec_reads_b", "VEC_FUNC_VALUES",
     "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
     "program_words",
     "decode_fields", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
@@ -62,19 +63,32 @@ class Opcode(enum.Enum, shape=3):
     GEMM = 3
     SYNC = 4
     END = 5
+    VEC = 6    # the vector engine (absent from configurations without one: ILLEGAL_OPCODE)
 
 
-class Spad(enum.Enum, shape=2):
+class Spad(enum.Enum, shape=3):
     ACT = 0    # activations, read by the array
     WGT = 1    # packed weight streams, read by the decoder
     OUT = 2    # epilogue results, read by the store engine
     PARAM = 3  # epilogue operands: per-lane multipliers, residual rows
+    VIN = 4    # vector engine operands (int32 elements), written by LOAD
+    VOUT = 5   # vector engine results (int32 elements), read by the store engine
+
+
+#: The scratchpads a LOAD may write and a STORE may read: every scratchpad has one writer and
+#: one reader (the compute core or the vector engine on one side, a DMA engine on the other).
+#: A DMA instruction naming another one fails with BAD_ADDRESS; an undefined value (6, 7) is
+#: ILLEGAL_OPCODE (:func:`legal_words`). A configuration without a vector engine has empty VIN
+#: and VOUT scratchpads, so a transfer naming them fails its range check (BAD_ADDRESS).
+LOAD_SPADS = (Spad.ACT, Spad.WGT, Spad.PARAM, Spad.VIN)
+STORE_SPADS = (Spad.OUT, Spad.VOUT)
 
 
 class Engine(enum.Enum, shape=2):
     LOAD = 0
     COMPUTE = 1
     STORE = 2
+    VECTOR = 3
 
 
 class EpilogueMode(enum.Enum, shape=3):
@@ -83,6 +97,23 @@ class EpilogueMode(enum.Enum, shape=3):
     INT8 = 2           # requantise with per-lane multipliers and a shift
     INT8_RESIDUAL = 3  # as INT8, plus an int8 residual read from PARAM
     WIDE_BIAS = 4      # as WIDE, plus a per-token int32 bias row read from PARAM
+
+
+class VecFunc(enum.Enum, shape=4):
+    """The sub-operation of a VEC instruction (its ``func`` field; docs/architecture.md,
+    "Vector engine"). Rows are ``length`` int32 elements of VIN; results go to VOUT."""
+
+    ADD = 0      # dst[i] = sat32(a[i] + b[i])                   (hw.numerics.vec_add)
+    ARGMAX = 1   # dst[0] = first index of max(a), dst[1] = max   (hw.numerics.vec_argmax)
+    REQUANT = 2  # int8 codes of a, four per word, then amax      (hw.numerics.vec_requant)
+    SOFTMAX = 3  # dst[i] = softmax of a over its first imm positions (hw.numerics.vec_softmax)
+    RMSNORM = 4  # dst[i] = RMSNorm of a, weight row b, eps imm    (hw.numerics.vec_rmsnorm)
+    MUL = 5      # dst[i] = sat32(round_shift(a[i] * b[i], 16))   (hw.numerics.vec_mul)
+    SILU_GATE = 6  # dst[i] = silu(a[i]) * b[i]                  (hw.numerics.vec_silu_gate)
+
+
+#: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
+VEC_FUNC_VALUES = tuple(m.value for m in VecFunc)
 
 
 class ErrorCode(enum.Enum, shape=4):
@@ -132,11 +163,24 @@ SyncBody = data.StructLayout({
     "engine": Engine,
 })
 
+#: A VEC instruction: addresses and lengths count elements (int32 words), not beats.
+VecBody = data.StructLayout({
+    "func": VecFunc,
+    "a_addr": 16,   # VIN: the row (ADD's first operand)
+    "b_addr": 16,   # VIN: ADD's second operand
+    "dst_addr": 16,  # VOUT: the results (vec_out_words of them)
+    "length": 16,   # elements of the row, >= 1
+    "imm": 40,      # SOFTMAX: valid positions (<= length); RMSNORM: epsilon (norm_eps)
+})
+
 InstrLayout = data.StructLayout({
     "header": Header,
-    "body": data.UnionLayout({"dma": DmaBody, "gemm": GemmBody, "sync": SyncBody}),
+    "body": data.UnionLayout({"dma": DmaBody, "gemm": GemmBody, "sync": SyncBody,
+                              "vec": VecBody}),
 })
 assert InstrLayout.size <= INSTR_BITS, InstrLayout.size
+# The DMA body is the widest: it fills the instruction exactly.
+assert Header.size + DmaBody.size == INSTR_BITS, Header.size + DmaBody.size
 
 
 class ISAError(ContractError):
@@ -210,6 +254,8 @@ class _Dma(_Base):
 
     @classmethod
     def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
+        if f["spad"] not in Spad._value2member_map_:
+            raise ISAError(f"{cls.opcode.name} names spad {f['spad']}, which does not exist")
         return cls(**{**f, "spad": Spad(f["spad"])}, **ev)
 
 
@@ -296,6 +342,53 @@ class Sync(_Base):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Vec(_Base):
+    """One pass of the vector engine over a row of ``length`` VIN elements from ``a_addr``
+    (ADD: and one from ``b_addr``), writing :func:`vec_out_words` VOUT elements from
+    ``dst_addr`` (:class:`VecFunc`; semantics: :mod:`sim.functional`, from
+    :mod:`hw.numerics`)."""
+
+    func: VecFunc = VecFunc.ADD
+    a_addr: int = 0
+    b_addr: int = 0
+    dst_addr: int = 0
+    length: int = 1
+    imm: int = 0
+    opcode: ClassVar[Opcode] = Opcode.VEC
+    body: ClassVar[str] = "vec"
+
+    def _body_fields(self):
+        return {"func": self.func.value, "a_addr": self.a_addr, "b_addr": self.b_addr,
+                "dst_addr": self.dst_addr, "length": self.length, "imm": self.imm}
+
+    @classmethod
+    def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
+        if f["func"] not in VecFunc._value2member_map_:
+            raise ISAError(f"VEC names func {f['func']}, which does not exist")
+        return cls(**{**f, "func": VecFunc(f["func"])}, **ev)
+
+
+def vec_out_words(func, length):
+    """VOUT elements (words) a VEC writes: ``length`` (ADD); 2 (ARGMAX: the index, the max);
+    ``ceil(length / 4) + 1`` (REQUANT: the int8 codes packed four to a word, code ``i`` in
+    byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax`` as an
+    unsigned 32-bit word). Ints, arrays or Amaranth values (a sum of products, so that the
+    three agree)."""
+    rows = ((func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value)
+            | (func == VecFunc.RMSNORM.value) | (func == VecFunc.MUL.value)
+            | (func == VecFunc.SILU_GATE.value))
+    return (rows * length + (func == VecFunc.ARGMAX.value) * 2
+            + (func == VecFunc.REQUANT.value) * (((length + 3) >> 2) + 1))
+
+
+def vec_reads_b(func):
+    """The sub-op reads a second operand row from ``b_addr`` (the second operand of ADD, MUL
+    and SILU_GATE, RMSNORM's weight row); ints, arrays or Amaranth values."""
+    return ((func == VecFunc.ADD.value) | (func == VecFunc.RMSNORM.value)
+            | (func == VecFunc.MUL.value) | (func == VecFunc.SILU_GATE.value))
+
+
+@dataclass(frozen=True, kw_only=True)
 class End(_Base):
     """End of program: the accelerator is done once every engine has drained."""
 
@@ -304,7 +397,7 @@ class End(_Base):
 
 #: Every instruction class, one per defined opcode (which engine runs each, how long it takes
 #: and what it counts: the table of :mod:`hw.engines`).
-Instr = Load | Store | Gemm | Sync | End
+Instr = Load | Store | Gemm | Sync | End | Vec
 INSTRUCTIONS: tuple[type[_Base], ...] = typing.get_args(Instr)
 _BY_OPCODE = {c.opcode: c for c in INSTRUCTIONS}
 assert set(_BY_OPCODE) == set(Opcode) - {Opcode.INVALID}, set(Opcode) ^ set(_BY_OPCODE)
@@ -544,6 +637,10 @@ class DispatchLimits:
     act_words: int
     out_words: int
     param_words: int
+    vin_elems: int           # elements (words) of the vector engine's scratchpads
+    vout_elems: int
+    opcodes: tuple[int, ...]  # the opcodes this configuration runs (END included)
+    engines: tuple[int, ...]  # the engines it has (a SYNC may name)
 
 
 def dispatch_limits(cfg: AcceleratorConfig) -> DispatchLimits:
@@ -552,16 +649,25 @@ def dispatch_limits(cfg: AcceleratorConfig) -> DispatchLimits:
     # programs with 10^5 instructions, and recomputing these dominated its run time.
     lim = cfg.__dict__.get("_isa_limits")
     if lim is None:
+        from hw.engines import ENGINES, OPS  # (the table imports this module)
+        engines = tuple(e.engine.value for e in ENGINES if e.present(cfg))
+        opcodes = tuple(op.opcode.value for op in OPS
+                        if op.engine is None or op.engine.value in engines)
+        beats = [cfg.spad_beats(sp.name.lower()) for sp in Spad]
         lim = DispatchLimits(
             num_events=cfg.num_events,
-            spad_beats=np.array([cfg.spad_beats(sp.name.lower()) for sp in Spad],
+            # by spad value, the undefined ones (ILLEGAL_OPCODE) included: 0 beats
+            spad_beats=np.array(beats + [0] * ((1 << Spad.as_shape().width) - len(beats)),
                                 dtype=np.int64),
             dram_beats=cfg.dram_beats, patterns=len(cfg.pattern_table),
             max_tokens=cfg.max_tokens, int8=8 in cfg.weight_bits,
             wgt_words=word_beats(cfg.wgt_word_bytes, cfg),
             act_words=word_beats(cfg.act_word_bytes, cfg),
             out_words=word_beats(cfg.out_word_bytes, cfg),
-            param_words=word_beats(cfg.param_word_bytes, cfg))
+            param_words=word_beats(cfg.param_word_bytes, cfg),
+            vin_elems=cfg.vin_spad_bytes // cfg.vin_word_bytes,
+            vout_elems=cfg.vout_spad_bytes // cfg.vout_word_bytes,
+            opcodes=opcodes + (Opcode.END.value,), engines=engines)
         cfg.__dict__["_isa_limits"] = lim
     return lim
 
@@ -586,6 +692,20 @@ class _Rule:
 _ALL = tuple(_BY_OPCODE)
 _DMA = (Opcode.LOAD, Opcode.STORE)
 _GEMM = (Opcode.GEMM,)
+_VEC = (Opcode.VEC,)
+
+
+def _one_of(value, members) -> object:
+    """``value`` equals one of the enum ``members`` (ints, arrays or Amaranth values)."""
+    return functools.reduce(operator.or_, (value == m.value for m in members))
+
+
+def _vec_end(f: dict, field: str) -> object:
+    return f[f"vec.{field}_addr"] + f["vec.length"]
+
+
+def _vec_dst_end(f: dict) -> object:
+    return f["vec.dst_addr"] + vec_out_words(f["vec.func"], f["vec.length"])
 _BAD_ADDRESS, _BAD_GEMM = ErrorCode.BAD_ADDRESS, ErrorCode.BAD_GEMM
 
 
@@ -635,12 +755,15 @@ def _align_rule(field: str, words: str, when=lambda f: True) -> _Rule:
 _EVENT_RULES = (_event_rule("wait"), _event_rule("signal"))
 _DMA_RULES = (
     _Rule(_BAD_ADDRESS, _DMA,
-          lambda f, lim: (f["opcode"] == Opcode.STORE.value) & (f["dma.spad"] != Spad.OUT.value),
-          lambda f, cfg: f"STORE reads the OUT scratchpad only, got "
-                         f"spad={Spad(f['dma.spad']).name}"),
+          lambda f, lim: (f["opcode"] == Opcode.STORE.value) & ~_one_of(f["dma.spad"],
+                                                                         STORE_SPADS),
+          lambda f, cfg: f"STORE reads the {[s.name for s in STORE_SPADS]} scratchpads only, "
+                         f"got spad={Spad(f['dma.spad']).name}"),
     _Rule(_BAD_ADDRESS, _DMA,
-          lambda f, lim: (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == Spad.OUT.value),
-          lambda f, cfg: "LOAD cannot write the OUT scratchpad (the epilogue owns it)"),
+          lambda f, lim: (f["opcode"] == Opcode.LOAD.value) & ~_one_of(f["dma.spad"],
+                                                                        LOAD_SPADS),
+          lambda f, cfg: f"LOAD writes the {[s.name for s in LOAD_SPADS]} scratchpads only, "
+                         f"got spad={Spad(f['dma.spad']).name}"),
     _Rule(_BAD_ADDRESS, _DMA,
           lambda f, lim: (f["dma.rows"] < 1) | (f["dma.row_beats"] < 1),
           lambda f, cfg: f"{_kind(f)} of rows={f['dma.rows']} x "
@@ -687,7 +810,31 @@ _GEMM_ADDRESS_RULES = (
     _align_rule("out_addr", "out_words", lambda f: f["gemm.epilogue"] != _EPI_NONE),
     _align_rule("param_addr", "param_words", lambda f: reads_param(f["gemm.epilogue"])),
 )
-_DISPATCH_RULES = _EVENT_RULES + _DMA_RULES + _GEMM_FIELD_RULES + _GEMM_ADDRESS_RULES
+#: VEC: a row of at least one element, every range inside its scratchpad (elements).
+_VEC_RULES = (
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: f["vec.length"] < 1,
+          lambda f, cfg: f"VEC of length={f['vec.length']} is empty"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: _vec_end(f, "a") > lim.vin_elems,
+          lambda f, cfg: f"VEC row [{f['vec.a_addr']}, {_vec_end(f, 'a')}) exceeds VIN "
+                         f"({dispatch_limits(cfg).vin_elems} elements)"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: vec_reads_b(f["vec.func"]) & (_vec_end(f, "b") > lim.vin_elems),
+          lambda f, cfg: f"VEC operand [{f['vec.b_addr']}, {_vec_end(f, 'b')}) exceeds VIN "
+                         f"({dispatch_limits(cfg).vin_elems} elements)"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: (f["vec.func"] == VecFunc.SOFTMAX.value)
+          & (f["vec.imm"] > f["vec.length"]),
+          lambda f, cfg: f"SOFTMAX of {f['vec.imm']} valid positions in a row of "
+                         f"length={f['vec.length']}"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: _vec_dst_end(f) > lim.vout_elems,
+          lambda f, cfg: f"VEC results [{f['vec.dst_addr']}, {_vec_dst_end(f)}) exceed VOUT "
+                         f"({dispatch_limits(cfg).vout_elems} elements)"),
+)
+_DISPATCH_RULES = (_EVENT_RULES + _DMA_RULES + _GEMM_FIELD_RULES + _GEMM_ADDRESS_RULES
+                   + _VEC_RULES)
 _RULES_OF = {op: tuple(r for r in _DISPATCH_RULES if op in r.ops) for op in _BY_OPCODE}
 
 
@@ -716,21 +863,41 @@ def dispatch_error(ins: Instr, cfg: AcceleratorConfig) -> ErrorCode:
     :func:`check`.
     """
     f, lim = _fields_of(ins), dispatch_limits(cfg)
+    if _absent(ins, lim):
+        return ErrorCode.ILLEGAL_OPCODE
     for rule in _RULES_OF[ins.opcode]:
         if rule.bad(f, lim):
             return rule.code
     return ErrorCode.NONE
 
 
-def legal_words(f: dict):
-    """Which words decode (:func:`decode` raises for the others): a defined opcode, a SYNC
-    naming an engine, a GEMM naming an epilogue mode. ``f`` as from :func:`decode_fields`,
-    numpy arrays or Amaranth values (the fetch unit and its proof use it too)."""
+def _absent(ins: Instr, lim: DispatchLimits) -> str | None:
+    """Why an instruction object is ILLEGAL_OPCODE on a configuration (None if it is not):
+    its opcode's engine, or the engine a SYNC names, is absent (:func:`legal_words`; an
+    object's enum fields always name members)."""
+    if ins.opcode.value not in lim.opcodes:
+        return f"this accelerator has no engine for {ins.opcode.name} (no vector engine)"
+    if isinstance(ins, Sync) and ins.engine.value not in lim.engines:
+        return f"SYNC names engine {ins.engine.name}, which this accelerator does not have"
+    return None
+
+
+def legal_words(f: dict, lim: DispatchLimits):
+    """Which words a configuration runs (its :class:`DispatchLimits` ``lim``; the others are
+    ILLEGAL_OPCODE): an opcode it has (VEC only with a vector engine), a SYNC naming an engine
+    it has, a GEMM naming an epilogue mode, a LOAD or STORE naming a scratchpad, a VEC naming
+    a sub-op (:func:`decode` raises for every word that names no member). ``f`` as from
+    :func:`decode_fields`, numpy arrays or Amaranth values (the fetch unit and its proof use
+    it too)."""
     op = f["opcode"]
-    defined = functools.reduce(operator.or_, (op == o.value for o in _BY_OPCODE))
-    no_engine = (op == Opcode.SYNC.value) & (f["sync.engine"] > max(e.value for e in Engine))
+    defined = functools.reduce(operator.or_, (op == o for o in lim.opcodes))
+    engine = functools.reduce(operator.or_, (f["sync.engine"] == e for e in lim.engines))
+    no_engine = (op == Opcode.SYNC.value) & ~engine
     no_mode = (op == Opcode.GEMM.value) & (f["gemm.epilogue"] > max(EPILOGUE_VALUES))
-    return defined & ~no_engine & ~no_mode
+    is_dma = (op == Opcode.LOAD.value) | (op == Opcode.STORE.value)
+    no_spad = is_dma & (f["dma.spad"] > max(s.value for s in Spad))
+    no_func = (op == Opcode.VEC.value) & (f["vec.func"] > max(VEC_FUNC_VALUES))
+    return defined & ~no_engine & ~no_mode & ~no_spad & ~no_func
 
 
 def dispatch_errors(f: dict[str, np.ndarray], cfg: AcceleratorConfig) -> np.ndarray:
@@ -742,7 +909,7 @@ def dispatch_errors(f: dict[str, np.ndarray], cfg: AcceleratorConfig) -> np.ndar
     lim = dispatch_limits(cfg)
     op = f["opcode"]
     err = np.zeros(op.shape, dtype=np.int64)
-    np.putmask(err, ~legal_words(f), ErrorCode.ILLEGAL_OPCODE.value)
+    np.putmask(err, ~legal_words(f, lim), ErrorCode.ILLEGAL_OPCODE.value)
     # Consecutive rules with one code and opcode set are one flag: their order cannot matter.
     for (code, ops), rules in itertools.groupby(_DISPATCH_RULES, lambda r: (r.code, r.ops)):
         bad = functools.reduce(operator.or_, (r.bad(f, lim) for r in rules))
@@ -781,6 +948,9 @@ def check(ins: Instr, cfg: AcceleratorConfig) -> None:
             raise ISAError(f"{name}={ev}: events are 0..{cfg.num_events - 1} "
                            f"(None for no event)")
     f, lim = _fields_of(ins), dispatch_limits(cfg)
+    absent = _absent(ins, lim)
+    if absent:
+        raise ISAError(absent)
     if isinstance(ins, Gemm):
         _raise_first(_EVENT_RULES + _GEMM_FIELD_RULES, f, lim, cfg)
         # Before the start addresses: the ranges that begin at them.

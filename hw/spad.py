@@ -56,16 +56,23 @@ class Scratchpad(wiring.Component):
     core:
         ``"read"`` or ``"write"``: the direction of the compute core's port; the DMA port has
         the other one.
+    core_reads:
+        Read ports on the core side (``core == "read"``): 1, or 2 for the vector engine's VIN,
+        which reads an element of each of two operand rows per cycle (the memory is then
+        duplicated in block RAM: each copy has one read and one write port).
 
     Members
     -------
     core_rd or core_wr: Out(ReadPort.Signature | WritePort.Signature)
         Word port (``addr_width = ceil_log2(size_bytes // word_bytes)``), full-word writes.
+    core_rd1: Out(ReadPort.Signature)
+        The second core read port, with ``core_reads=2``.
     dma_rd or dma_wr: Out(ReadPort.Signature | WritePort.Signature)
         Beat port (``addr_width = ceil_log2(size_bytes // beat_bytes)``), full-beat writes.
     """
 
-    def __init__(self, *, size_bytes: int, word_bytes: int, beat_bytes: int, core: str):
+    def __init__(self, *, size_bytes: int, word_bytes: int, beat_bytes: int, core: str,
+                 core_reads: int = 1):
         for name, v in (("word_bytes", word_bytes), ("beat_bytes", beat_bytes)):
             if not isinstance(v, int) or not _is_pow2(v):
                 raise ValueError(f"{name} must be a power of two, got {v!r}")
@@ -75,6 +82,10 @@ class Scratchpad(wiring.Component):
                              f"got {size_bytes!r}")
         if core not in _DIRS:
             raise ValueError(f"core must be one of {_DIRS}, got {core!r}")
+        if core_reads not in ((1, 2) if core == "read" else (1,)):
+            raise ValueError(f"core_reads must be 1 (or 2 for a core-side reader), got "
+                             f"{core_reads!r} with core={core!r}")
+        self._core_reads = core_reads
         self._size = size_bytes
         self._word = word_bytes
         self._beat = beat_bytes
@@ -84,6 +95,8 @@ class Scratchpad(wiring.Component):
         super().__init__({
             _PORT[core].format("core"): Out(self._port_sig(core, word_bytes)),
             _PORT[dma].format("dma"): Out(self._port_sig(dma, beat_bytes)),
+            **{f"core_rd{k}": Out(self._port_sig("read", word_bytes))
+               for k in range(1, core_reads)},
         })
 
     def _port_sig(self, direction: str, port_bytes: int):
@@ -115,7 +128,6 @@ class Scratchpad(wiring.Component):
                                                init=[], attrs={"no_rw_check": 1})
         narrow_w = w_bytes < row
         wp = mem.write_port(granularity=8 if narrow_w else None)
-        rp = mem.read_port()
 
         # Writer: full rows, or its part of a row with byte enables.
         if narrow_w:
@@ -131,18 +143,21 @@ class Scratchpad(wiring.Component):
         else:
             m.d.comb += [wp.addr.eq(writer.addr), wp.data.eq(writer.data), wp.en.eq(writer.en)]
 
-        # Reader: full rows, or its part selected by address bits registered with the read.
-        m.d.comb += rp.en.eq(reader.en)
-        if r_bytes < row:
-            parts = row // r_bytes
-            sel_bits = ceil_log2(parts)
-            sel = Signal(sel_bits)
-            with m.If(reader.en):
-                m.d.sync += sel.eq(reader.addr[:sel_bits])
-            m.d.comb += [
-                rp.addr.eq(reader.addr[sel_bits:]),
-                reader.data.eq(rp.data.word_select(sel, 8 * r_bytes)),
-            ]
-        else:
-            m.d.comb += [rp.addr.eq(reader.addr), reader.data.eq(rp.data)]
+        # Readers: full rows, or their part selected by address bits registered with the read.
+        readers = [reader] + [getattr(self, f"core_rd{k}") for k in range(1, self._core_reads)]
+        for k, reader in enumerate(readers):
+            rp = mem.read_port()
+            m.d.comb += rp.en.eq(reader.en)
+            if r_bytes < row:
+                parts = row // r_bytes
+                sel_bits = ceil_log2(parts)
+                sel = Signal(sel_bits, name=f"sel{k}" if k else "sel")
+                with m.If(reader.en):
+                    m.d.sync += sel.eq(reader.addr[:sel_bits])
+                m.d.comb += [
+                    rp.addr.eq(reader.addr[sel_bits:]),
+                    reader.data.eq(rp.data.word_select(sel, 8 * r_bytes)),
+                ]
+            else:
+                m.d.comb += [rp.addr.eq(reader.addr), reader.data.eq(rp.data)]
         return m

@@ -22,7 +22,8 @@ Fetch
     imem_depth``). An undefined opcode, and a SYNC whose engine field is not an engine, is
     ILLEGAL_OPCODE. (The fetch pipeline reads and checks instructions ahead of dispatch, so
     ``a_i = d_{i-1} + 1`` holds whatever the check latency; only ``a_0`` shows it.)
-Engines (LOAD, COMPUTE, STORE), each in order, one instruction at a time
+Engines (LOAD, COMPUTE, STORE and, when the configuration has one, VECTOR), each in order,
+one instruction at a time
     *pop* ``p = max(d + 1, free)`` where ``free`` is the cycle after the previous instruction's
     execution (0 initially). The engine then waits from ``p + 1``: the *grant* ``g`` is ``p + 1``
     without a wait event, otherwise the first cycle ``>= p + 1`` in which the event counter
@@ -78,9 +79,12 @@ from hw.isa import (
     Load,
     Store,
     Sync,
+    Vec,
+    VecFunc,
     epilogue_words,
     gemm_geometry,
     gemm_geometry_fields,
+    vec_out_words,
 )
 
 __all__ = [
@@ -89,7 +93,8 @@ __all__ = [
     "load_cycles", "load_cycles_fields", "load_completion_delay", "store_cycles",
     "store_cycles_fields", "sync_cycles", "sync_cycles_fields", "gemm_step_cycles",
     "epilogue_cycles", "gemm_cycles", "gemm_cycles_fields", "mac_cycles_fields",
-    "VECTOR_LATENCY",
+    "VECTOR_LATENCY", "VEC_READ_LATENCY", "vec_cycles", "vec_cycles_fields",
+    "vec_elements_fields",
 ]
 
 #: Cycles from the host's ``start`` pulse to cycle 0 (hw/top.py): ``start`` is accepted in
@@ -236,3 +241,64 @@ VECTOR_LATENCY = {
     "sum": 2, "max": 2, "absmax": 2, "argmax": 2, "sumsq": 3,
     "add": 1, "mul": 2, "rope": 3, "scale": 4, "requant": 6,
 }
+
+#: Cycles from a VEC's read of a VIN element to the element entering its function unit (the
+#: scratchpad's synchronous read).
+VEC_READ_LATENCY = 1
+
+
+def _vec_cycles(func, length):
+    """:func:`vec_cycles` on ints or arrays. The engine reads one element (of each operand
+    row) per cycle in ``g + 1 .. g + length``; each enters its unit ``VEC_READ_LATENCY`` cycles
+    later. ADD writes each result as its unit gives it: the last one ``VECTOR_LATENCY["add"]``
+    cycles after the last element entered. ARGMAX writes its result's words one per cycle
+    from the cycle its unit gives it, ``VECTOR_LATENCY["argmax"]`` cycles after the last
+    element entered. The instruction ends with its last VOUT write."""
+    stream = length + VEC_READ_LATENCY
+    add = stream + VECTOR_LATENCY["add"]
+    argmax = (stream + VECTOR_LATENCY["argmax"]
+              + vec_out_words(VecFunc.ARGMAX.value, length) - 1)
+    # REQUANT: pass 1 into AbsMax; its result enters Recip in the cycle it is given (the
+    # scalar s is a bit of it); pass 2 reads from the cycle after Recip's result, into Requant,
+    # each code packed and a word written with the fourth code or the row's last; amax the
+    # cycle after.
+    requant = (stream + VECTOR_LATENCY["absmax"] + VECTOR_LATENCY["recip"]
+               + stream + VECTOR_LATENCY["requant"] + 1)
+    # SOFTMAX: pass 1 into Max, m as it comes out; pass 2 from the cycle after into Exp and
+    # Sum; Recip of the sum; pass 3 from the cycle after its result into Exp and Scale,
+    # written as they come out.
+    lat = VECTOR_LATENCY
+    softmax = (stream + lat["max"] + stream + lat["exp"] + lat["sum"] + lat["recip"]
+               + stream + lat["exp"] + lat["scale"])
+    # RMSNORM: pass 1 into AbsMax, s as amax comes out; pass 2 from the cycle after into SumSq;
+    # Rsqrt of the sum plus epsilon; pass 3 from the cycle after its result into Scale and Mul
+    # (the weight beside it), written as they come out.
+    rmsnorm = (stream + lat["absmax"] + stream + lat["sumsq"] + lat["rsqrt"]
+               + stream + lat["scale"] + lat["mul"])
+    # MUL: one pass through Mul(16). SILU_GATE: one pass, each element through Exp(30),
+    # Recip, Scale(60) and three Muls (e * s, g * sigmoid, * u), written as it comes out.
+    mul = stream + lat["mul"]
+    silu = stream + lat["exp"] + lat["recip"] + lat["scale"] + 3 * lat["mul"]
+    return ((func == VecFunc.ADD.value) * add + (func == VecFunc.ARGMAX.value) * argmax
+            + (func == VecFunc.MUL.value) * mul + (func == VecFunc.SILU_GATE.value) * silu
+            + (func == VecFunc.REQUANT.value) * requant
+            + (func == VecFunc.SOFTMAX.value) * softmax
+            + (func == VecFunc.RMSNORM.value) * rmsnorm)
+
+
+def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:
+    """VEC: stream the row through the sub-op's function unit, write the results to VOUT
+    (see :func:`_vec_cycles`)."""
+    return int(_vec_cycles(ins.func.value, ins.length))
+
+
+def vec_cycles_fields(f: dict, cfg: AcceleratorConfig):
+    """:func:`vec_cycles` from :func:`hw.isa.decode_fields` (ints or arrays)."""
+    return _vec_cycles(f["vec.func"], f["vec.length"])
+
+
+def vec_elements_fields(f: dict):
+    """Elements a VEC streams through its unit (``length``), from
+    :func:`hw.isa.decode_fields` (ints or arrays): what it adds to ``vector_elements`` when it
+    ends."""
+    return f["vec.length"]

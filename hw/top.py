@@ -7,10 +7,16 @@
     FetchUnit (imem, checks) -+-> InstrQueue -> EngineSequencer -> LoadEngine  <- DRAM read
                               +-> InstrQueue -> EngineSequencer -> ComputeCore
                               +-> InstrQueue -> EngineSequencer -> StoreEngine -> DRAM write
-    EventUnit: wait / signal of the three sequencers (the LOAD sequencer's signals delayed
+                             (+-> InstrQueue -> EngineSequencer -> VectorEngine)
+    EventUnit: wait / signal of the sequencers (the LOAD sequencer's signals delayed
                by the LoadEngine to the completion of its scratchpad writes)
     ACT, WGT, PARAM scratchpads: LoadEngine writes beats, ComputeCore reads words
     OUT scratchpad:              ComputeCore writes words, StoreEngine reads beats
+    VIN scratchpad:              LoadEngine writes beats, VectorEngine reads elements (2 ports)
+    VOUT scratchpad:             VectorEngine writes elements, StoreEngine reads beats
+
+The vector engine and its scratchpads exist only in configurations that have it
+(:attr:`hw.engines.EngineSpec.present`, :attr:`hw.config.AcceleratorConfig.has_vector`).
 
 A queue and a sequencer per engine of :data:`hw.engines.ENGINES`, its fetch port, its event
 ports and its counters are generated from that table; each engine's executor is entered in
@@ -32,7 +38,7 @@ any state or output, and a reset that reached all of them would be a net to near
 flip-flop, across the die (docs/synthesis.md). The reset is registered, one copy per block, so
 the machine's cycle 0 is the second cycle after ``start``.
 
-The counters of :data:`hw.counters.COUNTERS` take each cycle's increments one cycle later, and only
+The counters of :func:`hw.counters.counters` take each cycle's increments one cycle later, and only
 while the machine still runs, so the increments of the stop cycle itself are dropped (counters
 cover cycles ``0 .. cycles - 1``); the beat and MAC counters add an instruction's total when it
 ends.
@@ -49,10 +55,10 @@ from amaranth.utils import ceil_log2
 
 from hw.compute import ComputeCore
 from hw.config import AcceleratorConfig
-from hw.counters import COUNTER_BITS, COUNTERS, CounterLayout
+from hw.counters import COUNTER_BITS, counter_layout, counters
 from hw.dma import DramSignature, LoadEngine, StoreEngine
 from hw.engine import EngineSequencer
-from hw.engines import ENGINES
+from hw.engines import engines_of
 from hw.events import EventUnit
 from hw.fanout import replica
 from hw.fetch import FetchUnit
@@ -60,6 +66,7 @@ from hw.isa import INSTR_BITS, Engine, ErrorCode, GemmBody
 from hw.queues import InstrQueue, entry_layout
 from hw.spad import Scratchpad
 from hw.timing import START_LATENCY, STOP_DELAY
+from hw.vector.engine import VectorEngine
 
 __all__ = ["Accelerator", "host_ports", "HOST_STATUS"]
 
@@ -91,7 +98,7 @@ def host_ports(cfg: AcceleratorConfig) -> dict[str, wiring.Member]:
         "error": Out(ErrorCode),
         "error_pc": Out(range(cfg.imem_depth + 1)),
         "cycles": Out(COUNTER_BITS),
-        "counters": Out(CounterLayout),
+        "counters": Out(counter_layout(cfg)),
         "imem_wr": Out(memory.WritePort.Signature(addr_width=ceil_log2(cfg.imem_depth),
                                                   shape=unsigned(INSTR_BITS))),
     }
@@ -127,8 +134,8 @@ class Accelerator(wiring.Component):
         Index of the instruction that failed a dispatch check (0 for other errors).
     cycles: Out(COUNTER_BITS)
         Cycle in which the last run stopped (hw/timing.py).
-    counters: Out(CounterLayout)
-        Performance counters of the last run.
+    counters: Out(counter_layout(cfg))
+        Performance counters of the last run (:func:`hw.counters.counters`).
     imem_wr: Out(WritePort.Signature(addr_width=ceil_log2(imem_depth), shape=128))
         Host write port of the instruction memory.
     dram: Out(DramSignature(cfg))
@@ -180,33 +187,45 @@ class Accelerator(wiring.Component):
             return component
 
         fetch = block("fetch", FetchUnit(cfg))
-        # A queue and a sequencer per engine of the table (hw/engines.py), and its executor.
+        # A queue and a sequencer per engine of the table (hw/engines.py) that the
+        # configuration has, and its executor.
+        engines = engines_of(cfg)
         queues, seqs = {}, {}
-        for e in ENGINES:
+        for e in engines:
             queues[e.engine] = block(f"{e.name}_queue",
                                      InstrQueue(entry_layout(e.body_layout), cfg.queue_depth))
             seqs[e.engine] = block(f"{e.name}_seq",
                                    EngineSequencer(e.body_layout, cfg.num_events))
-        events = block("events", EventUnit(cfg.num_events, cfg.event_bits, ports=len(ENGINES)))
+        # The event unit's ports are the engines' values (the optional engines come last).
+        if [e.engine.value for e in engines] != list(range(len(engines))):
+            raise ValueError(f"the engines {[e.name for e in engines]} are not the first "
+                             f"{len(engines)} values of hw.isa.Engine")
+        events = block("events", EventUnit(cfg.num_events, cfg.event_bits, ports=len(engines)))
         load = block("load", LoadEngine(cfg))
         store = block("store", StoreEngine(cfg))
         core = block("core", self._compute(cfg))
         executors = {Engine.LOAD: load, Engine.COMPUTE: core, Engine.STORE: store}
-        if set(executors) != set(Engine):
-            raise ValueError(f"engines without an executor: "
-                             f"{sorted(e.name for e in set(Engine) - set(executors))}")
+        # (scratchpad, direction of its core-side port, core-side read ports)
+        spad_list = [("act", "read", 1), ("wgt", "read", 1), ("param", "read", 1),
+                     ("out", "write", 1)]
+        if cfg.has_vector:
+            vector = executors[Engine.VECTOR] = block("vector", VectorEngine(cfg))
+            spad_list += [("vin", "read", 2), ("vout", "write", 1)]
+        odd = set(executors) ^ {e.engine for e in engines}
+        if odd:
+            raise ValueError(f"engines without an executor, or executors without an engine: "
+                             f"{sorted(e.name for e in odd)}")
         spads = {}
-        for name, core_dir in (("act", "read"), ("wgt", "read"), ("param", "read"),
-                               ("out", "write")):
+        for name, core_dir, reads in spad_list:
             spads[name] = block(f"{name}_spad", Scratchpad(
                 size_bytes=getattr(cfg, f"{name}_spad_bytes"),
                 word_bytes=getattr(cfg, f"{name}_word_bytes"),
-                beat_bytes=cfg.beat_bytes, core=core_dir))
+                beat_bytes=cfg.beat_bytes, core=core_dir, core_reads=reads))
 
         # ---- wiring
         connect(m, wiring.flipped(self.imem_wr), fetch.imem_wr)
         m.d.comb += fetch.run.eq(running)
-        for e in ENGINES:
+        for e in engines:
             eng, seq, ex = e.engine, seqs[e.engine], executors[e.engine]
             connect(m, getattr(fetch, e.name), queues[eng].w)
             connect(m, queues[eng].r, seq.queue)
@@ -221,13 +240,19 @@ class Accelerator(wiring.Component):
             connect(m, seq.cmd, ex.cmd)
             m.d.comb += seq.done.eq(ex.done)
         # Engines that complete late have instructions in flight after they end.
-        in_flight = Cat(executors[e.engine].in_flight for e in ENGINES
+        in_flight = Cat(executors[e.engine].in_flight for e in engines
                         if e.completion is not None).any()
         for name in ("act", "wgt", "param"):
             connect(m, getattr(load, f"{name}_wr"), spads[name].dma_wr)
             connect(m, getattr(core, f"{name}_rd"), spads[name].core_rd)
         connect(m, core.out_wr, spads["out"].core_wr)
         connect(m, store.out_rd, spads["out"].dma_rd)
+        if cfg.has_vector:
+            connect(m, load.vin_wr, spads["vin"].dma_wr)
+            connect(m, vector.vin_a, spads["vin"].core_rd)
+            connect(m, vector.vin_b, spads["vin"].core_rd1)
+            connect(m, vector.vout_wr, spads["vout"].core_wr)
+            connect(m, store.vout_rd, spads["vout"].dma_rd)
         # ---- stop conditions (hw/timing.py: Done, Deadlock, errors, Stop)
         # Dispatch errors come from registered state and stop the machine in the cycle they
         # arise. Done and a deadlock (states the machine never leaves) are registered in `ended`
@@ -293,10 +318,12 @@ class Accelerator(wiring.Component):
             "mac_cycles": Mux(core.done, mac_acc + core.mac, 0),
             "instructions": fetch.dispatched,
         }
-        for e in ENGINES:
+        if cfg.has_vector:
+            incs["vector_elements"] = Mux(vector.done, vector.elements, 0)
+        for e in engines:
             incs[e.exec_counter] = seqs[e.engine].executing
             incs[e.wait_counter] = seqs[e.engine].waiting
-        assert set(incs) == set(COUNTERS), set(COUNTERS) ^ set(incs)
+        assert set(incs) == set(counters(cfg)), set(counters(cfg)) ^ set(incs)
         for name, value in incs.items():
             pend = Signal(value.shape(), name=f"inc_{name}")
             counter = getattr(self.counters, name)

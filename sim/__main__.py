@@ -20,7 +20,7 @@ import numpy as np
 
 from hw.cli import OneLineParser, command
 from hw.config import WEIGHT_BITS, AcceleratorConfig, ConfigError, NMPattern
-from hw.engines import ENGINES
+from hw.engines import engines_of
 from hw.format import (
     FormatError,
     WeightFormat,
@@ -65,7 +65,7 @@ def report(cfg: AcceleratorConfig, r, lp, fmt: WeightFormat, seconds: float) -> 
              f"({plan.tokens / (cyc / (cfg.clock_mhz * 1e6)):,.1f} tokens/s)   "
              f"[simulated in {seconds * 1e3:.1f} ms]",
              f"{'engine':<10}{'busy':>12}{'waiting':>12}{'idle':>12}"]
-    for spec in ENGINES:
+    for spec in engines_of(cfg):
         e, busy, wait = spec.name, c[spec.exec_counter], c[spec.wait_counter]
         lines.append(f"{e:<10}{busy / cyc:>11.1%}{wait / cyc:>12.1%}"
                      f"{(cyc - busy - wait) / cyc:>12.1%}")

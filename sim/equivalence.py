@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from hw.config import AcceleratorConfig
-from hw.counters import COUNTERS
 from hw.isa import encode
 from sim.result import RunResult
 
@@ -40,7 +39,7 @@ def compare_results(a: RunResult, b: RunResult, names=("model", "rtl")) -> Misma
         if getattr(a, f) != getattr(b, f):
             out.append(f"{f}: {names[0]}={getattr(a, f)} {names[1]}={getattr(b, f)}")
     if a.error == b.error and a.ok:
-        for k in COUNTERS:
+        for k in sorted(set(a.counters) | set(b.counters), key=str):
             if a.counters.get(k) != b.counters.get(k):
                 out.append(f"counter {k}: {names[0]}={a.counters.get(k)} "
                            f"{names[1]}={b.counters.get(k)}")

@@ -28,13 +28,26 @@ from hw.isa import (
     Opcode,
     Spad,
     Store,
+    Vec,
+    VecFunc,
     bias_row_bytes,
     gemm_geometry,
 )
-from hw.numerics import add_bias_wide, requantize_int8, wrap
+from hw.numerics import (
+    add_bias_wide,
+    requantize_int8,
+    vec_add,
+    vec_argmax,
+    vec_mul,
+    vec_requant,
+    vec_rmsnorm,
+    vec_silu_gate,
+    vec_softmax,
+    wrap,
+)
 
 __all__ = ["MachineState", "WeightCache", "Step", "prepare", "exec_load", "exec_store",
-           "exec_gemm", "decode_gemm_weights"]
+           "exec_gemm", "exec_vec", "decode_gemm_weights"]
 
 #: float64 represents every integer of magnitude below 2**53 exactly.
 F64_EXACT = 1 << 53
@@ -44,6 +57,7 @@ F64_EXACT = 1 << 53
 _SPAD_BYTES = {sp: f"{sp.name.lower()}_spad_bytes" for sp in Spad}
 #: Indices of the scratchpads in ``MachineState.spad_arrays``.
 _ACT, _WGT, _OUT, _PARAM = Spad.ACT.value, Spad.WGT.value, Spad.OUT.value, Spad.PARAM.value
+_VIN, _VOUT = Spad.VIN.value, Spad.VOUT.value
 
 
 @dataclass
@@ -464,12 +478,69 @@ def _epilogue(st: MachineState, ins: Gemm) -> None:
         step(st)
 
 
+def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
+    """:func:`exec_vec` of ``ins``, prepared. VIN and VOUT hold little-endian int32 elements;
+    addresses count elements. The arithmetic is :mod:`hw.numerics`' (int64 in, int32 out:
+    every result fits, the sums saturated to 32 bits, the index below 2**16)."""
+    n, a0, b0, d0 = ins.length, 4 * ins.a_addr, 4 * ins.b_addr, 4 * ins.dst_addr
+
+    def row(st: MachineState, start: int) -> np.ndarray:
+        return st.spad_arrays[_VIN][start:start + 4 * n].view("<i4").astype(np.int64)
+
+    def put(st: MachineState, values: np.ndarray) -> None:
+        data = np.asarray(values, dtype=np.int64).astype("<i4").view(np.uint8)
+        st.spad_arrays[_VOUT][d0:d0 + data.size] = data
+
+    if ins.func == VecFunc.ADD:
+        def add(st: MachineState) -> None:
+            put(st, vec_add(row(st, a0), row(st, b0)))
+        return add
+    if ins.func == VecFunc.MUL:
+        def mul(st: MachineState) -> None:
+            put(st, vec_mul(row(st, a0), row(st, b0)))
+        return mul
+    if ins.func == VecFunc.SILU_GATE:
+        def silu_gate(st: MachineState) -> None:
+            put(st, vec_silu_gate(row(st, a0), row(st, b0)))
+        return silu_gate
+    if ins.func == VecFunc.REQUANT:
+        def requant(st: MachineState) -> None:
+            codes, amax = vec_requant(row(st, a0))
+            data = np.zeros(-(-n // 4) * 4 + 4, dtype=np.uint8)   # codes, padding, amax
+            data[:n] = codes.view(np.uint8)
+            data[-4:] = np.array([amax], dtype="<u4").view(np.uint8)
+            st.spad_arrays[_VOUT][d0:d0 + data.size] = data
+        return requant
+    if ins.func == VecFunc.SOFTMAX:
+        valid = np.arange(n) < ins.imm
+
+        def softmax(st: MachineState) -> None:
+            put(st, vec_softmax(row(st, a0)[None], valid[None])[0])
+        return softmax
+    if ins.func == VecFunc.RMSNORM:
+        def rmsnorm(st: MachineState) -> None:
+            put(st, vec_rmsnorm(row(st, a0)[None], row(st, b0), ins.imm)[0])
+        return rmsnorm
+
+    def argmax(st: MachineState) -> None:
+        x = row(st, a0)
+        i = vec_argmax(x)
+        put(st, np.array([i, x[i]]))
+    return argmax
+
+
+def exec_vec(st: MachineState, ins: Vec) -> None:
+    """One vector-engine pass: VIN rows -> VOUT (:class:`hw.isa.VecFunc`)."""
+    _prepare_vec(ins, st.cfg)(st)
+
+
 #: The semantics of every opcode that moves data (:data:`hw.engines.OPS`, all but the ``sync``
 #: ones), as a function ``(ins, cfg) -> Step``.
 _PREPARE: dict[Opcode, Callable[[Instr, AcceleratorConfig], Step]] = {
     Opcode.LOAD: _prepare_load,
     Opcode.STORE: _prepare_store,
     Opcode.GEMM: _prepare_gemm,
+    Opcode.VEC: _prepare_vec,
 }
 if set(_PREPARE) != {op.opcode for op in OPS if not op.sync}:
     raise ContractError(f"sim.functional has semantics for {sorted(o.name for o in _PREPARE)}, "

@@ -23,7 +23,7 @@ from threadpoolctl import ThreadpoolController
 
 from hw import timing
 from hw.config import AcceleratorConfig
-from hw.counters import COUNTERS
+from hw.counters import counters
 from hw.engines import (
     ENGINES,
     WORK_COUNTERS,
@@ -288,7 +288,7 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
     if stop is None and end_dispatch is None:
         held = timing.FETCH_LATENCY if last_d is None else last_d + 1
     return Schedule(cycles, error, error_pc, times,
-                    _counters(times, work[:nd], cycles, held), detail)
+                    _counters(times, work[:nd], cycles, held, cfg), detail)
 
 
 def _deadlock(waits, times, order, pos, settled, fetch_i, end_dispatch, last_d, sig,
@@ -346,9 +346,12 @@ def _event_overflow(cfg, waits, signals, times, cycles, error, error_pc, detail)
     return cycles, error, error_pc, detail
 
 
-def _counters(times: np.ndarray, work: np.ndarray, cycles: int, held) -> dict[str, int]:
-    """Counter values at the end of the run (cycles before ``cycles``), vectorised."""
-    c = dict.fromkeys(COUNTERS, 0)
+def _counters(times: np.ndarray, work: np.ndarray, cycles: int, held,
+              cfg: AcceleratorConfig) -> dict[str, int]:
+    """Counter values at the end of the run (cycles before ``cycles``), vectorised: those of
+    :func:`hw.counters.counters` (an absent engine's have no instruction to count)."""
+    names = counters(cfg)
+    c = dict.fromkeys(names, 0)
     eng, avail, disp, pop, grant, end, _ = times.T
     if held is not None and held < cycles:
         c["fetch_stall"] += cycles - held
@@ -360,11 +363,13 @@ def _counters(times: np.ndarray, work: np.ndarray, cycles: int, held) -> dict[st
     busy = np.where(granted, np.maximum(0, np.minimum(end + 1, cycles) - (grant + 1)), 0)
     finished = on_engine & granted & (end < cycles)
     for e, spec in enumerate(ENGINES):
-        mine = on_engine & (eng == e)
-        c[spec.wait_counter] = int(wait[mine].sum())
-        c[spec.exec_counter] = int(busy[mine].sum())
+        if spec.exec_counter in c:
+            mine = on_engine & (eng == e)
+            c[spec.wait_counter] = int(wait[mine].sum())
+            c[spec.exec_counter] = int(busy[mine].sum())
     for name, total in zip(WORK_COUNTERS, work[finished].sum(axis=0), strict=True):
-        c[name] = int(total)
+        if name in c:
+            c[name] = int(total)
     return c
 
 

@@ -3,8 +3,11 @@
 A program is a set of independent *chains*, each owning a disjoint slice of every scratchpad and
 of the DRAM output area. A chain repeats tasks -- load ACT/WGT/PARAM data, run 1-3 GEMMs with
 random fields, store OUT to DRAM -- linked by three events (loads -> compute -> store -> next
-loads), so every instruction that touches data another one touches is ordered by events or by
-its engine's order: programs are race-free, and their result is defined bit for bit. Chains
+loads); on a configuration with a vector engine some tasks are vector tasks instead -- load VIN
+rows, run 1-3 VECs with random sub-ops, rows and addresses, store VOUT to DRAM -- linked by
+three events of their own. Every instruction that touches data another one touches is ordered
+by events or by its engine's order: programs are race-free, and their result is defined bit
+for bit. Chains
 interleave in program order and run concurrently on the engines. Random SYNCs add extra
 cross-engine dependencies. Every wait refers to a signal earlier in program order, so valid
 programs never deadlock; :func:`break_program` makes the invalid variants (illegal words, bad
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw.config import AcceleratorConfig, MemoryModel
+from hw.engines import engines_of
 from hw.isa import (
     NO_EVENT,
     End,
@@ -30,17 +34,24 @@ from hw.isa import (
     Spad,
     Store,
     Sync,
+    Vec,
+    VecFunc,
     check,
+    dispatch_limits,
     encode,
     field_location,
     gemm_extents,
+    vec_out_words,
+    vec_reads_b,
 )
+from hw.numerics import norm_eps
 
 __all__ = ["RandomProgram", "random_config", "random_program", "break_program",
            "EQUIVALENCE_CONFIGS"]
 
-#: Two array shapes (8 and 16 lanes) with different memories, queues and pattern sets; small
-#: buffers and DRAM keep RTL runs fast.
+#: Two array shapes (8 and 16 lanes) with different memories, queues and pattern sets, the
+#: second with a vector engine (the first, without one, checks its absence); small buffers and
+#: DRAM keep RTL runs fast.
 EQUIVALENCE_CONFIGS = {
     "2x4": AcceleratorConfig(
         rows=2, cols=4, max_tokens=4, act_spad_bytes=1024, wgt_spad_bytes=4096,
@@ -50,7 +61,8 @@ EQUIVALENCE_CONFIGS = {
         rows=4, cols=4, max_tokens=8, patterns=("1:4", "2:4", "3:4", "2:8", "1:16"),
         act_spad_bytes=2048, wgt_spad_bytes=4096, out_spad_bytes=2048, param_spad_bytes=512,
         queue_depth=3, num_events=16, event_bits=3, imem_depth=512,
-        memory=MemoryModel(bytes_per_cycle=16, latency=11, size_bytes=1 << 15)),
+        memory=MemoryModel(bytes_per_cycle=16, latency=11, size_bytes=1 << 15),
+        vin_spad_bytes=1024, vout_spad_bytes=512),
 }
 
 
@@ -124,56 +136,115 @@ def _inside(g: Gemm, cfg: AcceleratorConfig, regions) -> bool:
                for spad, end in gemm_extents(g, cfg).items())
 
 
+def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Vec:
+    """A VEC with a random sub-op whose rows lie inside the chain's VIN and VOUT regions
+    (element addresses; VIN and VOUT words are one element)."""
+    per_beat = cfg.beat_bytes // cfg.vin_word_bytes
+    i0, i1 = (b * per_beat for b in regions["vin"])
+    o0, o1 = (b * per_beat for b in regions["vout"])
+    func = VecFunc(int(rng.choice([f.value for f in VecFunc])))
+    length = int(rng.integers(1, min(i1 - i0, o1 - o0) + 1))
+    if rng.random() < 0.3:  # short rows, where the pipeline's fill and drain overlap most
+        length = int(rng.integers(1, 4))
+    out = int(vec_out_words(func.value, length))
+    imm = 0
+    if func == VecFunc.SOFTMAX:    # valid positions: none, some, all
+        imm = int(rng.choice([0, length, int(rng.integers(0, length + 1))]))
+    elif func == VecFunc.RMSNORM:  # epsilon: none, a model's, a large one
+        imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
+    return Vec(func=func, length=length, imm=imm,
+               a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)),
+               b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1))
+               if vec_reads_b(func.value) else 0,
+               dst_addr=o0 + int(rng.integers(0, o1 - o0 - out + 1)))
+
+
+def _random_loads(cfg, rng, regions, spads, half, wait) -> list[Load]:
+    """A LOAD into the chain's region of each of ``spads`` (random rows, strides, DRAM
+    addresses in the lower half); the first waits on ``wait``."""
+    loads = []
+    for k, spad in enumerate(spads):
+        s0, s1 = regions[spad.name.lower()]
+        span = s1 - s0
+        start = s0 + int(rng.integers(0, max(1, span // 4)))
+        beats = int(rng.integers(1, s1 - start + 1))
+        rows = int(rng.integers(1, 4))
+        row_beats = max(1, beats // rows)
+        rows = min(rows, (s1 - start) // row_beats)
+        stride = row_beats + int(rng.integers(0, 3))
+        dmax = half - ((rows - 1) * stride + row_beats)
+        loads.append(Load(spad=spad, spad_addr=start, rows=rows, row_beats=row_beats,
+                          dram_stride=stride, dram_addr=int(rng.integers(0, dmax)),
+                          wait=wait if k == 0 else None))
+    return loads
+
+
+def _random_store(cfg, rng, regions, spad: Spad, base: int, out_span: int, wait, signal
+                  ) -> Store:
+    """A STORE of the chain's region of ``spad`` to its DRAM output area from ``base``."""
+    o0, o1 = regions[spad.name.lower()]
+    rows = int(rng.integers(1, 3))
+    row_beats = max(1, int(rng.integers(1, o1 - o0 + 1)) // rows)
+    dmax = out_span - ((rows - 1) * row_beats * 2 + row_beats)
+    return Store(spad=spad, spad_addr=o0, rows=rows, row_beats=row_beats,
+                 dram_stride=row_beats * 2, dram_addr=base + int(rng.integers(0, max(1, dmax))),
+                 wait=wait, signal=signal)
+
+
 def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: int = 2,
-                   tasks: int = 3, syncs: float = 0.3) -> RandomProgram:
-    """A race-free, deadlock-free program with ``chains`` concurrent chains of ``tasks``."""
+                   tasks: int = 3, syncs: float = 0.3, vector: float = 0.4) -> RandomProgram:
+    """A race-free, deadlock-free program with ``chains`` concurrent chains of ``tasks``; on a
+    configuration with a vector engine, each task is a vector task with probability
+    ``vector``."""
     dram = rng.integers(0, 256, size=cfg.memory.size_bytes, dtype=np.uint8)
     half = cfg.dram_beats // 2          # inputs below, chain outputs above
     out_span = (cfg.dram_beats - half) // chains
-    if cfg.num_events < 3 * chains + 2:
-        raise ValueError(f"need {3 * chains + 2} events for {chains} chains")
+    kinds = 6 if cfg.has_vector else 3  # events per chain
+    if cfg.num_events < kinds * chains + 2:
+        raise ValueError(f"need {kinds * chains + 2} events for {chains} chains")
     ev = [(3 * c, 3 * c + 1, 3 * c + 2) for c in range(chains)]  # loads->gemm->store->loads
-    next_event = 3 * chains
+    # loads->vec->store->loads
+    vev = [(3 * (chains + c), 3 * (chains + c) + 1, 3 * (chains + c) + 2) for c in range(chains)]
+    next_event = kinds * chains
     sync_events: dict[tuple[Engine, Engine], int] = {}
     pending_sync: list[tuple[Engine, int]] = []
     per_chain: list[list[list[Instr]]] = []
+    spads = ("act", "wgt", "out", "param") + (("vin", "vout") if cfg.has_vector else ())
     for c in range(chains):
-        regions = {s: _region(cfg, s, c, chains) for s in ("act", "wgt", "out", "param")}
+        regions = {s: _region(cfg, s, c, chains) for s in spads}
+        # The chain's DRAM output area: GEMM tasks store to its first half, vector tasks to
+        # its second.
+        base = half + c * out_span
+        span = out_span // 2 if cfg.has_vector else out_span
         chain_tasks = []
-        for t in range(tasks):
-            task: list[Instr] = []
-            for k, spad in enumerate((Spad.WGT, Spad.ACT, Spad.PARAM)):
-                s0, s1 = regions[spad.name.lower()]
-                span = s1 - s0
-                start = s0 + int(rng.integers(0, max(1, span // 4)))
-                beats = int(rng.integers(1, s1 - start + 1))
-                rows = int(rng.integers(1, 4))
-                row_beats = max(1, beats // rows)
-                rows = min(rows, (s1 - start) // row_beats)
-                stride = row_beats + int(rng.integers(0, 3))
-                dmax = half - ((rows - 1) * stride + row_beats)
-                task.append(Load(spad=spad, spad_addr=start, rows=rows, row_beats=row_beats,
-                                 dram_stride=stride, dram_addr=int(rng.integers(0, dmax)),
-                                 wait=ev[c][2] if (k == 0 and t > 0) else None))
-            task[-1] = Load(**{**task[-1].__dict__, "signal": ev[c][0]})
-            gemms = [_random_gemm(cfg, rng, regions) for _ in range(int(rng.integers(1, 4)))]
-            gemms[0] = Gemm(**{**gemms[0].__dict__, "wait": ev[c][0]})
-            gemms[-1] = Gemm(**{**gemms[-1].__dict__, "signal": ev[c][1]})
-            task += gemms
-            o0, o1 = regions["out"]
-            rows = int(rng.integers(1, 3))
-            row_beats = max(1, int(rng.integers(1, o1 - o0 + 1)) // rows)
-            base = half + c * out_span
-            dmax = out_span - ((rows - 1) * row_beats * 2 + row_beats)
-            task.append(Store(spad=Spad.OUT, spad_addr=o0, rows=rows, row_beats=row_beats,
-                              dram_stride=row_beats * 2,
-                              dram_addr=base + int(rng.integers(0, max(1, dmax))),
-                              wait=ev[c][1], signal=ev[c][2]))
+        started = {"gemm": False, "vec": False}
+        for _t in range(tasks):
+            if cfg.has_vector and rng.random() < vector:
+                e = vev[c]
+                task: list[Instr] = _random_loads(cfg, rng, regions, (Spad.VIN,), half,
+                                                  e[2] if started["vec"] else None)
+                ops: list[Instr] = [_random_vec(cfg, rng, regions)
+                                    for _ in range(int(rng.integers(1, 4)))]
+                store = (Spad.VOUT, base + span)
+                started["vec"] = True
+            else:
+                e = ev[c]
+                task = _random_loads(cfg, rng, regions, (Spad.WGT, Spad.ACT, Spad.PARAM), half,
+                                     e[2] if started["gemm"] else None)
+                ops = [_random_gemm(cfg, rng, regions) for _ in range(int(rng.integers(1, 4)))]
+                store = (Spad.OUT, base)
+                started["gemm"] = True
+            task[-1] = Load(**{**task[-1].__dict__, "signal": e[0]})
+            ops[0] = type(ops[0])(**{**ops[0].__dict__, "wait": e[0]})
+            ops[-1] = type(ops[-1])(**{**ops[-1].__dict__, "signal": e[1]})
+            task += ops
+            task.append(_random_store(cfg, rng, regions, store[0], store[1], span,
+                                      wait=e[1], signal=e[2]))
             chain_tasks.append(task)
         per_chain.append(chain_tasks)
     # Interleave chains task by task, sprinkle matched SYNC pairs between them.
     program: list[Instr] = []
-    engines = list(Engine)
+    engines = [e.engine for e in engines_of(cfg)]
     for t in range(tasks):
         for c in rng.permutation(chains):
             program += per_chain[c][t]
@@ -203,19 +274,33 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
     prog = list(rp.program)
     pos = int(rng.integers(0, len(prog)))
     if kind == "illegal":
-        if rng.random() < 0.75:  # an undefined opcode
+        if rng.random() < 0.75:  # an opcode this configuration does not run
             rest = int.from_bytes(rng.bytes(16), "little") >> 3  # random bits above the opcode
-            word = int(rng.choice([0, 6, 7])) | (rest << 3)
-        else:  # a GEMM whose epilogue field names no mode
+            absent = [o for o in range(1 << 3) if o not in dispatch_limits(cfg).opcodes]
+            word = int(rng.choice(absent)) | (rest << 3)
+        elif not cfg.has_vector or rng.random() < 0.5:  # a GEMM naming no epilogue mode
             offset, width = field_location("gemm.epilogue")
             undefined = int(rng.integers(len(EpilogueMode), 1 << width))
             word = encode(Gemm()) & ~(((1 << width) - 1) << offset) | (undefined << offset)
+        else:  # a VEC naming no sub-op
+            offset, width = field_location("vec.func")
+            undefined = int(rng.integers(len(VecFunc), 1 << width))
+            word = encode(Vec()) & ~(((1 << width) - 1) << offset) | (undefined << offset)
         prog.insert(pos, word)
     elif kind == "bad_field":
         choices = [Gemm(pattern=len(cfg.pattern_table)), Load(spad=Spad.OUT),
                    Sync(engine=Engine.LOAD, signal=cfg.num_events),
                    Load(spad=Spad.ACT, spad_addr=cfg.spad_beats("act")),
-                   Gemm(tokens=cfg.max_tokens + 1), Store(spad=Spad.WGT)]
+                   Gemm(tokens=cfg.max_tokens + 1), Store(spad=Spad.WGT),
+                   Load(spad=Spad.VOUT), Store(spad=Spad.VIN)]
+        vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
+        if cfg.has_vector:  # fields out of range
+            choices += [Vec(length=0), Vec(func=VecFunc.ARGMAX, a_addr=vin - 1, length=2),
+                        Vec(b_addr=vin, length=1),
+                        Vec(dst_addr=cfg.vout_spad_bytes // cfg.vout_word_bytes - 1, length=2)]
+        else:               # the absent engine, its opcode and its scratchpads
+            choices += [Vec(), Sync(engine=Engine.VECTOR), Load(spad=Spad.VIN),
+                        Store(spad=Spad.VOUT)]
         prog.insert(pos, choices[int(rng.integers(len(choices)))])
     elif kind == "no_end":
         prog = prog[:-1]
@@ -225,12 +310,15 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
         free = [e for e in range(cfg.num_events) if e not in used]
         if not free:
             free = [cfg.num_events - 1]
-        prog.insert(pos, Sync(engine=Engine(int(rng.integers(len(Engine)))), wait=free[0]))
+        engines = engines_of(cfg)
+        prog.insert(pos, Sync(engine=engines[int(rng.integers(len(engines)))].engine,
+                              wait=free[0]))
     elif kind == "overflow":
         used = {i.wait for i in prog if not isinstance(i, int)} | \
             {i.signal for i in prog if not isinstance(i, int)}
         e = next((e for e in range(cfg.num_events) if e not in used), NO_EVENT - 1)
-        eng = Engine(int(rng.integers(len(Engine))))
+        engines = engines_of(cfg)
+        eng = engines[int(rng.integers(len(engines)))].engine
         prog[pos:pos] = [Sync(engine=eng, signal=e)] * (1 << cfg.event_bits)
     else:
         raise ValueError(f"unknown breakage {kind!r}")

@@ -11,7 +11,7 @@ import pytest
 
 from hw import engines as table
 from hw import timing
-from hw.counters import COUNTERS, CounterLayout
+from hw.counters import COUNTERS, CounterLayout, counter_layout, counters
 from hw.engines import (
     ENGINE,
     ENGINES,
@@ -21,6 +21,7 @@ from hw.engines import (
     completion_delay,
     engine_of,
     engines_fields,
+    engines_of,
     exec_cycles,
     work_fields,
 )
@@ -35,6 +36,8 @@ from hw.isa import (
     Opcode,
     Store,
     Sync,
+    Vec,
+    VecFunc,
     decode_fields,
     program_words,
 )
@@ -45,6 +48,8 @@ from sim.model import schedule
 from sim.random_programs import EQUIVALENCE_CONFIGS, random_program
 
 CFG = EQUIVALENCE_CONFIGS["2x4"]
+#: A configuration with every engine of the table (the vector engine is optional).
+FULL = EQUIVALENCE_CONFIGS["4x4"]
 
 
 def test_every_queued_opcode_is_in_the_table_once():
@@ -83,23 +88,45 @@ def test_an_inconsistent_table_is_refused_naming_the_entry(monkeypatch, field, v
 
 def test_counter_names_derive_from_the_table():
     per_engine = [n for e in ENGINES for n in (f"{e.name}_exec", f"{e.name}_wait")]
-    assert COUNTERS == (*per_engine, "fetch_stall", *WORK_COUNTERS, "instructions")
+    assert counters(FULL) == (*per_engine, "fetch_stall", *WORK_COUNTERS, "instructions")
     assert list(WORK_COUNTERS) == [n for op in OPS for n in op.work]
+    assert [name for name, _ in counter_layout(FULL)] == list(counters(FULL))
+    # without the vector engine: none of its counters (the default's, the board's)
+    absent = {"vector_exec", "vector_wait", "vector_elements"}
+    assert set(counters(FULL)) - set(counters(CFG)) == absent
+    assert COUNTERS == counters(CFG) == tuple(n for n in counters(FULL) if n not in absent)
     assert [name for name, _ in CounterLayout] == list(COUNTERS)
 
 
-def test_the_fetch_unit_has_a_port_per_engine_with_its_body():
-    members = FetchUnit(CFG).signature.members
-    for e in ENGINES:
-        assert members[e.name].signature.members["payload"].shape == \
-            entry_layout(e.body_layout), e
+def test_presence_is_the_table_s():
+    """The vector engine is optional: present exactly when the configuration has its
+    scratchpads; the others always are."""
+    assert [e.engine for e in engines_of(CFG)] == [Engine.LOAD, Engine.COMPUTE, Engine.STORE]
+    assert [e.engine for e in engines_of(FULL)] == list(Engine)
+    assert not CFG.has_vector and FULL.has_vector
 
 
-def test_the_elaborated_top_has_a_queue_and_a_sequencer_per_engine():
-    """Every engine of the table has its queue and sequencer block in the design, with its
-    body, and a wait and a signal port of the event unit."""
-    machine = Accelerator(CFG).elaborate(None).submodules["machine"]
+@pytest.mark.parametrize("cfg", [CFG, FULL], ids=["no-vector", "vector"])
+def test_the_fetch_unit_has_a_port_per_engine_with_its_body(cfg):
+    members = FetchUnit(cfg).signature.members
     for e in ENGINES:
+        assert (e.name in members) == e.present(cfg), e
+        if e.present(cfg):
+            assert members[e.name].signature.members["payload"].shape == \
+                entry_layout(e.body_layout), e
+
+
+@pytest.mark.parametrize("cfg", [CFG, FULL], ids=["no-vector", "vector"])
+def test_the_elaborated_top_has_a_queue_and_a_sequencer_per_engine(cfg):
+    """Every engine of the table the configuration has has its queue and sequencer block in
+    the design, with its body, and a wait and a signal port of the event unit; an absent one
+    has none (nor its scratchpads)."""
+    machine = Accelerator(cfg).elaborate(None).submodules["machine"]
+    for e in ENGINES:
+        if not e.present(cfg):
+            assert not _has(machine, f"{e.name}_queue"), e
+            assert not _has(machine, f"{e.name}_seq"), e
+            continue
         queue = machine.submodules[f"{e.name}_queue"]
         seq = machine.submodules[f"{e.name}_seq"]
         assert queue.signature.members["w"].signature.members["payload"].shape == \
@@ -107,12 +134,22 @@ def test_the_elaborated_top_has_a_queue_and_a_sequencer_per_engine():
         assert seq.signature.members["cmd"].signature.members["payload"].shape == \
             e.body_layout, e
     events = machine.submodules["events"]
-    assert len(events.wait) == len(events.signal) == len(ENGINES)
+    assert len(events.wait) == len(events.signal) == len(engines_of(cfg))
+    assert _has(machine, "vin_spad") == _has(machine, "vout_spad") == cfg.has_vector
+
+
+def _has(module, name: str) -> bool:
+    """The elaborated module has a submodule ``name``."""
+    try:
+        module.submodules[name]
+    except AttributeError:
+        return False
+    return True
 
 
 def test_a_sync_on_every_engine_lands_in_its_column_of_the_fast_model():
     prog = [Sync(engine=e.engine) for e in ENGINES] + [End()]
-    s = schedule(prog, CFG)
+    s = schedule(prog, FULL)
     assert s.error.name == "NONE"
     assert list(s.times[:-1, 0]) == [e.engine.value for e in ENGINES]
     assert [t.engine for t in s.timings[:-1]] == [e.engine for e in ENGINES]
@@ -127,7 +164,7 @@ def test_engine_and_work_arrays_equal_the_scalar_definitions():
     """The array twins the fast model uses agree with each opcode's scalar definition on the
     instructions of random programs."""
     rng = np.random.default_rng(5)
-    prog = random_program(CFG, rng, chains=2, tasks=4).program
+    prog = random_program(FULL, rng, chains=2, tasks=6).program
     f = decode_fields(program_words(prog))
     eng, work = engines_fields(f), work_fields(f)
     col = {name: j for j, name in enumerate(WORK_COUNTERS)}
@@ -142,6 +179,8 @@ def test_engine_and_work_arrays_equal_the_scalar_definitions():
             want["dram_write_beats"] = ins.rows * ins.row_beats
         elif isinstance(ins, Gemm):
             want["mac_cycles"] = ins.k_steps * ins.tokens
+        elif isinstance(ins, Vec):
+            want["vector_elements"] = ins.length
         assert {n: int(work[i, col[n]]) for n in WORK_COUNTERS} == want, ins
 
 
@@ -151,8 +190,8 @@ def test_timing_dispatch_follows_the_table():
         want = 0 if e.completion is None else e.completion(CFG)
         assert completion_delay(e.engine, CFG) == want, e
     for ins in (Load(rows=2, row_beats=3), Store(rows=2, row_beats=3), Gemm(k_steps=5),
-                Sync()):
-        assert exec_cycles(ins, CFG) == OP[ins.opcode].cycles(ins, CFG), ins
+                Sync(), Vec(func=VecFunc.ARGMAX, length=7)):
+        assert exec_cycles(ins, FULL) == OP[ins.opcode].cycles(ins, FULL), ins
     with pytest.raises(TypeError, match="End does not execute on an engine"):
         exec_cycles(End(), CFG)
 

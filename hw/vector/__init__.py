@@ -60,6 +60,9 @@ SiLU-gate of ``g`` and ``u`` (:func:`hw.numerics.vec_silu_gate`), elementwise::
     sig = s if g >= 0 else Mul(30)(e, s)
     y = Mul(16)(Mul(30)(g, sig), u)
 
+The vector engine (:mod:`hw.vector.engine`) runs these sequences as VEC instructions
+(:class:`hw.isa.VecFunc`), with the scalar steps in its sequencer.
+
 RoPE is one :class:`~hw.vector.elementwise.Rope` pass (the partner element read from the other
 half of the head); the residual add one :class:`~hw.vector.elementwise.Add` pass; greedy
 sampling one :class:`~hw.vector.reduce.ArgMax` pass over the logits.

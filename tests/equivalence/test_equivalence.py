@@ -1,7 +1,8 @@
 """Equivalence harness: fast model (level 2) == Verilator RTL (level 3), bit and cycle exact.
 
 Random valid programs (every instruction, every N:M pattern of two array shapes, all
-epilogues, INT4/INT8, symmetric/asymmetric/raw weights, concurrent chains and SYNCs) and broken
+epilogues, INT4/INT8, symmetric/asymmetric/raw weights, every vector sub-op on the shape with a
+vector engine, concurrent chains and SYNCs) and broken
 ones (illegal words, bad fields, missing END, deadlocks, event overflows) run on both backends;
 errors, error pcs, cycles, every counter and the final DRAM must be identical. A mismatch is
 shrunk to a minimal program and saved under build/equivalence/ for replay.
@@ -16,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from hw.isa import EpilogueMode
+from hw.isa import EpilogueMode, VecFunc
 from hw.numerics import add_bias_wide, gemm_acc, wrap
 from sim.equivalence import compare_results, minimize, write_reproducer
 from sim.model import FastModel
@@ -101,7 +102,14 @@ def test_every_pattern_and_instruction_is_covered(backends):
                 seen.add(("asym", ins.asym))
                 seen.add(("raw", ins.group_steps == 0))
                 seen.add(("accumulate", ins.accumulate))
+            if type(ins).__name__ == "Vec":
+                seen.add(("vec", ins.func.name, ins.length > 1))
+            if type(ins).__name__ in ("Load", "Store"):
+                seen.add((type(ins).__name__, ins.spad.name))
     need = {"Load", "Store", "Gemm", "Sync", "End", "illegal"}
+    if cfg.has_vector:
+        need |= {("vec", f.name, many) for f in VecFunc for many in (False, True)}
+        need |= {("Load", "VIN"), ("Store", "VOUT")}
     need |= {("pattern", i) for i in range(len(cfg.pattern_table))}
     need |= {("epilogue", e.name, many) for e in EpilogueMode for many in (False, True)}
     need |= {(f, v) for f in ("int8", "asym", "raw", "accumulate") for v in (True, False)}

@@ -8,6 +8,7 @@ import random
 from amaranth.sim import Simulator
 
 from hw.config import AcceleratorConfig, MemoryModel
+from hw.engines import engines_of
 from hw.isa import (
     End,
     Engine,
@@ -110,7 +111,7 @@ def random_program(rng: random.Random, cfg: AcceleratorConfig, n: int, *,
     the oldest blocked instruction can always proceed.
     """
     n_ev = min(cfg.num_events, 6)
-    engines = list(Engine)
+    engines = [e.engine for e in engines_of(cfg)]
     producer = {e: rng.choice(engines) for e in range(n_ev)}
     consumer = {e: rng.choice(engines) for e in range(n_ev)}
     credits = dict.fromkeys(range(n_ev), 0)

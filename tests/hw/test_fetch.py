@@ -13,10 +13,11 @@ from control_testutil import random_dma, random_gemm, run_sim, small_config, wid
 
 from hw import timing
 from hw.config import AcceleratorConfig
-from hw.engines import ENGINES, engine_of
+from hw.engines import engine_of, engines_of
 from hw.fetch import FetchUnit
 from hw.isa import (
     NO_EVENT,
+    STORE_SPADS,
     DmaBody,
     End,
     Engine,
@@ -29,6 +30,7 @@ from hw.isa import (
     Spad,
     Store,
     Sync,
+    VecBody,
     decode,
     dispatch_error,
     encode,
@@ -61,7 +63,7 @@ def random_word(rng: random.Random, cfg: AcceleratorConfig) -> int:
                                 rng.randrange(32)]))
     dma_limits = {"rows": 4, "row_beats": 4, "spad_addr": cfg.spad_beats("param"),
                   "dram_addr": cfg.dram_beats, "dram_stride": cfg.dram_beats // 2,
-                  "spad": 4}
+                  "spad": 5}
     for name, limit in dma_limits.items():
         if rng.random() < 0.7:
             f = DmaBody[name]
@@ -74,6 +76,13 @@ def random_word(rng: random.Random, cfg: AcceleratorConfig) -> int:
         if rng.random() < 0.5:
             f = GemmBody[name]
             word = _set(word, _BODY + f.offset, f.width, _near(rng, limit, f.width))
+    vin, vout = cfg.vin_spad_bytes // 4, cfg.vout_spad_bytes // 4
+    vec_limits = {"func": 4, "a_addr": vin - 8, "b_addr": vin - 8, "dst_addr": vout - 8,
+                  "length": 8, "imm": 8}
+    for name, limit in vec_limits.items():
+        if rng.random() < 0.6:
+            f = VecBody[name]
+            word = _set(word, _BODY + f.offset, f.width, _near(rng, max(limit, 0), f.width))
     return word
 
 
@@ -84,7 +93,7 @@ def boundary_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
     words = []
     for spad in Spad:
         beats = cfg.spad_beats(spad.name.lower())
-        for _ in range(3):
+        for _ in range(3 if beats else 0):   # (no VIN, VOUT without a vector engine)
             rows = rng.randint(1, 4)
             row_beats = rng.randint(1, max(1, beats // rows))
             stride = rng.choice([rng.randrange(1 << 17), rng.randrange(row_beats + 1),
@@ -98,7 +107,7 @@ def boundary_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
                                      (spad_inside, cfg.dram_beats + delta)):
                     if s_end < rows * row_beats or d_end < span:
                         continue
-                    cls = Store if spad is Spad.OUT else Load
+                    cls = Store if spad in STORE_SPADS else Load
                     words.append(encode(cls(spad=spad, rows=rows, row_beats=row_beats,
                                             spad_addr=s_end - rows * row_beats,
                                             dram_addr=d_end - span, dram_stride=stride)))
@@ -108,7 +117,7 @@ def boundary_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
 def expected_error(word: int, cfg: AcceleratorConfig) -> ErrorCode:
     try:
         ins = decode(word)
-    except (ISAError, ValueError):  # undefined opcode; SYNC of engine 3
+    except (ISAError, ValueError):  # undefined opcode, spad, epilogue or sub-op
         return ErrorCode.ILLEGAL_OPCODE
     return dispatch_error(ins, cfg)
 
@@ -138,12 +147,13 @@ class FetchBench:
         ctx.set(self.fetch.run, 1)
 
     def streams(self):
-        return {e.engine: getattr(self.fetch, e.name) for e in ENGINES}
+        return {e.engine: getattr(self.fetch, e.name) for e in engines_of(self.fetch.cfg)}
 
 
 _CONFIGS = {"small": small_config(), "wide": wide_config(), "default": AcceleratorConfig(),
             "beat4": small_config(memory={"bytes_per_cycle": 4, "latency": 2,
-                                          "size_bytes": 1 << 12})}
+                                          "size_bytes": 1 << 12}),
+            "vector": small_config(vin_spad_bytes=512, vout_spad_bytes=256)}
 
 
 @pytest.mark.parametrize("name", sorted(_CONFIGS))
@@ -195,10 +205,10 @@ def test_checks_match_dispatch_error(name):
 def test_dispatch_timing(seed):
     """Random queue back-pressure: a_0 = FETCH_LATENCY, d_i = first cycle >= a_i with space,
     a_{i+1} = d_i + 1; stalls are flagged; nothing is dispatched after END."""
-    cfg = small_config()
+    cfg = small_config(vin_spad_bytes=256, vout_spad_bytes=256) if seed else small_config()
     rng = random.Random(seed)
-    prog = [Sync(engine=rng.choice(list(Engine)), signal=rng.choice([None, 1]))
-            for _ in range(25)] + [End()]
+    prog = [Sync(engine=rng.choice([e.engine for e in engines_of(cfg)]),
+                 signal=rng.choice([None, 1])) for _ in range(25)] + [End()]
     bench = FetchBench(cfg)
 
     async def tb(ctx):

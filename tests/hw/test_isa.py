@@ -92,8 +92,8 @@ def test_opcode_zero_is_illegal_and_events_default_to_none():
 
 
 @pytest.mark.parametrize("ins, needle", [
-    (Load(spad=Spad.OUT, rows=1, row_beats=1), "cannot write the OUT"),
-    (Store(spad=Spad.ACT, rows=1, row_beats=1), "OUT scratchpad only"),
+    (Load(spad=Spad.OUT, rows=1, row_beats=1), "LOAD writes the .* only, got spad=OUT"),
+    (Store(spad=Spad.ACT, rows=1, row_beats=1), "STORE reads the .* only, got spad=ACT"),
     (Load(spad=Spad.ACT, rows=0, row_beats=1), "empty"),
     (Load(spad=Spad.ACT, spad_addr=CFG.spad_beats("act"), rows=1, row_beats=1),
      "exceeds ACT"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from hw import timing
-from hw.engines import ENGINES, completion_delay, engine_of, exec_cycles
+from hw.engines import ENGINES, completion_delay, engine_of, engines_of, exec_cycles
 from hw.isa import End, ErrorCode, dispatch_error
 
 IDLE, WAIT, EXEC = "idle", "wait", "exec"
@@ -30,7 +30,7 @@ def run_reference(prog, cfg, max_cycles=200_000):
     completing = []    # (cycle, signal event or None) of instructions ended, not completed
     pc, avail, ended = 0, timing.FETCH_LATENCY, None
     names = [e.name for e in ENGINES]
-    ctr = {f"{n}_{k}": 0 for n in names for k in ("exec", "wait")}
+    ctr = {f"{e.name}_{k}": 0 for e in engines_of(cfg) for k in ("exec", "wait")}
     ctr.update(fetch_stall=0, instructions=0)
     for c in range(max_cycles):
         # ---- done / deadlock on the registered state of this cycle

@@ -1,0 +1,369 @@
+"""The vector engine's executor: VEC instructions over the VIN and VOUT scratchpads.
+
+A VEC runs as one to three *passes* over its row of ``L = length`` elements, each streaming
+the row (from ``a_addr``; ADD's second operand and RMSNORM's weight from ``b_addr`` beside it,
+through VIN's second read port) through function units of :mod:`hw.vector`, one element per
+cycle, the units' outputs never stalled. With the command transferred in cycle ``g`` (the
+grant; :class:`hw.engine.EngineSequencer`):
+
+read
+    pass 1 reads element ``i`` in ``g + 1 + i``; a later pass starts the cycle after the
+    per-row scalar it needs comes out of its unit (below) and reads one element per cycle;
+unit
+    each element enters its unit :data:`hw.timing.VEC_READ_LATENCY` cycles after its read
+    (the scratchpad's read register), with ``last`` on the row's final element;
+write
+    the results go to VOUT from ``dst_addr``, one word per cycle as they come out.
+
+=========  =================================================================================
+ADD        ``Add(a, b)``, written as it comes out
+ARGMAX     ``ArgMax``; its index and then its maximum written in two cycles
+REQUANT    pass 1 ``AbsMax``; as ``amax`` comes out, ``s = bitlen(amax) - 31`` (0, or 1 for
+           ``amax = 2**31``: bit 31) and ``Recip(amax >> s)``; pass 2 ``Requant(33)`` with
+           ``r, sh, s``; codes packed four to a word (code ``i`` in byte ``i % 4``, a word
+           written with its fourth code or the row's last, zeros above), then ``amax``
+SOFTMAX    positions ``i >= imm`` are masked (``-ACT_MAX`` into Max, exponential 0);
+           pass 1 ``Max``, ``m`` as it comes out; pass 2 ``Exp(16)(x, m)`` into
+           ``Sum(unsigned(17))``; ``Recip`` of the sum; pass 3 ``Exp(16)(x, m)`` into
+           ``Scale(16)`` with ``r, sh`` (the exponentials are computed again rather than kept)
+MUL        ``Mul(16)(a, b)``, written as it comes out
+SILU_GATE  one pass, each element ``g`` (with ``u`` from ``b_addr``) through ``Exp(30)(min(g,
+           0), max(g, 0))``, ``Recip(2**30 + e)``, ``Scale(60)(1, r, sh)`` (the sigmoid of
+           ``|g|``), ``Mul(30)(e, s)`` (the sigmoid of ``-|g|``, chosen for ``g < 0``),
+           ``Mul(30)(g, sigmoid)`` and ``Mul(16)(silu, u)``, the operands carried beside
+RMSNORM    pass 1 ``AbsMax``, ``s = max(0, bitlen(amax) - 17)`` as it comes out and ``eps >>
+           2s``; pass 2 ``SumSq(x, s)``; ``Rsqrt`` of the sum plus ``eps >> 2s`` (``r = 0``
+           for a sum of 0); pass 3 ``Scale(30)(x, r, sh + s)`` into ``Mul(30, b_bits=33)``
+           with the weight, read beside ``x`` and delayed by Scale's latency
+=========  =================================================================================
+
+(:func:`hw.numerics.vec_add`, :func:`~hw.numerics.vec_argmax`,
+:func:`~hw.numerics.vec_requant`, :func:`~hw.numerics.vec_softmax`,
+:func:`~hw.numerics.vec_rmsnorm`; the sequences are those of :mod:`hw.vector`'s docstring.)
+``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
+engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
+:data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.lib import memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from hw import timing
+from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
+from hw.isa import VecBody, VecFunc, vec_out_words
+from hw.numerics import ACT_BITS, ACT_FRAC, ACT_MAX, NORM_FRAC
+from hw.vector.elementwise import Add, Mul, Requant, Scale
+from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
+from hw.vector.tables import Exp, Recip, Rsqrt
+
+__all__ = ["VectorEngine"]
+
+#: Longest row a VEC names (its ``length`` field).
+_MAX_LENGTH = 1 << VecBody["length"].width
+
+
+def _word_port(elements: int, direction: str):
+    """An element port of a vector scratchpad, as the engine sees it (it drives the
+    address)."""
+    cls = memory.ReadPort if direction == "read" else memory.WritePort
+    return In(cls.Signature(addr_width=ceil_log2(elements),
+                            shape=unsigned(8 * VECTOR_WORD_BYTES)))
+
+
+def _delay(m: Module, value: Value, n: int, name: str) -> Value:
+    """``value`` delayed by ``n`` cycles (the units never stall: plain registers)."""
+    value = Value.cast(value)
+    for k in range(n):
+        r = Signal(value.shape(), name=f"{name}{k + 1}")
+        m.d.sync += r.eq(value)
+        value = r
+    return value
+
+
+class VectorEngine(wiring.Component):
+    """VIN rows -> function units -> VOUT, one VEC instruction at a time.
+
+    Parameters
+    ----------
+    cfg:
+        The accelerator configuration; it must have a vector engine
+        (:attr:`hw.config.AcceleratorConfig.has_vector`).
+
+    Members
+    -------
+    cmd: In(stream.Signature(VecBody))
+        VEC bodies (already checked by fetch); ``ready`` while no instruction is in progress.
+        Transfer cycle ``g``.
+    done: Out(1)
+        Pulse in ``g + hw.timing.vec_cycles(ins, cfg)``, with the last VOUT write.
+    elements: Out(16)
+        The current instruction's ``length`` (what it adds to ``vector_elements`` when
+        ``done`` pulses).
+    vin_a, vin_b: In(ReadPort.Signature(...))
+        Element read ports of VIN (the row; ADD's second operand, RMSNORM's weight).
+    vout_wr: In(WritePort.Signature(...))
+        Element write port of VOUT.
+    """
+
+    #: Registers between a VIN read and its element entering a unit (the memory's).
+    READ_LATENCY = 1
+    #: VOUT words ARGMAX writes: the index, then the maximum.
+    ARGMAX_WORDS = 2
+
+    def __init__(self, cfg: AcceleratorConfig):
+        if not isinstance(cfg, AcceleratorConfig):
+            raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
+        if not cfg.has_vector:
+            raise ValueError("this configuration has no vector engine (vin_spad_bytes = 0)")
+        if timing.VEC_READ_LATENCY != self.READ_LATENCY:
+            raise ValueError(f"hw.timing.VEC_READ_LATENCY={timing.VEC_READ_LATENCY} does not "
+                             f"match the vector engine's {self.READ_LATENCY}-cycle VIN read")
+        words = int(vec_out_words(VecFunc.ARGMAX.value, 1))
+        if words != self.ARGMAX_WORDS:
+            raise ValueError(f"hw.isa.vec_out_words(ARGMAX)={words} is not the vector "
+                             f"engine's {self.ARGMAX_WORDS} result words")
+        self._cfg = cfg
+        self._units = {
+            "add": Add(),
+            "argmax": ArgMax(signed(ACT_BITS), max_len=_MAX_LENGTH),
+            "absmax": AbsMax(signed(ACT_BITS)),
+            "recip": Recip(),
+            "requant": Requant(ACT_BITS + 1),   # x >> s with s in {0, 1}: 33-bit x
+            "max": Max(signed(ACT_BITS)),
+            "exp": Exp(ACT_FRAC),
+            "sum": Sum(unsigned(ACT_FRAC + 1), max_len=_MAX_LENGTH),
+            "scale16": Scale(ACT_FRAC),
+            "sumsq": SumSq(max_len=_MAX_LENGTH),
+            "rsqrt": Rsqrt(),
+            "scale30": Scale(NORM_FRAC),
+            "mul": Mul(NORM_FRAC, b_bits=ACT_BITS + 1),
+            "mul16": Mul(ACT_FRAC),
+            "exp30": Exp(NORM_FRAC),
+            "scale60": Scale(2 * NORM_FRAC),
+            "mul_es": Mul(NORM_FRAC),
+            "mul_gs": Mul(NORM_FRAC),
+        }
+        vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
+        vout = cfg.vout_spad_bytes // cfg.vout_word_bytes
+        super().__init__({
+            "cmd": In(stream.Signature(VecBody)),
+            "done": Out(1),
+            "elements": Out(VecBody["length"].width),
+            "vin_a": _word_port(vin, "read"),
+            "vin_b": _word_port(vin, "read"),
+            "vout_wr": _word_port(vout, "write"),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        u = self._units
+        for name, unit in u.items():
+            m.submodules[name] = unit
+            m.d.comb += unit.o.ready.eq(1)
+        body = self.cmd.payload
+        width = VecBody["a_addr"].width
+
+        active = Signal()     # from the command to the last write
+        issuing = Signal()    # reading the row
+        func = Signal(VecFunc)
+        phase = Signal(range(3))   # the pass (0: the first)
+        a_ptr = Signal(width)
+        b_ptr = Signal(width)
+        a_base = Signal(width)
+        b_base = Signal(width)
+        dst = Signal(VecBody["dst_addr"].width)
+        left = Signal(VecBody["length"].width)   # elements still to read after this one
+        idx = Signal(VecBody["length"].width)    # the element read now
+        imm = Signal(VecBody["imm"].width)
+        length = self.elements
+
+        is_ = {f: func == f for f in VecFunc}
+        m.d.comb += self.cmd.ready.eq(~active)
+        with m.If(~active):
+            # The payload is stable from the cycle after the pop (hw.engine): copied while idle.
+            m.d.sync += [func.eq(body.func), a_ptr.eq(body.a_addr), b_ptr.eq(body.b_addr),
+                         a_base.eq(body.a_addr), b_base.eq(body.b_addr),
+                         dst.eq(body.dst_addr), left.eq(body.length - 1), idx.eq(0),
+                         length.eq(body.length), imm.eq(body.imm), phase.eq(0)]
+            with m.If(self.cmd.valid):
+                m.d.sync += [active.eq(1), issuing.eq(1)]
+
+        # ---- read: one element (of each operand row) per cycle
+        m.d.comb += [self.vin_a.addr.eq(a_ptr), self.vin_a.en.eq(issuing),
+                     self.vin_b.addr.eq(b_ptr), self.vin_b.en.eq(issuing)]
+        with m.If(issuing):
+            m.d.sync += [a_ptr.eq(a_ptr + 1), b_ptr.eq(b_ptr + 1), left.eq(left - 1),
+                         idx.eq(idx + 1)]
+            with m.If(left == 0):
+                m.d.sync += issuing.eq(0)
+        next_pass = Signal()   # a per-row scalar is ready: the next pass reads from next cycle
+        with m.If(next_pass):
+            m.d.sync += [issuing.eq(1), a_ptr.eq(a_base), b_ptr.eq(b_base),
+                         left.eq(length - 1), idx.eq(0), phase.eq(phase + 1)]
+
+        # ---- the element enters its units with the read data (READ_LATENCY = 1 register)
+        valid = Signal()
+        last = Signal()
+        inrow = Signal()       # SOFTMAX: a valid position (idx < imm)
+        m.d.sync += [valid.eq(issuing), last.eq(issuing & (left == 0)), inrow.eq(idx < imm)]
+        x = self.vin_a.data.as_signed()
+        b = self.vin_b.data.as_signed()
+        p1, p2, p3 = valid & (phase == 0), valid & (phase == 1), valid & (phase == 2)
+
+        def feed(unit, when, **payload):
+            m.d.comb += unit.i.valid.eq(when)
+            for k, v in payload.items():
+                m.d.comb += getattr(unit.i.payload, k).eq(v)
+
+        feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
+        feed(u["argmax"], valid & is_[VecFunc.ARGMAX], x=x, last=last)
+        feed(u["absmax"], p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM]), x=x, last=last)
+
+        # -- per-row scalars, registered as their units give them
+        amax = Signal(ACT_BITS, reset_less=True)
+        shift = Signal(range(SUMSQ_SHIFT_MAX + 2), reset_less=True)  # RMSNORM: up to 15
+        r = Signal.like(u["recip"].o.payload.r, reset_less=True)
+        sh = Signal.like(u["recip"].o.payload.sh, reset_less=True)
+        top = Signal(signed(ACT_BITS), reset_less=True)          # Max's m
+        eps = Signal(VecBody["imm"].width, reset_less=True)      # eps >> 2s
+        ss_zero = Signal(reset_less=True)
+        y = u["absmax"].o.payload.y
+        bitlen = Signal(range(ACT_BITS + 1))
+        m.d.comb += bitlen.eq(ACT_BITS - _leading_zeros(m, y))
+        with m.If(u["absmax"].o.valid):
+            m.d.sync += amax.eq(y)
+            with m.If(is_[VecFunc.REQUANT]):
+                m.d.sync += shift.eq(y[ACT_BITS - 1])                 # bitlen(amax) - 31
+            with m.Else():
+                s = Mux(bitlen > ACT_FRAC + 1, bitlen - (ACT_FRAC + 1), 0)
+                m.d.sync += [shift.eq(s), eps.eq(imm >> (2 * s)[:6])]
+        with m.If(u["max"].o.valid):
+            m.d.sync += top.eq(u["max"].o.payload.y)
+        big = y[ACT_BITS - 1]
+        silu = is_[VecFunc.SILU_GATE]
+        e30 = u["exp30"].o.payload.y
+        feed(u["recip"], Mux(is_[VecFunc.REQUANT], u["absmax"].o.valid,
+                             Mux(silu, u["exp30"].o.valid, u["sum"].o.valid)),
+             x=Mux(is_[VecFunc.REQUANT], y >> big,
+                   Mux(silu, (1 << NORM_FRAC) + e30, u["sum"].o.payload.y)))
+        ss = u["sumsq"].o.payload.y + eps
+        feed(u["rsqrt"], u["sumsq"].o.valid, x=ss)
+        with m.If(u["sumsq"].o.valid):
+            m.d.sync += ss_zero.eq(ss == 0)
+        with m.If(u["recip"].o.valid):
+            m.d.sync += [r.eq(u["recip"].o.payload.r), sh.eq(u["recip"].o.payload.sh)]
+        with m.If(u["rsqrt"].o.valid):
+            m.d.sync += [r.eq(Mux(ss_zero, 0, u["rsqrt"].o.payload.r)),
+                         sh.eq(u["rsqrt"].o.payload.sh + shift)]
+        m.d.comb += next_pass.eq(
+            (is_[VecFunc.REQUANT] & u["recip"].o.valid)
+            | (is_[VecFunc.SOFTMAX] & (u["max"].o.valid | u["recip"].o.valid))
+            | (is_[VecFunc.RMSNORM] & (u["absmax"].o.valid | u["rsqrt"].o.valid)))
+
+        # -- REQUANT pass 2
+        feed(u["requant"], p2 & is_[VecFunc.REQUANT], x=x, r=r, sh=sh, s=shift)
+        # -- SOFTMAX: masked Max; Exp into Sum (pass 2) or Scale(16) (pass 3)
+        sm = is_[VecFunc.SOFTMAX]
+        feed(u["max"], p1 & sm, x=Mux(inrow, x, -ACT_MAX), last=last)
+        feed(u["exp"], (p2 | p3) & sm, a=Mux(inrow, x, top), b=top)
+        exp_lat = u["exp"].latency
+        e_last, e_in = _delay(m, last, exp_lat, "e_last"), _delay(m, inrow, exp_lat, "e_in")
+        e = Mux(e_in, u["exp"].o.payload.y, 0)
+        feed(u["sum"], u["exp"].o.valid & (phase == 1), x=e, last=e_last)
+        feed(u["scale16"], u["exp"].o.valid & (phase == 2), x=e, r=r, sh=sh)
+        p_last = _delay(m, e_last, u["scale16"].latency, "p_last")
+        # -- RMSNORM: SumSq (pass 2); Scale(30) and Mul with the delayed weight (pass 3)
+        rn = is_[VecFunc.RMSNORM]
+        feed(u["sumsq"], p2 & rn, x=x, shift=shift, last=last)
+        feed(u["scale30"], p3 & rn, x=x, r=r, sh=sh)
+        w = _delay(m, b, u["scale30"].latency, "w")
+        n_last = _delay(m, last & rn, u["scale30"].latency, "n_last")
+        feed(u["mul"], u["scale30"].o.valid, a=u["scale30"].o.payload.y, b=w)
+        y_last = _delay(m, n_last, u["mul"].latency, "y_last")
+
+        # -- MUL; SILU_GATE: every unit's operands carried beside it (the units never stall)
+        feed(u["exp30"], valid & silu, a=Mux(x[-1], x, 0), b=Mux(x[-1], 0, x))
+        lat = {k: v.latency for k, v in u.items()}
+        at_recip = lat["exp30"]
+        at_scale = at_recip + lat["recip"]
+        at_mul_es = at_scale + lat["scale60"]
+        at_mul_gs = at_mul_es + lat["mul_es"]
+        at_mul_u = at_mul_gs + lat["mul_gs"]
+        e_es = _delay(m, e30, lat["recip"] + lat["scale60"], "silu_e")
+        g_gs = _delay(m, x, at_mul_gs, "silu_g")
+        u_mu = _delay(m, b, at_mul_u, "silu_u")
+        s_last = _delay(m, last & silu, at_mul_u + lat["mul16"], "silu_last")
+        feed(u["scale60"], u["recip"].o.valid & silu, x=1, r=u["recip"].o.payload.r,
+             sh=u["recip"].o.payload.sh)
+        sig_pos = u["scale60"].o.payload.y
+        feed(u["mul_es"], u["scale60"].o.valid, a=e_es, b=sig_pos)
+        sig = Mux(g_gs[-1], u["mul_es"].o.payload.y,
+                  _delay(m, sig_pos, lat["mul_es"], "silu_s"))
+        feed(u["mul_gs"], u["mul_es"].o.valid, a=g_gs, b=sig)
+        mul = is_[VecFunc.MUL]   # Mul(16): MUL's row, or the SiLU-gate's last step
+        feed(u["mul16"], (valid & mul) | u["mul_gs"].o.valid,
+             a=Mux(mul, x, u["mul_gs"].o.payload.y), b=Mux(mul, b, u_mu))
+        mul_last = _delay(m, last & is_[VecFunc.MUL], lat["mul16"], "mul_last")
+
+        # ---- write
+        add_last = _delay(m, last & is_[VecFunc.ADD], u["add"].latency, "add_last")
+        code_last = _delay(m, last & is_[VecFunc.REQUANT] & (phase == 1),
+                           u["requant"].latency, "code_last")
+        # ARGMAX: the index now, the maximum next cycle
+        second = Signal()
+        arg_top = Signal(signed(ACT_BITS), reset_less=True)
+        m.d.sync += second.eq(u["argmax"].o.valid)
+        with m.If(u["argmax"].o.valid):
+            m.d.sync += arg_top.eq(u["argmax"].o.payload.y)
+        # REQUANT: codes packed four to a word; amax the cycle after the last code
+        nbytes = VECTOR_WORD_BYTES
+        packed = Signal(8 * nbytes, reset_less=True)   # this word's codes so far
+        byte = Signal(range(nbytes))                   # the next code's byte
+        rq = u["requant"].o
+        code = rq.payload.a.as_unsigned()
+        word = packed | (code << (byte * 8))[:8 * nbytes]
+        word_full = rq.valid & ((byte == nbytes - 1) | code_last)
+        amax_write = Signal()
+        m.d.sync += amax_write.eq(rq.valid & code_last)
+        with m.If(rq.valid):
+            m.d.sync += [packed.eq(Mux(word_full, 0, word)),
+                         byte.eq(Mux(word_full, 0, byte + 1))]
+        with m.If(~active):
+            m.d.sync += [packed.eq(0), byte.eq(0)]
+
+        sources = [  # (write enable, data, the instruction's last write)
+            (u["add"].o.valid, u["add"].o.payload.y, add_last),
+            (u["argmax"].o.valid, u["argmax"].o.payload.index, 0),
+            (second, arg_top, 1),
+            (word_full, word, 0),
+            (amax_write, amax, 1),
+            (u["scale16"].o.valid, u["scale16"].o.payload.y, p_last),   # 0 where masked
+            (u["mul"].o.valid, u["mul"].o.payload.y, y_last),
+            (u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last),
+        ]
+        data = 0
+        for en, value, _ in reversed(sources):
+            data = Mux(en, value, data)
+        write = Cat(en for en, _, _ in sources).any()
+        done = Cat(en & end for en, _, end in sources).any()
+        m.d.comb += [self.vout_wr.addr.eq(dst), self.vout_wr.en.eq(write),
+                     self.vout_wr.data.eq(data), self.done.eq(done)]
+        with m.If(write):
+            m.d.sync += dst.eq(dst + 1)
+        with m.If(done):
+            m.d.sync += active.eq(0)
+        return m
+
+
+def _leading_zeros(m: Module, y: Value) -> Value:
+    """The leading zeros of unsigned ``y`` (its width for 0): a priority encoder."""
+    y = Value.cast(y)
+    n = y.shape().width
+    count = Value.cast(n)
+    for k in range(n):            # the highest set bit wins: scan upwards, later overrides
+        count = Mux(y[k], n - 1 - k, count)
+    return count

@@ -1,0 +1,311 @@
+# amaranth: UnusedElaboratable=no
+"""The vector engine: its ISA (codec, presence, dispatch checks), its timing and its executor.
+
+The executor (:class:`hw.vector.engine.VectorEngine`) runs in an Amaranth simulation with its
+VIN and VOUT scratchpads: each VEC must end (``done``) exactly ``hw.timing.vec_cycles`` after
+its command, and VOUT must hold the bytes :func:`sim.functional.exec_vec` computes with
+:mod:`hw.numerics`, on random rows (saturating sums, ties and extreme values included).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amaranth import Elaboratable, Module
+from amaranth.lib.wiring import connect
+from amaranth.sim import Simulator
+
+from hw import timing
+from hw.config import AcceleratorConfig, ConfigError
+from hw.engines import ENGINE, engines_of, exec_cycles
+from hw.isa import (
+    Engine,
+    ErrorCode,
+    ISAError,
+    Load,
+    Opcode,
+    Spad,
+    Store,
+    Sync,
+    Vec,
+    VecFunc,
+    check,
+    decode,
+    decode_fields,
+    dispatch_error,
+    dispatch_errors,
+    encode,
+    field_location,
+    program_words,
+    vec_out_words,
+)
+from hw.numerics import norm_eps
+from hw.spad import Scratchpad
+from hw.vector.engine import VectorEngine
+from sim.functional import MachineState, exec_vec
+
+VCFG = AcceleratorConfig(rows=2, cols=4, vin_spad_bytes=512, vout_spad_bytes=256,
+                         memory={"bytes_per_cycle": 16, "latency": 3, "size_bytes": 4096})
+NOV = AcceleratorConfig(rows=2, cols=4, memory={"bytes_per_cycle": 16, "latency": 3,
+                                                "size_bytes": 4096})
+VIN = VCFG.vin_spad_bytes // 4
+VOUT = VCFG.vout_spad_bytes // 4
+
+
+# ---------------------------------------------------------------------- configuration
+def test_the_default_configuration_is_unchanged():
+    """The default has no vector engine and no vector fields in its dict, so its fingerprint
+    (which stamps every benchmark record) is the one it had before the engine existed."""
+    d = AcceleratorConfig().to_dict()
+    assert not {"vin_spad_bytes", "vout_spad_bytes"} & set(d)
+    assert AcceleratorConfig().fingerprint == "06a9d8c4181c"
+    assert not AcceleratorConfig().has_vector
+
+
+def test_a_vector_configuration_round_trips_and_validates():
+    assert AcceleratorConfig.from_json(VCFG.to_json()) == VCFG
+    assert VCFG.to_dict()["vin_spad_bytes"] == 512 and VCFG.has_vector
+    assert VCFG.fingerprint != NOV.fingerprint
+    with pytest.raises(ConfigError, match="must both be 0"):
+        AcceleratorConfig(vin_spad_bytes=256)
+    with pytest.raises(ConfigError, match="vout_spad_bytes must be 0 .* multiple of 16"):
+        AcceleratorConfig(vin_spad_bytes=256, vout_spad_bytes=100)
+
+
+# ---------------------------------------------------------------------- ISA
+def test_vec_round_trips_through_the_codec():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        v = Vec(func=VecFunc(int(rng.integers(len(VecFunc)))),
+                a_addr=int(rng.integers(1 << 16)), b_addr=int(rng.integers(1 << 16)),
+                dst_addr=int(rng.integers(1 << 16)), length=int(rng.integers(1 << 16)),
+                wait=int(rng.integers(31)), signal=None)
+        assert decode(encode(v)) == v
+        f = decode_fields(program_words([v]))
+        assert {k: int(f[f"vec.{k}"][0]) for k in ("a_addr", "b_addr", "dst_addr", "length")} \
+            == {"a_addr": v.a_addr, "b_addr": v.b_addr, "dst_addr": v.dst_addr,
+                "length": v.length}
+
+
+def test_an_undefined_sub_op_or_spad_is_an_illegal_word():
+    off, width = field_location("vec.func")
+    word = encode(Vec(length=1)) | ((len(VecFunc)) << off)
+    with pytest.raises(ISAError, match=f"func {len(VecFunc)}"):
+        decode(word)
+    off, width = field_location("dma.spad")
+    bad_spad = encode(Load()) & ~(((1 << width) - 1) << off) | (6 << off)
+    with pytest.raises(ISAError, match="spad 6"):
+        decode(bad_spad)
+    errs = dispatch_errors(decode_fields(program_words([word, bad_spad, encode(Vec())])), VCFG)
+    assert errs.tolist() == [ErrorCode.ILLEGAL_OPCODE.value] * 2 + [ErrorCode.NONE.value]
+
+
+def test_without_a_vector_engine_its_opcode_engine_and_scratchpads_are_refused():
+    assert [e.engine for e in engines_of(NOV)] == [Engine.LOAD, Engine.COMPUTE, Engine.STORE]
+    assert not ENGINE[Engine.VECTOR].present(NOV) and ENGINE[Engine.VECTOR].present(VCFG)
+    cases = [(Vec(), ErrorCode.ILLEGAL_OPCODE), (Sync(engine=Engine.VECTOR),
+             ErrorCode.ILLEGAL_OPCODE), (Load(spad=Spad.VIN), ErrorCode.BAD_ADDRESS),
+             (Store(spad=Spad.VOUT), ErrorCode.BAD_ADDRESS)]
+    f = decode_fields(program_words([ins for ins, _ in cases]))
+    assert dispatch_errors(f, NOV).tolist() == [code.value for _, code in cases]
+    for ins, code in cases:
+        assert dispatch_error(ins, NOV) == code, ins
+        assert dispatch_error(ins, VCFG) == ErrorCode.NONE, ins
+        with pytest.raises(ISAError):
+            check(ins, NOV)
+    with pytest.raises(ISAError, match="no engine for VEC"):
+        check(Vec(), NOV)
+
+
+@pytest.mark.parametrize(("ins", "needle"), [
+    (Vec(length=0), "length=0"),
+    (Vec(a_addr=VIN - 1, length=2), "row .* exceeds VIN"),
+    (Vec(b_addr=VIN, length=1), "operand .* exceeds VIN"),
+    (Vec(func=VecFunc.ARGMAX, dst_addr=VOUT - 1, length=1), "results .* exceed VOUT"),
+    (Vec(dst_addr=VOUT - 3, length=4), "results .* exceed VOUT"),
+    (Load(spad=Spad.VOUT), "LOAD writes the .* only, got spad=VOUT"),
+    (Store(spad=Spad.VIN), "STORE reads the .* only, got spad=VIN"),
+])
+def test_vec_and_dma_fields_out_of_range_are_bad_addresses(ins, needle):
+    assert dispatch_error(ins, VCFG) == ErrorCode.BAD_ADDRESS
+    with pytest.raises(ISAError, match=needle):
+        check(ins, VCFG)
+
+
+def test_argmax_ignores_b_and_its_result_is_two_words():
+    """ARGMAX reads no second row (any b_addr passes) and writes an index and a maximum."""
+    assert dispatch_error(Vec(func=VecFunc.ARGMAX, b_addr=VIN + 5, length=VIN), VCFG) \
+        == ErrorCode.NONE
+    assert vec_out_words(VecFunc.ARGMAX.value, 100) == 2
+    assert vec_out_words(VecFunc.ADD.value, 100) == 100
+    assert [vec_out_words(VecFunc.REQUANT.value, n) for n in (1, 4, 5, 8)] == [2, 2, 3, 3]
+    assert Opcode.VEC.value == 6 and Engine.VECTOR.value == 3
+
+
+# ---------------------------------------------------------------------- executor
+class _Bench(Elaboratable):
+    """The executor with its VIN (two core read ports) and VOUT scratchpads."""
+
+    def __init__(self, cfg):
+        self.vec = VectorEngine(cfg)
+        self.vin = Scratchpad(size_bytes=cfg.vin_spad_bytes, word_bytes=4,
+                              beat_bytes=cfg.beat_bytes, core="read", core_reads=2)
+        self.vout = Scratchpad(size_bytes=cfg.vout_spad_bytes, word_bytes=4,
+                               beat_bytes=cfg.beat_bytes, core="write")
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules += [self.vec, self.vin, self.vout]
+        connect(m, self.vec.vin_a, self.vin.core_rd)
+        connect(m, self.vec.vin_b, self.vin.core_rd1)
+        connect(m, self.vec.vout_wr, self.vout.core_wr)
+        return m
+
+
+def _random_vin(rng: np.random.Generator) -> np.ndarray:
+    """VIN as int32: random words, with extremes and repeated values (saturation, ties)."""
+    x = rng.integers(-2**31, 2**31, size=VIN, dtype=np.int64)
+    special = np.array([-2**31, -2**31 + 1, 2**31 - 1, 0, 1, -1])
+    pick = rng.random(VIN) < 0.15
+    x[pick] = rng.choice(special, size=int(pick.sum()))
+    dup = rng.random(VIN) < 0.1
+    x[dup] = x[rng.integers(0, VIN, size=int(dup.sum()))]
+    return x.astype(np.int32)
+
+
+def _random_vecs(rng, n):
+    out = []
+    for _ in range(n):
+        func = VecFunc(int(rng.integers(len(VecFunc))))
+        length = int(rng.choice([1, 2, 3, int(rng.integers(1, VOUT + 1))]))
+        words = int(vec_out_words(func.value, length))
+        imm = 0
+        if func == VecFunc.SOFTMAX:   # valid positions: none, some, all
+            imm = int(rng.choice([0, length, int(rng.integers(0, length + 1))]))
+        elif func == VecFunc.RMSNORM:  # epsilon: none, a model's, a large one
+            imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
+        out.append(Vec(func=func, length=length, imm=imm,
+                       a_addr=int(rng.integers(0, VIN - length + 1)),
+                       b_addr=int(rng.integers(0, VIN - length + 1)),
+                       dst_addr=int(rng.integers(0, VOUT - words + 1))))
+    return out
+
+
+def _simulate(vin: np.ndarray, vecs: list[Vec], gaps: list[int]):
+    """Run ``vecs`` one after the other (``gaps[k]`` idle cycles before each command); return
+    each one's cycles from its command to ``done`` and the final VOUT bytes."""
+    dut = _Bench(VCFG)
+    beat = VCFG.beat_bytes
+    raw = vin.astype("<i4").view(np.uint8)
+    durations: list[int] = []
+    vout = bytearray(VCFG.vout_spad_bytes)
+
+    async def bench(ctx):
+        for k in range(len(raw) // beat):  # VIN through its DMA port, a beat per cycle
+            ctx.set(dut.vin.dma_wr.addr, k)
+            ctx.set(dut.vin.dma_wr.data, int.from_bytes(raw[k * beat:(k + 1) * beat], "little"))
+            ctx.set(dut.vin.dma_wr.en, 1)
+            await ctx.tick()
+        ctx.set(dut.vin.dma_wr.en, 0)
+        for v, gap in zip(vecs, gaps, strict=True):
+            for _ in range(gap):
+                await ctx.tick()
+            assert ctx.get(dut.vec.cmd.ready)
+            for name, value in v._body_fields().items():
+                ctx.set(getattr(dut.vec.cmd.payload, name), value)
+            ctx.set(dut.vec.cmd.valid, 1)
+            await ctx.tick()                       # the grant cycle g
+            ctx.set(dut.vec.cmd.valid, 0)
+            cycles = 1
+            while not ctx.get(dut.vec.done):
+                assert cycles < 10 * v.length + 50, f"{v} never ends"
+                await ctx.tick()
+                cycles += 1
+            assert ctx.get(dut.vec.elements) == v.length
+            durations.append(cycles)
+            await ctx.tick()                       # e + 1: ready for the next command
+        for k in range(VCFG.vout_spad_bytes // beat):
+            ctx.set(dut.vout.dma_rd.addr, k)
+            ctx.set(dut.vout.dma_rd.en, 1)
+            await ctx.tick()
+            vout[k * beat:(k + 1) * beat] = ctx.get(dut.vout.dma_rd.data).to_bytes(beat,
+                                                                                  "little")
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    return durations, np.frombuffer(bytes(vout), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_executor_matches_numerics_and_the_timing_contract(seed):
+    """Random VECs back to back and after gaps: each ends in exactly ``vec_cycles`` and the
+    final VOUT is the functional model's (hw.numerics) byte for byte."""
+    rng = np.random.default_rng(seed)
+    vin = _random_vin(rng)
+    vecs = _random_vecs(rng, 12)
+    vecs += [Vec(func=VecFunc.ARGMAX, a_addr=0, length=VIN, dst_addr=0)]  # the longest row
+    gaps = [int(rng.choice([0, 0, 1, 5])) for _ in vecs]
+    durations, vout = _simulate(vin, vecs, gaps)
+    st = MachineState(VCFG)
+    st.spads[Spad.VIN][:] = vin.astype("<i4").view(np.uint8)
+    for v in vecs:
+        exec_vec(st, v)
+    assert durations == [exec_cycles(v, VCFG) for v in vecs]
+    assert np.array_equal(vout, st.spads[Spad.VOUT])
+
+
+def test_requant_softmax_and_rmsnorm_edges_in_the_executor():
+    """The rows the scalar steps treat specially: all zeros (REQUANT: amax 0; RMSNORM with
+    eps 0: a sum of squares of 0), one holding -2**31 (REQUANT: amax 2**31, s = 1; RMSNORM:
+    s = 15), constant rows, SOFTMAX with no valid position and with one, and lengths 1..5
+    (REQUANT: partial last words)."""
+    vin = np.zeros(VIN, dtype=np.int32)
+    vin[8:16] = [5, -2**31, 7, 2**31 - 1, -3, 0, 1, -1]
+    vin[16:24] = 2**31 - 1
+    vin[24:32] = -77
+    vin[32:40] = np.arange(8) * 65536
+    vecs = [Vec(func=VecFunc.REQUANT, a_addr=0, length=8, dst_addr=0),
+            Vec(func=VecFunc.REQUANT, a_addr=8, length=8, dst_addr=3),
+            Vec(func=VecFunc.REQUANT, a_addr=16, length=8, dst_addr=6)]
+    vecs += [Vec(func=VecFunc.REQUANT, a_addr=24 + k, length=n, dst_addr=9 + 3 * k)
+             for k, n in enumerate(range(1, 6))]
+    vecs += [Vec(func=VecFunc.REQUANT, a_addr=32, length=8, dst_addr=29)]
+    vecs += [Vec(func=VecFunc.RMSNORM, a_addr=0, b_addr=32, length=8, dst_addr=32),
+             Vec(func=VecFunc.RMSNORM, a_addr=8, b_addr=16, length=8, dst_addr=40, imm=999),
+             Vec(func=VecFunc.SOFTMAX, a_addr=8, length=4, dst_addr=48, imm=0),
+             Vec(func=VecFunc.SOFTMAX, a_addr=8, length=4, dst_addr=52, imm=2),
+             Vec(func=VecFunc.SOFTMAX, a_addr=16, length=8, dst_addr=56, imm=8)]
+    durations, vout = _simulate(vin, vecs, [0] * len(vecs))
+    st = MachineState(VCFG)
+    st.spads[Spad.VIN][:] = vin.astype("<i4").view(np.uint8)
+    for v in vecs:
+        exec_vec(st, v)
+    assert durations == [exec_cycles(v, VCFG) for v in vecs]
+    assert np.array_equal(vout, st.spads[Spad.VOUT])
+    words = st.spads[Spad.VOUT].view("<u4")
+    assert words[2] == 0 and words[5] == 2**31 and words[8] == 2**31 - 1   # amax words
+
+
+def test_the_timing_formula_and_its_array_twin_agree():
+    rng = np.random.default_rng(1)
+    vecs = _random_vecs(rng, 50)
+    f = decode_fields(program_words(vecs))
+    assert timing.vec_cycles_fields(f, VCFG).tolist() == [timing.vec_cycles(v, VCFG)
+                                                          for v in vecs]
+    lat = timing.VECTOR_LATENCY
+    assert timing.vec_cycles(Vec(length=10), VCFG) == 10 + timing.VEC_READ_LATENCY + lat["add"]
+    assert timing.vec_cycles(Vec(func=VecFunc.ARGMAX, length=10), VCFG) == \
+        10 + timing.VEC_READ_LATENCY + lat["argmax"] + 1
+    assert timing.vec_cycles(Vec(func=VecFunc.MUL, length=10), VCFG) == 10 + 1 + lat["mul"]
+    assert timing.vec_cycles(Vec(func=VecFunc.SILU_GATE, length=10), VCFG) == \
+        10 + 1 + lat["exp"] + lat["recip"] + lat["scale"] + 3 * lat["mul"]
+    # two passes; Recip between them; the amax word after the last code word
+    assert timing.vec_cycles(Vec(func=VecFunc.REQUANT, length=10), VCFG) == \
+        2 * (10 + timing.VEC_READ_LATENCY) + lat["absmax"] + lat["recip"] + lat["requant"] + 1
+
+
+def test_the_executor_refuses_a_configuration_without_the_engine():
+    with pytest.raises(ValueError, match="no vector engine"):
+        VectorEngine(NOV)
