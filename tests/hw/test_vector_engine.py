@@ -238,6 +238,21 @@ def _simulate(vin: np.ndarray, vecs: list[Vec], gaps: list[int]):
     return durations, np.frombuffer(bytes(vout), dtype=np.uint8)
 
 
+def _check_against_the_models(vin: np.ndarray, vecs: list[Vec], gaps: list[int]
+                              ) -> MachineState:
+    """Run ``vecs`` through the executor and through the functional model from VIN ``vin``:
+    each instruction's cycles equal the timing contract's, VOUT equals the functional model's
+    byte for byte; returns the functional model's state."""
+    durations, vout = _simulate(vin, vecs, gaps)
+    st = MachineState(VCFG)
+    st.spads[Spad.VIN][:] = vin.astype("<i4").view(np.uint8)
+    for v in vecs:
+        exec_vec(st, v)
+    assert durations == [exec_cycles(v, VCFG) for v in vecs]
+    assert np.array_equal(vout, st.spads[Spad.VOUT])
+    return st
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_executor_matches_numerics_and_the_timing_contract(seed):
     """Random VECs back to back and after gaps: each ends in exactly ``vec_cycles`` and the
@@ -247,13 +262,7 @@ def test_the_executor_matches_numerics_and_the_timing_contract(seed):
     vecs = _random_vecs(rng, 12)
     vecs += [Vec(func=VecFunc.ARGMAX, a_addr=0, length=VIN, dst_addr=0)]  # the longest row
     gaps = [int(rng.choice([0, 0, 1, 5])) for _ in vecs]
-    durations, vout = _simulate(vin, vecs, gaps)
-    st = MachineState(VCFG)
-    st.spads[Spad.VIN][:] = vin.astype("<i4").view(np.uint8)
-    for v in vecs:
-        exec_vec(st, v)
-    assert durations == [exec_cycles(v, VCFG) for v in vecs]
-    assert np.array_equal(vout, st.spads[Spad.VOUT])
+    _check_against_the_models(vin, vecs, gaps)
 
 
 def test_requant_softmax_and_rmsnorm_edges_in_the_executor():
@@ -277,13 +286,7 @@ def test_requant_softmax_and_rmsnorm_edges_in_the_executor():
              Vec(func=VecFunc.SOFTMAX, a_addr=8, length=4, dst_addr=48, imm=0),
              Vec(func=VecFunc.SOFTMAX, a_addr=8, length=4, dst_addr=52, imm=2),
              Vec(func=VecFunc.SOFTMAX, a_addr=16, length=8, dst_addr=56, imm=8)]
-    durations, vout = _simulate(vin, vecs, [0] * len(vecs))
-    st = MachineState(VCFG)
-    st.spads[Spad.VIN][:] = vin.astype("<i4").view(np.uint8)
-    for v in vecs:
-        exec_vec(st, v)
-    assert durations == [exec_cycles(v, VCFG) for v in vecs]
-    assert np.array_equal(vout, st.spads[Spad.VOUT])
+    st = _check_against_the_models(vin, vecs, [0] * len(vecs))
     words = st.spads[Spad.VOUT].view("<u4")
     assert words[2] == 0 and words[5] == 2**31 and words[8] == 2**31 - 1   # amax words
 
