@@ -58,10 +58,8 @@ ROW_BITS = 3
 def word_fields(word) -> dict:
     """Every field of :func:`hw.isa.decode_fields`, as slices of the Amaranth value ``word``."""
     names = ["opcode", "wait", "signal"] + [f"{body}.{name}"
-                                           for body, layout in (("dma", isa.DmaBody),
-                                                                ("gemm", isa.GemmBody),
-                                                                ("sync", isa.SyncBody))
-                                           for name, _ in layout]
+                                           for body, layout in isa.InstrLayout["body"].shape
+                                           for name, _ in layout.shape]
     out = {}
     for name in names:
         off, width = field_location(name)
