@@ -478,6 +478,11 @@ def _epilogue(st: MachineState, ins: Gemm) -> None:
         step(st)
 
 
+#: The two-operand elementwise sub-ops: ``a`` and ``b`` rows in, one row out.
+_VEC_ELEMENTWISE = {VecFunc.ADD: vec_add, VecFunc.MUL: vec_mul,
+                    VecFunc.SILU_GATE: vec_silu_gate}
+
+
 def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
     """:func:`exec_vec` of ``ins``, prepared. VIN and VOUT hold little-endian int32 elements;
     addresses count elements. The arithmetic is :mod:`hw.numerics`' (int64 in, int32 out:
@@ -491,18 +496,12 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
         data = np.asarray(values, dtype=np.int64).astype("<i4").view(np.uint8)
         st.spad_arrays[_VOUT][d0:d0 + data.size] = data
 
-    if ins.func == VecFunc.ADD:
-        def add(st: MachineState) -> None:
-            put(st, vec_add(row(st, a0), row(st, b0)))
-        return add
-    if ins.func == VecFunc.MUL:
-        def mul(st: MachineState) -> None:
-            put(st, vec_mul(row(st, a0), row(st, b0)))
-        return mul
-    if ins.func == VecFunc.SILU_GATE:
-        def silu_gate(st: MachineState) -> None:
-            put(st, vec_silu_gate(row(st, a0), row(st, b0)))
-        return silu_gate
+    if ins.func in _VEC_ELEMENTWISE:
+        fn = _VEC_ELEMENTWISE[ins.func]
+
+        def elementwise(st: MachineState) -> None:
+            put(st, fn(row(st, a0), row(st, b0)))
+        return elementwise
     if ins.func == VecFunc.REQUANT:
         def requant(st: MachineState) -> None:
             codes, amax = vec_requant(row(st, a0))
