@@ -169,7 +169,7 @@ SyncBody = data.StructLayout({
 VecBody = data.StructLayout({
     "func": VecFunc,
     "a_addr": 16,   # VIN: the row (ADD's first operand)
-    "b_addr": 16,   # VIN: ADD's second operand
+    "b_addr": 16,   # VIN: the second operand (ADD, MUL, SILU_GATE, RMSNORM); ROPE: its table
     "dst_addr": 16,  # VOUT: the results (vec_out_words of them)
     "length": 16,   # elements of the row, >= 1
     "imm": 40,      # SOFTMAX: valid positions (<= length); RMSNORM: epsilon (norm_eps);
