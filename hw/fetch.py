@@ -8,9 +8,9 @@ F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048
 S1    the banks' words, registered
 S2    bank select; the terms of the opcode / event / GEMM field checks; DMA extent products
       ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves: multipliers between
-      registers)
+      registers); a ROPE's ``heads * head_dim``
 S3    the field checks' error code from their terms; extent sums, each less its limit, so that
-      the range check is the sum's sign bit
+      the range check is the sum's sign bit; the ROPE product against ``length``
 S4    the error code from the registered checks; this is the *dispatch* stage
 ====  ========================================================================================
 
@@ -44,12 +44,14 @@ from hw.isa import (
     INSTR_BITS,
     LOAD_SPADS,
     NO_EVENT,
+    ROPE_HEAD_DIM_BITS,
     STORE_SPADS,
     EpilogueMode,
     ErrorCode,
     InstrLayout,
     Opcode,
     Spad,
+    VecBody,
     VecFunc,
     dispatch_limits,
     legal_words,
@@ -65,7 +67,10 @@ __all__ = ["FetchUnit"]
 _CHECK_STAGES = 4
 #: The S2 registers that hold a multiplier's product: the DSP's own output register can hold
 #: them (hw.ecp5_dsp), so no route lies between the multiplier and its register.
-_PRODUCTS = ("span_lo", "span_hi")
+_PRODUCTS = ("span_lo", "span_hi", "rope_row")
+#: Bits of a ROPE's heads that enter the heads * head_dim product: 15, as the row has fewer
+#: than 2**16 elements and head_dim is at least 2.
+_ROPE_HEADS_BITS = VecBody["length"].width - 1
 #: Largest instruction-memory bank (an ECP5 DP16KD is 2048 x 9).
 _BANK_DEPTH = 2048
 
@@ -162,13 +167,23 @@ class FetchUnit(wiring.Component):
         # comparisons, a stage of their own).
         v = ins.body.vec
         func, length = v.func.as_value(), v.length
+        # ROPE: head_dim even and >= 2, its table inside VIN; heads * head_dim == length is
+        # checked in S3 on the product registered here. Heads from bit 15 up are refused
+        # without the product: with head_dim >= 2 their product is past any length, and the
+        # product keeps to 15 x 16 bits (one multiplier).
+        head_dim, heads = v.imm[:ROPE_HEAD_DIM_BITS], v.imm[ROPE_HEAD_DIM_BITS:]
+        is_rope = func == VecFunc.ROPE.value
         bad_vec = Cat(length == 0,
                       v.a_addr + length > lim.vin_elems,
                       vec_reads_b(func) & (v.b_addr + length > lim.vin_elems),
                       v.dst_addr + vec_out_words(func, length) > lim.vout_elems,
-                      (func == VecFunc.SOFTMAX.value) & (v.imm > length))
+                      (func == VecFunc.SOFTMAX.value) & (v.imm > length),
+                      is_rope & (head_dim[0] | (head_dim == 0) | heads[_ROPE_HEADS_BITS:].any()
+                                 | (v.b_addr + head_dim[1:] > lim.vin_elems)))
+        rope_row = heads[:_ROPE_HEADS_BITS] * head_dim
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)
+            is_rope, rope_row = Const(0, 1), Const(0, 1)
 
         g = ins.body.gemm
         int8_bad = g.int8 if not lim.int8 else g.int8 & (g.pattern != 0)
@@ -208,6 +223,8 @@ class FetchUnit(wiring.Component):
             "bad_gemm_addr": bad_gemm_addr,
             "dma_bad": dma_bad,
             "bad_vec": bad_vec,
+            "is_rope": is_rope,
+            "rope_row": rope_row,
             "is_vec": is_[Opcode.VEC],
             "is_gemm": is_[Opcode.GEMM],
             "is_dma": is_[Opcode.LOAD] | is_[Opcode.STORE],
@@ -292,7 +309,9 @@ class FetchUnit(wiring.Component):
         s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=s2["ins"], pre=pre,
                    pre_ok=pre == ErrorCode.NONE, pc_over=s2["pc"] == depth,
                    is_end=s2["is_end"], is_sync=s2["is_sync"], target=s2["target"],
-                   bad_range=s2["is_dma"] & (spad_over | dram_over))
+                   bad_range=(s2["is_dma"] & (spad_over | dram_over))
+                   | (s2["is_vec"] & s2["is_rope"]
+                      & (s2["rope_row"] != s2["ins"].body.vec.length)))
         err = Mux(s3["pc_over"], ErrorCode.PC_OVERFLOW,
                   Mux(s3["pre_ok"] & s3["bad_range"], ErrorCode.BAD_ADDRESS, s3["pre"]))
         # The dispatch stage keeps its decisions one-hot and pre-decoded, because `adv`

@@ -40,7 +40,8 @@ __all__ = [
     "Spad", "Engine", "EpilogueMode", "ErrorCode", "VecFunc", "LOAD_SPADS", "STORE_SPADS",
     "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "InstrLayout",
     "Load", "Store", "Gemm", "Sync", "Vec", "End", "Instr", "ISAError",
-    "vec_out_words", "vec_reads_b", "VEC_FUNC_VALUES",
+    "vec_out_words", "vec_reads_b", "VEC_FUNC_VALUES", "ROPE_HEAD_DIM_BITS", "rope_imm",
+    "rope_geometry",
     "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
     "program_words",
     "decode_fields", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
@@ -110,6 +111,7 @@ class VecFunc(enum.Enum, shape=4):
     RMSNORM = 4  # dst[i] = RMSNorm of a, weight row b, eps imm    (hw.numerics.vec_rmsnorm)
     MUL = 5      # dst[i] = sat32(round_shift(a[i] * b[i], 16))   (hw.numerics.vec_mul)
     SILU_GATE = 6  # dst[i] = silu(a[i]) * b[i]                  (hw.numerics.vec_silu_gate)
+    ROPE = 7     # rotary rotation of heads, table at b_addr     (hw.numerics.vec_rope_pairs)
 
 
 #: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
@@ -167,10 +169,11 @@ SyncBody = data.StructLayout({
 VecBody = data.StructLayout({
     "func": VecFunc,
     "a_addr": 16,   # VIN: the row (ADD's first operand)
-    "b_addr": 16,   # VIN: ADD's second operand
+    "b_addr": 16,   # VIN: the second operand (ADD, MUL, SILU_GATE, RMSNORM); ROPE: its table
     "dst_addr": 16,  # VOUT: the results (vec_out_words of them)
     "length": 16,   # elements of the row, >= 1
-    "imm": 40,      # SOFTMAX: valid positions (<= length); RMSNORM: epsilon (norm_eps)
+    "imm": 40,      # SOFTMAX: valid positions (<= length); RMSNORM: epsilon (norm_eps);
+                    # ROPE: head_dim + heads * 2**16 (rope_imm)
 })
 
 InstrLayout = data.StructLayout({
@@ -344,9 +347,9 @@ class Sync(_Base):
 @dataclass(frozen=True, kw_only=True)
 class Vec(_Base):
     """One pass of the vector engine over a row of ``length`` VIN elements from ``a_addr``
-    (ADD: and one from ``b_addr``), writing :func:`vec_out_words` VOUT elements from
-    ``dst_addr`` (:class:`VecFunc`; semantics: :mod:`sim.functional`, from
-    :mod:`hw.numerics`)."""
+    (ADD: and one from ``b_addr``; ROPE: its table, :func:`rope_imm`), writing
+    :func:`vec_out_words` VOUT elements from ``dst_addr`` (:class:`VecFunc`; semantics:
+    :mod:`sim.functional`, from :mod:`hw.numerics`)."""
 
     func: VecFunc = VecFunc.ADD
     a_addr: int = 0
@@ -369,14 +372,15 @@ class Vec(_Base):
 
 
 def vec_out_words(func, length):
-    """VOUT elements (words) a VEC writes: ``length`` (ADD); 2 (ARGMAX: the index, the max);
+    """VOUT elements (words) a VEC writes: ``length`` (ADD, MUL, SILU_GATE, SOFTMAX, RMSNORM,
+    ROPE); 2 (ARGMAX: the index, the max);
     ``ceil(length / 4) + 1`` (REQUANT: the int8 codes packed four to a word, code ``i`` in
     byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax`` as an
     unsigned 32-bit word). Ints, arrays or Amaranth values (a sum of products, so that the
     three agree)."""
     rows = ((func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value)
             | (func == VecFunc.RMSNORM.value) | (func == VecFunc.MUL.value)
-            | (func == VecFunc.SILU_GATE.value))
+            | (func == VecFunc.SILU_GATE.value) | (func == VecFunc.ROPE.value))
     return (rows * length + (func == VecFunc.ARGMAX.value) * 2
             + (func == VecFunc.REQUANT.value) * (((length + 3) >> 2) + 1))
 
@@ -386,6 +390,31 @@ def vec_reads_b(func):
     and SILU_GATE, RMSNORM's weight row); ints, arrays or Amaranth values."""
     return ((func == VecFunc.ADD.value) | (func == VecFunc.RMSNORM.value)
             | (func == VecFunc.MUL.value) | (func == VecFunc.SILU_GATE.value))
+
+
+#: Bits of ``imm`` that hold a ROPE's ``head_dim`` (the bits above hold its number of heads).
+ROPE_HEAD_DIM_BITS = 16
+
+
+def rope_imm(head_dim: int, heads: int) -> int:
+    """The ``imm`` of a ROPE over ``heads`` heads of ``head_dim`` elements: ``head_dim +
+    heads * 2**ROPE_HEAD_DIM_BITS``; its ``length`` is ``heads * head_dim``.
+
+    Why both: the engine pairs element ``i`` of a head with ``i +- head_dim / 2`` and reads
+    the table (``head_dim / 2`` words from ``b_addr``) again for every head, so it needs
+    ``head_dim``; the fetch unit checks that the row is whole heads, ``heads * head_dim ==
+    length``, which with the quotient given is one 16 x 16 product (without it, a divider).
+    """
+    if not 0 <= head_dim < 1 << ROPE_HEAD_DIM_BITS or heads < 0:
+        raise ValueError(f"head_dim={head_dim} must be in [0, {1 << ROPE_HEAD_DIM_BITS}) and "
+                         f"heads={heads} >= 0")
+    return head_dim + (heads << ROPE_HEAD_DIM_BITS)
+
+
+def rope_geometry(imm):
+    """``(head_dim, heads)`` of a ROPE's ``imm`` (:func:`rope_imm`); ints, arrays or Amaranth
+    values."""
+    return imm & ((1 << ROPE_HEAD_DIM_BITS) - 1), imm >> ROPE_HEAD_DIM_BITS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -706,6 +735,21 @@ def _vec_end(f: dict, field: str) -> object:
 
 def _vec_dst_end(f: dict) -> object:
     return f["vec.dst_addr"] + vec_out_words(f["vec.func"], f["vec.length"])
+
+
+def _is_rope(f: dict) -> object:
+    return f["vec.func"] == VecFunc.ROPE.value
+
+
+def _rope_row(f: dict) -> object:
+    """A ROPE's heads times head_dim."""
+    head_dim, heads = rope_geometry(f["vec.imm"])
+    return heads * head_dim
+
+
+def _rope_table_end(f: dict) -> object:
+    """The end of a ROPE's table: ``head_dim / 2`` words from ``b_addr``."""
+    return f["vec.b_addr"] + (rope_geometry(f["vec.imm"])[0] >> 1)
 _BAD_ADDRESS, _BAD_GEMM = ErrorCode.BAD_ADDRESS, ErrorCode.BAD_GEMM
 
 
@@ -828,6 +872,20 @@ _VEC_RULES = (
           & (f["vec.imm"] > f["vec.length"]),
           lambda f, cfg: f"SOFTMAX of {f['vec.imm']} valid positions in a row of "
                          f"length={f['vec.length']}"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: _is_rope(f) & (((rope_geometry(f["vec.imm"])[0] & 1) != 0)
+                                        | (rope_geometry(f["vec.imm"])[0] == 0)),
+          lambda f, cfg: f"ROPE of head_dim={rope_geometry(f['vec.imm'])[0]}: it must be even "
+                         f"and >= 2 (imm={f['vec.imm']})"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: _is_rope(f) & (_rope_row(f) != f["vec.length"]),
+          lambda f, cfg: f"ROPE of {rope_geometry(f['vec.imm'])[1]} heads x head_dim="
+                         f"{rope_geometry(f['vec.imm'])[0]} (imm={f['vec.imm']}) is not its "
+                         f"row of length={f['vec.length']}"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: _is_rope(f) & (_rope_table_end(f) > lim.vin_elems),
+          lambda f, cfg: f"ROPE table [{f['vec.b_addr']}, {_rope_table_end(f)}) exceeds VIN "
+                         f"({dispatch_limits(cfg).vin_elems} elements)"),
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: _vec_dst_end(f) > lim.vout_elems,
           lambda f, cfg: f"VEC results [{f['vec.dst_addr']}, {_vec_dst_end(f)}) exceed VOUT "

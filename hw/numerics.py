@@ -496,6 +496,7 @@ __all__ += [
     "vec_add", "vec_mul", "vec_exp", "vec_recip", "vec_rsqrt", "vec_rope", "vec_silu_gate",
     "norm_weight", "norm_eps", "vec_rmsnorm", "vec_softmax", "vec_requant", "act_scale",
     "vec_argmax", "rope_table",
+    "ROPE_HALF_BITS", "rope_pairs", "rope_unpack", "vec_rope_pairs",
     "to_fixed_torch", "from_fixed_torch", "round_shift_torch", "saturate_torch",
     "vec_sumsq_torch", "vec_add_torch", "vec_mul_torch", "vec_exp_torch", "vec_recip_torch",
     "vec_rsqrt_torch", "vec_rope_torch", "vec_silu_gate_torch", "norm_weight_torch",
@@ -668,6 +669,70 @@ def vec_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     rot = np.concatenate((-x[..., h:], x[..., :h]), axis=-1)
     return saturate(round_shift(x * np.asarray(cos, np.int64) + rot * np.asarray(sin, np.int64),
                                 ROPE_FRAC))
+
+
+# The rotary tables as the vector engine holds them (VecFunc.ROPE): LLaMA's halves repeat the
+# frequencies, so one (cos, sin) per pair index k < d/2 suffices, packed into one VIN word.
+#: Bits of each half of a packed RoPE table word (a signed Q1.14 value: cos or sin).
+ROPE_HALF_BITS = ROPE_FRAC + 2
+
+
+def rope_pairs(cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """The fixed-point rotary tables ``cos, sin [..., d]`` (:func:`rope_table`) as the vector
+    engine's table words ``[..., d/2]``: word ``k`` holds ``cos[k]`` in its low
+    :data:`ROPE_HALF_BITS` bits and ``sin[k]`` in its high ones (two's complement halves), as
+    a signed 32-bit value in int64 (a VIN element).
+
+    Raises ``ValueError`` unless ``d`` is even, the two halves of each table are equal (HF's
+    rotate_half pairing with LLaMA's repeated frequencies: elements ``k`` and ``k + d/2``
+    rotate by the same angle) and every value fits a signed half; so
+    ``vec_rope_pairs(x, rope_pairs(cos, sin), d) == vec_rope(x, cos, sin)`` for every row of
+    heads of ``d`` elements.
+    """
+    cos, sin = np.asarray(cos, np.int64), np.asarray(sin, np.int64)
+    if cos.shape != sin.shape or not cos.shape or cos.shape[-1] % 2:
+        raise ValueError(f"rope tables must have one even-length shape, got {cos.shape} and "
+                         f"{sin.shape}")
+    h = cos.shape[-1] // 2
+    lim = 1 << (ROPE_HALF_BITS - 1)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not np.array_equal(t[..., :h], t[..., h:]):
+            k = int(np.argwhere(t[..., :h] != t[..., h:])[0, -1])
+            raise ValueError(f"rope {name} table: its halves differ (element {k} is "
+                             f"{int(t[..., k].ravel()[0])}, element {k + h} "
+                             f"{int(t[..., k + h].ravel()[0])}); the engine holds one angle "
+                             f"per pair")
+        if (t < -lim).any() or (t >= lim).any():
+            raise ValueError(f"rope {name} table value {int(t[(t < -lim) | (t >= lim)][0])} "
+                             f"does not fit {ROPE_HALF_BITS} signed bits")
+    lo = cos[..., :h] & ((1 << ROPE_HALF_BITS) - 1)
+    return lo + (sin[..., :h] << ROPE_HALF_BITS)
+
+
+def rope_unpack(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(cos, sin)`` halves ``[..., d/2]`` of table words (any 32-bit patterns, signed or
+    unsigned): the low and high :data:`ROPE_HALF_BITS` bits, sign-extended."""
+    w = np.asarray(words, np.int64)
+    m, sign = (1 << ROPE_HALF_BITS) - 1, 1 << (ROPE_HALF_BITS - 1)
+    return (((w & m) ^ sign) - sign, (((w >> ROPE_HALF_BITS) & m) ^ sign) - sign)
+
+
+def vec_rope_pairs(x: np.ndarray, words: np.ndarray, head_dim: int) -> np.ndarray:
+    """:func:`vec_rope` of each head of ``x [..., heads * head_dim]`` (heads side by side, as
+    a q or k row of a token) with the table words ``[head_dim / 2]`` (:func:`rope_pairs`;
+    any bit patterns, :func:`rope_unpack`), the same table for every head: what
+    ``VecFunc.ROPE`` computes. Element ``i < d/2`` of a head pairs with ``i + d/2``."""
+    x = np.asarray(x, np.int64)
+    if head_dim < 2 or head_dim % 2 or x.shape[-1] % head_dim:
+        raise ValueError(f"head_dim={head_dim} must be even, >= 2 and divide the row's "
+                         f"{x.shape[-1]} elements")
+    c, s = rope_unpack(words)
+    if c.shape != (head_dim // 2,):
+        raise ValueError(f"rope table of shape {c.shape}: head_dim={head_dim} needs "
+                         f"{head_dim // 2} words")
+    heads = x.reshape(*x.shape[:-1], -1, head_dim)
+    y = vec_rope(heads, np.concatenate((c, c)), np.concatenate((s, s)))
+    return y.reshape(x.shape)
 
 
 def vec_silu_gate(g: np.ndarray, u: np.ndarray) -> np.ndarray:

@@ -279,11 +279,16 @@ def _vec_cycles(func, length):
     # Recip, Scale(60) and three Muls (e * s, g * sigmoid, * u), written as it comes out.
     mul = stream + lat["mul"]
     silu = stream + lat["exp"] + lat["recip"] + lat["scale"] + 3 * lat["mul"]
+    # ROPE: two reads per pair of elements (x[k] and x[k + d/2] on the two ports, then the
+    # table word), so the row's reads still take `length` cycles; each pair's two elements
+    # enter Rope in the cycles the table word arrives and after it: the last one a cycle after
+    # the last read's data.
+    rope = stream + 1 + lat["rope"]
     return ((func == VecFunc.ADD.value) * add + (func == VecFunc.ARGMAX.value) * argmax
             + (func == VecFunc.MUL.value) * mul + (func == VecFunc.SILU_GATE.value) * silu
             + (func == VecFunc.REQUANT.value) * requant
             + (func == VecFunc.SOFTMAX.value) * softmax
-            + (func == VecFunc.RMSNORM.value) * rmsnorm)
+            + (func == VecFunc.RMSNORM.value) * rmsnorm + (func == VecFunc.ROPE.value) * rope)
 
 
 def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:

@@ -32,6 +32,7 @@ from hw.isa import (
     VecFunc,
     bias_row_bytes,
     gemm_geometry,
+    rope_geometry,
 )
 from hw.numerics import (
     add_bias_wide,
@@ -41,6 +42,7 @@ from hw.numerics import (
     vec_mul,
     vec_requant,
     vec_rmsnorm,
+    vec_rope_pairs,
     vec_silu_gate,
     vec_softmax,
     wrap,
@@ -520,6 +522,14 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
         def rmsnorm(st: MachineState) -> None:
             put(st, vec_rmsnorm(row(st, a0)[None], row(st, b0), ins.imm)[0])
         return rmsnorm
+    if ins.func == VecFunc.ROPE:
+        head_dim = int(rope_geometry(ins.imm)[0])   # the table: head_dim / 2 words at b_addr
+        t1 = b0 + 2 * head_dim
+
+        def rope(st: MachineState) -> None:
+            table = st.spad_arrays[_VIN][b0:t1].view("<i4").astype(np.int64)
+            put(st, vec_rope_pairs(row(st, a0), table, head_dim))
+        return rope
 
     def argmax(st: MachineState) -> None:
         x = row(st, a0)

@@ -41,6 +41,7 @@ from hw.isa import (
     encode,
     field_location,
     gemm_extents,
+    rope_imm,
     vec_out_words,
     vec_reads_b,
 )
@@ -143,6 +144,8 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
     i0, i1 = (b * per_beat for b in regions["vin"])
     o0, o1 = (b * per_beat for b in regions["vout"])
     func = VecFunc(int(rng.choice([f.value for f in VecFunc])))
+    if func == VecFunc.ROPE:
+        return _random_rope(rng, (i0, i1), (o0, o1))
     length = int(rng.integers(1, min(i1 - i0, o1 - o0) + 1))
     if rng.random() < 0.3:  # short rows, where the pipeline's fill and drain overlap most
         length = int(rng.integers(1, 4))
@@ -157,6 +160,22 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
                b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1))
                if vec_reads_b(func.value) else 0,
                dst_addr=o0 + int(rng.integers(0, o1 - o0 - out + 1)))
+
+
+def _random_rope(rng: np.random.Generator, vin: tuple[int, int], vout: tuple[int, int]
+                 ) -> Vec:
+    """A ROPE over random heads (small ones often: one pair per head, the table's wrap every
+    two elements) with its row, its table and its results inside the element ranges ``vin``
+    and ``vout``; the table words are whatever VIN holds."""
+    (i0, i1), (o0, o1) = vin, vout
+    room = min(i1 - i0, o1 - o0)
+    head_dim = 2 * int(rng.choice([1, 2, int(rng.integers(1, room // 2 + 1))]))
+    heads = int(rng.integers(1, room // head_dim + 1))
+    length = heads * head_dim
+    return Vec(func=VecFunc.ROPE, length=length, imm=rope_imm(head_dim, heads),
+               a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)),
+               b_addr=i0 + int(rng.integers(0, i1 - i0 - head_dim // 2 + 1)),
+               dst_addr=o0 + int(rng.integers(0, o1 - o0 - length + 1)))
 
 
 def _random_loads(cfg, rng, regions, spads, half, wait) -> list[Load]:
@@ -297,7 +316,10 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
         if cfg.has_vector:  # fields out of range
             choices += [Vec(length=0), Vec(func=VecFunc.ARGMAX, a_addr=vin - 1, length=2),
                         Vec(b_addr=vin, length=1),
-                        Vec(dst_addr=cfg.vout_spad_bytes // cfg.vout_word_bytes - 1, length=2)]
+                        Vec(dst_addr=cfg.vout_spad_bytes // cfg.vout_word_bytes - 1, length=2),
+                        Vec(func=VecFunc.ROPE, length=4, imm=rope_imm(4, 2)),
+                        Vec(func=VecFunc.ROPE, length=3, imm=rope_imm(3, 1)),
+                        Vec(func=VecFunc.ROPE, b_addr=vin - 1, length=4, imm=rope_imm(4, 1))]
         else:               # the absent engine, its opcode and its scratchpads
             choices += [Vec(), Sync(engine=Engine.VECTOR), Load(spad=Spad.VIN),
                         Store(spad=Spad.VOUT)]

@@ -63,9 +63,11 @@ SiLU-gate of ``g`` and ``u`` (:func:`hw.numerics.vec_silu_gate`), elementwise::
 The vector engine (:mod:`hw.vector.engine`) runs these sequences as VEC instructions
 (:class:`hw.isa.VecFunc`), with the scalar steps in its sequencer.
 
-RoPE is one :class:`~hw.vector.elementwise.Rope` pass (the partner element read from the other
-half of the head); the residual add one :class:`~hw.vector.elementwise.Add` pass; greedy
-sampling one :class:`~hw.vector.reduce.ArgMax` pass over the logits.
+RoPE is one :class:`~hw.vector.elementwise.Rope` pass over a row of heads, each element with
+its partner from the other half of its head and the pair's (cos, sin) table word
+(:func:`hw.numerics.vec_rope_pairs`); the residual add one
+:class:`~hw.vector.elementwise.Add` pass; greedy sampling one
+:class:`~hw.vector.reduce.ArgMax` pass over the logits.
 """
 
 from functools import partial

@@ -10,7 +10,7 @@ from __future__ import annotations
 from amaranth import Cat, Const, Mux, signed, unsigned
 from amaranth.lib import data
 
-from hw.numerics import ACT_BITS, ACT_FRAC, ACT_QMAX, ROPE_FRAC, TABLE_IN_BITS
+from hw.numerics import ACT_BITS, ACT_FRAC, ACT_QMAX, ROPE_FRAC, ROPE_HALF_BITS, TABLE_IN_BITS
 from hw.vector.base import (
     PipelineUnit,
     partial_products,
@@ -25,8 +25,9 @@ __all__ = ["Add", "Mul", "Rope", "Scale", "Requant", "ROPE_BITS", "CODE_BITS"]
 
 #: An INT8 code: ``[-ACT_QMAX, ACT_QMAX]`` and a sign.
 CODE_BITS = ACT_QMAX.bit_length() + 1
-#: RoPE cos / sin words: Q1.14 in [-1, 1], ``1.0 = 2**14`` (16-bit signed).
-ROPE_BITS = ROPE_FRAC + 2
+#: RoPE cos / sin words: Q1.14 in [-1, 1], ``1.0 = 2**14`` (16-bit signed; the halves of a
+#: table word, :func:`hw.numerics.rope_pairs`).
+ROPE_BITS = ROPE_HALF_BITS
 
 
 def _bits(name: str, value, lo: int, hi: int) -> int:
@@ -105,16 +106,18 @@ class Rope(PipelineUnit):
     """One element of a rotary rotation (:func:`hw.numerics.vec_rope`):
     ``y = sat32(round_shift(x * cos + rot * sin, 14))``, with ``rot`` the element of
     ``rot(x) = (-x2, x1)`` at the same position (``-x[i + d/2]`` in the first half of a head,
-    ``x[i - d/2]`` in the second; negation is exact, activations being symmetric) and ``cos``,
-    ``sin`` the tables' words (:func:`hw.numerics.rope_table`).
+    ``x[i - d/2]`` in the second) and ``cos``, ``sin`` the tables' words
+    (:func:`hw.numerics.rope_table`). ``rot`` is 33 bits wide, so that the negation is exact
+    for every 32-bit word (``-(-2**31)``), as in the numerics.
 
-    Pipeline: 1 both products; 2 their sum (exact, below 2**47); 3 rounding and saturation.
+    Pipeline: 1 both products; 2 their sum (exact, below 2**48); 3 rounding and saturation.
 
-    Cost: four 18x18 multipliers (two per 32 x 16-bit product).
+    Cost: four 18x18 multipliers (two per 32 x 16-bit and 33 x 16-bit product).
 
     Members
     -------
-    i: In(stream.Signature(StructLayout({"x", "rot": signed(32), "cos", "sin": signed(16)})))
+    i: In(stream.Signature(StructLayout({"x": signed(32), "rot": signed(33),
+                                         "cos", "sin": signed(16)})))
     o: Out(stream.Signature(StructLayout({"y": signed(32)})))
     """
 
@@ -122,7 +125,8 @@ class Rope(PipelineUnit):
 
     def __init__(self):
         act, tab = signed(ACT_BITS), signed(ROPE_BITS)
-        super().__init__(data.StructLayout({"x": act, "rot": act, "cos": tab, "sin": tab}),
+        super().__init__(data.StructLayout({"x": act, "rot": signed(ACT_BITS + 1), "cos": tab,
+                                            "sin": tab}),
                          data.StructLayout({"y": act}))
 
     def _stages(self):

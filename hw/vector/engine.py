@@ -31,6 +31,13 @@ SILU_GATE  one pass, each element ``g`` (with ``u`` from ``b_addr``) through ``E
            0), max(g, 0))``, ``Recip(2**30 + e)``, ``Scale(60)(1, r, sh)`` (the sigmoid of
            ``|g|``), ``Mul(30)(e, s)`` (the sigmoid of ``-|g|``, chosen for ``g < 0``),
            ``Mul(30)(g, sigmoid)`` and ``Mul(16)(silu, u)``, the operands carried beside
+ROPE       ``Rope`` over ``imm``'s heads (:func:`hw.isa.rope_imm`), one pair ``k, k + d/2`` of
+           a head after the other, two reads each: ``x[k]`` and ``x[k + d/2]`` on the two
+           ports, then the table word ``k`` (``b_addr + k``: cos in its low half, sin in its
+           high half, :func:`hw.numerics.rope_pairs`) on the first; element ``k`` enters the
+           unit as the word arrives (``rot = -x[k + d/2]``, 33 bits), element ``k + d/2`` the
+           cycle after (``rot = x[k]``, the word registered), each result written to its
+           position as it comes out
 RMSNORM    pass 1 ``AbsMax``, ``s = max(0, bitlen(amax) - 17)`` as it comes out and ``eps >>
            2s``; pass 2 ``SumSq(x, s)``; ``Rsqrt`` of the sum plus ``eps >> 2s`` (``r = 0``
            for a sum of 0); pass 3 ``Scale(30)(x, r, sh + s)`` into ``Mul(30, b_bits=33)``
@@ -39,7 +46,8 @@ RMSNORM    pass 1 ``AbsMax``, ``s = max(0, bitlen(amax) - 17)`` as it comes out 
 
 (:func:`hw.numerics.vec_add`, :func:`~hw.numerics.vec_argmax`,
 :func:`~hw.numerics.vec_requant`, :func:`~hw.numerics.vec_softmax`,
-:func:`~hw.numerics.vec_rmsnorm`; the sequences are those of :mod:`hw.vector`'s docstring.)
+:func:`~hw.numerics.vec_rmsnorm`, :func:`~hw.numerics.vec_rope_pairs`; the sequences are
+those of :mod:`hw.vector`'s docstring.)
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
 :data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.
@@ -54,9 +62,9 @@ from amaranth.utils import ceil_log2
 
 from hw import timing
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
-from hw.isa import VecBody, VecFunc, vec_out_words
-from hw.numerics import ACT_BITS, ACT_FRAC, ACT_MAX, NORM_FRAC
-from hw.vector.elementwise import Add, Mul, Requant, Scale
+from hw.isa import ROPE_HEAD_DIM_BITS, VecBody, VecFunc, vec_out_words
+from hw.numerics import ACT_BITS, ACT_FRAC, ACT_MAX, NORM_FRAC, ROPE_HALF_BITS
+from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
 from hw.vector.tables import Exp, Recip, Rsqrt
 
@@ -104,7 +112,8 @@ class VectorEngine(wiring.Component):
         The current instruction's ``length`` (what it adds to ``vector_elements`` when
         ``done`` pulses).
     vin_a, vin_b: In(ReadPort.Signature(...))
-        Element read ports of VIN (the row; ADD's second operand, RMSNORM's weight).
+        Element read ports of VIN (the row; ADD's second operand, RMSNORM's weight; ROPE:
+        ``x[k]`` and the table words, ``x[k + d/2]``).
     vout_wr: In(WritePort.Signature(...))
         Element write port of VOUT.
     """
@@ -146,6 +155,7 @@ class VectorEngine(wiring.Component):
             "scale60": Scale(2 * NORM_FRAC),
             "mul_es": Mul(NORM_FRAC),
             "mul_gs": Mul(NORM_FRAC),
+            "rope": Rope(),
         }
         vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
         vout = cfg.vout_spad_bytes // cfg.vout_word_bytes
@@ -180,12 +190,22 @@ class VectorEngine(wiring.Component):
         idx = Signal(VecBody["length"].width)    # the element read now
         imm = Signal(VecBody["imm"].width)
         length = self.elements
+        # ROPE: a_ptr / b_ptr point at x[k] / x[k + d/2], t_ptr at table word k; `tab`: this
+        # read is the table word's; rk = k.
+        t_ptr = Signal(width)
+        rk = Signal(ROPE_HEAD_DIM_BITS)
+        tab = Signal()
+        half = imm[1:ROPE_HEAD_DIM_BITS]        # head_dim / 2
 
         is_ = {f: func == f for f in VecFunc}
         m.d.comb += self.cmd.ready.eq(~active)
         with m.If(~active):
             # The payload is stable from the cycle after the pop (hw.engine): copied while idle.
-            m.d.sync += [func.eq(body.func), a_ptr.eq(body.a_addr), b_ptr.eq(body.b_addr),
+            rope = body.func == VecFunc.ROPE
+            m.d.sync += [func.eq(body.func), a_ptr.eq(body.a_addr),
+                         b_ptr.eq(Mux(rope, body.a_addr + body.imm[1:ROPE_HEAD_DIM_BITS],
+                                      body.b_addr)),
+                         t_ptr.eq(body.b_addr), rk.eq(0), tab.eq(0),
                          a_base.eq(body.a_addr), b_base.eq(body.b_addr),
                          dst.eq(body.dst_addr), left.eq(body.length - 1), idx.eq(0),
                          length.eq(body.length), imm.eq(body.imm), phase.eq(0)]
@@ -193,11 +213,22 @@ class VectorEngine(wiring.Component):
                 m.d.sync += [active.eq(1), issuing.eq(1)]
 
         # ---- read: one element (of each operand row) per cycle
-        m.d.comb += [self.vin_a.addr.eq(a_ptr), self.vin_a.en.eq(issuing),
+        is_rope = is_[VecFunc.ROPE]
+        m.d.comb += [self.vin_a.addr.eq(Mux(is_rope & tab, t_ptr, a_ptr)),
+                     self.vin_a.en.eq(issuing),
                      self.vin_b.addr.eq(b_ptr), self.vin_b.en.eq(issuing)]
         with m.If(issuing):
             m.d.sync += [a_ptr.eq(a_ptr + 1), b_ptr.eq(b_ptr + 1), left.eq(left - 1),
                          idx.eq(idx + 1)]
+            with m.If(is_rope):   # the pointers move after each table read
+                m.d.sync += tab.eq(~tab)
+                with m.If(~tab):
+                    m.d.sync += [a_ptr.eq(a_ptr), b_ptr.eq(b_ptr)]
+                with m.Elif(rk == half - 1):   # the head's last pair: the next head's first
+                    m.d.sync += [a_ptr.eq(a_ptr + 1 + half), b_ptr.eq(b_ptr + 1 + half),
+                                 t_ptr.eq(b_base), rk.eq(0)]
+                with m.Else():
+                    m.d.sync += [t_ptr.eq(t_ptr + 1), rk.eq(rk + 1)]
             with m.If(left == 0):
                 m.d.sync += issuing.eq(0)
         next_pass = Signal()   # a per-row scalar is ready: the next pass reads from next cycle
@@ -309,6 +340,36 @@ class VectorEngine(wiring.Component):
              a=Mux(mul, x, u["mul_gs"].o.payload.y), b=Mux(mul, b, u_mu))
         mul_last = _delay(m, last & is_[VecFunc.MUL], lat["mul16"], "mul_last")
 
+        # -- ROPE: x[k], x[k + d/2] registered as they arrive; element k enters Rope with the
+        # table word, element k + d/2 the cycle after
+        was_tab = Signal()
+        m.d.sync += was_tab.eq(tab)
+        xl = Signal(signed(ACT_BITS), reset_less=True)
+        xu = Signal(signed(ACT_BITS), reset_less=True)
+        cs = Signal(2 * ROPE_HALF_BITS, reset_less=True)
+        lower = valid & is_rope & was_tab
+        upper = Signal()
+        up_last = Signal()
+        m.d.sync += [upper.eq(lower), up_last.eq(lower & last)]
+        with m.If(valid & is_rope & ~was_tab):
+            m.d.sync += [xl.eq(x), xu.eq(b)]
+        with m.If(lower):
+            m.d.sync += cs.eq(self.vin_a.data)
+        word_cs = Mux(upper, cs, self.vin_a.data[:2 * ROPE_HALF_BITS])
+        feed(u["rope"], lower | upper, x=Mux(upper, xu, xl), rot=Mux(upper, xl, -xu),
+             cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
+        rope_last = _delay(m, up_last, u["rope"].latency, "rope_last")
+        # Each result's VOUT position: lower k -> upper k (+ d/2) -> lower k + 1 (+ 1 - d/2),
+        # or the next head's first (+ 1) after its last pair.
+        r_up = Signal()      # the next ROPE result is an upper element
+        r_k = Signal(ROPE_HEAD_DIM_BITS)
+        with m.If(u["rope"].o.valid):
+            m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_k == half - 1, 0, r_k + 1),
+                                                     r_k))]
+        with m.If(~active):
+            m.d.sync += [r_up.eq(0), r_k.eq(0)]
+        rope_step = Mux(~r_up, half, Mux(r_k == half - 1, 1, 1 - half))
+
         # ---- write
         add_last = _delay(m, last & is_[VecFunc.ADD], u["add"].latency, "add_last")
         code_last = _delay(m, last & is_[VecFunc.REQUANT] & (phase == 1),
@@ -344,6 +405,7 @@ class VectorEngine(wiring.Component):
             (u["scale16"].o.valid, u["scale16"].o.payload.y, p_last),   # 0 where masked
             (u["mul"].o.valid, u["mul"].o.payload.y, y_last),
             (u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last),
+            (u["rope"].o.valid, u["rope"].o.payload.y, rope_last),
         ]
         data = 0
         for en, value, _ in reversed(sources):
@@ -353,7 +415,7 @@ class VectorEngine(wiring.Component):
         m.d.comb += [self.vout_wr.addr.eq(dst), self.vout_wr.en.eq(write),
                      self.vout_wr.data.eq(data), self.done.eq(done)]
         with m.If(write):
-            m.d.sync += dst.eq(dst + 1)
+            m.d.sync += dst.eq(dst + Mux(is_rope, rope_step, 1)[:len(dst)])
         with m.If(done):
             m.d.sync += active.eq(0)
         return m

@@ -30,10 +30,13 @@ from hw.isa import (
     Spad,
     Store,
     Sync,
+    Vec,
     VecBody,
+    VecFunc,
     decode,
     dispatch_error,
     encode,
+    rope_imm,
 )
 from hw.queues import InstrQueue
 
@@ -114,6 +117,29 @@ def boundary_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
     return words
 
 
+def rope_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
+    """ROPE VECs on and around each of its rules: whole heads or a row one or two elements
+    off, head_dim odd or 0, heads 0 or from 2**15 up (past the fetch unit's product), and the
+    table ending one word before, at and one word past VIN's end."""
+    vin, vout = cfg.vin_spad_bytes // 4, cfg.vout_spad_bytes // 4
+    words = []
+    for _ in range(40):
+        head_dim = rng.choice([2, 4, 6, 8, 10, 64] * 3 + [1, 3, 0])
+        heads = rng.choice([1, 2, 3, 5] * 3 + [0, 1 << 15, (1 << 15) + 1, (1 << 24) - 1])
+        length = (heads * head_dim + rng.choice([0] * 6 + [-2, -1, 1, 2])) & 0xFFFF
+        if heads >= 1 << 15:
+            length = rng.choice([length, rng.randrange(1 << 16)])
+        half = head_dim // 2
+        b_addr = rng.choice([vin - half - 1, vin - half, vin - half + 1]
+                            + [rng.randrange(max(vin - half, 1))] * 3) & 0xFFFF
+        a_addr = rng.randrange(max(vin - length, 0) + 1)
+        dst_addr = rng.randrange(max(vout - length, 0) + 1)
+        words.append(encode(Vec(func=VecFunc.ROPE, a_addr=a_addr, b_addr=b_addr,
+                                dst_addr=dst_addr, length=length,
+                                imm=rope_imm(head_dim, heads))))
+    return words
+
+
 def expected_error(word: int, cfg: AcceleratorConfig) -> ErrorCode:
     try:
         ins = decode(word)
@@ -165,6 +191,8 @@ def test_checks_match_dispatch_error(name):
     words += [encode(random_gemm(rng, cfg)) for _ in range(15)]
     words += [encode(random_dma(rng, cfg, store=rng.random() < 0.5)) for _ in range(15)]
     words += boundary_words(rng, cfg)
+    if cfg.has_vector:
+        words += rope_words(rng, cfg)
     bench = FetchBench(cfg)
     seen = set()
 

@@ -23,6 +23,7 @@ from hw.numerics import (
     vec_rsqrt,
 )
 from hw.vector import Add, Mul, Requant, Rope, Scale
+from hw.vector.elementwise import ROPE_BITS
 
 
 def operands(seed: int, n: int = 240) -> tuple[np.ndarray, np.ndarray]:
@@ -80,6 +81,10 @@ def test_rope_matches_numerics():
     cos = rng.integers(-one, one + 1, (heads, d))
     sin = rng.integers(-one, one + 1, (heads, d))
     cos[:2], sin[:2] = one, one          # saturating: x * 1 + x * 1
+    x[3] = -2**31                        # a VIN word past -ACT_MAX: rot = 2**31 (33 bits)
+    x[4, ::2] = -2**31
+    cos[3:5] = -(1 << (ROPE_BITS - 1))   # the table halves' extremes
+    sin[3:5] = (1 << (ROPE_BITS - 1)) - 1
     h = d // 2
     rot = np.concatenate((-x[:, h:], x[:, :h]), axis=-1)
     els = [{"x": int(p), "rot": int(q), "cos": int(c), "sin": int(s)}

@@ -37,9 +37,10 @@ from hw.isa import (
     encode,
     field_location,
     program_words,
+    rope_imm,
     vec_out_words,
 )
-from hw.numerics import norm_eps
+from hw.numerics import ACT_MAX, ROPE_FRAC, norm_eps, rope_pairs, rope_table, vec_rope
 from hw.spad import Scratchpad
 from hw.vector.engine import VectorEngine
 from sim.functional import MachineState, exec_vec
@@ -132,6 +133,42 @@ def test_vec_and_dma_fields_out_of_range_are_bad_addresses(ins, needle):
         check(ins, VCFG)
 
 
+@pytest.mark.parametrize(("ins", "needle"), [
+    (Vec(func=VecFunc.ROPE, length=6, imm=rope_imm(3, 2)), "head_dim=3: it must be even"),
+    (Vec(func=VecFunc.ROPE, length=6, imm=rope_imm(0, 2)), "head_dim=0: it must be even"),
+    (Vec(func=VecFunc.ROPE, length=6, imm=6), "0 heads x head_dim=6"),
+    (Vec(func=VecFunc.ROPE, length=10, imm=rope_imm(4, 2)), "2 heads x head_dim=4 .* is not "
+                                                             "its row of length=10"),
+    (Vec(func=VecFunc.ROPE, length=2, imm=rope_imm(2, 1 << 15)), "32768 heads"),
+    (Vec(func=VecFunc.ROPE, b_addr=VIN - 1, length=4, imm=rope_imm(4, 1)),
+     rf"ROPE table \[{VIN - 1}, {VIN + 1}\) exceeds VIN"),
+    (Vec(func=VecFunc.ROPE, a_addr=VIN - 3, length=4, imm=rope_imm(4, 1)), "row .* exceeds VIN"),
+    (Vec(func=VecFunc.ROPE, dst_addr=VOUT - 3, length=4, imm=rope_imm(4, 1)),
+     "results .* exceed VOUT"),
+])
+def test_a_rope_of_broken_heads_or_table_is_a_bad_address(ins, needle):
+    """ROPE's own rules: head_dim even and >= 2, heads * head_dim = length, the table of
+    head_dim / 2 words inside VIN (the row and the results as for every VEC)."""
+    assert dispatch_error(ins, VCFG) == ErrorCode.BAD_ADDRESS
+    assert dispatch_errors(decode_fields(program_words([ins])), VCFG).tolist() == \
+        [ErrorCode.BAD_ADDRESS.value]
+    with pytest.raises(ISAError, match=needle):
+        check(ins, VCFG)
+
+
+def test_a_rope_reads_its_table_not_a_row_at_b():
+    """The table is head_dim / 2 words whatever the row's length; a table at the end of VIN
+    passes, and so does a ROPE over many heads (the table is the same for each)."""
+    for ins in (Vec(func=VecFunc.ROPE, b_addr=VIN - 2, length=VOUT, imm=rope_imm(4, VOUT // 4)),
+                Vec(func=VecFunc.ROPE, b_addr=VIN - 32, length=64, imm=rope_imm(64, 1)),
+                Vec(func=VecFunc.ROPE, length=2, imm=rope_imm(2, 1))):
+        assert dispatch_error(ins, VCFG) == ErrorCode.NONE, ins
+        check(ins, VCFG)
+    assert vec_out_words(VecFunc.ROPE.value, 24) == 24
+    with pytest.raises(ValueError, match="head_dim=65536"):
+        rope_imm(1 << 16, 1)
+
+
 def test_argmax_ignores_b_and_its_result_is_two_words():
     """ARGMAX reads no second row (any b_addr passes) and writes an index and a maximum."""
     assert dispatch_error(Vec(func=VecFunc.ARGMAX, b_addr=VIN + 5, length=VIN), VCFG) \
@@ -173,10 +210,24 @@ def _random_vin(rng: np.random.Generator) -> np.ndarray:
     return x.astype(np.int32)
 
 
+def _random_rope(rng) -> Vec:
+    """A ROPE of random heads (head_dim 2 to 32, even) inside VIN and VOUT."""
+    head_dim = 2 * int(rng.choice([1, 2, 3, int(rng.integers(1, 17))]))
+    heads = int(rng.integers(1, VOUT // head_dim + 1))
+    length = heads * head_dim
+    return Vec(func=VecFunc.ROPE, length=length, imm=rope_imm(head_dim, heads),
+               a_addr=int(rng.integers(0, VIN - length + 1)),
+               b_addr=int(rng.integers(0, VIN - head_dim // 2 + 1)),
+               dst_addr=int(rng.integers(0, VOUT - length + 1)))
+
+
 def _random_vecs(rng, n):
     out = []
     for _ in range(n):
         func = VecFunc(int(rng.integers(len(VecFunc))))
+        if func == VecFunc.ROPE:
+            out.append(_random_rope(rng))
+            continue
         length = int(rng.choice([1, 2, 3, int(rng.integers(1, VOUT + 1))]))
         words = int(vec_out_words(func.value, length))
         imm = 0
@@ -291,6 +342,57 @@ def test_requant_softmax_and_rmsnorm_edges_in_the_executor():
     assert words[2] == 0 and words[5] == 2**31 and words[8] == 2**31 - 1   # amax words
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_rope_over_heads_matches_the_models(seed):
+    """ROPE on random rows and random table words (any bit patterns: the halves
+    sign-extended), several heads each, back to back with each other and with other sub-ops
+    (its write addresses jump within a head: the next VEC must still start clean)."""
+    rng = np.random.default_rng(100 + seed)
+    vin = _random_vin(rng)
+    vecs = []
+    for _ in range(8):
+        vecs.append(_random_rope(rng))
+        if rng.random() < 0.4:
+            vecs += _random_vecs(rng, 1)
+    vecs.append(Vec(func=VecFunc.ROPE, length=VOUT, imm=rope_imm(VOUT, 1),
+                    b_addr=VIN - VOUT // 2))   # the widest head, the table at VIN's end
+    gaps = [int(rng.choice([0, 0, 1, 3])) for _ in vecs]
+    _check_against_the_models(vin, vecs, gaps)
+
+
+def test_rope_with_llama_tables_and_edge_values():
+    """ROPE with a LLaMA table (``rope_pairs`` of ``rope_table``): heads of zeros, of
+    +-ACT_MAX, of -2**31 (its negation needs 33 bits), of small values, and at angle 0
+    (cos = 1) where x + x saturates with sin = 1; VOUT equals ``vec_rope`` on the full tables,
+    as the model-level twin computes it."""
+    d = 8
+    theta = 10000.0 ** (-np.arange(0, d, 2) / d)
+    one = 1 << ROPE_FRAC
+    vin = np.zeros(VIN, dtype=np.int32)
+    ang = np.concatenate([7 * theta] * 2)
+    cos, sin = rope_table(np.cos(ang)), rope_table(np.sin(ang))
+    vin[VIN - d // 2:] = rope_pairs(cos, sin)                       # the table
+    vin[VIN - d:VIN - d // 2] = rope_pairs(np.full(d, one), np.full(d, one))   # cos = sin = 1
+    x = np.zeros((6, d), dtype=np.int64)
+    x[1] = ACT_MAX
+    x[2] = -ACT_MAX
+    x[3, ::2], x[3, 1::2] = -2**31, ACT_MAX
+    x[4] = np.arange(d) * 3 - 11
+    x[5] = [ACT_MAX, -ACT_MAX] * (d // 2)
+    vin[:x.size] = x.ravel()
+    heads = x.shape[0]
+    vecs = [Vec(func=VecFunc.ROPE, a_addr=0, b_addr=VIN - d // 2, length=heads * d,
+                imm=rope_imm(d, heads), dst_addr=0),
+            Vec(func=VecFunc.ROPE, a_addr=d, b_addr=VIN - d, length=2 * d,
+                imm=rope_imm(d, 2), dst_addr=heads * d)]
+    st = _check_against_the_models(vin, vecs, [0, 0])
+    got = st.spads[Spad.VOUT].view("<i4").astype(np.int64)
+    assert np.array_equal(got[:heads * d], vec_rope(x, cos, sin).ravel())
+    sat = got[heads * d:(heads + 2) * d].reshape(2, d)
+    assert np.array_equal(sat, vec_rope(x[1:3], np.full(d, one), np.full(d, one)))
+    assert (np.abs(sat) == ACT_MAX).any()                           # saturated
+
+
 def test_the_timing_formula_and_its_array_twin_agree():
     rng = np.random.default_rng(1)
     vecs = _random_vecs(rng, 50)
@@ -302,6 +404,9 @@ def test_the_timing_formula_and_its_array_twin_agree():
     assert timing.vec_cycles(Vec(func=VecFunc.ARGMAX, length=10), VCFG) == \
         10 + timing.VEC_READ_LATENCY + lat["argmax"] + 1
     assert timing.vec_cycles(Vec(func=VecFunc.MUL, length=10), VCFG) == 10 + 1 + lat["mul"]
+    # two reads per pair; the pair's second element enters Rope a cycle after the table word
+    assert timing.vec_cycles(Vec(func=VecFunc.ROPE, length=12, imm=rope_imm(4, 3)), VCFG) == \
+        12 + timing.VEC_READ_LATENCY + 1 + lat["rope"]
     assert timing.vec_cycles(Vec(func=VecFunc.SILU_GATE, length=10), VCFG) == \
         10 + 1 + lat["exp"] + lat["recip"] + lat["scale"] + 3 * lat["mul"]
     # two passes; Recip between them; the amax word after the last code word

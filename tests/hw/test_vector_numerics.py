@@ -26,8 +26,10 @@ from hw.numerics import (
     quantize_activations_vector,
     quantize_activations_vector_torch,
     rms_norm_vector,
+    rope_pairs,
     rope_table,
     rope_table_torch,
+    rope_unpack,
     rope_vector,
     round_shift,
     round_shift_torch,
@@ -51,6 +53,7 @@ from hw.numerics import (
     vec_rmsnorm,
     vec_rmsnorm_torch,
     vec_rope,
+    vec_rope_pairs,
     vec_rope_torch,
     vec_rsqrt,
     vec_rsqrt_torch,
@@ -279,6 +282,52 @@ def test_values_fold_matches_the_float_fold():
     # the same folded values to within a code (integer fold, reciprocal error) and their scale
     assert (p8.int() - p8_f.int()).abs().max() <= 1
     assert torch.allclose(s_p, s_pf, rtol=2.0**-12)
+
+
+@pytest.mark.parametrize("head_dim", [2, 8, 64, 128])
+def test_packed_rope_tables_give_vec_rope_on_llama_tables(head_dim):
+    """The engine's table (one word per pair: ``rope_pairs``) loses nothing on LLaMA tables:
+    ``vec_rope_pairs`` over several heads equals ``vec_rope`` with the full tables at every
+    position, and so equals the model-level twin ``rope_vector`` (unchanged) bit for bit."""
+    rng = np.random.default_rng(head_dim)
+    heads, positions = 3, 40
+    cos, sin = rotary_tables(head_dim, positions, 10000.0)
+    x = rng.integers(-ACT_MAX, ACT_MAX + 1, (positions, heads, head_dim))
+    x[0] = ACT_MAX
+    x[1] = -ACT_MAX
+    x[2] = 0
+    x[3] = rng.integers(-(4 << 16), 4 << 16, (heads, head_dim))
+    for p in range(positions):
+        c, s = rope_table(cos[p].numpy()), rope_table(sin[p].numpy())
+        words = rope_pairs(c, s)
+        assert words.shape == (head_dim // 2,)
+        assert ((words >= -2**31) & (words < 2**31)).all()         # a VIN element
+        assert all(np.array_equal(a, b[:head_dim // 2])
+                   for a, b in zip(rope_unpack(words), (c, s), strict=True))
+        assert np.array_equal(rope_unpack(words.astype(np.int32).view(np.uint32))[1],
+                              s[:head_dim // 2])                    # the bits, not the sign
+        y = vec_rope_pairs(x[p].ravel(), words, head_dim)
+        assert np.array_equal(y, vec_rope(x[p], c, s).ravel())
+    xf = torch.from_numpy(rng.normal(0, 3, (positions, heads, head_dim))).float()
+    twin = to_fixed_torch(rope_vector(xf, cos[:, None], sin[:, None])).numpy()
+    for p in range(positions):
+        words = rope_pairs(rope_table(cos[p].numpy()), rope_table(sin[p].numpy()))
+        assert np.array_equal(vec_rope_pairs(to_fixed(xf[p].numpy()).ravel(), words, head_dim),
+                              twin[p].ravel())
+
+
+def test_packed_rope_tables_refuse_what_one_word_per_pair_cannot_hold():
+    one = 1 << 14
+    with pytest.raises(ValueError, match="halves differ"):
+        rope_pairs(np.array([one, 0, 0, 0]), np.zeros(4, np.int64))
+    with pytest.raises(ValueError, match="even-length"):
+        rope_pairs(np.zeros(3, np.int64), np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match="sin table value 32768 does not fit 16"):
+        rope_pairs(np.zeros(2, np.int64), np.full(2, 1 << 15))
+    with pytest.raises(ValueError, match="head_dim=3"):
+        vec_rope_pairs(np.zeros(6, np.int64), np.zeros(1, np.int64), 3)
+    with pytest.raises(ValueError, match="head_dim=4 needs 2 words"):
+        vec_rope_pairs(np.zeros(8, np.int64), np.zeros(3, np.int64), 4)
 
 
 def test_float_interface_close_to_the_float_ops():
