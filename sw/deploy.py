@@ -579,6 +579,8 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
         "dense_int4_cycles_per_token": dense_cycles,
         "utilisation": float(np.mean([s.counter("mac_cycles") / s.cycles for s in dec])),
         "programs_per_token": float(np.mean([len(s.programs) for s in dec])),
+        "vector_programs_per_token": float(np.mean([sum(
+            exe.programs[p.program].vector is not None for p in s.programs) for s in dec])),
         "instruction_bytes_per_token": instr_bytes,
         "host_transitions_per_token": float(np.mean([s.transitions for s in dec])),
         "host_unit_cycles_per_token_estimated": host_unit,
@@ -614,9 +616,13 @@ def _write(out: Path, opts, cfg, exe, gen, report, src, tokens, prompt_text: str
     executable_io.save(exe, out / "executable.safetensors")
     dec = _decode_steps(gen.steps)
     last = dec[-1]
-    plot_roofline(last.roofline_points(), cfg, out / "roofline.png",
+    # MACs against intensity: the vector engine's programs (no MACs) have no point on it
+    points = [p for p in last.roofline_points() if p.macs]
+    vector = sum(exe.programs[p.program].vector is not None for p in last.programs)
+    plot_roofline(points, cfg, out / "roofline.png",
                   f"one decode step at position {last.past}: {len(last.programs)} programs, "
-                  "summed per kind over the blocks")
+                  "summed per kind over the blocks"
+                  + (f" ({vector} vector programs not shown)" if vector else ""))
     if any(p.trace is not None for p in last.programs):
         write_step_trace(out / "decode_trace.json", exe, last)
     (out / "report.md").write_text(_markdown(report, src.decode(tokens), prompt_text))
