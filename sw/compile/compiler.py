@@ -60,7 +60,7 @@ from sw.compile.tiling import stream_bytes, weight_image
 from sw.compile.vector import VectorOp, vector_op
 from sw.models.llama import LlamaLM
 
-__all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes",
+__all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes", "vector_ops",
            "static_dram_bytes"]
 
 
@@ -108,18 +108,19 @@ class CompileOptions:
 
 
 def accelerator_nodes(g: Graph, accelerated: Iterable[str], attention: bool = True,
-                      vector: bool = False) -> list[Node]:
+                      vector: Iterable[str] = ()) -> list[Node]:
     """The nodes of ``g`` that run on the accelerator, in order (the partition): ops that may
     (``OPS[op].streams``) whose weight operand is there -- every layer compressed (or given
-    a format) for ``"weights"``, the INT8 KV cache (``attention``) for ``"kv"`` -- and, with
-    ``vector`` (a vector engine), the ops with a VEC sub-op (``OPS[op].vector``)."""
-    acc = set(accelerated)
+    a format) for ``"weights"``, the INT8 KV cache (``attention``) for ``"kv"`` -- and the
+    ops named in ``vector`` that have a VEC sub-op (``OPS[op].vector``; a configuration with
+    a vector engine: :func:`vector_ops`)."""
+    acc, vec = set(accelerated), set(vector)
     out = []
     for n in g.nodes:
         streams = OPS[n.op].streams
         if streams == "kv" and attention:
             out.append(n)
-        elif vector and OPS[n.op].vector is not None:
+        elif n.op in vec and OPS[n.op].vector is not None:
             out.append(n)
         elif streams == "weights":
             on = [layer.layer in acc for layer in linear_layers(n)]
@@ -129,6 +130,20 @@ def accelerator_nodes(g: Graph, accelerated: Iterable[str], attention: bool = Tr
                 raise CompileError(f"node {n.name!r} groups layers that do not all run on "
                                    "the accelerator")
     return out
+
+
+def vector_ops(model: LlamaLM, cfg: AcceleratorConfig, opts: CompileOptions) -> frozenset[str]:
+    """The ops that run on ``cfg``'s vector engine: every op with a VEC sub-op, if it has one
+    and ``opts.vector``; but the softmax stays on the host when a sliding window shorter than
+    the context makes a row's valid positions other than its first ones (SOFTMAX's ``imm``
+    counts from the start of the row)."""
+    if not (cfg.has_vector and opts.vector):
+        return frozenset()
+    ops = {name for name, d in OPS.items() if d.vector is not None}
+    window = model.config.sliding_window
+    if window is not None and window < opts.max_context:
+        ops.discard("softmax")
+    return frozenset(ops)
 
 
 def _linear_layers(model: LlamaLM) -> list[str]:
@@ -267,7 +282,7 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
     activation buffer with its lifetime (host stage before a program to the one after)."""
     kv = _kv_layout(model, cfg, opts)
     contexts = _decode_contexts(opts)
-    vector = cfg.has_vector and opts.vector
+    vector = vector_ops(model, cfg, opts)
     work: list[tuple[str, Node, int | None, list[Member] | list[VectorOp]]] = []
     buffers: dict[str, list[Buffer]] = {}
     for phase, g in graphs.items():

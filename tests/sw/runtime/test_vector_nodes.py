@@ -130,6 +130,23 @@ def test_softmax_valid_counts_are_set_per_step_without_recompiling():
     assert imms[1:] == [[p + 1] * heads for p in range(PROMPT, PROMPT + STEPS)]
 
 
+def test_a_sliding_window_keeps_the_softmax_on_the_host():
+    """A window shorter than the context masks a row's first positions: SOFTMAX's ``imm``
+    cannot say that, so the softmax stays a host op (the rest still runs on the engine)."""
+    lm = tiny_lm(model_type="mistral", sliding_window=4)
+    ws = compressed(lm)
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS), weights=ws)
+    funcs = {p.vector.func for p in exe.programs if p.vector is not None}
+    assert VecFunc.RMSNORM in funcs and VecFunc.SOFTMAX not in funcs
+    ids = _ids(lm, PROMPT + STEPS)
+    steps = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, PROMPT)
+    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
+                            PROMPT)
+    for (logits, st), w in zip(steps, want, strict=True):
+        assert torch.equal(logits, w)
+        assert "softmax" in {h.op for h in st.host}
+
+
 def test_reference_model_tokens_equal_the_vector_twin():
     from sw.models.reference_model import load_reference
     lm = load_reference()
