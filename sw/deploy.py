@@ -22,9 +22,8 @@ explicit --config file or --dram-mb that is too small is an error (a named confi
 DRAM is sized like the default's).
 
 On a configuration with the vector engine (--config vector, or a file with vin_spad_bytes and
-vout_spad_bytes) RMSNorm, softmax, SiLU-gate and residual additions run on it as programs of
-their own; the host's remaining ops then compute with the vector unit's numerics too:
---vector-numerics is implied.
+vout_spad_bytes) RMSNorm, softmax and SiLU-gate run on it as programs of their own; the host's
+remaining ops then compute with the vector unit's numerics too: --vector-numerics is implied.
 
 examples:
   python -m sw.deploy
@@ -59,6 +58,7 @@ from hw.cli import OneLineParser, command
 from hw.config import (
     DENSE,
     PRESETS,
+    VECTOR_PRESET_SPADS,
     WEIGHT_BITS,
     AcceleratorConfig,
     ConfigError,
@@ -166,7 +166,9 @@ def _parser() -> argparse.ArgumentParser:
                     f"(default: the model's recipe; {r.method} for others)")
     ap.add_argument("--config", default=d.config, help="accelerator configuration: a JSON "
                     f"file, or a named one ({', '.join(PRESETS)}; 'vector' is the default "
-                    "with the vector engine's 16 KiB VIN and 8 KiB VOUT scratchpads, and "
+                    "with the vector engine's "
+                    f"{VECTOR_PRESET_SPADS['vin_spad_bytes'] >> 10} KiB VIN and "
+                    f"{VECTOR_PRESET_SPADS['vout_spad_bytes'] >> 10} KiB VOUT scratchpads, and "
                     "implies --vector-numerics) (default: the built-in AcceleratorConfig)")
     ap.add_argument("--backend", default=d.backend, choices=BACKENDS + BOARD_BACKENDS,
                     help="model: fast model with values; model-timing: cycles only (text from "
@@ -223,7 +225,8 @@ def _accelerator(path: str | None, dram_mb: int | None) -> AcceleratorConfig:
         cfg = (preset(path) if path in PRESETS else AcceleratorConfig.load(path) if path
                else AcceleratorConfig())
     except ConfigError as e:
-        raise UsageError(f"--config {e}") from None
+        names = "" if Path(path).exists() else f" (nor a named one: {', '.join(PRESETS)})"
+        raise UsageError(f"--config {e}{names}") from None
     if dram_mb is None:
         return cfg
     try:

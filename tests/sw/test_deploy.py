@@ -177,6 +177,7 @@ def test_help_documents_every_option_with_its_default(capsys):
     (["--model", "m.gguf"], "--model m.gguf: no such file"),
     (["--model", "m.safetensors"], "--model m.safetensors: no such file"),
     (["--config", "missing.json"], "--config missing.json: cannot read it"),
+    (["--config", "vectr"], "(nor a named one: default, vector)"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--max-new-tokens", "400"], "exceeds the model's context of 256 positions"),
     (["--eval-tokens", "100"], "--eval-tokens must be 0 or at least one window of 256"),
