@@ -527,7 +527,7 @@ class Runtime:
             if not torch.equal(valid.reshape(-1, s), torch.arange(s) < counts[:, None]):
                 raise RuntimeFault(f"node {node.name!r}: the vector engine's softmax takes "
                                    "the first positions of a row as valid, the mask is not "
-                                   "a prefix (a sliding window?); compile with vector=False")
+                                   "a prefix; compile with CompileOptions(vector=False)")
             rows = [to_fixed_torch(torch.where(valid, z, torch.zeros((), dtype=z.dtype)))]
             words = _set_imm(program, counts.numpy())
         else:
@@ -641,9 +641,10 @@ _IO = {"weights": (Runtime._linear_in, Runtime._linear_out),
        "vector": (Runtime._vector_in, Runtime._vector_out)}
 
 
-def _io_kind(op: str) -> str:
-    """The :data:`_IO` entry of an accelerator node of ``op``."""
-    return OPS[op].streams or "vector"
+def _io_kind(op: str) -> str | None:
+    """The :data:`_IO` entry of an accelerator node of ``op`` (None: it has none)."""
+    d = OPS[op]
+    return d.streams or ("vector" if d.vector is not None else None)
 
 
 class _VectorState(NamedTuple):

@@ -27,7 +27,7 @@ from sw.compile.errors import LoweringError
 from sw.compile.executable import load, save
 from sw.compile.ir import OPS
 from sw.compile.relocation import lower_vector_template, relocate
-from sw.compile.schedule import vector_tasks
+from sw.compile.schedule import ELEMENTWISE, vector_tasks
 from sw.compress.model import use_hardware_numerics
 from sw.models.generate import generate
 from sw.runtime import Runtime, RuntimeFault
@@ -217,7 +217,7 @@ def test_vector_programs_compute_their_rows(func, seed):
     through the fast model, against hw.numerics row by row."""
     rng = np.random.default_rng([seed, func.value])
     cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 16))
-    elementwise = func in (VecFunc.ADD, VecFunc.SILU_GATE)
+    elementwise = func in ELEMENTWISE
     long = elementwise and seed % 2
     length = int(rng.integers(300, 700)) if long else int(rng.integers(1, 100))
     rows = int(rng.integers(1, 4 if long else 20))
@@ -262,6 +262,11 @@ def test_vector_programs_compute_their_rows(func, seed):
         assert np.array_equal(got[i, :length], want), i
     assert sum(isinstance(i, Load) and i.spad == Spad.VIN for i in program) >= 1
     assert sum(isinstance(i, Store) and i.spad == Spad.VOUT for i in program) == len(tasks)
+
+
+def test_the_segmented_sub_ops_are_the_fast_models_elementwise_ones():
+    from sim.functional import _VEC_ELEMENTWISE
+    assert ELEMENTWISE == set(_VEC_ELEMENTWISE)
 
 
 def test_a_reducing_row_too_long_for_the_scratchpads_is_refused():
