@@ -509,3 +509,37 @@ class AcceleratorConfig:
         (a whole layer in one program). No cycle count depends on either."""
         return self.with_dram(max(self.memory.size_bytes, 1 << 36)).replace(
             imem_depth=max(self.imem_depth, 1 << 20))
+
+
+#: Scratchpads of the vector engine in the named ``"vector"`` configuration: the sizes
+#: synthesised beside the default 4x8 array (int32 elements: 4096 in VIN, 2048 in VOUT).
+VECTOR_PRESET_SPADS = {"vin_spad_bytes": 16384, "vout_spad_bytes": 8192}
+
+#: Named configurations (``sw.deploy --config NAME``): each a function of no arguments.
+PRESETS = {
+    "default": AcceleratorConfig,
+    "vector": lambda: AcceleratorConfig(**VECTOR_PRESET_SPADS),
+}
+
+
+def preset(name: str) -> AcceleratorConfig:
+    """The named configuration ``name`` (:data:`PRESETS`): ``"default"`` is
+    ``AcceleratorConfig()``, ``"vector"`` the same with the vector engine's scratchpads of
+    :data:`VECTOR_PRESET_SPADS`.
+
+    >>> preset("vector").has_vector, preset("default") == AcceleratorConfig()
+    (True, True)
+
+    Raises
+    ------
+    ConfigError
+        ``name`` is not a preset (the message lists them).
+    """
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ConfigError(f"no configuration named {name!r}; the named ones are "
+                          f"{', '.join(PRESETS)}") from None
+
+
+__all__ += ["PRESETS", "VECTOR_PRESET_SPADS", "preset"]

@@ -18,12 +18,18 @@ compression: formats against the configuration, the context, and the DRAM the co
 needs (the packed weights and KV cache from the shapes, then the activation arena from the
 captured graph). With no --config and no --dram-mb, the simulated DRAM is the default
 configuration's, grown to the model's need (rounded up to whole MiB) if that is larger; an
-explicit --config or --dram-mb that is too small is an error.
+explicit --config file or --dram-mb that is too small is an error (a named configuration's
+DRAM is sized like the default's).
+
+On a configuration with the vector engine (--config vector, or a file with vin_spad_bytes and
+vout_spad_bytes) RMSNorm, softmax and SiLU-gate run on it as programs of their own; the host's
+remaining ops then compute with the vector unit's numerics too: --vector-numerics is implied.
 
 examples:
   python -m sw.deploy
   python -m sw.deploy --sparsity 1:4 --max-new-tokens 64 --prompt "def fib(n):"
   python -m sw.deploy --backend rtl --max-new-tokens 4
+  python -m sw.deploy --config vector --max-new-tokens 8
   python -m sw.deploy --backend board --port /dev/ttyUSB1   (docs/board.md)
   python -m sw.deploy --model path/to/hf_llama_dir --method wanda+gptq --calib 32
 """
@@ -49,7 +55,16 @@ from tqdm.auto import tqdm
 
 from hw.board.ecpix5 import ECPIX5
 from hw.cli import OneLineParser, command
-from hw.config import DENSE, WEIGHT_BITS, AcceleratorConfig, ConfigError, NMPattern
+from hw.config import (
+    DENSE,
+    PRESETS,
+    VECTOR_PRESET_SPADS,
+    WEIGHT_BITS,
+    AcceleratorConfig,
+    ConfigError,
+    NMPattern,
+    preset,
+)
 from hw.format import FormatError, WeightFormat, stream_layout
 from hw.isa import INSTR_BYTES
 from hw.numerics import KV4_KEY_GROUP, KV_BITS
@@ -149,8 +164,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--method", default=d.method,
                     help=f"compression method, one of {', '.join(sorted(COMPRESS_METHODS))} "
                     f"(default: the model's recipe; {r.method} for others)")
-    ap.add_argument("--config", default=d.config, help="accelerator configuration JSON "
-                    "(default: the built-in AcceleratorConfig)")
+    ap.add_argument("--config", default=d.config, help="accelerator configuration: a JSON "
+                    f"file, or a named one ({', '.join(PRESETS)}; 'vector' is the default "
+                    "with the vector engine's "
+                    f"{VECTOR_PRESET_SPADS['vin_spad_bytes'] >> 10} KiB VIN and "
+                    f"{VECTOR_PRESET_SPADS['vout_spad_bytes'] >> 10} KiB VOUT scratchpads, and "
+                    "implies --vector-numerics) (default: the built-in AcceleratorConfig)")
     ap.add_argument("--backend", default=d.backend, choices=BACKENDS + BOARD_BACKENDS,
                     help="model: fast model with values; model-timing: cycles only (text from "
                     "the twin); rtl: Verilator RTL; netlist: Yosys netlist; board: the ECPIX-5 "
@@ -186,7 +205,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--vector-numerics", action="store_true",
                     help="the host ops (RMSNorm, RoPE, softmax, SiLU-gate, residual adds, INT8 "
                          "requantisation) in the vector unit's exact fixed point "
-                         "(hw/numerics.py), in the runtime and the twin (default: float)")
+                         "(hw/numerics.py), in the runtime and the twin (default: float; "
+                         "implied by a configuration with the vector engine)")
     ap.add_argument("--kv-bits", type=int, default=d.kv_bits,
                     help="width of the KV cache's elements: 8 or 4 (INT4: keys in groups of "
                          f"{KV4_KEY_GROUP} head_dim elements with 8-bit scale codes, values "
@@ -199,10 +219,14 @@ def _parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------- validation
 def _accelerator(path: str | None, dram_mb: int | None) -> AcceleratorConfig:
+    """The configuration of --config: a named one (:data:`hw.config.PRESETS`), a JSON file,
+    or the default; with --dram-mb's memory."""
     try:
-        cfg = AcceleratorConfig.load(path) if path else AcceleratorConfig()
+        cfg = (preset(path) if path in PRESETS else AcceleratorConfig.load(path) if path
+               else AcceleratorConfig())
     except ConfigError as e:
-        raise UsageError(f"--config {e}") from None
+        names = "" if Path(path).exists() else f" (nor a named one: {', '.join(PRESETS)})"
+        raise UsageError(f"--config {e}{names}") from None
     if dram_mb is None:
         return cfg
     try:
@@ -280,6 +304,8 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     """Run the whole pipeline, writing the outputs into ``out``; returns the report."""
     _check(opts)
     cfg = _on_board(opts.backend, _accelerator(opts.config, opts.dram_mb))
+    if cfg.has_vector:  # host ops run on the vector engine: the rest with its numerics too
+        opts = dataclasses.replace(opts, vector_numerics=True)
     recipe = _recipe(opts, cfg)
     progress = not opts.quiet
     torch.manual_seed(opts.seed)
@@ -356,7 +382,8 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
         dense = {k: WeightFormat(DENSE, 4, w.fmt.group or recipe.group) for k, w in weights.items()}
         dense_cfg = cfg.timing_only()
         dense_exe = compile_model(src.model, dense_cfg, options, formats=dense, captured=captured)
-        dense_rt = Runtime(dense_exe, make_backend("model-timing", dense_cfg))
+        dense_rt = Runtime(dense_exe, make_backend("model-timing", dense_cfg),
+                           vector=opts.vector_numerics)
         dense_steps = [dense_rt.step(torch.tensor([prompt]))[1]]
         for tok in tokens[:max(1, len(gen.steps) - 1)]:  # the same decode steps as the run
             dense_steps.append(dense_rt.step(torch.tensor([[tok]]))[1])
@@ -424,7 +451,8 @@ def _check_static_dram(model, cfg: AcceleratorConfig, options: CompileOptions,
     explicit one holds the packed weights and KV cache (from the shapes alone)."""
     explicit = (f"--dram-mb {opts.dram_mb}" if opts.dram_mb is not None
                 else "--backend board" if opts.backend == "board"
-                else f"--config {opts.config}" if opts.config else None)
+                else f"--config {opts.config}" if opts.config and opts.config not in PRESETS
+                else None)
     size = cfg.memory.size_bytes
     static = static_dram_bytes(model, cfg, options, formats)
     if explicit and static > size:
@@ -554,6 +582,8 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
         "dense_int4_cycles_per_token": dense_cycles,
         "utilisation": float(np.mean([s.counter("mac_cycles") / s.cycles for s in dec])),
         "programs_per_token": float(np.mean([len(s.programs) for s in dec])),
+        "vector_programs_per_token": float(np.mean([sum(
+            exe.programs[p.program].vector is not None for p in s.programs) for s in dec])),
         "instruction_bytes_per_token": instr_bytes,
         "host_transitions_per_token": float(np.mean([s.transitions for s in dec])),
         "host_unit_cycles_per_token_estimated": host_unit,
@@ -589,9 +619,13 @@ def _write(out: Path, opts, cfg, exe, gen, report, src, tokens, prompt_text: str
     executable_io.save(exe, out / "executable.safetensors")
     dec = _decode_steps(gen.steps)
     last = dec[-1]
-    plot_roofline(last.roofline_points(), cfg, out / "roofline.png",
+    # MACs against intensity: the vector engine's programs (no MACs) have no point on it
+    points = [p for p in last.roofline_points() if p.macs]
+    vector = sum(exe.programs[p.program].vector is not None for p in last.programs)
+    plot_roofline(points, cfg, out / "roofline.png",
                   f"one decode step at position {last.past}: {len(last.programs)} programs, "
-                  "summed per kind over the blocks")
+                  "summed per kind over the blocks"
+                  + (f" ({vector} vector programs not shown)" if vector else ""))
     if any(p.trace is not None for p in last.programs):
         write_step_trace(out / "decode_trace.json", exe, last)
     (out / "report.md").write_text(_markdown(report, src.decode(tokens), prompt_text))

@@ -12,9 +12,11 @@ The pipeline, each stage a small pure function::
                                                                  (and context bucket)
 
 A node runs on the accelerator when the hardware can compute it: a linear whose layer has a
-format (compressed weights, or a format for timing-only compilation), and the attention
-products (INT8 KV cache). Everything else runs on the host; each accelerator node is one
-program, i.e. one host -> accelerator -> host round trip (two *transitions*).
+format (compressed weights, or a format for timing-only compilation), the attention
+products (INT8 KV cache) and, on a configuration with a vector engine, the ops with a VEC
+sub-op (``OPS[op].vector``: RMSNorm, softmax, SiLU-gate, addition; :mod:`sw.compile.vector`).
+Everything else runs on the host; each accelerator node is one program, i.e. one host ->
+accelerator -> host round trip (two *transitions*).
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
+from hw.numerics import ACT_MAX, norm_weight
 from sw.compile import symbols as sym
 from sw.compile.capture import CaptureResult, capture
-from sw.compile.errors import CompileError
+from sw.compile.errors import CompileError, LoweringError
 from sw.compile.executable import (
     Executable,
     IOBinding,
@@ -40,6 +43,7 @@ from sw.compile.executable import (
     ProgramTable,
 )
 from sw.compile.ir import OPS, Graph, Node, linear_layers
+from sw.compile.ir.types import SYMBOL
 from sw.compile.lower import KVLayout, Member, context_bucket, node_members
 from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
 from sw.compile.plan import (
@@ -51,11 +55,12 @@ from sw.compile.plan import (
     layout_dram,
     plan_arena,
 )
-from sw.compile.relocation import Template, lower_template, relocate
+from sw.compile.relocation import Template, lower_template, lower_vector_template, relocate
 from sw.compile.tiling import stream_bytes, weight_image
+from sw.compile.vector import VectorOp, vector_op
 from sw.models.llama import LlamaLM
 
-__all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes",
+__all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes", "vector_ops",
            "static_dram_bytes"]
 
 
@@ -85,6 +90,10 @@ class CompileOptions:
         ``"all"``: the logits of every position of a step (what the model returns);
         ``"last"``: only the last position's, all that generation needs (the LM head then
         runs on one row in prefill too).
+    vector : bool
+        On a configuration with a vector engine (``cfg.has_vector``), run the ops with a VEC
+        sub-op on it (off: on the host, as without the engine). The runtime must then compute
+        with the vector unit's numerics (``Runtime(vector=True)``).
     """
 
     prompt_tokens: int
@@ -95,18 +104,23 @@ class CompileOptions:
     kv_bits: int = 8
     phases: tuple[str, ...] = ("prefill", "decode")
     logits: str = "all"
+    vector: bool = True
 
 
-def accelerator_nodes(g: Graph, accelerated: Iterable[str], attention: bool = True
-                      ) -> list[Node]:
+def accelerator_nodes(g: Graph, accelerated: Iterable[str], attention: bool = True,
+                      vector: Iterable[str] = ()) -> list[Node]:
     """The nodes of ``g`` that run on the accelerator, in order (the partition): ops that may
     (``OPS[op].streams``) whose weight operand is there -- every layer compressed (or given
-    a format) for ``"weights"``, the INT8 KV cache (``attention``) for ``"kv"``."""
-    acc = set(accelerated)
+    a format) for ``"weights"``, the INT8 KV cache (``attention``) for ``"kv"`` -- and the
+    ops named in ``vector`` that have a VEC sub-op (``OPS[op].vector``; a configuration with
+    a vector engine: :func:`vector_ops`)."""
+    acc, vec = set(accelerated), set(vector)
     out = []
     for n in g.nodes:
         streams = OPS[n.op].streams
         if streams == "kv" and attention:
+            out.append(n)
+        elif n.op in vec and OPS[n.op].vector is not None:
             out.append(n)
         elif streams == "weights":
             on = [layer.layer in acc for layer in linear_layers(n)]
@@ -116,6 +130,20 @@ def accelerator_nodes(g: Graph, accelerated: Iterable[str], attention: bool = Tr
                 raise CompileError(f"node {n.name!r} groups layers that do not all run on "
                                    "the accelerator")
     return out
+
+
+def vector_ops(model: LlamaLM, cfg: AcceleratorConfig, opts: CompileOptions) -> frozenset[str]:
+    """The ops that run on ``cfg``'s vector engine: every op with a VEC sub-op, if it has one
+    and ``opts.vector``; but the softmax stays on the host when a sliding window shorter than
+    the context makes a row's valid positions other than its first ones (SOFTMAX's ``imm``
+    counts from the start of the row)."""
+    if not (cfg.has_vector and opts.vector):
+        return frozenset()
+    ops = {name for name, d in OPS.items() if d.vector is not None}
+    window = model.config.sliding_window
+    if window is not None and window < opts.max_context:
+        ops.discard("softmax")
+    return frozenset(ops)
 
 
 def _linear_layers(model: LlamaLM) -> list[str]:
@@ -162,7 +190,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     graphs, report, passes_s = _optimise(captured, fmt_map, options)
     t0 = time.perf_counter()
     work, buffers, kv = _partition(model, cfg, graphs, fmt_map, options, report)
-    symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options)
+    symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
+                                     _constant_regions(work))
     programs, table, templates = _lower(cfg, work, symbols, options.max_context)
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
@@ -172,6 +201,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     if weights is not None:
         for layer, qw in weights.items():
             image[sym.weights(layer)] = weight_image(qw, cfg.lanes, cfg.beat_bytes)
+        image.update(_vector_constants(model, work))
     host, host_shapes = _host_tensors(model, graphs, fmt_map, weights)
     mcfg = model.config
     report.update({
@@ -252,17 +282,23 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
     activation buffer with its lifetime (host stage before a program to the one after)."""
     kv = _kv_layout(model, cfg, opts)
     contexts = _decode_contexts(opts)
-    work: list[tuple[str, Node, int | None, list[Member]]] = []
+    vector = vector_ops(model, cfg, opts)
+    work: list[tuple[str, Node, int | None, list[Member] | list[VectorOp]]] = []
     buffers: dict[str, list[Buffer]] = {}
     for phase, g in graphs.items():
-        acc = accelerator_nodes(g, fmt_map, opts.attention)
+        acc = accelerator_nodes(g, fmt_map, opts.attention, vector)
         buckets = ([context_bucket(opts.prompt_tokens)] if phase == "prefill"
                    else sorted({context_bucket(s) for s in contexts}))
         live: dict[str, Buffer] = {}
         for p, node in enumerate(acc):
-            per_context = OPS[node.op].streams == "kv"   # the cache grows with the context
+            # the cache grows with the context, and so do the operands sized by it (scores)
+            per_context = OPS[node.op].streams == "kv" or any(
+                SYMBOL in g.values[v].shape for v in node.inputs)
             for bucket in (buckets if per_context else [None]):
-                members = node_members(node, g, cfg, fmt_map.get, bucket, kv)
+                if OPS[node.op].streams:
+                    members = node_members(node, g, cfg, fmt_map.get, bucket, kv)
+                else:
+                    members = [vector_op(node, g, cfg, bucket)]
                 work.append((phase, node, bucket, members))
                 for m in members:  # the largest bucket sizes the buffers
                     for name, size, before in m.buffers():
@@ -272,15 +308,18 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
         buffers[phase] = list(live.values())
         report["phases"][phase].update({
             "accelerator_nodes": len(acc), "programs_per_step": len(acc),
-            "host_transitions_per_step": 2 * len(acc)})
+            "host_transitions_per_step": 2 * len(acc),
+            "vector_nodes": sum(OPS[n.op].vector is not None for n in acc)})
     return work, buffers, kv
 
 
 def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str, list[Buffer]],
-           kv: KVLayout, opts: CompileOptions
+           kv: KVLayout, opts: CompileOptions, constants: list[tuple[str, int]]
            ) -> tuple[dict[str, Region], DramLayout, dict[str, ArenaPlan]]:
-    """DRAM regions of the weights, the KV cache and every buffer (arena per phase)."""
+    """DRAM regions of the weights (and the vector programs' constant rows after them), the
+    KV cache and every buffer (arena per phase)."""
     weights, kv_regions = _static_regions(model, cfg, fmt_map, kv, opts)
+    weights = weights + constants
     arenas = {phase: plan_arena(bufs, cfg.beat_bytes) for phase, bufs in buffers.items()}
     layout = layout_dram(cfg, weights, kv_regions, list(arenas.values()))
     symbols = dict(layout.regions)
@@ -343,17 +382,59 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
     addr = {k: r.addr for k, r in symbols.items()}
     for phase, node, bucket, members in work:
         key = tuple(m.signature for m in members)
+        vec = members[0] if isinstance(members[0], VectorOp) else None
         if key not in templates:
-            templates[key] = (len(templates), lower_template(cfg, members))
+            templates[key] = (len(templates), lower_template(cfg, members) if vec is None
+                              else lower_vector_template(cfg, vec.func, vec.rows, vec.length,
+                                                         second=vec.b is not None,
+                                                         const=vec.w is not None, imm=vec.imm))
         index, t = templates[key]
         first, last = (1, max_context) if bucket is None else _bucket_contexts(bucket)
         table.setdefault(phase, {}).setdefault(node.name, []).append(
             (first, last, len(programs)))
-        programs.append(Program(phase, node.name, bucket, relocate(t, addr, members,
-                                                                   cfg.beat_bytes),
-                                tuple(_program_member(m) for m in members), index))
+        words = relocate(t, addr, members, cfg.beat_bytes)
+        if vec is None:
+            programs.append(Program(phase, node.name, bucket, words,
+                                    tuple(_program_member(m) for m in members), index))
+        else:
+            programs.append(Program(phase, node.name, bucket, words, (), index, vec,
+                                    t.imm_rows))
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
                                    for ph, nodes in table.items()}), len(templates)
+
+
+def _constant_regions(work) -> list[tuple[str, int]]:
+    """The (symbol, bytes) of every constant row a vector program reads (RMSNorm weights:
+    one row each, shared by the phases)."""
+    out: dict[str, int] = {}
+    for _, _, _, members in work:
+        for m in members:
+            if isinstance(m, VectorOp) and m.w is not None:
+                out[m.w] = m.row_bytes
+    return list(out.items())
+
+
+def _vector_constants(model: LlamaLM, work) -> dict[str, np.ndarray]:
+    """The DRAM image of every constant row: an RMSNorm weight as the vector unit reads it,
+    :func:`hw.numerics.norm_weight` in little-endian int32 words.
+
+    Raises
+    ------
+    LoweringError
+        A weight element does not fit an int32 word.
+    """
+    out: dict[str, np.ndarray] = {}
+    for _, node, _, members in work:
+        for m in members:
+            if isinstance(m, VectorOp) and m.w is not None and m.w not in out:
+                w = model.get_parameter(node.attrs["weight"]).detach().to("cpu").float()
+                q = norm_weight(w.numpy(), m.length)
+                if np.abs(q).max(initial=0) > ACT_MAX:
+                    raise LoweringError(f"node {node.name!r}: the RMSNorm weight "
+                                        f"{node.attrs['weight']} times sqrt({m.length}) "
+                                        "exceeds the vector engine's int32 words")
+                out[m.w] = q.astype("<i4").view(np.uint8)
+    return out
 
 
 def _bucket_contexts(bucket: int) -> tuple[int, int]:

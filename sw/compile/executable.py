@@ -11,7 +11,9 @@ field               what it holds
 ``graphs``          per phase (``prefill`` of the prompt, ``decode`` of one token) the optimised
                     graph whose host nodes the runtime executes
 ``programs``        every encoded :class:`Program` with its :class:`ProgramMember` s (the DRAM
-                    symbols of its operands, their geometry and the host tensors around them)
+                    symbols of its operands, their geometry and the host tensors around them),
+                    or, for a host op on the vector engine, its
+                    :class:`~sw.compile.vector.VectorOp`
 ``table``           the per-context :class:`ProgramTable`: which program runs an accelerator
                     node for a step attending to ``S`` positions
 ``symbols``         the DRAM :class:`~sw.compile.plan.Region` of every tensor (by symbol)
@@ -42,6 +44,7 @@ from sw.compile.errors import ExecutableError, IRError
 from sw.compile.ir import Graph
 from sw.compile.lower import KVLayout
 from sw.compile.plan import Region
+from sw.compile.vector import VectorOp
 from sw.models.config import LlamaConfig
 
 __all__ = ["Executable", "Program", "ProgramMember", "ProgramTable", "KVCachePlan",
@@ -81,7 +84,11 @@ class ProgramMember:
 class Program:
     """One encoded program (``words``: uint64 ``[n, 2]``, END included) of node ``node`` in
     ``phase`` (``bucket``: the key positions an attention program covers). Programs of one
-    ``template`` differ only in DRAM addresses, so their timing is identical."""
+    ``template`` differ only in DRAM addresses, so their timing is identical.
+
+    A vector program (a host op on the vector engine) has no members but its ``vector``
+    operation, and ``imm_rows``: the index of each row's SOFTMAX VEC, whose ``imm`` (the
+    row's valid positions) the host sets in a copy of ``words`` before each run."""
 
     phase: str
     node: str
@@ -89,6 +96,8 @@ class Program:
     words: np.ndarray
     members: tuple[ProgramMember, ...]
     template: int = 0
+    vector: VectorOp | None = None
+    imm_rows: tuple[int, ...] = ()
 
     @property
     def instructions(self) -> int:
@@ -98,12 +107,16 @@ class Program:
     def read_bytes(self) -> int:
         """Bytes the program must read at least: weights, int8 inputs (shared ones once) and
         bias rows."""
+        if self.vector is not None:
+            return self.vector.read_bytes
         inputs = {m.x: m.tokens * m.k for m in self.members}
         bias = sum(m.tokens * m.n * 4 for m in self.members if m.b)
         return sum(m.stream_bytes for m in self.members) + sum(inputs.values()) + bias
 
     @property
     def write_bytes(self) -> int:
+        if self.vector is not None:
+            return self.vector.write_bytes
         return sum(m.tokens * m.n * 4 for m in self.members)
 
     @property
@@ -234,8 +247,11 @@ class Executable:
 
 # ---------------------------------------------------------------------- file format
 def _program_doc(p: Program) -> dict:
-    return {"phase": p.phase, "node": p.node, "bucket": p.bucket, "template": p.template,
-            "instructions": p.instructions, "members": [asdict(m) for m in p.members]}
+    doc = {"phase": p.phase, "node": p.node, "bucket": p.bucket, "template": p.template,
+           "instructions": p.instructions, "members": [asdict(m) for m in p.members]}
+    if p.vector is not None:  # absent for the others: their documents are as before
+        doc.update(vector=p.vector.to_dict(), imm_rows=list(p.imm_rows))
+    return doc
 
 
 def _kv_doc(kv: KVCachePlan) -> dict:
@@ -292,7 +308,9 @@ def _from_doc(tensors: dict[str, np.ndarray], doc: dict) -> Executable:
     starts = np.cumsum([0] + lengths)
     programs = [
         Program(p["phase"], p["node"], p["bucket"], words[a:b].copy(),
-                tuple(ProgramMember(**m) for m in p["members"]), p["template"])
+                tuple(ProgramMember(**m) for m in p["members"]), p["template"],
+                VectorOp.from_dict(p["vector"]) if p.get("vector") else None,
+                tuple(p.get("imm_rows", ())))
         for p, a, b in zip(doc["programs"], starts[:-1], starts[1:], strict=True)]
     kv = doc["kv"]
     return Executable(

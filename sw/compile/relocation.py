@@ -17,12 +17,12 @@ from typing import Protocol
 import numpy as np
 
 from hw.config import AcceleratorConfig
-from hw.isa import End, field_location, program_words
+from hw.isa import End, Vec, VecFunc, field_location, program_words
 from sw.compile.errors import LoweringError
-from sw.compile.schedule import PlacedLayer, schedule_layers
+from sw.compile.schedule import PlacedLayer, Schedule, schedule_layers, schedule_vector
 from sw.compile.tiling import LinearPlan
 
-__all__ = ["SymbolicLayer", "Template", "lower_template", "relocate"]
+__all__ = ["SymbolicLayer", "Template", "lower_template", "lower_vector_template", "relocate"]
 
 #: The operands of a layer, in the order of a template's relocation keys.
 _OPERANDS = {"w": 0, "x": 1, "y": 2, "b": 3}
@@ -55,6 +55,9 @@ class Template:
     reloc_rows: np.ndarray     # instruction indices whose dram_addr is relative
     reloc_keys: np.ndarray     # per such instruction: layer * 4 + operand (w, x, y, b)
     instructions: int
+    #: The SOFTMAX VECs, one per row in row order, whose ``imm`` (valid positions) the host
+    #: sets before each run (empty for other programs).
+    imm_rows: tuple[int, ...] = ()
 
 
 def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer]) -> Template:
@@ -69,7 +72,26 @@ def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer]) -> T
         instruction memory (the hardware would stop with PC_OVERFLOW).
     """
     placed = [PlacedLayer(m.plan, w_tile_stride=m.w_tile_stride, x_key=m.x) for m in layers]
-    prog, relocs = schedule_layers(cfg, placed)
+    return _template(cfg, schedule_layers(cfg, placed))
+
+
+def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
+                          second: bool = False, const: bool = False, imm: int = 0) -> Template:
+    """:func:`sw.compile.schedule.schedule_vector` as one relocatable program (END appended;
+    its operands are layer 0's ``x``, ``b``, ``w`` and ``y``).
+
+    Raises
+    ------
+    LoweringError
+        The rows do not fit the vector scratchpads, or the program the instruction memory.
+    """
+    return _template(cfg, schedule_vector(cfg, func, rows, length, second=second,
+                                          const=const, imm=imm))
+
+
+def _template(cfg: AcceleratorConfig, schedule: Schedule) -> Template:
+    """A schedule encoded with END, its relocations and its run-time ``imm`` rows."""
+    prog, relocs = schedule
     prog = prog + [End()]
     if len(prog) > cfg.imem_depth:
         raise LoweringError(f"the program needs {len(prog)} instructions and the instruction "
@@ -78,7 +100,9 @@ def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer]) -> T
     rows = np.array([i for i, r in enumerate(relocs) if r is not None], dtype=np.int64)
     keys = np.array([r[0] * len(_OPERANDS) + _OPERANDS[r[1]] for r in relocs if r is not None],
                     dtype=np.int64)
-    return Template(program_words(prog), rows, keys, len(prog))
+    imm_rows = tuple(i for i, ins in enumerate(prog)
+                     if isinstance(ins, Vec) and ins.func == VecFunc.SOFTMAX)
+    return Template(program_words(prog), rows, keys, len(prog), imm_rows)
 
 
 def relocate(t: Template, bases: Mapping[str, int], layers: Sequence[SymbolicLayer],

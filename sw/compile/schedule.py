@@ -20,6 +20,14 @@ No SYNC instructions are needed. Instructions are emitted software-pipelined (th
 i+1 before GEMM i), so in-order fetch into short queues never blocks on an engine that waits
 for a later instruction.
 
+A vector program (:func:`schedule_vector`: one host op lowered to the vector engine, one VEC
+per row or row segment) uses the same events with the vector engine in the compute engine's
+place: FULL[b] LOAD -> VECTOR (the rows of task ``i`` landed in VIN half ``b = i % 2``),
+OUT_FULL[b] VECTOR -> STORE (its results are in VOUT half ``b``), STORED[b] STORE -> LOAD
+(VOUT half ``b`` is written back, so the VECs that read VIN half ``b`` are done too: task
+``i + 2`` may load into it). A constant row (RMSNorm's weight) is loaded once, first, below
+the halves.
+
 Every DMA instruction names the operand its DRAM address points into (:data:`Reloc`): with
 every address 0 the program is a template placed anywhere by :mod:`sw.compile.relocation`.
 """
@@ -30,12 +38,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from hw.config import AcceleratorConfig
-from hw.isa import EpilogueMode, Gemm, Instr, Load, Spad, Store
+from hw.isa import EpilogueMode, Gemm, Instr, Load, Spad, Store, Vec, VecFunc, vec_out_words
 from sw.compile.errors import LoweringError
 from sw.compile.tiling import LinearPlan
 
 __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule",
-           "schedule_layers"]
+           "schedule_layers", "ELEMENTWISE", "VectorTask", "vector_tasks", "schedule_vector"]
 
 #: The event table of a scheduled program: two per double buffer (docs/architecture.md, 9).
 EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
@@ -318,3 +326,133 @@ class _Scheduler:
             rows=plan.tile_tokens(s.token_tile), row_beats=spads.out_row_beats,
             dram_stride=y_row_beats, wait=self._event("OUT_FULL", s.out_buf),
             signal=self._event("STORED", s.out_buf)), (s.layer, "y"))
+
+
+# ---------------------------------------------------------------------- vector programs
+#: Sub-ops whose every output element depends only on the same element of the operands: a row
+#: too long for a VIN half is cut into segments (the others reduce over their whole row).
+ELEMENTWISE = frozenset({VecFunc.ADD, VecFunc.MUL, VecFunc.SILU_GATE})
+
+
+class VectorTask(NamedTuple):
+    """Rows ``row .. row + rows - 1`` of a vector program, elements ``start .. start +
+    length - 1`` of each: one LOAD per operand, one VEC per row, one STORE."""
+
+    row: int
+    rows: int
+    start: int
+    length: int
+
+
+def _elems_per_beat(cfg: AcceleratorConfig) -> int:
+    return cfg.beat_bytes // cfg.vin_word_bytes
+
+
+def vector_tasks(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int,
+                 operands: int, const: bool) -> tuple[list[VectorTask], int, int]:
+    """The tasks of a vector program over ``rows`` rows of ``length`` int32 elements with
+    ``operands`` (1 or 2) input rows each and, with ``const``, one constant row: as many whole
+    rows per task as a VIN half (after the constant row) and a VOUT half hold; a row longer
+    than that is cut into beat-aligned segments when ``func`` is :data:`ELEMENTWISE`.
+    Returns the tasks, the beats of a VIN half and of a VOUT half.
+
+    Raises
+    ------
+    LoweringError
+        The configuration has no vector engine, or a row of a reducing sub-op does not fit.
+    """
+    if not cfg.has_vector:
+        raise LoweringError("the configuration has no vector engine (vin_spad_bytes = 0)")
+    if int(vec_out_words(func.value, length)) != length:
+        raise LoweringError(f"vector programs compute row-shaped sub-ops; {func.name} writes "
+                            f"{int(vec_out_words(func.value, length))} elements per row of "
+                            f"{length}")
+    per = _elems_per_beat(cfg)
+    row_beats = -(-length // per)
+    in_half = (cfg.spad_beats("vin") - (row_beats if const else 0)) // 2
+    out_half = cfg.spad_beats("vout") // 2
+    if operands * row_beats <= in_half and row_beats <= out_half:
+        m = min(in_half // (operands * row_beats), out_half // row_beats, rows)
+        return ([VectorTask(r, min(m, rows - r), 0, length) for r in range(0, rows, m)],
+                in_half, out_half)
+    seg = min(in_half // operands, out_half) * per
+    if func not in ELEMENTWISE or seg < 1:
+        raise LoweringError(
+            f"a {func.name} row of {length} elements ({operands} operand(s)"
+            + (" and a constant row" if const else "") + f") does not fit the vector engine's "
+            f"scratchpads halves (vin_spad_bytes={cfg.vin_spad_bytes}, vout_spad_bytes="
+            f"{cfg.vout_spad_bytes}); configure larger ones or compile with vector=False")
+    return ([VectorTask(r, 1, e, min(seg, length - e)) for r in range(rows)
+             for e in range(0, length, seg)], in_half, out_half)
+
+
+def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
+                    second: bool = False, const: bool = False, imm: int = 0) -> Schedule:
+    """One program computing ``func`` on ``rows`` rows of ``length`` int32 elements.
+
+    DRAM operands (relocated as :data:`Reloc` of layer 0): ``"x"`` the rows (each
+    ``ceil(length * 4 / beat)`` beats, consecutive), ``"b"`` the second operand's rows laid
+    out alike (``second``: ADD, SILU_GATE), ``"w"`` one constant row read by every VEC as its
+    second operand (``const``: RMSNORM's weight), ``"y"`` the results, laid out as ``"x"``.
+    Every VEC gets ``imm`` (RMSNORM's epsilon; SOFTMAX's valid positions are a run-time
+    parameter the host writes into each row's VEC before the start). Tasks
+    (:func:`vector_tasks`) alternate between the halves of VIN and VOUT; the loads of task
+    ``i + 1`` are emitted before the VECs of task ``i`` (software pipelining, as
+    :func:`schedule_layers`), so the LOAD engine fills one half while the vector engine
+    reads the other.
+    """
+    per, ev = _elems_per_beat(cfg), EVENTS
+    if len(ev) > cfg.num_events:
+        raise LoweringError(f"lowered programs use {len(ev)} events, the accelerator has "
+                            f"num_events={cfg.num_events}")
+    row_beats = -(-length // per)
+    tasks, in_half, out_half = vector_tasks(cfg, func, rows, length, 2 if second else 1,
+                                            const)
+    base = row_beats if const else 0
+    out: list[Instr] = []
+    relocs: list[Reloc | None] = []
+
+    def emit(ins: Instr, reloc: Reloc | None) -> None:
+        out.append(ins)
+        relocs.append(reloc)
+
+    if const:
+        emit(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=row_beats),
+             (0, "w"))
+
+    def loads(i: int) -> None:
+        t, h = tasks[i], i % 2
+        beats, offset = -(-t.length // per), t.start // per
+        wait = ev[f"STORED{h}"] if i >= 2 else None
+        names = ("x", "b") if second else ("x",)
+        for k, name in enumerate(names):
+            emit(Load(spad=Spad.VIN, spad_addr=base + h * in_half + k * t.rows * beats,
+                      dram_addr=t.row * row_beats + offset, rows=t.rows, row_beats=beats,
+                      dram_stride=row_beats, wait=wait if k == 0 else None,
+                      signal=ev[f"FULL{h}"] if k == len(names) - 1 else None), (0, name))
+
+    def vecs(i: int) -> None:
+        t, h = tasks[i], i % 2
+        beats = -(-t.length // per)
+        a0 = base + h * in_half
+        for j in range(t.rows):
+            b_addr = (a0 + (t.rows + j) * beats) * per if second else 0  # const: row 0
+            emit(Vec(func=func, a_addr=(a0 + j * beats) * per, b_addr=b_addr,
+                     dst_addr=(h * out_half + j * beats) * per, length=t.length, imm=imm,
+                     wait=ev[f"FULL{h}"] if j == 0 else None,
+                     signal=ev[f"OUT_FULL{h}"] if j == t.rows - 1 else None), None)
+
+    def store(i: int) -> None:
+        t, h = tasks[i], i % 2
+        emit(Store(spad=Spad.VOUT, spad_addr=h * out_half,
+                   dram_addr=t.row * row_beats + t.start // per, rows=t.rows,
+                   row_beats=-(-t.length // per), dram_stride=row_beats,
+                   wait=ev[f"OUT_FULL{h}"], signal=ev[f"STORED{h}"]), (0, "y"))
+
+    loads(0)
+    for i in range(len(tasks)):
+        if i + 1 < len(tasks):
+            loads(i + 1)
+        vecs(i)
+        store(i)
+    return Schedule(out, relocs)

@@ -7,7 +7,7 @@ never builds a name itself.
 
 from __future__ import annotations
 
-__all__ = ["weights", "cache", "buffer"]
+__all__ = ["weights", "cache", "buffer", "norm_weight"]
 
 
 def weights(layer: str) -> str:
@@ -24,3 +24,9 @@ def buffer(kind: str, phase: str, node: str, index: int | None = None) -> str:
     """An arena buffer of a program: its input (``"x"``), output (``"y"``) or bias rows
     (``"b"``), per member ``index`` where a node has several."""
     return f"{kind}:{phase}:{node}" + ("" if index is None else f":{index}")
+
+
+def norm_weight(param: str) -> str:
+    """The RMSNorm weight ``param`` as the vector engine reads it (int32 ``norm_weight``
+    words, one row)."""
+    return f"nw:{param}"

@@ -7,7 +7,13 @@ A step walks its graph in order. Host nodes run with their op's kernel from the 
 the step's context) is one program: the runtime quantises its inputs into their DRAM buffers
 (the prologue), runs the program on the backend, and dequantises the outputs it reads back (the
 epilogue; a fused residual is added there); which prologue and epilogue follows from the
-weight operand the op streams (``OPS[op].streams``). The KV cache lives in accelerator memory:
+weight operand the op streams (``OPS[op].streams``), or, for a host op lowered to the
+vector engine (``OPS[op].vector``: :mod:`sw.compile.vector`), from its sub-op: the
+prologue writes the float inputs as Q15.16 int32 rows (``to_fixed``; softmax: ``scores *
+scale + mask``, masked positions 0, and each row's valid positions into its VEC's ``imm``,
+a run-time parameter set in a copy of the program's words before the start) and the
+epilogue reads the results back (``from_fixed``), so they equal the host kernels with the
+vector unit's numerics bit for bit. The KV cache lives in accelerator memory:
 the op that appends to it (``OPS[op].kv_state``) writes the step's INT8 (or INT4) keys and
 values into their stream layout (:class:`~sw.compile.executable.KVCachePlan`) and keeps their
 scales on the host. Everything the runtime needs to know of the compilation it reads from the
@@ -30,14 +36,17 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from hw.isa import field_location
 from hw.numerics import (
     add_vector,
     bias_to_acc,
     dequant_output,
+    from_fixed_torch,
     kv4_rows_torch,
     kv4_rows_vector_torch,
     kv_rows,
@@ -45,6 +54,7 @@ from hw.numerics import (
     quantize_activations_vector,
     scores_epilogue,
     scores_prologue,
+    to_fixed_torch,
     values_epilogue,
     values_prologue,
 )
@@ -201,7 +211,14 @@ class Runtime:
         Host ops, prologues (INT8 requantisation of activations, keys, values and the folded
         probabilities) and the fused residual compute with the vector unit's exact numerics
         (:class:`~sw.compile.ir.Numerics` ``vector``), as the model-level twin of
-        ``use_hardware_numerics(..., vector=True)`` does; else in float.
+        ``use_hardware_numerics(..., vector=True)`` does; else in float. Required by an
+        executable with vector programs (compiled for a configuration with a vector engine).
+
+    Raises
+    ------
+    RuntimeFault
+        The backend's configuration is not the executable's, or the executable has vector
+        programs and ``vector`` is off.
     """
 
     def __init__(self, exe: Executable, backend: Backend, *, trace: bool = False,
@@ -209,6 +226,11 @@ class Runtime:
         if backend.cfg != exe.cfg:
             raise RuntimeFault("the backend's accelerator configuration differs from the one "
                                "the executable was compiled for")
+        vec = [p.node for p in exe.programs if p.vector is not None]
+        if vec and not vector:
+            raise RuntimeFault(f"the executable runs {len(vec)} host-op programs (e.g. "
+                               f"{vec[0]!r}) on the vector engine: run it with vector=True "
+                               "(the vector unit's numerics on the host too)")
         self.exe, self.backend = exe, backend
         #: The accelerator nodes of each phase (the table is immutable: looked up once).
         self._accelerated = {phase: exe.table.nodes(phase) for phase in exe.graphs}
@@ -351,11 +373,12 @@ class Runtime:
         """Prologue (host), program (backend), epilogue (host) of an accelerator node."""
         def kernel(node: Node, args: list, env):
             pid, program = self._program(phase, node, env)
-            prologue, epilogue = _IO[OPS[node.op].streams]
+            prologue, epilogue = _IO[_io_kind(node.op)]
             t0 = time.perf_counter()
             state, cycles_in = prologue(self, node, args, env, program)
             wall = time.perf_counter() - t0
-            self._run(phase, node, pid, stats)
+            self._run(phase, node, pid, stats,
+                      state.words if isinstance(state, _VectorState) else None)
             t0 = time.perf_counter()
             outs, cycles_out = epilogue(self, node, args, env, program, state)
             wall += time.perf_counter() - t0
@@ -379,13 +402,16 @@ class Runtime:
         y = self.dram[addr:addr + rows * row_bytes].view("<i4").reshape(rows, -1)
         return y[:, :n].astype(np.int64)
 
-    def _run(self, phase: str, node: Node, pid: int, stats: StepStats) -> None:
+    def _run(self, phase: str, node: Node, pid: int, stats: StepStats,
+             words: np.ndarray | None = None) -> None:
+        """Run program ``pid`` (``words``: its words with run-time parameters set)."""
         program = self.exe.programs[pid]
         key = ("template", program.template)
         if self.memo is not None and key in self.memo:
             r = self.memo[key]
         else:
-            r = self.backend.run(program.words, self.dram, trace=self.trace, **self._in_place)
+            r = self.backend.run(program.words if words is None else words, self.dram,
+                                 trace=self.trace, **self._in_place)
             if self.memo is not None:
                 self.memo[key] = r
         if not r.ok:
@@ -486,6 +512,45 @@ class Runtime:
                else values_epilogue(acc, s_x, heads))
         return (out,), stream_cycles(acc.numel() * 4, out.numel() * 4, self.exe.cfg)
 
+    def _vector_in(self, node: Node, args: list, env, program: Program) -> tuple:
+        """The operands as Q15.16 int32 rows in their buffers (``to_fixed``); softmax's
+        ``scores * scale + mask`` (as :func:`~hw.numerics.softmax_vector`: masked positions
+        0, rows zero-padded to the bucket) with each row's valid positions in its VEC."""
+        op = program.vector
+        words = None
+        if node.op == "softmax":
+            scores, mask = args
+            z = scores * node.attrs["scale"] + mask
+            valid = torch.isfinite(z)
+            s = z.shape[-1]
+            counts = valid.reshape(-1, s).sum(-1)
+            if not torch.equal(valid.reshape(-1, s), torch.arange(s) < counts[:, None]):
+                raise RuntimeFault(f"node {node.name!r}: the vector engine's softmax takes "
+                                   "the first positions of a row as valid, the mask is not "
+                                   "a prefix; compile with CompileOptions(vector=False)")
+            rows = [to_fixed_torch(torch.where(valid, z, torch.zeros((), dtype=z.dtype)))]
+            words = _set_imm(program, counts.numpy())
+        else:
+            rows = [to_fixed_torch(a) for a in args]
+        if self.values:
+            for sym, r in zip((op.x, op.b), rows, strict=False):
+                self._write_rows(sym, r.reshape(op.rows, -1).numpy().astype("<i4"),
+                                 op.row_bytes)
+        nbytes = sum(a.numel() for a in args if isinstance(a, torch.Tensor))
+        return _VectorState(words), stream_cycles(4 * nbytes, 4 * sum(r.numel() for r in rows),
+                                                  self.exe.cfg)
+
+    def _vector_out(self, node: Node, args: list, env, program: Program, state) -> tuple:
+        """The results' int32 rows back to float (``from_fixed``)."""
+        op = program.vector
+        shape = args[0].shape
+        if self.values:
+            y = from_fixed_torch(torch.from_numpy(
+                self._read_rows(op.y, op.rows, op.row_bytes, shape[-1]))).reshape(shape)
+        else:
+            y = torch.zeros(shape)
+        return (y,), stream_cycles(4 * y.numel(), 4 * y.numel(), self.exe.cfg)
+
     def _kv_append(self, stats: StepStats) -> Kernel:
         def kernel(node: Node, args: list, env):
             t0 = time.perf_counter()
@@ -567,11 +632,47 @@ class Runtime:
         return Generation(list(prompt), outs, steps, all_logits)
 
 
-#: Host side of an accelerator node by the weight operand its op streams (``OPS[op].streams``):
+#: Host side of an accelerator node by the weight operand its op streams (``OPS[op].streams``),
+#: or ``"vector"`` for an op lowered to the vector engine (:func:`_io_kind`):
 #: prologue(rt, node, args, env, program) -> (state, cycles) and
 #: epilogue(rt, node, args, env, program, state) -> (outputs, cycles).
 _IO = {"weights": (Runtime._linear_in, Runtime._linear_out),
-       "kv": (Runtime._attention_in, Runtime._attention_out)}
+       "kv": (Runtime._attention_in, Runtime._attention_out),
+       "vector": (Runtime._vector_in, Runtime._vector_out)}
+
+
+def _io_kind(op: str) -> str | None:
+    """The :data:`_IO` entry of an accelerator node of ``op`` (None: it has none)."""
+    d = OPS[op]
+    return d.streams or ("vector" if d.vector is not None else None)
+
+
+class _VectorState(NamedTuple):
+    """A vector prologue's state: the program's words with its run-time ``imm`` set (None:
+    the program's own)."""
+
+    words: np.ndarray | None
+
+
+#: Where a VEC's ``imm`` lies in its two 64-bit words.
+_IMM_AT, _IMM_BITS = field_location("vec.imm")
+if _IMM_AT // 64 != (_IMM_AT + _IMM_BITS - 1) // 64:
+    raise ImportError("vec.imm straddles the instruction's 64-bit halves")
+
+
+def _set_imm(program: Program, values: np.ndarray) -> np.ndarray:
+    """A copy of ``program``'s words with the ``imm`` of its ``imm_rows`` set to ``values``
+    (one per row)."""
+    rows = np.asarray(program.imm_rows, dtype=np.int64)
+    if rows.size != values.size:
+        raise RuntimeFault(f"program of node {program.node!r} has {rows.size} run-time "
+                           f"parameters, the step gives {values.size}")
+    words = program.words.copy()
+    half, off = divmod(_IMM_AT, 64)
+    mask = np.uint64((1 << _IMM_BITS) - 1) << np.uint64(off)
+    words[rows, half] = (words[rows, half] & ~mask) | (
+        np.asarray(values, np.uint64) << np.uint64(off))
+    return words
 
 
 def _nbytes(tensors) -> int:

@@ -62,6 +62,25 @@ def test_deploy_reference_model(tmp_path, capsys):
     assert f"| recipe | {report['recipe']} (the options given) |" in md
 
 
+def test_deploy_on_the_named_vector_configuration(tmp_path, capsys):
+    """``--config vector``: the host's norms, softmax and SiLU-gate run as vector programs,
+    the vector numerics are implied, and the tokens still equal the twin's."""
+    out = tmp_path / "run"
+    assert main(FAST + ["--out", str(out), "--eval-tokens", "0", "--config", "vector"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["tokens_match_twin"] is True and report["vector_numerics"] is True
+    assert report["config"]["vin_spad_bytes"] == 16384
+    # per block: q/k/v, scores, values, o, gate/up, down + 2 norms, softmax, SiLU-gate;
+    # then the final norm
+    assert report["vector_programs_per_token"] == 4 * 4 + 1
+    assert report["programs_per_token"] == 10 * 4 + 1
+    assert report["host_transitions_per_token"] == 2 * report["programs_per_token"]
+    assert report["dram_sizing"]["how"] == "the default configuration's"
+    assert (out / "roofline.png").stat().st_size > 100
+    help_text = " ".join(sw.deploy._parser().format_help().split())
+    assert "'vector' is the default with the vector engine" in help_text
+
+
 def test_dram_is_sized_to_the_model_without_a_configuration(tmp_path, monkeypatch, capsys):
     """A default configuration whose DRAM is too small grows to what the compiled model needs,
     rounded up to whole MiB, and the report says so."""
@@ -158,6 +177,7 @@ def test_help_documents_every_option_with_its_default(capsys):
     (["--model", "m.gguf"], "--model m.gguf: no such file"),
     (["--model", "m.safetensors"], "--model m.safetensors: no such file"),
     (["--config", "missing.json"], "--config missing.json: cannot read it"),
+    (["--config", "vectr"], "(nor a named one: default, vector)"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--max-new-tokens", "400"], "exceeds the model's context of 256 positions"),
     (["--eval-tokens", "100"], "--eval-tokens must be 0 or at least one window of 256"),

@@ -14,15 +14,19 @@ field              read by
 ``streams``        the partition (where it may run: on the accelerator, streaming
                    ``"weights"`` or the ``"kv"`` cache as a program's weight operand) and
                    the runtime (which prologue/epilogue an accelerator node needs)
+``vector``         the partition and the runtime: the vector engine's sub-op
+                   (:class:`hw.isa.VecFunc`) the op lowers to -- one VEC per row -- on a
+                   configuration with the engine (:attr:`~hw.config.AcceleratorConfig.has_vector`)
 ``kv_state``       the runtime (ops that touch the KV cache kept in accelerator memory)
 ``side_effect``    dead-code elimination (never removed)
 ``aten``           capture (ATen ops translated one to one outside leaf modules)
 ``cost``           the runtime's cost model (on-chip cycles of the op as host work)
 =================  ==================================================================
 
-How an accelerator op becomes a program is its *lowering* (:data:`sw.compile.lower.LOWERINGS`),
-kept beside the other lowering rules; adding an op is one entry here plus, if it may run on
-the accelerator, its lowering (docs/architecture.md walks through an example).
+How an accelerator op becomes a program is its *lowering* (:data:`sw.compile.lower.LOWERINGS`;
+a ``vector`` op's: :data:`sw.compile.vector.VECTOR_LOWERINGS`), kept beside the other
+lowering rules; adding an op is one entry here plus, if it may run on the accelerator, its
+lowering (docs/architecture.md walks through an example).
 
 Example
 -------
@@ -30,6 +34,8 @@ Example
 ((1, 1), ['eps', 'weight'])
 >>> [name for name, d in OPS.items() if d.streams]
 ['linear', 'linears', 'attn_scores', 'attn_values']
+>>> {name: d.vector.name for name, d in OPS.items() if d.vector}
+{'rmsnorm': 'RMSNORM', 'softmax': 'SOFTMAX', 'silu_gate': 'SILU_GATE', 'add': 'ADD'}
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from hw.config import AcceleratorConfig
+from hw.isa import VecFunc
 from hw.numerics import (
     add_vector,
     gemm_acc_torch,
@@ -94,6 +101,7 @@ class OpDef:
     cost: Cost
     attrs: Mapping[str, Attr] = field(default_factory=dict)
     streams: Literal["weights", "kv"] | None = None
+    vector: VecFunc | None = None
     kv_state: Literal["append", "alias"] | None = None
     side_effect: bool = False
     aten: tuple[str, ...] = ()
@@ -383,7 +391,7 @@ OPS: dict[str, OpDef] = {d.name: d for d in (
     OpDef("positions", (0, 3), _positions, _positions_shape, stream_cycles,
           doc="the step's rotary tables cos, sin [T, d] and causal mask [T, S]"),
     OpDef("rmsnorm", (1, 1), _rmsnorm, _same_as_input, stream_cycles,
-          {"weight": Attr(str), "eps": Attr(float)},
+          {"weight": Attr(str), "eps": Attr(float)}, vector=VecFunc.RMSNORM,
           doc="RMSNorm with a weight"),
     OpDef("linear", (-1, 1), _linear, _linear_shape, stream_cycles,
           {"weight": Attr(str), "bias": Attr(str, False), "residual": Attr(bool, False)},
@@ -404,12 +412,12 @@ OPS: dict[str, OpDef] = {d.name: d for d in (
     OpDef("attn_scores", (2, 1), _attn_scores, _attention_shape, stream_cycles,
           _ATTENTION_ATTRS, streams="kv", doc="q . k^T against the INT8 key cache"),
     OpDef("softmax", (2, 1), _softmax, _softmax_shape, stream_cycles, {"scale": Attr(float)},
-          doc="softmax(scores * scale + mask)"),
+          vector=VecFunc.SOFTMAX, doc="softmax(scores * scale + mask)"),
     OpDef("attn_values", (2, 1), _attn_values, _attention_shape, stream_cycles,
           _ATTENTION_ATTRS, streams="kv", doc="p . v against the INT8 value cache"),
     OpDef("silu_gate", (2, 1), _silu_gate, _elementwise_shape,
-          stream_cycles, doc="silu(gate) * up"),
-    OpDef("add", (2, 1), _add, _elementwise_shape, stream_cycles,
+          stream_cycles, vector=VecFunc.SILU_GATE, doc="silu(gate) * up"),
+    OpDef("add", (2, 1), _add, _elementwise_shape, stream_cycles, vector=VecFunc.ADD,
           aten=("add",), doc="residual addition"),
     OpDef("view", (1, 1), lambda n, a, e: (a[0].view(n.attrs["shape"]),), _reshape_shape,
           free, {"shape": Attr(_LIST)}, aten=("view", "_unsafe_view"), doc="layout only"),
@@ -427,7 +435,8 @@ def describe() -> str:
     """The op set as a table (name, arity, where it may run, what it does)."""
     rows = []
     for d in OPS.values():
-        where = "accelerator" if d.streams else ("host (free)" if d.layout else "host")
+        where = ("accelerator" if d.streams else "host/vector" if d.vector
+                 else "host (free)" if d.layout else "host")
         arity = "/".join("*" if n < 0 else str(n) for n in d.arity)
         rows.append(f"{d.name:<12} {arity:<5} {where:<12} {d.doc}")
     return "\n".join(rows)

@@ -24,6 +24,7 @@ from sw.compile.ir import OPS, Graph, Interpreter, Node, OpDef, TensorType
 from sw.compile.ir.ops import free, stream_cycles
 from sw.compile.lower import LOWERINGS, _linear_members
 from sw.compile.passes import dce
+from sw.compile.vector import VECTOR_LOWERINGS
 from sw.runtime import Runtime
 
 
@@ -34,6 +35,9 @@ def test_every_compiler_error_is_a_compile_error():
 
 def test_every_accelerator_op_has_a_lowering_and_nothing_else_does():
     assert set(LOWERINGS) == {name for name, d in OPS.items() if d.streams}
+    # an op with a VEC sub-op has a vector lowering (and streams no weights)
+    assert set(VECTOR_LOWERINGS) == {name for name, d in OPS.items() if d.vector}
+    assert not any(d.vector and d.streams for d in OPS.values())
 
 
 @pytest.mark.parametrize("phase", ["prefill", "decode"])

@@ -1,0 +1,167 @@
+"""Host ops on the vector engine: a node whose op names a VEC sub-op (``OPS[op].vector``)
+becomes one program of one VEC per row.
+
+=============  ===========  ==========================================================
+op             sub-op       operands (int32 rows in DRAM, Q15.16: ``hw.numerics.to_fixed``)
+=============  ===========  ==========================================================
+``rmsnorm``    RMSNORM      ``x`` the rows; ``w`` the weight as ``norm_weight`` words, a
+                            constant row in the DRAM image; ``imm`` = ``norm_eps``
+``softmax``    SOFTMAX      ``x`` the rows of ``scores * scale + mask`` (0 where masked),
+                            the context bucket long; ``imm`` = the row's valid positions, a
+                            run-time parameter the host writes before each start
+``silu_gate``  SILU_GATE    ``x`` the gate rows, ``b`` the up rows
+``add``        ADD          ``x`` and ``b`` the two addends
+=============  ===========  ==========================================================
+
+The host converts the float inputs into their buffers and the results back
+(``sw.runtime``), so a node's outputs equal the host kernel's with the vector unit's numerics
+(``rms_norm_vector``, ``softmax_vector``, ``silu_gate_vector``, ``add_vector``) bit for bit.
+The program itself is :func:`sw.compile.schedule.schedule_vector`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
+from hw.isa import VecFunc, field_location
+from hw.numerics import norm_eps
+from sw.compile import symbols
+from sw.compile.errors import LoweringError
+from sw.compile.ir import OPS, Graph, Node
+
+__all__ = ["VectorOp", "VECTOR_LOWERINGS", "vector_op", "row_bytes"]
+
+#: The largest ``imm`` a VEC holds.
+_IMM_BITS = field_location("vec.imm")[1]
+_IMM_MAX = (1 << _IMM_BITS) - 1
+
+
+def row_bytes(cfg: AcceleratorConfig, length: int) -> int:
+    """DRAM bytes of a row of ``length`` int32 elements: whole beats."""
+    return -(-length * VECTOR_WORD_BYTES // cfg.beat_bytes) * cfg.beat_bytes
+
+
+@dataclass(frozen=True)
+class VectorOp:
+    """The program of a vector node: ``func`` on ``rows`` rows of ``length`` int32 elements,
+    each ``row_bytes`` in DRAM; the DRAM symbols of its rows ``x``, its second operand's rows
+    ``b`` (or None), its constant row ``w`` (or None) and its results ``y`` (laid out as
+    ``x``); every VEC's ``imm`` (SOFTMAX's is set per row at run time)."""
+
+    func: VecFunc
+    rows: int
+    length: int
+    row_bytes: int
+    x: str
+    y: str
+    b: str | None = None
+    w: str | None = None
+    imm: int = 0
+
+    @property
+    def w_tile_stride(self) -> None:
+        """No weight tiles (:class:`sw.compile.relocation.SymbolicLayer`)."""
+        return None
+
+    @property
+    def signature(self) -> tuple:
+        """What the instructions depend on, addresses aside."""
+        return ("vec", self.func, self.rows, self.length, self.b is not None,
+                self.w is not None, self.imm)
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of one operand's (or the results') rows in DRAM."""
+        return self.rows * self.row_bytes
+
+    def buffers(self) -> list[tuple[str, int, bool]]:
+        """``(symbol, bytes, written by the host)`` of its arena buffers."""
+        out = [(self.x, self.data_bytes, True), (self.y, self.data_bytes, False)]
+        return out + ([(self.b, self.data_bytes, True)] if self.b else [])
+
+    @property
+    def read_bytes(self) -> int:
+        """Bytes the program must read at least: its operand rows, the constant row once."""
+        n = self.rows * self.length * VECTOR_WORD_BYTES
+        return n * (2 if self.b else 1) + (self.length * VECTOR_WORD_BYTES if self.w else 0)
+
+    @property
+    def write_bytes(self) -> int:
+        return self.rows * self.length * VECTOR_WORD_BYTES
+
+    def to_dict(self) -> dict:
+        return {"func": self.func.name, "rows": self.rows, "length": self.length,
+                "row_bytes": self.row_bytes, "x": self.x, "y": self.y, "b": self.b,
+                "w": self.w, "imm": self.imm}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> VectorOp:
+        return cls(**{**d, "func": VecFunc[d["func"]]})
+
+
+#: ``rule(node, graph, cfg, bucket) -> VectorOp``.
+VectorRule = Callable[[Node, Graph, AcceleratorConfig, "int | None"], VectorOp]
+
+
+def _rows(shape) -> int:
+    return int(np.prod(shape[:-1], dtype=np.int64))
+
+
+def _op(node: Node, graph: Graph, cfg: AcceleratorConfig, length: int, *,
+        second: bool = False, w: str | None = None, imm: int = 0) -> VectorOp:
+    phase = graph.meta.get("phase", "")
+    rows = _rows(graph.values[node.inputs[0]].shape)
+    if not 0 <= imm <= _IMM_MAX:
+        raise LoweringError(f"node {node.name!r}: imm={imm} does not fit the VEC's "
+                            f"{_IMM_BITS}-bit field")
+    return VectorOp(OPS[node.op].vector, rows, length, row_bytes(cfg, length),
+                    symbols.buffer("x", phase, node.name), symbols.buffer("y", phase, node.name),
+                    symbols.buffer("b", phase, node.name) if second else None, w, imm)
+
+
+def _rmsnorm(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int | None
+             ) -> VectorOp:
+    k = graph.values[node.inputs[0]].shape[-1]
+    return _op(node, graph, cfg, k, w=symbols.norm_weight(node.attrs["weight"]),
+               imm=norm_eps(node.attrs["eps"], k))
+
+
+def _softmax(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int | None
+             ) -> VectorOp:
+    if bucket is None:
+        raise LoweringError(f"node {node.name!r}: softmax needs a context bucket")
+    return _op(node, graph, cfg, bucket, imm=bucket)  # imm: set per row at run time
+
+
+def _elementwise(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int | None
+                 ) -> VectorOp:
+    return _op(node, graph, cfg, graph.values[node.inputs[0]].shape[-1], second=True)
+
+
+#: How each op with a VEC sub-op (``OPS[op].vector``) becomes a vector program.
+VECTOR_LOWERINGS: dict[str, VectorRule] = {
+    "rmsnorm": _rmsnorm,
+    "softmax": _softmax,
+    "silu_gate": _elementwise,
+    "add": _elementwise,
+}
+
+
+def vector_op(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int | None = None
+              ) -> VectorOp:
+    """The vector program of ``node`` (``bucket``: the key positions a softmax row covers).
+
+    Raises
+    ------
+    LoweringError
+        The op has no vector lowering, or an immediate does not fit.
+    """
+    rule = VECTOR_LOWERINGS.get(node.op)
+    if rule is None or OPS[node.op].vector is None:
+        raise LoweringError(f"node {node.name!r}: op {node.op} does not run on the vector "
+                            "engine")
+    return rule(node, graph, cfg, bucket)

@@ -1,0 +1,295 @@
+"""Host ops on the vector engine: on a configuration with one, RMSNorm, softmax, SiLU-gate and
+additions are programs of VECs (sw/compile/vector.py, ``schedule_vector``), and the tokens and
+logits stay bit-equal to the model-level twin with the vector unit's numerics; without one
+(or with ``CompileOptions(vector=False)``) the compilation is what it was."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
+
+from hw.config import AcceleratorConfig, ConfigError, MemoryModel, preset
+from hw.isa import Load, Spad, Store, Vec, VecFunc, check, decode_program
+from hw.numerics import (
+    norm_eps,
+    norm_weight,
+    to_fixed,
+    vec_add,
+    vec_rmsnorm,
+    vec_silu_gate,
+    vec_softmax,
+)
+from sim.backends import make_backend
+from sw.compile import CompileOptions, compile_model
+from sw.compile.errors import LoweringError
+from sw.compile.executable import load, save
+from sw.compile.ir import OPS
+from sw.compile.relocation import lower_vector_template, relocate
+from sw.compile.schedule import ELEMENTWISE, vector_tasks
+from sw.compress.model import use_hardware_numerics
+from sw.models.generate import generate
+from sw.runtime import Runtime, RuntimeFault
+from sw.runtime.runtime import _set_imm
+
+PROMPT, STEPS = 6, 4
+#: SMALL with a vector engine: 512 int32 elements of VIN, 256 of VOUT.
+VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
+VECTOR_OPS = {name for name, d in OPS.items() if d.vector is not None}
+
+
+def _ids(lm, n, seed=7):
+    return torch.randint(0, lm.config.vocab_size, (1, n),
+                         generator=torch.Generator().manual_seed(seed))
+
+
+def _vecs(program) -> list[Vec]:
+    return [i for i in decode_program(program.words.view(np.uint8)) if isinstance(i, Vec)]
+
+
+def _steps(rt, ids, prompt):
+    out = [rt.step(ids[:, :prompt])]
+    return out + [rt.step(ids[:, p:p + 1]) for p in range(prompt, ids.shape[1])]
+
+
+# ---------------------------------------------------------------------- end to end
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
+    lm = tiny_lm()
+    ws = compressed(lm)
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS, fuse=fuse),
+                        weights=ws)
+    vector = [p for p in exe.programs if p.vector is not None]
+    assert {p.vector.func for p in vector} == (
+        {VecFunc.RMSNORM, VecFunc.SOFTMAX, VecFunc.SILU_GATE}
+        | (set() if fuse else {VecFunc.ADD}))
+    for p in vector:  # one VEC per row, all of the node's sub-op
+        assert {v.func for v in _vecs(p)} == {p.vector.func}
+        assert len(_vecs(p)) == p.vector.rows
+    ids = _ids(lm, PROMPT + STEPS)
+    steps = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, PROMPT)
+    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
+                            PROMPT)
+    for (logits, _), w in zip(steps, want, strict=True):
+        assert torch.equal(logits, w)
+    for _, st in steps:  # the vector ops ran as programs, their conversions as the host's I/O
+        assert not {h.op for h in st.host} & VECTOR_OPS
+        ran = {exe.programs[p.program].vector.func for p in st.programs
+               if exe.programs[p.program].vector is not None}
+        assert VecFunc.SOFTMAX in ran and VecFunc.RMSNORM in ran
+        assert any(h.op == "softmax:io" and h.unit_cycles > 0 for h in st.host)
+        assert all(p.counters.get("vector_elements", 0) > 0 for p in st.programs
+                   if exe.programs[p.program].vector is not None)
+
+
+def test_a_decode_step_runs_no_vector_op_on_the_host():
+    lm = tiny_lm()
+    ws = compressed(lm)
+    opts = CompileOptions(PROMPT, PROMPT + 2)
+    runs = {}
+    for cfg in (SMALL, VSMALL):
+        exe = compile_model(lm, cfg, opts, weights=ws)
+        rt = Runtime(exe, make_backend("model", cfg), vector=True)
+        runs[cfg.has_vector] = _steps(rt, _ids(lm, PROMPT + 2), PROMPT)[-1][1]
+    host_ops = {h.op for h in runs[False].host}
+    assert {"rmsnorm", "softmax", "silu_gate"} <= host_ops
+    assert not {h.op for h in runs[True].host} & VECTOR_OPS
+    # one more program per vector node: 2 RMSNorms, softmax, SiLU-gate per block + the norm
+    blocks = lm.config.num_hidden_layers
+    assert len(runs[True].programs) == len(runs[False].programs) + 4 * blocks + 1
+    assert runs[True].transitions == 2 * len(runs[True].programs)
+
+
+def test_softmax_valid_counts_are_set_per_step_without_recompiling():
+    """Decode contexts of one bucket share a softmax program; the host writes each row's
+    valid positions into its VEC (``imm``) before the start."""
+    lm = tiny_lm(layers=1)
+    ws = compressed(lm)
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS), weights=ws)
+    softmax = [p for p in exe.programs if p.vector and p.vector.func == VecFunc.SOFTMAX]
+    decode = [p for p in softmax if p.phase == "decode"]
+    assert len(decode) == 1 and decode[0].bucket == 16   # contexts 7..10: one bucket
+    heads = lm.config.num_attention_heads
+    assert len(decode[0].imm_rows) == heads
+    prefill = next(p for p in softmax if p.phase == "prefill")
+    assert len(prefill.imm_rows) == heads * PROMPT
+    rt = Runtime(exe, make_backend("model", VSMALL), vector=True, trace=True)
+    seen = []
+    real = rt.backend.run
+
+    def spy(words, dram, **kw):
+        seen.append(words)
+        return real(words, dram, **kw)
+    rt.backend.run = spy
+    _steps(rt, _ids(lm, PROMPT + STEPS), PROMPT)
+    imms = [[v.imm for v in decode_program(w.view(np.uint8)) if isinstance(v, Vec)
+             and v.func == VecFunc.SOFTMAX] for w in seen]
+    imms = [i for i in imms if i]
+    assert imms[0] == [t + 1 for _ in range(heads) for t in range(PROMPT)]  # causal prefill
+    assert imms[1:] == [[p + 1] * heads for p in range(PROMPT, PROMPT + STEPS)]
+
+
+def test_a_sliding_window_keeps_the_softmax_on_the_host():
+    """A window shorter than the context masks a row's first positions: SOFTMAX's ``imm``
+    cannot say that, so the softmax stays a host op (the rest still runs on the engine)."""
+    lm = tiny_lm(model_type="mistral", sliding_window=4)
+    ws = compressed(lm)
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS), weights=ws)
+    funcs = {p.vector.func for p in exe.programs if p.vector is not None}
+    assert VecFunc.RMSNORM in funcs and VecFunc.SOFTMAX not in funcs
+    ids = _ids(lm, PROMPT + STEPS)
+    steps = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, PROMPT)
+    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
+                            PROMPT)
+    for (logits, st), w in zip(steps, want, strict=True):
+        assert torch.equal(logits, w)
+        assert "softmax" in {h.op for h in st.host}
+
+
+def test_reference_model_tokens_equal_the_vector_twin():
+    from sw.models.reference_model import load_reference
+    lm = load_reference()
+    ws = compressed(lm, "2:4", 128)
+    cfg = preset("vector")
+    prompt, new = 8, 4
+    exe = compile_model(lm, cfg, CompileOptions(prompt, prompt + new), weights=ws)
+    assert any(p.vector is not None for p in exe.programs)
+    ids = _ids(lm, prompt)
+    gen = Runtime(exe, make_backend("model", cfg), vector=True).generate(ids[0].tolist(), new)
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True)
+    assert gen.tokens == generate(twin, ids[0], new)[prompt:].tolist()
+
+
+# ---------------------------------------------------------------------- as before without it
+def test_without_the_engine_the_compilation_is_unchanged():
+    lm = tiny_lm()
+    ws = compressed(lm)
+    opts = CompileOptions(PROMPT, PROMPT + STEPS)
+    plain = compile_model(lm, SMALL, opts, weights=ws)
+    off = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS, vector=False),
+                        weights=ws)
+    assert not any(_vecs(p) for p in plain.programs)
+    assert all(OPS[plain.graphs[p.phase].node(p.node).op].streams for p in plain.programs)
+    assert len(plain.programs) == len(off.programs)
+    for a, b in zip(plain.programs, off.programs, strict=True):
+        assert np.array_equal(a.words, b.words) and a.members == b.members
+    assert plain.symbols == off.symbols
+    # the default configuration keeps its dictionary (and so its fingerprint)
+    assert preset("default") == AcceleratorConfig()
+    assert "vin_spad_bytes" not in AcceleratorConfig().to_dict()
+    assert preset("vector").fingerprint != AcceleratorConfig().fingerprint
+
+
+def test_a_vector_executable_needs_the_vector_numerics_and_survives_a_file(tmp_path):
+    lm = tiny_lm(layers=1)
+    exe = compile_model(lm, VSMALL, CompileOptions(4, 6), weights=compressed(lm))
+    with pytest.raises(RuntimeFault, match="vector=True"):
+        Runtime(exe, make_backend("model", VSMALL))
+    again = load(save(exe, tmp_path / "exe.safetensors"))
+    assert [(p.vector, p.imm_rows) for p in again.programs] == \
+        [(p.vector, p.imm_rows) for p in exe.programs]
+    ids = _ids(lm, 6)
+    a = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, 4)
+    b = _steps(Runtime(again, make_backend("model", VSMALL), vector=True), ids, 4)
+    for (x, _), (y, _) in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_preset_names_are_checked():
+    with pytest.raises(ConfigError, match="vector"):
+        preset("vectr")
+
+
+# ---------------------------------------------------------------------- the programs alone
+_FUNCS = {
+    VecFunc.ADD: lambda a, b, w, imm: vec_add(a, b),
+    VecFunc.SILU_GATE: lambda a, b, w, imm: vec_silu_gate(a, b),
+    VecFunc.RMSNORM: lambda a, b, w, imm: vec_rmsnorm(a, w, imm),
+    VecFunc.SOFTMAX: lambda a, b, w, imm: vec_softmax(a, np.arange(a.shape[-1]) < imm),
+}
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("func", list(_FUNCS), ids=lambda f: f.name)
+def test_vector_programs_compute_their_rows(func, seed):
+    """Random rows and lengths (some longer than a VIN half: elementwise rows in segments)
+    through the fast model, against hw.numerics row by row."""
+    rng = np.random.default_rng([seed, func.value])
+    cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 16))
+    elementwise = func in ELEMENTWISE
+    long = elementwise and seed % 2
+    length = int(rng.integers(300, 700)) if long else int(rng.integers(1, 100))
+    rows = int(rng.integers(1, 4 if long else 20))
+    second, const = elementwise, func == VecFunc.RMSNORM
+    imm = norm_eps(1e-5, length) if const else length if func == VecFunc.SOFTMAX else 0
+    t = lower_vector_template(cfg, func, rows, length, second=second, const=const, imm=imm)
+    tasks, _, _ = vector_tasks(cfg, func, rows, length, 2 if second else 1, const)
+    assert (len(tasks) > rows) == bool(long)      # long rows: several segments each
+    program = decode_program(t.words.view(np.uint8))
+    for ins in program:
+        check(ins, cfg)
+    per = cfg.beat_bytes // 4
+    row = -(-length // per) * per
+    base = {"x": 0, "b": rows * row, "w": 2 * rows * row, "y": 2 * rows * row + row}
+    class _Op:                                    # the operands' symbols, placed at base
+        x, b, w, y = "x", "b" if second else None, "w" if const else None, "y"
+    words = relocate(t, {k: 4 * v for k, v in base.items()}, [_Op], cfg.beat_bytes)
+    scale = float(rng.choice([0.01, 1.0, 100.0]))
+    a = to_fixed(rng.standard_normal((rows, length)) * scale)
+    b = to_fixed(rng.standard_normal((rows, length)) * scale)
+    w = norm_weight(rng.standard_normal(length), length)
+    dram = np.zeros(cfg.memory.size_bytes, np.uint8)
+    for name, data in (("x", a), ("b", b)):
+        padded = np.zeros((rows, row), "<i4")
+        padded[:, :length] = data
+        dram[4 * base[name]:4 * base[name] + padded.nbytes] = padded.view(np.uint8).reshape(-1)
+    dram[4 * base["w"]:4 * base["w"] + 4 * length] = w.astype("<i4").view(np.uint8)
+    if func == VecFunc.SOFTMAX:  # each row's valid positions, as the runtime sets them
+        counts = rng.integers(0, length + 1, size=rows)
+
+        class _P:
+            node, imm_rows = "p", t.imm_rows
+        _P.words = words
+        words = _set_imm(_P, counts)
+    else:
+        counts = np.full(rows, imm)
+    r = make_backend("model", cfg).run(words, dram)
+    assert r.ok, r.error
+    got = r.dram[4 * base["y"]:4 * base["y"] + rows * row * 4].view("<i4").reshape(rows, row)
+    for i in range(rows):
+        want = _FUNCS[func](a[i], b[i], w, int(counts[i]))
+        assert np.array_equal(got[i, :length], want), i
+    assert sum(isinstance(i, Load) and i.spad == Spad.VIN for i in program) >= 1
+    assert sum(isinstance(i, Store) and i.spad == Spad.VOUT for i in program) == len(tasks)
+
+
+def test_the_segmented_sub_ops_are_the_fast_models_elementwise_ones():
+    from sim.functional import _VEC_ELEMENTWISE
+    assert ELEMENTWISE == set(_VEC_ELEMENTWISE)
+
+
+def test_a_reducing_row_too_long_for_the_scratchpads_is_refused():
+    with pytest.raises(LoweringError, match="RMSNORM row of 400 elements"):
+        lower_vector_template(VSMALL, VecFunc.RMSNORM, 1, 400, const=True)
+
+
+# ---------------------------------------------------------------------- RTL
+@pytest.mark.rtl
+@pytest.mark.slow
+def test_rtl_runs_the_vector_nodes_as_the_fast_model():
+    from sim.random_programs import EQUIVALENCE_CONFIGS
+    cfg = EQUIVALENCE_CONFIGS["4x4"]   # the equivalence harness's vector configuration
+    lm = tiny_lm(layers=1, heads=2, kv_heads=1, hidden=32, vocab=32)
+    ws = compressed(lm, "2:4", 32)
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
+    assert any(p.vector is not None for p in exe.programs)
+    ids = _ids(lm, PROMPT + 2, seed=5)
+    runs = [_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, PROMPT)
+            for name in ("model", "rtl")]
+    for (a, sa), (b, sb) in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+        assert [p.cycles for p in sa.programs] == [p.cycles for p in sb.programs]
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True)
+    for (a, _), w in zip(runs[1], twin_step_logits(twin, ids, PROMPT), strict=True):
+        assert torch.equal(a, w)
