@@ -55,6 +55,7 @@ from hw.isa import (
     legal_words,
     reads_param,
     vec_out_words,
+    vec_reads_amax,
     vec_reads_b,
 )
 from hw.queues import entry_layout
@@ -166,7 +167,8 @@ class FetchUnit(wiring.Component):
                       v.a_addr + length > lim.vin_elems,
                       vec_reads_b(func) & (v.b_addr + length > lim.vin_elems),
                       v.dst_addr + vec_out_words(func, length) > lim.vout_elems,
-                      (func == VecFunc.SOFTMAX.value) & (v.imm > length))
+                      (func == VecFunc.SOFTMAX.value) & (v.imm > length),
+                      vec_reads_amax(func) & (v.imm >= lim.vin_elems))
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)
 

@@ -240,6 +240,7 @@ VECTOR_LATENCY = {
     "recip": 7, "rsqrt": 8, "exp": 8,
     "sum": 2, "max": 2, "absmax": 2, "argmax": 2, "sumsq": 3,
     "add": 1, "mul": 2, "rope": 3, "scale": 4, "requant": 6,
+    "dequant_factor": 4,
 }
 
 #: Cycles from a VEC's read of a VIN element to the element entering its function unit (the
@@ -279,11 +280,16 @@ def _vec_cycles(func, length):
     # Recip, Scale(60) and three Muls (e * s, g * sigmoid, * u), written as it comes out.
     mul = stream + lat["mul"]
     silu = stream + lat["exp"] + lat["recip"] + lat["scale"] + 3 * lat["mul"]
+    # DEQUANT: the amax word read in g + 1 (it is the row's scalar as it is read), then one
+    # pass from g + 2, each element through DequantFactor and Scale (the accumulator carried
+    # beside the factor), written as it comes out.
+    dequant = 1 + stream + lat["dequant_factor"] + lat["scale"]
     return ((func == VecFunc.ADD.value) * add + (func == VecFunc.ARGMAX.value) * argmax
             + (func == VecFunc.MUL.value) * mul + (func == VecFunc.SILU_GATE.value) * silu
             + (func == VecFunc.REQUANT.value) * requant
             + (func == VecFunc.SOFTMAX.value) * softmax
-            + (func == VecFunc.RMSNORM.value) * rmsnorm)
+            + (func == VecFunc.RMSNORM.value) * rmsnorm
+            + (func == VecFunc.DEQUANT.value) * dequant)
 
 
 def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:
