@@ -69,7 +69,7 @@ class DequantFactor(PipelineUnit):
 
     def _stages(self):
         p_bits = DEQUANT_MANT_BITS + AMAX_BITS
-        k_shape = range(AMAX_BITS + 1)
+        k_bits = AMAX_BITS.bit_length()              # k in [0, 32]
         d_shape = signed(DEQUANT_EXP_BITS + 2)      # E - k in [-32, 127]
         q_max = (1 << DEQUANT_MANT_BITS) - 1
 
@@ -84,8 +84,8 @@ class DequantFactor(PipelineUnit):
         def s2(m, v):
             k = v.b - 1 + v.p.bit_select(v.b + MANT_BITS, 1)
             e = Cat(v.e, Const(0, 2)).as_signed()
-            return {"w": ((Cat(Const(0, 1), v.p) >> k[:6]), unsigned(p_bits + 1)),
-                    "d": (e - Cat(k[:6], Const(0, 1)).as_signed(), d_shape)}
+            return {"w": ((Cat(Const(0, 1), v.p) >> k[:k_bits]), unsigned(p_bits + 1)),
+                    "d": (e - Cat(k[:k_bits], Const(0, 1)).as_signed(), d_shape)}
 
         def s3(m, v):
             q = (v.w + 1) >> 1
