@@ -44,7 +44,8 @@ DEQUANT    the ``amax`` word read from ``imm`` in ``g + 1`` (the command's ``a_a
 
 (:func:`hw.numerics.vec_add`, :func:`~hw.numerics.vec_argmax`,
 :func:`~hw.numerics.vec_requant`, :func:`~hw.numerics.vec_softmax`,
-:func:`~hw.numerics.vec_rmsnorm`, :func:`~hw.numerics.vec_dequant`; the sequences are those of :mod:`hw.vector`'s docstring.)
+:func:`~hw.numerics.vec_rmsnorm`, :func:`~hw.numerics.vec_dequant`; the sequences are those
+of :mod:`hw.vector`'s docstring.)
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
 :data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.
