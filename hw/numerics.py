@@ -57,7 +57,8 @@ agree bit for bit.
 
 The vector unit (the last sections): exact integer semantics of the host ops of a step
 (reductions, exp, reciprocal, rsqrt, saturating add and multiply, RoPE, SiLU-gate, RMSNorm,
-softmax, INT8 requantisation, argmax) on Q15.16 activations, with table + Newton / table +
+softmax, INT8 requantisation, argmax, and the dequantisation of a GEMM's WIDE outputs with
+fixed-point channel words: :func:`vec_dequant`) on Q15.16 activations, with table + Newton / table +
 linear-step units (:data:`RECIP_LUT`, :data:`RSQRT_LUT`, :data:`EXP2_LUT`), and their float
 interface (:func:`rms_norm_vector` ...) through which the twin (:mod:`sw.compress.vector`), the
 interpreter and the runtime use them (``vector=True``). docs/architecture.md, section 3, justifies
