@@ -62,7 +62,7 @@ from hw import timing
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
 from hw.isa import VecBody, VecFunc, vec_out_words
 from hw.numerics import ACT_BITS, ACT_FRAC, ACT_MAX, DEQUANT_ZERO_AMAX, NORM_FRAC
-from hw.vector.dequant import DEQUANT_SCALE_FRAC, DequantFactor
+from hw.vector.dequant import AMAX_BITS, DEQUANT_SCALE_FRAC, DequantFactor
 from hw.vector.elementwise import Add, Mul, Requant, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
 from hw.vector.tables import Exp, Recip, Rsqrt
@@ -328,12 +328,12 @@ class VectorEngine(wiring.Component):
         dq = is_[VecFunc.DEQUANT]
         amax_rd = Signal()     # the amax word is the read data
         m.d.sync += amax_rd.eq(issuing & dq & (phase == 0))
-        dq_a = Signal(32, reset_less=True)
-        dq_b = Signal(range(33), reset_less=True)
+        dq_a = Signal(AMAX_BITS, reset_less=True)
+        dq_b = Signal(range(AMAX_BITS + 1), reset_less=True)
         amax_word = self.vin_a.data
         a_eff = Mux(amax_word == 0, DEQUANT_ZERO_AMAX, amax_word)
         with m.If(amax_rd):
-            m.d.sync += [dq_a.eq(a_eff), dq_b.eq(32 - _leading_zeros(m, a_eff))]
+            m.d.sync += [dq_a.eq(a_eff), dq_b.eq(AMAX_BITS - _leading_zeros(m, a_eff))]
         dq_valid = valid & dq & ~amax_rd
         feed(u["dequant_factor"], dq_valid, chan=self.vin_b.data, a=dq_a, b=dq_b)
         dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc")
