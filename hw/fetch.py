@@ -57,6 +57,7 @@ from hw.isa import (
     legal_words,
     reads_param,
     vec_out_words,
+    vec_reads_amax,
     vec_reads_b,
 )
 from hw.queues import entry_layout
@@ -179,7 +180,8 @@ class FetchUnit(wiring.Component):
                       v.dst_addr + vec_out_words(func, length) > lim.vout_elems,
                       (func == VecFunc.SOFTMAX.value) & (v.imm > length),
                       is_rope & (head_dim[0] | (head_dim == 0) | heads[_ROPE_HEADS_BITS:].any()
-                                 | (v.b_addr + head_dim[1:] > lim.vin_elems)))
+                                 | (v.b_addr + head_dim[1:] > lim.vin_elems)),
+                      vec_reads_amax(func) & (v.imm >= lim.vin_elems))
         rope_row = heads[:_ROPE_HEADS_BITS] * head_dim
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)

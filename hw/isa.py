@@ -40,8 +40,8 @@ __all__ = [
     "Spad", "Engine", "EpilogueMode", "ErrorCode", "VecFunc", "LOAD_SPADS", "STORE_SPADS",
     "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "InstrLayout",
     "Load", "Store", "Gemm", "Sync", "Vec", "End", "Instr", "ISAError",
-    "vec_out_words", "vec_reads_b", "VEC_FUNC_VALUES", "ROPE_HEAD_DIM_BITS", "rope_imm",
-    "rope_geometry",
+    "vec_out_words", "vec_reads_b", "vec_reads_amax", "VEC_FUNC_VALUES", "ROPE_HEAD_DIM_BITS",
+    "rope_imm", "rope_geometry",
     "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
     "program_words",
     "decode_fields", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
@@ -112,6 +112,7 @@ class VecFunc(enum.Enum, shape=4):
     MUL = 5      # dst[i] = sat32(round_shift(a[i] * b[i], 16))   (hw.numerics.vec_mul)
     SILU_GATE = 6  # dst[i] = silu(a[i]) * b[i]                  (hw.numerics.vec_silu_gate)
     ROPE = 7     # rotary rotation of heads, table at b_addr     (hw.numerics.vec_rope_pairs)
+    DEQUANT = 8  # dst[i] = acc a[i], channel word b[i], amax VIN[imm] (hw.numerics.vec_dequant)
 
 
 #: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
@@ -174,6 +175,7 @@ VecBody = data.StructLayout({
     "length": 16,   # elements of the row, >= 1
     "imm": 40,      # SOFTMAX: valid positions (<= length); RMSNORM: epsilon (norm_eps);
                     # ROPE: head_dim + heads * 2**16 (rope_imm)
+                    # DEQUANT: the VIN address of the token's amax word
 })
 
 InstrLayout = data.StructLayout({
@@ -372,24 +374,33 @@ class Vec(_Base):
 
 
 def vec_out_words(func, length):
-    """VOUT elements (words) a VEC writes: ``length`` (ADD, MUL, SILU_GATE, SOFTMAX, RMSNORM,
-    ROPE); 2 (ARGMAX: the index, the max);
+    """VOUT elements (words) a VEC writes: ``length`` (the row sub-ops: ADD, SOFTMAX, RMSNORM,
+    MUL, SILU_GATE, ROPE, DEQUANT); 2 (ARGMAX: the index, the max);
     ``ceil(length / 4) + 1`` (REQUANT: the int8 codes packed four to a word, code ``i`` in
     byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax`` as an
     unsigned 32-bit word). Ints, arrays or Amaranth values (a sum of products, so that the
     three agree)."""
     rows = ((func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value)
             | (func == VecFunc.RMSNORM.value) | (func == VecFunc.MUL.value)
-            | (func == VecFunc.SILU_GATE.value) | (func == VecFunc.ROPE.value))
+            | (func == VecFunc.SILU_GATE.value) | (func == VecFunc.ROPE.value)
+            | (func == VecFunc.DEQUANT.value))
     return (rows * length + (func == VecFunc.ARGMAX.value) * 2
             + (func == VecFunc.REQUANT.value) * (((length + 3) >> 2) + 1))
 
 
 def vec_reads_b(func):
     """The sub-op reads a second operand row from ``b_addr`` (the second operand of ADD, MUL
-    and SILU_GATE, RMSNORM's weight row); ints, arrays or Amaranth values."""
+    and SILU_GATE, RMSNORM's weight row, DEQUANT's channel words); ints, arrays or Amaranth
+    values."""
     return ((func == VecFunc.ADD.value) | (func == VecFunc.RMSNORM.value)
-            | (func == VecFunc.MUL.value) | (func == VecFunc.SILU_GATE.value))
+            | (func == VecFunc.MUL.value) | (func == VecFunc.SILU_GATE.value)
+            | (func == VecFunc.DEQUANT.value))
+
+
+def vec_reads_amax(func):
+    """The sub-op reads one VIN word at the element address ``imm`` before its row (DEQUANT's
+    amax); ints, arrays or Amaranth values."""
+    return func == VecFunc.DEQUANT.value
 
 
 #: Bits of ``imm`` that hold a ROPE's ``head_dim`` (the bits above hold its number of heads).
@@ -885,6 +896,10 @@ _VEC_RULES = (
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: _is_rope(f) & (_rope_table_end(f) > lim.vin_elems),
           lambda f, cfg: f"ROPE table [{f['vec.b_addr']}, {_rope_table_end(f)}) exceeds VIN "
+                         f"({dispatch_limits(cfg).vin_elems} elements)"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: vec_reads_amax(f["vec.func"]) & (f["vec.imm"] >= lim.vin_elems),
+          lambda f, cfg: f"DEQUANT's amax word imm={f['vec.imm']} is outside VIN "
                          f"({dispatch_limits(cfg).vin_elems} elements)"),
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: _vec_dst_end(f) > lim.vout_elems,

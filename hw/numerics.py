@@ -57,7 +57,8 @@ agree bit for bit.
 
 The vector unit (the last sections): exact integer semantics of the host ops of a step
 (reductions, exp, reciprocal, rsqrt, saturating add and multiply, RoPE, SiLU-gate, RMSNorm,
-softmax, INT8 requantisation, argmax) on Q15.16 activations, with table + Newton / table +
+softmax, INT8 requantisation, argmax, and the dequantisation of a GEMM's WIDE outputs with
+fixed-point channel words: :func:`vec_dequant`) on Q15.16 activations, with table + Newton / table +
 linear-step units (:data:`RECIP_LUT`, :data:`RSQRT_LUT`, :data:`EXP2_LUT`), and their float
 interface (:func:`rms_norm_vector` ...) through which the twin (:mod:`sw.compress.vector`), the
 interpreter and the runtime use them (``vector=True``). docs/architecture.md, section 3, justifies
@@ -270,12 +271,21 @@ def golden_linear_torch(x: torch.Tensor, w_int: torch.Tensor, row_scale: torch.T
     ``w_int`` is ``QuantizedWeight.int_weight()`` cut to the original K (padding columns are
     zero, so cutting them changes nothing); ``bias`` as in :func:`golden_linear`; with
     ``vector`` the activations are requantised as the vector unit does it
-    (:func:`quantize_activations_vector_torch`).
+    (:func:`vec_requant_torch` of :func:`to_fixed_torch`, the bias converted with
+    :func:`act_scale_torch` of its ``amax``) and the outputs dequantised as it does it
+    (:func:`dequant_output_vector_torch` with the channel words of ``row_scale`` and the
+    ``amax``).
     """
-    a, s_x = (quantize_activations_vector_torch if vector else quantize_activations_torch)(x)
+    if vector:
+        a, amax = vec_requant_torch(to_fixed_torch(x))
+        s_x = act_scale_torch(amax)
+    else:
+        a, s_x = quantize_activations_torch(x)
     acc = gemm_acc_torch(a, w_int, acc_bits)
     if bias is not None:
         acc = _wrap_torch(_wrap_torch(acc, 32) + bias_to_acc_torch(bias, row_scale, s_x), 32)
+    if vector:
+        return dequant_output_vector_torch(acc, dequant_channels_torch(row_scale), amax)
     return dequant_output_torch(acc, row_scale, s_x)
 
 
@@ -1197,3 +1207,171 @@ __all__ += ["rms_norm_vector", "rope_vector", "softmax_vector", "silu_gate_vecto
             "add_vector", "quantize_activations_vector", "quantize_activations_vector_torch",
             "fold_values_vector", "vec_kv4_rows", "vec_kv4_rows_torch", "kv4_scale",
             "kv4_scale_torch", "kv4_rows_vector", "kv4_rows_vector_torch"]
+
+
+# ------------------------------------------------- vector unit: dequantisation of GEMM outputs
+# The WIDE epilogue's int32 accumulators to activations on chip (VecFunc.DEQUANT): the float
+# dequant_output with its float32 row scale replaced by a fixed-point channel word chosen at
+# compile time, and the token's act_scale by the integer amax REQUANT wrote after its codes.
+
+#: Bits of a channel word's mantissa ``m``: normalised, ``m`` in [2**16, 2**17), so that it
+#: and the 17-bit factor ``q`` are each one unsigned operand of an 18x18 signed multiplier.
+DEQUANT_MANT_BITS = MANT_BITS + 1
+#: Bits of a channel word's exponent ``E`` (bits 17..23 of the word; the bits above are 0).
+DEQUANT_EXP_BITS = 7
+DEQUANT_EXP_MAX = (1 << DEQUANT_EXP_BITS) - 1
+#: The final shift ``E - k`` is clamped to [-DEQUANT_LEFT_MAX, DEQUANT_SH_MAX]: a left shift
+#: by 15 of a non-zero ``acc * q`` (``>= 2**16`` for a normalised word) already saturates, and
+#: a right shift by 63 of ``|acc * q| < 2**48`` gives 0, as any larger one does.
+DEQUANT_LEFT_MAX = (ACT_BITS - 1) - (DEQUANT_MANT_BITS - 1)
+DEQUANT_SH_MAX = 63
+#: The amax that stands for an all-zero row (REQUANT writes 0; :func:`act_scale` is then 1):
+#: ``127 * 2**16``, so that the factor is ``row_scale * 1``.
+DEQUANT_ZERO_AMAX = ACT_QMAX << ACT_FRAC
+
+__all__ += ["DEQUANT_MANT_BITS", "DEQUANT_EXP_BITS", "DEQUANT_EXP_MAX", "DEQUANT_LEFT_MAX",
+            "DEQUANT_SH_MAX", "DEQUANT_ZERO_AMAX", "dequant_channels", "dequant_channels_torch",
+            "requant_amax", "requant_amax_torch", "vec_dequant_factor",
+            "vec_dequant_factor_torch", "vec_dequant", "vec_dequant_torch",
+            "dequant_output_vector", "dequant_output_vector_torch"]
+
+_MANT_MASK = (1 << DEQUANT_MANT_BITS) - 1
+
+
+def _check_row_scale(bad: np.ndarray, row_scale) -> None:
+    """ValueError naming the first channel whose scale no channel word holds (``bad``)."""
+    if bad.any():
+        n = int(np.flatnonzero(bad.reshape(-1))[0])
+        raise ValueError(f"row_scale[{n}] = {np.asarray(row_scale).reshape(-1)[n]!r}: a channel "
+                         f"word holds finite scales in [0, {ACT_QMAX} * (2**"
+                         f"{DEQUANT_MANT_BITS} - 1/2))")
+
+
+def dequant_channels(row_scale: np.ndarray) -> np.ndarray:
+    """The DEQUANT channel words of float32 row scales (compile time): int64 ``[N]``.
+
+    A word holds ``c = float64(row_scale) / 127`` (the ``1 / 127`` of :func:`act_scale` folded
+    in) as ``c ~= m * 2**-E``: bits 0..16 the mantissa ``m`` in [2**16, 2**17) and bits 17..23
+    the exponent ``E`` in [0, 127], the bits above 0 (a non-negative int32). With ``(f, x) =
+    frexp(c)``: ``m = rint(f * 2**17)``, ``E = 17 - x`` (``m = 2**17`` becomes ``2**16`` with
+    ``E - 1``): ``|m * 2**-E - c| <= 2**-17 * c``. A zero scale, and one below ``2**-111``
+    (``E > 127``: every output then rounds to 0 anyway, ``|acc * amax * c| < 2**-48``), gives
+    the word 0 (all outputs 0). ``ValueError`` names a negative, non-finite or too large
+    scale (``E < 0``: ``c >= 2**17 - 1/2``).
+    """
+    c = np.asarray(row_scale, np.float32).astype(np.float64) / ACT_QMAX
+    finite = np.isfinite(c)
+    f, x = np.frexp(np.where(finite, c, 0.0))
+    m = np.rint(f * 2.0 ** DEQUANT_MANT_BITS).astype(np.int64)
+    e = DEQUANT_MANT_BITS - x.astype(np.int64)
+    carry = m >> DEQUANT_MANT_BITS
+    m, e = np.where(carry > 0, m >> 1, m), e - carry
+    _check_row_scale(~finite | (c < 0) | ((c > 0) & (e < 0)), row_scale)
+    return np.where((c > 0) & (e <= DEQUANT_EXP_MAX), m | (e << DEQUANT_MANT_BITS), 0)
+
+
+def requant_amax(x: np.ndarray) -> np.ndarray:
+    """The ``amax`` REQUANT writes after the codes of float rows ``x [..., K]``
+    (:func:`vec_requant` of ``to_fixed(x)``): ``max |to_fixed(x)|`` per row, int64."""
+    return np.abs(to_fixed(x)).max(axis=-1)
+
+
+def vec_dequant_factor(chan: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The per-element factor of :func:`vec_dequant`: ``(q, sh)`` with ``m * A * 2**-E ~= q *
+    2**-sh``, for channel words ``chan [..., N]`` and a row's ``amax [...]`` (an unsigned
+    32-bit word, broadcast over the last axis).
+
+    ``A = amax``, or :data:`DEQUANT_ZERO_AMAX` when ``amax = 0``; ``b = bitlen(A)`` (1..32,
+    once per row); ``m, E`` the word's fields (any word is an operand: bits above 23 are
+    ignored; :func:`dequant_channels` writes normalised ones); ``p = m * A`` (exact, below
+    2**49); ``t = (p >> (b + 16)) & 1`` and ``k = b - 1 + t`` (``bitlen(p) - 17`` for a
+    normalised ``m``: ``p`` in [2**(b+15), 2**(b+17))); ``q = min(round_shift(p, k), 2**17 -
+    1)`` (in [2**16, 2**17) for a normalised word: relative error at most 2**-17, the clamp
+    included); ``sh = clip(E - k, -15, 63)``.
+    """
+    chan = np.asarray(chan, np.int64)
+    amax = np.asarray(amax, np.int64)
+    if (amax < 0).any() or (amax >> 32).any():
+        raise ValueError(f"amax must be an unsigned 32-bit word, got {int(amax.min())}.."
+                         f"{int(amax.max())}")
+    a = np.where(amax > 0, amax, DEQUANT_ZERO_AMAX)[..., None]
+    b = _bit_length(a)
+    m = chan & _MANT_MASK
+    e = (chan >> DEQUANT_MANT_BITS) & DEQUANT_EXP_MAX
+    p = m * a
+    k = b - 1 + ((p >> (b + MANT_BITS)) & 1)
+    q = np.minimum(round_shift(p, k), _MANT_MASK)
+    return q, np.clip(e - k, -DEQUANT_LEFT_MAX, DEQUANT_SH_MAX)
+
+
+def vec_dequant(acc: np.ndarray, chan: np.ndarray, amax: np.ndarray) -> np.ndarray:
+    """WIDE outputs to activations: ``acc [..., N]`` (int32 accumulators of one GEMM, a row
+    per token), channel words ``chan [N]`` (:func:`dequant_channels`) and the token's ``amax
+    [...]`` (as REQUANT wrote it for the GEMM's input row) -> Q15.16 int64 ``[..., N]``.
+
+    ``y = sat32(round_shift(acc * q, sh))`` (round half up; the product exact, below 2**48,
+    and below 2**63 after a left shift) with ``(q, sh) = vec_dequant_factor(chan, amax)``:
+    ``y ~= acc * row_scale[n] * act_scale(amax) * 2**16``, the float WIDE epilogue
+    (:func:`dequant_output`) in the activation format. Error bound (normalised words, no
+    saturation): ``|y - Y| <= 2**-16 * (1 + 2**-16) * |Y| + 1/2`` with ``Y`` the exact value
+    in output units (``m`` and ``q`` each within 2**-17 relatively, the final rounding half a
+    unit); the float32 ``row_scale`` is exact in float64 and ``amax`` is an integer.
+    """
+    q, sh = vec_dequant_factor(chan, amax)
+    return saturate(round_shift(np.asarray(acc, np.int64) * q, sh))
+
+
+def dequant_output_vector(acc: np.ndarray, chan: np.ndarray, amax: np.ndarray) -> np.ndarray:
+    """The WIDE epilogue as the vector unit computes it (the drop-in for
+    :func:`dequant_output` with ``vector``): ``from_fixed(vec_dequant(acc, chan, amax))``,
+    float32."""
+    return from_fixed(vec_dequant(acc, chan, amax))
+
+
+def dequant_channels_torch(row_scale: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`dequant_channels` (int64)."""
+    c = row_scale.to(torch.float32).to(torch.float64) / ACT_QMAX
+    finite = torch.isfinite(c)
+    f, x = torch.frexp(torch.where(finite, c, torch.zeros_like(c)))
+    m = torch.round(f * 2.0 ** DEQUANT_MANT_BITS).to(torch.int64)
+    e = DEQUANT_MANT_BITS - x.to(torch.int64)
+    carry = m >> DEQUANT_MANT_BITS
+    m, e = torch.where(carry > 0, m >> 1, m), e - carry
+    bad = ~finite | (c < 0) | ((c > 0) & (e < 0))
+    if bad.any():
+        _check_row_scale(bad.cpu().numpy(), row_scale.cpu().numpy())
+    return torch.where((c > 0) & (e <= DEQUANT_EXP_MAX), m | (e << DEQUANT_MANT_BITS),
+                       torch.zeros_like(m))
+
+
+def requant_amax_torch(x: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`requant_amax`."""
+    return to_fixed_torch(x).abs().amax(dim=-1)
+
+
+def vec_dequant_factor_torch(chan: torch.Tensor, amax: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of :func:`vec_dequant_factor`."""
+    if (amax < 0).any() or (amax >> 32).any():
+        raise ValueError(f"amax must be an unsigned 32-bit word, got {int(amax.min())}.."
+                         f"{int(amax.max())}")
+    a = torch.where(amax > 0, amax, torch.full_like(amax, DEQUANT_ZERO_AMAX)).unsqueeze(-1)
+    b = _bit_length_torch(a)
+    m = chan & _MANT_MASK
+    e = (chan >> DEQUANT_MANT_BITS) & DEQUANT_EXP_MAX
+    p = m * a
+    k = b - 1 + ((p >> (b + MANT_BITS)) & 1)
+    q = round_shift_torch(p, k).clamp(max=_MANT_MASK)
+    return q, (e - k).clamp(-DEQUANT_LEFT_MAX, DEQUANT_SH_MAX)
+
+
+def vec_dequant_torch(acc: torch.Tensor, chan: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`vec_dequant`."""
+    q, sh = vec_dequant_factor_torch(chan, amax)
+    return saturate_torch(round_shift_torch(acc.to(torch.int64) * q, sh))
+
+
+def dequant_output_vector_torch(acc: torch.Tensor, chan: torch.Tensor,
+                                amax: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`dequant_output_vector`."""
+    return from_fixed_torch(vec_dequant_torch(acc, chan, amax))

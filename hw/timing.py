@@ -240,6 +240,7 @@ VECTOR_LATENCY = {
     "recip": 7, "rsqrt": 8, "exp": 8,
     "sum": 2, "max": 2, "absmax": 2, "argmax": 2, "sumsq": 3,
     "add": 1, "mul": 2, "rope": 3, "scale": 4, "requant": 6,
+    "dequant_factor": 4,
 }
 
 #: Cycles from a VEC's read of a VIN element to the element entering its function unit (the
@@ -284,11 +285,16 @@ def _vec_cycles(func, length):
     # enter Rope in the cycles the table word arrives and after it: the last one a cycle after
     # the last read's data.
     rope = stream + 1 + lat["rope"]
+    # DEQUANT: the amax word read in g + 1 (it is the row's scalar as it is read), then one
+    # pass from g + 2, each element through DequantFactor and Scale (the accumulator carried
+    # beside the factor), written as it comes out.
+    dequant = 1 + stream + lat["dequant_factor"] + lat["scale"]
     return ((func == VecFunc.ADD.value) * add + (func == VecFunc.ARGMAX.value) * argmax
             + (func == VecFunc.MUL.value) * mul + (func == VecFunc.SILU_GATE.value) * silu
             + (func == VecFunc.REQUANT.value) * requant
             + (func == VecFunc.SOFTMAX.value) * softmax
-            + (func == VecFunc.RMSNORM.value) * rmsnorm + (func == VecFunc.ROPE.value) * rope)
+            + (func == VecFunc.RMSNORM.value) * rmsnorm + (func == VecFunc.ROPE.value) * rope
+            + (func == VecFunc.DEQUANT.value) * dequant)
 
 
 def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:

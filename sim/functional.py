@@ -39,6 +39,7 @@ from hw.numerics import (
     requantize_int8,
     vec_add,
     vec_argmax,
+    vec_dequant,
     vec_mul,
     vec_requant,
     vec_rmsnorm,
@@ -530,6 +531,13 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
             table = st.spad_arrays[_VIN][b0:t1].view("<i4").astype(np.int64)
             put(st, vec_rope_pairs(row(st, a0), table, head_dim))
         return rope
+    if ins.func == VecFunc.DEQUANT:   # the amax word at imm, unsigned
+        m0 = 4 * ins.imm
+
+        def dequant(st: MachineState) -> None:
+            amax = st.spad_arrays[_VIN][m0:m0 + 4].view("<u4").astype(np.int64)[0]
+            put(st, vec_dequant(row(st, a0), row(st, b0) & 0xFFFFFFFF, amax))
+        return dequant
 
     def argmax(st: MachineState) -> None:
         x = row(st, a0)

@@ -22,6 +22,7 @@ unit                      computes                                              
 ``elementwise.Rope``      ``sat32(round_shift(x * cos + rot * sin, 14))``         vec_rope
 ``elementwise.Scale(f)``  ``sat32(round_shift(x * r, sh - f))``                   (steps)
 ``elementwise.Requant``   ``clip(round_shift((x >> s) * 127 * r, sh), +-127)``    vec_requant
+``dequant.DequantFactor`` ``(q, sh)`` of a channel word and a row's amax          vec_dequant_factor
 ========================  ======================================================  =========
 
 Composites
@@ -52,6 +53,13 @@ INT8 requantisation of a row (:func:`hw.numerics.vec_requant`)::
     scalar   s = max(0, bitlen(amax) - 31);  (r, sh) = Recip(amax >> s)
     pass 2   a = Requant(x, r, sh, s)                 (scale: hw.numerics.act_scale(amax))
 
+Dequantisation of a GEMM's accumulators ``acc`` with channel words ``c`` and the ``amax`` of
+the GEMM's input row (:func:`hw.numerics.vec_dequant`), elementwise::
+
+    scalar   A = amax or 127 * 2**16;  b = bitlen(A)   (once per row, as amax is read)
+    (r, sh) = DequantFactor(c, A, b)
+    y = Scale(31)(acc, r, sh)
+
 SiLU-gate of ``g`` and ``u`` (:func:`hw.numerics.vec_silu_gate`), elementwise::
 
     e = Exp(30)(min(g, 0), max(g, 0))                 (exp(-|g|))
@@ -76,12 +84,13 @@ from amaranth import unsigned
 from amaranth.lib import wiring
 
 from hw.numerics import ACT_BITS, ACT_FRAC, NORM_FRAC, TABLE_IN_BITS
+from hw.vector.dequant import DEQUANT_SCALE_FRAC, DequantFactor
 from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
 from hw.vector.reduce import AbsMax, ArgMax, Max, Sum, SumSq
 from hw.vector.tables import Exp, Recip, Rsqrt
 
 __all__ = ["Recip", "Rsqrt", "Exp", "Sum", "Max", "AbsMax", "ArgMax", "SumSq", "Add", "Mul",
-           "Rope", "Scale", "Requant", "UNITS"]
+           "Rope", "Scale", "Requant", "DequantFactor", "UNITS"]
 
 #: One lane of every unit in the configurations the composites use, by a name for reports
 #: (``python -m hw.synth --vector`` synthesises each): reductions over rows up to
@@ -106,4 +115,6 @@ UNITS: dict[str, partial[wiring.Component]] = {
     "scale(30)": partial(Scale, NORM_FRAC),
     "requant": partial(Requant),
     "requant(x54)": partial(Requant, TABLE_IN_BITS + 1),
+    "dequant_factor": partial(DequantFactor),
+    "scale(31)": partial(Scale, DEQUANT_SCALE_FRAC),
 }

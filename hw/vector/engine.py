@@ -42,12 +42,17 @@ RMSNORM    pass 1 ``AbsMax``, ``s = max(0, bitlen(amax) - 17)`` as it comes out 
            2s``; pass 2 ``SumSq(x, s)``; ``Rsqrt`` of the sum plus ``eps >> 2s`` (``r = 0``
            for a sum of 0); pass 3 ``Scale(30)(x, r, sh + s)`` into ``Mul(30, b_bits=33)``
            with the weight, read beside ``x`` and delayed by Scale's latency
+DEQUANT    the ``amax`` word read from ``imm`` in ``g + 1`` (the command's ``a_addr`` stands
+           aside for a cycle), ``A = amax`` (``127 * 2**16`` for 0) and ``b = bitlen(A)``
+           registered as it comes; one pass from ``g + 2``, each accumulator's channel word
+           (read beside it) through ``DequantFactor(c, A, b)``, the accumulator carried
+           beside, into ``Scale(31)``, written as it comes out
 =========  =================================================================================
 
 (:func:`hw.numerics.vec_add`, :func:`~hw.numerics.vec_argmax`,
 :func:`~hw.numerics.vec_requant`, :func:`~hw.numerics.vec_softmax`,
-:func:`~hw.numerics.vec_rmsnorm`, :func:`~hw.numerics.vec_rope_pairs`; the sequences are
-those of :mod:`hw.vector`'s docstring.)
+:func:`~hw.numerics.vec_rmsnorm`, :func:`~hw.numerics.vec_rope_pairs`,
+:func:`~hw.numerics.vec_dequant`; the sequences are those of :mod:`hw.vector`'s docstring.)
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
 :data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.
@@ -63,7 +68,8 @@ from amaranth.utils import ceil_log2
 from hw import timing
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
 from hw.isa import ROPE_HEAD_DIM_BITS, VecBody, VecFunc, vec_out_words
-from hw.numerics import ACT_BITS, ACT_FRAC, ACT_MAX, NORM_FRAC, ROPE_HALF_BITS
+from hw.numerics import ACT_BITS, ACT_FRAC, ACT_MAX, DEQUANT_ZERO_AMAX, NORM_FRAC, ROPE_HALF_BITS
+from hw.vector.dequant import AMAX_BITS, DEQUANT_SCALE_FRAC, DequantFactor
 from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
 from hw.vector.tables import Exp, Recip, Rsqrt
@@ -156,6 +162,8 @@ class VectorEngine(wiring.Component):
             "mul_es": Mul(NORM_FRAC),
             "mul_gs": Mul(NORM_FRAC),
             "rope": Rope(),
+            "dequant_factor": DequantFactor(),
+            "scale31": Scale(DEQUANT_SCALE_FRAC),
         }
         vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
         vout = cfg.vout_spad_bytes // cfg.vout_word_bytes
@@ -201,13 +209,17 @@ class VectorEngine(wiring.Component):
         m.d.comb += self.cmd.ready.eq(~active)
         with m.If(~active):
             # The payload is stable from the cycle after the pop (hw.engine): copied while idle.
+            # DEQUANT first reads its amax word (imm) alone.
             rope = body.func == VecFunc.ROPE
-            m.d.sync += [func.eq(body.func), a_ptr.eq(body.a_addr),
+            amax_first = body.func == VecFunc.DEQUANT
+            m.d.sync += [func.eq(body.func),
+                         a_ptr.eq(Mux(amax_first, body.imm[:width], body.a_addr)),
                          b_ptr.eq(Mux(rope, body.a_addr + body.imm[1:ROPE_HEAD_DIM_BITS],
                                       body.b_addr)),
                          t_ptr.eq(body.b_addr), rk.eq(0), tab.eq(0),
                          a_base.eq(body.a_addr), b_base.eq(body.b_addr),
-                         dst.eq(body.dst_addr), left.eq(body.length - 1), idx.eq(0),
+                         dst.eq(body.dst_addr),
+                         left.eq(Mux(amax_first, 0, body.length - 1)), idx.eq(0),
                          length.eq(body.length), imm.eq(body.imm), phase.eq(0)]
             with m.If(self.cmd.valid):
                 m.d.sync += [active.eq(1), issuing.eq(1)]
@@ -291,7 +303,8 @@ class VectorEngine(wiring.Component):
             m.d.sync += [r.eq(Mux(ss_zero, 0, u["rsqrt"].o.payload.r)),
                          sh.eq(u["rsqrt"].o.payload.sh + shift)]
         m.d.comb += next_pass.eq(
-            (is_[VecFunc.REQUANT] & u["recip"].o.valid)
+            (is_[VecFunc.DEQUANT] & issuing & (phase == 0))
+            | (is_[VecFunc.REQUANT] & u["recip"].o.valid)
             | (is_[VecFunc.SOFTMAX] & (u["max"].o.valid | u["recip"].o.valid))
             | (is_[VecFunc.RMSNORM] & (u["absmax"].o.valid | u["rsqrt"].o.valid)))
 
@@ -369,6 +382,23 @@ class VectorEngine(wiring.Component):
         with m.If(~active):
             m.d.sync += [r_up.eq(0), r_k.eq(0)]
         rope_step = Mux(~r_up, half, Mux(r_k == half - 1, 1, 1 - half))
+        # -- DEQUANT: the amax word (pass 1, one element) gives the row's scalars; pass 2
+        # streams the accumulators and channel words through DequantFactor and Scale(31).
+        dq = is_[VecFunc.DEQUANT]
+        amax_rd = Signal()     # the amax word is the read data
+        m.d.sync += amax_rd.eq(issuing & dq & (phase == 0))
+        dq_a = Signal(AMAX_BITS, reset_less=True)
+        dq_b = Signal(range(AMAX_BITS + 1), reset_less=True)
+        amax_word = self.vin_a.data
+        a_eff = Mux(amax_word == 0, DEQUANT_ZERO_AMAX, amax_word)
+        with m.If(amax_rd):
+            m.d.sync += [dq_a.eq(a_eff), dq_b.eq(AMAX_BITS - _leading_zeros(m, a_eff))]
+        dq_valid = valid & dq & ~amax_rd
+        feed(u["dequant_factor"], dq_valid, chan=self.vin_b.data, a=dq_a, b=dq_b)
+        dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc")
+        feed(u["scale31"], u["dequant_factor"].o.valid, x=dq_acc,
+             r=u["dequant_factor"].o.payload.r, sh=u["dequant_factor"].o.payload.sh)
+        dq_last = _delay(m, last & dq_valid, lat["dequant_factor"] + lat["scale31"], "dq_last")
 
         # ---- write
         add_last = _delay(m, last & is_[VecFunc.ADD], u["add"].latency, "add_last")
@@ -406,6 +436,7 @@ class VectorEngine(wiring.Component):
             (u["mul"].o.valid, u["mul"].o.payload.y, y_last),
             (u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last),
             (u["rope"].o.valid, u["rope"].o.payload.y, rope_last),
+            (u["scale31"].o.valid, u["scale31"].o.payload.y, dq_last),
         ]
         data = 0
         for en, value, _ in reversed(sources):

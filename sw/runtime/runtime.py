@@ -45,13 +45,16 @@ from hw.isa import field_location
 from hw.numerics import (
     add_vector,
     bias_to_acc,
+    dequant_channels,
     dequant_output,
+    dequant_output_vector,
     from_fixed_torch,
     kv4_rows_torch,
     kv4_rows_vector_torch,
     kv_rows,
     quantize_activations,
     quantize_activations_vector,
+    requant_amax,
     scores_epilogue,
     scores_prologue,
     to_fixed_torch,
@@ -456,16 +459,22 @@ class Runtime:
         return s_x, stream_cycles(rows.numel() * 4, written, self.exe.cfg)
 
     def _linear_out(self, node: Node, args: list, env, program: Program, s_x) -> tuple:
-        """Dequantise every member's outputs; a fused residual is added as they are read."""
+        """Dequantise every member's outputs; a fused residual is added as they are read.
+        With ``vector``, as the vector unit's DEQUANT does it: the channel words of the
+        member's row scales and the ``amax`` of each input row (what REQUANT wrote)."""
         x = args[0]
         rows = x.numel() // x.shape[-1]
         outs, nbytes = [], 0
+        amax = requant_amax(x.reshape(rows, -1).numpy()) if self.vector and self.values \
+            else None
         for m in program.members:
             shape = (*x.shape[:-1], m.n)
             if self.values:
                 acc = self._read_rows(m.y, rows, m.out_row_bytes, m.n)
                 scale = self.exe.host[m.row_scale]
-                y = torch.from_numpy(dequant_output(acc, scale, s_x)).reshape(shape)
+                y = (dequant_output_vector(acc, dequant_channels(scale), amax)
+                     if self.vector else dequant_output(acc, scale, s_x))
+                y = torch.from_numpy(y).reshape(shape)
             else:
                 y = torch.zeros(shape)
             outs.append(y)

@@ -40,7 +40,16 @@ from hw.isa import (
     rope_imm,
     vec_out_words,
 )
-from hw.numerics import ACT_MAX, ROPE_FRAC, norm_eps, rope_pairs, rope_table, vec_rope
+from hw.numerics import (
+    ACT_MAX,
+    ROPE_FRAC,
+    dequant_channels,
+    norm_eps,
+    rope_pairs,
+    rope_table,
+    vec_dequant,
+    vec_rope,
+)
 from hw.spad import Scratchpad
 from hw.vector.engine import VectorEngine
 from sim.functional import MachineState, exec_vec
@@ -124,6 +133,8 @@ def test_without_a_vector_engine_its_opcode_engine_and_scratchpads_are_refused()
     (Vec(b_addr=VIN, length=1), "operand .* exceeds VIN"),
     (Vec(func=VecFunc.ARGMAX, dst_addr=VOUT - 1, length=1), "results .* exceed VOUT"),
     (Vec(dst_addr=VOUT - 3, length=4), "results .* exceed VOUT"),
+    (Vec(func=VecFunc.DEQUANT, imm=VIN, length=1), "amax word imm=.* outside VIN"),
+    (Vec(func=VecFunc.DEQUANT, b_addr=VIN - 1, length=2), "operand .* exceeds VIN"),
     (Load(spad=Spad.VOUT), "LOAD writes the .* only, got spad=VOUT"),
     (Store(spad=Spad.VIN), "STORE reads the .* only, got spad=VIN"),
 ])
@@ -235,6 +246,8 @@ def _random_vecs(rng, n):
             imm = int(rng.choice([0, length, int(rng.integers(0, length + 1))]))
         elif func == VecFunc.RMSNORM:  # epsilon: none, a model's, a large one
             imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
+        elif func == VecFunc.DEQUANT:  # the amax word's address
+            imm = int(rng.integers(0, VIN))
         out.append(Vec(func=func, length=length, imm=imm,
                        a_addr=int(rng.integers(0, VIN - length + 1)),
                        b_addr=int(rng.integers(0, VIN - length + 1)),
@@ -393,6 +406,32 @@ def test_rope_with_llama_tables_and_edge_values():
     assert (np.abs(sat) == ACT_MAX).any()                           # saturated
 
 
+def test_dequant_in_the_executor():
+    """DEQUANT with real channel words (dequant_channels) and the amax regimes: 0 (the
+    all-zero row's 127 * 2**16), 1, an activation's, 2**31 and the word's end, the amax word
+    inside the row it scales and beside it, lengths 1..3 and a long row; random words too
+    (unnormalised mantissas, bits above 23 set)."""
+    rng = np.random.default_rng(11)
+    vin = _random_vin(rng)
+    n = 40
+    scale = np.exp2(rng.uniform(-30, 5, n)).astype(np.float32)
+    vin[64:64 + n] = dequant_channels(scale)
+    vin[120:125] = np.array([0, 1, 3 << 20, 2**31, 2**32 - 1], np.uint32).view(np.int32)
+    vecs = [Vec(func=VecFunc.DEQUANT, a_addr=0, b_addr=64, length=n, dst_addr=0, imm=120 + k)
+            for k in range(5)]
+    vecs += [Vec(func=VecFunc.DEQUANT, a_addr=8, b_addr=64, length=k, dst_addr=n + 3 * k,
+                 imm=122) for k in (1, 2, 3)]
+    vecs += [Vec(func=VecFunc.DEQUANT, a_addr=120, b_addr=64, length=4, dst_addr=50, imm=121),
+             Vec(func=VecFunc.DEQUANT, a_addr=0, b_addr=1, length=VOUT, dst_addr=0,
+                 imm=VIN - 1)]
+    st = MachineState(VCFG)
+    st.spads[Spad.VIN][:] = vin.astype("<i4").view(np.uint8)
+    exec_vec(st, vecs[2])
+    got = st.spads[Spad.VOUT].view("<i4")[:n]
+    assert np.array_equal(got, vec_dequant(vin[:n], dequant_channels(scale), 3 << 20))
+    _check_against_the_models(vin, vecs, [0, 1, 0, 0, 5, 0, 0, 1, 0, 0])
+
+
 def test_the_timing_formula_and_its_array_twin_agree():
     rng = np.random.default_rng(1)
     vecs = _random_vecs(rng, 50)
@@ -412,6 +451,9 @@ def test_the_timing_formula_and_its_array_twin_agree():
     # two passes; Recip between them; the amax word after the last code word
     assert timing.vec_cycles(Vec(func=VecFunc.REQUANT, length=10), VCFG) == \
         2 * (10 + timing.VEC_READ_LATENCY) + lat["absmax"] + lat["recip"] + lat["requant"] + 1
+    # the amax word's read, then one pass through DequantFactor and Scale
+    assert timing.vec_cycles(Vec(func=VecFunc.DEQUANT, length=10), VCFG) == \
+        1 + 10 + timing.VEC_READ_LATENCY + lat["dequant_factor"] + lat["scale"]
 
 
 def test_the_executor_refuses_a_configuration_without_the_engine():

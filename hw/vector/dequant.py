@@ -1,0 +1,97 @@
+"""The vector unit's dequantisation factor: from a DEQUANT channel word and a row's ``amax`` to
+the ``(r, sh)`` operand of a :class:`~hw.vector.elementwise.Scale` (frac
+:data:`DEQUANT_SCALE_FRAC`), bit-exact with :func:`hw.numerics.vec_dequant_factor`. One element
+per cycle.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Mux, signed, unsigned
+from amaranth.lib import data
+
+from hw.numerics import (
+    DEQUANT_EXP_BITS,
+    DEQUANT_LEFT_MAX,
+    DEQUANT_MANT_BITS,
+    DEQUANT_SH_MAX,
+    MANT_BITS,
+)
+from hw.vector.base import PipelineUnit, partial_products, sum_partial_products
+from hw.vector.tables import SH_BITS, SH_MIN, TABLE_RESULT_BITS
+
+__all__ = ["DequantFactor", "DEQUANT_SCALE_FRAC", "AMAX_BITS"]
+
+#: The ``frac`` of the :class:`~hw.vector.elementwise.Scale` that takes the factor: its
+#: smallest ``sh`` (:data:`~hw.vector.tables.SH_MIN`) is the largest left shift,
+#: :data:`hw.numerics.DEQUANT_LEFT_MAX`.
+DEQUANT_SCALE_FRAC = SH_MIN + DEQUANT_LEFT_MAX
+#: An ``amax`` word: unsigned 32 bits (as REQUANT writes it).
+AMAX_BITS = 32
+_WORD_BITS = DEQUANT_MANT_BITS + DEQUANT_EXP_BITS
+
+if TABLE_RESULT_BITS != DEQUANT_MANT_BITS:
+    raise ValueError(f"the factor q has {DEQUANT_MANT_BITS} bits, Scale's r "
+                     f"{TABLE_RESULT_BITS}")
+if DEQUANT_SCALE_FRAC + DEQUANT_SH_MAX >= 1 << SH_BITS:
+    raise ValueError(f"sh = {DEQUANT_SH_MAX} + {DEQUANT_SCALE_FRAC} does not fit Scale's "
+                     f"{SH_BITS}-bit sh")
+
+
+class DequantFactor(PipelineUnit):
+    """``(r, sh)`` with ``r = q`` and ``sh = sh_q + DEQUANT_SCALE_FRAC`` for ``(q, sh_q) =
+    vec_dequant_factor(chan, amax)`` (:func:`hw.numerics.vec_dequant_factor`): then
+    ``Scale(DEQUANT_SCALE_FRAC)(acc, r, sh)`` is :func:`hw.numerics.vec_dequant`.
+
+    The row's scalars are the sequencer's: ``a`` is the row's ``amax`` (or
+    :data:`hw.numerics.DEQUANT_ZERO_AMAX` for 0) and ``b`` its bit length (1..32).
+
+    Pipeline: 1 the partial products of ``m * a`` (``m`` the word's 17-bit mantissa); 2 ``p``,
+    their sum (below 2**49); 3 ``k = b - 1 + p[b + 16]``, ``w = (2 * p) >> k`` and ``E - k``;
+    4 ``q = min((w + 1) >> 1, 2**17 - 1)`` and ``sh`` (``E - k`` clipped to [-15, 63], plus
+    the Scale's frac).
+
+    Cost: two 18x18 multipliers (17 x 32 bits), a 50-bit shifter.
+
+    Members
+    -------
+    i: In(stream.Signature(StructLayout({"chan": unsigned(32), "a": unsigned(32),
+                                         "b": unsigned(6)})))
+    o: Out(stream.Signature(StructLayout({"r": unsigned(17), "sh": unsigned(7)})))
+    """
+
+    NAME = "dequant_factor"
+
+    def __init__(self):
+        super().__init__(data.StructLayout({"chan": unsigned(32), "a": unsigned(AMAX_BITS),
+                                            "b": range(AMAX_BITS + 1)}),
+                         data.StructLayout({"r": unsigned(TABLE_RESULT_BITS),
+                                            "sh": unsigned(SH_BITS)}))
+
+    def _stages(self):
+        p_bits = DEQUANT_MANT_BITS + AMAX_BITS
+        k_bits = AMAX_BITS.bit_length()              # k in [0, 32]
+        d_shape = signed(DEQUANT_EXP_BITS + 2)      # E - k in [-32, 127]
+        q_max = (1 << DEQUANT_MANT_BITS) - 1
+
+        def s1(m, v):
+            mant = v.chan[:DEQUANT_MANT_BITS]
+            return {**partial_products(mant, v.a), "e": v.chan[DEQUANT_MANT_BITS:_WORD_BITS],
+                    "b": v.b}
+
+        def s1b(m, v):
+            return {"p": (sum_partial_products(v), unsigned(p_bits)), "e": v.e, "b": v.b}
+
+        def s2(m, v):
+            k = v.b - 1 + v.p.bit_select(v.b + MANT_BITS, 1)
+            e = Cat(v.e, Const(0, 2)).as_signed()
+            return {"w": ((Cat(Const(0, 1), v.p) >> k[:k_bits]), unsigned(p_bits + 1)),
+                    "d": (e - Cat(k[:k_bits], Const(0, 1)).as_signed(), d_shape)}
+
+        def s3(m, v):
+            q = (v.w + 1) >> 1
+            d = Mux(v.d < -DEQUANT_LEFT_MAX, -DEQUANT_LEFT_MAX,
+                    Mux(v.d > DEQUANT_SH_MAX, DEQUANT_SH_MAX, v.d))
+            return {"r": (Mux(q > q_max, q_max, q), unsigned(TABLE_RESULT_BITS)),
+                    "sh": (d + DEQUANT_SCALE_FRAC, unsigned(SH_BITS))}
+
+        return [s1, s1b, s2, s3]
