@@ -542,4 +542,28 @@ def preset(name: str) -> AcceleratorConfig:
                           f"{', '.join(PRESETS)}") from None
 
 
-__all__ += ["PRESETS", "VECTOR_PRESET_SPADS", "preset"]
+def named_or_file(name: str | None) -> AcceleratorConfig:
+    """The configuration a command's ``--config`` names: a preset (:data:`PRESETS`), a JSON
+    file (:meth:`AcceleratorConfig.load`), or the default for ``None``.
+
+    >>> named_or_file("vector") == preset("vector"), named_or_file(None) == AcceleratorConfig()
+    (True, True)
+
+    Raises
+    ------
+    ConfigError
+        ``name`` is neither a preset nor a readable configuration file (a missing file's
+        message also lists the presets).
+    """
+    if name is None:
+        return AcceleratorConfig()
+    if name in PRESETS:
+        return preset(name)
+    try:
+        return AcceleratorConfig.load(name)
+    except ConfigError as e:
+        names = "" if Path(name).exists() else f" (nor a named one: {', '.join(PRESETS)})"
+        raise ConfigError(f"{e}{names}") from None
+
+
+__all__ += ["PRESETS", "VECTOR_PRESET_SPADS", "named_or_file", "preset"]

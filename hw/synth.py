@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 from hw import ecp5_dsp, generate
 from hw.cli import OneLineParser, command, write_text_atomic
-from hw.config import AcceleratorConfig, ConfigError
+from hw.config import PRESETS, AcceleratorConfig, ConfigError, named_or_file
 from hw.ecp5_dsp import DSP_REGISTER
 
 #: nextpnr-ecp5's routers, the default first: on the same placements router1 ends near
@@ -657,7 +657,8 @@ def summary(rec: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m hw.synth", name="hw.synth",
                        description=__doc__.split("\n")[0])
-    ap.add_argument("--config", help="configuration JSON (default: AcceleratorConfig())")
+    ap.add_argument("--config", help="configuration: a JSON file or a named one "
+                    f"({', '.join(PRESETS)}) (default: AcceleratorConfig())")
     ap.add_argument("--out", help="output directory (default build/synth/<config-hash>)")
     ap.add_argument("--freq", type=float, default=None,
                     help="target clock in MHz (default: the configuration's clock_mhz, "
@@ -706,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         if value < 0:
             ap.error(f"{opt} must be >= 0, got {value}")
     try:
-        cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
+        cfg = named_or_file(args.config)
     except ConfigError as e:
         print(f"hw.synth: --config {e}", file=sys.stderr)
         return 2

@@ -63,7 +63,7 @@ from hw.config import (
     AcceleratorConfig,
     ConfigError,
     NMPattern,
-    preset,
+    named_or_file,
 )
 from hw.format import FormatError, WeightFormat, stream_layout
 from hw.isa import INSTR_BYTES
@@ -222,11 +222,9 @@ def _accelerator(path: str | None, dram_mb: int | None) -> AcceleratorConfig:
     """The configuration of --config: a named one (:data:`hw.config.PRESETS`), a JSON file,
     or the default; with --dram-mb's memory."""
     try:
-        cfg = (preset(path) if path in PRESETS else AcceleratorConfig.load(path) if path
-               else AcceleratorConfig())
+        cfg = named_or_file(path)
     except ConfigError as e:
-        names = "" if Path(path).exists() else f" (nor a named one: {', '.join(PRESETS)})"
-        raise UsageError(f"--config {e}{names}") from None
+        raise UsageError(f"--config {e}") from None
     if dram_mb is None:
         return cfg
     try:
