@@ -82,12 +82,13 @@ from sw.compress.model import (
     calibrates,
     compress_llama,
     selected_linears,
+    untie_head,
     use_hardware_numerics,
 )
 from sw.models import corpus
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.generate import generate
-from sw.models.recipes import DEFAULT_RECIPE, RECIPES, Recipe, recipe_for
+from sw.models.recipes import DEFAULT_RECIPE, HEAD, RECIPES, Recipe, recipe_for
 from sw.models.source import BUILTINS, ModelSourceError, open_model
 from sw.runtime import Runtime, RuntimeFault
 from sw.runtime.trace import write_step_trace
@@ -123,9 +124,13 @@ class DeployOptions:
     eval_tokens: int = 8192
     vector_numerics: bool = False
     kv_bits: int = 8
+    lm_head: str = "host"
     out: str = "build/deploy"
     quiet: bool = False
 
+
+#: ``--lm-head`` choices: the LM head's weight bits (0: float, on the host).
+LM_HEADS = {"host": 0, **{f"int{b}": b for b in sorted(WEIGHT_BITS)}}
 
 #: Bytes the simulated DRAM is rounded up to when it is sized to the model (--dram-mb's unit).
 MIB = 1 << 20
@@ -212,6 +217,11 @@ def _parser() -> argparse.ArgumentParser:
                          f"{KV4_KEY_GROUP} head_dim elements with 8-bit scale codes, values "
                          "per position; docs/accuracy.md measures it) (default: "
                          f"{d.kv_bits})")
+    ap.add_argument("--lm-head", default=d.lm_head,
+                    help=f"the LM head, one of {', '.join(LM_HEADS)}: 'host' keeps it in "
+                         "float on the host, 'int8' / 'int4' compress it dense in the "
+                         "recipe's groups and run it on the accelerator like the other "
+                         f"linears (docs/accuracy.md measures its cost) (default: {d.lm_head})")
     ap.add_argument("--out", default=d.out, help=f"output directory (default: {d.out})")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     return ap
@@ -247,8 +257,16 @@ def _on_board(backend: str, cfg: AcceleratorConfig) -> AcceleratorConfig:
 def _recipe(opts: DeployOptions, cfg: AcceleratorConfig) -> Recipe:
     """The model's default recipe with the options given in its place, its formats checked
     against the configuration."""
+    if opts.lm_head not in LM_HEADS:
+        raise UsageError(f"--lm-head {opts.lm_head!r}: choose one of {', '.join(LM_HEADS)}")
     recipe = recipe_for(opts.model).override(method=opts.method, sparsity=opts.sparsity,
-                                             bits=opts.bits, group=opts.group)
+                                             bits=opts.bits, group=opts.group,
+                                             head_bits=LM_HEADS[opts.lm_head])
+    if recipe.head_bits:
+        try:
+            recipe.head_format().check_supported(cfg)
+        except (FormatError, ConfigError) as e:
+            raise UsageError(f"--lm-head {opts.lm_head} (group {recipe.group}): {e}") from None
     if recipe.method not in COMPRESS_METHODS:
         raise UsageError(f"--method {recipe.method!r}: choose one of "
                          f"{', '.join(sorted(COMPRESS_METHODS))}")
@@ -437,8 +455,9 @@ def _layer_formats(src, recipe: Recipe, opts: DeployOptions) -> dict[str, Weight
     recipe's for each layer compression selects (known before compressing)."""
     if src.weights:
         return {k: w.fmt for k, w in src.weights.items()}
+    layers = list(selected_linears(src.model)) + ([HEAD] if recipe.head_bits else [])
     try:
-        return recipe.formats(selected_linears(src.model))
+        return recipe.formats(layers)
     except FormatError as e:
         raise UsageError(f"the recipe of --model {opts.model}: {e}") from None
 
@@ -508,11 +527,13 @@ def _compress(src, recipe: Recipe, formats: dict[str, WeightFormat], opts: Deplo
         f"{opts.calib_domain}")
     t0 = time.perf_counter()
     compressed = copy.deepcopy(src.model)
-    uniform = recipe.uniform_format()
+    uniform = None if recipe.head_bits else recipe.uniform_format()
+    if recipe.head_bits:
+        untie_head(compressed)
     weights = compress_llama(compressed, uniform or (lambda name, _: formats.get(name)),
                              recipe.method,
                              src.calibration(opts.calib, seq, opts.seed, opts.calib_domain),
-                             progress=progress)
+                             skip=() if recipe.head_bits else (HEAD,), progress=progress)
     return weights, compressed, time.perf_counter() - t0
 
 
@@ -563,13 +584,14 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
     # On a board the clock is the board's (LiteDRAM's sys), whatever the accelerator alone reaches.
     synth = None if opts.backend in BOARD_BACKENDS else _synthesised_clock(cfg)
     rep = exe.report
-    pattern, wbits, group, label = _formats(weights)
+    pattern, wbits, group, label = _formats({k: w for k, w in weights.items() if k != HEAD})
     return {
         "model": src.name, "pattern": pattern, "bits": wbits, "group": group,
         "format": label, "method": "from the file" if src.weights else opts.method,
         "backend": opts.backend, "prompt_tokens": len(gen.prompt),
         "new_tokens": len(tokens), "tokens_match_twin": match,
         "vector_numerics": opts.vector_numerics, "kv_bits": opts.kv_bits,
+        "lm_head": weights[HEAD].fmt.name if HEAD in weights else "host",
         "cycles_per_token": cycles,
         "tokens_per_s_sim": cfg.clock_mhz * 1e6 / cycles,
         "clock_mhz": cfg.clock_mhz,

@@ -125,8 +125,9 @@ def capture(model: LlamaLM, phase: str, tokens: int = 1) -> CaptureResult:
     if not isinstance(tokens, int) or not 1 <= tokens <= cfg.max_position_embeddings - past:
         raise CaptureError(f"tokens must be in [1, {cfg.max_position_embeddings - past}] for "
                            f"this model, got {tokens!r}")
-    device = model.lm_head.weight.device
-    cache = KVCache(cfg, 1, past + tokens, dtype=model.lm_head.weight.dtype, device=device)
+    embed = model.model.embed_tokens.weight  # the head may be a hardware linear
+    device = embed.device
+    cache = KVCache(cfg, 1, past + tokens, dtype=embed.dtype, device=device)
     step = _Step(model, cache, past)
     ids = torch.zeros((1, tokens), dtype=torch.long, device=device)
     t0 = time.perf_counter()

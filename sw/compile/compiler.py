@@ -493,7 +493,7 @@ def _host_tensors(model: LlamaLM, graphs: Mapping[str, Graph], fmt_map, weights
             elif "weight" in n.attrs:
                 names.add(n.attrs["weight"])
     shapes = {n: tuple(model.get_parameter(n).shape) for n in sorted(names)}
-    meta = model.lm_head.weight.device.type == "meta"
+    meta = model.model.embed_tokens.weight.device.type == "meta"
     host = {} if meta else {
         n: model.get_parameter(n).detach().to("cpu").float().numpy().copy() for n in shapes}
     if weights is not None:

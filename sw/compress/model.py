@@ -39,6 +39,7 @@ instead calibrates every layer once on the original model (one forward pass).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -66,7 +67,8 @@ from sw.compress.wanda import wanda_mask
 from sw.models.llama import AttentionProducts, LlamaLM
 
 __all__ = ["COMPRESS_METHODS", "PRUNE_METHODS", "BLOCK_GROUPS", "compress_llama", "prune_llama",
-           "HardwareLinear", "use_hardware_numerics", "selected_linears", "calibrates"]
+           "HardwareLinear", "use_hardware_numerics", "selected_linears", "calibrates",
+           "untie_head"]
 
 #: Methods of :func:`compress_llama`: name -> (``compress_model`` method, fixed options).
 #: ``rtn`` / ``magnitude`` / ``magnitude+rtn`` round to nearest (with the magnitude mask on a
@@ -209,6 +211,24 @@ def _layerwise(model: LlamaLM, batches: list[torch.Tensor], selected: dict[str, 
         bar.close()
     order = list(selected)
     return dict(sorted(out.items(), key=lambda kv: order.index(kv[0])))
+
+
+def untie_head(model: LlamaLM) -> LlamaLM:
+    """Give ``model``'s LM head a weight of its own (a copy of the embedding when they are
+    tied, and ``tie_word_embeddings`` off), so compressing the head leaves the embedding
+    float; returns ``model``, changed in place.
+
+    >>> from sw.models import LlamaConfig
+    >>> m = untie_head(LlamaLM(LlamaConfig(vocab_size=8, hidden_size=4, intermediate_size=8,
+    ...     num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+    ...     tie_word_embeddings=True)))
+    >>> m.lm_head.weight is m.model.embed_tokens.weight, m.config.tie_word_embeddings
+    (False, False)
+    """
+    if model.lm_head.weight is model.model.embed_tokens.weight:
+        model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
+    model.config = dataclasses.replace(model.config, tie_word_embeddings=False)
+    return model
 
 
 # ---------------------------------------------------------------------- compression

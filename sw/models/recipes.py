@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 
 from hw.format import FormatError, WeightFormat
 
-__all__ = ["Recipe", "DEFAULT_RECIPE", "RECIPES", "recipe_for"]
+__all__ = ["HEAD", "Recipe", "DEFAULT_RECIPE", "RECIPES", "recipe_for"]
+
+#: The qualified name of the LM head (the linear :attr:`Recipe.head_bits` compresses).
+HEAD = "lm_head"
 
 _UNIT = re.compile(r"(?P<kind>[\w.]+)\[(?P<lo>\d+)-(?P<hi>\d+)\]")
 _BLOCK = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -42,6 +45,10 @@ class Recipe:
         (:meth:`hw.format.WeightFormat.parse` names); every compressed layer must be covered.
     why : str
         Where the recipe comes from (stated in ``--help`` and in reports).
+    head_bits : int
+        Weight bits of the LM head (dense, groups of ``group``), which then runs on the
+        accelerator like the other linears; 0 (the default) leaves it in float on the host,
+        as the GPTQ / SparseGPT papers do.
     """
 
     method: str = "sparsegpt+gptq"
@@ -50,15 +57,26 @@ class Recipe:
     group: int = 128
     layers: Mapping[str, str] = field(default_factory=dict)
     why: str = ""
+    head_bits: int = 0
 
     def __str__(self) -> str:
+        head = f", LM head dense INT{self.head_bits} g{self.group}" if self.head_bits else ""
         if not self.layers:
-            return f"{self.sparsity} INT{self.bits} g{self.group}, {self.method}"
+            return f"{self.sparsity} INT{self.bits} g{self.group}, {self.method}{head}"
         counts: dict[str, int] = {}
         for name in self.layers.values():
             counts[name] = counts.get(name, 0) + 1
         mix = ", ".join(f"{n} x{k}" for n, k in sorted(counts.items()))
-        return f"per-layer assignment of {len(self.layers)} layer groups ({mix}), {self.method}"
+        return (f"per-layer assignment of {len(self.layers)} layer groups ({mix}), "
+                f"{self.method}{head}")
+
+    def head_format(self) -> WeightFormat | None:
+        """The LM head's format, or None when it stays in float on the host.
+
+        >>> Recipe(head_bits=8).head_format().name, Recipe().head_format()
+        ('dense-int8', None)
+        """
+        return WeightFormat("dense", self.head_bits, self.group) if self.head_bits else None
 
     def uniform_format(self) -> WeightFormat | None:
         """The one format of every layer, or None for a per-layer assignment.
@@ -81,6 +99,12 @@ class Recipe:
             A format name that does not parse, or a layer the assignment does not cover
             (the message names it).
         """
+        layers = list(layers)
+        if HEAD in layers:
+            head = self.head_format()
+            if head is None:
+                raise FormatError(f"the recipe keeps {HEAD!r} in float (head_bits=0)")
+            return {**self.formats([n for n in layers if n != HEAD]), HEAD: head}
         uniform = self.uniform_format()
         if uniform is not None:
             return {name: uniform for name in layers}
@@ -104,16 +128,20 @@ class Recipe:
         return out
 
     def override(self, *, method: str | None = None, sparsity: str | None = None,
-                 bits: int | None = None, group: int | None = None) -> Recipe:
+                 bits: int | None = None, group: int | None = None,
+                 head_bits: int | None = None) -> Recipe:
         """This recipe with the options given (not None) in its place: any of ``sparsity``,
         ``bits`` or ``group`` replaces a per-layer assignment by one uniform format."""
         changes: dict = {k: v for k, v in (("method", method), ("sparsity", sparsity),
-                                           ("bits", bits), ("group", group)) if v is not None}
+                                           ("bits", bits), ("group", group),
+                                           ("head_bits", head_bits)) if v is not None}
         if not changes:
             return self
         if {"sparsity", "bits", "group"} & set(changes):
             changes["layers"] = {}
-        return dataclasses.replace(self, why="the options given", **changes)
+        if set(changes) - {"head_bits"}:
+            changes["why"] = "the options given"
+        return dataclasses.replace(self, **changes)
 
 
 #: The recipe of any model without its own: 2:4 INT4 in groups of 128, SparseGPT + GPTQ.

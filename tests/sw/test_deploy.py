@@ -81,11 +81,23 @@ def test_deploy_on_the_named_vector_configuration(tmp_path, capsys):
     assert "'vector' is the default with the vector engine" in help_text
 
 
+def test_the_lm_head_on_the_accelerator(tmp_path):
+    """``--lm-head int8``: the head is one more accelerator linear per step, and the tokens
+    still equal the twin's (whose head computes with the same integer numerics)."""
+    out = tmp_path / "run"
+    assert main(FAST + ["--out", str(out), "--eval-tokens", "0", "--lm-head", "int8"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["tokens_match_twin"] is True and report["lm_head"] == "dense-int8"
+    assert report["programs_per_token"] == 6 * 4 + 1
+    assert report["pattern"] == "2:4"  # the format of the blocks' linears, the head apart
+    assert report["recipe"].endswith("LM head dense INT8 g128")
+
+
 def test_dram_is_sized_to_the_model_without_a_configuration(tmp_path, monkeypatch, capsys):
     """A default configuration whose DRAM is too small grows to what the compiled model needs,
     rounded up to whole MiB, and the report says so."""
     small = AcceleratorConfig().with_dram(1 << 16)
-    monkeypatch.setattr(sw.deploy, "AcceleratorConfig", lambda: small)
+    monkeypatch.setattr(sw.deploy, "named_or_file", lambda name: small)
     out = tmp_path / "run"
     assert main(FAST + ["--out", str(out), "--eval-tokens", "0"]) == 0
     report = json.loads((out / "report.json").read_text())
@@ -183,6 +195,7 @@ def test_help_documents_every_option_with_its_default(capsys):
     (["--eval-tokens", "100"], "--eval-tokens must be 0 or at least one window of 256"),
     (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
     (["--kv-bits", "3"], "--kv-bits must be one of 8, 4, got 3"),
+    (["--lm-head", "int2"], "--lm-head 'int2': choose one of host, int4, int8"),
     (["--backend", "board", "--dram-mb", "8"], "--dram-mb 8: --backend board has the board's"),
     (["--backend", "board", "--port", "/nonexistent/tty"],
      "cannot open serial port /nonexistent/tty"),

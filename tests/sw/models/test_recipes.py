@@ -5,7 +5,7 @@ import pytest
 
 from hw.config import AcceleratorConfig
 from hw.format import FormatError, WeightFormat
-from sw.models.recipes import DEFAULT_RECIPE, RECIPES, Recipe, recipe_for
+from sw.models.recipes import DEFAULT_RECIPE, HEAD, RECIPES, Recipe, recipe_for
 from sw.models.source import BUILTINS
 
 #: The linear layers compression selects in a LLaMA block (lm_head stays float).
@@ -65,3 +65,14 @@ def test_options_override_the_recipe():
     assert recipe_for("path/to/model.gguf") is DEFAULT_RECIPE
     assert recipe_for("reference") is RECIPES["reference"]
     assert str(Recipe(sparsity="dense", bits=8, group=0)) == "dense INT8 g0, sparsegpt+gptq"
+
+
+def test_the_head_gets_its_own_dense_format_and_keeps_the_recipe():
+    head = MIXED.override(head_bits=8)
+    assert head.layers == MIXED.layers and head.why == MIXED.why  # the head alone is no new recipe
+    formats = head.formats(_layers(4) + [HEAD])
+    assert formats[HEAD] == WeightFormat("dense", 8, MIXED.group)
+    assert {k: v for k, v in formats.items() if k != HEAD} == MIXED.formats(_layers(4))
+    assert str(head).endswith(f", LM head dense INT8 g{MIXED.group}")
+    with pytest.raises(FormatError, match="keeps 'lm_head' in float"):
+        MIXED.formats([HEAD])

@@ -1,0 +1,43 @@
+"""The LM head compressed and run on the accelerator like the other linears: its logits equal
+the model-level twin's bit for bit, with and without the vector engine, for a head of its own
+and for one tied to the embedding (untied first, the embedding left float)."""
+
+import copy
+
+import pytest
+import torch
+from compile_testutil import SMALL, tiny_lm, twin_step_logits
+
+from hw.config import VECTOR_PRESET_SPADS
+from hw.format import WeightFormat
+from sim.backends import make_backend
+from sw.compile import CompileOptions, compile_model
+from sw.compress.model import compress_llama, untie_head, use_hardware_numerics
+from sw.models.recipes import HEAD
+from sw.runtime import Runtime
+
+PROMPT, STEPS = 5, 3
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["own-head", "tied-head"])
+@pytest.mark.parametrize("vector", [False, True], ids=["default", "vector"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_head_on_the_accelerator_equals_the_twin(tied, vector, bits):
+    lm = tiny_lm(tie_word_embeddings=tied)
+    embed = lm.model.embed_tokens.weight.detach().clone()
+    untie_head(lm)
+    ws = compress_llama(lm, lambda name, _: (WeightFormat("dense", bits, 32) if name == HEAD
+                                             else WeightFormat("2:4", 4, 32)),
+                        "magnitude", skip=(), progress=False)
+    assert HEAD in ws and torch.equal(lm.model.embed_tokens.weight, embed)
+    cfg = SMALL.replace(**VECTOR_PRESET_SPADS) if vector else SMALL
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + STEPS), weights=ws)
+    assert {p.node for p in exe.programs if p.phase == "decode"} >= {HEAD}  # not on the host
+    ids = torch.randint(0, lm.config.vocab_size, (1, PROMPT + STEPS),
+                        generator=torch.Generator().manual_seed(3))
+    rt = Runtime(exe, make_backend("model", cfg), vector=vector)
+    got = [rt.step(ids[:, :PROMPT])[0]] + [rt.step(ids[:, p:p + 1])[0]
+                                          for p in range(PROMPT, PROMPT + STEPS)]
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=vector, attention=True)
+    for a, b in zip(got, twin_step_logits(twin, ids, PROMPT), strict=True):
+        assert torch.equal(a, b)
