@@ -307,23 +307,30 @@ class FetchUnit(wiring.Component):
         word = Array(s1[f"word{b}"] for b in range(banks))[s1["pc"][low:aw]] if banks > 1 \
             else s1["word0"]
         # ---- hardware loops (hw.isa.Repeat): the loop registers, loaded when a REPEAT is
-        # dispatched; `offset` is the iteration's DRAM offset (0 outside a loop's iterations
-        # 1 ..), added here to every LOAD and STORE of the body (pc <= last), so that every
-        # check and the queue see the effective address (hw.isa.LoopStream.fields).
+        # dispatched; `offset` holds the iteration's DRAM offsets by transfer class (0 outside
+        # a loop's iterations 1 ..; hw.isa.loop_stride), added here to every LOAD and STORE of
+        # the body (pc <= last), so that every check and the queue see the effective address
+        # (hw.isa.LoopStream.fields).
         rep_body = InstrLayout["body"].shape["repeat"].shape
-        count_w, stride_w = rep_body["count"].width, rep_body["stride"].width
+        classes = ("wgt_stride", "load_stride", "store_stride")
+        count_w = rep_body["count"].width
         last_shape = unsigned(max(len(pc), rep_body["length"].width) + 1)
         active = Signal(name="loop_active")
         first = Signal(pc_shape, name="loop_first")
         last = Signal(last_shape, name="loop_last")
         left = Signal(count_w, name="loop_left")
-        stride = Signal(stride_w, name="loop_stride")
-        offset = Signal(count_w + stride_w, name="loop_offset")
+        stride = {k: Signal(rep_body[k].width, name=f"loop_{k}") for k in classes}
+        offset = {k: Signal(count_w + rep_body[k].width, name=f"loop_offset_{k[:-7]}")
+                  for k in classes}
         loop_back = Signal()
         off_at, off_w = field_location("dma.dram_addr")
-        op1 = InstrLayout(word[:InstrLayout.size]).header.opcode
+        view1 = InstrLayout(word[:InstrLayout.size])
+        op1 = view1.header.opcode
         in_body1 = ((op1 == Opcode.LOAD) | (op1 == Opcode.STORE)) & (s1["pc"] <= last)
-        eff = word[off_at:off_at + off_w] + Mux(in_body1, offset, 0)
+        step = Mux(op1 == Opcode.STORE, offset["store_stride"],
+                   Mux(view1.body.dma.spad == Spad.WGT, offset["wgt_stride"],
+                       offset["load_stride"]))
+        eff = word[off_at:off_at + off_w] + Mux(in_body1, step, 0)
         eff = Mux(eff[off_w:].any(), DRAM_ADDR_MAX, eff[:off_w])
         word = Cat(word[:off_at], eff, word[off_at + off_w:])
         ins1 = InstrLayout(word[:InstrLayout.size])
@@ -385,12 +392,15 @@ class FetchUnit(wiring.Component):
         m.d.comb += loop_back.eq(go & at_last & (left != 0))
         with m.If(go & s4["is_repeat"]):
             m.d.sync += [active.eq(1), first.eq(s4["pc"] + 1), last.eq(s4["pc"] + rep4.length),
-                         left.eq(rep4.count - 1), stride.eq(rep4.stride), offset.eq(0)]
+                         left.eq(rep4.count - 1)]
+            m.d.sync += [stride[k].eq(rep4[k]) for k in classes]
+            m.d.sync += [offset[k].eq(0) for k in classes]
         with m.Elif(go & at_last):
             with m.If(left == 0):
-                m.d.sync += [active.eq(0), offset.eq(0)]
+                m.d.sync += [active.eq(0)] + [offset[k].eq(0) for k in classes]
             with m.Else():
-                m.d.sync += [left.eq(left - 1), offset.eq(offset + stride)]
+                m.d.sync += [left.eq(left - 1)]
+                m.d.sync += [offset[k].eq(offset[k] + stride[k]) for k in classes]
 
         # The stages advance together unless the dispatch stage holds an instruction:
         # adv = run & ~ended & (~v4 | go). It gates ~1,000 registers and the instruction

@@ -40,7 +40,7 @@ __all__ = [
     "Spad", "Engine", "EpilogueMode", "ErrorCode", "VecFunc", "LOAD_SPADS", "STORE_SPADS",
     "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "RepeatBody", "InstrLayout",
     "Load", "Store", "Gemm", "Sync", "Vec", "End", "Repeat", "Instr", "ISAError",
-    "LoopStream", "loop_stream", "loop_instruction", "DRAM_ADDR_MAX",
+    "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
     "vec_out_words", "vec_reads_b", "vec_reads_amax", "VEC_FUNC_VALUES", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry",
     "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
@@ -182,11 +182,15 @@ VecBody = data.StructLayout({
 })
 
 #: REPEAT: the next ``length`` instructions (the *body*) run ``count`` times; iteration ``i``
-#: adds ``i * stride`` beats to the DRAM address of every LOAD and STORE in the body.
+#: adds ``i * stride`` beats to the DRAM address of every LOAD and STORE in the body, the
+#: stride by the transfer's class (:func:`loop_stride`): a layer's weight tiles, its other
+#: operands (activations, bias rows, vector inputs) and its results advance differently.
 RepeatBody = data.StructLayout({
-    "length": 16,   # instructions in the body, >= 1
-    "count": 16,    # iterations, >= 1
-    "stride": 32,   # DRAM beats added per iteration (unsigned)
+    "length": 16,        # instructions in the body, >= 1
+    "count": 16,         # iterations, >= 1
+    "wgt_stride": 27,    # DRAM beats per iteration: LOADs into WGT
+    "load_stride": 27,   # DRAM beats per iteration: the other LOADs
+    "store_stride": 27,  # DRAM beats per iteration: STOREs
 })
 
 InstrLayout = data.StructLayout({
@@ -452,8 +456,9 @@ class Repeat(_Base):
 
     The fetch unit expands it (no engine sees it; it is dispatched like END, into no queue,
     and its events are checked but unused). In iteration ``i`` (from 0) every LOAD and STORE
-    of the body transfers from DRAM beat ``dram_addr + i * stride``; scratchpad addresses and
-    every other field are those of the words in memory, so a body that covers a whole
+    of the body transfers from DRAM beat ``dram_addr + i * stride``, ``stride`` the REPEAT's
+    stride of the transfer's class (:func:`loop_stride`); scratchpad addresses and every
+    other field are those of the words in memory, so a body that covers a whole
     double-buffer period repeats exactly. Rules (:class:`ErrorCode` ``BAD_REPEAT``):
     ``length >= 1`` and ``count >= 1`` (checked at dispatch), and no REPEAT or END inside a
     body (checked when it reaches dispatch inside one: loops do not nest, and a body ends
@@ -464,12 +469,15 @@ class Repeat(_Base):
 
     length: int = 1
     count: int = 1
-    stride: int = 0
+    wgt_stride: int = 0
+    load_stride: int = 0
+    store_stride: int = 0
     opcode: ClassVar[Opcode] = Opcode.REPEAT
     body: ClassVar[str] = "repeat"
 
     def _body_fields(self):
-        return {"length": self.length, "count": self.count, "stride": self.stride}
+        return {"length": self.length, "count": self.count, "wgt_stride": self.wgt_stride,
+                "load_stride": self.load_stride, "store_stride": self.store_stride}
 
     @classmethod
     def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
@@ -1089,6 +1097,20 @@ class LoopStream:
         return g
 
 
+_STRIDES = ("wgt_stride", "load_stride", "store_stride")
+
+
+def loop_stride(op, spad, wgt_stride, load_stride, store_stride):
+    """The DRAM beats a body instruction of opcode ``op`` and DMA scratchpad ``spad`` advances
+    per iteration: ``wgt_stride`` for a LOAD into WGT, ``load_stride`` for another LOAD,
+    ``store_stride`` for a STORE, 0 for other opcodes. Ints or numpy arrays (the fetch unit
+    selects the same way, hw/fetch.py)."""
+    is_load = op == Opcode.LOAD.value
+    return np.where(is_load & (spad == Spad.WGT.value), wgt_stride,
+                    np.where(is_load, load_stride,
+                             np.where(op == Opcode.STORE.value, store_stride, 0)))
+
+
 def _straight(start: int, stop: int) -> tuple:
     n = max(0, stop - start)
     return (np.arange(start, start + n, dtype=np.int64), np.zeros(n, np.int64),
@@ -1127,7 +1149,7 @@ def loop_stream(f: dict[str, np.ndarray], errs: np.ndarray) -> LoopStream:
             pc = None
             break
         length, count = int(f["repeat.length"][r]), int(f["repeat.count"][r])
-        stride = int(f["repeat.stride"][r])
+        strides = {k: int(f[f"repeat.{k}"][r]) for k in _STRIDES}
         body = np.arange(r + 1, min(r + 1 + length, n), dtype=np.int64)
         stop = np.flatnonzero((op[body] == Opcode.REPEAT.value) | (op[body] == Opcode.END.value))
         if stop.size or body.size < length:  # iteration 0 ends the run
@@ -1138,11 +1160,11 @@ def loop_stream(f: dict[str, np.ndarray], errs: np.ndarray) -> LoopStream:
             parts.append((pcs, offs, back, bad))
             pc = None
             break
-        dma = (op[body] == Opcode.LOAD.value) | (op[body] == Opcode.STORE.value)
+        step = loop_stride(op[body], f["dma.spad"][body], **strides)
         it = np.arange(count, dtype=np.int64)[:, None]
         back = np.zeros((count, length), bool)
         back[1:, 0] = True
-        parts.append((np.tile(body, count), (it * stride * dma[None, :]).ravel(),
+        parts.append((np.tile(body, count), (it * step[None, :]).ravel(),
                       back.ravel(), np.zeros(count * length, bool)))
         pc = r + 1 + length
     if pc is not None:

@@ -227,10 +227,14 @@ def _loop(rng: np.random.Generator, task: list[Instr], half: int, store_end: int
     2-4 iterations, with a DRAM stride that keeps the loads below ``half`` and the store
     below ``store_end``; ``seed`` (a SYNC that gives the first iteration its signal) first."""
     count = int(rng.integers(2, 5))
-    room = min([half - _dram_end(i) for i in task if isinstance(i, Load)]
-               + [store_end - _dram_end(task[-1])])
-    stride = int(rng.integers(0, max(0, room) // (count - 1) + 1))
-    return ([seed] if seed else []) + [Repeat(length=len(task), count=count, stride=stride)] \
+    rooms = {"wgt_stride": [half - _dram_end(i) for i in task
+                            if isinstance(i, Load) and i.spad == Spad.WGT],
+             "load_stride": [half - _dram_end(i) for i in task
+                             if isinstance(i, Load) and i.spad != Spad.WGT],
+             "store_stride": [store_end - _dram_end(task[-1])]}
+    strides = {k: int(rng.integers(0, max(0, min(r, default=1 << 20)) // (count - 1) + 1))
+               for k, r in rooms.items()}
+    return ([seed] if seed else []) + [Repeat(length=len(task), count=count, **strides)] \
         + task
 
 
@@ -380,15 +384,16 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
             inner = [Repeat(length=1, count=2)] if choice == 2 else []
             prog[pos:pos] = [Repeat(length=end - pos + len(inner) + 1, count=2)] + inner
     elif kind == "loop_dram":  # a loop whose second iteration's transfers leave DRAM
-        stride = int(rng.integers(cfg.dram_beats, 1 << 32))
+        big = {k: int(rng.integers(cfg.dram_beats, 1 << 27))
+               for k in ("wgt_stride", "load_stride", "store_stride")}
         loops = [i for i, x in enumerate(prog) if isinstance(x, Repeat)]
         if loops:
             at = loops[int(rng.integers(len(loops)))]
-            prog[at] = Repeat(length=prog[at].length, count=prog[at].count, stride=stride)
+            prog[at] = Repeat(length=prog[at].length, count=prog[at].count, **big)
         else:
             at = [i for i, x in enumerate(prog) if isinstance(x, (Load, Store))]
             prog.insert(at[int(rng.integers(len(at)))],
-                        Repeat(length=1, count=int(rng.integers(2, 4)), stride=stride))
+                        Repeat(length=1, count=int(rng.integers(2, 4)), **big))
     else:
         raise ValueError(f"unknown breakage {kind!r}")
     return RandomProgram(prog, rp.dram, rp.notes + [kind])

@@ -37,12 +37,14 @@ def _unrolled(program):
 
 
 def test_loop_stream_orders_iterations_and_offsets():
-    prog = [Sync(), Repeat(length=2, count=3, stride=10), Load(spad=Spad.ACT), Sync(), End()]
+    prog = [Sync(), Repeat(length=4, count=3, wgt_stride=10, load_stride=3, store_stride=7),
+            Load(spad=Spad.ACT), Load(spad=Spad.WGT), Sync(), Store(), End()]
     f = decode_fields(program_words(prog))
     s = loop_stream(f, dispatch_errors(f, CFG))
-    assert s.pcs.tolist() == [0, 1, 2, 3, 2, 3, 2, 3, 4]
-    assert s.offsets.tolist() == [0, 0, 0, 0, 10, 0, 20, 0, 0]  # LOAD and STORE only
-    assert s.loop_back.tolist() == [False] * 4 + [True, False, True, False, False]
+    assert s.pcs.tolist() == [0, 1] + [2, 3, 4, 5] * 3 + [6]
+    # each transfer class advances by its stride; other opcodes keep theirs
+    assert s.offsets.tolist() == [0, 0, 0, 0, 0, 0, 3, 10, 0, 7, 6, 20, 0, 14, 0]
+    assert s.loop_back.tolist() == [False] * 6 + [True, False, False, False] * 2 + [False]
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -62,7 +64,7 @@ def test_loop_program_matches_unrolled(seed):
 
 def test_loop_back_costs_a_refetch():
     body = [Load(spad=Spad.ACT, rows=1, row_beats=1)]
-    looped = FastModel(CFG).run([Repeat(length=1, count=3, stride=1)] + body + [End()],
+    looped = FastModel(CFG).run([Repeat(length=1, count=3, load_stride=1)] + body + [End()],
                                 timing_only=True, trace=True)
     d = [t.dispatch for t in looped.trace]
     # REPEAT, then iterations 0, 1, 2 (each but the first a loop-back), then END
@@ -86,8 +88,8 @@ def test_effective_address_out_of_dram():
     """Iteration 2 of the body's LOAD starts past DRAM: BAD_ADDRESS at the LOAD's pc, after
     two iterations; a 32-bit overflow of the effective address saturates to DRAM_ADDR_MAX."""
     load = Load(spad=Spad.ACT, rows=1, row_beats=1, dram_addr=CFG.dram_beats - 1)
-    for stride in (1, DRAM_ADDR_MAX):
-        r = FastModel(CFG).run([Repeat(length=1, count=3, stride=stride), load, End()],
+    for stride in (1, (1 << 27) - 1):
+        r = FastModel(CFG).run([Repeat(length=1, count=3, load_stride=stride), load, End()],
                                timing_only=True)
         assert (r.error, r.error_pc, r.counters["instructions"]) == (ErrorCode.BAD_ADDRESS, 1, 2)
     assert loop_instruction(load, DRAM_ADDR_MAX).dram_addr == DRAM_ADDR_MAX
@@ -95,7 +97,7 @@ def test_effective_address_out_of_dram():
 
 def test_store_in_a_body_advances():
     prog = [Sync(engine=Engine.STORE, signal=0),
-            Repeat(length=2, count=2, stride=4),
+            Repeat(length=2, count=2, store_stride=4),
             Sync(engine=Engine.LOAD, wait=0, signal=1),
             Store(spad=Spad.OUT, dram_addr=8, rows=1, row_beats=2, wait=1, signal=0),
             Sync(engine=Engine.LOAD, wait=0), End()]
