@@ -62,8 +62,9 @@ class ProgramError(SimulationError, ValueError):
 
 @dataclass
 class InstrTiming:
-    """When one instruction moved through the machine (cycles, see hw/timing.py): ``end`` is
-    the last execution cycle, ``done`` the completion (its signal; later than ``end`` on the
+    """When one instruction moved through the machine (cycles, see hw/timing.py): ``index``
+    is its program index (a loop body's instructions appear once per iteration), ``end`` the
+    last execution cycle, ``done`` the completion (its signal; later than ``end`` on the
     LOAD engine, :func:`hw.engines.completion_delay`)."""
 
     index: int
@@ -105,8 +106,9 @@ class Schedule:
     @property
     def timings(self) -> list[InstrTiming]:
         """Per-instruction :class:`InstrTiming` records (built on demand)."""
-        return [InstrTiming(i, None if e < 0 else _ENGINES[e], a, d, p, g, n, c)
-                for i, (e, a, d, p, g, n, c) in enumerate(self.times.tolist())]
+        pcs = range(len(self.times)) if self.stream is None else self.stream.pcs.tolist()
+        return [InstrTiming(pc, None if e < 0 else _ENGINES[e], a, d, p, g, n, c)
+                for pc, (e, a, d, p, g, n, c) in zip(pcs, self.times.tolist(), strict=False)]
 
 
 def _instruction(program, words: np.ndarray, i: int) -> Instr:
