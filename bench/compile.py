@@ -9,7 +9,13 @@ and phase ``capture_s`` (torch.export and
 translation, timed apart), ``compile_s`` (passes, planning, lowering: the median of
 ``--repeats`` runs), ``instructions``, ``programs``, ``arena_bytes``,
 ``arena_lower_bound_bytes``, ``fused_cycles``, ``unfused_cycles`` (accelerator cycles of the
-step) and ``host_transitions_per_token``.
+step) and ``host_transitions_per_token``; and the program size with and without hardware loops
+(``CompileOptions(loops=True)``, :mod:`sw.compile.roll`): ``instruction_bytes_per_token`` /
+``looped_instruction_bytes_per_token`` (the words of every program the step runs, per token),
+``weight_bytes_per_token`` (weight streams the step reads, per token), their ratio
+``looped_instruction_to_weight_bytes``, ``step_instructions`` / ``looped_step_instructions``
+(words of the step's programs together), ``largest_program`` / ``looped_largest_program``
+(instructions) and ``looped_cycles``.
 """
 
 from __future__ import annotations
@@ -42,9 +48,31 @@ def _formats(model: LlamaLM) -> dict[str, WeightFormat]:
     return {n: FORMAT for n, m in model.named_modules() if isinstance(m, nn.Linear)}
 
 
+def _step(e, cfg, phase: str, tokens: int, context: int):
+    """One step of executable ``e`` on the fast model (timing-only)."""
+    rt = Runtime(e, make_backend("model-timing", cfg))
+    if phase == "decode":
+        rt.seek(context - 1)
+        return rt.step(torch.zeros((1, 1), dtype=torch.long))[1]
+    return rt.step(torch.zeros((1, tokens), dtype=torch.long))[1]
+
+
+def program_sizes(e, st) -> dict:
+    """Instruction and weight bytes of the programs step ``st`` of executable ``e`` ran, per
+    token, and the largest of them (instructions)."""
+    ran = [e.programs[p.program] for p in st.programs]
+    words = sum(p.words.nbytes for p in ran)
+    weights = sum(m.stream_bytes for p in ran for m in p.members if m.row_scale is not None)
+    return {"instruction_bytes_per_token": words / st.tokens,
+            "weight_bytes_per_token": weights / st.tokens,
+            "step_instructions": sum(p.instructions for p in ran),
+            "largest_program": max((p.instructions for p in ran), default=0)}
+
+
 def measure(name: str, model: LlamaLM, cfg, phase: str, tokens: int, context: int,
             repeats: int) -> dict:
-    """Compile one phase (fused and unfused) and run one step of each, timing-only."""
+    """Compile one phase (fused, unfused, fused with hardware loops) and run one step of each,
+    timing-only."""
     prompt = tokens if phase == "prefill" else context - 1
     opts = dict(prompt_tokens=prompt, max_context=context, decode_contexts=(context,),
                 phases=(phase,))
@@ -56,13 +84,12 @@ def measure(name: str, model: LlamaLM, cfg, phase: str, tokens: int, context: in
     for fuse in (True, False):
         e = exe if fuse else compile_model(model, cfg, CompileOptions(**opts, fuse=False),
                                            formats=_formats(model))
-        rt = Runtime(e, make_backend("model-timing", cfg))
-        if phase == "decode":
-            rt.seek(context - 1)
-            _, st = rt.step(torch.zeros((1, 1), dtype=torch.long))
-        else:
-            _, st = rt.step(torch.zeros((1, tokens), dtype=torch.long))
-        cycles[fuse] = st
+        cycles[fuse] = _step(e, cfg, phase, tokens, context)
+    looped = compile_model(model, cfg, CompileOptions(**opts, loops=True),
+                           formats=_formats(model))
+    st_loop = _step(looped, cfg, phase, tokens, context)
+    sizes = program_sizes(exe, cycles[True])
+    sizes_loop = program_sizes(looped, st_loop)
     rep = exe.report
     ph = rep["phases"][phase]
     return {"model": name, "phase": phase, "tokens": tokens, "context": context,
@@ -75,7 +102,11 @@ def measure(name: str, model: LlamaLM, cfg, phase: str, tokens: int, context: in
             "unfused_host_unit_cycles": cycles[False].host_unit_cycles,
             "host_transitions_per_token": cycles[True].transitions,
             "unfused_host_transitions_per_token": cycles[False].transitions,
-            "nodes_captured": ph["nodes_captured"], "nodes": ph["nodes"]}
+            "nodes_captured": ph["nodes_captured"], "nodes": ph["nodes"],
+            **sizes, "looped_cycles": st_loop.cycles,
+            **{f"looped_{k}": v for k, v in sizes_loop.items() if k != "weight_bytes_per_token"},
+            "looped_instruction_to_weight_bytes": sizes_loop["instruction_bytes_per_token"]
+            / max(1, sizes["weight_bytes_per_token"])}
 
 
 @command("bench.compile")
@@ -94,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
               ("reference", reference, AcceleratorConfig(), "prefill", 64, 64)]
     head = (f"{'model':<10}{'phase':>8}{'capture s':>10}{'compile s':>10}{'instr':>10}"
             f"{'programs':>9}{'arena / bound':>15}{'fused cyc':>12}{'unfused':>12}{'gain':>7}"
-            f"{'transitions':>12}")
+            f"{'transitions':>12}{'instr B/token':>15}{'looped':>12}{'/ weight B':>11}"
+            f"{'largest':>9}{'looped':>8}")
     print(head + "\n" + "-" * len(head))
     records = []
     models = {}
@@ -107,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['arena_bytes'] / max(1, r['arena_lower_bound_bytes']):>14.3f}x"
               f"{r['fused_cycles']:>12,}{r['unfused_cycles']:>12,}"
               f"{r['unfused_cycles'] / r['fused_cycles']:>6.3f}x"
-              f"{r['host_transitions_per_token']:>6} vs {r['unfused_host_transitions_per_token']}",
-              flush=True)
+              f"{r['host_transitions_per_token']:>6} vs {r['unfused_host_transitions_per_token']}"
+              f"{r['instruction_bytes_per_token']:>15,.0f}"
+              f"{r['looped_instruction_bytes_per_token']:>12,.0f}"
+              f"{r['looped_instruction_to_weight_bytes']:>11.5f}"
+              f"{r['largest_program']:>9,}{r['looped_largest_program']:>8,}", flush=True)
     write_json(Path(args.out), stamp(records, AcceleratorConfig()))
     print(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)")
     return 0

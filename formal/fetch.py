@@ -131,24 +131,53 @@ class FetchHarness(Harness):
                                & (fl["dma.row_beats"] < (1 << ROW_BITS))
                                & (fl["dma.dram_stride"] < (1 << ROW_BITS)))
 
-        # The instruction at dispatch: pc counts dispatched instructions; END stops fetching.
+        # The instruction at dispatch: pc follows the dispatched instructions (a REPEAT's body
+        # once per iteration, hw.isa.loop_stream); END stops fetching.
         pc = Signal(range(depth + 1))
         ended = Signal()
-        at_dispatch = (cycle == first_dispatch) & ~ended
+        # The reference loop: the body's last pc, iterations left, and the cycles of a refill
+        # after a loop-back, in which nothing is at dispatch (hw/timing.py, "Fetch").
+        rep_shape = isa.InstrLayout["body"].shape["repeat"].shape
+        active = Signal()
+        first = Signal(range(depth + 1))
+        last = Signal(range(depth + (1 << rep_shape["length"].width)))
+        left = Signal(rep_shape["count"].width)
+        refill = Signal(range(timing.LOOP_BACK_LATENCY))
+        at_dispatch = (cycle == first_dispatch) & ~ended & (refill == 0)
         word = Mux(pc == depth, 0, Array(words)[pc[:max(1, (depth - 1).bit_length())]])
         f = word_fields(word)
-        want = Signal(ErrorCode.as_shape())
-        m.d.comb += want.eq(Mux(pc == depth, ErrorCode.PC_OVERFLOW.value, rule_error(word, cfg)))
         op = f["opcode"]
         is_end = op == Opcode.END.value
+        is_repeat = op == Opcode.REPEAT.value
+        rule = Signal(ErrorCode.as_shape())
+        m.d.comb += rule.eq(rule_error(word, cfg))
+        in_body = active & (pc <= last) & (is_end | is_repeat) & (rule == ErrorCode.NONE.value)
+        want = Signal(ErrorCode.as_shape())
+        m.d.comb += want.eq(Mux(pc == depth, ErrorCode.PC_OVERFLOW.value,
+                                Mux(in_body, ErrorCode.BAD_REPEAT.value, rule)))
         target = f["sync.engine"]
         for o, e in ENGINE_OF_OPCODE.items():
             target = Mux(op == o.value, e.value, target)
         valid = Cat(p.valid for p in ports.values())
+        with m.If(refill != 0):
+            m.d.sync += refill.eq(refill - 1)
+            m.d.comb += [Assert(valid == 0, "offered during a loop-back refill"),
+                         Assert(~dut.dispatched, "dispatched during a loop-back refill"),
+                         Assert(dut.error.as_value() == ErrorCode.NONE.value,
+                                "error during a loop-back refill")]
         with m.If(dut.dispatched):
             m.d.sync += pc.eq(pc + 1)
             with m.If(is_end):
                 m.d.sync += ended.eq(1)
+            with m.If(is_repeat):
+                m.d.sync += [active.eq(1), first.eq(pc + 1), last.eq(pc + f["repeat.length"]),
+                             left.eq(f["repeat.count"] - 1)]
+            with m.Elif(active & (pc == last)):
+                with m.If(left == 0):
+                    m.d.sync += active.eq(0)
+                with m.Else():
+                    m.d.sync += [left.eq(left - 1), pc.eq(first),
+                                 refill.eq(timing.LOOP_BACK_LATENCY - 1)]
 
         with m.If(at_dispatch):
             m.d.comb += [
@@ -161,6 +190,9 @@ class FetchHarness(Harness):
             with m.Elif(is_end):
                 m.d.comb += [Assert(valid == 0, "END offered to a queue"),
                              Assert(dut.dispatched, "END not dispatched")]
+            with m.Elif(is_repeat):
+                m.d.comb += [Assert(valid == 0, "REPEAT offered to a queue"),
+                             Assert(dut.dispatched, "REPEAT not dispatched")]
             with m.Else():
                 body_off = isa.InstrLayout["body"].offset
                 for e, port in ports.items():
@@ -185,7 +217,9 @@ class FetchHarness(Harness):
 
 def proofs(cfg: AcceleratorConfig) -> list[Proof]:
     """The two fetch proofs (see the module docstring for the DMA bound)."""
-    depth = cfg.imem_depth + timing.FETCH_LATENCY + cfg.imem_depth + 3
+    # (two loop-backs of a REPEAT's body fit: a REPEAT and a body of one word)
+    depth = (cfg.imem_depth + timing.FETCH_LATENCY + cfg.imem_depth + 3
+             + 2 * timing.LOOP_BACK_LATENCY)
     what = {"other": "any two non-DMA words",
             "dma": f"any two LOAD/STORE words with rows, row_beats, dram_stride < 2**{ROW_BITS}"}
     return [Proof(f"fetch_{bound}", lambda bound=bound: FetchHarness(cfg, bound), "bmc", depth,

@@ -4,7 +4,8 @@ piece of the design derives.
 :data:`ENGINES` has one :class:`EngineSpec` per :class:`hw.isa.Engine`, in the order of their
 values (an engine's value is its index everywhere: the event unit's ports, the fast model's
 columns); :data:`OPS` one :class:`OpSpec` per opcode that enters a queue, in the order of their
-values (END enters none: it stops fetching). From them:
+values (END and REPEAT, :data:`FETCH_ONLY`, enter none: the fetch unit acts on them). From
+them:
 
 - the fetch unit (:class:`hw.fetch.FetchUnit`) has one dispatch port per engine, named
   :attr:`EngineSpec.name`, carrying the engine's body layout, and routes each opcode to its
@@ -56,6 +57,7 @@ from hw.isa import (
 )
 
 __all__ = ["EngineSpec", "OpSpec", "ENGINES", "ENGINE", "OPS", "OP", "ENGINE_OF_OPCODE",
+           "FETCH_ONLY",
            "engines_of",
            "WORK_COUNTERS", "engine_of", "engines_fields", "exec_cycles", "exec_cycles_fields",
            "completion_delay", "work_fields"]
@@ -163,6 +165,9 @@ ENGINES: tuple[EngineSpec, ...] = (
 )
 
 #: The opcodes that enter a queue, in the order of their values.
+#: The opcodes the fetch unit acts on itself, dispatched into no queue (and the undefined 0).
+FETCH_ONLY = (Opcode.INVALID, Opcode.END, Opcode.REPEAT)
+
 OPS: tuple[OpSpec, ...] = (
     OpSpec(Load, Engine.LOAD, timing.load_cycles, timing.load_cycles_fields,
            work={"dram_read_beats": timing.dma_beats_fields}),
@@ -182,7 +187,7 @@ def _checked() -> tuple[Mapping[Engine, EngineSpec], Mapping[Opcode, OpSpec]]:
         raise ContractError(f"hw.engines.ENGINES lists {[s.engine.name for s in ENGINES]}, "
                             f"not every hw.isa.Engine in value order {[e.name for e in Engine]}")
     engines = {s.engine: s for s in ENGINES}
-    queued = [o for o in Opcode if o not in (Opcode.INVALID, Opcode.END)]
+    queued = [o for o in Opcode if o not in FETCH_ONLY]
     if [op.opcode for op in OPS] != queued:
         raise ContractError(f"hw.engines.OPS lists {[op.opcode.name for op in OPS]}, not every "
                             f"queued opcode in value order {[o.name for o in queued]}")
@@ -218,7 +223,7 @@ WORK_COUNTERS: tuple[str, ...] = tuple(name for op in OPS for name in op.work)
 
 
 def engine_of(ins: Instr) -> Engine | None:
-    """The engine whose queue receives ``ins`` (None for END)."""
+    """The engine whose queue receives ``ins`` (None for END and REPEAT)."""
     op = OP.get(ins.opcode)
     if op is None:
         return None
@@ -227,7 +232,7 @@ def engine_of(ins: Instr) -> Engine | None:
 
 def engines_fields(f: dict[str, np.ndarray]) -> np.ndarray:
     """:func:`engine_of` for many instructions at once, from :func:`hw.isa.decode_fields`:
-    each instruction's engine value (``int64``), -1 for END and for undefined opcodes."""
+    each instruction's engine value (``int64``), -1 for END, REPEAT and undefined opcodes."""
     op = f["opcode"]
     out = np.full(op.shape, -1, dtype=np.int64)
     for spec in OPS:
@@ -246,7 +251,7 @@ def exec_cycles(ins: Instr, cfg: AcceleratorConfig) -> int:
 
 def exec_cycles_fields(f: dict, cfg: AcceleratorConfig) -> np.ndarray:
     """:func:`exec_cycles` for many instructions at once, from :func:`hw.isa.decode_fields`
-    (each :class:`OpSpec`'s ``cycles_fields``; 0 for END and illegal words)."""
+    (each :class:`OpSpec`'s ``cycles_fields``; 0 for END, REPEAT and illegal words)."""
     op = f["opcode"]
     out = np.zeros(op.shape, dtype=np.int64)
     for spec in OPS:

@@ -41,6 +41,7 @@ from hw.config import AcceleratorConfig
 from hw.ecp5_dsp import DSP_REGISTER
 from hw.engines import OPS, engines_of
 from hw.isa import (
+    DRAM_ADDR_MAX,
     INSTR_BITS,
     LOAD_SPADS,
     NO_EVENT,
@@ -54,6 +55,7 @@ from hw.isa import (
     VecBody,
     VecFunc,
     dispatch_limits,
+    field_location,
     legal_words,
     reads_param,
     vec_out_words,
@@ -231,6 +233,8 @@ class FetchUnit(wiring.Component):
             "is_gemm": is_[Opcode.GEMM],
             "is_dma": is_[Opcode.LOAD] | is_[Opcode.STORE],
             "is_end": is_[Opcode.END],
+            "is_repeat": is_[Opcode.REPEAT],
+            "bad_repeat": (ins.body.repeat.length == 0) | (ins.body.repeat.count == 0),
             "is_sync": Cat(is_[op.opcode] for op in OPS if op.sync).any(),
             "target": target,
             "spad_len": dma.rows * dma.row_beats,
@@ -255,7 +259,9 @@ class FetchUnit(wiring.Component):
                        Mux(c["is_gemm"], gemm_err,
                            Mux((c["is_dma"] & c["dma_bad"].any())
                                | (c["is_vec"] & c["bad_vec"].any()),
-                               ErrorCode.BAD_ADDRESS, ErrorCode.NONE))))
+                               ErrorCode.BAD_ADDRESS,
+                               Mux(c["is_repeat"] & c["bad_repeat"], ErrorCode.BAD_REPEAT,
+                                   ErrorCode.NONE)))))
 
     def elaborate(self, platform):
         m = Module()
@@ -300,6 +306,33 @@ class FetchUnit(wiring.Component):
                                                     enumerate(rd_ports)})
         word = Array(s1[f"word{b}"] for b in range(banks))[s1["pc"][low:aw]] if banks > 1 \
             else s1["word0"]
+        # ---- hardware loops (hw.isa.Repeat): the loop registers, loaded when a REPEAT is
+        # dispatched; `offset` holds the iteration's DRAM offsets by transfer class (0 outside
+        # a loop's iterations 1 ..; hw.isa.loop_stride), added here to every LOAD and STORE of
+        # the body (pc <= last), so that every check and the queue see the effective address
+        # (hw.isa.LoopStream.fields).
+        rep_body = InstrLayout["body"].shape["repeat"].shape
+        classes = ("wgt_stride", "load_stride", "store_stride")
+        count_w = rep_body["count"].width
+        last_shape = unsigned(max(len(pc), rep_body["length"].width) + 1)
+        active = Signal(name="loop_active")
+        first = Signal(pc_shape, name="loop_first")
+        last = Signal(last_shape, name="loop_last")
+        left = Signal(count_w, name="loop_left")
+        stride = {k: Signal(rep_body[k].width, name=f"loop_{k}") for k in classes}
+        offset = {k: Signal(count_w + rep_body[k].width, name=f"loop_offset_{k[:-7]}")
+                  for k in classes}
+        loop_back = Signal()
+        off_at, off_w = field_location("dma.dram_addr")
+        view1 = InstrLayout(word[:InstrLayout.size])
+        op1 = view1.header.opcode
+        in_body1 = ((op1 == Opcode.LOAD) | (op1 == Opcode.STORE)) & (s1["pc"] <= last)
+        step = Mux(op1 == Opcode.STORE, offset["store_stride"],
+                   Mux(view1.body.dma.spad == Spad.WGT, offset["wgt_stride"],
+                       offset["load_stride"]))
+        eff = word[off_at:off_at + off_w] + Mux(in_body1, step, 0)
+        eff = Mux(eff[off_w:].any(), DRAM_ADDR_MAX, eff[:off_w])
+        word = Cat(word[:off_at], eff, word[off_at + off_w:])
         ins1 = InstrLayout(word[:InstrLayout.size])
         chk = self._field_checks(m, ins1)
         s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=ins1, **chk)
@@ -310,18 +343,29 @@ class FetchUnit(wiring.Component):
         pre = self._pre_error(s2)
         s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=s2["ins"], pre=pre,
                    pre_ok=pre == ErrorCode.NONE, pc_over=s2["pc"] == depth,
-                   is_end=s2["is_end"], is_sync=s2["is_sync"], target=s2["target"],
+                   is_end=s2["is_end"], is_repeat=s2["is_repeat"], is_sync=s2["is_sync"],
+                   target=s2["target"],
                    bad_range=(s2["is_dma"] & (spad_over | dram_over))
                    | (s2["is_vec"] & s2["is_rope"]
                       & (s2["rope_row"] != s2["ins"].body.vec.length)))
+        # A REPEAT or END inside a body: that of the loop running, or of the REPEAT in the
+        # dispatch stage (its body's first instruction is here when it is dispatched).
+        new_body3 = Signal(name="s3_in_new_body")
+        in_body3 = (active & (s3["pc"] <= last)) | new_body3
+        fetch_only3 = s3["is_end"] | s3["is_repeat"]
+        bad_loop = fetch_only3 & in_body3
         err = Mux(s3["pc_over"], ErrorCode.PC_OVERFLOW,
-                  Mux(s3["pre_ok"] & s3["bad_range"], ErrorCode.BAD_ADDRESS, s3["pre"]))
+                  Mux(s3["pre_ok"] & s3["bad_range"], ErrorCode.BAD_ADDRESS,
+                      Mux(s3["pre_ok"] & bad_loop, ErrorCode.BAD_REPEAT, s3["pre"])))
         # The dispatch stage keeps its decisions one-hot and pre-decoded, because `adv`
         # (below) gates the whole pipeline and must settle early.
-        ok3 = ~s3["pc_over"] & s3["pre_ok"] & ~s3["bad_range"]
-        to3 = Cat(~s3["is_end"] & (s3["target"] == e.engine.value) for e in self._engines)
+        ok3 = ~s3["pc_over"] & s3["pre_ok"] & ~s3["bad_range"] & ~bad_loop
+        to3 = Cat(~fetch_only3 & (s3["target"] == e.engine.value) for e in self._engines)
         s4 = stage("s4", v=s3["v"], pc=s3["pc"], ins=s3["ins"], is_end=s3["is_end"],
-                   is_sync=s3["is_sync"], err=err, ok=ok3, to=to3)
+                   is_repeat=s3["is_repeat"], is_sync=s3["is_sync"], err=err, ok=ok3, to=to3)
+        rep4 = s4["ins"].body.repeat
+        m.d.comb += new_body3.eq(s4["v"] & s4["is_repeat"]
+                                 & (s3["pc"] <= s4["pc"] + rep4.length))
         v4, ins4, to4 = s4["v"], s4["ins"], s4["to"]
         err4 = Signal(ErrorCode)
         m.d.comb += err4.eq(s4["err"])
@@ -337,10 +381,26 @@ class FetchUnit(wiring.Component):
             return Cat(to[e.value] & port.ready for e, port in ports.items()).any()
 
         ready = ready_of(to4)
-        go = live & ok & (s4["is_end"] | ready)
+        go = live & ok & (s4["is_end"] | s4["is_repeat"] | ready)
         end_now = go & s4["is_end"]
         with m.If(end_now):
             m.d.sync += ended.eq(1)
+        # Loops: a REPEAT starts one; the dispatch of a body's last instruction ends an
+        # iteration, and jumps back to the body's first (refilling the pipeline) unless it
+        # was the last iteration.
+        at_last = active & (s4["pc"] == last)
+        m.d.comb += loop_back.eq(go & at_last & (left != 0))
+        with m.If(go & s4["is_repeat"]):
+            m.d.sync += [active.eq(1), first.eq(s4["pc"] + 1), last.eq(s4["pc"] + rep4.length),
+                         left.eq(rep4.count - 1)]
+            m.d.sync += [stride[k].eq(rep4[k]) for k in classes]
+            m.d.sync += [offset[k].eq(0) for k in classes]
+        with m.Elif(go & at_last):
+            with m.If(left == 0):
+                m.d.sync += [active.eq(0)] + [offset[k].eq(0) for k in classes]
+            with m.Else():
+                m.d.sync += [left.eq(left - 1)]
+                m.d.sync += [offset[k].eq(offset[k] + stride[k]) for k in classes]
 
         # The stages advance together unless the dispatch stage holds an instruction:
         # adv = run & ~ended & (~v4 | go). It gates ~1,000 registers and the instruction
@@ -358,8 +418,10 @@ class FetchUnit(wiring.Component):
                           attrs={"keep": 1})
             ended_c = Signal(name=f"ended_{name}", attrs={"keep": 1})
             with m.If(adv_c):
-                m.d.sync += [idle.eq(~s3["v"] | (ok3 & s3["is_end"])),
-                             queue.eq(s3["v"] & ok3 & ~s3["is_end"]), to_c.eq(to3)]
+                m.d.sync += [idle.eq(~s3["v"] | (ok3 & fetch_only3)),
+                             queue.eq(s3["v"] & ok3 & ~fetch_only3), to_c.eq(to3)]
+            with m.If(loop_back):  # the pipeline is emptied
+                m.d.sync += [idle.eq(1), queue.eq(0)]
             with m.If(end_now):
                 m.d.sync += ended_c.eq(1)
             m.d.comb += adv_c.eq(self.run & ~ended_c & (idle | queue & ready_of(to_c)))
@@ -390,4 +452,6 @@ class FetchUnit(wiring.Component):
             m.d.sync += pc.eq(pc + 1)
         with m.If(adv):
             m.d.sync += copies
+        with m.If(loop_back):
+            m.d.sync += [pc.eq(first)] + [s["v"].eq(0) for s in (s0, s1, s2, s3, s4)]
         return m

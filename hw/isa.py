@@ -38,8 +38,9 @@ from hw.format import StreamGeometry
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "MAX_HEADER_WORDS", "Opcode",
     "Spad", "Engine", "EpilogueMode", "ErrorCode", "VecFunc", "LOAD_SPADS", "STORE_SPADS",
-    "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "InstrLayout",
-    "Load", "Store", "Gemm", "Sync", "Vec", "End", "Instr", "ISAError",
+    "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "RepeatBody", "InstrLayout",
+    "Load", "Store", "Gemm", "Sync", "Vec", "End", "Repeat", "Instr", "ISAError",
+    "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
     "vec_out_words", "vec_reads_b", "vec_reads_amax", "VEC_FUNC_VALUES", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry",
     "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
@@ -65,6 +66,7 @@ class Opcode(enum.Enum, shape=3):
     SYNC = 4
     END = 5
     VEC = 6    # the vector engine (absent from configurations without one: ILLEGAL_OPCODE)
+    REPEAT = 7  # a hardware loop, expanded by the fetch unit (:class:`Repeat`)
 
 
 class Spad(enum.Enum, shape=3):
@@ -128,6 +130,7 @@ class ErrorCode(enum.Enum, shape=4):
     PC_OVERFLOW = 5
     EVENT_OVERFLOW = 6
     DEADLOCK = 7
+    BAD_REPEAT = 8  # a REPEAT of no body or no iterations; a REPEAT or END inside a body
 
 
 Header = data.StructLayout({
@@ -178,10 +181,22 @@ VecBody = data.StructLayout({
                     # DEQUANT: the VIN address of the token's amax word
 })
 
+#: REPEAT: the next ``length`` instructions (the *body*) run ``count`` times; iteration ``i``
+#: adds ``i * stride`` beats to the DRAM address of every LOAD and STORE in the body, the
+#: stride by the transfer's class (:func:`loop_stride`): a layer's weight tiles, its other
+#: operands (activations, bias rows, vector inputs) and its results advance differently.
+RepeatBody = data.StructLayout({
+    "length": 16,        # instructions in the body, >= 1
+    "count": 16,         # iterations, >= 1
+    "wgt_stride": 27,    # DRAM beats per iteration: LOADs into WGT
+    "load_stride": 27,   # DRAM beats per iteration: the other LOADs
+    "store_stride": 27,  # DRAM beats per iteration: STOREs
+})
+
 InstrLayout = data.StructLayout({
     "header": Header,
     "body": data.UnionLayout({"dma": DmaBody, "gemm": GemmBody, "sync": SyncBody,
-                              "vec": VecBody}),
+                              "vec": VecBody, "repeat": RepeatBody}),
 })
 assert InstrLayout.size <= INSTR_BITS, InstrLayout.size
 # The DMA body is the widest: it fills the instruction exactly.
@@ -435,9 +450,43 @@ class End(_Base):
     opcode: ClassVar[Opcode] = Opcode.END
 
 
+@dataclass(frozen=True, kw_only=True)
+class Repeat(_Base):
+    """A hardware loop: the next ``length`` instructions (the body) run ``count`` times.
+
+    The fetch unit expands it (no engine sees it; it is dispatched like END, into no queue,
+    and its events are checked but unused). In iteration ``i`` (from 0) every LOAD and STORE
+    of the body transfers from DRAM beat ``dram_addr + i * stride``, ``stride`` the REPEAT's
+    stride of the transfer's class (:func:`loop_stride`); scratchpad addresses and every
+    other field are those of the words in memory, so a body that covers a whole
+    double-buffer period repeats exactly. Rules (:class:`ErrorCode` ``BAD_REPEAT``):
+    ``length >= 1`` and ``count >= 1`` (checked at dispatch), and no REPEAT or END inside a
+    body (checked when it reaches dispatch inside one: loops do not nest, and a body ends
+    before the program does). A body instruction is checked with its effective DRAM address
+    (:func:`loop_stream`): one out of DRAM in some iteration fails with BAD_ADDRESS there.
+    Timing: hw/timing.py, "Fetch".
+    """
+
+    length: int = 1
+    count: int = 1
+    wgt_stride: int = 0
+    load_stride: int = 0
+    store_stride: int = 0
+    opcode: ClassVar[Opcode] = Opcode.REPEAT
+    body: ClassVar[str] = "repeat"
+
+    def _body_fields(self):
+        return {"length": self.length, "count": self.count, "wgt_stride": self.wgt_stride,
+                "load_stride": self.load_stride, "store_stride": self.store_stride}
+
+    @classmethod
+    def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
+        return cls(**f, **ev)
+
+
 #: Every instruction class, one per defined opcode (which engine runs each, how long it takes
 #: and what it counts: the table of :mod:`hw.engines`).
-Instr = Load | Store | Gemm | Sync | End | Vec
+Instr = Load | Store | Gemm | Sync | End | Vec | Repeat
 INSTRUCTIONS: tuple[type[_Base], ...] = typing.get_args(Instr)
 _BY_OPCODE = {c.opcode: c for c in INSTRUCTIONS}
 assert set(_BY_OPCODE) == set(Opcode) - {Opcode.INVALID}, set(Opcode) ^ set(_BY_OPCODE)
@@ -679,7 +728,7 @@ class DispatchLimits:
     param_words: int
     vin_elems: int           # elements (words) of the vector engine's scratchpads
     vout_elems: int
-    opcodes: tuple[int, ...]  # the opcodes this configuration runs (END included)
+    opcodes: tuple[int, ...]  # the opcodes this configuration runs (END, REPEAT included)
     engines: tuple[int, ...]  # the engines it has (a SYNC may name)
 
 
@@ -707,7 +756,7 @@ def dispatch_limits(cfg: AcceleratorConfig) -> DispatchLimits:
             param_words=word_beats(cfg.param_word_bytes, cfg),
             vin_elems=cfg.vin_spad_bytes // cfg.vin_word_bytes,
             vout_elems=cfg.vout_spad_bytes // cfg.vout_word_bytes,
-            opcodes=opcodes + (Opcode.END.value,), engines=engines)
+            opcodes=opcodes + (Opcode.END.value, Opcode.REPEAT.value), engines=engines)
         cfg.__dict__["_isa_limits"] = lim
     return lim
 
@@ -733,6 +782,7 @@ _ALL = tuple(_BY_OPCODE)
 _DMA = (Opcode.LOAD, Opcode.STORE)
 _GEMM = (Opcode.GEMM,)
 _VEC = (Opcode.VEC,)
+_REPEAT = (Opcode.REPEAT,)
 
 
 def _one_of(value, members) -> object:
@@ -906,8 +956,16 @@ _VEC_RULES = (
           lambda f, cfg: f"VEC results [{f['vec.dst_addr']}, {_vec_dst_end(f)}) exceed VOUT "
                          f"({dispatch_limits(cfg).vout_elems} elements)"),
 )
+#: REPEAT: a body of at least one instruction, at least one iteration (the rules that span
+#: instructions, no REPEAT or END inside a body, are :func:`loop_stream`'s).
+_REPEAT_RULES = (
+    _Rule(ErrorCode.BAD_REPEAT, _REPEAT,
+          lambda f, lim: (f["repeat.length"] < 1) | (f["repeat.count"] < 1),
+          lambda f, cfg: f"REPEAT of length={f['repeat.length']} instructions x "
+                         f"count={f['repeat.count']} iterations is empty"),
+)
 _DISPATCH_RULES = (_EVENT_RULES + _DMA_RULES + _GEMM_FIELD_RULES + _GEMM_ADDRESS_RULES
-                   + _VEC_RULES)
+                   + _VEC_RULES + _REPEAT_RULES)
 _RULES_OF = {op: tuple(r for r in _DISPATCH_RULES if op in r.ops) for op in _BY_OPCODE}
 
 
@@ -990,6 +1048,136 @@ def dispatch_errors(f: dict[str, np.ndarray], cfg: AcceleratorConfig) -> np.ndar
             bad = bad & functools.reduce(operator.or_, (op == o.value for o in ops))
         np.putmask(err, (err == 0) & bad, code.value)
     return err
+
+
+# ---------------------------------------------------------------------- hardware loops
+#: The largest value of a DMA's ``dram_addr`` field. An effective address past it (a REPEAT's
+#: iteration offset added, :func:`loop_stream`) reads as this value, which no DRAM range
+#: contains (DRAM has fewer beats), so the instruction fails its DRAM range check.
+DRAM_ADDR_MAX = (1 << DmaBody["dram_addr"].width) - 1
+
+
+@dataclass(frozen=True)
+class LoopStream:
+    """The instructions the fetch unit brings to dispatch, in order, REPEATs expanded
+    (:func:`loop_stream`); one entry per dispatch slot.
+
+    Attributes
+    ----------
+    pcs:
+        ``int64 [n]``: each entry's instruction-memory index.
+    offsets:
+        ``int64 [n]``: DRAM beats added to the entry's ``dram_addr`` (its iteration times
+        the stride for a LOAD or STORE in a body; 0 otherwise).
+    loop_back:
+        ``bool [n]``: the entry is the first of a body's iterations ``1 ..``: the fetch unit
+        jumps back to it (hw/timing.py, "Fetch": available ``LOOP_BACK_LATENCY`` cycles after
+        the previous dispatch).
+    bad_repeat:
+        ``bool [n]``: the entry is a REPEAT or END inside a body (``BAD_REPEAT`` unless its
+        own checks fail first).
+    """
+
+    pcs: np.ndarray
+    offsets: np.ndarray
+    loop_back: np.ndarray
+    bad_repeat: np.ndarray
+
+    @property
+    def looped(self) -> bool:
+        """Whether any entry differs from the straight program (a REPEAT was expanded)."""
+        return bool(self.offsets.any() or self.loop_back.any() or self.bad_repeat.any())
+
+    def fields(self, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The entries' fields from the program's (:func:`decode_fields`), each LOAD's and
+        STORE's ``dram_addr`` its effective address (at most :data:`DRAM_ADDR_MAX`)."""
+        g = {k: v[self.pcs] for k, v in f.items()}
+        if self.offsets.any():
+            g["dma.dram_addr"] = np.minimum(g["dma.dram_addr"] + self.offsets, DRAM_ADDR_MAX)
+        return g
+
+
+_STRIDES = ("wgt_stride", "load_stride", "store_stride")
+
+
+def loop_stride(op, spad, wgt_stride, load_stride, store_stride):
+    """The DRAM beats a body instruction of opcode ``op`` and DMA scratchpad ``spad`` advances
+    per iteration: ``wgt_stride`` for a LOAD into WGT, ``load_stride`` for another LOAD,
+    ``store_stride`` for a STORE, 0 for other opcodes. Ints or numpy arrays (the fetch unit
+    selects the same way, hw/fetch.py)."""
+    is_load = op == Opcode.LOAD.value
+    return np.where(is_load & (spad == Spad.WGT.value), wgt_stride,
+                    np.where(is_load, load_stride,
+                             np.where(op == Opcode.STORE.value, store_stride, 0)))
+
+
+def _straight(start: int, stop: int) -> tuple:
+    n = max(0, stop - start)
+    return (np.arange(start, start + n, dtype=np.int64), np.zeros(n, np.int64),
+            np.zeros(n, bool), np.zeros(n, bool))
+
+
+def loop_stream(f: dict[str, np.ndarray], errs: np.ndarray) -> LoopStream:
+    """The order in which the fetch unit dispatches a program's instructions.
+
+    ``f``: the program's fields (:func:`decode_fields`); ``errs``: their dispatch errors
+    (:func:`dispatch_errors`). From ``pc = 0`` instructions follow one another; a REPEAT
+    (dispatched like END, into no queue) is followed by ``count`` iterations of its body,
+    then by the instruction after the body. The stream ends at the first END, at a REPEAT
+    that fails its own checks, at the first REPEAT or END inside a body (``bad_repeat``), or
+    past the last word of the program: the caller raises PC_OVERFLOW at ``imem_depth`` and
+    ILLEGAL_OPCODE at an unwritten word (pc = the last entry's + 1) as without loops. Errors of
+    other instructions end the run where the caller meets them; the stream may run past them.
+    """
+    op = f["opcode"]
+    n = len(op)
+    reps = np.flatnonzero(op == Opcode.REPEAT.value)
+    if not reps.size:
+        return LoopStream(*_straight(0, n))
+    ends = np.flatnonzero(op == Opcode.END.value)
+    parts, pc = [], 0
+    for r in reps.tolist():
+        if r < pc:
+            continue
+        first_end = ends[np.searchsorted(ends, pc):]
+        if first_end.size and first_end[0] < r:
+            parts.append(_straight(pc, int(first_end[0]) + 1))
+            pc = None
+            break
+        parts.append(_straight(pc, r + 1))
+        if errs[r]:
+            pc = None
+            break
+        length, count = int(f["repeat.length"][r]), int(f["repeat.count"][r])
+        strides = {k: int(f[f"repeat.{k}"][r]) for k in _STRIDES}
+        body = np.arange(r + 1, min(r + 1 + length, n), dtype=np.int64)
+        stop = np.flatnonzero((op[body] == Opcode.REPEAT.value) | (op[body] == Opcode.END.value))
+        if stop.size or body.size < length:  # iteration 0 ends the run
+            cut = body[:int(stop[0]) + 1] if stop.size else body
+            pcs, offs, back, bad = _straight(int(cut[0]) if cut.size else r + 1,
+                                             int(cut[-1]) + 1 if cut.size else r + 1)
+            bad[-1:] = bool(stop.size)
+            parts.append((pcs, offs, back, bad))
+            pc = None
+            break
+        step = loop_stride(op[body], f["dma.spad"][body], **strides)
+        it = np.arange(count, dtype=np.int64)[:, None]
+        back = np.zeros((count, length), bool)
+        back[1:, 0] = True
+        parts.append((np.tile(body, count), (it * step[None, :]).ravel(),
+                      back.ravel(), np.zeros(count * length, bool)))
+        pc = r + 1 + length
+    if pc is not None:
+        parts.append(_straight(pc, n))
+    return LoopStream(*(np.concatenate(x) for x in zip(*parts, strict=True)))
+
+
+def loop_instruction(ins: Instr, offset: int) -> Instr:
+    """Instruction ``ins`` as dispatched with DRAM ``offset`` (:attr:`LoopStream.offsets`):
+    a LOAD's or STORE's ``dram_addr`` advanced (at most :data:`DRAM_ADDR_MAX`)."""
+    if not offset or not isinstance(ins, _Dma):
+        return ins
+    return dataclasses.replace(ins, dram_addr=min(ins.dram_addr + offset, DRAM_ADDR_MAX))
 
 
 # ---------------------------------------------------------------------- full validation

@@ -22,6 +22,13 @@ Fetch
     imem_depth``). An undefined opcode, and a SYNC whose engine field is not an engine, is
     ILLEGAL_OPCODE. (The fetch pipeline reads and checks instructions ahead of dispatch, so
     ``a_i = d_{i-1} + 1`` holds whatever the check latency; only ``a_0`` shows it.)
+    REPEAT (:class:`hw.isa.Repeat`) is dispatched like END, into no queue, and fetching goes
+    on: the ``i`` above counts dispatch slots of the expanded stream
+    (:func:`hw.isa.loop_stream`), the body once per iteration. After the last instruction of
+    a body iteration that is not the last, the fetch unit jumps back to the body's first
+    instruction and refills its pipeline: that instruction is available at
+    ``d_{i-1} + LOOP_BACK_LATENCY``. A REPEAT or END that reaches dispatch inside a body, and a
+    REPEAT of no body or no iterations, stop the machine with BAD_REPEAT.
 Engines (LOAD, COMPUTE, STORE and, when the configuration has one, VECTOR), each in order,
 one instruction at a time
     *pop* ``p = max(d + 1, free)`` where ``free`` is the cycle after the previous instruction's
@@ -88,7 +95,8 @@ from hw.isa import (
 )
 
 __all__ = [
-    "START_LATENCY", "FETCH_LATENCY", "LOAD_OVERHEAD", "STORE_OVERHEAD", "SYNC_CYCLES", "GEMM_FILL",
+    "START_LATENCY", "FETCH_LATENCY", "LOOP_BACK_LATENCY", "LOAD_OVERHEAD", "STORE_OVERHEAD",
+    "SYNC_CYCLES", "GEMM_FILL",
     "GEMM_DRAIN", "EPILOGUE_FILL", "STOP_DELAY", "stop_delay", "dma_beats", "dma_beats_fields",
     "load_cycles", "load_cycles_fields", "load_completion_delay", "store_cycles",
     "store_cycles_fields", "sync_cycles", "sync_cycles_fields", "gemm_step_cycles",
@@ -104,6 +112,10 @@ START_LATENCY = 2
 #: instruction memory read in cycle 0, then word register, extent products, extent sums,
 #: range comparisons).
 FETCH_LATENCY = 5
+#: Cycles from the dispatch of a body's last instruction to the availability of its first,
+#: when a REPEAT loops back (hw/fetch.py: the dispatch loads the body's start into ``pc`` and
+#: empties the pipeline, which then refills as from cycle 0).
+LOOP_BACK_LATENCY = FETCH_LATENCY + 1
 #: LOAD completion = its last read request + memory latency + this (the response register
 #: before the scratchpad write of the last beat).
 LOAD_OVERHEAD = 1

@@ -37,9 +37,13 @@ from hw.isa import (
     Engine,
     ErrorCode,
     Instr,
+    LoopStream,
+    Opcode,
     decode,
     decode_fields,
     dispatch_errors,
+    loop_instruction,
+    loop_stream,
     program_words,
 )
 from sim.errors import SimulationError
@@ -58,8 +62,9 @@ class ProgramError(SimulationError, ValueError):
 
 @dataclass
 class InstrTiming:
-    """When one instruction moved through the machine (cycles, see hw/timing.py): ``end`` is
-    the last execution cycle, ``done`` the completion (its signal; later than ``end`` on the
+    """When one instruction moved through the machine (cycles, see hw/timing.py): ``index``
+    is its program index (a loop body's instructions appear once per iteration), ``end`` the
+    last execution cycle, ``done`` the completion (its signal; later than ``end`` on the
     LOAD engine, :func:`hw.engines.completion_delay`)."""
 
     index: int
@@ -77,7 +82,9 @@ class Schedule:
     """Timing of a whole program run.
 
     ``times`` is an ``int64 [dispatched, 7]`` array of (engine, available, dispatch, pop,
-    grant, end, done) per dispatched instruction (engine -1 for END; -1 where never reached).
+    grant, end, done) per dispatched instruction, in dispatch order (engine -1 for END, -3
+    for REPEAT; -1 where never reached); ``stream`` says which instruction each row is
+    (:class:`hw.isa.LoopStream`: with REPEATs, a body's instructions once per iteration).
     """
 
     cycles: int
@@ -86,12 +93,22 @@ class Schedule:
     times: np.ndarray
     counters: dict[str, int]
     detail: str = ""
+    stream: LoopStream | None = None
+
+    def instruction(self, program, words: np.ndarray, i: int) -> Instr:
+        """Row ``i`` of ``times`` as an instruction, as dispatched: that of its program
+        index (:func:`_instruction`), its DRAM address advanced in a loop."""
+        if self.stream is None:
+            return _instruction(program, words, i)
+        return loop_instruction(_instruction(program, words, int(self.stream.pcs[i])),
+                                int(self.stream.offsets[i]))
 
     @property
     def timings(self) -> list[InstrTiming]:
         """Per-instruction :class:`InstrTiming` records (built on demand)."""
-        return [InstrTiming(i, None if e < 0 else _ENGINES[e], a, d, p, g, n, c)
-                for i, (e, a, d, p, g, n, c) in enumerate(self.times.tolist())]
+        pcs = range(len(self.times)) if self.stream is None else self.stream.pcs.tolist()
+        return [InstrTiming(pc, None if e < 0 else _ENGINES[e], a, d, p, g, n, c)
+                for pc, (e, a, d, p, g, n, c) in zip(pcs, self.times.tolist(), strict=False)]
 
 
 def _instruction(program, words: np.ndarray, i: int) -> Instr:
@@ -103,9 +120,11 @@ def _instruction(program, words: np.ndarray, i: int) -> Instr:
 
 @dataclass
 class _Table:
-    """The program as the fetch unit sees it, decoded once with array operations."""
+    """The program as the fetch unit sees it, decoded once with array operations: one entry
+    per dispatch slot of its :class:`hw.isa.LoopStream` (REPEATs expanded)."""
 
-    engines: list[int]      # Engine value, -1 END, -2 illegal
+    stream: LoopStream
+    engines: list[int]      # Engine value, -1 END, -3 REPEAT, -2 illegal
     waits: list[int]        # event id or -1
     signals: list[int]      # event id or -1
     durs: list[int]         # execution cycles D
@@ -117,9 +136,15 @@ def _decode_table(words: np.ndarray, cfg: AcceleratorConfig) -> _Table:
     """Decode ``uint64 [n, 2]`` instruction words (see :func:`hw.isa.program_words`)."""
     f = decode_fields(words)
     errs = dispatch_errors(f, cfg)
+    stream = loop_stream(f, errs)
+    if stream.looped:
+        f = stream.fields(f)
+        errs = dispatch_errors(f, cfg)
+        np.putmask(errs, stream.bad_repeat & (errs == 0), ErrorCode.BAD_REPEAT.value)
     durs = exec_cycles_fields(f, cfg)
-    # engine per instruction (SYNC names its engine; -1 END, -2 illegal)
+    # engine per instruction (SYNC names its engine; -1 END, -3 REPEAT, -2 illegal)
     engines = engines_fields(f)
+    engines = np.where(f["opcode"] == Opcode.REPEAT.value, -3, engines)
     engines = np.where(errs == ErrorCode.ILLEGAL_OPCODE.value, -2, engines)
     work = work_fields(f)
     waits = np.where((f["wait"] == NO_EVENT) | (engines < 0), -1, f["wait"])
@@ -135,7 +160,7 @@ def _decode_table(words: np.ndarray, cfg: AcceleratorConfig) -> _Table:
             j = int(twice[0])
             raise ProgramError(_two_engines(int(evs[j]), kind, int(pairs[j] % n_eng),
                                             int(pairs[j + 1] % n_eng)))
-    return _Table(engines.tolist(), waits.tolist(), signals.tolist(), durs.tolist(),
+    return _Table(stream, engines.tolist(), waits.tolist(), signals.tolist(), durs.tolist(),
                   errs.tolist(), work)
 
 
@@ -154,7 +179,10 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
     table = _decode_table(words, cfg)
     engines, waits, signals, durs, errs, work = (table.engines, table.waits, table.signals,
                                                  table.durs, table.errs, table.work)
-    n_prog = len(engines)
+    n_prog = len(words)
+    n_stream = len(engines)
+    pcs = table.stream.pcs.tolist()
+    gaps = np.where(table.stream.loop_back, timing.LOOP_BACK_LATENCY, 1).tolist()
     Q = cfg.queue_depth
     depth = cfg.imem_depth
     NONE = ErrorCode.NONE.value
@@ -168,12 +196,12 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
     waits_done: dict[int, int] = {}             # event -> grants so far
     avail: list[int] = []                       # per dispatched instruction
     disp: list[int] = []
-    pops = [-1] * n_prog
-    grants = [-1] * n_prog
-    ends = [-1] * n_prog
-    dones = [-1] * n_prog
+    pops = [-1] * n_stream
+    grants = [-1] * n_stream
+    ends = [-1] * n_stream
+    dones = [-1] * n_stream
 
-    fetch_i = 0
+    fetch_i = 0              # the next entry of the stream
     last_d = None
     stop = None              # (cycle, error, pc) of a fetch-side error
     end_dispatch = None
@@ -182,18 +210,30 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
         progressed = False
         # Fetch: dispatch in order while queue space is known.
         while stop is None and end_dispatch is None:
-            a = timing.FETCH_LATENCY if last_d is None else last_d + 1
-            if fetch_i >= depth:
-                stop = (a, ErrorCode.PC_OVERFLOW, fetch_i)
+            if fetch_i < n_stream:
+                pc = pcs[fetch_i]
+                a = timing.FETCH_LATENCY if last_d is None else last_d + gaps[fetch_i]
+            else:
+                pc = pcs[-1] + 1 if n_stream else 0
+                a = timing.FETCH_LATENCY if last_d is None else last_d + 1
+            if pc >= depth:
+                stop = (a, ErrorCode.PC_OVERFLOW, depth)
                 break
-            if fetch_i >= n_prog:  # unwritten instruction memory reads as opcode 0
-                stop = (a, ErrorCode.ILLEGAL_OPCODE, fetch_i)
+            if pc >= n_prog:  # unwritten instruction memory reads as opcode 0
+                stop = (a, ErrorCode.ILLEGAL_OPCODE, pc)
                 break
             err = errs[fetch_i]
             if err != NONE:
-                stop = (a, ErrorCode(err), fetch_i)
+                stop = (a, ErrorCode(err), pc)
                 break
             e = engines[fetch_i]
+            if e == -3:  # REPEAT: dispatched, enters no queue, fetching goes on
+                avail.append(a)
+                disp.append(a)
+                last_d = a
+                fetch_i += 1
+                progressed = True
+                continue
             if e == -1:  # END: dispatched, enters no queue, fetching stops
                 avail.append(a)
                 disp.append(a)
@@ -260,6 +300,9 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
         if not progressed:
             break
 
+    # the available cycle of the entry fetch holds, if it holds one (a full queue)
+    held_at = timing.FETCH_LATENCY if last_d is None else last_d + (
+        gaps[fetch_i] if fetch_i < n_stream else 1)
     nd = len(disp)
     times = np.empty((nd, 7), dtype=np.int64)
     times[:, 0] = engines[:nd]
@@ -278,7 +321,7 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
         cycles = max([end_dispatch + 1] + settled)
     else:
         cycles, detail = _deadlock(waits, times, order, pos, settled, fetch_i, end_dispatch,
-                                   last_d, sig, waits_done, Q)
+                                   held_at, sig, waits_done, Q)
         error = ErrorCode.DEADLOCK
     limit = (1 << cfg.event_bits) - 1
     if any(len(v) > limit for v in sig.values()):
@@ -286,12 +329,13 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
                                                           error, error_pc, detail)
     held = None  # available cycle of an instruction fetch holds for a full queue
     if stop is None and end_dispatch is None:
-        held = timing.FETCH_LATENCY if last_d is None else last_d + 1
+        held = held_at
     return Schedule(cycles, error, error_pc, times,
-                    _counters(times, work[:nd], cycles, held, cfg), detail)
+                    _counters(times, work[:nd], cycles, held, cfg), detail,
+                    table.stream if table.stream.looped else None)
 
 
-def _deadlock(waits, times, order, pos, settled, fetch_i, end_dispatch, last_d, sig,
+def _deadlock(waits, times, order, pos, settled, fetch_i, end_dispatch, held_at, sig,
               waits_done, Q) -> tuple[int, str]:
     """First cycle in which every engine and fetch are blocked for good, and why
     (``settled``: the cycle after each engine's last completion)."""
@@ -314,8 +358,7 @@ def _deadlock(waits, times, order, pos, settled, fetch_i, end_dispatch, last_d, 
         blocked_since.append(end_dispatch + 1)
         states.append("fetch ended")
     else:
-        a = timing.FETCH_LATENCY if last_d is None else last_d + 1
-        blocked_since.append(a)
+        blocked_since.append(held_at)
         states.append(f"fetch holds instruction {fetch_i}, its queue is full (depth {Q})")
     return max(blocked_since), "deadlock: " + "; ".join(states)
 
@@ -466,10 +509,11 @@ class FastModel:
         out_dram = None
         if not timing_only:
             if objects:  # the given objects, as they are: steps of their own
-                steps = _steps(sched, lambda i: _instruction(program, words, i), self.cfg)
+                steps = _steps(sched, lambda i: sched.instruction(program, words, i),
+                               self.cfg)
             else:
                 if entry.steps is None:
-                    entry.steps = _steps(sched, lambda i: _instruction(None, words, i),
+                    entry.steps = _steps(sched, lambda i: sched.instruction(None, words, i),
                                          self.cfg)
                 steps = entry.steps
             with _one_blas_thread():

@@ -8,7 +8,11 @@ rows, run 1-3 VECs with random sub-ops, rows and addresses, store VOUT to DRAM -
 three events of their own. Every instruction that touches data another one touches is ordered
 by events or by its engine's order: programs are race-free, and their result is defined bit
 for bit. Chains
-interleave in program order and run concurrently on the engines. Random SYNCs add extra
+interleave in program order and run concurrently on the engines. With ``loops`` > 0 a task
+may be a hardware loop (:class:`hw.isa.Repeat`): its instructions repeated 2-4 times, every
+iteration's loads and store moved by a random DRAM stride that keeps them in their areas, the
+first load waiting on the previous iteration's store (the first iteration's signal seeded by a
+SYNC when the chain has no earlier task of the kind). Random SYNCs add extra
 cross-engine dependencies. Every wait refers to a signal earlier in program order, so valid
 programs never deadlock; :func:`break_program` makes the invalid variants (illegal words, bad
 fields, missing END, deadlocks, event overflows).
@@ -31,6 +35,7 @@ from hw.isa import (
     Instr,
     ISAError,
     Load,
+    Repeat,
     Spad,
     Store,
     Sync,
@@ -212,11 +217,33 @@ def _random_store(cfg, rng, regions, spad: Spad, base: int, out_span: int, wait,
                  wait=wait, signal=signal)
 
 
+def _dram_end(ins: Load | Store) -> int:
+    return ins.dram_addr + (ins.rows - 1) * ins.dram_stride + ins.row_beats
+
+
+def _loop(rng: np.random.Generator, task: list[Instr], half: int, store_end: int,
+          seed: Sync | None) -> list[Instr]:
+    """``task`` (loads, ops, a store whose signal its first load waits on) as a REPEAT of
+    2-4 iterations, with a DRAM stride that keeps the loads below ``half`` and the store
+    below ``store_end``; ``seed`` (a SYNC that gives the first iteration its signal) first."""
+    count = int(rng.integers(2, 5))
+    rooms = {"wgt_stride": [half - _dram_end(i) for i in task
+                            if isinstance(i, Load) and i.spad == Spad.WGT],
+             "load_stride": [half - _dram_end(i) for i in task
+                             if isinstance(i, Load) and i.spad != Spad.WGT],
+             "store_stride": [store_end - _dram_end(task[-1])]}
+    strides = {k: int(rng.integers(0, max(0, min(r, default=1 << 20)) // (count - 1) + 1))
+               for k, r in rooms.items()}
+    return ([seed] if seed else []) + [Repeat(length=len(task), count=count, **strides)] \
+        + task
+
+
 def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: int = 2,
-                   tasks: int = 3, syncs: float = 0.3, vector: float = 0.4) -> RandomProgram:
+                   tasks: int = 3, syncs: float = 0.3, vector: float = 0.4,
+                   loops: float = 0.0) -> RandomProgram:
     """A race-free, deadlock-free program with ``chains`` concurrent chains of ``tasks``; on a
     configuration with a vector engine, each task is a vector task with probability
-    ``vector``."""
+    ``vector``; each task is a hardware loop with probability ``loops``."""
     dram = rng.integers(0, 256, size=cfg.memory.size_bytes, dtype=np.uint8)
     half = cfg.dram_beats // 2          # inputs below, chain outputs above
     out_span = (cfg.dram_beats - half) // chains
@@ -240,27 +267,30 @@ def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: 
         chain_tasks = []
         started = {"gemm": False, "vec": False}
         for _t in range(tasks):
+            loop = loops > 0 and rng.random() < loops
             if cfg.has_vector and rng.random() < vector:
-                e = vev[c]
+                e, kind = vev[c], "vec"
                 task: list[Instr] = _random_loads(cfg, rng, regions, (Spad.VIN,), half,
-                                                  e[2] if started["vec"] else None)
+                                                  e[2] if started["vec"] or loop else None)
                 ops: list[Instr] = [_random_vec(cfg, rng, regions)
                                     for _ in range(int(rng.integers(1, 4)))]
                 store = (Spad.VOUT, base + span)
-                started["vec"] = True
             else:
-                e = ev[c]
+                e, kind = ev[c], "gemm"
                 task = _random_loads(cfg, rng, regions, (Spad.WGT, Spad.ACT, Spad.PARAM), half,
-                                     e[2] if started["gemm"] else None)
+                                     e[2] if started["gemm"] or loop else None)
                 ops = [_random_gemm(cfg, rng, regions) for _ in range(int(rng.integers(1, 4)))]
                 store = (Spad.OUT, base)
-                started["gemm"] = True
+            seed = None if started[kind] else Sync(engine=Engine.STORE, signal=e[2])
+            started[kind] = True
             task[-1] = Load(**{**task[-1].__dict__, "signal": e[0]})
             ops[0] = type(ops[0])(**{**ops[0].__dict__, "wait": e[0]})
             ops[-1] = type(ops[-1])(**{**ops[-1].__dict__, "signal": e[1]})
             task += ops
             task.append(_random_store(cfg, rng, regions, store[0], store[1], span,
                                       wait=e[1], signal=e[2]))
+            if loop:
+                task = _loop(rng, task, half, store[1] + span, seed)
             chain_tasks.append(task)
         per_chain.append(chain_tasks)
     # Interleave chains task by task, sprinkle matched SYNC pairs between them.
@@ -344,6 +374,26 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
         engines = engines_of(cfg)
         eng = engines[int(rng.integers(len(engines)))].engine
         prog[pos:pos] = [Sync(engine=eng, signal=e)] * (1 << cfg.event_bits)
+    elif kind == "bad_repeat":  # an empty REPEAT, or a body holding a REPEAT or the END
+        choice = int(rng.integers(4))
+        if choice < 2:
+            prog.insert(pos, Repeat(length=choice, count=1 - choice))
+        else:
+            end = len(prog) - 1 if isinstance(prog[-1], End) else len(prog)
+            pos = min(pos, end)
+            inner = [Repeat(length=1, count=2)] if choice == 2 else []
+            prog[pos:pos] = [Repeat(length=end - pos + len(inner) + 1, count=2)] + inner
+    elif kind == "loop_dram":  # a loop whose second iteration's transfers leave DRAM
+        big = {k: int(rng.integers(cfg.dram_beats, 1 << 27))
+               for k in ("wgt_stride", "load_stride", "store_stride")}
+        loops = [i for i, x in enumerate(prog) if isinstance(x, Repeat)]
+        if loops:
+            at = loops[int(rng.integers(len(loops)))]
+            prog[at] = Repeat(length=prog[at].length, count=prog[at].count, **big)
+        else:
+            at = [i for i, x in enumerate(prog) if isinstance(x, (Load, Store))]
+            prog.insert(at[int(rng.integers(len(at)))],
+                        Repeat(length=1, count=int(rng.integers(2, 4)), **big))
     else:
         raise ValueError(f"unknown breakage {kind!r}")
     return RandomProgram(prog, rp.dram, rp.notes + [kind])

@@ -15,6 +15,7 @@ from hw.counters import COUNTERS, CounterLayout, counter_layout, counters
 from hw.engines import (
     ENGINE,
     ENGINES,
+    FETCH_ONLY,
     OP,
     OPS,
     WORK_COUNTERS,
@@ -34,6 +35,7 @@ from hw.isa import (
     Gemm,
     Load,
     Opcode,
+    Repeat,
     Store,
     Sync,
     Vec,
@@ -53,12 +55,12 @@ FULL = EQUIVALENCE_CONFIGS["4x4"]
 
 
 def test_every_queued_opcode_is_in_the_table_once():
-    queued = set(Opcode) - {Opcode.INVALID, Opcode.END}
+    queued = set(Opcode) - set(FETCH_ONLY)
     for o in Opcode:
         assert [op.opcode for op in OPS].count(o) == (o in queued), o
     assert set(OP) == queued
-    # and every instruction class but END's is an entry's
-    assert {op.cls for op in OPS} == set(INSTRUCTIONS) - {End}
+    # and every instruction class but END's and REPEAT's (the fetch unit's) is an entry's
+    assert {op.cls for op in OPS} == set(INSTRUCTIONS) - {End, Repeat}
 
 
 def test_every_engine_is_in_the_table_once_in_value_order():
@@ -164,7 +166,7 @@ def test_engine_and_work_arrays_equal_the_scalar_definitions():
     """The array twins the fast model uses agree with each opcode's scalar definition on the
     instructions of random programs."""
     rng = np.random.default_rng(5)
-    prog = random_program(FULL, rng, chains=2, tasks=6).program
+    prog = random_program(FULL, rng, chains=2, tasks=6).program + [Repeat(count=2)]
     f = decode_fields(program_words(prog))
     eng, work = engines_fields(f), work_fields(f)
     col = {name: j for j, name in enumerate(WORK_COUNTERS)}

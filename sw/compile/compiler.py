@@ -94,6 +94,10 @@ class CompileOptions:
         On a configuration with a vector engine (``cfg.has_vector``), run the ops with a VEC
         sub-op on it (off: on the host, as without the engine). The runtime must then compute
         with the vector unit's numerics (``Runtime(vector=True)``).
+    loops : bool
+        Roll each program's periodic runs into hardware loops (REPEAT,
+        :func:`sw.compile.roll.roll`): fewer instruction words, the same instructions
+        dispatched. Off: fully unrolled programs.
     """
 
     prompt_tokens: int
@@ -105,6 +109,7 @@ class CompileOptions:
     phases: tuple[str, ...] = ("prefill", "decode")
     logits: str = "all"
     vector: bool = True
+    loops: bool = False
 
 
 def accelerator_nodes(g: Graph, accelerated: Iterable[str], attention: bool = True,
@@ -192,7 +197,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     work, buffers, kv = _partition(model, cfg, graphs, fmt_map, options, report)
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
                                      _constant_regions(work))
-    programs, table, templates = _lower(cfg, work, symbols, options.max_context)
+    programs, table, templates = _lower(cfg, work, symbols, options.max_context,
+                                        options.loops)
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
         report["phases"][phase].update(arena_bytes=arena.size,
@@ -213,7 +219,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
                  "size": cfg.memory.size_bytes},
         "arena_bytes": layout.arena_bytes,
         "arena_lower_bound_bytes": max(a.lower_bound for a in arenas.values()),
-        "fuse": options.fuse, "accelerated_layers": len(fmt_map), "kv_bits": options.kv_bits})
+        "fuse": options.fuse, "loops": options.loops, "accelerated_layers": len(fmt_map),
+        "kv_bits": options.kv_bits})
     return Executable(
         cfg=cfg, model=mcfg, graphs=graphs, programs=programs, table=table,
         symbols=symbols, image=image, host=host, host_shapes=host_shapes,
@@ -372,10 +379,10 @@ def static_dram_bytes(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOp
     return layout.weight_bytes + layout.kv_bytes
 
 
-def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int
-           ) -> tuple[list[Program], ProgramTable, int]:
-    """One program per (node, bucket): each distinct one lowered once, relocated; and the
-    table that finds them for every context."""
+def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int,
+           loops: bool = False) -> tuple[list[Program], ProgramTable, int]:
+    """One program per (node, bucket): each distinct one lowered once (``loops``: rolled,
+    :class:`CompileOptions`), relocated; and the table that finds them for every context."""
     templates: dict[tuple, tuple[int, Template]] = {}
     programs: list[Program] = []
     table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
@@ -384,10 +391,12 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
         key = tuple(m.signature for m in members)
         vec = members[0] if isinstance(members[0], VectorOp) else None
         if key not in templates:
-            templates[key] = (len(templates), lower_template(cfg, members) if vec is None
+            templates[key] = (len(templates),
+                              lower_template(cfg, members, loops=loops) if vec is None
                               else lower_vector_template(cfg, vec.func, vec.rows, vec.length,
                                                          second=vec.b is not None,
-                                                         const=vec.w is not None, imm=vec.imm))
+                                                         const=vec.w is not None, imm=vec.imm,
+                                                         loops=loops))
         index, t = templates[key]
         first, last = (1, max_context) if bucket is None else _bucket_contexts(bucket)
         table.setdefault(phase, {}).setdefault(node.name, []).append(

@@ -19,6 +19,7 @@ import numpy as np
 from hw.config import AcceleratorConfig
 from hw.isa import End, Vec, VecFunc, field_location, program_words
 from sw.compile.errors import LoweringError
+from sw.compile.roll import roll
 from sw.compile.schedule import PlacedLayer, Schedule, schedule_layers, schedule_vector
 from sw.compile.tiling import LinearPlan
 
@@ -60,8 +61,10 @@ class Template:
     imm_rows: tuple[int, ...] = ()
 
 
-def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer]) -> Template:
-    """Schedule ``layers`` into one relocatable program (END appended).
+def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer], *,
+                   loops: bool = False) -> Template:
+    """Schedule ``layers`` into one relocatable program (END appended); with ``loops``, its
+    periodic runs rolled into hardware loops (:func:`sw.compile.roll.roll`).
 
     Layers with the same input symbol ``x`` read one resident input (loaded into ACT once).
 
@@ -72,13 +75,15 @@ def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer]) -> T
         instruction memory (the hardware would stop with PC_OVERFLOW).
     """
     placed = [PlacedLayer(m.plan, w_tile_stride=m.w_tile_stride, x_key=m.x) for m in layers]
-    return _template(cfg, schedule_layers(cfg, placed))
+    return _template(cfg, schedule_layers(cfg, placed), loops)
 
 
 def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
-                          second: bool = False, const: bool = False, imm: int = 0) -> Template:
+                          second: bool = False, const: bool = False, imm: int = 0,
+                          loops: bool = False) -> Template:
     """:func:`sw.compile.schedule.schedule_vector` as one relocatable program (END appended;
-    its operands are layer 0's ``x``, ``b``, ``w`` and ``y``).
+    its operands are layer 0's ``x``, ``b``, ``w`` and ``y``); ``loops`` as for
+    :func:`lower_template`.
 
     Raises
     ------
@@ -86,13 +91,14 @@ def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, leng
         The rows do not fit the vector scratchpads, or the program the instruction memory.
     """
     return _template(cfg, schedule_vector(cfg, func, rows, length, second=second,
-                                          const=const, imm=imm))
+                                          const=const, imm=imm), loops)
 
 
-def _template(cfg: AcceleratorConfig, schedule: Schedule) -> Template:
-    """A schedule encoded with END, its relocations and its run-time ``imm`` rows."""
-    prog, relocs = schedule
-    prog = prog + [End()]
+def _template(cfg: AcceleratorConfig, schedule: Schedule, loops: bool = False) -> Template:
+    """A schedule (with ``loops``, rolled) encoded with END, its relocations and its run-time
+    ``imm`` rows."""
+    prog, relocs = roll(*schedule) if loops else schedule
+    prog = list(prog) + [End()]
     if len(prog) > cfg.imem_depth:
         raise LoweringError(f"the program needs {len(prog)} instructions and the instruction "
                             f"memory holds {cfg.imem_depth}: lower fewer layers or tokens per "

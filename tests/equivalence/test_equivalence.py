@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from hw.isa import EpilogueMode, VecFunc, rope_geometry
+from hw.isa import EpilogueMode, Repeat, VecFunc, rope_geometry
 from hw.numerics import add_bias_wide, gemm_acc, wrap
 from sim.equivalence import compare_results, minimize, write_reproducer
 from sim.model import FastModel
@@ -74,6 +74,36 @@ def test_random_programs_agree(backends, block):
         r = _check(cfg, model, rtl, rp.program, rp.dram)
         outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
     assert outcomes.get("NONE", 0) >= 6  # mostly valid programs, so values are compared too
+
+
+LOOP_BROKEN = ["bad_repeat", "loop_dram"]
+
+
+def _loop_programs(seed0, count, cfg):
+    """Random programs in which about half the tasks are hardware loops (REPEAT); one in four
+    is broken on purpose: an empty REPEAT, a REPEAT or END inside a body, or a stride that
+    takes a body's transfers out of DRAM."""
+    for seed in range(seed0, seed0 + count):
+        rng = np.random.default_rng(seed)
+        rp = random_program(cfg, rng, chains=int(rng.integers(1, 3)),
+                            tasks=int(rng.integers(1, 4)), loops=0.5)
+        if seed % 4 == 3:
+            rp = break_program(rp, cfg, rng, LOOP_BROKEN[(seed // 4) % len(LOOP_BROKEN)])
+        yield seed, rp
+
+
+@pytest.mark.parametrize("block", range(3))
+def test_loop_programs_agree(backends, block):
+    """REPEAT: expanded by the fetch unit (hw/fetch.py) and by the model (hw.isa.loop_stream)
+    alike -- iterations, DRAM offsets, loop-back cycles and the BAD_REPEAT rules."""
+    cfg, model, rtl = backends
+    outcomes, loops = {}, 0
+    for _seed, rp in _loop_programs(50_000 + 1000 * block, 12, cfg):
+        loops += sum(isinstance(i, Repeat) for i in rp.program)
+        r = _check(cfg, model, rtl, rp.program, rp.dram)
+        outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
+    assert loops >= 6 and outcomes.get("NONE", 0) >= 6, (loops, outcomes)
+    assert outcomes.get("BAD_REPEAT", 0) + outcomes.get("BAD_ADDRESS", 0) >= 1, outcomes
 
 
 @pytest.mark.slow
