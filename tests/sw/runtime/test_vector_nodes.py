@@ -197,8 +197,9 @@ def test_a_vector_executable_needs_the_vector_numerics_and_survives_a_file(tmp_p
     with pytest.raises(RuntimeFault, match="vector=True"):
         Runtime(exe, make_backend("model", VSMALL))
     again = load(save(exe, tmp_path / "exe.safetensors"))
-    assert [(p.vector, p.imm_rows) for p in again.programs] == \
-        [(p.vector, p.imm_rows) for p in exe.programs]
+    assert [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work) for p in again.programs] \
+        == [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work) for p in exe.programs]
+    assert any(p.parts for p in again.programs)
     ids = _ids(lm, 6)
     a = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, 4)
     b = _steps(Runtime(again, make_backend("model", VSMALL), vector=True), ids, 4)
@@ -294,6 +295,8 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     ws = compressed(lm, "2:4", 32)
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
+    # fused programs (vector part, REQUANT, GEMMs) run too: 3 per block and phase
+    assert sum(bool(p.parts) for p in exe.programs) == 3 * 2
     ids = _ids(lm, PROMPT + 2, seed=5)
     runs = [_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, PROMPT)
             for name in ("model", "rtl")]
