@@ -603,7 +603,10 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
         "utilisation": float(np.mean([s.counter("mac_cycles") / s.cycles for s in dec])),
         "programs_per_token": float(np.mean([len(s.programs) for s in dec])),
         "vector_programs_per_token": float(np.mean([sum(
-            exe.programs[p.program].vector is not None for p in s.programs) for s in dec])),
+            exe.programs[p.program].vector is not None or bool(exe.programs[p.program].parts)
+            for p in s.programs) for s in dec])),
+        "fused_programs_per_token": float(np.mean([sum(
+            bool(exe.programs[p.program].parts) for p in s.programs) for s in dec])),
         "instruction_bytes_per_token": instr_bytes,
         "host_transitions_per_token": float(np.mean([s.transitions for s in dec])),
         "host_unit_cycles_per_token_estimated": host_unit,

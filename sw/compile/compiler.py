@@ -21,6 +21,7 @@ accelerator -> host round trip (two *transitions*).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from sw.compile.executable import (
     ProgramMember,
     ProgramTable,
 )
+from sw.compile.fusion import fuse_words, fusion_pairs, requant_op, vector_events
 from sw.compile.ir import OPS, Graph, Node, linear_layers
 from sw.compile.ir.types import SYMBOL
 from sw.compile.lower import KVLayout, Member, context_bucket, node_members
@@ -55,13 +57,19 @@ from sw.compile.plan import (
     layout_dram,
     plan_arena,
 )
-from sw.compile.relocation import Template, lower_template, lower_vector_template, relocate
+from sw.compile.relocation import (
+    Template,
+    lower_requant_template,
+    lower_template,
+    lower_vector_template,
+    relocate,
+)
 from sw.compile.tiling import stream_bytes, weight_image
 from sw.compile.vector import VectorOp, vector_op
 from sw.models.llama import LlamaLM
 
 __all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes", "vector_ops",
-           "static_dram_bytes"]
+           "static_dram_bytes", "fuses_programs"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,10 @@ class CompileOptions:
         Roll each program's periodic runs into hardware loops (REPEAT,
         :func:`sw.compile.roll.roll`): fewer instruction words, the same instructions
         dispatched. Off: fully unrolled programs.
+    fuse_programs : bool, optional
+        Run a vector node and the linear node that reads its rows as one program, the
+        requantisation between them on chip (:mod:`sw.compile.fusion`); default (None): on
+        when ``vector`` runs ops on a vector engine (:func:`fuses_programs`).
     """
 
     prompt_tokens: int
@@ -110,6 +122,15 @@ class CompileOptions:
     logits: str = "all"
     vector: bool = True
     loops: bool = False
+    fuse_programs: bool | None = None
+
+
+def fuses_programs(cfg: AcceleratorConfig, opts: CompileOptions) -> bool:
+    """Whether a compilation for ``cfg`` fuses programs (:mod:`sw.compile.fusion`):
+    ``opts.fuse_programs``, by default on where the vector engine runs host ops."""
+    if opts.fuse_programs is not None:
+        return opts.fuse_programs
+    return cfg.has_vector and opts.vector
 
 
 def accelerator_nodes(g: Graph, accelerated: Iterable[str], attention: bool = True,
@@ -194,10 +215,10 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     captured = captured or capture_model(model, options)
     graphs, report, passes_s = _optimise(captured, fmt_map, options)
     t0 = time.perf_counter()
-    work, buffers, kv = _partition(model, cfg, graphs, fmt_map, options, report)
+    work, buffers, kv, pairs = _partition(model, cfg, graphs, fmt_map, options, report)
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
                                      _constant_regions(work))
-    programs, table, templates = _lower(cfg, work, symbols, options.max_context,
+    programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
                                         options.loops)
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
@@ -212,15 +233,17 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     mcfg = model.config
     report.update({
         "capture_s": sum(captured[p].seconds for p in options.phases),
-        "compile_s": compile_s, "programs": len(programs),
+        "compile_s": compile_s,
+        "programs": sum(p.fused_into is None for p in programs),
         "templates": templates, "instructions": int(sum(p.instructions for p in programs)),
         "dram": {"weights": layout.weight_bytes, "kv_cache": layout.kv_bytes,
                  "arena": layout.arena_bytes, "total": layout.total_bytes,
                  "size": cfg.memory.size_bytes},
         "arena_bytes": layout.arena_bytes,
         "arena_lower_bound_bytes": max(a.lower_bound for a in arenas.values()),
-        "fuse": options.fuse, "loops": options.loops, "accelerated_layers": len(fmt_map),
-        "kv_bits": options.kv_bits})
+        "fuse": options.fuse, "loops": options.loops,
+        **({"fused_programs": sum(bool(p.parts) for p in programs)} if pairs else {}),
+        "accelerated_layers": len(fmt_map), "kv_bits": options.kv_bits})
     return Executable(
         cfg=cfg, model=mcfg, graphs=graphs, programs=programs, table=table,
         symbols=symbols, image=image, host=host, host_shapes=host_shapes,
@@ -292,11 +315,13 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
     vector = vector_ops(model, cfg, opts)
     work: list[tuple[str, Node, int | None, list[Member] | list[VectorOp]]] = []
     buffers: dict[str, list[Buffer]] = {}
+    pairs: list[int] = []
     for phase, g in graphs.items():
         acc = accelerator_nodes(g, fmt_map, opts.attention, vector)
         buckets = ([context_bucket(opts.prompt_tokens)] if phase == "prefill"
                    else sorted({context_bucket(s) for s in contexts}))
         live: dict[str, Buffer] = {}
+        first = len(work)
         for p, node in enumerate(acc):
             # the cache grows with the context, and so do the operands sized by it (scores)
             per_context = OPS[node.op].streams == "kv" or any(
@@ -312,12 +337,20 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                         t = 2 * p if before else 2 * p + 1
                         old = live.get(name)
                         live[name] = Buffer(name, max(size, old.size if old else 0), t, t + 1)
+        fused = [first + i for i in fusion_pairs(work[first:])] \
+            if fuses_programs(cfg, opts) else []
+        for i in fused:  # the vector part's results live on until the host reads them back
+            y = work[i][3][0].y
+            live[y] = dataclasses.replace(live[y], end=live[y].end + 2)
+        pairs += fused
         buffers[phase] = list(live.values())
+        programs = len(acc) - len(fused)
         report["phases"][phase].update({
-            "accelerator_nodes": len(acc), "programs_per_step": len(acc),
-            "host_transitions_per_step": 2 * len(acc),
+            "accelerator_nodes": len(acc), "programs_per_step": programs,
+            "host_transitions_per_step": 2 * programs,
+            **({"fused_programs_per_step": len(fused)} if fused else {}),
             "vector_nodes": sum(OPS[n.op].vector is not None for n in acc)})
-    return work, buffers, kv
+    return work, buffers, kv, pairs
 
 
 def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str, list[Buffer]],
@@ -380,14 +413,20 @@ def static_dram_bytes(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOp
 
 
 def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int,
-           loops: bool = False) -> tuple[list[Program], ProgramTable, int]:
+           pairs: Iterable[int] = (), loops: bool = False
+           ) -> tuple[list[Program], ProgramTable, int]:
     """One program per (node, bucket): each distinct one lowered once (``loops``: rolled,
-    :class:`CompileOptions`), relocated; and the table that finds them for every context."""
+    :class:`CompileOptions`), relocated; and the table that finds them for every context.
+    Each of ``pairs`` (indices of ``work`` fused with the next:
+    :func:`sw.compile.fusion.fusion_pairs`) becomes one fused program after its two parts
+    (:func:`_fuse`); a pair whose program would not fit the instruction memory stays two
+    programs."""
     templates: dict[tuple, tuple[int, Template]] = {}
     programs: list[Program] = []
     table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
     addr = {k: r.addr for k, r in symbols.items()}
-    for phase, node, bucket, members in work:
+    fuse_at = set(pairs)
+    for i, (phase, node, bucket, members) in enumerate(work):
         key = tuple(m.signature for m in members)
         vec = members[0] if isinstance(members[0], VectorOp) else None
         if key not in templates:
@@ -408,8 +447,40 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
         else:
             programs.append(Program(phase, node.name, bucket, words, (), index, vec,
                                     t.imm_rows))
+        if i - 1 in fuse_at:
+            _fuse(cfg, programs, work[i - 1][3][0], members, templates, addr)
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
                                    for ph, nodes in table.items()}), len(templates)
+
+
+def _fuse(cfg: AcceleratorConfig, programs: list[Program], vec: VectorOp, members,
+          templates: dict, addr: Mapping[str, int]) -> None:
+    """Replace the last two ``programs`` (a vector node's, then its linear node's) by their
+    parts and append the fused program: vector program, REQUANT, linear program
+    (:func:`sw.compile.fusion.fuse_words`); unchanged if it would not fit the instruction
+    memory."""
+    a, b = programs[-2], programs[-1]
+    req = requant_op(vec, members)
+    key = ("fused", a.template, req.signature, b.template)
+    if key not in templates:
+        templates[key] = (len(templates), lower_requant_template(cfg, req.rows, req.length,
+                                                                 req.act_row_bytes))
+    index, t = templates[key]
+    try:
+        words = fuse_words(cfg, [vector_events(a.words),
+                                 vector_events(relocate(t, addr, [req], cfg.beat_bytes)),
+                                 b.words])
+    except LoweringError:
+        return
+    n = len(programs)
+    empty = np.zeros((0, 2), dtype=np.uint64)
+    programs[-2] = dataclasses.replace(a, words=empty, fused_into=n)
+    programs[-1] = dataclasses.replace(b, words=empty, fused_into=n)
+    codes = req.rows * req.length
+    work = (a.read_bytes + 4 * codes + b.read_bytes, a.write_bytes + codes + b.write_bytes,
+            b.macs)
+    programs.append(Program(a.phase, a.node, None, words, b.members, index,
+                            parts=(n - 2, n - 1), work=work))
 
 
 def _constant_regions(work) -> list[tuple[str, int]]:

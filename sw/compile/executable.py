@@ -88,7 +88,13 @@ class Program:
 
     A vector program (a host op on the vector engine) has no members but its ``vector``
     operation, and ``imm_rows``: the index of each row's SOFTMAX VEC, whose ``imm`` (the
-    row's valid positions) the host sets in a copy of ``words`` before each run."""
+    row's valid positions) the host sets in a copy of ``words`` before each run.
+
+    Fused programs (:mod:`sw.compile.fusion`): a program that runs several accelerator nodes
+    lists their programs in ``parts`` (node order) and its minimal work ``(read bytes, write
+    bytes, MACs)`` in ``work``; each part keeps its node's operands (members or vector
+    operation) for the host's prologue and epilogue, has no words and names the program
+    that runs it in ``fused_into``."""
 
     phase: str
     node: str
@@ -98,6 +104,9 @@ class Program:
     template: int = 0
     vector: VectorOp | None = None
     imm_rows: tuple[int, ...] = ()
+    fused_into: int | None = None
+    parts: tuple[int, ...] = ()
+    work: tuple[int, int, int] | None = None
 
     @property
     def instructions(self) -> int:
@@ -107,6 +116,8 @@ class Program:
     def read_bytes(self) -> int:
         """Bytes the program must read at least: weights, int8 inputs (shared ones once) and
         bias rows."""
+        if self.work is not None:
+            return self.work[0]
         if self.vector is not None:
             return self.vector.read_bytes
         inputs = {m.x: m.tokens * m.k for m in self.members}
@@ -115,12 +126,16 @@ class Program:
 
     @property
     def write_bytes(self) -> int:
+        if self.work is not None:
+            return self.work[1]
         if self.vector is not None:
             return self.vector.write_bytes
         return sum(m.tokens * m.n * 4 for m in self.members)
 
     @property
     def macs(self) -> int:
+        if self.work is not None:
+            return self.work[2]
         return sum(m.macs for m in self.members)
 
     def __eq__(self, other) -> bool:
@@ -251,6 +266,10 @@ def _program_doc(p: Program) -> dict:
            "instructions": p.instructions, "members": [asdict(m) for m in p.members]}
     if p.vector is not None:  # absent for the others: their documents are as before
         doc.update(vector=p.vector.to_dict(), imm_rows=list(p.imm_rows))
+    if p.fused_into is not None:
+        doc.update(fused_into=p.fused_into)
+    if p.parts:
+        doc.update(parts=list(p.parts), work=list(p.work))
     return doc
 
 
@@ -310,7 +329,8 @@ def _from_doc(tensors: dict[str, np.ndarray], doc: dict) -> Executable:
         Program(p["phase"], p["node"], p["bucket"], words[a:b].copy(),
                 tuple(ProgramMember(**m) for m in p["members"]), p["template"],
                 VectorOp.from_dict(p["vector"]) if p.get("vector") else None,
-                tuple(p.get("imm_rows", ())))
+                tuple(p.get("imm_rows", ())), p.get("fused_into"), tuple(p.get("parts", ())),
+                tuple(p["work"]) if p.get("work") else None)
         for p, a, b in zip(doc["programs"], starts[:-1], starts[1:], strict=True)]
     kv = doc["kv"]
     return Executable(

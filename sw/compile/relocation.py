@@ -20,10 +20,17 @@ from hw.config import AcceleratorConfig
 from hw.isa import End, Vec, VecFunc, field_location, program_words
 from sw.compile.errors import LoweringError
 from sw.compile.roll import roll
-from sw.compile.schedule import PlacedLayer, Schedule, schedule_layers, schedule_vector
+from sw.compile.schedule import (
+    PlacedLayer,
+    Schedule,
+    schedule_layers,
+    schedule_requant,
+    schedule_vector,
+)
 from sw.compile.tiling import LinearPlan
 
-__all__ = ["SymbolicLayer", "Template", "lower_template", "lower_vector_template", "relocate"]
+__all__ = ["SymbolicLayer", "Template", "lower_template", "lower_vector_template",
+           "lower_requant_template", "relocate"]
 
 #: The operands of a layer, in the order of a template's relocation keys.
 _OPERANDS = {"w": 0, "x": 1, "y": 2, "b": 3}
@@ -92,6 +99,19 @@ def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, leng
     """
     return _template(cfg, schedule_vector(cfg, func, rows, length, second=second,
                                           const=const, imm=imm), loops)
+
+
+def lower_requant_template(cfg: AcceleratorConfig, rows: int, length: int,
+                           act_row_bytes: int, loops: bool = False) -> Template:
+    """:func:`sw.compile.schedule.schedule_requant` as one relocatable program (END appended;
+    its operands are layer 0's ``x`` and ``y``; ``loops``: rolled).
+
+    Raises
+    ------
+    LoweringError
+        A row does not fit the vector scratchpads, or the program the instruction memory.
+    """
+    return _template(cfg, schedule_requant(cfg, rows, length, act_row_bytes), loops)
 
 
 def _template(cfg: AcceleratorConfig, schedule: Schedule, loops: bool = False) -> Template:

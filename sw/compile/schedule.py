@@ -43,7 +43,8 @@ from sw.compile.errors import LoweringError
 from sw.compile.tiling import LinearPlan
 
 __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule",
-           "schedule_layers", "ELEMENTWISE", "VectorTask", "vector_tasks", "schedule_vector"]
+           "schedule_layers", "ELEMENTWISE", "VectorTask", "vector_tasks", "schedule_vector",
+           "schedule_requant"]
 
 #: The event table of a scheduled program: two per double buffer (docs/architecture.md, 9).
 EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
@@ -455,4 +456,80 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
             loads(i + 1)
         vecs(i)
         store(i)
+    return Schedule(out, relocs)
+
+
+def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_bytes: int
+                     ) -> Schedule:
+    """One program requantising ``rows`` rows of ``length`` int32 elements (Q15.16) into the
+    int8 input rows of a GEMM (:data:`VecFunc.REQUANT`, :func:`hw.numerics.vec_requant`).
+
+    DRAM operands (relocated as :data:`Reloc` of layer 0): ``"x"`` the rows (each
+    ``ceil(length * 4 / beat)`` beats, consecutive, as :func:`schedule_vector`'s), ``"y"``
+    the int8 rows, ``act_row_bytes`` apart (:attr:`sw.compile.tiling.LinearPlan.act_row_bytes`).
+    A REQUANT writes the codes, four to a word, then the row's ``amax`` word; a row's codes
+    are stored with as many following words as fill its last beat (at most the row's
+    ``act_row_bytes``: columns past ``length`` multiply the zero columns of a padded weight).
+    In VOUT the rows of a task are ``store`` beats apart, so a row's ``amax`` is overwritten
+    by the next row's codes; the last row's spill stays inside its half. Tasks alternate
+    between the halves with the events of :func:`schedule_vector`.
+
+    Raises
+    ------
+    LoweringError
+        No vector engine, or one row does not fit a scratchpad half.
+    """
+    if not cfg.has_vector:
+        raise LoweringError("the configuration has no vector engine (vin_spad_bytes = 0)")
+    per, ev, beat = _elems_per_beat(cfg), EVENTS, cfg.beat_bytes
+    if act_row_bytes % beat or act_row_bytes < length:
+        raise LoweringError(f"int8 rows of {act_row_bytes} bytes cannot hold {length} codes "
+                            f"in whole {beat}-byte beats")
+    in_beats = -(-length // per)
+    words = int(vec_out_words(VecFunc.REQUANT.value, length))
+    full = -(-words // per)                       # VOUT beats one VEC writes
+    store = min(full, act_row_bytes // beat)      # beats of a row that go to DRAM
+    in_half, out_half = cfg.spad_beats("vin") // 2, cfg.spad_beats("vout") // 2
+    m = min(in_half // in_beats, (out_half - full) // store + 1 if full <= out_half else 0,
+            rows)
+    if m < 1:
+        raise LoweringError(f"a REQUANT row of {length} elements does not fit the vector "
+                            f"engine's scratchpad halves (vin_spad_bytes={cfg.vin_spad_bytes}, "
+                            f"vout_spad_bytes={cfg.vout_spad_bytes})")
+    tasks = [(r, min(m, rows - r)) for r in range(0, rows, m)]
+    out: list[Instr] = []
+    relocs: list[Reloc | None] = []
+
+    def emit(ins: Instr, reloc: Reloc | None) -> None:
+        out.append(ins)
+        relocs.append(reloc)
+
+    def load(i: int) -> None:
+        (row, n), h = tasks[i], i % 2
+        emit(Load(spad=Spad.VIN, spad_addr=h * in_half, dram_addr=row * in_beats, rows=n,
+                  row_beats=in_beats, dram_stride=in_beats,
+                  wait=ev[f"STORED{h}"] if i >= 2 else None,
+                  signal=ev[f"FULL{h}"]), (0, "x"))
+
+    def vecs(i: int) -> None:
+        (_, n), h = tasks[i], i % 2
+        for j in range(n):
+            emit(Vec(func=VecFunc.REQUANT, a_addr=(h * in_half + j * in_beats) * per,
+                     dst_addr=(h * out_half + j * store) * per, length=length,
+                     wait=ev[f"FULL{h}"] if j == 0 else None,
+                     signal=ev[f"OUT_FULL{h}"] if j == n - 1 else None), None)
+
+    def store_rows(i: int) -> None:
+        (row, n), h = tasks[i], i % 2
+        emit(Store(spad=Spad.VOUT, spad_addr=h * out_half,
+                   dram_addr=row * (act_row_bytes // beat), rows=n, row_beats=store,
+                   dram_stride=act_row_bytes // beat, wait=ev[f"OUT_FULL{h}"],
+                   signal=ev[f"STORED{h}"]), (0, "y"))
+
+    load(0)
+    for i in range(len(tasks)):
+        if i + 1 < len(tasks):
+            load(i + 1)
+        vecs(i)
+        store_rows(i)
     return Schedule(out, relocs)

@@ -43,6 +43,7 @@ import torch
 
 from hw.isa import field_location
 from hw.numerics import (
+    ACT_FRAC,
     add_vector,
     bias_to_acc,
     dequant_channels,
@@ -377,13 +378,21 @@ class Runtime:
         def kernel(node: Node, args: list, env):
             pid, program = self._program(phase, node, env)
             prologue, epilogue = _IO[_io_kind(node.op)]
+            run, first = pid, True
+            if program.fused_into is not None:  # a part: the fused program runs at the first
+                run = program.fused_into
+                first = self.exe.programs[run].parts[0] == pid
             t0 = time.perf_counter()
-            state, cycles_in = prologue(self, node, args, env, program)
+            state, cycles_in = (prologue(self, node, args, env, program) if first
+                                else (None, 0))
             wall = time.perf_counter() - t0
-            self._run(phase, node, pid, stats,
-                      state.words if isinstance(state, _VectorState) else None)
+            if first:
+                self._run(phase, node, run, stats,
+                          state.words if isinstance(state, _VectorState) else None)
             t0 = time.perf_counter()
             outs, cycles_out = epilogue(self, node, args, env, program, state)
+            if program.fused_into is not None and first:
+                _check_requant_input(node, outs[0])
             wall += time.perf_counter() - t0
             stats.host.append(HostRun(node.name, f"{node.op}:io", wall, cycles_in + cycles_out))
             return outs
@@ -682,6 +691,27 @@ def _set_imm(program: Program, values: np.ndarray) -> np.ndarray:
     words[rows, half] = (words[rows, half] & ~mask) | (
         np.asarray(values, np.uint64) << np.uint64(off))
     return words
+
+
+#: Magnitude below which a Q15.16 word read back as float32 is exact (24 significant bits).
+_EXACT_FLOAT = 2.0 ** (np.finfo(np.float32).nmant + 1 - ACT_FRAC)
+
+
+def _check_requant_input(node: Node, y: torch.Tensor) -> None:
+    """A fused program requantised the first part's Q15.16 rows on chip; the host (and the
+    model-level twin) requantises the float32 it reads back, the same value only while
+    every element is below :data:`_EXACT_FLOAT` in magnitude.
+
+    Raises
+    ------
+    RuntimeFault
+        An element is not, so the fused program's INT8 inputs may differ from the twin's.
+    """
+    if y.numel() and float(y.abs().max()) >= _EXACT_FLOAT:
+        raise RuntimeFault(f"node {node.name!r}: an output of magnitude "
+                           f"{float(y.abs().max())} >= {_EXACT_FLOAT} is not exact as float32, "
+                           "so the fused program's on-chip requantisation may differ from the "
+                           "host's; compile with CompileOptions(fuse_programs=False)")
 
 
 def _nbytes(tensors) -> int:

@@ -4,6 +4,7 @@ logits stay bit-equal to the model-level twin with the vector unit's numerics; w
 (or with ``CompileOptions(vector=False)``) the compilation is what it was."""
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -64,7 +65,11 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
     assert {p.vector.func for p in vector} == (
         {VecFunc.RMSNORM, VecFunc.SOFTMAX, VecFunc.SILU_GATE}
         | (set() if fuse else {VecFunc.ADD}))
-    for p in vector:  # one VEC per row, all of the node's sub-op
+    for p in vector:  # one VEC per row, all of the node's sub-op (a fused part: in its program)
+        if p.fused_into is not None:
+            assert p.instructions == 0 and exe.programs[p.fused_into].parts[0] == \
+                exe.programs.index(p)
+            continue
         assert {v.func for v in _vecs(p)} == {p.vector.func}
         assert len(_vecs(p)) == p.vector.rows
     ids = _ids(lm, PROMPT + STEPS)
@@ -88,17 +93,22 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
     ws = compressed(lm)
     opts = CompileOptions(PROMPT, PROMPT + 2)
     runs = {}
-    for cfg in (SMALL, VSMALL):
-        exe = compile_model(lm, cfg, opts, weights=ws)
+    for cfg, fuse in ((SMALL, None), (VSMALL, False), (VSMALL, True)):
+        exe = compile_model(lm, cfg, dataclasses.replace(opts, fuse_programs=fuse), weights=ws)
         rt = Runtime(exe, make_backend("model", cfg), vector=True)
-        runs[cfg.has_vector] = _steps(rt, _ids(lm, PROMPT + 2), PROMPT)[-1][1]
-    host_ops = {h.op for h in runs[False].host}
+        runs[cfg.has_vector, fuse] = _steps(rt, _ids(lm, PROMPT + 2), PROMPT)[-1][1]
+    host_ops = {h.op for h in runs[False, None].host}
     assert {"rmsnorm", "softmax", "silu_gate"} <= host_ops
-    assert not {h.op for h in runs[True].host} & VECTOR_OPS
+    assert not {h.op for h in runs[True, False].host} & VECTOR_OPS
     # one more program per vector node: 2 RMSNorms, softmax, SiLU-gate per block + the norm
     blocks = lm.config.num_hidden_layers
-    assert len(runs[True].programs) == len(runs[False].programs) + 4 * blocks + 1
-    assert runs[True].transitions == 2 * len(runs[True].programs)
+    unfused = len(runs[True, False].programs)
+    assert unfused == len(runs[False, None].programs) + 4 * blocks + 1
+    # fused: each block's RMSNorms and SiLU-gate run in the program of the linear after them
+    assert len(runs[True, True].programs) == unfused - 3 * blocks
+    assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 3 * blocks
+    for st in runs.values():
+        assert st.transitions == 2 * len(st.programs)
 
 
 def test_softmax_valid_counts_are_set_per_step_without_recompiling():
@@ -187,8 +197,9 @@ def test_a_vector_executable_needs_the_vector_numerics_and_survives_a_file(tmp_p
     with pytest.raises(RuntimeFault, match="vector=True"):
         Runtime(exe, make_backend("model", VSMALL))
     again = load(save(exe, tmp_path / "exe.safetensors"))
-    assert [(p.vector, p.imm_rows) for p in again.programs] == \
-        [(p.vector, p.imm_rows) for p in exe.programs]
+    assert [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work) for p in again.programs] \
+        == [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work) for p in exe.programs]
+    assert any(p.parts for p in again.programs)
     ids = _ids(lm, 6)
     a = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, 4)
     b = _steps(Runtime(again, make_backend("model", VSMALL), vector=True), ids, 4)
@@ -284,6 +295,8 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     ws = compressed(lm, "2:4", 32)
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
+    # fused programs (vector part, REQUANT, GEMMs) run too: 3 per block and phase
+    assert sum(bool(p.parts) for p in exe.programs) == 3 * 2
     ids = _ids(lm, PROMPT + 2, seed=5)
     runs = [_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, PROMPT)
             for name in ("model", "rtl")]

@@ -1,0 +1,196 @@
+"""Fused programs: consecutive accelerator nodes as one program (one host round trip).
+
+On a configuration with a vector engine a host op lowered to a VEC program (RMSNorm,
+SiLU-gate: :mod:`sw.compile.vector`) is often followed directly by the linear node that reads
+its result (the pre-norm blocks: ``rmsnorm -> q/k/v``, ``rmsnorm -> gate/up``,
+``silu_gate -> down``). Unfused, the host reads the vector program's Q15.16 rows back,
+requantises them to INT8 (``quantize_activations_vector``) and writes them into the linear
+program's input buffer. Fused (:func:`fusion_pairs`), one program does all three on chip:
+
+=====================  ===========================================================
+part                   what it does
+=====================  ===========================================================
+the vector program     as alone: its rows from ``x`` to ``y`` (Q15.16)
+REQUANT                ``y`` to the linear's INT8 input rows
+                       (:func:`sw.compile.schedule.schedule_requant`,
+                       :func:`hw.numerics.vec_requant`: the host's requantisation)
+the linear program     as alone: GEMM tiles to its int32 outputs
+=====================  ===========================================================
+
+The parts meet in DRAM (the vector engine's results leave through VOUT, the GEMM reads ACT,
+and no datapath joins the two). Each part's events are those of its own schedule; between
+two parts the LOAD engine waits, with SYNCs, on every event the earlier part signalled and
+never waited on (its last ``STORED`` / ``FREE`` signals: :func:`fuse_words`). That consumes
+them, so the next part starts from counters at 0 as it would alone, and orders its loads
+after the earlier part's stores. The host still reads the vector program's rows back (the
+graph's value of that node, and the ``amax`` of the linear's dequantisation) and
+dequantises the linear's outputs, as unfused.
+
+A node pair fuses when the linear's input is the vector node's output, neither depends on
+the context bucket, the linear has no bias (its bias rows are written by the host between
+the two) and it reads ``rows`` rows of ``length`` elements as the vector node writes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw.config import AcceleratorConfig
+from hw.isa import (
+    NO_EVENT,
+    End,
+    Engine,
+    Opcode,
+    Sync,
+    decode_fields,
+    field_location,
+    program_words,
+)
+from sw.compile.errors import LoweringError
+from sw.compile.ir import OPS
+from sw.compile.lower import Member
+from sw.compile.schedule import EVENTS
+from sw.compile.vector import VectorOp
+
+__all__ = ["RequantOp", "fusion_pairs", "requant_op", "fuse_words", "VECTOR_EVENTS",
+           "vector_events"]
+
+#: The events a vector part of a fused program uses instead of the scheduler's
+#: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
+#: place: each event has one producer and one consumer engine in a whole program (the
+#: programming model), so FULL (LOAD -> VECTOR) and OUT_FULL (VECTOR -> STORE) get ids after
+#: the scheduler's; STORED (STORE -> LOAD) is the same pair of engines in every part.
+VECTOR_EVENTS = {EVENTS[name]: len(EVENTS) + i
+                 for i, name in enumerate(("FULL0", "FULL1", "OUT_FULL0", "OUT_FULL1"))}
+
+
+def vector_events(words: np.ndarray) -> np.ndarray:
+    """A copy of a vector program's ``words`` with its events renamed by
+    :data:`VECTOR_EVENTS`."""
+    out = words.copy()
+    for name in ("wait", "signal"):
+        off, width = field_location(name)
+        half, off = divmod(off, 64)
+        if off + width > 64:
+            raise LoweringError(f"the {name} field straddles the instruction's halves")
+        mask = np.uint64((1 << width) - 1) << np.uint64(off)
+        ev = (out[:, half] & mask) >> np.uint64(off)
+        new = ev.copy()
+        for old, to in VECTOR_EVENTS.items():
+            new[ev == np.uint64(old)] = np.uint64(to)
+        out[:, half] = (out[:, half] & ~mask) | (new << np.uint64(off))
+    return out
+
+
+@dataclass(frozen=True)
+class RequantOp:
+    """The REQUANT part of a fused program: ``rows`` Q15.16 rows of ``length`` int32 elements
+    at symbol ``x`` to INT8 rows ``act_row_bytes`` apart at symbol ``y`` (a
+    :class:`sw.compile.relocation.SymbolicLayer` of operands ``x`` and ``y``)."""
+
+    rows: int
+    length: int
+    act_row_bytes: int
+    x: str
+    y: str
+    w: None = None
+    b: None = None
+    w_tile_stride: None = None
+
+    @property
+    def signature(self) -> tuple:
+        """What the instructions depend on, addresses aside."""
+        return ("requant", self.rows, self.length, self.act_row_bytes)
+
+
+def _fusable(a: tuple, b: tuple) -> bool:
+    """Whether work entries ``a`` then ``b`` (``(phase, node, bucket, members)``) fuse."""
+    phase_a, node_a, bucket_a, mem_a = a
+    phase_b, node_b, bucket_b, mem_b = b
+    if phase_a != phase_b or bucket_a is not None or bucket_b is not None:
+        return False
+    if len(mem_a) != 1 or not isinstance(mem_a[0], VectorOp):
+        return False
+    if OPS[node_b.op].streams != "weights" or not node_b.inputs:
+        return False
+    if node_b.inputs[0] != node_a.outputs[0] or any(m.b for m in mem_b):
+        return False
+    vec = mem_a[0]
+    return all(isinstance(m, Member) and m.plan.tokens == vec.rows and m.plan.layout.k == vec.length
+               and m.x == mem_b[0].x for m in mem_b)
+
+
+def fusion_pairs(work: Sequence[tuple]) -> list[int]:
+    """The indices ``i`` of ``work`` (the accelerator nodes of every phase, in order, as
+    ``(phase, node, bucket, members)``) whose entry fuses with entry ``i + 1`` (the module
+    docstring's rule); no entry is in two pairs."""
+    out, i = [], 0
+    while i + 1 < len(work):
+        if _fusable(work[i], work[i + 1]):
+            out.append(i)
+            i += 2
+        else:
+            i += 1
+    return out
+
+
+def requant_op(vec: VectorOp, linear: Sequence[Member]) -> RequantOp:
+    """The REQUANT between a vector program and the linear program that reads its rows."""
+    m = linear[0]
+    return RequantOp(vec.rows, vec.length, m.plan.act_row_bytes, vec.y, m.x)
+
+
+def _left_over(words: np.ndarray) -> dict[int, int]:
+    """Per event, how many more times the program ``words`` signals it than it waits on it."""
+    f = decode_fields(words)
+    count: dict[int, int] = {}
+    for name, sign in (("signal", 1), ("wait", -1)):
+        events, n = np.unique(f[name][f[name] != NO_EVENT], return_counts=True)
+        for e, c in zip(events.tolist(), n.tolist(), strict=True):
+            count[e] = count.get(e, 0) + sign * c
+    return {e: n for e, n in sorted(count.items()) if n}
+
+
+def fuse_words(cfg: AcceleratorConfig, parts: Sequence[np.ndarray]) -> np.ndarray:
+    """One program of the encoded programs ``parts`` (each ``uint64 [n, 2]``, END last), run
+    one after the other: each part's END dropped and, before the next part, one SYNC on the
+    LOAD engine per signal the part left unconsumed (which drains the counters and orders the
+    next part's loads after every completion those signals report); END once at the end.
+
+    Raises
+    ------
+    LoweringError
+        The accelerator has fewer events than the parts use, a part does not end with END
+        or holds a REPEAT,
+        leaves an event waited on more often than signalled,
+        or the fused program is longer than the instruction memory.
+    """
+    used = max(VECTOR_EVENTS.values()) + 1
+    if cfg.num_events < used:
+        raise LoweringError(f"a fused program uses {used} events, the accelerator has "
+                            f"num_events={cfg.num_events}")
+    out = []
+    for k, words in enumerate(parts):
+        ops = decode_fields(words[-1:])["opcode"] if words.shape[0] else np.zeros(0)
+        if ops.size == 0 or int(ops[-1]) != Opcode.END.value:
+            raise LoweringError(f"fused part {k} does not end with END")
+        if (decode_fields(words)["opcode"] == Opcode.REPEAT.value).any():
+            # the events a part leaves over are counted word by word, not per iteration
+            raise LoweringError(f"fused part {k} holds a hardware loop (REPEAT)")
+        out.append(words[:-1])
+        if k + 1 < len(parts):
+            left = _left_over(words[:-1])
+            if any(n < 0 for n in left.values()):
+                raise LoweringError(f"fused part {k} waits on events it never signals: {left}")
+            syncs = [Sync(engine=Engine.LOAD, wait=e) for e, n in left.items() for _ in range(n)]
+            if syncs:
+                out.append(program_words(syncs))
+    out.append(program_words([End()]))
+    words = np.concatenate(out).astype(np.uint64)
+    if words.shape[0] > cfg.imem_depth:
+        raise LoweringError(f"the fused program needs {words.shape[0]} instructions and the "
+                            f"instruction memory holds {cfg.imem_depth}")
+    return words

@@ -1,0 +1,77 @@
+"""Fused programs (sw/compile/fusion.py): the REQUANT part writes the host's INT8 rows, and
+parts joined by :func:`fuse_words` run as they would one after the other."""
+
+import numpy as np
+import pytest
+from compile_testutil import SMALL
+
+from hw.config import MemoryModel
+from hw.isa import Engine, Sync, VecFunc, check, decode_program
+from hw.numerics import norm_eps, norm_weight, to_fixed, vec_requant, vec_rmsnorm
+from sim.backends import make_backend
+from sw.compile.errors import LoweringError
+from sw.compile.fusion import VECTOR_EVENTS, fuse_words, vector_events
+from sw.compile.relocation import lower_requant_template, lower_vector_template, relocate
+
+CFG = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024,
+                    memory=MemoryModel(size_bytes=1 << 16))
+
+
+class _Op:
+    """Operand symbols named as themselves (placed by ``relocate``'s bases)."""
+
+    x, y, b, w, w_tile_stride = "x", "y", None, "w", None
+
+
+def _row_bytes(length: int) -> int:
+    return -(-4 * length // CFG.beat_bytes) * CFG.beat_bytes
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_norm_then_requant_fused_writes_the_hosts_int8_rows(seed):
+    """RMSNorm then REQUANT of random rows (several tasks, a padded INT8 row), fused, through
+    the fast model: the INT8 rows are vec_requant of vec_rmsnorm, row by row."""
+    rng = np.random.default_rng(seed)
+    length = int(rng.integers(8, 120))
+    rows = int(rng.integers(1, 12))
+    act_row = -(-(length + int(rng.integers(0, 40))) // CFG.beat_bytes) * CFG.beat_bytes
+    row = _row_bytes(length)
+    base = {"x": 0, "w": rows * row, "y": rows * row + row, "q": 2 * rows * row + row}
+    eps = norm_eps(1e-5, length)
+    norm = relocate(lower_vector_template(CFG, VecFunc.RMSNORM, rows, length, const=True,
+                                          imm=eps), base, [_Op], CFG.beat_bytes)
+
+    class _Req:
+        x, y, b, w, w_tile_stride = "y", "q", None, None, None
+    req = relocate(lower_requant_template(CFG, rows, length, act_row), base, [_Req],
+                   CFG.beat_bytes)
+    words = fuse_words(CFG, [vector_events(norm), vector_events(req)])
+    program = decode_program(words.astype("<u8").view(np.uint8).reshape(-1))
+    for ins in program:
+        check(ins, CFG)
+    syncs = [i for i in program if isinstance(i, Sync)]
+    assert syncs and all(s.engine == Engine.LOAD for s in syncs)
+    assert not {i.wait for i in program} & set(VECTOR_EVENTS)  # renamed
+    x = to_fixed(rng.standard_normal((rows, length)) * float(rng.choice([0.1, 10.0])))
+    w = norm_weight(rng.standard_normal(length), length)
+    dram = np.zeros(CFG.memory.size_bytes, np.uint8)
+    padded = np.zeros((rows, row // 4), "<i4")
+    padded[:, :length] = x
+    dram[:padded.nbytes] = padded.view(np.uint8).reshape(-1)
+    dram[base["w"]:base["w"] + 4 * length] = w.astype("<i4").view(np.uint8)
+    r = make_backend("model", CFG).run(words, dram)
+    assert r.ok, r.error
+    got = r.dram[base["q"]:base["q"] + rows * act_row].view(np.int8).reshape(rows, act_row)
+    for i in range(rows):
+        want, _ = vec_requant(vec_rmsnorm(x[i], w, eps))
+        assert np.array_equal(got[i, :length], want), i
+
+
+def test_a_part_must_end_with_end_and_fit():
+    t = lower_requant_template(CFG, 2, 16, 16)
+    with pytest.raises(LoweringError, match="does not end with END"):
+        fuse_words(CFG, [t.words[:-1], t.words])
+    with pytest.raises(LoweringError, match="instruction memory"):
+        # the smallest instruction memory holding one part holds less than two
+        fuse_words(CFG.replace(imem_depth=1 << (t.instructions - 1).bit_length()),
+                   [t.words, t.words])
