@@ -21,6 +21,10 @@ configuration's, grown to the model's need (rounded up to whole MiB) if that is 
 explicit --config file or --dram-mb that is too small is an error (a named configuration's
 DRAM is sized like the default's).
 
+--lm-head int8 or int4 compresses the LM head too (dense, in the recipe's groups) and runs it
+on the accelerator as GEMM programs tiled over the vocabulary; the host reads back the logits
+and picks the token (greedy or sampled), as the twin does with the same integer numerics.
+
 On a configuration with the vector engine (--config vector, or a file with vin_spad_bytes and
 vout_spad_bytes) RMSNorm, softmax and SiLU-gate run on it as programs of their own; the host's
 remaining ops then compute with the vector unit's numerics too: --vector-numerics is implied.
@@ -30,6 +34,7 @@ examples:
   python -m sw.deploy --sparsity 1:4 --max-new-tokens 64 --prompt "def fib(n):"
   python -m sw.deploy --backend rtl --max-new-tokens 4
   python -m sw.deploy --config vector --max-new-tokens 8
+  python -m sw.deploy --lm-head int8 --max-new-tokens 8
   python -m sw.deploy --backend board --port /dev/ttyUSB1   (docs/board.md)
   python -m sw.deploy --model path/to/hf_llama_dir --method wanda+gptq --calib 32
 """
@@ -87,7 +92,7 @@ from sw.compress.model import (
 from sw.models import corpus
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.generate import generate
-from sw.models.recipes import DEFAULT_RECIPE, RECIPES, Recipe, recipe_for
+from sw.models.recipes import DEFAULT_RECIPE, HEAD_LAYER, LM_HEADS, RECIPES, Recipe, recipe_for
 from sw.models.source import BUILTINS, ModelSourceError, open_model
 from sw.runtime import Runtime, RuntimeFault
 from sw.runtime.trace import write_step_trace
@@ -108,6 +113,7 @@ class DeployOptions:
     bits: int | None = None
     group: int | None = None
     method: str | None = None
+    lm_head: str | None = None    # None: the model's recipe ("host" for every built-in)
     config: str | None = None
     backend: str = "model"
     port: str = "/dev/ttyUSB1"
@@ -164,6 +170,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--method", default=d.method,
                     help=f"compression method, one of {', '.join(sorted(COMPRESS_METHODS))} "
                     f"(default: the model's recipe; {r.method} for others)")
+    ap.add_argument("--lm-head", default=d.lm_head,
+                    help=f"where the LM head runs, one of {', '.join(LM_HEADS)}: host (float, "
+                    "on the host), or compressed to "
+                    "dense int8 / int4 in the recipe's groups and run on the accelerator "
+                    f"(default: the model's recipe; {r.lm_head} for every model)")
     ap.add_argument("--config", default=d.config, help="accelerator configuration: a JSON "
                     f"file, or a named one ({', '.join(PRESETS)}; 'vector' is the default "
                     "with the vector engine's "
@@ -250,10 +261,16 @@ def _recipe(opts: DeployOptions, cfg: AcceleratorConfig) -> Recipe:
     """The model's default recipe with the options given in its place, its formats checked
     against the configuration."""
     recipe = recipe_for(opts.model).override(method=opts.method, sparsity=opts.sparsity,
-                                             bits=opts.bits, group=opts.group)
+                                             bits=opts.bits, group=opts.group,
+                                             lm_head=opts.lm_head)
     if recipe.method not in COMPRESS_METHODS:
         raise UsageError(f"--method {recipe.method!r}: choose one of "
                          f"{', '.join(sorted(COMPRESS_METHODS))}")
+    if recipe.lm_head != "host":
+        try:
+            recipe.head_format().check_supported(cfg)
+        except (FormatError, ConfigError) as e:
+            raise UsageError(f"--lm-head {recipe.lm_head} (group {recipe.group}): {e}") from None
     if recipe.layers:
         for unit, name in recipe.layers.items():
             try:
@@ -294,6 +311,8 @@ def _check(opts: DeployOptions) -> None:
         raise UsageError(f"--temperature must be a finite number >= 0, got {opts.temperature}")
     if opts.top_k is not None and opts.top_k < 1:
         raise UsageError(f"--top-k must be >= 1, got {opts.top_k}")
+    if opts.lm_head is not None and opts.lm_head not in LM_HEADS:
+        raise UsageError(f"--lm-head {opts.lm_head!r}: choose one of {', '.join(LM_HEADS)}")
     if opts.kv_bits not in KV_BITS:
         raise UsageError(f"--kv-bits must be one of {', '.join(map(str, KV_BITS))}, got "
                          f"{opts.kv_bits}")
@@ -439,8 +458,11 @@ def _layer_formats(src, recipe: Recipe, opts: DeployOptions) -> dict[str, Weight
     recipe's for each layer compression selects (known before compressing)."""
     if src.weights:
         return {k: w.fmt for k, w in src.weights.items()}
+    layers = list(selected_linears(src.model))
+    if recipe.head_format() is not None:
+        layers.append(HEAD_LAYER)
     try:
-        return recipe.formats(selected_linears(src.model))
+        return recipe.formats(layers)
     except FormatError as e:
         raise UsageError(f"the recipe of --model {opts.model}: {e}") from None
 
@@ -510,11 +532,15 @@ def _compress(src, recipe: Recipe, formats: dict[str, WeightFormat], opts: Deplo
         f"{opts.calib_domain}")
     t0 = time.perf_counter()
     compressed = copy.deepcopy(src.model)
-    uniform = recipe.uniform_format()
+    head = recipe.head_format() is not None
+    if head and compressed.lm_head.weight is compressed.model.embed_tokens.weight:
+        # a tied head is compressed as a copy: the embedding stays float
+        compressed.lm_head.weight = torch.nn.Parameter(compressed.lm_head.weight.detach().clone())
+    uniform = None if head else recipe.uniform_format()
     weights = compress_llama(compressed, uniform or (lambda name, _: formats.get(name)),
                              recipe.method,
                              src.calibration(opts.calib, seq, opts.seed, opts.calib_domain),
-                             progress=progress)
+                             skip=() if head else (HEAD_LAYER,), progress=progress)
     return weights, compressed, time.perf_counter() - t0
 
 

@@ -79,7 +79,7 @@ def generate(
     torch.Tensor
         Prompt followed by the generated tokens, same rank as ``prompt``.
     """
-    ids = torch.as_tensor(prompt, dtype=torch.long, device=model.lm_head.weight.device)
+    ids = torch.as_tensor(prompt, dtype=torch.long, device=model.model.embed_tokens.weight.device)
     squeeze = ids.dim() == 1
     if squeeze:
         ids = ids.unsqueeze(0)

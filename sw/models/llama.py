@@ -368,7 +368,7 @@ class LlamaLM(nn.Module):
         self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None
     ) -> KVCache:
         """Allocate an empty :class:`KVCache` on this model's device and dtype."""
-        weight = self.lm_head.weight
+        weight = self.model.embed_tokens.weight  # float even with a compressed head
         return KVCache(
             self.config, batch_size, max_len, dtype=dtype or weight.dtype, device=weight.device
         )

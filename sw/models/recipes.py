@@ -15,9 +15,16 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from hw.config import DENSE
 from hw.format import FormatError, WeightFormat
 
-__all__ = ["Recipe", "DEFAULT_RECIPE", "RECIPES", "recipe_for"]
+__all__ = ["Recipe", "DEFAULT_RECIPE", "RECIPES", "recipe_for", "LM_HEADS", "HEAD_LAYER"]
+
+#: Where the LM head runs: ``host`` (float, on the host) or compressed to dense INT8 / INT4
+#: (group-quantised with the recipe's group) and run on the accelerator.
+LM_HEADS = {"host": None, "int8": 8, "int4": 4}
+#: The LM head's layer name.
+HEAD_LAYER = "lm_head"
 
 _UNIT = re.compile(r"(?P<kind>[\w.]+)\[(?P<lo>\d+)-(?P<hi>\d+)\]")
 _BLOCK = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -42,6 +49,11 @@ class Recipe:
         (:meth:`hw.format.WeightFormat.parse` names); every compressed layer must be covered.
     why : str
         Where the recipe comes from (stated in ``--help`` and in reports).
+    lm_head : str
+        A key of :data:`LM_HEADS`: ``"host"`` leaves the head in float on the host; ``"int8"``
+        or ``"int4"`` compresses it dense with that many bits in groups of ``group`` (the
+        whole row for a per-layer assignment's 0) with the recipe's method, to run on the
+        accelerator.
     """
 
     method: str = "sparsegpt+gptq"
@@ -50,15 +62,28 @@ class Recipe:
     group: int = 128
     layers: Mapping[str, str] = field(default_factory=dict)
     why: str = ""
+    lm_head: str = "host"
+
+    def __post_init__(self) -> None:
+        if self.lm_head not in LM_HEADS:
+            raise FormatError(f"lm_head {self.lm_head!r}: choose one of {', '.join(LM_HEADS)}")
 
     def __str__(self) -> str:
+        head = "" if self.lm_head == "host" else f", head {self.head_format().name}"
         if not self.layers:
-            return f"{self.sparsity} INT{self.bits} g{self.group}, {self.method}"
+            return f"{self.sparsity} INT{self.bits} g{self.group}{head}, {self.method}"
         counts: dict[str, int] = {}
         for name in self.layers.values():
             counts[name] = counts.get(name, 0) + 1
         mix = ", ".join(f"{n} x{k}" for n, k in sorted(counts.items()))
-        return f"per-layer assignment of {len(self.layers)} layer groups ({mix}), {self.method}"
+        return (f"per-layer assignment of {len(self.layers)} layer groups ({mix}){head}, "
+                f"{self.method}")
+
+    def head_format(self) -> WeightFormat | None:
+        """The LM head's format: dense, :attr:`lm_head`'s bits, the recipe's group (None: the
+        head stays on the host)."""
+        bits = LM_HEADS[self.lm_head]
+        return None if bits is None else WeightFormat(DENSE, bits, self.group)
 
     def uniform_format(self) -> WeightFormat | None:
         """The one format of every layer, or None for a per-layer assignment.
@@ -81,9 +106,17 @@ class Recipe:
             A format name that does not parse, or a layer the assignment does not cover
             (the message names it).
         """
+        layers = list(layers)
+        head = self.head_format()
+        if HEAD_LAYER in layers:
+            if head is None:
+                raise FormatError(f"the recipe leaves {HEAD_LAYER} on the host (lm_head "
+                                  "'host') but it is selected for compression")
+            layers.remove(HEAD_LAYER)
+        heads = {} if head is None else {HEAD_LAYER: head}
         uniform = self.uniform_format()
         if uniform is not None:
-            return {name: uniform for name in layers}
+            return {**{name: uniform for name in layers}, **heads}
         parsed = {unit: WeightFormat.parse(name) for unit, name in self.layers.items()}
         ranges = []
         for unit in self.layers:
@@ -101,12 +134,17 @@ class Recipe:
                 raise FormatError(f"the recipe's per-layer assignment has no format for layer "
                                   f"{name!r}")
             out[name] = parsed[hit]
-        return out
+        return {**out, **heads}
 
     def override(self, *, method: str | None = None, sparsity: str | None = None,
-                 bits: int | None = None, group: int | None = None) -> Recipe:
+                 bits: int | None = None, group: int | None = None,
+                 lm_head: str | None = None) -> Recipe:
         """This recipe with the options given (not None) in its place: any of ``sparsity``,
-        ``bits`` or ``group`` replaces a per-layer assignment by one uniform format."""
+        ``bits`` or ``group`` replaces a per-layer assignment by one uniform format;
+        ``lm_head`` only says where the head runs."""
+        if lm_head is not None and lm_head != self.lm_head:
+            head = dataclasses.replace(self, lm_head=lm_head, why="the options given")
+            return head.override(method=method, sparsity=sparsity, bits=bits, group=group)
         changes: dict = {k: v for k, v in (("method", method), ("sparsity", sparsity),
                                            ("bits", bits), ("group", group)) if v is not None}
         if not changes:

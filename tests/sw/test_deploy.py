@@ -162,7 +162,7 @@ def test_help_documents_every_option_with_its_default(capsys):
     text = capsys.readouterr().out
     for opt in ("--model", "--sparsity", "--bits", "--group", "--method", "--config",
                 "--backend", "--prompt", "--max-new-tokens", "--temperature", "--top-k",
-                "--seed", "--calib", "--eval-tokens", "--kv-bits",
+                "--seed", "--calib", "--eval-tokens", "--kv-bits", "--lm-head",
                 "--out"):
         assert opt in text
     assert text.count("(default:") >= 15
@@ -183,6 +183,8 @@ def test_help_documents_every_option_with_its_default(capsys):
     (["--eval-tokens", "100"], "--eval-tokens must be 0 or at least one window of 256"),
     (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
     (["--kv-bits", "3"], "--kv-bits must be one of 8, 4, got 3"),
+    (["--lm-head", "int2"], "--lm-head 'int2': choose one of host, int8, int4"),
+    (["--lm-head", "int4", "--group", "50"], "--lm-head int4 (group 50): group (50) must be"),
     (["--backend", "board", "--dram-mb", "8"], "--dram-mb 8: --backend board has the board's"),
     (["--backend", "board", "--port", "/nonexistent/tty"],
      "cannot open serial port /nonexistent/tty"),
@@ -258,3 +260,36 @@ def test_deploy_with_an_int4_kv_cache(tmp_path):
     assert main(FAST + ["--kv-bits", "4", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["kv_bits"] == 4 and report["tokens_match_twin"] is True
+
+
+@pytest.mark.parametrize("config, programs", [(None, 6 * 4 + 1), ("vector", 10 * 4 + 1 + 1)])
+def test_deploy_with_an_int8_head_on_the_accelerator(tmp_path, config, programs):
+    """``--lm-head int8``: the head is compressed dense INT8 and runs as one more GEMM program
+    per token; the logits come back and the tokens equal the twin's, which computes the head
+    with the same integer numerics (default and vector configurations)."""
+    out = tmp_path / "run"
+    args = FAST + ["--out", str(out), "--eval-tokens", "0", "--lm-head", "int8"]
+    assert main(args + (["--config", config] if config else [])) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["tokens_match_twin"] is True
+    assert report["programs_per_token"] == programs
+    assert "head dense-int8" in report["recipe"]
+    from sw.compile import executable as executable_io
+    exe = executable_io.load(out / "executable.safetensors")
+    heads = [p for p in exe.programs if p.node == "lm_head"]
+    assert len(heads) == 2 and all(p.vector is None for p in heads)  # prefill, decode
+
+
+def test_a_program_longer_than_the_instruction_memory_is_refused_before_compression(
+        tmp_path, monkeypatch, capsys):
+    """Found from the probe compilation, before anything is compressed: one line naming the
+    node and both sizes."""
+    small = AcceleratorConfig(imem_depth=64)
+    monkeypatch.setattr(sw.deploy, "AcceleratorConfig", lambda: small)
+    _no_slow_work(monkeypatch, capture=False)
+    out = tmp_path / "out"
+    assert main(FAST + ["--out", str(out), "--lm-head", "int8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sw.deploy: prefill node ") and "\n" not in err, err
+    assert " instructions and the instruction memory holds 64" in err
+    assert list(tmp_path.iterdir()) == []

@@ -65,3 +65,24 @@ def test_options_override_the_recipe():
     assert recipe_for("path/to/model.gguf") is DEFAULT_RECIPE
     assert recipe_for("reference") is RECIPES["reference"]
     assert str(Recipe(sparsity="dense", bits=8, group=0)) == "dense INT8 g0, sparsegpt+gptq"
+
+
+def test_the_lm_head_is_host_by_default_and_compressed_dense_when_asked():
+    """``lm_head`` says where the head runs: every built-in leaves it on the host (the
+    recipes' formats do not name it); int8 / int4 give it a dense format in the recipe's
+    groups, with or without a per-layer assignment, and the other layers keep theirs."""
+    assert all(r.lm_head == "host" and r.head_format() is None for r in RECIPES.values())
+    layers = _layers(4)
+    for head, bits in (("int8", 8), ("int4", 4)):
+        for base in (DEFAULT_RECIPE, MIXED):
+            r = base.override(lm_head=head)
+            assert r.head_format() == WeightFormat("dense", bits, base.group)
+            formats = r.formats([*layers, "lm_head"])
+            assert formats.pop("lm_head") == r.head_format()
+            assert formats == base.formats(layers)
+            assert f"head {r.head_format().name}" in str(r) and r.why == "the options given"
+    assert DEFAULT_RECIPE.override(lm_head="host") is DEFAULT_RECIPE
+    with pytest.raises(FormatError, match="leaves lm_head on the host"):
+        DEFAULT_RECIPE.formats([*layers, "lm_head"])
+    with pytest.raises(FormatError, match="lm_head 'int2': choose one of host, int8, int4"):
+        Recipe(lm_head="int2")
