@@ -47,6 +47,14 @@ paired comparisons: :func:`paired_difference`), ``calib_corpus`` (the calibratio
 of the compressed layers' ``|W|`` whose 2:4 magnitude mask the tie rule decides:
 :func:`magnitude_ties`), ``calib_tokens``, the other calibration / eval
 settings, ``model_note`` and ``tied_embeddings``.
+
+``--lm-head`` measures the LM head instead (:func:`head_records`): the model's default recipe
+(:mod:`sw.models.recipes`) compresses the blocks once, then the head is left in float
+(``host``) or compressed dense INT8 / INT4 in the recipe's groups with the recipe's method
+(``sw.deploy --lm-head``); each is evaluated with the accelerator's numerics (W4A8 linears, the
+INT8 KV cache) and written to ``accuracy_head.json`` (fields ``lm_head``, ``head_format``,
+``perplexity``, ``nll``, ``top1_agreement``, ``kl``, ``relative_to_host``, the recipe and the
+evaluation settings).
 """
 
 from __future__ import annotations
@@ -92,6 +100,7 @@ from sw.compress.model import (
     compress_llama,
     prune_llama,
     selected_linears,
+    untie_head,
     use_hardware_numerics,
 )
 from sw.compress.prune import TIE_RULES, nm_mask, tie_rule
@@ -105,6 +114,7 @@ from sw.models.eval import (
     eval_windows,
     perplexity,
 )
+from sw.models.recipes import HEAD, LM_HEADS, recipe_for
 from sw.models.source import ModelSource, ModelSourceError, open_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -405,6 +415,50 @@ def build_records(reference: torch.nn.Module, configs: Sequence[Config],
     finally:
         bar.close()
     return records
+
+
+def head_records(reference: torch.nn.Module, model: str, calibration: torch.Tensor,
+                 protocol: EvalProtocol, windows: torch.Tensor, progress: bool = False
+                 ) -> list[dict]:
+    """The perplexity cost of compressing the LM head: one record per :data:`LM_HEADS` entry.
+
+    The blocks are compressed once with ``model``'s default recipe (the head skipped); each
+    compressed head is then calibrated on that compressed model, as a sequential compression
+    of the whole model would calibrate it (the head is its last layer). Every row runs with
+    the accelerator's numerics (W4A8 linears, the INT8 KV cache), the float head's too.
+    """
+    recipe = recipe_for(model)
+    body = copy.deepcopy(reference)
+    layers = list(selected_linears(body))
+    formats = recipe.formats(layers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PaddingWarning)
+        weights = compress_llama(body, lambda name, _: formats.get(name), recipe.method,
+                                 calibration, progress=progress)
+    memo = LogitsMemo(reference)
+    out = []
+    for head in LM_HEADS:
+        m, w = copy.deepcopy(body), dict(weights)
+        fmt = _head_format(recipe, head)
+        if fmt is not None:
+            untie_head(m)  # a tied head is compressed as a copy: the embedding stays float
+            w.update(compress_llama(m, lambda name, _, f=fmt: f if name == HEAD else None,
+                                    recipe.method, calibration, skip=(), progress=progress))
+        twin = use_hardware_numerics(m, w, attention=True)
+        r = evaluate(twin, memo, protocol, windows)
+        r.pop("window_nll")
+        out.append({"model": model, "lm_head": head,
+                    "head_format": None if fmt is None else fmt.name,
+                    "recipe": str(recipe), "numerics": "hardware+attention", **r})
+    host = out[0]["perplexity"]
+    for r in out:
+        r["relative_to_host"] = r["perplexity"] / host - 1
+    return out
+
+
+def _head_format(recipe, head: str) -> WeightFormat | None:
+    """The head format ``recipe`` gets with ``--lm-head head``."""
+    return recipe.override(head_bits=LM_HEADS[head]).head_format()
 
 
 def _sparsegpt_mode(cfg: Config) -> str:
@@ -1067,6 +1121,10 @@ def main(argv: list[str] | None = None) -> int:
                          "2:4 and dense GPTQ rows with float attention, the INT8 and the INT4 KV "
                          "cache (no vector-unit rows, no plot); the records go to "
                          "accuracy_kv.json beside the default --out")
+    ap.add_argument("--lm-head", action="store_true",
+                    help="measure the LM head's compression (host, int8, int4) on the "
+                         "model's default recipe instead, into accuracy_head.json beside the "
+                         "default --out (default: off)")
     ap.add_argument("--investigate", action="store_true",
                     help="print the evidence tables of docs/accuracy.md (section "
                          "'Investigation') instead of running the rows")
@@ -1091,6 +1149,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"argument --only: {args.only!r} is not a regular expression ({e})")
     if isinstance(args.domain, str):  # the default
         args.domain = _domains(args.domain)
+    if args.lm_head:
+        args.no_plot = True
+        if args.out in (RESULTS / "accuracy.json", recorded(RESULTS / "accuracy.json")):
+            args.out = args.out.with_name("accuracy_head.json")
     if args.kv_cache:
         args.no_plot = True
         if args.out in (RESULTS / "accuracy.json", recorded(RESULTS / "accuracy.json")):
@@ -1151,6 +1213,21 @@ def main(argv: list[str] | None = None) -> int:
                 f"({magnitude_ties(reference):.1%} of the 4-blocks of |W| tie at the 2:4 "
                 "boundary); head "
                 "(lm_head) in float" + (" (tied to the embedding)" if tied else ""))
+    if args.lm_head:
+        t0 = time.perf_counter()
+        records = head_records(reference, src.name, calibration, protocol, windows)
+        total = time.perf_counter() - t0
+        for r in records:
+            r.update(eval_corpus=protocol.corpus, calib_corpus=args.calib_domain,
+                     calib_tokens=int(calibration.numel()), calib_seed=args.seed,
+                     tied_embeddings=tied, benchmark_seconds=total)
+            print(f"lm_head {r['lm_head']:<5} ({r['head_format'] or 'float, host'}): "
+                  f"perplexity {r['perplexity']:.4f} ({r['relative_to_host']:+.3%} vs host), "
+                  f"top-1 agreement {r['top1_agreement']:.2%}")
+        print(f"\n{settings.rsplit('; head', 1)[0]}\ntotal {total:.0f} s")
+        write_json(args.out, stamp(records, None))
+        print(f"wrote {args.out}")
+        return 0
     if args.investigate:
         print(settings)
         t0 = time.perf_counter()

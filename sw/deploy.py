@@ -88,7 +88,7 @@ from sw.compress.model import (
 from sw.models import corpus
 from sw.models.eval import EvalProtocol, perplexity
 from sw.models.generate import generate
-from sw.models.recipes import DEFAULT_RECIPE, HEAD, RECIPES, Recipe, recipe_for
+from sw.models.recipes import DEFAULT_RECIPE, HEAD, LM_HEADS, RECIPES, Recipe, recipe_for
 from sw.models.source import BUILTINS, ModelSourceError, open_model
 from sw.runtime import Runtime, RuntimeFault
 from sw.runtime.trace import write_step_trace
@@ -128,9 +128,6 @@ class DeployOptions:
     out: str = "build/deploy"
     quiet: bool = False
 
-
-#: ``--lm-head`` choices: the LM head's weight bits (0: float, on the host).
-LM_HEADS = {"host": 0, **{f"int{b}": b for b in sorted(WEIGHT_BITS)}}
 
 #: Bytes the simulated DRAM is rounded up to when it is sized to the model (--dram-mb's unit).
 MIB = 1 << 20

@@ -430,12 +430,15 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
         key = tuple(m.signature for m in members)
         vec = members[0] if isinstance(members[0], VectorOp) else None
         if key not in templates:
-            templates[key] = (len(templates),
-                              lower_template(cfg, members, loops=loops) if vec is None
-                              else lower_vector_template(cfg, vec.func, vec.rows, vec.length,
-                                                         second=vec.b is not None,
-                                                         const=vec.w is not None, imm=vec.imm,
-                                                         loops=loops))
+            try:
+                templates[key] = (len(templates),
+                                  lower_template(cfg, members, loops=loops) if vec is None
+                                  else lower_vector_template(
+                                      cfg, vec.func, vec.rows, vec.length,
+                                      second=vec.b is not None, const=vec.w is not None,
+                                      imm=vec.imm, loops=loops))
+            except LoweringError as e:  # name the node: the message alone does not
+                raise LoweringError(f"{phase} node {node.name!r}: {e}") from None
         index, t = templates[key]
         first, last = (1, max_context) if bucket is None else _bucket_contexts(bucket)
         table.setdefault(phase, {}).setdefault(node.name, []).append(

@@ -15,12 +15,17 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from hw.config import WEIGHT_BITS
 from hw.format import FormatError, WeightFormat
 
-__all__ = ["HEAD", "Recipe", "DEFAULT_RECIPE", "RECIPES", "recipe_for"]
+__all__ = ["HEAD", "LM_HEADS", "Recipe", "DEFAULT_RECIPE", "RECIPES", "recipe_for"]
 
 #: The qualified name of the LM head (the linear :attr:`Recipe.head_bits` compresses).
 HEAD = "lm_head"
+
+#: The LM head's choices (``sw.deploy --lm-head``): name -> :attr:`Recipe.head_bits` (0: float,
+#: on the host).
+LM_HEADS = {"host": 0, **{f"int{b}": b for b in sorted(WEIGHT_BITS)}}
 
 _UNIT = re.compile(r"(?P<kind>[\w.]+)\[(?P<lo>\d+)-(?P<hi>\d+)\]")
 _BLOCK = re.compile(r"model\.layers\.(\d+)\.(.+)")
