@@ -15,12 +15,17 @@ word (PC_OVERFLOW past the last word); a word with an error is never dispatched 
 a legal word is offered to exactly the queue of its engine, with its events and body, and is
 dispatched iff that queue is ready (END: at once, and nothing is fetched after it).
 
+A REPEAT (hw.isa.Repeat) is followed by the reference: its body's words once per iteration,
+nothing at dispatch (and no error) in the ``LOOP_BACK_LATENCY - 1`` cycles of a loop-back's
+refill, BAD_REPEAT for a REPEAT or END inside a body. (The ``"dma"`` words hold no REPEAT, so
+the iteration offsets of DMA addresses are covered by the equivalence harness, not here.)
+
 Bounded model checking to the depth where the third instruction (PC_OVERFLOW) reaches dispatch
-plus stall cycles. The DMA extent rules multiply 16-bit by 16- and 32-bit fields and the unit
-splits the products differently from the rule table (two 16 x 16 products, the stride
-subtracted), which a bit-level solver cannot prove equal at full width (with ``rows`` bounded
-alone, or all three factors below 16, one BMC step had not finished after five minutes; below
-8 the proof takes two minutes). So the proof runs twice:
+plus stall cycles and one loop-back. The DMA extent rules multiply 16-bit by 16- and 32-bit
+fields and the unit splits the products differently from the rule table (two 16 x 16 products,
+the stride subtracted), which a bit-level solver cannot prove equal at full width (with ``rows``
+bounded alone, or all three factors below 16, one BMC step had not finished after five minutes;
+below 8 the proof takes two minutes). So the proof runs twice:
 ``fetch_other`` on every word that is not a LOAD or STORE (undefined opcodes, SYNC, END and GEMM
 with all fields free), ``fetch_dma`` on LOAD/STORE words whose ``rows``, ``row_beats`` and
 ``dram_stride`` are below ``2**ROW_BITS`` (spad, addresses and events free).
@@ -217,9 +222,10 @@ class FetchHarness(Harness):
 
 def proofs(cfg: AcceleratorConfig) -> list[Proof]:
     """The two fetch proofs (see the module docstring for the DMA bound)."""
-    # (two loop-backs of a REPEAT's body fit: a REPEAT and a body of one word)
+    # (a REPEAT, one loop-back of its one-word body and the loop's exit fit; each further
+    # loop-back would add LOOP_BACK_LATENCY steps, and the steps past 18 take minutes each)
     depth = (cfg.imem_depth + timing.FETCH_LATENCY + cfg.imem_depth + 3
-             + 2 * timing.LOOP_BACK_LATENCY)
+             + timing.LOOP_BACK_LATENCY)
     what = {"other": "any two non-DMA words",
             "dma": f"any two LOAD/STORE words with rows, row_beats, dram_stride < 2**{ROW_BITS}"}
     return [Proof(f"fetch_{bound}", lambda bound=bound: FetchHarness(cfg, bound), "bmc", depth,
