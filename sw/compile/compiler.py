@@ -102,10 +102,11 @@ class CompileOptions:
         On a configuration with a vector engine (``cfg.has_vector``), run the ops with a VEC
         sub-op on it (off: on the host, as without the engine). The runtime must then compute
         with the vector unit's numerics (``Runtime(vector=True)``).
-    loops : bool
+    loops : bool or None
         Roll each program's periodic runs into hardware loops (REPEAT,
         :func:`sw.compile.roll.roll`): fewer instruction words, the same instructions
-        dispatched. Off: fully unrolled programs.
+        dispatched. False: fully unrolled programs; None (the default): only the programs
+        that would not fit the instruction memory unrolled are rolled.
     fuse_programs : bool, optional
         Run a vector node and the linear node that reads its rows as one program, the
         requantisation between them on chip (:mod:`sw.compile.fusion`); default (None): on
@@ -121,7 +122,7 @@ class CompileOptions:
     phases: tuple[str, ...] = ("prefill", "decode")
     logits: str = "all"
     vector: bool = True
-    loops: bool = False
+    loops: bool | None = None
     fuse_programs: bool | None = None
 
 
@@ -413,7 +414,7 @@ def static_dram_bytes(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOp
 
 
 def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int,
-           pairs: Iterable[int] = (), loops: bool = False
+           pairs: Iterable[int] = (), loops: bool | None = None
            ) -> tuple[list[Program], ProgramTable, int]:
     """One program per (node, bucket): each distinct one lowered once (``loops``: rolled,
     :class:`CompileOptions`), relocated; and the table that finds them for every context.

@@ -69,9 +69,10 @@ class Template:
 
 
 def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer], *,
-                   loops: bool = False) -> Template:
+                   loops: bool | None = False) -> Template:
     """Schedule ``layers`` into one relocatable program (END appended); with ``loops``, its
-    periodic runs rolled into hardware loops (:func:`sw.compile.roll.roll`).
+    periodic runs rolled into hardware loops (:func:`sw.compile.roll.roll`; None: only if the
+    unrolled program does not fit the instruction memory).
 
     Layers with the same input symbol ``x`` read one resident input (loaded into ACT once).
 
@@ -87,7 +88,7 @@ def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer], *,
 
 def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
                           second: bool = False, const: bool = False, imm: int = 0,
-                          loops: bool = False) -> Template:
+                          loops: bool | None = False) -> Template:
     """:func:`sw.compile.schedule.schedule_vector` as one relocatable program (END appended;
     its operands are layer 0's ``x``, ``b``, ``w`` and ``y``); ``loops`` as for
     :func:`lower_template`.
@@ -102,7 +103,7 @@ def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, leng
 
 
 def lower_requant_template(cfg: AcceleratorConfig, rows: int, length: int,
-                           act_row_bytes: int, loops: bool = False) -> Template:
+                           act_row_bytes: int, loops: bool | None = False) -> Template:
     """:func:`sw.compile.schedule.schedule_requant` as one relocatable program (END appended;
     its operands are layer 0's ``x`` and ``y``; ``loops``: rolled).
 
@@ -114,15 +115,20 @@ def lower_requant_template(cfg: AcceleratorConfig, rows: int, length: int,
     return _template(cfg, schedule_requant(cfg, rows, length, act_row_bytes), loops)
 
 
-def _template(cfg: AcceleratorConfig, schedule: Schedule, loops: bool = False) -> Template:
-    """A schedule (with ``loops``, rolled) encoded with END, its relocations and its run-time
-    ``imm`` rows."""
+def _template(cfg: AcceleratorConfig, schedule: Schedule, loops: bool | None = False
+              ) -> Template:
+    """A schedule encoded with END, its relocations and its run-time ``imm`` rows: rolled
+    (:func:`sw.compile.roll.roll`) with ``loops``, unrolled without, and with ``loops=None``
+    rolled only when the unrolled program does not fit the instruction memory."""
     prog, relocs = roll(*schedule) if loops else schedule
+    if loops is None and len(prog) + 1 > cfg.imem_depth:
+        prog, relocs = roll(prog, relocs)
     prog = list(prog) + [End()]
     if len(prog) > cfg.imem_depth:
-        raise LoweringError(f"the program needs {len(prog)} instructions and the instruction "
-                            f"memory holds {cfg.imem_depth}: lower fewer layers or tokens per "
-                            "program, or configure a larger imem_depth")
+        raise LoweringError(f"the program needs {len(prog)} instructions"
+                            f"{' with hardware loops' if loops is not False else ''} and the "
+                            f"instruction memory holds {cfg.imem_depth}: lower fewer layers or "
+                            "tokens per program, or configure a larger imem_depth")
     rows = np.array([i for i, r in enumerate(relocs) if r is not None], dtype=np.int64)
     keys = np.array([r[0] * len(_OPERANDS) + _OPERANDS[r[1]] for r in relocs if r is not None],
                     dtype=np.int64)
