@@ -13,10 +13,13 @@ prologue writes the float inputs as Q15.16 int32 rows (``to_fixed``; softmax: ``
 scale + mask``, masked positions 0, and each row's valid positions into its VEC's ``imm``,
 a run-time parameter set in a copy of the program's words before the start) and the
 epilogue reads the results back (``from_fixed``), so they equal the host kernels with the
-vector unit's numerics bit for bit. The KV cache lives in accelerator memory:
-the op that appends to it (``OPS[op].kv_state``) writes the step's INT8 (or INT4) keys and
-values into their stream layout (:class:`~sw.compile.executable.KVCachePlan`) and keeps their
-scales on the host. Everything the runtime needs to know of the compilation it reads from the
+vector unit's numerics bit for bit. The parts of a fused program
+(:mod:`sw.compile.fusion`) keep their prologues and epilogues, but the program runs once, at
+its first part's node, and the later parts' inputs are what it wrote on chip. The KV cache
+lives in accelerator memory: the op that appends to it (``OPS[op].kv_state``) writes the
+step's INT8 (or INT4) keys and values into their stream layout
+(:class:`~sw.compile.executable.KVCachePlan`) and keeps their scales on the host. Everything
+the runtime needs to know of the compilation it reads from the
 :class:`~sw.compile.executable.Executable`.
 
 Accounting per step (:class:`StepStats`): every program's cycles and counters, its minimal
