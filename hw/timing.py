@@ -244,8 +244,8 @@ VECTOR_LATENCY = {
 }
 
 #: Cycles from a VEC's read of a VIN element to the element entering its function unit (the
-#: scratchpad's synchronous read).
-VEC_READ_LATENCY = 1
+#: scratchpad's synchronous read, then a register on the read data).
+VEC_READ_LATENCY = 2
 
 
 def _vec_cycles(func, length):

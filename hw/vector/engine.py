@@ -11,7 +11,8 @@ read
     per-row scalar it needs comes out of its unit (below) and reads one element per cycle;
 unit
     each element enters its unit :data:`hw.timing.VEC_READ_LATENCY` cycles after its read
-    (the scratchpad's read register), with ``last`` on the row's final element;
+    (the scratchpad's read register, then one on the read data), with ``last`` on the row's
+    final element;
 write
     the results go to VOUT from ``dst_addr``, one word per cycle as they come out.
 
@@ -38,8 +39,9 @@ ROPE       ``Rope`` over ``imm``'s heads (:func:`hw.isa.rope_imm`), one pair ``k
            unit as the word arrives (``rot = -x[k + d/2]``, 33 bits), element ``k + d/2`` the
            cycle after (``rot = x[k]``, the word registered), each result written to its
            position as it comes out
-RMSNORM    pass 1 ``AbsMax``, ``s = max(0, bitlen(amax) - 17)`` as it comes out and ``eps >>
-           2s``; pass 2 ``SumSq(x, s)``; ``Rsqrt`` of the sum plus ``eps >> 2s`` (``r = 0``
+RMSNORM    pass 1 ``AbsMax`` (pass 2 reads from the cycle after ``amax`` comes out), ``s =
+           max(0, bitlen(amax) - 17)`` registered the cycle after and ``eps >> 2s`` the next
+           (one stage each); pass 2 ``SumSq(x, s)``; ``Rsqrt`` of the sum plus ``eps >> 2s`` (``r = 0``
            for a sum of 0); pass 3 ``Scale(30)(x, r, sh + s)`` into ``Mul(30, b_bits=33)``
            with the weight, read beside ``x`` and delayed by Scale's latency
 DEQUANT    the ``amax`` word read from ``imm`` in ``g + 1`` (the command's ``a_addr`` stands
@@ -124,8 +126,9 @@ class VectorEngine(wiring.Component):
         Element write port of VOUT.
     """
 
-    #: Registers between a VIN read and its element entering a unit (the memory's).
-    READ_LATENCY = 1
+    #: Registers between a VIN read and its element entering a unit: the memory's, then one on
+    #: the read data (the block RAM's clock-to-output apart from the units' logic).
+    READ_LATENCY = 2
     #: VOUT words ARGMAX writes: the index, then the maximum.
     ARGMAX_WORDS = 2
 
@@ -248,13 +251,16 @@ class VectorEngine(wiring.Component):
             m.d.sync += [issuing.eq(1), a_ptr.eq(a_base), b_ptr.eq(b_base),
                          left.eq(length - 1), idx.eq(0), phase.eq(phase + 1)]
 
-        # ---- the element enters its units with the read data (READ_LATENCY = 1 register)
-        valid = Signal()
-        last = Signal()
-        inrow = Signal()       # SOFTMAX: a valid position (idx < imm)
-        m.d.sync += [valid.eq(issuing), last.eq(issuing & (left == 0)), inrow.eq(idx < imm)]
-        x = self.vin_a.data.as_signed()
-        b = self.vin_b.data.as_signed()
+        # ---- the element enters its units READ_LATENCY cycles after its read: the memory's
+        # register, then the read data's (rd_a, rd_b), the control carried beside
+        rl = self.READ_LATENCY
+        valid = _delay(m, issuing, rl, "valid")
+        last = _delay(m, issuing & (left == 0), rl, "last")
+        inrow = _delay(m, idx < imm, rl, "inrow")    # SOFTMAX: a valid position (idx < imm)
+        rd_a = _delay(m, self.vin_a.data, rl - 1, "rd_a")
+        rd_b = _delay(m, self.vin_b.data, rl - 1, "rd_b")
+        x = rd_a.as_signed()
+        b = rd_b.as_signed()
         p1, p2, p3 = valid & (phase == 0), valid & (phase == 1), valid & (phase == 2)
 
         def feed(unit, when, **payload):
@@ -275,15 +281,22 @@ class VectorEngine(wiring.Component):
         eps = Signal(VecBody["imm"].width, reset_less=True)      # eps >> 2s
         ss_zero = Signal(reset_less=True)
         y = u["absmax"].o.payload.y
+        # RMSNORM's scalars from the registered amax, one a cycle: s in the cycle after amax
+        # (pass 2's first element enters SumSq no earlier than the cycle after that),
+        # eps >> 2s the next (added to the sum of squares at its end)
         bitlen = Signal(range(ACT_BITS + 1))
-        m.d.comb += bitlen.eq(ACT_BITS - _leading_zeros(m, y))
+        m.d.comb += bitlen.eq(ACT_BITS - _leading_zeros(m, amax))
+        s_now = Signal()       # amax is RMSNORM's: s from it now
+        eps_now = Signal()     # s is: eps >> 2s from it now
+        m.d.sync += [s_now.eq(u["absmax"].o.valid & ~is_[VecFunc.REQUANT]), eps_now.eq(s_now)]
         with m.If(u["absmax"].o.valid):
             m.d.sync += amax.eq(y)
             with m.If(is_[VecFunc.REQUANT]):
                 m.d.sync += shift.eq(y[ACT_BITS - 1])                 # bitlen(amax) - 31
-            with m.Else():
-                s = Mux(bitlen > ACT_FRAC + 1, bitlen - (ACT_FRAC + 1), 0)
-                m.d.sync += [shift.eq(s), eps.eq(imm >> (2 * s)[:6])]
+        with m.If(s_now):
+            m.d.sync += shift.eq(Mux(bitlen > ACT_FRAC + 1, bitlen - (ACT_FRAC + 1), 0))
+        with m.If(eps_now):
+            m.d.sync += eps.eq(imm >> (2 * shift)[:6])
         with m.If(u["max"].o.valid):
             m.d.sync += top.eq(u["max"].o.payload.y)
         big = y[ACT_BITS - 1]
@@ -355,8 +368,7 @@ class VectorEngine(wiring.Component):
 
         # -- ROPE: x[k], x[k + d/2] registered as they arrive; element k enters Rope with the
         # table word, element k + d/2 the cycle after
-        was_tab = Signal()
-        m.d.sync += was_tab.eq(tab)
+        was_tab = _delay(m, tab, rl, "was_tab")
         xl = Signal(signed(ACT_BITS), reset_less=True)
         xu = Signal(signed(ACT_BITS), reset_less=True)
         cs = Signal(2 * ROPE_HALF_BITS, reset_less=True)
@@ -367,8 +379,8 @@ class VectorEngine(wiring.Component):
         with m.If(valid & is_rope & ~was_tab):
             m.d.sync += [xl.eq(x), xu.eq(b)]
         with m.If(lower):
-            m.d.sync += cs.eq(self.vin_a.data)
-        word_cs = Mux(upper, cs, self.vin_a.data[:2 * ROPE_HALF_BITS])
+            m.d.sync += cs.eq(rd_a)
+        word_cs = Mux(upper, cs, rd_a[:2 * ROPE_HALF_BITS])
         feed(u["rope"], lower | upper, x=Mux(upper, xu, xl), rot=Mux(upper, xl, -xu),
              cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
         rope_last = _delay(m, up_last, u["rope"].latency, "rope_last")
@@ -385,16 +397,15 @@ class VectorEngine(wiring.Component):
         # -- DEQUANT: the amax word (pass 1, one element) gives the row's scalars; pass 2
         # streams the accumulators and channel words through DequantFactor and Scale(31).
         dq = is_[VecFunc.DEQUANT]
-        amax_rd = Signal()     # the amax word is the read data
-        m.d.sync += amax_rd.eq(issuing & dq & (phase == 0))
+        amax_rd = _delay(m, issuing & dq & (phase == 0), rl, "amax_rd")  # rd_a is the amax word
         dq_a = Signal(AMAX_BITS, reset_less=True)
         dq_b = Signal(range(AMAX_BITS + 1), reset_less=True)
-        amax_word = self.vin_a.data
+        amax_word = rd_a
         a_eff = Mux(amax_word == 0, DEQUANT_ZERO_AMAX, amax_word)
         with m.If(amax_rd):
             m.d.sync += [dq_a.eq(a_eff), dq_b.eq(AMAX_BITS - _leading_zeros(m, a_eff))]
         dq_valid = valid & dq & ~amax_rd
-        feed(u["dequant_factor"], dq_valid, chan=self.vin_b.data, a=dq_a, b=dq_b)
+        feed(u["dequant_factor"], dq_valid, chan=rd_b, a=dq_a, b=dq_b)
         dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc")
         feed(u["scale31"], u["dequant_factor"].o.valid, x=dq_acc,
              r=u["dequant_factor"].o.payload.r, sh=u["dequant_factor"].o.payload.sh)
@@ -453,10 +464,12 @@ class VectorEngine(wiring.Component):
 
 
 def _leading_zeros(m: Module, y: Value) -> Value:
-    """The leading zeros of unsigned ``y`` (its width for 0): a priority encoder."""
+    """The leading zeros of unsigned ``y`` (its width for 0): a tree of halves, ``log2``
+    multiplexer levels deep (the upper half's count if it has a set bit, else its width plus
+    the lower half's)."""
     y = Value.cast(y)
     n = y.shape().width
-    count = Value.cast(n)
-    for k in range(n):            # the highest set bit wins: scan upwards, later overrides
-        count = Mux(y[k], n - 1 - k, count)
-    return count
+    if n == 1:
+        return ~y[0]
+    hi, lo = y[n - n // 2:], y[:n - n // 2]     # the upper half no wider than the lower
+    return Mux(hi.any(), _leading_zeros(m, hi), len(hi) + _leading_zeros(m, lo))
