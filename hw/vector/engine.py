@@ -10,9 +10,10 @@ read
     pass 1 reads element ``i`` in ``g + 1 + i``; a later pass starts the cycle after the
     per-row scalar it needs comes out of its unit (below) and reads one element per cycle;
 unit
-    each element enters its unit :data:`hw.timing.VEC_READ_LATENCY` cycles after its read
+    each element is fed to its unit :data:`hw.timing.VEC_READ_LATENCY` cycles after its read
     (the scratchpad's read register, then one on the read data), with ``last`` on the row's
-    final element;
+    final element; every unit takes what it is fed from a register,
+    :data:`hw.timing.VEC_FEED_LATENCY` cycle later;
 write
     the results go to VOUT from ``dst_addr``, one word per cycle as they come out.
 
@@ -41,9 +42,9 @@ ROPE       ``Rope`` over ``imm``'s heads (:func:`hw.isa.rope_imm`), one pair ``k
            position as it comes out
 RMSNORM    pass 1 ``AbsMax`` (pass 2 reads from the cycle after ``amax`` comes out), ``s =
            max(0, bitlen(amax) - 17)`` registered the cycle after and ``eps >> 2s`` the next
-           (one stage each); pass 2 ``SumSq(x, s)``; ``Rsqrt`` of the sum plus ``eps >> 2s`` (``r = 0``
-           for a sum of 0); pass 3 ``Scale(30)(x, r, sh + s)`` into ``Mul(30, b_bits=33)``
-           with the weight, read beside ``x`` and delayed by Scale's latency
+           (one stage each); pass 2 ``SumSq(x, s)``; ``Rsqrt`` of the sum plus ``eps >> 2s``
+           (``r = 0`` for a sum of 0); pass 3 ``Scale(30)(x, r, sh + s)`` into ``Mul(30,
+           b_bits=33)`` with the weight, read beside ``x`` and delayed by Scale's latency
 DEQUANT    the ``amax`` word read from ``imm`` in ``g + 1`` (the command's ``a_addr`` stands
            aside for a cycle), ``A = amax`` (``127 * 2**16`` for 0) and ``b = bitlen(A)``
            registered as it comes; one pass from ``g + 2``, each accumulator's channel word
@@ -129,6 +130,8 @@ class VectorEngine(wiring.Component):
     #: Registers between a VIN read and its element entering a unit: the memory's, then one on
     #: the read data (the block RAM's clock-to-output apart from the units' logic).
     READ_LATENCY = 2
+    #: Registers between the engine's selection of a unit's operands and the unit.
+    FEED_LATENCY = 1
     #: VOUT words ARGMAX writes: the index, then the maximum.
     ARGMAX_WORDS = 2
 
@@ -140,6 +143,9 @@ class VectorEngine(wiring.Component):
         if timing.VEC_READ_LATENCY != self.READ_LATENCY:
             raise ValueError(f"hw.timing.VEC_READ_LATENCY={timing.VEC_READ_LATENCY} does not "
                              f"match the vector engine's {self.READ_LATENCY}-cycle VIN read")
+        if timing.VEC_FEED_LATENCY != self.FEED_LATENCY:
+            raise ValueError(f"hw.timing.VEC_FEED_LATENCY={timing.VEC_FEED_LATENCY} does not "
+                             f"match the vector engine's {self.FEED_LATENCY}-cycle unit feeds")
         words = int(vec_out_words(VecFunc.ARGMAX.value, 1))
         if words != self.ARGMAX_WORDS:
             raise ValueError(f"hw.isa.vec_out_words(ARGMAX)={words} is not the vector "
@@ -185,6 +191,8 @@ class VectorEngine(wiring.Component):
         for name, unit in u.items():
             m.submodules[name] = unit
             m.d.comb += unit.o.ready.eq(1)
+        # Cycles from feeding a unit (below) to its result: its feed register, then its own.
+        lat = {k: self.FEED_LATENCY + v.latency for k, v in u.items()}
         body = self.cmd.payload
         width = VecBody["a_addr"].width
 
@@ -264,9 +272,17 @@ class VectorEngine(wiring.Component):
         p1, p2, p3 = valid & (phase == 0), valid & (phase == 1), valid & (phase == 2)
 
         def feed(unit, when, **payload):
-            m.d.comb += unit.i.valid.eq(when)
+            """The unit takes ``when`` and ``payload`` FEED_LATENCY (1) cycle later, from a
+            register: the engine's operand selection stays apart from the unit's first
+            stage."""
+            valid = Signal(name=f"{unit.NAME}_iv")
+            m.d.sync += valid.eq(when)
+            m.d.comb += unit.i.valid.eq(valid)
             for k, v in payload.items():
-                m.d.comb += getattr(unit.i.payload, k).eq(v)
+                port = getattr(unit.i.payload, k)
+                reg = Signal.like(port, name=f"{unit.NAME}_i_{k}", reset_less=True)
+                m.d.sync += reg.eq(v)
+                m.d.comb += port.eq(reg)
 
         feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
         feed(u["argmax"], valid & is_[VecFunc.ARGMAX], x=x, last=last)
@@ -327,24 +343,23 @@ class VectorEngine(wiring.Component):
         sm = is_[VecFunc.SOFTMAX]
         feed(u["max"], p1 & sm, x=Mux(inrow, x, -ACT_MAX), last=last)
         feed(u["exp"], (p2 | p3) & sm, a=Mux(inrow, x, top), b=top)
-        exp_lat = u["exp"].latency
+        exp_lat = lat["exp"]
         e_last, e_in = _delay(m, last, exp_lat, "e_last"), _delay(m, inrow, exp_lat, "e_in")
         e = Mux(e_in, u["exp"].o.payload.y, 0)
         feed(u["sum"], u["exp"].o.valid & (phase == 1), x=e, last=e_last)
         feed(u["scale16"], u["exp"].o.valid & (phase == 2), x=e, r=r, sh=sh)
-        p_last = _delay(m, e_last, u["scale16"].latency, "p_last")
+        p_last = _delay(m, e_last, lat["scale16"], "p_last")
         # -- RMSNORM: SumSq (pass 2); Scale(30) and Mul with the delayed weight (pass 3)
         rn = is_[VecFunc.RMSNORM]
         feed(u["sumsq"], p2 & rn, x=x, shift=shift, last=last)
         feed(u["scale30"], p3 & rn, x=x, r=r, sh=sh)
-        w = _delay(m, b, u["scale30"].latency, "w")
-        n_last = _delay(m, last & rn, u["scale30"].latency, "n_last")
+        w = _delay(m, b, lat["scale30"], "w")
+        n_last = _delay(m, last & rn, lat["scale30"], "n_last")
         feed(u["mul"], u["scale30"].o.valid, a=u["scale30"].o.payload.y, b=w)
-        y_last = _delay(m, n_last, u["mul"].latency, "y_last")
+        y_last = _delay(m, n_last, lat["mul"], "y_last")
 
         # -- MUL; SILU_GATE: every unit's operands carried beside it (the units never stall)
         feed(u["exp30"], valid & silu, a=Mux(x[-1], x, 0), b=Mux(x[-1], 0, x))
-        lat = {k: v.latency for k, v in u.items()}
         at_recip = lat["exp30"]
         at_scale = at_recip + lat["recip"]
         at_mul_es = at_scale + lat["scale60"]
@@ -383,7 +398,7 @@ class VectorEngine(wiring.Component):
         word_cs = Mux(upper, cs, rd_a[:2 * ROPE_HALF_BITS])
         feed(u["rope"], lower | upper, x=Mux(upper, xu, xl), rot=Mux(upper, xl, -xu),
              cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
-        rope_last = _delay(m, up_last, u["rope"].latency, "rope_last")
+        rope_last = _delay(m, up_last, lat["rope"], "rope_last")
         # Each result's VOUT position: lower k -> upper k (+ d/2) -> lower k + 1 (+ 1 - d/2),
         # or the next head's first (+ 1) after its last pair.
         r_up = Signal()      # the next ROPE result is an upper element
@@ -412,9 +427,9 @@ class VectorEngine(wiring.Component):
         dq_last = _delay(m, last & dq_valid, lat["dequant_factor"] + lat["scale31"], "dq_last")
 
         # ---- write
-        add_last = _delay(m, last & is_[VecFunc.ADD], u["add"].latency, "add_last")
+        add_last = _delay(m, last & is_[VecFunc.ADD], lat["add"], "add_last")
         code_last = _delay(m, last & is_[VecFunc.REQUANT] & (phase == 1),
-                           u["requant"].latency, "code_last")
+                           lat["requant"], "code_last")
         # ARGMAX: the index now, the maximum next cycle
         second = Signal()
         arg_top = Signal(signed(ACT_BITS), reset_less=True)
