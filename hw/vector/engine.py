@@ -10,8 +10,10 @@ read
     pass 1 reads element ``i`` in ``g + 1 + i``; a later pass starts the cycle after the
     per-row scalar it needs comes out of its unit (below) and reads one element per cycle;
 unit
-    each element enters its unit :data:`hw.timing.VEC_READ_LATENCY` cycles after its read
-    (the scratchpad's read register), with ``last`` on the row's final element;
+    each element is fed to its unit :data:`hw.timing.VEC_READ_LATENCY` cycles after its read
+    (the scratchpad's read register, then one on the read data), with ``last`` on the row's
+    final element; every unit takes what it is fed from a register,
+    :data:`hw.timing.VEC_FEED_LATENCY` cycle later;
 write
     the results go to VOUT from ``dst_addr``, one word per cycle as they come out.
 
@@ -38,10 +40,11 @@ ROPE       ``Rope`` over ``imm``'s heads (:func:`hw.isa.rope_imm`), one pair ``k
            unit as the word arrives (``rot = -x[k + d/2]``, 33 bits), element ``k + d/2`` the
            cycle after (``rot = x[k]``, the word registered), each result written to its
            position as it comes out
-RMSNORM    pass 1 ``AbsMax``, ``s = max(0, bitlen(amax) - 17)`` as it comes out and ``eps >>
-           2s``; pass 2 ``SumSq(x, s)``; ``Rsqrt`` of the sum plus ``eps >> 2s`` (``r = 0``
-           for a sum of 0); pass 3 ``Scale(30)(x, r, sh + s)`` into ``Mul(30, b_bits=33)``
-           with the weight, read beside ``x`` and delayed by Scale's latency
+RMSNORM    pass 1 ``AbsMax`` (pass 2 reads from the cycle after ``amax`` comes out), ``s =
+           max(0, bitlen(amax) - 17)`` registered the cycle after and ``eps >> 2s`` the next
+           (one stage each); pass 2 ``SumSq(x, s)``; ``Rsqrt`` of the sum plus ``eps >> 2s``
+           (``r = 0`` for a sum of 0); pass 3 ``Scale(30)(x, r, sh + s)`` into ``Mul(30,
+           b_bits=33)`` with the weight, read beside ``x`` and delayed by Scale's latency
 DEQUANT    the ``amax`` word read from ``imm`` in ``g + 1`` (the command's ``a_addr`` stands
            aside for a cycle), ``A = amax`` (``127 * 2**16`` for 0) and ``b = bitlen(A)``
            registered as it comes; one pass from ``g + 2``, each accumulator's channel word
@@ -124,8 +127,11 @@ class VectorEngine(wiring.Component):
         Element write port of VOUT.
     """
 
-    #: Registers between a VIN read and its element entering a unit (the memory's).
-    READ_LATENCY = 1
+    #: Registers between a VIN read and its element entering a unit: the memory's, then one on
+    #: the read data (the block RAM's clock-to-output apart from the units' logic).
+    READ_LATENCY = 2
+    #: Registers between the engine's selection of a unit's operands and the unit.
+    FEED_LATENCY = 1
     #: VOUT words ARGMAX writes: the index, then the maximum.
     ARGMAX_WORDS = 2
 
@@ -137,6 +143,9 @@ class VectorEngine(wiring.Component):
         if timing.VEC_READ_LATENCY != self.READ_LATENCY:
             raise ValueError(f"hw.timing.VEC_READ_LATENCY={timing.VEC_READ_LATENCY} does not "
                              f"match the vector engine's {self.READ_LATENCY}-cycle VIN read")
+        if timing.VEC_FEED_LATENCY != self.FEED_LATENCY:
+            raise ValueError(f"hw.timing.VEC_FEED_LATENCY={timing.VEC_FEED_LATENCY} does not "
+                             f"match the vector engine's {self.FEED_LATENCY}-cycle unit feeds")
         words = int(vec_out_words(VecFunc.ARGMAX.value, 1))
         if words != self.ARGMAX_WORDS:
             raise ValueError(f"hw.isa.vec_out_words(ARGMAX)={words} is not the vector "
@@ -182,6 +191,8 @@ class VectorEngine(wiring.Component):
         for name, unit in u.items():
             m.submodules[name] = unit
             m.d.comb += unit.o.ready.eq(1)
+        # Cycles from feeding a unit (below) to its result: its feed register, then its own.
+        lat = {k: self.FEED_LATENCY + v.latency for k, v in u.items()}
         body = self.cmd.payload
         width = VecBody["a_addr"].width
 
@@ -248,19 +259,30 @@ class VectorEngine(wiring.Component):
             m.d.sync += [issuing.eq(1), a_ptr.eq(a_base), b_ptr.eq(b_base),
                          left.eq(length - 1), idx.eq(0), phase.eq(phase + 1)]
 
-        # ---- the element enters its units with the read data (READ_LATENCY = 1 register)
-        valid = Signal()
-        last = Signal()
-        inrow = Signal()       # SOFTMAX: a valid position (idx < imm)
-        m.d.sync += [valid.eq(issuing), last.eq(issuing & (left == 0)), inrow.eq(idx < imm)]
-        x = self.vin_a.data.as_signed()
-        b = self.vin_b.data.as_signed()
+        # ---- the element enters its units READ_LATENCY cycles after its read: the memory's
+        # register, then the read data's (rd_a, rd_b), the control carried beside
+        rl = self.READ_LATENCY
+        valid = _delay(m, issuing, rl, "valid")
+        last = _delay(m, issuing & (left == 0), rl, "last")
+        inrow = _delay(m, idx < imm, rl, "inrow")    # SOFTMAX: a valid position (idx < imm)
+        rd_a = _delay(m, self.vin_a.data, rl - 1, "rd_a")
+        rd_b = _delay(m, self.vin_b.data, rl - 1, "rd_b")
+        x = rd_a.as_signed()
+        b = rd_b.as_signed()
         p1, p2, p3 = valid & (phase == 0), valid & (phase == 1), valid & (phase == 2)
 
         def feed(unit, when, **payload):
-            m.d.comb += unit.i.valid.eq(when)
+            """The unit takes ``when`` and ``payload`` FEED_LATENCY (1) cycle later, from a
+            register: the engine's operand selection stays apart from the unit's first
+            stage."""
+            valid = Signal(name=f"{unit.NAME}_iv")
+            m.d.sync += valid.eq(when)
+            m.d.comb += unit.i.valid.eq(valid)
             for k, v in payload.items():
-                m.d.comb += getattr(unit.i.payload, k).eq(v)
+                port = getattr(unit.i.payload, k)
+                reg = Signal.like(port, name=f"{unit.NAME}_i_{k}", reset_less=True)
+                m.d.sync += reg.eq(v)
+                m.d.comb += port.eq(reg)
 
         feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
         feed(u["argmax"], valid & is_[VecFunc.ARGMAX], x=x, last=last)
@@ -275,15 +297,22 @@ class VectorEngine(wiring.Component):
         eps = Signal(VecBody["imm"].width, reset_less=True)      # eps >> 2s
         ss_zero = Signal(reset_less=True)
         y = u["absmax"].o.payload.y
+        # RMSNORM's scalars from the registered amax, one a cycle: s in the cycle after amax
+        # (pass 2's first element enters SumSq no earlier than the cycle after that),
+        # eps >> 2s the next (added to the sum of squares at its end)
         bitlen = Signal(range(ACT_BITS + 1))
-        m.d.comb += bitlen.eq(ACT_BITS - _leading_zeros(m, y))
+        m.d.comb += bitlen.eq(ACT_BITS - _leading_zeros(m, amax))
+        s_now = Signal()       # amax is RMSNORM's: s from it now
+        eps_now = Signal()     # s is: eps >> 2s from it now
+        m.d.sync += [s_now.eq(u["absmax"].o.valid & ~is_[VecFunc.REQUANT]), eps_now.eq(s_now)]
         with m.If(u["absmax"].o.valid):
             m.d.sync += amax.eq(y)
             with m.If(is_[VecFunc.REQUANT]):
                 m.d.sync += shift.eq(y[ACT_BITS - 1])                 # bitlen(amax) - 31
-            with m.Else():
-                s = Mux(bitlen > ACT_FRAC + 1, bitlen - (ACT_FRAC + 1), 0)
-                m.d.sync += [shift.eq(s), eps.eq(imm >> (2 * s)[:6])]
+        with m.If(s_now):
+            m.d.sync += shift.eq(Mux(bitlen > ACT_FRAC + 1, bitlen - (ACT_FRAC + 1), 0))
+        with m.If(eps_now):
+            m.d.sync += eps.eq(imm >> (2 * shift)[:6])
         with m.If(u["max"].o.valid):
             m.d.sync += top.eq(u["max"].o.payload.y)
         big = y[ACT_BITS - 1]
@@ -314,24 +343,23 @@ class VectorEngine(wiring.Component):
         sm = is_[VecFunc.SOFTMAX]
         feed(u["max"], p1 & sm, x=Mux(inrow, x, -ACT_MAX), last=last)
         feed(u["exp"], (p2 | p3) & sm, a=Mux(inrow, x, top), b=top)
-        exp_lat = u["exp"].latency
+        exp_lat = lat["exp"]
         e_last, e_in = _delay(m, last, exp_lat, "e_last"), _delay(m, inrow, exp_lat, "e_in")
         e = Mux(e_in, u["exp"].o.payload.y, 0)
         feed(u["sum"], u["exp"].o.valid & (phase == 1), x=e, last=e_last)
         feed(u["scale16"], u["exp"].o.valid & (phase == 2), x=e, r=r, sh=sh)
-        p_last = _delay(m, e_last, u["scale16"].latency, "p_last")
+        p_last = _delay(m, e_last, lat["scale16"], "p_last")
         # -- RMSNORM: SumSq (pass 2); Scale(30) and Mul with the delayed weight (pass 3)
         rn = is_[VecFunc.RMSNORM]
         feed(u["sumsq"], p2 & rn, x=x, shift=shift, last=last)
         feed(u["scale30"], p3 & rn, x=x, r=r, sh=sh)
-        w = _delay(m, b, u["scale30"].latency, "w")
-        n_last = _delay(m, last & rn, u["scale30"].latency, "n_last")
+        w = _delay(m, b, lat["scale30"], "w")
+        n_last = _delay(m, last & rn, lat["scale30"], "n_last")
         feed(u["mul"], u["scale30"].o.valid, a=u["scale30"].o.payload.y, b=w)
-        y_last = _delay(m, n_last, u["mul"].latency, "y_last")
+        y_last = _delay(m, n_last, lat["mul"], "y_last")
 
         # -- MUL; SILU_GATE: every unit's operands carried beside it (the units never stall)
         feed(u["exp30"], valid & silu, a=Mux(x[-1], x, 0), b=Mux(x[-1], 0, x))
-        lat = {k: v.latency for k, v in u.items()}
         at_recip = lat["exp30"]
         at_scale = at_recip + lat["recip"]
         at_mul_es = at_scale + lat["scale60"]
@@ -355,8 +383,7 @@ class VectorEngine(wiring.Component):
 
         # -- ROPE: x[k], x[k + d/2] registered as they arrive; element k enters Rope with the
         # table word, element k + d/2 the cycle after
-        was_tab = Signal()
-        m.d.sync += was_tab.eq(tab)
+        was_tab = _delay(m, tab, rl, "was_tab")
         xl = Signal(signed(ACT_BITS), reset_less=True)
         xu = Signal(signed(ACT_BITS), reset_less=True)
         cs = Signal(2 * ROPE_HALF_BITS, reset_less=True)
@@ -367,11 +394,11 @@ class VectorEngine(wiring.Component):
         with m.If(valid & is_rope & ~was_tab):
             m.d.sync += [xl.eq(x), xu.eq(b)]
         with m.If(lower):
-            m.d.sync += cs.eq(self.vin_a.data)
-        word_cs = Mux(upper, cs, self.vin_a.data[:2 * ROPE_HALF_BITS])
+            m.d.sync += cs.eq(rd_a)
+        word_cs = Mux(upper, cs, rd_a[:2 * ROPE_HALF_BITS])
         feed(u["rope"], lower | upper, x=Mux(upper, xu, xl), rot=Mux(upper, xl, -xu),
              cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
-        rope_last = _delay(m, up_last, u["rope"].latency, "rope_last")
+        rope_last = _delay(m, up_last, lat["rope"], "rope_last")
         # Each result's VOUT position: lower k -> upper k (+ d/2) -> lower k + 1 (+ 1 - d/2),
         # or the next head's first (+ 1) after its last pair.
         r_up = Signal()      # the next ROPE result is an upper element
@@ -385,25 +412,24 @@ class VectorEngine(wiring.Component):
         # -- DEQUANT: the amax word (pass 1, one element) gives the row's scalars; pass 2
         # streams the accumulators and channel words through DequantFactor and Scale(31).
         dq = is_[VecFunc.DEQUANT]
-        amax_rd = Signal()     # the amax word is the read data
-        m.d.sync += amax_rd.eq(issuing & dq & (phase == 0))
+        amax_rd = _delay(m, issuing & dq & (phase == 0), rl, "amax_rd")  # rd_a is the amax word
         dq_a = Signal(AMAX_BITS, reset_less=True)
         dq_b = Signal(range(AMAX_BITS + 1), reset_less=True)
-        amax_word = self.vin_a.data
+        amax_word = rd_a
         a_eff = Mux(amax_word == 0, DEQUANT_ZERO_AMAX, amax_word)
         with m.If(amax_rd):
             m.d.sync += [dq_a.eq(a_eff), dq_b.eq(AMAX_BITS - _leading_zeros(m, a_eff))]
         dq_valid = valid & dq & ~amax_rd
-        feed(u["dequant_factor"], dq_valid, chan=self.vin_b.data, a=dq_a, b=dq_b)
+        feed(u["dequant_factor"], dq_valid, chan=rd_b, a=dq_a, b=dq_b)
         dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc")
         feed(u["scale31"], u["dequant_factor"].o.valid, x=dq_acc,
              r=u["dequant_factor"].o.payload.r, sh=u["dequant_factor"].o.payload.sh)
         dq_last = _delay(m, last & dq_valid, lat["dequant_factor"] + lat["scale31"], "dq_last")
 
         # ---- write
-        add_last = _delay(m, last & is_[VecFunc.ADD], u["add"].latency, "add_last")
+        add_last = _delay(m, last & is_[VecFunc.ADD], lat["add"], "add_last")
         code_last = _delay(m, last & is_[VecFunc.REQUANT] & (phase == 1),
-                           u["requant"].latency, "code_last")
+                           lat["requant"], "code_last")
         # ARGMAX: the index now, the maximum next cycle
         second = Signal()
         arg_top = Signal(signed(ACT_BITS), reset_less=True)
@@ -453,10 +479,12 @@ class VectorEngine(wiring.Component):
 
 
 def _leading_zeros(m: Module, y: Value) -> Value:
-    """The leading zeros of unsigned ``y`` (its width for 0): a priority encoder."""
+    """The leading zeros of unsigned ``y`` (its width for 0): a tree of halves, ``log2``
+    multiplexer levels deep (the upper half's count if it has a set bit, else its width plus
+    the lower half's)."""
     y = Value.cast(y)
     n = y.shape().width
-    count = Value.cast(n)
-    for k in range(n):            # the highest set bit wins: scan upwards, later overrides
-        count = Mux(y[k], n - 1 - k, count)
-    return count
+    if n == 1:
+        return ~y[0]
+    hi, lo = y[n - n // 2:], y[:n - n // 2]     # the upper half no wider than the lower
+    return Mux(hi.any(), _leading_zeros(m, hi), len(hi) + _leading_zeros(m, lo))

@@ -456,3 +456,49 @@ def test_vector_unit_docstrings_state_their_multipliers(tmp_path):
         said = re.search(r"Cost: (\w+) (?:18x18 )?multiplier", doc)
         assert said, f"{name}: no Cost line"
         assert words[said.group(1)] == res["units"][name]["dsps"], name
+
+
+def test_vector_engine_alone_through_the_flow(tmp_path, monkeypatch):
+    """``component="vector_engine"``: the engine's own Verilog (module ``vengine``) through the
+    same Yosys script and nextpnr command, its record saying so, and cached like the top's."""
+    import hw.synth
+    from hw.config import preset
+
+    cmds = []
+
+    def fake_run(cmd, log, cwd, **kw):
+        cmds.append(cmd)
+        _run_dir(cwd, ROUTED)
+        (cwd / "vengine.json").write_text(json.dumps(
+            {"modules": {"vengine": {"attributes": {"top": "1"}, "ports": {}, "cells": {},
+                                      "netnames": {}}}}))
+        return True
+
+    monkeypatch.setattr(hw.synth, "_run", fake_run)
+    cfg = preset("vector")
+    rec = hw.synth.synthesize(cfg, tmp_path, verbose=False, component="vector_engine", seed=2)
+    assert "module vengine" in (tmp_path / "vengine.v").read_text()
+    assert "hierarchy -top vengine" in cmds[0][-1]
+    assert cmds[1][cmds[1].index("--json") + 1] == "vengine.json"
+    assert cmds[1][cmds[1].index("--seed") + 1] == "2"
+    assert rec["component"] == "vector_engine" and rec["fmax_mhz"] == 45.10
+    assert "vector_engine alone" in summary(rec).splitlines()[0]
+    assert json.loads((tmp_path / "synth.json").read_text()) == rec
+    again = hw.synth.synthesize(cfg, tmp_path, verbose=False, component="vector_engine", seed=2)
+    assert len(cmds) == 2 and again == rec               # cached
+    assert hw.synth._default_out(cfg, "vector_engine").name == "vector_engine"
+    with pytest.raises(ValueError, match="'fft'"):
+        hw.synth.synthesize(cfg, tmp_path, component="fft")
+
+
+def test_cli_vector_engine_bad_combinations(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--vector-engine", "--record"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "hw.synth: --vector-engine cannot be combined with --vector or --record")
+    plain = tmp_path / "plain.json"
+    AcceleratorConfig().save(plain)
+    assert main(["--vector-engine", "--config", str(plain)]) == 2
+    err = capsys.readouterr().err
+    assert "has no vector engine" in err and len(err.strip().splitlines()) == 1

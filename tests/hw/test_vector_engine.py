@@ -438,16 +438,18 @@ def test_the_timing_formula_and_its_array_twin_agree():
     f = decode_fields(program_words(vecs))
     assert timing.vec_cycles_fields(f, VCFG).tolist() == [timing.vec_cycles(v, VCFG)
                                                           for v in vecs]
-    lat = timing.VECTOR_LATENCY
+    # a unit's result comes its feed register and its own latency after it is fed
+    lat = {k: timing.VEC_FEED_LATENCY + v for k, v in timing.VECTOR_LATENCY.items()}
     assert timing.vec_cycles(Vec(length=10), VCFG) == 10 + timing.VEC_READ_LATENCY + lat["add"]
     assert timing.vec_cycles(Vec(func=VecFunc.ARGMAX, length=10), VCFG) == \
         10 + timing.VEC_READ_LATENCY + lat["argmax"] + 1
-    assert timing.vec_cycles(Vec(func=VecFunc.MUL, length=10), VCFG) == 10 + 1 + lat["mul"]
+    assert timing.vec_cycles(Vec(func=VecFunc.MUL, length=10), VCFG) == \
+        10 + timing.VEC_READ_LATENCY + lat["mul"]
     # two reads per pair; the pair's second element enters Rope a cycle after the table word
     assert timing.vec_cycles(Vec(func=VecFunc.ROPE, length=12, imm=rope_imm(4, 3)), VCFG) == \
         12 + timing.VEC_READ_LATENCY + 1 + lat["rope"]
     assert timing.vec_cycles(Vec(func=VecFunc.SILU_GATE, length=10), VCFG) == \
-        10 + 1 + lat["exp"] + lat["recip"] + lat["scale"] + 3 * lat["mul"]
+        10 + timing.VEC_READ_LATENCY + lat["exp"] + lat["recip"] + lat["scale"] + 3 * lat["mul"]
     # two passes; Recip between them; the amax word after the last code word
     assert timing.vec_cycles(Vec(func=VecFunc.REQUANT, length=10), VCFG) == \
         2 * (10 + timing.VEC_READ_LATENCY) + lat["absmax"] + lat["recip"] + lat["requant"] + 1
