@@ -387,6 +387,17 @@ def vector_tasks(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int,
              for e in range(0, length, seg)], in_half, out_half)
 
 
+def _double_buffered(n: int, load, run, store) -> None:
+    """Emit ``n`` tasks through two buffers: task ``i + 1``'s loads before task ``i``'s VECs
+    and store, so the LOAD engine fills one half while the vector engine works on the other."""
+    load(0)
+    for i in range(n):
+        if i + 1 < n:
+            load(i + 1)
+        run(i)
+        store(i)
+
+
 def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
                     second: bool = False, const: bool = False, imm: int = 0) -> Schedule:
     """One program computing ``func`` on ``rows`` rows of ``length`` int32 elements.
@@ -450,12 +461,7 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
                    row_beats=-(-t.length // per), dram_stride=row_beats,
                    wait=ev[f"OUT_FULL{h}"], signal=ev[f"STORED{h}"]), (0, "y"))
 
-    loads(0)
-    for i in range(len(tasks)):
-        if i + 1 < len(tasks):
-            loads(i + 1)
-        vecs(i)
-        store(i)
+    _double_buffered(len(tasks), loads, vecs, store)
     return Schedule(out, relocs)
 
 
@@ -526,10 +532,5 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
                    dram_stride=act_row_bytes // beat, wait=ev[f"OUT_FULL{h}"],
                    signal=ev[f"STORED{h}"]), (0, "y"))
 
-    load(0)
-    for i in range(len(tasks)):
-        if i + 1 < len(tasks):
-            load(i + 1)
-        vecs(i)
-        store_rows(i)
+    _double_buffered(len(tasks), load, vecs, store_rows)
     return Schedule(out, relocs)
