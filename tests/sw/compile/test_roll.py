@@ -24,7 +24,7 @@ from hw.isa import (
     program_words,
 )
 from sim.backends import make_backend
-from sw.compile import CompileOptions, compile_model
+from sw.compile import CompileError, CompileOptions, compile_model
 from sw.compile.lower import Member
 from sw.compile.relocation import lower_template
 from sw.compile.roll import roll
@@ -96,3 +96,33 @@ def test_compiled_model_with_loops_runs_to_the_same_logits():
     for (a, sa), (b, sb) in zip(*outs, strict=True):
         assert torch.equal(a, b)  # bit for bit: the same instructions run
         assert sb.cycles > 0 and abs(sb.cycles - sa.cycles) <= 0.05 * sa.cycles, (sa, sb)
+
+
+def test_a_program_too_long_unrolled_is_rolled_by_default():
+    """``CompileOptions(loops=None)``, the default: only the programs that would not fit the
+    instruction memory unrolled are rolled; the rest stay as ``loops=False`` lowers them, and
+    the logits are those of the unrolled compilation on a memory that holds it."""
+    lm = tiny_lm(layers=1)
+    ws = compressed(lm)
+    unrolled = compile_model(lm, SMALL, CompileOptions(4, 6, loops=False), weights=ws)
+    rolled = compile_model(lm, SMALL, CompileOptions(4, 6, loops=True), weights=ws)
+    longest = max(p.instructions for p in unrolled.programs)
+    depth = 1 << (max(p.instructions for p in rolled.programs) - 1).bit_length()
+    assert depth < longest  # some program fits only rolled
+    small = SMALL.replace(imem_depth=depth)
+    with pytest.raises(CompileError, match="instruction memory holds"):
+        compile_model(lm, small, CompileOptions(4, 6, loops=False), weights=ws)
+    auto = compile_model(lm, small, CompileOptions(4, 6), weights=ws)
+    assert all(p.instructions <= depth for p in auto.programs)
+    fits = [a for a, u in zip(auto.programs, unrolled.programs, strict=True)
+            if u.instructions <= depth]
+    assert fits and all(np.array_equal(a.words, u.words) for a, u in zip(
+        fits, [u for u in unrolled.programs if u.instructions <= depth], strict=True))
+    ids = torch.randint(0, lm.config.vocab_size, (1, 6),
+                        generator=torch.Generator().manual_seed(5))
+    outs = []
+    for exe, cfg in ((unrolled, SMALL), (auto, small)):
+        rt = Runtime(exe, make_backend("model", cfg))
+        outs.append([rt.step(ids[:, :4])[0]] + [rt.step(ids[:, p:p + 1])[0] for p in (4, 5)])
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
