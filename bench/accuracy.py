@@ -442,8 +442,11 @@ def head_records(reference: torch.nn.Module, model: str, calibration: torch.Tens
         fmt = _head_format(recipe, head)
         if fmt is not None:
             untie_head(m)  # a tied head is compressed as a copy: the embedding stays float
-            w.update(compress_llama(m, lambda name, _, f=fmt: f if name == HEAD else None,
-                                    recipe.method, calibration, skip=(), progress=progress))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", PaddingWarning)
+                w.update(compress_llama(m, lambda name, _, f=fmt: f if name == HEAD else None,
+                                        recipe.method, calibration, skip=(),
+                                        progress=progress))
         twin = use_hardware_numerics(m, w, attention=True)
         r = evaluate(twin, memo, protocol, windows)
         r.pop("window_nll")

@@ -204,3 +204,23 @@ def test_magnitude_ties_counts_the_blocks_the_tie_rule_decides():
                 lin.weight.shape[0], lin.weight.shape[1] // 4))
     assert bench.magnitude_ties(model) == 1.0
     assert bench.magnitude_ties(model, "1:4") == 0.0  # 3 is alone at the top
+
+
+def test_lm_head_study_rows(tmp_path, monkeypatch, capsys):
+    """``--lm-head``: one row per head choice on the model's default recipe (here a tied head,
+    compressed as a copy), the float head's the baseline of ``relative_to_host``."""
+    src = tiny_source()
+    embed = src.model.model.embed_tokens.weight.detach().clone()
+    monkeypatch.setattr(bench, "open_model", lambda spec, **_: src)
+    out = tmp_path / "head.json"
+    assert bench.main(ARGS + ["--out", str(out), "--lm-head"]) == 0
+    records = json.loads(out.read_text())
+    assert [(r["lm_head"], r["head_format"]) for r in records] == [
+        ("host", None), ("int4", "dense-int4"), ("int8", "dense-int8")]
+    ppl = {r["lm_head"]: r["perplexity"] for r in records}
+    for r in records:
+        assert r["relative_to_host"] == pytest.approx(ppl[r["lm_head"]] / ppl["host"] - 1)
+        assert r["tied_embeddings"] is True
+    assert ppl["int4"] != ppl["host"]  # the head's compression reaches the logits
+    assert torch.equal(src.model.model.embed_tokens.weight, embed)
+    assert "lm_head int4" in capsys.readouterr().out
