@@ -170,11 +170,15 @@ def _error_case(rtl, prog, model_prog, code, pc=None):
         assert res.error_pc == pc
 
 
-@pytest.mark.parametrize("opcode", [0, 6, 7])
-def test_illegal_opcode(rtl, opcode):
+@pytest.mark.parametrize("opcode, code", [
+    (0, ErrorCode.ILLEGAL_OPCODE),
+    (6, ErrorCode.ILLEGAL_OPCODE),  # VEC, on a configuration without the vector engine
+    (7, ErrorCode.BAD_REPEAT),      # REPEAT, with END's zero fields: a loop of no body
+])
+def test_illegal_opcode(rtl, opcode, code):
     bad = _raw(End(), op=((_OPCODE, 3), opcode))
     prog = [Sync(engine=Engine.STORE), bad, End()]
-    _error_case(rtl, prog, prog, ErrorCode.ILLEGAL_OPCODE, 1)
+    _error_case(rtl, prog, prog, code, 1)
 
 
 def test_sync_of_no_engine_is_illegal(rtl):
