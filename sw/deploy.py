@@ -518,7 +518,7 @@ def _compress(src, recipe: Recipe, formats: dict[str, WeightFormat], opts: Deplo
         counts = Counter(w.fmt.name for w in src.weights.values())
         fmts = [f"{n} x{k}" for n, k in sorted(counts.items())]
         log(f"compressed model: {len(src.weights)} layers ({', '.join(fmts)}); "
-            "--sparsity, --bits, --group and --method do not apply")
+            "--sparsity, --bits, --group, --method and --lm-head do not apply")
         return dict(src.weights), src.model, 0.0
     log(f"compress: {recipe} ({recipe.why}), {opts.calib} x {seq} calibration tokens of "
         f"{opts.calib_domain}")
