@@ -54,7 +54,8 @@ settings, ``model_note`` and ``tied_embeddings``.
 (``sw.deploy --lm-head``); each is evaluated with the accelerator's numerics (W4A8 linears, the
 INT8 KV cache) and written to ``accuracy_head.json`` (fields ``lm_head``, ``head_format``,
 ``perplexity``, ``nll``, ``top1_agreement``, ``kl``, ``relative_to_host``, the recipe and the
-evaluation settings).
+evaluation settings; like ``accuracy.json``, a run replaces only its own model's and corpora's
+records).
 """
 
 from __future__ import annotations
@@ -1228,8 +1229,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"perplexity {r['perplexity']:.4f} ({r['relative_to_host']:+.3%} vs host), "
                   f"top-1 agreement {r['top1_agreement']:.2%}")
         print(f"\n{settings.rsplit('; head', 1)[0]}\ntotal {total:.0f} s")
-        write_json(args.out, stamp(records, None))
-        print(f"wrote {args.out}")
+        write_json(args.out, merge_records(args.out, run_key(records[0]),
+                                           stamp(records, None)))
+        print(f"wrote {args.out} ({src.name} records replaced)")
         return 0
     if args.investigate:
         print(settings)

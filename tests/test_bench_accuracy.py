@@ -213,8 +213,15 @@ def test_lm_head_study_rows(tmp_path, monkeypatch, capsys):
     embed = src.model.model.embed_tokens.weight.detach().clone()
     monkeypatch.setattr(bench, "open_model", lambda spec, **_: src)
     out = tmp_path / "head.json"
+    other = {"model": "another", "lm_head": "host", "perplexity": 9.0}
+    out.write_text(json.dumps([other]))
     assert bench.main(ARGS + ["--out", str(out), "--lm-head"]) == 0
     records = json.loads(out.read_text())
+    assert other in records  # another model's records are kept, its own replaced
+    assert bench.main(ARGS + ["--out", str(out), "--lm-head"]) == 0
+    again = json.loads(out.read_text())  # a rerun replaces its three rows
+    assert len(again) == 4 and other in again
+    records = [r for r in records if r["model"] != "another"]
     assert [(r["lm_head"], r["head_format"]) for r in records] == [
         ("host", None), ("int4", "dense-int4"), ("int8", "dense-int8")]
     ppl = {r["lm_head"]: r["perplexity"] for r in records}
