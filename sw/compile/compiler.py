@@ -440,7 +440,7 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
                                       cfg, vec.func, vec.rows, vec.length,
                                       second=vec.b is not None,
                                       const=vec.w is not None and not vec.table_rows,
-                                      imm=vec.imm, table_rows=vec.table_rows, loops=loops))
+                                      imm=vec.imm, table=vec.table_rows > 0, loops=loops))
             except LoweringError as e:  # name the node: the message alone does not
                 raise LoweringError(f"{phase} node {node.name!r}: {e}") from None
         index, t = templates[key]

@@ -67,7 +67,7 @@ class Template:
     #: The SOFTMAX VECs, one per row in row order, whose ``imm`` (valid positions) the host
     #: sets before each run (empty for other programs).
     imm_rows: tuple[int, ...] = ()
-    #: A ROPE program's LOAD of its rotary table rows, whose ``dram_addr`` the host advances
+    #: A ROPE program's LOADs of its rotary table rows, whose ``dram_addr`` the host advances
     #: by the step's first position times the table row's beats before each run (empty for
     #: other programs).
     position_rows: tuple[int, ...] = ()
@@ -93,9 +93,9 @@ def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer], *,
 
 def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
                           second: bool = False, const: bool = False, imm: int = 0,
-                          table_rows: int = 0, loops: bool | None = False) -> Template:
+                          table: bool = False, loops: bool | None = False) -> Template:
     """:func:`sw.compile.schedule.schedule_vector` as one relocatable program (END appended;
-    its operands are layer 0's ``x``, ``b``, ``w`` and ``y``; a ROPE's table LOAD, the one
+    its operands are layer 0's ``x``, ``b``, ``w`` and ``y``; a ROPE's table LOADs, those
     relative to ``w``, in :attr:`Template.position_rows`); ``loops`` as for
     :func:`lower_template`.
 
@@ -105,8 +105,8 @@ def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, leng
         The rows do not fit the vector scratchpads, or the program the instruction memory.
     """
     t = _template(cfg, schedule_vector(cfg, func, rows, length, second=second, const=const,
-                                       imm=imm, table_rows=table_rows), loops)
-    if not table_rows:
+                                       imm=imm, table=table), loops)
+    if not table:
         return t
     at = t.reloc_rows[t.reloc_keys == _OPERANDS["w"]]
     return dataclasses.replace(t, position_rows=tuple(int(i) for i in at))

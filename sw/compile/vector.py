@@ -59,8 +59,8 @@ class VectorOp:
     each ``row_bytes`` in DRAM; the DRAM symbols of its rows ``x``, its second operand's rows
     ``b`` (or None), its constant row ``w`` (or None; a ROPE's: the rotary table) and its
     results ``y`` (laid out as ``x``); every VEC's ``imm`` (SOFTMAX's is set per row at run
-    time); a ROPE's ``table_rows`` (the positions of a step: row ``r`` turns by the table
-    row of position ``past + r % table_rows``) and the DRAM bytes of a table row,
+    time); a ROPE's ``table_rows`` (the positions of a step, one per row: row ``r`` turns by
+    the table row of position ``past + r``) and the DRAM bytes of a table row,
     ``table_row_bytes`` (0 for other sub-ops)."""
 
     func: VecFunc
@@ -172,13 +172,16 @@ def _elementwise(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int |
 
 def _rope(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int | None
           ) -> VectorOp:
-    """q or k ``[B, heads, T, d]``: ``B * T`` rows of ``heads * d`` elements (one token's
-    heads side by side), the table's ``T`` rows (the step's positions)."""
+    """q or k ``[1, heads, T, d]``: ``T`` rows of ``heads * d`` elements (one token's heads
+    side by side), each with its position's table row."""
     x, cos, sin = (tuple(graph.values[v].shape) for v in node.inputs)
     if len(x) != 4 or not all(isinstance(n, int) for n in x):
         raise LoweringError(f"node {node.name!r}: rope on the vector engine takes q or k as "
                             f"[batch, heads, tokens, head_dim], got {list(x)}")
     b, heads, t, d = x
+    if b != 1:
+        raise LoweringError(f"node {node.name!r}: rope on the vector engine takes one "
+                            f"sequence (batch 1), got {list(x)}")
     if d % 2 or d < 2:
         raise LoweringError(f"node {node.name!r}: head_dim={d} must be even (ROPE pairs "
                             "element k with k + head_dim / 2)")
@@ -189,7 +192,7 @@ def _rope(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int | None
         imm = rope_imm(d, heads)
     except ValueError as e:
         raise LoweringError(f"node {node.name!r}: {e}") from None
-    return _op(node, graph, cfg, heads * d, w=symbols.rope_table(), imm=imm, rows=b * t,
+    return _op(node, graph, cfg, heads * d, w=symbols.rope_table(), imm=imm, rows=t,
                table_rows=t, table_row_bytes=row_bytes(cfg, d // 2))
 
 

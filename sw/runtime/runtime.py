@@ -12,8 +12,8 @@ vector engine (``OPS[op].vector``: :mod:`sw.compile.vector`), from its sub-op: t
 prologue writes the float inputs as Q15.16 int32 rows (``to_fixed``; softmax: ``scores *
 scale + mask``, masked positions 0, and each row's valid positions into its VEC's ``imm``,
 a run-time parameter set in a copy of the program's words before the start; rope: q or k
-with a token's heads side by side, and the step's first position into the address of the
-LOAD that reads the rows of the constant rotary table, likewise) and the
+with a token's heads side by side, and the step's first position into the addresses of the
+LOADs that read the rows of the constant rotary table, likewise) and the
 epilogue reads the results back (``from_fixed``), so they equal the host kernels with the
 vector unit's numerics bit for bit. The parts of a fused program
 (:mod:`sw.compile.fusion`) keep their prologues and epilogues, but the program runs once, at
@@ -539,7 +539,7 @@ class Runtime:
         """The operands as Q15.16 int32 rows in their buffers (``to_fixed``); softmax's
         ``scores * scale + mask`` (as :func:`~hw.numerics.softmax_vector`: masked positions
         0, rows zero-padded to the bucket) with each row's valid positions in its VEC; rope's
-        q or k ``[B, heads, T, d]`` as one row of heads per token, its table LOAD pointed at
+        q or k ``[1, heads, T, d]`` as one row of heads per token, its table LOADs pointed at
         the step's first position (the table itself is a constant in the image)."""
         op = program.vector
         words = None
@@ -724,8 +724,8 @@ if _ADDR_AT + _ADDR_BITS > 64:
 
 
 def _set_position(program: Program, past: int, beat_bytes: int) -> np.ndarray:
-    """A copy of ``program``'s words with its rotary table LOADs (``position_rows``) advanced
-    to position ``past``: ``past`` table rows of ``table_row_bytes`` further."""
+    """A copy of ``program``'s words with its rotary table LOADs (``position_rows``, one per
+    task) advanced to position ``past``: ``past`` table rows of ``table_row_bytes`` further."""
     rows = np.asarray(program.position_rows, dtype=np.int64)
     if not rows.size:
         raise RuntimeFault(f"program of node {program.node!r} has no rotary table LOAD to "

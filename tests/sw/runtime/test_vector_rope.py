@@ -1,7 +1,7 @@
 """RoPE on the vector engine: a ``rope`` node is one program of one ROPE VEC per token
-(sw/compile/vector.py), its table rows loaded from a constant table of every position whose
-address the host points at the step's first position; its outputs equal the host kernel's
-(``rope_vector``) bit for bit."""
+(sw/compile/vector.py), its table rows loaded from a constant table of every position, the
+LOADs' addresses pointed by the host at the step's first position; its outputs equal the host
+kernel's (``rope_vector``) bit for bit."""
 
 import numpy as np
 import pytest
@@ -87,6 +87,7 @@ def test_rope_lowers_to_one_rope_vec_per_token_with_its_table_row():
 @pytest.mark.parametrize("x, table, match", [
     ((1, 2, 3, 5), (3, 5), "head_dim=5 must be even"),
     ((2, 3, 6), (3, 6), r"\[batch, heads, tokens, head_dim\]"),
+    ((2, 2, 3, 6), (3, 6), "batch 1"),
 ])
 def test_bad_rope_nodes_are_a_clear_lowering_error(x, table, match):
     g = _rope_graph(x, table)
@@ -102,37 +103,42 @@ def test_a_context_beyond_the_model_tables_is_a_lowering_error():
 
 def test_only_a_rope_reads_a_table():
     with pytest.raises(LoweringError, match="only a ROPE reads a rotary table"):
-        lower_vector_template(VSMALL, VecFunc.ADD, 2, 16, second=True, table_rows=2)
+        lower_vector_template(VSMALL, VecFunc.ADD, 2, 16, second=True, table=True)
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(6))
 def test_rope_programs_compute_their_rows_at_any_position(seed):
     """Random rows (some programs of several tasks), a random table of ``positions`` rows in
-    DRAM, the table LOAD pointed at a random position (:func:`_set_position`): through the
+    DRAM, the table LOADs pointed at a random position (:func:`_set_position`): through the
     fast model each row equals ``vec_rope_pairs`` with its position's table row."""
     rng = np.random.default_rng(seed)
     cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 16))
     head_dim = int(rng.choice([2, 6, 16, 32]))
     heads = int(rng.integers(1, 5))
-    t = int(rng.integers(1, 9))
-    rows, length = t * int(rng.integers(1, 3)), heads * head_dim
+    rows, length = int(rng.integers(1, 40)), heads * head_dim
     imm = rope_imm(head_dim, heads)
-    tmpl = lower_vector_template(cfg, VecFunc.ROPE, rows, length, imm=imm, table_rows=t)
+    tmpl = lower_vector_template(cfg, VecFunc.ROPE, rows, length, imm=imm, table=True)
     program = decode_program(tmpl.words.view(np.uint8))
     for ins in program:
         check(ins, cfg)
     beats = rope_table_beats(cfg, imm)
-    assert tmpl.position_rows == (0,)
-    first = program[0]
-    assert isinstance(first, Load) and first.spad == Spad.VIN and \
-        (first.rows, first.row_beats, first.spad_addr) == (t, beats, 0)
     per = cfg.beat_bytes // 4
-    vecs = [i for i in program if isinstance(i, Vec)]
-    assert [v.b_addr for v in vecs] == [r % t * beats * per for r in range(rows)]
-    assert {(v.func, v.imm, v.length) for v in vecs} == {(VecFunc.ROPE, imm, length)}
-    tasks, _, _ = vector_tasks(cfg, VecFunc.ROPE, rows, length, 1, False, t * beats)
-    positions = 24
     row = -(-length // per) * per
+    tasks, half, _ = vector_tasks(cfg, VecFunc.ROPE, rows, length, 1, False, beats)
+    # per task: its rows, then their table rows, in one VIN half
+    table_loads = [program[i] for i in tmpl.position_rows]
+    assert len(table_loads) == len(tasks)
+    for i, (task, ld) in enumerate(zip(tasks, table_loads, strict=True)):
+        assert isinstance(ld, Load) and ld.spad == Spad.VIN
+        assert (ld.rows, ld.row_beats, ld.dram_addr, ld.dram_stride) == \
+            (task.rows, beats, task.row * beats, beats)
+        assert ld.spad_addr == i % 2 * half + task.rows * row // per
+    vecs = [i for i in program if isinstance(i, Vec)]
+    assert [v.b_addr for v in vecs] == [
+        (i % 2 * half + task.rows * row // per + j * beats) * per
+        for i, task in enumerate(tasks) for j in range(task.rows)]
+    assert {(v.func, v.imm, v.length) for v in vecs} == {(VecFunc.ROPE, imm, length)}
+    positions = 48
     base = {"x": 0, "y": rows * row, "w": 2 * rows * row}   # elements
 
     class _Op:
@@ -149,7 +155,7 @@ def test_rope_programs_compute_their_rows_at_any_position(seed):
     tab = np.zeros((positions, beats * per), "<i4")
     tab[:, :head_dim // 2] = table
     dram[4 * base["w"]:4 * base["w"] + tab.nbytes] = tab.view(np.uint8).reshape(-1)
-    past = int(rng.integers(0, positions - t + 1))
+    past = int(rng.integers(0, positions - rows + 1))
 
     class _P:
         node, position_rows = "p", tmpl.position_rows
@@ -159,9 +165,8 @@ def test_rope_programs_compute_their_rows_at_any_position(seed):
     assert r.ok, r.error
     got = r.dram[4 * base["y"]:4 * base["y"] + rows * row * 4].view("<i4").reshape(rows, row)
     for i in range(rows):
-        want = vec_rope_pairs(x[i], table[past + i % t], head_dim)
+        want = vec_rope_pairs(x[i], table[past + i], head_dim)
         assert np.array_equal(got[i, :length], want), i
-    assert len(tasks) >= 1
 
 
 # ---------------------------------------------------------------------- compiled and run
@@ -178,7 +183,7 @@ def test_compiled_rope_programs_and_their_constant_table():
         heads = mcfg.num_attention_heads if "q_proj" in p.node else mcfg.num_key_value_heads
         assert (op.rows, op.length, op.table_rows) == (t, heads * d, t)
         assert op.imm == rope_imm(d, heads) and op.w == symbols.rope_table()
-        assert p.position_rows == (0,) and p.fused_into is None
+        assert len(p.position_rows) >= 1 and p.fused_into is None
     # one table for the model: max_context rows of rope_pairs words of the host's tables
     table = exe.image[symbols.rope_table()].view("<i4").reshape(PROMPT + STEPS, -1)
     assert exe.symbols[symbols.rope_table()].nbytes == table.nbytes
