@@ -299,6 +299,7 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     ws = compressed(lm, "2:4", 32)
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
+    assert any(p.vector.func == VecFunc.ROPE for p in exe.programs if p.vector is not None)
     # fused programs (vector part, REQUANT, GEMMs) run too: 3 per block and phase
     assert sum(bool(p.parts) for p in exe.programs) == 3 * 2
     ids = _ids(lm, PROMPT + 2, seed=5)
