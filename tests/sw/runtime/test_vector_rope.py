@@ -106,6 +106,46 @@ def test_only_a_rope_reads_a_table():
         lower_vector_template(VSMALL, VecFunc.ADD, 2, 16, second=True, table=True)
 
 
+def _run_rope(cfg, tmpl, rows, length, head_dim, rng) -> int:
+    """Run ROPE template ``tmpl`` on random rows and a random table of 48 positions, its
+    table LOADs pointed at a random position; assert every row equals ``vec_rope_pairs`` with
+    its position's table row; return the cycles."""
+    imm = rope_imm(head_dim, length // head_dim)
+    beats = rope_table_beats(cfg, imm)
+    per = cfg.beat_bytes // 4
+    row = -(-length // per) * per
+    positions = 48
+    base = {"x": 0, "y": rows * row, "w": 2 * rows * row}   # elements
+
+    class _Op:
+        x, y, w, b = "x", "y", "w", None
+    words = relocate(tmpl, {k: 4 * v for k, v in base.items()}, [_Op], cfg.beat_bytes)
+    x = to_fixed(rng.standard_normal((rows, length)) * float(rng.choice([0.01, 1.0, 100.0])))
+    c = rng.integers(-(1 << 14), 1 << 14, size=(positions, head_dim // 2), endpoint=True)
+    s = rng.integers(-(1 << 14), 1 << 14, size=(positions, head_dim // 2), endpoint=True)
+    table = rope_pairs(np.concatenate((c, c), -1), np.concatenate((s, s), -1))
+    dram = np.zeros(cfg.memory.size_bytes, np.uint8)
+    padded = np.zeros((rows, row), "<i4")
+    padded[:, :length] = x
+    dram[:padded.nbytes] = padded.view(np.uint8).reshape(-1)
+    tab = np.zeros((positions, beats * per), "<i4")
+    tab[:, :head_dim // 2] = table
+    dram[4 * base["w"]:4 * base["w"] + tab.nbytes] = tab.view(np.uint8).reshape(-1)
+    past = int(rng.integers(0, positions - rows + 1))
+
+    class _P:
+        node, position_rows = "p", tmpl.position_rows
+        vector = type("V", (), {"table_row_bytes": beats * cfg.beat_bytes})
+    _P.words = words
+    r = make_backend("model", cfg).run(_set_position(_P, past, cfg.beat_bytes), dram)
+    assert r.ok, r.error
+    got = r.dram[4 * base["y"]:4 * base["y"] + rows * row * 4].view("<i4").reshape(rows, row)
+    for i in range(rows):
+        want = vec_rope_pairs(x[i], table[past + i], head_dim)
+        assert np.array_equal(got[i, :length], want), i
+    return r.cycles
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_rope_programs_compute_their_rows_at_any_position(seed):
     """Random rows (some programs of several tasks), a random table of ``positions`` rows in
@@ -138,35 +178,7 @@ def test_rope_programs_compute_their_rows_at_any_position(seed):
         (i % 2 * half + task.rows * row // per + j * beats) * per
         for i, task in enumerate(tasks) for j in range(task.rows)]
     assert {(v.func, v.imm, v.length) for v in vecs} == {(VecFunc.ROPE, imm, length)}
-    positions = 48
-    base = {"x": 0, "y": rows * row, "w": 2 * rows * row}   # elements
-
-    class _Op:
-        x, y, w, b = "x", "y", "w", None
-    words = relocate(tmpl, {k: 4 * v for k, v in base.items()}, [_Op], cfg.beat_bytes)
-    x = to_fixed(rng.standard_normal((rows, length)) * float(rng.choice([0.01, 1.0, 100.0])))
-    c = rng.integers(-(1 << 14), 1 << 14, size=(positions, head_dim // 2), endpoint=True)
-    s = rng.integers(-(1 << 14), 1 << 14, size=(positions, head_dim // 2), endpoint=True)
-    table = rope_pairs(np.concatenate((c, c), -1), np.concatenate((s, s), -1))
-    dram = np.zeros(cfg.memory.size_bytes, np.uint8)
-    padded = np.zeros((rows, row), "<i4")
-    padded[:, :length] = x
-    dram[:padded.nbytes] = padded.view(np.uint8).reshape(-1)
-    tab = np.zeros((positions, beats * per), "<i4")
-    tab[:, :head_dim // 2] = table
-    dram[4 * base["w"]:4 * base["w"] + tab.nbytes] = tab.view(np.uint8).reshape(-1)
-    past = int(rng.integers(0, positions - rows + 1))
-
-    class _P:
-        node, position_rows = "p", tmpl.position_rows
-        vector = type("V", (), {"table_row_bytes": beats * cfg.beat_bytes})
-    _P.words = words
-    r = make_backend("model", cfg).run(_set_position(_P, past, cfg.beat_bytes), dram)
-    assert r.ok, r.error
-    got = r.dram[4 * base["y"]:4 * base["y"] + rows * row * 4].view("<i4").reshape(rows, row)
-    for i in range(rows):
-        want = vec_rope_pairs(x[i], table[past + i], head_dim)
-        assert np.array_equal(got[i, :length], want), i
+    assert _run_rope(cfg, tmpl, rows, length, head_dim, rng)
 
 
 # ---------------------------------------------------------------------- compiled and run
@@ -233,3 +245,26 @@ def test_a_rope_program_without_its_table_load_is_refused():
         node, position_rows, words, vector = p.node, (), p.words, p.vector
     with pytest.raises(RuntimeFault, match="no rotary table LOAD"):
         _set_position(_P, 1, VSMALL.beat_bytes)
+
+
+@pytest.mark.parametrize("memo", [False, True], ids=["plain", "memo"])
+def test_timing_only_runs_the_rope_programs_with_the_same_cycles(memo):
+    """Without values (a timing-only executable: no image, so no table) the rope programs
+    still run, and cost what they cost with values (addresses do not change timing)."""
+    lm = tiny_lm(layers=1)
+    ws = compressed(lm)
+    opts = CompileOptions(PROMPT, PROMPT + 2)
+    full = compile_model(lm, VSMALL, opts, weights=ws)
+    timing = compile_model(lm, VSMALL, opts, formats={k: w.fmt for k, w in ws.items()})
+    assert symbols.rope_table() not in timing.image
+    ids = torch.randint(0, lm.config.vocab_size, (1, PROMPT + 2),
+                        generator=torch.Generator().manual_seed(5))
+    cycles = []
+    for exe, backend, kw in ((full, "model", {}),
+                             (timing, "model-timing", {"memo_timing": memo})):
+        rt = Runtime(exe, make_backend(backend, VSMALL), vector=True, **kw)
+        steps = [rt.step(ids[:, :PROMPT])[1]] + [rt.step(ids[:, p:p + 1])[1]
+                                                 for p in range(PROMPT, PROMPT + 2)]
+        cycles.append([[(p.node, p.cycles) for p in st.programs if "rope" in p.node]
+                       for st in steps])
+    assert cycles[0] == cycles[1] and all(len(c) == 2 for c in cycles[0])
