@@ -15,7 +15,7 @@ The pipeline, each stage a small pure function::
 A node runs on the accelerator when the hardware can compute it: a linear whose layer has a
 format (compressed weights, or a format for timing-only compilation), the attention
 products (INT8 KV cache) and, on a configuration with a vector engine, the ops with a VEC
-sub-op (``OPS[op].vector``: RMSNorm, softmax, SiLU-gate, addition; :mod:`sw.compile.vector`).
+sub-op (``OPS[op].vector``: RMSNorm, RoPE, softmax, SiLU-gate, addition; :mod:`sw.compile.vector`).
 Everything else runs on the host; each accelerator node is one program, i.e. one host ->
 accelerator -> host round trip (two *transitions*), except the pairs
 ``CompileOptions.fuse_programs`` runs as one (:mod:`sw.compile.fusion`).
