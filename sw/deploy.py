@@ -22,8 +22,9 @@ explicit --config file or --dram-mb that is too small is an error (a named confi
 DRAM is sized like the default's).
 
 On a configuration with the vector engine (--config vector, or a file with vin_spad_bytes and
-vout_spad_bytes) RMSNorm, softmax and SiLU-gate run on it as programs of their own; the host's
-remaining ops then compute with the vector unit's numerics too: --vector-numerics is implied.
+vout_spad_bytes) RMSNorm, RoPE, softmax and SiLU-gate run on it as programs of their own; the
+host's remaining ops then compute with the vector unit's numerics too: --vector-numerics is
+implied.
 
 examples:
   python -m sw.deploy

@@ -15,7 +15,7 @@ The pipeline, each stage a small pure function::
 A node runs on the accelerator when the hardware can compute it: a linear whose layer has a
 format (compressed weights, or a format for timing-only compilation), the attention
 products (INT8 KV cache) and, on a configuration with a vector engine, the ops with a VEC
-sub-op (``OPS[op].vector``: RMSNorm, softmax, SiLU-gate, addition; :mod:`sw.compile.vector`).
+sub-op (``OPS[op].vector``: RMSNorm, RoPE, softmax, SiLU-gate, addition; :mod:`sw.compile.vector`).
 Everything else runs on the host; each accelerator node is one program, i.e. one host ->
 accelerator -> host round trip (two *transitions*), except the pairs
 ``CompileOptions.fuse_programs`` runs as one (:mod:`sw.compile.fusion`).
@@ -33,7 +33,7 @@ from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
-from hw.numerics import ACT_MAX, norm_weight
+from hw.numerics import ACT_MAX, norm_weight, rope_pairs, rope_table
 from sw.compile import symbols as sym
 from sw.compile.capture import CaptureResult, capture
 from sw.compile.errors import CompileError, LoweringError
@@ -68,7 +68,7 @@ from sw.compile.relocation import (
 )
 from sw.compile.tiling import stream_bytes, weight_image
 from sw.compile.vector import VectorOp, vector_op
-from sw.models.llama import LlamaLM
+from sw.models.llama import LlamaLM, rotary_tables
 
 __all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes", "vector_ops",
            "static_dram_bytes", "fuses_programs"]
@@ -220,7 +220,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     t0 = time.perf_counter()
     work, buffers, kv, pairs = _partition(model, cfg, graphs, fmt_map, options, report)
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
-                                     _constant_regions(work))
+                                     _constant_regions(work, options.max_context))
     programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
                                         options.loops)
     compile_s = passes_s + time.perf_counter() - t0
@@ -231,7 +231,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     if weights is not None:
         for layer, qw in weights.items():
             image[sym.weights(layer)] = weight_image(qw, cfg.lanes, cfg.beat_bytes)
-        image.update(_vector_constants(model, work))
+        image.update(_vector_constants(model, work, options.max_context))
     host, host_shapes = _host_tensors(model, graphs, fmt_map, weights)
     mcfg = model.config
     report.update({
@@ -438,8 +438,9 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
                                   lower_template(cfg, members, loops=loops) if vec is None
                                   else lower_vector_template(
                                       cfg, vec.func, vec.rows, vec.length,
-                                      second=vec.b is not None, const=vec.w is not None,
-                                      imm=vec.imm, loops=loops))
+                                      second=vec.b is not None,
+                                      const=vec.w is not None and not vec.table_rows,
+                                      imm=vec.imm, table=vec.table_rows > 0, loops=loops))
             except LoweringError as e:  # name the node: the message alone does not
                 raise LoweringError(f"{phase} node {node.name!r}: {e}") from None
         index, t = templates[key]
@@ -452,7 +453,7 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
                                     tuple(_program_member(m) for m in members), index))
         else:
             programs.append(Program(phase, node.name, bucket, words, (), index, vec,
-                                    t.imm_rows))
+                                    t.imm_rows, position_rows=t.position_rows))
         if i - 1 in fuse_at:
             _fuse(cfg, programs, work[i - 1][3][0], members, templates, addr)
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
@@ -489,30 +490,34 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], vec: VectorOp, member
                             parts=(n - 2, n - 1), work=work))
 
 
-def _constant_regions(work) -> list[tuple[str, int]]:
-    """The (symbol, bytes) of every constant row a vector program reads (RMSNorm weights:
-    one row each, shared by the phases)."""
+def _constant_regions(work, max_context: int) -> list[tuple[str, int]]:
+    """The (symbol, bytes) of every constant a vector program reads (RMSNorm weights: one
+    row each, shared by the phases; the rotary table of ``max_context`` positions, shared by
+    every rope node)."""
     out: dict[str, int] = {}
     for _, _, _, members in work:
         for m in members:
             if isinstance(m, VectorOp) and m.w is not None:
-                out[m.w] = m.row_bytes
+                out[m.w] = m.const_bytes(max_context)
     return list(out.items())
 
 
-def _vector_constants(model: LlamaLM, work) -> dict[str, np.ndarray]:
-    """The DRAM image of every constant row: an RMSNorm weight as the vector unit reads it,
-    :func:`hw.numerics.norm_weight` in little-endian int32 words.
+def _vector_constants(model: LlamaLM, work, max_context: int) -> dict[str, np.ndarray]:
+    """The DRAM image of every constant: an RMSNorm weight as the vector unit reads it,
+    :func:`hw.numerics.norm_weight` in little-endian int32 words; the rotary table
+    (:func:`_rope_table`).
 
     Raises
     ------
     LoweringError
-        A weight element does not fit an int32 word.
+        A weight element does not fit an int32 word, or the rotary table is not the engine's.
     """
     out: dict[str, np.ndarray] = {}
     for _, node, _, members in work:
         for m in members:
-            if isinstance(m, VectorOp) and m.w is not None and m.w not in out:
+            if isinstance(m, VectorOp) and m.table_rows and m.w not in out:
+                out[m.w] = _rope_table(model.config, max_context, m.table_row_bytes)
+            elif isinstance(m, VectorOp) and m.w is not None and m.w not in out:
                 w = model.get_parameter(node.attrs["weight"]).detach().to("cpu").float()
                 q = norm_weight(w.numpy(), m.length)
                 if np.abs(q).max(initial=0) > ACT_MAX:
@@ -521,6 +526,36 @@ def _vector_constants(model: LlamaLM, work) -> dict[str, np.ndarray]:
                                         "exceeds the vector engine's int32 words")
                 out[m.w] = q.astype("<i4").view(np.uint8)
     return out
+
+
+def _rope_table(mcfg, positions: int, row_bytes: int) -> np.ndarray:
+    """The rotary table of the first ``positions`` positions as ROPE reads it: per position
+    one row of ``row_bytes``, the ``head_dim / 2`` little-endian int32 words of
+    :func:`hw.numerics.rope_pairs` of the fixed-point tables (:func:`hw.numerics.rope_table`
+    of the float32 cos and sin the host's rope kernels receive:
+    :func:`sw.models.llama.rotary_tables`), zero padded.
+
+    Raises
+    ------
+    LoweringError
+        The model tabulates fewer positions, or its tables are not the engine's (halves that
+        differ, values that do not fit).
+    """
+    if positions > mcfg.max_position_embeddings:
+        raise LoweringError(f"the rotary table has {mcfg.max_position_embeddings} rows "
+                            f"(max_position_embeddings), a context of {positions} needs "
+                            f"{positions}")
+    # the interpreter's very tables (sliced: a shorter one need not round alike)
+    cos, sin = rotary_tables(mcfg.head_dim, mcfg.max_position_embeddings, mcfg.rope_theta)
+    try:
+        words = rope_pairs(rope_table(cos[:positions].float().numpy()),
+                           rope_table(sin[:positions].float().numpy()))
+    except ValueError as e:
+        raise LoweringError(f"rope on the vector engine: {e}") from None
+    raw = words.astype("<i4").view(np.uint8)
+    out = np.zeros((positions, row_bytes), dtype=np.uint8)
+    out[:, :raw.shape[1]] = raw
+    return out.reshape(-1)
 
 
 def _bucket_contexts(bucket: int) -> tuple[int, int]:

@@ -88,7 +88,9 @@ class Program:
 
     A vector program (a host op on the vector engine) has no members but its ``vector``
     operation, and ``imm_rows``: the index of each row's SOFTMAX VEC, whose ``imm`` (the
-    row's valid positions) the host sets in a copy of ``words`` before each run.
+    row's valid positions) the host sets in a copy of ``words`` before each run, and
+    ``position_rows``: a ROPE's LOAD of its rotary table rows, whose ``dram_addr`` the host
+    advances in such a copy by the step's first position times a table row's beats.
 
     Fused programs (:mod:`sw.compile.fusion`): a program that runs several accelerator nodes
     lists their programs in ``parts`` (node order) and its minimal work ``(read bytes, write
@@ -107,6 +109,7 @@ class Program:
     fused_into: int | None = None
     parts: tuple[int, ...] = ()
     work: tuple[int, int, int] | None = None
+    position_rows: tuple[int, ...] = ()
 
     @property
     def instructions(self) -> int:
@@ -265,7 +268,8 @@ def _program_doc(p: Program) -> dict:
     doc = {"phase": p.phase, "node": p.node, "bucket": p.bucket, "template": p.template,
            "instructions": p.instructions, "members": [asdict(m) for m in p.members]}
     if p.vector is not None:  # absent for the others: their documents are as before
-        doc.update(vector=p.vector.to_dict(), imm_rows=list(p.imm_rows))
+        doc.update(vector=p.vector.to_dict(), imm_rows=list(p.imm_rows),
+                   position_rows=list(p.position_rows))
     if p.fused_into is not None:
         doc.update(fused_into=p.fused_into)
     if p.parts:
@@ -330,7 +334,8 @@ def _from_doc(tensors: dict[str, np.ndarray], doc: dict) -> Executable:
                 tuple(ProgramMember(**m) for m in p["members"]), p["template"],
                 VectorOp.from_dict(p["vector"]) if p.get("vector") else None,
                 tuple(p.get("imm_rows", ())), p.get("fused_into"), tuple(p.get("parts", ())),
-                tuple(p["work"]) if p.get("work") else None)
+                tuple(p["work"]) if p.get("work") else None,
+                tuple(p.get("position_rows", ())))
         for p, a, b in zip(doc["programs"], starts[:-1], starts[1:], strict=True)]
     kv = doc["kv"]
     return Executable(

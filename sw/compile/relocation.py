@@ -10,6 +10,7 @@ one layer compiled alone (:mod:`sw.compile.layers`) is a template placed once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -66,6 +67,10 @@ class Template:
     #: The SOFTMAX VECs, one per row in row order, whose ``imm`` (valid positions) the host
     #: sets before each run (empty for other programs).
     imm_rows: tuple[int, ...] = ()
+    #: A ROPE program's LOADs of its rotary table rows, whose ``dram_addr`` the host advances
+    #: by the step's first position times the table row's beats before each run (empty for
+    #: other programs).
+    position_rows: tuple[int, ...] = ()
 
 
 def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer], *,
@@ -88,9 +93,10 @@ def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer], *,
 
 def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
                           second: bool = False, const: bool = False, imm: int = 0,
-                          loops: bool | None = False) -> Template:
+                          table: bool = False, loops: bool | None = False) -> Template:
     """:func:`sw.compile.schedule.schedule_vector` as one relocatable program (END appended;
-    its operands are layer 0's ``x``, ``b``, ``w`` and ``y``); ``loops`` as for
+    its operands are layer 0's ``x``, ``b``, ``w`` and ``y``; a ROPE's table LOADs, those
+    relative to ``w``, in :attr:`Template.position_rows`); ``loops`` as for
     :func:`lower_template`.
 
     Raises
@@ -98,8 +104,12 @@ def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, leng
     LoweringError
         The rows do not fit the vector scratchpads, or the program the instruction memory.
     """
-    return _template(cfg, schedule_vector(cfg, func, rows, length, second=second,
-                                          const=const, imm=imm), loops)
+    t = _template(cfg, schedule_vector(cfg, func, rows, length, second=second, const=const,
+                                       imm=imm, table=table), loops)
+    if not table:
+        return t
+    at = t.reloc_rows[t.reloc_keys == _OPERANDS["w"]]
+    return dataclasses.replace(t, position_rows=tuple(int(i) for i in at))
 
 
 def lower_requant_template(cfg: AcceleratorConfig, rows: int, length: int,

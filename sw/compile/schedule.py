@@ -26,7 +26,7 @@ place: FULL[b] LOAD -> VECTOR (the rows of task ``i`` landed in VIN half ``b = i
 OUT_FULL[b] VECTOR -> STORE (its results are in VOUT half ``b``), STORED[b] STORE -> LOAD
 (VOUT half ``b`` is written back, so the VECs that read VIN half ``b`` are done too: task
 ``i + 2`` may load into it). A constant row (RMSNorm's weight) is loaded once, first, below
-the halves.
+the halves; a ROPE's table rows (one per token's position) are loaded with its rows.
 
 Every DMA instruction names the operand its DRAM address points into (:data:`Reloc`): with
 every address 0 the program is a template placed anywhere by :mod:`sw.compile.relocation`.
@@ -38,13 +38,24 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from hw.config import AcceleratorConfig
-from hw.isa import EpilogueMode, Gemm, Instr, Load, Spad, Store, Vec, VecFunc, vec_out_words
+from hw.isa import (
+    EpilogueMode,
+    Gemm,
+    Instr,
+    Load,
+    Spad,
+    Store,
+    Vec,
+    VecFunc,
+    rope_geometry,
+    vec_out_words,
+)
 from sw.compile.errors import LoweringError
 from sw.compile.tiling import LinearPlan
 
 __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule",
            "schedule_layers", "ELEMENTWISE", "VectorTask", "vector_tasks", "schedule_vector",
-           "schedule_requant"]
+           "rope_table_beats", "schedule_requant"]
 
 #: The event table of a scheduled program: two per double buffer (docs/architecture.md, 9).
 EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
@@ -350,11 +361,13 @@ def _elems_per_beat(cfg: AcceleratorConfig) -> int:
 
 
 def vector_tasks(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int,
-                 operands: int, const: bool) -> tuple[list[VectorTask], int, int]:
+                 operands: int, const: bool, table_beats: int = 0
+                 ) -> tuple[list[VectorTask], int, int]:
     """The tasks of a vector program over ``rows`` rows of ``length`` int32 elements with
-    ``operands`` (1 or 2) input rows each and, with ``const``, one constant row: as many whole
-    rows per task as a VIN half (after the constant row) and a VOUT half hold; a row longer
-    than that is cut into beat-aligned segments when ``func`` is :data:`ELEMENTWISE`.
+    ``operands`` (1 or 2) input rows each, ``table_beats`` more VIN beats per row (a ROPE's
+    table row) and, with ``const``, one constant row: as many whole rows per task as a VIN
+    half (after the constant row) and a VOUT half hold; a row longer than that is cut into
+    beat-aligned segments when ``func`` is :data:`ELEMENTWISE`.
     Returns the tasks, the beats of a VIN half and of a VOUT half.
 
     Raises
@@ -372,19 +385,29 @@ def vector_tasks(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int,
     row_beats = -(-length // per)
     in_half = (cfg.spad_beats("vin") - (row_beats if const else 0)) // 2
     out_half = cfg.spad_beats("vout") // 2
-    if operands * row_beats <= in_half and row_beats <= out_half:
-        m = min(in_half // (operands * row_beats), out_half // row_beats, rows)
+    in_row = operands * row_beats + table_beats
+    if in_row <= in_half and row_beats <= out_half:
+        m = min(in_half // in_row, out_half // row_beats, rows)
         return ([VectorTask(r, min(m, rows - r), 0, length) for r in range(0, rows, m)],
                 in_half, out_half)
     seg = min(in_half // operands, out_half) * per
-    if func not in ELEMENTWISE or seg < 1:
+    if func not in ELEMENTWISE or table_beats or seg < 1:
         raise LoweringError(
             f"a {func.name} row of {length} elements ({operands} operand(s)"
-            + (" and a constant row" if const else "") + f") does not fit the vector engine's "
-            f"scratchpads halves (vin_spad_bytes={cfg.vin_spad_bytes}, vout_spad_bytes="
-            f"{cfg.vout_spad_bytes}); configure larger ones or compile with vector=False")
+            + (" and a constant row" if const else "")
+            + (f" and {table_beats} beats of table" if table_beats else "")
+            + ") does not fit the vector engine's scratchpads halves (vin_spad_bytes="
+            f"{cfg.vin_spad_bytes}, vout_spad_bytes={cfg.vout_spad_bytes}); configure larger "
+            "ones or compile with vector=False")
     return ([VectorTask(r, 1, e, min(seg, length - e)) for r in range(rows)
              for e in range(0, length, seg)], in_half, out_half)
+
+
+def rope_table_beats(cfg: AcceleratorConfig, imm: int) -> int:
+    """Beats of one row of the rotary table of a ROPE with ``imm`` (:func:`hw.isa.rope_imm`):
+    ``head_dim / 2`` words (:func:`hw.numerics.rope_pairs`) in whole beats."""
+    head_dim = int(rope_geometry(imm)[0])
+    return -(-(head_dim // 2) // _elems_per_beat(cfg))
 
 
 def _double_buffered(n: int, load, run, store) -> None:
@@ -399,17 +422,22 @@ def _double_buffered(n: int, load, run, store) -> None:
 
 
 def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
-                    second: bool = False, const: bool = False, imm: int = 0) -> Schedule:
+                    second: bool = False, const: bool = False, imm: int = 0,
+                    table: bool = False) -> Schedule:
     """One program computing ``func`` on ``rows`` rows of ``length`` int32 elements.
 
     DRAM operands (relocated as :data:`Reloc` of layer 0): ``"x"`` the rows (each
     ``ceil(length * 4 / beat)`` beats, consecutive), ``"b"`` the second operand's rows laid
     out alike (``second``: ADD, SILU_GATE), ``"w"`` one constant row read by every VEC as its
     second operand (``const``: RMSNORM's weight), ``"y"`` the results, laid out as ``"x"``.
-    Every VEC gets ``imm`` (RMSNORM's epsilon; SOFTMAX's valid positions are a run-time
-    parameter the host writes into each row's VEC before the start). Tasks
-    (:func:`vector_tasks`) alternate between the halves of VIN and VOUT; the loads of task
-    ``i + 1`` are emitted before the VECs of task ``i`` (software pipelining, as
+    A ROPE (``table``) reads instead the rotary table from ``"w"``, rows of
+    :func:`rope_table_beats` consecutive, one per position: row ``r`` of ``"x"`` turns by
+    table row ``r``, which a task loads after its rows (the LOADs relative to ``"w"``, whose
+    ``dram_addr`` the host advances to the step's first position before the start).
+    Every VEC gets ``imm`` (RMSNORM's epsilon; ROPE's :func:`hw.isa.rope_imm`; SOFTMAX's
+    valid positions are a run-time parameter the host writes into each row's VEC before the
+    start). Tasks (:func:`vector_tasks`) alternate between the halves of VIN and VOUT; the
+    loads of task ``i + 1`` are emitted before the VECs of task ``i`` (software pipelining, as
     :func:`schedule_layers`), so the LOAD engine fills one half while the vector engine
     reads the other.
     """
@@ -417,9 +445,13 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
     if len(ev) > cfg.num_events:
         raise LoweringError(f"lowered programs use {len(ev)} events, the accelerator has "
                             f"num_events={cfg.num_events}")
+    if table and (func != VecFunc.ROPE or second or const):
+        raise LoweringError(f"only a ROPE reads a rotary table, not {func.name}"
+                            + (" with other operands" if func == VecFunc.ROPE else ""))
     row_beats = -(-length // per)
+    t_beats = rope_table_beats(cfg, imm) if table else 0
     tasks, in_half, out_half = vector_tasks(cfg, func, rows, length, 2 if second else 1,
-                                            const)
+                                            const, t_beats)
     base = row_beats if const else 0
     out: list[Instr] = []
     relocs: list[Reloc | None] = []
@@ -436,19 +468,26 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
         t, h = tasks[i], i % 2
         beats, offset = -(-t.length // per), t.start // per
         wait = ev[f"STORED{h}"] if i >= 2 else None
-        names = ("x", "b") if second else ("x",)
-        for k, name in enumerate(names):
-            emit(Load(spad=Spad.VIN, spad_addr=base + h * in_half + k * t.rows * beats,
-                      dram_addr=t.row * row_beats + offset, rows=t.rows, row_beats=beats,
-                      dram_stride=row_beats, wait=wait if k == 0 else None,
-                      signal=ev[f"FULL{h}"] if k == len(names) - 1 else None), (0, name))
+        # (operand, VIN beats before it in the half, DRAM beats of a row, beats loaded)
+        ops = [("x", 0, row_beats, beats)]
+        if second:
+            ops.append(("b", t.rows * beats, row_beats, beats))
+        if table:  # the task's table rows, the table's rows in the same order as x's
+            ops.append(("w", t.rows * beats, t_beats, t_beats))
+        for k, (name, at, stride, n) in enumerate(ops):
+            emit(Load(spad=Spad.VIN, spad_addr=base + h * in_half + at,
+                      dram_addr=t.row * stride + (offset if name != "w" else 0), rows=t.rows,
+                      row_beats=n, dram_stride=stride, wait=wait if k == 0 else None,
+                      signal=ev[f"FULL{h}"] if k == len(ops) - 1 else None), (0, name))
 
     def vecs(i: int) -> None:
         t, h = tasks[i], i % 2
         beats = -(-t.length // per)
         a0 = base + h * in_half
         for j in range(t.rows):
-            b_addr = (a0 + (t.rows + j) * beats) * per if second else 0  # const: row 0
+            b_addr = ((a0 + (t.rows + j) * beats) * per if second
+                      else (a0 + t.rows * beats + j * t_beats) * per if table
+                      else 0)  # const: row 0
             emit(Vec(func=func, a_addr=(a0 + j * beats) * per, b_addr=b_addr,
                      dst_addr=(h * out_half + j * beats) * per, length=t.length, imm=imm,
                      wait=ev[f"FULL{h}"] if j == 0 else None,

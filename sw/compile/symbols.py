@@ -7,7 +7,7 @@ never builds a name itself.
 
 from __future__ import annotations
 
-__all__ = ["weights", "cache", "buffer", "norm_weight"]
+__all__ = ["weights", "cache", "buffer", "norm_weight", "rope_table"]
 
 
 def weights(layer: str) -> str:
@@ -30,3 +30,9 @@ def norm_weight(param: str) -> str:
     """The RMSNorm weight ``param`` as the vector engine reads it (int32 ``norm_weight``
     words, one row)."""
     return f"nw:{param}"
+
+
+def rope_table() -> str:
+    """The rotary table of every position as the vector engine reads it (``rope_pairs``
+    words, one row per position; one for the model)."""
+    return "rope"

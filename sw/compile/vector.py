@@ -11,11 +11,19 @@ op             sub-op       operands (int32 rows in DRAM, Q15.16: ``hw.numerics.
                             run-time parameter the host writes before each start
 ``silu_gate``  SILU_GATE    ``x`` the gate rows, ``b`` the up rows
 ``add``        ADD          ``x`` and ``b`` the two addends
+``rope``       ROPE         ``x`` the q or k rows, one per token, its heads side by side
+                            (the host transposes ``[B, heads, T, d]``); ``w`` the rotary
+                            table of every position as ``rope_pairs`` words (``d / 2`` per
+                            row), a constant in the DRAM image shared by every rope node,
+                            whose rows of the step's positions the program loads (the
+                            LOAD's address a run-time parameter the host sets);
+                            ``imm`` = ``rope_imm(d, heads)``
 =============  ===========  ==========================================================
 
 The host converts the float inputs into their buffers and the results back
 (``sw.runtime``), so a node's outputs equal the host kernel's with the vector unit's numerics
-(``rms_norm_vector``, ``softmax_vector``, ``silu_gate_vector``, ``add_vector``) bit for bit.
+(``rms_norm_vector``, ``softmax_vector``, ``silu_gate_vector``, ``add_vector``,
+``rope_vector``) bit for bit.
 The program itself is :func:`sw.compile.schedule.schedule_vector`'s.
 """
 
@@ -27,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
-from hw.isa import VecFunc, field_location
+from hw.isa import VecFunc, field_location, rope_geometry, rope_imm
 from hw.numerics import norm_eps
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
@@ -49,8 +57,11 @@ def row_bytes(cfg: AcceleratorConfig, length: int) -> int:
 class VectorOp:
     """The program of a vector node: ``func`` on ``rows`` rows of ``length`` int32 elements,
     each ``row_bytes`` in DRAM; the DRAM symbols of its rows ``x``, its second operand's rows
-    ``b`` (or None), its constant row ``w`` (or None) and its results ``y`` (laid out as
-    ``x``); every VEC's ``imm`` (SOFTMAX's is set per row at run time)."""
+    ``b`` (or None), its constant row ``w`` (or None; a ROPE's: the rotary table) and its
+    results ``y`` (laid out as ``x``); every VEC's ``imm`` (SOFTMAX's is set per row at run
+    time); a ROPE's ``table_rows`` (the positions of a step, one per row: row ``r`` turns by
+    the table row of position ``past + r``) and the DRAM bytes of a table row,
+    ``table_row_bytes`` (0 for other sub-ops)."""
 
     func: VecFunc
     rows: int
@@ -61,6 +72,8 @@ class VectorOp:
     b: str | None = None
     w: str | None = None
     imm: int = 0
+    table_rows: int = 0
+    table_row_bytes: int = 0
 
     @property
     def w_tile_stride(self) -> None:
@@ -71,7 +84,12 @@ class VectorOp:
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
         return ("vec", self.func, self.rows, self.length, self.b is not None,
-                self.w is not None, self.imm)
+                self.w is not None, self.imm, self.table_rows)
+
+    def const_bytes(self, max_context: int) -> int:
+        """DRAM bytes of its constant ``w``: a row (RMSNorm's weight), or a ROPE's table of
+        every position of a context of ``max_context``."""
+        return max_context * self.table_row_bytes if self.table_rows else self.row_bytes
 
     @property
     def data_bytes(self) -> int:
@@ -85,9 +103,16 @@ class VectorOp:
 
     @property
     def read_bytes(self) -> int:
-        """Bytes the program must read at least: its operand rows, the constant row once."""
+        """Bytes the program must read at least: its operand rows, the constant row (or a
+        ROPE's table rows) once."""
         n = self.rows * self.length * VECTOR_WORD_BYTES
+        if self.table_rows:
+            return n + self.table_rows * self._table_words * VECTOR_WORD_BYTES
         return n * (2 if self.b else 1) + (self.length * VECTOR_WORD_BYTES if self.w else 0)
+
+    @property
+    def _table_words(self) -> int:
+        return int(rope_geometry(self.imm)[0]) // 2
 
     @property
     def write_bytes(self) -> int:
@@ -96,7 +121,8 @@ class VectorOp:
     def to_dict(self) -> dict:
         return {"func": self.func.name, "rows": self.rows, "length": self.length,
                 "row_bytes": self.row_bytes, "x": self.x, "y": self.y, "b": self.b,
-                "w": self.w, "imm": self.imm}
+                "w": self.w, "imm": self.imm, "table_rows": self.table_rows,
+                "table_row_bytes": self.table_row_bytes}
 
     @classmethod
     def from_dict(cls, d: dict) -> VectorOp:
@@ -112,15 +138,17 @@ def _rows(shape) -> int:
 
 
 def _op(node: Node, graph: Graph, cfg: AcceleratorConfig, length: int, *,
-        second: bool = False, w: str | None = None, imm: int = 0) -> VectorOp:
+        second: bool = False, w: str | None = None, imm: int = 0, rows: int | None = None,
+        table_rows: int = 0, table_row_bytes: int = 0) -> VectorOp:
     phase = graph.meta.get("phase", "")
-    rows = _rows(graph.values[node.inputs[0]].shape)
+    rows = _rows(graph.values[node.inputs[0]].shape) if rows is None else rows
     if not 0 <= imm <= _IMM_MAX:
         raise LoweringError(f"node {node.name!r}: imm={imm} does not fit the VEC's "
                             f"{_IMM_BITS}-bit field")
     return VectorOp(OPS[node.op].vector, rows, length, row_bytes(cfg, length),
                     symbols.buffer("x", phase, node.name), symbols.buffer("y", phase, node.name),
-                    symbols.buffer("b", phase, node.name) if second else None, w, imm)
+                    symbols.buffer("b", phase, node.name) if second else None, w, imm,
+                    table_rows, table_row_bytes)
 
 
 def _rmsnorm(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int | None
@@ -142,12 +170,39 @@ def _elementwise(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int |
     return _op(node, graph, cfg, graph.values[node.inputs[0]].shape[-1], second=True)
 
 
+def _rope(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int | None
+          ) -> VectorOp:
+    """q or k ``[1, heads, T, d]``: ``T`` rows of ``heads * d`` elements (one token's heads
+    side by side), each with its position's table row."""
+    x, cos, sin = (tuple(graph.values[v].shape) for v in node.inputs)
+    if len(x) != 4 or not all(isinstance(n, int) for n in x):
+        raise LoweringError(f"node {node.name!r}: rope on the vector engine takes q or k as "
+                            f"[batch, heads, tokens, head_dim], got {list(x)}")
+    b, heads, t, d = x
+    if b != 1:
+        raise LoweringError(f"node {node.name!r}: rope on the vector engine takes one "
+                            f"sequence (batch 1), got {list(x)}")
+    if d % 2 or d < 2:
+        raise LoweringError(f"node {node.name!r}: head_dim={d} must be even (ROPE pairs "
+                            "element k with k + head_dim / 2)")
+    if cos != (t, d) or sin != (t, d):
+        raise LoweringError(f"node {node.name!r}: the rotary tables {list(cos)}, {list(sin)} "
+                            f"do not give one row of {d} per token of {list(x)}")
+    try:
+        imm = rope_imm(d, heads)
+    except ValueError as e:
+        raise LoweringError(f"node {node.name!r}: {e}") from None
+    return _op(node, graph, cfg, heads * d, w=symbols.rope_table(), imm=imm, rows=t,
+               table_rows=t, table_row_bytes=row_bytes(cfg, d // 2))
+
+
 #: How each op with a VEC sub-op (``OPS[op].vector``) becomes a vector program.
 VECTOR_LOWERINGS: dict[str, VectorRule] = {
     "rmsnorm": _rmsnorm,
     "softmax": _softmax,
     "silu_gate": _elementwise,
     "add": _elementwise,
+    "rope": _rope,
 }
 
 

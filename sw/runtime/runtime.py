@@ -11,7 +11,9 @@ weight operand the op streams (``OPS[op].streams``), or, for a host op lowered t
 vector engine (``OPS[op].vector``: :mod:`sw.compile.vector`), from its sub-op: the
 prologue writes the float inputs as Q15.16 int32 rows (``to_fixed``; softmax: ``scores *
 scale + mask``, masked positions 0, and each row's valid positions into its VEC's ``imm``,
-a run-time parameter set in a copy of the program's words before the start) and the
+a run-time parameter set in a copy of the program's words before the start; rope: q or k
+with a token's heads side by side, and the step's first position into the addresses of the
+LOADs that read the rows of the constant rotary table, likewise) and the
 epilogue reads the results back (``from_fixed``), so they equal the host kernels with the
 vector unit's numerics bit for bit. The parts of a fused program
 (:mod:`sw.compile.fusion`) keep their prologues and epilogues, but the program runs once, at
@@ -536,7 +538,9 @@ class Runtime:
     def _vector_in(self, node: Node, args: list, env, program: Program) -> tuple:
         """The operands as Q15.16 int32 rows in their buffers (``to_fixed``); softmax's
         ``scores * scale + mask`` (as :func:`~hw.numerics.softmax_vector`: masked positions
-        0, rows zero-padded to the bucket) with each row's valid positions in its VEC."""
+        0, rows zero-padded to the bucket) with each row's valid positions in its VEC; rope's
+        q or k ``[1, heads, T, d]`` as one row of heads per token, its table LOADs pointed at
+        the step's first position (the table itself is a constant in the image)."""
         op = program.vector
         words = None
         if node.op == "softmax":
@@ -551,6 +555,10 @@ class Runtime:
                                    "a prefix; compile with CompileOptions(vector=False)")
             rows = [to_fixed_torch(torch.where(valid, z, torch.zeros((), dtype=z.dtype)))]
             words = _set_imm(program, counts.numpy())
+        elif node.op == "rope":
+            args = args[:1]  # cos and sin: the rows of the constant table the LOAD reads
+            rows = [to_fixed_torch(_rope_rows(args[0]))]
+            words = _set_position(program, env.past, self.exe.cfg.beat_bytes)
         else:
             rows = [to_fixed_torch(a) for a in args]
         if self.values:
@@ -562,12 +570,15 @@ class Runtime:
                                                   self.exe.cfg)
 
     def _vector_out(self, node: Node, args: list, env, program: Program, state) -> tuple:
-        """The results' int32 rows back to float (``from_fixed``)."""
+        """The results' int32 rows back to float (``from_fixed``; rope's back to
+        ``[B, heads, T, d]``)."""
         op = program.vector
         shape = args[0].shape
+        rope = node.op == "rope"
         if self.values:
-            y = from_fixed_torch(torch.from_numpy(
-                self._read_rows(op.y, op.rows, op.row_bytes, shape[-1]))).reshape(shape)
+            y = from_fixed_torch(torch.from_numpy(self._read_rows(
+                op.y, op.rows, op.row_bytes, op.length if rope else shape[-1])))
+            y = _rope_rows(y, shape) if rope else y.reshape(shape)
         else:
             y = torch.zeros(shape)
         return (y,), stream_cycles(4 * y.numel(), 4 * y.numel(), self.exe.cfg)
@@ -693,6 +704,41 @@ def _set_imm(program: Program, values: np.ndarray) -> np.ndarray:
     mask = np.uint64((1 << _IMM_BITS) - 1) << np.uint64(off)
     words[rows, half] = (words[rows, half] & ~mask) | (
         np.asarray(values, np.uint64) << np.uint64(off))
+    return words
+
+
+def _rope_rows(x: torch.Tensor, shape: torch.Size | None = None) -> torch.Tensor:
+    """q or k ``[B, heads, T, d]`` as ROPE's rows ``[B * T, heads * d]`` (a token's heads
+    side by side); with ``shape``, such rows back to a contiguous tensor of that shape."""
+    if shape is None:
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).reshape(b * t, h * d)
+    b, h, t, d = shape
+    return x.reshape(b, t, h, d).transpose(1, 2).contiguous()
+
+
+#: Where a LOAD's ``dram_addr`` (beats) lies in its first 64-bit word.
+_ADDR_AT, _ADDR_BITS = field_location("dma.dram_addr")
+if _ADDR_AT + _ADDR_BITS > 64:
+    raise ImportError("dma.dram_addr straddles the instruction's 64-bit halves")
+
+
+def _set_position(program: Program, past: int, beat_bytes: int) -> np.ndarray:
+    """A copy of ``program``'s words with its rotary table LOADs (``position_rows``, one per
+    task) advanced to position ``past``: ``past`` table rows of ``table_row_bytes`` further."""
+    rows = np.asarray(program.position_rows, dtype=np.int64)
+    if not rows.size:
+        raise RuntimeFault(f"program of node {program.node!r} has no rotary table LOAD to "
+                           "point at the step's position")
+    words = program.words.copy()
+    mask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
+    lo = words[rows, 0]
+    addr = (lo & mask) >> np.uint64(_ADDR_AT)
+    addr = addr + np.uint64(past * (program.vector.table_row_bytes // beat_bytes))
+    if int(addr.max()) >= 1 << _ADDR_BITS:
+        raise RuntimeFault(f"node {program.node!r}: the table row of position {past} lies "
+                           "beyond the LOAD's dram_addr field")
+    words[rows, 0] = (lo & ~mask) | (addr << np.uint64(_ADDR_AT))
     return words
 
 

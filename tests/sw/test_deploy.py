@@ -63,18 +63,18 @@ def test_deploy_reference_model(tmp_path, capsys):
 
 
 def test_deploy_on_the_named_vector_configuration(tmp_path, capsys):
-    """``--config vector``: the host's norms, softmax and SiLU-gate run as vector programs,
-    the vector numerics are implied, and the tokens still equal the twin's."""
+    """``--config vector``: the host's norms, RoPE, softmax and SiLU-gate run as vector
+    programs, the vector numerics are implied, and the tokens still equal the twin's."""
     out = tmp_path / "run"
     assert main(FAST + ["--out", str(out), "--eval-tokens", "0", "--config", "vector"]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["tokens_match_twin"] is True and report["vector_numerics"] is True
     assert report["config"]["vin_spad_bytes"] == 16384
-    # per block: q/k/v, scores, values, o, gate/up, down + 2 norms, softmax, SiLU-gate;
-    # then the final norm; each norm and the SiLU-gate fused with the linear after it
-    assert report["vector_programs_per_token"] == 4 * 4 + 1
+    # per block: q/k/v, scores, values, o, gate/up, down + 2 norms, 2 RoPEs (q, k), softmax,
+    # SiLU-gate; then the final norm; each norm and the SiLU-gate fused with the linear after it
+    assert report["vector_programs_per_token"] == 6 * 4 + 1
     assert report["fused_programs_per_token"] == 3 * 4
-    assert report["programs_per_token"] == 10 * 4 + 1 - report["fused_programs_per_token"]
+    assert report["programs_per_token"] == 12 * 4 + 1 - report["fused_programs_per_token"]
     assert report["host_transitions_per_token"] == 2 * report["programs_per_token"]
     assert report["dram_sizing"]["how"] == "the default configuration's"
     assert (out / "roofline.png").stat().st_size > 100

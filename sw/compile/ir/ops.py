@@ -35,7 +35,7 @@ Example
 >>> [name for name, d in OPS.items() if d.streams]
 ['linear', 'linears', 'attn_scores', 'attn_values']
 >>> {name: d.vector.name for name, d in OPS.items() if d.vector}
-{'rmsnorm': 'RMSNORM', 'softmax': 'SOFTMAX', 'silu_gate': 'SILU_GATE', 'add': 'ADD'}
+{'rmsnorm': 'RMSNORM', 'rope': 'ROPE', 'softmax': 'SOFTMAX', 'silu_gate': 'SILU_GATE', 'add': 'ADD'}
 """
 
 from __future__ import annotations
@@ -400,7 +400,7 @@ OPS: dict[str, OpDef] = {d.name: d for d in (
     OpDef("linears", (1, -1), _linears, _linears_shape, stream_cycles,
           {"weights": Attr(_LIST), "biases": Attr(_LIST, False)}, streams="weights",
           doc="several linears of one input: one program"),
-    OpDef("rope", (3, 1), _rope, _rope_shape, stream_cycles,
+    OpDef("rope", (3, 1), _rope, _rope_shape, stream_cycles, vector=VecFunc.ROPE,
           doc="rotary embedding of q or k with the step's tables"),
     OpDef("kv_update", (2, 2), lambda n, a, e: e.cache(n.attrs["layer"], a[0], a[1], e.past),
           _kv_update_shape, stream_cycles, {"layer": Attr(int)}, kv_state="append",

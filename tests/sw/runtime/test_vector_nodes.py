@@ -63,7 +63,7 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
                         weights=ws)
     vector = [p for p in exe.programs if p.vector is not None]
     assert {p.vector.func for p in vector} == (
-        {VecFunc.RMSNORM, VecFunc.SOFTMAX, VecFunc.SILU_GATE}
+        {VecFunc.RMSNORM, VecFunc.SOFTMAX, VecFunc.SILU_GATE, VecFunc.ROPE}
         | (set() if fuse else {VecFunc.ADD}))
     for p in vector:  # one VEC per row, all of the node's sub-op (a fused part: in its program)
         if p.fused_into is not None:
@@ -98,12 +98,13 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
         rt = Runtime(exe, make_backend("model", cfg), vector=True)
         runs[cfg.has_vector, fuse] = _steps(rt, _ids(lm, PROMPT + 2), PROMPT)[-1][1]
     host_ops = {h.op for h in runs[False, None].host}
-    assert {"rmsnorm", "softmax", "silu_gate"} <= host_ops
+    assert {"rmsnorm", "rope", "softmax", "silu_gate"} <= host_ops
     assert not {h.op for h in runs[True, False].host} & VECTOR_OPS
-    # one more program per vector node: 2 RMSNorms, softmax, SiLU-gate per block + the norm
+    # one more program per vector node: 2 RMSNorms, 2 RoPEs (q, k), softmax, SiLU-gate per
+    # block + the final norm
     blocks = lm.config.num_hidden_layers
     unfused = len(runs[True, False].programs)
-    assert unfused == len(runs[False, None].programs) + 4 * blocks + 1
+    assert unfused == len(runs[False, None].programs) + 6 * blocks + 1
     # fused: each block's RMSNorms and SiLU-gate run in the program of the linear after them
     assert len(runs[True, True].programs) == unfused - 3 * blocks
     assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 3 * blocks
@@ -197,8 +198,11 @@ def test_a_vector_executable_needs_the_vector_numerics_and_survives_a_file(tmp_p
     with pytest.raises(RuntimeFault, match="vector=True"):
         Runtime(exe, make_backend("model", VSMALL))
     again = load(save(exe, tmp_path / "exe.safetensors"))
-    assert [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work) for p in again.programs] \
-        == [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work) for p in exe.programs]
+    fields = [(p.vector, p.imm_rows, p.position_rows, p.fused_into, p.parts, p.work)
+              for p in exe.programs]
+    assert [(p.vector, p.imm_rows, p.position_rows, p.fused_into, p.parts, p.work)
+            for p in again.programs] == fields
+    assert any(p.position_rows for p in again.programs)
     assert any(p.parts for p in again.programs)
     ids = _ids(lm, 6)
     a = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, 4)
@@ -295,6 +299,7 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     ws = compressed(lm, "2:4", 32)
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
+    assert any(p.vector.func == VecFunc.ROPE for p in exe.programs if p.vector is not None)
     # fused programs (vector part, REQUANT, GEMMs) run too: 3 per block and phase
     assert sum(bool(p.parts) for p in exe.programs) == 3 * 2
     ids = _ids(lm, PROMPT + 2, seed=5)
