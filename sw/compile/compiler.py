@@ -33,7 +33,7 @@ from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
-from hw.numerics import ACT_MAX, norm_weight
+from hw.numerics import ACT_MAX, dequant_channels, norm_weight
 from sw.compile import symbols as sym
 from sw.compile.capture import CaptureResult, capture
 from sw.compile.errors import CompileError, LoweringError
@@ -45,7 +45,17 @@ from sw.compile.executable import (
     ProgramMember,
     ProgramTable,
 )
-from sw.compile.fusion import fuse_words, fusion_pairs, requant_op, vector_events
+from sw.compile.fusion import (
+    DequantOp,
+    Part,
+    RequantOp,
+    fuse_words,
+    fused_parts,
+    fusion_pairs,
+    part_buffers,
+    part_constants,
+    vector_events,
+)
 from sw.compile.ir import OPS, Graph, Node, linear_layers
 from sw.compile.ir.types import SYMBOL
 from sw.compile.lower import KVLayout, Member, context_bucket, node_members
@@ -61,6 +71,7 @@ from sw.compile.plan import (
 )
 from sw.compile.relocation import (
     Template,
+    lower_dequant_template,
     lower_requant_template,
     lower_template,
     lower_vector_template,
@@ -220,7 +231,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     t0 = time.perf_counter()
     work, buffers, kv, pairs = _partition(model, cfg, graphs, fmt_map, options, report)
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
-                                     _constant_regions(work))
+                                     _constant_regions(work, pairs))
     programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
                                         options.loops)
     compile_s = passes_s + time.perf_counter() - t0
@@ -232,6 +243,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         for layer, qw in weights.items():
             image[sym.weights(layer)] = weight_image(qw, cfg.lanes, cfg.beat_bytes)
         image.update(_vector_constants(model, work))
+        image.update(_dequant_constants(weights, pairs))
     host, host_shapes = _host_tensors(model, graphs, fmt_map, weights)
     mcfg = model.config
     report.update({
@@ -318,13 +330,14 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
     vector = vector_ops(model, cfg, opts)
     work: list[tuple[str, Node, int | None, list[Member] | list[VectorOp]]] = []
     buffers: dict[str, list[Buffer]] = {}
-    pairs: list[int] = []
+    pairs: dict[int, list[Part]] = {}
     for phase, g in graphs.items():
         acc = accelerator_nodes(g, fmt_map, opts.attention, vector)
         buckets = ([context_bucket(opts.prompt_tokens)] if phase == "prefill"
                    else sorted({context_bucket(s) for s in contexts}))
         live: dict[str, Buffer] = {}
         first = len(work)
+        step: list[int] = []  # per work entry of the phase: its node's index in acc
         for p, node in enumerate(acc):
             # the cache grows with the context, and so do the operands sized by it (scores)
             per_context = OPS[node.op].streams == "kv" or any(
@@ -335,6 +348,7 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                 else:
                     members = [vector_op(node, g, cfg, bucket)]
                 work.append((phase, node, bucket, members))
+                step.append(p)
                 for m in members:  # the largest bucket sizes the buffers
                     for name, size, before in m.buffers():
                         t = 2 * p if before else 2 * p + 1
@@ -345,7 +359,11 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
         for i in fused:  # the vector part's results live on until the host reads them back
             y = work[i][3][0].y
             live[y] = dataclasses.replace(live[y], end=live[y].end + 2)
-        pairs += fused
+            parts = _fused_parts(cfg, work[i], work[i + 1])
+            t = 2 * step[i - first + 1]  # the linear's input, to its outputs read back
+            for name, size in part_buffers(cfg, parts):
+                live[name] = Buffer(name, size, t, t + 2)
+            pairs[i] = parts
         buffers[phase] = list(live.values())
         programs = len(acc) - len(fused)
         report["phases"][phase].update({
@@ -354,6 +372,18 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
             **({"fused_programs_per_step": len(fused)} if fused else {}),
             "vector_nodes": sum(OPS[n.op].vector is not None for n in acc)})
     return work, buffers, kv, pairs
+
+
+def _fused_parts(cfg: AcceleratorConfig, vec_entry: tuple, linear_entry: tuple) -> list[Part]:
+    """The parts of the fused program of two work entries (a vector node, the linear node
+    after it): with a DEQUANT of each member's outputs where every member is a compressed
+    layer (:func:`sw.compile.fusion.fused_parts`)."""
+    phase, _, _, (vec,) = vec_entry
+    _, node, _, members = linear_entry
+    dequant = all(m.source is not None for m in members)
+    outputs = [sym.buffer("q", phase, node.name, j) for j in range(len(members))]
+    return fused_parts(cfg, vec, members, sym.buffer("a", phase, node.name),
+                       outputs if dequant else None)
 
 
 def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str, list[Buffer]],
@@ -416,19 +446,19 @@ def static_dram_bytes(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOp
 
 
 def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int,
-           pairs: Iterable[int] = (), loops: bool | None = None
+           pairs: Mapping[int, list[Part]] | None = None, loops: bool | None = None
            ) -> tuple[list[Program], ProgramTable, int]:
     """One program per (node, bucket): each distinct one lowered once (``loops``: rolled,
     :class:`CompileOptions`), relocated; and the table that finds them for every context.
-    Each of ``pairs`` (indices of ``work`` fused with the next:
-    :func:`sw.compile.fusion.fusion_pairs`) becomes one fused program after its two parts
-    (:func:`_fuse`); a pair whose program would not fit the instruction memory stays two
-    programs."""
-    templates: dict[tuple, tuple[int, Template]] = {}
+    Each of ``pairs`` (indices of ``work`` fused with the next, and the fused program's parts:
+    :func:`sw.compile.fusion.fusion_pairs`, :func:`sw.compile.fusion.fused_parts`) becomes
+    one fused program after its two parts (:func:`_fuse`); a pair whose program would not fit
+    the instruction memory stays two programs."""
+    templates: dict[tuple, tuple[int, Template | None]] = {}
     programs: list[Program] = []
     table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
     addr = {k: r.addr for k, r in symbols.items()}
-    fuse_at = set(pairs)
+    pairs = pairs or {}
     for i, (phase, node, bucket, members) in enumerate(work):
         key = tuple(m.signature for m in members)
         vec = members[0] if isinstance(members[0], VectorOp) else None
@@ -453,51 +483,98 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
         else:
             programs.append(Program(phase, node.name, bucket, words, (), index, vec,
                                     t.imm_rows))
-        if i - 1 in fuse_at:
-            _fuse(cfg, programs, work[i - 1][3][0], members, templates, addr)
+        if i - 1 in pairs:
+            _fuse(cfg, programs, pairs[i - 1], templates, addr)
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
                                    for ph, nodes in table.items()}), len(templates)
 
 
-def _fuse(cfg: AcceleratorConfig, programs: list[Program], vec: VectorOp, members,
+def _part_template(cfg: AcceleratorConfig, part: RequantOp | DequantOp) -> Template:
+    """The relocatable program of a REQUANT or DEQUANT part."""
+    if isinstance(part, RequantOp):
+        return lower_requant_template(cfg, part.rows, part.length, part.act_row_bytes,
+                                      amax=part.amax)
+    return lower_dequant_template(cfg, part.rows, part.length, part.acc_row_bytes, part.place)
+
+
+def _fuse(cfg: AcceleratorConfig, programs: list[Program], parts: list[Part],
           templates: dict, addr: Mapping[str, int]) -> None:
     """Replace the last two ``programs`` (a vector node's, then its linear node's) by their
-    parts and append the fused program: vector program, REQUANT, linear program
-    (:func:`sw.compile.fusion.fuse_words`); unchanged if it would not fit the instruction
-    memory."""
+    parts and append the fused program of ``parts`` (:func:`sw.compile.fusion.fused_parts`:
+    the nodes' programs as alone, REQUANT and DEQUANT parts lowered once per signature and
+    relocated; :func:`sw.compile.fusion.fuse_words`); unchanged if it would not fit the
+    instruction memory. The linear's members name the Q15.16 rows its DEQUANT parts write."""
     a, b = programs[-2], programs[-1]
-    req = requant_op(vec, members)
-    key = ("fused", a.template, req.signature, b.template)
-    if key not in templates:
-        templates[key] = (len(templates), lower_requant_template(cfg, req.rows, req.length,
-                                                                 req.act_row_bytes))
-    index, t = templates[key]
+    words, key, work = [], ["fused"], [0, 0, b.macs]
+    dequant = {}
+    for part in parts:
+        if isinstance(part, VectorOp):
+            words.append(vector_events(a.words))
+            key.append(a.template)
+            work = [work[0] + a.read_bytes, work[1] + a.write_bytes, work[2]]
+            continue
+        if isinstance(part, tuple):
+            words.append(b.words)
+            key.append(b.template)
+            work = [work[0] + b.read_bytes, work[1] + b.write_bytes, work[2]]
+            continue
+        sig = part.signature
+        if sig not in templates:
+            templates[sig] = (len(templates), _part_template(cfg, part))
+        words.append(vector_events(relocate(templates[sig][1], addr, [part], cfg.beat_bytes)))
+        key.append(sig)
+        if isinstance(part, RequantOp):
+            codes = part.rows * part.length
+            work = [work[0] + 4 * codes, work[1] + codes, work[2]]
+        else:
+            dequant[part.x] = part
+            acc = 4 * part.rows * part.length
+            work = [work[0] + acc + 4 * part.length + 4 * part.rows, work[1] + acc, work[2]]
     try:
-        words = fuse_words(cfg, [vector_events(a.words),
-                                 vector_events(relocate(t, addr, [req], cfg.beat_bytes)),
-                                 b.words])
+        fused = fuse_words(cfg, words)
     except LoweringError:
         return
+    key = tuple(key)
+    if key not in templates:
+        templates[key] = (len(templates), None)
     n = len(programs)
     empty = np.zeros((0, 2), dtype=np.uint64)
+    members = tuple(dataclasses.replace(m, dequant=dequant[m.y].y,
+                                        dequant_row_bytes=dequant[m.y].row_bytes)
+                    if m.y in dequant else m for m in b.members)
     programs[-2] = dataclasses.replace(a, words=empty, fused_into=n)
-    programs[-1] = dataclasses.replace(b, words=empty, fused_into=n)
-    codes = req.rows * req.length
-    work = (a.read_bytes + 4 * codes + b.read_bytes, a.write_bytes + codes + b.write_bytes,
-            b.macs)
-    programs.append(Program(a.phase, a.node, None, words, b.members, index,
-                            parts=(n - 2, n - 1), work=work))
+    programs[-1] = dataclasses.replace(b, words=empty, fused_into=n, members=members)
+    programs.append(Program(a.phase, a.node, None, fused, members, templates[key][0],
+                            parts=(n - 2, n - 1), work=tuple(work)))
 
 
-def _constant_regions(work) -> list[tuple[str, int]]:
-    """The (symbol, bytes) of every constant row a vector program reads (RMSNorm weights:
-    one row each, shared by the phases)."""
+def _constant_regions(work, pairs: Mapping[int, list[Part]] | None = None
+                      ) -> list[tuple[str, int]]:
+    """The (symbol, bytes) of every constant row a vector program or a fused program's
+    DEQUANT part reads (RMSNorm weights, channel words: one row each, shared by the
+    phases)."""
     out: dict[str, int] = {}
     for _, _, _, members in work:
         for m in members:
             if isinstance(m, VectorOp) and m.w is not None:
                 out[m.w] = m.row_bytes
+    for parts in (pairs or {}).values():
+        for name, size, _ in part_constants(parts):
+            out[name] = size
     return list(out.items())
+
+
+def _dequant_constants(weights: Mapping[str, QuantizedWeight],
+                       pairs: Mapping[int, list[Part]]) -> dict[str, np.ndarray]:
+    """The DRAM image of every DEQUANT part's channel words: :func:`hw.numerics.
+    dequant_channels` of its layer's row scales, little-endian int32 words."""
+    out: dict[str, np.ndarray] = {}
+    for parts in pairs.values():
+        for name, _, d in part_constants(parts):
+            if name not in out:
+                chan = dequant_channels(weights[d.layer].row_scale)[:d.length]
+                out[name] = chan.astype("<i4").view(np.uint8)
+    return out
 
 
 def _vector_constants(model: LlamaLM, work) -> dict[str, np.ndarray]:

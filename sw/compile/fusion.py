@@ -49,13 +49,15 @@ from hw.isa import (
     field_location,
     program_words,
 )
+from sw.compile import symbols
 from sw.compile.errors import LoweringError
 from sw.compile.ir import OPS
 from sw.compile.lower import Member
-from sw.compile.schedule import EVENTS
-from sw.compile.vector import VectorOp
+from sw.compile.schedule import EVENTS, AmaxPlace, amax_place
+from sw.compile.vector import VectorOp, row_bytes
 
-__all__ = ["RequantOp", "fusion_pairs", "requant_op", "fuse_words", "VECTOR_EVENTS",
+__all__ = ["RequantOp", "DequantOp", "Part", "fusion_pairs", "requant_op", "dequant_ops",
+           "fused_parts", "part_buffers", "part_constants", "fuse_words", "VECTOR_EVENTS",
            "vector_events"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
@@ -89,21 +91,62 @@ def vector_events(words: np.ndarray) -> np.ndarray:
 class RequantOp:
     """The REQUANT part of a fused program: ``rows`` Q15.16 rows of ``length`` int32 elements
     at symbol ``x`` to INT8 rows ``act_row_bytes`` apart at symbol ``y`` (a
-    :class:`sw.compile.relocation.SymbolicLayer` of operands ``x`` and ``y``)."""
+    :class:`sw.compile.relocation.SymbolicLayer` of operands ``x`` and ``y``); with ``amax``,
+    each row's ``amax`` word also reaches DRAM for a DEQUANT part
+    (:func:`sw.compile.schedule.amax_place`: in the INT8 rows, or in ``b``, a beat per
+    row)."""
 
     rows: int
     length: int
     act_row_bytes: int
     x: str
     y: str
+    b: str | None = None
+    amax: bool = False
     w: None = None
-    b: None = None
     w_tile_stride: None = None
 
     @property
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
-        return ("requant", self.rows, self.length, self.act_row_bytes)
+        return ("requant", self.rows, self.length, self.act_row_bytes, self.amax)
+
+
+@dataclass(frozen=True)
+class DequantOp:
+    """The DEQUANT part of a fused program: a GEMM's ``rows`` rows of ``length`` int32
+    accumulators (symbol ``x``, ``acc_row_bytes`` apart) to Q15.16 rows (symbol ``y``,
+    ``row_bytes`` apart, as a vector program's), with the layer's channel words (symbol
+    ``w``, one constant row: :func:`hw.numerics.dequant_channels` of its row scales) and the
+    ``amax`` words its REQUANT part wrote (symbol ``b``, at ``place``); ``layer``: the
+    linear layer (module name) whose row scales the channel words hold."""
+
+    rows: int
+    length: int
+    acc_row_bytes: int
+    row_bytes: int
+    place: AmaxPlace
+    x: str
+    w: str
+    b: str
+    y: str
+    layer: str = ""
+    w_tile_stride: None = None
+
+    @property
+    def signature(self) -> tuple:
+        """What the instructions depend on, addresses aside."""
+        return ("dequant", self.rows, self.length, self.acc_row_bytes, tuple(self.place))
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of the results' rows in DRAM."""
+        return self.rows * self.row_bytes
+
+
+#: A part of a fused program: a vector node's program, a REQUANT, a linear node's program (its
+#: members) or a DEQUANT of one member's outputs.
+Part = VectorOp | RequantOp | tuple[Member, ...] | DequantOp
 
 
 def _fusable(a: tuple, b: tuple) -> bool:
@@ -137,10 +180,59 @@ def fusion_pairs(work: Sequence[tuple]) -> list[int]:
     return out
 
 
-def requant_op(vec: VectorOp, linear: Sequence[Member]) -> RequantOp:
-    """The REQUANT between a vector program and the linear program that reads its rows."""
+def requant_op(vec: VectorOp, linear: Sequence[Member], amax: str | None = None,
+               cfg: AcceleratorConfig | None = None) -> RequantOp:
+    """The REQUANT between a vector program and the linear program that reads its rows; with
+    ``cfg``, one that leaves the ``amax`` words in DRAM for DEQUANT parts (``amax``: the
+    symbol of their buffer where the INT8 rows do not hold them)."""
     m = linear[0]
-    return RequantOp(vec.rows, vec.length, m.plan.act_row_bytes, vec.y, m.x)
+    if cfg is None:
+        return RequantOp(vec.rows, vec.length, m.plan.act_row_bytes, vec.y, m.x)
+    place = amax_place(cfg, vec.length, m.plan.act_row_bytes)
+    return RequantOp(vec.rows, vec.length, m.plan.act_row_bytes, vec.y, m.x,
+                     amax if place.separate else None, True)
+
+
+def dequant_ops(cfg: AcceleratorConfig, req: RequantOp, linear: Sequence[Member],
+                outputs: Sequence[str]) -> list[DequantOp]:
+    """One DEQUANT per member of the linear program after ``req`` (``amax=True``): its
+    accumulators to Q15.16 rows at ``outputs`` (one symbol per member), with the channel
+    words of its layer (:func:`sw.compile.symbols.dequant_channels`)."""
+    place = amax_place(cfg, req.length, req.act_row_bytes)
+    return [DequantOp(m.plan.tokens, m.plan.n, m.plan.out_row_bytes, row_bytes(cfg, m.plan.n),
+                      place, m.y, symbols.dequant_channels(m.source.layer),
+                      req.b if place.separate else req.y, y, m.source.layer)
+            for m, y in zip(linear, outputs, strict=True)]
+
+
+def fused_parts(cfg: AcceleratorConfig, vec: VectorOp, linear: Sequence[Member],
+                amax: str, outputs: Sequence[str] | None) -> list[Part]:
+    """The parts of the fused program of a vector node and the linear node after it: the
+    vector program, REQUANT, the linear program and, with ``outputs`` (a Q15.16 symbol per
+    member), a DEQUANT per member (``amax``: the symbol of the ``amax`` buffer, where one is
+    needed)."""
+    if outputs is None:
+        return [vec, requant_op(vec, linear), tuple(linear)]
+    req = requant_op(vec, linear, amax, cfg)
+    return [vec, req, tuple(linear), *dequant_ops(cfg, req, linear, outputs)]
+
+
+def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[str, int]]:
+    """``(symbol, bytes)`` of the arena buffers the REQUANT and DEQUANT ``parts`` add (the
+    ``amax`` beats, the Q15.16 results); the others' are their nodes'."""
+    out = []
+    for p in parts:
+        if isinstance(p, RequantOp) and p.b is not None:
+            out.append((p.b, p.rows * cfg.beat_bytes))
+        elif isinstance(p, DequantOp):
+            out.append((p.y, p.data_bytes))
+    return out
+
+
+def part_constants(parts: Sequence[Part]) -> list[tuple[str, int, DequantOp]]:
+    """``(symbol, bytes, part)`` of the constant rows the DEQUANT ``parts`` read (their
+    channel words)."""
+    return [(p.w, p.row_bytes, p) for p in parts if isinstance(p, DequantOp)]
 
 
 def _left_over(words: np.ndarray) -> dict[int, int]:

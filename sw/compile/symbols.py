@@ -7,7 +7,7 @@ never builds a name itself.
 
 from __future__ import annotations
 
-__all__ = ["weights", "cache", "buffer", "norm_weight"]
+__all__ = ["weights", "cache", "buffer", "norm_weight", "dequant_channels"]
 
 
 def weights(layer: str) -> str:
@@ -30,3 +30,9 @@ def norm_weight(param: str) -> str:
     """The RMSNorm weight ``param`` as the vector engine reads it (int32 ``norm_weight``
     words, one row)."""
     return f"nw:{param}"
+
+
+def dequant_channels(layer: str) -> str:
+    """The DEQUANT channel words of ``layer``'s row scales (int32
+    :func:`hw.numerics.dequant_channels` words, one row)."""
+    return f"dq:{layer}"

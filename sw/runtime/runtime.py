@@ -473,15 +473,20 @@ class Runtime:
     def _linear_out(self, node: Node, args: list, env, program: Program, s_x) -> tuple:
         """Dequantise every member's outputs; a fused residual is added as they are read.
         With ``vector``, as the vector unit's DEQUANT does it: the channel words of the
-        member's row scales and the ``amax`` of each input row (what REQUANT wrote)."""
+        member's row scales and the ``amax`` of each input row (what REQUANT wrote). A member
+        a fused program dequantised on chip (``dequant``) has its Q15.16 rows read back
+        (``from_fixed``) instead."""
         x = args[0]
         rows = x.numel() // x.shape[-1]
         outs, nbytes = [], 0
         amax = requant_amax(x.reshape(rows, -1).numpy()) if self.vector and self.values \
-            else None
+            and not all(m.dequant for m in program.members) else None
         for m in program.members:
             shape = (*x.shape[:-1], m.n)
-            if self.values:
+            if self.values and m.dequant:
+                y = from_fixed_torch(torch.from_numpy(self._read_rows(
+                    m.dequant, rows, m.dequant_row_bytes, m.n))).reshape(shape)
+            elif self.values:
                 acc = self._read_rows(m.y, rows, m.out_row_bytes, m.n)
                 scale = self.exe.host[m.row_scale]
                 y = (dequant_output_vector(acc, dequant_channels(scale), amax)

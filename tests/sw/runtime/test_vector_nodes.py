@@ -65,6 +65,10 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
     assert {p.vector.func for p in vector} == (
         {VecFunc.RMSNORM, VecFunc.SOFTMAX, VecFunc.SILU_GATE}
         | (set() if fuse else {VecFunc.ADD}))
+    for p in exe.programs:  # a fused program dequantises its GEMMs' outputs on chip
+        if p.parts:
+            assert {v.func for v in _vecs(p)} >= {VecFunc.REQUANT, VecFunc.DEQUANT}
+            assert p.members and all(m.dequant for m in p.members)
     for p in vector:  # one VEC per row, all of the node's sub-op (a fused part: in its program)
         if p.fused_into is not None:
             assert p.instructions == 0 and exe.programs[p.fused_into].parts[0] == \
@@ -197,8 +201,11 @@ def test_a_vector_executable_needs_the_vector_numerics_and_survives_a_file(tmp_p
     with pytest.raises(RuntimeFault, match="vector=True"):
         Runtime(exe, make_backend("model", VSMALL))
     again = load(save(exe, tmp_path / "exe.safetensors"))
-    assert [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work) for p in again.programs] \
-        == [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work) for p in exe.programs]
+    assert [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work, p.members)
+            for p in again.programs] \
+        == [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work, p.members)
+            for p in exe.programs]
+    assert any(m.dequant for p in again.programs for m in p.members)
     assert any(p.parts for p in again.programs)
     ids = _ids(lm, 6)
     a = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, 4)
@@ -295,8 +302,10 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     ws = compressed(lm, "2:4", 32)
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
-    # fused programs (vector part, REQUANT, GEMMs) run too: 3 per block and phase
-    assert sum(bool(p.parts) for p in exe.programs) == 3 * 2
+    # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too: 3 per block and phase
+    fused = [p for p in exe.programs if p.parts]
+    assert len(fused) == 3 * 2
+    assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)
     runs = [_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, PROMPT)
             for name in ("model", "rtl")]
