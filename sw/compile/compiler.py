@@ -46,12 +46,10 @@ from sw.compile.executable import (
     ProgramTable,
 )
 from sw.compile.fusion import (
-    DequantOp,
-    Part,
+    FusedGroup,
     RequantOp,
     fuse_words,
-    fused_parts,
-    fusion_pairs,
+    fusion_groups,
     part_buffers,
     part_constants,
     vector_events,
@@ -122,8 +120,12 @@ class CompileOptions:
         that would not fit the instruction memory unrolled are rolled.
     fuse_programs : bool, optional
         Run a vector node and the linear node that reads its rows as one program, the
-        requantisation between them on chip (:mod:`sw.compile.fusion`); default (None): on
-        when ``vector`` runs ops on a vector engine (:func:`fuses_programs`).
+        requantisation between them and the dequantisation after on chip
+        (:mod:`sw.compile.fusion`); default (None): on when ``vector`` runs ops on a vector
+        engine (:func:`fuses_programs`).
+    chain_programs : bool
+        With ``fuse_programs``, run consecutive fused programs whose boundary values stay on
+        chip as one (:func:`sw.compile.fusion.fusion_groups`).
     """
 
     prompt_tokens: int
@@ -137,6 +139,7 @@ class CompileOptions:
     vector: bool = True
     loops: bool | None = None
     fuse_programs: bool | None = None
+    chain_programs: bool = True
 
 
 def fuses_programs(cfg: AcceleratorConfig, opts: CompileOptions) -> bool:
@@ -236,6 +239,12 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
                                         options.loops)
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
+        fused = [p for p in programs if p.parts and p.phase == phase]
+        steps = report["phases"][phase]["accelerator_nodes"] - sum(
+            len(p.parts) - 1 for p in fused)
+        report["phases"][phase].update(
+            programs_per_step=steps, host_transitions_per_step=2 * steps,
+            **({"fused_programs_per_step": len(fused)} if fused else {}))
         report["phases"][phase].update(arena_bytes=arena.size,
                                        arena_lower_bound_bytes=arena.lower_bound)
     image = {}
@@ -330,7 +339,7 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
     vector = vector_ops(model, cfg, opts)
     work: list[tuple[str, Node, int | None, list[Member] | list[VectorOp]]] = []
     buffers: dict[str, list[Buffer]] = {}
-    pairs: dict[int, list[Part]] = {}
+    pairs: dict[int, FusedGroup] = {}
     for phase, g in graphs.items():
         acc = accelerator_nodes(g, fmt_map, opts.attention, vector)
         buckets = ([context_bucket(opts.prompt_tokens)] if phase == "prefill"
@@ -354,36 +363,29 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                         t = 2 * p if before else 2 * p + 1
                         old = live.get(name)
                         live[name] = Buffer(name, max(size, old.size if old else 0), t, t + 1)
-        fused = [first + i for i in fusion_pairs(work[first:])] \
+        groups = [_shift(g, first) for g in fusion_groups(cfg, work[first:],
+                                                          opts.chain_programs)] \
             if fuses_programs(cfg, opts) else []
-        for i in fused:  # the vector part's results live on until the host reads them back
-            y = work[i][3][0].y
-            live[y] = dataclasses.replace(live[y], end=live[y].end + 2)
-            parts = _fused_parts(cfg, work[i], work[i + 1])
-            t = 2 * step[i - first + 1]  # the linear's input, to its outputs read back
-            for name, size in part_buffers(cfg, parts):
-                live[name] = Buffer(name, size, t, t + 2)
-            pairs[i] = parts
+        for g in groups:  # every buffer of a fused program lives through all of it
+            t0, t1 = 2 * step[g.entries[0] - first], 2 * step[g.entries[-1] - first] + 2
+            names = [(name, size) for e in g.entries for m in work[e][3]
+                     for name, size, _ in m.buffers()] + part_buffers(cfg, g.parts)
+            for name, size in names:
+                old = live.get(name)
+                live[name] = Buffer(name, max(size, old.size), min(old.start, t0),
+                                    max(old.end, t1)) if old else Buffer(name, size, t0, t1)
+            pairs[g.entries[-1]] = g
         buffers[phase] = list(live.values())
-        programs = len(acc) - len(fused)
         report["phases"][phase].update({
-            "accelerator_nodes": len(acc), "programs_per_step": programs,
-            "host_transitions_per_step": 2 * programs,
-            **({"fused_programs_per_step": len(fused)} if fused else {}),
+            "accelerator_nodes": len(acc),
             "vector_nodes": sum(OPS[n.op].vector is not None for n in acc)})
     return work, buffers, kv, pairs
 
 
-def _fused_parts(cfg: AcceleratorConfig, vec_entry: tuple, linear_entry: tuple) -> list[Part]:
-    """The parts of the fused program of two work entries (a vector node, the linear node
-    after it): with a DEQUANT of each member's outputs where every member is a compressed
-    layer (:func:`sw.compile.fusion.fused_parts`)."""
-    phase, _, _, (vec,) = vec_entry
-    _, node, _, members = linear_entry
-    dequant = all(m.source is not None for m in members)
-    outputs = [sym.buffer("q", phase, node.name, j) for j in range(len(members))]
-    return fused_parts(cfg, vec, members, sym.buffer("a", phase, node.name),
-                       outputs if dequant else None)
+def _shift(g: FusedGroup, d: int) -> FusedGroup:
+    """``g`` with its entries (and its fallback's) ``d`` further on in ``work``."""
+    return dataclasses.replace(g, entries=tuple(e + d for e in g.entries),
+                               fallback=tuple(_shift(f, d) for f in g.fallback))
 
 
 def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str, list[Buffer]],
@@ -446,19 +448,20 @@ def static_dram_bytes(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOp
 
 
 def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int,
-           pairs: Mapping[int, list[Part]] | None = None, loops: bool | None = None
+           groups: Mapping[int, FusedGroup] | None = None, loops: bool | None = None
            ) -> tuple[list[Program], ProgramTable, int]:
     """One program per (node, bucket): each distinct one lowered once (``loops``: rolled,
     :class:`CompileOptions`), relocated; and the table that finds them for every context.
-    Each of ``pairs`` (indices of ``work`` fused with the next, and the fused program's parts:
-    :func:`sw.compile.fusion.fusion_pairs`, :func:`sw.compile.fusion.fused_parts`) becomes
-    one fused program after its two parts (:func:`_fuse`); a pair whose program would not fit
-    the instruction memory stays two programs."""
+    Each of ``groups`` (by the index of its last entry in ``work``:
+    :func:`sw.compile.fusion.fusion_groups`) becomes one fused program after its entries'
+    programs (:func:`_fuse`); a group whose program would not fit the instruction memory
+    falls back to its pairs, and a pair that does not fit stays two programs."""
     templates: dict[tuple, tuple[int, Template | None]] = {}
     programs: list[Program] = []
     table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
     addr = {k: r.addr for k, r in symbols.items()}
-    pairs = pairs or {}
+    groups = groups or {}
+    pos: dict[int, int] = {}  # work entry -> its program
     for i, (phase, node, bucket, members) in enumerate(work):
         key = tuple(m.signature for m in members)
         vec = members[0] if isinstance(members[0], VectorOp) else None
@@ -476,6 +479,7 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
         first, last = (1, max_context) if bucket is None else _bucket_contexts(bucket)
         table.setdefault(phase, {}).setdefault(node.name, []).append(
             (first, last, len(programs)))
+        pos[i] = len(programs)
         words = relocate(t, addr, members, cfg.beat_bytes)
         if vec is None:
             programs.append(Program(phase, node.name, bucket, words,
@@ -483,49 +487,58 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
         else:
             programs.append(Program(phase, node.name, bucket, words, (), index, vec,
                                     t.imm_rows))
-        if i - 1 in pairs:
-            _fuse(cfg, programs, pairs[i - 1], templates, addr)
+        if i in groups and not _fuse(cfg, programs, pos, groups[i], templates, addr):
+            for g in groups[i].fallback:
+                _fuse(cfg, programs, pos, g, templates, addr)
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
                                    for ph, nodes in table.items()}), len(templates)
 
 
-def _part_template(cfg: AcceleratorConfig, part: RequantOp | DequantOp) -> Template:
-    """The relocatable program of a REQUANT or DEQUANT part."""
+def _part_template(cfg: AcceleratorConfig, part) -> Template:
+    """The relocatable program of a REQUANT, DEQUANT or (vector) ADD part."""
     if isinstance(part, RequantOp):
         return lower_requant_template(cfg, part.rows, part.length, part.act_row_bytes,
                                       amax=part.amax)
+    if isinstance(part, VectorOp):
+        return lower_vector_template(cfg, part.func, part.rows, part.length,
+                                     second=part.b is not None, const=part.w is not None,
+                                     imm=part.imm)
     return lower_dequant_template(cfg, part.rows, part.length, part.acc_row_bytes, part.place)
 
 
-def _fuse(cfg: AcceleratorConfig, programs: list[Program], parts: list[Part],
-          templates: dict, addr: Mapping[str, int]) -> None:
-    """Replace the last two ``programs`` (a vector node's, then its linear node's) by their
-    parts and append the fused program of ``parts`` (:func:`sw.compile.fusion.fused_parts`:
-    the nodes' programs as alone, REQUANT and DEQUANT parts lowered once per signature and
-    relocated; :func:`sw.compile.fusion.fuse_words`); unchanged if it would not fit the
-    instruction memory. The linear's members name the Q15.16 rows its DEQUANT parts write."""
-    a, b = programs[-2], programs[-1]
-    words, key, work = [], ["fused"], [0, 0, b.macs]
+def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int],
+          group: FusedGroup, templates: dict, addr: Mapping[str, int]) -> bool:
+    """Append the fused program of ``group`` and make its entries' programs (at ``pos``) its
+    parts; False, and nothing changed, if it does not fit the instruction memory.
+
+    Each part is relocated from its template: a node's (lowered with it) or a REQUANT's,
+    DEQUANT's or ADD's (lowered once per signature); vector parts get the events of
+    :func:`sw.compile.fusion.vector_events`, and :func:`sw.compile.fusion.fuse_words` joins
+    them. The linear entries' members name the Q15.16 rows their DEQUANT parts write."""
+    nodes = [programs[pos[e]] for e in group.entries]
+    words, key, work = [], ["fused"], [0, 0, 0]
     dequant = {}
-    for part in parts:
-        if isinstance(part, VectorOp):
-            words.append(vector_events(a.words))
-            key.append(a.template)
-            work = [work[0] + a.read_bytes, work[1] + a.write_bytes, work[2]]
-            continue
-        if isinstance(part, tuple):
-            words.append(b.words)
-            key.append(b.template)
-            work = [work[0] + b.read_bytes, work[1] + b.write_bytes, work[2]]
-            continue
-        sig = part.signature
-        if sig not in templates:
-            templates[sig] = (len(templates), _part_template(cfg, part))
-        words.append(vector_events(relocate(templates[sig][1], addr, [part], cfg.beat_bytes)))
-        key.append(sig)
-        if isinstance(part, RequantOp):
+    for part, owner in zip(group.parts, group.owners, strict=True):
+        if owner is not None and isinstance(part, VectorOp):
+            t = templates[(part.signature,)][1]
+        elif owner is not None:
+            t = templates[tuple(m.signature for m in part)][1]
+        else:
+            if part.signature not in templates:
+                templates[part.signature] = (len(templates), _part_template(cfg, part))
+            t = templates[part.signature][1]
+        layers = list(part) if isinstance(part, tuple) else [part]
+        w = relocate(t, addr, layers, cfg.beat_bytes)
+        words.append(w if isinstance(part, tuple) else vector_events(w))
+        key.append(tuple(m.signature for m in layers))
+        if owner is not None:
+            p = nodes[owner]
+            work = [work[0] + p.read_bytes, work[1] + p.write_bytes, work[2] + p.macs]
+        elif isinstance(part, RequantOp):
             codes = part.rows * part.length
             work = [work[0] + 4 * codes, work[1] + codes, work[2]]
+        elif isinstance(part, VectorOp):
+            work = [work[0] + part.read_bytes, work[1] + part.write_bytes, work[2]]
         else:
             dequant[part.x] = part
             acc = 4 * part.rows * part.length
@@ -533,22 +546,26 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], parts: list[Part],
     try:
         fused = fuse_words(cfg, words)
     except LoweringError:
-        return
+        return False
     key = tuple(key)
     if key not in templates:
         templates[key] = (len(templates), None)
     n = len(programs)
     empty = np.zeros((0, 2), dtype=np.uint64)
-    members = tuple(dataclasses.replace(m, dequant=dequant[m.y].y,
-                                        dequant_row_bytes=dequant[m.y].row_bytes)
-                    if m.y in dequant else m for m in b.members)
-    programs[-2] = dataclasses.replace(a, words=empty, fused_into=n)
-    programs[-1] = dataclasses.replace(b, words=empty, fused_into=n, members=members)
-    programs.append(Program(a.phase, a.node, None, fused, members, templates[key][0],
-                            parts=(n - 2, n - 1), work=tuple(work)))
+    members = []
+    for e, p in zip(group.entries, nodes, strict=True):
+        ms = tuple(dataclasses.replace(m, dequant=dequant[m.y].y,
+                                       dequant_row_bytes=dequant[m.y].row_bytes)
+                   if m.y in dequant else m for m in p.members)
+        programs[pos[e]] = dataclasses.replace(p, words=empty, fused_into=n, members=ms)
+        members += ms
+    programs.append(Program(nodes[0].phase, nodes[0].node, None, fused, tuple(members),
+                            templates[key][0], parts=tuple(pos[e] for e in group.entries),
+                            work=tuple(work)))
+    return True
 
 
-def _constant_regions(work, pairs: Mapping[int, list[Part]] | None = None
+def _constant_regions(work, pairs: Mapping[int, FusedGroup] | None = None
                       ) -> list[tuple[str, int]]:
     """The (symbol, bytes) of every constant row a vector program or a fused program's
     DEQUANT part reads (RMSNorm weights, channel words: one row each, shared by the
@@ -558,19 +575,19 @@ def _constant_regions(work, pairs: Mapping[int, list[Part]] | None = None
         for m in members:
             if isinstance(m, VectorOp) and m.w is not None:
                 out[m.w] = m.row_bytes
-    for parts in (pairs or {}).values():
-        for name, size, _ in part_constants(parts):
+    for g in (pairs or {}).values():
+        for name, size, _ in part_constants(g.parts):
             out[name] = size
     return list(out.items())
 
 
 def _dequant_constants(weights: Mapping[str, QuantizedWeight],
-                       pairs: Mapping[int, list[Part]]) -> dict[str, np.ndarray]:
+                       pairs: Mapping[int, FusedGroup]) -> dict[str, np.ndarray]:
     """The DRAM image of every DEQUANT part's channel words: :func:`hw.numerics.
     dequant_channels` of its layer's row scales, little-endian int32 words."""
     out: dict[str, np.ndarray] = {}
-    for parts in pairs.values():
-        for name, _, d in part_constants(parts):
+    for g in pairs.values():
+        for name, _, d in part_constants(g.parts):
             if name not in out:
                 chan = dequant_channels(weights[d.layer].row_scale)[:d.length]
                 out[name] = chan.astype("<i4").view(np.uint8)
