@@ -33,7 +33,7 @@ from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
-from hw.numerics import ACT_MAX, norm_weight, rope_pairs, rope_table
+from hw.numerics import ACT_MAX, dequant_channels, norm_weight, rope_pairs, rope_table
 from sw.compile import symbols as sym
 from sw.compile.capture import CaptureResult, capture
 from sw.compile.errors import CompileError, LoweringError
@@ -45,7 +45,15 @@ from sw.compile.executable import (
     ProgramMember,
     ProgramTable,
 )
-from sw.compile.fusion import fuse_words, fusion_pairs, requant_op, vector_events
+from sw.compile.fusion import (
+    FusedGroup,
+    RequantOp,
+    fuse_words,
+    fusion_groups,
+    part_buffers,
+    part_constants,
+    vector_events,
+)
 from sw.compile.ir import OPS, Graph, Node, linear_layers
 from sw.compile.ir.types import SYMBOL
 from sw.compile.lower import KVLayout, Member, context_bucket, node_members
@@ -61,6 +69,7 @@ from sw.compile.plan import (
 )
 from sw.compile.relocation import (
     Template,
+    lower_dequant_template,
     lower_requant_template,
     lower_template,
     lower_vector_template,
@@ -111,8 +120,12 @@ class CompileOptions:
         that would not fit the instruction memory unrolled are rolled.
     fuse_programs : bool, optional
         Run a vector node and the linear node that reads its rows as one program, the
-        requantisation between them on chip (:mod:`sw.compile.fusion`); default (None): on
-        when ``vector`` runs ops on a vector engine (:func:`fuses_programs`).
+        requantisation between them and the dequantisation after on chip
+        (:mod:`sw.compile.fusion`); default (None): on when ``vector`` runs ops on a vector
+        engine (:func:`fuses_programs`).
+    chain_programs : bool
+        With ``fuse_programs``, run consecutive fused programs whose boundary values stay on
+        chip as one (:func:`sw.compile.fusion.fusion_groups`).
     """
 
     prompt_tokens: int
@@ -126,6 +139,7 @@ class CompileOptions:
     vector: bool = True
     loops: bool | None = None
     fuse_programs: bool | None = None
+    chain_programs: bool = True
 
 
 def fuses_programs(cfg: AcceleratorConfig, opts: CompileOptions) -> bool:
@@ -220,11 +234,17 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     t0 = time.perf_counter()
     work, buffers, kv, pairs = _partition(model, cfg, graphs, fmt_map, options, report)
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
-                                     _constant_regions(work, options.max_context))
+                                     _constant_regions(work, options.max_context, pairs))
     programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
                                         options.loops)
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
+        fused = [p for p in programs if p.parts and p.phase == phase]
+        steps = report["phases"][phase]["accelerator_nodes"] - sum(
+            len(p.parts) - 1 for p in fused)
+        report["phases"][phase].update(
+            programs_per_step=steps, host_transitions_per_step=2 * steps,
+            **({"fused_programs_per_step": len(fused)} if fused else {}))
         report["phases"][phase].update(arena_bytes=arena.size,
                                        arena_lower_bound_bytes=arena.lower_bound)
     image = {}
@@ -232,6 +252,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         for layer, qw in weights.items():
             image[sym.weights(layer)] = weight_image(qw, cfg.lanes, cfg.beat_bytes)
         image.update(_vector_constants(model, work, options.max_context))
+        image.update(_dequant_constants(weights, pairs))
     host, host_shapes = _host_tensors(model, graphs, fmt_map, weights)
     mcfg = model.config
     report.update({
@@ -318,13 +339,14 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
     vector = vector_ops(model, cfg, opts)
     work: list[tuple[str, Node, int | None, list[Member] | list[VectorOp]]] = []
     buffers: dict[str, list[Buffer]] = {}
-    pairs: list[int] = []
+    pairs: dict[int, FusedGroup] = {}
     for phase, g in graphs.items():
         acc = accelerator_nodes(g, fmt_map, opts.attention, vector)
         buckets = ([context_bucket(opts.prompt_tokens)] if phase == "prefill"
                    else sorted({context_bucket(s) for s in contexts}))
         live: dict[str, Buffer] = {}
         first = len(work)
+        step: list[int] = []  # per work entry of the phase: its node's index in acc
         for p, node in enumerate(acc):
             # the cache grows with the context, and so do the operands sized by it (scores)
             per_context = OPS[node.op].streams == "kv" or any(
@@ -335,25 +357,35 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                 else:
                     members = [vector_op(node, g, cfg, bucket)]
                 work.append((phase, node, bucket, members))
+                step.append(p)
                 for m in members:  # the largest bucket sizes the buffers
                     for name, size, before in m.buffers():
                         t = 2 * p if before else 2 * p + 1
                         old = live.get(name)
                         live[name] = Buffer(name, max(size, old.size if old else 0), t, t + 1)
-        fused = [first + i for i in fusion_pairs(work[first:])] \
+        groups = [_shift(g, first) for g in fusion_groups(cfg, work[first:],
+                                                          opts.chain_programs)] \
             if fuses_programs(cfg, opts) else []
-        for i in fused:  # the vector part's results live on until the host reads them back
-            y = work[i][3][0].y
-            live[y] = dataclasses.replace(live[y], end=live[y].end + 2)
-        pairs += fused
+        for g in groups:  # every buffer of a fused program lives through all of it
+            t0, t1 = 2 * step[g.entries[0] - first], 2 * step[g.entries[-1] - first] + 2
+            names = [(name, size) for e in g.entries for m in work[e][3]
+                     for name, size, _ in m.buffers()] + part_buffers(cfg, g.parts)
+            for name, size in names:
+                old = live.get(name)
+                live[name] = Buffer(name, max(size, old.size), min(old.start, t0),
+                                    max(old.end, t1)) if old else Buffer(name, size, t0, t1)
+            pairs[g.entries[-1]] = g
         buffers[phase] = list(live.values())
-        programs = len(acc) - len(fused)
         report["phases"][phase].update({
-            "accelerator_nodes": len(acc), "programs_per_step": programs,
-            "host_transitions_per_step": 2 * programs,
-            **({"fused_programs_per_step": len(fused)} if fused else {}),
+            "accelerator_nodes": len(acc),
             "vector_nodes": sum(OPS[n.op].vector is not None for n in acc)})
     return work, buffers, kv, pairs
+
+
+def _shift(g: FusedGroup, d: int) -> FusedGroup:
+    """``g`` with its entries (and its fallback's) ``d`` further on in ``work``."""
+    return dataclasses.replace(g, entries=tuple(e + d for e in g.entries),
+                               fallback=tuple(_shift(f, d) for f in g.fallback))
 
 
 def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str, list[Buffer]],
@@ -416,19 +448,20 @@ def static_dram_bytes(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOp
 
 
 def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int,
-           pairs: Iterable[int] = (), loops: bool | None = None
+           groups: Mapping[int, FusedGroup] | None = None, loops: bool | None = None
            ) -> tuple[list[Program], ProgramTable, int]:
     """One program per (node, bucket): each distinct one lowered once (``loops``: rolled,
     :class:`CompileOptions`), relocated; and the table that finds them for every context.
-    Each of ``pairs`` (indices of ``work`` fused with the next:
-    :func:`sw.compile.fusion.fusion_pairs`) becomes one fused program after its two parts
-    (:func:`_fuse`); a pair whose program would not fit the instruction memory stays two
-    programs."""
-    templates: dict[tuple, tuple[int, Template]] = {}
+    Each of ``groups`` (by the index of its last entry in ``work``:
+    :func:`sw.compile.fusion.fusion_groups`) becomes one fused program after its entries'
+    programs (:func:`_fuse`); a group whose program would not fit the instruction memory
+    falls back to its pairs, and a pair that does not fit stays two programs."""
+    templates: dict[tuple, tuple[int, Template | None]] = {}
     programs: list[Program] = []
     table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
     addr = {k: r.addr for k, r in symbols.items()}
-    fuse_at = set(pairs)
+    groups = groups or {}
+    pos: dict[int, int] = {}  # work entry -> its program
     for i, (phase, node, bucket, members) in enumerate(work):
         key = tuple(m.signature for m in members)
         vec = members[0] if isinstance(members[0], VectorOp) else None
@@ -447,6 +480,7 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
         first, last = (1, max_context) if bucket is None else _bucket_contexts(bucket)
         table.setdefault(phase, {}).setdefault(node.name, []).append(
             (first, last, len(programs)))
+        pos[i] = len(programs)
         words = relocate(t, addr, members, cfg.beat_bytes)
         if vec is None:
             programs.append(Program(phase, node.name, bucket, words,
@@ -454,52 +488,112 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
         else:
             programs.append(Program(phase, node.name, bucket, words, (), index, vec,
                                     t.imm_rows, position_rows=t.position_rows))
-        if i - 1 in fuse_at:
-            _fuse(cfg, programs, work[i - 1][3][0], members, templates, addr)
+        if i in groups and not _fuse(cfg, programs, pos, groups[i], templates, addr):
+            for g in groups[i].fallback:
+                _fuse(cfg, programs, pos, g, templates, addr)
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
                                    for ph, nodes in table.items()}), len(templates)
 
 
-def _fuse(cfg: AcceleratorConfig, programs: list[Program], vec: VectorOp, members,
-          templates: dict, addr: Mapping[str, int]) -> None:
-    """Replace the last two ``programs`` (a vector node's, then its linear node's) by their
-    parts and append the fused program: vector program, REQUANT, linear program
-    (:func:`sw.compile.fusion.fuse_words`); unchanged if it would not fit the instruction
-    memory."""
-    a, b = programs[-2], programs[-1]
-    req = requant_op(vec, members)
-    key = ("fused", a.template, req.signature, b.template)
-    if key not in templates:
-        templates[key] = (len(templates), lower_requant_template(cfg, req.rows, req.length,
-                                                                 req.act_row_bytes))
-    index, t = templates[key]
+def _part_template(cfg: AcceleratorConfig, part) -> Template:
+    """The relocatable program of a REQUANT, DEQUANT or (vector) ADD part."""
+    if isinstance(part, RequantOp):
+        return lower_requant_template(cfg, part.rows, part.length, part.act_row_bytes,
+                                      amax=part.amax)
+    if isinstance(part, VectorOp):
+        return lower_vector_template(cfg, part.func, part.rows, part.length,
+                                     second=part.b is not None, const=part.w is not None,
+                                     imm=part.imm)
+    return lower_dequant_template(cfg, part.rows, part.length, part.acc_row_bytes, part.place)
+
+
+def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int],
+          group: FusedGroup, templates: dict, addr: Mapping[str, int]) -> bool:
+    """Append the fused program of ``group`` and make its entries' programs (at ``pos``) its
+    parts; False, and nothing changed, if it does not fit the instruction memory.
+
+    Each part is relocated from its template: a node's (lowered with it) or a REQUANT's,
+    DEQUANT's or ADD's (lowered once per signature); vector parts get the events of
+    :func:`sw.compile.fusion.vector_events`, and :func:`sw.compile.fusion.fuse_words` joins
+    them. The linear entries' members name the Q15.16 rows their DEQUANT parts write."""
+    nodes = [programs[pos[e]] for e in group.entries]
+    words, key, work = [], ["fused"], [0, 0, 0]
+    dequant = {}
+    for part, owner in zip(group.parts, group.owners, strict=True):
+        if owner is not None and isinstance(part, VectorOp):
+            t = templates[(part.signature,)][1]
+        elif owner is not None:
+            t = templates[tuple(m.signature for m in part)][1]
+        else:
+            if part.signature not in templates:
+                templates[part.signature] = (len(templates), _part_template(cfg, part))
+            t = templates[part.signature][1]
+        layers = list(part) if isinstance(part, tuple) else [part]
+        w = relocate(t, addr, layers, cfg.beat_bytes)
+        words.append(w if isinstance(part, tuple) else vector_events(w))
+        key.append(tuple(m.signature for m in layers))
+        if owner is not None:
+            p = nodes[owner]
+            work = [work[0] + p.read_bytes, work[1] + p.write_bytes, work[2] + p.macs]
+        elif isinstance(part, RequantOp):
+            codes = part.rows * part.length
+            work = [work[0] + 4 * codes, work[1] + codes, work[2]]
+        elif isinstance(part, VectorOp):
+            work = [work[0] + part.read_bytes, work[1] + part.write_bytes, work[2]]
+        else:
+            dequant[part.x] = part
+            acc = 4 * part.rows * part.length
+            work = [work[0] + acc + 4 * part.length + 4 * part.rows, work[1] + acc, work[2]]
     try:
-        words = fuse_words(cfg, [vector_events(a.words),
-                                 vector_events(relocate(t, addr, [req], cfg.beat_bytes)),
-                                 b.words])
+        fused = fuse_words(cfg, words)
     except LoweringError:
-        return
+        return False
+    key = tuple(key)
+    if key not in templates:
+        templates[key] = (len(templates), None)
     n = len(programs)
     empty = np.zeros((0, 2), dtype=np.uint64)
-    programs[-2] = dataclasses.replace(a, words=empty, fused_into=n)
-    programs[-1] = dataclasses.replace(b, words=empty, fused_into=n)
-    codes = req.rows * req.length
-    work = (a.read_bytes + 4 * codes + b.read_bytes, a.write_bytes + codes + b.write_bytes,
-            b.macs)
-    programs.append(Program(a.phase, a.node, None, words, b.members, index,
-                            parts=(n - 2, n - 1), work=work))
+    members = []
+    for e, p in zip(group.entries, nodes, strict=True):
+        ms = tuple(dataclasses.replace(m, dequant=dequant[m.y].y,
+                                       dequant_row_bytes=dequant[m.y].row_bytes)
+                   if m.y in dequant else m for m in p.members)
+        programs[pos[e]] = dataclasses.replace(p, words=empty, fused_into=n, members=ms)
+        members += ms
+    programs.append(Program(nodes[0].phase, nodes[0].node, None, fused, tuple(members),
+                            templates[key][0], parts=tuple(pos[e] for e in group.entries),
+                            work=tuple(work)))
+    return True
 
 
-def _constant_regions(work, max_context: int) -> list[tuple[str, int]]:
-    """The (symbol, bytes) of every constant a vector program reads (RMSNorm weights: one
-    row each, shared by the phases; the rotary table of ``max_context`` positions, shared by
-    every rope node)."""
+def _constant_regions(work, max_context: int,
+                      pairs: Mapping[int, FusedGroup] | None = None
+                      ) -> list[tuple[str, int]]:
+    """The (symbol, bytes) of every constant a vector program or a fused program's
+    DEQUANT part reads (RMSNorm weights, channel words: one row each, shared by the
+    phases; the rotary table of ``max_context`` positions, shared by every rope node)."""
     out: dict[str, int] = {}
     for _, _, _, members in work:
         for m in members:
             if isinstance(m, VectorOp) and m.w is not None:
                 out[m.w] = m.const_bytes(max_context)
+    for g in (pairs or {}).values():
+        for name, size, _ in part_constants(g.parts):
+            out[name] = size
     return list(out.items())
+
+
+def _dequant_constants(weights: Mapping[str, QuantizedWeight],
+                       pairs: Mapping[int, FusedGroup]) -> dict[str, np.ndarray]:
+    """The DRAM image of every DEQUANT part's channel words: :func:`hw.numerics.
+    dequant_channels` of its layer's row scales, little-endian int32 words."""
+    out: dict[str, np.ndarray] = {}
+    for g in pairs.values():
+        for name, _, d in part_constants(g.parts):
+            if name not in out:
+                chan = dequant_channels(weights[d.layer].row_scale)[:d.length]
+                out[name] = chan.astype("<i4").view(np.uint8)
+    return out
 
 
 def _vector_constants(model: LlamaLM, work, max_context: int) -> dict[str, np.ndarray]:

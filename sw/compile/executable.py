@@ -62,7 +62,9 @@ class ProgramMember:
     ``act_row_bytes`` / ``out_row_bytes``: DRAM bytes per row of ``x`` / ``y``;
     ``stream_bytes`` and ``macs``: the minimal work (weight bytes read, kept-weight MACs);
     ``row_scale``: the host tensor of a compressed layer's row scales, ``bias`` the parameter
-    its bias rows come from (None for attention members).
+    its bias rows come from (None for attention members); ``dequant``: where a fused
+    program's DEQUANT part left its outputs as Q15.16 rows, ``dequant_row_bytes`` apart
+    (None: the host dequantises ``y``).
     """
 
     w: str
@@ -78,6 +80,8 @@ class ProgramMember:
     b: str | None = None
     row_scale: str | None = None
     bias: str | None = None
+    dequant: str | None = None
+    dequant_row_bytes: int = 0
 
 
 @dataclass(frozen=True, eq=False)

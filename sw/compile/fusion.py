@@ -4,17 +4,26 @@ On a configuration with a vector engine a host op lowered to a VEC program (RMSN
 SiLU-gate: :mod:`sw.compile.vector`) is often followed directly by the linear node that reads
 its result (the pre-norm blocks: ``rmsnorm -> q/k/v``, ``rmsnorm -> gate/up``,
 ``silu_gate -> down``). Unfused, the host reads the vector program's Q15.16 rows back,
-requantises them to INT8 (``quantize_activations_vector``) and writes them into the linear
-program's input buffer. Fused (:func:`fusion_pairs`), one program does all three on chip:
+requantises them to INT8 (``quantize_activations_vector``), writes them into the linear
+program's input buffer and dequantises its int32 outputs. Fused (:func:`fusion_pairs`,
+:func:`fused_parts`), one program does all of it on chip. A fused program is a list of
+*parts* (:data:`Part`), each a program as it would run alone:
 
 =====================  ===========================================================
 part                   what it does
 =====================  ===========================================================
-the vector program     as alone: its rows from ``x`` to ``y`` (Q15.16)
-REQUANT                ``y`` to the linear's INT8 input rows
-                       (:func:`sw.compile.schedule.schedule_requant`,
+a vector program       a vector node's: its rows from ``x`` (and ``b``) to ``y`` (Q15.16)
+REQUANT                ``y`` to the linear's INT8 input rows and each row's ``amax``
+                       word (:class:`RequantOp`, :func:`sw.compile.schedule.schedule_requant`,
                        :func:`hw.numerics.vec_requant`: the host's requantisation)
-the linear program     as alone: GEMM tiles to its int32 outputs
+a linear program       a linear node's: GEMM tiles to its int32 outputs
+DEQUANT                one per member of the linear: its int32 rows, the layer's channel
+                       words (a constant row, :func:`hw.numerics.dequant_channels`) and the
+                       ``amax`` words to Q15.16 rows (:class:`DequantOp`,
+                       :func:`sw.compile.schedule.schedule_dequant`,
+                       :func:`hw.numerics.vec_dequant`: the vector twin's dequantisation)
+ADD                    a residual linear's Q15.16 rows plus the residual rows, where a
+                       later part reads the sum (a vector program of ``VecFunc.ADD``)
 =====================  ===========================================================
 
 The parts meet in DRAM (the vector engine's results leave through VOUT, the GEMM reads ACT,
@@ -22,19 +31,30 @@ and no datapath joins the two). Each part's events are those of its own schedule
 two parts the LOAD engine waits, with SYNCs, on every event the earlier part signalled and
 never waited on (its last ``STORED`` / ``FREE`` signals: :func:`fuse_words`). That consumes
 them, so the next part starts from counters at 0 as it would alone, and orders its loads
-after the earlier part's stores. The host still reads the vector program's rows back (the
-graph's value of that node, and the ``amax`` of the linear's dequantisation) and
-dequantises the linear's outputs, as unfused.
+after the earlier part's stores. The host reads every part's results back after the run
+(the graph's values of its nodes: a linear's as the Q15.16 rows its DEQUANT parts wrote),
+and adds a residual as unfused.
 
 A node pair fuses when the linear's input is the vector node's output, neither depends on
 the context bucket, the linear has no bias (its bias rows are written by the host between
 the two) and it reads ``rows`` rows of ``length`` elements as the vector node writes them.
+
+*Chaining* (:func:`fusion_groups`): consecutive pairs and lone vector nodes become one
+program when each vector node after the first reads only rows an earlier part left on chip
+(a vector node's results, a linear's DEQUANT rows, or a residual linear's output as the ADD
+of its DEQUANT rows and residual rows on chip -- the residual rows are there when they are
+the input the host wrote for the program's first vector node). The vector part is then
+relocated to read those rows, and the host needs nothing between the nodes: the runtime
+runs the program at the first node and reads the later nodes' results back at their turn.
+In a decoder this chains a block's ``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and
+the next block's ``rmsnorm -> q/k/v`` (the last block's: the final norm). A chain that does
+not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.fallback`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,18 +65,21 @@ from hw.isa import (
     Engine,
     Opcode,
     Sync,
+    VecFunc,
     decode_fields,
     field_location,
     program_words,
 )
+from sw.compile import symbols
 from sw.compile.errors import LoweringError
 from sw.compile.ir import OPS
 from sw.compile.lower import Member
-from sw.compile.schedule import EVENTS
-from sw.compile.vector import VectorOp
+from sw.compile.schedule import EVENTS, AmaxPlace, amax_place
+from sw.compile.vector import VectorOp, row_bytes
 
-__all__ = ["RequantOp", "fusion_pairs", "requant_op", "fuse_words", "VECTOR_EVENTS",
-           "vector_events"]
+__all__ = ["RequantOp", "DequantOp", "Part", "fusion_pairs", "requant_op", "dequant_ops",
+           "fused_parts", "FusedGroup", "fusion_groups", "part_buffers", "part_constants",
+           "fuse_words", "VECTOR_EVENTS", "vector_events"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -89,21 +112,62 @@ def vector_events(words: np.ndarray) -> np.ndarray:
 class RequantOp:
     """The REQUANT part of a fused program: ``rows`` Q15.16 rows of ``length`` int32 elements
     at symbol ``x`` to INT8 rows ``act_row_bytes`` apart at symbol ``y`` (a
-    :class:`sw.compile.relocation.SymbolicLayer` of operands ``x`` and ``y``)."""
+    :class:`sw.compile.relocation.SymbolicLayer` of operands ``x`` and ``y``); with ``amax``,
+    each row's ``amax`` word also reaches DRAM for a DEQUANT part
+    (:func:`sw.compile.schedule.amax_place`: in the INT8 rows, or in ``b``, a beat per
+    row)."""
 
     rows: int
     length: int
     act_row_bytes: int
     x: str
     y: str
+    b: str | None = None
+    amax: bool = False
     w: None = None
-    b: None = None
     w_tile_stride: None = None
 
     @property
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
-        return ("requant", self.rows, self.length, self.act_row_bytes)
+        return ("requant", self.rows, self.length, self.act_row_bytes, self.amax)
+
+
+@dataclass(frozen=True)
+class DequantOp:
+    """The DEQUANT part of a fused program: a GEMM's ``rows`` rows of ``length`` int32
+    accumulators (symbol ``x``, ``acc_row_bytes`` apart) to Q15.16 rows (symbol ``y``,
+    ``row_bytes`` apart, as a vector program's), with the layer's channel words (symbol
+    ``w``, one constant row: :func:`hw.numerics.dequant_channels` of its row scales) and the
+    ``amax`` words its REQUANT part wrote (symbol ``b``, at ``place``); ``layer``: the
+    linear layer (module name) whose row scales the channel words hold."""
+
+    rows: int
+    length: int
+    acc_row_bytes: int
+    row_bytes: int
+    place: AmaxPlace
+    x: str
+    w: str
+    b: str
+    y: str
+    layer: str = ""
+    w_tile_stride: None = None
+
+    @property
+    def signature(self) -> tuple:
+        """What the instructions depend on, addresses aside."""
+        return ("dequant", self.rows, self.length, self.acc_row_bytes, tuple(self.place))
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of the results' rows in DRAM."""
+        return self.rows * self.row_bytes
+
+
+#: A part of a fused program: a vector node's program, a REQUANT, a linear node's program (its
+#: members) or a DEQUANT of one member's outputs.
+Part = VectorOp | RequantOp | tuple[Member, ...] | DequantOp
 
 
 def _fusable(a: tuple, b: tuple) -> bool:
@@ -137,10 +201,62 @@ def fusion_pairs(work: Sequence[tuple]) -> list[int]:
     return out
 
 
-def requant_op(vec: VectorOp, linear: Sequence[Member]) -> RequantOp:
-    """The REQUANT between a vector program and the linear program that reads its rows."""
+def requant_op(vec: VectorOp, linear: Sequence[Member], amax: str | None = None,
+               cfg: AcceleratorConfig | None = None) -> RequantOp:
+    """The REQUANT between a vector program and the linear program that reads its rows; with
+    ``cfg``, one that leaves the ``amax`` words in DRAM for DEQUANT parts (``amax``: the
+    symbol of their buffer where the INT8 rows do not hold them)."""
     m = linear[0]
-    return RequantOp(vec.rows, vec.length, m.plan.act_row_bytes, vec.y, m.x)
+    if cfg is None:
+        return RequantOp(vec.rows, vec.length, m.plan.act_row_bytes, vec.y, m.x)
+    place = amax_place(cfg, vec.length, m.plan.act_row_bytes)
+    return RequantOp(vec.rows, vec.length, m.plan.act_row_bytes, vec.y, m.x,
+                     amax if place.separate else None, True)
+
+
+def dequant_ops(cfg: AcceleratorConfig, req: RequantOp, linear: Sequence[Member],
+                outputs: Sequence[str]) -> list[DequantOp]:
+    """One DEQUANT per member of the linear program after ``req`` (``amax=True``): its
+    accumulators to Q15.16 rows at ``outputs`` (one symbol per member), with the channel
+    words of its layer (:func:`sw.compile.symbols.dequant_channels`)."""
+    place = amax_place(cfg, req.length, req.act_row_bytes)
+    return [DequantOp(m.plan.tokens, m.plan.n, m.plan.out_row_bytes, row_bytes(cfg, m.plan.n),
+                      place, m.y, symbols.dequant_channels(m.source.layer),
+                      req.b if place.separate else req.y, y, m.source.layer)
+            for m, y in zip(linear, outputs, strict=True)]
+
+
+def fused_parts(cfg: AcceleratorConfig, vec: VectorOp, linear: Sequence[Member],
+                amax: str, outputs: Sequence[str] | None) -> list[Part]:
+    """The parts of the fused program of a vector node and the linear node after it: the
+    vector program, REQUANT, the linear program and, with ``outputs`` (a Q15.16 symbol per
+    member), a DEQUANT per member (``amax``: the symbol of the ``amax`` buffer, where one is
+    needed)."""
+    if outputs is None:
+        return [vec, requant_op(vec, linear), tuple(linear)]
+    req = requant_op(vec, linear, amax, cfg)
+    return [vec, req, tuple(linear), *dequant_ops(cfg, req, linear, outputs)]
+
+
+def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[str, int]]:
+    """``(symbol, bytes)`` of the arena buffers the ``parts`` of a fused program read or
+    write besides their nodes' own: the ``amax`` beats, the Q15.16 results of DEQUANT and
+    ADD parts, a vector part's rows where it reads an earlier part's results."""
+    out = []
+    for p in parts:
+        if isinstance(p, RequantOp) and p.b is not None:
+            out.append((p.b, p.rows * cfg.beat_bytes))
+        elif isinstance(p, DequantOp):
+            out.append((p.y, p.data_bytes))
+        elif isinstance(p, VectorOp):
+            out += [(name, size) for name, size, _ in p.buffers()]
+    return out
+
+
+def part_constants(parts: Sequence[Part]) -> list[tuple[str, int, DequantOp]]:
+    """``(symbol, bytes, part)`` of the constant rows the DEQUANT ``parts`` read (their
+    channel words)."""
+    return [(p.w, p.row_bytes, p) for p in parts if isinstance(p, DequantOp)]
 
 
 def _left_over(words: np.ndarray) -> dict[int, int]:
@@ -194,3 +310,137 @@ def fuse_words(cfg: AcceleratorConfig, parts: Sequence[np.ndarray]) -> np.ndarra
         raise LoweringError(f"the fused program needs {words.shape[0]} instructions and the "
                             f"instruction memory holds {cfg.imem_depth}")
     return words
+
+
+@dataclass(frozen=True)
+class FusedGroup:
+    """A fused program: the work entries it runs (consecutive indices of ``work``), its
+    ``parts`` in order and, per part, the entry (offset into ``entries``) whose node's program
+    it is (None: a REQUANT, DEQUANT or ADD between them); ``fallback``: the groups to fuse
+    instead where this one does not fit the instruction memory."""
+
+    entries: tuple[int, ...]
+    parts: tuple[Part, ...]
+    owners: tuple[int | None, ...]
+    fallback: tuple[FusedGroup, ...] = ()
+
+
+def _pair_group(cfg: AcceleratorConfig, work: Sequence[tuple], i: int) -> FusedGroup:
+    """The fused program of entries ``i`` (a vector node) and ``i + 1`` (the linear node that
+    reads its rows): with a DEQUANT of every member's outputs where each is a compressed
+    layer."""
+    phase, _, _, (vec,) = work[i]
+    _, node, _, members = work[i + 1]
+    dequant = all(m.source is not None for m in members)
+    outputs = [symbols.buffer("q", phase, node.name, j) for j in range(len(members))]
+    parts = fused_parts(cfg, vec, members, symbols.buffer("a", phase, node.name),
+                        outputs if dequant else None)
+    return FusedGroup((i, i + 1), tuple(parts), (0, None, 1) + (None,) * (len(parts) - 3))
+
+
+class _Chain:
+    """A fused program being grown unit by unit (:func:`fusion_groups`): its entries, parts
+    and owners, and where each graph value it computed lies on chip as Q15.16 rows
+    (``(symbol, rows, length)``; ``pending``: a residual linear's output, once an ADD of its
+    DEQUANT rows and the residual rows, ``(dequant symbol, residual symbol, rows, length)``)."""
+
+    def __init__(self, cfg: AcceleratorConfig, work: Sequence[tuple], unit: FusedGroup):
+        self.cfg, self.work = cfg, work
+        self.entries: list[int] = []
+        self.parts: list[Part] = []
+        self.owners: list[int | None] = []
+        self.units: list[FusedGroup] = []
+        self.onchip: dict[str, tuple[str, int, int]] = {}
+        self.pending: dict[str, tuple[str, str, int, int]] = {}
+        vec = work[unit.entries[0]][3][0]
+        node = work[unit.entries[0]][1]
+        for value, sym in zip(node.inputs, (vec.x, vec.b), strict=False):
+            if sym is not None:  # the rows the host writes before the start
+                self.onchip[value] = (sym, vec.rows, vec.length)
+        self._add(unit, vec)
+
+    def _add(self, unit: FusedGroup, vec: VectorOp) -> None:
+        base = len(self.entries)
+        self.entries += unit.entries
+        self.parts += [vec, *unit.parts[1:]]
+        self.owners += [None if o is None else base + o for o in unit.owners]
+        self.units.append(unit)
+        _, vnode, _, _ = self.work[unit.entries[0]]
+        self.onchip[vnode.outputs[0]] = (vec.y, vec.rows, vec.length)
+        deq = [p for p in unit.parts if isinstance(p, DequantOp)]
+        if len(unit.entries) < 2 or not deq:
+            return
+        _, lnode, _, _ = self.work[unit.entries[1]]
+        if len(lnode.inputs) == 1 and len(lnode.outputs) == len(deq):
+            for value, d in zip(lnode.outputs, deq, strict=True):
+                self.onchip[value] = (d.y, d.rows, d.length)
+        elif len(lnode.inputs) == 2 and len(deq) == 1 and lnode.inputs[1] in self.onchip:
+            res, rows, length = self.onchip[lnode.inputs[1]]
+            if (rows, length) == (deq[0].rows, deq[0].length):
+                self.pending[lnode.outputs[0]] = (deq[0].y, res, rows, length)
+
+    def join(self, unit: FusedGroup) -> bool:
+        """Append ``unit`` (a pair or a lone vector node) when every input of its vector node
+        lies on chip as it reads it; ADD parts first for residual outputs it reads."""
+        phase, node, bucket, (vec,) = self.work[unit.entries[0]]
+        if bucket is not None or phase != self.work[self.entries[0]][0]:
+            return False
+        inputs = [v for v, s in zip(node.inputs, (vec.x, vec.b), strict=False) if s]
+        found = []
+        for v in inputs:
+            at = self.onchip.get(v) or self.pending.get(v)
+            if at is None or tuple(at[-2:]) != (vec.rows, vec.length):
+                return False
+            found.append(v)
+        syms = []
+        for v in found:
+            if v in self.pending:
+                q, res, rows, length = self.pending.pop(v)
+                y = symbols.buffer("r", phase, v)
+                self.parts.append(VectorOp(VecFunc.ADD, rows, length, row_bytes(self.cfg, length),
+                                           q, y, res))
+                self.owners.append(None)
+                self.onchip[v] = (y, rows, length)
+            syms.append(self.onchip[v][0])
+        vec = replace(vec, x=syms[0], b=syms[1] if len(syms) > 1 else None)
+        self._add(unit, vec)
+        return True
+
+    def group(self) -> FusedGroup:
+        return FusedGroup(tuple(self.entries), tuple(self.parts), tuple(self.owners),
+                          tuple(u for u in self.units if len(u.entries) > 1))
+
+
+def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = True
+                  ) -> list[FusedGroup]:
+    """The fused programs of ``work`` (the accelerator nodes of one phase, in order, as
+    ``(phase, node, bucket, members)``): each pair of :func:`fusion_pairs` and, with
+    ``chain``, runs of consecutive pairs and lone vector nodes whose every vector node reads
+    only rows an earlier part left on chip (the module docstring's chaining rule) as one."""
+    pairs = set(fusion_pairs(work))
+    units: list[FusedGroup | None] = []
+    i = 0
+    while i < len(work):
+        if i in pairs:
+            units.append(_pair_group(cfg, work, i))
+            i += 2
+            continue
+        _, _, bucket, members = work[i]
+        # a ROPE's table LOADs are patched per program (Program.position_rows): never a part
+        lone = bucket is None and len(members) == 1 and isinstance(members[0], VectorOp) \
+            and not members[0].table_rows
+        units.append(FusedGroup((i,), (members[0],), (0,)) if lone else None)
+        i += 1
+    if not chain:
+        return [u for u in units if u is not None and len(u.entries) > 1]
+    out: list[FusedGroup] = []
+    current: _Chain | None = None
+    for unit in units + [None]:
+        if current is not None and unit is not None and current.join(unit):
+            continue
+        if current is not None and len(current.units) == 1:
+            out += current.units if len(current.entries) > 1 else []
+        elif current is not None:
+            out.append(current.group())
+        current = _Chain(cfg, work, unit) if unit is not None else None
+    return out

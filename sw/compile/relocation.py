@@ -22,8 +22,10 @@ from hw.isa import End, Vec, VecFunc, field_location, program_words
 from sw.compile.errors import LoweringError
 from sw.compile.roll import roll
 from sw.compile.schedule import (
+    AmaxPlace,
     PlacedLayer,
     Schedule,
+    schedule_dequant,
     schedule_layers,
     schedule_requant,
     schedule_vector,
@@ -31,7 +33,7 @@ from sw.compile.schedule import (
 from sw.compile.tiling import LinearPlan
 
 __all__ = ["SymbolicLayer", "Template", "lower_template", "lower_vector_template",
-           "lower_requant_template", "relocate"]
+           "lower_requant_template", "lower_dequant_template", "relocate"]
 
 #: The operands of a layer, in the order of a template's relocation keys.
 _OPERANDS = {"w": 0, "x": 1, "y": 2, "b": 3}
@@ -113,16 +115,32 @@ def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, leng
 
 
 def lower_requant_template(cfg: AcceleratorConfig, rows: int, length: int,
-                           act_row_bytes: int, loops: bool | None = False) -> Template:
+                           act_row_bytes: int, loops: bool | None = False,
+                           amax: bool = False) -> Template:
     """:func:`sw.compile.schedule.schedule_requant` as one relocatable program (END appended;
-    its operands are layer 0's ``x`` and ``y``; ``loops``: rolled).
+    its operands are layer 0's ``x``, ``y`` and, with ``amax`` where the rows do not hold
+    it, ``b``; ``loops``: rolled).
 
     Raises
     ------
     LoweringError
         A row does not fit the vector scratchpads, or the program the instruction memory.
     """
-    return _template(cfg, schedule_requant(cfg, rows, length, act_row_bytes), loops)
+    return _template(cfg, schedule_requant(cfg, rows, length, act_row_bytes, amax), loops)
+
+
+def lower_dequant_template(cfg: AcceleratorConfig, rows: int, length: int,
+                           acc_row_bytes: int, place: AmaxPlace,
+                           loops: bool | None = False) -> Template:
+    """:func:`sw.compile.schedule.schedule_dequant` as one relocatable program (END appended;
+    its operands are layer 0's ``x``, ``w``, ``b`` and ``y``; ``loops``: rolled).
+
+    Raises
+    ------
+    LoweringError
+        A row does not fit the vector scratchpads, or the program the instruction memory.
+    """
+    return _template(cfg, schedule_dequant(cfg, rows, length, acc_row_bytes, place), loops)
 
 
 def _template(cfg: AcceleratorConfig, schedule: Schedule, loops: bool | None = False

@@ -55,7 +55,7 @@ from sw.compile.tiling import LinearPlan
 
 __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule",
            "schedule_layers", "ELEMENTWISE", "VectorTask", "vector_tasks", "schedule_vector",
-           "rope_table_beats", "schedule_requant"]
+           "rope_table_beats", "schedule_requant", "AmaxPlace", "amax_place", "schedule_dequant"]
 
 #: The event table of a scheduled program: two per double buffer (docs/architecture.md, 9).
 EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
@@ -504,8 +504,38 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
     return Schedule(out, relocs)
 
 
-def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_bytes: int
-                     ) -> Schedule:
+class AmaxPlace(NamedTuple):
+    """Where the ``amax`` words REQUANT writes lie in DRAM, for a DEQUANT that reads them:
+    row ``r``'s word is element ``elem`` of beat ``r * stride + beat`` of symbol ``"b"``
+    (``separate``: a buffer of its own, one beat per row) or of the INT8 rows themselves."""
+
+    separate: bool
+    beat: int
+    elem: int
+    stride: int
+
+
+def _requant_beats(cfg: AcceleratorConfig, length: int, act_row_bytes: int) -> tuple[int, int]:
+    """VOUT beats one REQUANT of ``length`` elements writes, and the beats of a row stored."""
+    words = int(vec_out_words(VecFunc.REQUANT.value, length))
+    full = -(-words // _elems_per_beat(cfg))
+    return full, min(full, act_row_bytes // cfg.beat_bytes)
+
+
+def amax_place(cfg: AcceleratorConfig, length: int, act_row_bytes: int) -> AmaxPlace:
+    """Where :func:`schedule_requant` (``amax=True``) leaves each row's ``amax`` word: in the
+    INT8 row (after its codes) when the row's stored beats hold it, else in a buffer of one
+    beat per row (the beat of VOUT that holds it)."""
+    per = _elems_per_beat(cfg)
+    at = int(vec_out_words(VecFunc.REQUANT.value, length)) - 1  # the word after the codes
+    full, store = _requant_beats(cfg, length, act_row_bytes)
+    if full <= store:
+        return AmaxPlace(False, at // per, at % per, act_row_bytes // cfg.beat_bytes)
+    return AmaxPlace(True, 0, at % per, 1)
+
+
+def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_bytes: int,
+                     amax: bool = False) -> Schedule:
     """One program requantising ``rows`` rows of ``length`` int32 elements (Q15.16) into the
     int8 input rows of a GEMM (:data:`VecFunc.REQUANT`, :func:`hw.numerics.vec_requant`).
 
@@ -519,6 +549,11 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
     by the next row's codes; the last row's spill stays inside its half. Tasks alternate
     between the halves with the events of :func:`schedule_vector`.
 
+    With ``amax``, every row's ``amax`` word also reaches DRAM where :func:`amax_place` says
+    (for a DEQUANT of the GEMM's outputs): when a row's stored beats do not hold it, the rows
+    of a task lie ``full`` beats apart in VOUT and each is stored with its own STORE of its
+    codes and one of the beat holding its ``amax`` (into ``"b"``, a beat per row).
+
     Raises
     ------
     LoweringError
@@ -531,11 +566,11 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
         raise LoweringError(f"int8 rows of {act_row_bytes} bytes cannot hold {length} codes "
                             f"in whole {beat}-byte beats")
     in_beats = -(-length // per)
-    words = int(vec_out_words(VecFunc.REQUANT.value, length))
-    full = -(-words // per)                       # VOUT beats one VEC writes
-    store = min(full, act_row_bytes // beat)      # beats of a row that go to DRAM
+    full, store = _requant_beats(cfg, length, act_row_bytes)  # VOUT beats a VEC writes, stored
+    place = amax_place(cfg, length, act_row_bytes) if amax else None
+    pitch = full if place is not None and place.separate else store  # VOUT beats per row
     in_half, out_half = cfg.spad_beats("vin") // 2, cfg.spad_beats("vout") // 2
-    m = min(in_half // in_beats, (out_half - full) // store + 1 if full <= out_half else 0,
+    m = min(in_half // in_beats, (out_half - full) // pitch + 1 if full <= out_half else 0,
             rows)
     if m < 1:
         raise LoweringError(f"a REQUANT row of {length} elements does not fit the vector "
@@ -560,16 +595,100 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
         (_, n), h = tasks[i], i % 2
         for j in range(n):
             emit(Vec(func=VecFunc.REQUANT, a_addr=(h * in_half + j * in_beats) * per,
-                     dst_addr=(h * out_half + j * store) * per, length=length,
+                     dst_addr=(h * out_half + j * pitch) * per, length=length,
                      wait=ev[f"FULL{h}"] if j == 0 else None,
                      signal=ev[f"OUT_FULL{h}"] if j == n - 1 else None), None)
 
     def store_rows(i: int) -> None:
         (row, n), h = tasks[i], i % 2
+        if place is not None and place.separate:  # per row: its amax beat, then its codes
+            for j in range(n):
+                at = h * out_half + j * pitch
+                emit(Store(spad=Spad.VOUT, spad_addr=at + full - 1, dram_addr=row + j,
+                           rows=1, row_beats=1, wait=ev[f"OUT_FULL{h}"] if j == 0 else None),
+                     (0, "b"))
+                emit(Store(spad=Spad.VOUT, spad_addr=at,
+                           dram_addr=(row + j) * (act_row_bytes // beat), rows=1,
+                           row_beats=store,
+                           signal=ev[f"STORED{h}"] if j == n - 1 else None), (0, "y"))
+            return
         emit(Store(spad=Spad.VOUT, spad_addr=h * out_half,
                    dram_addr=row * (act_row_bytes // beat), rows=n, row_beats=store,
                    dram_stride=act_row_bytes // beat, wait=ev[f"OUT_FULL{h}"],
                    signal=ev[f"STORED{h}"]), (0, "y"))
+
+    _double_buffered(len(tasks), load, vecs, store_rows)
+    return Schedule(out, relocs)
+
+
+def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_bytes: int,
+                     place: AmaxPlace) -> Schedule:
+    """One program dequantising ``rows`` rows of a GEMM's ``length`` int32 accumulators into
+    Q15.16 rows (:data:`VecFunc.DEQUANT`, :func:`hw.numerics.vec_dequant`).
+
+    DRAM operands (relocated as :data:`Reloc` of layer 0): ``"x"`` the accumulator rows,
+    ``acc_row_bytes`` apart (the GEMM's ``out_row_bytes``); ``"w"`` the channel words, one
+    constant row (:func:`hw.numerics.dequant_channels`), loaded once below the halves;
+    ``"b"`` the ``amax`` words as :func:`schedule_requant` left them (``place``); ``"y"``
+    the results, laid out as :func:`schedule_vector`'s. A task loads its rows' ``amax``
+    beats (one LOAD, a beat per row) and then its accumulator rows into a VIN half; each row's
+    VEC reads its ``amax`` word (``imm``: its VIN address). Tasks alternate between the halves
+    with the events of :func:`schedule_vector`.
+
+    Raises
+    ------
+    LoweringError
+        No vector engine, or one row does not fit a scratchpad half.
+    """
+    if not cfg.has_vector:
+        raise LoweringError("the configuration has no vector engine (vin_spad_bytes = 0)")
+    per, ev, beat = _elems_per_beat(cfg), EVENTS, cfg.beat_bytes
+    row_beats = -(-length // per)
+    if acc_row_bytes % beat or acc_row_bytes < length * 4:
+        raise LoweringError(f"accumulator rows of {acc_row_bytes} bytes cannot hold {length} "
+                            f"int32 words in whole {beat}-byte beats")
+    in_half = (cfg.spad_beats("vin") - row_beats) // 2
+    out_half = cfg.spad_beats("vout") // 2
+    m = min(in_half // (row_beats + 1), out_half // row_beats, rows)
+    if m < 1:
+        raise LoweringError(f"a DEQUANT row of {length} elements does not fit the vector "
+                            f"engine's scratchpad halves (vin_spad_bytes={cfg.vin_spad_bytes}, "
+                            f"vout_spad_bytes={cfg.vout_spad_bytes})")
+    tasks = [(r, min(m, rows - r)) for r in range(0, rows, m)]
+    out: list[Instr] = []
+    relocs: list[Reloc | None] = []
+
+    def emit(ins: Instr, reloc: Reloc | None) -> None:
+        out.append(ins)
+        relocs.append(reloc)
+
+    emit(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=row_beats), (0, "w"))
+
+    def load(i: int) -> None:
+        (row, n), h = tasks[i], i % 2
+        at = row_beats + h * in_half
+        emit(Load(spad=Spad.VIN, spad_addr=at, dram_addr=row * place.stride + place.beat,
+                  rows=n, row_beats=1, dram_stride=place.stride,
+                  wait=ev[f"STORED{h}"] if i >= 2 else None), (0, "b"))
+        emit(Load(spad=Spad.VIN, spad_addr=at + n, dram_addr=row * (acc_row_bytes // beat),
+                  rows=n, row_beats=row_beats, dram_stride=acc_row_bytes // beat,
+                  signal=ev[f"FULL{h}"]), (0, "x"))
+
+    def vecs(i: int) -> None:
+        (_, n), h = tasks[i], i % 2
+        at = row_beats + h * in_half
+        for j in range(n):
+            emit(Vec(func=VecFunc.DEQUANT, a_addr=(at + n + j * row_beats) * per, b_addr=0,
+                     dst_addr=(h * out_half + j * row_beats) * per, length=length,
+                     imm=(at + j) * per + place.elem,
+                     wait=ev[f"FULL{h}"] if j == 0 else None,
+                     signal=ev[f"OUT_FULL{h}"] if j == n - 1 else None), None)
+
+    def store_rows(i: int) -> None:
+        (row, n), h = tasks[i], i % 2
+        emit(Store(spad=Spad.VOUT, spad_addr=h * out_half, dram_addr=row * row_beats,
+                   rows=n, row_beats=row_beats, dram_stride=row_beats,
+                   wait=ev[f"OUT_FULL{h}"], signal=ev[f"STORED{h}"]), (0, "y"))
 
     _double_buffered(len(tasks), load, vecs, store_rows)
     return Schedule(out, relocs)

@@ -7,7 +7,7 @@ never builds a name itself.
 
 from __future__ import annotations
 
-__all__ = ["weights", "cache", "buffer", "norm_weight", "rope_table"]
+__all__ = ["weights", "cache", "buffer", "norm_weight", "rope_table", "dequant_channels"]
 
 
 def weights(layer: str) -> str:
@@ -36,3 +36,9 @@ def rope_table() -> str:
     """The rotary table of every position as the vector engine reads it (``rope_pairs``
     words, one row per position; one for the model)."""
     return "rope"
+
+
+def dequant_channels(layer: str) -> str:
+    """The DEQUANT channel words of ``layer``'s row scales (int32
+    :func:`hw.numerics.dequant_channels` words, one row)."""
+    return f"dq:{layer}"

@@ -396,8 +396,9 @@ class Runtime:
                           state.words if isinstance(state, _VectorState) else None)
             t0 = time.perf_counter()
             outs, cycles_out = epilogue(self, node, args, env, program, state)
-            if program.fused_into is not None and first:
-                _check_requant_input(node, outs[0])
+            if program.fused_into is not None and self.exe.programs[run].parts[-1] != pid:
+                for y in outs:  # a later part reads it on chip
+                    _check_requant_input(node, y)
             wall += time.perf_counter() - t0
             stats.host.append(HostRun(node.name, f"{node.op}:io", wall, cycles_in + cycles_out))
             return outs
@@ -475,15 +476,20 @@ class Runtime:
     def _linear_out(self, node: Node, args: list, env, program: Program, s_x) -> tuple:
         """Dequantise every member's outputs; a fused residual is added as they are read.
         With ``vector``, as the vector unit's DEQUANT does it: the channel words of the
-        member's row scales and the ``amax`` of each input row (what REQUANT wrote)."""
+        member's row scales and the ``amax`` of each input row (what REQUANT wrote). A member
+        a fused program dequantised on chip (``dequant``) has its Q15.16 rows read back
+        (``from_fixed``) instead."""
         x = args[0]
         rows = x.numel() // x.shape[-1]
         outs, nbytes = [], 0
         amax = requant_amax(x.reshape(rows, -1).numpy()) if self.vector and self.values \
-            else None
+            and not all(m.dequant for m in program.members) else None
         for m in program.members:
             shape = (*x.shape[:-1], m.n)
-            if self.values:
+            if self.values and m.dequant:
+                y = from_fixed_torch(torch.from_numpy(self._read_rows(
+                    m.dequant, rows, m.dequant_row_bytes, m.n))).reshape(shape)
+            elif self.values:
                 acc = self._read_rows(m.y, rows, m.out_row_bytes, m.n)
                 scale = self.exe.host[m.row_scale]
                 y = (dequant_output_vector(acc, dequant_channels(scale), amax)
@@ -747,14 +753,14 @@ _EXACT_FLOAT = 2.0 ** (np.finfo(np.float32).nmant + 1 - ACT_FRAC)
 
 
 def _check_requant_input(node: Node, y: torch.Tensor) -> None:
-    """A fused program requantised the first part's Q15.16 rows on chip; the host (and the
-    model-level twin) requantises the float32 it reads back, the same value only while
-    every element is below :data:`_EXACT_FLOAT` in magnitude.
+    """A fused program's later parts read an earlier part's Q15.16 rows on chip; the host
+    (and the model-level twin) computes from the float32 it reads back, the same value only
+    while every element is below :data:`_EXACT_FLOAT` in magnitude.
 
     Raises
     ------
     RuntimeFault
-        An element is not, so the fused program's INT8 inputs may differ from the twin's.
+        An element is not, so the fused program's later parts may differ from the twin's.
     """
     if y.numel() and float(y.abs().max()) >= _EXACT_FLOAT:
         raise RuntimeFault(f"node {node.name!r}: an output of magnitude "

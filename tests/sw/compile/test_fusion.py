@@ -7,11 +7,25 @@ from compile_testutil import SMALL
 
 from hw.config import MemoryModel
 from hw.isa import Engine, Sync, VecFunc, check, decode_program
-from hw.numerics import norm_eps, norm_weight, to_fixed, vec_requant, vec_rmsnorm
+from hw.numerics import (
+    dequant_channels,
+    norm_eps,
+    norm_weight,
+    to_fixed,
+    vec_dequant,
+    vec_requant,
+    vec_rmsnorm,
+)
 from sim.backends import make_backend
 from sw.compile.errors import LoweringError
 from sw.compile.fusion import VECTOR_EVENTS, fuse_words, vector_events
-from sw.compile.relocation import lower_requant_template, lower_vector_template, relocate
+from sw.compile.relocation import (
+    lower_dequant_template,
+    lower_requant_template,
+    lower_vector_template,
+    relocate,
+)
+from sw.compile.schedule import amax_place
 
 CFG = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024,
                     memory=MemoryModel(size_bytes=1 << 16))
@@ -75,3 +89,59 @@ def test_a_part_must_end_with_end_and_fit():
         # the smallest instruction memory holding one part holds less than two
         fuse_words(CFG.replace(imem_depth=1 << (t.instructions - 1).bit_length()),
                    [t.words, t.words])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_requant_leaves_amax_for_a_dequant_part(seed):
+    """REQUANT (``amax``) then DEQUANT of random accumulator rows, fused, through the fast
+    model: the Q15.16 rows are vec_dequant with the amax vec_requant found, whether the INT8
+    rows hold the amax words or a buffer of their own does (both placements are drawn)."""
+    rng = np.random.default_rng(seed)
+    length = int(rng.integers(8, 100))
+    rows = int(rng.integers(1, 6))
+    n = int(rng.integers(4, 60))
+    beat = CFG.beat_bytes
+    act_row = -(-(length + int(rng.integers(0, 2 * beat))) // beat) * beat
+    if seed % 2:  # whole beats of codes: the rows hold no amax word
+        length = act_row = beat * int(rng.integers(1, 7))
+    acc_row = -(-(4 * n + int(rng.integers(0, 2)) * beat) // beat) * beat
+    place = amax_place(CFG, length, act_row)
+    assert place.separate == bool(seed % 2)
+    row = _row_bytes(length)
+    base = {"x": 0, "q": rows * row, "a": rows * row + rows * act_row}
+    base["acc"] = base["a"] + rows * beat
+    base["w"] = base["acc"] + rows * acc_row
+    base["y"] = base["w"] + _row_bytes(n)
+
+    class _Req:
+        x, y, b, w, w_tile_stride = "x", "q", "a", None, None
+
+    class _Deq:
+        x, y, b, w, w_tile_stride = "acc", "y", ("a" if place.separate else "q"), "w", None
+    req = relocate(lower_requant_template(CFG, rows, length, act_row, amax=True), base,
+                   [_Req], CFG.beat_bytes)
+    deq = relocate(lower_dequant_template(CFG, rows, n, acc_row, place), base, [_Deq],
+                   CFG.beat_bytes)
+    words = fuse_words(CFG, [vector_events(req), vector_events(deq)])
+    for ins in decode_program(words.astype("<u8").view(np.uint8).reshape(-1)):
+        check(ins, CFG)
+    x = to_fixed(rng.standard_normal((rows, length)) * float(rng.choice([0.01, 1.0, 30.0])))
+    if rows > 1:
+        x[-1] = 0  # an all-zero row: amax 0
+    acc = rng.integers(-(1 << 20), 1 << 20, (rows, n))
+    chan = dequant_channels(rng.uniform(1e-4, 1e-1, n).astype(np.float32))
+    dram = np.zeros(CFG.memory.size_bytes, np.uint8)
+    for i in range(rows):
+        dram[i * row:i * row + 4 * length] = x[i].astype("<i4").view(np.uint8)
+        at = base["acc"] + i * acc_row
+        dram[at:at + 4 * n] = acc[i].astype("<i4").view(np.uint8)
+    dram[base["w"]:base["w"] + 4 * n] = chan.astype("<i4").view(np.uint8)
+    r = make_backend("model", CFG).run(words, dram)
+    assert r.ok, r.error
+    out = _row_bytes(n)
+    got = r.dram[base["y"]:base["y"] + rows * out].view("<i4").reshape(rows, -1)[:, :n]
+    codes = r.dram[base["q"]:base["q"] + rows * act_row].view(np.int8).reshape(rows, act_row)
+    for i in range(rows):
+        want_codes, amax = vec_requant(x[i])
+        assert np.array_equal(codes[i, :length], want_codes), i
+        assert np.array_equal(got[i], vec_dequant(acc[i], chan, amax)), i

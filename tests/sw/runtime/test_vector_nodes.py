@@ -65,10 +65,14 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
     assert {p.vector.func for p in vector} == (
         {VecFunc.RMSNORM, VecFunc.SOFTMAX, VecFunc.SILU_GATE, VecFunc.ROPE}
         | (set() if fuse else {VecFunc.ADD}))
+    for p in exe.programs:  # a fused program dequantises its GEMMs' outputs on chip
+        if p.parts and p.members:
+            assert {v.func for v in _vecs(p)} >= {VecFunc.REQUANT, VecFunc.DEQUANT}
+            assert p.members and all(m.dequant for m in p.members)
     for p in vector:  # one VEC per row, all of the node's sub-op (a fused part: in its program)
         if p.fused_into is not None:
-            assert p.instructions == 0 and exe.programs[p.fused_into].parts[0] == \
-                exe.programs.index(p)
+            assert p.instructions == 0 and exe.programs.index(p) in \
+                exe.programs[p.fused_into].parts
             continue
         assert {v.func for v in _vecs(p)} == {p.vector.func}
         assert len(_vecs(p)) == p.vector.rows
@@ -80,9 +84,8 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
         assert torch.equal(logits, w)
     for _, st in steps:  # the vector ops ran as programs, their conversions as the host's I/O
         assert not {h.op for h in st.host} & VECTOR_OPS
-        ran = {exe.programs[p.program].vector.func for p in st.programs
-               if exe.programs[p.program].vector is not None}
-        assert VecFunc.SOFTMAX in ran and VecFunc.RMSNORM in ran
+        ran = {v.func for p in st.programs for v in _vecs(exe.programs[p.program])}
+        assert {VecFunc.SOFTMAX, VecFunc.RMSNORM, VecFunc.SILU_GATE} <= ran
         assert any(h.op == "softmax:io" and h.unit_cycles > 0 for h in st.host)
         assert all(p.counters.get("vector_elements", 0) > 0 for p in st.programs
                    if exe.programs[p.program].vector is not None)
@@ -92,24 +95,61 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
     lm = tiny_lm()
     ws = compressed(lm)
     opts = CompileOptions(PROMPT, PROMPT + 2)
-    runs = {}
-    for cfg, fuse in ((SMALL, None), (VSMALL, False), (VSMALL, True)):
-        exe = compile_model(lm, cfg, dataclasses.replace(opts, fuse_programs=fuse), weights=ws)
+    runs, exes = {}, {}
+    for cfg, fuse, chain in ((SMALL, None, True), (VSMALL, False, True), (VSMALL, True, False),
+                             (VSMALL, True, True)):
+        exe = compile_model(lm, cfg, dataclasses.replace(opts, fuse_programs=fuse,
+                                                         chain_programs=chain), weights=ws)
         rt = Runtime(exe, make_backend("model", cfg), vector=True)
-        runs[cfg.has_vector, fuse] = _steps(rt, _ids(lm, PROMPT + 2), PROMPT)[-1][1]
-    host_ops = {h.op for h in runs[False, None].host}
+        runs[cfg.has_vector, fuse, chain] = _steps(rt, _ids(lm, PROMPT + 2), PROMPT)[-1][1]
+        exes[cfg.has_vector, fuse, chain] = exe
+    host_ops = {h.op for h in runs[False, None, True].host}
     assert {"rmsnorm", "rope", "softmax", "silu_gate"} <= host_ops
-    assert not {h.op for h in runs[True, False].host} & VECTOR_OPS
+    assert not {h.op for h in runs[True, False, True].host} & VECTOR_OPS
     # one more program per vector node: 2 RMSNorms, 2 RoPEs (q, k), softmax, SiLU-gate per
     # block + the final norm
     blocks = lm.config.num_hidden_layers
-    unfused = len(runs[True, False].programs)
-    assert unfused == len(runs[False, None].programs) + 6 * blocks + 1
+    unfused = len(runs[True, False, True].programs)
+    assert unfused == len(runs[False, None, True].programs) + 6 * blocks + 1
     # fused: each block's RMSNorms and SiLU-gate run in the program of the linear after them
-    assert len(runs[True, True].programs) == unfused - 3 * blocks
-    assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 3 * blocks
-    for st in runs.values():
+    assert len(runs[True, True, False].programs) == unfused - 3 * blocks
+    report = exes[True, True, False].report["phases"]["decode"]
+    assert report["fused_programs_per_step"] == 3 * blocks
+    # chained: a block's MLP (post-attention RMSNorm -> gate/up -> SiLU-gate -> down + ADD)
+    # and the next block's RMSNorm -> q/k/v (the last block's: the final norm) in one program
+    assert len(runs[True, True, True].programs) == unfused - 5 * blocks
+    report = exes[True, True, True].report["phases"]["decode"]
+    assert report["fused_programs_per_step"] == 1 + blocks
+    for key, st in runs.items():
         assert st.transitions == 2 * len(st.programs)
+        assert exes[key].report["phases"]["decode"]["programs_per_step"] == len(st.programs)
+
+
+def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs():
+    """With an instruction memory that holds every pair's fused program but no chain, the
+    decode step runs the pairs, and its tokens still equal the twin's."""
+    lm = tiny_lm()
+    ws = compressed(lm)
+    opts = CompileOptions(PROMPT, PROMPT + 2)
+    chained = compile_model(lm, VSMALL, opts, weights=ws)
+    fused = [p for p in chained.programs if p.parts and p.phase == "decode"]
+    longest_pair = max(p.instructions for p in fused if len(p.parts) == 2)
+    assert any(p.instructions > longest_pair for p in fused)
+    depth = 1 << (longest_pair - 1).bit_length()
+    assert all(p.instructions > depth for p in fused if len(p.parts) > 2)
+    cfg = VSMALL.replace(imem_depth=depth)
+    exe = compile_model(lm, cfg, opts, weights=ws)
+    decode = [p for p in exe.programs if p.parts and p.phase == "decode"]
+    assert decode and all(len(p.parts) == 2 for p in decode)
+    blocks = lm.config.num_hidden_layers
+    assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 3 * blocks
+    ids = _ids(lm, PROMPT + 2)
+    steps = _steps(Runtime(exe, make_backend("model", cfg), vector=True), ids, PROMPT)
+    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
+                            PROMPT)
+    for (logits, _), w in zip(steps, want, strict=True):
+        assert torch.equal(logits, w)
+    assert len(steps[-1][1].programs) == exe.report["phases"]["decode"]["programs_per_step"]
 
 
 def test_softmax_valid_counts_are_set_per_step_without_recompiling():
@@ -198,11 +238,11 @@ def test_a_vector_executable_needs_the_vector_numerics_and_survives_a_file(tmp_p
     with pytest.raises(RuntimeFault, match="vector=True"):
         Runtime(exe, make_backend("model", VSMALL))
     again = load(save(exe, tmp_path / "exe.safetensors"))
-    fields = [(p.vector, p.imm_rows, p.position_rows, p.fused_into, p.parts, p.work)
-              for p in exe.programs]
-    assert [(p.vector, p.imm_rows, p.position_rows, p.fused_into, p.parts, p.work)
-            for p in again.programs] == fields
-    assert any(p.position_rows for p in again.programs)
+    assert [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work, p.members)
+            for p in again.programs] \
+        == [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work, p.members)
+            for p in exe.programs]
+    assert any(m.dequant for p in again.programs for m in p.members)
     assert any(p.parts for p in again.programs)
     ids = _ids(lm, 6)
     a = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, 4)
@@ -299,9 +339,10 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     ws = compressed(lm, "2:4", 32)
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
-    assert any(p.vector.func == VecFunc.ROPE for p in exe.programs if p.vector is not None)
-    # fused programs (vector part, REQUANT, GEMMs) run too: 3 per block and phase
-    assert sum(bool(p.parts) for p in exe.programs) == 3 * 2
+    # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too: 3 per block and phase
+    fused = [p for p in exe.programs if p.parts]
+    assert len(fused) == 3 * 2
+    assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)
     runs = [_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, PROMPT)
             for name in ("model", "rtl")]
