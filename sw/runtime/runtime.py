@@ -252,6 +252,9 @@ class Runtime:
             params.setdefault(name, torch.zeros(shape))
         self.params = params
         self.vector = vector
+        #: The last step's greedy token as an ARGMAX part computed it on chip (the index of
+        #: the last logits row's first maximum), or None (``CompileOptions.argmax``).
+        self.argmax: int | None = None
         self.interp = Interpreter(params, self.config, Numerics(vector=vector),
                                   exe.io.max_context)
         self.memo: dict[tuple, object] | None = {} if memo_timing and not self.values else None
@@ -303,6 +306,7 @@ class Runtime:
                                f"{ids.min().item()}..{ids.max().item()}")
         graph = self.exe.graphs[phase]
         stats = StepStats(phase, self.past, t)
+        self.argmax = None
         env = self.interp.env(graph, self.past)
         vals: dict = {graph.inputs[0]: ids}
         for i, node in enumerate(graph.nodes):
@@ -487,6 +491,10 @@ class Runtime:
             if self.values and m.dequant:
                 y = from_fixed_torch(torch.from_numpy(self._read_rows(
                     m.dequant, rows, m.dequant_row_bytes, m.n))).reshape(shape)
+                if m.argmax:  # (index, maximum) of each row, a beat apart
+                    beat = self.exe.cfg.beat_bytes
+                    self.argmax = int(self._read_rows(m.argmax, rows, beat, 2)[-1, 0])
+                    nbytes += 8 * rows
             elif self.values:
                 acc = self._read_rows(m.y, rows, m.out_row_bytes, m.n)
                 scale = self.exe.host[m.row_scale]
@@ -647,7 +655,10 @@ class Runtime:
         logits, st = self.step(torch.tensor([prompt]))
         steps, outs, all_logits = [st], [], [logits]
         for i in range(max_new_tokens):
-            nxt = int(sample_next(logits[:, -1], temperature, top_k, gen)[0])
+            # greedy: the chip's ARGMAX where the program has one (the first maximum, as
+            # torch.argmax picks it from the same Q15.16 logits read back exactly)
+            nxt = self.argmax if temperature == 0 and self.argmax is not None \
+                else int(sample_next(logits[:, -1], temperature, top_k, gen)[0])
             outs.append(nxt)
             if on_token:
                 on_token(nxt)
