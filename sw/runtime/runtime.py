@@ -492,8 +492,9 @@ class Runtime:
                 y = from_fixed_torch(torch.from_numpy(self._read_rows(
                     m.dequant, rows, m.dequant_row_bytes, m.n))).reshape(shape)
                 if m.argmax:  # (index, maximum) of each row, a beat apart
-                    beat = self.exe.cfg.beat_bytes
-                    self.argmax = int(self._read_rows(m.argmax, rows, beat, 2)[-1, 0])
+                    index, top = self._read_rows(m.argmax, rows, self.exe.cfg.beat_bytes,
+                                                 2)[-1].tolist()
+                    self.argmax = _greedy_index(index, top)
                     nbytes += 8 * rows
             elif self.values:
                 acc = self._read_rows(m.y, rows, m.out_row_bytes, m.n)
@@ -732,6 +733,16 @@ def _check_requant_input(node: Node, y: torch.Tensor) -> None:
                            f"{float(y.abs().max())} >= {_EXACT_FLOAT} is not exact as float32, "
                            "so the fused program's on-chip requantisation may differ from the "
                            "host's; compile with CompileOptions(fuse_programs=False)")
+
+
+def _greedy_index(index: int, top: int) -> int | None:
+    """The greedy token an ARGMAX part found (the first maximum ``top``, a Q15.16 word, at
+    ``index``), or None where the host must pick it: the host (and the twin) takes
+    ``torch.argmax`` of the logits as float32, which holds every Q15.16 word below
+    :data:`_EXACT_FLOAT` in magnitude exactly, so the first maximum is the same index there;
+    from that magnitude on, two words may round to one float32 and the host's first maximum
+    may lie before the chip's."""
+    return index if abs(top) < _EXACT_FLOAT * 2.0 ** ACT_FRAC else None
 
 
 def _nbytes(tensors) -> int:

@@ -78,3 +78,15 @@ def test_argmax_after_the_head_picks_the_greedy_token_on_chip(logits):
     assert gen.tokens == want
     for token, step_logits in zip(gen.tokens, gen.logits, strict=True):
         assert token == int(torch.argmax(step_logits[0, -1]))
+
+
+def test_the_chips_argmax_is_taken_only_where_float32_holds_the_logits_exactly():
+    """At a maximum of magnitude 256 or more two Q15.16 logits may round to one float32, and
+    the host's first maximum (the twin's) may differ from the chip's: the host picks there."""
+    from hw.numerics import ACT_FRAC
+    from sw.runtime.runtime import _greedy_index
+
+    edge = 256 << ACT_FRAC
+    assert _greedy_index(3, 0) == 3 and _greedy_index(3, edge - 1) == 3
+    assert _greedy_index(3, -(edge - 1)) == 3
+    assert _greedy_index(3, edge) is None and _greedy_index(3, -edge) is None
