@@ -10,15 +10,16 @@ The pipeline, each stage a small pure function::
              activation arena)                                   lower bound
     lower   (programs, relocated)      sw/compile/lower.py      one per accelerator node
                                                                  (and context bucket)
-    fusion  (vector node + linear)     sw/compile/fusion.py     one program for both
+    fusion  (vector node + linear,     sw/compile/fusion.py     one program for each
+             and chains of them)                                 pair or chain
 
 A node runs on the accelerator when the hardware can compute it: a linear whose layer has a
 format (compressed weights, or a format for timing-only compilation), the attention
 products (INT8 KV cache) and, on a configuration with a vector engine, the ops with a VEC
 sub-op (``OPS[op].vector``: RMSNorm, softmax, SiLU-gate, addition; :mod:`sw.compile.vector`).
 Everything else runs on the host; each accelerator node is one program, i.e. one host ->
-accelerator -> host round trip (two *transitions*), except the pairs
-``CompileOptions.fuse_programs`` runs as one (:mod:`sw.compile.fusion`).
+accelerator -> host round trip (two *transitions*), except the pairs and chains
+``CompileOptions.fuse_programs`` and ``chain_programs`` run as one (:mod:`sw.compile.fusion`).
 """
 
 from __future__ import annotations
