@@ -340,7 +340,8 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
         f"{mcfg.num_attention_heads}/{mcfg.num_key_value_heads} heads)")
     seq = min(256, mcfg.max_position_embeddings)
     formats = _layer_formats(src, recipe, opts)
-    options = CompileOptions(prompt_tokens=len(prompt), max_context=total, kv_bits=opts.kv_bits)
+    options = CompileOptions(prompt_tokens=len(prompt), max_context=total, kv_bits=opts.kv_bits,
+                             argmax=opts.temperature == 0)
     explicit = _check_static_dram(src.model, cfg, options, formats, opts)
     windows = _eval_windows(src, opts, seq)
     cfg, captured, dram = _size_dram(src.model, cfg, options, formats, explicit, log)

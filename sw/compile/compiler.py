@@ -10,15 +10,16 @@ The pipeline, each stage a small pure function::
              activation arena)                                   lower bound
     lower   (programs, relocated)      sw/compile/lower.py      one per accelerator node
                                                                  (and context bucket)
-    fusion  (vector node + linear)     sw/compile/fusion.py     one program for both
+    fusion  (vector node + linear,     sw/compile/fusion.py     one program for each
+             and chains of them)                                 pair or chain
 
 A node runs on the accelerator when the hardware can compute it: a linear whose layer has a
 format (compressed weights, or a format for timing-only compilation), the attention
 products (INT8 KV cache) and, on a configuration with a vector engine, the ops with a VEC
 sub-op (``OPS[op].vector``: RMSNorm, RoPE, softmax, SiLU-gate, addition; :mod:`sw.compile.vector`).
 Everything else runs on the host; each accelerator node is one program, i.e. one host ->
-accelerator -> host round trip (two *transitions*), except the pairs
-``CompileOptions.fuse_programs`` runs as one (:mod:`sw.compile.fusion`).
+accelerator -> host round trip (two *transitions*), except the pairs and chains
+``CompileOptions.fuse_programs`` and ``chain_programs`` run as one (:mod:`sw.compile.fusion`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from sw.compile.executable import (
     ProgramTable,
 )
 from sw.compile.fusion import (
+    ArgmaxOp,
     FusedGroup,
     RequantOp,
     fuse_words,
@@ -69,6 +71,7 @@ from sw.compile.plan import (
 )
 from sw.compile.relocation import (
     Template,
+    lower_argmax_template,
     lower_dequant_template,
     lower_requant_template,
     lower_template,
@@ -126,6 +129,10 @@ class CompileOptions:
     chain_programs : bool
         With ``fuse_programs``, run consecutive fused programs whose boundary values stay on
         chip as one (:func:`sw.compile.fusion.fusion_groups`).
+    argmax : bool
+        With ``fuse_programs``, end a fused program whose linear computes the logits (an
+        accelerated LM head after the final norm) with an ARGMAX of each row: the runtime
+        takes the last row's index as the next greedy token (``Runtime.argmax``).
     """
 
     prompt_tokens: int
@@ -140,6 +147,7 @@ class CompileOptions:
     loops: bool | None = None
     fuse_programs: bool | None = None
     chain_programs: bool = True
+    argmax: bool = False
 
 
 def fuses_programs(cfg: AcceleratorConfig, opts: CompileOptions) -> bool:
@@ -363,8 +371,9 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                         t = 2 * p if before else 2 * p + 1
                         old = live.get(name)
                         live[name] = Buffer(name, max(size, old.size if old else 0), t, t + 1)
+        heads = frozenset(g.outputs if opts.argmax else ())
         groups = [_shift(g, first) for g in fusion_groups(cfg, work[first:],
-                                                          opts.chain_programs)] \
+                                                          opts.chain_programs, heads)] \
             if fuses_programs(cfg, opts) else []
         for g in groups:  # every buffer of a fused program lives through all of it
             t0, t1 = 2 * step[g.entries[0] - first], 2 * step[g.entries[-1] - first] + 2
@@ -500,6 +509,8 @@ def _part_template(cfg: AcceleratorConfig, part) -> Template:
     if isinstance(part, RequantOp):
         return lower_requant_template(cfg, part.rows, part.length, part.act_row_bytes,
                                       amax=part.amax)
+    if isinstance(part, ArgmaxOp):
+        return lower_argmax_template(cfg, part.rows, part.length)
     if isinstance(part, VectorOp):
         return lower_vector_template(cfg, part.func, part.rows, part.length,
                                      second=part.b is not None, const=part.w is not None,
@@ -518,7 +529,7 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     them. The linear entries' members name the Q15.16 rows their DEQUANT parts write."""
     nodes = [programs[pos[e]] for e in group.entries]
     words, key, work = [], ["fused"], [0, 0, 0]
-    dequant = {}
+    dequant, argmax = {}, {}
     for part, owner in zip(group.parts, group.owners, strict=True):
         if owner is not None and isinstance(part, VectorOp):
             t = templates[(part.signature,)][1]
@@ -540,6 +551,9 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
             work = [work[0] + 4 * codes, work[1] + codes, work[2]]
         elif isinstance(part, VectorOp):
             work = [work[0] + part.read_bytes, work[1] + part.write_bytes, work[2]]
+        elif isinstance(part, ArgmaxOp):
+            argmax[part.x] = part.y
+            work = [work[0] + 4 * part.rows * part.length, work[1] + 8 * part.rows, work[2]]
         else:
             dequant[part.x] = part
             acc = 4 * part.rows * part.length
@@ -556,7 +570,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     members = []
     for e, p in zip(group.entries, nodes, strict=True):
         ms = tuple(dataclasses.replace(m, dequant=dequant[m.y].y,
-                                       dequant_row_bytes=dequant[m.y].row_bytes)
+                                       dequant_row_bytes=dequant[m.y].row_bytes,
+                                       argmax=argmax.get(dequant[m.y].y))
                    if m.y in dequant else m for m in p.members)
         programs[pos[e]] = dataclasses.replace(p, words=empty, fused_into=n, members=ms)
         members += ms

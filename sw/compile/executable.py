@@ -64,7 +64,8 @@ class ProgramMember:
     ``row_scale``: the host tensor of a compressed layer's row scales, ``bias`` the parameter
     its bias rows come from (None for attention members); ``dequant``: where a fused
     program's DEQUANT part left its outputs as Q15.16 rows, ``dequant_row_bytes`` apart
-    (None: the host dequantises ``y``).
+    (None: the host dequantises ``y``); ``argmax``: where an ARGMAX part left each row's
+    first maximum, its index and value in one beat per row (None: none).
     """
 
     w: str
@@ -82,6 +83,7 @@ class ProgramMember:
     bias: str | None = None
     dequant: str | None = None
     dequant_row_bytes: int = 0
+    argmax: str | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -77,9 +77,9 @@ from sw.compile.lower import Member
 from sw.compile.schedule import EVENTS, AmaxPlace, amax_place
 from sw.compile.vector import VectorOp, row_bytes
 
-__all__ = ["RequantOp", "DequantOp", "Part", "fusion_pairs", "requant_op", "dequant_ops",
-           "fused_parts", "FusedGroup", "fusion_groups", "part_buffers", "part_constants",
-           "fuse_words", "VECTOR_EVENTS", "vector_events"]
+__all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
+           "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "part_buffers",
+           "part_constants", "fuse_words", "VECTOR_EVENTS", "vector_events"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -165,9 +165,31 @@ class DequantOp:
         return self.rows * self.row_bytes
 
 
+@dataclass(frozen=True)
+class ArgmaxOp:
+    """The ARGMAX part of a fused program: the first maximum of each of ``rows`` Q15.16 rows
+    of ``length`` elements (symbol ``x``, ``row_bytes`` apart: a DEQUANT part's results), as
+    its index and value in one beat per row at symbol ``y`` (:func:`hw.numerics.vec_argmax`,
+    :func:`sw.compile.schedule.schedule_argmax`)."""
+
+    rows: int
+    length: int
+    row_bytes: int
+    x: str
+    y: str
+    w: None = None
+    b: None = None
+    w_tile_stride: None = None
+
+    @property
+    def signature(self) -> tuple:
+        """What the instructions depend on, addresses aside."""
+        return ("argmax", self.rows, self.length)
+
+
 #: A part of a fused program: a vector node's program, a REQUANT, a linear node's program (its
-#: members) or a DEQUANT of one member's outputs.
-Part = VectorOp | RequantOp | tuple[Member, ...] | DequantOp
+#: members), a DEQUANT of one member's outputs, or an ARGMAX of a DEQUANT's rows.
+Part = VectorOp | RequantOp | tuple[Member, ...] | DequantOp | ArgmaxOp
 
 
 def _fusable(a: tuple, b: tuple) -> bool:
@@ -248,6 +270,8 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
             out.append((p.b, p.rows * cfg.beat_bytes))
         elif isinstance(p, DequantOp):
             out.append((p.y, p.data_bytes))
+        elif isinstance(p, ArgmaxOp):
+            out.append((p.y, p.rows * cfg.beat_bytes))
         elif isinstance(p, VectorOp):
             out += [(name, size) for name, size, _ in p.buffers()]
     return out
@@ -325,16 +349,22 @@ class FusedGroup:
     fallback: tuple[FusedGroup, ...] = ()
 
 
-def _pair_group(cfg: AcceleratorConfig, work: Sequence[tuple], i: int) -> FusedGroup:
+def _pair_group(cfg: AcceleratorConfig, work: Sequence[tuple], i: int,
+                heads: frozenset[str] = frozenset()) -> FusedGroup:
     """The fused program of entries ``i`` (a vector node) and ``i + 1`` (the linear node that
     reads its rows): with a DEQUANT of every member's outputs where each is a compressed
-    layer."""
+    layer, and an ARGMAX of them where the linear's one output is in ``heads`` (the logits
+    greedy decoding picks from)."""
     phase, _, _, (vec,) = work[i]
     _, node, _, members = work[i + 1]
     dequant = all(m.source is not None for m in members)
     outputs = [symbols.buffer("q", phase, node.name, j) for j in range(len(members))]
     parts = fused_parts(cfg, vec, members, symbols.buffer("a", phase, node.name),
                         outputs if dequant else None)
+    if dequant and len(members) == 1 and len(node.outputs) == 1 and node.outputs[0] in heads:
+        d = parts[-1]
+        parts.append(ArgmaxOp(d.rows, d.length, d.row_bytes, d.y,
+                              symbols.buffer("m", phase, node.name)))
     return FusedGroup((i, i + 1), tuple(parts), (0, None, 1) + (None,) * (len(parts) - 3))
 
 
@@ -411,18 +441,19 @@ class _Chain:
                           tuple(u for u in self.units if len(u.entries) > 1))
 
 
-def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = True
-                  ) -> list[FusedGroup]:
+def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = True,
+                  heads: frozenset[str] = frozenset()) -> list[FusedGroup]:
     """The fused programs of ``work`` (the accelerator nodes of one phase, in order, as
-    ``(phase, node, bucket, members)``): each pair of :func:`fusion_pairs` and, with
-    ``chain``, runs of consecutive pairs and lone vector nodes whose every vector node reads
-    only rows an earlier part left on chip (the module docstring's chaining rule) as one."""
+    ``(phase, node, bucket, members)``): each pair of :func:`fusion_pairs` (an ARGMAX after
+    a linear whose output is in ``heads``) and, with ``chain``, runs of consecutive pairs and
+    lone vector nodes whose every vector node reads only rows an earlier part left on chip
+    (the module docstring's chaining rule) as one."""
     pairs = set(fusion_pairs(work))
     units: list[FusedGroup | None] = []
     i = 0
     while i < len(work):
         if i in pairs:
-            units.append(_pair_group(cfg, work, i))
+            units.append(_pair_group(cfg, work, i, heads))
             i += 2
             continue
         _, _, bucket, members = work[i]

@@ -25,6 +25,7 @@ from sw.compile.schedule import (
     AmaxPlace,
     PlacedLayer,
     Schedule,
+    schedule_argmax,
     schedule_dequant,
     schedule_layers,
     schedule_requant,
@@ -33,7 +34,8 @@ from sw.compile.schedule import (
 from sw.compile.tiling import LinearPlan
 
 __all__ = ["SymbolicLayer", "Template", "lower_template", "lower_vector_template",
-           "lower_requant_template", "lower_dequant_template", "relocate"]
+           "lower_requant_template", "lower_dequant_template",
+           "lower_argmax_template", "relocate"]
 
 #: The operands of a layer, in the order of a template's relocation keys.
 _OPERANDS = {"w": 0, "x": 1, "y": 2, "b": 3}
@@ -141,6 +143,19 @@ def lower_dequant_template(cfg: AcceleratorConfig, rows: int, length: int,
         A row does not fit the vector scratchpads, or the program the instruction memory.
     """
     return _template(cfg, schedule_dequant(cfg, rows, length, acc_row_bytes, place), loops)
+
+
+def lower_argmax_template(cfg: AcceleratorConfig, rows: int, length: int,
+                          loops: bool | None = False) -> Template:
+    """:func:`sw.compile.schedule.schedule_argmax` as one relocatable program (END appended;
+    its operands are layer 0's ``x`` and ``y``; ``loops``: rolled).
+
+    Raises
+    ------
+    LoweringError
+        A row does not fit the vector scratchpads, or the program the instruction memory.
+    """
+    return _template(cfg, schedule_argmax(cfg, rows, length), loops)
 
 
 def _template(cfg: AcceleratorConfig, schedule: Schedule, loops: bool | None = False

@@ -55,7 +55,8 @@ from sw.compile.tiling import LinearPlan
 
 __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule",
            "schedule_layers", "ELEMENTWISE", "VectorTask", "vector_tasks", "schedule_vector",
-           "rope_table_beats", "schedule_requant", "AmaxPlace", "amax_place", "schedule_dequant"]
+           "rope_table_beats", "schedule_requant", "AmaxPlace", "amax_place", "schedule_dequant",
+           "schedule_argmax"]
 
 #: The event table of a scheduled program: two per double buffer (docs/architecture.md, 9).
 EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
@@ -689,6 +690,63 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
         emit(Store(spad=Spad.VOUT, spad_addr=h * out_half, dram_addr=row * row_beats,
                    rows=n, row_beats=row_beats, dram_stride=row_beats,
                    wait=ev[f"OUT_FULL{h}"], signal=ev[f"STORED{h}"]), (0, "y"))
+
+    _double_buffered(len(tasks), load, vecs, store_rows)
+    return Schedule(out, relocs)
+
+
+def schedule_argmax(cfg: AcceleratorConfig, rows: int, length: int) -> Schedule:
+    """One program finding the first maximum of each of ``rows`` rows of ``length`` int32
+    elements (:data:`VecFunc.ARGMAX`, :func:`hw.numerics.vec_argmax`).
+
+    DRAM operands (relocated as :data:`Reloc` of layer 0): ``"x"`` the rows (as
+    :func:`schedule_vector`'s), ``"y"`` one beat per row holding its index and maximum (the
+    two words ARGMAX writes, the rest of the beat 0). Tasks alternate between the halves with
+    the events of :func:`schedule_vector`.
+
+    Raises
+    ------
+    LoweringError
+        No vector engine, a beat narrower than two words, or a row that does not fit a VIN
+        half.
+    """
+    if not cfg.has_vector:
+        raise LoweringError("the configuration has no vector engine (vin_spad_bytes = 0)")
+    per, ev = _elems_per_beat(cfg), EVENTS
+    words = int(vec_out_words(VecFunc.ARGMAX.value, length))
+    row_beats = -(-length // per)
+    in_half, out_half = cfg.spad_beats("vin") // 2, cfg.spad_beats("vout") // 2
+    m = min(in_half // row_beats, out_half, rows) if words <= per else 0
+    if m < 1:
+        raise LoweringError(f"an ARGMAX row of {length} elements does not fit the vector "
+                            f"engine's scratchpad halves (vin_spad_bytes={cfg.vin_spad_bytes}, "
+                            f"beat_bytes={cfg.beat_bytes})")
+    tasks = [(r, min(m, rows - r)) for r in range(0, rows, m)]
+    out: list[Instr] = []
+    relocs: list[Reloc | None] = []
+
+    def emit(ins: Instr, reloc: Reloc | None) -> None:
+        out.append(ins)
+        relocs.append(reloc)
+
+    def load(i: int) -> None:
+        (row, n), h = tasks[i], i % 2
+        emit(Load(spad=Spad.VIN, spad_addr=h * in_half, dram_addr=row * row_beats, rows=n,
+                  row_beats=row_beats, dram_stride=row_beats,
+                  wait=ev[f"STORED{h}"] if i >= 2 else None, signal=ev[f"FULL{h}"]), (0, "x"))
+
+    def vecs(i: int) -> None:
+        (_, n), h = tasks[i], i % 2
+        for j in range(n):
+            emit(Vec(func=VecFunc.ARGMAX, a_addr=(h * in_half + j * row_beats) * per,
+                     dst_addr=(h * out_half + j) * per, length=length,
+                     wait=ev[f"FULL{h}"] if j == 0 else None,
+                     signal=ev[f"OUT_FULL{h}"] if j == n - 1 else None), None)
+
+    def store_rows(i: int) -> None:
+        (row, n), h = tasks[i], i % 2
+        emit(Store(spad=Spad.VOUT, spad_addr=h * out_half, dram_addr=row, rows=n, row_beats=1,
+                   dram_stride=1, wait=ev[f"OUT_FULL{h}"], signal=ev[f"STORED{h}"]), (0, "y"))
 
     _double_buffered(len(tasks), load, vecs, store_rows)
     return Schedule(out, relocs)

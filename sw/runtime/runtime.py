@@ -254,6 +254,9 @@ class Runtime:
             params.setdefault(name, torch.zeros(shape))
         self.params = params
         self.vector = vector
+        #: The last step's greedy token as an ARGMAX part computed it on chip (the index of
+        #: the last logits row's first maximum), or None (``CompileOptions.argmax``).
+        self.argmax: int | None = None
         self.interp = Interpreter(params, self.config, Numerics(vector=vector),
                                   exe.io.max_context)
         self.memo: dict[tuple, object] | None = {} if memo_timing and not self.values else None
@@ -305,6 +308,7 @@ class Runtime:
                                f"{ids.min().item()}..{ids.max().item()}")
         graph = self.exe.graphs[phase]
         stats = StepStats(phase, self.past, t)
+        self.argmax = None
         env = self.interp.env(graph, self.past)
         vals: dict = {graph.inputs[0]: ids}
         for i, node in enumerate(graph.nodes):
@@ -489,6 +493,11 @@ class Runtime:
             if self.values and m.dequant:
                 y = from_fixed_torch(torch.from_numpy(self._read_rows(
                     m.dequant, rows, m.dequant_row_bytes, m.n))).reshape(shape)
+                if m.argmax:  # (index, maximum) of each row, a beat apart
+                    index, top = self._read_rows(m.argmax, rows, self.exe.cfg.beat_bytes,
+                                                 2)[-1].tolist()
+                    self.argmax = _greedy_index(index, top)
+                    nbytes += 8 * rows
             elif self.values:
                 acc = self._read_rows(m.y, rows, m.out_row_bytes, m.n)
                 scale = self.exe.host[m.row_scale]
@@ -658,7 +667,10 @@ class Runtime:
         logits, st = self.step(torch.tensor([prompt]))
         steps, outs, all_logits = [st], [], [logits]
         for i in range(max_new_tokens):
-            nxt = int(sample_next(logits[:, -1], temperature, top_k, gen)[0])
+            # greedy: the chip's ARGMAX where the program has one (the first maximum, as
+            # torch.argmax picks it from the same Q15.16 logits read back exactly)
+            nxt = self.argmax if temperature == 0 and self.argmax is not None \
+                else int(sample_next(logits[:, -1], temperature, top_k, gen)[0])
             outs.append(nxt)
             if on_token:
                 on_token(nxt)
@@ -767,6 +779,16 @@ def _check_requant_input(node: Node, y: torch.Tensor) -> None:
                            f"{float(y.abs().max())} >= {_EXACT_FLOAT} is not exact as float32, "
                            "so the fused program's on-chip requantisation may differ from the "
                            "host's; compile with CompileOptions(fuse_programs=False)")
+
+
+def _greedy_index(index: int, top: int) -> int | None:
+    """The greedy token an ARGMAX part found (the first maximum ``top``, a Q15.16 word, at
+    ``index``), or None where the host must pick it: the host (and the twin) takes
+    ``torch.argmax`` of the logits as float32, which holds every Q15.16 word below
+    :data:`_EXACT_FLOAT` in magnitude exactly, so the first maximum is the same index there;
+    from that magnitude on, two words may round to one float32 and the host's first maximum
+    may lie before the chip's."""
+    return index if abs(top) < _EXACT_FLOAT * 2.0 ** ACT_FRAC else None
 
 
 def _nbytes(tensors) -> int:

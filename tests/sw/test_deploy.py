@@ -96,6 +96,24 @@ def test_the_lm_head_on_the_accelerator(tmp_path):
     assert report["recipe"].endswith("LM head dense INT8 g128")
 
 
+def test_the_lm_head_on_the_vector_engine_ends_with_argmax(tmp_path):
+    """``--config vector --lm-head int8``, greedy: the last block's MLP, the final norm, the
+    head and an ARGMAX of its logits are one program per token, and the tokens the chip's
+    ARGMAX picked equal the twin's greedy tokens."""
+    out = tmp_path / "run"
+    assert main(FAST + ["--out", str(out), "--eval-tokens", "0", "--lm-head", "int8",
+                        "--config", "vector"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["tokens_match_twin"] is True and report["lm_head"] == "dense-int8"
+    # the head joins the last chain: one accelerator node more, no program more
+    assert report["programs_per_token"] == 12 * 4 + 1 - (1 + 5 * 3 + 4)  # 2 RoPEs a block
+    assert report["fused_programs_per_token"] == 1 + 4
+    from sw.compile.executable import load
+    exe = load(out / "executable.safetensors")
+    assert any(m.argmax for p in exe.programs if p.phase == "decode" and p.parts
+               for m in p.members)
+
+
 def test_dram_is_sized_to_the_model_without_a_configuration(tmp_path, monkeypatch, capsys):
     """A default configuration whose DRAM is too small grows to what the compiled model needs,
     rounded up to whole MiB, and the report says so."""

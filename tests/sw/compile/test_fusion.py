@@ -12,6 +12,7 @@ from hw.numerics import (
     norm_eps,
     norm_weight,
     to_fixed,
+    vec_argmax,
     vec_dequant,
     vec_requant,
     vec_rmsnorm,
@@ -20,6 +21,7 @@ from sim.backends import make_backend
 from sw.compile.errors import LoweringError
 from sw.compile.fusion import VECTOR_EVENTS, fuse_words, vector_events
 from sw.compile.relocation import (
+    lower_argmax_template,
     lower_dequant_template,
     lower_requant_template,
     lower_vector_template,
@@ -145,3 +147,30 @@ def test_requant_leaves_amax_for_a_dequant_part(seed):
         want_codes, amax = vec_requant(x[i])
         assert np.array_equal(codes[i, :length], want_codes), i
         assert np.array_equal(got[i], vec_dequant(acc[i], chan, amax)), i
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_argmax_part_writes_each_rows_first_maximum(seed):
+    """ARGMAX of random rows with ties (several tasks) through the fast model: one beat per
+    row holding vec_argmax's index (the lowest of a tie) and the maximum."""
+    rng = np.random.default_rng(seed)
+    length = int(rng.integers(2, 200))
+    rows = int(rng.integers(1, 9))
+    row = _row_bytes(length)
+    base = {"x": 0, "y": rows * row}
+
+    class _Arg:
+        x, y, b, w, w_tile_stride = "x", "y", None, None, None
+    words = relocate(lower_argmax_template(CFG, rows, length), base, [_Arg], CFG.beat_bytes)
+    for ins in decode_program(words.astype("<u8").view(np.uint8).reshape(-1)):
+        check(ins, CFG)
+    x = rng.integers(-5, 5, (rows, length)) * (1 << 14)  # few values: ties
+    dram = np.zeros(CFG.memory.size_bytes, np.uint8)
+    for i in range(rows):
+        dram[i * row:i * row + 4 * length] = x[i].astype("<i4").view(np.uint8)
+    r = make_backend("model", CFG).run(vector_events(words), dram)
+    assert r.ok, r.error
+    got = r.dram[base["y"]:base["y"] + rows * CFG.beat_bytes].view("<i4").reshape(rows, -1)
+    for i in range(rows):
+        assert got[i, 0] == int(vec_argmax(x[i])) == int(np.argmax(x[i])), i
+        assert got[i, 1] == x[i].max(), i

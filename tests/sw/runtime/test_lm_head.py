@@ -41,3 +41,52 @@ def test_head_on_the_accelerator_equals_the_twin(tied, vector, bits):
     twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=vector, attention=True)
     for a, b in zip(got, twin_step_logits(twin, ids, PROMPT), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("logits", ["all", "last"])
+def test_argmax_after_the_head_picks_the_greedy_token_on_chip(logits):
+    """``CompileOptions(argmax=True)`` on the vector engine: the fused program that ends with
+    the head's DEQUANT also finds each logits row's first maximum (ARGMAX); the runtime takes
+    the last row's index as the greedy token, the index torch.argmax picks from the logits
+    read back, and greedy generation equals the twin's."""
+    from hw.isa import Vec, VecFunc, decode_program
+    from sw.models.generate import generate
+
+    lm = tiny_lm()
+    untie_head(lm)
+    ws = compress_llama(lm, lambda name, _: (WeightFormat("dense", 8, 32) if name == HEAD
+                                             else WeightFormat("2:4", 4, 32)),
+                        "magnitude", skip=(), progress=False)
+    cfg = SMALL.replace(**VECTOR_PRESET_SPADS)
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + STEPS, logits=logits,
+                                                argmax=True), weights=ws)
+    heads = [p for p in exe.programs if p.parts and any(m.argmax for m in p.members)]
+    assert "decode" in {p.phase for p in heads}
+    for p in heads:
+        funcs = [i.func for i in decode_program(p.words.view("u1")) if isinstance(i, Vec)]
+        assert funcs[-1] == VecFunc.ARGMAX
+    rt = Runtime(exe, make_backend("model", cfg), vector=True)
+    ids = torch.randint(0, lm.config.vocab_size, (1, PROMPT),
+                        generator=torch.Generator().manual_seed(4))
+    logits_, _ = rt.step(ids)
+    if "prefill" in {p.phase for p in heads}:
+        assert rt.argmax == int(torch.argmax(logits_[0, -1]))
+    gen = rt.generate(ids[0].tolist(), STEPS + 1)
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
+    with torch.no_grad():
+        want = generate(twin, ids[0], STEPS + 1)[PROMPT:].tolist()
+    assert gen.tokens == want
+    for token, step_logits in zip(gen.tokens, gen.logits, strict=True):
+        assert token == int(torch.argmax(step_logits[0, -1]))
+
+
+def test_the_chips_argmax_is_taken_only_where_float32_holds_the_logits_exactly():
+    """At a maximum of magnitude 256 or more two Q15.16 logits may round to one float32, and
+    the host's first maximum (the twin's) may differ from the chip's: the host picks there."""
+    from hw.numerics import ACT_FRAC
+    from sw.runtime.runtime import _greedy_index
+
+    edge = 256 << ACT_FRAC
+    assert _greedy_index(3, 0) == 3 and _greedy_index(3, edge - 1) == 3
+    assert _greedy_index(3, -(edge - 1)) == 3
+    assert _greedy_index(3, edge) is None and _greedy_index(3, -edge) is None

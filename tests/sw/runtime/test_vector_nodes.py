@@ -339,9 +339,11 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     ws = compressed(lm, "2:4", 32)
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
-    # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too: 3 per block and phase
+    # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too, per phase: the norm ->
+    # q/k/v, and the MLP chained with the final norm (an ADD part between)
     fused = [p for p in exe.programs if p.parts]
-    assert len(fused) == 3 * 2
+    assert sorted(len(p.parts) for p in fused) == [2, 2, 5, 5]
+    assert all(VecFunc.ADD in {v.func for v in _vecs(p)} for p in fused if len(p.parts) == 5)
     assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)
     runs = [_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, PROMPT)
