@@ -8,8 +8,10 @@ errors, error pcs, cycles, every counter and the final DRAM must be identical. A
 shrunk to a minimal program and saved under build/equivalence/ for replay.
 
 Default run: 110 programs per configuration (220 in all); `-m slow` adds 1,000 more per
-configuration. The Yosys netlist (level 4) runs 100 programs of the 2x4 configuration against
-the RTL by default; `-m slow` brings it to 1,000 per configuration.
+configuration. The Yosys netlist (level 4) runs 100 programs and the 36 loop programs (REPEAT)
+of the 2x4 configuration against the RTL by default; `-m slow` brings them to 1,000 programs
+per configuration and 360 loop programs, and adds 100 programs with vector tasks on
+VECTOR_NETLIST_CONFIG (the 2x4 shape with the vector engine): fast model, RTL and netlist.
 """
 
 import os
@@ -223,12 +225,7 @@ def test_netlist_agrees_with_rtl(block):
     assert len(_netlist_block(NETLIST_CONFIG, block)) >= 2  # valid and broken programs both ran
 
 
-@pytest.mark.netlist
-@pytest.mark.parametrize("block", range(3))
-def test_netlist_loop_programs_agree(block):
-    """The loop programs of test_loop_programs_agree (REPEAT, broken loops included) give the
-    same bits, cycles and counters on the netlist as on the RTL: the fetch unit's loop
-    expansion, in gates."""
+def _netlist_loop_block(block):
     cfg, rtl, netlist = _netlist_pair(NETLIST_CONFIG)
     outcomes, loops = {}, 0
     for _seed, rp in _loop_programs(50_000 + 1000 * block, 12, cfg):
@@ -237,6 +234,22 @@ def test_netlist_loop_programs_agree(block):
         outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
     assert loops >= 6 and outcomes.get("NONE", 0) >= 6, (loops, outcomes)
     assert outcomes.get("BAD_REPEAT", 0) + outcomes.get("BAD_ADDRESS", 0) >= 1, outcomes
+
+
+@pytest.mark.netlist
+@pytest.mark.parametrize("block", range(3))
+def test_netlist_loop_programs_agree(block):
+    """The loop programs of test_loop_programs_agree (REPEAT, broken loops included) give the
+    same bits, cycles and counters on the netlist as on the RTL: the fetch unit's loop
+    expansion, in gates."""
+    _netlist_loop_block(block)
+
+
+@pytest.mark.netlist
+@pytest.mark.slow
+@pytest.mark.parametrize("block", range(3, 30))
+def test_netlist_loop_programs_agree_more(block):
+    _netlist_loop_block(block)
 
 
 #: Blocks of 10 programs of the vector netlist test (VECTOR_NETLIST_CONFIG).
