@@ -74,8 +74,8 @@ EQUIVALENCE_CONFIGS = {
 
 #: The vector engine's shape for the netlist rung (level 4): the 2x4 shape with the 4x4 shape's
 #: VIN and VOUT scratchpads and the events two chains of vector tasks need. The vector engine
-#: does not depend on the array, so this is the smallest netlist that holds it (the 4x4
-#: shape's netlist compiles for much longer: docs/architecture.md, section 6).
+#: does not depend on the array, so this is the smallest netlist that holds it (its size and
+#: build time: docs/architecture.md, section 6).
 VECTOR_NETLIST_CONFIG = replace(
     EQUIVALENCE_CONFIGS["2x4"], num_events=16,
     vin_spad_bytes=EQUIVALENCE_CONFIGS["4x4"].vin_spad_bytes,
