@@ -20,7 +20,7 @@ fields, missing END, deadlocks, event overflows).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -53,7 +53,7 @@ from hw.isa import (
 from hw.numerics import norm_eps
 
 __all__ = ["RandomProgram", "random_config", "random_program", "break_program",
-           "EQUIVALENCE_CONFIGS"]
+           "EQUIVALENCE_CONFIGS", "VECTOR_NETLIST_CONFIG"]
 
 #: Two array shapes (8 and 16 lanes) with different memories, queues and pattern sets, the
 #: second with a vector engine (the first, without one, checks its absence); small buffers and
@@ -70,6 +70,16 @@ EQUIVALENCE_CONFIGS = {
         memory=MemoryModel(bytes_per_cycle=16, latency=11, size_bytes=1 << 15),
         vin_spad_bytes=1024, vout_spad_bytes=512),
 }
+
+
+#: The vector engine's shape for the netlist rung (level 4): the 2x4 shape with the 4x4 shape's
+#: VIN and VOUT scratchpads and the events two chains of vector tasks need. The vector engine
+#: does not depend on the array, so this is the smallest netlist that holds it (its size and
+#: build time: docs/architecture.md, section 6).
+VECTOR_NETLIST_CONFIG = replace(
+    EQUIVALENCE_CONFIGS["2x4"], num_events=16,
+    vin_spad_bytes=EQUIVALENCE_CONFIGS["4x4"].vin_spad_bytes,
+    vout_spad_bytes=EQUIVALENCE_CONFIGS["4x4"].vout_spad_bytes)
 
 
 def random_config(name: str) -> AcceleratorConfig:

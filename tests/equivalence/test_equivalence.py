@@ -8,8 +8,10 @@ errors, error pcs, cycles, every counter and the final DRAM must be identical. A
 shrunk to a minimal program and saved under build/equivalence/ for replay.
 
 Default run: 110 programs per configuration (220 in all); `-m slow` adds 1,000 more per
-configuration. The Yosys netlist (level 4) runs 100 programs of the 2x4 configuration against
-the RTL by default; `-m slow` brings it to 1,000 per configuration.
+configuration. The Yosys netlist (level 4) runs 100 programs and the 36 loop programs (REPEAT)
+of the 2x4 configuration against the RTL by default; `-m slow` brings them to 1,000 programs
+per configuration and 360 loop programs, and adds 1,000 programs with vector tasks on
+VECTOR_NETLIST_CONFIG (the 2x4 shape with the vector engine): fast model, RTL and netlist.
 """
 
 import os
@@ -17,11 +19,16 @@ import os
 import numpy as np
 import pytest
 
-from hw.isa import EpilogueMode, Repeat, VecFunc, rope_geometry
+from hw.isa import EpilogueMode, Repeat, Vec, VecFunc, rope_geometry
 from hw.numerics import add_bias_wide, gemm_acc, wrap
 from sim.equivalence import compare_results, minimize, write_reproducer
 from sim.model import FastModel
-from sim.random_programs import EQUIVALENCE_CONFIGS, break_program, random_program
+from sim.random_programs import (
+    EQUIVALENCE_CONFIGS,
+    VECTOR_NETLIST_CONFIG,
+    break_program,
+    random_program,
+)
 
 pytestmark = [pytest.mark.equivalence, pytest.mark.rtl]
 
@@ -183,27 +190,31 @@ def test_lowered_layers_agree(backends, seed):
 
 # ---- level 4: the Yosys netlist against the RTL (sim/netlist.py)
 NETLIST_CONFIG = "2x4"  # the default run's shape; the slow set adds the other
+VECTOR_NETLIST = "2x4 + vector engine"  # VECTOR_NETLIST_CONFIG, in the slow set
 _NETLISTS: dict = {}
 
 
 def _netlist_pair(name):
-    """(config, RTL, netlist) of an equivalence shape, built once per session."""
+    """(config, RTL, netlist) of an equivalence shape or of the vector netlist shape, built
+    once per session."""
     if name not in _NETLISTS:
         from sim.netlist import NetlistBackend
         from sim.rtl import RTLBackend
-        cfg = EQUIVALENCE_CONFIGS[name]
+        cfg = VECTOR_NETLIST_CONFIG if name == VECTOR_NETLIST else EQUIVALENCE_CONFIGS[name]
         netlist = NetlistBackend(cfg)
         netlist.build()
         _NETLISTS[name] = cfg, RTLBackend(cfg), netlist
     return _NETLISTS[name]
 
 
+def _netlist_check(cfg, rtl, netlist, rp):
+    return _check(cfg, rtl, netlist, rp.program, rp.dram, ("rtl", "netlist"))
+
+
 def _netlist_block(name, block):
     cfg, rtl, netlist = _netlist_pair(name)
-    errors = set()
-    for _seed, rp in _programs(50_000 + 10 * block, 10, cfg):
-        errors.add(_check(cfg, rtl, netlist, rp.program, rp.dram, ("rtl", "netlist")).error)
-    return errors
+    return {_netlist_check(cfg, rtl, netlist, rp).error
+            for _seed, rp in _programs(50_000 + 10 * block, 10, cfg)}
 
 
 @pytest.mark.netlist
@@ -212,6 +223,83 @@ def test_netlist_agrees_with_rtl(block):
     """Random programs, broken ones included, give the same bits, cycles and counters on the
     gate-level netlist as on the RTL (and so, by the tests above, as on the fast model)."""
     assert len(_netlist_block(NETLIST_CONFIG, block)) >= 2  # valid and broken programs both ran
+
+
+def _netlist_loop_block(block):
+    cfg, rtl, netlist = _netlist_pair(NETLIST_CONFIG)
+    outcomes, loops = {}, 0
+    for _seed, rp in _loop_programs(50_000 + 1000 * block, 12, cfg):
+        loops += sum(isinstance(i, Repeat) for i in rp.program)
+        r = _netlist_check(cfg, rtl, netlist, rp)
+        outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
+    assert loops >= 6 and outcomes.get("NONE", 0) >= 6, (loops, outcomes)
+    assert outcomes.get("BAD_REPEAT", 0) + outcomes.get("BAD_ADDRESS", 0) >= 1, outcomes
+
+
+@pytest.mark.netlist
+@pytest.mark.parametrize("block", range(3))
+def test_netlist_loop_programs_agree(block):
+    """The loop programs of test_loop_programs_agree (REPEAT, broken loops included) give the
+    same bits, cycles and counters on the netlist as on the RTL: the fetch unit's loop
+    expansion, in gates."""
+    _netlist_loop_block(block)
+
+
+@pytest.mark.netlist
+@pytest.mark.slow
+@pytest.mark.parametrize("block", range(3, 30))
+def test_netlist_loop_programs_agree_more(block):
+    _netlist_loop_block(block)
+
+
+#: Blocks of 10 programs of the vector netlist test (VECTOR_NETLIST_CONFIG).
+VECTOR_NETLIST_BLOCKS = 100
+
+
+def _vector_programs(block, cfg):
+    """Block ``block`` of the vector netlist test: 10 random programs of ``cfg`` whose tasks
+    are mostly vector tasks (every VEC sub-op), a quarter of them hardware loops; one in five
+    broken on purpose."""
+    for seed in range(70_000 + 10 * block, 70_010 + 10 * block):
+        rng = np.random.default_rng(seed)
+        rp = random_program(cfg, rng, chains=int(rng.integers(1, 3)),
+                            tasks=int(rng.integers(1, 4)), vector=0.7, loops=0.25)
+        if seed % 5 == 4:
+            rp = break_program(rp, cfg, rng, BROKEN[(seed // 5) % len(BROKEN)])
+        yield seed, rp
+
+
+def test_vector_netlist_programs_cover_every_sub_op():
+    """The vector netlist test's first 100 programs run every VEC sub-op, on one element and
+    on several, and REPEAT loops of vector tasks."""
+    seen = set()
+    for block in range(10):
+        for _seed, rp in _vector_programs(block, VECTOR_NETLIST_CONFIG):
+            for i, ins in enumerate(rp.program):
+                if isinstance(ins, Vec):
+                    many = (rope_geometry(ins.imm)[1] > 1 if ins.func == VecFunc.ROPE
+                            else ins.length > 1)
+                    seen.add((ins.func.name, many))
+                if isinstance(ins, Repeat) and any(
+                        isinstance(x, Vec) for x in rp.program[i + 1:i + 1 + ins.length]):
+                    seen.add("vector loop")
+    need = {(f.name, many) for f in VecFunc for many in (False, True)} | {"vector loop"}
+    assert need <= seen, need - seen
+
+
+@pytest.mark.netlist
+@pytest.mark.slow
+@pytest.mark.parametrize("block", range(VECTOR_NETLIST_BLOCKS))
+def test_netlist_vector_programs_agree(block):
+    """Random programs with vector tasks give the same bits, cycles and counters on the fast
+    model, the RTL and the netlist of the vector engine's shape (VECTOR_NETLIST_CONFIG)."""
+    cfg, rtl, netlist = _netlist_pair(VECTOR_NETLIST)
+    model = FastModel(cfg)
+    errors = set()
+    for _seed, rp in _vector_programs(block, cfg):
+        _check(cfg, model, rtl, rp.program, rp.dram)
+        errors.add(_netlist_check(cfg, rtl, netlist, rp).error)
+    assert len(errors) >= 2  # valid and broken programs both ran
 
 
 #: The slow set: 1,000 programs per shape in all (the default run's 100 included).
