@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from amaranth import Const, Mux, signed, unsigned
+from amaranth import Cat, Const, Mux, signed, unsigned
 from amaranth.lib import data
 
 from hw.numerics import (
@@ -33,7 +33,6 @@ from hw.vector.base import (
     normalise_levels,
     partial_products,
     rom,
-    round_shift,
     round_shift_const,
     signed_range,
     sum_partial_products,
@@ -231,7 +230,8 @@ class Exp(PipelineUnit):
         5  tl = t * lo                                  17 x 10 bits
         6  tl[0:17] * LN2_Q, tl[17:27] * LN2_Q          partial products
         7  p = t + round_shift(q, 32), q = tl * LN2_Q   (their sum), in [2**16, 2**P_BITS)
-        8  y = round_shift(p, s)                        (p << -s when frac > 16 and s < 0)
+        8  w = (2 * p) >> s, or 2 * (p << -s) when frac > 16 and s < 0
+        9  y = (w + 1) >> 1                             round_shift(p, s)
 
     Cost: five 18x18 multipliers (two for ``d * LOG2E_Q``, one for ``t * lo``, two for
     ``tl * LN2_Q``), the table (64 words of 17 bits) and a rounding shifter of ``p``.
@@ -302,7 +302,21 @@ class Exp(PipelineUnit):
             return {"p": (v.t + round_shift_const(q, ACT_FRAC + CONST_FRAC), unsigned(p_bits)),
                     "s": v.s}
 
-        def s7(m, v):
-            return {"y": (round_shift(v.p, v.s, left=frac - ACT_FRAC), unsigned(frac + 1))}
+        left = frac - ACT_FRAC
 
-        return [s1, s2, s2b, s3, s4, s5, s6, s7]
+        def s7(m, v):
+            # round_shift(p, s) is (w + 1) >> 1 with w = (2 * p) >> s, or 2 * (p << -s) for
+            # s < 0 (even: the increment then changes nothing) (hw.vector.base.round_shift).
+            twice = Cat(Const(0, 1), v.p)
+            right = twice >> v.s[:-1].as_unsigned()
+            if left:
+                amount = (-v.s)[:left.bit_length()].as_unsigned()
+                w = Mux(v.s[-1], Cat(Const(0, 1), v.p << amount), right)
+            else:
+                w = right
+            return {"w": (w, unsigned(p_bits + 1 + left))}
+
+        def s8(m, v):
+            return {"y": ((v.w + 1) >> 1, unsigned(frac + 1))}
+
+        return [s1, s2, s2b, s3, s4, s5, s6, s7, s8]
