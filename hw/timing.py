@@ -249,10 +249,10 @@ def mac_cycles_fields(f: dict):
 #: the first cycle its result is valid, when its output is never stalled. Every unit takes one
 #: element per cycle; its constructor checks that its pipeline has exactly this many stages.
 VECTOR_LATENCY = {
-    "recip": 7, "rsqrt": 8, "exp": 8,
+    "recip": 8, "rsqrt": 9, "exp": 9,
     "sum": 2, "max": 2, "absmax": 2, "argmax": 2, "sumsq": 3,
-    "add": 1, "mul": 2, "rope": 3, "scale": 4, "requant": 6,
-    "dequant_factor": 4,
+    "add": 1, "mul": 4, "rope": 4, "scale": 4, "requant": 6,
+    "dequant_factor": 5,
 }
 
 #: Cycles from a VEC's read of a VIN element to the element entering its function unit (the

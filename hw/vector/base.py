@@ -34,7 +34,7 @@ __all__ = ["Stage", "PipelineUnit", "ReductionUnit", "build_pipeline", "check_la
            "round_shift", "round_shift_const", "saturate", "round_saturate",
            "round_shift_saturate_const", "normalise_levels",
            "rom", "bits_for", "MAX_ROW", "MULT_CHUNK", "partial_products", "sum_partial_products",
-           "dsp_product"]
+           "dsp_product", "chunks", "grid_products", "grid_halves", "grid_sum"]
 
 #: Default bound on the length of a row a reduction takes (the LM head's vocabulary of the
 #: largest supported models: LLaMA-3's 128256 needs 17 bits).
@@ -302,6 +302,49 @@ def sum_partial_products(v: SimpleNamespace) -> Value:
     while hasattr(v, f"pp{len(parts)}"):
         parts.append(getattr(v, f"pp{len(parts)}") << (MULT_CHUNK * len(parts)))
     return sum(parts[1:], parts[0])
+
+
+def chunks(x: Value) -> list[Value]:
+    """``x`` cut into :data:`MULT_CHUNK`-bit pieces from the bottom, each unsigned but the top
+    one, signed when ``x`` is: ``x == sum(c << (MULT_CHUNK * k))``."""
+    x = Value.cast(x)
+    n = -(-x.shape().width // MULT_CHUNK)
+    cs = [x[k * MULT_CHUNK:(k + 1) * MULT_CHUNK] for k in range(n)]
+    if x.shape().signed:
+        cs[-1] = cs[-1].as_signed()
+    return cs
+
+
+def grid_products(a: Value, b: Value) -> dict[str, tuple]:
+    """``a * b`` for ``a`` and ``b`` of at most two :data:`MULT_CHUNK`-bit chunks each, as the
+    grid of chunk products ``{"pp<i><j>": a_i * b_j}`` (:func:`chunks`), each one MULT18X18D
+    whose output register holds it (:func:`dsp_product`): no adder in the stage.
+    :func:`grid_halves` then :func:`grid_sum` add them in the next two stages."""
+    ca, cb = chunks(a), chunks(b)
+    if len(ca) > 2 or len(cb) > 2:
+        raise ValueError(f"grid_products takes operands of at most {2 * MULT_CHUNK} bits, got "
+                         f"{Value.cast(a).shape()} and {Value.cast(b).shape()}")
+    return {f"pp{i}{j}": dsp_product(x * y) for i, x in enumerate(ca) for j, y in enumerate(cb)}
+
+
+def grid_halves(v: SimpleNamespace) -> dict[str, Value]:
+    """The first adder stage of :func:`grid_products`' terms ``v.pp<i><j>``: ``outer`` the
+    terms of weights ``2**0`` and ``2**(2 * MULT_CHUNK)`` side by side (``pp00`` is unsigned
+    and below ``2**(2 * MULT_CHUNK)``: wiring, no adder) and ``mid`` the sum of the terms of
+    weight ``2**MULT_CHUNK`` (one adder). ``outer + (mid << MULT_CHUNK)`` is the product."""
+    pp = {k: getattr(v, k) for k in ("pp00", "pp01", "pp10", "pp11") if hasattr(v, k)}
+    low = pp["pp00"]
+    if "pp11" in pp:
+        outer = Cat(low[:2 * MULT_CHUNK], pp["pp11"]).as_signed()
+    else:
+        outer = low
+    mids = [pp[k] for k in ("pp01", "pp10") if k in pp]
+    return {"outer": outer, "mid": sum(mids[1:], mids[0]) if mids else Const(0, 1)}
+
+
+def grid_sum(v: SimpleNamespace) -> Value:
+    """The product from :func:`grid_halves`' ``v.outer`` and ``v.mid`` (one adder)."""
+    return v.outer + (v.mid << MULT_CHUNK)
 
 
 def rom(m: Module, name: str, init: Sequence[int], index: Value) -> Value:

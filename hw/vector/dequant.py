@@ -6,7 +6,7 @@ per cycle.
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Mux, signed, unsigned
+from amaranth import Cat, Const, Mux, unsigned
 from amaranth.lib import data
 
 from hw.numerics import (
@@ -16,7 +16,7 @@ from hw.numerics import (
     DEQUANT_SH_MAX,
     MANT_BITS,
 )
-from hw.vector.base import PipelineUnit, partial_products, sum_partial_products
+from hw.vector.base import PipelineUnit, partial_products, signed_range, sum_partial_products
 from hw.vector.tables import SH_BITS, SH_MIN, TABLE_RESULT_BITS
 
 __all__ = ["DequantFactor", "DEQUANT_SCALE_FRAC", "AMAX_BITS"]
@@ -45,10 +45,12 @@ class DequantFactor(PipelineUnit):
     The row's scalars are the sequencer's: ``a`` is the row's ``amax`` (or
     :data:`hw.numerics.DEQUANT_ZERO_AMAX` for 0) and ``b`` its bit length (1..32).
 
-    Pipeline: 1 the partial products of ``m * a`` (``m`` the word's 17-bit mantissa); 2 ``p``,
-    their sum (below 2**49); 3 ``k = b - 1 + p[b + 16]``, ``w = (2 * p) >> k`` and ``E - k``;
-    4 ``q = min((w + 1) >> 1, 2**17 - 1)`` and ``sh`` (``E - k`` clipped to [-15, 63], plus
-    the Scale's frac).
+    Pipeline: 1 the partial products of ``m * a`` (``m`` the word's 17-bit mantissa),
+    ``b - 1`` and ``E + F`` (``F`` the Scale's frac); 2 ``p``, their sum (below 2**49); 3
+    ``t = (2 * p) >> (b - 1)`` and ``E + F - b + 1``; 4 with ``k = b - 1 + p[b + 16]``
+    (``p[b + 16]`` is ``t[18]``), ``w = (2 * p) >> k`` (``t`` or ``t >> 1``) and ``d = E - k +
+    F``; 5 ``q = min((w + 1) >> 1, 2**17 - 1)`` and ``sh = clip(d, F - 15, F + 63)`` (``E -
+    k`` clipped to [-15, 63], plus ``F``).
 
     Cost: two 18x18 multipliers (17 x 32 bits), a 50-bit shifter.
 
@@ -70,28 +72,36 @@ class DequantFactor(PipelineUnit):
     def _stages(self):
         p_bits = DEQUANT_MANT_BITS + AMAX_BITS
         k_bits = AMAX_BITS.bit_length()              # k in [0, 32]
-        d_shape = signed(DEQUANT_EXP_BITS + 2)      # E - k in [-32, 127]
+        frac = DEQUANT_SCALE_FRAC
+        # d = E - k + frac, with E - k in [-32, 127]: the Scale's sh before its clipping
+        d_shape = signed_range(frac - AMAX_BITS, (1 << DEQUANT_EXP_BITS) - 1 + frac)
+        e_shape = unsigned(((1 << DEQUANT_EXP_BITS) - 1 + frac).bit_length())
         q_max = (1 << DEQUANT_MANT_BITS) - 1
 
         def s1(m, v):
             mant = v.chan[:DEQUANT_MANT_BITS]
-            return {**partial_products(mant, v.a), "e": v.chan[DEQUANT_MANT_BITS:_WORD_BITS],
-                    "b": v.b}
+            return {**partial_products(mant, v.a),
+                    "e": (v.chan[DEQUANT_MANT_BITS:_WORD_BITS] + frac, e_shape),
+                    "b1": ((v.b - 1)[:k_bits], unsigned(k_bits))}
 
         def s1b(m, v):
-            return {"p": (sum_partial_products(v), unsigned(p_bits)), "e": v.e, "b": v.b}
+            return {"p": (sum_partial_products(v), unsigned(p_bits)), "e": v.e, "b1": v.b1}
 
         def s2(m, v):
-            k = v.b - 1 + v.p.bit_select(v.b + MANT_BITS, 1)
-            e = Cat(v.e, Const(0, 2)).as_signed()
-            return {"w": ((Cat(Const(0, 1), v.p) >> k[:k_bits]), unsigned(p_bits + 1)),
-                    "d": (e - Cat(k[:k_bits], Const(0, 1)).as_signed(), d_shape)}
+            return {"t": ((Cat(Const(0, 1), v.p) >> v.b1), unsigned(p_bits + 1)),
+                    "d": (v.e - v.b1, d_shape)}
 
         def s3(m, v):
-            q = (v.w + 1) >> 1
-            d = Mux(v.d < -DEQUANT_LEFT_MAX, -DEQUANT_LEFT_MAX,
-                    Mux(v.d > DEQUANT_SH_MAX, DEQUANT_SH_MAX, v.d))
-            return {"r": (Mux(q > q_max, q_max, q), unsigned(TABLE_RESULT_BITS)),
-                    "sh": (d + DEQUANT_SCALE_FRAC, unsigned(SH_BITS))}
+            # p's bit b + MANT_BITS is t's bit MANT_BITS + 2 (t = 2p >> (b - 1)); with it set,
+            # k = b and w = t >> 1.
+            bit = v.t[MANT_BITS + 2]
+            return {"w": (Mux(bit, v.t >> 1, v.t), unsigned(p_bits + 1)),
+                    "d": (v.d - bit, d_shape)}
 
-        return [s1, s1b, s2, s3]
+        def s4(m, v):
+            q = (v.w + 1) >> 1
+            lo, hi = frac - DEQUANT_LEFT_MAX, frac + DEQUANT_SH_MAX
+            return {"r": (Mux(q > q_max, q_max, q), unsigned(TABLE_RESULT_BITS)),
+                    "sh": (Mux(v.d < lo, lo, Mux(v.d > hi, hi, v.d)), unsigned(SH_BITS))}
+
+        return [s1, s1b, s2, s3, s4]

@@ -12,7 +12,11 @@ from amaranth.lib import data
 
 from hw.numerics import ACT_BITS, ACT_FRAC, ACT_QMAX, ROPE_FRAC, ROPE_HALF_BITS, TABLE_IN_BITS
 from hw.vector.base import (
+    MULT_CHUNK,
     PipelineUnit,
+    grid_halves,
+    grid_products,
+    grid_sum,
     partial_products,
     round_saturate,
     round_shift_saturate_const,
@@ -64,10 +68,11 @@ class Add(PipelineUnit):
 class Mul(PipelineUnit):
     """``y = sat32(round_shift(a * b, frac))`` (:func:`hw.numerics.vec_mul`).
 
-    Pipeline: 1 ``a * b`` (exact); 2 rounding shift and saturation.
+    Pipeline: 1 the 2 x 2 grid of partial products (:func:`~hw.vector.base.grid_products`,
+    each in its multiplier's output register); 2 the middle two summed, the outer two side by
+    side; 3 ``a * b`` (exact, one adder); 4 rounding shift and saturation.
 
-    Cost: four 18x18 multipliers (a 2 x 2 grid of partial products), for 32 x 32 bits and for
-    RMSNorm's 32 x 33.
+    Cost: four 18x18 multipliers, for 32 x 32 bits and for RMSNorm's 32 x 33.
 
     Parameters
     ----------
@@ -75,7 +80,8 @@ class Mul(PipelineUnit):
         Fraction bits of ``a`` (the product is shifted right by them): 16 for two activations,
         30 (:data:`hw.numerics.NORM_FRAC`) for RMSNorm's ``n * w`` and the SiLU-gate.
     a_bits, b_bits:
-        Signed widths of the operands (default 32; RMSNorm's weight takes 33).
+        Signed widths of the operands, at most 34 (two multiplier chunks; default 32,
+        RMSNorm's weight takes 33).
 
     Members
     -------
@@ -87,19 +93,27 @@ class Mul(PipelineUnit):
 
     def __init__(self, frac: int = ACT_FRAC, a_bits: int = ACT_BITS, b_bits: int = ACT_BITS):
         self.frac = _bits("mul frac", frac, 0, 62)
-        self.a_bits = _bits("mul a_bits", a_bits, 2, 2 * ACT_BITS)
-        self.b_bits = _bits("mul b_bits", b_bits, 2, 2 * ACT_BITS)
+        self.a_bits = _bits("mul a_bits", a_bits, 2, 2 * MULT_CHUNK)
+        self.b_bits = _bits("mul b_bits", b_bits, 2, 2 * MULT_CHUNK)
         super().__init__(data.StructLayout({"a": signed(a_bits), "b": signed(b_bits)}),
                          data.StructLayout({"y": signed(ACT_BITS)}))
 
     def _stages(self):
+        p_shape = signed(self.a_bits + self.b_bits)
+
         def s1(m, v):
-            return {"p": v.a * v.b}
+            return grid_products(v.a, v.b)
 
         def s2(m, v):
+            return grid_halves(v)
+
+        def s3(m, v):
+            return {"p": (grid_sum(v), p_shape)}
+
+        def s4(m, v):
             return {"y": (round_shift_saturate_const(v.p, self.frac), signed(ACT_BITS))}
 
-        return [s1, s2]
+        return [s1, s2, s3, s4]
 
 
 class Rope(PipelineUnit):
@@ -110,7 +124,10 @@ class Rope(PipelineUnit):
     (:func:`hw.numerics.rope_table`). ``rot`` is 33 bits wide, so that the negation is exact
     for every 32-bit word (``-(-2**31)``), as in the numerics.
 
-    Pipeline: 1 both products; 2 their sum (exact, below 2**48); 3 rounding and saturation.
+    Pipeline: 1 the partial products of ``x * cos`` and ``rot * sin``, one per 17-bit chunk of
+    ``x`` and ``rot`` (:func:`~hw.vector.base.grid_products`, each in its multiplier's output
+    register); 2 ``x * cos`` and ``rot * sin`` (one adder each); 3 their sum (exact, below
+    2**48); 4 rounding and saturation.
 
     Cost: four 18x18 multipliers (two per 32 x 16-bit and 33 x 16-bit product).
 
@@ -131,15 +148,20 @@ class Rope(PipelineUnit):
 
     def _stages(self):
         def s1(m, v):
-            return {"xc": v.x * v.cos, "rs": v.rot * v.sin}
+            xc, rs = grid_products(v.x, v.cos), grid_products(v.rot, v.sin)
+            return {**{f"x{k}": t for k, t in xc.items()}, **{f"r{k}": t for k, t in rs.items()}}
 
         def s2(m, v):
-            return {"s": v.xc + v.rs}
+            return {"xc": v.xpp00 + (v.xpp10 << MULT_CHUNK),
+                    "rs": v.rpp00 + (v.rpp10 << MULT_CHUNK)}
 
         def s3(m, v):
+            return {"s": v.xc + v.rs}
+
+        def s4(m, v):
             return {"y": (round_shift_saturate_const(v.s, ROPE_FRAC), signed(ACT_BITS))}
 
-        return [s1, s2, s3]
+        return [s1, s2, s3, s4]
 
 
 class Scale(PipelineUnit):

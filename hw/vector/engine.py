@@ -63,7 +63,7 @@ engine takes the next command from the cycle after. Elements are int32 (VIN and 
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, Value, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -215,6 +215,11 @@ class VectorEngine(wiring.Component):
         rk = Signal(ROPE_HEAD_DIM_BITS)
         tab = Signal()
         half = imm[1:ROPE_HEAD_DIM_BITS]        # head_dim / 2
+        # ROPE's per-instruction constants, registered while idle (no adder behind imm).
+        half_m1 = Signal(ROPE_HEAD_DIM_BITS - 1, reset_less=True)   # head_dim / 2 - 1
+        half_p1 = Signal(ROPE_HEAD_DIM_BITS, reset_less=True)       # head_dim / 2 + 1
+        half_m2 = Signal(ROPE_HEAD_DIM_BITS - 1, reset_less=True)   # head_dim / 2 - 2
+        one_m_half = Signal(len(dst), reset_less=True)              # 1 - head_dim / 2
 
         is_ = {f: func == f for f in VecFunc}
         m.d.comb += self.cmd.ready.eq(~active)
@@ -232,6 +237,9 @@ class VectorEngine(wiring.Component):
                          dst.eq(body.dst_addr),
                          left.eq(Mux(amax_first, 0, body.length - 1)), idx.eq(0),
                          length.eq(body.length), imm.eq(body.imm), phase.eq(0)]
+            body_half = body.imm[1:ROPE_HEAD_DIM_BITS]
+            m.d.sync += [half_m1.eq(body_half - 1), half_p1.eq(body_half + 1),
+                         half_m2.eq(body_half - 2), one_m_half.eq(1 - body_half)]
             with m.If(self.cmd.valid):
                 m.d.sync += [active.eq(1), issuing.eq(1)]
 
@@ -247,8 +255,8 @@ class VectorEngine(wiring.Component):
                 m.d.sync += tab.eq(~tab)
                 with m.If(~tab):
                     m.d.sync += [a_ptr.eq(a_ptr), b_ptr.eq(b_ptr)]
-                with m.Elif(rk == half - 1):   # the head's last pair: the next head's first
-                    m.d.sync += [a_ptr.eq(a_ptr + 1 + half), b_ptr.eq(b_ptr + 1 + half),
+                with m.Elif(rk == half_m1):   # the head's last pair: the next head's first
+                    m.d.sync += [a_ptr.eq(a_ptr + half_p1), b_ptr.eq(b_ptr + half_p1),
                                  t_ptr.eq(b_base), rk.eq(0)]
                 with m.Else():
                     m.d.sync += [t_ptr.eq(t_ptr + 1), rk.eq(rk + 1)]
@@ -300,8 +308,8 @@ class VectorEngine(wiring.Component):
         # RMSNORM's scalars from the registered amax, one a cycle: s in the cycle after amax
         # (pass 2's first element enters SumSq no earlier than the cycle after that),
         # eps >> 2s the next (added to the sum of squares at its end)
-        bitlen = Signal(range(ACT_BITS + 1))
-        m.d.comb += bitlen.eq(ACT_BITS - _leading_zeros(m, amax))
+        # s = max(0, bitlen(amax) - 17) is the bit length of amax's bits from 17 up.
+        top_bits = amax[ACT_FRAC + 1:]
         s_now = Signal()       # amax is RMSNORM's: s from it now
         eps_now = Signal()     # s is: eps >> 2s from it now
         m.d.sync += [s_now.eq(u["absmax"].o.valid & ~is_[VecFunc.REQUANT]), eps_now.eq(s_now)]
@@ -310,7 +318,7 @@ class VectorEngine(wiring.Component):
             with m.If(is_[VecFunc.REQUANT]):
                 m.d.sync += shift.eq(y[ACT_BITS - 1])                 # bitlen(amax) - 31
         with m.If(s_now):
-            m.d.sync += shift.eq(Mux(bitlen > ACT_FRAC + 1, bitlen - (ACT_FRAC + 1), 0))
+            m.d.sync += shift.eq(Mux(top_bits.any(), _msb_index(top_bits) + 1, 0))
         with m.If(eps_now):
             m.d.sync += eps.eq(imm >> (2 * shift)[:6])
         with m.If(u["max"].o.valid):
@@ -324,8 +332,8 @@ class VectorEngine(wiring.Component):
                    Mux(silu, (1 << NORM_FRAC) + e30, u["sum"].o.payload.y)))
         ss = u["sumsq"].o.payload.y + eps
         feed(u["rsqrt"], u["sumsq"].o.valid, x=ss)
-        with m.If(u["sumsq"].o.valid):
-            m.d.sync += ss_zero.eq(ss == 0)
+        with m.If(u["sumsq"].o.valid):   # ss == 0 (both terms are non-negative)
+            m.d.sync += ss_zero.eq((u["sumsq"].o.payload.y == 0) & (eps == 0))
         with m.If(u["recip"].o.valid):
             m.d.sync += [r.eq(u["recip"].o.payload.r), sh.eq(u["recip"].o.payload.sh)]
         with m.If(u["rsqrt"].o.valid):
@@ -401,14 +409,21 @@ class VectorEngine(wiring.Component):
         rope_last = _delay(m, up_last, lat["rope"], "rope_last")
         # Each result's VOUT position: lower k -> upper k (+ d/2) -> lower k + 1 (+ 1 - d/2),
         # or the next head's first (+ 1) after its last pair.
+        # `step` is the next write's increment of dst, from registers only: 1 but in ROPE.
         r_up = Signal()      # the next ROPE result is an upper element
         r_k = Signal(ROPE_HEAD_DIM_BITS)
+        r_last = Signal()    # r_k == head_dim / 2 - 1
+        step = Signal(len(dst), init=1)
         with m.If(u["rope"].o.valid):
-            m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_k == half - 1, 0, r_k + 1),
-                                                     r_k))]
+            r_last_next = Mux(r_up, Mux(r_last, half_m1 == 0, r_k == half_m2), r_last)
+            m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_last, 0, r_k + 1), r_k)),
+                         r_last.eq(r_last_next),
+                         step.eq(Mux(r_up, half, Mux(r_last, 1, one_m_half)))]
         with m.If(~active):
-            m.d.sync += [r_up.eq(0), r_k.eq(0)]
-        rope_step = Mux(~r_up, half, Mux(r_k == half - 1, 1, 1 - half))
+            m.d.sync += [r_up.eq(0), r_k.eq(0),
+                         r_last.eq(body.imm[1:ROPE_HEAD_DIM_BITS] == 1),
+                         step.eq(Mux(body.func == VecFunc.ROPE, body.imm[1:ROPE_HEAD_DIM_BITS],
+                                     1))]
         # -- DEQUANT: the amax word (pass 1, one element) gives the row's scalars; pass 2
         # streams the accumulators and channel words through DequantFactor and Scale(31).
         dq = is_[VecFunc.DEQUANT]
@@ -418,7 +433,9 @@ class VectorEngine(wiring.Component):
         amax_word = rd_a
         a_eff = Mux(amax_word == 0, DEQUANT_ZERO_AMAX, amax_word)
         with m.If(amax_rd):
-            m.d.sync += [dq_a.eq(a_eff), dq_b.eq(AMAX_BITS - _leading_zeros(m, a_eff))]
+            m.d.sync += [dq_a.eq(a_eff),
+                         dq_b.eq(Mux(amax_word == 0, DEQUANT_ZERO_AMAX.bit_length(),
+                                     _msb_index(amax_word) + 1))]
         dq_valid = valid & dq & ~amax_rd
         feed(u["dequant_factor"], dq_valid, chan=rd_b, a=dq_a, b=dq_b)
         dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc")
@@ -472,19 +489,21 @@ class VectorEngine(wiring.Component):
         m.d.comb += [self.vout_wr.addr.eq(dst), self.vout_wr.en.eq(write),
                      self.vout_wr.data.eq(data), self.done.eq(done)]
         with m.If(write):
-            m.d.sync += dst.eq(dst + Mux(is_rope, rope_step, 1)[:len(dst)])
+            m.d.sync += dst.eq(dst + step)
         with m.If(done):
             m.d.sync += active.eq(0)
         return m
 
 
-def _leading_zeros(m: Module, y: Value) -> Value:
-    """The leading zeros of unsigned ``y`` (its width for 0): a tree of halves, ``log2``
-    multiplexer levels deep (the upper half's count if it has a set bit, else its width plus
-    the lower half's)."""
+def _msb_index(y: Value) -> Value:
+    """The index of the highest set bit of unsigned ``y`` (``bitlen(y) - 1``; unspecified for
+    0): a tree of halves, ``log2`` multiplexer levels deep and no adder (``y`` padded to a
+    power-of-two width; the upper half's index with a 1 above it if it has a set bit, else the
+    lower half's with a 0)."""
     y = Value.cast(y)
-    n = y.shape().width
+    n = 1 << max(0, (y.shape().width - 1).bit_length())
+    y = Cat(y, Const(0, n - y.shape().width)) if n > y.shape().width else y
     if n == 1:
-        return ~y[0]
-    hi, lo = y[n - n // 2:], y[:n - n // 2]     # the upper half no wider than the lower
-    return Mux(hi.any(), _leading_zeros(m, hi), len(hi) + _leading_zeros(m, lo))
+        return Cat()   # one bit: no index bits
+    hi, lo = y[n // 2:], y[:n // 2]
+    return Mux(hi.any(), Cat(_msb_index(hi), Const(1, 1)), Cat(_msb_index(lo), Const(0, 1)))

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from amaranth import Const, Mux, signed, unsigned
+from amaranth import Cat, Const, Mux, signed, unsigned
 from amaranth.lib import data
 
 from hw.numerics import (
@@ -33,7 +33,6 @@ from hw.vector.base import (
     normalise_levels,
     partial_products,
     rom,
-    round_shift,
     round_shift_const,
     signed_range,
     sum_partial_products,
@@ -52,9 +51,9 @@ RSQRT_SH_MAX = RSQRT_FRAC + (TABLE_IN_BITS - MANT_BITS + 1) // 2
 SH_MIN = min(1 + RECIP_FRAC - MANT_BITS, RSQRT_FRAC + (1 - MANT_BITS + 1) // 2)
 #: Width of the ``sh`` of a table result (and of the units that take one).
 SH_BITS = max(RECIP_SH_MAX, RSQRT_SH_MAX).bit_length()
-#: Leading-one normalisation of a table operand: shift levels, split over two stages.
+#: Leading-one normalisation of a table operand: shift levels, two per stage.
 _LEVELS = [1 << j for j in reversed(range((TABLE_IN_BITS - 1).bit_length()))]
-_HALF = len(_LEVELS) // 2
+_LEVELS_PER_STAGE = 2
 #: Index bits of the mantissa below its leading one that address the tables.
 _IDX_LO = MANT_BITS - 1 - LUT_BITS
 
@@ -70,19 +69,24 @@ def table_out_layout() -> data.StructLayout:
 
 
 def _normalise_stages():
-    """Stages 1 and 2 of both table units: ``y = x << lz`` with its leading one at bit 52
-    (an operand 0 is taken as 1), and ``lz``, the leading-zero count (``n = 53 - lz``)."""
-    def s1(m, v):
-        x = v.x | (v.x == 0)
-        y, lz = normalise_levels(x, _LEVELS[:_HALF])
-        return {"y": (y, unsigned(TABLE_IN_BITS)), "lz": lz}
+    """The first stages of both table units: ``y = x << lz`` with its leading one at bit 52
+    (an operand 0 is taken as 1), and ``lz``, the leading-zero count (``n = 53 - lz``), two
+    shift levels per stage (three stages for 53 bits)."""
+    groups = [_LEVELS[k:k + _LEVELS_PER_STAGE]
+              for k in range(0, len(_LEVELS), _LEVELS_PER_STAGE)]
+    lz_shape = unsigned(TABLE_IN_BITS.bit_length())
 
-    def s2(m, v):
-        y, lz = normalise_levels(v.y, _LEVELS[_HALF:])
-        return {"y": (y, unsigned(TABLE_IN_BITS)),
-                "lz": (v.lz + lz, unsigned(TABLE_IN_BITS.bit_length()))}
+    def first(m, v):
+        y, lz = normalise_levels(v.x | (v.x == 0), groups[0])
+        return {"y": (y, unsigned(TABLE_IN_BITS)), "lz": (lz, lz_shape)}
 
-    return [s1, s2]
+    def step(levels):
+        def stage(m, v):
+            y, lz = normalise_levels(v.y, levels)
+            return {"y": (y, unsigned(TABLE_IN_BITS)), "lz": (v.lz + lz, lz_shape)}
+        return stage
+
+    return [first, *(step(levels) for levels in groups[1:])]
 
 
 class Recip(PipelineUnit):
@@ -91,13 +95,13 @@ class Recip(PipelineUnit):
 
     Pipeline (``n = 53 - lz`` the bit length)::
 
-        1, 2  y = x << lz (leading one at bit 52), three shift levels per stage
-        3     m = y[37:53] (= x >> (n - 16), flooring, or x << (16 - n)); sh = n + 15;
+        1-3   y = x << lz (leading one at bit 52), two shift levels per stage
+        4     m = y[37:53] (= x >> (n - 16), flooring, or x << (16 - n)); sh = n + 15;
               r0 = RECIP_LUT[m[9:15]] (the 6 bits after the leading one)
-        4     p = m * r0                         16 x 16 bits
-        5     q = 2**32 - p                      33 bits, positive
-        6     r0 * q[0:17], r0 * q[17:33]        partial products
-        7     r = (r0 * q) >> 31                 their sum
+        5     p = m * r0                         16 x 16 bits
+        6     q = 2**32 - p                      33 bits, positive
+        7     r0 * q[0:17], r0 * q[17:33]        partial products
+        8     r = (r0 * q) >> 31                 their sum
 
     Cost: three 18x18 multipliers (one for ``m * r0``, two for ``r0 * q``), the table (64
     words of 16 bits) and the normalising shifter.
@@ -146,14 +150,14 @@ class Rsqrt(PipelineUnit):
 
     Pipeline (``n = 53 - lz`` the bit length, ``e = n - 16 + (n & 1)`` the even shift)::
 
-        1, 2  y = x << lz (leading one at bit 52), three shift levels per stage
-        3     m = x >> e (= y[37:53], or y[38:53] for odd n); sh = 23 + e / 2;
+        1-3   y = x << lz (leading one at bit 52), two shift levels per stage
+        4     m = x >> e (= y[37:53], or y[38:53] for odd n); sh = 23 + e / 2;
               r0 = RSQRT_LUT[(m >> 9) - 32] (a table of 128 words, the first 32 unused)
-        4     a = m * r0                         16 x 16 bits
-        5     r0 * a[0:17], r0 * a[17:32]        partial products
-        6     t = (a * r0) >> 16 (their sum); q = 3 * 2**30 - t    32 bits, positive
-        7     r0 * q[0:17], r0 * q[17:32]        partial products
-        8     r = (r0 * q) >> 31                 their sum
+        5     a = m * r0                         16 x 16 bits
+        6     r0 * a[0:17], r0 * a[17:32]        partial products
+        7     t = (a * r0) >> 16 (their sum); q = 3 * 2**30 - t    32 bits, positive
+        8     r0 * q[0:17], r0 * q[17:32]        partial products
+        9     r = (r0 * q) >> 31                 their sum
 
     Cost: five 18x18 multipliers (one, two, two), the table and the normalising shifter.
 
@@ -226,7 +230,8 @@ class Exp(PipelineUnit):
         5  tl = t * lo                                  17 x 10 bits
         6  tl[0:17] * LN2_Q, tl[17:27] * LN2_Q          partial products
         7  p = t + round_shift(q, 32), q = tl * LN2_Q   (their sum), in [2**16, 2**P_BITS)
-        8  y = round_shift(p, s)                        (p << -s when frac > 16 and s < 0)
+        8  w = (2 * p) >> s, or 2 * (p << -s) when frac > 16 and s < 0
+        9  y = (w + 1) >> 1                             round_shift(p, s)
 
     Cost: five 18x18 multipliers (two for ``d * LOG2E_Q``, one for ``t * lo``, two for
     ``tl * LN2_Q``), the table (64 words of 17 bits) and a rounding shifter of ``p``.
@@ -297,7 +302,21 @@ class Exp(PipelineUnit):
             return {"p": (v.t + round_shift_const(q, ACT_FRAC + CONST_FRAC), unsigned(p_bits)),
                     "s": v.s}
 
-        def s7(m, v):
-            return {"y": (round_shift(v.p, v.s, left=frac - ACT_FRAC), unsigned(frac + 1))}
+        left = frac - ACT_FRAC
 
-        return [s1, s2, s2b, s3, s4, s5, s6, s7]
+        def s7(m, v):
+            # round_shift(p, s) is (w + 1) >> 1 with w = (2 * p) >> s, or 2 * (p << -s) for
+            # s < 0 (even: the increment then changes nothing) (hw.vector.base.round_shift).
+            twice = Cat(Const(0, 1), v.p)
+            right = twice >> v.s[:-1].as_unsigned()
+            if left:
+                amount = (-v.s)[:left.bit_length()].as_unsigned()
+                w = Mux(v.s[-1], Cat(Const(0, 1), v.p << amount), right)
+            else:
+                w = right
+            return {"w": (w, unsigned(p_bits + 1 + left))}
+
+        def s8(m, v):
+            return {"y": ((v.w + 1) >> 1, unsigned(frac + 1))}
+
+        return [s1, s2, s2b, s3, s4, s5, s6, s7, s8]

@@ -153,6 +153,7 @@ def test_requant_of_wide_rows():
 @pytest.mark.parametrize("make, message", [
     (lambda: Mul(frac=63), r"mul frac must be an integer in \[0, 62\], got 63"),
     (lambda: Mul(a_bits=1), "got 1"),
+    (lambda: Mul(b_bits=35), r"mul b_bits must be an integer in \[2, 34\], got 35"),
     (lambda: Scale(-1), "got -1"),
     (lambda: Requant(55), r"requant x_bits must be an integer in \[32, 54\], got 55"),
 ])
