@@ -344,9 +344,12 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
     # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too, per phase: the norm ->
-    # q/k/v, and the MLP chained with the final norm (an ADD part between)
+    # q/k/v -> RoPE of q and k (its table LOADs set per step), and the MLP chained with the
+    # final norm (an ADD part between)
     fused = [p for p in exe.programs if p.parts]
-    assert sorted(len(p.parts) for p in fused) == [2, 2, 5, 5]
+    assert sorted(len(p.parts) for p in fused) == [4, 4, 5, 5]
+    assert all(VecFunc.ROPE in {v.func for v in _vecs(p)} and p.position_rows
+               for p in fused if len(p.parts) == 4)
     assert all(VecFunc.ADD in {v.func for v in _vecs(p)} for p in fused if len(p.parts) == 5)
     assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)
