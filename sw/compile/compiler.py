@@ -50,10 +50,11 @@ from sw.compile.fusion import (
     ArgmaxOp,
     FusedGroup,
     RequantOp,
-    fuse_words,
+    fuse_parts,
     fusion_groups,
     part_buffers,
     part_constants,
+    row_aliases,
     vector_events,
 )
 from sw.compile.ir import OPS, Graph, Node, linear_layers
@@ -372,8 +373,10 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                         old = live.get(name)
                         live[name] = Buffer(name, max(size, old.size if old else 0), t, t + 1)
         heads = frozenset(g.outputs if opts.argmax else ())
+        aliases = row_aliases(g, work[first:])
         groups = [_shift(g, first) for g in fusion_groups(cfg, work[first:],
-                                                          opts.chain_programs, heads)] \
+                                                          opts.chain_programs, heads,
+                                                          aliases)] \
             if fuses_programs(cfg, opts) else []
         for g in groups:  # every buffer of a fused program lives through all of it
             t0, t1 = 2 * step[g.entries[0] - first], 2 * step[g.entries[-1] - first] + 2
@@ -525,11 +528,12 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
 
     Each part is relocated from its template: a node's (lowered with it) or a REQUANT's,
     DEQUANT's or ADD's (lowered once per signature); vector parts get the events of
-    :func:`sw.compile.fusion.vector_events`, and :func:`sw.compile.fusion.fuse_words` joins
-    them. The linear entries' members name the Q15.16 rows their DEQUANT parts write."""
+    :func:`sw.compile.fusion.vector_events`, and :func:`sw.compile.fusion.fuse_parts` joins
+    them. The linear entries' members name the Q15.16 rows their DEQUANT parts write; the
+    fused program's ``position_rows`` are its ROPE parts' table LOADs."""
     nodes = [programs[pos[e]] for e in group.entries]
     words, key, work = [], ["fused"], [0, 0, 0]
-    dequant, argmax = {}, {}
+    dequant, argmax, tables = {}, {}, []
     for part, owner in zip(group.parts, group.owners, strict=True):
         if owner is not None and isinstance(part, VectorOp):
             t = templates[(part.signature,)][1]
@@ -542,6 +546,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
         layers = list(part) if isinstance(part, tuple) else [part]
         w = relocate(t, addr, layers, cfg.beat_bytes)
         words.append(w if isinstance(part, tuple) else vector_events(w))
+        if isinstance(part, VectorOp) and part.table_rows:
+            tables.append((len(words) - 1, t.position_rows))
         key.append(tuple(m.signature for m in layers))
         if owner is not None:
             p = nodes[owner]
@@ -559,9 +565,11 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
             acc = 4 * part.rows * part.length
             work = [work[0] + acc + 4 * part.length + 4 * part.rows, work[1] + acc, work[2]]
     try:
-        fused = fuse_words(cfg, words)
+        fused, starts = fuse_parts(cfg, words)
     except LoweringError:
         return False
+    # a ROPE part's table LOADs, as words of the fused program: the runtime sets them per step
+    position_rows = tuple(starts[k] + i for k, rows in tables for i in rows)
     key = tuple(key)
     if key not in templates:
         templates[key] = (len(templates), None)
@@ -577,7 +585,7 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
         members += ms
     programs.append(Program(nodes[0].phase, nodes[0].node, None, fused, tuple(members),
                             templates[key][0], parts=tuple(pos[e] for e in group.entries),
-                            work=tuple(work)))
+                            work=tuple(work), position_rows=position_rows))
     return True
 
 

@@ -280,6 +280,8 @@ def _program_doc(p: Program) -> dict:
         doc.update(fused_into=p.fused_into)
     if p.parts:
         doc.update(parts=list(p.parts), work=list(p.work))
+        if p.position_rows:  # its ROPE parts' table LOADs
+            doc.update(position_rows=list(p.position_rows))
     return doc
 
 

@@ -46,17 +46,24 @@ of its DEQUANT rows and residual rows on chip -- the residual rows are there whe
 the input the host wrote for the program's first vector node). The vector part is then
 relocated to read those rows, and the host needs nothing between the nodes: the runtime
 runs the program at the first node and reads the later nodes' results back at their turn.
+A ``rope`` node reads q or k through layout nodes (``view``, ``transpose``) of the q/k/v
+linear's output, whose rows are already ROPE's rows (one token's heads side by side): it
+joins a chain that holds those DEQUANT rows (:func:`row_aliases`). Its table LOADs stay
+run-time parameters: the fused program lists them (:func:`fuse_parts` gives each part's
+first word) and the runtime points them at the step's position as for the node alone.
 In a decoder this chains a block's ``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and
-the next block's ``rmsnorm -> q/k/v`` (the last block's: the final norm). A chain that does
+the next block's ``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final
+norm). A chain that does
 not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.fallback`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
 from hw.config import AcceleratorConfig
 from hw.isa import (
@@ -72,14 +79,15 @@ from hw.isa import (
 )
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
-from sw.compile.ir import OPS
+from sw.compile.ir import OPS, Graph
 from sw.compile.lower import Member
 from sw.compile.schedule import EVENTS, AmaxPlace, amax_place
-from sw.compile.vector import VectorOp, row_bytes
+from sw.compile.vector import VectorOp, rope_rows, row_bytes
 
 __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
            "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "part_buffers",
-           "part_constants", "fuse_words", "VECTOR_EVENTS", "vector_events"]
+           "part_constants", "fuse_words", "fuse_parts", "row_aliases", "VECTOR_EVENTS",
+           "vector_events"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -295,10 +303,18 @@ def _left_over(words: np.ndarray) -> dict[int, int]:
 
 
 def fuse_words(cfg: AcceleratorConfig, parts: Sequence[np.ndarray]) -> np.ndarray:
+    """:func:`fuse_parts`' program."""
+    return fuse_parts(cfg, parts)[0]
+
+
+def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray]
+               ) -> tuple[np.ndarray, tuple[int, ...]]:
     """One program of the encoded programs ``parts`` (each ``uint64 [n, 2]``, END last), run
     one after the other: each part's END dropped and, before the next part, one SYNC on the
     LOAD engine per signal the part left unconsumed (which drains the counters and orders the
     next part's loads after every completion those signals report); END once at the end.
+    Returns the program and, per part, the index of its first word in it (word ``i`` of
+    part ``k`` is word ``starts[k] + i``).
 
     Raises
     ------
@@ -312,7 +328,7 @@ def fuse_words(cfg: AcceleratorConfig, parts: Sequence[np.ndarray]) -> np.ndarra
     if cfg.num_events < used:
         raise LoweringError(f"a fused program uses {used} events, the accelerator has "
                             f"num_events={cfg.num_events}")
-    out = []
+    out, starts, at = [], [], 0
     for k, words in enumerate(parts):
         ops = decode_fields(words[-1:])["opcode"] if words.shape[0] else np.zeros(0)
         if ops.size == 0 or int(ops[-1]) != Opcode.END.value:
@@ -321,6 +337,8 @@ def fuse_words(cfg: AcceleratorConfig, parts: Sequence[np.ndarray]) -> np.ndarra
             # the events a part leaves over are counted word by word, not per iteration
             raise LoweringError(f"fused part {k} holds a hardware loop (REPEAT)")
         out.append(words[:-1])
+        starts.append(at)
+        at += words.shape[0] - 1
         if k + 1 < len(parts):
             left = _left_over(words[:-1])
             if any(n < 0 for n in left.values()):
@@ -328,12 +346,13 @@ def fuse_words(cfg: AcceleratorConfig, parts: Sequence[np.ndarray]) -> np.ndarra
             syncs = [Sync(engine=Engine.LOAD, wait=e) for e, n in left.items() for _ in range(n)]
             if syncs:
                 out.append(program_words(syncs))
+                at += len(syncs)
     out.append(program_words([End()]))
     words = np.concatenate(out).astype(np.uint64)
     if words.shape[0] > cfg.imem_depth:
         raise LoweringError(f"the fused program needs {words.shape[0]} instructions and the "
                             f"instruction memory holds {cfg.imem_depth}")
-    return words
+    return words, tuple(starts)
 
 
 @dataclass(frozen=True)
@@ -368,14 +387,56 @@ def _pair_group(cfg: AcceleratorConfig, work: Sequence[tuple], i: int,
     return FusedGroup((i, i + 1), tuple(parts), (0, None, 1) + (None,) * (len(parts) - 3))
 
 
+def _layout_source(graph: Graph, value: str) -> tuple[str, list]:
+    """The value ``value`` is a layout-only view of (following ``view`` / ``reshape`` /
+    ``transpose`` nodes back: ``OPS[op].layout`` ops of one input and output that keep
+    every element) and those nodes, first applied first."""
+    producer = {v: n for n in graph.nodes for v in n.outputs}
+    chain = []
+    while (n := producer.get(value)) is not None and OPS[n.op].layout and \
+            n.op in ("view", "reshape", "transpose") and len(n.inputs) == 1:
+        chain.append(n)
+        value = n.inputs[0]
+    return value, chain[::-1]
+
+
+def row_aliases(graph: Graph, work: Sequence[tuple]) -> dict[str, str]:
+    """Per input value of a ``rope`` node of ``work`` (``(phase, node, bucket, members)``)
+    that is a layout-only view of another value whose rows (row-major, ``rows x length``)
+    are element for element ROPE's rows of it (:func:`sw.compile.vector.rope_rows`): that
+    other value (a chain that holds it on chip feeds the rope node from there). Checked
+    on the element indices: the layout nodes' kernels applied to ``arange`` of the
+    source's shape, then ROPE's row layout, must give the source's rows in order."""
+    out = {}
+    for _, node, bucket, members in work:
+        if node.op != "rope" or bucket is not None or len(members) != 1 \
+                or not isinstance(members[0], VectorOp):
+            continue
+        vec, value = members[0], node.inputs[0]
+        source, chain = _layout_source(graph, value)
+        shape = graph.values[source].shape
+        if not chain or not all(isinstance(n, int) for n in shape):
+            continue
+        index = torch.arange(int(np.prod(shape, dtype=np.int64))).reshape(tuple(shape))
+        x = index
+        for n in chain:
+            (x,) = OPS[n.op].kernel(n, [x], None)
+        if x.dim() != 4 or x.numel() != vec.rows * vec.length:
+            continue
+        if torch.equal(rope_rows(x), index.reshape(vec.rows, vec.length)):
+            out[value] = source
+    return out
+
+
 class _Chain:
     """A fused program being grown unit by unit (:func:`fusion_groups`): its entries, parts
     and owners, and where each graph value it computed lies on chip as Q15.16 rows
     (``(symbol, rows, length)``; ``pending``: a residual linear's output, once an ADD of its
     DEQUANT rows and the residual rows, ``(dequant symbol, residual symbol, rows, length)``)."""
 
-    def __init__(self, cfg: AcceleratorConfig, work: Sequence[tuple], unit: FusedGroup):
-        self.cfg, self.work = cfg, work
+    def __init__(self, cfg: AcceleratorConfig, work: Sequence[tuple], unit: FusedGroup,
+                 aliases: Mapping[str, str]):
+        self.cfg, self.work, self.aliases = cfg, work, aliases
         self.entries: list[int] = []
         self.parts: list[Part] = []
         self.owners: list[int | None] = []
@@ -415,7 +476,8 @@ class _Chain:
         phase, node, bucket, (vec,) = self.work[unit.entries[0]]
         if bucket is not None or phase != self.work[self.entries[0]][0]:
             return False
-        inputs = [v for v, s in zip(node.inputs, (vec.x, vec.b), strict=False) if s]
+        inputs = [self.aliases.get(v, v)
+                  for v, s in zip(node.inputs, (vec.x, vec.b), strict=False) if s]
         found = []
         for v in inputs:
             at = self.onchip.get(v) or self.pending.get(v)
@@ -442,12 +504,14 @@ class _Chain:
 
 
 def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = True,
-                  heads: frozenset[str] = frozenset()) -> list[FusedGroup]:
+                  heads: frozenset[str] = frozenset(),
+                  aliases: Mapping[str, str] | None = None) -> list[FusedGroup]:
     """The fused programs of ``work`` (the accelerator nodes of one phase, in order, as
     ``(phase, node, bucket, members)``): each pair of :func:`fusion_pairs` (an ARGMAX after
     a linear whose output is in ``heads``) and, with ``chain``, runs of consecutive pairs and
     lone vector nodes whose every vector node reads only rows an earlier part left on chip
-    (the module docstring's chaining rule) as one."""
+    (the module docstring's chaining rule) as one; ``aliases``: per vector node input, the
+    value whose on-chip rows it reads instead (:func:`row_aliases`)."""
     pairs = set(fusion_pairs(work))
     units: list[FusedGroup | None] = []
     i = 0
@@ -457,9 +521,7 @@ def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = T
             i += 2
             continue
         _, _, bucket, members = work[i]
-        # a ROPE's table LOADs are patched per program (Program.position_rows): never a part
-        lone = bucket is None and len(members) == 1 and isinstance(members[0], VectorOp) \
-            and not members[0].table_rows
+        lone = bucket is None and len(members) == 1 and isinstance(members[0], VectorOp)
         units.append(FusedGroup((i,), (members[0],), (0,)) if lone else None)
         i += 1
     if not chain:
@@ -473,5 +535,5 @@ def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = T
             out += current.units if len(current.entries) > 1 else []
         elif current is not None:
             out.append(current.group())
-        current = _Chain(cfg, work, unit) if unit is not None else None
+        current = _Chain(cfg, work, unit, aliases or {}) if unit is not None else None
     return out

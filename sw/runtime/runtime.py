@@ -71,6 +71,7 @@ from sim.backends import Backend, runs_in_place
 from sim.roofline import LayerPoint, bound_cycles
 from sw.compile.executable import Executable, Program
 from sw.compile.ir import OPS, Interpreter, Kernel, Node, Numerics, run_node, stream_cycles
+from sw.compile.vector import rope_rows
 from sw.models.generate import sample_next
 
 __all__ = ["Runtime", "RuntimeFault", "StepStats", "ProgramRun", "HostRun", "Generation",
@@ -396,8 +397,9 @@ class Runtime:
                                 else (None, 0))
             wall = time.perf_counter() - t0
             if first:
-                self._run(phase, node, run, stats,
-                          state.words if isinstance(state, _VectorState) else None)
+                words = (self._fused_words(run, env) if run != pid
+                         else state.words if isinstance(state, _VectorState) else None)
+                self._run(phase, node, run, stats, words)
             t0 = time.perf_counter()
             outs, cycles_out = epilogue(self, node, args, env, program, state)
             if program.fused_into is not None and self.exe.programs[run].parts[-1] != pid:
@@ -407,6 +409,16 @@ class Runtime:
             stats.host.append(HostRun(node.name, f"{node.op}:io", wall, cycles_in + cycles_out))
             return outs
         return kernel
+
+    def _fused_words(self, run: int, env) -> np.ndarray | None:
+        """The words of fused program ``run`` with its ROPE parts' table LOADs
+        (``position_rows``) pointed at the step's first position (None: it has none)."""
+        program = self.exe.programs[run]
+        if not program.position_rows:
+            return None
+        (row_bytes,) = {self.exe.programs[i].vector.table_row_bytes for i in program.parts
+                        if self.exe.programs[i].position_rows}
+        return _set_position(program, env.past, self.exe.cfg.beat_bytes, row_bytes)
 
     # ------------------------------------------------------------------ DRAM I/O
     def _write_rows(self, symbol: str, rows: np.ndarray, row_bytes: int) -> None:
@@ -729,8 +741,7 @@ def _rope_rows(x: torch.Tensor, shape: torch.Size | None = None) -> torch.Tensor
     """q or k ``[B, heads, T, d]`` as ROPE's rows ``[B * T, heads * d]`` (a token's heads
     side by side); with ``shape``, such rows back to a contiguous tensor of that shape."""
     if shape is None:
-        b, h, t, d = x.shape
-        return x.transpose(1, 2).reshape(b * t, h * d)
+        return rope_rows(x)
     b, h, t, d = shape
     return x.reshape(b, t, h, d).transpose(1, 2).contiguous()
 
@@ -741,9 +752,11 @@ if _ADDR_AT + _ADDR_BITS > 64:
     raise ImportError("dma.dram_addr straddles the instruction's 64-bit halves")
 
 
-def _set_position(program: Program, past: int, beat_bytes: int) -> np.ndarray:
+def _set_position(program: Program, past: int, beat_bytes: int,
+                  table_row_bytes: int | None = None) -> np.ndarray:
     """A copy of ``program``'s words with its rotary table LOADs (``position_rows``, one per
-    task) advanced to position ``past``: ``past`` table rows of ``table_row_bytes`` further."""
+    task) advanced to position ``past``: ``past`` table rows of ``table_row_bytes`` further
+    (default: its vector operation's; a fused program's: its ROPE parts')."""
     rows = np.asarray(program.position_rows, dtype=np.int64)
     if not rows.size:
         raise RuntimeFault(f"program of node {program.node!r} has no rotary table LOAD to "
@@ -752,7 +765,9 @@ def _set_position(program: Program, past: int, beat_bytes: int) -> np.ndarray:
     mask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
     lo = words[rows, 0]
     addr = (lo & mask) >> np.uint64(_ADDR_AT)
-    addr = addr + np.uint64(past * (program.vector.table_row_bytes // beat_bytes))
+    if table_row_bytes is None:
+        table_row_bytes = program.vector.table_row_bytes
+    addr = addr + np.uint64(past * (table_row_bytes // beat_bytes))
     if int(addr.max()) >= 1 << _ADDR_BITS:
         raise RuntimeFault(f"node {program.node!r}: the table row of position {past} lies "
                            "beyond the LOAD's dram_addr field")

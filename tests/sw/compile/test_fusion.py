@@ -19,7 +19,8 @@ from hw.numerics import (
 )
 from sim.backends import make_backend
 from sw.compile.errors import LoweringError
-from sw.compile.fusion import VECTOR_EVENTS, fuse_words, vector_events
+from sw.compile.fusion import VECTOR_EVENTS, fuse_parts, fuse_words, row_aliases, vector_events
+from sw.compile.ir import Graph, Node, TensorType
 from sw.compile.relocation import (
     lower_argmax_template,
     lower_dequant_template,
@@ -28,6 +29,7 @@ from sw.compile.relocation import (
     relocate,
 )
 from sw.compile.schedule import amax_place
+from sw.compile.vector import vector_op
 
 CFG = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024,
                     memory=MemoryModel(size_bytes=1 << 16))
@@ -174,3 +176,47 @@ def test_argmax_part_writes_each_rows_first_maximum(seed):
     for i in range(rows):
         assert got[i, 0] == int(vec_argmax(x[i])) == int(np.argmax(x[i])), i
         assert got[i, 1] == x[i].max(), i
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fuse_parts_gives_each_parts_first_word(seed):
+    """Random vector parts fused: word ``i`` of part ``k`` (END aside) is word
+    ``starts[k] + i`` of the program, whatever SYNCs lie between the parts."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for _ in range(int(rng.integers(1, 4))):
+        rows, length = int(rng.integers(1, 9)), int(rng.integers(1, 40))
+        t = lower_vector_template(CFG, VecFunc.ADD, rows, length, second=True)
+        parts.append(vector_events(t.words))
+    words, starts = fuse_parts(CFG, parts)
+    assert np.array_equal(words, fuse_words(CFG, parts)) and len(starts) == len(parts)
+    for p, s in zip(parts, starts, strict=True):
+        assert np.array_equal(words[s:s + p.shape[0] - 1], p[:-1])
+
+
+def _qkv_rope_graph(layout: list[tuple[str, dict, tuple]]) -> tuple[Graph, list]:
+    """A q linear's output ``[1, 3, 8]`` (3 tokens, 2 heads of 4) through the ``layout``
+    nodes (``(op, attrs, output shape)``) into a rope node; and its work entry."""
+    t, d = 3, 4
+    values = {"q": TensorType((1, t, 8)), "cos": TensorType((t, d)), "sin": TensorType((t, d))}
+    nodes, x = [], "q"
+    for k, (op, attrs, shape) in enumerate(layout):
+        values[f"l{k}"] = TensorType(shape)
+        nodes.append(Node(f"l{k}", op, (x,), (f"l{k}",), attrs))
+        x = f"l{k}"
+    values["y"] = values[x]
+    nodes.append(Node("q.rope", "rope", (x, "cos", "sin"), ("y",)))
+    g = Graph(tuple(nodes), values, ("q", "cos", "sin"), ("y",), {"phase": "decode"})
+    return g, [("decode", nodes[-1], None, [vector_op(nodes[-1], g, CFG)])]
+
+
+def test_a_rope_reads_the_rows_of_the_linear_its_layout_nodes_view():
+    """q viewed as ``[1, T, heads, d]`` and transposed to ``[1, heads, T, d]``: ROPE's rows
+    are the linear's rows, so the rope's input aliases the linear's output; viewed as
+    ``[1, heads, T, d]`` at once (the same shape, other elements), it does not."""
+    g, work = _qkv_rope_graph([("view", {"shape": [1, 3, 2, 4]}, (1, 3, 2, 4)),
+                               ("transpose", {"dims": [1, 2]}, (1, 2, 3, 4))])
+    assert row_aliases(g, work) == {"l1": "q"}
+    g, work = _qkv_rope_graph([("view", {"shape": [1, 2, 3, 4]}, (1, 2, 3, 4))])
+    assert (work[0][3][0].rows, work[0][3][0].length) == (3, 8)
+    assert row_aliases(g, work) == {}

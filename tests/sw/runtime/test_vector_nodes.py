@@ -116,8 +116,9 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
     report = exes[True, True, False].report["phases"]["decode"]
     assert report["fused_programs_per_step"] == 3 * blocks
     # chained: a block's MLP (post-attention RMSNorm -> gate/up -> SiLU-gate -> down + ADD)
-    # and the next block's RMSNorm -> q/k/v (the last block's: the final norm) in one program
-    assert len(runs[True, True, True].programs) == unfused - 5 * blocks
+    # and the next block's RMSNorm -> q/k/v -> RoPE of q and k (the last block's: the final
+    # norm) in one program
+    assert len(runs[True, True, True].programs) == unfused - 7 * blocks
     report = exes[True, True, True].report["phases"]["decode"]
     assert report["fused_programs_per_step"] == 1 + blocks
     for key, st in runs.items():
@@ -132,11 +133,13 @@ def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs():
     ws = compressed(lm)
     opts = CompileOptions(PROMPT, PROMPT + 2)
     chained = compile_model(lm, VSMALL, opts, weights=ws)
+    pairs = compile_model(lm, VSMALL, dataclasses.replace(opts, chain_programs=False),
+                          weights=ws)
+    longest_pair = max(p.instructions for p in pairs.programs if p.parts and p.phase == "decode")
     fused = [p for p in chained.programs if p.parts and p.phase == "decode"]
-    longest_pair = max(p.instructions for p in fused if len(p.parts) == 2)
-    assert any(p.instructions > longest_pair for p in fused)
+    assert fused and all(len(p.parts) > 2 for p in fused)   # every pair is in a chain
     depth = 1 << (longest_pair - 1).bit_length()
-    assert all(p.instructions > depth for p in fused if len(p.parts) > 2)
+    assert all(p.instructions > depth for p in fused)
     cfg = VSMALL.replace(imem_depth=depth)
     exe = compile_model(lm, cfg, opts, weights=ws)
     decode = [p for p in exe.programs if p.parts and p.phase == "decode"]
@@ -238,10 +241,11 @@ def test_a_vector_executable_needs_the_vector_numerics_and_survives_a_file(tmp_p
     with pytest.raises(RuntimeFault, match="vector=True"):
         Runtime(exe, make_backend("model", VSMALL))
     again = load(save(exe, tmp_path / "exe.safetensors"))
-    assert [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work, p.members)
+    assert [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work, p.members, p.position_rows)
             for p in again.programs] \
-        == [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work, p.members)
+        == [(p.vector, p.imm_rows, p.fused_into, p.parts, p.work, p.members, p.position_rows)
             for p in exe.programs]
+    assert any(p.parts and p.position_rows for p in again.programs)
     assert any(m.dequant for p in again.programs for m in p.members)
     assert any(p.parts for p in again.programs)
     ids = _ids(lm, 6)
@@ -340,9 +344,12 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
     # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too, per phase: the norm ->
-    # q/k/v, and the MLP chained with the final norm (an ADD part between)
+    # q/k/v -> RoPE of q and k (its table LOADs set per step), and the MLP chained with the
+    # final norm (an ADD part between)
     fused = [p for p in exe.programs if p.parts]
-    assert sorted(len(p.parts) for p in fused) == [2, 2, 5, 5]
+    assert sorted(len(p.parts) for p in fused) == [4, 4, 5, 5]
+    assert all(VecFunc.ROPE in {v.func for v in _vecs(p)} and p.position_rows
+               for p in fused if len(p.parts) == 4)
     assert all(VecFunc.ADD in {v.func for v in _vecs(p)} for p in fused if len(p.parts) == 5)
     assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)

@@ -195,7 +195,21 @@ def test_compiled_rope_programs_and_their_constant_table():
         heads = mcfg.num_attention_heads if "q_proj" in p.node else mcfg.num_key_value_heads
         assert (op.rows, op.length, op.table_rows) == (t, heads * d, t)
         assert op.imm == rope_imm(d, heads) and op.w == symbols.rope_table()
-        assert len(p.position_rows) >= 1 and p.fused_into is None
+        assert len(p.position_rows) >= 1
+    # each a part of the chain of its block's q/k/v linear, whose program lists the table
+    # LOADs of both: LOADs into VIN from the table, at the rope programs' own offsets
+    table = exe.symbols[symbols.rope_table()]
+    for p in rope:
+        fused = exe.programs[p.fused_into]
+        parts = [exe.programs[i] for i in fused.parts]
+        assert [q.node for q in parts if q.position_rows] == [
+            p.node.replace("k_proj", "q_proj"), p.node.replace("q_proj", "k_proj")]
+        loads = [decode_program(fused.words[i:i + 1].view(np.uint8))[0]
+                 for i in fused.position_rows]
+        assert len(loads) == sum(len(q.position_rows) for q in parts)
+        assert all(isinstance(ld, Load) and ld.spad == Spad.VIN for ld in loads)
+        assert all(table.addr <= ld.dram_addr * VSMALL.beat_bytes < table.addr + table.nbytes
+                   for ld in loads)
     # one table for the model: max_context rows of rope_pairs words of the host's tables
     table = exe.image[symbols.rope_table()].view("<i4").reshape(PROMPT + STEPS, -1)
     assert exe.symbols[symbols.rope_table()].nbytes == table.nbytes
@@ -207,10 +221,13 @@ def test_compiled_rope_programs_and_their_constant_table():
 
 def test_rope_programs_equal_the_host_kernel_bit_for_bit(monkeypatch):
     """Every rope node's output, read back from its program at every step (prefill, then
-    decode positions), equals ``rope_vector`` of its inputs, as the host would compute it."""
+    decode positions), equals ``rope_vector`` of its inputs, as the host would compute it:
+    the rope nodes run as parts of the chain of their q/k/v linear (reading its DEQUANT rows
+    on chip), whose table LOADs the runtime points at each step's position."""
     lm = tiny_lm()
     exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS),
                         weights=compressed(lm))
+    assert all(p.fused_into is not None for p in _rope_programs(exe))
     prologue, epilogue = runtime_module._IO["vector"]
     seen = []
 
@@ -247,13 +264,15 @@ def test_a_rope_program_without_its_table_load_is_refused():
         _set_position(_P, 1, VSMALL.beat_bytes)
 
 
+@pytest.mark.parametrize("chain", [False, True], ids=["alone", "chained"])
 @pytest.mark.parametrize("memo", [False, True], ids=["plain", "memo"])
-def test_timing_only_runs_the_rope_programs_with_the_same_cycles(memo):
+def test_timing_only_runs_the_rope_programs_with_the_same_cycles(memo, chain):
     """Without values (a timing-only executable: no image, so no table) the rope programs
-    still run, and cost what they cost with values (addresses do not change timing)."""
+    (alone, or parts of the chain of the q/k/v linear) still run, and cost what they cost
+    with values (addresses do not change timing)."""
     lm = tiny_lm(layers=1)
     ws = compressed(lm)
-    opts = CompileOptions(PROMPT, PROMPT + 2)
+    opts = CompileOptions(PROMPT, PROMPT + 2, chain_programs=chain)
     full = compile_model(lm, VSMALL, opts, weights=ws)
     timing = compile_model(lm, VSMALL, opts, formats={k: w.fmt for k, w in ws.items()})
     assert symbols.rope_table() not in timing.image
@@ -265,6 +284,11 @@ def test_timing_only_runs_the_rope_programs_with_the_same_cycles(memo):
         rt = Runtime(exe, make_backend(backend, VSMALL), vector=True, **kw)
         steps = [rt.step(ids[:, :PROMPT])[1]] + [rt.step(ids[:, p:p + 1])[1]
                                                  for p in range(PROMPT, PROMPT + 2)]
-        cycles.append([[(p.node, p.cycles) for p in st.programs if "rope" in p.node]
+        # with chains, the program of the input norm runs the rope nodes: every one counts
+        cycles.append([[(p.node, p.cycles) for p in st.programs
+                        if "rope" in p.node or (chain and "input_layernorm" in p.node)]
                        for st in steps])
-    assert cycles[0] == cycles[1] and all(len(c) == 2 for c in cycles[0])
+        rope = [p for p in exe.programs if p.position_rows and p.fused_into is None]
+        assert len(rope) == (2 * 2 if not chain else 2) and all(
+            bool(p.parts) == chain for p in rope)
+    assert cycles[0] == cycles[1] and all(len(c) == (1 if chain else 2) for c in cycles[0])
