@@ -79,10 +79,10 @@ from hw.isa import (
 )
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
-from sw.compile.ir import OPS, Graph
+from sw.compile.ir import OPS, Graph, rope_rows
 from sw.compile.lower import Member
 from sw.compile.schedule import EVENTS, AmaxPlace, amax_place
-from sw.compile.vector import VectorOp, rope_rows, row_bytes
+from sw.compile.vector import VectorOp, row_bytes
 
 __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
            "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "part_buffers",
@@ -403,7 +403,7 @@ def _layout_source(graph: Graph, value: str) -> tuple[str, list]:
 def row_aliases(graph: Graph, work: Sequence[tuple]) -> dict[str, str]:
     """Per input value of a ``rope`` node of ``work`` (``(phase, node, bucket, members)``)
     that is a layout-only view of another value whose rows (row-major, ``rows x length``)
-    are element for element ROPE's rows of it (:func:`sw.compile.vector.rope_rows`): that
+    are element for element ROPE's rows of it (:func:`sw.compile.ir.rope_rows`): that
     other value (a chain that holds it on chip feeds the rope node from there). Checked
     on the element indices: the layout nodes' kernels applied to ``arange`` of the
     source's shape, then ROPE's row layout, must give the source's rows in order."""

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
 from hw.isa import VecFunc, field_location, rope_geometry, rope_imm
@@ -42,7 +41,7 @@ from sw.compile import symbols
 from sw.compile.errors import LoweringError
 from sw.compile.ir import OPS, Graph, Node
 
-__all__ = ["VectorOp", "VECTOR_LOWERINGS", "vector_op", "row_bytes", "rope_rows"]
+__all__ = ["VectorOp", "VECTOR_LOWERINGS", "vector_op", "row_bytes"]
 
 #: The largest ``imm`` a VEC holds.
 _IMM_BITS = field_location("vec.imm")[1]
@@ -52,13 +51,6 @@ _IMM_MAX = (1 << _IMM_BITS) - 1
 def row_bytes(cfg: AcceleratorConfig, length: int) -> int:
     """DRAM bytes of a row of ``length`` int32 elements: whole beats."""
     return -(-length * VECTOR_WORD_BYTES // cfg.beat_bytes) * cfg.beat_bytes
-
-
-def rope_rows(x: torch.Tensor) -> torch.Tensor:
-    """q or k ``[B, heads, T, d]`` as ROPE's rows ``[B * T, heads * d]``: a token's heads
-    side by side (the rows a ``rope`` node's program reads and writes)."""
-    b, h, t, d = x.shape
-    return x.transpose(1, 2).reshape(b * t, h * d)
 
 
 @dataclass(frozen=True)

@@ -70,8 +70,16 @@ from hw.numerics import (
 from sim.backends import Backend, runs_in_place
 from sim.roofline import LayerPoint, bound_cycles
 from sw.compile.executable import Executable, Program
-from sw.compile.ir import OPS, Interpreter, Kernel, Node, Numerics, run_node, stream_cycles
-from sw.compile.vector import rope_rows
+from sw.compile.ir import (
+    OPS,
+    Interpreter,
+    Kernel,
+    Node,
+    Numerics,
+    rope_rows,
+    run_node,
+    stream_cycles,
+)
 from sw.models.generate import sample_next
 
 __all__ = ["Runtime", "RuntimeFault", "StepStats", "ProgramRun", "HostRun", "Generation",

@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from sw.compile.ir.interpret import Env
 
 __all__ = ["OPS", "OpDef", "Attr", "Kernel", "ShapeRule", "Cost", "LinearLayer",
-           "linear_layers", "stream_cycles", "free", "describe"]
+           "linear_layers", "stream_cycles", "free", "describe", "rope_rows"]
 
 #: ``kernel(node, input tensors, env) -> output tensors``.
 Kernel = Callable[["Node", list, "Env"], tuple]
@@ -295,6 +295,14 @@ def _last_token_shape(node, ins, outs):
     if _shape(outs[0]) != (*x[:-2], 1, x[-1]):
         return f"the last position of {ins[0]} cannot be {outs[0]}"
     return None
+
+
+# ---------------------------------------------------------------------- vector rows
+def rope_rows(x: torch.Tensor) -> torch.Tensor:
+    """q or k ``[B, heads, T, d]`` as ROPE's rows ``[B * T, heads * d]``: a token's heads
+    side by side (the rows a ``rope`` node's program reads and writes)."""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b * t, h * d)
 
 
 # ---------------------------------------------------------------------- kernels
