@@ -31,7 +31,23 @@ and no datapath joins the two). Each part's events are those of its own schedule
 two parts the LOAD engine waits, with SYNCs, on every event the earlier part signalled and
 never waited on (its last ``STORED`` / ``FREE`` signals: :func:`fuse_words`). That consumes
 them, so the next part starts from counters at 0 as it would alone, and orders its loads
-after the earlier part's stores. The host reads every part's results back after the run
+after the earlier part's stores.
+
+The LOADs that do not need the drain go before those SYNCs (:func:`hoistable`,
+:func:`fuse_parts`): of the next part's leading LOAD-engine words without a wait (the first
+that waits reuses a scratchpad half, so prefetching stays within the double buffering), each
+LOAD whose DRAM source no STORE of the part before writes, whose scratchpad that part does
+not load (a part reads only what its own LOADs put there) and whose scratchpad beats no LOAD
+it overtakes writes -- a GEMM's first two weight tiles after a REQUANT, a DEQUANT's channel
+words and ``amax`` beats after the GEMM. They move without their signals; the LOAD engine,
+in order, raises each at the moved LOAD's place after the SYNCs (on the LOAD-engine word
+before that place, or on a SYNC of its own), so a consumer is granted only once every load
+before that place, the moved ones included, has landed, and no event is signalled before
+the boundary: the events run as in the drained program, and the DRAM results are its
+(tests/sw/compile/test_fusion.py). The weights then stream while the part before computes
+and drains.
+
+The host reads every part's results back after the run
 (the graph's values of its nodes: a linear's as the Q15.16 rows its DEQUANT parts wrote),
 and adds a residual as unfused.
 
@@ -49,8 +65,8 @@ runs the program at the first node and reads the later nodes' results back at th
 A ``rope`` node reads q or k through layout nodes (``view``, ``transpose``) of the q/k/v
 linear's output, whose rows are already ROPE's rows (one token's heads side by side): it
 joins a chain that holds those DEQUANT rows (:func:`row_aliases`). Its table LOADs stay
-run-time parameters: the fused program lists them (:func:`fuse_parts` gives each part's
-first word) and the runtime points them at the step's position as for the node alone.
+run-time parameters: the fused program lists them (:func:`fuse_parts` gives where each
+part's words lie) and the runtime points them at the step's position as for the node alone.
 In a decoder this chains a block's ``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and
 the next block's ``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final
 norm). A chain that does
