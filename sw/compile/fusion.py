@@ -36,16 +36,19 @@ after the earlier part's stores.
 The LOADs that do not need the drain go before those SYNCs (:func:`hoistable`,
 :func:`fuse_parts`): of the next part's leading LOAD-engine words without a wait (the first
 that waits reuses a scratchpad half, so prefetching stays within the double buffering), each
-LOAD whose DRAM source no STORE of the part before writes, whose scratchpad that part does
-not load (a part reads only what its own LOADs put there) and whose scratchpad beats no LOAD
-it overtakes writes -- a GEMM's first two weight tiles after a REQUANT, a DEQUANT's channel
-words and ``amax`` beats after the GEMM. They move without their signals; the LOAD engine,
-in order, raises each at the moved LOAD's place after the SYNCs (on the LOAD-engine word
-before that place, or on a SYNC of its own), so a consumer is granted only once every load
-before that place, the moved ones included, has landed, and no event is signalled before
-the boundary: the events run as in the drained program, and the DRAM results are its
-(tests/sw/compile/test_fusion.py). The weights then stream while the part before computes
-and drains.
+LOAD whose DRAM source no STORE of the part before writes, whose scratchpad beats that part
+does not load (a part reads only what its own LOADs put there) and whose scratchpad beats no
+LOAD it overtakes writes -- a GEMM's first two weight tiles after a REQUANT, a DEQUANT's
+channel words and ``amax`` beats after the GEMM. Consecutive vector parts load the same VIN
+beats (every template starts at 0), so a vector part's VIN moves above the beats the part
+before loads, where it fits and lets more LOADs go: a DEQUANT after another, or a ROPE after
+a DEQUANT, then loads its rows while the VEC before it runs. The moved LOADs leave their
+signals behind; the LOAD engine, in order, raises each at the moved LOAD's place after the
+SYNCs (on the LOAD-engine word before that place, or on a SYNC of its own), so a consumer is
+granted only once every load before that place, the moved ones included, has landed, and no
+event is signalled before the boundary: the events run as in the drained program, and the
+DRAM results are its (tests/sw/compile/test_fusion.py). The weights then stream while the
+part before computes and drains.
 
 The host reads every part's results back after the run
 (the graph's values of its nodes: a linear's as the Q15.16 rows its DEQUANT parts wrote),
@@ -88,13 +91,17 @@ from hw.isa import (
     End,
     Engine,
     Instr,
+    Load,
     Opcode,
+    Spad,
     Sync,
+    Vec,
     VecFunc,
     decode,
     decode_fields,
     field_location,
     program_words,
+    vec_reads_amax,
 )
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
@@ -349,8 +356,8 @@ def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
     buffering) whose
 
     * DRAM source no STORE of ``before`` writes (the extents of the rows, gaps included),
-    * scratchpad no LOAD of ``before`` writes (a part reads only what its own LOADs put in a
-      scratchpad, so no instruction of ``before`` reads one it does not load), and
+    * scratchpad beats no LOAD of ``before`` writes (a part reads only what its own LOADs put
+      in a scratchpad, so no instruction of ``before`` reads beats it does not load), and
     * scratchpad beats no LOAD of the part before it (which stays after the SYNCs) writes.
 
     A LOAD that the runtime points elsewhere per step (a ROPE's table rows) reads the rotary
@@ -358,7 +365,7 @@ def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
     """
     f, prev = decode_fields(words), decode_fields(before)
     eng = engines_fields(f)
-    busy = set(prev["dma.spad"][prev["opcode"] == Opcode.LOAD.value].tolist())
+    busy = _loaded(prev)
     stores = [_dram_extent(prev, i) for i in np.flatnonzero(prev["opcode"]
                                                            == Opcode.STORE.value).tolist()]
     staying: list[tuple[int, int, int]] = []
@@ -370,12 +377,47 @@ def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
             continue  # a SYNC without a wait: stays, signalling after the LOADs before it
         spad, lo, hi = _spad_extent(f, i)
         src = _dram_extent(f, i)
-        if spad in busy or any(_overlap(src, s) for s in stores) or any(
-                s == spad and _overlap((lo, hi), (a, b)) for s, a, b in staying):
+        if any(s == spad and _overlap((lo, hi), (a, b)) for s, a, b in busy + staying) or any(
+                _overlap(src, s) for s in stores):
             staying.append((spad, lo, hi))
         else:
             out.append(i)
     return out
+
+
+def _loaded(f: Mapping[str, np.ndarray]) -> list[tuple[int, int, int]]:
+    """The scratchpad extents (:func:`_spad_extent`) of the LOADs of fields ``f``."""
+    return [_spad_extent(f, i) for i in np.flatnonzero(f["opcode"] == Opcode.LOAD.value).tolist()]
+
+
+def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
+               ) -> np.ndarray | None:
+    """A vector part's ``words`` (END dropped) with its VIN moved above the VIN beats the part
+    ``before`` it loads, where its own LOADs into VIN overlap those and the moved ones fit
+    (else None): every LOAD into VIN ``top`` beats higher (``top``: the end of ``before``'s
+    highest), and every VEC's operand rows (``a_addr``, ``b_addr``) and ``amax`` word
+    (:func:`hw.isa.vec_reads_amax`: DEQUANT's ``imm``) as many elements higher. The part
+    reads only what its LOADs put in VIN, so it computes what it did; its VOUT stays, as its
+    VECs start only after the boundary (:func:`fuse_parts`)."""
+    vin = Spad.VIN.value
+    mine = [(a, b) for s, a, b in _loaded(decode_fields(words)) if s == vin]
+    theirs = [(a, b) for s, a, b in _loaded(decode_fields(before)) if s == vin]
+    if not mine or not theirs or not any(_overlap(m, t) for m in mine for t in theirs):
+        return None
+    top, end = max(b for _, b in theirs), max(b for _, b in mine)
+    if top + end > cfg.spad_beats("vin"):
+        return None
+    per = cfg.beat_bytes // cfg.vin_word_bytes
+    out = []
+    for w in words:
+        ins = _instr(w)
+        if isinstance(ins, Load) and ins.spad == Spad.VIN:
+            ins = replace(ins, spad_addr=ins.spad_addr + top)
+        elif isinstance(ins, Vec):
+            ins = replace(ins, a_addr=ins.a_addr + top * per, b_addr=ins.b_addr + top * per,
+                          imm=ins.imm + top * per * int(vec_reads_amax(ins.func.value)))
+        out.append(ins)
+    return program_words(out)
 
 
 def _instr(word: np.ndarray) -> Instr:
@@ -439,7 +481,9 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     With ``overlap``, the next part's :func:`hoistable` LOADs go before those SYNCs, without
     their signals, which the LOAD engine raises at their places after the SYNCs (on the
     LOAD-engine word before, or on a SYNC of their own), so they stream while the part
-    before drains and the events run as without them.
+    before drains and the events run as without them; a vector part whose VIN beats collide
+    with the part before's moves its VIN above them first (:func:`_vin_moved`), where that
+    lets more of its LOADs go.
     Returns the program and, per part, where each of its words (END aside) lies in it.
 
     Raises
@@ -454,7 +498,7 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     if cfg.num_events < used:
         raise LoweringError(f"a fused program uses {used} events, the accelerator has "
                             f"num_events={cfg.num_events}")
-    out, places, at = [], [], 0
+    out, places, placed, at = [], [], [], 0
     syncs: list[Instr] = []
     for k, words in enumerate(parts):
         ops = decode_fields(words[-1:])["opcode"] if words.shape[0] else np.zeros(0)
@@ -464,7 +508,11 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
             # the events a part leaves over are counted word by word, not per iteration
             raise LoweringError(f"fused part {k} holds a hardware loop (REPEAT)")
         body = words[:-1]
-        hoisted = hoistable(parts[k - 1][:-1], body) if overlap and k else []
+        hoisted = hoistable(placed[-1], body) if overlap and k else []
+        moved = _vin_moved(cfg, placed[-1], body) if overlap and k else None
+        if moved is not None and len(more := hoistable(placed[-1], moved)) > len(hoisted):
+            body, hoisted = moved, more
+        placed.append(body)
         blocks, place = _join(syncs, body, hoisted)
         out += blocks
         places.append(tuple(at + p for p in place))

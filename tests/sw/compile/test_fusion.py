@@ -306,13 +306,61 @@ def test_a_gemms_weights_stream_while_the_part_before_drains():
     # the vector part writes the first weights: they stay, the activations and the second
     # weights (other DRAM and scratchpad beats) move
     assert hoistable(_vector_part(y=1000)[:-1], gemm[:-1]) == [0, 2]
-    # ... and no LOAD into a scratchpad it loads moves: VIN, then ACT and WGT
-    assert hoistable(before[:-1], _gemm_like(4, dram=0, spad=Spad.VIN)[:-1]) == [0]
+    # ... and no LOAD into scratchpad beats it loads moves: VIN [0, 2), then ACT and WGT
+    assert hoistable(before[:-1], _gemm_like(4, dram=0, spad=Spad.VIN)[:-1]) == [0, 2]
     assert hoistable(gemm[:-1], _gemm_like(4, dram=0)[:-1]) == []
     for overlap in (False, True):  # the program runs, and the counters end at 0
         r = make_backend("model", CFG).run(fuse_words(CFG, [before, gemm], overlap),
                                            np.zeros(CFG.memory.size_bytes, np.uint8))
         assert r.ok, r.error
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_independent_vector_part_loads_above_the_one_before(seed):
+    """Two RMSNorms of random rows (one task each), the second reading none of the first's
+    results: the second's VIN moves above the first's, its LOADs go before the SYNCs, and
+    both compute vec_rmsnorm on the fast model, the DRAM as the drained program's; a part
+    reading the first's results loads them after the SYNCs."""
+    rng = np.random.default_rng(seed)
+    length = int(rng.integers(8, 60))
+    row = _row_bytes(length)
+    eps = norm_eps(1e-5, length)
+    base = {"x": 0, "w": row, "y": 2 * row, "x2": 3 * row, "w2": 4 * row, "y2": 5 * row}
+
+    class _Second:
+        x, y, b, w, w_tile_stride = "x2", "y2", None, "w2", None
+
+    class _After:
+        x, y, b, w, w_tile_stride = "y", "y2", None, "w2", None
+    t = lower_vector_template(CFG, VecFunc.RMSNORM, 1, length, const=True, imm=eps)
+    first, second, after = (vector_events(relocate(t, base, [op], CFG.beat_bytes))
+                            for op in (_Op, _Second, _After))
+    words, places = fuse_parts(CFG, [first, second])
+    got = _program(words)
+    loads = [got[j] for j in places[1] if isinstance(got[j], Load)]
+    sync = next(j for j, ins in enumerate(got) if isinstance(ins, Sync))
+    assert all(places[1][i] < sync for i in hoistable(first[:-1], second[:-1]))
+    assert hoistable(first[:-1], second[:-1]) == []  # in place, the VIN beats collide
+    assert len(loads) == 2 and min(ld.spad_addr for ld in loads) >= 2 * -(-length // 4)
+    assert all(places[1][i] < sync for i, ins in enumerate(_program(second)[:-1])
+               if isinstance(ins, Load))
+    words, places = fuse_parts(CFG, [first, after])  # its rows stay after the drain
+    sync = next(j for j, ins in enumerate(_program(words)) if isinstance(ins, Sync))
+    reads_y = [i for i, ins in enumerate(_program(after)[:-1])
+               if isinstance(ins, Load) and ins.dram_addr == base["y"] // CFG.beat_bytes]
+    assert reads_y and all(places[1][i] > sync for i in reads_y)
+    dram = np.zeros(CFG.memory.size_bytes, np.uint8)
+    xs = [to_fixed(rng.standard_normal(length)) for _ in range(2)]
+    ws = [norm_weight(rng.standard_normal(length), length) for _ in range(2)]
+    for name, v in (("x", xs[0]), ("w", ws[0]), ("x2", xs[1]), ("w2", ws[1])):
+        dram[base[name]:base[name] + 4 * length] = v.astype("<i4").view(np.uint8)
+    runs = [make_backend("model", CFG).run(fuse_words(CFG, [first, second], o), dram.copy())
+            for o in (False, True)]
+    assert all(r.ok for r in runs) and np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[1].cycles < runs[0].cycles
+    for k, y in enumerate(("y", "y2")):
+        out = runs[1].dram[base[y]:base[y] + 4 * length].view("<i4")
+        assert np.array_equal(out, vec_rmsnorm(xs[k], ws[k], eps)), y
 
 
 def _fused_parts_of_tiny_model(monkeypatch) -> list[list[np.ndarray]]:
