@@ -363,6 +363,44 @@ def test_an_independent_vector_part_loads_above_the_one_before(seed):
         assert np.array_equal(out, vec_rmsnorm(xs[k], ws[k], eps)), y
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_random_vector_chains_compute_what_drained_ones_do(seed):
+    """Random chains of RMSNorm and ADD parts (1 to 12 rows, so one task or several) over a
+    few DRAM row buffers, each reading and writing random ones (so a part reads an earlier
+    one's results, or not): overlapped and drained, the same DRAM at the end on the fast
+    model from random rows."""
+    rng = np.random.default_rng(seed)
+    length = int(rng.integers(8, 64))
+    row = _row_bytes(length)
+    rows_max = 12
+    bufs = [f"r{i}" for i in range(4)]
+    base = {name: i * rows_max * row for i, name in enumerate(bufs)}
+    base["w"] = len(bufs) * rows_max * row
+    parts = []
+    for _ in range(int(rng.integers(2, 6))):
+        rows = int(rng.integers(1, rows_max + 1))
+        x, b, y = (str(v) for v in rng.permutation(bufs)[:3])
+        add = bool(rng.integers(2))
+
+        class _Part:
+            w_tile_stride = None
+        _Part.x, _Part.y = x, y
+        _Part.b, _Part.w = (b, None) if add else (None, "w")
+        t = lower_vector_template(CFG, VecFunc.ADD if add else VecFunc.RMSNORM, rows, length,
+                                  second=add, const=not add,
+                                  imm=0 if add else norm_eps(1e-5, length))
+        parts.append(vector_events(relocate(t, base, [_Part], CFG.beat_bytes)))
+    dram = np.zeros(CFG.memory.size_bytes, np.uint8)
+    values = to_fixed(rng.standard_normal((len(bufs) * rows_max, row // 4)))
+    dram[:values.size * 4] = values.astype("<i4").view(np.uint8).reshape(-1)
+    w = norm_weight(rng.standard_normal(length), length)
+    dram[base["w"]:base["w"] + 4 * length] = w.astype("<i4").view(np.uint8)
+    runs = [make_backend("model", CFG).run(fuse_words(CFG, parts, o), dram.copy())
+            for o in (False, True)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+
+
 def _fused_parts_of_tiny_model(monkeypatch) -> list[list[np.ndarray]]:
     """The parts of every fused program of a compiled tiny model (prefill and decode), as
     the compiler hands them to :func:`fuse_parts`."""
