@@ -565,11 +565,11 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
             acc = 4 * part.rows * part.length
             work = [work[0] + acc + 4 * part.length + 4 * part.rows, work[1] + acc, work[2]]
     try:
-        fused, starts = fuse_parts(cfg, words)
+        fused, places = fuse_parts(cfg, words)
     except LoweringError:
         return False
     # a ROPE part's table LOADs, as words of the fused program: the runtime sets them per step
-    position_rows = tuple(starts[k] + i for k, rows in tables for i in rows)
+    position_rows = tuple(places[k][i] for k, rows in tables for i in rows)
     key = tuple(key)
     if key not in templates:
         templates[key] = (len(templates), None)

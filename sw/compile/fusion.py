@@ -31,7 +31,26 @@ and no datapath joins the two). Each part's events are those of its own schedule
 two parts the LOAD engine waits, with SYNCs, on every event the earlier part signalled and
 never waited on (its last ``STORED`` / ``FREE`` signals: :func:`fuse_words`). That consumes
 them, so the next part starts from counters at 0 as it would alone, and orders its loads
-after the earlier part's stores. The host reads every part's results back after the run
+after the earlier part's stores.
+
+The LOADs that do not need the drain go before those SYNCs (:func:`hoistable`,
+:func:`fuse_parts`): of the next part's leading LOAD-engine words without a wait (the first
+that waits reuses a scratchpad half, so prefetching stays within the double buffering), each
+LOAD whose DRAM source no STORE of the part before writes, whose scratchpad beats that part
+does not load (a part reads only what its own LOADs put there) and whose scratchpad beats no
+LOAD it overtakes writes -- a GEMM's first two weight tiles after a REQUANT, a DEQUANT's
+channel words and ``amax`` beats after the GEMM. Consecutive vector parts load the same VIN
+beats (every template starts at 0), so a vector part's VIN moves above the beats the part
+before loads, where it fits and lets more LOADs go: a DEQUANT after another, or a ROPE after
+a DEQUANT, then loads its rows while the VEC before it runs. The moved LOADs leave their
+signals behind; the LOAD engine, in order, raises each at the moved LOAD's place after the
+SYNCs (on the LOAD-engine word before that place, or on a SYNC of its own), so a consumer is
+granted only once every load before that place, the moved ones included, has landed, and no
+event is signalled before the boundary: the events run as in the drained program, and the
+DRAM results are its (tests/sw/compile/test_fusion.py). The weights then stream while the
+part before computes and drains.
+
+The host reads every part's results back after the run
 (the graph's values of its nodes: a linear's as the Q15.16 rows its DEQUANT parts wrote),
 and adds a residual as unfused.
 
@@ -49,8 +68,8 @@ runs the program at the first node and reads the later nodes' results back at th
 A ``rope`` node reads q or k through layout nodes (``view``, ``transpose``) of the q/k/v
 linear's output, whose rows are already ROPE's rows (one token's heads side by side): it
 joins a chain that holds those DEQUANT rows (:func:`row_aliases`). Its table LOADs stay
-run-time parameters: the fused program lists them (:func:`fuse_parts` gives each part's
-first word) and the runtime points them at the step's position as for the node alone.
+run-time parameters: the fused program lists them (:func:`fuse_parts` gives where each
+part's words lie) and the runtime points them at the step's position as for the node alone.
 In a decoder this chains a block's ``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and
 the next block's ``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final
 norm). A chain that does
@@ -66,16 +85,23 @@ import numpy as np
 import torch
 
 from hw.config import AcceleratorConfig
+from hw.engines import engines_fields
 from hw.isa import (
     NO_EVENT,
     End,
     Engine,
+    Instr,
+    Load,
     Opcode,
+    Spad,
     Sync,
+    Vec,
     VecFunc,
+    decode,
     decode_fields,
     field_location,
     program_words,
+    vec_reads_amax,
 )
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
@@ -86,8 +112,8 @@ from sw.compile.vector import VectorOp, row_bytes
 
 __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
            "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "part_buffers",
-           "part_constants", "fuse_words", "fuse_parts", "row_aliases", "VECTOR_EVENTS",
-           "vector_events"]
+           "part_constants", "fuse_words", "fuse_parts", "hoistable", "row_aliases",
+           "VECTOR_EVENTS", "vector_events"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -302,19 +328,163 @@ def _left_over(words: np.ndarray) -> dict[int, int]:
     return {e: n for e, n in sorted(count.items()) if n}
 
 
-def fuse_words(cfg: AcceleratorConfig, parts: Sequence[np.ndarray]) -> np.ndarray:
+def _dram_extent(f: Mapping[str, np.ndarray], i: int) -> tuple[int, int]:
+    """The DRAM beats ``[first, last + 1)`` DMA instruction ``i`` of fields ``f`` spans
+    (its rows and the gaps between them)."""
+    first = int(f["dma.dram_addr"][i])
+    return first, first + (int(f["dma.rows"][i]) - 1) * int(f["dma.dram_stride"][i]) \
+        + int(f["dma.row_beats"][i])
+
+
+def _spad_extent(f: Mapping[str, np.ndarray], i: int) -> tuple[int, int, int]:
+    """The scratchpad and its beats ``[first, last + 1)`` DMA instruction ``i`` of fields
+    ``f`` writes or reads (its rows are contiguous there)."""
+    first = int(f["dma.spad_addr"][i])
+    return int(f["dma.spad"][i]), first, first + int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
+    """The words of a part (``words``, END dropped) that may run before the part ``before``
+    it (END dropped) has drained, ahead of the SYNCs between the two (:func:`fuse_parts`):
+    the LOADs of the part's leading run of LOAD-engine words without a wait (up to its first
+    word on the LOAD engine that waits: a LOAD into a buffer half an earlier GEMM or VEC of
+    the part may still read, so prefetching never runs deeper than the scratchpads' double
+    buffering) whose
+
+    * DRAM source no STORE of ``before`` writes (the extents of the rows, gaps included),
+    * scratchpad beats no LOAD of ``before`` writes (a part reads only what its own LOADs put
+      in a scratchpad, so no instruction of ``before`` reads beats it does not load), and
+    * scratchpad beats no LOAD of the part before it (which stays after the SYNCs) writes.
+
+    A LOAD that the runtime points elsewhere per step (a ROPE's table rows) reads the rotary
+    table, a constant no part writes. Returns their indices in ``words``, in order.
+    """
+    f, prev = decode_fields(words), decode_fields(before)
+    eng = engines_fields(f)
+    busy = _loaded(prev)
+    stores = [_dram_extent(prev, i) for i in np.flatnonzero(prev["opcode"]
+                                                           == Opcode.STORE.value).tolist()]
+    staying: list[tuple[int, int, int]] = []
+    out = []
+    for i in np.flatnonzero(eng == Engine.LOAD.value).tolist():
+        if int(f["wait"][i]) != NO_EVENT:
+            break
+        if int(f["opcode"][i]) != Opcode.LOAD.value:
+            continue  # a SYNC without a wait: stays, signalling after the LOADs before it
+        spad, lo, hi = _spad_extent(f, i)
+        src = _dram_extent(f, i)
+        if any(s == spad and _overlap((lo, hi), (a, b)) for s, a, b in busy + staying) or any(
+                _overlap(src, s) for s in stores):
+            staying.append((spad, lo, hi))
+        else:
+            out.append(i)
+    return out
+
+
+def _loaded(f: Mapping[str, np.ndarray]) -> list[tuple[int, int, int]]:
+    """The scratchpad extents (:func:`_spad_extent`) of the LOADs of fields ``f``."""
+    return [_spad_extent(f, i) for i in np.flatnonzero(f["opcode"] == Opcode.LOAD.value).tolist()]
+
+
+def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
+               ) -> np.ndarray | None:
+    """A vector part's ``words`` (END dropped) with its VIN moved above the VIN beats the part
+    ``before`` it loads, where its own LOADs into VIN overlap those and the moved ones fit
+    (else None): every LOAD into VIN ``top`` beats higher (``top``: the end of ``before``'s
+    highest), and every VEC's operand rows (``a_addr``, ``b_addr``) and ``amax`` word
+    (:func:`hw.isa.vec_reads_amax`: DEQUANT's ``imm``) as many elements higher. The part
+    reads only what its LOADs put in VIN, so it computes what it did; its VOUT stays, as its
+    VECs start only after the boundary (:func:`fuse_parts`)."""
+    vin = Spad.VIN.value
+    mine = [(a, b) for s, a, b in _loaded(decode_fields(words)) if s == vin]
+    theirs = [(a, b) for s, a, b in _loaded(decode_fields(before)) if s == vin]
+    if not mine or not theirs or not any(_overlap(m, t) for m in mine for t in theirs):
+        return None
+    top, end = max(b for _, b in theirs), max(b for _, b in mine)
+    if top + end > cfg.spad_beats("vin"):
+        return None
+    per = cfg.beat_bytes // cfg.vin_word_bytes
+    out = []
+    for w in words:
+        ins = _instr(w)
+        if isinstance(ins, Load) and ins.spad == Spad.VIN:
+            ins = replace(ins, spad_addr=ins.spad_addr + top)
+        elif isinstance(ins, Vec):
+            ins = replace(ins, a_addr=ins.a_addr + top * per, b_addr=ins.b_addr + top * per,
+                          imm=ins.imm + top * per * int(vec_reads_amax(ins.func.value)))
+        out.append(ins)
+    return program_words(out)
+
+
+def _instr(word: np.ndarray) -> Instr:
+    """The instruction of one ``uint64 [2]`` word."""
+    return decode(int(word[0]) | int(word[1]) << 64)
+
+
+def _join(syncs: list[Instr], words: np.ndarray, hoisted: Sequence[int]
+          ) -> tuple[list[np.ndarray], list[int]]:
+    """A part's ``words`` after the boundary ``syncs``, its ``hoisted`` words before them:
+    the hoisted LOADs without their signals, each signal raised instead at the hoisted
+    word's place on the LOAD engine (on the LOAD-engine word before it there if that one
+    signals nothing, else on a SYNC of its own), so every event is signalled in the same
+    order as the part alone signals it, and never before the boundary. Returns the words
+    (the hoisted, the boundary and the part's) as ``uint64 [n, 2]`` blocks, and where each
+    word of the part lands, counted from the first hoisted word."""
+    f = decode_fields(words)
+    eng = engines_fields(f)
+    moved = set(hoisted)
+    head = [replace(_instr(words[i]), signal=None) for i in hoisted]
+    tail: list[Instr | np.ndarray] = list(syncs)
+    last = len(tail) - 1 if syncs else None   # the last LOAD-engine word after the boundary
+    place = [0] * words.shape[0]
+    for k, i in enumerate(hoisted):
+        place[i] = k
+    for i in range(words.shape[0]):
+        if i not in moved:
+            if eng[i] == Engine.LOAD.value:
+                last = len(tail)
+            place[i] = len(head) + len(tail)
+            tail.append(words[i:i + 1])
+            continue
+        signal = int(f["signal"][i])
+        if signal == NO_EVENT:
+            continue
+        target = None if last is None else tail[last]
+        word = target if isinstance(target, Instr) else \
+            None if target is None else _instr(target[0])
+        if word is not None and word.signal is None:
+            tail[last] = replace(word, signal=signal)
+        else:
+            last = len(tail)
+            tail.append(Sync(engine=Engine.LOAD, signal=signal))
+    blocks = [program_words(head)] if head else []
+    blocks += [t if isinstance(t, np.ndarray) else program_words([t]) for t in tail]
+    return blocks, place
+
+
+def fuse_words(cfg: AcceleratorConfig, parts: Sequence[np.ndarray],
+               overlap: bool = True) -> np.ndarray:
     """:func:`fuse_parts`' program."""
-    return fuse_parts(cfg, parts)[0]
+    return fuse_parts(cfg, parts, overlap)[0]
 
 
-def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray]
-               ) -> tuple[np.ndarray, tuple[int, ...]]:
+def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool = True
+               ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
     """One program of the encoded programs ``parts`` (each ``uint64 [n, 2]``, END last), run
     one after the other: each part's END dropped and, before the next part, one SYNC on the
     LOAD engine per signal the part left unconsumed (which drains the counters and orders the
     next part's loads after every completion those signals report); END once at the end.
-    Returns the program and, per part, the index of its first word in it (word ``i`` of
-    part ``k`` is word ``starts[k] + i``).
+    With ``overlap``, the next part's :func:`hoistable` LOADs go before those SYNCs, without
+    their signals, which the LOAD engine raises at their places after the SYNCs (on the
+    LOAD-engine word before, or on a SYNC of their own), so they stream while the part
+    before drains and the events run as without them; a vector part whose VIN beats collide
+    with the part before's moves its VIN above them first (:func:`_vin_moved`), where that
+    lets more of its LOADs go.
+    Returns the program and, per part, where each of its words (END aside) lies in it.
 
     Raises
     ------
@@ -328,7 +498,8 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray]
     if cfg.num_events < used:
         raise LoweringError(f"a fused program uses {used} events, the accelerator has "
                             f"num_events={cfg.num_events}")
-    out, starts, at = [], [], 0
+    out, places, placed, at = [], [], [], 0
+    syncs: list[Instr] = []
     for k, words in enumerate(parts):
         ops = decode_fields(words[-1:])["opcode"] if words.shape[0] else np.zeros(0)
         if ops.size == 0 or int(ops[-1]) != Opcode.END.value:
@@ -336,23 +507,26 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray]
         if (decode_fields(words)["opcode"] == Opcode.REPEAT.value).any():
             # the events a part leaves over are counted word by word, not per iteration
             raise LoweringError(f"fused part {k} holds a hardware loop (REPEAT)")
-        out.append(words[:-1])
-        starts.append(at)
-        at += words.shape[0] - 1
-        if k + 1 < len(parts):
-            left = _left_over(words[:-1])
-            if any(n < 0 for n in left.values()):
-                raise LoweringError(f"fused part {k} waits on events it never signals: {left}")
-            syncs = [Sync(engine=Engine.LOAD, wait=e) for e, n in left.items() for _ in range(n)]
-            if syncs:
-                out.append(program_words(syncs))
-                at += len(syncs)
+        body = words[:-1]
+        hoisted = hoistable(placed[-1], body) if overlap and k else []
+        moved = _vin_moved(cfg, placed[-1], body) if overlap and k else None
+        if moved is not None and len(more := hoistable(placed[-1], moved)) > len(hoisted):
+            body, hoisted = moved, more
+        placed.append(body)
+        blocks, place = _join(syncs, body, hoisted)
+        out += blocks
+        places.append(tuple(at + p for p in place))
+        at += sum(b.shape[0] for b in blocks)
+        left = _left_over(body)
+        if any(n < 0 for n in left.values()):
+            raise LoweringError(f"fused part {k} waits on events it never signals: {left}")
+        syncs = [Sync(engine=Engine.LOAD, wait=e) for e, n in left.items() for _ in range(n)]
     out.append(program_words([End()]))
     words = np.concatenate(out).astype(np.uint64)
     if words.shape[0] > cfg.imem_depth:
         raise LoweringError(f"the fused program needs {words.shape[0]} instructions and the "
                             f"instruction memory holds {cfg.imem_depth}")
-    return words, tuple(starts)
+    return words, tuple(places)
 
 
 @dataclass(frozen=True)

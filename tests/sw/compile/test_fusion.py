@@ -1,12 +1,27 @@
 """Fused programs (sw/compile/fusion.py): the REQUANT part writes the host's INT8 rows, and
 parts joined by :func:`fuse_words` run as they would one after the other."""
 
+import dataclasses
+
 import numpy as np
 import pytest
-from compile_testutil import SMALL
+from compile_testutil import SMALL, compressed, tiny_lm
 
 from hw.config import MemoryModel
-from hw.isa import Engine, Sync, VecFunc, check, decode_program
+from hw.isa import (
+    End,
+    Engine,
+    Gemm,
+    Load,
+    Spad,
+    Store,
+    Sync,
+    Vec,
+    VecFunc,
+    check,
+    decode_program,
+    program_words,
+)
 from hw.numerics import (
     dequant_channels,
     norm_eps,
@@ -18,8 +33,16 @@ from hw.numerics import (
     vec_rmsnorm,
 )
 from sim.backends import make_backend
+from sw.compile import CompileOptions, compile_model, compiler
 from sw.compile.errors import LoweringError
-from sw.compile.fusion import VECTOR_EVENTS, fuse_parts, fuse_words, row_aliases, vector_events
+from sw.compile.fusion import (
+    VECTOR_EVENTS,
+    fuse_parts,
+    fuse_words,
+    hoistable,
+    row_aliases,
+    vector_events,
+)
 from sw.compile.ir import Graph, Node, TensorType
 from sw.compile.relocation import (
     lower_argmax_template,
@@ -28,11 +51,13 @@ from sw.compile.relocation import (
     lower_vector_template,
     relocate,
 )
-from sw.compile.schedule import amax_place
+from sw.compile.schedule import EVENTS, amax_place
 from sw.compile.vector import vector_op
 
 CFG = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024,
                     memory=MemoryModel(size_bytes=1 << 16))
+#: SMALL with a vector engine (tests/sw/runtime/test_vector_nodes.py's).
+VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
 
 
 class _Op:
@@ -178,20 +203,239 @@ def test_argmax_part_writes_each_rows_first_maximum(seed):
         assert got[i, 1] == x[i].max(), i
 
 
+def _same_but_signal(a, b) -> bool:
+    """Instructions ``a`` and ``b`` are equal but for their signal events."""
+    return dataclasses.replace(a, signal=None) == dataclasses.replace(b, signal=None)
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_fuse_parts_gives_each_parts_first_word(seed):
-    """Random vector parts fused: word ``i`` of part ``k`` (END aside) is word
-    ``starts[k] + i`` of the program, whatever SYNCs lie between the parts."""
+def test_fuse_parts_says_where_each_parts_words_are(seed):
+    """Random vector and GEMM-like parts fused: word ``i`` of part ``k`` (END aside) is word
+    ``places[k][i]`` of the program, as it was but for its signal, in order but for the
+    hoisted words (which lie before the part's other words); the drained program keeps
+    every part's words in one block."""
     rng = np.random.default_rng(seed)
     parts = []
-    for _ in range(int(rng.integers(1, 4))):
-        rows, length = int(rng.integers(1, 9)), int(rng.integers(1, 40))
-        t = lower_vector_template(CFG, VecFunc.ADD, rows, length, second=True)
-        parts.append(vector_events(t.words))
-    words, starts = fuse_parts(CFG, parts)
-    assert np.array_equal(words, fuse_words(CFG, parts)) and len(starts) == len(parts)
-    for p, s in zip(parts, starts, strict=True):
-        assert np.array_equal(words[s:s + p.shape[0] - 1], p[:-1])
+    for _ in range(int(rng.integers(2, 5))):
+        if rng.integers(2):
+            rows, length = int(rng.integers(1, 9)), int(rng.integers(1, 40))
+            t = lower_vector_template(CFG, VecFunc.ADD, rows, length, second=True)
+            parts.append(vector_events(t.words))
+        else:
+            parts.append(_gemm_like(int(rng.integers(2, 6)), dram=int(rng.integers(0, 64))))
+    for overlap in (False, True):
+        words, places = fuse_parts(CFG, parts, overlap)
+        assert np.array_equal(words, fuse_words(CFG, parts, overlap)) and len(places) == len(parts)
+        program = _program(words)
+        for k, (p, at) in enumerate(zip(parts, places, strict=True)):
+            mine = _program(p)[:-1]
+            assert len(at) == len(mine) and len(set(at)) == len(at)
+            assert all(_same_but_signal(program[j], ins) for j, ins in zip(at, mine, strict=True))
+            hoisted = hoistable(parts[k - 1][:-1], p[:-1]) if overlap and k else []
+            rest = [j for i, j in enumerate(at) if i not in hoisted]
+            assert rest == sorted(rest) and all(at[i] < min(rest, default=len(words))
+                                                for i in hoisted)
+            if not overlap:
+                assert list(at) == list(range(at[0], at[0] + len(mine)))
+
+
+def _program(words):
+    return decode_program(words.astype("<u8").view(np.uint8).reshape(-1))
+
+
+#: Beats of one OUT row of int32 accumulators on CFG.
+OUT_ROW = 4 * CFG.lanes // CFG.beat_bytes
+
+
+def _gemm_like(tiles: int, dram: int = 0, spad: Spad = Spad.WGT) -> np.ndarray:
+    """A linear program's shape (:func:`sw.compile.schedule.schedule_layers`, one resident
+    token): the activations (from DRAM beat ``dram``), then per GEMM its weights into a half
+    of ``spad``, the GEMMs and their stores; a load reusing a half waits for the store of the
+    GEMM that read it."""
+    ev = EVENTS
+    out = [Load(spad=Spad.ACT, dram_addr=dram, rows=1, row_beats=2)]
+
+    def weights(i):
+        h = i % 2
+        out.append(Load(spad=spad, spad_addr=8 * h, dram_addr=1000 + 8 * i, rows=1,
+                        row_beats=8, wait=ev[f"STORED{h}"] if i >= 2 else None,
+                        signal=ev[f"FULL{h}"]))
+    weights(0)
+    for i in range(tiles):
+        h = i % 2
+        if i + 1 < tiles:
+            weights(i + 1)
+        out.append(Gemm(wgt_addr=8 * h, k_steps=1, out_addr=OUT_ROW * h,
+                        wait=ev[f"FULL{h}"], signal=ev[f"OUT_FULL{h}"]))
+        out.append(Store(spad=Spad.OUT, spad_addr=OUT_ROW * h, dram_addr=2000 + OUT_ROW * i,
+                         rows=1, row_beats=OUT_ROW, wait=ev[f"OUT_FULL{h}"],
+                         signal=ev[f"STORED{h}"]))
+    return program_words(out + [End()])
+
+
+def _vector_part(y: int) -> np.ndarray:
+    """A one-task vector part (events renamed) storing its row at DRAM beat ``y``."""
+    ev = EVENTS
+    return vector_events(program_words([
+        Load(spad=Spad.VIN, dram_addr=0, rows=1, row_beats=2, signal=ev["FULL0"]),
+        Vec(func=VecFunc.ADD, length=4, wait=ev["FULL0"], signal=ev["OUT_FULL0"]),
+        Store(spad=Spad.VOUT, dram_addr=y, rows=1, row_beats=2, wait=ev["OUT_FULL0"],
+              signal=ev["STORED0"]),
+        End()]))
+
+
+def test_a_gemms_weights_stream_while_the_part_before_drains():
+    """A vector part then a GEMM-like part reading its row: the two leading weight LOADs
+    (no DRAM the vector part writes, a scratchpad it does not use) go before the SYNC, without
+    their signals; the activations' LOAD stays after it and raises the first weights' FULL,
+    a SYNC the second's; the third weight LOAD waits, so nothing after it moves."""
+    before, gemm = _vector_part(y=40), _gemm_like(4, dram=40)
+    assert hoistable(before[:-1], gemm[:-1]) == [1, 2]
+    words, places = fuse_parts(CFG, [before, gemm])
+    got = _program(words)
+    ev = EVENTS
+    assert [type(i).__name__ for i in got[:8]] == \
+        ["Load", "Vec", "Store", "Load", "Load", "Sync", "Load", "Sync"]
+    assert got[3].spad == got[4].spad == Spad.WGT and got[3].signal is got[4].signal is None
+    assert got[5] == Sync(engine=Engine.LOAD, wait=ev["STORED0"])
+    assert got[6].spad == Spad.ACT and got[6].signal == ev["FULL0"]
+    assert got[7] == Sync(engine=Engine.LOAD, signal=ev["FULL1"])
+    assert places[1][:3] == (6, 3, 4)
+    # activations the vector part does not write move too
+    assert hoistable(before[:-1], _gemm_like(4, dram=0)[:-1]) == [0, 1, 2]
+    # the vector part writes the first weights: they stay, the activations and the second
+    # weights (other DRAM and scratchpad beats) move
+    assert hoistable(_vector_part(y=1000)[:-1], gemm[:-1]) == [0, 2]
+    # ... and no LOAD into scratchpad beats it loads moves: VIN [0, 2), then ACT and WGT
+    assert hoistable(before[:-1], _gemm_like(4, dram=0, spad=Spad.VIN)[:-1]) == [0, 2]
+    assert hoistable(gemm[:-1], _gemm_like(4, dram=0)[:-1]) == []
+    for overlap in (False, True):  # the program runs, and the counters end at 0
+        r = make_backend("model", CFG).run(fuse_words(CFG, [before, gemm], overlap),
+                                           np.zeros(CFG.memory.size_bytes, np.uint8))
+        assert r.ok, r.error
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_independent_vector_part_loads_above_the_one_before(seed):
+    """Two RMSNorms of random rows (one task each), the second reading none of the first's
+    results: the second's VIN moves above the first's, its LOADs go before the SYNCs, and
+    both compute vec_rmsnorm on the fast model, the DRAM as the drained program's; a part
+    reading the first's results loads them after the SYNCs."""
+    rng = np.random.default_rng(seed)
+    length = int(rng.integers(8, 60))
+    row = _row_bytes(length)
+    eps = norm_eps(1e-5, length)
+    base = {"x": 0, "w": row, "y": 2 * row, "x2": 3 * row, "w2": 4 * row, "y2": 5 * row}
+
+    class _Second:
+        x, y, b, w, w_tile_stride = "x2", "y2", None, "w2", None
+
+    class _After:
+        x, y, b, w, w_tile_stride = "y", "y2", None, "w2", None
+    t = lower_vector_template(CFG, VecFunc.RMSNORM, 1, length, const=True, imm=eps)
+    first, second, after = (vector_events(relocate(t, base, [op], CFG.beat_bytes))
+                            for op in (_Op, _Second, _After))
+    words, places = fuse_parts(CFG, [first, second])
+    got = _program(words)
+    loads = [got[j] for j in places[1] if isinstance(got[j], Load)]
+    sync = next(j for j, ins in enumerate(got) if isinstance(ins, Sync))
+    assert all(places[1][i] < sync for i in hoistable(first[:-1], second[:-1]))
+    assert hoistable(first[:-1], second[:-1]) == []  # in place, the VIN beats collide
+    assert len(loads) == 2 and min(ld.spad_addr for ld in loads) >= 2 * -(-length // 4)
+    assert all(places[1][i] < sync for i, ins in enumerate(_program(second)[:-1])
+               if isinstance(ins, Load))
+    words, places = fuse_parts(CFG, [first, after])  # its rows stay after the drain
+    sync = next(j for j, ins in enumerate(_program(words)) if isinstance(ins, Sync))
+    reads_y = [i for i, ins in enumerate(_program(after)[:-1])
+               if isinstance(ins, Load) and ins.dram_addr == base["y"] // CFG.beat_bytes]
+    assert reads_y and all(places[1][i] > sync for i in reads_y)
+    dram = np.zeros(CFG.memory.size_bytes, np.uint8)
+    xs = [to_fixed(rng.standard_normal(length)) for _ in range(2)]
+    ws = [norm_weight(rng.standard_normal(length), length) for _ in range(2)]
+    for name, v in (("x", xs[0]), ("w", ws[0]), ("x2", xs[1]), ("w2", ws[1])):
+        dram[base[name]:base[name] + 4 * length] = v.astype("<i4").view(np.uint8)
+    runs = [make_backend("model", CFG).run(fuse_words(CFG, [first, second], o), dram.copy())
+            for o in (False, True)]
+    assert all(r.ok for r in runs) and np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[1].cycles < runs[0].cycles
+    for k, y in enumerate(("y", "y2")):
+        out = runs[1].dram[base[y]:base[y] + 4 * length].view("<i4")
+        assert np.array_equal(out, vec_rmsnorm(xs[k], ws[k], eps)), y
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_vector_chains_compute_what_drained_ones_do(seed):
+    """Random chains of RMSNorm and ADD parts (1 to 12 rows, so one task or several) over a
+    few DRAM row buffers, each reading and writing random ones (so a part reads an earlier
+    one's results, or not): overlapped and drained, the same DRAM at the end on the fast
+    model from random rows."""
+    rng = np.random.default_rng(seed)
+    length = int(rng.integers(8, 64))
+    row = _row_bytes(length)
+    rows_max = 12
+    bufs = [f"r{i}" for i in range(4)]
+    base = {name: i * rows_max * row for i, name in enumerate(bufs)}
+    base["w"] = len(bufs) * rows_max * row
+    parts = []
+    for _ in range(int(rng.integers(2, 6))):
+        rows = int(rng.integers(1, rows_max + 1))
+        x, b, y = (str(v) for v in rng.permutation(bufs)[:3])
+        add = bool(rng.integers(2))
+
+        class _Part:
+            w_tile_stride = None
+        _Part.x, _Part.y = x, y
+        _Part.b, _Part.w = (b, None) if add else (None, "w")
+        t = lower_vector_template(CFG, VecFunc.ADD if add else VecFunc.RMSNORM, rows, length,
+                                  second=add, const=not add,
+                                  imm=0 if add else norm_eps(1e-5, length))
+        parts.append(vector_events(relocate(t, base, [_Part], CFG.beat_bytes)))
+    dram = np.zeros(CFG.memory.size_bytes, np.uint8)
+    values = to_fixed(rng.standard_normal((len(bufs) * rows_max, row // 4)))
+    dram[:values.size * 4] = values.astype("<i4").view(np.uint8).reshape(-1)
+    w = norm_weight(rng.standard_normal(length), length)
+    dram[base["w"]:base["w"] + 4 * length] = w.astype("<i4").view(np.uint8)
+    runs = [make_backend("model", CFG).run(fuse_words(CFG, parts, o), dram.copy())
+            for o in (False, True)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+
+
+def _fused_parts_of_tiny_model(monkeypatch) -> list[list[np.ndarray]]:
+    """The parts of every fused program of a compiled tiny model (prefill and decode), as
+    the compiler hands them to :func:`fuse_parts`."""
+    seen = []
+
+    def spy(cfg, parts, *args):
+        seen.append([p.copy() for p in parts])
+        return fuse_parts(cfg, parts, *args)
+    monkeypatch.setattr(compiler, "fuse_parts", spy)
+    lm = tiny_lm()
+    compile_model(lm, VSMALL, CompileOptions(4, 6), weights=compressed(lm))
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_overlapped_fused_programs_compute_what_drained_ones_do(monkeypatch, seed):
+    """Every fused program of a compiled tiny model, with its parts overlapped and drained,
+    on the fast model from one random DRAM image: the same DRAM at the end (the model applies
+    every effect at its completion, so a hoisted LOAD that read before a STORE it depends on,
+    or overwrote a scratchpad still read, would show), never more cycles; and the GEMM parts'
+    weights did move."""
+    rng = np.random.default_rng(seed)
+    programs = _fused_parts_of_tiny_model(monkeypatch)
+    assert programs
+    moved = 0
+    model = make_backend("model", VSMALL)
+    for parts in programs:
+        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
+        runs = [model.run(fuse_words(VSMALL, parts, overlap), dram.copy())
+                for overlap in (False, True)]
+        assert all(r.ok for r in runs), [r.error for r in runs]
+        assert np.array_equal(runs[0].dram, runs[1].dram)
+        assert runs[1].cycles <= runs[0].cycles
+        moved += sum(len(hoistable(a[:-1], b[:-1])) for a, b in zip(parts, parts[1:], strict=False))
+    assert moved
 
 
 def _qkv_rope_graph(layout: list[tuple[str, dict, tuple]]) -> tuple[Graph, list]:
