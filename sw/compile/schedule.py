@@ -667,13 +667,14 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     ``"b"`` the ``amax`` words as :func:`schedule_requant` left them (``place``); ``"y"``
     the results, laid out as :func:`schedule_vector`'s. A task loads its rows' ``amax``
     beats (one LOAD, a beat per row) and then its accumulator rows into a VIN half; each row's
-    VEC reads its ``amax`` word (``imm``: its VIN address). Tasks alternate between the halves
-    with the events of :func:`schedule_vector`.
+    VEC reads its ``amax`` word (``imm``: its VIN address). A row too long for the halves is
+    cut into beat-aligned segments, one per task (:func:`_dequant_tasks`). Tasks alternate
+    between the halves with the events of :func:`schedule_vector`.
 
     Raises
     ------
     LoweringError
-        No vector engine, or one row does not fit a scratchpad half.
+        No vector engine, or the channel row and one beat of a row do not fit.
     """
     _require_vector(cfg)
     per, beat = _elems_per_beat(cfg), cfg.beat_bytes
@@ -683,34 +684,63 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
                             f"int32 words in whole {beat}-byte beats")
     in_half = (cfg.spad_beats("vin") - row_beats) // 2
     out_half = cfg.spad_beats("vout") // 2
-    m = min(in_half // (row_beats + 1), out_half // row_beats, rows)
-    if m < 1:
-        raise _no_fit(cfg, VecFunc.DEQUANT, length)
     acc_beats = acc_row_bytes // beat
+    tasks = _dequant_tasks(rows, row_beats, in_half, out_half)
+    if not tasks:
+        raise _no_fit(cfg, VecFunc.DEQUANT, length)
 
-    def load(task: tuple[int, int], h: int) -> _Emitted:
-        row, n = task
+    def load(t: _DequantTask, h: int) -> _Emitted:
         at = row_beats + h * in_half
-        return [(Load(spad=Spad.VIN, spad_addr=at, dram_addr=row * place.stride + place.beat,
-                      rows=n, row_beats=1, dram_stride=place.stride), (0, "b")),
-                (Load(spad=Spad.VIN, spad_addr=at + n, dram_addr=row * acc_beats, rows=n,
-                      row_beats=row_beats, dram_stride=acc_beats), (0, "x"))]
+        return [(Load(spad=Spad.VIN, spad_addr=at, dram_addr=t.row * place.stride + place.beat,
+                      rows=t.rows, row_beats=1, dram_stride=place.stride), (0, "b")),
+                (Load(spad=Spad.VIN, spad_addr=at + t.rows,
+                      dram_addr=t.row * acc_beats + t.start, rows=t.rows, row_beats=t.beats,
+                      dram_stride=acc_beats), (0, "x"))]
 
-    def vecs(task: tuple[int, int], h: int) -> _Emitted:
-        n = task[1]
+    def vecs(t: _DequantTask, h: int) -> _Emitted:
         at = row_beats + h * in_half
-        return [(Vec(func=VecFunc.DEQUANT, a_addr=(at + n + j * row_beats) * per, b_addr=0,
-                     dst_addr=(h * out_half + j * row_beats) * per, length=length,
-                     imm=(at + j) * per + place.elem), None) for j in range(n)]
+        n = min(t.beats * per, length - t.start * per)
+        return [(Vec(func=VecFunc.DEQUANT, a_addr=(at + t.rows + j * t.beats) * per,
+                     b_addr=t.start * per, dst_addr=(h * out_half + j * t.beats) * per,
+                     length=n, imm=(at + j) * per + place.elem), None)
+                for j in range(t.rows)]
 
-    def store_rows(task: tuple[int, int], h: int) -> _Emitted:
-        row, n = task
-        return [(Store(spad=Spad.VOUT, spad_addr=h * out_half, dram_addr=row * row_beats,
-                       rows=n, row_beats=row_beats, dram_stride=row_beats), (0, "y"))]
+    def store_rows(t: _DequantTask, h: int) -> _Emitted:
+        return [(Store(spad=Spad.VOUT, spad_addr=h * out_half,
+                       dram_addr=t.row * row_beats + t.start, rows=t.rows, row_beats=t.beats,
+                       dram_stride=row_beats), (0, "y"))]
 
     head = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=row_beats),
              (0, "w"))]
-    return _row_tasks(_row_chunks(rows, m), load, vecs, store_rows, head)
+    return _row_tasks(tasks, load, vecs, store_rows, head)
+
+
+class _DequantTask(NamedTuple):
+    """Rows ``row .. row + rows - 1`` of a DEQUANT, beats ``start .. start + beats - 1`` of
+    each (whole rows: ``start`` 0, ``beats`` a row's)."""
+
+    row: int
+    rows: int
+    start: int
+    beats: int
+
+
+def _dequant_tasks(rows: int, row_beats: int, in_half: int, out_half: int
+                   ) -> list[_DequantTask]:
+    """The tasks of a DEQUANT of ``rows`` rows of ``row_beats`` beats with VIN halves of
+    ``in_half`` beats (a row's ``amax`` beat and its accumulators) and VOUT halves of
+    ``out_half``: as many whole rows per task as both hold; else one row per task, cut into
+    segments of as many beats as both hold (DEQUANT is elementwise: each segment's VEC reads
+    its row's ``amax`` and the channel words from the segment's first). Empty: not even a
+    beat fits."""
+    m = min(in_half // (row_beats + 1), out_half // row_beats, rows)
+    if m >= 1:
+        return [_DequantTask(r, n, 0, row_beats) for r, n in _row_chunks(rows, m)]
+    seg = min(in_half - 1, out_half)
+    if seg < 1:
+        return []
+    return [_DequantTask(r, 1, e, min(seg, row_beats - e)) for r in range(rows)
+            for e in range(0, row_beats, seg)]
 
 
 def schedule_argmax(cfg: AcceleratorConfig, rows: int, length: int) -> Schedule:
