@@ -92,7 +92,7 @@ def test_a_fused_chain_equals_the_twin_where_activations_pass_256():
     """The fused chains read the residual stream, the down projection's DEQUANT rows and the
     norms' results on chip as the exact Q15.16 words; the host and the twin carry them as
     float64 (:func:`hw.numerics.from_fixed`), so they agree beyond 256 in magnitude too, where
-    float32 would round a word (SmolLM2's residual stream reaches about 25,000). The down
+    float32 would round a word (SmolLM2's residual stream goes far beyond). The down
     projections are scaled up so that the residual stream passes 256 in every step."""
     from hw.config import VECTOR_PRESET_SPADS
 
