@@ -528,9 +528,11 @@ def to_fixed(x: np.ndarray, frac: int = ACT_FRAC) -> np.ndarray:
 
 
 def from_fixed(q: np.ndarray, frac: int = ACT_FRAC) -> np.ndarray:
-    """The activation format to float32: ``float32(q * 2**-frac)`` (float64 product, exact;
-    then rounded to nearest even float32: exact while ``|q| < 2**24``)."""
-    return (np.asarray(q, dtype=np.int64).astype(np.float64) * 2.0 ** -frac).astype(np.float32)
+    """The activation format to float64: ``q * 2**-frac``, exact for every word (an int32
+    word has 31 significant bits, a float64 53), so ``to_fixed(from_fixed(q)) == q``: a
+    value that leaves the vector unit and comes back is the same word (float32 would round
+    from ``|q| >= 2**24`` on, 256.0 in Q15.16, which residual streams reach)."""
+    return np.asarray(q, dtype=np.int64).astype(np.float64) * 2.0 ** -frac
 
 
 def round_shift(v: np.ndarray, s: np.ndarray | int) -> np.ndarray:
@@ -918,8 +920,8 @@ def to_fixed_torch(x: torch.Tensor, frac: int = ACT_FRAC) -> torch.Tensor:
 
 
 def from_fixed_torch(q: torch.Tensor, frac: int = ACT_FRAC) -> torch.Tensor:
-    """Torch twin of :func:`from_fixed` (float32)."""
-    return (q.to(torch.float64) * 2.0 ** -frac).to(torch.float32)
+    """Torch twin of :func:`from_fixed` (float64, exact)."""
+    return q.to(torch.float64) * 2.0 ** -frac
 
 
 def round_shift_torch(v: torch.Tensor, s: torch.Tensor | int) -> torch.Tensor:
@@ -1114,9 +1116,12 @@ def vec_argmax_torch(x: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------- vector unit: the float interface
-# The model-level twin and the runtime hold activations as float32 tensors (the WIDE
-# epilogue's output). A vector op converts its float operands with to_fixed, computes
-# exactly, and returns from_fixed of the result: every value it writes is on the 2**-16 grid.
+# The model-level twin and the runtime hold activations as float tensors: float32 from the
+# float WIDE epilogue and the attention products, float64 from the vector unit. A vector op
+# converts its float operands with to_fixed, computes exactly, and returns from_fixed of the
+# result (float64: every value it writes is on the 2**-16 grid and the exact word, so a later
+# vector op -- or a fused program's later part, on chip -- reads the very word). A float host
+# op (a float LM head) reads such a value as float32.
 def rms_norm_vector(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of the last dimension with the vector unit's numerics (:func:`vec_rmsnorm`;
     the weight and epsilon as the unit holds them: :func:`norm_weight`, :func:`norm_eps`)."""
@@ -1324,7 +1329,7 @@ def vec_dequant(acc: np.ndarray, chan: np.ndarray, amax: np.ndarray) -> np.ndarr
 def dequant_output_vector(acc: np.ndarray, chan: np.ndarray, amax: np.ndarray) -> np.ndarray:
     """The WIDE epilogue as the vector unit computes it (the drop-in for
     :func:`dequant_output` with ``vector``): ``from_fixed(vec_dequant(acc, chan, amax))``,
-    float32."""
+    float64 (exact)."""
     return from_fixed(vec_dequant(acc, chan, amax))
 
 

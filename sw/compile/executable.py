@@ -50,7 +50,9 @@ from sw.models.config import LlamaConfig
 __all__ = ["Executable", "Program", "ProgramMember", "ProgramTable", "KVCachePlan",
            "IOBinding", "FORMAT_VERSION", "save", "load"]
 
-FORMAT_VERSION = 2
+#: The file format's version: a new one whenever a field is added, dropped or changes
+#: meaning (a reader refuses every other version, naming both).
+FORMAT_VERSION = 3
 _KEY = "nmfpga-executable"
 
 

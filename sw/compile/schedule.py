@@ -34,8 +34,9 @@ every address 0 the program is a template placed anywhere by :mod:`sw.compile.re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import NamedTuple, TypeVar
 
 from hw.config import AcceleratorConfig
 from hw.isa import (
@@ -357,6 +358,22 @@ class VectorTask(NamedTuple):
     length: int
 
 
+def _require_vector(cfg: AcceleratorConfig) -> None:
+    """LoweringError unless ``cfg`` has a vector engine."""
+    if not cfg.has_vector:
+        raise LoweringError("the configuration has no vector engine (vin_spad_bytes = 0)")
+
+
+def _no_fit(cfg: AcceleratorConfig, func: VecFunc, length: int,
+            other: str = "vout_spad_bytes") -> LoweringError:
+    """The error of a ``func`` row of ``length`` elements that no task holds (``other``: the
+    configuration field named beside ``vin_spad_bytes``)."""
+    article = "an" if func.name[0] in "AEIOU" else "a"
+    return LoweringError(f"{article} {func.name} row of {length} elements does not fit the "
+                         f"vector engine's scratchpad halves (vin_spad_bytes="
+                         f"{cfg.vin_spad_bytes}, {other}={getattr(cfg, other)})")
+
+
 def _elems_per_beat(cfg: AcceleratorConfig) -> int:
     return cfg.beat_bytes // cfg.vin_word_bytes
 
@@ -376,8 +393,7 @@ def vector_tasks(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int,
     LoweringError
         The configuration has no vector engine, or a row of a reducing sub-op does not fit.
     """
-    if not cfg.has_vector:
-        raise LoweringError("the configuration has no vector engine (vin_spad_bytes = 0)")
+    _require_vector(cfg)
     if int(vec_out_words(func.value, length)) != length:
         raise LoweringError(f"vector programs compute row-shaped sub-ops; {func.name} writes "
                             f"{int(vec_out_words(func.value, length))} elements per row of "
@@ -411,15 +427,77 @@ def rope_table_beats(cfg: AcceleratorConfig, imm: int) -> int:
     return -(-(head_dim // 2) // _elems_per_beat(cfg))
 
 
-def _double_buffered(n: int, load, run, store) -> None:
-    """Emit ``n`` tasks through two buffers: task ``i + 1``'s loads before task ``i``'s VECs
-    and store, so the LOAD engine fills one half while the vector engine works on the other."""
-    load(0)
-    for i in range(n):
-        if i + 1 < n:
-            load(i + 1)
-        run(i)
-        store(i)
+_T = TypeVar("_T")
+#: Instructions of one row task, each with the operand its DRAM address points into.
+_Emitted = list[tuple[Instr, Reloc | None]]
+
+
+def _row_tasks(tasks: Sequence[_T], load: Callable[[_T, int], _Emitted],
+               run: Callable[[_T, int], _Emitted], store: Callable[[_T, int], _Emitted],
+               head: Sequence[tuple[Instr, Reloc | None]] = ()) -> Schedule:
+    """One vector-engine program of row ``tasks`` through the two halves of VIN and VOUT.
+
+    ``head`` (a constant row's LOAD, loaded once below the halves) comes first. Task ``i``
+    uses half ``h = i % 2``; ``load(task, h)``, ``run(task, h)`` (its VECs) and
+    ``store(task, h)`` give its instructions without events, emitted so that task ``i + 1``'s
+    loads come before task ``i``'s VECs and stores (software pipelining: the LOAD engine
+    fills one half while the vector engine works on the other). The events
+    (:data:`EVENTS`) are set here: a task's first LOAD waits ``STORED{h}`` (from the third
+    task on: the half's earlier results have left) and its last signals ``FULL{h}``; its
+    first VEC waits ``FULL{h}`` and its last signals ``OUT_FULL{h}``; its first STORE waits
+    ``OUT_FULL{h}`` and its last signals ``STORED{h}``.
+    """
+    out: list[Instr] = [ins for ins, _ in head]
+    relocs: list[Reloc | None] = [reloc for _, reloc in head]
+
+    def emit(items: _Emitted, wait: int | None, signal: int) -> None:
+        for k, (ins, reloc) in enumerate(items):
+            out.append(replace(ins, wait=wait if k == 0 else None,
+                               signal=signal if k == len(items) - 1 else None))
+            relocs.append(reloc)
+
+    def loads(i: int) -> None:
+        h = i % 2
+        emit(load(tasks[i], h), EVENTS[f"STORED{h}"] if i >= 2 else None, EVENTS[f"FULL{h}"])
+
+    if tasks:
+        loads(0)
+    for i, task in enumerate(tasks):
+        h = i % 2
+        if i + 1 < len(tasks):
+            loads(i + 1)
+        emit(run(task, h), EVENTS[f"FULL{h}"], EVENTS[f"OUT_FULL{h}"])
+        emit(store(task, h), EVENTS[f"OUT_FULL{h}"], EVENTS[f"STORED{h}"])
+    return Schedule(out, relocs)
+
+
+def _row_chunks(rows: int, m: int) -> list[tuple[int, int]]:
+    """Tasks of at most ``m`` consecutive rows of ``rows``: ``(first row, rows)``."""
+    return [(r, min(m, rows - r)) for r in range(0, rows, m)]
+
+
+def _whole_rows(cfg: AcceleratorConfig, func: VecFunc, length: int, in_half: int,
+                out_half: int, pitch: int
+                ) -> tuple[Callable[[tuple[int, int], int], _Emitted],
+                           Callable[[tuple[int, int], int], _Emitted]]:
+    """The ``load`` and ``run`` of :func:`_row_tasks` for tasks ``(first row, rows)`` of one
+    operand, ``"x"``, rows of ``length`` elements in whole consecutive beats: one LOAD of the
+    task's rows into the half (``in_half`` beats each), one VEC of ``func`` per row, its
+    results ``pitch`` beats apart in the VOUT half (``out_half`` beats each)."""
+    per = _elems_per_beat(cfg)
+    beats = -(-length // per)
+
+    def load(task: tuple[int, int], h: int) -> _Emitted:
+        row, n = task
+        return [(Load(spad=Spad.VIN, spad_addr=h * in_half, dram_addr=row * beats, rows=n,
+                      row_beats=beats, dram_stride=beats), (0, "x"))]
+
+    def run(task: tuple[int, int], h: int) -> _Emitted:
+        return [(Vec(func=func, a_addr=(h * in_half + j * beats) * per,
+                     dst_addr=(h * out_half + j * pitch) * per, length=length), None)
+                for j in range(task[1])]
+
+    return load, run
 
 
 def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
@@ -442,9 +520,9 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
     :func:`schedule_layers`), so the LOAD engine fills one half while the vector engine
     reads the other.
     """
-    per, ev = _elems_per_beat(cfg), EVENTS
-    if len(ev) > cfg.num_events:
-        raise LoweringError(f"lowered programs use {len(ev)} events, the accelerator has "
+    per = _elems_per_beat(cfg)
+    if len(EVENTS) > cfg.num_events:
+        raise LoweringError(f"lowered programs use {len(EVENTS)} events, the accelerator has "
                             f"num_events={cfg.num_events}")
     if table and (func != VecFunc.ROPE or second or const):
         raise LoweringError(f"only a ROPE reads a rotary table, not {func.name}"
@@ -454,55 +532,38 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
     tasks, in_half, out_half = vector_tasks(cfg, func, rows, length, 2 if second else 1,
                                             const, t_beats)
     base = row_beats if const else 0
-    out: list[Instr] = []
-    relocs: list[Reloc | None] = []
 
-    def emit(ins: Instr, reloc: Reloc | None) -> None:
-        out.append(ins)
-        relocs.append(reloc)
-
-    if const:
-        emit(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=row_beats),
-             (0, "w"))
-
-    def loads(i: int) -> None:
-        t, h = tasks[i], i % 2
+    def loads(t: VectorTask, h: int) -> _Emitted:
         beats, offset = -(-t.length // per), t.start // per
-        wait = ev[f"STORED{h}"] if i >= 2 else None
         # (operand, VIN beats before it in the half, DRAM beats of a row, beats loaded)
         ops = [("x", 0, row_beats, beats)]
         if second:
             ops.append(("b", t.rows * beats, row_beats, beats))
         if table:  # the task's table rows, the table's rows in the same order as x's
             ops.append(("w", t.rows * beats, t_beats, t_beats))
-        for k, (name, at, stride, n) in enumerate(ops):
-            emit(Load(spad=Spad.VIN, spad_addr=base + h * in_half + at,
+        return [(Load(spad=Spad.VIN, spad_addr=base + h * in_half + at,
                       dram_addr=t.row * stride + (offset if name != "w" else 0), rows=t.rows,
-                      row_beats=n, dram_stride=stride, wait=wait if k == 0 else None,
-                      signal=ev[f"FULL{h}"] if k == len(ops) - 1 else None), (0, name))
+                      row_beats=n, dram_stride=stride), (0, name))
+                for name, at, stride, n in ops]
 
-    def vecs(i: int) -> None:
-        t, h = tasks[i], i % 2
+    def vecs(t: VectorTask, h: int) -> _Emitted:
         beats = -(-t.length // per)
         a0 = base + h * in_half
-        for j in range(t.rows):
-            b_addr = ((a0 + (t.rows + j) * beats) * per if second
-                      else (a0 + t.rows * beats + j * t_beats) * per if table
-                      else 0)  # const: row 0
-            emit(Vec(func=func, a_addr=(a0 + j * beats) * per, b_addr=b_addr,
-                     dst_addr=(h * out_half + j * beats) * per, length=t.length, imm=imm,
-                     wait=ev[f"FULL{h}"] if j == 0 else None,
-                     signal=ev[f"OUT_FULL{h}"] if j == t.rows - 1 else None), None)
+        return [(Vec(func=func, a_addr=(a0 + j * beats) * per,
+                     b_addr=((a0 + (t.rows + j) * beats) * per if second
+                             else (a0 + t.rows * beats + j * t_beats) * per if table
+                             else 0),  # const: row 0
+                     dst_addr=(h * out_half + j * beats) * per, length=t.length, imm=imm), None)
+                for j in range(t.rows)]
 
-    def store(i: int) -> None:
-        t, h = tasks[i], i % 2
-        emit(Store(spad=Spad.VOUT, spad_addr=h * out_half,
-                   dram_addr=t.row * row_beats + t.start // per, rows=t.rows,
-                   row_beats=-(-t.length // per), dram_stride=row_beats,
-                   wait=ev[f"OUT_FULL{h}"], signal=ev[f"STORED{h}"]), (0, "y"))
+    def store(t: VectorTask, h: int) -> _Emitted:
+        return [(Store(spad=Spad.VOUT, spad_addr=h * out_half,
+                       dram_addr=t.row * row_beats + t.start // per, rows=t.rows,
+                       row_beats=-(-t.length // per), dram_stride=row_beats), (0, "y"))]
 
-    _double_buffered(len(tasks), loads, vecs, store)
-    return Schedule(out, relocs)
+    head = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=row_beats),
+             (0, "w"))] if const else []
+    return _row_tasks(tasks, loads, vecs, store, head)
 
 
 class AmaxPlace(NamedTuple):
@@ -560,9 +621,8 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
     LoweringError
         No vector engine, or one row does not fit a scratchpad half.
     """
-    if not cfg.has_vector:
-        raise LoweringError("the configuration has no vector engine (vin_spad_bytes = 0)")
-    per, ev, beat = _elems_per_beat(cfg), EVENTS, cfg.beat_bytes
+    _require_vector(cfg)
+    per, beat = _elems_per_beat(cfg), cfg.beat_bytes
     if act_row_bytes % beat or act_row_bytes < length:
         raise LoweringError(f"int8 rows of {act_row_bytes} bytes cannot hold {length} codes "
                             f"in whole {beat}-byte beats")
@@ -574,52 +634,26 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
     m = min(in_half // in_beats, (out_half - full) // pitch + 1 if full <= out_half else 0,
             rows)
     if m < 1:
-        raise LoweringError(f"a REQUANT row of {length} elements does not fit the vector "
-                            f"engine's scratchpad halves (vin_spad_bytes={cfg.vin_spad_bytes}, "
-                            f"vout_spad_bytes={cfg.vout_spad_bytes})")
-    tasks = [(r, min(m, rows - r)) for r in range(0, rows, m)]
-    out: list[Instr] = []
-    relocs: list[Reloc | None] = []
+        raise _no_fit(cfg, VecFunc.REQUANT, length)
+    row_beats = act_row_bytes // beat
 
-    def emit(ins: Instr, reloc: Reloc | None) -> None:
-        out.append(ins)
-        relocs.append(reloc)
+    load, vecs = _whole_rows(cfg, VecFunc.REQUANT, length, in_half, out_half, pitch)
 
-    def load(i: int) -> None:
-        (row, n), h = tasks[i], i % 2
-        emit(Load(spad=Spad.VIN, spad_addr=h * in_half, dram_addr=row * in_beats, rows=n,
-                  row_beats=in_beats, dram_stride=in_beats,
-                  wait=ev[f"STORED{h}"] if i >= 2 else None,
-                  signal=ev[f"FULL{h}"]), (0, "x"))
-
-    def vecs(i: int) -> None:
-        (_, n), h = tasks[i], i % 2
+    def store_rows(task: tuple[int, int], h: int) -> _Emitted:
+        row, n = task
+        if place is None or not place.separate:
+            return [(Store(spad=Spad.VOUT, spad_addr=h * out_half, dram_addr=row * row_beats,
+                           rows=n, row_beats=store, dram_stride=row_beats), (0, "y"))]
+        out = []  # per row: its amax beat, then its codes
         for j in range(n):
-            emit(Vec(func=VecFunc.REQUANT, a_addr=(h * in_half + j * in_beats) * per,
-                     dst_addr=(h * out_half + j * pitch) * per, length=length,
-                     wait=ev[f"FULL{h}"] if j == 0 else None,
-                     signal=ev[f"OUT_FULL{h}"] if j == n - 1 else None), None)
+            at = h * out_half + j * pitch
+            out += [(Store(spad=Spad.VOUT, spad_addr=at + full - 1, dram_addr=row + j,
+                           rows=1, row_beats=1), (0, "b")),
+                    (Store(spad=Spad.VOUT, spad_addr=at, dram_addr=(row + j) * row_beats,
+                           rows=1, row_beats=store), (0, "y"))]
+        return out
 
-    def store_rows(i: int) -> None:
-        (row, n), h = tasks[i], i % 2
-        if place is not None and place.separate:  # per row: its amax beat, then its codes
-            for j in range(n):
-                at = h * out_half + j * pitch
-                emit(Store(spad=Spad.VOUT, spad_addr=at + full - 1, dram_addr=row + j,
-                           rows=1, row_beats=1, wait=ev[f"OUT_FULL{h}"] if j == 0 else None),
-                     (0, "b"))
-                emit(Store(spad=Spad.VOUT, spad_addr=at,
-                           dram_addr=(row + j) * (act_row_bytes // beat), rows=1,
-                           row_beats=store,
-                           signal=ev[f"STORED{h}"] if j == n - 1 else None), (0, "y"))
-            return
-        emit(Store(spad=Spad.VOUT, spad_addr=h * out_half,
-                   dram_addr=row * (act_row_bytes // beat), rows=n, row_beats=store,
-                   dram_stride=act_row_bytes // beat, wait=ev[f"OUT_FULL{h}"],
-                   signal=ev[f"STORED{h}"]), (0, "y"))
-
-    _double_buffered(len(tasks), load, vecs, store_rows)
-    return Schedule(out, relocs)
+    return _row_tasks(_row_chunks(rows, m), load, vecs, store_rows)
 
 
 def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_bytes: int,
@@ -633,66 +667,80 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     ``"b"`` the ``amax`` words as :func:`schedule_requant` left them (``place``); ``"y"``
     the results, laid out as :func:`schedule_vector`'s. A task loads its rows' ``amax``
     beats (one LOAD, a beat per row) and then its accumulator rows into a VIN half; each row's
-    VEC reads its ``amax`` word (``imm``: its VIN address). Tasks alternate between the halves
-    with the events of :func:`schedule_vector`.
+    VEC reads its ``amax`` word (``imm``: its VIN address). A row too long for the halves is
+    cut into beat-aligned segments, one per task (:func:`_dequant_tasks`). Tasks alternate
+    between the halves with the events of :func:`schedule_vector`.
 
     Raises
     ------
     LoweringError
-        No vector engine, or one row does not fit a scratchpad half.
+        No vector engine, or the channel row and one beat of a row do not fit.
     """
-    if not cfg.has_vector:
-        raise LoweringError("the configuration has no vector engine (vin_spad_bytes = 0)")
-    per, ev, beat = _elems_per_beat(cfg), EVENTS, cfg.beat_bytes
+    _require_vector(cfg)
+    per, beat = _elems_per_beat(cfg), cfg.beat_bytes
     row_beats = -(-length // per)
     if acc_row_bytes % beat or acc_row_bytes < length * 4:
         raise LoweringError(f"accumulator rows of {acc_row_bytes} bytes cannot hold {length} "
                             f"int32 words in whole {beat}-byte beats")
     in_half = (cfg.spad_beats("vin") - row_beats) // 2
     out_half = cfg.spad_beats("vout") // 2
+    acc_beats = acc_row_bytes // beat
+    tasks = _dequant_tasks(rows, row_beats, in_half, out_half)
+    if not tasks:
+        raise _no_fit(cfg, VecFunc.DEQUANT, length)
+
+    def load(t: _DequantTask, h: int) -> _Emitted:
+        at = row_beats + h * in_half
+        return [(Load(spad=Spad.VIN, spad_addr=at, dram_addr=t.row * place.stride + place.beat,
+                      rows=t.rows, row_beats=1, dram_stride=place.stride), (0, "b")),
+                (Load(spad=Spad.VIN, spad_addr=at + t.rows,
+                      dram_addr=t.row * acc_beats + t.start, rows=t.rows, row_beats=t.beats,
+                      dram_stride=acc_beats), (0, "x"))]
+
+    def vecs(t: _DequantTask, h: int) -> _Emitted:
+        at = row_beats + h * in_half
+        n = min(t.beats * per, length - t.start * per)
+        return [(Vec(func=VecFunc.DEQUANT, a_addr=(at + t.rows + j * t.beats) * per,
+                     b_addr=t.start * per, dst_addr=(h * out_half + j * t.beats) * per,
+                     length=n, imm=(at + j) * per + place.elem), None)
+                for j in range(t.rows)]
+
+    def store_rows(t: _DequantTask, h: int) -> _Emitted:
+        return [(Store(spad=Spad.VOUT, spad_addr=h * out_half,
+                       dram_addr=t.row * row_beats + t.start, rows=t.rows, row_beats=t.beats,
+                       dram_stride=row_beats), (0, "y"))]
+
+    head = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=row_beats),
+             (0, "w"))]
+    return _row_tasks(tasks, load, vecs, store_rows, head)
+
+
+class _DequantTask(NamedTuple):
+    """Rows ``row .. row + rows - 1`` of a DEQUANT, beats ``start .. start + beats - 1`` of
+    each (whole rows: ``start`` 0, ``beats`` a row's)."""
+
+    row: int
+    rows: int
+    start: int
+    beats: int
+
+
+def _dequant_tasks(rows: int, row_beats: int, in_half: int, out_half: int
+                   ) -> list[_DequantTask]:
+    """The tasks of a DEQUANT of ``rows`` rows of ``row_beats`` beats with VIN halves of
+    ``in_half`` beats (a row's ``amax`` beat and its accumulators) and VOUT halves of
+    ``out_half``: as many whole rows per task as both hold; else one row per task, cut into
+    segments of as many beats as both hold (DEQUANT is elementwise: each segment's VEC reads
+    its row's ``amax`` and the channel words from the segment's first). Empty: not even a
+    beat fits."""
     m = min(in_half // (row_beats + 1), out_half // row_beats, rows)
-    if m < 1:
-        raise LoweringError(f"a DEQUANT row of {length} elements does not fit the vector "
-                            f"engine's scratchpad halves (vin_spad_bytes={cfg.vin_spad_bytes}, "
-                            f"vout_spad_bytes={cfg.vout_spad_bytes})")
-    tasks = [(r, min(m, rows - r)) for r in range(0, rows, m)]
-    out: list[Instr] = []
-    relocs: list[Reloc | None] = []
-
-    def emit(ins: Instr, reloc: Reloc | None) -> None:
-        out.append(ins)
-        relocs.append(reloc)
-
-    emit(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=row_beats), (0, "w"))
-
-    def load(i: int) -> None:
-        (row, n), h = tasks[i], i % 2
-        at = row_beats + h * in_half
-        emit(Load(spad=Spad.VIN, spad_addr=at, dram_addr=row * place.stride + place.beat,
-                  rows=n, row_beats=1, dram_stride=place.stride,
-                  wait=ev[f"STORED{h}"] if i >= 2 else None), (0, "b"))
-        emit(Load(spad=Spad.VIN, spad_addr=at + n, dram_addr=row * (acc_row_bytes // beat),
-                  rows=n, row_beats=row_beats, dram_stride=acc_row_bytes // beat,
-                  signal=ev[f"FULL{h}"]), (0, "x"))
-
-    def vecs(i: int) -> None:
-        (_, n), h = tasks[i], i % 2
-        at = row_beats + h * in_half
-        for j in range(n):
-            emit(Vec(func=VecFunc.DEQUANT, a_addr=(at + n + j * row_beats) * per, b_addr=0,
-                     dst_addr=(h * out_half + j * row_beats) * per, length=length,
-                     imm=(at + j) * per + place.elem,
-                     wait=ev[f"FULL{h}"] if j == 0 else None,
-                     signal=ev[f"OUT_FULL{h}"] if j == n - 1 else None), None)
-
-    def store_rows(i: int) -> None:
-        (row, n), h = tasks[i], i % 2
-        emit(Store(spad=Spad.VOUT, spad_addr=h * out_half, dram_addr=row * row_beats,
-                   rows=n, row_beats=row_beats, dram_stride=row_beats,
-                   wait=ev[f"OUT_FULL{h}"], signal=ev[f"STORED{h}"]), (0, "y"))
-
-    _double_buffered(len(tasks), load, vecs, store_rows)
-    return Schedule(out, relocs)
+    if m >= 1:
+        return [_DequantTask(r, n, 0, row_beats) for r, n in _row_chunks(rows, m)]
+    seg = min(in_half - 1, out_half)
+    if seg < 1:
+        return []
+    return [_DequantTask(r, 1, e, min(seg, row_beats - e)) for r in range(rows)
+            for e in range(0, row_beats, seg)]
 
 
 def schedule_argmax(cfg: AcceleratorConfig, rows: int, length: int) -> Schedule:
@@ -710,43 +758,20 @@ def schedule_argmax(cfg: AcceleratorConfig, rows: int, length: int) -> Schedule:
         No vector engine, a beat narrower than two words, or a row that does not fit a VIN
         half.
     """
-    if not cfg.has_vector:
-        raise LoweringError("the configuration has no vector engine (vin_spad_bytes = 0)")
-    per, ev = _elems_per_beat(cfg), EVENTS
+    _require_vector(cfg)
+    per = _elems_per_beat(cfg)
     words = int(vec_out_words(VecFunc.ARGMAX.value, length))
     row_beats = -(-length // per)
     in_half, out_half = cfg.spad_beats("vin") // 2, cfg.spad_beats("vout") // 2
     m = min(in_half // row_beats, out_half, rows) if words <= per else 0
     if m < 1:
-        raise LoweringError(f"an ARGMAX row of {length} elements does not fit the vector "
-                            f"engine's scratchpad halves (vin_spad_bytes={cfg.vin_spad_bytes}, "
-                            f"beat_bytes={cfg.beat_bytes})")
-    tasks = [(r, min(m, rows - r)) for r in range(0, rows, m)]
-    out: list[Instr] = []
-    relocs: list[Reloc | None] = []
+        raise _no_fit(cfg, VecFunc.ARGMAX, length, 'beat_bytes')
 
-    def emit(ins: Instr, reloc: Reloc | None) -> None:
-        out.append(ins)
-        relocs.append(reloc)
+    load, vecs = _whole_rows(cfg, VecFunc.ARGMAX, length, in_half, out_half, 1)
 
-    def load(i: int) -> None:
-        (row, n), h = tasks[i], i % 2
-        emit(Load(spad=Spad.VIN, spad_addr=h * in_half, dram_addr=row * row_beats, rows=n,
-                  row_beats=row_beats, dram_stride=row_beats,
-                  wait=ev[f"STORED{h}"] if i >= 2 else None, signal=ev[f"FULL{h}"]), (0, "x"))
+    def store_rows(task: tuple[int, int], h: int) -> _Emitted:
+        row, n = task
+        return [(Store(spad=Spad.VOUT, spad_addr=h * out_half, dram_addr=row, rows=n,
+                       row_beats=1, dram_stride=1), (0, "y"))]
 
-    def vecs(i: int) -> None:
-        (_, n), h = tasks[i], i % 2
-        for j in range(n):
-            emit(Vec(func=VecFunc.ARGMAX, a_addr=(h * in_half + j * row_beats) * per,
-                     dst_addr=(h * out_half + j) * per, length=length,
-                     wait=ev[f"FULL{h}"] if j == 0 else None,
-                     signal=ev[f"OUT_FULL{h}"] if j == n - 1 else None), None)
-
-    def store_rows(i: int) -> None:
-        (row, n), h = tasks[i], i % 2
-        emit(Store(spad=Spad.VOUT, spad_addr=h * out_half, dram_addr=row, rows=n, row_beats=1,
-                   dram_stride=1, wait=ev[f"OUT_FULL{h}"], signal=ev[f"STORED{h}"]), (0, "y"))
-
-    _double_buffered(len(tasks), load, vecs, store_rows)
-    return Schedule(out, relocs)
+    return _row_tasks(_row_chunks(rows, m), load, vecs, store_rows)

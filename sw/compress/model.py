@@ -470,12 +470,14 @@ class HardwareLinear(nn.Module):
                              bias.detach().to(torch.float32).clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., in_features]`` float -> ``[..., out_features]`` in ``x``'s dtype."""
+        """``[..., in_features]`` float -> ``[..., out_features]`` in ``x``'s dtype (with
+        ``vector``: float64, the exact Q15.16 words of the vector unit's DEQUANT)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, layer expects "
                              f"{self.in_features}")
-        return golden_linear_torch(x, self.w_int, self.row_scale, self.acc_bits,
-                                   self.bias, self.vector).to(x.dtype)
+        y = golden_linear_torch(x, self.w_int, self.row_scale, self.acc_bits, self.bias,
+                                self.vector)
+        return y if self.vector else y.to(x.dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -19,15 +19,15 @@ from sw.models.cache import KVCache
 from sw.models.llama import DecoderLayer, RMSNorm, Rotary, SiLUGate
 
 __all__ = ["VectorRMSNorm", "VectorRotary", "VectorSiLUGate", "VectorDecoderLayer",
-           "use_vector_numerics"]
+           "HostLinear", "use_vector_numerics"]
 
 
 class VectorRMSNorm(RMSNorm):
     """:class:`~sw.models.llama.RMSNorm` on the vector unit (:func:`hw.numerics.vec_rmsnorm`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise the last dimension of ``x`` and scale it (float32 out, on the 2**-16
-        grid)."""
+        """Normalise the last dimension of ``x`` and scale it (float64 out: the exact
+        Q15.16 words)."""
         return rms_norm_vector(x, self.weight, self.eps)
 
 
@@ -46,6 +46,16 @@ class VectorSiLUGate(SiLUGate):
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """Elementwise ``silu(gate) * up``."""
         return silu_gate_vector(gate, up)
+
+
+class HostLinear(nn.Linear):
+    """A float ``nn.Linear`` of the host beside the vector unit (an uncompressed LM head): it
+    reads its input, the vector unit's exact float64 words, in its weight's dtype (float32),
+    as the runtime's host does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear`` of ``x`` in the weight's dtype."""
+        return super().forward(x.to(self.weight.dtype))
 
 
 class VectorDecoderLayer(DecoderLayer):
@@ -77,7 +87,10 @@ class VectorDecoderLayer(DecoderLayer):
 
 def use_vector_numerics(model: nn.Module) -> nn.Module:
     """Replace (in place) every RMSNorm, rotary embedding, SiLU gate and decoder block of
-    ``model`` by its vector-unit twin; returns ``model``. Parameters are shared, not copied.
+    ``model`` by its vector-unit twin, and every float ``nn.Linear`` left by a
+    :class:`HostLinear`; the caches it makes then hold float64 (``LlamaLM.cache_dtype``: the
+    keys and values are the vector unit's exact words). Returns ``model``. Parameters are
+    shared, not copied.
     """
     for name, mod in list(model.named_modules()):
         parent_name, _, attr = name.rpartition(".")
@@ -91,7 +104,13 @@ def use_vector_numerics(model: nn.Module) -> nn.Module:
             new = VectorSiLUGate()
         elif isinstance(mod, DecoderLayer) and not isinstance(mod, VectorDecoderLayer):
             new = VectorDecoderLayer(mod)
+        elif type(mod) is nn.Linear:
+            new = HostLinear(mod.in_features, mod.out_features, bias=mod.bias is not None,
+                             device="meta")
+            new.weight, new.bias = mod.weight, mod.bias
         else:
             continue
         setattr(parent, attr, new)
+    if hasattr(model, "cache_dtype"):  # keys and values as the vector unit wrote them
+        model.cache_dtype = torch.float64
     return model

@@ -290,11 +290,18 @@ class LlamaLM(nn.Module):
     Parameter names equal those of HF ``LlamaForCausalLM`` (``model.layers.0.self_attn.
     q_proj.weight``, ..., ``lm_head.weight``). With ``tie_word_embeddings`` the
     ``lm_head`` weight *is* the embedding parameter.
+
+    Attributes
+    ----------
+    cache_dtype : torch.dtype or None
+        The dtype of the caches :meth:`new_cache` makes (None: the weights'; the vector
+        unit's twin holds its exact float64 keys and values: :mod:`sw.compress.vector`).
     """
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config
+        self.cache_dtype: torch.dtype | None = None
         self.model = LlamaBackbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -367,10 +374,12 @@ class LlamaLM(nn.Module):
     def new_cache(
         self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None
     ) -> KVCache:
-        """Allocate an empty :class:`KVCache` on this model's device and dtype."""
+        """Allocate an empty :class:`KVCache` on this model's device, in ``dtype`` (default:
+        :attr:`cache_dtype`, else the weights')."""
         weight = self.model.embed_tokens.weight  # the head may be a hardware linear
         return KVCache(
-            self.config, batch_size, max_len, dtype=dtype or weight.dtype, device=weight.device
+            self.config, batch_size, max_len, dtype=dtype or self.cache_dtype or weight.dtype,
+            device=weight.device
         )
 
     def num_parameters(self) -> int:

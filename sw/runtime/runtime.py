@@ -14,8 +14,8 @@ scale + mask``, masked positions 0, and each row's valid positions into its VEC'
 a run-time parameter set in a copy of the program's words before the start; rope: q or k
 with a token's heads side by side, and the step's first position into the addresses of the
 LOADs that read the rows of the constant rotary table, likewise) and the
-epilogue reads the results back (``from_fixed``), so they equal the host kernels with the
-vector unit's numerics bit for bit. The parts of a fused program
+epilogue reads the results back (``from_fixed``: float64, the exact words), so they equal
+the host kernels with the vector unit's numerics bit for bit. The parts of a fused program
 (:mod:`sw.compile.fusion`) keep their prologues and epilogues, but the program runs once, at
 its first part's node, and the later parts' inputs are what it wrote on chip. The KV cache
 lives in accelerator memory: the op that appends to it (``OPS[op].kv_state``) writes the
@@ -48,7 +48,6 @@ import torch
 
 from hw.isa import field_location
 from hw.numerics import (
-    ACT_FRAC,
     add_vector,
     bias_to_acc,
     dequant_channels,
@@ -410,9 +409,6 @@ class Runtime:
                 self._run(phase, node, run, stats, words)
             t0 = time.perf_counter()
             outs, cycles_out = epilogue(self, node, args, env, program, state)
-            if program.fused_into is not None and self.exe.programs[run].parts[-1] != pid:
-                for y in outs:  # a later part reads it on chip
-                    _check_requant_input(node, y)
             wall += time.perf_counter() - t0
             stats.host.append(HostRun(node.name, f"{node.op}:io", wall, cycles_in + cycles_out))
             return outs
@@ -513,10 +509,9 @@ class Runtime:
             if self.values and m.dequant:
                 y = from_fixed_torch(torch.from_numpy(self._read_rows(
                     m.dequant, rows, m.dequant_row_bytes, m.n))).reshape(shape)
-                if m.argmax:  # (index, maximum) of each row, a beat apart
-                    index, top = self._read_rows(m.argmax, rows, self.exe.cfg.beat_bytes,
-                                                 2)[-1].tolist()
-                    self.argmax = _greedy_index(index, top)
+                if m.argmax:  # (index, maximum) of each row, a beat apart: the last index
+                    self.argmax = int(self._read_rows(m.argmax, rows, self.exe.cfg.beat_bytes,
+                                                      1)[-1, 0])
                     nbytes += 8 * rows
             elif self.values:
                 acc = self._read_rows(m.y, rows, m.out_row_bytes, m.n)
@@ -783,39 +778,11 @@ def _set_position(program: Program, past: int, beat_bytes: int,
     return words
 
 
-#: Magnitude below which a Q15.16 word read back as float32 is exact (24 significant bits).
-_EXACT_FLOAT = 2.0 ** (np.finfo(np.float32).nmant + 1 - ACT_FRAC)
-
-
-def _check_requant_input(node: Node, y: torch.Tensor) -> None:
-    """A fused program's later parts read an earlier part's Q15.16 rows on chip; the host
-    (and the model-level twin) computes from the float32 it reads back, the same value only
-    while every element is below :data:`_EXACT_FLOAT` in magnitude.
-
-    Raises
-    ------
-    RuntimeFault
-        An element is not, so the fused program's later parts may differ from the twin's.
-    """
-    if y.numel() and float(y.abs().max()) >= _EXACT_FLOAT:
-        raise RuntimeFault(f"node {node.name!r}: an output of magnitude "
-                           f"{float(y.abs().max())} >= {_EXACT_FLOAT} is not exact as float32, "
-                           "so the fused program's on-chip requantisation may differ from the "
-                           "host's; compile with CompileOptions(fuse_programs=False)")
-
-
-def _greedy_index(index: int, top: int) -> int | None:
-    """The greedy token an ARGMAX part found (the first maximum ``top``, a Q15.16 word, at
-    ``index``), or None where the host must pick it: the host (and the twin) takes
-    ``torch.argmax`` of the logits as float32, which holds every Q15.16 word below
-    :data:`_EXACT_FLOAT` in magnitude exactly, so the first maximum is the same index there;
-    from that magnitude on, two words may round to one float32 and the host's first maximum
-    may lie before the chip's."""
-    return index if abs(top) < _EXACT_FLOAT * 2.0 ** ACT_FRAC else None
-
-
 def _nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    """Bytes of ``tensors`` on the host link: a float64 activation (the vector unit's exact
+    Q15.16 word, :func:`hw.numerics.from_fixed`) is a 4-byte word there."""
+    return sum(t.numel() * (4 if t.dtype == torch.float64 else t.element_size())
+               for t in tensors if isinstance(t, torch.Tensor))
 
 
 def to_dict(s: StepStats) -> dict:

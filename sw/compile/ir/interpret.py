@@ -122,7 +122,9 @@ class Interpreter:
         self.params = params
         self.config = config
         self.numerics = numerics
-        self.cache = KVCache(config, 1, max_len)
+        # with vector numerics keys and values are the vector unit's exact float64 words
+        self.cache = KVCache(config, 1, max_len,
+                             dtype=torch.float64 if numerics.vector else torch.float32)
         self.tables = rotary_tables(config.head_dim, config.max_position_embeddings,
                                     config.rope_theta)
 

@@ -307,13 +307,18 @@ def rope_rows(x: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------- kernels
 def _linear_kernel(layer: LinearLayer, x: torch.Tensor, env: Env) -> torch.Tensor:
+    """A compressed layer with the accelerator's numerics (with ``vector``: float64 out, the
+    exact Q15.16 words of its DEQUANT), else the float layer (in its weight's dtype: a
+    vector op's float64 result is read as float32, :func:`hw.numerics.from_fixed`)."""
     bias = env.param(layer.bias) if layer.bias else None
     if layer.layer in env.numerics.weights:
         w_int, row_scale = env.numerics.int_weight(layer.layer)
         # a bias: the WIDE_BIAS epilogue's
-        return golden_linear_torch(x, w_int, row_scale, env.numerics.acc_bits,
-                                   bias, env.numerics.vector).to(x.dtype)
-    return F.linear(x, env.param(layer.weight), bias)
+        y = golden_linear_torch(x, w_int, row_scale, env.numerics.acc_bits, bias,
+                                env.numerics.vector)
+        return y if env.numerics.vector else y.to(x.dtype)
+    weight = env.param(layer.weight)
+    return F.linear(x.to(weight.dtype), weight, bias)
 
 
 def _linear(node: Node, args: list, env: Env) -> tuple:

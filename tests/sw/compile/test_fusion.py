@@ -120,15 +120,17 @@ def test_a_part_must_end_with_end_and_fit():
                    [t.words, t.words])
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 def test_requant_leaves_amax_for_a_dequant_part(seed):
     """REQUANT (``amax``) then DEQUANT of random accumulator rows, fused, through the fast
     model: the Q15.16 rows are vec_dequant with the amax vec_requant found, whether the INT8
-    rows hold the amax words or a buffer of their own does (both placements are drawn)."""
+    rows hold the amax words or a buffer of their own does (both placements are drawn), and
+    whether the DEQUANT takes whole rows per task or (seeds 6, 7: rows longer than a
+    scratchpad half) segments of one row."""
     rng = np.random.default_rng(seed)
     length = int(rng.integers(8, 100))
     rows = int(rng.integers(1, 6))
-    n = int(rng.integers(4, 60))
+    n = int(rng.integers(4, 60)) if seed < 6 else int(rng.integers(300, 480))
     beat = CFG.beat_bytes
     act_row = -(-(length + int(rng.integers(0, 2 * beat))) // beat) * beat
     if seed % 2:  # whole beats of codes: the rows hold no amax word
@@ -152,8 +154,11 @@ def test_requant_leaves_amax_for_a_dequant_part(seed):
     deq = relocate(lower_dequant_template(CFG, rows, n, acc_row, place), base, [_Deq],
                    CFG.beat_bytes)
     words = fuse_words(CFG, [vector_events(req), vector_events(deq)])
-    for ins in decode_program(words.astype("<u8").view(np.uint8).reshape(-1)):
+    program = decode_program(words.astype("<u8").view(np.uint8).reshape(-1))
+    for ins in program:
         check(ins, CFG)
+    deqs = [i for i in program if isinstance(i, Vec) and i.func == VecFunc.DEQUANT]
+    assert (len(deqs) > rows) == (seed >= 6)  # segments: more VECs than rows
     x = to_fixed(rng.standard_normal((rows, length)) * float(rng.choice([0.01, 1.0, 30.0])))
     if rows > 1:
         x[-1] = 0  # an all-zero row: amax 0
@@ -174,6 +179,17 @@ def test_requant_leaves_amax_for_a_dequant_part(seed):
         want_codes, amax = vec_requant(x[i])
         assert np.array_equal(codes[i, :length], want_codes), i
         assert np.array_equal(got[i], vec_dequant(acc[i], chan, amax)), i
+
+
+def test_a_dequant_refuses_a_row_whose_channel_words_leave_no_room():
+    """A DEQUANT keeps its channel row in VIN: with it there, each half must still hold a
+    row's amax beat and one beat of accumulators."""
+    per = CFG.beat_bytes // 4
+    vin = CFG.vin_spad_bytes // CFG.beat_bytes
+    place = amax_place(CFG, 16, 16)
+    lower_dequant_template(CFG, 2, (vin - 4) * per, 4 * (vin - 4) * per, place)
+    with pytest.raises(LoweringError, match="a DEQUANT row of .* does not fit"):
+        lower_dequant_template(CFG, 2, (vin - 3) * per, 4 * (vin - 3) * per, place)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -80,13 +80,19 @@ def test_argmax_after_the_head_picks_the_greedy_token_on_chip(logits):
         assert token == int(torch.argmax(step_logits[0, -1]))
 
 
-def test_the_chips_argmax_is_taken_only_where_float32_holds_the_logits_exactly():
-    """At a maximum of magnitude 256 or more two Q15.16 logits may round to one float32, and
-    the host's first maximum (the twin's) may differ from the chip's: the host picks there."""
-    from hw.numerics import ACT_FRAC
-    from sw.runtime.runtime import _greedy_index
+def test_logits_read_back_keep_every_q15_16_word_apart():
+    """The host reads a DEQUANT head's logits as float64 (from_fixed): two words never round
+    to one value, even from 256 on where float32 would merge neighbours, so the first maximum
+    the host finds (the twin's) is the chip's ARGMAX index."""
+    import numpy as np
+
+    from hw.numerics import ACT_FRAC, ACT_MAX, from_fixed, from_fixed_torch, to_fixed
 
     edge = 256 << ACT_FRAC
-    assert _greedy_index(3, 0) == 3 and _greedy_index(3, edge - 1) == 3
-    assert _greedy_index(3, -(edge - 1)) == 3
-    assert _greedy_index(3, edge) is None and _greedy_index(3, -edge) is None
+    words = np.array([edge, edge + 1, ACT_MAX - 1, ACT_MAX, -ACT_MAX, 1, 0])
+    got = from_fixed(words)
+    assert got.dtype == np.float64 and np.array_equal(to_fixed(got), words)
+    assert got[1] > got[0] and got[3] > got[2]
+    assert torch.equal(from_fixed_torch(torch.from_numpy(words)), torch.from_numpy(got))
+    tie = from_fixed(np.array([edge, edge + 1, edge + 1]))  # float32: all three one value
+    assert int(torch.argmax(torch.from_numpy(tie))) == 1

@@ -86,3 +86,31 @@ def test_reference_model_tokens_equal_the_vector_twin():
     gen = rt.generate(ids[0].tolist(), new)
     twin_out = generate(_twin(lm, ws), ids[0], new)
     assert gen.tokens == twin_out[prompt:].tolist()
+
+
+def test_a_fused_chain_equals_the_twin_where_activations_pass_256():
+    """The fused chains read the residual stream, the down projection's DEQUANT rows and the
+    norms' results on chip as the exact Q15.16 words; the host and the twin carry them as
+    float64 (:func:`hw.numerics.from_fixed`), so they agree beyond 256 in magnitude too, where
+    float32 would round a word (SmolLM2's residual stream goes far beyond). The down
+    projections are scaled up so that the residual stream passes 256 in every step."""
+    from hw.config import VECTOR_PRESET_SPADS
+
+    lm = tiny_lm()
+    with torch.no_grad():
+        for layer in lm.model.layers:
+            layer.mlp.down_proj.weight.mul_(2.0e5)
+    ws = compressed(lm)
+    cfg = SMALL.replace(**VECTOR_PRESET_SPADS)
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + STEPS), weights=ws)
+    assert any(len(p.parts) > 2 for p in exe.programs)  # chains, not only pairs
+    ids = _ids(lm, PROMPT + STEPS)
+    twin = _twin(lm, ws)
+    peak = []
+    twin.model.layers[0].register_forward_hook(
+        lambda m, i, out: peak.append(float(out.abs().max())))
+    want = twin_step_logits(twin, ids, PROMPT)
+    assert len(peak) == STEPS + 1 and 256 <= min(peak) and max(peak) < 32768, peak
+    got = _runtime_logits(Runtime(exe, make_backend("model", cfg), vector=True), ids, PROMPT)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
