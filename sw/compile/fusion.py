@@ -86,8 +86,8 @@ from sw.compile.vector import VectorOp, row_bytes
 
 __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
            "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "part_buffers",
-           "part_constants", "fuse_words", "fuse_parts", "row_aliases", "VECTOR_EVENTS",
-           "vector_events"]
+           "part_constants", "part_aliases", "scores_groups", "fuse_words", "fuse_parts",
+           "row_aliases", "VECTOR_EVENTS", "vector_events", "SCORES_AMAX"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -148,7 +148,10 @@ class DequantOp:
     ``row_bytes`` apart, as a vector program's), with the layer's channel words (symbol
     ``w``, one constant row: :func:`hw.numerics.dequant_channels` of its row scales) and the
     ``amax`` words its REQUANT part wrote (symbol ``b``, at ``place``); ``layer``: the
-    linear layer (module name) whose row scales the channel words hold."""
+    linear layer (module name) whose row scales the channel words hold. ``host``: the
+    channel words and ``amax`` words are the host's, written before each run (the scores':
+    :func:`scores_groups`); ``within``: ``y`` is the rows of another buffer from a byte
+    offset on (``(symbol, offset)``: :func:`sw.compile.symbols.within`)."""
 
     rows: int
     length: int
@@ -161,6 +164,8 @@ class DequantOp:
     y: str
     layer: str = ""
     w_tile_stride: None = None
+    host: bool = False
+    within: tuple[str, int] | None = None
 
     @property
     def signature(self) -> tuple:
@@ -277,7 +282,8 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
         if isinstance(p, RequantOp) and p.b is not None:
             out.append((p.b, p.rows * cfg.beat_bytes))
         elif isinstance(p, DequantOp):
-            out.append((p.y, p.data_bytes))
+            out += [(p.y, p.data_bytes)] if p.within is None else []
+            out += [(p.b, p.rows * cfg.beat_bytes)] if p.host else []
         elif isinstance(p, ArgmaxOp):
             out.append((p.y, p.rows * cfg.beat_bytes))
         elif isinstance(p, VectorOp):
@@ -287,8 +293,15 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
 
 def part_constants(parts: Sequence[Part]) -> list[tuple[str, int, DequantOp]]:
     """``(symbol, bytes, part)`` of the constant rows the DEQUANT ``parts`` read (their
-    channel words)."""
+    channel words; a ``host`` part's: the region the host writes them into)."""
     return [(p.w, p.row_bytes, p) for p in parts if isinstance(p, DequantOp)]
+
+
+def part_aliases(parts: Sequence[Part]) -> list[tuple[str, str, int, int]]:
+    """``(symbol, buffer, offset, bytes)`` of every part's results that lie inside another
+    buffer (a DEQUANT's ``within``)."""
+    return [(p.y, *p.within, p.data_bytes) for p in parts
+            if isinstance(p, DequantOp) and p.within is not None]
 
 
 def _left_over(words: np.ndarray) -> dict[int, int]:
@@ -536,4 +549,59 @@ def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = T
         elif current is not None:
             out.append(current.group())
         current = _Chain(cfg, work, unit, aliases or {}) if unit is not None else None
+    return out
+
+
+#: Where the host writes a scores DEQUANT's ``amax`` words: word 0 of a beat per row.
+SCORES_AMAX = AmaxPlace(True, 0, 0, 1)
+
+
+def _softmax_entry(work: Sequence[tuple], i: int) -> int | None:
+    """The entry of ``work`` of the softmax node that reads attention scores entry ``i``'s
+    output in the same phase and context bucket (None: none)."""
+    phase, node, bucket, _ = work[i]
+    for j, (ph, n, b, members) in enumerate(work):
+        if (ph, b) == (phase, bucket) and n.op == "softmax" and n.inputs[0] == node.outputs[0] \
+                and len(members) == 1 and isinstance(members[0], VectorOp):
+            return j
+    return None
+
+
+def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGroup]:
+    """The fused programs of attention's scores and softmax: per ``attn_scores`` entry of
+    ``work`` (``(phase, node, bucket, members)``) whose output one softmax entry of the same
+    phase and context bucket reads, the scores GEMM (one member per operand head), a DEQUANT
+    per member and the SOFTMAX.
+
+    A member's DEQUANT turns its integer scores (``G * T`` rows of the bucket's positions)
+    into the softmax's input rows on chip (:func:`hw.numerics.scores_vector`): its channel
+    words the key scales of its kv head with the softmax scale folded in
+    (:func:`sw.compile.symbols.score_channels`, one region per kv head the host writes as the
+    cache grows), its ``amax`` words the query rows' (written by the host with the INT8 rows,
+    :data:`SCORES_AMAX`), its results the member's rows of the softmax's input (``within``:
+    the members' rows in order are the softmax's, query head ``h`` of kv head ``h // G``, as
+    :func:`hw.numerics.group_rows` stacks them). The SOFTMAX's valid counts stay run-time
+    ``imm`` words the host sets."""
+    out = []
+    for i, (phase, node, bucket, members) in enumerate(work):
+        if node.op != "attn_scores" or bucket is None:
+            continue
+        j = _softmax_entry(work, i)
+        if j is None:
+            continue
+        vec = work[j][3][0]
+        if sum(m.plan.tokens for m in members) != vec.rows or any(
+                m.plan.n != vec.length for m in members):
+            continue
+        per = len(members) // node.attrs["kv_heads"]  # operand heads per kv head
+        deq, at = [], 0
+        for h, m in enumerate(members):
+            deq.append(DequantOp(m.plan.tokens, m.plan.n, m.plan.out_row_bytes, vec.row_bytes,
+                                 SCORES_AMAX, m.y,
+                                 symbols.score_channels(node.attrs["layer"], h // per),
+                                 symbols.buffer("a", phase, node.name, h),
+                                 symbols.within(vec.x, at), host=True, within=(vec.x, at)))
+            at += m.plan.tokens * vec.row_bytes
+        parts = (tuple(members), *deq, vec)
+        out.append(FusedGroup((i, j), parts, (0,) + (None,) * len(deq) + (1,)))
     return out
