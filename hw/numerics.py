@@ -33,7 +33,9 @@ the host:
   ``scores = (float32(acc) * s_k[j]) * s_q[t]`` -- the WIDE epilogue with the key scales as
   row scales;
 * softmax of ``scores * scale + mask`` in fp32 on the host
-  (:func:`sw.models.llama.attention_probs`);
+  (:func:`sw.models.llama.attention_probs`); with the vector unit the scaled scores are its
+  DEQUANT's (:func:`scores_vector`: the key scales times ``scale`` as channel words, the query
+  rows' integer ``amax``) and the softmax its :func:`vec_softmax`;
 * values: the value scales are folded into the probabilities, ``p'[t, j] = p[t, j] * s_v[j]``,
   which are then quantised per (head, token) row; ``acc = p8 . v8`` exactly and
   ``out = (float32(acc) * 1) * s_p[t]``.

@@ -50,7 +50,7 @@ from sw.models.config import LlamaConfig
 __all__ = ["Executable", "Program", "ProgramMember", "ProgramTable", "KVCachePlan",
            "IOBinding", "FORMAT_VERSION", "save", "load"]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _KEY = "nmfpga-executable"
 
 

@@ -55,6 +55,14 @@ In a decoder this chains a block's ``rmsnorm -> gate/up -> silu_gate -> down (+ 
 the next block's ``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final
 norm). A chain that does
 not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.fallback`).
+
+*Attention's scores -> softmax* (:func:`scores_groups`): per context bucket, the scores
+program (a member per operand head), a DEQUANT per member and the softmax program of the same
+bucket are one program. The DEQUANTs write the softmax's input rows in place (each member's
+rows a region inside that buffer: ``within``); their channel words (the key scales with the
+softmax scale folded in) and ``amax`` words (the query rows') are the host's, written with
+the query's INT8 rows before the run (``host``); the SOFTMAX's valid counts stay run-time
+``imm`` words.
 """
 
 from __future__ import annotations
