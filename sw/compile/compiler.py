@@ -48,6 +48,7 @@ from sw.compile.executable import (
 )
 from sw.compile.fusion import (
     ArgmaxOp,
+    DequantOp,
     FusedGroup,
     RequantOp,
     fuse_parts,
@@ -590,12 +591,12 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     n = len(programs)
     empty = np.zeros((0, 2), dtype=np.uint64)
     members = []
+    requantised = {p.y for p in group.parts if isinstance(p, RequantOp)}  # on chip
     for e, p in zip(group.entries, nodes, strict=True):
         ms = tuple(dataclasses.replace(m, dequant=dequant[m.y].y,
                                        dequant_row_bytes=dequant[m.y].row_bytes,
                                        argmax=argmax.get(dequant[m.y].y),
-                                       **({"amax": dequant[m.y].b, "channels": dequant[m.y].w}
-                                          if dequant[m.y].host else {}))
+                                       **_host_words(m, dequant[m.y], requantised))
                    if m.y in dequant else m for m in p.members)
         programs[pos[e]] = dataclasses.replace(p, words=empty, fused_into=n, members=ms)
         members += ms
@@ -604,6 +605,15 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
                             parts=tuple(pos[e] for e in group.entries),
                             work=tuple(work), position_rows=position_rows))
     return True
+
+
+def _host_words(m: Member, d: DequantOp, requantised: set[str]) -> dict:
+    """A member's fields naming what the host writes for its DEQUANT part ``d``: channel
+    words where they are the host's, and ``amax`` words where no REQUANT part writes its
+    input rows (``requantised``: the rows REQUANT parts write)."""
+    if not d.host:
+        return {}
+    return {"channels": d.w, "amax": None if m.x in requantised else d.b}
 
 
 def _constant_regions(work, max_context: int,

@@ -68,7 +68,8 @@ class ProgramMember:
     first maximum, its index and value in one beat per row (None: none); ``amax`` and
     ``channels``: where the host writes the ``amax`` words of the input rows (word 0 of a
     beat per row) and the channel words of the outputs (one int32 per output column) for a
-    DEQUANT part that reads the host's (attention's scores; None: none).
+    DEQUANT part that reads the host's (attention's scores; None: none; ``amax`` None with
+    ``channels``: a REQUANT part writes the input rows and their ``amax`` on chip).
     """
 
     w: str

@@ -561,29 +561,34 @@ class Runtime:
             x8, s_x = scores_prologue(x, operand_heads)
         else:
             x8, s_x = values_prologue(x, scale, operand_heads, self.vector, self.kv.bits)
-        written = x8.numel()
+        written = 0
         for j, m in enumerate(program.members):
-            if self.values:
+            if m.channels is not None and m.amax is None:  # REQUANT parts read x on chip
+                _check_requant_input(node, x)
+            elif self.values:
                 self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
-            if m.amax is not None:  # a fused DEQUANT of the scores reads the host's words
+            written += 0 if m.channels is not None and m.amax is None else x8[0, j].numel()
+            if m.channels is not None:  # a fused DEQUANT of the scores reads the host's words
                 written += self._scores_words(node, m, s_x[0, j], scale[0, j])
         return (x8.shape[2], s_x, scale), stream_cycles(x.numel() * 4, written, self.exe.cfg)
 
     def _scores_words(self, node: Node, m, amax: torch.Tensor, s_k: torch.Tensor) -> int:
         """Write what a scores member's DEQUANT part reads besides its accumulators: each
-        query row's ``amax`` (word 0 of a beat per row) and the channel words of the key
+        query row's ``amax`` (word 0 of a beat per row; unless a REQUANT part writes them)
+        and the channel words of the key
         scales ``s_k [S]`` with the softmax scale folded in
         (:func:`~hw.numerics.scores_channels`: every cached position's, from the scales the
         host keeps since the cache was appended to); returns the bytes written."""
         chan = scores_channels(s_k.numpy(), node.attrs["scale"])
-        if self.values:
+        if self.values and m.amax is not None:
             beat = self.exe.cfg.beat_bytes // 4
             words = np.zeros((amax.shape[0], beat), dtype="<i4")
             words[:, 0] = amax.numpy()
             self._write_rows(m.amax, words, self.exe.cfg.beat_bytes)
+        if self.values:
             addr = self.exe.symbols[m.channels].addr
             self.dram[addr:addr + 4 * chan.size] = chan.astype("<i4").view(np.uint8)
-        return 4 * (amax.shape[0] + chan.size)
+        return 4 * (chan.size + (amax.shape[0] if m.amax is not None else 0))
 
     def _attention_out(self, node: Node, args: list, env, program: Program, state) -> tuple:
         """Dequantise the integer scores (key scales as row scales, times the softmax scale;

@@ -233,10 +233,11 @@ def test_a_rope_reads_the_rows_of_the_linear_its_layout_nodes_view():
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     """Each attention scores node's program per context bucket and the softmax's of the same
-    bucket are parts of one fused program (its VECs: a DEQUANT per row of each operand head,
-    then a SOFTMAX per row, whose ``imm`` the host sets); each member's DEQUANT writes its
-    rows of the softmax's input, in order, and reads the host's ``amax`` words (a beat per
-    row) and its kv head's channel words; one program per step fewer per layer."""
+    bucket are parts of one fused program (its VECs: in a decode step a REQUANT of each query
+    head's row of the rope's results, then a DEQUANT per row of each operand head, then a
+    SOFTMAX per row, whose ``imm`` the host sets); each member's DEQUANT writes its rows of
+    the softmax's input, in order, and reads its kv head's channel words and the ``amax``
+    words of REQUANT (decode) or of the host (prefill: a beat per row)."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=kv_heads)
     ws = compressed(lm)
     opts = CompileOptions(6, 40)
@@ -254,7 +255,9 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
         assert first.bucket == soft.bucket == p.bucket
         op = soft.vector
         vecs = [i for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")]
-        assert [v.func for v in vecs] == [VecFunc.DEQUANT] * op.rows + [VecFunc.SOFTMAX] * op.rows
+        requant = [VecFunc.REQUANT] * (4 if p.phase == "decode" else 0)  # a row per head
+        assert [v.func for v in vecs] == \
+            requant + [VecFunc.DEQUANT] * op.rows + [VecFunc.SOFTMAX] * op.rows
         words = p.words[list(p.imm_rows)]
         assert len(p.imm_rows) == op.rows and all(
             i.func == VecFunc.SOFTMAX for i in decode_program(words.view(np.uint8)))
@@ -264,7 +267,10 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
             r = exe.symbols[m.dequant]
             assert r.addr == at and m.dequant_row_bytes == op.row_bytes
             at += m.tokens * op.row_bytes
-            assert exe.symbols[m.amax].nbytes >= m.tokens * CFG.beat_bytes
+            if p.phase == "decode":   # REQUANT leaves them
+                assert m.amax is None
+            else:
+                assert exe.symbols[m.amax].nbytes >= m.tokens * CFG.beat_bytes
             assert m.channels == f"sc:{layer}:{j // (len(first.members) // kv_heads)}"
             assert exe.symbols[m.channels].nbytes >= op.row_bytes
         assert at == exe.symbols[op.x].addr + op.data_bytes

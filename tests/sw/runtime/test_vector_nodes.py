@@ -353,10 +353,11 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too, per phase: the norm ->
     # q/k/v -> RoPE of q and k (its table LOADs set per step), and the MLP chained with the
     # final norm (an ADD part between); attention's scores -> DEQUANT -> softmax (its valid
-    # counts set per step)
+    # counts set per step; decoding, the query's REQUANT from the RoPE's rows first)
     fused = [p for p in exe.programs if p.parts]
     assert sorted(len(p.parts) for p in fused) == [2, 2, 4, 4, 5, 5]
-    assert all({v.func for v in _vecs(p)} == {VecFunc.DEQUANT, VecFunc.SOFTMAX} and p.imm_rows
+    assert all({v.func for v in _vecs(p)} == {VecFunc.DEQUANT, VecFunc.SOFTMAX}
+               | ({VecFunc.REQUANT} if p.phase == "decode" else set()) and p.imm_rows
                for p in fused if len(p.parts) == 2)
     assert all(VecFunc.ROPE in {v.func for v in _vecs(p)} and p.position_rows
                for p in fused if len(p.parts) == 4)
