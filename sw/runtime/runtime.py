@@ -565,9 +565,10 @@ class Runtime:
         for j, m in enumerate(program.members):
             if m.channels is not None and m.amax is None:  # REQUANT parts read x on chip
                 _check_requant_input(node, x)
-            elif self.values:
-                self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
-            written += 0 if m.channels is not None and m.amax is None else x8[0, j].numel()
+            else:
+                written += x8[0, j].numel()
+                if self.values:
+                    self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
             if m.channels is not None:  # a fused DEQUANT of the scores reads the host's words
                 written += self._scores_words(node, m, s_x[0, j], scale[0, j])
         return (x8.shape[2], s_x, scale), stream_cycles(x.numel() * 4, written, self.exe.cfg)
@@ -575,8 +576,7 @@ class Runtime:
     def _scores_words(self, node: Node, m, amax: torch.Tensor, s_k: torch.Tensor) -> int:
         """Write what a scores member's DEQUANT part reads besides its accumulators: each
         query row's ``amax`` (word 0 of a beat per row; unless a REQUANT part writes them)
-        and the channel words of the key
-        scales ``s_k [S]`` with the softmax scale folded in
+        and the channel words of the key scales ``s_k [S]`` with the softmax scale folded in
         (:func:`~hw.numerics.scores_channels`: every cached position's, from the scales the
         host keeps since the cache was appended to); returns the bytes written."""
         chan = scores_channels(s_k.numpy(), node.attrs["scale"])
@@ -593,8 +593,9 @@ class Runtime:
     def _attention_out(self, node: Node, args: list, env, program: Program, state) -> tuple:
         """Dequantise the integer scores (key scales as row scales, times the softmax scale;
         with ``vector`` as the vector unit's DEQUANT: :func:`~hw.numerics.scores_vector`) or
-        values."""
-        rows, s_x, scale = state if state is not None else (None, None, None)
+        values; the scores a fused program dequantised on chip (``dequant``) are read back
+        as its Q15.16 rows instead."""
+        rows, s_x, scale = state
         s = env.past + env.t
         n = s if node.op == "attn_scores" else self.kv.head_dim
         heads = args[0].shape[1]
@@ -624,9 +625,8 @@ class Runtime:
         """The operands as Q15.16 int32 rows in their buffers (``to_fixed``); softmax's
         ``scores + mask`` (the scores scaled; as :func:`~hw.numerics.softmax_vector`: masked
         positions 0, rows zero-padded to the bucket) with each row's valid positions in its
-        VEC; rope's
-        q or k ``[1, heads, T, d]`` as one row of heads per token, its table LOADs pointed at
-        the step's first position (the table itself is a constant in the image)."""
+        VEC; rope's q or k ``[1, heads, T, d]`` as one row of heads per token, its table LOADs
+        pointed at the step's first position (the table itself is a constant in the image)."""
         op = program.vector
         words = None
         if node.op == "softmax":
