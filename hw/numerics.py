@@ -33,7 +33,9 @@ the host:
   ``scores = (float32(acc) * s_k[j]) * s_q[t]`` -- the WIDE epilogue with the key scales as
   row scales;
 * softmax of ``scores * scale + mask`` in fp32 on the host
-  (:func:`sw.models.llama.attention_probs`);
+  (:func:`sw.models.llama.attention_probs`); with the vector unit the scaled scores are its
+  DEQUANT's (:func:`scores_vector`: the key scales times ``scale`` as channel words, the query
+  rows' integer ``amax``) and the softmax its :func:`vec_softmax`;
 * values: the value scales are folded into the probabilities, ``p'[t, j] = p[t, j] * s_v[j]``,
   which are then quantised per (head, token) row; ``acc = p8 . v8`` exactly and
   ``out = (float32(acc) * 1) * s_p[t]``.
@@ -1264,7 +1266,13 @@ def dequant_channels(row_scale: np.ndarray) -> np.ndarray:
     the word 0 (all outputs 0). ``ValueError`` names a negative, non-finite or too large
     scale (``E < 0``: ``c >= 2**17 - 1/2``).
     """
-    c = np.asarray(row_scale, np.float32).astype(np.float64) / ACT_QMAX
+    return _channel_words(np.asarray(row_scale, np.float32).astype(np.float64) / ACT_QMAX,
+                          row_scale)
+
+
+def _channel_words(c: np.ndarray, row_scale) -> np.ndarray:
+    """:func:`dequant_channels`' words of ``c`` (float64, the ``1 / 127`` folded in);
+    ``row_scale``: what a ``ValueError`` names."""
     finite = np.isfinite(c)
     f, x = np.frexp(np.where(finite, c, 0.0))
     m = np.rint(f * 2.0 ** DEQUANT_MANT_BITS).astype(np.int64)
@@ -1335,7 +1343,12 @@ def dequant_output_vector(acc: np.ndarray, chan: np.ndarray, amax: np.ndarray) -
 
 def dequant_channels_torch(row_scale: torch.Tensor) -> torch.Tensor:
     """Torch twin of :func:`dequant_channels` (int64)."""
-    c = row_scale.to(torch.float32).to(torch.float64) / ACT_QMAX
+    return _channel_words_torch(row_scale.to(torch.float32).to(torch.float64) / ACT_QMAX,
+                                row_scale)
+
+
+def _channel_words_torch(c: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`_channel_words`."""
     finite = torch.isfinite(c)
     f, x = torch.frexp(torch.where(finite, c, torch.zeros_like(c)))
     m = torch.round(f * 2.0 ** DEQUANT_MANT_BITS).to(torch.int64)
@@ -1380,3 +1393,58 @@ def dequant_output_vector_torch(acc: torch.Tensor, chan: torch.Tensor,
                                 amax: torch.Tensor) -> torch.Tensor:
     """Torch twin of :func:`dequant_output_vector`."""
     return from_fixed_torch(vec_dequant_torch(acc, chan, amax))
+
+
+# ------------------------------------------------- vector unit: attention scores on chip
+# The scores GEMM's int32 accumulators to the softmax's input rows on chip: a DEQUANT whose
+# channel words hold the key scales with the softmax scale folded in (one word per key
+# position and kv head, written as the cache grows) and whose amax words are the query
+# rows' (REQUANT's, or the host's :func:`scores_prologue_vector`).
+
+__all__ += ["scores_channels", "scores_channels_torch", "scores_prologue_vector",
+            "scores_vector"]
+
+
+def scores_channels(s_k: np.ndarray, scale: float) -> np.ndarray:
+    """The DEQUANT channel words of the scores: key scales ``s_k [..., S]`` (float32, one per
+    cached position) times the softmax ``scale``, int64 ``[..., S]``.
+
+    As :func:`dequant_channels` of ``float64(s_k) * float64(scale)`` (one float64 product,
+    not rounded to float32 before the words are formed): ``|m * 2**-E - c| <= 2**-17 * c``
+    with ``c = s_k * scale / 127``. ``ValueError`` as :func:`dequant_channels`.
+    """
+    c = np.asarray(s_k, np.float32).astype(np.float64) * float(scale) / ACT_QMAX
+    return _channel_words(c, s_k)
+
+
+def scores_channels_torch(s_k: torch.Tensor, scale: float) -> torch.Tensor:
+    """Torch twin of :func:`scores_channels` (int64)."""
+    c = s_k.to(torch.float32).to(torch.float64) * float(scale) / ACT_QMAX
+    return _channel_words_torch(c, s_k)
+
+
+def scores_prologue_vector(q: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries ``[B, H, T, d]`` -> INT8 rows ``[B, KV, G*T, d]`` and each row's ``amax``
+    (int64 ``[B, KV, G*T]``): :func:`vec_requant` of ``to_fixed`` of the grouped rows, what a
+    REQUANT part writes (the codes equal :func:`scores_prologue`'s with ``vector``)."""
+    return vec_requant_torch(to_fixed_torch(group_rows(q, kv_heads)))
+
+
+def scores_vector(acc: torch.Tensor, amax: torch.Tensor, s_k: torch.Tensor, scale: float,
+                  heads: int) -> torch.Tensor:
+    """The scaled scores as the vector unit's DEQUANT writes them: integer scores ``acc [B,
+    KV, G*T, S]``, the query rows' ``amax [B, KV, G*T]`` (:func:`scores_prologue_vector`) and
+    the key scales ``s_k [B, KV, S]`` -> float32 ``[B, H, T, S]``,
+    ``from_fixed(vec_dequant(acc, scores_channels(s_k, scale), amax))``.
+
+    This is ``scores * scale`` of the float path (:func:`scores_epilogue`, then the softmax's
+    scale) computed on chip in Q15.16: by :func:`vec_dequant`'s bound each element is within
+    ``2**-16 * (1 + 2**-16) * |z| + 2**-17`` of the exact ``z = acc * s_q * s_k * scale``
+    (``s_q`` the query row's :func:`act_scale`), where the float path's float32 products
+    are within about ``2**-23 * |z|``; the softmax of these rows (:func:`vec_softmax`) then
+    differs from the float path's by at most ``2**-16 |z|``-sized shifts of its inputs on
+    top of its own error. Elements are on the 2**-16 grid; as float32 they are exact below
+    2**8 in magnitude.
+    """
+    chan = scores_channels_torch(s_k, scale).unsqueeze(-2)
+    return ungroup_rows(from_fixed_torch(vec_dequant_torch(acc, chan, amax)), heads)

@@ -425,9 +425,9 @@ def _attention(t: _Translator, r: _Region, ins, outs):
         (v,) = t.emit("repeat_kv", f"{base}.repeat_v", [v], [(f"{base}.v_rep", rep)],
                       groups=m.groups)
     scores = TensorType((b, m.num_heads, T, SYMBOL))
-    (s,) = t.emit("attn_scores", f"{base}.scores", [q, k], [(f"{base}.scores", scores)], **heads)
-    (p,) = t.emit("softmax", f"{base}.softmax", [s, mask], [(f"{base}.probs", scores)],
-                  scale=float(m.scale))
+    (s,) = t.emit("attn_scores", f"{base}.scores", [q, k], [(f"{base}.scores", scores)],
+                  scale=float(m.scale), **heads)
+    (p,) = t.emit("softmax", f"{base}.softmax", [s, mask], [(f"{base}.probs", scores)])
     return t.emit("attn_values", f"{base}.values", [p, v], [(f"{base}.out", t.ttype(outs[0]))],
                   **heads)
 

@@ -48,13 +48,16 @@ from sw.compile.executable import (
 )
 from sw.compile.fusion import (
     ArgmaxOp,
+    DequantOp,
     FusedGroup,
     RequantOp,
     fuse_parts,
     fusion_groups,
+    part_aliases,
     part_buffers,
     part_constants,
     row_aliases,
+    scores_groups,
     vector_events,
 )
 from sw.compile.ir import OPS, Graph, Node, linear_layers
@@ -244,13 +247,19 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     work, buffers, kv, pairs = _partition(model, cfg, graphs, fmt_map, options, report)
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
                                      _constant_regions(work, options.max_context, pairs))
+    for g in pairs.values():  # a part's results inside another part's operand rows
+        for name, parent, offset, size in part_aliases(g.parts):
+            r = symbols[parent]
+            symbols[name] = Region(r.addr + offset, size, r.kind)
     programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
                                         options.loops)
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
-        fused = [p for p in programs if p.parts and p.phase == phase]
+        # a step runs one fused program per set of nodes (one of its context buckets')
+        fused = {tuple(programs[i].node for i in p.parts) for p in programs
+                 if p.parts and p.phase == phase}
         steps = report["phases"][phase]["accelerator_nodes"] - sum(
-            len(p.parts) - 1 for p in fused)
+            len(nodes) - 1 for nodes in fused)
         report["phases"][phase].update(
             programs_per_step=steps, host_transitions_per_step=2 * steps,
             **({"fused_programs_per_step": len(fused)} if fused else {}))
@@ -376,8 +385,8 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
         aliases = row_aliases(g, work[first:])
         groups = [_shift(g, first) for g in fusion_groups(cfg, work[first:],
                                                           opts.chain_programs, heads,
-                                                          aliases)] \
-            if fuses_programs(cfg, opts) else []
+                                                          aliases)
+                  + scores_groups(cfg, work[first:])] if fuses_programs(cfg, opts) else []
         for g in groups:  # every buffer of a fused program lives through all of it
             t0, t1 = 2 * step[g.entries[0] - first], 2 * step[g.entries[-1] - first] + 2
             names = [(name, size) for e in g.entries for m in work[e][3]
@@ -530,10 +539,12 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     DEQUANT's or ADD's (lowered once per signature); vector parts get the events of
     :func:`sw.compile.fusion.vector_events`, and :func:`sw.compile.fusion.fuse_parts` joins
     them. The linear entries' members name the Q15.16 rows their DEQUANT parts write; the
-    fused program's ``position_rows`` are its ROPE parts' table LOADs."""
+    fused program's ``position_rows`` are its ROPE parts' table LOADs, its ``imm_rows`` its
+    SOFTMAX parts' VECs; a scores member names the ``amax`` and channel words the host
+    writes for its DEQUANT part."""
     nodes = [programs[pos[e]] for e in group.entries]
     words, key, work = [], ["fused"], [0, 0, 0]
-    dequant, argmax, tables = {}, {}, []
+    dequant, argmax, tables, imms = {}, {}, [], []
     for part, owner in zip(group.parts, group.owners, strict=True):
         if owner is not None and isinstance(part, VectorOp):
             t = templates[(part.signature,)][1]
@@ -548,6 +559,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
         words.append(w if isinstance(part, tuple) else vector_events(w))
         if isinstance(part, VectorOp) and part.table_rows:
             tables.append((len(words) - 1, t.position_rows))
+        if isinstance(part, VectorOp) and t.imm_rows:
+            imms.append((len(words) - 1, t.imm_rows))
         key.append(tuple(m.signature for m in layers))
         if owner is not None:
             p = nodes[owner]
@@ -570,23 +583,37 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
         return False
     # a ROPE part's table LOADs, as words of the fused program: the runtime sets them per step
     position_rows = tuple(places[k][i] for k, rows in tables for i in rows)
+    # a SOFTMAX part's VECs, likewise: the runtime sets each row's valid positions per step
+    imm_rows = tuple(places[k][i] for k, rows in imms for i in rows)
     key = tuple(key)
     if key not in templates:
         templates[key] = (len(templates), None)
     n = len(programs)
     empty = np.zeros((0, 2), dtype=np.uint64)
     members = []
+    requantised = {p.y for p in group.parts if isinstance(p, RequantOp)}  # on chip
     for e, p in zip(group.entries, nodes, strict=True):
         ms = tuple(dataclasses.replace(m, dequant=dequant[m.y].y,
                                        dequant_row_bytes=dequant[m.y].row_bytes,
-                                       argmax=argmax.get(dequant[m.y].y))
+                                       argmax=argmax.get(dequant[m.y].y),
+                                       **_host_words(m, dequant[m.y], requantised))
                    if m.y in dequant else m for m in p.members)
         programs[pos[e]] = dataclasses.replace(p, words=empty, fused_into=n, members=ms)
         members += ms
-    programs.append(Program(nodes[0].phase, nodes[0].node, None, fused, tuple(members),
-                            templates[key][0], parts=tuple(pos[e] for e in group.entries),
+    programs.append(Program(nodes[0].phase, nodes[0].node, nodes[0].bucket, fused,
+                            tuple(members), templates[key][0], imm_rows=imm_rows,
+                            parts=tuple(pos[e] for e in group.entries),
                             work=tuple(work), position_rows=position_rows))
     return True
+
+
+def _host_words(m: Member, d: DequantOp, requantised: set[str]) -> dict:
+    """A member's fields naming what the host writes for its DEQUANT part ``d``: channel
+    words where they are the host's, and ``amax`` words where no REQUANT part writes its
+    input rows (``requantised``: the rows REQUANT parts write)."""
+    if not d.host:
+        return {}
+    return {"channels": d.w, "amax": None if m.x in requantised else d.b}
 
 
 def _constant_regions(work, max_context: int,
@@ -601,8 +628,8 @@ def _constant_regions(work, max_context: int,
             if isinstance(m, VectorOp) and m.w is not None:
                 out[m.w] = m.const_bytes(max_context)
     for g in (pairs or {}).values():
-        for name, size, _ in part_constants(g.parts):
-            out[name] = size
+        for name, size, _ in part_constants(g.parts):  # the scores': the largest bucket's
+            out[name] = max(size, out.get(name, 0))
     return list(out.items())
 
 
@@ -613,7 +640,7 @@ def _dequant_constants(weights: Mapping[str, QuantizedWeight],
     out: dict[str, np.ndarray] = {}
     for g in pairs.values():
         for name, _, d in part_constants(g.parts):
-            if name not in out:
+            if name not in out and not d.host:
                 chan = dequant_channels(weights[d.layer].row_scale)[:d.length]
                 out[name] = chan.astype("<i4").view(np.uint8)
     return out

@@ -67,7 +67,11 @@ class ProgramMember:
     its bias rows come from (None for attention members); ``dequant``: where a fused
     program's DEQUANT part left its outputs as Q15.16 rows, ``dequant_row_bytes`` apart
     (None: the host dequantises ``y``); ``argmax``: where an ARGMAX part left each row's
-    first maximum, its index and value in one beat per row (None: none).
+    first maximum, its index and value in one beat per row (None: none); ``amax`` and
+    ``channels``: where the host writes the ``amax`` words of the input rows (word 0 of a
+    beat per row) and the channel words of the outputs (one int32 per output column) for a
+    DEQUANT part that reads the host's (attention's scores; None: none; ``amax`` None with
+    ``channels``: a REQUANT part writes the input rows and their ``amax`` on chip).
     """
 
     w: str
@@ -86,6 +90,8 @@ class ProgramMember:
     dequant: str | None = None
     dequant_row_bytes: int = 0
     argmax: str | None = None
+    amax: str | None = None
+    channels: str | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -284,6 +290,8 @@ def _program_doc(p: Program) -> dict:
         doc.update(parts=list(p.parts), work=list(p.work))
         if p.position_rows:  # its ROPE parts' table LOADs
             doc.update(position_rows=list(p.position_rows))
+        if p.imm_rows:  # its SOFTMAX parts' VECs
+            doc.update(imm_rows=list(p.imm_rows))
     return doc
 
 

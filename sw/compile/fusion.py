@@ -74,6 +74,16 @@ In a decoder this chains a block's ``rmsnorm -> gate/up -> silu_gate -> down (+ 
 the next block's ``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final
 norm). A chain that does
 not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.fallback`).
+
+*Attention's scores -> softmax* (:func:`scores_groups`): per context bucket, the scores
+program (a member per operand head), a DEQUANT per member and the softmax program of the same
+bucket are one program. The DEQUANTs write the softmax's input rows in place (each member's
+rows a region inside that buffer: ``within``); their channel words (the key scales with the
+softmax scale folded in) and ``amax`` words (the query rows') are the host's, written with
+the query's INT8 rows before the run (``host``); the SOFTMAX's valid counts stay run-time
+``imm`` words. In a decode step a REQUANT per member first requantises its query rows from
+the q rope's results (still in DRAM after the program that computed them), so the host
+writes neither the query rows nor their ``amax``.
 """
 
 from __future__ import annotations
@@ -112,8 +122,8 @@ from sw.compile.vector import VectorOp, row_bytes
 
 __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
            "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "part_buffers",
-           "part_constants", "fuse_words", "fuse_parts", "hoistable", "row_aliases",
-           "VECTOR_EVENTS", "vector_events"]
+           "part_constants", "part_aliases", "scores_groups", "fuse_words", "fuse_parts",
+           "hoistable", "row_aliases", "VECTOR_EVENTS", "vector_events", "SCORES_AMAX"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -149,7 +159,8 @@ class RequantOp:
     :class:`sw.compile.relocation.SymbolicLayer` of operands ``x`` and ``y``); with ``amax``,
     each row's ``amax`` word also reaches DRAM for a DEQUANT part
     (:func:`sw.compile.schedule.amax_place`: in the INT8 rows, or in ``b``, a beat per
-    row)."""
+    row); ``within``: ``x`` is the rows of another buffer from a byte offset on
+    (``(symbol, offset)``: :func:`sw.compile.symbols.within`)."""
 
     rows: int
     length: int
@@ -160,6 +171,7 @@ class RequantOp:
     amax: bool = False
     w: None = None
     w_tile_stride: None = None
+    within: tuple[str, int] | None = None
 
     @property
     def signature(self) -> tuple:
@@ -174,7 +186,10 @@ class DequantOp:
     ``row_bytes`` apart, as a vector program's), with the layer's channel words (symbol
     ``w``, one constant row: :func:`hw.numerics.dequant_channels` of its row scales) and the
     ``amax`` words its REQUANT part wrote (symbol ``b``, at ``place``); ``layer``: the
-    linear layer (module name) whose row scales the channel words hold."""
+    linear layer (module name) whose row scales the channel words hold. ``host``: the
+    channel words and ``amax`` words are the host's, written before each run (the scores':
+    :func:`scores_groups`); ``within``: ``y`` is the rows of another buffer from a byte
+    offset on (``(symbol, offset)``: :func:`sw.compile.symbols.within`)."""
 
     rows: int
     length: int
@@ -187,6 +202,8 @@ class DequantOp:
     y: str
     layer: str = ""
     w_tile_stride: None = None
+    host: bool = False
+    within: tuple[str, int] | None = None
 
     @property
     def signature(self) -> tuple:
@@ -300,10 +317,13 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
     ADD parts, a vector part's rows where it reads an earlier part's results."""
     out = []
     for p in parts:
-        if isinstance(p, RequantOp) and p.b is not None:
-            out.append((p.b, p.rows * cfg.beat_bytes))
+        if isinstance(p, RequantOp):
+            out += [(p.b, p.rows * cfg.beat_bytes)] if p.b is not None else []
+            if p.within is not None:  # the rows it reads live until it has run
+                out.append((p.within[0], p.within[1] + p.rows * row_bytes(cfg, p.length)))
         elif isinstance(p, DequantOp):
-            out.append((p.y, p.data_bytes))
+            out += [(p.y, p.data_bytes)] if p.within is None else []
+            out += [(p.b, p.rows * cfg.beat_bytes)] if p.host and p.place == SCORES_AMAX else []
         elif isinstance(p, ArgmaxOp):
             out.append((p.y, p.rows * cfg.beat_bytes))
         elif isinstance(p, VectorOp):
@@ -313,8 +333,17 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
 
 def part_constants(parts: Sequence[Part]) -> list[tuple[str, int, DequantOp]]:
     """``(symbol, bytes, part)`` of the constant rows the DEQUANT ``parts`` read (their
-    channel words)."""
+    channel words; a ``host`` part's: the region the host writes them into)."""
     return [(p.w, p.row_bytes, p) for p in parts if isinstance(p, DequantOp)]
+
+
+def part_aliases(parts: Sequence[Part]) -> list[tuple[str, str, int, int]]:
+    """``(symbol, buffer, offset, bytes)`` of every part's operand rows that lie inside
+    another buffer (a DEQUANT's results, a REQUANT's input: ``within``)."""
+    return [(p.y, *p.within, p.data_bytes) for p in parts
+            if isinstance(p, DequantOp) and p.within is not None] + [
+        (p.x, *p.within, p.rows * p.length * 4) for p in parts
+        if isinstance(p, RequantOp) and p.within is not None]
 
 
 def _left_over(words: np.ndarray) -> dict[int, int]:
@@ -710,4 +739,94 @@ def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = T
         elif current is not None:
             out.append(current.group())
         current = _Chain(cfg, work, unit, aliases or {}) if unit is not None else None
+    return out
+
+
+#: Where the host writes a scores DEQUANT's ``amax`` words: word 0 of a beat per row.
+SCORES_AMAX = AmaxPlace(True, 0, 0, 1)
+
+
+def _softmax_entry(work: Sequence[tuple], i: int) -> int | None:
+    """The entry of ``work`` of the softmax node that reads attention scores entry ``i``'s
+    output in the same phase and context bucket (None: none)."""
+    phase, node, bucket, _ = work[i]
+    for j, (ph, n, b, members) in enumerate(work):
+        if (ph, b) == (phase, bucket) and n.op == "softmax" and n.inputs[0] == node.outputs[0] \
+                and len(members) == 1 and isinstance(members[0], VectorOp):
+            return j
+    return None
+
+
+def _query_rows(cfg: AcceleratorConfig, work: Sequence[tuple], i: int) -> VectorOp | None:
+    """The vector program of the rope node whose output is attention scores entry ``i``'s
+    query, where its rows are the query rows of every head in order, each ``4 * head_dim``
+    bytes (one token, whole beats) -- a REQUANT can read them from its results (None:
+    not so)."""
+    phase, node, _, members = work[i]
+    d = node.attrs["head_dim"]
+    for ph, n, b, ms in work:
+        if ph == phase and b is None and n.op == "rope" and n.outputs[0] == node.inputs[0] \
+                and len(ms) == 1 and isinstance(ms[0], VectorOp):
+            vec = ms[0]
+            whole = row_bytes(cfg, d) == 4 * d
+            return vec if vec.rows == 1 and vec.length == node.attrs["heads"] * d and whole \
+                else None
+    return None
+
+
+def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGroup]:
+    """The fused programs of attention's scores and softmax: per ``attn_scores`` entry of
+    ``work`` (``(phase, node, bucket, members)``) whose output one softmax entry of the same
+    phase and context bucket reads, the scores GEMM (one member per operand head), a DEQUANT
+    per member and the SOFTMAX.
+
+    A member's DEQUANT turns its integer scores (``G * T`` rows of the bucket's positions)
+    into the softmax's input rows on chip (:func:`hw.numerics.scores_vector`): its channel
+    words the key scales of its kv head with the softmax scale folded in
+    (:func:`sw.compile.symbols.score_channels`, one region per kv head the host writes as the
+    cache grows), its ``amax`` words the query rows' (written by the host with the INT8 rows,
+    :data:`SCORES_AMAX`), its results the member's rows of the softmax's input (``within``:
+    the members' rows in order are the softmax's, query head ``h`` of kv head ``h // G``, as
+    :func:`hw.numerics.group_rows` stacks them). The SOFTMAX's valid counts stay run-time
+    ``imm`` words the host sets.
+
+    Where the query is a rope node's results, one token's heads in one row of whole beats
+    per head (:func:`_query_rows`: a decode step), a REQUANT per member first requantises its
+    heads' rows from there on chip (``within`` that rope's results, which then live until
+    this program has run) and leaves the ``amax`` words for the DEQUANT: the host writes
+    neither the INT8 query rows nor their ``amax``."""
+    out = []
+    for i, (phase, node, bucket, members) in enumerate(work):
+        if node.op != "attn_scores" or bucket is None:
+            continue
+        j = _softmax_entry(work, i)
+        if j is None:
+            continue
+        vec = work[j][3][0]
+        if sum(m.plan.tokens for m in members) != vec.rows or any(
+                m.plan.n != vec.length for m in members):
+            continue
+        per = len(members) // node.attrs["kv_heads"]  # operand heads per kv head
+        rope, d = _query_rows(cfg, work, i), node.attrs["head_dim"]
+        req, deq, at = [], [], 0
+        for h, m in enumerate(members):
+            place, amax = SCORES_AMAX, symbols.buffer("a", phase, node.name, h)
+            if rope is not None:  # its heads' rows of the rope's results, requantised
+                first = h * m.plan.tokens * 4 * d
+                r = RequantOp(m.plan.tokens, d, m.plan.act_row_bytes,
+                              symbols.within(rope.y, first), m.x, None, True,
+                              within=(rope.y, first))
+                place = amax_place(cfg, d, m.plan.act_row_bytes)
+                r = replace(r, b=amax if place.separate else None)
+                req.append(r)
+                amax = amax if place.separate else m.x
+            deq.append(DequantOp(m.plan.tokens, m.plan.n, m.plan.out_row_bytes, vec.row_bytes,
+                                 place, m.y,
+                                 symbols.score_channels(node.attrs["layer"], h // per),
+                                 amax, symbols.within(vec.x, at), host=True,
+                                 within=(vec.x, at)))
+            at += m.plan.tokens * vec.row_bytes
+        parts = (*req, tuple(members), *deq, vec)
+        owners = (None,) * len(req) + (0,) + (None,) * len(deq) + (1,)
+        out.append(FusedGroup((i, j), parts, owners))
     return out

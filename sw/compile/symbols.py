@@ -7,7 +7,8 @@ never builds a name itself.
 
 from __future__ import annotations
 
-__all__ = ["weights", "cache", "buffer", "norm_weight", "rope_table", "dequant_channels"]
+__all__ = ["weights", "cache", "buffer", "norm_weight", "rope_table", "dequant_channels",
+           "score_channels", "within"]
 
 
 def weights(layer: str) -> str:
@@ -42,3 +43,16 @@ def dequant_channels(layer: str) -> str:
     """The DEQUANT channel words of ``layer``'s row scales (int32
     :func:`hw.numerics.dequant_channels` words, one row)."""
     return f"dq:{layer}"
+
+
+def score_channels(layer: int, head: int) -> str:
+    """The DEQUANT channel words of the scores against one kv head's keys: the key scales
+    with the softmax scale folded in (:func:`hw.numerics.scores_channels`), one int32 word
+    per cached position, written by the host as the cache grows."""
+    return f"sc:{layer}:{head}"
+
+
+def within(symbol: str, offset: int) -> str:
+    """The rows of buffer ``symbol`` from byte ``offset`` on, as a region of their own (a
+    fused part that writes part of another part's operand rows)."""
+    return f"{symbol}+{offset}"

@@ -6,7 +6,8 @@ op             sub-op       operands (int32 rows in DRAM, Q15.16: ``hw.numerics.
 =============  ===========  ==========================================================
 ``rmsnorm``    RMSNORM      ``x`` the rows; ``w`` the weight as ``norm_weight`` words, a
                             constant row in the DRAM image; ``imm`` = ``norm_eps``
-``softmax``    SOFTMAX      ``x`` the rows of ``scores * scale + mask`` (0 where masked),
+``softmax``    SOFTMAX      ``x`` the rows of ``scores + mask`` (0 where masked; the
+                            scores scaled by ``attn_scores``),
                             the context bucket long; ``imm`` = the row's valid positions, a
                             run-time parameter the host writes before each start
 ``silu_gate``  SILU_GATE    ``x`` the gate rows, ``b`` the up rows

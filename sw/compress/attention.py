@@ -18,6 +18,8 @@ from hw.numerics import (
     kv_rows,
     scores_epilogue,
     scores_prologue,
+    scores_prologue_vector,
+    scores_vector,
     softmax_vector,
     values_epilogue,
     values_prologue,
@@ -63,9 +65,14 @@ class HardwareAttentionProducts(AttentionProducts):
         kv, h, vec = self.num_kv_heads, self.num_heads, self.vector
         k8, s_k = kv_rows(k, vec, self.kv_bits, self.key_group)
         v8, s_v = kv_rows(v, vec, self.kv_bits)
-        q8, s_q = scores_prologue(q, kv, vec)
-        scores = scores_epilogue(gemm_acc_torch(q8, k8, self.acc_bits), s_q, s_k, h)
-        probs = (softmax_vector if vec else attention_probs)(scores, self.scale, mask)
+        if vec:  # the scaled scores as the vector unit dequantises them
+            q8, amax = scores_prologue_vector(q, kv)
+            z = scores_vector(gemm_acc_torch(q8, k8, self.acc_bits), amax, s_k, self.scale, h)
+            probs = softmax_vector(z, 1.0, mask)
+        else:
+            q8, s_q = scores_prologue(q, kv)
+            scores = scores_epilogue(gemm_acc_torch(q8, k8, self.acc_bits), s_q, s_k, h)
+            probs = attention_probs(scores, self.scale, mask)
         p8, s_p = values_prologue(probs, s_v, kv, vec, self.kv_bits)
         return values_epilogue(gemm_acc_torch(p8, v8.transpose(-2, -1), self.acc_bits), s_p, h)
 

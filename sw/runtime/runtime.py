@@ -9,11 +9,11 @@ the step's context) is one program: the runtime quantises its inputs into their 
 epilogue; a fused residual is added there); which prologue and epilogue follows from the
 weight operand the op streams (``OPS[op].streams``), or, for a host op lowered to the
 vector engine (``OPS[op].vector``: :mod:`sw.compile.vector`), from its sub-op: the
-prologue writes the float inputs as Q15.16 int32 rows (``to_fixed``; softmax: ``scores *
-scale + mask``, masked positions 0, and each row's valid positions into its VEC's ``imm``,
-a run-time parameter set in a copy of the program's words before the start; rope: q or k
-with a token's heads side by side, and the step's first position into the addresses of the
-LOADs that read the rows of the constant rotary table, likewise) and the
+prologue writes the float inputs as Q15.16 int32 rows (``to_fixed``; softmax: ``scores +
+mask`` of the scaled scores, masked positions 0, and each row's valid positions into its
+VEC's ``imm``, a run-time parameter set in a copy of the program's words before the
+start; rope: q or k with a token's heads side by side, and the step's first position into
+the addresses of the LOADs that read the rows of the constant rotary table, likewise) and the
 epilogue reads the results back (``from_fixed``: float64, the exact words), so they equal
 the host kernels with the vector unit's numerics bit for bit. The parts of a fused program
 (:mod:`sw.compile.fusion`) keep their prologues and epilogues, but the program runs once, at
@@ -60,9 +60,13 @@ from hw.numerics import (
     quantize_activations,
     quantize_activations_vector,
     requant_amax,
+    scores_channels,
     scores_epilogue,
     scores_prologue,
+    scores_prologue_vector,
+    scores_vector,
     to_fixed_torch,
+    ungroup_rows,
     values_epilogue,
     values_prologue,
 )
@@ -80,6 +84,7 @@ from sw.compile.ir import (
     stream_cycles,
 )
 from sw.models.generate import sample_next
+from sw.models.llama import causal_mask
 
 __all__ = ["Runtime", "RuntimeFault", "StepStats", "ProgramRun", "HostRun", "Generation",
            "to_dict"]
@@ -416,8 +421,12 @@ class Runtime:
 
     def _fused_words(self, run: int, env) -> np.ndarray | None:
         """The words of fused program ``run`` with its ROPE parts' table LOADs
-        (``position_rows``) pointed at the step's first position (None: it has none)."""
+        (``position_rows``) pointed at the step's first position, or its SOFTMAX parts' VECs
+        (``imm_rows``) given each row's valid positions of the step's causal mask (None:
+        it has neither)."""
         program = self.exe.programs[run]
+        if program.imm_rows:
+            return _set_imm(program, _causal_counts(env, len(program.imm_rows)).numpy())
         if not program.position_rows:
             return None
         (row_bytes,) = {self.exe.programs[i].vector.table_row_bytes for i in program.parts
@@ -536,53 +545,90 @@ class Runtime:
         return scale
 
     def _attention_in(self, node: Node, args: list, env, program: Program) -> tuple:
-        """Quantise the query (or probability) rows of every operand head."""
+        """Quantise the query (or probability) rows of every operand head (with ``vector``,
+        the query rows' ``amax`` words are the scores' dequantisation state)."""
         x, ref = args
         operand_heads = len(program.members)
         scale = self._attention_scale(node, ref, env.past + env.t, operand_heads)
-        if node.op == "attn_scores":
-            x8, s_x = scores_prologue(x, operand_heads, self.vector)
+        if node.op == "attn_scores" and self.vector:
+            x8, s_x = scores_prologue_vector(x, operand_heads)
+        elif node.op == "attn_scores":
+            x8, s_x = scores_prologue(x, operand_heads)
         else:
             x8, s_x = values_prologue(x, scale, operand_heads, self.vector, self.kv.bits)
+        written = 0
+        for j, m in enumerate(program.members):
+            if m.channels is not None and m.amax is None:  # REQUANT parts read x on chip
+                _check_requant_input(node, x)
+            else:
+                written += x8[0, j].numel()
+                if self.values:
+                    self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
+            if m.channels is not None:  # a fused DEQUANT of the scores reads the host's words
+                written += self._scores_words(node, m, s_x[0, j], scale[0, j])
+        return (x8.shape[2], s_x, scale), stream_cycles(x.numel() * 4, written, self.exe.cfg)
+
+    def _scores_words(self, node: Node, m, amax: torch.Tensor, s_k: torch.Tensor) -> int:
+        """Write what a scores member's DEQUANT part reads besides its accumulators: each
+        query row's ``amax`` (word 0 of a beat per row; unless a REQUANT part writes them)
+        and the channel words of the key scales ``s_k [S]`` with the softmax scale folded in
+        (:func:`~hw.numerics.scores_channels`: every cached position's, from the scales the
+        host keeps since the cache was appended to); returns the bytes written."""
+        chan = scores_channels(s_k.numpy(), node.attrs["scale"])
+        if self.values and m.amax is not None:
+            beat = self.exe.cfg.beat_bytes // 4
+            words = np.zeros((amax.shape[0], beat), dtype="<i4")
+            words[:, 0] = amax.numpy()
+            self._write_rows(m.amax, words, self.exe.cfg.beat_bytes)
         if self.values:
-            for j, m in enumerate(program.members):
-                self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
-        return (x8.shape[2], s_x, scale), stream_cycles(x.numel() * 4, x8.numel(),
-                                                        self.exe.cfg)
+            addr = self.exe.symbols[m.channels].addr
+            self.dram[addr:addr + 4 * chan.size] = chan.astype("<i4").view(np.uint8)
+        return 4 * (chan.size + (amax.shape[0] if m.amax is not None else 0))
 
     def _attention_out(self, node: Node, args: list, env, program: Program, state) -> tuple:
-        """Dequantise the integer scores (key scales as row scales) or values."""
+        """Dequantise the integer scores (key scales as row scales, times the softmax scale;
+        with ``vector`` as the vector unit's DEQUANT: :func:`~hw.numerics.scores_vector`) or
+        values; the scores a fused program dequantised on chip (``dequant``) are read back
+        as its Q15.16 rows instead."""
         rows, s_x, scale = state
         s = env.past + env.t
         n = s if node.op == "attn_scores" else self.kv.head_dim
         heads = args[0].shape[1]
+        if all(m.dequant for m in program.members):  # the scaled scores, DEQUANT's rows
+            m0 = program.members[0]
+            shape = (1, len(program.members), m0.tokens, n)
+            out = torch.zeros(shape) if not self.values else from_fixed_torch(
+                torch.from_numpy(np.stack([self._read_rows(m.dequant, m.tokens,
+                                                           m.dequant_row_bytes, n)
+                                           for m in program.members]))[None])
+            out = ungroup_rows(out, heads)
+            return (out,), stream_cycles(out.numel() * 4, out.numel() * 4, self.exe.cfg)
         if self.values:
             acc = torch.from_numpy(np.stack([
                 self._read_rows(m.y, rows, m.out_row_bytes, n) for m in program.members]))[None]
         else:
             acc = torch.zeros((1, len(program.members), rows, n), dtype=torch.int64)
-        out = (scores_epilogue(acc, s_x, scale, heads) if node.op == "attn_scores"
-               else values_epilogue(acc, s_x, heads))
+        if node.op != "attn_scores":
+            out = values_epilogue(acc, s_x, heads)
+        elif self.vector:
+            out = scores_vector(acc, s_x, scale, node.attrs["scale"], heads)
+        else:
+            out = scores_epilogue(acc, s_x, scale, heads) * node.attrs["scale"]
         return (out,), stream_cycles(acc.numel() * 4, out.numel() * 4, self.exe.cfg)
 
     def _vector_in(self, node: Node, args: list, env, program: Program) -> tuple:
         """The operands as Q15.16 int32 rows in their buffers (``to_fixed``); softmax's
-        ``scores * scale + mask`` (as :func:`~hw.numerics.softmax_vector`: masked positions
-        0, rows zero-padded to the bucket) with each row's valid positions in its VEC; rope's
-        q or k ``[1, heads, T, d]`` as one row of heads per token, its table LOADs pointed at
-        the step's first position (the table itself is a constant in the image)."""
+        ``scores + mask`` (the scores scaled; as :func:`~hw.numerics.softmax_vector`: masked
+        positions 0, rows zero-padded to the bucket) with each row's valid positions in its
+        VEC; rope's q or k ``[1, heads, T, d]`` as one row of heads per token, its table LOADs
+        pointed at the step's first position (the table itself is a constant in the image)."""
         op = program.vector
         words = None
         if node.op == "softmax":
             scores, mask = args
-            z = scores * node.attrs["scale"] + mask
+            z = scores + mask
             valid = torch.isfinite(z)
-            s = z.shape[-1]
-            counts = valid.reshape(-1, s).sum(-1)
-            if not torch.equal(valid.reshape(-1, s), torch.arange(s) < counts[:, None]):
-                raise RuntimeFault(f"node {node.name!r}: the vector engine's softmax takes "
-                                   "the first positions of a row as valid, the mask is not "
-                                   "a prefix; compile with CompileOptions(vector=False)")
+            counts = _softmax_counts(node.name, valid)
             rows = [to_fixed_torch(torch.where(valid, z, torch.zeros((), dtype=z.dtype)))]
             words = _set_imm(program, counts.numpy())
         elif node.op == "rope":
@@ -605,6 +651,11 @@ class Runtime:
         op = program.vector
         shape = args[0].shape
         rope = node.op == "rope"
+        if node.op == "softmax" and state is None:  # a part: the program set causal counts
+            counts = _softmax_counts(node.name, torch.isfinite(args[0] + args[1]))
+            if not torch.equal(counts, _causal_counts(env, op.rows)):
+                raise RuntimeFault(f"node {node.name!r}: the mask is not the causal one the "
+                                   "fused scores -> softmax program assumed")
         if self.values:
             y = from_fixed_torch(torch.from_numpy(self._read_rows(
                 op.y, op.rows, op.row_bytes, op.length if rope else shape[-1])))
@@ -738,6 +789,28 @@ def _set_imm(program: Program, values: np.ndarray) -> np.ndarray:
     words[rows, half] = (words[rows, half] & ~mask) | (
         np.asarray(values, np.uint64) << np.uint64(off))
     return words
+
+
+def _softmax_counts(node: str, valid: torch.Tensor) -> torch.Tensor:
+    """Each row's valid positions of a softmax's ``valid [..., S]`` (finite ``scores +
+    mask``), which must be a prefix of the row (the vector engine's SOFTMAX takes its first
+    ``imm`` positions)."""
+    s = valid.shape[-1]
+    valid = valid.reshape(-1, s)
+    counts = valid.sum(-1)
+    if not torch.equal(valid, torch.arange(s) < counts[:, None]):
+        raise RuntimeFault(f"node {node!r}: the vector engine's softmax takes the first "
+                           "positions of a row as valid, the mask is not a prefix; compile "
+                           "with CompileOptions(vector=False)")
+    return counts
+
+
+def _causal_counts(env, rows: int) -> torch.Tensor:
+    """The valid positions of ``rows`` softmax rows (heads of the step's tokens, a head's
+    tokens consecutive) under the step's causal mask."""
+    mask = causal_mask(env.t, env.past, torch.float32, torch.device("cpu"), env.window)
+    counts = _softmax_counts("causal mask", torch.isfinite(mask))
+    return counts.repeat(rows // env.t)
 
 
 def _rope_rows(x: torch.Tensor, shape: torch.Size | None = None) -> torch.Tensor:

@@ -24,6 +24,12 @@ from hw.numerics import (
     dequant_output_vector_torch,
     round_shift,
     saturate,
+    scores_channels,
+    scores_channels_torch,
+    scores_epilogue,
+    scores_prologue,
+    scores_prologue_vector,
+    scores_vector,
     vec_dequant,
     vec_dequant_factor,
     vec_dequant_factor_torch,
@@ -171,3 +177,53 @@ def test_the_factor_unit_and_scale_compute_vec_dequant(seed):
 def test_the_factor_unit_latency():
     run = run_unit(DequantFactor(), factor_elements(np.array([1 << 16]), np.array([5])))
     check_latency(run, timing.VECTOR_LATENCY["dequant_factor"])
+
+
+# ---------------------------------------------------------------------- attention's scores
+@pytest.mark.parametrize("scale", [0.125, 0.0883883476, 1.0])
+def test_score_channels_fold_the_softmax_scale_into_the_key_scales(scale):
+    """``scores_channels(s_k, scale)`` is ``dequant_channels`` of the float64 product (no
+    float32 rounding between), within 2**-17 of it; the torch twin is bit-equal; scale 1
+    gives the plain channel words."""
+    rng = np.random.default_rng(11)
+    s_k = np.exp2(rng.uniform(-30, 4, (2, 300))).astype(np.float32)
+    s_k[0, :2] = [0, 1]
+    w = scores_channels(s_k, scale)
+    assert np.array_equal(w, scores_channels_torch(torch.from_numpy(s_k), scale).numpy())
+    m, e = w & ((1 << DEQUANT_MANT_BITS) - 1), w >> DEQUANT_MANT_BITS
+    c = s_k.astype(np.float64) * scale / ACT_QMAX
+    assert np.all(np.abs(m * np.exp2(-e.astype(np.float64)) - c) <= 2.0 ** -17 * c)
+    if scale == 1.0:
+        assert np.array_equal(w, dequant_channels(s_k))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_scores_on_chip_are_within_their_bound_of_the_scaled_float_scores(seed):
+    """:func:`scores_vector` (grouped-query: 4 heads on 2 kv heads, 3 tokens) within
+    ``2**-16 * (1 + 2**-16) * |z| + 2**-17`` of the exact ``z = acc * s_q * s_k * scale``
+    (``s_q = amax / 127 * 2**-16``, in float64), and within ``2**-16 * |z| + 2**-16`` of the
+    float path's ``scores_epilogue * scale`` (float32, its own 2**-23 relative error); the
+    query codes are the float prologue's with the vector unit's requantisation."""
+    g = torch.Generator().manual_seed(seed)
+    b, h, kv, t, s, d = 1, 4, 2, 3, 40, 16
+    q = torch.randn((b, h, t, d), generator=g) * 3
+    k8 = torch.randint(-127, 128, (b, kv, s, d), generator=g, dtype=torch.int32)
+    s_k = torch.exp2(torch.empty((b, kv, s)).uniform_(-10, -4, generator=g))
+    scale = d ** -0.5
+    q8, amax = scores_prologue_vector(q, kv)
+    assert torch.equal(q8, scores_prologue(q, kv, vector=True)[0])
+    acc = torch.einsum("bkrd,bksd->bkrs", q8.to(torch.int64), k8.to(torch.int64))
+    z = scores_vector(acc, amax, s_k, scale, h).double()
+    exact = (acc.double() * (amax.double() / ACT_QMAX * 2.0 ** -ACT_FRAC)[..., None]
+             * s_k.double()[..., None, :] * scale).reshape(b, h, t, s)
+    assert exact.abs().max() < 2 ** 8 and exact.abs().max() > 1   # float32-exact, not tiny
+    assert torch.all((z - exact).abs() <= 2.0 ** -16 * (1 + 2.0 ** -16) * exact.abs()
+                     + 2.0 ** -17)
+    flt = (scores_epilogue(acc, act_scale_t(amax), s_k, h) * scale).double()
+    assert torch.all((z - flt).abs() <= 2.0 ** -16 * flt.abs() + 2.0 ** -16)
+    assert not torch.equal(z, flt)   # the on-chip path is its own rounding
+
+
+def act_scale_t(amax: torch.Tensor) -> torch.Tensor:
+    """:func:`act_scale` of torch ``amax`` words."""
+    return torch.from_numpy(act_scale(amax.numpy()))

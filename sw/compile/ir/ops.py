@@ -59,6 +59,8 @@ from hw.numerics import (
     rope_vector,
     scores_epilogue,
     scores_prologue,
+    scores_prologue_vector,
+    scores_vector,
     silu_gate_vector,
     softmax_vector,
     values_epilogue,
@@ -341,16 +343,24 @@ def _positions(node: Node, args: list, env: Env) -> tuple:
 
 
 def _attn_scores(node: Node, args: list, env: Env) -> tuple:
+    """``q . k^T * scale``: in float, with the INT8 (INT4) cache's float epilogue, or -- with
+    the vector unit -- as its DEQUANT computes the scaled scores
+    (:func:`hw.numerics.scores_vector`)."""
     q, k = args
+    scale = node.attrs["scale"]
     if not env.numerics.attention:
         if k.shape[1] != q.shape[1]:
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        return (torch.matmul(q, k.transpose(-2, -1)),)
+        return (torch.matmul(q, k.transpose(-2, -1)) * scale,)
     vector, bits = env.numerics.vector, env.numerics.kv_bits
     k8, s_k = kv_rows(k, vector, bits, kv4_key_group(k.shape[-1]) if bits == 4 else None)
-    q8, s_q = scores_prologue(q, k.shape[1], vector)
+    if vector:
+        q8, amax = scores_prologue_vector(q, k.shape[1])
+        acc = gemm_acc_torch(q8, k8, env.numerics.acc_bits)
+        return (scores_vector(acc, amax, s_k, scale, q.shape[1]),)
+    q8, s_q = scores_prologue(q, k.shape[1])
     acc = gemm_acc_torch(q8, k8, env.numerics.acc_bits)
-    return (scores_epilogue(acc, s_q, s_k, q.shape[1]),)
+    return (scores_epilogue(acc, s_q, s_k, q.shape[1]) * scale,)
 
 
 def _attn_values(node: Node, args: list, env: Env) -> tuple:
@@ -378,7 +388,7 @@ def _rope(node: Node, args: list, env: Env) -> tuple:
 
 def _softmax(node: Node, args: list, env: Env) -> tuple:
     f = softmax_vector if env.numerics.vector else attention_probs
-    return (f(args[0], node.attrs["scale"], args[1]),)
+    return (f(args[0], 1.0, args[1]),)  # the scores are scaled (attn_scores)
 
 
 def _silu_gate(node: Node, args: list, env: Env) -> tuple:
@@ -423,9 +433,10 @@ OPS: dict[str, OpDef] = {d.name: d for d in (
           _repeat_kv_shape, stream_cycles, {"groups": Attr(int)}, kv_state="alias",
           doc="materialised grouped-query repeat of K or V (as captured)"),
     OpDef("attn_scores", (2, 1), _attn_scores, _attention_shape, stream_cycles,
-          _ATTENTION_ATTRS, streams="kv", doc="q . k^T against the INT8 key cache"),
-    OpDef("softmax", (2, 1), _softmax, _softmax_shape, stream_cycles, {"scale": Attr(float)},
-          vector=VecFunc.SOFTMAX, doc="softmax(scores * scale + mask)"),
+          {**_ATTENTION_ATTRS, "scale": Attr(float)}, streams="kv",
+          doc="q . k^T * scale against the INT8 key cache"),
+    OpDef("softmax", (2, 1), _softmax, _softmax_shape, stream_cycles,
+          vector=VecFunc.SOFTMAX, doc="softmax(scores + mask) (the scores scaled)"),
     OpDef("attn_values", (2, 1), _attn_values, _attention_shape, stream_cycles,
           _ATTENTION_ATTRS, streams="kv", doc="p . v against the INT8 value cache"),
     OpDef("silu_gate", (2, 1), _silu_gate, _elementwise_shape,

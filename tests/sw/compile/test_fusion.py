@@ -36,6 +36,7 @@ from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model, compiler
 from sw.compile.errors import LoweringError
 from sw.compile.fusion import (
+    SCORES_AMAX,
     VECTOR_EVENTS,
     fuse_parts,
     fuse_words,
@@ -480,3 +481,53 @@ def test_a_rope_reads_the_rows_of_the_linear_its_layout_nodes_view():
     g, work = _qkv_rope_graph([("view", {"shape": [1, 2, 3, 4]}, (1, 2, 3, 4))])
     assert (work[0][3][0].rows, work[0][3][0].length) == (3, 8)
     assert row_aliases(g, work) == {}
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
+    """Each attention scores node's program per context bucket and the softmax's of the same
+    bucket are parts of one fused program (its VECs: in a decode step a REQUANT of each query
+    head's row of the rope's results, then a DEQUANT per row of each operand head, then a
+    SOFTMAX per row, whose ``imm`` the host sets); each member's DEQUANT writes its rows of
+    the softmax's input, in order, and reads its kv head's channel words and the ``amax``
+    words of REQUANT (decode) or of the host (prefill: a beat per row)."""
+    lm = tiny_lm(layers=2, heads=4, kv_heads=kv_heads)
+    ws = compressed(lm)
+    opts = CompileOptions(6, 40)
+    exe = compile_model(lm, CFG.replace(memory=MemoryModel(size_bytes=1 << 22)), opts,
+                        weights=ws)
+    fused = [p for p in exe.programs if p.parts and p.imm_rows]
+    scores = [p for p in exe.programs if p.node.endswith(".scores") and p.fused_into is None
+              and not p.parts]
+    assert fused and not scores   # every scores program is fused with its softmax
+    buckets = {(p.phase, p.bucket) for p in fused}
+    assert len(fused) == 2 * len(buckets) and len(buckets) > 2   # 2 layers, every bucket
+    for p in fused:
+        first, soft = (exe.programs[i] for i in p.parts)
+        assert first.node.endswith(".scores") and soft.node.endswith(".softmax")
+        assert first.bucket == soft.bucket == p.bucket
+        op = soft.vector
+        vecs = [i for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")]
+        requant = [VecFunc.REQUANT] * (4 if p.phase == "decode" else 0)  # a row per head
+        assert [v.func for v in vecs] == \
+            requant + [VecFunc.DEQUANT] * op.rows + [VecFunc.SOFTMAX] * op.rows
+        words = p.words[list(p.imm_rows)]
+        assert len(p.imm_rows) == op.rows and all(
+            i.func == VecFunc.SOFTMAX for i in decode_program(words.view(np.uint8)))
+        at = exe.symbols[op.x].addr
+        layer = int(p.node.split(".")[1])
+        for j, m in enumerate(first.members):   # operand heads in order: the softmax's rows
+            r = exe.symbols[m.dequant]
+            assert r.addr == at and m.dequant_row_bytes == op.row_bytes
+            at += m.tokens * op.row_bytes
+            if p.phase == "decode":   # REQUANT leaves them
+                assert m.amax is None
+            else:
+                assert exe.symbols[m.amax].nbytes >= m.tokens * CFG.beat_bytes
+            assert m.channels == f"sc:{layer}:{j // (len(first.members) // kv_heads)}"
+            assert exe.symbols[m.channels].nbytes >= op.row_bytes
+        assert at == exe.symbols[op.x].addr + op.data_bytes
+    assert SCORES_AMAX.separate and SCORES_AMAX.stride == 1
+    # per decode step: the chain of the final norm, a block's MLP + next block's q/k/v, and
+    # each block's scores -> softmax
+    assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 1 + 2 * 2

@@ -75,7 +75,8 @@ def _graph(node: Node, values: dict) -> Graph:
      {"k": TensorType((1, 2, 1, 8)), "v": TensorType((1, 2, 1, 8)),
       "K": TensorType((1, 2, 4, 8)), "V": TensorType((1, 2, "S", 8))}, r"\[B, KV, S, d\]"),
     (Node("n", "attn_scores", ("q", "k"), ("s",),
-          {"layer": 0, "heads": 4, "kv_heads": 2, "head_dim": 8}),
+          {"layer": 0, "heads": 4, "kv_heads": 2, "head_dim": 8,
+           "scale": 0.25}),
      {"q": TensorType((1, 4, 1, 8)), "k": TensorType((1, 2, "S", 8)),
       "s": TensorType((1, 4, 1, 8))}, r"should be f32\[1, 4, 1, S\]"),
 ])

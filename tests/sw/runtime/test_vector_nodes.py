@@ -67,7 +67,10 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
         | (set() if fuse else {VecFunc.ADD}))
     for p in exe.programs:  # a fused program dequantises its GEMMs' outputs on chip
         if p.parts and p.members:
-            assert {v.func for v in _vecs(p)} >= {VecFunc.REQUANT, VecFunc.DEQUANT}
+            funcs = {v.func for v in _vecs(p)}
+            # requantised on chip, or attention's scores -> softmax (the host's query rows)
+            assert VecFunc.DEQUANT in funcs
+            assert VecFunc.REQUANT in funcs or funcs == {VecFunc.DEQUANT, VecFunc.SOFTMAX}
             assert p.members and all(m.dequant for m in p.members)
     for p in vector:  # one VEC per row, all of the node's sub-op (a fused part: in its program)
         if p.fused_into is not None:
@@ -111,16 +114,17 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
     blocks = lm.config.num_hidden_layers
     unfused = len(runs[True, False, True].programs)
     assert unfused == len(runs[False, None, True].programs) + 6 * blocks + 1
-    # fused: each block's RMSNorms and SiLU-gate run in the program of the linear after them
-    assert len(runs[True, True, False].programs) == unfused - 3 * blocks
+    # fused: each block's RMSNorms and SiLU-gate run in the program of the linear after them,
+    # its softmax in the scores' program
+    assert len(runs[True, True, False].programs) == unfused - 4 * blocks
     report = exes[True, True, False].report["phases"]["decode"]
-    assert report["fused_programs_per_step"] == 3 * blocks
+    assert report["fused_programs_per_step"] == 4 * blocks
     # chained: a block's MLP (post-attention RMSNorm -> gate/up -> SiLU-gate -> down + ADD)
     # and the next block's RMSNorm -> q/k/v -> RoPE of q and k (the last block's: the final
-    # norm) in one program
-    assert len(runs[True, True, True].programs) == unfused - 7 * blocks
+    # norm) in one program; scores -> softmax in another
+    assert len(runs[True, True, True].programs) == unfused - 8 * blocks
     report = exes[True, True, True].report["phases"]["decode"]
-    assert report["fused_programs_per_step"] == 1 + blocks
+    assert report["fused_programs_per_step"] == 1 + 2 * blocks
     for key, st in runs.items():
         assert st.transitions == 2 * len(st.programs)
         assert exes[key].report["phases"]["decode"]["programs_per_step"] == len(st.programs)
@@ -135,17 +139,20 @@ def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs():
     chained = compile_model(lm, VSMALL, opts, weights=ws)
     pairs = compile_model(lm, VSMALL, dataclasses.replace(opts, chain_programs=False),
                           weights=ws)
-    longest_pair = max(p.instructions for p in pairs.programs if p.parts and p.phase == "decode")
-    fused = [p for p in chained.programs if p.parts and p.phase == "decode"]
+    def linear(exe):  # fused programs of linears (attention's scores -> softmax aside)
+        return [p for p in exe.programs if p.parts and p.phase == "decode" and not p.imm_rows]
+
+    longest_pair = max(p.instructions for p in linear(pairs))
+    fused = linear(chained)
     assert fused and all(len(p.parts) > 2 for p in fused)   # every pair is in a chain
     depth = 1 << (longest_pair - 1).bit_length()
     assert all(p.instructions > depth for p in fused)
     cfg = VSMALL.replace(imem_depth=depth)
     exe = compile_model(lm, cfg, opts, weights=ws)
-    decode = [p for p in exe.programs if p.parts and p.phase == "decode"]
+    decode = linear(exe)
     assert decode and all(len(p.parts) == 2 for p in decode)
     blocks = lm.config.num_hidden_layers
-    assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 3 * blocks
+    assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 4 * blocks
     ids = _ids(lm, PROMPT + 2)
     steps = _steps(Runtime(exe, make_backend("model", cfg), vector=True), ids, PROMPT)
     want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
@@ -345,9 +352,13 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     assert any(p.vector is not None for p in exe.programs)
     # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too, per phase: the norm ->
     # q/k/v -> RoPE of q and k (its table LOADs set per step), and the MLP chained with the
-    # final norm (an ADD part between)
+    # final norm (an ADD part between); attention's scores -> DEQUANT -> softmax (its valid
+    # counts set per step; decoding, the query's REQUANT from the RoPE's rows first)
     fused = [p for p in exe.programs if p.parts]
-    assert sorted(len(p.parts) for p in fused) == [4, 4, 5, 5]
+    assert sorted(len(p.parts) for p in fused) == [2, 2, 4, 4, 5, 5]
+    assert all({v.func for v in _vecs(p)} == {VecFunc.DEQUANT, VecFunc.SOFTMAX}
+               | ({VecFunc.REQUANT} if p.phase == "decode" else set()) and p.imm_rows
+               for p in fused if len(p.parts) == 2)
     assert all(VecFunc.ROPE in {v.func for v in _vecs(p)} and p.position_rows
                for p in fused if len(p.parts) == 4)
     assert all(VecFunc.ADD in {v.func for v in _vecs(p)} for p in fused if len(p.parts) == 5)
