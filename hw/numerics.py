@@ -1434,7 +1434,7 @@ def scores_vector(acc: torch.Tensor, amax: torch.Tensor, s_k: torch.Tensor, scal
                   heads: int) -> torch.Tensor:
     """The scaled scores as the vector unit's DEQUANT writes them: integer scores ``acc [B,
     KV, G*T, S]``, the query rows' ``amax [B, KV, G*T]`` (:func:`scores_prologue_vector`) and
-    the key scales ``s_k [B, KV, S]`` -> float32 ``[B, H, T, S]``,
+    the key scales ``s_k [B, KV, S]`` -> float64 ``[B, H, T, S]`` (the exact words),
     ``from_fixed(vec_dequant(acc, scores_channels(s_k, scale), amax))``.
 
     This is ``scores * scale`` of the float path (:func:`scores_epilogue`, then the softmax's
@@ -1443,8 +1443,7 @@ def scores_vector(acc: torch.Tensor, amax: torch.Tensor, s_k: torch.Tensor, scal
     (``s_q`` the query row's :func:`act_scale`), where the float path's float32 products
     are within about ``2**-23 * |z|``; the softmax of these rows (:func:`vec_softmax`) then
     differs from the float path's by at most ``2**-16 |z|``-sized shifts of its inputs on
-    top of its own error. Elements are on the 2**-16 grid; as float32 they are exact below
-    2**8 in magnitude.
+    top of its own error. Elements are on the 2**-16 grid.
     """
     chan = scores_channels_torch(s_k, scale).unsqueeze(-2)
     return ungroup_rows(from_fixed_torch(vec_dequant_torch(acc, chan, amax)), heads)
