@@ -485,14 +485,29 @@ class Runtime:
     # ------------------------------------------------------------------ accelerator nodes
     def _linear_in(self, node: Node, args: list, env, program: Program) -> tuple:
         """Quantise the input rows (one buffer shared by every member); convert each biased
-        member's bias to accumulator units, one int32 row per token (WIDE_BIAS)."""
+        member's bias to accumulator units, one int32 row per token (WIDE_BIAS). For a fused
+        program whose REQUANT part requantises them on chip (``requant``), write them as
+        Q15.16 rows instead (``to_fixed``), and the residual rows a part of it reads
+        (``residual``) likewise."""
         rows = args[0].reshape(-1, args[0].shape[-1])
         s_x = None
         biased = [m for m in program.members if m.b]
+        m0 = program.members[0]
+        if m0.requant:
+            written = 4 * rows.numel()
+            if self.values:
+                self._write_rows(m0.requant, to_fixed_torch(rows).numpy().astype("<i4"),
+                                 m0.requant_row_bytes)
+            if m0.residual:
+                res = args[1].reshape(rows.shape[0], -1)
+                written += 4 * res.numel()
+                if self.values:
+                    self._write_rows(m0.residual, to_fixed_torch(res).numpy().astype("<i4"),
+                                     m0.dequant_row_bytes)
+            return None, stream_cycles(written, written, self.exe.cfg)
         if self.values:
             quantize = quantize_activations_vector if self.vector else quantize_activations
             a, s_x = quantize(rows.numpy())
-            m0 = program.members[0]
             self._write_rows(m0.x, a, m0.act_row_bytes)
             for m in biased:
                 bias = self.params[m.bias].numpy()

@@ -119,10 +119,11 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
     assert len(runs[True, True, False].programs) == unfused - 4 * blocks
     report = exes[True, True, False].report["phases"]["decode"]
     assert report["fused_programs_per_step"] == 4 * blocks
-    # chained: a block's MLP (post-attention RMSNorm -> gate/up -> SiLU-gate -> down + ADD)
-    # and the next block's RMSNorm -> q/k/v -> RoPE of q and k (the last block's: the final
-    # norm) in one program; scores -> softmax in another
-    assert len(runs[True, True, True].programs) == unfused - 8 * blocks
+    # chained: a block's o_proj (REQUANT of the host's rows -> GEMM -> DEQUANT -> ADD) and
+    # MLP (post-attention RMSNorm -> gate/up -> SiLU-gate -> down + ADD) and the next block's
+    # RMSNorm -> q/k/v -> RoPE of q and k (the last block's: the final norm) in one program;
+    # scores -> softmax in another
+    assert len(runs[True, True, True].programs) == unfused - 9 * blocks
     report = exes[True, True, True].report["phases"]["decode"]
     assert report["fused_programs_per_step"] == 1 + 2 * blocks
     for key, st in runs.items():
