@@ -13,8 +13,9 @@ program's input buffer and dequantises its int32 outputs. Fused (:func:`fusion_p
 part                   what it does
 =====================  ===========================================================
 a vector program       a vector node's: its rows from ``x`` (and ``b``) to ``y`` (Q15.16)
-REQUANT                ``y`` to the linear's INT8 input rows and each row's ``amax``
-                       word (:class:`RequantOp`, :func:`sw.compile.schedule.schedule_requant`,
+REQUANT                ``y`` (a chain's REQUANT head: the host's rows) to the linear's
+                       INT8 input rows and each row's ``amax`` word (:class:`RequantOp`,
+                       :func:`sw.compile.schedule.schedule_requant`,
                        :func:`hw.numerics.vec_requant`: the host's requantisation)
 a linear program       a linear node's: GEMM tiles to its int32 outputs
 DEQUANT                one per member of the linear: its int32 rows, the layer's channel
@@ -58,22 +59,29 @@ A node pair fuses when the linear's input is the vector node's output, neither d
 the context bucket, the linear has no bias (its bias rows are written by the host between
 the two) and it reads ``rows`` rows of ``length`` elements as the vector node writes them.
 
-*Chaining* (:func:`fusion_groups`): consecutive pairs and lone vector nodes become one
-program when each vector node after the first reads only rows an earlier part left on chip
-(a vector node's results, a linear's DEQUANT rows, or a residual linear's output as the ADD
-of its DEQUANT rows and residual rows on chip -- the residual rows are there when they are
-the input the host wrote for the program's first vector node). The vector part is then
-relocated to read those rows, and the host needs nothing between the nodes: the runtime
+*Chaining* (:func:`fusion_groups`): consecutive *units* -- pairs, lone vector nodes and
+REQUANT heads (:func:`linear_group`: a linear node as a REQUANT of Q15.16 rows into its
+INT8 input rows, its program and a DEQUANT per member) -- become one program when each unit
+after the first reads only rows an earlier part left on chip (a vector node's results, a
+linear's DEQUANT rows, or a residual linear's output as the ADD of its DEQUANT rows and
+residual rows on chip) with its *head* (its vector part's operands, its REQUANT's input).
+The first unit's rows are the host's, written before the start: a vector node's operands,
+or a REQUANT head's input rows (``to_fixed`` of the linear's input: REQUANT of them is the
+host's :func:`hw.numerics.quantize_activations_vector`) and a residual linear's residual
+rows (:attr:`FusedGroup.residual`); residual rows are on chip when they are such host rows
+or an earlier ADD's. A later head is relocated to read the rows on chip (a REQUANT head
+then reads them where they are), and the host needs nothing between the nodes: the runtime
 runs the program at the first node and reads the later nodes' results back at their turn.
+A REQUANT head alone is no fewer programs: it only heads or joins a chain.
 A ``rope`` node reads q or k through layout nodes (``view``, ``transpose``) of the q/k/v
 linear's output, whose rows are already ROPE's rows (one token's heads side by side): it
 joins a chain that holds those DEQUANT rows (:func:`row_aliases`). Its table LOADs stay
 run-time parameters: the fused program lists them (:func:`fuse_parts` gives where each
 part's words lie) and the runtime points them at the step's position as for the node alone.
-In a decoder this chains a block's ``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and
-the next block's ``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final
-norm). A chain that does
-not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.fallback`).
+In a decoder this chains a block's ``o_proj (+ ADD)`` (its input the host's values
+epilogue), ``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and the next block's
+``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final norm). A chain that
+does not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.fallback`).
 
 *Attention's scores -> softmax* (:func:`scores_groups`): per context bucket, the scores
 program (a member per operand head), a DEQUANT per member and the softmax program of the same

@@ -17,7 +17,9 @@ the addresses of the LOADs that read the rows of the constant rotary table, like
 epilogue reads the results back (``from_fixed``: float64, the exact words), so they equal
 the host kernels with the vector unit's numerics bit for bit. The parts of a fused program
 (:mod:`sw.compile.fusion`) keep their prologues and epilogues, but the program runs once, at
-its first part's node, and the later parts' inputs are what it wrote on chip. The KV cache
+its first part's node (a linear whose REQUANT part is on chip: its input rows, and its
+residual rows, written as Q15.16 words), and the later parts' inputs are what it wrote on
+chip. The KV cache
 lives in accelerator memory: the op that appends to it (``OPS[op].kv_state``) writes the
 step's INT8 (or INT4) keys and values into their stream layout
 (:class:`~sw.compile.executable.KVCachePlan`) and keeps their scales on the host. Everything
