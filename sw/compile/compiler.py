@@ -598,7 +598,7 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
                                        dequant_row_bytes=dequant[m.y].row_bytes,
                                        argmax=argmax.get(dequant[m.y].y),
                                        **_host_words(m, dequant[m.y], requantised),
-                                       **_host_rows(cfg, m, host_rows, group, e))
+                                       **_host_rows(cfg, m, host_rows, group.residual))
                    if m.y in dequant else m for m in p.members)
         programs[pos[e]] = dataclasses.replace(p, words=empty, fused_into=n, members=ms)
         members += ms
@@ -619,16 +619,16 @@ def _host_words(m: Member, d: DequantOp, requantised: set[str]) -> dict:
 
 
 def _host_rows(cfg: AcceleratorConfig, m: ProgramMember, host_rows: Mapping[str, RequantOp],
-               group: FusedGroup, entry: int) -> dict:
+               residual: str | None) -> dict:
     """A member's fields naming the Q15.16 rows the host writes for a fused program that
-    starts with a REQUANT of its input (``host_rows``: such REQUANT parts by the INT8 rows
-    they write): the input rows and, for the group's first entry, its residual rows."""
+    starts with a REQUANT of its input (``host_rows``: such REQUANT parts, only ever the
+    first, by the INT8 rows they write): the input rows and the ``residual`` rows
+    (:attr:`sw.compile.fusion.FusedGroup.residual`)."""
     req = host_rows.get(m.x)
     if req is None:
         return {}
-    first = entry == group.entries[0]
     return {"requant": req.x, "requant_row_bytes": row_bytes(cfg, req.length),
-            "residual": group.residual if first else None}
+            "residual": residual}
 
 
 def _constant_regions(work, max_context: int,

@@ -19,11 +19,10 @@ the host kernels with the vector unit's numerics bit for bit. The parts of a fus
 (:mod:`sw.compile.fusion`) keep their prologues and epilogues, but the program runs once, at
 its first part's node (a linear whose REQUANT part is on chip: its input rows, and its
 residual rows, written as Q15.16 words), and the later parts' inputs are what it wrote on
-chip. The KV cache
-lives in accelerator memory: the op that appends to it (``OPS[op].kv_state``) writes the
-step's INT8 (or INT4) keys and values into their stream layout
-(:class:`~sw.compile.executable.KVCachePlan`) and keeps their scales on the host. Everything
-the runtime needs to know of the compilation it reads from the
+chip. The KV cache lives in accelerator memory: the op that appends to it
+(``OPS[op].kv_state``) writes the step's INT8 (or INT4) keys and values into their stream
+layout (:class:`~sw.compile.executable.KVCachePlan`) and keeps their scales on the host.
+Everything the runtime needs to know of the compilation it reads from the
 :class:`~sw.compile.executable.Executable`.
 
 Accounting per step (:class:`StepStats`): every program's cycles and counters, its minimal
