@@ -347,8 +347,9 @@ class Runtime:
     # ------------------------------------------------------------------ timing memo
     def _key(self, phase: str, node: Node, vals: dict, env) -> tuple | None:
         """Nodes of one op, attributes (names aside), input shapes and -- on the accelerator
-        -- program template cost the same; without values their outputs are placeholders, so
-        a repeat is replayed, not recomputed."""
+        -- program template cost the same (a part of a fused program: that program's, and
+        whether it runs there, at its first part); without values their outputs are
+        placeholders, so a repeat is replayed, not recomputed."""
         if OPS[node.op].kv_state:
             return None
         attrs = {k: v for k, v in node.attrs.items()
@@ -357,7 +358,11 @@ class Runtime:
                        vals[v].kind for v in node.inputs)
         template = None
         if node.name in self._accelerated[phase]:
-            template = self._program(phase, node, env)[1].template
+            pid, program = self._program(phase, node, env)
+            template = program.template
+            if program.fused_into is not None:
+                fused = self.exe.programs[program.fused_into]
+                template = (fused.template, fused.parts[0] == pid)
         return (node.op, json.dumps(attrs, sort_keys=True), shapes, env.past, env.t,
                 len(node.outputs), template)
 
