@@ -83,7 +83,7 @@ from sw.compile.relocation import (
     relocate,
 )
 from sw.compile.tiling import stream_bytes, weight_image
-from sw.compile.vector import VectorOp, vector_op
+from sw.compile.vector import VectorOp, row_bytes, vector_op
 from sw.models.llama import LlamaLM, rotary_tables
 
 __all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes", "vector_ops",
@@ -592,11 +592,13 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     empty = np.zeros((0, 2), dtype=np.uint64)
     members = []
     requantised = {p.y for p in group.parts if isinstance(p, RequantOp)}  # on chip
+    host_rows = {p.y: p for p in group.parts if isinstance(p, RequantOp) and p.host}
     for e, p in zip(group.entries, nodes, strict=True):
         ms = tuple(dataclasses.replace(m, dequant=dequant[m.y].y,
                                        dequant_row_bytes=dequant[m.y].row_bytes,
                                        argmax=argmax.get(dequant[m.y].y),
-                                       **_host_words(m, dequant[m.y], requantised))
+                                       **_host_words(m, dequant[m.y], requantised),
+                                       **_host_rows(cfg, m, host_rows, group.residual))
                    if m.y in dequant else m for m in p.members)
         programs[pos[e]] = dataclasses.replace(p, words=empty, fused_into=n, members=ms)
         members += ms
@@ -614,6 +616,19 @@ def _host_words(m: Member, d: DequantOp, requantised: set[str]) -> dict:
     if not d.host:
         return {}
     return {"channels": d.w, "amax": None if m.x in requantised else d.b}
+
+
+def _host_rows(cfg: AcceleratorConfig, m: ProgramMember, host_rows: Mapping[str, RequantOp],
+               residual: str | None) -> dict:
+    """A member's fields naming the Q15.16 rows the host writes for a fused program that
+    starts with a REQUANT of its input (``host_rows``: such REQUANT parts, only ever the
+    first, by the INT8 rows they write): the input rows and the ``residual`` rows
+    (:attr:`sw.compile.fusion.FusedGroup.residual`)."""
+    req = host_rows.get(m.x)
+    if req is None:
+        return {}
+    return {"requant": req.x, "requant_row_bytes": row_bytes(cfg, req.length),
+            "residual": residual}
 
 
 def _constant_regions(work, max_context: int,

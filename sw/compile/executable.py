@@ -52,7 +52,7 @@ __all__ = ["Executable", "Program", "ProgramMember", "ProgramTable", "KVCachePla
 
 #: The file format's version: a new one whenever a field is added, dropped or changes
 #: meaning (a reader refuses every other version, naming both).
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 _KEY = "nmfpga-executable"
 
 
@@ -71,7 +71,11 @@ class ProgramMember:
     ``channels``: where the host writes the ``amax`` words of the input rows (word 0 of a
     beat per row) and the channel words of the outputs (one int32 per output column) for a
     DEQUANT part that reads the host's (attention's scores; None: none; ``amax`` None with
-    ``channels``: a REQUANT part writes the input rows and their ``amax`` on chip).
+    ``channels``: a REQUANT part writes the input rows and their ``amax`` on chip);
+    ``requant``: where the host writes the input rows as Q15.16 words (``to_fixed``),
+    ``requant_row_bytes`` apart, for a fused program's REQUANT part that writes ``x`` on chip
+    (None: the host writes ``x``); ``residual``: where it writes a residual linear's residual
+    rows likewise, ``dequant_row_bytes`` apart, for a part that reads them (None: none).
     """
 
     w: str
@@ -92,6 +96,9 @@ class ProgramMember:
     argmax: str | None = None
     amax: str | None = None
     channels: str | None = None
+    requant: str | None = None
+    requant_row_bytes: int = 0
+    residual: str | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -13,8 +13,9 @@ program's input buffer and dequantises its int32 outputs. Fused (:func:`fusion_p
 part                   what it does
 =====================  ===========================================================
 a vector program       a vector node's: its rows from ``x`` (and ``b``) to ``y`` (Q15.16)
-REQUANT                ``y`` to the linear's INT8 input rows and each row's ``amax``
-                       word (:class:`RequantOp`, :func:`sw.compile.schedule.schedule_requant`,
+REQUANT                ``y`` (a chain's REQUANT head: the host's rows) to the linear's
+                       INT8 input rows and each row's ``amax`` word (:class:`RequantOp`,
+                       :func:`sw.compile.schedule.schedule_requant`,
                        :func:`hw.numerics.vec_requant`: the host's requantisation)
 a linear program       a linear node's: GEMM tiles to its int32 outputs
 DEQUANT                one per member of the linear: its int32 rows, the layer's channel
@@ -58,22 +59,29 @@ A node pair fuses when the linear's input is the vector node's output, neither d
 the context bucket, the linear has no bias (its bias rows are written by the host between
 the two) and it reads ``rows`` rows of ``length`` elements as the vector node writes them.
 
-*Chaining* (:func:`fusion_groups`): consecutive pairs and lone vector nodes become one
-program when each vector node after the first reads only rows an earlier part left on chip
-(a vector node's results, a linear's DEQUANT rows, or a residual linear's output as the ADD
-of its DEQUANT rows and residual rows on chip -- the residual rows are there when they are
-the input the host wrote for the program's first vector node). The vector part is then
-relocated to read those rows, and the host needs nothing between the nodes: the runtime
+*Chaining* (:func:`fusion_groups`): consecutive *units* -- pairs, lone vector nodes and
+REQUANT heads (:func:`linear_group`: a linear node as a REQUANT of Q15.16 rows into its
+INT8 input rows, its program and a DEQUANT per member) -- become one program when each unit
+after the first reads only rows an earlier part left on chip (a vector node's results, a
+linear's DEQUANT rows, or a residual linear's output as the ADD of its DEQUANT rows and
+residual rows on chip) with its *head* (its vector part's operands, its REQUANT's input).
+The first unit's rows are the host's, written before the start: a vector node's operands,
+or a REQUANT head's input rows (``to_fixed`` of the linear's input: REQUANT of them is the
+host's :func:`hw.numerics.quantize_activations_vector`) and a residual linear's residual
+rows (:attr:`FusedGroup.residual`); residual rows are on chip when they are such host rows
+or an earlier ADD's. A later head is relocated to read the rows on chip (a REQUANT head
+then reads them where they are), and the host needs nothing between the nodes: the runtime
 runs the program at the first node and reads the later nodes' results back at their turn.
+A REQUANT head alone is no fewer programs: it only heads or joins a chain.
 A ``rope`` node reads q or k through layout nodes (``view``, ``transpose``) of the q/k/v
 linear's output, whose rows are already ROPE's rows (one token's heads side by side): it
 joins a chain that holds those DEQUANT rows (:func:`row_aliases`). Its table LOADs stay
 run-time parameters: the fused program lists them (:func:`fuse_parts` gives where each
 part's words lie) and the runtime points them at the step's position as for the node alone.
-In a decoder this chains a block's ``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and
-the next block's ``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final
-norm). A chain that does
-not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.fallback`).
+In a decoder this chains a block's ``o_proj (+ ADD)`` (its input the host's values
+epilogue), ``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and the next block's
+``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final norm). A chain that
+does not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.fallback`).
 
 *Attention's scores -> softmax* (:func:`scores_groups`): per context bucket, the scores
 program (a member per operand head), a DEQUANT per member and the softmax program of the same
@@ -121,9 +129,10 @@ from sw.compile.schedule import EVENTS, AmaxPlace, amax_place
 from sw.compile.vector import VectorOp, row_bytes
 
 __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
-           "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "part_buffers",
-           "part_constants", "part_aliases", "scores_groups", "fuse_words", "fuse_parts",
-           "hoistable", "row_aliases", "VECTOR_EVENTS", "vector_events", "SCORES_AMAX"]
+           "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "linear_group",
+           "part_buffers", "part_constants", "part_aliases", "scores_groups", "fuse_words",
+           "fuse_parts", "hoistable", "row_aliases", "VECTOR_EVENTS", "vector_events",
+           "SCORES_AMAX"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -160,7 +169,9 @@ class RequantOp:
     each row's ``amax`` word also reaches DRAM for a DEQUANT part
     (:func:`sw.compile.schedule.amax_place`: in the INT8 rows, or in ``b``, a beat per
     row); ``within``: ``x`` is the rows of another buffer from a byte offset on
-    (``(symbol, offset)``: :func:`sw.compile.symbols.within`)."""
+    (``(symbol, offset)``: :func:`sw.compile.symbols.within`); ``host``: ``x`` is rows the
+    host writes before the run (``to_fixed`` of the linear's input: a chain's first part,
+    :func:`linear_group`)."""
 
     rows: int
     length: int
@@ -172,6 +183,7 @@ class RequantOp:
     w: None = None
     w_tile_stride: None = None
     within: tuple[str, int] | None = None
+    host: bool = False
 
     @property
     def signature(self) -> tuple:
@@ -319,6 +331,8 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
     for p in parts:
         if isinstance(p, RequantOp):
             out += [(p.b, p.rows * cfg.beat_bytes)] if p.b is not None else []
+            if p.host:  # the rows the host writes for it
+                out.append((p.x, p.rows * row_bytes(cfg, p.length)))
             if p.within is not None:  # the rows it reads live until it has run
                 out.append((p.within[0], p.within[1] + p.rows * row_bytes(cfg, p.length)))
         elif isinstance(p, DequantOp):
@@ -563,12 +577,15 @@ class FusedGroup:
     """A fused program: the work entries it runs (consecutive indices of ``work``), its
     ``parts`` in order and, per part, the entry (offset into ``entries``) whose node's program
     it is (None: a REQUANT, DEQUANT or ADD between them); ``fallback``: the groups to fuse
-    instead where this one does not fit the instruction memory."""
+    instead where this one does not fit the instruction memory; ``residual``: where the host
+    writes the residual rows of the first entry (a residual linear after a host REQUANT
+    head: :func:`linear_group`) as Q15.16 rows for a part that reads them (None: none)."""
 
     entries: tuple[int, ...]
     parts: tuple[Part, ...]
     owners: tuple[int | None, ...]
     fallback: tuple[FusedGroup, ...] = ()
+    residual: str | None = None
 
 
 def _pair_group(cfg: AcceleratorConfig, work: Sequence[tuple], i: int,
@@ -588,6 +605,32 @@ def _pair_group(cfg: AcceleratorConfig, work: Sequence[tuple], i: int,
         parts.append(ArgmaxOp(d.rows, d.length, d.row_bytes, d.y,
                               symbols.buffer("m", phase, node.name)))
     return FusedGroup((i, i + 1), tuple(parts), (0, None, 1) + (None,) * (len(parts) - 3))
+
+
+def linear_group(cfg: AcceleratorConfig, work: Sequence[tuple], i: int) -> FusedGroup | None:
+    """The fused program of entry ``i`` alone, where it is a linear node whose input rows
+    the host may write as Q15.16 rows (``to_fixed``, as for a vector node): a REQUANT of
+    them (``host``; its ``x`` a buffer of its own), the linear program and a DEQUANT of every
+    member's outputs -- what the host's requantisation and dequantisation around it compute
+    (:func:`hw.numerics.quantize_activations_vector` is :func:`hw.numerics.vec_requant` of
+    ``to_fixed``). None where the node depends on the context bucket, has a bias, a member
+    that is not a compressed layer (no channel words), or members that read other rows.
+    Alone it is no fewer programs; it heads a chain (:func:`fusion_groups`)."""
+    phase, node, bucket, members = work[i]
+    if bucket is None and OPS[node.op].streams == "weights" and node.inputs:
+        m = members[0]
+        if all(isinstance(n, Member) and n.source is not None and not n.b and n.x == m.x
+               for n in members):
+            req = RequantOp(m.plan.tokens, m.plan.layout.k, m.plan.act_row_bytes,
+                            symbols.buffer("h", phase, node.name), m.x, host=True)
+            place = amax_place(cfg, req.length, req.act_row_bytes)
+            req = replace(req, amax=True, b=symbols.buffer("a", phase, node.name)
+                          if place.separate else None)
+            outputs = [symbols.buffer("q", phase, node.name, j) for j in range(len(members))]
+            deq = dequant_ops(cfg, req, members, outputs)
+            return FusedGroup((i,), (req, tuple(members), *deq),
+                              (None, 0) + (None,) * len(deq))
+    return None
 
 
 def _layout_source(graph: Graph, value: str) -> tuple[str, list]:
@@ -635,7 +678,10 @@ class _Chain:
     """A fused program being grown unit by unit (:func:`fusion_groups`): its entries, parts
     and owners, and where each graph value it computed lies on chip as Q15.16 rows
     (``(symbol, rows, length)``; ``pending``: a residual linear's output, once an ADD of its
-    DEQUANT rows and the residual rows, ``(dequant symbol, residual symbol, rows, length)``)."""
+    DEQUANT rows and the residual rows, ``(dequant symbol, residual symbol, rows, length)``).
+    A unit's first part is its *head*: a vector node's program, or the REQUANT of a
+    :func:`linear_group`; the rows the first unit's head reads are the host's, written before
+    the start, and so are a residual linear head's residual rows (``residual``)."""
 
     def __init__(self, cfg: AcceleratorConfig, work: Sequence[tuple], unit: FusedGroup,
                  aliases: Mapping[str, str]):
@@ -646,25 +692,39 @@ class _Chain:
         self.units: list[FusedGroup] = []
         self.onchip: dict[str, tuple[str, int, int]] = {}
         self.pending: dict[str, tuple[str, str, int, int]] = {}
-        vec = work[unit.entries[0]][3][0]
-        node = work[unit.entries[0]][1]
-        for value, sym in zip(node.inputs, (vec.x, vec.b), strict=False):
-            if sym is not None:  # the rows the host writes before the start
-                self.onchip[value] = (sym, vec.rows, vec.length)
-        self._add(unit, vec)
+        self.residual: str | None = None
+        head = unit.parts[0]
+        for value, sym in self._reads(unit):  # the rows the host writes before the start
+            self.onchip[value] = (sym, head.rows, head.length)
+        phase, node, _, _ = work[unit.entries[0]]
+        deq = [p for p in unit.parts if isinstance(p, DequantOp)]
+        if isinstance(head, RequantOp) and len(node.inputs) == 2 and len(deq) == 1:
+            self.residual = symbols.buffer("s", phase, node.name)
+            self.onchip.setdefault(node.inputs[1], (self.residual, deq[0].rows, deq[0].length))
+        self._add(unit, head)
 
-    def _add(self, unit: FusedGroup, vec: VectorOp) -> None:
+    def _reads(self, unit: FusedGroup) -> list[tuple[str, str]]:
+        """``(value, symbol)`` of the rows ``unit``'s head reads: a vector node's operands,
+        a REQUANT's linear input."""
+        head = unit.parts[0]
+        node = self.work[unit.entries[0]][1]
+        if isinstance(head, RequantOp):
+            return [(node.inputs[0], head.x)]
+        return [(v, s) for v, s in zip(node.inputs, (head.x, head.b), strict=False) if s]
+
+    def _add(self, unit: FusedGroup, head: VectorOp | RequantOp) -> None:
         base = len(self.entries)
         self.entries += unit.entries
-        self.parts += [vec, *unit.parts[1:]]
+        self.parts += [head, *unit.parts[1:]]
         self.owners += [None if o is None else base + o for o in unit.owners]
         self.units.append(unit)
-        _, vnode, _, _ = self.work[unit.entries[0]]
-        self.onchip[vnode.outputs[0]] = (vec.y, vec.rows, vec.length)
+        if isinstance(head, VectorOp):
+            _, vnode, _, _ = self.work[unit.entries[0]]
+            self.onchip[vnode.outputs[0]] = (head.y, head.rows, head.length)
         deq = [p for p in unit.parts if isinstance(p, DequantOp)]
-        if len(unit.entries) < 2 or not deq:
+        if not deq:
             return
-        _, lnode, _, _ = self.work[unit.entries[1]]
+        _, lnode, _, _ = self.work[unit.entries[-1]]
         if len(lnode.inputs) == 1 and len(lnode.outputs) == len(deq):
             for value, d in zip(lnode.outputs, deq, strict=True):
                 self.onchip[value] = (d.y, d.rows, d.length)
@@ -674,17 +734,18 @@ class _Chain:
                 self.pending[lnode.outputs[0]] = (deq[0].y, res, rows, length)
 
     def join(self, unit: FusedGroup) -> bool:
-        """Append ``unit`` (a pair or a lone vector node) when every input of its vector node
-        lies on chip as it reads it; ADD parts first for residual outputs it reads."""
-        phase, node, bucket, (vec,) = self.work[unit.entries[0]]
+        """Append ``unit`` (a pair, a lone vector node or a :func:`linear_group`) when every
+        row its head reads lies on chip as it reads it; ADD parts first for residual outputs
+        it reads."""
+        phase, _, bucket, _ = self.work[unit.entries[0]]
+        head = unit.parts[0]
         if bucket is not None or phase != self.work[self.entries[0]][0]:
             return False
-        inputs = [self.aliases.get(v, v)
-                  for v, s in zip(node.inputs, (vec.x, vec.b), strict=False) if s]
         found = []
-        for v in inputs:
+        for v, _ in self._reads(unit):
+            v = self.aliases.get(v, v)
             at = self.onchip.get(v) or self.pending.get(v)
-            if at is None or tuple(at[-2:]) != (vec.rows, vec.length):
+            if at is None or tuple(at[-2:]) != (head.rows, head.length):
                 return False
             found.append(v)
         syms = []
@@ -697,13 +758,19 @@ class _Chain:
                 self.owners.append(None)
                 self.onchip[v] = (y, rows, length)
             syms.append(self.onchip[v][0])
-        vec = replace(vec, x=syms[0], b=syms[1] if len(syms) > 1 else None)
-        self._add(unit, vec)
+        if isinstance(head, RequantOp):  # it reads them on chip; the host writes nothing
+            head = replace(head, x=syms[0], host=False)
+        else:
+            head = replace(head, x=syms[0], b=syms[1] if len(syms) > 1 else None)
+        self._add(unit, head)
         return True
 
     def group(self) -> FusedGroup:
+        read = {s for p in self.parts[1:] if isinstance(p, VectorOp | RequantOp)
+                for s in (p.x, p.b)}
         return FusedGroup(tuple(self.entries), tuple(self.parts), tuple(self.owners),
-                          tuple(u for u in self.units if len(u.entries) > 1))
+                          tuple(u for u in self.units if len(u.entries) > 1),
+                          self.residual if self.residual in read else None)
 
 
 def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = True,
@@ -725,7 +792,8 @@ def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = T
             continue
         _, _, bucket, members = work[i]
         lone = bucket is None and len(members) == 1 and isinstance(members[0], VectorOp)
-        units.append(FusedGroup((i,), (members[0],), (0,)) if lone else None)
+        units.append(FusedGroup((i,), (members[0],), (0,)) if lone
+                     else linear_group(cfg, work, i) if chain else None)
         i += 1
     if not chain:
         return [u for u in units if u is not None and len(u.entries) > 1]

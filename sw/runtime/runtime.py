@@ -17,11 +17,12 @@ the addresses of the LOADs that read the rows of the constant rotary table, like
 epilogue reads the results back (``from_fixed``: float64, the exact words), so they equal
 the host kernels with the vector unit's numerics bit for bit. The parts of a fused program
 (:mod:`sw.compile.fusion`) keep their prologues and epilogues, but the program runs once, at
-its first part's node, and the later parts' inputs are what it wrote on chip. The KV cache
-lives in accelerator memory: the op that appends to it (``OPS[op].kv_state``) writes the
-step's INT8 (or INT4) keys and values into their stream layout
-(:class:`~sw.compile.executable.KVCachePlan`) and keeps their scales on the host. Everything
-the runtime needs to know of the compilation it reads from the
+its first part's node (a linear whose REQUANT part is on chip: its input rows, and its
+residual rows, written as Q15.16 words), and the later parts' inputs are what it wrote on
+chip. The KV cache lives in accelerator memory: the op that appends to it
+(``OPS[op].kv_state``) writes the step's INT8 (or INT4) keys and values into their stream
+layout (:class:`~sw.compile.executable.KVCachePlan`) and keeps their scales on the host.
+Everything the runtime needs to know of the compilation it reads from the
 :class:`~sw.compile.executable.Executable`.
 
 Accounting per step (:class:`StepStats`): every program's cycles and counters, its minimal
@@ -346,8 +347,9 @@ class Runtime:
     # ------------------------------------------------------------------ timing memo
     def _key(self, phase: str, node: Node, vals: dict, env) -> tuple | None:
         """Nodes of one op, attributes (names aside), input shapes and -- on the accelerator
-        -- program template cost the same; without values their outputs are placeholders, so
-        a repeat is replayed, not recomputed."""
+        -- program template cost the same (a part of a fused program: that program's, and
+        whether it runs there, at its first part); without values their outputs are
+        placeholders, so a repeat is replayed, not recomputed."""
         if OPS[node.op].kv_state:
             return None
         attrs = {k: v for k, v in node.attrs.items()
@@ -356,7 +358,11 @@ class Runtime:
                        vals[v].kind for v in node.inputs)
         template = None
         if node.name in self._accelerated[phase]:
-            template = self._program(phase, node, env)[1].template
+            pid, program = self._program(phase, node, env)
+            template = program.template
+            if program.fused_into is not None:
+                fused = self.exe.programs[program.fused_into]
+                template = (fused.template, fused.parts[0] == pid)
         return (node.op, json.dumps(attrs, sort_keys=True), shapes, env.past, env.t,
                 len(node.outputs), template)
 
@@ -485,14 +491,29 @@ class Runtime:
     # ------------------------------------------------------------------ accelerator nodes
     def _linear_in(self, node: Node, args: list, env, program: Program) -> tuple:
         """Quantise the input rows (one buffer shared by every member); convert each biased
-        member's bias to accumulator units, one int32 row per token (WIDE_BIAS)."""
+        member's bias to accumulator units, one int32 row per token (WIDE_BIAS). For a fused
+        program whose REQUANT part requantises them on chip (``requant``), write them as
+        Q15.16 rows instead (``to_fixed``), and the residual rows a part of it reads
+        (``residual``) likewise."""
         rows = args[0].reshape(-1, args[0].shape[-1])
         s_x = None
         biased = [m for m in program.members if m.b]
+        m0 = program.members[0]
+        if m0.requant:
+            written = 4 * rows.numel()
+            if self.values:
+                self._write_rows(m0.requant, to_fixed_torch(rows).numpy().astype("<i4"),
+                                 m0.requant_row_bytes)
+            if m0.residual:
+                res = args[1].reshape(rows.shape[0], -1)
+                written += 4 * res.numel()
+                if self.values:
+                    self._write_rows(m0.residual, to_fixed_torch(res).numpy().astype("<i4"),
+                                     m0.dequant_row_bytes)
+            return None, stream_cycles(written, written, self.exe.cfg)
         if self.values:
             quantize = quantize_activations_vector if self.vector else quantize_activations
             a, s_x = quantize(rows.numpy())
-            m0 = program.members[0]
             self._write_rows(m0.x, a, m0.act_row_bytes)
             for m in biased:
                 bias = self.params[m.bias].numpy()

@@ -72,11 +72,12 @@ def test_deploy_on_the_named_vector_configuration(tmp_path, capsys):
     assert report["config"]["vin_spad_bytes"] == 16384
     # per block: q/k/v, scores, values, o, gate/up, down + 2 norms, 2 RoPEs (q, k), softmax,
     # SiLU-gate; then the final norm. Fused: the first block's norm -> q/k/v -> RoPEs; per
-    # block its MLP (norm -> gate/up -> SiLU-gate -> down + ADD) chained with the next block's
-    # norm -> q/k/v -> RoPEs (the last block's: the final norm); per block scores -> softmax
+    # block its o_proj (REQUANT of the host's rows -> GEMM -> DEQUANT -> ADD) and MLP (norm ->
+    # gate/up -> SiLU-gate -> down + ADD) chained with the next block's norm -> q/k/v -> RoPEs
+    # (the last block's: the final norm); per block scores -> softmax. Three programs a block.
     assert report["vector_programs_per_token"] == 1 + 4 * 2
     assert report["fused_programs_per_token"] == 1 + 4 * 2
-    assert report["programs_per_token"] == 12 * 4 + 1 - (3 + 7 * 3 + 4) - 4
+    assert report["programs_per_token"] == 12 * 4 + 1 - (3 + 8 * 3 + 5) - 4 == 3 * 4 + 1
     assert report["host_transitions_per_token"] == 2 * report["programs_per_token"]
     assert report["dram_sizing"]["how"] == "the default configuration's"
     assert (out / "roofline.png").stat().st_size > 100
@@ -106,8 +107,7 @@ def test_the_lm_head_on_the_vector_engine_ends_with_argmax(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["tokens_match_twin"] is True and report["lm_head"] == "dense-int8"
     # the head joins the last chain: one accelerator node more, no program more
-    # RoPEs chained, scores -> softmax
-    assert report["programs_per_token"] == 12 * 4 + 1 - (3 + 7 * 3 + 4) - 4
+    assert report["programs_per_token"] == 12 * 4 + 2 - (3 + 8 * 3 + 6) - 4 == 3 * 4 + 1
     assert report["fused_programs_per_token"] == 1 + 4 * 2
     from sw.compile.executable import load
     exe = load(out / "executable.safetensors")

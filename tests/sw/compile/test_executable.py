@@ -70,15 +70,16 @@ def test_another_format_version_is_refused_with_one_line(exe, tmp_path, monkeypa
 
 
 def test_a_file_of_the_previous_version_is_refused_naming_both(exe, tmp_path, monkeypatch):
-    """Version 2 files predate fused programs (their parts, DEQUANT and ARGMAX rows, rotary
-    table LOADs): this reader refuses them in one line naming both versions."""
+    """Version 3 files predate the host's Q15.16 rows of a fused program's REQUANT head
+    (``ProgramMember.requant``, ``residual``): this reader refuses them in one line naming
+    both versions."""
     import sw.compile.executable as executable
-    assert FORMAT_VERSION == 3
-    monkeypatch.setattr(executable, "FORMAT_VERSION", 2)
-    path = save(exe, tmp_path / "v2.safetensors")
+    assert FORMAT_VERSION == 4
+    monkeypatch.setattr(executable, "FORMAT_VERSION", 3)
+    path = save(exe, tmp_path / "v3.safetensors")
     monkeypatch.undo()
-    with pytest.raises(ExecutableError, match="executable format version 2, this toolkit reads "
-                       "version 3; compile the model again") as e:
+    with pytest.raises(ExecutableError, match="executable format version 3, this toolkit reads "
+                       "version 4; compile the model again") as e:
         load(path)
     assert "\n" not in str(e.value)
 

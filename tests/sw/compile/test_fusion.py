@@ -38,9 +38,13 @@ from sw.compile.errors import LoweringError
 from sw.compile.fusion import (
     SCORES_AMAX,
     VECTOR_EVENTS,
+    DequantOp,
+    RequantOp,
     fuse_parts,
     fuse_words,
+    fusion_groups,
     hoistable,
+    linear_group,
     row_aliases,
     vector_events,
 )
@@ -531,3 +535,96 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     # per decode step: the chain of the final norm, a block's MLP + next block's q/k/v, and
     # each block's scores -> softmax
     assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 1 + 2 * 2
+
+
+def _decode_work(monkeypatch, lm, cfg=VSMALL) -> list:
+    """The decode step's work entries ``(phase, node, bucket, members)`` of ``lm`` compiled
+    for ``cfg``, as the compiler hands them to :func:`fusion_groups`."""
+    seen = []
+    real = compiler._partition
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        seen.append(out[0])
+        return out
+    monkeypatch.setattr(compiler, "_partition", spy)
+    compile_model(lm, cfg, CompileOptions(4, 6), weights=compressed(lm))
+    return [w for w in seen[0] if w[0] == "decode"]
+
+
+def _vec_funcs(words) -> list[VecFunc]:
+    return [i.func for i in decode_program(words.view(np.uint8)) if isinstance(i, Vec)]
+
+
+def test_a_linear_whose_rows_the_host_writes_heads_a_chain():
+    """Each block's o_proj (its input the host's attention output, its residual the block's
+    input) heads the chain of its MLP and the next block's q/k/v: a REQUANT of the Q15.16
+    rows the host writes, the GEMM, its DEQUANT and the ADD of the residual rows the host
+    writes too, before the post-attention norm; the member names both buffers, large enough
+    for the rows. Without chaining it stays the host's (alone it would be no fewer
+    programs)."""
+    lm = tiny_lm()
+    opts = CompileOptions(4, 6)
+    exe = compile_model(lm, VSMALL, opts, weights=compressed(lm))
+    heads = [p for p in exe.programs if p.parts
+             and exe.programs[p.parts[0]].node.endswith("self_attn.o_proj")]
+    assert len(heads) == 2 * lm.config.num_hidden_layers   # every block, both phases
+    for p in heads:
+        (m,) = exe.programs[p.parts[0]].members
+        assert m.requant and m.residual and m.dequant
+        assert exe.symbols[m.requant].nbytes >= m.tokens * m.requant_row_bytes >= 4 * m.k
+        assert exe.symbols[m.residual].nbytes >= m.tokens * m.dequant_row_bytes >= 4 * m.n
+        funcs = _vec_funcs(p.words)
+        rows = [VecFunc.REQUANT] * m.tokens + [VecFunc.DEQUANT] * m.tokens \
+            + [VecFunc.ADD] * m.tokens + [VecFunc.RMSNORM] * m.tokens
+        assert funcs[:len(rows)] == rows
+        others = [q for i in p.parts[1:] for q in exe.programs[i].members]
+        assert not any(q.requant or q.residual for q in others)
+    plain = compile_model(lm, VSMALL, dataclasses.replace(opts, chain_programs=False),
+                          weights=compressed(lm))
+    assert not any(m.requant for p in plain.programs for m in p.members)
+    assert not any(p.node.endswith("o_proj") for p in plain.programs if p.parts)
+
+
+def test_only_an_unbiased_compressed_linear_of_no_bucket_is_a_requant_head(monkeypatch):
+    """:func:`linear_group` refuses a linear with a bias (its rows are the host's), a
+    member without row scales and a node of a context bucket (attention's); the others get
+    a REQUANT of ``host`` rows writing the members' INT8 rows and a DEQUANT per member."""
+    lm = tiny_lm(model_type="qwen2", qkv_bias=True)
+    work = _decode_work(monkeypatch, lm)
+    kinds = {}
+    for i, (_, node, _, members) in enumerate(work):
+        g = linear_group(VSMALL, work, i)
+        kinds[node.name.split(".")[-1]] = g is not None
+        if g is None:
+            continue
+        req, gemm, *deq = g.parts
+        assert isinstance(req, RequantOp) and req.host and req.amax and req.y == members[0].x
+        assert gemm == tuple(members) and g.owners == (None, 0) + (None,) * len(deq)
+        assert [d.x for d in deq] == [m.y for m in members]
+        assert all(isinstance(d, DequantOp) for d in deq)
+    assert kinds["o_proj"] and kinds["gate_proj+1"] and kinds["down_proj"]
+    assert not kinds["q_proj+2"]   # biased
+    assert not kinds["scores"] and not kinds["values"] and not kinds["norm"]
+    i = next(i for i, w in enumerate(work) if w[1].name.endswith("o_proj"))
+    members = work[i][3]
+    nosource = [dataclasses.replace(m, source=None) for m in members]
+    assert linear_group(VSMALL, [(*work[i][:3], nosource)], 0) is None
+
+
+def test_a_requant_head_joins_a_chain_that_holds_its_rows(monkeypatch):
+    """A linear whose input another vector node's part left on chip (here the q/k/v after a
+    norm read by another vector node first, so no pair) joins the chain: its REQUANT reads
+    the norm's results there, and the host writes nothing for it."""
+    work = _decode_work(monkeypatch, tiny_lm())
+    i = next(i for i, w in enumerate(work) if w[1].op == "rmsnorm")
+    phase, norm, _, (vec,) = work[i]
+    other = norm.with_(name="other", inputs=norm.outputs, outputs=("other",))
+    mine = [work[i], (phase, other, None, [dataclasses.replace(vec, x="x:o", y="y:o")]),
+            work[i + 1]]
+    assert work[i + 1][1].inputs == norm.outputs
+    (g,) = fusion_groups(VSMALL, mine)
+    assert g.entries == (0, 1, 2) and g.residual is None
+    req = g.parts[2]
+    assert isinstance(req, RequantOp) and not req.host and req.x == vec.y
+    assert g.parts[1].x == vec.y    # the other vector node reads them on chip too

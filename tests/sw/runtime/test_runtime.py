@@ -32,8 +32,8 @@ def _twin_logits(lm, weights, ids, prompt):
                             ids, prompt)
 
 
-def _run(exe, backend, ids, prompt):
-    rt = Runtime(exe, backend)
+def _run(exe, backend, ids, prompt, vector=False):
+    rt = Runtime(exe, backend, vector=vector)
     out, steps = [], []
     for chunk in [ids[:, :prompt]] + [ids[:, p:p + 1] for p in range(prompt, ids.shape[1])]:
         logits, st = rt.step(chunk)
@@ -203,22 +203,27 @@ def test_programs_run_in_place_on_the_runtimes_memory():
         assert torch.equal(a, b)
 
 
-def test_timing_memo_gives_the_same_costs():
+@pytest.mark.parametrize("vector", [False, True], ids=["default", "vector"])
+def test_timing_memo_gives_the_same_costs(vector):
     """Relocated copies of a program (and repeated host ops) are simulated once with
-    ``memo_timing``; the step's cycles and counters are those of simulating every copy."""
+    ``memo_timing``; the step's cycles and counters are those of simulating every copy --
+    also where a node's program is a part of chained programs that differ (the last
+    block's chain ends with the final norm, the others with the next block's q/k/v)."""
     lm = tiny_lm(layers=3)
-    exe = compile_model(lm, SMALL, CompileOptions(PROMPT, PROMPT + 2),
+    cfg = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024) if vector else SMALL
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2),
                         formats={k: w.fmt for k, w in compressed(lm).items()})
+    assert any(len(p.parts) > 2 for p in exe.programs) == vector
     ids = _ids(lm, PROMPT + 2)
-    full = _run(exe, make_backend("model-timing", SMALL), ids, PROMPT)[1]
-    rt = Runtime(exe, make_backend("model-timing", SMALL), memo_timing=True)
+    full = _run(exe, make_backend("model-timing", cfg), ids, PROMPT, vector=vector)[1]
+    rt = Runtime(exe, make_backend("model-timing", cfg), memo_timing=True, vector=vector)
     memo = [rt.step(ids[:, :PROMPT])[1]] + [rt.step(ids[:, p:p + 1])[1]
                                             for p in range(PROMPT, PROMPT + 2)]
     for a, b in zip(full, memo, strict=True):
         assert [(p.node, p.cycles, p.counters) for p in a.programs] == \
             [(p.node, p.cycles, p.counters) for p in b.programs]
         assert [h.node for h in a.host] == [h.node for h in b.host]
-    assert len(rt.memo) < len(full[1].programs) + len(full[1].host)
+    assert len(rt.memo) < sum(len(st.programs) + len(st.host) for st in full)
 
 
 def test_hf_checkpoint_with_gqa_equals_its_twin(tmp_path):

@@ -119,10 +119,11 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
     assert len(runs[True, True, False].programs) == unfused - 4 * blocks
     report = exes[True, True, False].report["phases"]["decode"]
     assert report["fused_programs_per_step"] == 4 * blocks
-    # chained: a block's MLP (post-attention RMSNorm -> gate/up -> SiLU-gate -> down + ADD)
-    # and the next block's RMSNorm -> q/k/v -> RoPE of q and k (the last block's: the final
-    # norm) in one program; scores -> softmax in another
-    assert len(runs[True, True, True].programs) == unfused - 8 * blocks
+    # chained: a block's o_proj (REQUANT of the host's rows -> GEMM -> DEQUANT -> ADD) and
+    # MLP (post-attention RMSNorm -> gate/up -> SiLU-gate -> down + ADD) and the next block's
+    # RMSNorm -> q/k/v -> RoPE of q and k (the last block's: the final norm) in one program;
+    # scores -> softmax in another
+    assert len(runs[True, True, True].programs) == unfused - 9 * blocks
     report = exes[True, True, True].report["phases"]["decode"]
     assert report["fused_programs_per_step"] == 1 + 2 * blocks
     for key, st in runs.items():
@@ -351,17 +352,22 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
     # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too, per phase: the norm ->
-    # q/k/v -> RoPE of q and k (its table LOADs set per step), and the MLP chained with the
-    # final norm (an ADD part between); attention's scores -> DEQUANT -> softmax (its valid
-    # counts set per step; decoding, the query's REQUANT from the RoPE's rows first)
+    # q/k/v -> RoPE of q and k (its table LOADs set per step); o_proj from a REQUANT of the
+    # host's Q15.16 rows (its DEQUANT + the residual rows the host wrote: an ADD part) chained
+    # with the MLP and the final norm (another ADD between); attention's scores -> DEQUANT
+    # -> softmax (its valid counts set per step; decoding, the query's REQUANT from the
+    # RoPE's rows first)
     fused = [p for p in exe.programs if p.parts]
-    assert sorted(len(p.parts) for p in fused) == [2, 2, 4, 4, 5, 5]
+    assert sorted(len(p.parts) for p in fused) == [2, 2, 4, 4, 6, 6]
     assert all({v.func for v in _vecs(p)} == {VecFunc.DEQUANT, VecFunc.SOFTMAX}
                | ({VecFunc.REQUANT} if p.phase == "decode" else set()) and p.imm_rows
                for p in fused if len(p.parts) == 2)
     assert all(VecFunc.ROPE in {v.func for v in _vecs(p)} and p.position_rows
                for p in fused if len(p.parts) == 4)
-    assert all(VecFunc.ADD in {v.func for v in _vecs(p)} for p in fused if len(p.parts) == 5)
+    for p in (p for p in fused if len(p.parts) == 6):
+        (m,) = exe.programs[p.parts[0]].members
+        assert m.requant and m.residual and _vecs(p)[0].func == VecFunc.REQUANT
+        assert [v.func for v in _vecs(p)].count(VecFunc.ADD) == 2 * m.tokens
     assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)
     runs = [_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, PROMPT)
