@@ -115,6 +115,7 @@ class VecFunc(enum.Enum, shape=4):
     SILU_GATE = 6  # dst[i] = silu(a[i]) * b[i]                  (hw.numerics.vec_silu_gate)
     ROPE = 7     # rotary rotation of heads, table at b_addr     (hw.numerics.vec_rope_pairs)
     DEQUANT = 8  # dst[i] = acc a[i], channel word b[i], amax VIN[imm] (hw.numerics.vec_dequant)
+    FOLD = 9     # REQUANT of the 54-bit a[i] * b[i]: codes, then its amax word (vec_fold)
 
 
 #: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
@@ -391,25 +392,26 @@ class Vec(_Base):
 def vec_out_words(func, length):
     """VOUT elements (words) a VEC writes: ``length`` (the row sub-ops: ADD, SOFTMAX, RMSNORM,
     MUL, SILU_GATE, ROPE, DEQUANT); 2 (ARGMAX: the index, the max);
-    ``ceil(length / 4) + 1`` (REQUANT: the int8 codes packed four to a word, code ``i`` in
-    byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax`` as an
-    unsigned 32-bit word). Ints, arrays or Amaranth values (a sum of products, so that the
-    three agree)."""
+    ``ceil(length / 4) + 1`` (REQUANT and FOLD: the int8 codes packed four to a word, code
+    ``i`` in byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax``
+    as an unsigned 32-bit word, FOLD's as :func:`hw.numerics.fold_amax_word`). Ints, arrays
+    or Amaranth values (a sum of products, so that the three agree)."""
     rows = ((func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value)
             | (func == VecFunc.RMSNORM.value) | (func == VecFunc.MUL.value)
             | (func == VecFunc.SILU_GATE.value) | (func == VecFunc.ROPE.value)
             | (func == VecFunc.DEQUANT.value))
     return (rows * length + (func == VecFunc.ARGMAX.value) * 2
-            + (func == VecFunc.REQUANT.value) * (((length + 3) >> 2) + 1))
+            + ((func == VecFunc.REQUANT.value) | (func == VecFunc.FOLD.value))
+            * (((length + 3) >> 2) + 1))
 
 
 def vec_reads_b(func):
     """The sub-op reads a second operand row from ``b_addr`` (the second operand of ADD, MUL
-    and SILU_GATE, RMSNORM's weight row, DEQUANT's channel words); ints, arrays or Amaranth
-    values."""
+    and SILU_GATE, RMSNORM's weight row, DEQUANT's channel words, FOLD's value codes); ints,
+    arrays or Amaranth values."""
     return ((func == VecFunc.ADD.value) | (func == VecFunc.RMSNORM.value)
             | (func == VecFunc.MUL.value) | (func == VecFunc.SILU_GATE.value)
-            | (func == VecFunc.DEQUANT.value))
+            | (func == VecFunc.DEQUANT.value) | (func == VecFunc.FOLD.value))
 
 
 def vec_reads_amax(func):

@@ -1182,16 +1182,67 @@ def fold_values_vector(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
     ``c = rint(float64(s_v) * qmax * 2**16)`` recovers each value row's integer ``amax``
     (:func:`act_scale` inverted, ``qmax`` 127 for the INT8 cache; :func:`kv4_scale` inverted,
     ``qmax`` 7 for the INT4 one; exact below 2**23); ``w = to_fixed(p) * c`` exactly (below
-    2**47: ``p * s_v`` with 32 fraction bits, times ``qmax``); :func:`vec_requant` of ``w`` per
-    (head, token) row; the scale ``float32(amax_w / (127 * qmax) * 2**-32)`` in float64.
-    Returns INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` as
-    :func:`values_prologue`.
+    2**47: ``p * s_v`` with 32 fraction bits, times ``qmax``) and :func:`vec_requant` of ``w``
+    per (head, token) row, together :func:`vec_fold_torch` (what FOLD computes); the scale
+    ``float32(amax_w / (127 * qmax) * 2**-32)`` in float64. Returns INT8 rows ``[B, KV, G*T,
+    S]`` and scales ``[B, KV, G*T]`` as :func:`values_prologue`.
     """
     c = torch.round(s_v.to(torch.float64) * qmax * 2.0 ** ACT_FRAC).to(torch.int64)
-    w = group_rows(to_fixed_torch(probs), kv_heads) * c.unsqueeze(-2)
-    a, amax = vec_requant_torch(w)
+    a, amax = vec_fold_torch(group_rows(to_fixed_torch(probs), kv_heads), c.unsqueeze(-2))
     s = amax.to(torch.float64) / (ACT_QMAX * qmax) * 2.0 ** (-2 * ACT_FRAC)
     return a, torch.where(amax > 0, s, torch.ones_like(s)).to(torch.float32)
+
+
+# ------------------------------------------------- vector unit: the values prologue (FOLD)
+# The attention's values prologue on chip (VecFunc.FOLD): each probability times its cached
+# value row's integer amax, exact in 54 bits, then REQUANT of those wide rows.
+
+#: Signed bits of FOLD's products ``w = a * c``, saturated: rows below 2**53, as
+#: :func:`vec_requant` takes them (its ``s = bitlen(amax) - 31`` at most 22).
+FOLD_BITS = TABLE_IN_BITS + 1
+#: Bits of the ``amax`` mantissa in FOLD's ``amax`` word (:func:`fold_amax_word`); the bits
+#: above hold its shift.
+FOLD_AMAX_MANT_BITS = 27
+
+__all__ += ["FOLD_BITS", "FOLD_AMAX_MANT_BITS", "vec_fold", "vec_fold_torch",
+            "fold_amax_word", "fold_amax"]
+
+
+def vec_fold(a: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The values prologue of rows ``a [..., S]`` (Q15.16 probabilities) and ``c [..., S]``
+    (each position's integer value code, broadcast against ``a``), as FOLD computes it.
+
+    ``w = sat54(a * c)`` (the int32 x int32 product exact in int64, below 2**62, then
+    saturated symmetrically to :data:`FOLD_BITS` bits: below 2**53), then
+    :func:`vec_requant` of ``w`` per row. For the attention (``0 <= a <= 2**16``, ``0 <= c <
+    2**31``) the saturation never acts: ``w < 2**47``. Returns ``(int8 codes, int64 amax)``
+    (``amax = max |w|`` per row, up to 2**53 - 1; the word FOLD writes is
+    :func:`fold_amax_word` of it).
+    """
+    w = saturate(np.asarray(a, np.int64) * np.asarray(c, np.int64), FOLD_BITS)
+    return vec_requant(w)
+
+
+def vec_fold_torch(a: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of :func:`vec_fold`."""
+    return vec_requant_torch(saturate_torch(a.to(torch.int64) * c.to(torch.int64), FOLD_BITS))
+
+
+def fold_amax_word(amax: np.ndarray) -> np.ndarray:
+    """The 32-bit word FOLD writes after its codes for a row's ``amax`` (below 2**53, wider
+    than a word): ``(amax >> s) | (s << 27)`` with ``s = max(0, bitlen(amax) - 27)`` (at most
+    26, five bits), the mantissa flooring. ``fold_amax(word)`` is within ``2**-26`` of
+    ``amax`` relatively, and equal to it below ``2**27``; int64."""
+    amax = np.asarray(amax, np.int64)
+    s = np.maximum(0, _bit_length(amax) - FOLD_AMAX_MANT_BITS)
+    return (amax >> s) | (s << FOLD_AMAX_MANT_BITS)
+
+
+def fold_amax(word: np.ndarray) -> np.ndarray:
+    """The ``amax`` a :func:`fold_amax_word` word stands for: ``m << s`` (int64)."""
+    word = np.asarray(word, np.int64)
+    mask = (1 << FOLD_AMAX_MANT_BITS) - 1
+    return (word & mask) << ((word >> FOLD_AMAX_MANT_BITS) & 31)
 
 
 def kv4_rows_vector(x: np.ndarray, group: int | None

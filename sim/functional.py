@@ -36,10 +36,12 @@ from hw.isa import (
 )
 from hw.numerics import (
     add_bias_wide,
+    fold_amax_word,
     requantize_int8,
     vec_add,
     vec_argmax,
     vec_dequant,
+    vec_fold,
     vec_mul,
     vec_requant,
     vec_rmsnorm,
@@ -505,9 +507,15 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
         def elementwise(st: MachineState) -> None:
             put(st, fn(row(st, a0), row(st, b0)))
         return elementwise
-    if ins.func == VecFunc.REQUANT:
+    if ins.func in (VecFunc.REQUANT, VecFunc.FOLD):
+        fold = ins.func == VecFunc.FOLD
+
         def requant(st: MachineState) -> None:
-            codes, amax = vec_requant(row(st, a0))
+            if fold:   # the products a * c, then their amax as a word (fold_amax_word)
+                codes, amax = vec_fold(row(st, a0), row(st, b0))
+                amax = fold_amax_word(amax)
+            else:
+                codes, amax = vec_requant(row(st, a0))
             data = np.zeros(-(-n // 4) * 4 + 4, dtype=np.uint8)   # codes, padding, amax
             data[:n] = codes.view(np.uint8)
             data[-4:] = np.array([amax], dtype="<u4").view(np.uint8)

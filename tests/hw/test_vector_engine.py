@@ -44,10 +44,13 @@ from hw.numerics import (
     ACT_MAX,
     ROPE_FRAC,
     dequant_channels,
+    fold_amax,
+    fold_amax_word,
     norm_eps,
     rope_pairs,
     rope_table,
     vec_dequant,
+    vec_fold,
     vec_rope,
 )
 from hw.spad import Scratchpad
@@ -432,6 +435,37 @@ def test_dequant_in_the_executor():
     _check_against_the_models(vin, vecs, [0, 1, 0, 0, 5, 0, 0, 1, 0, 0])
 
 
+def test_fold_in_the_executor():
+    """FOLD on attention-like rows (probabilities in [0, 2**16], value codes below 2**31: the
+    products' amax below and above 2**27 and 2**31, so the amax word's shift and Requant's
+    ``s`` take several values), on an all-zero row, on rows whose products saturate at 54
+    bits, and on random words; lengths 1..5 (partial code words) and a long row. VOUT equals
+    the functional model's (vec_fold, fold_amax_word) and each FOLD ends in vec_cycles."""
+    rng = np.random.default_rng(21)
+    vin = _random_vin(rng)
+    n = 24
+    vin[:n] = rng.integers(0, (1 << 16) + 1, n)                     # probabilities
+    vin[32:32 + n] = rng.integers(0, 1 << 31, n)                    # value codes
+    vin[56:64] = rng.integers(0, 1 << 10, 8)                        # small codes
+    vin[64:72] = 0
+    vin[72:76] = [2**31 - 1, -2**31, -2**31, 2**31 - 1]             # saturating products
+    vecs = [Vec(func=VecFunc.FOLD, a_addr=0, b_addr=32, length=n, dst_addr=0),
+            Vec(func=VecFunc.FOLD, a_addr=0, b_addr=56, length=8, dst_addr=7),
+            Vec(func=VecFunc.FOLD, a_addr=0, b_addr=64, length=8, dst_addr=10),
+            Vec(func=VecFunc.FOLD, a_addr=72, b_addr=72, length=4, dst_addr=13)]
+    vecs += [Vec(func=VecFunc.FOLD, a_addr=k, b_addr=32 + k, length=k + 1,
+                 dst_addr=15 + 3 * k) for k in range(5)]
+    vecs += [Vec(func=VecFunc.FOLD, a_addr=76, b_addr=0, length=VIN - 76, dst_addr=31)]
+    st = _check_against_the_models(vin, vecs, [0, 1, 0, 3, 0, 0, 1, 0, 0, 2])
+    words = st.spads[Spad.VOUT].view("<u4").astype(np.int64)
+    codes, amax = vec_fold(vin[:n], vin[32:32 + n])
+    assert np.array_equal(st.spads[Spad.VOUT][:n].view(np.int8), codes)
+    assert words[6] == fold_amax_word(amax) and amax >= 1 << 31      # a shifted amax word
+    assert fold_amax(words[6]) <= amax < fold_amax(words[6]) * (1 + 2.0 ** -26)
+    assert words[9] == fold_amax_word(vec_fold(vin[:8], vin[56:64])[1])
+    assert words[12] == 0 and words[14] == fold_amax_word((1 << 53) - 1)
+
+
 def test_the_timing_formula_and_its_array_twin_agree():
     rng = np.random.default_rng(1)
     vecs = _random_vecs(rng, 50)
@@ -456,6 +490,10 @@ def test_the_timing_formula_and_its_array_twin_agree():
     # the amax word's read, then one pass through DequantFactor and Scale
     assert timing.vec_cycles(Vec(func=VecFunc.DEQUANT, length=10), VCFG) == \
         1 + 10 + timing.VEC_READ_LATENCY + lat["dequant_factor"] + lat["scale"]
+    # REQUANT's two passes, each through Mul first; amax registered before Recip's feed
+    assert timing.vec_cycles(Vec(func=VecFunc.FOLD, length=10), VCFG) == \
+        2 * (10 + timing.VEC_READ_LATENCY + lat["mul"]) + lat["absmax"] + 1 + lat["recip"] \
+        + lat["requant"] + 1
 
 
 def test_the_executor_refuses_a_configuration_without_the_engine():

@@ -11,10 +11,13 @@ from hw.numerics import (
     ACT_FRAC,
     ACT_MAX,
     ACT_QMAX,
+    FOLD_AMAX_MANT_BITS,
     NORM_FRAC,
     act_scale,
     act_scale_torch,
     add_vector,
+    fold_amax,
+    fold_amax_word,
     fold_values_vector,
     from_fixed,
     from_fixed_torch,
@@ -44,6 +47,8 @@ from hw.numerics import (
     vec_argmax_torch,
     vec_exp,
     vec_exp_torch,
+    vec_fold,
+    vec_fold_torch,
     vec_mul,
     vec_mul_torch,
     vec_recip,
@@ -281,6 +286,54 @@ def test_values_fold_matches_the_float_fold():
     # the same folded values to within a code (integer fold, reciprocal error) and their scale
     assert (p8.int() - p8_f.int()).abs().max() <= 1
     assert torch.allclose(s_p, s_pf, rtol=2.0**-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_vec_fold_is_requant_of_the_exact_products_and_its_twin(seed):
+    """FOLD's numerics: on attention-like rows (``0 <= a <= 2**16``, ``0 <= c < 2**31``) the
+    products are exact (no saturation: ``|w| < 2**47``) and the result is vec_requant of the
+    int64 products; on any int32 words the products saturate to 54 bits; numpy = torch bit for
+    bit; fold_values_vector's codes are vec_fold's of its grid probabilities."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, ONE + 1, (6, 33))
+    c = rng.integers(0, 1 << 31, (6, 33)) >> rng.integers(0, 31, (6, 1))
+    a[1] = 0
+    codes, amax = vec_fold(a, c)
+    r_codes, r_amax = vec_requant(a * c)
+    assert np.array_equal(codes, r_codes) and np.array_equal(amax, r_amax)
+    assert amax[1] == 0 and (amax < 1 << 47).all()
+    words = rng.integers(-2**31, 2**31, (6, 33))
+    other = words[::-1].copy()
+    words[0, 0], other[0, 0] = -2**31, -2**31                       # 2**62 saturates
+    codes, amax = vec_fold(words, other)
+    assert amax.max() <= (1 << 53) - 1 and amax[0] == (1 << 53) - 1
+    for x, y in [(a, c), (words, other)]:
+        tc, ta = vec_fold_torch(torch.from_numpy(x), torch.from_numpy(y))
+        ref = vec_fold(x, y)
+        assert np.array_equal(tc.numpy(), ref[0]) and np.array_equal(ta.numpy(), ref[1])
+    b, h, kv, tq, n = 1, 4, 2, 3, 9
+    probs = torch.softmax(torch.from_numpy(rng.normal(0, 2, (b, h, tq, n))).float(), -1)
+    _, s_v = kv_rows(torch.from_numpy(rng.normal(0, 1, (b, kv, n, 8))).float(), vector=True)
+    p8, _ = fold_values_vector(probs, s_v, kv)
+    cv = np.rint(s_v.double().numpy() * ACT_QMAX * ONE).astype(np.int64)
+    grid = to_fixed(probs.numpy()).reshape(b, kv, h // kv * tq, n)
+    assert np.array_equal(p8.numpy(), vec_fold(grid, cv[:, :, None, :])[0])
+
+
+def test_the_fold_amax_word_holds_amax_within_2_to_the_minus_26():
+    """``fold_amax_word``: amax itself below 2**27 (shift 0), else a 27-bit mantissa and the
+    shift in the top five bits; ``fold_amax`` of it floors amax by less than 2**-26 relatively;
+    the word is an unsigned 32-bit word for every amax FOLD can find (below 2**53)."""
+    rng = np.random.default_rng(5)
+    amax = np.concatenate([[0, 1, (1 << 27) - 1, 1 << 27, (1 << 53) - 1],
+                           rng.integers(0, 1 << 53, 200) >> rng.integers(0, 53, 200)])
+    word = fold_amax_word(amax)
+    assert ((word >= 0) & (word < 1 << 32)).all()
+    small = amax < 1 << FOLD_AMAX_MANT_BITS
+    assert np.array_equal(word[small], amax[small])
+    back = fold_amax(word)
+    assert (back <= amax).all() and (amax - back < back * 2.0 ** -26 + 1).all()
+    assert word[4] >> FOLD_AMAX_MANT_BITS == 53 - FOLD_AMAX_MANT_BITS
 
 
 @pytest.mark.parametrize("head_dim", [2, 8, 64, 128])
