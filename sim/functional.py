@@ -31,11 +31,14 @@ from hw.isa import (
     Vec,
     VecFunc,
     bias_row_bytes,
+    dequant_amax_addr,
+    dequant_fold,
     gemm_geometry,
     rope_geometry,
 )
 from hw.numerics import (
     add_bias_wide,
+    fold_amax_fields,
     fold_amax_word,
     requantize_int8,
     vec_add,
@@ -539,12 +542,13 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
             table = st.spad_arrays[_VIN][b0:t1].view("<i4").astype(np.int64)
             put(st, vec_rope_pairs(row(st, a0), table, head_dim))
         return rope
-    if ins.func == VecFunc.DEQUANT:   # the amax word at imm, unsigned
-        m0 = 4 * ins.imm
+    if ins.func == VecFunc.DEQUANT:   # the amax word at imm, unsigned; FOLD's: two fields
+        m0, fold = 4 * dequant_amax_addr(ins.imm), dequant_fold(ins.imm)
 
         def dequant(st: MachineState) -> None:
             amax = st.spad_arrays[_VIN][m0:m0 + 4].view("<u4").astype(np.int64)[0]
-            put(st, vec_dequant(row(st, a0), row(st, b0) & 0xFFFFFFFF, amax))
+            amax, shift = fold_amax_fields(amax) if fold else (amax, 0)
+            put(st, vec_dequant(row(st, a0), row(st, b0) & 0xFFFFFFFF, amax, shift))
         return dequant
 
     def argmax(st: MachineState) -> None:

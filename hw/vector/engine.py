@@ -47,9 +47,10 @@ RMSNORM    pass 1 ``AbsMax`` (pass 2 reads from the cycle after ``amax`` comes o
            b_bits=33)`` with the weight, read beside ``x`` and delayed by Scale's latency
 DEQUANT    the ``amax`` word read from ``imm`` in ``g + 1`` (the command's ``a_addr`` stands
            aside for a cycle), ``A = amax`` (``127 * 2**16`` for 0) and ``b = bitlen(A)``
-           registered as it comes; one pass from ``g + 2``, each accumulator's channel word
-           (read beside it) through ``DequantFactor(c, A, b)``, the accumulator carried
-           beside, into ``Scale(31)``, written as it comes out
+           registered as it comes (a FOLD word, imm's :data:`hw.isa.DEQUANT_FOLD_BIT`: ``A``
+           its mantissa, its shift ``x`` registered beside); one pass from ``g + 2``, each
+           accumulator's channel word (read beside it) through ``DequantFactor(c, A, b,
+           x)``, the accumulator carried beside, into ``Scale(31)``, written as it comes out
 FOLD       REQUANT of the products ``w = Mul(0, y54)(a, c)`` (``c`` from ``b_addr``), computed
            in both passes: pass 1 ``w`` into ``AbsMax``; ``amax`` (54 bits) and its bit length
            registered as it comes out; the cycle after, ``Recip(amax >> s)`` (``s = max(0,
@@ -77,13 +78,14 @@ from amaranth.utils import ceil_log2
 
 from hw import timing
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
-from hw.isa import ROPE_HEAD_DIM_BITS, VecBody, VecFunc, vec_out_words
+from hw.isa import DEQUANT_FOLD_BIT, ROPE_HEAD_DIM_BITS, VecBody, VecFunc, vec_out_words
 from hw.numerics import (
     ACT_BITS,
     ACT_FRAC,
     ACT_MAX,
     DEQUANT_ZERO_AMAX,
     FOLD_AMAX_MANT_BITS,
+    FOLD_AMAX_SHIFT_BITS,
     FOLD_BITS,
     NORM_FRAC,
     ROPE_HALF_BITS,
@@ -469,16 +471,20 @@ class VectorEngine(wiring.Component):
         # streams the accumulators and channel words through DequantFactor and Scale(31).
         dq = is_[VecFunc.DEQUANT]
         amax_rd = _delay(m, issuing & dq & (phase == 0), rl, "amax_rd")  # rd_a is the amax word
+        # (a FOLD word, imm's DEQUANT_FOLD_BIT: its mantissa and its shift)
         dq_a = Signal(AMAX_BITS, reset_less=True)
         dq_b = Signal(range(AMAX_BITS + 1), reset_less=True)
-        amax_word = rd_a
+        dq_x = Signal(FOLD_AMAX_SHIFT_BITS, reset_less=True)
+        fold_word = imm[DEQUANT_FOLD_BIT]
+        amax_word = Mux(fold_word, rd_a[:FOLD_AMAX_MANT_BITS], rd_a)
         a_eff = Mux(amax_word == 0, DEQUANT_ZERO_AMAX, amax_word)
         with m.If(amax_rd):
             m.d.sync += [dq_a.eq(a_eff),
                          dq_b.eq(Mux(amax_word == 0, DEQUANT_ZERO_AMAX.bit_length(),
-                                     _msb_index(amax_word) + 1))]
+                                     _msb_index(amax_word) + 1)),
+                         dq_x.eq(Mux(fold_word, rd_a[FOLD_AMAX_MANT_BITS:], 0))]
         dq_valid = valid & dq & ~amax_rd
-        feed(u["dequant_factor"], dq_valid, chan=rd_b, a=dq_a, b=dq_b)
+        feed(u["dequant_factor"], dq_valid, chan=rd_b, a=dq_a, b=dq_b, x=dq_x)
         dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc")
         feed(u["scale31"], u["dequant_factor"].o.valid, x=dq_acc,
              r=u["dequant_factor"].o.payload.r, sh=u["dequant_factor"].o.payload.sh)

@@ -607,7 +607,7 @@ class Runtime:
         else:
             acc = torch.zeros((1, len(program.members), rows, n), dtype=torch.int64)
         if node.op != "attn_scores":
-            out = values_epilogue(acc, s_x, heads)
+            out = values_epilogue(acc, s_x, heads, self.vector, self.kv.bits)
         elif self.vector:
             out = scores_vector(acc, s_x, scale, node.attrs["scale"], heads)
         else:

@@ -32,6 +32,9 @@ from hw.isa import (
     check,
     decode,
     decode_fields,
+    dequant_amax_addr,
+    dequant_fold,
+    dequant_imm,
     dispatch_error,
     dispatch_errors,
     encode,
@@ -42,9 +45,11 @@ from hw.isa import (
 )
 from hw.numerics import (
     ACT_MAX,
+    FOLD_AMAX_MANT_BITS,
     ROPE_FRAC,
     dequant_channels,
     fold_amax,
+    fold_amax_fields,
     fold_amax_word,
     norm_eps,
     rope_pairs,
@@ -137,6 +142,10 @@ def test_without_a_vector_engine_its_opcode_engine_and_scratchpads_are_refused()
     (Vec(func=VecFunc.ARGMAX, dst_addr=VOUT - 1, length=1), "results .* exceed VOUT"),
     (Vec(dst_addr=VOUT - 3, length=4), "results .* exceed VOUT"),
     (Vec(func=VecFunc.DEQUANT, imm=VIN, length=1), "amax word imm=.* outside VIN"),
+    (Vec(func=VecFunc.DEQUANT, imm=dequant_imm(VIN, True), length=1), "amax word imm=.* outside"),
+    (Vec(func=VecFunc.DEQUANT, imm=1 << 17, length=1), "amax word imm=.* outside VIN"),
+    (Vec(func=VecFunc.FOLD, b_addr=VIN - 1, length=2), "operand .* exceeds VIN"),
+    (Vec(func=VecFunc.FOLD, dst_addr=VOUT - 2, length=5), "results .* exceed VOUT"),
     (Vec(func=VecFunc.DEQUANT, b_addr=VIN - 1, length=2), "operand .* exceeds VIN"),
     (Load(spad=Spad.VOUT), "LOAD writes the .* only, got spad=VOUT"),
     (Store(spad=Spad.VIN), "STORE reads the .* only, got spad=VIN"),
@@ -181,6 +190,18 @@ def test_a_rope_reads_its_table_not_a_row_at_b():
     assert vec_out_words(VecFunc.ROPE.value, 24) == 24
     with pytest.raises(ValueError, match="head_dim=65536"):
         rope_imm(1 << 16, 1)
+
+
+def test_a_dequant_names_its_amax_word_and_whether_it_is_folds():
+    """DEQUANT's imm: the word's VIN address below bit 16 (dequant_imm), bit 16 FOLD's word;
+    an address with the bit is as legal as without (the fetch unit and check agree)."""
+    for addr, fold in [(0, False), (VIN - 1, True), (5, True)]:
+        imm = dequant_imm(addr, fold)
+        assert dequant_amax_addr(imm) == addr and dequant_fold(imm) == fold
+        assert dispatch_error(Vec(func=VecFunc.DEQUANT, imm=imm), VCFG) == ErrorCode.NONE
+    assert dequant_amax_addr((1 << 17) | 3) == (1 << 16) | 3     # past every VIN
+    with pytest.raises(ValueError, match="amax word address 65536"):
+        dequant_imm(1 << 16)
 
 
 def test_argmax_ignores_b_and_its_result_is_two_words():
@@ -249,8 +270,8 @@ def _random_vecs(rng, n):
             imm = int(rng.choice([0, length, int(rng.integers(0, length + 1))]))
         elif func == VecFunc.RMSNORM:  # epsilon: none, a model's, a large one
             imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
-        elif func == VecFunc.DEQUANT:  # the amax word's address
-            imm = int(rng.integers(0, VIN))
+        elif func == VecFunc.DEQUANT:  # the amax word's address, REQUANT's or FOLD's word
+            imm = dequant_imm(int(rng.integers(0, VIN)), bool(rng.random() < 0.5))
         out.append(Vec(func=func, length=length, imm=imm,
                        a_addr=int(rng.integers(0, VIN - length + 1)),
                        b_addr=int(rng.integers(0, VIN - length + 1)),
@@ -416,6 +437,7 @@ def test_dequant_in_the_executor():
     (unnormalised mantissas, bits above 23 set)."""
     rng = np.random.default_rng(11)
     vin = _random_vin(rng)
+    vin[126:128] = fold_amax_word(np.array([(1 << 53) - 1, 3 << 40]))   # FOLD words
     n = 40
     scale = np.exp2(rng.uniform(-30, 5, n)).astype(np.float32)
     vin[64:64 + n] = dequant_channels(scale)
@@ -424,6 +446,8 @@ def test_dequant_in_the_executor():
             for k in range(5)]
     vecs += [Vec(func=VecFunc.DEQUANT, a_addr=8, b_addr=64, length=k, dst_addr=n + 3 * k,
                  imm=122) for k in (1, 2, 3)]
+    vecs += [Vec(func=VecFunc.DEQUANT, a_addr=0, b_addr=64, length=n, dst_addr=0,
+                 imm=dequant_imm(a, True)) for a in (120, 126, 127)]
     vecs += [Vec(func=VecFunc.DEQUANT, a_addr=120, b_addr=64, length=4, dst_addr=50, imm=121),
              Vec(func=VecFunc.DEQUANT, a_addr=0, b_addr=1, length=VOUT, dst_addr=0,
                  imm=VIN - 1)]
@@ -432,7 +456,11 @@ def test_dequant_in_the_executor():
     exec_vec(st, vecs[2])
     got = st.spads[Spad.VOUT].view("<i4")[:n]
     assert np.array_equal(got, vec_dequant(vin[:n], dequant_channels(scale), 3 << 20))
-    _check_against_the_models(vin, vecs, [0, 1, 0, 0, 5, 0, 0, 1, 0, 0])
+    exec_vec(st, vecs[-3])   # a FOLD word: its mantissa and its shift
+    m, x = fold_amax_fields(fold_amax_word(3 << 40))
+    assert np.array_equal(got, vec_dequant(vin[:n], dequant_channels(scale), m, x))
+    assert x == 42 - FOLD_AMAX_MANT_BITS and m == 3 << 25
+    _check_against_the_models(vin, vecs, [0, 1, 0, 0, 5, 0, 0, 1, 1, 0, 2, 0, 0])
 
 
 def test_fold_in_the_executor():

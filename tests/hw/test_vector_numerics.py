@@ -21,6 +21,7 @@ from hw.numerics import (
     fold_values_vector,
     from_fixed,
     from_fixed_torch,
+    gemm_acc_torch,
     kv_rows,
     norm_eps,
     norm_weight,
@@ -40,6 +41,7 @@ from hw.numerics import (
     softmax_vector,
     to_fixed,
     to_fixed_torch,
+    values_epilogue,
     values_prologue,
     vec_add,
     vec_add_torch,
@@ -281,11 +283,45 @@ def test_values_fold_matches_the_float_fold():
     probs = torch.softmax(torch.from_numpy(rng.normal(0, 2, (b, h, tq, s))).float(), -1)
     probs = from_fixed_torch(to_fixed_torch(probs))  # on the grid, as the unit's softmax writes
     _, s_v = kv_rows(torch.from_numpy(rng.normal(0, 1, (b, kv, s, 8))).float(), vector=True)
-    p8, s_p = fold_values_vector(probs, s_v, kv)
+    p8, word = fold_values_vector(probs, s_v, kv)
     p8_f, s_pf = values_prologue(probs, s_v, kv)
     # the same folded values to within a code (integer fold, reciprocal error) and their scale
+    # (the amax word's scale amax / (127 * 127) * 2**-32: the float fold's within 2**-12)
     assert (p8.int() - p8_f.int()).abs().max() <= 1
-    assert torch.allclose(s_p, s_pf, rtol=2.0**-12)
+    s_p = torch.from_numpy(fold_amax(word.numpy())) / (ACT_QMAX * ACT_QMAX) * 2.0 ** -32
+    assert torch.allclose(s_p.float(), s_pf, rtol=2.0**-12)
+
+
+@pytest.mark.parametrize(("seed", "kv_bits"), [(0, 8), (1, 8), (2, 4), (3, 4)])
+def test_the_vector_values_epilogue_is_within_its_bound_of_the_float_one(seed, kv_bits):
+    """values_vector (DEQUANT of the P.V accumulators with FOLD's amax words) against the
+    exact z = acc * amax_w / (127 * qmax) * 2**-32 and the float epilogue, within the bounds
+    its docstring states: (2**-16 + 2**-25)|z| + 2**-17 of z, (2**-16 + 2**-22)|z| + 2**-17 of
+    the float epilogue (the bounds are the derivation's, so no slack is added). Rows of
+    probabilities from peaked to flat (the amax words' shift 0 and above), an all-zero one,
+    values from small to large; the values' scales are the cache's (INT8 or INT4)."""
+    rng = np.random.default_rng(seed)
+    b, h, kv, tq, n, d = 1, 4, 2, 2, 17, 16
+    logits = rng.normal(0, rng.choice([0.1, 3.0, 30.0]), (b, h, tq, n))
+    probs = from_fixed_torch(to_fixed_torch(torch.softmax(torch.from_numpy(logits), -1)))
+    probs[0, 0, 0] = 0.0
+    v = torch.from_numpy(rng.normal(0, 1, (b, kv, n, d)) * np.exp2(rng.uniform(-8, 6, (1, kv, n,
+                                                                                      1))))
+    v8, s_v = kv_rows(v.float(), vector=True, bits=kv_bits)
+    p8, word = values_prologue(probs, s_v, kv, vector=True, kv_bits=kv_bits)
+    acc = gemm_acc_torch(p8, v8.transpose(-2, -1))
+    y = values_epilogue(acc, word, h, vector=True, kv_bits=kv_bits).numpy()
+    qmax = ACT_QMAX if kv_bits == 8 else 7
+    c = np.rint(s_v.double().numpy() * qmax * ONE).astype(np.int64)
+    grid = to_fixed(probs.numpy()).reshape(b, kv, h // kv * tq, n)
+    amax = vec_fold(grid, c[:, :, None, :])[1]
+    z = acc.numpy() * (amax / (ACT_QMAX * qmax) * 2.0 ** -32)[..., None]
+    z = z.reshape(y.shape)
+    assert np.all(np.abs(y - z) <= (2.0**-16 + 2.0**-25) * np.abs(z) + 2.0**-17)
+    s_float = torch.from_numpy(np.where(amax > 0, amax / (ACT_QMAX * qmax) * 2.0 ** -32, 1.0))
+    f = values_epilogue(acc, s_float.float(), h).numpy()
+    assert np.all(np.abs(y - f) <= (2.0**-16 + 2.0**-22) * np.abs(z) + 2.0**-17)
+    assert np.all(y[0, 0, 0] == 0) and np.abs(z).max() > 1.0
 
 
 @pytest.mark.parametrize("seed", range(4))
