@@ -24,11 +24,15 @@ from hw.isa import (
 )
 from hw.numerics import (
     dequant_channels,
+    fold_amax_fields,
+    fold_amax_word,
     norm_eps,
     norm_weight,
     to_fixed,
+    values_channel,
     vec_argmax,
     vec_dequant,
+    vec_fold,
     vec_requant,
     vec_rmsnorm,
 )
@@ -180,6 +184,68 @@ def test_requant_leaves_amax_for_a_dequant_part(seed):
         want_codes, amax = vec_requant(x[i])
         assert np.array_equal(codes[i, :length], want_codes), i
         assert np.array_equal(got[i], vec_dequant(acc[i], chan, amax)), i
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fold_leaves_its_amax_words_for_a_values_dequant(seed):
+    """The values prologue and epilogue on chip: FOLD (a REQUANT template with ``fold``) of
+    probability rows times one row of value codes, then DEQUANT (``fold``) of random
+    accumulator rows with the values' channel words, fused, through the fast model: the INT8
+    rows are vec_fold's codes and the Q15.16 rows the values epilogue's (vec_dequant of the
+    amax word's fields with values_channel), with both amax placements drawn."""
+    rng = np.random.default_rng(40 + seed)
+    length = int(rng.integers(8, 100))
+    rows = int(rng.integers(1, 6))
+    n = int(rng.integers(4, 60))
+    beat = CFG.beat_bytes
+    act_row = -(-(length + int(rng.integers(0, 2 * beat))) // beat) * beat
+    if seed % 2:  # whole beats of codes: the amax words in a buffer of their own
+        length = act_row = beat * int(rng.integers(1, 7))
+    acc_row = -(-4 * n // beat) * beat
+    place = amax_place(CFG, length, act_row)
+    row = _row_bytes(length)
+    base = {"x": 0, "q": rows * row, "a": rows * row + rows * act_row}
+    base["c"] = base["a"] + rows * beat
+    base["acc"] = base["c"] + row
+    base["w"] = base["acc"] + rows * acc_row
+    base["y"] = base["w"] + _row_bytes(n)
+
+    class _Fold:
+        x, y, b, w, w_tile_stride = "x", "q", "a", "c", None
+
+    class _Deq:
+        x, y, b, w, w_tile_stride = "acc", "y", ("a" if place.separate else "q"), "w", None
+    fold = relocate(lower_requant_template(CFG, rows, length, act_row, amax=True, fold=True),
+                    base, [_Fold], CFG.beat_bytes)
+    deq = relocate(lower_dequant_template(CFG, rows, n, acc_row, place, fold=True), base,
+                   [_Deq], CFG.beat_bytes)
+    words = fuse_words(CFG, [vector_events(fold), vector_events(deq)])
+    program = decode_program(words.astype("<u8").view(np.uint8).reshape(-1))
+    for ins in program:
+        check(ins, CFG)
+    assert {i.func for i in program if isinstance(i, Vec)} == {VecFunc.FOLD, VecFunc.DEQUANT}
+    p = rng.integers(0, (1 << 16) + 1, (rows, length))
+    if rows > 1:
+        p[-1] = 0  # an all-zero row: amax 0
+    c = rng.integers(0, 1 << 31, length) >> int(rng.integers(0, 24))
+    acc = rng.integers(-(1 << 20), 1 << 20, (rows, n))
+    chan = np.full(n, values_channel(7 if seed % 2 else 127))
+    dram = np.zeros(CFG.memory.size_bytes, np.uint8)
+    for i in range(rows):
+        dram[i * row:i * row + 4 * length] = p[i].astype("<i4").view(np.uint8)
+        at = base["acc"] + i * acc_row
+        dram[at:at + 4 * n] = acc[i].astype("<i4").view(np.uint8)
+    dram[base["c"]:base["c"] + 4 * length] = c.astype("<i4").view(np.uint8)
+    dram[base["w"]:base["w"] + 4 * n] = chan.astype("<i4").view(np.uint8)
+    r = make_backend("model", CFG).run(words, dram)
+    assert r.ok, r.error
+    got = r.dram[base["y"]:base["y"] + rows * _row_bytes(n)].view("<i4").reshape(rows, -1)[:, :n]
+    codes = r.dram[base["q"]:base["q"] + rows * act_row].view(np.int8).reshape(rows, act_row)
+    for i in range(rows):
+        want_codes, amax = vec_fold(p[i], c)
+        m, x = fold_amax_fields(fold_amax_word(amax))
+        assert np.array_equal(codes[i, :length], want_codes), i
+        assert np.array_equal(got[i], vec_dequant(acc[i], chan, m, x)), i
 
 
 def test_a_dequant_refuses_a_row_whose_channel_words_leave_no_room():
