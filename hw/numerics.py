@@ -1193,9 +1193,16 @@ def fold_values_vector(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
     rows ``[B, KV, G*T, S]`` and the amax words (int64 ``[B, KV, G*T]``), which
     :func:`values_vector` turns into the outputs' scale.
     """
-    c = torch.round(s_v.to(torch.float64) * qmax * 2.0 ** ACT_FRAC).to(torch.int64)
+    c = value_codes(s_v, qmax)
     a, amax = vec_fold_torch(group_rows(to_fixed_torch(probs), kv_heads), c.unsqueeze(-2))
     return a, fold_amax_word_torch(amax)
+
+
+def value_codes(s_v: torch.Tensor, qmax: int = ACT_QMAX) -> torch.Tensor:
+    """FOLD's value codes: each cached value row's integer ``amax`` from its float32 scale,
+    ``rint(float64(s_v) * qmax * 2**16)`` (int64, exact below 2**23 as
+    :func:`fold_values_vector` states): what the host writes for a FOLD part."""
+    return torch.round(s_v.to(torch.float64) * qmax * 2.0 ** ACT_FRAC).to(torch.int64)
 
 
 # ------------------------------------------------- vector unit: the values prologue (FOLD)
@@ -1282,7 +1289,7 @@ def kv4_rows_vector_torch(x: torch.Tensor, group: int | None
 
 __all__ += ["rms_norm_vector", "rope_vector", "softmax_vector", "silu_gate_vector",
             "add_vector", "quantize_activations_vector", "quantize_activations_vector_torch",
-            "fold_values_vector", "vec_kv4_rows", "vec_kv4_rows_torch", "kv4_scale",
+            "fold_values_vector", "value_codes", "vec_kv4_rows", "vec_kv4_rows_torch", "kv4_scale",
             "kv4_scale_torch", "kv4_rows_vector", "kv4_rows_vector_torch"]
 
 

@@ -71,7 +71,10 @@ class ProgramMember:
     ``channels``: where the host writes the ``amax`` words of the input rows (word 0 of a
     beat per row) and the channel words of the outputs (one int32 per output column) for a
     DEQUANT part that reads the host's (attention's scores; None: none; ``amax`` None with
-    ``channels``: a REQUANT part writes the input rows and their ``amax`` on chip).
+    ``channels``: a REQUANT part writes the input rows and their ``amax`` on chip);
+    ``codes``: where the host writes the value codes (one int32 per cached position,
+    :func:`hw.numerics.value_codes`) a FOLD part reads to write the input rows on chip
+    (attention's values; None: none).
     """
 
     w: str
@@ -92,6 +95,7 @@ class ProgramMember:
     argmax: str | None = None
     amax: str | None = None
     channels: str | None = None
+    codes: str | None = None
 
 
 @dataclass(frozen=True, eq=False)

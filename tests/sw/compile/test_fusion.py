@@ -20,6 +20,7 @@ from hw.isa import (
     VecFunc,
     check,
     decode_program,
+    dequant_fold,
     program_words,
 )
 from hw.numerics import (
@@ -551,12 +552,15 @@ def test_a_rope_reads_the_rows_of_the_linear_its_layout_nodes_view():
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
-    """Each attention scores node's program per context bucket and the softmax's of the same
-    bucket are parts of one fused program (its VECs: in a decode step a REQUANT of each query
-    head's row of the rope's results, then a DEQUANT per row of each operand head, then a
-    SOFTMAX per row, whose ``imm`` the host sets); each member's DEQUANT writes its rows of
-    the softmax's input, in order, and reads its kv head's channel words and the ``amax``
-    words of REQUANT (decode) or of the host (prefill: a beat per row)."""
+    """Each attention scores node's program per context bucket, the softmax's and the
+    values' of the same bucket are parts of one fused program (its VECs: in a decode step a
+    REQUANT of each query head's row of the rope's results, then a DEQUANT per row of each
+    operand head, then a SOFTMAX per row, whose ``imm`` the host sets, then a FOLD per row
+    and a DEQUANT per row of the values); each member's DEQUANT writes its rows of the
+    softmax's input, in order, and reads its kv head's channel words and the ``amax`` words
+    of REQUANT (decode) or of the host (prefill: a beat per row); each values member's FOLD
+    reads its kv head's value codes (the host's), its DEQUANT the FOLD's amax words
+    (imm's fold bit) and the constant values channel words."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=kv_heads)
     ws = compressed(lm)
     opts = CompileOptions(6, 40)
@@ -569,14 +573,22 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     buckets = {(p.phase, p.bucket) for p in fused}
     assert len(fused) == 2 * len(buckets) and len(buckets) > 2   # 2 layers, every bucket
     for p in fused:
-        first, soft = (exe.programs[i] for i in p.parts)
+        first, soft, values = (exe.programs[i] for i in p.parts)
         assert first.node.endswith(".scores") and soft.node.endswith(".softmax")
-        assert first.bucket == soft.bucket == p.bucket
+        assert values.node.endswith(".values")
+        assert first.bucket == soft.bucket == values.bucket == p.bucket
         op = soft.vector
         vecs = [i for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")]
         requant = [VecFunc.REQUANT] * (4 if p.phase == "decode" else 0)  # a row per head
-        assert [v.func for v in vecs] == \
-            requant + [VecFunc.DEQUANT] * op.rows + [VecFunc.SOFTMAX] * op.rows
+        assert [v.func for v in vecs] == requant + [VecFunc.DEQUANT] * op.rows \
+            + [VecFunc.SOFTMAX] * op.rows + [VecFunc.FOLD] * op.rows \
+            + [VecFunc.DEQUANT] * op.rows
+        assert all(dequant_fold(v.imm) == (k >= len(requant) + 3 * op.rows)
+                   for k, v in enumerate(vecs) if v.func == VecFunc.DEQUANT)
+        layer = int(p.node.split(".")[1])
+        for j, m in enumerate(values.members):   # FOLD reads the host's value codes
+            assert m.codes == f"vc:{layer}:{j // (len(values.members) // kv_heads)}"
+            assert exe.symbols[m.codes].nbytes >= op.row_bytes and m.dequant and not m.amax
         words = p.words[list(p.imm_rows)]
         assert len(p.imm_rows) == op.rows and all(
             i.func == VecFunc.SOFTMAX for i in decode_program(words.view(np.uint8)))
@@ -595,5 +607,5 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
         assert at == exe.symbols[op.x].addr + op.data_bytes
     assert SCORES_AMAX.separate and SCORES_AMAX.stride == 1
     # per decode step: the chain of the final norm, a block's MLP + next block's q/k/v, and
-    # each block's scores -> softmax
+    # each block's scores -> softmax -> values
     assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 1 + 2 * 2

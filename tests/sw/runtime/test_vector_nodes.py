@@ -68,9 +68,11 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
     for p in exe.programs:  # a fused program dequantises its GEMMs' outputs on chip
         if p.parts and p.members:
             funcs = {v.func for v in _vecs(p)}
-            # requantised on chip, or attention's scores -> softmax (the host's query rows)
+            # requantised on chip, or attention's scores -> softmax -> values (the host's
+            # query rows; the probabilities folded on chip)
             assert VecFunc.DEQUANT in funcs
-            assert VecFunc.REQUANT in funcs or funcs == {VecFunc.DEQUANT, VecFunc.SOFTMAX}
+            assert VecFunc.REQUANT in funcs or funcs == {VecFunc.DEQUANT, VecFunc.SOFTMAX,
+                                                          VecFunc.FOLD}
             assert p.members and all(m.dequant for m in p.members)
     for p in vector:  # one VEC per row, all of the node's sub-op (a fused part: in its program)
         if p.fused_into is not None:
@@ -115,14 +117,14 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
     unfused = len(runs[True, False, True].programs)
     assert unfused == len(runs[False, None, True].programs) + 6 * blocks + 1
     # fused: each block's RMSNorms and SiLU-gate run in the program of the linear after them,
-    # its softmax in the scores' program
-    assert len(runs[True, True, False].programs) == unfused - 4 * blocks
+    # its softmax and values in the scores' program
+    assert len(runs[True, True, False].programs) == unfused - 5 * blocks
     report = exes[True, True, False].report["phases"]["decode"]
     assert report["fused_programs_per_step"] == 4 * blocks
     # chained: a block's MLP (post-attention RMSNorm -> gate/up -> SiLU-gate -> down + ADD)
     # and the next block's RMSNorm -> q/k/v -> RoPE of q and k (the last block's: the final
-    # norm) in one program; scores -> softmax in another
-    assert len(runs[True, True, True].programs) == unfused - 8 * blocks
+    # norm) in one program; scores -> softmax -> values in another
+    assert len(runs[True, True, True].programs) == unfused - 9 * blocks
     report = exes[True, True, True].report["phases"]["decode"]
     assert report["fused_programs_per_step"] == 1 + 2 * blocks
     for key, st in runs.items():
@@ -353,12 +355,13 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too, per phase: the norm ->
     # q/k/v -> RoPE of q and k (its table LOADs set per step), and the MLP chained with the
     # final norm (an ADD part between); attention's scores -> DEQUANT -> softmax (its valid
-    # counts set per step; decoding, the query's REQUANT from the RoPE's rows first)
+    # counts set per step; decoding, the query's REQUANT from the RoPE's rows first) -> FOLD
+    # -> values -> DEQUANT
     fused = [p for p in exe.programs if p.parts]
-    assert sorted(len(p.parts) for p in fused) == [2, 2, 4, 4, 5, 5]
-    assert all({v.func for v in _vecs(p)} == {VecFunc.DEQUANT, VecFunc.SOFTMAX}
+    assert sorted(len(p.parts) for p in fused) == [3, 3, 4, 4, 5, 5]
+    assert all({v.func for v in _vecs(p)} == {VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD}
                | ({VecFunc.REQUANT} if p.phase == "decode" else set()) and p.imm_rows
-               for p in fused if len(p.parts) == 2)
+               for p in fused if len(p.parts) == 3)
     assert all(VecFunc.ROPE in {v.func for v in _vecs(p)} and p.position_rows
                for p in fused if len(p.parts) == 4)
     assert all(VecFunc.ADD in {v.func for v in _vecs(p)} for p in fused if len(p.parts) == 5)
