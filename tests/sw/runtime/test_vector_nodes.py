@@ -17,6 +17,7 @@ from hw.numerics import (
     norm_eps,
     norm_weight,
     to_fixed,
+    value_codes,
     vec_add,
     vec_rmsnorm,
     vec_silu_gate,
@@ -94,6 +95,38 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
         assert any(h.op == "softmax:io" and h.unit_cycles > 0 for h in st.host)
         assert all(p.counters.get("vector_elements", 0) > 0 for p in st.programs
                    if exe.programs[p.program].vector is not None)
+
+
+@pytest.mark.parametrize("kv_bits", [8, 4])
+def test_the_attention_program_reads_the_hosts_value_codes(kv_bits):
+    """The values run inside each layer's attention program: its values members name the
+    value codes the host writes (one per member), and after a decode step each holds
+    value_codes of the value scales the host keeps, for every cached position (INT8 and INT4
+    caches: qmax 127 and 7); the tokens equal the twin's (the step's logits)."""
+    lm = tiny_lm(layers=2, heads=4, kv_heads=2)
+    ws = compressed(lm)
+    opts = CompileOptions(PROMPT, PROMPT + 2, kv_bits=kv_bits)
+    exe = compile_model(lm, VSMALL, opts, weights=ws)
+    rt = Runtime(exe, make_backend("model", VSMALL), vector=True)
+    ids = _ids(lm, PROMPT + 1)
+    (logits, _), (last, st) = _steps(rt, ids, PROMPT)
+    s = PROMPT + 1
+    qmax = 127 if kv_bits == 8 else 7
+    fused = [exe.programs[r.program] for r in st.programs if r.node.endswith(".scores")]
+    assert len(fused) == 2 and all(len(p.parts) == 3 for p in fused)
+    for p in fused:
+        values = exe.programs[p.parts[2]]
+        layer = int(values.node.split(".")[1])
+        want = value_codes(rt.scales[(layer, "v")][0, :, :s], qmax).numpy()
+        assert [m.codes for m in values.members] == [f"vc:{layer}:{h}" for h in range(2)]
+        for h, m in enumerate(values.members):
+            at = exe.symbols[m.codes].addr
+            got = rt.dram[at:at + 4 * s].view("<i4")
+            assert np.array_equal(got, want[h]) and got.max() > 0
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, attention=True, kv_bits=kv_bits,
+                                 vector=True)
+    want = twin_step_logits(twin, ids, PROMPT)
+    assert torch.equal(logits, want[0]) and torch.equal(last, want[-1])
 
 
 def test_a_decode_step_runs_no_vector_op_on_the_host():
