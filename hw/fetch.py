@@ -54,6 +54,7 @@ from hw.isa import (
     Spad,
     VecBody,
     VecFunc,
+    dequant_amax_addr,
     dispatch_limits,
     field_location,
     legal_words,
@@ -183,7 +184,7 @@ class FetchUnit(wiring.Component):
                       (func == VecFunc.SOFTMAX.value) & (v.imm > length),
                       is_rope & (head_dim[0] | (head_dim == 0) | heads[_ROPE_HEADS_BITS:].any()
                                  | (v.b_addr + head_dim[1:] > lim.vin_elems)),
-                      vec_reads_amax(func) & (v.imm >= lim.vin_elems))
+                      vec_reads_amax(func) & (dequant_amax_addr(v.imm) >= lim.vin_elems))
         rope_row = heads[:_ROPE_HEADS_BITS] * head_dim
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)

@@ -41,7 +41,8 @@ __all__ = [
     "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "RepeatBody", "InstrLayout",
     "Load", "Store", "Gemm", "Sync", "Vec", "End", "Repeat", "Instr", "ISAError",
     "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
-    "vec_out_words", "vec_reads_b", "vec_reads_amax", "VEC_FUNC_VALUES", "ROPE_HEAD_DIM_BITS",
+    "vec_out_words", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT", "dequant_imm",
+    "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry",
     "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
     "program_words",
@@ -115,6 +116,7 @@ class VecFunc(enum.Enum, shape=4):
     SILU_GATE = 6  # dst[i] = silu(a[i]) * b[i]                  (hw.numerics.vec_silu_gate)
     ROPE = 7     # rotary rotation of heads, table at b_addr     (hw.numerics.vec_rope_pairs)
     DEQUANT = 8  # dst[i] = acc a[i], channel word b[i], amax VIN[imm] (hw.numerics.vec_dequant)
+    FOLD = 9     # REQUANT of the 54-bit a[i] * b[i]: codes, then its amax word (vec_fold)
 
 
 #: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
@@ -178,7 +180,8 @@ VecBody = data.StructLayout({
     "length": 16,   # elements of the row, >= 1
     "imm": 40,      # SOFTMAX: valid positions (<= length); RMSNORM: epsilon (norm_eps);
                     # ROPE: head_dim + heads * 2**16 (rope_imm)
-                    # DEQUANT: the VIN address of the token's amax word
+                    # DEQUANT: the VIN address of the token's amax word, FOLD's with
+                    # bit 16 (dequant_imm)
 })
 
 #: REPEAT: the next ``length`` instructions (the *body*) run ``count`` times; iteration ``i``
@@ -391,31 +394,59 @@ class Vec(_Base):
 def vec_out_words(func, length):
     """VOUT elements (words) a VEC writes: ``length`` (the row sub-ops: ADD, SOFTMAX, RMSNORM,
     MUL, SILU_GATE, ROPE, DEQUANT); 2 (ARGMAX: the index, the max);
-    ``ceil(length / 4) + 1`` (REQUANT: the int8 codes packed four to a word, code ``i`` in
-    byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax`` as an
-    unsigned 32-bit word). Ints, arrays or Amaranth values (a sum of products, so that the
-    three agree)."""
+    ``ceil(length / 4) + 1`` (REQUANT and FOLD: the int8 codes packed four to a word, code
+    ``i`` in byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax``
+    as an unsigned 32-bit word, FOLD's as :func:`hw.numerics.fold_amax_word`). Ints, arrays
+    or Amaranth values (a sum of products, so that the three agree)."""
     rows = ((func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value)
             | (func == VecFunc.RMSNORM.value) | (func == VecFunc.MUL.value)
             | (func == VecFunc.SILU_GATE.value) | (func == VecFunc.ROPE.value)
             | (func == VecFunc.DEQUANT.value))
     return (rows * length + (func == VecFunc.ARGMAX.value) * 2
-            + (func == VecFunc.REQUANT.value) * (((length + 3) >> 2) + 1))
+            + ((func == VecFunc.REQUANT.value) | (func == VecFunc.FOLD.value))
+            * (((length + 3) >> 2) + 1))
 
 
 def vec_reads_b(func):
     """The sub-op reads a second operand row from ``b_addr`` (the second operand of ADD, MUL
-    and SILU_GATE, RMSNORM's weight row, DEQUANT's channel words); ints, arrays or Amaranth
-    values."""
+    and SILU_GATE, RMSNORM's weight row, DEQUANT's channel words, FOLD's value codes); ints,
+    arrays or Amaranth values."""
     return ((func == VecFunc.ADD.value) | (func == VecFunc.RMSNORM.value)
             | (func == VecFunc.MUL.value) | (func == VecFunc.SILU_GATE.value)
-            | (func == VecFunc.DEQUANT.value))
+            | (func == VecFunc.DEQUANT.value) | (func == VecFunc.FOLD.value))
 
 
 def vec_reads_amax(func):
     """The sub-op reads one VIN word at the element address ``imm`` before its row (DEQUANT's
-    amax); ints, arrays or Amaranth values."""
+    amax, :func:`dequant_imm`); ints, arrays or Amaranth values."""
     return func == VecFunc.DEQUANT.value
+
+
+#: The bit of a DEQUANT's ``imm`` that marks its amax word as FOLD's
+#: (:func:`hw.numerics.fold_amax_word`: a mantissa and a shift) rather than REQUANT's.
+DEQUANT_FOLD_BIT = 16
+
+
+def dequant_imm(addr: int, fold: bool = False) -> int:
+    """The ``imm`` of a DEQUANT whose amax word is VIN element ``addr`` (below 2**16), FOLD's
+    with ``fold``."""
+    if not 0 <= addr < 1 << DEQUANT_FOLD_BIT:
+        raise ValueError(f"amax word address {addr} must be in [0, {1 << DEQUANT_FOLD_BIT})")
+    return addr | (int(fold) << DEQUANT_FOLD_BIT)
+
+
+def dequant_amax_addr(imm):
+    """The VIN element a DEQUANT's ``imm`` names (:func:`dequant_imm`): its bits but the FOLD
+    bit, those above it moved down (an ``imm`` with them set names an element past every VIN);
+    ints, arrays or Amaranth values."""
+    low = (1 << DEQUANT_FOLD_BIT) - 1
+    return (imm & low) | ((imm >> (DEQUANT_FOLD_BIT + 1)) << DEQUANT_FOLD_BIT)
+
+
+def dequant_fold(imm):
+    """The DEQUANT's amax word is FOLD's (:data:`DEQUANT_FOLD_BIT` of ``imm``); ints, arrays or
+    Amaranth values."""
+    return (imm >> DEQUANT_FOLD_BIT) & 1
 
 
 #: Bits of ``imm`` that hold a ROPE's ``head_dim`` (the bits above hold its number of heads).
@@ -948,7 +979,8 @@ _VEC_RULES = (
           lambda f, cfg: f"ROPE table [{f['vec.b_addr']}, {_rope_table_end(f)}) exceeds VIN "
                          f"({dispatch_limits(cfg).vin_elems} elements)"),
     _Rule(_BAD_ADDRESS, _VEC,
-          lambda f, lim: vec_reads_amax(f["vec.func"]) & (f["vec.imm"] >= lim.vin_elems),
+          lambda f, lim: vec_reads_amax(f["vec.func"])
+          & (dequant_amax_addr(f["vec.imm"]) >= lim.vin_elems),
           lambda f, cfg: f"DEQUANT's amax word imm={f['vec.imm']} is outside VIN "
                          f"({dispatch_limits(cfg).vin_elems} elements)"),
     _Rule(_BAD_ADDRESS, _VEC,

@@ -442,15 +442,20 @@ def values_prologue(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
     """Probabilities ``[B, H, T, S]`` times the value scales ``[B, KV, S]`` of their kv head,
     as INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` (with ``vector``, in
     integers on the vector unit: :func:`fold_values_vector`, the values' codes recovered from
-    the scales of a ``kv_bits`` cache)."""
+    the scales of a ``kv_bits`` cache, and FOLD's amax words in place of the scales)."""
     if vector:
         return fold_values_vector(probs, s_v, kv_heads, ACT_QMAX if kv_bits == 8 else KV4_QMAX)
     folded = group_rows(probs, kv_heads) * s_v.unsqueeze(-2)
     return quantize_activations_torch(folded)
 
 
-def values_epilogue(acc: torch.Tensor, s_p: torch.Tensor, heads: int) -> torch.Tensor:
-    """Integer outputs ``[B, KV, G*T, d]`` -> float32 ``[B, H, T, d]``."""
+def values_epilogue(acc: torch.Tensor, s_p: torch.Tensor, heads: int, vector: bool = False,
+                    kv_bits: int = 8) -> torch.Tensor:
+    """Integer outputs ``[B, KV, G*T, d]`` -> float32 ``[B, H, T, d]`` (with ``vector``,
+    ``s_p`` is :func:`values_prologue`'s amax words and the outputs are float64, the exact
+    Q15.16 words of the vector unit's DEQUANT: :func:`values_vector`)."""
+    if vector:
+        return values_vector(acc, s_p, heads, ACT_QMAX if kv_bits == 8 else KV4_QMAX)
     ones = torch.ones(acc.shape[-1], dtype=torch.float32)
     return ungroup_rows(dequant_output_torch(acc, ones, s_p), heads)
 
@@ -1182,16 +1187,88 @@ def fold_values_vector(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
     ``c = rint(float64(s_v) * qmax * 2**16)`` recovers each value row's integer ``amax``
     (:func:`act_scale` inverted, ``qmax`` 127 for the INT8 cache; :func:`kv4_scale` inverted,
     ``qmax`` 7 for the INT4 one; exact below 2**23); ``w = to_fixed(p) * c`` exactly (below
-    2**47: ``p * s_v`` with 32 fraction bits, times ``qmax``); :func:`vec_requant` of ``w`` per
-    (head, token) row; the scale ``float32(amax_w / (127 * qmax) * 2**-32)`` in float64.
-    Returns INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` as
-    :func:`values_prologue`.
+    2**47: ``p * s_v`` with 32 fraction bits, times ``qmax``) and :func:`vec_requant` of ``w``
+    per (head, token) row, together :func:`vec_fold_torch` (what FOLD computes), and the
+    row's amax word :func:`fold_amax_word` (what FOLD writes after the codes). Returns INT8
+    rows ``[B, KV, G*T, S]`` and the amax words (int64 ``[B, KV, G*T]``), which
+    :func:`values_vector` turns into the outputs' scale.
     """
-    c = torch.round(s_v.to(torch.float64) * qmax * 2.0 ** ACT_FRAC).to(torch.int64)
-    w = group_rows(to_fixed_torch(probs), kv_heads) * c.unsqueeze(-2)
-    a, amax = vec_requant_torch(w)
-    s = amax.to(torch.float64) / (ACT_QMAX * qmax) * 2.0 ** (-2 * ACT_FRAC)
-    return a, torch.where(amax > 0, s, torch.ones_like(s)).to(torch.float32)
+    c = value_codes(s_v, qmax)
+    a, amax = vec_fold_torch(group_rows(to_fixed_torch(probs), kv_heads), c.unsqueeze(-2))
+    return a, fold_amax_word_torch(amax)
+
+
+def value_codes(s_v: torch.Tensor, qmax: int = ACT_QMAX) -> torch.Tensor:
+    """FOLD's value codes: each cached value row's integer ``amax`` from its float32 scale,
+    ``rint(float64(s_v) * qmax * 2**16)`` (int64, exact below 2**23 as
+    :func:`fold_values_vector` states): what the host writes for a FOLD part."""
+    return torch.round(s_v.to(torch.float64) * qmax * 2.0 ** ACT_FRAC).to(torch.int64)
+
+
+# ------------------------------------------------- vector unit: the values prologue (FOLD)
+# The attention's values prologue on chip (VecFunc.FOLD): each probability times its cached
+# value row's integer amax, exact in 54 bits, then REQUANT of those wide rows.
+
+#: Signed bits of FOLD's products ``w = a * c``, saturated: rows below 2**53, as
+#: :func:`vec_requant` takes them (its ``s = bitlen(amax) - 31`` at most 22).
+FOLD_BITS = TABLE_IN_BITS + 1
+#: Bits of the ``amax`` mantissa in FOLD's ``amax`` word (:func:`fold_amax_word`); the
+#: :data:`FOLD_AMAX_SHIFT_BITS` bits above hold its shift.
+FOLD_AMAX_MANT_BITS = 27
+FOLD_AMAX_SHIFT_BITS = ACT_BITS - FOLD_AMAX_MANT_BITS
+
+__all__ += ["FOLD_BITS", "FOLD_AMAX_MANT_BITS", "FOLD_AMAX_SHIFT_BITS", "vec_fold",
+            "vec_fold_torch", "fold_amax_word", "fold_amax_word_torch", "fold_amax_fields",
+            "fold_amax"]
+
+
+def vec_fold(a: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The values prologue of rows ``a [..., S]`` (Q15.16 probabilities) and ``c [..., S]``
+    (each position's integer value code, broadcast against ``a``), as FOLD computes it.
+
+    ``w = sat54(a * c)`` (the int32 x int32 product exact in int64, below 2**62, then
+    saturated symmetrically to :data:`FOLD_BITS` bits: below 2**53), then
+    :func:`vec_requant` of ``w`` per row. For the attention (``0 <= a <= 2**16``, ``0 <= c <
+    2**31``) the saturation never acts: ``w < 2**47``. Returns ``(int8 codes, int64 amax)``
+    (``amax = max |w|`` per row, up to 2**53 - 1; the word FOLD writes is
+    :func:`fold_amax_word` of it).
+    """
+    w = saturate(np.asarray(a, np.int64) * np.asarray(c, np.int64), FOLD_BITS)
+    return vec_requant(w)
+
+
+def vec_fold_torch(a: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of :func:`vec_fold`."""
+    return vec_requant_torch(saturate_torch(a.to(torch.int64) * c.to(torch.int64), FOLD_BITS))
+
+
+def fold_amax_word(amax: np.ndarray) -> np.ndarray:
+    """The 32-bit word FOLD writes after its codes for a row's ``amax`` (below 2**53, wider
+    than a word): ``(amax >> s) | (s << 27)`` with ``s = max(0, bitlen(amax) - 27)`` (at most
+    26, five bits), the mantissa flooring. ``fold_amax(word)`` is within ``2**-26`` of
+    ``amax`` relatively, and equal to it below ``2**27``; int64."""
+    amax = np.asarray(amax, np.int64)
+    s = np.maximum(0, _bit_length(amax) - FOLD_AMAX_MANT_BITS)
+    return (amax >> s) | (s << FOLD_AMAX_MANT_BITS)
+
+
+def fold_amax_word_torch(amax: torch.Tensor) -> torch.Tensor:
+    """Torch twin of :func:`fold_amax_word`."""
+    s = (_bit_length_torch(amax) - FOLD_AMAX_MANT_BITS).clamp(min=0)
+    return (amax >> s) | (s << FOLD_AMAX_MANT_BITS)
+
+
+def fold_amax_fields(word):
+    """The fields ``(m, s)`` of a :func:`fold_amax_word` word (any 32-bit word): ``m`` its
+    low :data:`FOLD_AMAX_MANT_BITS` bits, ``s`` the bits above; ints, arrays or tensors."""
+    return (word & ((1 << FOLD_AMAX_MANT_BITS) - 1),
+            (word >> FOLD_AMAX_MANT_BITS) & ((1 << FOLD_AMAX_SHIFT_BITS) - 1))
+
+
+def fold_amax(word: np.ndarray) -> np.ndarray:
+    """The ``amax`` a :func:`fold_amax_word` word stands for: ``m << s`` (int64)."""
+    m, s = fold_amax_fields(np.asarray(word, np.int64))
+    return m << s
 
 
 def kv4_rows_vector(x: np.ndarray, group: int | None
@@ -1212,7 +1289,7 @@ def kv4_rows_vector_torch(x: torch.Tensor, group: int | None
 
 __all__ += ["rms_norm_vector", "rope_vector", "softmax_vector", "silu_gate_vector",
             "add_vector", "quantize_activations_vector", "quantize_activations_vector_torch",
-            "fold_values_vector", "vec_kv4_rows", "vec_kv4_rows_torch", "kv4_scale",
+            "fold_values_vector", "value_codes", "vec_kv4_rows", "vec_kv4_rows_torch", "kv4_scale",
             "kv4_scale_torch", "kv4_rows_vector", "kv4_rows_vector_torch"]
 
 
@@ -1289,10 +1366,12 @@ def requant_amax(x: np.ndarray) -> np.ndarray:
     return np.abs(to_fixed(x)).max(axis=-1)
 
 
-def vec_dequant_factor(chan: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The per-element factor of :func:`vec_dequant`: ``(q, sh)`` with ``m * A * 2**-E ~= q *
-    2**-sh``, for channel words ``chan [..., N]`` and a row's ``amax [...]`` (an unsigned
-    32-bit word, broadcast over the last axis).
+def vec_dequant_factor(chan: np.ndarray, amax: np.ndarray, shift: np.ndarray | int = 0
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """The per-element factor of :func:`vec_dequant`: ``(q, sh)`` with ``m * A * 2**(shift -
+    E) ~= q * 2**-sh``, for channel words ``chan [..., N]``, a row's ``amax [...]`` (an
+    unsigned 32-bit word, broadcast over the last axis) and its ``shift [...]`` (0 .. 31: the
+    amax is ``amax * 2**shift``, a FOLD word's fields, :func:`fold_amax_fields`; 0 else).
 
     ``A = amax``, or :data:`DEQUANT_ZERO_AMAX` when ``amax = 0``; ``b = bitlen(A)`` (1..32,
     once per row); ``m, E`` the word's fields (any word is an operand: bits above 23 are
@@ -1300,10 +1379,11 @@ def vec_dequant_factor(chan: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray, 
     2**49); ``t = (p >> (b + 16)) & 1`` and ``k = b - 1 + t`` (``bitlen(p) - 17`` for a
     normalised ``m``: ``p`` in [2**(b+15), 2**(b+17))); ``q = min(round_shift(p, k), 2**17 -
     1)`` (in [2**16, 2**17) for a normalised word: relative error at most 2**-17, the clamp
-    included); ``sh = clip(E - k, -15, 63)``.
+    included); ``sh = clip(E - k - shift, -15, 63)``.
     """
     chan = np.asarray(chan, np.int64)
     amax = np.asarray(amax, np.int64)
+    shift = np.asarray(shift, np.int64)[..., None]
     if (amax < 0).any() or (amax >> 32).any():
         raise ValueError(f"amax must be an unsigned 32-bit word, got {int(amax.min())}.."
                          f"{int(amax.max())}")
@@ -1314,10 +1394,11 @@ def vec_dequant_factor(chan: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray, 
     p = m * a
     k = b - 1 + ((p >> (b + MANT_BITS)) & 1)
     q = np.minimum(round_shift(p, k), _MANT_MASK)
-    return q, np.clip(e - k, -DEQUANT_LEFT_MAX, DEQUANT_SH_MAX)
+    return q, np.clip(e - k - shift, -DEQUANT_LEFT_MAX, DEQUANT_SH_MAX)
 
 
-def vec_dequant(acc: np.ndarray, chan: np.ndarray, amax: np.ndarray) -> np.ndarray:
+def vec_dequant(acc: np.ndarray, chan: np.ndarray, amax: np.ndarray,
+                shift: np.ndarray | int = 0) -> np.ndarray:
     """WIDE outputs to activations: ``acc [..., N]`` (int32 accumulators of one GEMM, a row
     per token), channel words ``chan [N]`` (:func:`dequant_channels`) and the token's ``amax
     [...]`` (as REQUANT wrote it for the GEMM's input row) -> Q15.16 int64 ``[..., N]``.
@@ -1328,9 +1409,10 @@ def vec_dequant(acc: np.ndarray, chan: np.ndarray, amax: np.ndarray) -> np.ndarr
     (:func:`dequant_output`) in the activation format. Error bound (normalised words, no
     saturation): ``|y - Y| <= 2**-16 * (1 + 2**-16) * |Y| + 1/2`` with ``Y`` the exact value
     in output units (``m`` and ``q`` each within 2**-17 relatively, the final rounding half a
-    unit); the float32 ``row_scale`` is exact in float64 and ``amax`` is an integer.
+    unit); the float32 ``row_scale`` is exact in float64 and ``amax`` is an integer. With
+    ``shift`` (a FOLD word's, :func:`fold_amax_fields`), the amax is ``amax * 2**shift``.
     """
-    q, sh = vec_dequant_factor(chan, amax)
+    q, sh = vec_dequant_factor(chan, amax, shift)
     return saturate(round_shift(np.asarray(acc, np.int64) * q, sh))
 
 
@@ -1367,9 +1449,10 @@ def requant_amax_torch(x: torch.Tensor) -> torch.Tensor:
     return to_fixed_torch(x).abs().amax(dim=-1)
 
 
-def vec_dequant_factor_torch(chan: torch.Tensor, amax: torch.Tensor
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
+def vec_dequant_factor_torch(chan: torch.Tensor, amax: torch.Tensor,
+                             shift: torch.Tensor | int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch twin of :func:`vec_dequant_factor`."""
+    shift = torch.as_tensor(shift, dtype=torch.int64).unsqueeze(-1)
     if (amax < 0).any() or (amax >> 32).any():
         raise ValueError(f"amax must be an unsigned 32-bit word, got {int(amax.min())}.."
                          f"{int(amax.max())}")
@@ -1380,12 +1463,13 @@ def vec_dequant_factor_torch(chan: torch.Tensor, amax: torch.Tensor
     p = m * a
     k = b - 1 + ((p >> (b + MANT_BITS)) & 1)
     q = round_shift_torch(p, k).clamp(max=_MANT_MASK)
-    return q, (e - k).clamp(-DEQUANT_LEFT_MAX, DEQUANT_SH_MAX)
+    return q, (e - k - shift).clamp(-DEQUANT_LEFT_MAX, DEQUANT_SH_MAX)
 
 
-def vec_dequant_torch(acc: torch.Tensor, chan: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+def vec_dequant_torch(acc: torch.Tensor, chan: torch.Tensor, amax: torch.Tensor,
+                      shift: torch.Tensor | int = 0) -> torch.Tensor:
     """Torch twin of :func:`vec_dequant`."""
-    q, sh = vec_dequant_factor_torch(chan, amax)
+    q, sh = vec_dequant_factor_torch(chan, amax, shift)
     return saturate_torch(round_shift_torch(acc.to(torch.int64) * q, sh))
 
 
@@ -1447,3 +1531,43 @@ def scores_vector(acc: torch.Tensor, amax: torch.Tensor, s_k: torch.Tensor, scal
     """
     chan = scores_channels_torch(s_k, scale).unsqueeze(-2)
     return ungroup_rows(from_fixed_torch(vec_dequant_torch(acc, chan, amax)), heads)
+
+
+# ------------------------------------------------- vector unit: attention values on chip
+# The P.V GEMM's int32 accumulators to the attention's outputs on chip: a DEQUANT whose
+# channel words hold the fixed factor 2**-16 / (127 * qmax) (one constant word per output
+# element) and whose amax word is FOLD's (fold_amax_word; the DEQUANT's imm says so:
+# hw.isa.dequant_imm).
+
+__all__ += ["values_channel", "values_vector"]
+
+
+def values_channel(qmax: int = ACT_QMAX) -> int:
+    """The DEQUANT channel word of the values epilogue: :func:`dequant_channels`' word of
+    ``c = 2**-16 / (127 * qmax)`` (``qmax`` the value cache's, 127 or 7), so that ``acc * c *
+    amax_w`` is the output in Q15.16 (``amax_w`` FOLD's amax: the 2**-32 of ``p * s_v`` less
+    the output's 2**16, the 1 / 127 of the probabilities' codes and the 1 / qmax of the
+    values' codes). ``|m * 2**-E - c| <= 2**-17 * c``."""
+    c = np.array([2.0 ** -ACT_FRAC / (ACT_QMAX * qmax)])
+    return int(_channel_words(c, c)[0])
+
+
+def values_vector(acc: torch.Tensor, word: torch.Tensor, heads: int,
+                  qmax: int = ACT_QMAX) -> torch.Tensor:
+    """The values epilogue as the vector unit's DEQUANT computes it: P.V accumulators ``acc
+    [B, KV, G*T, d]`` and FOLD's amax words ``word [B, KV, G*T]`` (:func:`fold_values_vector`)
+    -> float64 ``[B, H, T, d]`` (exact Q15.16 words), ``from_fixed(vec_dequant(acc,
+    values_channel(qmax), m, s))`` with ``(m, s) = fold_amax_fields(word)``.
+
+    Error bound: against the exact ``z = acc * amax_w / (127 * qmax) * 2**-32`` (``amax_w``
+    the row's exact amax, :func:`vec_fold`), ``|y - z| <= (2**-16 + 2**-25) * |z| + 2**-17``:
+    :func:`vec_dequant`'s ``2**-16 * (1 + 2**-16)`` relative and half a unit, and the amax
+    word's flooring of less than ``2**-26`` relative (:func:`fold_amax_word`). The float
+    epilogue (:func:`values_epilogue` without ``vector``, the scale ``float32(z / acc)``) is
+    within ``2**-23 * |z|`` of ``z``, so the two differ by at most ``(2**-16 + 2**-22) * |z|
+    + 2**-17``. An all-zero row (word 0) has zero codes, so zero accumulators and outputs.
+    """
+    m, s = fold_amax_fields(word.to(torch.int64))
+    chan = torch.full((acc.shape[-1],), values_channel(qmax), dtype=torch.int64)
+    y = vec_dequant_torch(acc, chan, m, s)
+    return ungroup_rows(from_fixed_torch(y), heads)

@@ -307,12 +307,18 @@ def _vec_cycles(func, length):
     # pass from g + 2, each element through DequantFactor and Scale (the accumulator carried
     # beside the factor), written as it comes out.
     dequant = 1 + stream + lat["dequant_factor"] + lat["scale"]
+    # FOLD: REQUANT of the products a * c, computed in both passes: pass 1 through Mul into
+    # AbsMax; amax and its bit length registered as they come out, Recip fed from them the
+    # cycle after; pass 2 from the cycle after Recip's result through Mul into Requant, the
+    # codes packed as REQUANT's; the amax word the cycle after the last code.
+    fold = (stream + lat["mul"] + lat["absmax"] + 1 + lat["recip"]
+            + stream + lat["mul"] + lat["requant"] + 1)
     return ((func == VecFunc.ADD.value) * add + (func == VecFunc.ARGMAX.value) * argmax
             + (func == VecFunc.MUL.value) * mul + (func == VecFunc.SILU_GATE.value) * silu
             + (func == VecFunc.REQUANT.value) * requant
             + (func == VecFunc.SOFTMAX.value) * softmax
             + (func == VecFunc.RMSNORM.value) * rmsnorm + (func == VecFunc.ROPE.value) * rope
-            + (func == VecFunc.DEQUANT.value) * dequant)
+            + (func == VecFunc.DEQUANT.value) * dequant + (func == VecFunc.FOLD.value) * fold)
 
 
 def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:

@@ -31,15 +31,20 @@ from hw.isa import (
     Vec,
     VecFunc,
     bias_row_bytes,
+    dequant_amax_addr,
+    dequant_fold,
     gemm_geometry,
     rope_geometry,
 )
 from hw.numerics import (
     add_bias_wide,
+    fold_amax_fields,
+    fold_amax_word,
     requantize_int8,
     vec_add,
     vec_argmax,
     vec_dequant,
+    vec_fold,
     vec_mul,
     vec_requant,
     vec_rmsnorm,
@@ -505,9 +510,15 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
         def elementwise(st: MachineState) -> None:
             put(st, fn(row(st, a0), row(st, b0)))
         return elementwise
-    if ins.func == VecFunc.REQUANT:
+    if ins.func in (VecFunc.REQUANT, VecFunc.FOLD):
+        fold = ins.func == VecFunc.FOLD
+
         def requant(st: MachineState) -> None:
-            codes, amax = vec_requant(row(st, a0))
+            if fold:   # the products a * c, then their amax as a word (fold_amax_word)
+                codes, amax = vec_fold(row(st, a0), row(st, b0))
+                amax = fold_amax_word(amax)
+            else:
+                codes, amax = vec_requant(row(st, a0))
             data = np.zeros(-(-n // 4) * 4 + 4, dtype=np.uint8)   # codes, padding, amax
             data[:n] = codes.view(np.uint8)
             data[-4:] = np.array([amax], dtype="<u4").view(np.uint8)
@@ -531,12 +542,13 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
             table = st.spad_arrays[_VIN][b0:t1].view("<i4").astype(np.int64)
             put(st, vec_rope_pairs(row(st, a0), table, head_dim))
         return rope
-    if ins.func == VecFunc.DEQUANT:   # the amax word at imm, unsigned
-        m0 = 4 * ins.imm
+    if ins.func == VecFunc.DEQUANT:   # the amax word at imm, unsigned; FOLD's: two fields
+        m0, fold = 4 * dequant_amax_addr(ins.imm), dequant_fold(ins.imm)
 
         def dequant(st: MachineState) -> None:
             amax = st.spad_arrays[_VIN][m0:m0 + 4].view("<u4").astype(np.int64)[0]
-            put(st, vec_dequant(row(st, a0), row(st, b0) & 0xFFFFFFFF, amax))
+            amax, shift = fold_amax_fields(amax) if fold else (amax, 0)
+            put(st, vec_dequant(row(st, a0), row(st, b0) & 0xFFFFFFFF, amax, shift))
         return dequant
 
     def argmax(st: MachineState) -> None:

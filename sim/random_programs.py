@@ -42,6 +42,7 @@ from hw.isa import (
     Vec,
     VecFunc,
     check,
+    dequant_imm,
     dispatch_limits,
     encode,
     field_location,
@@ -170,8 +171,8 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
         imm = int(rng.choice([0, length, int(rng.integers(0, length + 1))]))
     elif func == VecFunc.RMSNORM:  # epsilon: none, a model's, a large one
         imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
-    elif func == VecFunc.DEQUANT:  # the amax word: any element of the chain's VIN region
-        imm = int(rng.integers(i0, i1))
+    elif func == VecFunc.DEQUANT:  # the amax word: any element of the chain's VIN region,
+        imm = dequant_imm(int(rng.integers(i0, i1)), bool(rng.random() < 0.5))  # or FOLD's
     return Vec(func=func, length=length, imm=imm,
                a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)),
                b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1))

@@ -19,6 +19,7 @@ unit                      computes                                              
 ``reduce.SumSq``          ``sum (x >> s)**2`` of a row                            vec_sumsq
 ``elementwise.Add``       ``sat32(a + b)``                                        vec_add
 ``elementwise.Mul(frac)`` ``sat32(round_shift(a * b, frac))``                     vec_mul
+``Mul(0, y_bits=54)``     ``sat54(a * b)``                                        vec_fold
 ``elementwise.Rope``      ``sat32(round_shift(x * cos + rot * sin, 14))``         vec_rope
 ``elementwise.Scale(f)``  ``sat32(round_shift(x * r, sh - f))``                   (steps)
 ``elementwise.Requant``   ``clip(round_shift((x >> s) * 127 * r, sh), +-127)``    vec_requant
@@ -53,6 +54,13 @@ INT8 requantisation of a row (:func:`hw.numerics.vec_requant`)::
     scalar   s = max(0, bitlen(amax) - 31);  (r, sh) = Recip(amax >> s)
     pass 2   a = Requant(x, r, sh, s)                 (scale: hw.numerics.act_scale(amax))
 
+The values prologue of probabilities ``a`` and value codes ``c`` (:func:`hw.numerics.vec_fold`),
+INT8 requantisation of the products, computed again in the second pass::
+
+    pass 1   w = Mul(0, y54)(a, c);  amax = AbsMax(w)
+    scalar   s = max(0, bitlen(amax) - 31);  (r, sh) = Recip(amax >> s)
+    pass 2   w = Mul(0, y54)(a, c);  a = Requant(54)(w, r, sh, s)
+
 Dequantisation of a GEMM's accumulators ``acc`` with channel words ``c`` and the ``amax`` of
 the GEMM's input row (:func:`hw.numerics.vec_dequant`), elementwise::
 
@@ -83,7 +91,7 @@ from functools import partial
 from amaranth import unsigned
 from amaranth.lib import wiring
 
-from hw.numerics import ACT_BITS, ACT_FRAC, NORM_FRAC, TABLE_IN_BITS
+from hw.numerics import ACT_BITS, ACT_FRAC, FOLD_BITS, NORM_FRAC
 from hw.vector.dequant import DEQUANT_SCALE_FRAC, DequantFactor
 from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
 from hw.vector.reduce import AbsMax, ArgMax, Max, Sum, SumSq
@@ -114,7 +122,8 @@ UNITS: dict[str, partial[wiring.Component]] = {
     "scale(16)": partial(Scale, ACT_FRAC),
     "scale(30)": partial(Scale, NORM_FRAC),
     "requant": partial(Requant),
-    "requant(x54)": partial(Requant, TABLE_IN_BITS + 1),
+    "requant(x54)": partial(Requant, FOLD_BITS),
+    "mul(0, y54)": partial(Mul, 0, y_bits=FOLD_BITS),
     "dequant_factor": partial(DequantFactor),
     "scale(31)": partial(Scale, DEQUANT_SCALE_FRAC),
 }

@@ -14,6 +14,7 @@ from hw.numerics import (
     DEQUANT_LEFT_MAX,
     DEQUANT_MANT_BITS,
     DEQUANT_SH_MAX,
+    FOLD_AMAX_SHIFT_BITS,
     MANT_BITS,
 )
 from hw.vector.base import PipelineUnit, partial_products, signed_range, sum_partial_products
@@ -39,14 +40,15 @@ if DEQUANT_SCALE_FRAC + DEQUANT_SH_MAX >= 1 << SH_BITS:
 
 class DequantFactor(PipelineUnit):
     """``(r, sh)`` with ``r = q`` and ``sh = sh_q + DEQUANT_SCALE_FRAC`` for ``(q, sh_q) =
-    vec_dequant_factor(chan, amax)`` (:func:`hw.numerics.vec_dequant_factor`): then
+    vec_dequant_factor(chan, amax, shift)`` (:func:`hw.numerics.vec_dequant_factor`): then
     ``Scale(DEQUANT_SCALE_FRAC)(acc, r, sh)`` is :func:`hw.numerics.vec_dequant`.
 
     The row's scalars are the sequencer's: ``a`` is the row's ``amax`` (or
-    :data:`hw.numerics.DEQUANT_ZERO_AMAX` for 0) and ``b`` its bit length (1..32).
+    :data:`hw.numerics.DEQUANT_ZERO_AMAX` for 0), ``b`` its bit length (1..32) and ``x`` its
+    shift (0 but for a FOLD amax word, :func:`hw.numerics.fold_amax_fields`).
 
     Pipeline: 1 the partial products of ``m * a`` (``m`` the word's 17-bit mantissa),
-    ``b - 1`` and ``E + F`` (``F`` the Scale's frac); 2 ``p``, their sum (below 2**49); 3
+    ``b - 1`` and ``E + F - x`` (``F`` the Scale's frac); 2 ``p``, their sum (below 2**49); 3
     ``t = (2 * p) >> (b - 1)`` and ``E + F - b + 1``; 4 with ``k = b - 1 + p[b + 16]``
     (``p[b + 16]`` is ``t[18]``), ``w = (2 * p) >> k`` (``t`` or ``t >> 1``) and ``d = E - k +
     F``; 5 ``q = min((w + 1) >> 1, 2**17 - 1)`` and ``sh = clip(d, F - 15, F + 63)`` (``E -
@@ -57,7 +59,7 @@ class DequantFactor(PipelineUnit):
     Members
     -------
     i: In(stream.Signature(StructLayout({"chan": unsigned(32), "a": unsigned(32),
-                                         "b": unsigned(6)})))
+                                         "b": unsigned(6), "x": unsigned(5)})))
     o: Out(stream.Signature(StructLayout({"r": unsigned(17), "sh": unsigned(7)})))
     """
 
@@ -65,7 +67,8 @@ class DequantFactor(PipelineUnit):
 
     def __init__(self):
         super().__init__(data.StructLayout({"chan": unsigned(32), "a": unsigned(AMAX_BITS),
-                                            "b": range(AMAX_BITS + 1)}),
+                                            "b": range(AMAX_BITS + 1),
+                                            "x": unsigned(FOLD_AMAX_SHIFT_BITS)}),
                          data.StructLayout({"r": unsigned(TABLE_RESULT_BITS),
                                             "sh": unsigned(SH_BITS)}))
 
@@ -73,15 +76,17 @@ class DequantFactor(PipelineUnit):
         p_bits = DEQUANT_MANT_BITS + AMAX_BITS
         k_bits = AMAX_BITS.bit_length()              # k in [0, 32]
         frac = DEQUANT_SCALE_FRAC
-        # d = E - k + frac, with E - k in [-32, 127]: the Scale's sh before its clipping
-        d_shape = signed_range(frac - AMAX_BITS, (1 << DEQUANT_EXP_BITS) - 1 + frac)
-        e_shape = unsigned(((1 << DEQUANT_EXP_BITS) - 1 + frac).bit_length())
+        # d = E - k - x + frac, with E - k - x in [-63, 127]: the Scale's sh before its
+        # clipping
+        x_max = (1 << FOLD_AMAX_SHIFT_BITS) - 1
+        d_shape = signed_range(frac - AMAX_BITS - x_max, (1 << DEQUANT_EXP_BITS) - 1 + frac)
+        e_shape = signed_range(frac - x_max, (1 << DEQUANT_EXP_BITS) - 1 + frac)
         q_max = (1 << DEQUANT_MANT_BITS) - 1
 
         def s1(m, v):
             mant = v.chan[:DEQUANT_MANT_BITS]
             return {**partial_products(mant, v.a),
-                    "e": (v.chan[DEQUANT_MANT_BITS:_WORD_BITS] + frac, e_shape),
+                    "e": (v.chan[DEQUANT_MANT_BITS:_WORD_BITS] + frac - v.x, e_shape),
                     "b1": ((v.b - 1)[:k_bits], unsigned(k_bits))}
 
         def s1b(m, v):

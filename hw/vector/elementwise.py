@@ -10,7 +10,15 @@ from __future__ import annotations
 from amaranth import Cat, Const, Mux, signed, unsigned
 from amaranth.lib import data
 
-from hw.numerics import ACT_BITS, ACT_FRAC, ACT_QMAX, ROPE_FRAC, ROPE_HALF_BITS, TABLE_IN_BITS
+from hw.numerics import (
+    ACT_BITS,
+    ACT_FRAC,
+    ACT_QMAX,
+    FOLD_BITS,
+    ROPE_FRAC,
+    ROPE_HALF_BITS,
+    TABLE_IN_BITS,
+)
 from hw.vector.base import (
     MULT_CHUNK,
     PipelineUnit,
@@ -66,7 +74,8 @@ class Add(PipelineUnit):
 
 
 class Mul(PipelineUnit):
-    """``y = sat32(round_shift(a * b, frac))`` (:func:`hw.numerics.vec_mul`).
+    """``y = sat32(round_shift(a * b, frac))`` (:func:`hw.numerics.vec_mul`); with ``y_bits``
+    54 and ``frac`` 0, FOLD's products ``sat54(a * b)`` (:func:`hw.numerics.vec_fold`).
 
     Pipeline: 1 the 2 x 2 grid of partial products (:func:`~hw.vector.base.grid_products`,
     each in its multiplier's output register); 2 the middle two summed, the outer two side by
@@ -82,21 +91,26 @@ class Mul(PipelineUnit):
     a_bits, b_bits:
         Signed widths of the operands, at most 34 (two multiplier chunks; default 32,
         RMSNorm's weight takes 33).
+    y_bits:
+        Signed width the result saturates to: 32 (activations, the default) up to 54
+        (:data:`hw.numerics.FOLD_BITS`, FOLD's products).
 
     Members
     -------
     i: In(stream.Signature(StructLayout({"a": signed(a_bits), "b": signed(b_bits)})))
-    o: Out(stream.Signature(StructLayout({"y": signed(32)})))
+    o: Out(stream.Signature(StructLayout({"y": signed(y_bits)})))
     """
 
     NAME = "mul"
 
-    def __init__(self, frac: int = ACT_FRAC, a_bits: int = ACT_BITS, b_bits: int = ACT_BITS):
+    def __init__(self, frac: int = ACT_FRAC, a_bits: int = ACT_BITS, b_bits: int = ACT_BITS,
+                 y_bits: int = ACT_BITS):
         self.frac = _bits("mul frac", frac, 0, 62)
         self.a_bits = _bits("mul a_bits", a_bits, 2, 2 * MULT_CHUNK)
         self.b_bits = _bits("mul b_bits", b_bits, 2, 2 * MULT_CHUNK)
+        self.y_bits = _bits("mul y_bits", y_bits, ACT_BITS, FOLD_BITS)
         super().__init__(data.StructLayout({"a": signed(a_bits), "b": signed(b_bits)}),
-                         data.StructLayout({"y": signed(ACT_BITS)}))
+                         data.StructLayout({"y": signed(y_bits)}))
 
     def _stages(self):
         p_shape = signed(self.a_bits + self.b_bits)
@@ -111,7 +125,8 @@ class Mul(PipelineUnit):
             return {"p": (grid_sum(v), p_shape)}
 
         def s4(m, v):
-            return {"y": (round_shift_saturate_const(v.p, self.frac), signed(ACT_BITS))}
+            return {"y": (round_shift_saturate_const(v.p, self.frac, self.y_bits),
+                          signed(self.y_bits))}
 
         return [s1, s2, s3, s4]
 

@@ -47,15 +47,23 @@ RMSNORM    pass 1 ``AbsMax`` (pass 2 reads from the cycle after ``amax`` comes o
            b_bits=33)`` with the weight, read beside ``x`` and delayed by Scale's latency
 DEQUANT    the ``amax`` word read from ``imm`` in ``g + 1`` (the command's ``a_addr`` stands
            aside for a cycle), ``A = amax`` (``127 * 2**16`` for 0) and ``b = bitlen(A)``
-           registered as it comes; one pass from ``g + 2``, each accumulator's channel word
-           (read beside it) through ``DequantFactor(c, A, b)``, the accumulator carried
-           beside, into ``Scale(31)``, written as it comes out
+           registered as it comes (a FOLD word, imm's :data:`hw.isa.DEQUANT_FOLD_BIT`: ``A``
+           its mantissa, its shift ``x`` registered beside); one pass from ``g + 2``, each
+           accumulator's channel word (read beside it) through ``DequantFactor(c, A, b,
+           x)``, the accumulator carried beside, into ``Scale(31)``, written as it comes out
+FOLD       REQUANT of the products ``w = Mul(0, y54)(a, c)`` (``c`` from ``b_addr``), computed
+           in both passes: pass 1 ``w`` into ``AbsMax``; ``amax`` (54 bits) and its bit length
+           registered as it comes out; the cycle after, ``Recip(amax >> s)`` (``s = max(0,
+           bitlen - 31)``) and the amax word (:func:`hw.numerics.fold_amax_word`) registered;
+           pass 2 ``w`` into ``Requant(54)`` with ``r, sh, s``; codes packed as REQUANT's, then
+           the amax word
 =========  =================================================================================
 
 (:func:`hw.numerics.vec_add`, :func:`~hw.numerics.vec_argmax`,
 :func:`~hw.numerics.vec_requant`, :func:`~hw.numerics.vec_softmax`,
 :func:`~hw.numerics.vec_rmsnorm`, :func:`~hw.numerics.vec_rope_pairs`,
-:func:`~hw.numerics.vec_dequant`; the sequences are those of :mod:`hw.vector`'s docstring.)
+:func:`~hw.numerics.vec_dequant`, :func:`~hw.numerics.vec_fold`; the sequences are those
+of :mod:`hw.vector`'s docstring.)
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
 :data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.
@@ -70,8 +78,18 @@ from amaranth.utils import ceil_log2
 
 from hw import timing
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
-from hw.isa import ROPE_HEAD_DIM_BITS, VecBody, VecFunc, vec_out_words
-from hw.numerics import ACT_BITS, ACT_FRAC, ACT_MAX, DEQUANT_ZERO_AMAX, NORM_FRAC, ROPE_HALF_BITS
+from hw.isa import DEQUANT_FOLD_BIT, ROPE_HEAD_DIM_BITS, VecBody, VecFunc, vec_out_words
+from hw.numerics import (
+    ACT_BITS,
+    ACT_FRAC,
+    ACT_MAX,
+    DEQUANT_ZERO_AMAX,
+    FOLD_AMAX_MANT_BITS,
+    FOLD_AMAX_SHIFT_BITS,
+    FOLD_BITS,
+    NORM_FRAC,
+    ROPE_HALF_BITS,
+)
 from hw.vector.dequant import AMAX_BITS, DEQUANT_SCALE_FRAC, DequantFactor
 from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
@@ -154,9 +172,10 @@ class VectorEngine(wiring.Component):
         self._units = {
             "add": Add(),
             "argmax": ArgMax(signed(ACT_BITS), max_len=_MAX_LENGTH),
-            "absmax": AbsMax(signed(ACT_BITS)),
+            "absmax": AbsMax(signed(FOLD_BITS)),   # activations, FOLD's products
             "recip": Recip(),
-            "requant": Requant(ACT_BITS + 1),   # x >> s with s in {0, 1}: 33-bit x
+            "requant": Requant(FOLD_BITS),
+            "mul_fold": Mul(0, y_bits=FOLD_BITS),
             "max": Max(signed(ACT_BITS)),
             "exp": Exp(ACT_FRAC),
             "sum": Sum(unsigned(ACT_FRAC + 1), max_len=_MAX_LENGTH),
@@ -294,7 +313,15 @@ class VectorEngine(wiring.Component):
 
         feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
         feed(u["argmax"], valid & is_[VecFunc.ARGMAX], x=x, last=last)
-        feed(u["absmax"], p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM]), x=x, last=last)
+        # FOLD: the products a * c in both passes, into AbsMax (pass 1) or Requant (pass 2)
+        fold = is_[VecFunc.FOLD]
+        feed(u["mul_fold"], valid & fold, a=x, b=b)
+        wf = u["mul_fold"].o.payload.y
+        wf_last = _delay(m, last & fold, lat["mul_fold"], "fold_last")
+        wf_p1 = u["mul_fold"].o.valid & (phase == 0)
+        wf_p2 = u["mul_fold"].o.valid & (phase == 1)
+        feed(u["absmax"], (p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM])) | wf_p1,
+             x=Mux(fold, wf, x), last=Mux(fold, wf_last, last))
 
         # -- per-row scalars, registered as their units give them
         amax = Signal(ACT_BITS, reset_less=True)
@@ -312,7 +339,7 @@ class VectorEngine(wiring.Component):
         top_bits = amax[ACT_FRAC + 1:]
         s_now = Signal()       # amax is RMSNORM's: s from it now
         eps_now = Signal()     # s is: eps >> 2s from it now
-        m.d.sync += [s_now.eq(u["absmax"].o.valid & ~is_[VecFunc.REQUANT]), eps_now.eq(s_now)]
+        m.d.sync += [s_now.eq(u["absmax"].o.valid & is_[VecFunc.RMSNORM]), eps_now.eq(s_now)]
         with m.If(u["absmax"].o.valid):
             m.d.sync += amax.eq(y)
             with m.If(is_[VecFunc.REQUANT]):
@@ -323,13 +350,28 @@ class VectorEngine(wiring.Component):
             m.d.sync += eps.eq(imm >> (2 * shift)[:6])
         with m.If(u["max"].o.valid):
             m.d.sync += top.eq(u["max"].o.payload.y)
+        # FOLD's amax (54 bits) and its bit length registered as it comes; the cycle after,
+        # Recip of amax >> s (s = max(0, bitlen - 31)) and the amax word (mantissa >> s27)
+        famax = Signal(FOLD_BITS, reset_less=True)
+        fbl = Signal(range(FOLD_BITS + 1), reset_less=True)
+        fword = Signal(ACT_BITS, reset_less=True)
+        fold_go = Signal()
+        m.d.sync += fold_go.eq(u["absmax"].o.valid & fold)
+        with m.If(u["absmax"].o.valid & fold):
+            m.d.sync += [famax.eq(y), fbl.eq(Mux(y.any(), _msb_index(y) + 1, 0))]
+        fs = Mux(fbl > ACT_BITS - 1, fbl - (ACT_BITS - 1), 0)[:5]
+        fs27 = Mux(fbl > FOLD_AMAX_MANT_BITS, fbl - FOLD_AMAX_MANT_BITS, 0)[:5]
+        with m.If(fold_go):
+            m.d.sync += fword.eq(Cat((famax >> fs27)[:FOLD_AMAX_MANT_BITS], fs27))
         big = y[ACT_BITS - 1]
         silu = is_[VecFunc.SILU_GATE]
         e30 = u["exp30"].o.payload.y
         feed(u["recip"], Mux(is_[VecFunc.REQUANT], u["absmax"].o.valid,
-                             Mux(silu, u["exp30"].o.valid, u["sum"].o.valid)),
+                             Mux(fold, fold_go,
+                                 Mux(silu, u["exp30"].o.valid, u["sum"].o.valid))),
              x=Mux(is_[VecFunc.REQUANT], y >> big,
-                   Mux(silu, (1 << NORM_FRAC) + e30, u["sum"].o.payload.y)))
+                   Mux(fold, famax >> fs,
+                       Mux(silu, (1 << NORM_FRAC) + e30, u["sum"].o.payload.y))))
         ss = u["sumsq"].o.payload.y + eps
         feed(u["rsqrt"], u["sumsq"].o.valid, x=ss)
         with m.If(u["sumsq"].o.valid):   # ss == 0 (both terms are non-negative)
@@ -341,12 +383,13 @@ class VectorEngine(wiring.Component):
                          sh.eq(u["rsqrt"].o.payload.sh + shift)]
         m.d.comb += next_pass.eq(
             (is_[VecFunc.DEQUANT] & issuing & (phase == 0))
-            | (is_[VecFunc.REQUANT] & u["recip"].o.valid)
+            | ((is_[VecFunc.REQUANT] | fold) & u["recip"].o.valid)
             | (is_[VecFunc.SOFTMAX] & (u["max"].o.valid | u["recip"].o.valid))
             | (is_[VecFunc.RMSNORM] & (u["absmax"].o.valid | u["rsqrt"].o.valid)))
 
         # -- REQUANT pass 2
-        feed(u["requant"], p2 & is_[VecFunc.REQUANT], x=x, r=r, sh=sh, s=shift)
+        feed(u["requant"], (p2 & is_[VecFunc.REQUANT]) | wf_p2, x=Mux(fold, wf, x), r=r, sh=sh,
+             s=Mux(fold, fs, shift))
         # -- SOFTMAX: masked Max; Exp into Sum (pass 2) or Scale(16) (pass 3)
         sm = is_[VecFunc.SOFTMAX]
         feed(u["max"], p1 & sm, x=Mux(inrow, x, -ACT_MAX), last=last)
@@ -428,16 +471,20 @@ class VectorEngine(wiring.Component):
         # streams the accumulators and channel words through DequantFactor and Scale(31).
         dq = is_[VecFunc.DEQUANT]
         amax_rd = _delay(m, issuing & dq & (phase == 0), rl, "amax_rd")  # rd_a is the amax word
+        # (a FOLD word, imm's DEQUANT_FOLD_BIT: its mantissa and its shift)
         dq_a = Signal(AMAX_BITS, reset_less=True)
         dq_b = Signal(range(AMAX_BITS + 1), reset_less=True)
-        amax_word = rd_a
+        dq_x = Signal(FOLD_AMAX_SHIFT_BITS, reset_less=True)
+        fold_word = imm[DEQUANT_FOLD_BIT]
+        amax_word = Mux(fold_word, rd_a[:FOLD_AMAX_MANT_BITS], rd_a)
         a_eff = Mux(amax_word == 0, DEQUANT_ZERO_AMAX, amax_word)
         with m.If(amax_rd):
             m.d.sync += [dq_a.eq(a_eff),
                          dq_b.eq(Mux(amax_word == 0, DEQUANT_ZERO_AMAX.bit_length(),
-                                     _msb_index(amax_word) + 1))]
+                                     _msb_index(amax_word) + 1)),
+                         dq_x.eq(Mux(fold_word, rd_a[FOLD_AMAX_MANT_BITS:], 0))]
         dq_valid = valid & dq & ~amax_rd
-        feed(u["dequant_factor"], dq_valid, chan=rd_b, a=dq_a, b=dq_b)
+        feed(u["dequant_factor"], dq_valid, chan=rd_b, a=dq_a, b=dq_b, x=dq_x)
         dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc")
         feed(u["scale31"], u["dequant_factor"].o.valid, x=dq_acc,
              r=u["dequant_factor"].o.payload.r, sh=u["dequant_factor"].o.payload.sh)
@@ -445,7 +492,7 @@ class VectorEngine(wiring.Component):
 
         # ---- write
         add_last = _delay(m, last & is_[VecFunc.ADD], lat["add"], "add_last")
-        code_last = _delay(m, last & is_[VecFunc.REQUANT] & (phase == 1),
+        code_last = _delay(m, (last & is_[VecFunc.REQUANT] & (phase == 1)) | (wf_last & wf_p2),
                            lat["requant"], "code_last")
         # ARGMAX: the index now, the maximum next cycle
         second = Signal()
@@ -474,7 +521,7 @@ class VectorEngine(wiring.Component):
             (u["argmax"].o.valid, u["argmax"].o.payload.index, 0),
             (second, arg_top, 1),
             (word_full, word, 0),
-            (amax_write, amax, 1),
+            (amax_write, Mux(fold, fword, amax), 1),
             (u["scale16"].o.valid, u["scale16"].o.payload.y, p_last),   # 0 where masked
             (u["mul"].o.valid, u["mul"].o.payload.y, y_last),
             (u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last),

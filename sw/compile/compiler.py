@@ -34,7 +34,14 @@ from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
-from hw.numerics import ACT_MAX, dequant_channels, norm_weight, rope_pairs, rope_table
+from hw.numerics import (
+    ACT_MAX,
+    dequant_channels,
+    norm_weight,
+    rope_pairs,
+    rope_table,
+    values_channel,
+)
 from sw.compile import symbols as sym
 from sw.compile.capture import CaptureResult, capture
 from sw.compile.errors import CompileError, LoweringError
@@ -520,14 +527,15 @@ def _part_template(cfg: AcceleratorConfig, part) -> Template:
     """The relocatable program of a REQUANT, DEQUANT or (vector) ADD part."""
     if isinstance(part, RequantOp):
         return lower_requant_template(cfg, part.rows, part.length, part.act_row_bytes,
-                                      amax=part.amax)
+                                      amax=part.amax, fold=part.fold)
     if isinstance(part, ArgmaxOp):
         return lower_argmax_template(cfg, part.rows, part.length)
     if isinstance(part, VectorOp):
         return lower_vector_template(cfg, part.func, part.rows, part.length,
                                      second=part.b is not None, const=part.w is not None,
                                      imm=part.imm)
-    return lower_dequant_template(cfg, part.rows, part.length, part.acc_row_bytes, part.place)
+    return lower_dequant_template(cfg, part.rows, part.length, part.acc_row_bytes, part.place,
+                                  fold=bool(part.fold_qmax))
 
 
 def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int],
@@ -567,7 +575,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
             work = [work[0] + p.read_bytes, work[1] + p.write_bytes, work[2] + p.macs]
         elif isinstance(part, RequantOp):
             codes = part.rows * part.length
-            work = [work[0] + 4 * codes, work[1] + codes, work[2]]
+            work = [work[0] + 4 * codes + 4 * part.length * part.fold, work[1] + codes,
+                    work[2]]
         elif isinstance(part, VectorOp):
             work = [work[0] + part.read_bytes, work[1] + part.write_bytes, work[2]]
         elif isinstance(part, ArgmaxOp):
@@ -593,10 +602,12 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     members = []
     requantised = {p.y for p in group.parts if isinstance(p, RequantOp)}  # on chip
     host_rows = {p.y: p for p in group.parts if isinstance(p, RequantOp) and p.host}
+    codes = {p.y: p.w for p in group.parts if isinstance(p, RequantOp) and p.fold}
     for e, p in zip(group.entries, nodes, strict=True):
         ms = tuple(dataclasses.replace(m, dequant=dequant[m.y].y,
                                        dequant_row_bytes=dequant[m.y].row_bytes,
                                        argmax=argmax.get(dequant[m.y].y),
+                                       codes=codes.get(m.x),
                                        **_host_words(m, dequant[m.y], requantised),
                                        **_host_rows(cfg, m, host_rows, group.residual))
                    if m.y in dequant else m for m in p.members)
@@ -655,9 +666,13 @@ def _dequant_constants(weights: Mapping[str, QuantizedWeight],
     out: dict[str, np.ndarray] = {}
     for g in pairs.values():
         for name, _, d in part_constants(g.parts):
-            if name not in out and not d.host:
+            if name in out or not isinstance(d, DequantOp) or d.host:
+                continue  # the host's words (the scores' channels, FOLD's value codes)
+            if d.fold_qmax:  # the values epilogue: one constant word
+                chan = np.full(d.length, values_channel(d.fold_qmax), np.int64)
+            else:
                 chan = dequant_channels(weights[d.layer].row_scale)[:d.length]
-                out[name] = chan.astype("<i4").view(np.uint8)
+            out[name] = chan.astype("<i4").view(np.uint8)
     return out
 
 

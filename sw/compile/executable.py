@@ -75,7 +75,10 @@ class ProgramMember:
     ``requant``: where the host writes the input rows as Q15.16 words (``to_fixed``),
     ``requant_row_bytes`` apart, for a fused program's REQUANT part that writes ``x`` on chip
     (None: the host writes ``x``); ``residual``: where it writes a residual linear's residual
-    rows likewise, ``dequant_row_bytes`` apart, for a part that reads them (None: none).
+    rows likewise, ``dequant_row_bytes`` apart, for a part that reads them (None: none);
+    ``codes``: where the host writes the value codes (one int32 per cached position,
+    :func:`hw.numerics.value_codes`) a FOLD part reads to write the input rows on chip
+    (attention's values; None: none).
     """
 
     w: str
@@ -99,6 +102,7 @@ class ProgramMember:
     requant: str | None = None
     requant_row_bytes: int = 0
     residual: str | None = None
+    codes: str | None = None
 
 
 @dataclass(frozen=True, eq=False)

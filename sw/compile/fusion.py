@@ -17,6 +17,9 @@ REQUANT                ``y`` (a chain's REQUANT head: the host's rows) to the li
                        INT8 input rows and each row's ``amax`` word (:class:`RequantOp`,
                        :func:`sw.compile.schedule.schedule_requant`,
                        :func:`hw.numerics.vec_requant`: the host's requantisation)
+FOLD                   attention's probabilities times the value codes the host writes, to
+                       the values GEMM's INT8 rows and FOLD's ``amax`` words (a
+                       :class:`RequantOp` with ``w``, :func:`hw.numerics.vec_fold`)
 a linear program       a linear node's: GEMM tiles to its int32 outputs
 DEQUANT                one per member of the linear: its int32 rows, the layer's channel
                        words (a constant row, :func:`hw.numerics.dequant_channels`) and the
@@ -83,15 +86,21 @@ epilogue), ``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and the next bloc
 ``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final norm). A chain that
 does not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.fallback`).
 
-*Attention's scores -> softmax* (:func:`scores_groups`): per context bucket, the scores
-program (a member per operand head), a DEQUANT per member and the softmax program of the same
-bucket are one program. The DEQUANTs write the softmax's input rows in place (each member's
-rows a region inside that buffer: ``within``); their channel words (the key scales with the
+*Attention* (:func:`scores_groups`): per context bucket, the scores program (a member per
+operand head), a DEQUANT per member, the softmax program and the values program of the same
+bucket (between a FOLD and a DEQUANT per member, :func:`values_parts`) are one program.
+The scores' DEQUANTs write the softmax's input rows in place (each member's rows a region
+inside that buffer: ``within``); their channel words (the key scales with the
 softmax scale folded in) and ``amax`` words (the query rows') are the host's, written with
 the query's INT8 rows before the run (``host``); the SOFTMAX's valid counts stay run-time
 ``imm`` words. In a decode step a REQUANT per member first requantises its query rows from
 the q rope's results (still in DRAM after the program that computed them), so the host
-writes neither the query rows nor their ``amax``.
+writes neither the query rows nor their ``amax``. A values member's FOLD reads its rows of
+the softmax's results (``within``) and its kv head's value codes (each cached position's
+integer ``amax``, the host's: :func:`sw.compile.symbols.value_codes`, written with the
+scores' words), its DEQUANT the accumulators, FOLD's ``amax`` words and one constant row of
+:func:`hw.numerics.values_channel` words, into the values node's Q15.16 rows, which the host
+reads back as the node's output.
 """
 
 from __future__ import annotations
@@ -121,6 +130,7 @@ from hw.isa import (
     program_words,
     vec_reads_amax,
 )
+from hw.numerics import ACT_QMAX, KV4_QMAX
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
 from sw.compile.ir import OPS, Graph, rope_rows
@@ -171,7 +181,9 @@ class RequantOp:
     row); ``within``: ``x`` is the rows of another buffer from a byte offset on
     (``(symbol, offset)``: :func:`sw.compile.symbols.within`); ``host``: ``x`` is rows the
     host writes before the run (``to_fixed`` of the linear's input: a chain's first part,
-    :func:`linear_group`)."""
+    :func:`linear_group`). With ``w`` (``w_bytes`` bytes), a FOLD: the attention's values
+    prologue, the rows times the value codes the host writes at ``w``
+    (:func:`sw.compile.symbols.value_codes`), the ``amax`` words FOLD's."""
 
     rows: int
     length: int
@@ -180,15 +192,21 @@ class RequantOp:
     y: str
     b: str | None = None
     amax: bool = False
-    w: None = None
+    w: str | None = None
     w_tile_stride: None = None
     within: tuple[str, int] | None = None
     host: bool = False
+    w_bytes: int = 0
+
+    @property
+    def fold(self) -> bool:
+        """A FOLD (the values prologue) rather than a REQUANT."""
+        return self.w is not None
 
     @property
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
-        return ("requant", self.rows, self.length, self.act_row_bytes, self.amax)
+        return ("requant", self.rows, self.length, self.act_row_bytes, self.amax, self.fold)
 
 
 @dataclass(frozen=True)
@@ -201,7 +219,9 @@ class DequantOp:
     linear layer (module name) whose row scales the channel words hold. ``host``: the
     channel words and ``amax`` words are the host's, written before each run (the scores':
     :func:`scores_groups`); ``within``: ``y`` is the rows of another buffer from a byte
-    offset on (``(symbol, offset)``: :func:`sw.compile.symbols.within`)."""
+    offset on (``(symbol, offset)``: :func:`sw.compile.symbols.within`); ``fold_qmax``
+    (127 or 7, the value cache's): the values epilogue, the ``amax`` words FOLD's and the
+    channel words the constant :func:`hw.numerics.values_channel`."""
 
     rows: int
     length: int
@@ -216,11 +236,13 @@ class DequantOp:
     w_tile_stride: None = None
     host: bool = False
     within: tuple[str, int] | None = None
+    fold_qmax: int = 0
 
     @property
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
-        return ("dequant", self.rows, self.length, self.acc_row_bytes, tuple(self.place))
+        return ("dequant", self.rows, self.length, self.acc_row_bytes, tuple(self.place),
+                bool(self.fold_qmax))
 
     @property
     def data_bytes(self) -> int:
@@ -345,10 +367,12 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
     return out
 
 
-def part_constants(parts: Sequence[Part]) -> list[tuple[str, int, DequantOp]]:
+def part_constants(parts: Sequence[Part]) -> list[tuple[str, int, DequantOp | RequantOp]]:
     """``(symbol, bytes, part)`` of the constant rows the DEQUANT ``parts`` read (their
-    channel words; a ``host`` part's: the region the host writes them into)."""
-    return [(p.w, p.row_bytes, p) for p in parts if isinstance(p, DequantOp)]
+    channel words; a ``host`` part's: the region the host writes them into) and the value
+    codes a FOLD part reads (the region the host writes them into)."""
+    return [(p.w, p.row_bytes, p) for p in parts if isinstance(p, DequantOp)] + [
+        (p.w, p.w_bytes, p) for p in parts if isinstance(p, RequantOp) and p.fold]
 
 
 def part_aliases(parts: Sequence[Part]) -> list[tuple[str, str, int, int]]:
@@ -842,11 +866,57 @@ def _query_rows(cfg: AcceleratorConfig, work: Sequence[tuple], i: int) -> Vector
     return None
 
 
+def _values_entry(work: Sequence[tuple], j: int) -> int | None:
+    """The entry of ``work`` of the ``attn_values`` node that reads softmax entry ``j``'s
+    output in the same phase and context bucket, with one member per row range of it whose
+    ``K`` is the softmax's row (None: none)."""
+    phase, node, bucket, (vec,) = work[j]
+    for k, (ph, n, b, members) in enumerate(work):
+        if (ph, b) == (phase, bucket) and n.op == "attn_values" \
+                and n.inputs[0] == node.outputs[0] \
+                and sum(m.plan.tokens for m in members) == vec.rows \
+                and all(m.plan.layout.k == vec.length for m in members):
+            return k
+    return None
+
+
+def values_parts(cfg: AcceleratorConfig, work: Sequence[tuple], k: int, softmax: VectorOp
+                 ) -> tuple[list[RequantOp], list[DequantOp]]:
+    """The FOLD and DEQUANT parts around the values program of entry ``k``, which reads the
+    probabilities ``softmax`` writes: per member, a FOLD of its rows of them (``within``
+    the softmax's results, as the scores' DEQUANTs write its input) times the value codes
+    of its kv head (:func:`sw.compile.symbols.value_codes`, the host's) into the member's
+    INT8 rows, leaving FOLD's ``amax`` words; and a DEQUANT of its accumulators with the
+    constant channel words :func:`hw.numerics.values_channel` and those words into Q15.16
+    rows (:func:`hw.numerics.values_vector`)."""
+    phase, node, _, members = work[k]
+    per = len(members) // node.attrs["kv_heads"]  # operand heads per kv head
+    fold, deq, at = [], [], 0
+    for h, m in enumerate(members):
+        n, length = m.plan.n, softmax.length
+        qmax = ACT_QMAX if m.plan.fmt.bits == 8 else KV4_QMAX
+        place = amax_place(cfg, length, m.plan.act_row_bytes)
+        amax = symbols.buffer("a", phase, node.name, h)
+        fold.append(RequantOp(m.plan.tokens, length, m.plan.act_row_bytes,
+                              symbols.within(softmax.y, at), m.x,
+                              amax if place.separate else None, True,
+                              symbols.value_codes(node.attrs["layer"], h // per),
+                              within=(softmax.y, at), w_bytes=row_bytes(cfg, length)))
+        deq.append(DequantOp(m.plan.tokens, n, m.plan.out_row_bytes, row_bytes(cfg, n), place,
+                             m.y, symbols.values_channels(qmax, n),
+                             amax if place.separate else m.x,
+                             symbols.buffer("q", phase, node.name, h), fold_qmax=qmax))
+        at += m.plan.tokens * softmax.row_bytes
+    return fold, deq
+
+
 def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGroup]:
     """The fused programs of attention's scores and softmax: per ``attn_scores`` entry of
     ``work`` (``(phase, node, bucket, members)``) whose output one softmax entry of the same
     phase and context bucket reads, the scores GEMM (one member per operand head), a DEQUANT
-    per member and the SOFTMAX.
+    per member and the SOFTMAX; where an ``attn_values`` entry of that bucket reads the
+    softmax's results, its program too, between a FOLD and a DEQUANT per member
+    (:func:`values_parts`): attention in one program per layer and bucket.
 
     A member's DEQUANT turns its integer scores (``G * T`` rows of the bucket's positions)
     into the softmax's input rows on chip (:func:`hw.numerics.scores_vector`): its channel
@@ -896,5 +966,13 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
             at += m.plan.tokens * vec.row_bytes
         parts = (*req, tuple(members), *deq, vec)
         owners = (None,) * len(req) + (0,) + (None,) * len(deq) + (1,)
-        out.append(FusedGroup((i, j), parts, owners))
+        k = _values_entry(work, j)
+        if k is None:
+            out.append(FusedGroup((i, j), parts, owners))
+            continue
+        fold, vdeq = values_parts(cfg, work, k, vec)
+        both = FusedGroup((i, j, k), (*parts, *fold, tuple(work[k][3]), *vdeq),
+                          owners + (None,) * len(fold) + (2,) + (None,) * len(vdeq),
+                          fallback=(FusedGroup((i, j), parts, owners),))
+        out.append(both)
     return out

@@ -48,6 +48,7 @@ from hw.isa import (
     Store,
     Vec,
     VecFunc,
+    dequant_imm,
     rope_geometry,
     vec_out_words,
 )
@@ -477,23 +478,24 @@ def _row_chunks(rows: int, m: int) -> list[tuple[int, int]]:
 
 
 def _whole_rows(cfg: AcceleratorConfig, func: VecFunc, length: int, in_half: int,
-                out_half: int, pitch: int
+                out_half: int, pitch: int, base: int = 0
                 ) -> tuple[Callable[[tuple[int, int], int], _Emitted],
                            Callable[[tuple[int, int], int], _Emitted]]:
     """The ``load`` and ``run`` of :func:`_row_tasks` for tasks ``(first row, rows)`` of one
     operand, ``"x"``, rows of ``length`` elements in whole consecutive beats: one LOAD of the
-    task's rows into the half (``in_half`` beats each), one VEC of ``func`` per row, its
-    results ``pitch`` beats apart in the VOUT half (``out_half`` beats each)."""
+    task's rows into the half (``in_half`` beats each, from VIN beat ``base``: a constant
+    row below, every VEC's second operand), one VEC of ``func`` per row, its results
+    ``pitch`` beats apart in the VOUT half (``out_half`` beats each)."""
     per = _elems_per_beat(cfg)
     beats = -(-length // per)
 
     def load(task: tuple[int, int], h: int) -> _Emitted:
         row, n = task
-        return [(Load(spad=Spad.VIN, spad_addr=h * in_half, dram_addr=row * beats, rows=n,
-                      row_beats=beats, dram_stride=beats), (0, "x"))]
+        return [(Load(spad=Spad.VIN, spad_addr=base + h * in_half, dram_addr=row * beats,
+                      rows=n, row_beats=beats, dram_stride=beats), (0, "x"))]
 
     def run(task: tuple[int, int], h: int) -> _Emitted:
-        return [(Vec(func=func, a_addr=(h * in_half + j * beats) * per,
+        return [(Vec(func=func, a_addr=(base + h * in_half + j * beats) * per,
                      dst_addr=(h * out_half + j * pitch) * per, length=length), None)
                 for j in range(task[1])]
 
@@ -597,9 +599,14 @@ def amax_place(cfg: AcceleratorConfig, length: int, act_row_bytes: int) -> AmaxP
 
 
 def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_bytes: int,
-                     amax: bool = False) -> Schedule:
+                     amax: bool = False, fold: bool = False) -> Schedule:
     """One program requantising ``rows`` rows of ``length`` int32 elements (Q15.16) into the
     int8 input rows of a GEMM (:data:`VecFunc.REQUANT`, :func:`hw.numerics.vec_requant`).
+
+    With ``fold``, the attention's values prologue (:data:`VecFunc.FOLD`,
+    :func:`hw.numerics.vec_fold`): each row (probabilities) times ``"w"``, one constant row
+    of ``length`` value codes loaded once below the halves, requantised; the ``amax`` words
+    are FOLD's (:func:`hw.numerics.fold_amax_word`), for a DEQUANT with ``fold``.
 
     DRAM operands (relocated as :data:`Reloc` of layer 0): ``"x"`` the rows (each
     ``ceil(length * 4 / beat)`` beats, consecutive, as :func:`schedule_vector`'s), ``"y"``
@@ -627,17 +634,19 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
         raise LoweringError(f"int8 rows of {act_row_bytes} bytes cannot hold {length} codes "
                             f"in whole {beat}-byte beats")
     in_beats = -(-length // per)
+    func = VecFunc.FOLD if fold else VecFunc.REQUANT
+    const = in_beats if fold else 0        # the value codes' row, below the halves
     full, store = _requant_beats(cfg, length, act_row_bytes)  # VOUT beats a VEC writes, stored
     place = amax_place(cfg, length, act_row_bytes) if amax else None
     pitch = full if place is not None and place.separate else store  # VOUT beats per row
-    in_half, out_half = cfg.spad_beats("vin") // 2, cfg.spad_beats("vout") // 2
+    in_half, out_half = (cfg.spad_beats("vin") - const) // 2, cfg.spad_beats("vout") // 2
     m = min(in_half // in_beats, (out_half - full) // pitch + 1 if full <= out_half else 0,
             rows)
     if m < 1:
-        raise _no_fit(cfg, VecFunc.REQUANT, length)
+        raise _no_fit(cfg, func, length)
     row_beats = act_row_bytes // beat
 
-    load, vecs = _whole_rows(cfg, VecFunc.REQUANT, length, in_half, out_half, pitch)
+    load, vecs = _whole_rows(cfg, func, length, in_half, out_half, pitch, const)
 
     def store_rows(task: tuple[int, int], h: int) -> _Emitted:
         row, n = task
@@ -653,11 +662,13 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
                            rows=1, row_beats=store), (0, "y"))]
         return out
 
-    return _row_tasks(_row_chunks(rows, m), load, vecs, store_rows)
+    head = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=in_beats),
+             (0, "w"))] if fold else []
+    return _row_tasks(_row_chunks(rows, m), load, vecs, store_rows, head)
 
 
 def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_bytes: int,
-                     place: AmaxPlace) -> Schedule:
+                     place: AmaxPlace, fold: bool = False) -> Schedule:
     """One program dequantising ``rows`` rows of a GEMM's ``length`` int32 accumulators into
     Q15.16 rows (:data:`VecFunc.DEQUANT`, :func:`hw.numerics.vec_dequant`).
 
@@ -667,7 +678,8 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     ``"b"`` the ``amax`` words as :func:`schedule_requant` left them (``place``); ``"y"``
     the results, laid out as :func:`schedule_vector`'s. A task loads its rows' ``amax``
     beats (one LOAD, a beat per row) and then its accumulator rows into a VIN half; each row's
-    VEC reads its ``amax`` word (``imm``: its VIN address). A row too long for the halves is
+    VEC reads its ``amax`` word (``imm``: its VIN address, FOLD's word with ``fold``:
+    :func:`hw.isa.dequant_imm`; the values epilogue). A row too long for the halves is
     cut into beat-aligned segments, one per task (:func:`_dequant_tasks`). Tasks alternate
     between the halves with the events of :func:`schedule_vector`.
 
@@ -702,7 +714,7 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
         n = min(t.beats * per, length - t.start * per)
         return [(Vec(func=VecFunc.DEQUANT, a_addr=(at + t.rows + j * t.beats) * per,
                      b_addr=t.start * per, dst_addr=(h * out_half + j * t.beats) * per,
-                     length=n, imm=(at + j) * per + place.elem), None)
+                     length=n, imm=dequant_imm((at + j) * per + place.elem, fold)), None)
                 for j in range(t.rows)]
 
     def store_rows(t: _DequantTask, h: int) -> _Emitted:

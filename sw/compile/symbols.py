@@ -8,7 +8,7 @@ never builds a name itself.
 from __future__ import annotations
 
 __all__ = ["weights", "cache", "buffer", "norm_weight", "rope_table", "dequant_channels",
-           "score_channels", "within"]
+           "score_channels", "value_codes", "values_channels", "within"]
 
 
 def weights(layer: str) -> str:
@@ -50,6 +50,19 @@ def score_channels(layer: int, head: int) -> str:
     with the softmax scale folded in (:func:`hw.numerics.scores_channels`), one int32 word
     per cached position, written by the host as the cache grows."""
     return f"sc:{layer}:{head}"
+
+
+def value_codes(layer: int, head: int) -> str:
+    """The value codes FOLD reads for one kv head's values: each cached position's integer
+    ``amax`` (:func:`hw.numerics.value_codes`), one int32 word per position, written by the
+    host as the cache grows."""
+    return f"vc:{layer}:{head}"
+
+
+def values_channels(qmax: int, length: int) -> str:
+    """The values epilogue's DEQUANT channel words: ``length`` copies of
+    :func:`hw.numerics.values_channel` of a value cache of ``qmax`` (one constant row)."""
+    return f"vq:{qmax}:{length}"
 
 
 def within(symbol: str, offset: int) -> str:

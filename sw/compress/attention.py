@@ -74,5 +74,6 @@ class HardwareAttentionProducts(AttentionProducts):
             scores = scores_epilogue(gemm_acc_torch(q8, k8, self.acc_bits), s_q, s_k, h)
             probs = attention_probs(scores, self.scale, mask)
         p8, s_p = values_prologue(probs, s_v, kv, vec, self.kv_bits)
-        return values_epilogue(gemm_acc_torch(p8, v8.transpose(-2, -1), self.acc_bits), s_p, h)
+        acc = gemm_acc_torch(p8, v8.transpose(-2, -1), self.acc_bits)
+        return values_epilogue(acc, s_p, h, vec, self.kv_bits)
 

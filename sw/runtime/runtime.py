@@ -49,6 +49,8 @@ import torch
 
 from hw.isa import field_location
 from hw.numerics import (
+    ACT_QMAX,
+    KV4_QMAX,
     add_vector,
     bias_to_acc,
     dequant_channels,
@@ -68,6 +70,7 @@ from hw.numerics import (
     scores_vector,
     to_fixed_torch,
     ungroup_rows,
+    value_codes,
     values_epilogue,
     values_prologue,
 )
@@ -585,7 +588,31 @@ class Runtime:
                     self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
             if m.channels is not None:  # a fused DEQUANT of the scores reads the host's words
                 written += self._scores_words(node, m, s_x[0, j], scale[0, j])
+        if program.fused_into is not None:  # a values part later in the program: FOLD's codes
+            written += self._value_codes(node, program, env.past + env.t)
         return (x8.shape[2], s_x, scale), stream_cycles(x.numel() * 4, written, self.exe.cfg)
+
+    def _value_codes(self, node: Node, program: Program, s: int) -> int:
+        """Write the value codes (:func:`~hw.numerics.value_codes` of the value scales the
+        host keeps, every cached position's) that the FOLD parts of the fused program
+        ``program`` is a part of read, one row per values member; returns the bytes
+        written."""
+        written = 0
+        for pid in self.exe.programs[program.fused_into].parts:
+            members = self.exe.programs[pid].members
+            if not any(m.codes for m in members):
+                continue
+            s_v = self.scales[(node.attrs["layer"], "v")][:, :, :s]
+            if len(members) != s_v.shape[1]:  # per query head against repeated values
+                s_v = s_v.repeat_interleave(len(members) // s_v.shape[1], dim=1)
+            codes = value_codes(s_v, ACT_QMAX if self.kv.bits == 8 else KV4_QMAX)
+            for j, m in enumerate(members):
+                if self.values:
+                    addr = self.exe.symbols[m.codes].addr
+                    self.dram[addr:addr + 4 * s] = codes[0, j].numpy().astype("<i4").view(
+                        np.uint8)
+                written += 4 * s
+        return written
 
     def _scores_words(self, node: Node, m, amax: torch.Tensor, s_k: torch.Tensor) -> int:
         """Write what a scores member's DEQUANT part reads besides its accumulators: each
@@ -609,11 +636,10 @@ class Runtime:
         with ``vector`` as the vector unit's DEQUANT: :func:`~hw.numerics.scores_vector`) or
         values; the scores a fused program dequantised on chip (``dequant``) are read back
         as its Q15.16 rows instead."""
-        rows, s_x, scale = state
         s = env.past + env.t
         n = s if node.op == "attn_scores" else self.kv.head_dim
         heads = args[0].shape[1]
-        if all(m.dequant for m in program.members):  # the scaled scores, DEQUANT's rows
+        if all(m.dequant for m in program.members):  # DEQUANT's rows: scores or outputs
             m0 = program.members[0]
             shape = (1, len(program.members), m0.tokens, n)
             out = torch.zeros(shape) if not self.values else from_fixed_torch(
@@ -622,13 +648,14 @@ class Runtime:
                                            for m in program.members]))[None])
             out = ungroup_rows(out, heads)
             return (out,), stream_cycles(out.numel() * 4, out.numel() * 4, self.exe.cfg)
+        rows, s_x, scale = state
         if self.values:
             acc = torch.from_numpy(np.stack([
                 self._read_rows(m.y, rows, m.out_row_bytes, n) for m in program.members]))[None]
         else:
             acc = torch.zeros((1, len(program.members), rows, n), dtype=torch.int64)
         if node.op != "attn_scores":
-            out = values_epilogue(acc, s_x, heads)
+            out = values_epilogue(acc, s_x, heads, self.vector, self.kv.bits)
         elif self.vector:
             out = scores_vector(acc, s_x, scale, node.attrs["scale"], heads)
         else:

@@ -139,38 +139,45 @@ def test_torch_twin_is_bit_identical(seed):
         q, sh = vec_dequant_factor_torch(t[1], t[2])
         assert np.array_equal(q.numpy(), vec_dequant_factor(w, amax)[0])
         assert np.array_equal(sh.numpy(), vec_dequant_factor(w, amax)[1])
+        x = rng.integers(0, 32, amax.shape)     # a FOLD word's shift per row
+        assert np.array_equal(vec_dequant_torch(*t, torch.from_numpy(x)).numpy(),
+                              vec_dequant(acc, w, amax, x))
         y = dequant_output_vector_torch(*t).numpy()
         assert np.array_equal(y.view(np.uint32), dequant_output_vector(acc, w, amax)
                               .view(np.uint32))
 
 
-def factor_elements(chan, amax):
-    """Each element's unit payload: the word, and the row's ``a`` and ``b`` (the sequencer's
-    scalars)."""
+def factor_elements(chan, amax, shift=None):
+    """Each element's unit payload: the word, and the row's ``a``, ``b`` and ``x`` (the
+    sequencer's scalars; ``shift`` 0 unless given per row)."""
     els = []
-    for row_amax in amax:
+    shift = np.zeros(len(amax), np.int64) if shift is None else shift
+    for row_amax, x in zip(amax, shift, strict=True):
         a = int(row_amax) or DEQUANT_ZERO_AMAX
-        els += [{"chan": int(w), "a": a, "b": a.bit_length()} for w in chan]
+        els += [{"chan": int(w), "a": a, "b": a.bit_length(), "x": int(x)} for w in chan]
     return els
 
 
 @pytest.mark.parametrize("seed", range(2))
 def test_the_factor_unit_and_scale_compute_vec_dequant(seed):
     """DequantFactor gives ``vec_dequant_factor``'s ``(q, sh + 31)`` (normalised and arbitrary
-    words, every amax regime) and Scale(31) of it is ``vec_dequant``; both stall-safe."""
+    words, every amax regime, and for seed 1 a FOLD word's shift of 0..31 per row) and
+    Scale(31) of it is ``vec_dequant``; both stall-safe."""
     acc, scale, amax = operands(30 + seed, tokens=8, n=24)
     rng = np.random.default_rng(seed)
     chan = np.concatenate([dequant_channels(scale), rng.integers(0, 2**32, 8)])
     acc = np.concatenate([acc, rng.integers(INT32.min, INT32.max, (8, 8))], axis=1)
-    run = run_unit(DequantFactor(), factor_elements(chan, amax), seed=seed)
-    q, sh = vec_dequant_factor(chan, amax)
+    shift = rng.integers(0, 32, len(amax)) * seed
+    shift[:2] = [0, 31] if seed else 0
+    run = run_unit(DequantFactor(), factor_elements(chan, amax, shift), seed=seed)
+    q, sh = vec_dequant_factor(chan, amax, shift)
     assert np.array_equal(run.field("r"), q.reshape(-1))
     assert np.array_equal(run.field("sh"), (sh + DEQUANT_SCALE_FRAC).reshape(-1))
     run2 = run_unit(Scale(DEQUANT_SCALE_FRAC),
                     [{"x": int(x), "r": int(r), "sh": int(s)}
                      for x, r, s in zip(acc.reshape(-1), run.field("r"), run.field("sh"),
                                         strict=True)])
-    assert np.array_equal(run2.field("y"), vec_dequant(acc, chan, amax).reshape(-1))
+    assert np.array_equal(run2.field("y"), vec_dequant(acc, chan, amax, shift).reshape(-1))
     assert np.array_equal(run2.field("y"), saturate(round_shift(acc * q, sh)).reshape(-1))
 
 

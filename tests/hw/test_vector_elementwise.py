@@ -11,6 +11,7 @@ from hw import timing
 from hw.numerics import (
     ACT_FRAC,
     ACT_MAX,
+    FOLD_BITS,
     NORM_FRAC,
     ROPE_FRAC,
     round_shift,
@@ -68,6 +69,23 @@ def test_mul_of_rmsnorm_weights():
     n[:2], w[:2] = [1 << NORM_FRAC, -(1 << NORM_FRAC)], [(1 << 32) - 1, (1 << 32) - 1]
     run = run_unit(Mul(NORM_FRAC, b_bits=33), pairs(n, w))
     assert np.array_equal(run.field("y"), vec_mul(n, w, NORM_FRAC))
+
+
+def test_mul_of_fold_saturates_at_54_bits():
+    """FOLD's products ``sat54(a * c)`` (frac 0, y_bits 54): attention's (probabilities in
+    [0, 2**16] times codes below 2**31, exact) and any int32 pair, whose products up to 2**62
+    saturate to +-(2**53 - 1), as ``saturate(a * c, FOLD_BITS)``."""
+    rng = np.random.default_rng(6)
+    p = rng.integers(0, (1 << 16) + 1, 100)
+    c = rng.integers(0, 1 << 31, 100)
+    a, b = operands(7)
+    a = np.concatenate([p, a, [-2**31, -2**31, 2**31 - 1]])
+    b = np.concatenate([c, b, [-2**31, 2**31 - 1, 2**31 - 1]])
+    run = run_unit(Mul(0, y_bits=FOLD_BITS), pairs(a, b))
+    assert np.array_equal(run.field("y"), saturate(a * b, FOLD_BITS))
+    assert np.array_equal(run.field("y")[:100], p * c)
+    assert run.field("y")[-3] == (1 << 53) - 1 and run.field("y")[-2] == -(1 << 53) + 1
+    check_latency(run, timing.VECTOR_LATENCY["mul"])
 
 
 def test_rope_matches_numerics():
@@ -154,6 +172,7 @@ def test_requant_of_wide_rows():
     (lambda: Mul(frac=63), r"mul frac must be an integer in \[0, 62\], got 63"),
     (lambda: Mul(a_bits=1), "got 1"),
     (lambda: Mul(b_bits=35), r"mul b_bits must be an integer in \[2, 34\], got 35"),
+    (lambda: Mul(y_bits=55), r"mul y_bits must be an integer in \[32, 54\], got 55"),
     (lambda: Scale(-1), "got -1"),
     (lambda: Requant(55), r"requant x_bits must be an integer in \[32, 54\], got 55"),
 ])

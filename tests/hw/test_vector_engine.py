@@ -32,6 +32,9 @@ from hw.isa import (
     check,
     decode,
     decode_fields,
+    dequant_amax_addr,
+    dequant_fold,
+    dequant_imm,
     dispatch_error,
     dispatch_errors,
     encode,
@@ -42,12 +45,17 @@ from hw.isa import (
 )
 from hw.numerics import (
     ACT_MAX,
+    FOLD_AMAX_MANT_BITS,
     ROPE_FRAC,
     dequant_channels,
+    fold_amax,
+    fold_amax_fields,
+    fold_amax_word,
     norm_eps,
     rope_pairs,
     rope_table,
     vec_dequant,
+    vec_fold,
     vec_rope,
 )
 from hw.spad import Scratchpad
@@ -134,6 +142,10 @@ def test_without_a_vector_engine_its_opcode_engine_and_scratchpads_are_refused()
     (Vec(func=VecFunc.ARGMAX, dst_addr=VOUT - 1, length=1), "results .* exceed VOUT"),
     (Vec(dst_addr=VOUT - 3, length=4), "results .* exceed VOUT"),
     (Vec(func=VecFunc.DEQUANT, imm=VIN, length=1), "amax word imm=.* outside VIN"),
+    (Vec(func=VecFunc.DEQUANT, imm=dequant_imm(VIN, True), length=1), "amax word imm=.* outside"),
+    (Vec(func=VecFunc.DEQUANT, imm=1 << 17, length=1), "amax word imm=.* outside VIN"),
+    (Vec(func=VecFunc.FOLD, b_addr=VIN - 1, length=2), "operand .* exceeds VIN"),
+    (Vec(func=VecFunc.FOLD, dst_addr=VOUT - 2, length=5), "results .* exceed VOUT"),
     (Vec(func=VecFunc.DEQUANT, b_addr=VIN - 1, length=2), "operand .* exceeds VIN"),
     (Load(spad=Spad.VOUT), "LOAD writes the .* only, got spad=VOUT"),
     (Store(spad=Spad.VIN), "STORE reads the .* only, got spad=VIN"),
@@ -178,6 +190,18 @@ def test_a_rope_reads_its_table_not_a_row_at_b():
     assert vec_out_words(VecFunc.ROPE.value, 24) == 24
     with pytest.raises(ValueError, match="head_dim=65536"):
         rope_imm(1 << 16, 1)
+
+
+def test_a_dequant_names_its_amax_word_and_whether_it_is_folds():
+    """DEQUANT's imm: the word's VIN address below bit 16 (dequant_imm), bit 16 FOLD's word;
+    an address with the bit is as legal as without (the fetch unit and check agree)."""
+    for addr, fold in [(0, False), (VIN - 1, True), (5, True)]:
+        imm = dequant_imm(addr, fold)
+        assert dequant_amax_addr(imm) == addr and dequant_fold(imm) == fold
+        assert dispatch_error(Vec(func=VecFunc.DEQUANT, imm=imm), VCFG) == ErrorCode.NONE
+    assert dequant_amax_addr((1 << 17) | 3) == (1 << 16) | 3     # past every VIN
+    with pytest.raises(ValueError, match="amax word address 65536"):
+        dequant_imm(1 << 16)
 
 
 def test_argmax_ignores_b_and_its_result_is_two_words():
@@ -246,8 +270,8 @@ def _random_vecs(rng, n):
             imm = int(rng.choice([0, length, int(rng.integers(0, length + 1))]))
         elif func == VecFunc.RMSNORM:  # epsilon: none, a model's, a large one
             imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
-        elif func == VecFunc.DEQUANT:  # the amax word's address
-            imm = int(rng.integers(0, VIN))
+        elif func == VecFunc.DEQUANT:  # the amax word's address, REQUANT's or FOLD's word
+            imm = dequant_imm(int(rng.integers(0, VIN)), bool(rng.random() < 0.5))
         out.append(Vec(func=func, length=length, imm=imm,
                        a_addr=int(rng.integers(0, VIN - length + 1)),
                        b_addr=int(rng.integers(0, VIN - length + 1)),
@@ -413,6 +437,7 @@ def test_dequant_in_the_executor():
     (unnormalised mantissas, bits above 23 set)."""
     rng = np.random.default_rng(11)
     vin = _random_vin(rng)
+    vin[126:128] = fold_amax_word(np.array([(1 << 53) - 1, 3 << 40]))   # FOLD words
     n = 40
     scale = np.exp2(rng.uniform(-30, 5, n)).astype(np.float32)
     vin[64:64 + n] = dequant_channels(scale)
@@ -421,6 +446,8 @@ def test_dequant_in_the_executor():
             for k in range(5)]
     vecs += [Vec(func=VecFunc.DEQUANT, a_addr=8, b_addr=64, length=k, dst_addr=n + 3 * k,
                  imm=122) for k in (1, 2, 3)]
+    vecs += [Vec(func=VecFunc.DEQUANT, a_addr=0, b_addr=64, length=n, dst_addr=0,
+                 imm=dequant_imm(a, True)) for a in (120, 126, 127)]
     vecs += [Vec(func=VecFunc.DEQUANT, a_addr=120, b_addr=64, length=4, dst_addr=50, imm=121),
              Vec(func=VecFunc.DEQUANT, a_addr=0, b_addr=1, length=VOUT, dst_addr=0,
                  imm=VIN - 1)]
@@ -429,7 +456,42 @@ def test_dequant_in_the_executor():
     exec_vec(st, vecs[2])
     got = st.spads[Spad.VOUT].view("<i4")[:n]
     assert np.array_equal(got, vec_dequant(vin[:n], dequant_channels(scale), 3 << 20))
-    _check_against_the_models(vin, vecs, [0, 1, 0, 0, 5, 0, 0, 1, 0, 0])
+    exec_vec(st, vecs[-3])   # a FOLD word: its mantissa and its shift
+    m, x = fold_amax_fields(fold_amax_word(3 << 40))
+    assert np.array_equal(got, vec_dequant(vin[:n], dequant_channels(scale), m, x))
+    assert x == 42 - FOLD_AMAX_MANT_BITS and m == 3 << 25
+    _check_against_the_models(vin, vecs, [0, 1, 0, 0, 5, 0, 0, 1, 1, 0, 2, 0, 0])
+
+
+def test_fold_in_the_executor():
+    """FOLD on attention-like rows (probabilities in [0, 2**16], value codes below 2**31: the
+    products' amax below and above 2**27 and 2**31, so the amax word's shift and Requant's
+    ``s`` take several values), on an all-zero row, on rows whose products saturate at 54
+    bits, and on random words; lengths 1..5 (partial code words) and a long row. VOUT equals
+    the functional model's (vec_fold, fold_amax_word) and each FOLD ends in vec_cycles."""
+    rng = np.random.default_rng(21)
+    vin = _random_vin(rng)
+    n = 24
+    vin[:n] = rng.integers(0, (1 << 16) + 1, n)                     # probabilities
+    vin[32:32 + n] = rng.integers(0, 1 << 31, n)                    # value codes
+    vin[56:64] = rng.integers(0, 1 << 10, 8)                        # small codes
+    vin[64:72] = 0
+    vin[72:76] = [2**31 - 1, -2**31, -2**31, 2**31 - 1]             # saturating products
+    vecs = [Vec(func=VecFunc.FOLD, a_addr=0, b_addr=32, length=n, dst_addr=0),
+            Vec(func=VecFunc.FOLD, a_addr=0, b_addr=56, length=8, dst_addr=7),
+            Vec(func=VecFunc.FOLD, a_addr=0, b_addr=64, length=8, dst_addr=10),
+            Vec(func=VecFunc.FOLD, a_addr=72, b_addr=72, length=4, dst_addr=13)]
+    vecs += [Vec(func=VecFunc.FOLD, a_addr=k, b_addr=32 + k, length=k + 1,
+                 dst_addr=15 + 3 * k) for k in range(5)]
+    vecs += [Vec(func=VecFunc.FOLD, a_addr=76, b_addr=0, length=VIN - 76, dst_addr=31)]
+    st = _check_against_the_models(vin, vecs, [0, 1, 0, 3, 0, 0, 1, 0, 0, 2])
+    words = st.spads[Spad.VOUT].view("<u4").astype(np.int64)
+    codes, amax = vec_fold(vin[:n], vin[32:32 + n])
+    assert np.array_equal(st.spads[Spad.VOUT][:n].view(np.int8), codes)
+    assert words[6] == fold_amax_word(amax) and amax >= 1 << 31      # a shifted amax word
+    assert fold_amax(words[6]) <= amax < fold_amax(words[6]) * (1 + 2.0 ** -26)
+    assert words[9] == fold_amax_word(vec_fold(vin[:8], vin[56:64])[1])
+    assert words[12] == 0 and words[14] == fold_amax_word((1 << 53) - 1)
 
 
 def test_the_timing_formula_and_its_array_twin_agree():
@@ -456,6 +518,10 @@ def test_the_timing_formula_and_its_array_twin_agree():
     # the amax word's read, then one pass through DequantFactor and Scale
     assert timing.vec_cycles(Vec(func=VecFunc.DEQUANT, length=10), VCFG) == \
         1 + 10 + timing.VEC_READ_LATENCY + lat["dequant_factor"] + lat["scale"]
+    # REQUANT's two passes, each through Mul first; amax registered before Recip's feed
+    assert timing.vec_cycles(Vec(func=VecFunc.FOLD, length=10), VCFG) == \
+        2 * (10 + timing.VEC_READ_LATENCY + lat["mul"]) + lat["absmax"] + 1 + lat["recip"] \
+        + lat["requant"] + 1
 
 
 def test_the_executor_refuses_a_configuration_without_the_engine():

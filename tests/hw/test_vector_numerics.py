@@ -11,13 +11,17 @@ from hw.numerics import (
     ACT_FRAC,
     ACT_MAX,
     ACT_QMAX,
+    FOLD_AMAX_MANT_BITS,
     NORM_FRAC,
     act_scale,
     act_scale_torch,
     add_vector,
+    fold_amax,
+    fold_amax_word,
     fold_values_vector,
     from_fixed,
     from_fixed_torch,
+    gemm_acc_torch,
     kv_rows,
     norm_eps,
     norm_weight,
@@ -37,6 +41,7 @@ from hw.numerics import (
     softmax_vector,
     to_fixed,
     to_fixed_torch,
+    values_epilogue,
     values_prologue,
     vec_add,
     vec_add_torch,
@@ -44,6 +49,8 @@ from hw.numerics import (
     vec_argmax_torch,
     vec_exp,
     vec_exp_torch,
+    vec_fold,
+    vec_fold_torch,
     vec_mul,
     vec_mul_torch,
     vec_recip,
@@ -276,11 +283,93 @@ def test_values_fold_matches_the_float_fold():
     probs = torch.softmax(torch.from_numpy(rng.normal(0, 2, (b, h, tq, s))).float(), -1)
     probs = from_fixed_torch(to_fixed_torch(probs))  # on the grid, as the unit's softmax writes
     _, s_v = kv_rows(torch.from_numpy(rng.normal(0, 1, (b, kv, s, 8))).float(), vector=True)
-    p8, s_p = fold_values_vector(probs, s_v, kv)
+    p8, word = fold_values_vector(probs, s_v, kv)
     p8_f, s_pf = values_prologue(probs, s_v, kv)
     # the same folded values to within a code (integer fold, reciprocal error) and their scale
+    # (the amax word's scale amax / (127 * 127) * 2**-32: the float fold's within 2**-12)
     assert (p8.int() - p8_f.int()).abs().max() <= 1
-    assert torch.allclose(s_p, s_pf, rtol=2.0**-12)
+    s_p = torch.from_numpy(fold_amax(word.numpy())) / (ACT_QMAX * ACT_QMAX) * 2.0 ** -32
+    assert torch.allclose(s_p.float(), s_pf, rtol=2.0**-12)
+
+
+@pytest.mark.parametrize(("seed", "kv_bits"), [(0, 8), (1, 8), (2, 4), (3, 4)])
+def test_the_vector_values_epilogue_is_within_its_bound_of_the_float_one(seed, kv_bits):
+    """values_vector (DEQUANT of the P.V accumulators with FOLD's amax words) against the
+    exact z = acc * amax_w / (127 * qmax) * 2**-32 and the float epilogue, within the bounds
+    its docstring states: (2**-16 + 2**-25)|z| + 2**-17 of z, (2**-16 + 2**-22)|z| + 2**-17 of
+    the float epilogue (the bounds are the derivation's, so no slack is added). Rows of
+    probabilities from peaked to flat (the amax words' shift 0 and above), an all-zero one,
+    values from small to large; the values' scales are the cache's (INT8 or INT4)."""
+    rng = np.random.default_rng(seed)
+    b, h, kv, tq, n, d = 1, 4, 2, 2, 17, 16
+    logits = rng.normal(0, rng.choice([0.1, 3.0, 30.0]), (b, h, tq, n))
+    probs = from_fixed_torch(to_fixed_torch(torch.softmax(torch.from_numpy(logits), -1)))
+    probs[0, 0, 0] = 0.0
+    v = torch.from_numpy(rng.normal(0, 1, (b, kv, n, d)) * np.exp2(rng.uniform(-8, 6, (1, kv, n,
+                                                                                      1))))
+    v8, s_v = kv_rows(v.float(), vector=True, bits=kv_bits)
+    p8, word = values_prologue(probs, s_v, kv, vector=True, kv_bits=kv_bits)
+    acc = gemm_acc_torch(p8, v8.transpose(-2, -1))
+    y = values_epilogue(acc, word, h, vector=True, kv_bits=kv_bits).numpy()
+    qmax = ACT_QMAX if kv_bits == 8 else 7
+    c = np.rint(s_v.double().numpy() * qmax * ONE).astype(np.int64)
+    grid = to_fixed(probs.numpy()).reshape(b, kv, h // kv * tq, n)
+    amax = vec_fold(grid, c[:, :, None, :])[1]
+    z = acc.numpy() * (amax / (ACT_QMAX * qmax) * 2.0 ** -32)[..., None]
+    z = z.reshape(y.shape)
+    assert np.all(np.abs(y - z) <= (2.0**-16 + 2.0**-25) * np.abs(z) + 2.0**-17)
+    s_float = torch.from_numpy(np.where(amax > 0, amax / (ACT_QMAX * qmax) * 2.0 ** -32, 1.0))
+    f = values_epilogue(acc, s_float.float(), h).numpy()
+    assert np.all(np.abs(y - f) <= (2.0**-16 + 2.0**-22) * np.abs(z) + 2.0**-17)
+    assert np.all(y[0, 0, 0] == 0) and np.abs(z).max() > 1.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_vec_fold_is_requant_of_the_exact_products_and_its_twin(seed):
+    """FOLD's numerics: on attention-like rows (``0 <= a <= 2**16``, ``0 <= c < 2**31``) the
+    products are exact (no saturation: ``|w| < 2**47``) and the result is vec_requant of the
+    int64 products; on any int32 words the products saturate to 54 bits; numpy = torch bit for
+    bit; fold_values_vector's codes are vec_fold's of its grid probabilities."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, ONE + 1, (6, 33))
+    c = rng.integers(0, 1 << 31, (6, 33)) >> rng.integers(0, 31, (6, 1))
+    a[1] = 0
+    codes, amax = vec_fold(a, c)
+    r_codes, r_amax = vec_requant(a * c)
+    assert np.array_equal(codes, r_codes) and np.array_equal(amax, r_amax)
+    assert amax[1] == 0 and (amax < 1 << 47).all()
+    words = rng.integers(-2**31, 2**31, (6, 33))
+    other = words[::-1].copy()
+    words[0, 0], other[0, 0] = -2**31, -2**31                       # 2**62 saturates
+    codes, amax = vec_fold(words, other)
+    assert amax.max() <= (1 << 53) - 1 and amax[0] == (1 << 53) - 1
+    for x, y in [(a, c), (words, other)]:
+        tc, ta = vec_fold_torch(torch.from_numpy(x), torch.from_numpy(y))
+        ref = vec_fold(x, y)
+        assert np.array_equal(tc.numpy(), ref[0]) and np.array_equal(ta.numpy(), ref[1])
+    b, h, kv, tq, n = 1, 4, 2, 3, 9
+    probs = torch.softmax(torch.from_numpy(rng.normal(0, 2, (b, h, tq, n))).float(), -1)
+    _, s_v = kv_rows(torch.from_numpy(rng.normal(0, 1, (b, kv, n, 8))).float(), vector=True)
+    p8, _ = fold_values_vector(probs, s_v, kv)
+    cv = np.rint(s_v.double().numpy() * ACT_QMAX * ONE).astype(np.int64)
+    grid = to_fixed(probs.numpy()).reshape(b, kv, h // kv * tq, n)
+    assert np.array_equal(p8.numpy(), vec_fold(grid, cv[:, :, None, :])[0])
+
+
+def test_the_fold_amax_word_holds_amax_within_2_to_the_minus_26():
+    """``fold_amax_word``: amax itself below 2**27 (shift 0), else a 27-bit mantissa and the
+    shift in the top five bits; ``fold_amax`` of it floors amax by less than 2**-26 relatively;
+    the word is an unsigned 32-bit word for every amax FOLD can find (below 2**53)."""
+    rng = np.random.default_rng(5)
+    amax = np.concatenate([[0, 1, (1 << 27) - 1, 1 << 27, (1 << 53) - 1],
+                           rng.integers(0, 1 << 53, 200) >> rng.integers(0, 53, 200)])
+    word = fold_amax_word(amax)
+    assert ((word >= 0) & (word < 1 << 32)).all()
+    small = amax < 1 << FOLD_AMAX_MANT_BITS
+    assert np.array_equal(word[small], amax[small])
+    back = fold_amax(word)
+    assert (back <= amax).all() and (amax - back < back * 2.0 ** -26 + 1).all()
+    assert word[4] >> FOLD_AMAX_MANT_BITS == 53 - FOLD_AMAX_MANT_BITS
 
 
 @pytest.mark.parametrize("head_dim", [2, 8, 64, 128])

@@ -373,7 +373,7 @@ def _attn_values(node: Node, args: list, env: Env) -> tuple:
     v8, s_v = kv_rows(v, env.numerics.vector, env.numerics.kv_bits)
     p8, s_p = values_prologue(p, s_v, v.shape[1], env.numerics.vector, env.numerics.kv_bits)
     acc = gemm_acc_torch(p8, v8.transpose(-2, -1), env.numerics.acc_bits)
-    return (values_epilogue(acc, s_p, heads),)
+    return (values_epilogue(acc, s_p, heads, env.numerics.vector, env.numerics.kv_bits),)
 
 
 # The host ops: float, or the vector unit's exact numerics (``env.numerics.vector``).

@@ -20,15 +20,20 @@ from hw.isa import (
     VecFunc,
     check,
     decode_program,
+    dequant_fold,
     program_words,
 )
 from hw.numerics import (
     dequant_channels,
+    fold_amax_fields,
+    fold_amax_word,
     norm_eps,
     norm_weight,
     to_fixed,
+    values_channel,
     vec_argmax,
     vec_dequant,
+    vec_fold,
     vec_requant,
     vec_rmsnorm,
 )
@@ -184,6 +189,68 @@ def test_requant_leaves_amax_for_a_dequant_part(seed):
         want_codes, amax = vec_requant(x[i])
         assert np.array_equal(codes[i, :length], want_codes), i
         assert np.array_equal(got[i], vec_dequant(acc[i], chan, amax)), i
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fold_leaves_its_amax_words_for_a_values_dequant(seed):
+    """The values prologue and epilogue on chip: FOLD (a REQUANT template with ``fold``) of
+    probability rows times one row of value codes, then DEQUANT (``fold``) of random
+    accumulator rows with the values' channel words, fused, through the fast model: the INT8
+    rows are vec_fold's codes and the Q15.16 rows the values epilogue's (vec_dequant of the
+    amax word's fields with values_channel), with both amax placements drawn."""
+    rng = np.random.default_rng(40 + seed)
+    length = int(rng.integers(8, 100))
+    rows = int(rng.integers(1, 6))
+    n = int(rng.integers(4, 60))
+    beat = CFG.beat_bytes
+    act_row = -(-(length + int(rng.integers(0, 2 * beat))) // beat) * beat
+    if seed % 2:  # whole beats of codes: the amax words in a buffer of their own
+        length = act_row = beat * int(rng.integers(1, 7))
+    acc_row = -(-4 * n // beat) * beat
+    place = amax_place(CFG, length, act_row)
+    row = _row_bytes(length)
+    base = {"x": 0, "q": rows * row, "a": rows * row + rows * act_row}
+    base["c"] = base["a"] + rows * beat
+    base["acc"] = base["c"] + row
+    base["w"] = base["acc"] + rows * acc_row
+    base["y"] = base["w"] + _row_bytes(n)
+
+    class _Fold:
+        x, y, b, w, w_tile_stride = "x", "q", "a", "c", None
+
+    class _Deq:
+        x, y, b, w, w_tile_stride = "acc", "y", ("a" if place.separate else "q"), "w", None
+    fold = relocate(lower_requant_template(CFG, rows, length, act_row, amax=True, fold=True),
+                    base, [_Fold], CFG.beat_bytes)
+    deq = relocate(lower_dequant_template(CFG, rows, n, acc_row, place, fold=True), base,
+                   [_Deq], CFG.beat_bytes)
+    words = fuse_words(CFG, [vector_events(fold), vector_events(deq)])
+    program = decode_program(words.astype("<u8").view(np.uint8).reshape(-1))
+    for ins in program:
+        check(ins, CFG)
+    assert {i.func for i in program if isinstance(i, Vec)} == {VecFunc.FOLD, VecFunc.DEQUANT}
+    p = rng.integers(0, (1 << 16) + 1, (rows, length))
+    if rows > 1:
+        p[-1] = 0  # an all-zero row: amax 0
+    c = rng.integers(0, 1 << 31, length) >> int(rng.integers(0, 24))
+    acc = rng.integers(-(1 << 20), 1 << 20, (rows, n))
+    chan = np.full(n, values_channel(7 if seed % 2 else 127))
+    dram = np.zeros(CFG.memory.size_bytes, np.uint8)
+    for i in range(rows):
+        dram[i * row:i * row + 4 * length] = p[i].astype("<i4").view(np.uint8)
+        at = base["acc"] + i * acc_row
+        dram[at:at + 4 * n] = acc[i].astype("<i4").view(np.uint8)
+    dram[base["c"]:base["c"] + 4 * length] = c.astype("<i4").view(np.uint8)
+    dram[base["w"]:base["w"] + 4 * n] = chan.astype("<i4").view(np.uint8)
+    r = make_backend("model", CFG).run(words, dram)
+    assert r.ok, r.error
+    got = r.dram[base["y"]:base["y"] + rows * _row_bytes(n)].view("<i4").reshape(rows, -1)[:, :n]
+    codes = r.dram[base["q"]:base["q"] + rows * act_row].view(np.int8).reshape(rows, act_row)
+    for i in range(rows):
+        want_codes, amax = vec_fold(p[i], c)
+        m, x = fold_amax_fields(fold_amax_word(amax))
+        assert np.array_equal(codes[i, :length], want_codes), i
+        assert np.array_equal(got[i], vec_dequant(acc[i], chan, m, x)), i
 
 
 def test_a_dequant_refuses_a_row_whose_channel_words_leave_no_room():
@@ -489,12 +556,15 @@ def test_a_rope_reads_the_rows_of_the_linear_its_layout_nodes_view():
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
-    """Each attention scores node's program per context bucket and the softmax's of the same
-    bucket are parts of one fused program (its VECs: in a decode step a REQUANT of each query
-    head's row of the rope's results, then a DEQUANT per row of each operand head, then a
-    SOFTMAX per row, whose ``imm`` the host sets); each member's DEQUANT writes its rows of
-    the softmax's input, in order, and reads its kv head's channel words and the ``amax``
-    words of REQUANT (decode) or of the host (prefill: a beat per row)."""
+    """Each attention scores node's program per context bucket, the softmax's and the
+    values' of the same bucket are parts of one fused program (its VECs: in a decode step a
+    REQUANT of each query head's row of the rope's results, then a DEQUANT per row of each
+    operand head, then a SOFTMAX per row, whose ``imm`` the host sets, then a FOLD per row
+    and a DEQUANT per row of the values); each member's DEQUANT writes its rows of the
+    softmax's input, in order, and reads its kv head's channel words and the ``amax`` words
+    of REQUANT (decode) or of the host (prefill: a beat per row); each values member's FOLD
+    reads its kv head's value codes (the host's), its DEQUANT the FOLD's amax words
+    (imm's fold bit) and the constant values channel words."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=kv_heads)
     ws = compressed(lm)
     opts = CompileOptions(6, 40)
@@ -507,14 +577,22 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     buckets = {(p.phase, p.bucket) for p in fused}
     assert len(fused) == 2 * len(buckets) and len(buckets) > 2   # 2 layers, every bucket
     for p in fused:
-        first, soft = (exe.programs[i] for i in p.parts)
+        first, soft, values = (exe.programs[i] for i in p.parts)
         assert first.node.endswith(".scores") and soft.node.endswith(".softmax")
-        assert first.bucket == soft.bucket == p.bucket
+        assert values.node.endswith(".values")
+        assert first.bucket == soft.bucket == values.bucket == p.bucket
         op = soft.vector
         vecs = [i for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")]
         requant = [VecFunc.REQUANT] * (4 if p.phase == "decode" else 0)  # a row per head
-        assert [v.func for v in vecs] == \
-            requant + [VecFunc.DEQUANT] * op.rows + [VecFunc.SOFTMAX] * op.rows
+        assert [v.func for v in vecs] == requant + [VecFunc.DEQUANT] * op.rows \
+            + [VecFunc.SOFTMAX] * op.rows + [VecFunc.FOLD] * op.rows \
+            + [VecFunc.DEQUANT] * op.rows
+        assert all(dequant_fold(v.imm) == (k >= len(requant) + 3 * op.rows)
+                   for k, v in enumerate(vecs) if v.func == VecFunc.DEQUANT)
+        layer = int(p.node.split(".")[1])
+        for j, m in enumerate(values.members):   # FOLD reads the host's value codes
+            assert m.codes == f"vc:{layer}:{j // (len(values.members) // kv_heads)}"
+            assert exe.symbols[m.codes].nbytes >= op.row_bytes and m.dequant and not m.amax
         words = p.words[list(p.imm_rows)]
         assert len(p.imm_rows) == op.rows and all(
             i.func == VecFunc.SOFTMAX for i in decode_program(words.view(np.uint8)))
@@ -533,7 +611,7 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
         assert at == exe.symbols[op.x].addr + op.data_bytes
     assert SCORES_AMAX.separate and SCORES_AMAX.stride == 1
     # per decode step: the chain of the final norm, a block's MLP + next block's q/k/v, and
-    # each block's scores -> softmax
+    # each block's scores -> softmax -> values
     assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 1 + 2 * 2
 
 

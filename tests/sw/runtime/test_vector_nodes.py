@@ -17,6 +17,7 @@ from hw.numerics import (
     norm_eps,
     norm_weight,
     to_fixed,
+    value_codes,
     vec_add,
     vec_rmsnorm,
     vec_silu_gate,
@@ -68,9 +69,11 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
     for p in exe.programs:  # a fused program dequantises its GEMMs' outputs on chip
         if p.parts and p.members:
             funcs = {v.func for v in _vecs(p)}
-            # requantised on chip, or attention's scores -> softmax (the host's query rows)
+            # requantised on chip, or attention's scores -> softmax -> values (the host's
+            # query rows; the probabilities folded on chip)
             assert VecFunc.DEQUANT in funcs
-            assert VecFunc.REQUANT in funcs or funcs == {VecFunc.DEQUANT, VecFunc.SOFTMAX}
+            assert VecFunc.REQUANT in funcs or funcs == {VecFunc.DEQUANT, VecFunc.SOFTMAX,
+                                                          VecFunc.FOLD}
             assert p.members and all(m.dequant for m in p.members)
     for p in vector:  # one VEC per row, all of the node's sub-op (a fused part: in its program)
         if p.fused_into is not None:
@@ -94,6 +97,38 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
                    if exe.programs[p.program].vector is not None)
 
 
+@pytest.mark.parametrize("kv_bits", [8, 4])
+def test_the_attention_program_reads_the_hosts_value_codes(kv_bits):
+    """The values run inside each layer's attention program: its values members name the
+    value codes the host writes (one per member), and after a decode step each holds
+    value_codes of the value scales the host keeps, for every cached position (INT8 and INT4
+    caches: qmax 127 and 7); the tokens equal the twin's (the step's logits)."""
+    lm = tiny_lm(layers=2, heads=4, kv_heads=2)
+    ws = compressed(lm)
+    opts = CompileOptions(PROMPT, PROMPT + 2, kv_bits=kv_bits)
+    exe = compile_model(lm, VSMALL, opts, weights=ws)
+    rt = Runtime(exe, make_backend("model", VSMALL), vector=True)
+    ids = _ids(lm, PROMPT + 1)
+    (logits, _), (last, st) = _steps(rt, ids, PROMPT)
+    s = PROMPT + 1
+    qmax = 127 if kv_bits == 8 else 7
+    fused = [exe.programs[r.program] for r in st.programs if r.node.endswith(".scores")]
+    assert len(fused) == 2 and all(len(p.parts) == 3 for p in fused)
+    for p in fused:
+        values = exe.programs[p.parts[2]]
+        layer = int(values.node.split(".")[1])
+        want = value_codes(rt.scales[(layer, "v")][0, :, :s], qmax).numpy()
+        assert [m.codes for m in values.members] == [f"vc:{layer}:{h}" for h in range(2)]
+        for h, m in enumerate(values.members):
+            at = exe.symbols[m.codes].addr
+            got = rt.dram[at:at + 4 * s].view("<i4")
+            assert np.array_equal(got, want[h]) and got.max() > 0
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, attention=True, kv_bits=kv_bits,
+                                 vector=True)
+    want = twin_step_logits(twin, ids, PROMPT)
+    assert torch.equal(logits, want[0]) and torch.equal(last, want[-1])
+
+
 def test_a_decode_step_runs_no_vector_op_on_the_host():
     lm = tiny_lm()
     ws = compressed(lm)
@@ -115,15 +150,15 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
     unfused = len(runs[True, False, True].programs)
     assert unfused == len(runs[False, None, True].programs) + 6 * blocks + 1
     # fused: each block's RMSNorms and SiLU-gate run in the program of the linear after them,
-    # its softmax in the scores' program
-    assert len(runs[True, True, False].programs) == unfused - 4 * blocks
+    # its softmax and values in the scores' program
+    assert len(runs[True, True, False].programs) == unfused - 5 * blocks
     report = exes[True, True, False].report["phases"]["decode"]
     assert report["fused_programs_per_step"] == 4 * blocks
     # chained: a block's o_proj (REQUANT of the host's rows -> GEMM -> DEQUANT -> ADD) and
     # MLP (post-attention RMSNorm -> gate/up -> SiLU-gate -> down + ADD) and the next block's
     # RMSNorm -> q/k/v -> RoPE of q and k (the last block's: the final norm) in one program;
-    # scores -> softmax in another
-    assert len(runs[True, True, True].programs) == unfused - 9 * blocks
+    # scores -> softmax -> values in another
+    assert len(runs[True, True, True].programs) == unfused - 10 * blocks
     report = exes[True, True, True].report["phases"]["decode"]
     assert report["fused_programs_per_step"] == 1 + 2 * blocks
     for key, st in runs.items():
@@ -356,12 +391,12 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     # host's Q15.16 rows (its DEQUANT + the residual rows the host wrote: an ADD part) chained
     # with the MLP and the final norm (another ADD between); attention's scores -> DEQUANT
     # -> softmax (its valid counts set per step; decoding, the query's REQUANT from the
-    # RoPE's rows first)
+    # RoPE's rows first) -> FOLD -> values -> DEQUANT
     fused = [p for p in exe.programs if p.parts]
-    assert sorted(len(p.parts) for p in fused) == [2, 2, 4, 4, 6, 6]
-    assert all({v.func for v in _vecs(p)} == {VecFunc.DEQUANT, VecFunc.SOFTMAX}
+    assert sorted(len(p.parts) for p in fused) == [3, 3, 4, 4, 6, 6]
+    assert all({v.func for v in _vecs(p)} == {VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD}
                | ({VecFunc.REQUANT} if p.phase == "decode" else set()) and p.imm_rows
-               for p in fused if len(p.parts) == 2)
+               for p in fused if len(p.parts) == 3)
     assert all(VecFunc.ROPE in {v.func for v in _vecs(p)} and p.position_rows
                for p in fused if len(p.parts) == 4)
     for p in (p for p in fused if len(p.parts) == 6):
