@@ -81,8 +81,8 @@ linear's output, whose rows are already ROPE's rows (one token's heads side by s
 joins a chain that holds those DEQUANT rows (:func:`row_aliases`). Its table LOADs stay
 run-time parameters: the fused program lists them (:func:`fuse_parts` gives where each
 part's words lie) and the runtime points them at the step's position as for the node alone.
-In a decoder this chains a block's ``o_proj (+ ADD)`` (its input the host's values
-epilogue), ``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and the next block's
+In a decoder this chains a block's ``o_proj (+ ADD)`` (its input the attention's output),
+``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and the next block's
 ``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final norm). A chain that
 does not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.fallback`).
 
@@ -101,6 +101,18 @@ integer ``amax``, the host's: :func:`sw.compile.symbols.value_codes`, written wi
 scores' words), its DEQUANT the accumulators, FOLD's ``amax`` words and one constant row of
 :func:`hw.numerics.values_channel` words, into the values node's Q15.16 rows, which the host
 reads back as the node's output.
+
+*Attention and its chain* (:func:`attention_chains`): in a decode step each bucket's
+attention program and the chain its block's o_proj heads are one program. With one token
+the values node's output, through its layout nodes, is o_proj's input row -- the heads' rows
+side by side, which are the values members' DEQUANT rows in member order (a member's rows
+its kv head's query heads in order: :func:`hw.numerics.group_rows`) -- so each values
+DEQUANT writes its rows inside the o_proj REQUANT's input buffer (``within``) and the REQUANT
+reads them there. o_proj's residual rows stay the host's (:attr:`FusedGroup.residual`),
+written before the run. The chain's nodes then have a program per bucket (the compiler's
+``_fuse_attention``); a bucket whose merged program does not fit the instruction memory
+falls back to its attention program and the chain alone. In a prefill the values' rows
+(a head's tokens) are not o_proj's (a token's heads): attention and chain stay two programs.
 """
 
 from __future__ import annotations
