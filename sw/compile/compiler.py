@@ -504,7 +504,9 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
     Each of ``groups`` (by the index of its last entry in ``work``:
     :func:`sw.compile.fusion.fusion_groups`) becomes one fused program after its entries'
     programs (:func:`_fuse`); a group whose program would not fit the instruction memory
-    falls back to its pairs, and a pair that does not fit stays two programs."""
+    falls back to its pairs, and a pair that does not fit stays two programs; a chain with
+    attention groups is fused after each bucket's attention program where that fits
+    (:func:`_fuse_attention`)."""
     templates: dict[tuple, tuple[int, Template | None]] = {}
     programs: list[Program] = []
     table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
@@ -539,9 +541,8 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
                                     t.imm_rows, position_rows=t.position_rows))
         if i in groups and groups[i].attention:
             _fuse_attention(cfg, programs, pos, groups[i], templates, addr, table[phase], work)
-        elif i in groups and not _fuse(cfg, programs, pos, groups[i], templates, addr):
-            for g in groups[i].fallback:
-                _fuse(cfg, programs, pos, g, templates, addr)
+        elif i in groups:
+            _fuse_or_fall_back(cfg, programs, pos, groups[i], templates, addr)
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
                                    for ph, nodes in table.items()}), len(templates)
 
@@ -570,21 +571,21 @@ def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[i
     merged = {id(m) for m in fits}
     own = len(fits) < len(chain.attention)  # the chain runs alone in some bucket
     rows: dict[str, list[tuple[int, int, int]]] = {}
-    copies = []
-    for k, m in enumerate(fits):  # copies of the chain's (still unfused) programs
+    where = []  # per merged group: the programs of its entries
+    for k, m in enumerate(fits):
         at = dict(pos)
-        if own or k:
+        if own or k:  # copies of the chain's programs (still unfused: its parts to be)
             for e in chain.entries:
-                at[e] = len(programs) + len(copies)
-                copies.append(programs[pos[e]])
+                at[e] = len(programs)
+                programs.append(programs[pos[e]])
         first, last = _bucket_contexts(work[m.entries[0]][2])
         for e in chain.entries:
             rows.setdefault(work[e][1].name, []).append((first, last, at[e]))
-        fits[k] = (m, at)
-    programs += copies
-    for m, at in fits:
-        if not _fuse(cfg, programs, at, m, templates, addr):
-            raise LoweringError("a merged attention program stopped fitting")  # pragma: no cover
+        where.append(at)
+    for m, at in zip(fits, where, strict=True):
+        if not _fuse(cfg, programs, at, m, templates, addr):  # pragma: no cover
+            raise LoweringError(f"the merged program of {programs[at[m.entries[0]]].node!r} "
+                                "fitted once and no longer does")
     for m in chain.attention:
         if id(m) not in merged:
             for a in m.fallback:

@@ -395,9 +395,10 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     # host's Q15.16 rows (its DEQUANT + the residual rows the host wrote: an ADD part) chained
     # with the MLP and the final norm (another ADD between); attention's scores -> DEQUANT
     # -> softmax (its valid counts set per step; decoding, the query's REQUANT from the
-    # RoPE's rows first) -> FOLD -> values -> DEQUANT
+    # RoPE's rows first) -> FOLD -> values -> DEQUANT, decoding into o_proj's input rows and
+    # on with the o_proj chain in the same program
     fused = [p for p in exe.programs if p.parts]
-    assert sorted(len(p.parts) for p in fused) == [3, 3, 4, 4, 6, 6]
+    assert sorted(len(p.parts) for p in fused) == [3, 4, 4, 6, 9]
     assert all({v.func for v in _vecs(p)} == {VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD}
                | ({VecFunc.REQUANT} if p.phase == "decode" else set()) and p.imm_rows
                for p in fused if len(p.parts) == 3)
@@ -406,6 +407,10 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     for p in (p for p in fused if len(p.parts) == 6):
         (m,) = exe.programs[p.parts[0]].members
         assert m.requant and m.residual and _vecs(p)[0].func == VecFunc.REQUANT
+        assert [v.func for v in _vecs(p)].count(VecFunc.ADD) == 2 * m.tokens
+    for p in (p for p in fused if len(p.parts) == 9):   # decode: attention, then the chain
+        (m,) = exe.programs[p.parts[3]].members
+        assert p.phase == "decode" and p.imm_rows and m.residual and not m.requant
         assert [v.func for v in _vecs(p)].count(VecFunc.ADD) == 2 * m.tokens
     assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)
