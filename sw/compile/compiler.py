@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +34,7 @@ from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
+from hw.isa import VecFunc
 from hw.numerics import (
     ACT_MAX,
     dequant_channels,
@@ -58,6 +59,8 @@ from sw.compile.fusion import (
     DequantOp,
     FusedGroup,
     RequantOp,
+    all_groups,
+    attention_chains,
     fuse_parts,
     fusion_groups,
     part_aliases,
@@ -254,7 +257,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     work, buffers, kv, pairs = _partition(model, cfg, graphs, fmt_map, options, report)
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
                                      _constant_regions(work, options.max_context, pairs))
-    for g in pairs.values():  # a part's results inside another part's operand rows
+    for g in all_groups(pairs.values()):  # a part's results inside another's rows
         for name, parent, offset, size in part_aliases(g.parts):
             r = symbols[parent]
             symbols[name] = Region(r.addr + offset, size, r.kind)
@@ -390,11 +393,12 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                         live[name] = Buffer(name, max(size, old.size if old else 0), t, t + 1)
         heads = frozenset(g.outputs if opts.argmax else ())
         aliases = row_aliases(g, work[first:])
-        groups = [_shift(g, first) for g in fusion_groups(cfg, work[first:],
-                                                          opts.chain_programs, heads,
-                                                          aliases)
-                  + scores_groups(cfg, work[first:])] if fuses_programs(cfg, opts) else []
-        for g in groups:  # every buffer of a fused program lives through all of it
+        groups = (fusion_groups(cfg, work[first:], opts.chain_programs, heads, aliases)
+                  + scores_groups(cfg, work[first:])) if fuses_programs(cfg, opts) else []
+        merged = attention_chains(cfg, g, work[first:], groups) if opts.chain_programs \
+            else []
+        groups = [_shift(x, first) for x in _attach(groups, merged)]
+        for g in all_groups(groups):  # every buffer of a fused program lives through all of it
             t0, t1 = 2 * step[g.entries[0] - first], 2 * step[g.entries[-1] - first] + 2
             names = [(name, size) for e in g.entries for m in work[e][3]
                      for name, size, _ in m.buffers()] + part_buffers(cfg, g.parts)
@@ -402,6 +406,7 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                 old = live.get(name)
                 live[name] = Buffer(name, max(size, old.size), min(old.start, t0),
                                     max(old.end, t1)) if old else Buffer(name, size, t0, t1)
+        for g in groups:
             pairs[g.entries[-1]] = g
         buffers[phase] = list(live.values())
         report["phases"][phase].update({
@@ -411,9 +416,25 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
 
 
 def _shift(g: FusedGroup, d: int) -> FusedGroup:
-    """``g`` with its entries (and its fallback's) ``d`` further on in ``work``."""
+    """``g`` with its entries (and its fallback's and attention groups') ``d`` further on in
+    ``work``."""
     return dataclasses.replace(g, entries=tuple(e + d for e in g.entries),
-                               fallback=tuple(_shift(f, d) for f in g.fallback))
+                               fallback=tuple(_shift(f, d) for f in g.fallback),
+                               attention=tuple(_shift(f, d) for f in g.attention))
+
+
+def _attach(groups: Sequence[FusedGroup], merged: Sequence[tuple[FusedGroup, FusedGroup]]
+            ) -> list[FusedGroup]:
+    """``groups`` without the attention groups of ``merged``
+    (:func:`sw.compile.fusion.attention_chains`), each merged group attached to the chain
+    it ends with (:attr:`sw.compile.fusion.FusedGroup.attention`): the compiler builds them
+    when it reaches the chain's last entry (:func:`_fuse_attention`)."""
+    gone = {id(a) for a, _ in merged}
+    by_last: dict[int, list[FusedGroup]] = {}
+    for _, m in merged:
+        by_last.setdefault(m.entries[-1], []).append(m)
+    return [dataclasses.replace(g, attention=tuple(by_last.get(g.entries[-1], ())))
+            if g.entries[-1] in by_last else g for g in groups if id(g) not in gone]
 
 
 def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str, list[Buffer]],
@@ -483,7 +504,9 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
     Each of ``groups`` (by the index of its last entry in ``work``:
     :func:`sw.compile.fusion.fusion_groups`) becomes one fused program after its entries'
     programs (:func:`_fuse`); a group whose program would not fit the instruction memory
-    falls back to its pairs, and a pair that does not fit stays two programs."""
+    falls back to its pairs, and a pair that does not fit stays two programs; a chain with
+    attention groups is fused after each bucket's attention program where that fits
+    (:func:`_fuse_attention`)."""
     templates: dict[tuple, tuple[int, Template | None]] = {}
     programs: list[Program] = []
     table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
@@ -516,11 +539,61 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
         else:
             programs.append(Program(phase, node.name, bucket, words, (), index, vec,
                                     t.imm_rows, position_rows=t.position_rows))
-        if i in groups and not _fuse(cfg, programs, pos, groups[i], templates, addr):
-            for g in groups[i].fallback:
-                _fuse(cfg, programs, pos, g, templates, addr)
+        if i in groups and groups[i].attention:
+            _fuse_attention(cfg, programs, pos, groups[i], templates, addr, table[phase], work)
+        elif i in groups:
+            _fuse_or_fall_back(cfg, programs, pos, groups[i], templates, addr)
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
                                    for ph, nodes in table.items()}), len(templates)
+
+
+def _fuse_or_fall_back(cfg: AcceleratorConfig, programs: list[Program],
+                       pos: Mapping[int, int], group: FusedGroup, templates: dict,
+                       addr: Mapping[str, int]) -> None:
+    """:func:`_fuse` ``group``, or each of its fallbacks where it does not fit."""
+    if not _fuse(cfg, programs, pos, group, templates, addr):
+        for g in group.fallback:
+            _fuse(cfg, programs, pos, g, templates, addr)
+
+
+def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[int, int],
+                    chain: FusedGroup, templates: dict, addr: Mapping[str, int],
+                    table: dict[str, list[tuple[int, int, int]]], work) -> None:
+    """Fuse ``chain`` after each context bucket's attention program
+    (:attr:`sw.compile.fusion.FusedGroup.attention`): the chain's nodes then have a program
+    per bucket (the first merged bucket's their own programs, the others' copies of them),
+    each a part of that bucket's merged program, and ``table`` (the phase's) finds them per
+    context. A bucket whose merged program does not fit the instruction memory keeps its
+    attention program (or that one's fallbacks) and the chain its own fused program, which
+    every context of such a bucket runs."""
+    fits = [m for m in chain.attention
+            if _fuse(cfg, list(programs), pos, m, dict(templates), addr)]
+    merged = {id(m) for m in fits}
+    own = len(fits) < len(chain.attention)  # the chain runs alone in some bucket
+    rows: dict[str, list[tuple[int, int, int]]] = {}
+    where = []  # per merged group: the programs of its entries
+    for k, m in enumerate(fits):
+        at = dict(pos)
+        if own or k:  # copies of the chain's programs (still unfused: its parts to be)
+            for e in chain.entries:
+                at[e] = len(programs)
+                programs.append(programs[pos[e]])
+        first, last = _bucket_contexts(work[m.entries[0]][2])
+        for e in chain.entries:
+            rows.setdefault(work[e][1].name, []).append((first, last, at[e]))
+        where.append(at)
+    for m, at in zip(fits, where, strict=True):
+        if not _fuse(cfg, programs, at, m, templates, addr):  # pragma: no cover
+            raise LoweringError(f"the merged program of {programs[at[m.entries[0]]].node!r} "
+                                "fitted once and no longer does")
+    for m in chain.attention:
+        if id(m) not in merged:
+            for a in m.fallback:
+                _fuse_or_fall_back(cfg, programs, pos, a, templates, addr)
+    if own:
+        _fuse_or_fall_back(cfg, programs, pos, chain, templates, addr)
+    for name, r in rows.items():  # each merged bucket's first, the chain's own last
+        table[name] = r + (table[name] if own else [])
 
 
 def _part_template(cfg: AcceleratorConfig, part) -> Template:
@@ -603,13 +676,18 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     requantised = {p.y for p in group.parts if isinstance(p, RequantOp)}  # on chip
     host_rows = {p.y: p for p in group.parts if isinstance(p, RequantOp) and p.host}
     codes = {p.y: p.w for p in group.parts if isinstance(p, RequantOp) and p.fold}
+    # the DEQUANT rows an ADD adds the host's residual rows to
+    added = {p.x for p in group.parts if isinstance(p, VectorOp) and p.func == VecFunc.ADD
+             and group.residual is not None and p.b == group.residual}
     for e, p in zip(group.entries, nodes, strict=True):
         ms = tuple(dataclasses.replace(m, dequant=dequant[m.y].y,
                                        dequant_row_bytes=dequant[m.y].row_bytes,
                                        argmax=argmax.get(dequant[m.y].y),
                                        codes=codes.get(m.x),
                                        **_host_words(m, dequant[m.y], requantised),
-                                       **_host_rows(cfg, m, host_rows, group.residual))
+                                       residual=group.residual
+                                       if dequant[m.y].y in added else None,
+                                       **_host_rows(cfg, m, host_rows))
                    if m.y in dequant else m for m in p.members)
         programs[pos[e]] = dataclasses.replace(p, words=empty, fused_into=n, members=ms)
         members += ms
@@ -629,17 +707,15 @@ def _host_words(m: Member, d: DequantOp, requantised: set[str]) -> dict:
     return {"channels": d.w, "amax": None if m.x in requantised else d.b}
 
 
-def _host_rows(cfg: AcceleratorConfig, m: ProgramMember, host_rows: Mapping[str, RequantOp],
-               residual: str | None) -> dict:
-    """A member's fields naming the Q15.16 rows the host writes for a fused program that
-    starts with a REQUANT of its input (``host_rows``: such REQUANT parts, only ever the
-    first, by the INT8 rows they write): the input rows and the ``residual`` rows
-    (:attr:`sw.compile.fusion.FusedGroup.residual`)."""
+def _host_rows(cfg: AcceleratorConfig, m: ProgramMember, host_rows: Mapping[str, RequantOp]
+               ) -> dict:
+    """A member's fields naming the Q15.16 input rows the host writes for a fused program
+    that starts with a REQUANT of its input (``host_rows``: such REQUANT parts, only ever
+    the first, by the INT8 rows they write)."""
     req = host_rows.get(m.x)
     if req is None:
         return {}
-    return {"requant": req.x, "requant_row_bytes": row_bytes(cfg, req.length),
-            "residual": residual}
+    return {"requant": req.x, "requant_row_bytes": row_bytes(cfg, req.length)}
 
 
 def _constant_regions(work, max_context: int,
@@ -653,7 +729,7 @@ def _constant_regions(work, max_context: int,
         for m in members:
             if isinstance(m, VectorOp) and m.w is not None:
                 out[m.w] = m.const_bytes(max_context)
-    for g in (pairs or {}).values():
+    for g in all_groups((pairs or {}).values()):
         for name, size, _ in part_constants(g.parts):  # the scores': the largest bucket's
             out[name] = max(size, out.get(name, 0))
     return list(out.items())
@@ -664,7 +740,7 @@ def _dequant_constants(weights: Mapping[str, QuantizedWeight],
     """The DRAM image of every DEQUANT part's channel words: :func:`hw.numerics.
     dequant_channels` of its layer's row scales, little-endian int32 words."""
     out: dict[str, np.ndarray] = {}
-    for g in pairs.values():
+    for g in all_groups(pairs.values()):
         for name, _, d in part_constants(g.parts):
             if name in out or not isinstance(d, DequantOp) or d.host:
                 continue  # the host's words (the scores' channels, FOLD's value codes)

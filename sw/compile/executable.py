@@ -75,7 +75,8 @@ class ProgramMember:
     ``requant``: where the host writes the input rows as Q15.16 words (``to_fixed``),
     ``requant_row_bytes`` apart, for a fused program's REQUANT part that writes ``x`` on chip
     (None: the host writes ``x``); ``residual``: where it writes a residual linear's residual
-    rows likewise, ``dequant_row_bytes`` apart, for a part that reads them (None: none);
+    rows likewise, ``dequant_row_bytes`` apart, for a part that reads them, before the fused
+    program runs (without ``requant`` too: its input rows are on chip; None: none);
     ``codes``: where the host writes the value codes (one int32 per cached position,
     :func:`hw.numerics.value_codes`) a FOLD part reads to write the input rows on chip
     (attention's values; None: none).

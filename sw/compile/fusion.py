@@ -81,8 +81,8 @@ linear's output, whose rows are already ROPE's rows (one token's heads side by s
 joins a chain that holds those DEQUANT rows (:func:`row_aliases`). Its table LOADs stay
 run-time parameters: the fused program lists them (:func:`fuse_parts` gives where each
 part's words lie) and the runtime points them at the step's position as for the node alone.
-In a decoder this chains a block's ``o_proj (+ ADD)`` (its input the host's values
-epilogue), ``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and the next block's
+In a decoder this chains a block's ``o_proj (+ ADD)`` (its input the attention's output),
+``rmsnorm -> gate/up -> silu_gate -> down (+ ADD)`` and the next block's
 ``rmsnorm -> q/k/v -> rope(q), rope(k)`` (the last block's: the final norm). A chain that
 does not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.fallback`).
 
@@ -101,11 +101,23 @@ integer ``amax``, the host's: :func:`sw.compile.symbols.value_codes`, written wi
 scores' words), its DEQUANT the accumulators, FOLD's ``amax`` words and one constant row of
 :func:`hw.numerics.values_channel` words, into the values node's Q15.16 rows, which the host
 reads back as the node's output.
+
+*Attention and its chain* (:func:`attention_chains`): in a decode step each bucket's
+attention program and the chain its block's o_proj heads are one program. With one token
+the values node's output, through its layout nodes, is o_proj's input row -- the heads' rows
+side by side, which are the values members' DEQUANT rows in member order (a member's rows
+its kv head's query heads in order: :func:`hw.numerics.group_rows`) -- so each values
+DEQUANT writes its rows inside the o_proj REQUANT's input buffer (``within``) and the REQUANT
+reads them there. o_proj's residual rows stay the host's (:attr:`FusedGroup.residual`),
+written before the run. The chain's nodes then have a program per bucket (the compiler's
+``_fuse_attention``); a bucket whose merged program does not fit the instruction memory
+falls back to its attention program and the chain alone. In a prefill the values' rows
+(a head's tokens) are not o_proj's (a token's heads): attention and chain stay two programs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -141,7 +153,8 @@ from sw.compile.vector import VectorOp, row_bytes
 __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
            "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "linear_group",
            "part_buffers", "part_constants", "part_aliases", "scores_groups", "fuse_words",
-           "fuse_parts", "hoistable", "row_aliases", "VECTOR_EVENTS", "vector_events",
+           "fuse_parts", "hoistable", "row_aliases", "attention_chains", "all_groups",
+           "VECTOR_EVENTS", "vector_events",
            "SCORES_AMAX"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
@@ -603,13 +616,17 @@ class FusedGroup:
     it is (None: a REQUANT, DEQUANT or ADD between them); ``fallback``: the groups to fuse
     instead where this one does not fit the instruction memory; ``residual``: where the host
     writes the residual rows of the first entry (a residual linear after a host REQUANT
-    head: :func:`linear_group`) as Q15.16 rows for a part that reads them (None: none)."""
+    head: :func:`linear_group`) as Q15.16 rows for a part that reads them (None: none);
+    ``attention``: per context bucket, this chain after that bucket's attention program as
+    one (:func:`attention_chains`), each falling back to the attention program alone and
+    this one."""
 
     entries: tuple[int, ...]
     parts: tuple[Part, ...]
     owners: tuple[int | None, ...]
     fallback: tuple[FusedGroup, ...] = ()
     residual: str | None = None
+    attention: tuple[FusedGroup, ...] = ()
 
 
 def _pair_group(cfg: AcceleratorConfig, work: Sequence[tuple], i: int,
@@ -975,4 +992,81 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
                           owners + (None,) * len(fold) + (2,) + (None,) * len(vdeq),
                           fallback=(FusedGroup((i, j), parts, owners),))
         out.append(both)
+    return out
+
+
+def _flat_order(graph: Graph, value: str, source: str, kv_heads: int) -> bool:
+    """Whether ``value`` is a layout-only view of ``source`` (``[B, H, T, d]``: attention's
+    output) whose elements, row-major, are ``source``'s query heads grouped per kv head
+    (:func:`hw.numerics.group_rows`), row-major: the values members' rows in order."""
+    src, chain = _layout_source(graph, value)
+    shape = graph.values[source].shape
+    if src != source or not chain or len(shape) != 4 or \
+            not all(isinstance(n, int) for n in shape):
+        return False
+    index = torch.arange(int(np.prod(shape, dtype=np.int64))).reshape(tuple(shape))
+    x = index
+    for n in chain:
+        (x,) = OPS[n.op].kernel(n, [x], None)
+    b, h, t, d = shape
+    return torch.equal(x.reshape(-1), index.reshape(b, kv_heads, h // kv_heads * t, d)
+                       .reshape(-1))
+
+
+def attention_chains(cfg: AcceleratorConfig, graph: Graph, work: Sequence[tuple],
+                     groups: Sequence[FusedGroup]) -> list[tuple[FusedGroup, FusedGroup]]:
+    """Attention programs of ``groups`` (:func:`scores_groups` with a values program) and
+    the chain after each (:func:`fusion_groups`, headed by a REQUANT of the host's rows) as
+    one program: ``(attention, merged)`` pairs, ``merged`` falling back to ``attention``.
+
+    They merge where the chain's head linear reads the values node's output through layout
+    nodes (``graph``'s) whose elements, in order, are the values members' rows in order (a
+    decode step: one token, the heads side by side, :func:`_flat_order`) and every such row,
+    and the head's rows, are whole beats (``4 * length`` bytes apart): each values member's
+    DEQUANT then writes its rows inside the head's input buffer (``within``, in member
+    order) and the head's REQUANT reads that buffer on chip. The chain's residual rows
+    (:attr:`FusedGroup.residual`) stay the host's, written before the run."""
+    heads = {g.entries[0]: g for g in groups
+             if isinstance(g.parts[0], RequantOp) and g.parts[0].host}
+    out = []
+    for a in groups:
+        if len(a.entries) != 3 or work[a.entries[0]][1].op != "attn_scores":
+            continue
+        phase, vnode, _, vmembers = work[a.entries[2]]
+        vdeq = [p for p in a.parts if isinstance(p, DequantOp) and p.fold_qmax]
+        chain = next((c for e, c in heads.items() if work[e][0] == phase
+                      and _flat_order(graph, work[e][1].inputs[0], vnode.outputs[0],
+                                      vnode.attrs["kv_heads"])), None)
+        if chain is None or len(vdeq) != len(vmembers):
+            continue
+        req = chain.parts[0]
+        if row_bytes(cfg, req.length) != 4 * req.length or req.rows * req.length != sum(
+                d.rows * d.length for d in vdeq) or any(
+                d.row_bytes != 4 * d.length for d in vdeq):
+            continue
+        parts, at = [], 0
+        for p in a.parts:
+            if isinstance(p, DequantOp) and p.fold_qmax:
+                p = replace(p, y=symbols.within(req.x, at), within=(req.x, at))
+                at += p.data_bytes
+            parts.append(p)
+        head = replace(req, x=symbols.within(req.x, 0), within=(req.x, 0), host=False)
+        n = len(a.entries)
+        merged = FusedGroup(a.entries + chain.entries, (*parts, head, *chain.parts[1:]),
+                            a.owners + tuple(None if o is None else o + n
+                                             for o in chain.owners),
+                            fallback=(a,), residual=chain.residual)
+        out.append((a, merged))
+    return out
+
+
+def all_groups(groups: Iterable[FusedGroup]) -> list[FusedGroup]:
+    """``groups``, each followed by its :attr:`FusedGroup.attention` groups and their
+    fallbacks: every fused program the compiler may build (a chain's own fallbacks are its
+    parts' subsets)."""
+    out = []
+    for g in groups:
+        out.append(g)
+        for m in g.attention:
+            out += [m, *m.fallback]
     return out

@@ -260,6 +260,8 @@ class Runtime:
         self.exe, self.backend = exe, backend
         #: The accelerator nodes of each phase (the table is immutable: looked up once).
         self._accelerated = {phase: exe.table.nodes(phase) for phase in exe.graphs}
+        self._nodes = {phase: {n.name: n for n in g.nodes} for phase, g in exe.graphs.items()}
+        self._vals: dict = {}
         self._program_work: dict[int, tuple[int, int, int, float]] = {}
         self._offsets: dict[tuple[str, int, int], np.ndarray] = {}
         self.values = backend.values and not exe.timing_only
@@ -328,6 +330,7 @@ class Runtime:
         self.argmax = None
         env = self.interp.env(graph, self.past)
         vals: dict = {graph.inputs[0]: ids}
+        self._vals = vals  # a fused program's first part writes later parts' residual rows
         for i, node in enumerate(graph.nodes):
             if not (self.memo is not None and self._replay(phase, node, vals, env, stats)):
                 kernel = self._device_kernel(phase, node, stats)
@@ -416,6 +419,8 @@ class Runtime:
             t0 = time.perf_counter()
             state, cycles_in = (prologue(self, node, args, env, program) if first
                                 else (None, 0))
+            if first and run != pid:
+                cycles_in += self._residual_rows(phase, run)
             wall = time.perf_counter() - t0
             if first:
                 words = (self._fused_words(run, env) if run != pid
@@ -430,17 +435,38 @@ class Runtime:
 
     def _fused_words(self, run: int, env) -> np.ndarray | None:
         """The words of fused program ``run`` with its ROPE parts' table LOADs
-        (``position_rows``) pointed at the step's first position, or its SOFTMAX parts' VECs
+        (``position_rows``) pointed at the step's first position and its SOFTMAX parts' VECs
         (``imm_rows``) given each row's valid positions of the step's causal mask (None:
         it has neither)."""
         program = self.exe.programs[run]
+        words = None
         if program.imm_rows:
-            return _set_imm(program, _causal_counts(env, len(program.imm_rows)).numpy())
+            words = _set_imm(program, _causal_counts(env, len(program.imm_rows)).numpy())
         if not program.position_rows:
-            return None
+            return words
         (row_bytes,) = {self.exe.programs[i].vector.table_row_bytes for i in program.parts
                         if self.exe.programs[i].position_rows}
-        return _set_position(program, env.past, self.exe.cfg.beat_bytes, row_bytes)
+        return _set_position(program, env.past, self.exe.cfg.beat_bytes, row_bytes, words)
+
+    def _residual_rows(self, phase: str, run: int) -> int:
+        """Write, as Q15.16 rows (``to_fixed``), the residual rows of every later part of
+        fused program ``run`` whose prologue does not run (a residual linear whose input
+        rows are on chip: a member's ``residual`` without ``requant``), from the step's
+        values; returns the cycles of the bytes streamed."""
+        written = 0
+        for pid in self.exe.programs[run].parts[1:]:
+            p = self.exe.programs[pid]
+            for m in p.members:
+                if m.residual is None or m.requant is not None:
+                    continue
+                node = self._nodes[phase][p.node]
+                res = self._vals[node.inputs[1]]
+                res = res.reshape(-1, res.shape[-1])
+                written += 4 * res.numel()
+                if self.values:
+                    self._write_rows(m.residual, to_fixed_torch(res).numpy().astype("<i4"),
+                                     m.dequant_row_bytes)
+        return stream_cycles(written, written, self.exe.cfg) if written else 0
 
     # ------------------------------------------------------------------ DRAM I/O
     def _write_rows(self, symbol: str, rows: np.ndarray, row_bytes: int) -> None:
@@ -875,15 +901,17 @@ if _ADDR_AT + _ADDR_BITS > 64:
 
 
 def _set_position(program: Program, past: int, beat_bytes: int,
-                  table_row_bytes: int | None = None) -> np.ndarray:
-    """A copy of ``program``'s words with its rotary table LOADs (``position_rows``, one per
-    task) advanced to position ``past``: ``past`` table rows of ``table_row_bytes`` further
-    (default: its vector operation's; a fused program's: its ROPE parts')."""
+                  table_row_bytes: int | None = None, words: np.ndarray | None = None
+                  ) -> np.ndarray:
+    """A copy of ``program``'s words (or of ``words``, its words with other run-time
+    parameters set) with its rotary table LOADs (``position_rows``, one per task) advanced
+    to position ``past``: ``past`` table rows of ``table_row_bytes`` further (default: its
+    vector operation's; a fused program's: its ROPE parts')."""
     rows = np.asarray(program.position_rows, dtype=np.int64)
     if not rows.size:
         raise RuntimeFault(f"program of node {program.node!r} has no rotary table LOAD to "
                            "point at the step's position")
-    words = program.words.copy()
+    words = (program.words if words is None else words).copy()
     mask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
     lo = words[rows, 0]
     addr = (lo & mask) >> np.uint64(_ADDR_AT)

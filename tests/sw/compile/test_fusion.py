@@ -1,11 +1,13 @@
 """Fused programs (sw/compile/fusion.py): the REQUANT part writes the host's INT8 rows, and
 parts joined by :func:`fuse_words` run as they would one after the other."""
 
+import copy
 import dataclasses
 
 import numpy as np
 import pytest
-from compile_testutil import SMALL, compressed, tiny_lm
+import torch
+from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
 
 from hw.config import MemoryModel
 from hw.isa import (
@@ -63,6 +65,8 @@ from sw.compile.relocation import (
 )
 from sw.compile.schedule import EVENTS, amax_place
 from sw.compile.vector import vector_op
+from sw.compress.model import use_hardware_numerics
+from sw.runtime import Runtime
 
 CFG = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024,
                     memory=MemoryModel(size_bytes=1 << 16))
@@ -577,13 +581,15 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     buckets = {(p.phase, p.bucket) for p in fused}
     assert len(fused) == 2 * len(buckets) and len(buckets) > 2   # 2 layers, every bucket
     for p in fused:
-        first, soft, values = (exe.programs[i] for i in p.parts)
+        first, soft, values = (exe.programs[i] for i in p.parts[:3])
         assert first.node.endswith(".scores") and soft.node.endswith(".softmax")
         assert values.node.endswith(".values")
         assert first.bucket == soft.bucket == values.bucket == p.bucket
         op = soft.vector
         vecs = [i for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")]
         requant = [VecFunc.REQUANT] * (4 if p.phase == "decode" else 0)  # a row per head
+        if p.phase == "decode":  # the chain after it (o_proj's REQUANT on): its own test
+            vecs = vecs[:len(requant) + 4 * op.rows]
         assert [v.func for v in vecs] == requant + [VecFunc.DEQUANT] * op.rows \
             + [VecFunc.SOFTMAX] * op.rows + [VecFunc.FOLD] * op.rows \
             + [VecFunc.DEQUANT] * op.rows
@@ -610,9 +616,9 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
             assert exe.symbols[m.channels].nbytes >= op.row_bytes
         assert at == exe.symbols[op.x].addr + op.data_bytes
     assert SCORES_AMAX.separate and SCORES_AMAX.stride == 1
-    # per decode step: the chain of the final norm, a block's MLP + next block's q/k/v, and
-    # each block's scores -> softmax -> values
-    assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 1 + 2 * 2
+    # per decode step: the first block's norm -> q/k/v -> RoPEs, and per block its
+    # scores -> softmax -> values chained with its o_proj, MLP and the next block's q/k/v
+    assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 1 + 2
 
 
 def _decode_work(monkeypatch, lm, cfg=VSMALL) -> list:
@@ -646,7 +652,10 @@ def test_a_linear_whose_rows_the_host_writes_heads_a_chain():
     exe = compile_model(lm, VSMALL, opts, weights=compressed(lm))
     heads = [p for p in exe.programs if p.parts
              and exe.programs[p.parts[0]].node.endswith("self_attn.o_proj")]
-    assert len(heads) == 2 * lm.config.num_hidden_layers   # every block, both phases
+    # every block's prefill (a decode step's chain follows its attention in one program:
+    # test_attention_and_the_chain_after_it_are_one_decode_program)
+    assert len(heads) == lm.config.num_hidden_layers
+    assert {p.phase for p in heads} == {"prefill"}
     for p in heads:
         (m,) = exe.programs[p.parts[0]].members
         assert m.requant and m.residual and m.dequant
@@ -662,6 +671,126 @@ def test_a_linear_whose_rows_the_host_writes_heads_a_chain():
                           weights=compressed(lm))
     assert not any(m.requant for p in plain.programs for m in p.members)
     assert not any(p.node.endswith("o_proj") for p in plain.programs if p.parts)
+
+
+def _merged(exe) -> list:
+    """The decode programs of ``exe`` that hold attention and the chain after it."""
+    return [p for p in exe.programs if p.parts and p.imm_rows and len(p.parts) > 3]
+
+
+def test_attention_and_the_chain_after_it_are_one_decode_program():
+    """In a decode step each block's attention program (per context bucket) and the chain
+    its o_proj heads are one: the values members' DEQUANTs write their rows, in member
+    order, as o_proj's input row, which its REQUANT reads on chip (the member names no
+    ``requant``); the host writes o_proj's residual rows (``residual``). Each chain node
+    has a program per bucket, a part of that bucket's program; prefill keeps two. The
+    tokens, across buckets, equal the twin's."""
+    lm = tiny_lm(layers=2, heads=4, kv_heads=2)
+    ws = compressed(lm)
+    cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 22))
+    exe = compile_model(lm, cfg, CompileOptions(6, 40), weights=ws)
+    merged = _merged(exe)
+    buckets = {p.bucket for p in merged}
+    assert len(merged) == 2 * len(buckets) and len(buckets) > 2 and \
+        {p.phase for p in merged} == {"decode"}
+    for p in merged:
+        layer = int(p.node.split(".")[1])
+        parts = [exe.programs[i] for i in p.parts]
+        assert [q.node for q in parts[:4]] == [f"layers.{layer}.self_attn.{n}" for n in
+                                               ("scores", "softmax", "values", "o_proj")]
+        (m,) = parts[3].members
+        assert m.requant is None and m.residual and m.dequant
+        assert exe.symbols[m.residual].nbytes >= m.tokens * m.dequant_row_bytes
+        at = exe.symbols[f"h:decode:{parts[3].node}"].addr
+        for v in parts[2].members:   # the values' rows, in order: o_proj's input row
+            assert exe.symbols[v.dequant].addr == at and v.dequant_row_bytes == 4 * v.n
+            at += v.tokens * v.dequant_row_bytes
+        assert at == exe.symbols[f"h:decode:{parts[3].node}"].addr + 4 * m.k
+        for i in p.parts:   # each part is its node's program for the bucket's contexts
+            assert exe.program_index("decode", exe.programs[i].node, p.bucket) == i
+            assert exe.programs[i].fused_into == exe.programs.index(p)
+        funcs = _vec_funcs(p.words)
+        assert VecFunc.SOFTMAX in funcs and funcs.index(VecFunc.ADD) > funcs.index(
+            VecFunc.SOFTMAX)
+    assert any(p.phase == "prefill" and p.parts
+               and exe.programs[p.parts[0]].node.endswith("o_proj") for p in exe.programs)
+    ids = torch.randint(0, lm.config.vocab_size, (1, 20),
+                        generator=torch.Generator().manual_seed(3))
+    rt = Runtime(exe, make_backend("model", cfg), vector=True)
+    got = [rt.step(ids[:, :6])] + [rt.step(ids[:, t:t + 1]) for t in range(6, 20)]
+    assert len({exe.programs[r.program].bucket for _, st in got[1:] for r in st.programs
+                if exe.programs[r.program].imm_rows}) > 1   # crossed a bucket
+    assert all(len(st.programs) == 1 + 2 for _, st in got[1:])
+    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True,
+                                                  attention=True), ids, 6)
+    for (logits, _), w in zip(got, want, strict=True):
+        assert torch.equal(logits, w)
+
+
+def test_a_bucket_whose_merged_program_does_not_fit_runs_attention_and_chain_apart(
+        monkeypatch):
+    """Where a bucket's merged program does not fit the instruction memory (here: any
+    longer than the shortest merged one), that bucket runs its attention program and the
+    chain's own program, the other buckets the merged one (each chain node's program found
+    per context); the tokens, across buckets, equal the twin's."""
+    lm = tiny_lm(layers=2, heads=4, kv_heads=2)
+    ws = compressed(lm)
+    cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 22))
+    opts = CompileOptions(6, 40)
+    shortest = min(p.instructions for p in _merged(compile_model(lm, cfg, opts, weights=ws)))
+    real = compiler.fuse_parts
+
+    def tight(cfg, parts, *args):
+        words, places = real(cfg, parts, *args)
+        funcs = {f for w in parts for f in _vec_funcs(w)}
+        if {VecFunc.SOFTMAX, VecFunc.ADD} <= funcs and words.shape[0] > shortest:
+            raise LoweringError("longer than the shortest merged program")
+        return words, places
+    monkeypatch.setattr(compiler, "fuse_parts", tight)
+    exe = compile_model(lm, cfg, opts, weights=ws)
+    merged = _merged(exe)
+    assert merged and all(p.instructions == shortest for p in merged)
+    alone = [p for p in exe.programs if p.parts and p.phase == "decode"
+             and exe.programs[p.parts[0]].node.endswith("o_proj")]
+    assert len(alone) == 2   # each layer's chain, for the buckets it does not merge in
+    ids = torch.randint(0, lm.config.vocab_size, (1, 20),
+                        generator=torch.Generator().manual_seed(5))
+    rt = Runtime(exe, make_backend("model", cfg), vector=True)
+    got = [rt.step(ids[:, :6])] + [rt.step(ids[:, t:t + 1]) for t in range(6, 20)]
+    counts = {len(st.programs) for _, st in got[1:]}
+    assert max(counts) == 1 + 2 * 2 and min(counts) < max(counts)
+    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True,
+                                                  attention=True), ids, 6)
+    for (logits, _), w in zip(got, want, strict=True):
+        assert torch.equal(logits, w)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_an_overlapped_attention_chain_computes_what_a_drained_one_does(monkeypatch, seed):
+    """The merged decode program's parts (attention, then the chain from o_proj on),
+    overlapped and drained, on the fast model from one random DRAM image: the same DRAM at
+    the end, never more cycles."""
+    seen = []
+
+    def spy(cfg, parts, *args):
+        seen.append([p.copy() for p in parts])
+        return fuse_parts(cfg, parts, *args)
+    monkeypatch.setattr(compiler, "fuse_parts", spy)
+    lm = tiny_lm(layers=2, heads=4, kv_heads=2)
+    exe = compile_model(lm, VSMALL, CompileOptions(4, 6), weights=compressed(lm))
+    assert _merged(exe)
+    merged = [parts for parts in seen
+              if {VecFunc.SOFTMAX, VecFunc.ADD} <= {f for w in parts for f in _vec_funcs(w)}]
+    assert merged
+    rng = np.random.default_rng(seed)
+    model = make_backend("model", VSMALL)
+    for parts in merged:
+        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
+        runs = [model.run(fuse_words(VSMALL, parts, overlap), dram.copy())
+                for overlap in (False, True)]
+        assert all(r.ok for r in runs), [r.error for r in runs]
+        assert np.array_equal(runs[0].dram, runs[1].dram)
+        assert runs[1].cycles <= runs[0].cycles
 
 
 def test_only_an_unbiased_compressed_linear_of_no_bucket_is_a_requant_head(monkeypatch):

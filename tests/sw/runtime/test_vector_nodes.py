@@ -113,7 +113,10 @@ def test_the_attention_program_reads_the_hosts_value_codes(kv_bits):
     s = PROMPT + 1
     qmax = 127 if kv_bits == 8 else 7
     fused = [exe.programs[r.program] for r in st.programs if r.node.endswith(".scores")]
-    assert len(fused) == 2 and all(len(p.parts) == 3 for p in fused)
+    # each layer's attention, then (a decode step) the chain from its o_proj on
+    assert len(fused) == 2 and all(len(p.parts) > 3 for p in fused)
+    assert [exe.programs[p.parts[3]].node for p in fused] == [
+        f"layers.{i}.self_attn.o_proj" for i in range(2)]
     for p in fused:
         values = exe.programs[p.parts[2]]
         layer = int(values.node.split(".")[1])
@@ -156,11 +159,12 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
     assert report["fused_programs_per_step"] == 4 * blocks
     # chained: a block's o_proj (REQUANT of the host's rows -> GEMM -> DEQUANT -> ADD) and
     # MLP (post-attention RMSNorm -> gate/up -> SiLU-gate -> down + ADD) and the next block's
-    # RMSNorm -> q/k/v -> RoPE of q and k (the last block's: the final norm) in one program;
-    # scores -> softmax -> values in another
-    assert len(runs[True, True, True].programs) == unfused - 10 * blocks
+    # RMSNorm -> q/k/v -> RoPE of q and k (the last block's: the final norm) in one program
+    # after its scores -> softmax -> values (whose rows are o_proj's input rows on chip): a
+    # program per block and the first block's RMSNorm -> q/k/v -> RoPEs
+    assert len(runs[True, True, True].programs) == unfused - 11 * blocks == 1 + blocks
     report = exes[True, True, True].report["phases"]["decode"]
-    assert report["fused_programs_per_step"] == 1 + 2 * blocks
+    assert report["fused_programs_per_step"] == 1 + blocks
     for key, st in runs.items():
         assert st.transitions == 2 * len(st.programs)
         assert exes[key].report["phases"]["decode"]["programs_per_step"] == len(st.programs)
@@ -391,9 +395,10 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     # host's Q15.16 rows (its DEQUANT + the residual rows the host wrote: an ADD part) chained
     # with the MLP and the final norm (another ADD between); attention's scores -> DEQUANT
     # -> softmax (its valid counts set per step; decoding, the query's REQUANT from the
-    # RoPE's rows first) -> FOLD -> values -> DEQUANT
+    # RoPE's rows first) -> FOLD -> values -> DEQUANT, decoding into o_proj's input rows and
+    # on with the o_proj chain in the same program
     fused = [p for p in exe.programs if p.parts]
-    assert sorted(len(p.parts) for p in fused) == [3, 3, 4, 4, 6, 6]
+    assert sorted(len(p.parts) for p in fused) == [3, 4, 4, 6, 9]
     assert all({v.func for v in _vecs(p)} == {VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD}
                | ({VecFunc.REQUANT} if p.phase == "decode" else set()) and p.imm_rows
                for p in fused if len(p.parts) == 3)
@@ -402,6 +407,10 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     for p in (p for p in fused if len(p.parts) == 6):
         (m,) = exe.programs[p.parts[0]].members
         assert m.requant and m.residual and _vecs(p)[0].func == VecFunc.REQUANT
+        assert [v.func for v in _vecs(p)].count(VecFunc.ADD) == 2 * m.tokens
+    for p in (p for p in fused if len(p.parts) == 9):   # decode: attention, then the chain
+        (m,) = exe.programs[p.parts[3]].members
+        assert p.phase == "decode" and p.imm_rows and m.residual and not m.requant
         assert [v.func for v in _vecs(p)].count(VecFunc.ADD) == 2 * m.tokens
     assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)
