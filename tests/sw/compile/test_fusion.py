@@ -507,17 +507,10 @@ def _fused_parts_of_tiny_model(monkeypatch) -> list[list[np.ndarray]]:
     return seen
 
 
-@pytest.mark.parametrize("seed", range(2))
-def test_overlapped_fused_programs_compute_what_drained_ones_do(monkeypatch, seed):
-    """Every fused program of a compiled tiny model, with its parts overlapped and drained,
-    on the fast model from one random DRAM image: the same DRAM at the end (the model applies
-    every effect at its completion, so a hoisted LOAD that read before a STORE it depends on,
-    or overwrote a scratchpad still read, would show), never more cycles; and the GEMM parts'
-    weights did move."""
+def _overlapped_runs_as_drained(programs: list[list[np.ndarray]], seed: int) -> None:
+    """Each fused program's parts, overlapped and drained, on the fast model from one random
+    DRAM image: both run, the same DRAM at the end, never more cycles overlapped."""
     rng = np.random.default_rng(seed)
-    programs = _fused_parts_of_tiny_model(monkeypatch)
-    assert programs
-    moved = 0
     model = make_backend("model", VSMALL)
     for parts in programs:
         dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
@@ -526,7 +519,20 @@ def test_overlapped_fused_programs_compute_what_drained_ones_do(monkeypatch, see
         assert all(r.ok for r in runs), [r.error for r in runs]
         assert np.array_equal(runs[0].dram, runs[1].dram)
         assert runs[1].cycles <= runs[0].cycles
-        moved += sum(len(hoistable(a[:-1], b[:-1])) for a, b in zip(parts, parts[1:], strict=False))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_overlapped_fused_programs_compute_what_drained_ones_do(monkeypatch, seed):
+    """Every fused program of a compiled tiny model, with its parts overlapped and drained,
+    on the fast model from one random DRAM image: the same DRAM at the end (the model applies
+    every effect at its completion, so a hoisted LOAD that read before a STORE it depends on,
+    or overwrote a scratchpad still read, would show), never more cycles; and the GEMM parts'
+    weights did move."""
+    programs = _fused_parts_of_tiny_model(monkeypatch)
+    assert programs
+    _overlapped_runs_as_drained(programs, seed)
+    moved = sum(len(hoistable(a[:-1], b[:-1]))
+                for parts in programs for a, b in zip(parts, parts[1:], strict=False))
     assert moved
 
 
@@ -782,15 +788,7 @@ def test_an_overlapped_attention_chain_computes_what_a_drained_one_does(monkeypa
     merged = [parts for parts in seen
               if {VecFunc.SOFTMAX, VecFunc.ADD} <= {f for w in parts for f in _vec_funcs(w)}]
     assert merged
-    rng = np.random.default_rng(seed)
-    model = make_backend("model", VSMALL)
-    for parts in merged:
-        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
-        runs = [model.run(fuse_words(VSMALL, parts, overlap), dram.copy())
-                for overlap in (False, True)]
-        assert all(r.ok for r in runs), [r.error for r in runs]
-        assert np.array_equal(runs[0].dram, runs[1].dram)
-        assert runs[1].cycles <= runs[0].cycles
+    _overlapped_runs_as_drained(merged, seed)
 
 
 def test_only_an_unbiased_compressed_linear_of_no_bucket_is_a_requant_head(monkeypatch):
