@@ -285,8 +285,7 @@ class FetchUnit(wiring.Component):
 
         pc_shape = range(depth + 2 * _CHECK_STAGES + 2)
         pc = Signal(pc_shape)
-        adv = Signal()
-        copies = []
+        copies: dict[str, list] = {}   # stage name -> its registers' assignments
 
         def stage(name: str, **values) -> dict:
             """Registers of the next stage, loaded from ``values`` when the pipeline advances.
@@ -296,7 +295,7 @@ class FetchUnit(wiring.Component):
             for key, value in values.items():
                 regs[key] = Signal(value.shape(), name=f"{name}_{key}", reset_less=key != "v",
                                    attrs={DSP_REGISTER: 1} if key in _PRODUCTS else {})
-                copies.append(regs[key].eq(value))
+                copies.setdefault(name, []).append(regs[key].eq(value))
             return regs
 
         # F: read imem[pc]; S1: the word; S2: field check terms and products; S3: their error
@@ -406,9 +405,9 @@ class FetchUnit(wiring.Component):
         # adv = run & ~ended & (~v4 | go). It gates ~1,000 registers and the instruction
         # memory, and the queues' write enables follow the same decisions, so these are
         # computed from registered copies of the dispatch decisions (`keep`: one net for each
-        # use): "the stage is empty or holds an END", "it holds a legal instruction for a
-        # queue" and its queue, each loaded with S4, and `ended`. Then adv is two LUT levels,
-        # a queue's valid one.
+        # use: the memory and pc, each stage's registers, the queues): "the stage is empty or
+        # holds an END", "it holds a legal instruction for a queue" and its queue, each loaded
+        # with S4, and `ended`. Then adv is two LUT levels, a queue's valid one.
         def decisions(name: str, adv_c: Signal) -> tuple[Value, Signal]:
             """Drive ``adv_c`` (= adv) from copies of the decisions loaded under it; return
             "running and a legal instruction for a queue" and the queue, from the copies."""
@@ -429,7 +428,10 @@ class FetchUnit(wiring.Component):
 
         adv_mem = Signal()
         decisions("mem", adv_mem)
-        decisions("stages", adv)
+        adv = {}
+        for name in copies:
+            adv[name] = Signal(name=f"adv_{name}")
+            decisions(name, adv[name])
         offer, to_q = decisions("queues", Signal())
         for e in self._engines:
             port, body = ports[e.engine], ins4.body[e.body]
@@ -450,8 +452,9 @@ class FetchUnit(wiring.Component):
             m.d.comb += [rp.addr.eq(pc[:low]), rp.en.eq(adv_mem)]
         with m.If(adv_mem):
             m.d.sync += pc.eq(pc + 1)
-        with m.If(adv):
-            m.d.sync += copies
+        for name, assignments in copies.items():
+            with m.If(adv[name]):
+                m.d.sync += assignments
         with m.If(loop_back):
             m.d.sync += [pc.eq(first)] + [s["v"].eq(0) for s in (s0, s1, s2, s3, s4)]
         return m

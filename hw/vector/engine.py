@@ -91,11 +91,16 @@ def _word_port(elements: int, direction: str):
                             shape=unsigned(8 * VECTOR_WORD_BYTES)))
 
 
-def _delay(m: Module, value: Value, n: int, name: str) -> Value:
-    """``value`` delayed by ``n`` cycles (the units never stall: plain registers)."""
+def _delay(m: Module, value: Value, n: int, name: str, *, data: bool = False) -> Value:
+    """``value`` delayed by ``n`` cycles (the units never stall: plain registers).
+
+    ``data``: the registers carry an operand, not a valid or ``last`` bit, and are not reset
+    (``reset_less``): what they hold is used only beside a valid bit delayed with it, so the
+    engine's reset reaches only its control state (hw/top.py, "Reset").
+    """
     value = Value.cast(value)
     for k in range(n):
-        r = Signal(value.shape(), name=f"{name}{k + 1}")
+        r = Signal(value.shape(), name=f"{name}{k + 1}", reset_less=data)
         m.d.sync += r.eq(value)
         value = r
     return value
@@ -273,8 +278,8 @@ class VectorEngine(wiring.Component):
         valid = _delay(m, issuing, rl, "valid")
         last = _delay(m, issuing & (left == 0), rl, "last")
         inrow = _delay(m, idx < imm, rl, "inrow")    # SOFTMAX: a valid position (idx < imm)
-        rd_a = _delay(m, self.vin_a.data, rl - 1, "rd_a")
-        rd_b = _delay(m, self.vin_b.data, rl - 1, "rd_b")
+        rd_a = _delay(m, self.vin_a.data, rl - 1, "rd_a", data=True)
+        rd_b = _delay(m, self.vin_b.data, rl - 1, "rd_b", data=True)
         x = rd_a.as_signed()
         b = rd_b.as_signed()
         p1, p2, p3 = valid & (phase == 0), valid & (phase == 1), valid & (phase == 2)
@@ -361,7 +366,7 @@ class VectorEngine(wiring.Component):
         rn = is_[VecFunc.RMSNORM]
         feed(u["sumsq"], p2 & rn, x=x, shift=shift, last=last)
         feed(u["scale30"], p3 & rn, x=x, r=r, sh=sh)
-        w = _delay(m, b, lat["scale30"], "w")
+        w = _delay(m, b, lat["scale30"], "w", data=True)
         n_last = _delay(m, last & rn, lat["scale30"], "n_last")
         feed(u["mul"], u["scale30"].o.valid, a=u["scale30"].o.payload.y, b=w)
         y_last = _delay(m, n_last, lat["mul"], "y_last")
@@ -373,16 +378,16 @@ class VectorEngine(wiring.Component):
         at_mul_es = at_scale + lat["scale60"]
         at_mul_gs = at_mul_es + lat["mul_es"]
         at_mul_u = at_mul_gs + lat["mul_gs"]
-        e_es = _delay(m, e30, lat["recip"] + lat["scale60"], "silu_e")
-        g_gs = _delay(m, x, at_mul_gs, "silu_g")
-        u_mu = _delay(m, b, at_mul_u, "silu_u")
+        e_es = _delay(m, e30, lat["recip"] + lat["scale60"], "silu_e", data=True)
+        g_gs = _delay(m, x, at_mul_gs, "silu_g", data=True)
+        u_mu = _delay(m, b, at_mul_u, "silu_u", data=True)
         s_last = _delay(m, last & silu, at_mul_u + lat["mul16"], "silu_last")
         feed(u["scale60"], u["recip"].o.valid & silu, x=1, r=u["recip"].o.payload.r,
              sh=u["recip"].o.payload.sh)
         sig_pos = u["scale60"].o.payload.y
         feed(u["mul_es"], u["scale60"].o.valid, a=e_es, b=sig_pos)
         sig = Mux(g_gs[-1], u["mul_es"].o.payload.y,
-                  _delay(m, sig_pos, lat["mul_es"], "silu_s"))
+                  _delay(m, sig_pos, lat["mul_es"], "silu_s", data=True))
         feed(u["mul_gs"], u["mul_es"].o.valid, a=g_gs, b=sig)
         mul = is_[VecFunc.MUL]   # Mul(16): MUL's row, or the SiLU-gate's last step
         feed(u["mul16"], (valid & mul) | u["mul_gs"].o.valid,
@@ -438,7 +443,7 @@ class VectorEngine(wiring.Component):
                                      _msb_index(amax_word) + 1))]
         dq_valid = valid & dq & ~amax_rd
         feed(u["dequant_factor"], dq_valid, chan=rd_b, a=dq_a, b=dq_b)
-        dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc")
+        dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc", data=True)
         feed(u["scale31"], u["dequant_factor"].o.valid, x=dq_acc,
              r=u["dequant_factor"].o.payload.r, sh=u["dequant_factor"].o.payload.sh)
         dq_last = _delay(m, last & dq_valid, lat["dequant_factor"] + lat["scale31"], "dq_last")
