@@ -335,10 +335,12 @@ class Accelerator(wiring.Component):
         for name, value in incs.items():
             pend = Signal(value.shape(), name=f"inc_{name}")
             counter = getattr(self.counters, name)
+            # The counter adds `pend` while the machine runs and has not stopped (`active`):
+            # `active` gates the increment (its few bits), not the enable of the counter's 48
+            # flip-flops (a net to every counter bit). `pend` follows the increments always;
+            # in a cycle the machine runs it holds the previous one's (or 0 after `launch`).
             with m.If(launch_copy(name)):
                 m.d.sync += [pend.eq(0), counter.eq(0)]
-            with m.Elif(running):
-                m.d.sync += pend.eq(value)
-                with m.If(~late):
-                    m.d.sync += counter.eq(counter + pend)
+            with m.Else():
+                m.d.sync += [pend.eq(value), counter.eq(counter + Mux(active, pend, 0))]
         return m
