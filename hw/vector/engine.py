@@ -203,21 +203,24 @@ class VectorEngine(wiring.Component):
 
         active = Signal()     # from the command to the last write
         issuing = Signal()    # reading the row
-        func = Signal(VecFunc)
-        phase = Signal(range(3))   # the pass (0: the first)
-        a_ptr = Signal(width)
-        b_ptr = Signal(width)
-        a_base = Signal(width)
-        b_base = Signal(width)
-        dst = Signal(VecBody["dst_addr"].width)
-        left = Signal(VecBody["length"].width)   # elements still to read after this one
-        idx = Signal(VecBody["length"].width)    # the element read now
-        imm = Signal(VecBody["imm"].width)
+        # The instruction's registers below are loaded from the command in every idle cycle,
+        # so in the cycle after a reset (which clears `active`, `issuing` and the units' valid
+        # bits) before any use: they are not reset (hw/top.py, "Reset").
+        func = Signal(VecFunc, reset_less=True)
+        phase = Signal(range(3), reset_less=True)   # the pass (0: the first)
+        a_ptr = Signal(width, reset_less=True)
+        b_ptr = Signal(width, reset_less=True)
+        a_base = Signal(width, reset_less=True)
+        b_base = Signal(width, reset_less=True)
+        dst = Signal(VecBody["dst_addr"].width, reset_less=True)
+        left = Signal(VecBody["length"].width, reset_less=True)   # elements to read after this
+        idx = Signal(VecBody["length"].width, reset_less=True)    # the element read now
+        imm = Signal(VecBody["imm"].width, reset_less=True)
         length = self.elements
         # ROPE: a_ptr / b_ptr point at x[k] / x[k + d/2], t_ptr at table word k; `tab`: this
         # read is the table word's; rk = k.
-        t_ptr = Signal(width)
-        rk = Signal(ROPE_HEAD_DIM_BITS)
+        t_ptr = Signal(width, reset_less=True)
+        rk = Signal(ROPE_HEAD_DIM_BITS, reset_less=True)
         tab = Signal()
         half = imm[1:ROPE_HEAD_DIM_BITS]        # head_dim / 2
         # ROPE's per-instruction constants, registered while idle (no adder behind imm).
@@ -416,9 +419,9 @@ class VectorEngine(wiring.Component):
         # or the next head's first (+ 1) after its last pair.
         # `step` is the next write's increment of dst, from registers only: 1 but in ROPE.
         r_up = Signal()      # the next ROPE result is an upper element
-        r_k = Signal(ROPE_HEAD_DIM_BITS)
+        r_k = Signal(ROPE_HEAD_DIM_BITS, reset_less=True)   # loaded while idle, as above
         r_last = Signal()    # r_k == head_dim / 2 - 1
-        step = Signal(len(dst), init=1)
+        step = Signal(len(dst), init=1, reset_less=True)
         with m.If(u["rope"].o.valid):
             r_last_next = Mux(r_up, Mux(r_last, half_m1 == 0, r_k == half_m2), r_last)
             m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_last, 0, r_k + 1), r_k)),
