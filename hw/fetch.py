@@ -243,9 +243,10 @@ class FetchUnit(wiring.Component):
             # multiplier. rows == 0 is rejected on its own.
             "span_lo": dma.rows * dma.dram_stride[:16],
             "span_hi": dma.rows * dma.dram_stride[16:],
-            # The DRAM range's last beat less the first beat past DRAM, less the span: negative
-            # while the range fits. The limits are folded in here so that S3 ends in a sign bit.
-            "dram_tail": dma.dram_addr + dma.row_beats - dma.dram_stride - (lim.dram_beats + 1),
+            # The DRAM range's last beat less the first beat past DRAM, less the span, is
+            # dram_addr + dram_rest: negative while the range fits. The limits are folded in
+            # here so that S3 ends in a sign bit; the caller adds the (effective) dram_addr.
+            "dram_rest": dma.row_beats - dma.dram_stride - (lim.dram_beats + 1),
             "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[spad],
         }
 
@@ -333,7 +334,12 @@ class FetchUnit(wiring.Component):
         eff = Mux(eff[off_w:].any(), DRAM_ADDR_MAX, eff[:off_w])
         word = Cat(word[:off_at], eff, word[off_at + off_w:])
         ins1 = InstrLayout(word[:InstrLayout.size])
-        chk = self._field_checks(m, ins1)
+        # The checks read the fetched word (view1), not the effective one: the offset changes
+        # only a LOAD's or STORE's dram_addr, which only the DRAM range reads, so every other
+        # check sees the same bits either way and need not wait for the offset's adder. The
+        # DRAM range adds the effective address to the rest of its sum, computed beside it.
+        chk = self._field_checks(m, view1)
+        chk["dram_tail"] = ins1.body.dma.dram_addr + chk.pop("dram_rest")
         s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=ins1, **chk)
         dma = s2["ins"].body.dma
         # An extent is out of range when its end less the limit (folded in by S2) is >= 0.
