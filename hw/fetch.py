@@ -6,9 +6,10 @@ The fetch unit owns the instruction memory (``cfg.imem_depth`` x 128 bits, writt
 ====  ========================================================================================
 F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048 words
 S1    the banks' words, registered
-S2    bank select; the terms of the opcode / event / GEMM field checks; DMA extent products
-      ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves: multipliers between
-      registers); a ROPE's ``heads * head_dim``
+S2    bank select; the terms of the opcode / event / GEMM field checks (of the fetched word:
+      a loop's offset, added to a DMA's ``dram_addr`` here, reaches only the DRAM range's sum);
+      DMA extent products ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves:
+      multipliers between registers); a ROPE's ``heads * head_dim``
 S3    the field checks' error code from their terms; extent sums, each less its limit, so that
       the range check is the sum's sign bit; the ROPE product against ``length``
 S4    the error code from the registered checks; this is the *dispatch* stage
