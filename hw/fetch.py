@@ -6,9 +6,10 @@ The fetch unit owns the instruction memory (``cfg.imem_depth`` x 128 bits, writt
 ====  ========================================================================================
 F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048 words
 S1    the banks' words, registered
-S2    bank select; the terms of the opcode / event / GEMM field checks; DMA extent products
-      ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves: multipliers between
-      registers); a ROPE's ``heads * head_dim``
+S2    bank select; the terms of the opcode / event / GEMM field checks (of the fetched word:
+      a loop's offset, added to a DMA's ``dram_addr`` here, reaches only the DRAM range's sum);
+      DMA extent products ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves:
+      multipliers between registers); a ROPE's ``heads * head_dim``
 S3    the field checks' error code from their terms; extent sums, each less its limit, so that
       the range check is the sum's sign bit; the ROPE product against ``length``
 S4    the error code from the registered checks; this is the *dispatch* stage
@@ -244,9 +245,10 @@ class FetchUnit(wiring.Component):
             # multiplier. rows == 0 is rejected on its own.
             "span_lo": dma.rows * dma.dram_stride[:16],
             "span_hi": dma.rows * dma.dram_stride[16:],
-            # The DRAM range's last beat less the first beat past DRAM, less the span: negative
-            # while the range fits. The limits are folded in here so that S3 ends in a sign bit.
-            "dram_tail": dma.dram_addr + dma.row_beats - dma.dram_stride - (lim.dram_beats + 1),
+            # The DRAM range's last beat less the first beat past DRAM, less the span, is
+            # dram_addr + dram_rest: negative while the range fits. The limits are folded in
+            # here so that S3 ends in a sign bit; the caller adds the (effective) dram_addr.
+            "dram_rest": dma.row_beats - dma.dram_stride - (lim.dram_beats + 1),
             "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[spad],
         }
 
@@ -286,8 +288,7 @@ class FetchUnit(wiring.Component):
 
         pc_shape = range(depth + 2 * _CHECK_STAGES + 2)
         pc = Signal(pc_shape)
-        adv = Signal()
-        copies = []
+        copies: dict[str, list] = {}   # stage name -> its registers' assignments
 
         def stage(name: str, **values) -> dict:
             """Registers of the next stage, loaded from ``values`` when the pipeline advances.
@@ -297,7 +298,7 @@ class FetchUnit(wiring.Component):
             for key, value in values.items():
                 regs[key] = Signal(value.shape(), name=f"{name}_{key}", reset_less=key != "v",
                                    attrs={DSP_REGISTER: 1} if key in _PRODUCTS else {})
-                copies.append(regs[key].eq(value))
+                copies.setdefault(name, []).append(regs[key].eq(value))
             return regs
 
         # F: read imem[pc]; S1: the word; S2: field check terms and products; S3: their error
@@ -335,7 +336,12 @@ class FetchUnit(wiring.Component):
         eff = Mux(eff[off_w:].any(), DRAM_ADDR_MAX, eff[:off_w])
         word = Cat(word[:off_at], eff, word[off_at + off_w:])
         ins1 = InstrLayout(word[:InstrLayout.size])
-        chk = self._field_checks(m, ins1)
+        # The checks read the fetched word (view1), not the effective one: the offset changes
+        # only a LOAD's or STORE's dram_addr, which only the DRAM range reads, so every other
+        # check sees the same bits either way and need not wait for the offset's adder. The
+        # DRAM range adds the effective address to the rest of its sum, computed beside it.
+        chk = self._field_checks(m, view1)
+        chk["dram_tail"] = ins1.body.dma.dram_addr + chk.pop("dram_rest")
         s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=ins1, **chk)
         dma = s2["ins"].body.dma
         # An extent is out of range when its end less the limit (folded in by S2) is >= 0.
@@ -407,9 +413,9 @@ class FetchUnit(wiring.Component):
         # adv = run & ~ended & (~v4 | go). It gates ~1,000 registers and the instruction
         # memory, and the queues' write enables follow the same decisions, so these are
         # computed from registered copies of the dispatch decisions (`keep`: one net for each
-        # use): "the stage is empty or holds an END", "it holds a legal instruction for a
-        # queue" and its queue, each loaded with S4, and `ended`. Then adv is two LUT levels,
-        # a queue's valid one.
+        # use: the memory and pc, each stage's registers, the queues): "the stage is empty or
+        # holds an END", "it holds a legal instruction for a queue" and its queue, each loaded
+        # with S4, and `ended`. Then adv is two LUT levels, a queue's valid one.
         def decisions(name: str, adv_c: Signal) -> tuple[Value, Signal]:
             """Drive ``adv_c`` (= adv) from copies of the decisions loaded under it; return
             "running and a legal instruction for a queue" and the queue, from the copies."""
@@ -430,7 +436,10 @@ class FetchUnit(wiring.Component):
 
         adv_mem = Signal()
         decisions("mem", adv_mem)
-        decisions("stages", adv)
+        adv = {}
+        for name in copies:
+            adv[name] = Signal(name=f"adv_{name}")
+            decisions(name, adv[name])
         offer, to_q = decisions("queues", Signal())
         for e in self._engines:
             port, body = ports[e.engine], ins4.body[e.body]
@@ -451,8 +460,9 @@ class FetchUnit(wiring.Component):
             m.d.comb += [rp.addr.eq(pc[:low]), rp.en.eq(adv_mem)]
         with m.If(adv_mem):
             m.d.sync += pc.eq(pc + 1)
-        with m.If(adv):
-            m.d.sync += copies
+        for name, assignments in copies.items():
+            with m.If(adv[name]):
+                m.d.sync += assignments
         with m.If(loop_back):
             m.d.sync += [pc.eq(first)] + [s["v"].eq(0) for s in (s0, s1, s2, s3, s4)]
         return m

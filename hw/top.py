@@ -176,6 +176,14 @@ class Accelerator(wiring.Component):
         m.d.comb += go.eq(self.start & ~running & ~launch)
         m.d.sync += launch.eq(go)
 
+        def launch_copy(name: str) -> Signal:
+            """A copy of ``launch`` for one group of its users (the outcome, each counter): a
+            flip-flop loaded from ``go`` like ``launch`` itself (reset alike), ``keep`` so that
+            Yosys does not merge the copies back into a net to every counter bit."""
+            c = Signal(name=f"launch_{name}", attrs={"keep": 1})
+            m.d.sync += c.eq(go)
+            return c
+
         # Every block below is reset by `start` (memories keep their contents), through its own
         # registered copy of `go` (hw.fanout): a reset that reaches every flip-flop of the
         # machine must start at a register near them, not at the logic that accepts `start`.
@@ -289,7 +297,7 @@ class Accelerator(wiring.Component):
         # a dispatch error stops the machine), and in the late cycle the outcome keeps the
         # previous cycle's `cycles` and takes the late error.
         cyc = Signal(COUNTER_BITS)
-        with m.If(launch):
+        with m.If(launch_copy("outcome")):
             m.d.sync += [running.eq(1), cyc.eq(0), self.done.eq(0), ended.eq(0), dead.eq(0),
                          self.error.eq(ErrorCode.NONE), self.error_pc.eq(0)]
         with m.Elif(running):
@@ -310,7 +318,7 @@ class Accelerator(wiring.Component):
         # ---- counters: this cycle's increments, added next cycle if the machine still runs.
         # MAC cycles of the GEMM in flight: at most k_steps * tokens.
         mac_acc = Signal(GemmBody["k_steps"].width + GemmBody["tokens_m1"].width + 1)
-        m.d.sync += mac_acc.eq(Mux(core.done | launch, 0, mac_acc + core.mac))
+        m.d.sync += mac_acc.eq(Mux(core.done | launch_copy("mac"), 0, mac_acc + core.mac))
         incs = {
             "fetch_stall": fetch.stalled,
             "dram_read_beats": Mux(load.done, load.beats, 0),
@@ -327,10 +335,12 @@ class Accelerator(wiring.Component):
         for name, value in incs.items():
             pend = Signal(value.shape(), name=f"inc_{name}")
             counter = getattr(self.counters, name)
-            with m.If(launch):
+            # The counter adds `pend` while the machine runs and has not stopped (`active`):
+            # `active` gates the increment (its few bits), not the enable of the counter's 48
+            # flip-flops (a net to every counter bit). `pend` follows the increments always;
+            # in a cycle the machine runs it holds the previous one's (or 0 after `launch`).
+            with m.If(launch_copy(name)):
                 m.d.sync += [pend.eq(0), counter.eq(0)]
-            with m.Elif(running):
-                m.d.sync += pend.eq(value)
-                with m.If(~late):
-                    m.d.sync += counter.eq(counter + pend)
+            with m.Else():
+                m.d.sync += [pend.eq(value), counter.eq(counter + Mux(active, pend, 0))]
         return m

@@ -109,11 +109,16 @@ def _word_port(elements: int, direction: str):
                             shape=unsigned(8 * VECTOR_WORD_BYTES)))
 
 
-def _delay(m: Module, value: Value, n: int, name: str) -> Value:
-    """``value`` delayed by ``n`` cycles (the units never stall: plain registers)."""
+def _delay(m: Module, value: Value, n: int, name: str, *, data: bool = False) -> Value:
+    """``value`` delayed by ``n`` cycles (the units never stall: plain registers).
+
+    ``data``: the registers carry an operand, not a valid or ``last`` bit, and are not reset
+    (``reset_less``): what they hold is used only beside a valid bit delayed with it, so the
+    engine's reset reaches only its control state (hw/top.py, "Reset").
+    """
     value = Value.cast(value)
     for k in range(n):
-        r = Signal(value.shape(), name=f"{name}{k + 1}")
+        r = Signal(value.shape(), name=f"{name}{k + 1}", reset_less=data)
         m.d.sync += r.eq(value)
         value = r
     return value
@@ -217,21 +222,24 @@ class VectorEngine(wiring.Component):
 
         active = Signal()     # from the command to the last write
         issuing = Signal()    # reading the row
-        func = Signal(VecFunc)
-        phase = Signal(range(3))   # the pass (0: the first)
-        a_ptr = Signal(width)
-        b_ptr = Signal(width)
-        a_base = Signal(width)
-        b_base = Signal(width)
-        dst = Signal(VecBody["dst_addr"].width)
-        left = Signal(VecBody["length"].width)   # elements still to read after this one
-        idx = Signal(VecBody["length"].width)    # the element read now
-        imm = Signal(VecBody["imm"].width)
+        # The instruction's registers below are loaded from the command in every idle cycle,
+        # so in the cycle after a reset (which clears `active`, `issuing` and the units' valid
+        # bits) before any use: they are not reset (hw/top.py, "Reset").
+        func = Signal(VecFunc, reset_less=True)
+        phase = Signal(range(3), reset_less=True)   # the pass (0: the first)
+        a_ptr = Signal(width, reset_less=True)
+        b_ptr = Signal(width, reset_less=True)
+        a_base = Signal(width, reset_less=True)
+        b_base = Signal(width, reset_less=True)
+        dst = Signal(VecBody["dst_addr"].width, reset_less=True)
+        left = Signal(VecBody["length"].width, reset_less=True)   # elements to read after this
+        idx = Signal(VecBody["length"].width, reset_less=True)    # the element read now
+        imm = Signal(VecBody["imm"].width, reset_less=True)
         length = self.elements
         # ROPE: a_ptr / b_ptr point at x[k] / x[k + d/2], t_ptr at table word k; `tab`: this
         # read is the table word's; rk = k.
-        t_ptr = Signal(width)
-        rk = Signal(ROPE_HEAD_DIM_BITS)
+        t_ptr = Signal(width, reset_less=True)
+        rk = Signal(ROPE_HEAD_DIM_BITS, reset_less=True)
         tab = Signal()
         half = imm[1:ROPE_HEAD_DIM_BITS]        # head_dim / 2
         # ROPE's per-instruction constants, registered while idle (no adder behind imm).
@@ -292,8 +300,8 @@ class VectorEngine(wiring.Component):
         valid = _delay(m, issuing, rl, "valid")
         last = _delay(m, issuing & (left == 0), rl, "last")
         inrow = _delay(m, idx < imm, rl, "inrow")    # SOFTMAX: a valid position (idx < imm)
-        rd_a = _delay(m, self.vin_a.data, rl - 1, "rd_a")
-        rd_b = _delay(m, self.vin_b.data, rl - 1, "rd_b")
+        rd_a = _delay(m, self.vin_a.data, rl - 1, "rd_a", data=True)
+        rd_b = _delay(m, self.vin_b.data, rl - 1, "rd_b", data=True)
         x = rd_a.as_signed()
         b = rd_b.as_signed()
         p1, p2, p3 = valid & (phase == 0), valid & (phase == 1), valid & (phase == 2)
@@ -404,7 +412,7 @@ class VectorEngine(wiring.Component):
         rn = is_[VecFunc.RMSNORM]
         feed(u["sumsq"], p2 & rn, x=x, shift=shift, last=last)
         feed(u["scale30"], p3 & rn, x=x, r=r, sh=sh)
-        w = _delay(m, b, lat["scale30"], "w")
+        w = _delay(m, b, lat["scale30"], "w", data=True)
         n_last = _delay(m, last & rn, lat["scale30"], "n_last")
         feed(u["mul"], u["scale30"].o.valid, a=u["scale30"].o.payload.y, b=w)
         y_last = _delay(m, n_last, lat["mul"], "y_last")
@@ -416,16 +424,16 @@ class VectorEngine(wiring.Component):
         at_mul_es = at_scale + lat["scale60"]
         at_mul_gs = at_mul_es + lat["mul_es"]
         at_mul_u = at_mul_gs + lat["mul_gs"]
-        e_es = _delay(m, e30, lat["recip"] + lat["scale60"], "silu_e")
-        g_gs = _delay(m, x, at_mul_gs, "silu_g")
-        u_mu = _delay(m, b, at_mul_u, "silu_u")
+        e_es = _delay(m, e30, lat["recip"] + lat["scale60"], "silu_e", data=True)
+        g_gs = _delay(m, x, at_mul_gs, "silu_g", data=True)
+        u_mu = _delay(m, b, at_mul_u, "silu_u", data=True)
         s_last = _delay(m, last & silu, at_mul_u + lat["mul16"], "silu_last")
         feed(u["scale60"], u["recip"].o.valid & silu, x=1, r=u["recip"].o.payload.r,
              sh=u["recip"].o.payload.sh)
         sig_pos = u["scale60"].o.payload.y
         feed(u["mul_es"], u["scale60"].o.valid, a=e_es, b=sig_pos)
         sig = Mux(g_gs[-1], u["mul_es"].o.payload.y,
-                  _delay(m, sig_pos, lat["mul_es"], "silu_s"))
+                  _delay(m, sig_pos, lat["mul_es"], "silu_s", data=True))
         feed(u["mul_gs"], u["mul_es"].o.valid, a=g_gs, b=sig)
         mul = is_[VecFunc.MUL]   # Mul(16): MUL's row, or the SiLU-gate's last step
         feed(u["mul16"], (valid & mul) | u["mul_gs"].o.valid,
@@ -454,9 +462,9 @@ class VectorEngine(wiring.Component):
         # or the next head's first (+ 1) after its last pair.
         # `step` is the next write's increment of dst, from registers only: 1 but in ROPE.
         r_up = Signal()      # the next ROPE result is an upper element
-        r_k = Signal(ROPE_HEAD_DIM_BITS)
+        r_k = Signal(ROPE_HEAD_DIM_BITS, reset_less=True)   # loaded while idle, as above
         r_last = Signal()    # r_k == head_dim / 2 - 1
-        step = Signal(len(dst), init=1)
+        step = Signal(len(dst), init=1, reset_less=True)
         with m.If(u["rope"].o.valid):
             r_last_next = Mux(r_up, Mux(r_last, half_m1 == 0, r_k == half_m2), r_last)
             m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_last, 0, r_k + 1), r_k)),
@@ -485,7 +493,7 @@ class VectorEngine(wiring.Component):
                          dq_x.eq(Mux(fold_word, rd_a[FOLD_AMAX_MANT_BITS:], 0))]
         dq_valid = valid & dq & ~amax_rd
         feed(u["dequant_factor"], dq_valid, chan=rd_b, a=dq_a, b=dq_b, x=dq_x)
-        dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc")
+        dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc", data=True)
         feed(u["scale31"], u["dequant_factor"].o.valid, x=dq_acc,
              r=u["dequant_factor"].o.payload.r, sh=u["dequant_factor"].o.payload.sh)
         dq_last = _delay(m, last & dq_valid, lat["dequant_factor"] + lat["scale31"], "dq_last")
