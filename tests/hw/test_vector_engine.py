@@ -71,6 +71,26 @@ VIN = VCFG.vin_spad_bytes // 4
 VOUT = VCFG.vout_spad_bytes // 4
 
 
+async def _load_vin(ctx, dut, raw: bytes, beat: int) -> None:
+    """Write ``raw`` into VIN through its DMA port, a beat per cycle."""
+    for k in range(len(raw) // beat):
+        ctx.set(dut.vin.dma_wr.addr, k)
+        ctx.set(dut.vin.dma_wr.data, int.from_bytes(raw[k * beat:(k + 1) * beat], "little"))
+        ctx.set(dut.vin.dma_wr.en, 1)
+        await ctx.tick()
+    ctx.set(dut.vin.dma_wr.en, 0)
+
+
+async def _issue(ctx, dut, v) -> None:
+    """Offer VEC ``v`` to the engine (which must be ready) for one cycle: its grant cycle."""
+    assert ctx.get(dut.vec.cmd.ready)
+    for name, value in v._body_fields().items():
+        ctx.set(getattr(dut.vec.cmd.payload, name), value)
+    ctx.set(dut.vec.cmd.valid, 1)
+    await ctx.tick()
+    ctx.set(dut.vec.cmd.valid, 0)
+
+
 # ---------------------------------------------------------------------- configuration
 def test_the_default_configuration_is_unchanged():
     """The default has no vector engine and no vector fields in its dict, so its fingerprint
@@ -292,21 +312,11 @@ def _simulate(vin: np.ndarray, vecs: list[Vec], gaps: list[int]):
     vout = bytearray(VCFG.vout_spad_bytes)
 
     async def bench(ctx):
-        for k in range(len(raw) // beat):  # VIN through its DMA port, a beat per cycle
-            ctx.set(dut.vin.dma_wr.addr, k)
-            ctx.set(dut.vin.dma_wr.data, int.from_bytes(raw[k * beat:(k + 1) * beat], "little"))
-            ctx.set(dut.vin.dma_wr.en, 1)
-            await ctx.tick()
-        ctx.set(dut.vin.dma_wr.en, 0)
+        await _load_vin(ctx, dut, raw, beat)
         for v, gap in zip(vecs, gaps, strict=True):
             for _ in range(gap):
                 await ctx.tick()
-            assert ctx.get(dut.vec.cmd.ready)
-            for name, value in v._body_fields().items():
-                ctx.set(getattr(dut.vec.cmd.payload, name), value)
-            ctx.set(dut.vec.cmd.valid, 1)
-            await ctx.tick()                       # the grant cycle g
-            ctx.set(dut.vec.cmd.valid, 0)
+            await _issue(ctx, dut, v)              # the grant cycle g
             cycles = 1
             while not ctx.get(dut.vec.done):
                 assert cycles < 10 * v.length + 50, f"{v} never ends"
@@ -537,19 +547,9 @@ def _reset_after_abort(vin: np.ndarray, first: Vec, abort: int, second: Vec):
     out: dict = {}
 
     async def bench(ctx):
-        for k in range(len(raw) // beat):
-            ctx.set(dut.vin.dma_wr.addr, k)
-            ctx.set(dut.vin.dma_wr.data, int.from_bytes(raw[k * beat:(k + 1) * beat], "little"))
-            ctx.set(dut.vin.dma_wr.en, 1)
-            await ctx.tick()
-        ctx.set(dut.vin.dma_wr.en, 0)
+        await _load_vin(ctx, dut, raw, beat)
         for v in (first, second):
-            assert ctx.get(dut.vec.cmd.ready)
-            for name, value in v._body_fields().items():
-                ctx.set(getattr(dut.vec.cmd.payload, name), value)
-            ctx.set(dut.vec.cmd.valid, 1)
-            await ctx.tick()                       # the grant cycle g
-            ctx.set(dut.vec.cmd.valid, 0)
+            await _issue(ctx, dut, v)              # the grant cycle g
             if v is first:
                 for _ in range(abort):
                     await ctx.tick()
