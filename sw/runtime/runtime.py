@@ -459,16 +459,19 @@ class Runtime:
             for m in p.members:
                 if m.residual is None or m.requant is not None:
                     continue
-                node = self._nodes[phase][p.node]
-                res = self._vals[node.inputs[1]]
-                res = res.reshape(-1, res.shape[-1])
-                written += 4 * res.numel()
-                if self.values:
-                    self._write_rows(m.residual, to_fixed_torch(res).numpy().astype("<i4"),
-                                     m.dequant_row_bytes)
+                res = self._vals[self._nodes[phase][p.node].inputs[1]]
+                written += self._write_fixed(m.residual, res.reshape(-1, res.shape[-1]),
+                                             m.dequant_row_bytes)
         return stream_cycles(written, written, self.exe.cfg) if written else 0
 
     # ------------------------------------------------------------------ DRAM I/O
+    def _write_fixed(self, symbol: str, rows: torch.Tensor, row_bytes: int) -> int:
+        """Write ``rows`` as Q15.16 words (``to_fixed``), ``row_bytes`` apart, where the
+        values are carried; returns the bytes streamed."""
+        if self.values:
+            self._write_rows(symbol, to_fixed_torch(rows).numpy().astype("<i4"), row_bytes)
+        return 4 * rows.numel()
+
     def _write_rows(self, symbol: str, rows: np.ndarray, row_bytes: int) -> None:
         """Integer ``rows [R, K]`` (int8, or little-endian int32) into a buffer of
         ``row_bytes`` per row (zero padded)."""
@@ -529,16 +532,10 @@ class Runtime:
         biased = [m for m in program.members if m.b]
         m0 = program.members[0]
         if m0.requant:
-            written = 4 * rows.numel()
-            if self.values:
-                self._write_rows(m0.requant, to_fixed_torch(rows).numpy().astype("<i4"),
-                                 m0.requant_row_bytes)
+            written = self._write_fixed(m0.requant, rows, m0.requant_row_bytes)
             if m0.residual:
-                res = args[1].reshape(rows.shape[0], -1)
-                written += 4 * res.numel()
-                if self.values:
-                    self._write_rows(m0.residual, to_fixed_torch(res).numpy().astype("<i4"),
-                                     m0.dequant_row_bytes)
+                written += self._write_fixed(m0.residual, args[1].reshape(rows.shape[0], -1),
+                                             m0.dequant_row_bytes)
             return None, stream_cycles(written, written, self.exe.cfg)
         if self.values:
             quantize = quantize_activations_vector if self.vector else quantize_activations
