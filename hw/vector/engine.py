@@ -78,6 +78,7 @@ from amaranth.utils import ceil_log2
 
 from hw import timing
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
+from hw.fanout import replica
 from hw.isa import DEQUANT_FOLD_BIT, ROPE_HEAD_DIM_BITS, VecBody, VecFunc, vec_out_words
 from hw.numerics import (
     ACT_BITS,
@@ -90,6 +91,7 @@ from hw.numerics import (
     NORM_FRAC,
     ROPE_HALF_BITS,
 )
+from hw.vector.base import ReductionUnit
 from hw.vector.dequant import AMAX_BITS, DEQUANT_SCALE_FRAC, DequantFactor
 from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
@@ -234,6 +236,8 @@ class VectorEngine(wiring.Component):
         dst = Signal(VecBody["dst_addr"].width, reset_less=True)
         left = Signal(VecBody["length"].width, reset_less=True)   # elements to read after this
         idx = Signal(VecBody["length"].width, reset_less=True)    # the element read now
+        at_end = Signal(reset_less=True)    # left == 0, registered
+        len_one = Signal(reset_less=True)   # length == 1
         imm = Signal(VecBody["imm"].width, reset_less=True)
         length = self.elements
         # ROPE: a_ptr / b_ptr point at x[k] / x[k + d/2], t_ptr at table word k; `tab`: this
@@ -263,7 +267,9 @@ class VectorEngine(wiring.Component):
                          a_base.eq(body.a_addr), b_base.eq(body.b_addr),
                          dst.eq(body.dst_addr),
                          left.eq(Mux(amax_first, 0, body.length - 1)), idx.eq(0),
-                         length.eq(body.length), imm.eq(body.imm), phase.eq(0)]
+                         length.eq(body.length), imm.eq(body.imm), phase.eq(0),
+                         at_end.eq(amax_first | (body.length == 1)),
+                         len_one.eq(body.length == 1)]
             body_half = body.imm[1:ROPE_HEAD_DIM_BITS]
             m.d.sync += [half_m1.eq(body_half - 1), half_p1.eq(body_half + 1),
                          half_m2.eq(body_half - 2), one_m_half.eq(1 - body_half)]
@@ -277,7 +283,7 @@ class VectorEngine(wiring.Component):
                      self.vin_b.addr.eq(b_ptr), self.vin_b.en.eq(issuing)]
         with m.If(issuing):
             m.d.sync += [a_ptr.eq(a_ptr + 1), b_ptr.eq(b_ptr + 1), left.eq(left - 1),
-                         idx.eq(idx + 1)]
+                         idx.eq(idx + 1), at_end.eq(left == 1)]
             with m.If(is_rope):   # the pointers move after each table read
                 m.d.sync += tab.eq(~tab)
                 with m.If(~tab):
@@ -287,18 +293,27 @@ class VectorEngine(wiring.Component):
                                  t_ptr.eq(b_base), rk.eq(0)]
                 with m.Else():
                     m.d.sync += [t_ptr.eq(t_ptr + 1), rk.eq(rk + 1)]
-            with m.If(left == 0):
+            with m.If(at_end):
                 m.d.sync += issuing.eq(0)
-        next_pass = Signal()   # a per-row scalar is ready: the next pass reads from next cycle
-        with m.If(next_pass):
-            m.d.sync += [issuing.eq(1), a_ptr.eq(a_base), b_ptr.eq(b_base),
-                         left.eq(length - 1), idx.eq(0), phase.eq(phase + 1)]
+        # A per-row scalar is ready: the next pass reads from the next cycle. The decision is
+        # registered, from each unit's result one cycle ahead (below), and each group of
+        # registers it loads takes its own copy of it (hw/fanout.py; reset, as the units'
+        # valid bits are, so that no pass starts in the cycle after a reset).
+        next_pass_d = Signal()
+        pass_ptr, pass_ctr, pass_ctl = (replica(m, next_pass_d, f"next_pass_{k}", reset=True)
+                                        for k in ("ptr", "ctr", "ctl"))
+        with m.If(pass_ptr):
+            m.d.sync += [a_ptr.eq(a_base), b_ptr.eq(b_base)]
+        with m.If(pass_ctr):
+            m.d.sync += [left.eq(length - 1), idx.eq(0), at_end.eq(len_one)]
+        with m.If(pass_ctl):
+            m.d.sync += [issuing.eq(1), phase.eq(phase + 1)]
 
         # ---- the element enters its units READ_LATENCY cycles after its read: the memory's
         # register, then the read data's (rd_a, rd_b), the control carried beside
         rl = self.READ_LATENCY
         valid = _delay(m, issuing, rl, "valid")
-        last = _delay(m, issuing & (left == 0), rl, "last")
+        last = _delay(m, issuing & at_end, rl, "last")
         inrow = _delay(m, idx < imm, rl, "inrow")    # SOFTMAX: a valid position (idx < imm)
         rd_a = _delay(m, self.vin_a.data, rl - 1, "rd_a", data=True)
         rd_b = _delay(m, self.vin_b.data, rl - 1, "rd_b", data=True)
@@ -318,6 +333,15 @@ class VectorEngine(wiring.Component):
                 reg = Signal.like(port, name=f"{unit.NAME}_i_{k}", reset_less=True)
                 m.d.sync += reg.eq(v)
                 m.d.comb += port.eq(reg)
+
+        def valid_ahead(name):
+            """Unit ``name``'s ``o.valid`` one cycle early: its input valid (with ``last``, a
+            reduction's) delayed by its latency less one (the units never stall)."""
+            unit = u[name]
+            taken = unit.i.valid
+            if isinstance(unit, ReductionUnit):
+                taken = taken & unit.i.payload.last
+            return _delay(m, taken, unit.latency - 1, f"{name}_ahead")
 
         feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
         feed(u["argmax"], valid & is_[VecFunc.ARGMAX], x=x, last=last)
@@ -389,11 +413,15 @@ class VectorEngine(wiring.Component):
         with m.If(u["rsqrt"].o.valid):
             m.d.sync += [r.eq(Mux(ss_zero, 0, u["rsqrt"].o.payload.r)),
                          sh.eq(u["rsqrt"].o.payload.sh + shift)]
-        m.d.comb += next_pass.eq(
-            (is_[VecFunc.DEQUANT] & issuing & (phase == 0))
-            | ((is_[VecFunc.REQUANT] | fold) & u["recip"].o.valid)
-            | (is_[VecFunc.SOFTMAX] & (u["max"].o.valid | u["recip"].o.valid))
-            | (is_[VecFunc.RMSNORM] & (u["absmax"].o.valid | u["rsqrt"].o.valid)))
+        # The next pass starts (the copies of next_pass_d, a cycle behind) in the cycle a
+        # per-row scalar's unit gives it, and DEQUANT's second in g + 2, after its amax read:
+        # next_pass_d is that, a cycle early.
+        ahead = {k: valid_ahead(k) for k in ("recip", "max", "rsqrt", "absmax")}
+        m.d.comb += next_pass_d.eq(
+            (~active & self.cmd.valid & (body.func == VecFunc.DEQUANT))
+            | ((is_[VecFunc.REQUANT] | fold) & ahead["recip"])
+            | (is_[VecFunc.SOFTMAX] & (ahead["max"] | ahead["recip"]))
+            | (is_[VecFunc.RMSNORM] & (ahead["absmax"] | ahead["rsqrt"])))
 
         # -- REQUANT pass 2
         feed(u["requant"], (p2 & is_[VecFunc.REQUANT]) | wf_p2, x=Mux(fold, wf, x), r=r, sh=sh,
