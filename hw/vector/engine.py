@@ -377,22 +377,23 @@ class VectorEngine(wiring.Component):
             with m.If(is_[VecFunc.REQUANT]):
                 m.d.sync += shift.eq(y[ACT_BITS - 1])                 # bitlen(amax) - 31
         with m.If(s_now):
-            m.d.sync += shift.eq(Mux(top_bits.any(), _msb_index(top_bits) + 1, 0))
+            m.d.sync += shift.eq(_bitlen(top_bits))
         with m.If(eps_now):
             m.d.sync += eps.eq(imm >> (2 * shift)[:6])
         with m.If(u["max"].o.valid):
             m.d.sync += top.eq(u["max"].o.payload.y)
-        # FOLD's amax (54 bits) and its bit length registered as it comes; the cycle after,
-        # Recip of amax >> s (s = max(0, bitlen - 31)) and the amax word (mantissa >> s27)
+        # FOLD's amax (54 bits) and its shifts registered as it comes: s = max(0, bitlen - 31)
+        # and s27 = max(0, bitlen - 27), the bit lengths of its bits from 31 and from 27 up;
+        # the cycle after, Recip of amax >> s and the amax word (mantissa >> s27)
         famax = Signal(FOLD_BITS, reset_less=True)
-        fbl = Signal(range(FOLD_BITS + 1), reset_less=True)
+        fs = Signal(5, reset_less=True)
+        fs27 = Signal(5, reset_less=True)
         fword = Signal(ACT_BITS, reset_less=True)
         fold_go = Signal()
         m.d.sync += fold_go.eq(u["absmax"].o.valid & fold)
         with m.If(u["absmax"].o.valid & fold):
-            m.d.sync += [famax.eq(y), fbl.eq(Mux(y.any(), _msb_index(y) + 1, 0))]
-        fs = Mux(fbl > ACT_BITS - 1, fbl - (ACT_BITS - 1), 0)[:5]
-        fs27 = Mux(fbl > FOLD_AMAX_MANT_BITS, fbl - FOLD_AMAX_MANT_BITS, 0)[:5]
+            m.d.sync += [famax.eq(y), fs.eq(_bitlen(y[ACT_BITS - 1:])),
+                         fs27.eq(_bitlen(y[FOLD_AMAX_MANT_BITS:]))]
         with m.If(fold_go):
             m.d.sync += fword.eq(Cat((famax >> fs27)[:FOLD_AMAX_MANT_BITS], fs27))
         big = y[ACT_BITS - 1]
@@ -576,6 +577,13 @@ class VectorEngine(wiring.Component):
         with m.If(done):
             m.d.sync += active.eq(0)
         return m
+
+
+def _bitlen(y: Value) -> Value:
+    """The bit length of unsigned ``y`` (0 for 0): :func:`_msb_index` plus one, no compare
+    (``bitlen(v >> k)`` is ``max(0, bitlen(v) - k)``, a shift count without a subtraction)."""
+    y = Value.cast(y)
+    return Mux(y.any(), _msb_index(y) + 1, 0)
 
 
 def _msb_index(y: Value) -> Value:
