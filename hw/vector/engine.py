@@ -52,9 +52,10 @@ DEQUANT    the ``amax`` word read from ``imm`` in ``g + 1`` (the command's ``a_a
            accumulator's channel word (read beside it) through ``DequantFactor(c, A, b,
            x)``, the accumulator carried beside, into ``Scale(31)``, written as it comes out
 FOLD       REQUANT of the products ``w = Mul(0, y54)(a, c)`` (``c`` from ``b_addr``), computed
-           in both passes: pass 1 ``w`` into ``AbsMax``; ``amax`` (54 bits) and its bit length
-           registered as it comes out; the cycle after, ``Recip(amax >> s)`` (``s = max(0,
-           bitlen - 31)``) and the amax word (:func:`hw.numerics.fold_amax_word`) registered;
+           in both passes: pass 1 ``w`` into ``AbsMax``; ``amax`` (54 bits) and its shifts
+           ``s = max(0, bitlen - 31)`` and ``max(0, bitlen - 27)`` registered as it comes out;
+           the cycle after, ``Recip(amax >> s)`` and the amax word
+           (:func:`hw.numerics.fold_amax_word`) registered;
            pass 2 ``w`` into ``Requant(54)`` with ``r, sh, s``; codes packed as REQUANT's, then
            the amax word
 =========  =================================================================================
