@@ -7,7 +7,8 @@ provided the value is stable one cycle before its first use and until one cycle 
 (every user states why it is). Each copy carries the ``keep`` attribute, and ``hw.synth`` puts
 ``keep`` on the flip-flop of every register so marked, because Yosys' ``opt_merge`` otherwise
 folds identical registers back into one. A copy is not reset (it follows ``value`` within a
-cycle), so it adds no load to a reset net either.
+cycle), so it adds no load to a reset net either, unless the copy is a strobe registered a
+cycle early that must not outlive a reset (``reset=True``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ __all__ = ["LANES_PER_COPY", "lane_groups", "replica"]
 LANES_PER_COPY = 8
 
 
-def replica(m: Module, value: Value, name: str) -> Signal:
-    """A ``keep`` register in ``m``'s sync domain that follows ``value`` one cycle behind."""
-    r = Signal.like(value, name=name, reset_less=True, attrs={"keep": 1})
+def replica(m: Module, value: Value, name: str, *, reset: bool = False) -> Signal:
+    """A ``keep`` register in ``m``'s sync domain that follows ``value`` one cycle behind.
+
+    ``reset``: the register is reset (to ``value``'s initial value), for a copy that must read
+    as idle in the cycle after a reset whatever ``value`` was in the reset's cycle (a strobe
+    computed a cycle early).
+    """
+    r = Signal.like(value, name=name, reset_less=not reset, attrs={"keep": 1})
     m.d.sync += r.eq(value)
     return r
 

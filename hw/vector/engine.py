@@ -52,9 +52,10 @@ DEQUANT    the ``amax`` word read from ``imm`` in ``g + 1`` (the command's ``a_a
            accumulator's channel word (read beside it) through ``DequantFactor(c, A, b,
            x)``, the accumulator carried beside, into ``Scale(31)``, written as it comes out
 FOLD       REQUANT of the products ``w = Mul(0, y54)(a, c)`` (``c`` from ``b_addr``), computed
-           in both passes: pass 1 ``w`` into ``AbsMax``; ``amax`` (54 bits) and its bit length
-           registered as it comes out; the cycle after, ``Recip(amax >> s)`` (``s = max(0,
-           bitlen - 31)``) and the amax word (:func:`hw.numerics.fold_amax_word`) registered;
+           in both passes: pass 1 ``w`` into ``AbsMax``; ``amax`` (54 bits) and its shifts
+           ``s = max(0, bitlen - 31)`` and ``max(0, bitlen - 27)`` registered as it comes out;
+           the cycle after, ``Recip(amax >> s)`` and the amax word
+           (:func:`hw.numerics.fold_amax_word`) registered;
            pass 2 ``w`` into ``Requant(54)`` with ``r, sh, s``; codes packed as REQUANT's, then
            the amax word
 =========  =================================================================================
@@ -78,6 +79,7 @@ from amaranth.utils import ceil_log2
 
 from hw import timing
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
+from hw.fanout import replica
 from hw.isa import DEQUANT_FOLD_BIT, ROPE_HEAD_DIM_BITS, VecBody, VecFunc, vec_out_words
 from hw.numerics import (
     ACT_BITS,
@@ -90,6 +92,7 @@ from hw.numerics import (
     NORM_FRAC,
     ROPE_HALF_BITS,
 )
+from hw.vector.base import ReductionUnit
 from hw.vector.dequant import AMAX_BITS, DEQUANT_SCALE_FRAC, DequantFactor
 from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
@@ -234,6 +237,8 @@ class VectorEngine(wiring.Component):
         dst = Signal(VecBody["dst_addr"].width, reset_less=True)
         left = Signal(VecBody["length"].width, reset_less=True)   # elements to read after this
         idx = Signal(VecBody["length"].width, reset_less=True)    # the element read now
+        at_end = Signal(reset_less=True)    # left == 0, registered
+        len_one = Signal(reset_less=True)   # length == 1
         imm = Signal(VecBody["imm"].width, reset_less=True)
         length = self.elements
         # ROPE: a_ptr / b_ptr point at x[k] / x[k + d/2], t_ptr at table word k; `tab`: this
@@ -263,7 +268,9 @@ class VectorEngine(wiring.Component):
                          a_base.eq(body.a_addr), b_base.eq(body.b_addr),
                          dst.eq(body.dst_addr),
                          left.eq(Mux(amax_first, 0, body.length - 1)), idx.eq(0),
-                         length.eq(body.length), imm.eq(body.imm), phase.eq(0)]
+                         length.eq(body.length), imm.eq(body.imm), phase.eq(0),
+                         at_end.eq(amax_first | (body.length == 1)),
+                         len_one.eq(body.length == 1)]
             body_half = body.imm[1:ROPE_HEAD_DIM_BITS]
             m.d.sync += [half_m1.eq(body_half - 1), half_p1.eq(body_half + 1),
                          half_m2.eq(body_half - 2), one_m_half.eq(1 - body_half)]
@@ -277,7 +284,7 @@ class VectorEngine(wiring.Component):
                      self.vin_b.addr.eq(b_ptr), self.vin_b.en.eq(issuing)]
         with m.If(issuing):
             m.d.sync += [a_ptr.eq(a_ptr + 1), b_ptr.eq(b_ptr + 1), left.eq(left - 1),
-                         idx.eq(idx + 1)]
+                         idx.eq(idx + 1), at_end.eq(left == 1)]
             with m.If(is_rope):   # the pointers move after each table read
                 m.d.sync += tab.eq(~tab)
                 with m.If(~tab):
@@ -287,18 +294,27 @@ class VectorEngine(wiring.Component):
                                  t_ptr.eq(b_base), rk.eq(0)]
                 with m.Else():
                     m.d.sync += [t_ptr.eq(t_ptr + 1), rk.eq(rk + 1)]
-            with m.If(left == 0):
+            with m.If(at_end):
                 m.d.sync += issuing.eq(0)
-        next_pass = Signal()   # a per-row scalar is ready: the next pass reads from next cycle
-        with m.If(next_pass):
-            m.d.sync += [issuing.eq(1), a_ptr.eq(a_base), b_ptr.eq(b_base),
-                         left.eq(length - 1), idx.eq(0), phase.eq(phase + 1)]
+        # A per-row scalar is ready: the next pass reads from the next cycle. The decision is
+        # registered, from each unit's result one cycle ahead (below), and each group of
+        # registers it loads takes its own copy of it (hw/fanout.py; reset, as the units'
+        # valid bits are, so that no pass starts in the cycle after a reset).
+        next_pass_d = Signal()
+        pass_ptr, pass_ctr, pass_ctl = (replica(m, next_pass_d, f"next_pass_{k}", reset=True)
+                                        for k in ("ptr", "ctr", "ctl"))
+        with m.If(pass_ptr):
+            m.d.sync += [a_ptr.eq(a_base), b_ptr.eq(b_base)]
+        with m.If(pass_ctr):
+            m.d.sync += [left.eq(length - 1), idx.eq(0), at_end.eq(len_one)]
+        with m.If(pass_ctl):
+            m.d.sync += [issuing.eq(1), phase.eq(phase + 1)]
 
         # ---- the element enters its units READ_LATENCY cycles after its read: the memory's
         # register, then the read data's (rd_a, rd_b), the control carried beside
         rl = self.READ_LATENCY
         valid = _delay(m, issuing, rl, "valid")
-        last = _delay(m, issuing & (left == 0), rl, "last")
+        last = _delay(m, issuing & at_end, rl, "last")
         inrow = _delay(m, idx < imm, rl, "inrow")    # SOFTMAX: a valid position (idx < imm)
         rd_a = _delay(m, self.vin_a.data, rl - 1, "rd_a", data=True)
         rd_b = _delay(m, self.vin_b.data, rl - 1, "rd_b", data=True)
@@ -318,6 +334,15 @@ class VectorEngine(wiring.Component):
                 reg = Signal.like(port, name=f"{unit.NAME}_i_{k}", reset_less=True)
                 m.d.sync += reg.eq(v)
                 m.d.comb += port.eq(reg)
+
+        def valid_ahead(name):
+            """Unit ``name``'s ``o.valid`` one cycle early: its input valid (with ``last``, a
+            reduction's) delayed by its latency less one (the units never stall)."""
+            unit = u[name]
+            taken = unit.i.valid
+            if isinstance(unit, ReductionUnit):
+                taken = taken & unit.i.payload.last
+            return _delay(m, taken, unit.latency - 1, f"{name}_ahead")
 
         feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
         feed(u["argmax"], valid & is_[VecFunc.ARGMAX], x=x, last=last)
@@ -353,22 +378,23 @@ class VectorEngine(wiring.Component):
             with m.If(is_[VecFunc.REQUANT]):
                 m.d.sync += shift.eq(y[ACT_BITS - 1])                 # bitlen(amax) - 31
         with m.If(s_now):
-            m.d.sync += shift.eq(Mux(top_bits.any(), _msb_index(top_bits) + 1, 0))
+            m.d.sync += shift.eq(_bitlen(top_bits))
         with m.If(eps_now):
             m.d.sync += eps.eq(imm >> (2 * shift)[:6])
         with m.If(u["max"].o.valid):
             m.d.sync += top.eq(u["max"].o.payload.y)
-        # FOLD's amax (54 bits) and its bit length registered as it comes; the cycle after,
-        # Recip of amax >> s (s = max(0, bitlen - 31)) and the amax word (mantissa >> s27)
+        # FOLD's amax (54 bits) and its shifts registered as it comes: s = max(0, bitlen - 31)
+        # and s27 = max(0, bitlen - 27), the bit lengths of its bits from 31 and from 27 up;
+        # the cycle after, Recip of amax >> s and the amax word (mantissa >> s27)
         famax = Signal(FOLD_BITS, reset_less=True)
-        fbl = Signal(range(FOLD_BITS + 1), reset_less=True)
+        fs = Signal(5, reset_less=True)
+        fs27 = Signal(5, reset_less=True)
         fword = Signal(ACT_BITS, reset_less=True)
         fold_go = Signal()
         m.d.sync += fold_go.eq(u["absmax"].o.valid & fold)
         with m.If(u["absmax"].o.valid & fold):
-            m.d.sync += [famax.eq(y), fbl.eq(Mux(y.any(), _msb_index(y) + 1, 0))]
-        fs = Mux(fbl > ACT_BITS - 1, fbl - (ACT_BITS - 1), 0)[:5]
-        fs27 = Mux(fbl > FOLD_AMAX_MANT_BITS, fbl - FOLD_AMAX_MANT_BITS, 0)[:5]
+            m.d.sync += [famax.eq(y), fs.eq(_bitlen(y[ACT_BITS - 1:])),
+                         fs27.eq(_bitlen(y[FOLD_AMAX_MANT_BITS:]))]
         with m.If(fold_go):
             m.d.sync += fword.eq(Cat((famax >> fs27)[:FOLD_AMAX_MANT_BITS], fs27))
         big = y[ACT_BITS - 1]
@@ -389,11 +415,15 @@ class VectorEngine(wiring.Component):
         with m.If(u["rsqrt"].o.valid):
             m.d.sync += [r.eq(Mux(ss_zero, 0, u["rsqrt"].o.payload.r)),
                          sh.eq(u["rsqrt"].o.payload.sh + shift)]
-        m.d.comb += next_pass.eq(
-            (is_[VecFunc.DEQUANT] & issuing & (phase == 0))
-            | ((is_[VecFunc.REQUANT] | fold) & u["recip"].o.valid)
-            | (is_[VecFunc.SOFTMAX] & (u["max"].o.valid | u["recip"].o.valid))
-            | (is_[VecFunc.RMSNORM] & (u["absmax"].o.valid | u["rsqrt"].o.valid)))
+        # The next pass starts (the copies of next_pass_d, a cycle behind) in the cycle a
+        # per-row scalar's unit gives it, and DEQUANT's second in g + 2, after its amax read:
+        # next_pass_d is that, a cycle early.
+        ahead = {k: valid_ahead(k) for k in ("recip", "max", "rsqrt", "absmax")}
+        m.d.comb += next_pass_d.eq(
+            (~active & self.cmd.valid & (body.func == VecFunc.DEQUANT))
+            | ((is_[VecFunc.REQUANT] | fold) & ahead["recip"])
+            | (is_[VecFunc.SOFTMAX] & (ahead["max"] | ahead["recip"]))
+            | (is_[VecFunc.RMSNORM] & (ahead["absmax"] | ahead["rsqrt"])))
 
         # -- REQUANT pass 2
         feed(u["requant"], (p2 & is_[VecFunc.REQUANT]) | wf_p2, x=Mux(fold, wf, x), r=r, sh=sh,
@@ -548,6 +578,13 @@ class VectorEngine(wiring.Component):
         with m.If(done):
             m.d.sync += active.eq(0)
         return m
+
+
+def _bitlen(y: Value) -> Value:
+    """The bit length of unsigned ``y`` (0 for 0): :func:`_msb_index` plus one, no compare
+    (``bitlen(v >> k)`` is ``max(0, bitlen(v) - k)``, a shift count without a subtraction)."""
+    y = Value.cast(y)
+    return Mux(y.any(), _msb_index(y) + 1, 0)
 
 
 def _msb_index(y: Value) -> Value:

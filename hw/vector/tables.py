@@ -33,7 +33,6 @@ from hw.vector.base import (
     normalise_levels,
     partial_products,
     rom,
-    round_shift_const,
     signed_range,
     sum_partial_products,
 )
@@ -297,10 +296,14 @@ class Exp(PipelineUnit):
         def s5(m, v):
             return {**partial_products(Const(LN2_Q), v.tl), "t": v.t, "s": v.s}
 
+        q_shift = ACT_FRAC + CONST_FRAC
+
         def s6(m, v):
+            # t + round_shift(q, 32) is (2t + 1 + (q >> 31)) >> 1 (nested floors; 2t even):
+            # the rounding constant is the low bit beside t, two adders in series, not three.
             q = sum_partial_products(v)
-            return {"p": (v.t + round_shift_const(q, ACT_FRAC + CONST_FRAC), unsigned(p_bits)),
-                    "s": v.s}
+            p = (Cat(Const(1, 1), v.t) + (q >> (q_shift - 1))) >> 1
+            return {"p": (p, unsigned(p_bits)), "s": v.s}
 
         left = frac - ACT_FRAC
 

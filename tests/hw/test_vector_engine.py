@@ -600,6 +600,85 @@ def test_an_instruction_after_a_reset_mid_instruction_is_exact(seed):
     assert np.array_equal(vout[words], st.spads[Spad.VOUT][words])
 
 
+def _resets_before_each_pass(vin: np.ndarray, first: Vec, second: Vec):
+    """Run ``first`` alone, noting the cycles after its grant in which a later pass starts
+    reading (``vin_a.en`` rising); then, for each such start ``k``, issue ``first`` again,
+    reset the executor in cycle ``k - 2`` (the pass decided, a cycle before the decision's
+    copies load the counters) or ``k - 1`` (the copies loading them), and issue ``second``
+    in the next cycle. Returns the starts and, per reset, ``second``'s cycles from its
+    command to ``done`` and its VOUT words."""
+    dut = _Bench(VCFG)
+    beat = VCFG.beat_bytes
+    words = slice(second.dst_addr,
+                  second.dst_addr + int(vec_out_words(second.func.value, second.length)))
+    out: dict = {"starts": [], "runs": []}
+
+    async def until_done(ctx, v) -> int:
+        cycles = 1
+        while not ctx.get(dut.vec.done):
+            assert cycles < 10 * v.length + 50, f"{v} never ends"
+            await ctx.tick()
+            cycles += 1
+        await ctx.tick()
+        return cycles
+
+    async def bench(ctx):
+        await _load_vin(ctx, dut, vin.astype("<i4").view(np.uint8), beat)
+        await _issue(ctx, dut, first)
+        en, k = 1, 0
+        while not ctx.get(dut.vec.done):
+            now = ctx.get(dut.vec.vin_a.en)
+            if now and not en:
+                out["starts"].append(k)
+            en, k = now, k + 1
+            await ctx.tick()
+        await ctx.tick()
+        for abort in sorted({k - d for k in out["starts"] for d in (2, 1)}):
+            await _issue(ctx, dut, first)
+            for _ in range(abort):
+                await ctx.tick()
+            ctx.set(dut.rst, 1)
+            await ctx.tick()
+            ctx.set(dut.rst, 0)
+            await _issue(ctx, dut, second)
+            cycles = await until_done(ctx, second)
+            vout = []
+            for a in range(words.start, words.stop):
+                ctx.set(dut.vout.dma_rd.addr, a * 4 // beat)
+                ctx.set(dut.vout.dma_rd.en, 1)
+                await ctx.tick()
+                vout.append((ctx.get(dut.vout.dma_rd.data) >> (8 * (a * 4 % beat))) % 2**32)
+            ctx.set(dut.vout.dma_rd.en, 0)
+            out["runs"].append((cycles, vout))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    return out["starts"], out["runs"]
+
+
+@pytest.mark.parametrize("func", [VecFunc.REQUANT, VecFunc.SOFTMAX, VecFunc.RMSNORM,
+                                  VecFunc.FOLD])
+def test_a_reset_as_a_pass_is_decided_starts_no_pass(func):
+    """A later pass is decided a cycle before the registers that start it load (the decision
+    is registered, then copied per group of registers): a reset in either cycle leaves no
+    pass to start after it, so the VEC issued next ends in exactly ``vec_cycles`` and writes
+    the functional model's words."""
+    rng = np.random.default_rng(200 + func.value)
+    vin = _random_vin(rng)
+    first = Vec(func=func, length=5, imm=3 if func == VecFunc.SOFTMAX else 0, a_addr=8,
+                b_addr=40, dst_addr=0)
+    second = Vec(func=VecFunc.ADD, length=6, a_addr=16, b_addr=24, dst_addr=10)
+    starts, runs = _resets_before_each_pass(vin, first, second)
+    assert len(starts) == (2 if func in (VecFunc.SOFTMAX, VecFunc.RMSNORM) else 1)
+    st = MachineState(VCFG)
+    st.spads[Spad.VIN][:] = vin.astype("<i4").view(np.uint8)
+    exec_vec(st, second)
+    want = st.spads[Spad.VOUT].view("<u4")[10:16].tolist()
+    assert runs and all(r == (exec_cycles(second, VCFG), want) for r in runs)
+
+
 def _reset_bits(elaboratable) -> int:
     """Bits of the sync registers of ``elaboratable`` (and below) that a reset reaches."""
     regs: dict[int, Signal] = {}
