@@ -70,10 +70,14 @@ linear's DEQUANT rows, or a residual linear's output as the ADD of its DEQUANT r
 residual rows on chip) with its *head* (its vector part's operands, its REQUANT's input).
 The first unit's rows are the host's, written before the start: a vector node's operands,
 or a REQUANT head's input rows (``to_fixed`` of the linear's input: REQUANT of them is the
-host's :func:`hw.numerics.quantize_activations_vector`) and a residual linear's residual
-rows (:attr:`FusedGroup.residual`); residual rows are on chip when they are such host rows
-or an earlier ADD's. A later head is relocated to read the rows on chip (a REQUANT head
-then reads them where they are), and the host needs nothing between the nodes: the runtime
+host's :func:`hw.numerics.quantize_activations_vector`). A residual linear's residual rows
+(:attr:`FusedGroup.residual`) are read where an earlier chain of the phase left them on
+chip (its head's host rows, a vector or DEQUANT part's results or an ADD's, of the same
+rows and length), else from a buffer the host writes; the compiler tells the host to write
+them only where no program of every context left them (:func:`rows_left`). Later units'
+residual rows are on chip when they are the first unit's or an earlier ADD's. A later head
+is relocated to read the rows on chip (a REQUANT head then reads them where they are), and
+the host needs nothing between the nodes: the runtime
 runs the program at the first node and reads the later nodes' results back at their turn.
 A REQUANT head alone is no fewer programs: it only heads or joins a chain.
 A ``rope`` node reads q or k through layout nodes (``view``, ``transpose``) of the q/k/v
@@ -108,8 +112,9 @@ the values node's output, through its layout nodes, is o_proj's input row -- the
 side by side, which are the values members' DEQUANT rows in member order (a member's rows
 its kv head's query heads in order: :func:`hw.numerics.group_rows`) -- so each values
 DEQUANT writes its rows inside the o_proj REQUANT's input buffer (``within``) and the REQUANT
-reads them there. o_proj's residual rows stay the host's (:attr:`FusedGroup.residual`),
-written before the run. The chain's nodes then have a program per bucket (the compiler's
+reads them there. o_proj's residual rows are where the chain before left them (the
+block's input: the previous block's last ADD, the first block's norm input). The chain's
+nodes then have a program per bucket (the compiler's
 ``_fuse_attention``); a bucket whose merged program does not fit the instruction memory
 falls back to its attention program and the chain alone. In a prefill the values' rows
 (a head's tokens) are not o_proj's (a token's heads): attention and chain stay two programs.
@@ -153,7 +158,7 @@ from sw.compile.vector import VectorOp, row_bytes
 __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
            "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "linear_group",
            "part_buffers", "part_constants", "part_aliases", "scores_groups", "fuse_words",
-           "fuse_parts", "hoistable", "row_aliases", "attention_chains", "all_groups",
+           "fuse_parts", "hoistable", "row_aliases", "rows_left", "attention_chains", "all_groups",
            "VECTOR_EVENTS", "vector_events",
            "SCORES_AMAX"]
 
@@ -614,9 +619,10 @@ class FusedGroup:
     """A fused program: the work entries it runs (consecutive indices of ``work``), its
     ``parts`` in order and, per part, the entry (offset into ``entries``) whose node's program
     it is (None: a REQUANT, DEQUANT or ADD between them); ``fallback``: the groups to fuse
-    instead where this one does not fit the instruction memory; ``residual``: where the host
-    writes the residual rows of the first entry (a residual linear after a host REQUANT
-    head: :func:`linear_group`) as Q15.16 rows for a part that reads them (None: none);
+    instead where this one does not fit the instruction memory; ``residual``: where a part
+    reads the residual rows of the first entry (a residual linear after a host REQUANT
+    head: :func:`linear_group`) as Q15.16 rows (None: none) -- an earlier chain's ADD
+    results, or a buffer of its own the host writes (the compiler tells which);
     ``attention``: per context bucket, this chain after that bucket's attention program as
     one (:func:`attention_chains`), each falling back to the attention program alone and
     this one."""
@@ -627,6 +633,21 @@ class FusedGroup:
     fallback: tuple[FusedGroup, ...] = ()
     residual: str | None = None
     attention: tuple[FusedGroup, ...] = ()
+
+
+def rows_left(group: FusedGroup) -> set[str]:
+    """The Q15.16 rows the fused program of ``group`` leaves in DRAM once it has run, which a
+    later chain's residual may read there (:func:`fusion_groups`): the rows its head reads
+    (the host's, written before the start), its residual rows and every vector and DEQUANT
+    part's results."""
+    head = group.parts[0]
+    out = {group.residual}
+    if isinstance(head, VectorOp):
+        out |= {head.x, head.b}
+    elif isinstance(head, RequantOp) and head.host:
+        out.add(head.x)
+    out |= {p.y for p in group.parts if isinstance(p, VectorOp | DequantOp)}
+    return out - {None}
 
 
 def _pair_group(cfg: AcceleratorConfig, work: Sequence[tuple], i: int,
@@ -722,10 +743,14 @@ class _Chain:
     DEQUANT rows and the residual rows, ``(dequant symbol, residual symbol, rows, length)``).
     A unit's first part is its *head*: a vector node's program, or the REQUANT of a
     :func:`linear_group`; the rows the first unit's head reads are the host's, written before
-    the start, and so are a residual linear head's residual rows (``residual``)."""
+    the start. A residual linear head's residual rows (``residual``) are those an earlier
+    chain left on chip where it did (``left``: per graph value, ``(symbol, rows, length)``
+    as in ``onchip``; the same rows and length, so the same row layout: every chain's rows
+    lie ``row_bytes(cfg, length)`` apart), else a buffer of its own the host writes."""
 
     def __init__(self, cfg: AcceleratorConfig, work: Sequence[tuple], unit: FusedGroup,
-                 aliases: Mapping[str, str]):
+                 aliases: Mapping[str, str],
+                 left: Mapping[str, tuple[str, int, int]] | None = None):
         self.cfg, self.work, self.aliases = cfg, work, aliases
         self.entries: list[int] = []
         self.parts: list[Part] = []
@@ -740,8 +765,11 @@ class _Chain:
         phase, node, _, _ = work[unit.entries[0]]
         deq = [p for p in unit.parts if isinstance(p, DequantOp)]
         if isinstance(head, RequantOp) and len(node.inputs) == 2 and len(deq) == 1:
-            self.residual = symbols.buffer("s", phase, node.name)
-            self.onchip.setdefault(node.inputs[1], (self.residual, deq[0].rows, deq[0].length))
+            shape = (deq[0].rows, deq[0].length)
+            made = (left or {}).get(node.inputs[1])
+            self.residual = made[0] if made is not None and made[1:] == shape \
+                else symbols.buffer("s", phase, node.name)
+            self.onchip.setdefault(node.inputs[1], (self.residual, *shape))
         self._add(unit, head)
 
     def _reads(self, unit: FusedGroup) -> list[tuple[str, str]]:
@@ -840,6 +868,7 @@ def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = T
         return [u for u in units if u is not None and len(u.entries) > 1]
     out: list[FusedGroup] = []
     current: _Chain | None = None
+    left: dict[str, tuple[str, int, int]] = {}  # the rows the chains so far left on chip
     for unit in units + [None]:
         if current is not None and unit is not None and current.join(unit):
             continue
@@ -847,7 +876,8 @@ def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = T
             out += current.units if len(current.entries) > 1 else []
         elif current is not None:
             out.append(current.group())
-        current = _Chain(cfg, work, unit, aliases or {}) if unit is not None else None
+            left.update(current.onchip)
+        current = _Chain(cfg, work, unit, aliases or {}, left) if unit is not None else None
     return out
 
 
@@ -1025,7 +1055,7 @@ def attention_chains(cfg: AcceleratorConfig, graph: Graph, work: Sequence[tuple]
     and the head's rows, are whole beats (``4 * length`` bytes apart): each values member's
     DEQUANT then writes its rows inside the head's input buffer (``within``, in member
     order) and the head's REQUANT reads that buffer on chip. The chain's residual rows
-    (:attr:`FusedGroup.residual`) stay the host's, written before the run."""
+    (:attr:`FusedGroup.residual`) are read as the chain alone reads them."""
     heads = {g.entries[0]: g for g in groups
              if isinstance(g.parts[0], RequantOp) and g.parts[0].host}
     out = []

@@ -649,10 +649,11 @@ def _vec_funcs(words) -> list[VecFunc]:
 def test_a_linear_whose_rows_the_host_writes_heads_a_chain():
     """Each block's o_proj (its input the host's attention output, its residual the block's
     input) heads the chain of its MLP and the next block's q/k/v: a REQUANT of the Q15.16
-    rows the host writes, the GEMM, its DEQUANT and the ADD of the residual rows the host
-    writes too, before the post-attention norm; the member names both buffers, large enough
-    for the rows. Without chaining it stays the host's (alone it would be no fewer
-    programs)."""
+    rows the host writes, the GEMM, its DEQUANT and the ADD of the residual rows, before the
+    post-attention norm; the member names the input buffer, large enough for the rows, and
+    no residual rows: an earlier program left them on chip (the first block's norm input,
+    an earlier chain's ADD: test_a_residual_reads_the_rows_an_earlier_chain_left_on_chip).
+    Without chaining it stays the host's (alone it would be no fewer programs)."""
     lm = tiny_lm()
     opts = CompileOptions(4, 6)
     exe = compile_model(lm, VSMALL, opts, weights=compressed(lm))
@@ -664,9 +665,8 @@ def test_a_linear_whose_rows_the_host_writes_heads_a_chain():
     assert {p.phase for p in heads} == {"prefill"}
     for p in heads:
         (m,) = exe.programs[p.parts[0]].members
-        assert m.requant and m.residual and m.dequant
+        assert m.requant and m.residual is None and m.dequant
         assert exe.symbols[m.requant].nbytes >= m.tokens * m.requant_row_bytes >= 4 * m.k
-        assert exe.symbols[m.residual].nbytes >= m.tokens * m.dequant_row_bytes >= 4 * m.n
         funcs = _vec_funcs(p.words)
         rows = [VecFunc.REQUANT] * m.tokens + [VecFunc.DEQUANT] * m.tokens \
             + [VecFunc.ADD] * m.tokens + [VecFunc.RMSNORM] * m.tokens
@@ -688,7 +688,7 @@ def test_attention_and_the_chain_after_it_are_one_decode_program():
     """In a decode step each block's attention program (per context bucket) and the chain
     its o_proj heads are one: the values members' DEQUANTs write their rows, in member
     order, as o_proj's input row, which its REQUANT reads on chip (the member names no
-    ``requant``); the host writes o_proj's residual rows (``residual``). Each chain node
+    ``requant``), and its residual rows are on chip too (no ``residual``). Each chain node
     has a program per bucket, a part of that bucket's program; prefill keeps two. The
     tokens, across buckets, equal the twin's."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=2)
@@ -705,8 +705,7 @@ def test_attention_and_the_chain_after_it_are_one_decode_program():
         assert [q.node for q in parts[:4]] == [f"layers.{layer}.self_attn.{n}" for n in
                                                ("scores", "softmax", "values", "o_proj")]
         (m,) = parts[3].members
-        assert m.requant is None and m.residual and m.dequant
-        assert exe.symbols[m.residual].nbytes >= m.tokens * m.dequant_row_bytes
+        assert m.requant is None and m.residual is None and m.dequant
         at = exe.symbols[f"h:decode:{parts[3].node}"].addr
         for v in parts[2].members:   # the values' rows, in order: o_proj's input row
             assert exe.symbols[v.dequant].addr == at and v.dequant_row_bytes == 4 * v.n
@@ -769,6 +768,117 @@ def test_a_bucket_whose_merged_program_does_not_fit_runs_attention_and_chain_apa
                                                   attention=True), ids, 6)
     for (logits, _), w in zip(got, want, strict=True):
         assert torch.equal(logits, w)
+
+
+def _partitioned(monkeypatch, lm, cfg, opts) -> tuple:
+    """``compile_model``'s executable of ``lm`` and what its ``_partition`` returned (work,
+    buffers, kv layout, fused groups)."""
+    seen = []
+    real = compiler._partition
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        seen.append(out)
+        return out
+    monkeypatch.setattr(compiler, "_partition", spy)
+    return compile_model(lm, cfg, opts, weights=compressed(lm)), seen[0]
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_a_residual_reads_the_rows_an_earlier_chain_left_on_chip(monkeypatch, phase):
+    """A residual linear heading a chain (each block's o_proj) reads its residual rows (the
+    block's input) where an earlier chain of the step left them: the first block's in the
+    first chain's norm input (the embedding's rows, written once), a later block's in the
+    ADD results of the chain before (the previous block's down_proj + residual). Same rows,
+    length and row layout; the buffer lives until the chain's ADD has read it, no program
+    writes it in between, and the member names no rows for the host to write."""
+    lm = tiny_lm(layers=3)
+    exe, (work, buffers, _, groups) = _partitioned(monkeypatch, lm, VSMALL,
+                                                   CompileOptions(4, 6))
+    live = {b.name: b for b in buffers[phase]}
+    chains = sorted((g for g in groups.values() if work[g.entries[0]][0] == phase
+                     and not isinstance(g.parts[0], tuple)), key=lambda g: g.entries[0])
+    heads = [(k, g) for k, g in enumerate(chains)
+             if work[g.entries[0]][1].name.endswith("self_attn.o_proj")]
+    assert len(heads) == lm.config.num_hidden_layers
+    for layer, (k, g) in enumerate(heads):
+        node = work[g.entries[0]][1]
+        add = next(p for p in g.parts if isinstance(p, type(g.parts[-1])) and
+                   getattr(p, "func", None) == VecFunc.ADD)
+        assert add.b == g.residual
+        before = chains[k - 1]
+        if layer == 0:   # the embedding's rows, as the first norm reads them
+            norm = before.parts[0]
+            assert work[before.entries[0]][1].name == "layers.0.input_layernorm"
+            assert work[before.entries[0]][1].inputs == (node.inputs[1],)
+            assert g.residual == norm.x and norm.row_bytes == add.row_bytes
+            assert (norm.rows, norm.length) == (add.rows, add.length)
+        else:            # the previous chain's ADD of the residual stream
+            (made,) = [p for p in before.parts if isinstance(p, type(add))
+                       and p.func == VecFunc.ADD and p.y == g.residual]
+            assert (made.rows, made.length, made.row_bytes) == \
+                (add.rows, add.length, add.row_bytes)
+        assert g.residual in compiler.rows_left(before)
+        writers = [p for c in chains[k:] for p in c.parts if getattr(p, "y", None) ==
+                   g.residual]
+        assert not writers   # no later program writes them
+        assert live[g.residual].end >= live[add.y].end   # live through the ADD
+    for p in exe.programs:
+        assert all(m.residual is None for m in p.members)
+
+
+def _written_rows(monkeypatch, rt: Runtime) -> list[str]:
+    """The symbols ``rt`` writes rows into, in order (appended as it runs)."""
+    out = []
+    real = rt._write_rows
+
+    def spy(symbol, rows, row_bytes):
+        out.append(symbol)
+        return real(symbol, rows, row_bytes)
+    monkeypatch.setattr(rt, "_write_rows", spy)
+    return out
+
+
+def test_the_host_writes_a_decode_steps_residual_rows_only_where_no_program_left_them(
+        monkeypatch):
+    """Per decode step the host writes one set of Q15.16 rows (the embedding, the first
+    norm's input) and no residual rows: each o_proj's ADD reads them where a program of the
+    step left them. Where none did (here: the compiler told that no group's rows stay on
+    chip), the host writes every residual into the buffer the ADD reads, and its I/O costs
+    more cycles. The tokens equal the twin's both ways."""
+    lm = tiny_lm(layers=3)
+    ws = compressed(lm)
+    opts = CompileOptions(4, 10)
+    ids = torch.randint(0, lm.config.vocab_size, (1, 10),
+                        generator=torch.Generator().manual_seed(7))
+    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True,
+                                                  attention=True), ids, 4)
+
+    def run(exe):
+        rt = Runtime(exe, make_backend("model", VSMALL), vector=True)
+        got = [rt.step(ids[:, :4])]
+        written = _written_rows(monkeypatch, rt)
+        steps = []
+        for t in range(4, 10):
+            del written[:]
+            got.append(rt.step(ids[:, t:t + 1]))
+            steps.append(list(written))
+        for (logits, _), w in zip(got, want, strict=True):
+            assert torch.equal(logits, w)
+        io = sum(h.unit_cycles for _, st in got[1:] for h in st.host if h.op.endswith(":io"))
+        return steps, io
+
+    steps, io = run(compile_model(lm, VSMALL, opts, weights=ws))
+    assert all(w == ["x:decode:layers.0.input_layernorm"] for w in steps), steps
+    monkeypatch.setattr(compiler, "rows_left", lambda g: set())
+    exe = compile_model(lm, VSMALL, opts, weights=ws)
+    host = [m.residual for p in exe.programs if p.phase == "decode" and p.fused_into is not None
+            for m in p.members if m.residual]
+    assert {s.split(":")[0] for s in host} == {"x", "r"}   # the buffers the ADDs read
+    steps_all, io_all = run(exe)
+    assert all(len(w) == 1 + lm.config.num_hidden_layers and set(host) <= set(w)
+               for w in steps_all)
+    assert io_all > io
 
 
 @pytest.mark.parametrize("seed", range(2))

@@ -392,7 +392,8 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     assert any(p.vector is not None for p in exe.programs)
     # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too, per phase: the norm ->
     # q/k/v -> RoPE of q and k (its table LOADs set per step); o_proj from a REQUANT of the
-    # host's Q15.16 rows (its DEQUANT + the residual rows the host wrote: an ADD part) chained
+    # host's Q15.16 rows (its DEQUANT + the residual rows, the norm's input still on chip:
+    # an ADD part) chained
     # with the MLP and the final norm (another ADD between); attention's scores -> DEQUANT
     # -> softmax (its valid counts set per step; decoding, the query's REQUANT from the
     # RoPE's rows first) -> FOLD -> values -> DEQUANT, decoding into o_proj's input rows and
@@ -406,11 +407,11 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
                for p in fused if len(p.parts) == 4)
     for p in (p for p in fused if len(p.parts) == 6):
         (m,) = exe.programs[p.parts[0]].members
-        assert m.requant and m.residual and _vecs(p)[0].func == VecFunc.REQUANT
+        assert m.requant and m.residual is None and _vecs(p)[0].func == VecFunc.REQUANT
         assert [v.func for v in _vecs(p)].count(VecFunc.ADD) == 2 * m.tokens
     for p in (p for p in fused if len(p.parts) == 9):   # decode: attention, then the chain
         (m,) = exe.programs[p.parts[3]].members
-        assert p.phase == "decode" and p.imm_rows and m.residual and not m.requant
+        assert p.phase == "decode" and p.imm_rows and not m.residual and not m.requant
         assert [v.func for v in _vecs(p)].count(VecFunc.ADD) == 2 * m.tokens
     assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)
