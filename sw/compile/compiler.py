@@ -259,7 +259,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
                                      _constant_regions(work, options.max_context, pairs))
     for g in all_groups(pairs.values()):  # a part's results inside another's rows
-        for name, parent, offset, size in part_aliases(g.parts):
+        for name, parent, offset, size in part_aliases(cfg, g.parts):
             r = symbols[parent]
             symbols[name] = Region(r.addr + offset, size, r.kind)
     programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
@@ -613,7 +613,8 @@ def _part_template(cfg: AcceleratorConfig, part) -> Template:
     """The relocatable program of a REQUANT, DEQUANT or (vector) ADD part."""
     if isinstance(part, RequantOp):
         return lower_requant_template(cfg, part.rows, part.length, part.act_row_bytes,
-                                      amax=part.amax, fold=part.fold)
+                                      amax=part.amax, fold=part.fold,
+                                      x_stride=part.x_row_bytes // cfg.beat_bytes)
     if isinstance(part, ArgmaxOp):
         return lower_argmax_template(cfg, part.rows, part.length)
     if isinstance(part, VectorOp):
@@ -688,7 +689,7 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     n = len(programs)
     empty = np.zeros((0, 2), dtype=np.uint64)
     members = []
-    requantised = {p.y for p in group.parts if isinstance(p, RequantOp)}  # on chip
+    requantised = {p.writes for p in group.parts if isinstance(p, RequantOp)}  # on chip
     host_rows = {p.y: p for p in group.parts if isinstance(p, RequantOp) and p.host}
     codes = {p.y: p.w for p in group.parts if isinstance(p, RequantOp) and p.fold}
     # the DEQUANT rows an ADD adds the host's residual rows to

@@ -159,6 +159,7 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "linear_group",
            "part_buffers", "part_constants", "part_aliases", "scores_groups", "fuse_words",
            "fuse_parts", "hoistable", "row_aliases", "rows_left", "attention_chains", "all_groups",
+           "query_requants",
            "VECTOR_EVENTS", "vector_events",
            "SCORES_AMAX"]
 
@@ -201,7 +202,11 @@ class RequantOp:
     host writes before the run (``to_fixed`` of the linear's input: a chain's first part,
     :func:`linear_group`). With ``w`` (``w_bytes`` bytes), a FOLD: the attention's values
     prologue, the rows times the value codes the host writes at ``w``
-    (:func:`sw.compile.symbols.value_codes`), the ``amax`` words FOLD's."""
+    (:func:`sw.compile.symbols.value_codes`), the ``amax`` words FOLD's. ``x_row_bytes``:
+    bytes from one row of ``x`` to the next (0: ``row_bytes(cfg, length)``, consecutive;
+    more: a column range of wider rows, whole beats); ``into``: ``y`` and ``b`` are the rows
+    of buffers ``(y buffer, b buffer or None, first row)`` from that row on (a part that
+    writes some of another's operand rows)."""
 
     rows: int
     length: int
@@ -215,6 +220,8 @@ class RequantOp:
     within: tuple[str, int] | None = None
     host: bool = False
     w_bytes: int = 0
+    x_row_bytes: int = 0
+    into: tuple[str, str | None, int] | None = None
 
     @property
     def fold(self) -> bool:
@@ -224,7 +231,13 @@ class RequantOp:
     @property
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
-        return ("requant", self.rows, self.length, self.act_row_bytes, self.amax, self.fold)
+        return ("requant", self.rows, self.length, self.act_row_bytes, self.amax, self.fold,
+                self.x_row_bytes)
+
+    @property
+    def writes(self) -> str:
+        """The buffer of the INT8 rows it writes (``y``'s, or the one it is ``into``)."""
+        return self.y if self.into is None else self.into[0]
 
 
 @dataclass(frozen=True)
@@ -370,11 +383,14 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
     out = []
     for p in parts:
         if isinstance(p, RequantOp):
-            out += [(p.b, p.rows * cfg.beat_bytes)] if p.b is not None else []
+            if p.b is not None and p.into is not None:
+                out.append((p.into[1], (p.into[2] + p.rows) * cfg.beat_bytes))
+            elif p.b is not None:
+                out.append((p.b, p.rows * cfg.beat_bytes))
             if p.host:  # the rows the host writes for it
                 out.append((p.x, p.rows * row_bytes(cfg, p.length)))
             if p.within is not None:  # the rows it reads live until it has run
-                out.append((p.within[0], p.within[1] + p.rows * row_bytes(cfg, p.length)))
+                out.append((p.within[0], p.within[1] + _x_bytes(cfg, p)))
         elif isinstance(p, DequantOp):
             out += [(p.y, p.data_bytes)] if p.within is None else []
             out += [(p.b, p.rows * cfg.beat_bytes)] if p.host and p.place == SCORES_AMAX else []
@@ -393,13 +409,27 @@ def part_constants(parts: Sequence[Part]) -> list[tuple[str, int, DequantOp | Re
         (p.w, p.w_bytes, p) for p in parts if isinstance(p, RequantOp) and p.fold]
 
 
-def part_aliases(parts: Sequence[Part]) -> list[tuple[str, str, int, int]]:
+def _x_bytes(cfg: AcceleratorConfig, p: RequantOp) -> int:
+    """The bytes a REQUANT part's input rows span (their last row's whole beats)."""
+    return (p.rows - 1) * (p.x_row_bytes or row_bytes(cfg, p.length)) + row_bytes(cfg, p.length)
+
+
+def part_aliases(cfg: AcceleratorConfig, parts: Sequence[Part]
+                 ) -> list[tuple[str, str, int, int]]:
     """``(symbol, buffer, offset, bytes)`` of every part's operand rows that lie inside
-    another buffer (a DEQUANT's results, a REQUANT's input: ``within``)."""
-    return [(p.y, *p.within, p.data_bytes) for p in parts
-            if isinstance(p, DequantOp) and p.within is not None] + [
-        (p.x, *p.within, p.rows * p.length * 4) for p in parts
+    another buffer (a DEQUANT's results, a REQUANT's input: ``within``; a REQUANT's INT8
+    rows and ``amax`` beats: ``into``)."""
+    out = [(p.y, *p.within, p.data_bytes) for p in parts
+           if isinstance(p, DequantOp) and p.within is not None] + [
+        (p.x, *p.within, _x_bytes(cfg, p)) for p in parts
         if isinstance(p, RequantOp) and p.within is not None]
+    for p in parts:
+        if isinstance(p, RequantOp) and p.into is not None:
+            y, b, first = p.into
+            out.append((p.y, y, first * p.act_row_bytes, p.rows * p.act_row_bytes))
+            if p.b is not None:
+                out.append((p.b, b, first * cfg.beat_bytes, p.rows * cfg.beat_bytes))
+    return out
 
 
 def _left_over(words: np.ndarray) -> dict[int, int]:
@@ -898,19 +928,49 @@ def _softmax_entry(work: Sequence[tuple], i: int) -> int | None:
 
 def _query_rows(cfg: AcceleratorConfig, work: Sequence[tuple], i: int) -> VectorOp | None:
     """The vector program of the rope node whose output is attention scores entry ``i``'s
-    query, where its rows are the query rows of every head in order, each ``4 * head_dim``
-    bytes (one token, whole beats) -- a REQUANT can read them from its results (None:
-    not so)."""
+    query, where its rows are one per token, each every head's ``head_dim`` words in order,
+    ``4 * head_dim`` bytes per head (whole beats), and each member's rows are whole heads of
+    those tokens -- a REQUANT can read them from its results (None: not so)."""
     phase, node, _, members = work[i]
-    d = node.attrs["head_dim"]
+    d, heads = node.attrs["head_dim"], node.attrs["heads"]
     for ph, n, b, ms in work:
         if ph == phase and b is None and n.op == "rope" and n.outputs[0] == node.inputs[0] \
                 and len(ms) == 1 and isinstance(ms[0], VectorOp):
             vec = ms[0]
             whole = row_bytes(cfg, d) == 4 * d
-            return vec if vec.rows == 1 and vec.length == node.attrs["heads"] * d and whole \
-                else None
+            rows = heads // len(members) * vec.rows  # a member's: its heads' tokens
+            return vec if vec.length == heads * d and whole and heads % len(members) == 0 \
+                and all(m.plan.tokens == rows for m in members) else None
     return None
+
+
+def query_requants(cfg: AcceleratorConfig, rope: VectorOp, m: Member, h: int, d: int,
+                   amax: str | None) -> list[RequantOp]:
+    """The REQUANT parts that requantise scores member ``h``'s (``m``'s) query rows from the
+    results of ``rope`` (:func:`_query_rows`: a row per token, every head's ``d`` words side
+    by side) into its INT8 rows (and their ``amax`` beats into ``amax``, where they are
+    separate). One token (a decode step): its heads' rows are consecutive, one REQUANT of
+    them. Several (a prefill): a member's rows are a head's tokens, then the next head's
+    (:func:`hw.numerics.group_rows`), each head a column range of the rope's rows, so a
+    REQUANT per head reads its ``d`` words of every token's row (``x_row_bytes`` the rope's
+    row) into its rows of the member's (``into``)."""
+    tokens = rope.rows
+    if tokens == 1:
+        first = h * m.plan.tokens * 4 * d
+        return [RequantOp(m.plan.tokens, d, m.plan.act_row_bytes,
+                          symbols.within(rope.y, first), m.x, amax, True,
+                          within=(rope.y, first))]
+    out = []
+    per = m.plan.tokens // tokens  # query heads per member
+    for g in range(per):
+        first, row = (h * per + g) * 4 * d, g * tokens
+        out.append(RequantOp(tokens, d, m.plan.act_row_bytes, symbols.within(rope.y, first),
+                             symbols.within(m.x, row * m.plan.act_row_bytes),
+                             None if amax is None else
+                             symbols.within(amax, row * cfg.beat_bytes), True,
+                             within=(rope.y, first), x_row_bytes=rope.row_bytes,
+                             into=(m.x, amax, row)))
+    return out
 
 
 def _values_entry(work: Sequence[tuple], j: int) -> int | None:
@@ -975,11 +1035,12 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
     :func:`hw.numerics.group_rows` stacks them). The SOFTMAX's valid counts stay run-time
     ``imm`` words the host sets.
 
-    Where the query is a rope node's results, one token's heads in one row of whole beats
-    per head (:func:`_query_rows`: a decode step), a REQUANT per member first requantises its
-    heads' rows from there on chip (``within`` that rope's results, which then live until
-    this program has run) and leaves the ``amax`` words for the DEQUANT: the host writes
-    neither the INT8 query rows nor their ``amax``."""
+    Where the query is a rope node's results, a token's heads in one row of whole beats per
+    head (:func:`_query_rows`), REQUANT parts first requantise each member's rows from there
+    on chip (:func:`query_requants`: one per member in a decode step, one per query head in
+    a prefill; ``within`` that rope's results, which then live until this program has run)
+    and leave the ``amax`` words for the DEQUANT: the host writes neither the INT8 query
+    rows nor their ``amax``."""
     out = []
     for i, (phase, node, bucket, members) in enumerate(work):
         if node.op != "attn_scores" or bucket is None:
@@ -997,13 +1058,8 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
         for h, m in enumerate(members):
             place, amax = SCORES_AMAX, symbols.buffer("a", phase, node.name, h)
             if rope is not None:  # its heads' rows of the rope's results, requantised
-                first = h * m.plan.tokens * 4 * d
-                r = RequantOp(m.plan.tokens, d, m.plan.act_row_bytes,
-                              symbols.within(rope.y, first), m.x, None, True,
-                              within=(rope.y, first))
                 place = amax_place(cfg, d, m.plan.act_row_bytes)
-                r = replace(r, b=amax if place.separate else None)
-                req.append(r)
+                req += query_requants(cfg, rope, m, h, d, amax if place.separate else None)
                 amax = amax if place.separate else m.x
             deq.append(DequantOp(m.plan.tokens, m.plan.n, m.plan.out_row_bytes, vec.row_bytes,
                                  place, m.y,

@@ -195,6 +195,48 @@ def test_requant_leaves_amax_for_a_dequant_part(seed):
         assert np.array_equal(got[i], vec_dequant(acc[i], chan, amax)), i
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_strided_requant_reads_a_column_range_of_wider_rows(seed):
+    """REQUANT with ``x_stride`` (a prefill query head: its ``d`` words of every token's
+    row of all heads) through the fast model: each INT8 row is vec_requant of that row's
+    column range alone (the other columns random), its ``amax`` beat where a separate
+    placement puts it (whole beats of codes: drawn)."""
+    rng = np.random.default_rng(seed)
+    beat = CFG.beat_bytes
+    per = beat // 4
+    length = per * int(rng.integers(1, 4))            # a head: whole beats
+    heads = int(rng.integers(2, 5))
+    head = int(rng.integers(0, heads))
+    rows = int(rng.integers(1, 9))
+    wide = 4 * length * heads                          # a token's row of every head
+    act_row = -(-(length + int(rng.integers(0, 2)) * beat) // beat) * beat
+    place = amax_place(CFG, length, act_row)
+    base = {"x": 0, "q": rows * wide, "a": rows * wide + rows * act_row}
+    base["h"] = base["x"] + head * 4 * length
+
+    class _Req:
+        x, y, b, w, w_tile_stride = "h", "q", "a", None, None
+    req = relocate(lower_requant_template(CFG, rows, length, act_row, amax=True,
+                                          x_stride=wide // beat), base, [_Req], beat)
+    words = fuse_words(CFG, [vector_events(req)])
+    for ins in decode_program(words.astype("<u8").view(np.uint8).reshape(-1)):
+        check(ins, CFG)
+    x = to_fixed(rng.standard_normal((rows, length * heads)) * float(rng.choice([0.1, 20.0])))
+    dram = np.zeros(CFG.memory.size_bytes, np.uint8)
+    dram[:x.size * 4] = x.astype("<i4").view(np.uint8).reshape(-1)
+    r = make_backend("model", CFG).run(words, dram)
+    assert r.ok, r.error
+    codes = r.dram[base["q"]:base["q"] + rows * act_row].view(np.int8).reshape(rows, act_row)
+    beats = r.dram[base["a"]:base["a"] + rows * beat].view("<i4").reshape(rows, -1)
+    for i in range(rows):
+        want, amax = vec_requant(x[i, head * length:(head + 1) * length])
+        assert np.array_equal(codes[i, :length], want), i
+        if place.separate:
+            assert int(beats[i * place.stride + place.beat, place.elem]) == int(amax), i
+    with pytest.raises(LoweringError, match="cannot hold"):
+        lower_requant_template(CFG, rows, 2 * per, act_row, x_stride=1)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_fold_leaves_its_amax_words_for_a_values_dequant(seed):
     """The values prologue and epilogue on chip: FOLD (a REQUANT template with ``fold``) of
@@ -567,12 +609,12 @@ def test_a_rope_reads_the_rows_of_the_linear_its_layout_nodes_view():
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     """Each attention scores node's program per context bucket, the softmax's and the
-    values' of the same bucket are parts of one fused program (its VECs: in a decode step a
-    REQUANT of each query head's row of the rope's results, then a DEQUANT per row of each
+    values' of the same bucket are parts of one fused program (its VECs: a REQUANT of each
+    query head's rows of the rope's results, a row per token, then a DEQUANT per row of each
     operand head, then a SOFTMAX per row, whose ``imm`` the host sets, then a FOLD per row
     and a DEQUANT per row of the values); each member's DEQUANT writes its rows of the
     softmax's input, in order, and reads its kv head's channel words and the ``amax`` words
-    of REQUANT (decode) or of the host (prefill: a beat per row); each values member's FOLD
+    of REQUANT (the host writes neither them nor the query rows); each values member's FOLD
     reads its kv head's value codes (the host's), its DEQUANT the FOLD's amax words
     (imm's fold bit) and the constant values channel words."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=kv_heads)
@@ -593,7 +635,8 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
         assert first.bucket == soft.bucket == values.bucket == p.bucket
         op = soft.vector
         vecs = [i for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")]
-        requant = [VecFunc.REQUANT] * (4 if p.phase == "decode" else 0)  # a row per head
+        tokens = 1 if p.phase == "decode" else opts.prompt_tokens
+        requant = [VecFunc.REQUANT] * (4 * tokens)  # a row per head and token
         if p.phase == "decode":  # the chain after it (o_proj's REQUANT on): its own test
             vecs = vecs[:len(requant) + 4 * op.rows]
         assert [v.func for v in vecs] == requant + [VecFunc.DEQUANT] * op.rows \
@@ -614,10 +657,7 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
             r = exe.symbols[m.dequant]
             assert r.addr == at and m.dequant_row_bytes == op.row_bytes
             at += m.tokens * op.row_bytes
-            if p.phase == "decode":   # REQUANT leaves them
-                assert m.amax is None
-            else:
-                assert exe.symbols[m.amax].nbytes >= m.tokens * CFG.beat_bytes
+            assert m.amax is None   # REQUANT leaves them
             assert m.channels == f"sc:{layer}:{j // (len(first.members) // kv_heads)}"
             assert exe.symbols[m.channels].nbytes >= op.row_bytes
         assert at == exe.symbols[op.x].addr + op.data_bytes
@@ -797,7 +837,7 @@ def test_a_residual_reads_the_rows_an_earlier_chain_left_on_chip(monkeypatch, ph
                                                    CompileOptions(4, 6))
     live = {b.name: b for b in buffers[phase]}
     chains = sorted((g for g in groups.values() if work[g.entries[0]][0] == phase
-                     and not isinstance(g.parts[0], tuple)), key=lambda g: g.entries[0])
+                     and work[g.entries[0]][1].op != "attn_scores"), key=lambda g: g.entries[0])
     heads = [(k, g) for k, g in enumerate(chains)
              if work[g.entries[0]][1].name.endswith("self_attn.o_proj")]
     assert len(heads) == lm.config.num_hidden_layers
@@ -843,9 +883,10 @@ def test_the_host_writes_a_decode_steps_residual_rows_only_where_no_program_left
         monkeypatch):
     """Per decode step the host writes one set of Q15.16 rows (the embedding, the first
     norm's input) and no residual rows: each o_proj's ADD reads them where a program of the
-    step left them. Where none did (here: the compiler told that no group's rows stay on
-    chip), the host writes every residual into the buffer the ADD reads, and its I/O costs
-    more cycles. The tokens equal the twin's both ways."""
+    step left them; in neither phase does it write query rows (REQUANT parts do). Where no
+    program left them (here: the compiler told that no group's rows stay on chip), the host
+    writes every residual into the buffer the ADD reads, and its I/O costs more cycles. The
+    tokens equal the twin's both ways."""
     lm = tiny_lm(layers=3)
     ws = compressed(lm)
     opts = CompileOptions(4, 10)
@@ -856,8 +897,9 @@ def test_the_host_writes_a_decode_steps_residual_rows_only_where_no_program_left
 
     def run(exe):
         rt = Runtime(exe, make_backend("model", VSMALL), vector=True)
-        got = [rt.step(ids[:, :4])]
         written = _written_rows(monkeypatch, rt)
+        got = [rt.step(ids[:, :4])]
+        assert not [s for s in written if ".scores" in s]   # no query rows, no amax words
         steps = []
         for t in range(4, 10):
             del written[:]
