@@ -399,8 +399,11 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
         merged = attention_chains(cfg, g, work[first:], groups) if opts.chain_programs \
             else []
         groups = [_shift(x, first) for x in _attach(groups, merged)]
-        for g in all_groups(groups):  # every buffer of a fused program lives through all of it
-            t0, t1 = 2 * step[g.entries[0] - first], 2 * step[g.entries[-1] - first] + 2
+        # every buffer of a fused program lives through all of it: from the host stage
+        # before its first node to the one after its last, which reads the last results back
+        # (a buffer a later program reads on chip lives through that one too: its name's)
+        for g in all_groups(groups):
+            t0, t1 = 2 * step[g.entries[0] - first], 2 * step[g.entries[-1] - first] + 1
             names = [(name, size) for e in g.entries for m in work[e][3]
                      for name, size, _ in m.buffers()] + part_buffers(cfg, g.parts)
             for name, size in names:
@@ -622,7 +625,8 @@ def _part_template(cfg: AcceleratorConfig, part) -> Template:
                                      second=part.b is not None, const=part.w is not None,
                                      imm=part.imm)
     return lower_dequant_template(cfg, part.rows, part.length, part.acc_row_bytes, part.place,
-                                  fold=bool(part.fold_qmax))
+                                  fold=bool(part.fold_qmax),
+                                  y_stride=part.row_bytes // cfg.beat_bytes)
 
 
 def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int],

@@ -106,9 +106,9 @@ scores' words), its DEQUANT the accumulators, FOLD's ``amax`` words and one cons
 :func:`hw.numerics.values_channel` words, into the values node's Q15.16 rows, which the host
 reads back as the node's output.
 
-*Attention and its chain* (:func:`attention_chains`): in a decode step each bucket's
-attention program and the chain its block's o_proj heads are one program. With one token
-the values node's output, through its layout nodes, is o_proj's input row -- the heads' rows
+*Attention and its chain* (:func:`attention_chains`): each bucket's attention program and
+the chain its block's o_proj heads are one program. With one token (a decode step) the
+values node's output, through its layout nodes, is o_proj's input row -- the heads' rows
 side by side, which are the values members' DEQUANT rows in member order (a member's rows
 its kv head's query heads in order: :func:`hw.numerics.group_rows`) -- so each values
 DEQUANT writes its rows inside the o_proj REQUANT's input buffer (``within``) and the REQUANT
@@ -117,7 +117,8 @@ block's input: the previous block's last ADD, the first block's norm input). The
 nodes then have a program per bucket (the compiler's
 ``_fuse_attention``); a bucket whose merged program does not fit the instruction memory
 falls back to its attention program and the chain alone. In a prefill the values' rows
-(a head's tokens) are not o_proj's (a token's heads): attention and chain stay two programs.
+(a head's tokens) are not o_proj's (a token's heads): a DEQUANT per query head writes its
+rows again as its column range of o_proj's input rows (:func:`_values_into`).
 """
 
 from __future__ import annotations
@@ -244,7 +245,8 @@ class RequantOp:
 class DequantOp:
     """The DEQUANT part of a fused program: a GEMM's ``rows`` rows of ``length`` int32
     accumulators (symbol ``x``, ``acc_row_bytes`` apart) to Q15.16 rows (symbol ``y``,
-    ``row_bytes`` apart, as a vector program's), with the layer's channel words (symbol
+    ``row_bytes`` apart: a vector program's rows, or more, a column range of wider rows),
+    with the layer's channel words (symbol
     ``w``, one constant row: :func:`hw.numerics.dequant_channels` of its row scales) and the
     ``amax`` words its REQUANT part wrote (symbol ``b``, at ``place``); ``layer``: the
     linear layer (module name) whose row scales the channel words hold. ``host``: the
@@ -252,7 +254,9 @@ class DequantOp:
     :func:`scores_groups`); ``within``: ``y`` is the rows of another buffer from a byte
     offset on (``(symbol, offset)``: :func:`sw.compile.symbols.within`); ``fold_qmax``
     (127 or 7, the value cache's): the values epilogue, the ``amax`` words FOLD's and the
-    channel words the constant :func:`hw.numerics.values_channel`."""
+    channel words the constant :func:`hw.numerics.values_channel`; ``part_of``: ``x`` and
+    ``b`` are the rows of buffers ``(accumulators, amax words, first row)`` from that row
+    on (a DEQUANT of some of a member's rows)."""
 
     rows: int
     length: int
@@ -268,12 +272,13 @@ class DequantOp:
     host: bool = False
     within: tuple[str, int] | None = None
     fold_qmax: int = 0
+    part_of: tuple[str, str, int] | None = None
 
     @property
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
         return ("dequant", self.rows, self.length, self.acc_row_bytes, tuple(self.place),
-                bool(self.fold_qmax))
+                bool(self.fold_qmax), self.row_bytes)
 
     @property
     def data_bytes(self) -> int:
@@ -424,6 +429,11 @@ def part_aliases(cfg: AcceleratorConfig, parts: Sequence[Part]
         (p.x, *p.within, _x_bytes(cfg, p)) for p in parts
         if isinstance(p, RequantOp) and p.within is not None]
     for p in parts:
+        if isinstance(p, DequantOp) and p.part_of is not None:
+            acc, amax, first = p.part_of
+            step = p.place.stride * cfg.beat_bytes
+            out += [(p.x, acc, first * p.acc_row_bytes, p.rows * p.acc_row_bytes),
+                    (p.b, amax, first * step, p.rows * step)]
         if isinstance(p, RequantOp) and p.into is not None:
             y, b, first = p.into
             out.append((p.y, y, first * p.act_row_bytes, p.rows * p.act_row_bytes))
@@ -1081,22 +1091,65 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
     return out
 
 
-def _flat_order(graph: Graph, value: str, source: str, kv_heads: int) -> bool:
-    """Whether ``value`` is a layout-only view of ``source`` (``[B, H, T, d]``: attention's
-    output) whose elements, row-major, are ``source``'s query heads grouped per kv head
-    (:func:`hw.numerics.group_rows`), row-major: the values members' rows in order."""
+def _layout_index(graph: Graph, value: str, source: str) -> torch.Tensor | None:
+    """Where ``value``'s elements, row-major, lie in ``source`` (``[B, H, T, d]``:
+    attention's output) as flat indices, where ``value`` is a layout-only view of it (the
+    layout nodes' kernels applied to ``arange``; None: not so)."""
     src, chain = _layout_source(graph, value)
     shape = graph.values[source].shape
     if src != source or not chain or len(shape) != 4 or \
             not all(isinstance(n, int) for n in shape):
-        return False
-    index = torch.arange(int(np.prod(shape, dtype=np.int64))).reshape(tuple(shape))
-    x = index
+        return None
+    x = torch.arange(int(np.prod(shape, dtype=np.int64))).reshape(tuple(shape))
     for n in chain:
         (x,) = OPS[n.op].kernel(n, [x], None)
-    b, h, t, d = shape
-    return torch.equal(x.reshape(-1), index.reshape(b, kv_heads, h // kv_heads * t, d)
-                       .reshape(-1))
+    return x.reshape(-1)
+
+
+def _flat_order(graph: Graph, value: str, source: str, kv_heads: int) -> bool:
+    """Whether ``value`` is a layout-only view of ``source`` (``[B, H, T, d]``: attention's
+    output) whose elements, row-major, are ``source``'s query heads grouped per kv head
+    (:func:`hw.numerics.group_rows`), row-major: the values members' rows in order."""
+    x = _layout_index(graph, value, source)
+    return x is not None and torch.equal(x, torch.arange(x.numel()))
+
+
+def _token_order(graph: Graph, value: str, source: str) -> bool:
+    """Whether ``value`` is a layout-only view of ``source`` (``[B, H, T, d]``) whose
+    elements, row-major, are each token's heads side by side (``source.transpose(1, 2)``,
+    row-major: o_proj's input rows in a prefill)."""
+    x = _layout_index(graph, value, source)
+    if x is None:
+        return False
+    index = torch.arange(x.numel()).reshape(tuple(graph.values[source].shape))
+    return torch.equal(x, index.transpose(1, 2).reshape(-1))
+
+
+def _values_into(cfg: AcceleratorConfig, vdeq: Sequence[DequantOp], req: RequantOp,
+                 tokens: int, d: int) -> list[DequantOp] | None:
+    """The DEQUANT parts that write the values' rows (``vdeq``: per member, its query heads'
+    ``tokens`` rows each of ``d`` words, head after head) as the rows ``req`` reads (a
+    row per token, every head's ``d`` words side by side): per query head, a DEQUANT of its
+    rows of its member's accumulators and FOLD ``amax`` words (``part_of``) into its column
+    range of every token's row (``row_bytes`` the row, ``within`` at the head's column).
+    None where a head's column range is not whole beats or the rows are not ``req``'s."""
+    heads = sum(v.rows for v in vdeq) // tokens
+    pitch = row_bytes(cfg, req.length)
+    if row_bytes(cfg, d) != 4 * d or req.rows != tokens or req.length != heads * d \
+            or any(v.rows % tokens or v.length != d for v in vdeq):
+        return None
+    out, head = [], 0
+    for v in vdeq:
+        step = v.place.stride * cfg.beat_bytes
+        for g in range(v.rows // tokens):
+            first, col = g * tokens, head * 4 * d
+            out.append(replace(v, rows=tokens, row_bytes=pitch,
+                               x=symbols.within(v.x, first * v.acc_row_bytes),
+                               b=symbols.within(v.b, first * step),
+                               y=symbols.within(req.x, col), within=(req.x, col),
+                               part_of=(v.x, v.b, first)))
+            head += 1
+    return out
 
 
 def attention_chains(cfg: AcceleratorConfig, graph: Graph, work: Sequence[tuple],
@@ -1106,12 +1159,16 @@ def attention_chains(cfg: AcceleratorConfig, graph: Graph, work: Sequence[tuple]
     one program: ``(attention, merged)`` pairs, ``merged`` falling back to ``attention``.
 
     They merge where the chain's head linear reads the values node's output through layout
-    nodes (``graph``'s) whose elements, in order, are the values members' rows in order (a
-    decode step: one token, the heads side by side, :func:`_flat_order`) and every such row,
-    and the head's rows, are whole beats (``4 * length`` bytes apart): each values member's
-    DEQUANT then writes its rows inside the head's input buffer (``within``, in member
-    order) and the head's REQUANT reads that buffer on chip. The chain's residual rows
-    (:attr:`FusedGroup.residual`) are read as the chain alone reads them."""
+    nodes (``graph``'s) and every such row, and the head's rows, are whole beats (``4 *
+    length`` bytes apart). Where its elements, in order, are the values members' rows in
+    order (a decode step: one token, the heads side by side, :func:`_flat_order`), each
+    values member's DEQUANT writes its rows inside the head's input buffer (``within``, in
+    member order); where they are each token's heads side by side (a prefill,
+    :func:`_token_order`: the members' rows are a head's tokens), the values DEQUANTs keep
+    their rows (the host reads them back) and a DEQUANT per query head writes its column
+    range of the head's input rows too (:func:`_values_into`). The head's REQUANT reads that
+    buffer on chip. The chain's residual rows (:attr:`FusedGroup.residual`) are read as the
+    chain alone reads them."""
     heads = {g.entries[0]: g for g in groups
              if isinstance(g.parts[0], RequantOp) and g.parts[0].host}
     out = []
@@ -1120,27 +1177,36 @@ def attention_chains(cfg: AcceleratorConfig, graph: Graph, work: Sequence[tuple]
             continue
         phase, vnode, _, vmembers = work[a.entries[2]]
         vdeq = [p for p in a.parts if isinstance(p, DequantOp) and p.fold_qmax]
-        chain = next((c for e, c in heads.items() if work[e][0] == phase
-                      and _flat_order(graph, work[e][1].inputs[0], vnode.outputs[0],
-                                      vnode.attrs["kv_heads"])), None)
+        source = vnode.outputs[0]
+        flat = {e: _flat_order(graph, work[e][1].inputs[0], source, vnode.attrs["kv_heads"])
+                for e in heads if work[e][0] == phase}
+        chain = next((heads[e] for e, f in flat.items() if f or _token_order(
+            graph, work[e][1].inputs[0], source)), None)
         if chain is None or len(vdeq) != len(vmembers):
             continue
         req = chain.parts[0]
-        if row_bytes(cfg, req.length) != 4 * req.length or req.rows * req.length != sum(
-                d.rows * d.length for d in vdeq) or any(
-                d.row_bytes != 4 * d.length for d in vdeq):
-            continue
-        parts, at = [], 0
-        for p in a.parts:
-            if isinstance(p, DequantOp) and p.fold_qmax:
-                p = replace(p, y=symbols.within(req.x, at), within=(req.x, at))
-                at += p.data_bytes
-            parts.append(p)
+        if flat[chain.entries[0]]:
+            if row_bytes(cfg, req.length) != 4 * req.length or req.rows * req.length != sum(
+                    d.rows * d.length for d in vdeq) or any(
+                    d.row_bytes != 4 * d.length for d in vdeq):
+                continue
+            parts, at = [], 0
+            for p in a.parts:
+                if isinstance(p, DequantOp) and p.fold_qmax:
+                    p = replace(p, y=symbols.within(req.x, at), within=(req.x, at))
+                    at += p.data_bytes
+                parts.append(p)
+        else:
+            _, _, t, d = graph.values[source].shape
+            into = _values_into(cfg, vdeq, req, t, d)
+            if into is None:
+                continue
+            parts = [*a.parts, *into]
         head = replace(req, x=symbols.within(req.x, 0), within=(req.x, 0), host=False)
         n = len(a.entries)
         merged = FusedGroup(a.entries + chain.entries, (*parts, head, *chain.parts[1:]),
-                            a.owners + tuple(None if o is None else o + n
-                                             for o in chain.owners),
+                            a.owners + (None,) * (len(parts) - len(a.parts))
+                            + tuple(None if o is None else o + n for o in chain.owners),
                             fallback=(a,), residual=chain.residual)
         out.append((a, merged))
     return out

@@ -136,18 +136,19 @@ def lower_requant_template(cfg: AcceleratorConfig, rows: int, length: int,
 
 def lower_dequant_template(cfg: AcceleratorConfig, rows: int, length: int,
                            acc_row_bytes: int, place: AmaxPlace,
-                           loops: bool | None = False, fold: bool = False) -> Template:
+                           loops: bool | None = False, fold: bool = False,
+                           y_stride: int = 0) -> Template:
     """:func:`sw.compile.schedule.schedule_dequant` as one relocatable program (END appended;
-    its operands are layer 0's ``x``, ``w``, ``b`` and ``y``; ``loops``: rolled; ``fold``:
-    the ``amax`` words are FOLD's).
+    its operands are layer 0's ``x``, ``w``, ``b`` and ``y``, rows ``y_stride`` beats apart
+    (0: consecutive); ``loops``: rolled; ``fold``: the ``amax`` words are FOLD's).
 
     Raises
     ------
     LoweringError
         A row does not fit the vector scratchpads, or the program the instruction memory.
     """
-    return _template(cfg, schedule_dequant(cfg, rows, length, acc_row_bytes, place, fold),
-                     loops)
+    return _template(cfg, schedule_dequant(cfg, rows, length, acc_row_bytes, place, fold,
+                                           y_stride), loops)
 
 
 def lower_argmax_template(cfg: AcceleratorConfig, rows: int, length: int,

@@ -675,7 +675,7 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
 
 
 def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_bytes: int,
-                     place: AmaxPlace, fold: bool = False) -> Schedule:
+                     place: AmaxPlace, fold: bool = False, y_stride: int = 0) -> Schedule:
     """One program dequantising ``rows`` rows of a GEMM's ``length`` int32 accumulators into
     Q15.16 rows (:data:`VecFunc.DEQUANT`, :func:`hw.numerics.vec_dequant`).
 
@@ -683,7 +683,8 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     ``acc_row_bytes`` apart (the GEMM's ``out_row_bytes``); ``"w"`` the channel words, one
     constant row (:func:`hw.numerics.dequant_channels`), loaded once below the halves;
     ``"b"`` the ``amax`` words as :func:`schedule_requant` left them (``place``); ``"y"``
-    the results, laid out as :func:`schedule_vector`'s. A task loads its rows' ``amax``
+    the results, laid out as :func:`schedule_vector`'s (or ``y_stride`` beats apart: a
+    column range of wider rows). A task loads its rows' ``amax``
     beats (one LOAD, a beat per row) and then its accumulator rows into a VIN half; each row's
     VEC reads its ``amax`` word (``imm``: its VIN address, FOLD's word with ``fold``:
     :func:`hw.isa.dequant_imm`; the values epilogue). A row too long for the halves is
@@ -693,11 +694,16 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     Raises
     ------
     LoweringError
-        No vector engine, or the channel row and one beat of a row do not fit.
+        No vector engine, the channel row and one beat of a row do not fit, or ``y_stride``
+        is shorter than a row.
     """
     _require_vector(cfg)
     per, beat = _elems_per_beat(cfg), cfg.beat_bytes
     row_beats = -(-length // per)
+    if y_stride and y_stride < row_beats:
+        raise LoweringError(f"rows {y_stride} beats apart cannot hold {length} elements "
+                            f"({row_beats} beats)")
+    y_stride = y_stride or row_beats
     if acc_row_bytes % beat or acc_row_bytes < length * 4:
         raise LoweringError(f"accumulator rows of {acc_row_bytes} bytes cannot hold {length} "
                             f"int32 words in whole {beat}-byte beats")
@@ -726,8 +732,8 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
 
     def store_rows(t: _DequantTask, h: int) -> _Emitted:
         return [(Store(spad=Spad.VOUT, spad_addr=h * out_half,
-                       dram_addr=t.row * row_beats + t.start, rows=t.rows, row_beats=t.beats,
-                       dram_stride=row_beats), (0, "y"))]
+                       dram_addr=t.row * y_stride + t.start, rows=t.rows, row_beats=t.beats,
+                       dram_stride=y_stride), (0, "y"))]
 
     head = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=row_beats),
              (0, "w"))]

@@ -52,6 +52,7 @@ from sw.compile.fusion import (
     fusion_groups,
     hoistable,
     linear_group,
+    part_buffers,
     row_aliases,
     vector_events,
 )
@@ -637,8 +638,8 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
         vecs = [i for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")]
         tokens = 1 if p.phase == "decode" else opts.prompt_tokens
         requant = [VecFunc.REQUANT] * (4 * tokens)  # a row per head and token
-        if p.phase == "decode":  # the chain after it (o_proj's REQUANT on): its own test
-            vecs = vecs[:len(requant) + 4 * op.rows]
+        # the chain after it (o_proj's REQUANT on): its own test
+        vecs = vecs[:len(requant) + 4 * op.rows]
         assert [v.func for v in vecs] == requant + [VecFunc.DEQUANT] * op.rows \
             + [VecFunc.SOFTMAX] * op.rows + [VecFunc.FOLD] * op.rows \
             + [VecFunc.DEQUANT] * op.rows
@@ -662,9 +663,10 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
             assert exe.symbols[m.channels].nbytes >= op.row_bytes
         assert at == exe.symbols[op.x].addr + op.data_bytes
     assert SCORES_AMAX.separate and SCORES_AMAX.stride == 1
-    # per decode step: the first block's norm -> q/k/v -> RoPEs, and per block its
+    # per step: the first block's norm -> q/k/v -> RoPEs, and per block its
     # scores -> softmax -> values chained with its o_proj, MLP and the next block's q/k/v
-    assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 1 + 2
+    for phase in ("prefill", "decode"):
+        assert exe.report["phases"][phase]["fused_programs_per_step"] == 1 + 2
 
 
 def _decode_work(monkeypatch, lm, cfg=VSMALL) -> list:
@@ -686,23 +688,24 @@ def _vec_funcs(words) -> list[VecFunc]:
     return [i.func for i in decode_program(words.view(np.uint8)) if isinstance(i, Vec)]
 
 
-def test_a_linear_whose_rows_the_host_writes_heads_a_chain():
+def test_a_linear_whose_rows_the_host_writes_heads_a_chain(monkeypatch):
     """Each block's o_proj (its input the host's attention output, its residual the block's
     input) heads the chain of its MLP and the next block's q/k/v: a REQUANT of the Q15.16
     rows the host writes, the GEMM, its DEQUANT and the ADD of the residual rows, before the
     post-attention norm; the member names the input buffer, large enough for the rows, and
     no residual rows: an earlier program left them on chip (the first block's norm input,
     an earlier chain's ADD: test_a_residual_reads_the_rows_an_earlier_chain_left_on_chip).
-    Without chaining it stays the host's (alone it would be no fewer programs)."""
+    (Here the chain runs alone: attention's program is not merged with it, as where the
+    merged program does not fit.) Without chaining it stays the host's (alone it would be no
+    fewer programs)."""
     lm = tiny_lm()
     opts = CompileOptions(4, 6)
+    monkeypatch.setattr(compiler, "attention_chains", lambda *args: [])
     exe = compile_model(lm, VSMALL, opts, weights=compressed(lm))
     heads = [p for p in exe.programs if p.parts
              and exe.programs[p.parts[0]].node.endswith("self_attn.o_proj")]
-    # every block's prefill (a decode step's chain follows its attention in one program:
-    # test_attention_and_the_chain_after_it_are_one_decode_program)
-    assert len(heads) == lm.config.num_hidden_layers
-    assert {p.phase for p in heads} == {"prefill"}
+    assert len(heads) == 2 * lm.config.num_hidden_layers   # every block's, in each phase
+    assert {p.phase for p in heads} == {"prefill", "decode"}
     for p in heads:
         (m,) = exe.programs[p.parts[0]].members
         assert m.requant and m.residual is None and m.dequant
@@ -719,9 +722,10 @@ def test_a_linear_whose_rows_the_host_writes_heads_a_chain():
     assert not any(p.node.endswith("o_proj") for p in plain.programs if p.parts)
 
 
-def _merged(exe) -> list:
-    """The decode programs of ``exe`` that hold attention and the chain after it."""
-    return [p for p in exe.programs if p.parts and p.imm_rows and len(p.parts) > 3]
+def _merged(exe, phase: str = "decode") -> list:
+    """The ``phase`` programs of ``exe`` that hold attention and the chain after it."""
+    return [p for p in exe.programs if p.parts and p.imm_rows and len(p.parts) > 3
+            and p.phase == phase]
 
 
 def test_attention_and_the_chain_after_it_are_one_decode_program():
@@ -729,8 +733,10 @@ def test_attention_and_the_chain_after_it_are_one_decode_program():
     its o_proj heads are one: the values members' DEQUANTs write their rows, in member
     order, as o_proj's input row, which its REQUANT reads on chip (the member names no
     ``requant``), and its residual rows are on chip too (no ``residual``). Each chain node
-    has a program per bucket, a part of that bucket's program; prefill keeps two. The
-    tokens, across buckets, equal the twin's."""
+    has a program per bucket, a part of that bucket's program. In a prefill too, with a
+    DEQUANT per query head writing its column range of o_proj's input rows
+    (test_a_prefill_writes_the_values_rows_as_o_projs_input_rows), so each step runs a
+    program per block and one more. The tokens, across buckets, equal the twin's."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=2)
     ws = compressed(lm)
     cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 22))
@@ -757,19 +763,58 @@ def test_attention_and_the_chain_after_it_are_one_decode_program():
         funcs = _vec_funcs(p.words)
         assert VecFunc.SOFTMAX in funcs and funcs.index(VecFunc.ADD) > funcs.index(
             VecFunc.SOFTMAX)
-    assert any(p.phase == "prefill" and p.parts
-               and exe.programs[p.parts[0]].node.endswith("o_proj") for p in exe.programs)
+    prefill = _merged(exe, "prefill")
+    assert len(prefill) == lm.config.num_hidden_layers
+    assert exe.report["phases"]["prefill"]["programs_per_step"] == 1 + 2
     ids = torch.randint(0, lm.config.vocab_size, (1, 20),
                         generator=torch.Generator().manual_seed(3))
     rt = Runtime(exe, make_backend("model", cfg), vector=True)
     got = [rt.step(ids[:, :6])] + [rt.step(ids[:, t:t + 1]) for t in range(6, 20)]
     assert len({exe.programs[r.program].bucket for _, st in got[1:] for r in st.programs
                 if exe.programs[r.program].imm_rows}) > 1   # crossed a bucket
-    assert all(len(st.programs) == 1 + 2 for _, st in got[1:])
+    assert all(len(st.programs) == 1 + 2 for _, st in got)
     want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True,
                                                   attention=True), ids, 6)
     for (logits, _), w in zip(got, want, strict=True):
         assert torch.equal(logits, w)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_a_prefill_writes_the_values_rows_as_o_projs_input_rows(kv_heads):
+    """In a prefill the values members' rows are a head's tokens (their DEQUANTs keep them:
+    the host reads them back) and o_proj's input rows a token's heads: a DEQUANT per query
+    head writes its rows of the accumulators and FOLD ``amax`` words (``part_of``) into its
+    column range of every token's row (``row_bytes`` o_proj's row), which o_proj's REQUANT
+    reads on chip. After the step, the last block's o_proj input rows in DRAM are the
+    values' rows, word for word, token-major."""
+    lm = tiny_lm(layers=2, heads=4, kv_heads=kv_heads)
+    cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 22))
+    tokens = 6
+    exe = compile_model(lm, cfg, CompileOptions(tokens, 8), weights=compressed(lm))
+    merged = _merged(exe, "prefill")
+    assert len(merged) == lm.config.num_hidden_layers
+    heads, d = lm.config.num_attention_heads, lm.config.head_dim
+    for p in merged:
+        funcs = _vec_funcs(p.words)
+        soft = funcs.index(VecFunc.SOFTMAX)
+        fold = len(funcs) - funcs[::-1].index(VecFunc.FOLD)   # past the last FOLD
+        # the values' DEQUANTs, then one per query head again, then o_proj's REQUANT
+        assert funcs[fold:fold + 2 * heads * tokens + tokens] == [VecFunc.DEQUANT] * (
+            2 * heads * tokens) + [VecFunc.REQUANT] * tokens and soft < fold
+    rt = Runtime(exe, make_backend("model", cfg), vector=True)
+    ids = torch.randint(0, lm.config.vocab_size, (1, tokens),
+                        generator=torch.Generator().manual_seed(kv_heads))
+    rt.step(ids)
+    last = merged[-1]
+    values, o_proj = (exe.programs[i] for i in last.parts[2:4])
+    assert o_proj.node.endswith("o_proj") and values.node.endswith("values")
+    rows = np.concatenate([rt._read_rows(m.dequant, m.tokens, m.dequant_row_bytes, d)
+                           for m in values.members])           # [H * T, d], head-major
+    at = exe.symbols[f"h:prefill:{o_proj.node}"].addr
+    pitch = -(-4 * heads * d // cfg.beat_bytes) * cfg.beat_bytes
+    got = rt.dram[at:at + tokens * pitch].view("<i4").reshape(tokens, -1)[:, :heads * d]
+    want = rows.reshape(heads, tokens, d).transpose(1, 0, 2).reshape(tokens, heads * d)
+    assert np.array_equal(got, want)
 
 
 def test_a_bucket_whose_merged_program_does_not_fit_runs_attention_and_chain_apart(
@@ -865,6 +910,32 @@ def test_a_residual_reads_the_rows_an_earlier_chain_left_on_chip(monkeypatch, ph
         assert live[g.residual].end >= live[add.y].end   # live through the ADD
     for p in exe.programs:
         assert all(m.residual is None for m in p.members)
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_consecutive_fused_programs_may_share_arena_bytes(monkeypatch, phase):
+    """A fused program's own buffers live from the host stage before its first node to the
+    one after its last: those no later program reads are dead before the next fused program
+    (its attention merges included) starts, so the planner may give their bytes to it (but
+    the last node's own results, which live a stage on as every node's do); the ones a later
+    program reads (residual rows, the rope's rows) live on."""
+    lm = tiny_lm(layers=3)
+    _, (work, buffers, _, groups) = _partitioned(monkeypatch, lm, VSMALL,
+                                                 CompileOptions(4, 6))
+    live = {b.name: b for b in buffers[phase]}
+    chains = sorted((g for g in groups.values() if work[g.entries[0]][0] == phase
+                     and work[g.entries[0]][1].op != "attn_scores"), key=lambda g: g.entries[0])
+
+    def names(g) -> set[str]:
+        return {n for x in (g, *g.attention) for n, _ in part_buffers(VSMALL, x.parts)}
+    assert len(chains) == 1 + lm.config.num_hidden_layers
+    for k in range(len(chains) - 1):
+        mine, later = names(chains[k]), set().union(*map(names, chains[k + 1:]))
+        nxt = min(live[n].start for n in names(chains[k + 1]) - mine)
+        last = {n for m in work[chains[k].entries[-1]][3] for n, _, _ in m.buffers()}
+        dead = mine - later - last
+        assert dead and all(live[n].end < nxt for n in dead)
+        assert all(live[n].end >= nxt for n in mine & later)
 
 
 def _written_rows(monkeypatch, rt: Runtime) -> list[str]:
