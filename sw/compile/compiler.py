@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +67,7 @@ from sw.compile.fusion import (
     part_buffers,
     part_constants,
     row_aliases,
+    rows_left,
     scores_groups,
     vector_events,
 )
@@ -258,7 +259,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
                                      _constant_regions(work, options.max_context, pairs))
     for g in all_groups(pairs.values()):  # a part's results inside another's rows
-        for name, parent, offset, size in part_aliases(g.parts):
+        for name, parent, offset, size in part_aliases(cfg, g.parts):
             r = symbols[parent]
             symbols[name] = Region(r.addr + offset, size, r.kind)
     programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
@@ -398,8 +399,11 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
         merged = attention_chains(cfg, g, work[first:], groups) if opts.chain_programs \
             else []
         groups = [_shift(x, first) for x in _attach(groups, merged)]
-        for g in all_groups(groups):  # every buffer of a fused program lives through all of it
-            t0, t1 = 2 * step[g.entries[0] - first], 2 * step[g.entries[-1] - first] + 2
+        # every buffer of a fused program lives through all of it: from the host stage
+        # before its first node to the one after its last, which reads the last results back
+        # (a buffer a later program reads on chip lives through that one too: its name's)
+        for g in all_groups(groups):
+            t0, t1 = 2 * step[g.entries[0] - first], 2 * step[g.entries[-1] - first] + 1
             names = [(name, size) for e in g.entries for m in work[e][3]
                      for name, size, _ in m.buffers()] + part_buffers(cfg, g.parts)
             for name, size in names:
@@ -506,13 +510,16 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
     programs (:func:`_fuse`); a group whose program would not fit the instruction memory
     falls back to its pairs, and a pair that does not fit stays two programs; a chain with
     attention groups is fused after each bucket's attention program where that fits
-    (:func:`_fuse_attention`)."""
+    (:func:`_fuse_attention`). A group's residual rows (:attr:`FusedGroup.residual`) are
+    the host's to write unless an earlier group left them on chip in every context (its
+    programs each hold that group's parts: ``onchip``, :func:`sw.compile.fusion.rows_left`)."""
     templates: dict[tuple, tuple[int, Template | None]] = {}
     programs: list[Program] = []
     table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
     addr = {k: r.addr for k, r in symbols.items()}
     groups = groups or {}
     pos: dict[int, int] = {}  # work entry -> its program
+    onchip: set[str] = set()  # the rows of the groups every context runs whole
     for i, (phase, node, bucket, members) in enumerate(work):
         key = tuple(m.signature for m in members)
         vec = members[0] if isinstance(members[0], VectorOp) else None
@@ -540,34 +547,43 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
             programs.append(Program(phase, node.name, bucket, words, (), index, vec,
                                     t.imm_rows, position_rows=t.position_rows))
         if i in groups and groups[i].attention:
-            _fuse_attention(cfg, programs, pos, groups[i], templates, addr, table[phase], work)
+            whole = _fuse_attention(cfg, programs, pos, groups[i], templates, addr,
+                                    table[phase], work, onchip)
         elif i in groups:
-            _fuse_or_fall_back(cfg, programs, pos, groups[i], templates, addr)
+            whole = _fuse_or_fall_back(cfg, programs, pos, groups[i], templates, addr, onchip)
+        if i in groups and whole:
+            onchip |= rows_left(groups[i])
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
                                    for ph, nodes in table.items()}), len(templates)
 
 
 def _fuse_or_fall_back(cfg: AcceleratorConfig, programs: list[Program],
                        pos: Mapping[int, int], group: FusedGroup, templates: dict,
-                       addr: Mapping[str, int]) -> None:
-    """:func:`_fuse` ``group``, or each of its fallbacks where it does not fit."""
-    if not _fuse(cfg, programs, pos, group, templates, addr):
-        for g in group.fallback:
-            _fuse(cfg, programs, pos, g, templates, addr)
+                       addr: Mapping[str, int], onchip: Collection[str] = frozenset()
+                       ) -> bool:
+    """:func:`_fuse` ``group``, or each of its fallbacks where it does not fit; whether
+    ``group`` itself fused."""
+    if _fuse(cfg, programs, pos, group, templates, addr, onchip):
+        return True
+    for g in group.fallback:
+        _fuse(cfg, programs, pos, g, templates, addr, onchip)
+    return False
 
 
 def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[int, int],
                     chain: FusedGroup, templates: dict, addr: Mapping[str, int],
-                    table: dict[str, list[tuple[int, int, int]]], work) -> None:
+                    table: dict[str, list[tuple[int, int, int]]], work,
+                    onchip: Collection[str] = frozenset()) -> bool:
     """Fuse ``chain`` after each context bucket's attention program
     (:attr:`sw.compile.fusion.FusedGroup.attention`): the chain's nodes then have a program
     per bucket (the first merged bucket's their own programs, the others' copies of them),
     each a part of that bucket's merged program, and ``table`` (the phase's) finds them per
     context. A bucket whose merged program does not fit the instruction memory keeps its
     attention program (or that one's fallbacks) and the chain its own fused program, which
-    every context of such a bucket runs."""
+    every context of such a bucket runs. Whether every context's programs hold the chain's
+    parts (the chain's own program fused where a bucket needs it)."""
     fits = [m for m in chain.attention
-            if _fuse(cfg, list(programs), pos, m, dict(templates), addr)]
+            if _fuse(cfg, list(programs), pos, m, dict(templates), addr, onchip)]
     merged = {id(m) for m in fits}
     own = len(fits) < len(chain.attention)  # the chain runs alone in some bucket
     rows: dict[str, list[tuple[int, int, int]]] = {}
@@ -583,24 +599,25 @@ def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[i
             rows.setdefault(work[e][1].name, []).append((first, last, at[e]))
         where.append(at)
     for m, at in zip(fits, where, strict=True):
-        if not _fuse(cfg, programs, at, m, templates, addr):  # pragma: no cover
+        if not _fuse(cfg, programs, at, m, templates, addr, onchip):  # pragma: no cover
             raise LoweringError(f"the merged program of {programs[at[m.entries[0]]].node!r} "
                                 "fitted once and no longer does")
     for m in chain.attention:
         if id(m) not in merged:
             for a in m.fallback:
-                _fuse_or_fall_back(cfg, programs, pos, a, templates, addr)
-    if own:
-        _fuse_or_fall_back(cfg, programs, pos, chain, templates, addr)
+                _fuse_or_fall_back(cfg, programs, pos, a, templates, addr, onchip)
+    whole = not own or _fuse_or_fall_back(cfg, programs, pos, chain, templates, addr, onchip)
     for name, r in rows.items():  # each merged bucket's first, the chain's own last
         table[name] = r + (table[name] if own else [])
+    return whole
 
 
 def _part_template(cfg: AcceleratorConfig, part) -> Template:
     """The relocatable program of a REQUANT, DEQUANT or (vector) ADD part."""
     if isinstance(part, RequantOp):
         return lower_requant_template(cfg, part.rows, part.length, part.act_row_bytes,
-                                      amax=part.amax, fold=part.fold)
+                                      amax=part.amax, fold=part.fold,
+                                      x_stride=part.x_row_bytes // cfg.beat_bytes)
     if isinstance(part, ArgmaxOp):
         return lower_argmax_template(cfg, part.rows, part.length)
     if isinstance(part, VectorOp):
@@ -608,11 +625,13 @@ def _part_template(cfg: AcceleratorConfig, part) -> Template:
                                      second=part.b is not None, const=part.w is not None,
                                      imm=part.imm)
     return lower_dequant_template(cfg, part.rows, part.length, part.acc_row_bytes, part.place,
-                                  fold=bool(part.fold_qmax))
+                                  fold=bool(part.fold_qmax),
+                                  y_stride=part.row_bytes // cfg.beat_bytes)
 
 
 def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int],
-          group: FusedGroup, templates: dict, addr: Mapping[str, int]) -> bool:
+          group: FusedGroup, templates: dict, addr: Mapping[str, int],
+          onchip: Collection[str] = frozenset()) -> bool:
     """Append the fused program of ``group`` and make its entries' programs (at ``pos``) its
     parts; False, and nothing changed, if it does not fit the instruction memory.
 
@@ -622,7 +641,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     them. The linear entries' members name the Q15.16 rows their DEQUANT parts write; the
     fused program's ``position_rows`` are its ROPE parts' table LOADs, its ``imm_rows`` its
     SOFTMAX parts' VECs; a scores member names the ``amax`` and channel words the host
-    writes for its DEQUANT part."""
+    writes for its DEQUANT part; a residual linear's member the residual rows the host writes
+    (``residual``), unless an earlier program left them on chip (``onchip``)."""
     nodes = [programs[pos[e]] for e in group.entries]
     words, key, work = [], ["fused"], [0, 0, 0]
     dequant, argmax, tables, imms = {}, {}, [], []
@@ -673,12 +693,13 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     n = len(programs)
     empty = np.zeros((0, 2), dtype=np.uint64)
     members = []
-    requantised = {p.y for p in group.parts if isinstance(p, RequantOp)}  # on chip
+    requantised = {p.writes for p in group.parts if isinstance(p, RequantOp)}  # on chip
     host_rows = {p.y: p for p in group.parts if isinstance(p, RequantOp) and p.host}
     codes = {p.y: p.w for p in group.parts if isinstance(p, RequantOp) and p.fold}
     # the DEQUANT rows an ADD adds the host's residual rows to
     added = {p.x for p in group.parts if isinstance(p, VectorOp) and p.func == VecFunc.ADD
-             and group.residual is not None and p.b == group.residual}
+             and group.residual is not None and group.residual not in onchip
+             and p.b == group.residual}
     for e, p in zip(group.entries, nodes, strict=True):
         ms = tuple(dataclasses.replace(m, dequant=dequant[m.y].y,
                                        dequant_row_bytes=dequant[m.y].row_bytes,

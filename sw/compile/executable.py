@@ -76,7 +76,8 @@ class ProgramMember:
     ``requant_row_bytes`` apart, for a fused program's REQUANT part that writes ``x`` on chip
     (None: the host writes ``x``); ``residual``: where it writes a residual linear's residual
     rows likewise, ``dequant_row_bytes`` apart, for a part that reads them, before the fused
-    program runs (without ``requant`` too: its input rows are on chip; None: none);
+    program runs (without ``requant`` too: its input rows are on chip; None: none, or an
+    earlier program left them on chip where the part reads them);
     ``codes``: where the host writes the value codes (one int32 per cached position,
     :func:`hw.numerics.value_codes`) a FOLD part reads to write the input rows on chip
     (attention's values; None: none).

@@ -70,10 +70,14 @@ linear's DEQUANT rows, or a residual linear's output as the ADD of its DEQUANT r
 residual rows on chip) with its *head* (its vector part's operands, its REQUANT's input).
 The first unit's rows are the host's, written before the start: a vector node's operands,
 or a REQUANT head's input rows (``to_fixed`` of the linear's input: REQUANT of them is the
-host's :func:`hw.numerics.quantize_activations_vector`) and a residual linear's residual
-rows (:attr:`FusedGroup.residual`); residual rows are on chip when they are such host rows
-or an earlier ADD's. A later head is relocated to read the rows on chip (a REQUANT head
-then reads them where they are), and the host needs nothing between the nodes: the runtime
+host's :func:`hw.numerics.quantize_activations_vector`). A residual linear's residual rows
+(:attr:`FusedGroup.residual`) are read where an earlier chain of the phase left them on
+chip (its head's host rows, a vector or DEQUANT part's results or an ADD's, of the same
+rows and length), else from a buffer the host writes; the compiler tells the host to write
+them only where no program of every context left them (:func:`rows_left`). Later units'
+residual rows are on chip when they are the first unit's or an earlier ADD's. A later head
+is relocated to read the rows on chip (a REQUANT head then reads them where they are), and
+the host needs nothing between the nodes: the runtime
 runs the program at the first node and reads the later nodes' results back at their turn.
 A REQUANT head alone is no fewer programs: it only heads or joins a chain.
 A ``rope`` node reads q or k through layout nodes (``view``, ``transpose``) of the q/k/v
@@ -102,17 +106,19 @@ scores' words), its DEQUANT the accumulators, FOLD's ``amax`` words and one cons
 :func:`hw.numerics.values_channel` words, into the values node's Q15.16 rows, which the host
 reads back as the node's output.
 
-*Attention and its chain* (:func:`attention_chains`): in a decode step each bucket's
-attention program and the chain its block's o_proj heads are one program. With one token
-the values node's output, through its layout nodes, is o_proj's input row -- the heads' rows
+*Attention and its chain* (:func:`attention_chains`): each bucket's attention program and
+the chain its block's o_proj heads are one program. With one token (a decode step) the
+values node's output, through its layout nodes, is o_proj's input row -- the heads' rows
 side by side, which are the values members' DEQUANT rows in member order (a member's rows
 its kv head's query heads in order: :func:`hw.numerics.group_rows`) -- so each values
 DEQUANT writes its rows inside the o_proj REQUANT's input buffer (``within``) and the REQUANT
-reads them there. o_proj's residual rows stay the host's (:attr:`FusedGroup.residual`),
-written before the run. The chain's nodes then have a program per bucket (the compiler's
+reads them there. o_proj's residual rows are where the chain before left them (the
+block's input: the previous block's last ADD, the first block's norm input). The chain's
+nodes then have a program per bucket (the compiler's
 ``_fuse_attention``); a bucket whose merged program does not fit the instruction memory
 falls back to its attention program and the chain alone. In a prefill the values' rows
-(a head's tokens) are not o_proj's (a token's heads): attention and chain stay two programs.
+(a head's tokens) are not o_proj's (a token's heads): a DEQUANT per query head writes its
+rows again as its column range of o_proj's input rows (:func:`_values_into`).
 """
 
 from __future__ import annotations
@@ -153,7 +159,8 @@ from sw.compile.vector import VectorOp, row_bytes
 __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
            "dequant_ops", "fused_parts", "FusedGroup", "fusion_groups", "linear_group",
            "part_buffers", "part_constants", "part_aliases", "scores_groups", "fuse_words",
-           "fuse_parts", "hoistable", "row_aliases", "attention_chains", "all_groups",
+           "fuse_parts", "hoistable", "row_aliases", "rows_left", "attention_chains", "all_groups",
+           "query_requants",
            "VECTOR_EVENTS", "vector_events",
            "SCORES_AMAX"]
 
@@ -196,7 +203,11 @@ class RequantOp:
     host writes before the run (``to_fixed`` of the linear's input: a chain's first part,
     :func:`linear_group`). With ``w`` (``w_bytes`` bytes), a FOLD: the attention's values
     prologue, the rows times the value codes the host writes at ``w``
-    (:func:`sw.compile.symbols.value_codes`), the ``amax`` words FOLD's."""
+    (:func:`sw.compile.symbols.value_codes`), the ``amax`` words FOLD's. ``x_row_bytes``:
+    bytes from one row of ``x`` to the next (0: ``row_bytes(cfg, length)``, consecutive;
+    more: a column range of wider rows, whole beats); ``into``: ``y`` and ``b`` are the rows
+    of buffers ``(y buffer, b buffer or None, first row)`` from that row on (a part that
+    writes some of another's operand rows)."""
 
     rows: int
     length: int
@@ -210,6 +221,8 @@ class RequantOp:
     within: tuple[str, int] | None = None
     host: bool = False
     w_bytes: int = 0
+    x_row_bytes: int = 0
+    into: tuple[str, str | None, int] | None = None
 
     @property
     def fold(self) -> bool:
@@ -219,14 +232,21 @@ class RequantOp:
     @property
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
-        return ("requant", self.rows, self.length, self.act_row_bytes, self.amax, self.fold)
+        return ("requant", self.rows, self.length, self.act_row_bytes, self.amax, self.fold,
+                self.x_row_bytes)
+
+    @property
+    def writes(self) -> str:
+        """The buffer of the INT8 rows it writes (``y``'s, or the one it is ``into``)."""
+        return self.y if self.into is None else self.into[0]
 
 
 @dataclass(frozen=True)
 class DequantOp:
     """The DEQUANT part of a fused program: a GEMM's ``rows`` rows of ``length`` int32
     accumulators (symbol ``x``, ``acc_row_bytes`` apart) to Q15.16 rows (symbol ``y``,
-    ``row_bytes`` apart, as a vector program's), with the layer's channel words (symbol
+    ``row_bytes`` apart: a vector program's rows, or more, a column range of wider rows),
+    with the layer's channel words (symbol
     ``w``, one constant row: :func:`hw.numerics.dequant_channels` of its row scales) and the
     ``amax`` words its REQUANT part wrote (symbol ``b``, at ``place``); ``layer``: the
     linear layer (module name) whose row scales the channel words hold. ``host``: the
@@ -234,7 +254,9 @@ class DequantOp:
     :func:`scores_groups`); ``within``: ``y`` is the rows of another buffer from a byte
     offset on (``(symbol, offset)``: :func:`sw.compile.symbols.within`); ``fold_qmax``
     (127 or 7, the value cache's): the values epilogue, the ``amax`` words FOLD's and the
-    channel words the constant :func:`hw.numerics.values_channel`."""
+    channel words the constant :func:`hw.numerics.values_channel`; ``part_of``: ``x`` and
+    ``b`` are the rows of buffers ``(accumulators, amax words, first row)`` from that row
+    on (a DEQUANT of some of a member's rows)."""
 
     rows: int
     length: int
@@ -250,12 +272,13 @@ class DequantOp:
     host: bool = False
     within: tuple[str, int] | None = None
     fold_qmax: int = 0
+    part_of: tuple[str, str, int] | None = None
 
     @property
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
         return ("dequant", self.rows, self.length, self.acc_row_bytes, tuple(self.place),
-                bool(self.fold_qmax))
+                bool(self.fold_qmax), self.row_bytes)
 
     @property
     def data_bytes(self) -> int:
@@ -365,11 +388,14 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
     out = []
     for p in parts:
         if isinstance(p, RequantOp):
-            out += [(p.b, p.rows * cfg.beat_bytes)] if p.b is not None else []
+            if p.b is not None and p.into is not None:
+                out.append((p.into[1], (p.into[2] + p.rows) * cfg.beat_bytes))
+            elif p.b is not None:
+                out.append((p.b, p.rows * cfg.beat_bytes))
             if p.host:  # the rows the host writes for it
                 out.append((p.x, p.rows * row_bytes(cfg, p.length)))
             if p.within is not None:  # the rows it reads live until it has run
-                out.append((p.within[0], p.within[1] + p.rows * row_bytes(cfg, p.length)))
+                out.append((p.within[0], p.within[1] + _x_bytes(cfg, p)))
         elif isinstance(p, DequantOp):
             out += [(p.y, p.data_bytes)] if p.within is None else []
             out += [(p.b, p.rows * cfg.beat_bytes)] if p.host and p.place == SCORES_AMAX else []
@@ -388,13 +414,32 @@ def part_constants(parts: Sequence[Part]) -> list[tuple[str, int, DequantOp | Re
         (p.w, p.w_bytes, p) for p in parts if isinstance(p, RequantOp) and p.fold]
 
 
-def part_aliases(parts: Sequence[Part]) -> list[tuple[str, str, int, int]]:
+def _x_bytes(cfg: AcceleratorConfig, p: RequantOp) -> int:
+    """The bytes a REQUANT part's input rows span (their last row's whole beats)."""
+    return (p.rows - 1) * (p.x_row_bytes or row_bytes(cfg, p.length)) + row_bytes(cfg, p.length)
+
+
+def part_aliases(cfg: AcceleratorConfig, parts: Sequence[Part]
+                 ) -> list[tuple[str, str, int, int]]:
     """``(symbol, buffer, offset, bytes)`` of every part's operand rows that lie inside
-    another buffer (a DEQUANT's results, a REQUANT's input: ``within``)."""
-    return [(p.y, *p.within, p.data_bytes) for p in parts
-            if isinstance(p, DequantOp) and p.within is not None] + [
-        (p.x, *p.within, p.rows * p.length * 4) for p in parts
+    another buffer (a DEQUANT's results, a REQUANT's input: ``within``; a REQUANT's INT8
+    rows and ``amax`` beats: ``into``)."""
+    out = [(p.y, *p.within, p.data_bytes) for p in parts
+           if isinstance(p, DequantOp) and p.within is not None] + [
+        (p.x, *p.within, _x_bytes(cfg, p)) for p in parts
         if isinstance(p, RequantOp) and p.within is not None]
+    for p in parts:
+        if isinstance(p, DequantOp) and p.part_of is not None:
+            acc, amax, first = p.part_of
+            step = p.place.stride * cfg.beat_bytes
+            out += [(p.x, acc, first * p.acc_row_bytes, p.rows * p.acc_row_bytes),
+                    (p.b, amax, first * step, p.rows * step)]
+        if isinstance(p, RequantOp) and p.into is not None:
+            y, b, first = p.into
+            out.append((p.y, y, first * p.act_row_bytes, p.rows * p.act_row_bytes))
+            if p.b is not None:
+                out.append((p.b, b, first * cfg.beat_bytes, p.rows * cfg.beat_bytes))
+    return out
 
 
 def _left_over(words: np.ndarray) -> dict[int, int]:
@@ -614,9 +659,10 @@ class FusedGroup:
     """A fused program: the work entries it runs (consecutive indices of ``work``), its
     ``parts`` in order and, per part, the entry (offset into ``entries``) whose node's program
     it is (None: a REQUANT, DEQUANT or ADD between them); ``fallback``: the groups to fuse
-    instead where this one does not fit the instruction memory; ``residual``: where the host
-    writes the residual rows of the first entry (a residual linear after a host REQUANT
-    head: :func:`linear_group`) as Q15.16 rows for a part that reads them (None: none);
+    instead where this one does not fit the instruction memory; ``residual``: where a part
+    reads the residual rows of the first entry (a residual linear after a host REQUANT
+    head: :func:`linear_group`) as Q15.16 rows (None: none) -- an earlier chain's ADD
+    results, or a buffer of its own the host writes (the compiler tells which);
     ``attention``: per context bucket, this chain after that bucket's attention program as
     one (:func:`attention_chains`), each falling back to the attention program alone and
     this one."""
@@ -627,6 +673,21 @@ class FusedGroup:
     fallback: tuple[FusedGroup, ...] = ()
     residual: str | None = None
     attention: tuple[FusedGroup, ...] = ()
+
+
+def rows_left(group: FusedGroup) -> set[str]:
+    """The Q15.16 rows the fused program of ``group`` leaves in DRAM once it has run, which a
+    later chain's residual may read there (:func:`fusion_groups`): the rows its head reads
+    (the host's, written before the start), its residual rows and every vector and DEQUANT
+    part's results."""
+    head = group.parts[0]
+    out = {group.residual}
+    if isinstance(head, VectorOp):
+        out |= {head.x, head.b}
+    elif isinstance(head, RequantOp) and head.host:
+        out.add(head.x)
+    out |= {p.y for p in group.parts if isinstance(p, VectorOp | DequantOp)}
+    return out - {None}
 
 
 def _pair_group(cfg: AcceleratorConfig, work: Sequence[tuple], i: int,
@@ -722,10 +783,14 @@ class _Chain:
     DEQUANT rows and the residual rows, ``(dequant symbol, residual symbol, rows, length)``).
     A unit's first part is its *head*: a vector node's program, or the REQUANT of a
     :func:`linear_group`; the rows the first unit's head reads are the host's, written before
-    the start, and so are a residual linear head's residual rows (``residual``)."""
+    the start. A residual linear head's residual rows (``residual``) are those an earlier
+    chain left on chip where it did (``left``: per graph value, ``(symbol, rows, length)``
+    as in ``onchip``; the same rows and length, so the same row layout: every chain's rows
+    lie ``row_bytes(cfg, length)`` apart), else a buffer of its own the host writes."""
 
     def __init__(self, cfg: AcceleratorConfig, work: Sequence[tuple], unit: FusedGroup,
-                 aliases: Mapping[str, str]):
+                 aliases: Mapping[str, str],
+                 left: Mapping[str, tuple[str, int, int]] | None = None):
         self.cfg, self.work, self.aliases = cfg, work, aliases
         self.entries: list[int] = []
         self.parts: list[Part] = []
@@ -740,8 +805,11 @@ class _Chain:
         phase, node, _, _ = work[unit.entries[0]]
         deq = [p for p in unit.parts if isinstance(p, DequantOp)]
         if isinstance(head, RequantOp) and len(node.inputs) == 2 and len(deq) == 1:
-            self.residual = symbols.buffer("s", phase, node.name)
-            self.onchip.setdefault(node.inputs[1], (self.residual, deq[0].rows, deq[0].length))
+            shape = (deq[0].rows, deq[0].length)
+            made = (left or {}).get(node.inputs[1])
+            self.residual = made[0] if made is not None and made[1:] == shape \
+                else symbols.buffer("s", phase, node.name)
+            self.onchip.setdefault(node.inputs[1], (self.residual, *shape))
         self._add(unit, head)
 
     def _reads(self, unit: FusedGroup) -> list[tuple[str, str]]:
@@ -840,6 +908,7 @@ def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = T
         return [u for u in units if u is not None and len(u.entries) > 1]
     out: list[FusedGroup] = []
     current: _Chain | None = None
+    left: dict[str, tuple[str, int, int]] = {}  # the rows the chains so far left on chip
     for unit in units + [None]:
         if current is not None and unit is not None and current.join(unit):
             continue
@@ -847,7 +916,8 @@ def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = T
             out += current.units if len(current.entries) > 1 else []
         elif current is not None:
             out.append(current.group())
-        current = _Chain(cfg, work, unit, aliases or {}) if unit is not None else None
+            left.update(current.onchip)
+        current = _Chain(cfg, work, unit, aliases or {}, left) if unit is not None else None
     return out
 
 
@@ -868,19 +938,49 @@ def _softmax_entry(work: Sequence[tuple], i: int) -> int | None:
 
 def _query_rows(cfg: AcceleratorConfig, work: Sequence[tuple], i: int) -> VectorOp | None:
     """The vector program of the rope node whose output is attention scores entry ``i``'s
-    query, where its rows are the query rows of every head in order, each ``4 * head_dim``
-    bytes (one token, whole beats) -- a REQUANT can read them from its results (None:
-    not so)."""
+    query, where its rows are one per token, each every head's ``head_dim`` words in order,
+    ``4 * head_dim`` bytes per head (whole beats), and each member's rows are whole heads of
+    those tokens -- a REQUANT can read them from its results (None: not so)."""
     phase, node, _, members = work[i]
-    d = node.attrs["head_dim"]
+    d, heads = node.attrs["head_dim"], node.attrs["heads"]
     for ph, n, b, ms in work:
         if ph == phase and b is None and n.op == "rope" and n.outputs[0] == node.inputs[0] \
                 and len(ms) == 1 and isinstance(ms[0], VectorOp):
             vec = ms[0]
             whole = row_bytes(cfg, d) == 4 * d
-            return vec if vec.rows == 1 and vec.length == node.attrs["heads"] * d and whole \
-                else None
+            rows = heads // len(members) * vec.rows  # a member's: its heads' tokens
+            return vec if vec.length == heads * d and whole and heads % len(members) == 0 \
+                and all(m.plan.tokens == rows for m in members) else None
     return None
+
+
+def query_requants(cfg: AcceleratorConfig, rope: VectorOp, m: Member, h: int, d: int,
+                   amax: str | None) -> list[RequantOp]:
+    """The REQUANT parts that requantise scores member ``h``'s (``m``'s) query rows from the
+    results of ``rope`` (:func:`_query_rows`: a row per token, every head's ``d`` words side
+    by side) into its INT8 rows (and their ``amax`` beats into ``amax``, where they are
+    separate). One token (a decode step): its heads' rows are consecutive, one REQUANT of
+    them. Several (a prefill): a member's rows are a head's tokens, then the next head's
+    (:func:`hw.numerics.group_rows`), each head a column range of the rope's rows, so a
+    REQUANT per head reads its ``d`` words of every token's row (``x_row_bytes`` the rope's
+    row) into its rows of the member's (``into``)."""
+    tokens = rope.rows
+    if tokens == 1:
+        first = h * m.plan.tokens * 4 * d
+        return [RequantOp(m.plan.tokens, d, m.plan.act_row_bytes,
+                          symbols.within(rope.y, first), m.x, amax, True,
+                          within=(rope.y, first))]
+    out = []
+    per = m.plan.tokens // tokens  # query heads per member
+    for g in range(per):
+        first, row = (h * per + g) * 4 * d, g * tokens
+        out.append(RequantOp(tokens, d, m.plan.act_row_bytes, symbols.within(rope.y, first),
+                             symbols.within(m.x, row * m.plan.act_row_bytes),
+                             None if amax is None else
+                             symbols.within(amax, row * cfg.beat_bytes), True,
+                             within=(rope.y, first), x_row_bytes=rope.row_bytes,
+                             into=(m.x, amax, row)))
+    return out
 
 
 def _values_entry(work: Sequence[tuple], j: int) -> int | None:
@@ -945,11 +1045,12 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
     :func:`hw.numerics.group_rows` stacks them). The SOFTMAX's valid counts stay run-time
     ``imm`` words the host sets.
 
-    Where the query is a rope node's results, one token's heads in one row of whole beats
-    per head (:func:`_query_rows`: a decode step), a REQUANT per member first requantises its
-    heads' rows from there on chip (``within`` that rope's results, which then live until
-    this program has run) and leaves the ``amax`` words for the DEQUANT: the host writes
-    neither the INT8 query rows nor their ``amax``."""
+    Where the query is a rope node's results, a token's heads in one row of whole beats per
+    head (:func:`_query_rows`), REQUANT parts first requantise each member's rows from there
+    on chip (:func:`query_requants`: one per member in a decode step, one per query head in
+    a prefill; ``within`` that rope's results, which then live until this program has run)
+    and leave the ``amax`` words for the DEQUANT: the host writes neither the INT8 query
+    rows nor their ``amax``."""
     out = []
     for i, (phase, node, bucket, members) in enumerate(work):
         if node.op != "attn_scores" or bucket is None:
@@ -967,13 +1068,8 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
         for h, m in enumerate(members):
             place, amax = SCORES_AMAX, symbols.buffer("a", phase, node.name, h)
             if rope is not None:  # its heads' rows of the rope's results, requantised
-                first = h * m.plan.tokens * 4 * d
-                r = RequantOp(m.plan.tokens, d, m.plan.act_row_bytes,
-                              symbols.within(rope.y, first), m.x, None, True,
-                              within=(rope.y, first))
                 place = amax_place(cfg, d, m.plan.act_row_bytes)
-                r = replace(r, b=amax if place.separate else None)
-                req.append(r)
+                req += query_requants(cfg, rope, m, h, d, amax if place.separate else None)
                 amax = amax if place.separate else m.x
             deq.append(DequantOp(m.plan.tokens, m.plan.n, m.plan.out_row_bytes, vec.row_bytes,
                                  place, m.y,
@@ -995,22 +1091,65 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
     return out
 
 
-def _flat_order(graph: Graph, value: str, source: str, kv_heads: int) -> bool:
-    """Whether ``value`` is a layout-only view of ``source`` (``[B, H, T, d]``: attention's
-    output) whose elements, row-major, are ``source``'s query heads grouped per kv head
-    (:func:`hw.numerics.group_rows`), row-major: the values members' rows in order."""
+def _layout_index(graph: Graph, value: str, source: str) -> torch.Tensor | None:
+    """Where ``value``'s elements, row-major, lie in ``source`` (``[B, H, T, d]``:
+    attention's output) as flat indices, where ``value`` is a layout-only view of it (the
+    layout nodes' kernels applied to ``arange``; None: not so)."""
     src, chain = _layout_source(graph, value)
     shape = graph.values[source].shape
     if src != source or not chain or len(shape) != 4 or \
             not all(isinstance(n, int) for n in shape):
-        return False
-    index = torch.arange(int(np.prod(shape, dtype=np.int64))).reshape(tuple(shape))
-    x = index
+        return None
+    x = torch.arange(int(np.prod(shape, dtype=np.int64))).reshape(tuple(shape))
     for n in chain:
         (x,) = OPS[n.op].kernel(n, [x], None)
-    b, h, t, d = shape
-    return torch.equal(x.reshape(-1), index.reshape(b, kv_heads, h // kv_heads * t, d)
-                       .reshape(-1))
+    return x.reshape(-1)
+
+
+def _flat_order(graph: Graph, value: str, source: str, kv_heads: int) -> bool:
+    """Whether ``value`` is a layout-only view of ``source`` (``[B, H, T, d]``: attention's
+    output) whose elements, row-major, are ``source``'s query heads grouped per kv head
+    (:func:`hw.numerics.group_rows`), row-major: the values members' rows in order."""
+    x = _layout_index(graph, value, source)
+    return x is not None and torch.equal(x, torch.arange(x.numel()))
+
+
+def _token_order(graph: Graph, value: str, source: str) -> bool:
+    """Whether ``value`` is a layout-only view of ``source`` (``[B, H, T, d]``) whose
+    elements, row-major, are each token's heads side by side (``source.transpose(1, 2)``,
+    row-major: o_proj's input rows in a prefill)."""
+    x = _layout_index(graph, value, source)
+    if x is None:
+        return False
+    index = torch.arange(x.numel()).reshape(tuple(graph.values[source].shape))
+    return torch.equal(x, index.transpose(1, 2).reshape(-1))
+
+
+def _values_into(cfg: AcceleratorConfig, vdeq: Sequence[DequantOp], req: RequantOp,
+                 tokens: int, d: int) -> list[DequantOp] | None:
+    """The DEQUANT parts that write the values' rows (``vdeq``: per member, its query heads'
+    ``tokens`` rows each of ``d`` words, head after head) as the rows ``req`` reads (a
+    row per token, every head's ``d`` words side by side): per query head, a DEQUANT of its
+    rows of its member's accumulators and FOLD ``amax`` words (``part_of``) into its column
+    range of every token's row (``row_bytes`` the row, ``within`` at the head's column).
+    None where a head's column range is not whole beats or the rows are not ``req``'s."""
+    heads = sum(v.rows for v in vdeq) // tokens
+    pitch = row_bytes(cfg, req.length)
+    if row_bytes(cfg, d) != 4 * d or req.rows != tokens or req.length != heads * d \
+            or any(v.rows % tokens or v.length != d for v in vdeq):
+        return None
+    out, head = [], 0
+    for v in vdeq:
+        step = v.place.stride * cfg.beat_bytes
+        for g in range(v.rows // tokens):
+            first, col = g * tokens, head * 4 * d
+            out.append(replace(v, rows=tokens, row_bytes=pitch,
+                               x=symbols.within(v.x, first * v.acc_row_bytes),
+                               b=symbols.within(v.b, first * step),
+                               y=symbols.within(req.x, col), within=(req.x, col),
+                               part_of=(v.x, v.b, first)))
+            head += 1
+    return out
 
 
 def attention_chains(cfg: AcceleratorConfig, graph: Graph, work: Sequence[tuple],
@@ -1020,12 +1159,16 @@ def attention_chains(cfg: AcceleratorConfig, graph: Graph, work: Sequence[tuple]
     one program: ``(attention, merged)`` pairs, ``merged`` falling back to ``attention``.
 
     They merge where the chain's head linear reads the values node's output through layout
-    nodes (``graph``'s) whose elements, in order, are the values members' rows in order (a
-    decode step: one token, the heads side by side, :func:`_flat_order`) and every such row,
-    and the head's rows, are whole beats (``4 * length`` bytes apart): each values member's
-    DEQUANT then writes its rows inside the head's input buffer (``within``, in member
-    order) and the head's REQUANT reads that buffer on chip. The chain's residual rows
-    (:attr:`FusedGroup.residual`) stay the host's, written before the run."""
+    nodes (``graph``'s) and every such row, and the head's rows, are whole beats (``4 *
+    length`` bytes apart). Where its elements, in order, are the values members' rows in
+    order (a decode step: one token, the heads side by side, :func:`_flat_order`), each
+    values member's DEQUANT writes its rows inside the head's input buffer (``within``, in
+    member order); where they are each token's heads side by side (a prefill,
+    :func:`_token_order`: the members' rows are a head's tokens), the values DEQUANTs keep
+    their rows (the host reads them back) and a DEQUANT per query head writes its column
+    range of the head's input rows too (:func:`_values_into`). The head's REQUANT reads that
+    buffer on chip. The chain's residual rows (:attr:`FusedGroup.residual`) are read as the
+    chain alone reads them."""
     heads = {g.entries[0]: g for g in groups
              if isinstance(g.parts[0], RequantOp) and g.parts[0].host}
     out = []
@@ -1034,27 +1177,36 @@ def attention_chains(cfg: AcceleratorConfig, graph: Graph, work: Sequence[tuple]
             continue
         phase, vnode, _, vmembers = work[a.entries[2]]
         vdeq = [p for p in a.parts if isinstance(p, DequantOp) and p.fold_qmax]
-        chain = next((c for e, c in heads.items() if work[e][0] == phase
-                      and _flat_order(graph, work[e][1].inputs[0], vnode.outputs[0],
-                                      vnode.attrs["kv_heads"])), None)
+        source = vnode.outputs[0]
+        flat = {e: _flat_order(graph, work[e][1].inputs[0], source, vnode.attrs["kv_heads"])
+                for e in heads if work[e][0] == phase}
+        chain = next((heads[e] for e, f in flat.items() if f or _token_order(
+            graph, work[e][1].inputs[0], source)), None)
         if chain is None or len(vdeq) != len(vmembers):
             continue
         req = chain.parts[0]
-        if row_bytes(cfg, req.length) != 4 * req.length or req.rows * req.length != sum(
-                d.rows * d.length for d in vdeq) or any(
-                d.row_bytes != 4 * d.length for d in vdeq):
-            continue
-        parts, at = [], 0
-        for p in a.parts:
-            if isinstance(p, DequantOp) and p.fold_qmax:
-                p = replace(p, y=symbols.within(req.x, at), within=(req.x, at))
-                at += p.data_bytes
-            parts.append(p)
+        if flat[chain.entries[0]]:
+            if row_bytes(cfg, req.length) != 4 * req.length or req.rows * req.length != sum(
+                    d.rows * d.length for d in vdeq) or any(
+                    d.row_bytes != 4 * d.length for d in vdeq):
+                continue
+            parts, at = [], 0
+            for p in a.parts:
+                if isinstance(p, DequantOp) and p.fold_qmax:
+                    p = replace(p, y=symbols.within(req.x, at), within=(req.x, at))
+                    at += p.data_bytes
+                parts.append(p)
+        else:
+            _, _, t, d = graph.values[source].shape
+            into = _values_into(cfg, vdeq, req, t, d)
+            if into is None:
+                continue
+            parts = [*a.parts, *into]
         head = replace(req, x=symbols.within(req.x, 0), within=(req.x, 0), host=False)
         n = len(a.entries)
         merged = FusedGroup(a.entries + chain.entries, (*parts, head, *chain.parts[1:]),
-                            a.owners + tuple(None if o is None else o + n
-                                             for o in chain.owners),
+                            a.owners + (None,) * (len(parts) - len(a.parts))
+                            + tuple(None if o is None else o + n for o in chain.owners),
                             fallback=(a,), residual=chain.residual)
         out.append((a, merged))
     return out

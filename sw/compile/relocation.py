@@ -118,35 +118,37 @@ def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, leng
 
 def lower_requant_template(cfg: AcceleratorConfig, rows: int, length: int,
                            act_row_bytes: int, loops: bool | None = False,
-                           amax: bool = False, fold: bool = False) -> Template:
+                           amax: bool = False, fold: bool = False,
+                           x_stride: int = 0) -> Template:
     """:func:`sw.compile.schedule.schedule_requant` as one relocatable program (END appended;
-    its operands are layer 0's ``x``, ``y``, with ``amax`` where the rows do not hold it
-    ``b``, and with ``fold`` (FOLD: the values prologue) the value codes' row ``w``;
-    ``loops``: rolled).
+    its operands are layer 0's ``x`` (rows ``x_stride`` beats apart; 0: consecutive), ``y``,
+    with ``amax`` where the rows do not hold it ``b``, and with ``fold`` (FOLD: the values
+    prologue) the value codes' row ``w``; ``loops``: rolled).
 
     Raises
     ------
     LoweringError
         A row does not fit the vector scratchpads, or the program the instruction memory.
     """
-    return _template(cfg, schedule_requant(cfg, rows, length, act_row_bytes, amax, fold),
-                     loops)
+    return _template(cfg, schedule_requant(cfg, rows, length, act_row_bytes, amax, fold,
+                                           x_stride), loops)
 
 
 def lower_dequant_template(cfg: AcceleratorConfig, rows: int, length: int,
                            acc_row_bytes: int, place: AmaxPlace,
-                           loops: bool | None = False, fold: bool = False) -> Template:
+                           loops: bool | None = False, fold: bool = False,
+                           y_stride: int = 0) -> Template:
     """:func:`sw.compile.schedule.schedule_dequant` as one relocatable program (END appended;
-    its operands are layer 0's ``x``, ``w``, ``b`` and ``y``; ``loops``: rolled; ``fold``:
-    the ``amax`` words are FOLD's).
+    its operands are layer 0's ``x``, ``w``, ``b`` and ``y``, rows ``y_stride`` beats apart
+    (0: consecutive); ``loops``: rolled; ``fold``: the ``amax`` words are FOLD's).
 
     Raises
     ------
     LoweringError
         A row does not fit the vector scratchpads, or the program the instruction memory.
     """
-    return _template(cfg, schedule_dequant(cfg, rows, length, acc_row_bytes, place, fold),
-                     loops)
+    return _template(cfg, schedule_dequant(cfg, rows, length, acc_row_bytes, place, fold,
+                                           y_stride), loops)
 
 
 def lower_argmax_template(cfg: AcceleratorConfig, rows: int, length: int,

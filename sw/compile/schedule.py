@@ -478,21 +478,23 @@ def _row_chunks(rows: int, m: int) -> list[tuple[int, int]]:
 
 
 def _whole_rows(cfg: AcceleratorConfig, func: VecFunc, length: int, in_half: int,
-                out_half: int, pitch: int, base: int = 0
+                out_half: int, pitch: int, base: int = 0, stride: int = 0
                 ) -> tuple[Callable[[tuple[int, int], int], _Emitted],
                            Callable[[tuple[int, int], int], _Emitted]]:
     """The ``load`` and ``run`` of :func:`_row_tasks` for tasks ``(first row, rows)`` of one
-    operand, ``"x"``, rows of ``length`` elements in whole consecutive beats: one LOAD of the
-    task's rows into the half (``in_half`` beats each, from VIN beat ``base``: a constant
-    row below, every VEC's second operand), one VEC of ``func`` per row, its results
-    ``pitch`` beats apart in the VOUT half (``out_half`` beats each)."""
+    operand, ``"x"``, rows of ``length`` elements in whole beats, ``stride`` beats apart in
+    DRAM (0: consecutive): one LOAD of the task's rows into the half (``in_half`` beats
+    each, from VIN beat ``base``: a constant row below, every VEC's second operand), one VEC
+    of ``func`` per row, its results ``pitch`` beats apart in the VOUT half (``out_half``
+    beats each)."""
     per = _elems_per_beat(cfg)
     beats = -(-length // per)
+    stride = stride or beats
 
     def load(task: tuple[int, int], h: int) -> _Emitted:
         row, n = task
-        return [(Load(spad=Spad.VIN, spad_addr=base + h * in_half, dram_addr=row * beats,
-                      rows=n, row_beats=beats, dram_stride=beats), (0, "x"))]
+        return [(Load(spad=Spad.VIN, spad_addr=base + h * in_half, dram_addr=row * stride,
+                      rows=n, row_beats=beats, dram_stride=stride), (0, "x"))]
 
     def run(task: tuple[int, int], h: int) -> _Emitted:
         return [(Vec(func=func, a_addr=(base + h * in_half + j * beats) * per,
@@ -599,7 +601,7 @@ def amax_place(cfg: AcceleratorConfig, length: int, act_row_bytes: int) -> AmaxP
 
 
 def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_bytes: int,
-                     amax: bool = False, fold: bool = False) -> Schedule:
+                     amax: bool = False, fold: bool = False, x_stride: int = 0) -> Schedule:
     """One program requantising ``rows`` rows of ``length`` int32 elements (Q15.16) into the
     int8 input rows of a GEMM (:data:`VecFunc.REQUANT`, :func:`hw.numerics.vec_requant`).
 
@@ -609,7 +611,8 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
     are FOLD's (:func:`hw.numerics.fold_amax_word`), for a DEQUANT with ``fold``.
 
     DRAM operands (relocated as :data:`Reloc` of layer 0): ``"x"`` the rows (each
-    ``ceil(length * 4 / beat)`` beats, consecutive, as :func:`schedule_vector`'s), ``"y"``
+    ``ceil(length * 4 / beat)`` beats, consecutive, as :func:`schedule_vector`'s, or
+    ``x_stride`` beats apart: a column range of wider rows), ``"y"``
     the int8 rows, ``act_row_bytes`` apart (:attr:`sw.compile.tiling.LinearPlan.act_row_bytes`).
     A REQUANT writes the codes, four to a word, then the row's ``amax`` word; a row's codes
     are stored with as many following words as fill its last beat (at most the row's
@@ -626,7 +629,8 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
     Raises
     ------
     LoweringError
-        No vector engine, or one row does not fit a scratchpad half.
+        No vector engine, one row does not fit a scratchpad half, or ``x_stride`` is
+        shorter than a row.
     """
     _require_vector(cfg)
     per, beat = _elems_per_beat(cfg), cfg.beat_bytes
@@ -634,6 +638,9 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
         raise LoweringError(f"int8 rows of {act_row_bytes} bytes cannot hold {length} codes "
                             f"in whole {beat}-byte beats")
     in_beats = -(-length // per)
+    if x_stride and x_stride < in_beats:
+        raise LoweringError(f"rows {x_stride} beats apart cannot hold {length} elements "
+                            f"({in_beats} beats)")
     func = VecFunc.FOLD if fold else VecFunc.REQUANT
     const = in_beats if fold else 0        # the value codes' row, below the halves
     full, store = _requant_beats(cfg, length, act_row_bytes)  # VOUT beats a VEC writes, stored
@@ -646,7 +653,7 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
         raise _no_fit(cfg, func, length)
     row_beats = act_row_bytes // beat
 
-    load, vecs = _whole_rows(cfg, func, length, in_half, out_half, pitch, const)
+    load, vecs = _whole_rows(cfg, func, length, in_half, out_half, pitch, const, x_stride)
 
     def store_rows(task: tuple[int, int], h: int) -> _Emitted:
         row, n = task
@@ -668,7 +675,7 @@ def schedule_requant(cfg: AcceleratorConfig, rows: int, length: int, act_row_byt
 
 
 def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_bytes: int,
-                     place: AmaxPlace, fold: bool = False) -> Schedule:
+                     place: AmaxPlace, fold: bool = False, y_stride: int = 0) -> Schedule:
     """One program dequantising ``rows`` rows of a GEMM's ``length`` int32 accumulators into
     Q15.16 rows (:data:`VecFunc.DEQUANT`, :func:`hw.numerics.vec_dequant`).
 
@@ -676,7 +683,8 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     ``acc_row_bytes`` apart (the GEMM's ``out_row_bytes``); ``"w"`` the channel words, one
     constant row (:func:`hw.numerics.dequant_channels`), loaded once below the halves;
     ``"b"`` the ``amax`` words as :func:`schedule_requant` left them (``place``); ``"y"``
-    the results, laid out as :func:`schedule_vector`'s. A task loads its rows' ``amax``
+    the results, laid out as :func:`schedule_vector`'s (or ``y_stride`` beats apart: a
+    column range of wider rows). A task loads its rows' ``amax``
     beats (one LOAD, a beat per row) and then its accumulator rows into a VIN half; each row's
     VEC reads its ``amax`` word (``imm``: its VIN address, FOLD's word with ``fold``:
     :func:`hw.isa.dequant_imm`; the values epilogue). A row too long for the halves is
@@ -686,11 +694,16 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     Raises
     ------
     LoweringError
-        No vector engine, or the channel row and one beat of a row do not fit.
+        No vector engine, the channel row and one beat of a row do not fit, or ``y_stride``
+        is shorter than a row.
     """
     _require_vector(cfg)
     per, beat = _elems_per_beat(cfg), cfg.beat_bytes
     row_beats = -(-length // per)
+    if y_stride and y_stride < row_beats:
+        raise LoweringError(f"rows {y_stride} beats apart cannot hold {length} elements "
+                            f"({row_beats} beats)")
+    y_stride = y_stride or row_beats
     if acc_row_bytes % beat or acc_row_bytes < length * 4:
         raise LoweringError(f"accumulator rows of {acc_row_bytes} bytes cannot hold {length} "
                             f"int32 words in whole {beat}-byte beats")
@@ -719,8 +732,8 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
 
     def store_rows(t: _DequantTask, h: int) -> _Emitted:
         return [(Store(spad=Spad.VOUT, spad_addr=h * out_half,
-                       dram_addr=t.row * row_beats + t.start, rows=t.rows, row_beats=t.beats,
-                       dram_stride=row_beats), (0, "y"))]
+                       dram_addr=t.row * y_stride + t.start, rows=t.rows, row_beats=t.beats,
+                       dram_stride=y_stride), (0, "y"))]
 
     head = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=row_beats),
              (0, "w"))]

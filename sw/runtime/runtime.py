@@ -17,8 +17,8 @@ the addresses of the LOADs that read the rows of the constant rotary table, like
 epilogue reads the results back (``from_fixed``: float64, the exact words), so they equal
 the host kernels with the vector unit's numerics bit for bit. The parts of a fused program
 (:mod:`sw.compile.fusion`) keep their prologues and epilogues, but the program runs once, at
-its first part's node (a linear whose REQUANT part is on chip: its input rows, and its
-residual rows, written as Q15.16 words), and the later parts' inputs are what it wrote on
+its first part's node (a linear whose REQUANT part is on chip: its input rows, and residual
+rows no program left on chip, as Q15.16 words), and the later parts' inputs are what it wrote on
 chip. The KV cache lives in accelerator memory: the op that appends to it
 (``OPS[op].kv_state``) writes the step's INT8 (or INT4) keys and values into their stream
 layout (:class:`~sw.compile.executable.KVCachePlan`) and keeps their scales on the host.
@@ -451,8 +451,9 @@ class Runtime:
     def _residual_rows(self, phase: str, run: int) -> int:
         """Write, as Q15.16 rows (``to_fixed``), the residual rows of every later part of
         fused program ``run`` whose prologue does not run (a residual linear whose input
-        rows are on chip: a member's ``residual`` without ``requant``), from the step's
-        values; returns the cycles of the bytes streamed."""
+        rows are on chip: a member's ``residual`` without ``requant``; none where an earlier
+        program left them on chip), from the step's values; returns the cycles of the bytes
+        streamed."""
         written = 0
         for pid in self.exe.programs[run].parts[1:]:
             p = self.exe.programs[pid]

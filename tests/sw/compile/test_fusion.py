@@ -52,6 +52,7 @@ from sw.compile.fusion import (
     fusion_groups,
     hoistable,
     linear_group,
+    part_buffers,
     row_aliases,
     vector_events,
 )
@@ -193,6 +194,48 @@ def test_requant_leaves_amax_for_a_dequant_part(seed):
         want_codes, amax = vec_requant(x[i])
         assert np.array_equal(codes[i, :length], want_codes), i
         assert np.array_equal(got[i], vec_dequant(acc[i], chan, amax)), i
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_strided_requant_reads_a_column_range_of_wider_rows(seed):
+    """REQUANT with ``x_stride`` (a prefill query head: its ``d`` words of every token's
+    row of all heads) through the fast model: each INT8 row is vec_requant of that row's
+    column range alone (the other columns random), its ``amax`` beat where a separate
+    placement puts it (whole beats of codes: drawn)."""
+    rng = np.random.default_rng(seed)
+    beat = CFG.beat_bytes
+    per = beat // 4
+    length = per * int(rng.integers(1, 4))            # a head: whole beats
+    heads = int(rng.integers(2, 5))
+    head = int(rng.integers(0, heads))
+    rows = int(rng.integers(1, 9))
+    wide = 4 * length * heads                          # a token's row of every head
+    act_row = -(-(length + int(rng.integers(0, 2)) * beat) // beat) * beat
+    place = amax_place(CFG, length, act_row)
+    base = {"x": 0, "q": rows * wide, "a": rows * wide + rows * act_row}
+    base["h"] = base["x"] + head * 4 * length
+
+    class _Req:
+        x, y, b, w, w_tile_stride = "h", "q", "a", None, None
+    req = relocate(lower_requant_template(CFG, rows, length, act_row, amax=True,
+                                          x_stride=wide // beat), base, [_Req], beat)
+    words = fuse_words(CFG, [vector_events(req)])
+    for ins in decode_program(words.astype("<u8").view(np.uint8).reshape(-1)):
+        check(ins, CFG)
+    x = to_fixed(rng.standard_normal((rows, length * heads)) * float(rng.choice([0.1, 20.0])))
+    dram = np.zeros(CFG.memory.size_bytes, np.uint8)
+    dram[:x.size * 4] = x.astype("<i4").view(np.uint8).reshape(-1)
+    r = make_backend("model", CFG).run(words, dram)
+    assert r.ok, r.error
+    codes = r.dram[base["q"]:base["q"] + rows * act_row].view(np.int8).reshape(rows, act_row)
+    beats = r.dram[base["a"]:base["a"] + rows * beat].view("<i4").reshape(rows, -1)
+    for i in range(rows):
+        want, amax = vec_requant(x[i, head * length:(head + 1) * length])
+        assert np.array_equal(codes[i, :length], want), i
+        if place.separate:
+            assert int(beats[i * place.stride + place.beat, place.elem]) == int(amax), i
+    with pytest.raises(LoweringError, match="cannot hold"):
+        lower_requant_template(CFG, rows, 2 * per, act_row, x_stride=1)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -567,12 +610,12 @@ def test_a_rope_reads_the_rows_of_the_linear_its_layout_nodes_view():
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     """Each attention scores node's program per context bucket, the softmax's and the
-    values' of the same bucket are parts of one fused program (its VECs: in a decode step a
-    REQUANT of each query head's row of the rope's results, then a DEQUANT per row of each
+    values' of the same bucket are parts of one fused program (its VECs: a REQUANT of each
+    query head's rows of the rope's results, a row per token, then a DEQUANT per row of each
     operand head, then a SOFTMAX per row, whose ``imm`` the host sets, then a FOLD per row
     and a DEQUANT per row of the values); each member's DEQUANT writes its rows of the
     softmax's input, in order, and reads its kv head's channel words and the ``amax`` words
-    of REQUANT (decode) or of the host (prefill: a beat per row); each values member's FOLD
+    of REQUANT (the host writes neither them nor the query rows); each values member's FOLD
     reads its kv head's value codes (the host's), its DEQUANT the FOLD's amax words
     (imm's fold bit) and the constant values channel words."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=kv_heads)
@@ -593,9 +636,10 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
         assert first.bucket == soft.bucket == values.bucket == p.bucket
         op = soft.vector
         vecs = [i for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")]
-        requant = [VecFunc.REQUANT] * (4 if p.phase == "decode" else 0)  # a row per head
-        if p.phase == "decode":  # the chain after it (o_proj's REQUANT on): its own test
-            vecs = vecs[:len(requant) + 4 * op.rows]
+        tokens = 1 if p.phase == "decode" else opts.prompt_tokens
+        requant = [VecFunc.REQUANT] * (4 * tokens)  # a row per head and token
+        # the chain after it (o_proj's REQUANT on): its own test
+        vecs = vecs[:len(requant) + 4 * op.rows]
         assert [v.func for v in vecs] == requant + [VecFunc.DEQUANT] * op.rows \
             + [VecFunc.SOFTMAX] * op.rows + [VecFunc.FOLD] * op.rows \
             + [VecFunc.DEQUANT] * op.rows
@@ -614,17 +658,15 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
             r = exe.symbols[m.dequant]
             assert r.addr == at and m.dequant_row_bytes == op.row_bytes
             at += m.tokens * op.row_bytes
-            if p.phase == "decode":   # REQUANT leaves them
-                assert m.amax is None
-            else:
-                assert exe.symbols[m.amax].nbytes >= m.tokens * CFG.beat_bytes
+            assert m.amax is None   # REQUANT leaves them
             assert m.channels == f"sc:{layer}:{j // (len(first.members) // kv_heads)}"
             assert exe.symbols[m.channels].nbytes >= op.row_bytes
         assert at == exe.symbols[op.x].addr + op.data_bytes
     assert SCORES_AMAX.separate and SCORES_AMAX.stride == 1
-    # per decode step: the first block's norm -> q/k/v -> RoPEs, and per block its
+    # per step: the first block's norm -> q/k/v -> RoPEs, and per block its
     # scores -> softmax -> values chained with its o_proj, MLP and the next block's q/k/v
-    assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 1 + 2
+    for phase in ("prefill", "decode"):
+        assert exe.report["phases"][phase]["fused_programs_per_step"] == 1 + 2
 
 
 def _decode_work(monkeypatch, lm, cfg=VSMALL) -> list:
@@ -646,27 +688,28 @@ def _vec_funcs(words) -> list[VecFunc]:
     return [i.func for i in decode_program(words.view(np.uint8)) if isinstance(i, Vec)]
 
 
-def test_a_linear_whose_rows_the_host_writes_heads_a_chain():
+def test_a_linear_whose_rows_the_host_writes_heads_a_chain(monkeypatch):
     """Each block's o_proj (its input the host's attention output, its residual the block's
     input) heads the chain of its MLP and the next block's q/k/v: a REQUANT of the Q15.16
-    rows the host writes, the GEMM, its DEQUANT and the ADD of the residual rows the host
-    writes too, before the post-attention norm; the member names both buffers, large enough
-    for the rows. Without chaining it stays the host's (alone it would be no fewer
-    programs)."""
+    rows the host writes, the GEMM, its DEQUANT and the ADD of the residual rows, before the
+    post-attention norm; the member names the input buffer, large enough for the rows, and
+    no residual rows: an earlier program left them on chip (the first block's norm input,
+    an earlier chain's ADD: test_a_residual_reads_the_rows_an_earlier_chain_left_on_chip).
+    (Here the chain runs alone: attention's program is not merged with it, as where the
+    merged program does not fit.) Without chaining it stays the host's (alone it would be no
+    fewer programs)."""
     lm = tiny_lm()
     opts = CompileOptions(4, 6)
+    monkeypatch.setattr(compiler, "attention_chains", lambda *args: [])
     exe = compile_model(lm, VSMALL, opts, weights=compressed(lm))
     heads = [p for p in exe.programs if p.parts
              and exe.programs[p.parts[0]].node.endswith("self_attn.o_proj")]
-    # every block's prefill (a decode step's chain follows its attention in one program:
-    # test_attention_and_the_chain_after_it_are_one_decode_program)
-    assert len(heads) == lm.config.num_hidden_layers
-    assert {p.phase for p in heads} == {"prefill"}
+    assert len(heads) == 2 * lm.config.num_hidden_layers   # every block's, in each phase
+    assert {p.phase for p in heads} == {"prefill", "decode"}
     for p in heads:
         (m,) = exe.programs[p.parts[0]].members
-        assert m.requant and m.residual and m.dequant
+        assert m.requant and m.residual is None and m.dequant
         assert exe.symbols[m.requant].nbytes >= m.tokens * m.requant_row_bytes >= 4 * m.k
-        assert exe.symbols[m.residual].nbytes >= m.tokens * m.dequant_row_bytes >= 4 * m.n
         funcs = _vec_funcs(p.words)
         rows = [VecFunc.REQUANT] * m.tokens + [VecFunc.DEQUANT] * m.tokens \
             + [VecFunc.ADD] * m.tokens + [VecFunc.RMSNORM] * m.tokens
@@ -679,18 +722,21 @@ def test_a_linear_whose_rows_the_host_writes_heads_a_chain():
     assert not any(p.node.endswith("o_proj") for p in plain.programs if p.parts)
 
 
-def _merged(exe) -> list:
-    """The decode programs of ``exe`` that hold attention and the chain after it."""
-    return [p for p in exe.programs if p.parts and p.imm_rows and len(p.parts) > 3]
+def _merged(exe, phase: str = "decode") -> list:
+    """The ``phase`` programs of ``exe`` that hold attention and the chain after it."""
+    return [p for p in exe.programs if p.parts and p.imm_rows and len(p.parts) > 3
+            and p.phase == phase]
 
 
 def test_attention_and_the_chain_after_it_are_one_decode_program():
     """In a decode step each block's attention program (per context bucket) and the chain
     its o_proj heads are one: the values members' DEQUANTs write their rows, in member
     order, as o_proj's input row, which its REQUANT reads on chip (the member names no
-    ``requant``); the host writes o_proj's residual rows (``residual``). Each chain node
-    has a program per bucket, a part of that bucket's program; prefill keeps two. The
-    tokens, across buckets, equal the twin's."""
+    ``requant``), and its residual rows are on chip too (no ``residual``). Each chain node
+    has a program per bucket, a part of that bucket's program. In a prefill too, with a
+    DEQUANT per query head writing its column range of o_proj's input rows
+    (test_a_prefill_writes_the_values_rows_as_o_projs_input_rows), so each step runs a
+    program per block and one more. The tokens, across buckets, equal the twin's."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=2)
     ws = compressed(lm)
     cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 22))
@@ -705,8 +751,7 @@ def test_attention_and_the_chain_after_it_are_one_decode_program():
         assert [q.node for q in parts[:4]] == [f"layers.{layer}.self_attn.{n}" for n in
                                                ("scores", "softmax", "values", "o_proj")]
         (m,) = parts[3].members
-        assert m.requant is None and m.residual and m.dequant
-        assert exe.symbols[m.residual].nbytes >= m.tokens * m.dequant_row_bytes
+        assert m.requant is None and m.residual is None and m.dequant
         at = exe.symbols[f"h:decode:{parts[3].node}"].addr
         for v in parts[2].members:   # the values' rows, in order: o_proj's input row
             assert exe.symbols[v.dequant].addr == at and v.dequant_row_bytes == 4 * v.n
@@ -718,19 +763,58 @@ def test_attention_and_the_chain_after_it_are_one_decode_program():
         funcs = _vec_funcs(p.words)
         assert VecFunc.SOFTMAX in funcs and funcs.index(VecFunc.ADD) > funcs.index(
             VecFunc.SOFTMAX)
-    assert any(p.phase == "prefill" and p.parts
-               and exe.programs[p.parts[0]].node.endswith("o_proj") for p in exe.programs)
+    prefill = _merged(exe, "prefill")
+    assert len(prefill) == lm.config.num_hidden_layers
+    assert exe.report["phases"]["prefill"]["programs_per_step"] == 1 + 2
     ids = torch.randint(0, lm.config.vocab_size, (1, 20),
                         generator=torch.Generator().manual_seed(3))
     rt = Runtime(exe, make_backend("model", cfg), vector=True)
     got = [rt.step(ids[:, :6])] + [rt.step(ids[:, t:t + 1]) for t in range(6, 20)]
     assert len({exe.programs[r.program].bucket for _, st in got[1:] for r in st.programs
                 if exe.programs[r.program].imm_rows}) > 1   # crossed a bucket
-    assert all(len(st.programs) == 1 + 2 for _, st in got[1:])
+    assert all(len(st.programs) == 1 + 2 for _, st in got)
     want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True,
                                                   attention=True), ids, 6)
     for (logits, _), w in zip(got, want, strict=True):
         assert torch.equal(logits, w)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_a_prefill_writes_the_values_rows_as_o_projs_input_rows(kv_heads):
+    """In a prefill the values members' rows are a head's tokens (their DEQUANTs keep them:
+    the host reads them back) and o_proj's input rows a token's heads: a DEQUANT per query
+    head writes its rows of the accumulators and FOLD ``amax`` words (``part_of``) into its
+    column range of every token's row (``row_bytes`` o_proj's row), which o_proj's REQUANT
+    reads on chip. After the step, the last block's o_proj input rows in DRAM are the
+    values' rows, word for word, token-major."""
+    lm = tiny_lm(layers=2, heads=4, kv_heads=kv_heads)
+    cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 22))
+    tokens = 6
+    exe = compile_model(lm, cfg, CompileOptions(tokens, 8), weights=compressed(lm))
+    merged = _merged(exe, "prefill")
+    assert len(merged) == lm.config.num_hidden_layers
+    heads, d = lm.config.num_attention_heads, lm.config.head_dim
+    for p in merged:
+        funcs = _vec_funcs(p.words)
+        soft = funcs.index(VecFunc.SOFTMAX)
+        fold = len(funcs) - funcs[::-1].index(VecFunc.FOLD)   # past the last FOLD
+        # the values' DEQUANTs, then one per query head again, then o_proj's REQUANT
+        assert funcs[fold:fold + 2 * heads * tokens + tokens] == [VecFunc.DEQUANT] * (
+            2 * heads * tokens) + [VecFunc.REQUANT] * tokens and soft < fold
+    rt = Runtime(exe, make_backend("model", cfg), vector=True)
+    ids = torch.randint(0, lm.config.vocab_size, (1, tokens),
+                        generator=torch.Generator().manual_seed(kv_heads))
+    rt.step(ids)
+    last = merged[-1]
+    values, o_proj = (exe.programs[i] for i in last.parts[2:4])
+    assert o_proj.node.endswith("o_proj") and values.node.endswith("values")
+    rows = np.concatenate([rt._read_rows(m.dequant, m.tokens, m.dequant_row_bytes, d)
+                           for m in values.members])           # [H * T, d], head-major
+    at = exe.symbols[f"h:prefill:{o_proj.node}"].addr
+    pitch = -(-4 * heads * d // cfg.beat_bytes) * cfg.beat_bytes
+    got = rt.dram[at:at + tokens * pitch].view("<i4").reshape(tokens, -1)[:, :heads * d]
+    want = rows.reshape(heads, tokens, d).transpose(1, 0, 2).reshape(tokens, heads * d)
+    assert np.array_equal(got, want)
 
 
 def test_a_bucket_whose_merged_program_does_not_fit_runs_attention_and_chain_apart(
@@ -769,6 +853,145 @@ def test_a_bucket_whose_merged_program_does_not_fit_runs_attention_and_chain_apa
                                                   attention=True), ids, 6)
     for (logits, _), w in zip(got, want, strict=True):
         assert torch.equal(logits, w)
+
+
+def _partitioned(monkeypatch, lm, cfg, opts) -> tuple:
+    """``compile_model``'s executable of ``lm`` and what its ``_partition`` returned (work,
+    buffers, kv layout, fused groups)."""
+    seen = []
+    real = compiler._partition
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        seen.append(out)
+        return out
+    monkeypatch.setattr(compiler, "_partition", spy)
+    return compile_model(lm, cfg, opts, weights=compressed(lm)), seen[0]
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_a_residual_reads_the_rows_an_earlier_chain_left_on_chip(monkeypatch, phase):
+    """A residual linear heading a chain (each block's o_proj) reads its residual rows (the
+    block's input) where an earlier chain of the step left them: the first block's in the
+    first chain's norm input (the embedding's rows, written once), a later block's in the
+    ADD results of the chain before (the previous block's down_proj + residual). Same rows,
+    length and row layout; the buffer lives until the chain's ADD has read it, no program
+    writes it in between, and the member names no rows for the host to write."""
+    lm = tiny_lm(layers=3)
+    exe, (work, buffers, _, groups) = _partitioned(monkeypatch, lm, VSMALL,
+                                                   CompileOptions(4, 6))
+    live = {b.name: b for b in buffers[phase]}
+    chains = sorted((g for g in groups.values() if work[g.entries[0]][0] == phase
+                     and work[g.entries[0]][1].op != "attn_scores"), key=lambda g: g.entries[0])
+    heads = [(k, g) for k, g in enumerate(chains)
+             if work[g.entries[0]][1].name.endswith("self_attn.o_proj")]
+    assert len(heads) == lm.config.num_hidden_layers
+    for layer, (k, g) in enumerate(heads):
+        node = work[g.entries[0]][1]
+        add = next(p for p in g.parts if isinstance(p, type(g.parts[-1])) and
+                   getattr(p, "func", None) == VecFunc.ADD)
+        assert add.b == g.residual
+        before = chains[k - 1]
+        if layer == 0:   # the embedding's rows, as the first norm reads them
+            norm = before.parts[0]
+            assert work[before.entries[0]][1].name == "layers.0.input_layernorm"
+            assert work[before.entries[0]][1].inputs == (node.inputs[1],)
+            assert g.residual == norm.x and norm.row_bytes == add.row_bytes
+            assert (norm.rows, norm.length) == (add.rows, add.length)
+        else:            # the previous chain's ADD of the residual stream
+            (made,) = [p for p in before.parts if isinstance(p, type(add))
+                       and p.func == VecFunc.ADD and p.y == g.residual]
+            assert (made.rows, made.length, made.row_bytes) == \
+                (add.rows, add.length, add.row_bytes)
+        assert g.residual in compiler.rows_left(before)
+        writers = [p for c in chains[k:] for p in c.parts if getattr(p, "y", None) ==
+                   g.residual]
+        assert not writers   # no later program writes them
+        assert live[g.residual].end >= live[add.y].end   # live through the ADD
+    for p in exe.programs:
+        assert all(m.residual is None for m in p.members)
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_consecutive_fused_programs_may_share_arena_bytes(monkeypatch, phase):
+    """A fused program's own buffers live from the host stage before its first node to the
+    one after its last: those no later program reads are dead before the next fused program
+    (its attention merges included) starts, so the planner may give their bytes to it (but
+    the last node's own results, which live a stage on as every node's do); the ones a later
+    program reads (residual rows, the rope's rows) live on."""
+    lm = tiny_lm(layers=3)
+    _, (work, buffers, _, groups) = _partitioned(monkeypatch, lm, VSMALL,
+                                                 CompileOptions(4, 6))
+    live = {b.name: b for b in buffers[phase]}
+    chains = sorted((g for g in groups.values() if work[g.entries[0]][0] == phase
+                     and work[g.entries[0]][1].op != "attn_scores"), key=lambda g: g.entries[0])
+
+    def names(g) -> set[str]:
+        return {n for x in (g, *g.attention) for n, _ in part_buffers(VSMALL, x.parts)}
+    assert len(chains) == 1 + lm.config.num_hidden_layers
+    for k in range(len(chains) - 1):
+        mine, later = names(chains[k]), set().union(*map(names, chains[k + 1:]))
+        nxt = min(live[n].start for n in names(chains[k + 1]) - mine)
+        last = {n for m in work[chains[k].entries[-1]][3] for n, _, _ in m.buffers()}
+        dead = mine - later - last
+        assert dead and all(live[n].end < nxt for n in dead)
+        assert all(live[n].end >= nxt for n in mine & later)
+
+
+def _written_rows(monkeypatch, rt: Runtime) -> list[str]:
+    """The symbols ``rt`` writes rows into, in order (appended as it runs)."""
+    out = []
+    real = rt._write_rows
+
+    def spy(symbol, rows, row_bytes):
+        out.append(symbol)
+        return real(symbol, rows, row_bytes)
+    monkeypatch.setattr(rt, "_write_rows", spy)
+    return out
+
+
+def test_the_host_writes_a_decode_steps_residual_rows_only_where_no_program_left_them(
+        monkeypatch):
+    """Per decode step the host writes one set of Q15.16 rows (the embedding, the first
+    norm's input) and no residual rows: each o_proj's ADD reads them where a program of the
+    step left them; in neither phase does it write query rows (REQUANT parts do). Where no
+    program left them (here: the compiler told that no group's rows stay on chip), the host
+    writes every residual into the buffer the ADD reads, and its I/O costs more cycles. The
+    tokens equal the twin's both ways."""
+    lm = tiny_lm(layers=3)
+    ws = compressed(lm)
+    opts = CompileOptions(4, 10)
+    ids = torch.randint(0, lm.config.vocab_size, (1, 10),
+                        generator=torch.Generator().manual_seed(7))
+    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True,
+                                                  attention=True), ids, 4)
+
+    def run(exe):
+        rt = Runtime(exe, make_backend("model", VSMALL), vector=True)
+        written = _written_rows(monkeypatch, rt)
+        got = [rt.step(ids[:, :4])]
+        assert not [s for s in written if ".scores" in s]   # no query rows, no amax words
+        steps = []
+        for t in range(4, 10):
+            del written[:]
+            got.append(rt.step(ids[:, t:t + 1]))
+            steps.append(list(written))
+        for (logits, _), w in zip(got, want, strict=True):
+            assert torch.equal(logits, w)
+        io = sum(h.unit_cycles for _, st in got[1:] for h in st.host if h.op.endswith(":io"))
+        return steps, io
+
+    steps, io = run(compile_model(lm, VSMALL, opts, weights=ws))
+    assert all(w == ["x:decode:layers.0.input_layernorm"] for w in steps), steps
+    monkeypatch.setattr(compiler, "rows_left", lambda g: set())
+    exe = compile_model(lm, VSMALL, opts, weights=ws)
+    host = [m.residual for p in exe.programs if p.phase == "decode" and p.fused_into is not None
+            for m in p.members if m.residual]
+    assert {s.split(":")[0] for s in host} == {"x", "r"}   # the buffers the ADDs read
+    steps_all, io_all = run(exe)
+    assert all(len(w) == 1 + lm.config.num_hidden_layers and set(host) <= set(w)
+               for w in steps_all)
+    assert io_all > io
 
 
 @pytest.mark.parametrize("seed", range(2))

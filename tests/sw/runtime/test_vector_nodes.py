@@ -391,27 +391,23 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
     # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too, per phase: the norm ->
-    # q/k/v -> RoPE of q and k (its table LOADs set per step); o_proj from a REQUANT of the
-    # host's Q15.16 rows (its DEQUANT + the residual rows the host wrote: an ADD part) chained
-    # with the MLP and the final norm (another ADD between); attention's scores -> DEQUANT
-    # -> softmax (its valid counts set per step; decoding, the query's REQUANT from the
-    # RoPE's rows first) -> FOLD -> values -> DEQUANT, decoding into o_proj's input rows and
-    # on with the o_proj chain in the same program
+    # q/k/v -> RoPE of q and k (its table LOADs set per step); attention's query REQUANT
+    # from the RoPE's rows (a prefill: a strided one per head) -> scores -> DEQUANT ->
+    # softmax (its valid counts set per step) -> FOLD -> values -> DEQUANT into o_proj's
+    # input rows (a prefill: a strided DEQUANT per head) and on with the o_proj chain in the
+    # same program: its REQUANT, its DEQUANT + the residual rows (the norm's input still on
+    # chip: an ADD part), the MLP and the final norm (another ADD between)
     fused = [p for p in exe.programs if p.parts]
-    assert sorted(len(p.parts) for p in fused) == [3, 4, 4, 6, 9]
-    assert all({v.func for v in _vecs(p)} == {VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD}
-               | ({VecFunc.REQUANT} if p.phase == "decode" else set()) and p.imm_rows
-               for p in fused if len(p.parts) == 3)
+    assert sorted((p.phase, len(p.parts)) for p in fused) == [
+        ("decode", 4), ("decode", 9), ("prefill", 4), ("prefill", 9)]
     assert all(VecFunc.ROPE in {v.func for v in _vecs(p)} and p.position_rows
                for p in fused if len(p.parts) == 4)
-    for p in (p for p in fused if len(p.parts) == 6):
-        (m,) = exe.programs[p.parts[0]].members
-        assert m.requant and m.residual and _vecs(p)[0].func == VecFunc.REQUANT
-        assert [v.func for v in _vecs(p)].count(VecFunc.ADD) == 2 * m.tokens
-    for p in (p for p in fused if len(p.parts) == 9):   # decode: attention, then the chain
+    for p in (p for p in fused if len(p.parts) == 9):   # attention, then the chain
         (m,) = exe.programs[p.parts[3]].members
-        assert p.phase == "decode" and p.imm_rows and m.residual and not m.requant
-        assert [v.func for v in _vecs(p)].count(VecFunc.ADD) == 2 * m.tokens
+        assert p.imm_rows and not m.residual and not m.requant
+        funcs = [v.func for v in _vecs(p)]
+        assert funcs.count(VecFunc.ADD) == 2 * m.tokens and funcs[0] == VecFunc.REQUANT
+        assert {VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD} <= set(funcs)
     assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)
     runs = [_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, PROMPT)
