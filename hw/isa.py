@@ -117,10 +117,13 @@ class VecFunc(enum.Enum, shape=4):
     ROPE = 7     # rotary rotation of heads, table at b_addr     (hw.numerics.vec_rope_pairs)
     DEQUANT = 8  # dst[i] = acc a[i], channel word b[i], amax VIN[imm] (hw.numerics.vec_dequant)
     FOLD = 9     # REQUANT of the 54-bit a[i] * b[i]: codes, then its amax word (vec_fold)
+    CHANNEL = 11  # dst[i] = channel word of imm's word times amax a[i] (vec_channel)
 
 
 #: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
 VEC_FUNC_VALUES = tuple(m.value for m in VecFunc)
+#: Values below the largest defined one that name no sub-op (ILLEGAL_OPCODE as those above).
+_VEC_FUNC_GAPS = tuple(v for v in range(max(VEC_FUNC_VALUES)) if v not in VEC_FUNC_VALUES)
 
 
 class ErrorCode(enum.Enum, shape=4):
@@ -181,7 +184,8 @@ VecBody = data.StructLayout({
     "imm": 40,      # SOFTMAX: valid positions (<= length); RMSNORM: epsilon (norm_eps);
                     # ROPE: head_dim + heads * 2**16 (rope_imm)
                     # DEQUANT: the VIN address of the token's amax word, FOLD's with
-                    # bit 16 (dequant_imm)
+                    # bit 16 (dequant_imm); CHANNEL: a channel word (bits 0..23, those
+                    # above ignored)
 })
 
 #: REPEAT: the next ``length`` instructions (the *body*) run ``count`` times; iteration ``i``
@@ -393,7 +397,7 @@ class Vec(_Base):
 
 def vec_out_words(func, length):
     """VOUT elements (words) a VEC writes: ``length`` (the row sub-ops: ADD, SOFTMAX, RMSNORM,
-    MUL, SILU_GATE, ROPE, DEQUANT); 2 (ARGMAX: the index, the max);
+    MUL, SILU_GATE, ROPE, DEQUANT, CHANNEL); 2 (ARGMAX: the index, the max);
     ``ceil(length / 4) + 1`` (REQUANT and FOLD: the int8 codes packed four to a word, code
     ``i`` in byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax``
     as an unsigned 32-bit word, FOLD's as :func:`hw.numerics.fold_amax_word`). Ints, arrays
@@ -401,7 +405,7 @@ def vec_out_words(func, length):
     rows = ((func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value)
             | (func == VecFunc.RMSNORM.value) | (func == VecFunc.MUL.value)
             | (func == VecFunc.SILU_GATE.value) | (func == VecFunc.ROPE.value)
-            | (func == VecFunc.DEQUANT.value))
+            | (func == VecFunc.DEQUANT.value) | (func == VecFunc.CHANNEL.value))
     return (rows * length + (func == VecFunc.ARGMAX.value) * 2
             + ((func == VecFunc.REQUANT.value) | (func == VecFunc.FOLD.value))
             * (((length + 3) >> 2) + 1))
@@ -1059,7 +1063,9 @@ def legal_words(f: dict, lim: DispatchLimits):
     no_mode = (op == Opcode.GEMM.value) & (f["gemm.epilogue"] > max(EPILOGUE_VALUES))
     is_dma = (op == Opcode.LOAD.value) | (op == Opcode.STORE.value)
     no_spad = is_dma & (f["dma.spad"] > max(s.value for s in Spad))
-    no_func = (op == Opcode.VEC.value) & (f["vec.func"] > max(VEC_FUNC_VALUES))
+    func = f["vec.func"]
+    no_func = (op == Opcode.VEC.value) & functools.reduce(
+        operator.or_, (func == v for v in _VEC_FUNC_GAPS), func > max(VEC_FUNC_VALUES))
     return defined & ~no_engine & ~no_mode & ~no_spad & ~no_func
 
 

@@ -43,6 +43,7 @@ from hw.numerics import (
     requantize_int8,
     vec_add,
     vec_argmax,
+    vec_channel,
     vec_dequant,
     vec_fold,
     vec_mul,
@@ -550,6 +551,11 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
             amax, shift = fold_amax_fields(amax) if fold else (amax, 0)
             put(st, vec_dequant(row(st, a0), row(st, b0) & 0xFFFFFFFF, amax, shift))
         return dequant
+    if ins.func == VecFunc.CHANNEL:   # amax words (unsigned) times imm's channel word
+
+        def channel(st: MachineState) -> None:
+            put(st, vec_channel(row(st, a0) & 0xFFFFFFFF, ins.imm))
+        return channel
 
     def argmax(st: MachineState) -> None:
         x = row(st, a0)

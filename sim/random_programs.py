@@ -28,6 +28,7 @@ from hw.config import AcceleratorConfig, MemoryModel
 from hw.engines import engines_of
 from hw.isa import (
     NO_EVENT,
+    VEC_FUNC_VALUES,
     End,
     Engine,
     EpilogueMode,
@@ -51,9 +52,10 @@ from hw.isa import (
     vec_out_words,
     vec_reads_b,
 )
-from hw.numerics import norm_eps
+from hw.numerics import DEQUANT_EXP_MAX, DEQUANT_MANT_BITS, norm_eps
 
 __all__ = ["RandomProgram", "random_config", "random_program", "break_program",
+           "random_channel_word",
            "EQUIVALENCE_CONFIGS", "VECTOR_NETLIST_CONFIG"]
 
 #: Two array shapes (8 and 16 lanes) with different memories, queues and pattern sets, the
@@ -173,11 +175,22 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
         imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
     elif func == VecFunc.DEQUANT:  # the amax word: any element of the chain's VIN region,
         imm = dequant_imm(int(rng.integers(i0, i1)), bool(rng.random() < 0.5))  # or FOLD's
+    elif func == VecFunc.CHANNEL:  # a normalised channel word, or any imm (bits 24.. ignored)
+        imm = random_channel_word(rng)
     return Vec(func=func, length=length, imm=imm,
                a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)),
                b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1))
                if vec_reads_b(func.value) else 0,
                dst_addr=o0 + int(rng.integers(0, o1 - o0 - out + 1)))
+
+
+def random_channel_word(rng: np.random.Generator) -> int:
+    """A CHANNEL's ``imm``: mostly a normalised channel word (mantissa in [2**16, 2**17), any
+    exponent: small ones make large amax words saturate), else any 40-bit ``imm``."""
+    if rng.random() < 0.8:
+        return (int(rng.integers(1 << (DEQUANT_MANT_BITS - 1), 1 << DEQUANT_MANT_BITS))
+                | int(rng.integers(0, DEQUANT_EXP_MAX + 1)) << DEQUANT_MANT_BITS)
+    return int(rng.integers(0, 1 << 40))
 
 
 def _random_rope(rng: np.random.Generator, vin: tuple[int, int], vout: tuple[int, int]
@@ -346,7 +359,8 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
             word = encode(Gemm()) & ~(((1 << width) - 1) << offset) | (undefined << offset)
         else:  # a VEC naming no sub-op
             offset, width = field_location("vec.func")
-            undefined = int(rng.integers(len(VecFunc), 1 << width))
+            undefined = int(rng.choice([v for v in range(1 << width)
+                                        if v not in VEC_FUNC_VALUES]))
             word = encode(Vec()) & ~(((1 << width) - 1) << offset) | (undefined << offset)
         prog.insert(pos, word)
     elif kind == "bad_field":

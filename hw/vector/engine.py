@@ -57,12 +57,16 @@ FOLD       REQUANT of the products ``w = Mul(0, y54)(a, c)`` (``c`` from ``b_add
            bitlen - 31)``) and the amax word (:func:`hw.numerics.fold_amax_word`) registered;
            pass 2 ``w`` into ``Requant(54)`` with ``r, sh, s``; codes packed as REQUANT's, then
            the amax word
+CHANNEL    one pass, each element an amax word: ``A`` (``127 * 2**16`` for 0) and ``b =
+           bitlen(A)`` into ``DequantFactor(c, A, b, 0)`` with ``c`` the channel word in
+           ``imm``'s bits 0..23; the factor's channel word written as it comes out
 =========  =================================================================================
 
 (:func:`hw.numerics.vec_add`, :func:`~hw.numerics.vec_argmax`,
 :func:`~hw.numerics.vec_requant`, :func:`~hw.numerics.vec_softmax`,
 :func:`~hw.numerics.vec_rmsnorm`, :func:`~hw.numerics.vec_rope_pairs`,
-:func:`~hw.numerics.vec_dequant`, :func:`~hw.numerics.vec_fold`; the sequences are those
+:func:`~hw.numerics.vec_dequant`, :func:`~hw.numerics.vec_fold`,
+:func:`~hw.numerics.vec_channel`; the sequences are those
 of :mod:`hw.vector`'s docstring.)
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
@@ -83,6 +87,7 @@ from hw.numerics import (
     ACT_BITS,
     ACT_FRAC,
     ACT_MAX,
+    DEQUANT_WORD_BITS,
     DEQUANT_ZERO_AMAX,
     FOLD_AMAX_MANT_BITS,
     FOLD_AMAX_SHIFT_BITS,
@@ -477,26 +482,31 @@ class VectorEngine(wiring.Component):
                                      1))]
         # -- DEQUANT: the amax word (pass 1, one element) gives the row's scalars; pass 2
         # streams the accumulators and channel words through DequantFactor and Scale(31).
+        # CHANNEL: each element is an amax word, A and b from it as it is read, through
+        # DequantFactor with imm's channel word; its channel word written as it comes out.
         dq = is_[VecFunc.DEQUANT]
+        ch = is_[VecFunc.CHANNEL]
         amax_rd = _delay(m, issuing & dq & (phase == 0), rl, "amax_rd")  # rd_a is the amax word
         # (a FOLD word, imm's DEQUANT_FOLD_BIT: its mantissa and its shift)
         dq_a = Signal(AMAX_BITS, reset_less=True)
         dq_b = Signal(range(AMAX_BITS + 1), reset_less=True)
         dq_x = Signal(FOLD_AMAX_SHIFT_BITS, reset_less=True)
-        fold_word = imm[DEQUANT_FOLD_BIT]
+        fold_word = imm[DEQUANT_FOLD_BIT] & dq
         amax_word = Mux(fold_word, rd_a[:FOLD_AMAX_MANT_BITS], rd_a)
         a_eff = Mux(amax_word == 0, DEQUANT_ZERO_AMAX, amax_word)
+        a_bits = Mux(amax_word == 0, DEQUANT_ZERO_AMAX.bit_length(), _msb_index(amax_word) + 1)
         with m.If(amax_rd):
-            m.d.sync += [dq_a.eq(a_eff),
-                         dq_b.eq(Mux(amax_word == 0, DEQUANT_ZERO_AMAX.bit_length(),
-                                     _msb_index(amax_word) + 1)),
+            m.d.sync += [dq_a.eq(a_eff), dq_b.eq(a_bits),
                          dq_x.eq(Mux(fold_word, rd_a[FOLD_AMAX_MANT_BITS:], 0))]
         dq_valid = valid & dq & ~amax_rd
-        feed(u["dequant_factor"], dq_valid, chan=rd_b, a=dq_a, b=dq_b, x=dq_x)
+        feed(u["dequant_factor"], dq_valid | (valid & ch),
+             chan=Mux(ch, imm[:DEQUANT_WORD_BITS], rd_b), a=Mux(ch, a_eff, dq_a),
+             b=Mux(ch, a_bits, dq_b), x=Mux(ch, 0, dq_x))
         dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc", data=True)
-        feed(u["scale31"], u["dequant_factor"].o.valid, x=dq_acc,
+        feed(u["scale31"], u["dequant_factor"].o.valid & dq, x=dq_acc,
              r=u["dequant_factor"].o.payload.r, sh=u["dequant_factor"].o.payload.sh)
         dq_last = _delay(m, last & dq_valid, lat["dequant_factor"] + lat["scale31"], "dq_last")
+        ch_last = _delay(m, last & ch, lat["dequant_factor"], "ch_last")
 
         # ---- write
         add_last = _delay(m, last & is_[VecFunc.ADD], lat["add"], "add_last")
@@ -535,6 +545,7 @@ class VectorEngine(wiring.Component):
             (u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last),
             (u["rope"].o.valid, u["rope"].o.payload.y, rope_last),
             (u["scale31"].o.valid, u["scale31"].o.payload.y, dq_last),
+            (u["dequant_factor"].o.valid & ch, u["dequant_factor"].o.payload.word, ch_last),
         ]
         data = 0
         for en, value, _ in reversed(sources):

@@ -63,7 +63,8 @@ from hw.numerics import (
     quantize_activations,
     quantize_activations_vector,
     requant_amax,
-    scores_channels,
+    requant_amax_torch,
+    scores_channels_vector,
     scores_epilogue,
     scores_prologue,
     scores_prologue_vector,
@@ -292,6 +293,9 @@ class Runtime:
         shape = (1, self.exe.kv.kv_heads, self.exe.io.max_context)
         self.scales = {(L, kind): torch.ones(shape) for L in range(self.exe.kv.layers)
                        for kind in "kv"}
+        # With ``vector``: the key rows' integer amax, CHANNEL's input (the scores' channels)
+        self.key_amax = {L: torch.zeros(shape, dtype=torch.int64)
+                         for L in range(self.exe.kv.layers)}
         self.interp.cache.reset()
 
     def seek(self, past: int) -> None:
@@ -586,7 +590,12 @@ class Runtime:
         return tuple(outs), stream_cycles(read, nbytes, self.exe.cfg)
 
     def _attention_scale(self, node: Node, ref: _KVRef, s: int, operand_heads: int):
-        scale = self.scales[(node.attrs["layer"], ref.kind)][:, :, :s]
+        """The cached rows' scales ``[1, operand_heads, s]`` (with ``vector``, the keys':
+        their integer amax, the scores' CHANNEL input)."""
+        if self.vector and ref.kind == "k":
+            scale = self.key_amax[node.attrs["layer"]][:, :, :s]
+        else:
+            scale = self.scales[(node.attrs["layer"], ref.kind)][:, :, :s]
         if operand_heads != scale.shape[1]:  # per query head against repeated K/V
             scale = scale.repeat_interleave(operand_heads // scale.shape[1], dim=1)
         return scale
@@ -637,13 +646,14 @@ class Runtime:
                 written += 4 * s
         return written
 
-    def _scores_words(self, node: Node, m, amax: torch.Tensor, s_k: torch.Tensor) -> int:
+    def _scores_words(self, node: Node, m, amax: torch.Tensor, amax_k: torch.Tensor) -> int:
         """Write what a scores member's DEQUANT part reads besides its accumulators: each
         query row's ``amax`` (word 0 of a beat per row; unless a REQUANT part writes them)
-        and the channel words of the key scales ``s_k [S]`` with the softmax scale folded in
-        (:func:`~hw.numerics.scores_channels`: every cached position's, from the scales the
-        host keeps since the cache was appended to); returns the bytes written."""
-        chan = scores_channels(s_k.numpy(), node.attrs["scale"])
+        and the channel words of the key rows' ``amax_k [S]`` with the softmax scale folded
+        in, as CHANNEL computes them (:func:`~hw.numerics.scores_channels_vector`: every
+        cached position's, from the amax the host keeps since the cache was appended to);
+        returns the bytes written."""
+        chan = scores_channels_vector(amax_k.numpy(), node.attrs["scale"], self.kv.bits)
         if self.values and m.amax is not None:
             beat = self.exe.cfg.beat_bytes // 4
             words = np.zeros((amax.shape[0], beat), dtype="<i4")
@@ -680,7 +690,7 @@ class Runtime:
         if node.op != "attn_scores":
             out = values_epilogue(acc, s_x, heads, self.vector, self.kv.bits)
         elif self.vector:
-            out = scores_vector(acc, s_x, scale, node.attrs["scale"], heads)
+            out = scores_vector(acc, s_x, scale, node.attrs["scale"], heads, self.kv.bits)
         else:
             out = scores_epilogue(acc, s_x, scale, heads) * node.attrs["scale"]
         return (out,), stream_cycles(acc.numel() * 4, out.numel() * 4, self.exe.cfg)
@@ -738,6 +748,8 @@ class Runtime:
             t0 = time.perf_counter()
             layer = node.attrs["layer"]
             past, t = env.past, env.t
+            # the keys' integer amax (as REQUANT writes it): CHANNEL's input, the scores'
+            self.key_amax[layer][:, :, past:past + t] = requant_amax_torch(args[0])
             for kind, x in zip("kv", args, strict=True):
                 if self.kv.bits == 4:
                     group = self.kv.key_format.group if kind == "k" else None
