@@ -34,7 +34,8 @@ the host:
   row scales;
 * softmax of ``scores * scale + mask`` in fp32 on the host
   (:func:`sw.models.llama.attention_probs`); with the vector unit the scaled scores are its
-  DEQUANT's (:func:`scores_vector`: the key scales times ``scale`` as channel words, the query
+  DEQUANT's (:func:`scores_vector`: the key scales times ``scale`` as channel words, as
+  CHANNEL computes them from the key rows' integer ``amax``, :func:`vec_channel`; the query
   rows' integer ``amax``) and the softmax its :func:`vec_softmax`;
 * values: the value scales are folded into the probabilities, ``p'[t, j] = p[t, j] * s_v[j]``,
   which are then quantised per (head, token) row; ``acc = p8 . v8`` exactly and
