@@ -922,6 +922,29 @@ def _set_position(program: Program, past: int, beat_bytes: int,
     return words
 
 
+def _set_append(words: np.ndarray, sites, layout, position: int) -> np.ndarray:
+    """A copy of an on-chip KV append's ``words`` (built for position 0) moved to
+    ``position``: each site's (``sites``: ``(index, kind, field)``) LOAD or STORE ``dram_addr``
+    plus, or INSERT ``imm`` ``base`` set to, what ``layout.append_site(kind, position)``
+    gives (``base`` is imm's low field, 0 in the words)."""
+    words = words.copy()
+    moved = {kind: layout.append_site(kind, position) for kind in ("k", "v", "c")}
+    amask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
+    half, off = divmod(_IMM_AT, 64)
+    for index, kind, what in sites:
+        beats, base = moved[kind]
+        if what == "dram_addr":
+            lo = words[index, 0]
+            addr = int((lo & amask) >> np.uint64(_ADDR_AT)) + beats
+            if addr >= 1 << _ADDR_BITS:
+                raise RuntimeFault(f"the KV append of position {position} lies beyond the "
+                                   "dram_addr field")
+            words[index, 0] = (lo & ~amask) | (np.uint64(addr) << np.uint64(_ADDR_AT))
+        else:
+            words[index, half] |= np.uint64(base) << np.uint64(off)
+    return words
+
+
 def _nbytes(tensors) -> int:
     """Bytes of ``tensors`` on the host link: a float64 activation (the vector unit's exact
     Q15.16 word, :func:`hw.numerics.from_fixed`) is a 4-byte word there."""
