@@ -29,13 +29,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from hw.config import AcceleratorConfig
-from hw.isa import INSERT_FIELDS, Instr, Load, Spad, Store, Vec, VecFunc, insert_imm, vec_out_words
+from hw.isa import (
+    INSERT_FIELDS,
+    End,
+    Instr,
+    Load,
+    Spad,
+    Store,
+    Vec,
+    VecFunc,
+    insert_imm,
+    program_words,
+    vec_out_words,
+)
 from sw.compile.errors import LoweringError
 from sw.compile.lower import KVLayout
 from sw.compile.schedule import EVENTS
 
-__all__ = ["AppendSite", "KVAppendPlan", "schedule_kv_append", "append_value_code"]
+__all__ = ["AppendSite", "KVAppendPlan", "KVAppendOp", "schedule_kv_append",
+           "append_value_code", "kv_append_words"]
 
 #: The regions a per-step word points into, as :meth:`KVLayout.append_site` names them.
 APPEND_KINDS = ("k", "v", "c")
@@ -57,14 +72,15 @@ class KVAppendPlan:
     """Where one layer's append reads and writes (DRAM byte addresses, every one on a beat):
     the token's key row ``k_row`` and value row ``v_row`` (Q15.16 words, the kv heads side
     by side), a ``scratch`` buffer of :meth:`scratch_bytes`, and per kv head its key region,
-    value region and value codes (``keys``, ``values``, ``codes``)."""
+    value region and value codes (``keys``, ``values``, ``codes``; None: no value codes,
+    no FOLD reads them)."""
 
     k_row: int
     v_row: int
     scratch: int
     keys: Sequence[int]
     values: Sequence[int]
-    codes: Sequence[int]
+    codes: Sequence[int] | None = None
 
     @staticmethod
     def scratch_bytes(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int) -> int:
@@ -146,23 +162,25 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
     task(loads, vecs, stores, first=True)
 
     # -- phase 2, per kv head: the codes and the touched beats in, INSERTs, the beats out
-    shapes = {kind: layout.append_transfer(kind) for kind in APPEND_KINDS}
+    kinds = APPEND_KINDS if plan.codes is not None else APPEND_KINDS[:2]
+    shapes = {kind: layout.append_transfer(kind) for kind in kinds}
     beats = {kind: rows * rb for kind, (rows, rb, _) in shapes.items()}
     at = {"k": 2 * cw}
     at["v"] = at["k"] + beats["k"]
     at["c"] = at["v"] + beats["v"]
-    used = at["c"] + beats["c"]
+    used = at["c"] + beats.get("c", 0)
     if used > vin or used - 2 * cw > vout:
         raise LoweringError(f"the KV append of a kv head ({used} VIN beats) does not fit VIN "
                             f"({vin} beats) and VOUT ({vout} beats)")
     code = {"k": 0, "v": cw * per, "c": cw * per + int(vec_out_words(VecFunc.REQUANT.value, d))
             - 1}   # the codes of the key and value rows; the value row's amax word
     for h in range(kv_heads):
-        region = {"k": plan.keys[h], "v": plan.values[h], "c": plan.codes[h]}
+        region = {"k": plan.keys[h], "v": plan.values[h],
+                  "c": None if plan.codes is None else plan.codes[h]}
         loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + 2 * h * cw, rows=1,
                        row_beats=2 * cw), None)]
         vecs, stores = [], []
-        for kind in APPEND_KINDS:
+        for kind in kinds:
             rows, rb, stride = shapes[kind]
             dram = _address(region[kind], beat, f"{kind} region of kv head {h}")
             loads.append((Load(spad=Spad.VIN, spad_addr=at[kind], dram_addr=dram, rows=rows,
@@ -180,3 +198,41 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
         task(loads, vecs, stores, first=False)
     return out, sites
 
+
+
+@dataclass(frozen=True)
+class KVAppendOp:
+    """The KV append part of a fused decode program (:func:`sw.compile.fusion.fusion_groups`):
+    layer ``layer``'s ``kv_heads`` kv heads of ``layout``, the token's key row at symbol
+    ``k`` (a ROPE part's results) and value row at ``v`` (a DEQUANT part's), a ``scratch``
+    buffer, and per kv head the symbols of its keys, values and value codes (``codes``:
+    None where no FOLD reads them)."""
+
+    layer: int
+    kv_heads: int
+    layout: KVLayout
+    k: str
+    v: str
+    scratch: str
+    keys: tuple[str, ...]
+    values: tuple[str, ...]
+    codes: tuple[str, ...] | None = None
+
+    @property
+    def signature(self) -> tuple:
+        """What the instructions depend on, addresses aside."""
+        return ("kv_append", self.kv_heads, self.layout, self.codes is not None)
+
+    def scratch_bytes(self, cfg: AcceleratorConfig) -> int:
+        return KVAppendPlan.scratch_bytes(cfg, self.layout, self.kv_heads)
+
+
+def kv_append_words(cfg: AcceleratorConfig, op: KVAppendOp, addr) -> tuple[np.ndarray,
+                                                                            list[AppendSite]]:
+    """The encoded program (END last) of ``op`` at the symbols' addresses ``addr`` (symbol ->
+    byte address), and its per-step words (:func:`schedule_kv_append`)."""
+    plan = KVAppendPlan(addr[op.k], addr[op.v], addr[op.scratch],
+                        [addr[s] for s in op.keys], [addr[s] for s in op.values],
+                        None if op.codes is None else [addr[s] for s in op.codes])
+    program, sites = schedule_kv_append(cfg, op.layout, op.kv_heads, plan)
+    return program_words([*program, End()]), sites
