@@ -1687,3 +1687,33 @@ def values_vector(acc: torch.Tensor, word: torch.Tensor, heads: int,
     chan = torch.full((acc.shape[-1],), values_channel(qmax), dtype=torch.int64)
     y = vec_dequant_torch(acc, chan, m, s)
     return ungroup_rows(from_fixed_torch(y), heads)
+
+
+# ---------------------------------------------------------------------------- INSERT
+__all__ += ["insert_offsets", "vec_insert"]
+
+
+def insert_offsets(base: int, group: int, groups: int, stride: int, skip: int) -> np.ndarray:
+    """The bytes of a row an INSERT writes its codes to (:class:`hw.isa.InsertGeometry`):
+    code ``j`` of ``group * groups`` to ``base + (j // group) * (group * stride + skip) + (j
+    % group) * stride``; int64. With ``stride >= 1`` they increase, and code ``j``'s byte is
+    at least ``j``."""
+    j = np.arange(group * groups, dtype=np.int64)
+    return base + (j // group) * (group * stride + skip) + (j % group) * stride
+
+
+def vec_insert(a: np.ndarray, b: np.ndarray, base: int, group: int, groups: int,
+               stride: int, skip: int) -> np.ndarray:
+    """INSERT: the row ``a [L]`` (int32 words, as loaded: here bytes of a cache region) with
+    the int8 codes of ``b`` (words, four codes each as REQUANT packs them: code ``j`` in byte
+    ``j % 4`` of word ``j // 4``) written to the bytes :func:`insert_offsets` names (words
+    little-endian: byte ``k`` of the row is byte ``k % 4`` of word ``k // 4``). A code whose
+    byte lies past the row's ``4 L`` is dropped, so only the first ``L`` words of ``b`` are
+    read. Returns the row's words as signed int32 values in int64."""
+    a = np.asarray(a, np.int64)
+    row = (a & 0xFFFFFFFF).astype("<u4").view(np.uint8).copy()
+    codes = (np.asarray(b, np.int64) & 0xFFFFFFFF).astype("<u4").view(np.uint8)
+    at = insert_offsets(base, group, groups, stride, skip)
+    j = np.flatnonzero(at < row.size)
+    row[at[j]] = codes[j]
+    return row.view("<i4").astype(np.int64)

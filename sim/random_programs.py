@@ -48,6 +48,7 @@ from hw.isa import (
     encode,
     field_location,
     gemm_extents,
+    insert_imm,
     rope_imm,
     vec_out_words,
     vec_reads_b,
@@ -56,7 +57,7 @@ from hw.numerics import DEQUANT_EXP_MAX, DEQUANT_MANT_BITS, norm_eps
 
 __all__ = ["RandomProgram", "random_config", "random_program", "break_program",
            "random_channel_word",
-           "EQUIVALENCE_CONFIGS", "VECTOR_NETLIST_CONFIG"]
+           "EQUIVALENCE_CONFIGS", "VECTOR_NETLIST_CONFIG", "random_insert_imm"]
 
 #: Two array shapes (8 and 16 lanes) with different memories, queues and pattern sets, the
 #: second with a vector engine (the first, without one, checks its absence); small buffers and
@@ -175,6 +176,8 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
         imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
     elif func == VecFunc.DEQUANT:  # the amax word: any element of the chain's VIN region,
         imm = dequant_imm(int(rng.integers(i0, i1)), bool(rng.random() < 0.5))  # or FOLD's
+    elif func == VecFunc.INSERT:
+        imm = random_insert_imm(rng, length)
     elif func == VecFunc.CHANNEL:  # a normalised channel word, or any imm (bits 24.. ignored)
         imm = random_channel_word(rng)
     return Vec(func=func, length=length, imm=imm,
@@ -182,6 +185,26 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
                b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1))
                if vec_reads_b(func.value) else 0,
                dst_addr=o0 + int(rng.integers(0, o1 - o0 - out + 1)))
+
+
+def random_insert_imm(rng: np.random.Generator, length: int) -> int:
+    """A valid INSERT ``imm`` (:func:`hw.isa.insert_imm`) for a row of ``length`` words:
+    whole code words (stride 1: a value cache's records, a value code word) or one code per
+    word (stride >= 4: a key cache's records), one group or several, codes inside the row or
+    running past its end (dropped), often the largest fields."""
+    row = 4 * length
+    if rng.random() < 0.4:   # stride 1: base, group and skip multiples of 4
+        group = 4 * int(rng.choice([1, 2, int(rng.integers(1, 129))]))
+        skip = 4 * int(rng.choice([0, int(rng.integers(0, 64))]))
+        base = 4 * int(rng.integers(0, min(255, max(1, row // 4)) + 1))
+        stride = 1
+    else:
+        group = int(rng.choice([1, 2, int(rng.integers(1, 513))]))
+        skip = int(rng.choice([0, 255, int(rng.integers(0, 256))]))
+        base = int(rng.integers(0, min(1023, row) + 1))
+        stride = int(rng.choice([4, 255, int(rng.integers(4, 256))]))
+    groups = int(rng.choice([1, 32, int(rng.integers(1, 33))]))
+    return insert_imm(base, group, groups, stride, skip)
 
 
 def random_channel_word(rng: np.random.Generator) -> int:

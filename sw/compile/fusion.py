@@ -146,6 +146,7 @@ from hw.numerics import ACT_QMAX, KV4_QMAX
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
 from sw.compile.ir import OPS, Graph, rope_rows
+from sw.compile.kvappend import KVAppendOp
 from sw.compile.lower import Member
 from sw.compile.schedule import EVENTS, AmaxPlace, amax_place
 from sw.compile.vector import VectorOp, row_bytes
@@ -155,7 +156,7 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "part_buffers", "part_constants", "part_aliases", "scores_groups", "fuse_words",
            "fuse_parts", "hoistable", "row_aliases", "attention_chains", "all_groups",
            "VECTOR_EVENTS", "vector_events",
-           "SCORES_AMAX"]
+           "SCORES_AMAX", "kv_appends"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -286,8 +287,9 @@ class ArgmaxOp:
 
 
 #: A part of a fused program: a vector node's program, a REQUANT, a linear node's program (its
-#: members), a DEQUANT of one member's outputs, or an ARGMAX of a DEQUANT's rows.
-Part = VectorOp | RequantOp | tuple[Member, ...] | DequantOp | ArgmaxOp
+#: members), a DEQUANT of one member's outputs, an ARGMAX of a DEQUANT's rows, or a layer's
+#: KV append (:mod:`sw.compile.kvappend`).
+Part = VectorOp | RequantOp | tuple[Member, ...] | DequantOp | ArgmaxOp | KVAppendOp
 
 
 def _fusable(a: tuple, b: tuple) -> bool:
@@ -377,6 +379,8 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
             out.append((p.y, p.rows * cfg.beat_bytes))
         elif isinstance(p, VectorOp):
             out += [(name, size) for name, size, _ in p.buffers()]
+        elif isinstance(p, KVAppendOp):
+            out.append((p.scratch, p.scratch_bytes(cfg)))
     return out
 
 
@@ -715,6 +719,30 @@ def row_aliases(graph: Graph, work: Sequence[tuple]) -> dict[str, str]:
     return out
 
 
+def kv_appends(graph: Graph) -> dict[str, tuple[int, str]]:
+    """Per key row value a KV append node of ``graph`` reads (``OPS[op].kv_state`` "append":
+    the rotated keys), its layer and the value whose rows its values are: the source of its
+    value input through layout-only nodes whose elements, in order, are that source's (one
+    token's: the kv heads side by side, as the key row), checked on the element indices as
+    :func:`row_aliases` does. A chain that holds both rows on chip appends them there
+    (:class:`sw.compile.kvappend.KVAppendOp`)."""
+    out = {}
+    for node in graph.nodes:
+        if OPS[node.op].kv_state != "append" or len(node.inputs) != 2:
+            continue
+        source, chain = _layout_source(graph, node.inputs[1])
+        shape = graph.values[source].shape
+        if not all(isinstance(n, int) for n in shape):
+            continue
+        index = torch.arange(int(np.prod(shape, dtype=np.int64))).reshape(tuple(shape))
+        x = index
+        for n in chain:
+            (x,) = OPS[n.op].kernel(n, [x], None)
+        if torch.equal(x.reshape(-1), index.reshape(-1)):
+            out[node.inputs[0]] = (int(node.attrs["layer"]), source)
+    return out
+
+
 class _Chain:
     """A fused program being grown unit by unit (:func:`fusion_groups`): its entries, parts
     and owners, and where each graph value it computed lies on chip as Q15.16 rows
@@ -725,8 +753,10 @@ class _Chain:
     the start, and so are a residual linear head's residual rows (``residual``)."""
 
     def __init__(self, cfg: AcceleratorConfig, work: Sequence[tuple], unit: FusedGroup,
-                 aliases: Mapping[str, str]):
+                 aliases: Mapping[str, str],
+                 appends: Mapping[str, tuple[str, KVAppendOp]] | None = None):
         self.cfg, self.work, self.aliases = cfg, work, aliases
+        self.appends = dict(appends or {})
         self.entries: list[int] = []
         self.parts: list[Part] = []
         self.owners: list[int | None] = []
@@ -762,6 +792,24 @@ class _Chain:
         if isinstance(head, VectorOp):
             _, vnode, _, _ = self.work[unit.entries[0]]
             self.onchip[vnode.outputs[0]] = (head.y, head.rows, head.length)
+        self._add_rows(unit)
+        self._append()
+
+    def _append(self) -> None:
+        """A KV append part for each of ``appends`` (key row value -> its value row's value
+        and the part) whose two rows of one token now lie on chip, as long as the kv heads'
+        rows, once."""
+        for k, (v, op) in list(self.appends.items()):
+            at_k, at_v = self.onchip.get(k), self.onchip.get(v)
+            size = (1, op.kv_heads * op.layout.head_dim)
+            if at_k is None or at_v is None or at_k[1:] != size or at_v[1:] != size:
+                continue
+            del self.appends[k]
+            self.parts.append(replace(op, k=at_k[0], v=at_v[0]))
+            self.owners.append(None)
+
+    def _add_rows(self, unit: FusedGroup) -> None:
+        """Where a linear unit's DEQUANT rows (or a residual output, pending) lie on chip."""
         deq = [p for p in unit.parts if isinstance(p, DequantOp)]
         if not deq:
             return
@@ -816,13 +864,17 @@ class _Chain:
 
 def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = True,
                   heads: frozenset[str] = frozenset(),
-                  aliases: Mapping[str, str] | None = None) -> list[FusedGroup]:
+                  aliases: Mapping[str, str] | None = None,
+                  appends: Mapping[str, tuple[str, KVAppendOp]] | None = None
+                  ) -> list[FusedGroup]:
     """The fused programs of ``work`` (the accelerator nodes of one phase, in order, as
     ``(phase, node, bucket, members)``): each pair of :func:`fusion_pairs` (an ARGMAX after
     a linear whose output is in ``heads``) and, with ``chain``, runs of consecutive pairs and
     lone vector nodes whose every vector node reads only rows an earlier part left on chip
     (the module docstring's chaining rule) as one; ``aliases``: per vector node input, the
-    value whose on-chip rows it reads instead (:func:`row_aliases`)."""
+    value whose on-chip rows it reads instead (:func:`row_aliases`); ``appends``: per key
+    row value of a KV append, its value row's value and the append's part (its ``k`` and
+    ``v`` set where a chain holds both rows: :meth:`_Chain._append`)."""
     pairs = set(fusion_pairs(work))
     units: list[FusedGroup | None] = []
     i = 0
@@ -847,7 +899,8 @@ def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = T
             out += current.units if len(current.entries) > 1 else []
         elif current is not None:
             out.append(current.group())
-        current = _Chain(cfg, work, unit, aliases or {}) if unit is not None else None
+        current = _Chain(cfg, work, unit, aliases or {}, appends) if unit is not None \
+            else None
     return out
 
 

@@ -262,6 +262,8 @@ class Runtime:
         #: The accelerator nodes of each phase (the table is immutable: looked up once).
         self._accelerated = {phase: exe.table.nodes(phase) for phase in exe.graphs}
         self._nodes = {phase: {n.name: n for n in g.nodes} for phase, g in exe.graphs.items()}
+        self._producers = {phase: {v: n.name for n in g.nodes for v in n.outputs}
+                           for phase, g in exe.graphs.items()}
         self._vals: dict = {}
         self._program_work: dict[int, tuple[int, int, int, float]] = {}
         self._offsets: dict[tuple[str, int, int], np.ndarray] = {}
@@ -401,7 +403,7 @@ class Runtime:
             return self._accelerator_kernel(phase, stats)
         state = OPS[node.op].kv_state if self.exe.kv.on_accelerator else None
         if state == "append":
-            return self._kv_append(stats)
+            return self._kv_append(stats, phase)
         if state == "alias":  # members read their kv head's cache: nothing to materialise
             return lambda n, a, e: (a[0],)
         return None
@@ -446,11 +448,28 @@ class Runtime:
         words = None
         if program.imm_rows:
             words = _set_imm(program, _causal_counts(env, len(program.imm_rows)).numpy())
-        if not program.position_rows:
-            return words
-        (row_bytes,) = {self.exe.programs[i].vector.table_row_bytes for i in program.parts
-                        if self.exe.programs[i].position_rows}
-        return _set_position(program, env.past, self.exe.cfg.beat_bytes, row_bytes, words)
+        if program.position_rows:
+            (row_bytes,) = {self.exe.programs[i].vector.table_row_bytes for i in program.parts
+                            if self.exe.programs[i].position_rows}
+            words = _set_position(program, env.past, self.exe.cfg.beat_bytes, row_bytes,
+                                  words)
+        if program.append_rows:
+            words = _set_append(program.words if words is None else words,
+                                [r[:3] for r in program.append_rows], self.kv, env.past)
+        return words
+
+    def _appended_on_chip(self, phase: str, node: Node, env) -> bool:
+        """The step's program that computes KV append ``node``'s key rows (a fused decode
+        program's part) appended them, and the values, to the cache on chip
+        (``Program.append_rows`` of its layer)."""
+        producer = self._producers[phase].get(node.inputs[0])
+        if producer is None or producer not in self._accelerated[phase]:
+            return False
+        _, program = self._program(phase, self._nodes[phase][producer], env)
+        if program.fused_into is None:
+            return False
+        layer = node.attrs["layer"]
+        return any(r[3] == layer for r in self.exe.programs[program.fused_into].append_rows)
 
     def _residual_rows(self, phase: str, run: int) -> int:
         """Write, as Q15.16 rows (``to_fixed``), the residual rows of every later part of
@@ -743,13 +762,15 @@ class Runtime:
             y = torch.zeros(shape)
         return (y,), stream_cycles(4 * y.numel(), 4 * y.numel(), self.exe.cfg)
 
-    def _kv_append(self, stats: StepStats) -> Kernel:
+    def _kv_append(self, stats: StepStats, phase: str) -> Kernel:
         def kernel(node: Node, args: list, env):
             t0 = time.perf_counter()
             layer = node.attrs["layer"]
             past, t = env.past, env.t
             # the keys' integer amax (as REQUANT writes it): CHANNEL's input, the scores'
             self.key_amax[layer][:, :, past:past + t] = requant_amax_torch(args[0])
+            # keys and values a fused program appended on chip: the host keeps the scales
+            onchip = self.kv.bits == 8 and self._appended_on_chip(phase, node, env)
             for kind, x in zip("kv", args, strict=True):
                 if self.kv.bits == 4:
                     group = self.kv.key_format.group if kind == "k" else None
@@ -757,7 +778,7 @@ class Runtime:
                     continue
                 x8, sc = kv_rows(x, self.vector)         # [1, KV, T, d], [1, KV, T]
                 self.scales[(layer, kind)][:, :, past:past + t] = sc
-                if not self.values:
+                if not self.values or onchip:
                     continue
                 offsets = self._kv_offsets(kind, past, t)  # [T, d]
                 for h in range(x8.shape[1]):
@@ -765,6 +786,7 @@ class Runtime:
                     self.dram[base + offsets] = x8[0, h].numpy().view(np.uint8)
             nbytes = sum(a.numel() for a in args)
             stats.host.append(HostRun(node.name, node.op, time.perf_counter() - t0,
+                                      0 if onchip else
                                       stream_cycles(4 * nbytes, nbytes, self.exe.cfg)))
             return _KVRef(layer, "k"), _KVRef(layer, "v")
         return kernel
@@ -931,6 +953,29 @@ def _set_position(program: Program, past: int, beat_bytes: int,
         raise RuntimeFault(f"node {program.node!r}: the table row of position {past} lies "
                            "beyond the LOAD's dram_addr field")
     words[rows, 0] = (lo & ~mask) | (addr << np.uint64(_ADDR_AT))
+    return words
+
+
+def _set_append(words: np.ndarray, sites, layout, position: int) -> np.ndarray:
+    """A copy of an on-chip KV append's ``words`` (built for position 0) moved to
+    ``position``: each site's (``sites``: ``(index, kind, field)``) LOAD or STORE ``dram_addr``
+    plus, or INSERT ``imm`` ``base`` set to, what ``layout.append_site(kind, position)``
+    gives (``base`` is imm's low field, 0 in the words)."""
+    words = words.copy()
+    moved = {kind: layout.append_site(kind, position) for kind in ("k", "v", "c")}
+    amask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
+    half, off = divmod(_IMM_AT, 64)
+    for index, kind, what in sites:
+        beats, base = moved[kind]
+        if what == "dram_addr":
+            lo = words[index, 0]
+            addr = int((lo & amask) >> np.uint64(_ADDR_AT)) + beats
+            if addr >= 1 << _ADDR_BITS:
+                raise RuntimeFault(f"the KV append of position {position} lies beyond the "
+                                   "dram_addr field")
+            words[index, 0] = (lo & ~amask) | (np.uint64(addr) << np.uint64(_ADDR_AT))
+        else:
+            words[index, half] |= np.uint64(base) << np.uint64(off)
     return words
 
 

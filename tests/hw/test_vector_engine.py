@@ -42,6 +42,8 @@ from hw.isa import (
     dispatch_limits,
     encode,
     field_location,
+    insert_geometry,
+    insert_imm,
     legal_words,
     program_words,
     rope_imm,
@@ -67,7 +69,7 @@ from hw.numerics import (
 from hw.spad import Scratchpad
 from hw.vector.engine import VectorEngine
 from sim.functional import MachineState, exec_vec
-from sim.random_programs import random_channel_word
+from sim.random_programs import random_channel_word, random_insert_imm
 
 VCFG = AcceleratorConfig(rows=2, cols=4, vin_spad_bytes=512, vout_spad_bytes=256,
                          memory={"bytes_per_cycle": 16, "latency": 3, "size_bytes": 4096})
@@ -210,6 +212,49 @@ def test_a_rope_of_broken_heads_or_table_is_a_bad_address(ins, needle):
         check(ins, VCFG)
 
 
+@pytest.mark.parametrize(("imm", "needle"), [
+    (insert_imm(0, 8, 1, 0), "stride=0 .* must be 1 or >= 4"),
+    (insert_imm(0, 8, 1, 2), "stride=2 .* must be 1 or >= 4"),
+    (insert_imm(0, 8, 1, 3), "stride=3 .* must be 1 or >= 4"),
+    (insert_imm(2, 8, 1, 1), "stride 1 writes whole words: .*base=2"),
+    (insert_imm(0, 6, 1, 1), "stride 1 writes whole words: .*group=6"),
+    (insert_imm(0, 8, 2, 1, 1), "stride 1 writes whole words: .*skip=1"),
+])
+def test_an_insert_the_engine_cannot_walk_is_a_bad_address(imm, needle):
+    """INSERT's stride is 1 (whole code words: base, group and skip multiples of 4) or at
+    least 4 (one code per word); anything else is refused, by the rule table for a word and
+    for a program alike."""
+    ins = Vec(func=VecFunc.INSERT, length=8, imm=imm)
+    assert dispatch_error(ins, VCFG) == ErrorCode.BAD_ADDRESS
+    assert dispatch_errors(decode_fields(program_words([ins])), VCFG).tolist() == \
+        [ErrorCode.BAD_ADDRESS.value]
+    with pytest.raises(ISAError, match=needle):
+        check(ins, VCFG)
+
+
+def test_insert_geometry_round_trips_and_its_fields_are_bounded():
+    """insert_imm and insert_geometry are inverses on random fields in range (group and
+    groups stored less one); a field past its width is refused by name; an INSERT's codes
+    row is read from b_addr inside VIN and its results are its row."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        g = (int(rng.integers(0, 1024)), int(rng.integers(1, 513)), int(rng.integers(1, 33)),
+             int(rng.integers(0, 256)), int(rng.integers(0, 256)))
+        assert tuple(insert_geometry(insert_imm(*g))) == g
+    assert insert_geometry(insert_imm(4, 32, 2, 1, 8)).span == 40
+    assert insert_geometry(insert_imm(4, 32, 2, 1, 8)).codes == 64
+    for args, name in [((1024, 1), "base=1024"), ((0, 513), "group=513"),
+                       ((0, 0), "group=0"), ((0, 1, 33), "groups=33"),
+                       ((0, 1, 1, 256), "stride=256"), ((0, 1, 1, 1, 256), "skip=256")]:
+        with pytest.raises(ValueError, match=name):
+            insert_imm(*args)
+    ok = Vec(func=VecFunc.INSERT, length=4, b_addr=VIN - 4, imm=insert_imm(0, 4))
+    assert dispatch_error(ok, VCFG) == ErrorCode.NONE
+    assert vec_out_words(VecFunc.INSERT.value, 24) == 24
+    with pytest.raises(ISAError, match="operand .* exceeds VIN"):
+        check(Vec(func=VecFunc.INSERT, length=4, b_addr=VIN - 3, imm=insert_imm(0, 4)), VCFG)
+
+
 def test_a_rope_reads_its_table_not_a_row_at_b():
     """The table is head_dim / 2 words whatever the row's length; a table at the end of VIN
     passes, and so does a ROPE over many heads (the table is the same for each)."""
@@ -305,6 +350,8 @@ def _random_vecs(rng, n):
             imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
         elif func == VecFunc.DEQUANT:  # the amax word's address, REQUANT's or FOLD's word
             imm = dequant_imm(int(rng.integers(0, VIN)), bool(rng.random() < 0.5))
+        elif func == VecFunc.INSERT:
+            imm = random_insert_imm(rng, length)
         elif func == VecFunc.CHANNEL:  # a channel word, normalised or any
             imm = random_channel_word(rng)
         out.append(Vec(func=func, length=length, imm=imm,
@@ -675,3 +722,26 @@ def test_the_reset_reaches_only_the_executors_control_bits():
 def test_the_executor_refuses_a_configuration_without_the_engine():
     with pytest.raises(ValueError, match="no vector engine"):
         VectorEngine(NOV)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_insert_matches_the_models(seed):
+    """INSERT of random valid geometries (whole code words at stride 1, one code per word
+    at larger strides, several groups, codes running past the row) on random rows and code
+    words, back to back and after gaps with other sub-ops: VOUT is the functional model's
+    byte for byte and each ends in ``vec_cycles``."""
+    rng = np.random.default_rng(200 + seed)
+    vin = _random_vin(rng)
+    vecs = []
+    for _ in range(10):
+        length = int(rng.choice([1, 2, 5, int(rng.integers(1, VOUT + 1))]))
+        vecs.append(Vec(func=VecFunc.INSERT, length=length,
+                        imm=random_insert_imm(rng, length),
+                        a_addr=int(rng.integers(0, VIN - length + 1)),
+                        b_addr=int(rng.integers(0, VIN - length + 1)),
+                        dst_addr=int(rng.integers(0, VOUT - length + 1))))
+        assert dispatch_error(vecs[-1], VCFG) == ErrorCode.NONE
+        if rng.random() < 0.4:
+            vecs += _random_vecs(rng, 1)
+    gaps = [int(rng.choice([0, 0, 1, 3])) for _ in vecs]
+    _check_against_the_models(vin, vecs, gaps)

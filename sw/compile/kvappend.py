@@ -1,0 +1,238 @@
+"""The INT8 KV append on chip: one token's key and value rows into a layer's cache regions.
+
+A decode step's new position scatters bytes over every kv head's cache (:class:`KVLayout`:
+a key per channel record, a value record per ``lanes`` channels) and one value code word;
+DMA moves whole beats and the DRAM port has no byte mask, so the append is a
+read-modify-write through the vector engine (:data:`hw.isa.VecFunc.INSERT`):
+
+1. LOAD the token's key row (the rotated keys, Q15.16 words: the kv heads' ``head_dim``
+   words side by side) and value row into VIN; one REQUANT per kv head and kind gives its
+   int8 codes and ``amax`` (:func:`hw.numerics.quantize_activations_vector`, what the host's
+   ``kv_rows(x, vector=True)`` computes); STORE them to a scratch buffer (VOUT has no path
+   into VIN).
+2. Per kv head, LOAD its codes back, the beats the position touches in its key and value
+   regions and its value codes' beat (:meth:`KVLayout.append_transfer`); one INSERT per
+   region (:meth:`KVLayout.append_insert`): the codes into the loaded beats, REQUANT's
+   ``amax`` word into the value codes' beat (FOLD's value code of the row:
+   :func:`append_value_code`); STORE the beats back.
+
+Every task (phase 1, then each kv head) waits for the one before it (``FULL0``,
+``OUT_FULL0``, ``STORED0`` as a vector program's; :data:`sw.compile.schedule.EVENTS`): the
+append is a few hundred cycles a head and needs no double buffering. The program is built for
+position 0; a step's position moves each LOAD and STORE of the cache and each INSERT's
+``base`` by :meth:`KVLayout.append_site` alone (:class:`AppendSite`: which words, which
+region), the one place the per-step rule lives, which the runtime applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hw.config import AcceleratorConfig
+from hw.isa import (
+    INSERT_FIELDS,
+    End,
+    Instr,
+    Load,
+    Spad,
+    Store,
+    Vec,
+    VecFunc,
+    insert_imm,
+    program_words,
+    vec_out_words,
+)
+from sw.compile.errors import LoweringError
+from sw.compile.lower import KVLayout
+from sw.compile.schedule import EVENTS
+
+__all__ = ["AppendSite", "KVAppendPlan", "KVAppendOp", "schedule_kv_append",
+           "append_value_code", "kv_append_words"]
+
+#: The regions a per-step word points into, as :meth:`KVLayout.append_site` names them.
+APPEND_KINDS = ("k", "v", "c")
+
+
+@dataclass(frozen=True)
+class AppendSite:
+    """A word of an append program that a step's position moves: instruction ``index``, a
+    LOAD or STORE (``field`` "dram_addr": plus the site's beats) or an INSERT ("imm": its
+    ``base`` the site's byte) of region ``kind`` (:data:`APPEND_KINDS`)."""
+
+    index: int
+    kind: str
+    field: str
+
+
+@dataclass(frozen=True)
+class KVAppendPlan:
+    """Where one layer's append reads and writes (DRAM byte addresses, every one on a beat):
+    the token's key row ``k_row`` and value row ``v_row`` (Q15.16 words, the kv heads side
+    by side), a ``scratch`` buffer of :meth:`scratch_bytes`, and per kv head its key region,
+    value region and value codes (``keys``, ``values``, ``codes``; None: no value codes,
+    no FOLD reads them)."""
+
+    k_row: int
+    v_row: int
+    scratch: int
+    keys: Sequence[int]
+    values: Sequence[int]
+    codes: Sequence[int] | None = None
+
+    @staticmethod
+    def scratch_bytes(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int) -> int:
+        """Bytes of the scratch buffer: one REQUANT result (codes, then ``amax``) per kv head
+        and kind, each in whole beats."""
+        return 2 * kv_heads * _codes_beats(cfg, layout.head_dim) * cfg.beat_bytes
+
+
+def _codes_beats(cfg: AcceleratorConfig, head_dim: int) -> int:
+    """Beats of one REQUANT result of a row of ``head_dim`` elements."""
+    per = cfg.beat_bytes // cfg.vin_word_bytes
+    return -(-int(vec_out_words(VecFunc.REQUANT.value, head_dim)) // per)
+
+
+def append_value_code(amax):
+    """FOLD's value code of a value row appended on chip: REQUANT's ``amax`` itself (ints,
+    arrays or tensors). It equals :func:`hw.numerics.value_codes` of the row's scale
+    (``act_scale(amax)``) for ``0 < amax < 2**23``; an all-zero row's code is 0 there and
+    ``127 * 2**16`` from the scale."""
+    return amax
+
+
+def _address(addr: int, beat: int, what: str) -> int:
+    if addr % beat:
+        raise LoweringError(f"the KV append's {what} at byte {addr} is not on a "
+                            f"{beat}-byte beat")
+    return addr // beat
+
+
+def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
+                       plan: KVAppendPlan) -> tuple[list[Instr], list[AppendSite]]:
+    """The program (without END) appending one token's INT8 keys and values of ``kv_heads``
+    kv heads at position 0 (module docstring), and the words a step's position moves.
+
+    Raises
+    ------
+    LoweringError
+        No vector engine, an INT4 cache, an address off a beat, an INSERT geometry its
+        fields cannot hold, or a task that does not fit VIN or VOUT.
+    """
+    if not cfg.has_vector:
+        raise LoweringError("the KV append on chip needs a vector engine")
+    if layout.bits != 8:
+        raise LoweringError(f"the KV append on chip writes INT8 caches, not {layout.bits}-bit")
+    beat, d = cfg.beat_bytes, layout.head_dim
+    if beat > 1 << dict(INSERT_FIELDS)["base"]:
+        raise LoweringError(f"an INSERT's base holds no byte of a {beat}-byte beat")
+    per = beat // cfg.vin_word_bytes
+    row_beats = -(-kv_heads * d // per)
+    cw = _codes_beats(cfg, d)
+    vin, vout = cfg.spad_beats("vin"), cfg.spad_beats("vout")
+    ev = {name: EVENTS[f"{name}0"] for name in ("FULL", "OUT_FULL", "STORED")}
+    out: list[Instr] = []
+    sites: list[AppendSite] = []
+
+    def task(loads, vecs, stores, first: bool) -> None:
+        for group, wait, signal in ((loads, None if first else ev["STORED"], ev["FULL"]),
+                                    (vecs, ev["FULL"], ev["OUT_FULL"]),
+                                    (stores, ev["OUT_FULL"], ev["STORED"])):
+            for k, (ins, site) in enumerate(group):
+                if site is not None:
+                    sites.append(AppendSite(len(out), *site))
+                out.append(replace(ins, wait=wait if k == 0 else None,
+                                   signal=signal if k == len(group) - 1 else None))
+
+    # -- phase 1: REQUANT of every kv head's key and value row into the scratch buffer
+    if 2 * row_beats > vin or 2 * kv_heads * cw > vout:
+        raise LoweringError(f"the KV append's rows ({kv_heads} kv heads of head_dim={d}) do "
+                            f"not fit VIN ({vin} beats) and VOUT ({vout} beats)")
+    scratch = _address(plan.scratch, beat, "scratch buffer")
+    loads = [(Load(spad=Spad.VIN, spad_addr=i * row_beats,
+                   dram_addr=_address(a, beat, "row"), rows=1, row_beats=row_beats), None)
+             for i, a in enumerate((plan.k_row, plan.v_row))]
+    vecs = [(Vec(func=VecFunc.REQUANT, a_addr=(i * row_beats * per) + h * d, length=d,
+                 dst_addr=(2 * h + i) * cw * per), None)
+            for h in range(kv_heads) for i in range(2)]
+    stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=scratch, rows=1,
+                     row_beats=2 * kv_heads * cw), None)]
+    task(loads, vecs, stores, first=True)
+
+    # -- phase 2, per kv head: the codes and the touched beats in, INSERTs, the beats out
+    kinds = APPEND_KINDS if plan.codes is not None else APPEND_KINDS[:2]
+    shapes = {kind: layout.append_transfer(kind) for kind in kinds}
+    beats = {kind: rows * rb for kind, (rows, rb, _) in shapes.items()}
+    at = {"k": 2 * cw}
+    at["v"] = at["k"] + beats["k"]
+    at["c"] = at["v"] + beats["v"]
+    used = at["c"] + beats.get("c", 0)
+    if used > vin or used - 2 * cw > vout:
+        raise LoweringError(f"the KV append of a kv head ({used} VIN beats) does not fit VIN "
+                            f"({vin} beats) and VOUT ({vout} beats)")
+    code = {"k": 0, "v": cw * per, "c": cw * per + int(vec_out_words(VecFunc.REQUANT.value, d))
+            - 1}   # the codes of the key and value rows; the value row's amax word
+    for h in range(kv_heads):
+        region = {"k": plan.keys[h], "v": plan.values[h],
+                  "c": None if plan.codes is None else plan.codes[h]}
+        loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + 2 * h * cw, rows=1,
+                       row_beats=2 * cw), None)]
+        vecs, stores = [], []
+        for kind in kinds:
+            rows, rb, stride = shapes[kind]
+            dram = _address(region[kind], beat, f"{kind} region of kv head {h}")
+            loads.append((Load(spad=Spad.VIN, spad_addr=at[kind], dram_addr=dram, rows=rows,
+                               row_beats=rb, dram_stride=stride), (kind, "dram_addr")))
+            try:
+                imm = insert_imm(0, *layout.append_insert(kind))
+            except ValueError as e:
+                raise LoweringError(f"the KV append's {kind} INSERT: {e}") from None
+            dst = at[kind] - 2 * cw
+            vecs.append((Vec(func=VecFunc.INSERT, a_addr=at[kind] * per, b_addr=code[kind],
+                             length=beats[kind] * per, dst_addr=dst * per, imm=imm),
+                         (kind, "imm")))
+            stores.append((Store(spad=Spad.VOUT, spad_addr=dst, dram_addr=dram, rows=rows,
+                                 row_beats=rb, dram_stride=stride), (kind, "dram_addr")))
+        task(loads, vecs, stores, first=False)
+    return out, sites
+
+
+
+@dataclass(frozen=True)
+class KVAppendOp:
+    """The KV append part of a fused decode program (:func:`sw.compile.fusion.fusion_groups`):
+    layer ``layer``'s ``kv_heads`` kv heads of ``layout``, the token's key row at symbol
+    ``k`` (a ROPE part's results) and value row at ``v`` (a DEQUANT part's), a ``scratch``
+    buffer, and per kv head the symbols of its keys, values and value codes (``codes``:
+    None where no FOLD reads them)."""
+
+    layer: int
+    kv_heads: int
+    layout: KVLayout
+    k: str
+    v: str
+    scratch: str
+    keys: tuple[str, ...]
+    values: tuple[str, ...]
+    codes: tuple[str, ...] | None = None
+
+    @property
+    def signature(self) -> tuple:
+        """What the instructions depend on, addresses aside."""
+        return ("kv_append", self.kv_heads, self.layout, self.codes is not None)
+
+    def scratch_bytes(self, cfg: AcceleratorConfig) -> int:
+        return KVAppendPlan.scratch_bytes(cfg, self.layout, self.kv_heads)
+
+
+def kv_append_words(cfg: AcceleratorConfig, op: KVAppendOp, addr) -> tuple[np.ndarray,
+                                                                            list[AppendSite]]:
+    """The encoded program (END last) of ``op`` at the symbols' addresses ``addr`` (symbol ->
+    byte address), and its per-step words (:func:`schedule_kv_append`)."""
+    plan = KVAppendPlan(addr[op.k], addr[op.v], addr[op.scratch],
+                        [addr[s] for s in op.keys], [addr[s] for s in op.values],
+                        None if op.codes is None else [addr[s] for s in op.codes])
+    program, sites = schedule_kv_append(cfg, op.layout, op.kv_heads, plan)
+    return program_words([*program, End()]), sites
