@@ -41,6 +41,7 @@ from hw.numerics import (
     norm_weight,
     rope_pairs,
     rope_table,
+    scores_scale_word,
     values_channel,
 )
 from sw.compile import symbols as sym
@@ -428,11 +429,15 @@ def _kv_appends(model: LlamaLM, cfg: AcceleratorConfig, graph: Graph, kv: KVLayo
             and fuses_programs(cfg, opts)):
         return {}
     heads = model.config.num_key_value_heads
+    scales = {n.attrs["layer"]: n.attrs["scale"] for n in graph.nodes if n.op == "attn_scores"}
     return {k: (v, KVAppendOp(layer, heads, kv, "", "", sym.buffer("kv", "decode",
                                                                       f"layer{layer}"),
                               tuple(sym.cache("k", layer, h) for h in range(heads)),
                               tuple(sym.cache("v", layer, h) for h in range(heads)),
-                              tuple(sym.value_codes(layer, h) for h in range(heads))))
+                              tuple(sym.value_codes(layer, h) for h in range(heads)),
+                              tuple(sym.score_channels(layer, h) for h in range(heads)),
+                              scores_scale_word(scales[layer], kv.bits)
+                              if layer in scales else 0))
             for k, (layer, v) in kv_appends(graph).items()}
 
 
@@ -652,6 +657,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
         if isinstance(part, KVAppendOp):
             if not all(c in addr for c in part.codes or ()):  # no FOLD reads value codes
                 part = dataclasses.replace(part, codes=None)
+            if not all(c in addr for c in part.channels or ()) or not part.scale_word:
+                part = dataclasses.replace(part, channels=None)  # no DEQUANT reads them
             try:
                 w, sites = kv_append_words(cfg, part, addr)
             except LoweringError:  # it does not fit: the host appends

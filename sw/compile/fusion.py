@@ -91,14 +91,16 @@ operand head), a DEQUANT per member, the softmax program and the values program 
 bucket (between a FOLD and a DEQUANT per member, :func:`values_parts`) are one program.
 The scores' DEQUANTs write the softmax's input rows in place (each member's rows a region
 inside that buffer: ``within``); their channel words (the key scales with the
-softmax scale folded in) and ``amax`` words (the query rows') are the host's, written with
-the query's INT8 rows before the run (``host``); the SOFTMAX's valid counts stay run-time
+softmax scale folded in: a word per cached position, written as the cache grows, by the
+host's append or by the on-chip one, :mod:`sw.compile.kvappend`) and ``amax`` words (the
+query rows') are the host's, the latter written with the query's INT8 rows before the run
+(``host``); the SOFTMAX's valid counts stay run-time
 ``imm`` words. In a decode step a REQUANT per member first requantises its query rows from
 the q rope's results (still in DRAM after the program that computed them), so the host
 writes neither the query rows nor their ``amax``. A values member's FOLD reads its rows of
 the softmax's results (``within``) and its kv head's value codes (each cached position's
-integer ``amax``, the host's: :func:`sw.compile.symbols.value_codes`, written with the
-scores' words), its DEQUANT the accumulators, FOLD's ``amax`` words and one constant row of
+integer ``amax``: :func:`sw.compile.symbols.value_codes`, written as the channel words
+are), its DEQUANT the accumulators, FOLD's ``amax`` words and one constant row of
 :func:`hw.numerics.values_channel` words, into the values node's Q15.16 rows, which the host
 reads back as the node's output.
 
@@ -991,12 +993,12 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
     A member's DEQUANT turns its integer scores (``G * T`` rows of the bucket's positions)
     into the softmax's input rows on chip (:func:`hw.numerics.scores_vector`): its channel
     words the key scales of its kv head with the softmax scale folded in
-    (:func:`sw.compile.symbols.score_channels`, one region per kv head the host writes as the
-    cache grows), its ``amax`` words the query rows' (written by the host with the INT8 rows,
-    :data:`SCORES_AMAX`), its results the member's rows of the softmax's input (``within``:
-    the members' rows in order are the softmax's, query head ``h`` of kv head ``h // G``, as
-    :func:`hw.numerics.group_rows` stacks them). The SOFTMAX's valid counts stay run-time
-    ``imm`` words the host sets.
+    (:func:`sw.compile.symbols.score_channels`, one region per kv head written as the cache
+    grows: by the host's append or the on-chip one), its ``amax`` words the query rows'
+    (written by the host with the INT8 rows, :data:`SCORES_AMAX`), its results the member's
+    rows of the softmax's input (``within``: the members' rows in order are the softmax's,
+    query head ``h`` of kv head ``h // G``, as :func:`hw.numerics.group_rows` stacks them).
+    The SOFTMAX's valid counts stay run-time ``imm`` words the host sets.
 
     Where the query is a rope node's results, one token's heads in one row of whole beats
     per head (:func:`_query_rows`: a decode step), a REQUANT per member first requantises its

@@ -10,13 +10,21 @@ read-modify-write through the vector engine (:data:`hw.isa.VecFunc.INSERT`):
    int8 codes and ``amax`` (:func:`hw.numerics.quantize_activations_vector`, what the host's
    ``kv_rows(x, vector=True)`` computes); STORE them to a scratch buffer (VOUT has no path
    into VIN).
-2. Per kv head, LOAD its codes back, the beats the position touches in its key and value
-   regions and its value codes' beat (:meth:`KVLayout.append_transfer`); one INSERT per
-   region (:meth:`KVLayout.append_insert`): the codes into the loaded beats, REQUANT's
-   ``amax`` word into the value codes' beat (FOLD's value code of the row:
-   :func:`append_value_code`); STORE the beats back.
+2. With the scores' channel words (a fused program whose scores DEQUANT reads them): LOAD
+   each kv head's key ``amax`` word back (the beat holding it, from the scratch buffer), one
+   CHANNEL per kv head (:data:`hw.isa.VecFunc.CHANNEL`: the word of the key scale times the
+   softmax scale, :func:`hw.numerics.scores_channels_vector`, what the host's
+   ``scores_channels_vector`` of the key row's ``amax`` gives), STORE them, a beat per kv
+   head, into the scratch buffer after the REQUANT results.
+3. Per kv head, LOAD its codes back (and its channel word's beat), the beats the position
+   touches in its key and value regions, its value codes' beat and its channel words' beat
+   (:meth:`KVLayout.append_transfer`); one INSERT per region
+   (:meth:`KVLayout.append_insert`): the codes into the loaded beats, REQUANT's ``amax``
+   word into the value codes' beat (FOLD's value code of the row: :func:`append_value_code`),
+   CHANNEL's word into the channel words' beat (laid out as the value codes: a word per
+   position); STORE the beats back.
 
-Every task (phase 1, then each kv head) waits for the one before it (``FULL0``,
+Every task (phase 1, the channel words, then each kv head) waits for the one before it (``FULL0``,
 ``OUT_FULL0``, ``STORED0`` as a vector program's; :data:`sw.compile.schedule.EVENTS`): the
 append is a few hundred cycles a head and needs no double buffering. The program is built for
 position 0; a step's position moves each LOAD and STORE of the cache and each INSERT's
@@ -52,8 +60,9 @@ from sw.compile.schedule import EVENTS
 __all__ = ["AppendSite", "KVAppendPlan", "KVAppendOp", "schedule_kv_append",
            "append_value_code", "kv_append_words"]
 
-#: The regions a per-step word points into, as :meth:`KVLayout.append_site` names them.
-APPEND_KINDS = ("k", "v", "c")
+#: The regions a per-step word points into, as :meth:`KVLayout.append_site` names them: keys,
+#: values, value codes and the scores' channel words (a word per position, as the codes).
+APPEND_KINDS = ("k", "v", "c", "s")
 
 
 @dataclass(frozen=True)
@@ -72,8 +81,10 @@ class KVAppendPlan:
     """Where one layer's append reads and writes (DRAM byte addresses, every one on a beat):
     the token's key row ``k_row`` and value row ``v_row`` (Q15.16 words, the kv heads side
     by side), a ``scratch`` buffer of :meth:`scratch_bytes`, and per kv head its key region,
-    value region and value codes (``keys``, ``values``, ``codes``; None: no value codes,
-    no FOLD reads them)."""
+    value region, value codes and scores' channel words (``keys``, ``values``, ``codes``,
+    ``channels``; None: no value codes, no FOLD reads them; no channel words, no DEQUANT
+    reads them), and the channel words' constant ``scale_word``
+    (:func:`hw.numerics.scores_scale_word`)."""
 
     k_row: int
     v_row: int
@@ -81,12 +92,14 @@ class KVAppendPlan:
     keys: Sequence[int]
     values: Sequence[int]
     codes: Sequence[int] | None = None
+    channels: Sequence[int] | None = None
+    scale_word: int = 0
 
     @staticmethod
     def scratch_bytes(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int) -> int:
         """Bytes of the scratch buffer: one REQUANT result (codes, then ``amax``) per kv head
-        and kind, each in whole beats."""
-        return 2 * kv_heads * _codes_beats(cfg, layout.head_dim) * cfg.beat_bytes
+        and kind, each in whole beats, then a beat per kv head for its channel word."""
+        return (2 * _codes_beats(cfg, layout.head_dim) + 1) * kv_heads * cfg.beat_bytes
 
 
 def _codes_beats(cfg: AcceleratorConfig, head_dim: int) -> int:
@@ -161,24 +174,46 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                      row_beats=2 * kv_heads * cw), None)]
     task(loads, vecs, stores, first=True)
 
-    # -- phase 2, per kv head: the codes and the touched beats in, INSERTs, the beats out
-    kinds = APPEND_KINDS if plan.codes is not None else APPEND_KINDS[:2]
+    # -- phase 2: the scores' channel words of the key rows' amax words, a beat per kv head
+    amax_at = int(vec_out_words(VecFunc.REQUANT.value, d)) - 1   # a result's amax word
+    words = scratch + 2 * kv_heads * cw                          # the channel words' beats
+    if plan.channels is not None:
+        if kv_heads > min(vin, vout):
+            raise LoweringError(f"the KV append's channel words ({kv_heads} kv heads) do not "
+                                f"fit VIN ({vin} beats) and VOUT ({vout} beats)")
+        loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + amax_at // per,
+                       rows=kv_heads, row_beats=1, dram_stride=2 * cw), None)]
+        vecs = [(Vec(func=VecFunc.CHANNEL, a_addr=h * per + amax_at % per, length=1,
+                     dst_addr=h * per, imm=plan.scale_word), None) for h in range(kv_heads)]
+        stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=words, rows=1,
+                         row_beats=kv_heads), None)]
+        task(loads, vecs, stores, first=False)
+
+    # -- phase 3, per kv head: the codes and the touched beats in, INSERTs, the beats out
+    kinds = [kind for kind, there in zip(APPEND_KINDS, (True, True, plan.codes is not None,
+                                                        plan.channels is not None),
+                                         strict=True) if there]
     shapes = {kind: layout.append_transfer(kind) for kind in kinds}
     beats = {kind: rows * rb for kind, (rows, rb, _) in shapes.items()}
-    at = {"k": 2 * cw}
-    at["v"] = at["k"] + beats["k"]
-    at["c"] = at["v"] + beats["v"]
-    used = at["c"] + beats.get("c", 0)
-    if used > vin or used - 2 * cw > vout:
+    at, end = {}, 2 * cw
+    for kind in kinds:
+        at[kind], end = end, end + beats[kind]
+    word_at = end                                  # the kv head's channel word (its beat)
+    used = end + (plan.channels is not None)
+    if used > vin or end - 2 * cw > vout:
         raise LoweringError(f"the KV append of a kv head ({used} VIN beats) does not fit VIN "
                             f"({vin} beats) and VOUT ({vout} beats)")
-    code = {"k": 0, "v": cw * per, "c": cw * per + int(vec_out_words(VecFunc.REQUANT.value, d))
-            - 1}   # the codes of the key and value rows; the value row's amax word
+    # the codes of the key and value rows; the value row's amax word; the channel word
+    code = {"k": 0, "v": cw * per, "c": cw * per + amax_at, "s": word_at * per}
     for h in range(kv_heads):
         region = {"k": plan.keys[h], "v": plan.values[h],
-                  "c": None if plan.codes is None else plan.codes[h]}
+                  "c": None if plan.codes is None else plan.codes[h],
+                  "s": None if plan.channels is None else plan.channels[h]}
         loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + 2 * h * cw, rows=1,
                        row_beats=2 * cw), None)]
+        if plan.channels is not None:
+            loads.append((Load(spad=Spad.VIN, spad_addr=word_at, dram_addr=words + h, rows=1,
+                               row_beats=1), None))
         vecs, stores = [], []
         for kind in kinds:
             rows, rb, stride = shapes[kind]
@@ -199,14 +234,15 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
     return out, sites
 
 
-
 @dataclass(frozen=True)
 class KVAppendOp:
     """The KV append part of a fused decode program (:func:`sw.compile.fusion.fusion_groups`):
     layer ``layer``'s ``kv_heads`` kv heads of ``layout``, the token's key row at symbol
     ``k`` (a ROPE part's results) and value row at ``v`` (a DEQUANT part's), a ``scratch``
-    buffer, and per kv head the symbols of its keys, values and value codes (``codes``:
-    None where no FOLD reads them)."""
+    buffer, and per kv head the symbols of its keys, values, value codes and scores' channel
+    words (``codes``: None where no FOLD reads them; ``channels``: None where no scores
+    DEQUANT reads them), and the channel words' constant ``scale_word``
+    (:func:`hw.numerics.scores_scale_word` of the layer's softmax scale)."""
 
     layer: int
     kv_heads: int
@@ -217,11 +253,14 @@ class KVAppendOp:
     keys: tuple[str, ...]
     values: tuple[str, ...]
     codes: tuple[str, ...] | None = None
+    channels: tuple[str, ...] | None = None
+    scale_word: int = 0
 
     @property
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
-        return ("kv_append", self.kv_heads, self.layout, self.codes is not None)
+        return ("kv_append", self.kv_heads, self.layout, self.codes is not None,
+                self.channels is not None, self.scale_word)
 
     def scratch_bytes(self, cfg: AcceleratorConfig) -> int:
         return KVAppendPlan.scratch_bytes(cfg, self.layout, self.kv_heads)
@@ -233,6 +272,8 @@ def kv_append_words(cfg: AcceleratorConfig, op: KVAppendOp, addr) -> tuple[np.nd
     byte address), and its per-step words (:func:`schedule_kv_append`)."""
     plan = KVAppendPlan(addr[op.k], addr[op.v], addr[op.scratch],
                         [addr[s] for s in op.keys], [addr[s] for s in op.values],
-                        None if op.codes is None else [addr[s] for s in op.codes])
+                        None if op.codes is None else [addr[s] for s in op.codes],
+                        None if op.channels is None else [addr[s] for s in op.channels],
+                        op.scale_word)
     program, sites = schedule_kv_append(cfg, op.layout, op.kv_heads, plan)
     return program_words([*program, End()]), sites

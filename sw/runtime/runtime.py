@@ -264,6 +264,10 @@ class Runtime:
         self._nodes = {phase: {n.name: n for n in g.nodes} for phase, g in exe.graphs.items()}
         self._producers = {phase: {v: n.name for n in g.nodes for v in n.outputs}
                            for phase, g in exe.graphs.items()}
+        #: Each layer's softmax scale (its attention scores' ``scale``): the channel words'.
+        self._scores_scale = {n.attrs["layer"]: n.attrs["scale"] for g in exe.graphs.values()
+                              for n in g.nodes if n.op == "attn_scores"}
+        self._position_words = _position_words(exe, self._nodes)
         self._vals: dict = {}
         self._program_work: dict[int, tuple[int, int, int, float]] = {}
         self._offsets: dict[tuple[str, int, int], np.ndarray] = {}
@@ -458,18 +462,20 @@ class Runtime:
                                 [r[:3] for r in program.append_rows], self.kv, env.past)
         return words
 
-    def _appended_on_chip(self, phase: str, node: Node, env) -> bool:
-        """The step's program that computes KV append ``node``'s key rows (a fused decode
-        program's part) appended them, and the values, to the cache on chip
-        (``Program.append_rows`` of its layer)."""
+    def _appended_on_chip(self, phase: str, node: Node, env) -> frozenset[str]:
+        """What the step's program that computes KV append ``node``'s key rows (a fused decode
+        program's part) appended to the cache on chip: the kinds of its layer's
+        ``Program.append_rows`` (keys and values, value codes, scores' channel words:
+        :data:`sw.compile.kvappend.APPEND_KINDS`; empty: nothing)."""
         producer = self._producers[phase].get(node.inputs[0])
         if producer is None or producer not in self._accelerated[phase]:
-            return False
+            return frozenset()
         _, program = self._program(phase, self._nodes[phase][producer], env)
         if program.fused_into is None:
-            return False
+            return frozenset()
         layer = node.attrs["layer"]
-        return any(r[3] == layer for r in self.exe.programs[program.fused_into].append_rows)
+        return frozenset(r[1] for r in self.exe.programs[program.fused_into].append_rows
+                         if r[3] == layer)
 
     def _residual_rows(self, phase: str, run: int) -> int:
         """Write, as Q15.16 rows (``to_fixed``), the residual rows of every later part of
@@ -637,51 +643,20 @@ class Runtime:
                 written += x8[0, j].numel()
                 if self.values:
                     self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
-            if m.channels is not None:  # a fused DEQUANT of the scores reads the host's words
-                written += self._scores_words(node, m, s_x[0, j], scale[0, j])
-        if program.fused_into is not None:  # a values part later in the program: FOLD's codes
-            written += self._value_codes(node, program, env.past + env.t)
+            if m.channels is not None and m.amax is not None:  # the host's query amax words
+                written += self._scores_amax(m, s_x[0, j])
         return (x8.shape[2], s_x, scale), stream_cycles(x.numel() * 4, written, self.exe.cfg)
 
-    def _value_codes(self, node: Node, program: Program, s: int) -> int:
-        """Write the value codes (:func:`~hw.numerics.value_codes` of the value scales the
-        host keeps, every cached position's) that the FOLD parts of the fused program
-        ``program`` is a part of read, one row per values member; returns the bytes
-        written."""
-        written = 0
-        for pid in self.exe.programs[program.fused_into].parts:
-            members = self.exe.programs[pid].members
-            if not any(m.codes for m in members):
-                continue
-            s_v = self.scales[(node.attrs["layer"], "v")][:, :, :s]
-            if len(members) != s_v.shape[1]:  # per query head against repeated values
-                s_v = s_v.repeat_interleave(len(members) // s_v.shape[1], dim=1)
-            codes = value_codes(s_v, ACT_QMAX if self.kv.bits == 8 else KV4_QMAX)
-            for j, m in enumerate(members):
-                if self.values:
-                    addr = self.exe.symbols[m.codes].addr
-                    self.dram[addr:addr + 4 * s] = codes[0, j].numpy().astype("<i4").view(
-                        np.uint8)
-                written += 4 * s
-        return written
-
-    def _scores_words(self, node: Node, m, amax: torch.Tensor, amax_k: torch.Tensor) -> int:
-        """Write what a scores member's DEQUANT part reads besides its accumulators: each
-        query row's ``amax`` (word 0 of a beat per row; unless a REQUANT part writes them)
-        and the channel words of the key rows' ``amax_k [S]`` with the softmax scale folded
-        in, as CHANNEL computes them (:func:`~hw.numerics.scores_channels_vector`: every
-        cached position's, from the amax the host keeps since the cache was appended to);
-        returns the bytes written."""
-        chan = scores_channels_vector(amax_k.numpy(), node.attrs["scale"], self.kv.bits)
-        if self.values and m.amax is not None:
+    def _scores_amax(self, m, amax: torch.Tensor) -> int:
+        """Write each query row's ``amax`` a scores member's DEQUANT part reads (word 0 of a
+        beat per row; where no REQUANT part writes them); returns the bytes written. Its
+        channel words are written as the cache grows (:meth:`_append_words`)."""
+        if self.values:
             beat = self.exe.cfg.beat_bytes // 4
             words = np.zeros((amax.shape[0], beat), dtype="<i4")
             words[:, 0] = amax.numpy()
             self._write_rows(m.amax, words, self.exe.cfg.beat_bytes)
-        if self.values:
-            addr = self.exe.symbols[m.channels].addr
-            self.dram[addr:addr + 4 * chan.size] = chan.astype("<i4").view(np.uint8)
-        return 4 * (chan.size + (amax.shape[0] if m.amax is not None else 0))
+        return 4 * amax.shape[0]
 
     def _attention_out(self, node: Node, args: list, env, program: Program, state) -> tuple:
         """Dequantise the integer scores (key scales as row scales, times the softmax scale;
@@ -769,8 +744,10 @@ class Runtime:
             past, t = env.past, env.t
             # the keys' integer amax (as REQUANT writes it): CHANNEL's input, the scores'
             self.key_amax[layer][:, :, past:past + t] = requant_amax_torch(args[0])
-            # keys and values a fused program appended on chip: the host keeps the scales
-            onchip = self.kv.bits == 8 and self._appended_on_chip(phase, node, env)
+            # what a fused program appended on chip: the host keeps the scales
+            kinds = self._appended_on_chip(phase, node, env) if self.kv.bits == 8 \
+                else frozenset()
+            onchip = "k" in kinds
             for kind, x in zip("kv", args, strict=True):
                 if self.kv.bits == 4:
                     group = self.kv.key_format.group if kind == "k" else None
@@ -784,12 +761,45 @@ class Runtime:
                 for h in range(x8.shape[1]):
                     base = self.exe.symbols[self.exe.kv.symbol(kind, layer, h)].addr
                     self.dram[base + offsets] = x8[0, h].numpy().view(np.uint8)
-            nbytes = sum(a.numel() for a in args)
+            nbytes = 0 if onchip else sum(a.numel() for a in args)
+            nbytes += self._append_words(layer, past, t, kinds)
             stats.host.append(HostRun(node.name, node.op, time.perf_counter() - t0,
-                                      0 if onchip else
-                                      stream_cycles(4 * nbytes, nbytes, self.exe.cfg)))
+                                      stream_cycles(4 * nbytes, nbytes, self.exe.cfg)
+                                      if nbytes else 0))
             return _KVRef(layer, "k"), _KVRef(layer, "v")
         return kernel
+
+    def _append_words(self, layer: int, past: int, t: int, onchip: frozenset[str]) -> int:
+        """Write the words a fused program reads per cached position of positions ``past ..
+        past + t - 1`` of ``layer`` that the step's program did not append on chip
+        (``onchip``: kinds of :data:`sw.compile.kvappend.APPEND_KINDS`): each kv head's value
+        codes (:func:`~hw.numerics.value_codes` of the value scales, ``c``) and scores' channel
+        words (:func:`~hw.numerics.scores_channels_vector` of the key rows' ``amax``, ``s``),
+        where the executable has them (a FOLD or a scores DEQUANT reads them); returns the
+        bytes written."""
+        written = 0
+        for kind, word in (("c", self._value_code_words), ("s", self._channel_words)):
+            regions = self._position_words.get((layer, kind), {})
+            if kind in onchip or not regions:
+                continue
+            words = word(layer, past, t)                   # [KV, t]
+            for h, name in regions.items():
+                if self.values:
+                    addr = self.exe.symbols[name].addr + 4 * past
+                    self.dram[addr:addr + 4 * t] = words[h].astype("<i4").view(np.uint8)
+                written += 4 * t
+        return written
+
+    def _value_code_words(self, layer: int, past: int, t: int) -> np.ndarray:
+        """FOLD's value codes of positions ``past .. past + t - 1`` (``[KV, t]``)."""
+        s_v = self.scales[(layer, "v")][0, :, past:past + t]
+        return value_codes(s_v, ACT_QMAX if self.kv.bits == 8 else KV4_QMAX).numpy()
+
+    def _channel_words(self, layer: int, past: int, t: int) -> np.ndarray:
+        """The scores' channel words of positions ``past .. past + t - 1`` (``[KV, t]``), as
+        CHANNEL computes them."""
+        return scores_channels_vector(self.key_amax[layer][0, :, past:past + t].numpy(),
+                                      self._scores_scale[layer], self.kv.bits)
 
     def _kv4_append(self, kind: str, layer: int, past: int, x: torch.Tensor,
                     group: int | None) -> None:
@@ -956,13 +966,33 @@ def _set_position(program: Program, past: int, beat_bytes: int,
     return words
 
 
+def _position_words(exe: Executable, nodes) -> dict[tuple[int, str], dict[int, str]]:
+    """The regions of words per cached position the host writes as the cache grows, per
+    ``(layer, kind)``: kv head -> symbol of its value codes (``"c"``, a values member's
+    ``codes``) or scores' channel words (``"s"``, a scores member's ``channels``); a member
+    ``j`` of ``n`` reads kv head ``j // (n / kv_heads)``'s (of a node's own program or part:
+    a fused program lists every part's members)."""
+    out: dict[tuple[int, str], dict[int, str]] = {}
+    for p in exe.programs:
+        node = nodes.get(p.phase, {}).get(p.node)
+        if node is None or node.op not in ("attn_scores", "attn_values") or not p.members \
+                or p.parts:
+            continue
+        per = max(1, len(p.members) // exe.kv.kv_heads)
+        for j, m in enumerate(p.members):
+            for kind, name in (("c", m.codes), ("s", m.channels)):
+                if name:
+                    out.setdefault((node.attrs["layer"], kind), {})[j // per] = name
+    return out
+
+
 def _set_append(words: np.ndarray, sites, layout, position: int) -> np.ndarray:
     """A copy of an on-chip KV append's ``words`` (built for position 0) moved to
     ``position``: each site's (``sites``: ``(index, kind, field)``) LOAD or STORE ``dram_addr``
     plus, or INSERT ``imm`` ``base`` set to, what ``layout.append_site(kind, position)``
     gives (``base`` is imm's low field, 0 in the words)."""
     words = words.copy()
-    moved = {kind: layout.append_site(kind, position) for kind in ("k", "v", "c")}
+    moved = {kind: layout.append_site(kind, position) for kind in {s[1] for s in sites}}
     amask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
     half, off = divmod(_IMM_AT, 64)
     for index, kind, what in sites:

@@ -1,9 +1,12 @@
 """The INT8 KV append on chip (sw.compile.kvappend): one token's keys and values written into
 a layer's cache regions by the vector engine (REQUANT, INSERT) equal the host's append
 (``kv_rows(x, vector=True)`` through ``KVLayout.write``) byte for byte on the fast model, at
-any position, and the value code word is REQUANT's ``amax``."""
+any position, the value code word is REQUANT's ``amax`` and the scores' channel word
+CHANNEL's (``scores_channels_vector`` of the key row's ``amax``, what the host writes)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +14,15 @@ import torch
 
 from hw.config import AcceleratorConfig, preset
 from hw.isa import End, program_words
-from hw.numerics import act_scale, from_fixed, kv_rows, value_codes, vec_requant
+from hw.numerics import (
+    act_scale,
+    from_fixed,
+    kv_rows,
+    scores_channels_vector,
+    scores_scale_word,
+    value_codes,
+    vec_requant,
+)
 from sim.model import FastModel
 from sw.compile.errors import LoweringError
 from sw.compile.kvappend import KVAppendPlan, append_value_code, schedule_kv_append
@@ -30,6 +41,10 @@ CONFIGS = {
                                    memory={"bytes_per_cycle": 64, "latency": 3,
                                            "size_bytes": 1 << 20}),
 }
+
+
+#: The softmax scale of the appended layer (its channel words' constant).
+SCALE = 64 ** -0.5
 
 
 def _up(n: int, beat: int) -> int:
@@ -51,8 +66,10 @@ def _setup(cfg, layout, kv_heads, rng):
     keys = [take(layout.key_bytes) for _ in range(kv_heads)]
     values = [take(layout.value_bytes) for _ in range(kv_heads)]
     codes = [take(4 * layout.max_context) for _ in range(kv_heads)]
+    channels = [take(4 * layout.max_context) for _ in range(kv_heads)]
     dram = rng.integers(0, 256, at, dtype=np.uint8)
-    return dram, KVAppendPlan(k_row, v_row, scratch, keys, values, codes)
+    return dram, KVAppendPlan(k_row, v_row, scratch, keys, values, codes, channels,
+                              scores_scale_word(SCALE))
 
 
 def _rows(rng, kv_heads, d):
@@ -71,6 +88,8 @@ def test_the_append_program_writes_the_hosts_bytes(name, seed):
     kv_heads, d = int(rng.choice([1, 2, 3])), int(rng.choice([16, 32, 64]))
     layout = KVLayout(head_dim=d, max_context=128, lanes=cfg.lanes, beat=cfg.beat_bytes)
     dram0, plan = _setup(cfg, layout, kv_heads, rng)
+    if seed == 1:   # no DEQUANT reads channel words: their regions stay as they were
+        plan = replace(plan, channels=None)
     cfg = cfg.with_dram(_up(dram0.size, cfg.beat_bytes))
     dram0 = np.concatenate([dram0, np.zeros(cfg.memory.size_bytes - dram0.size, np.uint8)])
     program, sites = schedule_kv_append(cfg, layout, kv_heads, plan)
@@ -92,9 +111,13 @@ def test_the_append_program_writes_the_hosts_bytes(name, seed):
                 layout.write(want[regions[h]:regions[h] + size], kind, [position],
                              q[0, h].numpy())
         amax = vec_requant(v)[1]
+        chan = scores_channels_vector(vec_requant(k)[1], SCALE)
         for h in range(kv_heads):
             c = plan.codes[h] + 4 * position
             want[c:c + 4] = np.array([append_value_code(amax[h])], "<i4").view(np.uint8)
+            if plan.channels is not None:
+                c = plan.channels[h] + 4 * position
+                want[c:c + 4] = np.array([chan[h]], "<i4").view(np.uint8)
         r = model.run(_set_append(words, [(s.index, s.kind, s.field) for s in sites], layout,
                                   position), dram)
         assert r.ok, r.error
