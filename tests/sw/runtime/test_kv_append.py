@@ -136,3 +136,16 @@ def test_rtl_appends_the_cache_as_the_fast_model():
     for (a, sa), (b, sb) in zip(*runs, strict=True):
         assert torch.equal(a, b)
         assert [p.cycles for p in sa.programs] == [p.cycles for p in sb.programs]
+
+
+def test_the_appends_are_found_where_one_tokens_rows_are_the_values(model):
+    """kv_appends: in decode each layer's rotated key row and v_proj's output (one token: the
+    kv heads side by side, through view and transpose); in a prefill the transpose orders
+    the values by head, then token, and there is none."""
+    from sw.compile.fusion import kv_appends
+    lm, ws = model
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
+    assert kv_appends(exe.graphs["decode"]) == {
+        f"layers.{i}.self_attn.k_proj.rope": (i, f"layers.{i}.self_attn.v_proj")
+        for i in range(2)}
+    assert kv_appends(exe.graphs["prefill"]) == {}
