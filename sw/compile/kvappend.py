@@ -16,7 +16,8 @@ read-modify-write through the vector engine (:data:`hw.isa.VecFunc.INSERT`):
    ``amax`` word into the value codes' beat (FOLD's value code of the row:
    :func:`append_value_code`); STORE the beats back.
 
-Every task (phase 1, then each kv head) waits for the one before it (``FULL0``,
+Phase 1 takes as many kv heads at a time as VIN and VOUT hold, each such group followed by
+its heads' phase 2. Every task waits for the one before it (``FULL0``,
 ``OUT_FULL0``, ``STORED0`` as a vector program's; :data:`sw.compile.schedule.EVENTS`): the
 append is a few hundred cycles a head and needs no double buffering. The program is built for
 position 0; a step's position moves each LOAD and STORE of the cache and each INSERT's
@@ -129,7 +130,6 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
     if beat > 1 << dict(INSERT_FIELDS)["base"]:
         raise LoweringError(f"an INSERT's base holds no byte of a {beat}-byte beat")
     per = beat // cfg.vin_word_bytes
-    row_beats = -(-kv_heads * d // per)
     cw = _codes_beats(cfg, d)
     vin, vout = cfg.spad_beats("vin"), cfg.spad_beats("vout")
     ev = {name: EVENTS[f"{name}0"] for name in ("FULL", "OUT_FULL", "STORED")}
@@ -146,22 +146,7 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                 out.append(replace(ins, wait=wait if k == 0 else None,
                                    signal=signal if k == len(group) - 1 else None))
 
-    # -- phase 1: REQUANT of every kv head's key and value row into the scratch buffer
-    if 2 * row_beats > vin or 2 * kv_heads * cw > vout:
-        raise LoweringError(f"the KV append's rows ({kv_heads} kv heads of head_dim={d}) do "
-                            f"not fit VIN ({vin} beats) and VOUT ({vout} beats)")
-    scratch = _address(plan.scratch, beat, "scratch buffer")
-    loads = [(Load(spad=Spad.VIN, spad_addr=i * row_beats,
-                   dram_addr=_address(a, beat, "row"), rows=1, row_beats=row_beats), None)
-             for i, a in enumerate((plan.k_row, plan.v_row))]
-    vecs = [(Vec(func=VecFunc.REQUANT, a_addr=(i * row_beats * per) + h * d, length=d,
-                 dst_addr=(2 * h + i) * cw * per), None)
-            for h in range(kv_heads) for i in range(2)]
-    stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=scratch, rows=1,
-                     row_beats=2 * kv_heads * cw), None)]
-    task(loads, vecs, stores, first=True)
-
-    # -- phase 2, per kv head: the codes and the touched beats in, INSERTs, the beats out
+    # -- phase 2's shape, per kv head: its codes and the touched beats in, INSERTs, out
     kinds = APPEND_KINDS if plan.codes is not None else APPEND_KINDS[:2]
     shapes = {kind: layout.append_transfer(kind) for kind in kinds}
     beats = {kind: rows * rb for kind, (rows, rb, _) in shapes.items()}
@@ -174,28 +159,54 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                             f"({vin} beats) and VOUT ({vout} beats)")
     code = {"k": 0, "v": cw * per, "c": cw * per + int(vec_out_words(VecFunc.REQUANT.value, d))
             - 1}   # the codes of the key and value rows; the value row's amax word
-    for h in range(kv_heads):
-        region = {"k": plan.keys[h], "v": plan.values[h],
-                  "c": None if plan.codes is None else plan.codes[h]}
-        loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + 2 * h * cw, rows=1,
-                       row_beats=2 * cw), None)]
-        vecs, stores = [], []
-        for kind in kinds:
-            rows, rb, stride = shapes[kind]
-            dram = _address(region[kind], beat, f"{kind} region of kv head {h}")
-            loads.append((Load(spad=Spad.VIN, spad_addr=at[kind], dram_addr=dram, rows=rows,
-                               row_beats=rb, dram_stride=stride), (kind, "dram_addr")))
-            try:
-                imm = insert_imm(0, *layout.append_insert(kind))
-            except ValueError as e:
-                raise LoweringError(f"the KV append's {kind} INSERT: {e}") from None
-            dst = at[kind] - 2 * cw
-            vecs.append((Vec(func=VecFunc.INSERT, a_addr=at[kind] * per, b_addr=code[kind],
-                             length=beats[kind] * per, dst_addr=dst * per, imm=imm),
-                         (kind, "imm")))
-            stores.append((Store(spad=Spad.VOUT, spad_addr=dst, dram_addr=dram, rows=rows,
-                                 row_beats=rb, dram_stride=stride), (kind, "dram_addr")))
-        task(loads, vecs, stores, first=False)
+    imms = {}
+    for kind in kinds:
+        try:
+            imms[kind] = insert_imm(0, *layout.append_insert(kind))
+        except ValueError as e:
+            raise LoweringError(f"the KV append's {kind} INSERT: {e}") from None
+    # -- phase 1 takes as many kv heads as VIN and VOUT hold (whole beats of rows apart)
+    fit = [m for m in range(1, kv_heads + 1)
+           if 2 * -(-m * d // per) <= vin and 2 * m * cw <= vout]
+    if not fit or (fit[-1] < kv_heads and (4 * d) % beat):
+        raise LoweringError(f"the KV append's rows ({kv_heads} kv heads of head_dim={d}) do "
+                            f"not fit VIN ({vin} beats) and VOUT ({vout} beats)")
+    chunk = fit[-1]
+    scratch = _address(plan.scratch, beat, "scratch buffer")
+    rows_at = [_address(a, beat, "row") for a in (plan.k_row, plan.v_row)]
+    for h0 in range(0, kv_heads, chunk):
+        m = min(chunk, kv_heads - h0)
+        rb = -(-m * d // per)
+        # phase 1: REQUANT of the heads' key and value rows into the scratch buffer
+        loads = [(Load(spad=Spad.VIN, spad_addr=i * rb, dram_addr=a + h0 * d // per, rows=1,
+                       row_beats=rb), None) for i, a in enumerate(rows_at)]
+        vecs = [(Vec(func=VecFunc.REQUANT, a_addr=i * rb * per + j * d, length=d,
+                     dst_addr=(2 * j + i) * cw * per), None)
+                for j in range(m) for i in range(2)]
+        stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=scratch + 2 * h0 * cw,
+                         rows=1, row_beats=2 * m * cw), None)]
+        task(loads, vecs, stores, first=not out)
+        # phase 2, per kv head
+        for h in range(h0, h0 + m):
+            region = {"k": plan.keys[h], "v": plan.values[h],
+                      "c": None if plan.codes is None else plan.codes[h]}
+            loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + 2 * h * cw,
+                           rows=1, row_beats=2 * cw), None)]
+            vecs, stores = [], []
+            for kind in kinds:
+                rows, row_beats, stride = shapes[kind]
+                dram = _address(region[kind], beat, f"{kind} region of kv head {h}")
+                loads.append((Load(spad=Spad.VIN, spad_addr=at[kind], dram_addr=dram,
+                                   rows=rows, row_beats=row_beats, dram_stride=stride),
+                              (kind, "dram_addr")))
+                dst = at[kind] - 2 * cw
+                vecs.append((Vec(func=VecFunc.INSERT, a_addr=at[kind] * per, b_addr=code[kind],
+                                 length=beats[kind] * per, dst_addr=dst * per,
+                                 imm=imms[kind]), (kind, "imm")))
+                stores.append((Store(spad=Spad.VOUT, spad_addr=dst, dram_addr=dram,
+                                     rows=rows, row_beats=row_beats, dram_stride=stride),
+                               (kind, "dram_addr")))
+            task(loads, vecs, stores, first=False)
     return out, sites
 
 
