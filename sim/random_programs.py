@@ -166,7 +166,7 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
     if func == VecFunc.ROPE:
         return _random_rope(rng, (i0, i1), (o0, o1))
     length = int(rng.integers(1, min(i1 - i0, o1 - o0) + 1))
-    if rng.random() < 0.3:  # short rows, where the pipeline's fill and drain overlap most
+    if rng.random() < 0.4:  # short rows, where the pipeline's fill and drain overlap most
         length = int(rng.integers(1, 4))
     out = int(vec_out_words(func.value, length))
     imm = 0

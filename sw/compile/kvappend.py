@@ -24,7 +24,8 @@ read-modify-write through the vector engine (:data:`hw.isa.VecFunc.INSERT`):
    CHANNEL's word into the channel words' beat (laid out as the value codes: a word per
    position); STORE the beats back.
 
-Every task (phase 1, the channel words, then each kv head) waits for the one before it (``FULL0``,
+Phase 1 takes as many kv heads at a time as VIN and VOUT hold, each such group followed by
+its heads' phase 2 and phase 3. Every task waits for the one before it (``FULL0``,
 ``OUT_FULL0``, ``STORED0`` as a vector program's; :data:`sw.compile.schedule.EVENTS`): the
 append is a few hundred cycles a head and needs no double buffering. The program is built for
 position 0; a step's position moves each LOAD and STORE of the cache and each INSERT's
@@ -142,7 +143,6 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
     if beat > 1 << dict(INSERT_FIELDS)["base"]:
         raise LoweringError(f"an INSERT's base holds no byte of a {beat}-byte beat")
     per = beat // cfg.vin_word_bytes
-    row_beats = -(-kv_heads * d // per)
     cw = _codes_beats(cfg, d)
     vin, vout = cfg.spad_beats("vin"), cfg.spad_beats("vout")
     ev = {name: EVENTS[f"{name}0"] for name in ("FULL", "OUT_FULL", "STORED")}
@@ -159,37 +159,7 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                 out.append(replace(ins, wait=wait if k == 0 else None,
                                    signal=signal if k == len(group) - 1 else None))
 
-    # -- phase 1: REQUANT of every kv head's key and value row into the scratch buffer
-    if 2 * row_beats > vin or 2 * kv_heads * cw > vout:
-        raise LoweringError(f"the KV append's rows ({kv_heads} kv heads of head_dim={d}) do "
-                            f"not fit VIN ({vin} beats) and VOUT ({vout} beats)")
-    scratch = _address(plan.scratch, beat, "scratch buffer")
-    loads = [(Load(spad=Spad.VIN, spad_addr=i * row_beats,
-                   dram_addr=_address(a, beat, "row"), rows=1, row_beats=row_beats), None)
-             for i, a in enumerate((plan.k_row, plan.v_row))]
-    vecs = [(Vec(func=VecFunc.REQUANT, a_addr=(i * row_beats * per) + h * d, length=d,
-                 dst_addr=(2 * h + i) * cw * per), None)
-            for h in range(kv_heads) for i in range(2)]
-    stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=scratch, rows=1,
-                     row_beats=2 * kv_heads * cw), None)]
-    task(loads, vecs, stores, first=True)
-
-    # -- phase 2: the scores' channel words of the key rows' amax words, a beat per kv head
-    amax_at = int(vec_out_words(VecFunc.REQUANT.value, d)) - 1   # a result's amax word
-    words = scratch + 2 * kv_heads * cw                          # the channel words' beats
-    if plan.channels is not None:
-        if kv_heads > min(vin, vout):
-            raise LoweringError(f"the KV append's channel words ({kv_heads} kv heads) do not "
-                                f"fit VIN ({vin} beats) and VOUT ({vout} beats)")
-        loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + amax_at // per,
-                       rows=kv_heads, row_beats=1, dram_stride=2 * cw), None)]
-        vecs = [(Vec(func=VecFunc.CHANNEL, a_addr=h * per + amax_at % per, length=1,
-                     dst_addr=h * per, imm=plan.scale_word), None) for h in range(kv_heads)]
-        stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=words, rows=1,
-                         row_beats=kv_heads), None)]
-        task(loads, vecs, stores, first=False)
-
-    # -- phase 3, per kv head: the codes and the touched beats in, INSERTs, the beats out
+    # -- phase 3's shape, per kv head: its codes and the touched beats in, INSERTs, out
     kinds = [kind for kind, there in zip(APPEND_KINDS, (True, True, plan.codes is not None,
                                                         plan.channels is not None),
                                          strict=True) if there]
@@ -203,34 +173,72 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
     if used > vin or end - 2 * cw > vout:
         raise LoweringError(f"the KV append of a kv head ({used} VIN beats) does not fit VIN "
                             f"({vin} beats) and VOUT ({vout} beats)")
+    amax_at = int(vec_out_words(VecFunc.REQUANT.value, d)) - 1   # a result's amax word
     # the codes of the key and value rows; the value row's amax word; the channel word
     code = {"k": 0, "v": cw * per, "c": cw * per + amax_at, "s": word_at * per}
-    for h in range(kv_heads):
-        region = {"k": plan.keys[h], "v": plan.values[h],
-                  "c": None if plan.codes is None else plan.codes[h],
-                  "s": None if plan.channels is None else plan.channels[h]}
-        loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + 2 * h * cw, rows=1,
-                       row_beats=2 * cw), None)]
+    imms = {}
+    for kind in kinds:
+        try:
+            imms[kind] = insert_imm(0, *layout.append_insert(kind))
+        except ValueError as e:
+            raise LoweringError(f"the KV append's {kind} INSERT: {e}") from None
+    # -- phase 1 takes as many kv heads as VIN and VOUT hold (whole beats of rows apart)
+    fit = [m for m in range(1, kv_heads + 1)
+           if 2 * -(-m * d // per) <= vin and 2 * m * cw <= vout]
+    if not fit or (fit[-1] < kv_heads and (4 * d) % beat):
+        raise LoweringError(f"the KV append's rows ({kv_heads} kv heads of head_dim={d}) do "
+                            f"not fit VIN ({vin} beats) and VOUT ({vout} beats)")
+    chunk = fit[-1]
+    scratch = _address(plan.scratch, beat, "scratch buffer")
+    words = scratch + 2 * kv_heads * cw                          # the channel words' beats
+    rows_at = [_address(a, beat, "row") for a in (plan.k_row, plan.v_row)]
+    for h0 in range(0, kv_heads, chunk):
+        m = min(chunk, kv_heads - h0)
+        rb = -(-m * d // per)
+        # phase 1: REQUANT of the heads' key and value rows into the scratch buffer
+        loads = [(Load(spad=Spad.VIN, spad_addr=i * rb, dram_addr=a + h0 * d // per, rows=1,
+                       row_beats=rb), None) for i, a in enumerate(rows_at)]
+        vecs = [(Vec(func=VecFunc.REQUANT, a_addr=i * rb * per + j * d, length=d,
+                     dst_addr=(2 * j + i) * cw * per), None)
+                for j in range(m) for i in range(2)]
+        stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=scratch + 2 * h0 * cw,
+                         rows=1, row_beats=2 * m * cw), None)]
+        task(loads, vecs, stores, first=not out)
+        # phase 2: the heads' scores channel words of their key rows' amax words, a beat each
         if plan.channels is not None:
-            loads.append((Load(spad=Spad.VIN, spad_addr=word_at, dram_addr=words + h, rows=1,
-                               row_beats=1), None))
-        vecs, stores = [], []
-        for kind in kinds:
-            rows, rb, stride = shapes[kind]
-            dram = _address(region[kind], beat, f"{kind} region of kv head {h}")
-            loads.append((Load(spad=Spad.VIN, spad_addr=at[kind], dram_addr=dram, rows=rows,
-                               row_beats=rb, dram_stride=stride), (kind, "dram_addr")))
-            try:
-                imm = insert_imm(0, *layout.append_insert(kind))
-            except ValueError as e:
-                raise LoweringError(f"the KV append's {kind} INSERT: {e}") from None
-            dst = at[kind] - 2 * cw
-            vecs.append((Vec(func=VecFunc.INSERT, a_addr=at[kind] * per, b_addr=code[kind],
-                             length=beats[kind] * per, dst_addr=dst * per, imm=imm),
-                         (kind, "imm")))
-            stores.append((Store(spad=Spad.VOUT, spad_addr=dst, dram_addr=dram, rows=rows,
-                                 row_beats=rb, dram_stride=stride), (kind, "dram_addr")))
-        task(loads, vecs, stores, first=False)
+            loads = [(Load(spad=Spad.VIN, spad_addr=0,
+                           dram_addr=scratch + 2 * h0 * cw + amax_at // per, rows=m,
+                           row_beats=1, dram_stride=2 * cw), None)]
+            vecs = [(Vec(func=VecFunc.CHANNEL, a_addr=j * per + amax_at % per, length=1,
+                         dst_addr=j * per, imm=plan.scale_word), None) for j in range(m)]
+            stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=words + h0, rows=1,
+                             row_beats=m), None)]
+            task(loads, vecs, stores, first=False)
+        # phase 3, per kv head
+        for h in range(h0, h0 + m):
+            region = {"k": plan.keys[h], "v": plan.values[h],
+                      "c": None if plan.codes is None else plan.codes[h],
+                      "s": None if plan.channels is None else plan.channels[h]}
+            loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + 2 * h * cw,
+                           rows=1, row_beats=2 * cw), None)]
+            if plan.channels is not None:
+                loads.append((Load(spad=Spad.VIN, spad_addr=word_at, dram_addr=words + h,
+                                   rows=1, row_beats=1), None))
+            vecs, stores = [], []
+            for kind in kinds:
+                rows, row_beats, stride = shapes[kind]
+                dram = _address(region[kind], beat, f"{kind} region of kv head {h}")
+                loads.append((Load(spad=Spad.VIN, spad_addr=at[kind], dram_addr=dram,
+                                   rows=rows, row_beats=row_beats, dram_stride=stride),
+                              (kind, "dram_addr")))
+                dst = at[kind] - 2 * cw
+                vecs.append((Vec(func=VecFunc.INSERT, a_addr=at[kind] * per, b_addr=code[kind],
+                                 length=beats[kind] * per, dst_addr=dst * per,
+                                 imm=imms[kind]), (kind, "imm")))
+                stores.append((Store(spad=Spad.VOUT, spad_addr=dst, dram_addr=dram,
+                                     rows=rows, row_beats=row_beats, dram_stride=stride),
+                               (kind, "dram_addr")))
+            task(loads, vecs, stores, first=False)
     return out, sites
 
 

@@ -992,7 +992,7 @@ def _set_append(words: np.ndarray, sites, layout, position: int) -> np.ndarray:
     plus, or INSERT ``imm`` ``base`` set to, what ``layout.append_site(kind, position)``
     gives (``base`` is imm's low field, 0 in the words)."""
     words = words.copy()
-    moved = {kind: layout.append_site(kind, position) for kind in {s[1] for s in sites}}
+    moved = {kind: layout.append_site(kind, position) for _, kind, _ in sites}
     amask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
     half, off = divmod(_IMM_AT, 64)
     for index, kind, what in sites:

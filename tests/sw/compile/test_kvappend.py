@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hw.config import AcceleratorConfig, preset
-from hw.isa import End, program_words
+from hw.isa import End, Store, program_words
 from hw.numerics import (
     act_scale,
     from_fixed,
@@ -81,11 +81,14 @@ def _rows(rng, kv_heads, d):
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", range(3))
 def test_the_append_program_writes_the_hosts_bytes(name, seed):
+    """At positions on and around a tile's edges and a random one, with random cache bytes
+    around: every byte but the scratch buffer's is the host append's; twelve kv heads of 64
+    take two phase-1 groups on the narrow configuration."""
     cfg = CONFIGS[name]
     rng = np.random.default_rng(seed)
-    kv_heads, d = int(rng.choice([1, 2, 3])), int(rng.choice([16, 32, 64]))
+    kv_heads, d = [(2, 16), (3, 32), (12, 64)][seed]
     layout = KVLayout(head_dim=d, max_context=128, lanes=cfg.lanes, beat=cfg.beat_bytes)
     dram0, plan = _setup(cfg, layout, kv_heads, rng)
     if seed == 1:   # no DEQUANT reads channel words: their regions stay as they were
@@ -153,8 +156,15 @@ def test_what_the_append_cannot_do_is_a_lowering_error():
     with pytest.raises(LoweringError, match="not on a 16-byte beat"):
         schedule_kv_append(cfg, layout, 1, KVAppendPlan(8, 4096, 8192, [16384], [32768],
                                                         [49152]))
-    with pytest.raises(LoweringError, match="do not fit"):
-        schedule_kv_append(cfg, layout, 64, plan)
+    tiny = CONFIGS["narrow"].replace(vin_spad_bytes=256, vout_spad_bytes=256)
+    narrow = KVLayout(64, 128, tiny.lanes, tiny.beat_bytes)
+    with pytest.raises(LoweringError, match="of a kv head .* does not fit"):
+        schedule_kv_append(tiny, narrow, 1, plan)
+    many = KVAppendPlan(0, 4096, 8192, [16384] * 12, [32768] * 12, [49152] * 12)
+    program, _ = schedule_kv_append(CONFIGS["narrow"], narrow, 12, many)
+    scratch = [i.dram_addr for i in program if isinstance(i, Store) and i.rows == 1
+               and i.dram_addr < 16384 // 16]
+    assert scratch == [8192 // 16, 8192 // 16 + 2 * 8 * 5]   # 8 kv heads, then 4
 
 
 @pytest.mark.parametrize(("head_dim", "lanes", "beat"),
