@@ -52,10 +52,10 @@ def model():
 
 def test_decode_appends_the_cache_on_chip_and_the_tokens_equal_the_twins(model, monkeypatch):
     """Each layer's append is a part of the decode program that computes its keys: its
-    INSERTs run, the host's kv_update writes nothing into DRAM in decode (it does in the
-    prefill), the cache after every step holds the bytes the host's append writes (a
-    compilation without chains, whose appends are the host's), and the logits equal the
-    twin's."""
+    INSERTs (and CHANNELs) run, the host's kv_update writes nothing into DRAM in decode (it
+    does in the prefill), the cache after every step holds the bytes the host's append
+    writes (a compilation without chains, whose appends are the host's), and so do the
+    scores' channel words and the value codes, and the logits equal the twin's."""
     lm, ws = model
     opts = CompileOptions(PROMPT, PROMPT + STEPS)
     exe = compile_model(lm, VSMALL, opts, weights=ws)
@@ -64,7 +64,8 @@ def test_decode_appends_the_cache_on_chip_and_the_tokens_equal_the_twins(model, 
     assert all(p.phase == "decode" and p.parts for p in appends)
     for p in appends:
         funcs = [i.func for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")]
-        assert VecFunc.INSERT in funcs
+        assert VecFunc.INSERT in funcs and VecFunc.CHANNEL in funcs
+        assert {r[1] for r in p.append_rows} == {"k", "v", "c", "s"}
     host = compile_model(lm, VSMALL, dataclasses.replace(opts, chain_programs=False),
                          weights=ws)
     assert not any(p.append_rows for p in host.programs)
@@ -96,6 +97,14 @@ def test_decode_appends_the_cache_on_chip_and_the_tokens_equal_the_twins(model, 
         assert got.keys() == want.keys()
         for name in got:
             assert np.array_equal(got[name], want[name]), (k, name)
+        # the scores' channel words and the value codes of every cached position: CHANNEL's
+        # and REQUANT's on chip, the host's where it appended (the same words)
+        s = PROMPT + k
+        assert rt._position_words == ref._position_words
+        for regions in rt._position_words.values():
+            for name in regions.values():
+                a, b = rt.exe.symbols[name].addr, ref.exe.symbols[name].addr
+                assert np.array_equal(rt.dram[a:a + 4 * s], ref.dram[b:b + 4 * s]), (k, name)
     assert set(writes) == {("prefill", True), ("decode", False)}
     assert len(writes) == 2 * (STEPS + 1)
     for _, st in steps[1:]:
