@@ -58,6 +58,7 @@ from hw.isa import (
     dequant_amax_addr,
     dispatch_limits,
     field_location,
+    insert_bad,
     legal_words,
     reads_param,
     vec_out_words,
@@ -175,7 +176,8 @@ class FetchUnit(wiring.Component):
         # ROPE: head_dim even and >= 2, its table inside VIN; heads * head_dim == length is
         # checked in S3 on the product registered here. Heads from bit 15 up are refused
         # without the product: with head_dim >= 2 their product is past any length, and the
-        # product keeps to 15 x 16 bits (one multiplier).
+        # product keeps to 15 x 16 bits (one multiplier). INSERT: its stride and, at stride 1,
+        # whole words (a few bits of imm: insert_bad).
         head_dim, heads = v.imm[:ROPE_HEAD_DIM_BITS], v.imm[ROPE_HEAD_DIM_BITS:]
         is_rope = func == VecFunc.ROPE.value
         bad_vec = Cat(length == 0,
@@ -185,7 +187,8 @@ class FetchUnit(wiring.Component):
                       (func == VecFunc.SOFTMAX.value) & (v.imm > length),
                       is_rope & (head_dim[0] | (head_dim == 0) | heads[_ROPE_HEADS_BITS:].any()
                                  | (v.b_addr + head_dim[1:] > lim.vin_elems)),
-                      vec_reads_amax(func) & (dequant_amax_addr(v.imm) >= lim.vin_elems))
+                      vec_reads_amax(func) & (dequant_amax_addr(v.imm) >= lim.vin_elems),
+                      insert_bad(func, v.imm))
         rope_row = heads[:_ROPE_HEADS_BITS] * head_dim
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)

@@ -26,7 +26,7 @@ import operator
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 from amaranth.lib import data, enum
@@ -43,7 +43,8 @@ __all__ = [
     "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
     "vec_out_words", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT", "dequant_imm",
     "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "ROPE_HEAD_DIM_BITS",
-    "rope_imm", "rope_geometry",
+    "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
+    "insert_fields", "insert_geometry", "insert_bad",
     "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
     "program_words",
     "decode_fields", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
@@ -117,10 +118,14 @@ class VecFunc(enum.Enum, shape=4):
     ROPE = 7     # rotary rotation of heads, table at b_addr     (hw.numerics.vec_rope_pairs)
     DEQUANT = 8  # dst[i] = acc a[i], channel word b[i], amax VIN[imm] (hw.numerics.vec_dequant)
     FOLD = 9     # REQUANT of the 54-bit a[i] * b[i]: codes, then its amax word (vec_fold)
+    INSERT = 10  # dst = row a with the int8 codes of b scattered into its bytes (vec_insert)
+    CHANNEL = 11  # dst[i] = channel word of imm's word times amax a[i] (vec_channel)
 
 
 #: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
 VEC_FUNC_VALUES = tuple(m.value for m in VecFunc)
+#: Values below the largest defined one that name no sub-op (ILLEGAL_OPCODE as those above).
+_VEC_FUNC_GAPS = tuple(v for v in range(max(VEC_FUNC_VALUES)) if v not in VEC_FUNC_VALUES)
 
 
 class ErrorCode(enum.Enum, shape=4):
@@ -181,7 +186,8 @@ VecBody = data.StructLayout({
     "imm": 40,      # SOFTMAX: valid positions (<= length); RMSNORM: epsilon (norm_eps);
                     # ROPE: head_dim + heads * 2**16 (rope_imm)
                     # DEQUANT: the VIN address of the token's amax word, FOLD's with
-                    # bit 16 (dequant_imm)
+                    # bit 16 (dequant_imm); INSERT: the codes' bytes (insert_imm);
+                    # CHANNEL: a channel word (bits 0..23, those above ignored)
 })
 
 #: REPEAT: the next ``length`` instructions (the *body*) run ``count`` times; iteration ``i``
@@ -393,7 +399,7 @@ class Vec(_Base):
 
 def vec_out_words(func, length):
     """VOUT elements (words) a VEC writes: ``length`` (the row sub-ops: ADD, SOFTMAX, RMSNORM,
-    MUL, SILU_GATE, ROPE, DEQUANT); 2 (ARGMAX: the index, the max);
+    MUL, SILU_GATE, ROPE, DEQUANT, INSERT, CHANNEL); 2 (ARGMAX: the index, the max);
     ``ceil(length / 4) + 1`` (REQUANT and FOLD: the int8 codes packed four to a word, code
     ``i`` in byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax``
     as an unsigned 32-bit word, FOLD's as :func:`hw.numerics.fold_amax_word`). Ints, arrays
@@ -401,7 +407,8 @@ def vec_out_words(func, length):
     rows = ((func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value)
             | (func == VecFunc.RMSNORM.value) | (func == VecFunc.MUL.value)
             | (func == VecFunc.SILU_GATE.value) | (func == VecFunc.ROPE.value)
-            | (func == VecFunc.DEQUANT.value))
+            | (func == VecFunc.DEQUANT.value) | (func == VecFunc.INSERT.value)
+            | (func == VecFunc.CHANNEL.value))
     return (rows * length + (func == VecFunc.ARGMAX.value) * 2
             + ((func == VecFunc.REQUANT.value) | (func == VecFunc.FOLD.value))
             * (((length + 3) >> 2) + 1))
@@ -409,11 +416,13 @@ def vec_out_words(func, length):
 
 def vec_reads_b(func):
     """The sub-op reads a second operand row from ``b_addr`` (the second operand of ADD, MUL
-    and SILU_GATE, RMSNORM's weight row, DEQUANT's channel words, FOLD's value codes); ints,
+    and SILU_GATE, RMSNORM's weight row, DEQUANT's channel words, FOLD's value codes,
+    INSERT's packed codes: at most ``length`` words of them, :func:`insert_geometry`); ints,
     arrays or Amaranth values."""
     return ((func == VecFunc.ADD.value) | (func == VecFunc.RMSNORM.value)
             | (func == VecFunc.MUL.value) | (func == VecFunc.SILU_GATE.value)
-            | (func == VecFunc.DEQUANT.value) | (func == VecFunc.FOLD.value))
+            | (func == VecFunc.DEQUANT.value) | (func == VecFunc.FOLD.value)
+            | (func == VecFunc.INSERT.value))
 
 
 def vec_reads_amax(func):
@@ -472,6 +481,89 @@ def rope_geometry(imm):
     """``(head_dim, heads)`` of a ROPE's ``imm`` (:func:`rope_imm`); ints, arrays or Amaranth
     values."""
     return imm & ((1 << ROPE_HEAD_DIM_BITS) - 1), imm >> ROPE_HEAD_DIM_BITS
+
+
+#: INSERT's ``imm`` fields, low bits first, and their widths (:func:`insert_imm`): the byte
+#: of code 0 in the row, the codes per group less one, the groups less one, the bytes from a
+#: code to the next in its group, the bytes skipped after a group's last code's stride.
+INSERT_FIELDS = (("base", 10), ("group_m1", 9), ("groups_m1", 5), ("stride", 8), ("skip", 8))
+if sum(w for _, w in INSERT_FIELDS) != VecBody["imm"].width:
+    raise ImportError("INSERT_FIELDS do not fill a VEC's imm")
+
+
+class InsertGeometry(NamedTuple):
+    """Where an INSERT puts its codes (:func:`insert_imm`): ``groups`` groups of ``group``
+    codes; code ``j`` goes to byte ``base + (j // group) * (group * stride + skip) + (j %
+    group) * stride`` of the row."""
+
+    base: int
+    group: int
+    groups: int
+    stride: int
+    skip: int
+
+    @property
+    def codes(self) -> int:
+        """The codes inserted, ``group * groups``."""
+        return self.group * self.groups
+
+    @property
+    def span(self) -> int:
+        """Bytes from one group's first code to the next's: ``group * stride + skip``."""
+        return self.group * self.stride + self.skip
+
+
+def insert_imm(base: int, group: int, groups: int = 1, stride: int = 1, skip: int = 0
+               ) -> int:
+    """The ``imm`` of an INSERT (:class:`InsertGeometry`): ``groups`` groups of ``group``
+    codes, the first at byte ``base`` of the row, ``stride`` bytes apart in a group, each
+    group's first ``skip`` bytes past the previous group's last code's ``stride``. Fields
+    low bits first (:data:`INSERT_FIELDS`): ``base``, ``group - 1``, ``groups - 1``,
+    ``stride``, ``skip``.
+
+    Why this form: the engine walks the codes' bytes in increasing order with one adder
+    (``+ stride``, or ``+ stride + skip`` after a group's last code), so they never go back
+    and the fetch unit checks the geometry without a product (the rule table: ``stride`` 1 or
+    at least 4, and with 1 whole words: ``base``, ``group`` and ``skip`` multiples of 4).
+    Keys of a position: one group of ``head_dim`` codes, ``stride`` the bytes from one
+    channel's record to the next in VIN; values: ``head_dim / lanes`` groups of ``lanes``,
+    stride 1; one word: one group of 4.
+
+    Raises
+    ------
+    ValueError
+        A field outside its width (the message names it and its value).
+    """
+    values = {"base": base, "group_m1": group - 1, "groups_m1": groups - 1, "stride": stride,
+              "skip": skip}
+    imm, at = 0, 0
+    for name, width in INSERT_FIELDS:
+        v = values[name]
+        if not 0 <= v < 1 << width:
+            shown = name.removesuffix("_m1")
+            raise ValueError(f"INSERT {shown}={v + (name != shown)} does not fit its "
+                             f"{width}-bit field{' (less one)' if name != shown else ''}")
+        imm |= v << at
+        at += width
+    return imm
+
+
+def insert_fields(imm) -> dict:
+    """The raw fields of an INSERT's ``imm`` by their :data:`INSERT_FIELDS` names (``group``
+    and ``groups`` less one, as the engine and the fetch unit hold them); ints, arrays or
+    Amaranth values."""
+    fields, at = {}, 0
+    for name, width in INSERT_FIELDS:
+        fields[name] = (imm >> at) & ((1 << width) - 1)
+        at += width
+    return fields
+
+
+def insert_geometry(imm) -> InsertGeometry:
+    """:class:`InsertGeometry` of an INSERT's ``imm`` (:func:`insert_imm`); ints or arrays."""
+    f = insert_fields(imm)
+    return InsertGeometry(f["base"], f["group_m1"] + 1, f["groups_m1"] + 1, f["stride"],
+                          f["skip"])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -842,6 +934,31 @@ def _rope_row(f: dict) -> object:
 def _rope_table_end(f: dict) -> object:
     """The end of a ROPE's table: ``head_dim / 2`` words from ``b_addr``."""
     return f["vec.b_addr"] + (rope_geometry(f["vec.imm"])[0] >> 1)
+
+
+def _is_insert(f: dict) -> object:
+    return f["vec.func"] == VecFunc.INSERT.value
+
+
+def _insert_stride_bad(f: dict) -> object:
+    """An INSERT's stride is neither 1 (whole words) nor at least 4 (one code per word)."""
+    stride = insert_fields(f["vec.imm"])["stride"]
+    return _is_insert(f) & ((stride == 0) | (stride == 2) | (stride == 3))
+
+
+def _insert_words_bad(f: dict) -> object:
+    """An INSERT of stride 1 whose codes are not whole words: ``base``, ``group`` or ``skip``
+    not a multiple of 4."""
+    g = insert_fields(f["vec.imm"])
+    partial = ((g["base"] | g["skip"] | (g["group_m1"] ^ 3)) & 3) != 0
+    return _is_insert(f) & (g["stride"] == 1) & partial
+
+
+def insert_bad(func, imm):
+    """The VEC is an INSERT whose geometry the engine cannot walk (the two INSERT rules of
+    the rule table, for the fetch unit); ints, arrays or Amaranth values."""
+    f = {"vec.func": func, "vec.imm": imm}
+    return _insert_stride_bad(f) | _insert_words_bad(f)
 _BAD_ADDRESS, _BAD_GEMM = ErrorCode.BAD_ADDRESS, ErrorCode.BAD_GEMM
 
 
@@ -984,6 +1101,14 @@ _VEC_RULES = (
           lambda f, cfg: f"DEQUANT's amax word imm={f['vec.imm']} is outside VIN "
                          f"({dispatch_limits(cfg).vin_elems} elements)"),
     _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: _insert_stride_bad(f),
+          lambda f, cfg: f"INSERT of stride={insert_geometry(f['vec.imm']).stride} "
+                         f"(imm={f['vec.imm']}): it must be 1 or >= 4"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: _insert_words_bad(f),
+          lambda f, cfg: "INSERT of stride 1 writes whole words: base, group and skip must be "
+                         f"multiples of 4, got {insert_geometry(f['vec.imm'])}"),
+    _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: _vec_dst_end(f) > lim.vout_elems,
           lambda f, cfg: f"VEC results [{f['vec.dst_addr']}, {_vec_dst_end(f)}) exceed VOUT "
                          f"({dispatch_limits(cfg).vout_elems} elements)"),
@@ -1059,7 +1184,9 @@ def legal_words(f: dict, lim: DispatchLimits):
     no_mode = (op == Opcode.GEMM.value) & (f["gemm.epilogue"] > max(EPILOGUE_VALUES))
     is_dma = (op == Opcode.LOAD.value) | (op == Opcode.STORE.value)
     no_spad = is_dma & (f["dma.spad"] > max(s.value for s in Spad))
-    no_func = (op == Opcode.VEC.value) & (f["vec.func"] > max(VEC_FUNC_VALUES))
+    func = f["vec.func"]
+    no_func = (op == Opcode.VEC.value) & functools.reduce(
+        operator.or_, (func == v for v in _VEC_FUNC_GAPS), func > max(VEC_FUNC_VALUES))
     return defined & ~no_engine & ~no_mode & ~no_spad & ~no_func
 
 

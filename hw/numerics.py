@@ -34,7 +34,8 @@ the host:
   row scales;
 * softmax of ``scores * scale + mask`` in fp32 on the host
   (:func:`sw.models.llama.attention_probs`); with the vector unit the scaled scores are its
-  DEQUANT's (:func:`scores_vector`: the key scales times ``scale`` as channel words, the query
+  DEQUANT's (:func:`scores_vector`: the key scales times ``scale`` as channel words, as
+  CHANNEL computes them from the key rows' integer ``amax``, :func:`vec_channel`; the query
   rows' integer ``amax``) and the softmax its :func:`vec_softmax`;
 * values: the value scales are folded into the probabilities, ``p'[t, j] = p[t, j] * s_v[j]``,
   which are then quantised per (head, token) row; ``acc = p8 . v8`` exactly and
@@ -1304,6 +1305,8 @@ DEQUANT_MANT_BITS = MANT_BITS + 1
 #: Bits of a channel word's exponent ``E`` (bits 17..23 of the word; the bits above are 0).
 DEQUANT_EXP_BITS = 7
 DEQUANT_EXP_MAX = (1 << DEQUANT_EXP_BITS) - 1
+#: Bits of a channel word that hold its fields (those above are ignored).
+DEQUANT_WORD_BITS = DEQUANT_MANT_BITS + DEQUANT_EXP_BITS
 #: The final shift ``E - k`` is clamped to [-DEQUANT_LEFT_MAX, DEQUANT_SH_MAX]: a left shift
 #: by 15 of a non-zero ``acc * q`` (``>= 2**16`` for a normalised word) already saturates, and
 #: a right shift by 63 of ``|acc * q| < 2**48`` gives 0, as any larger one does.
@@ -1313,7 +1316,8 @@ DEQUANT_SH_MAX = 63
 #: ``127 * 2**16``, so that the factor is ``row_scale * 1``.
 DEQUANT_ZERO_AMAX = ACT_QMAX << ACT_FRAC
 
-__all__ += ["DEQUANT_MANT_BITS", "DEQUANT_EXP_BITS", "DEQUANT_EXP_MAX", "DEQUANT_LEFT_MAX",
+__all__ += ["DEQUANT_MANT_BITS", "DEQUANT_EXP_BITS", "DEQUANT_EXP_MAX", "DEQUANT_WORD_BITS",
+            "DEQUANT_LEFT_MAX",
             "DEQUANT_SH_MAX", "DEQUANT_ZERO_AMAX", "dequant_channels", "dequant_channels_torch",
             "requant_amax", "requant_amax_torch", "vec_dequant_factor",
             "vec_dequant_factor_torch", "vec_dequant", "vec_dequant_torch",
@@ -1387,14 +1391,19 @@ def vec_dequant_factor(chan: np.ndarray, amax: np.ndarray, shift: np.ndarray | i
     if (amax < 0).any() or (amax >> 32).any():
         raise ValueError(f"amax must be an unsigned 32-bit word, got {int(amax.min())}.."
                          f"{int(amax.max())}")
-    a = np.where(amax > 0, amax, DEQUANT_ZERO_AMAX)[..., None]
+    q, e = _factor(chan, np.where(amax > 0, amax, DEQUANT_ZERO_AMAX)[..., None])
+    return q, np.clip(e - shift, -DEQUANT_LEFT_MAX, DEQUANT_SH_MAX)
+
+
+def _factor(chan: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`vec_dequant_factor`'s ``(q, E - k)`` of channel words ``chan`` and amax values
+    ``a`` (zero replaced, broadcast together), before the shift and the clip."""
     b = _bit_length(a)
     m = chan & _MANT_MASK
-    e = (chan >> DEQUANT_MANT_BITS) & DEQUANT_EXP_MAX
     p = m * a
     k = b - 1 + ((p >> (b + MANT_BITS)) & 1)
     q = np.minimum(round_shift(p, k), _MANT_MASK)
-    return q, np.clip(e - k - shift, -DEQUANT_LEFT_MAX, DEQUANT_SH_MAX)
+    return q, ((chan >> DEQUANT_MANT_BITS) & DEQUANT_EXP_MAX) - k
 
 
 def vec_dequant(acc: np.ndarray, chan: np.ndarray, amax: np.ndarray,
@@ -1457,13 +1466,18 @@ def vec_dequant_factor_torch(chan: torch.Tensor, amax: torch.Tensor,
         raise ValueError(f"amax must be an unsigned 32-bit word, got {int(amax.min())}.."
                          f"{int(amax.max())}")
     a = torch.where(amax > 0, amax, torch.full_like(amax, DEQUANT_ZERO_AMAX)).unsqueeze(-1)
+    q, e = _factor_torch(chan, a)
+    return q, (e - shift).clamp(-DEQUANT_LEFT_MAX, DEQUANT_SH_MAX)
+
+
+def _factor_torch(chan: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of :func:`_factor`."""
     b = _bit_length_torch(a)
     m = chan & _MANT_MASK
-    e = (chan >> DEQUANT_MANT_BITS) & DEQUANT_EXP_MAX
     p = m * a
     k = b - 1 + ((p >> (b + MANT_BITS)) & 1)
     q = round_shift_torch(p, k).clamp(max=_MANT_MASK)
-    return q, (e - k - shift).clamp(-DEQUANT_LEFT_MAX, DEQUANT_SH_MAX)
+    return q, ((chan >> DEQUANT_MANT_BITS) & DEQUANT_EXP_MAX) - k
 
 
 def vec_dequant_torch(acc: torch.Tensor, chan: torch.Tensor, amax: torch.Tensor,
@@ -1514,23 +1528,125 @@ def scores_prologue_vector(q: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor
     return vec_requant_torch(to_fixed_torch(group_rows(q, kv_heads)))
 
 
-def scores_vector(acc: torch.Tensor, amax: torch.Tensor, s_k: torch.Tensor, scale: float,
-                  heads: int) -> torch.Tensor:
+def scores_vector(acc: torch.Tensor, amax: torch.Tensor, amax_k: torch.Tensor, scale: float,
+                  heads: int, kv_bits: int = 8) -> torch.Tensor:
     """The scaled scores as the vector unit's DEQUANT writes them: integer scores ``acc [B,
     KV, G*T, S]``, the query rows' ``amax [B, KV, G*T]`` (:func:`scores_prologue_vector`) and
-    the key scales ``s_k [B, KV, S]`` -> float64 ``[B, H, T, S]`` (the exact words),
-    ``from_fixed(vec_dequant(acc, scores_channels(s_k, scale), amax))``.
+    the key rows' integer ``amax_k [B, KV, S]`` (:func:`requant_amax_torch` of the keys) ->
+    float64 ``[B, H, T, S]`` (the exact words), ``from_fixed(vec_dequant(acc, chan, amax))``
+    with the channel words ``chan`` CHANNEL's, :func:`scores_channels_vector`.
 
     This is ``scores * scale`` of the float path (:func:`scores_epilogue`, then the softmax's
-    scale) computed on chip in Q15.16: by :func:`vec_dequant`'s bound each element is within
-    ``2**-16 * (1 + 2**-16) * |z| + 2**-17`` of the exact ``z = acc * s_q * s_k * scale``
-    (``s_q`` the query row's :func:`act_scale`), where the float path's float32 products
-    are within about ``2**-23 * |z|``; the softmax of these rows (:func:`vec_softmax`) then
-    differs from the float path's by at most ``2**-16 |z|``-sized shifts of its inputs on
-    top of its own error. Elements are on the 2**-16 grid.
+    scale) computed on chip in Q15.16: each element is within ``(3 * 2**-17 + 2**-32) * |z|
+    + 2**-17`` of the exact ``z = acc * s_q * s_k * scale`` (``s_q``, ``s_k`` the exact
+    ``amax / 127 * 2**-16`` of the query and key rows, ``amax_k / (7 * 255) * 2**-16`` for
+    INT4 keys): the channel word's value within ``(2**-16 + 2**-34)`` relatively
+    (:func:`vec_channel`), then :func:`vec_dequant`'s factor ``q`` within ``2**-17`` and its
+    rounding half a unit. The float path's float32 products are within about ``2**-23 *
+    |z|``; the softmax of these rows (:func:`vec_softmax`) then differs from the float path's
+    by at most ``2**-15 |z|``-sized shifts of its inputs on top of its own error. Elements
+    are on the 2**-16 grid.
     """
-    chan = scores_channels_torch(s_k, scale).unsqueeze(-2)
+    chan = scores_channels_vector_torch(amax_k, scale, kv_bits).unsqueeze(-2)
     return ungroup_rows(from_fixed_torch(vec_dequant_torch(acc, chan, amax)), heads)
+
+
+# ------------------------------------------------- vector unit: channel words on chip
+# The scores' channel words computed on chip (VecFunc.CHANNEL): each cached key row's amax
+# word (REQUANT's, as it wrote it after the row's codes) times one constant channel word,
+# written as a channel word: DEQUANT's factor, normalised the same way.
+
+__all__ += ["vec_channel", "vec_channel_torch", "scores_scale_word",
+            "scores_channels_vector", "scores_channels_vector_torch"]
+
+
+def _channel_word(q, e):
+    """The channel word of ``q * 2**-e`` (``q`` below 2**17, ``e <= 127``; arrays or
+    tensors): ``q | e << 17``, or for ``e < 0`` (no word holds it) the largest word ``2**17 -
+    1`` (``q > 0``) or 0."""
+    return ((e >= 0) * (q | (e.clip(0) << DEQUANT_MANT_BITS))
+            + ((e < 0) & (q > 0)) * _MANT_MASK)
+
+
+def vec_channel(amax: np.ndarray, word: int) -> np.ndarray:
+    """The channel words of a constant channel ``word`` times each ``amax`` of a row (unsigned
+    32-bit words, as REQUANT writes them), as CHANNEL computes them: int64 like ``amax``.
+
+    ``(q, E - k)`` as :func:`vec_dequant_factor` of ``word`` and ``A = amax`` (``A =``
+    :data:`DEQUANT_ZERO_AMAX` for 0, as there) before its shift and clip: ``q`` in [2**16,
+    2**17) for a normalised word, ``q * 2**(k - E)`` within ``2**-17`` of ``m * A * 2**-E``
+    relatively. The result is the word ``q | (E - k) << 17`` (``E - k <= 127`` as ``k >= 0``).
+    ``E - k < 0`` (the product at least 2**16, beyond a channel word) gives the largest word
+    ``2**17 - 1`` (0 for ``q = 0``): it never happens when ``E >= 32`` (``k <= 32``), as
+    :func:`scores_scale_word` ensures. Bound (normalised ``word`` holding ``c0`` within
+    ``2**-17``, ``E - k >= 0``): the result's value is within ``(2**-16 + 2**-34) * c0 * A``
+    of ``c0 * A``.
+    """
+    amax = np.asarray(amax, np.int64)
+    if (amax < 0).any() or (amax >> 32).any():
+        raise ValueError(f"amax must be an unsigned 32-bit word, got {int(amax.min())}.."
+                         f"{int(amax.max())}")
+    q, e = _factor(np.int64(word), np.where(amax > 0, amax, DEQUANT_ZERO_AMAX))
+    return _channel_word(q, e)
+
+
+def vec_channel_torch(amax: torch.Tensor, word: int) -> torch.Tensor:
+    """Torch twin of :func:`vec_channel`."""
+    amax = amax.to(torch.int64)
+    if (amax < 0).any() or (amax >> 32).any():
+        raise ValueError(f"amax must be an unsigned 32-bit word, got {int(amax.min())}.."
+                         f"{int(amax.max())}")
+    a = torch.where(amax > 0, amax, torch.full_like(amax, DEQUANT_ZERO_AMAX))
+    q, e = _factor_torch(torch.full_like(a, word), a)
+    return _channel_word(q, e)
+
+
+def _key_qmax(kv_bits: int) -> int:
+    """The divisor of a key row's scale: ``act_scale = amax / 127 * 2**-16`` (INT8) or
+    :func:`kv4_scale` ``= amax / (7 * 255) * 2**-16`` (INT4, keys)."""
+    if kv_bits not in KV_BITS:
+        raise ValueError(f"KV-cache bits must be one of {KV_BITS}, got {kv_bits!r}")
+    return ACT_QMAX if kv_bits == 8 else KV4_QMAX * KV4_CODE_MAX
+
+
+def scores_scale_word(scale: float, kv_bits: int = 8) -> int:
+    """The constant of the scores' CHANNEL: the channel word (as :func:`dequant_channels`
+    forms it, within ``2**-17`` relatively) of ``c0 = scale * 2**-16 / (127 * kq)``, with
+    ``kq`` 127 for the INT8 keys and ``7 * 255`` for the INT4 ones (:func:`_key_qmax`), so
+    that ``c0 * amax_k = s_k * scale / 127``, :func:`scores_channels`' value, for a key row's
+    integer ``amax_k``. ``ValueError`` names a ``scale`` that is not positive and finite or
+    whose word's exponent is below 32 (``scale`` about 2**15 or more for INT8 keys: some
+    amax would saturate :func:`vec_channel`) or above 127 (the word would be 0)."""
+    c = np.array([float(scale) * 2.0 ** -ACT_FRAC / (ACT_QMAX * _key_qmax(kv_bits))])
+    if not (np.isfinite(c[0]) and c[0] > 0):
+        raise ValueError(f"scale={scale!r}: the softmax scale must be positive and finite")
+    word = int(_channel_words(c, c)[0])
+    e = word >> DEQUANT_MANT_BITS
+    if word == 0 or e < 32:
+        raise ValueError(f"scale={scale!r}: its channel word's exponent {e} is outside "
+                         f"[32, {DEQUANT_EXP_MAX}]")
+    return word
+
+
+def scores_channels_vector(amax_k: np.ndarray, scale: float, kv_bits: int = 8) -> np.ndarray:
+    """The scores' DEQUANT channel words as CHANNEL computes them on chip: the key rows'
+    integer ``amax_k [..., S]`` (what REQUANT writes after a key row's codes, or
+    :func:`vec_kv4_rows`' ``a`` of an INT4 row: ``requant_amax`` of the keys either way) ->
+    int64 ``[..., S]``, :func:`vec_channel` of them and :func:`scores_scale_word`.
+
+    Against ``c = s_k * scale / 127`` (``s_k = amax_k / kq * 2**-16`` exactly) each word's
+    value is within ``(2**-16 + 2**-34) * c`` (:func:`vec_channel`'s bound); the float
+    :func:`scores_channels` of the float32 ``s_k`` is within ``(2**-17 + 2**-24) * c``, so
+    the two words' values differ by at most ``(3 * 2**-17 + 2**-23) * c``. A zero row (amax
+    0) gets the word of ``127 * 2**16 * c0``; its codes, so its scores, are 0.
+    """
+    return vec_channel(amax_k, scores_scale_word(scale, kv_bits))
+
+
+def scores_channels_vector_torch(amax_k: torch.Tensor, scale: float,
+                                 kv_bits: int = 8) -> torch.Tensor:
+    """Torch twin of :func:`scores_channels_vector`."""
+    return vec_channel_torch(amax_k, scores_scale_word(scale, kv_bits))
 
 
 # ------------------------------------------------- vector unit: attention values on chip
@@ -1571,3 +1687,33 @@ def values_vector(acc: torch.Tensor, word: torch.Tensor, heads: int,
     chan = torch.full((acc.shape[-1],), values_channel(qmax), dtype=torch.int64)
     y = vec_dequant_torch(acc, chan, m, s)
     return ungroup_rows(from_fixed_torch(y), heads)
+
+
+# ---------------------------------------------------------------------------- INSERT
+__all__ += ["insert_offsets", "vec_insert"]
+
+
+def insert_offsets(base: int, group: int, groups: int, stride: int, skip: int) -> np.ndarray:
+    """The bytes of a row an INSERT writes its codes to (:class:`hw.isa.InsertGeometry`):
+    code ``j`` of ``group * groups`` to ``base + (j // group) * (group * stride + skip) + (j
+    % group) * stride``; int64. With ``stride >= 1`` they increase, and code ``j``'s byte is
+    at least ``j``."""
+    j = np.arange(group * groups, dtype=np.int64)
+    return base + (j // group) * (group * stride + skip) + (j % group) * stride
+
+
+def vec_insert(a: np.ndarray, b: np.ndarray, base: int, group: int, groups: int,
+               stride: int, skip: int) -> np.ndarray:
+    """INSERT: the row ``a [L]`` (int32 words, as loaded: here bytes of a cache region) with
+    the int8 codes of ``b`` (words, four codes each as REQUANT packs them: code ``j`` in byte
+    ``j % 4`` of word ``j // 4``) written to the bytes :func:`insert_offsets` names (words
+    little-endian: byte ``k`` of the row is byte ``k % 4`` of word ``k // 4``). A code whose
+    byte lies past the row's ``4 L`` is dropped, so only the first ``L`` words of ``b`` are
+    read. Returns the row's words as signed int32 values in int64."""
+    a = np.asarray(a, np.int64)
+    row = (a & 0xFFFFFFFF).astype("<u4").view(np.uint8).copy()
+    codes = (np.asarray(b, np.int64) & 0xFFFFFFFF).astype("<u4").view(np.uint8)
+    at = insert_offsets(base, group, groups, stride, skip)
+    j = np.flatnonzero(at < row.size)
+    row[at[j]] = codes[j]
+    return row.view("<i4").astype(np.int64)

@@ -313,12 +313,21 @@ def _vec_cycles(func, length):
     # codes packed as REQUANT's; the amax word the cycle after the last code.
     fold = (stream + lat["mul"] + lat["absmax"] + 1 + lat["recip"]
             + stream + lat["mul"] + lat["requant"] + 1)
+    # INSERT: one pass; each word of the row, with the code word it takes read beside it on
+    # the second port, merged by byte multiplexers into the unit-feed register and written
+    # from it the cycle after it arrives (no function unit).
+    insert = stream + VEC_FEED_LATENCY
+    # CHANNEL: one pass, each amax word (A and its bit length from it as it is read) through
+    # DequantFactor with imm's word, the factor's channel word written as it comes out.
+    channel = stream + lat["dequant_factor"]
     return ((func == VecFunc.ADD.value) * add + (func == VecFunc.ARGMAX.value) * argmax
             + (func == VecFunc.MUL.value) * mul + (func == VecFunc.SILU_GATE.value) * silu
             + (func == VecFunc.REQUANT.value) * requant
             + (func == VecFunc.SOFTMAX.value) * softmax
             + (func == VecFunc.RMSNORM.value) * rmsnorm + (func == VecFunc.ROPE.value) * rope
-            + (func == VecFunc.DEQUANT.value) * dequant + (func == VecFunc.FOLD.value) * fold)
+            + (func == VecFunc.DEQUANT.value) * dequant + (func == VecFunc.FOLD.value) * fold
+            + (func == VecFunc.INSERT.value) * insert
+            + (func == VecFunc.CHANNEL.value) * channel)
 
 
 def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:

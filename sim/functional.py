@@ -34,6 +34,7 @@ from hw.isa import (
     dequant_amax_addr,
     dequant_fold,
     gemm_geometry,
+    insert_geometry,
     rope_geometry,
 )
 from hw.numerics import (
@@ -43,8 +44,10 @@ from hw.numerics import (
     requantize_int8,
     vec_add,
     vec_argmax,
+    vec_channel,
     vec_dequant,
     vec_fold,
+    vec_insert,
     vec_mul,
     vec_requant,
     vec_rmsnorm,
@@ -542,6 +545,12 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
             table = st.spad_arrays[_VIN][b0:t1].view("<i4").astype(np.int64)
             put(st, vec_rope_pairs(row(st, a0), table, head_dim))
         return rope
+    if ins.func == VecFunc.INSERT:
+        geometry = tuple(int(v) for v in insert_geometry(ins.imm))
+
+        def insert(st: MachineState) -> None:
+            put(st, vec_insert(row(st, a0), row(st, b0), *geometry))
+        return insert
     if ins.func == VecFunc.DEQUANT:   # the amax word at imm, unsigned; FOLD's: two fields
         m0, fold = 4 * dequant_amax_addr(ins.imm), dequant_fold(ins.imm)
 
@@ -550,6 +559,11 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
             amax, shift = fold_amax_fields(amax) if fold else (amax, 0)
             put(st, vec_dequant(row(st, a0), row(st, b0) & 0xFFFFFFFF, amax, shift))
         return dequant
+    if ins.func == VecFunc.CHANNEL:   # amax words (unsigned) times imm's channel word
+
+        def channel(st: MachineState) -> None:
+            put(st, vec_channel(row(st, a0) & 0xFFFFFFFF, ins.imm))
+        return channel
 
     def argmax(st: MachineState) -> None:
         x = row(st, a0)

@@ -28,6 +28,7 @@ from hw.config import AcceleratorConfig, MemoryModel
 from hw.engines import engines_of
 from hw.isa import (
     NO_EVENT,
+    VEC_FUNC_VALUES,
     End,
     Engine,
     EpilogueMode,
@@ -47,14 +48,16 @@ from hw.isa import (
     encode,
     field_location,
     gemm_extents,
+    insert_imm,
     rope_imm,
     vec_out_words,
     vec_reads_b,
 )
-from hw.numerics import norm_eps
+from hw.numerics import DEQUANT_EXP_MAX, DEQUANT_MANT_BITS, norm_eps
 
 __all__ = ["RandomProgram", "random_config", "random_program", "break_program",
-           "EQUIVALENCE_CONFIGS", "VECTOR_NETLIST_CONFIG"]
+           "random_channel_word",
+           "EQUIVALENCE_CONFIGS", "VECTOR_NETLIST_CONFIG", "random_insert_imm"]
 
 #: Two array shapes (8 and 16 lanes) with different memories, queues and pattern sets, the
 #: second with a vector engine (the first, without one, checks its absence); small buffers and
@@ -163,7 +166,7 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
     if func == VecFunc.ROPE:
         return _random_rope(rng, (i0, i1), (o0, o1))
     length = int(rng.integers(1, min(i1 - i0, o1 - o0) + 1))
-    if rng.random() < 0.3:  # short rows, where the pipeline's fill and drain overlap most
+    if rng.random() < 0.4:  # short rows, where the pipeline's fill and drain overlap most
         length = int(rng.integers(1, 4))
     out = int(vec_out_words(func.value, length))
     imm = 0
@@ -173,11 +176,44 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
         imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
     elif func == VecFunc.DEQUANT:  # the amax word: any element of the chain's VIN region,
         imm = dequant_imm(int(rng.integers(i0, i1)), bool(rng.random() < 0.5))  # or FOLD's
+    elif func == VecFunc.INSERT:
+        imm = random_insert_imm(rng, length)
+    elif func == VecFunc.CHANNEL:  # a normalised channel word, or any imm (bits 24.. ignored)
+        imm = random_channel_word(rng)
     return Vec(func=func, length=length, imm=imm,
                a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)),
                b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1))
                if vec_reads_b(func.value) else 0,
                dst_addr=o0 + int(rng.integers(0, o1 - o0 - out + 1)))
+
+
+def random_insert_imm(rng: np.random.Generator, length: int) -> int:
+    """A valid INSERT ``imm`` (:func:`hw.isa.insert_imm`) for a row of ``length`` words:
+    whole code words (stride 1: a value cache's records, a value code word) or one code per
+    word (stride >= 4: a key cache's records), one group or several, codes inside the row or
+    running past its end (dropped), often the largest fields."""
+    row = 4 * length
+    if rng.random() < 0.4:   # stride 1: base, group and skip multiples of 4
+        group = 4 * int(rng.choice([1, 2, int(rng.integers(1, 129))]))
+        skip = 4 * int(rng.choice([0, int(rng.integers(0, 64))]))
+        base = 4 * int(rng.integers(0, min(255, max(1, row // 4)) + 1))
+        stride = 1
+    else:
+        group = int(rng.choice([1, 2, int(rng.integers(1, 513))]))
+        skip = int(rng.choice([0, 255, int(rng.integers(0, 256))]))
+        base = int(rng.integers(0, min(1023, row) + 1))
+        stride = int(rng.choice([4, 255, int(rng.integers(4, 256))]))
+    groups = int(rng.choice([1, 32, int(rng.integers(1, 33))]))
+    return insert_imm(base, group, groups, stride, skip)
+
+
+def random_channel_word(rng: np.random.Generator) -> int:
+    """A CHANNEL's ``imm``: mostly a normalised channel word (mantissa in [2**16, 2**17), any
+    exponent: small ones make large amax words saturate), else any 40-bit ``imm``."""
+    if rng.random() < 0.8:
+        return (int(rng.integers(1 << (DEQUANT_MANT_BITS - 1), 1 << DEQUANT_MANT_BITS))
+                | int(rng.integers(0, DEQUANT_EXP_MAX + 1)) << DEQUANT_MANT_BITS)
+    return int(rng.integers(0, 1 << 40))
 
 
 def _random_rope(rng: np.random.Generator, vin: tuple[int, int], vout: tuple[int, int]
@@ -346,7 +382,8 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
             word = encode(Gemm()) & ~(((1 << width) - 1) << offset) | (undefined << offset)
         else:  # a VEC naming no sub-op
             offset, width = field_location("vec.func")
-            undefined = int(rng.integers(len(VecFunc), 1 << width))
+            undefined = int(rng.choice([v for v in range(1 << width)
+                                        if v not in VEC_FUNC_VALUES]))
             word = encode(Vec()) & ~(((1 << width) - 1) << offset) | (undefined << offset)
         prog.insert(pos, word)
     elif kind == "bad_field":

@@ -24,6 +24,7 @@ unit                      computes                                              
 ``elementwise.Scale(f)``  ``sat32(round_shift(x * r, sh - f))``                   (steps)
 ``elementwise.Requant``   ``clip(round_shift((x >> s) * 127 * r, sh), +-127)``    vec_requant
 ``dequant.DequantFactor`` ``(q, sh)`` of a channel word and a row's amax          vec_dequant_factor
+                          (and that factor as a channel word)                     vec_channel
 ========================  ======================================================  =========
 
 Composites
@@ -67,6 +68,12 @@ the GEMM's input row (:func:`hw.numerics.vec_dequant`), elementwise::
     scalar   A = amax or 127 * 2**16;  b = bitlen(A)   (once per row, as amax is read)
     (r, sh) = DequantFactor(c, A, b)
     y = Scale(31)(acc, r, sh)
+
+The scores' channel words of a constant channel word ``c`` and a row of amax words ``a``
+(:func:`hw.numerics.vec_channel`), elementwise::
+
+    A = a or 127 * 2**16;  b = bitlen(A)              (per element, as it is read)
+    word = DequantFactor(c, A, b, 0).word             (q | (E - k) << 17)
 
 SiLU-gate of ``g`` and ``u`` (:func:`hw.numerics.vec_silu_gate`), elementwise::
 

@@ -1,7 +1,7 @@
 """The vector unit's dequantisation factor: from a DEQUANT channel word and a row's ``amax`` to
 the ``(r, sh)`` operand of a :class:`~hw.vector.elementwise.Scale` (frac
-:data:`DEQUANT_SCALE_FRAC`), bit-exact with :func:`hw.numerics.vec_dequant_factor`. One element
-per cycle.
+:data:`DEQUANT_SCALE_FRAC`), bit-exact with :func:`hw.numerics.vec_dequant_factor`, and the
+same factor as a channel word (:func:`hw.numerics.vec_channel`). One element per cycle.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from hw.numerics import (
     DEQUANT_LEFT_MAX,
     DEQUANT_MANT_BITS,
     DEQUANT_SH_MAX,
+    DEQUANT_WORD_BITS,
     FOLD_AMAX_SHIFT_BITS,
     MANT_BITS,
 )
@@ -28,7 +29,7 @@ __all__ = ["DequantFactor", "DEQUANT_SCALE_FRAC", "AMAX_BITS"]
 DEQUANT_SCALE_FRAC = SH_MIN + DEQUANT_LEFT_MAX
 #: An ``amax`` word: unsigned 32 bits (as REQUANT writes it).
 AMAX_BITS = 32
-_WORD_BITS = DEQUANT_MANT_BITS + DEQUANT_EXP_BITS
+_WORD_BITS = DEQUANT_WORD_BITS
 
 if TABLE_RESULT_BITS != DEQUANT_MANT_BITS:
     raise ValueError(f"the factor q has {DEQUANT_MANT_BITS} bits, Scale's r "
@@ -52,7 +53,9 @@ class DequantFactor(PipelineUnit):
     ``t = (2 * p) >> (b - 1)`` and ``E + F - b + 1``; 4 with ``k = b - 1 + p[b + 16]``
     (``p[b + 16]`` is ``t[18]``), ``w = (2 * p) >> k`` (``t`` or ``t >> 1``) and ``d = E - k +
     F``; 5 ``q = min((w + 1) >> 1, 2**17 - 1)`` and ``sh = clip(d, F - 15, F + 63)`` (``E -
-    k`` clipped to [-15, 63], plus ``F``).
+    k`` clipped to [-15, 63], plus ``F``); beside them ``word``, the factor as a channel word:
+    ``q | (d - F) << 17``, or for ``d < F`` the largest word ``2**17 - 1`` (0 for ``q = 0``)
+    (with ``x = 0``, :func:`hw.numerics.vec_channel`; CHANNEL writes it).
 
     Cost: two 18x18 multipliers (17 x 32 bits), a 50-bit shifter.
 
@@ -60,7 +63,8 @@ class DequantFactor(PipelineUnit):
     -------
     i: In(stream.Signature(StructLayout({"chan": unsigned(32), "a": unsigned(32),
                                          "b": unsigned(6), "x": unsigned(5)})))
-    o: Out(stream.Signature(StructLayout({"r": unsigned(17), "sh": unsigned(7)})))
+    o: Out(stream.Signature(StructLayout({"r": unsigned(17), "sh": unsigned(7),
+                                          "word": unsigned(24)})))
     """
 
     NAME = "dequant_factor"
@@ -70,7 +74,8 @@ class DequantFactor(PipelineUnit):
                                             "b": range(AMAX_BITS + 1),
                                             "x": unsigned(FOLD_AMAX_SHIFT_BITS)}),
                          data.StructLayout({"r": unsigned(TABLE_RESULT_BITS),
-                                            "sh": unsigned(SH_BITS)}))
+                                            "sh": unsigned(SH_BITS),
+                                            "word": unsigned(_WORD_BITS)}))
 
     def _stages(self):
         p_bits = DEQUANT_MANT_BITS + AMAX_BITS
@@ -105,8 +110,14 @@ class DequantFactor(PipelineUnit):
 
         def s4(m, v):
             q = (v.w + 1) >> 1
+            r = Mux(q > q_max, q_max, q)[:TABLE_RESULT_BITS]
             lo, hi = frac - DEQUANT_LEFT_MAX, frac + DEQUANT_SH_MAX
-            return {"r": (Mux(q > q_max, q_max, q), unsigned(TABLE_RESULT_BITS)),
-                    "sh": (Mux(v.d < lo, lo, Mux(v.d > hi, hi, v.d)), unsigned(SH_BITS))}
+            # The channel word of r * 2**-(d - F), d - F <= 127 (E <= 127, k >= 0, x >= 0);
+            # below 0 no word holds it: the largest one (0 for r = 0).
+            e = (v.d - frac).as_signed()
+            word = Mux(e < 0, Mux(r.any(), q_max, 0), Cat(r, e[:DEQUANT_EXP_BITS]))
+            return {"r": (r, unsigned(TABLE_RESULT_BITS)),
+                    "sh": (Mux(v.d < lo, lo, Mux(v.d > hi, hi, v.d)), unsigned(SH_BITS)),
+                    "word": (word, unsigned(_WORD_BITS))}
 
         return [s1, s1b, s2, s3, s4]

@@ -58,12 +58,21 @@ FOLD       REQUANT of the products ``w = Mul(0, y54)(a, c)`` (``c`` from ``b_add
            (:func:`hw.numerics.fold_amax_word`) registered;
            pass 2 ``w`` into ``Requant(54)`` with ``r, sh, s``; codes packed as REQUANT's, then
            the amax word
+INSERT     one pass: the word read when ``idx`` is the next code's byte ``at`` over 4 (``at``
+           from imm's ``base``, stepping ``+ stride``, or ``+ stride + skip`` after a group's
+           last code: :func:`hw.isa.insert_imm`) takes that code, its code word read beside
+           it from ``b_addr`` on the second port (stride 1: the whole code word); merged by
+           byte multiplexers into a register and written the cycle after it arrives
+CHANNEL    one pass, each element an amax word: ``A`` (``127 * 2**16`` for 0) and ``b =
+           bitlen(A)`` into ``DequantFactor(c, A, b, 0)`` with ``c`` the channel word in
+           ``imm``'s bits 0..23; the factor's channel word written as it comes out
 =========  =================================================================================
 
 (:func:`hw.numerics.vec_add`, :func:`~hw.numerics.vec_argmax`,
 :func:`~hw.numerics.vec_requant`, :func:`~hw.numerics.vec_softmax`,
 :func:`~hw.numerics.vec_rmsnorm`, :func:`~hw.numerics.vec_rope_pairs`,
-:func:`~hw.numerics.vec_dequant`, :func:`~hw.numerics.vec_fold`; the sequences are those
+:func:`~hw.numerics.vec_dequant`, :func:`~hw.numerics.vec_fold`,
+:func:`~hw.numerics.vec_insert`, :func:`~hw.numerics.vec_channel`; the sequences are those
 of :mod:`hw.vector`'s docstring.)
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
@@ -80,11 +89,20 @@ from amaranth.utils import ceil_log2
 from hw import timing
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
 from hw.fanout import replica
-from hw.isa import DEQUANT_FOLD_BIT, ROPE_HEAD_DIM_BITS, VecBody, VecFunc, vec_out_words
+from hw.isa import (
+    DEQUANT_FOLD_BIT,
+    INSERT_FIELDS,
+    ROPE_HEAD_DIM_BITS,
+    VecBody,
+    VecFunc,
+    insert_fields,
+    vec_out_words,
+)
 from hw.numerics import (
     ACT_BITS,
     ACT_FRAC,
     ACT_MAX,
+    DEQUANT_WORD_BITS,
     DEQUANT_ZERO_AMAX,
     FOLD_AMAX_MANT_BITS,
     FOLD_AMAX_SHIFT_BITS,
@@ -148,7 +166,7 @@ class VectorEngine(wiring.Component):
         ``done`` pulses).
     vin_a, vin_b: In(ReadPort.Signature(...))
         Element read ports of VIN (the row; ADD's second operand, RMSNORM's weight; ROPE:
-        ``x[k]`` and the table words, ``x[k + d/2]``).
+        ``x[k]`` and the table words, ``x[k + d/2]``; INSERT: the row, its code words).
     vout_wr: In(WritePort.Signature(...))
         Element write port of VOUT.
     """
@@ -309,6 +327,40 @@ class VectorEngine(wiring.Component):
             m.d.sync += [left.eq(length - 1), idx.eq(0), at_end.eq(len_one)]
         with m.If(pass_ctl):
             m.d.sync += [issuing.eq(1), phase.eq(phase + 1)]
+
+        # -- INSERT: the byte `at` of the next code (a whole code word at stride 1) walks up the
+        # row; the word read now takes it when idx == at // 4 (`hit`), and then `at` steps
+        # (+ stride, + stride + skip after a group's last code), b_ptr to the next code word.
+        # `at` steps only on a hit (at < 4 * length), so it stays below 2**(width + 2) plus a
+        # step: width + 3 bits.
+        ins = {name: Signal(w, name=f"ins_{name}", reset_less=True) for name, w in INSERT_FIELDS}
+        ins_word = Signal(reset_less=True)                 # stride 1: whole code words
+        ins_step = Signal(INSERT_FIELDS[3][1], reset_less=True)    # stride, or 4
+        ins_jump = Signal(INSERT_FIELDS[3][1] + 1, reset_less=True)  # step + skip
+        ins_at = Signal(width + 3, reset_less=True)
+        ins_r = Signal.like(ins["group_m1"], reset_less=True)      # the code's place in its group
+        ins_g = Signal.like(ins["groups_m1"], reset_less=True)     # its group
+        ins_j3 = Signal(2, reset_less=True)                # its byte in its code word
+        ins_end = Signal(reset_less=True)                  # every code placed
+        with m.If(~active):
+            f = insert_fields(body.imm)
+            word_now = f["stride"] == 1
+            step_now = Mux(word_now, 4, f["stride"])
+            m.d.sync += [ins[k].eq(v) for k, v in f.items()]
+            m.d.sync += [ins_word.eq(word_now), ins_step.eq(step_now),
+                         ins_jump.eq(step_now + f["skip"]), ins_at.eq(f["base"]),
+                         ins_r.eq(0), ins_g.eq(0), ins_j3.eq(0), ins_end.eq(0)]
+        is_insert = is_[VecFunc.INSERT]
+        hit = issuing & is_insert & ~ins_end & (idx == ins_at[2:])
+        with m.If(hit):
+            r_last = (ins_r | Mux(ins_word, 3, 0)) == ins["group_m1"]
+            m.d.sync += [ins_r.eq(Mux(r_last, 0, ins_r + Mux(ins_word, 4, 1))),
+                         ins_at.eq(ins_at + Mux(r_last, ins_jump, ins_step)),
+                         ins_g.eq(ins_g + r_last),
+                         ins_end.eq(r_last & (ins_g == ins["groups_m1"])),
+                         ins_j3.eq(Mux(ins_word, 0, ins_j3 + 1))]
+        with m.If(issuing & is_insert):   # (after the read's b_ptr + 1: this one holds)
+            m.d.sync += b_ptr.eq(b_ptr + (hit & (ins_word | (ins_j3 == 3))))
 
         # ---- the element enters its units READ_LATENCY cycles after its read: the memory's
         # register, then the read data's (rd_a, rd_b), the control carried beside
@@ -507,26 +559,45 @@ class VectorEngine(wiring.Component):
                                      1))]
         # -- DEQUANT: the amax word (pass 1, one element) gives the row's scalars; pass 2
         # streams the accumulators and channel words through DequantFactor and Scale(31).
+        # CHANNEL: each element is an amax word, A and b from it as it is read, through
+        # DequantFactor with imm's channel word; its channel word written as it comes out.
         dq = is_[VecFunc.DEQUANT]
+        ch = is_[VecFunc.CHANNEL]
         amax_rd = _delay(m, issuing & dq & (phase == 0), rl, "amax_rd")  # rd_a is the amax word
         # (a FOLD word, imm's DEQUANT_FOLD_BIT: its mantissa and its shift)
         dq_a = Signal(AMAX_BITS, reset_less=True)
         dq_b = Signal(range(AMAX_BITS + 1), reset_less=True)
         dq_x = Signal(FOLD_AMAX_SHIFT_BITS, reset_less=True)
-        fold_word = imm[DEQUANT_FOLD_BIT]
+        fold_word = imm[DEQUANT_FOLD_BIT] & dq
         amax_word = Mux(fold_word, rd_a[:FOLD_AMAX_MANT_BITS], rd_a)
         a_eff = Mux(amax_word == 0, DEQUANT_ZERO_AMAX, amax_word)
+        a_bits = Mux(amax_word == 0, DEQUANT_ZERO_AMAX.bit_length(), _msb_index(amax_word) + 1)
         with m.If(amax_rd):
-            m.d.sync += [dq_a.eq(a_eff),
-                         dq_b.eq(Mux(amax_word == 0, DEQUANT_ZERO_AMAX.bit_length(),
-                                     _msb_index(amax_word) + 1)),
+            m.d.sync += [dq_a.eq(a_eff), dq_b.eq(a_bits),
                          dq_x.eq(Mux(fold_word, rd_a[FOLD_AMAX_MANT_BITS:], 0))]
         dq_valid = valid & dq & ~amax_rd
-        feed(u["dequant_factor"], dq_valid, chan=rd_b, a=dq_a, b=dq_b, x=dq_x)
+        feed(u["dequant_factor"], dq_valid | (valid & ch),
+             chan=Mux(ch, imm[:DEQUANT_WORD_BITS], rd_b), a=Mux(ch, a_eff, dq_a),
+             b=Mux(ch, a_bits, dq_b), x=Mux(ch, 0, dq_x))
         dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc", data=True)
-        feed(u["scale31"], u["dequant_factor"].o.valid, x=dq_acc,
+        feed(u["scale31"], u["dequant_factor"].o.valid & dq, x=dq_acc,
              r=u["dequant_factor"].o.payload.r, sh=u["dequant_factor"].o.payload.sh)
         dq_last = _delay(m, last & dq_valid, lat["dequant_factor"] + lat["scale31"], "dq_last")
+        ch_last = _delay(m, last & ch, lat["dequant_factor"], "ch_last")
+
+        # -- INSERT: the word read with its code word beside it, the code's byte (or the whole
+        # code word) multiplexed in, registered and written
+        ins_hit = _delay(m, hit, rl, "ins_hit")
+        ins_lane = _delay(m, ins_at[:2], rl, "ins_lane", data=True)
+        ins_sel = _delay(m, ins_j3, rl, "ins_sel", data=True)
+        code8 = rd_b.word_select(ins_sel, 8)
+        merged = Cat(Mux(ins_hit & (ins_lane == k), code8, rd_a[8 * k:8 * k + 8])
+                     for k in range(VECTOR_WORD_BYTES))
+        ins_v = Signal()
+        ins_last = Signal()
+        ins_y = Signal(8 * VECTOR_WORD_BYTES, reset_less=True)
+        m.d.sync += [ins_v.eq(valid & is_insert), ins_last.eq(last & is_insert),
+                     ins_y.eq(Mux(ins_hit & ins_word, rd_b, merged))]
 
         # ---- write
         add_last = _delay(m, last & is_[VecFunc.ADD], lat["add"], "add_last")
@@ -565,6 +636,8 @@ class VectorEngine(wiring.Component):
             (u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last),
             (u["rope"].o.valid, u["rope"].o.payload.y, rope_last),
             (u["scale31"].o.valid, u["scale31"].o.payload.y, dq_last),
+            (ins_v, ins_y, ins_last),
+            (u["dequant_factor"].o.valid & ch, u["dequant_factor"].o.payload.word, ch_last),
         ]
         data = 0
         for en, value, _ in reversed(sources):

@@ -41,6 +41,7 @@ from hw.numerics import (
     norm_weight,
     rope_pairs,
     rope_table,
+    scores_scale_word,
     values_channel,
 )
 from sw.compile import symbols as sym
@@ -63,6 +64,7 @@ from sw.compile.fusion import (
     attention_chains,
     fuse_parts,
     fusion_groups,
+    kv_appends,
     part_aliases,
     part_buffers,
     part_constants,
@@ -73,6 +75,7 @@ from sw.compile.fusion import (
 )
 from sw.compile.ir import OPS, Graph, Node, linear_layers
 from sw.compile.ir.types import SYMBOL
+from sw.compile.kvappend import KVAppendOp, kv_append_words
 from sw.compile.lower import KVLayout, Member, context_bucket, node_members
 from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
 from sw.compile.plan import (
@@ -394,7 +397,9 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
                         live[name] = Buffer(name, max(size, old.size if old else 0), t, t + 1)
         heads = frozenset(g.outputs if opts.argmax else ())
         aliases = row_aliases(g, work[first:])
-        groups = (fusion_groups(cfg, work[first:], opts.chain_programs, heads, aliases)
+        appends = _kv_appends(model, cfg, g, kv, opts) if phase == "decode" else {}
+        groups = (fusion_groups(cfg, work[first:], opts.chain_programs, heads, aliases,
+                                appends)
                   + scores_groups(cfg, work[first:])) if fuses_programs(cfg, opts) else []
         merged = attention_chains(cfg, g, work[first:], groups) if opts.chain_programs \
             else []
@@ -417,6 +422,27 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
             "accelerator_nodes": len(acc),
             "vector_nodes": sum(OPS[n.op].vector is not None for n in acc)})
     return work, buffers, kv, pairs
+
+
+def _kv_appends(model: LlamaLM, cfg: AcceleratorConfig, graph: Graph, kv: KVLayout,
+                opts: CompileOptions) -> dict[str, tuple[str, KVAppendOp]]:
+    """The KV appends a decode chain may run on chip (:func:`sw.compile.fusion.kv_appends`):
+    with the cache on the accelerator, INT8, a vector engine and chained programs; per key
+    row value, its value row's value and the part (its rows' symbols set by the chain)."""
+    if not (opts.attention and kv.bits == 8 and cfg.has_vector and opts.chain_programs
+            and fuses_programs(cfg, opts)):
+        return {}
+    heads = model.config.num_key_value_heads
+    scales = {n.attrs["layer"]: n.attrs["scale"] for n in graph.nodes if n.op == "attn_scores"}
+    return {k: (v, KVAppendOp(layer, heads, kv, "", "", sym.buffer("kv", "decode",
+                                                                      f"layer{layer}"),
+                              tuple(sym.cache("k", layer, h) for h in range(heads)),
+                              tuple(sym.cache("v", layer, h) for h in range(heads)),
+                              tuple(sym.value_codes(layer, h) for h in range(heads)),
+                              tuple(sym.score_channels(layer, h) for h in range(heads)),
+                              scores_scale_word(scales[layer], kv.bits)
+                              if layer in scales else 0))
+            for k, (layer, v) in kv_appends(graph).items()}
 
 
 def _shift(g: FusedGroup, d: int) -> FusedGroup:
@@ -646,7 +672,23 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     nodes = [programs[pos[e]] for e in group.entries]
     words, key, work = [], ["fused"], [0, 0, 0]
     dequant, argmax, tables, imms = {}, {}, [], []
+    appends = []
     for part, owner in zip(group.parts, group.owners, strict=True):
+        if isinstance(part, KVAppendOp):
+            if not all(c in addr for c in part.codes or ()):  # no FOLD reads value codes
+                part = dataclasses.replace(part, codes=None)
+            if not all(c in addr for c in part.channels or ()) or not part.scale_word:
+                part = dataclasses.replace(part, channels=None)  # no DEQUANT reads them
+            try:
+                w, sites = kv_append_words(cfg, part, addr)
+            except LoweringError:  # it does not fit: the host appends
+                continue
+            words.append(vector_events(w))
+            appends.append((len(words) - 1, sites, part.layer))
+            key.append(part.signature)
+            rows = 2 * part.kv_heads * part.layout.head_dim
+            work = [work[0] + 4 * rows, work[1] + rows, work[2]]
+            continue
         if owner is not None and isinstance(part, VectorOp):
             t = templates[(part.signature,)][1]
         elif owner is not None:
@@ -687,6 +729,9 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     position_rows = tuple(places[k][i] for k, rows in tables for i in rows)
     # a SOFTMAX part's VECs, likewise: the runtime sets each row's valid positions per step
     imm_rows = tuple(places[k][i] for k, rows in imms for i in rows)
+    # a KV append part's cache LOADs and STOREs and INSERTs: the runtime moves them per step
+    append_rows = tuple((places[k][a.index], a.kind, a.field, layer)
+                        for k, sites, layer in appends for a in sites)
     key = tuple(key)
     if key not in templates:
         templates[key] = (len(templates), None)
@@ -715,7 +760,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     programs.append(Program(nodes[0].phase, nodes[0].node, nodes[0].bucket, fused,
                             tuple(members), templates[key][0], imm_rows=imm_rows,
                             parts=tuple(pos[e] for e in group.entries),
-                            work=tuple(work), position_rows=position_rows))
+                            work=tuple(work), position_rows=position_rows,
+                            append_rows=append_rows))
     return True
 
 

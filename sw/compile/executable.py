@@ -123,7 +123,12 @@ class Program:
     lists their programs in ``parts`` (node order) and its minimal work ``(read bytes, write
     bytes, MACs)`` in ``work``; each part keeps its node's operands (members or vector
     operation) for the host's prologue and epilogue, has no words and names the program
-    that runs it in ``fused_into``."""
+    that runs it in ``fused_into``. A fused decode program that appends a layer's keys and
+    values on chip (:mod:`sw.compile.kvappend`, built for position 0) lists in
+    ``append_rows`` each word the step's position moves, ``(index, kind, field, layer)``:
+    a LOAD's or STORE's ``dram_addr`` (``field`` "dram_addr") or an INSERT's ``imm`` base
+    ("imm") in the key ("k"), value ("v") or value code ("c") region, by
+    :meth:`~sw.compile.lower.KVLayout.append_site`."""
 
     phase: str
     node: str
@@ -137,6 +142,7 @@ class Program:
     parts: tuple[int, ...] = ()
     work: tuple[int, int, int] | None = None
     position_rows: tuple[int, ...] = ()
+    append_rows: tuple[tuple[int, str, str, int], ...] = ()
 
     @property
     def instructions(self) -> int:
@@ -305,6 +311,8 @@ def _program_doc(p: Program) -> dict:
             doc.update(position_rows=list(p.position_rows))
         if p.imm_rows:  # its SOFTMAX parts' VECs
             doc.update(imm_rows=list(p.imm_rows))
+        if p.append_rows:  # its KV append's words
+            doc.update(append_rows=[list(r) for r in p.append_rows])
     return doc
 
 
@@ -366,7 +374,8 @@ def _from_doc(tensors: dict[str, np.ndarray], doc: dict) -> Executable:
                 VectorOp.from_dict(p["vector"]) if p.get("vector") else None,
                 tuple(p.get("imm_rows", ())), p.get("fused_into"), tuple(p.get("parts", ())),
                 tuple(p["work"]) if p.get("work") else None,
-                tuple(p.get("position_rows", ())))
+                tuple(p.get("position_rows", ())),
+                tuple(tuple(r) for r in p.get("append_rows", ())))
         for p, a, b in zip(doc["programs"], starts[:-1], starts[1:], strict=True)]
     kv = doc["kv"]
     return Executable(

@@ -95,14 +95,16 @@ operand head), a DEQUANT per member, the softmax program and the values program 
 bucket (between a FOLD and a DEQUANT per member, :func:`values_parts`) are one program.
 The scores' DEQUANTs write the softmax's input rows in place (each member's rows a region
 inside that buffer: ``within``); their channel words (the key scales with the
-softmax scale folded in) and ``amax`` words (the query rows') are the host's, written with
-the query's INT8 rows before the run (``host``); the SOFTMAX's valid counts stay run-time
+softmax scale folded in: a word per cached position, written as the cache grows, by the
+host's append or by the on-chip one, :mod:`sw.compile.kvappend`) and ``amax`` words (the
+query rows') are the host's, the latter written with the query's INT8 rows before the run
+(``host``); the SOFTMAX's valid counts stay run-time
 ``imm`` words. In a decode step a REQUANT per member first requantises its query rows from
 the q rope's results (still in DRAM after the program that computed them), so the host
 writes neither the query rows nor their ``amax``. A values member's FOLD reads its rows of
 the softmax's results (``within``) and its kv head's value codes (each cached position's
-integer ``amax``, the host's: :func:`sw.compile.symbols.value_codes`, written with the
-scores' words), its DEQUANT the accumulators, FOLD's ``amax`` words and one constant row of
+integer ``amax``: :func:`sw.compile.symbols.value_codes`, written as the channel words
+are), its DEQUANT the accumulators, FOLD's ``amax`` words and one constant row of
 :func:`hw.numerics.values_channel` words, into the values node's Q15.16 rows, which the host
 reads back as the node's output.
 
@@ -152,6 +154,7 @@ from hw.numerics import ACT_QMAX, KV4_QMAX
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
 from sw.compile.ir import OPS, Graph, rope_rows
+from sw.compile.kvappend import KVAppendOp
 from sw.compile.lower import Member
 from sw.compile.schedule import EVENTS, AmaxPlace, amax_place
 from sw.compile.vector import VectorOp, row_bytes
@@ -162,7 +165,7 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "fuse_parts", "hoistable", "row_aliases", "rows_left", "attention_chains", "all_groups",
            "query_requants",
            "VECTOR_EVENTS", "vector_events",
-           "SCORES_AMAX"]
+           "SCORES_AMAX", "kv_appends"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -309,8 +312,9 @@ class ArgmaxOp:
 
 
 #: A part of a fused program: a vector node's program, a REQUANT, a linear node's program (its
-#: members), a DEQUANT of one member's outputs, or an ARGMAX of a DEQUANT's rows.
-Part = VectorOp | RequantOp | tuple[Member, ...] | DequantOp | ArgmaxOp
+#: members), a DEQUANT of one member's outputs, an ARGMAX of a DEQUANT's rows, or a layer's
+#: KV append (:mod:`sw.compile.kvappend`).
+Part = VectorOp | RequantOp | tuple[Member, ...] | DequantOp | ArgmaxOp | KVAppendOp
 
 
 def _fusable(a: tuple, b: tuple) -> bool:
@@ -403,6 +407,8 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
             out.append((p.y, p.rows * cfg.beat_bytes))
         elif isinstance(p, VectorOp):
             out += [(name, size) for name, size, _ in p.buffers()]
+        elif isinstance(p, KVAppendOp):
+            out.append((p.scratch, p.scratch_bytes(cfg)))
     return out
 
 
@@ -776,6 +782,30 @@ def row_aliases(graph: Graph, work: Sequence[tuple]) -> dict[str, str]:
     return out
 
 
+def kv_appends(graph: Graph) -> dict[str, tuple[int, str]]:
+    """Per key row value a KV append node of ``graph`` reads (``OPS[op].kv_state`` "append":
+    the rotated keys), its layer and the value whose rows its values are: the source of its
+    value input through layout-only nodes whose elements, in order, are that source's (one
+    token's: the kv heads side by side, as the key row), checked on the element indices as
+    :func:`row_aliases` does. A chain that holds both rows on chip appends them there
+    (:class:`sw.compile.kvappend.KVAppendOp`)."""
+    out = {}
+    for node in graph.nodes:
+        if OPS[node.op].kv_state != "append" or len(node.inputs) != 2:
+            continue
+        source, chain = _layout_source(graph, node.inputs[1])
+        shape = graph.values[source].shape
+        if not all(isinstance(n, int) for n in shape):
+            continue
+        index = torch.arange(int(np.prod(shape, dtype=np.int64))).reshape(tuple(shape))
+        x = index
+        for n in chain:
+            (x,) = OPS[n.op].kernel(n, [x], None)
+        if torch.equal(x.reshape(-1), index.reshape(-1)):
+            out[node.inputs[0]] = (int(node.attrs["layer"]), source)
+    return out
+
+
 class _Chain:
     """A fused program being grown unit by unit (:func:`fusion_groups`): its entries, parts
     and owners, and where each graph value it computed lies on chip as Q15.16 rows
@@ -786,12 +816,15 @@ class _Chain:
     the start. A residual linear head's residual rows (``residual``) are those an earlier
     chain left on chip where it did (``left``: per graph value, ``(symbol, rows, length)``
     as in ``onchip``; the same rows and length, so the same row layout: every chain's rows
-    lie ``row_bytes(cfg, length)`` apart), else a buffer of its own the host writes."""
+    lie ``row_bytes(cfg, length)`` apart), else a buffer of its own the host writes.
+    ``appends``: the KV appends the chain may carry (as :func:`fusion_groups` takes them)."""
 
     def __init__(self, cfg: AcceleratorConfig, work: Sequence[tuple], unit: FusedGroup,
                  aliases: Mapping[str, str],
-                 left: Mapping[str, tuple[str, int, int]] | None = None):
+                 left: Mapping[str, tuple[str, int, int]] | None = None,
+                 appends: Mapping[str, tuple[str, KVAppendOp]] | None = None):
         self.cfg, self.work, self.aliases = cfg, work, aliases
+        self.appends = dict(appends or {})
         self.entries: list[int] = []
         self.parts: list[Part] = []
         self.owners: list[int | None] = []
@@ -830,6 +863,24 @@ class _Chain:
         if isinstance(head, VectorOp):
             _, vnode, _, _ = self.work[unit.entries[0]]
             self.onchip[vnode.outputs[0]] = (head.y, head.rows, head.length)
+        self._add_rows(unit)
+        self._append()
+
+    def _append(self) -> None:
+        """A KV append part for each of ``appends`` (key row value -> its value row's value
+        and the part) whose two rows of one token now lie on chip, as long as the kv heads'
+        rows, once."""
+        for k, (v, op) in list(self.appends.items()):
+            at_k, at_v = self.onchip.get(k), self.onchip.get(v)
+            size = (1, op.kv_heads * op.layout.head_dim)
+            if at_k is None or at_v is None or at_k[1:] != size or at_v[1:] != size:
+                continue
+            del self.appends[k]
+            self.parts.append(replace(op, k=at_k[0], v=at_v[0]))
+            self.owners.append(None)
+
+    def _add_rows(self, unit: FusedGroup) -> None:
+        """Where a linear unit's DEQUANT rows (or a residual output, pending) lie on chip."""
         deq = [p for p in unit.parts if isinstance(p, DequantOp)]
         if not deq:
             return
@@ -884,13 +935,17 @@ class _Chain:
 
 def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = True,
                   heads: frozenset[str] = frozenset(),
-                  aliases: Mapping[str, str] | None = None) -> list[FusedGroup]:
+                  aliases: Mapping[str, str] | None = None,
+                  appends: Mapping[str, tuple[str, KVAppendOp]] | None = None
+                  ) -> list[FusedGroup]:
     """The fused programs of ``work`` (the accelerator nodes of one phase, in order, as
     ``(phase, node, bucket, members)``): each pair of :func:`fusion_pairs` (an ARGMAX after
     a linear whose output is in ``heads``) and, with ``chain``, runs of consecutive pairs and
     lone vector nodes whose every vector node reads only rows an earlier part left on chip
     (the module docstring's chaining rule) as one; ``aliases``: per vector node input, the
-    value whose on-chip rows it reads instead (:func:`row_aliases`)."""
+    value whose on-chip rows it reads instead (:func:`row_aliases`); ``appends``: per key
+    row value of a KV append, its value row's value and the append's part (its ``k`` and
+    ``v`` set where a chain holds both rows: :meth:`_Chain._append`)."""
     pairs = set(fusion_pairs(work))
     units: list[FusedGroup | None] = []
     i = 0
@@ -917,7 +972,8 @@ def fusion_groups(cfg: AcceleratorConfig, work: Sequence[tuple], chain: bool = T
         elif current is not None:
             out.append(current.group())
             left.update(current.onchip)
-        current = _Chain(cfg, work, unit, aliases or {}, left) if unit is not None else None
+        current = _Chain(cfg, work, unit, aliases or {}, left, appends) if unit is not None \
+            else None
     return out
 
 
@@ -1038,12 +1094,12 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
     A member's DEQUANT turns its integer scores (``G * T`` rows of the bucket's positions)
     into the softmax's input rows on chip (:func:`hw.numerics.scores_vector`): its channel
     words the key scales of its kv head with the softmax scale folded in
-    (:func:`sw.compile.symbols.score_channels`, one region per kv head the host writes as the
-    cache grows), its ``amax`` words the query rows' (written by the host with the INT8 rows,
-    :data:`SCORES_AMAX`), its results the member's rows of the softmax's input (``within``:
-    the members' rows in order are the softmax's, query head ``h`` of kv head ``h // G``, as
-    :func:`hw.numerics.group_rows` stacks them). The SOFTMAX's valid counts stay run-time
-    ``imm`` words the host sets.
+    (:func:`sw.compile.symbols.score_channels`, one region per kv head written as the cache
+    grows: by the host's append or the on-chip one), its ``amax`` words the query rows'
+    (written by the host with the INT8 rows, :data:`SCORES_AMAX`), its results the member's
+    rows of the softmax's input (``within``: the members' rows in order are the softmax's,
+    query head ``h`` of kv head ``h // G``, as :func:`hw.numerics.group_rows` stacks them).
+    The SOFTMAX's valid counts stay run-time ``imm`` words the host sets.
 
     Where the query is a rope node's results, a token's heads in one row of whole beats per
     head (:func:`_query_rows`), REQUANT parts first requantise each member's rows from there

@@ -182,6 +182,55 @@ class KVLayout:
         return (pos // self.lanes) * self.key_tile_stride + g * lay.group_bytes + \
             pos % self.lanes
 
+    def append_transfer(self, kind: str) -> tuple[int, int, int]:
+        """The DMA shape ``(rows, row_beats, dram_stride)`` (beats) of the beats one INT8
+        position touches in a kv head's keys (``kind`` "k"), values ("v") or value codes
+        ("c"), which an on-chip append loads, merges its codes into (INSERT) and stores back
+        whole (:meth:`append_site` gives where, :meth:`append_insert` how): keys, a
+        channel's record per position byte (records of ``lanes`` bytes: the tile's records
+        as one run when a record is at most a beat, else the record's beat of each channel);
+        values, the position's record in each of ``head_dim / lanes`` tiles; codes, the beat
+        of the position's word."""
+        beat = self.beat
+        if kind == "k":
+            rec = self.keys.record_bytes
+            if rec <= beat:
+                return 1, -(-self.head_dim * rec // beat), 1
+            return self.head_dim, 1, rec // beat
+        if kind == "v":
+            rec = self.values.record_bytes
+            return (-(-self.head_dim // self.lanes), max(1, rec // beat),
+                    self.value_tile_stride // beat)
+        return 1, 1, 1
+
+    def append_site(self, kind: str, position: int) -> tuple[int, int]:
+        """Where an append of ``position`` (:meth:`append_transfer`) lies: its first beat from
+        the start of the region (keys or values of a kv head, or its value codes, ``kind``
+        "k", "v", "c") and the byte of its first code in the loaded row (INSERT's ``base``);
+        ``(0, 0)`` at position 0, so that a program built for it is moved per step by these
+        two alone."""
+        beat, lanes = self.beat, self.lanes
+        if kind == "k":
+            tile = position // lanes * (self.key_tile_stride // beat)
+            lane = position % lanes
+            if self.keys.record_bytes <= beat:
+                return tile, lane
+            return tile + lane // beat, lane % beat
+        at = position * (self.values.record_bytes if kind == "v" else 4)
+        return at // beat, at % beat
+
+    def append_insert(self, kind: str) -> tuple[int, int, int, int]:
+        """INSERT's geometry of an append at position 0 (:class:`hw.isa.InsertGeometry` less
+        ``base``, which :meth:`append_site` gives): ``(group, groups, stride, skip)``."""
+        rows, row_beats, _ = self.append_transfer(kind)
+        if kind == "k":
+            rec = self.keys.record_bytes
+            return self.head_dim, 1, rec if rec <= self.beat else self.beat, 0
+        if kind == "v":
+            group = min(self.lanes, self.head_dim)
+            return group, rows, 1, row_beats * self.beat - group
+        return 4, 1, 1, 0
+
     def write(self, region: np.ndarray, kind: str, positions, q: np.ndarray,
               codes: np.ndarray | None = None) -> None:
         """Write integer keys or values ``q [len(positions), head_dim]`` (int8, INT4 in

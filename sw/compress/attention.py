@@ -16,6 +16,7 @@ from hw.numerics import (
     gemm_acc_torch,
     kv4_key_group,
     kv_rows,
+    requant_amax_torch,
     scores_epilogue,
     scores_prologue,
     scores_prologue_vector,
@@ -67,7 +68,8 @@ class HardwareAttentionProducts(AttentionProducts):
         v8, s_v = kv_rows(v, vec, self.kv_bits)
         if vec:  # the scaled scores as the vector unit dequantises them
             q8, amax = scores_prologue_vector(q, kv)
-            z = scores_vector(gemm_acc_torch(q8, k8, self.acc_bits), amax, s_k, self.scale, h)
+            z = scores_vector(gemm_acc_torch(q8, k8, self.acc_bits), amax,
+                              requant_amax_torch(k), self.scale, h, self.kv_bits)
             probs = softmax_vector(z, 1.0, mask)
         else:
             q8, s_q = scores_prologue(q, kv)

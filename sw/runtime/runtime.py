@@ -63,7 +63,8 @@ from hw.numerics import (
     quantize_activations,
     quantize_activations_vector,
     requant_amax,
-    scores_channels,
+    requant_amax_torch,
+    scores_channels_vector,
     scores_epilogue,
     scores_prologue,
     scores_prologue_vector,
@@ -261,6 +262,12 @@ class Runtime:
         #: The accelerator nodes of each phase (the table is immutable: looked up once).
         self._accelerated = {phase: exe.table.nodes(phase) for phase in exe.graphs}
         self._nodes = {phase: {n.name: n for n in g.nodes} for phase, g in exe.graphs.items()}
+        self._producers = {phase: {v: n.name for n in g.nodes for v in n.outputs}
+                           for phase, g in exe.graphs.items()}
+        #: Each layer's softmax scale (its attention scores' ``scale``): the channel words'.
+        self._scores_scale = {n.attrs["layer"]: n.attrs["scale"] for g in exe.graphs.values()
+                              for n in g.nodes if n.op == "attn_scores"}
+        self._position_words = _position_words(exe, self._nodes)
         self._vals: dict = {}
         self._program_work: dict[int, tuple[int, int, int, float]] = {}
         self._offsets: dict[tuple[str, int, int], np.ndarray] = {}
@@ -292,6 +299,9 @@ class Runtime:
         shape = (1, self.exe.kv.kv_heads, self.exe.io.max_context)
         self.scales = {(L, kind): torch.ones(shape) for L in range(self.exe.kv.layers)
                        for kind in "kv"}
+        # With ``vector``: the key rows' integer amax, CHANNEL's input (the scores' channels)
+        self.key_amax = {L: torch.zeros(shape, dtype=torch.int64)
+                         for L in range(self.exe.kv.layers)}
         self.interp.cache.reset()
 
     def seek(self, past: int) -> None:
@@ -397,7 +407,7 @@ class Runtime:
             return self._accelerator_kernel(phase, stats)
         state = OPS[node.op].kv_state if self.exe.kv.on_accelerator else None
         if state == "append":
-            return self._kv_append(stats)
+            return self._kv_append(stats, phase)
         if state == "alias":  # members read their kv head's cache: nothing to materialise
             return lambda n, a, e: (a[0],)
         return None
@@ -442,11 +452,30 @@ class Runtime:
         words = None
         if program.imm_rows:
             words = _set_imm(program, _causal_counts(env, len(program.imm_rows)).numpy())
-        if not program.position_rows:
-            return words
-        (row_bytes,) = {self.exe.programs[i].vector.table_row_bytes for i in program.parts
-                        if self.exe.programs[i].position_rows}
-        return _set_position(program, env.past, self.exe.cfg.beat_bytes, row_bytes, words)
+        if program.position_rows:
+            (row_bytes,) = {self.exe.programs[i].vector.table_row_bytes for i in program.parts
+                            if self.exe.programs[i].position_rows}
+            words = _set_position(program, env.past, self.exe.cfg.beat_bytes, row_bytes,
+                                  words)
+        if program.append_rows:
+            words = _set_append(program.words if words is None else words,
+                                [r[:3] for r in program.append_rows], self.kv, env.past)
+        return words
+
+    def _appended_on_chip(self, phase: str, node: Node, env) -> frozenset[str]:
+        """What the step's program that computes KV append ``node``'s key rows (a fused decode
+        program's part) appended to the cache on chip: the kinds of its layer's
+        ``Program.append_rows`` (keys and values, value codes, scores' channel words:
+        :data:`sw.compile.kvappend.APPEND_KINDS`; empty: nothing)."""
+        producer = self._producers[phase].get(node.inputs[0])
+        if producer is None or producer not in self._accelerated[phase]:
+            return frozenset()
+        _, program = self._program(phase, self._nodes[phase][producer], env)
+        if program.fused_into is None:
+            return frozenset()
+        layer = node.attrs["layer"]
+        return frozenset(r[1] for r in self.exe.programs[program.fused_into].append_rows
+                         if r[3] == layer)
 
     def _residual_rows(self, phase: str, run: int) -> int:
         """Write, as Q15.16 rows (``to_fixed``), the residual rows of every later part of
@@ -587,7 +616,12 @@ class Runtime:
         return tuple(outs), stream_cycles(read, nbytes, self.exe.cfg)
 
     def _attention_scale(self, node: Node, ref: _KVRef, s: int, operand_heads: int):
-        scale = self.scales[(node.attrs["layer"], ref.kind)][:, :, :s]
+        """The cached rows' scales ``[1, operand_heads, s]`` (with ``vector``, the keys':
+        their integer amax, the scores' CHANNEL input)."""
+        if self.vector and ref.kind == "k":
+            scale = self.key_amax[node.attrs["layer"]][:, :, :s]
+        else:
+            scale = self.scales[(node.attrs["layer"], ref.kind)][:, :, :s]
         if operand_heads != scale.shape[1]:  # per query head against repeated K/V
             scale = scale.repeat_interleave(operand_heads // scale.shape[1], dim=1)
         return scale
@@ -610,50 +644,20 @@ class Runtime:
                 written += x8[0, j].numel()
                 if self.values:
                     self._write_rows(m.x, x8[0, j].numpy(), m.act_row_bytes)
-            if m.channels is not None:  # a fused DEQUANT of the scores reads the host's words
-                written += self._scores_words(node, m, s_x[0, j], scale[0, j])
-        if program.fused_into is not None:  # a values part later in the program: FOLD's codes
-            written += self._value_codes(node, program, env.past + env.t)
+            if m.channels is not None and m.amax is not None:  # the host's query amax words
+                written += self._scores_amax(m, s_x[0, j])
         return (x8.shape[2], s_x, scale), stream_cycles(x.numel() * 4, written, self.exe.cfg)
 
-    def _value_codes(self, node: Node, program: Program, s: int) -> int:
-        """Write the value codes (:func:`~hw.numerics.value_codes` of the value scales the
-        host keeps, every cached position's) that the FOLD parts of the fused program
-        ``program`` is a part of read, one row per values member; returns the bytes
-        written."""
-        written = 0
-        for pid in self.exe.programs[program.fused_into].parts:
-            members = self.exe.programs[pid].members
-            if not any(m.codes for m in members):
-                continue
-            s_v = self.scales[(node.attrs["layer"], "v")][:, :, :s]
-            if len(members) != s_v.shape[1]:  # per query head against repeated values
-                s_v = s_v.repeat_interleave(len(members) // s_v.shape[1], dim=1)
-            codes = value_codes(s_v, ACT_QMAX if self.kv.bits == 8 else KV4_QMAX)
-            for j, m in enumerate(members):
-                if self.values:
-                    addr = self.exe.symbols[m.codes].addr
-                    self.dram[addr:addr + 4 * s] = codes[0, j].numpy().astype("<i4").view(
-                        np.uint8)
-                written += 4 * s
-        return written
-
-    def _scores_words(self, node: Node, m, amax: torch.Tensor, s_k: torch.Tensor) -> int:
-        """Write what a scores member's DEQUANT part reads besides its accumulators: each
-        query row's ``amax`` (word 0 of a beat per row; unless a REQUANT part writes them)
-        and the channel words of the key scales ``s_k [S]`` with the softmax scale folded in
-        (:func:`~hw.numerics.scores_channels`: every cached position's, from the scales the
-        host keeps since the cache was appended to); returns the bytes written."""
-        chan = scores_channels(s_k.numpy(), node.attrs["scale"])
-        if self.values and m.amax is not None:
+    def _scores_amax(self, m, amax: torch.Tensor) -> int:
+        """Write each query row's ``amax`` a scores member's DEQUANT part reads (word 0 of a
+        beat per row; where no REQUANT part writes them); returns the bytes written. Its
+        channel words are written as the cache grows (:meth:`_append_words`)."""
+        if self.values:
             beat = self.exe.cfg.beat_bytes // 4
             words = np.zeros((amax.shape[0], beat), dtype="<i4")
             words[:, 0] = amax.numpy()
             self._write_rows(m.amax, words, self.exe.cfg.beat_bytes)
-        if self.values:
-            addr = self.exe.symbols[m.channels].addr
-            self.dram[addr:addr + 4 * chan.size] = chan.astype("<i4").view(np.uint8)
-        return 4 * (chan.size + (amax.shape[0] if m.amax is not None else 0))
+        return 4 * amax.shape[0]
 
     def _attention_out(self, node: Node, args: list, env, program: Program, state) -> tuple:
         """Dequantise the integer scores (key scales as row scales, times the softmax scale;
@@ -681,7 +685,7 @@ class Runtime:
         if node.op != "attn_scores":
             out = values_epilogue(acc, s_x, heads, self.vector, self.kv.bits)
         elif self.vector:
-            out = scores_vector(acc, s_x, scale, node.attrs["scale"], heads)
+            out = scores_vector(acc, s_x, scale, node.attrs["scale"], heads, self.kv.bits)
         else:
             out = scores_epilogue(acc, s_x, scale, heads) * node.attrs["scale"]
         return (out,), stream_cycles(acc.numel() * 4, out.numel() * 4, self.exe.cfg)
@@ -734,11 +738,17 @@ class Runtime:
             y = torch.zeros(shape)
         return (y,), stream_cycles(4 * y.numel(), 4 * y.numel(), self.exe.cfg)
 
-    def _kv_append(self, stats: StepStats) -> Kernel:
+    def _kv_append(self, stats: StepStats, phase: str) -> Kernel:
         def kernel(node: Node, args: list, env):
             t0 = time.perf_counter()
             layer = node.attrs["layer"]
             past, t = env.past, env.t
+            # the keys' integer amax (as REQUANT writes it): CHANNEL's input, the scores'
+            self.key_amax[layer][:, :, past:past + t] = requant_amax_torch(args[0])
+            # what a fused program appended on chip: the host keeps the scales
+            kinds = self._appended_on_chip(phase, node, env) if self.kv.bits == 8 \
+                else frozenset()
+            onchip = "k" in kinds
             for kind, x in zip("kv", args, strict=True):
                 if self.kv.bits == 4:
                     group = self.kv.key_format.group if kind == "k" else None
@@ -746,17 +756,51 @@ class Runtime:
                     continue
                 x8, sc = kv_rows(x, self.vector)         # [1, KV, T, d], [1, KV, T]
                 self.scales[(layer, kind)][:, :, past:past + t] = sc
-                if not self.values:
+                if not self.values or onchip:
                     continue
                 offsets = self._kv_offsets(kind, past, t)  # [T, d]
                 for h in range(x8.shape[1]):
                     base = self.exe.symbols[self.exe.kv.symbol(kind, layer, h)].addr
                     self.dram[base + offsets] = x8[0, h].numpy().view(np.uint8)
-            nbytes = sum(a.numel() for a in args)
+            nbytes = 0 if onchip else sum(a.numel() for a in args)
+            nbytes += self._append_words(layer, past, t, kinds)
             stats.host.append(HostRun(node.name, node.op, time.perf_counter() - t0,
-                                      stream_cycles(4 * nbytes, nbytes, self.exe.cfg)))
+                                      stream_cycles(4 * nbytes, nbytes, self.exe.cfg)
+                                      if nbytes else 0))
             return _KVRef(layer, "k"), _KVRef(layer, "v")
         return kernel
+
+    def _append_words(self, layer: int, past: int, t: int, onchip: frozenset[str]) -> int:
+        """Write the words a fused program reads per cached position of positions ``past ..
+        past + t - 1`` of ``layer`` that the step's program did not append on chip
+        (``onchip``: kinds of :data:`sw.compile.kvappend.APPEND_KINDS`): each kv head's value
+        codes (:func:`~hw.numerics.value_codes` of the value scales, ``c``) and scores' channel
+        words (:func:`~hw.numerics.scores_channels_vector` of the key rows' ``amax``, ``s``),
+        where the executable has them (a FOLD or a scores DEQUANT reads them); returns the
+        bytes written."""
+        written = 0
+        for kind, word in (("c", self._value_code_words), ("s", self._channel_words)):
+            regions = self._position_words.get((layer, kind), {})
+            if kind in onchip or not regions:
+                continue
+            words = word(layer, past, t)                   # [KV, t]
+            for h, name in regions.items():
+                if self.values:
+                    addr = self.exe.symbols[name].addr + 4 * past
+                    self.dram[addr:addr + 4 * t] = words[h].astype("<i4").view(np.uint8)
+                written += 4 * t
+        return written
+
+    def _value_code_words(self, layer: int, past: int, t: int) -> np.ndarray:
+        """FOLD's value codes of positions ``past .. past + t - 1`` (``[KV, t]``)."""
+        s_v = self.scales[(layer, "v")][0, :, past:past + t]
+        return value_codes(s_v, ACT_QMAX if self.kv.bits == 8 else KV4_QMAX).numpy()
+
+    def _channel_words(self, layer: int, past: int, t: int) -> np.ndarray:
+        """The scores' channel words of positions ``past .. past + t - 1`` (``[KV, t]``), as
+        CHANNEL computes them."""
+        return scores_channels_vector(self.key_amax[layer][0, :, past:past + t].numpy(),
+                                      self._scores_scale[layer], self.kv.bits)
 
     def _kv4_append(self, kind: str, layer: int, past: int, x: torch.Tensor,
                     group: int | None) -> None:
@@ -920,6 +964,49 @@ def _set_position(program: Program, past: int, beat_bytes: int,
         raise RuntimeFault(f"node {program.node!r}: the table row of position {past} lies "
                            "beyond the LOAD's dram_addr field")
     words[rows, 0] = (lo & ~mask) | (addr << np.uint64(_ADDR_AT))
+    return words
+
+
+def _position_words(exe: Executable, nodes) -> dict[tuple[int, str], dict[int, str]]:
+    """The regions of words per cached position the host writes as the cache grows, per
+    ``(layer, kind)``: kv head -> symbol of its value codes (``"c"``, a values member's
+    ``codes``) or scores' channel words (``"s"``, a scores member's ``channels``); a member
+    ``j`` of ``n`` reads kv head ``j // (n / kv_heads)``'s (of a node's own program or part:
+    a fused program lists every part's members)."""
+    out: dict[tuple[int, str], dict[int, str]] = {}
+    for p in exe.programs:
+        node = nodes.get(p.phase, {}).get(p.node)
+        if node is None or node.op not in ("attn_scores", "attn_values") or not p.members \
+                or p.parts:
+            continue
+        per = max(1, len(p.members) // exe.kv.kv_heads)
+        for j, m in enumerate(p.members):
+            for kind, name in (("c", m.codes), ("s", m.channels)):
+                if name:
+                    out.setdefault((node.attrs["layer"], kind), {})[j // per] = name
+    return out
+
+
+def _set_append(words: np.ndarray, sites, layout, position: int) -> np.ndarray:
+    """A copy of an on-chip KV append's ``words`` (built for position 0) moved to
+    ``position``: each site's (``sites``: ``(index, kind, field)``) LOAD or STORE ``dram_addr``
+    plus, or INSERT ``imm`` ``base`` set to, what ``layout.append_site(kind, position)``
+    gives (``base`` is imm's low field, 0 in the words)."""
+    words = words.copy()
+    moved = {kind: layout.append_site(kind, position) for _, kind, _ in sites}
+    amask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
+    half, off = divmod(_IMM_AT, 64)
+    for index, kind, what in sites:
+        beats, base = moved[kind]
+        if what == "dram_addr":
+            lo = words[index, 0]
+            addr = int((lo & amask) >> np.uint64(_ADDR_AT)) + beats
+            if addr >= 1 << _ADDR_BITS:
+                raise RuntimeFault(f"the KV append of position {position} lies beyond the "
+                                   "dram_addr field")
+            words[index, 0] = (lo & ~amask) | (np.uint64(addr) << np.uint64(_ADDR_AT))
+        else:
+            words[index, half] |= np.uint64(base) << np.uint64(off)
     return words
 
 

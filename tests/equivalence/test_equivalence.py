@@ -125,7 +125,7 @@ def test_every_pattern_and_instruction_is_covered(backends):
     """The generator really exercises what the harness claims."""
     cfg, _, _ = backends
     seen = set()
-    for _, rp in _programs(0, 110, cfg):
+    for _, rp in _programs(0, 220, cfg):
         for ins in rp.program:
             if isinstance(ins, int):
                 seen.add("illegal")

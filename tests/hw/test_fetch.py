@@ -36,6 +36,7 @@ from hw.isa import (
     decode,
     dispatch_error,
     encode,
+    insert_imm,
     rope_imm,
 )
 from hw.queues import InstrQueue
@@ -140,6 +141,25 @@ def rope_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
     return words
 
 
+def insert_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
+    """INSERT VECs on and around its rules: every stride from 0 to 5 and large ones, at
+    stride 1 base, group and skip on and off multiples of 4 (imm's raw fields, random)."""
+    vin, vout = cfg.vin_spad_bytes // 4, cfg.vout_spad_bytes // 4
+    words = []
+    for _ in range(40):
+        length = rng.randrange(1, vout + 1)
+        stride = rng.choice([0, 1, 1, 1, 2, 3, 4, 5, 255])
+        base = rng.choice([0, 4, 8, 1, 2, 3, rng.randrange(1024)])
+        group = rng.choice([4, 8, 32, 1, 2, 3, 6, rng.randrange(1, 513)])
+        skip = rng.choice([0, 4, 16, 1, 2, rng.randrange(256)])
+        words.append(encode(Vec(func=VecFunc.INSERT, a_addr=rng.randrange(vin - length + 1),
+                                b_addr=rng.randrange(vin - length + 1),
+                                dst_addr=rng.randrange(vout - length + 1), length=length,
+                                imm=insert_imm(base, group, rng.randrange(1, 33), stride,
+                                               skip))))
+    return words
+
+
 def expected_error(word: int, cfg: AcceleratorConfig) -> ErrorCode:
     try:
         ins = decode(word)
@@ -192,7 +212,7 @@ def test_checks_match_dispatch_error(name):
     words += [encode(random_dma(rng, cfg, store=rng.random() < 0.5)) for _ in range(15)]
     words += boundary_words(rng, cfg)
     if cfg.has_vector:
-        words += rope_words(rng, cfg)
+        words += rope_words(rng, cfg) + insert_words(rng, cfg)
     bench = FetchBench(cfg)
     seen = set()
 

@@ -20,6 +20,7 @@ from hw import timing
 from hw.config import AcceleratorConfig, ConfigError
 from hw.engines import ENGINE, engines_of, exec_cycles
 from hw.isa import (
+    VEC_FUNC_VALUES,
     Engine,
     ErrorCode,
     ISAError,
@@ -38,8 +39,12 @@ from hw.isa import (
     dequant_imm,
     dispatch_error,
     dispatch_errors,
+    dispatch_limits,
     encode,
     field_location,
+    insert_geometry,
+    insert_imm,
+    legal_words,
     program_words,
     rope_imm,
     vec_out_words,
@@ -55,6 +60,8 @@ from hw.numerics import (
     norm_eps,
     rope_pairs,
     rope_table,
+    scores_channels_vector,
+    scores_scale_word,
     vec_dequant,
     vec_fold,
     vec_rope,
@@ -62,6 +69,7 @@ from hw.numerics import (
 from hw.spad import Scratchpad
 from hw.vector.engine import VectorEngine
 from sim.functional import MachineState, exec_vec
+from sim.random_programs import random_channel_word, random_insert_imm
 
 VCFG = AcceleratorConfig(rows=2, cols=4, vin_spad_bytes=512, vout_spad_bytes=256,
                          memory={"bytes_per_cycle": 16, "latency": 3, "size_bytes": 4096})
@@ -115,7 +123,7 @@ def test_a_vector_configuration_round_trips_and_validates():
 def test_vec_round_trips_through_the_codec():
     rng = np.random.default_rng(0)
     for _ in range(200):
-        v = Vec(func=VecFunc(int(rng.integers(len(VecFunc)))),
+        v = Vec(func=VecFunc(int(rng.choice(VEC_FUNC_VALUES))),
                 a_addr=int(rng.integers(1 << 16)), b_addr=int(rng.integers(1 << 16)),
                 dst_addr=int(rng.integers(1 << 16)), length=int(rng.integers(1 << 16)),
                 wait=int(rng.integers(31)), signal=None)
@@ -128,9 +136,13 @@ def test_vec_round_trips_through_the_codec():
 
 def test_an_undefined_sub_op_or_spad_is_an_illegal_word():
     off, width = field_location("vec.func")
-    word = encode(Vec(length=1)) | ((len(VecFunc)) << off)
-    with pytest.raises(ISAError, match=f"func {len(VecFunc)}"):
-        decode(word)
+    for func in (max(VEC_FUNC_VALUES) + 1,
+                 *(v for v in range(max(VEC_FUNC_VALUES)) if v not in VEC_FUNC_VALUES)):
+        word = encode(Vec(length=1)) | (func << off)
+        with pytest.raises(ISAError, match=f"func {func}"):
+            decode(word)
+        f = decode_fields(program_words([word]))
+        assert not legal_words(f, dispatch_limits(VCFG))[0], func
     off, width = field_location("dma.spad")
     bad_spad = encode(Load()) & ~(((1 << width) - 1) << off) | (6 << off)
     with pytest.raises(ISAError, match="spad 6"):
@@ -198,6 +210,49 @@ def test_a_rope_of_broken_heads_or_table_is_a_bad_address(ins, needle):
         [ErrorCode.BAD_ADDRESS.value]
     with pytest.raises(ISAError, match=needle):
         check(ins, VCFG)
+
+
+@pytest.mark.parametrize(("imm", "needle"), [
+    (insert_imm(0, 8, 1, 0), "stride=0 .* must be 1 or >= 4"),
+    (insert_imm(0, 8, 1, 2), "stride=2 .* must be 1 or >= 4"),
+    (insert_imm(0, 8, 1, 3), "stride=3 .* must be 1 or >= 4"),
+    (insert_imm(2, 8, 1, 1), "stride 1 writes whole words: .*base=2"),
+    (insert_imm(0, 6, 1, 1), "stride 1 writes whole words: .*group=6"),
+    (insert_imm(0, 8, 2, 1, 1), "stride 1 writes whole words: .*skip=1"),
+])
+def test_an_insert_the_engine_cannot_walk_is_a_bad_address(imm, needle):
+    """INSERT's stride is 1 (whole code words: base, group and skip multiples of 4) or at
+    least 4 (one code per word); anything else is refused, by the rule table for a word and
+    for a program alike."""
+    ins = Vec(func=VecFunc.INSERT, length=8, imm=imm)
+    assert dispatch_error(ins, VCFG) == ErrorCode.BAD_ADDRESS
+    assert dispatch_errors(decode_fields(program_words([ins])), VCFG).tolist() == \
+        [ErrorCode.BAD_ADDRESS.value]
+    with pytest.raises(ISAError, match=needle):
+        check(ins, VCFG)
+
+
+def test_insert_geometry_round_trips_and_its_fields_are_bounded():
+    """insert_imm and insert_geometry are inverses on random fields in range (group and
+    groups stored less one); a field past its width is refused by name; an INSERT's codes
+    row is read from b_addr inside VIN and its results are its row."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        g = (int(rng.integers(0, 1024)), int(rng.integers(1, 513)), int(rng.integers(1, 33)),
+             int(rng.integers(0, 256)), int(rng.integers(0, 256)))
+        assert tuple(insert_geometry(insert_imm(*g))) == g
+    assert insert_geometry(insert_imm(4, 32, 2, 1, 8)).span == 40
+    assert insert_geometry(insert_imm(4, 32, 2, 1, 8)).codes == 64
+    for args, name in [((1024, 1), "base=1024"), ((0, 513), "group=513"),
+                       ((0, 0), "group=0"), ((0, 1, 33), "groups=33"),
+                       ((0, 1, 1, 256), "stride=256"), ((0, 1, 1, 1, 256), "skip=256")]:
+        with pytest.raises(ValueError, match=name):
+            insert_imm(*args)
+    ok = Vec(func=VecFunc.INSERT, length=4, b_addr=VIN - 4, imm=insert_imm(0, 4))
+    assert dispatch_error(ok, VCFG) == ErrorCode.NONE
+    assert vec_out_words(VecFunc.INSERT.value, 24) == 24
+    with pytest.raises(ISAError, match="operand .* exceeds VIN"):
+        check(Vec(func=VecFunc.INSERT, length=4, b_addr=VIN - 3, imm=insert_imm(0, 4)), VCFG)
 
 
 def test_a_rope_reads_its_table_not_a_row_at_b():
@@ -282,7 +337,7 @@ def _random_rope(rng) -> Vec:
 def _random_vecs(rng, n):
     out = []
     for _ in range(n):
-        func = VecFunc(int(rng.integers(len(VecFunc))))
+        func = VecFunc(int(rng.choice(VEC_FUNC_VALUES)))
         if func == VecFunc.ROPE:
             out.append(_random_rope(rng))
             continue
@@ -295,6 +350,10 @@ def _random_vecs(rng, n):
             imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
         elif func == VecFunc.DEQUANT:  # the amax word's address, REQUANT's or FOLD's word
             imm = dequant_imm(int(rng.integers(0, VIN)), bool(rng.random() < 0.5))
+        elif func == VecFunc.INSERT:
+            imm = random_insert_imm(rng, length)
+        elif func == VecFunc.CHANNEL:  # a channel word, normalised or any
+            imm = random_channel_word(rng)
         out.append(Vec(func=func, length=length, imm=imm,
                        a_addr=int(rng.integers(0, VIN - length + 1)),
                        b_addr=int(rng.integers(0, VIN - length + 1)),
@@ -507,6 +566,40 @@ def test_fold_in_the_executor():
     assert words[12] == 0 and words[14] == fold_amax_word((1 << 53) - 1)
 
 
+def test_channel_in_the_executor():
+    """CHANNEL over key rows' amax words (REQUANT's: the regimes 0, 1, activations', the word's
+    ends) with the scores' constant word, a small-exponent word (saturating), a zero-mantissa
+    one and an imm with bits above 23 set; lengths 1..3 and a long row, back to back with a
+    DEQUANT (the factor unit shared). VOUT equals the functional model's (vec_channel) and
+    each ends in vec_cycles."""
+    rng = np.random.default_rng(31)
+    vin = _random_vin(rng)
+    n = 24
+    amax = rng.integers(1 << 12, 1 << 24, n)
+    amax[:5] = [0, 1, 2**31 - 1, 2**31, 2**32 - 1]
+    vin[:n] = amax.astype(np.uint32).view(np.int32)
+    word = scores_scale_word(0.125)
+    vecs = [Vec(func=VecFunc.CHANNEL, a_addr=0, length=n, dst_addr=0, imm=word),
+            Vec(func=VecFunc.CHANNEL, a_addr=0, length=n, dst_addr=n,
+                imm=(1 << 16) | (3 << 17)),
+            Vec(func=VecFunc.CHANNEL, a_addr=0, length=8, dst_addr=2 * n, imm=9 << 17),
+            Vec(func=VecFunc.DEQUANT, a_addr=0, b_addr=n, length=8, dst_addr=56, imm=3),
+            Vec(func=VecFunc.CHANNEL, a_addr=3, length=8, dst_addr=0,
+                imm=word | (0xABCDE << 24))]
+    vecs += [Vec(func=VecFunc.CHANNEL, a_addr=k, length=k, dst_addr=8 + 3 * k, imm=word)
+             for k in (1, 2, 3)]
+    vecs += [Vec(func=VecFunc.CHANNEL, a_addr=0, length=VOUT, dst_addr=0, imm=word)]
+    st = MachineState(VCFG)
+    st.spads[Spad.VIN][:] = vin.astype("<i4").view(np.uint8)
+    exec_vec(st, vecs[0])
+    got = st.spads[Spad.VOUT].view("<i4")[:n]
+    assert np.array_equal(got, scores_channels_vector(amax, 0.125))
+    exec_vec(st, vecs[1])   # 2**13 * A: every A from 16 on saturates (0 stands for 127 << 16)
+    sat = st.spads[Spad.VOUT].view("<i4")[n:2 * n] == (1 << 17) - 1
+    assert np.array_equal(sat, (amax >= 16) | (amax == 0))
+    _check_against_the_models(vin, vecs, [0, 1, 0, 0, 2, 0, 1, 0, 0])
+
+
 def test_the_timing_formula_and_its_array_twin_agree():
     rng = np.random.default_rng(1)
     vecs = _random_vecs(rng, 50)
@@ -708,3 +801,26 @@ def test_the_reset_reaches_only_the_executors_control_bits():
 def test_the_executor_refuses_a_configuration_without_the_engine():
     with pytest.raises(ValueError, match="no vector engine"):
         VectorEngine(NOV)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_insert_matches_the_models(seed):
+    """INSERT of random valid geometries (whole code words at stride 1, one code per word
+    at larger strides, several groups, codes running past the row) on random rows and code
+    words, back to back and after gaps with other sub-ops: VOUT is the functional model's
+    byte for byte and each ends in ``vec_cycles``."""
+    rng = np.random.default_rng(200 + seed)
+    vin = _random_vin(rng)
+    vecs = []
+    for _ in range(10):
+        length = int(rng.choice([1, 2, 5, int(rng.integers(1, VOUT + 1))]))
+        vecs.append(Vec(func=VecFunc.INSERT, length=length,
+                        imm=random_insert_imm(rng, length),
+                        a_addr=int(rng.integers(0, VIN - length + 1)),
+                        b_addr=int(rng.integers(0, VIN - length + 1)),
+                        dst_addr=int(rng.integers(0, VOUT - length + 1))))
+        assert dispatch_error(vecs[-1], VCFG) == ErrorCode.NONE
+        if rng.random() < 0.4:
+            vecs += _random_vecs(rng, 1)
+    gaps = [int(rng.choice([0, 0, 1, 3])) for _ in vecs]
+    _check_against_the_models(vin, vecs, gaps)

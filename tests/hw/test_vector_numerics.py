@@ -22,6 +22,7 @@ from hw.numerics import (
     from_fixed,
     from_fixed_torch,
     gemm_acc_torch,
+    insert_offsets,
     kv_rows,
     norm_eps,
     norm_weight,
@@ -51,6 +52,7 @@ from hw.numerics import (
     vec_exp_torch,
     vec_fold,
     vec_fold_torch,
+    vec_insert,
     vec_mul,
     vec_mul_torch,
     vec_recip,
@@ -440,3 +442,27 @@ def test_float_interface_close_to_the_float_ops():
     big = torch.tensor([3.0e4, 3.0e4, -3.0e4])
     sat = float(from_fixed(np.array([ACT_MAX]))[0])  # the saturated word, 32768 - 2**-16
     assert add_vector(big, big).tolist() == [sat, sat, -sat]
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40))
+@settings(max_examples=60, deadline=None)
+def test_vec_insert_is_the_byte_scatter_of_its_geometry(seed, length):
+    """vec_insert against the byte loop it states (code j to byte base + (j // group) *
+    (group * stride + skip) + (j % group) * stride when inside the row), on random rows,
+    codes and geometries; the bytes no code names keep the row's."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-2**31, 2**31, length)
+    b = rng.integers(-2**31, 2**31, length)
+    geom = (int(rng.integers(0, 4 * length + 4)), int(rng.integers(1, 20)),
+            int(rng.integers(1, 5)), int(rng.integers(1, 9)), int(rng.integers(0, 9)))
+    base, group, groups, stride, skip = geom
+    want = bytearray(a.astype("<i4").tobytes())
+    codes = b.astype("<i4").tobytes()
+    for j in range(group * groups):
+        at = base + (j // group) * (group * stride + skip) + (j % group) * stride
+        if at < len(want):
+            want[at] = codes[j]
+    got = vec_insert(a, b, *geom)
+    assert got.astype("<i4").tobytes() == bytes(want)
+    assert np.all(got >= -2**31) and np.all(got < 2**31)
+    assert np.all(np.diff(insert_offsets(*geom)) > 0)

@@ -55,6 +55,7 @@ from hw.numerics import (
     golden_linear_torch,
     kv4_key_group,
     kv_rows,
+    requant_amax_torch,
     rms_norm_vector,
     rope_vector,
     scores_epilogue,
@@ -357,7 +358,7 @@ def _attn_scores(node: Node, args: list, env: Env) -> tuple:
     if vector:
         q8, amax = scores_prologue_vector(q, k.shape[1])
         acc = gemm_acc_torch(q8, k8, env.numerics.acc_bits)
-        return (scores_vector(acc, amax, s_k, scale, q.shape[1]),)
+        return (scores_vector(acc, amax, requant_amax_torch(k), scale, q.shape[1], bits),)
     q8, s_q = scores_prologue(q, k.shape[1])
     acc = gemm_acc_torch(q8, k8, env.numerics.acc_bits)
     return (scores_epilogue(acc, s_q, s_k, q.shape[1]) * scale,)

@@ -1,0 +1,287 @@
+"""The INT8 KV append on chip: one token's key and value rows into a layer's cache regions.
+
+A decode step's new position scatters bytes over every kv head's cache (:class:`KVLayout`:
+a key per channel record, a value record per ``lanes`` channels) and one value code word;
+DMA moves whole beats and the DRAM port has no byte mask, so the append is a
+read-modify-write through the vector engine (:data:`hw.isa.VecFunc.INSERT`):
+
+1. LOAD the token's key row (the rotated keys, Q15.16 words: the kv heads' ``head_dim``
+   words side by side) and value row into VIN; one REQUANT per kv head and kind gives its
+   int8 codes and ``amax`` (:func:`hw.numerics.quantize_activations_vector`, what the host's
+   ``kv_rows(x, vector=True)`` computes); STORE them to a scratch buffer (VOUT has no path
+   into VIN).
+2. With the scores' channel words (a fused program whose scores DEQUANT reads them): LOAD
+   each kv head's key ``amax`` word back (the beat holding it, from the scratch buffer), one
+   CHANNEL per kv head (:data:`hw.isa.VecFunc.CHANNEL`: the word of the key scale times the
+   softmax scale, :func:`hw.numerics.scores_channels_vector`, what the host's
+   ``scores_channels_vector`` of the key row's ``amax`` gives), STORE them, a beat per kv
+   head, into the scratch buffer after the REQUANT results.
+3. Per kv head, LOAD its codes back (and its channel word's beat), the beats the position
+   touches in its key and value regions, its value codes' beat and its channel words' beat
+   (:meth:`KVLayout.append_transfer`); one INSERT per region
+   (:meth:`KVLayout.append_insert`): the codes into the loaded beats, REQUANT's ``amax``
+   word into the value codes' beat (FOLD's value code of the row: :func:`append_value_code`),
+   CHANNEL's word into the channel words' beat (laid out as the value codes: a word per
+   position); STORE the beats back.
+
+Phase 1 takes as many kv heads at a time as VIN and VOUT hold, each such group followed by
+its heads' phase 2 and phase 3. Every task waits for the one before it (``FULL0``,
+``OUT_FULL0``, ``STORED0`` as a vector program's; :data:`sw.compile.schedule.EVENTS`): the
+append is a few hundred cycles a head and needs no double buffering. The program is built for
+position 0; a step's position moves each LOAD and STORE of the cache and each INSERT's
+``base`` by :meth:`KVLayout.append_site` alone (:class:`AppendSite`: which words, which
+region), the one place the per-step rule lives, which the runtime applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hw.config import AcceleratorConfig
+from hw.isa import (
+    INSERT_FIELDS,
+    End,
+    Instr,
+    Load,
+    Spad,
+    Store,
+    Vec,
+    VecFunc,
+    insert_imm,
+    program_words,
+    vec_out_words,
+)
+from sw.compile.errors import LoweringError
+from sw.compile.lower import KVLayout
+from sw.compile.schedule import EVENTS
+
+__all__ = ["AppendSite", "KVAppendPlan", "KVAppendOp", "schedule_kv_append",
+           "append_value_code", "kv_append_words"]
+
+#: The regions a per-step word points into, as :meth:`KVLayout.append_site` names them: keys,
+#: values, value codes and the scores' channel words (a word per position, as the codes).
+APPEND_KINDS = ("k", "v", "c", "s")
+
+
+@dataclass(frozen=True)
+class AppendSite:
+    """A word of an append program that a step's position moves: instruction ``index``, a
+    LOAD or STORE (``field`` "dram_addr": plus the site's beats) or an INSERT ("imm": its
+    ``base`` the site's byte) of region ``kind`` (:data:`APPEND_KINDS`)."""
+
+    index: int
+    kind: str
+    field: str
+
+
+@dataclass(frozen=True)
+class KVAppendPlan:
+    """Where one layer's append reads and writes (DRAM byte addresses, every one on a beat):
+    the token's key row ``k_row`` and value row ``v_row`` (Q15.16 words, the kv heads side
+    by side), a ``scratch`` buffer of :meth:`scratch_bytes`, and per kv head its key region,
+    value region, value codes and scores' channel words (``keys``, ``values``, ``codes``,
+    ``channels``; None: no value codes, no FOLD reads them; no channel words, no DEQUANT
+    reads them), and the channel words' constant ``scale_word``
+    (:func:`hw.numerics.scores_scale_word`)."""
+
+    k_row: int
+    v_row: int
+    scratch: int
+    keys: Sequence[int]
+    values: Sequence[int]
+    codes: Sequence[int] | None = None
+    channels: Sequence[int] | None = None
+    scale_word: int = 0
+
+    @staticmethod
+    def scratch_bytes(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int) -> int:
+        """Bytes of the scratch buffer: one REQUANT result (codes, then ``amax``) per kv head
+        and kind, each in whole beats, then a beat per kv head for its channel word."""
+        return (2 * _codes_beats(cfg, layout.head_dim) + 1) * kv_heads * cfg.beat_bytes
+
+
+def _codes_beats(cfg: AcceleratorConfig, head_dim: int) -> int:
+    """Beats of one REQUANT result of a row of ``head_dim`` elements."""
+    per = cfg.beat_bytes // cfg.vin_word_bytes
+    return -(-int(vec_out_words(VecFunc.REQUANT.value, head_dim)) // per)
+
+
+def append_value_code(amax):
+    """FOLD's value code of a value row appended on chip: REQUANT's ``amax`` itself (ints,
+    arrays or tensors). It equals :func:`hw.numerics.value_codes` of the row's scale
+    (``act_scale(amax)``) for ``0 < amax < 2**23``; an all-zero row's code is 0 there and
+    ``127 * 2**16`` from the scale."""
+    return amax
+
+
+def _address(addr: int, beat: int, what: str) -> int:
+    if addr % beat:
+        raise LoweringError(f"the KV append's {what} at byte {addr} is not on a "
+                            f"{beat}-byte beat")
+    return addr // beat
+
+
+def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
+                       plan: KVAppendPlan) -> tuple[list[Instr], list[AppendSite]]:
+    """The program (without END) appending one token's INT8 keys and values of ``kv_heads``
+    kv heads at position 0 (module docstring), and the words a step's position moves.
+
+    Raises
+    ------
+    LoweringError
+        No vector engine, an INT4 cache, an address off a beat, an INSERT geometry its
+        fields cannot hold, or a task that does not fit VIN or VOUT.
+    """
+    if not cfg.has_vector:
+        raise LoweringError("the KV append on chip needs a vector engine")
+    if layout.bits != 8:
+        raise LoweringError(f"the KV append on chip writes INT8 caches, not {layout.bits}-bit")
+    beat, d = cfg.beat_bytes, layout.head_dim
+    if beat > 1 << dict(INSERT_FIELDS)["base"]:
+        raise LoweringError(f"an INSERT's base holds no byte of a {beat}-byte beat")
+    per = beat // cfg.vin_word_bytes
+    cw = _codes_beats(cfg, d)
+    vin, vout = cfg.spad_beats("vin"), cfg.spad_beats("vout")
+    ev = {name: EVENTS[f"{name}0"] for name in ("FULL", "OUT_FULL", "STORED")}
+    out: list[Instr] = []
+    sites: list[AppendSite] = []
+
+    def task(loads, vecs, stores, first: bool) -> None:
+        for group, wait, signal in ((loads, None if first else ev["STORED"], ev["FULL"]),
+                                    (vecs, ev["FULL"], ev["OUT_FULL"]),
+                                    (stores, ev["OUT_FULL"], ev["STORED"])):
+            for k, (ins, site) in enumerate(group):
+                if site is not None:
+                    sites.append(AppendSite(len(out), *site))
+                out.append(replace(ins, wait=wait if k == 0 else None,
+                                   signal=signal if k == len(group) - 1 else None))
+
+    # -- phase 3's shape, per kv head: its codes and the touched beats in, INSERTs, out
+    kinds = [kind for kind, there in zip(APPEND_KINDS, (True, True, plan.codes is not None,
+                                                        plan.channels is not None),
+                                         strict=True) if there]
+    shapes = {kind: layout.append_transfer(kind) for kind in kinds}
+    beats = {kind: rows * rb for kind, (rows, rb, _) in shapes.items()}
+    at, end = {}, 2 * cw
+    for kind in kinds:
+        at[kind], end = end, end + beats[kind]
+    word_at = end                                  # the kv head's channel word (its beat)
+    used = end + (plan.channels is not None)
+    if used > vin or end - 2 * cw > vout:
+        raise LoweringError(f"the KV append of a kv head ({used} VIN beats) does not fit VIN "
+                            f"({vin} beats) and VOUT ({vout} beats)")
+    amax_at = int(vec_out_words(VecFunc.REQUANT.value, d)) - 1   # a result's amax word
+    # the codes of the key and value rows; the value row's amax word; the channel word
+    code = {"k": 0, "v": cw * per, "c": cw * per + amax_at, "s": word_at * per}
+    imms = {}
+    for kind in kinds:
+        try:
+            imms[kind] = insert_imm(0, *layout.append_insert(kind))
+        except ValueError as e:
+            raise LoweringError(f"the KV append's {kind} INSERT: {e}") from None
+    # -- phase 1 takes as many kv heads as VIN and VOUT hold (whole beats of rows apart)
+    fit = [m for m in range(1, kv_heads + 1)
+           if 2 * -(-m * d // per) <= vin and 2 * m * cw <= vout]
+    if not fit or (fit[-1] < kv_heads and (4 * d) % beat):
+        raise LoweringError(f"the KV append's rows ({kv_heads} kv heads of head_dim={d}) do "
+                            f"not fit VIN ({vin} beats) and VOUT ({vout} beats)")
+    chunk = fit[-1]
+    scratch = _address(plan.scratch, beat, "scratch buffer")
+    words = scratch + 2 * kv_heads * cw                          # the channel words' beats
+    rows_at = [_address(a, beat, "row") for a in (plan.k_row, plan.v_row)]
+    for h0 in range(0, kv_heads, chunk):
+        m = min(chunk, kv_heads - h0)
+        rb = -(-m * d // per)
+        # phase 1: REQUANT of the heads' key and value rows into the scratch buffer
+        loads = [(Load(spad=Spad.VIN, spad_addr=i * rb, dram_addr=a + h0 * d // per, rows=1,
+                       row_beats=rb), None) for i, a in enumerate(rows_at)]
+        vecs = [(Vec(func=VecFunc.REQUANT, a_addr=i * rb * per + j * d, length=d,
+                     dst_addr=(2 * j + i) * cw * per), None)
+                for j in range(m) for i in range(2)]
+        stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=scratch + 2 * h0 * cw,
+                         rows=1, row_beats=2 * m * cw), None)]
+        task(loads, vecs, stores, first=not out)
+        # phase 2: the heads' scores channel words of their key rows' amax words, a beat each
+        if plan.channels is not None:
+            loads = [(Load(spad=Spad.VIN, spad_addr=0,
+                           dram_addr=scratch + 2 * h0 * cw + amax_at // per, rows=m,
+                           row_beats=1, dram_stride=2 * cw), None)]
+            vecs = [(Vec(func=VecFunc.CHANNEL, a_addr=j * per + amax_at % per, length=1,
+                         dst_addr=j * per, imm=plan.scale_word), None) for j in range(m)]
+            stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=words + h0, rows=1,
+                             row_beats=m), None)]
+            task(loads, vecs, stores, first=False)
+        # phase 3, per kv head
+        for h in range(h0, h0 + m):
+            region = {"k": plan.keys[h], "v": plan.values[h],
+                      "c": None if plan.codes is None else plan.codes[h],
+                      "s": None if plan.channels is None else plan.channels[h]}
+            loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + 2 * h * cw,
+                           rows=1, row_beats=2 * cw), None)]
+            if plan.channels is not None:
+                loads.append((Load(spad=Spad.VIN, spad_addr=word_at, dram_addr=words + h,
+                                   rows=1, row_beats=1), None))
+            vecs, stores = [], []
+            for kind in kinds:
+                rows, row_beats, stride = shapes[kind]
+                dram = _address(region[kind], beat, f"{kind} region of kv head {h}")
+                loads.append((Load(spad=Spad.VIN, spad_addr=at[kind], dram_addr=dram,
+                                   rows=rows, row_beats=row_beats, dram_stride=stride),
+                              (kind, "dram_addr")))
+                dst = at[kind] - 2 * cw
+                vecs.append((Vec(func=VecFunc.INSERT, a_addr=at[kind] * per, b_addr=code[kind],
+                                 length=beats[kind] * per, dst_addr=dst * per,
+                                 imm=imms[kind]), (kind, "imm")))
+                stores.append((Store(spad=Spad.VOUT, spad_addr=dst, dram_addr=dram,
+                                     rows=rows, row_beats=row_beats, dram_stride=stride),
+                               (kind, "dram_addr")))
+            task(loads, vecs, stores, first=False)
+    return out, sites
+
+
+@dataclass(frozen=True)
+class KVAppendOp:
+    """The KV append part of a fused decode program (:func:`sw.compile.fusion.fusion_groups`):
+    layer ``layer``'s ``kv_heads`` kv heads of ``layout``, the token's key row at symbol
+    ``k`` (a ROPE part's results) and value row at ``v`` (a DEQUANT part's), a ``scratch``
+    buffer, and per kv head the symbols of its keys, values, value codes and scores' channel
+    words (``codes``: None where no FOLD reads them; ``channels``: None where no scores
+    DEQUANT reads them), and the channel words' constant ``scale_word``
+    (:func:`hw.numerics.scores_scale_word` of the layer's softmax scale)."""
+
+    layer: int
+    kv_heads: int
+    layout: KVLayout
+    k: str
+    v: str
+    scratch: str
+    keys: tuple[str, ...]
+    values: tuple[str, ...]
+    codes: tuple[str, ...] | None = None
+    channels: tuple[str, ...] | None = None
+    scale_word: int = 0
+
+    @property
+    def signature(self) -> tuple:
+        """What the instructions depend on, addresses aside."""
+        return ("kv_append", self.kv_heads, self.layout, self.codes is not None,
+                self.channels is not None, self.scale_word)
+
+    def scratch_bytes(self, cfg: AcceleratorConfig) -> int:
+        return KVAppendPlan.scratch_bytes(cfg, self.layout, self.kv_heads)
+
+
+def kv_append_words(cfg: AcceleratorConfig, op: KVAppendOp, addr) -> tuple[np.ndarray,
+                                                                            list[AppendSite]]:
+    """The encoded program (END last) of ``op`` at the symbols' addresses ``addr`` (symbol ->
+    byte address), and its per-step words (:func:`schedule_kv_append`)."""
+    plan = KVAppendPlan(addr[op.k], addr[op.v], addr[op.scratch],
+                        [addr[s] for s in op.keys], [addr[s] for s in op.values],
+                        None if op.codes is None else [addr[s] for s in op.codes],
+                        None if op.channels is None else [addr[s] for s in op.channels],
+                        op.scale_word)
+    program, sites = schedule_kv_append(cfg, op.layout, op.kv_heads, plan)
+    return program_words([*program, End()]), sites

@@ -1,0 +1,189 @@
+"""The INT8 KV append on chip (sw.compile.kvappend): one token's keys and values written into
+a layer's cache regions by the vector engine (REQUANT, INSERT) equal the host's append
+(``kv_rows(x, vector=True)`` through ``KVLayout.write``) byte for byte on the fast model, at
+any position, the value code word is REQUANT's ``amax`` and the scores' channel word
+CHANNEL's (``scores_channels_vector`` of the key row's ``amax``, what the host writes)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from hw.config import AcceleratorConfig, preset
+from hw.isa import End, Store, program_words
+from hw.numerics import (
+    act_scale,
+    from_fixed,
+    kv_rows,
+    scores_channels_vector,
+    scores_scale_word,
+    value_codes,
+    vec_requant,
+)
+from sim.model import FastModel
+from sw.compile.errors import LoweringError
+from sw.compile.kvappend import KVAppendPlan, append_value_code, schedule_kv_append
+from sw.compile.lower import KVLayout
+from sw.runtime.runtime import _set_append
+
+#: A record wider than a beat (keys: a beat per channel), one narrower (keys: the tile as one
+#: run; values: records inside a beat), and a beat wider than a record.
+CONFIGS = {
+    "vector": preset("vector"),
+    "narrow": AcceleratorConfig(rows=2, cols=4, vin_spad_bytes=4096, vout_spad_bytes=4096,
+                                memory={"bytes_per_cycle": 16, "latency": 3,
+                                        "size_bytes": 1 << 20}),
+    "wide_beat": AcceleratorConfig(rows=4, cols=8, vin_spad_bytes=16384,
+                                   vout_spad_bytes=8192,
+                                   memory={"bytes_per_cycle": 64, "latency": 3,
+                                           "size_bytes": 1 << 20}),
+}
+
+
+#: The softmax scale of the appended layer (its channel words' constant).
+SCALE = 64 ** -0.5
+
+
+def _up(n: int, beat: int) -> int:
+    return -(-n // beat) * beat
+
+
+def _setup(cfg, layout, kv_heads, rng):
+    """A DRAM image (random bytes) and the plan of one layer's append in it."""
+    beat, d = cfg.beat_bytes, layout.head_dim
+    at = 0
+
+    def take(n):
+        nonlocal at
+        a, at = at, at + _up(n, beat)
+        return a
+
+    k_row, v_row = take(4 * kv_heads * d), take(4 * kv_heads * d)
+    scratch = take(KVAppendPlan.scratch_bytes(cfg, layout, kv_heads))
+    keys = [take(layout.key_bytes) for _ in range(kv_heads)]
+    values = [take(layout.value_bytes) for _ in range(kv_heads)]
+    codes = [take(4 * layout.max_context) for _ in range(kv_heads)]
+    channels = [take(4 * layout.max_context) for _ in range(kv_heads)]
+    dram = rng.integers(0, 256, at, dtype=np.uint8)
+    return dram, KVAppendPlan(k_row, v_row, scratch, keys, values, codes, channels,
+                              scores_scale_word(SCALE))
+
+
+def _rows(rng, kv_heads, d):
+    """Q15.16 rows of kv heads: small values, large ones (amax up to 2**31 - 1) and zeros."""
+    scale = rng.choice([2.0 ** 12, 2.0 ** 20, 2.0 ** 30], size=(kv_heads, 1))
+    w = np.clip(np.rint(rng.standard_normal((kv_heads, d)) * scale), -2**31 + 1, 2**31 - 1)
+    w[rng.random(kv_heads) < 0.2] = 0
+    return w.astype(np.int64)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("seed", range(3))
+def test_the_append_program_writes_the_hosts_bytes(name, seed):
+    """At positions on and around a tile's edges and a random one, with random cache bytes
+    around: every byte but the scratch buffer's is the host append's; twelve kv heads of 64
+    take two phase-1 groups on the narrow configuration."""
+    cfg = CONFIGS[name]
+    rng = np.random.default_rng(seed)
+    kv_heads, d = [(2, 16), (3, 32), (12, 64)][seed]
+    layout = KVLayout(head_dim=d, max_context=128, lanes=cfg.lanes, beat=cfg.beat_bytes)
+    dram0, plan = _setup(cfg, layout, kv_heads, rng)
+    if seed == 1:   # no DEQUANT reads channel words: their regions stay as they were
+        plan = replace(plan, channels=None)
+    cfg = cfg.with_dram(_up(dram0.size, cfg.beat_bytes))
+    dram0 = np.concatenate([dram0, np.zeros(cfg.memory.size_bytes - dram0.size, np.uint8)])
+    program, sites = schedule_kv_append(cfg, layout, kv_heads, plan)
+    words = program_words([*program, End()])
+    model = FastModel(cfg)
+    lanes = cfg.lanes
+    for position in sorted({0, lanes - 1, lanes, layout.max_context - 1,
+                            int(rng.integers(0, layout.max_context))}):
+        k, v = _rows(rng, kv_heads, d), _rows(rng, kv_heads, d)
+        dram = dram0.copy()
+        for addr, rows in ((plan.k_row, k), (plan.v_row, v)):
+            dram[addr:addr + rows.size * 4] = rows.astype("<i4").view(np.uint8).reshape(-1)
+        want = dram.copy()
+        for kind, rows, regions in (("k", k, plan.keys), ("v", v, plan.values)):
+            x = torch.from_numpy(from_fixed(rows))[None, :, None, :]
+            q, _ = kv_rows(x, vector=True)
+            size = layout.key_bytes if kind == "k" else layout.value_bytes
+            for h in range(kv_heads):
+                layout.write(want[regions[h]:regions[h] + size], kind, [position],
+                             q[0, h].numpy())
+        amax = vec_requant(v)[1]
+        chan = scores_channels_vector(vec_requant(k)[1], SCALE)
+        for h in range(kv_heads):
+            c = plan.codes[h] + 4 * position
+            want[c:c + 4] = np.array([append_value_code(amax[h])], "<i4").view(np.uint8)
+            if plan.channels is not None:
+                c = plan.channels[h] + 4 * position
+                want[c:c + 4] = np.array([chan[h]], "<i4").view(np.uint8)
+        r = model.run(_set_append(words, [(s.index, s.kind, s.field) for s in sites], layout,
+                                  position), dram)
+        assert r.ok, r.error
+        s0 = plan.scratch
+        s1 = s0 + KVAppendPlan.scratch_bytes(cfg, layout, kv_heads)
+        got = r.dram.copy()
+        got[s0:s1] = want[s0:s1]   # the scratch buffer holds the REQUANT results
+        assert np.array_equal(got, want), (name, position)
+
+
+def test_the_value_code_is_the_scale_code_but_for_zero_rows_and_above_2_to_23():
+    """REQUANT's amax (the code the chip appends) against the host's code of the row's scale
+    (value_codes of act_scale): equal for 0 < amax < 2**23; an all-zero row's scale is 1,
+    whose code is 127 * 2**16."""
+    rng = np.random.default_rng(3)
+    amax = np.concatenate([rng.integers(1, 2**23, 1000), [1, 2**23 - 1]])
+    codes = value_codes(torch.from_numpy(act_scale(amax))).numpy()
+    assert np.array_equal(codes, append_value_code(amax))
+    assert int(value_codes(torch.from_numpy(act_scale(np.array([0]))))[0]) == 127 * 2**16
+    big = rng.integers(2**23, 2**31, 1000)
+    assert np.abs(value_codes(torch.from_numpy(act_scale(big))).numpy() - big).max() <= \
+        big.max() * 2.0 ** -23
+
+
+def test_what_the_append_cannot_do_is_a_lowering_error():
+    cfg = preset("vector")
+    layout = KVLayout(head_dim=64, max_context=128, lanes=cfg.lanes, beat=cfg.beat_bytes)
+    plan = KVAppendPlan(0, 4096, 8192, [16384], [32768], [49152])
+    with pytest.raises(LoweringError, match="vector engine"):
+        schedule_kv_append(AcceleratorConfig(), layout, 1, plan)
+    with pytest.raises(LoweringError, match="INT8"):
+        schedule_kv_append(cfg, KVLayout(64, 128, cfg.lanes, cfg.beat_bytes, bits=4), 1, plan)
+    with pytest.raises(LoweringError, match="not on a 16-byte beat"):
+        schedule_kv_append(cfg, layout, 1, KVAppendPlan(8, 4096, 8192, [16384], [32768],
+                                                        [49152]))
+    tiny = CONFIGS["narrow"].replace(vin_spad_bytes=256, vout_spad_bytes=256)
+    narrow = KVLayout(64, 128, tiny.lanes, tiny.beat_bytes)
+    with pytest.raises(LoweringError, match="of a kv head .* does not fit"):
+        schedule_kv_append(tiny, narrow, 1, plan)
+    many = KVAppendPlan(0, 4096, 8192, [16384] * 12, [32768] * 12, [49152] * 12)
+    program, _ = schedule_kv_append(CONFIGS["narrow"], narrow, 12, many)
+    scratch = [i.dram_addr for i in program if isinstance(i, Store) and i.rows == 1
+               and i.dram_addr < 16384 // 16]
+    assert scratch == [8192 // 16, 8192 // 16 + 2 * 8 * 5]   # 8 kv heads, then 4
+
+
+@pytest.mark.parametrize(("head_dim", "lanes", "beat"),
+                         [(64, 32, 16), (16, 8, 16), (32, 16, 64), (8, 32, 4), (64, 64, 16),
+                          (8, 16, 16)])
+def test_the_append_geometry_names_the_positions_bytes(head_dim, lanes, beat):
+    """KVLayout.append_transfer / append_site / append_insert: the INSERT's bytes of the loaded
+    beats (rows at dram_stride, each row_beats long) are KVLayout.fields' bytes of the
+    position, at every position; position 0's site is (0, 0)."""
+    layout = KVLayout(head_dim=head_dim, max_context=2 * lanes + 3, lanes=lanes, beat=beat)
+    for kind in "kvc":
+        rows, row_beats, stride = layout.append_transfer(kind)
+        group, groups, step, skip = layout.append_insert(kind)
+        j = np.arange(group * groups)
+        assert layout.append_site(kind, 0) == (0, 0)
+        for p in range(layout.max_context):
+            at, base = layout.append_site(kind, p)
+            loaded = np.concatenate([(at + r * stride) * beat + np.arange(row_beats * beat)
+                                     for r in range(rows)])
+            byte = base + (j // group) * (group * step + skip) + (j % group) * step
+            want = np.arange(4 * p, 4 * p + 4) if kind == "c" else layout.fields(kind, [p])[0][0]
+            assert np.array_equal(loaded[byte], want), (kind, p)

@@ -1,0 +1,160 @@
+"""The INT8 KV append on chip in decode (sw.compile.kvappend): a decode chain that computes a
+layer's rotated keys and its values appends them to the cache itself (REQUANT, INSERT), the
+runtime points the append at the step's position and writes no key or value codes, and the
+tokens equal the twin's; the cache holds the bytes the host's append writes."""
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
+
+from hw.isa import VecFunc, decode_program
+from sim.backends import make_backend
+from sw.compile import CompileOptions, compile_model
+from sw.compile.executable import load, save
+from sw.compress.model import use_hardware_numerics
+from sw.runtime import Runtime
+
+PROMPT, STEPS = 6, 4
+VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
+
+
+def _ids(lm, n, seed=7):
+    return torch.randint(0, lm.config.vocab_size, (1, n),
+                         generator=torch.Generator().manual_seed(seed))
+
+
+def _steps(rt, ids, prompt):
+    out = [rt.step(ids[:, :prompt])]
+    return out + [rt.step(ids[:, p:p + 1]) for p in range(prompt, ids.shape[1])]
+
+
+def _cache(rt) -> dict[str, np.ndarray]:
+    """The bytes of every kv head's key and value region."""
+    kv = rt.exe.kv
+    out = {}
+    for layer in range(kv.layers):
+        for h in range(kv.kv_heads):
+            for kind in "kv":
+                r = rt.exe.symbols[kv.symbol(kind, layer, h)]
+                out[kv.symbol(kind, layer, h)] = rt.dram[r.addr:r.end].copy()
+    return out
+
+
+@pytest.fixture(scope="module")
+def model():
+    lm = tiny_lm(layers=2, heads=4, kv_heads=2)
+    return lm, compressed(lm)
+
+
+def test_decode_appends_the_cache_on_chip_and_the_tokens_equal_the_twins(model, monkeypatch):
+    """Each layer's append is a part of the decode program that computes its keys: its
+    INSERTs (and CHANNELs) run, the host's kv_update writes nothing into DRAM in decode (it
+    does in the prefill), the cache after every step holds the bytes the host's append
+    writes (a compilation without chains, whose appends are the host's), and so do the
+    scores' channel words and the value codes, and the logits equal the twin's."""
+    lm, ws = model
+    opts = CompileOptions(PROMPT, PROMPT + STEPS)
+    exe = compile_model(lm, VSMALL, opts, weights=ws)
+    appends = [p for p in exe.programs if p.append_rows]
+    assert sorted({r[3] for p in appends for r in p.append_rows}) == [0, 1]
+    assert all(p.phase == "decode" and p.parts for p in appends)
+    for p in appends:
+        funcs = [i.func for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")]
+        assert VecFunc.INSERT in funcs and VecFunc.CHANNEL in funcs
+        assert {r[1] for r in p.append_rows} == {"k", "v", "c", "s"}
+    host = compile_model(lm, VSMALL, dataclasses.replace(opts, chain_programs=False),
+                         weights=ws)
+    assert not any(p.append_rows for p in host.programs)
+
+    writes = []
+    original = Runtime._kv_append
+
+    def spy(self, stats, phase):
+        kernel = original(self, stats, phase)
+
+        def run(node, args, env):
+            before = self.dram.copy()
+            out = kernel(node, args, env)
+            if self is rt:
+                writes.append((phase, not np.array_equal(before, self.dram)))
+            return out
+        return run
+
+    monkeypatch.setattr(Runtime, "_kv_append", spy)
+    ids = _ids(lm, PROMPT + STEPS)
+    rt = Runtime(exe, make_backend("model", VSMALL), vector=True)
+    ref = Runtime(host, make_backend("model", VSMALL), vector=True)
+    steps = []
+    for k in range(STEPS + 1):
+        x = ids[:, :PROMPT] if k == 0 else ids[:, PROMPT + k - 1:PROMPT + k]
+        steps.append(rt.step(x))
+        ref.step(x)
+        got, want = _cache(rt), _cache(ref)
+        assert got.keys() == want.keys()
+        for name in got:
+            assert np.array_equal(got[name], want[name]), (k, name)
+        # the scores' channel words and the value codes of every cached position: CHANNEL's
+        # and REQUANT's on chip, the host's where it appended (the same words)
+        s = PROMPT + k
+        assert rt._position_words == ref._position_words
+        for regions in rt._position_words.values():
+            for name in regions.values():
+                a, b = rt.exe.symbols[name].addr, ref.exe.symbols[name].addr
+                assert np.array_equal(rt.dram[a:a + 4 * s], ref.dram[b:b + 4 * s]), (k, name)
+    assert set(writes) == {("prefill", True), ("decode", False)}
+    assert len(writes) == 2 * (STEPS + 1)
+    for _, st in steps[1:]:
+        assert all(h.unit_cycles == 0 for h in st.host if h.op == "kv_update")
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
+    for (logits, _), w in zip(steps, twin_step_logits(twin, ids, PROMPT), strict=True):
+        assert torch.equal(logits, w)
+
+
+def test_the_append_rows_survive_a_file(model, tmp_path):
+    lm, ws = model
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
+    back = load(save(exe, tmp_path / "exe.safetensors"))
+    assert [p.append_rows for p in back.programs] == [p.append_rows for p in exe.programs]
+    assert any(p.append_rows for p in back.programs)
+
+
+def test_an_int4_cache_keeps_the_host_append(model):
+    lm, ws = model
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + 2, kv_bits=4), weights=ws)
+    assert not any(p.append_rows for p in exe.programs)
+
+
+@pytest.mark.rtl
+@pytest.mark.slow
+def test_rtl_appends_the_cache_as_the_fast_model():
+    """The decode programs with their KV append parts give the same logits on the RTL as on
+    the fast model (the equivalence harness's vector configuration)."""
+    from sim.random_programs import EQUIVALENCE_CONFIGS
+    cfg = EQUIVALENCE_CONFIGS["4x4"]
+    lm = tiny_lm(layers=1, heads=2, kv_heads=1, hidden=32, vocab=32)
+    ws = compressed(lm, "2:4", 32)
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
+    assert any(p.append_rows for p in exe.programs)
+    ids = _ids(lm, PROMPT + 2, seed=5)
+    runs = [_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, PROMPT)
+            for name in ("model", "rtl")]
+    for (a, sa), (b, sb) in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+        assert [p.cycles for p in sa.programs] == [p.cycles for p in sb.programs]
+
+
+def test_the_appends_are_found_where_one_tokens_rows_are_the_values(model):
+    """kv_appends: in decode each layer's rotated key row and v_proj's output (one token: the
+    kv heads side by side, through view and transpose); in a prefill the transpose orders
+    the values by head, then token, and there is none."""
+    from sw.compile.fusion import kv_appends
+    lm, ws = model
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
+    assert kv_appends(exe.graphs["decode"]) == {
+        f"layers.{i}.self_attn.k_proj.rope": (i, f"layers.{i}.self_attn.v_proj")
+        for i in range(2)}
+    assert kv_appends(exe.graphs["prefill"]) == {}
