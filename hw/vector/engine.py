@@ -439,8 +439,8 @@ class VectorEngine(wiring.Component):
         # and s27 = max(0, bitlen - 27), the bit lengths of its bits from 31 and from 27 up;
         # the cycle after, Recip of amax >> s and the amax word (mantissa >> s27)
         famax = Signal(FOLD_BITS, reset_less=True)
-        fs = Signal(5, reset_less=True)
-        fs27 = Signal(5, reset_less=True)
+        fs = Signal(range(FOLD_BITS - (ACT_BITS - 1) + 1), reset_less=True)
+        fs27 = Signal(range(FOLD_BITS - FOLD_AMAX_MANT_BITS + 1), reset_less=True)
         fword = Signal(ACT_BITS, reset_less=True)
         fold_go = Signal()
         m.d.sync += fold_go.eq(u["absmax"].o.valid & fold)
