@@ -568,10 +568,14 @@ class VectorEngine(wiring.Component):
         dq_a = Signal(AMAX_BITS, reset_less=True)
         dq_b = Signal(range(AMAX_BITS + 1), reset_less=True)
         dq_x = Signal(FOLD_AMAX_SHIFT_BITS, reset_less=True)
-        fold_word = imm[DEQUANT_FOLD_BIT] & dq
+        # (registered while idle, from the command: no decode of `func` before the bit length)
+        fold_word = Signal(reset_less=True)
+        with m.If(~active):
+            m.d.sync += fold_word.eq(body.imm[DEQUANT_FOLD_BIT]
+                                     & (body.func == VecFunc.DEQUANT))
         amax_word = Mux(fold_word, rd_a[:FOLD_AMAX_MANT_BITS], rd_a)
         a_eff = Mux(amax_word == 0, DEQUANT_ZERO_AMAX, amax_word)
-        a_bits = Mux(amax_word == 0, DEQUANT_ZERO_AMAX.bit_length(), _msb_index(amax_word) + 1)
+        a_bits = Mux(amax_word == 0, DEQUANT_ZERO_AMAX.bit_length(), _bitlen(amax_word))
         with m.If(amax_rd):
             m.d.sync += [dq_a.eq(a_eff), dq_b.eq(a_bits),
                          dq_x.eq(Mux(fold_word, rd_a[FOLD_AMAX_MANT_BITS:], 0))]
@@ -654,10 +658,10 @@ class VectorEngine(wiring.Component):
 
 
 def _bitlen(y: Value) -> Value:
-    """The bit length of unsigned ``y`` (0 for 0): :func:`_msb_index` plus one, no compare
-    (``bitlen(v >> k)`` is ``max(0, bitlen(v) - k)``, a shift count without a subtraction)."""
-    y = Value.cast(y)
-    return Mux(y.any(), _msb_index(y) + 1, 0)
+    """The bit length of unsigned ``y`` (0 for 0): :func:`_msb_index` of ``2y + 1``, no adder
+    and no compare (``bitlen(v >> k)`` is ``max(0, bitlen(v) - k)``, a shift count without a
+    subtraction)."""
+    return _msb_index(Cat(Const(1, 1), Value.cast(y)))
 
 
 def _msb_index(y: Value) -> Value:
