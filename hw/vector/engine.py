@@ -360,7 +360,8 @@ class VectorEngine(wiring.Component):
                          ins_end.eq(r_last & (ins_g == ins["groups_m1"])),
                          ins_j3.eq(Mux(ins_word, 0, ins_j3 + 1))]
         with m.If(issuing & is_insert):   # (after the read's b_ptr + 1: this one holds)
-            m.d.sync += b_ptr.eq(b_ptr + (hit & (ins_word | (ins_j3 == 3))))
+            # hit selects between b_ptr + 1 and b_ptr: the compare stays out of the adder
+            m.d.sync += b_ptr.eq(Mux(hit & (ins_word | (ins_j3 == 3)), b_ptr + 1, b_ptr))
 
         # ---- the element enters its units READ_LATENCY cycles after its read: the memory's
         # register, then the read data's (rd_a, rd_b), the control carried beside
