@@ -360,7 +360,8 @@ class VectorEngine(wiring.Component):
                          ins_end.eq(r_last & (ins_g == ins["groups_m1"])),
                          ins_j3.eq(Mux(ins_word, 0, ins_j3 + 1))]
         with m.If(issuing & is_insert):   # (after the read's b_ptr + 1: this one holds)
-            m.d.sync += b_ptr.eq(b_ptr + (hit & (ins_word | (ins_j3 == 3))))
+            # hit selects between b_ptr + 1 and b_ptr: the compare stays out of the adder
+            m.d.sync += b_ptr.eq(Mux(hit & (ins_word | (ins_j3 == 3)), b_ptr + 1, b_ptr))
 
         # ---- the element enters its units READ_LATENCY cycles after its read: the memory's
         # register, then the read data's (rd_a, rd_b), the control carried beside
@@ -568,10 +569,14 @@ class VectorEngine(wiring.Component):
         dq_a = Signal(AMAX_BITS, reset_less=True)
         dq_b = Signal(range(AMAX_BITS + 1), reset_less=True)
         dq_x = Signal(FOLD_AMAX_SHIFT_BITS, reset_less=True)
-        fold_word = imm[DEQUANT_FOLD_BIT] & dq
+        # (registered while idle, from the command: no decode of `func` before the bit length)
+        fold_word = Signal(reset_less=True)
+        with m.If(~active):
+            m.d.sync += fold_word.eq(body.imm[DEQUANT_FOLD_BIT]
+                                     & (body.func == VecFunc.DEQUANT))
         amax_word = Mux(fold_word, rd_a[:FOLD_AMAX_MANT_BITS], rd_a)
         a_eff = Mux(amax_word == 0, DEQUANT_ZERO_AMAX, amax_word)
-        a_bits = Mux(amax_word == 0, DEQUANT_ZERO_AMAX.bit_length(), _msb_index(amax_word) + 1)
+        a_bits = Mux(amax_word == 0, DEQUANT_ZERO_AMAX.bit_length(), _bitlen(amax_word))
         with m.If(amax_rd):
             m.d.sync += [dq_a.eq(a_eff), dq_b.eq(a_bits),
                          dq_x.eq(Mux(fold_word, rd_a[FOLD_AMAX_MANT_BITS:], 0))]
@@ -654,10 +659,10 @@ class VectorEngine(wiring.Component):
 
 
 def _bitlen(y: Value) -> Value:
-    """The bit length of unsigned ``y`` (0 for 0): :func:`_msb_index` plus one, no compare
-    (``bitlen(v >> k)`` is ``max(0, bitlen(v) - k)``, a shift count without a subtraction)."""
-    y = Value.cast(y)
-    return Mux(y.any(), _msb_index(y) + 1, 0)
+    """The bit length of unsigned ``y`` (0 for 0): :func:`_msb_index` of ``2y + 1``, no adder
+    and no compare (``bitlen(v >> k)`` is ``max(0, bitlen(v) - k)``, a shift count without a
+    subtraction)."""
+    return _msb_index(Cat(Const(1, 1), Value.cast(y)))
 
 
 def _msb_index(y: Value) -> Value:

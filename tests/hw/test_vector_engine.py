@@ -825,3 +825,30 @@ def test_insert_matches_the_models(seed):
             vecs += _random_vecs(rng, 1)
     gaps = [int(rng.choice([0, 0, 1, 3])) for _ in vecs]
     _check_against_the_models(vin, vecs, gaps)
+
+
+@pytest.mark.parametrize("width", [1, 5, 17, 32, 33])
+def test_the_bit_length_tree_is_int_bit_length(width):
+    """``_bitlen`` (a multiplexer tree, no adder) is ``int.bit_length`` on 0, every power of
+    two, its neighbours, the top value and random values of ``width`` bits (exact: integers)."""
+    from hw.vector.engine import _bitlen
+
+    rng = np.random.default_rng(width)
+    top = (1 << width) - 1
+    values = {0, top} | {v for k in range(width) for v in (1 << k, (1 << k) - 1, (2 << k) - 1)}
+    values |= {int(rng.integers(0, top, endpoint=True)) for _ in range(64)}
+    y = Signal(width)
+    n = Signal(8)
+    m = Module()
+    m.d.comb += n.eq(_bitlen(y))
+    sim = Simulator(m)
+    got = {}
+
+    async def tb(ctx):
+        for v in sorted(values):
+            ctx.set(y, v)
+            got[v] = ctx.get(n)
+
+    sim.add_testbench(tb)
+    sim.run()
+    assert got == {v: v.bit_length() for v in values}
