@@ -101,8 +101,9 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
 def test_the_attention_program_reads_the_hosts_value_codes(kv_bits):
     """The values run inside each layer's attention program: its values members name the
     value codes the host writes (one per member), and after a decode step each holds
-    value_codes of the value scales the host keeps, for every cached position (INT8 and INT4
-    caches: qmax 127 and 7); the tokens equal the twin's (the step's logits)."""
+    the value rows' integer amax the host keeps (value_codes of their scales here), for every
+    cached position (INT8 and INT4 caches: qmax 127 and 7); the tokens equal the twin's
+    (the step's logits)."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=2)
     ws = compressed(lm)
     opts = CompileOptions(PROMPT, PROMPT + 2, kv_bits=kv_bits)
@@ -120,7 +121,9 @@ def test_the_attention_program_reads_the_hosts_value_codes(kv_bits):
     for p in fused:
         values = exe.programs[p.parts[2]]
         layer = int(values.node.split(".")[1])
-        want = value_codes(rt.scales[(layer, "v")][0, :, :s], qmax).numpy()
+        want = rt.value_amax[layer][0, :, :s].numpy()
+        # the values' integer amax: their scales' integers (no row here is zero or wide)
+        assert np.array_equal(want, value_codes(rt.scales[(layer, "v")][0, :, :s], qmax))
         assert [m.codes for m in values.members] == [f"vc:{layer}:{h}" for h in range(2)]
         for h, m in enumerate(values.members):
             at = exe.symbols[m.codes].addr
