@@ -65,7 +65,7 @@ from sw.compile.relocation import (
     relocate,
 )
 from sw.compile.schedule import EVENTS, amax_place
-from sw.compile.vector import vector_op
+from sw.compile.vector import VectorOp, vector_op
 from sw.compress.model import use_hardware_numerics
 from sw.runtime import Runtime
 
@@ -888,8 +888,7 @@ def test_a_residual_reads_the_rows_an_earlier_chain_left_on_chip(monkeypatch, ph
     assert len(heads) == lm.config.num_hidden_layers
     for layer, (k, g) in enumerate(heads):
         node = work[g.entries[0]][1]
-        add = next(p for p in g.parts if isinstance(p, type(g.parts[-1])) and
-                   getattr(p, "func", None) == VecFunc.ADD)
+        add = next(p for p in g.parts if isinstance(p, VectorOp) and p.func == VecFunc.ADD)
         assert add.b == g.residual
         before = chains[k - 1]
         if layer == 0:   # the embedding's rows, as the first norm reads them
