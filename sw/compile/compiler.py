@@ -897,7 +897,23 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
                 rows[name].append((first, last, p))
     entries = {ph: dict(e) for ph, e in table.entries.items()}
     entries[phase] = {n: tuple(r) for n, r in rows.items()}
-    return programs, ProgramTable(entries), joined
+    return (*_compact(programs, entries), joined) if joined else (programs, table, 0)
+
+
+def _compact(programs: Sequence[Program], entries: Mapping[str, Mapping[str, tuple]]
+             ) -> tuple[list[Program], ProgramTable]:
+    """``programs`` without those no table row runs (the fused programs a joined one
+    replaced, and their parts), renumbered, and the table with the new numbers."""
+    used = {p for nodes in entries.values() for rows in nodes.values() for _, _, p in rows}
+    used |= {programs[p].fused_into for p in used if programs[p].fused_into is not None}
+    keep = sorted(used)
+    new = {old: k for k, old in enumerate(keep)}
+    out = [dataclasses.replace(programs[old], parts=tuple(new[i] for i in programs[old].parts),
+                               fused_into=None if programs[old].fused_into is None
+                               else new[programs[old].fused_into]) for old in keep]
+    return out, ProgramTable({ph: {n: tuple((a, b, new[p]) for a, b, p in rows)
+                                   for n, rows in nodes.items()}
+                              for ph, nodes in entries.items()})
 
 
 def _host_words(m: Member, d: DequantOp, requantised: set[str]) -> dict:

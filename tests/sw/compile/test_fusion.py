@@ -620,7 +620,7 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     (imm's fold bit) and the constant values channel words."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=kv_heads)
     ws = compressed(lm)
-    opts = CompileOptions(6, 40)
+    opts = CompileOptions(6, 40, one_program=False)  # (joined: tests/sw/runtime)
     exe = compile_model(lm, CFG.replace(memory=MemoryModel(size_bytes=1 << 22)), opts,
                         weights=ws)
     fused = [p for p in exe.programs if p.parts and p.imm_rows]
@@ -826,7 +826,7 @@ def test_a_bucket_whose_merged_program_does_not_fit_runs_attention_and_chain_apa
     lm = tiny_lm(layers=2, heads=4, kv_heads=2)
     ws = compressed(lm)
     cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 22))
-    opts = CompileOptions(6, 40)
+    opts = CompileOptions(6, 40, one_program=False)  # the merges alone
     shortest = min(p.instructions for p in _merged(compile_model(lm, cfg, opts, weights=ws)))
     real = compiler.fuse_parts
 
@@ -920,7 +920,7 @@ def test_consecutive_fused_programs_may_share_arena_bytes(monkeypatch, phase):
     program reads (residual rows, the rope's rows) live on."""
     lm = tiny_lm(layers=3)
     _, (work, buffers, _, groups) = _partitioned(monkeypatch, lm, VSMALL,
-                                                 CompileOptions(4, 6))
+                                                 CompileOptions(4, 6, one_program=False))
     live = {b.name: b for b in buffers[phase]}
     chains = sorted((g for g in groups.values() if work[g.entries[0]][0] == phase
                      and work[g.entries[0]][1].op != "attn_scores"), key=lambda g: g.entries[0])
