@@ -665,9 +665,8 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     assert SCORES_AMAX.separate and SCORES_AMAX.stride == 1
     # per step: the first block's norm -> q/k/v -> RoPEs, and per block its
     # scores -> softmax -> values chained with its o_proj, MLP and the next block's q/k/v
-    # (a decode step's joined into one: tests/sw/runtime/test_one_program.py)
-    assert exe.report["phases"]["prefill"]["fused_programs_per_step"] == 1 + 2
-    assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 1
+    for phase in ("prefill", "decode"):
+        assert exe.report["phases"][phase]["fused_programs_per_step"] == 1 + 2
 
 
 def _decode_work(monkeypatch, lm, cfg=VSMALL) -> list:

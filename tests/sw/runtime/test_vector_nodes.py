@@ -177,10 +177,11 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
 
 def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs():
     """With an instruction memory that holds every pair's fused program but no chain, the
-    decode step runs the pairs, and its tokens still equal the twin's."""
+    decode step runs the pairs, and its tokens still equal the twin's (the step's programs
+    not joined: the chains alone)."""
     lm = tiny_lm()
     ws = compressed(lm)
-    opts = CompileOptions(PROMPT, PROMPT + 2)
+    opts = CompileOptions(PROMPT, PROMPT + 2, one_program=False)
     chained = compile_model(lm, VSMALL, opts, weights=ws)
     pairs = compile_model(lm, VSMALL, dataclasses.replace(opts, chain_programs=False),
                           weights=ws)
