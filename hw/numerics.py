@@ -439,13 +439,14 @@ def scores_epilogue(acc: torch.Tensor, s_q: torch.Tensor, s_k: torch.Tensor,
 
 
 def values_prologue(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
-                    vector: bool = False, kv_bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+                    vector: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Probabilities ``[B, H, T, S]`` times the value scales ``[B, KV, S]`` of their kv head,
     as INT8 rows ``[B, KV, G*T, S]`` and scales ``[B, KV, G*T]`` (with ``vector``, in
-    integers on the vector unit: :func:`fold_values_vector`, the values' codes recovered from
-    the scales of a ``kv_bits`` cache, and FOLD's amax words in place of the scales)."""
+    integers on the vector unit: ``s_v`` is the value rows' integer codes,
+    :func:`value_amax_torch`, and :func:`fold_values_vector` gives FOLD's amax words in
+    place of the scales)."""
     if vector:
-        return fold_values_vector(probs, s_v, kv_heads, ACT_QMAX if kv_bits == 8 else KV4_QMAX)
+        return fold_values_vector(probs, s_v, kv_heads)
     folded = group_rows(probs, kv_heads) * s_v.unsqueeze(-2)
     return quantize_activations_torch(folded)
 
@@ -1180,30 +1181,42 @@ def quantize_activations_vector_torch(x: torch.Tensor) -> tuple[torch.Tensor, to
     return a, act_scale_torch(amax)
 
 
-def fold_values_vector(probs: torch.Tensor, s_v: torch.Tensor, kv_heads: int,
-                       qmax: int = ACT_QMAX) -> tuple[torch.Tensor, torch.Tensor]:
+def fold_values_vector(probs: torch.Tensor, codes: torch.Tensor, kv_heads: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """The values prologue on the vector unit: probabilities ``[B, H, T, S]`` (on the 2**-16
-    grid) times the value rows' ``amax`` codes, requantised per row.
+    grid) times the value rows' integer codes ``codes [B, KV, S]`` (:func:`value_amax_torch`:
+    each cached value row's integer ``amax``), requantised per row.
 
-    ``c = rint(float64(s_v) * qmax * 2**16)`` recovers each value row's integer ``amax``
-    (:func:`act_scale` inverted, ``qmax`` 127 for the INT8 cache; :func:`kv4_scale` inverted,
-    ``qmax`` 7 for the INT4 one; exact below 2**23); ``w = to_fixed(p) * c`` exactly (below
-    2**47: ``p * s_v`` with 32 fraction bits, times ``qmax``) and :func:`vec_requant` of ``w``
-    per (head, token) row, together :func:`vec_fold_torch` (what FOLD computes), and the
-    row's amax word :func:`fold_amax_word` (what FOLD writes after the codes). Returns INT8
-    rows ``[B, KV, G*T, S]`` and the amax words (int64 ``[B, KV, G*T]``), which
-    :func:`values_vector` turns into the outputs' scale.
+    ``w = to_fixed(p) * c`` exactly (below 2**47: ``p`` with 16 fraction bits times an
+    ``amax`` below 2**31) and :func:`vec_requant` of ``w`` per (head, token) row, together
+    :func:`vec_fold_torch` (what FOLD computes), and the row's amax word
+    :func:`fold_amax_word` (what FOLD writes after the codes). Returns INT8 rows ``[B, KV,
+    G*T, S]`` and the amax words (int64 ``[B, KV, G*T]``), which :func:`values_vector` turns
+    into the outputs' scale.
     """
-    c = value_codes(s_v, qmax)
-    a, amax = vec_fold_torch(group_rows(to_fixed_torch(probs), kv_heads), c.unsqueeze(-2))
+    a, amax = vec_fold_torch(group_rows(to_fixed_torch(probs), kv_heads), codes.unsqueeze(-2))
     return a, fold_amax_word_torch(amax)
 
 
 def value_codes(s_v: torch.Tensor, qmax: int = ACT_QMAX) -> torch.Tensor:
-    """FOLD's value codes: each cached value row's integer ``amax`` from its float32 scale,
-    ``rint(float64(s_v) * qmax * 2**16)`` (int64, exact below 2**23 as
-    :func:`fold_values_vector` states): what the host writes for a FOLD part."""
+    """A value row's integer ``amax`` recovered from its float32 scale, ``rint(float64(s_v) *
+    qmax * 2**16)`` (int64): :func:`value_amax_torch` of the row where ``0 < amax < 2**23``
+    (an all-zero row's scale is 1, its code ``qmax * 2**16``; wider rows round)."""
     return torch.round(s_v.to(torch.float64) * qmax * 2.0 ** ACT_FRAC).to(torch.int64)
+
+
+def value_amax_torch(v: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """FOLD's value codes of value rows ``v [..., S, d]``: each row's integer ``amax`` as the
+    cache's append computes it (int64 ``[..., S]``). ``bits`` 8: REQUANT's ``amax``
+    (:func:`requant_amax_torch`, what the on-chip append writes as the code); 4: ``a << s``
+    of :func:`vec_kv4_rows_torch` (the integer of :func:`kv4_scale` times 7). An all-zero
+    row's code is 0 (it adds nothing to the probabilities' row)."""
+    if bits not in KV_BITS:
+        raise ValueError(f"KV-cache bits must be one of {KV_BITS}, got {bits!r}")
+    if bits == 8:
+        return requant_amax_torch(v)
+    _, _, a, s = vec_kv4_rows_torch(to_fixed_torch(v), None)
+    return a << s
 
 
 # ------------------------------------------------- vector unit: the values prologue (FOLD)
@@ -1290,8 +1303,9 @@ def kv4_rows_vector_torch(x: torch.Tensor, group: int | None
 
 __all__ += ["rms_norm_vector", "rope_vector", "softmax_vector", "silu_gate_vector",
             "add_vector", "quantize_activations_vector", "quantize_activations_vector_torch",
-            "fold_values_vector", "value_codes", "vec_kv4_rows", "vec_kv4_rows_torch", "kv4_scale",
-            "kv4_scale_torch", "kv4_rows_vector", "kv4_rows_vector_torch"]
+            "fold_values_vector", "value_codes", "value_amax_torch", "vec_kv4_rows",
+            "vec_kv4_rows_torch", "kv4_scale", "kv4_scale_torch", "kv4_rows_vector",
+            "kv4_rows_vector_torch"]
 
 
 # ------------------------------------------------- vector unit: dequantisation of GEMM outputs

@@ -151,6 +151,10 @@ class CompileOptions:
         With ``fuse_programs``, end a fused program whose linear computes the logits (an
         accelerated LM head after the final norm) with an ARGMAX of each row: the runtime
         takes the last row's index as the next greedy token (``Runtime.argmax``).
+    one_program : bool
+        With ``chain_programs``, join a decode step's fused programs into one program per
+        context bucket (:func:`_join_step`) where every value between them stays on chip and
+        it fits the instruction memory; the step's buffers then live through the whole step.
     """
 
     prompt_tokens: int
@@ -166,6 +170,7 @@ class CompileOptions:
     fuse_programs: bool | None = None
     chain_programs: bool = True
     argmax: bool = False
+    one_program: bool = True
 
 
 def fuses_programs(cfg: AcceleratorConfig, opts: CompileOptions) -> bool:
@@ -267,16 +272,17 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
             symbols[name] = Region(r.addr + offset, size, r.kind)
     programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
                                         options.loops)
+    joined = 0
+    if options.one_program and options.chain_programs and "decode" in table.entries:
+        programs, table, joined = _join_step(cfg, programs, table, graphs["decode"], templates)
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
-        # a step runs one fused program per set of nodes (one of its context buckets')
-        fused = {tuple(programs[i].node for i in p.parts) for p in programs
-                 if p.parts and p.phase == phase}
-        steps = report["phases"][phase]["accelerator_nodes"] - sum(
-            len(nodes) - 1 for nodes in fused)
+        # a step runs one program per set of nodes (of its context bucket's, the most)
+        steps, fused = _step_programs(programs, table, phase)
         report["phases"][phase].update(
             programs_per_step=steps, host_transitions_per_step=2 * steps,
-            **({"fused_programs_per_step": len(fused)} if fused else {}))
+            **({"fused_programs_per_step": fused} if fused else {}),
+            **({"joined_programs": joined} if phase == "decode" and joined else {}))
         report["phases"][phase].update(arena_bytes=arena.size,
                                        arena_lower_bound_bytes=arena.lower_bound)
     image = {}
@@ -291,7 +297,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         "capture_s": sum(captured[p].seconds for p in options.phases),
         "compile_s": compile_s,
         "programs": sum(p.fused_into is None for p in programs),
-        "templates": templates, "instructions": int(sum(p.instructions for p in programs)),
+        "templates": templates + joined,
+        "instructions": int(sum(p.instructions for p in programs)),
         "dram": {"weights": layout.weight_bytes, "kv_cache": layout.kv_bytes,
                  "arena": layout.arena_bytes, "total": layout.total_bytes,
                  "size": cfg.memory.size_bytes},
@@ -406,9 +413,15 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
         groups = [_shift(x, first) for x in _attach(groups, merged)]
         # every buffer of a fused program lives through all of it: from the host stage
         # before its first node to the one after its last, which reads the last results back
-        # (a buffer a later program reads on chip lives through that one too: its name's)
+        # (a buffer a later program reads on chip lives through that one too: its name's);
+        # a decode step that may run as one program (_join_step): through all of the step
+        span = None
+        if phase == "decode" and opts.one_program and opts.chain_programs and groups:
+            span = (min(2 * step[x.entries[0] - first] for x in all_groups(groups)),
+                    max(2 * step[x.entries[-1] - first] + 1 for x in all_groups(groups)))
         for g in all_groups(groups):
-            t0, t1 = 2 * step[g.entries[0] - first], 2 * step[g.entries[-1] - first] + 1
+            t0, t1 = span or (2 * step[g.entries[0] - first],
+                              2 * step[g.entries[-1] - first] + 1)
             names = [(name, size) for e in g.entries for m in work[e][3]
                      for name, size, _ in m.buffers()] + part_buffers(cfg, g.parts)
             for name, size in names:
@@ -763,6 +776,144 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
                             work=tuple(work), position_rows=position_rows,
                             append_rows=append_rows))
     return True
+
+
+def _segments(rows: Iterable[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    """The context ranges on which every one of ``rows`` (``(first, last, program)``, a
+    phase's table) runs one program: cut at each row's first context."""
+    rows = list(rows)
+    cuts = sorted({a for a, _, _ in rows})
+    end = max(b for _, b, _ in rows)
+    return [(a, (cuts[k + 1] - 1) if k + 1 < len(cuts) else end) for k, a in enumerate(cuts)]
+
+
+def _step_runs(programs: Sequence[Program], entries: Mapping[str, tuple], s: int) -> list[int]:
+    """The programs a step attending to ``s`` positions runs, in node order (a part's: the
+    program it is fused into)."""
+    runs: list[int] = []
+    for rows in entries.values():
+        pid = next((p for a, b, p in rows if a <= s <= b), None)
+        if pid is None:
+            continue
+        run = programs[pid].fused_into if programs[pid].fused_into is not None else pid
+        if run not in runs:
+            runs.append(run)
+    return runs
+
+
+def _step_programs(programs: Sequence[Program], table: ProgramTable, phase: str
+                   ) -> tuple[int, int]:
+    """The most programs a step of ``phase`` runs (over its context ranges) and how many of
+    those are fused."""
+    entries = table.entries.get(phase, {})
+    if not entries:
+        return 0, 0
+    runs = [_step_runs(programs, entries, a)
+            for a, _ in _segments(r for rows in entries.values() for r in rows)]
+    most = max(runs, key=len)
+    return len(most), sum(bool(programs[r].parts) for r in most)
+
+
+def _joinable(graph: Graph, programs: Sequence[Program], runs: Sequence[int]) -> bool:
+    """Whether the fused programs ``runs`` of one step can run as one: every one after the
+    first starts with an attention's scores whose query rows a REQUANT part writes on chip
+    (its prologue writes nothing), none of their members reads rows the host writes
+    (``residual``, ``amax``, ``requant``), and each such attention's layer's keys and values
+    (value codes, scores' channel words, where read) are appended on chip by an earlier one
+    (``append_rows``): nothing the host computes is read between them."""
+    ops = {n.name: n.op for n in graph.nodes}
+    appended: dict[int, set[str]] = {}
+    for k, r in enumerate(runs):
+        p = programs[r]
+        if not p.parts:
+            return False
+        if k:
+            head = programs[p.parts[0]]
+            if ops.get(head.node) != "attn_scores" or not head.members or any(
+                    m.channels is None or m.amax is not None for m in head.members):
+                return False
+            if any(m.residual or m.amax or m.requant for m in p.members):
+                return False
+            for i in p.parts:
+                part = programs[i]
+                if ops.get(part.node) not in ("attn_scores", "attn_values"):
+                    continue
+                layer = int(part.node.split(".")[1]) if part.node.startswith("layers.") \
+                    else None
+                need = {"k", "v"} | {"c" for m in part.members if m.codes} | {
+                    "s" for m in part.members if m.channels}
+                if layer is None or not need <= appended.get(layer, set()):
+                    return False
+        for _, kind, _, layer in p.append_rows:
+            appended.setdefault(layer, set()).add(kind)
+    return True
+
+
+def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTable,
+               graph: Graph, templates: int) -> tuple[list[Program], ProgramTable, int]:
+    """One program per decode step and context range: the fused programs a step runs
+    (:func:`_step_runs`) joined by :func:`sw.compile.fusion.fuse_parts` where
+    :func:`_joinable` and it fits the instruction memory. The joined program's parts are
+    copies of every part (each range has its own, ``fused_into`` the joined one) and its
+    run-time words (``position_rows``, ``imm_rows``, ``append_rows``) are the fused
+    programs', moved to where they land; a range that does not join keeps its programs. The
+    table is rebuilt per range. Returns the programs, the table and how many joined (their
+    templates numbered from ``templates``)."""
+    phase = "decode"
+    entries = table.entries[phase]
+    rows: dict[str, list[tuple[int, int, int]]] = {n: [] for n in entries}
+    joined = 0
+    for first, last in _segments(r for rs in entries.values() for r in rs):
+        runs = _step_runs(programs, entries, first)
+        pids = {n: next((p for a, b, p in rs if a <= first <= b), None)
+                for n, rs in entries.items()}
+        fused = None
+        if len(runs) > 1 and _joinable(graph, programs, runs):
+            try:
+                fused = fuse_parts(cfg, [programs[r].words for r in runs])
+            except LoweringError:  # it does not fit: the fused programs run
+                fused = None
+        if fused is not None:
+            words, places = fused
+            n = len(programs)
+            parts = [i for r in runs for i in programs[r].parts]
+            copies = {i: n + 1 + k for k, i in enumerate(parts)}
+            ps = [programs[r] for r in runs]
+            programs.append(Program(
+                phase, ps[0].node, ps[0].bucket, words,
+                tuple(m for p in ps for m in p.members), templates + joined,
+                imm_rows=tuple(places[k][i] for k, p in enumerate(ps) for i in p.imm_rows),
+                parts=tuple(copies[i] for i in parts),
+                work=tuple(sum(p.work[j] for p in ps) for j in range(3)),
+                position_rows=tuple(places[k][i] for k, p in enumerate(ps)
+                                    for i in p.position_rows),
+                append_rows=tuple((places[k][i], *rest) for k, p in enumerate(ps)
+                                  for i, *rest in p.append_rows)))
+            programs += [dataclasses.replace(programs[i], fused_into=n) for i in parts]
+            pids = {name: copies.get(p, p) for name, p in pids.items()}
+            joined += 1
+        for name, p in pids.items():
+            if p is not None:
+                rows[name].append((first, last, p))
+    entries = {ph: dict(e) for ph, e in table.entries.items()}
+    entries[phase] = {n: tuple(r) for n, r in rows.items()}
+    return (*_compact(programs, entries), joined) if joined else (programs, table, 0)
+
+
+def _compact(programs: Sequence[Program], entries: Mapping[str, Mapping[str, tuple]]
+             ) -> tuple[list[Program], ProgramTable]:
+    """``programs`` without those no table row runs (the fused programs a joined one
+    replaced, and their parts), renumbered, and the table with the new numbers."""
+    used = {p for nodes in entries.values() for rows in nodes.values() for _, _, p in rows}
+    used |= {programs[p].fused_into for p in used if programs[p].fused_into is not None}
+    keep = sorted(used)
+    new = {old: k for k, old in enumerate(keep)}
+    out = [dataclasses.replace(programs[old], parts=tuple(new[i] for i in programs[old].parts),
+                               fused_into=None if programs[old].fused_into is None
+                               else new[programs[old].fused_into]) for old in keep]
+    return out, ProgramTable({ph: {n: tuple((a, b, new[p]) for a, b, p in rows)
+                                   for n, rows in nodes.items()}
+                              for ph, nodes in entries.items()})
 
 
 def _host_words(m: Member, d: DequantOp, requantised: set[str]) -> dict:

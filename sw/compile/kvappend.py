@@ -111,9 +111,10 @@ def _codes_beats(cfg: AcceleratorConfig, head_dim: int) -> int:
 
 def append_value_code(amax):
     """FOLD's value code of a value row appended on chip: REQUANT's ``amax`` itself (ints,
-    arrays or tensors). It equals :func:`hw.numerics.value_codes` of the row's scale
-    (``act_scale(amax)``) for ``0 < amax < 2**23``; an all-zero row's code is 0 there and
-    ``127 * 2**16`` from the scale."""
+    arrays or tensors), :func:`hw.numerics.value_amax_torch` as the host's append and the twin
+    compute it. The code of the row's scale (:func:`hw.numerics.value_codes` of
+    ``act_scale(amax)``) equals it for ``0 < amax < 2**23`` only (an all-zero row's is
+    ``127 * 2**16``)."""
     return amax
 
 

@@ -22,6 +22,7 @@ from hw.numerics import (
     scores_prologue_vector,
     scores_vector,
     softmax_vector,
+    value_amax_torch,
     values_epilogue,
     values_prologue,
 )
@@ -75,7 +76,9 @@ class HardwareAttentionProducts(AttentionProducts):
             q8, s_q = scores_prologue(q, kv)
             scores = scores_epilogue(gemm_acc_torch(q8, k8, self.acc_bits), s_q, s_k, h)
             probs = attention_probs(scores, self.scale, mask)
-        p8, s_p = values_prologue(probs, s_v, kv, vec, self.kv_bits)
+        if vec:  # FOLD reads the value rows' integer amax
+            s_v = value_amax_torch(v, self.kv_bits)
+        p8, s_p = values_prologue(probs, s_v, kv, vec)
         acc = gemm_acc_torch(p8, v8.transpose(-2, -1), self.acc_bits)
         return values_epilogue(acc, s_p, h, vec, self.kv_bits)
 

@@ -49,8 +49,6 @@ import torch
 
 from hw.isa import field_location
 from hw.numerics import (
-    ACT_QMAX,
-    KV4_QMAX,
     add_vector,
     bias_to_acc,
     dequant_channels,
@@ -71,7 +69,7 @@ from hw.numerics import (
     scores_vector,
     to_fixed_torch,
     ungroup_rows,
-    value_codes,
+    value_amax_torch,
     values_epilogue,
     values_prologue,
 )
@@ -302,6 +300,9 @@ class Runtime:
         # With ``vector``: the key rows' integer amax, CHANNEL's input (the scores' channels)
         self.key_amax = {L: torch.zeros(shape, dtype=torch.int64)
                          for L in range(self.exe.kv.layers)}
+        # and the value rows' (:func:`~hw.numerics.value_amax_torch`): FOLD's value codes
+        self.value_amax = {L: torch.zeros(shape, dtype=torch.int64)
+                           for L in range(self.exe.kv.layers)}
         self.interp.cache.reset()
 
     def seek(self, past: int) -> None:
@@ -616,10 +617,11 @@ class Runtime:
         return tuple(outs), stream_cycles(read, nbytes, self.exe.cfg)
 
     def _attention_scale(self, node: Node, ref: _KVRef, s: int, operand_heads: int):
-        """The cached rows' scales ``[1, operand_heads, s]`` (with ``vector``, the keys':
-        their integer amax, the scores' CHANNEL input)."""
-        if self.vector and ref.kind == "k":
-            scale = self.key_amax[node.attrs["layer"]][:, :, :s]
+        """The cached rows' scales ``[1, operand_heads, s]`` (with ``vector``, their integer
+        amax: the keys' the scores' CHANNEL input, the values' FOLD's codes)."""
+        if self.vector:
+            scale = (self.key_amax if ref.kind == "k" else self.value_amax)[
+                node.attrs["layer"]][:, :, :s]
         else:
             scale = self.scales[(node.attrs["layer"], ref.kind)][:, :, :s]
         if operand_heads != scale.shape[1]:  # per query head against repeated K/V
@@ -637,7 +639,7 @@ class Runtime:
         elif node.op == "attn_scores":
             x8, s_x = scores_prologue(x, operand_heads)
         else:
-            x8, s_x = values_prologue(x, scale, operand_heads, self.vector, self.kv.bits)
+            x8, s_x = values_prologue(x, scale, operand_heads, self.vector)
         written = 0
         for j, m in enumerate(program.members):
             if m.channels is None or m.amax is not None:  # else a REQUANT part reads x on chip
@@ -745,6 +747,9 @@ class Runtime:
             past, t = env.past, env.t
             # the keys' integer amax (as REQUANT writes it): CHANNEL's input, the scores'
             self.key_amax[layer][:, :, past:past + t] = requant_amax_torch(args[0])
+            # the values' (as the on-chip append writes them): FOLD's value codes
+            self.value_amax[layer][:, :, past:past + t] = value_amax_torch(args[1],
+                                                                           self.kv.bits)
             # what a fused program appended on chip: the host keeps the scales
             kinds = self._appended_on_chip(phase, node, env) if self.kv.bits == 8 \
                 else frozenset()
@@ -774,10 +779,10 @@ class Runtime:
         """Write the words a fused program reads per cached position of positions ``past ..
         past + t - 1`` of ``layer`` that the step's program did not append on chip
         (``onchip``: kinds of :data:`sw.compile.kvappend.APPEND_KINDS`): each kv head's value
-        codes (:func:`~hw.numerics.value_codes` of the value scales, ``c``) and scores' channel
-        words (:func:`~hw.numerics.scores_channels_vector` of the key rows' ``amax``, ``s``),
-        where the executable has them (a FOLD or a scores DEQUANT reads them); returns the
-        bytes written."""
+        codes (the value rows' integer amax, :func:`~hw.numerics.value_amax_torch`, ``c``)
+        and scores' channel words (:func:`~hw.numerics.scores_channels_vector` of the key
+        rows' ``amax``, ``s``), where the executable has them (a FOLD or a scores DEQUANT
+        reads them); returns the bytes written."""
         written = 0
         for kind, word in (("c", self._value_code_words), ("s", self._channel_words)):
             regions = self._position_words.get((layer, kind), {})
@@ -793,8 +798,7 @@ class Runtime:
 
     def _value_code_words(self, layer: int, past: int, t: int) -> np.ndarray:
         """FOLD's value codes of positions ``past .. past + t - 1`` (``[KV, t]``)."""
-        s_v = self.scales[(layer, "v")][0, :, past:past + t]
-        return value_codes(s_v, ACT_QMAX if self.kv.bits == 8 else KV4_QMAX).numpy()
+        return self.value_amax[layer][0, :, past:past + t].numpy()
 
     def _channel_words(self, layer: int, past: int, t: int) -> np.ndarray:
         """The scores' channel words of positions ``past .. past + t - 1`` (``[KV, t]``), as

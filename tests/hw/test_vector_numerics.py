@@ -30,6 +30,7 @@ from hw.numerics import (
     quantize_activations,
     quantize_activations_vector,
     quantize_activations_vector_torch,
+    requant_amax,
     rms_norm_vector,
     rope_pairs,
     rope_table,
@@ -42,6 +43,7 @@ from hw.numerics import (
     softmax_vector,
     to_fixed,
     to_fixed_torch,
+    value_amax_torch,
     values_epilogue,
     values_prologue,
     vec_add,
@@ -284,8 +286,9 @@ def test_values_fold_matches_the_float_fold():
     b, h, kv, tq, s = 1, 4, 2, 3, 9
     probs = torch.softmax(torch.from_numpy(rng.normal(0, 2, (b, h, tq, s))).float(), -1)
     probs = from_fixed_torch(to_fixed_torch(probs))  # on the grid, as the unit's softmax writes
-    _, s_v = kv_rows(torch.from_numpy(rng.normal(0, 1, (b, kv, s, 8))).float(), vector=True)
-    p8, word = fold_values_vector(probs, s_v, kv)
+    v = torch.from_numpy(rng.normal(0, 1, (b, kv, s, 8))).float()
+    _, s_v = kv_rows(v, vector=True)
+    p8, word = fold_values_vector(probs, value_amax_torch(v), kv)
     p8_f, s_pf = values_prologue(probs, s_v, kv)
     # the same folded values to within a code (integer fold, reciprocal error) and their scale
     # (the amax word's scale amax / (127 * 127) * 2**-32: the float fold's within 2**-12)
@@ -310,11 +313,14 @@ def test_the_vector_values_epilogue_is_within_its_bound_of_the_float_one(seed, k
     v = torch.from_numpy(rng.normal(0, 1, (b, kv, n, d)) * np.exp2(rng.uniform(-8, 6, (1, kv, n,
                                                                                       1))))
     v8, s_v = kv_rows(v.float(), vector=True, bits=kv_bits)
-    p8, word = values_prologue(probs, s_v, kv, vector=True, kv_bits=kv_bits)
+    c = value_amax_torch(v.float(), kv_bits)
+    p8, word = values_prologue(probs, c, kv, vector=True)
     acc = gemm_acc_torch(p8, v8.transpose(-2, -1))
     y = values_epilogue(acc, word, h, vector=True, kv_bits=kv_bits).numpy()
     qmax = ACT_QMAX if kv_bits == 8 else 7
-    c = np.rint(s_v.double().numpy() * qmax * ONE).astype(np.int64)
+    # the codes are the scales' integers (these rows' amax lie below 2**23)
+    assert np.array_equal(c.numpy(), np.rint(s_v.double().numpy() * qmax * ONE))
+    c = c.numpy()
     grid = to_fixed(probs.numpy()).reshape(b, kv, h // kv * tq, n)
     amax = vec_fold(grid, c[:, :, None, :])[1]
     z = acc.numpy() * (amax / (ACT_QMAX * qmax) * 2.0 ** -32)[..., None]
@@ -351,9 +357,9 @@ def test_vec_fold_is_requant_of_the_exact_products_and_its_twin(seed):
         assert np.array_equal(tc.numpy(), ref[0]) and np.array_equal(ta.numpy(), ref[1])
     b, h, kv, tq, n = 1, 4, 2, 3, 9
     probs = torch.softmax(torch.from_numpy(rng.normal(0, 2, (b, h, tq, n))).float(), -1)
-    _, s_v = kv_rows(torch.from_numpy(rng.normal(0, 1, (b, kv, n, 8))).float(), vector=True)
-    p8, _ = fold_values_vector(probs, s_v, kv)
-    cv = np.rint(s_v.double().numpy() * ACT_QMAX * ONE).astype(np.int64)
+    v = torch.from_numpy(rng.normal(0, 1, (b, kv, n, 8))).float()
+    p8, _ = fold_values_vector(probs, value_amax_torch(v), kv)
+    cv = requant_amax(v.numpy())
     grid = to_fixed(probs.numpy()).reshape(b, kv, h // kv * tq, n)
     assert np.array_equal(p8.numpy(), vec_fold(grid, cv[:, :, None, :])[0])
 

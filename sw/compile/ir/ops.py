@@ -64,6 +64,7 @@ from hw.numerics import (
     scores_vector,
     silu_gate_vector,
     softmax_vector,
+    value_amax_torch,
     values_epilogue,
     values_prologue,
 )
@@ -371,8 +372,11 @@ def _attn_values(node: Node, args: list, env: Env) -> tuple:
         if v.shape[1] != heads:
             v = v.repeat_interleave(heads // v.shape[1], dim=1)
         return (torch.matmul(p.to(v.dtype), v),)
-    v8, s_v = kv_rows(v, env.numerics.vector, env.numerics.kv_bits)
-    p8, s_p = values_prologue(p, s_v, v.shape[1], env.numerics.vector, env.numerics.kv_bits)
+    vector, bits = env.numerics.vector, env.numerics.kv_bits
+    v8, s_v = kv_rows(v, vector, bits)
+    if vector:  # FOLD reads the value rows' integer amax
+        s_v = value_amax_torch(v, bits)
+    p8, s_p = values_prologue(p, s_v, v.shape[1], vector)
     acc = gemm_acc_torch(p8, v8.transpose(-2, -1), env.numerics.acc_bits)
     return (values_epilogue(acc, s_p, heads, env.numerics.vector, env.numerics.kv_bits),)
 

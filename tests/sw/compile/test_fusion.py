@@ -65,7 +65,7 @@ from sw.compile.relocation import (
     relocate,
 )
 from sw.compile.schedule import EVENTS, amax_place
-from sw.compile.vector import vector_op
+from sw.compile.vector import VectorOp, vector_op
 from sw.compress.model import use_hardware_numerics
 from sw.runtime import Runtime
 
@@ -620,7 +620,7 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     (imm's fold bit) and the constant values channel words."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=kv_heads)
     ws = compressed(lm)
-    opts = CompileOptions(6, 40)
+    opts = CompileOptions(6, 40, one_program=False)  # (joined: tests/sw/runtime)
     exe = compile_model(lm, CFG.replace(memory=MemoryModel(size_bytes=1 << 22)), opts,
                         weights=ws)
     fused = [p for p in exe.programs if p.parts and p.imm_rows]
@@ -740,7 +740,7 @@ def test_attention_and_the_chain_after_it_are_one_decode_program():
     lm = tiny_lm(layers=2, heads=4, kv_heads=2)
     ws = compressed(lm)
     cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 22))
-    exe = compile_model(lm, cfg, CompileOptions(6, 40), weights=ws)
+    exe = compile_model(lm, cfg, CompileOptions(6, 40, one_program=False), weights=ws)
     merged = _merged(exe)
     buckets = {p.bucket for p in merged}
     assert len(merged) == 2 * len(buckets) and len(buckets) > 2 and \
@@ -826,7 +826,7 @@ def test_a_bucket_whose_merged_program_does_not_fit_runs_attention_and_chain_apa
     lm = tiny_lm(layers=2, heads=4, kv_heads=2)
     ws = compressed(lm)
     cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 22))
-    opts = CompileOptions(6, 40)
+    opts = CompileOptions(6, 40, one_program=False)  # the merges alone
     shortest = min(p.instructions for p in _merged(compile_model(lm, cfg, opts, weights=ws)))
     real = compiler.fuse_parts
 
@@ -888,8 +888,7 @@ def test_a_residual_reads_the_rows_an_earlier_chain_left_on_chip(monkeypatch, ph
     assert len(heads) == lm.config.num_hidden_layers
     for layer, (k, g) in enumerate(heads):
         node = work[g.entries[0]][1]
-        add = next(p for p in g.parts if isinstance(p, type(g.parts[-1])) and
-                   getattr(p, "func", None) == VecFunc.ADD)
+        add = next(p for p in g.parts if isinstance(p, VectorOp) and p.func == VecFunc.ADD)
         assert add.b == g.residual
         before = chains[k - 1]
         if layer == 0:   # the embedding's rows, as the first norm reads them
@@ -921,7 +920,7 @@ def test_consecutive_fused_programs_may_share_arena_bytes(monkeypatch, phase):
     program reads (residual rows, the rope's rows) live on."""
     lm = tiny_lm(layers=3)
     _, (work, buffers, _, groups) = _partitioned(monkeypatch, lm, VSMALL,
-                                                 CompileOptions(4, 6))
+                                                 CompileOptions(4, 6, one_program=False))
     live = {b.name: b for b in buffers[phase]}
     chains = sorted((g for g in groups.values() if work[g.entries[0]][0] == phase
                      and work[g.entries[0]][1].op != "attn_scores"), key=lambda g: g.entries[0])

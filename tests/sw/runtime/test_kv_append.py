@@ -12,6 +12,7 @@ import torch
 from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
 
 from hw.isa import VecFunc, decode_program
+from hw.numerics import value_codes
 from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model
 from sw.compile.executable import load, save
@@ -158,3 +159,35 @@ def test_the_appends_are_found_where_one_tokens_rows_are_the_values(model):
         f"layers.{i}.self_attn.k_proj.rope": (i, f"layers.{i}.self_attn.v_proj")
         for i in range(2)}
     assert kv_appends(exe.graphs["prefill"]) == {}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_wide_and_all_zero_value_rows_give_the_twins_tokens(seed):
+    """FOLD's value codes are the value rows' integer amax on chip (REQUANT's, appended in
+    decode), on the host (the prefill's append) and in the twin alike (value_amax_torch), so
+    rows the float scale does not recover -- amax >= 2**23 (one kv head's values scaled past
+    128) and all-zero ones (the other kv head's v_proj zeroed) -- still give the twin's
+    logits bit for bit, though their codes differ from the scales' (value_codes)."""
+    lm = tiny_lm(layers=2, heads=4, kv_heads=2, seed=seed)
+    d = lm.config.head_dim
+    with torch.no_grad():
+        for layer in lm.model.layers:
+            w = layer.self_attn.v_proj.weight
+            w[:d] *= 4000.0 / w[:d].abs().max()   # kv head 0: values of hundreds
+            w[d:] = 0.0                           # kv head 1: all-zero value rows
+    ws = compressed(lm)
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS), weights=ws)
+    assert any(p.append_rows for p in exe.programs)
+    ids = _ids(lm, PROMPT + STEPS, seed=seed)
+    rt = Runtime(exe, make_backend("model", VSMALL), vector=True)
+    steps = _steps(rt, ids, PROMPT)
+    amax = rt.value_amax[0][0, :, :PROMPT + STEPS]
+    assert (amax[0] >= 2**23).any() and (amax[1] == 0).all()
+    scale_codes = value_codes(rt.scales[(0, "v")][0, :, :PROMPT + STEPS])
+    assert not torch.equal(scale_codes, amax)
+    for h, r in rt._position_words[(0, "c")].items():  # the codes FOLD reads: the amax
+        got = rt.dram[rt.exe.symbols[r].addr:][:4 * (PROMPT + STEPS)].view("<i4")
+        assert np.array_equal(got, amax[h].numpy())
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
+    for (logits, _), w in zip(steps, twin_step_logits(twin, ids, PROMPT), strict=True):
+        assert torch.equal(logits, w)

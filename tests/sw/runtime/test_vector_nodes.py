@@ -101,11 +101,12 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
 def test_the_attention_program_reads_the_hosts_value_codes(kv_bits):
     """The values run inside each layer's attention program: its values members name the
     value codes the host writes (one per member), and after a decode step each holds
-    value_codes of the value scales the host keeps, for every cached position (INT8 and INT4
-    caches: qmax 127 and 7); the tokens equal the twin's (the step's logits)."""
+    the value rows' integer amax the host keeps (value_codes of their scales here), for every
+    cached position (INT8 and INT4 caches: qmax 127 and 7); the tokens equal the twin's
+    (the step's logits)."""
     lm = tiny_lm(layers=2, heads=4, kv_heads=2)
     ws = compressed(lm)
-    opts = CompileOptions(PROMPT, PROMPT + 2, kv_bits=kv_bits)
+    opts = CompileOptions(PROMPT, PROMPT + 2, kv_bits=kv_bits, one_program=False)
     exe = compile_model(lm, VSMALL, opts, weights=ws)
     rt = Runtime(exe, make_backend("model", VSMALL), vector=True)
     ids = _ids(lm, PROMPT + 1)
@@ -120,7 +121,9 @@ def test_the_attention_program_reads_the_hosts_value_codes(kv_bits):
     for p in fused:
         values = exe.programs[p.parts[2]]
         layer = int(values.node.split(".")[1])
-        want = value_codes(rt.scales[(layer, "v")][0, :, :s], qmax).numpy()
+        want = rt.value_amax[layer][0, :, :s].numpy()
+        # the values' integer amax: their scales' integers (no row here is zero or wide)
+        assert np.array_equal(want, value_codes(rt.scales[(layer, "v")][0, :, :s], qmax))
         assert [m.codes for m in values.members] == [f"vc:{layer}:{h}" for h in range(2)]
         for h, m in enumerate(values.members):
             at = exe.symbols[m.codes].addr
@@ -161,10 +164,12 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
     # MLP (post-attention RMSNorm -> gate/up -> SiLU-gate -> down + ADD) and the next block's
     # RMSNorm -> q/k/v -> RoPE of q and k (the last block's: the final norm) in one program
     # after its scores -> softmax -> values (whose rows are o_proj's input rows on chip): a
-    # program per block and the first block's RMSNorm -> q/k/v -> RoPEs
-    assert len(runs[True, True, True].programs) == unfused - 11 * blocks == 1 + blocks
+    # program per block and the first block's RMSNorm -> q/k/v -> RoPEs (unfused - 11 *
+    # blocks == 1 + blocks), joined into one program per step (the KV append on chip)
+    assert unfused - 11 * blocks == 1 + blocks
+    assert len(runs[True, True, True].programs) == 1
     report = exes[True, True, True].report["phases"]["decode"]
-    assert report["fused_programs_per_step"] == 1 + blocks
+    assert report["fused_programs_per_step"] == 1
     for key, st in runs.items():
         assert st.transitions == 2 * len(st.programs)
         assert exes[key].report["phases"]["decode"]["programs_per_step"] == len(st.programs)
@@ -172,10 +177,11 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
 
 def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs():
     """With an instruction memory that holds every pair's fused program but no chain, the
-    decode step runs the pairs, and its tokens still equal the twin's."""
+    decode step runs the pairs, and its tokens still equal the twin's (the step's programs
+    not joined: the chains alone)."""
     lm = tiny_lm()
     ws = compressed(lm)
-    opts = CompileOptions(PROMPT, PROMPT + 2)
+    opts = CompileOptions(PROMPT, PROMPT + 2, one_program=False)
     chained = compile_model(lm, VSMALL, opts, weights=ws)
     pairs = compile_model(lm, VSMALL, dataclasses.replace(opts, chain_programs=False),
                           weights=ws)
@@ -396,17 +402,19 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     # softmax (its valid counts set per step) -> FOLD -> values -> DEQUANT into o_proj's
     # input rows (a prefill: a strided DEQUANT per head) and on with the o_proj chain in the
     # same program: its REQUANT, its DEQUANT + the residual rows (the norm's input still on
-    # chip: an ADD part), the MLP and the final norm (another ADD between)
+    # chip: an ADD part), the MLP and the final norm (another ADD between); a decode step's
+    # two joined into one program of 4 + 9 parts
     fused = [p for p in exe.programs if p.parts]
     assert sorted((p.phase, len(p.parts)) for p in fused) == [
-        ("decode", 4), ("decode", 9), ("prefill", 4), ("prefill", 9)]
+        ("decode", 13), ("prefill", 4), ("prefill", 9)]
     assert all(VecFunc.ROPE in {v.func for v in _vecs(p)} and p.position_rows
-               for p in fused if len(p.parts) == 4)
-    for p in (p for p in fused if len(p.parts) == 9):   # attention, then the chain
-        (m,) = exe.programs[p.parts[3]].members
+               for p in fused if len(p.parts) in (4, 13))
+    for p in (p for p in fused if len(p.parts) in (9, 13)):   # attention, then the chain
+        (m,) = exe.programs[p.parts[len(p.parts) - 9 + 3]].members
         assert p.imm_rows and not m.residual and not m.requant
         funcs = [v.func for v in _vecs(p)]
-        assert funcs.count(VecFunc.ADD) == 2 * m.tokens and funcs[0] == VecFunc.REQUANT
+        assert funcs.count(VecFunc.ADD) == 2 * m.tokens
+        assert funcs[0] == (VecFunc.REQUANT if len(p.parts) == 9 else VecFunc.RMSNORM)
         assert {VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD} <= set(funcs)
     assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)

@@ -184,7 +184,8 @@ def test_rope_programs_compute_their_rows_at_any_position(seed):
 # ---------------------------------------------------------------------- compiled and run
 def test_compiled_rope_programs_and_their_constant_table():
     lm = tiny_lm()
-    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS),
+    # the chains' own programs (a decode step joined: tests/sw/runtime/test_one_program.py)
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS, one_program=False),
                         weights=compressed(lm))
     mcfg = lm.config
     d, rope = mcfg.head_dim, _rope_programs(exe)

@@ -1,0 +1,116 @@
+"""One program per decode step (sw.compile.compiler._join_step): with the residual rows and
+the KV append on chip, a decode step's fused programs are joined into one per context range;
+the runtime runs it once and serves every node's epilogue from DRAM, and the tokens equal
+the twin's."""
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
+
+from sim.backends import make_backend
+from sw.compile import CompileOptions, compile_model, compiler
+from sw.compile.errors import LoweringError
+from sw.compile.executable import load, save
+from sw.compress.model import use_hardware_numerics
+from sw.runtime import Runtime
+
+PROMPT, STEPS = 6, 4
+VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
+
+
+@pytest.fixture(scope="module")
+def model():
+    lm = tiny_lm(layers=2, heads=4, kv_heads=2)
+    return lm, compressed(lm)
+
+
+def _run(exe, lm, seed=3):
+    """Logits and stats of a prefill and ``STEPS`` decode steps, and the twin's logits."""
+    ids = torch.randint(0, lm.config.vocab_size, (1, PROMPT + STEPS),
+                        generator=torch.Generator().manual_seed(seed))
+    rt = Runtime(exe, make_backend("model", exe.cfg), vector=True)
+    out = [rt.step(ids[:, :PROMPT])] + [rt.step(ids[:, p:p + 1])
+                                        for p in range(PROMPT, PROMPT + STEPS)]
+    return out, ids
+
+
+def _twin(lm, ws, ids):
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
+    return twin_step_logits(twin, ids, PROMPT)
+
+
+@pytest.mark.parametrize(("context", "ranges"), [(PROMPT + STEPS, 1), (40, 3)])
+def test_a_decode_step_is_one_program_and_the_tokens_equal_the_twins(model, context, ranges):
+    """Every decode step runs one program (one per context range: each bucket's), whose
+    parts are every accelerator node of the step, whose run-time words are the fused
+    programs' (the rope tables, softmax counts and KV appends of every layer), and the
+    logits equal the twin's bit for bit; without one_program a step runs three."""
+    lm, ws = model
+    opts = CompileOptions(PROMPT, context)
+    exe = compile_model(lm, VSMALL, opts, weights=ws)
+    rep = exe.report["phases"]["decode"]
+    assert rep["programs_per_step"] == 1 and rep["host_transitions_per_step"] == 2
+    assert rep["joined_programs"] == ranges
+    joined = [p for p in exe.programs if p.phase == "decode" and p.parts
+              and len(p.parts) == len(exe.table.nodes("decode"))]
+    assert len(joined) == ranges
+    for p in joined:
+        assert p.instructions <= exe.cfg.imem_depth
+        assert sorted({r[3] for r in p.append_rows}) == [0, 1]
+        layers = lm.config.num_hidden_layers  # a ROPE LOAD per q and k, a VEC per head
+        assert len(p.position_rows) == 2 * layers
+        assert len(p.imm_rows) == layers * lm.config.num_attention_heads
+        assert all(exe.programs[i].fused_into == exe.programs.index(p) for i in p.parts)
+    steps, ids = _run(exe, lm)
+    for (got, st), want in zip(steps, _twin(lm, ws, ids), strict=True):
+        assert torch.equal(got, want)
+        if st.phase == "decode":
+            assert len(st.programs) == 1 and st.transitions == 2
+    alone = compile_model(lm, VSMALL, dataclasses.replace(opts, one_program=False),
+                          weights=ws)
+    assert alone.report["phases"]["decode"]["programs_per_step"] == 3
+    base, _ = _run(alone, lm)
+    for (a, _), (b, _) in zip(steps, base, strict=True):
+        assert torch.equal(a, b)
+    # one program: the fused programs' instructions and the drains between them, no more
+    assert steps[-1][1].cycles <= base[-1][1].cycles
+
+
+def test_a_step_that_does_not_fit_runs_its_fused_programs(model, monkeypatch):
+    """Where the joined program would not fit the instruction memory the step keeps its
+    fused programs (and the same tokens)."""
+    lm, ws = model
+    real = compiler.fuse_parts
+
+    def small(cfg, parts, *a):
+        if len(parts) == 3 and all(len(p) > 50 for p in parts):
+            raise LoweringError("does not fit")
+        return real(cfg, parts, *a)
+
+    monkeypatch.setattr(compiler, "fuse_parts", small)
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS), weights=ws)
+    assert exe.report["phases"]["decode"]["programs_per_step"] == 3
+    assert "joined_programs" not in exe.report["phases"]["decode"]
+    steps, ids = _run(exe, lm)
+    for (got, _), want in zip(steps, _twin(lm, ws, ids), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_an_int4_cache_keeps_its_programs(model):
+    """The INT4 cache is appended by the host between the programs: no join."""
+    lm, ws = model
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + 2, kv_bits=4), weights=ws)
+    assert exe.report["phases"]["decode"]["programs_per_step"] > 1
+
+
+def test_the_joined_program_survives_a_file(model, tmp_path):
+    lm, ws = model
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
+    back = load(save(exe, tmp_path / "exe.safetensors"))
+    assert back.table == exe.table
+    assert all(a == b for a, b in zip(back.programs, exe.programs, strict=True))
+    assert np.array_equal(back.programs[-1].words, exe.programs[-1].words)
