@@ -89,6 +89,17 @@ async def _load_vin(ctx, dut, raw: bytes, beat: int) -> None:
     ctx.set(dut.vin.dma_wr.en, 0)
 
 
+async def _read_vout(ctx, dut, beat: int) -> bytes:
+    """Every VOUT byte through its DMA read port, a beat per cycle."""
+    vout = bytearray()
+    for k in range(VCFG.vout_spad_bytes // beat):
+        ctx.set(dut.vout.dma_rd.addr, k)
+        ctx.set(dut.vout.dma_rd.en, 1)
+        await ctx.tick()
+        vout += ctx.get(dut.vout.dma_rd.data).to_bytes(beat, "little")
+    return bytes(vout)
+
+
 async def _issue(ctx, dut, v) -> None:
     """Offer VEC ``v`` to the engine (which must be ready) for one cycle: its grant cycle."""
     assert ctx.get(dut.vec.cmd.ready)
@@ -384,12 +395,7 @@ def _simulate(vin: np.ndarray, vecs: list[Vec], gaps: list[int]):
             assert ctx.get(dut.vec.elements) == v.length
             durations.append(cycles)
             await ctx.tick()                       # e + 1: ready for the next command
-        for k in range(VCFG.vout_spad_bytes // beat):
-            ctx.set(dut.vout.dma_rd.addr, k)
-            ctx.set(dut.vout.dma_rd.en, 1)
-            await ctx.tick()
-            vout[k * beat:(k + 1) * beat] = ctx.get(dut.vout.dma_rd.data).to_bytes(beat,
-                                                                                  "little")
+        vout[:] = await _read_vout(ctx, dut, beat)
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)
@@ -657,14 +663,7 @@ def _reset_after_abort(vin: np.ndarray, first: Vec, abort: int, second: Vec):
                 cycles += 1
             out["cycles"] = cycles
             await ctx.tick()
-        vout = bytearray(VCFG.vout_spad_bytes)
-        for k in range(VCFG.vout_spad_bytes // beat):
-            ctx.set(dut.vout.dma_rd.addr, k)
-            ctx.set(dut.vout.dma_rd.en, 1)
-            await ctx.tick()
-            vout[k * beat:(k + 1) * beat] = ctx.get(dut.vout.dma_rd.data).to_bytes(beat,
-                                                                                  "little")
-        out["vout"] = np.frombuffer(bytes(vout), dtype=np.uint8)
+        out["vout"] = np.frombuffer(await _read_vout(ctx, dut, beat), dtype=np.uint8)
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)

@@ -38,3 +38,27 @@ def twin_step_logits(twin: LlamaLM, ids: torch.Tensor, prompt: int) -> list[torc
         for p in range(prompt, ids.shape[1]):
             out.append(twin(ids[:, p:p + 1], cache=cache, start_pos=p))
     return out
+
+
+def runtime_steps(rt, ids: torch.Tensor, prompt: int) -> list:
+    """``rt.step`` over the prompt ``ids[:, :prompt]``, then token by token: each step's
+    ``(logits, stats)``."""
+    out = [rt.step(ids[:, :prompt])]
+    return out + [rt.step(ids[:, p:p + 1]) for p in range(prompt, ids.shape[1])]
+
+
+def backends_agree(exe, cfg: AcceleratorConfig, ids: torch.Tensor, prompt: int,
+                   backends: tuple[str, ...] = ("model", "rtl")) -> list[list]:
+    """Run ``exe`` (vector numerics) on each of ``backends`` step by step and assert that
+    every step's logits are equal and its programs take the same cycles; returns the runs
+    (:func:`runtime_steps` each)."""
+    from sim.backends import make_backend
+    from sw.runtime import Runtime
+    runs = [runtime_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, prompt)
+            for name in backends]
+    for steps in zip(*runs, strict=True):
+        (a, sa), *rest = steps
+        for b, sb in rest:
+            assert torch.equal(a, b)
+            assert [p.cycles for p in sa.programs] == [p.cycles for p in sb.programs]
+    return runs

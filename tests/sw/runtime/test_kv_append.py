@@ -9,7 +9,14 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
+from compile_testutil import (
+    SMALL,
+    backends_agree,
+    compressed,
+    runtime_steps,
+    tiny_lm,
+    twin_step_logits,
+)
 
 from hw.isa import VecFunc, decode_program
 from hw.numerics import value_codes
@@ -26,11 +33,6 @@ VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
 def _ids(lm, n, seed=7):
     return torch.randint(0, lm.config.vocab_size, (1, n),
                          generator=torch.Generator().manual_seed(seed))
-
-
-def _steps(rt, ids, prompt):
-    out = [rt.step(ids[:, :prompt])]
-    return out + [rt.step(ids[:, p:p + 1]) for p in range(prompt, ids.shape[1])]
 
 
 def _cache(rt) -> dict[str, np.ndarray]:
@@ -141,11 +143,7 @@ def test_rtl_appends_the_cache_as_the_fast_model():
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.append_rows for p in exe.programs)
     ids = _ids(lm, PROMPT + 2, seed=5)
-    runs = [_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, PROMPT)
-            for name in ("model", "rtl")]
-    for (a, sa), (b, sb) in zip(*runs, strict=True):
-        assert torch.equal(a, b)
-        assert [p.cycles for p in sa.programs] == [p.cycles for p in sb.programs]
+    backends_agree(exe, cfg, ids, PROMPT)
 
 
 def test_the_appends_are_found_where_one_tokens_rows_are_the_values(model):
@@ -180,7 +178,7 @@ def test_wide_and_all_zero_value_rows_give_the_twins_tokens(seed):
     assert any(p.append_rows for p in exe.programs)
     ids = _ids(lm, PROMPT + STEPS, seed=seed)
     rt = Runtime(exe, make_backend("model", VSMALL), vector=True)
-    steps = _steps(rt, ids, PROMPT)
+    steps = runtime_steps(rt, ids, PROMPT)
     amax = rt.value_amax[0][0, :, :PROMPT + STEPS]
     assert (amax[0] >= 2**23).any() and (amax[1] == 0).all()
     scale_codes = value_codes(rt.scales[(0, "v")][0, :, :PROMPT + STEPS])

@@ -9,7 +9,14 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
+from compile_testutil import (
+    SMALL,
+    backends_agree,
+    compressed,
+    runtime_steps,
+    tiny_lm,
+    twin_step_logits,
+)
 
 from hw.config import AcceleratorConfig, ConfigError, MemoryModel, preset
 from hw.isa import Load, Spad, Store, Vec, VecFunc, check, decode_program
@@ -50,11 +57,6 @@ def _vecs(program) -> list[Vec]:
     return [i for i in decode_program(program.words.view(np.uint8)) if isinstance(i, Vec)]
 
 
-def _steps(rt, ids, prompt):
-    out = [rt.step(ids[:, :prompt])]
-    return out + [rt.step(ids[:, p:p + 1]) for p in range(prompt, ids.shape[1])]
-
-
 # ---------------------------------------------------------------------- end to end
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
 def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
@@ -83,7 +85,7 @@ def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
         assert {v.func for v in _vecs(p)} == {p.vector.func}
         assert len(_vecs(p)) == p.vector.rows
     ids = _ids(lm, PROMPT + STEPS)
-    steps = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, PROMPT)
+    steps = runtime_steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, PROMPT)
     want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
                             PROMPT)
     for (logits, _), w in zip(steps, want, strict=True):
@@ -110,7 +112,7 @@ def test_the_attention_program_reads_the_hosts_value_codes(kv_bits):
     exe = compile_model(lm, VSMALL, opts, weights=ws)
     rt = Runtime(exe, make_backend("model", VSMALL), vector=True)
     ids = _ids(lm, PROMPT + 1)
-    (logits, _), (last, st) = _steps(rt, ids, PROMPT)
+    (logits, _), (last, st) = runtime_steps(rt, ids, PROMPT)
     s = PROMPT + 1
     qmax = 127 if kv_bits == 8 else 7
     fused = [exe.programs[r.program] for r in st.programs if r.node.endswith(".scores")]
@@ -145,7 +147,7 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
         exe = compile_model(lm, cfg, dataclasses.replace(opts, fuse_programs=fuse,
                                                          chain_programs=chain), weights=ws)
         rt = Runtime(exe, make_backend("model", cfg), vector=True)
-        runs[cfg.has_vector, fuse, chain] = _steps(rt, _ids(lm, PROMPT + 2), PROMPT)[-1][1]
+        runs[cfg.has_vector, fuse, chain] = runtime_steps(rt, _ids(lm, PROMPT + 2), PROMPT)[-1][1]
         exes[cfg.has_vector, fuse, chain] = exe
     host_ops = {h.op for h in runs[False, None, True].host}
     assert {"rmsnorm", "rope", "softmax", "silu_gate"} <= host_ops
@@ -200,7 +202,7 @@ def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs():
     blocks = lm.config.num_hidden_layers
     assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 4 * blocks
     ids = _ids(lm, PROMPT + 2)
-    steps = _steps(Runtime(exe, make_backend("model", cfg), vector=True), ids, PROMPT)
+    steps = runtime_steps(Runtime(exe, make_backend("model", cfg), vector=True), ids, PROMPT)
     want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
                             PROMPT)
     for (logits, _), w in zip(steps, want, strict=True):
@@ -229,7 +231,7 @@ def test_softmax_valid_counts_are_set_per_step_without_recompiling():
         seen.append(words)
         return real(words, dram, **kw)
     rt.backend.run = spy
-    _steps(rt, _ids(lm, PROMPT + STEPS), PROMPT)
+    runtime_steps(rt, _ids(lm, PROMPT + STEPS), PROMPT)
     imms = [[v.imm for v in decode_program(w.view(np.uint8)) if isinstance(v, Vec)
              and v.func == VecFunc.SOFTMAX] for w in seen]
     imms = [i for i in imms if i]
@@ -246,7 +248,7 @@ def test_a_sliding_window_keeps_the_softmax_on_the_host():
     funcs = {p.vector.func for p in exe.programs if p.vector is not None}
     assert VecFunc.RMSNORM in funcs and VecFunc.SOFTMAX not in funcs
     ids = _ids(lm, PROMPT + STEPS)
-    steps = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, PROMPT)
+    steps = runtime_steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, PROMPT)
     want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
                             PROMPT)
     for (logits, st), w in zip(steps, want, strict=True):
@@ -302,8 +304,8 @@ def test_a_vector_executable_needs_the_vector_numerics_and_survives_a_file(tmp_p
     assert any(m.dequant for p in again.programs for m in p.members)
     assert any(p.parts for p in again.programs)
     ids = _ids(lm, 6)
-    a = _steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, 4)
-    b = _steps(Runtime(again, make_backend("model", VSMALL), vector=True), ids, 4)
+    a = runtime_steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, 4)
+    b = runtime_steps(Runtime(again, make_backend("model", VSMALL), vector=True), ids, 4)
     for (x, _), (y, _) in zip(a, b, strict=True):
         assert torch.equal(x, y)
 
@@ -418,11 +420,7 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
         assert {VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD} <= set(funcs)
     assert all(VecFunc.DEQUANT in {v.func for v in _vecs(p)} for p in fused)
     ids = _ids(lm, PROMPT + 2, seed=5)
-    runs = [_steps(Runtime(exe, make_backend(name, cfg), vector=True), ids, PROMPT)
-            for name in ("model", "rtl")]
-    for (a, sa), (b, sb) in zip(*runs, strict=True):
-        assert torch.equal(a, b)
-        assert [p.cycles for p in sa.programs] == [p.cycles for p in sb.programs]
+    runs = backends_agree(exe, cfg, ids, PROMPT)
     twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True)
     for (a, _), w in zip(runs[1], twin_step_logits(twin, ids, PROMPT), strict=True):
         assert torch.equal(a, w)
