@@ -240,8 +240,10 @@ def test_scores_on_chip_are_within_their_bound_of_the_scaled_float_scores(seed, 
     assert exact.abs().max() < 2 ** 8 and exact.abs().max() > 1   # float32-exact, not tiny
     err = (z - exact).abs()
     assert torch.all(err <= (3 * 2.0 ** -17 + 2.0 ** -32) * exact.abs() + 2.0 ** -17)
-    big = exact.abs() > 2 ** 4   # the bound is within a factor of 4 of the worst error
-    assert (err[big] / exact.abs()[big]).max() > 2.0 ** -17
+    # the bound is not loose: the worst relative error of the large scores is within a factor
+    # of 6 of it (1.4 .. 1.7 * 2**-17 on these seeds; checked at 2**-18, far from that level)
+    big = exact.abs() > 2 ** 4
+    assert (err[big] / exact.abs()[big]).max() >= 2.0 ** -18
     flt = (scores_epilogue(acc, act_scale_t(amax), s_k.float(), h) * scale).double()
     assert torch.all((z - flt).abs() <= 2.0 ** -15 * flt.abs() + 2.0 ** -16)
     assert not torch.equal(z, flt)   # the on-chip path is its own rounding
