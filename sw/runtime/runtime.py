@@ -85,7 +85,7 @@ from hw.numerics import (
 )
 from sim.backends import Backend, runs_in_place
 from sim.roofline import LayerPoint, bound_cycles
-from sw.compile.executable import Executable, Program
+from sw.compile.executable import EMBEDDING_TABLE, Executable, Program
 from sw.compile.ir import (
     OPS,
     Interpreter,
@@ -303,7 +303,13 @@ class Runtime:
                 g.producer(g.outputs[0]).name if g.producer(g.outputs[0]) else ""))
             and all(any(m.argmax for m in exe.programs[pid].members) for *_, pid in entries))
         self._stats: StepStats | None = None
+        self._append_sites: dict[int, dict[tuple[str, str], np.ndarray]] = {}
         self._plan: _StepPlan | None = None
+        #: The buffers of the token's embedding rows the decode programs read from the
+        #: embedding table on chip (``Program.embed_rows``), and their row bytes: the host
+        #: writes none of them, nor computes the lookup for them.
+        self._served, reader = _embedding_served(exe)
+        self._embed_reader = {"decode": reader} if reader else {}
         self._vals: dict = {}
         self._program_work: dict[int, tuple[int, int, int, float]] = {}
         self._offsets: dict[tuple[str, int, int], np.ndarray] = {}
@@ -458,8 +464,8 @@ class Runtime:
                 first = self._prologue_runs(phase, node.name, pid)
                 if first or needed or any(m.argmax for m in program.members):
                     runs.add(node.name)
-                if first:
-                    live.update(node.inputs)
+                if first:  # (the token's embedding rows: the table's, on chip)
+                    live.update(node.inputs[node.name == self._embed_reader.get(phase):])
                     if program.fused_into is not None:
                         live.update(self._residual_inputs(phase, program.fused_into))
                 if needed:
@@ -488,7 +494,9 @@ class Runtime:
         out = []
         for pid in self.exe.programs[run].parts[1:]:
             p = self.exe.programs[pid]
-            if any(m.residual is not None and m.requant is None for m in p.members):
+            if any(m.residual is not None and m.requant is None
+                   and not (phase == "decode" and m.residual in self._served)
+                   for m in p.members):
                 out.append(self._nodes[phase][p.node].inputs[1])
         return out
 
@@ -585,10 +593,13 @@ class Runtime:
                                 else (None, 0))
             if first and run != pid:
                 cycles_in += self._residual_rows(phase, run)
-            wall = time.perf_counter() - t0
-            if first:
+            if first:  # the run-time parameters: words the step sets
                 words = (self._fused_words(run, env) if run != pid
                          else state.words if isinstance(state, _VectorState) else None)
+                if self.exe.programs[run].embed_rows:
+                    words = self._embed_words(run, words)
+            wall = time.perf_counter() - t0
+            if first:
                 self._run(phase, node, run, stats, words)
             t0 = time.perf_counter()
             if any(o in self._plan.live for o in node.outputs):
@@ -601,6 +612,28 @@ class Runtime:
             stats.host.append(HostRun(node.name, f"{node.op}:io", wall, cycles_in + cycles_out))
             return outs
         return kernel
+
+    def _embed_words(self, run: int, words: np.ndarray | None) -> np.ndarray:
+        """A copy of program ``run``'s words (or of ``words``, its words with other run-time
+        parameters set) with its LOADs of the token's embedding rows (``embed_rows``)
+        pointed at the step's token's row of the embedding table."""
+        program = self.exe.programs[run]
+        (served,) = self._served  # the one buffer of embedding rows the programs read
+        table = self.exe.symbols[EMBEDDING_TABLE].addr
+        token = int(self._vals[self.exe.graphs[program.phase].inputs[0]].reshape(-1)[0])
+        beat = self.exe.cfg.beat_bytes
+        delta = (table + token * self._served[served]
+                 - self.exe.symbols[served].addr) // beat
+        words = (program.words if words is None else words).copy()
+        rows = np.asarray(program.embed_rows, dtype=np.int64)
+        mask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
+        lo = words[rows, 0]
+        addr = ((lo & mask) >> np.uint64(_ADDR_AT)).astype(np.int64) + delta
+        if int(addr.max()) >= 1 << _ADDR_BITS:
+            raise RuntimeFault(f"token {token}'s embedding row lies beyond the LOAD's "
+                               "dram_addr field")
+        words[rows, 0] = (lo & ~mask) | (addr.astype(np.uint64) << np.uint64(_ADDR_AT))
+        return words
 
     def _fused_words(self, run: int, env) -> np.ndarray | None:
         """The words of fused program ``run`` with its ROPE parts' table LOADs
@@ -617,8 +650,12 @@ class Runtime:
             words = _set_position(program, env.past, self.exe.cfg.beat_bytes, row_bytes,
                                   words)
         if program.append_rows:
-            words = _set_append(program.words if words is None else words,
-                                [r[:3] for r in program.append_rows], self.kv, env.past)
+            groups = self._append_sites.get(run)
+            if groups is None:
+                groups = self._append_sites[run] = _append_groups(
+                    [r[:3] for r in program.append_rows])
+            words = _move_append(program.words if words is None else words, groups, self.kv,
+                                 env.past)
         return words
 
     def _appended_on_chip(self, phase: str, node: Node, positions: int) -> frozenset[str]:
@@ -656,10 +693,18 @@ class Runtime:
     # ------------------------------------------------------------------ DRAM I/O
     def _write_fixed(self, symbol: str, rows: torch.Tensor, row_bytes: int) -> int:
         """Write ``rows`` as Q15.16 words (``to_fixed``), ``row_bytes`` apart, where the
-        values are carried; returns the bytes streamed."""
+        values are carried; returns the bytes streamed (none: a buffer of the token's
+        embedding rows, :meth:`_table_serves`)."""
+        if self._table_serves(symbol):
+            return 0
         if self.values:
             self._write_rows(symbol, to_fixed_torch(rows).numpy().astype("<i4"), row_bytes)
         return 4 * rows.numel()
+
+    def _table_serves(self, symbol: str) -> bool:
+        """Whether the step's programs read ``symbol``'s rows from the embedding table (a
+        decode step's embedding rows): the host writes nothing there."""
+        return symbol in self._served and self._stats.phase == "decode"
 
     def _write_rows(self, symbol: str, rows: np.ndarray, row_bytes: int) -> None:
         """Integer ``rows [R, K]`` (int8, or little-endian int32) into a buffer of
@@ -884,6 +929,8 @@ class Runtime:
             args = args[:1]  # cos and sin: the rows of the constant table the LOAD reads
             rows = [to_fixed_torch(_rope_rows(args[0]))]
             words = _set_position(program, env.past, self.exe.cfg.beat_bytes)
+        elif self._table_serves(op.x):  # the token's embedding row: the table's
+            return _VectorState(None), 0
         else:
             rows = [to_fixed_torch(a) for a in args]
         if self.values:
@@ -1129,6 +1176,8 @@ def _softmax_counts(node: str, valid: torch.Tensor) -> torch.Tensor:
 def _causal_counts(env, rows: int) -> torch.Tensor:
     """The valid positions of ``rows`` softmax rows (heads of the step's tokens, a head's
     tokens consecutive) under the step's causal mask."""
+    if env.window is None:  # token i of the step sees the cached positions and i + 1 more
+        return (env.past + torch.arange(1, env.t + 1)).repeat(rows // env.t)
     mask = causal_mask(env.t, env.past, torch.float32, torch.device("cpu"), env.window)
     counts = _softmax_counts("causal mask", torch.isfinite(mask))
     return counts.repeat(rows // env.t)
@@ -1174,6 +1223,21 @@ def _set_position(program: Program, past: int, beat_bytes: int,
     return words
 
 
+def _embedding_served(exe: Executable) -> tuple[dict[str, int], str | None]:
+    """The buffer whose rows the decode programs' ``embed_rows`` read (the input rows of the
+    first vector node that reads the embedding lookup's result) with its row bytes, and
+    that node (None, and no buffer: the decode programs read no embedding table)."""
+    g = exe.graphs.get("decode")
+    if g is None or not any(p.embed_rows for p in exe.programs if p.phase == "decode"):
+        return {}, None
+    value = next(n.outputs[0] for n in g.nodes if n.op == "embed")
+    vector = {p.node: p.vector for p in exe.programs
+              if p.phase == "decode" and p.vector is not None}
+    reader = next(n.name for n in g.nodes if n.inputs and n.inputs[0] == value
+                  and n.name in vector)
+    return {vector[reader].x: vector[reader].row_bytes}, reader
+
+
 def _position_words(exe: Executable, nodes) -> dict[tuple[int, str], dict[int, str]]:
     """The regions of words per cached position the host writes as the cache grows, per
     ``(layer, kind)``: kv head -> symbol of its value codes (``"c"``, a values member's
@@ -1199,22 +1263,36 @@ def _set_append(words: np.ndarray, sites, layout, position: int) -> np.ndarray:
     ``position``: each site's (``sites``: ``(index, kind, field)``) LOAD or STORE ``dram_addr``
     plus, or INSERT ``imm`` ``base`` set to, what ``layout.append_site(kind, position)``
     gives (``base`` is imm's low field, 0 in the words)."""
+    return _move_append(words, _append_groups(sites), layout, position)
+
+
+def _move_append(words: np.ndarray, groups: dict[tuple[str, str], np.ndarray], layout,
+                 position: int) -> np.ndarray:
+    """:func:`_set_append` with the sites grouped (:func:`_append_groups`)."""
     words = words.copy()
-    moved = {kind: layout.append_site(kind, position) for _, kind, _ in sites}
     amask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
     half, off = divmod(_IMM_AT, 64)
-    for index, kind, what in sites:
-        beats, base = moved[kind]
+    for (kind, what), index in groups.items():
+        beats, base = layout.append_site(kind, position)
         if what == "dram_addr":
             lo = words[index, 0]
-            addr = int((lo & amask) >> np.uint64(_ADDR_AT)) + beats
-            if addr >= 1 << _ADDR_BITS:
+            addr = ((lo & amask) >> np.uint64(_ADDR_AT)) + np.uint64(beats)
+            if int(addr.max()) >= 1 << _ADDR_BITS:
                 raise RuntimeFault(f"the KV append of position {position} lies beyond the "
                                    "dram_addr field")
-            words[index, 0] = (lo & ~amask) | (np.uint64(addr) << np.uint64(_ADDR_AT))
+            words[index, 0] = (lo & ~amask) | (addr << np.uint64(_ADDR_AT))
         else:
             words[index, half] |= np.uint64(base) << np.uint64(off)
     return words
+
+
+def _append_groups(sites) -> dict[tuple[str, str], np.ndarray]:
+    """The indices of append ``sites`` (``(index, kind, field)``) by kind and field (a
+    program's: worked out once)."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for index, kind, what in sites:
+        out.setdefault((kind, what), []).append(int(index))
+    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
 
 
 def _nbytes(tensors) -> int:

@@ -7,6 +7,7 @@ tokens); ``host_wall_s`` is the wall time of the host work that remains."""
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
@@ -48,10 +49,12 @@ def _prompt(lm, seed):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_decode_step_reads_back_only_the_token_id(model, seed):
     """Greedy generation without logits: every decode step reads back one 4-byte word (the
-    token id ARGMAX left) and the tokens equal the twin's; the host's work is the nodes the
-    step runs (each one a record of its wall time), which are not the KV append, the rotary
-    positions or any epilogue but the head's token read; ``read_back_all`` gives the same
-    tokens and reads every node's results (more bytes, every node run)."""
+    token id ARGMAX left), writes nothing (the program reads the token's embedding row from
+    the table on chip) and the tokens equal the twin's; the host's work is the nodes the
+    step runs (each one a record of its wall time), which are not the embedding lookup, the
+    KV append, the rotary positions or any epilogue but the head's token read;
+    ``read_back_all`` gives the same tokens and reads every node's results (more bytes,
+    every node run)."""
     lm, exe, twin = model
     prompt = _prompt(lm, seed)
     with torch.no_grad():
@@ -66,10 +69,10 @@ def test_a_decode_step_reads_back_only_the_token_id(model, seed):
     graph = exe.graphs["decode"]
     for st, st_all in zip(gen.steps[1:], everything.steps[1:], strict=True):
         assert st.phase == "decode" and len(st.programs) == 1
-        assert st.read_back_bytes == 4
+        assert st.read_back_bytes == 4 and st.written_bytes == 0
         ran = {h.node for h in st.host}
         assert ran == set(rt._step_plan("decode", st.past + 1, False).runs)
-        assert not any(h.op in ("kv_update", "positions") for h in st.host)
+        assert not any(h.op in ("kv_update", "positions", "embed") for h in st.host)
         reads = [h.node for h in st.host if h.op.endswith(":io")]
         assert reads[-1] == HEAD and len(reads) == 2  # the program's start, the token's read
         assert st.host_wall_s == pytest.approx(sum(h.wall_s for h in st.host), rel=1e-12)
@@ -106,3 +109,33 @@ def test_logits_cannot_be_skipped_without_an_argmax_on_chip():
         rt.step(torch.zeros((1, PROMPT), dtype=torch.long), logits=False)
     # sampling, or no ARGMAX: generate reads the logits back
     assert rt.generate(list(range(PROMPT)), 2, logits=False).logits[0] is not None
+
+
+def test_the_embedding_table_serves_the_decode_steps_rows(model):
+    """The decode program's LOADs of the token's embedding rows (``embed_rows``: the first
+    norm's input and the first block's residual) read the constant table, every token's row
+    as the host's Q15.16 words; the prefill's rows are the host's."""
+    from hw.numerics import to_fixed
+    from sw.compile.executable import EMBEDDING_TABLE
+
+    lm, exe, _ = model
+    (joined,) = [p for p in exe.programs if p.phase == "decode" and p.embed_rows
+                 and p.fused_into is None]
+    assert joined.parts and len(joined.embed_rows) >= 1
+    rt = Runtime(exe, make_backend("model", CFG), vector=True)
+    ((_, row),) = rt._served.items()
+    table = exe.image[EMBEDDING_TABLE].reshape(lm.config.vocab_size, row)
+    w = lm.model.embed_tokens.weight.detach().float().numpy()
+    assert np.array_equal(np.ascontiguousarray(table[:, :4 * w.shape[1]]).view("<i4"),
+                          to_fixed(w))
+    assert not table[:, 4 * w.shape[1]:].any()
+    assert exe.symbols[EMBEDDING_TABLE].nbytes >= table.size
+    assert not any(p.embed_rows for p in exe.programs if p.phase == "prefill")
+
+
+def test_the_embed_rows_survive_a_file(model, tmp_path):
+    from sw.compile.executable import load, save
+
+    _, exe, _ = model
+    back = load(save(exe, tmp_path / "exe.safetensors"))
+    assert [p.embed_rows for p in back.programs] == [p.embed_rows for p in exe.programs]
