@@ -140,7 +140,8 @@ def test_rtl_appends_the_cache_as_the_fast_model():
     token's embedding rows pointed at the embedding table on chip."""
     from sim.random_programs import EQUIVALENCE_CONFIGS
     cfg = EQUIVALENCE_CONFIGS["4x4"]
-    lm = tiny_lm(layers=1, heads=2, kv_heads=1, hidden=32, vocab=32)
+    # (a vocabulary of 16: the embedding table fits the configuration's 32 KiB beside it)
+    lm = tiny_lm(layers=1, heads=2, kv_heads=1, hidden=32, vocab=16)
     ws = compressed(lm, "2:4", 32)
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.append_rows for p in exe.programs)
