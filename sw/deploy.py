@@ -379,11 +379,14 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
         bar = tqdm(total=opts.max_new_tokens, desc=f"generate ({opts.backend})",
                    disable=not progress, leave=False)
         sampling = dict(temperature=opts.temperature, top_k=opts.top_k, eos_token_id=eos)
+        # the twin check compares tokens: where the chip picks them, only they are read back
         gen = runtime.generate(prompt, opts.max_new_tokens, seed=opts.seed,
-                               on_token=lambda _: bar.update(), **sampling)
+                               on_token=lambda _: bar.update(), logits=False, **sampling)
         bar.close()
         if len(gen.steps) == 1:  # ended at the first token: measure one decode step anyway
-            gen.steps.append(runtime.step(torch.tensor([[gen.tokens[-1]]]))[1])
+            greedy = opts.temperature == 0 and runtime.argmax_on_chip("decode")
+            gen.steps.append(runtime.step(torch.tensor([[gen.tokens[-1]]]),
+                                          logits=not greedy)[1])
         with torch.no_grad():
             twin_out = generate(twin, torch.tensor(prompt), opts.max_new_tokens,
                                 generator=torch.Generator().manual_seed(opts.seed), **sampling)
@@ -559,6 +562,16 @@ def _decode_steps(steps):
     return [s for s in steps if s.phase == "decode"]
 
 
+def _host_ops(steps) -> dict[str, float]:
+    """The host's work per decode token by op (a program's prologue and epilogue:
+    ``<op>:io``): how many nodes of each ran, averaged over ``steps``."""
+    counts: dict[str, int] = {}
+    for s in steps:
+        for h in s.host:
+            counts[h.op] = counts.get(h.op, 0) + 1
+    return {op: n / len(steps) for op, n in sorted(counts.items())}
+
+
 def _formats(weights: dict) -> tuple[str, int | str, int | str, str]:
     """(pattern, bits, group, method-independent label) of the weights: one format, or the
     mix of a searched assignment."""
@@ -610,6 +623,9 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
         "host_transitions_per_token": float(np.mean([s.transitions for s in dec])),
         "host_unit_cycles_per_token_estimated": host_unit,
         "host_ms_per_token": 1e3 * float(np.mean([s.host_wall_s for s in dec])),
+        "host_ops_per_token": _host_ops(dec),
+        "host_read_back_bytes_per_token": float(np.mean([s.read_back_bytes for s in dec])),
+        "host_written_bytes_per_token": float(np.mean([s.written_bytes for s in dec])),
         "dram_read_bytes_per_token": float(np.mean([s.counter("dram_read_beats")
                                                      for s in dec])) * cfg.beat_bytes,
         "roofline_fraction": bound / cycles,

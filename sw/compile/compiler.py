@@ -42,6 +42,7 @@ from hw.numerics import (
     rope_pairs,
     rope_table,
     scores_scale_word,
+    to_fixed,
     values_channel,
 )
 from sw.compile import symbols as sym
@@ -88,6 +89,7 @@ from sw.compile.plan import (
     plan_arena,
 )
 from sw.compile.relocation import (
+    OPERANDS,
     Template,
     lower_argmax_template,
     lower_dequant_template,
@@ -264,14 +266,16 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     graphs, report, passes_s = _optimise(captured, fmt_map, options)
     t0 = time.perf_counter()
     work, buffers, kv, pairs = _partition(model, cfg, graphs, fmt_map, options, report)
+    embedding = _embedding_reads(graphs, work)
     symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
-                                     _constant_regions(work, options.max_context, pairs))
+                                     _constant_regions(work, options.max_context, pairs)
+                                     + _embedding_region(model, embedding))
     for g in all_groups(pairs.values()):  # a part's results inside another's rows
         for name, parent, offset, size in part_aliases(cfg, g.parts):
             r = symbols[parent]
             symbols[name] = Region(r.addr + offset, size, r.kind)
     programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
-                                        options.loops)
+                                        options.loops, frozenset(embedding))
     joined = 0
     if options.one_program and options.chain_programs and "decode" in table.entries:
         programs, table, joined = _join_step(cfg, programs, table, graphs["decode"], templates)
@@ -291,6 +295,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
             image[sym.weights(layer)] = weight_image(qw, cfg.lanes, cfg.beat_bytes)
         image.update(_vector_constants(model, work, options.max_context))
         image.update(_dequant_constants(weights, pairs))
+        image.update(_embedding_table(model, graphs, embedding))
     host, host_shapes = _host_tensors(model, graphs, fmt_map, weights)
     mcfg = model.config
     report.update({
@@ -540,7 +545,8 @@ def static_dram_bytes(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOp
 
 
 def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int,
-           groups: Mapping[int, FusedGroup] | None = None, loops: bool | None = None
+           groups: Mapping[int, FusedGroup] | None = None, loops: bool | None = None,
+           embedding: frozenset[str] = frozenset()
            ) -> tuple[list[Program], ProgramTable, int]:
     """One program per (node, bucket): each distinct one lowered once (``loops``: rolled,
     :class:`CompileOptions`), relocated; and the table that finds them for every context.
@@ -551,7 +557,9 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
     attention groups is fused after each bucket's attention program where that fits
     (:func:`_fuse_attention`). A group's residual rows (:attr:`FusedGroup.residual`) are
     the host's to write unless an earlier group left them on chip in every context (its
-    programs each hold that group's parts: ``onchip``, :func:`sw.compile.fusion.rows_left`)."""
+    programs each hold that group's parts: ``onchip``, :func:`sw.compile.fusion.rows_left`).
+    A decode program's LOADs of the ``embedding`` buffers (the token's embedding rows) are
+    its ``embed_rows``."""
     templates: dict[tuple, tuple[int, Template | None]] = {}
     programs: list[Program] = []
     table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
@@ -579,17 +587,21 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
             (first, last, len(programs)))
         pos[i] = len(programs)
         words = relocate(t, addr, members, cfg.beat_bytes)
+        embed = _reads_of(t, members, embedding) if phase == "decode" else ()
         if vec is None:
             programs.append(Program(phase, node.name, bucket, words,
-                                    tuple(_program_member(m) for m in members), index))
+                                    tuple(_program_member(m) for m in members), index,
+                                    embed_rows=embed))
         else:
             programs.append(Program(phase, node.name, bucket, words, (), index, vec,
-                                    t.imm_rows, position_rows=t.position_rows))
+                                    t.imm_rows, position_rows=t.position_rows,
+                                    embed_rows=embed))
         if i in groups and groups[i].attention:
             whole = _fuse_attention(cfg, programs, pos, groups[i], templates, addr,
-                                    table[phase], work, onchip)
+                                    table[phase], work, onchip, embedding)
         elif i in groups:
-            whole = _fuse_or_fall_back(cfg, programs, pos, groups[i], templates, addr, onchip)
+            whole = _fuse_or_fall_back(cfg, programs, pos, groups[i], templates, addr, onchip,
+                                       embedding)
         if i in groups and whole:
             onchip |= rows_left(groups[i])
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
@@ -598,21 +610,23 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
 
 def _fuse_or_fall_back(cfg: AcceleratorConfig, programs: list[Program],
                        pos: Mapping[int, int], group: FusedGroup, templates: dict,
-                       addr: Mapping[str, int], onchip: Collection[str] = frozenset()
+                       addr: Mapping[str, int], onchip: Collection[str] = frozenset(),
+                       embedding: frozenset[str] = frozenset()
                        ) -> bool:
     """:func:`_fuse` ``group``, or each of its fallbacks where it does not fit; whether
     ``group`` itself fused."""
-    if _fuse(cfg, programs, pos, group, templates, addr, onchip):
+    if _fuse(cfg, programs, pos, group, templates, addr, onchip, embedding):
         return True
     for g in group.fallback:
-        _fuse(cfg, programs, pos, g, templates, addr, onchip)
+        _fuse(cfg, programs, pos, g, templates, addr, onchip, embedding)
     return False
 
 
 def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[int, int],
                     chain: FusedGroup, templates: dict, addr: Mapping[str, int],
                     table: dict[str, list[tuple[int, int, int]]], work,
-                    onchip: Collection[str] = frozenset()) -> bool:
+                    onchip: Collection[str] = frozenset(),
+                    embedding: frozenset[str] = frozenset()) -> bool:
     """Fuse ``chain`` after each context bucket's attention program
     (:attr:`sw.compile.fusion.FusedGroup.attention`): the chain's nodes then have a program
     per bucket (the first merged bucket's their own programs, the others' copies of them),
@@ -622,7 +636,7 @@ def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[i
     every context of such a bucket runs. Whether every context's programs hold the chain's
     parts (the chain's own program fused where a bucket needs it)."""
     fits = [m for m in chain.attention
-            if _fuse(cfg, list(programs), pos, m, dict(templates), addr, onchip)]
+            if _fuse(cfg, list(programs), pos, m, dict(templates), addr, onchip, embedding)]
     merged = {id(m) for m in fits}
     own = len(fits) < len(chain.attention)  # the chain runs alone in some bucket
     rows: dict[str, list[tuple[int, int, int]]] = {}
@@ -638,14 +652,15 @@ def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[i
             rows.setdefault(work[e][1].name, []).append((first, last, at[e]))
         where.append(at)
     for m, at in zip(fits, where, strict=True):
-        if not _fuse(cfg, programs, at, m, templates, addr, onchip):  # pragma: no cover
+        if not _fuse(cfg, programs, at, m, templates, addr, onchip, embedding):  # pragma: no cover
             raise LoweringError(f"the merged program of {programs[at[m.entries[0]]].node!r} "
                                 "fitted once and no longer does")
     for m in chain.attention:
         if id(m) not in merged:
             for a in m.fallback:
-                _fuse_or_fall_back(cfg, programs, pos, a, templates, addr, onchip)
-    whole = not own or _fuse_or_fall_back(cfg, programs, pos, chain, templates, addr, onchip)
+                _fuse_or_fall_back(cfg, programs, pos, a, templates, addr, onchip, embedding)
+    whole = not own or _fuse_or_fall_back(cfg, programs, pos, chain, templates, addr, onchip,
+                                          embedding)
     for name, r in rows.items():  # each merged bucket's first, the chain's own last
         table[name] = r + (table[name] if own else [])
     return whole
@@ -670,7 +685,8 @@ def _part_template(cfg: AcceleratorConfig, part) -> Template:
 
 def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int],
           group: FusedGroup, templates: dict, addr: Mapping[str, int],
-          onchip: Collection[str] = frozenset()) -> bool:
+          onchip: Collection[str] = frozenset(),
+          embedding: frozenset[str] = frozenset()) -> bool:
     """Append the fused program of ``group`` and make its entries' programs (at ``pos``) its
     parts; False, and nothing changed, if it does not fit the instruction memory.
 
@@ -685,7 +701,7 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     nodes = [programs[pos[e]] for e in group.entries]
     words, key, work = [], ["fused"], [0, 0, 0]
     dequant, argmax, tables, imms = {}, {}, [], []
-    appends = []
+    appends, embeds = [], []
     for part, owner in zip(group.parts, group.owners, strict=True):
         if isinstance(part, KVAppendOp):
             if not all(c in addr for c in part.codes or ()):  # no FOLD reads value codes
@@ -713,6 +729,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
         layers = list(part) if isinstance(part, tuple) else [part]
         w = relocate(t, addr, layers, cfg.beat_bytes)
         words.append(w if isinstance(part, tuple) else vector_events(w))
+        if nodes[0].phase == "decode":
+            embeds.append((len(words) - 1, _reads_of(t, layers, embedding)))
         if isinstance(part, VectorOp) and part.table_rows:
             tables.append((len(words) - 1, t.position_rows))
         if isinstance(part, VectorOp) and t.imm_rows:
@@ -745,6 +763,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     # a KV append part's cache LOADs and STOREs and INSERTs: the runtime moves them per step
     append_rows = tuple((places[k][a.index], a.kind, a.field, layer)
                         for k, sites, layer in appends for a in sites)
+    # LOADs of the token's embedding rows: the runtime points them at its table row
+    embed_rows = tuple(places[k][i] for k, rows in embeds for i in rows)
     key = tuple(key)
     if key not in templates:
         templates[key] = (len(templates), None)
@@ -774,7 +794,7 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
                             tuple(members), templates[key][0], imm_rows=imm_rows,
                             parts=tuple(pos[e] for e in group.entries),
                             work=tuple(work), position_rows=position_rows,
-                            append_rows=append_rows))
+                            append_rows=append_rows, embed_rows=embed_rows))
     return True
 
 
@@ -888,7 +908,9 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
                 position_rows=tuple(places[k][i] for k, p in enumerate(ps)
                                     for i in p.position_rows),
                 append_rows=tuple((places[k][i], *rest) for k, p in enumerate(ps)
-                                  for i, *rest in p.append_rows)))
+                                  for i, *rest in p.append_rows),
+                embed_rows=tuple(places[k][i] for k, p in enumerate(ps)
+                                 for i in p.embed_rows)))
             programs += [dataclasses.replace(programs[i], fused_into=n) for i in parts]
             pids = {name: copies.get(p, p) for name, p in pids.items()}
             joined += 1
@@ -934,6 +956,55 @@ def _host_rows(cfg: AcceleratorConfig, m: ProgramMember, host_rows: Mapping[str,
     if req is None:
         return {}
     return {"requant": req.x, "requant_row_bytes": row_bytes(cfg, req.length)}
+
+
+def _embedding_reads(graphs: Mapping[str, Graph], work) -> dict[str, int]:
+    """The buffer the decode programs read the token's embedding rows from (the input rows
+    of the first vector node that reads the embedding lookup's result) and its row bytes:
+    served from the embedding table on chip (:func:`_embedding_table`); empty if none."""
+    g = graphs.get("decode")
+    if g is None or g.meta.get("tokens", 1) != 1:
+        return {}
+    for phase, node, _, members in work:
+        producer = g.producer(node.inputs[0]) if phase == "decode" else None
+        if producer is not None and producer.op == "embed" and isinstance(members[0],
+                                                                          VectorOp):
+            return {members[0].x: members[0].row_bytes}
+    return {}
+
+
+def _embedding_region(model: LlamaLM, embedding: Mapping[str, int]) -> list[tuple[str, int]]:
+    """The embedding table's (symbol, bytes): a row of the embedding buffers' per token."""
+    if not embedding:
+        return []
+    (row,) = set(embedding.values())
+    return [(sym.embedding_table(), model.config.vocab_size * row)]
+
+
+def _embedding_table(model: LlamaLM, graphs: Mapping[str, Graph],
+                     embedding: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """The embedding table's DRAM image: each token's embedding row as the host writes it,
+    Q15.16 words (:func:`hw.numerics.to_fixed`, little-endian int32), zero padded to the
+    row bytes of the buffers it serves."""
+    if not embedding:
+        return {}
+    (row,) = set(embedding.values())
+    node = next(n for n in graphs["decode"].nodes if n.op == "embed")
+    w = model.get_parameter(node.attrs["weight"]).detach().to("cpu").float().numpy()
+    table = np.zeros((w.shape[0], row), dtype=np.uint8)
+    words = to_fixed(w).astype("<i4").view(np.uint8)
+    table[:, :words.shape[1]] = words
+    return {sym.embedding_table(): table.reshape(-1)}
+
+
+def _reads_of(t: Template, layers, symbols: Collection[str]) -> tuple[int, ...]:
+    """The rows of template ``t`` (relocated for ``layers``) whose ``dram_addr`` is relative
+    to one of ``symbols``."""
+    if not symbols:
+        return ()
+    names = [getattr(m, op, None) for m in layers for op in OPERANDS]
+    return tuple(int(r) for r, k in zip(t.reloc_rows, t.reloc_keys, strict=True)
+                 if names[int(k)] in symbols)
 
 
 def _constant_regions(work, max_context: int,

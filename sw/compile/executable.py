@@ -56,6 +56,11 @@ FORMAT_VERSION = 4
 _KEY = "nmfpga-executable"
 
 
+#: The symbol of the embedding table a decode program's ``embed_rows`` read (every token's
+#: embedding row as Q15.16 words).
+EMBEDDING_TABLE = "embedding"
+
+
 @dataclass(frozen=True)
 class ProgramMember:
     """One GEMM of a program: ``y[tokens, n] = x[tokens, k] @ w[n, k]^T`` over DRAM symbols.
@@ -128,7 +133,10 @@ class Program:
     ``append_rows`` each word the step's position moves, ``(index, kind, field, layer)``:
     a LOAD's or STORE's ``dram_addr`` (``field`` "dram_addr") or an INSERT's ``imm`` base
     ("imm") in the key ("k"), value ("v") or value code ("c") region, by
-    :meth:`~sw.compile.lower.KVLayout.append_site`."""
+    :meth:`~sw.compile.lower.KVLayout.append_site`. A decode program's LOADs of the token's
+    embedding rows (a buffer the embedding lookup computes) are its ``embed_rows``: the
+    runtime points their ``dram_addr`` at the token's row of the constant embedding table
+    (``symbols.embedding_table()``) instead of writing the rows."""
 
     phase: str
     node: str
@@ -143,6 +151,7 @@ class Program:
     work: tuple[int, int, int] | None = None
     position_rows: tuple[int, ...] = ()
     append_rows: tuple[tuple[int, str, str, int], ...] = ()
+    embed_rows: tuple[int, ...] = ()
 
     @property
     def instructions(self) -> int:
@@ -313,6 +322,8 @@ def _program_doc(p: Program) -> dict:
             doc.update(imm_rows=list(p.imm_rows))
         if p.append_rows:  # its KV append's words
             doc.update(append_rows=[list(r) for r in p.append_rows])
+    if p.embed_rows:  # its LOADs of the token's embedding rows
+        doc.update(embed_rows=list(p.embed_rows))
     return doc
 
 
@@ -375,7 +386,8 @@ def _from_doc(tensors: dict[str, np.ndarray], doc: dict) -> Executable:
                 tuple(p.get("imm_rows", ())), p.get("fused_into"), tuple(p.get("parts", ())),
                 tuple(p["work"]) if p.get("work") else None,
                 tuple(p.get("position_rows", ())),
-                tuple(tuple(r) for r in p.get("append_rows", ())))
+                tuple(tuple(r) for r in p.get("append_rows", ())),
+                tuple(p.get("embed_rows", ())))
         for p, a, b in zip(doc["programs"], starts[:-1], starts[1:], strict=True)]
     kv = doc["kv"]
     return Executable(

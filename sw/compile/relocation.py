@@ -33,12 +33,14 @@ from sw.compile.schedule import (
 )
 from sw.compile.tiling import LinearPlan
 
-__all__ = ["SymbolicLayer", "Template", "lower_template", "lower_vector_template",
+__all__ = ["OPERANDS", "SymbolicLayer", "Template", "lower_template", "lower_vector_template",
            "lower_requant_template", "lower_dequant_template",
            "lower_argmax_template", "relocate"]
 
 #: The operands of a layer, in the order of a template's relocation keys.
 _OPERANDS = {"w": 0, "x": 1, "y": 2, "b": 3}
+#: The operands in that order (a relocation key is ``layer * len(OPERANDS) + operand``).
+OPERANDS = tuple(_OPERANDS)
 
 
 class SymbolicLayer(Protocol):

@@ -7,6 +7,8 @@ never builds a name itself.
 
 from __future__ import annotations
 
+from sw.compile.executable import EMBEDDING_TABLE
+
 __all__ = ["weights", "cache", "buffer", "norm_weight", "rope_table", "dequant_channels",
            "score_channels", "value_codes", "values_channels", "within"]
 
@@ -31,6 +33,12 @@ def norm_weight(param: str) -> str:
     """The RMSNorm weight ``param`` as the vector engine reads it (int32 ``norm_weight``
     words, one row)."""
     return f"nw:{param}"
+
+
+def embedding_table() -> str:
+    """Every token's embedding row as the vector engine reads it (Q15.16 words, one row per
+    token id; one for the model)."""
+    return EMBEDDING_TABLE
 
 
 def rope_table() -> str:

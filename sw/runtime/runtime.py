@@ -21,15 +21,25 @@ its first part's node (a linear whose REQUANT part is on chip: its input rows, a
 rows no program left on chip, as Q15.16 words), and the later parts' inputs are what it wrote on
 chip. The KV cache lives in accelerator memory: the op that appends to it
 (``OPS[op].kv_state``) writes the step's INT8 (or INT4) keys and values into their stream
-layout (:class:`~sw.compile.executable.KVCachePlan`) and keeps their scales on the host.
+layout (:class:`~sw.compile.executable.KVCachePlan`) and keeps their scales on the host,
+unless the step's program appends them on chip and no decode program reads the host's
+scales (then it does nothing).
 Everything the runtime needs to know of the compilation it reads from the
 :class:`~sw.compile.executable.Executable`.
+
+A step reads back only what the host uses (:meth:`Runtime._step_plan`, once per phase and
+context): the logits (none where the program picks the greedy token on chip and the caller
+asks for the token only, ``step(..., logits=False)``: then the token id is the one word
+read back), the results a host node or a program's prologue computes with; an epilogue
+nothing reads does not run, nor does a host node whose results nothing reads (the rotary
+positions, the layout ops between on-chip parts). ``Runtime(read_back_all=True)`` reads
+every node's results back and keeps the KV state on the host (to compare per-node values).
 
 Accounting per step (:class:`StepStats`): every program's cycles and counters, its minimal
 DRAM traffic and MACs (for the roofline), every host operation's wall time on this machine and
 its estimated cycles on an on-chip vector unit (the op's ``cost`` in the registry: one
-streaming pass through DRAM, free for layout ops), and the host <->
-accelerator transitions (two per program).
+streaming pass through DRAM, free for layout ops), the bytes the host read back from and
+wrote into accelerator memory, and the host <-> accelerator transitions (two per program).
 
 With a timing-only backend or executable the programs run timing-only and the host nodes run
 on zeros of the right shapes (their wall time is still measured); outputs are meaningless.
@@ -75,7 +85,7 @@ from hw.numerics import (
 )
 from sim.backends import Backend, runs_in_place
 from sim.roofline import LayerPoint, bound_cycles
-from sw.compile.executable import Executable, Program
+from sw.compile.executable import EMBEDDING_TABLE, Executable, Program
 from sw.compile.ir import (
     OPS,
     Interpreter,
@@ -138,6 +148,9 @@ class StepStats:
     tokens: int
     programs: list[ProgramRun] = field(default_factory=list)
     host: list[HostRun] = field(default_factory=list)
+    #: Bytes the host read back from / wrote into accelerator memory over the step.
+    read_back_bytes: int = 0
+    written_bytes: int = 0
 
     @property
     def cycles(self) -> int:
@@ -192,7 +205,8 @@ class StepStats:
         return {"phase": self.phase, "past": self.past, "tokens": self.tokens,
                 "cycles": self.cycles, "programs": len(self.programs),
                 "transitions": self.transitions, "host_unit_cycles": self.host_unit_cycles,
-                "host_wall_s": self.host_wall_s, "mac_cycles": self.counter("mac_cycles"),
+                "host_wall_s": self.host_wall_s, "read_back_bytes": self.read_back_bytes,
+                "written_bytes": self.written_bytes, "mac_cycles": self.counter("mac_cycles"),
                 "dram_read_beats": self.counter("dram_read_beats"),
                 "roofline_fraction": self.roofline_fraction,
                 "roofline_fraction_end_to_end": self.roofline_fraction_end_to_end}
@@ -205,7 +219,7 @@ class Generation:
     prompt: list[int]
     tokens: list[int]
     steps: list[StepStats]
-    logits: list[torch.Tensor]
+    logits: list[torch.Tensor | None]
 
 
 @dataclass(frozen=True)
@@ -238,6 +252,12 @@ class Runtime:
         (:class:`~sw.compile.ir.Numerics` ``vector``), as the model-level twin of
         ``use_hardware_numerics(..., vector=True)`` does; else in float. Required by an
         executable with vector programs (compiled for a configuration with a vector engine).
+    read_back_all : bool
+        Read back every accelerator node's results (debug: each node's value on the host, as
+        the graph's order gives it) and keep the KV state (scales, amax) on the host. Else
+        a step reads back only what the host uses
+        (:meth:`_step_plan`): a value computed on chip and consumed only on chip stays there,
+        and a host node whose results nothing reads does not run.
 
     Raises
     ------
@@ -247,7 +267,8 @@ class Runtime:
     """
 
     def __init__(self, exe: Executable, backend: Backend, *, trace: bool = False,
-                 memo_timing: bool = False, vector: bool = False) -> None:
+                 memo_timing: bool = False, vector: bool = False,
+                 read_back_all: bool = False) -> None:
         if backend.cfg != exe.cfg:
             raise RuntimeFault("the backend's accelerator configuration differs from the one "
                                "the executable was compiled for")
@@ -266,6 +287,29 @@ class Runtime:
         self._scores_scale = {n.attrs["layer"]: n.attrs["scale"] for g in exe.graphs.values()
                               for n in g.nodes if n.op == "attn_scores"}
         self._position_words = _position_words(exe, self._nodes)
+        self.read_back_all = read_back_all
+        self._plans: dict[tuple[str, int, bool], _StepPlan] = {}
+        #: Whether a decode program reads the host's KV state (an attention prologue: the
+        #: cached rows' scales or amax): else a step whose append is on chip keeps none.
+        self._kv_history = any(
+            self._prologue_runs("decode", name, pid)
+            for name, entries in exe.table.entries.get("decode", {}).items()
+            if self._nodes["decode"][name].op in ("attn_scores", "attn_values")
+            for _, _, pid in entries)
+        #: The phases whose output's programs all pick the greedy token on chip (ARGMAX).
+        self._argmax_phases = frozenset(
+            phase for phase, g in exe.graphs.items()
+            if (entries := exe.table.entries.get(phase, {}).get(
+                g.producer(g.outputs[0]).name if g.producer(g.outputs[0]) else ""))
+            and all(any(m.argmax for m in exe.programs[pid].members) for *_, pid in entries))
+        self._stats: StepStats | None = None
+        self._append_sites: dict[int, dict[tuple[str, str], np.ndarray]] = {}
+        self._plan: _StepPlan | None = None
+        #: The buffers of the token's embedding rows the decode programs read from the
+        #: embedding table on chip (``Program.embed_rows``), and their row bytes: the host
+        #: writes none of them, nor computes the lookup for them.
+        self._served, reader = _embedding_served(exe)
+        self._embed_reader = {"decode": reader} if reader else {}
         self._vals: dict = {}
         self._program_work: dict[int, tuple[int, int, int, float]] = {}
         self._offsets: dict[tuple[str, int, int], np.ndarray] = {}
@@ -314,10 +358,19 @@ class Runtime:
 
     # ------------------------------------------------------------------ steps
     @torch.no_grad()
-    def step(self, ids: torch.Tensor) -> tuple[torch.Tensor, StepStats]:
+    def step(self, ids: torch.Tensor, *, logits: bool = True
+             ) -> tuple[torch.Tensor | None, StepStats]:
         """Run one step on token ids ``[1, T]``: the prefill (first call, ``T`` the prompt
         length the executable was compiled for) or one decode token. Returns the logits
-        ``[1, T, vocab]`` and the step's costs."""
+        ``[1, T, vocab]`` and the step's costs; with ``logits`` False, where the step's
+        program picks the greedy token on chip (:attr:`argmax`), None: the logits are not
+        read back.
+
+        Raises
+        ------
+        RuntimeFault
+            A program faulted, the ids do not fit the executable, or ``logits`` is False and
+            the step's phase has no ARGMAX on chip."""
         ids = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1)
         t = ids.shape[1]
         io = self.exe.io
@@ -336,13 +389,26 @@ class Runtime:
         if int(ids.min()) < 0 or int(ids.max()) >= io.vocab_size:
             raise RuntimeFault(f"token ids must be in [0, {io.vocab_size}), got "
                                f"{ids.min().item()}..{ids.max().item()}")
+        if not logits and not self.argmax_on_chip(phase):
+            raise RuntimeFault(f"the {phase} step's program picks no greedy token on chip "
+                               "(compile with CompileOptions(argmax=True) and the head on the "
+                               "accelerator): its logits must be read back")
         graph = self.exe.graphs[phase]
-        stats = StepStats(phase, self.past, t)
+        stats = self._stats = StepStats(phase, self.past, t)
         self.argmax = None
         env = self.interp.env(graph, self.past)
+        positions = self.past + t
+        plan = self._plan = self._step_plan(phase, positions, logits)
         vals: dict = {graph.inputs[0]: ids}
         self._vals = vals  # a fused program's first part writes later parts' residual rows
         for i, node in enumerate(graph.nodes):
+            if node.name not in plan.runs:
+                for v in graph.dead_after(i):
+                    vals.pop(v, None)
+                continue
+            for v in node.inputs:  # what the host does not compute: its shape only
+                if v not in vals:
+                    vals[v] = _placeholder(graph.values[v], positions)
             if not (self.memo is not None and self._replay(phase, node, vals, env, stats)):
                 kernel = self._device_kernel(phase, node, stats)
                 if kernel is not None:
@@ -357,9 +423,104 @@ class Runtime:
                 if self.memo is not None:
                     self._remember(phase, node, vals, env, stats)
             for v in graph.dead_after(i):  # free what no later node reads
-                del vals[v]
+                vals.pop(v, None)
         self.past += t
-        return vals[graph.outputs[0]], stats
+        return (vals[graph.outputs[0]] if logits else None), stats
+
+    # ------------------------------------------------------------------ read-backs
+    def argmax_on_chip(self, phase: str) -> bool:
+        """Whether a ``phase`` step's program picks the greedy token on chip (ARGMAX after
+        the head): then ``step(..., logits=False)`` reads back only that token."""
+        return phase in self._argmax_phases
+
+    def _step_plan(self, phase: str, positions: int, logits: bool) -> _StepPlan:
+        """What a ``phase`` step attending to ``positions`` key positions runs and which
+        values the host needs (backward over the graph, from the logits when ``logits``):
+        an accelerator node runs where its program starts (its prologue writes its inputs:
+        they are needed), its results are needed, or it reads the greedy token (ARGMAX); its
+        epilogue reads back only needed results and needs its inputs' values only where it
+        computes with them (:meth:`_epilogue_reads`; else their shapes); a KV append runs
+        where the host keeps the KV state (:meth:`_kv_free`) or its references are needed;
+        any other host node where its results are needed or it has side effects. Worked out
+        once per phase, context and ``logits``."""
+        key = (phase, positions, logits)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        graph = self.exe.graphs[phase]
+        if self.read_back_all:
+            plan = _StepPlan(frozenset(n.name for n in graph.nodes), frozenset(graph.values))
+            self._plans[key] = plan
+            return plan
+        live = set(graph.outputs) if logits else set()
+        runs = set()
+        on_chip = self.exe.kv.on_accelerator
+        for node in reversed(graph.nodes):
+            needed = any(o in live for o in node.outputs)
+            state = OPS[node.op].kv_state if on_chip else None
+            if node.name in self._accelerated[phase]:
+                pid = self.exe.program_index(phase, node.name, positions)
+                program = self.exe.programs[pid]
+                first = self._prologue_runs(phase, node.name, pid)
+                if first or needed or any(m.argmax for m in program.members):
+                    runs.add(node.name)
+                if first:  # (the token's embedding rows: the table's, on chip)
+                    live.update(node.inputs[node.name == self._embed_reader.get(phase):])
+                    if program.fused_into is not None:
+                        live.update(self._residual_inputs(phase, program.fused_into))
+                if needed:
+                    live.update(self._epilogue_reads(node, program))
+            elif state == "append":
+                if not self._kv_free(phase, node, positions):
+                    runs.add(node.name)
+                    live.update(node.inputs)
+                elif needed:
+                    runs.add(node.name)
+            elif needed or OPS[node.op].side_effect:
+                runs.add(node.name)
+                live.update(node.inputs)
+        plan = self._plans[key] = _StepPlan(frozenset(runs), frozenset(live))
+        return plan
+
+    def _prologue_runs(self, phase: str, name: str, pid: int) -> bool:
+        """Whether accelerator node ``name``'s program ``pid`` starts there (unfused, or a
+        fused program's first part): its prologue writes the node's inputs."""
+        program = self.exe.programs[pid]
+        return program.fused_into is None or self.exe.programs[program.fused_into].parts[0] == pid
+
+    def _residual_inputs(self, phase: str, run: int) -> list[str]:
+        """The values whose rows fused program ``run``'s first part writes for its later
+        parts (:meth:`_residual_rows`)."""
+        out = []
+        for pid in self.exe.programs[run].parts[1:]:
+            p = self.exe.programs[pid]
+            if any(m.residual is not None and m.requant is None
+                   and not (phase == "decode" and m.residual in self._served)
+                   for m in p.members):
+                out.append(self._nodes[phase][p.node].inputs[1])
+        return out
+
+    @staticmethod
+    def _epilogue_reads(node: Node, program: Program) -> tuple[str, ...]:
+        """The inputs accelerator ``node``'s epilogue computes with (the others: their shapes
+        only): a member the host dequantises, its inputs; a fused residual, the residual."""
+        kind = _io_kind(node.op)
+        if kind == "vector":
+            return ()
+        if not all(m.dequant for m in program.members):
+            return node.inputs
+        return node.inputs[1:] if kind == "weights" else ()
+
+    def _kv_free(self, phase: str, node: Node, positions: int) -> bool:
+        """Whether KV append ``node`` needs no host work in a step attending to
+        ``positions``: its program appends everything on chip (keys, values and, where the
+        executable has them, value codes and scores' channel words) and no decode program
+        reads the host's KV state (:attr:`_kv_history`), nor does ``read_back_all``."""
+        if self._kv_history or self.kv.bits != 8 or self.read_back_all:
+            return False
+        layer = node.attrs["layer"]
+        want = {"k", "v"} | {kind for kind in "cs" if self._position_words.get((layer, kind))}
+        return want <= self._appended_on_chip(phase, node, positions)
 
     # ------------------------------------------------------------------ timing memo
     def _key(self, phase: str, node: Node, vals: dict, env) -> tuple | None:
@@ -372,7 +533,7 @@ class Runtime:
         attrs = {k: v for k, v in node.attrs.items()
                  if k not in ("weight", "weights", "bias", "biases", "layer")}
         shapes = tuple(tuple(vals[v].shape) if isinstance(vals[v], torch.Tensor) else
-                       vals[v].kind for v in node.inputs)
+                       getattr(vals[v], "kind", None) for v in node.inputs)
         template = None
         if node.name in self._accelerated[phase]:
             pid, program = self._program(phase, node, env)
@@ -381,7 +542,7 @@ class Runtime:
                 fused = self.exe.programs[program.fused_into]
                 template = (fused.template, fused.parts[0] == pid)
         return (node.op, json.dumps(attrs, sort_keys=True), shapes, env.past, env.t,
-                len(node.outputs), template)
+                len(node.outputs), template, any(o in self._plan.live for o in node.outputs))
 
     def _replay(self, phase: str, node: Node, vals: dict, env, stats: StepStats) -> bool:
         hit = self.memo.get(("node", self._key(phase, node, vals, env)))
@@ -432,17 +593,47 @@ class Runtime:
                                 else (None, 0))
             if first and run != pid:
                 cycles_in += self._residual_rows(phase, run)
-            wall = time.perf_counter() - t0
-            if first:
+            if first:  # the run-time parameters: words the step sets
                 words = (self._fused_words(run, env) if run != pid
                          else state.words if isinstance(state, _VectorState) else None)
+                if self.exe.programs[run].embed_rows:
+                    words = self._embed_words(run, words)
+            wall = time.perf_counter() - t0
+            if first:
                 self._run(phase, node, run, stats, words)
             t0 = time.perf_counter()
-            outs, cycles_out = epilogue(self, node, args, env, program, state)
+            if any(o in self._plan.live for o in node.outputs):
+                outs, cycles_out = epilogue(self, node, args, env, program, state)
+            else:  # nothing the host reads: at most the greedy token
+                types = self.exe.graphs[phase].values
+                outs = tuple(_placeholder(types[o], env.past + env.t) for o in node.outputs)
+                cycles_out = self._read_argmax(node, program, args[0])
             wall += time.perf_counter() - t0
             stats.host.append(HostRun(node.name, f"{node.op}:io", wall, cycles_in + cycles_out))
             return outs
         return kernel
+
+    def _embed_words(self, run: int, words: np.ndarray | None) -> np.ndarray:
+        """A copy of program ``run``'s words (or of ``words``, its words with other run-time
+        parameters set) with its LOADs of the token's embedding rows (``embed_rows``)
+        pointed at the step's token's row of the embedding table."""
+        program = self.exe.programs[run]
+        (served,) = self._served  # the one buffer of embedding rows the programs read
+        table = self.exe.symbols[EMBEDDING_TABLE].addr
+        token = int(self._vals[self.exe.graphs[program.phase].inputs[0]].reshape(-1)[0])
+        beat = self.exe.cfg.beat_bytes
+        delta = (table + token * self._served[served]
+                 - self.exe.symbols[served].addr) // beat
+        words = (program.words if words is None else words).copy()
+        rows = np.asarray(program.embed_rows, dtype=np.int64)
+        mask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
+        lo = words[rows, 0]
+        addr = ((lo & mask) >> np.uint64(_ADDR_AT)).astype(np.int64) + delta
+        if int(addr.max()) >= 1 << _ADDR_BITS:
+            raise RuntimeFault(f"token {token}'s embedding row lies beyond the LOAD's "
+                               "dram_addr field")
+        words[rows, 0] = (lo & ~mask) | (addr.astype(np.uint64) << np.uint64(_ADDR_AT))
+        return words
 
     def _fused_words(self, run: int, env) -> np.ndarray | None:
         """The words of fused program ``run`` with its ROPE parts' table LOADs
@@ -459,11 +650,15 @@ class Runtime:
             words = _set_position(program, env.past, self.exe.cfg.beat_bytes, row_bytes,
                                   words)
         if program.append_rows:
-            words = _set_append(program.words if words is None else words,
-                                [r[:3] for r in program.append_rows], self.kv, env.past)
+            groups = self._append_sites.get(run)
+            if groups is None:
+                groups = self._append_sites[run] = _append_groups(
+                    [r[:3] for r in program.append_rows])
+            words = _move_append(program.words if words is None else words, groups, self.kv,
+                                 env.past)
         return words
 
-    def _appended_on_chip(self, phase: str, node: Node, env) -> frozenset[str]:
+    def _appended_on_chip(self, phase: str, node: Node, positions: int) -> frozenset[str]:
         """What the step's program that computes KV append ``node``'s key rows (a fused decode
         program's part) appended to the cache on chip: the kinds of its layer's
         ``Program.append_rows`` (keys and values, value codes, scores' channel words:
@@ -471,7 +666,7 @@ class Runtime:
         producer = self._producers[phase].get(node.inputs[0])
         if producer is None or producer not in self._accelerated[phase]:
             return frozenset()
-        _, program = self._program(phase, self._nodes[phase][producer], env)
+        program = self.exe.programs[self.exe.program_index(phase, producer, positions)]
         if program.fused_into is None:
             return frozenset()
         layer = node.attrs["layer"]
@@ -498,10 +693,18 @@ class Runtime:
     # ------------------------------------------------------------------ DRAM I/O
     def _write_fixed(self, symbol: str, rows: torch.Tensor, row_bytes: int) -> int:
         """Write ``rows`` as Q15.16 words (``to_fixed``), ``row_bytes`` apart, where the
-        values are carried; returns the bytes streamed."""
+        values are carried; returns the bytes streamed (none: a buffer of the token's
+        embedding rows, :meth:`_table_serves`)."""
+        if self._table_serves(symbol):
+            return 0
         if self.values:
             self._write_rows(symbol, to_fixed_torch(rows).numpy().astype("<i4"), row_bytes)
         return 4 * rows.numel()
+
+    def _table_serves(self, symbol: str) -> bool:
+        """Whether the step's programs read ``symbol``'s rows from the embedding table (a
+        decode step's embedding rows): the host writes nothing there."""
+        return symbol in self._served and self._stats.phase == "decode"
 
     def _write_rows(self, symbol: str, rows: np.ndarray, row_bytes: int) -> None:
         """Integer ``rows [R, K]`` (int8, or little-endian int32) into a buffer of
@@ -511,11 +714,15 @@ class Runtime:
         buf[:, :raw.shape[1]] = raw
         addr = self.exe.symbols[symbol].addr
         self.dram[addr:addr + buf.size] = buf.reshape(-1)
+        self._stats.written_bytes += buf.size
 
-    def _read_rows(self, symbol: str, rows: int, row_bytes: int, n: int) -> np.ndarray:
-        """Int32 outputs ``[rows, n]`` (as int64) from a buffer of ``row_bytes`` per row."""
-        addr = self.exe.symbols[symbol].addr
+    def _read_rows(self, symbol: str, rows: int, row_bytes: int, n: int, at: int = 0
+                   ) -> np.ndarray:
+        """Int32 outputs ``[rows, n]`` (as int64) from a buffer of ``row_bytes`` per row
+        (from byte ``at`` of it)."""
+        addr = self.exe.symbols[symbol].addr + at
         y = self.dram[addr:addr + rows * row_bytes].view("<i4").reshape(rows, -1)
+        self._stats.read_back_bytes += rows * row_bytes
         return y[:, :n].astype(np.int64)
 
     def _run(self, phase: str, node: Node, pid: int, stats: StepStats,
@@ -550,6 +757,19 @@ class Runtime:
             work = (p.read_bytes, p.write_bytes, p.macs)
             work = self._program_work[pid] = (*work, bound_cycles(self.exe.cfg, *work))
         return work
+
+    def _read_argmax(self, node: Node, program: Program, x: torch.Tensor) -> int:
+        """Read the greedy token an ARGMAX part of ``program`` left (``x``: the head's input,
+        for its rows; the last row's index) into :attr:`argmax`; returns the cycles of the
+        word read (0: no ARGMAX)."""
+        m = next((m for m in program.members if m.argmax), None)
+        if m is None:
+            return 0
+        if self.values:  # (index, maximum) of each row, a beat apart: the last row's index
+            rows = x.numel() // x.shape[-1]
+            self.argmax = int(self._read_rows(m.argmax, 1, 4, 1,
+                                              at=(rows - 1) * self.exe.cfg.beat_bytes)[0, 0])
+        return stream_cycles(4, 4, self.exe.cfg)
 
     # ------------------------------------------------------------------ accelerator nodes
     def _linear_in(self, node: Node, args: list, env, program: Program) -> tuple:
@@ -596,10 +816,8 @@ class Runtime:
             if self.values and m.dequant:
                 y = from_fixed_torch(torch.from_numpy(self._read_rows(
                     m.dequant, rows, m.dequant_row_bytes, m.n))).reshape(shape)
-                if m.argmax:  # (index, maximum) of each row, a beat apart: the last index
-                    self.argmax = int(self._read_rows(m.argmax, rows, self.exe.cfg.beat_bytes,
-                                                      1)[-1, 0])
-                    nbytes += 8 * rows
+                if m.argmax:
+                    nbytes += self._read_argmax(node, program, x)
             elif self.values:
                 acc = self._read_rows(m.y, rows, m.out_row_bytes, m.n)
                 scale = self.exe.host[m.row_scale]
@@ -711,6 +929,8 @@ class Runtime:
             args = args[:1]  # cos and sin: the rows of the constant table the LOAD reads
             rows = [to_fixed_torch(_rope_rows(args[0]))]
             words = _set_position(program, env.past, self.exe.cfg.beat_bytes)
+        elif self._table_serves(op.x):  # the token's embedding row: the table's
+            return _VectorState(None), 0
         else:
             rows = [to_fixed_torch(a) for a in args]
         if self.values:
@@ -727,7 +947,8 @@ class Runtime:
         op = program.vector
         shape = args[0].shape
         rope = node.op == "rope"
-        if node.op == "softmax" and state is None:  # a part: the program set causal counts
+        if node.op == "softmax" and state is None and not any(a.is_meta for a in args):
+            # a part: the program set causal counts (checked where the host has the mask)
             counts = _softmax_counts(node.name, torch.isfinite(args[0] + args[1]))
             if not torch.equal(counts, _causal_counts(env, op.rows)):
                 raise RuntimeFault(f"node {node.name!r}: the mask is not the causal one the "
@@ -751,7 +972,10 @@ class Runtime:
             self.value_amax[layer][:, :, past:past + t] = value_amax_torch(args[1],
                                                                            self.kv.bits)
             # what a fused program appended on chip: the host keeps the scales
-            kinds = self._appended_on_chip(phase, node, env) if self.kv.bits == 8 \
+            if self._kv_free(phase, node, past + t):  # on chip, and the host keeps nothing
+                stats.host.append(HostRun(node.name, node.op, time.perf_counter() - t0, 0))
+                return _KVRef(layer, "k"), _KVRef(layer, "v")
+            kinds = self._appended_on_chip(phase, node, past + t) if self.kv.bits == 8 \
                 else frozenset()
             onchip = "k" in kinds
             for kind, x in zip("kv", args, strict=True):
@@ -767,6 +991,7 @@ class Runtime:
                 for h in range(x8.shape[1]):
                     base = self.exe.symbols[self.exe.kv.symbol(kind, layer, h)].addr
                     self.dram[base + offsets] = x8[0, h].numpy().view(np.uint8)
+                    stats.written_bytes += offsets.size
             nbytes = 0 if onchip else sum(a.numel() for a in args)
             nbytes += self._append_words(layer, past, t, kinds)
             stats.host.append(HostRun(node.name, node.op, time.perf_counter() - t0,
@@ -793,6 +1018,7 @@ class Runtime:
                 if self.values:
                     addr = self.exe.symbols[name].addr + 4 * past
                     self.dram[addr:addr + 4 * t] = words[h].astype("<i4").view(np.uint8)
+                    self._stats.written_bytes += 4 * t
                 written += 4 * t
         return written
 
@@ -823,6 +1049,8 @@ class Runtime:
             base = self.exe.symbols[self.exe.kv.symbol(kind, layer, h)].addr
             self.kv.write(self.dram[base:base + size], kind, positions, q[0, h].numpy(),
                           None if codes is None else codes[0, h].numpy())
+            self._stats.written_bytes += q[0, h].numel() // 2 + (
+                0 if codes is None else codes[0, h].numel())
 
     def _kv_offsets(self, kind: str, past: int, t: int) -> np.ndarray:
         """Byte offsets ``[t, head_dim]`` of positions ``past..past+t-1`` in a kv head's key
@@ -843,26 +1071,33 @@ class Runtime:
     def generate(self, prompt: list[int], max_new_tokens: int, *,
                  temperature: float = 0.0, top_k: int | None = None, seed: int = 0,
                  eos_token_id: int | None = None,
-                 on_token: Callable[[int], None] | None = None) -> Generation:
+                 on_token: Callable[[int], None] | None = None,
+                 logits: bool = True) -> Generation:
         """Generate from ``prompt`` (the cache is reset first): greedy by default, else sampled
-        with ``temperature`` / ``top_k`` (:func:`sw.models.generate.sample_next`, seeded)."""
+        with ``temperature`` / ``top_k`` (:func:`sw.models.generate.sample_next`, seeded).
+        With ``logits`` False, a greedy step whose program picks the token on chip reads back
+        only that token (its :attr:`Generation.logits` entry is None)."""
         self.reset()
         gen = torch.Generator().manual_seed(seed)
-        logits, st = self.step(torch.tensor([prompt]))
-        steps, outs, all_logits = [st], [], [logits]
+
+        def keep(phase: str) -> bool:
+            return logits or temperature != 0 or not self.argmax_on_chip(phase)
+
+        logits_, st = self.step(torch.tensor([prompt]), logits=keep("prefill"))
+        steps, outs, all_logits = [st], [], [logits_]
         for i in range(max_new_tokens):
             # greedy: the chip's ARGMAX where the program has one (the first maximum, as
             # torch.argmax picks it from the same Q15.16 logits read back exactly)
             nxt = self.argmax if temperature == 0 and self.argmax is not None \
-                else int(sample_next(logits[:, -1], temperature, top_k, gen)[0])
+                else int(sample_next(logits_[:, -1], temperature, top_k, gen)[0])
             outs.append(nxt)
             if on_token:
                 on_token(nxt)
             if (eos_token_id is not None and nxt == eos_token_id) or i == max_new_tokens - 1:
                 break
-            logits, st = self.step(torch.tensor([[nxt]]))
+            logits_, st = self.step(torch.tensor([[nxt]]), logits=keep("decode"))
             steps.append(st)
-            all_logits.append(logits)
+            all_logits.append(logits_)
         return Generation(list(prompt), outs, steps, all_logits)
 
 
@@ -879,6 +1114,21 @@ def _io_kind(op: str) -> str | None:
     """The :data:`_IO` entry of an accelerator node of ``op`` (None: it has none)."""
     d = OPS[op]
     return d.streams or ("vector" if d.vector is not None else None)
+
+
+class _StepPlan(NamedTuple):
+    """What a step runs (node names) and the values the host needs (their values; others
+    it reads at most the shape of): :meth:`Runtime._step_plan`."""
+
+    runs: frozenset[str]
+    live: frozenset[str]
+
+
+def _placeholder(ty, positions: int) -> torch.Tensor:
+    """A value the host does not compute, of type ``ty`` for ``S = positions``: its shape
+    only (a tensor without data, which no kernel can compute with)."""
+    dtype = torch.int64 if ty.dtype == "i64" else torch.float32
+    return torch.empty(ty.resolve(positions), dtype=dtype, device="meta")
 
 
 class _VectorState(NamedTuple):
@@ -926,6 +1176,8 @@ def _softmax_counts(node: str, valid: torch.Tensor) -> torch.Tensor:
 def _causal_counts(env, rows: int) -> torch.Tensor:
     """The valid positions of ``rows`` softmax rows (heads of the step's tokens, a head's
     tokens consecutive) under the step's causal mask."""
+    if env.window is None:  # token i of the step sees the cached positions and i + 1 more
+        return (env.past + torch.arange(1, env.t + 1)).repeat(rows // env.t)
     mask = causal_mask(env.t, env.past, torch.float32, torch.device("cpu"), env.window)
     counts = _softmax_counts("causal mask", torch.isfinite(mask))
     return counts.repeat(rows // env.t)
@@ -971,6 +1223,21 @@ def _set_position(program: Program, past: int, beat_bytes: int,
     return words
 
 
+def _embedding_served(exe: Executable) -> tuple[dict[str, int], str | None]:
+    """The buffer whose rows the decode programs' ``embed_rows`` read (the input rows of the
+    first vector node that reads the embedding lookup's result) with its row bytes, and
+    that node (None, and no buffer: the decode programs read no embedding table)."""
+    g = exe.graphs.get("decode")
+    if g is None or not any(p.embed_rows for p in exe.programs if p.phase == "decode"):
+        return {}, None
+    value = next(n.outputs[0] for n in g.nodes if n.op == "embed")
+    vector = {p.node: p.vector for p in exe.programs
+              if p.phase == "decode" and p.vector is not None}
+    reader = next(n.name for n in g.nodes if n.inputs and n.inputs[0] == value
+                  and n.name in vector)
+    return {vector[reader].x: vector[reader].row_bytes}, reader
+
+
 def _position_words(exe: Executable, nodes) -> dict[tuple[int, str], dict[int, str]]:
     """The regions of words per cached position the host writes as the cache grows, per
     ``(layer, kind)``: kv head -> symbol of its value codes (``"c"``, a values member's
@@ -996,22 +1263,36 @@ def _set_append(words: np.ndarray, sites, layout, position: int) -> np.ndarray:
     ``position``: each site's (``sites``: ``(index, kind, field)``) LOAD or STORE ``dram_addr``
     plus, or INSERT ``imm`` ``base`` set to, what ``layout.append_site(kind, position)``
     gives (``base`` is imm's low field, 0 in the words)."""
+    return _move_append(words, _append_groups(sites), layout, position)
+
+
+def _move_append(words: np.ndarray, groups: dict[tuple[str, str], np.ndarray], layout,
+                 position: int) -> np.ndarray:
+    """:func:`_set_append` with the sites grouped (:func:`_append_groups`)."""
     words = words.copy()
-    moved = {kind: layout.append_site(kind, position) for _, kind, _ in sites}
     amask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
     half, off = divmod(_IMM_AT, 64)
-    for index, kind, what in sites:
-        beats, base = moved[kind]
+    for (kind, what), index in groups.items():
+        beats, base = layout.append_site(kind, position)
         if what == "dram_addr":
             lo = words[index, 0]
-            addr = int((lo & amask) >> np.uint64(_ADDR_AT)) + beats
-            if addr >= 1 << _ADDR_BITS:
+            addr = ((lo & amask) >> np.uint64(_ADDR_AT)) + np.uint64(beats)
+            if int(addr.max()) >= 1 << _ADDR_BITS:
                 raise RuntimeFault(f"the KV append of position {position} lies beyond the "
                                    "dram_addr field")
-            words[index, 0] = (lo & ~amask) | (np.uint64(addr) << np.uint64(_ADDR_AT))
+            words[index, 0] = (lo & ~amask) | (addr << np.uint64(_ADDR_AT))
         else:
             words[index, half] |= np.uint64(base) << np.uint64(off)
     return words
+
+
+def _append_groups(sites) -> dict[tuple[str, str], np.ndarray]:
+    """The indices of append ``sites`` (``(index, kind, field)``) by kind and field (a
+    program's: worked out once)."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for index, kind, what in sites:
+        out.setdefault((kind, what), []).append(int(index))
+    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
 
 
 def _nbytes(tensors) -> int:

@@ -18,7 +18,8 @@ REPORT_FIELDS = {"model", "pattern", "bits", "group", "method", "backend", "prom
                  "dram_read_bytes_per_token", "roofline_fraction", "ppl_fp32",
                  "ppl_compressed", "compile_s", "programs_per_token",
                  "instruction_bytes_per_token", "host_ms_per_token",
-                 "roofline_fraction_end_to_end"}
+                 "host_ops_per_token", "host_read_back_bytes_per_token",
+                 "host_written_bytes_per_token", "roofline_fraction_end_to_end"}
 
 
 def test_deploy_reference_model(tmp_path, capsys):
@@ -101,7 +102,9 @@ def test_the_lm_head_on_the_accelerator(tmp_path):
 def test_the_lm_head_on_the_vector_engine_ends_with_argmax(tmp_path):
     """``--config vector --lm-head int8``, greedy: the last block's MLP, the final norm, the
     head and an ARGMAX of its logits are one program per token, and the tokens the chip's
-    ARGMAX picked equal the twin's greedy tokens."""
+    ARGMAX picked equal the twin's greedy tokens; per token the host reads back the token
+    id and writes nothing (the embedding row is the table's on chip), its work the
+    program's run-time words and that read."""
     out = tmp_path / "run"
     assert main(FAST + ["--out", str(out), "--eval-tokens", "0", "--lm-head", "int8",
                         "--config", "vector"]) == 0
@@ -112,6 +115,10 @@ def test_the_lm_head_on_the_vector_engine_ends_with_argmax(tmp_path):
     # (12 * 4 + 2 - (3 + 8 * 3 + 6) - 4 - 4 - 4 == 4 + 1 programs), joined into one per step
     assert report["programs_per_token"] == 1 and report["host_transitions_per_token"] == 2
     assert report["fused_programs_per_token"] == 1
+    assert report["host_read_back_bytes_per_token"] == 4
+    assert report["host_written_bytes_per_token"] == 0
+    assert report["host_ops_per_token"] == {"linear:io": 1, "rmsnorm:io": 1}
+    assert report["host_ms_per_token"] > 0  # measured, not zero by definition
     from sw.compile.executable import load
     exe = load(out / "executable.safetensors")
     assert any(m.argmax for p in exe.programs if p.phase == "decode" and p.parts

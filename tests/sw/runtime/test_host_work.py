@@ -1,0 +1,141 @@
+"""The host's work in a decode step: with the whole step one program that picks the greedy
+token on chip (the head and ARGMAX on the vector engine), the runtime reads back the token id
+and nothing else (a value computed on chip and consumed only on chip stays there), skips the
+host nodes whose results nothing reads, keeps no KV state the programs do not read, and the
+tokens equal the twin's; ``read_back_all`` reads every node's results back (the same
+tokens); ``host_wall_s`` is the wall time of the host work that remains."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
+
+from hw.config import VECTOR_PRESET_SPADS
+from hw.format import WeightFormat
+from sim.backends import make_backend
+from sw.compile import CompileOptions, compile_model
+from sw.compress.model import compress_llama, untie_head, use_hardware_numerics
+from sw.models.generate import generate
+from sw.models.recipes import HEAD
+from sw.runtime import Runtime, RuntimeFault
+
+PROMPT, STEPS = 6, 4
+CFG = SMALL.replace(**VECTOR_PRESET_SPADS)
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A tiny model with an INT8 head, compiled with the head and ARGMAX on chip, and its
+    vector twin."""
+    lm = tiny_lm(layers=2, heads=4, kv_heads=2)
+    untie_head(lm)
+    ws = compress_llama(lm, lambda name, _: (WeightFormat("dense", 8, 32) if name == HEAD
+                                             else WeightFormat("2:4", 4, 32)),
+                        "magnitude", skip=(), progress=False)
+    exe = compile_model(lm, CFG, CompileOptions(PROMPT, PROMPT + STEPS + 1, argmax=True),
+                        weights=ws)
+    assert exe.report["phases"]["decode"]["programs_per_step"] == 1
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
+    return lm, exe, twin
+
+
+def _prompt(lm, seed):
+    return torch.randint(0, lm.config.vocab_size, (PROMPT,),
+                         generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_decode_step_reads_back_only_the_token_id(model, seed):
+    """Greedy generation without logits: every decode step reads back one 4-byte word (the
+    token id ARGMAX left), writes nothing (the program reads the token's embedding row from
+    the table on chip) and the tokens equal the twin's; the host's work is the nodes the
+    step runs (each one a record of its wall time), which are not the embedding lookup, the
+    KV append, the rotary positions or any epilogue but the head's token read;
+    ``read_back_all`` gives the same tokens and reads every node's results (more bytes,
+    every node run)."""
+    lm, exe, twin = model
+    prompt = _prompt(lm, seed)
+    with torch.no_grad():
+        want = generate(twin, torch.tensor(prompt), STEPS + 1)[PROMPT:].tolist()
+    rt = Runtime(exe, make_backend("model", CFG), vector=True)
+    gen = rt.generate(prompt, STEPS + 1, logits=False)
+    assert gen.tokens == want
+    assert all(x is None for x in gen.logits)
+    full = Runtime(exe, make_backend("model", CFG), vector=True, read_back_all=True)
+    everything = full.generate(prompt, STEPS + 1, logits=False)
+    assert everything.tokens == want
+    graph = exe.graphs["decode"]
+    for st, st_all in zip(gen.steps[1:], everything.steps[1:], strict=True):
+        assert st.phase == "decode" and len(st.programs) == 1
+        assert st.read_back_bytes == 4 and st.written_bytes == 0
+        ran = {h.node for h in st.host}
+        assert ran == set(rt._step_plan("decode", st.past + 1, False).runs)
+        assert not any(h.op in ("kv_update", "positions", "embed") for h in st.host)
+        reads = [h.node for h in st.host if h.op.endswith(":io")]
+        assert reads[-1] == HEAD and len(reads) == 2  # the program's start, the token's read
+        assert st.host_wall_s == pytest.approx(sum(h.wall_s for h in st.host), rel=1e-12)
+        assert {h.node for h in st_all.host} == {n.name for n in graph.nodes}
+        assert st_all.read_back_bytes > 100 * st.read_back_bytes
+        assert st.cycles == st_all.cycles
+
+
+def test_logits_read_back_only_from_the_head(model):
+    """With logits, a decode step reads back the head's rows (and the token), no other node's
+    results, and they equal the twin's bit for bit."""
+    lm, exe, twin = model
+    ids = torch.tensor([_prompt(lm, 5) + _prompt(lm, 6)[:STEPS]])
+    rt = Runtime(exe, make_backend("model", CFG), vector=True)
+    steps = [rt.step(ids[:, :PROMPT])] + [rt.step(ids[:, p:p + 1])
+                                          for p in range(PROMPT, PROMPT + STEPS)]
+    head = next(m for p in exe.programs if p.phase == "decode" and p.node == HEAD
+                for m in p.members)
+    for (logits, st), w in zip(steps, twin_step_logits(twin, ids, PROMPT), strict=True):
+        assert torch.equal(logits, w)
+        if st.phase == "decode":
+            assert st.read_back_bytes == head.dequant_row_bytes + 4
+
+
+def test_logits_cannot_be_skipped_without_an_argmax_on_chip():
+    """Without an ARGMAX after the head (the head on the host here), a step must read its
+    logits back: refused with logits=False; generate reads them whatever it is asked."""
+    lm = tiny_lm(layers=1)
+    exe = compile_model(lm, CFG, CompileOptions(PROMPT, PROMPT + 2, argmax=True),
+                        weights=compressed(lm))
+    rt = Runtime(exe, make_backend("model", CFG), vector=True)
+    assert not rt.argmax_on_chip("prefill") and not rt.argmax_on_chip("decode")
+    with pytest.raises(RuntimeFault, match="no greedy token on chip"):
+        rt.step(torch.zeros((1, PROMPT), dtype=torch.long), logits=False)
+    # sampling, or no ARGMAX: generate reads the logits back
+    assert rt.generate(list(range(PROMPT)), 2, logits=False).logits[0] is not None
+
+
+def test_the_embedding_table_serves_the_decode_steps_rows(model):
+    """The decode program's LOADs of the token's embedding rows (``embed_rows``: the first
+    norm's input and the first block's residual) read the constant table, every token's row
+    as the host's Q15.16 words; the prefill's rows are the host's."""
+    from hw.numerics import to_fixed
+    from sw.compile.executable import EMBEDDING_TABLE
+
+    lm, exe, _ = model
+    (joined,) = [p for p in exe.programs if p.phase == "decode" and p.embed_rows
+                 and p.fused_into is None]
+    assert joined.parts and len(joined.embed_rows) >= 1
+    rt = Runtime(exe, make_backend("model", CFG), vector=True)
+    ((_, row),) = rt._served.items()
+    table = exe.image[EMBEDDING_TABLE].reshape(lm.config.vocab_size, row)
+    w = lm.model.embed_tokens.weight.detach().float().numpy()
+    assert np.array_equal(np.ascontiguousarray(table[:, :4 * w.shape[1]]).view("<i4"),
+                          to_fixed(w))
+    assert not table[:, 4 * w.shape[1]:].any()
+    assert exe.symbols[EMBEDDING_TABLE].nbytes >= table.size
+    assert not any(p.embed_rows for p in exe.programs if p.phase == "prefill")
+
+
+def test_the_embed_rows_survive_a_file(model, tmp_path):
+    from sw.compile.executable import load, save
+
+    _, exe, _ = model
+    back = load(save(exe, tmp_path / "exe.safetensors"))
+    assert [p.embed_rows for p in back.programs] == [p.embed_rows for p in exe.programs]
