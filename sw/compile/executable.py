@@ -52,7 +52,7 @@ __all__ = ["Executable", "Program", "ProgramMember", "ProgramTable", "KVCachePla
 
 #: The file format's version: a new one whenever a field is added, dropped or changes
 #: meaning (a reader refuses every other version, naming both).
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 _KEY = "nmfpga-executable"
 
 

@@ -70,16 +70,16 @@ def test_another_format_version_is_refused_with_one_line(exe, tmp_path, monkeypa
 
 
 def test_a_file_of_the_previous_version_is_refused_naming_both(exe, tmp_path, monkeypatch):
-    """Version 3 files predate the host's Q15.16 rows of a fused program's REQUANT head
-    (``ProgramMember.requant``, ``residual``): this reader refuses them in one line naming
-    both versions."""
+    """Version 4 files predate the decode programs' embedding-table LOADs
+    (``Program.embed_rows``): an older reader would run them pointed at row 0, so this one
+    refuses them in one line naming both versions."""
     import sw.compile.executable as executable
-    assert FORMAT_VERSION == 4
-    monkeypatch.setattr(executable, "FORMAT_VERSION", 3)
-    path = save(exe, tmp_path / "v3.safetensors")
+    assert FORMAT_VERSION == 5
+    monkeypatch.setattr(executable, "FORMAT_VERSION", 4)
+    path = save(exe, tmp_path / "v4.safetensors")
     monkeypatch.undo()
-    with pytest.raises(ExecutableError, match="executable format version 3, this toolkit reads "
-                       "version 4; compile the model again") as e:
+    with pytest.raises(ExecutableError, match="executable format version 4, this toolkit reads "
+                       "version 5; compile the model again") as e:
         load(path)
     assert "\n" not in str(e.value)
 
