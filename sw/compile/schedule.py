@@ -152,16 +152,18 @@ class Schedule(NamedTuple):
 
 
 def schedule_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer],
-                    spads: SpadPlan | None = None) -> Schedule:
+                    spads: SpadPlan | None = None, ring: bool = True) -> Schedule:
     """One program for several independent layers run back to back.
 
     Outputs use the WIDE epilogue (WIDE_BIAS for biased layers). ``spads``: the scratchpad
-    buffers and events (default :func:`plan_spads` for these layers' token tiles).
+    buffers and events (default :func:`plan_spads` for these layers' token tiles); ``ring``:
+    the weights in a ring of :func:`ring_slots` chunks where that is more than two (else,
+    and without it, the double buffers, whose instructions repeat every two GEMMs).
     """
     spads = spads or plan_spads(cfg, max(ly.plan.token_tile for ly in layers),
                                 max((ly.plan.token_tile for ly in layers if ly.plan.bias),
                                     default=0))
-    slots = ring_slots(cfg, layers, spads)
+    slots = ring_slots(cfg, layers, spads) if ring else 2
     if slots > 2:
         return _RingScheduler(cfg, layers, spads, slots).run()
     return _Scheduler(cfg, layers, spads).run()
