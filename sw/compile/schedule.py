@@ -185,7 +185,8 @@ def ring_slots(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: Spa
     beat = cfg.beat_bytes
     chunk = max(-(-ly.plan.chunk_weight_bytes(c) // beat)
                 for ly in layers for c in range(ly.plan.k_chunks))
-    fit = min(MAX_RING_SLOTS, cfg.spad_beats("wgt") // chunk,
+    steps = sum(ly.plan.token_tiles * ly.plan.n_tiles * ly.plan.k_chunks for ly in layers)
+    fit = min(MAX_RING_SLOTS, steps, cfg.spad_beats("wgt") // chunk,
               cfg.spad_beats("out") // spads.out_buf_beats)
     return 1 << max(1, fit.bit_length() - 1)
 
