@@ -385,8 +385,11 @@ class _RingScheduler(_Scheduler):
     LOAD itself, the others on SYNCs before it), and a new activation set's of every GEMM
     before it. A tile's OUT buffer is then free when its first GEMM's weights land: the tile
     ``slots`` before it ended at GEMM ``i - slots`` or earlier. Loads are emitted up to
-    ``slots - 1`` GEMMs ahead (never past a new activation set, whose loads wait on the GEMM
-    just before it), so in-order fetch reaches them while the array waits."""
+    ``min(slots, queue_depth) - 1`` GEMMs ahead (never past a new activation set, whose
+    loads wait on the GEMM just before it): further, in-order fetch would wait on a full
+    LOAD queue before dispatching the GEMMs. The first ``slots`` loads wait on nothing, so
+    a fused program runs them before the parts ahead of it (:func:`sw.compile.fusion.
+    fuse_parts`)."""
 
     def __init__(self, cfg: AcceleratorConfig, layers: list[PlacedLayer], spads: SpadPlan,
                  slots: int):
@@ -403,7 +406,7 @@ class _RingScheduler(_Scheduler):
     def run(self) -> Schedule:
         emitted = 0
         for s in self.steps:
-            ahead = s.index + self.slots - 1
+            ahead = s.index + min(self.slots, self.cfg.queue_depth) - 1
             while emitted < len(self.steps) and emitted <= ahead and (
                     emitted == s.index or not self.steps[emitted].new_acts):
                 self._loads(self.steps[emitted])
