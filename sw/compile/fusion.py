@@ -39,20 +39,26 @@ after the earlier part's stores.
 
 The LOADs that do not need the drain go before those SYNCs (:func:`hoistable`,
 :func:`fuse_parts`): of the next part's leading LOAD-engine words without a wait (the first
-that waits reuses a scratchpad half, so prefetching stays within the double buffering), each
-LOAD whose DRAM source no STORE of the part before writes, whose scratchpad beats that part
-does not load (a part reads only what its own LOADs put there) and whose scratchpad beats no
-LOAD it overtakes writes -- a GEMM's first two weight tiles after a REQUANT, a DEQUANT's
-channel words and ``amax`` beats after the GEMM. Consecutive vector parts load the same VIN
-beats (every template starts at 0), so a vector part's VIN moves above the beats the part
-before loads, where it fits and lets more LOADs go: a DEQUANT after another, or a ROPE after
-a DEQUANT, then loads its rows while the VEC before it runs. The moved LOADs leave their
-signals behind; the LOAD engine, in order, raises each at the moved LOAD's place after the
-SYNCs (on the LOAD-engine word before that place, or on a SYNC of its own), so a consumer is
-granted only once every load before that place, the moved ones included, has landed, and no
-event is signalled before the boundary: the events run as in the drained program, and the
-DRAM results are its (tests/sw/compile/test_fusion.py). The weights then stream while the
-part before computes and drains.
+that waits reuses a scratchpad buffer, so prefetching stays within the double buffering or
+the weights' ring, :func:`sw.compile.schedule.ring_slots`), each LOAD whose DRAM source no
+STORE of the part before writes, whose scratchpad beats that part does not load (a part
+reads only what its own LOADs put there) and whose scratchpad beats no LOAD it overtakes
+writes -- a GEMM's first weight chunks after a REQUANT, a DEQUANT's channel words and
+``amax`` beats after the GEMM. Each goes to the first boundary, in order, where the LOAD
+engine would idle long enough (:func:`_slack`), up past several parts when no STORE of the
+program writes its DRAM source and none of those parts loads its scratchpad beats
+(:func:`_boundary`: weights load while the vector parts before their GEMM run); of those
+that find no room, the first two go before their own boundary's SYNCs and the rest stay
+after them. Consecutive vector parts load the same VIN beats (every template starts at 0),
+so a vector part's VIN moves above the beats the part before loads, where it fits and lets
+more LOADs go: a DEQUANT after another, or a ROPE after a DEQUANT, then loads its rows while
+the VEC before it runs. The moved LOADs leave their signals behind; the LOAD engine, in
+order, raises each at the moved LOAD's place after the SYNCs (on the LOAD-engine word before
+that place, or on a SYNC of its own), so a consumer is granted only once every load before
+that place, the moved ones included, has landed, and no event is signalled before the
+boundary: the events run as in the drained program, and the DRAM results are its
+(tests/sw/compile/test_fusion.py). The weights then stream while the part before computes
+and drains.
 
 The host reads every part's results back after the run
 (the graph's values of its nodes: a linear's as the Q15.16 rows its DEQUANT parts wrote),

@@ -18,7 +18,9 @@ the load that next reuses its input half waits for STORED instead, which also or
 write of that output buffer after its store (the GEMM that writes it depends on a later load).
 No SYNC instructions are needed. Instructions are emitted software-pipelined (the loads of GEMM
 i+1 before GEMM i), so in-order fetch into short queues never blocks on an engine that waits
-for a later instruction.
+for a later instruction. Decode layers (resident activations, no bias) keep more weight
+chunks in flight, in a ring of WGT slots with one counting event per role
+(:func:`ring_slots`, :class:`_RingScheduler`).
 
 A vector program (:func:`schedule_vector`: one host op lowered to the vector engine, one VEC
 per row or row segment) uses the same events with the vector engine in the compute engine's
