@@ -176,12 +176,13 @@ MAX_RING_SLOTS = 8
 
 
 def ring_slots(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: SpadPlan) -> int:
-    """How many weight chunks a program of ``layers`` keeps in flight: 2 (the double
-    buffers) unless every layer reads resident activations and has no bias, when as many
-    slots of its largest weight chunk as the WGT scratchpad holds -- with an OUT buffer each
-    -- up to :data:`MAX_RING_SLOTS` (a ring: the LOAD engine runs that many chunks ahead of
-    the array, so the weights stream while the array, or another engine before it in a fused
-    program, waits on activations)."""
+    """How many weight chunks a program of ``layers`` keeps in flight: 2 (the double buffers)
+    unless every layer reads resident activations and has no bias, when as many slots of
+    its largest weight chunk as the WGT scratchpad holds -- with an OUT buffer each -- up
+    to :data:`MAX_RING_SLOTS`, its GEMMs and what an event counter holds (as many signals
+    as slots may be outstanding), a power of two (a ring: the LOAD engine runs that many
+    chunks ahead of the array, so the weights stream while the array, or another engine
+    before it in a fused program, waits on activations)."""
     if not all(ly.plan.resident_acts and not ly.plan.bias for ly in layers):
         return 2
     beat = cfg.beat_bytes
@@ -189,7 +190,7 @@ def ring_slots(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: Spa
                 for ly in layers for c in range(ly.plan.k_chunks))
     steps = sum(ly.plan.token_tiles * ly.plan.n_tiles * ly.plan.k_chunks for ly in layers)
     fit = min(MAX_RING_SLOTS, steps, cfg.spad_beats("wgt") // chunk,
-              cfg.spad_beats("out") // spads.out_buf_beats)
+              cfg.spad_beats("out") // spads.out_buf_beats, (1 << cfg.event_bits) - 1)
     return 1 << max(1, fit.bit_length() - 1)
 
 

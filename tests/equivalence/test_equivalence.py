@@ -202,7 +202,7 @@ def test_lowered_decode_layers_in_a_ring_agree(backends, seed):
     for _ in range(int(rng.integers(1, 3))):
         p = cfg.pattern_table[int(rng.integers(len(cfg.pattern_table)))]
         fmt = WeightFormat(p, 4, 32, symmetric=bool(rng.integers(2)))
-        n, k = int(rng.integers(3, 9)) * cfg.lanes, int(rng.integers(8, 160))
+        n, k = int(rng.integers(4, 9)) * cfg.lanes, int(rng.integers(8, 96))
         specs.append(LayerSpec(fmt, n, k, 1, random_quantized(fmt, (n, k), rng),
                                rng.integers(-127, 128, size=(1, k)).astype(np.int8)))
     try:
