@@ -39,20 +39,26 @@ after the earlier part's stores.
 
 The LOADs that do not need the drain go before those SYNCs (:func:`hoistable`,
 :func:`fuse_parts`): of the next part's leading LOAD-engine words without a wait (the first
-that waits reuses a scratchpad half, so prefetching stays within the double buffering), each
-LOAD whose DRAM source no STORE of the part before writes, whose scratchpad beats that part
-does not load (a part reads only what its own LOADs put there) and whose scratchpad beats no
-LOAD it overtakes writes -- a GEMM's first two weight tiles after a REQUANT, a DEQUANT's
-channel words and ``amax`` beats after the GEMM. Consecutive vector parts load the same VIN
-beats (every template starts at 0), so a vector part's VIN moves above the beats the part
-before loads, where it fits and lets more LOADs go: a DEQUANT after another, or a ROPE after
-a DEQUANT, then loads its rows while the VEC before it runs. The moved LOADs leave their
-signals behind; the LOAD engine, in order, raises each at the moved LOAD's place after the
-SYNCs (on the LOAD-engine word before that place, or on a SYNC of its own), so a consumer is
-granted only once every load before that place, the moved ones included, has landed, and no
-event is signalled before the boundary: the events run as in the drained program, and the
-DRAM results are its (tests/sw/compile/test_fusion.py). The weights then stream while the
-part before computes and drains.
+that waits reuses a scratchpad buffer, so prefetching stays within the double buffering or
+the weights' ring, :func:`sw.compile.schedule.ring_slots`), each LOAD whose DRAM source no
+STORE of the part before writes, whose scratchpad beats that part does not load (a part
+reads only what its own LOADs put there) and whose scratchpad beats no LOAD it overtakes
+writes -- a GEMM's first weight chunks after a REQUANT, a DEQUANT's channel words and
+``amax`` beats after the GEMM. Each goes to the first boundary, in order, where the LOAD
+engine would idle long enough (:func:`_slack`), up past several parts when no STORE of the
+program writes its DRAM source and none of those parts loads its scratchpad beats
+(:func:`_boundary`: weights load while the vector parts before their GEMM run); of those
+that find no room, the first two go before their own boundary's SYNCs and the rest stay
+after them. Consecutive vector parts load the same VIN beats (every template starts at 0),
+so a vector part's VIN moves above the beats the part before loads, where it fits and lets
+more LOADs go: a DEQUANT after another, or a ROPE after a DEQUANT, then loads its rows while
+the VEC before it runs. The moved LOADs leave their signals behind; the LOAD engine, in
+order, raises each at the moved LOAD's place after the SYNCs (on the LOAD-engine word before
+that place, or on a SYNC of its own), so a consumer is granted only once every load before
+that place, the moved ones included, has landed, and no event is signalled before the
+boundary: the events run as in the drained program, and the DRAM results are its
+(tests/sw/compile/test_fusion.py). The weights then stream while the part before computes
+and drains.
 
 The host reads every part's results back after the run
 (the graph's values of its nodes: a linear's as the Q15.16 rows its DEQUANT parts wrote),
@@ -132,7 +138,7 @@ import numpy as np
 import torch
 
 from hw.config import AcceleratorConfig
-from hw.engines import engines_fields
+from hw.engines import engines_fields, exec_cycles_fields
 from hw.isa import (
     NO_EVENT,
     End,
@@ -629,7 +635,13 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     if cfg.num_events < used:
         raise LoweringError(f"a fused program uses {used} events, the accelerator has "
                             f"num_events={cfg.num_events}")
-    out, places, placed, at = [], [], [], 0
+    # per part k: the words hoisted to its boundary (before the SYNCs draining part k - 1),
+    # as (part, index) in order, its boundary SYNCs and its own blocks with their places
+    early: list[list[tuple[int, int]]] = [[] for _ in parts]
+    joined: list[tuple[list[np.ndarray], list[int], list[int]]] = []
+    placed: list[np.ndarray] = []
+    constant = _constant_sources(parts)
+    room: list[int] = []  # per boundary: the LOAD engine's idle cycles left before its SYNCs
     syncs: list[Instr] = []
     for k, words in enumerate(parts):
         ops = decode_fields(words[-1:])["opcode"] if words.shape[0] else np.zeros(0)
@@ -644,20 +656,91 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
         if moved is not None and len(more := hoistable(placed[-1], moved)) > len(hoisted):
             body, hoisted = moved, more
         placed.append(body)
+        room.append(_slack(cfg, placed[-2]) if k else 0)
+        at, f, goes = 0, decode_fields(body), []
+        for i in hoisted:  # in order, each at the first boundary with room for it
+            beats = int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
+            at = next((j for j in range(max(at, _boundary(placed, body, i, constant)), k + 1)
+                       if room[j] >= beats), k if len(goes) < 2 else None)
+            if at is None:
+                break
+            room[at] -= beats
+            goes.append(at)
+        hoisted = hoisted[:len(goes)]
+        for i, j in zip(hoisted, goes, strict=True):
+            early[j].append((k, i))
         blocks, place = _join(syncs, body, hoisted)
-        out += blocks
-        places.append(tuple(at + p for p in place))
-        at += sum(b.shape[0] for b in blocks)
+        head = len(hoisted)
+        joined.append((blocks[1:] if head else blocks, place, list(hoisted)))
         left = _left_over(body)
         if any(n < 0 for n in left.values()):
             raise LoweringError(f"fused part {k} waits on events it never signals: {left}")
         syncs = [Sync(engine=Engine.LOAD, wait=e) for e, n in left.items() for _ in range(n)]
+    out: list[np.ndarray] = []
+    where: dict[tuple[int, int], int] = {}
+    starts = []
+    at = 0
+    for k, (blocks, _, _) in enumerate(joined):
+        for part, i in early[k]:
+            out.append(program_words([replace(_instr(placed[part][i]), signal=None)]))
+            where[part, i] = at
+            at += 1
+        starts.append(at)
+        out += blocks
+        at += sum(b.shape[0] for b in blocks)
+    places = []
+    for k, (_, place, hoisted) in enumerate(joined):
+        moved = set(hoisted)
+        places.append(tuple(where[k, i] if i in moved else starts[k] + place[i] - len(hoisted)
+                            for i in range(len(place))))
     out.append(program_words([End()]))
     words = np.concatenate(out).astype(np.uint64)
     if words.shape[0] > cfg.imem_depth:
         raise LoweringError(f"the fused program needs {words.shape[0]} instructions and the "
                             f"instruction memory holds {cfg.imem_depth}")
     return words, tuple(places)
+
+
+def _slack(cfg: AcceleratorConfig, words: np.ndarray) -> int:
+    """The cycles the LOAD engine would idle at the drain after the part ``words``: what
+    its other engines execute after its last LOAD (their instructions' durations,
+    :func:`hw.engines.exec_cycles_fields`), which a LOAD hoisted before that drain fills
+    for free."""
+    f = decode_fields(words)
+    eng = engines_fields(f)
+    loads = np.flatnonzero(eng == Engine.LOAD.value)
+    after = np.arange(eng.shape[0]) > (int(loads[-1]) if loads.size else -1)
+    return int(exec_cycles_fields(f, cfg)[after & (eng != Engine.LOAD.value)].sum())
+
+
+def _constant_sources(parts: Sequence[np.ndarray]) -> list[tuple[int, int]]:
+    """The DRAM extents every STORE of ``parts`` writes (what is not in them is constant
+    while the fused program runs)."""
+    out = []
+    for words in parts:
+        f = decode_fields(words)
+        out += [_dram_extent(f, i) for i in np.flatnonzero(f["opcode"]
+                                                          == Opcode.STORE.value).tolist()]
+    return out
+
+
+def _boundary(placed: Sequence[np.ndarray], body: np.ndarray, i: int,
+              stored: Sequence[tuple[int, int]]) -> int:
+    """The earliest boundary a hoistable LOAD ``i`` of the last part of ``placed``
+    (``body``) may go before: that part's own (its index), or, when no STORE of the whole
+    program writes its DRAM source (``stored``: weights, constant rows), further up past
+    every part before whose LOADs write none of its scratchpad beats (the part before such a
+    boundary then reads none of them: a part reads only what its own LOADs put in a
+    scratchpad)."""
+    k = len(placed) - 1
+    f = decode_fields(body[i:i + 1])
+    if any(_overlap(_dram_extent(f, 0), s) for s in stored):
+        return k
+    spad, lo, hi = _spad_extent(f, 0)
+    while k > 1 and not any(s == spad and _overlap((lo, hi), (a, b))
+                            for s, a, b in _loaded(decode_fields(placed[k - 2]))):
+        k -= 1
+    return k
 
 
 @dataclass(frozen=True)

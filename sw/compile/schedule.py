@@ -18,7 +18,9 @@ the load that next reuses its input half waits for STORED instead, which also or
 write of that output buffer after its store (the GEMM that writes it depends on a later load).
 No SYNC instructions are needed. Instructions are emitted software-pipelined (the loads of GEMM
 i+1 before GEMM i), so in-order fetch into short queues never blocks on an engine that waits
-for a later instruction.
+for a later instruction. Decode layers (resident activations, no bias) keep more weight
+chunks in flight, in a ring of WGT slots with one counting event per role
+(:func:`ring_slots`, :class:`_RingScheduler`).
 
 A vector program (:func:`schedule_vector`: one host op lowered to the vector engine, one VEC
 per row or row segment) uses the same events with the vector engine in the compute engine's
@@ -40,12 +42,14 @@ from typing import NamedTuple, TypeVar
 
 from hw.config import AcceleratorConfig
 from hw.isa import (
+    Engine,
     EpilogueMode,
     Gemm,
     Instr,
     Load,
     Spad,
     Store,
+    Sync,
     Vec,
     VecFunc,
     dequant_imm,
@@ -56,7 +60,8 @@ from sw.compile.errors import LoweringError
 from sw.compile.tiling import LinearPlan
 
 __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule",
-           "schedule_layers", "ELEMENTWISE", "VectorTask", "vector_tasks", "schedule_vector",
+           "schedule_layers", "ring_slots", "MAX_RING_SLOTS", "ELEMENTWISE", "VectorTask",
+           "vector_tasks", "schedule_vector",
            "rope_table_beats", "schedule_requant", "AmaxPlace", "amax_place", "schedule_dequant",
            "schedule_argmax"]
 
@@ -149,16 +154,44 @@ class Schedule(NamedTuple):
 
 
 def schedule_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer],
-                    spads: SpadPlan | None = None) -> Schedule:
+                    spads: SpadPlan | None = None, ring: bool = True) -> Schedule:
     """One program for several independent layers run back to back.
 
     Outputs use the WIDE epilogue (WIDE_BIAS for biased layers). ``spads``: the scratchpad
-    buffers and events (default :func:`plan_spads` for these layers' token tiles).
+    buffers and events (default :func:`plan_spads` for these layers' token tiles); ``ring``:
+    the weights in a ring of :func:`ring_slots` chunks where that is more than two (else,
+    and without it, the double buffers, whose instructions repeat every two GEMMs).
     """
     spads = spads or plan_spads(cfg, max(ly.plan.token_tile for ly in layers),
                                 max((ly.plan.token_tile for ly in layers if ly.plan.bias),
                                     default=0))
+    slots = ring_slots(cfg, layers, spads) if ring else 2
+    if slots > 2:
+        return _RingScheduler(cfg, layers, spads, slots).run()
     return _Scheduler(cfg, layers, spads).run()
+
+
+#: The most WGT slots of a ring (:func:`ring_slots`).
+MAX_RING_SLOTS = 8
+
+
+def ring_slots(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: SpadPlan) -> int:
+    """How many weight chunks a program of ``layers`` keeps in flight: 2 (the double buffers)
+    unless every layer reads resident activations and has no bias, when as many slots of
+    its largest weight chunk as the WGT scratchpad holds -- with an OUT buffer each -- up
+    to :data:`MAX_RING_SLOTS`, its GEMMs and what an event counter holds (as many signals
+    as slots may be outstanding), a power of two (a ring: the LOAD engine runs that many
+    chunks ahead of the array, so the weights stream while the array, or another engine
+    before it in a fused program, waits on activations)."""
+    if not all(ly.plan.resident_acts and not ly.plan.bias for ly in layers):
+        return 2
+    beat = cfg.beat_bytes
+    chunk = max(-(-ly.plan.chunk_weight_bytes(c) // beat)
+                for ly in layers for c in range(ly.plan.k_chunks))
+    steps = sum(ly.plan.token_tiles * ly.plan.n_tiles * ly.plan.k_chunks for ly in layers)
+    fit = min(MAX_RING_SLOTS, steps, cfg.spad_beats("wgt") // chunk,
+              cfg.spad_beats("out") // spads.out_buf_beats, (1 << cfg.event_bits) - 1)
+    return 1 << max(1, fit.bit_length() - 1)
 
 
 @dataclass(frozen=True)
@@ -342,6 +375,105 @@ class _Scheduler:
             dram_stride=y_row_beats, wait=self._event("OUT_FULL", s.out_buf),
             signal=self._event("STORED", s.out_buf)), (s.layer, "y"))
 
+
+
+class _RingScheduler(_Scheduler):
+    """:func:`schedule_layers` with ``slots`` WGT slots and OUT buffers (:func:`ring_slots`)
+    and one counting event each for FULL, FREE, OUT_FULL and STORED (``FULL0``, ``FREE0``,
+    ``OUT_FULL0``, ``STORED0``): GEMM ``i`` reads slot ``i % slots``, a tile writes OUT
+    buffer ``tile % slots``. Every event is signalled and consumed in order, so the k-th
+    grant of one is its k-th signal. A GEMM is *done* when its FREE (a non-final K chunk) or
+    its tile's STORED (the final one) is signalled; the load into slot ``i % slots`` first
+    consumes the done signals of every GEMM up to ``i - slots`` not yet consumed (one on the
+    LOAD itself, the others on SYNCs before it), and a new activation set's of every GEMM
+    before it. A tile's OUT buffer is then free when its first GEMM's weights land: the tile
+    ``slots`` before it ended at GEMM ``i - slots`` or earlier. Loads are emitted up to
+    ``min(slots, queue_depth) - 1`` GEMMs ahead (never past a new activation set, whose
+    loads wait on the GEMM just before it): further, in-order fetch would wait on a full
+    LOAD queue before dispatching the GEMMs. The first ``slots`` loads wait on nothing, so
+    a fused program runs them before the parts ahead of it (:func:`sw.compile.fusion.
+    fuse_parts`)."""
+
+    def __init__(self, cfg: AcceleratorConfig, layers: list[PlacedLayer], spads: SpadPlan,
+                 slots: int):
+        super().__init__(cfg, layers, spads)
+        self.slots = slots
+        self.slot_beats = cfg.spad_beats("wgt") // slots
+        self.out_buf = []
+        tiles = 0
+        for s in self.steps:
+            self.out_buf.append(tiles % slots)
+            tiles += s.final
+        self.done = 0  # GEMMs whose done signal a LOAD-engine word consumed
+
+    def run(self) -> Schedule:
+        emitted = 0
+        for s in self.steps:
+            ahead = s.index + min(self.slots, self.cfg.queue_depth) - 1
+            while emitted < len(self.steps) and emitted <= ahead and (
+                    emitted == s.index or not self.steps[emitted].new_acts):
+                self._loads(self.steps[emitted])
+                emitted += 1
+            self._gemm(s)
+            if s.final:
+                self._store(s)
+        return Schedule(self.instructions, self.relocs)
+
+    def _through(self, last: int) -> int | None:
+        """Consume the done signals of GEMMs up to ``last``: SYNCs for all but the last, whose
+        event is returned for the LOAD (None: nothing left to consume)."""
+        waits = []
+        while self.done <= last:
+            s = self.steps[self.done]
+            waits.append(self.spads.events["STORED0" if s.final else "FREE0"])
+            self.done += 1
+        for e in waits[:-1]:
+            self._emit(Sync(engine=Engine.LOAD, wait=e), None)
+        return waits[-1] if waits else None
+
+    def _loads(self, s: _Step) -> None:
+        ly, beat = self.layers[s.layer], self.beat
+        plan = ly.plan
+        if s.new_acts:
+            wait = self._through(s.index - 1)
+            t0, rows = plan.first_token(s.token_tile), plan.tile_tokens(s.token_tile)
+            x_row_beats = plan.act_row_bytes // beat
+            self._emit(Load(spad=Spad.ACT, spad_addr=0,
+                            dram_addr=ly.x_addr + t0 * x_row_beats, rows=rows,
+                            row_beats=x_row_beats, dram_stride=x_row_beats, wait=wait),
+                       (s.layer, "x"))
+        wait = self._through(s.index - self.slots)
+        w_start = s.n_tile * ly.tile_stride + plan.chunk_weight_start(s.chunk)
+        self._emit(Load(spad=Spad.WGT, spad_addr=(s.index % self.slots) * self.slot_beats,
+                        dram_addr=ly.w_addr + w_start // beat, rows=1,
+                        row_beats=-(-plan.chunk_weight_bytes(s.chunk) // beat),
+                        wait=wait, signal=self.spads.events["FULL0"]), (s.layer, "w"))
+
+    def _gemm(self, s: _Step) -> None:
+        plan, spads = self.layers[s.layer].plan, self.spads
+        fmt, spg = plan.fmt, plan.layout.steps_per_group
+        act = self._act_chunk(s)
+        self._emit(Gemm(
+            wgt_addr=(s.index % self.slots) * self.slot_beats, act_addr=act.spad_addr,
+            act_stride=act.row_stride, out_addr=self.out_buf[s.index] * spads.out_buf_beats,
+            param_addr=0, k_steps=plan.chunk_groups(s.chunk) * spg,
+            group_steps=0 if fmt.raw else spg, tokens=plan.tile_tokens(s.token_tile),
+            pattern=self.cfg.pattern_index(fmt.pattern), int8=fmt.bits == 8,
+            asym=not fmt.symmetric, accumulate=s.chunk > 0,
+            epilogue=EpilogueMode.WIDE if s.final else EpilogueMode.NONE,
+            wait=spads.events["FULL0"],
+            signal=spads.events["OUT_FULL0" if s.final else "FREE0"]), None)
+
+    def _store(self, s: _Step) -> None:
+        ly, plan, spads = self.layers[s.layer], self.layers[s.layer].plan, self.spads
+        y_row_beats = plan.out_row_bytes // self.beat
+        self._emit(Store(
+            spad=Spad.OUT, spad_addr=self.out_buf[s.index] * spads.out_buf_beats,
+            dram_addr=(ly.y_addr + plan.first_token(s.token_tile) * y_row_beats
+                       + s.n_tile * spads.out_row_beats),
+            rows=plan.tile_tokens(s.token_tile), row_beats=spads.out_row_beats,
+            dram_stride=y_row_beats, wait=spads.events["OUT_FULL0"],
+            signal=spads.events["STORED0"]), (s.layer, "y"))
 
 # ---------------------------------------------------------------------- vector programs
 #: Sub-ops whose every output element depends only on the same element of the operands: a row

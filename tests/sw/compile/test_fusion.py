@@ -451,6 +451,30 @@ def test_a_gemms_weights_stream_while_the_part_before_drains():
 
 
 @pytest.mark.parametrize("seed", range(3))
+def test_weights_go_up_past_several_parts_where_the_load_engine_idles(seed):
+    """Two vector parts, then a GEMM-like part reading the second's row: its first weights
+    (DRAM no part stores to, a scratchpad no part before loads) go before the first part's
+    drain, where the LOAD engine idles while that part's VEC and STORE run, without their
+    signal; weights a part stores to stay at their own boundary. Both run to the drained
+    program's DRAM from a random image, in no more cycles."""
+    a, b, gemm = _vector_part(y=40), _vector_part(y=60), _gemm_like(4, dram=60)
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    for first, moved in ((a, True), (_vector_part(y=1000), False)):
+        words, places = fuse_parts(CFG, [first, b, gemm])
+        got = _program(words)
+        drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
+        w0 = places[2][1]
+        assert got[w0].spad == Spad.WGT and got[w0].signal is None
+        assert (w0 < drain) == moved
+        runs = [make_backend("model", CFG).run(fuse_words(CFG, [first, b, gemm], overlap),
+                                               dram.copy()) for overlap in (False, True)]
+        assert all(r.ok for r in runs), [r.error for r in runs]
+        assert np.array_equal(runs[0].dram, runs[1].dram)
+        assert runs[1].cycles <= runs[0].cycles
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_an_independent_vector_part_loads_above_the_one_before(seed):
     """Two RMSNorms of random rows (one task each), the second reading none of the first's
     results: the second's VIN moves above the first's, its LOADs go before the SYNCs, and

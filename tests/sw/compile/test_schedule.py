@@ -1,13 +1,28 @@
-"""The scheduler: scratchpad buffers that do not fit are refused, and loads overlap compute."""
+"""The scheduler: scratchpad buffers that do not fit are refused, loads overlap compute, and
+decode layers keep a ring of weight chunks in flight."""
 
+import numpy as np
 import pytest
 
 from hw.config import AcceleratorConfig, MemoryModel
-from hw.format import WeightFormat
+from hw.format import WeightFormat, random_quantized
+from hw.isa import Load, Spad
+from hw.numerics import gemm_acc
 from sim.model import FastModel
+from sw.compile import schedule
 from sw.compile.errors import LoweringError
-from sw.compile.layers import build_linear
-from sw.compile.schedule import plan_spads
+from sw.compile.layers import LayerSpec, build_layers, build_linear
+from sw.compile.schedule import (
+    MAX_RING_SLOTS,
+    PlacedLayer,
+    plan_spads,
+    ring_slots,
+    schedule_layers,
+)
+from sw.compile.tiling import plan_linear
+
+#: The default array's shape with a DRAM for the data of a few decode layers.
+RING = AcceleratorConfig(rows=4, cols=8, memory=MemoryModel(size_bytes=1 << 22))
 
 
 def test_scratchpad_plan_refuses_tiles_that_do_not_fit():
@@ -26,3 +41,57 @@ def test_loads_overlap_compute():
     assert lp.plan.k_chunks > 1 and r.ok
     # DRAM-bound: the load engine is busy nearly all the time.
     assert r.counters["load_exec"] / r.cycles > 0.95
+
+
+def _wgt_slots(program) -> set[int]:
+    return {ins.spad_addr for ins in program if isinstance(ins, Load) and ins.spad == Spad.WGT}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_decode_layers_keep_a_ring_of_weight_chunks(monkeypatch, seed):
+    """Resident, unbiased decode layers (q/k/v-like, random shapes and data) stream their
+    weights through a ring of ``ring_slots`` WGT slots: every layer computes its golden
+    result on the fast model, in no more cycles than with the double buffers (the LOAD
+    engine only runs further ahead), and the program still runs when the DRAM is slow."""
+    rng = np.random.default_rng(seed)
+    fmt = WeightFormat("2:4", 4, 128)
+    specs = []
+    for _ in range(int(rng.integers(1, 4))):
+        n, k = int(rng.integers(1, 9)) * 32, int(rng.integers(1, 5)) * 128
+        specs.append(LayerSpec(fmt, n, k, 1, random_quantized(fmt, (n, k), rng),
+                               rng.integers(-127, 128, size=(1, k)).astype(np.int8)))
+    runs = {}
+    for slots in (MAX_RING_SLOTS, 2):
+        monkeypatch.setattr(schedule, "MAX_RING_SLOTS", slots)
+        for cfg in (RING, RING.replace(memory=MemoryModel(latency=200, size_bytes=1 << 22))):
+            lp = build_layers(cfg, specs)
+            r = FastModel(cfg).run(lp.program, lp.dram)
+            assert r.ok, r.detail
+            for L, sp in enumerate(specs):
+                a = np.pad(sp.acts, ((0, 0), (0, sp.weight.k_padded - sp.k)))
+                assert np.array_equal(lp.read_output(r.dram, L),
+                                      gemm_acc(a, sp.weight.int_weight()))
+            runs[slots, cfg.memory.latency] = (r.cycles, _wgt_slots(lp.program))
+    steps = sum(sp.n // RING.lanes for sp in specs)
+    want = min(MAX_RING_SLOTS, 1 << (steps.bit_length() - 1))
+    for lat in (RING.memory.latency, 200):
+        assert len(runs[MAX_RING_SLOTS, lat][1]) == max(2, want)
+        assert len(runs[2, lat][1]) == min(2, steps)
+        assert runs[MAX_RING_SLOTS, lat][0] <= runs[2, lat][0]
+
+
+def test_only_resident_unbiased_layers_get_a_ring():
+    """A biased layer, or activations chunked along K with the weights, keep the double
+    buffers (their ACT and PARAM halves pair with the WGT halves); so does ring=False."""
+    fmt = WeightFormat("2:4", 4, 128)
+    plain = PlacedLayer(plan_linear(RING, fmt, 256, 256, 1))
+    spads = plan_spads(RING, 1)
+    assert ring_slots(RING, [plain], spads) == MAX_RING_SLOTS
+    biased = PlacedLayer(plan_linear(RING, fmt, 256, 256, 1, bias=True))
+    assert ring_slots(RING, [plain, biased], plan_spads(RING, 1, 1)) == 2
+    small = RING.replace(act_spad_bytes=256)
+    chunked = PlacedLayer(plan_linear(small, fmt, 256, 1024, 1))
+    assert not chunked.plan.resident_acts
+    assert ring_slots(small, [chunked], plan_spads(small, 1)) == 2
+    sched = schedule_layers(RING, [plain], ring=False)
+    assert len(_wgt_slots(sched.instructions)) == 2

@@ -183,12 +183,15 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
 def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs():
     """With an instruction memory that holds every pair's fused program but no chain, the
     decode step runs the pairs, and its tokens still equal the twin's (the step's programs
-    not joined: the chains alone)."""
+    not joined: the chains alone). The WGT scratchpad holds two weight chunks (no ring:
+    sw.compile.schedule.ring_slots), so a power of two lies between the pairs and the
+    chains."""
     lm = tiny_lm()
     ws = compressed(lm)
     opts = CompileOptions(PROMPT, PROMPT + 2, one_program=False)
-    chained = compile_model(lm, VSMALL, opts, weights=ws)
-    pairs = compile_model(lm, VSMALL, dataclasses.replace(opts, chain_programs=False),
+    small = VSMALL.replace(wgt_spad_bytes=1024)
+    chained = compile_model(lm, small, opts, weights=ws)
+    pairs = compile_model(lm, small, dataclasses.replace(opts, chain_programs=False),
                           weights=ws)
     def linear(exe):  # fused programs of linears (attention's scores -> softmax aside)
         return [p for p in exe.programs if p.parts and p.phase == "decode" and not p.imm_rows]
@@ -198,7 +201,7 @@ def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs():
     assert fused and all(len(p.parts) > 2 for p in fused)   # every pair is in a chain
     depth = 1 << (longest_pair - 1).bit_length()
     assert all(p.instructions > depth for p in fused)
-    cfg = VSMALL.replace(imem_depth=depth)
+    cfg = small.replace(imem_depth=depth)
     exe = compile_model(lm, cfg, opts, weights=ws)
     decode = linear(exe)
     assert decode and all(len(p.parts) == 2 for p in decode)
