@@ -64,7 +64,7 @@ def promote_controls(netlist: dict, top: str, min_loads: int = MIN_LOADS) -> lis
     cells = mod["cells"]
     pins: dict[tuple[object, str], list[str]] = {}   # (bit, pin) -> flip-flops
     loads: dict[object, int] = {}                    # bit -> every input load
-    top_bits: list[int] = []
+    top_bits = [b for net in mod["netnames"].values() for b in net["bits"] if isinstance(b, int)]
     for port in mod["ports"].values():
         top_bits += [b for b in port["bits"] if isinstance(b, int)]
         if port["direction"] != "input":
@@ -80,7 +80,7 @@ def promote_controls(netlist: dict, top: str, min_loads: int = MIN_LOADS) -> lis
             if cell["type"] == "TRELLIS_FF" and pname in CONTROL_PINS and isinstance(bits[0], int):
                 pins.setdefault((bits[0], pname), []).append(name)
     names = _net_names(mod)
-    next_bit = max(top_bits, default=1) + 1
+    next_bit = max(top_bits, default=1) + 1  # above every bit, named or connected
     promoted = []
     for (bit, pin), ffs in sorted(pins.items(), key=lambda kv: (-len(kv[1]), str(kv[0]))):
         if len(ffs) < min_loads:

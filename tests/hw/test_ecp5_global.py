@@ -50,6 +50,7 @@ def _random_netlist(rng: random.Random, control_bits: list[int]):
         cells[f"lut{j}"] = _lut(rng.choice(control_bits), bit)
         bit += 1
     netnames = {f"ctl{b}": {"hide_name": 0, "bits": [b]} for b in control_bits}
+    netnames["dangling"] = {"hide_name": 0, "bits": [bit + 1, bit + 2]}  # named, on no cell
     ports = {"clk": {"direction": "input", "bits": [2]},
              "c": {"direction": "input", "bits": control_bits}}
     return {"modules": {"top": {"ports": ports, "cells": cells, "netnames": netnames}}}, on
@@ -79,7 +80,8 @@ def test_exactly_the_pins_of_large_control_nets_move_behind_a_dcca(seed):
     assert len(set(outs)) == len(outs)
     every_bit = {b for c in before["modules"]["top"]["cells"].values()
                  for bits in c["connections"].values() for b in bits} | set(controls) | {2}
-    assert not set(outs) & every_bit                  # fresh nets
+    every_bit |= {b for n in before["modules"]["top"]["netnames"].values() for b in n["bits"]}
+    assert not set(outs) & every_bit                  # fresh nets, not even named before
     for name, cell in before["modules"]["top"]["cells"].items():
         got = cells[name]["connections"]
         for pin, bits in cell["connections"].items():
