@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -236,7 +237,8 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         try:
             finished = _run(_nextpnr_cmd(platform, seed), work / f"nextpnr_s{seed}.out", work,
                             phase=f"nextpnr seed {seed}", time_limit_s=time_limit_min * 60,
-                            progress_s=progress_s, watch=work / f"nextpnr_s{seed}.log")
+                            progress_s=progress_s, watch=work / f"nextpnr_s{seed}.log",
+                            stop=stop)
         except RuntimeError as e:  # this seed failed; the others still count
             finished, failure = False, str(e).splitlines()[0]
             (work / f"{TOP}_s{seed}.config").unlink(missing_ok=True)
@@ -261,8 +263,13 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
     if verbose:
         print(f"nextpnr-ecp5 seeds {', '.join(map(str, seeds))} ({jobs} at a time) ...",
               flush=True)
+    stop = threading.Event()  # an interrupted build (Ctrl-C, SIGTERM) stops every nextpnr
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        runs = list(pool.map(place_and_route, seeds))
+        try:
+            runs = list(pool.map(place_and_route, seeds))
+        except BaseException:
+            stop.set()
+            raise
 
     placed = [r for r in runs if (work / f"{TOP}_s{r['seed']}.config").exists()]
     if not placed:

