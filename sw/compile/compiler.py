@@ -34,7 +34,7 @@ from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
-from hw.isa import VecFunc
+from hw.isa import Opcode, VecFunc, decode_fields
 from hw.numerics import (
     ACT_MAX,
     dequant_channels,
@@ -45,6 +45,7 @@ from hw.numerics import (
     values_channel,
 )
 from sw.compile import symbols as sym
+from sw.compile.blockloop import FramePlan, frame_plan, frame_symbols, roll_blocks
 from sw.compile.capture import CaptureResult, capture
 from sw.compile.errors import CompileError, LoweringError
 from sw.compile.executable import (
@@ -155,6 +156,10 @@ class CompileOptions:
         With ``chain_programs``, join a decode step's fused programs into one program per
         context bucket (:func:`_join_step`) where every value between them stays on chip and
         it fits the instruction memory; the step's buffers then live through the whole step.
+    block_loop : bool
+        With ``one_program``, run the joined step's decoder blocks as one REPEAT of one
+        block (:mod:`sw.compile.blockloop`): the symbols the blocks address are laid out in
+        one frame per layer after the rest of the DRAM, where the DRAM holds them.
     """
 
     prompt_tokens: int
@@ -171,6 +176,7 @@ class CompileOptions:
     chain_programs: bool = True
     argmax: bool = False
     one_program: bool = True
+    block_loop: bool = True
 
 
 def fuses_programs(cfg: AcceleratorConfig, opts: CompileOptions) -> bool:
@@ -264,17 +270,18 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     graphs, report, passes_s = _optimise(captured, fmt_map, options)
     t0 = time.perf_counter()
     work, buffers, kv, pairs = _partition(model, cfg, graphs, fmt_map, options, report)
-    symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
-                                     _constant_regions(work, options.max_context, pairs))
-    for g in all_groups(pairs.values()):  # a part's results inside another's rows
-        for name, parent, offset, size in part_aliases(cfg, g.parts):
-            r = symbols[parent]
-            symbols[name] = Region(r.addr + offset, size, r.kind)
-    programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
-                                        options.loops)
-    joined = 0
-    if options.one_program and options.chain_programs and "decode" in table.entries:
-        programs, table, joined = _join_step(cfg, programs, table, graphs["decode"], templates)
+    placed, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
+                                    _constant_regions(work, options.max_context, pairs))
+    symbols, programs, table, templates, joined = _lower_join(cfg, work, placed, options,
+                                                              pairs, graphs)
+    frames = _frame_step(cfg, model, placed, layout, programs, templates) \
+        if joined and options.block_loop else None
+    if frames is not None:  # the same programs, the blocks' symbols in frames: one loop
+        symbols, programs, table, templates, joined = _lower_join(
+            cfg, work, frame_symbols(placed, frames, layout.total_bytes), options, pairs,
+            graphs)
+        programs = _roll_step(cfg, programs, model.config.num_hidden_layers, templates,
+                              symbols, frames)
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
         # a step runs one program per set of nodes (of its context bucket's, the most)
@@ -291,6 +298,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
             image[sym.weights(layer)] = weight_image(qw, cfg.lanes, cfg.beat_bytes)
         image.update(_vector_constants(model, work, options.max_context))
         image.update(_dequant_constants(weights, pairs))
+        image.update({c: image[orig] for c, orig in (frames.copies if frames else {}).items()
+                      if orig in image})
     host, host_shapes = _host_tensors(model, graphs, fmt_map, weights)
     mcfg = model.config
     report.update({
@@ -300,12 +309,15 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         "templates": templates + joined,
         "instructions": int(sum(p.instructions for p in programs)),
         "dram": {"weights": layout.weight_bytes, "kv_cache": layout.kv_bytes,
-                 "arena": layout.arena_bytes, "total": layout.total_bytes,
+                 "arena": layout.arena_bytes,
+                 **({"frames": frames.total_bytes} if frames else {}),
+                 "total": layout.total_bytes + (frames.total_bytes if frames else 0),
                  "size": cfg.memory.size_bytes},
         "arena_bytes": layout.arena_bytes,
         "arena_lower_bound_bytes": max(a.lower_bound for a in arenas.values()),
         "fuse": options.fuse, "loops": options.loops,
         **({"fused_programs": sum(bool(p.parts) for p in programs)} if pairs else {}),
+        **({"block_loop": _block_loop_report(programs, frames, templates)} if frames else {}),
         "accelerated_layers": len(fmt_map), "kv_bits": options.kv_bits})
     return Executable(
         cfg=cfg, model=mcfg, graphs=graphs, programs=programs, table=table,
@@ -776,6 +788,78 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
                             work=tuple(work), position_rows=position_rows,
                             append_rows=append_rows))
     return True
+
+
+def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
+                options: CompileOptions, pairs: Mapping[int, FusedGroup],
+                graphs: Mapping[str, Graph]) -> tuple:
+    """The symbols (``placed`` and the fused parts' aliases), programs, table, templates and
+    joined decode steps (:func:`_join_step`) of ``work`` lowered with ``placed``."""
+    symbols = dict(placed)
+    for g in all_groups(pairs.values()):  # a part's results inside another's rows
+        for name, parent, offset, size in part_aliases(cfg, g.parts):
+            r = symbols[parent]
+            symbols[name] = Region(r.addr + offset, size, r.kind)
+    programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
+                                        options.loops)
+    joined = 0
+    if options.one_program and options.chain_programs and "decode" in table.entries:
+        programs, table, joined = _join_step(cfg, programs, table, graphs["decode"], templates)
+    return symbols, programs, table, templates, joined
+
+
+def _joined(programs: Sequence[Program], templates: int) -> list[int]:
+    """The joined decode programs (:func:`_join_step`: numbered from ``templates`` on)."""
+    return [i for i, p in enumerate(programs) if p.template >= templates]
+
+
+def _frame_step(cfg: AcceleratorConfig, model: LlamaLM, placed: Mapping[str, Region],
+                layout: DramLayout, programs: Sequence[Program], templates: int
+                ) -> FramePlan | None:
+    """The frames (:func:`sw.compile.blockloop.frame_plan`) of the largest joined decode
+    program's blocks over ``placed`` (the decode arena's buffers, constants, weights and KV
+    cache), None where it has none or they do not fit the DRAM after ``layout``."""
+    joined = _joined(programs, templates)
+    blocks = model.config.num_hidden_layers
+    if not joined or blocks < 2:
+        return None
+    p = max((programs[i] for i in joined), key=lambda q: len(q.parts))
+    cand = {n: r for n, r in placed.items()
+            if r.kind != "arena" or n.split(":")[1:2] == ["decode"]}
+    plan = frame_plan(p.words, cand, blocks, cfg.beat_bytes,
+                      {n: r.kind == "weight" for n, r in cand.items()})
+    if plan is None or layout.total_bytes + plan.total_bytes > cfg.memory.size_bytes:
+        return None
+    return plan
+
+
+def _roll_step(cfg: AcceleratorConfig, programs: list[Program], blocks: int, templates: int,
+               symbols: Mapping[str, Region], frames: FramePlan) -> list[Program]:
+    """``programs`` with each joined decode program's blocks rolled into one REPEAT where
+    they are periodic (:func:`sw.compile.blockloop.roll_blocks`; the constants with a copy
+    per frame in ``symbols``)."""
+    beat = cfg.beat_bytes
+    shared = [(symbols[o].addr // beat, -(-symbols[o].end // beat))
+              for o in set(frames.copies.values())]
+    for i in _joined(programs, templates):
+        p = programs[i]
+        rolled = roll_blocks(p.words, blocks, shared=shared, position_rows=p.position_rows,
+                             imm_rows=p.imm_rows, append_rows=p.append_rows)
+        if rolled is not None:
+            programs[i] = dataclasses.replace(
+                p, words=rolled["words"], position_rows=rolled["position_rows"],
+                imm_rows=rolled["imm_rows"], append_rows=rolled["append_rows"])
+    return programs
+
+
+def _block_loop_report(programs: Sequence[Program], frames: FramePlan, templates: int
+                       ) -> dict:
+    """The block loop's frames and the joined programs that run one."""
+    looped = [programs[i] for i in _joined(programs, templates)
+              if any(op == Opcode.REPEAT.value for op in decode_fields(programs[i].words)
+                     ["opcode"].tolist())]
+    return {"frame_bytes": frames.frame_bytes, "frames": frames.frames,
+            "copies": len(frames.copies), "looped_programs": len(looped)}
 
 
 def _segments(rows: Iterable[tuple[int, int, int]]) -> list[tuple[int, int]]:

@@ -460,7 +460,8 @@ class Runtime:
                                   words)
         if program.append_rows:
             words = _set_append(program.words if words is None else words,
-                                [r[:3] for r in program.append_rows], self.kv, env.past)
+                                list(dict.fromkeys(r[:3] for r in program.append_rows)),
+                                self.kv, env.past)  # a block loop's word: once, every layer
         return words
 
     def _appended_on_chip(self, phase: str, node: Node, env) -> frozenset[str]:
