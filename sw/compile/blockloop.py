@@ -68,8 +68,9 @@ def _key(ins: Instr) -> Instr:
 
 def block_period(prog: Sequence[Instr], blocks: int) -> tuple[int, int] | None:
     """``(start, length)`` of ``blocks`` consecutive runs of ``length`` instructions equal
-    in every field but DMA addresses (the earliest start, then the longest run), None if
-    there are none or they hold a REPEAT or END (which cannot be in a loop's body).
+    in every field but DMA addresses that cover at least half of ``prog`` (a step is mostly
+    its decoder blocks): the longest such runs, the earliest of those; None if there are
+    none or they hold a REPEAT or END (which cannot be in a loop's body).
 
     Parameters
     ----------
@@ -83,21 +84,20 @@ def block_period(prog: Sequence[Instr], blocks: int) -> tuple[int, int] | None:
     index: dict[Instr, int] = {}
     ids = np.array([index.setdefault(_key(i), len(index)) for i in prog], dtype=np.int64)
     n = len(ids)
-    m = np.arange(blocks)[:, None]
-    for start in range(n):
-        top = (n - start) // blocks
-        if top < 1:
-            return None
-        lengths = np.arange(1, top + 1)
-        heads = (ids[start + m * lengths[None, :]] == ids[start]).all(axis=0)
-        for length in lengths[heads][::-1].tolist():
-            body = ids[start:start + length]
-            if all(np.array_equal(ids[start + k * length:start + (k + 1) * length], body)
-                   for k in range(1, blocks)):
-                body = prog[start:start + length]
-                if any(isinstance(i, (Repeat, End)) for i in body):
-                    return None
-                return start, length
+    for length in range(n // blocks, max(1, -(-n // (2 * blocks))) - 1, -1):
+        span = n - blocks * length + 1  # the starts that leave room for every block
+        ok = np.ones(span, bool)
+        for k in range(1, blocks):  # block k equals block 0: a window of `length` matches
+            eq = ids[k * length:k * length + span + length - 1] == ids[:span + length - 1]
+            run = np.concatenate([[0], np.cumsum(eq)])
+            ok &= run[length:length + span] - run[:span] == length
+            if not ok.any():
+                break
+        if ok.any():
+            start = int(np.argmax(ok))
+            if any(isinstance(i, (Repeat, End)) for i in prog[start:start + length]):
+                return None
+            return start, length
     return None
 
 
