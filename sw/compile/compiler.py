@@ -272,16 +272,24 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     work, buffers, kv, pairs = _partition(model, cfg, graphs, fmt_map, options, report)
     placed, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
                                     _constant_regions(work, options.max_context, pairs))
-    symbols, programs, table, templates, joined = _lower_join(cfg, work, placed, options,
-                                                              pairs, graphs)
-    frames = _frame_step(cfg, model, placed, layout, programs, templates) \
-        if joined and options.block_loop else None
-    if frames is not None:  # the same programs, the blocks' symbols in frames: one loop
+    frames = None
+    if options.block_loop and options.one_program and options.chain_programs:
+        # joined whatever their length, the blocks' symbols in frames, the blocks one loop
+        _, programs, _, templates, joined = _lower_join(cfg, work, placed, options, pairs,
+                                                        graphs, wide=True)
+        frames = _frame_step(cfg, model, placed, layout, programs, templates) \
+            if joined else None
+    if frames is not None:
         symbols, programs, table, templates, joined = _lower_join(
             cfg, work, frame_symbols(placed, frames, layout.total_bytes), options, pairs,
-            graphs)
+            graphs, wide=True)
         programs = _roll_step(cfg, programs, model.config.num_hidden_layers, templates,
                               symbols, frames)
+        if any(programs[i].instructions > cfg.imem_depth for i in _joined(programs, templates)):
+            frames = None
+    if frames is None:
+        symbols, programs, table, templates, joined = _lower_join(cfg, work, placed, options,
+                                                                  pairs, graphs)
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
         # a step runs one program per set of nodes (of its context bucket's, the most)
@@ -790,11 +798,17 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     return True
 
 
+#: The instruction memory a step is joined for before its blocks are rolled (the largest
+#: a configuration may have).
+_WIDE_IMEM = 1 << 20
+
+
 def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
                 options: CompileOptions, pairs: Mapping[int, FusedGroup],
-                graphs: Mapping[str, Graph]) -> tuple:
+                graphs: Mapping[str, Graph], wide: bool = False) -> tuple:
     """The symbols (``placed`` and the fused parts' aliases), programs, table, templates and
-    joined decode steps (:func:`_join_step`) of ``work`` lowered with ``placed``."""
+    joined decode steps (:func:`_join_step`) of ``work`` lowered with ``placed``; ``wide``:
+    steps joined whatever their length (a block loop may make them fit)."""
     symbols = dict(placed)
     for g in all_groups(pairs.values()):  # a part's results inside another's rows
         for name, parent, offset, size in part_aliases(cfg, g.parts):
@@ -804,7 +818,8 @@ def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
                                         options.loops)
     joined = 0
     if options.one_program and options.chain_programs and "decode" in table.entries:
-        programs, table, joined = _join_step(cfg, programs, table, graphs["decode"], templates)
+        programs, table, joined = _join_step(cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg,
+                                             programs, table, graphs["decode"], templates)
     return symbols, programs, table, templates, joined
 
 

@@ -245,3 +245,22 @@ def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers):
     for (a, sa), (b, sb) in zip(_steps(exe, lm), _steps(flat, lm), strict=True):
         assert torch.equal(a, b)
         assert sa.cycles == sb.cycles and len(sa.programs) == len(sb.programs)
+
+
+def test_a_step_too_long_unrolled_runs_as_one_program_rolled():
+    """A joined step longer than the instruction memory but whose rolled blocks fit runs as
+    one program per decode step; without the block loop it keeps its fused programs."""
+    lm = tiny_lm(layers=2, heads=4, kv_heads=2)
+    ws = compressed(lm)
+    cfg = VSMALL.replace(imem_depth=512)
+    opts = CompileOptions(6, 10)
+    exe = compile_model(lm, cfg, opts, weights=ws)
+    rep = exe.report["phases"]["decode"]
+    assert rep["programs_per_step"] == 1 and exe.report["block_loop"]["looped_programs"] == 1
+    flat = compile_model(lm, cfg, CompileOptions(6, 10, block_loop=False), weights=ws)
+    assert flat.report["phases"]["decode"]["programs_per_step"] == 3
+    assert "block_loop" not in flat.report
+    for (a, sa), (b, sb) in zip(_steps(exe, lm), _steps(flat, lm), strict=True):
+        assert torch.equal(a, b)
+        if sa.phase == "decode":
+            assert len(sa.programs) == 1 < len(sb.programs)
