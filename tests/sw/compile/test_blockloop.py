@@ -7,7 +7,7 @@ rolled decode step computes the same logits in the same cycles as the unrolled j
 import numpy as np
 import pytest
 import torch
-from compile_testutil import SMALL, compressed, tiny_lm
+from compile_testutil import SMALL, backends_agree, compressed, tiny_lm
 
 from hw.config import AcceleratorConfig
 from hw.isa import (
@@ -264,3 +264,19 @@ def test_a_step_too_long_unrolled_runs_as_one_program_rolled():
         assert torch.equal(a, b)
         if sa.phase == "decode":
             assert len(sa.programs) == 1 < len(sb.programs)
+
+
+@pytest.mark.rtl
+@pytest.mark.slow
+def test_rtl_runs_the_block_loop_as_the_fast_model():
+    """A decode step whose two blocks are one REPEAT gives the same logits on the RTL as on
+    the fast model (the equivalence harness's vector configuration)."""
+    from sim.random_programs import EQUIVALENCE_CONFIGS
+    cfg = EQUIVALENCE_CONFIGS["4x4"].with_dram(1 << 17)  # room for the frames
+    lm = tiny_lm(layers=2, heads=2, kv_heads=1, hidden=32, vocab=32)
+    ws = compressed(lm, "2:4", 32)
+    exe = compile_model(lm, cfg, CompileOptions(6, 8), weights=ws)
+    assert exe.report["block_loop"]["looped_programs"] >= 1
+    ids = torch.randint(0, lm.config.vocab_size, (1, 8),
+                        generator=torch.Generator().manual_seed(5))
+    backends_agree(exe, cfg, ids, 6)
