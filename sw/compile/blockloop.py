@@ -135,12 +135,14 @@ class FramePlan:
     """Where the symbols a joined step's blocks address go: ``slots`` maps a symbol to
     ``(frame, offset)`` (bytes in the frame), ``frame_bytes`` is ``F`` (beat-aligned),
     ``frames`` how many; ``copies`` maps each copy's symbol (:func:`copy_name`) to the
-    symbol it copies (a constant every block reads alike)."""
+    symbol it copies (a constant every block reads alike); ``sizes`` the ``(bytes, kind)``
+    of every symbol in a frame but the copies."""
 
     slots: dict[str, tuple[int, int]]
     frame_bytes: int
     frames: int
     copies: dict[str, str]
+    sizes: dict[str, tuple[int, str]]
 
     @property
     def total_bytes(self) -> int:
@@ -265,17 +267,18 @@ def frame_plan(words: np.ndarray, symbols: Mapping[str, Region], blocks: int, be
     if frame // beat >= _STRIDE_LIMIT:
         return None
     slots = {s: (d - low[root], slot_at[root]) for s, (root, d) in where.items()}
-    return FramePlan(slots, frame, frames, copies)
+    sizes = {s: (symbols[s].nbytes, symbols[s].kind) for s in where if s not in copies}
+    return FramePlan(slots, frame, frames, copies, sizes)
 
 
 def frame_symbols(symbols: Mapping[str, Region], plan: FramePlan, base: int
                   ) -> dict[str, Region]:
-    """``symbols`` with those of ``plan`` in frames from byte ``base`` (beat-aligned) on,
-    and every copy added (a region of its original's size and kind)."""
-    out = dict(symbols)
+    """``symbols`` (those not in ``plan``) and those of ``plan`` in frames from byte ``base``
+    (beat-aligned) on, every copy included (a region of its original's size and kind)."""
+    out = {n: r for n, r in symbols.items() if n not in plan.slots}
     for s, (m, off) in plan.slots.items():
-        orig = symbols[plan.copies.get(s, s)]
-        out[s] = Region(base + m * plan.frame_bytes + off, orig.nbytes, orig.kind)
+        nbytes, kind = plan.sizes[plan.copies.get(s, s)]
+        out[s] = Region(base + m * plan.frame_bytes + off, nbytes, kind)
     return out
 
 

@@ -47,7 +47,7 @@ from hw.numerics import (
 from sw.compile import symbols as sym
 from sw.compile.blockloop import FramePlan, frame_plan, frame_symbols, roll_blocks
 from sw.compile.capture import CaptureResult, capture
-from sw.compile.errors import CompileError, LoweringError
+from sw.compile.errors import CompileError, LoweringError, PlanError
 from sw.compile.executable import (
     Executable,
     IOBinding,
@@ -277,16 +277,22 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         # joined whatever their length, the blocks' symbols in frames, the blocks one loop
         _, programs, _, templates, joined = _lower_join(cfg, work, placed, options, pairs,
                                                         graphs, wide=True)
-        frames = _frame_step(cfg, model, placed, layout, programs, templates) \
-            if joined else None
+        frames = _frame_step(cfg, model, placed, programs, templates) if joined else None
+    if frames is not None:
+        try:
+            framed = _place(model, cfg, fmt_map, buffers, kv, options,
+                            _constant_regions(work, options.max_context, pairs), frames)
+        except PlanError:  # the copies do not fit the DRAM
+            frames = None
     if frames is not None:
         symbols, programs, table, templates, joined = _lower_join(
-            cfg, work, frame_symbols(placed, frames, layout.total_bytes), options, pairs,
-            graphs, wide=True)
+            cfg, work, framed[0], options, pairs, graphs, wide=True)
         programs = _roll_step(cfg, programs, model.config.num_hidden_layers, templates,
                               symbols, frames)
         if any(programs[i].instructions > cfg.imem_depth for i in _joined(programs, templates)):
             frames = None
+        else:
+            placed, layout, arenas = framed
     if frames is None:
         symbols, programs, table, templates, joined = _lower_join(cfg, work, placed, options,
                                                                   pairs, graphs)
@@ -319,7 +325,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         "dram": {"weights": layout.weight_bytes, "kv_cache": layout.kv_bytes,
                  "arena": layout.arena_bytes,
                  **({"frames": frames.total_bytes} if frames else {}),
-                 "total": layout.total_bytes + (frames.total_bytes if frames else 0),
+                 "total": layout.total_bytes,
                  "size": cfg.memory.size_bytes},
         "arena_bytes": layout.arena_bytes,
         "arena_lower_bound_bytes": max(a.lower_bound for a in arenas.values()),
@@ -501,18 +507,32 @@ def _attach(groups: Sequence[FusedGroup], merged: Sequence[tuple[FusedGroup, Fus
 
 
 def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str, list[Buffer]],
-           kv: KVLayout, opts: CompileOptions, constants: list[tuple[str, int]]
+           kv: KVLayout, opts: CompileOptions, constants: list[tuple[str, int]],
+           frames: FramePlan | None = None
            ) -> tuple[dict[str, Region], DramLayout, dict[str, ArenaPlan]]:
     """DRAM regions of the weights (and the vector programs' constant rows after them), the
-    KV cache and every buffer (arena per phase)."""
+    KV cache and every buffer (arena per phase); with ``frames``, the symbols they place
+    in frames (:func:`sw.compile.blockloop.frame_symbols`) after the weights and constants
+    (counted with the weights) and not among the others."""
+    framed = frames.slots if frames is not None else {}
     weights, kv_regions = _static_regions(model, cfg, fmt_map, kv, opts)
-    weights = weights + constants
+    weights = [w for w in weights + constants if w[0] not in framed]
+    kv_regions = [r for r in kv_regions if r[0] not in framed]
+    buffers = {ph: [b for b in bufs if b.name not in framed] for ph, bufs in buffers.items()}
     arenas = {phase: plan_arena(bufs, cfg.beat_bytes) for phase, bufs in buffers.items()}
+    if frames is not None:
+        weights.append((_FRAMES, frames.total_bytes))
     layout = layout_dram(cfg, weights, kv_regions, list(arenas.values()))
     symbols = dict(layout.regions)
     for phase, bufs in buffers.items():
         symbols.update(buffer_regions(layout, arenas[phase], bufs))
+    if frames is not None:
+        symbols = frame_symbols(symbols, frames, symbols.pop(_FRAMES).addr)
     return symbols, layout, arenas
+
+
+#: The DRAM region of a block loop's frames (:func:`_place`).
+_FRAMES = "frames"
 
 
 def _kv_layout(model: LlamaLM, cfg: AcceleratorConfig, opts: CompileOptions) -> KVLayout:
@@ -829,11 +849,10 @@ def _joined(programs: Sequence[Program], templates: int) -> list[int]:
 
 
 def _frame_step(cfg: AcceleratorConfig, model: LlamaLM, placed: Mapping[str, Region],
-                layout: DramLayout, programs: Sequence[Program], templates: int
-                ) -> FramePlan | None:
+                programs: Sequence[Program], templates: int) -> FramePlan | None:
     """The frames (:func:`sw.compile.blockloop.frame_plan`) of the largest joined decode
     program's blocks over ``placed`` (the decode arena's buffers, constants, weights and KV
-    cache), None where it has none or they do not fit the DRAM after ``layout``."""
+    cache), None where it has none."""
     joined = _joined(programs, templates)
     blocks = model.config.num_hidden_layers
     if not joined or blocks < 2:
@@ -843,8 +862,6 @@ def _frame_step(cfg: AcceleratorConfig, model: LlamaLM, placed: Mapping[str, Reg
             if r.kind != "arena" or n.split(":")[1:2] == ["decode"]}
     plan = frame_plan(p.words, cand, blocks, cfg.beat_bytes,
                       {n: r.kind == "weight" for n, r in cand.items()})
-    if plan is None or layout.total_bytes + plan.total_bytes > cfg.memory.size_bytes:
-        return None
     return plan
 
 

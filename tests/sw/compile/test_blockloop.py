@@ -234,8 +234,9 @@ def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers):
     rep = exe.report["block_loop"]
     assert rep["looped_programs"] == exe.report["phases"]["decode"]["joined_programs"] == 3
     assert rep["frames"] == layers + 1
-    assert exe.report["dram"]["total"] == flat.report["dram"]["total"] + rep["frames"] * \
-        rep["frame_bytes"]
+    # the frames hold what the blocks address in place of where it was
+    assert flat.report["dram"]["total"] < exe.report["dram"]["total"] < \
+        flat.report["dram"]["total"] + rep["frames"] * rep["frame_bytes"]
     joined = [p for p in exe.programs if p.phase == "decode" and p.fused_into is None]
     flat_joined = [p for p in flat.programs if p.phase == "decode" and p.fused_into is None]
     for p, q in zip(joined, flat_joined, strict=True):
