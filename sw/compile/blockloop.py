@@ -146,7 +146,10 @@ class FramePlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.frame_bytes * self.frames
+        """Bytes from frame 0's start to the end of the last symbol (the last frame holds
+        only what the last block writes for after the loop)."""
+        return max(m * self.frame_bytes + off + self.sizes[self.copies.get(s, s)][0]
+                   for s, (m, off) in self.slots.items())
 
 
 def copy_name(symbol: str, frame: int) -> str:

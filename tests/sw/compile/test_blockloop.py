@@ -187,6 +187,8 @@ def test_frame_plan_chains_block_symbols_and_copies_constants():
     const = {n: r.kind == "weight" for n, r in symbols.items()}
     plan = frame_plan(words, symbols, blocks, beat, const)
     assert plan is not None and plan.frames == blocks + 1
+    # the last frame ends with its one symbol, the next block's input rows
+    assert plan.total_bytes == blocks * plan.frame_bytes + plan.slots["in:0"][1] + 64
     assert plan.copies == {copy_name("rope", m): "rope" for m in (1, 2)}
     framed = frame_symbols(symbols, plan, 1 << 20)
     for m in range(blocks):
