@@ -259,13 +259,13 @@ def frame_plan(words: np.ndarray, symbols: Mapping[str, Region], blocks: int, be
         if roots.setdefault(root, {}).setdefault(d, s) != s:
             return None  # two symbols claim one frame's slot
     size = {s: symbols[copies.get(s, s)].nbytes for s in where}
-    offset, slot_at = 0, {}
-    for root in sorted(roots):
+    low = {root: min(ds) for root, ds in roots.items()}
+    offset, slot_at = 0, {}  # the chains that reach the last frame first: it ends early
+    for root in sorted(roots, key=lambda r: (low[r] - max(roots[r]), r)):
         slot_at[root] = offset
         need = max(size[s] for s in roots[root].values())
         offset += -(-max(need, 1) // beat) * beat
     frame = offset
-    low = {root: min(ds) for root, ds in roots.items()}
     frames = max(max(ds) - low[root] + 1 for root, ds in roots.items())
     if frame // beat >= _STRIDE_LIMIT:
         return None
