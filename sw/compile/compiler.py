@@ -34,7 +34,7 @@ from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
-from hw.isa import VecFunc
+from hw.isa import Opcode, VecFunc, decode_fields
 from hw.numerics import (
     ACT_MAX,
     dequant_channels,
@@ -46,8 +46,9 @@ from hw.numerics import (
     values_channel,
 )
 from sw.compile import symbols as sym
+from sw.compile.blockloop import FramePlan, frame_plan, frame_symbols, roll_blocks
 from sw.compile.capture import CaptureResult, capture
-from sw.compile.errors import CompileError, LoweringError
+from sw.compile.errors import CompileError, LoweringError, PlanError
 from sw.compile.executable import (
     Executable,
     IOBinding,
@@ -157,6 +158,13 @@ class CompileOptions:
         With ``chain_programs``, join a decode step's fused programs into one program per
         context bucket (:func:`_join_step`) where every value between them stays on chip and
         it fits the instruction memory; the step's buffers then live through the whole step.
+    block_loop : bool or None
+        With ``one_program``, run the joined step's decoder blocks as one REPEAT of one
+        block (:mod:`sw.compile.blockloop`): the symbols the blocks address are laid out in
+        one frame per layer after the rest of the DRAM, where the DRAM holds them, and the
+        host writes the token's embedding rows (no embedding table on chip). True: wherever
+        the blocks roll; None (the default): where a step joins only so (it does not fit
+        the instruction memory unrolled); False: never.
     """
 
     prompt_tokens: int
@@ -173,6 +181,7 @@ class CompileOptions:
     chain_programs: bool = True
     argmax: bool = False
     one_program: bool = True
+    block_loop: bool | None = None
 
 
 def fuses_programs(cfg: AcceleratorConfig, opts: CompileOptions) -> bool:
@@ -267,18 +276,37 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     t0 = time.perf_counter()
     work, buffers, kv, pairs = _partition(model, cfg, graphs, fmt_map, options, report)
     embedding = _embedding_reads(graphs, work)
-    symbols, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
-                                     _constant_regions(work, options.max_context, pairs)
-                                     + _embedding_region(model, embedding))
-    for g in all_groups(pairs.values()):  # a part's results inside another's rows
-        for name, parent, offset, size in part_aliases(cfg, g.parts):
-            r = symbols[parent]
-            symbols[name] = Region(r.addr + offset, size, r.kind)
-    programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
-                                        options.loops, frozenset(embedding))
-    joined = 0
-    if options.one_program and options.chain_programs and "decode" in table.entries:
-        programs, table, joined = _join_step(cfg, programs, table, graphs["decode"], templates)
+    regions = _constant_regions(work, options.max_context, pairs)
+    placed, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
+                                    regions + _embedding_region(model, embedding))
+    symbols, programs, table, templates, joined = _lower_join(
+        cfg, work, placed, options, pairs, graphs, frozenset(embedding))
+    frames = None
+    if options.one_program and options.chain_programs and "decode" in table.entries and (
+            options.block_loop or options.block_loop is None
+            and _step_programs(programs, table, "decode")[0] > 1):
+        # joined whatever their length, the blocks' symbols in frames, the blocks one loop;
+        # the host writes the token's embedding rows (a table LOAD in the loop's body would
+        # advance with every block)
+        plain = _place(model, cfg, fmt_map, buffers, kv, options, regions)
+        _, wide, _, wide_templates, wide_joined = _lower_join(cfg, work, plain[0], options,
+                                                              pairs, graphs, wide=True)
+        if wide_joined:
+            frames = _frame_step(cfg, model, plain[0], wide, wide_templates)
+    if frames is not None:
+        try:
+            framed = _place(model, cfg, fmt_map, buffers, kv, options, regions, frames)
+        except PlanError:  # the copies do not fit the DRAM
+            frames = None
+    if frames is not None:
+        rolled = _lower_join(cfg, work, framed[0], options, pairs, graphs, wide=True)
+        looped = _roll_step(cfg, rolled[1], model.config.num_hidden_layers, rolled[3],
+                            rolled[0], frames)
+        if any(looped[i].instructions > cfg.imem_depth for i in _joined(looped, rolled[3])):
+            frames = None
+        else:
+            symbols, programs, table, templates, joined = (rolled[0], looped, *rolled[2:])
+            (placed, layout, arenas), embedding = framed, {}
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
         # a step runs one program per set of nodes (of its context bucket's, the most)
@@ -296,6 +324,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         image.update(_vector_constants(model, work, options.max_context))
         image.update(_dequant_constants(weights, pairs))
         image.update(_embedding_table(model, graphs, embedding))
+        image.update({c: image[orig] for c, orig in (frames.copies if frames else {}).items()
+                      if orig in image})
     host, host_shapes = _host_tensors(model, graphs, fmt_map, weights)
     mcfg = model.config
     report.update({
@@ -305,12 +335,15 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         "templates": templates + joined,
         "instructions": int(sum(p.instructions for p in programs)),
         "dram": {"weights": layout.weight_bytes, "kv_cache": layout.kv_bytes,
-                 "arena": layout.arena_bytes, "total": layout.total_bytes,
+                 "arena": layout.arena_bytes,
+                 **({"frames": frames.total_bytes} if frames else {}),
+                 "total": layout.total_bytes,
                  "size": cfg.memory.size_bytes},
         "arena_bytes": layout.arena_bytes,
         "arena_lower_bound_bytes": max(a.lower_bound for a in arenas.values()),
         "fuse": options.fuse, "loops": options.loops,
         **({"fused_programs": sum(bool(p.parts) for p in programs)} if pairs else {}),
+        **({"block_loop": _block_loop_report(programs, frames, templates)} if frames else {}),
         "accelerated_layers": len(fmt_map), "kv_bits": options.kv_bits})
     return Executable(
         cfg=cfg, model=mcfg, graphs=graphs, programs=programs, table=table,
@@ -486,18 +519,32 @@ def _attach(groups: Sequence[FusedGroup], merged: Sequence[tuple[FusedGroup, Fus
 
 
 def _place(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, buffers: Mapping[str, list[Buffer]],
-           kv: KVLayout, opts: CompileOptions, constants: list[tuple[str, int]]
+           kv: KVLayout, opts: CompileOptions, constants: list[tuple[str, int]],
+           frames: FramePlan | None = None
            ) -> tuple[dict[str, Region], DramLayout, dict[str, ArenaPlan]]:
     """DRAM regions of the weights (and the vector programs' constant rows after them), the
-    KV cache and every buffer (arena per phase)."""
+    KV cache and every buffer (arena per phase); with ``frames``, the symbols they place
+    in frames (:func:`sw.compile.blockloop.frame_symbols`) after the weights and constants
+    (counted with the weights) and not among the others."""
+    framed = frames.slots if frames is not None else {}
     weights, kv_regions = _static_regions(model, cfg, fmt_map, kv, opts)
-    weights = weights + constants
+    weights = [w for w in weights + constants if w[0] not in framed]
+    kv_regions = [r for r in kv_regions if r[0] not in framed]
+    buffers = {ph: [b for b in bufs if b.name not in framed] for ph, bufs in buffers.items()}
     arenas = {phase: plan_arena(bufs, cfg.beat_bytes) for phase, bufs in buffers.items()}
+    if frames is not None:
+        weights.append((_FRAMES, frames.total_bytes))
     layout = layout_dram(cfg, weights, kv_regions, list(arenas.values()))
     symbols = dict(layout.regions)
     for phase, bufs in buffers.items():
         symbols.update(buffer_regions(layout, arenas[phase], bufs))
+    if frames is not None:
+        symbols = frame_symbols(symbols, frames, symbols.pop(_FRAMES).addr)
     return symbols, layout, arenas
+
+
+#: The DRAM region of a block loop's frames (:func:`_place`).
+_FRAMES = "frames"
 
 
 def _kv_layout(model: LlamaLM, cfg: AcceleratorConfig, opts: CompileOptions) -> KVLayout:
@@ -546,7 +593,7 @@ def static_dram_bytes(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOp
 
 def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int,
            groups: Mapping[int, FusedGroup] | None = None, loops: bool | None = None,
-           embedding: frozenset[str] = frozenset()
+           embedding: frozenset[str] = frozenset(), spread: bool = True
            ) -> tuple[list[Program], ProgramTable, int]:
     """One program per (node, bucket): each distinct one lowered once (``loops``: rolled,
     :class:`CompileOptions`), relocated; and the table that finds them for every context.
@@ -557,7 +604,8 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
     attention groups is fused after each bucket's attention program where that fits
     (:func:`_fuse_attention`). A group's residual rows (:attr:`FusedGroup.residual`) are
     the host's to write unless an earlier group left them on chip in every context (its
-    programs each hold that group's parts: ``onchip``, :func:`sw.compile.fusion.rows_left`).
+    programs each hold that group's parts: ``onchip``, :func:`sw.compile.fusion.rows_left`);
+    ``spread``: how far the fused programs hoist LOADs (:func:`sw.compile.fusion.fuse_parts`).
     A decode program's LOADs of the ``embedding`` buffers (the token's embedding rows) are
     its ``embed_rows``."""
     templates: dict[tuple, tuple[int, Template | None]] = {}
@@ -598,10 +646,10 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
                                     embed_rows=embed))
         if i in groups and groups[i].attention:
             whole = _fuse_attention(cfg, programs, pos, groups[i], templates, addr,
-                                    table[phase], work, onchip, embedding)
+                                    table[phase], work, onchip, embedding, spread)
         elif i in groups:
             whole = _fuse_or_fall_back(cfg, programs, pos, groups[i], templates, addr, onchip,
-                                       embedding)
+                                       embedding, spread)
         if i in groups and whole:
             onchip |= rows_left(groups[i])
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
@@ -611,14 +659,14 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
 def _fuse_or_fall_back(cfg: AcceleratorConfig, programs: list[Program],
                        pos: Mapping[int, int], group: FusedGroup, templates: dict,
                        addr: Mapping[str, int], onchip: Collection[str] = frozenset(),
-                       embedding: frozenset[str] = frozenset()
+                       embedding: frozenset[str] = frozenset(), spread: bool = True
                        ) -> bool:
     """:func:`_fuse` ``group``, or each of its fallbacks where it does not fit; whether
     ``group`` itself fused."""
-    if _fuse(cfg, programs, pos, group, templates, addr, onchip, embedding):
+    if _fuse(cfg, programs, pos, group, templates, addr, onchip, embedding, spread):
         return True
     for g in group.fallback:
-        _fuse(cfg, programs, pos, g, templates, addr, onchip, embedding)
+        _fuse(cfg, programs, pos, g, templates, addr, onchip, embedding, spread)
     return False
 
 
@@ -626,7 +674,7 @@ def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[i
                     chain: FusedGroup, templates: dict, addr: Mapping[str, int],
                     table: dict[str, list[tuple[int, int, int]]], work,
                     onchip: Collection[str] = frozenset(),
-                    embedding: frozenset[str] = frozenset()) -> bool:
+                    embedding: frozenset[str] = frozenset(), spread: bool = True) -> bool:
     """Fuse ``chain`` after each context bucket's attention program
     (:attr:`sw.compile.fusion.FusedGroup.attention`): the chain's nodes then have a program
     per bucket (the first merged bucket's their own programs, the others' copies of them),
@@ -636,7 +684,7 @@ def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[i
     every context of such a bucket runs. Whether every context's programs hold the chain's
     parts (the chain's own program fused where a bucket needs it)."""
     fits = [m for m in chain.attention
-            if _fuse(cfg, list(programs), pos, m, dict(templates), addr, onchip, embedding)]
+            if _fuse(cfg, list(programs), pos, m, dict(templates), addr, onchip, embedding, spread)]
     merged = {id(m) for m in fits}
     own = len(fits) < len(chain.attention)  # the chain runs alone in some bucket
     rows: dict[str, list[tuple[int, int, int]]] = {}
@@ -652,15 +700,17 @@ def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[i
             rows.setdefault(work[e][1].name, []).append((first, last, at[e]))
         where.append(at)
     for m, at in zip(fits, where, strict=True):
-        if not _fuse(cfg, programs, at, m, templates, addr, onchip, embedding):  # pragma: no cover
+        if not _fuse(cfg, programs, at, m, templates, addr, onchip, embedding,
+                     spread):  # pragma: no cover
             raise LoweringError(f"the merged program of {programs[at[m.entries[0]]].node!r} "
                                 "fitted once and no longer does")
     for m in chain.attention:
         if id(m) not in merged:
             for a in m.fallback:
-                _fuse_or_fall_back(cfg, programs, pos, a, templates, addr, onchip, embedding)
+                _fuse_or_fall_back(cfg, programs, pos, a, templates, addr, onchip, embedding,
+                                   spread)
     whole = not own or _fuse_or_fall_back(cfg, programs, pos, chain, templates, addr, onchip,
-                                          embedding)
+                                          embedding, spread)
     for name, r in rows.items():  # each merged bucket's first, the chain's own last
         table[name] = r + (table[name] if own else [])
     return whole
@@ -686,7 +736,7 @@ def _part_template(cfg: AcceleratorConfig, part) -> Template:
 def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int],
           group: FusedGroup, templates: dict, addr: Mapping[str, int],
           onchip: Collection[str] = frozenset(),
-          embedding: frozenset[str] = frozenset()) -> bool:
+          embedding: frozenset[str] = frozenset(), spread: bool = True) -> bool:
     """Append the fused program of ``group`` and make its entries' programs (at ``pos``) its
     parts; False, and nothing changed, if it does not fit the instruction memory.
 
@@ -753,7 +803,7 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
             acc = 4 * part.rows * part.length
             work = [work[0] + acc + 4 * part.length + 4 * part.rows, work[1] + acc, work[2]]
     try:
-        fused, places = fuse_parts(cfg, words)
+        fused, places = fuse_parts(cfg, words, spread=spread)
     except LoweringError:
         return False
     # a ROPE part's table LOADs, as words of the fused program: the runtime sets them per step
@@ -796,6 +846,86 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
                             work=tuple(work), position_rows=position_rows,
                             append_rows=append_rows, embed_rows=embed_rows))
     return True
+
+
+#: The instruction memory a step is joined for before its blocks are rolled (the largest
+#: a configuration may have).
+_WIDE_IMEM = 1 << 20
+
+
+def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
+                options: CompileOptions, pairs: Mapping[int, FusedGroup],
+                graphs: Mapping[str, Graph], embedding: frozenset[str] = frozenset(),
+                wide: bool = False) -> tuple:
+    """The symbols (``placed`` and the fused parts' aliases), programs, table, templates and
+    joined decode steps (:func:`_join_step`) of ``work`` lowered with ``placed`` (the
+    ``embedding`` buffers read from the embedding table: :func:`_lower`); ``wide``: steps
+    joined whatever their length, each part's LOADs hoisted no further than its own boundary
+    (a block loop may make them fit: ``spread`` of :func:`_join_step`)."""
+    symbols = dict(placed)
+    for g in all_groups(pairs.values()):  # a part's results inside another's rows
+        for name, parent, offset, size in part_aliases(cfg, g.parts):
+            r = symbols[parent]
+            symbols[name] = Region(r.addr + offset, size, r.kind)
+    programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
+                                        options.loops, embedding, not wide)
+    joined = 0
+    if options.one_program and options.chain_programs and "decode" in table.entries:
+        programs, table, joined = _join_step(cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg,
+                                             programs, table, graphs["decode"], templates,
+                                             spread=not wide)
+    return symbols, programs, table, templates, joined
+
+
+def _joined(programs: Sequence[Program], templates: int) -> list[int]:
+    """The joined decode programs (:func:`_join_step`: numbered from ``templates`` on)."""
+    return [i for i, p in enumerate(programs) if p.template >= templates]
+
+
+def _frame_step(cfg: AcceleratorConfig, model: LlamaLM, placed: Mapping[str, Region],
+                programs: Sequence[Program], templates: int) -> FramePlan | None:
+    """The frames (:func:`sw.compile.blockloop.frame_plan`) of the largest joined decode
+    program's blocks over ``placed`` (the decode arena's buffers, constants, weights and KV
+    cache), None where it has none."""
+    joined = _joined(programs, templates)
+    blocks = model.config.num_hidden_layers
+    if not joined or blocks < 2:
+        return None
+    p = max((programs[i] for i in joined), key=lambda q: len(q.parts))
+    cand = {n: r for n, r in placed.items()
+            if r.kind != "arena" or n.split(":")[1:2] == ["decode"]}
+    plan = frame_plan(p.words, cand, blocks, cfg.beat_bytes,
+                      {n: r.kind == "weight" for n, r in cand.items()})
+    return plan
+
+
+def _roll_step(cfg: AcceleratorConfig, programs: list[Program], blocks: int, templates: int,
+               symbols: Mapping[str, Region], frames: FramePlan) -> list[Program]:
+    """``programs`` with each joined decode program's blocks rolled into one REPEAT where
+    they are periodic (:func:`sw.compile.blockloop.roll_blocks`; the constants with a copy
+    per frame in ``symbols``)."""
+    beat = cfg.beat_bytes
+    shared = [(symbols[o].addr // beat, -(-symbols[o].end // beat))
+              for o in set(frames.copies.values())]
+    for i in _joined(programs, templates):
+        p = programs[i]
+        rolled = roll_blocks(p.words, blocks, shared=shared, position_rows=p.position_rows,
+                             imm_rows=p.imm_rows, append_rows=p.append_rows)
+        if rolled is not None:
+            programs[i] = dataclasses.replace(
+                p, words=rolled["words"], position_rows=rolled["position_rows"],
+                imm_rows=rolled["imm_rows"], append_rows=rolled["append_rows"])
+    return programs
+
+
+def _block_loop_report(programs: Sequence[Program], frames: FramePlan, templates: int
+                       ) -> dict:
+    """The block loop's frames and the joined programs that run one."""
+    looped = [programs[i] for i in _joined(programs, templates)
+              if any(op == Opcode.REPEAT.value for op in decode_fields(programs[i].words)
+                     ["opcode"].tolist())]
+    return {"frame_bytes": frames.frame_bytes, "frames": frames.frames,
+            "copies": len(frames.copies), "looped_programs": len(looped)}
 
 
 def _segments(rows: Iterable[tuple[int, int, int]]) -> list[tuple[int, int]]:
@@ -870,14 +1000,16 @@ def _joinable(graph: Graph, programs: Sequence[Program], runs: Sequence[int]) ->
 
 
 def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTable,
-               graph: Graph, templates: int) -> tuple[list[Program], ProgramTable, int]:
+               graph: Graph, templates: int, spread: bool = True
+               ) -> tuple[list[Program], ProgramTable, int]:
     """One program per decode step and context range: the fused programs a step runs
     (:func:`_step_runs`) joined by :func:`sw.compile.fusion.fuse_parts` where
     :func:`_joinable` and it fits the instruction memory. The joined program's parts are
     copies of every part (each range has its own, ``fused_into`` the joined one) and its
     run-time words (``position_rows``, ``imm_rows``, ``append_rows``) are the fused
     programs', moved to where they land; a range that does not join keeps its programs. The
-    table is rebuilt per range. Returns the programs, the table and how many joined (their
+    table is rebuilt per range (``spread``: :func:`sw.compile.fusion.fuse_parts`'s). Returns
+    the programs, the table and how many joined (their
     templates numbered from ``templates``)."""
     phase = "decode"
     entries = table.entries[phase]
@@ -890,7 +1022,7 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
         fused = None
         if len(runs) > 1 and _joinable(graph, programs, runs):
             try:
-                fused = fuse_parts(cfg, [programs[r].words for r in runs])
+                fused = fuse_parts(cfg, [programs[r].words for r in runs], spread=spread)
             except LoweringError:  # it does not fit: the fused programs run
                 fused = None
         if fused is not None:

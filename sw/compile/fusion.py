@@ -609,8 +609,8 @@ def fuse_words(cfg: AcceleratorConfig, parts: Sequence[np.ndarray],
     return fuse_parts(cfg, parts, overlap)[0]
 
 
-def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool = True
-               ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
+def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool = True,
+               spread: bool = True) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
     """One program of the encoded programs ``parts`` (each ``uint64 [n, 2]``, END last), run
     one after the other: each part's END dropped and, before the next part, one SYNC on the
     LOAD engine per signal the part left unconsumed (which drains the counters and orders the
@@ -620,7 +620,11 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     LOAD-engine word before, or on a SYNC of their own), so they stream while the part
     before drains and the events run as without them; a vector part whose VIN beats collide
     with the part before's moves its VIN above them first (:func:`_vin_moved`), where that
-    lets more of its LOADs go.
+    lets more of its LOADs go. With ``spread``, each of those LOADs goes up to the first
+    boundary where the LOAD engine idles long enough for it (past several parts); without,
+    every one to its own part's boundary (a step whose blocks roll into one loop: no body's
+    LOADs may move into the block before, which the last block's successor does not
+    mirror).
     Returns the program and, per part, where each of its words (END aside) lies in it.
 
     Raises
@@ -658,7 +662,7 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
         placed.append(body)
         room.append(_slack(cfg, placed[-2]) if k else 0)
         at, f, goes = 0, decode_fields(body), []
-        for i in hoisted:  # in order, each at the first boundary with room for it
+        for i in hoisted if spread else ():  # in order, each at the first boundary with room
             beats = int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
             at = next((j for j in range(max(at, _boundary(placed, body, i, constant)), k + 1)
                        if room[j] >= beats), k if len(goes) < 2 else None)
@@ -666,6 +670,8 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
                 break
             room[at] -= beats
             goes.append(at)
+        if not spread:
+            goes = [k] * len(hoisted)
         hoisted = hoisted[:len(goes)]
         for i, j in zip(hoisted, goes, strict=True):
             early[j].append((k, i))

@@ -651,9 +651,9 @@ class Runtime:
                                   words)
         if program.append_rows:
             groups = self._append_sites.get(run)
-            if groups is None:
+            if groups is None:  # a block loop's word: once, for every layer
                 groups = self._append_sites[run] = _append_groups(
-                    [r[:3] for r in program.append_rows])
+                    dict.fromkeys(r[:3] for r in program.append_rows))
             words = _move_append(program.words if words is None else words, groups, self.kv,
                                  env.past)
         return words

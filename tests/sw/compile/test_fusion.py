@@ -565,9 +565,9 @@ def _fused_parts_of_tiny_model(monkeypatch) -> list[list[np.ndarray]]:
     the compiler hands them to :func:`fuse_parts`."""
     seen = []
 
-    def spy(cfg, parts, *args):
+    def spy(cfg, parts, *args, **kw):
         seen.append([p.copy() for p in parts])
-        return fuse_parts(cfg, parts, *args)
+        return fuse_parts(cfg, parts, *args, **kw)
     monkeypatch.setattr(compiler, "fuse_parts", spy)
     lm = tiny_lm()
     compile_model(lm, VSMALL, CompileOptions(4, 6), weights=compressed(lm))
@@ -854,8 +854,8 @@ def test_a_bucket_whose_merged_program_does_not_fit_runs_attention_and_chain_apa
     shortest = min(p.instructions for p in _merged(compile_model(lm, cfg, opts, weights=ws)))
     real = compiler.fuse_parts
 
-    def tight(cfg, parts, *args):
-        words, places = real(cfg, parts, *args)
+    def tight(cfg, parts, *args, **kw):
+        words, places = real(cfg, parts, *args, **kw)
         funcs = {f for w in parts for f in _vec_funcs(w)}
         if {VecFunc.SOFTMAX, VecFunc.ADD} <= funcs and words.shape[0] > shortest:
             raise LoweringError("longer than the shortest merged program")
@@ -1025,9 +1025,9 @@ def test_an_overlapped_attention_chain_computes_what_a_drained_one_does(monkeypa
     the end, never more cycles."""
     seen = []
 
-    def spy(cfg, parts, *args):
+    def spy(cfg, parts, *args, **kw):
         seen.append([p.copy() for p in parts])
-        return fuse_parts(cfg, parts, *args)
+        return fuse_parts(cfg, parts, *args, **kw)
     monkeypatch.setattr(compiler, "fuse_parts", spy)
     lm = tiny_lm(layers=2, heads=4, kv_heads=2)
     exe = compile_model(lm, VSMALL, CompileOptions(4, 6), weights=compressed(lm))

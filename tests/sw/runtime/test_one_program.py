@@ -50,7 +50,7 @@ def test_a_decode_step_is_one_program_and_the_tokens_equal_the_twins(model, cont
     programs' (the rope tables, softmax counts and KV appends of every layer), and the
     logits equal the twin's bit for bit; without one_program a step runs three."""
     lm, ws = model
-    opts = CompileOptions(PROMPT, context)
+    opts = CompileOptions(PROMPT, context, block_loop=False)  # every block
     exe = compile_model(lm, VSMALL, opts, weights=ws)
     rep = exe.report["phases"]["decode"]
     assert rep["programs_per_step"] == 1 and rep["host_transitions_per_step"] == 2
