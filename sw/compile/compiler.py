@@ -803,7 +803,7 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
             acc = 4 * part.rows * part.length
             work = [work[0] + acc + 4 * part.length + 4 * part.rows, work[1] + acc, work[2]]
     try:
-        fused, places = fuse_parts(cfg, words, spread=spread)
+        fused, places = fuse_parts(cfg, words, spread=spread or nodes[0].phase != "decode")
     except LoweringError:
         return False
     # a ROPE part's table LOADs, as words of the fused program: the runtime sets them per step

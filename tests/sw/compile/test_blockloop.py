@@ -223,16 +223,22 @@ def _steps(exe, lm, prompt=6, steps=4, seed=3):
 
 
 @pytest.mark.parametrize("layers", [2, 3])
-def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers):
+def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers, monkeypatch):
     """On the fast model, the decode step whose blocks are one REPEAT gives the unrolled
-    join's logits bit for bit, in as many cycles (the loop's REPEAT and loop-backs are fetch
-    work the dispatch of the body hides, hw/timing.py "Fetch"), from about one block's words
-    (every context range's program)."""
+    join's logits bit for bit, in as many cycles as the unrolled join with the same hoisting
+    (each part's LOADs no further than its own boundary, ``fuse_parts(spread=False)``: the
+    loop's REPEAT and loop-backs are fetch work the dispatch of the body hides, hw/timing.py
+    "Fetch"), from about one block's words (every context range's program)."""
+    from sw.compile import compiler
     lm = tiny_lm(layers=layers, heads=4, kv_heads=2)
     ws = compressed(lm)
     opts = CompileOptions(6, 40, block_loop=True)  # the step fits unrolled too
     exe = compile_model(lm, VSMALL, opts, weights=ws)
+    lower, join = compiler._lower, compiler._join_step
+    monkeypatch.setattr(compiler, "_lower", lambda *a: lower(*a[:-1], False))
+    monkeypatch.setattr(compiler, "_join_step", lambda *a, spread: join(*a, spread=False))
     flat = compile_model(lm, VSMALL, CompileOptions(6, 40, block_loop=False), weights=ws)
+    monkeypatch.undo()
     rep = exe.report["block_loop"]
     assert rep["looped_programs"] == exe.report["phases"]["decode"]["joined_programs"] == 3
     assert rep["frames"] == layers + 1

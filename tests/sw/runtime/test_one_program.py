@@ -86,10 +86,10 @@ def test_a_step_that_does_not_fit_runs_its_fused_programs(model, monkeypatch):
     lm, ws = model
     real = compiler.fuse_parts
 
-    def small(cfg, parts, *a):
+    def small(cfg, parts, *a, **kw):
         if len(parts) == 3 and all(len(p) > 50 for p in parts):
             raise LoweringError("does not fit")
-        return real(cfg, parts, *a)
+        return real(cfg, parts, *a, **kw)
 
     monkeypatch.setattr(compiler, "fuse_parts", small)
     exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS), weights=ws)
