@@ -277,8 +277,14 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     work, buffers, kv, pairs = _partition(model, cfg, graphs, fmt_map, options, report)
     embedding = _embedding_reads(graphs, work)
     regions = _constant_regions(work, options.max_context, pairs)
-    placed, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
-                                    regions + _embedding_region(model, embedding))
+    try:
+        placed, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options,
+                                        regions + _embedding_region(model, embedding))
+    except PlanError:  # the embedding table does not fit: the host writes the rows
+        if not embedding:
+            raise
+        embedding = {}
+        placed, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options, regions)
     symbols, programs, table, templates, joined = _lower_join(
         cfg, work, placed, options, pairs, graphs, frozenset(embedding))
     frames = None
@@ -288,7 +294,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         # joined whatever their length, the blocks' symbols in frames, the blocks one loop;
         # the host writes the token's embedding rows (a table LOAD in the loop's body would
         # advance with every block)
-        plain = _place(model, cfg, fmt_map, buffers, kv, options, regions)
+        plain = (_place(model, cfg, fmt_map, buffers, kv, options, regions) if embedding
+                 else (placed, layout, arenas))
         _, wide, _, wide_templates, wide_joined = _lower_join(cfg, work, plain[0], options,
                                                               pairs, graphs, wide=True)
         if wide_joined:

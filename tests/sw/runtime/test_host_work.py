@@ -139,3 +139,29 @@ def test_the_embed_rows_survive_a_file(model, tmp_path):
     _, exe, _ = model
     back = load(save(exe, tmp_path / "exe.safetensors"))
     assert [p.embed_rows for p in back.programs] == [p.embed_rows for p in exe.programs]
+
+
+def test_a_dram_too_small_for_the_table_has_the_host_write_the_rows(model):
+    """Where the embedding table does not fit the DRAM (the rest does), the compiler places
+    none and the host writes each decode token's rows: same tokens, bytes written."""
+    from sw.compile.executable import EMBEDDING_TABLE
+
+    lm, exe, twin = model
+    table = exe.symbols[EMBEDDING_TABLE].nbytes
+    total = exe.report["dram"]["total"]
+    small = CFG.with_dram(total - CFG.beat_bytes)
+    lm2 = copy.deepcopy(lm)
+    fmt = compress_llama(lm2, lambda name, _: (WeightFormat("dense", 8, 32) if name == HEAD
+                                               else WeightFormat("2:4", 4, 32)),
+                         "magnitude", skip=(), progress=False)
+    tight = compile_model(lm2, small, CompileOptions(PROMPT, PROMPT + STEPS + 1, argmax=True),
+                          weights=fmt)
+    assert EMBEDDING_TABLE not in tight.symbols and table > CFG.beat_bytes
+    assert not any(p.embed_rows for p in tight.programs)
+    prompt = _prompt(lm, 3)
+    with torch.no_grad():
+        want = generate(twin, torch.tensor(prompt), STEPS + 1)[PROMPT:].tolist()
+    gen = Runtime(tight, make_backend("model", small), vector=True).generate(
+        prompt, STEPS + 1, logits=False)
+    assert gen.tokens == want
+    assert all(st.written_bytes > 0 for st in gen.steps[1:])
