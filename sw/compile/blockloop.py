@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.isa import End, Instr, Load, Repeat, RepeatBody, Spad, Store, decode, program_words
+from hw.isa import End, Instr, Repeat, RepeatBody, decode, program_words
 from sw.compile.plan import Region
+from sw.compile.roll import stride_class
 
 __all__ = ["block_period", "block_strides", "FramePlan", "frame_plan", "frame_symbols",
            "roll_blocks", "copy_name"]
@@ -52,18 +53,9 @@ def instructions(words: np.ndarray) -> list[Instr]:
     return [decode(int(lo) | (int(hi) << 64)) for lo, hi in np.asarray(words)]
 
 
-def _class(ins: Instr) -> str | None:
-    """The REPEAT stride field of a transfer (:func:`hw.isa.loop_stride`), None for the rest."""
-    if isinstance(ins, Load):
-        return "wgt_stride" if ins.spad == Spad.WGT else "load_stride"
-    if isinstance(ins, Store):
-        return "store_stride"
-    return None
-
-
 def _key(ins: Instr) -> Instr:
     """What must repeat exactly from block to block: every field but a DMA's address."""
-    return dataclasses.replace(ins, dram_addr=0) if _class(ins) else ins
+    return dataclasses.replace(ins, dram_addr=0) if stride_class(ins) else ins
 
 
 def block_period(prog: Sequence[Instr], blocks: int) -> tuple[int, int] | None:
@@ -114,7 +106,7 @@ def block_strides(prog: Sequence[Instr], start: int, length: int, blocks: int,
     out: dict[str, int] = {}
     copied: set[str] = set()
     for j in range(start, start + length):
-        c = _class(prog[j])
+        c = stride_class(prog[j])
         if c is None:
             continue
         addrs = [prog[j + m * length].dram_addr for m in range(blocks)]
@@ -237,7 +229,7 @@ def frame_plan(words: np.ndarray, symbols: Mapping[str, Region], blocks: int, be
     chains = _Chains()
     copies: dict[str, str] = {}
     for j in range(start, start + length):
-        if _class(prog[j]) is None:
+        if stride_class(prog[j]) is None:
             continue
         hits = [owner(prog[j + m * length].dram_addr) for m in range(blocks)]
         if any(h is None for h in hits) or len({off for _, off in hits}) != 1:

@@ -41,7 +41,7 @@ from hw.isa import (
     VecFunc,
 )
 
-__all__ = ["roll", "MAX_BODY"]
+__all__ = ["roll", "stride_class", "MAX_BODY"]
 
 #: Longest body :func:`roll` tries (instructions): a layer's period is a few instructions;
 #: longer bodies cost search time for little gain.
@@ -51,7 +51,7 @@ _STRIDES = ("wgt_stride", "load_stride", "store_stride")
 _STRIDE_LIMIT = {k: 1 << RepeatBody[k].width for k in _STRIDES}
 
 
-def _class(ins: Instr) -> str | None:
+def stride_class(ins: Instr) -> str | None:
     """The stride class of a transfer (:func:`hw.isa.loop_stride`), None for the rest."""
     if isinstance(ins, Load):
         return "wgt_stride" if ins.spad == Spad.WGT else "load_stride"
@@ -65,7 +65,7 @@ def _key(j: int, ins: Instr, reloc) -> tuple:
     A SOFTMAX VEC's key is unique (never rolled)."""
     if isinstance(ins, Vec) and ins.func == VecFunc.SOFTMAX:
         return ("softmax", j)
-    if _class(ins) is not None:
+    if stride_class(ins) is not None:
         return (dataclasses.replace(ins, dram_addr=0), reloc)
     return (ins, reloc)
 
@@ -76,7 +76,7 @@ def _strides(prog: Sequence[Instr], start: int, length: int) -> dict[str, int] |
     out = dict.fromkeys(_STRIDES, 0)
     seen: set[str] = set()
     for j in range(start, start + length):
-        c = _class(prog[j])
+        c = stride_class(prog[j])
         if c is None:
             continue
         d = prog[j + length].dram_addr - prog[j].dram_addr
@@ -94,7 +94,7 @@ def _period_matches(prog, keys, start: int, length: int, k: int, strides) -> boo
     if keys[base:base + length] != keys[start:start + length]:
         return False
     for j in range(length):
-        c = _class(prog[start + j])
+        c = stride_class(prog[start + j])
         if c is not None and prog[base + j].dram_addr != prog[start + j].dram_addr \
                 + k * strides[c]:
             return False
