@@ -102,8 +102,10 @@ class LinearProgram:
         return dram[y.addr:y.end].view("<i4").reshape(plan.tokens, -1)[:, :plan.n]
 
 
-def build_layers(cfg: AcceleratorConfig, specs: list[LayerSpec]) -> LinearProgram:
-    """Tile, schedule, lay out and relocate several layers into one program; fill the image.
+def build_layers(cfg: AcceleratorConfig, specs: list[LayerSpec], ring: bool | None = None
+                 ) -> LinearProgram:
+    """Tile, schedule, lay out and relocate several layers into one program; fill the image
+    (``ring``: the weights' ring, :func:`sw.compile.relocation.lower_template`).
 
     Without data (``weight``/``acts`` None in every spec) the program is timing-only: no DRAM
     image is allocated, so LLaMA-7B shapes need no memory.
@@ -120,7 +122,7 @@ def build_layers(cfg: AcceleratorConfig, specs: list[LayerSpec]) -> LinearProgra
              for sp in specs]
     members = [Member(p, f"w:{i}", f"x:{i}", f"y:{i}", b=f"b:{i}" if p.bias else None)
                for i, p in enumerate(plans)]
-    template = lower_template(cfg, members)
+    template = lower_template(cfg, members, ring=ring)
     symbols = _layout(cfg, members)
     words = relocate(template, {s: r.addr for s, r in symbols.items()}, members,
                      cfg.beat_bytes)

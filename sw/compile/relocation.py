@@ -80,12 +80,14 @@ class Template:
 
 
 def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer], *,
-                   loops: bool | None = False) -> Template:
+                   loops: bool | None = False, ring: bool | None = None) -> Template:
     """Schedule ``layers`` into one relocatable program (END appended); with ``loops``, its
     periodic runs rolled into hardware loops (:func:`sw.compile.roll.roll`; None: only if the
-    unrolled program does not fit the instruction memory). An unrolled program keeps its
-    weights in a ring (:func:`sw.compile.schedule.ring_slots`); a rolled one in the double
-    buffers, whose instructions repeat every two GEMMs.
+    unrolled program does not fit the instruction memory). An unrolled program on a
+    configuration with a vector engine keeps its weights in a ring
+    (:func:`sw.compile.schedule.ring_slots`; ``ring``: True or False to choose); one
+    without and a rolled one in the double buffers (a rolled one's instructions then repeat
+    every two GEMMs).
 
     Layers with the same input symbol ``x`` read one resident input (loaded into ACT once).
 
@@ -96,10 +98,11 @@ def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer], *,
         instruction memory (the hardware would stop with PC_OVERFLOW).
     """
     placed = [PlacedLayer(m.plan, w_tile_stride=m.w_tile_stride, x_key=m.x) for m in layers]
+    ring = cfg.has_vector if ring is None else ring
     if loops is False:
-        return _template(cfg, schedule_layers(cfg, placed), loops)
+        return _template(cfg, schedule_layers(cfg, placed, ring=ring), loops)
     # the double buffers' instructions repeat every two GEMMs, which rolls best
-    flat = schedule_layers(cfg, placed) if loops is None else None
+    flat = schedule_layers(cfg, placed, ring=ring) if loops is None else None
     if flat is not None and len(flat.instructions) + 1 <= cfg.imem_depth:
         return _template(cfg, flat, False)
     return _template(cfg, schedule_layers(cfg, placed, ring=False), loops)

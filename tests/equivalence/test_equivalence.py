@@ -206,7 +206,7 @@ def test_lowered_decode_layers_in_a_ring_agree(backends, seed):
         specs.append(LayerSpec(fmt, n, k, 1, random_quantized(fmt, (n, k), rng),
                                rng.integers(-127, 128, size=(1, k)).astype(np.int8)))
     try:
-        lp = build_layers(cfg, specs)
+        lp = build_layers(cfg, specs, ring=True)
     except LoweringError as e:
         pytest.skip(f"layer does not fit this small configuration: {e}")
     assert len({i.spad_addr for i in lp.program

@@ -64,7 +64,7 @@ def test_decode_layers_keep_a_ring_of_weight_chunks(monkeypatch, seed):
     for slots in (MAX_RING_SLOTS, 2):
         monkeypatch.setattr(schedule, "MAX_RING_SLOTS", slots)
         for cfg in (RING, RING.replace(memory=MemoryModel(latency=200, size_bytes=1 << 22))):
-            lp = build_layers(cfg, specs)
+            lp = build_layers(cfg, specs, ring=True)
             r = FastModel(cfg).run(lp.program, lp.dram)
             assert r.ok, r.detail
             for L, sp in enumerate(specs):
