@@ -613,6 +613,8 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
     the host's to write unless an earlier group left them on chip in every context (its
     programs each hold that group's parts: ``onchip``, :func:`sw.compile.fusion.rows_left`);
     ``spread``: how far the fused programs hoist LOADs (:func:`sw.compile.fusion.fuse_parts`).
+    A compilation that fuses programs (``groups``) keeps its linears' weights in a ring
+    (:func:`sw.compile.relocation.lower_template`), one that does not in the double buffers.
     A decode program's LOADs of the ``embedding`` buffers (the token's embedding rows) are
     its ``embed_rows``."""
     templates: dict[tuple, tuple[int, Template | None]] = {}
@@ -628,7 +630,8 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
         if key not in templates:
             try:
                 templates[key] = (len(templates),
-                                  lower_template(cfg, members, loops=loops) if vec is None
+                                  lower_template(cfg, members, loops=loops,
+                                                 ring=bool(groups)) if vec is None
                                   else lower_vector_template(
                                       cfg, vec.func, vec.rows, vec.length,
                                       second=vec.b is not None,
