@@ -16,10 +16,10 @@ recorded in board_memory.json and read from there.
 The prediction, per model and measured memory:
   1. the fast model (sim.model) runs one decode step at --context positions, compiled from the
      model's graph with its default recipe (sw.models.recipes) or the format after '@', on the
-     accelerator with the board's memory (ECPIX5.accelerator_config, the configuration the
-     bitstream is built for: one beat of the port's bytes per sys cycle, the contract's
-     read latency, longer than the measured idle latency): C cycles, B DRAM beats (reads and
-     writes);
+     accelerator with the board's memory (ECPIX5.accelerator_config of --config, by default
+     the board's own ECPIX5.base_config, the configuration its bitstream is built for: one
+     beat of the port's bytes per sys cycle, the contract's read latency, longer than the
+     measured idle latency): C cycles, B DRAM beats (reads and writes);
   2. the board's bridge stops the whole accelerator whenever the memory is late
      (hw/board/__init__.py), so every beat the memory delivers below the port's rate costs
      cycles on top of C: cycles = C + B * (beat / measured sequential bytes per cycle - 1);
@@ -34,10 +34,15 @@ peak bytes per second: the linears' packed weight streams and the KV cache of th
 layout (stream_bytes), the same on every configuration of the same lanes; what else a
 configuration reads (the vector engine's constants and tables, activations) is its own cost.
 
-The figures are the accelerator's alone: the host still runs norms, softmax, rotary embedding
-and the LM head between programs, over the UART (sw.runtime). The host's work is reported
-apart, as its estimated cycles on an on-chip vector unit (sw.runtime.costs); the UART's
-traffic is not modelled.
+The figures are the accelerator's alone: on a configuration without the vector engine the host
+still runs norms, softmax, rotary embedding and the LM head between programs, over the UART
+(sw.runtime). The host's work is reported apart, as its estimated cycles on an on-chip vector
+unit (sw.runtime.costs); the UART's traffic is not modelled. The same prediction on
+--vector-config (default: the 'vector' preset), for --vector-models, is the persistent
+program's: the host ops on the vector engine, the step's programs fused and joined into one
+per token, a model whose joined step does not fit the instruction memory (SmolLM2) running its
+decoder blocks as one loop, only the LM head on the host; at the board's clock whatever clock
+that configuration's own design reaches (docs/board.md says which bitstream could run it).
 
 Writes board.json (bench/results/ with --record, else build/bench/results/) with board,
 config, predicted_tokens_per_s (the board's port) and roofline_tokens_per_s per model,
@@ -50,8 +55,11 @@ Verilator (hw/board/sim_top.py: the bridged accelerator and the host link, LiteD
 modelled with random latencies and refresh stalls) through sim.board.BoardLink over a link that
 corrupts and drops bytes (--sim-faults), and on the fast model: sim_tokens_match (the same
 tokens), sim_cycles_equal_model (every program's accelerator cycles equal, and the final DRAM
-images), frames_injected and frames_recovered (null without --sim). Also writes
-board_performance.md (docs/ with --record).
+images), frames_injected and frames_recovered; without --sim they are kept, with their stamp
+(sim_provenance), from the record there of the same board configuration, else null. The
+persistent program's prediction is the record's 'persistent' section (its configuration's
+stamp, predicted and roofline tokens/s, fraction of the roofline, programs per token, the
+details). Also writes board_performance.md (docs/ with --record).
 """
 
 from __future__ import annotations
