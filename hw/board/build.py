@@ -1,7 +1,8 @@
 """The ECPIX-5 bitstream: the board top through Yosys, nextpnr-ecp5 and ecppack.
 
-``python -m hw.board.build [--config X.json] [--name NAME]`` (``make bitstream``) elaborates
-:class:`hw.board.top.Ecpix5Top` for the configuration on amaranth-boards' platform of the
+``python -m hw.board.build [--config X] [--name NAME]`` (``make bitstream``) elaborates
+:class:`hw.board.top.Ecpix5Top` for the configuration (a preset or a JSON file; by default the
+board's, :attr:`~hw.board.ecpix5.Board.base_config`) on amaranth-boards' platform of the
 board (:data:`hw.board.ecpix5.ECPIX5`: ``ECPIX585Platform``, LFE5UM5G-85F, speed grade 8),
 which writes the RTLIL, the pin constraints (LPF, with the 100 MHz oscillator's frequency) and
 LiteDRAM's Verilog (:mod:`hw.board.litedram`); then runs
