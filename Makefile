@@ -66,9 +66,10 @@ sim: setup
 synth: setup
 	$(PY) -m hw.synth $(if $(CONFIG),--config $(CONFIG))
 
-# The ECPIX-5 board: `make bitstream [CONFIG=x.json]` generates LiteDRAM's DDR3 controller,
-# runs Yosys, nextpnr-ecp5 (placer seeds 1 and 2) and ecppack on the board top, and writes
-# bitstreams/ecpix5-85f/<config>/top.bit and report.json (hw/board/build.py).
+# The ECPIX-5 board: `make bitstream [CONFIG=x.json|PRESET]` generates LiteDRAM's DDR3
+# controller, runs Yosys, nextpnr-ecp5 (placer seeds 1 and 2) and ecppack on the board top, and
+# writes bitstreams/ecpix5-85f/<config>/top.bit and report.json (hw/board/build.py); without
+# CONFIG the board's configuration (the 2x8 array, Board.base_config).
 bitstream: setup
 	$(PY) -m hw.board.build $(if $(CONFIG),--config $(CONFIG))
 

@@ -16,10 +16,10 @@ recorded in board_memory.json and read from there.
 The prediction, per model and measured memory:
   1. the fast model (sim.model) runs one decode step at --context positions, compiled from the
      model's graph with its default recipe (sw.models.recipes) or the format after '@', on the
-     accelerator with the board's memory (ECPIX5.accelerator_config, the configuration the
-     bitstream is built for: one beat of the port's bytes per sys cycle, the contract's
-     read latency, longer than the measured idle latency): C cycles, B DRAM beats (reads and
-     writes);
+     accelerator with the board's memory (ECPIX5.accelerator_config of --config, by default
+     the board's own ECPIX5.base_config, the configuration its bitstream is built for: one
+     beat of the port's bytes per sys cycle, the contract's read latency, longer than the
+     measured idle latency): C cycles, B DRAM beats (reads and writes);
   2. the board's bridge stops the whole accelerator whenever the memory is late
      (hw/board/__init__.py), so every beat the memory delivers below the port's rate costs
      cycles on top of C: cycles = C + B * (beat / measured sequential bytes per cycle - 1);
@@ -30,12 +30,19 @@ The prediction, per model and measured memory:
      switching between streams (weights, activations, KV cache; the row-miss rate bounds
      them: 'all row misses' column), host work.
 The memory roofline is (packed weight bytes + KV-cache bytes read per token) / the board's
-peak bytes per second.
+peak bytes per second: the linears' packed weight streams and the KV cache of the executable's
+layout (stream_bytes), the same on every configuration of the same lanes; what else a
+configuration reads (the vector engine's constants and tables, activations) is its own cost.
 
-The figures are the accelerator's alone: the host still runs norms, softmax, rotary embedding
-and the LM head between programs, over the UART (sw.runtime). The host's work is reported
-apart, as its estimated cycles on an on-chip vector unit (sw.runtime.costs); the UART's
-traffic is not modelled.
+The figures are the accelerator's alone: on a configuration without the vector engine the host
+still runs norms, softmax, rotary embedding and the LM head between programs, over the UART
+(sw.runtime). The host's work is reported apart, as its estimated cycles on an on-chip vector
+unit (sw.runtime.costs); the UART's traffic is not modelled. The same prediction on
+--vector-config (default: the 'vector' preset), for --vector-models, is the persistent
+program's: the host ops on the vector engine, the step's programs fused and joined into one
+per token, a model whose joined step does not fit the instruction memory (SmolLM2) running its
+decoder blocks as one loop, only the LM head on the host; at the board's clock whatever clock
+that configuration's own design reaches (docs/board.md says which bitstream could run it).
 
 Writes board.json (bench/results/ with --record, else build/bench/results/) with board,
 config, predicted_tokens_per_s (the board's port) and roofline_tokens_per_s per model,
@@ -48,8 +55,11 @@ Verilator (hw/board/sim_top.py: the bridged accelerator and the host link, LiteD
 modelled with random latencies and refresh stalls) through sim.board.BoardLink over a link that
 corrupts and drops bytes (--sim-faults), and on the fast model: sim_tokens_match (the same
 tokens), sim_cycles_equal_model (every program's accelerator cycles equal, and the final DRAM
-images), frames_injected and frames_recovered (null without --sim). Also writes
-board_performance.md (docs/ with --record).
+images), frames_injected and frames_recovered; without --sim they are kept, with their stamp
+(sim_provenance), from the record there of the same board configuration, else null. The
+persistent program's prediction is the record's 'persistent' section (its configuration's
+stamp, predicted and roofline tokens/s, fraction of the roofline, programs per token, the
+details). Also writes board_performance.md (docs/ with --record).
 """
 
 from __future__ import annotations
@@ -72,13 +82,14 @@ from bench.common import (
     command,
     parser,
     positive_int,
+    provenance,
     recorded,
     stamp,
     write_json,
 )
 from hw.board.ecpix5 import ECPIX5, Board
 from hw.cli import write_text_atomic
-from hw.config import AcceleratorConfig, ConfigError
+from hw.config import AcceleratorConfig, ConfigError, named_or_file
 from hw.format import FormatError, WeightFormat
 from sim.backends import make_backend
 from sim.board import BoardLink, FaultyTransport
@@ -93,23 +104,29 @@ from sim.board_memory import (
 from sim.board_memory import measure as measure_memory
 from sim.board_sim import BoardSim
 from sw.codesign import decode_step
-from sw.compile import CompileOptions, compile_model
+from sw.compile import CompileOptions, Executable, compile_model, symbols
 from sw.compress.model import compress_llama, selected_linears
 from sw.models.recipes import recipe_for
 from sw.models.source import BUILTINS, ModelSourceError, open_model
 from sw.runtime import Runtime
 
-__all__ = ["MODELS", "BUILD_FIELDS", "SIM_FIELDS", "ModelSpec", "variants", "memory_timings",
-           "predict", "build_report_path", "build_fields", "simulate_board", "main"]
+__all__ = ["MODELS", "VECTOR_MODELS", "BUILD_FIELDS", "SIM_FIELDS", "SIM_DETAILS", "ModelSpec",
+           "variants", "memory_timings", "stream_bytes", "predict", "build_report_path",
+           "build_fields", "kept_sim", "simulate_board", "main"]
 
 #: The models predicted by default: each built-in with its recipe, and SmolLM2 in 2:4 INT4.
 MODELS = ("reference", "smollm2", "smollm2@2:4-int4")
 #: The build's fields of board.json, read from the bitstream build's report.
 BUILD_FIELDS = ("clocks", "seeds_met", "luts", "ffs", "dsps", "brams", "bitstream_bytes",
                 "build_s")
+#: The models whose one program per decode step is predicted by default (--vector-models).
+VECTOR_MODELS = ("reference", "smollm2")
 #: The board simulation's fields of board.json (:func:`simulate_board`).
 SIM_FIELDS = ("sim_tokens_match", "sim_cycles_equal_model", "frames_injected",
               "frames_recovered")
+#: What else :func:`simulate_board` records of the run.
+SIM_DETAILS = ("sim_programs", "sim_tokens", "sim_faults", "sim_memory_stall_cycles",
+               "sim_dram_words_written", "sim_dram_words_read")
 #: The prompt of the board simulation (--sim).
 SIM_PROMPT = "class Stack:\n    def push(self, item"
 #: The memory record's file name (beside board.json).
@@ -210,6 +227,16 @@ def _rel(path: Path) -> str:
 
 
 # ---------------------------------------------------------------------- the prediction
+def stream_bytes(exe: Executable) -> tuple[int, int]:
+    """The bytes of ``exe``'s packed weight streams and of its KV cache: what a decode step
+    reads at least, whatever runs the host ops. A block loop's frames hold the same regions
+    (their copies of constants, ``symbol@frame``, are no weight or cache region)."""
+    prefix = symbols.weights("")
+    regions = [(name, r) for name, r in exe.symbols.items() if "@" not in name]
+    return (sum(r.nbytes for name, r in regions if name.startswith(prefix)),
+            sum(r.nbytes for _, r in regions if r.kind == "kv"))
+
+
 def predict(spec: ModelSpec, base: AcceleratorConfig, board: Board,
             timings: dict[str, MemoryTiming], context: int) -> dict[str, Any]:
     """One model's prediction (module docstring) for each memory of ``timings`` (by
@@ -243,8 +270,8 @@ def predict(spec: ModelSpec, base: AcceleratorConfig, board: Board,
         beats = stats.counter("dram_read_beats") + stats.counter("dram_write_beats")
         cycles = board_cycles(stats.cycles, beats, cfg.beat_bytes, t.sequential_bytes_per_cycle)
         worst = board_cycles(stats.cycles, beats, cfg.beat_bytes, t.row_miss_bytes_per_cycle)
-        dram = exe.report["dram"]
-        roofline = peak_s / (dram["weights"] + dram["kv_cache"])
+        weight_bytes, kv_bytes = stream_bytes(exe)
+        roofline = peak_s / (weight_bytes + kv_bytes)
         ports[key] = {
             "contract_latency": cfg.memory.latency, "fast_model_cycles": stats.cycles,
             "dram_beats": beats, "cycles": cycles,
@@ -255,7 +282,7 @@ def predict(spec: ModelSpec, base: AcceleratorConfig, board: Board,
             "config": cfg.fingerprint,
             "host_unit_cycles": stats.host_unit_cycles, "programs": len(stats.programs)}
     return {"model": str(spec), "name": src.name, "formats": names, "context": context,
-            "weight_bytes": dram["weights"], "kv_cache_bytes": dram["kv_cache"],
+            "weight_bytes": weight_bytes, "kv_cache_bytes": kv_bytes,
             "roofline_tokens_per_s": roofline, "ports": ports}
 
 
@@ -349,8 +376,56 @@ def _page(rec: dict, memory: dict[str, MemoryTiming], wall: float) -> str:
                 f"{p['tokens_per_s']:.1f} | {p['fraction_of_roofline']:.0%} | "
                 f"{p['tokens_per_s_all_row_misses']:.1f} | "
                 f"{p['host_unit_cycles'] / t0.sys_clk_hz * 1e3:.2f} |")
+    per = rec.get("persistent")
+    if per:
+        lines += [
+            "", "## One program per decode step", "",
+            f"The same prediction on `{per['base']}` ({per['array']}, with the vector engine; "
+            f"{per['config']} on the board), whose decode step is one program per token: the "
+            "norms, softmax, rotary embedding, SiLU-gate and requantisations on the vector "
+            "engine, the programs fused and joined (a model whose joined step does not fit the "
+            "instruction memory runs its decoder blocks as one loop), only the LM head on the "
+            f"host; beside it the board's configuration ({rec['config']}), one program per "
+            "layer with the host's work between them. Both at the board's memory and sys clock "
+            f"({t0.sys_clk_hz / 1e6:g} MHz); which bitstream could run each: docs/board.md.",
+            "", "| model | configuration | programs/token | weight + KV bytes/token | roofline "
+            "tok/s | fast model tok/s | predicted tok/s | of roofline | host work, est. "
+            "ms/token |", "|---|---|---|---|---|---|---|---|---|"]
+        for m, cfg in sorted([(m, per["config"]) for m in per["models"]]
+                             + [(m, rec["config"]) for m in rec["models"]],
+                             key=lambda mc: mc[0]["model"]):
+            if m.get("skipped"):
+                continue
+            p = m["ports"][rec["board_memory"]]
+            lines.append(
+                f"| {m['model']} | {cfg} | {p['programs']} | "
+                f"{m['weight_bytes'] + m['kv_cache_bytes']:,} | "
+                f"{m['roofline_tokens_per_s']:.1f} | {p['fast_model_tokens_per_s']:.1f} | "
+                f"{p['tokens_per_s']:.1f} | {p['fraction_of_roofline']:.0%} | "
+                f"{p['host_unit_cycles'] / t0.sys_clk_hz * 1e3:.2f} |")
     lines += ["", f"Build: {rec['build_source']}.", ""]
     return "\n".join(lines)
+
+
+def kept_sim(paths: list[Path], config: str) -> dict | None:
+    """The board simulation's fields (:data:`SIM_FIELDS`, :data:`SIM_DETAILS`) and their
+    ``sim_provenance`` from the first record among ``paths`` whose board configuration is
+    ``config`` (a fingerprint) and that holds a simulation's result; None when none does.
+
+    A run without --sim keeps them: they measure the same configuration, whatever the
+    prediction's models and memories.
+    """
+    for path in dict.fromkeys(paths):
+        try:
+            old = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        if (not isinstance(old, dict) or old.get("config") != config
+                or old.get("sim_tokens_match") is None):
+            continue
+        return {**{k: old.get(k) for k in SIM_FIELDS + SIM_DETAILS},
+                "sim_provenance": old.get("sim_provenance", old.get("provenance"))}
+    return None
 
 
 def simulate_board(board: Board, base: AcceleratorConfig, tokens: int, faults: float,
@@ -415,6 +490,21 @@ def simulate_board(board: Board, base: AcceleratorConfig, tokens: int, faults: f
             "sim_dram_words_read": backend.words_read}
 
 
+def _persistent(models: list[dict], name: str, cfg: AcceleratorConfig, port: str) -> dict:
+    """The record's ``persistent`` section: the predictions on the configuration with the
+    vector engine (``cfg`` on the board, named ``name`` on the command line), at the board's
+    memory ``port``."""
+    done = [m for m in models if not m.get("skipped")]
+    return {"base": name, "config": cfg.fingerprint, "array": cfg.array,
+            "predicted_tokens_per_s": {m["model"]: m["ports"][port]["tokens_per_s"]
+                                       for m in done},
+            "roofline_tokens_per_s": {m["model"]: m["roofline_tokens_per_s"] for m in done},
+            "fraction_of_roofline": {m["model"]: m["ports"][port]["fraction_of_roofline"]
+                                     for m in done},
+            "programs_per_token": {m["model"]: m["ports"][port]["programs"] for m in done},
+            "models": models, "provenance": provenance(cfg)}
+
+
 @command("bench.board")
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.board", __doc__)
@@ -424,9 +514,20 @@ def main(argv: list[str] | None = None) -> int:
                          "recipe or the format after '@'")
     ap.add_argument("--context", type=positive_int, default=128,
                     help="positions the decode step attends to")
-    ap.add_argument("--config", type=Path, default=None,
-                    help="accelerator configuration JSON, before the board's memory "
-                         "(none: the built-in AcceleratorConfig)")
+    ap.add_argument("--config", default=None, metavar="NAME|JSON",
+                    help="accelerator configuration, a preset or a JSON file, before the "
+                         "board's memory (none: the board's, "
+                         f"{ECPIX5.base_config.array}: Board.base_config)")
+    ap.add_argument("--vector-config", default="vector", metavar="NAME|JSON",
+                    help="a configuration with the vector engine (a preset or a JSON file), "
+                         "before the board's memory, on which --vector-models' decode step is "
+                         "predicted too: one program per token (the host ops on the vector "
+                         "engine, fused and joined; a model whose joined step does not fit the "
+                         "instruction memory runs its decoder blocks as one loop); 'none': "
+                         "not predicted")
+    ap.add_argument("--vector-models", type=_models, default=",".join(VECTOR_MODELS),
+                    metavar="NAME[@FORMAT],...",
+                    help="models predicted on --vector-config")
     ap.add_argument("--build-report", type=Path, default=None,
                     help="the bitstream build's report.json (none: "
                          "bitstreams/<board>/<config fingerprint>/report.json)")
@@ -449,33 +550,60 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--sim-faults must be in [0, 1), got {args.sim_faults}")
     board = ECPIX5
     try:
-        base = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
+        base = named_or_file(args.config) if args.config else board.base_config
     except (ConfigError, OSError) as e:
         ap.error(f"--config {args.config}: {e}")
-    for spec in args.models:
-        if spec.fmt is not None:
-            try:
-                spec.fmt.check_supported(board.accelerator_config(base))
-            except (FormatError, ConfigError) as e:
-                ap.error(f"--models {spec}: {e}")
+    vector = None
+    if args.vector_config != "none":
+        try:
+            vector = named_or_file(args.vector_config)
+        except (ConfigError, OSError) as e:
+            ap.error(f"--vector-config {args.vector_config}: {e}")
+        if not vector.has_vector:
+            ap.error(f"--vector-config {args.vector_config}: has no vector engine "
+                     "(vin_spad_bytes and vout_spad_bytes are 0)")
+    for option, specs, cfg in (("--models", args.models, base),
+                               ("--vector-models", args.vector_models, vector)):
+        for spec in specs:
+            if spec.fmt is not None and cfg is not None:
+                try:
+                    spec.fmt.check_supported(board.accelerator_config(cfg))
+                except (FormatError, ConfigError) as e:
+                    ap.error(f"{option} {spec}: {e}")
     t_start = time.perf_counter()
     memory = memory_timings(args.out.parent / MEMORY_FILE, board, args.measure_memory)
-    models = []
-    for spec in args.models:
-        try:
-            models.append(predict(spec, base, board, memory, args.context))
-        except ModelSourceError as e:
-            print(f"{spec}: not predicted: {e}")
-            models.append({"model": str(spec), "skipped": str(e)})
-        except ValueError as e:
-            ap.error(str(e))
     port = board_key(board)
+
+    def predict_all(specs, cfg: AcceleratorConfig) -> list[dict]:
+        out = []
+        for spec in specs:
+            try:
+                out.append(predict(spec, cfg, board, memory, args.context))
+            except ModelSourceError as e:
+                print(f"{spec}: not predicted: {e}")
+                out.append({"model": str(spec), "skipped": str(e)})
+            except ValueError as e:
+                ap.error(str(e))
+        return out
+
+    models = predict_all(args.models, base)
     board_cfg = board.accelerator_config(base)
     report = args.build_report or build_report_path(board, board_cfg)
     build, source = build_fields(report)
     done = [m for m in models if not m.get("skipped")]
-    sim = (simulate_board(board, base, args.sim_tokens, args.sim_faults) if args.sim
-           else dict.fromkeys(SIM_FIELDS))
+    if args.sim:
+        sim = {**simulate_board(board, base, args.sim_tokens, args.sim_faults),
+               "sim_provenance": provenance(board_cfg)}
+    else:
+        sim = kept_sim([args.out, recorded(args.out)], board_cfg.fingerprint)
+        if sim:
+            print(f"board simulation: kept from the record ({board_cfg.fingerprint}; --sim "
+                  "runs it again)")
+        else:
+            sim = dict.fromkeys(SIM_FIELDS)
+    persistent = (_persistent(predict_all(args.vector_models, vector), args.vector_config,
+                              board.accelerator_config(vector), port)
+                  if vector is not None else None)
     rec = {
         "board": board.name, "config": board_cfg.fingerprint, "port_bits": board.port_bits,
         "board_memory": port, "context": args.context,
@@ -484,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
         "predicted_tokens_per_s_by_memory": {key: {m["model"]: m["ports"][key]["tokens_per_s"]
                                                    for m in done} for key in memory},
         **build, "build_source": source, **sim,
-        "memory": {key: t.to_dict() for key, t in memory.items()}, "models": models}
+        "memory": {key: t.to_dict() for key, t in memory.items()}, "models": models,
+        "persistent": persistent}
     wall = time.perf_counter() - t_start
     write_json(args.out, stamp(rec, board_cfg))
     write_text_atomic(args.docs / "board_performance.md", _page(rec, memory, wall))

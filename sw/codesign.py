@@ -319,11 +319,14 @@ def decode_step(model: LlamaLM, cfg: AcceleratorConfig, formats: Mapping[str, We
                 context: int) -> tuple[Executable, StepStats]:
     """One decode step at ``context`` positions compiled from the model's graph with these
     formats, and what it cost on the fast model (timing-only): the executable (its
-    ``report`` says the DRAM it lays out) and the step's :class:`~sw.runtime.StepStats`."""
+    ``report`` says the DRAM it lays out) and the step's :class:`~sw.runtime.StepStats`. On a
+    configuration with the vector engine the host ops run there (the compiler's defaults:
+    fused programs, joined into one per step where they fit)."""
     opts = CompileOptions(prompt_tokens=context - 1, max_context=context,
                           decode_contexts=(context,), phases=("decode",))
     exe = compile_model(model, cfg, opts, formats=formats)
-    rt = Runtime(exe, make_backend("model-timing", cfg), memo_timing=True)
+    rt = Runtime(exe, make_backend("model-timing", cfg), memo_timing=True,
+                 vector=cfg.has_vector)
     rt.seek(context - 1)
     return exe, rt.step(torch.zeros((1, 1), dtype=torch.long))[1]
 

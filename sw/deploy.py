@@ -172,7 +172,8 @@ def _parser() -> argparse.ArgumentParser:
                     "with the vector engine's "
                     f"{VECTOR_PRESET_SPADS['vin_spad_bytes'] >> 10} KiB VIN and "
                     f"{VECTOR_PRESET_SPADS['vout_spad_bytes'] >> 10} KiB VOUT scratchpads, and "
-                    "implies --vector-numerics) (default: the built-in AcceleratorConfig)")
+                    "implies --vector-numerics) (default: the built-in AcceleratorConfig; on "
+                    f"the board backends the board's, {ECPIX5.base_config.array})")
     ap.add_argument("--backend", default=d.backend, choices=BACKENDS + BOARD_BACKENDS,
                     help="model: fast model with values; model-timing: cycles only (text from "
                     "the twin); rtl: Verilator RTL; netlist: Yosys netlist; board: the ECPIX-5 "
@@ -226,11 +227,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------- validation
-def _accelerator(path: str | None, dram_mb: int | None) -> AcceleratorConfig:
+def _accelerator(path: str | None, dram_mb: int | None,
+                 default: AcceleratorConfig | None = None) -> AcceleratorConfig:
     """The configuration of --config: a named one (:data:`hw.config.PRESETS`), a JSON file,
-    or the default; with --dram-mb's memory."""
+    or ``default`` (None: ``AcceleratorConfig()``); with --dram-mb's memory."""
     try:
-        cfg = named_or_file(path)
+        cfg = default if path is None and default is not None else named_or_file(path)
     except ConfigError as e:
         raise UsageError(f"--config {e}") from None
     if dram_mb is None:
@@ -317,7 +319,8 @@ def _check(opts: DeployOptions) -> None:
 def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     """Run the whole pipeline, writing the outputs into ``out``; returns the report."""
     _check(opts)
-    cfg = _on_board(opts.backend, _accelerator(opts.config, opts.dram_mb))
+    cfg = _on_board(opts.backend, _accelerator(
+        opts.config, opts.dram_mb, ECPIX5.base_config if opts.backend in BOARD_BACKENDS else None))
     if cfg.has_vector:  # host ops run on the vector engine: the rest with its numerics too
         opts = dataclasses.replace(opts, vector_numerics=True)
     recipe = _recipe(opts, cfg)

@@ -19,11 +19,12 @@ from bench.board import (
     board_key,
     build_fields,
     predict,
+    stream_bytes,
     variants,
 )
 from bench.common import write_json
 from hw.board.ecpix5 import ECPIX5
-from hw.config import AcceleratorConfig
+from hw.config import AcceleratorConfig, preset
 from hw.format import WeightFormat
 from sim.board_memory import (
     MemoryMeasureError,
@@ -33,6 +34,10 @@ from sim.board_memory import (
     speedgrade_trfc_ns,
     timing_key,
 )
+from sw.compile import CompileOptions, compile_model
+from sw.compress.model import selected_linears
+from sw.models.recipes import recipe_for
+from sw.models.source import open_model
 
 
 def timing(port_bits: int, sequential: float, row_miss: float | None = None,
@@ -86,6 +91,27 @@ def test_roofline_is_weight_and_kv_bytes_at_the_peak(reference):
     assert p["fraction_of_roofline"] <= 1.0
 
 
+def test_the_roofline_bytes_are_the_same_on_every_configuration_of_the_lanes():
+    """The packed weights and the KV cache: on the per-layer configuration what its layout
+    reports; with the vector engine (constants and tables beside them) and with its decoder
+    blocks in a loop (the KV cache in frames) the same bytes."""
+    src = open_model("reference")
+    formats = recipe_for("reference").formats(selected_linears(src.model))
+    opts = dict(prompt_tokens=31, max_context=32, decode_contexts=(32,), phases=("decode",))
+    got = {}
+    for name, base, loop in (("layers", AcceleratorConfig(), False),
+                             ("vector", preset("vector"), False),
+                             ("loop", preset("vector"), True)):
+        exe = compile_model(src.model, ECPIX5.accelerator_config(base),
+                            CompileOptions(**opts, block_loop=loop), formats=formats)
+        got[name] = (stream_bytes(exe), exe.report["dram"])
+    (w, kv), dram = got["layers"]
+    assert (w, kv) == (dram["weights"], dram["kv_cache"]) and w > 0 and kv > 0
+    assert got["vector"][0] == got["loop"][0] == (w, kv)
+    assert got["vector"][1]["weights"] > w                # the vector engine's constants
+    assert got["loop"][1]["kv_cache"] == 0 < got["loop"][1]["frames"]
+
+
 def test_board_cycles_refuses_a_memory_that_moves_nothing():
     with pytest.raises(MemoryMeasureError, match="got 0"):
         board_cycles(100, 10, 8, 0)
@@ -133,9 +159,11 @@ def test_main_writes_the_record_and_page(tmp_path, capsys):
         timing(native, BEAT, trfc_ns=table).to_dict()]})
     out = tmp_path / "board.json"
     assert bench_board.main(["--models", "reference", "--context", "64", "--out", str(out),
-                             "--docs", str(tmp_path / "docs"),
+                             "--docs", str(tmp_path / "docs"), "--vector-config", "none",
                              "--build-report", str(tmp_path / "none.json")]) == 0
     rec = json.loads(out.read_text())
+    assert rec["config"] == ECPIX5.accelerator_config(ECPIX5.base_config).fingerprint
+    assert rec["persistent"] is None
     for key in ("board", "config", "predicted_tokens_per_s", "roofline_tokens_per_s",
                 *BUILD_FIELDS, *SIM_FIELDS):
         assert key in rec, key
@@ -162,7 +190,71 @@ def test_main_writes_the_record_and_page(tmp_path, capsys):
     assert "memory: the measurement in" in capsys.readouterr().out
 
 
+def _memory_record(path) -> None:
+    """A memory record of each measured variant at the beat's rate (no stall)."""
+    write_json(path / bench_board.MEMORY_FILE, {"ports": [
+        timing(w, BEAT, trfc_ns=trfc).to_dict() for w, trfc in variants(ECPIX5)]})
+
+
+def test_a_run_without_sim_keeps_the_recorded_simulation(tmp_path, capsys):
+    """Without --sim the board simulation's fields and their stamp are kept from the record of
+    the same configuration; from a record of another configuration they are not."""
+    _memory_record(tmp_path)
+    out = tmp_path / "board.json"
+    board_cfg = ECPIX5.accelerator_config(ECPIX5.base_config)
+    sim = {"sim_tokens_match": True, "sim_cycles_equal_model": True, "frames_injected": 7,
+           "frames_recovered": 5, "sim_programs": 48, "sim_tokens": 2, "sim_faults": 0.02,
+           "sim_memory_stall_cycles": 123, "sim_dram_words_written": 4,
+           "sim_dram_words_read": 5}
+    argv = ["--models", "reference", "--context", "64", "--out", str(out), "--docs",
+            str(tmp_path / "docs"), "--vector-config", "none", "--build-report",
+            str(tmp_path / "none.json")]
+    old_stamp = {"config": board_cfg.fingerprint, "commit": "abc", "dirty": False,
+                 "array": board_cfg.array, "default": False}
+    write_json(out, {"config": board_cfg.fingerprint, **sim, "provenance": old_stamp})
+    assert bench_board.main(argv) == 0
+    rec = json.loads(out.read_text())
+    assert {k: rec[k] for k in sim} == sim
+    assert rec["sim_provenance"] == old_stamp and rec["provenance"] != old_stamp
+    assert "kept from the record" in capsys.readouterr().out
+    assert bench_board.main(argv) == 0                  # kept again, with the kept stamp
+    assert json.loads(out.read_text())["sim_provenance"] == old_stamp
+    write_json(out, {"config": "0123456789ab", **sim})  # another configuration's
+    assert bench_board.main(argv) == 0
+    rec = json.loads(out.read_text())
+    assert all(rec[k] is None for k in SIM_FIELDS) and "sim_provenance" not in rec
+
+
+def test_the_persistent_program_is_predicted_on_the_vector_configuration(tmp_path):
+    """--vector-config's decode step is one program per token (the reference model's joined
+    step fits the preset's instruction memory), with its own stamp and page section."""
+    _memory_record(tmp_path)
+    out = tmp_path / "board.json"
+    assert bench_board.main(["--models", "reference", "--vector-models", "reference",
+                             "--context", "64", "--out", str(out), "--docs",
+                             str(tmp_path / "docs"), "--build-report",
+                             str(tmp_path / "none.json")]) == 0
+    rec = json.loads(out.read_text())
+    per = rec["persistent"]
+    vector = ECPIX5.accelerator_config(preset("vector"))
+    assert per["base"] == "vector" and per["config"] == vector.fingerprint
+    assert per["provenance"]["config"] == vector.fingerprint
+    assert per["programs_per_token"] == {"reference": 1}
+    (m,) = per["models"]
+    p = m["ports"][rec["board_memory"]]
+    # the memory at the beat's rate: the board is the fast model
+    assert p["cycles"] == p["fast_model_cycles"] and p["config"] == vector.fingerprint
+    assert per["predicted_tokens_per_s"]["reference"] == p["tokens_per_s"]
+    assert per["fraction_of_roofline"]["reference"] == p["fraction_of_roofline"]
+    # the per-layer step of the board's configuration runs more programs
+    assert rec["models"][0]["ports"][rec["board_memory"]]["programs"] > 1
+    page = (tmp_path / "docs" / "board_performance.md").read_text()
+    assert "## One program per decode step" in page and vector.fingerprint in page
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--vector-config", "default"], "--vector-config default: has no vector engine"),
+    (["--vector-config", "/nonexistent.json"], "/nonexistent.json"),
     (["--models", "foo"], "model 'foo'"),
     (["--models", "smollm2@3:4-int4"], "3:4"),
     (["--context", "0"], "--context"),

@@ -1,7 +1,8 @@
 """The ECPIX-5 bitstream: the board top through Yosys, nextpnr-ecp5 and ecppack.
 
-``python -m hw.board.build [--config X.json] [--name NAME]`` (``make bitstream``) elaborates
-:class:`hw.board.top.Ecpix5Top` for the configuration on amaranth-boards' platform of the
+``python -m hw.board.build [--config X] [--name NAME]`` (``make bitstream``) elaborates
+:class:`hw.board.top.Ecpix5Top` for the configuration (a preset or a JSON file; by default the
+board's, :attr:`~hw.board.ecpix5.Board.base_config`) on amaranth-boards' platform of the
 board (:data:`hw.board.ecpix5.ECPIX5`: ``ECPIX585Platform``, LFE5UM5G-85F, speed grade 8),
 which writes the RTLIL, the pin constraints (LPF, with the 100 MHz oscillator's frequency) and
 LiteDRAM's Verilog (:mod:`hw.board.litedram`); then runs
@@ -50,7 +51,7 @@ from pathlib import Path
 from hw import ecp5_dsp, ecp5_global
 from hw.board.ecpix5 import ECPIX5, Board
 from hw.cli import OneLineParser, command, write_text_atomic
-from hw.config import AcceleratorConfig, ConfigError
+from hw.config import AcceleratorConfig, ConfigError, named_or_file
 from hw.synth import (
     PLACER_CRITEXP,
     PLACER_TIMING_WEIGHT,
@@ -60,7 +61,8 @@ from hw.synth import (
     yosys_script,
 )
 
-__all__ = ["DEFAULT_SEEDS", "DEVICE_CAPACITY", "platform_of", "parse_clocks", "build", "main"]
+__all__ = ["DEFAULT_SEEDS", "DEVICE_CAPACITY", "platform_of", "parse_clocks", "design_key", "build",
+           "main"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The placer seeds a build must meet timing on.
@@ -140,6 +142,60 @@ def _nextpnr_cmd(platform, seed: int) -> list[str]:
             "--placer-heap-critexp", str(PLACER_CRITEXP)]
 
 
+#: Lines of a design file that say where and when it was written, not what it builds: the
+#: RTLIL's source locations (absolute paths and line numbers of the Python that elaborated
+#: it) and the header LiteX writes into LiteDRAM's core (the date, the commit of the
+#: checkout it ran in). The cache key leaves them out.
+_NOT_LOGIC = re.compile(rb"^\s*attribute \\src .*$|^// (?:Date|LiteX sha1)\s*:.*$",
+                        re.MULTILINE)
+
+
+def _logic(text: bytes) -> bytes:
+    r"""``text`` (a design file) without :data:`_NOT_LOGIC`'s lines.
+
+    >>> _logic(b'  attribute \\src "/a/top.py:1"\n  wire $1\n// Date       : 2026-01-01\n')
+    b'\n  wire $1\n\n'
+    """
+    return _NOT_LOGIC.sub(b"", text)
+
+
+def _design(cfg: AcceleratorConfig, board: Board, seeds: tuple[int, ...]):
+    """The platform, the design files (path -> bytes), the files Yosys reads, its script and
+    the cache key: a hash of the design files (without :data:`_NOT_LOGIC`'s lines) and the pin
+    constraints, the Yosys script, nextpnr's options, ``seeds``, the tools' versions and the
+    netlist passes' sources."""
+    platform, plan = _prepare(cfg, board)
+    files = {path: (text if isinstance(text, bytes) else text.encode())
+             for path, text in plan.files.items()}
+    design = sorted(p for p in files if p.endswith(".v")) + [f"{TOP}.il"]
+    ys = _yosys_ys(design)
+    h = hashlib.sha256()
+    for path in design + [f"{TOP}.lpf"]:
+        h.update(path.encode() + b"\0" + _logic(files[path]) + b"\0")
+    h.update(json.dumps({"ys": ys, "nextpnr": _nextpnr_cmd(platform, 0)[1:], "seeds": seeds,
+                         "tools": _tool_versions(),
+                         "dsp_pass": hashlib.sha256(Path(ecp5_dsp.__file__).read_bytes())
+                         .hexdigest(),
+                         "global_pass": hashlib.sha256(Path(ecp5_global.__file__).read_bytes())
+                         .hexdigest()}).encode())
+    return platform, files, design, ys, h.hexdigest()[:16]
+
+
+def design_key(cfg: AcceleratorConfig, board: Board = ECPIX5,
+               seeds: tuple[int, ...] = DEFAULT_SEEDS) -> str:
+    """The cache key a build of ``cfg`` on ``board`` has now (its report's ``cache_key``).
+
+    It changes with anything that changes the bitstream: the accelerator's and the board
+    top's RTL, LiteDRAM's generated core, the pin constraints, the Yosys script, nextpnr's
+    options, the seeds, the tools' versions and the netlist passes (:mod:`hw.ecp5_dsp`,
+    :mod:`hw.ecp5_global`); not with where the checkout is, lines moving in the Python or
+    when LiteDRAM's core was generated (:data:`_NOT_LOGIC`). A report whose ``cache_key``
+    differs was built from another design. Elaborates the board top (seconds) and generates
+    LiteDRAM's core unless cached (minutes).
+    """
+    return _design(cfg, board, tuple(seeds))[4]
+
+
 def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
           seeds: tuple[int, ...] = DEFAULT_SEEDS, out: Path | None = None,
           work: Path | None = None, force: bool = False, jobs: int = 1,
@@ -178,21 +234,7 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
     t0 = time.perf_counter()
     progress_s = progress_s if verbose else 0
-    platform, plan = _prepare(cfg, board)
-    files = {path: (text if isinstance(text, bytes) else text.encode())
-             for path, text in plan.files.items()}
-    design = sorted(p for p in files if p.endswith(".v")) + [f"{TOP}.il"]
-    ys = _yosys_ys(design)
-    h = hashlib.sha256()
-    for path in design + [f"{TOP}.lpf"]:
-        h.update(path.encode() + b"\0" + files[path] + b"\0")
-    h.update(json.dumps({"ys": ys, "nextpnr": _nextpnr_cmd(platform, 0)[1:], "seeds": seeds,
-                         "tools": _tool_versions(),
-                         "dsp_pass": hashlib.sha256(Path(ecp5_dsp.__file__).read_bytes())
-                         .hexdigest(),
-                         "global_pass": hashlib.sha256(Path(ecp5_global.__file__).read_bytes())
-                         .hexdigest()}).encode())
-    key = h.hexdigest()[:16]
+    platform, files, design, ys, key = _design(cfg, board, seeds)
     out = Path(out) if out else ROOT / "bitstreams" / board.name / name
     report_path = out / "report.json"
     work = Path(work) if work else ROOT / "build" / "board" / "bitstream" / key
@@ -354,11 +396,12 @@ def _seeds(text: str) -> tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m hw.board.build", name="hw.board.build",
                        description=__doc__.split("\n")[0])
-    ap.add_argument("--config", help="accelerator configuration JSON (default: "
-                    "AcceleratorConfig(), with the board's memory)")
+    ap.add_argument("--config", help="accelerator configuration, a preset or a JSON file "
+                    f"(default: the board's, {ECPIX5.base_config.array}: Board.base_config; "
+                    "with the board's memory)")
     ap.add_argument("--name", help="configuration name, the output folder's (default: the "
                     "fingerprint of the configuration with the board's memory, "
-                    f"{ECPIX5.accelerator_config(AcceleratorConfig()).fingerprint} for the "
+                    f"{ECPIX5.accelerator_config(ECPIX5.base_config).fingerprint} for the "
                     "default one)")
     ap.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)),
                     help="nextpnr placer seeds to meet timing on (default: %(default)s)")
@@ -384,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
     try:
-        cfg = AcceleratorConfig.load(args.config) if args.config else AcceleratorConfig()
+        cfg = named_or_file(args.config) if args.config else ECPIX5.base_config
     except ConfigError as e:
         ap.error(f"--config {e}")
     name = args.name or ECPIX5.accelerator_config(cfg).fingerprint

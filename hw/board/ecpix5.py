@@ -20,6 +20,8 @@ Examples
 (16, True, 75.0)
 >>> ECPIX5.peak_bytes_per_s / 1e6
 600.0
+>>> ECPIX5.accelerator_config(ECPIX5.base_config).fingerprint   # the bitstream's
+'f14742cecb0e'
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ class Board:
         What the PHY moves per ``sys`` cycle at best.
     uart_baud:
         Host link rate.
+    base_config:
+        The accelerator configuration the board's bitstream carries unless another is asked
+        for (``make bitstream``, ``bench.board``, ``sw.deploy --backend board``), before the
+        board's memory and clock (:meth:`accelerator_config`).
     """
 
     name: str
@@ -76,6 +82,7 @@ class Board:
     port_bits: int
     peak_bytes_per_sys_cycle: int
     uart_baud: int
+    base_config: AcceleratorConfig
 
     @property
     def peak_bytes_per_s(self) -> float:
@@ -116,4 +123,10 @@ ECPIX5 = Board(
     port_bits=128,
     peak_bytes_per_sys_cycle=8,
     uart_baud=3_000_000,
+    # The 2x8 array: beside LiteDRAM and the host link it routes and meets every clock on
+    # placer seeds 1 and 2 (bitstreams/ecpix5-85f/f14742cecb0e/report.json); the 4x8 array
+    # places at 85 MHz but its routing did not finish here (docs/board.md, "Which
+    # accelerator"). 16 lanes consume 8 bytes per cycle of dense INT4 weights, what the
+    # memory's peak gives.
+    base_config=AcceleratorConfig(rows=2),
 )

@@ -17,7 +17,7 @@ from amaranth_boards.ecpix5 import ECPIX585Platform
 
 from hw.board import build as board_build
 from hw.board.ecpix5 import ECPIX5
-from hw.config import AcceleratorConfig
+from hw.config import AcceleratorConfig, preset
 from hw.ecp5_global import MIN_LOADS
 
 #: Per seed, the maximum frequency nextpnr "reaches" on the sys clock (target 75 MHz).
@@ -183,8 +183,55 @@ def test_exit_status_says_whether_every_seed_met(tmp_path, fake_tools, monkeypat
     monkeypatch.setattr(board_build, "ROOT", tmp_path)
     assert board_build.main(["--progress", "0"]) == 1       # seed 1 misses
     assert board_build.main(["--seeds", "2,3", "--progress", "0"]) == 0
-    name = ECPIX5.accelerator_config(AcceleratorConfig()).fingerprint
+    name = ECPIX5.accelerator_config(ECPIX5.base_config).fingerprint
     assert (tmp_path / "bitstreams" / ECPIX5.name / name / "top.bit").exists()
+
+
+def test_the_default_configuration_is_the_boards(monkeypatch):
+    """No --config builds the board's configuration, named by its fingerprint on the board;
+    --config takes a preset too."""
+    got = []
+    monkeypatch.setattr(board_build, "build", lambda cfg, name, **kw: got.append((cfg, name)) or
+                        {"seeds_met": 2, "seeds": [{}, {}]})
+    assert board_build.main([]) == 0
+    assert got == [(ECPIX5.base_config,
+                    ECPIX5.accelerator_config(ECPIX5.base_config).fingerprint)]
+    assert board_build.main(["--config", "vector"]) == 0
+    assert got[1][0] == preset("vector")
+
+
+def test_the_committed_report_is_the_default_configurations():
+    """bitstreams/ holds the build report of the board's configuration (what bench.board reads
+    on a fresh clone): built from that configuration, every clock met on every seed."""
+    name = ECPIX5.accelerator_config(ECPIX5.base_config).fingerprint
+    path = board_build.ROOT / "bitstreams" / ECPIX5.name / name / "report.json"
+    assert path.is_file(), f"no build report of Board.base_config at {path}: make bitstream"
+    rep = json.loads(path.read_text())
+    assert AcceleratorConfig.from_json(json.dumps(rep["accelerator_config"])) == \
+        ECPIX5.base_config
+    assert rep["board"] == ECPIX5.name and rep["config"] == name
+    assert rep["seeds_met"] == len(rep["seeds"]) >= len(board_build.DEFAULT_SEEDS)
+    assert rep["clocks"] and all(c["met"] for c in rep["clocks"].values())
+
+
+def test_the_key_is_the_logic_not_where_or_when(tmp_path, fake_tools):
+    """Source locations in the RTLIL and LiteX's date and commit in LiteDRAM's core do not
+    change the cache key (the build is reused); a changed line of logic does."""
+    fake_tools.design["top.il"] = ('attribute \\src "/a/hw/top.py:1"\nmodule \\top\n'
+                                   '  attribute \\src "/a/hw/top.py:2"\n  wire width 1 $1\nend\n')
+    fake_tools.design["litedram_core.v"] = ("// LiteX sha1 : 1fdaf0f\n// Date       : 2026-12-05 "
+                                            "05:46:04\nmodule litedram_core(); endmodule\n")
+    _build(tmp_path)
+    n = len(fake_tools.calls)
+    fake_tools.design["top.il"] = fake_tools.design["top.il"].replace("/a/hw/top.py:2",
+                                                                      "/b/hw/top.py:7")
+    fake_tools.design["litedram_core.v"] = fake_tools.design["litedram_core.v"].replace(
+        "1fdaf0f", "98b1e8c").replace("05:46", "06:01")
+    _build(tmp_path)
+    assert len(fake_tools.calls) == n
+    fake_tools.design["top.il"] = fake_tools.design["top.il"].replace("width 1", "width 2")
+    _build(tmp_path)
+    assert len(fake_tools.calls) == 2 * n
 
 
 def test_every_seed_failing_is_one_line_and_exit_1(tmp_path, fake_tools, monkeypatch, capsys):

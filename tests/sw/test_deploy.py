@@ -303,3 +303,28 @@ def test_deploy_with_an_int4_kv_cache(tmp_path):
     assert main(FAST + ["--kv-bits", "4", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["kv_bits"] == 4 and report["tokens_match_twin"] is True
+
+
+@pytest.mark.parametrize("backend, args, array", [
+    ("board", [], "2x8"),
+    ("board-sim", [], "2x8"),
+    ("board-sim", ["--config", "default"], "4x8"),
+    ("model", [], "4x8"),
+])
+def test_the_board_backends_run_the_boards_configuration(monkeypatch, tmp_path, backend, args,
+                                                         array):
+    """With no --config the board backends compile for the configuration the board's
+    bitstream carries (Board.base_config), the others for the default."""
+    from hw.board.ecpix5 import ECPIX5
+    from sw.cli import UsageError
+    got = []
+
+    def stop(opts, cfg):
+        got.append(cfg)
+        raise UsageError("stop")
+    monkeypatch.setattr(sw.deploy, "_recipe", stop)
+    assert main(FAST + ["--backend", backend, "--out", str(tmp_path / "o"), *args]) == 2
+    (cfg,) = got
+    assert cfg.array == array
+    if backend == "board":
+        assert cfg == ECPIX5.accelerator_config(ECPIX5.base_config)
