@@ -9,6 +9,7 @@ from hw.config import AcceleratorConfig
 from hw.isa import (
     INSTR_BITS,
     NO_EVENT,
+    DmaBody,
     End,
     Engine,
     EpilogueMode,
@@ -18,6 +19,7 @@ from hw.isa import (
     InstrLayout,
     ISAError,
     Load,
+    RunReg,
     Spad,
     Store,
     Sync,
@@ -38,7 +40,8 @@ def _dma(cls):
     return st.builds(cls, wait=events, signal=events, spad=st.sampled_from(list(Spad)),
                      dram_addr=st.integers(0, 2**32 - 1), spad_addr=st.integers(0, 2**16 - 1),
                      rows=st.integers(0, 2**16 - 1), row_beats=st.integers(0, 2**16 - 1),
-                     dram_stride=st.integers(0, 2**32 - 1))
+                     dram_stride=st.integers(0, 2**DmaBody["dram_stride"].width - 1),
+                     reg=st.sampled_from(list(RunReg)))
 
 
 instructions = st.one_of(
