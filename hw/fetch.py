@@ -7,7 +7,9 @@ The fetch unit owns the instruction memory (``cfg.imem_depth`` x 128 bits, writt
 F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048 words
 S1    the banks' words, registered
 S2    bank select; the terms of the opcode / event / GEMM field checks (of the fetched word:
-      a loop's offset, added to a DMA's ``dram_addr`` here, reaches only the DRAM range's sum);
+      a loop's offset, added to a DMA's ``dram_addr`` here, reaches only the DRAM range's sum;
+      a run-time register, added here to a VEC's ``imm`` and, times ``dram_stride``, to a
+      DMA's ``dram_addr``, reaches the VEC checks and that sum: hw.isa.relative_fields);
       DMA extent products ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves:
       multipliers between registers); a ROPE's ``heads * head_dim``
 S3    the field checks' error code from their terms; extent sums, each less its limit, so that
