@@ -409,9 +409,9 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
     # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too, per phase: the norm ->
-    # q/k/v -> RoPE of q and k (its table LOADs set per step); attention's query REQUANT
+    # q/k/v -> RoPE of q and k (its table LOADs relative to pos); attention's query REQUANT
     # from the RoPE's rows (a prefill: a strided one per head) -> scores -> DEQUANT ->
-    # softmax (its valid counts set per step) -> FOLD -> values -> DEQUANT into o_proj's
+    # softmax (its valid counts relative to pos) -> FOLD -> values -> DEQUANT into o_proj's
     # input rows (a prefill: a strided DEQUANT per head) and on with the o_proj chain in the
     # same program: its REQUANT, its DEQUANT + the residual rows (the norm's input still on
     # chip: an ADD part), the MLP and the final norm (another ADD between); a decode step's
