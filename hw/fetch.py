@@ -7,7 +7,9 @@ The fetch unit owns the instruction memory (``cfg.imem_depth`` x 128 bits, writt
 F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048 words
 S1    the banks' words, registered
 S2    bank select; the terms of the opcode / event / GEMM field checks (of the fetched word:
-      a loop's offset, added to a DMA's ``dram_addr`` here, reaches only the DRAM range's sum);
+      a loop's offset, added to a DMA's ``dram_addr`` here, reaches only the DRAM range's sum;
+      a run-time register, added here to a VEC's ``imm`` and, times ``dram_stride``, to a
+      DMA's ``dram_addr``, reaches the VEC checks and that sum: hw.isa.relative_fields);
       DMA extent products ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves:
       multipliers between registers); a ROPE's ``heads * head_dim``
 S3    the field checks' error code from their terms; extent sums, each less its limit, so that
@@ -43,15 +45,19 @@ from hw.ecp5_dsp import DSP_REGISTER
 from hw.engines import OPS, engines_of
 from hw.isa import (
     DRAM_ADDR_MAX,
+    IMM_MAX,
     INSTR_BITS,
     LOAD_SPADS,
     NO_EVENT,
+    REG_NAMES,
     ROPE_HEAD_DIM_BITS,
     STORE_SPADS,
     EpilogueMode,
     ErrorCode,
     InstrLayout,
     Opcode,
+    RunReg,
+    RunRegs,
     Spad,
     VecBody,
     VecFunc,
@@ -95,6 +101,10 @@ class FetchUnit(wiring.Component):
         Host write port of the instruction memory (instruction ``i`` at address ``i``).
     run: In(1)
         The machine is running; fetch starts from ``pc = 0`` after a reset.
+    regs: In(hw.isa.RunRegs)
+        The run-time registers, steady while the machine runs: a LOAD's or STORE's
+        ``dram_addr`` and a VEC's ``imm`` relative to one are advanced by it in S1
+        (:func:`hw.isa.relative_fields`).
     load, compute, store, vector: Out(stream.Signature(entry_layout(body)))
         Dispatch into the engine queues: one port per engine the configuration has
         (:func:`hw.engines.engines_of`), named after it, whose entries carry its body layout;
@@ -127,6 +137,7 @@ class FetchUnit(wiring.Component):
             "imem_wr": Out(memory.WritePort.Signature(addr_width=ceil_log2(cfg.imem_depth),
                                                       shape=unsigned(INSTR_BITS))),
             "run": In(1),
+            "regs": In(RunRegs),
             **{e.name: Out(stream.Signature(entry_layout(e.body_layout)))
                for e in self._engines},
             "error": Out(ErrorCode),
@@ -154,7 +165,9 @@ class FetchUnit(wiring.Component):
                              "sync.engine": ins.body.sync.engine.as_value(),
                              "gemm.epilogue": ins.body.gemm.epilogue.as_value(),
                              "dma.spad": ins.body.dma.spad.as_value(),
-                             "vec.func": ins.body.vec.func.as_value()}, lim)
+                             "vec.func": ins.body.vec.func.as_value(),
+                             "dma.reg": ins.body.dma.reg.as_value(),
+                             "vec.reg": ins.body.vec.reg.as_value()}, lim)
         # Each rule's terms are registered apart (S2) and OR-ed into the error code in S3
         # (:meth:`_pre_error`): the word's bank multiplexer and the comparisons fill S2.
         bad_event = Cat((ev != NO_EVENT) & (ev >= lim.num_events)
@@ -329,20 +342,33 @@ class FetchUnit(wiring.Component):
                   for k in classes}
         loop_back = Signal()
         off_at, off_w = field_location("dma.dram_addr")
+        fetched = InstrLayout(word[:InstrLayout.size])
+        op1 = fetched.header.opcode
+        is_dma1 = (op1 == Opcode.LOAD) | (op1 == Opcode.STORE)
+        # ---- run-time registers (hw.isa.relative_fields): a VEC's imm plus its register, a
+        # LOAD's or STORE's dram_addr plus its register times its dram_stride, each saturated.
+        reg_of = Array(getattr(self.regs, REG_NAMES[RunReg(v)]) if v in RunReg._value2member_map_
+                       and RunReg(v) in REG_NAMES else Const(0)
+                       for v in range(1 << RunReg.as_shape().width))
+        imm_at, imm_w = field_location("vec.imm")
+        imm = word[imm_at:imm_at + imm_w] + Mux(op1 == Opcode.VEC, reg_of[fetched.body.vec.reg], 0)
+        imm = Mux(imm[imm_w:].any(), IMM_MAX, imm[:imm_w])
+        word = Cat(word[:imm_at], imm, word[imm_at + imm_w:])
         view1 = InstrLayout(word[:InstrLayout.size])
-        op1 = view1.header.opcode
-        in_body1 = ((op1 == Opcode.LOAD) | (op1 == Opcode.STORE)) & (s1["pc"] <= last)
+        in_body1 = is_dma1 & (s1["pc"] <= last)
         step = Mux(op1 == Opcode.STORE, offset["store_stride"],
                    Mux(view1.body.dma.spad == Spad.WGT, offset["wgt_stride"],
                        offset["load_stride"]))
-        eff = word[off_at:off_at + off_w] + Mux(in_body1, step, 0)
+        rel = Mux(is_dma1, reg_of[view1.body.dma.reg] * view1.body.dma.dram_stride, 0)
+        eff = word[off_at:off_at + off_w] + Mux(in_body1, step, 0) + rel
         eff = Mux(eff[off_w:].any(), DRAM_ADDR_MAX, eff[:off_w])
         word = Cat(word[:off_at], eff, word[off_at + off_w:])
         ins1 = InstrLayout(word[:InstrLayout.size])
-        # The checks read the fetched word (view1), not the effective one: the offset changes
-        # only a LOAD's or STORE's dram_addr, which only the DRAM range reads, so every other
-        # check sees the same bits either way and need not wait for the offset's adder. The
-        # DRAM range adds the effective address to the rest of its sum, computed beside it.
+        # The checks read view1 (a VEC's effective imm, the fetched dram_addr), not the
+        # effective word: the offsets change only a LOAD's or STORE's dram_addr, which only the
+        # DRAM range reads, so every other check sees the same bits either way and need not
+        # wait for the offsets' adders. The DRAM range adds the effective address to the rest
+        # of its sum, computed beside it.
         chk = self._field_checks(m, view1)
         chk["dram_tail"] = ins1.body.dma.dram_addr + chk.pop("dram_rest")
         s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=ins1, **chk)

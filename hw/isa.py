@@ -38,6 +38,8 @@ from hw.format import StreamGeometry
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "MAX_HEADER_WORDS", "Opcode",
     "Spad", "Engine", "EpilogueMode", "ErrorCode", "VecFunc", "LOAD_SPADS", "STORE_SPADS",
+    "RunReg", "RunRegs", "REG_NAMES", "reg_values", "relative_fields", "relative_words",
+    "relative_instruction", "uses_regs", "RELATIVE", "IMM_MAX",
     "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "RepeatBody", "InstrLayout",
     "Load", "Store", "Gemm", "Sync", "Vec", "End", "Repeat", "Instr", "ISAError",
     "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
@@ -128,6 +130,24 @@ VEC_FUNC_VALUES = tuple(m.value for m in VecFunc)
 _VEC_FUNC_GAPS = tuple(v for v in range(max(VEC_FUNC_VALUES)) if v not in VEC_FUNC_VALUES)
 
 
+class RunReg(enum.Enum, shape=2):
+    """The run-time register a LOAD, STORE or VEC word is relative to (its ``reg`` field):
+    the fetch unit adds the register times the word's stride to its run-time field as it
+    dispatches it (:func:`relative_fields`). The value 3 names none: ILLEGAL_OPCODE."""
+
+    NONE = 0
+    POS = 1    # the step's first position (context length before the step)
+    TOK = 2    # the step's token id
+
+
+#: The run-time registers the host writes before it starts a program (hw/fetch.py holds
+#: them for the run): by the lower-case names of :class:`RunReg`. ``pos`` is as wide as a
+#: VEC's ``length`` (a position indexes a row); ``tok`` holds vocabularies up to 2**17.
+RunRegs = data.StructLayout({"pos": 16, "tok": 17})
+#: The register each :class:`RunReg` value names (None: no register).
+REG_NAMES = {RunReg.POS: "pos", RunReg.TOK: "tok"}
+
+
 class ErrorCode(enum.Enum, shape=4):
     NONE = 0
     ILLEGAL_OPCODE = 1
@@ -152,7 +172,8 @@ DmaBody = data.StructLayout({
     "spad_addr": 16,
     "rows": 16,
     "row_beats": 16,
-    "dram_stride": 32,
+    "dram_stride": 30,
+    "reg": RunReg,   # dram_addr + reg * dram_stride: the transfer starts at row `reg`
 })
 
 GemmBody = data.StructLayout({
@@ -188,6 +209,7 @@ VecBody = data.StructLayout({
                     # DEQUANT: the VIN address of the token's amax word, FOLD's with
                     # bit 16 (dequant_imm); INSERT: the codes' bytes (insert_imm);
                     # CHANNEL: a channel word (bits 0..23, those above ignored)
+    "reg": RunReg,  # imm + reg (saturated at the field's largest value)
 })
 
 #: REPEAT: the next ``length`` instructions (the *body*) run ``count`` times; iteration ``i``
@@ -274,18 +296,19 @@ class _Dma(_Base):
     rows: int = 1
     row_beats: int = 1
     dram_stride: int = 0
+    reg: RunReg = RunReg.NONE
     body: ClassVar[str] = "dma"
 
     def _body_fields(self):
         return {"spad": self.spad.value, "dram_addr": self.dram_addr,
                 "spad_addr": self.spad_addr, "rows": self.rows, "row_beats": self.row_beats,
-                "dram_stride": self.dram_stride}
+                "dram_stride": self.dram_stride, "reg": self.reg.value}
 
     @classmethod
     def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
         if f["spad"] not in Spad._value2member_map_:
             raise ISAError(f"{cls.opcode.name} names spad {f['spad']}, which does not exist")
-        return cls(**{**f, "spad": Spad(f["spad"])}, **ev)
+        return cls(**{**f, "spad": Spad(f["spad"]), "reg": _run_reg(f["reg"], cls)}, **ev)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,18 +406,29 @@ class Vec(_Base):
     dst_addr: int = 0
     length: int = 1
     imm: int = 0
+    reg: RunReg = RunReg.NONE
     opcode: ClassVar[Opcode] = Opcode.VEC
     body: ClassVar[str] = "vec"
 
     def _body_fields(self):
         return {"func": self.func.value, "a_addr": self.a_addr, "b_addr": self.b_addr,
-                "dst_addr": self.dst_addr, "length": self.length, "imm": self.imm}
+                "dst_addr": self.dst_addr, "length": self.length, "imm": self.imm,
+                "reg": self.reg.value}
 
     @classmethod
     def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
         if f["func"] not in VecFunc._value2member_map_:
             raise ISAError(f"VEC names func {f['func']}, which does not exist")
-        return cls(**{**f, "func": VecFunc(f["func"])}, **ev)
+        return cls(**{**f, "func": VecFunc(f["func"]), "reg": _run_reg(f["reg"], cls)}, **ev)
+
+
+def _run_reg(value: int, cls) -> RunReg:
+    """The :class:`RunReg` of a decoded ``reg`` field (:class:`ISAError` for one that names
+    none)."""
+    if value not in RunReg._value2member_map_:
+        raise ISAError(f"{cls.opcode.name} names run-time register {value}, which does not "
+                       "exist")
+    return RunReg(value)
 
 
 def vec_out_words(func, length):
@@ -1174,9 +1208,9 @@ def legal_words(f: dict, lim: DispatchLimits):
     """Which words a configuration runs (its :class:`DispatchLimits` ``lim``; the others are
     ILLEGAL_OPCODE): an opcode it has (VEC only with a vector engine), a SYNC naming an engine
     it has, a GEMM naming an epilogue mode, a LOAD or STORE naming a scratchpad, a VEC naming
-    a sub-op (:func:`decode` raises for every word that names no member). ``f`` as from
-    :func:`decode_fields`, numpy arrays or Amaranth values (the fetch unit and its proof use
-    it too)."""
+    a sub-op, a LOAD, STORE or VEC naming a run-time register or none (:func:`decode` raises
+    for every word that names no member). ``f`` as from :func:`decode_fields`, numpy arrays
+    or Amaranth values (the fetch unit and its proof use it too)."""
     op = f["opcode"]
     defined = functools.reduce(operator.or_, (op == o for o in lim.opcodes))
     engine = functools.reduce(operator.or_, (f["sync.engine"] == e for e in lim.engines))
@@ -1187,7 +1221,10 @@ def legal_words(f: dict, lim: DispatchLimits):
     func = f["vec.func"]
     no_func = (op == Opcode.VEC.value) & functools.reduce(
         operator.or_, (func == v for v in _VEC_FUNC_GAPS), func > max(VEC_FUNC_VALUES))
-    return defined & ~no_engine & ~no_mode & ~no_spad & ~no_func
+    top_reg = max(r.value for r in RunReg)
+    no_reg = ((is_dma & (f["dma.reg"] > top_reg))
+              | ((op == Opcode.VEC.value) & (f["vec.reg"] > top_reg)))
+    return defined & ~no_engine & ~no_mode & ~no_spad & ~no_func & ~no_reg
 
 
 def dispatch_errors(f: dict[str, np.ndarray], cfg: AcceleratorConfig) -> np.ndarray:
@@ -1337,6 +1374,111 @@ def loop_instruction(ins: Instr, offset: int) -> Instr:
     if not offset or not isinstance(ins, _Dma):
         return ins
     return dataclasses.replace(ins, dram_addr=min(ins.dram_addr + offset, DRAM_ADDR_MAX))
+
+
+# ---------------------------------------------------------------------- run-time registers
+#: The largest value of a VEC's ``imm`` field: an effective ``imm`` past it reads as this.
+IMM_MAX = (1 << VecBody["imm"].width) - 1
+#: The fields a run-time register moves, by body: ``(field, stride field or None for 1)``.
+RELATIVE = {"dma": ("dram_addr", "dram_stride"), "vec": ("imm", None)}
+_REL_MAX = {"dma": DRAM_ADDR_MAX, "vec": IMM_MAX}
+_REL_OPS = {"dma": (Opcode.LOAD, Opcode.STORE), "vec": (Opcode.VEC,)}
+
+
+def reg_values(regs: typing.Mapping[str, int] | None) -> np.ndarray:
+    """The run-time registers ``regs`` (``{"pos": p, "tok": t}``; missing ones 0) as an
+    ``int64`` array indexed by :class:`RunReg` value (0 for NONE and for the value that names
+    no register).
+
+    Raises
+    ------
+    ISAError
+        A register :data:`RunRegs` does not have, or a value outside its width.
+    """
+    out = np.zeros(1 << RunReg.as_shape().width, dtype=np.int64)
+    by_name = {name: reg for reg, name in REG_NAMES.items()}
+    for name, value in (regs or {}).items():
+        if name not in by_name:
+            raise ISAError(f"no run-time register {name!r}; the registers are "
+                           f"{sorted(by_name)}")
+        width = RunRegs[name].width
+        if not 0 <= int(value) < 1 << width:
+            raise ISAError(f"run-time register {name}={value} does not fit in {width} bits")
+        out[by_name[name].value] = int(value)
+    return out
+
+
+def relative_fields(f: dict[str, np.ndarray], regs: typing.Mapping[str, int] | None
+                    ) -> dict[str, np.ndarray]:
+    """The fields of a program (:func:`decode_fields`) as the fetch unit dispatches them with
+    run-time registers ``regs``: a LOAD's or STORE's ``dram_addr`` plus its register times its
+    ``dram_stride`` (at most :data:`DRAM_ADDR_MAX`: the transfer then fails its DRAM range),
+    a VEC's ``imm`` plus its register (at most :data:`IMM_MAX`), and their ``reg`` 0 (a word
+    naming no register keeps its own, ILLEGAL_OPCODE). Every check and the semantics read
+    the effective fields; no field changes an instruction's cycles (hw/timing.py). Before a
+    REPEAT's offsets: the two add (:meth:`LoopStream.fields`)."""
+    values = reg_values(regs)
+    g = dict(f)
+    for body, (field, stride) in RELATIVE.items():
+        reg = f[f"{body}.reg"]
+        moved = functools.reduce(operator.or_, (f["opcode"] == o.value for o in _REL_OPS[body]))
+        moved = moved & (reg != 0) & (reg <= max(r.value for r in RunReg))
+        if not moved.any():
+            continue
+        step = values[reg] * (f[f"{body}.{stride}"] if stride else 1)
+        g[f"{body}.{field}"] = np.where(moved, np.minimum(f[f"{body}.{field}"] + step,
+                                                          _REL_MAX[body]),
+                                        f[f"{body}.{field}"])
+        g[f"{body}.reg"] = np.where(moved, 0, reg)
+    return g
+
+
+def uses_regs(words: np.ndarray) -> bool:
+    """Whether a program (``uint64 [n, 2]``, :func:`program_words`) has a word relative to a
+    run-time register (:func:`relative_fields`)."""
+    f = decode_fields(words)
+    return bool(any((functools.reduce(operator.or_, (f["opcode"] == o.value
+                                                     for o in _REL_OPS[body]))
+                     & (f[f"{body}.reg"] != 0)).any() for body in RELATIVE))
+
+
+def relative_words(words: np.ndarray, regs: typing.Mapping[str, int] | None) -> np.ndarray:
+    """A program's words (``uint64 [n, 2]``) with the run-time registers applied
+    (:func:`relative_fields`): plain words, none relative, that run as the program runs
+    with ``regs`` (the same words when none is relative)."""
+    f = decode_fields(words)
+    g = relative_fields(f, regs)
+    changed = [(body, name) for body in RELATIVE for name in (RELATIVE[body][0], "reg")
+               if g[f"{body}.{name}"] is not f[f"{body}.{name}"]]
+    if not changed:
+        return words
+    out = words.copy()
+    rows = np.flatnonzero(functools.reduce(operator.or_, (
+        g[f"{b}.{n}"] != f[f"{b}.{n}"] for b, n in changed)))
+    for body, name in changed:
+        off, width = _BODIES[body][name]
+        value = g[f"{body}.{name}"][rows].astype(np.uint64)
+        for half in (0, 1):  # the field's bits in each 64-bit half
+            lo, hi = max(off, 64 * half), min(off + width, 64 * half + 64)
+            if lo >= hi:
+                continue
+            mask = np.uint64(((1 << (hi - lo)) - 1) << (lo - 64 * half))
+            part = (value >> np.uint64(lo - off)) << np.uint64(lo - 64 * half)
+            out[rows, half] = (out[rows, half] & ~mask) | (part & mask)
+    return out
+
+
+def relative_instruction(ins: Instr, regs: typing.Mapping[str, int] | None) -> Instr:
+    """Instruction ``ins`` as dispatched with run-time registers ``regs``
+    (:func:`relative_fields`; itself when it is relative to none)."""
+    reg = getattr(ins, "reg", RunReg.NONE)
+    if reg == RunReg.NONE:
+        return ins
+    value = int(reg_values(regs)[reg.value])
+    if isinstance(ins, _Dma):
+        return dataclasses.replace(ins, reg=RunReg.NONE, dram_addr=min(
+            ins.dram_addr + value * ins.dram_stride, DRAM_ADDR_MAX))
+    return dataclasses.replace(ins, reg=RunReg.NONE, imm=min(ins.imm + value, IMM_MAX))
 
 
 # ---------------------------------------------------------------------- full validation

@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 from amaranth import ClockDomain, Module, Signal, unsigned
 from amaranth.lib import memory, wiring
-from amaranth.lib.wiring import Out, connect, flipped
+from amaranth.lib.wiring import In, Out, connect, flipped
 from amaranth.utils import ceil_log2
 
 from hw.config import AcceleratorConfig
+from hw.isa import RunRegs
 from hw.memory_model import DramModel
 from hw.top import HOST_STATUS, Accelerator, host_ports
 
@@ -34,8 +35,8 @@ class SimTop(wiring.Component):
 
     Members
     -------
-    start, busy, done, error, error_pc, cycles, counters, imem_wr:
-        As :class:`hw.top.Accelerator` (:func:`hw.top.host_ports`).
+    start, busy, done, error, error_pc, cycles, counters, imem_wr, regs:
+        As :class:`hw.top.Accelerator` (:func:`hw.top.host_ports`, ``regs``).
     dram_rd: Out(ReadPort.Signature(...))
         Host read port of the DRAM model (beat address, data one cycle later).
     dram_wr: Out(WritePort.Signature(...))
@@ -48,7 +49,7 @@ class SimTop(wiring.Component):
         aw = ceil_log2(cfg.dram_beats)
         beat = unsigned(8 * cfg.beat_bytes)
         super().__init__({
-            **host_ports(cfg),
+            **host_ports(cfg), "regs": In(RunRegs),
             "dram_rd": Out(memory.ReadPort.Signature(addr_width=aw, shape=beat)),
             "dram_wr": Out(memory.WritePort.Signature(addr_width=aw, shape=beat)),
         })
@@ -69,7 +70,7 @@ class SimTop(wiring.Component):
         connect(m, flipped(self.imem_wr), accel.imem_wr)
         connect(m, flipped(self.dram_rd), dram.host_rd)
         connect(m, flipped(self.dram_wr), dram.host_wr)
-        m.d.comb += accel.start.eq(self.start)
+        m.d.comb += [accel.start.eq(self.start), accel.regs.eq(self.regs)]
         for name in HOST_STATUS:
             m.d.comb += getattr(self, name).eq(getattr(accel, name))
         return m
@@ -89,7 +90,7 @@ class RunnerTop(wiring.Component):
 
     Members
     -------
-    start, busy, done, error, error_pc, cycles, counters, imem_wr, dram:
+    start, busy, done, error, error_pc, cycles, counters, imem_wr, regs, dram:
         As :class:`hw.top.Accelerator` (``start`` delayed by one register).
     """
 
@@ -109,7 +110,7 @@ class RunnerTop(wiring.Component):
         m.submodules.accel = accel = self._accel
         start = Signal()
         m.d.sync += start.eq(self.start)
-        m.d.comb += accel.start.eq(start)
+        m.d.comb += [accel.start.eq(start), accel.regs.eq(self.regs)]
         for name in HOST_STATUS:
             m.d.comb += getattr(self, name).eq(getattr(accel, name))
         connect(m, flipped(self.imem_wr), accel.imem_wr)

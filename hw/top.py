@@ -24,9 +24,10 @@ ports and its counters are generated from that table; each engine's executor is 
 has its signals routed through its executor.
 
 Host protocol: write the program into the instruction memory (``imem_wr``) while ``busy`` is
-low, pulse ``start`` for one cycle (cycle ``-START_LATENCY`` of hw/timing.py), wait for ``busy``
-to fall; then ``done`` is high and ``error``, ``error_pc``, ``cycles`` and ``counters`` hold the
-outcome until the next ``start``. ``busy`` rises in the cycle after ``start`` and falls in cycle
+low, set the run-time registers ``regs`` (sampled with ``start``), pulse ``start`` for one
+cycle (cycle ``-START_LATENCY`` of hw/timing.py), wait for ``busy`` to fall; then ``done``
+is high and ``error``, ``error_pc``, ``cycles`` and ``counters`` hold the outcome until the
+next ``start``. ``busy`` rises in the cycle after ``start`` and falls in cycle
 ``cycles + 1 + hw.timing.stop_delay(error)``: done, a deadlock and an event overflow are decided
 a cycle late, so that the deep checks behind them end in one flip-flop each.
 
@@ -62,7 +63,7 @@ from hw.engines import engines_of
 from hw.events import EventUnit
 from hw.fanout import replica
 from hw.fetch import FetchUnit
-from hw.isa import INSTR_BITS, Engine, ErrorCode, GemmBody
+from hw.isa import INSTR_BITS, Engine, ErrorCode, GemmBody, RunRegs
 from hw.queues import InstrQueue, entry_layout
 from hw.spad import Scratchpad
 from hw.timing import START_LATENCY, STOP_DELAY
@@ -138,6 +139,9 @@ class Accelerator(wiring.Component):
         Performance counters of the last run (:func:`hw.counters.counters`).
     imem_wr: Out(WritePort.Signature(addr_width=ceil_log2(imem_depth), shape=128))
         Host write port of the instruction memory.
+    regs: In(hw.isa.RunRegs)
+        The run-time registers (``pos``, ``tok``), sampled when ``start`` is accepted and held
+        by the fetch unit for the run (:func:`hw.isa.relative_fields`); unconnected, 0.
     dram: Out(DramSignature(cfg))
         The DRAM port.
     """
@@ -161,7 +165,8 @@ class Accelerator(wiring.Component):
             raise TypeError(f"compute must be a factory cfg -> component, got {compute!r}")
         self._cfg = cfg
         self._compute = compute or _default_compute
-        super().__init__({**host_ports(cfg), "dram": Out(DramSignature(cfg))})
+        super().__init__({**host_ports(cfg), "regs": In(RunRegs),
+                          "dram": Out(DramSignature(cfg))})
 
     @property
     def cfg(self) -> AcceleratorConfig:
@@ -233,6 +238,11 @@ class Accelerator(wiring.Component):
         # ---- wiring
         connect(m, wiring.flipped(self.imem_wr), fetch.imem_wr)
         m.d.comb += fetch.run.eq(running)
+        # The run-time registers: the host's values when `start` is accepted, held for the run.
+        regs = Signal(RunRegs, name="run_regs")
+        with m.If(go):
+            m.d.sync += regs.eq(self.regs)
+        m.d.comb += fetch.regs.eq(regs)
         for e in engines:
             eng, seq, ex = e.engine, seqs[e.engine], executors[e.engine]
             connect(m, getattr(fetch, e.name), queues[eng].w)

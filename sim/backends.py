@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -65,8 +66,10 @@ class Backend(Protocol):
     values: bool
     traces: bool
 
-    def run(self, program, dram: np.ndarray | None, *, trace: bool = False) -> RunResult:
-        """Run ``program`` on ``dram`` (ignored when ``values`` is false)."""
+    def run(self, program, dram: np.ndarray | None, *, trace: bool = False,
+            regs: Mapping[str, int] | None = None) -> RunResult:
+        """Run ``program`` on ``dram`` (ignored when ``values`` is false) with the run-time
+        registers ``regs`` (:data:`hw.isa.RunRegs`; missing ones 0)."""
 
 
 class _Model:
@@ -77,10 +80,10 @@ class _Model:
         self.name = "model" if values else "model-timing"
         self._model = FastModel(cfg)
 
-    def run(self, program, dram, *, trace=False, in_place=False) -> RunResult:
+    def run(self, program, dram, *, trace=False, regs=None, in_place=False) -> RunResult:
         if self.values:
-            return self._model.run(program, dram, trace=trace, in_place=in_place)
-        return self._model.run(program, timing_only=True, trace=trace)
+            return self._model.run(program, dram, trace=trace, regs=regs, in_place=in_place)
+        return self._model.run(program, timing_only=True, trace=trace, regs=regs)
 
 
 def runs_in_place(backend: Backend) -> bool:

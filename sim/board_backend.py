@@ -23,6 +23,7 @@ a failed calibration is an error and nothing is started.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from hw.board import protocol as p
 from hw.board.dram_init import initialize_board
 from hw.board.ecpix5 import ECPIX5, Board
 from hw.config import AcceleratorConfig
-from hw.isa import INSTR_BYTES, Opcode, decode_fields, program_words
+from hw.isa import INSTR_BYTES, Opcode, decode_fields, program_words, relative_words
 from sim.board import BoardLink, BoardLinkError
 from sim.result import RunResult
 from sim.rtl import encode_any
@@ -177,13 +178,17 @@ class BoardBackend:
         self._known[start:start + n] = True
 
     def run(self, program, dram: np.ndarray | None, *, trace: bool = False,
-            in_place: bool = False) -> RunResult:
+            regs: Mapping[str, int] | None = None, in_place: bool = False) -> RunResult:
         """Run ``program`` with ``dram`` as the memory; see the module docstring for what moves.
 
         ``in_place`` updates ``dram`` itself with what the program stored (the result's
-        ``dram`` is that array), as :meth:`sim.model.FastModel.run` does.
+        ``dram`` is that array), as :meth:`sim.model.FastModel.run` does. The host link has
+        no run-time registers: ``regs`` are applied to the words on the host
+        (:func:`hw.isa.relative_words`) before they are written.
         """
         raw = encode_any(program, self.cfg)
+        if regs is not None:
+            raw = relative_words(program_words(raw), regs).astype("<u8").tobytes()
         prog = program_words(raw)
         if dram is None or dram.dtype != np.uint8 or dram.size != self.cfg.memory.size_bytes:
             raise ValueError(f"dram must be a uint8 array of {self.cfg.memory.size_bytes} bytes")

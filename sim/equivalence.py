@@ -50,10 +50,11 @@ def compare_results(a: RunResult, b: RunResult, names=("model", "rtl")) -> Misma
     return Mismatch(out) if out else None
 
 
-def run_both(program, dram, model, rtl) -> tuple[RunResult, RunResult, Mismatch | None]:
-    """Run ``program`` on both backends and compare."""
-    a = model.run(program, dram)
-    b = rtl.run(program, dram)
+def run_both(program, dram, model, rtl, regs=None
+             ) -> tuple[RunResult, RunResult, Mismatch | None]:
+    """Run ``program`` on both backends with run-time registers ``regs`` and compare."""
+    a = model.run(program, dram, regs=regs)
+    b = rtl.run(program, dram, regs=regs)
     return a, b, compare_results(a, b)
 
 

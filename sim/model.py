@@ -15,6 +15,7 @@ with a clear error.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -45,6 +46,8 @@ from hw.isa import (
     loop_instruction,
     loop_stream,
     program_words,
+    relative_instruction,
+    relative_words,
 )
 from sim.errors import SimulationError
 from sim.functional import MachineState, Step, WeightCache, prepare
@@ -478,7 +481,8 @@ class FastModel:
         self._programs: OrderedDict[tuple, _Cached] = OrderedDict()
 
     def run(self, program, dram: np.ndarray | None = None, *, timing_only: bool = False,
-            trace: bool = False, in_place: bool = False) -> RunResult:
+            trace: bool = False, regs: Mapping[str, int] | None = None,
+            in_place: bool = False) -> RunResult:
         """Execute ``program`` (instructions or encoded bytes) on a DRAM image.
 
         With ``timing_only`` no values are computed and ``dram`` may be omitted (LLaMA-7B
@@ -494,6 +498,11 @@ class FastModel:
         of before the program must keep a copy (the runtime raises
         :class:`sw.runtime.RuntimeFault` and the sequence must be ``reset``).
 
+        ``regs`` are the run-time registers (:data:`hw.isa.RunRegs`, missing ones 0): the
+        program runs as its words with them applied (:func:`hw.isa.relative_words`), which
+        is what the fetch unit dispatches; without ``regs`` every register is 0, and a word
+        relative to one runs as its fields are.
+
         A schedule is a function of the program words, the configuration and the contract's
         constants only (the timing contract ignores values), so a program run again reuses
         its schedule and its values steps (:func:`sim.functional.prepare` of its completed
@@ -504,6 +513,11 @@ class FastModel:
             program = list(program)
         words = program_words(program)
         objects = isinstance(program, list) and any(not isinstance(x, int) for x in program)
+        if regs is not None:
+            words = relative_words(words, regs)
+            if objects:
+                program = [x if isinstance(x, int) else relative_instruction(x, regs)
+                           for x in program]
         entry = self._schedule(words)
         sched = entry.sched
         out_dram = None

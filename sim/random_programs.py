@@ -15,7 +15,8 @@ first load waiting on the previous iteration's store (the first iteration's sign
 SYNC when the chain has no earlier task of the kind). Random SYNCs add extra
 cross-engine dependencies. Every wait refers to a signal earlier in program order, so valid
 programs never deadlock; :func:`break_program` makes the invalid variants (illegal words, bad
-fields, missing END, deadlocks, event overflows).
+fields, missing END, deadlocks, event overflows); :func:`relative_program` makes words
+relative to the run-time registers and gives the registers to run them with.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from hw.config import AcceleratorConfig, MemoryModel
 from hw.engines import engines_of
 from hw.isa import (
     NO_EVENT,
+    REG_NAMES,
     VEC_FUNC_VALUES,
     End,
     Engine,
@@ -37,6 +39,8 @@ from hw.isa import (
     ISAError,
     Load,
     Repeat,
+    RunReg,
+    RunRegs,
     Spad,
     Store,
     Sync,
@@ -49,6 +53,7 @@ from hw.isa import (
     field_location,
     gemm_extents,
     insert_imm,
+    reg_values,
     rope_imm,
     vec_out_words,
     vec_reads_b,
@@ -97,6 +102,8 @@ class RandomProgram:
     program: list[Instr | int]
     dram: np.ndarray
     notes: list[str] = field(default_factory=list)
+    #: The run-time registers it runs with (:data:`hw.isa.RunRegs`; None: all 0).
+    regs: dict[str, int] | None = None
 
     def words(self) -> list[int]:
         return [w if isinstance(w, int) else encode(w) for w in self.program]
@@ -364,6 +371,32 @@ def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: 
         program.append(Sync(engine=eng, wait=e))
     program.append(End())
     return RandomProgram(program, dram, [f"{chains} chains x {tasks} tasks"])
+
+
+def relative_program(rp: RandomProgram, rng: np.random.Generator, share: float = 0.5,
+                     broken: bool = False) -> RandomProgram:
+    """``rp`` with about ``share`` of its LOADs, STOREs and VECs relative to a run-time
+    register (:func:`hw.isa.relative_fields`), with random registers: each such word's
+    ``dram_addr`` (``imm``) less the register times its ``dram_stride`` (less the register),
+    so that it runs as before (a word whose field is too small for that stays as it was).
+    ``broken``: then one register is set to its largest value, which takes the words relative
+    to it out of DRAM (or past a SOFTMAX's row): BAD_ADDRESS."""
+    regs = {name: int(rng.integers(0, 8)) for name in REG_NAMES.values()}
+    values = reg_values(regs)
+    out = []
+    for ins in rp.program:
+        if isinstance(ins, (Load, Store, Vec)) and rng.random() < share:
+            reg = RunReg(int(rng.choice([r.value for r in REG_NAMES])))
+            r = int(values[reg.value])
+            if isinstance(ins, Vec) and ins.imm >= r:
+                ins = replace(ins, imm=ins.imm - r, reg=reg)
+            elif isinstance(ins, (Load, Store)) and ins.dram_addr >= r * ins.dram_stride:
+                ins = replace(ins, dram_addr=ins.dram_addr - r * ins.dram_stride, reg=reg)
+        out.append(ins)
+    if broken:
+        name = str(rng.choice(list(REG_NAMES.values())))
+        regs[name] = (1 << RunRegs[name].width) - 1
+    return RandomProgram(out, rp.dram, rp.notes + [f"registers {regs}"], regs)
 
 
 def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Generator,

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,16 @@ from hw.counters import COUNTER_BITS, counters
 from hw.dma import DRAM_ADDR_BITS
 from hw.engines import ENGINES
 from hw.generate import write_design
-from hw.isa import INSTR_BYTES, ErrorCode, Instr, encode, program_words
+from hw.isa import (
+    INSTR_BYTES,
+    REG_NAMES,
+    ErrorCode,
+    Instr,
+    RunRegs,
+    encode,
+    program_words,
+    reg_values,
+)
 from hw.timing import START_LATENCY
 from sim.errors import SimulationError
 from sim.result import RunResult
@@ -199,6 +208,13 @@ def _config_header(cfg: AcceleratorConfig) -> str:
     ])
 
 
+def pack_regs(regs: Mapping[str, int] | None) -> int:
+    """The run-time registers ``regs`` (missing ones 0) as the integer value of the
+    accelerator's ``regs`` port, each at its offset in :data:`hw.isa.RunRegs`."""
+    values = reg_values(regs)
+    return sum(int(values[reg.value]) << RunRegs[name].offset for reg, name in REG_NAMES.items())
+
+
 class RTLBackend:
     """Run programs on the Verilator build of the accelerator for ``cfg``.
 
@@ -303,7 +319,8 @@ class RTLBackend:
     # ------------------------------------------------------------------ run
     def run(self, program: Sequence[Instr | int] | bytes | np.ndarray,
             dram: np.ndarray | None = None, *, trace: bool = False,
-            max_cycles: int | None = None, waves_path: str | Path | None = None) -> RunResult:
+            regs: Mapping[str, int] | None = None, max_cycles: int | None = None,
+            waves_path: str | Path | None = None) -> RunResult:
         """Run ``program`` on a DRAM image; returns a :class:`sim.result.RunResult`.
 
         Parameters
@@ -315,6 +332,9 @@ class RTLBackend:
         trace:
             Accepted for :class:`sim.backends.Backend` and ignored: this backend records no
             step trace (``traces`` is false; ``waves`` records a waveform instead).
+        regs:
+            The run-time registers (:data:`hw.isa.RunRegs`, missing ones 0), set on the
+            accelerator's ``regs`` port before ``start``.
         max_cycles:
             Cycle guard; :class:`RTLTimeoutError` if the machine is still busy after it.
         waves_path:
@@ -337,7 +357,8 @@ class RTLBackend:
             cmd = [str(runner), "--program", str(tmp / "program.bin"),
                    "--dram", str(tmp / "dram.bin"), "--out-dram", str(tmp / "out.bin"),
                    "--out-json", str(tmp / "result.json"),
-                   "--max-cycles", str(max_cycles or self.max_cycles)]
+                   "--max-cycles", str(max_cycles or self.max_cycles),
+                   "--regs", str(pack_regs(regs))]
             if self.waves:
                 wp = Path(waves_path) if waves_path else \
                     self.build_dir / "waves" / f"run-{os.getpid()}-{self._runs}.vcd"

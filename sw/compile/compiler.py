@@ -34,7 +34,7 @@ from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
-from hw.isa import Opcode, VecFunc, decode_fields
+from hw.isa import Opcode, RunReg, VecFunc, decode, decode_fields, program_words
 from hw.numerics import (
     ACT_MAX,
     dequant_channels,
@@ -314,6 +314,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         else:
             symbols, programs, table, templates, joined = (rolled[0], looped, *rolled[2:])
             (placed, layout, arenas), embedding = framed, {}
+    if embedding:
+        programs = [token_relative(cfg, p, symbols, embedding) for p in programs]
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
         # a step runs one program per set of nodes (of its context bucket's, the most)
@@ -636,7 +638,8 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
                                       cfg, vec.func, vec.rows, vec.length,
                                       second=vec.b is not None,
                                       const=vec.w is not None and not vec.table_rows,
-                                      imm=vec.imm, table=vec.table_rows > 0, loops=loops))
+                                      imm=vec.imm, table=vec.table_rows > 0,
+                                      positions=vec.positions, loops=loops))
             except LoweringError as e:  # name the node: the message alone does not
                 raise LoweringError(f"{phase} node {node.name!r}: {e}") from None
         index, t = templates[key]
@@ -1113,6 +1116,36 @@ def _embedding_reads(graphs: Mapping[str, Graph], work) -> dict[str, int]:
                                                                           VectorOp):
             return {members[0].x: members[0].row_bytes}
     return {}
+
+
+def token_relative(cfg: AcceleratorConfig, program: Program, symbols: Mapping[str, Region],
+                   embedding: Mapping[str, int]) -> Program:
+    """``program`` with its LOADs of the token's embedding rows (``embed_rows``, which read
+    the ``embedding`` buffer, one row) relative to the run-time register ``tok``: row ``tok``
+    of the embedding table (a row of the buffer's row bytes per token,
+    :func:`hw.isa.relative_fields`), so the host writes the token, not the words.
+
+    Raises
+    ------
+    LoweringError
+        Such a LOAD moves more than one row (the register would pick the table's row ``tok``
+        of each).
+    """
+    if not program.embed_rows or not program.instructions:  # (a part: its program's words)
+        return program
+    ((served, row),) = embedding.items()
+    beat = cfg.beat_bytes
+    delta = (symbols[sym.embedding_table()].addr - symbols[served].addr) // beat
+    words = program.words.copy()
+    for i in program.embed_rows:
+        ins = decode(int(words[i, 0]) | (int(words[i, 1]) << 64))
+        if ins.rows != 1:
+            raise LoweringError(f"node {program.node!r}: its LOAD {i} of the token's embedding "
+                                f"rows moves {ins.rows} rows; one row per token is relative "
+                                "to the register tok")
+        words[i] = program_words([dataclasses.replace(
+            ins, dram_addr=ins.dram_addr + delta, dram_stride=row // beat, reg=RunReg.TOK)])[0]
+    return dataclasses.replace(program, words=words)
 
 
 def _embedding_region(model: LlamaLM, embedding: Mapping[str, int]) -> list[tuple[str, int]]:

@@ -52,7 +52,7 @@ __all__ = ["Executable", "Program", "ProgramMember", "ProgramTable", "KVCachePla
 
 #: The file format's version: a new one whenever a field is added, dropped or changes
 #: meaning (a reader refuses every other version, naming both).
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 _KEY = "nmfpga-executable"
 
 
@@ -120,9 +120,10 @@ class Program:
 
     A vector program (a host op on the vector engine) has no members but its ``vector``
     operation, and ``imm_rows``: the index of each row's SOFTMAX VEC, whose ``imm`` (the
-    row's valid positions) the host sets in a copy of ``words`` before each run, and
-    ``position_rows``: a ROPE's LOAD of its rotary table rows, whose ``dram_addr`` the host
-    advances in such a copy by the step's first position times a table row's beats.
+    row's valid positions) counts from the run-time register ``pos`` (the step's first
+    position, :func:`hw.isa.relative_fields`) for a causal mask (the host sets it in a copy
+    of ``words`` for another mask), and ``position_rows``: a ROPE's LOADs of its rotary
+    table rows, relative to ``pos``.
 
     Fused programs (:mod:`sw.compile.fusion`): a program that runs several accelerator nodes
     lists their programs in ``parts`` (node order) and its minimal work ``(read bytes, write
@@ -134,9 +135,9 @@ class Program:
     a LOAD's or STORE's ``dram_addr`` (``field`` "dram_addr") or an INSERT's ``imm`` base
     ("imm") in the key ("k"), value ("v") or value code ("c") region, by
     :meth:`~sw.compile.lower.KVLayout.append_site`. A decode program's LOADs of the token's
-    embedding rows (a buffer the embedding lookup computes) are its ``embed_rows``: the
-    runtime points their ``dram_addr`` at the token's row of the constant embedding table
-    (``symbols.embedding_table()``) instead of writing the rows."""
+    embedding rows (a buffer the embedding lookup computes) are its ``embed_rows``: LOADs of
+    the constant embedding table (``symbols.embedding_table()``) relative to the run-time
+    register ``tok``, the step's token, so the host writes neither the rows nor the words."""
 
     phase: str
     node: str

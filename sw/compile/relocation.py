@@ -70,12 +70,12 @@ class Template:
     reloc_rows: np.ndarray     # instruction indices whose dram_addr is relative
     reloc_keys: np.ndarray     # per such instruction: layer * 4 + operand (w, x, y, b)
     instructions: int
-    #: The SOFTMAX VECs, one per row in row order, whose ``imm`` (valid positions) the host
-    #: sets before each run (empty for other programs).
+    #: The SOFTMAX VECs, one per row in row order, whose ``imm`` (valid positions) is relative
+    #: to the run-time register ``pos`` (:func:`hw.isa.relative_fields`) when the rows are
+    #: causal (empty for other programs).
     imm_rows: tuple[int, ...] = ()
-    #: A ROPE program's LOADs of its rotary table rows, whose ``dram_addr`` the host advances
-    #: by the step's first position times the table row's beats before each run (empty for
-    #: other programs).
+    #: A ROPE program's LOADs of its rotary table rows, relative to ``pos``: the rows of the
+    #: step's positions (empty for other programs).
     position_rows: tuple[int, ...] = ()
 
 
@@ -110,10 +110,12 @@ def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer], *,
 
 def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
                           second: bool = False, const: bool = False, imm: int = 0,
-                          table: bool = False, loops: bool | None = False) -> Template:
+                          table: bool = False, positions: int = 0,
+                          loops: bool | None = False) -> Template:
     """:func:`sw.compile.schedule.schedule_vector` as one relocatable program (END appended;
     its operands are layer 0's ``x``, ``b``, ``w`` and ``y``; a ROPE's table LOADs, those
-    relative to ``w``, in :attr:`Template.position_rows`); ``loops`` as for
+    relative to ``w``, in :attr:`Template.position_rows`; a SOFTMAX's rows relative to the
+    step's first position with ``positions``, the step's tokens); ``loops`` as for
     :func:`lower_template`.
 
     Raises
@@ -122,7 +124,7 @@ def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, leng
         The rows do not fit the vector scratchpads, or the program the instruction memory.
     """
     t = _template(cfg, schedule_vector(cfg, func, rows, length, second=second, const=const,
-                                       imm=imm, table=table), loops)
+                                       imm=imm, table=table, positions=positions), loops)
     if not table:
         return t
     at = t.reloc_rows[t.reloc_keys == _OPERANDS["w"]]

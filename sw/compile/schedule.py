@@ -47,6 +47,7 @@ from hw.isa import (
     Gemm,
     Instr,
     Load,
+    RunReg,
     Spad,
     Store,
     Sync,
@@ -638,7 +639,7 @@ def _whole_rows(cfg: AcceleratorConfig, func: VecFunc, length: int, in_half: int
 
 def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
                     second: bool = False, const: bool = False, imm: int = 0,
-                    table: bool = False) -> Schedule:
+                    table: bool = False, positions: int = 0) -> Schedule:
     """One program computing ``func`` on ``rows`` rows of ``length`` int32 elements.
 
     DRAM operands (relocated as :data:`Reloc` of layer 0): ``"x"`` the rows (each
@@ -647,11 +648,13 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
     second operand (``const``: RMSNORM's weight), ``"y"`` the results, laid out as ``"x"``.
     A ROPE (``table``) reads instead the rotary table from ``"w"``, rows of
     :func:`rope_table_beats` consecutive, one per position: row ``r`` of ``"x"`` turns by
-    table row ``r``, which a task loads after its rows (the LOADs relative to ``"w"``, whose
-    ``dram_addr`` the host advances to the step's first position before the start).
-    Every VEC gets ``imm`` (RMSNORM's epsilon; ROPE's :func:`hw.isa.rope_imm`; SOFTMAX's
-    valid positions are a run-time parameter the host writes into each row's VEC before the
-    start). Tasks (:func:`vector_tasks`) alternate between the halves of VIN and VOUT; the
+    table row ``r + pos``, which a task loads after its rows (the LOADs relative to ``"w"``
+    and to the run-time register ``pos``, the step's first position: rows ``pos ..`` of the
+    table, :func:`hw.isa.relative_fields`). Every VEC gets ``imm`` (RMSNORM's epsilon;
+    ROPE's :func:`hw.isa.rope_imm`); with ``positions`` (the step's tokens, a head's rows
+    consecutive) a SOFTMAX's row ``r`` gets instead its causal valid positions ``pos + r %
+    positions + 1``: ``imm`` ``r % positions + 1`` relative to ``pos``. Tasks
+    (:func:`vector_tasks`) alternate between the halves of VIN and VOUT; the
     loads of task ``i + 1`` are emitted before the VECs of task ``i`` (software pipelining, as
     :func:`schedule_layers`), so the LOAD engine fills one half while the vector engine
     reads the other.
@@ -679,7 +682,8 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
             ops.append(("w", t.rows * beats, t_beats, t_beats))
         return [(Load(spad=Spad.VIN, spad_addr=base + h * in_half + at,
                       dram_addr=t.row * stride + (offset if name != "w" else 0), rows=t.rows,
-                      row_beats=n, dram_stride=stride), (0, name))
+                      row_beats=n, dram_stride=stride,
+                      reg=RunReg.POS if name == "w" else RunReg.NONE), (0, name))
                 for name, at, stride, n in ops]
 
     def vecs(t: VectorTask, h: int) -> _Emitted:
@@ -689,8 +693,14 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
                      b_addr=((a0 + (t.rows + j) * beats) * per if second
                              else (a0 + t.rows * beats + j * t_beats) * per if table
                              else 0),  # const: row 0
-                     dst_addr=(h * out_half + j * beats) * per, length=t.length, imm=imm), None)
+                     dst_addr=(h * out_half + j * beats) * per, length=t.length,
+                     **causal(t.row + j)), None)
                 for j in range(t.rows)]
+
+    def causal(row: int) -> dict:
+        if func != VecFunc.SOFTMAX or not positions:
+            return {"imm": imm}
+        return {"imm": row % positions + 1, "reg": RunReg.POS}
 
     def store(t: VectorTask, h: int) -> _Emitted:
         return [(Store(spad=Spad.VOUT, spad_addr=h * out_half,

@@ -30,6 +30,7 @@ The program itself is :func:`sw.compile.schedule.schedule_vector`'s.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,7 +63,9 @@ class VectorOp:
     results ``y`` (laid out as ``x``); every VEC's ``imm`` (SOFTMAX's is set per row at run
     time); a ROPE's ``table_rows`` (the positions of a step, one per row: row ``r`` turns by
     the table row of position ``past + r``) and the DRAM bytes of a table row,
-    ``table_row_bytes`` (0 for other sub-ops)."""
+    ``table_row_bytes`` (0 for other sub-ops); a SOFTMAX's ``positions``, the step's tokens
+    (row ``r``, of token ``r % positions``, has ``past + r % positions + 1`` valid positions
+    under a causal mask: its VEC's ``imm`` relative to the run-time register ``pos``)."""
 
     func: VecFunc
     rows: int
@@ -75,6 +78,7 @@ class VectorOp:
     imm: int = 0
     table_rows: int = 0
     table_row_bytes: int = 0
+    positions: int = 0
 
     @property
     def w_tile_stride(self) -> None:
@@ -85,7 +89,7 @@ class VectorOp:
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
         return ("vec", self.func, self.rows, self.length, self.b is not None,
-                self.w is not None, self.imm, self.table_rows)
+                self.w is not None, self.imm, self.table_rows, self.positions)
 
     def const_bytes(self, max_context: int) -> int:
         """DRAM bytes of its constant ``w``: a row (RMSNorm's weight), or a ROPE's table of
@@ -123,7 +127,7 @@ class VectorOp:
         return {"func": self.func.name, "rows": self.rows, "length": self.length,
                 "row_bytes": self.row_bytes, "x": self.x, "y": self.y, "b": self.b,
                 "w": self.w, "imm": self.imm, "table_rows": self.table_rows,
-                "table_row_bytes": self.table_row_bytes}
+                "table_row_bytes": self.table_row_bytes, "positions": self.positions}
 
     @classmethod
     def from_dict(cls, d: dict) -> VectorOp:
@@ -163,7 +167,8 @@ def _softmax(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int | Non
              ) -> VectorOp:
     if bucket is None:
         raise LoweringError(f"node {node.name!r}: softmax needs a context bucket")
-    return _op(node, graph, cfg, bucket, imm=bucket)  # imm: set per row at run time
+    op = _op(node, graph, cfg, bucket, imm=bucket)  # imm: relative to pos per row
+    return dataclasses.replace(op, positions=int(graph.values[node.inputs[0]].shape[-2]))
 
 
 def _elementwise(node: Node, graph: Graph, cfg: AcceleratorConfig, bucket: int | None

@@ -57,7 +57,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from hw.isa import field_location
+from hw.isa import RunReg, field_location
 from hw.numerics import (
     add_vector,
     bias_to_acc,
@@ -85,7 +85,7 @@ from hw.numerics import (
 )
 from sim.backends import Backend, runs_in_place
 from sim.roofline import LayerPoint, bound_cycles
-from sw.compile.executable import EMBEDDING_TABLE, Executable, Program
+from sw.compile.executable import Executable, Program
 from sw.compile.ir import (
     OPS,
     Interpreter,
@@ -593,14 +593,13 @@ class Runtime:
                                 else (None, 0))
             if first and run != pid:
                 cycles_in += self._residual_rows(phase, run)
-            if first:  # the run-time parameters: words the step sets
+            if first:  # the run-time parameters: words the step sets, the registers
                 words = (self._fused_words(run, env) if run != pid
                          else state.words if isinstance(state, _VectorState) else None)
-                if self.exe.programs[run].embed_rows:
-                    words = self._embed_words(run, words)
+                regs = self._registers(run, env)
             wall = time.perf_counter() - t0
             if first:
-                self._run(phase, node, run, stats, words)
+                self._run(phase, node, run, stats, words, regs)
             t0 = time.perf_counter()
             if any(o in self._plan.live for o in node.outputs):
                 outs, cycles_out = epilogue(self, node, args, env, program, state)
@@ -613,42 +612,30 @@ class Runtime:
             return outs
         return kernel
 
-    def _embed_words(self, run: int, words: np.ndarray | None) -> np.ndarray:
-        """A copy of program ``run``'s words (or of ``words``, its words with other run-time
-        parameters set) with its LOADs of the token's embedding rows (``embed_rows``)
-        pointed at the step's token's row of the embedding table."""
+    def _registers(self, run: int, env) -> dict[str, int]:
+        """The run-time registers of program ``run`` in this step (:data:`hw.isa.RunRegs`):
+        ``pos`` the step's first position, which its ROPE table LOADs (``position_rows``)
+        and causal SOFTMAX VECs (``imm_rows``) are relative to; ``tok`` the step's token,
+        the row of the embedding table its ``embed_rows`` read (decode: one token)."""
         program = self.exe.programs[run]
-        (served,) = self._served  # the one buffer of embedding rows the programs read
-        table = self.exe.symbols[EMBEDDING_TABLE].addr
-        token = int(self._vals[self.exe.graphs[program.phase].inputs[0]].reshape(-1)[0])
-        beat = self.exe.cfg.beat_bytes
-        delta = (table + token * self._served[served]
-                 - self.exe.symbols[served].addr) // beat
-        words = (program.words if words is None else words).copy()
-        rows = np.asarray(program.embed_rows, dtype=np.int64)
-        mask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
-        lo = words[rows, 0]
-        addr = ((lo & mask) >> np.uint64(_ADDR_AT)).astype(np.int64) + delta
-        if int(addr.max()) >= 1 << _ADDR_BITS:
-            raise RuntimeFault(f"token {token}'s embedding row lies beyond the LOAD's "
-                               "dram_addr field")
-        words[rows, 0] = (lo & ~mask) | (addr.astype(np.uint64) << np.uint64(_ADDR_AT))
-        return words
+        regs = {"pos": env.past}
+        if program.embed_rows:
+            regs["tok"] = int(self._vals[self.exe.graphs[program.phase].inputs[0]]
+                              .reshape(-1)[0])
+        return regs
 
     def _fused_words(self, run: int, env) -> np.ndarray | None:
-        """The words of fused program ``run`` with its ROPE parts' table LOADs
-        (``position_rows``) pointed at the step's first position and its SOFTMAX parts' VECs
-        (``imm_rows``) given each row's valid positions of the step's causal mask (None:
-        it has neither)."""
+        """The words of fused program ``run`` with its SOFTMAX parts' VECs (``imm_rows``)
+        given each row's valid positions where a sliding window makes them other than the
+        causal ones the words count from ``pos``, and its KV append moved to the step's
+        position (None: neither)."""
         program = self.exe.programs[run]
         words = None
-        if program.imm_rows:
-            words = _set_imm(program, _causal_counts(env, len(program.imm_rows)).numpy())
-        if program.position_rows:
-            (row_bytes,) = {self.exe.programs[i].vector.table_row_bytes for i in program.parts
-                            if self.exe.programs[i].position_rows}
-            words = _set_position(program, env.past, self.exe.cfg.beat_bytes, row_bytes,
-                                  words)
+        if program.imm_rows and env.window is not None:
+            n = len(program.imm_rows)
+            counts = _causal_counts(env, n)
+            if not torch.equal(counts, (env.past + torch.arange(1, env.t + 1)).repeat(n // env.t)):
+                words = _set_imm(program, counts.numpy())
         if program.append_rows:
             groups = self._append_sites.get(run)
             if groups is None:  # a block loop's word: once, for every layer
@@ -726,15 +713,16 @@ class Runtime:
         return y[:, :n].astype(np.int64)
 
     def _run(self, phase: str, node: Node, pid: int, stats: StepStats,
-             words: np.ndarray | None = None) -> None:
-        """Run program ``pid`` (``words``: its words with run-time parameters set)."""
+             words: np.ndarray | None = None, regs: dict[str, int] | None = None) -> None:
+        """Run program ``pid`` (``words``: its words with run-time parameters set) with the
+        run-time registers ``regs``."""
         program = self.exe.programs[pid]
         key = ("template", program.template)
         if self.memo is not None and key in self.memo:
             r = self.memo[key]
         else:
             r = self.backend.run(program.words if words is None else words, self.dram,
-                                 trace=self.trace, **self._in_place)
+                                 trace=self.trace, regs=regs, **self._in_place)
             if self.memo is not None:
                 self.memo[key] = r
         if not r.ok:
@@ -924,11 +912,11 @@ class Runtime:
             valid = torch.isfinite(z)
             counts = _softmax_counts(node.name, valid)
             rows = [to_fixed_torch(torch.where(valid, z, torch.zeros((), dtype=z.dtype)))]
-            words = _set_imm(program, counts.numpy())
+            if not torch.equal(counts, _relative_counts(op, env.past)):
+                words = _set_imm(program, counts.numpy())  # not causal: each row's count
         elif node.op == "rope":
             args = args[:1]  # cos and sin: the rows of the constant table the LOAD reads
             rows = [to_fixed_torch(_rope_rows(args[0]))]
-            words = _set_position(program, env.past, self.exe.cfg.beat_bytes)
         elif self._table_serves(op.x):  # the token's embedding row: the table's
             return _VectorState(None), 0
         else:
@@ -1146,17 +1134,29 @@ if _IMM_AT // 64 != (_IMM_AT + _IMM_BITS - 1) // 64:
 
 def _set_imm(program: Program, values: np.ndarray) -> np.ndarray:
     """A copy of ``program``'s words with the ``imm`` of its ``imm_rows`` set to ``values``
-    (one per row)."""
+    (one per row), relative to no run-time register."""
     rows = np.asarray(program.imm_rows, dtype=np.int64)
     if rows.size != values.size:
         raise RuntimeFault(f"program of node {program.node!r} has {rows.size} run-time "
                            f"parameters, the step gives {values.size}")
     words = program.words.copy()
-    half, off = divmod(_IMM_AT, 64)
-    mask = np.uint64((1 << _IMM_BITS) - 1) << np.uint64(off)
-    words[rows, half] = (words[rows, half] & ~mask) | (
-        np.asarray(values, np.uint64) << np.uint64(off))
+    for (at, bits), value in ((field_location("vec.imm"), np.asarray(values, np.uint64)),
+                              (field_location("vec.reg"), np.uint64(RunReg.NONE.value))):
+        half, off = divmod(at, 64)
+        if (at + bits - 1) // 64 != half:
+            raise RuntimeFault("a VEC field straddles the instruction's 64-bit halves")
+        mask = np.uint64((1 << bits) - 1) << np.uint64(off)
+        words[rows, half] = (words[rows, half] & ~mask) | (value << np.uint64(off))
     return words
+
+
+def _relative_counts(op, past: int) -> torch.Tensor:
+    """The valid positions a SOFTMAX program's VECs give its rows at first position ``past``
+    (:attr:`~sw.compile.vector.VectorOp.positions`: relative to ``pos``, causal), or -1
+    each where they are not relative (then the host sets them)."""
+    if not op.positions:
+        return torch.full((op.rows,), -1)
+    return past + torch.arange(op.rows) % op.positions + 1
 
 
 def _softmax_counts(node: str, valid: torch.Tensor) -> torch.Tensor:
@@ -1196,31 +1196,6 @@ def _rope_rows(x: torch.Tensor, shape: torch.Size | None = None) -> torch.Tensor
 _ADDR_AT, _ADDR_BITS = field_location("dma.dram_addr")
 if _ADDR_AT + _ADDR_BITS > 64:
     raise ImportError("dma.dram_addr straddles the instruction's 64-bit halves")
-
-
-def _set_position(program: Program, past: int, beat_bytes: int,
-                  table_row_bytes: int | None = None, words: np.ndarray | None = None
-                  ) -> np.ndarray:
-    """A copy of ``program``'s words (or of ``words``, its words with other run-time
-    parameters set) with its rotary table LOADs (``position_rows``, one per task) advanced
-    to position ``past``: ``past`` table rows of ``table_row_bytes`` further (default: its
-    vector operation's; a fused program's: its ROPE parts')."""
-    rows = np.asarray(program.position_rows, dtype=np.int64)
-    if not rows.size:
-        raise RuntimeFault(f"program of node {program.node!r} has no rotary table LOAD to "
-                           "point at the step's position")
-    words = (program.words if words is None else words).copy()
-    mask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
-    lo = words[rows, 0]
-    addr = (lo & mask) >> np.uint64(_ADDR_AT)
-    if table_row_bytes is None:
-        table_row_bytes = program.vector.table_row_bytes
-    addr = addr + np.uint64(past * (table_row_bytes // beat_bytes))
-    if int(addr.max()) >= 1 << _ADDR_BITS:
-        raise RuntimeFault(f"node {program.node!r}: the table row of position {past} lies "
-                           "beyond the LOAD's dram_addr field")
-    words[rows, 0] = (lo & ~mask) | (addr << np.uint64(_ADDR_AT))
-    return words
 
 
 def _embedding_served(exe: Executable) -> tuple[dict[str, int], str | None]:

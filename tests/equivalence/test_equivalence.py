@@ -19,7 +19,7 @@ import os
 import numpy as np
 import pytest
 
-from hw.isa import EpilogueMode, Repeat, Vec, VecFunc, rope_geometry
+from hw.isa import EpilogueMode, Repeat, RunReg, Vec, VecFunc, rope_geometry
 from hw.numerics import add_bias_wide, gemm_acc, wrap
 from sim.equivalence import compare_results, minimize, write_reproducer
 from sim.model import FastModel
@@ -28,6 +28,7 @@ from sim.random_programs import (
     VECTOR_NETLIST_CONFIG,
     break_program,
     random_program,
+    relative_program,
 )
 
 pytestmark = [pytest.mark.equivalence, pytest.mark.rtl]
@@ -45,22 +46,25 @@ def backends(request):
     return cfg, FastModel(cfg), rtl
 
 
-def _check(cfg, model, rtl, program, dram, names=("model", "rtl")):
-    a = model.run(program, dram)
-    b = rtl.run(program, dram)
+def _check(cfg, model, rtl, program, dram, names=("model", "rtl"), regs=None):
+    a = model.run(program, dram, regs=regs)
+    b = rtl.run(program, dram, regs=regs)
     mismatch = compare_results(a, b, names)
     if mismatch is None:
         return a
 
     def fails(sub):
-        return compare_results(model.run(sub, dram), rtl.run(sub, dram)) is not None
+        return compare_results(model.run(sub, dram, regs=regs),
+                               rtl.run(sub, dram, regs=regs)) is not None
 
     small = minimize(program, fails)
     path = write_reproducer(REPRO_DIR, cfg, small, dram,
-                            compare_results(model.run(small, dram), rtl.run(small, dram), names))
+                            compare_results(model.run(small, dram, regs=regs),
+                                            rtl.run(small, dram, regs=regs), names))
     lines = "\n".join(f"  {i}: {ins!r}" for i, ins in enumerate(small))
-    pytest.fail(f"{names[0]} and {names[1]} disagree: {mismatch}\nminimal reproducer "
-                f"({len(small)} of {len(program)} instructions, saved in {path}):\n{lines}")
+    pytest.fail(f"{names[0]} and {names[1]} disagree (registers {regs}): {mismatch}\n"
+                f"minimal reproducer ({len(small)} of {len(program)} instructions, saved in "
+                f"{path}):\n{lines}")
 
 
 def _programs(seed0, count, cfg):
@@ -111,6 +115,30 @@ def test_loop_programs_agree(backends, block):
         outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
     assert loops >= 6 and outcomes.get("NONE", 0) >= 6, (loops, outcomes)
     assert outcomes.get("BAD_REPEAT", 0) + outcomes.get("BAD_ADDRESS", 0) >= 1, outcomes
+
+
+def _register_programs(seed0, count, cfg):
+    """Random programs, half their tasks loops, with about half their LOADs, STOREs and VECs
+    relative to the run-time registers (:func:`sim.random_programs.relative_program`); one in
+    four run with a register at its largest value (words out of DRAM or past their row)."""
+    for seed in range(seed0, seed0 + count):
+        rng = np.random.default_rng(seed)
+        rp = random_program(cfg, rng, chains=int(rng.integers(1, 3)),
+                            tasks=int(rng.integers(1, 4)), loops=0.5)
+        yield seed, relative_program(rp, rng, broken=seed % 4 == 3)
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_register_programs_agree(backends, block):
+    """Run-time registers (hw.isa.RunRegs): the fetch unit (hw/fetch.py) and the model
+    (hw.isa.relative_words) move a relative word's dram_addr or imm alike, loops included."""
+    cfg, model, rtl = backends
+    outcomes, relative = {}, 0
+    for _seed, rp in _register_programs(70_000 + 1000 * block, 12, cfg):
+        relative += sum(getattr(i, "reg", RunReg.NONE) != RunReg.NONE for i in rp.program)
+        r = _check(cfg, model, rtl, rp.program, rp.dram, regs=rp.regs)
+        outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
+    assert relative >= 12 and outcomes.get("NONE", 0) >= 6, (relative, outcomes)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from hw.engines import engine_of, engines_of
 from hw.fetch import FetchUnit
 from hw.isa import (
     NO_EVENT,
+    REG_NAMES,
     STORE_SPADS,
     DmaBody,
     End,
@@ -27,6 +28,7 @@ from hw.isa import (
     InstrLayout,
     ISAError,
     Load,
+    RunRegs,
     Spad,
     Store,
     Sync,
@@ -37,6 +39,7 @@ from hw.isa import (
     dispatch_error,
     encode,
     insert_imm,
+    relative_instruction,
     rope_imm,
 )
 from hw.queues import InstrQueue
@@ -160,12 +163,31 @@ def insert_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
     return words
 
 
-def expected_error(word: int, cfg: AcceleratorConfig) -> ErrorCode:
+def expected_error(word: int, cfg: AcceleratorConfig, regs: dict | None = None) -> ErrorCode:
     try:
         ins = decode(word)
-    except (ISAError, ValueError):  # undefined opcode, spad, epilogue or sub-op
+    except (ISAError, ValueError):  # undefined opcode, spad, epilogue, sub-op or register
         return ErrorCode.ILLEGAL_OPCODE
-    return dispatch_error(ins, cfg)
+    return dispatch_error(relative_instruction(ins, regs), cfg)
+
+
+def random_regs(rng: random.Random, cfg: AcceleratorConfig) -> dict[str, int]:
+    """Run-time registers, each 0, small, near a DRAM or VIN limit, or its largest value."""
+    out = {}
+    for name in REG_NAMES.values():
+        top = (1 << RunRegs[name].width) - 1
+        out[name] = rng.choice([0, 0, 1, rng.randrange(16), rng.randrange(top + 1), top,
+                                min(top, cfg.vin_spad_bytes // 4),
+                                min(top, cfg.dram_beats // 8)])
+    return out
+
+
+def relative_word(rng: random.Random, word: int) -> int:
+    """``word`` with its DMA and VEC ``reg`` fields random (every value, 3 naming none)."""
+    for f in (DmaBody["reg"], VecBody["reg"]):
+        if rng.random() < 0.5:
+            word = _set(word, _BODY + f.offset, f.width, rng.randrange(1 << f.width))
+    return word
 
 
 class FetchBench:
@@ -213,15 +235,21 @@ def test_checks_match_dispatch_error(name):
     words += boundary_words(rng, cfg)
     if cfg.has_vector:
         words += rope_words(rng, cfg) + insert_words(rng, cfg)
+    # Words relative to the run-time registers, run with random registers (hw.isa.RunRegs).
+    words = [(w, None) for w in words] + [
+        (relative_word(rng, w), random_regs(rng, cfg)) for w in words[:len(words) // 2]]
+    rng.shuffle(words)
     bench = FetchBench(cfg)
     seen = set()
 
     async def tb(ctx):
         for s in bench.streams().values():
             ctx.set(s.ready, 1)
-        for word in words:
-            want = expected_error(word, cfg)
+        for word, regs in words:
+            want = expected_error(word, cfg, regs)
             seen.add(want)
+            for name in REG_NAMES.values():
+                ctx.set(getattr(bench.fetch.regs, name), (regs or {}).get(name, 0))
             await bench.load(ctx, [word])
             await bench.start(ctx)
             for _ in range(timing.FETCH_LATENCY):
@@ -240,6 +268,11 @@ def test_checks_match_dispatch_error(name):
                     assert (p.wait, p.signal, p.sync) == (
                         NO_EVENT if ins.wait is None else ins.wait,
                         NO_EVENT if ins.signal is None else ins.signal, isinstance(ins, Sync))
+                    eff = relative_instruction(ins, regs)   # the effective run-time field
+                    if isinstance(ins, (Load, Store)):
+                        assert p.body.dram_addr == eff.dram_addr, (hex(word), regs)
+                    if isinstance(ins, Vec):
+                        assert p.body.imm == eff.imm, (hex(word), regs)
             else:
                 assert ctx.get(bench.fetch.error_pc) == 0
                 assert not ctx.get(bench.fetch.dispatched)

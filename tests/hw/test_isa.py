@@ -9,6 +9,7 @@ from hw.config import AcceleratorConfig
 from hw.isa import (
     INSTR_BITS,
     NO_EVENT,
+    DmaBody,
     End,
     Engine,
     EpilogueMode,
@@ -18,6 +19,7 @@ from hw.isa import (
     InstrLayout,
     ISAError,
     Load,
+    RunReg,
     Spad,
     Store,
     Sync,
@@ -38,7 +40,8 @@ def _dma(cls):
     return st.builds(cls, wait=events, signal=events, spad=st.sampled_from(list(Spad)),
                      dram_addr=st.integers(0, 2**32 - 1), spad_addr=st.integers(0, 2**16 - 1),
                      rows=st.integers(0, 2**16 - 1), row_beats=st.integers(0, 2**16 - 1),
-                     dram_stride=st.integers(0, 2**32 - 1))
+                     dram_stride=st.integers(0, 2**DmaBody["dram_stride"].width - 1),
+                     reg=st.sampled_from(list(RunReg)))
 
 
 instructions = st.one_of(
@@ -201,3 +204,35 @@ def test_gemm_geometry_is_the_packed_format(fmt):
     geo = gemm_geometry(g, CFG)
     for name in ("total_bytes", "groups", "group_bytes", "header_bytes", "record_bytes"):
         assert getattr(geo, name) == getattr(lay.geometry, name), name
+
+
+_REGS = st.fixed_dictionaries({"pos": st.integers(0, 2**16 - 1), "tok": st.integers(0, 2**17 - 1)})
+
+
+@given(st.lists(instructions, min_size=1, max_size=8), _REGS)
+def test_relative_words_are_the_relative_instructions(prog, regs):
+    """One semantics of the run-time registers: the vectorised words (what the fast model
+    runs) decode to the scalar relative_instruction of each word, which moves a relative
+    LOAD's or STORE's dram_addr by register x dram_stride (saturated) and nothing else."""
+    from hw.isa import DRAM_ADDR_MAX, program_words, relative_instruction, relative_words
+
+    words = relative_words(program_words(prog), regs)
+    got = decode_program(words.astype("<u8").tobytes())
+    assert got == [relative_instruction(ins, regs) for ins in prog]
+    for ins, eff in zip(prog, got, strict=True):
+        if isinstance(ins, (Load, Store)) and ins.reg != RunReg.NONE:
+            value = regs["pos" if ins.reg == RunReg.POS else "tok"]
+            assert eff.dram_addr == min(ins.dram_addr + value * ins.dram_stride, DRAM_ADDR_MAX)
+            assert eff.reg == RunReg.NONE
+        else:
+            assert eff == ins
+
+
+def test_registers_are_named_and_sized_by_the_layout():
+    from hw.isa import RunRegs, reg_values
+
+    assert list(reg_values({"pos": 3, "tok": 5})) == [0, 3, 5, 0]
+    with pytest.raises(ISAError, match="no run-time register 'ctx'"):
+        reg_values({"ctx": 1})
+    with pytest.raises(ISAError, match=r"tok=131072 does not fit in 17 bits"):
+        reg_values({"tok": 1 << RunRegs["tok"].width})

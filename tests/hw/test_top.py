@@ -249,15 +249,17 @@ def test_event_overflow(rtl):
 
 def test_host_ports_are_every_tops():
     """The accelerator and both simulation tops expose hw.top.host_ports, member for member;
-    the accelerator adds only its DRAM port."""
+    the accelerator adds only its DRAM port and the run-time registers (``regs``, which the
+    board's host link does not carry: sim.board_backend applies them to the words)."""
     from hw.sim_top import RunnerTop, SimTop
     from hw.top import HOST_STATUS, Accelerator, host_ports
 
     want = host_ports(CFG)
     assert tuple(want) == ("start", *HOST_STATUS, "imem_wr")
     accel = dict(Accelerator(CFG).signature.members.items())
-    assert accel == {**want, "dram": accel["dram"]}
+    assert accel == {**want, "regs": accel["regs"], "dram": accel["dram"]}
     for top in (SimTop(CFG), RunnerTop(CFG)):
         members = dict(top.signature.members.items())
         assert {k: members[k] for k in want} == want, type(top).__name__
-    assert set(dict(SimTop(CFG).signature.members.items())) - set(want) == {"dram_rd", "dram_wr"}
+    assert set(dict(SimTop(CFG).signature.members.items())) - set(want) == {
+        "regs", "dram_rd", "dram_wr"}

@@ -21,7 +21,7 @@ from sim import board_backend
 from sim.board import BoardLinkError, BoardStatus
 from sim.board_backend import BoardBackend, dma_spans
 from sim.model import FastModel
-from sim.random_programs import EQUIVALENCE_CONFIGS, random_program
+from sim.random_programs import EQUIVALENCE_CONFIGS, random_program, relative_program
 
 BOARD = dataclasses.replace(ECPIX5, dram_bytes=1 << 15)
 CFG = BOARD.accelerator_config(EQUIVALENCE_CONFIGS["2x4"])
@@ -82,6 +82,21 @@ def test_random_programs_in_a_row_equal_the_fast_model():
         rp = random_program(CFG, rng, chains=2, tasks=2)
         ref = FastModel(CFG).run(rp.program, rp.dram)
         got = backend.run(rp.program, rp.dram)
+        assert (got.cycles, got.error, got.counters) == (ref.cycles, ref.error, ref.counters)
+        assert np.array_equal(got.dram, ref.dram)
+
+
+def test_run_time_registers_are_applied_on_the_host():
+    """The host link carries no run-time registers: the backend writes the words as the fetch
+    unit would dispatch them (hw.isa.relative_words), and the DRAM spans it moves are theirs."""
+    rng = np.random.default_rng(5)
+    board = ModelBoard(CFG, rng)
+    backend = BoardBackend(CFG, board, BOARD)
+    for _ in range(3):
+        rp = relative_program(random_program(CFG, rng, chains=2, tasks=2), rng)
+        assert any(getattr(i, "reg", None) for i in rp.program)
+        ref = FastModel(CFG).run(rp.program, rp.dram, regs=rp.regs)
+        got = backend.run(rp.program, rp.dram, regs=rp.regs)
         assert (got.cycles, got.error, got.counters) == (ref.cycles, ref.error, ref.counters)
         assert np.array_equal(got.dram, ref.dram)
 

@@ -114,7 +114,9 @@ def test_logits_cannot_be_skipped_without_an_argmax_on_chip():
 def test_the_embedding_table_serves_the_decode_steps_rows(model):
     """The decode program's LOADs of the token's embedding rows (``embed_rows``: the first
     norm's input and the first block's residual) read the constant table, every token's row
-    as the host's Q15.16 words; the prefill's rows are the host's."""
+    as the host's Q15.16 words, relative to the run-time register ``tok`` (one row, the
+    table's row stride); the prefill's rows are the host's."""
+    from hw.isa import Load, RunReg, decode_program
     from hw.numerics import to_fixed
     from sw.compile.executable import EMBEDDING_TABLE
 
@@ -124,6 +126,11 @@ def test_the_embedding_table_serves_the_decode_steps_rows(model):
     assert joined.parts and len(joined.embed_rows) >= 1
     rt = Runtime(exe, make_backend("model", CFG), vector=True)
     ((_, row),) = rt._served.items()
+    loads = decode_program(joined.words[list(joined.embed_rows)].view(np.uint8))
+    table_at = exe.symbols[EMBEDDING_TABLE].addr // CFG.beat_bytes
+    assert all(isinstance(ld, Load) and ld.reg == RunReg.TOK and ld.rows == 1
+               and ld.dram_stride * CFG.beat_bytes == row
+               and table_at <= ld.dram_addr < table_at + row // CFG.beat_bytes for ld in loads)
     table = exe.image[EMBEDDING_TABLE].reshape(lm.config.vocab_size, row)
     w = lm.model.embed_tokens.weight.detach().float().numpy()
     assert np.array_equal(np.ascontiguousarray(table[:, :4 * w.shape[1]]).view("<i4"),

@@ -19,7 +19,7 @@ from compile_testutil import (
 )
 
 from hw.config import AcceleratorConfig, ConfigError, MemoryModel, preset
-from hw.isa import Load, Spad, Store, Vec, VecFunc, check, decode_program
+from hw.isa import Load, Spad, Store, Vec, VecFunc, check, decode_program, relative_instruction
 from hw.numerics import (
     norm_eps,
     norm_weight,
@@ -217,8 +217,9 @@ def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs():
 
 
 def test_softmax_valid_counts_are_set_per_step_without_recompiling():
-    """Decode contexts of one bucket share a softmax program; the host writes each row's
-    valid positions into its VEC (``imm``) before the start."""
+    """Decode contexts of one bucket share a softmax program; each row's VEC counts its valid
+    positions (``imm``) from the run-time register ``pos``, which the host sets with the
+    start: it writes no word."""
     lm = tiny_lm(layers=1)
     ws = compressed(lm)
     exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS), weights=ws)
@@ -234,15 +235,18 @@ def test_softmax_valid_counts_are_set_per_step_without_recompiling():
     real = rt.backend.run
 
     def spy(words, dram, **kw):
-        seen.append(words)
+        seen.append((words, kw.get("regs")))
         return real(words, dram, **kw)
     rt.backend.run = spy
     runtime_steps(rt, _ids(lm, PROMPT + STEPS), PROMPT)
-    imms = [[v.imm for v in decode_program(w.view(np.uint8)) if isinstance(v, Vec)
-             and v.func == VecFunc.SOFTMAX] for w in seen]
-    imms = [i for i in imms if i]
+    runs = [([v for v in decode_program(w.view(np.uint8))
+              if isinstance(v, Vec) and v.func == VecFunc.SOFTMAX], regs) for w, regs in seen]
+    runs = [(v, regs) for v, regs in runs if v]
+    imms = [[relative_instruction(v, regs).imm for v in vecs] for vecs, regs in runs]
     assert imms[0] == [t + 1 for _ in range(heads) for t in range(PROMPT)]  # causal prefill
     assert imms[1:] == [[p + 1] * heads for p in range(PROMPT, PROMPT + STEPS)]
+    # the words themselves are the same every decode step
+    assert all(vecs == runs[1][0] for vecs, _ in runs[1:])
 
 
 def test_a_sliding_window_keeps_the_softmax_on_the_host():
@@ -405,9 +409,9 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
     assert any(p.vector is not None for p in exe.programs)
     # fused programs (vector part, REQUANT, GEMMs, DEQUANTs) run too, per phase: the norm ->
-    # q/k/v -> RoPE of q and k (its table LOADs set per step); attention's query REQUANT
+    # q/k/v -> RoPE of q and k (its table LOADs relative to pos); attention's query REQUANT
     # from the RoPE's rows (a prefill: a strided one per head) -> scores -> DEQUANT ->
-    # softmax (its valid counts set per step) -> FOLD -> values -> DEQUANT into o_proj's
+    # softmax (its valid counts relative to pos) -> FOLD -> values -> DEQUANT into o_proj's
     # input rows (a prefill: a strided DEQUANT per head) and on with the o_proj chain in the
     # same program: its REQUANT, its DEQUANT + the residual rows (the norm's input still on
     # chip: an ADD part), the MLP and the final norm (another ADD between); a decode step's

@@ -9,7 +9,7 @@ import torch
 from compile_testutil import SMALL, compressed, tiny_lm
 
 from hw.config import MemoryModel
-from hw.isa import Load, Spad, Vec, VecFunc, check, decode_program, rope_imm
+from hw.isa import Load, RunReg, Spad, Vec, VecFunc, check, decode_program, rope_imm
 from hw.numerics import (
     from_fixed,
     rope_pairs,
@@ -28,9 +28,8 @@ from sw.compile.schedule import rope_table_beats, vector_tasks
 from sw.compile.vector import row_bytes, vector_op
 from sw.models import LlamaConfig
 from sw.models.llama import rotary_tables
-from sw.runtime import Runtime, RuntimeFault
+from sw.runtime import Runtime
 from sw.runtime import runtime as runtime_module
-from sw.runtime.runtime import _set_position
 
 PROMPT, STEPS = 6, 4
 VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
@@ -132,12 +131,7 @@ def _run_rope(cfg, tmpl, rows, length, head_dim, rng) -> int:
     tab[:, :head_dim // 2] = table
     dram[4 * base["w"]:4 * base["w"] + tab.nbytes] = tab.view(np.uint8).reshape(-1)
     past = int(rng.integers(0, positions - rows + 1))
-
-    class _P:
-        node, position_rows = "p", tmpl.position_rows
-        vector = type("V", (), {"table_row_bytes": beats * cfg.beat_bytes})
-    _P.words = words
-    r = make_backend("model", cfg).run(_set_position(_P, past, cfg.beat_bytes), dram)
+    r = make_backend("model", cfg).run(words, dram, regs={"pos": past})
     assert r.ok, r.error
     got = r.dram[4 * base["y"]:4 * base["y"] + rows * row * 4].view("<i4").reshape(rows, row)
     for i in range(rows):
@@ -149,8 +143,9 @@ def _run_rope(cfg, tmpl, rows, length, head_dim, rng) -> int:
 @pytest.mark.parametrize("seed", range(6))
 def test_rope_programs_compute_their_rows_at_any_position(seed):
     """Random rows (some programs of several tasks), a random table of ``positions`` rows in
-    DRAM, the table LOADs pointed at a random position (:func:`_set_position`): through the
-    fast model each row equals ``vec_rope_pairs`` with its position's table row."""
+    DRAM, the table LOADs relative to the run-time register ``pos``, run at a random
+    position: through the fast model each row equals ``vec_rope_pairs`` with its position's
+    table row."""
     rng = np.random.default_rng(seed)
     cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 16))
     head_dim = int(rng.choice([2, 6, 16, 32]))
@@ -170,8 +165,8 @@ def test_rope_programs_compute_their_rows_at_any_position(seed):
     assert len(table_loads) == len(tasks)
     for i, (task, ld) in enumerate(zip(tasks, table_loads, strict=True)):
         assert isinstance(ld, Load) and ld.spad == Spad.VIN
-        assert (ld.rows, ld.row_beats, ld.dram_addr, ld.dram_stride) == \
-            (task.rows, beats, task.row * beats, beats)
+        assert (ld.rows, ld.row_beats, ld.dram_addr, ld.dram_stride, ld.reg) == \
+            (task.rows, beats, task.row * beats, beats, RunReg.POS)
         assert ld.spad_addr == i % 2 * half + task.rows * row // per
     vecs = [i for i in program if isinstance(i, Vec)]
     assert [v.b_addr for v in vecs] == [
@@ -224,7 +219,7 @@ def test_rope_programs_equal_the_host_kernel_bit_for_bit(monkeypatch):
     """Every rope node's output, read back from its program at every step (prefill, then
     decode positions), equals ``rope_vector`` of its inputs, as the host would compute it:
     the rope nodes run as parts of the chain of their q/k/v linear (reading its DEQUANT rows
-    on chip), whose table LOADs the runtime points at each step's position."""
+    on chip), whose table LOADs are relative to the run-time register ``pos``."""
     lm = tiny_lm()
     exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS),
                         weights=compressed(lm))
@@ -253,17 +248,6 @@ def test_rope_programs_equal_the_host_kernel_bit_for_bit(monkeypatch):
     blocks = lm.config.num_hidden_layers
     assert len(seen) == 2 * blocks * (1 + STEPS)
     assert {past for _, past in seen} == {0, *range(PROMPT, PROMPT + STEPS)}
-
-
-def test_a_rope_program_without_its_table_load_is_refused():
-    lm = tiny_lm(layers=1)
-    exe = compile_model(lm, VSMALL, CompileOptions(4, 6), weights=compressed(lm))
-    p = _rope_programs(exe)[0]
-
-    class _P:
-        node, position_rows, words, vector = p.node, (), p.words, p.vector
-    with pytest.raises(RuntimeFault, match="no rotary table LOAD"):
-        _set_position(_P, 1, VSMALL.beat_bytes)
 
 
 @pytest.mark.parametrize("chain", [False, True], ids=["alone", "chained"])
