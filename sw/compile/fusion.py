@@ -60,6 +60,15 @@ boundary: the events run as in the drained program, and the DRAM results are its
 (tests/sw/compile/test_fusion.py). The weights then stream while the part before computes
 and drains.
 
+A GEMM part and the DEQUANT parts after it that read its stores are one part
+(:func:`beside`, where :func:`_may_run_beside`): a DEQUANT's LOADs of accumulator rows go
+into the GEMM part's LOAD stream right after the LOAD-engine word that takes the STORED
+signal of the last tile they read (a SYNC of its own after the part's last word where none
+does), its VECs and STOREs as soon as their events allow, and its STORED events are the two
+after the vector parts' (:data:`BESIDE_EVENTS`). A decode step's one-row DEQUANT is cut into
+segments of a few GEMM output tiles (:func:`sw.compile.schedule.dequant_segment_beats`), so
+the vector engine dequantises the finished tiles while the array computes the next ones.
+
 The host reads every part's results back after the run
 (the graph's values of its nodes: a linear's as the Q15.16 rows its DEQUANT parts wrote),
 and adds a residual as unfused.
@@ -170,7 +179,7 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "part_buffers", "part_constants", "part_aliases", "scores_groups", "fuse_words",
            "fuse_parts", "hoistable", "row_aliases", "rows_left", "attention_chains", "all_groups",
            "query_requants",
-           "VECTOR_EVENTS", "vector_events",
+           "VECTOR_EVENTS", "vector_events", "BESIDE_EVENTS", "rename_events", "beside",
            "SCORES_AMAX", "kv_appends"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
@@ -182,9 +191,22 @@ VECTOR_EVENTS = {EVENTS[name]: len(EVENTS) + i
                  for i, name in enumerate(("FULL0", "FULL1", "OUT_FULL0", "OUT_FULL1"))}
 
 
+#: The STORED events (STORE -> LOAD) of vector parts that run beside the GEMM part before
+#: them (:func:`beside`), whose STOREs signal the scheduler's: the two after
+#: :data:`VECTOR_EVENTS`.
+BESIDE_EVENTS = {EVENTS[name]: max(VECTOR_EVENTS.values()) + 1 + i
+                 for i, name in enumerate(("STORED0", "STORED1"))}
+
+
 def vector_events(words: np.ndarray) -> np.ndarray:
     """A copy of a vector program's ``words`` with its events renamed by
     :data:`VECTOR_EVENTS`."""
+    return rename_events(words, VECTOR_EVENTS)
+
+
+def rename_events(words: np.ndarray, mapping: Mapping[int, int]) -> np.ndarray:
+    """A copy of ``words`` with every wait and signal on an event of ``mapping``'s keys on
+    its value instead."""
     out = words.copy()
     for name in ("wait", "signal"):
         off, width = field_location(name)
@@ -194,7 +216,7 @@ def vector_events(words: np.ndarray) -> np.ndarray:
         mask = np.uint64((1 << width) - 1) << np.uint64(off)
         ev = (out[:, half] & mask) >> np.uint64(off)
         new = ev.copy()
-        for old, to in VECTOR_EVENTS.items():
+        for old, to in mapping.items():
             new[ev == np.uint64(old)] = np.uint64(to)
         out[:, half] = (out[:, half] & ~mask) | (new << np.uint64(off))
     return out
@@ -603,6 +625,152 @@ def _join(syncs: list[Instr], words: np.ndarray, hoisted: Sequence[int]
     return blocks, place
 
 
+def _events_of(f: Mapping[str, np.ndarray]) -> set[int]:
+    """The events the words of fields ``f`` wait on or signal."""
+    return {int(e) for name in ("wait", "signal") for e in f[name] if int(e) != NO_EVENT}
+
+
+def _stores(f: Mapping[str, np.ndarray]) -> list[int]:
+    """The indices of the STOREs of fields ``f``, in order."""
+    return np.flatnonzero(f["opcode"] == Opcode.STORE.value).tolist()
+
+
+def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray) -> bool:
+    """Whether the vector part ``vec`` (END dropped) may run beside the GEMM part ``gemm``
+    before it (END dropped; :func:`beside`): ``gemm`` runs GEMMs and no VEC, ``vec`` VECs
+    and no GEMM, the two load no scratchpad in common, ``vec`` uses the vector parts' events
+    and the scheduler's STORED ones only (:data:`VECTOR_EVENTS`), ``gemm`` none of
+    :data:`BESIDE_EVENTS`, every event ``gemm`` signals with a STORE is signalled by its
+    STOREs alone, no STORE of ``vec`` writes DRAM that ``gemm`` moves, and some LOAD of
+    ``vec`` reads what a STORE of ``gemm`` writes (its accumulators: a DEQUANT)."""
+    if cfg.num_events <= max(BESIDE_EVENTS.values()):
+        return False
+    g, v = decode_fields(gemm), decode_fields(vec)
+    ops_g, ops_v = set(g["opcode"].tolist()), set(v["opcode"].tolist())
+    if (Opcode.GEMM.value not in ops_g or Opcode.VEC.value in ops_g
+            or Opcode.VEC.value not in ops_v or Opcode.GEMM.value in ops_v):
+        return False
+    if {s for s, _, _ in _loaded(g)} & {s for s, _, _ in _loaded(v)}:
+        return False
+    stored = {EVENTS["STORED0"], EVENTS["STORED1"]}
+    if not _events_of(v) <= set(VECTOR_EVENTS.values()) | stored \
+            or _events_of(g) & set(BESIDE_EVENTS.values()):
+        return False
+    by_store = {int(g["signal"][i]) for i in _stores(g)} - {NO_EVENT}
+    if any(int(g["signal"][i]) in by_store for i in np.flatnonzero(
+            g["opcode"] != Opcode.STORE.value).tolist()):
+        return False
+    moved = [_dram_extent(g, i) for i in np.flatnonzero(
+        (g["opcode"] == Opcode.LOAD.value) | (g["opcode"] == Opcode.STORE.value)).tolist()]
+    if any(_overlap(_dram_extent(v, i), m) for i in _stores(v) for m in moved):
+        return False
+    written = [_dram_extent(g, i) for i in _stores(g)]
+    return any(_overlap(_dram_extent(v, i), w) for i in np.flatnonzero(
+        v["opcode"] == Opcode.LOAD.value).tolist() for w in written)
+
+
+def beside(gemm: np.ndarray, vec: np.ndarray) -> tuple[np.ndarray, list[int], list[int]]:
+    """The GEMM part ``gemm`` and the vector part ``vec`` after it (both END dropped, checked
+    by :func:`_may_run_beside`) as one part, the vector engine working on the GEMMs'
+    results while the array computes the next ones (a DEQUANT, cut into tiles, beside its
+    GEMMs). ``vec``'s STORED events are renamed by :data:`BESIDE_EVENTS`; each engine keeps
+    each part's order. A LOAD-engine word of ``vec`` comes after the LOAD-engine word of
+    ``gemm`` that consumes the signal of the last STORE of ``gemm`` writing DRAM it reads
+    (the STORE engine completes in order, so every STORE before it has written too; a word
+    that reads none such goes with the next one that does); after ``gemm``'s last word, a
+    SYNC on the LOAD engine consumes the next STORE's signal wherever ``vec`` waits for it
+    (a signal the drain after the part would consume otherwise). A word of another engine
+    comes as soon as every signal it waits on has come before it in the program. So every
+    wait on an event of ``vec`` follows its signal in program order, no word of ``vec`` comes
+    while a LOAD-engine word of ``gemm`` before it waits on a STORE after it (``gemm``'s
+    loads run ahead of its stores), so no engine waits on one that waits on it, and every
+    event is signalled and consumed as in the two parts alone.
+
+    Returns the words and, per word of ``gemm`` and of ``vec``, its index in them.
+    """
+    vec = rename_events(vec, BESIDE_EVENTS)
+    g, v = decode_fields(gemm), decode_fields(vec)
+    g_eng, v_eng = engines_fields(g), engines_fields(v)
+    load = Engine.LOAD.value
+    stores = _stores(g)
+    written = [_dram_extent(g, i) for i in stores]
+    by_event: dict[int, list[int]] = {}  # event -> its STOREs (their order among the STOREs)
+    for k, i in enumerate(stores):
+        if int(g["signal"][i]) != NO_EVENT:
+            by_event.setdefault(int(g["signal"][i]), []).append(k)
+    # per LOAD-engine word of vec: the last STORE of gemm it must follow (-1: none)
+    need = [-1] * v_eng.shape[0]
+    for i in np.flatnonzero(v["opcode"] == Opcode.LOAD.value).tolist():
+        src = _dram_extent(v, i)
+        need[i] = max((k for k, w in enumerate(written) if _overlap(src, w)), default=-1)
+    loads = np.flatnonzero(v_eng == load).tolist()
+    # a LOAD-engine word that reads no STORE's result waits for the next one that does
+    for j in range(len(loads) - 2, -1, -1):
+        if need[loads[j]] < 0:
+            need[loads[j]] = need[loads[j + 1]]
+    queues = {e: [i for i in range(v_eng.shape[0]) if int(v_eng[i]) == e]
+              for e in set(v_eng.tolist())}
+    signalled: dict[int, int] = {}
+    waited: dict[int, int] = {}
+    out: list[np.ndarray] = []
+    g_at, v_at = [0] * g_eng.shape[0], [0] * v_eng.shape[0]
+
+    def put(word: np.ndarray, f: Mapping[str, np.ndarray], i: int) -> None:
+        for name, count in (("wait", waited), ("signal", signalled)):
+            e = int(f[name][i])
+            if e != NO_EVENT:
+                count[e] = count.get(e, 0) + 1
+        out.append(word)
+
+    def flush(done: int, end: bool) -> None:
+        """Emit what of vec may come now (``done``: the last STORE known written)."""
+        if any(waited.get(e, 0) > signalled.get(e, 0) for e in by_event):
+            return  # a word of gemm before waits on a STORE after: gemm's words first
+        progress = True
+        while progress:
+            progress = False
+            for e, q in queues.items():
+                while q:
+                    i = q[0]
+                    w = int(v["wait"][i])
+                    if w != NO_EVENT and signalled.get(w, 0) <= waited.get(w, 0):
+                        break
+                    if e == load and need[i] > done or (e == load and need[i] < 0 and not end):
+                        break
+                    v_at[i] = len(out)
+                    put(vec[i:i + 1], v, i)
+                    q.pop(0)
+                    progress = True
+
+    done = -1
+    consumed: dict[int, int] = {}
+    for i in range(g_eng.shape[0]):
+        g_at[i] = len(out)
+        put(gemm[i:i + 1], g, i)
+        e = int(g["wait"][i])
+        if int(g_eng[i]) == load and e in by_event:
+            done = max(done, by_event[e][consumed.get(e, 0)])
+            consumed[e] = consumed.get(e, 0) + 1
+        flush(done, False)
+    while any(queues.values()):
+        before = len(out)
+        flush(done, True)
+        if not any(queues.values()):
+            break
+        if not (queues.get(load) and need[queues[load][0]] > done):
+            if len(out) == before:
+                raise LoweringError("a vector part cannot run beside the GEMM part before it")
+            continue
+        e = int(g["signal"][stores[done + 1]])
+        if e == NO_EVENT or consumed.get(e, 0) >= len(by_event[e]):
+            raise LoweringError("a vector part waits for a STORE whose signal it cannot take")
+        done = max(done, by_event[e][consumed.get(e, 0)])
+        consumed[e] = consumed.get(e, 0) + 1
+        sync = program_words([Sync(engine=Engine.LOAD, wait=e)])
+        put(sync[0:1], decode_fields(sync), 0)
+    return np.concatenate(out).astype(np.uint64), g_at, v_at
+
+
 def fuse_words(cfg: AcceleratorConfig, parts: Sequence[np.ndarray],
                overlap: bool = True) -> np.ndarray:
     """:func:`fuse_parts`' program."""
@@ -641,12 +809,7 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
                             f"num_events={cfg.num_events}")
     # per part k: the words hoisted to its boundary (before the SYNCs draining part k - 1),
     # as (part, index) in order, its boundary SYNCs and its own blocks with their places
-    early: list[list[tuple[int, int]]] = [[] for _ in parts]
-    joined: list[tuple[list[np.ndarray], list[int], list[int]]] = []
-    placed: list[np.ndarray] = []
-    constant = _constant_sources(parts)
-    room: list[int] = []  # per boundary: the LOAD engine's idle cycles left before its SYNCs
-    syncs: list[Instr] = []
+    bodies = []
     for k, words in enumerate(parts):
         ops = decode_fields(words[-1:])["opcode"] if words.shape[0] else np.zeros(0)
         if ops.size == 0 or int(ops[-1]) != Opcode.END.value:
@@ -654,7 +817,59 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
         if (decode_fields(words)["opcode"] == Opcode.REPEAT.value).any():
             # the events a part leaves over are counted word by word, not per iteration
             raise LoweringError(f"fused part {k} holds a hardware loop (REPEAT)")
-        body = words[:-1]
+        bodies.append(words[:-1])
+    merged, within = _beside_runs(cfg, bodies) if overlap else (
+        bodies, [(k, list(range(b.shape[0]))) for k, b in enumerate(bodies)])
+    words, places = _fuse(cfg, merged, overlap, spread)
+    return words, tuple(tuple(places[q][i] for i in at) for q, at in within)
+
+
+def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
+                 ) -> tuple[list[np.ndarray], list[tuple[int, list[int]]]]:
+    """``bodies`` (parts, END dropped) with each GEMM part and the vector parts right after
+    it that may run beside it (:func:`_may_run_beside`: its DEQUANTs) as one part
+    (:func:`beside`; the vector parts one after the other, the LOAD engine draining each
+    before the next as between parts). Returns the parts and, per part of ``bodies``, the
+    part it is in and where each of its words lies there."""
+    out: list[np.ndarray] = []
+    within: list[tuple[int, list[int]]] = []
+    k = 0
+    while k < len(bodies):
+        gemm, run = bodies[k], []
+        while k + 1 + len(run) < len(bodies) and _may_run_beside(
+                cfg, gemm, bodies[k + 1 + len(run)]):
+            run.append(bodies[k + 1 + len(run)])
+        if not run:
+            within.append((len(out), list(range(gemm.shape[0]))))
+            out.append(gemm)
+            k += 1
+            continue
+        chain, at = [], []
+        for j, body in enumerate(run):
+            if j:
+                left = _left_over(run[j - 1])
+                chain += [Sync(engine=Engine.LOAD, wait=e) for e, n in left.items()
+                          for _ in range(n)]
+            at.append(len(chain))
+            chain += [_instr(w) for w in body]
+        words, g_at, v_at = beside(gemm, program_words(chain))
+        within.append((len(out), g_at))
+        within += [(len(out), v_at[a:a + body.shape[0]]) for a, body in zip(at, run, strict=True)]
+        out.append(words)
+        k += 1 + len(run)
+    return out, within
+
+
+def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, spread: bool
+          ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
+    """:func:`fuse_parts` of ``parts`` (END dropped), each run beside what it may be."""
+    early: list[list[tuple[int, int]]] = [[] for _ in parts]
+    joined: list[tuple[list[np.ndarray], list[int], list[int]]] = []
+    placed: list[np.ndarray] = []
+    constant = _constant_sources(parts)
+    room: list[int] = []  # per boundary: the LOAD engine's idle cycles left before its SYNCs
+    syncs: list[Instr] = []
+    for k, body in enumerate(parts):
         hoisted = hoistable(placed[-1], body) if overlap and k else []
         moved = _vin_moved(cfg, placed[-1], body) if overlap and k else None
         if moved is not None and len(more := hoistable(placed[-1], moved)) > len(hoisted):

@@ -64,7 +64,7 @@ __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule
            "schedule_layers", "ring_slots", "MAX_RING_SLOTS", "ELEMENTWISE", "VectorTask",
            "vector_tasks", "schedule_vector",
            "rope_table_beats", "schedule_requant", "AmaxPlace", "amax_place", "schedule_dequant",
-           "schedule_argmax"]
+           "dequant_segment_beats", "DEQUANT_TILES", "MAX_DEQUANT_SEGMENTS", "schedule_argmax"]
 
 #: The event table of a scheduled program: two per double buffer (docs/architecture.md, 9).
 EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
@@ -829,8 +829,9 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     column range of wider rows). A task loads its rows' ``amax``
     beats (one LOAD, a beat per row) and then its accumulator rows into a VIN half; each row's
     VEC reads its ``amax`` word (``imm``: its VIN address, FOLD's word with ``fold``:
-    :func:`hw.isa.dequant_imm`; the values epilogue). A row too long for the halves is
-    cut into beat-aligned segments, one per task (:func:`_dequant_tasks`). Tasks alternate
+    :func:`hw.isa.dequant_imm`; the values epilogue). A row too long for the halves, and a
+    single row (a decode step's: :func:`dequant_segment_beats`), is cut into beat-aligned
+    segments, one per task (:func:`_dequant_tasks`). Tasks alternate
     between the halves with the events of :func:`schedule_vector`.
 
     Raises
@@ -852,7 +853,8 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     in_half = (cfg.spad_beats("vin") - row_beats) // 2
     out_half = cfg.spad_beats("vout") // 2
     acc_beats = acc_row_bytes // beat
-    tasks = _dequant_tasks(rows, row_beats, in_half, out_half)
+    tasks = _dequant_tasks(rows, row_beats, in_half, out_half,
+                           dequant_segment_beats(cfg, row_beats) if rows == 1 else 0)
     if not tasks:
         raise _no_fit(cfg, VecFunc.DEQUANT, length)
 
@@ -892,18 +894,37 @@ class _DequantTask(NamedTuple):
     beats: int
 
 
-def _dequant_tasks(rows: int, row_beats: int, in_half: int, out_half: int
+#: GEMM output tiles per segment of a one-row DEQUANT (:func:`dequant_segment_beats`).
+DEQUANT_TILES = 4
+#: The most segments a one-row DEQUANT is cut into (longer rows get longer segments).
+MAX_DEQUANT_SEGMENTS = 16
+
+
+def dequant_segment_beats(cfg: AcceleratorConfig, row_beats: int) -> int:
+    """The beats of each segment of a one-row DEQUANT of ``row_beats`` beats (a decode
+    step's): :data:`DEQUANT_TILES` GEMM output tiles (``lanes`` int32 words each, the
+    columns one STORE of the GEMM writes), or as many more as keep the segments at most
+    :data:`MAX_DEQUANT_SEGMENTS`. A segment needs only its tiles' STOREs, so in a fused
+    program the vector engine dequantises it while the array computes the next tiles
+    (:func:`sw.compile.fusion.beside`); the sizes are the measured best on the reference
+    model's decode step (1, 2, 4 and 8 tiles: 4)."""
+    tile = 4 * cfg.lanes // cfg.beat_bytes
+    return max(DEQUANT_TILES, -(-row_beats // (MAX_DEQUANT_SEGMENTS * tile))) * tile
+
+
+def _dequant_tasks(rows: int, row_beats: int, in_half: int, out_half: int, segment: int = 0
                    ) -> list[_DequantTask]:
     """The tasks of a DEQUANT of ``rows`` rows of ``row_beats`` beats with VIN halves of
     ``in_half`` beats (a row's ``amax`` beat and its accumulators) and VOUT halves of
-    ``out_half``: as many whole rows per task as both hold; else one row per task, cut into
-    segments of as many beats as both hold (DEQUANT is elementwise: each segment's VEC reads
+    ``out_half``: as many whole rows per task as both hold, unless ``segment`` (beats, 0:
+    none) is shorter than a row; else one row per task, cut into segments of as many beats
+    as both hold and at most ``segment`` (DEQUANT is elementwise: each segment's VEC reads
     its row's ``amax`` and the channel words from the segment's first). Empty: not even a
     beat fits."""
     m = min(in_half // (row_beats + 1), out_half // row_beats, rows)
-    if m >= 1:
+    if m >= 1 and not 0 < segment < row_beats:
         return [_DequantTask(r, n, 0, row_beats) for r, n in _row_chunks(rows, m)]
-    seg = min(in_half - 1, out_half)
+    seg = min(in_half - 1, out_half, segment or out_half)
     if seg < 1:
         return []
     return [_DequantTask(r, 1, e, min(seg, row_beats - e)) for r in range(rows)

@@ -14,7 +14,10 @@ from sw.runtime.runtime import StepStats
 
 __all__ = ["step_trace", "write_step_trace"]
 
-_PROGRAMS, _HOST = 4, 5
+#: Track ids of the programs and the host's operations: after the engines' (and fetch's:
+#: every track but the process's name in :func:`sim.trace.track_names`).
+_PROGRAMS = len(track_names()) - 1
+_HOST = _PROGRAMS + 1
 
 
 def step_trace(exe: Executable, step: StepStats) -> dict:

@@ -44,10 +44,12 @@ from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model, compiler
 from sw.compile.errors import LoweringError
 from sw.compile.fusion import (
+    BESIDE_EVENTS,
     SCORES_AMAX,
     VECTOR_EVENTS,
     DequantOp,
     RequantOp,
+    beside,
     fuse_parts,
     fuse_words,
     fusion_groups,
@@ -602,6 +604,68 @@ def test_overlapped_fused_programs_compute_what_drained_ones_do(monkeypatch, see
     moved = sum(len(hoistable(a[:-1], b[:-1]))
                 for parts in programs for a, b in zip(parts, parts[1:], strict=False))
     assert moved
+
+
+def test_a_decode_dequant_runs_beside_its_gemms(monkeypatch):
+    """In a compiled tiny model's decode step a linear's one-row DEQUANT is cut into tiles
+    (sw.compile.schedule.dequant_segment_beats) that run beside the GEMMs before it
+    (sw.compile.fusion.beside): on the fast model a DEQUANT VEC executes while a GEMM does,
+    the program writes the drained one's DRAM from a random image (the model applies every
+    effect at its completion: a tile dequantised before its STORE would show) in fewer
+    cycles, and the DEQUANT's STOREs signal the events beside the GEMMs' own."""
+    programs = [parts for parts in _fused_parts_of_tiny_model(monkeypatch)
+                if any(_is_dequant(b) and _has(a, Gemm) and not _has(a, Vec)
+                       for a, b in zip(parts, parts[1:], strict=False))]
+    assert programs
+    rng = np.random.default_rng(0)
+    model = make_backend("model", VSMALL)
+    overlapping = 0
+    for parts in programs:
+        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
+        drained, overlapped = (model.run(fuse_words(VSMALL, parts, overlap), dram.copy(),
+                                         trace=overlap) for overlap in (False, True))
+        assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
+        assert np.array_equal(drained.dram, overlapped.dram)
+        assert overlapped.cycles < drained.cycles
+        program = _program(fuse_words(VSMALL, parts))
+        spans = {kind: [(t.grant, t.end) for t in overlapped.trace
+                        if isinstance(program[t.index], kind)] for kind in (Gemm, Vec)}
+        overlapping += any(g0 < v1 and v0 < g1 for g0, g1 in spans[Gemm]
+                           for v0, v1 in spans[Vec])
+        stores = [i for i in program if isinstance(i, Store) and i.spad == Spad.VOUT]
+        assert {i.signal for i in stores} & set(BESIDE_EVENTS.values())
+    assert overlapping
+
+
+def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
+    """``beside`` of a GEMM-like part (four tiles) and a vector part reading one tile's row:
+    each part's words in their order; the vector part's LOAD right after the LOAD-engine
+    word that takes that tile's STORED (tile 1: the fourth weights' LOAD; tile 3, whose
+    STORED no word of the part takes: SYNCs taking the STOREDs of tiles 2 and 3, in order),
+    its STORE signalling the renamed STORED; the program runs."""
+    gemm = _gemm_like(4)[:-1]
+    for tile, after, syncs in ((1, Load, 0), (3, Sync, 2)):
+        load, *rest = _program(_vector_part(y=3000)[:-1])
+        vec = program_words([dataclasses.replace(load, dram_addr=2000 + OUT_ROW * tile)]
+                            + rest)
+        words, g_at, v_at = beside(gemm, vec)
+        got = _program(words)
+        assert g_at == sorted(g_at) and v_at == sorted(v_at)
+        assert len(got) == len(g_at) + len(v_at) + syncs
+        before = got[v_at[0] - 1]
+        assert isinstance(before, after) and before.wait == EVENTS[f"STORED{tile % 2}"]
+        assert got[v_at[2]].signal == BESIDE_EVENTS[EVENTS["STORED0"]]
+        r = make_backend("model", CFG).run(program_words(got + [End()]),
+                                           np.zeros(CFG.memory.size_bytes, np.uint8))
+        assert r.ok, r.error
+
+
+def _is_dequant(words: np.ndarray) -> bool:
+    return any(isinstance(i, Vec) and i.func == VecFunc.DEQUANT for i in _program(words))
+
+
+def _has(words: np.ndarray, kind: type) -> bool:
+    return any(isinstance(i, kind) for i in _program(words))
 
 
 def _qkv_rope_graph(layout: list[tuple[str, dict, tuple]]) -> tuple[Graph, list]:

@@ -17,6 +17,7 @@ from sw.compile.errors import LoweringError
 from sw.compile.executable import load, save
 from sw.compress.model import use_hardware_numerics
 from sw.runtime import Runtime
+from sw.runtime.trace import step_trace
 
 PROMPT, STEPS = 6, 4
 VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
@@ -114,3 +115,26 @@ def test_the_joined_program_survives_a_file(model, tmp_path):
     assert back.table == exe.table
     assert all(a == b for a, b in zip(back.programs, exe.programs, strict=True))
     assert np.array_equal(back.programs[-1].words, exe.programs[-1].words)
+
+
+def test_the_step_trace_gives_the_vector_engine_a_track_of_its_own(model):
+    """The Perfetto trace of a decode step (sw.runtime.trace.step_trace): every track has
+    its own id, the VECs lie on the VECTOR track and the GEMMs on COMPUTE, and the step's
+    program on the programs track."""
+    lm, ws = model
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
+    ids = torch.randint(0, lm.config.vocab_size, (1, PROMPT + 1),
+                        generator=torch.Generator().manual_seed(0))
+    rt = Runtime(exe, make_backend("model", exe.cfg), vector=True, trace=True)
+    rt.step(ids[:, :PROMPT])
+    _, stats = rt.step(ids[:, PROMPT:])
+    events = step_trace(exe, stats)["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert len(names) == sum(e.get("name") == "thread_name" for e in events)
+    tracks = {name: [e for e in events if e["ph"] == "X" and e["tid"] == tid]
+              for tid, name in names.items()}
+    assert any(e["name"] == "Vec" for e in tracks["VECTOR"])
+    assert all(e["name"] == "Vec" or e["name"].startswith("wait") or e["name"] == "SYNC"
+               for e in tracks["VECTOR"])
+    assert any(e["name"].startswith("GEMM") for e in tracks["COMPUTE"])
+    assert [e["name"] for e in tracks["programs"]] == [stats.programs[0].node]

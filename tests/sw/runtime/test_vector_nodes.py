@@ -31,7 +31,7 @@ from hw.numerics import (
     vec_softmax,
 )
 from sim.backends import make_backend
-from sw.compile import CompileOptions, compile_model
+from sw.compile import CompileOptions, compile_model, schedule
 from sw.compile.errors import LoweringError
 from sw.compile.executable import load, save
 from sw.compile.ir import OPS
@@ -180,12 +180,14 @@ def test_a_decode_step_runs_no_vector_op_on_the_host():
         assert exes[key].report["phases"]["decode"]["programs_per_step"] == len(st.programs)
 
 
-def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs():
+def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs(monkeypatch):
     """With an instruction memory that holds every pair's fused program but no chain, the
     decode step runs the pairs, and its tokens still equal the twin's (the step's programs
     not joined: the chains alone). The WGT scratchpad holds two weight chunks (no ring:
-    sw.compile.schedule.ring_slots), so a power of two lies between the pairs and the
-    chains."""
+    sw.compile.schedule.ring_slots) and a DEQUANT's row is one task (not cut into tiles:
+    sw.compile.schedule.dequant_segment_beats), so a power of two lies between the pairs and
+    the chains."""
+    monkeypatch.setattr(schedule, "DEQUANT_TILES", 1 << 20)
     lm = tiny_lm()
     ws = compressed(lm)
     opts = CompileOptions(PROMPT, PROMPT + 2, one_program=False)
