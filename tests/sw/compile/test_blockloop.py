@@ -336,14 +336,16 @@ def test_a_step_too_long_unrolled_runs_as_one_program_rolled():
 @pytest.mark.rtl
 @pytest.mark.slow
 def test_rtl_runs_the_block_loop_as_the_fast_model():
-    """A decode step whose two blocks are one REPEAT gives the same logits on the RTL as on
-    the fast model (the equivalence harness's vector configuration)."""
+    """A decode step whose two blocks are one REPEAT (after the copy of the token's
+    embedding row) gives the same logits on the RTL as on the fast model (the equivalence
+    harness's vector configuration)."""
     from sim.random_programs import EQUIVALENCE_CONFIGS
     cfg = EQUIVALENCE_CONFIGS["4x4"].with_dram(1 << 17)  # room for the frames
     lm = tiny_lm(layers=2, heads=2, kv_heads=1, hidden=32, vocab=32)
     ws = compressed(lm, "2:4", 32)
     exe = compile_model(lm, cfg, CompileOptions(6, 8, block_loop=True), weights=ws)
     assert exe.report["block_loop"]["looped_programs"] >= 1
+    assert [p.embed_rows for p in exe.programs if p.embed_rows and p.parts] == [(0,)]
     ids = torch.randint(0, lm.config.vocab_size, (1, 8),
                         generator=torch.Generator().manual_seed(5))
     backends_agree(exe, cfg, ids, 6)
