@@ -23,6 +23,13 @@ frames are found by chaining each body DMA's symbol in block ``m`` to its symbol
 moves the run-time rows (:class:`~sw.compile.executable.Program` ``position_rows``,
 ``imm_rows``, ``append_rows``) to the body: one word serves every layer, the host patches it
 once (the position and context are the same in every layer).
+
+Block 0 reads the token's embedding row from frame 0's slot of its input rows, where block
+``m`` reads block ``m - 1``'s output from frame ``m``'s: a LOAD of the embedding table's row
+in the body would advance by a frame per block. So the step starts with :func:`copy_row`,
+which copies the row from the table into frame 0's slot; its one LOAD is the run-time word
+the runtime points at the token's row (``Program.embed_rows``), and nothing after it starts
+before the row has landed.
 """
 
 from __future__ import annotations
@@ -33,12 +40,29 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.isa import End, Instr, Repeat, RepeatBody, decode, program_words
+from hw.isa import (
+    End,
+    Engine,
+    Instr,
+    Load,
+    Repeat,
+    RepeatBody,
+    Spad,
+    Store,
+    Sync,
+    Vec,
+    VecFunc,
+    decode,
+    insert_imm,
+    program_words,
+)
+from sw.compile.fusion import VECTOR_EVENTS
 from sw.compile.plan import Region
 from sw.compile.roll import stride_class
+from sw.compile.schedule import EVENTS
 
 __all__ = ["block_period", "block_strides", "FramePlan", "frame_plan", "frame_symbols",
-           "roll_blocks", "copy_name"]
+           "roll_blocks", "copy_name", "copy_row"]
 
 _COUNT_MAX = (1 << RepeatBody["count"].width) - 1
 _LENGTH_MAX = (1 << RepeatBody["length"].width) - 1
@@ -277,16 +301,55 @@ def frame_symbols(symbols: Mapping[str, Region], plan: FramePlan, base: int
     return out
 
 
+def copy_row(src: int, dst: int, beats: int, beat_bytes: int) -> list[Instr]:
+    """The instructions that copy ``beats`` DRAM beats from beat ``src`` to beat ``dst``
+    through the vector engine, and hold back every later LOAD until the copy has landed:
+    a LOAD into VIN from 0, an INSERT of the row's own first word over itself (its result
+    is the row: one pass, no constant operand) into VOUT from 0, a STORE of it and a SYNC
+    of the LOAD engine on the STORE.
+
+    Its events are the ones a fused program's vector parts use for these pairs of engines
+    (LOAD -> VECTOR, VECTOR -> STORE, STORE -> LOAD: :data:`sw.compile.fusion.VECTOR_EVENTS`,
+    :data:`sw.compile.schedule.EVENTS`), each waited on as often as signalled: placed first
+    in a program, it leaves every counter at 0, and its VIN and VOUT words are free again
+    before the next LOAD (every later VEC reads what a later LOAD brings). Its LOAD is
+    element 0 of the list (the word a runtime points at a run-time source).
+
+    Parameters
+    ----------
+    src, dst : int
+        DRAM beats of the row and of where it goes.
+    beats : int
+        The row's beats (>= 1), whole words of ``beat_bytes`` each.
+    beat_bytes : int
+        Bytes per DRAM beat.
+    """
+    if beats < 1:
+        raise ValueError(f"a row copy needs at least 1 beat, got {beats}")
+    full, out_full = VECTOR_EVENTS[EVENTS["FULL0"]], VECTOR_EVENTS[EVENTS["OUT_FULL0"]]
+    stored = EVENTS["STORED0"]
+    words = beats * beat_bytes // 4
+    return [Load(spad=Spad.VIN, dram_addr=src, rows=1, row_beats=beats, dram_stride=beats,
+                 signal=full),
+            Vec(func=VecFunc.INSERT, length=words, imm=insert_imm(0, 4), wait=full,
+                signal=out_full),
+            Store(spad=Spad.VOUT, dram_addr=dst, rows=1, row_beats=beats, dram_stride=beats,
+                  wait=out_full, signal=stored),
+            Sync(engine=Engine.LOAD, wait=stored)]
+
+
 def roll_blocks(words: np.ndarray, blocks: int, *, shared: Sequence[tuple[int, int]] = (),
                 position_rows: Sequence[int] = (),
                 imm_rows: Sequence[int] = (),
-                append_rows: Sequence[tuple[int, str, str, int]] = ()) -> dict | None:
+                append_rows: Sequence[tuple[int, str, str, int]] = (),
+                first: Sequence[Instr] = ()) -> dict | None:
     """A joined step's ``words`` with its blocks as one REPEAT, and its run-time rows moved.
 
     The body is block 0 (``shared``: as :func:`block_strides`); a run-time row in block
     ``m`` names block 0's word (the host patches
     it once, for every layer: ``position_rows`` and ``imm_rows`` once each, ``append_rows``
-    one per layer naming the same word, which the runtime moves once).
+    one per layer naming the same word, which the runtime moves once). ``first`` goes
+    before everything (:func:`copy_row`: at rows ``0 .. len(first) - 1``).
 
     Returns
     -------
@@ -306,15 +369,15 @@ def roll_blocks(words: np.ndarray, blocks: int, *, shared: Sequence[tuple[int, i
     rep = Repeat(length=length, count=blocks, **strides)
     end = start + blocks * length
     words = np.asarray(words)
-    out = np.concatenate([words[:start], program_words([rep]), words[start:start + length],
-                          words[end:]])
+    out = np.concatenate([program_words(list(first)), words[:start], program_words([rep]),
+                          words[start:start + length], words[end:]])
 
     def moved(i: int) -> int:
         if i < start:
-            return i
+            return len(first) + i
         if i < end:
-            return start + 1 + (i - start) % length
-        return i - (blocks - 1) * length + 1
+            return len(first) + start + 1 + (i - start) % length
+        return len(first) + i - (blocks - 1) * length + 1
 
     def once(rows):
         return tuple(dict.fromkeys(rows))

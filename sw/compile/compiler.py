@@ -46,7 +46,7 @@ from hw.numerics import (
     values_channel,
 )
 from sw.compile import symbols as sym
-from sw.compile.blockloop import FramePlan, frame_plan, frame_symbols, roll_blocks
+from sw.compile.blockloop import FramePlan, copy_row, frame_plan, frame_symbols, roll_blocks
 from sw.compile.capture import CaptureResult, capture
 from sw.compile.errors import CompileError, LoweringError, PlanError
 from sw.compile.executable import (
@@ -161,10 +161,12 @@ class CompileOptions:
     block_loop : bool or None
         With ``one_program``, run the joined step's decoder blocks as one REPEAT of one
         block (:mod:`sw.compile.blockloop`): the symbols the blocks address are laid out in
-        one frame per layer after the rest of the DRAM, where the DRAM holds them, and the
-        host writes the token's embedding rows (no embedding table on chip). True: wherever
-        the blocks roll; None (the default): where a step joins only so (it does not fit
-        the instruction memory unrolled); False: never.
+        one frame per layer after the rest of the DRAM, where the DRAM holds them; the step
+        first copies the token's embedding row from the table into frame 0
+        (:func:`sw.compile.blockloop.copy_row`) where the DRAM holds the table too, else
+        the host writes the row. True: wherever the blocks roll; None (the default): where
+        a step joins only so (it does not fit the instruction memory unrolled); False:
+        never.
     """
 
     prompt_tokens: int
@@ -291,29 +293,36 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     if options.one_program and options.chain_programs and "decode" in table.entries and (
             options.block_loop or options.block_loop is None
             and _step_programs(programs, table, "decode")[0] > 1):
-        # joined whatever their length, the blocks' symbols in frames, the blocks one loop;
-        # the host writes the token's embedding rows (a table LOAD in the loop's body would
-        # advance with every block)
+        # joined whatever their length, the blocks' symbols in frames, the blocks one loop
         plain = (_place(model, cfg, fmt_map, buffers, kv, options, regions) if embedding
                  else (placed, layout, arenas))
         _, wide, _, wide_templates, wide_joined = _lower_join(cfg, work, plain[0], options,
                                                               pairs, graphs, wide=True)
         if wide_joined:
             frames = _frame_step(cfg, model, plain[0], wide, wide_templates)
+    framed, served = None, {}
     if frames is not None:
-        try:
-            framed = _place(model, cfg, fmt_map, buffers, kv, options, regions, frames)
-        except PlanError:  # the copies do not fit the DRAM
+        # the embedding table beside the frames where the DRAM holds both (else the host
+        # writes the token's row) and the vector engine's scratchpads hold a row's copy
+        for served in ([embedding, {}] if _copies_row(cfg, embedding) else [{}]):
+            try:
+                framed = _place(model, cfg, fmt_map, buffers, kv, options,
+                                regions + _embedding_region(model, served), frames)
+                break
+            except PlanError:  # the copies (and the table) do not fit the DRAM
+                continue
+        if framed is None:
             frames = None
     if frames is not None:
-        rolled = _lower_join(cfg, work, framed[0], options, pairs, graphs, wide=True)
+        rolled = _lower_join(cfg, work, framed[0], options, pairs, graphs, frozenset(served),
+                             wide=True)
         looped = _roll_step(cfg, rolled[1], model.config.num_hidden_layers, rolled[3],
-                            rolled[0], frames)
+                            rolled[0], frames, served)
         if any(looped[i].instructions > cfg.imem_depth for i in _joined(looped, rolled[3])):
             frames = None
         else:
             symbols, programs, table, templates, joined = (rolled[0], looped, *rolled[2:])
-            (placed, layout, arenas), embedding = framed, {}
+            (placed, layout, arenas), embedding = framed, served
     if embedding:
         programs = [token_relative(cfg, p, symbols, embedding) for p in programs]
     compile_s = passes_s + time.perf_counter() - t0
@@ -913,22 +922,41 @@ def _frame_step(cfg: AcceleratorConfig, model: LlamaLM, placed: Mapping[str, Reg
 
 
 def _roll_step(cfg: AcceleratorConfig, programs: list[Program], blocks: int, templates: int,
-               symbols: Mapping[str, Region], frames: FramePlan) -> list[Program]:
+               symbols: Mapping[str, Region], frames: FramePlan,
+               embedding: Mapping[str, int] | None = None) -> list[Program]:
     """``programs`` with each joined decode program's blocks rolled into one REPEAT where
     they are periodic (:func:`sw.compile.blockloop.roll_blocks`; the constants with a copy
-    per frame in ``symbols``)."""
+    per frame in ``symbols``). A rolled program that reads the token's embedding rows
+    (``embed_rows``, of the ``embedding`` buffer: :func:`_embedding_reads`) first copies
+    them into the buffer (:func:`sw.compile.blockloop.copy_row`, its LOAD the program's
+    one ``embed_rows`` word): every block reads its input rows from its own frame."""
     beat = cfg.beat_bytes
     shared = [(symbols[o].addr // beat, -(-symbols[o].end // beat))
               for o in set(frames.copies.values())]
+    first = []
+    if embedding:
+        ((served, row),) = embedding.items()
+        at = symbols[served].addr // beat
+        first = copy_row(at, at, row // beat, beat)
     for i in _joined(programs, templates):
         p = programs[i]
+        copy = first if p.embed_rows else []
         rolled = roll_blocks(p.words, blocks, shared=shared, position_rows=p.position_rows,
-                             imm_rows=p.imm_rows, append_rows=p.append_rows)
+                             imm_rows=p.imm_rows, append_rows=p.append_rows, first=copy)
         if rolled is not None:
             programs[i] = dataclasses.replace(
                 p, words=rolled["words"], position_rows=rolled["position_rows"],
-                imm_rows=rolled["imm_rows"], append_rows=rolled["append_rows"])
+                imm_rows=rolled["imm_rows"], append_rows=rolled["append_rows"],
+                embed_rows=(0,) if copy else ())
     return programs
+
+
+def _copies_row(cfg: AcceleratorConfig, embedding: Mapping[str, int]) -> bool:
+    """Whether a block loop can copy the token's embedding row (``embedding``: its buffer's
+    row bytes, :func:`_embedding_reads`) through the vector engine's scratchpads
+    (:func:`sw.compile.blockloop.copy_row`): there is one, and the row fits VIN and VOUT."""
+    return bool(embedding) and all(row <= min(cfg.vin_spad_bytes, cfg.vout_spad_bytes)
+                                   for row in embedding.values())
 
 
 def _block_loop_report(programs: Sequence[Program], frames: FramePlan, templates: int

@@ -28,11 +28,13 @@ from hw.isa import (
     program_words,
 )
 from sim.backends import make_backend
+from sim.model import FastModel
 from sw.compile import CompileOptions, compile_model
 from sw.compile.blockloop import (
     block_period,
     block_strides,
     copy_name,
+    copy_row,
     frame_plan,
     frame_symbols,
     instructions,
@@ -91,9 +93,10 @@ def _random_blocks(rng, blocks: int, stride: int, shared_at: int | None = None):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_rolled_blocks_dispatch_the_unrolled_program(seed):
-    """The rolled program is the prologue, one REPEAT and block 0, the epilogue; the fetch
-    unit dispatches the unrolled program's instructions with their addresses; run-time rows
-    of every block name block 0's word, once each (append rows: once per block)."""
+    """The rolled program is the prologue, one REPEAT and block 0, the epilogue (after
+    ``first``, where given); the fetch unit dispatches the unrolled program's instructions
+    with their addresses; run-time rows of every block name block 0's word, once each
+    (append rows: once per block)."""
     rng = np.random.default_rng(seed)
     blocks, stride = int(rng.integers(2, 7)), int(rng.integers(1, 1 << 20))
     prog, length, start = _random_blocks(rng, blocks, stride)
@@ -101,10 +104,15 @@ def test_rolled_blocks_dispatch_the_unrolled_program(seed):
     words = program_words(prog)
     rows = [start + m * length + j for m in range(blocks) for j in range(length)
             if isinstance(prog[start + j], Load)]
+    first = copy_row(int(rng.integers(0, 1 << 20)), int(rng.integers(0, 1 << 20)),
+                     int(rng.integers(1, 64)), CFG.beat_bytes) if seed % 2 else []
     out = roll_blocks(words, blocks, position_rows=rows, imm_rows=rows,
-                      append_rows=[(r, "k", "dram_addr", (r - start) // length) for r in rows])
+                      append_rows=[(r, "k", "dram_addr", (r - start) // length) for r in rows],
+                      first=first)
     assert out is not None
     rolled = instructions(out["words"])
+    assert rolled[:len(first)] == first
+    rolled = rolled[len(first):]
     assert len(rolled) == len(prog) - (blocks - 1) * length + 1
     assert rolled[start] == out["repeat"] == Repeat(
         length=length, count=blocks, wgt_stride=stride if any(
@@ -113,8 +121,9 @@ def test_rolled_blocks_dispatch_the_unrolled_program(seed):
                                           for i in prog[start:start + length]) else 0,
         store_stride=stride if any(isinstance(i, Store) for i in prog[start:start + length])
         else 0)
-    assert _dispatched(out["words"]) == prog
-    body = [start + 1 + j for j in range(length) if isinstance(prog[start + j], Load)]
+    assert _dispatched(out["words"]) == first + prog
+    body = [len(first) + start + 1 + j for j in range(length)
+            if isinstance(prog[start + j], Load)]
     assert list(out["position_rows"]) == list(out["imm_rows"]) == body
     assert [r[0] for r in out["append_rows"]] == body * blocks
     assert [r[3] for r in out["append_rows"]] == [r[3] for r in
@@ -144,6 +153,36 @@ def test_a_shared_constant_advances_to_its_copies(seed):
             if isinstance(i, Load) and i.dram_addr == shared_at else i
             for j, i in enumerate(prog[start:start + blocks * length])]
     assert _dispatched(out["words"])[start:start + blocks * length] == want
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_copy_row_copies_a_row_before_any_later_load(seed):
+    """copy_row's instructions copy a random row bit for bit through VIN and VOUT, and the
+    LOADs after them read the copy: a second copy of the copy gives the row again (without
+    the SYNC the second LOAD reads the old bytes), nothing else in DRAM changes, and the
+    events end at 0 (the run neither deadlocks nor overflows)."""
+    rng = np.random.default_rng(200 + seed)
+    beat = VSMALL.beat_bytes
+    beats = int(rng.integers(1, min(VSMALL.vin_spad_bytes, VSMALL.vout_spad_bytes) // beat + 1))
+    src = int(rng.integers(0, 64))
+    dst = src + beats + int(rng.integers(0, 64))
+    third = dst + beats + int(rng.integers(0, 64))
+    dram = np.random.default_rng(seed).integers(0, 256, 1 << 16, dtype=np.uint8)
+    cfg = VSMALL.with_dram(dram.size)
+    prog = copy_row(src, dst, beats, beat) + copy_row(dst, third, beats, beat)
+    assert prog[0] == Load(spad=Spad.VIN, dram_addr=src, rows=1, row_beats=beats,
+                           dram_stride=beats, signal=prog[1].wait)
+    run = FastModel(cfg).run(program_words(prog + [End()]), dram)
+    assert run.ok
+    want = dram.copy()
+    row = dram[src * beat:(src + beats) * beat]
+    want[dst * beat:(dst + beats) * beat] = row
+    want[third * beat:(third + beats) * beat] = row
+    assert np.array_equal(run.dram, want)
+    early = FastModel(cfg).run(program_words(prog[:3] + prog[4:] + [End()]), dram)
+    assert not np.array_equal(early.dram[third * beat:(third + beats) * beat], row)
+    with pytest.raises(ValueError, match="at least 1 beat, got 0"):
+        copy_row(0, 1, 0, beat)
 
 
 def test_blocks_that_do_not_repeat_do_not_roll():
@@ -225,15 +264,20 @@ def _steps(exe, lm, prompt=6, steps=4, seed=3):
 @pytest.mark.parametrize("layers", [2, 3])
 def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers, monkeypatch):
     """On the fast model, the decode step whose blocks are one REPEAT gives the unrolled
-    join's logits bit for bit, in as many cycles as the unrolled join with the same hoisting
-    (each part's LOADs no further than its own boundary, ``fuse_parts(spread=False)``: the
-    loop's REPEAT and loop-backs are fetch work the dispatch of the body hides, hw/timing.py
-    "Fetch"), from about one block's words (every context range's program)."""
+    join's logits bit for bit, from about one block's words (every context range's
+    program). With the host writing the token's embedding row into frame 0 it takes as many
+    cycles as the unrolled join with the same hoisting (each part's LOADs no further than
+    its own boundary, ``fuse_parts(spread=False)``: the loop's REPEAT and loop-backs are
+    fetch work the dispatch of the body hides, hw/timing.py "Fetch"); copying the row from
+    the table first (``copy_row``, the host writing nothing) takes more, at most the
+    cycles of the copy alone."""
     from sw.compile import compiler
     lm = tiny_lm(layers=layers, heads=4, kv_heads=2)
     ws = compressed(lm)
     opts = CompileOptions(6, 40, block_loop=True)  # the step fits unrolled too
     exe = compile_model(lm, VSMALL, opts, weights=ws)
+    monkeypatch.setattr(compiler, "_copies_row", lambda *a: False)
+    written = compile_model(lm, VSMALL, opts, weights=ws)
     lower, join = compiler._lower, compiler._join_step
     monkeypatch.setattr(compiler, "_lower", lambda *a: lower(*a[:-1], False))
     monkeypatch.setattr(compiler, "_join_step", lambda *a, spread: join(*a, spread=False))
@@ -247,13 +291,27 @@ def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers, monkeyp
         flat.report["dram"]["total"] + rep["frames"] * rep["frame_bytes"]
     joined = [p for p in exe.programs if p.phase == "decode" and p.fused_into is None]
     flat_joined = [p for p in flat.programs if p.phase == "decode" and p.fused_into is None]
+    (served,) = Runtime(exe, make_backend("model", VSMALL), vector=True)._served
+    served = exe.symbols[served]
+    beat = VSMALL.beat_bytes
+    copy = copy_row(served.addr // beat, served.addr // beat, served.nbytes // beat, beat)
     for p, q in zip(joined, flat_joined, strict=True):
         assert p.instructions < q.instructions / layers + q.instructions / 4
         assert len(p.position_rows) == 2 and len(p.imm_rows) == lm.config.num_attention_heads
         assert sorted({r[3] for r in p.append_rows}) == list(range(layers))
-    for (a, sa), (b, sb) in zip(_steps(exe, lm), _steps(flat, lm), strict=True):
-        assert torch.equal(a, b)
-        assert sa.cycles == sb.cycles and len(sa.programs) == len(sb.programs)
+        assert instructions(p.words)[:len(copy)] == copy and p.embed_rows == (0,)
+    assert not any(p.embed_rows for p in written.programs if p.fused_into is None)
+    alone = FastModel(VSMALL).run(program_words(copy + [End()]), timing_only=True).cycles
+    for (a, sa), (b, sb), (c, sc) in zip(_steps(exe, lm), _steps(written, lm), _steps(flat, lm),
+                                         strict=True):
+        assert torch.equal(a, c) and torch.equal(b, c)
+        assert sb.cycles == sc.cycles and len(sa.programs) == len(sb.programs) == \
+            len(sc.programs)
+        if sa.phase == "decode":
+            assert sa.written_bytes == 0 < sb.written_bytes
+            assert sb.cycles < sa.cycles <= sb.cycles + alone
+        else:
+            assert sa.cycles == sb.cycles
 
 
 def test_a_step_too_long_unrolled_runs_as_one_program_rolled():
@@ -278,14 +336,16 @@ def test_a_step_too_long_unrolled_runs_as_one_program_rolled():
 @pytest.mark.rtl
 @pytest.mark.slow
 def test_rtl_runs_the_block_loop_as_the_fast_model():
-    """A decode step whose two blocks are one REPEAT gives the same logits on the RTL as on
-    the fast model (the equivalence harness's vector configuration)."""
+    """A decode step whose two blocks are one REPEAT (after the copy of the token's
+    embedding row) gives the same logits on the RTL as on the fast model (the equivalence
+    harness's vector configuration)."""
     from sim.random_programs import EQUIVALENCE_CONFIGS
     cfg = EQUIVALENCE_CONFIGS["4x4"].with_dram(1 << 17)  # room for the frames
     lm = tiny_lm(layers=2, heads=2, kv_heads=1, hidden=32, vocab=32)
     ws = compressed(lm, "2:4", 32)
     exe = compile_model(lm, cfg, CompileOptions(6, 8, block_loop=True), weights=ws)
     assert exe.report["block_loop"]["looped_programs"] >= 1
+    assert [p.embed_rows for p in exe.programs if p.embed_rows and p.parts] == [(0,)]
     ids = torch.randint(0, lm.config.vocab_size, (1, 8),
                         generator=torch.Generator().manual_seed(5))
     backends_agree(exe, cfg, ids, 6)

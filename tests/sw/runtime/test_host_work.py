@@ -172,3 +172,72 @@ def test_a_dram_too_small_for_the_table_has_the_host_write_the_rows(model):
         prompt, STEPS + 1, logits=False)
     assert gen.tokens == want
     assert all(st.written_bytes > 0 for st in gen.steps[1:])
+
+
+def _format(name: str, _) -> WeightFormat:
+    """The model fixture's formats: an INT8 head, 2:4 INT4 elsewhere."""
+    return WeightFormat("dense", 8, 32) if name == HEAD else WeightFormat("2:4", 4, 32)
+
+
+@pytest.fixture(scope="module")
+def looped(model):
+    """The model of the ``model`` fixture with its decode step's blocks one loop
+    (``block_loop=True``; the step fits unrolled too), its weights, and the twin."""
+    lm, _, twin = model
+    lm = copy.deepcopy(lm)
+    ws = compress_llama(lm, _format, "magnitude", skip=(), progress=False)
+    exe = compile_model(lm, CFG, CompileOptions(PROMPT, PROMPT + STEPS + 1, argmax=True,
+                                                block_loop=True), weights=ws)
+    assert exe.report["block_loop"]["looped_programs"] >= 1
+    assert exe.report["phases"]["decode"]["programs_per_step"] == 1
+    return lm, exe, twin, ws
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+def test_a_looped_decode_step_copies_the_tables_row(looped, seed):
+    """A decode step whose blocks are one loop reads the token's embedding row from the
+    table too: its program starts with the row's copy into frame 0, whose LOAD is the one
+    ``embed_rows`` word; the host writes nothing and reads back the token id, and the
+    tokens equal the twin's."""
+    from sw.compile.blockloop import instructions
+    from sw.compile.executable import EMBEDDING_TABLE
+
+    lm, exe, twin, _ = looped
+    (joined,) = [p for p in exe.programs if p.phase == "decode" and p.parts
+                 and p.fused_into is None]
+    assert joined.embed_rows == (0,)
+    load = instructions(joined.words)[0]
+    ((served, row),) = Runtime(exe, make_backend("model", CFG), vector=True)._served.items()
+    assert load.dram_addr * CFG.beat_bytes == exe.symbols[served].addr
+    assert load.row_beats * CFG.beat_bytes == row
+    assert exe.symbols[EMBEDDING_TABLE].nbytes == lm.config.vocab_size * row
+    prompt = _prompt(lm, seed)
+    with torch.no_grad():
+        want = generate(twin, torch.tensor(prompt), STEPS + 1)[PROMPT:].tolist()
+    gen = Runtime(exe, make_backend("model", CFG), vector=True).generate(
+        prompt, STEPS + 1, logits=False)
+    assert gen.tokens == want
+    for st in gen.steps[1:]:
+        assert st.phase == "decode" and len(st.programs) == 1
+        assert st.read_back_bytes == 4 and st.written_bytes == 0
+
+
+def test_a_dram_without_room_for_the_table_beside_the_frames(looped):
+    """Where the DRAM holds the frames but not the table beside them, the step still loops
+    and the host writes each decode token's row into frame 0: same tokens, bytes written."""
+    from sw.compile.executable import EMBEDDING_TABLE
+
+    lm, exe, twin, ws = looped
+    small = CFG.with_dram(exe.report["dram"]["total"] - CFG.beat_bytes)
+    tight = compile_model(lm, small, CompileOptions(PROMPT, PROMPT + STEPS + 1, argmax=True,
+                                                    block_loop=True), weights=ws)
+    assert tight.report["block_loop"]["looped_programs"] >= 1
+    assert EMBEDDING_TABLE not in tight.symbols
+    assert not any(p.embed_rows for p in tight.programs)
+    prompt = _prompt(lm, 3)
+    with torch.no_grad():
+        want = generate(twin, torch.tensor(prompt), STEPS + 1)[PROMPT:].tolist()
+    gen = Runtime(tight, make_backend("model", small), vector=True).generate(
+        prompt, STEPS + 1, logits=False)
+    assert gen.tokens == want
+    assert all(st.written_bytes > 0 for st in gen.steps[1:])
