@@ -14,6 +14,7 @@ from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
 
 from hw.config import VECTOR_PRESET_SPADS
 from hw.format import WeightFormat
+from hw.isa import RunReg
 from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model
 from sw.compress.model import compress_llama, untie_head, use_hardware_numerics
@@ -208,8 +209,10 @@ def test_a_looped_decode_step_copies_the_tables_row(looped, seed):
     assert joined.embed_rows == (0,)
     load = instructions(joined.words)[0]
     ((served, row),) = Runtime(exe, make_backend("model", CFG), vector=True)._served.items()
-    assert load.dram_addr * CFG.beat_bytes == exe.symbols[served].addr
-    assert load.row_beats * CFG.beat_bytes == row
+    assert load.reg == RunReg.TOK  # row tok of the table: the host writes the register
+    assert load.dram_addr * CFG.beat_bytes == exe.symbols[EMBEDDING_TABLE].addr
+    assert load.row_beats * CFG.beat_bytes == load.dram_stride * CFG.beat_bytes == row
+    assert served in exe.symbols
     assert exe.symbols[EMBEDDING_TABLE].nbytes == lm.config.vocab_size * row
     prompt = _prompt(lm, seed)
     with torch.no_grad():
