@@ -28,6 +28,7 @@ from hw.config import AcceleratorConfig, MemoryModel
 from hw.engines import engines_of
 from hw.isa import (
     NO_EVENT,
+    RTL_VEC_FUNCS,
     VEC_FUNC_VALUES,
     End,
     Engine,
@@ -162,7 +163,7 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
     per_beat = cfg.beat_bytes // cfg.vin_word_bytes
     i0, i1 = (b * per_beat for b in regions["vin"])
     o0, o1 = (b * per_beat for b in regions["vout"])
-    func = VecFunc(int(rng.choice([f.value for f in VecFunc])))
+    func = VecFunc(int(rng.choice([f.value for f in RTL_VEC_FUNCS])))
     if func == VecFunc.ROPE:
         return _random_rope(rng, (i0, i1), (o0, o1))
     length = int(rng.integers(1, min(i1 - i0, o1 - o0) + 1))

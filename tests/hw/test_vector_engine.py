@@ -20,6 +20,7 @@ from hw import timing
 from hw.config import AcceleratorConfig, ConfigError
 from hw.engines import ENGINE, engines_of, exec_cycles
 from hw.isa import (
+    RTL_VEC_FUNCS,
     VEC_FUNC_VALUES,
     Engine,
     ErrorCode,
@@ -348,7 +349,7 @@ def _random_rope(rng) -> Vec:
 def _random_vecs(rng, n):
     out = []
     for _ in range(n):
-        func = VecFunc(int(rng.choice(VEC_FUNC_VALUES)))
+        func = VecFunc(int(rng.choice([f.value for f in RTL_VEC_FUNCS])))
         if func == VecFunc.ROPE:
             out.append(_random_rope(rng))
             continue
