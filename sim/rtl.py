@@ -48,7 +48,18 @@ from hw.counters import COUNTER_BITS, counters
 from hw.dma import DRAM_ADDR_BITS
 from hw.engines import ENGINES
 from hw.generate import write_design
-from hw.isa import INSTR_BYTES, ErrorCode, Instr, encode, program_words
+from hw.isa import (
+    INSTR_BYTES,
+    RTL_VEC_FUNCS,
+    VEC_FUNC_VALUES,
+    ErrorCode,
+    Instr,
+    Opcode,
+    VecFunc,
+    decode_fields,
+    encode,
+    program_words,
+)
 from hw.timing import START_LATENCY
 from sim.errors import SimulationError
 from sim.result import RunResult
@@ -162,6 +173,19 @@ def encode_any(program, cfg: AcceleratorConfig) -> bytes:
         raise ValueError(f"program of {len(raw) // INSTR_BYTES} instructions exceeds "
                          f"imem_depth={cfg.imem_depth}")
     return raw
+
+
+def _check_built(raw: bytes) -> None:
+    """:class:`SimulationError` naming a VEC sub-op of program ``raw`` that the RTL vector
+    engine does not build (not in :data:`hw.isa.RTL_VEC_FUNCS`), as the instruction's index."""
+    f = decode_fields(np.frombuffer(raw, dtype="<u8").reshape(-1, 2))
+    vec = f["opcode"] == Opcode.VEC.value
+    built = np.isin(f["vec.func"], [v.value for v in RTL_VEC_FUNCS])
+    unbuilt = np.flatnonzero(vec & ~built & np.isin(f["vec.func"], VEC_FUNC_VALUES))
+    if unbuilt.size:
+        i = int(unbuilt[0])
+        raise SimulationError(f"instruction {i} is a VEC {VecFunc(int(f['vec.func'][i])).name}, "
+                              "which the RTL vector engine does not build")
 
 
 #: hw/ modules that do not change the generated Verilog.
@@ -322,6 +346,7 @@ class RTLBackend:
         """
         cfg = self.cfg
         raw = encode_any(program, cfg)
+        _check_built(raw)
         if dram is None:
             dram = np.zeros(cfg.memory.size_bytes, dtype=np.uint8)
         dram = np.asarray(dram)
