@@ -609,8 +609,12 @@ def kv4_group(imm) -> int | None:
 
 def kv4_groups(length, imm):
     """The group codes a KV4 of ``length`` writes: ``length >> log2(group)`` with codes, else
-    0 (:func:`kv4_imm`); ints, arrays or Amaranth values."""
-    return ((imm >> KV4_GROUP_BITS) & 1) * (length >> (imm & ((1 << KV4_GROUP_BITS) - 1)))
+    0 (:func:`kv4_imm`); ints, arrays or Amaranth values (a sum over the 16 shifts, so that a
+    shift by a field stays a constant one in hardware)."""
+    lg = imm & ((1 << KV4_GROUP_BITS) - 1)
+    shifted = functools.reduce(operator.add, ((lg == k) * (length >> k)
+                                              for k in range(1 << KV4_GROUP_BITS)))
+    return ((imm >> KV4_GROUP_BITS) & 1) * shifted
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1019,7 +1023,9 @@ def kv4_bad(func, length, imm):
     values."""
     lg = imm & ((1 << KV4_GROUP_BITS) - 1)
     codes = (imm >> KV4_GROUP_BITS) & 1
-    return (func == VecFunc.KV4.value) & (codes == 1) & (((length >> lg) << lg) != length)
+    rest = functools.reduce(operator.or_, ((lg == k) & ((length & ((1 << k) - 1)) != 0)
+                                           for k in range(1, 1 << KV4_GROUP_BITS)))
+    return (func == VecFunc.KV4.value) & (codes == 1) & rest
 
 
 def insert_bad(func, imm):
