@@ -74,6 +74,8 @@ CHANNEL    one pass, each element an amax word: ``A`` (``127 * 2**16`` for 0) an
 :func:`~hw.numerics.vec_dequant`, :func:`~hw.numerics.vec_fold`,
 :func:`~hw.numerics.vec_insert`, :func:`~hw.numerics.vec_channel`; the sequences are those
 of :mod:`hw.vector`'s docstring.)
+KV4 and INSERT4 (the INT4 KV append's) are not built here yet: :data:`hw.isa.RTL_VEC_FUNCS`
+lists the sub-ops above, which the RTL runs (:mod:`sim.rtl` refuses a program with another).
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
 :data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.
