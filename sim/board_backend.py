@@ -33,7 +33,7 @@ from hw.config import AcceleratorConfig
 from hw.isa import INSTR_BYTES, Opcode, decode_fields, program_words
 from sim.board import BoardLink, BoardLinkError
 from sim.result import RunResult
-from sim.rtl import encode_any
+from sim.rtl import check_built, encode_any
 
 __all__ = ["BoardBackend", "dma_spans"]
 
@@ -184,6 +184,7 @@ class BoardBackend:
         ``dram`` is that array), as :meth:`sim.model.FastModel.run` does.
         """
         raw = encode_any(program, self.cfg)
+        check_built(raw)
         prog = program_words(raw)
         if dram is None or dram.dtype != np.uint8 or dram.size != self.cfg.memory.size_bytes:
             raise ValueError(f"dram must be a uint8 array of {self.cfg.memory.size_bytes} bytes")

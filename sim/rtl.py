@@ -64,8 +64,8 @@ from hw.timing import START_LATENCY
 from sim.errors import SimulationError
 from sim.result import RunResult
 
-__all__ = ["RTLBackend", "RTLBuildError", "RTLTimeoutError", "engine_states", "verilator_env",
-           "encode_any", "locked_build", "verilate"]
+__all__ = ["RTLBackend", "RTLBuildError", "RTLTimeoutError", "check_built", "engine_states",
+           "verilator_env", "encode_any", "locked_build", "verilate"]
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "sim" / "verilator" / "harness.cpp"
@@ -175,9 +175,10 @@ def encode_any(program, cfg: AcceleratorConfig) -> bytes:
     return raw
 
 
-def _check_built(raw: bytes) -> None:
+def check_built(raw: bytes) -> None:
     """:class:`SimulationError` naming a VEC sub-op of program ``raw`` that the RTL vector
-    engine does not build (not in :data:`hw.isa.RTL_VEC_FUNCS`), as the instruction's index."""
+    engine does not build (not in :data:`hw.isa.RTL_VEC_FUNCS`), as the instruction's index:
+    the hardware backends (RTL, netlist, the board) refuse it rather than run it."""
     f = decode_fields(np.frombuffer(raw, dtype="<u8").reshape(-1, 2))
     vec = f["opcode"] == Opcode.VEC.value
     built = np.isin(f["vec.func"], [v.value for v in RTL_VEC_FUNCS])
@@ -346,7 +347,7 @@ class RTLBackend:
         """
         cfg = self.cfg
         raw = encode_any(program, cfg)
-        _check_built(raw)
+        check_built(raw)
         if dram is None:
             dram = np.zeros(cfg.memory.size_bytes, dtype=np.uint8)
         dram = np.asarray(dram)

@@ -193,9 +193,9 @@ def test_the_rtl_backend_names_a_vec_it_does_not_build():
     program with it, naming it and its index, before it builds or runs anything."""
     from hw.isa import RTL_VEC_FUNCS, End
     from sim.errors import SimulationError
-    from sim.rtl import _check_built, encode_any
+    from sim.rtl import check_built, encode_any
     assert set(RTL_VEC_FUNCS) == set(VecFunc) - {VecFunc.KV4}
-    _check_built(encode_any([Vec(func=f, length=1) for f in RTL_VEC_FUNCS] + [End()], VCFG))
+    check_built(encode_any([Vec(func=f, length=1) for f in RTL_VEC_FUNCS] + [End()], VCFG))
     with pytest.raises(SimulationError, match="instruction 1 is a VEC KV4"):
-        _check_built(encode_any([Vec(func=VecFunc.ADD, length=1),
+        check_built(encode_any([Vec(func=VecFunc.ADD, length=1),
                                  Vec(func=VecFunc.KV4, length=1), End()], VCFG))
