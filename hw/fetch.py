@@ -65,6 +65,7 @@ from hw.isa import (
     dispatch_limits,
     field_location,
     insert_bad,
+    kv4_bad,
     legal_words,
     reads_param,
     vec_out_words,
@@ -190,18 +191,19 @@ class FetchUnit(wiring.Component):
         # checked in S3 on the product registered here. Heads from bit 15 up are refused
         # without the product: with head_dim >= 2 their product is past any length, and the
         # product keeps to 15 x 16 bits (one multiplier). INSERT: its stride and, at stride 1,
-        # whole words (a few bits of imm: insert_bad).
+        # whole words (a few bits of imm: insert_bad). KV4: its group divides the row
+        # (kv4_bad).
         head_dim, heads = v.imm[:ROPE_HEAD_DIM_BITS], v.imm[ROPE_HEAD_DIM_BITS:]
         is_rope = func == VecFunc.ROPE.value
         bad_vec = Cat(length == 0,
                       v.a_addr + length > lim.vin_elems,
                       vec_reads_b(func) & (v.b_addr + length > lim.vin_elems),
-                      v.dst_addr + vec_out_words(func, length) > lim.vout_elems,
+                      v.dst_addr + vec_out_words(func, length, v.imm) > lim.vout_elems,
                       (func == VecFunc.SOFTMAX.value) & (v.imm > length),
                       is_rope & (head_dim[0] | (head_dim == 0) | heads[_ROPE_HEADS_BITS:].any()
                                  | (v.b_addr + head_dim[1:] > lim.vin_elems)),
                       vec_reads_amax(func) & (dequant_amax_addr(v.imm) >= lim.vin_elems),
-                      insert_bad(func, v.imm))
+                      insert_bad(func, v.imm), kv4_bad(func, length, v.imm))
         rope_row = heads[:_ROPE_HEADS_BITS] * head_dim
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)

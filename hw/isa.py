@@ -44,9 +44,10 @@ __all__ = [
     "Load", "Store", "Gemm", "Sync", "Vec", "End", "Repeat", "Instr", "ISAError",
     "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
     "vec_out_words", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT", "dequant_imm",
-    "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "ROPE_HEAD_DIM_BITS",
+    "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
-    "insert_fields", "insert_geometry", "insert_bad",
+    "insert_fields", "insert_geometry", "insert_bad", "KV4_GROUP_BITS", "kv4_imm", "kv4_group",
+    "kv4_groups", "kv4_bad",
     "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
     "program_words",
     "decode_fields", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
@@ -122,10 +123,16 @@ class VecFunc(enum.Enum, shape=4):
     FOLD = 9     # REQUANT of the 54-bit a[i] * b[i]: codes, then its amax word (vec_fold)
     INSERT = 10  # dst = row a with the int8 codes of b scattered into its bytes (vec_insert)
     CHANNEL = 11  # dst[i] = channel word of imm's word times amax a[i] (vec_channel)
+    KV4 = 12     # INT4 KV row of a: nibbles, group codes (imm), amax (hw.numerics.vec_kv4)
+    INSERT4 = 13  # INSERT in nibbles: the nibbles of b into row a (hw.numerics.vec_insert4)
 
 
 #: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
 VEC_FUNC_VALUES = tuple(m.value for m in VecFunc)
+#: The sub-ops the RTL vector engine (:mod:`hw.vector.engine`) builds: all but KV4, which
+#: :mod:`hw.numerics`, :mod:`hw.timing` and the fast model define and the RTL does not run
+#: yet (the RTL equivalence harness draws from these).
+RTL_VEC_FUNCS = tuple(m for m in VecFunc if m != VecFunc.KV4)
 #: Values below the largest defined one that name no sub-op (ILLEGAL_OPCODE as those above).
 _VEC_FUNC_GAPS = tuple(v for v in range(max(VEC_FUNC_VALUES)) if v not in VEC_FUNC_VALUES)
 
@@ -431,32 +438,37 @@ def _run_reg(value: int, cls) -> RunReg:
     return RunReg(value)
 
 
-def vec_out_words(func, length):
+def vec_out_words(func, length, imm=0):
     """VOUT elements (words) a VEC writes: ``length`` (the row sub-ops: ADD, SOFTMAX, RMSNORM,
-    MUL, SILU_GATE, ROPE, DEQUANT, INSERT, CHANNEL); 2 (ARGMAX: the index, the max);
+    MUL, SILU_GATE, ROPE, DEQUANT, INSERT, CHANNEL, INSERT4); 2 (ARGMAX: the index, the max);
     ``ceil(length / 4) + 1`` (REQUANT and FOLD: the int8 codes packed four to a word, code
     ``i`` in byte ``i % 4`` of word ``i // 4``, the last word's unused bytes 0; then ``amax``
-    as an unsigned 32-bit word, FOLD's as :func:`hw.numerics.fold_amax_word`). Ints, arrays
-    or Amaranth values (a sum of products, so that the three agree)."""
+    as an unsigned 32-bit word, FOLD's as :func:`hw.numerics.fold_amax_word`);
+    ``ceil(length / 8) + ceil(groups / 4) + 1`` (KV4: the nibbles, the group codes of
+    ``imm``'s groups, :func:`kv4_groups`, and amax: :func:`hw.numerics.kv4_words`). Ints,
+    arrays or Amaranth values (a sum of products, so that the three agree)."""
     rows = ((func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value)
             | (func == VecFunc.RMSNORM.value) | (func == VecFunc.MUL.value)
             | (func == VecFunc.SILU_GATE.value) | (func == VecFunc.ROPE.value)
             | (func == VecFunc.DEQUANT.value) | (func == VecFunc.INSERT.value)
-            | (func == VecFunc.CHANNEL.value))
+            | (func == VecFunc.CHANNEL.value) | (func == VecFunc.INSERT4.value))
     return (rows * length + (func == VecFunc.ARGMAX.value) * 2
             + ((func == VecFunc.REQUANT.value) | (func == VecFunc.FOLD.value))
-            * (((length + 3) >> 2) + 1))
+            * (((length + 3) >> 2) + 1)
+            + (func == VecFunc.KV4.value)
+            * (((length + 7) >> 3) + ((kv4_groups(length, imm) + 3) >> 2) + 1))
 
 
 def vec_reads_b(func):
     """The sub-op reads a second operand row from ``b_addr`` (the second operand of ADD, MUL
     and SILU_GATE, RMSNORM's weight row, DEQUANT's channel words, FOLD's value codes,
-    INSERT's packed codes: at most ``length`` words of them, :func:`insert_geometry`); ints,
+    INSERT's and INSERT4's packed codes: at most ``length`` words of them,
+    :func:`insert_geometry`); ints,
     arrays or Amaranth values."""
     return ((func == VecFunc.ADD.value) | (func == VecFunc.RMSNORM.value)
             | (func == VecFunc.MUL.value) | (func == VecFunc.SILU_GATE.value)
             | (func == VecFunc.DEQUANT.value) | (func == VecFunc.FOLD.value)
-            | (func == VecFunc.INSERT.value))
+            | (func == VecFunc.INSERT.value) | (func == VecFunc.INSERT4.value))
 
 
 def vec_reads_amax(func):
@@ -598,6 +610,45 @@ def insert_geometry(imm) -> InsertGeometry:
     f = insert_fields(imm)
     return InsertGeometry(f["base"], f["group_m1"] + 1, f["groups_m1"] + 1, f["stride"],
                           f["skip"])
+
+
+#: Bits of a KV4's ``imm`` holding its group's log2 (:func:`kv4_imm`); the bit above says the
+#: row has group codes (keys) or not (values).
+KV4_GROUP_BITS = 4
+
+
+def kv4_imm(group: int | None) -> int:
+    """The ``imm`` of a KV4 (:func:`hw.numerics.vec_kv4`): 0 for a value row (no group codes);
+    for a key row, its group's log2 with the codes bit above (:data:`KV4_GROUP_BITS`).
+
+    Raises
+    ------
+    ValueError
+        A group that is not a power of two below ``2**16`` (the message names it).
+    """
+    if group is None:
+        return 0
+    if group < 1 or group & (group - 1) or group >= 1 << (1 << KV4_GROUP_BITS):
+        raise ValueError(f"a KV4 group must be a power of two below "
+                         f"{1 << (1 << KV4_GROUP_BITS)}, got {group}")
+    return (group.bit_length() - 1) | (1 << KV4_GROUP_BITS)
+
+
+def kv4_group(imm) -> int | None:
+    """The group of a KV4's ``imm`` (:func:`kv4_imm`), None for a value row; ints."""
+    if not (int(imm) >> KV4_GROUP_BITS) & 1:
+        return None
+    return 1 << (int(imm) & ((1 << KV4_GROUP_BITS) - 1))
+
+
+def kv4_groups(length, imm):
+    """The group codes a KV4 of ``length`` writes: ``length >> log2(group)`` with codes, else
+    0 (:func:`kv4_imm`); ints, arrays or Amaranth values (a sum over the 16 shifts, so that a
+    shift by a field stays a constant one in hardware)."""
+    lg = imm & ((1 << KV4_GROUP_BITS) - 1)
+    shifted = functools.reduce(operator.add, ((lg == k) * (length >> k)
+                                              for k in range(1 << KV4_GROUP_BITS)))
+    return ((imm >> KV4_GROUP_BITS) & 1) * shifted
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -952,7 +1003,8 @@ def _vec_end(f: dict, field: str) -> object:
 
 
 def _vec_dst_end(f: dict) -> object:
-    return f["vec.dst_addr"] + vec_out_words(f["vec.func"], f["vec.length"])
+    return f["vec.dst_addr"] + vec_out_words(f["vec.func"], f["vec.length"],
+                                               f["vec.imm"])
 
 
 def _is_rope(f: dict) -> object:
@@ -974,23 +1026,45 @@ def _is_insert(f: dict) -> object:
     return f["vec.func"] == VecFunc.INSERT.value
 
 
+def _is_insert4(f: dict) -> object:
+    return f["vec.func"] == VecFunc.INSERT4.value
+
+
 def _insert_stride_bad(f: dict) -> object:
-    """An INSERT's stride is neither 1 (whole words) nor at least 4 (one code per word)."""
+    """An INSERT's stride is neither 1 (whole words) nor at least 4 (one code per word); an
+    INSERT4's (in nibbles) neither 1 nor at least 8."""
     stride = insert_fields(f["vec.imm"])["stride"]
-    return _is_insert(f) & ((stride == 0) | (stride == 2) | (stride == 3))
+    return ((_is_insert(f) & ((stride == 0) | (stride == 2) | (stride == 3)))
+            | (_is_insert4(f) & ((stride == 0) | ((stride >= 2) & (stride < 8)))))
 
 
 def _insert_words_bad(f: dict) -> object:
     """An INSERT of stride 1 whose codes are not whole words: ``base``, ``group`` or ``skip``
-    not a multiple of 4."""
+    not a multiple of 4 (an INSERT4's: of 8 nibbles)."""
     g = insert_fields(f["vec.imm"])
     partial = ((g["base"] | g["skip"] | (g["group_m1"] ^ 3)) & 3) != 0
-    return _is_insert(f) & (g["stride"] == 1) & partial
+    partial4 = ((g["base"] | g["skip"] | (g["group_m1"] ^ 7)) & 7) != 0
+    return (g["stride"] == 1) & ((_is_insert(f) & partial) | (_is_insert4(f) & partial4))
+
+
+def _kv4_group_bad(f: dict) -> object:
+    return kv4_bad(f["vec.func"], f["vec.length"], f["vec.imm"])
+
+
+def kv4_bad(func, length, imm):
+    """The VEC is a KV4 with group codes whose group (:func:`kv4_imm`) does not divide its
+    row ``length`` (the rule table's KV4 rule, for the fetch unit); ints, arrays or Amaranth
+    values."""
+    lg = imm & ((1 << KV4_GROUP_BITS) - 1)
+    codes = (imm >> KV4_GROUP_BITS) & 1
+    rest = functools.reduce(operator.or_, ((lg == k) & ((length & ((1 << k) - 1)) != 0)
+                                           for k in range(1, 1 << KV4_GROUP_BITS)))
+    return (func == VecFunc.KV4.value) & (codes == 1) & rest
 
 
 def insert_bad(func, imm):
-    """The VEC is an INSERT whose geometry the engine cannot walk (the two INSERT rules of
-    the rule table, for the fetch unit); ints, arrays or Amaranth values."""
+    """The VEC is an INSERT or INSERT4 whose geometry the engine cannot walk (the two INSERT
+    rules of the rule table, for the fetch unit); ints, arrays or Amaranth values."""
     f = {"vec.func": func, "vec.imm": imm}
     return _insert_stride_bad(f) | _insert_words_bad(f)
 _BAD_ADDRESS, _BAD_GEMM = ErrorCode.BAD_ADDRESS, ErrorCode.BAD_GEMM
@@ -1136,12 +1210,20 @@ _VEC_RULES = (
                          f"({dispatch_limits(cfg).vin_elems} elements)"),
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: _insert_stride_bad(f),
-          lambda f, cfg: f"INSERT of stride={insert_geometry(f['vec.imm']).stride} "
-                         f"(imm={f['vec.imm']}): it must be 1 or >= 4"),
+          lambda f, cfg: f"{VecFunc(int(f['vec.func'])).name} of "
+                         f"stride={insert_geometry(f['vec.imm']).stride} (imm={f['vec.imm']}): "
+                         f"it must be 1 or >= "
+                         f"{8 if int(f['vec.func']) == VecFunc.INSERT4.value else 4}"),
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: _insert_words_bad(f),
-          lambda f, cfg: "INSERT of stride 1 writes whole words: base, group and skip must be "
-                         f"multiples of 4, got {insert_geometry(f['vec.imm'])}"),
+          lambda f, cfg: f"{VecFunc(int(f['vec.func'])).name} of stride 1 writes whole words: "
+                         f"base, group and skip must be multiples of "
+                         f"{8 if int(f['vec.func']) == VecFunc.INSERT4.value else 4}, got "
+                         f"{insert_geometry(f['vec.imm'])}"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: _kv4_group_bad(f),
+          lambda f, cfg: f"KV4 of length={f['vec.length']}: its group "
+                         f"{kv4_group(f['vec.imm'])} (imm={f['vec.imm']}) does not divide it"),
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: _vec_dst_end(f) > lim.vout_elems,
           lambda f, cfg: f"VEC results [{f['vec.dst_addr']}, {_vec_dst_end(f)}) exceed VOUT "

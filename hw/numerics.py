@@ -1731,3 +1731,66 @@ def vec_insert(a: np.ndarray, b: np.ndarray, base: int, group: int, groups: int,
     j = np.flatnonzero(at < row.size)
     row[at[j]] = codes[j]
     return row.view("<i4").astype(np.int64)
+
+
+# ---------------------------------------------------------------------------- INT4 KV on chip
+# The INT4 KV append on chip: KV4 quantises a key or value row as vec_kv4_rows does and packs
+# its nibbles, group codes and amax into words; INSERT4 scatters nibbles into a loaded row
+# (INSERT in half bytes: an INT4 key's field shares its byte with the next position's).
+__all__ += ["KV4_NIBBLES_PER_WORD", "kv4_words", "vec_kv4", "vec_insert4"]
+
+#: INT4 codes per 32-bit word as KV4 packs them (code ``i`` in bits ``4 (i % 8)`` of word
+#: ``i // 8``).
+KV4_NIBBLES_PER_WORD = 8
+
+
+def kv4_words(q: np.ndarray, codes: np.ndarray | None, amax: int) -> np.ndarray:
+    """The words KV4 writes for one row: ``q``'s INT4 values (``[d]`` in [-8, 7]) as nibbles
+    (two's complement), eight per word, code ``i`` in bits ``4 (i % 8)`` of word ``i // 8``;
+    then, with ``codes`` (``[groups]`` uint8), the codes four per word as REQUANT packs its
+    int8 codes (code ``j`` in byte ``j % 4`` of word ``j // 4``); the last word of each part
+    zero above its codes; then ``amax`` as an unsigned 32-bit word. Returns the words as
+    unsigned 32-bit values in int64."""
+    q = np.asarray(q, np.int64)
+    nib = np.zeros(-(-q.size // KV4_NIBBLES_PER_WORD) * KV4_NIBBLES_PER_WORD, np.int64)
+    nib[:q.size] = q & 0xF
+    words = (nib.reshape(-1, KV4_NIBBLES_PER_WORD)
+             << (4 * np.arange(KV4_NIBBLES_PER_WORD, dtype=np.int64))).sum(axis=1)
+    parts = [words]
+    if codes is not None:
+        c = np.zeros(-(-np.size(codes) // 4) * 4, np.uint8)
+        c[:np.size(codes)] = np.asarray(codes, np.uint8).reshape(-1)
+        parts.append(c.view("<u4").astype(np.int64))
+    parts.append(np.array([int(amax) & 0xFFFFFFFF], np.int64))
+    return np.concatenate(parts)
+
+
+def vec_kv4(x: np.ndarray, group: int | None) -> np.ndarray:
+    """KV4 of a row ``x [d]`` (int32 words, Q15.16): :func:`vec_kv4_rows` of it (keys with
+    ``group``, values without) and its words, :func:`kv4_words` of ``q``, the codes and
+    ``amax = a << s``, the row's ``max |x|`` (as REQUANT's: what CHANNEL takes for a key row,
+    and FOLD's value code of a value row, :func:`value_amax_torch` with ``bits`` 4)."""
+    q, c, a, s = vec_kv4_rows(np.asarray(x, np.int64), group)
+    return kv4_words(q, c, int(a) << int(s))
+
+
+def vec_insert4(a: np.ndarray, b: np.ndarray, base: int, group: int, groups: int,
+                stride: int, skip: int) -> np.ndarray:
+    """INSERT4: :func:`vec_insert` in half bytes. The row ``a [L]`` (int32 words: ``8 L``
+    nibbles, nibble ``n`` in bits ``4 (n % 2)`` of byte ``n // 2``, words little-endian) with
+    the nibbles of ``b`` (code ``j`` in bits ``4 (j % 8)`` of word ``j // 8``, as KV4 packs
+    them; a byte code is two nibbles, low first) written to the nibbles
+    :func:`insert_offsets` names (its ``base``, ``stride`` and ``skip`` count nibbles). A
+    code past the row's ``8 L`` nibbles is dropped, so only the first ``L`` words of ``b`` are
+    read. Returns the row's words as signed int32 values in int64."""
+    a = np.asarray(a, np.int64)
+    row = (a & 0xFFFFFFFF).astype("<u4").view(np.uint8)
+    nib = np.stack([row & 0xF, row >> 4], axis=-1).reshape(-1)
+    codes = (np.asarray(b, np.int64) & 0xFFFFFFFF).astype("<u4").view(np.uint8)
+    codes = np.stack([codes & 0xF, codes >> 4], axis=-1).reshape(-1)
+    at = insert_offsets(base, group, groups, stride, skip)
+    j = np.flatnonzero(at < nib.size)
+    nib[at[j]] = codes[j]
+    pairs = nib.reshape(-1, 2)
+    out = (pairs[:, 0] | (pairs[:, 1] << 4)).astype(np.uint8)
+    return out.view("<i4").astype(np.int64)

@@ -80,6 +80,7 @@ import numpy as np
 from hw.config import AcceleratorConfig
 from hw.format import StreamGeometry
 from hw.isa import (
+    KV4_GROUP_BITS,
     EpilogueMode,
     ErrorCode,
     Gemm,
@@ -91,6 +92,7 @@ from hw.isa import (
     epilogue_words,
     gemm_geometry,
     gemm_geometry_fields,
+    kv4_groups,
     vec_out_words,
 )
 
@@ -265,7 +267,7 @@ VEC_READ_LATENCY = 2
 VEC_FEED_LATENCY = 1
 
 
-def _vec_cycles(func, length):
+def _vec_cycles(func, length, imm=0):
     """:func:`vec_cycles` on ints or arrays. The engine reads one element (of each operand
     row) per cycle in ``g + 1 .. g + length``; each is fed to its unit ``VEC_READ_LATENCY``
     cycles later, and a unit gives its result ``VEC_FEED_LATENCY + VECTOR_LATENCY[name]``
@@ -320,6 +322,19 @@ def _vec_cycles(func, length):
     # CHANNEL: one pass, each amax word (A and its bit length from it as it is read) through
     # DequantFactor with imm's word, the factor's channel word written as it comes out.
     channel = stream + lat["dequant_factor"]
+    # KV4 (hw.numerics.vec_kv4): pass 1 into AbsMax, each group's max registered beside;
+    # Recip of amax as it comes out; a key row's group codes then one per cycle through Mul
+    # (the ceiling of max_g * 255 * r) and Recip of amax times the code, the last reciprocal
+    # a cycle after the one before; pass 2 from the cycle after the last reciprocal into
+    # Requant, the nibbles packed eight to a word as they come out; then the code words and
+    # the amax word, one per cycle.
+    groups = kv4_groups(length, imm)
+    codes = (imm >> KV4_GROUP_BITS) & 1
+    kv4 = (stream + lat["absmax"] + lat["recip"]
+           + codes * (lat["mul"] + lat["recip"] + groups - 1)
+           + stream + lat["requant"] + ((groups + 3) >> 2) + 1)
+    # INSERT4: INSERT's pass, nibble multiplexers in place of the byte ones.
+    insert4 = insert
     return ((func == VecFunc.ADD.value) * add + (func == VecFunc.ARGMAX.value) * argmax
             + (func == VecFunc.MUL.value) * mul + (func == VecFunc.SILU_GATE.value) * silu
             + (func == VecFunc.REQUANT.value) * requant
@@ -327,18 +342,19 @@ def _vec_cycles(func, length):
             + (func == VecFunc.RMSNORM.value) * rmsnorm + (func == VecFunc.ROPE.value) * rope
             + (func == VecFunc.DEQUANT.value) * dequant + (func == VecFunc.FOLD.value) * fold
             + (func == VecFunc.INSERT.value) * insert
-            + (func == VecFunc.CHANNEL.value) * channel)
+            + (func == VecFunc.CHANNEL.value) * channel
+            + (func == VecFunc.KV4.value) * kv4 + (func == VecFunc.INSERT4.value) * insert4)
 
 
 def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:
     """VEC: stream the row through the sub-op's function unit, write the results to VOUT
     (see :func:`_vec_cycles`)."""
-    return int(_vec_cycles(ins.func.value, ins.length))
+    return int(_vec_cycles(ins.func.value, ins.length, ins.imm))
 
 
 def vec_cycles_fields(f: dict, cfg: AcceleratorConfig):
     """:func:`vec_cycles` from :func:`hw.isa.decode_fields` (ints or arrays)."""
-    return _vec_cycles(f["vec.func"], f["vec.length"])
+    return _vec_cycles(f["vec.func"], f["vec.length"], f["vec.imm"])
 
 
 def vec_elements_fields(f: dict):

@@ -35,6 +35,7 @@ from hw.isa import (
     dequant_fold,
     gemm_geometry,
     insert_geometry,
+    kv4_group,
     rope_geometry,
 )
 from hw.numerics import (
@@ -48,6 +49,8 @@ from hw.numerics import (
     vec_dequant,
     vec_fold,
     vec_insert,
+    vec_insert4,
+    vec_kv4,
     vec_mul,
     vec_requant,
     vec_rmsnorm,
@@ -551,6 +554,18 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
         def insert(st: MachineState) -> None:
             put(st, vec_insert(row(st, a0), row(st, b0), *geometry))
         return insert
+    if ins.func == VecFunc.INSERT4:
+        geometry = tuple(int(v) for v in insert_geometry(ins.imm))
+
+        def insert4(st: MachineState) -> None:
+            put(st, vec_insert4(row(st, a0), row(st, b0), *geometry))
+        return insert4
+    if ins.func == VecFunc.KV4:   # nibbles, the group codes, amax (hw.numerics.kv4_words)
+        group = kv4_group(ins.imm)
+
+        def kv4(st: MachineState) -> None:
+            put(st, vec_kv4(row(st, a0), group))
+        return kv4
     if ins.func == VecFunc.DEQUANT:   # the amax word at imm, unsigned; FOLD's: two fields
         m0, fold = 4 * dequant_amax_addr(ins.imm), dequant_fold(ins.imm)
 

@@ -30,6 +30,7 @@ from hw.engines import engines_of
 from hw.isa import (
     NO_EVENT,
     REG_NAMES,
+    RTL_VEC_FUNCS,
     VEC_FUNC_VALUES,
     End,
     Engine,
@@ -169,7 +170,7 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
     per_beat = cfg.beat_bytes // cfg.vin_word_bytes
     i0, i1 = (b * per_beat for b in regions["vin"])
     o0, o1 = (b * per_beat for b in regions["vout"])
-    func = VecFunc(int(rng.choice([f.value for f in VecFunc])))
+    func = VecFunc(int(rng.choice([f.value for f in RTL_VEC_FUNCS])))
     if func == VecFunc.ROPE:
         return _random_rope(rng, (i0, i1), (o0, o1))
     length = int(rng.integers(1, min(i1 - i0, o1 - o0) + 1))
@@ -183,8 +184,8 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
         imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
     elif func == VecFunc.DEQUANT:  # the amax word: any element of the chain's VIN region,
         imm = dequant_imm(int(rng.integers(i0, i1)), bool(rng.random() < 0.5))  # or FOLD's
-    elif func == VecFunc.INSERT:
-        imm = random_insert_imm(rng, length)
+    elif func in (VecFunc.INSERT, VecFunc.INSERT4):
+        imm = random_insert_imm(rng, length, func == VecFunc.INSERT4)
     elif func == VecFunc.CHANNEL:  # a normalised channel word, or any imm (bits 24.. ignored)
         imm = random_channel_word(rng)
     return Vec(func=func, length=length, imm=imm,
@@ -194,22 +195,24 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
                dst_addr=o0 + int(rng.integers(0, o1 - o0 - out + 1)))
 
 
-def random_insert_imm(rng: np.random.Generator, length: int) -> int:
+def random_insert_imm(rng: np.random.Generator, length: int, nibbles: bool = False) -> int:
     """A valid INSERT ``imm`` (:func:`hw.isa.insert_imm`) for a row of ``length`` words:
     whole code words (stride 1: a value cache's records, a value code word) or one code per
     word (stride >= 4: a key cache's records), one group or several, codes inside the row or
-    running past its end (dropped), often the largest fields."""
-    row = 4 * length
-    if rng.random() < 0.4:   # stride 1: base, group and skip multiples of 4
-        group = 4 * int(rng.choice([1, 2, int(rng.integers(1, 129))]))
-        skip = 4 * int(rng.choice([0, int(rng.integers(0, 64))]))
-        base = 4 * int(rng.integers(0, min(255, max(1, row // 4)) + 1))
+    running past its end (dropped), often the largest fields. With ``nibbles``, an INSERT4's
+    (the same counted in nibbles: 8 to a word)."""
+    per = 8 if nibbles else 4
+    row = per * length
+    if rng.random() < 0.4:   # stride 1: base, group and skip multiples of a word's codes
+        group = per * int(rng.choice([1, 2, int(rng.integers(1, 512 // per + 1))]))
+        skip = per * int(rng.choice([0, int(rng.integers(0, 256 // per))]))
+        base = per * int(rng.integers(0, min(1023 // per, max(1, row // per)) + 1))
         stride = 1
     else:
         group = int(rng.choice([1, 2, int(rng.integers(1, 513))]))
         skip = int(rng.choice([0, 255, int(rng.integers(0, 256))]))
         base = int(rng.integers(0, min(1023, row) + 1))
-        stride = int(rng.choice([4, 255, int(rng.integers(4, 256))]))
+        stride = int(rng.choice([per, 255, int(rng.integers(per, 256))]))
     groups = int(rng.choice([1, 32, int(rng.integers(1, 33))]))
     return insert_imm(base, group, groups, stride, skip)
 

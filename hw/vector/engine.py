@@ -63,6 +63,8 @@ INSERT     one pass: the word read when ``idx`` is the next code's byte ``at`` o
            last code: :func:`hw.isa.insert_imm`) takes that code, its code word read beside
            it from ``b_addr`` on the second port (stride 1: the whole code word); merged by
            byte multiplexers into a register and written the cycle after it arrives
+INSERT4    INSERT in nibbles: ``at`` a nibble (the word read when ``idx`` is ``at`` over 8),
+           eight codes to a code word, nibble multiplexers
 CHANNEL    one pass, each element an amax word: ``A`` (``127 * 2**16`` for 0) and ``b =
            bitlen(A)`` into ``DequantFactor(c, A, b, 0)`` with ``c`` the channel word in
            ``imm``'s bits 0..23; the factor's channel word written as it comes out
@@ -74,6 +76,8 @@ CHANNEL    one pass, each element an amax word: ``A`` (``127 * 2**16`` for 0) an
 :func:`~hw.numerics.vec_dequant`, :func:`~hw.numerics.vec_fold`,
 :func:`~hw.numerics.vec_insert`, :func:`~hw.numerics.vec_channel`; the sequences are those
 of :mod:`hw.vector`'s docstring.)
+KV4 (the INT4 KV append's quantisation) is not built here yet: :data:`hw.isa.RTL_VEC_FUNCS`
+lists the sub-ops above, which the RTL runs (:mod:`sim.rtl` refuses a program with another).
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
 :data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.
@@ -334,34 +338,40 @@ class VectorEngine(wiring.Component):
         # `at` steps only on a hit (at < 4 * length), so it stays below 2**(width + 2) plus a
         # step: width + 3 bits.
         ins = {name: Signal(w, name=f"ins_{name}", reset_less=True) for name, w in INSERT_FIELDS}
+        # INSERT4 walks nibbles the same way: `at` a nibble (8 to a word), a code word's
+        # eight codes, stride 1 whole code words of 8 nibbles (`ins_nib`).
+        ins_nib = Signal(reset_less=True)                  # INSERT4: nibbles
         ins_word = Signal(reset_less=True)                 # stride 1: whole code words
-        ins_step = Signal(INSERT_FIELDS[3][1], reset_less=True)    # stride, or 4
+        ins_step = Signal(INSERT_FIELDS[3][1], reset_less=True)    # stride, or 4 (8)
         ins_jump = Signal(INSERT_FIELDS[3][1] + 1, reset_less=True)  # step + skip
-        ins_at = Signal(width + 3, reset_less=True)
+        ins_at = Signal(width + 4, reset_less=True)
         ins_r = Signal.like(ins["group_m1"], reset_less=True)      # the code's place in its group
         ins_g = Signal.like(ins["groups_m1"], reset_less=True)     # its group
-        ins_j3 = Signal(2, reset_less=True)                # its byte in its code word
+        ins_j3 = Signal(3, reset_less=True)                # its byte (nibble) in its code word
+        ins_jl = Signal(3, reset_less=True)                # a code word's last: 3 (7)
         ins_end = Signal(reset_less=True)                  # every code placed
         with m.If(~active):
             f = insert_fields(body.imm)
+            nib_now = body.func == VecFunc.INSERT4
             word_now = f["stride"] == 1
-            step_now = Mux(word_now, 4, f["stride"])
+            step_now = Mux(word_now, Mux(nib_now, 8, 4), f["stride"])
             m.d.sync += [ins[k].eq(v) for k, v in f.items()]
-            m.d.sync += [ins_word.eq(word_now), ins_step.eq(step_now),
+            m.d.sync += [ins_nib.eq(nib_now), ins_jl.eq(Mux(nib_now, 7, 3)),
+                         ins_word.eq(word_now), ins_step.eq(step_now),
                          ins_jump.eq(step_now + f["skip"]), ins_at.eq(f["base"]),
                          ins_r.eq(0), ins_g.eq(0), ins_j3.eq(0), ins_end.eq(0)]
-        is_insert = is_[VecFunc.INSERT]
-        hit = issuing & is_insert & ~ins_end & (idx == ins_at[2:])
+        is_insert = is_[VecFunc.INSERT] | is_[VecFunc.INSERT4]
+        hit = issuing & is_insert & ~ins_end & (idx == Mux(ins_nib, ins_at[3:], ins_at[2:]))
         with m.If(hit):
-            r_last = (ins_r | Mux(ins_word, 3, 0)) == ins["group_m1"]
-            m.d.sync += [ins_r.eq(Mux(r_last, 0, ins_r + Mux(ins_word, 4, 1))),
+            r_last = (ins_r | Mux(ins_word, ins_jl, 0)) == ins["group_m1"]
+            m.d.sync += [ins_r.eq(Mux(r_last, 0, ins_r + Mux(ins_word, ins_jl + 1, 1))),
                          ins_at.eq(ins_at + Mux(r_last, ins_jump, ins_step)),
                          ins_g.eq(ins_g + r_last),
                          ins_end.eq(r_last & (ins_g == ins["groups_m1"])),
-                         ins_j3.eq(Mux(ins_word, 0, ins_j3 + 1))]
+                         ins_j3.eq(Mux(ins_word | (ins_j3 == ins_jl), 0, ins_j3 + 1))]
         with m.If(issuing & is_insert):   # (after the read's b_ptr + 1: this one holds)
             # hit selects between b_ptr + 1 and b_ptr: the compare stays out of the adder
-            m.d.sync += b_ptr.eq(Mux(hit & (ins_word | (ins_j3 == 3)), b_ptr + 1, b_ptr))
+            m.d.sync += b_ptr.eq(Mux(hit & (ins_word | (ins_j3 == ins_jl)), b_ptr + 1, b_ptr))
 
         # ---- the element enters its units READ_LATENCY cycles after its read: the memory's
         # register, then the read data's (rd_a, rd_b), the control carried beside
@@ -593,16 +603,19 @@ class VectorEngine(wiring.Component):
         # -- INSERT: the word read with its code word beside it, the code's byte (or the whole
         # code word) multiplexed in, registered and written
         ins_hit = _delay(m, hit, rl, "ins_hit")
-        ins_lane = _delay(m, ins_at[:2], rl, "ins_lane", data=True)
+        ins_lane = _delay(m, ins_at[:3], rl, "ins_lane", data=True)   # a nibble's; [:2] a byte's
         ins_sel = _delay(m, ins_j3, rl, "ins_sel", data=True)
-        code8 = rd_b.word_select(ins_sel, 8)
-        merged = Cat(Mux(ins_hit & (ins_lane == k), code8, rd_a[8 * k:8 * k + 8])
+        code8 = rd_b.word_select(ins_sel[:2], 8)
+        merged = Cat(Mux(ins_hit & (ins_lane[:2] == k), code8, rd_a[8 * k:8 * k + 8])
                      for k in range(VECTOR_WORD_BYTES))
+        code4 = rd_b.word_select(ins_sel, 4)
+        merged4 = Cat(Mux(ins_hit & (ins_lane == k), code4, rd_a[4 * k:4 * k + 4])
+                      for k in range(2 * VECTOR_WORD_BYTES))
         ins_v = Signal()
         ins_last = Signal()
         ins_y = Signal(8 * VECTOR_WORD_BYTES, reset_less=True)
         m.d.sync += [ins_v.eq(valid & is_insert), ins_last.eq(last & is_insert),
-                     ins_y.eq(Mux(ins_hit & ins_word, rd_b, merged))]
+                     ins_y.eq(Mux(ins_hit & ins_word, rd_b, Mux(ins_nib, merged4, merged)))]
 
         # ---- write
         add_last = _delay(m, last & is_[VecFunc.ADD], lat["add"], "add_last")

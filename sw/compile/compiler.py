@@ -496,9 +496,10 @@ def _partition(model: LlamaLM, cfg: AcceleratorConfig, graphs: Mapping[str, Grap
 def _kv_appends(model: LlamaLM, cfg: AcceleratorConfig, graph: Graph, kv: KVLayout,
                 opts: CompileOptions) -> dict[str, tuple[str, KVAppendOp]]:
     """The KV appends a decode chain may run on chip (:func:`sw.compile.fusion.kv_appends`):
-    with the cache on the accelerator, INT8, a vector engine and chained programs; per key
-    row value, its value row's value and the part (its rows' symbols set by the chain)."""
-    if not (opts.attention and kv.bits == 8 and cfg.has_vector and opts.chain_programs
+    with the cache on the accelerator (INT8 or INT4), a vector engine and chained programs;
+    per key row value, its value row's value and the part (its rows' symbols set by the
+    chain)."""
+    if not (opts.attention and cfg.has_vector and opts.chain_programs
             and fuses_programs(cfg, opts)):
         return {}
     heads = model.config.num_key_value_heads

@@ -1,15 +1,17 @@
-"""The INT8 KV append on chip: one token's key and value rows into a layer's cache regions.
+"""The KV append on chip: one token's key and value rows into a layer's cache regions.
 
 A decode step's new position scatters bytes over every kv head's cache (:class:`KVLayout`:
 a key per channel record, a value record per ``lanes`` channels) and one value code word;
 DMA moves whole beats and the DRAM port has no byte mask, so the append is a
-read-modify-write through the vector engine (:data:`hw.isa.VecFunc.INSERT`):
+read-modify-write through the vector engine (:data:`hw.isa.VecFunc.INSERT`; INSERT4 for
+an INT4 cache's nibbles, :meth:`KVLayout.append_func`):
 
 1. LOAD the token's key row (the rotated keys, Q15.16 words: the kv heads' ``head_dim``
    words side by side) and value row into VIN; one REQUANT per kv head and kind gives its
    int8 codes and ``amax`` (:func:`hw.numerics.quantize_activations_vector`, what the host's
-   ``kv_rows(x, vector=True)`` computes); STORE them to a scratch buffer (VOUT has no path
-   into VIN).
+   ``kv_rows(x, vector=True)`` computes); an INT4 cache's one KV4 (:func:`hw.numerics.vec_kv4`:
+   the nibbles, a key row's group codes, ``amax``; what the host's ``kv4_rows_vector``
+   computes); STORE them to a scratch buffer (VOUT has no path into VIN).
 2. With the scores' channel words (a fused program whose scores DEQUANT reads them): LOAD
    each kv head's key ``amax`` word back (the beat holding it, from the scratch buffer), one
    CHANNEL per kv head (:data:`hw.isa.VecFunc.CHANNEL`: the word of the key scale times the
@@ -19,7 +21,8 @@ read-modify-write through the vector engine (:data:`hw.isa.VecFunc.INSERT`):
 3. Per kv head, LOAD its codes back (and its channel word's beat), the beats the position
    touches in its key and value regions, its value codes' beat and its channel words' beat
    (:meth:`KVLayout.append_transfer`); one INSERT per region
-   (:meth:`KVLayout.append_insert`): the codes into the loaded beats, REQUANT's ``amax``
+   (:meth:`KVLayout.append_insert`): the codes into the loaded beats (an INT4 key's group
+   codes into its groups' headers, a region "h" of its own), the ``amax``
    word into the value codes' beat (FOLD's value code of the row: :func:`append_value_code`),
    CHANNEL's word into the channel words' beat (laid out as the value codes: a word per
    position); STORE the beats back.
@@ -50,10 +53,13 @@ from hw.isa import (
     Store,
     Vec,
     VecFunc,
+    insert_bad,
     insert_imm,
+    kv4_imm,
     program_words,
     vec_out_words,
 )
+from hw.numerics import KV4_NIBBLES_PER_WORD
 from sw.compile.errors import LoweringError
 from sw.compile.lower import KVLayout
 from sw.compile.schedule import EVENTS
@@ -62,8 +68,9 @@ __all__ = ["AppendSite", "KVAppendPlan", "KVAppendOp", "schedule_kv_append",
            "append_value_code", "kv_append_words"]
 
 #: The regions a per-step word points into, as :meth:`KVLayout.append_site` names them: keys,
-#: values, value codes and the scores' channel words (a word per position, as the codes).
-APPEND_KINDS = ("k", "v", "c", "s")
+#: the INT4 keys' group codes (their headers), values, value codes and the scores' channel
+#: words (a word per position, as the codes).
+APPEND_KINDS = ("k", "h", "v", "c", "s")
 
 
 @dataclass(frozen=True)
@@ -98,15 +105,35 @@ class KVAppendPlan:
 
     @staticmethod
     def scratch_bytes(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int) -> int:
-        """Bytes of the scratch buffer: one REQUANT result (codes, then ``amax``) per kv head
-        and kind, each in whole beats, then a beat per kv head for its channel word."""
-        return (2 * _codes_beats(cfg, layout.head_dim) + 1) * kv_heads * cfg.beat_bytes
+        """Bytes of the scratch buffer: one REQUANT (KV4) result (codes, then ``amax``) per kv
+        head and kind, each in the whole beats of the larger, then a beat per kv head for its
+        channel word."""
+        return (2 * _codes_beats(cfg, layout) + 1) * kv_heads * cfg.beat_bytes
 
 
-def _codes_beats(cfg: AcceleratorConfig, head_dim: int) -> int:
-    """Beats of one REQUANT result of a row of ``head_dim`` elements."""
+def _quantize(layout: KVLayout, kind: str) -> tuple[VecFunc, int]:
+    """The VEC ``(func, imm)`` quantising a key (``kind`` "k") or value ("v") row of
+    ``layout``: REQUANT (INT8), or KV4 with the keys' group (:func:`hw.isa.kv4_imm`)."""
+    if layout.bits == 8:
+        return VecFunc.REQUANT, 0
+    group = layout.key_format.group if kind == "k" else None
+    try:
+        return VecFunc.KV4, kv4_imm(group)
+    except ValueError as e:
+        raise LoweringError(f"the KV append's INT4 keys of head_dim={layout.head_dim}: "
+                            f"{e}") from None
+
+
+def _out_words(layout: KVLayout, kind: str) -> int:
+    """Words of the quantised row of ``kind`` (:func:`_quantize`): codes, then ``amax``."""
+    func, imm = _quantize(layout, kind)
+    return int(vec_out_words(func.value, layout.head_dim, imm))
+
+
+def _codes_beats(cfg: AcceleratorConfig, layout: KVLayout) -> int:
+    """Beats of one quantised row's result (the larger of a key's and a value's)."""
     per = cfg.beat_bytes // cfg.vin_word_bytes
-    return -(-int(vec_out_words(VecFunc.REQUANT.value, head_dim)) // per)
+    return -(-max(_out_words(layout, kind) for kind in "kv") // per)
 
 
 def append_value_code(amax):
@@ -127,24 +154,24 @@ def _address(addr: int, beat: int, what: str) -> int:
 
 def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                        plan: KVAppendPlan) -> tuple[list[Instr], list[AppendSite]]:
-    """The program (without END) appending one token's INT8 keys and values of ``kv_heads``
-    kv heads at position 0 (module docstring), and the words a step's position moves.
+    """The program (without END) appending one token's keys and values (INT8 or INT4) of
+    ``kv_heads`` kv heads at position 0 (module docstring), and the words a step's position
+    moves.
 
     Raises
     ------
     LoweringError
-        No vector engine, an INT4 cache, an address off a beat, an INSERT geometry its
-        fields cannot hold, or a task that does not fit VIN or VOUT.
+        No vector engine, an address off a beat, an INT4 key stream not in whole beats of
+        records and headers, an INSERT geometry its fields cannot hold or the engine cannot
+        walk, or a task that does not fit VIN or VOUT.
     """
     if not cfg.has_vector:
         raise LoweringError("the KV append on chip needs a vector engine")
-    if layout.bits != 8:
-        raise LoweringError(f"the KV append on chip writes INT8 caches, not {layout.bits}-bit")
     beat, d = cfg.beat_bytes, layout.head_dim
-    if beat > 1 << dict(INSERT_FIELDS)["base"]:
-        raise LoweringError(f"an INSERT's base holds no byte of a {beat}-byte beat")
+    if (2 if layout.bits == 4 else 1) * beat > 1 << dict(INSERT_FIELDS)["base"]:
+        raise LoweringError(f"an INSERT's base holds no code of a {beat}-byte beat")
     per = beat // cfg.vin_word_bytes
-    cw = _codes_beats(cfg, d)
+    cw = _codes_beats(cfg, layout)
     vin, vout = cfg.spad_beats("vin"), cfg.spad_beats("vout")
     ev = {name: EVENTS[f"{name}0"] for name in ("FULL", "OUT_FULL", "STORED")}
     out: list[Instr] = []
@@ -161,7 +188,8 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                                    signal=signal if k == len(group) - 1 else None))
 
     # -- phase 3's shape, per kv head: its codes and the touched beats in, INSERTs, out
-    kinds = [kind for kind, there in zip(APPEND_KINDS, (True, True, plan.codes is not None,
+    kinds = [kind for kind, there in zip(APPEND_KINDS, (True, layout.bits == 4, True,
+                                                        plan.codes is not None,
                                                         plan.channels is not None),
                                          strict=True) if there]
     shapes = {kind: layout.append_transfer(kind) for kind in kinds}
@@ -174,15 +202,21 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
     if used > vin or end - 2 * cw > vout:
         raise LoweringError(f"the KV append of a kv head ({used} VIN beats) does not fit VIN "
                             f"({vin} beats) and VOUT ({vout} beats)")
-    amax_at = int(vec_out_words(VecFunc.REQUANT.value, d)) - 1   # a result's amax word
-    # the codes of the key and value rows; the value row's amax word; the channel word
-    code = {"k": 0, "v": cw * per, "c": cw * per + amax_at, "s": word_at * per}
-    imms = {}
+    amax_at = {kind: _out_words(layout, kind) - 1 for kind in "kv"}   # a result's amax word
+    # the codes of the key and value rows (an INT4 key row's group codes after its nibbles);
+    # the value row's amax word; the channel word
+    code = {"k": 0, "h": -(-d // KV4_NIBBLES_PER_WORD), "v": cw * per,
+            "c": cw * per + amax_at["v"], "s": word_at * per}
+    imms, funcs = {}, {kind: layout.append_func(kind) for kind in kinds}
     for kind in kinds:
         try:
             imms[kind] = insert_imm(0, *layout.append_insert(kind))
         except ValueError as e:
             raise LoweringError(f"the KV append's {kind} INSERT: {e}") from None
+        if insert_bad(funcs[kind].value, imms[kind]):
+            raise LoweringError(f"the KV append's {kind} {funcs[kind].name} of geometry "
+                                f"{layout.append_insert(kind)} is one the engine cannot walk")
+    quantize = {kind: _quantize(layout, kind) for kind in "kv"}
     # -- phase 1 takes as many kv heads as VIN and VOUT hold (whole beats of rows apart)
     fit = [m for m in range(1, kv_heads + 1)
            if 2 * -(-m * d // per) <= vin and 2 * m * cw <= vout]
@@ -199,25 +233,25 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
         # phase 1: REQUANT of the heads' key and value rows into the scratch buffer
         loads = [(Load(spad=Spad.VIN, spad_addr=i * rb, dram_addr=a + h0 * d // per, rows=1,
                        row_beats=rb), None) for i, a in enumerate(rows_at)]
-        vecs = [(Vec(func=VecFunc.REQUANT, a_addr=i * rb * per + j * d, length=d,
-                     dst_addr=(2 * j + i) * cw * per), None)
-                for j in range(m) for i in range(2)]
+        vecs = [(Vec(func=quantize[kind][0], a_addr=i * rb * per + j * d, length=d,
+                     dst_addr=(2 * j + i) * cw * per, imm=quantize[kind][1]), None)
+                for j in range(m) for i, kind in enumerate("kv")]
         stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=scratch + 2 * h0 * cw,
                          rows=1, row_beats=2 * m * cw), None)]
         task(loads, vecs, stores, first=not out)
         # phase 2: the heads' scores channel words of their key rows' amax words, a beat each
         if plan.channels is not None:
             loads = [(Load(spad=Spad.VIN, spad_addr=0,
-                           dram_addr=scratch + 2 * h0 * cw + amax_at // per, rows=m,
+                           dram_addr=scratch + 2 * h0 * cw + amax_at["k"] // per, rows=m,
                            row_beats=1, dram_stride=2 * cw), None)]
-            vecs = [(Vec(func=VecFunc.CHANNEL, a_addr=j * per + amax_at % per, length=1,
+            vecs = [(Vec(func=VecFunc.CHANNEL, a_addr=j * per + amax_at["k"] % per, length=1,
                          dst_addr=j * per, imm=plan.scale_word), None) for j in range(m)]
             stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=words + h0, rows=1,
                              row_beats=m), None)]
             task(loads, vecs, stores, first=False)
         # phase 3, per kv head
         for h in range(h0, h0 + m):
-            region = {"k": plan.keys[h], "v": plan.values[h],
+            region = {"k": plan.keys[h], "h": plan.keys[h], "v": plan.values[h],
                       "c": None if plan.codes is None else plan.codes[h],
                       "s": None if plan.channels is None else plan.channels[h]}
             loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + 2 * h * cw,
@@ -228,12 +262,13 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
             vecs, stores = [], []
             for kind in kinds:
                 rows, row_beats, stride = shapes[kind]
-                dram = _address(region[kind], beat, f"{kind} region of kv head {h}")
+                dram = _address(region[kind], beat, f"{kind} region of kv head {h}") \
+                    + layout.append_origin(kind)
                 loads.append((Load(spad=Spad.VIN, spad_addr=at[kind], dram_addr=dram,
                                    rows=rows, row_beats=row_beats, dram_stride=stride),
                               (kind, "dram_addr")))
                 dst = at[kind] - 2 * cw
-                vecs.append((Vec(func=VecFunc.INSERT, a_addr=at[kind] * per, b_addr=code[kind],
+                vecs.append((Vec(func=funcs[kind], a_addr=at[kind] * per, b_addr=code[kind],
                                  length=beats[kind] * per, dst_addr=dst * per,
                                  imm=imms[kind]), (kind, "imm")))
                 stores.append((Store(spad=Spad.VOUT, spad_addr=dst, dram_addr=dram,

@@ -36,6 +36,7 @@ import numpy as np
 
 from hw.config import DENSE, DENSE_BLOCK, AcceleratorConfig
 from hw.format import StreamLayout, WeightFormat, stream_layout
+from hw.isa import VecFunc
 from hw.numerics import KV4_CODE_BITS, KV_BITS, kv4_key_group
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
@@ -183,15 +184,34 @@ class KVLayout:
             pos % self.lanes
 
     def append_transfer(self, kind: str) -> tuple[int, int, int]:
-        """The DMA shape ``(rows, row_beats, dram_stride)`` (beats) of the beats one INT8
-        position touches in a kv head's keys (``kind`` "k"), values ("v") or value codes
-        ("c"), which an on-chip append loads, merges its codes into (INSERT) and stores back
-        whole (:meth:`append_site` gives where, :meth:`append_insert` how): keys, a
+        """The DMA shape ``(rows, row_beats, dram_stride)`` (beats) of the beats one position
+        touches in a kv head's keys (``kind`` "k"), the INT4 keys' group codes ("h"), values
+        ("v") or value codes ("c"), which an on-chip append loads, merges its codes into
+        (INSERT, INSERT4: :meth:`append_func`) and stores back whole (:meth:`append_origin`
+        and :meth:`append_site` give where, :meth:`append_insert` how). INT8 keys: a
         channel's record per position byte (records of ``lanes`` bytes: the tile's records
         as one run when a record is at most a beat, else the record's beat of each channel);
-        values, the position's record in each of ``head_dim / lanes`` tiles; codes, the beat
-        of the position's word."""
+        INT4 keys: each group's records as one run (``groups`` rows, a group apart), their
+        codes each group's header; values, the position's record in each of ``head_dim /
+        lanes`` tiles; codes, the beat of the position's word.
+
+        Raises
+        ------
+        LoweringError
+            INT4 keys whose records are wider than a beat, or whose headers or groups of
+            records are not whole beats (the append keeps them in beats of their own).
+        """
         beat = self.beat
+        if kind in ("k", "h") and self.bits == 4:
+            lay = self.keys
+            run = lay.group_bytes - lay.header_bytes
+            if lay.record_bytes > beat or lay.header_bytes % beat or run % beat:
+                raise LoweringError(
+                    f"the INT4 key stream of {self.lanes} lanes (records of "
+                    f"{lay.record_bytes} bytes, headers of {lay.header_bytes}) is not in whole "
+                    f"{beat}-byte beats of records and headers: no on-chip append")
+            rows, stride = lay.groups, lay.group_bytes // beat
+            return rows, (run if kind == "k" else lay.header_bytes) // beat, stride
         if kind == "k":
             rec = self.keys.record_bytes
             if rec <= beat:
@@ -203,32 +223,51 @@ class KVLayout:
                     self.value_tile_stride // beat)
         return 1, 1, 1
 
+    def append_origin(self, kind: str) -> int:
+        """The beat, from the start of its region, of the first beat :meth:`append_transfer`
+        moves at position 0: the first record after the header for INT4 keys, else 0."""
+        if kind == "k" and self.bits == 4:
+            return self.keys.header_bytes // self.beat
+        return 0
+
+    def append_func(self, kind: str) -> VecFunc:
+        """The INSERT that merges the codes of ``kind``: INSERT4 (nibbles) for INT4 keys and
+        values, INSERT (bytes) else."""
+        return VecFunc.INSERT4 if self.bits == 4 and kind in ("k", "v") else VecFunc.INSERT
+
     def append_site(self, kind: str, position: int) -> tuple[int, int]:
-        """Where an append of ``position`` (:meth:`append_transfer`) lies: its first beat from
-        the start of the region (keys or values of a kv head, or its value codes, ``kind``
-        "k", "v", "c") and the byte of its first code in the loaded row (INSERT's ``base``);
-        ``(0, 0)`` at position 0, so that a program built for it is moved per step by these
-        two alone."""
+        """Where an append of ``position`` (:meth:`append_transfer`) lies: its first beat past
+        :meth:`append_origin` (keys, the INT4 keys' codes, values of a kv head, or its value
+        codes, ``kind`` "k", "h", "v", "c") and the first code's byte in the loaded row
+        (INSERT's ``base``; INSERT4's in nibbles); ``(0, 0)`` at position 0, so that a
+        program built for it is moved per step by these two alone."""
         beat, lanes = self.beat, self.lanes
-        if kind == "k":
+        if kind in ("k", "h"):
             tile = position // lanes * (self.key_tile_stride // beat)
             lane = position % lanes
-            if self.keys.record_bytes <= beat:
-                return tile, lane
+            if self.bits == 4 or self.keys.record_bytes <= beat:
+                return tile, lane    # INT4: nibble ``lane`` of a record, byte of a header
             return tile + lane // beat, lane % beat
         at = position * (self.values.record_bytes if kind == "v" else 4)
-        return at // beat, at % beat
+        nibbles = 2 if self.bits == 4 and kind == "v" else 1
+        return at // beat, nibbles * (at % beat)
 
     def append_insert(self, kind: str) -> tuple[int, int, int, int]:
         """INSERT's geometry of an append at position 0 (:class:`hw.isa.InsertGeometry` less
-        ``base``, which :meth:`append_site` gives): ``(group, groups, stride, skip)``."""
+        ``base``, which :meth:`append_site` gives): ``(group, groups, stride, skip)``, in
+        nibbles for INSERT4 (:meth:`append_func`)."""
         rows, row_beats, _ = self.append_transfer(kind)
+        if kind == "h":    # a code per group, each at its lane of its group's header
+            return self.keys.groups, 1, self.keys.header_bytes, 0
         if kind == "k":
             rec = self.keys.record_bytes
+            if self.bits == 4:
+                return self.head_dim, 1, 2 * rec, 0
             return self.head_dim, 1, rec if rec <= self.beat else self.beat, 0
         if kind == "v":
             group = min(self.lanes, self.head_dim)
-            return group, rows, 1, row_beats * self.beat - group
+            span = row_beats * self.beat * (2 if self.bits == 4 else 1)
+            return group, rows, 1, span - group
         return 4, 1, 1, 0
 
     def write(self, region: np.ndarray, kind: str, positions, q: np.ndarray,

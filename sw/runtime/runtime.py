@@ -516,7 +516,7 @@ class Runtime:
         ``positions``: its program appends everything on chip (keys, values and, where the
         executable has them, value codes and scores' channel words) and no decode program
         reads the host's KV state (:attr:`_kv_history`), nor does ``read_back_all``."""
-        if self._kv_history or self.kv.bits != 8 or self.read_back_all:
+        if self._kv_history or self.read_back_all:
             return False
         layer = node.attrs["layer"]
         want = {"k", "v"} | {kind for kind in "cs" if self._position_words.get((layer, kind))}
@@ -963,13 +963,12 @@ class Runtime:
             if self._kv_free(phase, node, past + t):  # on chip, and the host keeps nothing
                 stats.host.append(HostRun(node.name, node.op, time.perf_counter() - t0, 0))
                 return _KVRef(layer, "k"), _KVRef(layer, "v")
-            kinds = self._appended_on_chip(phase, node, past + t) if self.kv.bits == 8 \
-                else frozenset()
+            kinds = self._appended_on_chip(phase, node, past + t)
             onchip = "k" in kinds
             for kind, x in zip("kv", args, strict=True):
                 if self.kv.bits == 4:
                     group = self.kv.key_format.group if kind == "k" else None
-                    self._kv4_append(kind, layer, past, x, group)
+                    self._kv4_append(kind, layer, past, x, group, onchip)
                     continue
                 x8, sc = kv_rows(x, self.vector)         # [1, KV, T, d], [1, KV, T]
                 self.scales[(layer, kind)][:, :, past:past + t] = sc
@@ -1021,15 +1020,16 @@ class Runtime:
                                       self._scores_scale[layer], self.kv.bits)
 
     def _kv4_append(self, kind: str, layer: int, past: int, x: torch.Tensor,
-                    group: int | None) -> None:
+                    group: int | None, onchip: bool = False) -> None:
         """Append INT4 keys (``group``: their scale codes' group) or values ``x [1, KV, T, d]``
         at ``past`` (quantised in float, or with ``vector`` as the vector unit does it): the
         row scales stay on the host, the nibbles and codes go to each kv head's region
-        (:meth:`~sw.compile.lower.KVLayout.write`)."""
+        (:meth:`~sw.compile.lower.KVLayout.write`) unless the step's program appended them
+        on chip (``onchip``)."""
         q, codes, sc = (kv4_rows_vector_torch if self.vector else kv4_rows_torch)(x, group)
         t = x.shape[2]
         self.scales[(layer, kind)][:, :, past:past + t] = sc
-        if not self.values:
+        if not self.values or onchip:
             return
         positions = np.arange(past, past + t)
         size = self.kv.key_bytes if kind == "k" else self.kv.value_bytes

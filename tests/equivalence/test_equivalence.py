@@ -19,7 +19,7 @@ import os
 import numpy as np
 import pytest
 
-from hw.isa import EpilogueMode, Repeat, RunReg, Vec, VecFunc, rope_geometry
+from hw.isa import RTL_VEC_FUNCS, EpilogueMode, Repeat, RunReg, Vec, VecFunc, rope_geometry
 from hw.numerics import add_bias_wide, gemm_acc, wrap
 from sim.equivalence import compare_results, minimize, write_reproducer
 from sim.model import FastModel
@@ -175,7 +175,7 @@ def test_every_pattern_and_instruction_is_covered(backends):
                 seen.add((type(ins).__name__, ins.spad.name))
     need = {"Load", "Store", "Gemm", "Sync", "End", "illegal"}
     if cfg.has_vector:
-        need |= {("vec", f.name, many) for f in VecFunc for many in (False, True)}
+        need |= {("vec", f.name, many) for f in RTL_VEC_FUNCS for many in (False, True)}
         need |= {("Load", "VIN"), ("Store", "VOUT")}
     need |= {("pattern", i) for i in range(len(cfg.pattern_table))}
     need |= {("epilogue", e.name, many) for e in EpilogueMode for many in (False, True)}
@@ -342,7 +342,7 @@ def test_vector_netlist_programs_cover_every_sub_op():
                 if isinstance(ins, Repeat) and any(
                         isinstance(x, Vec) for x in rp.program[i + 1:i + 1 + ins.length]):
                     seen.add("vector loop")
-    need = {(f.name, many) for f in VecFunc for many in (False, True)} | {"vector loop"}
+    need = {(f.name, many) for f in RTL_VEC_FUNCS for many in (False, True)} | {"vector loop"}
     assert need <= seen, need - seen
 
 

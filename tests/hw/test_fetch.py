@@ -39,8 +39,10 @@ from hw.isa import (
     dispatch_error,
     encode,
     insert_imm,
+    kv4_imm,
     relative_instruction,
     rope_imm,
+    vec_out_words,
 )
 from hw.queues import InstrQueue
 
@@ -163,6 +165,33 @@ def insert_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
     return words
 
 
+def kv4_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
+    """KV4 VECs on and around their rules (groups dividing the row or not, results at VOUT's
+    end) and INSERT4 VECs on and around INSERT's rules counted in nibbles (strides 0 to 9,
+    at stride 1 base, group and skip on and off multiples of 8)."""
+    vin, vout = cfg.vin_spad_bytes // 4, cfg.vout_spad_bytes // 4
+    words = []
+    for _ in range(30):
+        length = rng.choice([16, 32, 64, 24, 48, rng.randrange(1, 128)])
+        imm = rng.choice([0, kv4_imm(16), kv4_imm(32), kv4_imm(8), rng.randrange(64)])
+        out = int(vec_out_words(VecFunc.KV4.value, length, imm))
+        words.append(encode(Vec(func=VecFunc.KV4, a_addr=rng.randrange(vin - length + 1),
+                                dst_addr=rng.choice([0, vout - out, vout - out + 1]),
+                                length=length, imm=imm)))
+    for _ in range(30):
+        length = rng.randrange(1, vout + 1)
+        stride = rng.choice([0, 1, 1, 2, 4, 7, 8, 9, 255])
+        base = rng.choice([0, 8, 4, 1, rng.randrange(1024)])
+        group = rng.choice([8, 16, 4, 7, rng.randrange(1, 513)])
+        skip = rng.choice([0, 8, 16, 4, rng.randrange(256)])
+        words.append(encode(Vec(func=VecFunc.INSERT4, a_addr=rng.randrange(vin - length + 1),
+                                b_addr=rng.randrange(vin - length + 1),
+                                dst_addr=rng.randrange(vout - length + 1), length=length,
+                                imm=insert_imm(base, group, rng.randrange(1, 33), stride,
+                                               skip))))
+    return words
+
+
 def expected_error(word: int, cfg: AcceleratorConfig, regs: dict | None = None) -> ErrorCode:
     try:
         ins = decode(word)
@@ -234,7 +263,7 @@ def test_checks_match_dispatch_error(name):
     words += [encode(random_dma(rng, cfg, store=rng.random() < 0.5)) for _ in range(15)]
     words += boundary_words(rng, cfg)
     if cfg.has_vector:
-        words += rope_words(rng, cfg) + insert_words(rng, cfg)
+        words += rope_words(rng, cfg) + insert_words(rng, cfg) + kv4_words(rng, cfg)
     # Words relative to the run-time registers, run with random registers (hw.isa.RunRegs).
     words = [(w, None) for w in words] + [
         (relative_word(rng, w), random_regs(rng, cfg)) for w in words[:len(words) // 2]]

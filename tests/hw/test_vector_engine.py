@@ -20,6 +20,7 @@ from hw import timing
 from hw.config import AcceleratorConfig, ConfigError
 from hw.engines import ENGINE, engines_of, exec_cycles
 from hw.isa import (
+    RTL_VEC_FUNCS,
     VEC_FUNC_VALUES,
     Engine,
     ErrorCode,
@@ -348,7 +349,7 @@ def _random_rope(rng) -> Vec:
 def _random_vecs(rng, n):
     out = []
     for _ in range(n):
-        func = VecFunc(int(rng.choice(VEC_FUNC_VALUES)))
+        func = VecFunc(int(rng.choice([f.value for f in RTL_VEC_FUNCS])))
         if func == VecFunc.ROPE:
             out.append(_random_rope(rng))
             continue
@@ -361,8 +362,8 @@ def _random_vecs(rng, n):
             imm = int(rng.choice([0, norm_eps(1e-5, length), int(rng.integers(0, 1 << 40))]))
         elif func == VecFunc.DEQUANT:  # the amax word's address, REQUANT's or FOLD's word
             imm = dequant_imm(int(rng.integers(0, VIN)), bool(rng.random() < 0.5))
-        elif func == VecFunc.INSERT:
-            imm = random_insert_imm(rng, length)
+        elif func in (VecFunc.INSERT, VecFunc.INSERT4):
+            imm = random_insert_imm(rng, length, func == VecFunc.INSERT4)
         elif func == VecFunc.CHANNEL:  # a channel word, normalised or any
             imm = random_channel_word(rng)
         out.append(Vec(func=func, length=length, imm=imm,
@@ -816,6 +817,29 @@ def test_insert_matches_the_models(seed):
         length = int(rng.choice([1, 2, 5, int(rng.integers(1, VOUT + 1))]))
         vecs.append(Vec(func=VecFunc.INSERT, length=length,
                         imm=random_insert_imm(rng, length),
+                        a_addr=int(rng.integers(0, VIN - length + 1)),
+                        b_addr=int(rng.integers(0, VIN - length + 1)),
+                        dst_addr=int(rng.integers(0, VOUT - length + 1))))
+        assert dispatch_error(vecs[-1], VCFG) == ErrorCode.NONE
+        if rng.random() < 0.4:
+            vecs += _random_vecs(rng, 1)
+    gaps = [int(rng.choice([0, 0, 1, 3])) for _ in vecs]
+    _check_against_the_models(vin, vecs, gaps)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_insert4_matches_the_models(seed):
+    """INSERT4 (nibbles) of random valid geometries, as test_insert_matches_the_models, among
+    INSERTs and other sub-ops: VOUT is the functional model's (vec_insert4) byte for byte and
+    each ends in ``vec_cycles``."""
+    rng = np.random.default_rng(300 + seed)
+    vin = _random_vin(rng)
+    vecs = []
+    for _ in range(10):
+        length = int(rng.choice([1, 2, 5, int(rng.integers(1, VOUT + 1))]))
+        func = VecFunc.INSERT4 if rng.random() < 0.7 else VecFunc.INSERT
+        vecs.append(Vec(func=func, length=length,
+                        imm=random_insert_imm(rng, length, func == VecFunc.INSERT4),
                         a_addr=int(rng.integers(0, VIN - length + 1)),
                         b_addr=int(rng.integers(0, VIN - length + 1)),
                         dst_addr=int(rng.integers(0, VOUT - length + 1))))

@@ -1,5 +1,6 @@
-"""The INT8 KV append on chip (sw.compile.kvappend): one token's keys and values written into
-a layer's cache regions by the vector engine (REQUANT, INSERT) equal the host's append
+"""The KV append on chip (sw.compile.kvappend): one token's keys and values written into
+a layer's cache regions by the vector engine (REQUANT, INSERT; for the INT4 cache KV4,
+INSERT4 and INSERT) equal the host's append
 (``kv_rows(x, vector=True)`` through ``KVLayout.write``) byte for byte on the fast model, at
 any position, the value code word is REQUANT's ``amax`` and the scores' channel word
 CHANNEL's (``scores_channels_vector`` of the key row's ``amax``, what the host writes)."""
@@ -13,13 +14,15 @@ import pytest
 import torch
 
 from hw.config import AcceleratorConfig, preset
-from hw.isa import End, Store, program_words
+from hw.isa import End, Store, VecFunc, program_words
 from hw.numerics import (
     act_scale,
     from_fixed,
+    kv4_rows_vector_torch,
     kv_rows,
     scores_channels_vector,
     scores_scale_word,
+    value_amax_torch,
     value_codes,
     vec_requant,
 )
@@ -151,8 +154,8 @@ def test_what_the_append_cannot_do_is_a_lowering_error():
     plan = KVAppendPlan(0, 4096, 8192, [16384], [32768], [49152])
     with pytest.raises(LoweringError, match="vector engine"):
         schedule_kv_append(AcceleratorConfig(), layout, 1, plan)
-    with pytest.raises(LoweringError, match="INT8"):
-        schedule_kv_append(cfg, KVLayout(64, 128, cfg.lanes, cfg.beat_bytes, bits=4), 1, plan)
+    with pytest.raises(LoweringError, match="INT4 key stream of 8 lanes .* not in whole"):
+        schedule_kv_append(cfg, KVLayout(64, 128, 8, cfg.beat_bytes, bits=4), 1, plan)
     with pytest.raises(LoweringError, match="not on a 16-byte beat"):
         schedule_kv_append(cfg, layout, 1, KVAppendPlan(8, 4096, 8192, [16384], [32768],
                                                         [49152]))
@@ -175,6 +178,7 @@ def test_the_append_geometry_names_the_positions_bytes(head_dim, lanes, beat):
     beats (rows at dram_stride, each row_beats long) are KVLayout.fields' bytes of the
     position, at every position; position 0's site is (0, 0)."""
     layout = KVLayout(head_dim=head_dim, max_context=2 * lanes + 3, lanes=lanes, beat=beat)
+    assert all(layout.append_origin(kind) == 0 for kind in "kvc")
     for kind in "kvc":
         rows, row_beats, stride = layout.append_transfer(kind)
         group, groups, step, skip = layout.append_insert(kind)
@@ -187,3 +191,106 @@ def test_the_append_geometry_names_the_positions_bytes(head_dim, lanes, beat):
             byte = base + (j // group) * (group * step + skip) + (j % group) * step
             want = np.arange(4 * p, 4 * p + 4) if kind == "c" else layout.fields(kind, [p])[0][0]
             assert np.array_equal(loaded[byte], want), (kind, p)
+
+
+#: INT4 caches the append runs on chip: 32 lanes in 16-byte beats (records of a beat, headers
+#: of two), 16 lanes (records of half a beat, headers of one), 64 lanes in 32-byte beats.
+INT4_CONFIGS = {
+    "vector": preset("vector"),
+    "lanes16": AcceleratorConfig(rows=2, cols=8, vin_spad_bytes=4096, vout_spad_bytes=4096,
+                                 memory={"bytes_per_cycle": 16, "latency": 3,
+                                         "size_bytes": 1 << 20}),
+    "beat32": AcceleratorConfig(rows=2, cols=32, vin_spad_bytes=8192, vout_spad_bytes=8192,
+                                memory={"bytes_per_cycle": 32, "latency": 3,
+                                        "size_bytes": 1 << 20}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT4_CONFIGS))
+@pytest.mark.parametrize("seed", range(3))
+def test_the_int4_append_program_writes_the_hosts_bytes(name, seed):
+    """The INT4 cache: at positions on and around a tile's edges and a random one (odd and
+    even: a key's nibble shares its byte with the next position's), with random cache bytes
+    around, every byte but the scratch buffer's is the host append's (kv4_rows_vector
+    through KVLayout.write: nibbles, the keys' group codes), the value code is the row's
+    amax and the channel word CHANNEL's of the key row's amax with the INT4 scale word."""
+    cfg = INT4_CONFIGS[name]
+    rng = np.random.default_rng(100 + seed)
+    kv_heads, d = [(2, 16), (3, 32), (2, 64)][seed]
+    layout = KVLayout(head_dim=d, max_context=128, lanes=cfg.lanes, beat=cfg.beat_bytes,
+                      bits=4)
+    dram0, plan = _setup(cfg, layout, kv_heads, rng)
+    plan = replace(plan, scale_word=scores_scale_word(SCALE, 4))
+    if seed == 1:
+        plan = replace(plan, channels=None)
+    cfg = cfg.with_dram(_up(dram0.size, cfg.beat_bytes))
+    dram0 = np.concatenate([dram0, np.zeros(cfg.memory.size_bytes - dram0.size, np.uint8)])
+    program, sites = schedule_kv_append(cfg, layout, kv_heads, plan)
+    assert {s.kind for s in sites} == {"k", "h", "v", "c"} | ({"s"} if seed != 1 else set())
+    words = program_words([*program, End()])
+    model = FastModel(cfg)
+    lanes = cfg.lanes
+    for position in sorted({0, 1, lanes - 1, lanes, layout.max_context - 1,
+                            int(rng.integers(0, layout.max_context))}):
+        k, v = _rows(rng, kv_heads, d), _rows(rng, kv_heads, d)
+        dram = dram0.copy()
+        for addr, rows in ((plan.k_row, k), (plan.v_row, v)):
+            dram[addr:addr + rows.size * 4] = rows.astype("<i4").view(np.uint8).reshape(-1)
+        want = dram.copy()
+        for kind, rows, regions in (("k", k, plan.keys), ("v", v, plan.values)):
+            x = torch.from_numpy(from_fixed(rows))[None, :, None, :]
+            group = layout.key_format.group if kind == "k" else None
+            q, c, _ = kv4_rows_vector_torch(x, group)
+            size = layout.key_bytes if kind == "k" else layout.value_bytes
+            for h in range(kv_heads):
+                layout.write(want[regions[h]:regions[h] + size], kind, [position],
+                             q[0, h].numpy(), None if c is None else c[0, h].numpy())
+        amax_v = value_amax_torch(torch.from_numpy(from_fixed(v)), bits=4).numpy()
+        chan = scores_channels_vector(vec_requant(k)[1], SCALE, kv_bits=4)
+        for h in range(kv_heads):
+            c = plan.codes[h] + 4 * position
+            want[c:c + 4] = np.array([append_value_code(amax_v[h])], "<i4").view(np.uint8)
+            if plan.channels is not None:
+                c = plan.channels[h] + 4 * position
+                want[c:c + 4] = np.array([chan[h]], "<i4").view(np.uint8)
+        r = model.run(_set_append(words, [(s.index, s.kind, s.field) for s in sites], layout,
+                                  position), dram)
+        assert r.ok, r.error
+        s0 = plan.scratch
+        s1 = s0 + KVAppendPlan.scratch_bytes(cfg, layout, kv_heads)
+        got = r.dram.copy()
+        got[s0:s1] = want[s0:s1]   # the scratch buffer holds the KV4 results
+        assert np.array_equal(got, want), (name, position)
+
+
+@pytest.mark.parametrize(("head_dim", "lanes", "beat"),
+                         [(64, 32, 16), (16, 16, 16), (32, 16, 16), (128, 32, 32),
+                          (64, 8, 4)])
+def test_the_int4_append_geometry_names_the_positions_nibbles(head_dim, lanes, beat):
+    """The INT4 cache's append geometry: INSERT4's nibbles of the loaded beats (from
+    append_origin past the site) are KVLayout.fields' nibbles of the position (keys,
+    values), INSERT's bytes of the headers its key group codes' bytes (code_offsets), at
+    every position; position 0's site is (0, 0)."""
+    layout = KVLayout(head_dim=head_dim, max_context=2 * lanes + 3, lanes=lanes, beat=beat,
+                      bits=4)
+    for kind in "khvc":
+        half = layout.append_func(kind) == VecFunc.INSERT4
+        assert half == (kind in "kv")
+        rows, row_beats, stride = layout.append_transfer(kind)
+        group, groups, step, skip = layout.append_insert(kind)
+        j = np.arange(group * groups)
+        assert layout.append_site(kind, 0) == (0, 0)
+        for p in range(layout.max_context):
+            at, base = layout.append_site(kind, p)
+            at += layout.append_origin(kind)
+            loaded = np.concatenate([(at + r * stride) * beat + np.arange(row_beats * beat)
+                                     for r in range(rows)])
+            unit = base + (j // group) * (group * step + skip) + (j % group) * step
+            if kind == "c":
+                assert np.array_equal(loaded[unit], np.arange(4 * p, 4 * p + 4))
+            elif kind == "h":
+                assert np.array_equal(loaded[unit], layout.code_offsets([p])[0]), p
+            else:
+                offset, shift = layout.fields(kind, [p])
+                assert np.array_equal(loaded[unit // 2], offset[0]), (kind, p)
+                assert np.array_equal(4 * (unit % 2), shift[0]), (kind, p)

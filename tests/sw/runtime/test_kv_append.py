@@ -53,22 +53,32 @@ def model():
     return lm, compressed(lm)
 
 
-def test_decode_appends_the_cache_on_chip_and_the_tokens_equal_the_twins(model, monkeypatch):
+#: Per cache width: the VEC sub-ops an append runs and the regions its words move.
+_APPEND = {8: ({VecFunc.REQUANT, VecFunc.INSERT, VecFunc.CHANNEL}, {"k", "v", "c", "s"}),
+           4: ({VecFunc.KV4, VecFunc.INSERT4, VecFunc.INSERT, VecFunc.CHANNEL},
+               {"k", "h", "v", "c", "s"})}
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_decode_appends_the_cache_on_chip_and_the_tokens_equal_the_twins(model, monkeypatch,
+                                                                          bits):
     """Each layer's append is a part of the decode program that computes its keys: its
-    INSERTs (and CHANNELs) run, the host's kv_update does not run in decode (it writes
-    in the prefill), the cache after every step holds the bytes the host's append
-    writes (a compilation without chains, whose appends are the host's), and so do the
-    scores' channel words and the value codes, and the logits equal the twin's."""
+    quantisations (REQUANT, or KV4 for the INT4 cache), INSERTs (INSERT4 for nibbles) and
+    CHANNELs run, the host's kv_update does not run in decode (it writes in the prefill),
+    the cache after every step holds the bytes the host's append writes (a compilation
+    without chains, whose appends are the host's), and so do the scores' channel words and
+    the value codes, and the logits equal the twin's."""
     lm, ws = model
-    opts = CompileOptions(PROMPT, PROMPT + STEPS)
+    opts = CompileOptions(PROMPT, PROMPT + STEPS, kv_bits=bits)
     exe = compile_model(lm, VSMALL, opts, weights=ws)
     appends = [p for p in exe.programs if p.append_rows]
     assert sorted({r[3] for p in appends for r in p.append_rows}) == [0, 1]
     assert all(p.phase == "decode" and p.parts for p in appends)
+    funcs, kinds = _APPEND[bits]
     for p in appends:
-        funcs = [i.func for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")]
-        assert VecFunc.INSERT in funcs and VecFunc.CHANNEL in funcs
-        assert {r[1] for r in p.append_rows} == {"k", "v", "c", "s"}
+        run = {i.func for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")}
+        assert funcs <= run
+        assert {r[1] for r in p.append_rows} == kinds
     host = compile_model(lm, VSMALL, dataclasses.replace(opts, chain_programs=False),
                          weights=ws)
     assert not any(p.append_rows for p in host.programs)
@@ -113,7 +123,8 @@ def test_decode_appends_the_cache_on_chip_and_the_tokens_equal_the_twins(model, 
     assert writes == [("prefill", True)] * lm.config.num_hidden_layers
     for _, st in steps[1:]:
         assert not any(h.op == "kv_update" for h in st.host)
-    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True,
+                                 kv_bits=bits)
     for (logits, _), w in zip(steps, twin_step_logits(twin, ids, PROMPT), strict=True):
         assert torch.equal(logits, w)
 
@@ -126,10 +137,22 @@ def test_the_append_rows_survive_a_file(model, tmp_path):
     assert any(p.append_rows for p in back.programs)
 
 
-def test_an_int4_cache_keeps_the_host_append(model):
-    lm, ws = model
-    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + 2, kv_bits=4), weights=ws)
+def test_an_int4_cache_of_narrow_records_keeps_the_host_append():
+    """An INT4 key stream whose headers are not whole beats (8 lanes: 8-byte headers in
+    16-byte beats) is appended by the host; the tokens still equal the twin's."""
+    cfg = SMALL.replace(rows=2, cols=4, vin_spad_bytes=2048, vout_spad_bytes=1024)
+    assert cfg.lanes == 8
+    lm = tiny_lm(layers=1, heads=2, kv_heads=1)
+    ws = compressed(lm)
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2, kv_bits=4), weights=ws)
     assert not any(p.append_rows for p in exe.programs)
+    ids = _ids(lm, PROMPT + 2)
+    rt = Runtime(exe, make_backend("model", cfg), vector=True)
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True, kv_bits=4)
+    got = [rt.step(ids[:, :PROMPT])[0]] + [rt.step(ids[:, p:p + 1])[0]
+                                            for p in range(PROMPT, PROMPT + 2)]
+    for a, b in zip(got, twin_step_logits(twin, ids, PROMPT), strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.rtl

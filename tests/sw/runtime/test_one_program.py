@@ -101,11 +101,21 @@ def test_a_step_that_does_not_fit_runs_its_fused_programs(model, monkeypatch):
         assert torch.equal(got, want)
 
 
-def test_an_int4_cache_keeps_its_programs(model):
-    """The INT4 cache is appended by the host between the programs: no join."""
+def test_an_int4_cache_appended_on_chip_joins_its_programs(model):
+    """The INT4 cache appended on chip (KV4, INSERT4): a decode step is one program too, two
+    host transitions, no host kv_update, and the logits equal the INT4 twin's."""
     lm, ws = model
-    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + 2, kv_bits=4), weights=ws)
-    assert exe.report["phases"]["decode"]["programs_per_step"] > 1
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + STEPS, kv_bits=4,
+                                                   block_loop=False), weights=ws)
+    rep = exe.report["phases"]["decode"]
+    assert rep["programs_per_step"] == 1 and rep["host_transitions_per_step"] == 2
+    steps, ids = _run(exe, lm)
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True, kv_bits=4)
+    for (got, st), want in zip(steps, twin_step_logits(twin, ids, PROMPT), strict=True):
+        assert torch.equal(got, want)
+        if st.phase == "decode":
+            assert len(st.programs) == 1 and st.transitions == 2
+            assert not any(h.op == "kv_update" for h in st.host)
 
 
 def test_the_joined_program_survives_a_file(model, tmp_path):
