@@ -54,7 +54,9 @@ def test_deploy_reference_model(tmp_path, capsys):
     for name in ("report.md", "roofline.png", "decode_trace.json", "executable.safetensors"):
         assert (out / name).stat().st_size > 100, name
     trace = json.loads((out / "decode_trace.json").read_text())
-    assert {e["name"] for e in trace["traceEvents"] if e.get("tid") == 4} >= {
+    (programs,) = [e["tid"] for e in trace["traceEvents"]
+                   if e["ph"] == "M" and e["args"]["name"] == "programs"]
+    assert {e["name"] for e in trace["traceEvents"] if e.get("tid") == programs} >= {
         "layers.0.self_attn.scores"}
     text = capsys.readouterr().out
     assert "tokens equal the model-level twin's: yes" in text
