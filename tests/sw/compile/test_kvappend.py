@@ -75,6 +75,28 @@ def _setup(cfg, layout, kv_heads, rng):
                               scores_scale_word(SCALE))
 
 
+def _check_append(model, words, sites, layout, plan, kv_heads, position, dram, want, amax,
+                  chan, where):
+    """Complete ``want`` (the host append's cache bytes) with each kv head's value code
+    (from the value rows' ``amax``) and scores' channel word (``chan``), run the append
+    program at ``position`` on ``dram`` and check every byte but the scratch buffer's (the
+    REQUANT or KV4 results) equals ``want``."""
+    for h in range(kv_heads):
+        c = plan.codes[h] + 4 * position
+        want[c:c + 4] = np.array([append_value_code(amax[h])], "<i4").view(np.uint8)
+        if plan.channels is not None:
+            c = plan.channels[h] + 4 * position
+            want[c:c + 4] = np.array([chan[h]], "<i4").view(np.uint8)
+    r = model.run(_set_append(words, [(s.index, s.kind, s.field) for s in sites], layout,
+                              position), dram)
+    assert r.ok, r.error
+    s0 = plan.scratch
+    s1 = s0 + KVAppendPlan.scratch_bytes(model.cfg, layout, kv_heads)
+    got = r.dram.copy()
+    got[s0:s1] = want[s0:s1]
+    assert np.array_equal(got, want), where
+
+
 def _rows(rng, kv_heads, d):
     """Q15.16 rows of kv heads: small values, large ones (amax up to 2**31 - 1) and zeros."""
     scale = rng.choice([2.0 ** 12, 2.0 ** 20, 2.0 ** 30], size=(kv_heads, 1))
@@ -116,22 +138,9 @@ def test_the_append_program_writes_the_hosts_bytes(name, seed):
             for h in range(kv_heads):
                 layout.write(want[regions[h]:regions[h] + size], kind, [position],
                              q[0, h].numpy())
-        amax = vec_requant(v)[1]
-        chan = scores_channels_vector(vec_requant(k)[1], SCALE)
-        for h in range(kv_heads):
-            c = plan.codes[h] + 4 * position
-            want[c:c + 4] = np.array([append_value_code(amax[h])], "<i4").view(np.uint8)
-            if plan.channels is not None:
-                c = plan.channels[h] + 4 * position
-                want[c:c + 4] = np.array([chan[h]], "<i4").view(np.uint8)
-        r = model.run(_set_append(words, [(s.index, s.kind, s.field) for s in sites], layout,
-                                  position), dram)
-        assert r.ok, r.error
-        s0 = plan.scratch
-        s1 = s0 + KVAppendPlan.scratch_bytes(cfg, layout, kv_heads)
-        got = r.dram.copy()
-        got[s0:s1] = want[s0:s1]   # the scratch buffer holds the REQUANT results
-        assert np.array_equal(got, want), (name, position)
+        _check_append(model, words, sites, layout, plan, kv_heads, position, dram, want,
+                      vec_requant(v)[1], scores_channels_vector(vec_requant(k)[1], SCALE),
+                      (name, position))
 
 
 def test_the_value_code_is_the_scale_code_but_for_zero_rows_and_above_2_to_23():
@@ -245,22 +254,10 @@ def test_the_int4_append_program_writes_the_hosts_bytes(name, seed):
             for h in range(kv_heads):
                 layout.write(want[regions[h]:regions[h] + size], kind, [position],
                              q[0, h].numpy(), None if c is None else c[0, h].numpy())
-        amax_v = value_amax_torch(torch.from_numpy(from_fixed(v)), bits=4).numpy()
-        chan = scores_channels_vector(vec_requant(k)[1], SCALE, kv_bits=4)
-        for h in range(kv_heads):
-            c = plan.codes[h] + 4 * position
-            want[c:c + 4] = np.array([append_value_code(amax_v[h])], "<i4").view(np.uint8)
-            if plan.channels is not None:
-                c = plan.channels[h] + 4 * position
-                want[c:c + 4] = np.array([chan[h]], "<i4").view(np.uint8)
-        r = model.run(_set_append(words, [(s.index, s.kind, s.field) for s in sites], layout,
-                                  position), dram)
-        assert r.ok, r.error
-        s0 = plan.scratch
-        s1 = s0 + KVAppendPlan.scratch_bytes(cfg, layout, kv_heads)
-        got = r.dram.copy()
-        got[s0:s1] = want[s0:s1]   # the scratch buffer holds the KV4 results
-        assert np.array_equal(got, want), (name, position)
+        _check_append(model, words, sites, layout, plan, kv_heads, position, dram, want,
+                      value_amax_torch(torch.from_numpy(from_fixed(v)), bits=4).numpy(),
+                      scores_channels_vector(vec_requant(k)[1], SCALE, kv_bits=4),
+                      (name, position))
 
 
 @pytest.mark.parametrize(("head_dim", "lanes", "beat"),
