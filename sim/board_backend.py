@@ -187,7 +187,7 @@ class BoardBackend:
         (:func:`hw.isa.relative_words`) before they are written.
         """
         raw = encode_any(program, self.cfg)
-        check_built(raw)
+        check_built(raw, self.cfg)
         if regs is not None:
             raw = relative_words(program_words(raw), regs).astype("<u8").tobytes()
         prog = program_words(raw)

@@ -178,10 +178,14 @@ def encode_any(program, cfg: AcceleratorConfig) -> bytes:
     return raw
 
 
-def check_built(raw: bytes) -> None:
+def check_built(raw: bytes, cfg: AcceleratorConfig) -> None:
     """:class:`SimulationError` naming a VEC sub-op of program ``raw`` that the RTL vector
     engine does not build (not in :data:`hw.isa.RTL_VEC_FUNCS`), as the instruction's index:
-    the hardware backends (RTL, netlist, the board) refuse it rather than run it."""
+    the hardware backends (RTL, netlist, the board) refuse it rather than run it. Without a
+    vector engine (``cfg``) every VEC is an illegal opcode to the model and the RTL alike:
+    nothing to refuse."""
+    if not cfg.has_vector:
+        return
     f = decode_fields(np.frombuffer(raw, dtype="<u8").reshape(-1, 2))
     vec = f["opcode"] == Opcode.VEC.value
     built = np.isin(f["vec.func"], [v.value for v in RTL_VEC_FUNCS])
@@ -361,7 +365,7 @@ class RTLBackend:
         """
         cfg = self.cfg
         raw = encode_any(program, cfg)
-        check_built(raw)
+        check_built(raw, cfg)
         if dram is None:
             dram = np.zeros(cfg.memory.size_bytes, dtype=np.uint8)
         dram = np.asarray(dram)

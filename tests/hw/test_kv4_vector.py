@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hw.config import preset
+from hw.config import AcceleratorConfig, preset
 from hw.isa import (
     ErrorCode,
     Spad,
@@ -195,7 +195,11 @@ def test_the_rtl_backend_names_a_vec_it_does_not_build():
     from sim.errors import SimulationError
     from sim.rtl import check_built, encode_any
     assert set(RTL_VEC_FUNCS) == set(VecFunc) - {VecFunc.KV4}
-    check_built(encode_any([Vec(func=f, length=1) for f in RTL_VEC_FUNCS] + [End()], VCFG))
+    check_built(encode_any([Vec(func=f, length=1) for f in RTL_VEC_FUNCS] + [End()], VCFG),
+                VCFG)
+    kv4 = [Vec(func=VecFunc.ADD, length=1), Vec(func=VecFunc.KV4, length=1), End()]
     with pytest.raises(SimulationError, match="instruction 1 is a VEC KV4"):
-        check_built(encode_any([Vec(func=VecFunc.ADD, length=1),
-                                 Vec(func=VecFunc.KV4, length=1), End()], VCFG))
+        check_built(encode_any(kv4, VCFG), VCFG)
+    # without a vector engine every VEC is an illegal opcode, on the RTL as on the model
+    plain = AcceleratorConfig()
+    check_built(encode_any(kv4, plain), plain)
