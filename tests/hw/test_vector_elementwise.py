@@ -139,7 +139,8 @@ def requant_elements(rows_, x_bits):
         amax = int(np.abs(row).max())
         s = max(0, amax.bit_length() - 31)
         r, sh = vec_recip(np.array([max(amax >> s, 1)]))
-        els += [{"x": int(e), "r": int(r[0]), "sh": int(sh[0]), "s": s} for e in row]
+        els += [{"x": int(e), "r": int(r[0]), "sh": int(sh[0]), "s": s, "four": 0, "key": 0}
+                for e in row]
         want += list(vec_requant(row)[0])
     assert max(e["s"] for e in els) <= x_bits - 32   # the unit's range of s
     return els, np.array(want)
