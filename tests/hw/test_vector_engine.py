@@ -45,7 +45,6 @@ from hw.isa import (
     field_location,
     insert_geometry,
     insert_imm,
-    kv4_imm,
     legal_words,
     program_words,
     rope_imm,
@@ -71,7 +70,7 @@ from hw.numerics import (
 from hw.spad import Scratchpad
 from hw.vector.engine import VectorEngine
 from sim.functional import MachineState, exec_vec
-from sim.random_programs import random_channel_word, random_insert_imm
+from sim.random_programs import random_channel_word, random_insert_imm, random_kv4_imm
 
 VCFG = AcceleratorConfig(rows=2, cols=4, vin_spad_bytes=512, vout_spad_bytes=256,
                          memory={"bytes_per_cycle": 16, "latency": 3, "size_bytes": 4096})
@@ -345,15 +344,6 @@ def _random_rope(rng) -> Vec:
                a_addr=int(rng.integers(0, VIN - length + 1)),
                b_addr=int(rng.integers(0, VIN - head_dim // 2 + 1)),
                dst_addr=int(rng.integers(0, VOUT - length + 1)))
-
-
-def random_kv4_imm(rng, length: int) -> int:
-    """A KV4's imm for a row of ``length``: a value row's, or a key row's with a random
-    power-of-two group dividing ``length`` (one element up to the whole row)."""
-    if rng.random() < 0.3:
-        return kv4_imm(None)
-    top = (length & -length).bit_length() - 1    # the largest power of two dividing it
-    return kv4_imm(1 << int(rng.integers(0, top + 1)))
 
 
 def _random_vecs(rng, n):
