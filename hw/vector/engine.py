@@ -71,8 +71,9 @@ CHANNEL    one pass, each element an amax word: ``A`` (``127 * 2**16`` for 0) an
 KV4        REQUANT's pass 1, ``AbsMax`` and ``Recip(amax >> s)``; a key row's (``imm``'s codes
            bit) groups' maxima of ``|x|`` and ``|x >> 1|`` registered beside, each group's
            kept in a memory at its end; from the cycle ``r`` comes out, one group a cycle:
-           its maximum (for ``s``) into ``Mul(0)`` with ``r``, the code ``c = clip(ceil(255 p
-           / 2**sh), 1, 255)`` as the product ``p`` comes out and ``Recip((amax >> s) * c)``,
+           its maximum (for ``s``) into ``Mul(0)`` with ``r``; from the product ``p``, ``-255
+           p`` and then the code ``c = clip(ceil(255 p / 2**sh), 1, 255)`` registered
+           (:data:`hw.timing.KV4_CODE_LATENCY`), and ``Recip((amax >> s) * c)``,
            each group's ``(r2, sh2)`` kept in a memory, its code packed four to a word in
            another; pass 2 from the cycle after the last reciprocal (a value row: after ``r``)
            ``Requant`` with 4-bit codes (factor 7 with ``r, sh``; a key row's 7 * 255 with its
@@ -193,6 +194,8 @@ class VectorEngine(wiring.Component):
     READ_LATENCY = 2
     #: Registers between the engine's selection of a unit's operands and the unit.
     FEED_LATENCY = 1
+    #: Registers between a KV4 group's product and its code entering Recip's feed.
+    KV4_CODE_LATENCY = 2
     #: VOUT words ARGMAX writes: the index, then the maximum.
     ARGMAX_WORDS = 2
 
@@ -207,6 +210,9 @@ class VectorEngine(wiring.Component):
         if timing.VEC_FEED_LATENCY != self.FEED_LATENCY:
             raise ValueError(f"hw.timing.VEC_FEED_LATENCY={timing.VEC_FEED_LATENCY} does not "
                              f"match the vector engine's {self.FEED_LATENCY}-cycle unit feeds")
+        if timing.KV4_CODE_LATENCY != self.KV4_CODE_LATENCY:
+            raise ValueError(f"hw.timing.KV4_CODE_LATENCY={timing.KV4_CODE_LATENCY} does not "
+                             f"match the vector engine's {self.KV4_CODE_LATENCY} code stages")
         words = int(vec_out_words(VecFunc.ARGMAX.value, 1))
         if words != self.ARGMAX_WORDS:
             raise ValueError(f"hw.isa.vec_out_words(ARGMAX)={words} is not the vector "
@@ -479,8 +485,9 @@ class VectorEngine(wiring.Component):
         # row's group maxima of |x| and of |x >> 1| (the row's s is 0 or 1) registered beside
         # and kept in a memory at each group's end. From the cycle the row's reciprocal comes
         # out, one group a cycle: its maximum (for s) into Mul with r; as the product p comes
-        # out, the code c = clip(ceil(255 p / 2**sh), 1, 255) and Recip of (amax >> s) * c;
-        # each group's (r2, sh2) kept in a memory, its code packed four to a word in another.
+        # out, the code c = clip(ceil(255 p / 2**sh), 1, 255) (two stages) and Recip of
+        # (amax >> s) * c; each group's (r2, sh2) kept in a memory, its code packed four to a
+        # word in another.
         depth = self._cfg.vin_spad_bytes // self._cfg.vin_word_bytes
         kv_codes = Signal(reset_less=True)     # a key row: group codes
         kv_lg = Signal(KV4_GROUP_BITS, reset_less=True)
@@ -527,9 +534,15 @@ class VectorEngine(wiring.Component):
         feed(u["mul_code"], feeding,
              a=Mux(shift, g_rd.data[ACT_BITS:], g_rd.data[:ACT_BITS]),
              b=Mux(row_r, u["recip"].o.payload.r, r))
+        # the code in KV4_CODE_LATENCY stages: -255 p registered, then the ceiling of 255 p /
+        # 2**sh (a shift of the negation) clipped and registered
         pc = u["mul_code"].o.payload.y
-        c_up = -((-(pc * KV4_CODE_MAX)) >> sh)      # the ceiling of 255 p / 2**sh
-        kv_c = Mux(c_up < 1, 1, Mux(c_up > KV4_CODE_MAX, KV4_CODE_MAX, c_up))[:KV4_CODE_BITS]
+        kv_np = Signal(signed(FOLD_BITS + KV4_CODE_BITS + 1), reset_less=True)
+        kv_c = Signal(KV4_CODE_BITS, reset_less=True)
+        c_up = -(kv_np >> sh)
+        m.d.sync += [kv_np.eq(-(pc * KV4_CODE_MAX)),
+                     kv_c.eq(Mux(c_up < 1, 1, Mux(c_up > KV4_CODE_MAX, KV4_CODE_MAX, c_up)))]
+        kv_code_v = _delay(m, u["mul_code"].o.valid, self.KV4_CODE_LATENCY, "kv_code_v")
         kv_a = Signal(ACT_BITS, reset_less=True)     # amax >> s
         m.d.sync += kv_a.eq(amax >> shift)
         kv_ac = kv_a * kv_c
@@ -567,7 +580,6 @@ class VectorEngine(wiring.Component):
         silu = is_[VecFunc.SILU_GATE]
         e30 = u["exp30"].o.payload.y
         rq_kv = is_[VecFunc.REQUANT] | kv
-        kv_code_v = u["mul_code"].o.valid   # KV4: a group's code, Recip of a * code
         feed(u["recip"], Mux(rq_kv, u["absmax"].o.valid | kv_code_v,
                              Mux(fold, fold_go,
                                  Mux(silu, u["exp30"].o.valid, u["sum"].o.valid))),
