@@ -129,10 +129,9 @@ class VecFunc(enum.Enum, shape=4):
 
 #: The func field's defined values (any other is ILLEGAL_OPCODE: :func:`legal_words`).
 VEC_FUNC_VALUES = tuple(m.value for m in VecFunc)
-#: The sub-ops the RTL vector engine (:mod:`hw.vector.engine`) builds: all but KV4, which
-#: :mod:`hw.numerics`, :mod:`hw.timing` and the fast model define and the RTL does not run
-#: yet (the RTL equivalence harness draws from these).
-RTL_VEC_FUNCS = tuple(m for m in VecFunc if m != VecFunc.KV4)
+#: The sub-ops the RTL vector engine (:mod:`hw.vector.engine`) builds: every one (the RTL
+#: equivalence harness draws from these).
+RTL_VEC_FUNCS = tuple(VecFunc)
 #: Values below the largest defined one that name no sub-op (ILLEGAL_OPCODE as those above).
 _VEC_FUNC_GAPS = tuple(v for v in range(max(VEC_FUNC_VALUES)) if v not in VEC_FUNC_VALUES)
 

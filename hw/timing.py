@@ -104,7 +104,7 @@ __all__ = [
     "store_cycles_fields", "sync_cycles", "sync_cycles_fields", "gemm_step_cycles",
     "epilogue_cycles", "gemm_cycles", "gemm_cycles_fields", "mac_cycles_fields",
     "VECTOR_LATENCY", "VEC_READ_LATENCY", "VEC_FEED_LATENCY", "vec_cycles", "vec_cycles_fields",
-    "vec_elements_fields",
+    "vec_elements_fields", "KV4_CODE_LATENCY",
 ]
 
 #: Cycles from the host's ``start`` pulse to cycle 0 (hw/top.py): ``start`` is accepted in
@@ -266,6 +266,10 @@ VEC_READ_LATENCY = 2
 #: VECTOR_LATENCY[name]`` cycles after the engine feeds it.
 VEC_FEED_LATENCY = 1
 
+#: Registers between a KV4 key row's group product leaving its Mul and the group's code
+#: entering Recip's feed: ``-255 p``, then the clipped ceiling of its shift (the code).
+KV4_CODE_LATENCY = 2
+
 
 def _vec_cycles(func, length, imm=0):
     """:func:`vec_cycles` on ints or arrays. The engine reads one element (of each operand
@@ -323,15 +327,15 @@ def _vec_cycles(func, length, imm=0):
     # DequantFactor with imm's word, the factor's channel word written as it comes out.
     channel = stream + lat["dequant_factor"]
     # KV4 (hw.numerics.vec_kv4): pass 1 into AbsMax, each group's max registered beside;
-    # Recip of amax as it comes out; a key row's group codes then one per cycle through Mul
-    # (the ceiling of max_g * 255 * r) and Recip of amax times the code, the last reciprocal
-    # a cycle after the one before; pass 2 from the cycle after the last reciprocal into
-    # Requant, the nibbles packed eight to a word as they come out; then the code words and
-    # the amax word, one per cycle.
+    # Recip of amax as it comes out; a key row's group codes then one per cycle through Mul,
+    # the code (the ceiling of max_g * 255 * r, KV4_CODE_LATENCY) and Recip of amax times
+    # the code, the last reciprocal a cycle after the one before; pass 2 from the cycle after
+    # the last reciprocal into Requant, the nibbles packed eight to a word as they come out;
+    # then the code words and the amax word, one per cycle.
     groups = kv4_groups(length, imm)
     codes = (imm >> KV4_GROUP_BITS) & 1
     kv4 = (stream + lat["absmax"] + lat["recip"]
-           + codes * (lat["mul"] + lat["recip"] + groups - 1)
+           + codes * (lat["mul"] + KV4_CODE_LATENCY + lat["recip"] + groups - 1)
            + stream + lat["requant"] + ((groups + 3) >> 2) + 1)
     # INSERT4: INSERT's pass, nibble multiplexers in place of the byte ones.
     insert4 = insert

@@ -34,7 +34,7 @@ from hw.config import AcceleratorConfig
 from hw.isa import INSTR_BYTES, Opcode, decode_fields, program_words, relative_words
 from sim.board import BoardLink, BoardLinkError
 from sim.result import RunResult
-from sim.rtl import check_built, encode_any
+from sim.rtl import encode_any
 
 __all__ = ["BoardBackend", "dma_spans"]
 
@@ -187,7 +187,6 @@ class BoardBackend:
         (:func:`hw.isa.relative_words`) before they are written.
         """
         raw = encode_any(program, self.cfg)
-        check_built(raw, self.cfg)
         if regs is not None:
             raw = relative_words(program_words(raw), regs).astype("<u8").tobytes()
         prog = program_words(raw)

@@ -54,6 +54,7 @@ from hw.isa import (
     field_location,
     gemm_extents,
     insert_imm,
+    kv4_imm,
     reg_values,
     rope_imm,
     vec_out_words,
@@ -63,7 +64,8 @@ from hw.numerics import DEQUANT_EXP_MAX, DEQUANT_MANT_BITS, norm_eps
 
 __all__ = ["RandomProgram", "random_config", "random_program", "break_program",
            "random_channel_word",
-           "EQUIVALENCE_CONFIGS", "VECTOR_NETLIST_CONFIG", "random_insert_imm"]
+           "EQUIVALENCE_CONFIGS", "VECTOR_NETLIST_CONFIG", "random_insert_imm",
+           "random_kv4_imm"]
 
 #: Two array shapes (8 and 16 lanes) with different memories, queues and pattern sets, the
 #: second with a vector engine (the first, without one, checks its absence); small buffers and
@@ -188,11 +190,22 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
         imm = random_insert_imm(rng, length, func == VecFunc.INSERT4)
     elif func == VecFunc.CHANNEL:  # a normalised channel word, or any imm (bits 24.. ignored)
         imm = random_channel_word(rng)
+    elif func == VecFunc.KV4:      # a value row, or a key row's group dividing it
+        imm = random_kv4_imm(rng, length)
     return Vec(func=func, length=length, imm=imm,
                a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)),
                b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1))
                if vec_reads_b(func.value) else 0,
                dst_addr=o0 + int(rng.integers(0, o1 - o0 - out + 1)))
+
+
+def random_kv4_imm(rng: np.random.Generator, length: int) -> int:
+    """A KV4's imm for a row of ``length``: a value row's, or a key row's with a random
+    power-of-two group dividing ``length`` (one element up to the whole row)."""
+    if rng.random() < 0.3:
+        return kv4_imm(None)
+    top = (length & -length).bit_length() - 1    # the largest power of two dividing it
+    return kv4_imm(1 << int(rng.integers(0, top + 1)))
 
 
 def random_insert_imm(rng: np.random.Generator, length: int, nibbles: bool = False) -> int:

@@ -51,14 +51,9 @@ from hw.generate import write_design
 from hw.isa import (
     INSTR_BYTES,
     REG_NAMES,
-    RTL_VEC_FUNCS,
-    VEC_FUNC_VALUES,
     ErrorCode,
     Instr,
-    Opcode,
     RunRegs,
-    VecFunc,
-    decode_fields,
     encode,
     program_words,
     reg_values,
@@ -67,7 +62,7 @@ from hw.timing import START_LATENCY
 from sim.errors import SimulationError
 from sim.result import RunResult
 
-__all__ = ["RTLBackend", "RTLBuildError", "RTLTimeoutError", "check_built", "engine_states",
+__all__ = ["RTLBackend", "RTLBuildError", "RTLTimeoutError", "engine_states",
            "verilator_env", "encode_any", "locked_build", "verilate"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,24 +171,6 @@ def encode_any(program, cfg: AcceleratorConfig) -> bytes:
         raise ValueError(f"program of {len(raw) // INSTR_BYTES} instructions exceeds "
                          f"imem_depth={cfg.imem_depth}")
     return raw
-
-
-def check_built(raw: bytes, cfg: AcceleratorConfig) -> None:
-    """:class:`SimulationError` naming a VEC sub-op of program ``raw`` that the RTL vector
-    engine does not build (not in :data:`hw.isa.RTL_VEC_FUNCS`), as the instruction's index:
-    the hardware backends (RTL, netlist, the board) refuse it rather than run it. Without a
-    vector engine (``cfg``) every VEC is an illegal opcode to the model and the RTL alike:
-    nothing to refuse."""
-    if not cfg.has_vector:
-        return
-    f = decode_fields(np.frombuffer(raw, dtype="<u8").reshape(-1, 2))
-    vec = f["opcode"] == Opcode.VEC.value
-    built = np.isin(f["vec.func"], [v.value for v in RTL_VEC_FUNCS])
-    unbuilt = np.flatnonzero(vec & ~built & np.isin(f["vec.func"], VEC_FUNC_VALUES))
-    if unbuilt.size:
-        i = int(unbuilt[0])
-        raise SimulationError(f"instruction {i} is a VEC {VecFunc(int(f['vec.func'][i])).name}, "
-                              "which the RTL vector engine does not build")
 
 
 #: hw/ modules that do not change the generated Verilog.
@@ -365,7 +342,6 @@ class RTLBackend:
         """
         cfg = self.cfg
         raw = encode_any(program, cfg)
-        check_built(raw, cfg)
         if dram is None:
             dram = np.zeros(cfg.memory.size_bytes, dtype=np.uint8)
         dram = np.asarray(dram)

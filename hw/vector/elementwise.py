@@ -15,6 +15,8 @@ from hw.numerics import (
     ACT_FRAC,
     ACT_QMAX,
     FOLD_BITS,
+    KV4_CODE_MAX,
+    KV4_QMAX,
     ROPE_FRAC,
     ROPE_HALF_BITS,
     TABLE_IN_BITS,
@@ -259,6 +261,10 @@ class Requant(PipelineUnit):
     ``a = clip(round_shift((x >> s) * 127 * r, sh), -127, 127)`` with the row's ``s`` and
     ``(r, sh) = recip(amax >> s)``.
 
+    With ``four`` (KV4's nibbles, :func:`hw.numerics.vec_kv4_rows`) the factor is ``7``, or
+    ``7 * 255`` with ``key`` too (a key row's group reciprocal), in place of 127, and the
+    result is clipped to [-7, 7].
+
     ``x >> s`` must fit an activation (32-bit signed), as the row's ``s`` ensures; the result
     is unspecified otherwise.
 
@@ -266,7 +272,7 @@ class Requant(PipelineUnit):
     their sum; 4 ``q = 127 * p`` (a shift and a subtraction); 5 ``w = (2 * q) >> sh``;
     6 ``(w + 1) >> 1`` (the rounding) and clipping.
 
-    Cost: two 18x18 multipliers (32 x 17 bits).
+    Cost: two 18x18 multipliers (32 x 17 bits); the factors are shifts and adders.
 
     Parameters
     ----------
@@ -277,7 +283,8 @@ class Requant(PipelineUnit):
     Members
     -------
     i: In(stream.Signature(StructLayout({"x": signed(x_bits), "r": unsigned(17),
-                                         "sh": unsigned(7), "s": range(x_bits - 31)})))
+                                         "sh": unsigned(7), "s": range(x_bits - 31),
+                                         "four": 1, "key": 1})))
     o: Out(stream.Signature(StructLayout({"a": signed(8)})))
     """
 
@@ -288,34 +295,45 @@ class Requant(PipelineUnit):
         super().__init__(data.StructLayout({"x": signed(x_bits),
                                             "r": unsigned(TABLE_RESULT_BITS),
                                             "sh": unsigned(SH_BITS),
-                                            "s": range(x_bits - ACT_BITS + 1)}),
+                                            "s": range(x_bits - ACT_BITS + 1),
+                                            "four": 1, "key": 1}),
                          data.StructLayout({"a": signed(CODE_BITS)}))
 
     def _stages(self):
         p_shape = signed(ACT_BITS + TABLE_RESULT_BITS)
-        q_bits = p_shape.width + ACT_QMAX.bit_length()
+        key_factor = KV4_QMAX * KV4_CODE_MAX
+        q_bits = p_shape.width + max(ACT_QMAX, key_factor).bit_length()
         if (ACT_QMAX + 1) & ACT_QMAX:
             raise ValueError(f"ACT_QMAX + 1 must be a power of two, got {ACT_QMAX + 1}")
+        flags = ("four", "key")
 
         def s1(m, v):
-            return {"x": (v.x >> v.s, signed(ACT_BITS)), "r": v.r, "sh": v.sh}
+            return {"x": (v.x >> v.s, signed(ACT_BITS)), "r": v.r, "sh": v.sh,
+                    **{k: getattr(v, k) for k in flags}}
 
         def s2(m, v):
-            return {**partial_products(v.r, v.x), "sh": v.sh}
+            return {**partial_products(v.r, v.x), "sh": v.sh, **{k: getattr(v, k) for k in flags}}
 
         def s2b(m, v):
-            return {"p": (sum_partial_products(v), p_shape), "sh": v.sh}
+            return {"p": (sum_partial_products(v), p_shape), "sh": v.sh,
+                    **{k: getattr(v, k) for k in flags}}
 
         def s3(m, v):
             # A shift past q's bits gives 0, as any larger one does.
-            return {"q": ((v.p << ACT_QMAX.bit_length()) - v.p, signed(q_bits)),
-                    "sh": (_at_most(v.sh, q_bits + 1), unsigned((q_bits + 1).bit_length()))}
+            q = Mux(v.four, Mux(v.key, v.p * key_factor, v.p * KV4_QMAX),
+                    (v.p << ACT_QMAX.bit_length()) - v.p)
+            return {"q": (q, signed(q_bits)),
+                    "sh": (_at_most(v.sh, q_bits + 1), unsigned((q_bits + 1).bit_length())),
+                    "four": v.four}
 
         def s4(m, v):
             # 2q >> sh: round_shift(q, sh) is (w + 1) >> 1 (hw.vector.base.round_shift).
-            return {"w": (Cat(Const(0, 1), v.q).as_signed() >> v.sh, signed(q_bits + 1))}
+            return {"w": (Cat(Const(0, 1), v.q).as_signed() >> v.sh, signed(q_bits + 1)),
+                    "four": v.four}
 
         def s5(m, v):
-            return {"a": (round_saturate(v.w, CODE_BITS), signed(CODE_BITS))}
+            a = round_saturate(v.w, CODE_BITS)
+            a4 = Mux(a > KV4_QMAX, KV4_QMAX, Mux(a < -KV4_QMAX, -KV4_QMAX, a))
+            return {"a": (Mux(v.four, a4, a), signed(CODE_BITS))}
 
         return [s1, s2, s2b, s3, s4, s5]

@@ -68,16 +68,26 @@ INSERT4    INSERT in nibbles: ``at`` a nibble (the word read when ``idx`` is ``a
 CHANNEL    one pass, each element an amax word: ``A`` (``127 * 2**16`` for 0) and ``b =
            bitlen(A)`` into ``DequantFactor(c, A, b, 0)`` with ``c`` the channel word in
            ``imm``'s bits 0..23; the factor's channel word written as it comes out
+KV4        REQUANT's pass 1, ``AbsMax`` and ``Recip(amax >> s)``; a key row's (``imm``'s codes
+           bit) groups' maxima of ``|x|`` and ``|x >> 1|`` registered beside, each group's
+           kept in a memory at its end; from the cycle ``r`` comes out, one group a cycle:
+           its maximum (for ``s``) into ``Mul(0)`` with ``r``; from the product ``p``, ``-255
+           p`` and then the code ``c = clip(ceil(255 p / 2**sh), 1, 255)`` registered
+           (:data:`hw.timing.KV4_CODE_LATENCY`), and ``Recip((amax >> s) * c)``,
+           each group's ``(r2, sh2)`` kept in a memory, its code packed four to a word in
+           another; pass 2 from the cycle after the last reciprocal (a value row: after ``r``)
+           ``Requant`` with 4-bit codes (factor 7 with ``r, sh``; a key row's 7 * 255 with its
+           element's group's ``r2, sh2``, read beside the element); nibbles packed eight to a
+           word, then the code words (read a cycle ahead), then ``amax``
 =========  =================================================================================
 
 (:func:`hw.numerics.vec_add`, :func:`~hw.numerics.vec_argmax`,
 :func:`~hw.numerics.vec_requant`, :func:`~hw.numerics.vec_softmax`,
 :func:`~hw.numerics.vec_rmsnorm`, :func:`~hw.numerics.vec_rope_pairs`,
 :func:`~hw.numerics.vec_dequant`, :func:`~hw.numerics.vec_fold`,
-:func:`~hw.numerics.vec_insert`, :func:`~hw.numerics.vec_channel`; the sequences are those
+:func:`~hw.numerics.vec_insert`, :func:`~hw.numerics.vec_channel`,
+:func:`~hw.numerics.vec_kv4`; the sequences are those
 of :mod:`hw.vector`'s docstring.)
-KV4 (the INT4 KV append's quantisation) is not built here yet: :data:`hw.isa.RTL_VEC_FUNCS`
-lists the sub-ops above, which the RTL runs (:mod:`sim.rtl` refuses a program with another).
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
 :data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.
@@ -96,6 +106,7 @@ from hw.fanout import replica
 from hw.isa import (
     DEQUANT_FOLD_BIT,
     INSERT_FIELDS,
+    KV4_GROUP_BITS,
     ROPE_HEAD_DIM_BITS,
     VecBody,
     VecFunc,
@@ -111,6 +122,9 @@ from hw.numerics import (
     FOLD_AMAX_MANT_BITS,
     FOLD_AMAX_SHIFT_BITS,
     FOLD_BITS,
+    KV4_CODE_BITS,
+    KV4_CODE_MAX,
+    KV4_NIBBLES_PER_WORD,
     NORM_FRAC,
     ROPE_HALF_BITS,
 )
@@ -118,7 +132,7 @@ from hw.vector.base import ReductionUnit
 from hw.vector.dequant import AMAX_BITS, DEQUANT_SCALE_FRAC, DequantFactor
 from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
-from hw.vector.tables import Exp, Recip, Rsqrt
+from hw.vector.tables import TABLE_RESULT_BITS, Exp, Recip, Rsqrt
 
 __all__ = ["VectorEngine"]
 
@@ -180,6 +194,8 @@ class VectorEngine(wiring.Component):
     READ_LATENCY = 2
     #: Registers between the engine's selection of a unit's operands and the unit.
     FEED_LATENCY = 1
+    #: Registers between a KV4 group's product and its code entering Recip's feed.
+    KV4_CODE_LATENCY = 2
     #: VOUT words ARGMAX writes: the index, then the maximum.
     ARGMAX_WORDS = 2
 
@@ -194,6 +210,9 @@ class VectorEngine(wiring.Component):
         if timing.VEC_FEED_LATENCY != self.FEED_LATENCY:
             raise ValueError(f"hw.timing.VEC_FEED_LATENCY={timing.VEC_FEED_LATENCY} does not "
                              f"match the vector engine's {self.FEED_LATENCY}-cycle unit feeds")
+        if timing.KV4_CODE_LATENCY != self.KV4_CODE_LATENCY:
+            raise ValueError(f"hw.timing.KV4_CODE_LATENCY={timing.KV4_CODE_LATENCY} does not "
+                             f"match the vector engine's {self.KV4_CODE_LATENCY} code stages")
         words = int(vec_out_words(VecFunc.ARGMAX.value, 1))
         if words != self.ARGMAX_WORDS:
             raise ValueError(f"hw.isa.vec_out_words(ARGMAX)={words} is not the vector "
@@ -222,6 +241,7 @@ class VectorEngine(wiring.Component):
             "rope": Rope(),
             "dequant_factor": DequantFactor(),
             "scale31": Scale(DEQUANT_SCALE_FRAC),
+            "mul_code": Mul(0, b_bits=TABLE_RESULT_BITS + 1, y_bits=FOLD_BITS),  # KV4's codes
         }
         vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
         vout = cfg.vout_spad_bytes // cfg.vout_word_bytes
@@ -416,7 +436,8 @@ class VectorEngine(wiring.Component):
         wf_last = _delay(m, last & fold, lat["mul_fold"], "fold_last")
         wf_p1 = u["mul_fold"].o.valid & (phase == 0)
         wf_p2 = u["mul_fold"].o.valid & (phase == 1)
-        feed(u["absmax"], (p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM])) | wf_p1,
+        kv = is_[VecFunc.KV4]
+        feed(u["absmax"], (p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM] | kv)) | wf_p1,
              x=Mux(fold, wf, x), last=Mux(fold, wf_last, last))
 
         # -- per-row scalars, registered as their units give them
@@ -438,7 +459,7 @@ class VectorEngine(wiring.Component):
         m.d.sync += [s_now.eq(u["absmax"].o.valid & is_[VecFunc.RMSNORM]), eps_now.eq(s_now)]
         with m.If(u["absmax"].o.valid):
             m.d.sync += amax.eq(y)
-            with m.If(is_[VecFunc.REQUANT]):
+            with m.If(is_[VecFunc.REQUANT] | kv):
                 m.d.sync += shift.eq(y[ACT_BITS - 1])                 # bitlen(amax) - 31
         with m.If(s_now):
             m.d.sync += shift.eq(_bitlen(top_bits))
@@ -460,20 +481,116 @@ class VectorEngine(wiring.Component):
                          fs27.eq(_bitlen(y[FOLD_AMAX_MANT_BITS:]))]
         with m.If(fold_go):
             m.d.sync += fword.eq(Cat((famax >> fs27)[:FOLD_AMAX_MANT_BITS], fs27))
+        # -- KV4 (hw.numerics.vec_kv4_rows): pass 1 into AbsMax and Recip as REQUANT's; a key
+        # row's group maxima of |x| and of |x >> 1| (the row's s is 0 or 1) registered beside
+        # and kept in a memory at each group's end. From the cycle the row's reciprocal comes
+        # out, one group a cycle: its maximum (for s) into Mul with r; as the product p comes
+        # out, the code c = clip(ceil(255 p / 2**sh), 1, 255) (two stages) and Recip of
+        # (amax >> s) * c; each group's (r2, sh2) kept in a memory, its code packed four to a
+        # word in another.
+        depth = self._cfg.vin_spad_bytes // self._cfg.vin_word_bytes
+        kv_codes = Signal(reset_less=True)     # a key row: group codes
+        kv_lg = Signal(KV4_GROUP_BITS, reset_less=True)
+        kv_gm = Signal(VecBody["length"].width, reset_less=True)      # group - 1
+        kv_glast = Signal(VecBody["length"].width, reset_less=True)   # groups - 1
+        with m.If(~active):
+            lg_now = body.imm[:KV4_GROUP_BITS]
+            m.d.sync += [kv_codes.eq(body.imm[KV4_GROUP_BITS] & (body.func == VecFunc.KV4)),
+                         kv_lg.eq(lg_now), kv_gm.eq((Const(1, 1) << lg_now) - 1),
+                         kv_glast.eq((body.length >> lg_now) - 1)]
+        e_idx = _delay(m, idx, rl, "kv_idx", data=True)
+        ax = Mux(x < 0, -x, x)[:ACT_BITS]              # |x|, up to 2**31
+        x1 = x >> 1
+        ax1 = Mux(x1 < 0, -x1, x1)[:ACT_BITS - 1]      # |x >> 1|, up to 2**30
+        g0 = Signal(ACT_BITS, reset_less=True)
+        g1 = Signal(ACT_BITS - 1, reset_less=True)
+        g_first = (e_idx & kv_gm) == 0
+        g0n = Mux(g_first | (ax > g0), ax, g0)
+        g1n = Mux(g_first | (ax1 > g1), ax1, g1)
+        kv_p1 = p1 & kv & kv_codes
+        g_end = kv_p1 & ((e_idx & kv_gm) == kv_gm)
+        m.submodules.kv_gmax = gmem = memory.Memory(shape=unsigned(2 * ACT_BITS - 1),
+                                                    depth=depth, init=[])
+        g_wr, g_rd = gmem.write_port(), gmem.read_port()
+        g_at = Signal(len(g_wr.addr), reset_less=True)
+        with m.If(kv_p1):
+            m.d.sync += [g0.eq(g0n), g1.eq(g1n)]
+        with m.If(g_end):
+            m.d.sync += g_at.eq(g_at + 1)
+        m.d.comb += [g_wr.addr.eq(g_at), g_wr.en.eq(g_end), g_wr.data.eq(Cat(g0n, g1n))]
+        kv_rowr = Signal()    # the row's reciprocal has come out
+        row_r = u["recip"].o.valid & kv & ~kv_rowr
+        kv_busy = Signal()    # feeding the groups after the first
+        kv_gi = Signal(VecBody["length"].width, reset_less=True)   # the group fed now
+        feeding = (row_r & kv_codes) | kv_busy
+        g_last = feeding & (kv_gi == kv_glast)
+        with m.If(row_r):
+            m.d.sync += kv_rowr.eq(1)
+        with m.If(feeding):
+            m.d.sync += [kv_gi.eq(kv_gi + 1), kv_busy.eq(~g_last)]
+        with m.If(~active):
+            m.d.sync += [g_at.eq(0), kv_rowr.eq(0), kv_busy.eq(0), kv_gi.eq(0)]
+        m.d.comb += g_rd.addr.eq(Mux(feeding, kv_gi + 1, kv_gi))   # the data a cycle later
+        feed(u["mul_code"], feeding,
+             a=Mux(shift, g_rd.data[ACT_BITS:], g_rd.data[:ACT_BITS]),
+             b=Mux(row_r, u["recip"].o.payload.r, r))
+        # the code in KV4_CODE_LATENCY stages: -255 p registered, then the ceiling of 255 p /
+        # 2**sh (a shift of the negation) clipped and registered
+        pc = u["mul_code"].o.payload.y
+        kv_np = Signal(signed(FOLD_BITS + KV4_CODE_BITS + 1), reset_less=True)
+        kv_c = Signal(KV4_CODE_BITS, reset_less=True)
+        c_up = -(kv_np >> sh)
+        m.d.sync += [kv_np.eq(-(pc * KV4_CODE_MAX)),
+                     kv_c.eq(Mux(c_up < 1, 1, Mux(c_up > KV4_CODE_MAX, KV4_CODE_MAX, c_up)))]
+        kv_code_v = _delay(m, u["mul_code"].o.valid, self.KV4_CODE_LATENCY, "kv_code_v")
+        kv_a = Signal(ACT_BITS, reset_less=True)     # amax >> s
+        m.d.sync += kv_a.eq(amax >> shift)
+        kv_ac = kv_a * kv_c
+        c_out = _delay(m, kv_c, lat["recip"], "kv_code", data=True)
+        g_out = u["recip"].o.valid & kv & kv_rowr
+        g_out_last = Signal()    # (registered below from the last group's Recip, a cycle early)
+        m.submodules.kv_rs = rs_mem = memory.Memory(
+            shape=unsigned(len(r) + len(sh)), depth=depth, init=[])
+        rs_wr, kv_rs = rs_mem.write_port(), rs_mem.read_port()
+        rs_at = Signal(len(rs_wr.addr), reset_less=True)
+        with m.If(g_out):
+            m.d.sync += rs_at.eq(rs_at + 1)
+        m.d.comb += [rs_wr.addr.eq(rs_at), rs_wr.en.eq(g_out),
+                     rs_wr.data.eq(Cat(u["recip"].o.payload.r, u["recip"].o.payload.sh))]
+        # pass 2: the element's group registered beside its read, its (r2, sh2) read with it
+        g_of = Signal(len(kv_rs.addr), reset_less=True)
+        m.d.sync += g_of.eq(idx >> kv_lg)
+        m.d.comb += kv_rs.addr.eq(g_of)
+        m.submodules.kv_codes = cmem = memory.Memory(
+            shape=unsigned(8 * VECTOR_WORD_BYTES), depth=depth // VECTOR_WORD_BYTES + 1, init=[])
+        c_wr, c_rd = cmem.write_port(), cmem.read_port()
+        c_pk = Signal(8 * VECTOR_WORD_BYTES, reset_less=True)
+        c_lane = Signal(range(VECTOR_WORD_BYTES), reset_less=True)
+        c_at = Signal(len(c_wr.addr), reset_less=True)
+        c_word = c_pk | (c_out << (c_lane * 8))[:8 * VECTOR_WORD_BYTES]
+        c_full = g_out & ((c_lane == VECTOR_WORD_BYTES - 1) | g_out_last)
+        with m.If(g_out):
+            m.d.sync += [c_pk.eq(Mux(c_full, 0, c_word)), c_lane.eq(Mux(c_full, 0, c_lane + 1))]
+        with m.If(c_full):
+            m.d.sync += c_at.eq(c_at + 1)
+        with m.If(~active):
+            m.d.sync += [rs_at.eq(0), c_pk.eq(0), c_lane.eq(0), c_at.eq(0)]
+        m.d.comb += [c_wr.addr.eq(c_at), c_wr.en.eq(c_full), c_wr.data.eq(c_word)]
         big = y[ACT_BITS - 1]
         silu = is_[VecFunc.SILU_GATE]
         e30 = u["exp30"].o.payload.y
-        feed(u["recip"], Mux(is_[VecFunc.REQUANT], u["absmax"].o.valid,
+        rq_kv = is_[VecFunc.REQUANT] | kv
+        feed(u["recip"], Mux(rq_kv, u["absmax"].o.valid | kv_code_v,
                              Mux(fold, fold_go,
                                  Mux(silu, u["exp30"].o.valid, u["sum"].o.valid))),
-             x=Mux(is_[VecFunc.REQUANT], y >> big,
+             x=Mux(rq_kv, Mux(kv_code_v, kv_ac, y >> big),
                    Mux(fold, famax >> fs,
                        Mux(silu, (1 << NORM_FRAC) + e30, u["sum"].o.payload.y))))
         ss = u["sumsq"].o.payload.y + eps
         feed(u["rsqrt"], u["sumsq"].o.valid, x=ss)
         with m.If(u["sumsq"].o.valid):   # ss == 0 (both terms are non-negative)
             m.d.sync += ss_zero.eq((u["sumsq"].o.payload.y == 0) & (eps == 0))
-        with m.If(u["recip"].o.valid):
+        with m.If(u["recip"].o.valid & ~(kv & kv_rowr)):   # not a KV4 group's reciprocal
             m.d.sync += [r.eq(u["recip"].o.payload.r), sh.eq(u["recip"].o.payload.sh)]
         with m.If(u["rsqrt"].o.valid):
             m.d.sync += [r.eq(Mux(ss_zero, 0, u["rsqrt"].o.payload.r)),
@@ -482,15 +599,21 @@ class VectorEngine(wiring.Component):
         # per-row scalar's unit gives it, and DEQUANT's second in g + 2, after its amax read:
         # next_pass_d is that, a cycle early.
         ahead = {k: valid_ahead(k) for k in ("recip", "max", "rsqrt", "absmax")}
+        # KV4: the last group's reciprocal next cycle (rs_at + g_out: those out before it)
+        kv_last_ahead = ahead["recip"] & kv & kv_rowr & ((rs_at + g_out) == kv_glast)
+        m.d.sync += g_out_last.eq(kv_last_ahead)
         m.d.comb += next_pass_d.eq(
             (~active & self.cmd.valid & (body.func == VecFunc.DEQUANT))
-            | ((is_[VecFunc.REQUANT] | fold) & ahead["recip"])
+            | ((is_[VecFunc.REQUANT] | fold | (kv & ~kv_codes)) & ahead["recip"])
+            | (kv & kv_codes & kv_last_ahead)
             | (is_[VecFunc.SOFTMAX] & (ahead["max"] | ahead["recip"]))
             | (is_[VecFunc.RMSNORM] & (ahead["absmax"] | ahead["rsqrt"])))
 
         # -- REQUANT pass 2
-        feed(u["requant"], (p2 & is_[VecFunc.REQUANT]) | wf_p2, x=Mux(fold, wf, x), r=r, sh=sh,
-             s=Mux(fold, fs, shift))
+        feed(u["requant"], (p2 & rq_kv) | wf_p2, x=Mux(fold, wf, x),
+             r=Mux(kv & kv_codes, kv_rs.data[:len(r)], r),
+             sh=Mux(kv & kv_codes, kv_rs.data[len(r):], sh), s=Mux(fold, fs, shift),
+             four=kv, key=kv_codes)
         # -- SOFTMAX: masked Max; Exp into Sum (pass 2) or Scale(16) (pass 3)
         sm = is_[VecFunc.SOFTMAX]
         feed(u["max"], p1 & sm, x=Mux(inrow, x, -ACT_MAX), last=last)
@@ -619,7 +742,7 @@ class VectorEngine(wiring.Component):
 
         # ---- write
         add_last = _delay(m, last & is_[VecFunc.ADD], lat["add"], "add_last")
-        code_last = _delay(m, (last & is_[VecFunc.REQUANT] & (phase == 1)) | (wf_last & wf_p2),
+        code_last = _delay(m, (last & rq_kv & (phase == 1)) | (wf_last & wf_p2),
                            lat["requant"], "code_last")
         # ARGMAX: the index now, the maximum next cycle
         second = Signal()
@@ -634,14 +757,35 @@ class VectorEngine(wiring.Component):
         rq = u["requant"].o
         code = rq.payload.a.as_unsigned()
         word = packed | (code << (byte * 8))[:8 * nbytes]
-        word_full = rq.valid & ((byte == nbytes - 1) | code_last)
+        word_full = rq.valid & ~kv & ((byte == nbytes - 1) | code_last)
         amax_write = Signal()
-        m.d.sync += amax_write.eq(rq.valid & code_last)
-        with m.If(rq.valid):
+        m.d.sync += amax_write.eq(rq.valid & ~kv & code_last)
+        with m.If(rq.valid & ~kv):
             m.d.sync += [packed.eq(Mux(word_full, 0, word)),
                          byte.eq(Mux(word_full, 0, byte + 1))]
         with m.If(~active):
             m.d.sync += [packed.eq(0), byte.eq(0)]
+        # KV4: nibbles packed eight to a word; then a key row's code words (read a cycle
+        # ahead), then amax
+        nib_last = code_last
+        n_pk = Signal(8 * nbytes, reset_less=True)
+        n_lane = Signal(range(KV4_NIBBLES_PER_WORD), reset_less=True)
+        n_word = n_pk | (code[:4] << (n_lane * 4))[:8 * nbytes]
+        n_full = rq.valid & kv & ((n_lane == KV4_NIBBLES_PER_WORD - 1) | nib_last)
+        with m.If(rq.valid & kv):
+            m.d.sync += [n_pk.eq(Mux(n_full, 0, n_word)), n_lane.eq(Mux(n_full, 0, n_lane + 1))]
+        k_tail = Signal()
+        k_t = Signal(len(c_rd.addr), reset_less=True)
+        t_last = k_tail & (k_t == (kv_glast >> 2))    # ceil(groups / 4) - 1
+        k_amax = Signal()
+        m.d.sync += k_amax.eq((n_full & nib_last & ~kv_codes) | t_last)
+        with m.If(n_full & nib_last):
+            m.d.sync += k_tail.eq(kv_codes)
+        with m.If(k_tail):
+            m.d.sync += [k_t.eq(k_t + 1), k_tail.eq(~t_last)]
+        with m.If(~active):
+            m.d.sync += [n_pk.eq(0), n_lane.eq(0), k_tail.eq(0), k_t.eq(0)]
+        m.d.comb += c_rd.addr.eq(Mux(k_tail, k_t + 1, k_t))
 
         sources = [  # (write enable, data, the instruction's last write)
             (u["add"].o.valid, u["add"].o.payload.y, add_last),
@@ -656,6 +800,9 @@ class VectorEngine(wiring.Component):
             (u["scale31"].o.valid, u["scale31"].o.payload.y, dq_last),
             (ins_v, ins_y, ins_last),
             (u["dequant_factor"].o.valid & ch, u["dequant_factor"].o.payload.word, ch_last),
+            (n_full, n_word, 0),
+            (k_tail, c_rd.data, 0),
+            (k_amax, amax, 1),
         ]
         data = 0
         for en, value, _ in reversed(sources):

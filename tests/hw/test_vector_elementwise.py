@@ -17,6 +17,7 @@ from hw.numerics import (
     round_shift,
     saturate,
     vec_add,
+    vec_kv4_rows,
     vec_mul,
     vec_recip,
     vec_requant,
@@ -139,7 +140,8 @@ def requant_elements(rows_, x_bits):
         amax = int(np.abs(row).max())
         s = max(0, amax.bit_length() - 31)
         r, sh = vec_recip(np.array([max(amax >> s, 1)]))
-        els += [{"x": int(e), "r": int(r[0]), "sh": int(sh[0]), "s": s} for e in row]
+        els += [{"x": int(e), "r": int(r[0]), "sh": int(sh[0]), "s": s, "four": 0, "key": 0}
+                for e in row]
         want += list(vec_requant(row)[0])
     assert max(e["s"] for e in els) <= x_bits - 32   # the unit's range of s
     return els, np.array(want)
@@ -166,6 +168,30 @@ def test_requant_of_wide_rows():
     els, want = requant_elements(data, 54)
     run = run_unit(Requant(54), els, seed=8)
     assert np.array_equal(run.field("a"), want)
+
+
+def test_requant_in_four_bits_matches_kv4_rows():
+    """``four`` (KV4's nibbles): a value row's factor 7 with the row's reciprocal, a key
+    row's (``key``) 7 * 255 with its group's reciprocal of ``a * c``, each clipped to
+    [-7, 7]: vec_kv4_rows' q element for element (random rows, the int32 extremes, zeros)."""
+    rng = np.random.default_rng(9)
+    els, want = [], []
+    rows = [rng.integers(-ACT_MAX - 1, ACT_MAX + 1, 8 * int(k)) for k in rng.integers(1, 5, 12)]
+    rows += [np.zeros(8, np.int64), np.array([-ACT_MAX - 1, ACT_MAX, 3, -3] * 2),
+             rng.integers(-50, 50, 16)]
+    for k, row in enumerate(rows):
+        group = None if k % 3 == 0 else int(rng.choice([1, 2, 8]))
+        q, c, a, s = vec_kv4_rows(row, group)
+        if group is None:
+            r, sh = (np.repeat(v, row.size) for v in vec_recip(np.array([max(int(a), 1)])))
+        else:
+            r2, sh2 = vec_recip(max(int(a), 1) * c.astype(np.int64))
+            r, sh = np.repeat(r2, group), np.repeat(sh2, group)
+        els += [{"x": int(e), "r": int(r[i]), "sh": int(sh[i]), "s": int(s), "four": 1,
+                 "key": int(group is not None)} for i, e in enumerate(row)]
+        want += list(q)
+    run = run_unit(Requant(FOLD_BITS), els, seed=10)
+    assert np.array_equal(run.field("a"), np.array(want))
 
 
 @pytest.mark.parametrize("make, message", [

@@ -70,7 +70,7 @@ from hw.numerics import (
 from hw.spad import Scratchpad
 from hw.vector.engine import VectorEngine
 from sim.functional import MachineState, exec_vec
-from sim.random_programs import random_channel_word, random_insert_imm
+from sim.random_programs import random_channel_word, random_insert_imm, random_kv4_imm
 
 VCFG = AcceleratorConfig(rows=2, cols=4, vin_spad_bytes=512, vout_spad_bytes=256,
                          memory={"bytes_per_cycle": 16, "latency": 3, "size_bytes": 4096})
@@ -366,6 +366,8 @@ def _random_vecs(rng, n):
             imm = random_insert_imm(rng, length, func == VecFunc.INSERT4)
         elif func == VecFunc.CHANNEL:  # a channel word, normalised or any
             imm = random_channel_word(rng)
+        elif func == VecFunc.KV4:      # a value row, or a key row's group dividing it
+            imm = random_kv4_imm(rng, length)
         out.append(Vec(func=func, length=length, imm=imm,
                        a_addr=int(rng.integers(0, VIN - length + 1)),
                        b_addr=int(rng.integers(0, VIN - length + 1)),
@@ -793,7 +795,7 @@ def test_the_reset_reaches_only_the_executors_control_bits():
     """A reset of every operand register is a net of thousands of loads across the die (3,511
     bits of the preset's engine, the SiLU-gate's operand delay lines most of them); the valid
     and ``last`` bits of the pipelines (with their copies one cycle ahead), the state bits
-    and ``elements`` are 304 bits. The bound leaves room for a few more control bits, not
+    and ``elements`` are 314 bits. The bound leaves room for a few more control bits, not
     for an operand line (32 bits a stage)."""
     from hw.config import preset
     assert _reset_bits(VectorEngine(preset("vector"))) <= 330
@@ -843,6 +845,29 @@ def test_insert4_matches_the_models(seed):
                         a_addr=int(rng.integers(0, VIN - length + 1)),
                         b_addr=int(rng.integers(0, VIN - length + 1)),
                         dst_addr=int(rng.integers(0, VOUT - length + 1))))
+        assert dispatch_error(vecs[-1], VCFG) == ErrorCode.NONE
+        if rng.random() < 0.4:
+            vecs += _random_vecs(rng, 1)
+    gaps = [int(rng.choice([0, 0, 1, 3])) for _ in vecs]
+    _check_against_the_models(vin, vecs, gaps)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_kv4_matches_the_models(seed):
+    """KV4 of random rows (value rows, key rows of every group that divides them, the
+    special values and all-zero rows), among other sub-ops: VOUT is the functional model's
+    (vec_kv4: nibbles, group codes, amax) byte for byte and each ends in ``vec_cycles``."""
+    rng = np.random.default_rng(400 + seed)
+    vin = _random_vin(rng)
+    vin[rng.integers(0, VIN - 8):][:8] = 0     # an all-zero stretch: zero rows and groups
+    vecs = []
+    for _ in range(8):
+        length = int(rng.choice([1, 8, 64, int(rng.integers(1, VOUT // 2))]))
+        imm = random_kv4_imm(rng, length)
+        words = int(vec_out_words(VecFunc.KV4.value, length, imm))
+        vecs.append(Vec(func=VecFunc.KV4, length=length, imm=imm,
+                        a_addr=int(rng.integers(0, VIN - length + 1)),
+                        dst_addr=int(rng.integers(0, VOUT - words + 1))))
         assert dispatch_error(vecs[-1], VCFG) == ErrorCode.NONE
         if rng.random() < 0.4:
             vecs += _random_vecs(rng, 1)

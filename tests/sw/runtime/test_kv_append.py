@@ -157,16 +157,18 @@ def test_an_int4_cache_of_narrow_records_keeps_the_host_append():
 
 @pytest.mark.rtl
 @pytest.mark.slow
-def test_rtl_appends_the_cache_as_the_fast_model():
-    """The decode programs with their KV append parts give the same logits on the RTL as on
-    the fast model (the equivalence harness's vector configuration), their LOADs of the
-    token's embedding rows pointed at the embedding table on chip."""
+@pytest.mark.parametrize("bits", [8, 4])
+def test_rtl_appends_the_cache_as_the_fast_model(bits):
+    """The decode programs with their KV append parts (an INT4 cache's with KV4 and INSERT4)
+    give the same logits on the RTL as on the fast model (the equivalence harness's vector
+    configuration), their LOADs of the token's embedding rows pointed at the embedding table
+    on chip."""
     from sim.random_programs import EQUIVALENCE_CONFIGS
     cfg = EQUIVALENCE_CONFIGS["4x4"]
     # (a vocabulary of 16: the embedding table fits the configuration's 32 KiB beside it)
     lm = tiny_lm(layers=1, heads=2, kv_heads=1, hidden=32, vocab=16)
     ws = compressed(lm, "2:4", 32)
-    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2, kv_bits=bits), weights=ws)
     assert any(p.append_rows for p in exe.programs)
     assert any(p.embed_rows for p in exe.programs if p.fused_into is None)
     ids = _ids(lm, PROMPT + 2, seed=5)
