@@ -135,7 +135,8 @@ def test_requant_of_rows():
     full = data.shape
     got = elementwise(Requant(), x=data, r=np.broadcast_to(r[:, None], full),
                       sh=np.broadcast_to(sh[:, None], full),
-                      s=np.broadcast_to(s[:, None], full))                    # pass 2
+                      s=np.broadcast_to(s[:, None], full),
+                      four=np.zeros(full, int), key=np.zeros(full, int))      # pass 2, INT8
     want, want_amax = vec_requant(data)
     assert np.array_equal(got, want) and np.array_equal(amax, want_amax)
 
