@@ -166,10 +166,16 @@ def test_a_dram_too_small_for_the_table_has_the_host_write_the_rows(model):
                           weights=fmt)
     assert EMBEDDING_TABLE not in tight.symbols and table > CFG.beat_bytes
     assert not any(p.embed_rows for p in tight.programs)
+    _host_writes_the_rows(lm, twin, tight, small)
+
+
+def _host_writes_the_rows(lm, twin, exe, cfg):
+    """``exe`` (without the embedding table) generates the twin's tokens on ``cfg``, the host
+    writing each decode token's embedding rows."""
     prompt = _prompt(lm, 3)
     with torch.no_grad():
         want = generate(twin, torch.tensor(prompt), STEPS + 1)[PROMPT:].tolist()
-    gen = Runtime(tight, make_backend("model", small), vector=True).generate(
+    gen = Runtime(exe, make_backend("model", cfg), vector=True).generate(
         prompt, STEPS + 1, logits=False)
     assert gen.tokens == want
     assert all(st.written_bytes > 0 for st in gen.steps[1:])
@@ -237,10 +243,4 @@ def test_a_dram_without_room_for_the_table_beside_the_frames(looped):
     assert tight.report["block_loop"]["looped_programs"] >= 1
     assert EMBEDDING_TABLE not in tight.symbols
     assert not any(p.embed_rows for p in tight.programs)
-    prompt = _prompt(lm, 3)
-    with torch.no_grad():
-        want = generate(twin, torch.tensor(prompt), STEPS + 1)[PROMPT:].tolist()
-    gen = Runtime(tight, make_backend("model", small), vector=True).generate(
-        prompt, STEPS + 1, logits=False)
-    assert gen.tokens == want
-    assert all(st.written_bytes > 0 for st in gen.steps[1:])
+    _host_writes_the_rows(lm, twin, tight, small)
