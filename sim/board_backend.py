@@ -31,7 +31,14 @@ from hw.board import protocol as p
 from hw.board.dram_init import initialize_board
 from hw.board.ecpix5 import ECPIX5, Board
 from hw.config import AcceleratorConfig
-from hw.isa import INSTR_BYTES, Opcode, decode_fields, program_words, relative_words
+from hw.isa import (
+    INSTR_BYTES,
+    Opcode,
+    decode_fields,
+    loop_stream,
+    program_words,
+    relative_words,
+)
 from sim.board import BoardLink, BoardLinkError
 from sim.result import RunResult
 from sim.rtl import encode_any
@@ -44,7 +51,8 @@ _GAP_WORDS = 8
 
 def dma_spans(words: np.ndarray, opcode: Opcode) -> list[tuple[int, int]]:
     """The DRAM beats the LOADs (or STOREs) of a program touch: sorted, merged
-    ``(first beat, beats)`` runs.
+    ``(first beat, beats)`` runs, every iteration of a REPEAT's body at its own offsets
+    (:func:`hw.isa.loop_stream`).
 
     Parameters
     ----------
@@ -62,7 +70,8 @@ def dma_spans(words: np.ndarray, opcode: Opcode) -> list[tuple[int, int]]:
     >>> dma_spans(prog, Opcode.LOAD)
     [(10, 3), (14, 3)]
     """
-    f = decode_fields(words)
+    raw = decode_fields(words)
+    f = loop_stream(raw, np.zeros(len(raw["opcode"]), bool)).fields(raw)
     spans = []
     for i in np.flatnonzero(f["opcode"] == opcode.value):
         base, rows = int(f["dma.dram_addr"][i]), int(f["dma.rows"][i])
