@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from hw.config import AcceleratorConfig
+from hw.isa import RegTerm
 from sw.artifact import ArtifactError, load_artifact, save_artifact
 from sw.compile.errors import ExecutableError, IRError
 from sw.compile.ir import Graph
@@ -52,7 +53,7 @@ __all__ = ["Executable", "Program", "ProgramMember", "ProgramTable", "KVCachePla
 
 #: The file format's version: a new one whenever a field is added, dropped or changes
 #: meaning (a reader refuses every other version, naming both).
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 _KEY = "nmfpga-executable"
 
 
@@ -270,6 +271,10 @@ class Executable:
     kv: KVCachePlan
     io: IOBinding
     report: dict = field(default_factory=dict)
+    #: The run-time register table: register ``i + 1`` holds the sum of ``registers[i]``
+    #: (:class:`hw.isa.RegTerm`) of the step's position and token, which the host evaluates
+    #: as it starts a step (:func:`hw.isa.reg_table_values`; :mod:`sw.compile.registers`).
+    registers: tuple[tuple[RegTerm, ...], ...] = ()
 
     def program_index(self, phase: str, node: str, positions: int) -> int:
         """The index in :attr:`programs` of accelerator node ``node``'s program for a
@@ -346,7 +351,8 @@ def save(exe: Executable, path: str | Path) -> Path:
                      for ph, nodes in exe.table.entries.items()},
            "symbols": {k: asdict(r) for k, r in exe.symbols.items()},
            "host_shapes": {k: list(v) for k, v in exe.host_shapes.items()},
-           "kv": _kv_doc(exe.kv), "io": asdict(exe.io), "report": exe.report}
+           "kv": _kv_doc(exe.kv), "io": asdict(exe.io), "report": exe.report,
+           "registers": [[t.to_list() for t in terms] for terms in exe.registers]}
     return save_artifact(path, _KEY, tensors, doc)
 
 
@@ -408,4 +414,6 @@ def _from_doc(tensors: dict[str, np.ndarray], doc: dict) -> Executable:
                        kv["on_accelerator"], tuple(tuple(h) for h in kv["keys"]),
                        tuple(tuple(h) for h in kv["values"])),
         io=IOBinding(**{**doc["io"], "decode_contexts": tuple(doc["io"]["decode_contexts"])}),
-        report=doc["report"])
+        report=doc["report"],
+        registers=tuple(tuple(RegTerm.from_list(t) for t in terms)
+                        for terms in doc["registers"]))

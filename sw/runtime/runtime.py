@@ -57,7 +57,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from hw.isa import RunReg, field_location
+from hw.isa import field_location, reg_table_values
 from hw.numerics import (
     add_vector,
     bias_to_acc,
@@ -612,17 +612,16 @@ class Runtime:
             return outs
         return kernel
 
-    def _registers(self, run: int, env) -> dict[str, int]:
-        """The run-time registers of program ``run`` in this step (:data:`hw.isa.RunRegs`):
-        ``pos`` the step's first position, which its ROPE table LOADs (``position_rows``)
-        and causal SOFTMAX VECs (``imm_rows``) are relative to; ``tok`` the step's token,
-        the row of the embedding table its ``embed_rows`` read (decode: one token)."""
+    def _registers(self, run: int, env) -> dict[int, int]:
+        """The run-time registers of program ``run`` in this step: the executable's register
+        table (:attr:`~sw.compile.executable.Executable.registers`) at the step's first
+        position ``pos`` and, for a program that reads the embedding table's row of the
+        step's token (``embed_rows``; decode: one token), that token ``tok`` (else 0)."""
         program = self.exe.programs[run]
-        regs = {"pos": env.past}
+        tok = 0
         if program.embed_rows:
-            regs["tok"] = int(self._vals[self.exe.graphs[program.phase].inputs[0]]
-                              .reshape(-1)[0])
-        return regs
+            tok = int(self._vals[self.exe.graphs[program.phase].inputs[0]].reshape(-1)[0])
+        return reg_table_values(self.exe.registers, env.past, tok)
 
     def _fused_words(self, run: int, env) -> np.ndarray | None:
         """The words of fused program ``run`` with its SOFTMAX parts' VECs (``imm_rows``)
@@ -1141,7 +1140,7 @@ def _set_imm(program: Program, values: np.ndarray) -> np.ndarray:
                            f"parameters, the step gives {values.size}")
     words = program.words.copy()
     for (at, bits), value in ((field_location("vec.imm"), np.asarray(values, np.uint64)),
-                              (field_location("vec.reg"), np.uint64(RunReg.NONE.value))):
+                              (field_location("vec.reg"), np.uint64(0))):
         half, off = divmod(at, 64)
         if (at + bits - 1) // 64 != half:
             raise RuntimeFault("a VEC field straddles the instruction's 64-bit halves")

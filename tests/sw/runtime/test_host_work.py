@@ -14,7 +14,7 @@ from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
 
 from hw.config import VECTOR_PRESET_SPADS
 from hw.format import WeightFormat
-from hw.isa import RunReg
+from hw.isa import RegTerm
 from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model
 from sw.compress.model import compress_llama, untie_head, use_hardware_numerics
@@ -117,7 +117,7 @@ def test_the_embedding_table_serves_the_decode_steps_rows(model):
     norm's input and the first block's residual) read the constant table, every token's row
     as the host's Q15.16 words, relative to the run-time register ``tok`` (one row, the
     table's row stride); the prefill's rows are the host's."""
-    from hw.isa import Load, RunReg, decode_program
+    from hw.isa import Load, decode_program
     from hw.numerics import to_fixed
     from sw.compile.executable import EMBEDDING_TABLE
 
@@ -129,7 +129,8 @@ def test_the_embedding_table_serves_the_decode_steps_rows(model):
     ((_, row),) = rt._served.items()
     loads = decode_program(joined.words[list(joined.embed_rows)].view(np.uint8))
     table_at = exe.symbols[EMBEDDING_TABLE].addr // CFG.beat_bytes
-    assert all(isinstance(ld, Load) and ld.reg == RunReg.TOK and ld.rows == 1
+    assert all(isinstance(ld, Load) and ld.reg and ld.rows == 1
+               and exe.registers[ld.reg - 1] == (RegTerm("tok", mul=ld.dram_stride),)
                and ld.dram_stride * CFG.beat_bytes == row
                and table_at <= ld.dram_addr < table_at + row // CFG.beat_bytes for ld in loads)
     table = exe.image[EMBEDDING_TABLE].reshape(lm.config.vocab_size, row)
@@ -215,7 +216,8 @@ def test_a_looped_decode_step_copies_the_tables_row(looped, seed):
     assert joined.embed_rows == (0,)
     load = instructions(joined.words)[0]
     ((served, row),) = Runtime(exe, make_backend("model", CFG), vector=True)._served.items()
-    assert load.reg == RunReg.TOK  # row tok of the table: the host writes the register
+    # row tok of the table: the host writes the register, tok times the row's beats
+    assert exe.registers[load.reg - 1] == (RegTerm("tok", mul=load.dram_stride),)
     assert load.dram_addr * CFG.beat_bytes == exe.symbols[EMBEDDING_TABLE].addr
     assert load.row_beats * CFG.beat_bytes == load.dram_stride * CFG.beat_bytes == row
     assert served in exe.symbols
