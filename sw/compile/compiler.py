@@ -327,7 +327,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
     if embedding:
         programs = [token_relative(cfg, p, symbols, embedding) for p in programs]
     registers = RegisterFile()
-    programs = allocate(programs, registers)
+    programs = allocate(programs, registers, lambda p: {
+        i: kv.append_terms(kind)[field == "imm"] for i, kind, field, _ in p.append_rows})
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
         # a step runs one program per set of nodes (of its context bucket's, the most)
