@@ -396,7 +396,9 @@ class FetchUnit(wiring.Component):
         is_vec1 = op1 == Opcode.VEC
         regfile = Array([Const(0, REG_BITS)] + [self.regs[i] for i in range(NUM_REGS)])
         reg_dma = Mux(is_dma1, regfile[fetched.body.dma.reg], 0)
-        reg_vec = Mux(is_vec1, regfile[fetched.body.vec.reg], 0)
+        # (no vector engine: VEC is ILLEGAL_OPCODE there, no register reaches an imm)
+        reg_vec = Mux(is_vec1, regfile[fetched.body.vec.reg], 0) if cfg.has_vector \
+            else Const(0, REG_BITS)
         in_body1 = is_dma1 & (s1["pc"] <= last)
         step = Mux(op1 == Opcode.STORE, offset["store_stride"],
                    Mux(fetched.body.dma.spad == Spad.WGT, offset["wgt_stride"],
@@ -436,7 +438,8 @@ class FetchUnit(wiring.Component):
                               [vec2.imm, s2["reg_vec"]])[imm_sum_w - 1]
         func2 = vec2.func.as_value()
         bad_rel_vec = (vec2.reg != 0) & (((func2 == VecFunc.SOFTMAX.value) & over_count)
-                                         | insert_bad(func2, imm3))
+                                         | insert_bad(func2, imm3)) if cfg.has_vector \
+            else Const(0, 1)
         pre = self._pre_error(s2)
         s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=ins3, pre=pre,
                    pre_ok=pre == ErrorCode.NONE, pc_over=s2["pc"] == depth,
