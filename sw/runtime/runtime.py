@@ -704,7 +704,7 @@ class Runtime:
         return y[:, :n].astype(np.int64)
 
     def _run(self, phase: str, node: Node, pid: int, stats: StepStats,
-             words: np.ndarray | None = None, regs: dict[str, int] | None = None) -> None:
+             words: np.ndarray | None = None, regs: dict[int, int] | None = None) -> None:
         """Run program ``pid`` (``words``: its words with run-time parameters set) with the
         run-time registers ``regs``."""
         program = self.exe.programs[pid]

@@ -82,6 +82,40 @@ def test_a_decode_step_reads_back_only_the_token_id(model, seed):
         assert st.cycles == st_all.cycles
 
 
+def test_a_decode_step_writes_no_words_only_the_registers(model):
+    """The decode program (its KV append's sites, rotary rows, softmax counts and embedding
+    row relative to run-time registers) runs with its compiled words every step, and the
+    registers the host sets are the register table at the step's position and token; the
+    KV append's words name registers holding KVLayout.append_terms, one per sum."""
+    from hw.isa import decode_program, reg_table_values
+
+    lm, exe, twin = model
+    (joined,) = [p for p in exe.programs if p.phase == "decode" and p.fused_into is None]
+    layout = exe.kv.layout
+    program = decode_program(joined.words.view(np.uint8))
+    sites = {(kind, field) for _, kind, field, _ in joined.append_rows}
+    assert {"k", "v"} <= {kind for kind, _ in sites}
+    for i, kind, field, _ in joined.append_rows:
+        held = exe.registers[program[i].reg - 1]
+        assert held == layout.append_terms(kind)[field == "imm"], (i, kind, field)
+    assert len(exe.registers) == len(set(exe.registers))   # shared where equal
+    rt = Runtime(exe, make_backend("model", CFG), vector=True)
+    runs, inner = [], rt.backend.run
+
+    def run(words, dram, **kw):
+        runs.append((words, kw.get("regs")))
+        return inner(words, dram, **kw)
+
+    rt.backend.run = run
+    prompt = _prompt(lm, 3)
+    gen = rt.generate(prompt, STEPS + 1, logits=False)
+    decode = [(w, r) for w, r in runs if w is joined.words]
+    assert len(decode) == STEPS
+    for k, (_, regs) in enumerate(decode):
+        past = PROMPT + k
+        assert regs == reg_table_values(exe.registers, past, gen.tokens[k]), k
+
+
 def test_logits_read_back_only_from_the_head(model):
     """With logits, a decode step reads back the head's rows (and the token), no other node's
     results, and they equal the twin's bit for bit."""
