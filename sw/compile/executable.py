@@ -121,10 +121,11 @@ class Program:
 
     A vector program (a host op on the vector engine) has no members but its ``vector``
     operation, and ``imm_rows``: the index of each row's SOFTMAX VEC, whose ``imm`` (the
-    row's valid positions) counts from the run-time register ``pos`` (the step's first
-    position, :func:`hw.isa.relative_fields`) for a causal mask (the host sets it in a copy
-    of ``words`` for another mask), and ``position_rows``: a ROPE's LOADs of its rotary
-    table rows, relative to ``pos``.
+    row's valid positions) counts from a run-time register holding ``pos`` (the step's first
+    position, :attr:`Executable.registers`, :func:`hw.isa.relative_fields`) for a causal
+    mask (the host sets it in a copy of ``words`` for another mask), and ``position_rows``:
+    a ROPE's LOADs of its rotary table rows, relative to a register holding ``pos`` times
+    the table's row beats.
 
     Fused programs (:mod:`sw.compile.fusion`): a program that runs several accelerator nodes
     lists their programs in ``parts`` (node order) and its minimal work ``(read bytes, write
@@ -134,11 +135,13 @@ class Program:
     values on chip (:mod:`sw.compile.kvappend`, built for position 0) lists in
     ``append_rows`` each word the step's position moves, ``(index, kind, field, layer)``:
     a LOAD's or STORE's ``dram_addr`` (``field`` "dram_addr") or an INSERT's ``imm`` base
-    ("imm") in the key ("k"), value ("v") or value code ("c") region, by
-    :meth:`~sw.compile.lower.KVLayout.append_site`. A decode program's LOADs of the token's
-    embedding rows (a buffer the embedding lookup computes) are its ``embed_rows``: LOADs of
-    the constant embedding table (``symbols.embedding_table()``) relative to the run-time
-    register ``tok``, the step's token, so the host writes neither the rows nor the words."""
+    ("imm") in the key ("k"), value ("v") or value code ("c") region, each relative to a
+    run-time register holding its :meth:`~sw.compile.lower.KVLayout.append_terms`. A
+    decode program's LOADs of the token's embedding rows (a buffer the embedding lookup
+    computes) are its ``embed_rows``: LOADs of the constant embedding table
+    (``symbols.embedding_table()``) relative to a run-time register holding ``tok`` (the
+    step's token) times the table's row beats, so the host writes neither the rows nor the
+    words."""
 
     phase: str
     node: str
