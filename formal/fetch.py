@@ -7,8 +7,12 @@ Amaranth values -- on the fields of a symbolic 128-bit word (offsets from
 :func:`hw.isa.dispatch_errors`; ``tests/prove/test_golden.py`` checks the lifted table against
 ``dispatch_errors`` on random and rule-targeted words.
 
-The harness writes two free words into the instruction memory (``cfg.imem_depth`` = 2), starts
-the unit and leaves every queue's ``ready`` free in every cycle. It tracks the program counter
+The harness writes two free words into the instruction memory (``cfg.imem_depth`` = 2), sets
+free run-time registers (every register any value, held for the run), starts the unit and
+leaves every queue's ``ready`` free in every cycle. The reference is the rule table on the
+word as dispatched with those registers (:func:`relative_word`: the register's value added to
+a relative word's ``dram_addr`` or ``imm``, saturated; :func:`hw.isa.relative_fields`), and a
+dispatched word's body is that word's. It tracks the program counter
 of the instruction at dispatch (instructions dispatch in order) and asserts, in every cycle
 from ``FETCH_LATENCY`` after the start until END: the unit reports exactly ``rule_error`` of that
 word (PC_OVERFLOW past the last word); a word with an error is never dispatched into any queue;
@@ -54,7 +58,7 @@ from hw.isa import (
 
 from .flow import Harness, Proof
 
-__all__ = ["rule_error", "word_fields", "FetchHarness", "proofs", "ROW_BITS"]
+__all__ = ["rule_error", "relative_word", "word_fields", "FetchHarness", "proofs", "ROW_BITS"]
 
 #: Bound on one factor of the DMA extent products (see the module docstring).
 ROW_BITS = 3
@@ -69,6 +73,28 @@ def word_fields(word) -> dict:
     for name in names:
         off, width = field_location(name)
         out[name] = word[off:off + width]
+    return out
+
+
+def relative_word(word, regs) -> Value:
+    """The symbolic ``word`` as dispatched with the run-time registers ``regs`` (a
+    :data:`hw.isa.RunRegs` value), :func:`hw.isa.relative_fields` written on its fields: a
+    LOAD's or STORE's ``dram_addr`` plus its register's value, a VEC's ``imm`` (of
+    :data:`hw.isa.REG_VEC_FUNCS`) plus its register's, each saturated; the ``reg`` fields
+    kept (the legality rules read them; the engines do not)."""
+    f = word_fields(word)
+    op = f["opcode"]
+    file = Array([Const(0, isa.REG_BITS)] + [regs[i] for i in range(isa.NUM_REGS)])
+    moves = {"dma": (op == Opcode.LOAD.value) | (op == Opcode.STORE.value),
+             "vec": (op == Opcode.VEC.value) & functools.reduce(
+                 operator.or_, (f["vec.func"] == v for v in isa.REG_VEC_FUNCS))}
+    top = {"dma": isa.DRAM_ADDR_MAX, "vec": isa.IMM_MAX}
+    out = Value.cast(word)
+    for body, (name,) in isa.RELATIVE.items():
+        at, width = field_location(f"{body}.{name}")
+        total = f[f"{body}.{name}"] + Mux(moves[body], file[f[f"{body}.reg"]], 0)
+        value = Mux(total[width:].any(), top[body], total[:width])
+        out = Cat(out[:at], value, out[at + width:])
     return out
 
 
@@ -104,6 +130,7 @@ class FetchHarness(Harness):
             raise ValueError(f"bound must be 'other' or 'dma', got {bound!r}")
         self.cfg, self.bound = cfg, bound
         self.data = self.free(INSTR_BITS, "data")
+        self.regs = self.free(isa.RunRegs, "regs")
         self.ready = {e.engine: self.free(1, f"{e.name}_ready") for e in engines_of(cfg)}
 
     def elaborate(self, platform):
@@ -127,6 +154,11 @@ class FetchHarness(Harness):
                          dut.imem_wr.data.eq(self.data)]
             m.d.sync += Array(words)[cycle[:max(1, (depth - 1).bit_length())]].eq(self.data)
         m.d.comb += dut.run.eq(~writing)
+        # The run-time registers: free values, taken in cycle 0 and held for the run.
+        regs = Signal(isa.RunRegs, name="run_regs")
+        with m.If(cycle == 0):
+            m.d.sync += regs.eq(self.regs)
+        m.d.comb += dut.regs.eq(regs)
         fl = word_fields(self.data)
         is_dma = (fl["opcode"] == Opcode.LOAD.value) | (fl["opcode"] == Opcode.STORE.value)
         if self.bound == "other":
@@ -149,7 +181,8 @@ class FetchHarness(Harness):
         left = Signal(rep_shape["count"].width)
         refill = Signal(range(timing.LOOP_BACK_LATENCY))
         at_dispatch = (cycle == first_dispatch) & ~ended & (refill == 0)
-        word = Mux(pc == depth, 0, Array(words)[pc[:max(1, (depth - 1).bit_length())]])
+        word = relative_word(Mux(pc == depth, 0,
+                                 Array(words)[pc[:max(1, (depth - 1).bit_length())]]), regs)
         f = word_fields(word)
         op = f["opcode"]
         is_end = op == Opcode.END.value

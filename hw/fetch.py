@@ -7,13 +7,15 @@ The fetch unit owns the instruction memory (``cfg.imem_depth`` x 128 bits, writt
 F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048 words
 S1    the banks' words, registered
 S2    bank select; the terms of the opcode / event / GEMM field checks (of the fetched word:
-      a loop's offset, added to a DMA's ``dram_addr`` here, reaches only the DRAM range's sum;
-      a run-time register, added here to a VEC's ``imm`` and, times ``dram_stride``, to a
-      DMA's ``dram_addr``, reaches the VEC checks and that sum: hw.isa.relative_fields);
+      a loop's offset, added to a DMA's ``dram_addr`` here, reaches only the DRAM range's
+      sum); the value of the run-time register a LOAD, STORE or VEC names, picked from the
+      register file (hw.isa.relative_fields);
       DMA extent products ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves:
       multipliers between registers); a ROPE's ``heads * head_dim``
 S3    the field checks' error code from their terms; extent sums, each less its limit, so that
-      the range check is the sum's sign bit; the ROPE product against ``length``
+      the range check is the sum's sign bit (the DRAM range's with the register's value); the
+      ROPE product against ``length``; the effective word (``dram_addr`` or ``imm`` plus the
+      register, saturated) and a relative VEC's checks of its ``imm``
 S4    the error code from the registered checks; this is the *dispatch* stage
 ====  ========================================================================================
 
@@ -49,14 +51,14 @@ from hw.isa import (
     INSTR_BITS,
     LOAD_SPADS,
     NO_EVENT,
-    REG_NAMES,
+    NUM_REGS,
+    REG_BITS,
     ROPE_HEAD_DIM_BITS,
     STORE_SPADS,
     EpilogueMode,
     ErrorCode,
     InstrLayout,
     Opcode,
-    RunReg,
     RunRegs,
     Spad,
     VecBody,
@@ -88,6 +90,41 @@ _ROPE_HEADS_BITS = VecBody["length"].width - 1
 _BANK_DEPTH = 2048
 
 
+def _extend(value: Value, width: int) -> Value:
+    """``value`` as a ``width``-bit two's complement word (sign-extended when signed)."""
+    value = Value.cast(value)
+    if len(value) > width:
+        raise ValueError(f"a {len(value)}-bit value does not fit {width} bits")
+    top = value[-1] if value.shape().signed else Const(0, 1)
+    return Cat(value, *[top] * (width - len(value)))
+
+
+def wide_sum(terms: list[Value], const: int, width: int, negated: list[Value] = ()) -> Value:
+    """``sum(terms) - sum(negated) + const`` modulo ``2**width``, as a carry-save tree and one
+    adder.
+
+    Each 3:2 step is one LUT level per bit (sum ``a ^ b ^ c``, carry the majority, one place
+    up), so a sum of many terms costs a LUT level per step and a single carry chain instead of
+    a carry chain per term. ``terms`` and ``negated`` are Amaranth values (sign-extended when
+    signed, at most ``width`` bits; a negated term is its complement plus one, the one folded
+    into ``const``); ``const`` any int. The result is unsigned; its top bit is the sign when
+    the true sum fits ``width`` bits as two's complement.
+    """
+    if width < 1:
+        raise ValueError(f"width must be positive, got {width!r}")
+    ops = [_extend(t, width) for t in terms] + [~_extend(t, width) for t in negated]
+    const += len(negated)
+    if const % (1 << width):
+        ops.append(Const(const % (1 << width), width))
+    while len(ops) > 2:
+        a, b, c = ops[:3]
+        carry = (a & b) | (a & c) | (b & c)
+        ops = ops[3:] + [a ^ b ^ c, Cat(Const(0, 1), carry[:width - 1])]
+    if not ops:
+        return Const(0, width)
+    return (ops[0] + ops[1])[:width] if len(ops) == 2 else ops[0]
+
+
 class FetchUnit(wiring.Component):
     """Instruction memory, fetch pipeline, checks and dispatch.
 
@@ -103,9 +140,9 @@ class FetchUnit(wiring.Component):
     run: In(1)
         The machine is running; fetch starts from ``pc = 0`` after a reset.
     regs: In(hw.isa.RunRegs)
-        The run-time registers, steady while the machine runs: a LOAD's or STORE's
-        ``dram_addr`` and a VEC's ``imm`` relative to one are advanced by it in S1
-        (:func:`hw.isa.relative_fields`).
+        The run-time registers (1 .. NUM_REGS as elements 0 ..), steady while the machine
+        runs: a LOAD's or STORE's ``dram_addr`` and a VEC's ``imm`` that name one have its
+        value added in S2 -> S3 (:func:`hw.isa.relative_fields`).
     load, compute, store, vector: Out(stream.Signature(entry_layout(body)))
         Dispatch into the engine queues: one port per engine the configuration has
         (:func:`hw.engines.engines_of`), named after it, whose entries carry its body layout;
@@ -167,8 +204,7 @@ class FetchUnit(wiring.Component):
                              "gemm.epilogue": ins.body.gemm.epilogue.as_value(),
                              "dma.spad": ins.body.dma.spad.as_value(),
                              "vec.func": ins.body.vec.func.as_value(),
-                             "dma.reg": ins.body.dma.reg.as_value(),
-                             "vec.reg": ins.body.vec.reg.as_value()}, lim)
+                             "vec.reg": ins.body.vec.reg}, lim)
         # Each rule's terms are registered apart (S2) and OR-ed into the error code in S3
         # (:meth:`_pre_error`): the word's bank multiplexer and the comparisons fill S2.
         bad_event = Cat((ev != NO_EVENT) & (ev >= lim.num_events)
@@ -195,15 +231,16 @@ class FetchUnit(wiring.Component):
         # (kv4_bad).
         head_dim, heads = v.imm[:ROPE_HEAD_DIM_BITS], v.imm[ROPE_HEAD_DIM_BITS:]
         is_rope = func == VecFunc.ROPE.value
+        relative = v.reg != 0  # those imm checks on the sum, in S3 (elaborate)
         bad_vec = Cat(length == 0,
                       v.a_addr + length > lim.vin_elems,
                       vec_reads_b(func) & (v.b_addr + length > lim.vin_elems),
                       v.dst_addr + vec_out_words(func, length, v.imm) > lim.vout_elems,
-                      (func == VecFunc.SOFTMAX.value) & (v.imm > length),
+                      (func == VecFunc.SOFTMAX.value) & (v.imm > length) & ~relative,
                       is_rope & (head_dim[0] | (head_dim == 0) | heads[_ROPE_HEADS_BITS:].any()
                                  | (v.b_addr + head_dim[1:] > lim.vin_elems)),
                       vec_reads_amax(func) & (dequant_amax_addr(v.imm) >= lim.vin_elems),
-                      insert_bad(func, v.imm), kv4_bad(func, length, v.imm))
+                      insert_bad(func, v.imm) & ~relative, kv4_bad(func, length, v.imm))
         rope_row = heads[:_ROPE_HEADS_BITS] * head_dim
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)
@@ -344,48 +381,74 @@ class FetchUnit(wiring.Component):
                   for k in classes}
         loop_back = Signal()
         off_at, off_w = field_location("dma.dram_addr")
+        imm_at, imm_w = field_location("vec.imm")
+        assert off_at + off_w <= imm_at, (off_at, off_w, imm_at)  # the word's order below
         fetched = InstrLayout(word[:InstrLayout.size])
         op1 = fetched.header.opcode
         is_dma1 = (op1 == Opcode.LOAD) | (op1 == Opcode.STORE)
-        # ---- run-time registers (hw.isa.relative_fields): a VEC's imm plus its register, a
-        # LOAD's or STORE's dram_addr plus its register times its dram_stride, each saturated.
-        reg_of = Array(getattr(self.regs, REG_NAMES[RunReg(v)]) if v in RunReg._value2member_map_
-                       and RunReg(v) in REG_NAMES else Const(0)
-                       for v in range(1 << RunReg.as_shape().width))
-        imm_at, imm_w = field_location("vec.imm")
-        imm = word[imm_at:imm_at + imm_w] + Mux(op1 == Opcode.VEC, reg_of[fetched.body.vec.reg], 0)
-        imm = Mux(imm[imm_w:].any(), IMM_MAX, imm[:imm_w])
-        word = Cat(word[:imm_at], imm, word[imm_at + imm_w:])
-        view1 = InstrLayout(word[:InstrLayout.size])
+        # ---- run-time registers (hw.isa.relative_fields): S2 holds the value of the register
+        # a LOAD or STORE names (for its dram_addr) and that a VEC names (for its imm), 0 for
+        # every other word, picked from the register file here; S3 adds them, an adder each
+        # and a saturation, and holds the effective word, which S4 and the queue see. The
+        # DRAM range adds the register in its own carry-save sum; a VEC's checks of its imm
+        # (REG_VEC_FUNCS: a SOFTMAX's count, an INSERT's geometry) are made on the sum in S3
+        # for a word that names a register, in S2 for every other.
+        is_vec1 = op1 == Opcode.VEC
+        regfile = Array([Const(0, REG_BITS)] + [self.regs[i] for i in range(NUM_REGS)])
+        reg_dma = Mux(is_dma1, regfile[fetched.body.dma.reg], 0)
+        # (no vector engine: VEC is ILLEGAL_OPCODE there, no register reaches an imm)
+        reg_vec = Mux(is_vec1, regfile[fetched.body.vec.reg], 0) if cfg.has_vector \
+            else Const(0, REG_BITS)
         in_body1 = is_dma1 & (s1["pc"] <= last)
         step = Mux(op1 == Opcode.STORE, offset["store_stride"],
-                   Mux(view1.body.dma.spad == Spad.WGT, offset["wgt_stride"],
+                   Mux(fetched.body.dma.spad == Spad.WGT, offset["wgt_stride"],
                        offset["load_stride"]))
-        rel = Mux(is_dma1, reg_of[view1.body.dma.reg] * view1.body.dma.dram_stride, 0)
-        eff = word[off_at:off_at + off_w] + Mux(in_body1, step, 0) + rel
+        eff = word[off_at:off_at + off_w] + Mux(in_body1, step, 0)
         eff = Mux(eff[off_w:].any(), DRAM_ADDR_MAX, eff[:off_w])
         word = Cat(word[:off_at], eff, word[off_at + off_w:])
         ins1 = InstrLayout(word[:InstrLayout.size])
-        # The checks read view1 (a VEC's effective imm, the fetched dram_addr), not the
-        # effective word: the offsets change only a LOAD's or STORE's dram_addr, which only the
-        # DRAM range reads, so every other check sees the same bits either way and need not
-        # wait for the offsets' adders. The DRAM range adds the effective address to the rest
-        # of its sum, computed beside it.
-        chk = self._field_checks(m, view1)
+        # The checks read the fetched word, not the effective one: the offsets change
+        # only a LOAD's or STORE's dram_addr, which only the DRAM range reads, so every other
+        # check sees the same bits either way and need not wait for the offsets' adders. The
+        # DRAM range adds the effective address to the rest of its sum, computed beside it.
+        chk = self._field_checks(m, fetched)
         chk["dram_tail"] = ins1.body.dma.dram_addr + chk.pop("dram_rest")
-        s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=ins1, **chk)
+        s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=ins1, reg_dma=reg_dma, reg_vec=reg_vec,
+                   **chk)
         dma = s2["ins"].body.dma
+        vec2 = s2["ins"].body.vec
+        raw2 = s2["ins"].as_value()
+        addr3 = dma.dram_addr + s2["reg_dma"]
+        addr3 = Mux(addr3[off_w:].any(), DRAM_ADDR_MAX, addr3[:off_w])
+        imm3 = vec2.imm + s2["reg_vec"]
+        imm3 = Mux(imm3[imm_w:].any(), IMM_MAX, imm3[:imm_w])
+        ins3 = InstrLayout(Cat(raw2[:off_at], addr3, raw2[off_at + off_w:imm_at], imm3,
+                               raw2[imm_at + imm_w:]))
         # An extent is out of range when its end less the limit (folded in by S2) is >= 0.
         spad_over = dma.spad_addr + s2["spad_len"] + s2["spad_limit"] >= 0
-        dram_over = s2["dram_tail"] + s2["span_lo"] + (s2["span_hi"] << 16) >= 0
+        dram_w = max(len(s2["dram_tail"]) + 1, REG_BITS + 1, len(s2["span_lo"]),
+                     len(s2["span_hi"]) + 16) + 3
+        dram_over = ~wide_sum([s2["dram_tail"].as_signed(), s2["reg_dma"], s2["span_lo"],
+                               s2["span_hi"].shift_left(16)], 0, dram_w)[dram_w - 1]
+        # A relative VEC's checks of its effective imm: a SOFTMAX's count within its row (the
+        # sign of length - imm - register; the saturation does not change it, as IMM_MAX is
+        # past every length), an INSERT's geometry.
+        imm_sum_w = imm_w + 3
+        over_count = wide_sum([vec2.length], 0, imm_sum_w,
+                              [vec2.imm, s2["reg_vec"]])[imm_sum_w - 1]
+        func2 = vec2.func.as_value()
+        bad_rel_vec = (vec2.reg != 0) & (((func2 == VecFunc.SOFTMAX.value) & over_count)
+                                         | insert_bad(func2, imm3)) if cfg.has_vector \
+            else Const(0, 1)
         pre = self._pre_error(s2)
-        s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=s2["ins"], pre=pre,
+        s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=ins3, pre=pre,
                    pre_ok=pre == ErrorCode.NONE, pc_over=s2["pc"] == depth,
                    is_end=s2["is_end"], is_repeat=s2["is_repeat"], is_sync=s2["is_sync"],
                    target=s2["target"],
                    bad_range=(s2["is_dma"] & (spad_over | dram_over))
                    | (s2["is_vec"] & s2["is_rope"]
-                      & (s2["rope_row"] != s2["ins"].body.vec.length)))
+                      & (s2["rope_row"] != s2["ins"].body.vec.length))
+                   | (s2["is_vec"] & bad_rel_vec))
         # A REPEAT or END inside a body: that of the loop running, or of the REPEAT in the
         # dispatch stage (its body's first instruction is here when it is dispatched).
         new_body3 = Signal(name="s3_in_new_body")

@@ -38,7 +38,9 @@ from hw.format import StreamGeometry
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "MAX_HEADER_WORDS", "Opcode",
     "Spad", "Engine", "EpilogueMode", "ErrorCode", "VecFunc", "LOAD_SPADS", "STORE_SPADS",
-    "RunReg", "RunRegs", "REG_NAMES", "reg_values", "relative_fields", "relative_words",
+    "REG_FIELD_BITS", "NUM_REGS", "REG_BITS", "REG_VEC_FUNCS", "RunRegs", "RegTerm",
+    "REG_SOURCES", "reg_value", "reg_table_values", "reg_values", "relative_fields",
+    "relative_words",
     "relative_instruction", "uses_regs", "RELATIVE", "IMM_MAX",
     "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "RepeatBody", "InstrLayout",
     "Load", "Store", "Gemm", "Sync", "Vec", "End", "Repeat", "Instr", "ISAError",
@@ -134,24 +136,27 @@ VEC_FUNC_VALUES = tuple(m.value for m in VecFunc)
 RTL_VEC_FUNCS = tuple(VecFunc)
 #: Values below the largest defined one that name no sub-op (ILLEGAL_OPCODE as those above).
 _VEC_FUNC_GAPS = tuple(v for v in range(max(VEC_FUNC_VALUES)) if v not in VEC_FUNC_VALUES)
+#: The sub-ops whose ``imm`` a run-time register may move (any other VEC naming one is
+#: ILLEGAL_OPCODE): a SOFTMAX's valid positions, an INSERT's or INSERT4's ``base``. Their
+#: checks of ``imm`` read the sum; the fetch unit checks those a stage after the others
+#: (hw/fetch.py), and the checks of every other sub-op's ``imm`` need no adder.
+REG_VEC_FUNCS = (VecFunc.SOFTMAX.value, VecFunc.INSERT.value, VecFunc.INSERT4.value)
 
 
-class RunReg(enum.Enum, shape=2):
-    """The run-time register a LOAD, STORE or VEC word is relative to (its ``reg`` field):
-    the fetch unit adds the register times the word's stride to its run-time field as it
-    dispatches it (:func:`relative_fields`). The value 3 names none: ILLEGAL_OPCODE."""
-
-    NONE = 0
-    POS = 1    # the step's first position (context length before the step)
-    TOK = 2    # the step's token id
-
-
-#: The run-time registers the host writes before it starts a program (hw/fetch.py holds
-#: them for the run): by the lower-case names of :class:`RunReg`. ``pos`` is as wide as a
-#: VEC's ``length`` (a position indexes a row); ``tok`` holds vocabularies up to 2**17.
-RunRegs = data.StructLayout({"pos": 16, "tok": 17})
-#: The register each :class:`RunReg` value names (None: no register).
-REG_NAMES = {RunReg.POS: "pos", RunReg.TOK: "tok"}
+#: Run-time registers: a LOAD, STORE or VEC word names one of them (its ``reg`` field, 0:
+#: none), whose value the fetch unit adds to the word's run-time field as it dispatches it
+#: (:func:`relative_fields`): an offset, no product. The host writes them when it starts a
+#: program (hw/top.py samples them with ``start``); :class:`RegTerm` says what a compiled
+#: executable keeps in each.
+REG_FIELD_BITS = 4
+#: The registers, numbered 1 .. NUM_REGS (0 in a ``reg`` field names none).
+NUM_REGS = (1 << REG_FIELD_BITS) - 1
+#: Bits of a register: as wide as a DMA's ``dram_addr`` (set below), the widest field one
+#: moves within range (a VEC's ``imm`` is wider, but every ``imm`` a register moves, a
+#: SOFTMAX count or an INSERT's base, is below 2**16).
+REG_BITS = 32
+#: The run-time registers as a port: register ``i`` (1 .. NUM_REGS) is element ``i - 1``.
+RunRegs = data.ArrayLayout(REG_BITS, NUM_REGS)
 
 
 class ErrorCode(enum.Enum, shape=4):
@@ -178,8 +183,8 @@ DmaBody = data.StructLayout({
     "spad_addr": 16,
     "rows": 16,
     "row_beats": 16,
-    "dram_stride": 30,
-    "reg": RunReg,   # dram_addr + reg * dram_stride: the transfer starts at row `reg`
+    "dram_stride": 28,
+    "reg": REG_FIELD_BITS,   # dram_addr + the register's value (0: none)
 })
 
 GemmBody = data.StructLayout({
@@ -215,7 +220,7 @@ VecBody = data.StructLayout({
                     # DEQUANT: the VIN address of the token's amax word, FOLD's with
                     # bit 16 (dequant_imm); INSERT: the codes' bytes (insert_imm);
                     # CHANNEL: a channel word (bits 0..23, those above ignored)
-    "reg": RunReg,  # imm + reg (saturated at the field's largest value)
+    "reg": REG_FIELD_BITS,  # imm + the register's value, saturated (0: none; REG_VEC_FUNCS)
 })
 
 #: REPEAT: the next ``length`` instructions (the *body*) run ``count`` times; iteration ``i``
@@ -302,19 +307,19 @@ class _Dma(_Base):
     rows: int = 1
     row_beats: int = 1
     dram_stride: int = 0
-    reg: RunReg = RunReg.NONE
+    reg: int = 0
     body: ClassVar[str] = "dma"
 
     def _body_fields(self):
         return {"spad": self.spad.value, "dram_addr": self.dram_addr,
                 "spad_addr": self.spad_addr, "rows": self.rows, "row_beats": self.row_beats,
-                "dram_stride": self.dram_stride, "reg": self.reg.value}
+                "dram_stride": self.dram_stride, "reg": self.reg}
 
     @classmethod
     def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
         if f["spad"] not in Spad._value2member_map_:
             raise ISAError(f"{cls.opcode.name} names spad {f['spad']}, which does not exist")
-        return cls(**{**f, "spad": Spad(f["spad"]), "reg": _run_reg(f["reg"], cls)}, **ev)
+        return cls(**{**f, "spad": Spad(f["spad"])}, **ev)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -412,29 +417,23 @@ class Vec(_Base):
     dst_addr: int = 0
     length: int = 1
     imm: int = 0
-    reg: RunReg = RunReg.NONE
+    reg: int = 0
     opcode: ClassVar[Opcode] = Opcode.VEC
     body: ClassVar[str] = "vec"
 
     def _body_fields(self):
         return {"func": self.func.value, "a_addr": self.a_addr, "b_addr": self.b_addr,
                 "dst_addr": self.dst_addr, "length": self.length, "imm": self.imm,
-                "reg": self.reg.value}
+                "reg": self.reg}
 
     @classmethod
     def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
         if f["func"] not in VecFunc._value2member_map_:
             raise ISAError(f"VEC names func {f['func']}, which does not exist")
-        return cls(**{**f, "func": VecFunc(f["func"]), "reg": _run_reg(f["reg"], cls)}, **ev)
-
-
-def _run_reg(value: int, cls) -> RunReg:
-    """The :class:`RunReg` of a decoded ``reg`` field (:class:`ISAError` for one that names
-    none)."""
-    if value not in RunReg._value2member_map_:
-        raise ISAError(f"{cls.opcode.name} names run-time register {value}, which does not "
-                       "exist")
-    return RunReg(value)
+        if f["reg"] and f["func"] not in REG_VEC_FUNCS:
+            raise ISAError(f"VEC {VecFunc(f['func']).name} names run-time register {f['reg']}; "
+                           f"only {[VecFunc(v).name for v in REG_VEC_FUNCS]} take one")
+        return cls(**{**f, "func": VecFunc(f["func"])}, **ev)
 
 
 def vec_out_words(func, length, imm=0):
@@ -1289,9 +1288,10 @@ def legal_words(f: dict, lim: DispatchLimits):
     """Which words a configuration runs (its :class:`DispatchLimits` ``lim``; the others are
     ILLEGAL_OPCODE): an opcode it has (VEC only with a vector engine), a SYNC naming an engine
     it has, a GEMM naming an epilogue mode, a LOAD or STORE naming a scratchpad, a VEC naming
-    a sub-op, a LOAD, STORE or VEC naming a run-time register or none (:func:`decode` raises
-    for every word that names no member). ``f`` as from :func:`decode_fields`, numpy arrays
-    or Amaranth values (the fetch unit and its proof use it too)."""
+    a sub-op, a VEC naming a run-time register only for a sub-op of :data:`REG_VEC_FUNCS`
+    (:func:`decode` raises for every word these rules reject). ``f`` as from
+    :func:`decode_fields`, numpy arrays or Amaranth values (the fetch unit and its proof use
+    it too)."""
     op = f["opcode"]
     defined = functools.reduce(operator.or_, (op == o for o in lim.opcodes))
     engine = functools.reduce(operator.or_, (f["sync.engine"] == e for e in lim.engines))
@@ -1302,9 +1302,8 @@ def legal_words(f: dict, lim: DispatchLimits):
     func = f["vec.func"]
     no_func = (op == Opcode.VEC.value) & functools.reduce(
         operator.or_, (func == v for v in _VEC_FUNC_GAPS), func > max(VEC_FUNC_VALUES))
-    top_reg = max(r.value for r in RunReg)
-    no_reg = ((is_dma & (f["dma.reg"] > top_reg))
-              | ((op == Opcode.VEC.value) & (f["vec.reg"] > top_reg)))
+    no_reg = (op == Opcode.VEC.value) & (f["vec.reg"] != 0) & ~functools.reduce(
+        operator.or_, (func == v for v in REG_VEC_FUNCS))
     return defined & ~no_engine & ~no_mode & ~no_spad & ~no_func & ~no_reg
 
 
@@ -1332,6 +1331,7 @@ def dispatch_errors(f: dict[str, np.ndarray], cfg: AcceleratorConfig) -> np.ndar
 #: iteration offset added, :func:`loop_stream`) reads as this value, which no DRAM range
 #: contains (DRAM has fewer beats), so the instruction fails its DRAM range check.
 DRAM_ADDR_MAX = (1 << DmaBody["dram_addr"].width) - 1
+assert REG_BITS == DmaBody["dram_addr"].width, (REG_BITS, DmaBody["dram_addr"].width)
 
 
 @dataclass(frozen=True)
@@ -1460,53 +1460,113 @@ def loop_instruction(ins: Instr, offset: int) -> Instr:
 # ---------------------------------------------------------------------- run-time registers
 #: The largest value of a VEC's ``imm`` field: an effective ``imm`` past it reads as this.
 IMM_MAX = (1 << VecBody["imm"].width) - 1
-#: The fields a run-time register moves, by body: ``(field, stride field or None for 1)``.
-RELATIVE = {"dma": ("dram_addr", "dram_stride"), "vec": ("imm", None)}
+#: The field a run-time register moves, by body.
+RELATIVE = {"dma": ("dram_addr",), "vec": ("imm",)}
 _REL_MAX = {"dma": DRAM_ADDR_MAX, "vec": IMM_MAX}
 _REL_OPS = {"dma": (Opcode.LOAD, Opcode.STORE), "vec": (Opcode.VEC,)}
 
 
-def reg_values(regs: typing.Mapping[str, int] | None) -> np.ndarray:
-    """The run-time registers ``regs`` (``{"pos": p, "tok": t}``; missing ones 0) as an
-    ``int64`` array indexed by :class:`RunReg` value (0 for NONE and for the value that names
-    no register).
+def reg_values(regs: typing.Mapping[int, int] | None) -> np.ndarray:
+    """The run-time registers ``regs`` (``{register: value}``, registers 1 .. :data:`NUM_REGS`;
+    missing ones 0) as an ``int64`` array indexed by ``reg`` field value (index 0, which names
+    none, holds 0).
 
     Raises
     ------
     ISAError
-        A register :data:`RunRegs` does not have, or a value outside its width.
+        A register outside 1 .. NUM_REGS, or a value outside :data:`REG_BITS` bits.
     """
-    out = np.zeros(1 << RunReg.as_shape().width, dtype=np.int64)
-    by_name = {name: reg for reg, name in REG_NAMES.items()}
-    for name, value in (regs or {}).items():
-        if name not in by_name:
-            raise ISAError(f"no run-time register {name!r}; the registers are "
-                           f"{sorted(by_name)}")
-        width = RunRegs[name].width
-        if not 0 <= int(value) < 1 << width:
-            raise ISAError(f"run-time register {name}={value} does not fit in {width} bits")
-        out[by_name[name].value] = int(value)
+    out = np.zeros(NUM_REGS + 1, dtype=np.int64)
+    for reg, value in (regs or {}).items():
+        if not 1 <= int(reg) <= NUM_REGS:
+            raise ISAError(f"no run-time register {reg!r}; the registers are 1 .. {NUM_REGS}")
+        if not 0 <= int(value) < 1 << REG_BITS:
+            raise ISAError(f"run-time register {reg}={value} does not fit in {REG_BITS} bits")
+        out[int(reg)] = int(value)
     return out
+
+
+#: The sources a :class:`RegTerm` reads: the step's first position and its token id.
+REG_SOURCES = ("pos", "tok")
+
+
+@dataclass(frozen=True)
+class RegTerm:
+    """One term of a run-time register's value: ``((src * mul) // div % mod) * scale`` of the
+    step's ``src`` (:data:`REG_SOURCES`; ``mod`` 0: no modulus). A register holds the sum of
+    its terms (:func:`reg_value`): a few integer operations per register when a step starts.
+    """
+
+    src: str
+    mul: int = 1
+    div: int = 1
+    mod: int = 0
+    scale: int = 1
+
+    def __post_init__(self):
+        if self.src not in REG_SOURCES:
+            raise ISAError(f"register term source {self.src!r} is not one of {REG_SOURCES}")
+        if self.mul < 0 or self.div < 1 or self.mod < 0 or self.scale < 0:
+            raise ISAError(f"register term {self}: mul, mod and scale must be >= 0, div >= 1")
+
+    def value(self, sources: typing.Mapping[str, int]):
+        """The term at ``sources`` (``{"pos": p, "tok": t}``; ints or integer arrays)."""
+        v = sources[self.src] * self.mul // self.div
+        return (v % self.mod if self.mod else v) * self.scale
+
+    def to_list(self) -> list:
+        return [self.src, self.mul, self.div, self.mod, self.scale]
+
+    @classmethod
+    def from_list(cls, x) -> RegTerm:
+        return cls(*x)
+
+
+def reg_value(terms: typing.Sequence[RegTerm], pos, tok=0):
+    """A register holding ``terms`` (:class:`RegTerm`) in a step at position ``pos`` with
+    token ``tok``: the sum of the terms (ints or integer arrays)."""
+    sources = {"pos": pos, "tok": tok}
+    return sum((t.value(sources) for t in terms), 0)
+
+
+def reg_table_values(table: typing.Sequence[typing.Sequence[RegTerm]], pos: int,
+                     tok: int = 0) -> dict[int, int]:
+    """The run-time registers (:func:`reg_values`) of a register table (register ``i + 1``
+    holds ``table[i]``, :func:`reg_value`) in a step at position ``pos`` with token ``tok``.
+
+    Raises
+    ------
+    ISAError
+        More than :data:`NUM_REGS` registers, or a value outside :data:`REG_BITS` bits.
+    """
+    if len(table) > NUM_REGS:
+        raise ISAError(f"a register table of {len(table)} registers; there are {NUM_REGS}")
+    regs = {i + 1: int(reg_value(terms, pos, tok)) for i, terms in enumerate(table)}
+    reg_values(regs)  # the range check
+    return regs
 
 
 def relative_fields(f: dict[str, np.ndarray], regs: typing.Mapping[str, int] | None
                     ) -> dict[str, np.ndarray]:
     """The fields of a program (:func:`decode_fields`) as the fetch unit dispatches them with
-    run-time registers ``regs``: a LOAD's or STORE's ``dram_addr`` plus its register times its
-    ``dram_stride`` (at most :data:`DRAM_ADDR_MAX`: the transfer then fails its DRAM range),
-    a VEC's ``imm`` plus its register (at most :data:`IMM_MAX`), and their ``reg`` 0 (a word
-    naming no register keeps its own, ILLEGAL_OPCODE). Every check and the semantics read
-    the effective fields; no field changes an instruction's cycles (hw/timing.py). Before a
-    REPEAT's offsets: the two add (:meth:`LoopStream.fields`)."""
+    run-time registers ``regs`` (:func:`reg_values`): a LOAD's or STORE's ``dram_addr`` plus
+    the value of its register (at most :data:`DRAM_ADDR_MAX`: the transfer then fails its DRAM
+    range), a VEC's ``imm`` plus its register's (at most :data:`IMM_MAX`; a sub-op outside
+    :data:`REG_VEC_FUNCS` keeps its word, ILLEGAL_OPCODE), and their ``reg`` 0. Every check
+    and the semantics read the effective fields; no field changes an instruction's cycles
+    (hw/timing.py). Before a REPEAT's offsets: the two add (:meth:`LoopStream.fields`)."""
     values = reg_values(regs)
     g = dict(f)
-    for body, (field, stride) in RELATIVE.items():
+    for body, (field,) in RELATIVE.items():
         reg = f[f"{body}.reg"]
         moved = functools.reduce(operator.or_, (f["opcode"] == o.value for o in _REL_OPS[body]))
-        moved = moved & (reg != 0) & (reg <= max(r.value for r in RunReg))
+        moved = moved & (reg != 0)
+        if body == "vec":
+            moved = moved & functools.reduce(operator.or_, (f["vec.func"] == v
+                                                            for v in REG_VEC_FUNCS))
         if not moved.any():
             continue
-        step = values[reg] * (f[f"{body}.{stride}"] if stride else 1)
+        step = values[reg]
         g[f"{body}.{field}"] = np.where(moved, np.minimum(f[f"{body}.{field}"] + step,
                                                           _REL_MAX[body]),
                                         f[f"{body}.{field}"])
@@ -1552,14 +1612,14 @@ def relative_words(words: np.ndarray, regs: typing.Mapping[str, int] | None) -> 
 def relative_instruction(ins: Instr, regs: typing.Mapping[str, int] | None) -> Instr:
     """Instruction ``ins`` as dispatched with run-time registers ``regs``
     (:func:`relative_fields`; itself when it is relative to none)."""
-    reg = getattr(ins, "reg", RunReg.NONE)
-    if reg == RunReg.NONE:
+    reg = getattr(ins, "reg", 0)
+    if not reg:
         return ins
-    value = int(reg_values(regs)[reg.value])
+    value = int(reg_values(regs)[reg])
     if isinstance(ins, _Dma):
-        return dataclasses.replace(ins, reg=RunReg.NONE, dram_addr=min(
-            ins.dram_addr + value * ins.dram_stride, DRAM_ADDR_MAX))
-    return dataclasses.replace(ins, reg=RunReg.NONE, imm=min(ins.imm + value, IMM_MAX))
+        return dataclasses.replace(ins, reg=0, dram_addr=min(ins.dram_addr + value,
+                                                             DRAM_ADDR_MAX))
+    return dataclasses.replace(ins, reg=0, imm=min(ins.imm + value, IMM_MAX))
 
 
 # ---------------------------------------------------------------------- full validation

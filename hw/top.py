@@ -140,8 +140,9 @@ class Accelerator(wiring.Component):
     imem_wr: Out(WritePort.Signature(addr_width=ceil_log2(imem_depth), shape=128))
         Host write port of the instruction memory.
     regs: In(hw.isa.RunRegs)
-        The run-time registers (``pos``, ``tok``), sampled when ``start`` is accepted and held
-        by the fetch unit for the run (:func:`hw.isa.relative_fields`); unconnected, 0.
+        The run-time registers 1 .. :data:`hw.isa.NUM_REGS` (offsets a word adds to its
+        ``dram_addr`` or ``imm``), sampled when ``start`` is accepted and held for the run
+        (:func:`hw.isa.relative_fields`); unconnected, 0.
     dram: Out(DramSignature(cfg))
         The DRAM port.
     """

@@ -67,9 +67,9 @@ class Backend(Protocol):
     traces: bool
 
     def run(self, program, dram: np.ndarray | None, *, trace: bool = False,
-            regs: Mapping[str, int] | None = None) -> RunResult:
+            regs: Mapping[int, int] | None = None) -> RunResult:
         """Run ``program`` on ``dram`` (ignored when ``values`` is false) with the run-time
-        registers ``regs`` (:data:`hw.isa.RunRegs`; missing ones 0)."""
+        registers ``regs`` (``{register: value}``, :func:`hw.isa.reg_values`; missing ones 0)."""
 
 
 class _Model:

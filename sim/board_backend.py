@@ -187,7 +187,7 @@ class BoardBackend:
         self._known[start:start + n] = True
 
     def run(self, program, dram: np.ndarray | None, *, trace: bool = False,
-            regs: Mapping[str, int] | None = None, in_place: bool = False) -> RunResult:
+            regs: Mapping[int, int] | None = None, in_place: bool = False) -> RunResult:
         """Run ``program`` with ``dram`` as the memory; see the module docstring for what moves.
 
         ``in_place`` updates ``dram`` itself with what the program stored (the result's

@@ -481,7 +481,7 @@ class FastModel:
         self._programs: OrderedDict[tuple, _Cached] = OrderedDict()
 
     def run(self, program, dram: np.ndarray | None = None, *, timing_only: bool = False,
-            trace: bool = False, regs: Mapping[str, int] | None = None,
+            trace: bool = False, regs: Mapping[int, int] | None = None,
             in_place: bool = False) -> RunResult:
         """Execute ``program`` (instructions or encoded bytes) on a DRAM image.
 
@@ -498,10 +498,10 @@ class FastModel:
         of before the program must keep a copy (the runtime raises
         :class:`sw.runtime.RuntimeFault` and the sequence must be ``reset``).
 
-        ``regs`` are the run-time registers (:data:`hw.isa.RunRegs`, missing ones 0): the
-        program runs as its words with them applied (:func:`hw.isa.relative_words`), which
-        is what the fetch unit dispatches; without ``regs`` every register is 0, and a word
-        relative to one runs as its fields are.
+        ``regs`` are the run-time registers (``{register: value}``, :func:`hw.isa.reg_values`;
+        missing ones 0): the program runs as its words with them applied
+        (:func:`hw.isa.relative_words`), which is what the fetch unit dispatches; without
+        ``regs`` every register is 0, and a word relative to one runs as its fields are.
 
         A schedule is a function of the program words, the configuration and the contract's
         constants only (the timing contract ignores values), so a program run again reuses

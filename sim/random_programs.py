@@ -29,7 +29,9 @@ from hw.config import AcceleratorConfig, MemoryModel
 from hw.engines import engines_of
 from hw.isa import (
     NO_EVENT,
-    REG_NAMES,
+    NUM_REGS,
+    REG_BITS,
+    REG_VEC_FUNCS,
     RTL_VEC_FUNCS,
     VEC_FUNC_VALUES,
     End,
@@ -40,8 +42,6 @@ from hw.isa import (
     ISAError,
     Load,
     Repeat,
-    RunReg,
-    RunRegs,
     Spad,
     Store,
     Sync,
@@ -55,7 +55,6 @@ from hw.isa import (
     gemm_extents,
     insert_imm,
     kv4_imm,
-    reg_values,
     rope_imm,
     vec_out_words,
     vec_reads_b,
@@ -105,8 +104,9 @@ class RandomProgram:
     program: list[Instr | int]
     dram: np.ndarray
     notes: list[str] = field(default_factory=list)
-    #: The run-time registers it runs with (:data:`hw.isa.RunRegs`; None: all 0).
-    regs: dict[str, int] | None = None
+    #: The run-time registers it runs with (``{register: value}``, :func:`hw.isa.reg_values`;
+    #: None: all 0).
+    regs: dict[int, int] | None = None
 
     def words(self) -> list[int]:
         return [w if isinstance(w, int) else encode(w) for w in self.program]
@@ -391,27 +391,26 @@ def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: 
 
 def relative_program(rp: RandomProgram, rng: np.random.Generator, share: float = 0.5,
                      broken: bool = False) -> RandomProgram:
-    """``rp`` with about ``share`` of its LOADs, STOREs and VECs relative to a run-time
-    register (:func:`hw.isa.relative_fields`), with random registers: each such word's
-    ``dram_addr`` (``imm``) less the register times its ``dram_stride`` (less the register),
-    so that it runs as before (a word whose field is too small for that stays as it was).
-    ``broken``: then one register is set to its largest value, which takes the words relative
-    to it out of DRAM (or past a SOFTMAX's row): BAD_ADDRESS."""
-    regs = {name: int(rng.integers(0, 8)) for name in REG_NAMES.values()}
-    values = reg_values(regs)
-    out = []
+    """``rp`` with about ``share`` of its LOADs, STOREs and VECs (of :data:`hw.isa.REG_VEC_FUNCS`)
+    relative to a random run-time register (:func:`hw.isa.relative_fields`), with random
+    registers: each such word's ``dram_addr`` (``imm``) less the register's value, so that it
+    runs as before (a word whose field is too small for that stays as it was). ``broken``:
+    then a register some LOAD or STORE names is set to its largest value, which takes the
+    words relative to it out of DRAM: BAD_ADDRESS."""
+    regs = {r: int(rng.integers(0, 64)) for r in range(1, NUM_REGS + 1)}
+    out, dma_regs = [], []
     for ins in rp.program:
         if isinstance(ins, (Load, Store, Vec)) and rng.random() < share:
-            reg = RunReg(int(rng.choice([r.value for r in REG_NAMES])))
-            r = int(values[reg.value])
-            if isinstance(ins, Vec) and ins.imm >= r:
+            reg = int(rng.integers(1, NUM_REGS + 1))
+            r = regs[reg]
+            if isinstance(ins, Vec) and ins.func.value in REG_VEC_FUNCS and ins.imm >= r:
                 ins = replace(ins, imm=ins.imm - r, reg=reg)
-            elif isinstance(ins, (Load, Store)) and ins.dram_addr >= r * ins.dram_stride:
-                ins = replace(ins, dram_addr=ins.dram_addr - r * ins.dram_stride, reg=reg)
+            elif isinstance(ins, (Load, Store)) and ins.dram_addr >= r:
+                ins = replace(ins, dram_addr=ins.dram_addr - r, reg=reg)
+                dma_regs.append(reg)
         out.append(ins)
-    if broken:
-        name = str(rng.choice(list(REG_NAMES.values())))
-        regs[name] = (1 << RunRegs[name].width) - 1
+    if broken and dma_regs:
+        regs[int(rng.choice(dma_regs))] = (1 << REG_BITS) - 1
     return RandomProgram(out, rp.dram, rp.notes + [f"registers {regs}"], regs)
 
 

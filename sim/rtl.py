@@ -50,7 +50,8 @@ from hw.engines import ENGINES
 from hw.generate import write_design
 from hw.isa import (
     INSTR_BYTES,
-    REG_NAMES,
+    NUM_REGS,
+    REG_BITS,
     ErrorCode,
     Instr,
     RunRegs,
@@ -199,6 +200,7 @@ def _config_header(cfg: AcceleratorConfig) -> str:
         f"#define ACCEL_IMEM_DEPTH {cfg.imem_depth}",
         f"#define ACCEL_START_LATENCY {START_LATENCY}",
         f"#define ACCEL_INSTR_BYTES {INSTR_BYTES}",
+        f"#define ACCEL_NUM_REGS {NUM_REGS}",
         f"#define ACCEL_WR_ADDR_BITS {DRAM_ADDR_BITS}",
         f"#define ACCEL_WR_BITS {DRAM_ADDR_BITS + 8 * cfg.beat_bytes}",
         f"#define ACCEL_COUNTER_BITS {COUNTER_BITS}",
@@ -208,11 +210,12 @@ def _config_header(cfg: AcceleratorConfig) -> str:
     ])
 
 
-def pack_regs(regs: Mapping[str, int] | None) -> int:
-    """The run-time registers ``regs`` (missing ones 0) as the integer value of the
-    accelerator's ``regs`` port, each at its offset in :data:`hw.isa.RunRegs`."""
-    values = reg_values(regs)
-    return sum(int(values[reg.value]) << RunRegs[name].offset for reg, name in REG_NAMES.items())
+def pack_regs(regs: Mapping[int, int] | None) -> str:
+    """The run-time registers ``regs`` (``{register: value}``, missing ones 0) as the
+    harness's ``--regs``: the values of registers 1 .. :data:`hw.isa.NUM_REGS`, comma
+    separated (each a 32-bit word of the ``regs`` port, :data:`hw.isa.RunRegs`)."""
+    assert RunRegs.elem_shape == REG_BITS == 32, REG_BITS  # one harness word each
+    return ",".join(str(int(v)) for v in reg_values(regs)[1:])
 
 
 class RTLBackend:
@@ -319,7 +322,7 @@ class RTLBackend:
     # ------------------------------------------------------------------ run
     def run(self, program: Sequence[Instr | int] | bytes | np.ndarray,
             dram: np.ndarray | None = None, *, trace: bool = False,
-            regs: Mapping[str, int] | None = None, max_cycles: int | None = None,
+            regs: Mapping[int, int] | None = None, max_cycles: int | None = None,
             waves_path: str | Path | None = None) -> RunResult:
         """Run ``program`` on a DRAM image; returns a :class:`sim.result.RunResult`.
 
@@ -333,8 +336,8 @@ class RTLBackend:
             Accepted for :class:`sim.backends.Backend` and ignored: this backend records no
             step trace (``traces`` is false; ``waves`` records a waveform instead).
         regs:
-            The run-time registers (:data:`hw.isa.RunRegs`, missing ones 0), set on the
-            accelerator's ``regs`` port before ``start``.
+            The run-time registers (``{register: value}``, :func:`hw.isa.reg_values`; missing
+            ones 0), set on the accelerator's ``regs`` port before ``start``.
         max_cycles:
             Cycle guard; :class:`RTLTimeoutError` if the machine is still busy after it.
         waves_path:
@@ -358,7 +361,7 @@ class RTLBackend:
                    "--dram", str(tmp / "dram.bin"), "--out-dram", str(tmp / "out.bin"),
                    "--out-json", str(tmp / "result.json"),
                    "--max-cycles", str(max_cycles or self.max_cycles),
-                   "--regs", str(pack_regs(regs))]
+                   "--regs", pack_regs(regs)]
             if self.waves:
                 wp = Path(waves_path) if waves_path else \
                     self.build_dir / "waves" / f"run-{os.getpid()}-{self._runs}.vcd"

@@ -85,7 +85,9 @@ struct Args {
     const char* out_json = nullptr;
     const char* waves = nullptr;
     uint64_t max_cycles = 100000000ull;
-    uint64_t regs = 0;  // the run-time registers, packed as the `regs` port (hw.isa.RunRegs)
+    // The run-time registers 1 .. ACCEL_NUM_REGS, one 32-bit word each: the `regs` port
+    // (hw.isa.RunRegs), given as comma-separated decimals, register 1 first.
+    uint32_t regs[ACCEL_NUM_REGS] = {};
 };
 
 Args parse(int argc, char** argv) {
@@ -100,7 +102,13 @@ Args parse(int argc, char** argv) {
         else if (k == "--out-json") a.out_json = v;
         else if (k == "--waves") a.waves = v;
         else if (k == "--max-cycles") a.max_cycles = std::strtoull(v, nullptr, 10);
-        else if (k == "--regs") a.regs = std::strtoull(v, nullptr, 10);
+        else if (k == "--regs") {
+            char* end = const_cast<char*>(v);
+            for (int r = 0; r < ACCEL_NUM_REGS && *end; ++r) {
+                a.regs[r] = static_cast<uint32_t>(std::strtoull(end, &end, 10));
+                if (*end == ',') ++end;
+            }
+        }
         else {
             std::fprintf(stderr, "runner: unknown option %s\n", k.c_str());
             std::exit(2);
@@ -266,7 +274,7 @@ int main(int argc, char** argv) {
 
     const auto t0 = std::chrono::steady_clock::now();
     const std::clock_t c0 = std::clock();
-    top->regs = args.regs;
+    from_words(top->regs, args.regs);
     top->start = 1;
     h.tick();  // start is registered in the runner top: the accelerator sees it next cycle,
     top->start = 0;

@@ -34,7 +34,7 @@ from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
-from hw.isa import Opcode, RunReg, VecFunc, decode, decode_fields, program_words
+from hw.isa import Opcode, VecFunc, decode, decode_fields, program_words
 from hw.numerics import (
     ACT_MAX,
     dequant_channels,
@@ -89,6 +89,7 @@ from sw.compile.plan import (
     layout_dram,
     plan_arena,
 )
+from sw.compile.registers import TOK, RegisterFile, allocate
 from sw.compile.relocation import (
     OPERANDS,
     Template,
@@ -325,6 +326,9 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
             (placed, layout, arenas), embedding = framed, served
     if embedding:
         programs = [token_relative(cfg, p, symbols, embedding) for p in programs]
+    registers = RegisterFile()
+    programs = allocate(programs, registers, lambda p: {
+        i: kv.append_terms(kind)[field == "imm"] for i, kind, field, _ in p.append_rows})
     compile_s = passes_s + time.perf_counter() - t0
     for phase, arena in arenas.items():
         # a step runs one program per set of nodes (of its context bucket's, the most)
@@ -369,7 +373,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         kv=_kv_plan(mcfg, kv, options.attention),
         io=IOBinding(options.prompt_tokens, options.max_context, mcfg.vocab_size,
                      _decode_contexts(options)),
-        report=report)
+        report=report, registers=tuple(registers.table))
 
 
 def _kv_plan(mcfg, layout: KVLayout, on_accelerator: bool) -> KVCachePlan:
@@ -1173,7 +1177,7 @@ def token_relative(cfg: AcceleratorConfig, program: Program, symbols: Mapping[st
                                 f"rows moves {ins.rows} rows; one row per token is relative "
                                 "to the register tok")
         words[i] = program_words([dataclasses.replace(
-            ins, dram_addr=ins.dram_addr + delta, dram_stride=row // beat, reg=RunReg.TOK)])[0]
+            ins, dram_addr=ins.dram_addr + delta, dram_stride=row // beat, reg=TOK)])[0]
     return dataclasses.replace(program, words=words)
 
 

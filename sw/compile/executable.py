@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from hw.config import AcceleratorConfig
+from hw.isa import RegTerm
 from sw.artifact import ArtifactError, load_artifact, save_artifact
 from sw.compile.errors import ExecutableError, IRError
 from sw.compile.ir import Graph
@@ -52,7 +53,7 @@ __all__ = ["Executable", "Program", "ProgramMember", "ProgramTable", "KVCachePla
 
 #: The file format's version: a new one whenever a field is added, dropped or changes
 #: meaning (a reader refuses every other version, naming both).
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 _KEY = "nmfpga-executable"
 
 
@@ -120,10 +121,11 @@ class Program:
 
     A vector program (a host op on the vector engine) has no members but its ``vector``
     operation, and ``imm_rows``: the index of each row's SOFTMAX VEC, whose ``imm`` (the
-    row's valid positions) counts from the run-time register ``pos`` (the step's first
-    position, :func:`hw.isa.relative_fields`) for a causal mask (the host sets it in a copy
-    of ``words`` for another mask), and ``position_rows``: a ROPE's LOADs of its rotary
-    table rows, relative to ``pos``.
+    row's valid positions) counts from a run-time register holding ``pos`` (the step's first
+    position, :attr:`Executable.registers`, :func:`hw.isa.relative_fields`) for a causal
+    mask (the host sets it in a copy of ``words`` for another mask), and ``position_rows``:
+    a ROPE's LOADs of its rotary table rows, relative to a register holding ``pos`` times
+    the table's row beats.
 
     Fused programs (:mod:`sw.compile.fusion`): a program that runs several accelerator nodes
     lists their programs in ``parts`` (node order) and its minimal work ``(read bytes, write
@@ -133,11 +135,13 @@ class Program:
     values on chip (:mod:`sw.compile.kvappend`, built for position 0) lists in
     ``append_rows`` each word the step's position moves, ``(index, kind, field, layer)``:
     a LOAD's or STORE's ``dram_addr`` (``field`` "dram_addr") or an INSERT's ``imm`` base
-    ("imm") in the key ("k"), value ("v") or value code ("c") region, by
-    :meth:`~sw.compile.lower.KVLayout.append_site`. A decode program's LOADs of the token's
-    embedding rows (a buffer the embedding lookup computes) are its ``embed_rows``: LOADs of
-    the constant embedding table (``symbols.embedding_table()``) relative to the run-time
-    register ``tok``, the step's token, so the host writes neither the rows nor the words."""
+    ("imm") in the key ("k"), value ("v") or value code ("c") region, each relative to a
+    run-time register holding its :meth:`~sw.compile.lower.KVLayout.append_terms`. A
+    decode program's LOADs of the token's embedding rows (a buffer the embedding lookup
+    computes) are its ``embed_rows``: LOADs of the constant embedding table
+    (``symbols.embedding_table()``) relative to a run-time register holding ``tok`` (the
+    step's token) times the table's row beats, so the host writes neither the rows nor the
+    words."""
 
     phase: str
     node: str
@@ -270,6 +274,10 @@ class Executable:
     kv: KVCachePlan
     io: IOBinding
     report: dict = field(default_factory=dict)
+    #: The run-time register table: register ``i + 1`` holds the sum of ``registers[i]``
+    #: (:class:`hw.isa.RegTerm`) of the step's position and token, which the host evaluates
+    #: as it starts a step (:func:`hw.isa.reg_table_values`; :mod:`sw.compile.registers`).
+    registers: tuple[tuple[RegTerm, ...], ...] = ()
 
     def program_index(self, phase: str, node: str, positions: int) -> int:
         """The index in :attr:`programs` of accelerator node ``node``'s program for a
@@ -346,7 +354,8 @@ def save(exe: Executable, path: str | Path) -> Path:
                      for ph, nodes in exe.table.entries.items()},
            "symbols": {k: asdict(r) for k, r in exe.symbols.items()},
            "host_shapes": {k: list(v) for k, v in exe.host_shapes.items()},
-           "kv": _kv_doc(exe.kv), "io": asdict(exe.io), "report": exe.report}
+           "kv": _kv_doc(exe.kv), "io": asdict(exe.io), "report": exe.report,
+           "registers": [[t.to_list() for t in terms] for terms in exe.registers]}
     return save_artifact(path, _KEY, tensors, doc)
 
 
@@ -408,4 +417,6 @@ def _from_doc(tensors: dict[str, np.ndarray], doc: dict) -> Executable:
                        kv["on_accelerator"], tuple(tuple(h) for h in kv["keys"]),
                        tuple(tuple(h) for h in kv["values"])),
         io=IOBinding(**{**doc["io"], "decode_contexts": tuple(doc["io"]["decode_contexts"])}),
-        report=doc["report"])
+        report=doc["report"],
+        registers=tuple(tuple(RegTerm.from_list(t) for t in terms)
+                        for terms in doc["registers"]))

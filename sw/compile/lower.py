@@ -36,7 +36,7 @@ import numpy as np
 
 from hw.config import DENSE, DENSE_BLOCK, AcceleratorConfig
 from hw.format import StreamLayout, WeightFormat, stream_layout
-from hw.isa import VecFunc
+from hw.isa import RegTerm, VecFunc, reg_value
 from hw.numerics import KV4_CODE_BITS, KV_BITS, kv4_key_group
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
@@ -235,22 +235,42 @@ class KVLayout:
         values, INSERT (bytes) else."""
         return VecFunc.INSERT4 if self.bits == 4 and kind in ("k", "v") else VecFunc.INSERT
 
-    def append_site(self, kind: str, position: int) -> tuple[int, int]:
-        """Where an append of ``position`` (:meth:`append_transfer`) lies: its first beat past
+    def append_terms(self, kind: str) -> tuple[tuple[RegTerm, ...], tuple[RegTerm, ...]]:
+        """Where an append of the step's position lies, as run-time register terms of ``pos``
+        (:class:`hw.isa.RegTerm`): ``(beats, base)``, the first beat it moves past
         :meth:`append_origin` (keys, the INT4 keys' codes, values of a kv head, or its value
-        codes, ``kind`` "k", "h", "v", "c") and the first code's byte in the loaded row
-        (INSERT's ``base``; INSERT4's in nibbles); ``(0, 0)`` at position 0, so that a
-        program built for it is moved per step by these two alone."""
+        codes or scores' channel words, ``kind`` "k", "h", "v", "c", "s") and the first
+        code's byte in the loaded row (INSERT's ``base``; INSERT4's in nibbles). Both sum to
+        0 at position 0, so that the words built for it, relative to registers holding
+        these, serve every step (:meth:`append_site` evaluates them).
+
+        Raises
+        ------
+        LoweringError
+            INT8 key records wider than a beat whose lanes are not whole beats.
+        """
         beat, lanes = self.beat, self.lanes
         if kind in ("k", "h"):
-            tile = position // lanes * (self.key_tile_stride // beat)
-            lane = position % lanes
+            tile = RegTerm("pos", div=lanes, scale=self.key_tile_stride // beat)
             if self.bits == 4 or self.keys.record_bytes <= beat:
-                return tile, lane    # INT4: nibble ``lane`` of a record, byte of a header
-            return tile + lane // beat, lane % beat
-        at = position * (self.values.record_bytes if kind == "v" else 4)
+                # INT4: nibble ``lane`` of a record, byte of a header
+                return (tile,), (RegTerm("pos", mod=lanes),)
+            if lanes % beat:
+                raise LoweringError(f"INT8 key records of {lanes} lanes are not whole "
+                                    f"{beat}-byte beats: no on-chip append")
+            # the lane's beat and byte: (pos % lanes) // beat and pos % beat
+            return (tile, RegTerm("pos", div=beat, mod=lanes // beat)), \
+                (RegTerm("pos", mod=beat),)
+        size = self.values.record_bytes if kind == "v" else 4
         nibbles = 2 if self.bits == 4 and kind == "v" else 1
-        return at // beat, nibbles * (at % beat)
+        return (RegTerm("pos", mul=size, div=beat),), \
+            (RegTerm("pos", mul=size, mod=beat, scale=nibbles),)
+
+    def append_site(self, kind: str, position: int) -> tuple[int, int]:
+        """Where an append of ``position`` (:meth:`append_transfer`) lies: :meth:`append_terms`
+        at ``position``, ``(beats, base)``; ``(0, 0)`` at position 0."""
+        beats, base = self.append_terms(kind)
+        return int(reg_value(beats, position)), int(reg_value(base, position))
 
     def append_insert(self, kind: str) -> tuple[int, int, int, int]:
         """INSERT's geometry of an append at position 0 (:class:`hw.isa.InsertGeometry` less

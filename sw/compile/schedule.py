@@ -47,7 +47,6 @@ from hw.isa import (
     Gemm,
     Instr,
     Load,
-    RunReg,
     Spad,
     Store,
     Sync,
@@ -58,6 +57,7 @@ from hw.isa import (
     vec_out_words,
 )
 from sw.compile.errors import LoweringError
+from sw.compile.registers import POS as PENDING_POS
 from sw.compile.tiling import LinearPlan
 
 __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule",
@@ -683,7 +683,7 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
         return [(Load(spad=Spad.VIN, spad_addr=base + h * in_half + at,
                       dram_addr=t.row * stride + (offset if name != "w" else 0), rows=t.rows,
                       row_beats=n, dram_stride=stride,
-                      reg=RunReg.POS if name == "w" else RunReg.NONE), (0, name))
+                      reg=PENDING_POS if name == "w" else 0), (0, name))
                 for name, at, stride, n in ops]
 
     def vecs(t: VectorTask, h: int) -> _Emitted:
@@ -700,7 +700,7 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
     def causal(row: int) -> dict:
         if func != VecFunc.SOFTMAX or not positions:
             return {"imm": imm}
-        return {"imm": row % positions + 1, "reg": RunReg.POS}
+        return {"imm": row % positions + 1, "reg": PENDING_POS}
 
     def store(t: VectorTask, h: int) -> _Emitted:
         return [(Store(spad=Spad.VOUT, spad_addr=h * out_half,

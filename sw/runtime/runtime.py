@@ -57,7 +57,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from hw.isa import RunReg, field_location
+from hw.isa import field_location, reg_table_values
 from hw.numerics import (
     add_vector,
     bias_to_acc,
@@ -303,7 +303,6 @@ class Runtime:
                 g.producer(g.outputs[0]).name if g.producer(g.outputs[0]) else ""))
             and all(any(m.argmax for m in exe.programs[pid].members) for *_, pid in entries))
         self._stats: StepStats | None = None
-        self._append_sites: dict[int, dict[tuple[str, str], np.ndarray]] = {}
         self._plan: _StepPlan | None = None
         #: The buffers of the token's embedding rows the decode programs read from the
         #: embedding table on chip (``Program.embed_rows``), and their row bytes: the host
@@ -612,23 +611,22 @@ class Runtime:
             return outs
         return kernel
 
-    def _registers(self, run: int, env) -> dict[str, int]:
-        """The run-time registers of program ``run`` in this step (:data:`hw.isa.RunRegs`):
-        ``pos`` the step's first position, which its ROPE table LOADs (``position_rows``)
-        and causal SOFTMAX VECs (``imm_rows``) are relative to; ``tok`` the step's token,
-        the row of the embedding table its ``embed_rows`` read (decode: one token)."""
+    def _registers(self, run: int, env) -> dict[int, int]:
+        """The run-time registers of program ``run`` in this step: the executable's register
+        table (:attr:`~sw.compile.executable.Executable.registers`) at the step's first
+        position ``pos`` and, for a program that reads the embedding table's row of the
+        step's token (``embed_rows``; decode: one token), that token ``tok`` (else 0)."""
         program = self.exe.programs[run]
-        regs = {"pos": env.past}
+        tok = 0
         if program.embed_rows:
-            regs["tok"] = int(self._vals[self.exe.graphs[program.phase].inputs[0]]
-                              .reshape(-1)[0])
-        return regs
+            tok = int(self._vals[self.exe.graphs[program.phase].inputs[0]].reshape(-1)[0])
+        return reg_table_values(self.exe.registers, env.past, tok)
 
     def _fused_words(self, run: int, env) -> np.ndarray | None:
         """The words of fused program ``run`` with its SOFTMAX parts' VECs (``imm_rows``)
         given each row's valid positions where a sliding window makes them other than the
-        causal ones the words count from ``pos``, and its KV append moved to the step's
-        position (None: neither)."""
+        causal ones the words count from ``pos`` (None: the program's words; its KV append's
+        words are relative to run-time registers, :meth:`_registers`)."""
         program = self.exe.programs[run]
         words = None
         if program.imm_rows and env.window is not None:
@@ -636,13 +634,6 @@ class Runtime:
             counts = _causal_counts(env, n)
             if not torch.equal(counts, (env.past + torch.arange(1, env.t + 1)).repeat(n // env.t)):
                 words = _set_imm(program, counts.numpy())
-        if program.append_rows:
-            groups = self._append_sites.get(run)
-            if groups is None:  # a block loop's word: once, for every layer
-                groups = self._append_sites[run] = _append_groups(
-                    dict.fromkeys(r[:3] for r in program.append_rows))
-            words = _move_append(program.words if words is None else words, groups, self.kv,
-                                 env.past)
         return words
 
     def _appended_on_chip(self, phase: str, node: Node, positions: int) -> frozenset[str]:
@@ -713,7 +704,7 @@ class Runtime:
         return y[:, :n].astype(np.int64)
 
     def _run(self, phase: str, node: Node, pid: int, stats: StepStats,
-             words: np.ndarray | None = None, regs: dict[str, int] | None = None) -> None:
+             words: np.ndarray | None = None, regs: dict[int, int] | None = None) -> None:
         """Run program ``pid`` (``words``: its words with run-time parameters set) with the
         run-time registers ``regs``."""
         program = self.exe.programs[pid]
@@ -1141,7 +1132,7 @@ def _set_imm(program: Program, values: np.ndarray) -> np.ndarray:
                            f"parameters, the step gives {values.size}")
     words = program.words.copy()
     for (at, bits), value in ((field_location("vec.imm"), np.asarray(values, np.uint64)),
-                              (field_location("vec.reg"), np.uint64(RunReg.NONE.value))):
+                              (field_location("vec.reg"), np.uint64(0))):
         half, off = divmod(at, 64)
         if (at + bits - 1) // 64 != half:
             raise RuntimeFault("a VEC field straddles the instruction's 64-bit halves")
@@ -1192,12 +1183,6 @@ def _rope_rows(x: torch.Tensor, shape: torch.Size | None = None) -> torch.Tensor
     return x.reshape(b, t, h, d).transpose(1, 2).contiguous()
 
 
-#: Where a LOAD's ``dram_addr`` (beats) lies in its first 64-bit word.
-_ADDR_AT, _ADDR_BITS = field_location("dma.dram_addr")
-if _ADDR_AT + _ADDR_BITS > 64:
-    raise ImportError("dma.dram_addr straddles the instruction's 64-bit halves")
-
-
 def _embedding_served(exe: Executable) -> tuple[dict[str, int], str | None]:
     """The buffer whose rows the decode programs' ``embed_rows`` read (the input rows of the
     first vector node that reads the embedding lookup's result) with its row bytes, and
@@ -1231,43 +1216,6 @@ def _position_words(exe: Executable, nodes) -> dict[tuple[int, str], dict[int, s
                 if name:
                     out.setdefault((node.attrs["layer"], kind), {})[j // per] = name
     return out
-
-
-def _set_append(words: np.ndarray, sites, layout, position: int) -> np.ndarray:
-    """A copy of an on-chip KV append's ``words`` (built for position 0) moved to
-    ``position``: each site's (``sites``: ``(index, kind, field)``) LOAD or STORE ``dram_addr``
-    plus, or INSERT ``imm`` ``base`` set to, what ``layout.append_site(kind, position)``
-    gives (``base`` is imm's low field, 0 in the words)."""
-    return _move_append(words, _append_groups(sites), layout, position)
-
-
-def _move_append(words: np.ndarray, groups: dict[tuple[str, str], np.ndarray], layout,
-                 position: int) -> np.ndarray:
-    """:func:`_set_append` with the sites grouped (:func:`_append_groups`)."""
-    words = words.copy()
-    amask = np.uint64((1 << _ADDR_BITS) - 1) << np.uint64(_ADDR_AT)
-    half, off = divmod(_IMM_AT, 64)
-    for (kind, what), index in groups.items():
-        beats, base = layout.append_site(kind, position)
-        if what == "dram_addr":
-            lo = words[index, 0]
-            addr = ((lo & amask) >> np.uint64(_ADDR_AT)) + np.uint64(beats)
-            if int(addr.max()) >= 1 << _ADDR_BITS:
-                raise RuntimeFault(f"the KV append of position {position} lies beyond the "
-                                   "dram_addr field")
-            words[index, 0] = (lo & ~amask) | (addr << np.uint64(_ADDR_AT))
-        else:
-            words[index, half] |= np.uint64(base) << np.uint64(off)
-    return words
-
-
-def _append_groups(sites) -> dict[tuple[str, str], np.ndarray]:
-    """The indices of append ``sites`` (``(index, kind, field)``) by kind and field (a
-    program's: worked out once)."""
-    out: dict[tuple[str, str], list[int]] = {}
-    for index, kind, what in sites:
-        out.setdefault((kind, what), []).append(int(index))
-    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
 
 
 def _nbytes(tensors) -> int:

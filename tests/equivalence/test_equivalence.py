@@ -19,7 +19,7 @@ import os
 import numpy as np
 import pytest
 
-from hw.isa import RTL_VEC_FUNCS, EpilogueMode, Repeat, RunReg, Vec, VecFunc, rope_geometry
+from hw.isa import RTL_VEC_FUNCS, EpilogueMode, Repeat, Vec, VecFunc, rope_geometry
 from hw.numerics import add_bias_wide, gemm_acc, wrap
 from sim.equivalence import compare_results, minimize, write_reproducer
 from sim.model import FastModel
@@ -130,12 +130,13 @@ def _register_programs(seed0, count, cfg):
 
 @pytest.mark.parametrize("block", range(2))
 def test_register_programs_agree(backends, block):
-    """Run-time registers (hw.isa.RunRegs): the fetch unit (hw/fetch.py) and the model
-    (hw.isa.relative_words) move a relative word's dram_addr or imm alike, loops included."""
+    """Run-time registers (hw.isa.RunRegs, random values): the fetch unit (hw/fetch.py) and
+    the model (hw.isa.relative_words) move a relative word's dram_addr or imm alike, loops
+    included."""
     cfg, model, rtl = backends
     outcomes, relative = {}, 0
     for _seed, rp in _register_programs(70_000 + 1000 * block, 12, cfg):
-        relative += sum(getattr(i, "reg", RunReg.NONE) != RunReg.NONE for i in rp.program)
+        relative += sum(bool(getattr(i, "reg", 0)) for i in rp.program)
         r = _check(cfg, model, rtl, rp.program, rp.dram, regs=rp.regs)
         outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
     assert relative >= 12 and outcomes.get("NONE", 0) >= 6, (relative, outcomes)
@@ -309,6 +310,41 @@ def test_netlist_loop_programs_agree(block):
 @pytest.mark.parametrize("block", range(3, 30))
 def test_netlist_loop_programs_agree_more(block):
     _netlist_loop_block(block)
+
+
+def _netlist_register_block(name, block, vector=0.0):
+    """12 register programs (:func:`_register_programs`, with ``vector`` of their tasks
+    vector tasks) on the netlist of ``name`` against its RTL, random registers included."""
+    cfg, rtl, netlist = _netlist_pair(name)
+    outcomes, relative = {}, 0
+    for seed in range(90_000 + 100 * block, 90_012 + 100 * block):
+        rng = np.random.default_rng(seed)
+        rp = random_program(cfg, rng, chains=int(rng.integers(1, 3)),
+                            tasks=int(rng.integers(1, 4)), loops=0.5, vector=vector)
+        rp = relative_program(rp, rng, broken=seed % 4 == 3)
+        relative += sum(bool(getattr(i, "reg", 0)) for i in rp.program)
+        r = _check(cfg, rtl, netlist, rp.program, rp.dram, ("rtl", "netlist"), regs=rp.regs)
+        outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
+    assert relative >= 12 and outcomes.get("NONE", 0) >= 6, (relative, outcomes)
+    assert outcomes.get("BAD_ADDRESS", 0) >= 1, outcomes  # a register at its largest value
+
+
+@pytest.mark.netlist
+@pytest.mark.parametrize("block", range(2))
+def test_netlist_register_programs_agree(block):
+    """Programs relative to random run-time registers (test_register_programs_agree's kind)
+    give the same bits, cycles and counters on the netlist as on the RTL: the register file
+    and its adds in the fetch unit, in gates."""
+    _netlist_register_block(NETLIST_CONFIG, block)
+
+
+@pytest.mark.netlist
+@pytest.mark.slow
+@pytest.mark.parametrize("block", range(3))
+def test_vector_netlist_register_programs_agree(block):
+    """As test_netlist_register_programs_agree on the vector netlist shape, most tasks vector
+    tasks: relative SOFTMAX and INSERT words' imm in gates too."""
+    _netlist_register_block(VECTOR_NETLIST, block, vector=0.7)
 
 
 #: Blocks of 10 programs of the vector netlist test (VECTOR_NETLIST_CONFIG).

@@ -17,7 +17,8 @@ from hw.engines import engine_of, engines_of
 from hw.fetch import FetchUnit
 from hw.isa import (
     NO_EVENT,
-    REG_NAMES,
+    NUM_REGS,
+    REG_BITS,
     STORE_SPADS,
     DmaBody,
     End,
@@ -28,7 +29,6 @@ from hw.isa import (
     InstrLayout,
     ISAError,
     Load,
-    RunRegs,
     Spad,
     Store,
     Sync,
@@ -200,19 +200,18 @@ def expected_error(word: int, cfg: AcceleratorConfig, regs: dict | None = None) 
     return dispatch_error(relative_instruction(ins, regs), cfg)
 
 
-def random_regs(rng: random.Random, cfg: AcceleratorConfig) -> dict[str, int]:
-    """Run-time registers, each 0, small, near a DRAM or VIN limit, or its largest value."""
-    out = {}
-    for name in REG_NAMES.values():
-        top = (1 << RunRegs[name].width) - 1
-        out[name] = rng.choice([0, 0, 1, rng.randrange(16), rng.randrange(top + 1), top,
-                                min(top, cfg.vin_spad_bytes // 4),
-                                min(top, cfg.dram_beats // 8)])
-    return out
+def random_regs(rng: random.Random, cfg: AcceleratorConfig) -> dict[int, int]:
+    """Run-time registers, each 0, small, near a DRAM, VIN or count limit, or its largest
+    value."""
+    top = (1 << REG_BITS) - 1
+    return {r: rng.choice([0, 0, 1, rng.randrange(16), rng.randrange(top + 1), top,
+                           rng.randrange(1 << 16), cfg.vin_spad_bytes // 4,
+                           cfg.dram_beats // 8, cfg.dram_beats - rng.randrange(1, 64)])
+            for r in range(1, NUM_REGS + 1)}
 
 
 def relative_word(rng: random.Random, word: int) -> int:
-    """``word`` with its DMA and VEC ``reg`` fields random (every value, 3 naming none)."""
+    """``word`` with its DMA and VEC ``reg`` fields random (every value, 0 naming none)."""
     for f in (DmaBody["reg"], VecBody["reg"]):
         if rng.random() < 0.5:
             word = _set(word, _BODY + f.offset, f.width, rng.randrange(1 << f.width))
@@ -264,7 +263,7 @@ def test_checks_match_dispatch_error(name):
     words += boundary_words(rng, cfg)
     if cfg.has_vector:
         words += rope_words(rng, cfg) + insert_words(rng, cfg) + kv4_words(rng, cfg)
-    # Words relative to the run-time registers, run with random registers (hw.isa.RunRegs).
+    # Words relative to the run-time registers, run with random registers (hw.isa.reg_values).
     words = [(w, None) for w in words] + [
         (relative_word(rng, w), random_regs(rng, cfg)) for w in words[:len(words) // 2]]
     rng.shuffle(words)
@@ -277,8 +276,8 @@ def test_checks_match_dispatch_error(name):
         for word, regs in words:
             want = expected_error(word, cfg, regs)
             seen.add(want)
-            for name in REG_NAMES.values():
-                ctx.set(getattr(bench.fetch.regs, name), (regs or {}).get(name, 0))
+            for r in range(1, NUM_REGS + 1):
+                ctx.set(bench.fetch.regs[r - 1], (regs or {}).get(r, 0))
             await bench.load(ctx, [word])
             await bench.start(ctx)
             for _ in range(timing.FETCH_LATENCY):

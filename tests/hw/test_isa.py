@@ -9,6 +9,7 @@ from hw.config import AcceleratorConfig
 from hw.isa import (
     INSTR_BITS,
     NO_EVENT,
+    NUM_REGS,
     DmaBody,
     End,
     Engine,
@@ -19,7 +20,6 @@ from hw.isa import (
     InstrLayout,
     ISAError,
     Load,
-    RunReg,
     Spad,
     Store,
     Sync,
@@ -33,6 +33,7 @@ from hw.isa import (
 )
 
 CFG = AcceleratorConfig()
+VCFG = AcceleratorConfig(vin_spad_bytes=256, vout_spad_bytes=256)  # with a vector engine
 events = st.one_of(st.none(), st.integers(0, 30))
 
 
@@ -41,7 +42,7 @@ def _dma(cls):
                      dram_addr=st.integers(0, 2**32 - 1), spad_addr=st.integers(0, 2**16 - 1),
                      rows=st.integers(0, 2**16 - 1), row_beats=st.integers(0, 2**16 - 1),
                      dram_stride=st.integers(0, 2**DmaBody["dram_stride"].width - 1),
-                     reg=st.sampled_from(list(RunReg)))
+                     reg=st.integers(0, NUM_REGS))
 
 
 instructions = st.one_of(
@@ -206,33 +207,93 @@ def test_gemm_geometry_is_the_packed_format(fmt):
         assert getattr(geo, name) == getattr(lay.geometry, name), name
 
 
-_REGS = st.fixed_dictionaries({"pos": st.integers(0, 2**16 - 1), "tok": st.integers(0, 2**17 - 1)})
+_REGS = st.dictionaries(st.integers(1, NUM_REGS), st.integers(0, 2**32 - 1))
 
 
 @given(st.lists(instructions, min_size=1, max_size=8), _REGS)
 def test_relative_words_are_the_relative_instructions(prog, regs):
     """One semantics of the run-time registers: the vectorised words (what the fast model
     runs) decode to the scalar relative_instruction of each word, which moves a relative
-    LOAD's or STORE's dram_addr by register x dram_stride (saturated) and nothing else."""
+    LOAD's or STORE's dram_addr by the register's value (saturated), no product, and nothing
+    else."""
     from hw.isa import DRAM_ADDR_MAX, program_words, relative_instruction, relative_words
 
     words = relative_words(program_words(prog), regs)
     got = decode_program(words.astype("<u8").tobytes())
     assert got == [relative_instruction(ins, regs) for ins in prog]
     for ins, eff in zip(prog, got, strict=True):
-        if isinstance(ins, (Load, Store)) and ins.reg != RunReg.NONE:
-            value = regs["pos" if ins.reg == RunReg.POS else "tok"]
-            assert eff.dram_addr == min(ins.dram_addr + value * ins.dram_stride, DRAM_ADDR_MAX)
-            assert eff.reg == RunReg.NONE
+        if isinstance(ins, (Load, Store)) and ins.reg:
+            value = regs.get(ins.reg, 0)
+            assert eff.dram_addr == min(ins.dram_addr + value, DRAM_ADDR_MAX)
+            assert eff.reg == 0
         else:
             assert eff == ins
 
 
-def test_registers_are_named_and_sized_by_the_layout():
-    from hw.isa import RunRegs, reg_values
+@given(st.lists(st.integers(0, 2**16 - 1), min_size=1, max_size=4),
+       st.integers(0, 2**16 - 1), st.integers(0, 2**17 - 1), st.integers(0, 2**31))
+def test_relative_vec_imm_adds_its_register(imms, pos, tok, extra):
+    """A SOFTMAX's, INSERT's or INSERT4's imm moves by its register (saturated at IMM_MAX);
+    any other sub-op naming a register is no instruction (decode raises, legal_words
+    rejects it)."""
+    from hw.isa import (
+        IMM_MAX,
+        REG_VEC_FUNCS,
+        Vec,
+        VecFunc,
+        decode_fields,
+        dispatch_limits,
+        legal_words,
+        program_words,
+        relative_instruction,
+    )
 
-    assert list(reg_values({"pos": 3, "tok": 5})) == [0, 3, 5, 0]
-    with pytest.raises(ISAError, match="no run-time register 'ctx'"):
-        reg_values({"ctx": 1})
-    with pytest.raises(ISAError, match=r"tok=131072 does not fit in 17 bits"):
-        reg_values({"tok": 1 << RunRegs["tok"].width})
+    regs = {1: pos, 2: tok, 3: extra}
+    for i, imm in enumerate(imms):
+        for func in VecFunc:
+            ins = Vec(func=func, imm=imm, reg=1 + i % 3)
+            word = encode(ins)
+            legal = legal_words(decode_fields(program_words([word])),
+                                dispatch_limits(VCFG))[0]
+            assert legal == (func.value in REG_VEC_FUNCS), func
+            if func.value in REG_VEC_FUNCS:
+                eff = relative_instruction(decode(word), regs)
+                assert eff.imm == min(imm + regs[ins.reg], IMM_MAX) and eff.reg == 0
+            else:
+                with pytest.raises(ISAError, match="names run-time register"):
+                    decode(word)
+
+
+def test_register_table_evaluates_its_terms():
+    """A register table's values: each register the sum of its terms at (pos, tok), checked
+    against the formula written out; too many registers or a value past REG_BITS raise."""
+    from hw.isa import REG_BITS, RegTerm, reg_table_values
+
+    table = [(RegTerm("pos"),), (RegTerm("tok", mul=48),),
+             (RegTerm("pos", div=8, scale=40), RegTerm("pos", mod=8, div=2, mul=3)),
+             (RegTerm("pos", mul=3, div=2, mod=5, scale=7),)]
+    rng = np.random.default_rng(7)
+    for pos, tok in zip(rng.integers(0, 1 << 16, 50), rng.integers(0, 1 << 17, 50),
+                        strict=True):
+        pos, tok = int(pos), int(tok)
+        assert reg_table_values(table, pos, tok) == {
+            1: pos, 2: 48 * tok, 3: pos // 8 * 40 + (3 * pos // 2) % 8,
+            4: (3 * pos // 2) % 5 * 7}
+    with pytest.raises(ISAError, match="16 registers"):
+        reg_table_values([(RegTerm("pos"),)] * 16, 0)
+    with pytest.raises(ISAError, match="does not fit"):
+        reg_table_values([(RegTerm("pos", mul=1 << REG_BITS),)], 1)
+    with pytest.raises(ISAError, match="source 'ctx'"):
+        RegTerm("ctx")
+
+
+def test_registers_are_numbered_and_sized_by_the_layout():
+    from hw.isa import NUM_REGS, REG_BITS, RunRegs, reg_values
+
+    assert RunRegs.length == NUM_REGS and RunRegs.elem_shape == REG_BITS
+    assert 1 << DmaBody["reg"].width == NUM_REGS + 1
+    assert list(reg_values({1: 3, 15: 5})) == [0, 3] + [0] * 13 + [5]
+    with pytest.raises(ISAError, match="no run-time register 16"):
+        reg_values({16: 1})
+    with pytest.raises(ISAError, match=r"register 2=4294967296 does not fit in 32 bits"):
+        reg_values({2: 1 << REG_BITS})

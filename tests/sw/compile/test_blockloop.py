@@ -16,8 +16,8 @@ from hw.isa import (
     End,
     Engine,
     Load,
+    RegTerm,
     Repeat,
-    RunReg,
     Spad,
     Store,
     Sync,
@@ -306,7 +306,8 @@ def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers, monkeyp
         head = instructions(p.words)[:len(copy)]
         assert head[1:] == copy[1:] and p.embed_rows == (0,)
         # the copy's LOAD reads the table's row tok (the run-time register), not the buffer
-        assert head[0] == dataclasses.replace(copy[0], reg=RunReg.TOK,
+        tok = exe.registers.index((RegTerm("tok", mul=copy[0].dram_stride),)) + 1
+        assert head[0] == dataclasses.replace(copy[0], reg=tok,
                                               dram_addr=exe.symbols[EMBEDDING_TABLE].addr // beat)
     assert not any(p.embed_rows for p in written.programs if p.fused_into is None)
     alone = FastModel(VSMALL).run(program_words(copy + [End()]), timing_only=True).cycles

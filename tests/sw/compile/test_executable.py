@@ -70,17 +70,16 @@ def test_another_format_version_is_refused_with_one_line(exe, tmp_path, monkeypa
 
 
 def test_a_file_of_the_previous_version_is_refused_naming_both(exe, tmp_path, monkeypatch):
-    """Version 5 files predate the words relative to the run-time registers (ROPE table
-    LOADs, causal SOFTMAX VECs and embedding-row LOADs that the host patched per step): a
-    newer reader would run them unpatched, so this one refuses them in one line naming both
-    versions."""
+    """Version 6 files' relative words add a register times their stride (pos, tok), not a
+    register file's offsets with a register table: a newer reader would move them wrongly,
+    so this one refuses them in one line naming both versions."""
     import sw.compile.executable as executable
-    assert FORMAT_VERSION == 6
-    monkeypatch.setattr(executable, "FORMAT_VERSION", 5)
-    path = save(exe, tmp_path / "v5.safetensors")
+    assert FORMAT_VERSION == 7
+    monkeypatch.setattr(executable, "FORMAT_VERSION", 6)
+    path = save(exe, tmp_path / "v6.safetensors")
     monkeypatch.undo()
-    with pytest.raises(ExecutableError, match="executable format version 5, this toolkit reads "
-                       "version 6; compile the model again") as e:
+    with pytest.raises(ExecutableError, match="executable format version 6, this toolkit reads "
+                       "version 7; compile the model again") as e:
         load(path)
     assert "\n" not in str(e.value)
 

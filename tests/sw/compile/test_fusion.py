@@ -15,7 +15,7 @@ from hw.isa import (
     Engine,
     Gemm,
     Load,
-    RunReg,
+    RegTerm,
     Spad,
     Store,
     Sync,
@@ -743,7 +743,8 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
             i.func == VecFunc.SOFTMAX for i in decode_program(words.view(np.uint8)))
         # causal counts relative to the run-time register pos: row r is token r % tokens's
         assert [(i.reg, i.imm) for i in decode_program(words.view(np.uint8))] == [
-            (RunReg.POS, r % tokens + 1) for r in range(op.rows)]
+            (exe.registers.index((RegTerm("pos"),)) + 1, r % tokens + 1)
+            for r in range(op.rows)]
         at = exe.symbols[op.x].addr
         layer = int(p.node.split(".")[1])
         for j, m in enumerate(first.members):   # operand heads in order: the softmax's rows

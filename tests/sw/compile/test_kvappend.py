@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hw.config import AcceleratorConfig, preset
-from hw.isa import End, Store, VecFunc, program_words
+from hw.isa import End, Store, VecFunc, program_words, reg_table_values, reg_value
 from hw.numerics import (
     act_scale,
     from_fixed,
@@ -30,7 +30,7 @@ from sim.model import FastModel
 from sw.compile.errors import LoweringError
 from sw.compile.kvappend import KVAppendPlan, append_value_code, schedule_kv_append
 from sw.compile.lower import KVLayout
-from sw.runtime.runtime import _set_append
+from sw.compile.registers import RegisterFile, allocate_words
 
 #: A record wider than a beat (keys: a beat per channel), one narrower (keys: the tile as one
 #: run; values: records inside a beat), and a beat wider than a record.
@@ -87,8 +87,10 @@ def _check_append(model, words, sites, layout, plan, kv_heads, position, dram, w
         if plan.channels is not None:
             c = plan.channels[h] + 4 * position
             want[c:c + 4] = np.array([chan[h]], "<i4").view(np.uint8)
-    r = model.run(_set_append(words, [(s.index, s.kind, s.field) for s in sites], layout,
-                              position), dram)
+    regs = RegisterFile()
+    words = allocate_words(words, regs, {s.index: layout.append_terms(s.kind)[s.field == "imm"]
+                                         for s in sites})
+    r = model.run(words, dram, regs=reg_table_values(regs.table, position))
     assert r.ok, r.error
     s0 = plan.scratch
     s1 = s0 + KVAppendPlan.scratch_bytes(model.cfg, layout, kv_heads)
@@ -291,3 +293,47 @@ def test_the_int4_append_geometry_names_the_positions_nibbles(head_dim, lanes, b
                 offset, shift = layout.fields(kind, [p])
                 assert np.array_equal(loaded[unit // 2], offset[0]), (kind, p)
                 assert np.array_equal(4 * (unit % 2), shift[0]), (kind, p)
+
+
+def _site_written_out(layout: KVLayout, kind: str, position: int) -> tuple[int, int]:
+    """Where an append of ``position`` lies, the arithmetic written out (tile, lane and byte
+    of the stream layouts; the reference the register terms must reproduce)."""
+    beat, lanes = layout.beat, layout.lanes
+    if kind in ("k", "h"):
+        tile = position // lanes * (layout.key_tile_stride // beat)
+        lane = position % lanes
+        if layout.bits == 4 or layout.keys.record_bytes <= beat:
+            return tile, lane
+        return tile + lane // beat, lane % beat
+    at = position * (layout.values.record_bytes if kind == "v" else 4)
+    nibbles = 2 if layout.bits == 4 and kind == "v" else 1
+    return at // beat, nibbles * (at % beat)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_append_registers_hold_the_sites_at_random_positions(seed):
+    """KVLayout.append_terms (what the append's run-time registers hold): evaluated at random
+    positions of random layouts (INT8 and INT4, lanes and beats of powers of two) they give
+    the sites written out; append_site is their value, (0, 0) at position 0; equal terms
+    share one register (RegisterFile)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(25):
+        lanes = int(2 ** rng.integers(3, 7))
+        beat = int(2 ** rng.integers(2, 7))
+        bits = int(rng.choice([8, 4]))
+        head_dim = int(rng.choice([32, 64, 128] if bits == 4 else [8, 16, 32, 64, 128]))
+        layout = KVLayout(head_dim=head_dim, max_context=int(rng.integers(1, 5000)),
+                          lanes=lanes, beat=beat, bits=bits)
+        positions = rng.integers(0, 1 << 16, 40)
+        regs = RegisterFile()
+        for kind in ("k", "h", "v", "c", "s") if bits == 4 else ("k", "v", "c", "s"):
+            beats, base = layout.append_terms(kind)
+            assert layout.append_site(kind, 0) == (0, 0)
+            assert regs.index(beats) == regs.index(tuple(beats))   # one register per sum
+            for p in positions:
+                want = _site_written_out(layout, kind, int(p))
+                assert (reg_value(beats, int(p)), reg_value(base, int(p))) == want, (kind, p)
+                assert layout.append_site(kind, int(p)) == want
+            vec = np.asarray(positions)  # the evaluator takes arrays too
+            assert np.array_equal(reg_value(beats, vec),
+                                  [_site_written_out(layout, kind, int(p))[0] for p in vec])

@@ -14,7 +14,7 @@ from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
 
 from hw.config import VECTOR_PRESET_SPADS
 from hw.format import WeightFormat
-from hw.isa import RunReg
+from hw.isa import RegTerm
 from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model
 from sw.compress.model import compress_llama, untie_head, use_hardware_numerics
@@ -82,6 +82,40 @@ def test_a_decode_step_reads_back_only_the_token_id(model, seed):
         assert st.cycles == st_all.cycles
 
 
+def test_a_decode_step_writes_no_words_only_the_registers(model):
+    """The decode program (its KV append's sites, rotary rows, softmax counts and embedding
+    row relative to run-time registers) runs with its compiled words every step, and the
+    registers the host sets are the register table at the step's position and token; the
+    KV append's words name registers holding KVLayout.append_terms, one per sum."""
+    from hw.isa import decode_program, reg_table_values
+
+    lm, exe, twin = model
+    (joined,) = [p for p in exe.programs if p.phase == "decode" and p.fused_into is None]
+    layout = exe.kv.layout
+    program = decode_program(joined.words.view(np.uint8))
+    sites = {(kind, field) for _, kind, field, _ in joined.append_rows}
+    assert {"k", "v"} <= {kind for kind, _ in sites}
+    for i, kind, field, _ in joined.append_rows:
+        held = exe.registers[program[i].reg - 1]
+        assert held == layout.append_terms(kind)[field == "imm"], (i, kind, field)
+    assert len(exe.registers) == len(set(exe.registers))   # shared where equal
+    rt = Runtime(exe, make_backend("model", CFG), vector=True)
+    runs, inner = [], rt.backend.run
+
+    def run(words, dram, **kw):
+        runs.append((words, kw.get("regs")))
+        return inner(words, dram, **kw)
+
+    rt.backend.run = run
+    prompt = _prompt(lm, 3)
+    gen = rt.generate(prompt, STEPS + 1, logits=False)
+    decode = [(w, r) for w, r in runs if w is joined.words]
+    assert len(decode) == STEPS
+    for k, (_, regs) in enumerate(decode):
+        past = PROMPT + k
+        assert regs == reg_table_values(exe.registers, past, gen.tokens[k]), k
+
+
 def test_logits_read_back_only_from_the_head(model):
     """With logits, a decode step reads back the head's rows (and the token), no other node's
     results, and they equal the twin's bit for bit."""
@@ -117,7 +151,7 @@ def test_the_embedding_table_serves_the_decode_steps_rows(model):
     norm's input and the first block's residual) read the constant table, every token's row
     as the host's Q15.16 words, relative to the run-time register ``tok`` (one row, the
     table's row stride); the prefill's rows are the host's."""
-    from hw.isa import Load, RunReg, decode_program
+    from hw.isa import Load, decode_program
     from hw.numerics import to_fixed
     from sw.compile.executable import EMBEDDING_TABLE
 
@@ -129,7 +163,8 @@ def test_the_embedding_table_serves_the_decode_steps_rows(model):
     ((_, row),) = rt._served.items()
     loads = decode_program(joined.words[list(joined.embed_rows)].view(np.uint8))
     table_at = exe.symbols[EMBEDDING_TABLE].addr // CFG.beat_bytes
-    assert all(isinstance(ld, Load) and ld.reg == RunReg.TOK and ld.rows == 1
+    assert all(isinstance(ld, Load) and ld.reg and ld.rows == 1
+               and exe.registers[ld.reg - 1] == (RegTerm("tok", mul=ld.dram_stride),)
                and ld.dram_stride * CFG.beat_bytes == row
                and table_at <= ld.dram_addr < table_at + row // CFG.beat_bytes for ld in loads)
     table = exe.image[EMBEDDING_TABLE].reshape(lm.config.vocab_size, row)
@@ -215,7 +250,8 @@ def test_a_looped_decode_step_copies_the_tables_row(looped, seed):
     assert joined.embed_rows == (0,)
     load = instructions(joined.words)[0]
     ((served, row),) = Runtime(exe, make_backend("model", CFG), vector=True)._served.items()
-    assert load.reg == RunReg.TOK  # row tok of the table: the host writes the register
+    # row tok of the table: the host writes the register, tok times the row's beats
+    assert exe.registers[load.reg - 1] == (RegTerm("tok", mul=load.dram_stride),)
     assert load.dram_addr * CFG.beat_bytes == exe.symbols[EMBEDDING_TABLE].addr
     assert load.row_beats * CFG.beat_bytes == load.dram_stride * CFG.beat_bytes == row
     assert served in exe.symbols

@@ -9,7 +9,7 @@ import torch
 from compile_testutil import SMALL, compressed, tiny_lm
 
 from hw.config import MemoryModel
-from hw.isa import Load, RunReg, Spad, Vec, VecFunc, check, decode_program, rope_imm
+from hw.isa import Load, Spad, Vec, VecFunc, check, decode_program, reg_table_values, rope_imm
 from hw.numerics import (
     from_fixed,
     rope_pairs,
@@ -23,6 +23,8 @@ from sw.compile import CompileOptions, compile_model, symbols
 from sw.compile.compiler import _rope_table
 from sw.compile.errors import LoweringError
 from sw.compile.ir import Graph, Node, TensorType
+from sw.compile.registers import POS as PENDING_POS
+from sw.compile.registers import RegisterFile, allocate_words
 from sw.compile.relocation import lower_vector_template, relocate
 from sw.compile.schedule import rope_table_beats, vector_tasks
 from sw.compile.vector import row_bytes, vector_op
@@ -131,7 +133,9 @@ def _run_rope(cfg, tmpl, rows, length, head_dim, rng) -> int:
     tab[:, :head_dim // 2] = table
     dram[4 * base["w"]:4 * base["w"] + tab.nbytes] = tab.view(np.uint8).reshape(-1)
     past = int(rng.integers(0, positions - rows + 1))
-    r = make_backend("model", cfg).run(words, dram, regs={"pos": past})
+    regs = RegisterFile()
+    words = allocate_words(words, regs)
+    r = make_backend("model", cfg).run(words, dram, regs=reg_table_values(regs.table, past))
     assert r.ok, r.error
     got = r.dram[4 * base["y"]:4 * base["y"] + rows * row * 4].view("<i4").reshape(rows, row)
     for i in range(rows):
@@ -166,7 +170,7 @@ def test_rope_programs_compute_their_rows_at_any_position(seed):
     for i, (task, ld) in enumerate(zip(tasks, table_loads, strict=True)):
         assert isinstance(ld, Load) and ld.spad == Spad.VIN
         assert (ld.rows, ld.row_beats, ld.dram_addr, ld.dram_stride, ld.reg) == \
-            (task.rows, beats, task.row * beats, beats, RunReg.POS)
+            (task.rows, beats, task.row * beats, beats, PENDING_POS)
         assert ld.spad_addr == i % 2 * half + task.rows * row // per
     vecs = [i for i in program if isinstance(i, Vec)]
     assert [v.b_addr for v in vecs] == [
