@@ -48,6 +48,7 @@ from hw.isa import (
     IMM_MAX,
     INSTR_BITS,
     LOAD_SPADS,
+    MOVE_SPAD,
     NO_EVENT,
     REG_NAMES,
     ROPE_HEAD_DIM_BITS,
@@ -65,6 +66,7 @@ from hw.isa import (
     dispatch_limits,
     field_location,
     insert_bad,
+    is_move,
     kv4_bad,
     legal_words,
     reads_param,
@@ -180,6 +182,7 @@ class FetchUnit(wiring.Component):
         def one_of(spads) -> Value:
             return Cat(spad == s.value for s in spads).any()
 
+        move = is_move(op.as_value(), spad)
         dma_bad = Cat(Mux(is_[Opcode.STORE], ~one_of(STORE_SPADS), ~one_of(LOAD_SPADS)),
                       dma.rows == 0, dma.row_beats == 0)
 
@@ -266,8 +269,11 @@ class FetchUnit(wiring.Component):
             # The DRAM range's last beat less the first beat past DRAM, less the span, is
             # dram_addr + dram_rest: negative while the range fits. The limits are folded in
             # here so that S3 ends in a sign bit; the caller adds the (effective) dram_addr.
-            "dram_rest": dma.row_beats - dma.dram_stride - (lim.dram_beats + 1),
-            "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[spad],
+            # A move (hw.isa.is_move) reads VOUT and writes VIN where a STORE writes DRAM.
+            "dram_rest": dma.row_beats - dma.dram_stride
+            - Mux(move, int(lim.spad_beats[MOVE_SPAD.value]) + 1, lim.dram_beats + 1),
+            "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[
+                Mux(move, Spad.VOUT, spad)],
         }
 
     @staticmethod
@@ -357,7 +363,9 @@ class FetchUnit(wiring.Component):
         imm = Mux(imm[imm_w:].any(), IMM_MAX, imm[:imm_w])
         word = Cat(word[:imm_at], imm, word[imm_at + imm_w:])
         view1 = InstrLayout(word[:InstrLayout.size])
-        in_body1 = is_dma1 & (s1["pc"] <= last)
+        # (a move's VIN rows do not advance: hw.isa.loop_stride)
+        moving1 = is_move(op1.as_value(), view1.body.dma.spad.as_value())
+        in_body1 = is_dma1 & ~moving1 & (s1["pc"] <= last)
         step = Mux(op1 == Opcode.STORE, offset["store_stride"],
                    Mux(view1.body.dma.spad == Spad.WGT, offset["wgt_stride"],
                        offset["load_stride"]))

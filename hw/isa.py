@@ -38,6 +38,7 @@ from hw.format import StreamGeometry
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "MAX_HEADER_WORDS", "Opcode",
     "Spad", "Engine", "EpilogueMode", "ErrorCode", "VecFunc", "LOAD_SPADS", "STORE_SPADS",
+    "MOVE_SPAD", "is_move", "dma_source",
     "RunReg", "RunRegs", "REG_NAMES", "reg_values", "relative_fields", "relative_words",
     "relative_instruction", "uses_regs", "RELATIVE", "IMM_MAX",
     "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "RepeatBody", "InstrLayout",
@@ -89,7 +90,24 @@ class Spad(enum.Enum, shape=3):
 #: ILLEGAL_OPCODE (:func:`legal_words`). A configuration without a vector engine has empty VIN
 #: and VOUT scratchpads, so a transfer naming them fails its range check (BAD_ADDRESS).
 LOAD_SPADS = (Spad.ACT, Spad.WGT, Spad.PARAM, Spad.VIN)
-STORE_SPADS = (Spad.OUT, Spad.VOUT)
+#: A STORE naming :data:`MOVE_SPAD` (VIN) is a *move*: it reads VOUT from ``spad_addr`` as a
+#: STORE of VOUT does and writes the beats into VIN where a STORE writes DRAM (``dram_addr``,
+#: ``dram_stride``: VIN beat addresses), so a vector result reaches the next VEC's operands
+#: without DRAM (docs/architecture.md, "Vector engine").
+MOVE_SPAD = Spad.VIN
+STORE_SPADS = (Spad.OUT, Spad.VOUT, MOVE_SPAD)
+
+
+def is_move(opcode, spad):
+    """Whether a DMA word of ``opcode`` and ``spad`` (values: ints, numpy arrays or Amaranth
+    values) is a move, a STORE of VOUT beats into VIN (:data:`MOVE_SPAD`)."""
+    return (opcode == Opcode.STORE.value) & (spad == MOVE_SPAD.value)
+
+
+def dma_source(opcode, spad):
+    """The scratchpad value whose beats ``spad_addr`` counts in a DMA word: VOUT for a move
+    (:func:`is_move`), ``spad`` otherwise (ints or numpy arrays)."""
+    return np.where(is_move(opcode, spad), Spad.VOUT.value, spad)
 
 
 class Engine(enum.Enum, shape=2):
@@ -1079,12 +1097,22 @@ def _kind(f: dict) -> str:
     return Opcode(f["opcode"]).name
 
 
+def _source_name(f: dict) -> str:
+    return Spad(int(dma_source(f["opcode"], f["dma.spad"]))).name
+
+
 def _dma_end(f: dict) -> int:
     return f["dma.spad_addr"] + f["dma.rows"] * f["dma.row_beats"]
 
 
 def _dram_end(f: dict) -> int:
     return f["dma.dram_addr"] + (f["dma.rows"] - 1) * f["dma.dram_stride"] + f["dma.row_beats"]
+
+
+def _dram_side(f: dict, lim: DispatchLimits):
+    """Beats of a DMA word's far side: VIN's for a move (:func:`is_move`), DRAM's else."""
+    return np.where(is_move(f["opcode"], f["dma.spad"]), lim.spad_beats[MOVE_SPAD.value],
+                    lim.dram_beats)
 
 
 def _range_rule(field: str, spad: Spad) -> _Rule:
@@ -1129,14 +1157,17 @@ _DMA_RULES = (
           lambda f, cfg: f"{_kind(f)} of rows={f['dma.rows']} x "
                          f"row_beats={f['dma.row_beats']} is empty"),
     _Rule(_BAD_ADDRESS, _DMA,
-          lambda f, lim: _dma_end(f) > lim.spad_beats[f["dma.spad"]],
+          lambda f, lim: _dma_end(f) > lim.spad_beats[dma_source(f["opcode"], f["dma.spad"])],
           lambda f, cfg: f"{_kind(f)} spad range [{f['dma.spad_addr']}, {_dma_end(f)}) beats "
-                         f"exceeds {Spad(f['dma.spad']).name} "
-                         f"({cfg.spad_beats(Spad(f['dma.spad']).name.lower())} beats)"),
+                         f"exceeds {_source_name(f)} "
+                         f"({cfg.spad_beats(_source_name(f).lower())} beats)"),
     _Rule(_BAD_ADDRESS, _DMA,
-          lambda f, lim: _dram_end(f) > lim.dram_beats,
-          lambda f, cfg: f"{_kind(f)} DRAM range ends at beat {_dram_end(f)}, DRAM has "
-                         f"{cfg.dram_beats} beats"),
+          lambda f, lim: _dram_end(f) > _dram_side(f, lim),
+          lambda f, cfg: (f"move's VIN range ends at beat {_dram_end(f)}, VIN has "
+                          f"{cfg.spad_beats('vin')} beats"
+                          if is_move(f["opcode"], f["dma.spad"]) else
+                          f"{_kind(f)} DRAM range ends at beat {_dram_end(f)}, DRAM has "
+                          f"{cfg.dram_beats} beats")),
 )
 _GEMM_FIELD_RULES = (
     _Rule(_BAD_GEMM, _GEMM,
@@ -1380,12 +1411,13 @@ _STRIDES = ("wgt_stride", "load_stride", "store_stride")
 def loop_stride(op, spad, wgt_stride, load_stride, store_stride):
     """The DRAM beats a body instruction of opcode ``op`` and DMA scratchpad ``spad`` advances
     per iteration: ``wgt_stride`` for a LOAD into WGT, ``load_stride`` for another LOAD,
-    ``store_stride`` for a STORE, 0 for other opcodes. Ints or numpy arrays (the fetch unit
-    selects the same way, hw/fetch.py)."""
+    ``store_stride`` for a STORE, 0 for a move (:func:`is_move`: its VIN rows are the same
+    in every iteration) and for other opcodes. Ints or numpy arrays (the fetch unit selects
+    the same way, hw/fetch.py)."""
     is_load = op == Opcode.LOAD.value
+    store = (op == Opcode.STORE.value) & np.logical_not(is_move(op, spad))
     return np.where(is_load & (spad == Spad.WGT.value), wgt_stride,
-                    np.where(is_load, load_stride,
-                             np.where(op == Opcode.STORE.value, store_stride, 0)))
+                    np.where(is_load, load_stride, np.where(store, store_stride, 0)))
 
 
 def _straight(start: int, stop: int) -> tuple:
