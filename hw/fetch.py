@@ -48,7 +48,6 @@ from hw.isa import (
     IMM_MAX,
     INSTR_BITS,
     LOAD_SPADS,
-    MOVE_SPAD,
     NO_EVENT,
     REG_NAMES,
     ROPE_HEAD_DIM_BITS,
@@ -271,7 +270,7 @@ class FetchUnit(wiring.Component):
             # here so that S3 ends in a sign bit; the caller adds the (effective) dram_addr.
             # A move (hw.isa.is_move) reads VOUT and writes VIN where a STORE writes DRAM.
             "dram_rest": dma.row_beats - dma.dram_stride
-            - Mux(move, int(lim.spad_beats[MOVE_SPAD.value]) + 1, lim.dram_beats + 1),
+            - Mux(move, lim.move_beats + 1, lim.dram_beats + 1),
             "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[
                 Mux(move, Spad.VOUT, spad)],
         }

@@ -106,8 +106,8 @@ def is_move(opcode, spad):
 
 def dma_source(opcode, spad):
     """The scratchpad value whose beats ``spad_addr`` counts in a DMA word: VOUT for a move
-    (:func:`is_move`), ``spad`` otherwise (ints or numpy arrays)."""
-    return np.where(is_move(opcode, spad), Spad.VOUT.value, spad)
+    (:func:`is_move`), ``spad`` otherwise (ints, numpy arrays or Amaranth values)."""
+    return spad + is_move(opcode, spad) * (Spad.VOUT.value - MOVE_SPAD.value)
 
 
 class Engine(enum.Enum, shape=2):
@@ -944,6 +944,7 @@ class DispatchLimits:
     num_events: int
     spad_beats: np.ndarray   # int64, indexed by Spad value
     dram_beats: int
+    move_beats: int          # beats of a move's far side (VIN: is_move)
     patterns: int
     max_tokens: int
     int8: bool               # 8-bit weights supported
@@ -973,7 +974,8 @@ def dispatch_limits(cfg: AcceleratorConfig) -> DispatchLimits:
             # by spad value, the undefined ones (ILLEGAL_OPCODE) included: 0 beats
             spad_beats=np.array(beats + [0] * ((1 << Spad.as_shape().width) - len(beats)),
                                 dtype=np.int64),
-            dram_beats=cfg.dram_beats, patterns=len(cfg.pattern_table),
+            dram_beats=cfg.dram_beats, move_beats=cfg.spad_beats(MOVE_SPAD.name.lower()),
+            patterns=len(cfg.pattern_table),
             max_tokens=cfg.max_tokens, int8=8 in cfg.weight_bits,
             wgt_words=word_beats(cfg.wgt_word_bytes, cfg),
             act_words=word_beats(cfg.act_word_bytes, cfg),
@@ -1110,9 +1112,10 @@ def _dram_end(f: dict) -> int:
 
 
 def _dram_side(f: dict, lim: DispatchLimits):
-    """Beats of a DMA word's far side: VIN's for a move (:func:`is_move`), DRAM's else."""
-    return np.where(is_move(f["opcode"], f["dma.spad"]), lim.spad_beats[MOVE_SPAD.value],
-                    lim.dram_beats)
+    """Beats of a DMA word's far side: VIN's for a move (:func:`is_move`), DRAM's else (ints,
+    numpy arrays or Amaranth values: no negative term)."""
+    return lim.dram_beats - is_move(f["opcode"], f["dma.spad"]) * (lim.dram_beats
+                                                                    - lim.move_beats)
 
 
 def _range_rule(field: str, spad: Spad) -> _Rule:
