@@ -31,7 +31,14 @@ from hw.board import protocol as p
 from hw.board.dram_init import initialize_board
 from hw.board.ecpix5 import ECPIX5, Board
 from hw.config import AcceleratorConfig
-from hw.isa import INSTR_BYTES, Opcode, decode_fields, program_words, relative_words
+from hw.isa import (
+    INSTR_BYTES,
+    Opcode,
+    decode_fields,
+    is_move,
+    program_words,
+    relative_words,
+)
 from sim.board import BoardLink, BoardLinkError
 from sim.result import RunResult
 from sim.rtl import encode_any
@@ -43,7 +50,7 @@ _GAP_WORDS = 8
 
 
 def dma_spans(words: np.ndarray, opcode: Opcode) -> list[tuple[int, int]]:
-    """The DRAM beats the LOADs (or STOREs) of a program touch: sorted, merged
+    """The DRAM beats the LOADs (or STOREs, moves aside) of a program touch: sorted, merged
     ``(first beat, beats)`` runs.
 
     Parameters
@@ -64,7 +71,9 @@ def dma_spans(words: np.ndarray, opcode: Opcode) -> list[tuple[int, int]]:
     """
     f = decode_fields(words)
     spans = []
-    for i in np.flatnonzero(f["opcode"] == opcode.value):
+    # (a move's rows are VIN's, not DRAM's: hw.isa.is_move)
+    for i in np.flatnonzero((f["opcode"] == opcode.value)
+                            & ~is_move(f["opcode"], f["dma.spad"])):
         base, rows = int(f["dma.dram_addr"][i]), int(f["dma.rows"][i])
         beats, stride = int(f["dma.row_beats"][i]), int(f["dma.dram_stride"][i])
         if beats == 0 or rows == 0:
