@@ -283,7 +283,8 @@ class StoreEngine(wiring.Component):
     vin_wr: In(WritePort.Signature(...))
         Beat-wide write port of VIN, with a vector engine: a move's beats.
     move: Out(1)
-        The instruction is a move (valid from ``g + 1`` until the next command).
+        With a vector engine: the instruction is a move (valid from ``g + 1`` until the next
+        command).
     wr:
         The DRAM write channel (see :class:`DramSignature`).
     """
@@ -303,9 +304,8 @@ class StoreEngine(wiring.Component):
             "beats": Out(_BEATS_BITS),
             "out_rd": _spad_beat_port(cfg, Spad.OUT, "read"),
             **({"vout_rd": _spad_beat_port(cfg, Spad.VOUT, "read"),
-                "vin_wr": _spad_beat_port(cfg, Spad.VIN, "write")} if cfg.has_vector
-               else {}),
-            "move": Out(1),
+                "vin_wr": _spad_beat_port(cfg, Spad.VIN, "write"), "move": Out(1)}
+               if cfg.has_vector else {}),
             "wr": Out(stream.Signature(dram_write_layout(cfg), always_ready=True)),
         })
 
@@ -347,7 +347,7 @@ class StoreEngine(wiring.Component):
             m.d.sync += [rd_ptr.eq(rd_ptr + 1), self.beats.eq(self.beats + 1)]
         m.d.sync += [w_valid.eq(issue), w_last.eq(issue & walk.last), w_addr.eq(walk.addr)]
         m.d.comb += [
-            self.wr.valid.eq(w_valid & ~self.move),
+            self.wr.valid.eq(w_valid & ~self.move if self._cfg.has_vector else w_valid),
             self.wr.payload.addr.eq(w_addr),
             self.wr.payload.data.eq(data),
             self.done.eq(w_valid & w_last),

@@ -48,6 +48,7 @@ from hw.isa import (
     IMM_MAX,
     INSTR_BITS,
     LOAD_SPADS,
+    MOVE_SPAD,
     NO_EVENT,
     REG_NAMES,
     ROPE_HEAD_DIM_BITS,
@@ -181,8 +182,15 @@ class FetchUnit(wiring.Component):
         def one_of(spads) -> Value:
             return Cat(spad == s.value for s in spads).any()
 
-        move = is_move(op.as_value(), spad)
-        dma_bad = Cat(Mux(is_[Opcode.STORE], ~one_of(STORE_SPADS), ~one_of(LOAD_SPADS)),
+        # A move (hw.isa.is_move) reads VOUT and writes VIN where a STORE writes DRAM; without
+        # a vector engine it fails the VIN range as any transfer naming VIN: no logic for it.
+        far, src = lim.dram_beats + 1, spad
+        if self._cfg.has_vector:
+            move = is_move(op.as_value(), spad)
+            far, src = Mux(move, lim.move_beats + 1, far), Mux(move, Spad.VOUT, spad)
+        stores = STORE_SPADS if self._cfg.has_vector else tuple(
+            s for s in STORE_SPADS if s != MOVE_SPAD)   # (a move fails the VIN range there)
+        dma_bad = Cat(Mux(is_[Opcode.STORE], ~one_of(stores), ~one_of(LOAD_SPADS)),
                       dma.rows == 0, dma.row_beats == 0)
 
         # VEC: a row of at least one element, its ranges inside VIN and VOUT (16-bit sums and
@@ -268,11 +276,8 @@ class FetchUnit(wiring.Component):
             # The DRAM range's last beat less the first beat past DRAM, less the span, is
             # dram_addr + dram_rest: negative while the range fits. The limits are folded in
             # here so that S3 ends in a sign bit; the caller adds the (effective) dram_addr.
-            # A move (hw.isa.is_move) reads VOUT and writes VIN where a STORE writes DRAM.
-            "dram_rest": dma.row_beats - dma.dram_stride
-            - Mux(move, lim.move_beats + 1, lim.dram_beats + 1),
-            "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[
-                Mux(move, Spad.VOUT, spad)],
+            "dram_rest": dma.row_beats - dma.dram_stride - far,
+            "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[src],
         }
 
     @staticmethod
@@ -362,9 +367,9 @@ class FetchUnit(wiring.Component):
         imm = Mux(imm[imm_w:].any(), IMM_MAX, imm[:imm_w])
         word = Cat(word[:imm_at], imm, word[imm_at + imm_w:])
         view1 = InstrLayout(word[:InstrLayout.size])
-        # (a move's VIN rows do not advance: hw.isa.loop_stride)
-        moving1 = is_move(op1.as_value(), view1.body.dma.spad.as_value())
-        in_body1 = is_dma1 & ~moving1 & (s1["pc"] <= last)
+        in_body1 = is_dma1 & (s1["pc"] <= last)
+        if cfg.has_vector:   # (a move's VIN rows do not advance: hw.isa.loop_stride)
+            in_body1 &= ~is_move(op1.as_value(), view1.body.dma.spad.as_value())
         step = Mux(op1 == Opcode.STORE, offset["store_stride"],
                    Mux(view1.body.dma.spad == Spad.WGT, offset["wgt_stride"],
                        offset["load_stride"]))

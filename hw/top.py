@@ -340,7 +340,8 @@ class Accelerator(wiring.Component):
         incs = {
             "fetch_stall": fetch.stalled,
             "dram_read_beats": Mux(load.done, load.beats, 0),
-            "dram_write_beats": Mux(store.done & ~store.move, store.beats, 0),
+            "dram_write_beats": Mux(store.done & ~store.move if cfg.has_vector else store.done,
+                                    store.beats, 0),
             "mac_cycles": Mux(core.done, mac_acc + core.mac, 0),
             "instructions": fetch.dispatched,
         }
