@@ -20,7 +20,9 @@ LOAD
 STORE
     one scratchpad read per cycle in ``g + 1 .. g + B``; each beat is written to DRAM in the
     next cycle (posted writes): the last write, and ``done``, are in ``g + B + STORE_OVERHEAD``
-    with ``STORE_OVERHEAD = 1``.
+    with ``STORE_OVERHEAD = 1``. A move (:func:`hw.isa.is_move`) is a STORE of VOUT whose
+    beats go to VIN's DMA write port instead, at the addresses a STORE writes DRAM at, in the
+    same cycles; the DRAM write channel stays idle.
 
 The DRAM port (:class:`DramSignature`) has a read channel (requests, and responses exactly
 ``cfg.memory.latency`` cycles later, no back-pressure) and a posted write channel, one beat
@@ -37,7 +39,7 @@ from amaranth.utils import ceil_log2
 from hw import timing
 from hw.config import AcceleratorConfig
 from hw.engines import completion_delay
-from hw.isa import DmaBody, Engine, Spad
+from hw.isa import MOVE_SPAD, DmaBody, Engine, Spad
 
 __all__ = ["DRAM_ADDR_BITS", "dram_write_layout", "DramSignature", "LoadEngine", "StoreEngine"]
 
@@ -278,6 +280,11 @@ class StoreEngine(wiring.Component):
         Beat-wide synchronous read port of the OUT scratchpad.
     vout_rd: In(ReadPort.Signature(...))
         The same for VOUT, with a vector engine.
+    vin_wr: In(WritePort.Signature(...))
+        Beat-wide write port of VIN, with a vector engine: a move's beats.
+    move: Out(1)
+        With a vector engine: the instruction is a move (valid from ``g + 1`` until the next
+        command).
     wr:
         The DRAM write channel (see :class:`DramSignature`).
     """
@@ -296,8 +303,9 @@ class StoreEngine(wiring.Component):
             "done": Out(1),
             "beats": Out(_BEATS_BITS),
             "out_rd": _spad_beat_port(cfg, Spad.OUT, "read"),
-            **({"vout_rd": _spad_beat_port(cfg, Spad.VOUT, "read")} if cfg.has_vector
-               else {}),
+            **({"vout_rd": _spad_beat_port(cfg, Spad.VOUT, "read"),
+                "vin_wr": _spad_beat_port(cfg, Spad.VIN, "write"), "move": Out(1)}
+               if cfg.has_vector else {}),
             "wr": Out(stream.Signature(dram_write_layout(cfg), always_ready=True)),
         })
 
@@ -320,13 +328,18 @@ class StoreEngine(wiring.Component):
         issue = walk.active
         data = self.out_rd.data
         if self._cfg.has_vector:
-            # The source (OUT or VOUT; fetch lets nothing else through), copied while idle.
+            # The source (OUT, or VOUT for a STORE of VOUT and a move; fetch lets nothing else
+            # through) and whether the beats go to VIN, copied while idle.
             vout = Signal()
+            spad = self.cmd.payload.spad
             with m.If(idle):
-                m.d.sync += vout.eq(self.cmd.payload.spad == Spad.VOUT)
+                m.d.sync += [vout.eq((spad == Spad.VOUT) | (spad == MOVE_SPAD)),
+                             self.move.eq(spad == MOVE_SPAD)]
             m.d.comb += [self.out_rd.addr.eq(rd_ptr), self.out_rd.en.eq(issue & ~vout),
                          self.vout_rd.addr.eq(rd_ptr), self.vout_rd.en.eq(issue & vout)]
             data = Mux(vout, self.vout_rd.data, self.out_rd.data)
+            m.d.comb += [self.vin_wr.addr.eq(w_addr), self.vin_wr.data.eq(data),
+                         self.vin_wr.en.eq(w_valid & self.move)]
         else:
             m.d.comb += [self.out_rd.addr.eq(rd_ptr), self.out_rd.en.eq(issue)]
         with m.If(issue):
@@ -334,7 +347,7 @@ class StoreEngine(wiring.Component):
             m.d.sync += [rd_ptr.eq(rd_ptr + 1), self.beats.eq(self.beats + 1)]
         m.d.sync += [w_valid.eq(issue), w_last.eq(issue & walk.last), w_addr.eq(walk.addr)]
         m.d.comb += [
-            self.wr.valid.eq(w_valid),
+            self.wr.valid.eq(w_valid & ~self.move if self._cfg.has_vector else w_valid),
             self.wr.payload.addr.eq(w_addr),
             self.wr.payload.data.eq(data),
             self.done.eq(w_valid & w_last),

@@ -172,7 +172,7 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec(Load, Engine.LOAD, timing.load_cycles, timing.load_cycles_fields,
            work={"dram_read_beats": timing.dma_beats_fields}),
     OpSpec(Store, Engine.STORE, timing.store_cycles, timing.store_cycles_fields,
-           work={"dram_write_beats": timing.dma_beats_fields}),
+           work={"dram_write_beats": timing.store_dram_beats_fields}),
     OpSpec(Gemm, Engine.COMPUTE, timing.gemm_cycles, timing.gemm_cycles_fields,
            work={"mac_cycles": timing.mac_cycles_fields}),
     OpSpec(Sync, None, timing.sync_cycles, timing.sync_cycles_fields, sync=True),

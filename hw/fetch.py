@@ -50,6 +50,7 @@ from hw.isa import (
     IMM_MAX,
     INSTR_BITS,
     LOAD_SPADS,
+    MOVE_SPAD,
     NO_EVENT,
     NUM_REGS,
     REG_BITS,
@@ -67,6 +68,7 @@ from hw.isa import (
     dispatch_limits,
     field_location,
     insert_bad,
+    is_move,
     kv4_bad,
     legal_words,
     reads_param,
@@ -216,7 +218,15 @@ class FetchUnit(wiring.Component):
         def one_of(spads) -> Value:
             return Cat(spad == s.value for s in spads).any()
 
-        dma_bad = Cat(Mux(is_[Opcode.STORE], ~one_of(STORE_SPADS), ~one_of(LOAD_SPADS)),
+        # A move (hw.isa.is_move) reads VOUT and writes VIN where a STORE writes DRAM; without
+        # a vector engine it fails the VIN range as any transfer naming VIN: no logic for it.
+        far, src = lim.dram_beats + 1, spad
+        if self._cfg.has_vector:
+            move = is_move(op.as_value(), spad)
+            far, src = Mux(move, lim.move_beats + 1, far), Mux(move, Spad.VOUT, spad)
+        stores = STORE_SPADS if self._cfg.has_vector else tuple(
+            s for s in STORE_SPADS if s != MOVE_SPAD)   # (a move fails the VIN range there)
+        dma_bad = Cat(Mux(is_[Opcode.STORE], ~one_of(stores), ~one_of(LOAD_SPADS)),
                       dma.rows == 0, dma.row_beats == 0)
 
         # VEC: a row of at least one element, its ranges inside VIN and VOUT (16-bit sums and
@@ -303,8 +313,8 @@ class FetchUnit(wiring.Component):
             # The DRAM range's last beat less the first beat past DRAM, less the span, is
             # dram_addr + dram_rest: negative while the range fits. The limits are folded in
             # here so that S3 ends in a sign bit; the caller adds the (effective) dram_addr.
-            "dram_rest": dma.row_beats - dma.dram_stride - (lim.dram_beats + 1),
-            "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[spad],
+            "dram_rest": dma.row_beats - dma.dram_stride - far,
+            "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[src],
         }
 
     @staticmethod
@@ -400,6 +410,8 @@ class FetchUnit(wiring.Component):
         reg_vec = Mux(is_vec1, regfile[fetched.body.vec.reg], 0) if cfg.has_vector \
             else Const(0, REG_BITS)
         in_body1 = is_dma1 & (s1["pc"] <= last)
+        if cfg.has_vector:   # (a move's VIN rows do not advance: hw.isa.loop_stride)
+            in_body1 &= ~is_move(op1.as_value(), fetched.body.dma.spad.as_value())
         step = Mux(op1 == Opcode.STORE, offset["store_stride"],
                    Mux(fetched.body.dma.spad == Spad.WGT, offset["wgt_stride"],
                        offset["load_stride"]))

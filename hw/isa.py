@@ -38,6 +38,7 @@ from hw.format import StreamGeometry
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "MAX_HEADER_WORDS", "Opcode",
     "Spad", "Engine", "EpilogueMode", "ErrorCode", "VecFunc", "LOAD_SPADS", "STORE_SPADS",
+    "MOVE_SPAD", "is_move", "dma_source",
     "REG_FIELD_BITS", "NUM_REGS", "REG_BITS", "REG_VEC_FUNCS", "RunRegs", "RegTerm",
     "REG_SOURCES", "reg_value", "reg_table_values", "reg_values", "relative_fields",
     "relative_words",
@@ -91,7 +92,24 @@ class Spad(enum.Enum, shape=3):
 #: ILLEGAL_OPCODE (:func:`legal_words`). A configuration without a vector engine has empty VIN
 #: and VOUT scratchpads, so a transfer naming them fails its range check (BAD_ADDRESS).
 LOAD_SPADS = (Spad.ACT, Spad.WGT, Spad.PARAM, Spad.VIN)
-STORE_SPADS = (Spad.OUT, Spad.VOUT)
+#: A STORE naming :data:`MOVE_SPAD` (VIN) is a *move*: it reads VOUT from ``spad_addr`` as a
+#: STORE of VOUT does and writes the beats into VIN where a STORE writes DRAM (``dram_addr``,
+#: ``dram_stride``: VIN beat addresses), so a vector result reaches the next VEC's operands
+#: without DRAM (docs/architecture.md, "Vector engine").
+MOVE_SPAD = Spad.VIN
+STORE_SPADS = (Spad.OUT, Spad.VOUT, MOVE_SPAD)
+
+
+def is_move(opcode, spad):
+    """Whether a DMA word of ``opcode`` and ``spad`` (values: ints, numpy arrays or Amaranth
+    values) is a move, a STORE of VOUT beats into VIN (:data:`MOVE_SPAD`)."""
+    return (opcode == Opcode.STORE.value) & (spad == MOVE_SPAD.value)
+
+
+def dma_source(opcode, spad):
+    """The scratchpad value whose beats ``spad_addr`` counts in a DMA word: VOUT for a move
+    (:func:`is_move`), ``spad`` otherwise (ints, numpy arrays or Amaranth values)."""
+    return spad + is_move(opcode, spad) * (Spad.VOUT.value - MOVE_SPAD.value)
 
 
 class Engine(enum.Enum, shape=2):
@@ -925,6 +943,7 @@ class DispatchLimits:
     num_events: int
     spad_beats: np.ndarray   # int64, indexed by Spad value
     dram_beats: int
+    move_beats: int          # beats of a move's far side (VIN: is_move)
     patterns: int
     max_tokens: int
     int8: bool               # 8-bit weights supported
@@ -954,7 +973,8 @@ def dispatch_limits(cfg: AcceleratorConfig) -> DispatchLimits:
             # by spad value, the undefined ones (ILLEGAL_OPCODE) included: 0 beats
             spad_beats=np.array(beats + [0] * ((1 << Spad.as_shape().width) - len(beats)),
                                 dtype=np.int64),
-            dram_beats=cfg.dram_beats, patterns=len(cfg.pattern_table),
+            dram_beats=cfg.dram_beats, move_beats=cfg.spad_beats(MOVE_SPAD.name.lower()),
+            patterns=len(cfg.pattern_table),
             max_tokens=cfg.max_tokens, int8=8 in cfg.weight_bits,
             wgt_words=word_beats(cfg.wgt_word_bytes, cfg),
             act_words=word_beats(cfg.act_word_bytes, cfg),
@@ -1078,12 +1098,23 @@ def _kind(f: dict) -> str:
     return Opcode(f["opcode"]).name
 
 
+def _source_name(f: dict) -> str:
+    return Spad(int(dma_source(f["opcode"], f["dma.spad"]))).name
+
+
 def _dma_end(f: dict) -> int:
     return f["dma.spad_addr"] + f["dma.rows"] * f["dma.row_beats"]
 
 
 def _dram_end(f: dict) -> int:
     return f["dma.dram_addr"] + (f["dma.rows"] - 1) * f["dma.dram_stride"] + f["dma.row_beats"]
+
+
+def _dram_side(f: dict, lim: DispatchLimits):
+    """Beats of a DMA word's far side: VIN's for a move (:func:`is_move`), DRAM's else (ints,
+    numpy arrays or Amaranth values: no negative term)."""
+    return lim.dram_beats - is_move(f["opcode"], f["dma.spad"]) * (lim.dram_beats
+                                                                    - lim.move_beats)
 
 
 def _range_rule(field: str, spad: Spad) -> _Rule:
@@ -1128,14 +1159,17 @@ _DMA_RULES = (
           lambda f, cfg: f"{_kind(f)} of rows={f['dma.rows']} x "
                          f"row_beats={f['dma.row_beats']} is empty"),
     _Rule(_BAD_ADDRESS, _DMA,
-          lambda f, lim: _dma_end(f) > lim.spad_beats[f["dma.spad"]],
+          lambda f, lim: _dma_end(f) > lim.spad_beats[dma_source(f["opcode"], f["dma.spad"])],
           lambda f, cfg: f"{_kind(f)} spad range [{f['dma.spad_addr']}, {_dma_end(f)}) beats "
-                         f"exceeds {Spad(f['dma.spad']).name} "
-                         f"({cfg.spad_beats(Spad(f['dma.spad']).name.lower())} beats)"),
+                         f"exceeds {_source_name(f)} "
+                         f"({cfg.spad_beats(_source_name(f).lower())} beats)"),
     _Rule(_BAD_ADDRESS, _DMA,
-          lambda f, lim: _dram_end(f) > lim.dram_beats,
-          lambda f, cfg: f"{_kind(f)} DRAM range ends at beat {_dram_end(f)}, DRAM has "
-                         f"{cfg.dram_beats} beats"),
+          lambda f, lim: _dram_end(f) > _dram_side(f, lim),
+          lambda f, cfg: (f"move's VIN range ends at beat {_dram_end(f)}, VIN has "
+                          f"{cfg.spad_beats('vin')} beats"
+                          if is_move(f["opcode"], f["dma.spad"]) else
+                          f"{_kind(f)} DRAM range ends at beat {_dram_end(f)}, DRAM has "
+                          f"{cfg.dram_beats} beats")),
 )
 _GEMM_FIELD_RULES = (
     _Rule(_BAD_GEMM, _GEMM,
@@ -1380,12 +1414,13 @@ _STRIDES = ("wgt_stride", "load_stride", "store_stride")
 def loop_stride(op, spad, wgt_stride, load_stride, store_stride):
     """The DRAM beats a body instruction of opcode ``op`` and DMA scratchpad ``spad`` advances
     per iteration: ``wgt_stride`` for a LOAD into WGT, ``load_stride`` for another LOAD,
-    ``store_stride`` for a STORE, 0 for other opcodes. Ints or numpy arrays (the fetch unit
-    selects the same way, hw/fetch.py)."""
+    ``store_stride`` for a STORE, 0 for a move (:func:`is_move`: its VIN rows are the same
+    in every iteration) and for other opcodes. Ints or numpy arrays (the fetch unit selects
+    the same way, hw/fetch.py)."""
     is_load = op == Opcode.LOAD.value
+    store = (op == Opcode.STORE.value) & np.logical_not(is_move(op, spad))
     return np.where(is_load & (spad == Spad.WGT.value), wgt_stride,
-                    np.where(is_load, load_stride,
-                             np.where(op == Opcode.STORE.value, store_stride, 0)))
+                    np.where(is_load, load_stride, np.where(store, store_stride, 0)))
 
 
 def _straight(start: int, stop: int) -> tuple:

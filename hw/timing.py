@@ -92,6 +92,7 @@ from hw.isa import (
     epilogue_words,
     gemm_geometry,
     gemm_geometry_fields,
+    is_move,
     kv4_groups,
     vec_out_words,
 )
@@ -104,7 +105,7 @@ __all__ = [
     "store_cycles_fields", "sync_cycles", "sync_cycles_fields", "gemm_step_cycles",
     "epilogue_cycles", "gemm_cycles", "gemm_cycles_fields", "mac_cycles_fields",
     "VECTOR_LATENCY", "VEC_READ_LATENCY", "VEC_FEED_LATENCY", "vec_cycles", "vec_cycles_fields",
-    "vec_elements_fields", "KV4_CODE_LATENCY",
+    "vec_elements_fields", "KV4_CODE_LATENCY", "store_dram_beats_fields",
 ]
 
 #: Cycles from the host's ``start`` pulse to cycle 0 (hw/top.py): ``start`` is accepted in
@@ -181,13 +182,22 @@ def load_completion_delay(cfg: AcceleratorConfig) -> int:
 
 
 def store_cycles(ins: Store, cfg: AcceleratorConfig) -> int:
-    """STORE: one spad read per cycle, each written to DRAM the cycle after (posted writes)."""
+    """STORE: one spad read per cycle, each written to DRAM the cycle after (posted writes).
+    A move (:func:`hw.isa.is_move`) takes as long: it writes each VOUT beat into VIN the
+    cycle after its read, where a STORE writes DRAM; its last VIN write is in ``e``, so a
+    VEC granted on its signal reads the beats."""
     return dma_beats(ins) + STORE_OVERHEAD
 
 
 def store_cycles_fields(f: dict, cfg: AcceleratorConfig):
     """:func:`store_cycles` from :func:`hw.isa.decode_fields` (ints or arrays)."""
     return dma_beats_fields(f) + STORE_OVERHEAD
+
+
+def store_dram_beats_fields(f: dict):
+    """Beats a STORE writes to DRAM, from :func:`hw.isa.decode_fields` (ints or arrays): what
+    it adds to ``dram_write_beats`` when it ends; a move's beats stay on chip (0)."""
+    return dma_beats_fields(f) * np.logical_not(is_move(f["opcode"], f["dma.spad"]))
 
 
 def sync_cycles(ins: Sync, cfg: AcceleratorConfig) -> int:

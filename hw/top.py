@@ -12,7 +12,8 @@
                by the LoadEngine to the completion of its scratchpad writes)
     ACT, WGT, PARAM scratchpads: LoadEngine writes beats, ComputeCore reads words
     OUT scratchpad:              ComputeCore writes words, StoreEngine reads beats
-    VIN scratchpad:              LoadEngine writes beats, VectorEngine reads elements (2 ports)
+    VIN scratchpad:              LoadEngine (and StoreEngine: a move) writes beats,
+                                 VectorEngine reads elements (2 ports)
     VOUT scratchpad:             VectorEngine writes elements, StoreEngine reads beats
 
 The vector engine and its scratchpads exist only in configurations that have it
@@ -267,7 +268,14 @@ class Accelerator(wiring.Component):
         connect(m, core.out_wr, spads["out"].core_wr)
         connect(m, store.out_rd, spads["out"].dma_rd)
         if cfg.has_vector:
-            connect(m, load.vin_wr, spads["vin"].dma_wr)
+            # VIN's DMA write port: the LOAD engine's beats, or a move's (hw/dma.py); a
+            # race-free program never has both in one cycle.
+            vin_wr = spads["vin"].dma_wr
+            m.d.comb += [vin_wr.en.eq(load.vin_wr.en | store.vin_wr.en),
+                         vin_wr.addr.eq(Mux(load.vin_wr.en, load.vin_wr.addr,
+                                            store.vin_wr.addr)),
+                         vin_wr.data.eq(Mux(load.vin_wr.en, load.vin_wr.data,
+                                            store.vin_wr.data))]
             connect(m, vector.vin_a, spads["vin"].core_rd)
             connect(m, vector.vin_b, spads["vin"].core_rd1)
             connect(m, vector.vout_wr, spads["vout"].core_wr)
@@ -333,7 +341,8 @@ class Accelerator(wiring.Component):
         incs = {
             "fetch_stall": fetch.stalled,
             "dram_read_beats": Mux(load.done, load.beats, 0),
-            "dram_write_beats": Mux(store.done, store.beats, 0),
+            "dram_write_beats": Mux(store.done & ~store.move if cfg.has_vector else store.done,
+                                    store.beats, 0),
             "mac_cycles": Mux(core.done, mac_acc + core.mac, 0),
             "instructions": fetch.dispatched,
         }

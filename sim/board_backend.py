@@ -35,6 +35,7 @@ from hw.isa import (
     INSTR_BYTES,
     Opcode,
     decode_fields,
+    is_move,
     loop_stream,
     program_words,
     relative_words,
@@ -50,7 +51,7 @@ _GAP_WORDS = 8
 
 
 def dma_spans(words: np.ndarray, opcode: Opcode) -> list[tuple[int, int]]:
-    """The DRAM beats the LOADs (or STOREs) of a program touch: sorted, merged
+    """The DRAM beats the LOADs (or STOREs, moves aside) of a program touch: sorted, merged
     ``(first beat, beats)`` runs, every iteration of a REPEAT's body at its own offsets
     (:func:`hw.isa.loop_stream`).
 
@@ -73,7 +74,9 @@ def dma_spans(words: np.ndarray, opcode: Opcode) -> list[tuple[int, int]]:
     raw = decode_fields(words)
     f = loop_stream(raw, np.zeros(len(raw["opcode"]), bool)).fields(raw)
     spans = []
-    for i in np.flatnonzero(f["opcode"] == opcode.value):
+    # (a move's rows are VIN's, not DRAM's: hw.isa.is_move)
+    for i in np.flatnonzero((f["opcode"] == opcode.value)
+                            & ~is_move(f["opcode"], f["dma.spad"])):
         base, rows = int(f["dma.dram_addr"][i]), int(f["dma.rows"][i])
         beats, stride = int(f["dma.row_beats"][i]), int(f["dma.dram_stride"][i])
         if beats == 0 or rows == 0:

@@ -21,6 +21,7 @@ from hw.engines import OPS
 from hw.errors import ContractError
 from hw.format import _unpack_fields
 from hw.isa import (
+    MOVE_SPAD,
     EpilogueMode,
     Gemm,
     Instr,
@@ -258,7 +259,26 @@ def exec_load(st: MachineState, ins: Load) -> None:
     _prepare_load(ins, st.cfg)(st)
 
 
+def _prepare_move(ins: Store, cfg: AcceleratorConfig) -> Step:
+    """A move (:data:`hw.isa.MOVE_SPAD`): contiguous VOUT beats from ``spad_addr`` into VIN
+    rows from ``dram_addr``, ``dram_stride`` beats apart, each row written after the one
+    before (overlapping rows: the later one's bytes)."""
+    beat = cfg.beat_bytes
+    row = ins.row_beats * beat
+    src = ins.spad_addr * beat
+    starts = [(ins.dram_addr + r * ins.dram_stride) * beat for r in range(ins.rows)]
+
+    def move(st: MachineState) -> None:
+        data = st.spad_arrays[_VOUT][src:src + ins.rows * row].copy()
+        vin = st.spad_arrays[_VIN]
+        for r, start in enumerate(starts):
+            vin[start:start + row] = data[r * row:(r + 1) * row]
+    return move
+
+
 def _prepare_store(ins: Store, cfg: AcceleratorConfig) -> Step:
+    if ins.spad == MOVE_SPAD:
+        return _prepare_move(ins, cfg)
     beat = cfg.beat_bytes
     row = ins.row_beats * beat
     k, src, n = ins.spad.value, ins.spad_addr * beat, ins.rows * row
@@ -279,7 +299,7 @@ def _prepare_store(ins: Store, cfg: AcceleratorConfig) -> Step:
 
 
 def exec_store(st: MachineState, ins: Store) -> None:
-    """Contiguous OUT beats -> DRAM rows."""
+    """Contiguous OUT (VOUT) beats -> DRAM rows; a move's VOUT beats -> VIN rows."""
     _prepare_store(ins, st.cfg)(st)
 
 

@@ -40,9 +40,11 @@ from hw.isa import (
     Instr,
     LoopStream,
     Opcode,
+    Spad,
     decode,
     decode_fields,
     dispatch_errors,
+    is_move,
     loop_instruction,
     loop_stream,
     program_words,
@@ -133,6 +135,7 @@ class _Table:
     durs: list[int]         # execution cycles D
     errs: list[int]         # ErrorCode value of the dispatch checks
     work: np.ndarray        # [n, len(WORK_COUNTERS)]: totals of hw.engines.WORK_COUNTERS
+    vin_writes: np.ndarray  # 1 a move (hw.isa.is_move), 2 a LOAD into VIN, 0 else
 
 
 def _decode_table(words: np.ndarray, cfg: AcceleratorConfig) -> _Table:
@@ -163,8 +166,38 @@ def _decode_table(words: np.ndarray, cfg: AcceleratorConfig) -> _Table:
             j = int(twice[0])
             raise ProgramError(_two_engines(int(evs[j]), kind, int(pairs[j] % n_eng),
                                             int(pairs[j + 1] % n_eng)))
+    vin_writes = np.where(is_move(f["opcode"], f["dma.spad"]), 1,
+                          np.where((f["opcode"] == Opcode.LOAD.value)
+                                   & (f["dma.spad"] == Spad.VIN.value), 2, 0))
     return _Table(stream, engines.tolist(), waits.tolist(), signals.tolist(), durs.tolist(),
-                  errs.tolist(), work)
+                  errs.tolist(), work, vin_writes)
+
+
+def _vin_port(kinds: np.ndarray, times: np.ndarray, pcs: np.ndarray,
+              cfg: AcceleratorConfig) -> None:
+    """Raise :class:`ProgramError` where a move (:func:`hw.isa.is_move`) and a LOAD write VIN
+    in one cycle: VIN has one DMA write port (hw/top.py), so a program orders them (with
+    events, or by the STORE engine's order). A move writes in ``g + 1 + STORE_OVERHEAD ..
+    e``; a LOAD writes request ``r``'s beat in ``r + X`` (``X`` its completion delay), in
+    ``g + 1 + X .. e + X``. ``kinds``: :attr:`_Table.vin_writes` of the dispatched entries,
+    ``times`` their timing rows (:class:`Schedule`), ``pcs`` their program indices."""
+    ran = times[:, 4] >= 0
+    moves = np.flatnonzero(ran & (kinds == 1))
+    loads = np.flatnonzero(ran & (kinds == 2))
+    if not moves.size or not loads.size:
+        return
+    x = completion_delay(Engine.LOAD, cfg)
+    m_first, m_last = times[moves, 4] + 1 + timing.STORE_OVERHEAD, times[moves, 5]
+    l_first, l_last = times[loads, 4] + 1 + x, times[loads, 5] + x  # in order, disjoint
+    j = np.searchsorted(l_last, m_first)   # the first LOAD still writing when a move starts
+    hit = np.flatnonzero((j < loads.size) & (l_first[np.minimum(j, loads.size - 1)] <= m_last))
+    if hit.size:
+        k, jk = int(hit[0]), int(j[hit[0]])
+        raise ProgramError(
+            f"the move at pc {int(pcs[moves[k]])} writes VIN in cycles "
+            f"[{int(m_first[k])}, {int(m_last[k])}] and the LOAD at pc {int(pcs[loads[jk]])} "
+            f"in [{int(l_first[jk])}, {int(l_last[jk])}]: VIN has one DMA write port, so the "
+            "program must order them")
 
 
 def _two_engines(ev: int, kind: str, a: int, b: int) -> str:
@@ -326,6 +359,7 @@ def schedule(program, cfg: AcceleratorConfig) -> Schedule:
         cycles, detail = _deadlock(waits, times, order, pos, settled, fetch_i, end_dispatch,
                                    held_at, sig, waits_done, Q)
         error = ErrorCode.DEADLOCK
+    _vin_port(table.vin_writes[:nd], times, table.stream.pcs[:nd], cfg)
     limit = (1 << cfg.event_bits) - 1
     if any(len(v) > limit for v in sig.values()):
         cycles, error, error_pc, detail = _event_overflow(cfg, waits, signals, times, cycles,

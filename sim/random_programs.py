@@ -28,6 +28,7 @@ import numpy as np
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.engines import engines_of
 from hw.isa import (
+    MOVE_SPAD,
     NO_EVENT,
     NUM_REGS,
     REG_BITS,
@@ -287,6 +288,23 @@ def _random_store(cfg, rng, regions, spad: Spad, base: int, out_span: int, wait,
                  wait=wait, signal=signal)
 
 
+def _random_move(rng: np.random.Generator, regions, wait: int, signal: int) -> Store:
+    """A move (:data:`hw.isa.MOVE_SPAD`) of rows of the chain's VOUT region into its VIN
+    region (rows ``dram_stride`` beats apart, overlapping when the stride is below the row)."""
+    o0, o1 = regions["vout"]
+    i0, i1 = regions["vin"]
+    rows = int(rng.integers(1, 4))
+    row_beats = max(1, int(rng.integers(1, min(o1 - o0, i1 - i0) + 1)) // rows)
+    stride = int(rng.integers(0, 2 * row_beats + 1))
+    span = (rows - 1) * stride + row_beats
+    if span > i1 - i0:
+        rows, span = 1, row_beats
+    return Store(spad=MOVE_SPAD, spad_addr=o0 + int(rng.integers(0, o1 - o0 - rows * row_beats
+                                                                     + 1)),
+                 dram_addr=i0 + int(rng.integers(0, i1 - i0 - span + 1)), rows=rows,
+                 row_beats=row_beats, dram_stride=stride, wait=wait, signal=signal)
+
+
 def _dram_end(ins: Load | Store) -> int:
     return ins.dram_addr + (ins.rows - 1) * ins.dram_stride + ins.row_beats
 
@@ -310,10 +328,12 @@ def _loop(rng: np.random.Generator, task: list[Instr], half: int, store_end: int
 
 def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: int = 2,
                    tasks: int = 3, syncs: float = 0.3, vector: float = 0.4,
-                   loops: float = 0.0) -> RandomProgram:
+                   loops: float = 0.0, moves: float = 0.5) -> RandomProgram:
     """A race-free, deadlock-free program with ``chains`` concurrent chains of ``tasks``; on a
     configuration with a vector engine, each task is a vector task with probability
-    ``vector``; each task is a hardware loop with probability ``loops``."""
+    ``vector``; each task is a hardware loop with probability ``loops``. With one chain, a
+    vector task moves some of its VOUT rows into VIN with probability ``moves`` (where the
+    configuration has an event for it), and one more VEC follows the move."""
     dram = rng.integers(0, 256, size=cfg.memory.size_bytes, dtype=np.uint8)
     half = cfg.dram_beats // 2          # inputs below, chain outputs above
     out_span = (cfg.dram_beats - half) // chains
@@ -324,6 +344,13 @@ def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: 
     # loads->vec->store->loads
     vev = [(3 * (chains + c), 3 * (chains + c) + 1, 3 * (chains + c) + 2) for c in range(chains)]
     next_event = kinds * chains
+    # a move's signal to the VEC after it (STORE -> VECTOR), one per chain, where they fit;
+    # with one chain only: VIN has one DMA write port, and another chain's VIN LOADs are not
+    # ordered with the moves (sim.model rejects a program whose writes meet)
+    move_ev = None
+    if cfg.has_vector and chains == 1 and cfg.num_events >= (kinds + 1) * chains + 2:
+        move_ev = [next_event + c for c in range(chains)]
+        next_event += chains
     sync_events: dict[tuple[Engine, Engine], int] = {}
     pending_sync: list[tuple[Engine, int]] = []
     per_chain: list[list[list[Instr]]] = []
@@ -356,6 +383,9 @@ def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: 
             task[-1] = Load(**{**task[-1].__dict__, "signal": e[0]})
             ops[0] = type(ops[0])(**{**ops[0].__dict__, "wait": e[0]})
             ops[-1] = type(ops[-1])(**{**ops[-1].__dict__, "signal": e[1]})
+            if kind == "vec" and move_ev is not None and rng.random() < moves:
+                ops += [_random_move(rng, regions, e[1], move_ev[c]),
+                        replace(_random_vec(cfg, rng, regions), wait=move_ev[c], signal=e[1])]
             task += ops
             task.append(_random_store(cfg, rng, regions, store[0], store[1], span,
                                       wait=e[1], signal=e[2]))
@@ -439,7 +469,7 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
                    Sync(engine=Engine.LOAD, signal=cfg.num_events),
                    Load(spad=Spad.ACT, spad_addr=cfg.spad_beats("act")),
                    Gemm(tokens=cfg.max_tokens + 1), Store(spad=Spad.WGT),
-                   Load(spad=Spad.VOUT), Store(spad=Spad.VIN)]
+                   Load(spad=Spad.VOUT), Store(spad=Spad.VIN, dram_addr=cfg.spad_beats("vin"))]
         vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
         if cfg.has_vector:  # fields out of range
             choices += [Vec(length=0), Vec(func=VecFunc.ARGMAX, a_addr=vin - 1, length=2),

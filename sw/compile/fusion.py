@@ -149,6 +149,7 @@ import torch
 from hw.config import AcceleratorConfig
 from hw.engines import engines_fields, exec_cycles_fields
 from hw.isa import (
+    MOVE_SPAD,
     NO_EVENT,
     End,
     Engine,
@@ -156,12 +157,14 @@ from hw.isa import (
     Load,
     Opcode,
     Spad,
+    Store,
     Sync,
     Vec,
     VecFunc,
     decode,
     decode_fields,
     field_location,
+    is_move,
     program_words,
     vec_reads_amax,
 )
@@ -525,8 +528,7 @@ def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
     f, prev = decode_fields(words), decode_fields(before)
     eng = engines_fields(f)
     busy = _loaded(prev)
-    stores = [_dram_extent(prev, i) for i in np.flatnonzero(prev["opcode"]
-                                                           == Opcode.STORE.value).tolist()]
+    stores = [_dram_extent(prev, i) for i in _stores(prev)]
     staying: list[tuple[int, int, int]] = []
     out = []
     for i in np.flatnonzero(eng == Engine.LOAD.value).tolist():
@@ -545,8 +547,11 @@ def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
 
 
 def _loaded(f: Mapping[str, np.ndarray]) -> list[tuple[int, int, int]]:
-    """The scratchpad extents (:func:`_spad_extent`) of the LOADs of fields ``f``."""
-    return [_spad_extent(f, i) for i in np.flatnonzero(f["opcode"] == Opcode.LOAD.value).tolist()]
+    """The scratchpad extents (:func:`_spad_extent`) of the LOADs of fields ``f``, and the
+    VIN beats its moves (:func:`hw.isa.is_move`) write (their rows and the gaps between)."""
+    moves = np.flatnonzero(is_move(f["opcode"], f["dma.spad"])).tolist()
+    return [_spad_extent(f, i) for i in np.flatnonzero(f["opcode"] == Opcode.LOAD.value).tolist()
+            ] + [(Spad.VIN.value, *_dram_extent(f, i)) for i in moves]
 
 
 def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
@@ -572,6 +577,8 @@ def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
         ins = _instr(w)
         if isinstance(ins, Load) and ins.spad == Spad.VIN:
             ins = replace(ins, spad_addr=ins.spad_addr + top)
+        elif isinstance(ins, Store) and ins.spad == MOVE_SPAD:  # a move's VIN rows
+            ins = replace(ins, dram_addr=ins.dram_addr + top)
         elif isinstance(ins, Vec):
             ins = replace(ins, a_addr=ins.a_addr + top * per, b_addr=ins.b_addr + top * per,
                           imm=ins.imm + top * per * int(vec_reads_amax(ins.func.value)))
@@ -631,8 +638,9 @@ def _events_of(f: Mapping[str, np.ndarray]) -> set[int]:
 
 
 def _stores(f: Mapping[str, np.ndarray]) -> list[int]:
-    """The indices of the STOREs of fields ``f``, in order."""
-    return np.flatnonzero(f["opcode"] == Opcode.STORE.value).tolist()
+    """The indices of the STOREs of fields ``f`` that write DRAM (not moves), in order."""
+    return np.flatnonzero((f["opcode"] == Opcode.STORE.value)
+                          & ~is_move(f["opcode"], f["dma.spad"])).tolist()
 
 
 def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray) -> bool:
@@ -940,8 +948,7 @@ def _constant_sources(parts: Sequence[np.ndarray]) -> list[tuple[int, int]]:
     out = []
     for words in parts:
         f = decode_fields(words)
-        out += [_dram_extent(f, i) for i in np.flatnonzero(f["opcode"]
-                                                          == Opcode.STORE.value).tolist()]
+        out += [_dram_extent(f, i) for i in _stores(f)]
     return out
 
 

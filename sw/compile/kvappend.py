@@ -11,7 +11,7 @@ an INT4 cache's nibbles, :meth:`KVLayout.append_func`):
    int8 codes and ``amax`` (:func:`hw.numerics.quantize_activations_vector`, what the host's
    ``kv_rows(x, vector=True)`` computes); an INT4 cache's one KV4 (:func:`hw.numerics.vec_kv4`:
    the nibbles, a key row's group codes, ``amax``; what the host's ``kv4_rows_vector``
-   computes); STORE them to a scratch buffer (VOUT has no path into VIN).
+   computes); STORE them to a scratch buffer.
 2. With the scores' channel words (a fused program whose scores DEQUANT reads them): LOAD
    each kv head's key ``amax`` word back (the beat holding it, from the scratch buffer), one
    CHANNEL per kv head (:data:`hw.isa.VecFunc.CHANNEL`: the word of the key scale times the
@@ -26,6 +26,15 @@ an INT4 cache's nibbles, :meth:`KVLayout.append_func`):
    word into the value codes' beat (FOLD's value code of the row: :func:`append_value_code`),
    CHANNEL's word into the channel words' beat (laid out as the value codes: a word per
    position); STORE the beats back.
+
+Where VIN has room above every task's beats for a group's phase-1 results and its channel
+words, they do not go through the scratch buffer: phase 1 ends with a *move* of its results
+from VOUT into that room (:data:`hw.isa.MOVE_SPAD`: a STORE into VIN, a beat per cycle, no
+DRAM), phase 2's CHANNELs read the key ``amax`` words there (a SYNC on the LOAD engine takes
+the move's signal in place of its LOAD) and move their words beside them, and phase 3's
+INSERTs read the codes and words there: each kv head's task loads only the cache beats it
+touches. That saves the scratch buffer's STOREs and LOADs, their DRAM bandwidth and the
+memory latency of the LOADs that waited on them.
 
 Phase 1 takes as many kv heads at a time as VIN and VOUT hold, each such group followed by
 its heads' phase 2 and phase 3. Every task waits for the one before it (``FULL0``,
@@ -46,11 +55,14 @@ import numpy as np
 from hw.config import AcceleratorConfig
 from hw.isa import (
     INSERT_FIELDS,
+    MOVE_SPAD,
     End,
+    Engine,
     Instr,
     Load,
     Spad,
     Store,
+    Sync,
     Vec,
     VecFunc,
     insert_bad,
@@ -153,10 +165,12 @@ def _address(addr: int, beat: int, what: str) -> int:
 
 
 def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
-                       plan: KVAppendPlan) -> tuple[list[Instr], list[AppendSite]]:
+                       plan: KVAppendPlan, moves: bool = True
+                       ) -> tuple[list[Instr], list[AppendSite]]:
     """The program (without END) appending one token's keys and values (INT8 or INT4) of
     ``kv_heads`` kv heads at position 0 (module docstring), and the words a step's position
-    moves.
+    moves. With ``moves``, phases 1 and 2 hand their results on through VIN where they fit
+    (the module docstring's moves); without, through the scratch buffer.
 
     Raises
     ------
@@ -224,6 +238,11 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
         raise LoweringError(f"the KV append's rows ({kv_heads} kv heads of head_dim={d}) do "
                             f"not fit VIN ({vin} beats) and VOUT ({vout} beats)")
     chunk = fit[-1]
+    # With room in VIN above every task's beats (from `keep`), phase 1's results and phase
+    # 2's channel words are moved there (hw.isa.MOVE_SPAD) and read in place: no round trip
+    # through the scratch buffer.
+    keep = max(used, 2 * -(-chunk * d // per))
+    moved = moves and keep + 2 * chunk * cw + chunk <= vin
     scratch = _address(plan.scratch, beat, "scratch buffer")
     words = scratch + 2 * kv_heads * cw                          # the channel words' beats
     rows_at = [_address(a, beat, "row") for a in (plan.k_row, plan.v_row)]
@@ -238,9 +257,22 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                 for j in range(m) for i, kind in enumerate("kv")]
         stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=scratch + 2 * h0 * cw,
                          rows=1, row_beats=2 * m * cw), None)]
+        if moved:
+            stores = [(Store(spad=MOVE_SPAD, spad_addr=0, dram_addr=keep, rows=1,
+                             row_beats=2 * m * cw), None)]
         task(loads, vecs, stores, first=not out)
         # phase 2: the heads' scores channel words of their key rows' amax words, a beat each
-        if plan.channels is not None:
+        # (moved: read where phase 1's move put them, the words moved beside; a SYNC on the
+        # LOAD engine passes the move's signal on to the VECs)
+        if plan.channels is not None and moved:
+            chan = keep + 2 * m * cw
+            vecs = [(Vec(func=VecFunc.CHANNEL, a_addr=(keep + 2 * j * cw) * per + amax_at["k"],
+                         length=1, dst_addr=j * per, imm=plan.scale_word), None)
+                    for j in range(m)]
+            stores = [(Store(spad=MOVE_SPAD, spad_addr=0, dram_addr=chan, rows=1,
+                             row_beats=m), None)]
+            task([(Sync(engine=Engine.LOAD), None)], vecs, stores, first=False)
+        elif plan.channels is not None:
             loads = [(Load(spad=Spad.VIN, spad_addr=0,
                            dram_addr=scratch + 2 * h0 * cw + amax_at["k"] // per, rows=m,
                            row_beats=1, dram_stride=2 * cw), None)]
@@ -259,6 +291,12 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
             if plan.channels is not None:
                 loads.append((Load(spad=Spad.VIN, spad_addr=word_at, dram_addr=words + h,
                                    rows=1, row_beats=1), None))
+            # the INSERTs' codes: where the codes were loaded, or where they were moved
+            src = code
+            if moved:
+                loads, base = [], (keep + 2 * (h - h0) * cw) * per
+                src = {kind: base + code[kind] for kind in "khvc"}
+                src["s"] = (keep + 2 * m * cw + h - h0) * per
             vecs, stores = [], []
             for kind in kinds:
                 rows, row_beats, stride = shapes[kind]
@@ -268,7 +306,7 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                                    rows=rows, row_beats=row_beats, dram_stride=stride),
                               (kind, "dram_addr")))
                 dst = at[kind] - 2 * cw
-                vecs.append((Vec(func=funcs[kind], a_addr=at[kind] * per, b_addr=code[kind],
+                vecs.append((Vec(func=funcs[kind], a_addr=at[kind] * per, b_addr=src[kind],
                                  length=beats[kind] * per, dst_addr=dst * per,
                                  imm=imms[kind]), (kind, "imm")))
                 stores.append((Store(spad=Spad.VOUT, spad_addr=dst, dram_addr=dram,

@@ -31,6 +31,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from hw.isa import (
+    MOVE_SPAD,
     Instr,
     Load,
     Repeat,
@@ -52,10 +53,11 @@ _STRIDE_LIMIT = {k: 1 << RepeatBody[k].width for k in _STRIDES}
 
 
 def stride_class(ins: Instr) -> str | None:
-    """The stride class of a transfer (:func:`hw.isa.loop_stride`), None for the rest."""
+    """The stride class of a transfer (:func:`hw.isa.loop_stride`), None for the rest (a
+    move's VIN rows do not advance)."""
     if isinstance(ins, Load):
         return "wgt_stride" if ins.spad == Spad.WGT else "load_stride"
-    if isinstance(ins, Store):
+    if isinstance(ins, Store) and ins.spad != MOVE_SPAD:
         return "store_stride"
     return None
 

@@ -19,7 +19,15 @@ import os
 import numpy as np
 import pytest
 
-from hw.isa import RTL_VEC_FUNCS, EpilogueMode, Repeat, Vec, VecFunc, rope_geometry
+from hw.isa import (
+    MOVE_SPAD,
+    RTL_VEC_FUNCS,
+    EpilogueMode,
+    Repeat,
+    Vec,
+    VecFunc,
+    rope_geometry,
+)
 from hw.numerics import add_bias_wide, gemm_acc, wrap
 from sim.equivalence import compare_results, minimize, write_reproducer
 from sim.model import FastModel
@@ -115,6 +123,25 @@ def test_loop_programs_agree(backends, block):
         outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
     assert loops >= 6 and outcomes.get("NONE", 0) >= 6, (loops, outcomes)
     assert outcomes.get("BAD_REPEAT", 0) + outcomes.get("BAD_ADDRESS", 0) >= 1, outcomes
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_move_programs_agree(backends, block):
+    """Moves (VOUT -> VIN, hw.isa.MOVE_SPAD): one chain of mostly vector tasks, each with a
+    move and a VEC after it, half of them hardware loops (a move's VIN rows do not advance);
+    the fetch checks, the STORE engine's VIN writes and their cycles agree with the model."""
+    cfg, model, rtl = backends
+    if not cfg.has_vector:
+        pytest.skip("no vector engine")
+    outcomes, moves = {}, 0
+    for seed in range(90_000 + 1000 * block, 90_000 + 1000 * block + 10):
+        rng = np.random.default_rng(seed)
+        rp = random_program(cfg, rng, chains=1, tasks=int(rng.integers(2, 5)), vector=0.8,
+                            loops=0.5, moves=1.0)
+        moves += sum(getattr(i, "spad", None) == MOVE_SPAD for i in rp.program)
+        r = _check(cfg, model, rtl, rp.program, rp.dram)
+        outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
+    assert moves >= 10 and outcomes.get("NONE", 0) >= 8, (moves, outcomes)
 
 
 def _register_programs(seed0, count, cfg):

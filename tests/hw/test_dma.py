@@ -20,7 +20,7 @@ from control_testutil import random_dma, run_sim, small_config, wide_config
 from hw import timing
 from hw.dma import LoadEngine, StoreEngine
 from hw.engines import completion_delay
-from hw.isa import Engine, Load, Spad, Store
+from hw.isa import Engine, Load, Spad, Store, dispatch_error
 from hw.memory_model import DramModel
 from hw.spad import Scratchpad
 from sim.functional import MachineState, exec_load, exec_store
@@ -242,3 +242,100 @@ def test_overhead_constants_checked(monkeypatch):
     monkeypatch.setattr(timing, "STORE_OVERHEAD", 0)
     with pytest.raises(ValueError, match="STORE_OVERHEAD=0"):
         StoreEngine(CONFIGS["narrow"])
+
+
+#: A configuration with a vector engine: VOUT is the moves' source, VIN their destination.
+VECTOR = small_config(vin_spad_bytes=512, vout_spad_bytes=256,
+                      memory={"bytes_per_cycle": 16, "latency": 4, "size_bytes": 4096})
+
+
+def _random_move(rng: random.Random, cfg, vout: bool = False) -> Store:
+    """A move of random VOUT rows into random VIN rows (``vout``: a STORE of VOUT to DRAM
+    instead), inside both ranges; VIN rows may overlap (stride below the row)."""
+    src, dst = cfg.spad_beats("vout"), (cfg.dram_beats if vout else cfg.spad_beats("vin"))
+    rows = rng.randint(1, 3)
+    row_beats = rng.randint(1, min(6, src // rows))
+    stride = rng.randint(0, 2 * row_beats)
+    span = (rows - 1) * stride + row_beats
+    ins = Store(spad=Spad.VOUT if vout else Spad.VIN, spad_addr=rng.randint(0, src - rows
+                                                                            * row_beats),
+                dram_addr=rng.randint(0, dst - span), rows=rows, row_beats=row_beats,
+                dram_stride=stride)
+    assert dispatch_error(ins, cfg).name == "NONE", ins
+    return ins
+
+
+def test_move():
+    """Moves (VOUT -> VIN) and STOREs of VOUT back to back on the STORE engine: each takes
+    ``store_cycles``, a move writes VIN at the cycles a STORE writes DRAM and never the DRAM,
+    and VIN and DRAM end as ``exec_store`` leaves them."""
+    cfg = VECTOR
+    m = Module()
+    m.submodules.store = store = StoreEngine(cfg)
+    m.submodules.dram = dram = DramModel(cfg)
+    m.submodules.vin = vin = Scratchpad(size_bytes=cfg.vin_spad_bytes,
+                                        word_bytes=cfg.vin_word_bytes,
+                                        beat_bytes=cfg.beat_bytes, core="read")
+    m.submodules.vout = vout = Scratchpad(size_bytes=cfg.vout_spad_bytes,
+                                          word_bytes=cfg.vout_word_bytes,
+                                          beat_bytes=cfg.beat_bytes, core="write")
+    connect(m, store.vout_rd, vout.dma_rd)
+    connect(m, store.vin_wr, vin.dma_wr)
+    connect(m, store.wr, dram.bus.wr)
+    rng = random.Random(4)
+    moves = [_random_move(rng, cfg, vout=rng.random() < 0.3) for _ in range(16)]
+    data = np.random.default_rng(4).integers(0, 256, cfg.vout_spad_bytes, dtype=np.uint8)
+    state = MachineState(cfg)
+    state.spads[Spad.VOUT][:] = data
+    writes = []   # (cycle, VIN write, DRAM write) while an instruction runs
+
+    async def tb(ctx):
+        word = cfg.vout_word_bytes
+        ctx.set(vout.core_wr.en, 1)
+        for a in range(data.size // word):
+            ctx.set(vout.core_wr.addr, a)
+            ctx.set(vout.core_wr.data, int.from_bytes(data[a * word:(a + 1) * word].tobytes(),
+                                                      "little"))
+            await ctx.tick()
+        ctx.set(vout.core_wr.en, 0)
+        for ins in moves:
+            ctx.set(store.cmd.payload, {"spad": ins.spad, "dram_addr": ins.dram_addr,
+                                        "spad_addr": ins.spad_addr, "rows": ins.rows,
+                                        "row_beats": ins.row_beats,
+                                        "dram_stride": ins.dram_stride})
+            ctx.set(store.cmd.valid, 1)
+            await ctx.tick()
+            ctx.set(store.cmd.valid, 0)
+            d, seen = 1, []
+            while not ctx.get(store.done):
+                seen.append((ctx.get(store.vin_wr.en), ctx.get(store.wr.valid)))
+                await ctx.tick()
+                d += 1
+            seen.append((ctx.get(store.vin_wr.en), ctx.get(store.wr.valid)))
+            writes.append((ins, d, seen))
+            exec_store(state, ins)
+            await ctx.tick()
+        out = bytearray()
+        for a in range(cfg.vin_spad_bytes // cfg.vin_word_bytes):
+            ctx.set(vin.core_rd.addr, a)
+            await ctx.tick()
+            out += ctx.get(vin.core_rd.data).to_bytes(cfg.vin_word_bytes, "little")
+        np.testing.assert_array_equal(np.frombuffer(bytes(out), np.uint8),
+                                      state.spads[Spad.VIN])
+        b = cfg.beat_bytes
+        out = bytearray()
+        for a in range(cfg.dram_beats):
+            ctx.set(dram.host_rd.addr, a)
+            await ctx.tick()
+            out += ctx.get(dram.host_rd.data).to_bytes(b, "little")
+        np.testing.assert_array_equal(np.frombuffer(bytes(out), np.uint8), state.dram)
+
+    run_sim(m, tb)
+    for ins, d, seen in writes:
+        assert d == timing.store_cycles(ins, cfg), ins
+        beats = timing.dma_beats(ins)
+        # the writes in g + 2 .. g + B + 1 (seen[0] is cycle g + 1), to VIN or to DRAM only
+        want = [0] + [1] * beats
+        move = ins.spad == Spad.VIN
+        assert [v for v, _ in seen] == (want if move else [0] * len(want)), ins
+        assert [w for _, w in seen] == ([0] * len(want) if move else want), ins

@@ -16,10 +16,11 @@ from hw.config import AcceleratorConfig
 from hw.engines import engine_of, engines_of
 from hw.fetch import FetchUnit
 from hw.isa import (
+    LOAD_SPADS,
+    MOVE_SPAD,
     NO_EVENT,
     NUM_REGS,
     REG_BITS,
-    STORE_SPADS,
     DmaBody,
     End,
     Engine,
@@ -100,23 +101,26 @@ def boundary_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
     past its limit, in every scratchpad, with DRAM strides wide enough to use both halves of
     the fetch unit's span product."""
     words = []
-    for spad in Spad:
-        beats = cfg.spad_beats(spad.name.lower())
-        for _ in range(3 if beats else 0):   # (no VIN, VOUT without a vector engine)
+    # (class, spad, beats on the scratchpad side, beats on the far side): a move (a STORE
+    # naming VIN) reads VOUT and writes VIN where a STORE writes DRAM.
+    kinds = [(Load if spad in LOAD_SPADS else Store, spad, cfg.spad_beats(spad.name.lower()),
+              cfg.dram_beats) for spad in Spad]
+    kinds.append((Store, MOVE_SPAD, cfg.spad_beats("vout"), cfg.spad_beats("vin")))
+    for cls, spad, beats, far in kinds:
+        for _ in range(3 if beats and far else 0):   # (no VIN, VOUT without a vector engine)
             rows = rng.randint(1, 4)
             row_beats = rng.randint(1, max(1, beats // rows))
             stride = rng.choice([rng.randrange(1 << 17), rng.randrange(row_beats + 1),
                                  cfg.dram_beats // max(rows - 1, 1)])
             span = (rows - 1) * stride + row_beats
             spad_inside = rng.randrange(rows * row_beats, beats + 1)
-            dram_inside = rng.randrange(span, max(span, cfg.dram_beats) + 1)
+            dram_inside = rng.randrange(span, max(span, far) + 1)
             for delta in (-1, 0, 1):
                 # one range at its limit + delta, the other anywhere inside
                 for s_end, d_end in ((beats + delta, dram_inside),
-                                     (spad_inside, cfg.dram_beats + delta)):
+                                     (spad_inside, far + delta)):
                     if s_end < rows * row_beats or d_end < span:
                         continue
-                    cls = Store if spad in STORE_SPADS else Load
                     words.append(encode(cls(spad=spad, rows=rows, row_beats=row_beats,
                                             spad_addr=s_end - rows * row_beats,
                                             dram_addr=d_end - span, dram_stride=stride)))

@@ -193,7 +193,11 @@ def test_without_a_vector_engine_its_opcode_engine_and_scratchpads_are_refused()
     (Vec(func=VecFunc.FOLD, dst_addr=VOUT - 2, length=5), "results .* exceed VOUT"),
     (Vec(func=VecFunc.DEQUANT, b_addr=VIN - 1, length=2), "operand .* exceeds VIN"),
     (Load(spad=Spad.VOUT), "LOAD writes the .* only, got spad=VOUT"),
-    (Store(spad=Spad.VIN), "STORE reads the .* only, got spad=VIN"),
+    # a move (a STORE naming VIN): VOUT beats from spad_addr into VIN rows from dram_addr
+    (Store(spad=Spad.VIN, dram_addr=VCFG.spad_beats("vin")),
+     "move's VIN range ends at beat 33, VIN has 32 beats"),
+    (Store(spad=Spad.VIN, spad_addr=VCFG.spad_beats("vout") - 1, row_beats=2),
+     r"spad range \[15, 17\) beats exceeds VOUT \(16 beats\)"),
 ])
 def test_vec_and_dma_fields_out_of_range_are_bad_addresses(ins, needle):
     assert dispatch_error(ins, VCFG) == ErrorCode.BAD_ADDRESS

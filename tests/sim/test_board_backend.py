@@ -16,7 +16,7 @@ from hw.board import protocol as p
 from hw.board.dram_init import InitResult, LaneResult
 from hw.board.ecpix5 import ECPIX5
 from hw.config import AcceleratorConfig
-from hw.isa import INSTR_BYTES, Opcode, program_words
+from hw.isa import INSTR_BYTES, End, Opcode, Spad, Store, program_words
 from sim import board_backend
 from sim.board import BoardLinkError, BoardStatus
 from sim.board_backend import BoardBackend, dma_spans
@@ -168,3 +168,12 @@ def test_refuses_what_the_board_cannot_run():
     backend = BoardBackend(CFG, ModelBoard(CFG, rng), BOARD)
     with pytest.raises(ValueError, match="uint8 array"):
         backend.run([], np.zeros(16, np.uint8))
+
+
+def test_a_moves_rows_are_no_dram_span():
+    """A move (VOUT -> VIN, hw.isa.MOVE_SPAD) names VIN beats in dram_addr: the backend
+    neither writes nor reads those DRAM beats for it."""
+    prog = program_words([Store(spad=Spad.VIN, dram_addr=4, spad_addr=0, rows=1, row_beats=2),
+                          Store(spad=Spad.VOUT, dram_addr=40, spad_addr=0, rows=1,
+                                row_beats=3), End()])
+    assert dma_spans(prog, Opcode.STORE) == [(40, 3)]

@@ -168,3 +168,28 @@ def test_full_mode_applies_values_in_completion_order():
     r = FastModel(cfg).run(prog, dram)
     assert r.ok and not r.dram[160:176].any()  # OUT was never written: zeros stored
     assert np.array_equal(r.dram[:64], np.arange(64))
+
+
+def test_move_and_load_share_vins_write_port():
+    """A move (VOUT -> VIN) whose VIN writes meet a LOAD's in a cycle is rejected (VIN has
+    one DMA write port); ordered by an event it runs, takes a STORE's cycles, writes no DRAM
+    and leaves VOUT's bytes in VIN."""
+    from sim.random_programs import EQUIVALENCE_CONFIGS
+    cfg = EQUIVALENCE_CONFIGS["4x4"]
+    load = Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=8)
+    move = Store(spad=Spad.VIN, spad_addr=0, dram_addr=32, rows=2, row_beats=15,
+                 dram_stride=15)
+    with pytest.raises(ProgramError, match="one DMA write port"):
+        schedule([load, move, End()], cfg)
+    prog = [Load(**{**load.__dict__, "signal": 0}),
+            Store(**{**move.__dict__, "wait": 0, "signal": 1}),
+            Load(spad=Spad.VIN, spad_addr=8, dram_addr=64, rows=1, row_beats=4, wait=1), End()]
+    sched = schedule(prog, cfg)
+    t = sched.times[1]
+    assert t[5] - t[4] == timing.store_cycles(move, cfg)
+    assert sched.counters["dram_write_beats"] == 0
+    assert sched.counters["dram_read_beats"] == 12
+    model = FastModel(cfg)
+    dram = np.random.default_rng(0).integers(0, 256, cfg.memory.size_bytes, dtype=np.uint8)
+    r = model.run(prog, dram)
+    np.testing.assert_array_equal(r.dram, dram)   # nothing written
