@@ -7,15 +7,16 @@ The fetch unit owns the instruction memory (``cfg.imem_depth`` x 128 bits, writt
 F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048 words
 S1    the banks' words, registered
 S2    bank select; the terms of the opcode / event / GEMM field checks (of the fetched word:
-      a loop's offset, added to a DMA's ``dram_addr`` here, reaches only the DRAM range's
-      sum); the value of the run-time register a LOAD, STORE or VEC names, picked from the
-      register file (hw.isa.relative_fields);
+      a loop's offset, picked here for a body's LOAD or STORE, reaches only the DRAM range's
+      carry-save sum); the value of the run-time register a LOAD, STORE or VEC names, picked
+      from the register file (hw.isa.relative_fields);
       DMA extent products ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves:
       multipliers between registers); a ROPE's ``heads * head_dim``
 S3    the field checks' error code from their terms; extent sums, each less its limit, so that
       the range check is the sum's sign bit (the DRAM range's with the register's value); the
-      ROPE product against ``length``; the effective word (``dram_addr`` or ``imm`` plus the
-      register, saturated) and a relative VEC's checks of its ``imm``
+      ROPE product against ``length``; the effective word (``dram_addr`` plus the loop's
+      offset and the register, ``imm`` plus the register, saturated) and a relative VEC's
+      checks of its ``imm``
 S4    the error code from the registered checks; this is the *dispatch* stage
 ====  ========================================================================================
 
@@ -311,9 +312,12 @@ class FetchUnit(wiring.Component):
             "span_lo": dma.rows * dma.dram_stride[:16],
             "span_hi": dma.rows * dma.dram_stride[16:],
             # The DRAM range's last beat less the first beat past DRAM, less the span, is
-            # dram_addr + dram_rest: negative while the range fits. The limits are folded in
-            # here so that S3 ends in a sign bit; the caller adds the (effective) dram_addr.
-            "dram_rest": dma.row_beats - dma.dram_stride - far,
+            # dram_addr + row_beats - dram_stride - (dram_beats + 1): negative while the range
+            # fits (a move's VIN rows: move_beats). The limits are folded in here so that S3
+            # ends in a sign bit; the caller adds the address (and the loop's offset) in the
+            # same carry-save sum.
+            "dram_rest": ([dma.row_beats], [dma.dram_stride, far], 0) if isinstance(far, Value)
+            else ([dma.row_beats], [dma.dram_stride], -far),
             "spad_limit": Array(Const(-int(n) - 1) for n in lim.spad_beats)[src],
         }
 
@@ -366,18 +370,11 @@ class FetchUnit(wiring.Component):
                 copies.setdefault(name, []).append(regs[key].eq(value))
             return regs
 
-        # F: read imem[pc]; S1: the word; S2: field check terms and products; S3: their error
-        # code, extent sums; S4: extent comparisons -> error code (the dispatch stage).
-        s0 = stage("s0", v=Const(1), pc=pc)
-        s1 = stage("s1", v=s0["v"], pc=s0["pc"], **{f"word{b}": rp.data for b, rp in
-                                                    enumerate(rd_ports)})
-        word = Array(s1[f"word{b}"] for b in range(banks))[s1["pc"][low:aw]] if banks > 1 \
-            else s1["word0"]
         # ---- hardware loops (hw.isa.Repeat): the loop registers, loaded when a REPEAT is
         # dispatched; `offset` holds the iteration's DRAM offsets by transfer class (0 outside
-        # a loop's iterations 1 ..; hw.isa.loop_stride), added here to every LOAD and STORE of
-        # the body (pc <= last), so that every check and the queue see the effective address
-        # (hw.isa.LoopStream.fields).
+        # a loop's iterations 1 ..; hw.isa.loop_stride), picked in S2 for every LOAD and STORE
+        # of the body (pc <= last) and added in S3, so that the DRAM range check and the queue
+        # see the effective address (hw.isa.LoopStream.fields).
         rep_body = InstrLayout["body"].shape["repeat"].shape
         classes = ("wgt_stride", "load_stride", "store_stride")
         count_w = rep_body["count"].width
@@ -389,6 +386,16 @@ class FetchUnit(wiring.Component):
         stride = {k: Signal(rep_body[k].width, name=f"loop_{k}") for k in classes}
         offset = {k: Signal(count_w + rep_body[k].width, name=f"loop_offset_{k[:-7]}")
                   for k in classes}
+        # F: read imem[pc]; S1: the word; S2: field check terms and products; S3: their error
+        # code, extent sums; S4: extent comparisons -> error code (the dispatch stage).
+        s0 = stage("s0", v=Const(1), pc=pc)
+        # `in_loop`: the instruction lies at or before the loop's last (read in S1). `last`
+        # changes only when a REPEAT is dispatched, which clears the offsets until the
+        # iteration's end refills the pipeline, so the flag may be taken a stage early.
+        s1 = stage("s1", v=s0["v"], pc=s0["pc"], in_loop=s0["pc"] <= last,
+                   **{f"word{b}": rp.data for b, rp in enumerate(rd_ports)})
+        word = Array(s1[f"word{b}"] for b in range(banks))[s1["pc"][low:aw]] if banks > 1 \
+            else s1["word0"]
         loop_back = Signal()
         off_at, off_w = field_location("dma.dram_addr")
         imm_at, imm_w = field_location("vec.imm")
@@ -409,28 +416,30 @@ class FetchUnit(wiring.Component):
         # (no vector engine: VEC is ILLEGAL_OPCODE there, no register reaches an imm)
         reg_vec = Mux(is_vec1, regfile[fetched.body.vec.reg], 0) if cfg.has_vector \
             else Const(0, REG_BITS)
-        in_body1 = is_dma1 & (s1["pc"] <= last)
+        in_body1 = is_dma1 & s1["in_loop"]
         if cfg.has_vector:   # (a move's VIN rows do not advance: hw.isa.loop_stride)
             in_body1 &= ~is_move(op1.as_value(), fetched.body.dma.spad.as_value())
-        step = Mux(op1 == Opcode.STORE, offset["store_stride"],
-                   Mux(fetched.body.dma.spad == Spad.WGT, offset["wgt_stride"],
-                       offset["load_stride"]))
-        eff = word[off_at:off_at + off_w] + Mux(in_body1, step, 0)
-        eff = Mux(eff[off_w:].any(), DRAM_ADDR_MAX, eff[:off_w])
-        word = Cat(word[:off_at], eff, word[off_at + off_w:])
-        ins1 = InstrLayout(word[:InstrLayout.size])
-        # The checks read the fetched word, not the effective one: the offsets change
-        # only a LOAD's or STORE's dram_addr, which only the DRAM range reads, so every other
-        # check sees the same bits either way and need not wait for the offsets' adders. The
-        # DRAM range adds the effective address to the rest of its sum, computed beside it.
+        step = Mux(in_body1, Mux(op1 == Opcode.STORE, offset["store_stride"],
+                                 Mux(fetched.body.dma.spad == Spad.WGT, offset["wgt_stride"],
+                                     offset["load_stride"])), 0)
+        # The checks read the fetched word: the offsets change only a LOAD's or STORE's
+        # dram_addr, which only the DRAM range reads, and the DRAM range adds the address and
+        # the loop's offset in the same carry-save sum as its other terms (the register's
+        # value joins it in S3). S2 holds the fetched word, the offset and the register's
+        # value, S3 the effective word (the address plus both, saturated;
+        # hw.isa.LoopStream.fields, hw.isa.relative_fields), which S4 and the queue see.
         chk = self._field_checks(m, fetched)
-        chk["dram_tail"] = ins1.body.dma.dram_addr + chk.pop("dram_rest")
-        s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=ins1, reg_dma=reg_dma, reg_vec=reg_vec,
-                   **chk)
+        plus, minus, const = chk.pop("dram_rest")
+        tail_terms = [fetched.body.dma.dram_addr, step, *plus, *minus]
+        tail_w = max(max(len(t) for t in tail_terms), const.bit_length()) + len(tail_terms)
+        chk["dram_tail"] = wide_sum([fetched.body.dma.dram_addr, step, *plus], const, tail_w,
+                                    minus)
+        s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=fetched, step=step, reg_dma=reg_dma,
+                   reg_vec=reg_vec, **chk)
         dma = s2["ins"].body.dma
         vec2 = s2["ins"].body.vec
         raw2 = s2["ins"].as_value()
-        addr3 = dma.dram_addr + s2["reg_dma"]
+        addr3 = dma.dram_addr + s2["step"] + s2["reg_dma"]
         addr3 = Mux(addr3[off_w:].any(), DRAM_ADDR_MAX, addr3[:off_w])
         imm3 = vec2.imm + s2["reg_vec"]
         imm3 = Mux(imm3[imm_w:].any(), IMM_MAX, imm3[:imm_w])
@@ -438,8 +447,7 @@ class FetchUnit(wiring.Component):
                                raw2[imm_at + imm_w:]))
         # An extent is out of range when its end less the limit (folded in by S2) is >= 0.
         spad_over = dma.spad_addr + s2["spad_len"] + s2["spad_limit"] >= 0
-        dram_w = max(len(s2["dram_tail"]) + 1, REG_BITS + 1, len(s2["span_lo"]),
-                     len(s2["span_hi"]) + 16) + 3
+        dram_w = max(tail_w, REG_BITS + 1, len(s2["span_lo"]), len(s2["span_hi"]) + 16) + 3
         dram_over = ~wide_sum([s2["dram_tail"].as_signed(), s2["reg_dma"], s2["span_lo"],
                                s2["span_hi"].shift_left(16)], 0, dram_w)[dram_w - 1]
         # A relative VEC's checks of its effective imm: a SOFTMAX's count within its row (the
