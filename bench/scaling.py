@@ -204,8 +204,10 @@ def run_step(cfg: AcceleratorConfig, fmt: WeightFormat, phase: str, tokens: int,
 def summarise(stats: StepStats, cfg: AcceleratorConfig, phase: str, tokens: int,
               kv_bits: int = 8) -> dict:
     """The step's costs as one record (``kv_bits``: the KV cache's element width it ran
-    with)."""
-    linear = sum(p.cycles for p in stats.programs if OPS[stats.ops[p.node]].streams == "weights")
+    with). ``linear_cycles`` are the programs' of the linear layers; None where no program is
+    one (a step joined into one program computes them beside everything else)."""
+    linears = [p.cycles for p in stats.programs if OPS[stats.ops[p.node]].streams == "weights"]
+    linear = sum(linears) if linears else None
     seconds = stats.cycles / (cfg.clock_mhz * 1e6)
     produced = 1 if phase == "decode" else tokens
     return {"cycles": stats.cycles, "linear_cycles": linear, "step_ms": seconds * 1e3,
@@ -298,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                        "speedup_vs_dense_int4": res["tokens_per_s"] / dense["tokens_per_s"],
                        # the linear layers alone (attention products are INT8 x INT8 dense)
                        "gemm_speedup_vs_dense_int4": dense["linear_cycles"]
-                       / res["linear_cycles"]}
+                       / res["linear_cycles"] if res["linear_cycles"] else None}
                 records.append(stamp(rec, design))
                 per_layer = label == "default" and args.config == "default"
                 if per_layer and phase == "decode" and ctx == 128 and kv == 8:
@@ -311,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{res['step_ms']:>12.2f}{res['tokens_per_s']:>10.1f}"
                       f"{res['roofline_fraction_accelerator']:>9.1%}"
                       f"{res['roofline_fraction']:>9.1%}{rec['speedup_vs_dense_int4']:>8.2f}x"
-                      f"{rec['gemm_speedup_vs_dense_int4']:>6.2f}x"
+                      f"{_times(rec['gemm_speedup_vs_dense_int4']):>7}"
                       f"{res['step_ms_with_host_unit']:>11.2f}"
                       f"{res['programs_per_token']:>9g}{res['host_ms']:>9.1f}",
                       flush=True)
@@ -327,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
                 command_line=_command_line(argv))
     print(f"wrote {args.out} and {args.docs / 'scaling.md'} ({wall:.0f} s)")
     return 0
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 #: What names a record: a run replaces the records of the same key and keeps the others.

@@ -3,11 +3,13 @@ fraction end to end (the host's work at its estimated on-chip cycles counted); t
 decode step on the vector engine (a small model standing in for LLaMA-7B), the merge of a run
 into the record and the targets."""
 
+import json
 import random
 
 import pytest
 import torch
 
+from bench.common import ROOT
 from bench.scaling import (
     SYSTEMS,
     VECTOR_SYSTEMS,
@@ -21,6 +23,7 @@ from bench.scaling import (
 )
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
 from hw.format import WeightFormat
+from sw.compile.compiler import capture_model
 from sw.models import LlamaConfig, LlamaLM
 from sw.runtime.runtime import HostRun, ProgramRun, StepStats
 
@@ -60,6 +63,7 @@ def test_with_the_vector_engine_a_decode_step_is_one_program(kv_bits):
     r = summarise(stats, cfg, "decode", 1, kv_bits)
     assert r["programs_per_token"] == 1 and r["host_transitions"] == 2
     assert r["kv_bits"] == kv_bits and r["host_ms"] > 0
+    assert r["linear_cycles"] is None     # the linear layers are inside the one program
     # everything on chip but the program's input and output: the end-to-end fraction is the
     # accelerator's but for those few estimated cycles (at most 1% of the step's here)
     assert 0.99 * r["roofline_fraction_accelerator"] <= r["roofline_fraction"] \
@@ -68,6 +72,7 @@ def test_with_the_vector_engine_a_decode_step_is_one_program(kv_bits):
     plain = summarise(run_step(cfg.replace(vin_spad_bytes=0, vout_spad_bytes=0), fmt, "decode",
                                1, 64, kv_bits, model=lm), cfg, "decode", 1, kv_bits)
     assert plain["programs_per_token"] > c.num_hidden_layers
+    assert 0 < plain["linear_cycles"] < plain["cycles"]
 
 
 def test_the_vector_engine_is_sized_from_the_rows_it_reads_whole():
@@ -127,3 +132,30 @@ def test_the_one_program_configuration_runs_decode_steps_only():
     with pytest.raises(SystemExit) as e:
         main(["--config", "vector", "--steps", "prefill-256"])
     assert e.value.code == 2
+
+
+def test_a_quick_run_records_one_program_per_token(monkeypatch, tmp_path):
+    """The whole command on a small model in LLaMA-7B's place: its records join the kept
+    per-layer one in the JSON and the page."""
+    import bench.scaling as scaling
+    lm = tiny_meta_lm()
+    monkeypatch.setattr(scaling, "llama7b", lambda: lm)
+    monkeypatch.setattr(scaling, "_captured", lambda *step: capture_model(
+        lm, scaling.step_options(*step)))
+    out = tmp_path / "scaling.json"
+    kept = next(r for r in json.loads((ROOT / "bench" / "results" / "scaling.json").read_text())
+                if r.get("configuration", "default") == "default")
+    kept = {**kept, "provenance": {**kept["provenance"], "commit": "0123abc"}}
+    out.write_text(json.dumps([kept]))
+    assert main(["--quick", "--kv-bits", "8", "--out", str(out), "--docs",
+                 str(tmp_path)]) == 0
+    records = json.loads(out.read_text())
+    assert [(r["configuration"], r["format"]) for r in records] == [
+        ("default", kept["format"])] + [("vector", f) for f in scaling.FORMATS]
+    new = records[1:]
+    assert all(r["programs_per_token"] == 1 and r["gemm_speedup_vs_dense_int4"] is None
+               for r in new)
+    assert new[0]["speedup_vs_dense_int4"] == 1.0
+    assert new[1]["speedup_vs_dense_int4"] > 1.0      # 2:4 streams fewer weight bytes
+    page = (tmp_path / "scaling.md").read_text()
+    assert "## One program per decode step" in page and "0123abc" in page
