@@ -121,6 +121,10 @@ def test_the_targets_name_the_worst_row_and_the_speedup_at_2048():
                rec("2:4-int4", 8, 2048, 0.89, 1.20),
                rec("dense-int4", 8, 128, 0.85, 1.0, "HBM-class")]
     text = "\n".join(persistent_lines(records))
+    assert "Not one program" not in text
+    records[-1]["programs_per_token"] = 65
+    text = "\n".join(persistent_lines(records))
+    assert "Not one program per token: HBM-class 4x8, 65 programs." in text
     assert "| default 4x8, decode context 2048: roofline, end to end (worst of 3: formats x " \
         "KV widths) | >= 90% | 89.0% (2:4-int4, INT8 KV) | **not met** |" in text
     assert "| >= 80% | 85.0% (dense-int4, INT8 KV) | met |" in text
