@@ -163,3 +163,27 @@ def test_a_quick_run_records_one_program_per_token(monkeypatch, tmp_path):
     assert new[1]["speedup_vs_dense_int4"] > 1.0      # 2:4 streams fewer weight bytes
     page = (tmp_path / "scaling.md").read_text()
     assert "## One program per decode step" in page and "0123abc" in page
+
+
+def test_a_per_layer_run_keeps_the_one_program_rows(monkeypatch, tmp_path):
+    """``--config default`` on a small model: per-layer rows with their linear layers' cycles
+    apart, the one-program rows already recorded kept, the host-ops record written."""
+    import bench.scaling as scaling
+    lm = tiny_meta_lm()
+    monkeypatch.setattr(scaling, "llama7b", lambda: lm)
+    monkeypatch.setattr(scaling, "_captured", lambda *step: capture_model(
+        lm, scaling.step_options(*step)))
+    out = tmp_path / "scaling.json"
+    out.write_text(json.dumps([_rec("vector", commit="0123abc", bandwidth_gbps=1.6,
+                                    step_ms=1.0, tokens_per_s=1.0, roofline_fraction=0.95,
+                                    speedup_vs_dense_int4=1.0, programs_per_token=1,
+                                    host_ms=0.5)]))
+    assert main(["--config", "default", "--quick", "--steps", "decode-128", "--kv-bits", "8",
+                 "--out", str(out), "--docs", str(tmp_path)]) == 0
+    records = json.loads(out.read_text())
+    assert [r["configuration"] for r in records] == ["vector"] + ["default"] * 3
+    assert all(r["programs_per_token"] > 1 and r["gemm_speedup_vs_dense_int4"] > 0
+               for r in records[1:])
+    assert (tmp_path / "scaling_host_ops.json").is_file()
+    page = (tmp_path / "scaling.md").read_text()
+    assert "## One program per layer" in page and "0123abc" in page
