@@ -108,7 +108,8 @@ BAD_BENCH = [
     ("fuzz", ["--target", "nothing"]), ("rtl", ["--arrays", "4y8"]),
     ("rtl", ["--patterns", "2:3"]), ("rtl", ["--k", "0"]), ("scaling", ["--quick", "1"]),
     ("scaling", ["--steps", "decode-99"]), ("scaling", ["--kv-bits", "3"]),
-    ("scaling", ["--systems", "TPU"]),
+    ("scaling", ["--systems", "TPU"]), ("scaling", ["--config", "tpu"]),
+    ("scaling", ["--config", "vector", "--steps", "prefill-256"]),
     ("simspeed", ["--tokens", "x"]), ("board", ["--models", "llama"]),
     ("board", ["--context", "0"]), ("board", ["--config", "/nonexistent.json"])]
 

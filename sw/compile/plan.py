@@ -85,12 +85,12 @@ def plan_arena(buffers: Sequence[Buffer], align: int) -> ArenaPlan:
 
     order = sorted(buffers, key=lambda b: (-rounded(b.size), b.start, b.name))
     placed: list[tuple[int, int]] = []            # (offset, end) per placed buffer
-    at: dict[int, list[int]] = {}                 # time step -> placed buffers live then
+    placed_buffers: list[Buffer] = []             # the buffers of `placed`, in order
     offsets: dict[str, int] = {}
     for b in order:
         size = rounded(b.size)
-        live = {i for t in range(b.start, b.end + 1) for i in at.get(t, ())}
-        busy = sorted(placed[i] for i in live)
+        busy = sorted(p for p, other in zip(placed, placed_buffers, strict=True)
+                      if b.overlaps_in_time(other))
         best, best_slack, cursor = None, None, 0
         for lo, hi in busy:
             gap = lo - cursor
@@ -100,8 +100,7 @@ def plan_arena(buffers: Sequence[Buffer], align: int) -> ArenaPlan:
         if best is None:
             best = cursor
         offsets[b.name] = best
-        for t in range(b.start, b.end + 1):
-            at.setdefault(t, []).append(len(placed))
+        placed_buffers.append(b)
         placed.append((best, best + size))
     size = max((end for _, end in placed), default=0)
     return ArenaPlan(offsets, size, lower_bound(
