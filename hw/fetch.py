@@ -423,17 +423,18 @@ class FetchUnit(wiring.Component):
                                  Mux(fetched.body.dma.spad == Spad.WGT, offset["wgt_stride"],
                                      offset["load_stride"])), 0)
         # The checks read the fetched word: the offsets change only a LOAD's or STORE's
-        # dram_addr, which only the DRAM range reads, and the DRAM range adds the address and
-        # the loop's offset in the same carry-save sum as its other terms (the register's
-        # value joins it in S3). S2 holds the fetched word, the offset and the register's
-        # value, S3 the effective word (the address plus both, saturated;
-        # hw.isa.LoopStream.fields, hw.isa.relative_fields), which S4 and the queue see.
+        # dram_addr, which only the DRAM range reads, and the DRAM range adds the loop's
+        # offset and the register's value in S3, in the same carry-save sum as its other
+        # terms (S2's is the address's and the extent's alone, so that no carry chain waits
+        # for the offset's selection behind the bank select). S2 holds the fetched word, the
+        # offset and the register's value, S3 the effective word (the address plus both,
+        # saturated; hw.isa.LoopStream.fields, hw.isa.relative_fields), which S4 and the
+        # queue see.
         chk = self._field_checks(m, fetched)
         plus, minus, const = chk.pop("dram_rest")
-        tail_terms = [fetched.body.dma.dram_addr, step, *plus, *minus]
+        tail_terms = [fetched.body.dma.dram_addr, *plus, *minus]
         tail_w = max(max(len(t) for t in tail_terms), const.bit_length()) + len(tail_terms)
-        chk["dram_tail"] = wide_sum([fetched.body.dma.dram_addr, step, *plus], const, tail_w,
-                                    minus)
+        chk["dram_tail"] = wide_sum([fetched.body.dma.dram_addr, *plus], const, tail_w, minus)
         s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=fetched, step=step, reg_dma=reg_dma,
                    reg_vec=reg_vec, **chk)
         dma = s2["ins"].body.dma
@@ -447,9 +448,11 @@ class FetchUnit(wiring.Component):
                                raw2[imm_at + imm_w:]))
         # An extent is out of range when its end less the limit (folded in by S2) is >= 0.
         spad_over = dma.spad_addr + s2["spad_len"] + s2["spad_limit"] >= 0
-        dram_w = max(tail_w, REG_BITS + 1, len(s2["span_lo"]), len(s2["span_hi"]) + 16) + 3
-        dram_over = ~wide_sum([s2["dram_tail"].as_signed(), s2["reg_dma"], s2["span_lo"],
-                               s2["span_hi"].shift_left(16)], 0, dram_w)[dram_w - 1]
+        dram_w = max(tail_w, len(s2["step"]), REG_BITS, len(s2["span_lo"]),
+                     len(s2["span_hi"]) + 16) + 4
+        dram_over = ~wide_sum([s2["dram_tail"].as_signed(), s2["step"], s2["reg_dma"],
+                               s2["span_lo"], s2["span_hi"].shift_left(16)], 0,
+                              dram_w)[dram_w - 1]
         # A relative VEC's checks of its effective imm: a SOFTMAX's count within its row (the
         # sign of length - imm - register; the saturation does not change it, as IMM_MAX is
         # past every length), an INSERT's geometry.
