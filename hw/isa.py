@@ -53,7 +53,7 @@ __all__ = [
     "kv4_groups", "kv4_bad",
     "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
     "program_words",
-    "decode_fields", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
+    "decode_fields", "set_field", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
     "gemm_weight_bytes", "gemm_extents", "EPILOGUE_VALUES", "reads_param", "writes_wide",
     "epilogue_words",
     "bias_row_bytes", "word_beats", "DispatchLimits", "dispatch_limits",
@@ -805,6 +805,21 @@ def field_location(name: str) -> tuple[int, int]:
         return _BODIES[body][field]
     except KeyError:
         raise ISAError(f"no instruction field {name!r}") from None
+
+
+def set_field(words: np.ndarray, rows: np.ndarray, name: str, values) -> None:
+    """Set field ``name`` (:func:`field_location`) of program ``words`` (``uint64 [n, 2]``,
+    :func:`program_words`) at ``rows`` to ``values`` (in place; a field may straddle the two
+    64-bit halves)."""
+    at, bits = field_location(name)
+    values = np.broadcast_to(np.asarray(values, dtype=np.uint64), np.shape(rows))
+    for half in (0, 1):
+        lo, hi = max(at, 64 * half), min(at + bits, 64 * half + 64)
+        if lo >= hi:
+            continue
+        mask = np.uint64(((1 << (hi - lo)) - 1) << (lo - 64 * half))
+        part = (values >> np.uint64(lo - at)) << np.uint64(lo - 64 * half)
+        words[rows, half] = (words[rows, half] & ~mask) | (part & mask)
 
 
 def decode_fields(words: np.ndarray) -> dict[str, np.ndarray]:
@@ -1632,15 +1647,7 @@ def relative_words(words: np.ndarray, regs: typing.Mapping[str, int] | None) -> 
     rows = np.flatnonzero(functools.reduce(operator.or_, (
         g[f"{b}.{n}"] != f[f"{b}.{n}"] for b, n in changed)))
     for body, name in changed:
-        off, width = _BODIES[body][name]
-        value = g[f"{body}.{name}"][rows].astype(np.uint64)
-        for half in (0, 1):  # the field's bits in each 64-bit half
-            lo, hi = max(off, 64 * half), min(off + width, 64 * half + 64)
-            if lo >= hi:
-                continue
-            mask = np.uint64(((1 << (hi - lo)) - 1) << (lo - 64 * half))
-            part = (value >> np.uint64(lo - off)) << np.uint64(lo - 64 * half)
-            out[rows, half] = (out[rows, half] & ~mask) | (part & mask)
+        set_field(out, rows, f"{body}.{name}", g[f"{body}.{name}"][rows])
     return out
 
 

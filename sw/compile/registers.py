@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hw.isa import NUM_REGS, Opcode, RegTerm, decode_fields, field_location
+from hw.isa import NUM_REGS, Opcode, RegTerm, decode_fields, set_field
 from sw.compile.errors import LoweringError
 
 if TYPE_CHECKING:  # the lowering imports this module, the executable the lowering
     from sw.compile.executable import Program
 
-__all__ = ["POS", "TOK", "PENDING", "RegisterFile", "allocate", "allocate_words", "set_field"]
+__all__ = ["POS", "TOK", "PENDING", "RegisterFile", "allocate", "allocate_words"]
 
 #: Pending registers of the lowering (:func:`allocate` replaces them) by source.
 POS, TOK = 1, 2
@@ -58,20 +58,6 @@ class RegisterFile:
                                 f"(another: {terms}); they hold {self.table}")
         self.table.append(terms)
         return len(self.table)
-
-
-def set_field(words: np.ndarray, rows: np.ndarray, name: str, values) -> None:
-    """Set field ``name`` (:func:`hw.isa.field_location`) of ``words`` (``uint64 [n, 2]``) at
-    ``rows`` to ``values`` (in place)."""
-    at, bits = field_location(name)
-    values = np.broadcast_to(np.asarray(values, dtype=np.uint64), np.shape(rows))
-    for half in (0, 1):
-        lo, hi = max(at, 64 * half), min(at + bits, 64 * half + 64)
-        if lo >= hi:
-            continue
-        mask = np.uint64(((1 << (hi - lo)) - 1) << (lo - 64 * half))
-        part = (values >> np.uint64(lo - at)) << np.uint64(lo - 64 * half)
-        words[rows, half] = (words[rows, half] & ~mask) | (part & mask)
 
 
 def _pending_terms(f: dict, i: int) -> tuple[RegTerm, ...]:
