@@ -193,7 +193,8 @@ class KVLayout:
         as one run when a record is at most a beat, else the record's beat of each channel);
         INT4 keys: each group's records as one run (``groups`` rows, a group apart), their
         codes each group's header; values, the position's record in each of ``head_dim /
-        lanes`` tiles; codes, the beat of the position's word.
+        lanes`` tiles (a record of more lanes than ``head_dim``: its beats up to the last
+        channel's); codes, the beat of the position's word.
 
         Raises
         ------
@@ -218,8 +219,11 @@ class KVLayout:
                 return 1, -(-self.head_dim * rec // beat), 1
             return self.head_dim, 1, rec // beat
         if kind == "v":
+            # a record of a beat or more: its beats up to the position's last channel (with
+            # more lanes than channels, the record's tail is the padding's)
             rec = self.values.record_bytes
-            return (-(-self.head_dim // self.lanes), max(1, rec // beat),
+            used = min(self.lanes, self.head_dim) * rec // self.lanes
+            return (-(-self.head_dim // self.lanes), max(1, -(-used // beat)),
                     self.value_tile_stride // beat)
         return 1, 1, 1
 
@@ -285,9 +289,10 @@ class KVLayout:
                 return self.head_dim, 1, 2 * rec, 0
             return self.head_dim, 1, rec if rec <= self.beat else self.beat, 0
         if kind == "v":
+            # a group per tile's record; one group (no more channels than lanes) skips none
             group = min(self.lanes, self.head_dim)
             span = row_beats * self.beat * (2 if self.bits == 4 else 1)
-            return group, rows, 1, span - group
+            return group, rows, 1, span - group if rows > 1 else 0
         return 4, 1, 1, 0
 
     def write(self, region: np.ndarray, kind: str, positions, q: np.ndarray,
