@@ -205,7 +205,11 @@ def summarise(stats: StepStats, cfg: AcceleratorConfig, phase: str, tokens: int,
               kv_bits: int = 8) -> dict:
     """The step's costs as one record (``kv_bits``: the KV cache's element width it ran
     with). ``linear_cycles`` are the programs' of the linear layers; None where no program is
-    one (a step joined into one program computes them beside everything else)."""
+    one (a step joined into one program computes them beside everything else). What bounds
+    the step: ``memory_bound_cycles`` (the programs' read bytes over the bandwidth),
+    ``array_bound_cycles`` (their MACs over the array's peak) -- the roofline bound is their
+    larger -- and ``vector_cycles``, the cycles the vector engine executes (an element a
+    cycle: a bound of its own that the roofline does not count)."""
     linears = [p.cycles for p in stats.programs if OPS[stats.ops[p.node]].streams == "weights"]
     linear = sum(linears) if linears else None
     seconds = stats.cycles / (cfg.clock_mhz * 1e6)
@@ -220,7 +224,10 @@ def summarise(stats: StepStats, cfg: AcceleratorConfig, phase: str, tokens: int,
             "step_ms_with_host_unit": (stats.cycles + stats.host_unit_cycles)
             / (cfg.clock_mhz * 1e3),
             "host_ms": stats.host_wall_s * 1e3,
-            "kv_bits": kv_bits}
+            "kv_bits": kv_bits,
+            "memory_bound_cycles": sum(p.read_bytes for p in stats.programs) / cfg.beat_bytes,
+            "array_bound_cycles": sum(p.macs for p in stats.programs) / cfg.peak_macs_per_cycle,
+            "vector_cycles": stats.counter("vector_exec")}
 
 
 def host_breakdown(stats: StepStats) -> dict[str, float]:
@@ -331,6 +338,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _bounds(rec: dict) -> str:
+    """``memory / array / vector`` of a record as fractions of its cycles ("-" for a record
+    measured without them)."""
+    keys = ("memory_bound_cycles", "array_bound_cycles", "vector_cycles")
+    if not all(k in rec for k in keys):
+        return "-"
+    return " / ".join(f"{rec[k] / rec['cycles']:.0%}" for k in keys)
+
+
 def _times(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
@@ -417,15 +433,21 @@ def persistent_lines(records: list[dict]) -> list[str]:
              "over its cycles plus the host's work at its estimated on-chip cycles, which is "
              "only the program's input and output here. `host ms` is the runtime's host work "
              "per token, wall time on the machine that ran the benchmark. Speedups are over "
-             "dense INT4 with the same KV cache on the same system.", "",
+             "dense INT4 with the same KV cache on the same system. `memory / array / vector` "
+             "are what bounds the step, each as a fraction of its cycles: the memory's cycles "
+             "for the bytes read, the array's for the MACs at its peak (the roofline bound is "
+             "the larger) and the cycles the vector engine executes (an element a cycle; "
+             "the roofline does not count it).", "",
              "| system | array | GB/s | context | KV | format | ms/token | tokens/s | roofline "
-             "(end to end) | vs dense INT4 | programs/token | host ms | commit |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(end to end) | memory / array / vector | vs dense INT4 | programs/token | "
+             "host ms | commit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         lines.append(f"| {r['system']} | {r['array']} | {r['bandwidth_gbps']:.1f} | "
                      f"{r['context']} | INT{r['kv_bits']} | {r['format']} | "
                      f"{r['step_ms']:.2f} | {r['tokens_per_s']:.2f} | "
-                     f"{r['roofline_fraction']:.1%} | {r['speedup_vs_dense_int4']:.2f}x | "
+                     f"{r['roofline_fraction']:.1%} | {_bounds(r)} | "
+                     f"{r['speedup_vs_dense_int4']:.2f}x | "
                      f"{r['programs_per_token']:g} | {r['host_ms']:.1f} | "
                      f"{r['provenance']['commit']} |")
 
