@@ -459,6 +459,29 @@ def persistent_lines(records: list[dict]) -> list[str]:
             + ". The compiler joins a step only where every value between its programs "
             "stays on chip; elsewhere the host works between the programs, its work counted "
             "at its estimated on-chip cycles in the end-to-end fraction."]
+    lines += ["", "### What bounds the one-program rows", "",
+              "The roofline counts the memory and the array. The vector engine executes one "
+              "element (4 bytes) a cycle whatever the memory's beat, and most of its work lies "
+              "on the step's dependency chain (a GEMM's input is a VEC's result and a VEC's "
+              "input a GEMM's), so the weight stream waits on it beyond what the weight "
+              "scratchpad prefetches. A 16-byte beat (the default system's) is 4 elements and "
+              "a 128-byte beat 32, so against the bytes streamed the same work weighs eight "
+              "times as much on the DDR4-class 16x64 system (`vector`). The KV append costs most "
+              "there: a 1024-lane tile's key record is 1024 bytes (INT8; 512 at INT4), so a "
+              "position's key touches one beat of every channel's record, 128 beats a kv head "
+              "whose INSERT walks all 4096 elements, one kv head after the other. A vector "
+              "engine as wide as the beat (or an INSERT that does not rewrite the whole row) "
+              "would lift that bound; a schedule can hide only what the weight scratchpad "
+              "prefetches beside it.", "",
+              "The HBM-class steps are not one program: an INSERT's `base` field (10 bits) "
+              "cannot name a byte of a 2048-byte beat and an INT8 key record's 1024-byte "
+              "stride exceeds its `stride` field (8 bits), so the host appends the cache; and "
+              "a head's rows (128 elements, 512 bytes) are a quarter of a beat, which the "
+              "query REQUANT of the scores and the values' rows into o_proj's REQUANT need "
+              "whole (`fusion._query_rows`, `fusion.attention_chains`), so the host "
+              "requantises them and the step splits at every layer's scores and o_proj. Its "
+              "roofline is the array's (`array`: 1024 MACs a cycle against the 2048 bytes a "
+              "cycle the memory gives), not the memory's."]
 
     def row(what, target, value, ok):
         status = "reported" if ok is None else "met" if ok else "**not met**"
