@@ -472,7 +472,8 @@ def persistent_lines(records: list[dict]) -> list[str]:
               "whose INSERT walks all 4096 elements, one kv head after the other. A vector "
               "engine as wide as the beat (or an INSERT that does not rewrite the whole row) "
               "would lift that bound; a schedule can hide only what the weight scratchpad "
-              "prefetches beside it.", "",
+              "prefetches beside it. Where `vector` exceeds the larger of `memory` and `array`, "
+              "no schedule reaches the roofline.", "",
               "The HBM-class steps are not one program: an INSERT's `base` field (10 bits) "
               "cannot name a byte of a 2048-byte beat and an INT8 key record's 1024-byte "
               "stride exceeds its `stride` field (8 bits), so the host appends the cache; and "
