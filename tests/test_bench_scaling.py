@@ -31,7 +31,8 @@ from sw.runtime.runtime import HostRun, ProgramRun, StepStats
 def test_a_record_has_the_host_work_and_the_roofline_end_to_end():
     cfg = AcceleratorConfig()
     st = StepStats("decode", 127, 1)
-    st.programs = [ProgramRun("lm_head", 0, None, 1000, {}, 4096, 64, 0, 400.0)]
+    st.programs = [ProgramRun("lm_head", 0, None, 1000, {"vector_exec": 300}, 4096, 64, 512,
+                              400.0)]
     st.host = [HostRun("embed_tokens", "embed", 2e-4, 100)]
     st.ops = {"lm_head": "linear"}
     r = summarise(st, cfg, "decode", 1, kv_bits=4)
@@ -41,6 +42,9 @@ def test_a_record_has_the_host_work_and_the_roofline_end_to_end():
     # the bound over the programs' cycles plus the host's estimated on-chip cycles
     assert r["roofline_fraction"] == 400.0 / 1100
     assert r["roofline_fraction_accelerator"] == 400.0 / 1000
+    # what bounds it: the memory's cycles, the array's and the vector engine's
+    assert r["memory_bound_cycles"] == 4096 / cfg.beat_bytes
+    assert r["array_bound_cycles"] == 512 / cfg.lanes and r["vector_cycles"] == 300
 
 
 def tiny_meta_lm(layers: int = 2) -> LlamaLM:
@@ -122,6 +126,10 @@ def test_the_targets_name_the_worst_row_and_the_speedup_at_2048():
                rec("dense-int4", 8, 128, 0.85, 1.0, "HBM-class")]
     text = "\n".join(persistent_lines(records))
     assert "Not one program" not in text
+    assert "| 95.0% | - | 1.00x |" in text      # a record without the bounds
+    records[0].update(cycles=1000, memory_bound_cycles=904.0, array_bound_cycles=125.0,
+                      vector_cycles=333)
+    assert "| 95.0% | 90% / 12% / 33% | 1.00x |" in "\n".join(persistent_lines(records))
     records[-1]["programs_per_token"] = 65
     text = "\n".join(persistent_lines(records))
     assert "Not one program per token: HBM-class 4x8, 65 programs." in text

@@ -20,7 +20,8 @@ an INT4 cache's nibbles, :meth:`KVLayout.append_func`):
    head, into the scratch buffer after the REQUANT results.
 3. Per kv head, LOAD its codes back (and its channel word's beat), the beats the position
    touches in its key and value regions, its value codes' beat and its channel words' beat
-   (:meth:`KVLayout.append_transfer`); one INSERT per region
+   (:meth:`KVLayout.append_transfer`; INT4 key records wider than a beat: a LOAD, INSERT4
+   and STORE per group of records, :meth:`KVLayout.append_pieces`); one INSERT per region
    (:meth:`KVLayout.append_insert`): the codes into the loaded beats (an INT4 key's group
    codes into its groups' headers, a region "h" of its own), the ``amax``
    word into the value codes' beat (FOLD's value code of the row: :func:`append_value_code`),
@@ -207,10 +208,11 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                                                         plan.channels is not None),
                                          strict=True) if there]
     shapes = {kind: layout.append_transfer(kind) for kind in kinds}
-    beats = {kind: rows * rb for kind, (rows, rb, _) in shapes.items()}
+    pieces = {kind: layout.append_pieces(kind) for kind in kinds}
+    beats = {kind: rows * rb for kind, (rows, rb, _) in shapes.items()}   # of one piece
     at, end = {}, 2 * cw
     for kind in kinds:
-        at[kind], end = end, end + beats[kind]
+        at[kind], end = end, end + pieces[kind][0] * beats[kind]
     word_at = end                                  # the kv head's channel word (its beat)
     used = end + (plan.channels is not None)
     if used > vin or end - 2 * cw > vout:
@@ -230,6 +232,15 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
         if insert_bad(funcs[kind].value, imms[kind]):
             raise LoweringError(f"the KV append's {kind} {funcs[kind].name} of geometry "
                                 f"{layout.append_insert(kind)} is one the engine cannot walk")
+    # the words of a piece's codes (nibbles of an INSERT4, bytes of an INSERT)
+    codes_at = {}
+    for kind in kinds:
+        group, groups, _, _ = layout.append_insert(kind)
+        per_word = cfg.vin_word_bytes * (2 if funcs[kind] == VecFunc.INSERT4 else 1)
+        if pieces[kind][0] > 1 and (group * groups) % per_word:
+            raise LoweringError(f"the KV append's {kind} pieces of {group * groups} codes "
+                                f"are not whole words")
+        codes_at[kind] = group * groups // per_word
     quantize = {kind: _quantize(layout, kind) for kind in "kv"}
     # -- phase 1 takes as many kv heads as VIN and VOUT hold (whole beats of rows apart)
     fit = [m for m in range(1, kv_heads + 1)
@@ -298,15 +309,17 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                 src = {kind: base + code[kind] for kind in "khvc"}
                 src["s"] = (keep + 2 * m * cw + h - h0) * per
             vecs, stores = [], []
-            for kind in kinds:
+            for kind, j in ((k, j) for k in kinds for j in range(pieces[k][0])):
                 rows, row_beats, stride = shapes[kind]
                 dram = _address(region[kind], beat, f"{kind} region of kv head {h}") \
-                    + layout.append_origin(kind)
-                loads.append((Load(spad=Spad.VIN, spad_addr=at[kind], dram_addr=dram,
+                    + layout.append_origin(kind) + j * pieces[kind][1]
+                vin_at = at[kind] + j * beats[kind]
+                loads.append((Load(spad=Spad.VIN, spad_addr=vin_at, dram_addr=dram,
                                    rows=rows, row_beats=row_beats, dram_stride=stride),
                               (kind, "dram_addr")))
-                dst = at[kind] - 2 * cw
-                vecs.append((Vec(func=funcs[kind], a_addr=at[kind] * per, b_addr=src[kind],
+                dst = vin_at - 2 * cw
+                vecs.append((Vec(func=funcs[kind], a_addr=vin_at * per,
+                                 b_addr=src[kind] + j * codes_at[kind],
                                  length=beats[kind] * per, dst_addr=dst * per,
                                  imm=imms[kind]), (kind, "imm")))
                 stores.append((Store(spad=Spad.VOUT, spad_addr=dst, dram_addr=dram,

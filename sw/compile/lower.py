@@ -192,25 +192,32 @@ class KVLayout:
         channel's record per position byte (records of ``lanes`` bytes: the tile's records
         as one run when a record is at most a beat, else the record's beat of each channel);
         INT4 keys: each group's records as one run (``groups`` rows, a group apart), their
-        codes each group's header; values, the position's record in each of ``head_dim /
-        lanes`` tiles; codes, the beat of the position's word.
+        codes each group's header; INT4 key records wider than a beat: the record's beat of
+        each channel of a group (a piece per group, :meth:`append_pieces`), the header's
+        beat of each group; values, the position's record in each of ``head_dim /
+        lanes`` tiles (a record of more lanes than ``head_dim``: its beats up to the last
+        channel's); codes, the beat of the position's word.
 
         Raises
         ------
         LoweringError
-            INT4 keys whose records are wider than a beat, or whose headers or groups of
-            records are not whole beats (the append keeps them in beats of their own).
+            INT4 keys whose records, headers or groups of records are not whole beats (the
+            append keeps them in beats of their own) and whose records are not within a beat.
         """
         beat = self.beat
         if kind in ("k", "h") and self.bits == 4:
             lay = self.keys
             run = lay.group_bytes - lay.header_bytes
-            if lay.record_bytes > beat or lay.header_bytes % beat or run % beat:
+            if (lay.record_bytes > beat and lay.record_bytes % beat) or lay.header_bytes % beat \
+                    or run % beat:
                 raise LoweringError(
                     f"the INT4 key stream of {self.lanes} lanes (records of "
                     f"{lay.record_bytes} bytes, headers of {lay.header_bytes}) is not in whole "
                     f"{beat}-byte beats of records and headers: no on-chip append")
             rows, stride = lay.groups, lay.group_bytes // beat
+            if self._wide_int4_keys:
+                return (lay.geometry.group_len, 1, lay.record_bytes // beat) if kind == "k" \
+                    else (rows, 1, stride)
             return rows, (run if kind == "k" else lay.header_bytes) // beat, stride
         if kind == "k":
             rec = self.keys.record_bytes
@@ -218,10 +225,28 @@ class KVLayout:
                 return 1, -(-self.head_dim * rec // beat), 1
             return self.head_dim, 1, rec // beat
         if kind == "v":
+            # a record of a beat or more: its beats up to the position's last channel (with
+            # more lanes than channels, the record's tail is the padding's)
             rec = self.values.record_bytes
-            return (-(-self.head_dim // self.lanes), max(1, rec // beat),
+            used = min(self.lanes, self.head_dim) * rec // self.lanes
+            return (-(-self.head_dim // self.lanes), max(1, -(-used // beat)),
                     self.value_tile_stride // beat)
         return 1, 1, 1
+
+    @property
+    def _wide_int4_keys(self) -> bool:
+        """INT4 key records wider than a beat: an append moves one beat of each."""
+        return self.bits == 4 and self.keys.record_bytes > self.beat
+
+    def append_pieces(self, kind: str) -> tuple[int, int]:
+        """``(pieces, beats)``: an append of ``kind`` moves :meth:`append_transfer`'s shape
+        and INSERTs :meth:`append_insert`'s codes ``pieces`` times, each piece ``beats``
+        after the one before in the region and taking the codes after the one before's:
+        a piece per group of INT4 key records wider than a beat (the records of a group are
+        evenly apart, those of two groups not), else one."""
+        if kind == "k" and self._wide_int4_keys:
+            return self.keys.groups, self.keys.group_bytes // self.beat
+        return 1, 0
 
     def append_origin(self, kind: str) -> int:
         """The beat, from the start of its region, of the first beat :meth:`append_transfer`
@@ -252,6 +277,11 @@ class KVLayout:
         beat, lanes = self.beat, self.lanes
         if kind in ("k", "h"):
             tile = RegTerm("pos", div=lanes, scale=self.key_tile_stride // beat)
+            if self._wide_int4_keys:
+                # the lane's beat and nibble of a record (bytes of a header: ``unit`` 1)
+                unit = 2 if kind == "k" else 1
+                return (tile, RegTerm("pos", div=unit * beat, mod=lanes // (unit * beat))), \
+                    (RegTerm("pos", mod=unit * beat),)
             if self.bits == 4 or self.keys.record_bytes <= beat:
                 # INT4: nibble ``lane`` of a record, byte of a header
                 return (tile,), (RegTerm("pos", mod=lanes),)
@@ -278,16 +308,19 @@ class KVLayout:
         nibbles for INSERT4 (:meth:`append_func`)."""
         rows, row_beats, _ = self.append_transfer(kind)
         if kind == "h":    # a code per group, each at its lane of its group's header
-            return self.keys.groups, 1, self.keys.header_bytes, 0
+            return self.keys.groups, 1, row_beats * self.beat, 0
         if kind == "k":
             rec = self.keys.record_bytes
+            if self._wide_int4_keys:  # a piece's codes a loaded beat apart: groups of one
+                return 1, rows, self.beat, self.beat
             if self.bits == 4:
                 return self.head_dim, 1, 2 * rec, 0
             return self.head_dim, 1, rec if rec <= self.beat else self.beat, 0
         if kind == "v":
+            # a group per tile's record; one group (no more channels than lanes) skips none
             group = min(self.lanes, self.head_dim)
             span = row_beats * self.beat * (2 if self.bits == 4 else 1)
-            return group, rows, 1, span - group
+            return group, rows, 1, span - group if rows > 1 else 0
         return 4, 1, 1, 0
 
     def write(self, region: np.ndarray, kind: str, positions, q: np.ndarray,

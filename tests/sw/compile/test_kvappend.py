@@ -14,7 +14,17 @@ import pytest
 import torch
 
 from hw.config import AcceleratorConfig, preset
-from hw.isa import MOVE_SPAD, End, Load, Store, VecFunc, program_words, reg_table_values, reg_value
+from hw.isa import (
+    MOVE_SPAD,
+    End,
+    Load,
+    Store,
+    VecFunc,
+    insert_imm,
+    program_words,
+    reg_table_values,
+    reg_value,
+)
 from hw.numerics import (
     act_scale,
     from_fixed,
@@ -33,8 +43,13 @@ from sw.compile.lower import KVLayout
 from sw.compile.registers import RegisterFile, allocate_words
 
 #: A record wider than a beat (keys: a beat per channel), one narrower (keys: the tile as one
-#: run; values: records inside a beat), and a beat wider than a record.
+#: run; values: records inside a beat), a beat wider than a record, and more lanes than
+#: channels, records of many beats (values: the record's first beats, one INSERT group).
 CONFIGS = {
+    "many_lanes": AcceleratorConfig(rows=4, cols=128, vin_spad_bytes=16384,
+                                    vout_spad_bytes=8192,
+                                    memory={"bytes_per_cycle": 16, "latency": 3,
+                                            "size_bytes": 1 << 22}),
     "vector": preset("vector"),
     "narrow": AcceleratorConfig(rows=2, cols=4, vin_spad_bytes=4096, vout_spad_bytes=4096,
                                 memory={"bytes_per_cycle": 16, "latency": 3,
@@ -126,8 +141,8 @@ def test_the_append_program_writes_the_hosts_bytes(name, seed):
     words = program_words([*program, End()])
     model = FastModel(cfg)
     lanes = cfg.lanes
-    for position in sorted({0, lanes - 1, lanes, layout.max_context - 1,
-                            int(rng.integers(0, layout.max_context))}):
+    edges = {0, lanes - 1, lanes, layout.max_context - 1, int(rng.integers(0, layout.max_context))}
+    for position in sorted(p for p in edges if p < layout.max_context):
         k, v = _rows(rng, kv_heads, d), _rows(rng, kv_heads, d)
         dram = dram0.copy()
         for addr, rows in ((plan.k_row, k), (plan.v_row, v)):
@@ -183,16 +198,19 @@ def test_what_the_append_cannot_do_is_a_lowering_error():
 
 @pytest.mark.parametrize(("head_dim", "lanes", "beat"),
                          [(64, 32, 16), (16, 8, 16), (32, 16, 64), (8, 32, 4), (64, 64, 16),
-                          (8, 16, 16)])
+                          (8, 16, 16), (128, 1024, 128), (16, 512, 16), (64, 1024, 2048)])
 def test_the_append_geometry_names_the_positions_bytes(head_dim, lanes, beat):
     """KVLayout.append_transfer / append_site / append_insert: the INSERT's bytes of the loaded
     beats (rows at dram_stride, each row_beats long) are KVLayout.fields' bytes of the
-    position, at every position; position 0's site is (0, 0)."""
+    position, at every position, and every loaded beat holds one of them; its geometry fits
+    the INSERT's fields; position 0's site is (0, 0)."""
     layout = KVLayout(head_dim=head_dim, max_context=2 * lanes + 3, lanes=lanes, beat=beat)
     assert all(layout.append_origin(kind) == 0 for kind in "kvc")
     for kind in "kvc":
         rows, row_beats, stride = layout.append_transfer(kind)
         group, groups, step, skip = layout.append_insert(kind)
+        if kind != "k" or layout.keys.record_bytes <= 255:  # the stride field: 8 bits
+            insert_imm(0, group, groups, step, skip)
         j = np.arange(group * groups)
         assert layout.append_site(kind, 0) == (0, 0)
         for p in range(layout.max_context):
@@ -202,10 +220,12 @@ def test_the_append_geometry_names_the_positions_bytes(head_dim, lanes, beat):
             byte = base + (j // group) * (group * step + skip) + (j % group) * step
             want = np.arange(4 * p, 4 * p + 4) if kind == "c" else layout.fields(kind, [p])[0][0]
             assert np.array_equal(loaded[byte], want), (kind, p)
+            assert np.array_equal(np.unique(byte // beat), np.arange(rows * row_beats)), kind
 
 
 #: INT4 caches the append runs on chip: 32 lanes in 16-byte beats (records of a beat, headers
-#: of two), 16 lanes (records of half a beat, headers of one), 64 lanes in 32-byte beats.
+#: of two), 16 lanes (records of half a beat, headers of one), 64 lanes in 32-byte beats, 512
+#: lanes in 16-byte beats (records of 16 beats: a beat of each, a piece per group).
 INT4_CONFIGS = {
     "vector": preset("vector"),
     "lanes16": AcceleratorConfig(rows=2, cols=8, vin_spad_bytes=4096, vout_spad_bytes=4096,
@@ -214,6 +234,7 @@ INT4_CONFIGS = {
     "beat32": AcceleratorConfig(rows=2, cols=32, vin_spad_bytes=8192, vout_spad_bytes=8192,
                                 memory={"bytes_per_cycle": 32, "latency": 3,
                                         "size_bytes": 1 << 20}),
+    "many_lanes": CONFIGS["many_lanes"],
 }
 
 
@@ -241,8 +262,9 @@ def test_the_int4_append_program_writes_the_hosts_bytes(name, seed):
     words = program_words([*program, End()])
     model = FastModel(cfg)
     lanes = cfg.lanes
-    for position in sorted({0, 1, lanes - 1, lanes, layout.max_context - 1,
-                            int(rng.integers(0, layout.max_context))}):
+    edges = {0, 1, lanes - 1, lanes, layout.max_context - 1,
+             int(rng.integers(0, layout.max_context))}
+    for position in sorted(p for p in edges if p < layout.max_context):
         k, v = _rows(rng, kv_heads, d), _rows(rng, kv_heads, d)
         dram = dram0.copy()
         for addr, rows in ((plan.k_row, k), (plan.v_row, v)):
@@ -264,27 +286,35 @@ def test_the_int4_append_program_writes_the_hosts_bytes(name, seed):
 
 @pytest.mark.parametrize(("head_dim", "lanes", "beat"),
                          [(64, 32, 16), (16, 16, 16), (32, 16, 16), (128, 32, 32),
-                          (64, 8, 4)])
+                          (64, 8, 4), (128, 1024, 128), (32, 512, 16)])
 def test_the_int4_append_geometry_names_the_positions_nibbles(head_dim, lanes, beat):
     """The INT4 cache's append geometry: INSERT4's nibbles of the loaded beats (from
-    append_origin past the site) are KVLayout.fields' nibbles of the position (keys,
-    values), INSERT's bytes of the headers its key group codes' bytes (code_offsets), at
-    every position; position 0's site is (0, 0)."""
+    append_origin past the site, each piece's after the one before's) are KVLayout.fields'
+    nibbles of the position (keys, values), INSERT's bytes of the headers its key group
+    codes' bytes (code_offsets), at every position; the geometry fits the INSERT's fields;
+    position 0's site is (0, 0). Records wider than a beat: a piece per group of keys."""
     layout = KVLayout(head_dim=head_dim, max_context=2 * lanes + 3, lanes=lanes, beat=beat,
                       bits=4)
     for kind in "khvc":
         half = layout.append_func(kind) == VecFunc.INSERT4
         assert half == (kind in "kv")
         rows, row_beats, stride = layout.append_transfer(kind)
+        pieces, apart = layout.append_pieces(kind)
+        assert pieces == 1 or (kind == "k" and layout.keys.record_bytes > beat)
         group, groups, step, skip = layout.append_insert(kind)
-        j = np.arange(group * groups)
+        insert_imm(0, group, groups, step, skip)
+        n, size = group * groups, rows * row_beats * beat * (2 if half else 1)
+        j = np.arange(pieces * n)
         assert layout.append_site(kind, 0) == (0, 0)
         for p in range(layout.max_context):
             at, base = layout.append_site(kind, p)
             at += layout.append_origin(kind)
-            loaded = np.concatenate([(at + r * stride) * beat + np.arange(row_beats * beat)
-                                     for r in range(rows)])
-            unit = base + (j // group) * (group * step + skip) + (j % group) * step
+            loaded = np.concatenate([(at + i * apart + r * stride) * beat
+                                     + np.arange(row_beats * beat)
+                                     for i in range(pieces) for r in range(rows)])
+            within = j % n
+            unit = (j // n) * size + base + (within // group) * (group * step + skip) \
+                + (within % group) * step
             if kind == "c":
                 assert np.array_equal(loaded[unit], np.arange(4 * p, 4 * p + 4))
             elif kind == "h":
@@ -302,6 +332,9 @@ def _site_written_out(layout: KVLayout, kind: str, position: int) -> tuple[int, 
     if kind in ("k", "h"):
         tile = position // lanes * (layout.key_tile_stride // beat)
         lane = position % lanes
+        if layout.bits == 4 and layout.keys.record_bytes > beat:  # a beat of each record
+            unit = 2 if kind == "k" else 1      # a record's nibbles, a header's bytes
+            return tile + lane // (unit * beat), lane % (unit * beat)
         if layout.bits == 4 or layout.keys.record_bytes <= beat:
             return tile, lane
         return tile + lane // beat, lane % beat

@@ -11,6 +11,7 @@ import pytest
 import torch
 from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
 
+from hw.config import AcceleratorConfig, MemoryModel
 from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model, compiler
 from sw.compile.errors import LoweringError
@@ -148,3 +149,33 @@ def test_the_step_trace_gives_the_vector_engine_a_track_of_its_own(model):
                for e in tracks["VECTOR"])
     assert any(e["name"].startswith("GEMM") for e in tracks["COMPUTE"])
     assert [e["name"] for e in tracks["programs"]] == [stats.programs[0].node]
+
+
+#: An array of more lanes than a head has channels, in wide beats (as the scaling study's
+#: 16x64 systems): a value record of 512 bytes holds a position's 16 channels in its first
+#: beat; an INT4 key record (256 bytes) is four beats, a beat of each appended.
+WIDE = AcceleratorConfig(rows=4, cols=128, act_spad_bytes=64 << 10, wgt_spad_bytes=512 << 10,
+                         out_spad_bytes=128 << 10, param_spad_bytes=2048, vin_spad_bytes=8192,
+                         vout_spad_bytes=4096,
+                         memory=MemoryModel(bytes_per_cycle=64, latency=8, size_bytes=1 << 24))
+
+
+@pytest.mark.parametrize("kv_bits", [8, 4])
+def test_a_wide_beat_decode_step_is_one_program(model, kv_bits):
+    """On a wide array and beat (records longer than a head's channels, INT4 key records
+    wider than a beat) the KV append stays on chip and a decode step is one program, whose
+    tokens equal the fused programs' and the twin's bit for bit."""
+    lm, ws = model
+    opts = CompileOptions(PROMPT, PROMPT + STEPS, kv_bits=kv_bits)
+    exe = compile_model(lm, WIDE, opts, weights=ws)
+    assert exe.report["phases"]["decode"]["programs_per_step"] == 1
+    steps, ids = _run(exe, lm)
+    alone = compile_model(lm, WIDE, dataclasses.replace(opts, one_program=False), weights=ws)
+    base, _ = _run(alone, lm)
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True,
+                                 kv_bits=kv_bits)
+    for (got, st), (b, _), want in zip(steps, base, twin_step_logits(twin, ids, PROMPT),
+                                       strict=True):
+        assert torch.equal(got, b) and torch.equal(got, want)
+        if st.phase == "decode":
+            assert len(st.programs) == 1 and not any(h.op == "kv_update" for h in st.host)
