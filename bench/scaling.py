@@ -220,6 +220,7 @@ def summarise(stats: StepStats, cfg: AcceleratorConfig, phase: str, tokens: int,
             "step_ms_with_host_unit": (stats.cycles + stats.host_unit_cycles)
             / (cfg.clock_mhz * 1e3),
             "host_ms": stats.host_wall_s * 1e3,
+            "host_io_ms": stats.host_io_s * 1e3,
             "kv_bits": kv_bits}
 
 
