@@ -417,7 +417,9 @@ def persistent_lines(records: list[dict]) -> list[str]:
              "is end to end: the program's bound (max(read bytes / bandwidth, MACs / peak)) "
              "over its cycles plus the host's work at its estimated on-chip cycles, which is "
              "only the program's input and output here. `host ms` is the runtime's host work "
-             "per token, wall time on the machine that ran the benchmark. Speedups are over "
+             "per token, wall time on the machine that ran the benchmark (the transfer of the "
+             "program's run-time parameters, its registers and the token id read back, apart: "
+             "`host_io_ms` in the records). Speedups are over "
              "dense INT4 with the same KV cache on the same system.", "",
              "| system | array | GB/s | context | KV | format | ms/token | tokens/s | roofline "
              "(end to end) | vs dense INT4 | programs/token | host ms | commit |",
