@@ -94,7 +94,7 @@ from hw.numerics import (
 )
 from sim.backends import Backend, runs_in_place
 from sim.roofline import LayerPoint, bound_cycles
-from sw.compile.executable import Executable, Program
+from sw.compile.executable import Executable, Program, ProgramMember
 from sw.compile.ir import (
     OPS,
     Interpreter,
@@ -789,7 +789,7 @@ class Runtime:
             work = self._program_work[pid] = (*work, bound_cycles(self.exe.cfg, *work))
         return work
 
-    def _read_argmax(self, m, x: torch.Tensor) -> int:
+    def _read_argmax(self, m: ProgramMember, x: torch.Tensor) -> int:
         """Read the greedy token the ARGMAX part of member ``m`` left (``x``: the head's
         input, for its rows; the last row's index) into :attr:`argmax`; returns the cycles
         of the word read."""
