@@ -40,7 +40,7 @@ __all__ = [
     "Spad", "Engine", "EpilogueMode", "ErrorCode", "VecFunc", "LOAD_SPADS", "STORE_SPADS",
     "MOVE_SPAD", "is_move", "dma_source",
     "REG_FIELD_BITS", "NUM_REGS", "REG_BITS", "REG_VEC_FUNCS", "RunRegs", "RegTerm",
-    "REG_SOURCES", "reg_value", "reg_table_values", "reg_values", "relative_fields",
+    "REG_SOURCES", "reg_value", "reg_table_values", "RegTable", "reg_values", "relative_fields",
     "relative_words",
     "relative_instruction", "uses_regs", "RELATIVE", "IMM_MAX",
     "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "RepeatBody", "InstrLayout",
@@ -1561,8 +1561,7 @@ class RegTerm:
 
     def value(self, sources: typing.Mapping[str, int]):
         """The term at ``sources`` (``{"pos": p, "tok": t}``; ints or integer arrays)."""
-        v = sources[self.src] * self.mul // self.div
-        return (v % self.mod if self.mod else v) * self.scale
+        return _reg_term(sources[self.src], self.mul, self.div, self.mod, self.scale)
 
     def to_list(self) -> list:
         return [self.src, self.mul, self.div, self.mod, self.scale]
@@ -1570,6 +1569,12 @@ class RegTerm:
     @classmethod
     def from_list(cls, x) -> RegTerm:
         return cls(*x)
+
+
+def _reg_term(v, mul: int, div: int, mod: int, scale: int):
+    """:class:`RegTerm`'s value of source value ``v``: the one place its formula lives."""
+    v = v * mul // div
+    return (v % mod if mod else v) * scale
 
 
 def reg_value(terms: typing.Sequence[RegTerm], pos, tok=0):
@@ -1589,11 +1594,46 @@ def reg_table_values(table: typing.Sequence[typing.Sequence[RegTerm]], pos: int,
     ISAError
         More than :data:`NUM_REGS` registers, or a value outside :data:`REG_BITS` bits.
     """
-    if len(table) > NUM_REGS:
-        raise ISAError(f"a register table of {len(table)} registers; there are {NUM_REGS}")
-    regs = {i + 1: int(reg_value(terms, pos, tok)) for i, terms in enumerate(table)}
-    reg_values(regs)  # the range check
-    return regs
+    return RegTable(table).values(pos, tok)
+
+
+class RegTable:
+    """A register table (register ``i + 1`` holds the sum of ``table[i]``'s
+    :class:`RegTerm`) ready to be evaluated when each step starts: its terms flattened once,
+    so a step's :meth:`values` is one pass of integer operations over them (a host that
+    starts a program per token does it per token).
+
+    Raises
+    ------
+    ISAError
+        More than :data:`NUM_REGS` registers.
+    """
+
+    def __init__(self, table: typing.Sequence[typing.Sequence[RegTerm]]) -> None:
+        if len(table) > NUM_REGS:
+            raise ISAError(f"a register table of {len(table)} registers; there are {NUM_REGS}")
+        self.registers = len(table)
+        self._terms = tuple((i + 1, REG_SOURCES.index(t.src), t.mul, t.div, t.mod, t.scale)
+                            for i, terms in enumerate(table) for t in terms)
+
+    def values(self, pos: int, tok: int = 0) -> dict[int, int]:
+        """The run-time registers (``{register: value}``, :func:`reg_values`) in a step at
+        position ``pos`` with token ``tok``: :func:`reg_value` of each register's terms.
+
+        Raises
+        ------
+        ISAError
+            A value outside :data:`REG_BITS` bits (the register and value named).
+        """
+        sources = (int(pos), int(tok))
+        regs = dict.fromkeys(range(1, self.registers + 1), 0)
+        for reg, src, mul, div, mod, scale in self._terms:
+            regs[reg] += _reg_term(sources[src], mul, div, mod, scale)
+        for reg, value in regs.items():
+            if not 0 <= value < 1 << REG_BITS:
+                raise ISAError(f"run-time register {reg}={value} does not fit in {REG_BITS} "
+                               "bits")
+        return regs
 
 
 def relative_fields(f: dict[str, np.ndarray], regs: typing.Mapping[str, int] | None

@@ -626,6 +626,7 @@ def _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, 
         "host_transitions_per_token": float(np.mean([s.transitions for s in dec])),
         "host_unit_cycles_per_token_estimated": host_unit,
         "host_ms_per_token": 1e3 * float(np.mean([s.host_wall_s for s in dec])),
+        "host_io_ms_per_token": 1e3 * float(np.mean([s.host_io_s for s in dec])),
         "host_ops_per_token": _host_ops(dec),
         "host_read_back_bytes_per_token": float(np.mean([s.read_back_bytes for s in dec])),
         "host_written_bytes_per_token": float(np.mean([s.written_bytes for s in dec])),
@@ -707,6 +708,8 @@ def _markdown(r: dict, text: str, prompt_text: str) -> str:
         f"| host work per token: wall on this machine / estimated on-chip cycles | "
         f"{r['host_ms_per_token']:.2f} ms / "
         f"{r['host_unit_cycles_per_token_estimated']:,.0f} |",
+        f"| run-time parameters per token (registers, words, token id read back): wall | "
+        f"{r['host_io_ms_per_token']:.3f} ms |",
         f"| compile (passes, planning, lowering) / capture | {r['compile_s']:.2f} s / "
         f"{r['capture_s']:.2f} s |", "",
         "## Compiler passes (decode step, run to a fixpoint)", "",
@@ -741,7 +744,8 @@ def _print_summary(r: dict, text: str, prompt_text: str, log) -> None:
         f"{r['dram_read_bytes_per_token']:,.0f} DRAM bytes/token; roofline "
         f"{r['roofline_fraction']:.1%} ({r['roofline_fraction_end_to_end']:.1%} end to end); "
         f"{r['programs_per_token']:.0f} programs, {r['host_transitions_per_token']:.0f} host "
-        "transitions")
+        f"transitions; host work {r['host_ms_per_token']:.2f} ms/token, run-time parameters "
+        f"{r['host_io_ms_per_token']:.3f} ms/token")
 
 
 # ---------------------------------------------------------------------- command line

@@ -33,14 +33,15 @@ def test_a_record_has_the_host_work_and_the_roofline_end_to_end():
     st = StepStats("decode", 127, 1)
     st.programs = [ProgramRun("lm_head", 0, None, 1000, {"vector_exec": 300}, 4096, 64, 512,
                               400.0)]
-    st.host = [HostRun("embed_tokens", "embed", 2e-4, 100)]
+    st.host = [HostRun("embed_tokens", "embed", 2e-4, 100),
+               HostRun("lm_head", "linear:io", 0.0, 1, 3e-5)]
     st.ops = {"lm_head": "linear"}
     r = summarise(st, cfg, "decode", 1, kv_bits=4)
-    assert r["host_ms"] == 2e-4 * 1e3
+    assert r["host_ms"] == 2e-4 * 1e3 and r["host_io_ms"] == 3e-5 * 1e3
     assert r["programs_per_token"] == 1 and r["host_transitions"] == 2
     assert r["kv_bits"] == 4
     # the bound over the programs' cycles plus the host's estimated on-chip cycles
-    assert r["roofline_fraction"] == 400.0 / 1100
+    assert r["roofline_fraction"] == 400.0 / 1101
     assert r["roofline_fraction_accelerator"] == 400.0 / 1000
     # what bounds it: the memory's cycles, the array's and the vector engine's
     assert r["memory_bound_cycles"] == 4096 / cfg.beat_bytes

@@ -438,7 +438,7 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
             out.append((p.y, p.rows * cfg.beat_bytes))
         elif isinstance(p, VectorOp):
             out += [(name, size) for name, size, _ in p.buffers()]
-        elif isinstance(p, KVAppendOp):
+        elif isinstance(p, KVAppendOp) and p.scratch_bytes(cfg):  # none where results move
             out.append((p.scratch, p.scratch_bytes(cfg)))
     return out
 

@@ -35,7 +35,8 @@ DRAM), phase 2's CHANNELs read the key ``amax`` words there (a SYNC on the LOAD 
 the move's signal in place of its LOAD) and move their words beside them, and phase 3's
 INSERTs read the codes and words there: each kv head's task loads only the cache beats it
 touches. That saves the scratch buffer's STOREs and LOADs, their DRAM bandwidth and the
-memory latency of the LOADs that waited on them.
+memory latency of the LOADs that waited on them, and the buffer itself: an append whose
+results move (:meth:`KVAppendOp.scratch_bytes` 0) has none in DRAM.
 
 Phase 1 takes as many kv heads at a time as VIN and VOUT hold, each such group followed by
 its heads' phase 2 and phase 3. Every task waits for the one before it (``FULL0``,
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -101,15 +103,16 @@ class AppendSite:
 class KVAppendPlan:
     """Where one layer's append reads and writes (DRAM byte addresses, every one on a beat):
     the token's key row ``k_row`` and value row ``v_row`` (Q15.16 words, the kv heads side
-    by side), a ``scratch`` buffer of :meth:`scratch_bytes`, and per kv head its key region,
-    value region, value codes and scores' channel words (``keys``, ``values``, ``codes``,
+    by side), a ``scratch`` buffer of :meth:`scratch_bytes` (None: none, for an append whose
+    results move through VIN: :meth:`KVAppendOp.scratch_bytes`), and per kv head its key
+    region, value region, value codes and scores' channel words (``keys``, ``values``, ``codes``,
     ``channels``; None: no value codes, no FOLD reads them; no channel words, no DEQUANT
     reads them), and the channel words' constant ``scale_word``
     (:func:`hw.numerics.scores_scale_word`)."""
 
     k_row: int
     v_row: int
-    scratch: int
+    scratch: int | None
     keys: Sequence[int]
     values: Sequence[int]
     codes: Sequence[int] | None = None
@@ -165,6 +168,76 @@ def _address(addr: int, beat: int, what: str) -> int:
     return addr // beat
 
 
+class _Geometry(NamedTuple):
+    """The shape of an append (:func:`_geometry`): words per beat ``per``, beats of a
+    quantised row's result ``cw``, phase 3's region ``kinds`` with their transfers
+    (``shapes``: :meth:`KVLayout.append_transfer`) and pieces (``pieces``:
+    :meth:`KVLayout.append_pieces`), a piece's ``beats`` and VIN beats ``at``, the
+    channel word's beat ``word_at``, kv heads per phase-1 group ``chunk``, the first VIN beat
+    above every task's ``keep``, and whether results move through VIN (``moved``)."""
+
+    per: int
+    cw: int
+    kinds: list[str]
+    shapes: dict[str, tuple[int, int, int]]
+    pieces: dict[str, tuple[int, int]]
+    beats: dict[str, int]
+    at: dict[str, int]
+    word_at: int
+    chunk: int
+    keep: int
+    moved: bool
+
+
+def _geometry(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int, codes: bool,
+              channels: bool, moves: bool = True) -> _Geometry:
+    """The shape of the append of ``kv_heads`` kv heads of ``layout`` (with value codes,
+    with scores' channel words), its results moved through VIN where they fit and ``moves``
+    (the module docstring): a function of the configuration and layout alone.
+
+    Raises
+    ------
+    LoweringError
+        No vector engine, an INSERT base too narrow for a beat, or a task that does not fit
+        VIN or VOUT.
+    """
+    if not cfg.has_vector:
+        raise LoweringError("the KV append on chip needs a vector engine")
+    beat, d = cfg.beat_bytes, layout.head_dim
+    if (2 if layout.bits == 4 else 1) * beat > 1 << dict(INSERT_FIELDS)["base"]:
+        raise LoweringError(f"an INSERT's base holds no code of a {beat}-byte beat")
+    per = beat // cfg.vin_word_bytes
+    cw = _codes_beats(cfg, layout)
+    vin, vout = cfg.spad_beats("vin"), cfg.spad_beats("vout")
+    # -- phase 3's shape, per kv head: its codes and the touched beats in, INSERTs, out
+    kinds = [kind for kind, there in zip(APPEND_KINDS, (True, layout.bits == 4, True,
+                                                        codes, channels), strict=True)
+             if there]
+    shapes = {kind: layout.append_transfer(kind) for kind in kinds}
+    pieces = {kind: layout.append_pieces(kind) for kind in kinds}
+    beats = {kind: rows * rb for kind, (rows, rb, _) in shapes.items()}   # of one piece
+    at, end = {}, 2 * cw
+    for kind in kinds:
+        at[kind], end = end, end + pieces[kind][0] * beats[kind]
+    used = end + channels
+    if used > vin or end - 2 * cw > vout:
+        raise LoweringError(f"the KV append of a kv head ({used} VIN beats) does not fit VIN "
+                            f"({vin} beats) and VOUT ({vout} beats)")
+    # -- phase 1 takes as many kv heads as VIN and VOUT hold (whole beats of rows apart)
+    fit = [m for m in range(1, kv_heads + 1)
+           if 2 * -(-m * d // per) <= vin and 2 * m * cw <= vout]
+    if not fit or (fit[-1] < kv_heads and (4 * d) % beat):
+        raise LoweringError(f"the KV append's rows ({kv_heads} kv heads of head_dim={d}) do "
+                            f"not fit VIN ({vin} beats) and VOUT ({vout} beats)")
+    chunk = fit[-1]
+    # With room in VIN above every task's beats (from `keep`), phase 1's results and phase
+    # 2's channel words are moved there (hw.isa.MOVE_SPAD) and read in place: no round trip
+    # through the scratch buffer.
+    keep = max(used, 2 * -(-chunk * d // per))
+    moved = moves and keep + 2 * chunk * cw + chunk <= vin
+    return _Geometry(per, cw, kinds, shapes, pieces, beats, at, end, chunk, keep, moved)
+
+
 def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                        plan: KVAppendPlan, moves: bool = True
                        ) -> tuple[list[Instr], list[AppendSite]]:
@@ -180,14 +253,11 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
         records and headers, an INSERT geometry its fields cannot hold or the engine cannot
         walk, or a task that does not fit VIN or VOUT.
     """
-    if not cfg.has_vector:
-        raise LoweringError("the KV append on chip needs a vector engine")
-    beat, d = cfg.beat_bytes, layout.head_dim
-    if (2 if layout.bits == 4 else 1) * beat > 1 << dict(INSERT_FIELDS)["base"]:
-        raise LoweringError(f"an INSERT's base holds no code of a {beat}-byte beat")
-    per = beat // cfg.vin_word_bytes
-    cw = _codes_beats(cfg, layout)
-    vin, vout = cfg.spad_beats("vin"), cfg.spad_beats("vout")
+    g = _geometry(cfg, layout, kv_heads, plan.codes is not None, plan.channels is not None,
+                  moves)
+    beat, d, per, cw = cfg.beat_bytes, layout.head_dim, g.per, g.cw
+    kinds, shapes, pieces, beats, at = g.kinds, g.shapes, g.pieces, g.beats, g.at
+    chunk, keep, moved = g.chunk, g.keep, g.moved
     ev = {name: EVENTS[f"{name}0"] for name in ("FULL", "OUT_FULL", "STORED")}
     out: list[Instr] = []
     sites: list[AppendSite] = []
@@ -202,22 +272,7 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                 out.append(replace(ins, wait=wait if k == 0 else None,
                                    signal=signal if k == len(group) - 1 else None))
 
-    # -- phase 3's shape, per kv head: its codes and the touched beats in, INSERTs, out
-    kinds = [kind for kind, there in zip(APPEND_KINDS, (True, layout.bits == 4, True,
-                                                        plan.codes is not None,
-                                                        plan.channels is not None),
-                                         strict=True) if there]
-    shapes = {kind: layout.append_transfer(kind) for kind in kinds}
-    pieces = {kind: layout.append_pieces(kind) for kind in kinds}
-    beats = {kind: rows * rb for kind, (rows, rb, _) in shapes.items()}   # of one piece
-    at, end = {}, 2 * cw
-    for kind in kinds:
-        at[kind], end = end, end + pieces[kind][0] * beats[kind]
-    word_at = end                                  # the kv head's channel word (its beat)
-    used = end + (plan.channels is not None)
-    if used > vin or end - 2 * cw > vout:
-        raise LoweringError(f"the KV append of a kv head ({used} VIN beats) does not fit VIN "
-                            f"({vin} beats) and VOUT ({vout} beats)")
+    word_at = g.word_at                            # the kv head's channel word (its beat)
     amax_at = {kind: _out_words(layout, kind) - 1 for kind in "kv"}   # a result's amax word
     # the codes of the key and value rows (an INT4 key row's group codes after its nibbles);
     # the value row's amax word; the channel word
@@ -242,19 +297,10 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                                 f"are not whole words")
         codes_at[kind] = group * groups // per_word
     quantize = {kind: _quantize(layout, kind) for kind in "kv"}
-    # -- phase 1 takes as many kv heads as VIN and VOUT hold (whole beats of rows apart)
-    fit = [m for m in range(1, kv_heads + 1)
-           if 2 * -(-m * d // per) <= vin and 2 * m * cw <= vout]
-    if not fit or (fit[-1] < kv_heads and (4 * d) % beat):
-        raise LoweringError(f"the KV append's rows ({kv_heads} kv heads of head_dim={d}) do "
-                            f"not fit VIN ({vin} beats) and VOUT ({vout} beats)")
-    chunk = fit[-1]
-    # With room in VIN above every task's beats (from `keep`), phase 1's results and phase
-    # 2's channel words are moved there (hw.isa.MOVE_SPAD) and read in place: no round trip
-    # through the scratch buffer.
-    keep = max(used, 2 * -(-chunk * d // per))
-    moved = moves and keep + 2 * chunk * cw + chunk <= vin
-    scratch = _address(plan.scratch, beat, "scratch buffer")
+    if not moved and plan.scratch is None:
+        raise LoweringError("the KV append's results do not move through VIN "
+                            f"({cfg.spad_beats('vin')} beats): it needs a scratch buffer")
+    scratch = 0 if moved else _address(plan.scratch, beat, "scratch buffer")
     words = scratch + 2 * kv_heads * cw                          # the channel words' beats
     rows_at = [_address(a, beat, "row") for a in (plan.k_row, plan.v_row)]
     for h0 in range(0, kv_heads, chunk):
@@ -334,9 +380,10 @@ class KVAppendOp:
     """The KV append part of a fused decode program (:func:`sw.compile.fusion.fusion_groups`):
     layer ``layer``'s ``kv_heads`` kv heads of ``layout``, the token's key row at symbol
     ``k`` (a ROPE part's results) and value row at ``v`` (a DEQUANT part's), a ``scratch``
-    buffer, and per kv head the symbols of its keys, values, value codes and scores' channel
-    words (``codes``: None where no FOLD reads them; ``channels``: None where no scores
-    DEQUANT reads them), and the channel words' constant ``scale_word``
+    buffer (where it needs one: :meth:`scratch_bytes`), and per kv head the symbols of its
+    keys, values, value codes and scores' channel words (``codes``: None where no FOLD reads
+    them; ``channels``: None where no scores DEQUANT reads them), and the channel words'
+    constant ``scale_word``
     (:func:`hw.numerics.scores_scale_word` of the layer's softmax scale)."""
 
     layer: int
@@ -358,14 +405,23 @@ class KVAppendOp:
                 self.channels is not None, self.scale_word)
 
     def scratch_bytes(self, cfg: AcceleratorConfig) -> int:
-        return KVAppendPlan.scratch_bytes(cfg, self.layout, self.kv_heads)
+        """Bytes of its scratch buffer in DRAM: :meth:`KVAppendPlan.scratch_bytes`, or 0
+        where its results move through VIN and no word reads or writes one (then neither
+        does the append of the op without value codes or channel words: fewer beats)."""
+        try:
+            moved = _geometry(cfg, self.layout, self.kv_heads, self.codes is not None,
+                              self.channels is not None).moved
+        except LoweringError:  # no program appends it as it is
+            moved = False
+        return 0 if moved else KVAppendPlan.scratch_bytes(cfg, self.layout, self.kv_heads)
 
 
 def kv_append_words(cfg: AcceleratorConfig, op: KVAppendOp, addr) -> tuple[np.ndarray,
                                                                             list[AppendSite]]:
     """The encoded program (END last) of ``op`` at the symbols' addresses ``addr`` (symbol ->
-    byte address), and its per-step words (:func:`schedule_kv_append`)."""
-    plan = KVAppendPlan(addr[op.k], addr[op.v], addr[op.scratch],
+    byte address; its scratch buffer's where it has one, :meth:`KVAppendOp.scratch_bytes`), and
+    its per-step words (:func:`schedule_kv_append`)."""
+    plan = KVAppendPlan(addr[op.k], addr[op.v], addr.get(op.scratch),
                         [addr[s] for s in op.keys], [addr[s] for s in op.values],
                         None if op.codes is None else [addr[s] for s in op.codes],
                         None if op.channels is None else [addr[s] for s in op.channels],

@@ -40,6 +40,15 @@ DRAM traffic and MACs (for the roofline), every host operation's wall time on th
 its estimated cycles on an on-chip vector unit (the op's ``cost`` in the registry: one
 streaming pass through DRAM, free for layout ops), the bytes the host read back from and
 wrote into accelerator memory, and the host <-> accelerator transitions (two per program).
+The wall time is split in two (:class:`HostRun`): the host's *work* (``wall_s``: a host op's
+kernel, and the prologues and epilogues that compute or move data: quantising input rows,
+writing rows or words into accelerator memory, reading results back and dequantising them,
+the KV append's host side) and the *transfer* of a program's run-time parameters (``io_s``:
+evaluating the register table and setting the registers, the words a step sets, and reading
+back the token id an ARGMAX part picked), which a step whose every op is on chip still does,
+once per program. A prologue or epilogue with nothing to compute or move does not run and
+counts neither; the runtime's own bookkeeping (the step plan, the shapes of values the host
+does not hold) counts in neither.
 
 With a timing-only backend or executable the programs run timing-only and the host nodes run
 on zeros of the right shapes (their wall time is still measured); outputs are meaningless.
@@ -57,7 +66,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from hw.isa import field_location, reg_table_values
+from hw.isa import RegTable, field_location
 from hw.numerics import (
     add_vector,
     bias_to_acc,
@@ -85,7 +94,7 @@ from hw.numerics import (
 )
 from sim.backends import Backend, runs_in_place
 from sim.roofline import LayerPoint, bound_cycles
-from sw.compile.executable import Executable, Program
+from sw.compile.executable import Executable, Program, ProgramMember
 from sw.compile.ir import (
     OPS,
     Interpreter,
@@ -131,12 +140,16 @@ class ProgramRun:
 @dataclass
 class HostRun:
     """One host operation of a step (``op`` ends in ``:io`` for a program's prologue and
-    epilogue)."""
+    epilogue): ``wall_s`` the wall time of its work (a host op's kernel; a prologue or
+    epilogue that computes or moves data), ``io_s`` that of a program's run-time parameters
+    (the registers and words set as it starts, the token id read back: the module
+    docstring), ``unit_cycles`` the work's estimated cycles on chip."""
 
     node: str
     op: str
     wall_s: float
     unit_cycles: int
+    io_s: float = 0.0
 
 
 @dataclass
@@ -164,7 +177,15 @@ class StepStats:
 
     @property
     def host_wall_s(self) -> float:
+        """Wall time of the host's work (:attr:`HostRun.wall_s`): 0 where a step's every op
+        runs on chip and the host only starts the program and reads its token back."""
         return sum(h.wall_s for h in self.host)
+
+    @property
+    def host_io_s(self) -> float:
+        """Wall time of the run-time parameters' transfer (:attr:`HostRun.io_s`): the
+        registers, the words a step sets and the token id read back."""
+        return sum(h.io_s for h in self.host)
 
     @property
     def transitions(self) -> int:
@@ -205,7 +226,8 @@ class StepStats:
         return {"phase": self.phase, "past": self.past, "tokens": self.tokens,
                 "cycles": self.cycles, "programs": len(self.programs),
                 "transitions": self.transitions, "host_unit_cycles": self.host_unit_cycles,
-                "host_wall_s": self.host_wall_s, "read_back_bytes": self.read_back_bytes,
+                "host_wall_s": self.host_wall_s, "host_io_s": self.host_io_s,
+                "read_back_bytes": self.read_back_bytes,
                 "written_bytes": self.written_bytes, "mac_cycles": self.counter("mac_cycles"),
                 "dram_read_beats": self.counter("dram_read_beats"),
                 "roofline_fraction": self.roofline_fraction,
@@ -287,6 +309,10 @@ class Runtime:
         self._scores_scale = {n.attrs["layer"]: n.attrs["scale"] for g in exe.graphs.values()
                               for n in g.nodes if n.op == "attn_scores"}
         self._position_words = _position_words(exe, self._nodes)
+        #: The register table, flattened once: evaluated as each program starts.
+        self._reg_table = RegTable(exe.registers)
+        #: Per (phase, fused program): the residual rows its first part writes.
+        self._residual_plans: dict[tuple[str, int], tuple[tuple[str, str, int], ...]] = {}
         self.read_back_all = read_back_all
         self._plans: dict[tuple[str, int, bool], _StepPlan] = {}
         #: Whether a decode program reads the host's KV state (an attention prologue: the
@@ -393,6 +419,8 @@ class Runtime:
                                "(compile with CompileOptions(argmax=True) and the head on the "
                                "accelerator): its logits must be read back")
         graph = self.exe.graphs[phase]
+        # the step's first token id: the register source "tok" of a program reading its row
+        self._token = int(ids[0, 0])
         stats = self._stats = StepStats(phase, self.past, t)
         self.argmax = None
         env = self.interp.env(graph, self.past)
@@ -490,14 +518,24 @@ class Runtime:
     def _residual_inputs(self, phase: str, run: int) -> list[str]:
         """The values whose rows fused program ``run``'s first part writes for its later
         parts (:meth:`_residual_rows`)."""
-        out = []
-        for pid in self.exe.programs[run].parts[1:]:
-            p = self.exe.programs[pid]
-            if any(m.residual is not None and m.requant is None
-                   and not (phase == "decode" and m.residual in self._served)
-                   for m in p.members):
-                out.append(self._nodes[phase][p.node].inputs[1])
-        return out
+        return [value for _, value, _ in self._residual_plan(phase, run)]
+
+    def _residual_plan(self, phase: str, run: int) -> tuple[tuple[str, str, int], ...]:
+        """``(symbol, value, row bytes)`` of each residual row buffer fused program ``run``'s
+        first part writes for a later part whose prologue does not run (a residual linear
+        whose input rows are on chip: a member's ``residual`` without ``requant``), but
+        those the embedding table serves in a decode step (:meth:`_table_serves`): a
+        function of the executable, worked out once per phase and program."""
+        key = (phase, run)
+        plan = self._residual_plans.get(key)
+        if plan is None:
+            plan = self._residual_plans[key] = tuple(
+                (m.residual, self._nodes[phase][p.node].inputs[1], m.dequant_row_bytes)
+                for p in (self.exe.programs[pid] for pid in self.exe.programs[run].parts[1:])
+                for m in p.members
+                if m.residual is not None and m.requant is None
+                and not (phase == "decode" and m.residual in self._served))
+        return plan
 
     @staticmethod
     def _epilogue_reads(node: Node, program: Program) -> tuple[str, ...]:
@@ -587,40 +625,53 @@ class Runtime:
             if program.fused_into is not None:  # a part: the fused program runs at the first
                 run = program.fused_into
                 first = self.exe.programs[run].parts[0] == pid
-            t0 = time.perf_counter()
-            state, cycles_in = (prologue(self, node, args, env, program) if first
-                                else (None, 0))
-            if first and run != pid:
+            work = io = 0.0   # what runs is timed: the work, the run-time parameters
+            state, cycles_in, cycles_out = None, 0, 0
+            if first and self._prologue_writes(program):
+                t0 = time.perf_counter()
+                state, cycles_in = prologue(self, node, args, env, program)
+                work += time.perf_counter() - t0
+            if first and run != pid and self._residual_plan(phase, run):
+                t0 = time.perf_counter()
                 cycles_in += self._residual_rows(phase, run)
+                work += time.perf_counter() - t0
             if first:  # the run-time parameters: words the step sets, the registers
+                t0 = time.perf_counter()
                 words = (self._fused_words(run, env) if run != pid
                          else state.words if isinstance(state, _VectorState) else None)
                 regs = self._registers(run, env)
-            wall = time.perf_counter() - t0
-            if first:
+                io += time.perf_counter() - t0
                 self._run(phase, node, run, stats, words, regs)
-            t0 = time.perf_counter()
             if any(o in self._plan.live for o in node.outputs):
+                t0 = time.perf_counter()
                 outs, cycles_out = epilogue(self, node, args, env, program, state)
-            else:  # nothing the host reads: at most the greedy token
+                work += time.perf_counter() - t0
+            else:  # nothing the host reads: the values' shapes only (bookkeeping)
                 types = self.exe.graphs[phase].values
                 outs = tuple(_placeholder(types[o], env.past + env.t) for o in node.outputs)
-                cycles_out = self._read_argmax(node, program, args[0])
-            wall += time.perf_counter() - t0
-            stats.host.append(HostRun(node.name, f"{node.op}:io", wall, cycles_in + cycles_out))
+            argmax = next((m for m in program.members if m.argmax), None)
+            if argmax is not None:  # the greedy token ARGMAX picked: its id read back
+                t0 = time.perf_counter()
+                cycles_out += self._read_argmax(argmax, args[0])
+                io += time.perf_counter() - t0
+            stats.host.append(HostRun(node.name, f"{node.op}:io", work, cycles_in + cycles_out,
+                                      io))
             return outs
         return kernel
+
+    def _prologue_writes(self, program: Program) -> bool:
+        """Whether the prologue of ``program`` (its node's own, or a fused program's first
+        part's) has anything to write: all but a vector program whose operand rows are the
+        token's embedding rows the table serves on chip (:meth:`_table_serves`)."""
+        return program.vector is None or not self._table_serves(program.vector.x)
 
     def _registers(self, run: int, env) -> dict[int, int]:
         """The run-time registers of program ``run`` in this step: the executable's register
         table (:attr:`~sw.compile.executable.Executable.registers`) at the step's first
         position ``pos`` and, for a program that reads the embedding table's row of the
         step's token (``embed_rows``; decode: one token), that token ``tok`` (else 0)."""
-        program = self.exe.programs[run]
-        tok = 0
-        if program.embed_rows:
-            tok = int(self._vals[self.exe.graphs[program.phase].inputs[0]].reshape(-1)[0])
-        return reg_table_values(self.exe.registers, env.past, tok)
+        return self._reg_table.values(env.past, self._token if self.exe.programs[run].embed_rows
+                                      else 0)
 
     def _fused_words(self, run: int, env) -> np.ndarray | None:
         """The words of fused program ``run`` with its SOFTMAX parts' VECs (``imm_rows``)
@@ -658,14 +709,9 @@ class Runtime:
         program left them on chip), from the step's values; returns the cycles of the bytes
         streamed."""
         written = 0
-        for pid in self.exe.programs[run].parts[1:]:
-            p = self.exe.programs[pid]
-            for m in p.members:
-                if m.residual is None or m.requant is not None:
-                    continue
-                res = self._vals[self._nodes[phase][p.node].inputs[1]]
-                written += self._write_fixed(m.residual, res.reshape(-1, res.shape[-1]),
-                                             m.dequant_row_bytes)
+        for symbol, value, row in self._residual_plan(phase, run):
+            res = self._vals[value]
+            written += self._write_fixed(symbol, res.reshape(-1, res.shape[-1]), row)
         return stream_cycles(written, written, self.exe.cfg) if written else 0
 
     # ------------------------------------------------------------------ DRAM I/O
@@ -703,6 +749,12 @@ class Runtime:
         self._stats.read_back_bytes += rows * row_bytes
         return y[:, :n].astype(np.int64)
 
+    def _read_word(self, symbol: str, at: int) -> int:
+        """One little-endian int32 word at byte ``at`` of buffer ``symbol``."""
+        addr = self.exe.symbols[symbol].addr + at
+        self._stats.read_back_bytes += 4
+        return int(self.dram[addr:addr + 4].view("<i4")[0])
+
     def _run(self, phase: str, node: Node, pid: int, stats: StepStats,
              words: np.ndarray | None = None, regs: dict[int, int] | None = None) -> None:
         """Run program ``pid`` (``words``: its words with run-time parameters set) with the
@@ -737,17 +789,13 @@ class Runtime:
             work = self._program_work[pid] = (*work, bound_cycles(self.exe.cfg, *work))
         return work
 
-    def _read_argmax(self, node: Node, program: Program, x: torch.Tensor) -> int:
-        """Read the greedy token an ARGMAX part of ``program`` left (``x``: the head's input,
-        for its rows; the last row's index) into :attr:`argmax`; returns the cycles of the
-        word read (0: no ARGMAX)."""
-        m = next((m for m in program.members if m.argmax), None)
-        if m is None:
-            return 0
+    def _read_argmax(self, m: ProgramMember, x: torch.Tensor) -> int:
+        """Read the greedy token the ARGMAX part of member ``m`` left (``x``: the head's
+        input, for its rows; the last row's index) into :attr:`argmax`; returns the cycles
+        of the word read."""
         if self.values:  # (index, maximum) of each row, a beat apart: the last row's index
             rows = x.numel() // x.shape[-1]
-            self.argmax = int(self._read_rows(m.argmax, 1, 4, 1,
-                                              at=(rows - 1) * self.exe.cfg.beat_bytes)[0, 0])
+            self.argmax = self._read_word(m.argmax, (rows - 1) * self.exe.cfg.beat_bytes)
         return stream_cycles(4, 4, self.exe.cfg)
 
     # ------------------------------------------------------------------ accelerator nodes
@@ -795,8 +843,6 @@ class Runtime:
             if self.values and m.dequant:
                 y = from_fixed_torch(torch.from_numpy(self._read_rows(
                     m.dequant, rows, m.dequant_row_bytes, m.n))).reshape(shape)
-                if m.argmax:
-                    nbytes += self._read_argmax(node, program, x)
             elif self.values:
                 acc = self._read_rows(m.y, rows, m.out_row_bytes, m.n)
                 scale = self.exe.host[m.row_scale]
@@ -908,9 +954,7 @@ class Runtime:
         elif node.op == "rope":
             args = args[:1]  # cos and sin: the rows of the constant table the LOAD reads
             rows = [to_fixed_torch(_rope_rows(args[0]))]
-        elif self._table_serves(op.x):  # the token's embedding row: the table's
-            return _VectorState(None), 0
-        else:
+        else:  # (not the token's embedding rows the table serves: no prologue runs)
             rows = [to_fixed_torch(a) for a in args]
         if self.values:
             for sym, r in zip((op.x, op.b), rows, strict=False):

@@ -36,7 +36,7 @@ def step_trace(exe: Executable, step: StepStats) -> dict:
             if h.unit_cycles:
                 events.append({"ph": "X", "pid": 0, "tid": _HOST, "name": f"{h.op} {node.name}",
                                "ts": clock * us, "dur": h.unit_cycles * us,
-                               "args": {"wall_ms": h.wall_s * 1e3}})
+                               "args": {"wall_ms": h.wall_s * 1e3, "io_ms": h.io_s * 1e3}})
                 clock += h.unit_cycles
         p = programs.get(node.name)
         if p is None:

@@ -287,6 +287,34 @@ def test_register_table_evaluates_its_terms():
         RegTerm("ctx")
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_flattened_register_table_equals_its_terms_sums(seed):
+    """RegTable (the terms flattened once, evaluated per step) gives every register of a
+    random table (some registers without terms) the sum of its terms as reg_value evaluates
+    them on arrays of positions and tokens; a value past REG_BITS names its register."""
+    from hw.isa import NUM_REGS, REG_BITS, RegTable, RegTerm, reg_value
+
+    rng = np.random.default_rng(seed)
+
+    def term():
+        return RegTerm(str(rng.choice(["pos", "tok"])), int(rng.integers(0, 64)),
+                       int(rng.integers(1, 40)), int(rng.choice([0, 2, 16, 37])),
+                       int(rng.integers(0, 200)))
+
+    table = [tuple(term() for _ in range(rng.integers(0, 4)))
+             for _ in range(rng.integers(1, NUM_REGS + 1))]
+    pos, tok = rng.integers(0, 1 << 12, 40), rng.integers(0, 1 << 16, 40)
+    want = [reg_value(terms, pos, tok) for terms in table]   # each an array (or 0)
+    regs = RegTable(table)
+    for k in range(pos.size):
+        got = regs.values(int(pos[k]), int(tok[k]))
+        assert got == {i + 1: int(np.broadcast_to(w, pos.shape)[k])
+                       for i, w in enumerate(want)}, k
+    big = RegTable([(RegTerm("pos"),), (RegTerm("tok", scale=1 << (REG_BITS - 4)),)])
+    with pytest.raises(ISAError, match="register 2=.* does not fit"):
+        big.values(1, 16)
+
+
 def test_registers_are_numbered_and_sized_by_the_layout():
     from hw.isa import NUM_REGS, REG_BITS, RunRegs, reg_values
 

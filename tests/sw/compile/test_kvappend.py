@@ -392,3 +392,35 @@ def test_moves_skip_the_scratch_buffer(name):
         assert (len(moved), len(scratch) > 0) == ((2, False) if moves else (0, True))
         cycles[moves] = schedule(program_words([*program, End()]), cfg).cycles
     assert cycles[True] < cycles[False], cycles
+
+
+@pytest.mark.parametrize("name,kv_heads,d", [("vector", 2, 64), ("narrow", 3, 32),
+                                             ("wide_beat", 12, 64), ("narrow", 12, 64),
+                                             ("narrow", 4, 128)])
+def test_an_append_whose_results_move_has_no_scratch_buffer(name, kv_heads, d):
+    """KVAppendOp.scratch_bytes is 0 exactly where the program moves its results through
+    VIN (a MOVE_SPAD STORE), and then the program without a scratch buffer (None) is the one
+    with it, word for word; where they do not move (twelve or four kv heads on the narrow
+    configuration) it is KVAppendPlan.scratch_bytes, and a plan without one is refused."""
+    from sw.compile.kvappend import KVAppendOp
+
+    cfg = CONFIGS[name]
+    layout = KVLayout(head_dim=d, max_context=128, lanes=cfg.lanes, beat=cfg.beat_bytes)
+    _, plan = _setup(cfg, layout, kv_heads, np.random.default_rng(1))
+    program, sites = schedule_kv_append(cfg, layout, kv_heads, plan)
+    moved = any(isinstance(i, Store) and i.spad == MOVE_SPAD for i in program)
+    assert moved == ((name, kv_heads) not in (("narrow", 12), ("narrow", 4)))
+    heads = tuple(f"h{h}" for h in range(kv_heads))
+    op = KVAppendOp(0, kv_heads, layout, "k", "v", "scratch", heads, heads, heads, heads,
+                    plan.scale_word)
+    if moved:
+        assert op.scratch_bytes(cfg) == 0
+        again, again_sites = schedule_kv_append(cfg, layout, kv_heads,
+                                                replace(plan, scratch=None))
+        assert np.array_equal(program_words([*again, End()]),
+                              program_words([*program, End()]))
+        assert again_sites == sites
+    else:
+        assert op.scratch_bytes(cfg) == KVAppendPlan.scratch_bytes(cfg, layout, kv_heads) > 0
+        with pytest.raises(LoweringError, match="needs a scratch buffer"):
+            schedule_kv_append(cfg, layout, kv_heads, replace(plan, scratch=None))

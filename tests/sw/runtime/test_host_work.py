@@ -206,7 +206,8 @@ def test_a_dram_too_small_for_the_table_has_the_host_write_the_rows(model):
 
 def _host_writes_the_rows(lm, twin, exe, cfg):
     """``exe`` (without the embedding table) generates the twin's tokens on ``cfg``, the host
-    writing each decode token's embedding rows."""
+    writing each decode token's embedding rows: its work (the lookup, the program's
+    prologue; the token id read back is a run-time parameter)."""
     prompt = _prompt(lm, 3)
     with torch.no_grad():
         want = generate(twin, torch.tensor(prompt), STEPS + 1)[PROMPT:].tolist()
@@ -214,6 +215,11 @@ def _host_writes_the_rows(lm, twin, exe, cfg):
         prompt, STEPS + 1, logits=False)
     assert gen.tokens == want
     assert all(st.written_bytes > 0 for st in gen.steps[1:])
+    for st in gen.steps[1:]:
+        embed, start, head = st.host   # the lookup, the program's start, the token's read
+        assert embed.op == "embed" and start.op.endswith(":io") and head.node == HEAD
+        assert start.wall_s > 0 and start.io_s > 0   # the rows written; the registers
+        assert head.wall_s == 0 and head.io_s > 0
 
 
 def _format(name: str, _) -> WeightFormat:
@@ -280,3 +286,36 @@ def test_a_dram_without_room_for_the_table_beside_the_frames(looped):
     assert EMBEDDING_TABLE not in tight.symbols
     assert not any(p.embed_rows for p in tight.programs)
     _host_writes_the_rows(lm, twin, tight, small)
+
+
+def test_a_joined_step_counts_no_host_work_only_its_run_time_parameters(model):
+    """A greedy decode step that is one program with the head and ARGMAX on chip: the host
+    computes and moves no data (``host_wall_s`` 0, every record's work 0) and its time is
+    the run-time parameters' (``host_io_s`` > 0: the registers as the program starts, the
+    token id read back); the prefill writes the prompt's rows (work), and a decode step
+    that reads its logits back dequantises them (work)."""
+    lm, exe, _ = model
+    rt = Runtime(exe, make_backend("model", CFG), vector=True)
+    gen = rt.generate(_prompt(lm, 7), STEPS + 1, logits=False)
+    assert gen.steps[0].host_wall_s > 0
+    for st in gen.steps[1:]:
+        assert st.host_wall_s == 0 and all(h.wall_s == 0 for h in st.host)
+        assert st.host_io_s > 0 and all(h.io_s > 0 for h in st.host)
+        assert st.host_io_s == pytest.approx(sum(h.io_s for h in st.host), rel=1e-12)
+    _, st = rt.step(torch.tensor([[gen.tokens[-1]]]))   # the logits read back
+    (head,) = [h for h in st.host if h.node == HEAD]
+    assert head.wall_s > 0 and head.io_s > 0 and st.host_wall_s == head.wall_s
+
+
+def test_a_step_of_programs_per_layer_counts_its_prologues_as_work():
+    """Without the vector engine every linear's prologue quantises its input rows and
+    writes them into accelerator memory and its epilogue reads the results back: each
+    program's ``:io`` record is work (``wall_s`` > 0), beside the host ops' kernels."""
+    lm = tiny_lm(layers=1)
+    exe = compile_model(lm, SMALL, CompileOptions(PROMPT, PROMPT + 3), weights=compressed(lm))
+    gen = Runtime(exe, make_backend("model", SMALL)).generate(_prompt(lm, 8), 3)
+    for st in gen.steps[1:]:
+        ios = [h for h in st.host if h.op.endswith(":io")]
+        assert len(ios) == len(st.programs) > 1 and st.written_bytes > 0
+        assert all(h.wall_s > 0 for h in ios), [(h.node, h.wall_s) for h in ios]
+        assert st.host_wall_s > sum(h.wall_s for h in ios) > 0

@@ -18,11 +18,12 @@ from compile_testutil import (
     twin_step_logits,
 )
 
-from hw.isa import VecFunc, decode_program
+from hw.isa import MOVE_SPAD, Store, VecFunc, decode_program
 from hw.numerics import value_codes
 from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model
 from sw.compile.executable import load, save
+from sw.compile.symbols import buffer
 from sw.compress.model import use_hardware_numerics
 from sw.runtime import Runtime
 
@@ -76,9 +77,13 @@ def test_decode_appends_the_cache_on_chip_and_the_tokens_equal_the_twins(model, 
     assert all(p.phase == "decode" and p.parts for p in appends)
     funcs, kinds = _APPEND[bits]
     for p in appends:
-        run = {i.func for i in decode_program(p.words.view(np.uint8)) if hasattr(i, "func")}
+        program = decode_program(p.words.view(np.uint8))
+        run = {i.func for i in program if hasattr(i, "func")}
         assert funcs <= run
         assert {r[1] for r in p.append_rows} == kinds
+        # the results move through VIN: the arena holds no scratch buffer for them
+        assert any(isinstance(i, Store) and i.spad == MOVE_SPAD for i in program)
+    assert not [s for s in exe.symbols if s.startswith(buffer("kv", "decode", ""))]
     host = compile_model(lm, VSMALL, dataclasses.replace(opts, chain_programs=False),
                          weights=ws)
     assert not any(p.append_rows for p in host.programs)
