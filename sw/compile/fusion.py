@@ -153,6 +153,7 @@ from hw.isa import (
     NO_EVENT,
     End,
     Engine,
+    Gemm,
     Instr,
     Load,
     Opcode,
@@ -586,6 +587,65 @@ def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     return program_words(out)
 
 
+def _wgt_moved(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.ndarray
+               ) -> np.ndarray | None:
+    """A part's ``words`` (END dropped) with its WGT packed and moved above the WGT beats the
+    parts ``placed`` before it load, as many of the latest of them as leave room (else at 0),
+    or None where that changes nothing or a GEMM reads WGT beats no LOAD of the part writes.
+    The beats its LOADs write (runs of touching or overlapping extents, in order) go one
+    after the other from there, each LOAD's ``spad_addr`` and each GEMM's ``wgt_addr`` moved
+    with the run it lies in: a ring's slots, spread over the whole scratchpad by the
+    scheduler, then take only the beats its chunks fill. The part reads only what its LOADs
+    put in WGT, each GEMM within one run, so it computes what it did; its weight LOADs may
+    then go up past those parts (:func:`_boundary`: the next GEMM's weights stream while the
+    vector parts before it run)."""
+    wgt = Spad.WGT.value
+    runs: list[list[int]] = []
+    for a, b in sorted((a, b) for s, a, b in _loaded(decode_fields(words)) if s == wgt):
+        if runs and a <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], b)
+        else:
+            runs.append([a, b])
+    if not runs:
+        return None
+    size = sum(b - a for a, b in runs)
+    top, base = 0, 0
+    for part in reversed(placed):
+        top = max([top] + [b for s, _, b in _loaded(decode_fields(part)) if s == wgt])
+        if top + size > cfg.spad_beats("wgt"):
+            break
+        base = top
+    starts, at = [], base
+    for a, b in runs:
+        starts.append(at)
+        at += b - a
+
+    def moved(addr: int) -> int | None:
+        return next((n + addr - a for (a, b), n in zip(runs, starts, strict=True)
+                     if a <= addr < b), None)
+
+    out = []
+    for w in words:
+        ins = _instr(w)
+        if isinstance(ins, Load) and ins.spad == Spad.WGT:
+            ins = replace(ins, spad_addr=moved(ins.spad_addr))
+        elif isinstance(ins, Gemm):
+            if (addr := moved(ins.wgt_addr)) is None:
+                return None
+            ins = replace(ins, wgt_addr=addr)
+        out.append(ins)
+    shifted = program_words(out)
+    return None if np.array_equal(shifted, words) else shifted
+
+
+def _reach(placed: Sequence[np.ndarray], body: np.ndarray, hoisted: Sequence[int],
+           stored: Sequence[tuple[int, int]]) -> int:
+    """How many boundaries, summed over the ``hoisted`` LOADs of ``body`` (the part after
+    ``placed``), each may go up past its own (:func:`_boundary`)."""
+    parts = [*placed, body]
+    return sum(len(placed) - _boundary(parts, body, i, stored) for i in hoisted)
+
+
 def _instr(word: np.ndarray) -> Instr:
     """The instruction of one ``uint64 [2]`` word."""
     return decode(int(word[0]) | int(word[1]) << 64)
@@ -882,6 +942,10 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         moved = _vin_moved(cfg, placed[-1], body) if overlap and k else None
         if moved is not None and len(more := hoistable(placed[-1], moved)) > len(hoisted):
             body, hoisted = moved, more
+        shifted = _wgt_moved(cfg, placed, body) if overlap and spread and k else None
+        if shifted is not None and _reach(placed, shifted, more := hoistable(
+                placed[-1], shifted), constant) >= _reach(placed, body, hoisted, constant):
+            body, hoisted = shifted, more
         placed.append(body)
         room.append(_slack(cfg, placed[-2]) if k else 0)
         at, f, goes = 0, decode_fields(body), []

@@ -342,8 +342,14 @@ def test_argmax_part_writes_each_rows_first_maximum(seed):
 
 
 def _same_but_signal(a, b) -> bool:
-    """Instructions ``a`` and ``b`` are equal but for their signal events."""
-    return dataclasses.replace(a, signal=None) == dataclasses.replace(b, signal=None)
+    """Instructions ``a`` and ``b`` are equal but for their signal events and WGT beats (a
+    part's WGT moves: :func:`sw.compile.fusion.fuse_parts`)."""
+    def plain(ins):
+        ins = dataclasses.replace(ins, signal=None)
+        if isinstance(ins, Load) and ins.spad == Spad.WGT:
+            return dataclasses.replace(ins, spad_addr=0)
+        return dataclasses.replace(ins, wgt_addr=0) if isinstance(ins, Gemm) else ins
+    return plain(a) == plain(b)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -365,11 +371,14 @@ def test_fuse_parts_says_where_each_parts_words_are(seed):
         words, places = fuse_parts(CFG, parts, overlap)
         assert np.array_equal(words, fuse_words(CFG, parts, overlap)) and len(places) == len(parts)
         program = _program(words)
+        placed = []  # each part as it lies in the program (its WGT moved), with its signals
         for k, (p, at) in enumerate(zip(parts, places, strict=True)):
             mine = _program(p)[:-1]
             assert len(at) == len(mine) and len(set(at)) == len(at)
             assert all(_same_but_signal(program[j], ins) for j, ins in zip(at, mine, strict=True))
-            hoisted = hoistable(parts[k - 1][:-1], p[:-1]) if overlap and k else []
+            placed.append(program_words([dataclasses.replace(program[j], signal=ins.signal)
+                                         for j, ins in zip(at, mine, strict=True)]))
+            hoisted = hoistable(placed[k - 1], placed[k]) if overlap and k else []
             rest = [j for i, j in enumerate(at) if i not in hoisted]
             assert rest == sorted(rest) and all(at[i] < min(rest, default=len(words))
                                                 for i in hoisted)
@@ -475,6 +484,50 @@ def test_weights_go_up_past_several_parts_where_the_load_engine_idles(seed):
         assert all(r.ok for r in runs), [r.error for r in runs]
         assert np.array_equal(runs[0].dram, runs[1].dram)
         assert runs[1].cycles <= runs[0].cycles
+
+
+def _spread_slots(words: np.ndarray, slot: int) -> np.ndarray:
+    """``words`` with each WGT half moved to ``slot`` beats per half (a ring's slots spread
+    over the scratchpad, as the scheduler places them)."""
+    out = []
+    for ins in _program(words):
+        if isinstance(ins, Load) and ins.spad == Spad.WGT:
+            ins = dataclasses.replace(ins, spad_addr=ins.spad_addr // 8 * slot)
+        elif isinstance(ins, Gemm):
+            ins = dataclasses.replace(ins, wgt_addr=ins.wgt_addr // 8 * slot)
+        out.append(ins)
+    return program_words(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_gemms_weights_pack_above_the_gemm_before_and_stream_past_it(seed):
+    """A GEMM-like part, a vector part, then a GEMM-like part (reading the vector part's row)
+    whose WGT halves lie a random slot apart: its WGT is packed (its halves side by side)
+    above the first GEMM's beats, so its leading weights go up before the first part's drain,
+    past the vector part, where the first GEMM's compute leaves the LOAD engine idle (a
+    block loop's parts, hoisted to their own boundary only, keep their slots). Every
+    GEMM reads its own weights there, and the program computes the drained one's DRAM from a
+    random image, in fewer cycles."""
+    rng = np.random.default_rng(seed)
+    slot = int(rng.integers(8, CFG.spad_beats("wgt") // 2 - 8))
+    first, vec = _gemm_like(int(rng.integers(2, 5)), dram=0), _vector_part(y=60)
+    gemm = _spread_slots(_gemm_like(int(rng.integers(2, 6)), dram=60), slot)
+    words, places = fuse_parts(CFG, [first, vec, gemm])
+    got = _program(words)
+    drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
+    mine = [got[j] for j in places[2] if isinstance(got[j], Load) and got[j].spad == Spad.WGT]
+    assert sorted({ld.spad_addr for ld in mine}) == [16, 24]  # above the first's [0, 16)
+    assert {got[j].wgt_addr for j in places[2] if isinstance(got[j], Gemm)} == {16, 24}
+    assert places[2][1] < drain and got[places[2][1]].signal is None
+    at, where = fuse_parts(CFG, [first, vec, gemm], spread=False)  # own boundary: in place
+    assert {_program(at)[j].spad_addr for j in where[2] if isinstance(_program(at)[j], Load)
+            and _program(at)[j].spad == Spad.WGT} == {0, slot}
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    runs = [make_backend("model", CFG).run(fuse_words(CFG, [first, vec, gemm], overlap),
+                                           dram.copy()) for overlap in (False, True)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[1].cycles < runs[0].cycles
 
 
 @pytest.mark.parametrize("seed", range(3))
