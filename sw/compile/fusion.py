@@ -49,14 +49,23 @@ engine would idle long enough (:func:`_slack`), up past several parts when no ST
 program writes its DRAM source and none of those parts loads its scratchpad beats
 (:func:`_boundary`: weights load while the vector parts before their GEMM run); of those
 that find no room, the first two go before their own boundary's SYNCs and the rest stay
-after them. Consecutive vector parts load the same VIN beats (every template starts at 0),
-so a vector part's VIN moves above the beats the part before loads, where it fits and lets
-more LOADs go: a DEQUANT after another, or a ROPE after a DEQUANT, then loads its rows while
-the VEC before it runs. The moved LOADs leave their signals behind; the LOAD engine, in
-order, raises each at the moved LOAD's place after the SYNCs (on the LOAD-engine word before
-that place, or on a SYNC of its own), so a consumer is granted only once every load before
-that place, the moved ones included, has landed, and no event is signalled before the
-boundary: the events run as in the drained program, and the DRAM results are its
+after them. The scheduler spreads a ring's slots over the whole WGT scratchpad, so before
+that a GEMM part's WGT is packed (its LOADs' beats side by side) and moved above the WGT the
+parts before it load, as many of the latest as leave room (:func:`_wgt_moved`): a GEMM's
+weights then load past the GEMM parts before it (o_proj's weights while attention runs). A
+GEMM part whose weights all load before its boundary leaves its LOAD engine idle while its
+array computes: a later part's LOAD may also go inside it, after its leading LOAD-engine
+words and before its first GEMM (:func:`_inside`), where it has room. Consecutive vector
+parts load the same VIN beats (every template starts at 0), so a vector part's VIN moves
+above the beats the part before loads, where it fits and lets more LOADs go: a DEQUANT
+after another, or a ROPE after a DEQUANT, then loads its rows while the VEC before it runs.
+The moved LOADs leave their signals behind; the LOAD engine, in order, raises each at the
+moved LOAD's place after the SYNCs (on the LOAD-engine word before that place, or on a SYNC
+of its own right after that word, ahead of the other engines' words up to the place, so the
+dispatcher reaches it as early as the LOAD engine could raise it), so a consumer is granted
+only once every load before that place, the moved ones included, has landed, and no event
+is signalled before the boundary: the events run as in the drained program, and the DRAM
+results are its
 (tests/sw/compile/test_fusion.py). The weights then stream while the part before computes
 and drains.
 
@@ -656,25 +665,25 @@ def _join(syncs: list[Instr], words: np.ndarray, hoisted: Sequence[int]
     """A part's ``words`` after the boundary ``syncs``, its ``hoisted`` words before them:
     the hoisted LOADs without their signals, each signal raised instead at the hoisted
     word's place on the LOAD engine (on the LOAD-engine word before it there if that one
-    signals nothing, else on a SYNC of its own), so every event is signalled in the same
-    order as the part alone signals it, and never before the boundary. Returns the words
-    (the hoisted, the boundary and the part's) as ``uint64 [n, 2]`` blocks, and where each
-    word of the part lands, counted from the first hoisted word."""
+    signals nothing, else on a SYNC of its own right after that word, ahead of the other
+    engines' words up to the hoisted word's place, so it is dispatched as early as the LOAD
+    engine could raise it), so every event is signalled in the same order as the part alone
+    signals it, and never before the boundary. Returns the words (the hoisted, the
+    boundary and the part's) as ``uint64 [n, 2]`` blocks, and where each word of the part
+    lands, counted from the first hoisted word."""
     f = decode_fields(words)
     eng = engines_fields(f)
     moved = set(hoisted)
     head = [replace(_instr(words[i]), signal=None) for i in hoisted]
     tail: list[Instr | np.ndarray] = list(syncs)
+    owner: list[int | None] = [None] * len(tail)  # per tail entry: its word of the part
     last = len(tail) - 1 if syncs else None   # the last LOAD-engine word after the boundary
-    place = [0] * words.shape[0]
-    for k, i in enumerate(hoisted):
-        place[i] = k
     for i in range(words.shape[0]):
         if i not in moved:
             if eng[i] == Engine.LOAD.value:
                 last = len(tail)
-            place[i] = len(head) + len(tail)
             tail.append(words[i:i + 1])
+            owner.append(i)
             continue
         signal = int(f["signal"][i])
         if signal == NO_EVENT:
@@ -685,8 +694,15 @@ def _join(syncs: list[Instr], words: np.ndarray, hoisted: Sequence[int]
         if word is not None and word.signal is None:
             tail[last] = replace(word, signal=signal)
         else:
-            last = len(tail)
-            tail.append(Sync(engine=Engine.LOAD, signal=signal))
+            last = 0 if last is None else last + 1
+            tail.insert(last, Sync(engine=Engine.LOAD, signal=signal))
+            owner.insert(last, None)
+    place = [0] * words.shape[0]
+    for k, i in enumerate(hoisted):
+        place[i] = k
+    for k, i in enumerate(owner):
+        if i is not None:
+            place[i] = len(head) + k
     blocks = [program_words(head)] if head else []
     blocks += [t if isinstance(t, np.ndarray) else program_words([t]) for t in tail]
     return blocks, place
@@ -856,8 +872,11 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     LOAD-engine word before, or on a SYNC of their own), so they stream while the part
     before drains and the events run as without them; a vector part whose VIN beats collide
     with the part before's moves its VIN above them first (:func:`_vin_moved`), where that
-    lets more of its LOADs go. With ``spread``, each of those LOADs goes up to the first
-    boundary where the LOAD engine idles long enough for it (past several parts); without,
+    lets more of its LOADs go. With ``spread``, a part's WGT is packed above the WGT of the
+    parts before it where that lets its LOADs go as far (:func:`_wgt_moved`), and each of
+    those LOADs goes up to the first boundary where the LOAD engine idles long enough for it
+    (past several parts), or inside a GEMM part before it whose own weights all loaded
+    before its boundary (:func:`_inside`: while its array computes); without,
     every one to its own part's boundary (a step whose blocks roll into one loop: no body's
     LOADs may move into the block before, which the last block's successor does not
     mirror).
@@ -930,12 +949,16 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
 
 def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, spread: bool
           ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
-    """:func:`fuse_parts` of ``parts`` (END dropped), each run beside what it may be."""
-    early: list[list[tuple[int, int]]] = [[] for _ in parts]
+    """:func:`fuse_parts` of ``parts`` (END dropped), each run beside what it may be.
+
+    A hoisted LOAD goes to a *slot*: ``2 * k`` is boundary ``k`` (before the SYNCs draining
+    part ``k - 1``), ``2 * k + 1`` inside part ``k`` (:func:`_inside`), in program order."""
+    early: list[list[tuple[int, int]]] = [[] for _ in range(2 * len(parts))]
     joined: list[tuple[list[np.ndarray], list[int], list[int]]] = []
     placed: list[np.ndarray] = []
     constant = _constant_sources(parts)
-    room: list[int] = []  # per boundary: the LOAD engine's idle cycles left before its SYNCs
+    room: list[int] = []  # per slot: the LOAD engine's idle cycles left there
+    cuts: list[int | None] = []  # per part: the word its inside slot goes before
     syncs: list[Instr] = []
     for k, body in enumerate(parts):
         hoisted = hoistable(placed[-1], body) if overlap and k else []
@@ -949,19 +972,23 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         placed.append(body)
         room.append(_slack(cfg, placed[-2]) if k else 0)
         at, f, goes = 0, decode_fields(body), []
-        for i in hoisted if spread else ():  # in order, each at the first boundary with room
+        for i in hoisted if spread else ():  # in order, each at the first slot with room
             beats = int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
-            at = next((j for j in range(max(at, _boundary(placed, body, i, constant)), k + 1)
-                       if room[j] >= beats), k if len(goes) < 2 else None)
+            first = 2 * _boundary(placed, body, i, constant) - 1  # inside the part before
+            at = next((j for j in range(max(at, first), 2 * k + 1) if room[j] >= beats),
+                      2 * k if len(goes) < 2 else None)
             if at is None:
                 break
             room[at] -= beats
             goes.append(at)
         if not spread:
-            goes = [k] * len(hoisted)
+            goes = [2 * k] * len(hoisted)
         hoisted = hoisted[:len(goes)]
         for i, j in zip(hoisted, goes, strict=True):
             early[j].append((k, i))
+        cut, idle = _inside(cfg, body, hoisted) if spread else (None, 0)
+        cuts.append(cut)
+        room.append(idle)
         blocks, place = _join(syncs, body, hoisted)
         head = len(hoisted)
         joined.append((blocks[1:] if head else blocks, place, list(hoisted)))
@@ -971,27 +998,68 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         syncs = [Sync(engine=Engine.LOAD, wait=e) for e, n in left.items() for _ in range(n)]
     out: list[np.ndarray] = []
     where: dict[tuple[int, int], int] = {}
-    starts = []
+    starts, splits = [], []
     at = 0
-    for k, (blocks, _, _) in enumerate(joined):
-        for part, i in early[k]:
+
+    def put(slot: int) -> None:
+        nonlocal at
+        for part, i in early[slot]:
             out.append(program_words([replace(_instr(placed[part][i]), signal=None)]))
             where[part, i] = at
             at += 1
+    for k, (blocks, place, hoisted) in enumerate(joined):
+        put(2 * k)
         starts.append(at)
-        out += blocks
-        at += sum(b.shape[0] for b in blocks)
+        tail = np.concatenate(blocks) if blocks else np.zeros((0, 2), np.uint64)
+        split = tail.shape[0] if cuts[k] is None else place[cuts[k]] - len(hoisted)
+        splits.append((split, len(early[2 * k + 1])))
+        out.append(tail[:split])
+        at += split
+        put(2 * k + 1)
+        out.append(tail[split:])
+        at += tail.shape[0] - split
     places = []
     for k, (_, place, hoisted) in enumerate(joined):
         moved = set(hoisted)
-        places.append(tuple(where[k, i] if i in moved else starts[k] + place[i] - len(hoisted)
-                            for i in range(len(place))))
+        split, extra = splits[k]
+        places.append(tuple(
+            where[k, i] if i in moved else starts[k] + place[i] - len(hoisted)
+            + (extra if place[i] - len(hoisted) >= split else 0) for i in range(len(place))))
     out.append(program_words([End()]))
     words = np.concatenate(out).astype(np.uint64)
     if words.shape[0] > cfg.imem_depth:
         raise LoweringError(f"the fused program needs {words.shape[0]} instructions and the "
                             f"instruction memory holds {cfg.imem_depth}")
     return words, tuple(places)
+
+
+def _inside(cfg: AcceleratorConfig, words: np.ndarray, hoisted: Sequence[int]
+            ) -> tuple[int | None, int]:
+    """A GEMM part's inside slot, where every LOAD of the part into WGT goes before its
+    boundary (``hoisted``): its first word on another engine than LOAD, before which a later
+    part's hoisted LOAD may go -- after the LOAD-engine words that lead the part (its
+    activations' LOAD and the signals of its hoisted weights, :func:`_join`), so a LOAD there
+    delays none of them -- and the cycles the LOAD engine would idle in the part before its
+    drain: what the busiest of its other engines executes, less what its LOAD engine
+    executes and what the others execute after its last LOAD (:func:`_slack`, the boundary
+    after it). None and 0 where the part loads weights after its boundary (its LOAD engine
+    streams them while the array runs) or no LOAD-engine word of it waits (the boundary
+    after it is as early). The weights of the GEMM part after it then stream while the
+    array computes (:func:`_wgt_moved` keeps them apart)."""
+    f = decode_fields(words)
+    eng = engines_fields(f)
+    load = Engine.LOAD.value
+    kept = np.ones(eng.shape[0], bool)
+    kept[list(hoisted)] = False
+    others = np.flatnonzero((eng != load) & kept)
+    weights = (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == Spad.WGT.value)
+    if others.size == 0 or not ((eng == load) & kept & (f["wait"] != NO_EVENT)).any() \
+            or not weights.any() or (weights & kept).any():
+        return None, 0
+    cycles = exec_cycles_fields(f, cfg)
+    busiest = max(int(cycles[eng == e].sum()) for e in set(eng[others].tolist()))
+    return int(others[0]), max(0, busiest - int(cycles[(eng == load) & kept].sum())
+                               - _slack(cfg, words))
 
 
 def _slack(cfg: AcceleratorConfig, words: np.ndarray) -> int:

@@ -530,6 +530,79 @@ def test_a_gemms_weights_pack_above_the_gemm_before_and_stream_past_it(seed):
     assert runs[1].cycles < runs[0].cycles
 
 
+def _draining(words: np.ndarray) -> np.ndarray:
+    """A GEMM-like part (END last) whose LOAD engine then waits for its first STORE (as a
+    DEQUANT beside its GEMMs does)."""
+    return program_words(_program(words)[:-1]
+                         + [Sync(engine=Engine.LOAD, wait=EVENTS["STORED0"]), End()])
+
+
+def test_a_hoisted_loads_signal_comes_right_after_the_load_engine_word_before_it():
+    """A GEMM-like part whose second weights LOAD (no wait: the other half) comes after the
+    first GEMM and its STORE, both weights hoisted before the vector part's drain: the
+    second's signal is raised by a SYNC right after the activations' LOAD (which raises the
+    first's), ahead of the first GEMM, so the LOAD engine raises it without waiting for the
+    GEMM's dispatch; the program runs to the drained one's DRAM."""
+    ev = EVENTS
+    gemm = program_words([
+        Load(spad=Spad.ACT, dram_addr=40, rows=1, row_beats=2),
+        Load(spad=Spad.WGT, spad_addr=0, dram_addr=1000, rows=1, row_beats=8,
+             signal=ev["FULL0"]),
+        Gemm(wgt_addr=0, k_steps=1, out_addr=0, wait=ev["FULL0"], signal=ev["OUT_FULL0"]),
+        Store(spad=Spad.OUT, spad_addr=0, dram_addr=2000, rows=1, row_beats=OUT_ROW,
+              wait=ev["OUT_FULL0"], signal=ev["STORED0"]),
+        Load(spad=Spad.WGT, spad_addr=8, dram_addr=1008, rows=1, row_beats=8,
+             signal=ev["FULL1"]),
+        Gemm(wgt_addr=8, k_steps=1, out_addr=OUT_ROW, wait=ev["FULL1"],
+             signal=ev["OUT_FULL1"]),
+        Store(spad=Spad.OUT, spad_addr=OUT_ROW, dram_addr=2000 + OUT_ROW, rows=1,
+              row_beats=OUT_ROW, wait=ev["OUT_FULL1"], signal=ev["STORED1"]),
+        End()])
+    before = _vector_part(y=40)
+    assert hoistable(before[:-1], gemm[:-1]) == [1, 4]
+    words, places = fuse_parts(CFG, [before, gemm])
+    got = _program(words)
+    first = places[1][2]
+    assert isinstance(got[first], Gemm) and got[places[1][0]].signal == ev["FULL0"]
+    assert got[places[1][0] + 1] == Sync(engine=Engine.LOAD, signal=ev["FULL1"])
+    assert places[1][0] + 1 < first
+    dram = np.random.default_rng(0).integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    runs = [make_backend("model", CFG).run(fuse_words(CFG, [before, gemm], overlap),
+                                           dram.copy()) for overlap in (False, True)]
+    assert all(r.ok for r in runs) and np.array_equal(runs[0].dram, runs[1].dram)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_weights_load_inside_a_gemm_part_whose_own_loaded_before_it(seed):
+    """A vector part, a GEMM-like part (its weights hoisted before the vector part's drain,
+    its LOAD engine then waiting for its first STORE), a vector part, and a GEMM-like part
+    of other weights: the second GEMM's leading weights go inside the first GEMM part, after
+    its activations' LOAD and before its first GEMM, where its LOAD engine idles while the
+    array runs -- at WGT beats above the first's. The program computes the drained one's DRAM
+    from a random image, in fewer cycles; with no wait in the first GEMM part the weights
+    stay at a boundary."""
+    rng = np.random.default_rng(seed)
+    a, b = _vector_part(y=40), _vector_part(y=60)
+    second = _gemm_like(int(rng.integers(2, 6)), dram=60)
+    for first, inside in ((_draining(_gemm_like(2, dram=40)), True),
+                          (_gemm_like(2, dram=40), False)):
+        parts = [a, first, b, second]
+        words, places = fuse_parts(CFG, parts)
+        got = _program(words)
+        gemms = [j for j in places[1] if isinstance(got[j], Gemm)]
+        act = next(j for j in places[1] if isinstance(got[j], Load) and got[j].spad == Spad.ACT)
+        weights = [places[3][1], places[3][2]]
+        assert all(got[j].spad == Spad.WGT and got[j].spad_addr >= 16 for j in weights)
+        assert all(act < j < min(gemms) for j in weights) == inside
+        assert all(act < j < max(places[1]) for j in weights) == inside
+        dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+        runs = [make_backend("model", CFG).run(fuse_words(CFG, parts, overlap), dram.copy())
+                for overlap in (False, True)]
+        assert all(r.ok for r in runs), [r.error for r in runs]
+        assert np.array_equal(runs[0].dram, runs[1].dram)
+        assert runs[1].cycles < runs[0].cycles
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_an_independent_vector_part_loads_above_the_one_before(seed):
     """Two RMSNorms of random rows (one task each), the second reading none of the first's
