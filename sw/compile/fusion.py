@@ -44,28 +44,30 @@ the weights' ring, :func:`sw.compile.schedule.ring_slots`), each LOAD whose DRAM
 STORE of the part before writes, whose scratchpad beats that part does not load (a part
 reads only what its own LOADs put there) and whose scratchpad beats no LOAD it overtakes
 writes -- a GEMM's first weight chunks after a REQUANT, a DEQUANT's channel words and
-``amax`` beats after the GEMM. Each goes to the first boundary, in order, where the LOAD
-engine would idle long enough (:func:`_slack`), up past several parts when no STORE of the
-program writes its DRAM source and none of those parts loads its scratchpad beats
-(:func:`_boundary`: weights load while the vector parts before their GEMM run); of those
-that find no room, the first two go before their own boundary's SYNCs and the rest stay
-after them. The scheduler spreads a ring's slots over the whole WGT scratchpad, so before
-that a GEMM part's WGT is packed (its LOADs' beats side by side) and moved above the WGT the
-parts before it load, as many of the latest as leave room (:func:`_wgt_moved`): a GEMM's
-weights then load past the GEMM parts before it (o_proj's weights while attention runs). A
-GEMM part whose weights all load before its boundary leaves its LOAD engine idle while its
-array computes: a later part's LOAD may also go inside it, after its leading LOAD-engine
-words and before its first GEMM (:func:`_inside`), where it has room. Consecutive vector
-parts load the same VIN beats (every template starts at 0), so a vector part's VIN moves
-above the beats the part before loads, where it fits and lets more LOADs go: a DEQUANT
-after another, or a ROPE after a DEQUANT, then loads its rows while the VEC before it runs.
-The moved LOADs leave their signals behind; the LOAD engine, in order, raises each at the
-moved LOAD's place after the SYNCs (on the LOAD-engine word before that place, or on a SYNC
-of its own right after that word, ahead of the other engines' words up to the place, so the
-dispatcher reaches it as early as the LOAD engine could raise it), so a consumer is granted
-only once every load before that place, the moved ones included, has landed, and no event
-is signalled before the boundary: the events run as in the drained program, and the DRAM
-results are its
+``amax`` beats after the GEMM -- and, past that run, each LOAD without a wait into WGT, ACT
+or VIN that meets the same and whose beats and DRAM no earlier LOAD, move or STORE of the
+part writes (in a joined step, weights an earlier fusion moved inside the next program).
+Each goes to the first boundary, in order, where the LOAD engine would idle long enough
+(:func:`_slack`), up past several parts when no STORE of the program writes its DRAM source
+and none of those parts loads its scratchpad beats (:func:`_boundary`: weights load while
+the vector parts before their GEMM run); of those that find no room, the first two go before
+their own boundary's SYNCs and the rest stay after them. The scheduler spreads a ring's
+slots over the whole WGT scratchpad, so before that a GEMM part's WGT is packed (its LOADs'
+beats side by side) and moved above the WGT the parts before it load, as many of the latest
+as leave room (:func:`_wgt_moved`): a GEMM's weights then load past the GEMM parts before it
+(o_proj's weights while attention runs). A GEMM part whose weights all load before its
+boundary leaves its LOAD engine idle while its array computes: a later part's LOAD may also
+go inside it, after its leading LOAD-engine words and before its first GEMM
+(:func:`_inside`), where it has room. Consecutive vector parts load the same VIN beats
+(every template starts at 0), so a vector part's VIN moves above the beats the part before
+loads, where it fits and lets more LOADs go: a DEQUANT after another, or a ROPE after a
+DEQUANT, then loads its rows while the VEC before it runs. The moved LOADs leave their
+signals behind; the LOAD engine, in order, raises each at the moved LOAD's place after the
+SYNCs (on the LOAD-engine word before that place, or on a SYNC of its own right after that
+word, ahead of the other engines' words up to the place, so the dispatcher reaches it as
+early as the LOAD engine could raise it), so a consumer is granted only once every load
+before that place, the moved ones included, has landed, and no event is signalled before the
+boundary: the events run as in the drained program, and the DRAM results are its
 (tests/sw/compile/test_fusion.py). The weights then stream while the part before computes
 and drains.
 
@@ -522,15 +524,21 @@ def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
 def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
     """The words of a part (``words``, END dropped) that may run before the part ``before``
     it (END dropped) has drained, ahead of the SYNCs between the two (:func:`fuse_parts`):
-    the LOADs of the part's leading run of LOAD-engine words without a wait (up to its first
-    word on the LOAD engine that waits: a LOAD into a buffer half an earlier GEMM or VEC of
-    the part may still read, so prefetching never runs deeper than the scratchpads' double
-    buffering) whose
+    the LOADs without a wait of the part's leading run of LOAD-engine words without a wait
+    (up to its first word on the LOAD engine that waits: a LOAD into a buffer half an earlier
+    GEMM or VEC of the part may still read, so prefetching never runs deeper than the
+    scratchpads' double buffering or the weights' ring) whose
 
     * DRAM source no STORE of ``before`` writes (the extents of the rows, gaps included),
     * scratchpad beats no LOAD of ``before`` writes (a part reads only what its own LOADs put
       in a scratchpad, so no instruction of ``before`` reads beats it does not load), and
-    * scratchpad beats no LOAD of the part before it (which stays after the SYNCs) writes.
+    * scratchpad beats no LOAD of the part before it (which stays after the SYNCs) writes;
+
+    and, after that run, every LOAD without a wait into WGT, ACT or VIN that meets the same
+    and whose DRAM source no STORE of the part before it writes and whose scratchpad beats no
+    LOAD or move of the part before it writes (so no word of the part before it reads them,
+    whatever it waits on): in a fused program, the LOADs an earlier :func:`fuse_parts` moved
+    ahead of a later part's boundary (o_proj's weights inside the attention program).
 
     A LOAD that the runtime points elsewhere per step (a ROPE's table rows) reads the rotary
     table, a constant no part writes. Returns their indices in ``words``, in order.
@@ -539,20 +547,36 @@ def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
     eng = engines_fields(f)
     busy = _loaded(prev)
     stores = [_dram_extent(prev, i) for i in _stores(prev)]
-    staying: list[tuple[int, int, int]] = []
+    staying: list[tuple[int, int, int]] = []  # the beats the part's staying LOADs write
+    earlier: list[tuple[int, int, int]] = []  # the beats its LOADs and moves wrote so far
+    written: list[tuple[int, int]] = []  # the DRAM its STOREs wrote so far
+    moves = is_move(f["opcode"], f["dma.spad"])
+    deep = False  # past the leading run
     out = []
-    for i in np.flatnonzero(eng == Engine.LOAD.value).tolist():
+    for i in range(eng.shape[0]):
+        op = int(f["opcode"][i])
+        if moves[i]:
+            earlier.append((Spad.VIN.value, *_dram_extent(f, i)))
+        elif op == Opcode.STORE.value:
+            written.append(_dram_extent(f, i))
+        if eng[i] != Engine.LOAD.value:
+            continue
         if int(f["wait"][i]) != NO_EVENT:
-            break
-        if int(f["opcode"][i]) != Opcode.LOAD.value:
-            continue  # a SYNC without a wait: stays, signalling after the LOADs before it
+            deep = True
+        if op != Opcode.LOAD.value:
+            continue  # a SYNC without a wait stays, signalling after the LOADs before it
         spad, lo, hi = _spad_extent(f, i)
         src = _dram_extent(f, i)
-        if any(s == spad and _overlap((lo, hi), (a, b)) for s, a, b in busy + staying) or any(
-                _overlap(src, s) for s in stores):
+        if int(f["wait"][i]) != NO_EVENT or any(
+                s == spad and _overlap((lo, hi), (a, b)) for s, a, b in busy + staying) or any(
+                _overlap(src, s) for s in stores) or deep and (
+                spad not in (Spad.WGT.value, Spad.ACT.value, Spad.VIN.value)
+                or any(s == spad and _overlap((lo, hi), (a, b)) for s, a, b in earlier)
+                or any(_overlap(src, w) for w in written)):
             staying.append((spad, lo, hi))
         else:
             out.append(i)
+        earlier.append((spad, lo, hi))
     return out
 
 

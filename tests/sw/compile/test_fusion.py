@@ -537,6 +537,37 @@ def _draining(words: np.ndarray) -> np.ndarray:
                          + [Sync(engine=Engine.LOAD, wait=EVENTS["STORED0"]), End()])
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_load_past_a_wait_moves_where_nothing_before_it_touches_its_beats(seed):
+    """A fused program's LOADs that need no wait may lie after words that wait (an earlier
+    fusion moved them ahead of a later part's boundary): one into WGT beats no LOAD before
+    it writes, of DRAM no STORE writes, moves before the drain of the part before; one into
+    beats an earlier LOAD wrote (an earlier GEMM may read them: the wait before it ordered
+    that), one of DRAM an earlier STORE of the part writes, and one into PARAM stay. Overlapped,
+    the program computes the drained one's DRAM from a random image, in no more cycles."""
+    rng = np.random.default_rng(seed)
+    tiles = int(rng.integers(3, 6))
+    body = _program(_gemm_like(tiles, dram=40))[:-1]
+    last_wait = max(i for i, ins in enumerate(body) if isinstance(ins, Load) and ins.wait)
+    late = [Load(spad=Spad.WGT, spad_addr=64, dram_addr=3000, rows=1, row_beats=8),
+            Load(spad=Spad.WGT, spad_addr=8, dram_addr=3008, rows=1, row_beats=8),
+            Load(spad=Spad.WGT, spad_addr=80, dram_addr=2000, rows=1, row_beats=2),
+            Load(spad=Spad.PARAM, spad_addr=40, dram_addr=3016, rows=1, row_beats=2)]
+    order = rng.permutation(len(late))
+    words = program_words(body + [late[k] for k in order] + [End()])
+    before = _vector_part(y=40)
+    at = len(body)
+    got = hoistable(before[:-1], words[:-1])
+    assert [i for i in got if i >= at] == [at + int(np.flatnonzero(order == 0)[0])]
+    assert all(i < last_wait for i in got if i < at)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    runs = [make_backend("model", CFG).run(fuse_words(CFG, [before, words], overlap),
+                                           dram.copy()) for overlap in (False, True)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[1].cycles <= runs[0].cycles
+
+
 def test_a_hoisted_loads_signal_comes_right_after_the_load_engine_word_before_it():
     """A GEMM-like part whose second weights LOAD (no wait: the other half) comes after the
     first GEMM and its STORE, both weights hoisted before the vector part's drain: the
