@@ -158,7 +158,7 @@ import numpy as np
 import torch
 
 from hw.config import AcceleratorConfig
-from hw.engines import engines_fields, exec_cycles_fields
+from hw.engines import completion_delay, engines_fields, exec_cycles_fields
 from hw.isa import (
     MOVE_SPAD,
     NO_EVENT,
@@ -1065,8 +1065,8 @@ def _inside(cfg: AcceleratorConfig, words: np.ndarray, hoisted: Sequence[int]
     activations' LOAD and the signals of its hoisted weights, :func:`_join`), so a LOAD there
     delays none of them -- and the cycles the LOAD engine would idle in the part before its
     drain: what the busiest of its other engines executes, less what its LOAD engine
-    executes and what the others execute after its last LOAD (:func:`_slack`, the boundary
-    after it). None and 0 where the part loads weights after its boundary (its LOAD engine
+    executes and what the others execute after its last LOAD (:func:`_tail`: the boundary
+    after it has that). None and 0 where the part loads weights after its boundary (its LOAD engine
     streams them while the array runs) or no LOAD-engine word of it waits (the boundary
     after it is as early). The weights of the GEMM part after it then stream while the
     array computes (:func:`_wgt_moved` keeps them apart)."""
@@ -1083,14 +1083,21 @@ def _inside(cfg: AcceleratorConfig, words: np.ndarray, hoisted: Sequence[int]
     cycles = exec_cycles_fields(f, cfg)
     busiest = max(int(cycles[eng == e].sum()) for e in set(eng[others].tolist()))
     return int(others[0]), max(0, busiest - int(cycles[(eng == load) & kept].sum())
-                               - _slack(cfg, words))
+                               - _tail(cfg, words))
 
 
 def _slack(cfg: AcceleratorConfig, words: np.ndarray) -> int:
-    """The cycles the LOAD engine would idle at the drain after the part ``words``: what
-    its other engines execute after its last LOAD (their instructions' durations,
-    :func:`hw.engines.exec_cycles_fields`), which a LOAD hoisted before that drain fills
-    for free."""
+    """The cycles the LOAD engine would idle at the drain after the part ``words``: while its
+    last LOAD's data lands (:func:`hw.engines.completion_delay`) and its other engines then
+    execute what comes after that LOAD (:func:`_tail`), which a LOAD hoisted before that
+    drain fills for free (0 where nothing comes after it)."""
+    tail = _tail(cfg, words)
+    return tail + completion_delay(Engine.LOAD, cfg) if tail else 0
+
+
+def _tail(cfg: AcceleratorConfig, words: np.ndarray) -> int:
+    """What the other engines of the part ``words`` execute after its last LOAD-engine word
+    (their instructions' durations, :func:`hw.engines.exec_cycles_fields`)."""
     f = decode_fields(words)
     eng = engines_fields(f)
     loads = np.flatnonzero(eng == Engine.LOAD.value)

@@ -531,8 +531,8 @@ def test_a_gemms_weights_pack_above_the_gemm_before_and_stream_past_it(seed):
 
 
 def _draining(words: np.ndarray) -> np.ndarray:
-    """A GEMM-like part (END last) whose LOAD engine then waits for its first STORE (as a
-    DEQUANT beside its GEMMs does)."""
+    """A part (END last) whose LOAD engine then waits for its first STORE (as a DEQUANT
+    beside its GEMMs does)."""
     return program_words(_program(words)[:-1]
                          + [Sync(engine=Engine.LOAD, wait=EVENTS["STORED0"]), End()])
 
@@ -605,15 +605,16 @@ def test_a_hoisted_loads_signal_comes_right_after_the_load_engine_word_before_it
 
 @pytest.mark.parametrize("seed", range(4))
 def test_weights_load_inside_a_gemm_part_whose_own_loaded_before_it(seed):
-    """A vector part, a GEMM-like part (its weights hoisted before the vector part's drain,
-    its LOAD engine then waiting for its first STORE), a vector part, and a GEMM-like part
+    """A vector part (its LOAD engine last, waiting for its STORE: no room before its drain),
+    a GEMM-like part (its weights hoisted before the vector part's drain, its LOAD engine
+    then waiting for its first STORE), a vector part, and a GEMM-like part
     of other weights: the second GEMM's leading weights go inside the first GEMM part, after
     its activations' LOAD and before its first GEMM, where its LOAD engine idles while the
     array runs -- at WGT beats above the first's. The program computes the drained one's DRAM
     from a random image, in fewer cycles; with no wait in the first GEMM part the weights
     stay at a boundary."""
     rng = np.random.default_rng(seed)
-    a, b = _vector_part(y=40), _vector_part(y=60)
+    a, b = _draining(_vector_part(y=40)), _vector_part(y=60)  # a: no room after its LOADs
     second = _gemm_like(int(rng.integers(2, 6)), dram=60)
     for first, inside in ((_draining(_gemm_like(2, dram=40)), True),
                           (_gemm_like(2, dram=40), False)):
