@@ -521,7 +521,7 @@ def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
+def hoistable(before: np.ndarray, words: np.ndarray, deep: bool = True) -> list[int]:
     """The words of a part (``words``, END dropped) that may run before the part ``before``
     it (END dropped) has drained, ahead of the SYNCs between the two (:func:`fuse_parts`):
     the LOADs without a wait of the part's leading run of LOAD-engine words without a wait
@@ -534,11 +534,13 @@ def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
       in a scratchpad, so no instruction of ``before`` reads beats it does not load), and
     * scratchpad beats no LOAD of the part before it (which stays after the SYNCs) writes;
 
-    and, after that run, every LOAD without a wait into WGT, ACT or VIN that meets the same
-    and whose DRAM source no STORE of the part before it writes and whose scratchpad beats no
-    LOAD or move of the part before it writes (so no word of the part before it reads them,
-    whatever it waits on): in a fused program, the LOADs an earlier :func:`fuse_parts` moved
-    ahead of a later part's boundary (o_proj's weights inside the attention program).
+    and, after that run (with ``deep``: not in a step whose blocks roll into one loop,
+    :func:`fuse_parts` without ``spread``, where every hoisted LOAD goes before its own
+    boundary whatever the room), every LOAD without a wait into WGT, ACT or VIN that meets
+    the same, whose DRAM source no earlier STORE of the part writes and whose scratchpad
+    beats no earlier LOAD or move of the part writes (so no earlier word of the part reads
+    them, whatever it waits on): in a fused program, the LOADs an earlier :func:`fuse_parts`
+    moved ahead of a later part's boundary (o_proj's weights inside the attention program).
 
     A LOAD that the runtime points elsewhere per step (a ROPE's table rows) reads the rotary
     table, a constant no part writes. Returns their indices in ``words``, in order.
@@ -551,7 +553,7 @@ def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
     earlier: list[tuple[int, int, int]] = []  # the beats its LOADs and moves wrote so far
     written: list[tuple[int, int]] = []  # the DRAM its STOREs wrote so far
     moves = is_move(f["opcode"], f["dma.spad"])
-    deep = False  # past the leading run
+    past = False  # past the leading run
     out = []
     for i in range(eng.shape[0]):
         op = int(f["opcode"][i])
@@ -562,14 +564,16 @@ def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
         if eng[i] != Engine.LOAD.value:
             continue
         if int(f["wait"][i]) != NO_EVENT:
-            deep = True
+            if not deep:
+                break
+            past = True
         if op != Opcode.LOAD.value:
             continue  # a SYNC without a wait stays, signalling after the LOADs before it
         spad, lo, hi = _spad_extent(f, i)
         src = _dram_extent(f, i)
         if int(f["wait"][i]) != NO_EVENT or any(
                 s == spad and _overlap((lo, hi), (a, b)) for s, a, b in busy + staying) or any(
-                _overlap(src, s) for s in stores) or deep and (
+                _overlap(src, s) for s in stores) or past and (
                 spad not in (Spad.WGT.value, Spad.ACT.value, Spad.VIN.value)
                 or any(s == spad and _overlap((lo, hi), (a, b)) for s, a, b in earlier)
                 or any(_overlap(src, w) for w in written)):
@@ -985,9 +989,9 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
     cuts: list[int | None] = []  # per part: the word its inside slot goes before
     syncs: list[Instr] = []
     for k, body in enumerate(parts):
-        hoisted = hoistable(placed[-1], body) if overlap and k else []
+        hoisted = hoistable(placed[-1], body, spread) if overlap and k else []
         moved = _vin_moved(cfg, placed[-1], body) if overlap and k else None
-        if moved is not None and len(more := hoistable(placed[-1], moved)) > len(hoisted):
+        if moved is not None and len(more := hoistable(placed[-1], moved, spread)) > len(hoisted):
             body, hoisted = moved, more
         shifted = _wgt_moved(cfg, placed, body) if overlap and spread and k else None
         if shifted is not None and _reach(placed, shifted, more := hoistable(

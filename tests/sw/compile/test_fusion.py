@@ -543,8 +543,9 @@ def test_a_load_past_a_wait_moves_where_nothing_before_it_touches_its_beats(seed
     fusion moved them ahead of a later part's boundary): one into WGT beats no LOAD before
     it writes, of DRAM no STORE writes, moves before the drain of the part before; one into
     beats an earlier LOAD wrote (an earlier GEMM may read them: the wait before it ordered
-    that), one of DRAM an earlier STORE of the part writes, and one into PARAM stay. Overlapped,
-    the program computes the drained one's DRAM from a random image, in no more cycles."""
+    that), one of DRAM an earlier STORE of the part writes, and one into PARAM stay; not
+    ``deep`` (a block loop's fusion), only the leading run's. Overlapped, the program
+    computes the drained one's DRAM from a random image, in no more cycles."""
     rng = np.random.default_rng(seed)
     tiles = int(rng.integers(3, 6))
     body = _program(_gemm_like(tiles, dram=40))[:-1]
@@ -560,6 +561,7 @@ def test_a_load_past_a_wait_moves_where_nothing_before_it_touches_its_beats(seed
     got = hoistable(before[:-1], words[:-1])
     assert [i for i in got if i >= at] == [at + int(np.flatnonzero(order == 0)[0])]
     assert all(i < last_wait for i in got if i < at)
+    assert hoistable(before[:-1], words[:-1], deep=False) == [i for i in got if i < at]
     dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
     runs = [make_backend("model", CFG).run(fuse_words(CFG, [before, words], overlap),
                                            dram.copy()) for overlap in (False, True)]
