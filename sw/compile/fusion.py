@@ -44,18 +44,29 @@ the weights' ring, :func:`sw.compile.schedule.ring_slots`), each LOAD whose DRAM
 STORE of the part before writes, whose scratchpad beats that part does not load (a part
 reads only what its own LOADs put there) and whose scratchpad beats no LOAD it overtakes
 writes -- a GEMM's first weight chunks after a REQUANT, a DEQUANT's channel words and
-``amax`` beats after the GEMM. Each goes to the first boundary, in order, where the LOAD
-engine would idle long enough (:func:`_slack`), up past several parts when no STORE of the
-program writes its DRAM source and none of those parts loads its scratchpad beats
-(:func:`_boundary`: weights load while the vector parts before their GEMM run); of those
-that find no room, the first two go before their own boundary's SYNCs and the rest stay
-after them. Consecutive vector parts load the same VIN beats (every template starts at 0),
-so a vector part's VIN moves above the beats the part before loads, where it fits and lets
-more LOADs go: a DEQUANT after another, or a ROPE after a DEQUANT, then loads its rows while
-the VEC before it runs. The moved LOADs leave their signals behind; the LOAD engine, in
-order, raises each at the moved LOAD's place after the SYNCs (on the LOAD-engine word before
-that place, or on a SYNC of its own), so a consumer is granted only once every load before
-that place, the moved ones included, has landed, and no event is signalled before the
+``amax`` beats after the GEMM -- and, past that run, each LOAD without a wait into WGT, ACT
+or VIN that meets the same and whose beats and DRAM no earlier LOAD, move or STORE of the
+part writes (in a joined step, weights an earlier fusion moved inside the next program).
+Each goes to the first boundary, in order, where the LOAD engine would idle long enough
+(:func:`_slack`), up past several parts when no STORE of the program writes its DRAM source
+and none of those parts loads its scratchpad beats (:func:`_boundary`: weights load while
+the vector parts before their GEMM run); of those that find no room, the first two go before
+their own boundary's SYNCs and the rest stay after them. The scheduler spreads a ring's
+slots over the whole WGT scratchpad, so before that a GEMM part's WGT is packed (its LOADs'
+beats side by side) and moved above the WGT the parts before it load, as many of the latest
+as leave room (:func:`_wgt_moved`): a GEMM's weights then load past the GEMM parts before it
+(o_proj's weights while attention runs). A GEMM part whose weights all load before its
+boundary leaves its LOAD engine idle while its array computes: a later part's LOAD may also
+go inside it, after its leading LOAD-engine words and before its first GEMM
+(:func:`_inside`), where it has room. Consecutive vector parts load the same VIN beats
+(every template starts at 0), so a vector part's VIN moves above the beats the part before
+loads, where it fits and lets more LOADs go: a DEQUANT after another, or a ROPE after a
+DEQUANT, then loads its rows while the VEC before it runs. The moved LOADs leave their
+signals behind; the LOAD engine, in order, raises each at the moved LOAD's place after the
+SYNCs (on the LOAD-engine word before that place, or on a SYNC of its own right after that
+word, ahead of the other engines' words up to the place, so the dispatcher reaches it as
+early as the LOAD engine could raise it), so a consumer is granted only once every load
+before that place, the moved ones included, has landed, and no event is signalled before the
 boundary: the events run as in the drained program, and the DRAM results are its
 (tests/sw/compile/test_fusion.py). The weights then stream while the part before computes
 and drains.
@@ -147,12 +158,13 @@ import numpy as np
 import torch
 
 from hw.config import AcceleratorConfig
-from hw.engines import engines_fields, exec_cycles_fields
+from hw.engines import completion_delay, engines_fields, exec_cycles_fields
 from hw.isa import (
     MOVE_SPAD,
     NO_EVENT,
     End,
     Engine,
+    Gemm,
     Instr,
     Load,
     Opcode,
@@ -509,18 +521,26 @@ def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
+def hoistable(before: np.ndarray, words: np.ndarray, deep: bool = True) -> list[int]:
     """The words of a part (``words``, END dropped) that may run before the part ``before``
     it (END dropped) has drained, ahead of the SYNCs between the two (:func:`fuse_parts`):
-    the LOADs of the part's leading run of LOAD-engine words without a wait (up to its first
-    word on the LOAD engine that waits: a LOAD into a buffer half an earlier GEMM or VEC of
-    the part may still read, so prefetching never runs deeper than the scratchpads' double
-    buffering) whose
+    the LOADs without a wait of the part's leading run of LOAD-engine words without a wait
+    (up to its first word on the LOAD engine that waits: a LOAD into a buffer half an earlier
+    GEMM or VEC of the part may still read, so prefetching never runs deeper than the
+    scratchpads' double buffering or the weights' ring) whose
 
     * DRAM source no STORE of ``before`` writes (the extents of the rows, gaps included),
     * scratchpad beats no LOAD of ``before`` writes (a part reads only what its own LOADs put
       in a scratchpad, so no instruction of ``before`` reads beats it does not load), and
-    * scratchpad beats no LOAD of the part before it (which stays after the SYNCs) writes.
+    * scratchpad beats no LOAD of the part before it (which stays after the SYNCs) writes;
+
+    and, after that run (with ``deep``: not in a step whose blocks roll into one loop,
+    :func:`fuse_parts` without ``spread``, where every hoisted LOAD goes before its own
+    boundary whatever the room), every LOAD without a wait into WGT, ACT or VIN that meets
+    the same, whose DRAM source no earlier STORE of the part writes and whose scratchpad
+    beats no earlier LOAD or move of the part writes (so no earlier word of the part reads
+    them, whatever it waits on): in a fused program, the LOADs an earlier :func:`fuse_parts`
+    moved ahead of a later part's boundary (o_proj's weights inside the attention program).
 
     A LOAD that the runtime points elsewhere per step (a ROPE's table rows) reads the rotary
     table, a constant no part writes. Returns their indices in ``words``, in order.
@@ -529,20 +549,38 @@ def hoistable(before: np.ndarray, words: np.ndarray) -> list[int]:
     eng = engines_fields(f)
     busy = _loaded(prev)
     stores = [_dram_extent(prev, i) for i in _stores(prev)]
-    staying: list[tuple[int, int, int]] = []
+    staying: list[tuple[int, int, int]] = []  # the beats the part's staying LOADs write
+    earlier: list[tuple[int, int, int]] = []  # the beats its LOADs and moves wrote so far
+    written: list[tuple[int, int]] = []  # the DRAM its STOREs wrote so far
+    moves = is_move(f["opcode"], f["dma.spad"])
+    past = False  # past the leading run
     out = []
-    for i in np.flatnonzero(eng == Engine.LOAD.value).tolist():
+    for i in range(eng.shape[0]):
+        op = int(f["opcode"][i])
+        if moves[i]:
+            earlier.append((Spad.VIN.value, *_dram_extent(f, i)))
+        elif op == Opcode.STORE.value:
+            written.append(_dram_extent(f, i))
+        if eng[i] != Engine.LOAD.value:
+            continue
         if int(f["wait"][i]) != NO_EVENT:
-            break
-        if int(f["opcode"][i]) != Opcode.LOAD.value:
-            continue  # a SYNC without a wait: stays, signalling after the LOADs before it
+            if not deep:
+                break
+            past = True
+        if op != Opcode.LOAD.value:
+            continue  # a SYNC without a wait stays, signalling after the LOADs before it
         spad, lo, hi = _spad_extent(f, i)
         src = _dram_extent(f, i)
-        if any(s == spad and _overlap((lo, hi), (a, b)) for s, a, b in busy + staying) or any(
-                _overlap(src, s) for s in stores):
+        if int(f["wait"][i]) != NO_EVENT or any(
+                s == spad and _overlap((lo, hi), (a, b)) for s, a, b in busy + staying) or any(
+                _overlap(src, s) for s in stores) or past and (
+                spad not in (Spad.WGT.value, Spad.ACT.value, Spad.VIN.value)
+                or any(s == spad and _overlap((lo, hi), (a, b)) for s, a, b in earlier)
+                or any(_overlap(src, w) for w in written)):
             staying.append((spad, lo, hi))
         else:
             out.append(i)
+        earlier.append((spad, lo, hi))
     return out
 
 
@@ -586,6 +624,65 @@ def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     return program_words(out)
 
 
+def _wgt_moved(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.ndarray
+               ) -> np.ndarray | None:
+    """A part's ``words`` (END dropped) with its WGT packed and moved above the WGT beats the
+    parts ``placed`` before it load, as many of the latest of them as leave room (else at 0),
+    or None where that changes nothing or a GEMM reads WGT beats no LOAD of the part writes.
+    The beats its LOADs write (runs of touching or overlapping extents, in order) go one
+    after the other from there, each LOAD's ``spad_addr`` and each GEMM's ``wgt_addr`` moved
+    with the run it lies in: a ring's slots, spread over the whole scratchpad by the
+    scheduler, then take only the beats its chunks fill. The part reads only what its LOADs
+    put in WGT, each GEMM within one run, so it computes what it did; its weight LOADs may
+    then go up past those parts (:func:`_boundary`: the next GEMM's weights stream while the
+    vector parts before it run)."""
+    wgt = Spad.WGT.value
+    runs: list[list[int]] = []
+    for a, b in sorted((a, b) for s, a, b in _loaded(decode_fields(words)) if s == wgt):
+        if runs and a <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], b)
+        else:
+            runs.append([a, b])
+    if not runs:
+        return None
+    size = sum(b - a for a, b in runs)
+    top, base = 0, 0
+    for part in reversed(placed):
+        top = max([top] + [b for s, _, b in _loaded(decode_fields(part)) if s == wgt])
+        if top + size > cfg.spad_beats("wgt"):
+            break
+        base = top
+    starts, at = [], base
+    for a, b in runs:
+        starts.append(at)
+        at += b - a
+
+    def moved(addr: int) -> int | None:
+        return next((n + addr - a for (a, b), n in zip(runs, starts, strict=True)
+                     if a <= addr < b), None)
+
+    out = []
+    for w in words:
+        ins = _instr(w)
+        if isinstance(ins, Load) and ins.spad == Spad.WGT:
+            ins = replace(ins, spad_addr=moved(ins.spad_addr))
+        elif isinstance(ins, Gemm):
+            if (addr := moved(ins.wgt_addr)) is None:
+                return None
+            ins = replace(ins, wgt_addr=addr)
+        out.append(ins)
+    shifted = program_words(out)
+    return None if np.array_equal(shifted, words) else shifted
+
+
+def _reach(placed: Sequence[np.ndarray], body: np.ndarray, hoisted: Sequence[int],
+           stored: Sequence[tuple[int, int]]) -> int:
+    """How many boundaries, summed over the ``hoisted`` LOADs of ``body`` (the part after
+    ``placed``), each may go up past its own (:func:`_boundary`)."""
+    parts = [*placed, body]
+    return sum(len(placed) - _boundary(parts, body, i, stored) for i in hoisted)
+
+
 def _instr(word: np.ndarray) -> Instr:
     """The instruction of one ``uint64 [2]`` word."""
     return decode(int(word[0]) | int(word[1]) << 64)
@@ -596,25 +693,25 @@ def _join(syncs: list[Instr], words: np.ndarray, hoisted: Sequence[int]
     """A part's ``words`` after the boundary ``syncs``, its ``hoisted`` words before them:
     the hoisted LOADs without their signals, each signal raised instead at the hoisted
     word's place on the LOAD engine (on the LOAD-engine word before it there if that one
-    signals nothing, else on a SYNC of its own), so every event is signalled in the same
-    order as the part alone signals it, and never before the boundary. Returns the words
-    (the hoisted, the boundary and the part's) as ``uint64 [n, 2]`` blocks, and where each
-    word of the part lands, counted from the first hoisted word."""
+    signals nothing, else on a SYNC of its own right after that word, ahead of the other
+    engines' words up to the hoisted word's place, so it is dispatched as early as the LOAD
+    engine could raise it), so every event is signalled in the same order as the part alone
+    signals it, and never before the boundary. Returns the words (the hoisted, the
+    boundary and the part's) as ``uint64 [n, 2]`` blocks, and where each word of the part
+    lands, counted from the first hoisted word."""
     f = decode_fields(words)
     eng = engines_fields(f)
     moved = set(hoisted)
     head = [replace(_instr(words[i]), signal=None) for i in hoisted]
     tail: list[Instr | np.ndarray] = list(syncs)
+    owner: list[int | None] = [None] * len(tail)  # per tail entry: its word of the part
     last = len(tail) - 1 if syncs else None   # the last LOAD-engine word after the boundary
-    place = [0] * words.shape[0]
-    for k, i in enumerate(hoisted):
-        place[i] = k
     for i in range(words.shape[0]):
         if i not in moved:
             if eng[i] == Engine.LOAD.value:
                 last = len(tail)
-            place[i] = len(head) + len(tail)
             tail.append(words[i:i + 1])
+            owner.append(i)
             continue
         signal = int(f["signal"][i])
         if signal == NO_EVENT:
@@ -625,8 +722,15 @@ def _join(syncs: list[Instr], words: np.ndarray, hoisted: Sequence[int]
         if word is not None and word.signal is None:
             tail[last] = replace(word, signal=signal)
         else:
-            last = len(tail)
-            tail.append(Sync(engine=Engine.LOAD, signal=signal))
+            last = 0 if last is None else last + 1
+            tail.insert(last, Sync(engine=Engine.LOAD, signal=signal))
+            owner.insert(last, None)
+    place = [0] * words.shape[0]
+    for k, i in enumerate(hoisted):
+        place[i] = k
+    for k, i in enumerate(owner):
+        if i is not None:
+            place[i] = len(head) + k
     blocks = [program_words(head)] if head else []
     blocks += [t if isinstance(t, np.ndarray) else program_words([t]) for t in tail]
     return blocks, place
@@ -796,8 +900,11 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     LOAD-engine word before, or on a SYNC of their own), so they stream while the part
     before drains and the events run as without them; a vector part whose VIN beats collide
     with the part before's moves its VIN above them first (:func:`_vin_moved`), where that
-    lets more of its LOADs go. With ``spread``, each of those LOADs goes up to the first
-    boundary where the LOAD engine idles long enough for it (past several parts); without,
+    lets more of its LOADs go. With ``spread``, a part's WGT is packed above the WGT of the
+    parts before it where that lets its LOADs go as far (:func:`_wgt_moved`), and each of
+    those LOADs goes up to the first boundary where the LOAD engine idles long enough for it
+    (past several parts), or inside a GEMM part before it whose own weights all loaded
+    before its boundary (:func:`_inside`: while its array computes); without,
     every one to its own part's boundary (a step whose blocks roll into one loop: no body's
     LOADs may move into the block before, which the last block's successor does not
     mirror).
@@ -870,34 +977,46 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
 
 def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, spread: bool
           ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
-    """:func:`fuse_parts` of ``parts`` (END dropped), each run beside what it may be."""
-    early: list[list[tuple[int, int]]] = [[] for _ in parts]
+    """:func:`fuse_parts` of ``parts`` (END dropped), each run beside what it may be.
+
+    A hoisted LOAD goes to a *slot*: ``2 * k`` is boundary ``k`` (before the SYNCs draining
+    part ``k - 1``), ``2 * k + 1`` inside part ``k`` (:func:`_inside`), in program order."""
+    early: list[list[tuple[int, int]]] = [[] for _ in range(2 * len(parts))]
     joined: list[tuple[list[np.ndarray], list[int], list[int]]] = []
     placed: list[np.ndarray] = []
     constant = _constant_sources(parts)
-    room: list[int] = []  # per boundary: the LOAD engine's idle cycles left before its SYNCs
+    room: list[int] = []  # per slot: the LOAD engine's idle cycles left there
+    cuts: list[int | None] = []  # per part: the word its inside slot goes before
     syncs: list[Instr] = []
     for k, body in enumerate(parts):
-        hoisted = hoistable(placed[-1], body) if overlap and k else []
+        hoisted = hoistable(placed[-1], body, spread) if overlap and k else []
         moved = _vin_moved(cfg, placed[-1], body) if overlap and k else None
-        if moved is not None and len(more := hoistable(placed[-1], moved)) > len(hoisted):
+        if moved is not None and len(more := hoistable(placed[-1], moved, spread)) > len(hoisted):
             body, hoisted = moved, more
+        shifted = _wgt_moved(cfg, placed, body) if overlap and spread and k else None
+        if shifted is not None and _reach(placed, shifted, more := hoistable(
+                placed[-1], shifted), constant) >= _reach(placed, body, hoisted, constant):
+            body, hoisted = shifted, more
         placed.append(body)
         room.append(_slack(cfg, placed[-2]) if k else 0)
         at, f, goes = 0, decode_fields(body), []
-        for i in hoisted if spread else ():  # in order, each at the first boundary with room
+        for i in hoisted if spread else ():  # in order, each at the first slot with room
             beats = int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
-            at = next((j for j in range(max(at, _boundary(placed, body, i, constant)), k + 1)
-                       if room[j] >= beats), k if len(goes) < 2 else None)
+            first = 2 * _boundary(placed, body, i, constant) - 1  # inside the part before
+            at = next((j for j in range(max(at, first), 2 * k + 1) if room[j] >= beats),
+                      2 * k if len(goes) < 2 else None)
             if at is None:
                 break
             room[at] -= beats
             goes.append(at)
         if not spread:
-            goes = [k] * len(hoisted)
+            goes = [2 * k] * len(hoisted)
         hoisted = hoisted[:len(goes)]
         for i, j in zip(hoisted, goes, strict=True):
             early[j].append((k, i))
+        cut, idle = _inside(cfg, body, hoisted) if spread else (None, 0)
+        cuts.append(cut)
+        room.append(idle)
         blocks, place = _join(syncs, body, hoisted)
         head = len(hoisted)
         joined.append((blocks[1:] if head else blocks, place, list(hoisted)))
@@ -907,21 +1026,33 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         syncs = [Sync(engine=Engine.LOAD, wait=e) for e, n in left.items() for _ in range(n)]
     out: list[np.ndarray] = []
     where: dict[tuple[int, int], int] = {}
-    starts = []
+    starts, splits = [], []
     at = 0
-    for k, (blocks, _, _) in enumerate(joined):
-        for part, i in early[k]:
+
+    def put(slot: int) -> None:
+        nonlocal at
+        for part, i in early[slot]:
             out.append(program_words([replace(_instr(placed[part][i]), signal=None)]))
             where[part, i] = at
             at += 1
+    for k, (blocks, place, hoisted) in enumerate(joined):
+        put(2 * k)
         starts.append(at)
-        out += blocks
-        at += sum(b.shape[0] for b in blocks)
+        tail = np.concatenate(blocks) if blocks else np.zeros((0, 2), np.uint64)
+        split = tail.shape[0] if cuts[k] is None else place[cuts[k]] - len(hoisted)
+        splits.append((split, len(early[2 * k + 1])))
+        out.append(tail[:split])
+        at += split
+        put(2 * k + 1)
+        out.append(tail[split:])
+        at += tail.shape[0] - split
     places = []
     for k, (_, place, hoisted) in enumerate(joined):
         moved = set(hoisted)
-        places.append(tuple(where[k, i] if i in moved else starts[k] + place[i] - len(hoisted)
-                            for i in range(len(place))))
+        split, extra = splits[k]
+        places.append(tuple(
+            where[k, i] if i in moved else starts[k] + place[i] - len(hoisted)
+            + (extra if place[i] - len(hoisted) >= split else 0) for i in range(len(place))))
     out.append(program_words([End()]))
     words = np.concatenate(out).astype(np.uint64)
     if words.shape[0] > cfg.imem_depth:
@@ -930,11 +1061,47 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
     return words, tuple(places)
 
 
+def _inside(cfg: AcceleratorConfig, words: np.ndarray, hoisted: Sequence[int]
+            ) -> tuple[int | None, int]:
+    """A GEMM part's inside slot, where every LOAD of the part into WGT goes before its
+    boundary (``hoisted``): its first word on another engine than LOAD, before which a later
+    part's hoisted LOAD may go -- after the LOAD-engine words that lead the part (its
+    activations' LOAD and the signals of its hoisted weights, :func:`_join`), so a LOAD there
+    delays none of them -- and the cycles the LOAD engine would idle in the part before its
+    drain: what the busiest of its other engines executes, less what its LOAD engine
+    executes and what the others execute after its last LOAD (:func:`_tail`: the boundary
+    after it has that). None and 0 where the part loads weights after its boundary (its LOAD engine
+    streams them while the array runs) or no LOAD-engine word of it waits (the boundary
+    after it is as early). The weights of the GEMM part after it then stream while the
+    array computes (:func:`_wgt_moved` keeps them apart)."""
+    f = decode_fields(words)
+    eng = engines_fields(f)
+    load = Engine.LOAD.value
+    kept = np.ones(eng.shape[0], bool)
+    kept[list(hoisted)] = False
+    others = np.flatnonzero((eng != load) & kept)
+    weights = (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == Spad.WGT.value)
+    if others.size == 0 or not ((eng == load) & kept & (f["wait"] != NO_EVENT)).any() \
+            or not weights.any() or (weights & kept).any():
+        return None, 0
+    cycles = exec_cycles_fields(f, cfg)
+    busiest = max(int(cycles[eng == e].sum()) for e in set(eng[others].tolist()))
+    return int(others[0]), max(0, busiest - int(cycles[(eng == load) & kept].sum())
+                               - _tail(cfg, words))
+
+
 def _slack(cfg: AcceleratorConfig, words: np.ndarray) -> int:
-    """The cycles the LOAD engine would idle at the drain after the part ``words``: what
-    its other engines execute after its last LOAD (their instructions' durations,
-    :func:`hw.engines.exec_cycles_fields`), which a LOAD hoisted before that drain fills
-    for free."""
+    """The cycles the LOAD engine would idle at the drain after the part ``words``: while its
+    last LOAD's data lands (:func:`hw.engines.completion_delay`) and its other engines then
+    execute what comes after that LOAD (:func:`_tail`), which a LOAD hoisted before that
+    drain fills for free (0 where nothing comes after it)."""
+    tail = _tail(cfg, words)
+    return tail + completion_delay(Engine.LOAD, cfg) if tail else 0
+
+
+def _tail(cfg: AcceleratorConfig, words: np.ndarray) -> int:
+    """What the other engines of the part ``words`` execute after its last LOAD-engine word
+    (their instructions' durations, :func:`hw.engines.exec_cycles_fields`)."""
     f = decode_fields(words)
     eng = engines_fields(f)
     loads = np.flatnonzero(eng == Engine.LOAD.value)

@@ -342,8 +342,14 @@ def test_argmax_part_writes_each_rows_first_maximum(seed):
 
 
 def _same_but_signal(a, b) -> bool:
-    """Instructions ``a`` and ``b`` are equal but for their signal events."""
-    return dataclasses.replace(a, signal=None) == dataclasses.replace(b, signal=None)
+    """Instructions ``a`` and ``b`` are equal but for their signal events and WGT beats (a
+    part's WGT moves: :func:`sw.compile.fusion.fuse_parts`)."""
+    def plain(ins):
+        ins = dataclasses.replace(ins, signal=None)
+        if isinstance(ins, Load) and ins.spad == Spad.WGT:
+            return dataclasses.replace(ins, spad_addr=0)
+        return dataclasses.replace(ins, wgt_addr=0) if isinstance(ins, Gemm) else ins
+    return plain(a) == plain(b)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -365,11 +371,14 @@ def test_fuse_parts_says_where_each_parts_words_are(seed):
         words, places = fuse_parts(CFG, parts, overlap)
         assert np.array_equal(words, fuse_words(CFG, parts, overlap)) and len(places) == len(parts)
         program = _program(words)
+        placed = []  # each part as it lies in the program (its WGT moved), with its signals
         for k, (p, at) in enumerate(zip(parts, places, strict=True)):
             mine = _program(p)[:-1]
             assert len(at) == len(mine) and len(set(at)) == len(at)
             assert all(_same_but_signal(program[j], ins) for j, ins in zip(at, mine, strict=True))
-            hoisted = hoistable(parts[k - 1][:-1], p[:-1]) if overlap and k else []
+            placed.append(program_words([dataclasses.replace(program[j], signal=ins.signal)
+                                         for j, ins in zip(at, mine, strict=True)]))
+            hoisted = hoistable(placed[k - 1], placed[k]) if overlap and k else []
             rest = [j for i, j in enumerate(at) if i not in hoisted]
             assert rest == sorted(rest) and all(at[i] < min(rest, default=len(words))
                                                 for i in hoisted)
@@ -475,6 +484,157 @@ def test_weights_go_up_past_several_parts_where_the_load_engine_idles(seed):
         assert all(r.ok for r in runs), [r.error for r in runs]
         assert np.array_equal(runs[0].dram, runs[1].dram)
         assert runs[1].cycles <= runs[0].cycles
+
+
+def _spread_slots(words: np.ndarray, slot: int) -> np.ndarray:
+    """``words`` with each WGT half moved to ``slot`` beats per half (a ring's slots spread
+    over the scratchpad, as the scheduler places them)."""
+    out = []
+    for ins in _program(words):
+        if isinstance(ins, Load) and ins.spad == Spad.WGT:
+            ins = dataclasses.replace(ins, spad_addr=ins.spad_addr // 8 * slot)
+        elif isinstance(ins, Gemm):
+            ins = dataclasses.replace(ins, wgt_addr=ins.wgt_addr // 8 * slot)
+        out.append(ins)
+    return program_words(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_gemms_weights_pack_above_the_gemm_before_and_stream_past_it(seed):
+    """A GEMM-like part, a vector part, then a GEMM-like part (reading the vector part's row)
+    whose WGT halves lie a random slot apart: its WGT is packed (its halves side by side)
+    above the first GEMM's beats, so its leading weights go up before the first part's drain,
+    past the vector part, where the first GEMM's compute leaves the LOAD engine idle (a
+    block loop's parts, hoisted to their own boundary only, keep their slots). Every
+    GEMM reads its own weights there, and the program computes the drained one's DRAM from a
+    random image, in fewer cycles."""
+    rng = np.random.default_rng(seed)
+    slot = int(rng.integers(8, CFG.spad_beats("wgt") // 2 - 8))
+    first, vec = _gemm_like(int(rng.integers(2, 5)), dram=0), _vector_part(y=60)
+    gemm = _spread_slots(_gemm_like(int(rng.integers(2, 6)), dram=60), slot)
+    words, places = fuse_parts(CFG, [first, vec, gemm])
+    got = _program(words)
+    drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
+    mine = [got[j] for j in places[2] if isinstance(got[j], Load) and got[j].spad == Spad.WGT]
+    assert sorted({ld.spad_addr for ld in mine}) == [16, 24]  # above the first's [0, 16)
+    assert {got[j].wgt_addr for j in places[2] if isinstance(got[j], Gemm)} == {16, 24}
+    assert places[2][1] < drain and got[places[2][1]].signal is None
+    at, where = fuse_parts(CFG, [first, vec, gemm], spread=False)  # own boundary: in place
+    assert {_program(at)[j].spad_addr for j in where[2] if isinstance(_program(at)[j], Load)
+            and _program(at)[j].spad == Spad.WGT} == {0, slot}
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    runs = [make_backend("model", CFG).run(fuse_words(CFG, [first, vec, gemm], overlap),
+                                           dram.copy()) for overlap in (False, True)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[1].cycles < runs[0].cycles
+
+
+def _draining(words: np.ndarray) -> np.ndarray:
+    """A part (END last) whose LOAD engine then waits for its first STORE (as a DEQUANT
+    beside its GEMMs does)."""
+    return program_words(_program(words)[:-1]
+                         + [Sync(engine=Engine.LOAD, wait=EVENTS["STORED0"]), End()])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_load_past_a_wait_moves_where_nothing_before_it_touches_its_beats(seed):
+    """A fused program's LOADs that need no wait may lie after words that wait (an earlier
+    fusion moved them ahead of a later part's boundary): one into WGT beats no LOAD before
+    it writes, of DRAM no STORE writes, moves before the drain of the part before; one into
+    beats an earlier LOAD wrote (an earlier GEMM may read them: the wait before it ordered
+    that), one of DRAM an earlier STORE of the part writes, and one into PARAM stay; not
+    ``deep`` (a block loop's fusion), only the leading run's. Overlapped, the program
+    computes the drained one's DRAM from a random image, in no more cycles."""
+    rng = np.random.default_rng(seed)
+    tiles = int(rng.integers(3, 6))
+    body = _program(_gemm_like(tiles, dram=40))[:-1]
+    last_wait = max(i for i, ins in enumerate(body) if isinstance(ins, Load) and ins.wait)
+    late = [Load(spad=Spad.WGT, spad_addr=64, dram_addr=3000, rows=1, row_beats=8),
+            Load(spad=Spad.WGT, spad_addr=8, dram_addr=3008, rows=1, row_beats=8),
+            Load(spad=Spad.WGT, spad_addr=80, dram_addr=2000, rows=1, row_beats=2),
+            Load(spad=Spad.PARAM, spad_addr=40, dram_addr=3016, rows=1, row_beats=2)]
+    order = rng.permutation(len(late))
+    words = program_words(body + [late[k] for k in order] + [End()])
+    before = _vector_part(y=40)
+    at = len(body)
+    got = hoistable(before[:-1], words[:-1])
+    assert [i for i in got if i >= at] == [at + int(np.flatnonzero(order == 0)[0])]
+    assert all(i < last_wait for i in got if i < at)
+    assert hoistable(before[:-1], words[:-1], deep=False) == [i for i in got if i < at]
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    runs = [make_backend("model", CFG).run(fuse_words(CFG, [before, words], overlap),
+                                           dram.copy()) for overlap in (False, True)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[1].cycles <= runs[0].cycles
+
+
+def test_a_hoisted_loads_signal_comes_right_after_the_load_engine_word_before_it():
+    """A GEMM-like part whose second weights LOAD (no wait: the other half) comes after the
+    first GEMM and its STORE, both weights hoisted before the vector part's drain: the
+    second's signal is raised by a SYNC right after the activations' LOAD (which raises the
+    first's), ahead of the first GEMM, so the LOAD engine raises it without waiting for the
+    GEMM's dispatch; the program runs to the drained one's DRAM."""
+    ev = EVENTS
+    gemm = program_words([
+        Load(spad=Spad.ACT, dram_addr=40, rows=1, row_beats=2),
+        Load(spad=Spad.WGT, spad_addr=0, dram_addr=1000, rows=1, row_beats=8,
+             signal=ev["FULL0"]),
+        Gemm(wgt_addr=0, k_steps=1, out_addr=0, wait=ev["FULL0"], signal=ev["OUT_FULL0"]),
+        Store(spad=Spad.OUT, spad_addr=0, dram_addr=2000, rows=1, row_beats=OUT_ROW,
+              wait=ev["OUT_FULL0"], signal=ev["STORED0"]),
+        Load(spad=Spad.WGT, spad_addr=8, dram_addr=1008, rows=1, row_beats=8,
+             signal=ev["FULL1"]),
+        Gemm(wgt_addr=8, k_steps=1, out_addr=OUT_ROW, wait=ev["FULL1"],
+             signal=ev["OUT_FULL1"]),
+        Store(spad=Spad.OUT, spad_addr=OUT_ROW, dram_addr=2000 + OUT_ROW, rows=1,
+              row_beats=OUT_ROW, wait=ev["OUT_FULL1"], signal=ev["STORED1"]),
+        End()])
+    before = _vector_part(y=40)
+    assert hoistable(before[:-1], gemm[:-1]) == [1, 4]
+    words, places = fuse_parts(CFG, [before, gemm])
+    got = _program(words)
+    first = places[1][2]
+    assert isinstance(got[first], Gemm) and got[places[1][0]].signal == ev["FULL0"]
+    assert got[places[1][0] + 1] == Sync(engine=Engine.LOAD, signal=ev["FULL1"])
+    assert places[1][0] + 1 < first
+    dram = np.random.default_rng(0).integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    runs = [make_backend("model", CFG).run(fuse_words(CFG, [before, gemm], overlap),
+                                           dram.copy()) for overlap in (False, True)]
+    assert all(r.ok for r in runs) and np.array_equal(runs[0].dram, runs[1].dram)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_weights_load_inside_a_gemm_part_whose_own_loaded_before_it(seed):
+    """A vector part (its LOAD engine last, waiting for its STORE: no room before its drain),
+    a GEMM-like part (its weights hoisted before the vector part's drain, its LOAD engine
+    then waiting for its first STORE), a vector part, and a GEMM-like part
+    of other weights: the second GEMM's leading weights go inside the first GEMM part, after
+    its activations' LOAD and before its first GEMM, where its LOAD engine idles while the
+    array runs -- at WGT beats above the first's. The program computes the drained one's DRAM
+    from a random image, in fewer cycles; with no wait in the first GEMM part the weights
+    stay at a boundary."""
+    rng = np.random.default_rng(seed)
+    a, b = _draining(_vector_part(y=40)), _vector_part(y=60)  # a: no room after its LOADs
+    second = _gemm_like(int(rng.integers(2, 6)), dram=60)
+    for first, inside in ((_draining(_gemm_like(2, dram=40)), True),
+                          (_gemm_like(2, dram=40), False)):
+        parts = [a, first, b, second]
+        words, places = fuse_parts(CFG, parts)
+        got = _program(words)
+        gemms = [j for j in places[1] if isinstance(got[j], Gemm)]
+        act = next(j for j in places[1] if isinstance(got[j], Load) and got[j].spad == Spad.ACT)
+        weights = [places[3][1], places[3][2]]
+        assert all(got[j].spad == Spad.WGT and got[j].spad_addr >= 16 for j in weights)
+        assert all(act < j < min(gemms) for j in weights) == inside
+        assert all(act < j < max(places[1]) for j in weights) == inside
+        dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+        runs = [make_backend("model", CFG).run(fuse_words(CFG, parts, overlap), dram.copy())
+                for overlap in (False, True)]
+        assert all(r.ok for r in runs), [r.error for r in runs]
+        assert np.array_equal(runs[0].dram, runs[1].dram)
+        assert runs[1].cycles < runs[0].cycles
 
 
 @pytest.mark.parametrize("seed", range(3))
