@@ -40,7 +40,7 @@ from amaranth.lib.memory import ReadPort, WritePort
 from amaranth.lib.wiring import In, Out
 
 from hw.config import AcceleratorConfig
-from hw.dequant import Dequant, field_number, hi_product_shape
+from hw.dequant import Dequant, hi_product_shape
 from hw.fanout import lane_groups, replica
 from hw.isa import ErrorCode, Gemm, GemmBody, dispatch_error, gemm_geometry
 from hw.pe import MULT_BITS, hi_slice_bits, index_bits
@@ -332,15 +332,41 @@ class Decoder(wiring.Component):
         r_op = Signal(WeightOp)
         r_sub = Signal.like(self.sub, reset_less=True)
         m.d.sync += [r.eq(rot), r_op.eq(op), r_sub.eq(sub)]
-        # A copy of r per field width: a bit of r is a field of a different lane in every
-        # format, lanes that sit apart; each copy's bits feed one lane's extraction.
-        r_fb = {}
+        # A copy of r per field width, each lane's field in it masked by "the instruction's
+        # format has this width": a bit of r is a field of a different lane in every format,
+        # lanes that sit apart, so each copy's bits feed one lane's extraction; with the mask
+        # applied where the copy is written, a lane's number is an OR of its copies' bits
+        # (the format's one-hot multiplexer is one LUT level from the copies, not five from a
+        # format register: the default's critical path). Beside them, per lane and format, the
+        # field's sign bit masked by "this format, two's complement": the extension bits.
+        # The masks are registered per group of lanes from `fmt` (hw.fanout), one cycle behind
+        # `ins` like the per-lane format below, and read a cycle earlier than it: the
+        # instruction is in `ins` from a cycle before its first operation (FIRST_OP).
+        widths = sorted({vb + xb for vb, xb in fmts})
+        r_fb = {fb: Signal(lanes * fb, name=f"r_f{fb}", reset_less=True, attrs={"keep": 1})
+                for fb in widths}
+        r_sg = [Signal(lanes, name=f"r_sg{i}", reset_less=True, attrs={"keep": 1})
+                for i in range(len(fmts))]
+        for g, ls in enumerate(lane_groups(lanes)):
+            w_sel = {fb: replica(m, Cat(fmt[i] for i, (vb, xb) in enumerate(fmts)
+                                        if vb + xb == fb).any(), f"w{fb}_sel_g{g}")
+                     for fb in widths}
+            sx_sel = [replica(m, fmt[i] & ~ins.asym, f"sx{i}_sel_g{g}")
+                      for i in range(len(fmts))]
+            for l in ls:
+                for fb in widths:
+                    m.d.sync += r_fb[fb][l * fb:(l + 1) * fb].eq(
+                        rot[l * fb:(l + 1) * fb] & w_sel[fb].replicate(fb))
+                for i, (vb, xb) in enumerate(fmts):
+                    fb = vb + xb
+                    m.d.sync += r_sg[i][l].eq(rot[l * fb + vb - 1] & sx_sel[i])
+        # What bit p of a width's field is in each format of that width: where the formats
+        # agree, the masked copy's bit alone is the term; where they do not, the lane's format
+        # bit qualifies it.
+        roles: dict[tuple[int, int], set] = {}
         for vb, xb in fmts:
-            fb = vb + xb
-            if fb not in r_fb:
-                r_fb[fb] = Signal(lanes * fb, name=f"r_f{fb}", reset_less=True,
-                                  attrs={"keep": 1})
-                m.d.sync += r_fb[fb].eq(rot[:lanes * fb])
+            for p_ in range(vb + xb):
+                roles.setdefault((vb + xb, p_), set()).add(("v", p_) if p_ < vb else ("x", p_ - vb))
 
         # ---- cycle x+1: headers, or field extraction + dequant stage 1 ----------------------
         codes = Signal(data.ArrayLayout(cfg.scale_code_bits, lanes), reset_less=True)
@@ -370,16 +396,27 @@ class Decoder(wiring.Component):
             index = Signal(index_bits(cfg), name=f"index{l}")
             l_fmt = replica(m, fmt, f"fmt_l{l}")
             l_asym = replica(m, ins.asym, f"asym_l{l}")
-            # The format is one-hot: q is an OR of the formats' numbers, not a priority chain.
-            numbers = []
-            for i, (vb, xb) in enumerate(fmts):
-                fb = vb + xb
-                rf = r_fb[fb]
-                numbers.append(Mux(l_fmt[i], field_number(rf[l * fb:], vb, l_asym, vmax + 1), 0))
-                if xb:
-                    with m.If(l_fmt[i]):
-                        m.d.comb += index.eq(rf[l * fb + vb:l * fb + fb])
-            m.d.comb += q.eq(functools.reduce(operator.or_, numbers))
+
+            def bit(i: int, p_: int, l: int = l, l_fmt: Signal = l_fmt) -> tuple:
+                """Bit ``p_`` of lane ``l``'s field in format ``i`` (0 in other formats), and
+                a key that is the same for formats whose term is the same."""
+                fb = sum(fmts[i])
+                b = r_fb[fb][l * fb + p_]
+                if len(roles[(fb, p_)]) == 1:
+                    return ("width", fb, p_), b
+                return ("format", i, p_), b & l_fmt[i]
+
+            def any_of(terms: list[tuple]) -> Value:
+                return functools.reduce(operator.or_, dict(terms).values(), Const(0))
+
+            # The format is one-hot and every term is 0 outside its format: q is an OR.
+            m.d.comb += q.eq(Cat(
+                any_of([bit(i, j) if j < f[0] else (("sign", i), r_sg[i][l])
+                        for i, f in enumerate(fmts)])
+                for j in range(vmax + 1)))
+            m.d.comb += index.eq(Cat(
+                any_of([bit(i, f[0] + k) for i, f in enumerate(fmts) if f[1] > k])
+                for k in range(index_bits(cfg))))
             m.d.comb += [
                 dq.q.eq(q), dq.code.eq(codes[l]), dq.zero.eq(zeros[l]),
                 dq.int8.eq(replica(m, int8, f"int8_l{l}")), dq.asym.eq(l_asym),

@@ -316,13 +316,15 @@ class Accelerator(wiring.Component):
         # a dispatch error stops the machine), and in the late cycle the outcome keeps the
         # previous cycle's `cycles` and takes the late error.
         cyc = Signal(COUNTER_BITS)
+        stopping = Signal()   # the run's last cycle
+        m.d.comb += stopping.eq(late | (fetch.error != ErrorCode.NONE))
         with m.If(launch_copy("outcome")):
             m.d.sync += [running.eq(1), cyc.eq(0), self.done.eq(0), ended.eq(0), dead.eq(0),
                          self.error.eq(ErrorCode.NONE), self.error_pc.eq(0)]
         with m.Elif(running):
             m.d.sync += [cyc.eq(cyc + 1), ended.eq(done_now | deadlock_now),
                          dead.eq(deadlock_now)]
-            with m.If(late | (fetch.error != ErrorCode.NONE)):
+            with m.If(stopping):
                 m.d.sync += [running.eq(0), self.done.eq(1)]
             with m.If(events.overflow):
                 m.d.sync += self.error.eq(ErrorCode.EVENT_OVERFLOW)
@@ -333,6 +335,18 @@ class Accelerator(wiring.Component):
                              self.error_pc.eq(Mux(fetch.error != ErrorCode.NONE,
                                                   fetch.error_pc, 0))]
         m.d.comb += self.busy.eq(running | launch)
+
+        def running_copy(launch_c: Signal, name: str) -> Signal:
+            """A copy of ``running`` for one group of its users (each counter): a flip-flop
+            with ``running``'s next value, from ``launch_c`` (a copy of ``launch``), itself and
+            ``stopping``, so it holds ``running`` in every cycle; ``keep`` so that Yosys does
+            not merge the copies back into one net to every counter."""
+            c = Signal(name=f"running_{name}", attrs={"keep": 1})
+            with m.If(launch_c):
+                m.d.sync += c.eq(1)
+            with m.Elif(c & stopping):
+                m.d.sync += c.eq(0)
+            return c
 
         # ---- counters: this cycle's increments, added next cycle if the machine still runs.
         # MAC cycles of the GEMM in flight: at most k_steps * tokens.
@@ -355,12 +369,19 @@ class Accelerator(wiring.Component):
         for name, value in incs.items():
             pend = Signal(value.shape(), name=f"inc_{name}")
             counter = getattr(self.counters, name)
-            # The counter adds `pend` while the machine runs and has not stopped (`active`):
-            # `active` gates the increment (its few bits), not the enable of the counter's 48
-            # flip-flops (a net to every counter bit). `pend` follows the increments always;
-            # in a cycle the machine runs it holds the previous one's (or 0 after `launch`).
-            with m.If(launch_copy(name)):
+            # The counter adds `pend` while the machine runs and has not stopped (`active`),
+            # formed per counter from its own copy of `running`: an enable of the counter's 48
+            # flip-flops, a net within the counter, while the adder runs from registers (a
+            # net from one `running` to every counter was a critical path). `pend` follows the
+            # increments always; in a cycle the machine runs it holds the previous one's (or 0
+            # after `launch`).
+            launch_c = launch_copy(name)
+            active_c = Signal(name=f"active_{name}")
+            m.d.comb += active_c.eq(running_copy(launch_c, name) & ~late)
+            with m.If(launch_c):
                 m.d.sync += [pend.eq(0), counter.eq(0)]
             with m.Else():
-                m.d.sync += [pend.eq(value), counter.eq(counter + Mux(active, pend, 0))]
+                m.d.sync += pend.eq(value)
+                with m.If(active_c):
+                    m.d.sync += counter.eq(counter + pend)
         return m

@@ -32,12 +32,25 @@ for _p in (ROOT, ROOT / "tests" / "hw"):
 from control_testutil import random_dma, random_gemm, random_program, small_config  # noqa: E402
 
 from hw.counters import COUNTERS, CounterLayout  # noqa: E402
-from hw.isa import End, Engine, ErrorCode, Gemm, Load, Store, Sync, encode  # noqa: E402
+from hw.isa import (  # noqa: E402
+    End,
+    Engine,
+    ErrorCode,
+    Gemm,
+    InstrLayout,
+    Load,
+    Spad,
+    Store,
+    Sync,
+    encode,
+)
 from hw.timing import START_LATENCY, stop_delay  # noqa: E402
 from sim.model import FastModel  # noqa: E402
 
 CFG = small_config()
 TOP = "sim_top"
+#: Cycles after a stop in which the outcome and the counters must hold.
+HOLD_CYCLES = 8
 
 
 # ---------------------------------------------------------------------- host side (cocotb)
@@ -117,6 +130,13 @@ class Host:
                "error": ErrorCode(d.error.value.to_unsigned()),
                "error_pc": d.error_pc.value.to_unsigned(), "counters": counters,
                "done": bool(d.done.value), "busy_cycles": n}
+        # The outcome and the counters hold once the machine has stopped, whatever was still
+        # executing (each counter reads its own copy of `running`, hw/top.py).
+        for _ in range(HOLD_CYCLES):
+            await self.cycle()
+        await ReadOnly()
+        assert d.counters.value.to_unsigned() == raw, "counters moved after the stop"
+        assert d.cycles.value.to_unsigned() == out["cycles"]
         await self.cycle()
         return out
 
@@ -202,6 +222,13 @@ if cocotb is not None:
         prog = [Sync(engine=Engine.LOAD, signal=3), Sync(engine=Engine.COMPUTE, wait=3), End()]
         await host.write_program([encode(i) for i in prog])
         _compare(await host.run(), model.run(prog, timing_only=True))
+        # A dispatch error while a LOAD executes: its counter must not count on after the stop.
+        prog = [Load(spad=Spad.ACT, rows=8, row_beats=8)] + [Sync(engine=Engine.STORE)] * 6
+        words = [encode(i) for i in prog + [End()]]
+        words[-1] &= ~(((1 << 3) - 1) << InstrLayout["header"].offset)   # opcode 0: illegal
+        await host.write_program(words)
+        got = await host.run()
+        assert got["error"] == ErrorCode.ILLEGAL_OPCODE and got["counters"]["load_exec"] > 0
         # Values again, after runs that stopped anywhere (errors mid-GEMM among them): start
         # resets control state only (hw/top.py, "Reset"), so no stale datapath register may
         # reach a result. A compiled layer (it writes every scratchpad byte it reads) gives
