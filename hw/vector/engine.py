@@ -170,7 +170,8 @@ class VectorEngine(wiring.Component):
     ----------
     cfg:
         The accelerator configuration; it must have a vector engine
-        (:attr:`hw.config.AcceleratorConfig.has_vector`).
+        (:attr:`hw.config.AcceleratorConfig.has_vector`) of one lane (``vector_lanes`` 1:
+        the laned timing of :func:`hw.timing.vec_cycles` is not built here).
 
     Members
     -------
