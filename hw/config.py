@@ -180,6 +180,12 @@ class AcceleratorConfig:
         or both positive: the accelerator has a vector engine (:attr:`has_vector`) exactly when
         they are positive. At 0 they are left out of :meth:`to_dict`, so a configuration
         without the engine keeps the :attr:`fingerprint` it had before the engine existed.
+    vector_lanes:
+        Elements the vector engine takes per cycle in the sub-ops that stream laned
+        (:data:`hw.isa.LANED_VEC_FUNCS`; the others one): a power of two from 1 to the
+        elements of a DMA beat (:attr:`vector_lanes_max`), above 1 only with a vector engine.
+        At 1 (the default) it is left out of :meth:`to_dict`, so the configurations that
+        stream one element a cycle keep their :attr:`fingerprint`.
     queue_depth:
         Depth of each engine's instruction queue.
     num_events:
@@ -209,6 +215,7 @@ class AcceleratorConfig:
     param_spad_bytes: int = 1 << 10
     vin_spad_bytes: int = 0
     vout_spad_bytes: int = 0
+    vector_lanes: int = 1
     queue_depth: int = 4
     num_events: int = 16
     event_bits: int = 8
@@ -289,6 +296,13 @@ class AcceleratorConfig:
         need((self.vin_spad_bytes > 0) == (self.vout_spad_bytes > 0),
              f"vin_spad_bytes={self.vin_spad_bytes} and vout_spad_bytes="
              f"{self.vout_spad_bytes} must both be 0 (no vector engine) or both positive")
+        need(isinstance(self.vector_lanes, int) and _is_pow2(self.vector_lanes)
+             and self.vector_lanes <= self.vector_lanes_max,
+             f"vector_lanes must be a power of two in [1, {self.vector_lanes_max}] (the "
+             f"int32 elements of a {self.beat_bytes}-byte beat), got {self.vector_lanes!r}")
+        need(self.vector_lanes == 1 or self.has_vector,
+             f"vector_lanes={self.vector_lanes} needs a vector engine (vin_spad_bytes and "
+             f"vout_spad_bytes positive)")
         need(self.param_spad_bytes // self.beat_bytes <= 1 << 8,
              f"param_spad_bytes={self.param_spad_bytes} exceeds the ISA's 256-beat param range")
         need(isinstance(self.queue_depth, int) and 1 <= self.queue_depth <= 64,
@@ -349,6 +363,16 @@ class AcceleratorConfig:
     def vout_word_bytes(self) -> int:
         """The vector engine writes one int32 element per word."""
         return VECTOR_WORD_BYTES
+
+    @property
+    def vector_lanes_max(self) -> int:
+        """The most :attr:`vector_lanes`: the vector engine's elements in a DMA beat (LOAD and
+        STORE move VIN and VOUT in whole beats).
+
+        >>> AcceleratorConfig().vector_lanes_max
+        4
+        """
+        return max(1, self.beat_bytes // VECTOR_WORD_BYTES)
 
     @property
     def has_vector(self) -> bool:
@@ -429,6 +453,8 @@ class AcceleratorConfig:
         for name in _VECTOR_SPADS:  # absent engine: absent fields (the fingerprint is kept)
             if d[name] == 0:
                 del d[name]
+        if d["vector_lanes"] == 1:  # one element a cycle: absent, as before the field
+            del d["vector_lanes"]
         return d
 
     def to_json(self, indent: int | None = 2) -> str:

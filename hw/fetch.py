@@ -76,6 +76,7 @@ from hw.isa import (
     vec_out_words,
     vec_reads_amax,
     vec_reads_b,
+    vec_unaligned,
 )
 from hw.queues import entry_layout
 
@@ -239,7 +240,8 @@ class FetchUnit(wiring.Component):
         # without the product: with head_dim >= 2 their product is past any length, and the
         # product keeps to 15 x 16 bits (one multiplier). INSERT: its stride and, at stride 1,
         # whole words (a few bits of imm: insert_bad). KV4: its group divides the row
-        # (kv4_bad).
+        # (kv4_bad). A laned sub-op: its rows start on a multiple of the lanes (vec_unaligned;
+        # no logic with one lane).
         head_dim, heads = v.imm[:ROPE_HEAD_DIM_BITS], v.imm[ROPE_HEAD_DIM_BITS:]
         is_rope = func == VecFunc.ROPE.value
         relative = v.reg != 0  # those imm checks on the sum, in S3 (elaborate)
@@ -251,7 +253,8 @@ class FetchUnit(wiring.Component):
                       is_rope & (head_dim[0] | (head_dim == 0) | heads[_ROPE_HEADS_BITS:].any()
                                  | (v.b_addr + head_dim[1:] > lim.vin_elems)),
                       vec_reads_amax(func) & (dequant_amax_addr(v.imm) >= lim.vin_elems),
-                      insert_bad(func, v.imm) & ~relative, kv4_bad(func, length, v.imm))
+                      insert_bad(func, v.imm) & ~relative, kv4_bad(func, length, v.imm),
+                      vec_unaligned(func, v.a_addr, v.b_addr, v.dst_addr, lim.vec_lanes))
         rope_row = heads[:_ROPE_HEADS_BITS] * head_dim
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)

@@ -47,7 +47,8 @@ __all__ = [
     "Load", "Store", "Gemm", "Sync", "Vec", "End", "Repeat", "Instr", "ISAError",
     "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
     "vec_out_words", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT", "dequant_imm",
-    "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
+    "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS", "vec_lanes",
+    "vec_unaligned", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
     "insert_fields", "insert_geometry", "insert_bad", "KV4_GROUP_BITS", "kv4_imm", "kv4_group",
     "kv4_groups", "kv4_bad",
@@ -485,6 +486,36 @@ def vec_reads_b(func):
             | (func == VecFunc.MUL.value) | (func == VecFunc.SILU_GATE.value)
             | (func == VecFunc.DEQUANT.value) | (func == VecFunc.FOLD.value)
             | (func == VecFunc.INSERT.value) | (func == VecFunc.INSERT4.value))
+
+
+#: The sub-ops the vector engine streams :attr:`hw.config.AcceleratorConfig.vector_lanes`
+#: elements a cycle (every other one element a cycle): the one table the timing
+#: (:func:`hw.timing.vec_cycles`), the dispatch checks (their rows aligned to the lanes) and
+#: the compiler read.
+LANED_VEC_FUNCS = (VecFunc.ADD, VecFunc.REQUANT, VecFunc.RMSNORM, VecFunc.MUL, VecFunc.DEQUANT,
+                   VecFunc.FOLD)
+
+
+def vec_lanes(func, lanes: int):
+    """Elements a VEC of ``func`` streams per cycle on an engine of ``lanes``
+    (:attr:`hw.config.AcceleratorConfig.vector_lanes`): ``lanes`` for a sub-op of
+    :data:`LANED_VEC_FUNCS`, 1 for the others; ints, arrays or Amaranth values."""
+    return 1 + (lanes - 1) * _vec_laned(func)
+
+
+def _vec_laned(func):
+    """The sub-op is one of :data:`LANED_VEC_FUNCS` (ints, arrays or Amaranth values)."""
+    return functools.reduce(operator.or_, (func == v.value for v in LANED_VEC_FUNCS))
+
+
+def vec_unaligned(func, a_addr, b_addr, dst_addr, lanes: int):
+    """A laned VEC (:func:`vec_lanes`) whose row ``a_addr``, second row ``b_addr`` (where it
+    reads one: :func:`vec_reads_b`) or results ``dst_addr`` do not start on a multiple of its
+    lanes: the engine reads and writes ``lanes`` elements of one scratchpad row a cycle.
+    Always false with one lane; ints, arrays or Amaranth values."""
+    mask = lanes - 1
+    return _vec_laned(func) & ((((a_addr | dst_addr) & mask) != 0)
+                               | (vec_reads_b(func) & ((b_addr & mask) != 0)))
 
 
 def vec_reads_amax(func):
@@ -968,6 +999,7 @@ class DispatchLimits:
     param_words: int
     vin_elems: int           # elements (words) of the vector engine's scratchpads
     vout_elems: int
+    vec_lanes: int           # the vector engine's lanes (AcceleratorConfig.vector_lanes)
     opcodes: tuple[int, ...]  # the opcodes this configuration runs (END, REPEAT included)
     engines: tuple[int, ...]  # the engines it has (a SYNC may name)
 
@@ -997,6 +1029,7 @@ def dispatch_limits(cfg: AcceleratorConfig) -> DispatchLimits:
             param_words=word_beats(cfg.param_word_bytes, cfg),
             vin_elems=cfg.vin_spad_bytes // cfg.vin_word_bytes,
             vout_elems=cfg.vout_spad_bytes // cfg.vout_word_bytes,
+            vec_lanes=cfg.vector_lanes,
             opcodes=opcodes + (Opcode.END.value, Opcode.REPEAT.value), engines=engines)
         cfg.__dict__["_isa_limits"] = lim
     return lim
@@ -1271,6 +1304,13 @@ _VEC_RULES = (
           lambda f, lim: _kv4_group_bad(f),
           lambda f, cfg: f"KV4 of length={f['vec.length']}: its group "
                          f"{kv4_group(f['vec.imm'])} (imm={f['vec.imm']}) does not divide it"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: vec_unaligned(f["vec.func"], f["vec.a_addr"], f["vec.b_addr"],
+                                       f["vec.dst_addr"], lim.vec_lanes),
+          lambda f, cfg: f"{VecFunc(int(f['vec.func'])).name} streams "
+                         f"vector_lanes={cfg.vector_lanes} elements a cycle: a_addr="
+                         f"{f['vec.a_addr']}, b_addr={f['vec.b_addr']} (if read) and dst_addr="
+                         f"{f['vec.dst_addr']} must be multiples of {cfg.vector_lanes}"),
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: _vec_dst_end(f) > lim.vout_elems,
           lambda f, cfg: f"VEC results [{f['vec.dst_addr']}, {_vec_dst_end(f)}) exceed VOUT "

@@ -94,6 +94,7 @@ from hw.isa import (
     gemm_geometry_fields,
     is_move,
     kv4_groups,
+    vec_lanes,
     vec_out_words,
 )
 
@@ -105,6 +106,7 @@ __all__ = [
     "store_cycles_fields", "sync_cycles", "sync_cycles_fields", "gemm_step_cycles",
     "epilogue_cycles", "gemm_cycles", "gemm_cycles_fields", "mac_cycles_fields",
     "VECTOR_LATENCY", "VEC_READ_LATENCY", "VEC_FEED_LATENCY", "vec_cycles", "vec_cycles_fields",
+    "vec_lane_tree",
     "vec_elements_fields", "KV4_CODE_LATENCY", "store_dram_beats_fields",
 ]
 
@@ -281,17 +283,31 @@ VEC_FEED_LATENCY = 1
 KV4_CODE_LATENCY = 2
 
 
-def _vec_cycles(func, length, imm=0):
-    """:func:`vec_cycles` on ints or arrays. The engine reads one element (of each operand
-    row) per cycle in ``g + 1 .. g + length``; each is fed to its unit ``VEC_READ_LATENCY``
-    cycles later, and a unit gives its result ``VEC_FEED_LATENCY + VECTOR_LATENCY[name]``
-    cycles after it is fed (``lat`` below). ADD writes each result as its unit gives it: the
-    last one ``lat["add"]`` cycles after the last element was fed. ARGMAX writes its result's
-    words one per cycle from the cycle its unit gives it, ``lat["argmax"]`` cycles after the
-    last element was fed. The instruction ends with its last VOUT write."""
+def vec_lane_tree(lanes):
+    """Cycles a laned reduction adds (:func:`_vec_cycles`): the ``lanes`` elements of a cycle
+    are combined (a maximum, a sum) in a tree of ``log2(lanes)`` registered levels before the
+    row's running reduction takes them; 0 with one lane (ints or arrays of powers of two)."""
+    return np.log2(lanes).astype(np.int64) if isinstance(lanes, np.ndarray) \
+        else int(lanes).bit_length() - 1
+
+
+def _vec_cycles(func, length, imm=0, lanes=1):
+    """:func:`vec_cycles` on ints or arrays, on an engine of ``lanes``
+    (:attr:`hw.config.AcceleratorConfig.vector_lanes`). The engine reads ``n`` elements (of
+    each operand row) per cycle, ``n = hw.isa.vec_lanes(func, lanes)`` (one but for
+    :data:`hw.isa.LANED_VEC_FUNCS`), in ``g + 1 .. g + ceil(length / n)``; each cycle's
+    elements are fed to their units (``n`` of each, side by side) ``VEC_READ_LATENCY`` cycles
+    later, and a unit gives its result ``VEC_FEED_LATENCY + VECTOR_LATENCY[name]`` cycles
+    after it is fed (``lat`` below); a reduction's ``n`` values of a cycle first pass
+    :func:`vec_lane_tree`. ADD writes each cycle's results as its units give them: the last
+    ``lat["add"]`` cycles after the last elements were fed. ARGMAX writes its result's words
+    one per cycle from the cycle its unit gives it, ``lat["argmax"]`` cycles after the last
+    element was fed. The instruction ends with its last VOUT write."""
     # A unit's result comes VEC_FEED_LATENCY + its latency after the engine feeds it.
     lat = {k: VEC_FEED_LATENCY + v for k, v in VECTOR_LATENCY.items()}
-    stream = length + VEC_READ_LATENCY
+    n = vec_lanes(func, lanes)
+    stream = (length + n - 1) // n + VEC_READ_LATENCY
+    tree = vec_lane_tree(n)
     add = stream + lat["add"]
     argmax = (stream + lat["argmax"]
               + vec_out_words(VecFunc.ARGMAX.value, length) - 1)
@@ -299,7 +315,8 @@ def _vec_cycles(func, length, imm=0):
     # scalar s is a bit of it); pass 2 reads from the cycle after Recip's result, into Requant,
     # each code packed and a word written with the fourth code or the row's last; amax the
     # cycle after.
-    requant = (stream + lat["absmax"] + lat["recip"] + stream + lat["requant"] + 1)
+    # (n lanes: n codes a cycle into the word being packed.)
+    requant = (stream + tree + lat["absmax"] + lat["recip"] + stream + lat["requant"] + 1)
     # SOFTMAX: pass 1 into Max, m as it comes out; pass 2 from the cycle after into Exp and
     # Sum; Recip of the sum; pass 3 from the cycle after its result into Exp and Scale,
     # written as they come out.
@@ -308,7 +325,7 @@ def _vec_cycles(func, length, imm=0):
     # RMSNORM: pass 1 into AbsMax, s as amax comes out; pass 2 from the cycle after into SumSq;
     # Rsqrt of the sum plus epsilon; pass 3 from the cycle after its result into Scale and Mul
     # (the weight beside it), written as they come out.
-    rmsnorm = (stream + lat["absmax"] + stream + lat["sumsq"] + lat["rsqrt"]
+    rmsnorm = (stream + tree + lat["absmax"] + stream + tree + lat["sumsq"] + lat["rsqrt"]
                + stream + lat["scale"] + lat["mul"])
     # MUL: one pass through Mul(16). SILU_GATE: one pass, each element through Exp(30),
     # Recip, Scale(60) and three Muls (e * s, g * sigmoid, * u), written as it comes out.
@@ -327,7 +344,7 @@ def _vec_cycles(func, length, imm=0):
     # AbsMax; amax and its bit length registered as they come out, Recip fed from them the
     # cycle after; pass 2 from the cycle after Recip's result through Mul into Requant, the
     # codes packed as REQUANT's; the amax word the cycle after the last code.
-    fold = (stream + lat["mul"] + lat["absmax"] + 1 + lat["recip"]
+    fold = (stream + lat["mul"] + tree + lat["absmax"] + 1 + lat["recip"]
             + stream + lat["mul"] + lat["requant"] + 1)
     # INSERT: one pass; each word of the row, with the code word it takes read beside it on
     # the second port, merged by byte multiplexers into the unit-feed register and written
@@ -363,12 +380,12 @@ def _vec_cycles(func, length, imm=0):
 def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:
     """VEC: stream the row through the sub-op's function unit, write the results to VOUT
     (see :func:`_vec_cycles`)."""
-    return int(_vec_cycles(ins.func.value, ins.length, ins.imm))
+    return int(_vec_cycles(ins.func.value, ins.length, ins.imm, cfg.vector_lanes))
 
 
 def vec_cycles_fields(f: dict, cfg: AcceleratorConfig):
     """:func:`vec_cycles` from :func:`hw.isa.decode_fields` (ints or arrays)."""
-    return _vec_cycles(f["vec.func"], f["vec.length"], f["vec.imm"])
+    return _vec_cycles(f["vec.func"], f["vec.length"], f["vec.imm"], cfg.vector_lanes)
 
 
 def vec_elements_fields(f: dict):

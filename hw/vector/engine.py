@@ -170,7 +170,8 @@ class VectorEngine(wiring.Component):
     ----------
     cfg:
         The accelerator configuration; it must have a vector engine
-        (:attr:`hw.config.AcceleratorConfig.has_vector`).
+        (:attr:`hw.config.AcceleratorConfig.has_vector`) of one lane (``vector_lanes`` 1:
+        the laned timing of :func:`hw.timing.vec_cycles` is not built here).
 
     Members
     -------
@@ -204,6 +205,10 @@ class VectorEngine(wiring.Component):
             raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
         if not cfg.has_vector:
             raise ValueError("this configuration has no vector engine (vin_spad_bytes = 0)")
+        if cfg.vector_lanes != 1:
+            raise ValueError(f"vector_lanes={cfg.vector_lanes}: this vector engine streams one "
+                             f"element a cycle (hw.timing's laned terms, vector_lanes > 1, are "
+                             f"the fast model's contract, not built in RTL)")
         if timing.VEC_READ_LATENCY != self.READ_LATENCY:
             raise ValueError(f"hw.timing.VEC_READ_LATENCY={timing.VEC_READ_LATENCY} does not "
                              f"match the vector engine's {self.READ_LATENCY}-cycle VIN read")

@@ -196,6 +196,25 @@ def kv4_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
     return words
 
 
+def lane_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
+    """VECs of every sub-op inside VIN and VOUT, each address aligned to the lanes or off by
+    a random amount (hw.isa.vec_unaligned: BAD_ADDRESS for a laned sub-op, only there)."""
+    vin, vout = cfg.vin_spad_bytes // 4, cfg.vout_spad_bytes // 4
+    lanes = cfg.vector_lanes
+    words = []
+    for _ in range(60):
+        func = rng.choice([f for f in VecFunc if f != VecFunc.ROPE])
+        length = rng.randrange(1, 33)
+
+        def addr(size):
+            return rng.randrange(0, size - 40, lanes) + rng.choice([0, 0, rng.randrange(lanes)])
+        imm = {VecFunc.INSERT: insert_imm(0, 1, 1, 4), VecFunc.INSERT4: insert_imm(0, 1, 1, 8),
+               VecFunc.KV4: kv4_imm(None)}.get(func, 0)
+        words.append(encode(Vec(func=func, a_addr=addr(vin), b_addr=addr(vin),
+                                dst_addr=addr(vout), length=length, imm=imm)))
+    return words
+
+
 def expected_error(word: int, cfg: AcceleratorConfig, regs: dict | None = None) -> ErrorCode:
     try:
         ins = decode(word)
@@ -253,7 +272,8 @@ class FetchBench:
 _CONFIGS = {"small": small_config(), "wide": wide_config(), "default": AcceleratorConfig(),
             "beat4": small_config(memory={"bytes_per_cycle": 4, "latency": 2,
                                           "size_bytes": 1 << 12}),
-            "vector": small_config(vin_spad_bytes=512, vout_spad_bytes=256)}
+            "vector": small_config(vin_spad_bytes=512, vout_spad_bytes=256),
+            "vector4": small_config(vin_spad_bytes=512, vout_spad_bytes=256, vector_lanes=4)}
 
 
 @pytest.mark.parametrize("name", sorted(_CONFIGS))
@@ -267,6 +287,7 @@ def test_checks_match_dispatch_error(name):
     words += boundary_words(rng, cfg)
     if cfg.has_vector:
         words += rope_words(rng, cfg) + insert_words(rng, cfg) + kv4_words(rng, cfg)
+        words += lane_words(rng, cfg)
     # Words relative to the run-time registers, run with random registers (hw.isa.reg_values).
     words = [(w, None) for w in words] + [
         (relative_word(rng, w), random_regs(rng, cfg)) for w in words[:len(words) // 2]]

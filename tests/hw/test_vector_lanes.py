@@ -1,0 +1,204 @@
+"""The vector engine's lanes (``AcceleratorConfig.vector_lanes``): the configuration field, the
+one table of laned sub-ops (``hw.isa.LANED_VEC_FUNCS``), the laned timing terms of
+``hw.timing.vec_cycles``, the row alignment dispatch rule, and the fast model on random vector
+programs: the lanes change cycles only, never a result (``hw/numerics.py`` is unchanged)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hw import timing
+from hw.config import AcceleratorConfig, ConfigError, preset
+from hw.isa import (
+    LANED_VEC_FUNCS,
+    ErrorCode,
+    Vec,
+    VecFunc,
+    check,
+    decode_fields,
+    dispatch_error,
+    dispatch_errors,
+    insert_imm,
+    kv4_imm,
+    program_words,
+    rope_imm,
+    vec_lanes,
+    vec_reads_b,
+    vec_unaligned,
+)
+from hw.vector.engine import VectorEngine
+from sim.model import FastModel
+from sim.random_programs import EQUIVALENCE_CONFIGS, random_program
+
+VCFG = preset("vector")
+LANES = (1, 2, 4)
+
+
+def _cfg(lanes: int) -> AcceleratorConfig:
+    return VCFG.replace(vector_lanes=lanes)
+
+
+def _imm(func: VecFunc, length: int) -> int:
+    """A valid ``imm`` of ``func`` for a row of ``length`` (ROPE: one head; KV4: a value
+    row; INSERT: one code; others 0)."""
+    return {VecFunc.ROPE: rope_imm(length, 1) if length % 2 == 0 else 0,
+            VecFunc.INSERT: insert_imm(0, 1, 1, 4), VecFunc.INSERT4: insert_imm(0, 1, 1, 8),
+            VecFunc.KV4: kv4_imm(None)}.get(func, 0)
+
+
+# ---------------------------------------------------------------------- configuration
+def test_lanes_default_and_fingerprint():
+    """One lane is the default and leaves the JSON (every configuration keeps its
+    fingerprint); more lanes are in it and round-trip."""
+    assert VCFG.vector_lanes == 1 and "vector_lanes" not in VCFG.to_dict()
+    c4 = _cfg(4)
+    assert c4.to_dict()["vector_lanes"] == 4
+    assert AcceleratorConfig.from_json(c4.to_json()) == c4
+    assert len({_cfg(n).fingerprint for n in LANES}) == len(LANES)
+    assert AcceleratorConfig.from_dict({**VCFG.to_dict(), "vector_lanes": 1}).fingerprint \
+        == VCFG.fingerprint
+
+
+@pytest.mark.parametrize("bad", [0, 3, 8, -4, 2.0, True, "4"])
+def test_lanes_validated(bad):
+    with pytest.raises(ConfigError, match=f"vector_lanes must be .* got {bad!r}"):
+        _cfg(bad)
+
+
+def test_lanes_bounded_by_the_beat_and_the_engine():
+    """At most a beat's elements (LOAD and STORE move whole beats); none without an engine."""
+    wide = VCFG.replace(memory=dataclasses.replace(VCFG.memory, bytes_per_cycle=32))
+    assert wide.vector_lanes_max == 8 and wide.replace(vector_lanes=8).vector_lanes == 8
+    narrow = VCFG.replace(memory=dataclasses.replace(VCFG.memory, bytes_per_cycle=4))
+    with pytest.raises(ConfigError, match=r"in \[1, 1\] .* got 2"):
+        narrow.replace(vector_lanes=2)
+    with pytest.raises(ConfigError, match="vector_lanes=2 needs a vector engine"):
+        AcceleratorConfig(vector_lanes=2)
+
+
+def test_rtl_engine_refuses_lanes():
+    """The RTL engine streams one element a cycle: it names the lanes it does not build."""
+    VectorEngine(VCFG)
+    with pytest.raises(ValueError, match="vector_lanes=4"):
+        VectorEngine(_cfg(4))
+
+
+# ---------------------------------------------------------------------- the lane table
+@pytest.mark.parametrize("lanes", LANES)
+def test_lane_table(lanes):
+    """``vec_lanes`` is the lanes for the table's sub-ops and 1 for the others, on ints and
+    arrays alike."""
+    funcs = np.array([f.value for f in VecFunc])
+    want = [lanes if f in LANED_VEC_FUNCS else 1 for f in VecFunc]
+    assert [int(vec_lanes(f.value, lanes)) for f in VecFunc] == want
+    assert vec_lanes(funcs, lanes).tolist() == want
+
+
+# ---------------------------------------------------------------------- timing
+def _one_lane(func: VecFunc, length: int, imm: int) -> int:
+    return timing.vec_cycles(Vec(func=func, length=length, imm=imm), VCFG)
+
+
+@pytest.mark.parametrize("lanes", LANES)
+def test_laned_cycles(lanes):
+    """A laned sub-op takes its one-lane cycles of a row of ``ceil(L / lanes)`` elements, plus
+    ``log2(lanes)`` per reduction over the lanes (REQUANT's and FOLD's AbsMax, RMSNORM's
+    AbsMax and SumSq); every other sub-op its one-lane cycles. Random lengths, not multiples
+    of the lanes among them."""
+    rng = np.random.default_rng(lanes)
+    tree = lanes.bit_length() - 1
+    reductions = {VecFunc.REQUANT: 1, VecFunc.FOLD: 1, VecFunc.RMSNORM: 2}
+    cfg = _cfg(lanes)
+    for length in [1, 2, 3, 4, 5, 7, 8, 9, 255, 256, 257] + rng.integers(1, 4096, 20).tolist():
+        for func in VecFunc:
+            imm = _imm(func, length)
+            got = timing.vec_cycles(Vec(func=func, length=length, imm=imm), cfg)
+            if func in LANED_VEC_FUNCS:
+                want = _one_lane(func, -(-length // lanes), imm) + reductions.get(func, 0) * tree
+            else:
+                want = _one_lane(func, length, imm)
+            assert got == want, (func, length, lanes)
+
+
+@pytest.mark.parametrize("lanes", LANES)
+def test_laned_cycles_fields(lanes):
+    """The formula on decoded arrays equals it on each instruction."""
+    rng = np.random.default_rng(10 + lanes)
+    cfg = _cfg(lanes)
+    vecs = []
+    for _ in range(300):
+        func = VecFunc(int(rng.choice([f.value for f in VecFunc])))
+        length = int(rng.integers(1, 2048))
+        vecs.append(Vec(func=func, length=length, imm=_imm(func, length)))
+    f = decode_fields(program_words(vecs))
+    assert timing.vec_cycles_fields(f, cfg).tolist() == [timing.vec_cycles(v, cfg)
+                                                          for v in vecs]
+
+
+def test_four_lanes_hot_functions():
+    """The decode step's hot sub-ops on a row of 256 (the reference model's hidden size), one
+    and four lanes: the numbers the vector configuration's step moves by."""
+    got = {f: [timing.vec_cycles(Vec(func=f, length=256), _cfg(n)) for n in (1, 4)]
+           for f in (VecFunc.REQUANT, VecFunc.DEQUANT, VecFunc.RMSNORM)}
+    assert got == {VecFunc.REQUANT: [536, 154], VecFunc.DEQUANT: [270, 78],
+                   VecFunc.RMSNORM: [801, 229]}
+
+
+# ---------------------------------------------------------------------- alignment
+@pytest.mark.parametrize("lanes", LANES)
+def test_alignment_rule(lanes):
+    """A laned VEC's rows (a_addr, b_addr where it reads one, dst_addr) start on a multiple of
+    the lanes, else BAD_ADDRESS; other sub-ops and one lane never fail it. dispatch_error,
+    dispatch_errors and check agree, and check names the addresses."""
+    rng = np.random.default_rng(20 + lanes)
+    cfg = _cfg(lanes)
+    vecs, want = [], []
+    for _ in range(400):
+        func = VecFunc(int(rng.choice([f.value for f in VecFunc if f != VecFunc.ROPE])))
+        length = int(rng.integers(1, 64))
+        a, b, d = (int(x) for x in rng.integers(0, 512, 3))
+        v = Vec(func=func, length=length, imm=_imm(func, length), a_addr=a,
+                b_addr=b if vec_reads_b(func.value) else int(rng.integers(0, 512)), dst_addr=d)
+        n = lanes if func in LANED_VEC_FUNCS else 1
+        bad = bool(a % n or d % n or (vec_reads_b(func.value) and v.b_addr % n))
+        assert bool(vec_unaligned(func.value, a, v.b_addr, d, lanes)) == bad
+        vecs.append(v)
+        want.append(ErrorCode.BAD_ADDRESS if bad else ErrorCode.NONE)
+    got = [dispatch_error(v, cfg) for v in vecs]
+    assert got == want
+    assert dispatch_errors(decode_fields(program_words(vecs)), cfg).tolist() == \
+        [e.value for e in want]
+    assert (lanes == 1) == (ErrorCode.BAD_ADDRESS not in want)
+    for v, e in zip(vecs, want, strict=True):
+        if e != ErrorCode.NONE:
+            with pytest.raises(Exception, match=f"vector_lanes={lanes} .*a_addr={v.a_addr}"):
+                check(v, cfg)
+            break
+
+
+# ---------------------------------------------------------------------- the fast model
+@pytest.mark.parametrize("seed", range(4))
+def test_random_programs_results_independent_of_lanes(seed):
+    """Random vector programs (rows drawn aligned, lengths any) on 1, 2 and 4 lanes: each runs
+    without error, every VEC takes its ``vec_cycles`` on that configuration, and the DRAM they
+    leave is the same bit for bit (the lanes change when, never what)."""
+    base = EQUIVALENCE_CONFIGS["4x4"]
+    rng = np.random.default_rng(seed)
+    rp = random_program(base.replace(vector_lanes=4), rng, chains=int(rng.integers(1, 3)),
+                        tasks=3, vector=0.9)
+    results = []
+    for lanes in LANES:
+        cfg = base.replace(vector_lanes=lanes)
+        res = FastModel(cfg).run(rp.program, rp.dram, trace=True, regs=rp.regs)
+        assert res.ok, (lanes, res.error, res.detail)
+        for t in res.trace:
+            ins = rp.program[t.index]
+            if isinstance(ins, Vec):
+                assert t.end - t.grant == timing.vec_cycles(ins, cfg)
+        results.append(res)
+    for res in results[1:]:
+        assert np.array_equal(res.dram, results[0].dram)
+    assert results[-1].cycles <= results[0].cycles
