@@ -472,9 +472,10 @@ def persistent_lines(records: list[dict]) -> list[str]:
               "times as much on the DDR4-class 16x64 system (`vector`). The KV append costs most "
               "there: a 1024-lane tile's key record is 1024 bytes (INT8; 512 at INT4), so a "
               "position's key touches one beat of every channel's record, 128 beats a kv head "
-              "whose INSERT walks all 4096 elements, one kv head after the other. A vector "
-              "engine as wide as the beat (or an INSERT that does not rewrite the whole row) "
-              "would lift that bound; a schedule can hide only what the weight scratchpad "
+              "whose INSERT walks all 4096 elements, one kv head after the other; no INSERT "
+              "walks fewer, since a STORE writes whole beats from VOUT, which only the vector "
+              "engine writes. A vector engine as wide as the beat would lift that bound; a "
+              "schedule can hide only what the weight scratchpad "
               "prefetches beside it. Where `vector` exceeds the larger of `memory` and `array`, "
               "no schedule reaches the roofline.", "",
               "The HBM-class steps are not one program: an INSERT's `base` field (10 bits) "

@@ -192,11 +192,12 @@ class KVLayout:
         channel's record per position byte (records of ``lanes`` bytes: the tile's records
         as one run when a record is at most a beat, else the record's beat of each channel);
         INT4 keys: each group's records as one run (``groups`` rows, a group apart), their
-        codes each group's header; INT4 key records wider than a beat: the record's beat of
-        each channel of a group (a piece per group, :meth:`append_pieces`), the header's
-        beat of each group; values, the position's record in each of ``head_dim /
-        lanes`` tiles (a record of more lanes than ``head_dim``: its beats up to the last
-        channel's); codes, the beat of the position's word.
+        codes the beat of each group's header that holds the position's code (a header of
+        ``lanes`` bytes); INT4 key records wider than a beat: the record's beat of each
+        channel of a group (a piece per group, :meth:`append_pieces`); values, the
+        position's record in each of ``head_dim / lanes`` tiles (a record of more lanes than
+        ``head_dim``: its beats up to the last channel's); codes, the beat of the position's
+        word. Every beat moved holds a code the append writes.
 
         Raises
         ------
@@ -215,10 +216,11 @@ class KVLayout:
                     f"{lay.record_bytes} bytes, headers of {lay.header_bytes}) is not in whole "
                     f"{beat}-byte beats of records and headers: no on-chip append")
             rows, stride = lay.groups, lay.group_bytes // beat
+            if kind == "h":   # each group's header beat holding the position's code
+                return rows, 1, stride
             if self._wide_int4_keys:
-                return (lay.geometry.group_len, 1, lay.record_bytes // beat) if kind == "k" \
-                    else (rows, 1, stride)
-            return rows, (run if kind == "k" else lay.header_bytes) // beat, stride
+                return lay.geometry.group_len, 1, lay.record_bytes // beat
+            return rows, run // beat, stride
         if kind == "k":
             rec = self.keys.record_bytes
             if rec <= beat:
@@ -277,7 +279,7 @@ class KVLayout:
         beat, lanes = self.beat, self.lanes
         if kind in ("k", "h"):
             tile = RegTerm("pos", div=lanes, scale=self.key_tile_stride // beat)
-            if self._wide_int4_keys:
+            if self._wide_int4_keys or (kind == "h" and lanes > beat):
                 # the lane's beat and nibble of a record (bytes of a header: ``unit`` 1)
                 unit = 2 if kind == "k" else 1
                 return (tile, RegTerm("pos", div=unit * beat, mod=lanes // (unit * beat))), \

@@ -262,7 +262,10 @@ def test_the_int4_append_program_writes_the_hosts_bytes(name, seed):
     words = program_words([*program, End()])
     model = FastModel(cfg)
     lanes = cfg.lanes
-    edges = {0, 1, lanes - 1, lanes, layout.max_context - 1,
+    # a header's beat boundary too: a header of more lanes than a beat's bytes moves the
+    # beat holding the position's code alone
+    beat = cfg.beat_bytes
+    edges = {0, 1, beat - 1, beat, lanes - 1, lanes, layout.max_context - 1,
              int(rng.integers(0, layout.max_context))}
     for position in sorted(p for p in edges if p < layout.max_context):
         k, v = _rows(rng, kv_heads, d), _rows(rng, kv_heads, d)
@@ -291,8 +294,10 @@ def test_the_int4_append_geometry_names_the_positions_nibbles(head_dim, lanes, b
     """The INT4 cache's append geometry: INSERT4's nibbles of the loaded beats (from
     append_origin past the site, each piece's after the one before's) are KVLayout.fields'
     nibbles of the position (keys, values), INSERT's bytes of the headers its key group
-    codes' bytes (code_offsets), at every position; the geometry fits the INSERT's fields;
-    position 0's site is (0, 0). Records wider than a beat: a piece per group of keys."""
+    codes' bytes (code_offsets), at every position, and every loaded beat holds one of them
+    (a header wider than a beat: only its beat holding the code); the geometry fits the
+    INSERT's fields; position 0's site is (0, 0). Records wider than a beat: a piece per
+    group of keys."""
     layout = KVLayout(head_dim=head_dim, max_context=2 * lanes + 3, lanes=lanes, beat=beat,
                       bits=4)
     for kind in "khvc":
@@ -323,6 +328,10 @@ def test_the_int4_append_geometry_names_the_positions_nibbles(head_dim, lanes, b
                 offset, shift = layout.fields(kind, [p])
                 assert np.array_equal(loaded[unit // 2], offset[0]), (kind, p)
                 assert np.array_equal(4 * (unit % 2), shift[0]), (kind, p)
+            # every beat moved holds a code: the append loads, walks and stores no other
+            byte = unit // 2 if half else unit
+            assert np.array_equal(np.unique(byte // beat), np.arange(pieces * rows * row_beats)), \
+                (kind, p)
 
 
 def _site_written_out(layout: KVLayout, kind: str, position: int) -> tuple[int, int]:
@@ -332,9 +341,10 @@ def _site_written_out(layout: KVLayout, kind: str, position: int) -> tuple[int, 
     if kind in ("k", "h"):
         tile = position // lanes * (layout.key_tile_stride // beat)
         lane = position % lanes
+        if layout.bits == 4 and kind == "h":  # the header's beat holding the lane's code
+            return tile + lane // beat, lane % beat
         if layout.bits == 4 and layout.keys.record_bytes > beat:  # a beat of each record
-            unit = 2 if kind == "k" else 1      # a record's nibbles, a header's bytes
-            return tile + lane // (unit * beat), lane % (unit * beat)
+            return tile + lane // (2 * beat), lane % (2 * beat)   # a record's nibbles
         if layout.bits == 4 or layout.keys.record_bytes <= beat:
             return tile, lane
         return tile + lane // beat, lane % beat

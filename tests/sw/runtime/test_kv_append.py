@@ -224,3 +224,40 @@ def test_wide_and_all_zero_value_rows_give_the_twins_tokens(seed):
     twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
     for (logits, _), w in zip(steps, twin_step_logits(twin, ids, PROMPT), strict=True):
         assert torch.equal(logits, w)
+
+
+def test_an_int4_cache_of_two_beat_headers_appends_the_beat_holding_the_code():
+    """32 lanes in 16-byte beats: an INT4 key group's header (a code per lane) is two beats,
+    and a step's append loads, INSERTs and stores only the one holding its position's code
+    (KVLayout.append_transfer). Decode steps on both sides of the headers' beat boundary
+    (positions 14 .. 17) leave the cache bytes the host's append writes, and the tokens equal
+    the twin's."""
+    cfg = VSMALL.replace(rows=4, cols=8)
+    assert cfg.lanes == 2 * cfg.beat_bytes
+    lm = tiny_lm(layers=1, heads=2, kv_heads=1)
+    ws = compressed(lm)
+    prompt, steps = 14, 4
+    opts = CompileOptions(prompt, prompt + steps, kv_bits=4)
+    exe = compile_model(lm, cfg, opts, weights=ws)
+    host = compile_model(lm, cfg, dataclasses.replace(opts, chain_programs=False), weights=ws)
+    appends = [p for p in exe.programs if p.append_rows]
+    assert appends and not any(p.append_rows for p in host.programs)
+    for p in appends:
+        program = decode_program(p.words.view(np.uint8))
+        headers = [program[i] for i, kind, field, _ in p.append_rows
+                   if kind == "h" and field == "dram_addr"]
+        assert headers and all(i.row_beats == 1 for i in headers)
+    ids = _ids(lm, prompt + steps, seed=3)
+    rt = Runtime(exe, make_backend("model", cfg), vector=True)
+    ref = Runtime(host, make_backend("model", cfg), vector=True)
+    got = []
+    for k in range(steps + 1):
+        x = ids[:, :prompt] if k == 0 else ids[:, prompt + k - 1:prompt + k]
+        got.append(rt.step(x)[0])
+        ref.step(x)
+        cache, want = _cache(rt), _cache(ref)
+        for name in cache:
+            assert np.array_equal(cache[name], want[name]), (k, name)
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True, kv_bits=4)
+    for a, b in zip(got, twin_step_logits(twin, ids, prompt), strict=True):
+        assert torch.equal(a, b)
