@@ -36,7 +36,8 @@ with all fields free), ``fetch_dma`` on LOAD/STORE words whose ``rows``, ``row_b
 Both run on yices (:data:`SOLVER`): on ``fetch_dma`` z3 needed minutes per step from the
 first dispatch on, doubling each step (11.5 minutes for step 13, the 18 steps far past the
 flow's 30-minute limit); yices proves the same 18 steps, nothing assumed beyond the above, in
-about four minutes of CPU time.
+7.5 minutes on the two cores shared with other jobs (load 7; ``python -m formal -k fetch``,
+``fetch_other`` 1.8 minutes).
 """
 
 from __future__ import annotations
