@@ -195,7 +195,7 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "fuse_parts", "hoistable", "row_aliases", "rows_left", "attention_chains", "all_groups",
            "query_requants",
            "VECTOR_EVENTS", "vector_events", "BESIDE_EVENTS", "rename_events", "beside",
-           "SCORES_AMAX", "kv_appends"]
+           "SCORES_AMAX", "kv_appends", "weights_first"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -933,10 +933,50 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
             # the events a part leaves over are counted word by word, not per iteration
             raise LoweringError(f"fused part {k} holds a hardware loop (REPEAT)")
         bodies.append(words[:-1])
+    # with overlap, each part's weights LOAD goes before an activations LOAD that waits
+    orders = [weights_first(b) if overlap else (b, list(range(b.shape[0]))) for b in bodies]
+    bodies = [b for b, _ in orders]
     merged, within = _beside_runs(cfg, bodies) if overlap else (
         bodies, [(k, list(range(b.shape[0]))) for k, b in enumerate(bodies)])
     words, places = _fuse(cfg, merged, overlap, spread)
-    return words, tuple(tuple(places[q][i] for i in at) for q, at in within)
+    return words, tuple(tuple(places[q][at[i]] for i in order)
+                        for (q, at), (_, order) in zip(within, orders, strict=True))
+
+
+def weights_first(words: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """A part's ``words`` (END dropped) with each GEMM's weights LOAD that comes right
+    after the LOAD of a new activation set ahead of it: the scheduler loads a new set
+    (:class:`sw.compile.schedule._Scheduler`, resident rows from ACT beat 0) only once the
+    GEMM before it is done, and the next weights, which wait only for the GEMM that last
+    read their half, would queue behind that wait, the LOAD engine idle while the array
+    computes (attention's values GEMM: a member's weights, its kv head's values, after
+    the member before's last tile). A pair moves where the activations LOAD (into ACT)
+    waits and signals nothing, and the weights LOAD right after it (into WGT) waits on
+    another event (its own half's reader: the order of the waits on each event stays, so
+    each takes the signal it took) and signals, and no STORE of the part writes the
+    weights' DRAM. The weights LOAD goes first, without its signal, and the activations
+    LOAD raises that signal: the GEMM it grants waits, as before, for both. Returns the
+    words and, per word of ``words``, where it lands."""
+    f = decode_fields(words)
+    eng = engines_fields(f)
+    stores = [_dram_extent(f, i) for i in _stores(f)]
+    load = Opcode.LOAD.value
+    order = list(range(words.shape[0]))
+    out = words.copy()
+    for i in range(words.shape[0] - 1):
+        j = i + 1
+        if not (eng[i] == eng[j] == Engine.LOAD.value and f["opcode"][i] == load
+                and f["opcode"][j] == load and f["dma.spad"][i] == Spad.ACT.value
+                and f["dma.spad"][j] == Spad.WGT.value and f["wait"][i] != NO_EVENT
+                and f["signal"][i] == NO_EVENT and f["wait"][j] != NO_EVENT
+                and f["wait"][j] != f["wait"][i] and f["signal"][j] != NO_EVENT
+                and not any(_overlap(_dram_extent(f, j), s) for s in stores)):
+            continue
+        acts, weights = _instr(words[i]), _instr(words[j])
+        out[i:j + 1] = program_words([replace(weights, signal=None),
+                                      replace(acts, signal=weights.signal)])
+        order[i], order[j] = j, i
+    return out, order
 
 
 def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
