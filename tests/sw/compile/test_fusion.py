@@ -925,7 +925,7 @@ def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
         load, *rest = _program(_vector_part(y=3000)[:-1])
         vec = program_words([dataclasses.replace(load, dram_addr=2000 + OUT_ROW * tile)]
                             + rest)
-        words, g_at, v_at = beside(gemm, vec)
+        words, g_at, v_at = beside(CFG, gemm, vec)
         got = _program(words)
         assert g_at == sorted(g_at) and v_at == sorted(v_at)
         assert len(got) == len(g_at) + len(v_at) + syncs
@@ -977,8 +977,8 @@ def test_a_rope_reads_the_rows_of_the_linear_its_layout_nodes_view():
 def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     """Each attention scores node's program per context bucket, the softmax's and the
     values' of the same bucket are parts of one fused program (its VECs: a REQUANT of each
-    query head's rows of the rope's results, a row per token, then a DEQUANT per row of each
-    operand head, then a SOFTMAX per row, whose ``imm`` the host sets, then a FOLD per row
+    query head's rows of the rope's results, a row per token, then per operand head a DEQUANT
+    per row and a SOFTMAX per row, whose ``imm`` the host sets, then a FOLD per row
     and a DEQUANT per row of the values); each member's DEQUANT writes its rows of the
     softmax's input, in order, and reads its kv head's channel words and the ``amax`` words
     of REQUANT (the host writes neither them nor the query rows); each values member's FOLD
@@ -1006,8 +1006,10 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
         requant = [VecFunc.REQUANT] * (4 * tokens)  # a row per head and token
         # the chain after it (o_proj's REQUANT on): its own test
         vecs = vecs[:len(requant) + 4 * op.rows]
-        assert [v.func for v in vecs] == requant + [VecFunc.DEQUANT] * op.rows \
-            + [VecFunc.SOFTMAX] * op.rows + [VecFunc.FOLD] * op.rows \
+        # per operand head, its rows' DEQUANT then their SOFTMAX (beside the next heads)
+        scores = [f for m in first.members
+                  for f in [VecFunc.DEQUANT] * m.tokens + [VecFunc.SOFTMAX] * m.tokens]
+        assert [v.func for v in vecs] == requant + scores + [VecFunc.FOLD] * op.rows \
             + [VecFunc.DEQUANT] * op.rows
         assert all(dequant_fold(v.imm) == (k >= len(requant) + 3 * op.rows)
                    for k, v in enumerate(vecs) if v.func == VecFunc.DEQUANT)
