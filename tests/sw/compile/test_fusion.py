@@ -937,6 +937,84 @@ def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
         assert r.ok, r.error
 
 
+def _vin_races(words: np.ndarray, trace) -> list[tuple[int, int]]:
+    """The (LOAD, VEC) pairs of a run of ``words`` (its ``trace``) that race on VIN beats:
+    the LOAD writes beats a REQUANT, DEQUANT, SOFTMAX or FOLD reads while that VEC runs (from
+    the LOAD's grant to its landing, from the VEC's grant to its end; the VEC reads ``length``
+    elements from ``a_addr``, a DEQUANT or FOLD also from ``b_addr``, a DEQUANT its ``amax``
+    word at ``imm``'s low 16 bits)."""
+    program = _program(words)
+    at = {t.index: t for t in trace}
+    per = VSMALL.beat_bytes // VSMALL.vin_word_bytes
+
+    def read(ins) -> list[tuple[int, int]]:
+        out = [(ins.a_addr, ins.a_addr + ins.length)]
+        if ins.func in (VecFunc.DEQUANT, VecFunc.FOLD):
+            out.append((ins.b_addr, ins.b_addr + ins.length))
+        if ins.func == VecFunc.DEQUANT:
+            out.append((ins.imm & 0xFFFF, (ins.imm & 0xFFFF) + 1))
+        return [(lo // per, -(-hi // per)) for lo, hi in out]
+    funcs = (VecFunc.REQUANT, VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD)
+    loads = [i for i, ins in enumerate(program) if isinstance(ins, Load) and ins.spad == Spad.VIN]
+    vecs = [i for i, ins in enumerate(program) if isinstance(ins, Vec) and ins.func in funcs]
+    return [(i, j) for i in loads for j in vecs
+            if any(lo < hi2 and lo2 < hi for lo, hi in [
+                (program[i].spad_addr, program[i].spad_addr
+                 + program[i].rows * program[i].row_beats)] for lo2, hi2 in read(program[j]))
+            and at[i].grant <= at[j].end and at[j].grant <= at[i].done]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
+    """A tiny model of random heads (1 to 4 kv heads, grouped or not) compiled for decode
+    steps up to a random context: in every attention program each kv head's SOFTMAX follows
+    its scores' DEQUANT beside the scores GEMMs (sw.compile.fusion.beside, paced by the
+    durations). On the fast model from a random DRAM image, overlapped as drained, it runs
+    (no deadlock) to the drained program's DRAM (the model applies every effect at its
+    completion: a softmax of rows not yet dequantised would show) in no more cycles, with
+    no LOAD writing VIN beats a VEC reads while it runs (which the model's values do not
+    see); and with four kv heads (scores GEMMs long enough to outlast a head's DEQUANT) a
+    SOFTMAX runs while a GEMM does."""
+    rng = np.random.default_rng(seed)
+    kv = int(rng.choice([1, 2, 4]))
+    heads = kv * int(rng.choice([1, 2])) if kv < 4 else 4
+    context = int(rng.integers(8, 40))
+    seen = []
+
+    def spy(cfg, parts, *args, **kw):
+        seen.append([p.copy() for p in parts])
+        return fuse_parts(cfg, parts, *args, **kw)
+    monkeypatch.setattr(compiler, "fuse_parts", spy)
+    lm = tiny_lm(heads=heads, kv_heads=kv, seed=seed)
+    compile_model(lm, VSMALL, CompileOptions(4, context, one_program=False),
+                  weights=compressed(lm))
+    programs = [parts for parts in seen if any(
+        isinstance(i, Vec) and i.func == VecFunc.SOFTMAX for p in parts for i in _program(p))]
+    assert programs
+    model = make_backend("model", VSMALL)
+    beside_gemm = 0
+    for parts in programs:
+        funcs = [i.func for p in parts for i in _program(p) if isinstance(i, Vec)]
+        soft = [k for k, f in enumerate(funcs) if f == VecFunc.SOFTMAX]
+        assert all(funcs[k - 1] in (VecFunc.DEQUANT, VecFunc.SOFTMAX) for k in soft)
+        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
+        words = fuse_words(VSMALL, parts)
+        drained, overlapped = (model.run(w, dram.copy(), trace=True) for w in (
+            fuse_words(VSMALL, parts, False), words))
+        assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
+        assert np.array_equal(drained.dram, overlapped.dram)
+        assert overlapped.cycles <= drained.cycles
+        assert not _vin_races(words, overlapped.trace)
+        program = _program(words)
+        spans = {kind: [(t.grant, t.end) for t in overlapped.trace
+                        if isinstance(program[t.index], Gemm) == (kind == "gemm")
+                        and (kind == "gemm" or isinstance(program[t.index], Vec)
+                             and program[t.index].func == VecFunc.SOFTMAX)]
+                 for kind in ("gemm", "softmax")}
+        beside_gemm += any(g0 < s1 and s0 < g1 for g0, g1 in spans["gemm"]
+                           for s0, s1 in spans["softmax"])
+    assert beside_gemm or kv < 4
+
 def _is_dequant(words: np.ndarray) -> bool:
     return any(isinstance(i, Vec) and i.func == VecFunc.DEQUANT for i in _program(words))
 
