@@ -181,6 +181,7 @@ from hw.isa import (
     vec_reads_amax,
 )
 from hw.numerics import ACT_QMAX, KV4_QMAX
+from hw.timing import vec_cycles
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
 from sw.compile.ir import OPS, Graph, rope_rows
@@ -759,9 +760,9 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
     (:data:`VECTOR_EVENTS`), ``gemm`` none of :data:`BESIDE_EVENTS`, every event ``gemm``
     signals with a STORE is signalled by its STOREs alone, no STORE of ``vec`` writes DRAM
     that ``gemm`` moves, and some LOAD of ``vec`` reads what a STORE of ``gemm`` writes (its
-    accumulators: a DEQUANT) or, for a SOFTMAX, of a part of ``run`` (the rows a DEQUANT of
-    the scores wrote: attention's softmax, a head at a time, beside the next heads'
-    GEMMs)."""
+    accumulators: a DEQUANT) or, for a SOFTMAX or FOLD, of the last part of ``run`` (the
+    rows a DEQUANT of the scores wrote, the probabilities a SOFTMAX wrote: attention's
+    softmax and values prologue, a head at a time, beside the next heads' GEMMs)."""
     if cfg.num_events <= max(BESIDE_EVENTS.values()):
         return False
     g, v = decode_fields(gemm), decode_fields(vec)
@@ -784,11 +785,10 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
     if any(_overlap(_dram_extent(v, i), m) for i in _stores(v) for m in moved):
         return False
     written = [_dram_extent(g, i) for i in _stores(g)]
-    if (v["opcode"] == Opcode.VEC.value).any() and (
-            v["vec.func"][v["opcode"] == Opcode.VEC.value] == VecFunc.SOFTMAX.value).all():
-        for part in run:
-            f = decode_fields(part)
-            written += [_dram_extent(f, i) for i in _stores(f)]
+    funcs = v["vec.func"][v["opcode"] == Opcode.VEC.value]
+    if run and funcs.size and np.isin(funcs, [VecFunc.SOFTMAX.value, VecFunc.FOLD.value]).all():
+        f = decode_fields(run[-1])
+        written += [_dram_extent(f, i) for i in _stores(f)]
     return any(_overlap(_dram_extent(v, i), w) for i in np.flatnonzero(
         v["opcode"] == Opcode.LOAD.value).tolist() for w in written)
 
@@ -1660,6 +1660,34 @@ def values_parts(cfg: AcceleratorConfig, work: Sequence[tuple], k: int, softmax:
     return fold, deq
 
 
+def _folds_beside(cfg: AcceleratorConfig, members: Sequence[Member], length: int) -> bool:
+    """Whether the vector engine's work on each scores member's rows -- their DEQUANT,
+    SOFTMAX and FOLD of ``length`` elements (:func:`hw.timing.vec_cycles`) -- takes no longer
+    than its keys take to stream (their bytes over the memory's beat): then the FOLDs too run
+    beside the scores GEMMs and the memory stays the bound (an INT8 cache at a long
+    context); else they would make the vector engine the bound there, and they run after
+    (an INT4 cache, whose keys stream in half the time)."""
+    work = sum(vec_cycles(Vec(func=f, length=length), cfg)
+               for f in (VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD))
+    return all(m.plan.tokens * work * cfg.beat_bytes * 8
+               <= m.plan.n * m.plan.layout.k * m.plan.fmt.bits for m in members)
+
+
+def _folds_after(parts: Sequence[Part], fold: Sequence[RequantOp]) -> list[Part]:
+    """``parts`` (a scores program's, each member's SOFTMAX slice after its DEQUANT) with
+    ``fold`` (a FOLD per values member) after them: each FOLD right after the SOFTMAX of the
+    same rows where the members' rows match (the FOLD then runs beside the next heads'
+    scores GEMMs, :func:`_may_run_beside`), else all of them at the end."""
+    soft = [k for k, p in enumerate(parts) if isinstance(p, VectorOp) and p.within is not None]
+    if len(soft) != len(fold) or any(parts[k].within[1:] != f.within or parts[k].rows != f.rows
+                                     for k, f in zip(soft, fold, strict=True)):
+        return [*parts, *fold]
+    out = list(parts)
+    for k, f in reversed(list(zip(soft, fold, strict=True))):
+        out.insert(k + 1, f)
+    return out
+
+
 def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGroup]:
     """The fused programs of attention's scores and softmax: per ``attn_scores`` entry of
     ``work`` (``(phase, node, bucket, members)``) whose output one softmax entry of the same
@@ -1720,7 +1748,9 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
             out.append(FusedGroup((i, j), parts, owners))
             continue
         fold, vdeq = values_parts(cfg, work, k, vec)
-        both = FusedGroup((i, j, k), (*parts, *fold, tuple(work[k][3]), *vdeq),
+        scores = _folds_after(parts, fold) if _folds_beside(cfg, members, vec.length) \
+            else [*parts, *fold]
+        both = FusedGroup((i, j, k), (*scores, tuple(work[k][3]), *vdeq),
                           owners + (None,) * len(fold) + (2,) + (None,) * len(vdeq),
                           fallback=(FusedGroup((i, j), parts, owners),))
         out.append(both)

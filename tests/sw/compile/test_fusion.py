@@ -41,7 +41,7 @@ from hw.numerics import (
     vec_rmsnorm,
 )
 from sim.backends import make_backend
-from sw.compile import CompileOptions, compile_model, compiler
+from sw.compile import CompileOptions, compile_model, compiler, fusion
 from sw.compile.errors import LoweringError
 from sw.compile.fusion import (
     BESIDE_EVENTS,
@@ -974,8 +974,12 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
     completion: a softmax of rows not yet dequantised would show) in no more cycles, with
     no LOAD writing VIN beats a VEC reads while it runs (which the model's values do not
     see); and with four kv heads (scores GEMMs long enough to outlast a head's DEQUANT) a
-    SOFTMAX runs while a GEMM does."""
+    SOFTMAX runs while a GEMM does. Odd seeds put each FOLD beside too, right after its
+    SOFTMAX (as sw.compile.fusion._folds_beside does where the keys stream longer than the
+    vector engine works on them: an INT8 cache at a long context, not a tiny model's)."""
     rng = np.random.default_rng(seed)
+    folds = bool(seed % 2)
+    monkeypatch.setattr(fusion, "_folds_beside", lambda *_: folds)
     kv = int(rng.choice([1, 2, 4]))
     heads = kv * int(rng.choice([1, 2])) if kv < 4 else 4
     context = int(rng.integers(8, 40))
@@ -997,6 +1001,8 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
         funcs = [i.func for p in parts for i in _program(p) if isinstance(i, Vec)]
         soft = [k for k, f in enumerate(funcs) if f == VecFunc.SOFTMAX]
         assert all(funcs[k - 1] in (VecFunc.DEQUANT, VecFunc.SOFTMAX) for k in soft)
+        after = {funcs[k + 1] for k in soft if funcs[k + 1] != VecFunc.SOFTMAX}
+        assert after == ({VecFunc.FOLD} if folds or kv == 1 else {VecFunc.DEQUANT, VecFunc.FOLD})
         dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
         words = fuse_words(VSMALL, parts)
         drained, overlapped = (model.run(w, dram.copy(), trace=True) for w in (
