@@ -79,6 +79,9 @@ does), its VECs and STOREs as soon as their events allow, and its STORED events 
 after the vector parts' (:data:`BESIDE_EVENTS`). A decode step's one-row DEQUANT is cut into
 segments of a few GEMM output tiles (:func:`sw.compile.schedule.dequant_segment_beats`), so
 the vector engine dequantises the finished tiles while the array computes the next ones.
+Attention's SOFTMAX (and, where :func:`_folds_beside`, FOLD) parts join such a run after the
+part whose rows they read, a head at a time; such a run is paced by the instructions'
+durations (:func:`beside`) so the in-order engines keep streaming the next heads' keys.
 
 The host reads every part's results back after the run
 (the graph's values of its nodes: a linear's as the Q15.16 rows its DEQUANT parts wrote),
@@ -118,7 +121,11 @@ does not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.f
 
 *Attention* (:func:`scores_groups`): per context bucket, the scores program (a member per
 operand head), a DEQUANT per member, the softmax program and the values program of the same
-bucket (between a FOLD and a DEQUANT per member, :func:`values_parts`) are one program.
+bucket (between a FOLD and a DEQUANT per member, :func:`values_parts`) are one program. The
+softmax is a SOFTMAX part per member, of its rows (:attr:`VectorOp.within`), right after its
+DEQUANT, so a head's softmax runs beside the next heads' scores GEMMs (:func:`beside`); each
+FOLD goes right after its SOFTMAX too where the keys outlast the vector engine's work on them
+(:func:`_folds_beside`), else after the scores.
 The scores' DEQUANTs write the softmax's input rows in place (each member's rows a region
 inside that buffer: ``within``); their channel words (the key scales with the
 softmax scale folded in: a word per cached position, written as the cache grows, by the
