@@ -744,7 +744,7 @@ def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[i
 
 
 def _part_template(cfg: AcceleratorConfig, part) -> Template:
-    """The relocatable program of a REQUANT, DEQUANT or (vector) ADD part."""
+    """The relocatable program of a REQUANT, DEQUANT, (vector) ADD or SOFTMAX slice part."""
     if isinstance(part, RequantOp):
         return lower_requant_template(cfg, part.rows, part.length, part.act_row_bytes,
                                       amax=part.amax, fold=part.fold,
@@ -754,7 +754,7 @@ def _part_template(cfg: AcceleratorConfig, part) -> Template:
     if isinstance(part, VectorOp):
         return lower_vector_template(cfg, part.func, part.rows, part.length,
                                      second=part.b is not None, const=part.w is not None,
-                                     imm=part.imm)
+                                     imm=part.imm, positions=part.positions)
     return lower_dequant_template(cfg, part.rows, part.length, part.acc_row_bytes, part.place,
                                   fold=bool(part.fold_qmax),
                                   y_stride=part.row_bytes // cfg.beat_bytes)

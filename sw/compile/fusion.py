@@ -79,6 +79,9 @@ does), its VECs and STOREs as soon as their events allow, and its STORED events 
 after the vector parts' (:data:`BESIDE_EVENTS`). A decode step's one-row DEQUANT is cut into
 segments of a few GEMM output tiles (:func:`sw.compile.schedule.dequant_segment_beats`), so
 the vector engine dequantises the finished tiles while the array computes the next ones.
+Attention's SOFTMAX (and, where :func:`_folds_beside`, FOLD) parts join such a run after the
+part whose rows they read, a head at a time; such a run is paced by the instructions'
+durations (:func:`beside`) so the in-order engines keep streaming the next heads' keys.
 
 The host reads every part's results back after the run
 (the graph's values of its nodes: a linear's as the Q15.16 rows its DEQUANT parts wrote),
@@ -118,7 +121,11 @@ does not fit the instruction memory falls back to its pairs (:attr:`FusedGroup.f
 
 *Attention* (:func:`scores_groups`): per context bucket, the scores program (a member per
 operand head), a DEQUANT per member, the softmax program and the values program of the same
-bucket (between a FOLD and a DEQUANT per member, :func:`values_parts`) are one program.
+bucket (between a FOLD and a DEQUANT per member, :func:`values_parts`) are one program. The
+softmax is a SOFTMAX part per member, of its rows (:attr:`VectorOp.within`), right after its
+DEQUANT, so a head's softmax runs beside the next heads' scores GEMMs (:func:`beside`); each
+FOLD goes right after its SOFTMAX too where the keys outlast the vector engine's work on them
+(:func:`_folds_beside`), else after the scores.
 The scores' DEQUANTs write the softmax's input rows in place (each member's rows a region
 inside that buffer: ``within``); their channel words (the key scales with the
 softmax scale folded in: a word per cached position, written as the cache grows, by the
@@ -181,6 +188,7 @@ from hw.isa import (
     vec_reads_amax,
 )
 from hw.numerics import ACT_QMAX, KV4_QMAX
+from hw.timing import vec_cycles
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
 from sw.compile.ir import OPS, Graph, rope_rows
@@ -448,7 +456,7 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
             out += [(p.b, p.rows * cfg.beat_bytes)] if p.host and p.place == SCORES_AMAX else []
         elif isinstance(p, ArgmaxOp):
             out.append((p.y, p.rows * cfg.beat_bytes))
-        elif isinstance(p, VectorOp):
+        elif isinstance(p, VectorOp) and p.within is None:  # a slice's rows are its node's
             out += [(name, size) for name, size, _ in p.buffers()]
         elif isinstance(p, KVAppendOp) and p.scratch_bytes(cfg):  # none where results move
             out.append((p.scratch, p.scratch_bytes(cfg)))
@@ -478,6 +486,9 @@ def part_aliases(cfg: AcceleratorConfig, parts: Sequence[Part]
         (p.x, *p.within, _x_bytes(cfg, p)) for p in parts
         if isinstance(p, RequantOp) and p.within is not None]
     for p in parts:
+        if isinstance(p, VectorOp) and p.within is not None:
+            xs, ys, first = p.within
+            out += [(p.x, xs, first, p.data_bytes), (p.y, ys, first, p.data_bytes)]
         if isinstance(p, DequantOp) and p.part_of is not None:
             acc, amax, first = p.part_of
             step = p.place.stride * cfg.beat_bytes
@@ -747,14 +758,18 @@ def _stores(f: Mapping[str, np.ndarray]) -> list[int]:
                           & ~is_move(f["opcode"], f["dma.spad"])).tolist()
 
 
-def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray) -> bool:
+def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
+                    run: Sequence[np.ndarray] = ()) -> bool:
     """Whether the vector part ``vec`` (END dropped) may run beside the GEMM part ``gemm``
-    before it (END dropped; :func:`beside`): ``gemm`` runs GEMMs and no VEC, ``vec`` VECs
-    and no GEMM, the two load no scratchpad in common, ``vec`` uses the vector parts' events
-    and the scheduler's STORED ones only (:data:`VECTOR_EVENTS`), ``gemm`` none of
-    :data:`BESIDE_EVENTS`, every event ``gemm`` signals with a STORE is signalled by its
-    STOREs alone, no STORE of ``vec`` writes DRAM that ``gemm`` moves, and some LOAD of
-    ``vec`` reads what a STORE of ``gemm`` writes (its accumulators: a DEQUANT)."""
+    before it (END dropped; :func:`beside`) after the vector parts ``run`` that do: ``gemm``
+    runs GEMMs and no VEC, ``vec`` VECs and no GEMM, the two load no scratchpad in common,
+    ``vec`` uses the vector parts' events and the scheduler's STORED ones only
+    (:data:`VECTOR_EVENTS`), ``gemm`` none of :data:`BESIDE_EVENTS`, every event ``gemm``
+    signals with a STORE is signalled by its STOREs alone, no STORE of ``vec`` writes DRAM
+    that ``gemm`` moves, and some LOAD of ``vec`` reads what a STORE of ``gemm`` writes (its
+    accumulators: a DEQUANT) or, for a SOFTMAX or FOLD, of the last part of ``run`` (the
+    rows a DEQUANT of the scores wrote, the probabilities a SOFTMAX wrote: attention's
+    softmax and values prologue, a head at a time, beside the next heads' GEMMs)."""
     if cfg.num_events <= max(BESIDE_EVENTS.values()):
         return False
     g, v = decode_fields(gemm), decode_fields(vec)
@@ -777,62 +792,109 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray) -
     if any(_overlap(_dram_extent(v, i), m) for i in _stores(v) for m in moved):
         return False
     written = [_dram_extent(g, i) for i in _stores(g)]
+    funcs = v["vec.func"][v["opcode"] == Opcode.VEC.value]
+    if run and funcs.size and np.isin(funcs, [VecFunc.SOFTMAX.value, VecFunc.FOLD.value]).all():
+        f = decode_fields(run[-1])
+        written += [_dram_extent(f, i) for i in _stores(f)]
     return any(_overlap(_dram_extent(v, i), w) for i in np.flatnonzero(
         v["opcode"] == Opcode.LOAD.value).tolist() for w in written)
 
 
-def beside(gemm: np.ndarray, vec: np.ndarray) -> tuple[np.ndarray, list[int], list[int]]:
+def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
+           ) -> tuple[np.ndarray, list[int], list[int]]:
     """The GEMM part ``gemm`` and the vector part ``vec`` after it (both END dropped, checked
     by :func:`_may_run_beside`) as one part, the vector engine working on the GEMMs'
     results while the array computes the next ones (a DEQUANT, cut into tiles, beside its
-    GEMMs). ``vec``'s STORED events are renamed by :data:`BESIDE_EVENTS`; each engine keeps
-    each part's order. A LOAD-engine word of ``vec`` comes after the LOAD-engine word of
-    ``gemm`` that consumes the signal of the last STORE of ``gemm`` writing DRAM it reads
-    (the STORE engine completes in order, so every STORE before it has written too; a word
-    that reads none such goes with the next one that does); after ``gemm``'s last word, a
-    SYNC on the LOAD engine consumes the next STORE's signal wherever ``vec`` waits for it
-    (a signal the drain after the part would consume otherwise). A word of another engine
-    comes as soon as every signal it waits on has come before it in the program. So every
-    wait on an event of ``vec`` follows its signal in program order, no word of ``vec`` comes
-    while a LOAD-engine word of ``gemm`` before it waits on a STORE after it (``gemm``'s
-    loads run ahead of its stores), so no engine waits on one that waits on it, and every
-    event is signalled and consumed as in the two parts alone.
+    GEMMs; a SOFTMAX of the rows a DEQUANT before it wrote). ``vec``'s STORED events are
+    renamed by :data:`BESIDE_EVENTS`; each engine keeps each part's order. A LOAD of ``vec``
+    comes after the LOAD-engine word of ``gemm`` that consumes the signal of the last STORE
+    of ``gemm`` writing DRAM it reads (the STORE engine completes in order, so every STORE
+    before it has written too); after ``gemm``'s last word, a SYNC on the LOAD engine
+    consumes the next STORE's signal wherever ``vec`` waits for it (a signal the drain after
+    the part would consume otherwise). A LOAD-engine word of ``vec`` that waits (on a
+    STORE of ``vec``: a buffer half or a part of the run drained) comes only once the LOAD
+    engine, by the instructions' durations (:func:`hw.engines.exec_cycles_fields`: the
+    LOADs' beats, the VECs' cycles), has streamed for as long as the vector engine takes
+    to the STORE it waits on, so the in-order LOAD engine does not stop the GEMMs' weights
+    while the vector engine works (a SOFTMAX of one head's scores while the next head's
+    keys stream); one that does not wait comes as soon as the words before it. A word of
+    another engine comes as soon as every signal it waits on has come before it in the
+    program. So every wait on an event of ``vec`` follows its signal in program order, no
+    word of ``vec`` comes while a LOAD-engine word of ``gemm`` before it waits on a STORE
+    after it (``gemm``'s loads run ahead of its stores), so no engine waits on one that
+    waits on it, and every event is signalled and consumed as in the two parts alone. The
+    durations only place the words: the events order them.
 
     Returns the words and, per word of ``gemm`` and of ``vec``, its index in them.
     """
     vec = rename_events(vec, BESIDE_EVENTS)
     g, v = decode_fields(gemm), decode_fields(vec)
     g_eng, v_eng = engines_fields(g), engines_fields(v)
-    load = Engine.LOAD.value
+    g_cycles, v_cycles = exec_cycles_fields(g, cfg), exec_cycles_fields(v, cfg)
+    load, vector = Engine.LOAD.value, Engine.VECTOR.value
+    delay = completion_delay(Engine.LOAD, cfg)
     stores = _stores(g)
     written = [_dram_extent(g, i) for i in stores]
     by_event: dict[int, list[int]] = {}  # event -> its STOREs (their order among the STOREs)
     for k, i in enumerate(stores):
         if int(g["signal"][i]) != NO_EVENT:
             by_event.setdefault(int(g["signal"][i]), []).append(k)
-    # per LOAD-engine word of vec: the last STORE of gemm it must follow (-1: none)
+    # per LOAD of vec: the last STORE of gemm it must follow (-1: none)
     need = [-1] * v_eng.shape[0]
     for i in np.flatnonzero(v["opcode"] == Opcode.LOAD.value).tolist():
         src = _dram_extent(v, i)
         need[i] = max((k for k, w in enumerate(written) if _overlap(src, w)), default=-1)
-    loads = np.flatnonzero(v_eng == load).tolist()
-    # a LOAD-engine word that reads no STORE's result waits for the next one that does
-    for j in range(len(loads) - 2, -1, -1):
-        if need[loads[j]] < 0:
-            need[loads[j]] = need[loads[j + 1]]
+    vecs = v["opcode"] == Opcode.VEC.value
+    paced = bool((v["vec.func"][vecs] == VecFunc.SOFTMAX.value).any())
+    if not paced:  # a LOAD-engine word that reads no STORE's result goes with the next
+        loads = np.flatnonzero(v_eng == load).tolist()
+        for j in range(len(loads) - 2, -1, -1):
+            if need[loads[j]] < 0:
+                need[loads[j]] = need[loads[j + 1]]
     queues = {e: [i for i in range(v_eng.shape[0]) if int(v_eng[i]) == e]
               for e in set(v_eng.tolist())}
     signalled: dict[int, int] = {}
     waited: dict[int, int] = {}
     out: list[np.ndarray] = []
     g_at, v_at = [0] * g_eng.shape[0], [0] * v_eng.shape[0]
+    busy = dict.fromkeys(set(g_eng.tolist()) | {load}, 0)  # per engine: its words' durations
+    free = 0  # when the vector engine is done with the VECs so far
+    running: list[int] = []  # when each VEC so far ends
+    times: dict[int, list[int]] = {}  # per event of vec: when each of its signals comes
 
-    def put(word: np.ndarray, f: Mapping[str, np.ndarray], i: int) -> None:
-        for name, count in (("wait", waited), ("signal", signalled)):
-            e = int(f[name][i])
-            if e != NO_EVENT:
-                count[e] = count.get(e, 0) + 1
+    def put(word: np.ndarray, f: Mapping[str, np.ndarray], i: int, eng: int,
+            cycles: int, mine: bool) -> None:
+        nonlocal free
+        clock = max(busy.values())
+        w, e = int(f["wait"][i]), int(f["signal"][i])
+        for ev, count in ((w, waited), (e, signalled)):
+            if ev != NO_EVENT:
+                count[ev] = count.get(ev, 0) + 1
+        if not mine or eng == load:
+            busy[eng] = busy.get(eng, 0) + cycles
+            done = busy[eng] + (delay if eng == load else 0)
+        elif eng == vector:  # after its operands' LOAD and the VECs before
+            start = max(free, clock, *times.get(w, [0])[waited.get(w, 1) - 1:][:1])
+            free = done = start + cycles
+            running.append(free)
+        else:
+            done = max(clock, *times.get(w, [0])[waited.get(w, 1) - 1:][:1]) + cycles
+        if mine and e != NO_EVENT:
+            times.setdefault(e, []).append(done)
         out.append(word)
+
+    def ready(i: int) -> bool:
+        """Whether word ``i`` of vec would find what it waits on done (by the durations),
+        and a VEC room in the vector engine's queue."""
+        clock = max(busy.values())
+        if int(v_eng[i]) == vector and sum(t > clock for t in running) >= cfg.queue_depth - 1:
+            return False
+        w = int(v["wait"][i])
+        if w == NO_EVENT:
+            return True
+        at = times.get(w, [])
+        n = waited.get(w, 0)
+        return n < len(at) and at[n] <= clock
 
     def flush(done: int, end: bool) -> None:
         """Emit what of vec may come now (``done``: the last STORE known written)."""
@@ -847,10 +909,11 @@ def beside(gemm: np.ndarray, vec: np.ndarray) -> tuple[np.ndarray, list[int], li
                     w = int(v["wait"][i])
                     if w != NO_EVENT and signalled.get(w, 0) <= waited.get(w, 0):
                         break
-                    if e == load and need[i] > done or (e == load and need[i] < 0 and not end):
+                    if e == load and (need[i] > done or need[i] < 0 and not (end or paced)) \
+                            or paced and not end and not ready(i):
                         break
                     v_at[i] = len(out)
-                    put(vec[i:i + 1], v, i)
+                    put(vec[i:i + 1], v, i, e, int(v_cycles[i]), True)
                     q.pop(0)
                     progress = True
 
@@ -858,7 +921,7 @@ def beside(gemm: np.ndarray, vec: np.ndarray) -> tuple[np.ndarray, list[int], li
     consumed: dict[int, int] = {}
     for i in range(g_eng.shape[0]):
         g_at[i] = len(out)
-        put(gemm[i:i + 1], g, i)
+        put(gemm[i:i + 1], g, i, int(g_eng[i]), int(g_cycles[i]), False)
         e = int(g["wait"][i])
         if int(g_eng[i]) == load and e in by_event:
             done = max(done, by_event[e][consumed.get(e, 0)])
@@ -879,7 +942,7 @@ def beside(gemm: np.ndarray, vec: np.ndarray) -> tuple[np.ndarray, list[int], li
         done = max(done, by_event[e][consumed.get(e, 0)])
         consumed[e] = consumed.get(e, 0) + 1
         sync = program_words([Sync(engine=Engine.LOAD, wait=e)])
-        put(sync[0:1], decode_fields(sync), 0)
+        put(sync[0:1], decode_fields(sync), 0, load, 0, False)
     return np.concatenate(out).astype(np.uint64), g_at, v_at
 
 
@@ -992,7 +1055,7 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
     while k < len(bodies):
         gemm, run = bodies[k], []
         while k + 1 + len(run) < len(bodies) and _may_run_beside(
-                cfg, gemm, bodies[k + 1 + len(run)]):
+                cfg, gemm, bodies[k + 1 + len(run)], run):
             run.append(bodies[k + 1 + len(run)])
         if not run:
             within.append((len(out), list(range(gemm.shape[0]))))
@@ -1007,7 +1070,7 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
                           for _ in range(n)]
             at.append(len(chain))
             chain += [_instr(w) for w in body]
-        words, g_at, v_at = beside(gemm, program_words(chain))
+        words, g_at, v_at = beside(cfg, gemm, program_words(chain))
         within.append((len(out), g_at))
         within += [(len(out), v_at[a:a + body.shape[0]]) for a, body in zip(at, run, strict=True)]
         out.append(words)
@@ -1126,8 +1189,11 @@ def _inside(cfg: AcceleratorConfig, words: np.ndarray, hoisted: Sequence[int]
         return None, 0
     cycles = exec_cycles_fields(f, cfg)
     busiest = max(int(cycles[eng == e].sum()) for e in set(eng[others].tolist()))
-    return int(others[0]), max(0, busiest - int(cycles[(eng == load) & kept].sum())
-                               - _tail(cfg, words))
+    # not past a LOAD-engine word that waits: its signal may come after the slot (a GEMM's
+    # STORE), and LOADs queued behind it would hold the dispatch of that GEMM
+    waits = np.flatnonzero((eng == load) & kept & (f["wait"] != NO_EVENT))
+    return int(min(others[0], waits[0])), max(0, busiest - int(cycles[(eng == load) & kept].sum())
+                                              - _tail(cfg, words))
 
 
 def _slack(cfg: AcceleratorConfig, words: np.ndarray) -> int:
@@ -1601,6 +1667,34 @@ def values_parts(cfg: AcceleratorConfig, work: Sequence[tuple], k: int, softmax:
     return fold, deq
 
 
+def _folds_beside(cfg: AcceleratorConfig, members: Sequence[Member], length: int) -> bool:
+    """Whether the vector engine's work on each scores member's rows -- their DEQUANT,
+    SOFTMAX and FOLD of ``length`` elements (:func:`hw.timing.vec_cycles`) -- takes no longer
+    than its keys take to stream (their bytes over the memory's beat): then the FOLDs too run
+    beside the scores GEMMs and the memory stays the bound (an INT8 cache at a long
+    context); else they would make the vector engine the bound there, and they run after
+    (an INT4 cache, whose keys stream in half the time)."""
+    work = sum(vec_cycles(Vec(func=f, length=length), cfg)
+               for f in (VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD))
+    return all(m.plan.tokens * work * cfg.beat_bytes * 8
+               <= m.plan.n * m.plan.layout.k * m.plan.fmt.bits for m in members)
+
+
+def _folds_after(parts: Sequence[Part], fold: Sequence[RequantOp]) -> list[Part]:
+    """``parts`` (a scores program's, each member's SOFTMAX slice after its DEQUANT) with
+    ``fold`` (a FOLD per values member) after them: each FOLD right after the SOFTMAX of the
+    same rows where the members' rows match (the FOLD then runs beside the next heads'
+    scores GEMMs, :func:`_may_run_beside`), else all of them at the end."""
+    soft = [k for k, p in enumerate(parts) if isinstance(p, VectorOp) and p.within is not None]
+    if len(soft) != len(fold) or any(parts[k].within[1:] != f.within or parts[k].rows != f.rows
+                                     for k, f in zip(soft, fold, strict=True)):
+        return [*parts, *fold]
+    out = list(parts)
+    for k, f in reversed(list(zip(soft, fold, strict=True))):
+        out.insert(k + 1, f)
+    return out
+
+
 def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGroup]:
     """The fused programs of attention's scores and softmax: per ``attn_scores`` entry of
     ``work`` (``(phase, node, bucket, members)``) whose output one softmax entry of the same
@@ -1641,6 +1735,8 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
         req, deq, at = [], [], 0
         for h, m in enumerate(members):
             place, amax = SCORES_AMAX, symbols.buffer("a", phase, node.name, h)
+            rows = replace(vec, rows=m.plan.tokens, x=symbols.within(vec.x, at),
+                           y=symbols.within(vec.y, at), within=(vec.x, vec.y, at))
             if rope is not None:  # its heads' rows of the rope's results, requantised
                 place = amax_place(cfg, d, m.plan.act_row_bytes)
                 req += query_requants(cfg, rope, m, h, d, amax if place.separate else None)
@@ -1650,15 +1746,18 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
                                  symbols.score_channels(node.attrs["layer"], h // per),
                                  amax, symbols.within(vec.x, at), host=True,
                                  within=(vec.x, at)))
+            deq.append(rows)  # its rows' SOFTMAX: beside the next members' GEMMs
             at += m.plan.tokens * vec.row_bytes
-        parts = (*req, tuple(members), *deq, vec)
-        owners = (None,) * len(req) + (0,) + (None,) * len(deq) + (1,)
+        parts = (*req, tuple(members), *deq)
+        owners = (None,) * len(req) + (0,) + (None,) * len(deq)
         k = _values_entry(work, j)
         if k is None:
             out.append(FusedGroup((i, j), parts, owners))
             continue
         fold, vdeq = values_parts(cfg, work, k, vec)
-        both = FusedGroup((i, j, k), (*parts, *fold, tuple(work[k][3]), *vdeq),
+        scores = _folds_after(parts, fold) if _folds_beside(cfg, members, vec.length) \
+            else [*parts, *fold]
+        both = FusedGroup((i, j, k), (*scores, tuple(work[k][3]), *vdeq),
                           owners + (None,) * len(fold) + (2,) + (None,) * len(vdeq),
                           fallback=(FusedGroup((i, j), parts, owners),))
         out.append(both)

@@ -65,7 +65,10 @@ class VectorOp:
     the table row of position ``past + r``) and the DRAM bytes of a table row,
     ``table_row_bytes`` (0 for other sub-ops); a SOFTMAX's ``positions``, the step's tokens
     (row ``r``, of token ``r % positions``, has ``past + r % positions + 1`` valid positions
-    under a causal mask: its VEC's ``imm`` relative to the run-time register ``pos``)."""
+    under a causal mask: its VEC's ``imm`` relative to the run-time register ``pos``);
+    ``within``: ``x`` and ``y`` are rows of the buffers ``(x buffer, y buffer, byte offset)``
+    from that offset on (a fused program's part that runs some rows of a node's program: a
+    SOFTMAX per scores member, :func:`sw.compile.fusion.scores_groups`; None: its own)."""
 
     func: VecFunc
     rows: int
@@ -79,6 +82,7 @@ class VectorOp:
     table_rows: int = 0
     table_row_bytes: int = 0
     positions: int = 0
+    within: tuple[str, str, int] | None = None
 
     @property
     def w_tile_stride(self) -> None:
@@ -127,11 +131,14 @@ class VectorOp:
         return {"func": self.func.name, "rows": self.rows, "length": self.length,
                 "row_bytes": self.row_bytes, "x": self.x, "y": self.y, "b": self.b,
                 "w": self.w, "imm": self.imm, "table_rows": self.table_rows,
-                "table_row_bytes": self.table_row_bytes, "positions": self.positions}
+                "table_row_bytes": self.table_row_bytes, "positions": self.positions,
+                **({} if self.within is None else {"within": list(self.within)})}
 
     @classmethod
     def from_dict(cls, d: dict) -> VectorOp:
-        return cls(**{**d, "func": VecFunc[d["func"]]})
+        within = d.get("within")
+        return cls(**{**d, "func": VecFunc[d["func"]],
+                      "within": None if within is None else tuple(within)})
 
 
 #: ``rule(node, graph, cfg, bucket) -> VectorOp``.

@@ -41,7 +41,7 @@ from hw.numerics import (
     vec_rmsnorm,
 )
 from sim.backends import make_backend
-from sw.compile import CompileOptions, compile_model, compiler
+from sw.compile import CompileOptions, compile_model, compiler, fusion
 from sw.compile.errors import LoweringError
 from sw.compile.fusion import (
     BESIDE_EVENTS,
@@ -925,7 +925,7 @@ def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
         load, *rest = _program(_vector_part(y=3000)[:-1])
         vec = program_words([dataclasses.replace(load, dram_addr=2000 + OUT_ROW * tile)]
                             + rest)
-        words, g_at, v_at = beside(gemm, vec)
+        words, g_at, v_at = beside(CFG, gemm, vec)
         got = _program(words)
         assert g_at == sorted(g_at) and v_at == sorted(v_at)
         assert len(got) == len(g_at) + len(v_at) + syncs
@@ -936,6 +936,90 @@ def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
                                            np.zeros(CFG.memory.size_bytes, np.uint8))
         assert r.ok, r.error
 
+
+def _vin_races(words: np.ndarray, trace) -> list[tuple[int, int]]:
+    """The (LOAD, VEC) pairs of a run of ``words`` (its ``trace``) that race on VIN beats:
+    the LOAD writes beats a REQUANT, DEQUANT, SOFTMAX or FOLD reads while that VEC runs (from
+    the LOAD's grant to its landing, from the VEC's grant to its end; the VEC reads ``length``
+    elements from ``a_addr``, a DEQUANT or FOLD also from ``b_addr``, a DEQUANT its ``amax``
+    word at ``imm``'s low 16 bits)."""
+    program = _program(words)
+    at = {t.index: t for t in trace}
+    per = VSMALL.beat_bytes // VSMALL.vin_word_bytes
+
+    def read(ins) -> list[tuple[int, int]]:
+        out = [(ins.a_addr, ins.a_addr + ins.length)]
+        if ins.func in (VecFunc.DEQUANT, VecFunc.FOLD):
+            out.append((ins.b_addr, ins.b_addr + ins.length))
+        if ins.func == VecFunc.DEQUANT:
+            out.append((ins.imm & 0xFFFF, (ins.imm & 0xFFFF) + 1))
+        return [(lo // per, -(-hi // per)) for lo, hi in out]
+    funcs = (VecFunc.REQUANT, VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD)
+    loads = [i for i, ins in enumerate(program) if isinstance(ins, Load) and ins.spad == Spad.VIN]
+    vecs = [i for i, ins in enumerate(program) if isinstance(ins, Vec) and ins.func in funcs]
+    return [(i, j) for i in loads for j in vecs
+            if any(lo < hi2 and lo2 < hi for lo, hi in [
+                (program[i].spad_addr, program[i].spad_addr
+                 + program[i].rows * program[i].row_beats)] for lo2, hi2 in read(program[j]))
+            and at[i].grant <= at[j].end and at[j].grant <= at[i].done]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
+    """A tiny model of random heads (1 to 4 kv heads, grouped or not) compiled for decode
+    steps up to a random context: in every attention program each kv head's SOFTMAX follows
+    its scores' DEQUANT beside the scores GEMMs (sw.compile.fusion.beside, paced by the
+    durations). On the fast model from a random DRAM image, overlapped as drained, it runs
+    (no deadlock) to the drained program's DRAM (the model applies every effect at its
+    completion: a softmax of rows not yet dequantised would show) in no more cycles, with
+    no LOAD writing VIN beats a VEC reads while it runs (which the model's values do not
+    see); and with four kv heads (scores GEMMs long enough to outlast a head's DEQUANT) a
+    SOFTMAX runs while a GEMM does. Odd seeds put each FOLD beside too, right after its
+    SOFTMAX (as sw.compile.fusion._folds_beside does where the keys stream longer than the
+    vector engine works on them: an INT8 cache at a long context, not a tiny model's)."""
+    rng = np.random.default_rng(seed)
+    folds = bool(seed % 2)
+    monkeypatch.setattr(fusion, "_folds_beside", lambda *_: folds)
+    kv = int(rng.choice([1, 2, 4]))
+    heads = kv * int(rng.choice([1, 2])) if kv < 4 else 4
+    context = int(rng.integers(8, 40))
+    seen = []
+
+    def spy(cfg, parts, *args, **kw):
+        seen.append([p.copy() for p in parts])
+        return fuse_parts(cfg, parts, *args, **kw)
+    monkeypatch.setattr(compiler, "fuse_parts", spy)
+    lm = tiny_lm(heads=heads, kv_heads=kv, seed=seed)
+    compile_model(lm, VSMALL, CompileOptions(4, context, one_program=False),
+                  weights=compressed(lm))
+    programs = [parts for parts in seen if any(
+        isinstance(i, Vec) and i.func == VecFunc.SOFTMAX for p in parts for i in _program(p))]
+    assert programs
+    model = make_backend("model", VSMALL)
+    beside_gemm = 0
+    for parts in programs:
+        funcs = [i.func for p in parts for i in _program(p) if isinstance(i, Vec)]
+        soft = [k for k, f in enumerate(funcs) if f == VecFunc.SOFTMAX]
+        assert all(funcs[k - 1] in (VecFunc.DEQUANT, VecFunc.SOFTMAX) for k in soft)
+        after = {funcs[k + 1] for k in soft if funcs[k + 1] != VecFunc.SOFTMAX}
+        assert after == ({VecFunc.FOLD} if folds or kv == 1 else {VecFunc.DEQUANT, VecFunc.FOLD})
+        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
+        words = fuse_words(VSMALL, parts)
+        drained, overlapped = (model.run(w, dram.copy(), trace=True) for w in (
+            fuse_words(VSMALL, parts, False), words))
+        assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
+        assert np.array_equal(drained.dram, overlapped.dram)
+        assert overlapped.cycles <= drained.cycles
+        assert not _vin_races(words, overlapped.trace)
+        program = _program(words)
+        spans = {kind: [(t.grant, t.end) for t in overlapped.trace
+                        if isinstance(program[t.index], Gemm) == (kind == "gemm")
+                        and (kind == "gemm" or isinstance(program[t.index], Vec)
+                             and program[t.index].func == VecFunc.SOFTMAX)]
+                 for kind in ("gemm", "softmax")}
+        beside_gemm += any(g0 < s1 and s0 < g1 for g0, g1 in spans["gemm"]
+                           for s0, s1 in spans["softmax"])
+    assert beside_gemm or kv < 4
 
 def _is_dequant(words: np.ndarray) -> bool:
     return any(isinstance(i, Vec) and i.func == VecFunc.DEQUANT for i in _program(words))
@@ -977,8 +1061,8 @@ def test_a_rope_reads_the_rows_of_the_linear_its_layout_nodes_view():
 def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
     """Each attention scores node's program per context bucket, the softmax's and the
     values' of the same bucket are parts of one fused program (its VECs: a REQUANT of each
-    query head's rows of the rope's results, a row per token, then a DEQUANT per row of each
-    operand head, then a SOFTMAX per row, whose ``imm`` the host sets, then a FOLD per row
+    query head's rows of the rope's results, a row per token, then per operand head a DEQUANT
+    per row and a SOFTMAX per row, whose ``imm`` the host sets, then a FOLD per row
     and a DEQUANT per row of the values); each member's DEQUANT writes its rows of the
     softmax's input, in order, and reads its kv head's channel words and the ``amax`` words
     of REQUANT (the host writes neither them nor the query rows); each values member's FOLD
@@ -1006,8 +1090,10 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
         requant = [VecFunc.REQUANT] * (4 * tokens)  # a row per head and token
         # the chain after it (o_proj's REQUANT on): its own test
         vecs = vecs[:len(requant) + 4 * op.rows]
-        assert [v.func for v in vecs] == requant + [VecFunc.DEQUANT] * op.rows \
-            + [VecFunc.SOFTMAX] * op.rows + [VecFunc.FOLD] * op.rows \
+        # per operand head, its rows' DEQUANT then their SOFTMAX (beside the next heads)
+        scores = [f for m in first.members
+                  for f in [VecFunc.DEQUANT] * m.tokens + [VecFunc.SOFTMAX] * m.tokens]
+        assert [v.func for v in vecs] == requant + scores + [VecFunc.FOLD] * op.rows \
             + [VecFunc.DEQUANT] * op.rows
         assert all(dequant_fold(v.imm) == (k >= len(requant) + 3 * op.rows)
                    for k, v in enumerate(vecs) if v.func == VecFunc.DEQUANT)
