@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from hw.isa import (
+    LANED_VEC_FUNCS,
     MOVE_SPAD,
     RTL_VEC_FUNCS,
     EpilogueMode,
@@ -273,6 +274,41 @@ def test_lowered_decode_layers_in_a_ring_agree(backends, seed):
         acc = gemm_acc(np.pad(sp.acts, ((0, 0), (0, sp.weight.k_padded - sp.k))),
                        sp.weight.int_weight(), cfg.acc_bits)
         assert np.array_equal(lp.read_output(r.dram, i), wrap(acc, 32))
+
+
+# ---- a laned vector engine (AcceleratorConfig.vector_lanes > 1) on the vector shape
+#: The 4x4 shape's vector engine with 2 and 4 lanes (its beat's elements, vector_lanes_max).
+LANED_CONFIGS = {lanes: EQUIVALENCE_CONFIGS["4x4"].replace(vector_lanes=lanes)
+                 for lanes in (2, 4)}
+
+
+@pytest.fixture(scope="module", params=sorted(LANED_CONFIGS))
+def laned_backends(request):
+    from sim.rtl import RTLBackend
+    cfg = LANED_CONFIGS[request.param]
+    rtl = RTLBackend(cfg)
+    rtl.build()
+    return cfg, FastModel(cfg), rtl
+
+
+@pytest.mark.parametrize("block", range(3))
+def test_laned_vector_programs_agree(laned_backends, block):
+    """Random programs of mostly vector tasks (the laned sub-ops' rows aligned to the lanes
+    by the generator, lengths any), a quarter of them loops and one in five broken, give the
+    same bits, cycles and counters on the fast model and the RTL of a laned engine."""
+    cfg, model, rtl = laned_backends
+    outcomes, laned = {}, 0
+    for seed in range(80_000 + 10 * block, 80_010 + 10 * block):
+        rng = np.random.default_rng(seed)
+        rp = random_program(cfg, rng, chains=int(rng.integers(1, 3)),
+                            tasks=int(rng.integers(1, 4)), vector=0.8, loops=0.25)
+        if seed % 5 == 4:
+            rp = break_program(rp, cfg, rng, BROKEN[(seed // 5) % len(BROKEN)])
+        laned += sum(isinstance(i, Vec) and i.func in LANED_VEC_FUNCS
+                     and i.length > cfg.vector_lanes for i in rp.program)
+        r = _check(cfg, model, rtl, rp.program, rp.dram, regs=rp.regs)
+        outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
+    assert outcomes.get("NONE", 0) >= 6 and laned >= 10, (outcomes, laned)
 
 
 # ---- level 4: the Yosys netlist against the RTL (sim/netlist.py)
