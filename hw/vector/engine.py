@@ -88,6 +88,24 @@ KV4        REQUANT's pass 1, ``AbsMax`` and ``Recip(amax >> s)``; a key row's (`
 :func:`~hw.numerics.vec_insert`, :func:`~hw.numerics.vec_channel`,
 :func:`~hw.numerics.vec_kv4`; the sequences are those
 of :mod:`hw.vector`'s docstring.)
+Lanes
+    With ``n = cfg.vector_lanes > 1`` the VIN ports read, and the VOUT port writes, an aligned
+    group of ``n`` elements (:class:`hw.spad.Scratchpad`'s ``core_lanes``; an enable per
+    element on the write). A sub-op of :data:`hw.isa.LANED_VEC_FUNCS` (its rows aligned to
+    ``n``: :func:`hw.isa.vec_unaligned`, a dispatch rule) reads a group a cycle per pass,
+    ``ceil(L / n)`` reads; lane 0 goes to the units above and lane ``k`` to copies of ADD's,
+    MUL's, RMSNORM's pass-3, DEQUANT's, FOLD's and the codes' element units, side by side
+    (``<name>_l<k>``); lanes past the row's end read as 0. The reductions over a laned row,
+    ``AbsMax`` (REQUANT, RMSNORM, FOLD) and ``SumSq`` (RMSNORM), take a cycle's ``n`` values
+    through a tree of ``log2 n`` registered levels (:func:`hw.timing.vec_lane_tree`) into
+    their running reduction; KV4 keeps a one-lane ``AbsMax`` of its own. ``Recip``,
+    ``Rsqrt`` and the per-row scalars are single. The results are written ``n`` a cycle (the
+    last group's lanes past the row's end kept), REQUANT's and FOLD's ``n`` codes a cycle
+    packed as one lane's (``n < 4``: a word every ``4 / n`` cycles; else ``n / 4`` words a
+    cycle). The other sub-ops read one element a cycle, the lane of its address selected from
+    the group read by address bits registered with the read (as the scratchpad selects its
+    group in a row), and write it to the lane of its address.
+
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
 :data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.

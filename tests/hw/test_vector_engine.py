@@ -389,7 +389,7 @@ def _simulate(vin: np.ndarray, vecs: list[Vec], gaps: list[int], cfg=VCFG):
     ``cfg``'s engine; return each one's cycles from its command to ``done`` and the final VOUT
     bytes."""
     dut = _Bench(cfg)
-    beat = VCFG.beat_bytes
+    beat = cfg.beat_bytes
     raw = vin.astype("<i4").view(np.uint8)
     durations: list[int] = []
     vout = bytearray(VCFG.vout_spad_bytes)
@@ -480,11 +480,13 @@ def test_a_laned_executor_matches_numerics_and_the_timing_contract(lanes, seed):
     _check_against_the_models(vin, vecs, gaps, cfg)
 
 
-@pytest.mark.parametrize("lanes", [2, 4])
+@pytest.mark.parametrize("lanes", [2, 4, 8])
 def test_every_laned_sub_op_on_lanes(lanes):
     """Each laned sub-op alone, on rows of 1 to ``2 * lanes + 1`` elements (every last group)
-    and a long one: cycles and VOUT exact on an engine of ``lanes``."""
-    cfg = VCFG.replace(vector_lanes=lanes)
+    and a long one: cycles and VOUT exact on an engine of ``lanes`` (8: a 32-byte beat, two
+    words of REQUANT's and FOLD's codes a cycle)."""
+    cfg = VCFG.replace(vector_lanes=lanes) if lanes <= VCFG.vector_lanes_max else VCFG.replace(
+        memory=dataclasses.replace(VCFG.memory, bytes_per_cycle=4 * lanes), vector_lanes=lanes)
     rng = np.random.default_rng(lanes)
     vin = _random_vin(rng)
     vecs = []
