@@ -314,6 +314,7 @@ def test_laned_vector_programs_agree(laned_backends, block):
 # ---- level 4: the Yosys netlist against the RTL (sim/netlist.py)
 NETLIST_CONFIG = "2x4"  # the default run's shape; the slow set adds the other
 VECTOR_NETLIST = "2x4 + vector engine"  # VECTOR_NETLIST_CONFIG, in the slow set
+LANED_NETLIST = "2x4 + vector engine of 2 lanes"  # the same with vector_lanes 2, slow set
 _NETLISTS: dict = {}
 
 
@@ -323,7 +324,9 @@ def _netlist_pair(name):
     if name not in _NETLISTS:
         from sim.netlist import NetlistBackend
         from sim.rtl import RTLBackend
-        cfg = VECTOR_NETLIST_CONFIG if name == VECTOR_NETLIST else EQUIVALENCE_CONFIGS[name]
+        cfg = {VECTOR_NETLIST: VECTOR_NETLIST_CONFIG,
+               LANED_NETLIST: VECTOR_NETLIST_CONFIG.replace(vector_lanes=2)}.get(name) \
+            or EQUIVALENCE_CONFIGS[name]
         netlist = NetlistBackend(cfg)
         netlist.build()
         _NETLISTS[name] = cfg, RTLBackend(cfg), netlist
@@ -452,6 +455,22 @@ def test_netlist_vector_programs_agree(block):
     """Random programs with vector tasks give the same bits, cycles and counters on the fast
     model, the RTL and the netlist of the vector engine's shape (VECTOR_NETLIST_CONFIG)."""
     cfg, rtl, netlist = _netlist_pair(VECTOR_NETLIST)
+    model = FastModel(cfg)
+    errors = set()
+    for _seed, rp in _vector_programs(block, cfg):
+        _check(cfg, model, rtl, rp.program, rp.dram)
+        errors.add(_netlist_check(cfg, rtl, netlist, rp).error)
+    assert len(errors) >= 2  # valid and broken programs both ran
+
+
+@pytest.mark.netlist
+@pytest.mark.slow
+@pytest.mark.parametrize("block", range(10))
+def test_netlist_laned_vector_programs_agree(block):
+    """As test_netlist_vector_programs_agree on the vector netlist shape with a 2-lane engine
+    (LANED_NETLIST): the fast model, the RTL and the netlist agree on random vector programs
+    whose laned sub-ops stream two elements a cycle."""
+    cfg, rtl, netlist = _netlist_pair(LANED_NETLIST)
     model = FastModel(cfg)
     errors = set()
     for _seed, rp in _vector_programs(block, cfg):
