@@ -643,13 +643,18 @@ class VectorEngine(wiring.Component):
              a=Mux(shift, g_rd.data[ACT_BITS:], g_rd.data[:ACT_BITS]),
              b=Mux(row_r, u["recip"].o.payload.r, r))
         # the code in KV4_CODE_LATENCY stages: -255 p registered, then the ceiling of 255 p /
-        # 2**sh (a shift of the negation) clipped and registered
+        # 2**sh (a shift of the negation, t) clipped and registered. The clip reads t's bits,
+        # not -t through a carry chain as wide as the product: -t < 1 is t >= 0 (its sign),
+        # and -t is in [1, 255] exactly when t's bits from 8 up are all ones and its low 8
+        # are not all zeros; then the code is the negation of those 8 bits.
         pc = u["mul_code"].o.payload.y
         kv_np = Signal(signed(FOLD_BITS + KV4_CODE_BITS + 1), reset_less=True)
         kv_c = Signal(KV4_CODE_BITS, reset_less=True)
-        c_up = -(kv_np >> sh)
+        t = kv_np >> sh
+        low = t[:KV4_CODE_BITS]
+        in_range = t[KV4_CODE_BITS:].all() & low.any()
         m.d.sync += [kv_np.eq(-(pc * KV4_CODE_MAX)),
-                     kv_c.eq(Mux(c_up < 1, 1, Mux(c_up > KV4_CODE_MAX, KV4_CODE_MAX, c_up)))]
+                     kv_c.eq(Mux(~t[-1], 1, Mux(in_range, -low, KV4_CODE_MAX)))]
         kv_code_v = _delay(m, u["mul_code"].o.valid, self.KV4_CODE_LATENCY, "kv_code_v")
         kv_a = Signal(ACT_BITS, reset_less=True)     # amax >> s
         m.d.sync += kv_a.eq(amax >> shift)
