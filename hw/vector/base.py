@@ -57,12 +57,12 @@ def check_latency(name: str, stages: int, cls: str, lanes: int = 1) -> int:
     if name not in VECTOR_LATENCY:
         raise ValueError(f"hw.timing.VECTOR_LATENCY has no entry for vector unit {name!r} "
                          f"({cls})")
-    want = VECTOR_LATENCY[name] + vec_lane_tree(lanes)
-    if want != stages:
-        raise ValueError(f"hw.timing.VECTOR_LATENCY[{name!r}] = {VECTOR_LATENCY[name]} and "
-                         f"{lanes} lane(s) make {want} stages, but the {cls} pipeline has "
-                         f"{stages}")
-    return want
+    tree = vec_lane_tree(lanes)
+    if VECTOR_LATENCY[name] + tree != stages:
+        plus = f" plus vec_lane_tree({lanes}) = {tree}" if lanes > 1 else ""
+        raise ValueError(f"hw.timing.VECTOR_LATENCY[{name!r}] = {VECTOR_LATENCY[name]}{plus}, "
+                         f"but the {cls} pipeline has {stages} stages")
+    return VECTOR_LATENCY[name] + tree
 
 
 def build_pipeline(m: Module, en: Value, first, stages: Sequence[Stage]) -> SimpleNamespace:
