@@ -60,11 +60,18 @@ class Scratchpad(wiring.Component):
         Read ports on the core side (``core == "read"``): 1, or 2 for the vector engine's VIN,
         which reads an element of each of two operand rows per cycle (the memory is then
         duplicated in block RAM: each copy has one read and one write port).
+    core_lanes:
+        Words the core port moves a cycle (a power of two, at most a row's words): the vector
+        engine's lanes (:attr:`hw.config.AcceleratorConfig.vector_lanes`). The core port is
+        ``core_lanes * word_bytes`` wide and addresses aligned groups of ``core_lanes`` words;
+        a core writer then has an enable per word (``granularity = 8 * word_bytes``), so that
+        it writes any of a group's words and keeps the others.
 
     Members
     -------
     core_rd or core_wr: Out(ReadPort.Signature | WritePort.Signature)
-        Word port (``addr_width = ceil_log2(size_bytes // word_bytes)``), full-word writes.
+        Word port (``addr_width = ceil_log2(size_bytes // (core_lanes * word_bytes))``),
+        full-word writes (an enable per word with ``core_lanes > 1``).
     core_rd1: Out(ReadPort.Signature)
         The second core read port, with ``core_reads=2``.
     dma_rd or dma_wr: Out(ReadPort.Signature | WritePort.Signature)
@@ -72,7 +79,7 @@ class Scratchpad(wiring.Component):
     """
 
     def __init__(self, *, size_bytes: int, word_bytes: int, beat_bytes: int, core: str,
-                 core_reads: int = 1):
+                 core_reads: int = 1, core_lanes: int = 1):
         for name, v in (("word_bytes", word_bytes), ("beat_bytes", beat_bytes)):
             if not isinstance(v, int) or not _is_pow2(v):
                 raise ValueError(f"{name} must be a power of two, got {v!r}")
@@ -85,7 +92,14 @@ class Scratchpad(wiring.Component):
         if core_reads not in ((1, 2) if core == "read" else (1,)):
             raise ValueError(f"core_reads must be 1 (or 2 for a core-side reader), got "
                              f"{core_reads!r} with core={core!r}")
+        if not isinstance(core_lanes, int) or not _is_pow2(core_lanes) \
+                or core_lanes * word_bytes > row:
+            raise ValueError(f"core_lanes must be a power of two of at most {row // word_bytes} "
+                             f"words (a {row}-byte row), got {core_lanes!r}")
         self._core_reads = core_reads
+        self._lanes = core_lanes
+        self._lane_bytes = word_bytes
+        word_bytes *= core_lanes    # the core port's width
         self._size = size_bytes
         self._word = word_bytes
         self._beat = beat_bytes
@@ -103,7 +117,11 @@ class Scratchpad(wiring.Component):
         aw = ceil_log2(self._size // port_bytes)
         if direction == "read":
             return memory.ReadPort.Signature(addr_width=aw, shape=unsigned(8 * port_bytes))
-        return memory.WritePort.Signature(addr_width=aw, shape=unsigned(8 * port_bytes))
+        # (only the core port is ever as wide as lanes of words, and only then has lanes > 1)
+        lanes = self._lanes if port_bytes == self._word and self._core_dir == "write" else 1
+        return memory.WritePort.Signature(
+            addr_width=aw, shape=unsigned(8 * port_bytes),
+            granularity=8 * self._lane_bytes if lanes > 1 else None)
 
     @property
     def row_bytes(self) -> int:
@@ -126,7 +144,9 @@ class Scratchpad(wiring.Component):
 
         m.submodules.mem = mem = memory.Memory(shape=unsigned(8 * row), depth=self.depth,
                                                init=[], attrs={"no_rw_check": 1})
-        narrow_w = w_bytes < row
+        # a core writer of lanes: an enable per word
+        lanes = self._lanes if self._core_dir == "write" else 1
+        narrow_w = w_bytes < row or lanes > 1
         wp = mem.write_port(granularity=8 if narrow_w else None)
 
         # Writer: full rows, or its part of a row with byte enables.
@@ -134,10 +154,11 @@ class Scratchpad(wiring.Component):
             parts = row // w_bytes
             sel_bits = ceil_log2(parts)
             sel = writer.addr[:sel_bits]
+            word_en = [writer.en[j // (w_bytes // lanes)] for j in range(w_bytes)]
             m.d.comb += [
                 wp.addr.eq(writer.addr[sel_bits:]),
                 wp.data.eq(Cat(writer.data for _ in range(parts))),
-                wp.en.eq(Cat((writer.en & (sel == i)).replicate(w_bytes)
+                wp.en.eq(Cat(Cat(e & (sel == i) for e in word_en)
                              for i in range(parts))),
             ]
         else:

@@ -235,7 +235,9 @@ class Accelerator(wiring.Component):
             spads[name] = block(f"{name}_spad", Scratchpad(
                 size_bytes=getattr(cfg, f"{name}_spad_bytes"),
                 word_bytes=getattr(cfg, f"{name}_word_bytes"),
-                beat_bytes=cfg.beat_bytes, core=core_dir, core_reads=reads))
+                beat_bytes=cfg.beat_bytes, core=core_dir, core_reads=reads,
+                # the vector engine's ports move its lanes' elements a cycle
+                core_lanes=cfg.vector_lanes if name in ("vin", "vout") else 1))
 
         # ---- wiring
         connect(m, wiring.flipped(self.imem_wr), fetch.imem_wr)

@@ -28,7 +28,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.ecp5_dsp import DSP_REGISTER
 from hw.numerics import ACT_BITS
-from hw.timing import VECTOR_LATENCY
+from hw.timing import VECTOR_LATENCY, vec_lane_tree
 
 __all__ = ["Stage", "PipelineUnit", "ReductionUnit", "build_pipeline", "check_latency",
            "round_shift", "round_shift_const", "saturate", "round_saturate",
@@ -51,15 +51,18 @@ def bits_for(n: int) -> int:
     return max(1, (n - 1).bit_length())
 
 
-def check_latency(name: str, stages: int, cls: str) -> int:
-    """The declared latency of unit ``name``; raises if its pipeline has another depth."""
+def check_latency(name: str, stages: int, cls: str, lanes: int = 1) -> int:
+    """The declared latency of unit ``name``, plus :func:`hw.timing.vec_lane_tree` of
+    ``lanes`` (a reduction over lanes); raises if its pipeline has another depth."""
     if name not in VECTOR_LATENCY:
         raise ValueError(f"hw.timing.VECTOR_LATENCY has no entry for vector unit {name!r} "
                          f"({cls})")
-    if VECTOR_LATENCY[name] != stages:
-        raise ValueError(f"hw.timing.VECTOR_LATENCY[{name!r}] = {VECTOR_LATENCY[name]}, but "
-                         f"the {cls} pipeline has {stages} stages")
-    return VECTOR_LATENCY[name]
+    tree = vec_lane_tree(lanes)
+    if VECTOR_LATENCY[name] + tree != stages:
+        plus = f" plus vec_lane_tree({lanes}) = {tree}" if lanes > 1 else ""
+        raise ValueError(f"hw.timing.VECTOR_LATENCY[{name!r}] = {VECTOR_LATENCY[name]}{plus}, "
+                         f"but the {cls} pipeline has {stages} stages")
+    return VECTOR_LATENCY[name] + tree
 
 
 def build_pipeline(m: Module, en: Value, first, stages: Sequence[Stage]) -> SimpleNamespace:
@@ -109,7 +112,7 @@ class _StreamUnit(wiring.Component, metaclass=abc.ABCMeta):
     def __init__(self, in_layout: data.StructLayout, out_layout: data.StructLayout):
         self._stage_list = list(self._stages())
         self.latency = check_latency(self.NAME, len(self._stage_list) + self._EXTRA_STAGES,
-                                     type(self).__name__)
+                                     type(self).__name__, getattr(self, "_lanes", 1))
         super().__init__({"i": In(stream.Signature(in_layout)),
                           "o": Out(stream.Signature(out_layout))})
 

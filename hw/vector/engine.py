@@ -88,6 +88,24 @@ KV4        REQUANT's pass 1, ``AbsMax`` and ``Recip(amax >> s)``; a key row's (`
 :func:`~hw.numerics.vec_insert`, :func:`~hw.numerics.vec_channel`,
 :func:`~hw.numerics.vec_kv4`; the sequences are those
 of :mod:`hw.vector`'s docstring.)
+Lanes
+    With ``n = cfg.vector_lanes > 1`` the VIN ports read, and the VOUT port writes, an aligned
+    group of ``n`` elements (:class:`hw.spad.Scratchpad`'s ``core_lanes``; an enable per
+    element on the write). A sub-op of :data:`hw.isa.LANED_VEC_FUNCS` (its rows aligned to
+    ``n``: :func:`hw.isa.vec_unaligned`, a dispatch rule) reads a group a cycle per pass,
+    ``ceil(L / n)`` reads; lane 0 goes to the units above and lane ``k`` to copies of ADD's,
+    MUL's, RMSNORM's pass-3, DEQUANT's, FOLD's and the codes' element units, side by side
+    (``<name>_l<k>``); lanes past the row's end read as 0. The reductions over a laned row,
+    ``AbsMax`` (REQUANT, RMSNORM, FOLD) and ``SumSq`` (RMSNORM), take a cycle's ``n`` values
+    through a tree of ``log2 n`` registered levels (:func:`hw.timing.vec_lane_tree`) into
+    their running reduction; KV4 keeps a one-lane ``AbsMax`` of its own. ``Recip``,
+    ``Rsqrt`` and the per-row scalars are single. The results are written ``n`` a cycle (the
+    last group's lanes past the row's end kept), REQUANT's and FOLD's ``n`` codes a cycle
+    packed as one lane's (``n < 4``: a word every ``4 / n`` cycles; else ``n / 4`` words a
+    cycle). The other sub-ops read one element a cycle, the lane of its address selected from
+    the group read by address bits registered with the read (as the scratchpad selects its
+    group in a row), and write it to the lane of its address.
+
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
 :data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.
@@ -107,6 +125,7 @@ from hw.isa import (
     DEQUANT_FOLD_BIT,
     INSERT_FIELDS,
     KV4_GROUP_BITS,
+    LANED_VEC_FUNCS,
     ROPE_HEAD_DIM_BITS,
     VecBody,
     VecFunc,
@@ -140,12 +159,36 @@ __all__ = ["VectorEngine"]
 _MAX_LENGTH = 1 << VecBody["length"].width
 
 
-def _word_port(elements: int, direction: str):
-    """An element port of a vector scratchpad, as the engine sees it (it drives the
-    address)."""
-    cls = memory.ReadPort if direction == "read" else memory.WritePort
-    return In(cls.Signature(addr_width=ceil_log2(elements),
-                            shape=unsigned(8 * VECTOR_WORD_BYTES)))
+def _word_port(elements: int, direction: str, lanes: int = 1):
+    """A port of a vector scratchpad of ``lanes`` elements a cycle (an aligned group of them,
+    :class:`hw.spad.Scratchpad`'s ``core_lanes``), as the engine sees it (it drives the
+    address); a write port of lanes has an enable per element."""
+    shape = unsigned(8 * VECTOR_WORD_BYTES * lanes)
+    addr_width = ceil_log2(elements // lanes)
+    if direction == "read":
+        return In(memory.ReadPort.Signature(addr_width=addr_width, shape=shape))
+    return In(memory.WritePort.Signature(
+        addr_width=addr_width, shape=shape,
+        granularity=8 * VECTOR_WORD_BYTES if lanes > 1 else None))
+
+
+#: The laned sub-ops whose results are packed codes (four to a VOUT word) and an amax word,
+#: not a result an element.
+_CODE_FUNCS = (VecFunc.REQUANT, VecFunc.FOLD)
+
+#: The element units of the laned sub-ops (:data:`hw.isa.LANED_VEC_FUNCS`), by name: lane 0's
+#: is the engine's unit of that name (the other sub-ops use some of them too), and every lane
+#: beyond it has a copy, ``<name>_l<k>``.
+_LANE_UNITS = {
+    "add": Add,                                          # ADD
+    "mul16": lambda: Mul(ACT_FRAC),                      # MUL (and SILU_GATE's last step)
+    "scale30": lambda: Scale(NORM_FRAC),                 # RMSNORM's pass 3
+    "mul": lambda: Mul(NORM_FRAC, b_bits=ACT_BITS + 1),  # RMSNORM's weight
+    "dequant_factor": DequantFactor,                     # DEQUANT (and CHANNEL)
+    "scale31": lambda: Scale(DEQUANT_SCALE_FRAC),        # DEQUANT
+    "requant": lambda: Requant(FOLD_BITS),               # REQUANT's and FOLD's codes (KV4's)
+    "mul_fold": lambda: Mul(0, y_bits=FOLD_BITS),        # FOLD's products
+}
 
 
 def _delay(m: Module, value: Value, n: int, name: str, *, data: bool = False) -> Value:
@@ -170,8 +213,8 @@ class VectorEngine(wiring.Component):
     ----------
     cfg:
         The accelerator configuration; it must have a vector engine
-        (:attr:`hw.config.AcceleratorConfig.has_vector`) of one lane (``vector_lanes`` 1:
-        the laned timing of :func:`hw.timing.vec_cycles` is not built here).
+        (:attr:`hw.config.AcceleratorConfig.has_vector`), of ``n = vector_lanes`` lanes
+        (see *Lanes* in the module's docstring).
 
     Members
     -------
@@ -184,10 +227,11 @@ class VectorEngine(wiring.Component):
         The current instruction's ``length`` (what it adds to ``vector_elements`` when
         ``done`` pulses).
     vin_a, vin_b: In(ReadPort.Signature(...))
-        Element read ports of VIN (the row; ADD's second operand, RMSNORM's weight; ROPE:
-        ``x[k]`` and the table words, ``x[k + d/2]``; INSERT: the row, its code words).
+        Read ports of VIN, ``n`` elements (an aligned group) a read (the row; ADD's second
+        operand, RMSNORM's weight; ROPE: ``x[k]`` and the table words, ``x[k + d/2]``;
+        INSERT: the row, its code words).
     vout_wr: In(WritePort.Signature(...))
-        Element write port of VOUT.
+        Write port of VOUT, ``n`` elements (an aligned group) a write, an enable each.
     """
 
     #: Registers between a VIN read and its element entering a unit: the memory's, then one on
@@ -205,10 +249,6 @@ class VectorEngine(wiring.Component):
             raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
         if not cfg.has_vector:
             raise ValueError("this configuration has no vector engine (vin_spad_bytes = 0)")
-        if cfg.vector_lanes != 1:
-            raise ValueError(f"vector_lanes={cfg.vector_lanes}: this vector engine streams one "
-                             f"element a cycle (hw.timing's laned terms, vector_lanes > 1, are "
-                             f"the fast model's contract, not built in RTL)")
         if timing.VEC_READ_LATENCY != self.READ_LATENCY:
             raise ValueError(f"hw.timing.VEC_READ_LATENCY={timing.VEC_READ_LATENCY} does not "
                              f"match the vector engine's {self.READ_LATENCY}-cycle VIN read")
@@ -223,40 +263,41 @@ class VectorEngine(wiring.Component):
             raise ValueError(f"hw.isa.vec_out_words(ARGMAX)={words} is not the vector "
                              f"engine's {self.ARGMAX_WORDS} result words")
         self._cfg = cfg
+        n = self._lanes = cfg.vector_lanes
         self._units = {
-            "add": Add(),
+            **{name: make() for name, make in _LANE_UNITS.items()},
             "argmax": ArgMax(signed(ACT_BITS), max_len=_MAX_LENGTH),
-            "absmax": AbsMax(signed(FOLD_BITS)),   # activations, FOLD's products
+            # activations, FOLD's products; a laned row's through a lane tree
+            "absmax": AbsMax(signed(FOLD_BITS), lanes=n),
             "recip": Recip(),
-            "requant": Requant(FOLD_BITS),
-            "mul_fold": Mul(0, y_bits=FOLD_BITS),
             "max": Max(signed(ACT_BITS)),
             "exp": Exp(ACT_FRAC),
             "sum": Sum(unsigned(ACT_FRAC + 1), max_len=_MAX_LENGTH),
             "scale16": Scale(ACT_FRAC),
-            "sumsq": SumSq(max_len=_MAX_LENGTH),
+            "sumsq": SumSq(max_len=_MAX_LENGTH, lanes=n),
             "rsqrt": Rsqrt(),
-            "scale30": Scale(NORM_FRAC),
-            "mul": Mul(NORM_FRAC, b_bits=ACT_BITS + 1),
-            "mul16": Mul(ACT_FRAC),
             "exp30": Exp(NORM_FRAC),
             "scale60": Scale(2 * NORM_FRAC),
             "mul_es": Mul(NORM_FRAC),
             "mul_gs": Mul(NORM_FRAC),
             "rope": Rope(),
-            "dequant_factor": DequantFactor(),
-            "scale31": Scale(DEQUANT_SCALE_FRAC),
             "mul_code": Mul(0, b_bits=TABLE_RESULT_BITS + 1, y_bits=FOLD_BITS),  # KV4's codes
         }
+        if n > 1:
+            # KV4 (not laned: no lane tree in its timing) has its own one-lane AbsMax.
+            self._units["absmax_kv"] = AbsMax(signed(ACT_BITS))
+            for k in range(1, n):
+                for name, make in _LANE_UNITS.items():
+                    self._units[f"{name}_l{k}"] = make()
         vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
         vout = cfg.vout_spad_bytes // cfg.vout_word_bytes
         super().__init__({
             "cmd": In(stream.Signature(VecBody)),
             "done": Out(1),
             "elements": Out(VecBody["length"].width),
-            "vin_a": _word_port(vin, "read"),
-            "vin_b": _word_port(vin, "read"),
-            "vout_wr": _word_port(vout, "write"),
+            "vin_a": _word_port(vin, "read", n),
+            "vin_b": _word_port(vin, "read", n),
+            "vout_wr": _word_port(vout, "write", n),
         })
 
     def elaborate(self, platform):
@@ -301,6 +342,14 @@ class VectorEngine(wiring.Component):
         one_m_half = Signal(len(dst), reset_less=True)              # 1 - head_dim / 2
 
         is_ = {f: func == f for f in VecFunc}
+        # Lanes: a laned sub-op's reads are aligned groups of n elements (`left` counts
+        # groups, the pointers step by n); the others read one element a cycle.
+        n = self._lanes
+        lg = n.bit_length() - 1
+        wide = Signal(reset_less=True)                  # the sub-op is laned (n > 1)
+        inc = Signal(range(n + 1), reset_less=True)     # the pointers' step: n or 1
+        reads_m1 = Signal(VecBody["length"].width, reset_less=True)  # a pass's reads - 1
+        tail = Signal(n, reset_less=True)   # the lanes of a laned row's last group
         m.d.comb += self.cmd.ready.eq(~active)
         with m.If(~active):
             # The payload is stable from the cycle after the pop (hw.engine): copied while idle.
@@ -318,6 +367,15 @@ class VectorEngine(wiring.Component):
                          length.eq(body.length), imm.eq(body.imm), phase.eq(0),
                          at_end.eq(amax_first | (body.length == 1)),
                          len_one.eq(body.length == 1)]
+            if n > 1:
+                wide_now = Cat(body.func == f for f in LANED_VEC_FUNCS).any()
+                groups = Mux(wide_now, (body.length + (n - 1)) >> lg, body.length)
+                m.d.sync += [wide.eq(wide_now), inc.eq(Mux(wide_now, n, 1)),
+                             reads_m1.eq(groups - 1),
+                             left.eq(Mux(amax_first, 0, groups - 1)),
+                             at_end.eq(amax_first | (groups == 1)),
+                             len_one.eq(groups == 1),
+                             tail.eq(Cat((body.length - 1)[:lg] >= j for j in range(n)))]
             body_half = body.imm[1:ROPE_HEAD_DIM_BITS]
             m.d.sync += [half_m1.eq(body_half - 1), half_p1.eq(body_half + 1),
                          half_m2.eq(body_half - 2), one_m_half.eq(1 - body_half)]
@@ -326,11 +384,14 @@ class VectorEngine(wiring.Component):
 
         # ---- read: one element (of each operand row) per cycle
         is_rope = is_[VecFunc.ROPE]
-        m.d.comb += [self.vin_a.addr.eq(Mux(is_rope & tab, t_ptr, a_ptr)),
+        a_rd = Mux(is_rope & tab, t_ptr, a_ptr)   # the element addresses read now
+        m.d.comb += [self.vin_a.addr.eq(a_rd[lg:]),
                      self.vin_a.en.eq(issuing),
-                     self.vin_b.addr.eq(b_ptr), self.vin_b.en.eq(issuing)]
+                     self.vin_b.addr.eq(b_ptr[lg:]), self.vin_b.en.eq(issuing)]
+        step_rd = 1 if n == 1 else inc
         with m.If(issuing):
-            m.d.sync += [a_ptr.eq(a_ptr + 1), b_ptr.eq(b_ptr + 1), left.eq(left - 1),
+            m.d.sync += [a_ptr.eq(a_ptr + step_rd), b_ptr.eq(b_ptr + step_rd),
+                         left.eq(left - 1),
                          idx.eq(idx + 1), at_end.eq(left == 1)]
             with m.If(is_rope):   # the pointers move after each table read
                 m.d.sync += tab.eq(~tab)
@@ -353,7 +414,8 @@ class VectorEngine(wiring.Component):
         with m.If(pass_ptr):
             m.d.sync += [a_ptr.eq(a_base), b_ptr.eq(b_base)]
         with m.If(pass_ctr):
-            m.d.sync += [left.eq(length - 1), idx.eq(0), at_end.eq(len_one)]
+            m.d.sync += [left.eq(length - 1 if n == 1 else reads_m1), idx.eq(0),
+                         at_end.eq(len_one)]
         with m.If(pass_ctl):
             m.d.sync += [issuing.eq(1), phase.eq(phase + 1)]
 
@@ -404,24 +466,52 @@ class VectorEngine(wiring.Component):
         valid = _delay(m, issuing, rl, "valid")
         last = _delay(m, issuing & at_end, rl, "last")
         inrow = _delay(m, idx < imm, rl, "inrow")    # SOFTMAX: a valid position (idx < imm)
-        rd_a = _delay(m, self.vin_a.data, rl - 1, "rd_a", data=True)
-        rd_b = _delay(m, self.vin_b.data, rl - 1, "rd_b", data=True)
-        x = rd_a.as_signed()
-        b = rd_b.as_signed()
+        # With lanes, an element read alone is the lane of its address in the group read
+        # (selected as the scratchpad selects a group in its row: by address bits registered
+        # with the read), and a laned read's lanes 1 .. n-1 come beside lane 0's; those past a
+        # laned row's end (the last group's, `tail`) read as 0 (the reductions' and the
+        # packed codes' neutral element), and every lane above 0 of an element read alone.
+        ew = 8 * VECTOR_WORD_BYTES
+        if n == 1:
+            rd_a = _delay(m, self.vin_a.data, rl - 1, "rd_a", data=True)
+            rd_b = _delay(m, self.vin_b.data, rl - 1, "rd_b", data=True)
+        else:
+            sel_a = Signal(lg, reset_less=True)
+            sel_b = Signal(lg, reset_less=True)
+            ok = Signal(n, reset_less=True)   # the lanes of the group read now that count
+            with m.If(issuing):
+                m.d.sync += [sel_a.eq(a_rd[:lg]), sel_b.eq(b_ptr[:lg]),
+                             ok.eq(Mux(at_end, tail, Const((1 << n) - 1, n)) & wide.replicate(n))]
+            rd_a = _delay(m, self.vin_a.data.word_select(sel_a, ew), rl - 1, "rd_a", data=True)
+            rd_b = _delay(m, self.vin_b.data.word_select(sel_b, ew), rl - 1, "rd_b", data=True)
+        xs = [rd_a.as_signed()] + [
+            _delay(m, Mux(ok[k], self.vin_a.data.word_select(k, ew), 0), rl - 1,
+                   f"rd_a_l{k}", data=True).as_signed() for k in range(1, n)]
+        bs = [rd_b.as_signed()] + [
+            _delay(m, self.vin_b.data.word_select(k, ew), rl - 1, f"rd_b_l{k}",
+                   data=True).as_signed() for k in range(1, n)]
+        x = xs[0]
+        b = bs[0]
         p1, p2, p3 = valid & (phase == 0), valid & (phase == 1), valid & (phase == 2)
 
         def feed(unit, when, **payload):
             """The unit takes ``when`` and ``payload`` FEED_LATENCY (1) cycle later, from a
             register: the engine's operand selection stays apart from the unit's first
-            stage."""
+            stage. (A laned reduction's ``x`` is a list, a value a lane.)"""
             valid = Signal(name=f"{unit.NAME}_iv")
             m.d.sync += valid.eq(when)
             m.d.comb += unit.i.valid.eq(valid)
             for k, v in payload.items():
                 port = getattr(unit.i.payload, k)
+                if isinstance(v, list):
+                    port, v = Value.cast(port), Cat(v)
                 reg = Signal.like(port, name=f"{unit.NAME}_i_{k}", reset_less=True)
                 m.d.sync += reg.eq(v)
                 m.d.comb += port.eq(reg)
+
+        def lanes(name):
+            """Unit ``name``'s lane copies, lane 1 to n - 1 (:data:`_LANE_UNITS`)."""
+            return [u[f"{name}_l{k}"] for k in range(1, n)]
 
         def valid_ahead(name):
             """Unit ``name``'s ``o.valid`` one cycle early: its input valid (with ``last``, a
@@ -433,17 +523,31 @@ class VectorEngine(wiring.Component):
             return _delay(m, taken, unit.latency - 1, f"{name}_ahead")
 
         feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
+        for k, unit in enumerate(lanes("add"), 1):
+            feed(unit, valid & is_[VecFunc.ADD], a=xs[k], b=bs[k])
         feed(u["argmax"], valid & is_[VecFunc.ARGMAX], x=x, last=last)
         # FOLD: the products a * c in both passes, into AbsMax (pass 1) or Requant (pass 2)
         fold = is_[VecFunc.FOLD]
         feed(u["mul_fold"], valid & fold, a=x, b=b)
+        for k, unit in enumerate(lanes("mul_fold"), 1):
+            feed(unit, valid & fold, a=xs[k], b=bs[k])
         wf = u["mul_fold"].o.payload.y
+        wfs = [wf] + [unit.o.payload.y for unit in lanes("mul_fold")]
         wf_last = _delay(m, last & fold, lat["mul_fold"], "fold_last")
         wf_p1 = u["mul_fold"].o.valid & (phase == 0)
         wf_p2 = u["mul_fold"].o.valid & (phase == 1)
         kv = is_[VecFunc.KV4]
-        feed(u["absmax"], (p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM] | kv)) | wf_p1,
-             x=Mux(fold, wf, x), last=Mux(fold, wf_last, last))
+        if n == 1:
+            feed(u["absmax"], (p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM] | kv)) | wf_p1,
+                 x=Mux(fold, wf, x), last=Mux(fold, wf_last, last))
+            am_valid = u["absmax"].o.valid
+            y = u["absmax"].o.payload.y
+        else:   # the laned rows' AbsMax (through its lane tree), and KV4's
+            feed(u["absmax"], (p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM])) | wf_p1,
+                 x=[Mux(fold, wfs[k], xs[k]) for k in range(n)], last=Mux(fold, wf_last, last))
+            feed(u["absmax_kv"], p1 & kv, x=x, last=last)
+            am_valid = u["absmax"].o.valid | u["absmax_kv"].o.valid
+            y = Mux(kv, u["absmax_kv"].o.payload.y, u["absmax"].o.payload.y)
 
         # -- per-row scalars, registered as their units give them
         amax = Signal(ACT_BITS, reset_less=True)
@@ -453,7 +557,6 @@ class VectorEngine(wiring.Component):
         top = Signal(signed(ACT_BITS), reset_less=True)          # Max's m
         eps = Signal(VecBody["imm"].width, reset_less=True)      # eps >> 2s
         ss_zero = Signal(reset_less=True)
-        y = u["absmax"].o.payload.y
         # RMSNORM's scalars from the registered amax, one a cycle: s in the cycle after amax
         # (pass 2's first element enters SumSq no earlier than the cycle after that),
         # eps >> 2s the next (added to the sum of squares at its end)
@@ -461,8 +564,8 @@ class VectorEngine(wiring.Component):
         top_bits = amax[ACT_FRAC + 1:]
         s_now = Signal()       # amax is RMSNORM's: s from it now
         eps_now = Signal()     # s is: eps >> 2s from it now
-        m.d.sync += [s_now.eq(u["absmax"].o.valid & is_[VecFunc.RMSNORM]), eps_now.eq(s_now)]
-        with m.If(u["absmax"].o.valid):
+        m.d.sync += [s_now.eq(am_valid & is_[VecFunc.RMSNORM]), eps_now.eq(s_now)]
+        with m.If(am_valid):
             m.d.sync += amax.eq(y)
             with m.If(is_[VecFunc.REQUANT] | kv):
                 m.d.sync += shift.eq(y[ACT_BITS - 1])                 # bitlen(amax) - 31
@@ -480,8 +583,8 @@ class VectorEngine(wiring.Component):
         fs27 = Signal(range(FOLD_BITS - FOLD_AMAX_MANT_BITS + 1), reset_less=True)
         fword = Signal(ACT_BITS, reset_less=True)
         fold_go = Signal()
-        m.d.sync += fold_go.eq(u["absmax"].o.valid & fold)
-        with m.If(u["absmax"].o.valid & fold):
+        m.d.sync += fold_go.eq(am_valid & fold)
+        with m.If(am_valid & fold):
             m.d.sync += [famax.eq(y), fs.eq(_bitlen(y[ACT_BITS - 1:])),
                          fs27.eq(_bitlen(y[FOLD_AMAX_MANT_BITS:]))]
         with m.If(fold_go):
@@ -540,13 +643,18 @@ class VectorEngine(wiring.Component):
              a=Mux(shift, g_rd.data[ACT_BITS:], g_rd.data[:ACT_BITS]),
              b=Mux(row_r, u["recip"].o.payload.r, r))
         # the code in KV4_CODE_LATENCY stages: -255 p registered, then the ceiling of 255 p /
-        # 2**sh (a shift of the negation) clipped and registered
+        # 2**sh (a shift of the negation, t) clipped and registered. The clip reads t's bits,
+        # not -t through a carry chain as wide as the product: -t < 1 is t >= 0 (its sign),
+        # and -t is in [1, 255] exactly when t's bits from 8 up are all ones and its low 8
+        # are not all zeros; then the code is the negation of those 8 bits.
         pc = u["mul_code"].o.payload.y
         kv_np = Signal(signed(FOLD_BITS + KV4_CODE_BITS + 1), reset_less=True)
         kv_c = Signal(KV4_CODE_BITS, reset_less=True)
-        c_up = -(kv_np >> sh)
+        t = kv_np >> sh
+        low = t[:KV4_CODE_BITS]
+        in_range = t[KV4_CODE_BITS:].all() & low.any()
         m.d.sync += [kv_np.eq(-(pc * KV4_CODE_MAX)),
-                     kv_c.eq(Mux(c_up < 1, 1, Mux(c_up > KV4_CODE_MAX, KV4_CODE_MAX, c_up)))]
+                     kv_c.eq(Mux(~t[-1], 1, Mux(in_range, -low, KV4_CODE_MAX)))]
         kv_code_v = _delay(m, u["mul_code"].o.valid, self.KV4_CODE_LATENCY, "kv_code_v")
         kv_a = Signal(ACT_BITS, reset_less=True)     # amax >> s
         m.d.sync += kv_a.eq(amax >> shift)
@@ -585,7 +693,7 @@ class VectorEngine(wiring.Component):
         silu = is_[VecFunc.SILU_GATE]
         e30 = u["exp30"].o.payload.y
         rq_kv = is_[VecFunc.REQUANT] | kv
-        feed(u["recip"], Mux(rq_kv, u["absmax"].o.valid | kv_code_v,
+        feed(u["recip"], Mux(rq_kv, am_valid | kv_code_v,
                              Mux(fold, fold_go,
                                  Mux(silu, u["exp30"].o.valid, u["sum"].o.valid))),
              x=Mux(rq_kv, Mux(kv_code_v, kv_ac, y >> big),
@@ -619,6 +727,9 @@ class VectorEngine(wiring.Component):
              r=Mux(kv & kv_codes, kv_rs.data[:len(r)], r),
              sh=Mux(kv & kv_codes, kv_rs.data[len(r):], sh), s=Mux(fold, fs, shift),
              four=kv, key=kv_codes)
+        for k, unit in enumerate(lanes("requant"), 1):
+            feed(unit, (p2 & is_[VecFunc.REQUANT]) | wf_p2, x=Mux(fold, wfs[k], xs[k]), r=r,
+                 sh=sh, s=Mux(fold, fs, shift), four=0, key=0)
         # -- SOFTMAX: masked Max; Exp into Sum (pass 2) or Scale(16) (pass 3)
         sm = is_[VecFunc.SOFTMAX]
         feed(u["max"], p1 & sm, x=Mux(inrow, x, -ACT_MAX), last=last)
@@ -631,11 +742,13 @@ class VectorEngine(wiring.Component):
         p_last = _delay(m, e_last, lat["scale16"], "p_last")
         # -- RMSNORM: SumSq (pass 2); Scale(30) and Mul with the delayed weight (pass 3)
         rn = is_[VecFunc.RMSNORM]
-        feed(u["sumsq"], p2 & rn, x=x, shift=shift, last=last)
-        feed(u["scale30"], p3 & rn, x=x, r=r, sh=sh)
-        w = _delay(m, b, lat["scale30"], "w", data=True)
+        feed(u["sumsq"], p2 & rn, x=x if n == 1 else xs, shift=shift, last=last)
         n_last = _delay(m, last & rn, lat["scale30"], "n_last")
-        feed(u["mul"], u["scale30"].o.valid, a=u["scale30"].o.payload.y, b=w)
+        for k, (s30, mul30) in enumerate(zip([u["scale30"], *lanes("scale30")],
+                                             [u["mul"], *lanes("mul")], strict=True)):
+            feed(s30, p3 & rn, x=xs[k], r=r, sh=sh)
+            w = _delay(m, bs[k], lat["scale30"], "w" if k == 0 else f"w_l{k}_", data=True)
+            feed(mul30, s30.o.valid, a=s30.o.payload.y, b=w)
         y_last = _delay(m, n_last, lat["mul"], "y_last")
 
         # -- MUL; SILU_GATE: every unit's operands carried beside it (the units never stall)
@@ -659,6 +772,8 @@ class VectorEngine(wiring.Component):
         mul = is_[VecFunc.MUL]   # Mul(16): MUL's row, or the SiLU-gate's last step
         feed(u["mul16"], (valid & mul) | u["mul_gs"].o.valid,
              a=Mux(mul, x, u["mul_gs"].o.payload.y), b=Mux(mul, b, u_mu))
+        for k, unit in enumerate(lanes("mul16"), 1):
+            feed(unit, valid & mul, a=xs[k], b=bs[k])
         mul_last = _delay(m, last & is_[VecFunc.MUL], lat["mul16"], "mul_last")
 
         # -- ROPE: x[k], x[k + d/2] registered as they arrive; element k enters Rope with the
@@ -692,10 +807,14 @@ class VectorEngine(wiring.Component):
                          r_last.eq(r_last_next),
                          step.eq(Mux(r_up, half, Mux(r_last, 1, one_m_half)))]
         with m.If(~active):
+            # (n lanes: a laned sub-op's writes step by their words, n or a cycle's codes')
+            one = 1 if n == 1 else Mux(
+                Cat(body.func == f for f in LANED_VEC_FUNCS if f not in _CODE_FUNCS).any(), n,
+                max(1, n // VECTOR_WORD_BYTES))
             m.d.sync += [r_up.eq(0), r_k.eq(0),
                          r_last.eq(body.imm[1:ROPE_HEAD_DIM_BITS] == 1),
                          step.eq(Mux(body.func == VecFunc.ROPE, body.imm[1:ROPE_HEAD_DIM_BITS],
-                                     1))]
+                                     one))]
         # -- DEQUANT: the amax word (pass 1, one element) gives the row's scalars; pass 2
         # streams the accumulators and channel words through DequantFactor and Scale(31).
         # CHANNEL: each element is an amax word, A and b from it as it is read, through
@@ -722,9 +841,13 @@ class VectorEngine(wiring.Component):
         feed(u["dequant_factor"], dq_valid | (valid & ch),
              chan=Mux(ch, imm[:DEQUANT_WORD_BITS], rd_b), a=Mux(ch, a_eff, dq_a),
              b=Mux(ch, a_bits, dq_b), x=Mux(ch, 0, dq_x))
-        dq_acc = _delay(m, x, lat["dequant_factor"], "dq_acc", data=True)
-        feed(u["scale31"], u["dequant_factor"].o.valid & dq, x=dq_acc,
-             r=u["dequant_factor"].o.payload.r, sh=u["dequant_factor"].o.payload.sh)
+        for k, unit in enumerate(lanes("dequant_factor"), 1):
+            feed(unit, dq_valid, chan=bs[k], a=dq_a, b=dq_b, x=dq_x)
+        for k, (df, s31) in enumerate(zip([u["dequant_factor"], *lanes("dequant_factor")],
+                                          [u["scale31"], *lanes("scale31")], strict=True)):
+            dq_acc = _delay(m, xs[k], lat["dequant_factor"],
+                            "dq_acc" if k == 0 else f"dq_acc_l{k}_", data=True)
+            feed(s31, df.o.valid & dq, x=dq_acc, r=df.o.payload.r, sh=df.o.payload.sh)
         dq_last = _delay(m, last & dq_valid, lat["dequant_factor"] + lat["scale31"], "dq_last")
         ch_last = _delay(m, last & ch, lat["dequant_factor"], "ch_last")
 
@@ -761,13 +884,21 @@ class VectorEngine(wiring.Component):
         byte = Signal(range(nbytes))                   # the next code's byte
         rq = u["requant"].o
         code = rq.payload.a.as_unsigned()
-        word = packed | (code << (byte * 8))[:8 * nbytes]
-        word_full = rq.valid & ~kv & ((byte == nbytes - 1) | code_last)
+        # (n lanes: a cycle's n codes, lane k's in byte k of them; a laned row's lanes past
+        # its end read 0 and give code 0, the zeros above its last code)
+        codes = Cat(code, *(unit.o.payload.a.as_unsigned() for unit in lanes("requant")))
+        kw = max(1, n // nbytes)   # the words a cycle's codes fill
+        if n < nbytes:
+            word = packed | (codes << (byte * 8))[:8 * nbytes]
+            word_full = rq.valid & ~kv & ((byte == nbytes - n) | code_last)
+        else:   # every cycle's codes fill kw words: no packing register
+            word = codes
+            word_full = rq.valid & ~kv
         amax_write = Signal()
         m.d.sync += amax_write.eq(rq.valid & ~kv & code_last)
         with m.If(rq.valid & ~kv):
             m.d.sync += [packed.eq(Mux(word_full, 0, word)),
-                         byte.eq(Mux(word_full, 0, byte + 1))]
+                         byte.eq(Mux(word_full, 0, byte + (n if n < nbytes else 0)))]
         with m.If(~active):
             m.d.sync += [packed.eq(0), byte.eq(0)]
         # KV4: nibbles packed eight to a word; then a key row's code words (read a cycle
@@ -792,35 +923,98 @@ class VectorEngine(wiring.Component):
             m.d.sync += [n_pk.eq(0), n_lane.eq(0), k_tail.eq(0), k_t.eq(0)]
         m.d.comb += c_rd.addr.eq(Mux(k_tail, k_t + 1, k_t))
 
+        def ys(name):
+            """Unit ``name``'s result: lane 0's alone (one lane), else every lane's."""
+            return u[name].o.payload.y if n == 1 else \
+                [u[name].o.payload.y] + [unit.o.payload.y for unit in lanes(name)]
+
+        if n == 1:
+            mul16 = [(u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last)]
+        else:   # MUL's lanes, or SILU_GATE's one element
+            mul16 = [(u["mul16"].o.valid & wide, ys("mul16"), mul_last),
+                     (u["mul16"].o.valid & ~wide, u["mul16"].o.payload.y, s_last)]
         sources = [  # (write enable, data, the instruction's last write)
-            (u["add"].o.valid, u["add"].o.payload.y, add_last),
+            (u["add"].o.valid, ys("add"), add_last),
             (u["argmax"].o.valid, u["argmax"].o.payload.index, 0),
             (second, arg_top, 1),
             (word_full, word, 0),
             (amax_write, Mux(fold, fword, amax), 1),
             (u["scale16"].o.valid, u["scale16"].o.payload.y, p_last),   # 0 where masked
-            (u["mul"].o.valid, u["mul"].o.payload.y, y_last),
-            (u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last),
+            (u["mul"].o.valid, ys("mul"), y_last),
+            *mul16,
             (u["rope"].o.valid, u["rope"].o.payload.y, rope_last),
-            (u["scale31"].o.valid, u["scale31"].o.payload.y, dq_last),
+            (u["scale31"].o.valid, ys("scale31"), dq_last),
             (ins_v, ins_y, ins_last),
             (u["dequant_factor"].o.valid & ch, u["dequant_factor"].o.payload.word, ch_last),
             (n_full, n_word, 0),
             (k_tail, c_rd.data, 0),
             (k_amax, amax, 1),
         ]
-        data = 0
-        for en, value, _ in reversed(sources):
-            data = Mux(en, value, data)
-        write = Cat(en for en, _, _ in sources).any()
+        if n == 1:
+            data = 0
+            for en, value, _ in reversed(sources):
+                data = Mux(en, value, data)
+            write = Cat(en for en, _, _ in sources).any()
+            m.d.comb += [self.vout_wr.addr.eq(dst), self.vout_wr.en.eq(write),
+                         self.vout_wr.data.eq(data)]
+            dst_step = step
+        else:
+            write, dst_step = self._write_lanes(
+                m, sources, dst=dst, step=step, tail=tail, wide=wide, code_last=code_last,
+                codes=(word_full, word, kw), length=length)
         done = Cat(en & end for en, _, end in sources).any()
-        m.d.comb += [self.vout_wr.addr.eq(dst), self.vout_wr.en.eq(write),
-                     self.vout_wr.data.eq(data), self.done.eq(done)]
+        m.d.comb += self.done.eq(done)
         with m.If(write):
-            m.d.sync += dst.eq(dst + step)
+            m.d.sync += dst.eq(dst + dst_step)
         with m.If(done):
             m.d.sync += active.eq(0)
         return m
+
+    def _write_lanes(self, m, sources, *, dst, step, tail, wide, code_last, codes, length):
+        """The VOUT write of an engine of ``n > 1`` lanes: ``(write, dst_step)``.
+
+        ``sources`` are ``(enable, data, last)`` with ``data`` one word, written to the lane
+        of ``dst`` (an element address), or a list of ``n`` (a laned sub-op's results,
+        ``dst`` aligned, the lanes past the row's end, ``tail``, kept in its last write);
+        ``codes``' ``(enable, word, kw)`` are REQUANT's and FOLD's packed codes, ``kw``
+        words a write (one, or a cycle's ``n`` codes, four to a word, the row's last write
+        only its words).
+        """
+        n = self._lanes
+        lg = n.bit_length() - 1
+        ew = 8 * VECTOR_WORD_BYTES
+        code_en, code_word, kw = codes
+        at = dst[:lg]
+        one_hot = Cat(at == j for j in range(n))
+        if kw == 1:
+            code_lanes = one_hot
+            tail_words = 1
+        else:   # kw-word groups at dst (a multiple of kw): the row's last has its words
+            lkw = kw.bit_length() - 1
+            last_w = (length - 1)[:lg] >> (VECTOR_WORD_BYTES.bit_length() - 1)
+            words = Mux(code_last, Cat(last_w >= j for j in range(kw)), Const((1 << kw) - 1, kw))
+            code_lanes = Cat(words[j % kw] & (at[lkw:] == j // kw) for j in range(n))
+            tail_words = last_w + 1
+        full = Const((1 << n) - 1, n)
+        en = Const(0, n)
+        lane_data = [Signal(ew, name=f"vout_l{j}") for j in range(n)]
+        data = [0] * n
+        for src_en, value, last in reversed(sources):
+            if src_en is code_en:
+                vals = [code_word.word_select(j % kw, ew) for j in range(n)]
+                mask = code_lanes
+            elif isinstance(value, list):
+                vals, mask = value, Mux(last, tail, full)
+            else:
+                vals, mask = [value] * n, one_hot
+            en = en | (src_en.replicate(n) & mask)
+            data = [Mux(src_en, v, d) for v, d in zip(vals, data, strict=True)]
+        m.d.comb += [sig.eq(d) for sig, d in zip(lane_data, data, strict=True)]
+        m.d.comb += [self.vout_wr.addr.eq(dst[lg:]), self.vout_wr.en.eq(en),
+                     self.vout_wr.data.eq(Cat(lane_data))]
+        write = Cat(src_en for src_en, _, _ in sources).any()
+        dst_step = step if kw == 1 else Mux(code_en & code_last, tail_words, step)
+        return write, dst_step
 
 
 def _bitlen(y: Value) -> Value:

@@ -49,6 +49,42 @@ def _input_stage(m, v):
     return {"x": v.x, "last": v.last}
 
 
+def _lanes(lanes) -> int:
+    if not isinstance(lanes, int) or lanes < 1 or lanes & (lanes - 1):
+        raise ValueError(f"lanes must be a power of two >= 1, got {lanes!r}")
+    return lanes
+
+
+def _lane_input(shape, lanes: int):
+    """A row element's ``x``: one element, or an array of ``lanes`` (a cycle's elements of a
+    laned row)."""
+    return shape if lanes == 1 else data.ArrayLayout(shape, lanes)
+
+
+def lane_tree(combine, shape, lanes: int) -> list:
+    """The stages of a tree over a cycle's ``lanes`` values, ``x0 .. x{lanes - 1}`` of the
+    stage before (:func:`hw.timing.vec_lane_tree`: ``log2(lanes)`` registered levels, none
+    for one lane): each level combines its values in pairs (``combine(a, b)``, registered as
+    ``shape``), the last leaves one value, ``x``; ``last`` carried beside."""
+    stages = []
+    w = lanes
+    while w > 1:
+        w //= 2
+
+        def level(m, v, w=w):
+            out = {f"x{k}": (combine(getattr(v, f"x{2 * k}"), getattr(v, f"x{2 * k + 1}")),
+                             shape) for k in range(w)}
+            return {**({"x": out["x0"]} if w == 1 else out), "last": v.last}
+        stages.append(level)
+    return stages
+
+
+def _lane_names(lanes: int) -> list[str]:
+    """The names of a stage's per-lane values: ``x`` alone with one lane (the one-lane
+    pipeline as it was), else ``x0 .. x{lanes - 1}`` (:func:`lane_tree`'s input)."""
+    return ["x"] if lanes == 1 else [f"x{k}" for k in range(lanes)]
+
+
 class Sum(ReductionUnit):
     """Sum of a row: ``y = sum(x)``, exact (:func:`hw.numerics.vec_sum`).
 
@@ -126,7 +162,8 @@ class AbsMax(ReductionUnit):
     """Largest magnitude of a row, ``max |x|`` (the ``amax`` of
     :func:`hw.numerics.vec_requant` and :func:`~hw.numerics.vec_rmsnorm`).
 
-    Pipeline: 1 ``|x|`` registered; 2 compare and keep.
+    Pipeline: 1 ``|x|`` registered (of each lane); with ``lanes > 1``, :func:`lane_tree`'s
+    ``log2(lanes)`` levels of maxima; then compare and keep.
 
     Cost: no multiplier.
 
@@ -135,26 +172,35 @@ class AbsMax(ReductionUnit):
     shape:
         Shape of the elements, signed (default ``signed(32)``; requantisation of the
         attention's folded values takes ``signed(54)``). The result is unsigned, as wide.
+    lanes:
+        Elements a cycle (a power of two): ``x`` is an array of them (a laned row's cycle,
+        :func:`hw.timing.vec_lane_tree`; a lane past the row's end must hold 0).
 
     Members
     -------
-    i: In(stream.Signature(row_layout(shape)))
+    i: In(stream.Signature(row_layout(shape or ArrayLayout(shape, lanes))))
     o: Out(stream.Signature(StructLayout({"y": unsigned(shape.width)})))
     """
 
     NAME = "absmax"
 
-    def __init__(self, shape: Shape = ACT):
+    def __init__(self, shape: Shape = ACT, lanes: int = 1):
         shape = _check(shape, 1)
         if not shape.signed:
             raise ValueError(f"abs-max takes signed elements, got {shape!r}")
+        self._lanes = _lanes(lanes)
         self._out = unsigned(shape.width)
-        super().__init__(row_layout(shape), data.StructLayout({"y": self._out}))
+        super().__init__(row_layout(_lane_input(shape, lanes)),
+                         data.StructLayout({"y": self._out}))
 
     def _stages(self):
+        n = self._lanes
+
         def s1(m, v):
-            return {"x": (Mux(v.x[-1], -v.x, v.x), self._out), "last": v.last}
-        return [s1]
+            xs = [v.x] if n == 1 else [v.x[k] for k in range(n)]
+            return {**{name: (Mux(x[-1], -x, x), self._out)
+                       for name, x in zip(_lane_names(n), xs, strict=True)}, "last": v.last}
+        return [s1, *lane_tree(lambda a, b: Mux(a > b, a, b), self._out, n)]
 
     def _state(self):
         return {"y": self._out}
@@ -212,38 +258,53 @@ class SumSq(ReductionUnit):
     Every ``x >> shift`` must be in ``[-2**17, 2**17)`` (:data:`SQ_BITS` bits), as RMSNorm's
     choice of the shift guarantees; the result is unspecified otherwise.
 
-    Pipeline: 1 ``y = x >> shift`` (flooring); 2 ``y * y``; 3 accumulate.
+    Pipeline: 1 ``y = x >> shift`` (flooring); 2 ``y * y``; with ``lanes > 1`` (each lane
+    shifted and squared), :func:`lane_tree`'s ``log2(lanes)`` levels of sums; then
+    accumulate. The sums are exact, so the result is the one-lane unit's.
 
-    Cost: one 18x18 multiplier.
+    Cost: one 18x18 multiplier a lane.
 
     Parameters
     ----------
     max_len:
         Longest row: the sum has ``2 * SQ_BITS - 1 + bitlen(max_len - 1)`` bits.
+    lanes:
+        Elements a cycle (a power of two): ``x`` is an array of them (a lane past the row's
+        end must hold 0).
 
     Members
     -------
-    i: In(stream.Signature(row_layout(signed(32), shift=range(SUMSQ_SHIFT_MAX + 1))))
+    i: In(stream.Signature(row_layout(signed(32) or ArrayLayout(signed(32), lanes),
+                                      shift=range(SUMSQ_SHIFT_MAX + 1))))
     o: Out(stream.Signature(StructLayout({"y": unsigned(...)})))
     """
 
     NAME = "sumsq"
 
-    def __init__(self, max_len: int = MAX_ROW):
+    def __init__(self, max_len: int = MAX_ROW, lanes: int = 1):
         _check(signed(ACT_BITS), max_len)
+        self._lanes = _lanes(lanes)
         self._sq = unsigned(2 * SQ_BITS - 1)
         self._acc = unsigned(2 * SQ_BITS - 1 + bits_for(max_len))
-        super().__init__(row_layout(signed(ACT_BITS), shift=range(SUMSQ_SHIFT_MAX + 1)),
+        super().__init__(row_layout(_lane_input(signed(ACT_BITS), lanes),
+                                    shift=range(SUMSQ_SHIFT_MAX + 1)),
                          data.StructLayout({"y": self._acc}))
 
     def _stages(self):
+        n = self._lanes
+        names = _lane_names(n)
+        ys = ["y"] if n == 1 else [f"y{k}" for k in range(n)]
+
         def s1(m, v):
-            return {"y": (v.x >> v.shift, signed(SQ_BITS)), "last": v.last}
+            xs = [v.x] if n == 1 else [v.x[k] for k in range(n)]
+            return {**{y: (x >> v.shift, signed(SQ_BITS)) for y, x in zip(ys, xs, strict=True)},
+                    "last": v.last}
 
         def s2(m, v):
-            return {"x": dsp_product(v.y * v.y, self._sq), "last": v.last}
+            return {**{x: dsp_product(getattr(v, y) * getattr(v, y), self._sq)
+                       for x, y in zip(names, ys, strict=True)}, "last": v.last}
 
-        return [s1, s2]
+        return [s1, s2, *lane_tree(lambda a, b: a + b, self._acc, n)]
 
     def _state(self):
         return {"y": self._acc}

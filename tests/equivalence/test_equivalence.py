@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from hw.isa import (
+    LANED_VEC_FUNCS,
     MOVE_SPAD,
     RTL_VEC_FUNCS,
     EpilogueMode,
@@ -275,9 +276,45 @@ def test_lowered_decode_layers_in_a_ring_agree(backends, seed):
         assert np.array_equal(lp.read_output(r.dram, i), wrap(acc, 32))
 
 
+# ---- a laned vector engine (AcceleratorConfig.vector_lanes > 1) on the vector shape
+#: The 4x4 shape's vector engine with 2 and 4 lanes (its beat's elements, vector_lanes_max).
+LANED_CONFIGS = {lanes: EQUIVALENCE_CONFIGS["4x4"].replace(vector_lanes=lanes)
+                 for lanes in (2, 4)}
+
+
+@pytest.fixture(scope="module", params=sorted(LANED_CONFIGS))
+def laned_backends(request):
+    from sim.rtl import RTLBackend
+    cfg = LANED_CONFIGS[request.param]
+    rtl = RTLBackend(cfg)
+    rtl.build()
+    return cfg, FastModel(cfg), rtl
+
+
+@pytest.mark.parametrize("block", range(3))
+def test_laned_vector_programs_agree(laned_backends, block):
+    """Random programs of mostly vector tasks (the laned sub-ops' rows aligned to the lanes
+    by the generator, lengths any), a quarter of them loops and one in five broken, give the
+    same bits, cycles and counters on the fast model and the RTL of a laned engine."""
+    cfg, model, rtl = laned_backends
+    outcomes, laned = {}, 0
+    for seed in range(80_000 + 10 * block, 80_010 + 10 * block):
+        rng = np.random.default_rng(seed)
+        rp = random_program(cfg, rng, chains=int(rng.integers(1, 3)),
+                            tasks=int(rng.integers(1, 4)), vector=0.8, loops=0.25)
+        if seed % 5 == 4:
+            rp = break_program(rp, cfg, rng, BROKEN[(seed // 5) % len(BROKEN)])
+        laned += sum(isinstance(i, Vec) and i.func in LANED_VEC_FUNCS
+                     and i.length > cfg.vector_lanes for i in rp.program)
+        r = _check(cfg, model, rtl, rp.program, rp.dram, regs=rp.regs)
+        outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
+    assert outcomes.get("NONE", 0) >= 6 and laned >= 10, (outcomes, laned)
+
+
 # ---- level 4: the Yosys netlist against the RTL (sim/netlist.py)
 NETLIST_CONFIG = "2x4"  # the default run's shape; the slow set adds the other
 VECTOR_NETLIST = "2x4 + vector engine"  # VECTOR_NETLIST_CONFIG, in the slow set
+LANED_NETLIST = "2x4 + vector engine of 2 lanes"  # the same with vector_lanes 2, slow set
 _NETLISTS: dict = {}
 
 
@@ -287,7 +324,9 @@ def _netlist_pair(name):
     if name not in _NETLISTS:
         from sim.netlist import NetlistBackend
         from sim.rtl import RTLBackend
-        cfg = VECTOR_NETLIST_CONFIG if name == VECTOR_NETLIST else EQUIVALENCE_CONFIGS[name]
+        cfg = {VECTOR_NETLIST: VECTOR_NETLIST_CONFIG,
+               LANED_NETLIST: VECTOR_NETLIST_CONFIG.replace(vector_lanes=2)}.get(name) \
+            or EQUIVALENCE_CONFIGS[name]
         netlist = NetlistBackend(cfg)
         netlist.build()
         _NETLISTS[name] = cfg, RTLBackend(cfg), netlist
@@ -416,6 +455,22 @@ def test_netlist_vector_programs_agree(block):
     """Random programs with vector tasks give the same bits, cycles and counters on the fast
     model, the RTL and the netlist of the vector engine's shape (VECTOR_NETLIST_CONFIG)."""
     cfg, rtl, netlist = _netlist_pair(VECTOR_NETLIST)
+    model = FastModel(cfg)
+    errors = set()
+    for _seed, rp in _vector_programs(block, cfg):
+        _check(cfg, model, rtl, rp.program, rp.dram)
+        errors.add(_netlist_check(cfg, rtl, netlist, rp).error)
+    assert len(errors) >= 2  # valid and broken programs both ran
+
+
+@pytest.mark.netlist
+@pytest.mark.slow
+@pytest.mark.parametrize("block", range(10))
+def test_netlist_laned_vector_programs_agree(block):
+    """As test_netlist_vector_programs_agree on the vector netlist shape with a 2-lane engine
+    (LANED_NETLIST): the fast model, the RTL and the netlist agree on random vector programs
+    whose laned sub-ops stream two elements a cycle."""
+    cfg, rtl, netlist = _netlist_pair(LANED_NETLIST)
     model = FastModel(cfg)
     errors = set()
     for _seed, rp in _vector_programs(block, cfg):

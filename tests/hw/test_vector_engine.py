@@ -9,6 +9,8 @@ its command, and VOUT must hold the bytes :func:`sim.functional.exec_vec` comput
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from amaranth import Elaboratable, Module, ResetInserter, Signal
@@ -20,6 +22,7 @@ from hw import timing
 from hw.config import AcceleratorConfig, ConfigError
 from hw.engines import ENGINE, engines_of, exec_cycles
 from hw.isa import (
+    LANED_VEC_FUNCS,
     RTL_VEC_FUNCS,
     VEC_FUNC_VALUES,
     Engine,
@@ -315,9 +318,11 @@ class _Bench(Elaboratable):
         self.vec = VectorEngine(cfg)
         self.rst = Signal()
         self.vin = Scratchpad(size_bytes=cfg.vin_spad_bytes, word_bytes=4,
-                              beat_bytes=cfg.beat_bytes, core="read", core_reads=2)
+                              beat_bytes=cfg.beat_bytes, core="read", core_reads=2,
+                              core_lanes=cfg.vector_lanes)
         self.vout = Scratchpad(size_bytes=cfg.vout_spad_bytes, word_bytes=4,
-                               beat_bytes=cfg.beat_bytes, core="write")
+                               beat_bytes=cfg.beat_bytes, core="write",
+                               core_lanes=cfg.vector_lanes)
 
     def elaborate(self, platform):
         m = Module()
@@ -379,11 +384,12 @@ def _random_vecs(rng, n):
     return out
 
 
-def _simulate(vin: np.ndarray, vecs: list[Vec], gaps: list[int]):
-    """Run ``vecs`` one after the other (``gaps[k]`` idle cycles before each command); return
-    each one's cycles from its command to ``done`` and the final VOUT bytes."""
-    dut = _Bench(VCFG)
-    beat = VCFG.beat_bytes
+def _simulate(vin: np.ndarray, vecs: list[Vec], gaps: list[int], cfg=VCFG):
+    """Run ``vecs`` one after the other (``gaps[k]`` idle cycles before each command) on
+    ``cfg``'s engine; return each one's cycles from its command to ``done`` and the final VOUT
+    bytes."""
+    dut = _Bench(cfg)
+    beat = cfg.beat_bytes
     raw = vin.astype("<i4").view(np.uint8)
     durations: list[int] = []
     vout = bytearray(VCFG.vout_spad_bytes)
@@ -411,17 +417,17 @@ def _simulate(vin: np.ndarray, vecs: list[Vec], gaps: list[int]):
     return durations, np.frombuffer(bytes(vout), dtype=np.uint8)
 
 
-def _check_against_the_models(vin: np.ndarray, vecs: list[Vec], gaps: list[int]
-                              ) -> MachineState:
-    """Run ``vecs`` through the executor and through the functional model from VIN ``vin``:
-    each instruction's cycles equal the timing contract's, VOUT equals the functional model's
-    byte for byte; returns the functional model's state."""
-    durations, vout = _simulate(vin, vecs, gaps)
+def _check_against_the_models(vin: np.ndarray, vecs: list[Vec], gaps: list[int],
+                              cfg=VCFG) -> MachineState:
+    """Run ``vecs`` through ``cfg``'s executor and through the functional model from VIN
+    ``vin``: each instruction's cycles equal the timing contract's (on ``cfg``'s lanes), VOUT
+    equals the functional model's byte for byte; returns the functional model's state."""
+    durations, vout = _simulate(vin, vecs, gaps, cfg)
     st = MachineState(VCFG)
     st.spads[Spad.VIN][:] = vin.astype("<i4").view(np.uint8)
     for v in vecs:
         exec_vec(st, v)
-    assert durations == [exec_cycles(v, VCFG) for v in vecs]
+    assert durations == [exec_cycles(v, cfg) for v in vecs]
     assert np.array_equal(vout, st.spads[Spad.VOUT])
     return st
 
@@ -436,6 +442,62 @@ def test_the_executor_matches_numerics_and_the_timing_contract(seed):
     vecs += [Vec(func=VecFunc.ARGMAX, a_addr=0, length=VIN, dst_addr=0)]  # the longest row
     gaps = [int(rng.choice([0, 0, 1, 5])) for _ in vecs]
     _check_against_the_models(vin, vecs, gaps)
+
+
+def _aligned(v: Vec, lanes: int) -> Vec:
+    """``v`` with its rows moved down to multiples of ``lanes`` where it is a laned sub-op
+    (the dispatch rule, :func:`hw.isa.vec_unaligned`)."""
+    if v.func not in LANED_VEC_FUNCS:
+        return v
+    mask = ~(lanes - 1)
+    return dataclasses.replace(v, a_addr=v.a_addr & mask, b_addr=v.b_addr & mask,
+                               dst_addr=v.dst_addr & mask)
+
+
+@pytest.mark.parametrize(("lanes", "seed"), [(2, 0), (2, 1), (4, 0), (4, 1)])
+def test_a_laned_executor_matches_numerics_and_the_timing_contract(lanes, seed):
+    """An engine of 2 and 4 lanes: random VECs of every sub-op (the laned ones' rows aligned,
+    lengths any: a last group of 1 to ``lanes`` elements), back to back and after gaps, end
+    in exactly ``vec_cycles`` of that configuration and leave the functional model's VOUT
+    byte for byte (the lanes change when, never what); the rows where the laned sub-ops'
+    scalars and packed codes are special lead."""
+    cfg = VCFG.replace(vector_lanes=lanes)
+    rng = np.random.default_rng(100 * lanes + seed)
+    vin = _random_vin(rng)
+    vin[:8] = 0
+    vin[8:16] = -2**31
+    edges = [Vec(func=f, a_addr=a, b_addr=16, length=length, dst_addr=4 * k, imm=imm)
+             for k, (f, a, length, imm) in enumerate(
+                 [(VecFunc.REQUANT, 0, 5, 0), (VecFunc.REQUANT, 8, 7, 0),
+                  (VecFunc.RMSNORM, 0, 8, 0), (VecFunc.RMSNORM, 8, 3, 999),
+                  (VecFunc.FOLD, 8, 5, 0), (VecFunc.FOLD, 0, 1, 0),
+                  (VecFunc.ADD, 8, 3, 0), (VecFunc.MUL, 8, 1, 0),
+                  (VecFunc.DEQUANT, 16, 3, dequant_imm(3, False))])]
+    vecs = edges + [_aligned(v, lanes) for v in _random_vecs(rng, 16)]
+    laned = [v for v in vecs if v.func in LANED_VEC_FUNCS]
+    assert len(laned) >= len(edges) and any(v.length % lanes for v in laned)
+    gaps = [int(rng.choice([0, 0, 1, 5])) for _ in vecs]
+    _check_against_the_models(vin, vecs, gaps, cfg)
+
+
+@pytest.mark.parametrize("lanes", [2, 4, 8])
+def test_every_laned_sub_op_on_lanes(lanes):
+    """Each laned sub-op alone, on rows of 1 to ``2 * lanes + 1`` elements (every last group)
+    and a long one: cycles and VOUT exact on an engine of ``lanes`` (8: a 32-byte beat, two
+    words of REQUANT's and FOLD's codes a cycle)."""
+    cfg = VCFG.replace(vector_lanes=lanes) if lanes <= VCFG.vector_lanes_max else VCFG.replace(
+        memory=dataclasses.replace(VCFG.memory, bytes_per_cycle=4 * lanes), vector_lanes=lanes)
+    rng = np.random.default_rng(lanes)
+    vin = _random_vin(rng)
+    vecs = []
+    for func in LANED_VEC_FUNCS:
+        for length in [*range(1, 2 * lanes + 2), 48]:
+            imm = {VecFunc.RMSNORM: norm_eps(1e-5, length),
+                   VecFunc.DEQUANT: dequant_imm(int(rng.integers(0, VIN)),
+                                                bool(rng.random() < 0.5))}.get(func, 0)
+            vecs.append(Vec(func=func, length=length, imm=imm, a_addr=lanes * 3,
+                            b_addr=VIN - 48, dst_addr=lanes * int(rng.integers(0, 16 // lanes))))
+    _check_against_the_models(vin, vecs, [0] * len(vecs), cfg)
 
 
 def test_requant_softmax_and_rmsnorm_edges_in_the_executor():

@@ -1,7 +1,8 @@
 """The vector engine's lanes (``AcceleratorConfig.vector_lanes``): the configuration field, the
 one table of laned sub-ops (``hw.isa.LANED_VEC_FUNCS``), the laned timing terms of
-``hw.timing.vec_cycles``, the row alignment dispatch rule, and the fast model on random vector
-programs: the lanes change cycles only, never a result (``hw/numerics.py`` is unchanged)."""
+``hw.timing.vec_cycles``, the row alignment dispatch rule, the RTL engine's laned units, and the
+fast model on random vector programs: the lanes change cycles only, never a result
+(``hw/numerics.py`` is unchanged)."""
 
 from __future__ import annotations
 
@@ -79,11 +80,21 @@ def test_lanes_bounded_by_the_beat_and_the_engine():
         AcceleratorConfig(vector_lanes=2)
 
 
-def test_rtl_engine_refuses_lanes():
-    """The RTL engine streams one element a cycle: it names the lanes it does not build."""
-    VectorEngine(VCFG)
-    with pytest.raises(ValueError, match="vector_lanes=4"):
-        VectorEngine(_cfg(4))
+@pytest.mark.parametrize("lanes", LANES)
+def test_rtl_engine_builds_lanes(lanes):
+    """The RTL engine builds every lane count: its laned reductions (AbsMax, SumSq) take a
+    lane tree of ``vec_lane_tree`` levels on top of their one-lane latency, its element units
+    have a copy a lane, and the scalar units stay single (the cycles themselves:
+    tests/hw/test_vector_engine.py's laned executor tests)."""
+    units = VectorEngine(_cfg(lanes))._units
+    tree = timing.vec_lane_tree(lanes)
+    assert units["absmax"].latency == timing.VECTOR_LATENCY["absmax"] + tree
+    assert units["sumsq"].latency == timing.VECTOR_LATENCY["sumsq"] + tree
+    for name in ("add", "mul16", "requant", "mul_fold", "dequant_factor", "scale31"):
+        assert sum(k == name or k.startswith(f"{name}_l") for k in units) == lanes, name
+    for name in ("recip", "rsqrt", "exp", "rope", "argmax"):
+        assert name in units and f"{name}_l1" not in units
+    assert ("absmax_kv" in units) == (lanes > 1)   # KV4's one-lane AbsMax (no lane tree)
 
 
 # ---------------------------------------------------------------------- the lane table

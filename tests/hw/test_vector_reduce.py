@@ -104,3 +104,37 @@ def test_wide_absmax():
 def test_rejects_bad_parameters(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def _laned(data: list[np.ndarray], lanes: int, **extra):
+    """The rows as a stream of ``lanes`` elements a cycle (``x`` a list; the last group of a
+    row padded with 0, as the engine reads lanes past a row's end), and the index of each
+    row's last cycle."""
+    groups = []
+    for i, row in enumerate(data):
+        padded = np.concatenate([row, np.zeros(-len(row) % lanes, np.int64)])
+        groups.append([{"x": [int(e) for e in padded[j:j + lanes]],
+                        **{key: v[i] for key, v in extra.items()}}
+                       for j in range(0, len(padded), lanes)])
+    return rows(groups), list(np.cumsum([len(g) for g in groups]) - 1)
+
+
+@pytest.mark.parametrize("lanes", [2, 4, 8])
+def test_laned_reductions_match_numerics(lanes):
+    """AbsMax (54-bit elements, FOLD's products) and SumSq with ``lanes`` elements a cycle:
+    the one-lane results (hw.numerics), ``vec_lane_tree(lanes)`` cycles later than one
+    lane's after each row's last group."""
+    data = act_rows(7)
+    data[0] = np.array([-(1 << 53), 5, (1 << 53) - 1])   # FOLD's product extremes
+    els, ends = _laned(data, lanes)
+    run = run_unit(AbsMax(signed(54), lanes=lanes), els)
+    assert np.array_equal(run.field("y"), [int(np.abs(r).max()) for r in data])
+    tree = timing.vec_lane_tree(lanes)
+    check_latency(run, timing.VECTOR_LATENCY["absmax"] + tree, ends)
+    data = act_rows(8)
+    shifts = [max(0, int(np.abs(r).max()).bit_length() - (ACT_FRAC + 1)) for r in data]
+    els, ends = _laned(data, lanes, shift=shifts)
+    run = run_unit(SumSq(lanes=lanes), els)
+    assert np.array_equal(run.field("y"),
+                          [vec_sumsq(r, s) for r, s in zip(data, shifts, strict=True)])
+    check_latency(run, timing.VECTOR_LATENCY["sumsq"] + tree, ends)

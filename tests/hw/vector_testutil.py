@@ -51,7 +51,8 @@ def run_unit(unit, elements: list[dict], *, seed: int | None = None,
             ctx.set(unit.i.valid, int(offer))
             if offer:
                 for f in fields:
-                    ctx.set(getattr(unit.i.payload, f), int(elements[k][f]))
+                    v = elements[k][f]   # a list: a laned unit's lanes
+                    ctx.set(getattr(unit.i.payload, f), v if isinstance(v, list) else int(v))
             if offer and ctx.get(unit.i.ready):
                 res.accepted.append(cycle)
                 k += 1
