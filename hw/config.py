@@ -540,18 +540,22 @@ class AcceleratorConfig:
 #: Scratchpads of the vector engine in the named ``"vector"`` configuration: the sizes
 #: synthesised beside the default 4x8 array (int32 elements: 4096 in VIN, 2048 in VOUT).
 VECTOR_PRESET_SPADS = {"vin_spad_bytes": 16384, "vout_spad_bytes": 8192}
+#: The ``"vector"`` configuration's :attr:`AcceleratorConfig.vector_lanes`: the most that fit
+#: the ECP5-85F's 156 multipliers beside the 4x8 array's 67 (the engine takes 65 with one
+#: lane, 82 with two, 116 with four; docs/synthesis.md, "Lanes").
+VECTOR_PRESET_LANES = 2
 
 #: Named configurations (``sw.deploy --config NAME``): each a function of no arguments.
 PRESETS = {
     "default": AcceleratorConfig,
-    "vector": lambda: AcceleratorConfig(**VECTOR_PRESET_SPADS),
+    "vector": lambda: AcceleratorConfig(**VECTOR_PRESET_SPADS, vector_lanes=VECTOR_PRESET_LANES),
 }
 
 
 def preset(name: str) -> AcceleratorConfig:
     """The named configuration ``name`` (:data:`PRESETS`): ``"default"`` is
     ``AcceleratorConfig()``, ``"vector"`` the same with the vector engine's scratchpads of
-    :data:`VECTOR_PRESET_SPADS`.
+    :data:`VECTOR_PRESET_SPADS` and :data:`VECTOR_PRESET_LANES` lanes.
 
     >>> preset("vector").has_vector, preset("default") == AcceleratorConfig()
     (True, True)
@@ -592,4 +596,4 @@ def named_or_file(name: str | None) -> AcceleratorConfig:
         raise ConfigError(f"{e}{names}") from None
 
 
-__all__ += ["PRESETS", "VECTOR_PRESET_SPADS", "named_or_file", "preset"]
+__all__ += ["PRESETS", "VECTOR_PRESET_LANES", "VECTOR_PRESET_SPADS", "named_or_file", "preset"]
