@@ -34,7 +34,9 @@ from hw.numerics import (
 from hw.timing import vec_cycles, vec_cycles_fields
 from sim.functional import MachineState, exec_vec
 
-VCFG = preset("vector")
+#: The vector preset's engine with one lane (KV4 and INSERT4 stream one element a cycle;
+#: REQUANT, compared with them, as many as the lanes).
+VCFG = preset("vector").replace(vector_lanes=1)
 
 
 def _unpack(words: np.ndarray, d: int, groups: int) -> tuple[np.ndarray, np.ndarray, int]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hw import timing
-from hw.config import AcceleratorConfig, ConfigError, preset
+from hw.config import VECTOR_PRESET_LANES, AcceleratorConfig, ConfigError, preset
 from hw.isa import (
     LANED_VEC_FUNCS,
     ErrorCode,
@@ -34,7 +34,8 @@ from hw.vector.engine import VectorEngine
 from sim.model import FastModel
 from sim.random_programs import EQUIVALENCE_CONFIGS, random_program
 
-VCFG = preset("vector")
+#: The vector preset's engine with one lane (the preset streams VECTOR_PRESET_LANES).
+VCFG = preset("vector").replace(vector_lanes=1)
 LANES = (1, 2, 4)
 
 
@@ -55,6 +56,7 @@ def test_lanes_default_and_fingerprint():
     """One lane is the default and leaves the JSON (every configuration keeps its
     fingerprint); more lanes are in it and round-trip."""
     assert VCFG.vector_lanes == 1 and "vector_lanes" not in VCFG.to_dict()
+    assert preset("vector").to_dict()["vector_lanes"] == VECTOR_PRESET_LANES > 1
     c4 = _cfg(4)
     assert c4.to_dict()["vector_lanes"] == 4
     assert AcceleratorConfig.from_json(c4.to_json()) == c4
