@@ -46,13 +46,17 @@ REPRO_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "build", "equiva
 BROKEN = ["illegal", "bad_field", "no_end", "deadlock", "overflow"]
 
 
-@pytest.fixture(scope="module", params=sorted(EQUIVALENCE_CONFIGS))
-def backends(request):
+def _built(cfg):
+    """``cfg``, its fast model and its RTL backend, built."""
     from sim.rtl import RTLBackend
-    cfg = EQUIVALENCE_CONFIGS[request.param]
     rtl = RTLBackend(cfg)
     rtl.build()
     return cfg, FastModel(cfg), rtl
+
+
+@pytest.fixture(scope="module", params=sorted(EQUIVALENCE_CONFIGS))
+def backends(request):
+    return _built(EQUIVALENCE_CONFIGS[request.param])
 
 
 def _check(cfg, model, rtl, program, dram, names=("model", "rtl"), regs=None):
@@ -284,11 +288,7 @@ LANED_CONFIGS = {lanes: EQUIVALENCE_CONFIGS["4x4"].replace(vector_lanes=lanes)
 
 @pytest.fixture(scope="module", params=sorted(LANED_CONFIGS))
 def laned_backends(request):
-    from sim.rtl import RTLBackend
-    cfg = LANED_CONFIGS[request.param]
-    rtl = RTLBackend(cfg)
-    rtl.build()
-    return cfg, FastModel(cfg), rtl
+    return _built(LANED_CONFIGS[request.param])
 
 
 @pytest.mark.parametrize("block", range(3))
