@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-COMMANDS = [f"bench.{name}" for name in ("accuracy", "board", "codesign", "compile", "compress",
-                                         "dse", "fuzz", "rtl", "scaling", "simspeed")
+COMMANDS = [f"bench.{name}" for name in ("accuracy", "beats", "board", "codesign", "compile",
+                                         "compress", "dse", "fuzz", "rtl", "scaling", "simspeed")
             ] + ["sw.codesign"]
 
 
