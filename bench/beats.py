@@ -44,7 +44,8 @@ from sw.compile.plan import Region
 from sw.compile.schedule import EVENTS
 
 __all__ = ["Run", "Recorder", "region_labels", "symbol_class", "event_name", "beat_breakdown",
-           "coarse", "load_idle", "Breakdown", "breakdown", "step_breakdown", "main"]
+           "coarse", "load_idle", "compute_idle", "Breakdown", "breakdown", "step_breakdown",
+           "main"]
 
 
 @dataclass(frozen=True)
@@ -87,11 +88,13 @@ def region_labels(regions: Mapping[str, Region], beat_bytes: int
     return labels, names
 
 
-def symbol_class(name: str, kind: str) -> str:
+def symbol_class(name: str, kind: str, weights: bool = False) -> str:
     """The row a symbol's beats are counted in: the weights of every linear (``weights``),
     the KV cache (``kv``), or the symbol without its frame suffix and with its layer
-    number as ``L``.
+    number as ``L`` (``weights``: a linear's weights the same way).
 
+    >>> symbol_class("w:model.layers.2.mlp.up_proj", "weight", weights=True)
+    'w:model.layers.L.mlp.up_proj'
     >>> symbol_class("dq:model.layers.3.mlp.up_proj@7", "weight")
     'dq:model.layers.L.mlp.up_proj'
     >>> symbol_class("sc:12:1", "weight")
@@ -99,7 +102,7 @@ def symbol_class(name: str, kind: str) -> str:
     >>> symbol_class("w:model.layers.0.mlp.up_proj", "weight"), symbol_class("k:0:1", "kv")
     ('weights', 'kv')
     """
-    if name.startswith("w:"):
+    if name.startswith("w:") and not weights:
         return "weights"
     if kind == "kv":
         return "kv"
@@ -138,9 +141,9 @@ def _rows(sched: Schedule, words: np.ndarray) -> list[tuple[int, Any]]:
 
 
 def _klass(addr_beat: int, labels: np.ndarray, names: Sequence[str],
-           regions: Mapping[str, Region]) -> str:
+           regions: Mapping[str, Region], weights: bool = False) -> str:
     j = int(labels[addr_beat]) if 0 <= addr_beat < len(labels) else -1
-    return "?" if j < 0 else symbol_class(names[j], regions[names[j]].kind)
+    return "?" if j < 0 else symbol_class(names[j], regions[names[j]].kind, weights)
 
 
 def beat_breakdown(sched: Schedule, words: np.ndarray, labels: np.ndarray,
@@ -185,6 +188,40 @@ def load_idle(sched: Schedule, words: np.ndarray, labels: np.ndarray, names: Seq
     return idle, streamed
 
 
+def compute_idle(sched: Schedule, words: np.ndarray, labels: np.ndarray,
+                 names: Sequence[str], regions: Mapping[str, Region]) -> tuple[Counter, int]:
+    """The cycles one scheduled program's array computes nothing, by ``(why, symbol class of
+    the weights the next GEMM reads)`` -- the latest WGT LOAD dispatched before it; ``why`` as
+    :func:`load_idle`'s (``wait EVENT``: its activations, ``FULL``, or its weights; a SYNC on
+    the compute engine likewise) -- and the cycles it computes (the GEMMs' ``end - grant +
+    1``); the two add up to the program's cycles."""
+    wgt, gemms = "?", []
+    for i, ins in _rows(sched, words):  # dispatch order: which weights each GEMM follows
+        if isinstance(ins, Load) and ins.spad.name == "WGT":
+            wgt = _klass(ins.dram_addr, labels, names, regions, weights=True)
+        elif int(sched.times[i, 0]) == Engine.COMPUTE.value:
+            gemms.append((int(sched.times[i, 4]), i, ins, wgt))
+    idle: Counter = Counter()
+    busy, free, why = 0, 0, None
+    for grant, i, ins, klass in sorted(gemms, key=lambda t: t[:2]):
+        if isinstance(ins, Sync):
+            if grant > free and ins.wait is not None:
+                why = "sync " + event_name(ins.wait)
+            continue
+        dispatch, end = int(sched.times[i, 2]), int(sched.times[i, 5])
+        gap = grant - free
+        if gap > 0:
+            reason = why or ("dispatch" if dispatch >= grant - 1 and dispatch > free
+                             else f"wait {event_name(ins.wait)}" if ins.wait is not None
+                             else "busy")
+            idle[(reason, klass)] += gap
+        busy += end - grant + 1
+        free, why = max(free, end + 1), None
+    if sched.cycles > free:
+        idle[("tail", "")] += sched.cycles - free
+    return idle, busy
+
+
 @dataclass
 class Breakdown:
     """A step's cycles and DRAM beats (the fast model's counters), its beats by
@@ -193,14 +230,18 @@ class Breakdown:
     cycles: int = 0
     dram_beats: int = 0
     streamed: int = 0
+    computed: int = 0
     beats: Counter = field(default_factory=Counter)
     idle: Counter = field(default_factory=Counter)
+    compute_idle: Counter = field(default_factory=Counter)
 
     def to_json(self) -> dict[str, Any]:
         return {"cycles": self.cycles, "dram_beats": self.dram_beats,
                 "load_streamed_cycles": self.streamed,
                 "beats": [[*k, v] for k, v in self.beats.most_common()],
-                "load_idle": [[*k, v] for k, v in self.idle.most_common()]}
+                "load_idle": [[*k, v] for k, v in self.idle.most_common()],
+                "compute_cycles": self.computed,
+                "compute_idle": [[*k, v] for k, v in self.compute_idle.most_common()]}
 
 
 def breakdown(runs: Sequence[Run], cfg: AcceleratorConfig,
@@ -218,6 +259,9 @@ def breakdown(runs: Sequence[Run], cfg: AcceleratorConfig,
         idle, streamed = load_idle(sched, words, labels, names, regions)
         out.idle += idle
         out.streamed += streamed
+        idle, computed = compute_idle(sched, words, labels, names, regions)
+        out.compute_idle += idle
+        out.computed += computed
     return out
 
 
@@ -287,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                            b.dram_beats, args.top)))
     print("\n".join(_table("LOAD engine idle cycles by (why, next LOAD's symbol)", b.idle,
                            b.cycles - b.streamed, args.top)))
+    print("\n".join(_table("array idle cycles by (why, next GEMM's weights)",
+                           b.compute_idle, b.cycles - b.computed, args.top)))
     if args.json:
         write_json(args.json, b.to_json())
     return 0

@@ -69,6 +69,10 @@ def test_breakdown_adds_up_to_the_counters(step):
     # every cycle is one the LOAD engine streams or one charged to a reason
     assert b.streamed + sum(b.idle.values()) == b.cycles
     assert b.idle and all(v > 0 for v in b.idle.values())
+    assert b.computed + sum(b.compute_idle.values()) == b.cycles
+    assert stats.counter("compute_exec") <= b.computed < b.cycles
+    # every GEMM follows some weights or cache: none is charged to an unknown symbol
+    assert "?" not in {k[-1] for k in b.compute_idle}
 
 
 def test_weights_and_cache_are_read_once(step):
