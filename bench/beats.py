@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     b = step_breakdown(args.model, cfg, args.context)
     print(f"{args.model} at context {args.context} on {args.config} (ECPIX-5 memory): "
           f"{b.cycles:,} cycles, {b.dram_beats:,} DRAM beats, LOAD engine streaming "
-          f"{b.streamed:,} cycles")
+          f"{b.streamed:,} cycles, the array computing {b.computed:,}")
     print("\n".join(_table("DRAM beats by (direction, scratchpad, symbol kind)",
                            coarse(b.beats), b.dram_beats, args.top)))
     print("\n".join(_table("LOAD engine idle cycles by (why, next LOAD's symbol kind)",
