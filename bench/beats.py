@@ -160,66 +160,57 @@ def beat_breakdown(sched: Schedule, words: np.ndarray, labels: np.ndarray,
     return out
 
 
+def _idle(sched: Schedule, words_of: Sequence[tuple[int, Any, str]]) -> tuple[Counter, int]:
+    """The cycles an engine whose words are ``words_of`` (``(row, instruction, symbol
+    class)``, its SYNCs included) does no work, by ``(why, symbol class of its next worker
+    word)`` (:func:`load_idle`'s reasons), and the cycles it works (its other words' ``end -
+    grant + 1``); the two add up to the program's cycles."""
+    idle: Counter = Counter()
+    worked, free, why = 0, 0, None
+    for i, ins, klass in sorted(words_of, key=lambda t: (int(sched.times[t[0], 4]), t[0])):
+        grant, dispatch, end = (int(sched.times[i, c]) for c in (4, 2, 5))
+        if isinstance(ins, Sync):
+            if grant > free and ins.wait is not None:
+                why = "sync " + event_name(ins.wait)
+            continue
+        if grant > free:
+            reason = why or ("dispatch" if dispatch >= grant - 1 and dispatch > free
+                             else f"wait {event_name(ins.wait)}" if ins.wait is not None
+                             else "busy")
+            idle[(reason, klass)] += grant - free
+        worked += end - grant + 1
+        free, why = max(free, end + 1), None
+    if sched.cycles > free:
+        idle[("tail", "")] += sched.cycles - free
+    return idle, worked
+
+
 def load_idle(sched: Schedule, words: np.ndarray, labels: np.ndarray, names: Sequence[str],
               regions: Mapping[str, Region]) -> tuple[Counter, int]:
     """The cycles one scheduled program's LOAD engine streams nothing, by ``(why, symbol
     class of the next LOAD)`` (the module docstring), and the cycles it streams (the LOADs'
     ``end - grant + 1``); the two add up to the program's cycles."""
-    loads = sorted(((int(sched.times[i, 4]), i, ins) for i, ins in _rows(sched, words)
-                    if int(sched.times[i, 0]) == Engine.LOAD.value), key=lambda t: t[:2])
-    idle: Counter = Counter()
-    streamed, free, why = 0, 0, None
-    for grant, i, ins in loads:
-        if isinstance(ins, Sync):
-            if grant > free and ins.wait is not None:
-                why = "sync " + event_name(ins.wait)
-            continue
-        dispatch, end = int(sched.times[i, 2]), int(sched.times[i, 5])
-        gap = grant - free
-        if gap > 0:
-            reason = why or ("dispatch" if dispatch >= grant - 1 and dispatch > free
-                             else f"wait {event_name(ins.wait)}" if ins.wait is not None
-                             else "busy")
-            idle[(reason, _klass(ins.dram_addr, labels, names, regions))] += gap
-        streamed += end - grant + 1
-        free, why = max(free, end + 1), None
-    if sched.cycles > free:
-        idle[("tail", "")] += sched.cycles - free
-    return idle, streamed
+    return _idle(sched, [(i, ins, "" if isinstance(ins, Sync)
+                          else _klass(ins.dram_addr, labels, names, regions))
+                         for i, ins in _rows(sched, words)
+                         if int(sched.times[i, 0]) == Engine.LOAD.value])
 
 
 def compute_idle(sched: Schedule, words: np.ndarray, labels: np.ndarray,
                  names: Sequence[str], regions: Mapping[str, Region]) -> tuple[Counter, int]:
     """The cycles one scheduled program's array computes nothing, by ``(why, symbol class of
-    the weights the next GEMM reads)`` -- the latest WGT LOAD dispatched before it; ``why`` as
-    :func:`load_idle`'s (``wait EVENT``: its activations, ``FULL``, or its weights; a SYNC on
-    the compute engine likewise) -- and the cycles it computes (the GEMMs' ``end - grant +
-    1``); the two add up to the program's cycles."""
+    the weights the next GEMM reads)`` -- the latest WGT LOAD dispatched before it, a
+    linear's by its layer (:func:`symbol_class` ``weights``); ``why`` as :func:`load_idle`'s
+    (``wait FULL0``: the GEMM waited for its operands' LOAD; a SYNC on the compute engine
+    likewise) -- and the cycles it computes (the GEMMs' ``end - grant + 1``); the two add up
+    to the program's cycles."""
     wgt, gemms = "?", []
     for i, ins in _rows(sched, words):  # dispatch order: which weights each GEMM follows
         if isinstance(ins, Load) and ins.spad.name == "WGT":
             wgt = _klass(ins.dram_addr, labels, names, regions, weights=True)
         elif int(sched.times[i, 0]) == Engine.COMPUTE.value:
-            gemms.append((int(sched.times[i, 4]), i, ins, wgt))
-    idle: Counter = Counter()
-    busy, free, why = 0, 0, None
-    for grant, i, ins, klass in sorted(gemms, key=lambda t: t[:2]):
-        if isinstance(ins, Sync):
-            if grant > free and ins.wait is not None:
-                why = "sync " + event_name(ins.wait)
-            continue
-        dispatch, end = int(sched.times[i, 2]), int(sched.times[i, 5])
-        gap = grant - free
-        if gap > 0:
-            reason = why or ("dispatch" if dispatch >= grant - 1 and dispatch > free
-                             else f"wait {event_name(ins.wait)}" if ins.wait is not None
-                             else "busy")
-            idle[(reason, klass)] += gap
-        busy += end - grant + 1
-        free, why = max(free, end + 1), None
-    if sched.cycles > free:
-        idle[("tail", "")] += sched.cycles - free
-    return idle, busy
+            gemms.append((i, ins, wgt))
+    return _idle(sched, gemms)
 
 
 @dataclass
