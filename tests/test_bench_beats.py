@@ -35,8 +35,7 @@ def test_event_names_follow_the_renaming():
     assert beats.event_name(BESIDE_EVENTS[EVENTS["STORED1"]]) == "beside:STORED1"
 
 
-@pytest.fixture(scope="module")
-def step():
+def _step(block_loop: bool | None = None):
     import torch
 
     from sim.backends import make_backend
@@ -50,13 +49,20 @@ def step():
     lm = open_model("reference").model
     formats = recipe_for("reference").formats(selected_linears(lm))
     opts = CompileOptions(prompt_tokens=CONTEXT - 1, max_context=CONTEXT,
-                          decode_contexts=(CONTEXT,), phases=("decode",))
+                          decode_contexts=(CONTEXT,), phases=("decode",),
+                          block_loop=block_loop)
     exe = compile_model(lm, cfg, opts, formats=formats)
     rec = beats.Recorder(make_backend("model-timing", cfg))
     rt = Runtime(exe, rec, vector=True)
     rt.seek(CONTEXT - 1)
     _, stats = rt.step(torch.zeros((1, 1), dtype=torch.long))
-    return cfg, exe, stats, beats.breakdown(rec.runs, cfg, exe.symbols)
+    return cfg, exe, stats, rec.runs
+
+
+@pytest.fixture(scope="module")
+def step():
+    cfg, exe, stats, runs = _step()
+    return cfg, exe, stats, beats.breakdown(runs, cfg, exe.symbols)
 
 
 def test_breakdown_adds_up_to_the_counters(step):
@@ -90,3 +96,27 @@ def test_command_prints_the_tables(capsys):
     out = capsys.readouterr().out
     assert "DRAM beats by (direction, scratchpad, symbol kind)" in out
     assert "LOAD WGT weights" in out and "LOAD engine idle cycles" in out
+
+
+def test_a_block_loop_reads_every_layers_weights_once():
+    """A rolled step (SmolLM2's form) repeats one block's words: each iteration's DMA words
+    must be charged at their advanced addresses, every weight beat read once."""
+    from hw.isa import Load, relative_words
+    from sim.model import program_words, schedule
+
+    cfg, exe, stats, runs = _step(block_loop=True)
+    assert "block_loop" in exe.report
+    words = relative_words(program_words(runs[0].program), runs[0].regs)
+    sched = schedule(words, cfg)
+    read = []
+    for _, ins in beats._rows(sched, words):
+        if isinstance(ins, Load) and ins.spad.name == "WGT":
+            read += range(ins.dram_addr, ins.dram_addr + ins.rows * ins.row_beats)
+    want = [b for n, r in exe.symbols.items() if n.startswith("w:") and "@" not in n
+            for b in range(r.addr // cfg.beat_bytes, r.end // cfg.beat_bytes)]
+    wanted = set(want)
+    weights = [b for b in read if b in wanted]
+    assert sorted(weights) == sorted(want)  # each once, none left out
+    b = beats.breakdown(runs, cfg, exe.symbols)
+    assert b.cycles == stats.cycles and sum(b.beats.values()) == b.dram_beats
+    assert b.streamed + sum(b.idle.values()) == b.cycles
