@@ -19,7 +19,7 @@ runs it on the fast model (timing-only, as :func:`sw.codesign.decode_step`) and 
 
 The board model (sim.board_memory.board_cycles) charges every beat the memory's shortfall on
 top of the fast model's cycles, and every cycle the LOAD engine idles is a cycle the weight
-stream is not using: the two are its levers. Nothing is recorded; --json writes the breakdown.
+stream is not using: the two are its levers. The breakdown is written as JSON (--out).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import command, parser, positive_int, write_json
+from bench.common import RESULTS, command, parser, positive_int, stamp, write_json
 from hw.board.ecpix5 import ECPIX5
 from hw.config import AcceleratorConfig, ConfigError, named_or_file
 from hw.isa import MOVE_SPAD, Engine, Load, Store, Sync, relative_words
@@ -42,6 +42,7 @@ from sim.result import RunResult
 from sw.compile.fusion import BESIDE_EVENTS, VECTOR_EVENTS
 from sw.compile.plan import Region
 from sw.compile.schedule import EVENTS
+from sw.models.source import BUILTINS
 
 __all__ = ["Run", "Recorder", "region_labels", "symbol_class", "event_name", "beat_breakdown",
            "coarse", "load_idle", "compute_idle", "Breakdown", "breakdown", "step_breakdown",
@@ -294,17 +295,15 @@ def _table(title: str, rows: Counter, total: int, top: int) -> list[str]:
 @command("bench.beats")
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.beats", __doc__)
-    ap.add_argument("--model", default="reference",
-                    help="the model (a built-in, with its recipe) (default: reference)")
+    ap.add_argument("--model", default="reference", choices=BUILTINS,
+                    help="the model, a built-in with its recipe")
     ap.add_argument("--config", default="vector", metavar="NAME|JSON",
-                    help="accelerator configuration before the board's memory "
-                         "(default: vector)")
+                    help="accelerator configuration before the board's memory")
     ap.add_argument("--context", type=positive_int, default=128,
-                    help="positions the decode step attends to (default: 128)")
-    ap.add_argument("--top", type=positive_int, default=25,
-                    help="rows of each table (default: 25)")
-    ap.add_argument("--json", type=Path, default=None,
-                    help="write the breakdown here too (default: none)")
+                    help="positions the decode step attends to")
+    ap.add_argument("--top", type=positive_int, default=25, help="rows of each table")
+    ap.add_argument("--out", type=Path, default=RESULTS / "beats.json",
+                    help="the breakdown as JSON, stamped with its commit and configuration")
     args = ap.parse_args(argv)
     try:
         cfg = ECPIX5.accelerator_config(named_or_file(args.config))
@@ -324,8 +323,9 @@ def main(argv: list[str] | None = None) -> int:
                            b.cycles - b.streamed, args.top)))
     print("\n".join(_table("array idle cycles by (why, next GEMM's weights)",
                            b.compute_idle, b.cycles - b.computed, args.top)))
-    if args.json:
-        write_json(args.json, b.to_json())
+    path = write_json(args.out, stamp({"model": args.model, "context": args.context,
+                                       **b.to_json()}, cfg))
+    print(f"wrote {path}")
     return 0
 
 
