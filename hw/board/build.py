@@ -144,10 +144,11 @@ def _nextpnr_cmd(platform, seed: int) -> list[str]:
 
 #: Lines of a design file that say where and when it was written, not what it builds: the
 #: RTLIL's source locations (absolute paths and line numbers of the Python that elaborated
-#: it) and the header LiteX writes into LiteDRAM's core (the date, the commit of the
-#: checkout it ran in). The cache key leaves them out.
-_NOT_LOGIC = re.compile(rb"^\s*attribute \\src .*$|^// (?:Date|LiteX sha1)\s*:.*$",
-                        re.MULTILINE)
+#: it) and the comments LiteX writes into LiteDRAM's core: its header and footer (the date,
+#: the commit of the checkout it ran in) and its module hierarchy, a ``/* ... */`` block whose
+#: lines come in an order that changes from run to run. The cache key leaves them out.
+_NOT_LOGIC = re.compile(rb"^[ \t]*attribute \\src [^\n]*$|^[ \t]*//[^\n]*$|^/\*.*?^\*/$",
+                        re.MULTILINE | re.DOTALL)
 
 
 def _logic(text: bytes) -> bytes:
@@ -155,6 +156,8 @@ def _logic(text: bytes) -> bytes:
 
     >>> _logic(b'  attribute \\src "/a/top.py:1"\n  wire $1\n// Date       : 2026-01-01\n')
     b'\n  wire $1\n\n'
+    >>> _logic(b'/*\nTop\n\xe2\x94\x94 a\n*/\nmodule t(); // ok\nendmodule\n')
+    b'\nmodule t(); // ok\nendmodule\n'
     """
     return _NOT_LOGIC.sub(b"", text)
 
