@@ -121,19 +121,30 @@ def vector_spads(hidden: int, intermediate: int, vocab: int) -> dict[str, int]:
             "vout_spad_bytes": 2 * _pow2(word * hidden)}
 
 
-def with_vector(cfg: AcceleratorConfig) -> AcceleratorConfig:
-    """``cfg`` with a vector engine for LLaMA-7B (:func:`vector_spads`)."""
+def with_vector(cfg: AcceleratorConfig, wide: bool = False) -> AcceleratorConfig:
+    """``cfg`` with a vector engine for LLaMA-7B (:func:`vector_spads`); ``wide``: of
+    :attr:`~hw.config.AcceleratorConfig.vector_lanes_max` lanes, a beat's int32 elements, so
+    that the laned sub-ops (:data:`hw.isa.LANED_VEC_FUNCS`) take a row as fast as a LOAD
+    brings it (one lane, the default, takes a 16-byte beat's four elements in four cycles,
+    a 2048-byte beat's 512 in 512).
+
+    >>> with_vector(scaled_config(16, 64, 128, 200.0), wide=True).vector_lanes
+    32
+    """
     c = LLAMA7B
-    return cfg.replace(**vector_spads(c["hidden"], c["intermediate"], c["vocab"]))
+    cfg = cfg.replace(**vector_spads(c["hidden"], c["intermediate"], c["vocab"]))
+    return cfg.replace(vector_lanes=cfg.vector_lanes_max) if wide else cfg
 
 
 #: (label, accelerator) of ``--config vector``: :data:`SYSTEMS`' memories with the vector
-#: engine (:func:`with_vector`), one array per memory: the default 4x8, and 16x64 on the
-#: DDR4- and HBM-class memories. A decode step there is one program per token.
+#: engine (:func:`with_vector`), one array per memory: the default 4x8 (one lane, the engine
+#: as the FPGA's memory paces it), and 16x64 on the DDR4- and HBM-class memories with an
+#: engine as wide as their beat (32 and 512 lanes). A decode step there is one program per
+#: token (on HBM-class, one per layer's part: :func:`persistent_lines` says why).
 VECTOR_SYSTEMS = [
     ("default", with_vector(AcceleratorConfig())),
-    ("DDR4-class", with_vector(scaled_config(16, 64, 128, 200.0))),
-    ("HBM-class", with_vector(scaled_config(16, 64, 2048, 200.0))),
+    ("DDR4-class", with_vector(scaled_config(16, 64, 128, 200.0), wide=True)),
+    ("HBM-class", with_vector(scaled_config(16, 64, 2048, 200.0), wide=True)),
 ]
 #: The configurations of ``--config``: the accelerator without the vector engine (one
 #: program per layer, the host's work between them) and with it (one program per decode
