@@ -102,9 +102,13 @@ Lanes
     ``Rsqrt`` and the per-row scalars are single. The results are written ``n`` a cycle (the
     last group's lanes past the row's end kept), REQUANT's and FOLD's ``n`` codes a cycle
     packed as one lane's (``n < 4``: a word every ``4 / n`` cycles; else ``n / 4`` words a
-    cycle). The other sub-ops read one element a cycle, the lane of its address selected from
-    the group read by address bits registered with the read (as the scratchpad selects its
-    group in a row), and write it to the lane of its address.
+    cycle). An INSERT or INSERT4 whose codes lie ``n`` words apart or more
+    (:func:`hw.isa.insert_laned`: a key cache's append, a code a beat) reads a group a cycle
+    too: ``idx`` counts groups, a group holds at most one code, merged into the lane of its
+    word (``at``'s word bits below ``log2 n``); its code words are read one at a time as with
+    one lane. The other sub-ops read one element a cycle, the lane of its address selected
+    from the group read by address bits registered with the read (as the scratchpad selects
+    its group in a row), and write it to the lane of its address (``dst`` steps by 1).
 
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
