@@ -121,19 +121,30 @@ def vector_spads(hidden: int, intermediate: int, vocab: int) -> dict[str, int]:
             "vout_spad_bytes": 2 * _pow2(word * hidden)}
 
 
-def with_vector(cfg: AcceleratorConfig) -> AcceleratorConfig:
-    """``cfg`` with a vector engine for LLaMA-7B (:func:`vector_spads`)."""
+def with_vector(cfg: AcceleratorConfig, wide: bool = False) -> AcceleratorConfig:
+    """``cfg`` with a vector engine for LLaMA-7B (:func:`vector_spads`); ``wide``: of
+    :attr:`~hw.config.AcceleratorConfig.vector_lanes_max` lanes, a beat's int32 elements, so
+    that the laned sub-ops (:data:`hw.isa.LANED_VEC_FUNCS`) take a row as fast as a LOAD
+    brings it (one lane, the default, takes a 16-byte beat's four elements in four cycles,
+    a 2048-byte beat's 512 in 512).
+
+    >>> with_vector(scaled_config(16, 64, 128, 200.0), wide=True).vector_lanes
+    32
+    """
     c = LLAMA7B
-    return cfg.replace(**vector_spads(c["hidden"], c["intermediate"], c["vocab"]))
+    cfg = cfg.replace(**vector_spads(c["hidden"], c["intermediate"], c["vocab"]))
+    return cfg.replace(vector_lanes=cfg.vector_lanes_max) if wide else cfg
 
 
 #: (label, accelerator) of ``--config vector``: :data:`SYSTEMS`' memories with the vector
-#: engine (:func:`with_vector`), one array per memory: the default 4x8, and 16x64 on the
-#: DDR4- and HBM-class memories. A decode step there is one program per token.
+#: engine (:func:`with_vector`), one array per memory: the default 4x8 (one lane, the engine
+#: as the FPGA's memory paces it), and 16x64 on the DDR4- and HBM-class memories with an
+#: engine as wide as their beat (32 and 512 lanes). A decode step there is one program per
+#: token (on HBM-class, one per layer's part: :func:`persistent_lines` says why).
 VECTOR_SYSTEMS = [
     ("default", with_vector(AcceleratorConfig())),
-    ("DDR4-class", with_vector(scaled_config(16, 64, 128, 200.0))),
-    ("HBM-class", with_vector(scaled_config(16, 64, 2048, 200.0))),
+    ("DDR4-class", with_vector(scaled_config(16, 64, 128, 200.0), wide=True)),
+    ("HBM-class", with_vector(scaled_config(16, 64, 2048, 200.0), wide=True)),
 ]
 #: The configurations of ``--config``: the accelerator without the vector engine (one
 #: program per layer, the host's work between them) and with it (one program per decode
@@ -208,8 +219,8 @@ def summarise(stats: StepStats, cfg: AcceleratorConfig, phase: str, tokens: int,
     one (a step joined into one program computes them beside everything else). What bounds
     the step: ``memory_bound_cycles`` (the programs' read bytes over the bandwidth),
     ``array_bound_cycles`` (their MACs over the array's peak) -- the roofline bound is their
-    larger -- and ``vector_cycles``, the cycles the vector engine executes (an element a
-    cycle: a bound of its own that the roofline does not count)."""
+    larger -- and ``vector_cycles``, the cycles the vector engine executes (a bound of its own
+    that the roofline does not count)."""
     linears = [p.cycles for p in stats.programs if OPS[stats.ops[p.node]].streams == "weights"]
     linear = sum(linears) if linears else None
     seconds = stats.cycles / (cfg.clock_mhz * 1e6)
@@ -425,7 +436,9 @@ def persistent_lines(records: list[dict]) -> list[str]:
              "the default 4x8 array and 16x64 on the larger memories; the `vector` preset's "
              f"engine with VIN {spads['vin_spad_bytes'] // 1024} KiB and VOUT "
              f"{spads['vout_spad_bytes'] // 1024} KiB, the least powers of two whose halves "
-             "hold LLaMA-7B's rows: `vector_spads`). A greedy decode step is compiled with the "
+             "hold LLaMA-7B's rows: `vector_spads`; one lane on the default system, a beat's "
+             "int32 elements on the larger memories: `with_vector`). A greedy decode step is "
+             "compiled with the "
              "compiler's defaults and the ARGMAX on chip (norms, rotary embedding, softmax, "
              "SiLU gate and requantisations on the vector engine, programs fused, chained and "
              "joined, the KV append and the LM head on chip) and runs as one program per "
@@ -439,8 +452,8 @@ def persistent_lines(records: list[dict]) -> list[str]:
              "dense INT4 with the same KV cache on the same system. `memory / array / vector` "
              "are what bounds the step, each as a fraction of its cycles: the memory's cycles "
              "for the bytes read, the array's for the MACs at its peak (the roofline bound is "
-             "the larger) and the cycles the vector engine executes (an element a cycle; "
-             "the roofline does not count it).", "",
+             "the larger) and the cycles the vector engine executes (the roofline does not "
+             "count it).", "",
              "| system | array | GB/s | context | KV | format | ms/token | tokens/s | roofline "
              "(end to end) | memory / array / vector | vs dense INT4 | programs/token | "
              "host ms | commit |",
@@ -463,21 +476,23 @@ def persistent_lines(records: list[dict]) -> list[str]:
             "stays on chip; elsewhere the host works between the programs, its work counted "
             "at its estimated on-chip cycles in the end-to-end fraction."]
     lines += ["", "### What bounds the one-program rows", "",
-              "The roofline counts the memory and the array. The vector engine executes one "
-              "element (4 bytes) a cycle whatever the memory's beat, and most of its work lies "
-              "on the step's dependency chain (a GEMM's input is a VEC's result and a VEC's "
-              "input a GEMM's), so the weight stream waits on it beyond what the weight "
-              "scratchpad prefetches. A 16-byte beat (the default system's) is 4 elements and "
-              "a 128-byte beat 32, so against the bytes streamed the same work weighs eight "
-              "times as much on the DDR4-class 16x64 system (`vector`). The KV append costs most "
-              "there: a 1024-lane tile's key record is 1024 bytes (INT8; 512 at INT4), so a "
-              "position's key touches one beat of every channel's record, 128 beats a kv head "
-              "whose INSERT walks all 4096 elements, one kv head after the other; no INSERT "
-              "walks fewer, since a STORE writes whole beats from VOUT, which only the vector "
-              "engine writes. A vector engine as wide as the beat would lift that bound; a "
-              "schedule can hide only what the weight scratchpad "
-              "prefetches beside it. Where `vector` exceeds the larger of `memory` and `array`, "
-              "no schedule reaches the roofline.", "",
+              "The roofline counts the memory and the array. The vector engine's work lies "
+              "mostly on the step's dependency chain (a GEMM's input is a VEC's result and a "
+              "VEC's input a GEMM's), so the weight stream waits on it beyond what the weight "
+              "scratchpad prefetches. The DDR4- and HBM-class engines are as wide as their "
+              "beat (`vector_lanes` 32 and 512, a beat's int32 elements; the default's one): "
+              "ADD, REQUANT, RMSNORM, MUL, DEQUANT, FOLD and the KV append's INSERTs whose codes "
+              "lie a beat apart stream a beat a cycle, so against the bytes streamed they weigh "
+              "as on the default system. SOFTMAX, ROPE, SILU_GATE, ARGMAX, CHANNEL and KV4 "
+              "stream one element (4 bytes) a cycle whatever the beat, which on a 128-byte beat "
+              "weighs 8 times what it does on the default's 16 bytes: SOFTMAX's three passes "
+              "over every head's scores most at context 2048. The KV append: a 1024-lane "
+              "tile's key record is 1024 bytes (INT8; 512 at INT4), so a position's key touches "
+              "one beat of every channel's record, 128 beats a kv head, one kv head after the "
+              "other; its INSERT streams them a beat a cycle (a code a beat, "
+              "`hw.isa.insert_laned`); no INSERT walks fewer, since a STORE writes whole beats "
+              "from VOUT, which only the vector engine writes. Where `vector` exceeds the "
+              "larger of `memory` and `array`, no schedule reaches the roofline.", "",
               "The HBM-class steps are not one program: an INSERT's `base` field (10 bits) "
               "cannot name a byte of a 2048-byte beat and an INT8 key record's 1024-byte "
               "stride exceeds its `stride` field (8 bits), so the host appends the cache; and "

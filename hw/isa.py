@@ -48,7 +48,7 @@ __all__ = [
     "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
     "vec_out_words", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT", "dequant_imm",
     "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS", "vec_lanes",
-    "vec_unaligned", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
+    "insert_laned", "vec_unaligned", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
     "insert_fields", "insert_geometry", "insert_bad", "KV4_GROUP_BITS", "kv4_imm", "kv4_group",
     "kv4_groups", "kv4_bad",
@@ -489,18 +489,20 @@ def vec_reads_b(func):
 
 
 #: The sub-ops the vector engine streams :attr:`hw.config.AcceleratorConfig.vector_lanes`
-#: elements a cycle (every other one element a cycle): the one table the timing
+#: elements a cycle (every other one element a cycle, but INSERT's and INSERT4's whose codes
+#: lie a group of lanes apart: :func:`insert_laned`): the one table the timing
 #: (:func:`hw.timing.vec_cycles`), the dispatch checks (their rows aligned to the lanes) and
 #: the compiler read.
 LANED_VEC_FUNCS = (VecFunc.ADD, VecFunc.REQUANT, VecFunc.RMSNORM, VecFunc.MUL, VecFunc.DEQUANT,
                    VecFunc.FOLD)
 
 
-def vec_lanes(func, lanes: int):
-    """Elements a VEC of ``func`` streams per cycle on an engine of ``lanes``
+def vec_lanes(func, lanes: int, imm):
+    """Elements a VEC of ``func`` and ``imm`` streams per cycle on an engine of ``lanes``
     (:attr:`hw.config.AcceleratorConfig.vector_lanes`): ``lanes`` for a sub-op of
-    :data:`LANED_VEC_FUNCS`, 1 for the others; ints, arrays or Amaranth values."""
-    return 1 + (lanes - 1) * _vec_laned(func)
+    :data:`LANED_VEC_FUNCS` and an INSERT or INSERT4 of :func:`insert_laned`, 1 for the
+    others; ints, arrays or Amaranth values."""
+    return 1 + (lanes - 1) * (_vec_laned(func) | insert_laned(func, imm, lanes))
 
 
 def _vec_laned(func):
@@ -508,14 +510,41 @@ def _vec_laned(func):
     return functools.reduce(operator.or_, (func == v.value for v in LANED_VEC_FUNCS))
 
 
+def _is_insert_func(func):
+    return (func == VecFunc.INSERT.value) | (func == VecFunc.INSERT4.value)
+
+
+def insert_laned(func, imm, lanes: int):
+    """An INSERT or INSERT4 that streams ``lanes`` words a cycle (:func:`vec_lanes`): one whose
+    consecutive codes (:func:`insert_imm`) lie at least ``lanes`` words apart -- ``stride``
+    within a group, ``stride + skip`` from group to group where a group is one code, counted
+    in bytes (INSERT, 4 to a word) or nibbles (INSERT4, 8) -- or that places one code; so an
+    aligned group of ``lanes`` words read takes at most one code, in the lane of its word,
+    and the engine walks the codes as with one lane. (A key cache's append: a code per loaded
+    beat, a beat's words apart.) Never with one lane, nor at stride 1 (whole code words);
+    ints, arrays or Amaranth values."""
+    if lanes == 1:
+        return func != func   # false, of func's kind
+    f = insert_fields(imm)
+    one = f["group_m1"] == 0
+    spacing = f["stride"] + f["skip"] * one
+    per = 4 + 4 * (func == VecFunc.INSERT4.value)   # codes a word
+    return _is_insert_func(func) & (f["stride"] != 1) & (
+        (spacing >= per * lanes) | (one & (f["groups_m1"] == 0)))
+
+
 def vec_unaligned(func, a_addr, b_addr, dst_addr, lanes: int):
-    """A laned VEC (:func:`vec_lanes`) whose row ``a_addr``, second row ``b_addr`` (where it
-    reads one: :func:`vec_reads_b`) or results ``dst_addr`` do not start on a multiple of its
-    lanes: the engine reads and writes ``lanes`` elements of one scratchpad row a cycle.
-    Always false with one lane; ints, arrays or Amaranth values."""
+    """A VEC that may stream ``lanes`` elements a cycle (:data:`LANED_VEC_FUNCS`, INSERT and
+    INSERT4: :func:`vec_lanes`) whose row ``a_addr``, second row ``b_addr`` (where a sub-op
+    of :data:`LANED_VEC_FUNCS` reads one: :func:`vec_reads_b`) or results ``dst_addr`` do not
+    start on a multiple of its lanes: the engine reads and writes ``lanes`` elements of one
+    scratchpad row a cycle. An INSERT's rows are aligned whatever its ``imm`` (so that the
+    rule reads no ``imm``, which a run-time register moves); it reads its code words one at
+    a time. Always false with one lane; ints, arrays or Amaranth values."""
     mask = lanes - 1
-    return _vec_laned(func) & ((((a_addr | dst_addr) & mask) != 0)
-                               | (vec_reads_b(func) & ((b_addr & mask) != 0)))
+    laned = _vec_laned(func)
+    return (((laned | _is_insert_func(func)) & (((a_addr | dst_addr) & mask) != 0))
+            | (laned & vec_reads_b(func) & ((b_addr & mask) != 0)))
 
 
 def vec_reads_amax(func):
@@ -1309,7 +1338,8 @@ _VEC_RULES = (
                                        f["vec.dst_addr"], lim.vec_lanes),
           lambda f, cfg: f"{VecFunc(int(f['vec.func'])).name} streams "
                          f"vector_lanes={cfg.vector_lanes} elements a cycle: a_addr="
-                         f"{f['vec.a_addr']}, b_addr={f['vec.b_addr']} (if read) and dst_addr="
+                         f"{f['vec.a_addr']}, b_addr={f['vec.b_addr']} (if read, but by an "
+                         f"INSERT) and dst_addr="
                          f"{f['vec.dst_addr']} must be multiples of {cfg.vector_lanes}"),
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: _vec_dst_end(f) > lim.vout_elems,

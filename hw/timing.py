@@ -294,10 +294,11 @@ def vec_lane_tree(lanes):
 def _vec_cycles(func, length, imm=0, lanes=1):
     """:func:`vec_cycles` on ints or arrays, on an engine of ``lanes``
     (:attr:`hw.config.AcceleratorConfig.vector_lanes`). The engine reads ``n`` elements (of
-    each operand row) per cycle, ``n = hw.isa.vec_lanes(func, lanes)`` (one but for
-    :data:`hw.isa.LANED_VEC_FUNCS`), in ``g + 1 .. g + ceil(length / n)``; each cycle's
-    elements are fed to their units (``n`` of each, side by side) ``VEC_READ_LATENCY`` cycles
-    later, and a unit gives its result ``VEC_FEED_LATENCY + VECTOR_LATENCY[name]`` cycles
+    each operand row) per cycle, ``n = hw.isa.vec_lanes(func, lanes, imm)`` (one but for
+    :data:`hw.isa.LANED_VEC_FUNCS` and :func:`hw.isa.insert_laned`), in ``g + 1 .. g +
+    ceil(length / n)``; each cycle's elements are fed to their units (``n`` of each, side
+    by side) ``VEC_READ_LATENCY`` cycles later, and a unit gives its result
+    ``VEC_FEED_LATENCY + VECTOR_LATENCY[name]`` cycles
     after it is fed (``lat`` below); a reduction's ``n`` values of a cycle first pass
     :func:`vec_lane_tree`. ADD writes each cycle's results as its units give them: the last
     ``lat["add"]`` cycles after the last elements were fed. ARGMAX writes its result's words
@@ -305,7 +306,7 @@ def _vec_cycles(func, length, imm=0, lanes=1):
     element was fed. The instruction ends with its last VOUT write."""
     # A unit's result comes VEC_FEED_LATENCY + its latency after the engine feeds it.
     lat = {k: VEC_FEED_LATENCY + v for k, v in VECTOR_LATENCY.items()}
-    n = vec_lanes(func, lanes)
+    n = vec_lanes(func, lanes, imm)
     stream = (length + n - 1) // n + VEC_READ_LATENCY
     tree = vec_lane_tree(n)
     add = stream + lat["add"]
@@ -348,7 +349,8 @@ def _vec_cycles(func, length, imm=0, lanes=1):
             + stream + lat["mul"] + lat["requant"] + 1)
     # INSERT: one pass; each word of the row, with the code word it takes read beside it on
     # the second port, merged by byte multiplexers into the unit-feed register and written
-    # from it the cycle after it arrives (no function unit).
+    # from it the cycle after it arrives (no function unit). (n lanes, hw.isa.insert_laned:
+    # n words a cycle, the one code a group takes merged into its lane.)
     insert = stream + VEC_FEED_LATENCY
     # CHANNEL: one pass, each amax word (A and its bit length from it as it is read) through
     # DequantFactor with imm's word, the factor's channel word written as it comes out.

@@ -28,6 +28,7 @@ import numpy as np
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.engines import engines_of
 from hw.isa import (
+    LANED_VEC_FUNCS,
     MOVE_SPAD,
     NO_EVENT,
     NUM_REGS,
@@ -57,7 +58,6 @@ from hw.isa import (
     insert_imm,
     kv4_imm,
     rope_imm,
-    vec_lanes,
     vec_out_words,
     vec_reads_b,
 )
@@ -194,12 +194,15 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
         imm = random_channel_word(rng)
     elif func == VecFunc.KV4:      # a value row, or a key row's group dividing it
         imm = random_kv4_imm(rng, length)
-    # A laned sub-op's rows start on a multiple of its lanes (hw.isa.vec_unaligned): the
-    # draws rounded down (the regions start on beats), the same draws as with one lane.
-    mask = ~(int(vec_lanes(func.value, cfg.vector_lanes)) - 1)
+    # A laned sub-op's rows start on a multiple of its lanes, an INSERT's but its code
+    # words' too (hw.isa.vec_unaligned): the draws rounded down (the regions start on
+    # beats), the same draws as with one lane.
+    lanes = cfg.vector_lanes
+    mask = ~(lanes - 1) if func in (*LANED_VEC_FUNCS, VecFunc.INSERT, VecFunc.INSERT4) else -1
+    b_mask = ~(lanes - 1) if func in LANED_VEC_FUNCS else -1
     return Vec(func=func, length=length, imm=imm,
                a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)) & mask,
-               b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)) & mask
+               b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)) & b_mask
                if vec_reads_b(func.value) else 0,
                dst_addr=o0 + int(rng.integers(0, o1 - o0 - out + 1)) & mask)
 

@@ -95,6 +95,16 @@ def test_the_vector_engine_is_sized_from_the_rows_it_reads_whole():
     assert [s for s, _ in VECTOR_SYSTEMS] == list(dict.fromkeys(s for s, _ in SYSTEMS))
 
 
+def test_the_wide_memories_have_an_engine_as_wide_as_their_beat():
+    """DDR4- and HBM-class engines take a beat's int32 elements a cycle (32 and 512 lanes);
+    the default keeps one lane, its recorded rows unchanged."""
+    lanes = {label: (cfg.vector_lanes, cfg.beat_bytes // VECTOR_WORD_BYTES)
+             for label, cfg in VECTOR_SYSTEMS}
+    assert lanes == {"default": (1, 4), "DDR4-class": (32, 32), "HBM-class": (512, 512)}
+    for _, cfg in VECTOR_SYSTEMS:
+        assert cfg.timing_only().vector_lanes == cfg.vector_lanes
+
+
 def _rec(configuration=None, fmt="dense-int4", kv=8, ctx=128, system="default", commit="a1",
          **more):
     r = {"system": system, "array": "4x8", "phase": "decode", "context": ctx, "kv_bits": kv,

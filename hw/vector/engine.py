@@ -102,9 +102,13 @@ Lanes
     ``Rsqrt`` and the per-row scalars are single. The results are written ``n`` a cycle (the
     last group's lanes past the row's end kept), REQUANT's and FOLD's ``n`` codes a cycle
     packed as one lane's (``n < 4``: a word every ``4 / n`` cycles; else ``n / 4`` words a
-    cycle). The other sub-ops read one element a cycle, the lane of its address selected from
-    the group read by address bits registered with the read (as the scratchpad selects its
-    group in a row), and write it to the lane of its address.
+    cycle). An INSERT or INSERT4 whose codes lie ``n`` words apart or more
+    (:func:`hw.isa.insert_laned`: a key cache's append, a code a beat) reads a group a cycle
+    too: ``idx`` counts groups, a group holds at most one code, merged into the lane of its
+    word (``at``'s word bits below ``log2 n``); its code words are read one at a time as with
+    one lane. The other sub-ops read one element a cycle, the lane of its address selected
+    from the group read by address bits registered with the read (as the scratchpad selects
+    its group in a row), and write it to the lane of its address (``dst`` steps by 1).
 
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
@@ -130,6 +134,7 @@ from hw.isa import (
     VecBody,
     VecFunc,
     insert_fields,
+    insert_laned,
     vec_out_words,
 )
 from hw.numerics import (
@@ -368,7 +373,8 @@ class VectorEngine(wiring.Component):
                          at_end.eq(amax_first | (body.length == 1)),
                          len_one.eq(body.length == 1)]
             if n > 1:
-                wide_now = Cat(body.func == f for f in LANED_VEC_FUNCS).any()
+                wide_now = (Cat(body.func == f for f in LANED_VEC_FUNCS).any()
+                            | insert_laned(body.func.as_value(), body.imm, n))
                 groups = Mux(wide_now, (body.length + (n - 1)) >> lg, body.length)
                 m.d.sync += [wide.eq(wide_now), inc.eq(Mux(wide_now, n, 1)),
                              reads_m1.eq(groups - 1),
@@ -448,7 +454,11 @@ class VectorEngine(wiring.Component):
                          ins_jump.eq(step_now + f["skip"]), ins_at.eq(f["base"]),
                          ins_r.eq(0), ins_g.eq(0), ins_j3.eq(0), ins_end.eq(0)]
         is_insert = is_[VecFunc.INSERT] | is_[VecFunc.INSERT4]
-        hit = issuing & is_insert & ~ins_end & (idx == Mux(ins_nib, ins_at[3:], ins_at[2:]))
+        # (n lanes, a laned INSERT: idx counts the groups of n words read, the code's word is
+        # lane at // 4 % n of group at // 4n; hw.isa.insert_laned: a group takes one code)
+        ins_word_at = Mux(ins_nib, ins_at[3:], ins_at[2:])
+        hit = issuing & is_insert & ~ins_end & (
+            idx == (ins_word_at if n == 1 else Mux(wide, ins_word_at[lg:], ins_word_at)))
         with m.If(hit):
             r_last = (ins_r | Mux(ins_word, ins_jl, 0)) == ins["group_m1"]
             m.d.sync += [ins_r.eq(Mux(r_last, 0, ins_r + Mux(ins_word, ins_jl + 1, 1))),
@@ -807,10 +817,13 @@ class VectorEngine(wiring.Component):
                          r_last.eq(r_last_next),
                          step.eq(Mux(r_up, half, Mux(r_last, 1, one_m_half)))]
         with m.If(~active):
-            # (n lanes: a laned sub-op's writes step by their words, n or a cycle's codes')
+            # (n lanes: a laned sub-op's writes step by their words, n or a cycle's codes'; a
+            # sub-op streaming one element a cycle writes one)
             one = 1 if n == 1 else Mux(
-                Cat(body.func == f for f in LANED_VEC_FUNCS if f not in _CODE_FUNCS).any(), n,
-                max(1, n // VECTOR_WORD_BYTES))
+                Cat(body.func == f for f in LANED_VEC_FUNCS if f not in _CODE_FUNCS).any()
+                | insert_laned(body.func.as_value(), body.imm, n), n,
+                Mux(Cat(body.func == f for f in _CODE_FUNCS).any(),
+                    max(1, n // VECTOR_WORD_BYTES), 1))
             m.d.sync += [r_up.eq(0), r_k.eq(0),
                          r_last.eq(body.imm[1:ROPE_HEAD_DIM_BITS] == 1),
                          step.eq(Mux(body.func == VecFunc.ROPE, body.imm[1:ROPE_HEAD_DIM_BITS],
@@ -857,16 +870,27 @@ class VectorEngine(wiring.Component):
         ins_lane = _delay(m, ins_at[:3], rl, "ins_lane", data=True)   # a nibble's; [:2] a byte's
         ins_sel = _delay(m, ins_j3, rl, "ins_sel", data=True)
         code8 = rd_b.word_select(ins_sel[:2], 8)
-        merged = Cat(Mux(ins_hit & (ins_lane[:2] == k), code8, rd_a[8 * k:8 * k + 8])
-                     for k in range(VECTOR_WORD_BYTES))
         code4 = rd_b.word_select(ins_sel, 4)
-        merged4 = Cat(Mux(ins_hit & (ins_lane == k), code4, rd_a[4 * k:4 * k + 4])
-                      for k in range(2 * VECTOR_WORD_BYTES))
+        # (n lanes, a laned INSERT: the code goes to the lane of its word in the group read,
+        # ins_word_at's low bits; one lane's INSERT and lane 0 otherwise)
+        ins_k = _delay(m, ins_word_at[:lg], rl, "ins_k", data=True) if n > 1 else None
+
+        def merged(k):
+            """Lane ``k``'s word with the code multiplexed into its byte (nibble)."""
+            at_k = ins_hit & (1 if n == 1 else Mux(wide, ins_k == k, k == 0))
+            x8 = Cat(Mux(at_k & (ins_lane[:2] == j), code8, xs[k][8 * j:8 * j + 8])
+                     for j in range(VECTOR_WORD_BYTES))
+            x4 = Cat(Mux(at_k & (ins_lane == j), code4, xs[k][4 * j:4 * j + 4])
+                     for j in range(2 * VECTOR_WORD_BYTES))
+            return Mux(ins_nib, x4, x8)
+
         ins_v = Signal()
         ins_last = Signal()
-        ins_y = Signal(8 * VECTOR_WORD_BYTES, reset_less=True)
+        ins_y = [Signal(8 * VECTOR_WORD_BYTES, name=f"ins_y{k}" if k else "ins_y",
+                        reset_less=True) for k in range(n)]
         m.d.sync += [ins_v.eq(valid & is_insert), ins_last.eq(last & is_insert),
-                     ins_y.eq(Mux(ins_hit & ins_word, rd_b, Mux(ins_nib, merged4, merged)))]
+                     ins_y[0].eq(Mux(ins_hit & ins_word, rd_b, merged(0)))]
+        m.d.sync += [ins_y[k].eq(merged(k)) for k in range(1, n)]
 
         # ---- write
         add_last = _delay(m, last & is_[VecFunc.ADD], lat["add"], "add_last")
@@ -944,7 +968,8 @@ class VectorEngine(wiring.Component):
             *mul16,
             (u["rope"].o.valid, u["rope"].o.payload.y, rope_last),
             (u["scale31"].o.valid, ys("scale31"), dq_last),
-            (ins_v, ins_y, ins_last),
+            *([(ins_v, ins_y[0], ins_last)] if n == 1 else   # laned INSERT, or one word
+              [(ins_v & wide, ins_y, ins_last), (ins_v & ~wide, ins_y[0], ins_last)]),
             (u["dequant_factor"].o.valid & ch, u["dequant_factor"].o.payload.word, ch_last),
             (n_full, n_word, 0),
             (k_tail, c_rd.data, 0),

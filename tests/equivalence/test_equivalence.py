@@ -27,6 +27,7 @@ from hw.isa import (
     Repeat,
     Vec,
     VecFunc,
+    insert_laned,
     rope_geometry,
 )
 from hw.numerics import add_bias_wide, gemm_acc, wrap
@@ -294,7 +295,8 @@ def laned_backends(request):
 @pytest.mark.parametrize("block", range(3))
 def test_laned_vector_programs_agree(laned_backends, block):
     """Random programs of mostly vector tasks (the laned sub-ops' rows aligned to the lanes
-    by the generator, lengths any), a quarter of them loops and one in five broken, give the
+    by the generator, lengths any; INSERTs laned where their codes lie a group of lanes
+    apart), a quarter of them loops and one in five broken, give the
     same bits, cycles and counters on the fast model and the RTL of a laned engine."""
     cfg, model, rtl = laned_backends
     outcomes, laned = {}, 0
@@ -304,8 +306,10 @@ def test_laned_vector_programs_agree(laned_backends, block):
                             tasks=int(rng.integers(1, 4)), vector=0.8, loops=0.25)
         if seed % 5 == 4:
             rp = break_program(rp, cfg, rng, BROKEN[(seed // 5) % len(BROKEN)])
-        laned += sum(isinstance(i, Vec) and i.func in LANED_VEC_FUNCS
-                     and i.length > cfg.vector_lanes for i in rp.program)
+        laned += sum(isinstance(i, Vec) and i.length > cfg.vector_lanes
+                     and (i.func in LANED_VEC_FUNCS
+                          or bool(insert_laned(i.func.value, i.imm, cfg.vector_lanes)))
+                     for i in rp.program)
         r = _check(cfg, model, rtl, rp.program, rp.dram, regs=rp.regs)
         outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
     assert outcomes.get("NONE", 0) >= 6 and laned >= 10, (outcomes, laned)

@@ -48,6 +48,7 @@ from hw.isa import (
     field_location,
     insert_geometry,
     insert_imm,
+    insert_laned,
     legal_words,
     program_words,
     rope_imm,
@@ -447,9 +448,11 @@ def test_the_executor_matches_numerics_and_the_timing_contract(seed):
 def _aligned(v: Vec, lanes: int) -> Vec:
     """``v`` with its rows moved down to multiples of ``lanes`` where it is a laned sub-op
     (the dispatch rule, :func:`hw.isa.vec_unaligned`)."""
+    mask = ~(lanes - 1)
+    if v.func in (VecFunc.INSERT, VecFunc.INSERT4):   # its code words anywhere
+        return dataclasses.replace(v, a_addr=v.a_addr & mask, dst_addr=v.dst_addr & mask)
     if v.func not in LANED_VEC_FUNCS:
         return v
-    mask = ~(lanes - 1)
     return dataclasses.replace(v, a_addr=v.a_addr & mask, b_addr=v.b_addr & mask,
                                dst_addr=v.dst_addr & mask)
 
@@ -480,13 +483,57 @@ def test_a_laned_executor_matches_numerics_and_the_timing_contract(lanes, seed):
     _check_against_the_models(vin, vecs, gaps, cfg)
 
 
+def _wide_cfg(lanes: int) -> AcceleratorConfig:
+    """:data:`VCFG` on ``lanes`` (past a 16-byte beat's 4: a beat of their elements)."""
+    return VCFG.replace(vector_lanes=lanes) if lanes <= VCFG.vector_lanes_max else VCFG.replace(
+        memory=dataclasses.replace(VCFG.memory, bytes_per_cycle=4 * lanes), vector_lanes=lanes)
+
+
+@pytest.mark.parametrize("lanes", [2, 4, 8])
+def test_a_laned_insert_and_the_one_lane_sub_ops_on_lanes(lanes):
+    """INSERT and INSERT4 whose codes lie a group of lanes apart (:func:`hw.isa.insert_laned`:
+    a key cache's append) stream ``lanes`` words a cycle, their code words read anywhere; those
+    whose codes lie closer, and the sub-ops that stream one element a cycle (written one word
+    a cycle wherever ``dst_addr`` lies, also past 4 lanes, where REQUANT's codes fill words
+    ``lanes / 4`` a cycle), stream one: on rows of 1 to ``2 * lanes + 1`` words (every last
+    group) and a long one, cycles and VOUT exact."""
+    cfg = _wide_cfg(lanes)
+    rng = np.random.default_rng(50 + lanes)
+    vin = _random_vin(rng)
+    vecs, laned = [], 0
+    for func, per in ((VecFunc.INSERT, 4), (VecFunc.INSERT4, 8)):
+        for length in [*range(1, 2 * lanes + 2), 48]:
+            apart = per * lanes * int(rng.choice([1, 2]))   # a group of lanes or two
+            for geometry in (
+                    (int(rng.integers(0, per * length + 1)), int(rng.integers(2, 6)),
+                     int(rng.integers(1, 4)), apart, int(rng.integers(0, 20))),
+                    (int(rng.integers(0, per * lanes)), 1, int(rng.integers(2, 9)), per,
+                     apart - per),                           # groups of one: stride + skip
+                    (int(rng.integers(0, min(1023, per * length) + 1)), 1, 1, per, 0),
+                    (int(rng.integers(0, per * length + 1)), 3, 2, per * lanes - 1, 0)):
+                imm = insert_imm(*geometry)
+                laned += bool(insert_laned(func.value, imm, lanes))
+                vecs.append(Vec(func=func, length=length, imm=imm, a_addr=lanes * 3,
+                                b_addr=int(rng.integers(0, VIN - length + 1)),
+                                dst_addr=lanes * int(rng.integers(0, 16 // lanes))))
+    assert laned == 3 * 2 * (2 * lanes + 2)   # the last geometry of each row: one lane
+    for func, imm in ((VecFunc.SOFTMAX, None), (VecFunc.ARGMAX, 0), (VecFunc.SILU_GATE, 0),
+                      (VecFunc.CHANNEL, random_channel_word(rng)), (VecFunc.KV4, 0)):
+        for length in (1, lanes + 1, 24):
+            out = int(vec_out_words(func.value, length, imm or 0))
+            vecs.append(Vec(func=func, length=length, imm=length if imm is None else imm,
+                            a_addr=int(rng.integers(0, VIN - length + 1)),
+                            b_addr=int(rng.integers(0, VIN - length + 1)),
+                            dst_addr=int(rng.integers(0, VOUT - out + 1))))
+    _check_against_the_models(vin, vecs, [0] * len(vecs), cfg)
+
+
 @pytest.mark.parametrize("lanes", [2, 4, 8])
 def test_every_laned_sub_op_on_lanes(lanes):
     """Each laned sub-op alone, on rows of 1 to ``2 * lanes + 1`` elements (every last group)
     and a long one: cycles and VOUT exact on an engine of ``lanes`` (8: a 32-byte beat, two
     words of REQUANT's and FOLD's codes a cycle)."""
-    cfg = VCFG.replace(vector_lanes=lanes) if lanes <= VCFG.vector_lanes_max else VCFG.replace(
-        memory=dataclasses.replace(VCFG.memory, bytes_per_cycle=4 * lanes), vector_lanes=lanes)
+    cfg = _wide_cfg(lanes)
     rng = np.random.default_rng(lanes)
     vin = _random_vin(rng)
     vecs = []

@@ -23,6 +23,7 @@ from hw.isa import (
     dispatch_error,
     dispatch_errors,
     insert_imm,
+    insert_laned,
     kv4_imm,
     program_words,
     rope_imm,
@@ -100,14 +101,54 @@ def test_rtl_engine_builds_lanes(lanes):
 
 
 # ---------------------------------------------------------------------- the lane table
+def _laned(func: VecFunc, imm: int, lanes: int) -> bool:
+    return func in LANED_VEC_FUNCS or bool(insert_laned(func.value, imm, lanes))
+
+
 @pytest.mark.parametrize("lanes", LANES)
 def test_lane_table(lanes):
-    """``vec_lanes`` is the lanes for the table's sub-ops and 1 for the others, on ints and
-    arrays alike."""
+    """``vec_lanes`` is the lanes for the table's sub-ops and 1 for the others (an INSERT of
+    several codes a word apart: one), on ints and arrays alike."""
+    imm = insert_imm(0, 3, 1, 4)
     funcs = np.array([f.value for f in VecFunc])
     want = [lanes if f in LANED_VEC_FUNCS else 1 for f in VecFunc]
-    assert [int(vec_lanes(f.value, lanes)) for f in VecFunc] == want
-    assert vec_lanes(funcs, lanes).tolist() == want
+    assert [int(vec_lanes(f.value, lanes, imm)) for f in VecFunc] == want
+    assert vec_lanes(funcs, lanes, np.full(funcs.shape, imm)).tolist() == want
+
+
+#: INSERT geometries (base, group, groups, stride, skip), the least lanes that no longer
+#: stream them laned (codes per word: 4 bytes; INSERT4 the same in nibbles, 8): codes
+#: ``stride`` apart in a group, ``stride + skip`` from a group of one to the next.
+INSERT_SPANS = [
+    ((0, 1, 1, 4, 0), None),           # one code: laned on any lanes
+    ((5, 1, 1, 255, 255), None),
+    ((0, 4, 1, 1, 0), 2),              # stride 1: whole code words, never laned
+    ((0, 16, 1, 1, 8), 2),
+    ((0, 128, 1, 128, 0), 64),         # a key's append, 128-byte beats: a code a beat
+    ((0, 3, 2, 16, 200), 8),           # stride 16 in a group: 4 words
+    ((0, 1, 8, 16, 16), 16),           # groups of one: 32 bytes from code to code
+    ((0, 1, 8, 4, 0), 2),
+    ((0, 2, 1, 8, 0), 4),
+]
+
+
+@pytest.mark.parametrize(("geometry", "limit"), INSERT_SPANS)
+def test_an_insert_is_laned_where_a_group_read_takes_one_code(geometry, limit):
+    """:func:`hw.isa.insert_laned` on every lane count: laned below ``limit`` (the codes at
+    least a group of lanes apart) and never at one lane; INSERT4 at twice the stride in
+    nibbles alike; ints, arrays and ``vec_lanes`` agree."""
+    base, group, groups, stride, skip = geometry
+    for lanes in (1, 2, 4, 8, 16, 32, 64, 128, 512):
+        want = lanes > 1 and (limit is None or lanes < limit)
+        imm = insert_imm(*geometry)
+        assert bool(insert_laned(VecFunc.INSERT.value, imm, lanes)) == want, (lanes, geometry)
+        assert int(vec_lanes(VecFunc.INSERT.value, lanes, imm)) == (lanes if want else 1)
+        arr = insert_laned(np.array([VecFunc.INSERT.value, VecFunc.ADD.value]),
+                           np.array([imm, imm]), lanes)
+        assert arr.tolist() == [want, False]
+        if 2 * stride < 256 and 2 * skip < 256:
+            imm4 = insert_imm(base, group, groups, 1 if stride == 1 else 2 * stride, 2 * skip)
+            assert bool(insert_laned(VecFunc.INSERT4.value, imm4, lanes)) == want
 
 
 # ---------------------------------------------------------------------- timing
@@ -129,7 +170,7 @@ def test_laned_cycles(lanes):
         for func in VecFunc:
             imm = _imm(func, length)
             got = timing.vec_cycles(Vec(func=func, length=length, imm=imm), cfg)
-            if func in LANED_VEC_FUNCS:
+            if _laned(func, imm, lanes):
                 want = _one_lane(func, -(-length // lanes), imm) + reductions.get(func, 0) * tree
             else:
                 want = _one_lane(func, length, imm)
@@ -176,7 +217,8 @@ def test_alignment_rule(lanes):
         v = Vec(func=func, length=length, imm=_imm(func, length), a_addr=a,
                 b_addr=b if vec_reads_b(func.value) else int(rng.integers(0, 512)), dst_addr=d)
         n = lanes if func in LANED_VEC_FUNCS else 1
-        bad = bool(a % n or d % n or (vec_reads_b(func.value) and v.b_addr % n))
+        rows = lanes if func in (VecFunc.INSERT, VecFunc.INSERT4) else n  # its codes: any
+        bad = bool(a % rows or d % rows or (vec_reads_b(func.value) and v.b_addr % n))
         assert bool(vec_unaligned(func.value, a, v.b_addr, d, lanes)) == bad
         vecs.append(v)
         want.append(ErrorCode.BAD_ADDRESS if bad else ErrorCode.NONE)
