@@ -825,10 +825,12 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
         elif isinstance(part, ArgmaxOp):
             argmax[part.x] = part.y
             work = [work[0] + 4 * part.rows * part.length, work[1] + 8 * part.rows, work[2]]
-        else:
-            dequant[part.x] = part
+        else:  # a column segment's rows are its whole row's, whose amax words it reads once
+            whole, offset = part.columns or (part, 0)
+            dequant[whole.x] = whole
             acc = 4 * part.rows * part.length
-            work = [work[0] + acc + 4 * part.length + 4 * part.rows, work[1] + acc, work[2]]
+            work = [work[0] + acc + 4 * part.length + 4 * part.rows * (offset == 0),
+                    work[1] + acc, work[2]]
     try:
         fused, places = fuse_parts(cfg, words, spread=spread or nodes[0].phase != "decode")
     except LoweringError:

@@ -82,6 +82,12 @@ the vector engine dequantises the finished tiles while the array computes the ne
 Attention's SOFTMAX (and, where :func:`_folds_beside`, FOLD) parts join such a run after the
 part whose rows they read, a head at a time; such a run is paced by the instructions'
 durations (:func:`beside`) so the in-order engines keep streaming the next heads' keys.
+In a chain, a decode step's SILU_GATE after the gate/up linear joins its run likewise, a
+column segment at a time (:func:`silu_segments`, where the up GEMM streams enough weights
+per segment: :data:`SILU_SEGMENT_MARGIN`): the up member's DEQUANT and the SILU_GATE become
+alternating segment parts, each SILU_GATE segment reading the gate rows and the up rows its
+DEQUANT segment just wrote while the array computes the next up tiles; the last segment
+(no tile left beside it) and the REQUANT stay before ``down_proj``.
 
 The host reads every part's results back after the run
 (the graph's values of its nodes: a linear's as the Q15.16 rows its DEQUANT parts wrote),
@@ -194,7 +200,7 @@ from sw.compile.errors import LoweringError
 from sw.compile.ir import OPS, Graph, rope_rows
 from sw.compile.kvappend import KVAppendOp
 from sw.compile.lower import Member
-from sw.compile.schedule import EVENTS, AmaxPlace, amax_place
+from sw.compile.schedule import EVENTS, AmaxPlace, amax_place, dequant_segment_beats
 from sw.compile.vector import VectorOp, row_bytes
 
 __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
@@ -203,7 +209,7 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "fuse_parts", "hoistable", "row_aliases", "rows_left", "attention_chains", "all_groups",
            "query_requants",
            "VECTOR_EVENTS", "vector_events", "BESIDE_EVENTS", "rename_events", "beside",
-           "SCORES_AMAX", "kv_appends", "weights_first"]
+           "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -310,7 +316,9 @@ class DequantOp:
     (127 or 7, the value cache's): the values epilogue, the ``amax`` words FOLD's and the
     channel words the constant :func:`hw.numerics.values_channel`; ``part_of``: ``x`` and
     ``b`` are the rows of buffers ``(accumulators, amax words, first row)`` from that row
-    on (a DEQUANT of some of a member's rows)."""
+    on (a DEQUANT of some of a member's rows); ``columns``: ``(whole, offset)``, a column
+    segment of the one-row DEQUANT ``whole``: ``x``, ``w`` and ``y`` are ``whole``'s from
+    byte ``offset`` on, ``b`` its own (:func:`silu_segments`)."""
 
     rows: int
     length: int
@@ -327,6 +335,7 @@ class DequantOp:
     within: tuple[str, int] | None = None
     fold_qmax: int = 0
     part_of: tuple[str, str, int] | None = None
+    columns: tuple[DequantOp, int] | None = None
 
     @property
     def signature(self) -> tuple:
@@ -436,6 +445,74 @@ def fused_parts(cfg: AcceleratorConfig, vec: VectorOp, linear: Sequence[Member],
     return [vec, req, tuple(linear), *dequant_ops(cfg, req, linear, outputs)]
 
 
+#: How many times a SILU_GATE segment's latency (:func:`_segment_latency`) the up
+#: projection's GEMM must stream weights per segment for :func:`silu_segments` to cut: the
+#: drains between the segments' parts and the pacing of their LOADs between the weights'
+#: (:func:`beside`) stretch a segment to about twice its latency (measured with
+#: ``python -m bench.beats``: the reference model's 688-wide MLP streams 1.6x and is slower
+#: cut, SmolLM2's 1536-wide streams 4.8x and is faster).
+SILU_SEGMENT_MARGIN = 2
+
+
+def _segment_latency(cfg: AcceleratorConfig, n: int) -> int:
+    """Cycles one column segment of ``n`` elements takes through the vector engine alone: a
+    DEQUANT part (its channel words, ``amax`` beat and accumulators in, its rows out), then a
+    SILU_GATE part (two operands in, its rows out), each drained (its LOADs' and STOREs'
+    completion) before the next starts."""
+    beats = -(-n // (cfg.beat_bytes // cfg.vin_word_bytes))
+    vecs = sum(vec_cycles(Vec(func=f, length=n), cfg)
+               for f in (VecFunc.DEQUANT, VecFunc.SILU_GATE))
+    drains = 2 * (completion_delay(Engine.LOAD, cfg) + completion_delay(Engine.STORE, cfg))
+    return (2 * beats + 1) + beats + 2 * beats + beats + vecs + drains
+
+
+def silu_segments(cfg: AcceleratorConfig, up: DequantOp, silu: VectorOp,
+                  gemm: Member | None = None) -> list[Part] | None:
+    """The one-row DEQUANT ``up`` of the up projection and the SILU_GATE ``silu`` that reads
+    its rows (``b``, a decode step's) as column segments, alternating: ``up``'s segment
+    ``s`` (:attr:`DequantOp.columns`), then ``silu``'s segment ``s`` (``within``: its ``x``,
+    ``y`` and ``b`` rows from the segment's first byte), each segment the beats of a
+    segment of ``up``'s own schedule (:func:`sw.compile.schedule.dequant_segment_beats`).
+    SILU_GATE is elementwise, so the segments compute the whole rows' words. Each
+    segment is a part of its own, so a DEQUANT segment runs beside the GEMM tiles it reads
+    and the SILU_GATE segment after it beside the next tiles (:func:`_may_run_beside`),
+    and only the last segments wait for the last tile. None where ``silu`` does not read
+    ``up``'s rows as ``b``, either is not one row of its own buffers, the accelerator has
+    no events for a vector part beside a GEMM part (:data:`BESIDE_EVENTS`), the row is
+    one segment, or ``gemm`` (the member whose accumulators ``up`` reads) streams fewer
+    weight beats per segment than :data:`SILU_SEGMENT_MARGIN` times the segment's latency
+    (:func:`_segment_latency`: the segments would lag behind its tiles and end later than
+    the whole SILU_GATE after them; with no ``gemm``, cut)."""
+    if (silu.func != VecFunc.SILU_GATE or silu.rows != 1 or up.rows != 1
+            or silu.b != up.y or silu.within is not None or silu.w is not None
+            or up.within is not None or up.part_of is not None or up.columns is not None
+            or up.host or up.fold_qmax or silu.length != up.length
+            or cfg.num_events <= max(BESIDE_EVENTS.values())):
+        return None
+    per = cfg.beat_bytes // cfg.vin_word_bytes
+    beats = -(-up.length // per)
+    seg = dequant_segment_beats(cfg, beats)
+    if seg >= beats:
+        return None
+    if gemm is not None:
+        plan = gemm.plan
+        tile = sum(plan.chunk_weight_bytes(c) for c in range(plan.k_chunks))
+        streamed = seg * per // plan.layout.lanes * tile // cfg.beat_bytes
+        if streamed < SILU_SEGMENT_MARGIN * _segment_latency(cfg, seg * per):
+            return None
+    out: list[Part] = []
+    for start in range(0, beats, seg):
+        n, offset = min(seg * per, up.length - start * per), start * cfg.beat_bytes
+        size = row_bytes(cfg, n)
+        out.append(replace(up, length=n, row_bytes=size,
+                           x=symbols.within(up.x, offset), w=symbols.within(up.w, offset),
+                           y=symbols.within(up.y, offset), columns=(up, offset)))
+        out.append(replace(silu, length=n, row_bytes=size, x=symbols.within(silu.x, offset),
+                           y=symbols.within(silu.y, offset), b=symbols.within(silu.b, offset),
+                           within=(silu.x, silu.y, offset, silu.b)))
+    return out
+
+
 def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[str, int]]:
     """``(symbol, bytes)`` of the arena buffers the ``parts`` of a fused program read or
     write besides their nodes' own: the ``amax`` beats, the Q15.16 results of DEQUANT and
@@ -451,6 +528,8 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
                 out.append((p.x, p.rows * row_bytes(cfg, p.length)))
             if p.within is not None:  # the rows it reads live until it has run
                 out.append((p.within[0], p.within[1] + _x_bytes(cfg, p)))
+        elif isinstance(p, DequantOp) and p.columns is not None:  # the whole row's, once
+            out += [(p.columns[0].y, p.columns[0].data_bytes)] if not p.columns[1] else []
         elif isinstance(p, DequantOp):
             out += [(p.y, p.data_bytes)] if p.within is None else []
             out += [(p.b, p.rows * cfg.beat_bytes)] if p.host and p.place == SCORES_AMAX else []
@@ -467,7 +546,10 @@ def part_constants(parts: Sequence[Part]) -> list[tuple[str, int, DequantOp | Re
     """``(symbol, bytes, part)`` of the constant rows the DEQUANT ``parts`` read (their
     channel words; a ``host`` part's: the region the host writes them into) and the value
     codes a FOLD part reads (the region the host writes them into)."""
-    return [(p.w, p.row_bytes, p) for p in parts if isinstance(p, DequantOp)] + [
+    return [(p.w, p.row_bytes, p) for p in parts if isinstance(p, DequantOp)
+            and p.columns is None] + [  # a column segment's: its whole row's, once
+        (p.columns[0].w, p.columns[0].row_bytes, p.columns[0]) for p in parts
+        if isinstance(p, DequantOp) and p.columns is not None and not p.columns[1]] + [
         (p.w, p.w_bytes, p) for p in parts if isinstance(p, RequantOp) and p.fold]
 
 
@@ -487,8 +569,13 @@ def part_aliases(cfg: AcceleratorConfig, parts: Sequence[Part]
         if isinstance(p, RequantOp) and p.within is not None]
     for p in parts:
         if isinstance(p, VectorOp) and p.within is not None:
-            xs, ys, first = p.within
+            xs, ys, first, *bs = p.within
             out += [(p.x, xs, first, p.data_bytes), (p.y, ys, first, p.data_bytes)]
+            out += [(p.b, bs[0], first, p.data_bytes)] if bs else []
+        if isinstance(p, DequantOp) and p.columns is not None:
+            whole, offset = p.columns
+            out += [(p.x, whole.x, offset, p.data_bytes), (p.w, whole.w, offset, p.row_bytes),
+                    (p.y, whole.y, offset, p.data_bytes)]
         if isinstance(p, DequantOp) and p.part_of is not None:
             acc, amax, first = p.part_of
             step = p.place.stride * cfg.beat_bytes
@@ -758,6 +845,15 @@ def _stores(f: Mapping[str, np.ndarray]) -> list[int]:
                           & ~is_move(f["opcode"], f["dma.spad"])).tolist()
 
 
+#: The sub-ops of a vector part that runs beside a GEMM part reading the rows the last
+#: vector part of the run wrote (:func:`_may_run_beside`): attention's SOFTMAX and FOLD a
+#: head at a time, the MLP's SILU_GATE a column segment at a time (:func:`silu_segments`).
+_AFTER_RUN = (VecFunc.SOFTMAX, VecFunc.FOLD, VecFunc.SILU_GATE)
+#: The sub-ops whose parts pace a run beside a GEMM part (:func:`beside`): they read no
+#: STORE of the GEMM part, so only the instructions' durations place their LOADs.
+_PACED = (VecFunc.SOFTMAX, VecFunc.SILU_GATE)
+
+
 def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
                     run: Sequence[np.ndarray] = ()) -> bool:
     """Whether the vector part ``vec`` (END dropped) may run beside the GEMM part ``gemm``
@@ -767,9 +863,11 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
     (:data:`VECTOR_EVENTS`), ``gemm`` none of :data:`BESIDE_EVENTS`, every event ``gemm``
     signals with a STORE is signalled by its STOREs alone, no STORE of ``vec`` writes DRAM
     that ``gemm`` moves, and some LOAD of ``vec`` reads what a STORE of ``gemm`` writes (its
-    accumulators: a DEQUANT) or, for a SOFTMAX or FOLD, of the last part of ``run`` (the
-    rows a DEQUANT of the scores wrote, the probabilities a SOFTMAX wrote: attention's
-    softmax and values prologue, a head at a time, beside the next heads' GEMMs)."""
+    accumulators: a DEQUANT) or, for a SOFTMAX, FOLD or SILU_GATE, of the last part of
+    ``run`` (the rows a DEQUANT of the scores wrote, the probabilities a SOFTMAX wrote:
+    attention's softmax and values prologue, a head at a time, beside the next heads' GEMMs;
+    the up projection's DEQUANT segment a SILU_GATE segment reads, beside the next
+    segment's GEMM tiles: :func:`silu_segments`)."""
     if cfg.num_events <= max(BESIDE_EVENTS.values()):
         return False
     g, v = decode_fields(gemm), decode_fields(vec)
@@ -791,9 +889,14 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
         (g["opcode"] == Opcode.LOAD.value) | (g["opcode"] == Opcode.STORE.value)).tolist()]
     if any(_overlap(_dram_extent(v, i), m) for i in _stores(v) for m in moved):
         return False
-    written = [_dram_extent(g, i) for i in _stores(g)]
+    stores = _stores(g)
+    written = [_dram_extent(g, i) for i in stores]
     funcs = v["vec.func"][v["opcode"] == Opcode.VEC.value]
-    if run and funcs.size and np.isin(funcs, [VecFunc.SOFTMAX.value, VecFunc.FOLD.value]).all():
+    if run and funcs.size and np.isin(funcs, [f.value for f in _AFTER_RUN]).all():
+        if (funcs == VecFunc.SILU_GATE.value).any() and stores and any(
+                _overlap(_dram_extent(r, i), _dram_extent(g, stores[-1])) for r in map(
+                    decode_fields, run) for i in np.flatnonzero(r["opcode"] == Opcode.LOAD.value)):
+            return False  # the run has read the last tile: no GEMM left to run beside
         f = decode_fields(run[-1])
         written += [_dram_extent(f, i) for i in _stores(f)]
     return any(_overlap(_dram_extent(v, i), w) for i in np.flatnonzero(
@@ -805,7 +908,8 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     """The GEMM part ``gemm`` and the vector part ``vec`` after it (both END dropped, checked
     by :func:`_may_run_beside`) as one part, the vector engine working on the GEMMs'
     results while the array computes the next ones (a DEQUANT, cut into tiles, beside its
-    GEMMs; a SOFTMAX of the rows a DEQUANT before it wrote). ``vec``'s STORED events are
+    GEMMs; a SOFTMAX or a SILU_GATE segment of the rows a DEQUANT before it wrote).
+    ``vec``'s STORED events are
     renamed by :data:`BESIDE_EVENTS`; each engine keeps each part's order. A LOAD of ``vec``
     comes after the LOAD-engine word of ``gemm`` that consumes the signal of the last STORE
     of ``gemm`` writing DRAM it reads (the STORE engine completes in order, so every STORE
@@ -817,7 +921,8 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     LOADs' beats, the VECs' cycles), has streamed for as long as the vector engine takes
     to the STORE it waits on, so the in-order LOAD engine does not stop the GEMMs' weights
     while the vector engine works (a SOFTMAX of one head's scores while the next head's
-    keys stream); one that does not wait comes as soon as the words before it. A word of
+    keys stream; likewise where ``vec`` holds a SILU_GATE, :data:`_PACED`); one that does
+    not wait comes as soon as the words before it. A word of
     another engine comes as soon as every signal it waits on has come before it in the
     program. So every wait on an event of ``vec`` follows its signal in program order, no
     word of ``vec`` comes while a LOAD-engine word of ``gemm`` before it waits on a STORE
@@ -845,7 +950,7 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         src = _dram_extent(v, i)
         need[i] = max((k for k, w in enumerate(written) if _overlap(src, w)), default=-1)
     vecs = v["opcode"] == Opcode.VEC.value
-    paced = bool((v["vec.func"][vecs] == VecFunc.SOFTMAX.value).any())
+    paced = bool(np.isin(v["vec.func"][vecs], [f.value for f in _PACED]).any())
     if not paced:  # a LOAD-engine word that reads no STORE's result goes with the next
         loads = np.flatnonzero(v_eng == load).tolist()
         for j in range(len(loads) - 2, -1, -1):
@@ -1184,10 +1289,10 @@ def _inside(cfg: AcceleratorConfig, words: np.ndarray, hoisted: Sequence[int]
     kept[list(hoisted)] = False
     others = np.flatnonzero((eng != load) & kept)
     weights = (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == Spad.WGT.value)
+    cycles = exec_cycles_fields(f, cfg)
     if others.size == 0 or not ((eng == load) & kept & (f["wait"] != NO_EVENT)).any() \
             or not weights.any() or (weights & kept).any():
         return None, 0
-    cycles = exec_cycles_fields(f, cfg)
     busiest = max(int(cycles[eng == e].sum()) for e in set(eng[others].tolist()))
     # not past a LOAD-engine word that waits: its signal may come after the slot (a GEMM's
     # STORE), and LOADs queued behind it would hold the dispatch of that GEMM
@@ -1277,6 +1382,8 @@ def rows_left(group: FusedGroup) -> set[str]:
     elif isinstance(head, RequantOp) and head.host:
         out.add(head.x)
     out |= {p.y for p in group.parts if isinstance(p, VectorOp | DequantOp)}
+    out |= {p.columns[0].y for p in group.parts  # column segments': their whole rows
+            if isinstance(p, DequantOp) and p.columns is not None}
     return out - {None}
 
 
@@ -1441,8 +1548,19 @@ class _Chain:
     def _add(self, unit: FusedGroup, head: VectorOp | RequantOp) -> None:
         base = len(self.entries)
         self.entries += unit.entries
-        self.parts += [head, *unit.parts[1:]]
-        self.owners += [None if o is None else base + o for o in unit.owners]
+        last = self.parts[-1] if self.parts else None
+        gemm = next((m for p in self.parts if isinstance(p, tuple) for m in p
+                     if isinstance(last, DequantOp) and m.y == last.x), None)
+        segments = silu_segments(self.cfg, last, head, gemm) if isinstance(last, DequantOp) \
+            and isinstance(head, VectorOp) else None
+        if segments is not None:  # the up DEQUANT's and SILU_GATE's segments, alternating
+            self.parts[-1:] = segments
+            self.owners[-1:] = [None] * len(segments)
+            self.parts += unit.parts[1:]
+            self.owners += [None if o is None else base + o for o in unit.owners[1:]]
+        else:
+            self.parts += [head, *unit.parts[1:]]
+            self.owners += [None if o is None else base + o for o in unit.owners]
         self.units.append(unit)
         if isinstance(head, VectorOp):
             _, vnode, _, _ = self.work[unit.entries[0]]

@@ -67,8 +67,10 @@ class VectorOp:
     (row ``r``, of token ``r % positions``, has ``past + r % positions + 1`` valid positions
     under a causal mask: its VEC's ``imm`` relative to the run-time register ``pos``);
     ``within``: ``x`` and ``y`` are rows of the buffers ``(x buffer, y buffer, byte offset)``
-    from that offset on (a fused program's part that runs some rows of a node's program: a
-    SOFTMAX per scores member, :func:`sw.compile.fusion.scores_groups`; None: its own)."""
+    from that offset on, and ``b`` of a fourth, ``b buffer``, where one follows (a fused
+    program's part that runs some rows of a node's program: a SOFTMAX per scores member,
+    :func:`sw.compile.fusion.scores_groups`; or some columns of a one-row program: a
+    SILU_GATE segment, :func:`sw.compile.fusion.silu_segments`; None: its own)."""
 
     func: VecFunc
     rows: int
@@ -82,7 +84,7 @@ class VectorOp:
     table_rows: int = 0
     table_row_bytes: int = 0
     positions: int = 0
-    within: tuple[str, str, int] | None = None
+    within: tuple[str, str, int] | tuple[str, str, int, str] | None = None
 
     @property
     def w_tile_stride(self) -> None:

@@ -939,22 +939,23 @@ def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
 
 def _vin_races(words: np.ndarray, trace) -> list[tuple[int, int]]:
     """The (LOAD, VEC) pairs of a run of ``words`` (its ``trace``) that race on VIN beats:
-    the LOAD writes beats a REQUANT, DEQUANT, SOFTMAX or FOLD reads while that VEC runs (from
-    the LOAD's grant to its landing, from the VEC's grant to its end; the VEC reads ``length``
-    elements from ``a_addr``, a DEQUANT or FOLD also from ``b_addr``, a DEQUANT its ``amax``
-    word at ``imm``'s low 16 bits)."""
+    the LOAD writes beats a REQUANT, DEQUANT, SOFTMAX, FOLD or SILU_GATE reads while that VEC
+    runs (from the LOAD's grant to its landing, from the VEC's grant to its end; the VEC
+    reads ``length`` elements from ``a_addr``, a DEQUANT, FOLD or SILU_GATE also from
+    ``b_addr``, a DEQUANT its ``amax`` word at ``imm``'s low 16 bits)."""
     program = _program(words)
     at = {t.index: t for t in trace}
     per = VSMALL.beat_bytes // VSMALL.vin_word_bytes
 
     def read(ins) -> list[tuple[int, int]]:
         out = [(ins.a_addr, ins.a_addr + ins.length)]
-        if ins.func in (VecFunc.DEQUANT, VecFunc.FOLD):
+        if ins.func in (VecFunc.DEQUANT, VecFunc.FOLD, VecFunc.SILU_GATE):
             out.append((ins.b_addr, ins.b_addr + ins.length))
         if ins.func == VecFunc.DEQUANT:
             out.append((ins.imm & 0xFFFF, (ins.imm & 0xFFFF) + 1))
         return [(lo // per, -(-hi // per)) for lo, hi in out]
-    funcs = (VecFunc.REQUANT, VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD)
+    funcs = (VecFunc.REQUANT, VecFunc.DEQUANT, VecFunc.SOFTMAX, VecFunc.FOLD,
+             VecFunc.SILU_GATE)
     loads = [i for i, ins in enumerate(program) if isinstance(ins, Load) and ins.spad == Spad.VIN]
     vecs = [i for i, ins in enumerate(program) if isinstance(ins, Vec) and ins.func in funcs]
     return [(i, j) for i in loads for j in vecs
@@ -1020,6 +1021,64 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
         beside_gemm += any(g0 < s1 and s0 < g1 for g0, g1 in spans["gemm"]
                            for s0, s1 in spans["softmax"])
     assert beside_gemm or kv < 4
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_decode_silu_gate_runs_beside_the_up_gemm(monkeypatch, seed):
+    """A tiny model of a random width (two or three SILU_GATE segments) compiled for decode
+    steps, every SILU_GATE cut (``SILU_SEGMENT_MARGIN`` 0; a tiny GEMM streams too few
+    weights per segment to pass the real margin): in its program the up projection's
+    DEQUANT and the SILU_GATE alternate a segment at a time (each segment's SILU_GATE right
+    after its DEQUANT, one VEC each), the REQUANT after the last. On the fast model from a
+    random DRAM image, overlapped as drained, it runs (no deadlock) to the drained
+    program's DRAM (the model applies every effect at its completion: a SILU_GATE of rows
+    not yet dequantised would show) in no more cycles, with no LOAD writing VIN beats a VEC
+    reads while it runs; and with three segments (up tiles left beside the first two) a
+    SILU_GATE runs while a GEMM does."""
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(fusion, "SILU_SEGMENT_MARGIN", 0)
+    hidden = int(rng.choice([64, 128]))
+    seen = []
+
+    def spy(cfg, parts, *args, **kw):
+        seen.append([p.copy() for p in parts])
+        return fuse_parts(cfg, parts, *args, **kw)
+    monkeypatch.setattr(compiler, "fuse_parts", spy)
+    lm = tiny_lm(hidden=hidden, seed=seed)
+    # attention on the host: a KV append's INSERTs read positions from DRAM, which a random
+    # image makes out of range
+    compile_model(lm, VSMALL, CompileOptions(4, 8, phases=("decode",), attention=False),
+                  weights=compressed(lm))
+    segments = -(-(hidden * 3 // 2) // 64)  # 16 lanes: 4 tiles of 16 words a segment
+    programs = [parts for parts in seen if any(
+        isinstance(i, Vec) and i.func == VecFunc.SILU_GATE for p in parts for i in _program(p))]
+    assert programs
+    model = make_backend("model", VSMALL)
+    beside_gemm = 0
+    for parts in programs:
+        funcs = [i.func for p in parts for i in _program(p) if isinstance(i, Vec)]
+        silu = [k for k, f in enumerate(funcs) if f == VecFunc.SILU_GATE]
+        assert len(silu) == segments
+        assert all(funcs[k - 1] == VecFunc.DEQUANT for k in silu)
+        assert all(VecFunc.DEQUANT in funcs[a:b] for a, b in zip(silu, silu[1:], strict=False))
+        assert funcs[silu[-1] + 1] == VecFunc.REQUANT
+        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
+        words = fuse_words(VSMALL, parts)
+        drained, overlapped = (model.run(w, dram.copy(), trace=True) for w in (
+            fuse_words(VSMALL, parts, False), words))
+        assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
+        assert np.array_equal(drained.dram, overlapped.dram)
+        assert overlapped.cycles <= drained.cycles
+        assert not _vin_races(words, overlapped.trace)
+        program = _program(words)
+        spans = {kind: [(t.grant, t.end) for t in overlapped.trace
+                        if isinstance(program[t.index], Gemm) == (kind == "gemm")
+                        and (kind == "gemm" or isinstance(program[t.index], Vec)
+                             and program[t.index].func == VecFunc.SILU_GATE)]
+                 for kind in ("gemm", "silu")}
+        beside_gemm += any(g0 < s1 and s0 < g1 for g0, g1 in spans["gemm"]
+                           for s0, s1 in spans["silu"])
+    assert beside_gemm or segments < 3  # two: the first's up tiles are all that is left
+
 
 def _is_dequant(words: np.ndarray) -> bool:
     return any(isinstance(i, Vec) and i.func == VecFunc.DEQUANT for i in _program(words))
