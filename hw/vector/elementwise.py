@@ -279,7 +279,7 @@ class Requant(PipelineUnit):
     their sum; 4 ``hi`` and ``lo``, shifts of ``p`` or one subtraction of two (``128 p`` and
     ``p``; ``8 p`` and ``p``; ``(2048 - 256) p`` and ``7 p``); 5 ``q = hi - lo`` (``127 p``,
     ``7 p``, ``1785 p``); 6 ``w = (2 * q) >> sh``; 7 ``(w + 1) >> 1`` (the rounding) and
-    clipping.
+    clipping (to 8 or 4 bits, both read from ``w``'s bits).
 
     Cost: two 18x18 multipliers (32 x 17 bits); the factors are shifts and adders.
 
@@ -350,8 +350,9 @@ class Requant(PipelineUnit):
                     "four": v.four}
 
         def s5(m, v):
-            a = round_saturate(v.w, CODE_BITS)
-            a4 = Mux(a > KV4_QMAX, KV4_QMAX, Mux(a < -KV4_QMAX, -KV4_QMAX, a))
-            return {"a": (Mux(v.four, a4, a), signed(CODE_BITS))}
+            # Clipping to [-7, 7] is saturating to a4 + 1 bits, from w's bits beside the
+            # 8-bit saturation (not two compares of its result after it).
+            a = Mux(v.four, round_saturate(v.w, a4 + 1), round_saturate(v.w, CODE_BITS))
+            return {"a": (a, signed(CODE_BITS))}
 
         return [s1, s2, s2b, s3, s3b, s4, s5]
