@@ -344,7 +344,9 @@ class VectorEngine(wiring.Component):
         half_m2 = Signal(ROPE_HEAD_DIM_BITS - 1, reset_less=True)   # head_dim / 2 - 2
         one_m_half = Signal(len(dst), reset_less=True)              # 1 - head_dim / 2
 
-        is_ = {f: func == f for f in VecFunc}
+        # func's decode, registered with func (loaded together while idle, so always equal to
+        # func == f): the sub-ops' control starts at a flag, not at func's comparators.
+        is_ = {f: Signal(name=f"is_{f.name.lower()}", reset_less=True) for f in VecFunc}
         # Lanes: a laned sub-op's reads are aligned groups of n elements (`left` counts
         # groups, the pointers step by n); the others read one element a cycle.
         n = self._lanes
@@ -359,7 +361,8 @@ class VectorEngine(wiring.Component):
             # DEQUANT first reads its amax word (imm) alone.
             rope = body.func == VecFunc.ROPE
             amax_first = body.func == VecFunc.DEQUANT
-            m.d.sync += [func.eq(body.func),
+            m.d.sync += [*(flag.eq(body.func == f) for f, flag in is_.items()),
+                         func.eq(body.func),
                          a_ptr.eq(Mux(amax_first, body.imm[:width], body.a_addr)),
                          b_ptr.eq(Mux(rope, body.a_addr + body.imm[1:ROPE_HEAD_DIM_BITS],
                                       body.b_addr)),
