@@ -265,7 +265,7 @@ def mac_cycles_fields(f: dict):
 VECTOR_LATENCY = {
     "recip": 8, "rsqrt": 9, "exp": 9,
     "sum": 2, "max": 2, "absmax": 2, "argmax": 2, "sumsq": 3,
-    "add": 1, "mul": 4, "rope": 4, "scale": 4, "requant": 6,
+    "add": 1, "mul": 4, "rope": 4, "scale": 4, "requant": 7,
     "dequant_factor": 5,
 }
 
@@ -279,8 +279,9 @@ VEC_READ_LATENCY = 2
 VEC_FEED_LATENCY = 1
 
 #: Registers between a KV4 key row's group product leaving its Mul and the group's code
-#: entering Recip's feed: ``-255 p``, then the clipped ceiling of its shift (the code).
-KV4_CODE_LATENCY = 2
+#: entering Recip's feed: ``-255 p``, then the clipped ceiling of its shift (the code), then
+#: the partial products of ``(amax >> s) * c`` (summed as they enter the feed).
+KV4_CODE_LATENCY = 3
 
 
 def vec_lane_tree(lanes):

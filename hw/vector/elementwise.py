@@ -251,6 +251,13 @@ class Scale(PipelineUnit):
         return [s1, s1b, s2, s3]
 
 
+def _mersenne_bits(name: str, n: int) -> int:
+    """``a`` with ``n == 2**a - 1`` (a factor Requant forms as ``(p << a) - p``)."""
+    if n < 1 or (n + 1) & n:
+        raise ValueError(f"{name} must be 2**a - 1 for Requant's shifts, got {n}")
+    return n.bit_length()
+
+
 def _at_most(v, hi: int):
     """``min(v, hi)`` (``v`` non-negative wherever it is selected)."""
     return Mux(v > hi, hi, v)
@@ -269,8 +276,10 @@ class Requant(PipelineUnit):
     is unspecified otherwise.
 
     Pipeline: 1 ``x >> s`` (flooring); 2 the partial products of ``(x >> s) * r``; 3 ``p``,
-    their sum; 4 ``q = 127 * p`` (a shift and a subtraction); 5 ``w = (2 * q) >> sh``;
-    6 ``(w + 1) >> 1`` (the rounding) and clipping.
+    their sum; 4 ``hi`` and ``lo``, shifts of ``p`` or one subtraction of two (``128 p`` and
+    ``p``; ``8 p`` and ``p``; ``(2048 - 256) p`` and ``7 p``); 5 ``q = hi - lo`` (``127 p``,
+    ``7 p``, ``1785 p``); 6 ``w = (2 * q) >> sh``; 7 ``(w + 1) >> 1`` (the rounding) and
+    clipping (to 8 or 4 bits, both read from ``w``'s bits).
 
     Cost: two 18x18 multipliers (32 x 17 bits); the factors are shifts and adders.
 
@@ -301,10 +310,14 @@ class Requant(PipelineUnit):
 
     def _stages(self):
         p_shape = signed(ACT_BITS + TABLE_RESULT_BITS)
+        # Every factor is a product of numbers 2**k - 1, so q = hi - lo with hi and lo each a
+        # shift of p or one adder of two: (2**a - 1) p = (p << a) - p, and (2**a - 1)(2**b - 1)
+        # p = ((p << (a + b)) - (p << b)) - ((p << a) - p).
+        a = _mersenne_bits("ACT_QMAX", ACT_QMAX)
+        a4 = _mersenne_bits("KV4_QMAX", KV4_QMAX)
+        b4 = _mersenne_bits("KV4_CODE_MAX", KV4_CODE_MAX)
         key_factor = KV4_QMAX * KV4_CODE_MAX
         q_bits = p_shape.width + max(ACT_QMAX, key_factor).bit_length()
-        if (ACT_QMAX + 1) & ACT_QMAX:
-            raise ValueError(f"ACT_QMAX + 1 must be a power of two, got {ACT_QMAX + 1}")
         flags = ("four", "key")
 
         def s1(m, v):
@@ -319,12 +332,17 @@ class Requant(PipelineUnit):
                     **{k: getattr(v, k) for k in flags}}
 
         def s3(m, v):
+            # No multiplier: a constant product here was a chain of DSPs and adders.
+            p = v.p
+            hi = Mux(v.four, Mux(v.key, (p << (a4 + b4)) - (p << b4), p << a4), p << a)
+            lo = Mux(v.four & v.key, (p << a4) - p, p)
             # A shift past q's bits gives 0, as any larger one does.
-            q = Mux(v.four, Mux(v.key, v.p * key_factor, v.p * KV4_QMAX),
-                    (v.p << ACT_QMAX.bit_length()) - v.p)
-            return {"q": (q, signed(q_bits)),
+            return {"hi": (hi, signed(q_bits)), "lo": (lo, signed(q_bits)),
                     "sh": (_at_most(v.sh, q_bits + 1), unsigned((q_bits + 1).bit_length())),
                     "four": v.four}
+
+        def s3b(m, v):
+            return {"q": (v.hi - v.lo, signed(q_bits)), "sh": v.sh, "four": v.four}
 
         def s4(m, v):
             # 2q >> sh: round_shift(q, sh) is (w + 1) >> 1 (hw.vector.base.round_shift).
@@ -332,8 +350,9 @@ class Requant(PipelineUnit):
                     "four": v.four}
 
         def s5(m, v):
-            a = round_saturate(v.w, CODE_BITS)
-            a4 = Mux(a > KV4_QMAX, KV4_QMAX, Mux(a < -KV4_QMAX, -KV4_QMAX, a))
-            return {"a": (Mux(v.four, a4, a), signed(CODE_BITS))}
+            # Clipping to [-7, 7] is saturating to a4 + 1 bits, from w's bits beside the
+            # 8-bit saturation (not two compares of its result after it).
+            a = Mux(v.four, round_saturate(v.w, a4 + 1), round_saturate(v.w, CODE_BITS))
+            return {"a": (a, signed(CODE_BITS))}
 
-        return [s1, s2, s2b, s3, s4, s5]
+        return [s1, s2, s2b, s3, s3b, s4, s5]

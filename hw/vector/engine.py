@@ -72,8 +72,9 @@ KV4        REQUANT's pass 1, ``AbsMax`` and ``Recip(amax >> s)``; a key row's (`
            bit) groups' maxima of ``|x|`` and ``|x >> 1|`` registered beside, each group's
            kept in a memory at its end; from the cycle ``r`` comes out, one group a cycle:
            its maximum (for ``s``) into ``Mul(0)`` with ``r``; from the product ``p``, ``-255
-           p`` and then the code ``c = clip(ceil(255 p / 2**sh), 1, 255)`` registered
-           (:data:`hw.timing.KV4_CODE_LATENCY`), and ``Recip((amax >> s) * c)``,
+           p`` and then the code ``c = clip(ceil(255 p / 2**sh), 1, 255)`` registered, then
+           the partial products of ``(amax >> s) * c`` (:data:`hw.timing.KV4_CODE_LATENCY`),
+           and ``Recip((amax >> s) * c)``,
            each group's ``(r2, sh2)`` kept in a memory, its code packed four to a word in
            another; pass 2 from the cycle after the last reciprocal (a value row: after ``r``)
            ``Requant`` with 4-bit codes (factor 7 with ``r, sh``; a key row's 7 * 255 with its
@@ -124,6 +125,7 @@ from amaranth.utils import ceil_log2
 
 from hw import timing
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
+from hw.ecp5_dsp import DSP_REGISTER
 from hw.fanout import replica
 from hw.isa import (
     DEQUANT_FOLD_BIT,
@@ -152,7 +154,7 @@ from hw.numerics import (
     NORM_FRAC,
     ROPE_HALF_BITS,
 )
-from hw.vector.base import ReductionUnit
+from hw.vector.base import MULT_CHUNK, ReductionUnit, chunks
 from hw.vector.dequant import AMAX_BITS, DEQUANT_SCALE_FRAC, DequantFactor
 from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
@@ -244,8 +246,9 @@ class VectorEngine(wiring.Component):
     READ_LATENCY = 2
     #: Registers between the engine's selection of a unit's operands and the unit.
     FEED_LATENCY = 1
-    #: Registers between a KV4 group's product and its code entering Recip's feed.
-    KV4_CODE_LATENCY = 2
+    #: Registers between a KV4 group's product and its code entering Recip's feed: ``-255 p``,
+    #: the code, the partial products of ``(amax >> s) * c``.
+    KV4_CODE_LATENCY = 3
     #: VOUT words ARGMAX writes: the index, then the maximum.
     ARGMAX_WORDS = 2
 
@@ -346,7 +349,9 @@ class VectorEngine(wiring.Component):
         half_m2 = Signal(ROPE_HEAD_DIM_BITS - 1, reset_less=True)   # head_dim / 2 - 2
         one_m_half = Signal(len(dst), reset_less=True)              # 1 - head_dim / 2
 
-        is_ = {f: func == f for f in VecFunc}
+        # func's decode, registered with func (loaded together while idle, so always equal to
+        # func == f): the sub-ops' control starts at a flag, not at func's comparators.
+        is_ = {f: Signal(name=f"is_{f.name.lower()}", reset_less=True) for f in VecFunc}
         # Lanes: a laned sub-op's reads are aligned groups of n elements (`left` counts
         # groups, the pointers step by n); the others read one element a cycle.
         n = self._lanes
@@ -361,7 +366,8 @@ class VectorEngine(wiring.Component):
             # DEQUANT first reads its amax word (imm) alone.
             rope = body.func == VecFunc.ROPE
             amax_first = body.func == VecFunc.DEQUANT
-            m.d.sync += [func.eq(body.func),
+            m.d.sync += [*(flag.eq(body.func == f) for f, flag in is_.items()),
+                         func.eq(body.func),
                          a_ptr.eq(Mux(amax_first, body.imm[:width], body.a_addr)),
                          b_ptr.eq(Mux(rope, body.a_addr + body.imm[1:ROPE_HEAD_DIM_BITS],
                                       body.b_addr)),
@@ -652,24 +658,33 @@ class VectorEngine(wiring.Component):
         feed(u["mul_code"], feeding,
              a=Mux(shift, g_rd.data[ACT_BITS:], g_rd.data[:ACT_BITS]),
              b=Mux(row_r, u["recip"].o.payload.r, r))
-        # the code in KV4_CODE_LATENCY stages: -255 p registered, then the ceiling of 255 p /
-        # 2**sh (a shift of the negation, t) clipped and registered. The clip reads t's bits,
-        # not -t through a carry chain as wide as the product: -t < 1 is t >= 0 (its sign),
-        # and -t is in [1, 255] exactly when t's bits from 8 up are all ones and its low 8
-        # are not all zeros; then the code is the negation of those 8 bits.
+        # the code in two stages of KV4_CODE_LATENCY: -255 p registered, then the ceiling of
+        # 255 p / 2**sh (a shift of the negation, t) clipped and registered. The clip reads
+        # t's bits, not -t through a carry chain as wide as the product: -t < 1 is t >= 0 (its
+        # sign), and -t is in [1, 255] exactly when t's bits from 8 up are all ones and its
+        # low 8 are not all zeros; then the code is the negation of those 8 bits.
         pc = u["mul_code"].o.payload.y
         kv_np = Signal(signed(FOLD_BITS + KV4_CODE_BITS + 1), reset_less=True)
         kv_c = Signal(KV4_CODE_BITS, reset_less=True)
         t = kv_np >> sh
         low = t[:KV4_CODE_BITS]
         in_range = t[KV4_CODE_BITS:].all() & low.any()
-        m.d.sync += [kv_np.eq(-(pc * KV4_CODE_MAX)),
+        m.d.sync += [kv_np.eq(pc - (pc << KV4_CODE_BITS)),   # -255 p: one adder, no DSP
                      kv_c.eq(Mux(~t[-1], 1, Mux(in_range, -low, KV4_CODE_MAX)))]
         kv_code_v = _delay(m, u["mul_code"].o.valid, self.KV4_CODE_LATENCY, "kv_code_v")
         kv_a = Signal(ACT_BITS, reset_less=True)     # amax >> s
         m.d.sync += kv_a.eq(amax >> shift)
-        kv_ac = kv_a * kv_c
-        c_out = _delay(m, kv_c, lat["recip"], "kv_code", data=True)
+        # the third stage: (amax >> s) * c as its chunk products, each in its DSP's output
+        # register (a product and its adder in one stage into Recip's feed was too long), the
+        # code beside them; summed as they enter Recip's feed
+        a_chunks = chunks(kv_a)
+        kv_pp = [Signal(len(ch) + KV4_CODE_BITS, name=f"kv_pp{k}", reset_less=True,
+                        attrs={DSP_REGISTER: 1}) for k, ch in enumerate(a_chunks)]
+        kv_c3 = Signal.like(kv_c, name="kv_c3", reset_less=True)
+        m.d.sync += [*(pp.eq(ch * kv_c) for pp, ch in zip(kv_pp, a_chunks, strict=True)),
+                     kv_c3.eq(kv_c)]
+        kv_ac = sum((pp << (MULT_CHUNK * k) for k, pp in enumerate(kv_pp)), Const(0, 1))
+        c_out = _delay(m, kv_c3, lat["recip"], "kv_code", data=True)
         g_out = u["recip"].o.valid & kv & kv_rowr
         g_out_last = Signal()    # (registered below from the last group's Recip, a cycle early)
         m.submodules.kv_rs = rs_mem = memory.Memory(
