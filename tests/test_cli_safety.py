@@ -16,7 +16,7 @@ import pytest
 from hw.config import AcceleratorConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHES = ("accuracy", "board", "codesign", "compile", "compress", "dse", "fuzz", "rtl",
+BENCHES = ("accuracy", "beats", "board", "codesign", "compile", "compress", "dse", "fuzz", "rtl",
            "scaling", "simspeed")
 
 
