@@ -309,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = ECPIX5.accelerator_config(named_or_file(args.config))
     except (ConfigError, OSError, ValueError) as e:
         ap.error(f"--config {args.config}: {e}")
+    print(f"compiling and running one decode step of {args.model} at context {args.context} "
+          "(minutes for smollm2) ...", flush=True)
     b = step_breakdown(args.model, cfg, args.context)
     print(f"{args.model} at context {args.context} on {args.config} (ECPIX-5 memory): "
           f"{b.cycles:,} cycles, {b.dram_beats:,} DRAM beats, LOAD engine streaming "

@@ -984,18 +984,9 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
     kv = int(rng.choice([1, 2, 4]))
     heads = kv * int(rng.choice([1, 2])) if kv < 4 else 4
     context = int(rng.integers(8, 40))
-    seen = []
-
-    def spy(cfg, parts, *args, **kw):
-        seen.append([p.copy() for p in parts])
-        return fuse_parts(cfg, parts, *args, **kw)
-    monkeypatch.setattr(compiler, "fuse_parts", spy)
-    lm = tiny_lm(heads=heads, kv_heads=kv, seed=seed)
-    compile_model(lm, VSMALL, CompileOptions(4, context, one_program=False),
-                  weights=compressed(lm))
-    programs = [parts for parts in seen if any(
-        isinstance(i, Vec) and i.func == VecFunc.SOFTMAX for p in parts for i in _program(p))]
-    assert programs
+    programs = _fused_programs_with(monkeypatch, tiny_lm(heads=heads, kv_heads=kv, seed=seed),
+                                    CompileOptions(4, context, one_program=False),
+                                    VecFunc.SOFTMAX)
     model = make_backend("model", VSMALL)
     beside_gemm = 0
     for parts in programs:
@@ -1006,6 +997,23 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
         assert after == ({VecFunc.FOLD} if folds or kv == 1 else {VecFunc.DEQUANT, VecFunc.FOLD})
         beside_gemm += _runs_as_drained(model, parts, rng, VecFunc.SOFTMAX)
     assert beside_gemm or kv < 4
+
+
+def _fused_programs_with(monkeypatch, lm, opts: CompileOptions, func: VecFunc
+                         ) -> list[list[np.ndarray]]:
+    """The parts of every fused program compiling ``lm`` on VSMALL with ``opts`` builds that
+    holds a VEC of ``func`` (at least one)."""
+    seen = []
+
+    def spy(cfg, parts, *args, **kw):
+        seen.append([p.copy() for p in parts])
+        return fuse_parts(cfg, parts, *args, **kw)
+    monkeypatch.setattr(compiler, "fuse_parts", spy)
+    compile_model(lm, VSMALL, opts, weights=compressed(lm))
+    programs = [parts for parts in seen if any(
+        isinstance(i, Vec) and i.func == func for p in parts for i in _program(p))]
+    assert programs
+    return programs
 
 
 def _runs_as_drained(model, parts, rng, func: VecFunc) -> bool:
@@ -1043,21 +1051,12 @@ def test_a_decode_silu_gate_runs_beside_the_up_gemm(monkeypatch, seed):
     rng = np.random.default_rng(seed)
     monkeypatch.setattr(fusion, "SILU_SEGMENT_MARGIN", 0)
     hidden = int(rng.choice([64, 128]))
-    seen = []
-
-    def spy(cfg, parts, *args, **kw):
-        seen.append([p.copy() for p in parts])
-        return fuse_parts(cfg, parts, *args, **kw)
-    monkeypatch.setattr(compiler, "fuse_parts", spy)
-    lm = tiny_lm(hidden=hidden, seed=seed)
     # attention on the host: a KV append's INSERTs read positions from DRAM, which a random
     # image makes out of range
-    compile_model(lm, VSMALL, CompileOptions(4, 8, phases=("decode",), attention=False),
-                  weights=compressed(lm))
+    programs = _fused_programs_with(monkeypatch, tiny_lm(hidden=hidden, seed=seed),
+                                    CompileOptions(4, 8, phases=("decode",), attention=False),
+                                    VecFunc.SILU_GATE)
     segments = -(-(hidden * 3 // 2) // 64)  # 16 lanes: 4 tiles of 16 words a segment
-    programs = [parts for parts in seen if any(
-        isinstance(i, Vec) and i.func == VecFunc.SILU_GATE for p in parts for i in _program(p))]
-    assert programs
     model = make_backend("model", VSMALL)
     beside_gemm = 0
     for parts in programs:
