@@ -188,6 +188,7 @@ from hw.isa import (
     VecFunc,
     decode,
     decode_fields,
+    dispatch_errors,
     field_location,
     is_move,
     program_words,
@@ -696,7 +697,8 @@ def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     ``before`` it loads, where its own LOADs into VIN overlap those and the moved ones fit
     (else None): every LOAD into VIN ``top`` beats higher (``top``: the end of ``before``'s
     highest), and every VEC's operand rows (``a_addr``, ``b_addr``) and ``amax`` word
-    (:func:`hw.isa.vec_reads_amax`: DEQUANT's ``imm``) as many elements higher. The part
+    (:func:`hw.isa.vec_reads_amax`: DEQUANT's ``imm``) as many elements higher, where every
+    moved word still passes the dispatch checks (:func:`hw.isa.dispatch_errors`). The part
     reads only what its LOADs put in VIN, so it computes what it did; its VOUT stays, as its
     VECs start only after the boundary (:func:`fuse_parts`)."""
     vin = Spad.VIN.value
@@ -719,7 +721,10 @@ def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
             ins = replace(ins, a_addr=ins.a_addr + top * per, b_addr=ins.b_addr + top * per,
                           imm=ins.imm + top * per * int(vec_reads_amax(ins.func.value)))
         out.append(ins)
-    return program_words(out)
+    moved = program_words(out)
+    # every range as the fetch unit checks it (an INSERT's codes: ``length`` words from
+    # ``b_addr``), not just the LOADs' beats
+    return None if dispatch_errors(decode_fields(moved), cfg).any() else moved
 
 
 def _wgt_moved(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.ndarray

@@ -300,6 +300,22 @@ def test_a_sliding_window_keeps_the_softmax_on_the_host():
         assert "softmax" in {h.op for h in st.host}
 
 
+def test_a_part_moved_up_in_vin_keeps_its_codes_inside_it():
+    """A 128-wide model on VSMALL: the KV append's part, moved above the VIN of the part
+    before it (sw.compile.fusion._vin_moved), would read an INSERT's codes (``length`` words
+    from ``b_addr``, as the fetch unit checks them) past the end of VIN and stop with
+    BAD_ADDRESS; it stays where it was, and the logits equal the vector twin's."""
+    lm = tiny_lm(hidden=128)
+    ws = compressed(lm)
+    exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
+    ids = _ids(lm, PROMPT + 2)
+    steps = runtime_steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, PROMPT)
+    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
+                            PROMPT)
+    for (logits, _), w in zip(steps, want, strict=True):
+        assert torch.equal(logits, w)
+
+
 def test_reference_model_tokens_equal_the_vector_twin():
     from sw.models.reference_model import load_reference
     lm = load_reference()
