@@ -494,7 +494,7 @@ def vec_reads_b(func):
 #: (:func:`hw.timing.vec_cycles`), the dispatch checks (their rows aligned to the lanes) and
 #: the compiler read.
 LANED_VEC_FUNCS = (VecFunc.ADD, VecFunc.REQUANT, VecFunc.RMSNORM, VecFunc.MUL, VecFunc.DEQUANT,
-                   VecFunc.FOLD)
+                   VecFunc.FOLD, VecFunc.SOFTMAX)
 
 
 def vec_lanes(func, lanes: int, imm):

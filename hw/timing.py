@@ -321,9 +321,9 @@ def _vec_cycles(func, length, imm=0, lanes=1):
     requant = (stream + tree + lat["absmax"] + lat["recip"] + stream + lat["requant"] + 1)
     # SOFTMAX: pass 1 into Max, m as it comes out; pass 2 from the cycle after into Exp and
     # Sum; Recip of the sum; pass 3 from the cycle after its result into Exp and Scale,
-    # written as they come out.
-    softmax = (stream + lat["max"] + stream + lat["exp"] + lat["sum"] + lat["recip"]
-               + stream + lat["exp"] + lat["scale"])
+    # written as they come out. (n lanes: Max and Sum through their lane trees.)
+    softmax = (stream + tree + lat["max"] + stream + lat["exp"] + tree + lat["sum"]
+               + lat["recip"] + stream + lat["exp"] + lat["scale"])
     # RMSNORM: pass 1 into AbsMax, s as amax comes out; pass 2 from the cycle after into SumSq;
     # Rsqrt of the sum plus epsilon; pass 3 from the cycle after its result into Scale and Mul
     # (the weight beside it), written as they come out.

@@ -195,6 +195,8 @@ _LANE_UNITS = {
     "scale31": lambda: Scale(DEQUANT_SCALE_FRAC),        # DEQUANT
     "requant": lambda: Requant(FOLD_BITS),               # REQUANT's and FOLD's codes (KV4's)
     "mul_fold": lambda: Mul(0, y_bits=FOLD_BITS),        # FOLD's products
+    "exp": lambda: Exp(ACT_FRAC),                        # SOFTMAX's exponentials
+    "scale16": lambda: Scale(ACT_FRAC),                  # SOFTMAX's probabilities
 }
 
 
@@ -278,10 +280,9 @@ class VectorEngine(wiring.Component):
             # activations, FOLD's products; a laned row's through a lane tree
             "absmax": AbsMax(signed(FOLD_BITS), lanes=n),
             "recip": Recip(),
-            "max": Max(signed(ACT_BITS)),
-            "exp": Exp(ACT_FRAC),
-            "sum": Sum(unsigned(ACT_FRAC + 1), max_len=_MAX_LENGTH),
-            "scale16": Scale(ACT_FRAC),
+            # SOFTMAX's reductions; a laned row's through a lane tree
+            "max": Max(signed(ACT_BITS), lanes=n),
+            "sum": Sum(unsigned(ACT_FRAC + 1), max_len=_MAX_LENGTH, lanes=n),
             "sumsq": SumSq(max_len=_MAX_LENGTH, lanes=n),
             "rsqrt": Rsqrt(),
             "exp30": Exp(NORM_FRAC),
@@ -481,7 +482,15 @@ class VectorEngine(wiring.Component):
         rl = self.READ_LATENCY
         valid = _delay(m, issuing, rl, "valid")
         last = _delay(m, issuing & at_end, rl, "last")
-        inrow = _delay(m, idx < imm, rl, "inrow")    # SOFTMAX: a valid position (idx < imm)
+        # SOFTMAX: a valid position (its index below imm); n lanes: lane k of group idx is
+        # position n * idx + k, valid only within the row (not past its last group's `tail`)
+        if n == 1:
+            inrows = [_delay(m, idx < imm, rl, "inrow")]
+        else:
+            in_tail = Mux(at_end, tail, Const((1 << n) - 1, n))
+            ins_row = _delay(m, Cat(((Cat(Const(k, lg), idx) < imm) & in_tail[k])
+                                    for k in range(n)), rl, "inrow")
+            inrows = [ins_row[k] for k in range(n)]
         # With lanes, an element read alone is the lane of its address in the group read
         # (selected as the scratchpad selects a group in its row: by address bits registered
         # with the read), and a laned read's lanes 1 .. n-1 come beside lane 0's; those past a
@@ -756,14 +765,22 @@ class VectorEngine(wiring.Component):
             feed(unit, (p2 & is_[VecFunc.REQUANT]) | wf_p2, x=Mux(fold, wfs[k], xs[k]), r=r,
                  sh=sh, s=Mux(fold, fs, shift), four=0, key=0)
         # -- SOFTMAX: masked Max; Exp into Sum (pass 2) or Scale(16) (pass 3)
+        # (n lanes: every lane through its Exp and Scale(16), Max and Sum through their lane
+        # trees; a lane past the row's end is masked: -ACT_MAX into Max, exponential 0)
         sm = is_[VecFunc.SOFTMAX]
-        feed(u["max"], p1 & sm, x=Mux(inrow, x, -ACT_MAX), last=last)
-        feed(u["exp"], (p2 | p3) & sm, a=Mux(inrow, x, top), b=top)
+        maxed = [Mux(inrows[k], xs[k], -ACT_MAX) for k in range(n)]
+        feed(u["max"], p1 & sm, x=maxed[0] if n == 1 else maxed, last=last)
         exp_lat = lat["exp"]
-        e_last, e_in = _delay(m, last, exp_lat, "e_last"), _delay(m, inrow, exp_lat, "e_in")
-        e = Mux(e_in, u["exp"].o.payload.y, 0)
-        feed(u["sum"], u["exp"].o.valid & (phase == 1), x=e, last=e_last)
-        feed(u["scale16"], u["exp"].o.valid & (phase == 2), x=e, r=r, sh=sh)
+        e_last = _delay(m, last, exp_lat, "e_last")
+        es = []
+        for k, (ex, s16) in enumerate(zip([u["exp"], *lanes("exp")],
+                                          [u["scale16"], *lanes("scale16")], strict=True)):
+            feed(ex, (p2 | p3) & sm, a=Mux(inrows[k], xs[k], top), b=top)
+            e_in = _delay(m, inrows[k], exp_lat, "e_in" if k == 0 else f"e_in_l{k}_")
+            es.append(Mux(e_in, ex.o.payload.y, 0))
+            feed(s16, u["exp"].o.valid & (phase == 2), x=es[-1], r=r, sh=sh)
+        feed(u["sum"], u["exp"].o.valid & (phase == 1), x=es[0] if n == 1 else es,
+             last=e_last)
         p_last = _delay(m, e_last, lat["scale16"], "p_last")
         # -- RMSNORM: SumSq (pass 2); Scale(30) and Mul with the delayed weight (pass 3)
         rn = is_[VecFunc.RMSNORM]
@@ -978,7 +995,7 @@ class VectorEngine(wiring.Component):
             (second, arg_top, 1),
             (word_full, word, 0),
             (amax_write, Mux(fold, fword, amax), 1),
-            (u["scale16"].o.valid, u["scale16"].o.payload.y, p_last),   # 0 where masked
+            (u["scale16"].o.valid, ys("scale16"), p_last),   # 0 where masked
             (u["mul"].o.valid, ys("mul"), y_last),
             *mul16,
             (u["rope"].o.valid, u["rope"].o.payload.y, rope_last),

@@ -475,7 +475,9 @@ def test_a_laned_executor_matches_numerics_and_the_timing_contract(lanes, seed):
                   (VecFunc.RMSNORM, 0, 8, 0), (VecFunc.RMSNORM, 8, 3, 999),
                   (VecFunc.FOLD, 8, 5, 0), (VecFunc.FOLD, 0, 1, 0),
                   (VecFunc.ADD, 8, 3, 0), (VecFunc.MUL, 8, 1, 0),
-                  (VecFunc.DEQUANT, 16, 3, dequant_imm(3, False))])]
+                  (VecFunc.DEQUANT, 16, 3, dequant_imm(3, False)),
+                  (VecFunc.SOFTMAX, 8, 7, 7), (VecFunc.SOFTMAX, 0, 5, 2),
+                  (VecFunc.SOFTMAX, 8, 3, 0)])]
     vecs = edges + [_aligned(v, lanes) for v in _random_vecs(rng, 16)]
     laned = [v for v in vecs if v.func in LANED_VEC_FUNCS]
     assert len(laned) >= len(edges) and any(v.length % lanes for v in laned)
@@ -517,11 +519,11 @@ def test_a_laned_insert_and_the_one_lane_sub_ops_on_lanes(lanes):
                                 b_addr=int(rng.integers(0, VIN - length + 1)),
                                 dst_addr=lanes * int(rng.integers(0, 16 // lanes))))
     assert laned == 3 * 2 * (2 * lanes + 2)   # the last geometry of each row: one lane
-    for func, imm in ((VecFunc.SOFTMAX, None), (VecFunc.ARGMAX, 0), (VecFunc.SILU_GATE, 0),
+    for func, imm in ((VecFunc.ARGMAX, 0), (VecFunc.SILU_GATE, 0),
                       (VecFunc.CHANNEL, random_channel_word(rng)), (VecFunc.KV4, 0)):
         for length in (1, lanes + 1, 24):
             out = int(vec_out_words(func.value, length, imm or 0))
-            vecs.append(Vec(func=func, length=length, imm=length if imm is None else imm,
+            vecs.append(Vec(func=func, length=length, imm=imm,
                             a_addr=int(rng.integers(0, VIN - length + 1)),
                             b_addr=int(rng.integers(0, VIN - length + 1)),
                             dst_addr=int(rng.integers(0, VOUT - out + 1))))
@@ -541,7 +543,11 @@ def test_every_laned_sub_op_on_lanes(lanes):
         for length in [*range(1, 2 * lanes + 2), 48]:
             imm = {VecFunc.RMSNORM: norm_eps(1e-5, length),
                    VecFunc.DEQUANT: dequant_imm(int(rng.integers(0, VIN)),
-                                                bool(rng.random() < 0.5))}.get(func, 0)
+                                                bool(rng.random() < 0.5)),
+                   # every position valid (the last group's lanes past the row's end
+                   # masked), or a prefix
+                   VecFunc.SOFTMAX: int(rng.choice([length, rng.integers(0, length + 1)])),
+                   }.get(func, 0)
             vecs.append(Vec(func=func, length=length, imm=imm, a_addr=lanes * 3,
                             b_addr=VIN - 48, dst_addr=lanes * int(rng.integers(0, 16 // lanes))))
     _check_against_the_models(vin, vecs, [0] * len(vecs), cfg)

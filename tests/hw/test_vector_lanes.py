@@ -93,9 +93,12 @@ def test_rtl_engine_builds_lanes(lanes):
     tree = timing.vec_lane_tree(lanes)
     assert units["absmax"].latency == timing.VECTOR_LATENCY["absmax"] + tree
     assert units["sumsq"].latency == timing.VECTOR_LATENCY["sumsq"] + tree
-    for name in ("add", "mul16", "requant", "mul_fold", "dequant_factor", "scale31"):
+    assert units["max"].latency == timing.VECTOR_LATENCY["max"] + tree       # SOFTMAX's
+    assert units["sum"].latency == timing.VECTOR_LATENCY["sum"] + tree
+    for name in ("add", "mul16", "requant", "mul_fold", "dequant_factor", "scale31", "exp",
+                 "scale16"):
         assert sum(k == name or k.startswith(f"{name}_l") for k in units) == lanes, name
-    for name in ("recip", "rsqrt", "exp", "rope", "argmax"):
+    for name in ("recip", "rsqrt", "exp30", "rope", "argmax"):
         assert name in units and f"{name}_l1" not in units
     assert ("absmax_kv" in units) == (lanes > 1)   # KV4's one-lane AbsMax (no lane tree)
 
@@ -160,11 +163,11 @@ def _one_lane(func: VecFunc, length: int, imm: int) -> int:
 def test_laned_cycles(lanes):
     """A laned sub-op takes its one-lane cycles of a row of ``ceil(L / lanes)`` elements, plus
     ``log2(lanes)`` per reduction over the lanes (REQUANT's and FOLD's AbsMax, RMSNORM's
-    AbsMax and SumSq); every other sub-op its one-lane cycles. Random lengths, not multiples
-    of the lanes among them."""
+    AbsMax and SumSq, SOFTMAX's Max and Sum); every other sub-op its one-lane cycles. Random
+    lengths, not multiples of the lanes among them."""
     rng = np.random.default_rng(lanes)
     tree = lanes.bit_length() - 1
-    reductions = {VecFunc.REQUANT: 1, VecFunc.FOLD: 1, VecFunc.RMSNORM: 2}
+    reductions = {VecFunc.REQUANT: 1, VecFunc.FOLD: 1, VecFunc.RMSNORM: 2, VecFunc.SOFTMAX: 2}
     cfg = _cfg(lanes)
     for length in [1, 2, 3, 4, 5, 7, 8, 9, 255, 256, 257] + rng.integers(1, 4096, 20).tolist():
         for func in VecFunc:
@@ -196,9 +199,9 @@ def test_four_lanes_hot_functions():
     """The decode step's hot sub-ops on a row of 256 (the reference model's hidden size), one
     and four lanes: the numbers the vector configuration's step moves by."""
     got = {f: [timing.vec_cycles(Vec(func=f, length=256), _cfg(n)) for n in (1, 4)]
-           for f in (VecFunc.REQUANT, VecFunc.DEQUANT, VecFunc.RMSNORM)}
+           for f in (VecFunc.REQUANT, VecFunc.DEQUANT, VecFunc.RMSNORM, VecFunc.SOFTMAX)}
     assert got == {VecFunc.REQUANT: [537, 155], VecFunc.DEQUANT: [270, 78],
-                   VecFunc.RMSNORM: [801, 229]}
+                   VecFunc.RMSNORM: [801, 229], VecFunc.SOFTMAX: [814, 242]}
 
 
 # ---------------------------------------------------------------------- alignment
