@@ -28,7 +28,6 @@ import numpy as np
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.engines import engines_of
 from hw.isa import (
-    LANED_VEC_FUNCS,
     MOVE_SPAD,
     NO_EVENT,
     NUM_REGS,
@@ -57,6 +56,7 @@ from hw.isa import (
     gemm_extents,
     insert_imm,
     kv4_imm,
+    laned_vec_funcs,
     rope_imm,
     vec_out_words,
     vec_reads_b,
@@ -198,8 +198,9 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
     # words' too (hw.isa.vec_unaligned): the draws rounded down (the regions start on
     # beats), the same draws as with one lane.
     lanes = cfg.vector_lanes
-    mask = ~(lanes - 1) if func in (*LANED_VEC_FUNCS, VecFunc.INSERT, VecFunc.INSERT4) else -1
-    b_mask = ~(lanes - 1) if func in LANED_VEC_FUNCS else -1
+    laned = laned_vec_funcs(cfg)
+    mask = ~(lanes - 1) if func in (*laned, VecFunc.INSERT, VecFunc.INSERT4) else -1
+    b_mask = ~(lanes - 1) if func in laned else -1
     return Vec(func=func, length=length, imm=imm,
                a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)) & mask,
                b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)) & b_mask

@@ -131,12 +131,12 @@ from hw.isa import (
     DEQUANT_FOLD_BIT,
     INSERT_FIELDS,
     KV4_GROUP_BITS,
-    LANED_VEC_FUNCS,
     ROPE_HEAD_DIM_BITS,
     VecBody,
     VecFunc,
     insert_fields,
     insert_laned,
+    laned_vec_funcs,
     vec_out_words,
 )
 from hw.numerics import (
@@ -197,6 +197,18 @@ _LANE_UNITS = {
     "mul_fold": lambda: Mul(0, y_bits=FOLD_BITS),        # FOLD's products
     "exp": lambda: Exp(ACT_FRAC),                        # SOFTMAX's exponentials
     "scale16": lambda: Scale(ACT_FRAC),                  # SOFTMAX's probabilities
+}
+
+#: The SiLU-gate's element units but its last ``Mul(16)`` (``mul16``, MUL's): lane 0's are
+#: the engine's units of these names (``recip`` shared with the per-row reciprocals), and
+#: every lane beyond it has a copy, ``<name>_l<k>``, where the configuration's
+#: ``vector_laned_silu`` lanes SILU_GATE.
+_SILU_LANE_UNITS = {
+    "exp30": lambda: Exp(NORM_FRAC),
+    "recip": Recip,
+    "scale60": lambda: Scale(2 * NORM_FRAC),
+    "mul_es": lambda: Mul(NORM_FRAC),
+    "mul_gs": lambda: Mul(NORM_FRAC),
 }
 
 
@@ -298,6 +310,9 @@ class VectorEngine(wiring.Component):
             for k in range(1, n):
                 for name, make in _LANE_UNITS.items():
                     self._units[f"{name}_l{k}"] = make()
+                if cfg.vector_laned_silu:
+                    for name, make in _SILU_LANE_UNITS.items():
+                        self._units[f"{name}_l{k}"] = make()
         vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
         vout = cfg.vout_spad_bytes // cfg.vout_word_bytes
         super().__init__({
@@ -380,7 +395,7 @@ class VectorEngine(wiring.Component):
                          at_end.eq(amax_first | (body.length == 1)),
                          len_one.eq(body.length == 1)]
             if n > 1:
-                wide_now = (Cat(body.func == f for f in LANED_VEC_FUNCS).any()
+                wide_now = (Cat(body.func == f for f in laned_vec_funcs(self._cfg)).any()
                             | insert_laned(body.func.as_value(), body.imm, n))
                 groups = Mux(wide_now, (body.length + (n - 1)) >> lg, body.length)
                 m.d.sync += [wide.eq(wide_now), inc.eq(Mux(wide_now, n, 1)),
@@ -488,8 +503,9 @@ class VectorEngine(wiring.Component):
             inrows = [_delay(m, idx < imm, rl, "inrow")]
         else:
             in_tail = Mux(at_end, tail, Const((1 << n) - 1, n))
+            # (operand bits: used only beside `valid`, not reset)
             ins_row = _delay(m, Cat(((Cat(Const(k, lg), idx) < imm) & in_tail[k])
-                                    for k in range(n)), rl, "inrow")
+                                    for k in range(n)), rl, "inrow", data=True)
             inrows = [ins_row[k] for k in range(n)]
         # With lanes, an element read alone is the lane of its address in the group read
         # (selected as the scratchpad selects a group in its row: by address bits registered
@@ -776,7 +792,8 @@ class VectorEngine(wiring.Component):
         for k, (ex, s16) in enumerate(zip([u["exp"], *lanes("exp")],
                                           [u["scale16"], *lanes("scale16")], strict=True)):
             feed(ex, (p2 | p3) & sm, a=Mux(inrows[k], xs[k], top), b=top)
-            e_in = _delay(m, inrows[k], exp_lat, "e_in" if k == 0 else f"e_in_l{k}_")
+            e_in = _delay(m, inrows[k], exp_lat, "e_in" if k == 0 else f"e_in_l{k}_",
+                          data=k > 0)
             es.append(Mux(e_in, ex.o.payload.y, 0))
             feed(s16, u["exp"].o.valid & (phase == 2), x=es[-1], r=r, sh=sh)
         feed(u["sum"], u["exp"].o.valid & (phase == 1), x=es[0] if n == 1 else es,
@@ -794,28 +811,45 @@ class VectorEngine(wiring.Component):
         y_last = _delay(m, n_last, lat["mul"], "y_last")
 
         # -- MUL; SILU_GATE: every unit's operands carried beside it (the units never stall)
-        feed(u["exp30"], valid & silu, a=Mux(x[-1], x, 0), b=Mux(x[-1], 0, x))
+        # (n lanes, vector_laned_silu: lane k's chain of copies, its own Recip; lane 0's
+        # Recip is the per-row reciprocals' too)
+        silu_lanes = n if self._cfg.vector_laned_silu else 1
         at_recip = lat["exp30"]
         at_scale = at_recip + lat["recip"]
         at_mul_es = at_scale + lat["scale60"]
         at_mul_gs = at_mul_es + lat["mul_es"]
         at_mul_u = at_mul_gs + lat["mul_gs"]
-        e_es = _delay(m, e30, lat["recip"] + lat["scale60"], "silu_e", data=True)
-        g_gs = _delay(m, x, at_mul_gs, "silu_g", data=True)
-        u_mu = _delay(m, b, at_mul_u, "silu_u", data=True)
         s_last = _delay(m, last & silu, at_mul_u + lat["mul16"], "silu_last")
-        feed(u["scale60"], u["recip"].o.valid & silu, x=1, r=u["recip"].o.payload.r,
-             sh=u["recip"].o.payload.sh)
-        sig_pos = u["scale60"].o.payload.y
-        feed(u["mul_es"], u["scale60"].o.valid, a=e_es, b=sig_pos)
-        sig = Mux(g_gs[-1], u["mul_es"].o.payload.y,
-                  _delay(m, sig_pos, lat["mul_es"], "silu_s", data=True))
-        feed(u["mul_gs"], u["mul_es"].o.valid, a=g_gs, b=sig)
         mul = is_[VecFunc.MUL]   # Mul(16): MUL's row, or the SiLU-gate's last step
-        feed(u["mul16"], (valid & mul) | u["mul_gs"].o.valid,
-             a=Mux(mul, x, u["mul_gs"].o.payload.y), b=Mux(mul, b, u_mu))
-        for k, unit in enumerate(lanes("mul16"), 1):
-            feed(unit, valid & mul, a=xs[k], b=bs[k])
+        for k in range(n):
+            def unit(name, k=k):
+                return u[name] if k == 0 else u[f"{name}_l{k}"]
+            sfx = "" if k == 0 else f"_l{k}_"
+            gates = []   # (valid, a, b) of the SiLU-gate's Mul(16) of this lane
+            if k < silu_lanes:
+                ex30, rc = unit("exp30"), unit("recip")
+                feed(ex30, valid & silu, a=Mux(xs[k][-1], xs[k], 0),
+                     b=Mux(xs[k][-1], 0, xs[k]))
+                e30k = ex30.o.payload.y
+                if k > 0:   # lane 0's Recip is fed above, with the per-row reciprocals
+                    feed(rc, ex30.o.valid, x=(1 << NORM_FRAC) + e30k)
+                e_es = _delay(m, e30k, lat["recip"] + lat["scale60"], f"silu_e{sfx}", data=True)
+                g_gs = _delay(m, xs[k], at_mul_gs, f"silu_g{sfx}", data=True)
+                u_mu = _delay(m, bs[k], at_mul_u, f"silu_u{sfx}", data=True)
+                s60, mes, mgs = unit("scale60"), unit("mul_es"), unit("mul_gs")
+                feed(s60, rc.o.valid & silu, x=1, r=rc.o.payload.r, sh=rc.o.payload.sh)
+                sig_pos = s60.o.payload.y
+                feed(mes, s60.o.valid, a=e_es, b=sig_pos)
+                sig = Mux(g_gs[-1], mes.o.payload.y,
+                          _delay(m, sig_pos, lat["mul_es"], f"silu_s{sfx}", data=True))
+                feed(mgs, mes.o.valid, a=g_gs, b=sig)
+                gates = [(mgs.o.valid, mgs.o.payload.y, u_mu)]
+            if gates:
+                g_valid, g_a, g_b = gates[0]
+                feed(unit("mul16"), (valid & mul) | g_valid, a=Mux(mul, xs[k], g_a),
+                     b=Mux(mul, bs[k], g_b))
+            else:
+                feed(unit("mul16"), valid & mul, a=xs[k], b=bs[k])
         mul_last = _delay(m, last & is_[VecFunc.MUL], lat["mul16"], "mul_last")
 
         # -- ROPE: x[k], x[k + d/2] registered as they arrive; element k enters Rope with the
@@ -852,7 +886,8 @@ class VectorEngine(wiring.Component):
             # (n lanes: a laned sub-op's writes step by their words, n or a cycle's codes'; a
             # sub-op streaming one element a cycle writes one)
             one = 1 if n == 1 else Mux(
-                Cat(body.func == f for f in LANED_VEC_FUNCS if f not in _CODE_FUNCS).any()
+                Cat(body.func == f for f in laned_vec_funcs(self._cfg)
+                    if f not in _CODE_FUNCS).any()
                 | insert_laned(body.func.as_value(), body.imm, n), n,
                 Mux(Cat(body.func == f for f in _CODE_FUNCS).any(),
                     max(1, n // VECTOR_WORD_BYTES), 1))
@@ -986,6 +1021,8 @@ class VectorEngine(wiring.Component):
 
         if n == 1:
             mul16 = [(u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last)]
+        elif self._cfg.vector_laned_silu:   # MUL's or SILU_GATE's lanes
+            mul16 = [(u["mul16"].o.valid, ys("mul16"), mul_last | s_last)]
         else:   # MUL's lanes, or SILU_GATE's one element
             mul16 = [(u["mul16"].o.valid & wide, ys("mul16"), mul_last),
                      (u["mul16"].o.valid & ~wide, u["mul16"].o.payload.y, s_last)]

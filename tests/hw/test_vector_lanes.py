@@ -25,6 +25,7 @@ from hw.isa import (
     insert_imm,
     insert_laned,
     kv4_imm,
+    laned_vec_funcs,
     program_words,
     rope_imm,
     vec_lanes,
@@ -103,6 +104,35 @@ def test_rtl_engine_builds_lanes(lanes):
     assert ("absmax_kv" in units) == (lanes > 1)   # KV4's one-lane AbsMax (no lane tree)
 
 
+def test_laned_silu_is_a_validated_field():
+    """``vector_laned_silu`` (SILU_GATE laned: its chain a lane) is a bool, only with lanes,
+    off in the vector preset (the ECP5-85F's multipliers), left out of the JSON when off (the
+    fingerprints stay) and in it when on."""
+    assert not preset("vector").vector_laned_silu
+    assert "vector_laned_silu" not in preset("vector").to_dict()
+    on = _cfg(4).replace(vector_laned_silu=True)
+    assert on.to_dict()["vector_laned_silu"] is True
+    assert AcceleratorConfig.from_json(on.to_json()) == on
+    assert on.fingerprint != _cfg(4).fingerprint
+    with pytest.raises(ConfigError, match="vector_laned_silu needs vector_lanes > 1"):
+        VCFG.replace(vector_laned_silu=True)
+    with pytest.raises(ConfigError, match="vector_laned_silu must be a bool, got 1"):
+        _cfg(2).replace(vector_laned_silu=1)
+    assert laned_vec_funcs(_cfg(2)) == LANED_VEC_FUNCS
+    assert laned_vec_funcs(on) == (*LANED_VEC_FUNCS, VecFunc.SILU_GATE)
+
+
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_rtl_engine_builds_silu_lanes(lanes):
+    """With ``vector_laned_silu`` every lane has the SiLU-gate's chain (its own Recip beside
+    lane 0's shared one); without, only lane 0 has it."""
+    for silu in (False, True):
+        units = VectorEngine(_cfg(lanes).replace(vector_laned_silu=silu))._units
+        for name in ("exp30", "recip", "scale60", "mul_es", "mul_gs"):
+            count = sum(k == name or k.startswith(f"{name}_l") for k in units)
+            assert count == (lanes if silu else 1), (name, silu)
+
+
 # ---------------------------------------------------------------------- the lane table
 def _laned(func: VecFunc, imm: int, lanes: int) -> bool:
     return func in LANED_VEC_FUNCS or bool(insert_laned(func.value, imm, lanes))
@@ -178,6 +208,12 @@ def test_laned_cycles(lanes):
             else:
                 want = _one_lane(func, length, imm)
             assert got == want, (func, length, lanes)
+    # SILU_GATE with its chain a lane (vector_laned_silu): no reduction, its one-lane cycles
+    # of ceil(L / lanes) elements
+    silu = cfg.replace(vector_laned_silu=True) if lanes > 1 else cfg
+    for length in [1, 2, 3, 5, 8, 9, 688, 1536]:
+        v = Vec(func=VecFunc.SILU_GATE, length=length)
+        assert timing.vec_cycles(v, silu) == _one_lane(VecFunc.SILU_GATE, -(-length // lanes), 0)
 
 
 @pytest.mark.parametrize("lanes", LANES)
@@ -191,8 +227,9 @@ def test_laned_cycles_fields(lanes):
         length = int(rng.integers(1, 2048))
         vecs.append(Vec(func=func, length=length, imm=_imm(func, length)))
     f = decode_fields(program_words(vecs))
-    assert timing.vec_cycles_fields(f, cfg).tolist() == [timing.vec_cycles(v, cfg)
-                                                          for v in vecs]
+    for c in (cfg, cfg.replace(vector_laned_silu=True)) if lanes > 1 else (cfg,):
+        assert timing.vec_cycles_fields(f, c).tolist() == [timing.vec_cycles(v, c)
+                                                            for v in vecs]
 
 
 def test_four_lanes_hot_functions():
@@ -205,13 +242,14 @@ def test_four_lanes_hot_functions():
 
 
 # ---------------------------------------------------------------------- alignment
-@pytest.mark.parametrize("lanes", LANES)
-def test_alignment_rule(lanes):
+@pytest.mark.parametrize(("lanes", "silu"), [(1, False), (2, False), (4, False), (4, True)])
+def test_alignment_rule(lanes, silu):
     """A laned VEC's rows (a_addr, b_addr where it reads one, dst_addr) start on a multiple of
-    the lanes, else BAD_ADDRESS; other sub-ops and one lane never fail it. dispatch_error,
-    dispatch_errors and check agree, and check names the addresses."""
-    rng = np.random.default_rng(20 + lanes)
-    cfg = _cfg(lanes)
+    the lanes, else BAD_ADDRESS (SILU_GATE's with ``vector_laned_silu``); other sub-ops and
+    one lane never fail it. dispatch_error, dispatch_errors and check agree, and check names
+    the addresses."""
+    rng = np.random.default_rng(20 + lanes + silu)
+    cfg = _cfg(lanes).replace(vector_laned_silu=silu)
     vecs, want = [], []
     for _ in range(400):
         func = VecFunc(int(rng.choice([f.value for f in VecFunc if f != VecFunc.ROPE])))
@@ -219,10 +257,10 @@ def test_alignment_rule(lanes):
         a, b, d = (int(x) for x in rng.integers(0, 512, 3))
         v = Vec(func=func, length=length, imm=_imm(func, length), a_addr=a,
                 b_addr=b if vec_reads_b(func.value) else int(rng.integers(0, 512)), dst_addr=d)
-        n = lanes if func in LANED_VEC_FUNCS else 1
+        n = lanes if func in laned_vec_funcs(cfg) else 1
         rows = lanes if func in (VecFunc.INSERT, VecFunc.INSERT4) else n  # its codes: any
         bad = bool(a % rows or d % rows or (vec_reads_b(func.value) and v.b_addr % n))
-        assert bool(vec_unaligned(func.value, a, v.b_addr, d, lanes)) == bad
+        assert bool(vec_unaligned(func.value, a, v.b_addr, d, lanes, silu)) == bad
         vecs.append(v)
         want.append(ErrorCode.BAD_ADDRESS if bad else ErrorCode.NONE)
     got = [dispatch_error(v, cfg) for v in vecs]
@@ -240,18 +278,18 @@ def test_alignment_rule(lanes):
 # ---------------------------------------------------------------------- the fast model
 @pytest.mark.parametrize("seed", range(4))
 def test_random_programs_results_independent_of_lanes(seed):
-    """Random vector programs (rows drawn aligned, lengths any) on 1, 2 and 4 lanes: each runs
-    without error, every VEC takes its ``vec_cycles`` on that configuration, and the DRAM they
-    leave is the same bit for bit (the lanes change when, never what)."""
+    """Random vector programs (rows drawn aligned, lengths any) on 1, 2 and 4 lanes, and 4
+    with SILU_GATE laned: each runs without error, every VEC takes its ``vec_cycles`` on that
+    configuration, and the DRAM they leave is the same bit for bit (the lanes change when,
+    never what)."""
     base = EQUIVALENCE_CONFIGS["4x4"]
     rng = np.random.default_rng(seed)
-    rp = random_program(base.replace(vector_lanes=4), rng, chains=int(rng.integers(1, 3)),
-                        tasks=3, vector=0.9)
+    widest = base.replace(vector_lanes=4, vector_laned_silu=True)
+    rp = random_program(widest, rng, chains=int(rng.integers(1, 3)), tasks=3, vector=0.9)
     results = []
-    for lanes in LANES:
-        cfg = base.replace(vector_lanes=lanes)
+    for cfg in [*(base.replace(vector_lanes=lanes) for lanes in LANES), widest]:
         res = FastModel(cfg).run(rp.program, rp.dram, trace=True, regs=rp.regs)
-        assert res.ok, (lanes, res.error, res.detail)
+        assert res.ok, (cfg.vector_lanes, res.error, res.detail)
         for t in res.trace:
             ins = rp.program[t.index]
             if isinstance(ins, Vec):
