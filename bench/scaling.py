@@ -123,17 +123,20 @@ def vector_spads(hidden: int, intermediate: int, vocab: int) -> dict[str, int]:
 
 def with_vector(cfg: AcceleratorConfig, wide: bool = False) -> AcceleratorConfig:
     """``cfg`` with a vector engine for LLaMA-7B (:func:`vector_spads`); ``wide``: of
-    :attr:`~hw.config.AcceleratorConfig.vector_lanes_max` lanes, a beat's int32 elements, so
-    that the laned sub-ops (:data:`hw.isa.LANED_VEC_FUNCS`) take a row as fast as a LOAD
-    brings it (one lane, the default, takes a 16-byte beat's four elements in four cycles,
-    a 2048-byte beat's 512 in 512).
+    :attr:`~hw.config.AcceleratorConfig.vector_lanes_max` lanes, a beat's int32 elements,
+    SILU_GATE among them (:attr:`~hw.config.AcceleratorConfig.vector_laned_silu`), so that
+    the laned sub-ops (:func:`hw.isa.laned_vec_funcs`) take a row as fast as a LOAD brings
+    it (one lane, the default, takes a 16-byte beat's four elements in four cycles, a
+    2048-byte beat's 512 in 512).
 
     >>> with_vector(scaled_config(16, 64, 128, 200.0), wide=True).vector_lanes
     32
     """
     c = LLAMA7B
     cfg = cfg.replace(**vector_spads(c["hidden"], c["intermediate"], c["vocab"]))
-    return cfg.replace(vector_lanes=cfg.vector_lanes_max) if wide else cfg
+    if not wide or cfg.vector_lanes_max == 1:
+        return cfg
+    return cfg.replace(vector_lanes=cfg.vector_lanes_max, vector_laned_silu=True)
 
 
 #: (label, accelerator) of ``--config vector``: :data:`SYSTEMS`' memories with the vector

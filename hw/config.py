@@ -556,8 +556,9 @@ class AcceleratorConfig:
 #: synthesised beside the default 4x8 array (int32 elements: 4096 in VIN, 2048 in VOUT).
 VECTOR_PRESET_SPADS = {"vin_spad_bytes": 16384, "vout_spad_bytes": 8192}
 #: The ``"vector"`` configuration's :attr:`AcceleratorConfig.vector_lanes`: the most that fit
-#: the ECP5-85F's 156 multipliers beside the 4x8 array's 67 (the engine takes 65 with one
-#: lane, 82 with two, 116 with four; docs/synthesis.md, "Lanes").
+#: the ECP5-85F's 156 multipliers beside the 4x8 array's 67 (the engine takes 56 with one
+#: lane, 79 with two, 99 with two and :attr:`AcceleratorConfig.vector_laned_silu`, which the
+#: preset therefore leaves off; docs/architecture.md, *Lanes*).
 VECTOR_PRESET_LANES = 2
 
 #: Named configurations (``sw.deploy --config NAME``): each a function of no arguments.

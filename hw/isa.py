@@ -48,7 +48,7 @@ __all__ = [
     "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
     "vec_out_words", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT", "dequant_imm",
     "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS",
-    "laned_vec_funcs", "vec_lanes",
+    "laned_vec_funcs", "vec_lanes", "rope_laned",
     "insert_laned", "vec_unaligned", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
     "insert_fields", "insert_geometry", "insert_bad", "KV4_GROUP_BITS", "kv4_imm", "kv4_group",
@@ -510,7 +510,20 @@ def vec_lanes(func, lanes: int, imm, silu: bool = False):
     (:attr:`hw.config.AcceleratorConfig.vector_lanes`; ``silu`` its ``vector_laned_silu``):
     ``lanes`` for a sub-op of :func:`laned_vec_funcs` and an INSERT or INSERT4 of
     :func:`insert_laned`, 1 for the others; ints, arrays or Amaranth values."""
-    return 1 + (lanes - 1) * (_vec_laned(func, silu) | insert_laned(func, imm, lanes))
+    return 1 + (lanes - 1) * (_vec_laned(func, silu) | insert_laned(func, imm, lanes)
+                              | rope_laned(func, imm, lanes))
+
+
+def rope_laned(func, imm, lanes: int):
+    """A ROPE that streams ``lanes`` elements a cycle (:func:`vec_lanes`): one whose half
+    head ``head_dim / 2`` (:func:`rope_geometry`) is a multiple of ``lanes``, so that a
+    group of ``lanes`` pairs ``k .. k + lanes - 1`` lies in two aligned groups of the row
+    (``x[k ..]`` and ``x[k + d/2 ..]``) and one of the table. Never with one lane; ints,
+    arrays or Amaranth values."""
+    if lanes == 1:
+        return func != func   # false, of func's kind
+    half = rope_geometry(imm)[0] >> 1
+    return (func == VecFunc.ROPE.value) & (half != 0) & ((half & (lanes - 1)) == 0)
 
 
 def _vec_laned(func, silu: bool = False):
@@ -550,11 +563,14 @@ def vec_unaligned(func, a_addr, b_addr, dst_addr, lanes: int, silu: bool = False
     start on a multiple of its lanes: the engine reads and writes ``lanes`` elements of one
     scratchpad row a cycle. An INSERT's rows are aligned whatever its ``imm`` (so that the
     rule reads no ``imm``, which a run-time register moves); it reads its code words one at
-    a time. Always false with one lane; ints, arrays or Amaranth values."""
+    a time. A ROPE's row, its table (``b_addr``) and its results are held to the lanes
+    whatever its ``imm`` too (:func:`rope_laned` reads the head from it). Always false with
+    one lane; ints, arrays or Amaranth values."""
     mask = lanes - 1
     laned = _vec_laned(func, silu)
-    return (((laned | _is_insert_func(func)) & (((a_addr | dst_addr) & mask) != 0))
-            | (laned & vec_reads_b(func) & ((b_addr & mask) != 0)))
+    rope = func == VecFunc.ROPE.value
+    return (((laned | _is_insert_func(func) | rope) & (((a_addr | dst_addr) & mask) != 0))
+            | (((laned & vec_reads_b(func)) | rope) & ((b_addr & mask) != 0)))
 
 
 def vec_reads_amax(func):

@@ -92,15 +92,20 @@ of :mod:`hw.vector`'s docstring.)
 Lanes
     With ``n = cfg.vector_lanes > 1`` the VIN ports read, and the VOUT port writes, an aligned
     group of ``n`` elements (:class:`hw.spad.Scratchpad`'s ``core_lanes``; an enable per
-    element on the write). A sub-op of :data:`hw.isa.LANED_VEC_FUNCS` (its rows aligned to
+    element on the write). A sub-op of :func:`hw.isa.laned_vec_funcs` (its rows aligned to
     ``n``: :func:`hw.isa.vec_unaligned`, a dispatch rule) reads a group a cycle per pass,
     ``ceil(L / n)`` reads; lane 0 goes to the units above and lane ``k`` to copies of ADD's,
-    MUL's, RMSNORM's pass-3, DEQUANT's, FOLD's and the codes' element units, side by side
-    (``<name>_l<k>``); lanes past the row's end read as 0. The reductions over a laned row,
-    ``AbsMax`` (REQUANT, RMSNORM, FOLD) and ``SumSq`` (RMSNORM), take a cycle's ``n`` values
-    through a tree of ``log2 n`` registered levels (:func:`hw.timing.vec_lane_tree`) into
-    their running reduction; KV4 keeps a one-lane ``AbsMax`` of its own. ``Recip``,
-    ``Rsqrt`` and the per-row scalars are single. The results are written ``n`` a cycle (the
+    MUL's, RMSNORM's pass-3, DEQUANT's, FOLD's, SOFTMAX's (``Exp(16)``, ``Scale(16)``) and
+    the codes' element units, side by side (``<name>_l<k>``), and with the configuration's
+    ``vector_laned_silu`` to a copy of the SiLU-gate's chain (``Exp(30)``, a ``Recip`` of its
+    own, ``Scale(60)``, the two ``Mul(30)``; lane 0's ``Recip`` is the per-row scalars'
+    too); lanes past the row's end read as 0, and SOFTMAX masks them as positions past
+    ``imm`` (``-ACT_MAX`` into ``Max``, exponential 0). The reductions over a laned row,
+    ``AbsMax`` (REQUANT, RMSNORM, FOLD), ``SumSq`` (RMSNORM), ``Max`` and ``Sum`` (SOFTMAX),
+    take a cycle's ``n`` values through a tree of ``log2 n`` registered levels
+    (:func:`hw.timing.vec_lane_tree`) into their running reduction; KV4 keeps a one-lane
+    ``AbsMax`` of its own. ``Recip`` (but the SiLU-gate's lane copies), ``Rsqrt`` and the
+    per-row scalars are single. The results are written ``n`` a cycle (the
     last group's lanes past the row's end kept), REQUANT's and FOLD's ``n`` codes a cycle
     packed as one lane's (``n < 4``: a word every ``4 / n`` cycles; else ``n / 4`` words a
     cycle). An INSERT or INSERT4 whose codes lie ``n`` words apart or more
@@ -137,6 +142,7 @@ from hw.isa import (
     insert_fields,
     insert_laned,
     laned_vec_funcs,
+    rope_laned,
     vec_out_words,
 )
 from hw.numerics import (
@@ -197,6 +203,7 @@ _LANE_UNITS = {
     "mul_fold": lambda: Mul(0, y_bits=FOLD_BITS),        # FOLD's products
     "exp": lambda: Exp(ACT_FRAC),                        # SOFTMAX's exponentials
     "scale16": lambda: Scale(ACT_FRAC),                  # SOFTMAX's probabilities
+    "rope": Rope,                                        # ROPE's pairs (hw.isa.rope_laned)
 }
 
 #: The SiLU-gate's element units but its last ``Mul(16)`` (``mul16``, MUL's): lane 0's are
@@ -301,7 +308,6 @@ class VectorEngine(wiring.Component):
             "scale60": Scale(2 * NORM_FRAC),
             "mul_es": Mul(NORM_FRAC),
             "mul_gs": Mul(NORM_FRAC),
-            "rope": Rope(),
             "mul_code": Mul(0, b_bits=TABLE_RESULT_BITS + 1, y_bits=FOLD_BITS),  # KV4's codes
         }
         if n > 1:
@@ -377,6 +383,12 @@ class VectorEngine(wiring.Component):
         reads_m1 = Signal(VecBody["length"].width, reset_less=True)  # a pass's reads - 1
         tail = Signal(n, reset_less=True)   # the lanes of a laned row's last group
         m.d.comb += self.cmd.ready.eq(~active)
+        # the command's: laned (n > 1), and its pointers' step
+        wide_now = 0 if n == 1 else (
+            Cat(body.func == f for f in laned_vec_funcs(self._cfg)).any()
+            | insert_laned(body.func.as_value(), body.imm, n)
+            | rope_laned(body.func.as_value(), body.imm, n))
+        inc_now = 1 if n == 1 else Mux(wide_now, n, 1)
         with m.If(~active):
             # The payload is stable from the cycle after the pop (hw.engine): copied while idle.
             # DEQUANT first reads its amax word (imm) alone.
@@ -395,18 +407,18 @@ class VectorEngine(wiring.Component):
                          at_end.eq(amax_first | (body.length == 1)),
                          len_one.eq(body.length == 1)]
             if n > 1:
-                wide_now = (Cat(body.func == f for f in laned_vec_funcs(self._cfg)).any()
-                            | insert_laned(body.func.as_value(), body.imm, n))
                 groups = Mux(wide_now, (body.length + (n - 1)) >> lg, body.length)
-                m.d.sync += [wide.eq(wide_now), inc.eq(Mux(wide_now, n, 1)),
+                m.d.sync += [wide.eq(wide_now), inc.eq(inc_now),
                              reads_m1.eq(groups - 1),
                              left.eq(Mux(amax_first, 0, groups - 1)),
                              at_end.eq(amax_first | (groups == 1)),
                              len_one.eq(groups == 1),
                              tail.eq(Cat((body.length - 1)[:lg] >= j for j in range(n)))]
+            # (a laned ROPE's pairs come `inc` = n at a time: k steps by n)
             body_half = body.imm[1:ROPE_HEAD_DIM_BITS]
-            m.d.sync += [half_m1.eq(body_half - 1), half_p1.eq(body_half + 1),
-                         half_m2.eq(body_half - 2), one_m_half.eq(1 - body_half)]
+            m.d.sync += [half_m1.eq(body_half - inc_now), half_p1.eq(body_half + inc_now),
+                         half_m2.eq(body_half - 2 * inc_now),
+                         one_m_half.eq(inc_now - body_half)]
             with m.If(self.cmd.valid):
                 m.d.sync += [active.eq(1), issuing.eq(1)]
 
@@ -429,7 +441,7 @@ class VectorEngine(wiring.Component):
                     m.d.sync += [a_ptr.eq(a_ptr + half_p1), b_ptr.eq(b_ptr + half_p1),
                                  t_ptr.eq(b_base), rk.eq(0)]
                 with m.Else():
-                    m.d.sync += [t_ptr.eq(t_ptr + 1), rk.eq(rk + 1)]
+                    m.d.sync += [t_ptr.eq(t_ptr + step_rd), rk.eq(rk + step_rd)]
             with m.If(at_end):
                 m.d.sync += issuing.eq(0)
         # A per-row scalar is ready: the next pass reads from the next cycle. The decision is
@@ -855,33 +867,39 @@ class VectorEngine(wiring.Component):
         # -- ROPE: x[k], x[k + d/2] registered as they arrive; element k enters Rope with the
         # table word, element k + d/2 the cycle after
         was_tab = _delay(m, tab, rl, "was_tab")
-        xl = Signal(signed(ACT_BITS), reset_less=True)
-        xu = Signal(signed(ACT_BITS), reset_less=True)
-        cs = Signal(2 * ROPE_HALF_BITS, reset_less=True)
         lower = valid & is_rope & was_tab
         upper = Signal()
         up_last = Signal()
         m.d.sync += [upper.eq(lower), up_last.eq(lower & last)]
-        with m.If(valid & is_rope & ~was_tab):
-            m.d.sync += [xl.eq(x), xu.eq(b)]
-        with m.If(lower):
-            m.d.sync += cs.eq(rd_a)
-        word_cs = Mux(upper, cs, rd_a[:2 * ROPE_HALF_BITS])
-        feed(u["rope"], lower | upper, x=Mux(upper, xu, xl), rot=Mux(upper, xl, -xu),
-             cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
+        # (n lanes, a laned ROPE: lane k of each read is pair k's, each lane through its Rope;
+        # lane 0's is the one-lane ROPE's, whose elements the reads select)
+        for k, rope_k in enumerate([u["rope"], *lanes("rope")]):
+            sfx = "" if k == 0 else f"_l{k}"
+            xl = Signal(signed(ACT_BITS), name=f"rope_xl{sfx}", reset_less=True)
+            xu = Signal(signed(ACT_BITS), name=f"rope_xu{sfx}", reset_less=True)
+            cs = Signal(2 * ROPE_HALF_BITS, name=f"rope_cs{sfx}", reset_less=True)
+            with m.If(valid & is_rope & ~was_tab):
+                m.d.sync += [xl.eq(xs[k]), xu.eq(bs[k])]
+            with m.If(lower):
+                m.d.sync += cs.eq(xs[k])
+            word_cs = Mux(upper, cs, xs[k][:2 * ROPE_HALF_BITS])
+            feed(rope_k, lower | upper, x=Mux(upper, xu, xl), rot=Mux(upper, xl, -xu),
+                 cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
         rope_last = _delay(m, up_last, lat["rope"], "rope_last")
         # Each result's VOUT position: lower k -> upper k (+ d/2) -> lower k + 1 (+ 1 - d/2),
-        # or the next head's first (+ 1) after its last pair.
+        # or the next head's first (+ 1) after its last pair (a laned ROPE: k steps by n,
+        # `inc`, and so do these).
         # `step` is the next write's increment of dst, from registers only: 1 but in ROPE.
         r_up = Signal()      # the next ROPE result is an upper element
         r_k = Signal(ROPE_HEAD_DIM_BITS, reset_less=True)   # loaded while idle, as above
-        r_last = Signal()    # r_k == head_dim / 2 - 1
+        r_last = Signal()    # r_k == head_dim / 2 - inc
         step = Signal(len(dst), init=1, reset_less=True)
         with m.If(u["rope"].o.valid):
             r_last_next = Mux(r_up, Mux(r_last, half_m1 == 0, r_k == half_m2), r_last)
-            m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_last, 0, r_k + 1), r_k)),
+            inc_r = 1 if n == 1 else inc
+            m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_last, 0, r_k + inc_r), r_k)),
                          r_last.eq(r_last_next),
-                         step.eq(Mux(r_up, half, Mux(r_last, 1, one_m_half)))]
+                         step.eq(Mux(r_up, half, Mux(r_last, inc_r, one_m_half)))]
         with m.If(~active):
             # (n lanes: a laned sub-op's writes step by their words, n or a cycle's codes'; a
             # sub-op streaming one element a cycle writes one)
@@ -892,7 +910,7 @@ class VectorEngine(wiring.Component):
                 Mux(Cat(body.func == f for f in _CODE_FUNCS).any(),
                     max(1, n // VECTOR_WORD_BYTES), 1))
             m.d.sync += [r_up.eq(0), r_k.eq(0),
-                         r_last.eq(body.imm[1:ROPE_HEAD_DIM_BITS] == 1),
+                         r_last.eq(body.imm[1:ROPE_HEAD_DIM_BITS] == inc_now),
                          step.eq(Mux(body.func == VecFunc.ROPE, body.imm[1:ROPE_HEAD_DIM_BITS],
                                      one))]
         # -- DEQUANT: the amax word (pass 1, one element) gives the row's scalars; pass 2
@@ -1035,7 +1053,9 @@ class VectorEngine(wiring.Component):
             (u["scale16"].o.valid, ys("scale16"), p_last),   # 0 where masked
             (u["mul"].o.valid, ys("mul"), y_last),
             *mul16,
-            (u["rope"].o.valid, u["rope"].o.payload.y, rope_last),
+            *([(u["rope"].o.valid, u["rope"].o.payload.y, rope_last)] if n == 1 else
+              [(u["rope"].o.valid & wide, ys("rope"), rope_last),     # a laned ROPE's
+               (u["rope"].o.valid & ~wide, u["rope"].o.payload.y, rope_last)]),
             (u["scale31"].o.valid, ys("scale31"), dq_last),
             *([(ins_v, ins_y[0], ins_last)] if n == 1 else   # laned INSERT, or one word
               [(ins_v & wide, ins_y, ins_last), (ins_v & ~wide, ins_y[0], ins_last)]),

@@ -52,6 +52,7 @@ from hw.isa import (
     legal_words,
     program_words,
     rope_imm,
+    rope_laned,
     vec_out_words,
 )
 from hw.numerics import (
@@ -451,7 +452,7 @@ def _aligned(v: Vec, cfg: AcceleratorConfig) -> Vec:
     mask = ~(cfg.vector_lanes - 1)
     if v.func in (VecFunc.INSERT, VecFunc.INSERT4):   # its code words anywhere
         return dataclasses.replace(v, a_addr=v.a_addr & mask, dst_addr=v.dst_addr & mask)
-    if v.func not in laned_vec_funcs(cfg):
+    if v.func not in (*laned_vec_funcs(cfg), VecFunc.ROPE):   # ROPE: its table too
         return v
     return dataclasses.replace(v, a_addr=v.a_addr & mask, b_addr=v.b_addr & mask,
                                dst_addr=v.dst_addr & mask)
@@ -481,6 +482,9 @@ def test_a_laned_executor_matches_numerics_and_the_timing_contract(lanes, seed):
                   (VecFunc.SOFTMAX, 8, 3, 0), (VecFunc.SILU_GATE, 8, 5, 0),
                   (VecFunc.SILU_GATE, 0, 2, 0)])]
     vecs = edges + [_aligned(v, cfg) for v in _random_vecs(rng, 16)]
+    vecs += [_aligned(_random_rope(rng), cfg),   # laned (a half head of lanes) or not
+             Vec(func=VecFunc.ROPE, length=8 * lanes, imm=rope_imm(2 * lanes, 4), a_addr=0,
+                 b_addr=VIN - lanes, dst_addr=0)]
     laned = [v for v in vecs if v.func in laned_vec_funcs(cfg)]
     assert len(laned) >= len(edges) and any(v.length % lanes for v in laned)
     gaps = [int(rng.choice([0, 0, 1, 5])) for _ in vecs]
@@ -543,6 +547,13 @@ def test_every_laned_sub_op_on_lanes(lanes):
     vin = _random_vin(rng)
     vecs = []
     assert VecFunc.SILU_GATE in laned_vec_funcs(cfg)
+    for half in (lanes, 2 * lanes, 3 * lanes):   # ROPE: laned, a half head of lanes or more
+        for heads in (1, 2, 3):
+            if lanes * (heads - 1) + heads * 2 * half <= VOUT:
+                vecs.append(Vec(func=VecFunc.ROPE, length=heads * 2 * half,
+                                imm=rope_imm(2 * half, heads), a_addr=lanes * heads,
+                                b_addr=VIN - 4 * half, dst_addr=lanes * (heads - 1)))
+    assert all(rope_laned(v.func.value, v.imm, lanes) for v in vecs)
     for func in laned_vec_funcs(cfg):
         for length in [*range(1, 2 * lanes + 2), 48]:
             imm = {VecFunc.RMSNORM: norm_eps(1e-5, length),

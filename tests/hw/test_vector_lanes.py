@@ -27,7 +27,9 @@ from hw.isa import (
     kv4_imm,
     laned_vec_funcs,
     program_words,
+    rope_geometry,
     rope_imm,
+    rope_laned,
     vec_lanes,
     vec_reads_b,
     vec_unaligned,
@@ -97,9 +99,9 @@ def test_rtl_engine_builds_lanes(lanes):
     assert units["max"].latency == timing.VECTOR_LATENCY["max"] + tree       # SOFTMAX's
     assert units["sum"].latency == timing.VECTOR_LATENCY["sum"] + tree
     for name in ("add", "mul16", "requant", "mul_fold", "dequant_factor", "scale31", "exp",
-                 "scale16"):
+                 "scale16", "rope"):
         assert sum(k == name or k.startswith(f"{name}_l") for k in units) == lanes, name
-    for name in ("recip", "rsqrt", "exp30", "rope", "argmax"):
+    for name in ("recip", "rsqrt", "exp30", "argmax"):
         assert name in units and f"{name}_l1" not in units
     assert ("absmax_kv" in units) == (lanes > 1)   # KV4's one-lane AbsMax (no lane tree)
 
@@ -135,16 +137,19 @@ def test_rtl_engine_builds_silu_lanes(lanes):
 
 # ---------------------------------------------------------------------- the lane table
 def _laned(func: VecFunc, imm: int, lanes: int) -> bool:
-    return func in LANED_VEC_FUNCS or bool(insert_laned(func.value, imm, lanes))
+    return (func in LANED_VEC_FUNCS or bool(insert_laned(func.value, imm, lanes))
+            or bool(rope_laned(func.value, imm, lanes)))
 
 
 @pytest.mark.parametrize("lanes", LANES)
 def test_lane_table(lanes):
     """``vec_lanes`` is the lanes for the table's sub-ops and 1 for the others (an INSERT of
-    several codes a word apart: one), on ints and arrays alike."""
+    several codes a word apart: one; a ROPE of this ``imm``, heads of 2048 elements: laned),
+    on ints and arrays alike."""
     imm = insert_imm(0, 3, 1, 4)
+    assert rope_geometry(imm)[0] == 2048
     funcs = np.array([f.value for f in VecFunc])
-    want = [lanes if f in LANED_VEC_FUNCS else 1 for f in VecFunc]
+    want = [lanes if f in LANED_VEC_FUNCS or f == VecFunc.ROPE else 1 for f in VecFunc]
     assert [int(vec_lanes(f.value, lanes, imm)) for f in VecFunc] == want
     assert vec_lanes(funcs, lanes, np.full(funcs.shape, imm)).tolist() == want
 
@@ -182,6 +187,27 @@ def test_an_insert_is_laned_where_a_group_read_takes_one_code(geometry, limit):
         if 2 * stride < 256 and 2 * skip < 256:
             imm4 = insert_imm(base, group, groups, 1 if stride == 1 else 2 * stride, 2 * skip)
             assert bool(insert_laned(VecFunc.INSERT4.value, imm4, lanes)) == want
+
+
+@pytest.mark.parametrize(("head_dim", "limit"), [(2, 2), (4, 4), (6, 2), (64, 64),
+                                                 (128, 128), (96, 32), (0, 1)])
+def test_a_rope_is_laned_where_its_half_head_is_whole_groups(head_dim, limit):
+    """:func:`hw.isa.rope_laned`: a ROPE whose ``head_dim / 2`` is a multiple of the lanes
+    (below ``limit``, a power of two), never at one lane nor for another sub-op; ints, arrays
+    and ``vec_lanes`` agree."""
+    for lanes in (1, 2, 4, 8, 16, 32, 64, 128):
+        want = 1 < lanes < limit
+        imm = rope_imm(head_dim, 3)
+        assert bool(rope_laned(VecFunc.ROPE.value, imm, lanes)) == want, (head_dim, lanes)
+        assert int(vec_lanes(VecFunc.ROPE.value, lanes, imm)) == (lanes if want else 1)
+        arr = rope_laned(np.array([VecFunc.ROPE.value, VecFunc.ADD.value]),
+                         np.array([imm, imm]), lanes)
+        assert arr.tolist() == [want, False]
+        # its row, table and results aligned whatever its imm (the rule reads no imm)
+        for a, b, d in ((lanes, 0, 0), (0, lanes, 0), (0, 0, lanes), (1, 0, 0), (0, 1, 0),
+                        (0, 0, 1)):
+            assert bool(vec_unaligned(VecFunc.ROPE.value, a, b, d, lanes)) == (
+                lanes > 1 and 1 in (a, b, d)), (lanes, a, b, d)
 
 
 # ---------------------------------------------------------------------- timing
