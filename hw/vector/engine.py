@@ -96,10 +96,14 @@ Lanes
     ``n``: :func:`hw.isa.vec_unaligned`, a dispatch rule) reads a group a cycle per pass,
     ``ceil(L / n)`` reads; lane 0 goes to the units above and lane ``k`` to copies of ADD's,
     MUL's, RMSNORM's pass-3, DEQUANT's, FOLD's, SOFTMAX's (``Exp(16)``, ``Scale(16)``) and
-    the codes' element units, side by side (``<name>_l<k>``), and with the configuration's
-    ``vector_laned_silu`` to a copy of the SiLU-gate's chain (``Exp(30)``, a ``Recip`` of its
-    own, ``Scale(60)``, the two ``Mul(30)``; lane 0's ``Recip`` is the per-row scalars'
-    too); lanes past the row's end read as 0, and SOFTMAX masks them as positions past
+    the codes' element units, side by side (``<name>_l<k>``). A ROPE of
+    :func:`hw.isa.rope_laned` reads ``n`` pairs' lower and upper elements in one cycle and
+    their table words in the next, each lane through its ``Rope`` (``k``, the pointers and
+    the write positions step by ``n``; its rows are aligned whatever its ``imm``). With the
+    configuration's ``vector_laned_silu``, SILU_GATE's lane ``k`` goes to a copy of the
+    SiLU-gate's chain (``Exp(30)``, a ``Recip`` of its own, ``Scale(60)``, the two
+    ``Mul(30)``; lane 0's ``Recip`` is the per-row scalars' too). Lanes past a row's end
+    read as 0, and SOFTMAX masks them as positions past
     ``imm`` (``-ACT_MAX`` into ``Max``, exponential 0). The reductions over a laned row,
     ``AbsMax`` (REQUANT, RMSNORM, FOLD), ``SumSq`` (RMSNORM), ``Max`` and ``Sum`` (SOFTMAX),
     take a cycle's ``n`` values through a tree of ``log2 n`` registered levels
