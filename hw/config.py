@@ -557,7 +557,7 @@ class AcceleratorConfig:
 VECTOR_PRESET_SPADS = {"vin_spad_bytes": 16384, "vout_spad_bytes": 8192}
 #: The ``"vector"`` configuration's :attr:`AcceleratorConfig.vector_lanes`: the most that fit
 #: the ECP5-85F's 156 multipliers beside the 4x8 array's 67 (the engine takes 56 with one
-#: lane, 79 with two, 99 with two and :attr:`AcceleratorConfig.vector_laned_silu`, which the
+#: lane, 83 with two, 20 more with :attr:`AcceleratorConfig.vector_laned_silu`, which the
 #: preset therefore leaves off; docs/architecture.md, *Lanes*).
 VECTOR_PRESET_LANES = 2
 
