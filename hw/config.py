@@ -189,10 +189,10 @@ class AcceleratorConfig:
     vector_laned_silu:
         SILU_GATE streams :attr:`vector_lanes` elements a cycle too
         (:func:`hw.isa.laned_vec_funcs`): each lane past the first gets its own copy of the
-        SiLU-gate's chain (``Exp(30)``, ``Recip``, ``Scale(60)`` and two ``Mul(30)``, 18
-        multipliers a lane), more than the ECP5-85F has left beside the 4x8 array and two
-        lanes (docs/architecture.md, *Lanes*): the wide systems set it, the ``vector`` preset
-        does not. Needs ``vector_lanes > 1``; False (the default) is left out of
+        SiLU-gate's chain (``Exp(30)``, ``Recip``, ``Scale(60)`` and two ``Mul(30)``, 20
+        multipliers a lane in Yosys' count), more than the ECP5-85F has left beside the 4x8
+        array and two lanes (docs/architecture.md, *Lanes*): the wide systems set it, the
+        ``vector`` preset does not. Needs ``vector_lanes > 1``; False (the default) is left out of
         :meth:`to_dict`.
     queue_depth:
         Depth of each engine's instruction queue.
