@@ -186,6 +186,14 @@ class AcceleratorConfig:
         elements of a DMA beat (:attr:`vector_lanes_max`), above 1 only with a vector engine.
         At 1 (the default) it is left out of :meth:`to_dict`, so the configurations that
         stream one element a cycle keep their :attr:`fingerprint`.
+    vector_laned_silu:
+        SILU_GATE streams :attr:`vector_lanes` elements a cycle too
+        (:func:`hw.isa.laned_vec_funcs`): each lane past the first gets its own copy of the
+        SiLU-gate's chain (``Exp(30)``, ``Recip``, ``Scale(60)`` and two ``Mul(30)``, 20
+        multipliers a lane in Yosys' count), more than the ECP5-85F has left beside the 4x8
+        array and two lanes (docs/architecture.md, *Lanes*): the wide systems set it, the
+        ``vector`` preset does not. Needs ``vector_lanes > 1``; False (the default) is left out of
+        :meth:`to_dict`.
     queue_depth:
         Depth of each engine's instruction queue.
     num_events:
@@ -216,6 +224,7 @@ class AcceleratorConfig:
     vin_spad_bytes: int = 0
     vout_spad_bytes: int = 0
     vector_lanes: int = 1
+    vector_laned_silu: bool = False
     queue_depth: int = 4
     num_events: int = 16
     event_bits: int = 8
@@ -303,6 +312,10 @@ class AcceleratorConfig:
         need(self.vector_lanes == 1 or self.has_vector,
              f"vector_lanes={self.vector_lanes} needs a vector engine (vin_spad_bytes and "
              f"vout_spad_bytes positive)")
+        need(isinstance(self.vector_laned_silu, bool),
+             f"vector_laned_silu must be a bool, got {self.vector_laned_silu!r}")
+        need(not self.vector_laned_silu or self.vector_lanes > 1,
+             f"vector_laned_silu needs vector_lanes > 1, got vector_lanes={self.vector_lanes}")
         need(self.param_spad_bytes // self.beat_bytes <= 1 << 8,
              f"param_spad_bytes={self.param_spad_bytes} exceeds the ISA's 256-beat param range")
         need(isinstance(self.queue_depth, int) and 1 <= self.queue_depth <= 64,
@@ -455,6 +468,8 @@ class AcceleratorConfig:
                 del d[name]
         if d["vector_lanes"] == 1:  # one element a cycle: absent, as before the field
             del d["vector_lanes"]
+        if not d["vector_laned_silu"]:  # absent, as before the field
+            del d["vector_laned_silu"]
         return d
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -541,8 +556,9 @@ class AcceleratorConfig:
 #: synthesised beside the default 4x8 array (int32 elements: 4096 in VIN, 2048 in VOUT).
 VECTOR_PRESET_SPADS = {"vin_spad_bytes": 16384, "vout_spad_bytes": 8192}
 #: The ``"vector"`` configuration's :attr:`AcceleratorConfig.vector_lanes`: the most that fit
-#: the ECP5-85F's 156 multipliers beside the 4x8 array's 67 (the engine takes 65 with one
-#: lane, 82 with two, 116 with four; docs/synthesis.md, "Lanes").
+#: the ECP5-85F's 156 multipliers beside the 4x8 array's 67 (the engine takes 56 with one
+#: lane, 83 with two, 20 more with :attr:`AcceleratorConfig.vector_laned_silu`, which the
+#: preset therefore leaves off; docs/architecture.md, *Lanes*).
 VECTOR_PRESET_LANES = 2
 
 #: Named configurations (``sw.deploy --config NAME``): each a function of no arguments.

@@ -254,7 +254,8 @@ class FetchUnit(wiring.Component):
                                  | (v.b_addr + head_dim[1:] > lim.vin_elems)),
                       vec_reads_amax(func) & (dequant_amax_addr(v.imm) >= lim.vin_elems),
                       insert_bad(func, v.imm) & ~relative, kv4_bad(func, length, v.imm),
-                      vec_unaligned(func, v.a_addr, v.b_addr, v.dst_addr, lim.vec_lanes))
+                      vec_unaligned(func, v.a_addr, v.b_addr, v.dst_addr, lim.vec_lanes,
+                                    lim.vec_silu))
         rope_row = heads[:_ROPE_HEADS_BITS] * head_dim
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)

@@ -47,7 +47,8 @@ __all__ = [
     "Load", "Store", "Gemm", "Sync", "Vec", "End", "Repeat", "Instr", "ISAError",
     "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
     "vec_out_words", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT", "dequant_imm",
-    "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS", "vec_lanes",
+    "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS",
+    "laned_vec_funcs", "vec_lanes", "rope_laned",
     "insert_laned", "vec_unaligned", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
     "insert_fields", "insert_geometry", "insert_bad", "KV4_GROUP_BITS", "kv4_imm", "kv4_group",
@@ -494,20 +495,42 @@ def vec_reads_b(func):
 #: (:func:`hw.timing.vec_cycles`), the dispatch checks (their rows aligned to the lanes) and
 #: the compiler read.
 LANED_VEC_FUNCS = (VecFunc.ADD, VecFunc.REQUANT, VecFunc.RMSNORM, VecFunc.MUL, VecFunc.DEQUANT,
-                   VecFunc.FOLD)
+                   VecFunc.FOLD, VecFunc.SOFTMAX)
 
 
-def vec_lanes(func, lanes: int, imm):
+def laned_vec_funcs(cfg: AcceleratorConfig) -> tuple[VecFunc, ...]:
+    """The sub-ops ``cfg``'s vector engine streams ``vector_lanes`` elements a cycle (but the
+    INSERTs of :func:`insert_laned`): :data:`LANED_VEC_FUNCS`, and SILU_GATE where
+    :attr:`hw.config.AcceleratorConfig.vector_laned_silu` says its chain has a copy a lane."""
+    return LANED_VEC_FUNCS + ((VecFunc.SILU_GATE,) if cfg.vector_laned_silu else ())
+
+
+def vec_lanes(func, lanes: int, imm, silu: bool = False):
     """Elements a VEC of ``func`` and ``imm`` streams per cycle on an engine of ``lanes``
-    (:attr:`hw.config.AcceleratorConfig.vector_lanes`): ``lanes`` for a sub-op of
-    :data:`LANED_VEC_FUNCS` and an INSERT or INSERT4 of :func:`insert_laned`, 1 for the
-    others; ints, arrays or Amaranth values."""
-    return 1 + (lanes - 1) * (_vec_laned(func) | insert_laned(func, imm, lanes))
+    (:attr:`hw.config.AcceleratorConfig.vector_lanes`; ``silu`` its ``vector_laned_silu``):
+    ``lanes`` for a sub-op of :func:`laned_vec_funcs` and an INSERT or INSERT4 of
+    :func:`insert_laned`, 1 for the others; ints, arrays or Amaranth values."""
+    return 1 + (lanes - 1) * (_vec_laned(func, silu) | insert_laned(func, imm, lanes)
+                              | rope_laned(func, imm, lanes))
 
 
-def _vec_laned(func):
-    """The sub-op is one of :data:`LANED_VEC_FUNCS` (ints, arrays or Amaranth values)."""
-    return functools.reduce(operator.or_, (func == v.value for v in LANED_VEC_FUNCS))
+def rope_laned(func, imm, lanes: int):
+    """A ROPE that streams ``lanes`` elements a cycle (:func:`vec_lanes`): one whose half
+    head ``head_dim / 2`` (:func:`rope_geometry`) is a multiple of ``lanes``, so that a
+    group of ``lanes`` pairs ``k .. k + lanes - 1`` lies in two aligned groups of the row
+    (``x[k ..]`` and ``x[k + d/2 ..]``) and one of the table. Never with one lane; ints,
+    arrays or Amaranth values."""
+    if lanes == 1:
+        return func != func   # false, of func's kind
+    half = rope_geometry(imm)[0] >> 1
+    return (func == VecFunc.ROPE.value) & (half != 0) & ((half & (lanes - 1)) == 0)
+
+
+def _vec_laned(func, silu: bool = False):
+    """The sub-op is one of :data:`LANED_VEC_FUNCS`, or SILU_GATE with ``silu`` (ints, arrays
+    or Amaranth values)."""
+    funcs = LANED_VEC_FUNCS + ((VecFunc.SILU_GATE,) if silu else ())
+    return functools.reduce(operator.or_, (func == v.value for v in funcs))
 
 
 def _is_insert_func(func):
@@ -533,18 +556,21 @@ def insert_laned(func, imm, lanes: int):
         (spacing >= per * lanes) | (one & (f["groups_m1"] == 0)))
 
 
-def vec_unaligned(func, a_addr, b_addr, dst_addr, lanes: int):
-    """A VEC that may stream ``lanes`` elements a cycle (:data:`LANED_VEC_FUNCS`, INSERT and
-    INSERT4: :func:`vec_lanes`) whose row ``a_addr``, second row ``b_addr`` (where a sub-op
-    of :data:`LANED_VEC_FUNCS` reads one: :func:`vec_reads_b`) or results ``dst_addr`` do not
+def vec_unaligned(func, a_addr, b_addr, dst_addr, lanes: int, silu: bool = False):
+    """A VEC that may stream ``lanes`` elements a cycle (:data:`LANED_VEC_FUNCS`, SILU_GATE
+    with ``silu``, INSERT and INSERT4: :func:`vec_lanes`) whose row ``a_addr``, second row
+    ``b_addr`` (where a laned sub-op reads one: :func:`vec_reads_b`) or results ``dst_addr`` do not
     start on a multiple of its lanes: the engine reads and writes ``lanes`` elements of one
     scratchpad row a cycle. An INSERT's rows are aligned whatever its ``imm`` (so that the
     rule reads no ``imm``, which a run-time register moves); it reads its code words one at
-    a time. Always false with one lane; ints, arrays or Amaranth values."""
+    a time. A ROPE's row, its table (``b_addr``) and its results are held to the lanes
+    whatever its ``imm`` too (:func:`rope_laned` reads the head from it). Always false with
+    one lane; ints, arrays or Amaranth values."""
     mask = lanes - 1
-    laned = _vec_laned(func)
-    return (((laned | _is_insert_func(func)) & (((a_addr | dst_addr) & mask) != 0))
-            | (laned & vec_reads_b(func) & ((b_addr & mask) != 0)))
+    laned = _vec_laned(func, silu)
+    rope = func == VecFunc.ROPE.value
+    return (((laned | _is_insert_func(func) | rope) & (((a_addr | dst_addr) & mask) != 0))
+            | (((laned & vec_reads_b(func)) | rope) & ((b_addr & mask) != 0)))
 
 
 def vec_reads_amax(func):
@@ -1029,6 +1055,7 @@ class DispatchLimits:
     vin_elems: int           # elements (words) of the vector engine's scratchpads
     vout_elems: int
     vec_lanes: int           # the vector engine's lanes (AcceleratorConfig.vector_lanes)
+    vec_silu: bool           # SILU_GATE laned (AcceleratorConfig.vector_laned_silu)
     opcodes: tuple[int, ...]  # the opcodes this configuration runs (END, REPEAT included)
     engines: tuple[int, ...]  # the engines it has (a SYNC may name)
 
@@ -1058,7 +1085,7 @@ def dispatch_limits(cfg: AcceleratorConfig) -> DispatchLimits:
             param_words=word_beats(cfg.param_word_bytes, cfg),
             vin_elems=cfg.vin_spad_bytes // cfg.vin_word_bytes,
             vout_elems=cfg.vout_spad_bytes // cfg.vout_word_bytes,
-            vec_lanes=cfg.vector_lanes,
+            vec_lanes=cfg.vector_lanes, vec_silu=cfg.vector_laned_silu,
             opcodes=opcodes + (Opcode.END.value, Opcode.REPEAT.value), engines=engines)
         cfg.__dict__["_isa_limits"] = lim
     return lim
@@ -1335,7 +1362,7 @@ _VEC_RULES = (
                          f"{kv4_group(f['vec.imm'])} (imm={f['vec.imm']}) does not divide it"),
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: vec_unaligned(f["vec.func"], f["vec.a_addr"], f["vec.b_addr"],
-                                       f["vec.dst_addr"], lim.vec_lanes),
+                                       f["vec.dst_addr"], lim.vec_lanes, lim.vec_silu),
           lambda f, cfg: f"{VecFunc(int(f['vec.func'])).name} streams "
                          f"vector_lanes={cfg.vector_lanes} elements a cycle: a_addr="
                          f"{f['vec.a_addr']}, b_addr={f['vec.b_addr']} (if read, but by an "

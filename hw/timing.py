@@ -292,11 +292,12 @@ def vec_lane_tree(lanes):
         else int(lanes).bit_length() - 1
 
 
-def _vec_cycles(func, length, imm=0, lanes=1):
+def _vec_cycles(func, length, imm=0, lanes=1, silu=False):
     """:func:`vec_cycles` on ints or arrays, on an engine of ``lanes``
-    (:attr:`hw.config.AcceleratorConfig.vector_lanes`). The engine reads ``n`` elements (of
-    each operand row) per cycle, ``n = hw.isa.vec_lanes(func, lanes, imm)`` (one but for
-    :data:`hw.isa.LANED_VEC_FUNCS` and :func:`hw.isa.insert_laned`), in ``g + 1 .. g +
+    (:attr:`hw.config.AcceleratorConfig.vector_lanes`; ``silu`` its ``vector_laned_silu``).
+    The engine reads ``n`` elements (of each operand row) per cycle, ``n =
+    hw.isa.vec_lanes(func, lanes, imm, silu)`` (one but for :func:`hw.isa.laned_vec_funcs`
+    and :func:`hw.isa.insert_laned`), in ``g + 1 .. g +
     ceil(length / n)``; each cycle's elements are fed to their units (``n`` of each, side
     by side) ``VEC_READ_LATENCY`` cycles later, and a unit gives its result
     ``VEC_FEED_LATENCY + VECTOR_LATENCY[name]`` cycles
@@ -307,7 +308,7 @@ def _vec_cycles(func, length, imm=0, lanes=1):
     element was fed. The instruction ends with its last VOUT write."""
     # A unit's result comes VEC_FEED_LATENCY + its latency after the engine feeds it.
     lat = {k: VEC_FEED_LATENCY + v for k, v in VECTOR_LATENCY.items()}
-    n = vec_lanes(func, lanes, imm)
+    n = vec_lanes(func, lanes, imm, silu)
     stream = (length + n - 1) // n + VEC_READ_LATENCY
     tree = vec_lane_tree(n)
     add = stream + lat["add"]
@@ -321,16 +322,17 @@ def _vec_cycles(func, length, imm=0, lanes=1):
     requant = (stream + tree + lat["absmax"] + lat["recip"] + stream + lat["requant"] + 1)
     # SOFTMAX: pass 1 into Max, m as it comes out; pass 2 from the cycle after into Exp and
     # Sum; Recip of the sum; pass 3 from the cycle after its result into Exp and Scale,
-    # written as they come out.
-    softmax = (stream + lat["max"] + stream + lat["exp"] + lat["sum"] + lat["recip"]
-               + stream + lat["exp"] + lat["scale"])
+    # written as they come out. (n lanes: Max and Sum through their lane trees.)
+    softmax = (stream + tree + lat["max"] + stream + lat["exp"] + tree + lat["sum"]
+               + lat["recip"] + stream + lat["exp"] + lat["scale"])
     # RMSNORM: pass 1 into AbsMax, s as amax comes out; pass 2 from the cycle after into SumSq;
     # Rsqrt of the sum plus epsilon; pass 3 from the cycle after its result into Scale and Mul
     # (the weight beside it), written as they come out.
     rmsnorm = (stream + tree + lat["absmax"] + stream + tree + lat["sumsq"] + lat["rsqrt"]
                + stream + lat["scale"] + lat["mul"])
     # MUL: one pass through Mul(16). SILU_GATE: one pass, each element through Exp(30),
-    # Recip, Scale(60) and three Muls (e * s, g * sigmoid, * u), written as it comes out.
+    # Recip, Scale(60) and three Muls (e * s, g * sigmoid, * u), written as it comes out
+    # (n lanes, vector_laned_silu: a chain a lane, no reduction).
     mul = stream + lat["mul"]
     silu = stream + lat["exp"] + lat["recip"] + lat["scale"] + 3 * lat["mul"]
     # ROPE: two reads per pair of elements (x[k] and x[k + d/2] on the two ports, then the
@@ -383,12 +385,14 @@ def _vec_cycles(func, length, imm=0, lanes=1):
 def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:
     """VEC: stream the row through the sub-op's function unit, write the results to VOUT
     (see :func:`_vec_cycles`)."""
-    return int(_vec_cycles(ins.func.value, ins.length, ins.imm, cfg.vector_lanes))
+    return int(_vec_cycles(ins.func.value, ins.length, ins.imm, cfg.vector_lanes,
+                           cfg.vector_laned_silu))
 
 
 def vec_cycles_fields(f: dict, cfg: AcceleratorConfig):
     """:func:`vec_cycles` from :func:`hw.isa.decode_fields` (ints or arrays)."""
-    return _vec_cycles(f["vec.func"], f["vec.length"], f["vec.imm"], cfg.vector_lanes)
+    return _vec_cycles(f["vec.func"], f["vec.length"], f["vec.imm"], cfg.vector_lanes,
+                       cfg.vector_laned_silu)
 
 
 def vec_elements_fields(f: dict):

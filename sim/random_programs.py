@@ -28,7 +28,6 @@ import numpy as np
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.engines import engines_of
 from hw.isa import (
-    LANED_VEC_FUNCS,
     MOVE_SPAD,
     NO_EVENT,
     NUM_REGS,
@@ -57,6 +56,7 @@ from hw.isa import (
     gemm_extents,
     insert_imm,
     kv4_imm,
+    laned_vec_funcs,
     rope_imm,
     vec_out_words,
     vec_reads_b,
@@ -176,7 +176,7 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
     o0, o1 = (b * per_beat for b in regions["vout"])
     func = VecFunc(int(rng.choice([f.value for f in RTL_VEC_FUNCS])))
     if func == VecFunc.ROPE:
-        return _random_rope(rng, (i0, i1), (o0, o1))
+        return _random_rope(rng, (i0, i1), (o0, o1), cfg.vector_lanes)
     length = int(rng.integers(1, min(i1 - i0, o1 - o0) + 1))
     if rng.random() < 0.4:  # short rows, where the pipeline's fill and drain overlap most
         length = int(rng.integers(1, 4))
@@ -198,8 +198,9 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
     # words' too (hw.isa.vec_unaligned): the draws rounded down (the regions start on
     # beats), the same draws as with one lane.
     lanes = cfg.vector_lanes
-    mask = ~(lanes - 1) if func in (*LANED_VEC_FUNCS, VecFunc.INSERT, VecFunc.INSERT4) else -1
-    b_mask = ~(lanes - 1) if func in LANED_VEC_FUNCS else -1
+    laned = laned_vec_funcs(cfg)
+    mask = ~(lanes - 1) if func in (*laned, VecFunc.INSERT, VecFunc.INSERT4) else -1
+    b_mask = ~(lanes - 1) if func in laned else -1
     return Vec(func=func, length=length, imm=imm,
                a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)) & mask,
                b_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)) & b_mask
@@ -247,20 +248,26 @@ def random_channel_word(rng: np.random.Generator) -> int:
     return int(rng.integers(0, 1 << 40))
 
 
-def _random_rope(rng: np.random.Generator, vin: tuple[int, int], vout: tuple[int, int]
-                 ) -> Vec:
+def _random_rope(rng: np.random.Generator, vin: tuple[int, int], vout: tuple[int, int],
+                 lanes: int = 1) -> Vec:
     """A ROPE over random heads (small ones often: one pair per head, the table's wrap every
     two elements) with its row, its table and its results inside the element ranges ``vin``
-    and ``vout``; the table words are whatever VIN holds."""
+    and ``vout`` (which start on beats); the table words are whatever VIN holds. With
+    ``lanes > 1`` its rows start on multiples of them (:func:`hw.isa.vec_unaligned`) and a
+    half head of ``lanes`` pairs, or a multiple, is drawn too (:func:`hw.isa.rope_laned`)."""
     (i0, i1), (o0, o1) = vin, vout
     room = min(i1 - i0, o1 - o0)
-    head_dim = 2 * int(rng.choice([1, 2, int(rng.integers(1, room // 2 + 1))]))
+    halves = [1, 2, int(rng.integers(1, room // 2 + 1))]
+    if lanes > 1 and room >= 2 * lanes:
+        halves.append(lanes * int(rng.integers(1, room // (2 * lanes) + 1)))
+    head_dim = 2 * int(rng.choice(halves))
     heads = int(rng.integers(1, room // head_dim + 1))
     length = heads * head_dim
+    mask = ~(lanes - 1)
     return Vec(func=VecFunc.ROPE, length=length, imm=rope_imm(head_dim, heads),
-               a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)),
-               b_addr=i0 + int(rng.integers(0, i1 - i0 - head_dim // 2 + 1)),
-               dst_addr=o0 + int(rng.integers(0, o1 - o0 - length + 1)))
+               a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)) & mask,
+               b_addr=i0 + int(rng.integers(0, i1 - i0 - head_dim // 2 + 1)) & mask,
+               dst_addr=o0 + int(rng.integers(0, o1 - o0 - length + 1)) & mask)
 
 
 def _random_loads(cfg, rng, regions, spads, half, wait) -> list[Load]:

@@ -92,15 +92,24 @@ of :mod:`hw.vector`'s docstring.)
 Lanes
     With ``n = cfg.vector_lanes > 1`` the VIN ports read, and the VOUT port writes, an aligned
     group of ``n`` elements (:class:`hw.spad.Scratchpad`'s ``core_lanes``; an enable per
-    element on the write). A sub-op of :data:`hw.isa.LANED_VEC_FUNCS` (its rows aligned to
+    element on the write). A sub-op of :func:`hw.isa.laned_vec_funcs` (its rows aligned to
     ``n``: :func:`hw.isa.vec_unaligned`, a dispatch rule) reads a group a cycle per pass,
     ``ceil(L / n)`` reads; lane 0 goes to the units above and lane ``k`` to copies of ADD's,
-    MUL's, RMSNORM's pass-3, DEQUANT's, FOLD's and the codes' element units, side by side
-    (``<name>_l<k>``); lanes past the row's end read as 0. The reductions over a laned row,
-    ``AbsMax`` (REQUANT, RMSNORM, FOLD) and ``SumSq`` (RMSNORM), take a cycle's ``n`` values
-    through a tree of ``log2 n`` registered levels (:func:`hw.timing.vec_lane_tree`) into
-    their running reduction; KV4 keeps a one-lane ``AbsMax`` of its own. ``Recip``,
-    ``Rsqrt`` and the per-row scalars are single. The results are written ``n`` a cycle (the
+    MUL's, RMSNORM's pass-3, DEQUANT's, FOLD's, SOFTMAX's (``Exp(16)``, ``Scale(16)``) and
+    the codes' element units, side by side (``<name>_l<k>``). A ROPE of
+    :func:`hw.isa.rope_laned` reads ``n`` pairs' lower and upper elements in one cycle and
+    their table words in the next, each lane through its ``Rope`` (``k``, the pointers and
+    the write positions step by ``n``; its rows are aligned whatever its ``imm``). With the
+    configuration's ``vector_laned_silu``, SILU_GATE's lane ``k`` goes to a copy of the
+    SiLU-gate's chain (``Exp(30)``, a ``Recip`` of its own, ``Scale(60)``, the two
+    ``Mul(30)``; lane 0's ``Recip`` is the per-row scalars' too). Lanes past a row's end
+    read as 0, and SOFTMAX masks them as positions past
+    ``imm`` (``-ACT_MAX`` into ``Max``, exponential 0). The reductions over a laned row,
+    ``AbsMax`` (REQUANT, RMSNORM, FOLD), ``SumSq`` (RMSNORM), ``Max`` and ``Sum`` (SOFTMAX),
+    take a cycle's ``n`` values through a tree of ``log2 n`` registered levels
+    (:func:`hw.timing.vec_lane_tree`) into their running reduction; KV4 keeps a one-lane
+    ``AbsMax`` of its own. ``Recip`` (but the SiLU-gate's lane copies), ``Rsqrt`` and the
+    per-row scalars are single. The results are written ``n`` a cycle (the
     last group's lanes past the row's end kept), REQUANT's and FOLD's ``n`` codes a cycle
     packed as one lane's (``n < 4``: a word every ``4 / n`` cycles; else ``n / 4`` words a
     cycle). An INSERT or INSERT4 whose codes lie ``n`` words apart or more
@@ -131,12 +140,13 @@ from hw.isa import (
     DEQUANT_FOLD_BIT,
     INSERT_FIELDS,
     KV4_GROUP_BITS,
-    LANED_VEC_FUNCS,
     ROPE_HEAD_DIM_BITS,
     VecBody,
     VecFunc,
     insert_fields,
     insert_laned,
+    laned_vec_funcs,
+    rope_laned,
     vec_out_words,
 )
 from hw.numerics import (
@@ -195,6 +205,21 @@ _LANE_UNITS = {
     "scale31": lambda: Scale(DEQUANT_SCALE_FRAC),        # DEQUANT
     "requant": lambda: Requant(FOLD_BITS),               # REQUANT's and FOLD's codes (KV4's)
     "mul_fold": lambda: Mul(0, y_bits=FOLD_BITS),        # FOLD's products
+    "exp": lambda: Exp(ACT_FRAC),                        # SOFTMAX's exponentials
+    "scale16": lambda: Scale(ACT_FRAC),                  # SOFTMAX's probabilities
+    "rope": Rope,                                        # ROPE's pairs (hw.isa.rope_laned)
+}
+
+#: The SiLU-gate's element units but its last ``Mul(16)`` (``mul16``, MUL's): lane 0's are
+#: the engine's units of these names (``recip`` shared with the per-row reciprocals), and
+#: every lane beyond it has a copy, ``<name>_l<k>``, where the configuration's
+#: ``vector_laned_silu`` lanes SILU_GATE.
+_SILU_LANE_UNITS = {
+    "exp30": lambda: Exp(NORM_FRAC),
+    "recip": Recip,
+    "scale60": lambda: Scale(2 * NORM_FRAC),
+    "mul_es": lambda: Mul(NORM_FRAC),
+    "mul_gs": lambda: Mul(NORM_FRAC),
 }
 
 
@@ -278,17 +303,15 @@ class VectorEngine(wiring.Component):
             # activations, FOLD's products; a laned row's through a lane tree
             "absmax": AbsMax(signed(FOLD_BITS), lanes=n),
             "recip": Recip(),
-            "max": Max(signed(ACT_BITS)),
-            "exp": Exp(ACT_FRAC),
-            "sum": Sum(unsigned(ACT_FRAC + 1), max_len=_MAX_LENGTH),
-            "scale16": Scale(ACT_FRAC),
+            # SOFTMAX's reductions; a laned row's through a lane tree
+            "max": Max(signed(ACT_BITS), lanes=n),
+            "sum": Sum(unsigned(ACT_FRAC + 1), max_len=_MAX_LENGTH, lanes=n),
             "sumsq": SumSq(max_len=_MAX_LENGTH, lanes=n),
             "rsqrt": Rsqrt(),
             "exp30": Exp(NORM_FRAC),
             "scale60": Scale(2 * NORM_FRAC),
             "mul_es": Mul(NORM_FRAC),
             "mul_gs": Mul(NORM_FRAC),
-            "rope": Rope(),
             "mul_code": Mul(0, b_bits=TABLE_RESULT_BITS + 1, y_bits=FOLD_BITS),  # KV4's codes
         }
         if n > 1:
@@ -297,6 +320,9 @@ class VectorEngine(wiring.Component):
             for k in range(1, n):
                 for name, make in _LANE_UNITS.items():
                     self._units[f"{name}_l{k}"] = make()
+                if cfg.vector_laned_silu:
+                    for name, make in _SILU_LANE_UNITS.items():
+                        self._units[f"{name}_l{k}"] = make()
         vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
         vout = cfg.vout_spad_bytes // cfg.vout_word_bytes
         super().__init__({
@@ -361,6 +387,12 @@ class VectorEngine(wiring.Component):
         reads_m1 = Signal(VecBody["length"].width, reset_less=True)  # a pass's reads - 1
         tail = Signal(n, reset_less=True)   # the lanes of a laned row's last group
         m.d.comb += self.cmd.ready.eq(~active)
+        # the command's: laned (n > 1), and its pointers' step
+        wide_now = 0 if n == 1 else (
+            Cat(body.func == f for f in laned_vec_funcs(self._cfg)).any()
+            | insert_laned(body.func.as_value(), body.imm, n)
+            | rope_laned(body.func.as_value(), body.imm, n))
+        inc_now = 1 if n == 1 else Mux(wide_now, n, 1)
         with m.If(~active):
             # The payload is stable from the cycle after the pop (hw.engine): copied while idle.
             # DEQUANT first reads its amax word (imm) alone.
@@ -379,18 +411,18 @@ class VectorEngine(wiring.Component):
                          at_end.eq(amax_first | (body.length == 1)),
                          len_one.eq(body.length == 1)]
             if n > 1:
-                wide_now = (Cat(body.func == f for f in LANED_VEC_FUNCS).any()
-                            | insert_laned(body.func.as_value(), body.imm, n))
                 groups = Mux(wide_now, (body.length + (n - 1)) >> lg, body.length)
-                m.d.sync += [wide.eq(wide_now), inc.eq(Mux(wide_now, n, 1)),
+                m.d.sync += [wide.eq(wide_now), inc.eq(inc_now),
                              reads_m1.eq(groups - 1),
                              left.eq(Mux(amax_first, 0, groups - 1)),
                              at_end.eq(amax_first | (groups == 1)),
                              len_one.eq(groups == 1),
                              tail.eq(Cat((body.length - 1)[:lg] >= j for j in range(n)))]
+            # (a laned ROPE's pairs come `inc` = n at a time: k steps by n)
             body_half = body.imm[1:ROPE_HEAD_DIM_BITS]
-            m.d.sync += [half_m1.eq(body_half - 1), half_p1.eq(body_half + 1),
-                         half_m2.eq(body_half - 2), one_m_half.eq(1 - body_half)]
+            m.d.sync += [half_m1.eq(body_half - inc_now), half_p1.eq(body_half + inc_now),
+                         half_m2.eq(body_half - 2 * inc_now),
+                         one_m_half.eq(inc_now - body_half)]
             with m.If(self.cmd.valid):
                 m.d.sync += [active.eq(1), issuing.eq(1)]
 
@@ -413,7 +445,7 @@ class VectorEngine(wiring.Component):
                     m.d.sync += [a_ptr.eq(a_ptr + half_p1), b_ptr.eq(b_ptr + half_p1),
                                  t_ptr.eq(b_base), rk.eq(0)]
                 with m.Else():
-                    m.d.sync += [t_ptr.eq(t_ptr + 1), rk.eq(rk + 1)]
+                    m.d.sync += [t_ptr.eq(t_ptr + step_rd), rk.eq(rk + step_rd)]
             with m.If(at_end):
                 m.d.sync += issuing.eq(0)
         # A per-row scalar is ready: the next pass reads from the next cycle. The decision is
@@ -481,7 +513,16 @@ class VectorEngine(wiring.Component):
         rl = self.READ_LATENCY
         valid = _delay(m, issuing, rl, "valid")
         last = _delay(m, issuing & at_end, rl, "last")
-        inrow = _delay(m, idx < imm, rl, "inrow")    # SOFTMAX: a valid position (idx < imm)
+        # SOFTMAX: a valid position (its index below imm); n lanes: lane k of group idx is
+        # position n * idx + k, valid only within the row (not past its last group's `tail`)
+        if n == 1:
+            inrows = [_delay(m, idx < imm, rl, "inrow")]
+        else:
+            in_tail = Mux(at_end, tail, Const((1 << n) - 1, n))
+            # (operand bits: used only beside `valid`, not reset)
+            ins_row = _delay(m, Cat(((Cat(Const(k, lg), idx) < imm) & in_tail[k])
+                                    for k in range(n)), rl, "inrow", data=True)
+            inrows = [ins_row[k] for k in range(n)]
         # With lanes, an element read alone is the lane of its address in the group read
         # (selected as the scratchpad selects a group in its row: by address bits registered
         # with the read), and a laned read's lanes 1 .. n-1 come beside lane 0's; those past a
@@ -756,14 +797,23 @@ class VectorEngine(wiring.Component):
             feed(unit, (p2 & is_[VecFunc.REQUANT]) | wf_p2, x=Mux(fold, wfs[k], xs[k]), r=r,
                  sh=sh, s=Mux(fold, fs, shift), four=0, key=0)
         # -- SOFTMAX: masked Max; Exp into Sum (pass 2) or Scale(16) (pass 3)
+        # (n lanes: every lane through its Exp and Scale(16), Max and Sum through their lane
+        # trees; a lane past the row's end is masked: -ACT_MAX into Max, exponential 0)
         sm = is_[VecFunc.SOFTMAX]
-        feed(u["max"], p1 & sm, x=Mux(inrow, x, -ACT_MAX), last=last)
-        feed(u["exp"], (p2 | p3) & sm, a=Mux(inrow, x, top), b=top)
+        maxed = [Mux(inrows[k], xs[k], -ACT_MAX) for k in range(n)]
+        feed(u["max"], p1 & sm, x=maxed[0] if n == 1 else maxed, last=last)
         exp_lat = lat["exp"]
-        e_last, e_in = _delay(m, last, exp_lat, "e_last"), _delay(m, inrow, exp_lat, "e_in")
-        e = Mux(e_in, u["exp"].o.payload.y, 0)
-        feed(u["sum"], u["exp"].o.valid & (phase == 1), x=e, last=e_last)
-        feed(u["scale16"], u["exp"].o.valid & (phase == 2), x=e, r=r, sh=sh)
+        e_last = _delay(m, last, exp_lat, "e_last")
+        es = []
+        for k, (ex, s16) in enumerate(zip([u["exp"], *lanes("exp")],
+                                          [u["scale16"], *lanes("scale16")], strict=True)):
+            feed(ex, (p2 | p3) & sm, a=Mux(inrows[k], xs[k], top), b=top)
+            e_in = _delay(m, inrows[k], exp_lat, "e_in" if k == 0 else f"e_in_l{k}_",
+                          data=k > 0)
+            es.append(Mux(e_in, ex.o.payload.y, 0))
+            feed(s16, u["exp"].o.valid & (phase == 2), x=es[-1], r=r, sh=sh)
+        feed(u["sum"], u["exp"].o.valid & (phase == 1), x=es[0] if n == 1 else es,
+             last=e_last)
         p_last = _delay(m, e_last, lat["scale16"], "p_last")
         # -- RMSNORM: SumSq (pass 2); Scale(30) and Mul with the delayed weight (pass 3)
         rn = is_[VecFunc.RMSNORM]
@@ -777,70 +827,94 @@ class VectorEngine(wiring.Component):
         y_last = _delay(m, n_last, lat["mul"], "y_last")
 
         # -- MUL; SILU_GATE: every unit's operands carried beside it (the units never stall)
-        feed(u["exp30"], valid & silu, a=Mux(x[-1], x, 0), b=Mux(x[-1], 0, x))
+        # (n lanes, vector_laned_silu: lane k's chain of copies, its own Recip; lane 0's
+        # Recip is the per-row reciprocals' too)
+        silu_lanes = n if self._cfg.vector_laned_silu else 1
         at_recip = lat["exp30"]
         at_scale = at_recip + lat["recip"]
         at_mul_es = at_scale + lat["scale60"]
         at_mul_gs = at_mul_es + lat["mul_es"]
         at_mul_u = at_mul_gs + lat["mul_gs"]
-        e_es = _delay(m, e30, lat["recip"] + lat["scale60"], "silu_e", data=True)
-        g_gs = _delay(m, x, at_mul_gs, "silu_g", data=True)
-        u_mu = _delay(m, b, at_mul_u, "silu_u", data=True)
         s_last = _delay(m, last & silu, at_mul_u + lat["mul16"], "silu_last")
-        feed(u["scale60"], u["recip"].o.valid & silu, x=1, r=u["recip"].o.payload.r,
-             sh=u["recip"].o.payload.sh)
-        sig_pos = u["scale60"].o.payload.y
-        feed(u["mul_es"], u["scale60"].o.valid, a=e_es, b=sig_pos)
-        sig = Mux(g_gs[-1], u["mul_es"].o.payload.y,
-                  _delay(m, sig_pos, lat["mul_es"], "silu_s", data=True))
-        feed(u["mul_gs"], u["mul_es"].o.valid, a=g_gs, b=sig)
         mul = is_[VecFunc.MUL]   # Mul(16): MUL's row, or the SiLU-gate's last step
-        feed(u["mul16"], (valid & mul) | u["mul_gs"].o.valid,
-             a=Mux(mul, x, u["mul_gs"].o.payload.y), b=Mux(mul, b, u_mu))
-        for k, unit in enumerate(lanes("mul16"), 1):
-            feed(unit, valid & mul, a=xs[k], b=bs[k])
+        for k in range(n):
+            def unit(name, k=k):
+                return u[name] if k == 0 else u[f"{name}_l{k}"]
+            sfx = "" if k == 0 else f"_l{k}_"
+            gates = []   # (valid, a, b) of the SiLU-gate's Mul(16) of this lane
+            if k < silu_lanes:
+                ex30, rc = unit("exp30"), unit("recip")
+                feed(ex30, valid & silu, a=Mux(xs[k][-1], xs[k], 0),
+                     b=Mux(xs[k][-1], 0, xs[k]))
+                e30k = ex30.o.payload.y
+                if k > 0:   # lane 0's Recip is fed above, with the per-row reciprocals
+                    feed(rc, ex30.o.valid, x=(1 << NORM_FRAC) + e30k)
+                e_es = _delay(m, e30k, lat["recip"] + lat["scale60"], f"silu_e{sfx}", data=True)
+                g_gs = _delay(m, xs[k], at_mul_gs, f"silu_g{sfx}", data=True)
+                u_mu = _delay(m, bs[k], at_mul_u, f"silu_u{sfx}", data=True)
+                s60, mes, mgs = unit("scale60"), unit("mul_es"), unit("mul_gs")
+                feed(s60, rc.o.valid & silu, x=1, r=rc.o.payload.r, sh=rc.o.payload.sh)
+                sig_pos = s60.o.payload.y
+                feed(mes, s60.o.valid, a=e_es, b=sig_pos)
+                sig = Mux(g_gs[-1], mes.o.payload.y,
+                          _delay(m, sig_pos, lat["mul_es"], f"silu_s{sfx}", data=True))
+                feed(mgs, mes.o.valid, a=g_gs, b=sig)
+                gates = [(mgs.o.valid, mgs.o.payload.y, u_mu)]
+            if gates:
+                g_valid, g_a, g_b = gates[0]
+                feed(unit("mul16"), (valid & mul) | g_valid, a=Mux(mul, xs[k], g_a),
+                     b=Mux(mul, bs[k], g_b))
+            else:
+                feed(unit("mul16"), valid & mul, a=xs[k], b=bs[k])
         mul_last = _delay(m, last & is_[VecFunc.MUL], lat["mul16"], "mul_last")
 
         # -- ROPE: x[k], x[k + d/2] registered as they arrive; element k enters Rope with the
         # table word, element k + d/2 the cycle after
         was_tab = _delay(m, tab, rl, "was_tab")
-        xl = Signal(signed(ACT_BITS), reset_less=True)
-        xu = Signal(signed(ACT_BITS), reset_less=True)
-        cs = Signal(2 * ROPE_HALF_BITS, reset_less=True)
         lower = valid & is_rope & was_tab
         upper = Signal()
         up_last = Signal()
         m.d.sync += [upper.eq(lower), up_last.eq(lower & last)]
-        with m.If(valid & is_rope & ~was_tab):
-            m.d.sync += [xl.eq(x), xu.eq(b)]
-        with m.If(lower):
-            m.d.sync += cs.eq(rd_a)
-        word_cs = Mux(upper, cs, rd_a[:2 * ROPE_HALF_BITS])
-        feed(u["rope"], lower | upper, x=Mux(upper, xu, xl), rot=Mux(upper, xl, -xu),
-             cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
+        # (n lanes, a laned ROPE: lane k of each read is pair k's, each lane through its Rope;
+        # lane 0's is the one-lane ROPE's, whose elements the reads select)
+        for k, rope_k in enumerate([u["rope"], *lanes("rope")]):
+            sfx = "" if k == 0 else f"_l{k}"
+            xl = Signal(signed(ACT_BITS), name=f"rope_xl{sfx}", reset_less=True)
+            xu = Signal(signed(ACT_BITS), name=f"rope_xu{sfx}", reset_less=True)
+            cs = Signal(2 * ROPE_HALF_BITS, name=f"rope_cs{sfx}", reset_less=True)
+            with m.If(valid & is_rope & ~was_tab):
+                m.d.sync += [xl.eq(xs[k]), xu.eq(bs[k])]
+            with m.If(lower):
+                m.d.sync += cs.eq(xs[k])
+            word_cs = Mux(upper, cs, xs[k][:2 * ROPE_HALF_BITS])
+            feed(rope_k, lower | upper, x=Mux(upper, xu, xl), rot=Mux(upper, xl, -xu),
+                 cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
         rope_last = _delay(m, up_last, lat["rope"], "rope_last")
         # Each result's VOUT position: lower k -> upper k (+ d/2) -> lower k + 1 (+ 1 - d/2),
-        # or the next head's first (+ 1) after its last pair.
+        # or the next head's first (+ 1) after its last pair (a laned ROPE: k steps by n,
+        # `inc`, and so do these).
         # `step` is the next write's increment of dst, from registers only: 1 but in ROPE.
         r_up = Signal()      # the next ROPE result is an upper element
         r_k = Signal(ROPE_HEAD_DIM_BITS, reset_less=True)   # loaded while idle, as above
-        r_last = Signal()    # r_k == head_dim / 2 - 1
+        r_last = Signal()    # r_k == head_dim / 2 - inc
         step = Signal(len(dst), init=1, reset_less=True)
         with m.If(u["rope"].o.valid):
             r_last_next = Mux(r_up, Mux(r_last, half_m1 == 0, r_k == half_m2), r_last)
-            m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_last, 0, r_k + 1), r_k)),
+            inc_r = 1 if n == 1 else inc
+            m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_last, 0, r_k + inc_r), r_k)),
                          r_last.eq(r_last_next),
-                         step.eq(Mux(r_up, half, Mux(r_last, 1, one_m_half)))]
+                         step.eq(Mux(r_up, half, Mux(r_last, inc_r, one_m_half)))]
         with m.If(~active):
             # (n lanes: a laned sub-op's writes step by their words, n or a cycle's codes'; a
             # sub-op streaming one element a cycle writes one)
             one = 1 if n == 1 else Mux(
-                Cat(body.func == f for f in LANED_VEC_FUNCS if f not in _CODE_FUNCS).any()
+                Cat(body.func == f for f in laned_vec_funcs(self._cfg)
+                    if f not in _CODE_FUNCS).any()
                 | insert_laned(body.func.as_value(), body.imm, n), n,
                 Mux(Cat(body.func == f for f in _CODE_FUNCS).any(),
                     max(1, n // VECTOR_WORD_BYTES), 1))
             m.d.sync += [r_up.eq(0), r_k.eq(0),
-                         r_last.eq(body.imm[1:ROPE_HEAD_DIM_BITS] == 1),
+                         r_last.eq(body.imm[1:ROPE_HEAD_DIM_BITS] == inc_now),
                          step.eq(Mux(body.func == VecFunc.ROPE, body.imm[1:ROPE_HEAD_DIM_BITS],
                                      one))]
         # -- DEQUANT: the amax word (pass 1, one element) gives the row's scalars; pass 2
@@ -969,6 +1043,8 @@ class VectorEngine(wiring.Component):
 
         if n == 1:
             mul16 = [(u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last)]
+        elif self._cfg.vector_laned_silu:   # MUL's or SILU_GATE's lanes
+            mul16 = [(u["mul16"].o.valid, ys("mul16"), mul_last | s_last)]
         else:   # MUL's lanes, or SILU_GATE's one element
             mul16 = [(u["mul16"].o.valid & wide, ys("mul16"), mul_last),
                      (u["mul16"].o.valid & ~wide, u["mul16"].o.payload.y, s_last)]
@@ -978,10 +1054,12 @@ class VectorEngine(wiring.Component):
             (second, arg_top, 1),
             (word_full, word, 0),
             (amax_write, Mux(fold, fword, amax), 1),
-            (u["scale16"].o.valid, u["scale16"].o.payload.y, p_last),   # 0 where masked
+            (u["scale16"].o.valid, ys("scale16"), p_last),   # 0 where masked
             (u["mul"].o.valid, ys("mul"), y_last),
             *mul16,
-            (u["rope"].o.valid, u["rope"].o.payload.y, rope_last),
+            *([(u["rope"].o.valid, u["rope"].o.payload.y, rope_last)] if n == 1 else
+              [(u["rope"].o.valid & wide, ys("rope"), rope_last),     # a laned ROPE's
+               (u["rope"].o.valid & ~wide, u["rope"].o.payload.y, rope_last)]),
             (u["scale31"].o.valid, ys("scale31"), dq_last),
             *([(ins_v, ins_y[0], ins_last)] if n == 1 else   # laned INSERT, or one word
               [(ins_v & wide, ins_y, ins_last), (ins_v & ~wide, ins_y[0], ins_last)]),

@@ -79,6 +79,17 @@ def lane_tree(combine, shape, lanes: int) -> list:
     return stages
 
 
+def _lane_input_stage(lanes: int):
+    """The input register of a row element: :func:`_input_stage` with one lane, else each
+    lane's value as ``x0 .. x{lanes - 1}`` (:func:`lane_tree`'s input)."""
+    if lanes == 1:
+        return _input_stage
+
+    def stage(m, v):
+        return {**{f"x{k}": v.x[k] for k in range(lanes)}, "last": v.last}
+    return stage
+
+
 def _lane_names(lanes: int) -> list[str]:
     """The names of a stage's per-lane values: ``x`` alone with one lane (the one-lane
     pipeline as it was), else ``x0 .. x{lanes - 1}`` (:func:`lane_tree`'s input)."""
@@ -88,7 +99,9 @@ def _lane_names(lanes: int) -> list[str]:
 class Sum(ReductionUnit):
     """Sum of a row: ``y = sum(x)``, exact (:func:`hw.numerics.vec_sum`).
 
-    Pipeline: 1 input register; 2 accumulate (``y`` of the row in the output register).
+    Pipeline: 1 input register; with ``lanes > 1``, :func:`lane_tree`'s ``log2(lanes)``
+    levels of sums; then accumulate (``y`` of the row in the output register). The sums are
+    exact, so the result is the one-lane unit's.
 
     Cost: no multiplier.
 
@@ -99,23 +112,29 @@ class Sum(ReductionUnit):
         exponentials, ``unsigned(17)``).
     max_len:
         Longest row: the sum is ``bitlen(max_len - 1)`` bits wider than the elements.
+    lanes:
+        Elements a cycle (a power of two): ``x`` is an array of them (a laned row's cycle,
+        :func:`hw.timing.vec_lane_tree`; a lane past the row's end must hold 0).
 
     Members
     -------
-    i: In(stream.Signature(row_layout(shape)))
+    i: In(stream.Signature(row_layout(shape or ArrayLayout(shape, lanes))))
     o: Out(stream.Signature(StructLayout({"y": ...})))
     """
 
     NAME = "sum"
 
-    def __init__(self, shape: Shape = ACT, max_len: int = MAX_ROW):
+    def __init__(self, shape: Shape = ACT, max_len: int = MAX_ROW, lanes: int = 1):
         shape = _check(shape, max_len)
+        self._lanes = _lanes(lanes)
         width = shape.width + bits_for(max_len)
         self._acc = signed(width) if shape.signed else unsigned(width)
-        super().__init__(row_layout(shape), data.StructLayout({"y": self._acc}))
+        super().__init__(row_layout(_lane_input(shape, lanes)),
+                         data.StructLayout({"y": self._acc}))
 
     def _stages(self):
-        return [_input_stage]
+        n = self._lanes
+        return [_lane_input_stage(n), *lane_tree(lambda a, b: a + b, self._acc, n)]
 
     def _state(self):
         return {"y": self._acc}
@@ -127,7 +146,8 @@ class Sum(ReductionUnit):
 class Max(ReductionUnit):
     """Maximum of a row (:func:`hw.numerics.vec_max`).
 
-    Pipeline: 1 input register; 2 compare and keep.
+    Pipeline: 1 input register; with ``lanes > 1``, :func:`lane_tree`'s ``log2(lanes)``
+    levels of maxima; then compare and keep.
 
     Cost: no multiplier.
 
@@ -135,21 +155,29 @@ class Max(ReductionUnit):
     ----------
     shape:
         Shape of the elements (default ``signed(32)``).
+    lanes:
+        Elements a cycle (a power of two): ``x`` is an array of them (a laned row's cycle,
+        :func:`hw.timing.vec_lane_tree`; a lane past the row's end must hold a value no
+        greater than the row's maximum: softmax's masked ``-ACT_MAX``).
 
     Members
     -------
-    i: In(stream.Signature(row_layout(shape)))
+    i: In(stream.Signature(row_layout(shape or ArrayLayout(shape, lanes))))
     o: Out(stream.Signature(StructLayout({"y": shape})))
     """
 
     NAME = "max"
 
-    def __init__(self, shape: Shape = ACT):
+    def __init__(self, shape: Shape = ACT, lanes: int = 1):
         self._shape = _check(shape, 1)
-        super().__init__(row_layout(self._shape), data.StructLayout({"y": self._shape}))
+        self._lanes = _lanes(lanes)
+        super().__init__(row_layout(_lane_input(self._shape, lanes)),
+                         data.StructLayout({"y": self._shape}))
 
     def _stages(self):
-        return [_input_stage]
+        n = self._lanes
+        return [_lane_input_stage(n),
+                *lane_tree(lambda a, b: Mux(a > b, a, b), self._shape, n)]
 
     def _state(self):
         return {"y": self._shape}

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from hw.isa import (
-    LANED_VEC_FUNCS,
     MOVE_SPAD,
     RTL_VEC_FUNCS,
     EpilogueMode,
@@ -28,6 +27,7 @@ from hw.isa import (
     Vec,
     VecFunc,
     insert_laned,
+    laned_vec_funcs,
     rope_geometry,
 )
 from hw.numerics import add_bias_wide, gemm_acc, wrap
@@ -283,7 +283,10 @@ def test_lowered_decode_layers_in_a_ring_agree(backends, seed):
 
 # ---- a laned vector engine (AcceleratorConfig.vector_lanes > 1) on the vector shape
 #: The 4x4 shape's vector engine with 2 and 4 lanes (its beat's elements, vector_lanes_max).
-LANED_CONFIGS = {lanes: EQUIVALENCE_CONFIGS["4x4"].replace(vector_lanes=lanes)
+#: Two lanes as the vector preset streams them; four with SILU_GATE laned too (the wide
+#: systems' ``vector_laned_silu``).
+LANED_CONFIGS = {lanes: EQUIVALENCE_CONFIGS["4x4"].replace(vector_lanes=lanes,
+                                                         vector_laned_silu=lanes == 4)
                  for lanes in (2, 4)}
 
 
@@ -307,7 +310,7 @@ def test_laned_vector_programs_agree(laned_backends, block):
         if seed % 5 == 4:
             rp = break_program(rp, cfg, rng, BROKEN[(seed // 5) % len(BROKEN)])
         laned += sum(isinstance(i, Vec) and i.length > cfg.vector_lanes
-                     and (i.func in LANED_VEC_FUNCS
+                     and (i.func in laned_vec_funcs(cfg)
                           or bool(insert_laned(i.func.value, i.imm, cfg.vector_lanes)))
                      for i in rp.program)
         r = _check(cfg, model, rtl, rp.program, rp.dram, regs=rp.regs)

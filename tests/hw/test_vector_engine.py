@@ -22,7 +22,6 @@ from hw import timing
 from hw.config import AcceleratorConfig, ConfigError
 from hw.engines import ENGINE, engines_of, exec_cycles
 from hw.isa import (
-    LANED_VEC_FUNCS,
     RTL_VEC_FUNCS,
     VEC_FUNC_VALUES,
     Engine,
@@ -49,9 +48,11 @@ from hw.isa import (
     insert_geometry,
     insert_imm,
     insert_laned,
+    laned_vec_funcs,
     legal_words,
     program_words,
     rope_imm,
+    rope_laned,
     vec_out_words,
 )
 from hw.numerics import (
@@ -445,13 +446,13 @@ def test_the_executor_matches_numerics_and_the_timing_contract(seed):
     _check_against_the_models(vin, vecs, gaps)
 
 
-def _aligned(v: Vec, lanes: int) -> Vec:
-    """``v`` with its rows moved down to multiples of ``lanes`` where it is a laned sub-op
-    (the dispatch rule, :func:`hw.isa.vec_unaligned`)."""
-    mask = ~(lanes - 1)
+def _aligned(v: Vec, cfg: AcceleratorConfig) -> Vec:
+    """``v`` with its rows moved down to multiples of ``cfg``'s lanes where it is a laned
+    sub-op (the dispatch rule, :func:`hw.isa.vec_unaligned`)."""
+    mask = ~(cfg.vector_lanes - 1)
     if v.func in (VecFunc.INSERT, VecFunc.INSERT4):   # its code words anywhere
         return dataclasses.replace(v, a_addr=v.a_addr & mask, dst_addr=v.dst_addr & mask)
-    if v.func not in LANED_VEC_FUNCS:
+    if v.func not in (*laned_vec_funcs(cfg), VecFunc.ROPE):   # ROPE: its table too
         return v
     return dataclasses.replace(v, a_addr=v.a_addr & mask, b_addr=v.b_addr & mask,
                                dst_addr=v.dst_addr & mask)
@@ -463,8 +464,9 @@ def test_a_laned_executor_matches_numerics_and_the_timing_contract(lanes, seed):
     lengths any: a last group of 1 to ``lanes`` elements), back to back and after gaps, end
     in exactly ``vec_cycles`` of that configuration and leave the functional model's VOUT
     byte for byte (the lanes change when, never what); the rows where the laned sub-ops'
-    scalars and packed codes are special lead."""
-    cfg = VCFG.replace(vector_lanes=lanes)
+    scalars and packed codes are special lead. Seed 1 lanes SILU_GATE too
+    (``vector_laned_silu``)."""
+    cfg = VCFG.replace(vector_lanes=lanes, vector_laned_silu=seed == 1)
     rng = np.random.default_rng(100 * lanes + seed)
     vin = _random_vin(rng)
     vin[:8] = 0
@@ -475,9 +477,15 @@ def test_a_laned_executor_matches_numerics_and_the_timing_contract(lanes, seed):
                   (VecFunc.RMSNORM, 0, 8, 0), (VecFunc.RMSNORM, 8, 3, 999),
                   (VecFunc.FOLD, 8, 5, 0), (VecFunc.FOLD, 0, 1, 0),
                   (VecFunc.ADD, 8, 3, 0), (VecFunc.MUL, 8, 1, 0),
-                  (VecFunc.DEQUANT, 16, 3, dequant_imm(3, False))])]
-    vecs = edges + [_aligned(v, lanes) for v in _random_vecs(rng, 16)]
-    laned = [v for v in vecs if v.func in LANED_VEC_FUNCS]
+                  (VecFunc.DEQUANT, 16, 3, dequant_imm(3, False)),
+                  (VecFunc.SOFTMAX, 8, 7, 7), (VecFunc.SOFTMAX, 0, 5, 2),
+                  (VecFunc.SOFTMAX, 8, 3, 0), (VecFunc.SILU_GATE, 8, 5, 0),
+                  (VecFunc.SILU_GATE, 0, 2, 0)])]
+    vecs = edges + [_aligned(v, cfg) for v in _random_vecs(rng, 16)]
+    vecs += [_aligned(_random_rope(rng), cfg),   # laned (a half head of lanes) or not
+             Vec(func=VecFunc.ROPE, length=8 * lanes, imm=rope_imm(2 * lanes, 4), a_addr=0,
+                 b_addr=VIN - lanes, dst_addr=0)]
+    laned = [v for v in vecs if v.func in laned_vec_funcs(cfg)]
     assert len(laned) >= len(edges) and any(v.length % lanes for v in laned)
     gaps = [int(rng.choice([0, 0, 1, 5])) for _ in vecs]
     _check_against_the_models(vin, vecs, gaps, cfg)
@@ -517,11 +525,11 @@ def test_a_laned_insert_and_the_one_lane_sub_ops_on_lanes(lanes):
                                 b_addr=int(rng.integers(0, VIN - length + 1)),
                                 dst_addr=lanes * int(rng.integers(0, 16 // lanes))))
     assert laned == 3 * 2 * (2 * lanes + 2)   # the last geometry of each row: one lane
-    for func, imm in ((VecFunc.SOFTMAX, None), (VecFunc.ARGMAX, 0), (VecFunc.SILU_GATE, 0),
+    for func, imm in ((VecFunc.ARGMAX, 0), (VecFunc.SILU_GATE, 0),
                       (VecFunc.CHANNEL, random_channel_word(rng)), (VecFunc.KV4, 0)):
         for length in (1, lanes + 1, 24):
             out = int(vec_out_words(func.value, length, imm or 0))
-            vecs.append(Vec(func=func, length=length, imm=length if imm is None else imm,
+            vecs.append(Vec(func=func, length=length, imm=imm,
                             a_addr=int(rng.integers(0, VIN - length + 1)),
                             b_addr=int(rng.integers(0, VIN - length + 1)),
                             dst_addr=int(rng.integers(0, VOUT - out + 1))))
@@ -530,18 +538,31 @@ def test_a_laned_insert_and_the_one_lane_sub_ops_on_lanes(lanes):
 
 @pytest.mark.parametrize("lanes", [2, 4, 8])
 def test_every_laned_sub_op_on_lanes(lanes):
-    """Each laned sub-op alone, on rows of 1 to ``2 * lanes + 1`` elements (every last group)
-    and a long one: cycles and VOUT exact on an engine of ``lanes`` (8: a 32-byte beat, two
-    words of REQUANT's and FOLD's codes a cycle)."""
-    cfg = _wide_cfg(lanes)
+    """Each laned sub-op alone (SILU_GATE's lanes too: ``vector_laned_silu``), on rows of 1
+    to ``2 * lanes + 1`` elements (every last group) and a long one: cycles and VOUT exact on
+    an engine of ``lanes`` (8: a 32-byte beat, two words of REQUANT's and FOLD's codes a
+    cycle)."""
+    cfg = _wide_cfg(lanes).replace(vector_laned_silu=True)
     rng = np.random.default_rng(lanes)
     vin = _random_vin(rng)
     vecs = []
-    for func in LANED_VEC_FUNCS:
+    assert VecFunc.SILU_GATE in laned_vec_funcs(cfg)
+    for half in (lanes, 2 * lanes, 3 * lanes):   # ROPE: laned, a half head of lanes or more
+        for heads in (1, 2, 3):
+            if lanes * (heads - 1) + heads * 2 * half <= VOUT:
+                vecs.append(Vec(func=VecFunc.ROPE, length=heads * 2 * half,
+                                imm=rope_imm(2 * half, heads), a_addr=lanes * heads,
+                                b_addr=VIN - 4 * half, dst_addr=lanes * (heads - 1)))
+    assert all(rope_laned(v.func.value, v.imm, lanes) for v in vecs)
+    for func in laned_vec_funcs(cfg):
         for length in [*range(1, 2 * lanes + 2), 48]:
             imm = {VecFunc.RMSNORM: norm_eps(1e-5, length),
                    VecFunc.DEQUANT: dequant_imm(int(rng.integers(0, VIN)),
-                                                bool(rng.random() < 0.5))}.get(func, 0)
+                                                bool(rng.random() < 0.5)),
+                   # every position valid (the last group's lanes past the row's end
+                   # masked), or a prefix
+                   VecFunc.SOFTMAX: int(rng.choice([length, rng.integers(0, length + 1)])),
+                   }.get(func, 0)
             vecs.append(Vec(func=func, length=length, imm=imm, a_addr=lanes * 3,
                             b_addr=VIN - 48, dst_addr=lanes * int(rng.integers(0, 16 // lanes))))
     _check_against_the_models(vin, vecs, [0] * len(vecs), cfg)
@@ -908,12 +929,15 @@ def test_the_reset_reaches_only_the_executors_control_bits():
     """A reset of every operand register is a net of thousands of loads across the die (3,511
     bits of the preset's engine, the SiLU-gate's operand delay lines most of them); the valid
     and ``last`` bits of the pipelines (with their copies one cycle ahead), the state bits
-    and ``elements`` are 314 bits with one lane, 363 with the preset's two (a valid bit a
-    lane copy's stage). The bounds leave room for a few more control bits, not for an
-    operand line (32 bits a stage)."""
+    and ``elements`` are 319 bits with one lane, 383 with the preset's two (a valid bit a
+    lane copy's stage, SOFTMAX's Exp and Scale among them), 417 with SILU_GATE laned too
+    (its chain's). The bounds leave room for a few more control bits, not for an operand line
+    (32 bits a stage)."""
     from hw.config import preset
-    for lanes, bound in ((1, 330), (2, 370)):
-        assert _reset_bits(VectorEngine(preset("vector").replace(vector_lanes=lanes))) <= bound
+    for cfg, bound in ((preset("vector").replace(vector_lanes=1), 330),
+                       (preset("vector"), 390),
+                       (preset("vector").replace(vector_laned_silu=True), 425)):
+        assert _reset_bits(VectorEngine(cfg)) <= bound
 
 
 def test_the_executor_refuses_a_configuration_without_the_engine():

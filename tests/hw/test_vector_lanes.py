@@ -25,8 +25,11 @@ from hw.isa import (
     insert_imm,
     insert_laned,
     kv4_imm,
+    laned_vec_funcs,
     program_words,
+    rope_geometry,
     rope_imm,
+    rope_laned,
     vec_lanes,
     vec_reads_b,
     vec_unaligned,
@@ -93,25 +96,60 @@ def test_rtl_engine_builds_lanes(lanes):
     tree = timing.vec_lane_tree(lanes)
     assert units["absmax"].latency == timing.VECTOR_LATENCY["absmax"] + tree
     assert units["sumsq"].latency == timing.VECTOR_LATENCY["sumsq"] + tree
-    for name in ("add", "mul16", "requant", "mul_fold", "dequant_factor", "scale31"):
+    assert units["max"].latency == timing.VECTOR_LATENCY["max"] + tree       # SOFTMAX's
+    assert units["sum"].latency == timing.VECTOR_LATENCY["sum"] + tree
+    for name in ("add", "mul16", "requant", "mul_fold", "dequant_factor", "scale31", "exp",
+                 "scale16", "rope"):
         assert sum(k == name or k.startswith(f"{name}_l") for k in units) == lanes, name
-    for name in ("recip", "rsqrt", "exp", "rope", "argmax"):
+    for name in ("recip", "rsqrt", "exp30", "argmax"):
         assert name in units and f"{name}_l1" not in units
     assert ("absmax_kv" in units) == (lanes > 1)   # KV4's one-lane AbsMax (no lane tree)
 
 
+def test_laned_silu_is_a_validated_field():
+    """``vector_laned_silu`` (SILU_GATE laned: its chain a lane) is a bool, only with lanes,
+    off in the vector preset (the ECP5-85F's multipliers), left out of the JSON when off (the
+    fingerprints stay) and in it when on."""
+    assert not preset("vector").vector_laned_silu
+    assert "vector_laned_silu" not in preset("vector").to_dict()
+    on = _cfg(4).replace(vector_laned_silu=True)
+    assert on.to_dict()["vector_laned_silu"] is True
+    assert AcceleratorConfig.from_json(on.to_json()) == on
+    assert on.fingerprint != _cfg(4).fingerprint
+    with pytest.raises(ConfigError, match="vector_laned_silu needs vector_lanes > 1"):
+        VCFG.replace(vector_laned_silu=True)
+    with pytest.raises(ConfigError, match="vector_laned_silu must be a bool, got 1"):
+        _cfg(2).replace(vector_laned_silu=1)
+    assert laned_vec_funcs(_cfg(2)) == LANED_VEC_FUNCS
+    assert laned_vec_funcs(on) == (*LANED_VEC_FUNCS, VecFunc.SILU_GATE)
+
+
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_rtl_engine_builds_silu_lanes(lanes):
+    """With ``vector_laned_silu`` every lane has the SiLU-gate's chain (its own Recip beside
+    lane 0's shared one); without, only lane 0 has it."""
+    for silu in (False, True):
+        units = VectorEngine(_cfg(lanes).replace(vector_laned_silu=silu))._units
+        for name in ("exp30", "recip", "scale60", "mul_es", "mul_gs"):
+            count = sum(k == name or k.startswith(f"{name}_l") for k in units)
+            assert count == (lanes if silu else 1), (name, silu)
+
+
 # ---------------------------------------------------------------------- the lane table
 def _laned(func: VecFunc, imm: int, lanes: int) -> bool:
-    return func in LANED_VEC_FUNCS or bool(insert_laned(func.value, imm, lanes))
+    return (func in LANED_VEC_FUNCS or bool(insert_laned(func.value, imm, lanes))
+            or bool(rope_laned(func.value, imm, lanes)))
 
 
 @pytest.mark.parametrize("lanes", LANES)
 def test_lane_table(lanes):
     """``vec_lanes`` is the lanes for the table's sub-ops and 1 for the others (an INSERT of
-    several codes a word apart: one), on ints and arrays alike."""
+    several codes a word apart: one; a ROPE of this ``imm``, heads of 2048 elements: laned),
+    on ints and arrays alike."""
     imm = insert_imm(0, 3, 1, 4)
+    assert rope_geometry(imm)[0] == 2048
     funcs = np.array([f.value for f in VecFunc])
-    want = [lanes if f in LANED_VEC_FUNCS else 1 for f in VecFunc]
+    want = [lanes if f in LANED_VEC_FUNCS or f == VecFunc.ROPE else 1 for f in VecFunc]
     assert [int(vec_lanes(f.value, lanes, imm)) for f in VecFunc] == want
     assert vec_lanes(funcs, lanes, np.full(funcs.shape, imm)).tolist() == want
 
@@ -151,6 +189,27 @@ def test_an_insert_is_laned_where_a_group_read_takes_one_code(geometry, limit):
             assert bool(insert_laned(VecFunc.INSERT4.value, imm4, lanes)) == want
 
 
+@pytest.mark.parametrize(("head_dim", "limit"), [(2, 2), (4, 4), (6, 2), (64, 64),
+                                                 (128, 128), (96, 32), (0, 1)])
+def test_a_rope_is_laned_where_its_half_head_is_whole_groups(head_dim, limit):
+    """:func:`hw.isa.rope_laned`: a ROPE whose ``head_dim / 2`` is a multiple of the lanes
+    (below ``limit``, a power of two), never at one lane nor for another sub-op; ints, arrays
+    and ``vec_lanes`` agree."""
+    for lanes in (1, 2, 4, 8, 16, 32, 64, 128):
+        want = 1 < lanes < limit
+        imm = rope_imm(head_dim, 3)
+        assert bool(rope_laned(VecFunc.ROPE.value, imm, lanes)) == want, (head_dim, lanes)
+        assert int(vec_lanes(VecFunc.ROPE.value, lanes, imm)) == (lanes if want else 1)
+        arr = rope_laned(np.array([VecFunc.ROPE.value, VecFunc.ADD.value]),
+                         np.array([imm, imm]), lanes)
+        assert arr.tolist() == [want, False]
+        # its row, table and results aligned whatever its imm (the rule reads no imm)
+        for a, b, d in ((lanes, 0, 0), (0, lanes, 0), (0, 0, lanes), (1, 0, 0), (0, 1, 0),
+                        (0, 0, 1)):
+            assert bool(vec_unaligned(VecFunc.ROPE.value, a, b, d, lanes)) == (
+                lanes > 1 and 1 in (a, b, d)), (lanes, a, b, d)
+
+
 # ---------------------------------------------------------------------- timing
 def _one_lane(func: VecFunc, length: int, imm: int) -> int:
     return timing.vec_cycles(Vec(func=func, length=length, imm=imm), VCFG)
@@ -160,11 +219,11 @@ def _one_lane(func: VecFunc, length: int, imm: int) -> int:
 def test_laned_cycles(lanes):
     """A laned sub-op takes its one-lane cycles of a row of ``ceil(L / lanes)`` elements, plus
     ``log2(lanes)`` per reduction over the lanes (REQUANT's and FOLD's AbsMax, RMSNORM's
-    AbsMax and SumSq); every other sub-op its one-lane cycles. Random lengths, not multiples
-    of the lanes among them."""
+    AbsMax and SumSq, SOFTMAX's Max and Sum); every other sub-op its one-lane cycles. Random
+    lengths, not multiples of the lanes among them."""
     rng = np.random.default_rng(lanes)
     tree = lanes.bit_length() - 1
-    reductions = {VecFunc.REQUANT: 1, VecFunc.FOLD: 1, VecFunc.RMSNORM: 2}
+    reductions = {VecFunc.REQUANT: 1, VecFunc.FOLD: 1, VecFunc.RMSNORM: 2, VecFunc.SOFTMAX: 2}
     cfg = _cfg(lanes)
     for length in [1, 2, 3, 4, 5, 7, 8, 9, 255, 256, 257] + rng.integers(1, 4096, 20).tolist():
         for func in VecFunc:
@@ -175,6 +234,12 @@ def test_laned_cycles(lanes):
             else:
                 want = _one_lane(func, length, imm)
             assert got == want, (func, length, lanes)
+    # SILU_GATE with its chain a lane (vector_laned_silu): no reduction, its one-lane cycles
+    # of ceil(L / lanes) elements
+    silu = cfg.replace(vector_laned_silu=True) if lanes > 1 else cfg
+    for length in [1, 2, 3, 5, 8, 9, 688, 1536]:
+        v = Vec(func=VecFunc.SILU_GATE, length=length)
+        assert timing.vec_cycles(v, silu) == _one_lane(VecFunc.SILU_GATE, -(-length // lanes), 0)
 
 
 @pytest.mark.parametrize("lanes", LANES)
@@ -188,27 +253,29 @@ def test_laned_cycles_fields(lanes):
         length = int(rng.integers(1, 2048))
         vecs.append(Vec(func=func, length=length, imm=_imm(func, length)))
     f = decode_fields(program_words(vecs))
-    assert timing.vec_cycles_fields(f, cfg).tolist() == [timing.vec_cycles(v, cfg)
-                                                          for v in vecs]
+    for c in (cfg, cfg.replace(vector_laned_silu=True)) if lanes > 1 else (cfg,):
+        assert timing.vec_cycles_fields(f, c).tolist() == [timing.vec_cycles(v, c)
+                                                            for v in vecs]
 
 
 def test_four_lanes_hot_functions():
     """The decode step's hot sub-ops on a row of 256 (the reference model's hidden size), one
     and four lanes: the numbers the vector configuration's step moves by."""
     got = {f: [timing.vec_cycles(Vec(func=f, length=256), _cfg(n)) for n in (1, 4)]
-           for f in (VecFunc.REQUANT, VecFunc.DEQUANT, VecFunc.RMSNORM)}
+           for f in (VecFunc.REQUANT, VecFunc.DEQUANT, VecFunc.RMSNORM, VecFunc.SOFTMAX)}
     assert got == {VecFunc.REQUANT: [537, 155], VecFunc.DEQUANT: [270, 78],
-                   VecFunc.RMSNORM: [801, 229]}
+                   VecFunc.RMSNORM: [801, 229], VecFunc.SOFTMAX: [814, 242]}
 
 
 # ---------------------------------------------------------------------- alignment
-@pytest.mark.parametrize("lanes", LANES)
-def test_alignment_rule(lanes):
+@pytest.mark.parametrize(("lanes", "silu"), [(1, False), (2, False), (4, False), (4, True)])
+def test_alignment_rule(lanes, silu):
     """A laned VEC's rows (a_addr, b_addr where it reads one, dst_addr) start on a multiple of
-    the lanes, else BAD_ADDRESS; other sub-ops and one lane never fail it. dispatch_error,
-    dispatch_errors and check agree, and check names the addresses."""
-    rng = np.random.default_rng(20 + lanes)
-    cfg = _cfg(lanes)
+    the lanes, else BAD_ADDRESS (SILU_GATE's with ``vector_laned_silu``); other sub-ops and
+    one lane never fail it. dispatch_error, dispatch_errors and check agree, and check names
+    the addresses."""
+    rng = np.random.default_rng(20 + lanes + silu)
+    cfg = _cfg(lanes).replace(vector_laned_silu=silu)
     vecs, want = [], []
     for _ in range(400):
         func = VecFunc(int(rng.choice([f.value for f in VecFunc if f != VecFunc.ROPE])))
@@ -216,10 +283,10 @@ def test_alignment_rule(lanes):
         a, b, d = (int(x) for x in rng.integers(0, 512, 3))
         v = Vec(func=func, length=length, imm=_imm(func, length), a_addr=a,
                 b_addr=b if vec_reads_b(func.value) else int(rng.integers(0, 512)), dst_addr=d)
-        n = lanes if func in LANED_VEC_FUNCS else 1
+        n = lanes if func in laned_vec_funcs(cfg) else 1
         rows = lanes if func in (VecFunc.INSERT, VecFunc.INSERT4) else n  # its codes: any
         bad = bool(a % rows or d % rows or (vec_reads_b(func.value) and v.b_addr % n))
-        assert bool(vec_unaligned(func.value, a, v.b_addr, d, lanes)) == bad
+        assert bool(vec_unaligned(func.value, a, v.b_addr, d, lanes, silu)) == bad
         vecs.append(v)
         want.append(ErrorCode.BAD_ADDRESS if bad else ErrorCode.NONE)
     got = [dispatch_error(v, cfg) for v in vecs]
@@ -237,18 +304,18 @@ def test_alignment_rule(lanes):
 # ---------------------------------------------------------------------- the fast model
 @pytest.mark.parametrize("seed", range(4))
 def test_random_programs_results_independent_of_lanes(seed):
-    """Random vector programs (rows drawn aligned, lengths any) on 1, 2 and 4 lanes: each runs
-    without error, every VEC takes its ``vec_cycles`` on that configuration, and the DRAM they
-    leave is the same bit for bit (the lanes change when, never what)."""
+    """Random vector programs (rows drawn aligned, lengths any) on 1, 2 and 4 lanes, and 4
+    with SILU_GATE laned: each runs without error, every VEC takes its ``vec_cycles`` on that
+    configuration, and the DRAM they leave is the same bit for bit (the lanes change when,
+    never what)."""
     base = EQUIVALENCE_CONFIGS["4x4"]
     rng = np.random.default_rng(seed)
-    rp = random_program(base.replace(vector_lanes=4), rng, chains=int(rng.integers(1, 3)),
-                        tasks=3, vector=0.9)
+    widest = base.replace(vector_lanes=4, vector_laned_silu=True)
+    rp = random_program(widest, rng, chains=int(rng.integers(1, 3)), tasks=3, vector=0.9)
     results = []
-    for lanes in LANES:
-        cfg = base.replace(vector_lanes=lanes)
+    for cfg in [*(base.replace(vector_lanes=lanes) for lanes in LANES), widest]:
         res = FastModel(cfg).run(rp.program, rp.dram, trace=True, regs=rp.regs)
-        assert res.ok, (lanes, res.error, res.detail)
+        assert res.ok, (cfg.vector_lanes, res.error, res.detail)
         for t in res.trace:
             ins = rp.program[t.index]
             if isinstance(ins, Vec):

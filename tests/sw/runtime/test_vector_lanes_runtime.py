@@ -32,7 +32,7 @@ def test_lanes_change_cycles_not_logits():
                         generator=torch.Generator().manual_seed(3))
     runs = {}
     for lanes in (1, VSMALL.vector_lanes_max):
-        cfg = VSMALL.replace(vector_lanes=lanes)
+        cfg = VSMALL.replace(vector_lanes=lanes, vector_laned_silu=lanes > 1)
         exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + STEPS), weights=ws)
         laned = 0
         for p in exe.programs:   # every laned VEC's rows on the lanes
@@ -40,7 +40,8 @@ def test_lanes_change_cycles_not_logits():
                 f = decode_fields(program_words(p.words))
                 vec = f["opcode"] == Opcode.VEC.value
                 assert not (vec & vec_unaligned(f["vec.func"], f["vec.a_addr"], f["vec.b_addr"],
-                                                f["vec.dst_addr"], lanes)).any()
+                                                f["vec.dst_addr"], lanes,
+                                                cfg.vector_laned_silu)).any()
                 laned += int((vec & (f["vec.func"] == VecFunc.DEQUANT.value)).sum())
         assert laned > 0
         runs[lanes] = runtime_steps(Runtime(exe, make_backend("model", cfg), vector=True),
@@ -58,9 +59,10 @@ def test_rtl_runs_a_laned_engine_as_the_fast_model():
     """A one-layer model compiled for the equivalence harness's vector shape with four lanes
     (its beat's elements) runs on the RTL to the fast model's logits and cycles, step by
     step, and to the twin's logits: the laned RTL engine on the compiler's programs (RMSNORM,
-    REQUANT, DEQUANT, FOLD and ADD on the lanes beside the one-lane sub-ops)."""
+    REQUANT, DEQUANT, FOLD, ADD, SOFTMAX, ROPE (half heads of 8) and SILU_GATE
+    (``vector_laned_silu``) on the lanes beside the one-lane sub-ops)."""
     from sim.random_programs import EQUIVALENCE_CONFIGS
-    cfg = EQUIVALENCE_CONFIGS["4x4"].replace(vector_lanes=4)
+    cfg = EQUIVALENCE_CONFIGS["4x4"].replace(vector_lanes=4, vector_laned_silu=True)
     lm = tiny_lm(layers=1, heads=2, kv_heads=1, hidden=32, vocab=32)
     ws = compressed(lm, "2:4", 32)
     exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
@@ -69,7 +71,8 @@ def test_rtl_runs_a_laned_engine_as_the_fast_model():
         if p.instructions:
             f = decode_fields(program_words(p.words))
             funcs |= {VecFunc(int(v)) for v in f["vec.func"][f["opcode"] == Opcode.VEC.value]}
-    assert {VecFunc.RMSNORM, VecFunc.REQUANT, VecFunc.DEQUANT, VecFunc.FOLD} <= funcs
+    assert {VecFunc.RMSNORM, VecFunc.REQUANT, VecFunc.DEQUANT, VecFunc.FOLD, VecFunc.SOFTMAX,
+            VecFunc.SILU_GATE, VecFunc.ROPE} <= funcs
     ids = torch.randint(0, lm.config.vocab_size, (1, PROMPT + 2),
                         generator=torch.Generator().manual_seed(5))
     runs = backends_agree(exe, cfg, ids, PROMPT)
