@@ -382,12 +382,16 @@ class VectorEngine(wiring.Component):
             if n > 1:
                 wide_now = (Cat(body.func == f for f in LANED_VEC_FUNCS).any()
                             | insert_laned(body.func.as_value(), body.imm, n))
-                groups = Mux(wide_now, (body.length + (n - 1)) >> lg, body.length)
+                # The row's reads less one both ways, wide_now (an adder and a compare of
+                # imm's fields) only selecting: no adder waits for it.
+                g_wide = (body.length + (n - 1)) >> lg
+                g_m1 = Mux(wide_now, g_wide - 1, body.length - 1)
+                g_one = Mux(wide_now, g_wide == 1, body.length == 1)
                 m.d.sync += [wide.eq(wide_now), inc.eq(Mux(wide_now, n, 1)),
-                             reads_m1.eq(groups - 1),
-                             left.eq(Mux(amax_first, 0, groups - 1)),
-                             at_end.eq(amax_first | (groups == 1)),
-                             len_one.eq(groups == 1),
+                             reads_m1.eq(g_m1),
+                             left.eq(Mux(amax_first, 0, g_m1)),
+                             at_end.eq(amax_first | g_one),
+                             len_one.eq(g_one),
                              tail.eq(Cat((body.length - 1)[:lg] >= j for j in range(n)))]
             body_half = body.imm[1:ROPE_HEAD_DIM_BITS]
             m.d.sync += [half_m1.eq(body_half - 1), half_p1.eq(body_half + 1),
