@@ -73,7 +73,7 @@ from hw.isa import (
     kv4_bad,
     legal_words,
     reads_param,
-    vec_out_words,
+    vec_out_terms,
     vec_reads_amax,
     vec_reads_b,
     vec_unaligned,
@@ -248,7 +248,6 @@ class FetchUnit(wiring.Component):
         bad_vec = Cat(length == 0,
                       v.a_addr + length > lim.vin_elems,
                       vec_reads_b(func) & (v.b_addr + length > lim.vin_elems),
-                      v.dst_addr + vec_out_words(func, length, v.imm) > lim.vout_elems,
                       (func == VecFunc.SOFTMAX.value) & (v.imm > length) & ~relative,
                       is_rope & (head_dim[0] | (head_dim == 0) | heads[_ROPE_HEADS_BITS:].any()
                                  | (v.b_addr + head_dim[1:] > lim.vin_elems)),
@@ -256,9 +255,14 @@ class FetchUnit(wiring.Component):
                       insert_bad(func, v.imm) & ~relative, kv4_bad(func, length, v.imm),
                       vec_unaligned(func, v.a_addr, v.b_addr, v.dst_addr, lim.vec_lanes))
         rope_row = heads[:_ROPE_HEADS_BITS] * head_dim
+        # The results' range in VOUT, dst_addr + vec_out_words > vout_elems, in S3: here the
+        # terms of vec_out_words (each a selection of at most one adder of the fields; as one
+        # sum behind the KV4 group count's shift they were the deepest logic of the design).
+        out_terms = vec_out_terms(func, length, v.imm)
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)
             is_rope, rope_row = Const(0, 1), Const(0, 1)
+            out_terms = ()
 
         g = ins.body.gemm
         int8_bad = g.int8 if not lim.int8 else g.int8 & (g.pattern != 0)
@@ -299,6 +303,7 @@ class FetchUnit(wiring.Component):
             "dma_bad": dma_bad,
             "bad_vec": bad_vec,
             "is_rope": is_rope,
+            **{f"vout_t{k}": t for k, t in enumerate(out_terms)},
             "rope_row": rope_row,
             "is_vec": is_[Opcode.VEC],
             "is_gemm": is_[Opcode.GEMM],
@@ -450,7 +455,11 @@ class FetchUnit(wiring.Component):
         ins3 = InstrLayout(Cat(raw2[:off_at], addr3, raw2[off_at + off_w:imm_at], imm3,
                                raw2[imm_at + imm_w:]))
         # An extent is out of range when its end less the limit (folded in by S2) is >= 0.
-        spad_over = dma.spad_addr + s2["spad_len"] + s2["spad_limit"] >= 0
+        # (one carry-save sum and one carry chain, not two adders and a comparison in series;
+        # two unsigned terms below 2**b and the negative limit fit b + 2 bits with the sign)
+        spad_terms = [dma.spad_addr, s2["spad_len"], s2["spad_limit"]]
+        spad_w = max(len(t) for t in spad_terms) + 2
+        spad_over = ~wide_sum(spad_terms, 0, spad_w)[spad_w - 1]
         dram_w = max(tail_w, len(s2["step"]), REG_BITS, len(s2["span_lo"]),
                      len(s2["span_hi"]) + 16) + 4
         dram_over = ~wide_sum([s2["dram_tail"].as_signed(), s2["step"], s2["reg_dma"],
@@ -466,6 +475,14 @@ class FetchUnit(wiring.Component):
         bad_rel_vec = (vec2.reg != 0) & (((func2 == VecFunc.SOFTMAX.value) & over_count)
                                          | insert_bad(func2, imm3)) if cfg.has_vector \
             else Const(0, 1)
+        # A VEC's results past VOUT: dst_addr + vec_out_words - (vout_elems + 1) >= 0, one
+        # carry-save sum of S2's terms (BAD_ADDRESS as the field checks', which it follows
+        # in the error's priority: a VEC's other errors are ILLEGAL_OPCODE and BAD_EVENT).
+        out_terms2 = [vec2.dst_addr] + [s2[k] for k in s2 if k.startswith("vout_t")]
+        # (n terms below 2**b sum below 2**(b + bitlen(n)); one bit more for the sign)
+        out_w = max(len(t) for t in out_terms2) + len(out_terms2).bit_length() + 1
+        dst_over = ~wide_sum(out_terms2, -(int(dispatch_limits(cfg).vout_elems) + 1),
+                             out_w)[out_w - 1] if cfg.has_vector else Const(0, 1)
         pre = self._pre_error(s2)
         s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=ins3, pre=pre,
                    pre_ok=pre == ErrorCode.NONE, pc_over=s2["pc"] == depth,
@@ -474,7 +491,7 @@ class FetchUnit(wiring.Component):
                    bad_range=(s2["is_dma"] & (spad_over | dram_over))
                    | (s2["is_vec"] & s2["is_rope"]
                       & (s2["rope_row"] != s2["ins"].body.vec.length))
-                   | (s2["is_vec"] & bad_rel_vec))
+                   | (s2["is_vec"] & (bad_rel_vec | dst_over)))
         # A REPEAT or END inside a body: that of the loop running, or of the REPEAT in the
         # dispatch stage (its body's first instruction is here when it is dispatched).
         new_body3 = Signal(name="s3_in_new_body")
