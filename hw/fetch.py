@@ -8,14 +8,16 @@ F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048
 S1    the banks' words, registered
 S2    bank select; the terms of the opcode / event / GEMM field checks (of the fetched word:
       a loop's offset, picked here for a body's LOAD or STORE, reaches only the DRAM range's
-      carry-save sum); the value of the run-time register a LOAD, STORE or VEC names, picked
-      from the register file (hw.isa.relative_fields);
+      carry-save sum); the value of the run-time register a LOAD or STORE names, picked
+      from the register file (hw.isa.relative_fields), and a VEC's ``imm`` plus its own;
       DMA extent products ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves:
-      multipliers between registers); a ROPE's ``heads * head_dim``
+      multipliers between registers); a ROPE's ``heads * head_dim``; a VEC's results as
+      the terms of ``vec_out_words`` (hw.isa.vec_out_terms)
 S3    the field checks' error code from their terms; extent sums, each less its limit, so that
-      the range check is the sum's sign bit (the DRAM range's with the register's value); the
+      the range check is the sum's sign bit (the DRAM range's with the register's value; a
+      VEC's VOUT range, ``dst_addr`` and the terms); the
       ROPE product against ``length``; the effective word (``dram_addr`` plus the loop's
-      offset and the register, ``imm`` plus the register, saturated) and a relative VEC's
+      offset and the register; the VEC's sum saturated) and a relative VEC's
       checks of its ``imm``
 S4    the error code from the registered checks; this is the *dispatch* stage
 ====  ========================================================================================
@@ -231,8 +233,8 @@ class FetchUnit(wiring.Component):
         dma_bad = Cat(Mux(is_[Opcode.STORE], ~one_of(stores), ~one_of(LOAD_SPADS)),
                       dma.rows == 0, dma.row_beats == 0)
 
-        # VEC: a row of at least one element, its ranges inside VIN and VOUT (16-bit sums and
-        # comparisons, a stage of their own).
+        # VEC: a row of at least one element, its ranges inside VIN (16-bit sums and
+        # comparisons, a stage of their own) and VOUT (its terms here, their sum in S3).
         v = ins.body.vec
         func, length = v.func.as_value(), v.length
         # ROPE: head_dim even and >= 2, its table inside VIN; heads * head_dim == length is
@@ -412,12 +414,13 @@ class FetchUnit(wiring.Component):
         op1 = fetched.header.opcode
         is_dma1 = (op1 == Opcode.LOAD) | (op1 == Opcode.STORE)
         # ---- run-time registers (hw.isa.relative_fields): S2 holds the value of the register
-        # a LOAD or STORE names (for its dram_addr) and that a VEC names (for its imm), 0 for
-        # every other word, picked from the register file here; S3 adds them, an adder each
-        # and a saturation, and holds the effective word, which S4 and the queue see. The
-        # DRAM range adds the register in its own carry-save sum; a VEC's checks of its imm
-        # (REG_VEC_FUNCS: a SOFTMAX's count, an INSERT's geometry) are made on the sum in S3
-        # for a word that names a register, in S2 for every other.
+        # a LOAD or STORE names (for its dram_addr), 0 for every other word, picked from the
+        # register file here, and a VEC's imm plus the value of the register it names (the
+        # sum here, so that S3's checks of it do not wait for a carry chain as wide as the
+        # register); S3 adds the DMA's, saturates both and holds the effective word, which S4
+        # and the queue see. The DRAM range adds the register in its own carry-save sum; a
+        # VEC's checks of its imm (REG_VEC_FUNCS: a SOFTMAX's count, an INSERT's geometry)
+        # are made on the sum in S3 for a word that names a register, in S2 for every other.
         is_vec1 = op1 == Opcode.VEC
         regfile = Array([Const(0, REG_BITS)] + [self.regs[i] for i in range(NUM_REGS)])
         reg_dma = Mux(is_dma1, regfile[fetched.body.dma.reg], 0)
@@ -444,14 +447,13 @@ class FetchUnit(wiring.Component):
         tail_w = max(max(len(t) for t in tail_terms), const.bit_length()) + len(tail_terms)
         chk["dram_tail"] = wide_sum([fetched.body.dma.dram_addr, *plus], const, tail_w, minus)
         s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=fetched, step=step, reg_dma=reg_dma,
-                   reg_vec=reg_vec, **chk)
+                   imm_sum=fetched.body.vec.imm + reg_vec, **chk)
         dma = s2["ins"].body.dma
         vec2 = s2["ins"].body.vec
         raw2 = s2["ins"].as_value()
         addr3 = dma.dram_addr + s2["step"] + s2["reg_dma"]
         addr3 = Mux(addr3[off_w:].any(), DRAM_ADDR_MAX, addr3[:off_w])
-        imm3 = vec2.imm + s2["reg_vec"]
-        imm3 = Mux(imm3[imm_w:].any(), IMM_MAX, imm3[:imm_w])
+        imm3 = Mux(s2["imm_sum"][imm_w:].any(), IMM_MAX, s2["imm_sum"][:imm_w])
         ins3 = InstrLayout(Cat(raw2[:off_at], addr3, raw2[off_at + off_w:imm_at], imm3,
                                raw2[imm_at + imm_w:]))
         # An extent is out of range when its end less the limit (folded in by S2) is >= 0.
@@ -468,9 +470,8 @@ class FetchUnit(wiring.Component):
         # A relative VEC's checks of its effective imm: a SOFTMAX's count within its row (the
         # sign of length - imm - register; the saturation does not change it, as IMM_MAX is
         # past every length), an INSERT's geometry.
-        imm_sum_w = imm_w + 3
-        over_count = wide_sum([vec2.length], 0, imm_sum_w,
-                              [vec2.imm, s2["reg_vec"]])[imm_sum_w - 1]
+        imm_sum_w = max(len(s2["imm_sum"]), len(vec2.length)) + 2
+        over_count = wide_sum([vec2.length], 0, imm_sum_w, [s2["imm_sum"]])[imm_sum_w - 1]
         func2 = vec2.func.as_value()
         bad_rel_vec = (vec2.reg != 0) & (((func2 == VecFunc.SOFTMAX.value) & over_count)
                                          | insert_bad(func2, imm3)) if cfg.has_vector \
