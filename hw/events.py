@@ -137,13 +137,14 @@ class EventUnit(wiring.Component):
 
         # Overflow: count + inc - dec above the maximum, decided in the cycle of the update and
         # registered, because it holds back every counter and the DRAM ports at the top. The
-        # signals come late in the cycle (an executor's `done`), and so do the grants, so the
-        # decision is taken per signalling port e from flags of registers: with e's counter k
-        # below the maximum, j signals on its event overflow it if j > k + 1 (`over`), or if
-        # j = k + 1 and it is not granted (`edge`). The grant of e's event and the signals
-        # only pick a flag.
-        overflow = []
-        for e, s in enumerate(self.signal):
+        # signals' valid bits come late in the cycle (an executor's `done`); everything else
+        # here is early (registers: the near flags, the masks, the waits and the grant, which
+        # reads only registers). So the decision is taken for every set of signalling ports
+        # from the early terms, and the valid bits only pick one (a multiplexer of
+        # 2**ports flags). With port e's counter k below the maximum, j signals on its event
+        # overflow it if j > k + 1 (`over`), or if j = k + 1 and it is not granted (`edge`).
+        terms = []
+        for e in range(ports):
             hot = sig_hot[e]
             over = [any_of([hot[v] & any_of(near[v][:j - 1]) for v in range(n)])
                     for j in range(1, ports + 1)]
@@ -152,13 +153,25 @@ class EventUnit(wiring.Component):
             # e's event is granted: some port waits on it and it is non-zero (decs, per port)
             granted = (hot & nonzero).any() & any_of(
                 [w.valid & (hot & wait_hot[f]).any() for f, w in enumerate(self.wait)])
-            same = [s.valid if f == e else t.valid & (hot & sig_hot[f]).any()
-                    for f, t in enumerate(self.signal)]
-            signals = sum(same)   # ports signalling e's event, e included
-            overflow.append(s.valid & any_of([(signals >= j) & (over[j - 1]
-                                                                | edge[j - 1] & ~granted)
-                                              for j in range(1, ports + 1)]))
-        m.d.sync += self.overflow.eq(any_of(overflow))
+            same = [(hot & sig_hot[f]).any() for f in range(ports)]   # f signals e's event
+            terms.append((same, [over[j - 1] | edge[j - 1] & ~granted
+                                 for j in range(1, ports + 1)]))
+
+        def overflows(signalling: int) -> Value:
+            """The update overflows when the ports of the bit mask ``signalling`` signal."""
+            flags = []
+            for e, (same, over_at) in enumerate(terms):
+                if signalling >> e & 1:
+                    # the ports signalling e's event, e included
+                    signals = 1 + sum(same[f] for f in range(ports)
+                                      if f != e and signalling >> f & 1)
+                    flags.append(any_of([(signals >= j) & over_at[j - 1]
+                                         for j in range(1, ports + 1)]))
+            return any_of(flags)
+
+        by_set = Cat(overflows(p) for p in range(1 << ports))
+        valid = Cat(s.valid for s in self.signal)
+        m.d.sync += self.overflow.eq(by_set.bit_select(valid, 1))
         for e, w in enumerate(self.wait):
             m.d.comb += self.starved[e].eq(w.valid & ~(w.payload & nonzero).any())
         return m

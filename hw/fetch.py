@@ -8,14 +8,16 @@ F     read ``imem[pc]`` (cycle 0 after start for ``pc = 0``), every bank of 2048
 S1    the banks' words, registered
 S2    bank select; the terms of the opcode / event / GEMM field checks (of the fetched word:
       a loop's offset, picked here for a body's LOAD or STORE, reaches only the DRAM range's
-      carry-save sum); the value of the run-time register a LOAD, STORE or VEC names, picked
-      from the register file (hw.isa.relative_fields);
+      carry-save sum); the value of the run-time register a LOAD or STORE names, picked
+      from the register file (hw.isa.relative_fields), and a VEC's ``imm`` plus its own;
       DMA extent products ``rows * row_beats`` and ``rows * dram_stride`` (in 16-bit halves:
-      multipliers between registers); a ROPE's ``heads * head_dim``
+      multipliers between registers); a ROPE's ``heads * head_dim``; a VEC's results as
+      the terms of ``vec_out_words`` (hw.isa.vec_out_terms)
 S3    the field checks' error code from their terms; extent sums, each less its limit, so that
-      the range check is the sum's sign bit (the DRAM range's with the register's value); the
+      the range check is the sum's sign bit (the DRAM range's with the register's value; a
+      VEC's VOUT range, ``dst_addr`` and the terms); the
       ROPE product against ``length``; the effective word (``dram_addr`` plus the loop's
-      offset and the register, ``imm`` plus the register, saturated) and a relative VEC's
+      offset and the register; the VEC's sum saturated) and a relative VEC's
       checks of its ``imm``
 S4    the error code from the registered checks; this is the *dispatch* stage
 ====  ========================================================================================
@@ -73,7 +75,7 @@ from hw.isa import (
     kv4_bad,
     legal_words,
     reads_param,
-    vec_out_words,
+    vec_out_terms,
     vec_reads_amax,
     vec_reads_b,
     vec_unaligned,
@@ -231,8 +233,8 @@ class FetchUnit(wiring.Component):
         dma_bad = Cat(Mux(is_[Opcode.STORE], ~one_of(stores), ~one_of(LOAD_SPADS)),
                       dma.rows == 0, dma.row_beats == 0)
 
-        # VEC: a row of at least one element, its ranges inside VIN and VOUT (16-bit sums and
-        # comparisons, a stage of their own).
+        # VEC: a row of at least one element, its ranges inside VIN (16-bit sums and
+        # comparisons, a stage of their own) and VOUT (its terms here, their sum in S3).
         v = ins.body.vec
         func, length = v.func.as_value(), v.length
         # ROPE: head_dim even and >= 2, its table inside VIN; heads * head_dim == length is
@@ -248,7 +250,6 @@ class FetchUnit(wiring.Component):
         bad_vec = Cat(length == 0,
                       v.a_addr + length > lim.vin_elems,
                       vec_reads_b(func) & (v.b_addr + length > lim.vin_elems),
-                      v.dst_addr + vec_out_words(func, length, v.imm) > lim.vout_elems,
                       (func == VecFunc.SOFTMAX.value) & (v.imm > length) & ~relative,
                       is_rope & (head_dim[0] | (head_dim == 0) | heads[_ROPE_HEADS_BITS:].any()
                                  | (v.b_addr + head_dim[1:] > lim.vin_elems)),
@@ -257,9 +258,14 @@ class FetchUnit(wiring.Component):
                       vec_unaligned(func, v.a_addr, v.b_addr, v.dst_addr, lim.vec_lanes,
                                     lim.vec_silu))
         rope_row = heads[:_ROPE_HEADS_BITS] * head_dim
+        # The results' range in VOUT, dst_addr + vec_out_words > vout_elems, in S3: here the
+        # terms of vec_out_words (each a selection of at most one adder of the fields; as one
+        # sum behind the KV4 group count's shift they were the deepest logic of the design).
+        out_terms = vec_out_terms(func, length, v.imm)
         if not self._cfg.has_vector:   # VEC is ILLEGAL_OPCODE there: no logic for its fields
             bad_vec = Const(0, 1)
             is_rope, rope_row = Const(0, 1), Const(0, 1)
+            out_terms = ()
 
         g = ins.body.gemm
         int8_bad = g.int8 if not lim.int8 else g.int8 & (g.pattern != 0)
@@ -300,6 +306,7 @@ class FetchUnit(wiring.Component):
             "dma_bad": dma_bad,
             "bad_vec": bad_vec,
             "is_rope": is_rope,
+            **{f"vout_t{k}": t for k, t in enumerate(out_terms)},
             "rope_row": rope_row,
             "is_vec": is_[Opcode.VEC],
             "is_gemm": is_[Opcode.GEMM],
@@ -408,12 +415,13 @@ class FetchUnit(wiring.Component):
         op1 = fetched.header.opcode
         is_dma1 = (op1 == Opcode.LOAD) | (op1 == Opcode.STORE)
         # ---- run-time registers (hw.isa.relative_fields): S2 holds the value of the register
-        # a LOAD or STORE names (for its dram_addr) and that a VEC names (for its imm), 0 for
-        # every other word, picked from the register file here; S3 adds them, an adder each
-        # and a saturation, and holds the effective word, which S4 and the queue see. The
-        # DRAM range adds the register in its own carry-save sum; a VEC's checks of its imm
-        # (REG_VEC_FUNCS: a SOFTMAX's count, an INSERT's geometry) are made on the sum in S3
-        # for a word that names a register, in S2 for every other.
+        # a LOAD or STORE names (for its dram_addr), 0 for every other word, picked from the
+        # register file here, and a VEC's imm plus the value of the register it names (the
+        # sum here, so that S3's checks of it do not wait for a carry chain as wide as the
+        # register); S3 adds the DMA's, saturates both and holds the effective word, which S4
+        # and the queue see. The DRAM range adds the register in its own carry-save sum; a
+        # VEC's checks of its imm (REG_VEC_FUNCS: a SOFTMAX's count, an INSERT's geometry)
+        # are made on the sum in S3 for a word that names a register, in S2 for every other.
         is_vec1 = op1 == Opcode.VEC
         regfile = Array([Const(0, REG_BITS)] + [self.regs[i] for i in range(NUM_REGS)])
         reg_dma = Mux(is_dma1, regfile[fetched.body.dma.reg], 0)
@@ -440,18 +448,21 @@ class FetchUnit(wiring.Component):
         tail_w = max(max(len(t) for t in tail_terms), const.bit_length()) + len(tail_terms)
         chk["dram_tail"] = wide_sum([fetched.body.dma.dram_addr, *plus], const, tail_w, minus)
         s2 = stage("s2", v=s1["v"], pc=s1["pc"], ins=fetched, step=step, reg_dma=reg_dma,
-                   reg_vec=reg_vec, **chk)
+                   imm_sum=fetched.body.vec.imm + reg_vec, **chk)
         dma = s2["ins"].body.dma
         vec2 = s2["ins"].body.vec
         raw2 = s2["ins"].as_value()
         addr3 = dma.dram_addr + s2["step"] + s2["reg_dma"]
         addr3 = Mux(addr3[off_w:].any(), DRAM_ADDR_MAX, addr3[:off_w])
-        imm3 = vec2.imm + s2["reg_vec"]
-        imm3 = Mux(imm3[imm_w:].any(), IMM_MAX, imm3[:imm_w])
+        imm3 = Mux(s2["imm_sum"][imm_w:].any(), IMM_MAX, s2["imm_sum"][:imm_w])
         ins3 = InstrLayout(Cat(raw2[:off_at], addr3, raw2[off_at + off_w:imm_at], imm3,
                                raw2[imm_at + imm_w:]))
         # An extent is out of range when its end less the limit (folded in by S2) is >= 0.
-        spad_over = dma.spad_addr + s2["spad_len"] + s2["spad_limit"] >= 0
+        # (one carry-save sum and one carry chain, not two adders and a comparison in series;
+        # two unsigned terms below 2**b and the negative limit fit b + 2 bits with the sign)
+        spad_terms = [dma.spad_addr, s2["spad_len"], s2["spad_limit"]]
+        spad_w = max(len(t) for t in spad_terms) + 2
+        spad_over = ~wide_sum(spad_terms, 0, spad_w)[spad_w - 1]
         dram_w = max(tail_w, len(s2["step"]), REG_BITS, len(s2["span_lo"]),
                      len(s2["span_hi"]) + 16) + 4
         dram_over = ~wide_sum([s2["dram_tail"].as_signed(), s2["step"], s2["reg_dma"],
@@ -460,13 +471,20 @@ class FetchUnit(wiring.Component):
         # A relative VEC's checks of its effective imm: a SOFTMAX's count within its row (the
         # sign of length - imm - register; the saturation does not change it, as IMM_MAX is
         # past every length), an INSERT's geometry.
-        imm_sum_w = imm_w + 3
-        over_count = wide_sum([vec2.length], 0, imm_sum_w,
-                              [vec2.imm, s2["reg_vec"]])[imm_sum_w - 1]
+        imm_sum_w = max(len(s2["imm_sum"]), len(vec2.length)) + 2
+        over_count = wide_sum([vec2.length], 0, imm_sum_w, [s2["imm_sum"]])[imm_sum_w - 1]
         func2 = vec2.func.as_value()
         bad_rel_vec = (vec2.reg != 0) & (((func2 == VecFunc.SOFTMAX.value) & over_count)
                                          | insert_bad(func2, imm3)) if cfg.has_vector \
             else Const(0, 1)
+        # A VEC's results past VOUT: dst_addr + vec_out_words - (vout_elems + 1) >= 0, one
+        # carry-save sum of S2's terms (BAD_ADDRESS as the field checks', which it follows
+        # in the error's priority: a VEC's other errors are ILLEGAL_OPCODE and BAD_EVENT).
+        out_terms2 = [vec2.dst_addr] + [s2[k] for k in s2 if k.startswith("vout_t")]
+        # (n terms below 2**b sum below 2**(b + bitlen(n)); one bit more for the sign)
+        out_w = max(len(t) for t in out_terms2) + len(out_terms2).bit_length() + 1
+        dst_over = ~wide_sum(out_terms2, -(int(dispatch_limits(cfg).vout_elems) + 1),
+                             out_w)[out_w - 1] if cfg.has_vector else Const(0, 1)
         pre = self._pre_error(s2)
         s3 = stage("s3", v=s2["v"], pc=s2["pc"], ins=ins3, pre=pre,
                    pre_ok=pre == ErrorCode.NONE, pc_over=s2["pc"] == depth,
@@ -475,7 +493,7 @@ class FetchUnit(wiring.Component):
                    bad_range=(s2["is_dma"] & (spad_over | dram_over))
                    | (s2["is_vec"] & s2["is_rope"]
                       & (s2["rope_row"] != s2["ins"].body.vec.length))
-                   | (s2["is_vec"] & bad_rel_vec))
+                   | (s2["is_vec"] & (bad_rel_vec | dst_over)))
         # A REPEAT or END inside a body: that of the loop running, or of the REPEAT in the
         # dispatch stage (its body's first instruction is here when it is dispatched).
         new_body3 = Signal(name="s3_in_new_body")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 import numpy as np
+from amaranth.hdl import Mux, Value
 from amaranth.lib import data, enum
 
 from hw.config import AcceleratorConfig
@@ -46,8 +47,8 @@ __all__ = [
     "Header", "DmaBody", "GemmBody", "SyncBody", "VecBody", "RepeatBody", "InstrLayout",
     "Load", "Store", "Gemm", "Sync", "Vec", "End", "Repeat", "Instr", "ISAError",
     "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
-    "vec_out_words", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT", "dequant_imm",
-    "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS",
+    "vec_out_words", "vec_out_terms", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT",
+    "dequant_imm", "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS",
     "laned_vec_funcs", "vec_lanes", "rope_laned",
     "insert_laned", "vec_unaligned", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
@@ -456,6 +457,33 @@ class Vec(_Base):
         return cls(**{**f, "func": VecFunc(f["func"])}, **ev)
 
 
+def _masked(cond, value):
+    """``value`` where ``cond``, else 0: ints and arrays as a product, Amaranth values as a
+    multiplexer (no multiplier and no adder in hardware)."""
+    if isinstance(cond, Value) or isinstance(value, Value):
+        return Mux(cond, value, 0)
+    return cond * value
+
+
+def vec_out_terms(func, length, imm=0):
+    """The terms whose sum is :func:`vec_out_words`, each 0 but for ``func``'s: the row
+    sub-ops' ``length``; ARGMAX's 2; REQUANT's and FOLD's ``(length + 7) >> 2`` (``ceil(length
+    / 4) + 1``); KV4's ``(length + 7) >> 3`` and ``(groups + 7) >> 2`` (``ceil(groups / 4) +
+    1``). Each is at most one adder of the instruction's fields (none of another term), so the
+    fetch unit registers them and sums them with ``dst_addr`` in one carry-save sum. Ints,
+    arrays or Amaranth values."""
+    rows = ((func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value)
+            | (func == VecFunc.RMSNORM.value) | (func == VecFunc.MUL.value)
+            | (func == VecFunc.SILU_GATE.value) | (func == VecFunc.ROPE.value)
+            | (func == VecFunc.DEQUANT.value) | (func == VecFunc.INSERT.value)
+            | (func == VecFunc.CHANNEL.value) | (func == VecFunc.INSERT4.value))
+    packs = (func == VecFunc.REQUANT.value) | (func == VecFunc.FOLD.value)
+    kv4 = func == VecFunc.KV4.value
+    return (_masked(rows, length), _masked(func == VecFunc.ARGMAX.value, 2),
+            _masked(packs, (length + 7) >> 2), _masked(kv4, (length + 7) >> 3),
+            _masked(kv4, (kv4_groups(length, imm) + 7) >> 2))
+
+
 def vec_out_words(func, length, imm=0):
     """VOUT elements (words) a VEC writes: ``length`` (the row sub-ops: ADD, SOFTMAX, RMSNORM,
     MUL, SILU_GATE, ROPE, DEQUANT, INSERT, CHANNEL, INSERT4); 2 (ARGMAX: the index, the max);
@@ -464,17 +492,8 @@ def vec_out_words(func, length, imm=0):
     as an unsigned 32-bit word, FOLD's as :func:`hw.numerics.fold_amax_word`);
     ``ceil(length / 8) + ceil(groups / 4) + 1`` (KV4: the nibbles, the group codes of
     ``imm``'s groups, :func:`kv4_groups`, and amax: :func:`hw.numerics.kv4_words`). Ints,
-    arrays or Amaranth values (a sum of products, so that the three agree)."""
-    rows = ((func == VecFunc.ADD.value) | (func == VecFunc.SOFTMAX.value)
-            | (func == VecFunc.RMSNORM.value) | (func == VecFunc.MUL.value)
-            | (func == VecFunc.SILU_GATE.value) | (func == VecFunc.ROPE.value)
-            | (func == VecFunc.DEQUANT.value) | (func == VecFunc.INSERT.value)
-            | (func == VecFunc.CHANNEL.value) | (func == VecFunc.INSERT4.value))
-    return (rows * length + (func == VecFunc.ARGMAX.value) * 2
-            + ((func == VecFunc.REQUANT.value) | (func == VecFunc.FOLD.value))
-            * (((length + 3) >> 2) + 1)
-            + (func == VecFunc.KV4.value)
-            * (((length + 7) >> 3) + ((kv4_groups(length, imm) + 3) >> 2) + 1))
+    arrays or Amaranth values (the sum of :func:`vec_out_terms`, so that the three agree)."""
+    return functools.reduce(operator.add, vec_out_terms(func, length, imm))
 
 
 def vec_reads_b(func):
@@ -745,12 +764,13 @@ def kv4_group(imm) -> int | None:
 
 def kv4_groups(length, imm):
     """The group codes a KV4 of ``length`` writes: ``length >> log2(group)`` with codes, else
-    0 (:func:`kv4_imm`); ints, arrays or Amaranth values (a sum over the 16 shifts, so that a
-    shift by a field stays a constant one in hardware)."""
+    0 (:func:`kv4_imm`); ints, arrays or Amaranth values (an OR over the 16 shifts, at most
+    one of them selected, so that a shift by a field stays a constant one in hardware and no
+    adder sums them)."""
     lg = imm & ((1 << KV4_GROUP_BITS) - 1)
-    shifted = functools.reduce(operator.add, ((lg == k) * (length >> k)
+    shifted = functools.reduce(operator.or_, (_masked(lg == k, length >> k)
                                               for k in range(1 << KV4_GROUP_BITS)))
-    return ((imm >> KV4_GROUP_BITS) & 1) * shifted
+    return _masked((imm >> KV4_GROUP_BITS) & 1, shifted)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -279,9 +279,10 @@ VEC_READ_LATENCY = 2
 VEC_FEED_LATENCY = 1
 
 #: Registers between a KV4 key row's group product leaving its Mul and the group's code
-#: entering Recip's feed: ``-255 p``, then the clipped ceiling of its shift (the code), then
-#: the partial products of ``(amax >> s) * c`` (summed as they enter the feed).
-KV4_CODE_LATENCY = 3
+#: entering Recip's feed: ``-255 p``, its shift by ``sh``'s high bits, then the clipped
+#: ceiling of the shift by the low bits (the code), then the partial products of ``(amax >>
+#: s) * c`` (summed as they enter the feed).
+KV4_CODE_LATENCY = 4
 
 
 def vec_lane_tree(lanes):

@@ -72,7 +72,8 @@ KV4        REQUANT's pass 1, ``AbsMax`` and ``Recip(amax >> s)``; a key row's (`
            bit) groups' maxima of ``|x|`` and ``|x >> 1|`` registered beside, each group's
            kept in a memory at its end; from the cycle ``r`` comes out, one group a cycle:
            its maximum (for ``s``) into ``Mul(0)`` with ``r``; from the product ``p``, ``-255
-           p`` and then the code ``c = clip(ceil(255 p / 2**sh), 1, 255)`` registered, then
+           p``, its shift by ``sh``'s high bits and then the code ``c = clip(ceil(255 p /
+           2**sh), 1, 255)`` registered, then
            the partial products of ``(amax >> s) * c`` (:data:`hw.timing.KV4_CODE_LATENCY`),
            and ``Recip((amax >> s) * c)``,
            each group's ``(r2, sh2)`` kept in a memory, its code packed four to a word in
@@ -273,7 +274,7 @@ class VectorEngine(wiring.Component):
     FEED_LATENCY = 1
     #: Registers between a KV4 group's product and its code entering Recip's feed: ``-255 p``,
     #: the code, the partial products of ``(amax >> s) * c``.
-    KV4_CODE_LATENCY = 3
+    KV4_CODE_LATENCY = 4
     #: VOUT words ARGMAX writes: the index, then the maximum.
     ARGMAX_WORDS = 2
 
@@ -411,12 +412,16 @@ class VectorEngine(wiring.Component):
                          at_end.eq(amax_first | (body.length == 1)),
                          len_one.eq(body.length == 1)]
             if n > 1:
-                groups = Mux(wide_now, (body.length + (n - 1)) >> lg, body.length)
+                # The row's reads less one both ways, wide_now (adders and compares of
+                # imm's fields) only selecting: no adder waits for it.
+                g_wide = (body.length + (n - 1)) >> lg
+                g_m1 = Mux(wide_now, g_wide - 1, body.length - 1)
+                g_one = Mux(wide_now, g_wide == 1, body.length == 1)
                 m.d.sync += [wide.eq(wide_now), inc.eq(inc_now),
-                             reads_m1.eq(groups - 1),
-                             left.eq(Mux(amax_first, 0, groups - 1)),
-                             at_end.eq(amax_first | (groups == 1)),
-                             len_one.eq(groups == 1),
+                             reads_m1.eq(g_m1),
+                             left.eq(Mux(amax_first, 0, g_m1)),
+                             at_end.eq(amax_first | g_one),
+                             len_one.eq(g_one),
                              tail.eq(Cat((body.length - 1)[:lg] >= j for j in range(n)))]
             # (a laned ROPE's pairs come `inc` = n at a time: k steps by n)
             body_half = body.imm[1:ROPE_HEAD_DIM_BITS]
@@ -699,23 +704,36 @@ class VectorEngine(wiring.Component):
         feed(u["mul_code"], feeding,
              a=Mux(shift, g_rd.data[ACT_BITS:], g_rd.data[:ACT_BITS]),
              b=Mux(row_r, u["recip"].o.payload.r, r))
-        # the code in two stages of KV4_CODE_LATENCY: -255 p registered, then the ceiling of
-        # 255 p / 2**sh (a shift of the negation, t) clipped and registered. The clip reads
-        # t's bits, not -t through a carry chain as wide as the product: -t < 1 is t >= 0 (its
-        # sign), and -t is in [1, 255] exactly when t's bits from 8 up are all ones and its
-        # low 8 are not all zeros; then the code is the negation of those 8 bits.
+        # the code in three stages of KV4_CODE_LATENCY: -255 p registered; its shift by sh's
+        # high bits (a 63-bit shifter of four multiplexer levels was too long with the clip
+        # behind it); then the shift by sh's low bits, t = -255 p >> sh, the ceiling of
+        # 255 p / 2**sh, clipped and registered. The clip reads t's bits, not -t through a
+        # carry chain as wide as the product: -t < 1 is t >= 0 (its sign, the sign of -255 p),
+        # and -t is in [1, 255] exactly when t's bits from 8 up are all ones and its low 8 are
+        # not all zeros; then the code is the negation of those 8 bits. t's bits from 8 up
+        # are the partial shift's from 8 + (sh's low bits) up (an arithmetic shift copies the
+        # sign), so their AND is the AND of its bits above 8 + 3, formed once, and of the few
+        # between.
         pc = u["mul_code"].o.payload.y
         kv_np = Signal(signed(FOLD_BITS + KV4_CODE_BITS + 1), reset_less=True)
+        kv_u = Signal.like(kv_np, name="kv_u", reset_less=True)
         kv_c = Signal(KV4_CODE_BITS, reset_less=True)
-        t = kv_np >> sh
+        lo_bits = 2
+        sh_lo = sh[:lo_bits]
+        lo_max = (1 << lo_bits) - 1
+        t = kv_u >> sh_lo
         low = t[:KV4_CODE_BITS]
-        in_range = t[KV4_CODE_BITS:].all() & low.any()
+        hi_all = kv_u[KV4_CODE_BITS + lo_max:].all()
+        ones = Cat(*(kv_u[KV4_CODE_BITS + k:KV4_CODE_BITS + lo_max].all() & hi_all
+                     if k < lo_max else hi_all for k in range(lo_max + 1))).bit_select(sh_lo, 1)
+        in_range = ones & low.any()
         m.d.sync += [kv_np.eq(pc - (pc << KV4_CODE_BITS)),   # -255 p: one adder, no DSP
-                     kv_c.eq(Mux(~t[-1], 1, Mux(in_range, -low, KV4_CODE_MAX)))]
+                     kv_u.eq(kv_np >> Cat(Const(0, lo_bits), sh[lo_bits:])),
+                     kv_c.eq(Mux(~kv_u[-1], 1, Mux(in_range, -low, KV4_CODE_MAX)))]
         kv_code_v = _delay(m, u["mul_code"].o.valid, self.KV4_CODE_LATENCY, "kv_code_v")
         kv_a = Signal(ACT_BITS, reset_less=True)     # amax >> s
         m.d.sync += kv_a.eq(amax >> shift)
-        # the third stage: (amax >> s) * c as its chunk products, each in its DSP's output
+        # the fourth stage: (amax >> s) * c as its chunk products, each in its DSP's output
         # register (a product and its adder in one stage into Recip's feed was too long), the
         # code beside them; summed as they enter Recip's feed
         a_chunks = chunks(kv_a)
