@@ -682,10 +682,20 @@ def hoistable(before: np.ndarray, words: np.ndarray, deep: bool = True) -> list[
     return out
 
 
-def _loaded(f: Mapping[str, np.ndarray]) -> list[tuple[int, int, int]]:
+def _loaded(f: Mapping[str, np.ndarray], per_word: bool = False
+            ) -> list[tuple[int, int, int]]:
     """The scratchpad extents (:func:`_spad_extent`) of the LOADs of fields ``f``, and the
-    VIN beats its moves (:func:`hw.isa.is_move`) write (their rows and the gaps between)."""
+    VIN beats its moves (:func:`hw.isa.is_move`) write (their rows and the gaps between);
+    with ``per_word``, one entry per word of ``f`` instead, None for a word that writes no
+    scratchpad."""
     moves = np.flatnonzero(is_move(f["opcode"], f["dma.spad"])).tolist()
+    if per_word:
+        out: list = [None] * f["opcode"].shape[0]
+        for i in np.flatnonzero(f["opcode"] == Opcode.LOAD.value).tolist():
+            out[i] = _spad_extent(f, i)
+        for i in moves:
+            out[i] = (Spad.VIN.value, *_dram_extent(f, i))
+        return out
     return [_spad_extent(f, i) for i in np.flatnonzero(f["opcode"] == Opcode.LOAD.value).tolist()
             ] + [(Spad.VIN.value, *_dram_extent(f, i)) for i in moves]
 
@@ -1123,21 +1133,31 @@ def weights_first(words: np.ndarray) -> tuple[np.ndarray, list[int]]:
     another event (its own half's reader: the order of the waits on each event stays, so
     each takes the signal it took) and signals, and no STORE of the part writes the
     weights' DRAM. The weights LOAD goes first, without its signal, and the activations
-    LOAD raises that signal: the GEMM it grants waits, as before, for both. Returns the
-    words and, per word of ``words``, where it lands."""
+    LOAD raises that signal: the GEMM it grants waits, as before, for both. A weights LOAD
+    that waits on nothing moves too where no earlier LOAD (or move) of the part writes its
+    WGT beats: no GEMM before it reads them, so it needs no wait of its own (the ring's
+    first slots, :func:`sw.compile.schedule.ring_slots`: the first tiles of the scores' or
+    the values' second member stream while the first member's last tiles compute); one
+    into beats an earlier GEMM reads stays, since the activations LOAD's wait may be what
+    orders it after that GEMM (the scheduler consumes each GEMM's done signal once).
+    Returns the words and, per word of ``words``, where it lands."""
     f = decode_fields(words)
     eng = engines_fields(f)
     stores = [_dram_extent(f, i) for i in _stores(f)]
     load = Opcode.LOAD.value
     order = list(range(words.shape[0]))
     out = words.copy()
+    loaded = _loaded(f, True)  # per word: the scratchpad beats it writes (None: none)
     for i in range(words.shape[0] - 1):
         j = i + 1
         if not (eng[i] == eng[j] == Engine.LOAD.value and f["opcode"][i] == load
                 and f["opcode"][j] == load and f["dma.spad"][i] == Spad.ACT.value
                 and f["dma.spad"][j] == Spad.WGT.value and f["wait"][i] != NO_EVENT
-                and f["signal"][i] == NO_EVENT and f["wait"][j] != NO_EVENT
-                and f["wait"][j] != f["wait"][i] and f["signal"][j] != NO_EVENT
+                and f["signal"][i] == NO_EVENT and f["signal"][j] != NO_EVENT
+                and (f["wait"][j] != NO_EVENT and f["wait"][j] != f["wait"][i]
+                     or f["wait"][j] == NO_EVENT and not any(
+                         b is not None and b[0] == Spad.WGT.value
+                         and _overlap(b[1:], loaded[j][1:]) for b in loaded[:i]))
                 and not any(_overlap(_dram_extent(f, j), s) for s in stores)):
             continue
         acts, weights = _instr(words[i]), _instr(words[j])

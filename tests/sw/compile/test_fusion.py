@@ -709,10 +709,12 @@ def test_a_new_activation_sets_wait_lets_the_next_weights_load_first(seed):
     sets, tiles = int(rng.integers(2, 5)), int(rng.integers(2, 4))
     k = int(rng.integers(1, 9))
     part = _sets_like(sets, tiles, 8 * k, k)
-    # one tile a set: the weights after a new set's LOAD wait on nothing (the GEMM that
-    # read their half is the one that LOAD waits for), so they stay behind it
+    # one tile a set: the weights after a new set's LOAD wait on nothing; the second set's
+    # fill the half no LOAD wrote before and go first, the later sets' reuse a half a GEMM
+    # read (the one that LOAD waits for), so they stay behind it
     alone = _sets_like(sets, 1, 8 * k, k)[:-1]
-    assert np.array_equal(weights_first(alone)[0], alone)
+    moved, once = weights_first(alone)
+    assert np.array_equal(moved[4:], alone[4:]) and once == [0, 1, 3, 2, *range(4, len(once))]
     words, order = weights_first(part[:-1])
     got, was = _program(words), _program(part)[:-1]
     acts = [i for i, ins in enumerate(was) if isinstance(ins, Load) and ins.spad == Spad.ACT
@@ -752,6 +754,90 @@ def test_a_new_activation_sets_wait_lets_the_next_weights_load_first(seed):
     assert np.array_equal(fused_runs[0].dram[2000 * CFG.beat_bytes:],
                           runs[0].dram[2000 * CFG.beat_bytes:])
     assert fused_runs[1].cycles < fused_runs[0].cycles
+
+
+def _ring_like(sets: int, tiles: int, beats: int, k_steps: int, slots: int) -> np.ndarray:
+    """A linear program of ``sets`` activation sets of ``tiles`` GEMMs each on ``slots`` WGT
+    slots, as :class:`sw.compile.schedule._RingScheduler` emits it (the scores' and values'
+    members on the vector preset): one counting event each for FULL, OUT_FULL and STORED,
+    loads up to ``slots - 1`` GEMMs ahead but never past a new set, whose activations LOAD
+    consumes the done signal of every GEMM before it (SYNCs for all but the last), and a
+    weights LOAD into slot ``i % slots`` that consumes those up to GEMM ``i - slots`` not yet
+    consumed -- none, right after a new set's LOAD: its wait orders the weights too."""
+    ev, out, n = EVENTS, [], sets * tiles
+    done = 0
+
+    def through(last: int) -> int | None:
+        nonlocal done
+        waits = [ev["STORED0"]] * max(0, last + 1 - done)
+        done = max(done, last + 1)
+        out.extend(Sync(engine=Engine.LOAD, wait=e) for e in waits[:-1])
+        return waits[-1] if waits else None
+
+    def loads(i: int) -> None:
+        if i % tiles == 0:
+            out.append(Load(spad=Spad.ACT, dram_addr=2 * (i // tiles), rows=1, row_beats=2,
+                            wait=through(i - 1)))
+        out.append(Load(spad=Spad.WGT, spad_addr=beats * (i % slots), dram_addr=1000 + beats * i,
+                        rows=1, row_beats=beats, wait=through(i - slots), signal=ev["FULL0"]))
+    emitted = 0
+    for i in range(n):
+        while emitted < n and emitted < i + min(slots, CFG.queue_depth) and (
+                emitted == i or emitted % tiles):
+            loads(emitted)
+            emitted += 1
+        out.append(Gemm(wgt_addr=beats * (i % slots), k_steps=k_steps,
+                        out_addr=OUT_ROW * (i % slots), wait=ev["FULL0"],
+                        signal=ev["OUT_FULL0"]))
+        out.append(Store(spad=Spad.OUT, spad_addr=OUT_ROW * (i % slots),
+                         dram_addr=2000 + OUT_ROW * i, rows=1, row_beats=OUT_ROW,
+                         wait=ev["OUT_FULL0"], signal=ev["STORED0"]))
+    return program_words(out + [End()])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_new_sets_weights_into_a_fresh_ring_slot_load_first(seed):
+    """A ring-scheduled GEMM part of random activation sets, tiles and slots (attention's
+    scores or values members): the weights LOAD right after a new set's activations LOAD
+    waits on nothing; it goes ahead of that LOAD (which raises its signal) exactly where no
+    earlier LOAD wrote its slot, so the next member's first weights stream while the member
+    before computes its last tiles. The program runs on the fast model to the DRAM of the
+    unreordered one from a random image, in fewer cycles where a LOAD moved, with no LOAD
+    writing beats a GEMM reads while it runs (:func:`_races`); fused after a vector part it
+    computes the drained program's DRAM."""
+    rng = np.random.default_rng(seed)
+    sets, tiles, k = int(rng.integers(2, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 9))
+    slots = int(rng.integers(2, 6))
+    part = _ring_like(sets, tiles, 8 * k, k, slots)
+    words, order = weights_first(part[:-1])
+    was, got = _program(part)[:-1], _program(words)
+    wgt = [i for i, ins in enumerate(was) if isinstance(ins, Load) and ins.spad == Spad.WGT]
+    # the i-th weights LOAD fills slot i % slots: fresh while i < slots
+    expect = [j - 1 for n, j in enumerate(wgt) if isinstance(was[j - 1], Load)
+              and was[j - 1].spad == Spad.ACT and was[j - 1].wait is not None and n < slots]
+    assert expect, "no set starts inside the ring's first slots"
+    for i, ins in enumerate(was):
+        if i in expect:
+            assert order[i] == i + 1 and got[i + 1] == dataclasses.replace(
+                ins, signal=was[i + 1].signal)
+            assert was[i + 1].wait is None
+        elif i - 1 in expect:
+            assert order[i] == i - 1 and got[i - 1] == dataclasses.replace(ins, signal=None)
+        else:
+            assert order[i] == i and got[i] == ins
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    runs = [make_backend("model", CFG).run(w, dram.copy(), trace=True)
+            for w in (part, np.concatenate([words, part[-1:]]))]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[1].cycles < runs[0].cycles
+    assert not _races(part, runs[0].trace) and not _races(words, runs[1].trace)
+    before = _vector_part(y=40)
+    fused = [make_backend("model", CFG).run(fuse_words(CFG, [before, part], overlap),
+                                            dram.copy()) for overlap in (False, True)]
+    assert all(r.ok for r in fused), [r.error for r in fused]
+    assert np.array_equal(fused[0].dram, fused[1].dram)
+    assert fused[1].cycles < fused[0].cycles
 
 
 @pytest.mark.parametrize("seed", range(3))
