@@ -934,11 +934,15 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     keys stream; likewise where ``vec`` holds a SILU_GATE, :data:`_PACED`); one that does
     not wait comes as soon as the words before it. A word of
     another engine comes as soon as every signal it waits on has come before it in the
-    program. So every wait on an event of ``vec`` follows its signal in program order, no
-    word of ``vec`` comes while a LOAD-engine word of ``gemm`` before it waits on a STORE
-    after it (``gemm``'s loads run ahead of its stores), so no engine waits on one that
-    waits on it, and every event is signalled and consumed as in the two parts alone. The
-    durations only place the words: the events order them.
+    program (paced: a STORE once, by the durations, what it waits on is done; a VEC as
+    soon as the vector engine's queue has room, right after the LOAD that grants it, so a
+    drained vector part of the run costs the LOAD stream a GEMM-part word or two, not one
+    per word: SILU_GATE segments keep up with the up GEMM's tiles). So every wait on an
+    event of ``vec`` follows its signal in program order, no word of ``vec`` comes while
+    a LOAD-engine word of ``gemm`` before it waits on a STORE after it (``gemm``'s loads
+    run ahead of its stores), so no engine waits on one that waits on it, and every event
+    is signalled and consumed as in the two parts alone. The durations only place the
+    words: the events order them.
 
     Returns the words and, per word of ``gemm`` and of ``vec``, its index in them.
     """
@@ -999,11 +1003,15 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         out.append(word)
 
     def ready(i: int) -> bool:
-        """Whether word ``i`` of vec would find what it waits on done (by the durations),
-        and a VEC room in the vector engine's queue."""
+        """Whether word ``i`` of vec would find what it waits on done (by the durations):
+        a VEC only room in the vector engine's queue, since it holds up no word of gemm
+        (which has none) while it waits for its operands, and its STORE then follows it
+        by the VEC's estimated end, not by the next GEMM word's (a drained vector part's
+        VIN LOAD, VEC, STORE and the next part's SYNC would each cost a weights LOAD's
+        duration: SILU_GATE segments fell behind the up GEMM's tiles)."""
         clock = max(busy.values())
-        if int(v_eng[i]) == vector and sum(t > clock for t in running) >= cfg.queue_depth - 1:
-            return False
+        if int(v_eng[i]) == vector:
+            return sum(t > clock for t in running) < cfg.queue_depth - 1
         w = int(v["wait"][i])
         if w == NO_EVENT:
             return True

@@ -56,6 +56,7 @@ from sw.compile.fusion import (
     hoistable,
     linear_group,
     part_buffers,
+    rename_events,
     row_aliases,
     vector_events,
     weights_first,
@@ -1021,6 +1022,38 @@ def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
         r = make_backend("model", CFG).run(program_words(got + [End()]),
                                            np.zeros(CFG.memory.size_bytes, np.uint8))
         assert r.ok, r.error
+
+
+@pytest.mark.parametrize("tiles", [4, 9])
+def test_a_paced_vec_follows_the_load_it_waits_on(tiles):
+    """``beside`` of a GEMM-like part and a paced vector run (a SOFTMAX part, drained, then
+    a SILU_GATE part reading its row: attention's softmax or the MLP's SiLU-gate segments):
+    each VEC comes right after the VIN LOAD that grants it, not after the GEMM part's next
+    word (the vector engine's queue has room, and a VEC holds up no word of the GEMM part),
+    so each drained vector part costs the GEMM part's LOAD stream one step, not one per
+    word. The program runs on the fast model to the DRAM of the two parts one after the
+    other."""
+    ev = EVENTS
+
+    def part(func: VecFunc, src: int, y: int) -> list:
+        return [Load(spad=Spad.VIN, dram_addr=src, rows=1, row_beats=2, signal=ev["FULL0"]),
+                Vec(func=func, length=4, b_addr=4, wait=ev["FULL0"], signal=ev["OUT_FULL0"]),
+                Store(spad=Spad.VOUT, dram_addr=y, rows=1, row_beats=2,
+                      wait=ev["OUT_FULL0"], signal=ev["STORED0"])]
+    vec = vector_events(program_words(part(VecFunc.SOFTMAX, 0, 3000)
+                                      + [Sync(engine=Engine.LOAD, wait=ev["STORED0"])]
+                                      + part(VecFunc.SILU_GATE, 3000, 3100)))
+    gemm = _gemm_like(tiles)[:-1]
+    words, g_at, v_at = beside(CFG, gemm, vec)
+    got, mine = _program(words), _program(vec)
+    assert g_at == sorted(g_at) and v_at == sorted(v_at)
+    for k in (1, 5):
+        assert isinstance(mine[k], Vec) and v_at[k] == v_at[k - 1] + 1, (k, got)
+    dram = np.random.default_rng(tiles).integers(0, 256, CFG.memory.size_bytes, np.uint8)
+    runs = [make_backend("model", CFG).run(program_words(p + [End()]), dram.copy())
+            for p in (got, _program(gemm) + _program(rename_events(vec, BESIDE_EVENTS)))]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
 
 
 def _vin_races(words: np.ndarray, trace) -> list[tuple[int, int]]:
