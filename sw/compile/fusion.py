@@ -81,7 +81,8 @@ segments of a few GEMM output tiles (:func:`sw.compile.schedule.dequant_segment_
 the vector engine dequantises the finished tiles while the array computes the next ones.
 Attention's SOFTMAX (and, where :func:`_folds_beside`, FOLD) parts join such a run after the
 part whose rows they read, a head at a time; such a run is paced by the instructions'
-durations (:func:`beside`) so the in-order engines keep streaming the next heads' keys.
+durations (:func:`beside`: its LOAD-engine words and STOREs; a VEC goes as soon as the
+vector engine's queue has room) so the in-order engines keep streaming the next heads' keys.
 In a chain, a decode step's SILU_GATE after the gate/up linear joins its run likewise, a
 column segment at a time (:func:`silu_segments`, where the up GEMM streams enough weights
 per segment: :data:`SILU_SEGMENT_MARGIN`): the up member's DEQUANT and the SILU_GATE become
