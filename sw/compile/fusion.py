@@ -81,7 +81,8 @@ segments of a few GEMM output tiles (:func:`sw.compile.schedule.dequant_segment_
 the vector engine dequantises the finished tiles while the array computes the next ones.
 Attention's SOFTMAX (and, where :func:`_folds_beside`, FOLD) parts join such a run after the
 part whose rows they read, a head at a time; such a run is paced by the instructions'
-durations (:func:`beside`) so the in-order engines keep streaming the next heads' keys.
+durations (:func:`beside`: its LOAD-engine words and STOREs; a VEC goes as soon as the
+vector engine's queue has room) so the in-order engines keep streaming the next heads' keys.
 In a chain, a decode step's SILU_GATE after the gate/up linear joins its run likewise, a
 column segment at a time (:func:`silu_segments`, where the up GEMM streams enough weights
 per segment: :data:`SILU_SEGMENT_MARGIN`): the up member's DEQUANT and the SILU_GATE become
@@ -683,10 +684,20 @@ def hoistable(before: np.ndarray, words: np.ndarray, deep: bool = True) -> list[
     return out
 
 
-def _loaded(f: Mapping[str, np.ndarray]) -> list[tuple[int, int, int]]:
+def _loaded(f: Mapping[str, np.ndarray], per_word: bool = False
+            ) -> list[tuple[int, int, int]]:
     """The scratchpad extents (:func:`_spad_extent`) of the LOADs of fields ``f``, and the
-    VIN beats its moves (:func:`hw.isa.is_move`) write (their rows and the gaps between)."""
+    VIN beats its moves (:func:`hw.isa.is_move`) write (their rows and the gaps between);
+    with ``per_word``, one entry per word of ``f`` instead, None for a word that writes no
+    scratchpad."""
     moves = np.flatnonzero(is_move(f["opcode"], f["dma.spad"])).tolist()
+    if per_word:
+        out: list = [None] * f["opcode"].shape[0]
+        for i in np.flatnonzero(f["opcode"] == Opcode.LOAD.value).tolist():
+            out[i] = _spad_extent(f, i)
+        for i in moves:
+            out[i] = (Spad.VIN.value, *_dram_extent(f, i))
+        return out
     return [_spad_extent(f, i) for i in np.flatnonzero(f["opcode"] == Opcode.LOAD.value).tolist()
             ] + [(Spad.VIN.value, *_dram_extent(f, i)) for i in moves]
 
@@ -929,11 +940,15 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     keys stream; likewise where ``vec`` holds a SILU_GATE, :data:`_PACED`); one that does
     not wait comes as soon as the words before it. A word of
     another engine comes as soon as every signal it waits on has come before it in the
-    program. So every wait on an event of ``vec`` follows its signal in program order, no
-    word of ``vec`` comes while a LOAD-engine word of ``gemm`` before it waits on a STORE
-    after it (``gemm``'s loads run ahead of its stores), so no engine waits on one that
-    waits on it, and every event is signalled and consumed as in the two parts alone. The
-    durations only place the words: the events order them.
+    program (paced: a STORE once, by the durations, what it waits on is done; a VEC as
+    soon as the vector engine's queue has room, right after the LOAD that grants it, so a
+    drained vector part of the run costs the LOAD stream a GEMM-part word or two, not one
+    per word: SILU_GATE segments keep up with the up GEMM's tiles). So every wait on an
+    event of ``vec`` follows its signal in program order, no word of ``vec`` comes while
+    a LOAD-engine word of ``gemm`` before it waits on a STORE after it (``gemm``'s loads
+    run ahead of its stores), so no engine waits on one that waits on it, and every event
+    is signalled and consumed as in the two parts alone. The durations only place the
+    words: the events order them.
 
     Returns the words and, per word of ``gemm`` and of ``vec``, its index in them.
     """
@@ -994,11 +1009,15 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         out.append(word)
 
     def ready(i: int) -> bool:
-        """Whether word ``i`` of vec would find what it waits on done (by the durations),
-        and a VEC room in the vector engine's queue."""
+        """Whether word ``i`` of vec would find what it waits on done (by the durations):
+        a VEC only room in the vector engine's queue, since it holds up no word of gemm
+        (which has none) while it waits for its operands, and its STORE then follows it
+        by the VEC's estimated end, not by the next GEMM word's (a drained vector part's
+        VIN LOAD, VEC, STORE and the next part's SYNC would each cost a weights LOAD's
+        duration: SILU_GATE segments fell behind the up GEMM's tiles)."""
         clock = max(busy.values())
-        if int(v_eng[i]) == vector and sum(t > clock for t in running) >= cfg.queue_depth - 1:
-            return False
+        if int(v_eng[i]) == vector:
+            return sum(t > clock for t in running) < cfg.queue_depth - 1
         w = int(v["wait"][i])
         if w == NO_EVENT:
             return True
@@ -1128,21 +1147,31 @@ def weights_first(words: np.ndarray) -> tuple[np.ndarray, list[int]]:
     another event (its own half's reader: the order of the waits on each event stays, so
     each takes the signal it took) and signals, and no STORE of the part writes the
     weights' DRAM. The weights LOAD goes first, without its signal, and the activations
-    LOAD raises that signal: the GEMM it grants waits, as before, for both. Returns the
-    words and, per word of ``words``, where it lands."""
+    LOAD raises that signal: the GEMM it grants waits, as before, for both. A weights LOAD
+    that waits on nothing moves too where no earlier LOAD (or move) of the part writes its
+    WGT beats: no GEMM before it reads them, so it needs no wait of its own (the ring's
+    first slots, :func:`sw.compile.schedule.ring_slots`: the first tiles of the scores' or
+    the values' second member stream while the first member's last tiles compute); one
+    into beats an earlier GEMM reads stays, since the activations LOAD's wait may be what
+    orders it after that GEMM (the scheduler consumes each GEMM's done signal once).
+    Returns the words and, per word of ``words``, where it lands."""
     f = decode_fields(words)
     eng = engines_fields(f)
     stores = [_dram_extent(f, i) for i in _stores(f)]
     load = Opcode.LOAD.value
     order = list(range(words.shape[0]))
     out = words.copy()
+    loaded = _loaded(f, True)  # per word: the scratchpad beats it writes (None: none)
     for i in range(words.shape[0] - 1):
         j = i + 1
         if not (eng[i] == eng[j] == Engine.LOAD.value and f["opcode"][i] == load
                 and f["opcode"][j] == load and f["dma.spad"][i] == Spad.ACT.value
                 and f["dma.spad"][j] == Spad.WGT.value and f["wait"][i] != NO_EVENT
-                and f["signal"][i] == NO_EVENT and f["wait"][j] != NO_EVENT
-                and f["wait"][j] != f["wait"][i] and f["signal"][j] != NO_EVENT
+                and f["signal"][i] == NO_EVENT and f["signal"][j] != NO_EVENT
+                and (f["wait"][j] != NO_EVENT and f["wait"][j] != f["wait"][i]
+                     or f["wait"][j] == NO_EVENT and not any(
+                         b is not None and b[0] == Spad.WGT.value
+                         and _overlap(b[1:], loaded[j][1:]) for b in loaded[:i]))
                 and not any(_overlap(_dram_extent(f, j), s) for s in stores)):
             continue
         acts, weights = _instr(words[i]), _instr(words[j])

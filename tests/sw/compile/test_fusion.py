@@ -56,6 +56,7 @@ from sw.compile.fusion import (
     hoistable,
     linear_group,
     part_buffers,
+    rename_events,
     row_aliases,
     vector_events,
     weights_first,
@@ -709,10 +710,12 @@ def test_a_new_activation_sets_wait_lets_the_next_weights_load_first(seed):
     sets, tiles = int(rng.integers(2, 5)), int(rng.integers(2, 4))
     k = int(rng.integers(1, 9))
     part = _sets_like(sets, tiles, 8 * k, k)
-    # one tile a set: the weights after a new set's LOAD wait on nothing (the GEMM that
-    # read their half is the one that LOAD waits for), so they stay behind it
+    # one tile a set: the weights after a new set's LOAD wait on nothing; the second set's
+    # fill the half no LOAD wrote before and go first, the later sets' reuse a half a GEMM
+    # read (the one that LOAD waits for), so they stay behind it
     alone = _sets_like(sets, 1, 8 * k, k)[:-1]
-    assert np.array_equal(weights_first(alone)[0], alone)
+    moved, once = weights_first(alone)
+    assert np.array_equal(moved[4:], alone[4:]) and once == [0, 1, 3, 2, *range(4, len(once))]
     words, order = weights_first(part[:-1])
     got, was = _program(words), _program(part)[:-1]
     acts = [i for i, ins in enumerate(was) if isinstance(ins, Load) and ins.spad == Spad.ACT
@@ -752,6 +755,90 @@ def test_a_new_activation_sets_wait_lets_the_next_weights_load_first(seed):
     assert np.array_equal(fused_runs[0].dram[2000 * CFG.beat_bytes:],
                           runs[0].dram[2000 * CFG.beat_bytes:])
     assert fused_runs[1].cycles < fused_runs[0].cycles
+
+
+def _ring_like(sets: int, tiles: int, beats: int, k_steps: int, slots: int) -> np.ndarray:
+    """A linear program of ``sets`` activation sets of ``tiles`` GEMMs each on ``slots`` WGT
+    slots, as :class:`sw.compile.schedule._RingScheduler` emits it (the scores' and values'
+    members on the vector preset): one counting event each for FULL, OUT_FULL and STORED,
+    loads up to ``slots - 1`` GEMMs ahead but never past a new set, whose activations LOAD
+    consumes the done signal of every GEMM before it (SYNCs for all but the last), and a
+    weights LOAD into slot ``i % slots`` that consumes those up to GEMM ``i - slots`` not yet
+    consumed -- none, right after a new set's LOAD: its wait orders the weights too."""
+    ev, out, n = EVENTS, [], sets * tiles
+    done = 0
+
+    def through(last: int) -> int | None:
+        nonlocal done
+        waits = [ev["STORED0"]] * max(0, last + 1 - done)
+        done = max(done, last + 1)
+        out.extend(Sync(engine=Engine.LOAD, wait=e) for e in waits[:-1])
+        return waits[-1] if waits else None
+
+    def loads(i: int) -> None:
+        if i % tiles == 0:
+            out.append(Load(spad=Spad.ACT, dram_addr=2 * (i // tiles), rows=1, row_beats=2,
+                            wait=through(i - 1)))
+        out.append(Load(spad=Spad.WGT, spad_addr=beats * (i % slots), dram_addr=1000 + beats * i,
+                        rows=1, row_beats=beats, wait=through(i - slots), signal=ev["FULL0"]))
+    emitted = 0
+    for i in range(n):
+        while emitted < n and emitted < i + min(slots, CFG.queue_depth) and (
+                emitted == i or emitted % tiles):
+            loads(emitted)
+            emitted += 1
+        out.append(Gemm(wgt_addr=beats * (i % slots), k_steps=k_steps,
+                        out_addr=OUT_ROW * (i % slots), wait=ev["FULL0"],
+                        signal=ev["OUT_FULL0"]))
+        out.append(Store(spad=Spad.OUT, spad_addr=OUT_ROW * (i % slots),
+                         dram_addr=2000 + OUT_ROW * i, rows=1, row_beats=OUT_ROW,
+                         wait=ev["OUT_FULL0"], signal=ev["STORED0"]))
+    return program_words(out + [End()])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_new_sets_weights_into_a_fresh_ring_slot_load_first(seed):
+    """A ring-scheduled GEMM part of random activation sets, tiles and slots (attention's
+    scores or values members): the weights LOAD right after a new set's activations LOAD
+    waits on nothing; it goes ahead of that LOAD (which raises its signal) exactly where no
+    earlier LOAD wrote its slot, so the next member's first weights stream while the member
+    before computes its last tiles. The program runs on the fast model to the DRAM of the
+    unreordered one from a random image, in fewer cycles where a LOAD moved, with no LOAD
+    writing beats a GEMM reads while it runs (:func:`_races`); fused after a vector part it
+    computes the drained program's DRAM."""
+    rng = np.random.default_rng(seed)
+    sets, tiles, k = int(rng.integers(2, 5)), int(rng.integers(1, 4)), int(rng.integers(1, 9))
+    slots = int(rng.integers(2, 6))
+    part = _ring_like(sets, tiles, 8 * k, k, slots)
+    words, order = weights_first(part[:-1])
+    was, got = _program(part)[:-1], _program(words)
+    wgt = [i for i, ins in enumerate(was) if isinstance(ins, Load) and ins.spad == Spad.WGT]
+    # the i-th weights LOAD fills slot i % slots: fresh while i < slots
+    expect = [j - 1 for n, j in enumerate(wgt) if isinstance(was[j - 1], Load)
+              and was[j - 1].spad == Spad.ACT and was[j - 1].wait is not None and n < slots]
+    assert expect, "no set starts inside the ring's first slots"
+    for i, ins in enumerate(was):
+        if i in expect:
+            assert order[i] == i + 1 and got[i + 1] == dataclasses.replace(
+                ins, signal=was[i + 1].signal)
+            assert was[i + 1].wait is None
+        elif i - 1 in expect:
+            assert order[i] == i - 1 and got[i - 1] == dataclasses.replace(ins, signal=None)
+        else:
+            assert order[i] == i and got[i] == ins
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    runs = [make_backend("model", CFG).run(w, dram.copy(), trace=True)
+            for w in (part, np.concatenate([words, part[-1:]]))]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[1].cycles < runs[0].cycles
+    assert not _races(part, runs[0].trace) and not _races(words, runs[1].trace)
+    before = _vector_part(y=40)
+    fused = [make_backend("model", CFG).run(fuse_words(CFG, [before, part], overlap),
+                                            dram.copy()) for overlap in (False, True)]
+    assert all(r.ok for r in fused), [r.error for r in fused]
+    assert np.array_equal(fused[0].dram, fused[1].dram)
+    assert fused[1].cycles < fused[0].cycles
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -935,6 +1022,38 @@ def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
         r = make_backend("model", CFG).run(program_words(got + [End()]),
                                            np.zeros(CFG.memory.size_bytes, np.uint8))
         assert r.ok, r.error
+
+
+@pytest.mark.parametrize("tiles", [4, 9])
+def test_a_paced_vec_follows_the_load_it_waits_on(tiles):
+    """``beside`` of a GEMM-like part and a paced vector run (a SOFTMAX part, drained, then
+    a SILU_GATE part reading its row: attention's softmax or the MLP's SiLU-gate segments):
+    each VEC comes right after the VIN LOAD that grants it, not after the GEMM part's next
+    word (the vector engine's queue has room, and a VEC holds up no word of the GEMM part),
+    so each drained vector part costs the GEMM part's LOAD stream one step, not one per
+    word. The program runs on the fast model to the DRAM of the two parts one after the
+    other."""
+    ev = EVENTS
+
+    def part(func: VecFunc, src: int, y: int) -> list:
+        return [Load(spad=Spad.VIN, dram_addr=src, rows=1, row_beats=2, signal=ev["FULL0"]),
+                Vec(func=func, length=4, b_addr=4, wait=ev["FULL0"], signal=ev["OUT_FULL0"]),
+                Store(spad=Spad.VOUT, dram_addr=y, rows=1, row_beats=2,
+                      wait=ev["OUT_FULL0"], signal=ev["STORED0"])]
+    vec = vector_events(program_words(part(VecFunc.SOFTMAX, 0, 3000)
+                                      + [Sync(engine=Engine.LOAD, wait=ev["STORED0"])]
+                                      + part(VecFunc.SILU_GATE, 3000, 3100)))
+    gemm = _gemm_like(tiles)[:-1]
+    words, g_at, v_at = beside(CFG, gemm, vec)
+    got, mine = _program(words), _program(vec)
+    assert g_at == sorted(g_at) and v_at == sorted(v_at)
+    for k in (1, 5):
+        assert isinstance(mine[k], Vec) and v_at[k] == v_at[k - 1] + 1, (k, got)
+    dram = np.random.default_rng(tiles).integers(0, 256, CFG.memory.size_bytes, np.uint8)
+    runs = [make_backend("model", CFG).run(program_words(p + [End()]), dram.copy())
+            for p in (got, _program(gemm) + _program(rename_events(vec, BESIDE_EVENTS)))]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
 
 
 def _vin_races(words: np.ndarray, trace) -> list[tuple[int, int]]:
