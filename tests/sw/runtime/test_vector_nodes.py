@@ -57,6 +57,18 @@ def _vecs(program) -> list[Vec]:
     return [i for i in decode_program(program.words.view(np.uint8)) if isinstance(i, Vec)]
 
 
+def _steps_equal_the_twin(exe, cfg, lm, ws) -> list:
+    """Run ``exe`` on the fast model over a prompt and two decode steps; assert every step's
+    logits equal the vector twin's bit for bit and return the steps."""
+    ids = _ids(lm, PROMPT + 2)
+    steps = runtime_steps(Runtime(exe, make_backend("model", cfg), vector=True), ids, PROMPT)
+    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
+                            PROMPT)
+    for (logits, _), w in zip(steps, want, strict=True):
+        assert torch.equal(logits, w)
+    return steps
+
+
 # ---------------------------------------------------------------------- end to end
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
 def test_vector_nodes_equal_the_vector_twin_bit_for_bit(fuse):
@@ -241,12 +253,7 @@ def test_a_chain_too_long_for_the_instruction_memory_falls_back_to_its_pairs(mon
     assert decode and all(len(p.parts) == 2 for p in decode)
     blocks = lm.config.num_hidden_layers
     assert exe.report["phases"]["decode"]["fused_programs_per_step"] == 4 * blocks
-    ids = _ids(lm, PROMPT + 2)
-    steps = runtime_steps(Runtime(exe, make_backend("model", cfg), vector=True), ids, PROMPT)
-    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
-                            PROMPT)
-    for (logits, _), w in zip(steps, want, strict=True):
-        assert torch.equal(logits, w)
+    steps = _steps_equal_the_twin(exe, cfg, lm, ws)
     assert len(steps[-1][1].programs) == exe.report["phases"]["decode"]["programs_per_step"]
 
 
@@ -308,12 +315,7 @@ def test_a_part_moved_up_in_vin_keeps_its_codes_inside_it():
     lm = tiny_lm(hidden=128)
     ws = compressed(lm)
     exe = compile_model(lm, VSMALL, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
-    ids = _ids(lm, PROMPT + 2)
-    steps = runtime_steps(Runtime(exe, make_backend("model", VSMALL), vector=True), ids, PROMPT)
-    want = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids,
-                            PROMPT)
-    for (logits, _), w in zip(steps, want, strict=True):
-        assert torch.equal(logits, w)
+    _steps_equal_the_twin(exe, VSMALL, lm, ws)
 
 
 def test_reference_model_tokens_equal_the_vector_twin():
