@@ -340,15 +340,15 @@ def main(argv: list[str] | None = None) -> int:
                       f"{res['programs_per_token']:>9g}{res['host_ms']:>9.1f}",
                       flush=True)
     wall = time.perf_counter() - t_start
-    records = merged(_recorded_rows(args.out), records)
+    run = {"command": _command_line(argv), "wall_s": round(wall)}
+    records = merged(_recorded_rows(args.out), [{**r, "run": run} for r in records])
     write_json(args.out, records)
     host_file = args.out.parent / "scaling_host_ops.json"
     if host:
         write_json(host_file, stamp(dict(host), SYSTEMS[0][1]))
     else:  # the per-layer rows kept: their host work as it was recorded
         host = {k: v for k, v in _recorded_rows(host_file, {}).items() if k != "provenance"}
-    _write_docs(args.docs, records, host, roof_points, wall, args.quick, skipped,
-                command_line=_command_line(argv))
+    _write_docs(args.docs, records, host, roof_points, args.quick, skipped)
     print(f"wrote {args.out} and {args.docs / 'scaling.md'} ({wall:.0f} s)")
     return 0
 
@@ -428,6 +428,19 @@ SPEEDUP_TARGET = 1.28
 
 def _commits(records) -> str:
     return ", ".join(dict.fromkeys(r["provenance"]["commit"] for r in records))
+
+
+def _runs(records) -> list[str]:
+    """One line per ``--record`` run behind ``records`` (its command, wall time and commits,
+    in the order the records are kept); records from before runs were stamped are counted
+    apart, their commit in each row."""
+    runs: dict[str, list] = {}
+    for r in records:
+        run = r.get("run")
+        key = f"`{run['command']}` ({run['wall_s']} s" if run else "earlier runs (unstamped"
+        runs.setdefault(key, []).append(r)
+    return [f"- {key}, {len(rs)} row{'s' * (len(rs) != 1)} at {_commits(rs)})"
+            for key, rs in runs.items()]
 
 
 def persistent_lines(records: list[dict]) -> list[str]:
@@ -532,8 +545,7 @@ def persistent_lines(records: list[dict]) -> list[str]:
     return lines
 
 
-def _write_docs(docs: Path, records, host, roof_points, wall, quick, skipped=(),
-                command_line: str = "python -m bench.scaling") -> None:
+def _write_docs(docs: Path, records, host, roof_points, quick, skipped=()) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -543,11 +555,12 @@ def _write_docs(docs: Path, records, host, roof_points, wall, quick, skipped=(),
     persistent = [r for r in records if r["configuration"] == "vector"]
     records = [r for r in records if r["configuration"] == "default"]
     head = ["# LLaMA-7B scaling analysis (fast model, timing-only)", "",
-            f"Written by `{command_line}` ({wall:.0f} s); raw records in "
-            "`bench/results/scaling.json`, each naming its configuration (`configuration`, "
-            "`provenance`) and commit. A run replaces the records it measures and keeps the "
-            "others. `python -m bench.scaling --record` measures the one-program rows, `--config "
-            "default --record` the per-layer rows.", ""]
+            "Raw records in `bench/results/scaling.json`, each naming its configuration "
+            "(`configuration`, `provenance`), commit and run (`run`: the command and its wall "
+            "time). A run replaces the records it measures and keeps the others. `python -m "
+            "bench.scaling --record` measures the one-program rows, `--config default "
+            "--record` the per-layer rows. The rows here come from these runs:", "",
+            *_runs(persistent + records), ""]
     if persistent:
         head += persistent_lines(persistent) + [""]
     if not records:

@@ -180,8 +180,13 @@ def test_a_quick_run_records_one_program_per_token(monkeypatch, tmp_path):
                for r in new)
     assert new[0]["speedup_vs_dense_int4"] == 1.0
     assert new[1]["speedup_vs_dense_int4"] > 1.0      # 2:4 streams fewer weight bytes
+    command = f"python -m bench.scaling --quick --kv-bits 8 --out {out} --docs {tmp_path}"
+    assert "run" not in records[0] and all(r["run"]["command"] == command for r in new)
     page = (tmp_path / "scaling.md").read_text()
     assert "## One program per decode step" in page and "0123abc" in page
+    # the header names each run behind the rows: this one and the kept, unstamped one
+    assert f"- `{command}` ({new[0]['run']['wall_s']} s, {len(new)} rows at " in page
+    assert "- earlier runs (unstamped, 1 row at 0123abc)" in page
 
 
 def test_a_per_layer_run_keeps_the_one_program_rows(monkeypatch, tmp_path):
