@@ -132,7 +132,12 @@ bucket (between a FOLD and a DEQUANT per member, :func:`values_parts`) are one p
 softmax is a SOFTMAX part per member, of its rows (:attr:`VectorOp.within`), right after its
 DEQUANT, so a head's softmax runs beside the next heads' scores GEMMs (:func:`beside`); each
 FOLD goes right after its SOFTMAX too where the keys outlast the vector engine's work on them
-(:func:`_folds_beside`), else after the scores.
+(:func:`_folds_beside`), else after the scores. With several kv heads the values are woven
+in a head at a time (:func:`_values_woven`): each head's values GEMM is a part of its own
+(a member alone) right after its FOLD, and the next head's DEQUANT, SOFTMAX and FOLD, then
+the head before's values DEQUANT, run beside it (a DEQUANT that reads no STORE of the GEMM
+part, an earlier part's drained accumulators, may: :func:`_may_run_beside`), so the array
+computes a head's values while the vector engine works on the next head.
 The scores' DEQUANTs write the softmax's input rows in place (each member's rows a region
 inside that buffer: ``within``); their channel words (the key scales with the
 softmax scale folded in: a word per cached position, written as the cache grows, by the
@@ -878,8 +883,11 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
     ``vec`` uses the vector parts' events and the scheduler's STORED ones only
     (:data:`VECTOR_EVENTS`), ``gemm`` none of :data:`BESIDE_EVENTS`, every event ``gemm``
     signals with a STORE is signalled by its STOREs alone, no STORE of ``vec`` writes DRAM
-    that ``gemm`` moves, and some LOAD of ``vec`` reads what a STORE of ``gemm`` writes (its
-    accumulators: a DEQUANT) or, for a SOFTMAX, FOLD or SILU_GATE, of the last part of
+    that ``gemm`` moves, and ``vec`` is a DEQUANT that reads no STORE of ``gemm`` (an earlier
+    GEMM part's accumulators, drained at the boundary before ``gemm``: the next head's scores
+    beside a head's values GEMM, :func:`_values_woven`), or some LOAD of ``vec`` reads what a
+    STORE of ``gemm`` writes (its accumulators: a DEQUANT) or, for a SOFTMAX, FOLD or
+    SILU_GATE, of the last part of
     ``run`` (the rows a DEQUANT of the scores wrote, the probabilities a SOFTMAX wrote:
     attention's softmax and values prologue, a head at a time, beside the next heads' GEMMs;
     the up projection's DEQUANT segment a SILU_GATE segment reads, beside the next
@@ -908,6 +916,10 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
     stores = _stores(g)
     written = [_dram_extent(g, i) for i in stores]
     funcs = v["vec.func"][v["opcode"] == Opcode.VEC.value]
+    if funcs.size and (funcs == VecFunc.DEQUANT.value).all() and not any(
+            _overlap(_dram_extent(v, i), w) for i in np.flatnonzero(
+                v["opcode"] == Opcode.LOAD.value).tolist() for w in written):
+        return True  # an earlier GEMM part's accumulators (drained): the next head's scores
     if run and funcs.size and np.isin(funcs, [f.value for f in _AFTER_RUN]).all():
         if (funcs == VecFunc.SILU_GATE.value).any() and stores and any(
                 _overlap(_dram_extent(r, i), _dram_extent(g, stores[-1])) for r in map(
@@ -938,7 +950,9 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     to the STORE it waits on, so the in-order LOAD engine does not stop the GEMMs' weights
     while the vector engine works (a SOFTMAX of one head's scores while the next head's
     keys stream; likewise where ``vec`` holds a SILU_GATE, :data:`_PACED`); one that does
-    not wait comes as soon as the words before it. A word of
+    not wait comes as soon as the words before it. The leading LOAD-engine words of a
+    ``vec`` that reads no STORE of ``gemm`` (up to the first that waits) come right away,
+    so its vector engine work overlaps the GEMMs from their start. A word of
     another engine comes as soon as every signal it waits on has come before it in the
     program (paced: a STORE once, by the durations, what it waits on is done; a VEC as
     soon as the vector engine's queue has room, right after the LOAD that grants it, so a
@@ -971,11 +985,18 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         need[i] = max((k for k, w in enumerate(written) if _overlap(src, w)), default=-1)
     vecs = v["opcode"] == Opcode.VEC.value
     paced = bool(np.isin(v["vec.func"][vecs], [f.value for f in _PACED]).any())
+    loads = np.flatnonzero(v_eng == load).tolist()
+    # the leading LOAD-engine words (up to the first that waits) of a vector part that reads
+    # no STORE of gemm (an earlier GEMM part's DEQUANT: _may_run_beside) go right away
+    lead = loads[:next((j for j, i in enumerate(loads) if int(v["wait"][i]) != NO_EVENT),
+                       len(loads))]
+    now = lead if all(need[i] < 0 for i in lead) else []
     if not paced:  # a LOAD-engine word that reads no STORE's result goes with the next
-        loads = np.flatnonzero(v_eng == load).tolist()
         for j in range(len(loads) - 2, -1, -1):
             if need[loads[j]] < 0:
                 need[loads[j]] = need[loads[j + 1]]
+    for i in now:
+        need[i] = -2
     queues = {e: [i for i in range(v_eng.shape[0]) if int(v_eng[i]) == e]
               for e in set(v_eng.tolist())}
     signalled: dict[int, int] = {}
@@ -1038,7 +1059,7 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
                     w = int(v["wait"][i])
                     if w != NO_EVENT and signalled.get(w, 0) <= waited.get(w, 0):
                         break
-                    if e == load and (need[i] > done or need[i] < 0 and not (end or paced)) \
+                    if e == load and (need[i] > done or need[i] == -1 and not (end or paced)) \
                             or paced and not end and not ready(i):
                         break
                     v_at[i] = len(out)
@@ -1847,6 +1868,32 @@ def _folds_after(parts: Sequence[Part], fold: Sequence[RequantOp]) -> list[Part]
     return out
 
 
+def _values_woven(parts: Sequence[Part], fold: Sequence[RequantOp], values: Sequence[Member],
+                  vdeq: Sequence[DequantOp]) -> tuple[Part, ...] | None:
+    """``parts`` (a scores program's: its REQUANTs, its GEMM, each member's DEQUANT and
+    SOFTMAX slice) and the values program's (``fold``, ``values``, ``vdeq``: a FOLD, a member
+    and a DEQUANT per kv head) woven a head at a time: head ``h``'s values GEMM, a part of its
+    own, right after its FOLD, and head ``h + 1``'s DEQUANT, SOFTMAX and FOLD after that GEMM,
+    then head ``h``'s values DEQUANT, so the vector engine works on the next head while the
+    array computes this head's values (:func:`_may_run_beside`) instead of the array waiting
+    for every head's FOLD. None where the heads do not pair up (a FOLD per SOFTMAX slice of
+    the same rows, a values member per FOLD)."""
+    soft = [k for k, p in enumerate(parts) if isinstance(p, VectorOp) and p.within is not None]
+    if not (len(soft) == len(fold) == len(values) == len(vdeq) > 1) or any(
+            parts[k].within[1:] != f.within or parts[k].rows != f.rows
+            for k, f in zip(soft, fold, strict=True)):
+        return None
+    out = list(parts[:soft[0] + 1])
+    for h in range(len(fold)):
+        if h:  # the next head's DEQUANT and SOFTMAX beside this head's values GEMM
+            out += parts[soft[h - 1] + 1:soft[h] + 1]
+        out += [fold[h], (values[h],)]
+        if h:  # after the next values GEMM's operands: its weights stream right after FOLD's
+            out.append(vdeq[h - 1])
+    out += [vdeq[-1], *parts[soft[-1] + 1:]]
+    return tuple(out)
+
+
 def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGroup]:
     """The fused programs of attention's scores and softmax: per ``attn_scores`` entry of
     ``work`` (``(phase, node, bucket, members)``) whose output one softmax entry of the same
@@ -1907,6 +1954,13 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
             out.append(FusedGroup((i, j), parts, owners))
             continue
         fold, vdeq = values_parts(cfg, work, k, vec)
+        woven = _values_woven(parts, fold, work[k][3], vdeq)
+        if woven is not None:
+            both = FusedGroup((i, j, k), woven, tuple(  # the scores GEMM, then values GEMMs
+                0 if n == len(req) else 2 if isinstance(p, tuple) else None
+                for n, p in enumerate(woven)), fallback=(FusedGroup((i, j), parts, owners),))
+            out.append(both)
+            continue
         scores = _folds_after(parts, fold) if _folds_beside(cfg, members, vec.length) \
             else [*parts, *fold]
         both = FusedGroup((i, j, k), (*scores, tuple(work[k][3]), *vdeq),

@@ -24,6 +24,7 @@ from hw.isa import (
     check,
     decode_program,
     dequant_fold,
+    gemm_weight_bytes,
     program_words,
 )
 from hw.numerics import (
@@ -1096,7 +1097,9 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
     see); and with four kv heads (scores GEMMs long enough to outlast a head's DEQUANT) a
     SOFTMAX runs while a GEMM does. Odd seeds put each FOLD beside too, right after its
     SOFTMAX (as sw.compile.fusion._folds_beside does where the keys stream longer than the
-    vector engine works on them: an INT8 cache at a long context, not a tiny model's)."""
+    vector engine works on them: an INT8 cache at a long context, not a tiny model's) where
+    there is one kv head; with several, each FOLD follows its SOFTMAX whatever the cache
+    (sw.compile.fusion._values_woven: a head's values GEMM beside the next head's work)."""
     rng = np.random.default_rng(seed)
     folds = bool(seed % 2)
     monkeypatch.setattr(fusion, "_folds_beside", lambda *_: folds)
@@ -1113,9 +1116,79 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
         soft = [k for k, f in enumerate(funcs) if f == VecFunc.SOFTMAX]
         assert all(funcs[k - 1] in (VecFunc.DEQUANT, VecFunc.SOFTMAX) for k in soft)
         after = {funcs[k + 1] for k in soft if funcs[k + 1] != VecFunc.SOFTMAX}
-        assert after == ({VecFunc.FOLD} if folds or kv == 1 else {VecFunc.DEQUANT, VecFunc.FOLD})
+        assert after == {VecFunc.FOLD}  # several kv heads: woven with the values GEMMs
         beside_gemm += _runs_as_drained(model, parts, rng, VecFunc.SOFTMAX)
     assert beside_gemm or kv < 4
+
+
+def _gemm_races(words: np.ndarray, trace, cfg) -> list[tuple[int, int]]:
+    """The (LOAD, GEMM) pairs of a run of a compiled program ``words`` on ``cfg`` (its
+    ``trace``) that race on ACT or WGT beats: the LOAD writes beats the GEMM reads while the
+    GEMM runs (as :func:`_races`; the GEMM reading ``tokens`` rows ``act_stride`` beats
+    apart and its weight stream, :func:`hw.isa.gemm_weight_bytes`)."""
+    program = _program(words)
+    at = {t.index: t for t in trace}
+
+    def beats(ins) -> list[tuple[Spad, int, int]]:
+        if isinstance(ins, Load):
+            return [(ins.spad, ins.spad_addr, ins.spad_addr + ins.rows * ins.row_beats)]
+        return [(Spad.ACT, ins.act_addr, ins.act_addr + ins.tokens * max(ins.act_stride, 1)),
+                (Spad.WGT, ins.wgt_addr,
+                 ins.wgt_addr + -(-gemm_weight_bytes(ins, cfg) // cfg.beat_bytes))]
+    loads = [i for i, ins in enumerate(program) if isinstance(ins, Load)]
+    gemms = [i for i, ins in enumerate(program) if isinstance(ins, Gemm)]
+    return [(i, j) for i in loads for j in gemms
+            if any(s == t and lo < e and u < hi for s, lo, hi in beats(program[i])
+                   for t, u, e in beats(program[j]))
+            and at[i].grant <= at[j].end and at[j].grant <= at[i].done]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_heads_values_gemm_runs_beside_the_next_heads_scores(monkeypatch, seed):
+    """A tiny model of 2 or 4 kv heads (grouped or not) compiled for decode steps up to a
+    random context: in every attention program each kv head's values GEMM is a part of its
+    own right after its FOLD, and the next head's DEQUANT, SOFTMAX and FOLD run beside it
+    (sw.compile.fusion._values_woven; the next head's DEQUANT reads an earlier GEMM part's
+    accumulators, sw.compile.fusion._may_run_beside). On the fast model from a random DRAM
+    image the overlapped program runs (no deadlock) to the drained program's DRAM in no more
+    cycles, with no LOAD writing ACT or WGT beats a GEMM reads, or VIN beats a VEC reads,
+    while it runs; and in every program the vector engine works on a head's scores (their
+    DEQUANT or SOFTMAX) while a values GEMM runs (the values of every head after every head's
+    FOLD, as before the weaving, never do)."""
+    rng = np.random.default_rng(seed)
+    kv = int(rng.choice([2, 4]))
+    heads = kv * int(rng.choice([1, 2])) if kv < 4 else 4
+    context = int(rng.integers(8, 40))
+    programs = _fused_programs_with(monkeypatch, tiny_lm(heads=heads, kv_heads=kv, seed=seed),
+                                    CompileOptions(4, context, one_program=False),
+                                    VecFunc.SOFTMAX)
+    model = make_backend("model", VSMALL)
+    beside_values = 0
+    for parts in programs:
+        gemm = [k for k, p in enumerate(parts) if any(isinstance(i, Gemm) for i in _program(p))]
+        values = gemm[1:kv + 1]  # the scores GEMM (one part), then a part per kv head
+        assert len(values) == kv
+        for k in values:  # right after its FOLD
+            assert [i.func for i in _program(parts[k - 1]) if isinstance(i, Vec)][-1] \
+                == VecFunc.FOLD
+        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
+        words, places = fuse_parts(VSMALL, parts)
+        drained, overlapped = (model.run(w, dram.copy(), trace=True) for w in (
+            fuse_words(VSMALL, parts, False), words))
+        assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
+        assert np.array_equal(drained.dram, overlapped.dram)
+        assert overlapped.cycles <= drained.cycles
+        assert not _gemm_races(words, overlapped.trace, VSMALL)
+        assert not _vin_races(words, overlapped.trace)
+        program = _program(words)
+        at = {t.index: (t.grant, t.end) for t in overlapped.trace}
+        gemms = [at[places[k][i]] for k in values
+                 for i, ins in enumerate(_program(parts[k])) if isinstance(ins, Gemm)]
+        scores = [at[i] for i, ins in enumerate(program) if isinstance(ins, Vec) and (
+            ins.func == VecFunc.SOFTMAX
+            or ins.func == VecFunc.DEQUANT and not dequant_fold(ins.imm))]
+        beside_values += any(g0 < v1 and v0 < g1 for g0, g1 in gemms for v0, v1 in scores)
+    assert beside_values == len(programs)
 
 
 def _fused_programs_with(monkeypatch, lm, opts: CompileOptions, func: VecFunc
@@ -1258,13 +1331,23 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
         requant = [VecFunc.REQUANT] * (4 * tokens)  # a row per head and token
         # the chain after it (o_proj's REQUANT on): its own test
         vecs = vecs[:len(requant) + 4 * op.rows]
-        # per operand head, its rows' DEQUANT then their SOFTMAX (beside the next heads)
-        scores = [f for m in first.members
-                  for f in [VecFunc.DEQUANT] * m.tokens + [VecFunc.SOFTMAX] * m.tokens]
-        assert [v.func for v in vecs] == requant + scores + [VecFunc.FOLD] * op.rows \
-            + [VecFunc.DEQUANT] * op.rows
-        assert all(dequant_fold(v.imm) == (k >= len(requant) + 3 * op.rows)
-                   for k, v in enumerate(vecs) if v.func == VecFunc.DEQUANT)
+        # per operand head, its rows' DEQUANT then their SOFTMAX (beside the next heads);
+        # with several kv heads woven with the values (sw.compile.fusion._values_woven):
+        # each head's FOLD after its SOFTMAX, the head before's values DEQUANT after that
+        # (FOLD's amax words: the fold bit)
+        heads = [(f, False) for f in requant]
+        if len(first.members) == len(values.members) > 1:
+            for h, (m, v) in enumerate(zip(first.members, values.members, strict=True)):
+                heads += [(VecFunc.DEQUANT, False)] * m.tokens \
+                    + [(VecFunc.SOFTMAX, False)] * m.tokens + [(VecFunc.FOLD, False)] * v.tokens
+                heads += [(VecFunc.DEQUANT, True)] * values.members[h - 1].tokens if h else []
+            heads += [(VecFunc.DEQUANT, True)] * values.members[-1].tokens
+        else:
+            heads += [(f, False) for m in first.members
+                      for f in [VecFunc.DEQUANT] * m.tokens + [VecFunc.SOFTMAX] * m.tokens]
+            heads += [(VecFunc.FOLD, False)] * op.rows + [(VecFunc.DEQUANT, True)] * op.rows
+        assert [(v.func, v.func == VecFunc.DEQUANT and dequant_fold(v.imm)) for v in vecs] \
+            == heads
         layer = int(p.node.split(".")[1])
         for j, m in enumerate(values.members):   # FOLD reads the host's value codes
             assert m.codes == f"vc:{layer}:{j // (len(values.members) // kv_heads)}"
