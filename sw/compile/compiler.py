@@ -767,8 +767,10 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     """Append the fused program of ``group`` and make its entries' programs (at ``pos``) its
     parts; False, and nothing changed, if it does not fit the instruction memory.
 
-    Each part is relocated from its template: a node's (lowered with it) or a REQUANT's,
-    DEQUANT's or ADD's (lowered once per signature); vector parts get the events of
+    Each part is relocated from its template: a node's (lowered with it; a values member
+    alone, where attention is woven a head at a time, lowered once per signature, unrolled:
+    False where it does not fit) or a REQUANT's, DEQUANT's or ADD's (lowered once per
+    signature); vector parts get the events of
     :func:`sw.compile.fusion.vector_events`, and :func:`sw.compile.fusion.fuse_parts` joins
     them. The linear entries' members name the Q15.16 rows their DEQUANT parts write; the
     fused program's ``position_rows`` are its ROPE parts' table LOADs, its ``imm_rows`` its
@@ -799,8 +801,11 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
             t = templates[(part.signature,)][1]
         elif owner is not None:
             if tuple(m.signature for m in part) not in templates:  # a member alone
-                templates[tuple(m.signature for m in part)] = (
-                    len(templates), lower_template(cfg, part, ring=True))
+                try:  # unrolled, as a part must be (a node's too long one rolls: no part)
+                    t = lower_template(cfg, part, ring=True)
+                except LoweringError:
+                    return False
+                templates[tuple(m.signature for m in part)] = (len(templates), t)
             t = templates[tuple(m.signature for m in part)][1]
         else:
             if part.signature not in templates:
