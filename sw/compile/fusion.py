@@ -1217,6 +1217,19 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
     return out, within
 
 
+#: A hoisted LOAD goes to the first boundary (or inside slot) where the LOAD engine would
+#: idle (:func:`_slack`, :func:`_inside`) for at least ``1 / HOIST_FILL`` of its beats
+#: (:func:`_fuse`). Where it idles less than the whole LOAD, the part after starts later by
+#: the rest -- at most as many cycles as the LOAD engine streams instead of idling, so even
+#: where that delay reaches the end of the step the step ends no later, and it usually ends
+#: earlier: the beats the LOAD engine streamed early are beats a GEMM part's weight stream no
+#: longer waits for. Most idle windows between a decode step's vector parts (a VEC and its
+#: STORE) are shorter than one weights LOAD (a ring slot's tile), so with the whole LOAD
+#: (1) most weights queued behind the parts' SYNCs. Measured with ``python -m bench.beats``
+#: (reference model, context 128): 1: 121,104 cycles; 2: 118,544; 4: 121,339.
+HOIST_FILL = 2
+
+
 def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, spread: bool
           ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
     """:func:`fuse_parts` of ``parts`` (END dropped), each run beside what it may be.
@@ -1245,7 +1258,8 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         for i in hoisted if spread else ():  # in order, each at the first slot with room
             beats = int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
             first = 2 * _boundary(placed, body, i, constant) - 1  # inside the part before
-            at = next((j for j in range(max(at, first), 2 * k + 1) if room[j] >= beats),
+            at = next((j for j in range(max(at, first), 2 * k + 1)
+                       if room[j] > 0 and HOIST_FILL * room[j] >= beats),
                       2 * k if len(goes) < 2 else None)
             if at is None:
                 break

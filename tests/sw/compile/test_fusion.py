@@ -396,25 +396,26 @@ def _program(words):
 OUT_ROW = 4 * CFG.lanes // CFG.beat_bytes
 
 
-def _gemm_like(tiles: int, dram: int = 0, spad: Spad = Spad.WGT) -> np.ndarray:
+def _gemm_like(tiles: int, dram: int = 0, spad: Spad = Spad.WGT, beats: int = 8
+               ) -> np.ndarray:
     """A linear program's shape (:func:`sw.compile.schedule.schedule_layers`, one resident
-    token): the activations (from DRAM beat ``dram``), then per GEMM its weights into a half
-    of ``spad``, the GEMMs and their stores; a load reusing a half waits for the store of the
-    GEMM that read it."""
+    token): the activations (from DRAM beat ``dram``), then per GEMM its weights (``beats``
+    beats) into a half of ``spad``, the GEMMs and their stores; a load reusing a half waits
+    for the store of the GEMM that read it."""
     ev = EVENTS
     out = [Load(spad=Spad.ACT, dram_addr=dram, rows=1, row_beats=2)]
 
     def weights(i):
         h = i % 2
-        out.append(Load(spad=spad, spad_addr=8 * h, dram_addr=1000 + 8 * i, rows=1,
-                        row_beats=8, wait=ev[f"STORED{h}"] if i >= 2 else None,
+        out.append(Load(spad=spad, spad_addr=beats * h, dram_addr=1000 + beats * i, rows=1,
+                        row_beats=beats, wait=ev[f"STORED{h}"] if i >= 2 else None,
                         signal=ev[f"FULL{h}"]))
     weights(0)
     for i in range(tiles):
         h = i % 2
         if i + 1 < tiles:
             weights(i + 1)
-        out.append(Gemm(wgt_addr=8 * h, k_steps=1, out_addr=OUT_ROW * h,
+        out.append(Gemm(wgt_addr=beats * h, k_steps=1, out_addr=OUT_ROW * h,
                         wait=ev[f"FULL{h}"], signal=ev[f"OUT_FULL{h}"]))
         out.append(Store(spad=Spad.OUT, spad_addr=OUT_ROW * h, dram_addr=2000 + OUT_ROW * i,
                          rows=1, row_beats=OUT_ROW, wait=ev[f"OUT_FULL{h}"],
@@ -486,6 +487,36 @@ def test_weights_go_up_past_several_parts_where_the_load_engine_idles(seed):
         assert all(r.ok for r in runs), [r.error for r in runs]
         assert np.array_equal(runs[0].dram, runs[1].dram)
         assert runs[1].cycles <= runs[0].cycles
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_weights_longer_than_the_idle_go_where_they_fill_at_least_half(monkeypatch, seed):
+    """Two vector parts, then a GEMM-like part whose weights LOADs each take longer than the
+    LOAD engine idles at a vector part's drain (:func:`sw.compile.fusion._slack`) but no
+    more than twice as long (:data:`sw.compile.fusion.HOIST_FILL`): its first weights go
+    before the first part's drain, not behind the second's SYNCs as where only a LOAD that
+    fits the idle goes (``HOIST_FILL = 1``); the LOAD engine streams them instead of idling
+    and the step ends earlier, with the drained program's DRAM from a random image."""
+    a, b, gemm = _vector_part(y=40), _vector_part(y=60), _gemm_like(4, dram=60, beats=48)
+    idle = fusion._slack(CFG, a[:-1])
+    assert idle < 48 <= fusion.HOIST_FILL * idle
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    drained = make_backend("model", CFG).run(fuse_words(CFG, [a, b, gemm], False), dram.copy())
+    cycles = {}
+    for fill, moved in ((fusion.HOIST_FILL, True), (1, False)):
+        monkeypatch.setattr(fusion, "HOIST_FILL", fill)
+        words, places = fuse_parts(CFG, [a, b, gemm])
+        got = _program(words)
+        drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
+        w0 = places[2][1]
+        assert got[w0].spad == Spad.WGT and got[w0].signal is None
+        assert (w0 < drain) == moved
+        r = make_backend("model", CFG).run(words, dram.copy())
+        assert r.ok, r.error
+        assert np.array_equal(r.dram, drained.dram)
+        cycles[fill] = r.cycles
+    assert cycles[2] < min(cycles[1], drained.cycles)
 
 
 def _spread_slots(words: np.ndarray, slot: int) -> np.ndarray:
