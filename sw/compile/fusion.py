@@ -47,11 +47,14 @@ writes -- a GEMM's first weight chunks after a REQUANT, a DEQUANT's channel word
 ``amax`` beats after the GEMM -- and, past that run, each LOAD without a wait into WGT, ACT
 or VIN that meets the same and whose beats and DRAM no earlier LOAD, move or STORE of the
 part writes (in a joined step, weights an earlier fusion moved inside the next program).
-Each goes to the first boundary, in order, where the LOAD engine would idle long enough
-(:func:`_slack`), up past several parts when no STORE of the program writes its DRAM source
-and none of those parts loads its scratchpad beats (:func:`_boundary`: weights load while
-the vector parts before their GEMM run); of those that find no room, the first two go before
-their own boundary's SYNCs and the rest stay after them. The scheduler spreads a ring's
+Each goes to the first boundary, in order, where the LOAD engine would idle for at least
+half as long as the LOAD takes (:func:`_slack`, :data:`HOIST_FILL`: the part after then
+starts later by less than the LOAD engine streams instead of idling), up past several parts
+when no STORE of the program writes its DRAM source and none of those parts loads its
+scratchpad beats (:func:`_boundary`: weights load while the vector parts before their GEMM
+run); of those that find no room, the first goes before its own boundary's SYNCs and the
+rest stay after them (:data:`HOIST_UNFIT`), where they do not hold up the activations' LOAD
+that the GEMM needs first. The scheduler spreads a ring's
 slots over the whole WGT scratchpad, so before that a GEMM part's WGT is packed (its LOADs'
 beats side by side) and moved above the WGT the parts before it load, as many of the latest
 as leave room (:func:`_wgt_moved`): a GEMM's weights then load past the GEMM parts before it
@@ -211,7 +214,8 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "fuse_parts", "hoistable", "row_aliases", "rows_left", "attention_chains", "all_groups",
            "query_requants",
            "VECTOR_EVENTS", "vector_events", "BESIDE_EVENTS", "rename_events", "beside",
-           "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments"]
+           "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments", "HOIST_FILL",
+           "HOIST_UNFIT"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -635,8 +639,8 @@ def hoistable(before: np.ndarray, words: np.ndarray, deep: bool = True) -> list[
     * scratchpad beats no LOAD of the part before it (which stays after the SYNCs) writes;
 
     and, after that run (with ``deep``: not in a step whose blocks roll into one loop,
-    :func:`fuse_parts` without ``spread``, where every hoisted LOAD goes before its own
-    boundary whatever the room), every LOAD without a wait into WGT, ACT or VIN that meets
+    :func:`fuse_parts` without ``spread``, where every hoisted LOAD goes no further than its
+    own boundary), every LOAD without a wait into WGT, ACT or VIN that meets
     the same, whose DRAM source no earlier STORE of the part writes and whose scratchpad
     beats no earlier LOAD or move of the part writes (so no earlier word of the part reads
     them, whatever it waits on): in a fused program, the LOADs an earlier :func:`fuse_parts`
@@ -1097,9 +1101,11 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     those LOADs goes up to the first boundary where the LOAD engine idles long enough for it
     (past several parts), or inside a GEMM part before it whose own weights all loaded
     before its boundary (:func:`_inside`: while its array computes); without,
-    every one to its own part's boundary (a step whose blocks roll into one loop: no body's
-    LOADs may move into the block before, which the last block's successor does not
-    mirror).
+    each to its own part's boundary where the LOAD engine idles long enough there (a step
+    whose blocks roll into one loop: no body's LOADs may move into the block before, which
+    the last block's successor does not mirror). Where no slot has room, the first goes
+    to its own boundary anyway and the rest stay (:data:`HOIST_FILL`,
+    :data:`HOIST_UNFIT`).
     Returns the program and, per part, where each of its words (END aside) lies in it.
 
     Raises
@@ -1225,9 +1231,23 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
 #: earlier: the beats the LOAD engine streamed early are beats a GEMM part's weight stream no
 #: longer waits for. Most idle windows between a decode step's vector parts (a VEC and its
 #: STORE) are shorter than one weights LOAD (a ring slot's tile), so with the whole LOAD
-#: (1) most weights queued behind the parts' SYNCs. Measured with ``python -m bench.beats``
-#: (reference model, context 128): 1: 121,104 cycles; 2: 118,544; 4: 121,339.
+#: (1) most weights queued behind the parts' SYNCs. It pays where the GEMM's ring has slots
+#: left to fill after its activations land (with a ring of two slots, both loaded before them
+#: either way, the earlier weights only delay the activations: tests/sw/compile/
+#: test_fusion.py). Measured with ``python -m bench.beats`` (reference model, context 128;
+#: :data:`HOIST_UNFIT` 1): 1: 120,984 cycles; 1.5: 121,119; 2: 118,445; 3: 120,040; 4:
+#: 121,339 -- at 2 a projection's 196-beat ring slot fits the 100-130 cycles a REQUANT or a
+#: norm leaves the LOAD engine, and the gain is that fit, not a trend.
 HOIST_FILL = 2
+
+#: How many of a part's hoistable LOADs that find no slot with room (:data:`HOIST_FILL`) go
+#: before their own boundary's SYNCs anyway (the rest stay after them): one, so that the
+#: LOAD engine has work at every boundary, but no more -- a rolled step's (:func:`_fuse`
+#: without ``spread``) ring of weights hoisted whole went before the activations' LOAD and
+#: held its GEMMs, which take as long as their weights, a ring's worth of LOADs (SmolLM2,
+#: ``python -m bench.beats --model smollm2``: every one, 4,558,278 cycles; 2: 4,468,998; 1:
+#: 4,435,158; the reference model: 2: 118,544; 1: 118,445).
+HOIST_UNFIT = 1
 
 
 def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, spread: bool
@@ -1255,18 +1275,17 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         placed.append(body)
         room.append(_slack(cfg, placed[-2]) if k else 0)
         at, f, goes = 0, decode_fields(body), []
-        for i in hoisted if spread else ():  # in order, each at the first slot with room
+        for i in hoisted:  # in order, each at the first slot with room
             beats = int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
-            first = 2 * _boundary(placed, body, i, constant) - 1  # inside the part before
+            # inside the part before its earliest boundary; rolled (not spread), its own
+            first = 2 * _boundary(placed, body, i, constant) - 1 if spread else 2 * k
             at = next((j for j in range(max(at, first), 2 * k + 1)
                        if room[j] > 0 and HOIST_FILL * room[j] >= beats),
-                      2 * k if len(goes) < 2 else None)
+                      2 * k if len(goes) < HOIST_UNFIT else None)
             if at is None:
                 break
             room[at] -= beats
             goes.append(at)
-        if not spread:
-            goes = [2 * k] * len(hoisted)
         hoisted = hoisted[:len(goes)]
         for i, j in zip(hoisted, goes, strict=True):
             early[j].append((k, i))

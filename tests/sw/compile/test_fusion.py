@@ -396,12 +396,12 @@ def _program(words):
 OUT_ROW = 4 * CFG.lanes // CFG.beat_bytes
 
 
-def _gemm_like(tiles: int, dram: int = 0, spad: Spad = Spad.WGT, beats: int = 8
-               ) -> np.ndarray:
+def _gemm_like(tiles: int, dram: int = 0, spad: Spad = Spad.WGT, beats: int = 8,
+               k_steps: int = 1) -> np.ndarray:
     """A linear program's shape (:func:`sw.compile.schedule.schedule_layers`, one resident
-    token): the activations (from DRAM beat ``dram``), then per GEMM its weights (``beats``
-    beats) into a half of ``spad``, the GEMMs and their stores; a load reusing a half waits
-    for the store of the GEMM that read it."""
+    token): the activations (from DRAM beat ``dram``), then per GEMM (of ``k_steps``) its
+    weights (``beats`` beats) into a half of ``spad``, the GEMMs and their stores; a load
+    reusing a half waits for the store of the GEMM that read it."""
     ev = EVENTS
     out = [Load(spad=Spad.ACT, dram_addr=dram, rows=1, row_beats=2)]
 
@@ -415,7 +415,7 @@ def _gemm_like(tiles: int, dram: int = 0, spad: Spad = Spad.WGT, beats: int = 8
         h = i % 2
         if i + 1 < tiles:
             weights(i + 1)
-        out.append(Gemm(wgt_addr=beats * h, k_steps=1, out_addr=OUT_ROW * h,
+        out.append(Gemm(wgt_addr=beats * h, k_steps=k_steps, out_addr=OUT_ROW * h,
                         wait=ev[f"FULL{h}"], signal=ev[f"OUT_FULL{h}"]))
         out.append(Store(spad=Spad.OUT, spad_addr=OUT_ROW * h, dram_addr=2000 + OUT_ROW * i,
                          rows=1, row_beats=OUT_ROW, wait=ev[f"OUT_FULL{h}"],
@@ -491,22 +491,27 @@ def test_weights_go_up_past_several_parts_where_the_load_engine_idles(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_weights_longer_than_the_idle_go_where_they_fill_at_least_half(monkeypatch, seed):
-    """Two vector parts, then a GEMM-like part whose weights LOADs each take longer than the
-    LOAD engine idles at a vector part's drain (:func:`sw.compile.fusion._slack`) but no
-    more than twice as long (:data:`sw.compile.fusion.HOIST_FILL`): its first weights go
-    before the first part's drain, not behind the second's SYNCs as where only a LOAD that
-    fits the idle goes (``HOIST_FILL = 1``); the LOAD engine streams them instead of idling
-    and the step ends earlier, with the drained program's DRAM from a random image."""
-    a, b, gemm = _vector_part(y=40), _vector_part(y=60), _gemm_like(4, dram=60, beats=48)
+    """Two vector parts, then a GEMM part on a ring of four WGT slots (:func:`_ring_like`)
+    reading the second's row, whose weights LOADs each take longer than the LOAD engine
+    idles at a vector part's drain (:func:`sw.compile.fusion._slack`) but no more than
+    twice as long (:data:`sw.compile.fusion.HOIST_FILL`): its first weights go before the
+    first part's drain, not behind the second's SYNCs as where only a LOAD that fits the
+    idle goes (``HOIST_FILL = 1``); the LOAD engine streams them instead of idling, the
+    ring's later slots fill before the activations land and the step ends earlier, with the
+    drained program's DRAM from a random image. (With a ring of two slots, both already
+    loaded before the activations either way, the earlier weights only delay them.)"""
+    a, b = _vector_part(y=40), _vector_part(y=0)
+    ring = _ring_like(1, 12, 48, 1, 4)
     idle = fusion._slack(CFG, a[:-1])
     assert idle < 48 <= fusion.HOIST_FILL * idle
+    assert hoistable(b[:-1], ring[:-1]) == [1, 2, 3, 4]
     rng = np.random.default_rng(seed)
     dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
-    drained = make_backend("model", CFG).run(fuse_words(CFG, [a, b, gemm], False), dram.copy())
+    drained = make_backend("model", CFG).run(fuse_words(CFG, [a, b, ring], False), dram.copy())
     cycles = {}
     for fill, moved in ((fusion.HOIST_FILL, True), (1, False)):
         monkeypatch.setattr(fusion, "HOIST_FILL", fill)
-        words, places = fuse_parts(CFG, [a, b, gemm])
+        words, places = fuse_parts(CFG, [a, b, ring])
         got = _program(words)
         drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
         w0 = places[2][1]
@@ -516,7 +521,36 @@ def test_weights_longer_than_the_idle_go_where_they_fill_at_least_half(monkeypat
         assert r.ok, r.error
         assert np.array_equal(r.dram, drained.dram)
         cycles[fill] = r.cycles
-    assert cycles[2] < min(cycles[1], drained.cycles)
+    assert cycles[2] < cycles[1] < drained.cycles
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_rolled_steps_activations_load_before_weights_that_find_no_room(monkeypatch, seed):
+    """Without ``spread`` (a step whose blocks roll into one loop), a vector part then a
+    GEMM-like part whose two leading weights LOADs each take more than twice the LOAD
+    engine's idle at the vector part's drain: the first goes before the drain's SYNC
+    (:data:`sw.compile.fusion.HOIST_UNFIT`), the second stays after the activations' LOAD,
+    which then no longer waits behind it; with both hoisted (``HOIST_UNFIT = 2``, as every
+    hoistable LOAD went before) the GEMMs start later. Both compute the drained program's
+    DRAM from a random image."""
+    a, gemm = _vector_part(y=40), _gemm_like(4, dram=40, beats=120, k_steps=32)
+    assert 2 * fusion._slack(CFG, a[:-1]) < 120
+    assert hoistable(a[:-1], gemm[:-1], False) == [1, 2]
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    drained = make_backend("model", CFG).run(fuse_words(CFG, [a, gemm], False), dram.copy())
+    cycles = {}
+    for unfit in (fusion.HOIST_UNFIT, 2):
+        monkeypatch.setattr(fusion, "HOIST_UNFIT", unfit)
+        words, places = fuse_parts(CFG, [a, gemm], spread=False)
+        got = _program(words)
+        drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
+        assert [places[1][i] < drain for i in (0, 1, 2)] == [False, True, unfit > 1]
+        r = make_backend("model", CFG).run(words, dram.copy())
+        assert r.ok, r.error
+        assert np.array_equal(r.dram, drained.dram)
+        cycles[unfit] = r.cycles
+    assert cycles[1] < cycles[2]
 
 
 def _spread_slots(words: np.ndarray, slot: int) -> np.ndarray:
