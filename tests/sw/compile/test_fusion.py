@@ -673,15 +673,17 @@ def test_a_hoisted_loads_signal_comes_right_after_the_load_engine_word_before_it
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_weights_load_inside_a_gemm_part_whose_own_loaded_before_it(seed):
+def test_weights_load_inside_a_gemm_part_whose_own_loaded_before_it(monkeypatch, seed):
     """A vector part (its LOAD engine last, waiting for its STORE: no room before its drain),
-    a GEMM-like part (its weights hoisted before the vector part's drain, its LOAD engine
-    then waiting for its first STORE), a vector part, and a GEMM-like part
+    a GEMM-like part (its two weights LOADs hoisted before the vector part's drain, though
+    they find no room there: ``HOIST_UNFIT`` 2; its LOAD engine then waiting for its first
+    STORE), a vector part, and a GEMM-like part
     of other weights: the second GEMM's leading weights go inside the first GEMM part, after
     its activations' LOAD and before its first GEMM, where its LOAD engine idles while the
     array runs -- at WGT beats above the first's. The program computes the drained one's DRAM
     from a random image, in fewer cycles; with no wait in the first GEMM part the weights
     stay at a boundary."""
+    monkeypatch.setattr(fusion, "HOIST_UNFIT", 2)
     rng = np.random.default_rng(seed)
     a, b = _draining(_vector_part(y=40)), _vector_part(y=60)  # a: no room after its LOADs
     second = _gemm_like(int(rng.integers(2, 6)), dram=60)
