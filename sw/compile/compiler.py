@@ -767,8 +767,10 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     """Append the fused program of ``group`` and make its entries' programs (at ``pos``) its
     parts; False, and nothing changed, if it does not fit the instruction memory.
 
-    Each part is relocated from its template: a node's (lowered with it) or a REQUANT's,
-    DEQUANT's or ADD's (lowered once per signature); vector parts get the events of
+    Each part is relocated from its template: a node's (lowered with it; a values member
+    alone, where attention is woven a head at a time, lowered once per signature, unrolled:
+    False where it does not fit) or a REQUANT's, DEQUANT's or ADD's (lowered once per
+    signature); vector parts get the events of
     :func:`sw.compile.fusion.vector_events`, and :func:`sw.compile.fusion.fuse_parts` joins
     them. The linear entries' members name the Q15.16 rows their DEQUANT parts write; the
     fused program's ``position_rows`` are its ROPE parts' table LOADs, its ``imm_rows`` its
@@ -778,7 +780,7 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     nodes = [programs[pos[e]] for e in group.entries]
     words, key, work = [], ["fused"], [0, 0, 0]
     dequant, argmax, tables, imms = {}, {}, [], []
-    appends, embeds = [], []
+    appends, embeds, counted = [], [], set()
     for part, owner in zip(group.parts, group.owners, strict=True):
         if isinstance(part, KVAppendOp):
             if not all(c in addr for c in part.codes or ()):  # no FOLD reads value codes
@@ -798,6 +800,12 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
         if owner is not None and isinstance(part, VectorOp):
             t = templates[(part.signature,)][1]
         elif owner is not None:
+            if tuple(m.signature for m in part) not in templates:  # a member alone
+                try:  # unrolled, as a part must be (a node's too long one rolls: no part)
+                    t = lower_template(cfg, part, ring=True)
+                except LoweringError:
+                    return False
+                templates[tuple(m.signature for m in part)] = (len(templates), t)
             t = templates[tuple(m.signature for m in part)][1]
         else:
             if part.signature not in templates:
@@ -813,9 +821,11 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
         if isinstance(part, VectorOp) and t.imm_rows:
             imms.append((len(words) - 1, t.imm_rows))
         key.append(tuple(m.signature for m in layers))
-        if owner is not None:
+        if owner is not None:  # a node's program, counted once (values: a part per member)
             p = nodes[owner]
-            work = [work[0] + p.read_bytes, work[1] + p.write_bytes, work[2] + p.macs]
+            if owner not in counted:
+                work = [work[0] + p.read_bytes, work[1] + p.write_bytes, work[2] + p.macs]
+            counted.add(owner)
         elif isinstance(part, RequantOp):
             codes = part.rows * part.length
             work = [work[0] + 4 * codes + 4 * part.length * part.fold, work[1] + codes,

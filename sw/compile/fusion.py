@@ -47,11 +47,14 @@ writes -- a GEMM's first weight chunks after a REQUANT, a DEQUANT's channel word
 ``amax`` beats after the GEMM -- and, past that run, each LOAD without a wait into WGT, ACT
 or VIN that meets the same and whose beats and DRAM no earlier LOAD, move or STORE of the
 part writes (in a joined step, weights an earlier fusion moved inside the next program).
-Each goes to the first boundary, in order, where the LOAD engine would idle long enough
-(:func:`_slack`), up past several parts when no STORE of the program writes its DRAM source
-and none of those parts loads its scratchpad beats (:func:`_boundary`: weights load while
-the vector parts before their GEMM run); of those that find no room, the first two go before
-their own boundary's SYNCs and the rest stay after them. The scheduler spreads a ring's
+Each goes to the first boundary, in order, where the LOAD engine would idle for at least
+half as long as the LOAD takes (:func:`_slack`, :data:`HOIST_FILL`: the part after then
+starts later by less than the LOAD engine streams instead of idling), up past several parts
+when no STORE of the program writes its DRAM source and none of those parts loads its
+scratchpad beats (:func:`_boundary`: weights load while the vector parts before their GEMM
+run); of those that find no room, the first goes before its own boundary's SYNCs and the
+rest stay after them (:data:`HOIST_UNFIT`), where they do not hold up the activations' LOAD
+that the GEMM needs first. The scheduler spreads a ring's
 slots over the whole WGT scratchpad, so before that a GEMM part's WGT is packed (its LOADs'
 beats side by side) and moved above the WGT the parts before it load, as many of the latest
 as leave room (:func:`_wgt_moved`): a GEMM's weights then load past the GEMM parts before it
@@ -132,7 +135,12 @@ bucket (between a FOLD and a DEQUANT per member, :func:`values_parts`) are one p
 softmax is a SOFTMAX part per member, of its rows (:attr:`VectorOp.within`), right after its
 DEQUANT, so a head's softmax runs beside the next heads' scores GEMMs (:func:`beside`); each
 FOLD goes right after its SOFTMAX too where the keys outlast the vector engine's work on them
-(:func:`_folds_beside`), else after the scores.
+(:func:`_folds_beside`), else after the scores. With several kv heads the values are woven
+in a head at a time (:func:`_values_woven`): each head's values GEMM is a part of its own
+(a member alone) right after its FOLD, and the next head's DEQUANT, SOFTMAX and FOLD, then
+the head before's values DEQUANT, run beside it (a DEQUANT that reads no STORE of the GEMM
+part, an earlier part's drained accumulators, may: :func:`_may_run_beside`), so the array
+computes a head's values while the vector engine works on the next head.
 The scores' DEQUANTs write the softmax's input rows in place (each member's rows a region
 inside that buffer: ``within``); their channel words (the key scales with the
 softmax scale folded in: a word per cached position, written as the cache grows, by the
@@ -211,7 +219,8 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "fuse_parts", "hoistable", "row_aliases", "rows_left", "attention_chains", "all_groups",
            "query_requants",
            "VECTOR_EVENTS", "vector_events", "BESIDE_EVENTS", "rename_events", "beside",
-           "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments"]
+           "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments", "HOIST_FILL",
+           "HOIST_UNFIT"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -635,8 +644,8 @@ def hoistable(before: np.ndarray, words: np.ndarray, deep: bool = True) -> list[
     * scratchpad beats no LOAD of the part before it (which stays after the SYNCs) writes;
 
     and, after that run (with ``deep``: not in a step whose blocks roll into one loop,
-    :func:`fuse_parts` without ``spread``, where every hoisted LOAD goes before its own
-    boundary whatever the room), every LOAD without a wait into WGT, ACT or VIN that meets
+    :func:`fuse_parts` without ``spread``, where every hoisted LOAD goes no further than its
+    own boundary), every LOAD without a wait into WGT, ACT or VIN that meets
     the same, whose DRAM source no earlier STORE of the part writes and whose scratchpad
     beats no earlier LOAD or move of the part writes (so no earlier word of the part reads
     them, whatever it waits on): in a fused program, the LOADs an earlier :func:`fuse_parts`
@@ -878,8 +887,11 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
     ``vec`` uses the vector parts' events and the scheduler's STORED ones only
     (:data:`VECTOR_EVENTS`), ``gemm`` none of :data:`BESIDE_EVENTS`, every event ``gemm``
     signals with a STORE is signalled by its STOREs alone, no STORE of ``vec`` writes DRAM
-    that ``gemm`` moves, and some LOAD of ``vec`` reads what a STORE of ``gemm`` writes (its
-    accumulators: a DEQUANT) or, for a SOFTMAX, FOLD or SILU_GATE, of the last part of
+    that ``gemm`` moves, and ``vec`` is a DEQUANT that reads no STORE of ``gemm`` (an earlier
+    GEMM part's accumulators, drained at the boundary before ``gemm``: the next head's scores
+    beside a head's values GEMM, :func:`_values_woven`), or some LOAD of ``vec`` reads what a
+    STORE of ``gemm`` writes (its accumulators: a DEQUANT) or, for a SOFTMAX, FOLD or
+    SILU_GATE, of the last part of
     ``run`` (the rows a DEQUANT of the scores wrote, the probabilities a SOFTMAX wrote:
     attention's softmax and values prologue, a head at a time, beside the next heads' GEMMs;
     the up projection's DEQUANT segment a SILU_GATE segment reads, beside the next
@@ -908,6 +920,10 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
     stores = _stores(g)
     written = [_dram_extent(g, i) for i in stores]
     funcs = v["vec.func"][v["opcode"] == Opcode.VEC.value]
+    if funcs.size and (funcs == VecFunc.DEQUANT.value).all() and not any(
+            _overlap(_dram_extent(v, i), w) for i in np.flatnonzero(
+                v["opcode"] == Opcode.LOAD.value).tolist() for w in written):
+        return True  # an earlier GEMM part's accumulators (drained): the next head's scores
     if run and funcs.size and np.isin(funcs, [f.value for f in _AFTER_RUN]).all():
         if (funcs == VecFunc.SILU_GATE.value).any() and stores and any(
                 _overlap(_dram_extent(r, i), _dram_extent(g, stores[-1])) for r in map(
@@ -938,7 +954,9 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     to the STORE it waits on, so the in-order LOAD engine does not stop the GEMMs' weights
     while the vector engine works (a SOFTMAX of one head's scores while the next head's
     keys stream; likewise where ``vec`` holds a SILU_GATE, :data:`_PACED`); one that does
-    not wait comes as soon as the words before it. A word of
+    not wait comes as soon as the words before it. The leading LOAD-engine words of a
+    ``vec`` that reads no STORE of ``gemm`` (up to the first that waits) come right away,
+    so its vector engine work overlaps the GEMMs from their start. A word of
     another engine comes as soon as every signal it waits on has come before it in the
     program (paced: a STORE once, by the durations, what it waits on is done; a VEC as
     soon as the vector engine's queue has room, right after the LOAD that grants it, so a
@@ -971,11 +989,18 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         need[i] = max((k for k, w in enumerate(written) if _overlap(src, w)), default=-1)
     vecs = v["opcode"] == Opcode.VEC.value
     paced = bool(np.isin(v["vec.func"][vecs], [f.value for f in _PACED]).any())
+    loads = np.flatnonzero(v_eng == load).tolist()
+    # the leading LOAD-engine words (up to the first that waits) of a vector part that reads
+    # no STORE of gemm (an earlier GEMM part's DEQUANT: _may_run_beside) go right away
+    lead = loads[:next((j for j, i in enumerate(loads) if int(v["wait"][i]) != NO_EVENT),
+                       len(loads))]
+    now = lead if all(need[i] < 0 for i in lead) else []
     if not paced:  # a LOAD-engine word that reads no STORE's result goes with the next
-        loads = np.flatnonzero(v_eng == load).tolist()
         for j in range(len(loads) - 2, -1, -1):
             if need[loads[j]] < 0:
                 need[loads[j]] = need[loads[j + 1]]
+    for i in now:
+        need[i] = -2
     queues = {e: [i for i in range(v_eng.shape[0]) if int(v_eng[i]) == e]
               for e in set(v_eng.tolist())}
     signalled: dict[int, int] = {}
@@ -1038,7 +1063,7 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
                     w = int(v["wait"][i])
                     if w != NO_EVENT and signalled.get(w, 0) <= waited.get(w, 0):
                         break
-                    if e == load and (need[i] > done or need[i] < 0 and not (end or paced)) \
+                    if e == load and (need[i] > done or need[i] == -1 and not (end or paced)) \
                             or paced and not end and not ready(i):
                         break
                     v_at[i] = len(out)
@@ -1097,9 +1122,11 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     those LOADs goes up to the first boundary where the LOAD engine idles long enough for it
     (past several parts), or inside a GEMM part before it whose own weights all loaded
     before its boundary (:func:`_inside`: while its array computes); without,
-    every one to its own part's boundary (a step whose blocks roll into one loop: no body's
-    LOADs may move into the block before, which the last block's successor does not
-    mirror).
+    each to its own part's boundary where the LOAD engine idles long enough there (a step
+    whose blocks roll into one loop: no body's LOADs may move into the block before, which
+    the last block's successor does not mirror). Where no slot has room, the first goes
+    to its own boundary anyway and the rest stay (:data:`HOIST_FILL`,
+    :data:`HOIST_UNFIT`).
     Returns the program and, per part, where each of its words (END aside) lies in it.
 
     Raises
@@ -1217,6 +1244,33 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
     return out, within
 
 
+#: A hoisted LOAD goes to the first boundary (or inside slot) where the LOAD engine would
+#: idle (:func:`_slack`, :func:`_inside`) for at least ``1 / HOIST_FILL`` of its beats
+#: (:func:`_fuse`). Where it idles less than the whole LOAD, the part after starts later by
+#: the rest -- at most as many cycles as the LOAD engine streams instead of idling, so even
+#: where that delay reaches the end of the step the step ends no later, and it usually ends
+#: earlier: the beats the LOAD engine streamed early are beats a GEMM part's weight stream no
+#: longer waits for. Most idle windows between a decode step's vector parts (a VEC and its
+#: STORE) are shorter than one weights LOAD (a ring slot's tile), so with the whole LOAD
+#: (1) most weights queued behind the parts' SYNCs. It pays where the GEMM's ring has slots
+#: left to fill after its activations land (with a ring of two slots, both loaded before them
+#: either way, the earlier weights only delay the activations: tests/sw/compile/
+#: test_fusion.py). Measured with ``python -m bench.beats`` (reference model, context 128;
+#: :data:`HOIST_UNFIT` 1): 1: 120,984 cycles; 1.5: 121,119; 2: 118,445; 3: 120,040; 4:
+#: 121,339 -- at 2 a projection's 196-beat ring slot fits the 100-130 cycles a REQUANT or a
+#: norm leaves the LOAD engine, and the gain is that fit, not a trend.
+HOIST_FILL = 2
+
+#: How many of a part's hoistable LOADs that find no slot with room (:data:`HOIST_FILL`) go
+#: before their own boundary's SYNCs anyway (the rest stay after them): one, so that the
+#: LOAD engine has work at every boundary, but no more -- a rolled step's (:func:`_fuse`
+#: without ``spread``) ring of weights hoisted whole went before the activations' LOAD and
+#: held its GEMMs, which take as long as their weights, a ring's worth of LOADs (SmolLM2,
+#: ``python -m bench.beats --model smollm2``: every one, 4,558,278 cycles; 2: 4,468,998; 1:
+#: 4,435,158; the reference model: 2: 118,544; 1: 118,445).
+HOIST_UNFIT = 1
+
+
 def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, spread: bool
           ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
     """:func:`fuse_parts` of ``parts`` (END dropped), each run beside what it may be.
@@ -1242,17 +1296,17 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         placed.append(body)
         room.append(_slack(cfg, placed[-2]) if k else 0)
         at, f, goes = 0, decode_fields(body), []
-        for i in hoisted if spread else ():  # in order, each at the first slot with room
+        for i in hoisted:  # in order, each at the first slot with room
             beats = int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
-            first = 2 * _boundary(placed, body, i, constant) - 1  # inside the part before
-            at = next((j for j in range(max(at, first), 2 * k + 1) if room[j] >= beats),
-                      2 * k if len(goes) < 2 else None)
+            # inside the part before its earliest boundary; rolled (not spread), its own
+            first = 2 * _boundary(placed, body, i, constant) - 1 if spread else 2 * k
+            at = next((j for j in range(max(at, first), 2 * k + 1)
+                       if room[j] > 0 and HOIST_FILL * room[j] >= beats),
+                      2 * k if len(goes) < HOIST_UNFIT else None)
             if at is None:
                 break
             room[at] -= beats
             goes.append(at)
-        if not spread:
-            goes = [2 * k] * len(hoisted)
         hoisted = hoisted[:len(goes)]
         for i, j in zip(hoisted, goes, strict=True):
             early[j].append((k, i))
@@ -1847,6 +1901,32 @@ def _folds_after(parts: Sequence[Part], fold: Sequence[RequantOp]) -> list[Part]
     return out
 
 
+def _values_woven(parts: Sequence[Part], fold: Sequence[RequantOp], values: Sequence[Member],
+                  vdeq: Sequence[DequantOp]) -> tuple[Part, ...] | None:
+    """``parts`` (a scores program's: its REQUANTs, its GEMM, each member's DEQUANT and
+    SOFTMAX slice) and the values program's (``fold``, ``values``, ``vdeq``: a FOLD, a member
+    and a DEQUANT per kv head) woven a head at a time: head ``h``'s values GEMM, a part of its
+    own, right after its FOLD, and head ``h + 1``'s DEQUANT, SOFTMAX and FOLD after that GEMM,
+    then head ``h``'s values DEQUANT, so the vector engine works on the next head while the
+    array computes this head's values (:func:`_may_run_beside`) instead of the array waiting
+    for every head's FOLD. None where the heads do not pair up (a FOLD per SOFTMAX slice of
+    the same rows, a values member per FOLD)."""
+    soft = [k for k, p in enumerate(parts) if isinstance(p, VectorOp) and p.within is not None]
+    if not (len(soft) == len(fold) == len(values) == len(vdeq) > 1) or any(
+            parts[k].within[1:] != f.within or parts[k].rows != f.rows
+            for k, f in zip(soft, fold, strict=True)):
+        return None
+    out = list(parts[:soft[0] + 1])
+    for h in range(len(fold)):
+        if h:  # the next head's DEQUANT and SOFTMAX beside this head's values GEMM
+            out += parts[soft[h - 1] + 1:soft[h] + 1]
+        out += [fold[h], (values[h],)]
+        if h:  # after the next values GEMM's operands: its weights stream right after FOLD's
+            out.append(vdeq[h - 1])
+    out += [vdeq[-1], *parts[soft[-1] + 1:]]
+    return tuple(out)
+
+
 def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGroup]:
     """The fused programs of attention's scores and softmax: per ``attn_scores`` entry of
     ``work`` (``(phase, node, bucket, members)``) whose output one softmax entry of the same
@@ -1907,6 +1987,13 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
             out.append(FusedGroup((i, j), parts, owners))
             continue
         fold, vdeq = values_parts(cfg, work, k, vec)
+        woven = _values_woven(parts, fold, work[k][3], vdeq)
+        if woven is not None:
+            both = FusedGroup((i, j, k), woven, tuple(  # the scores GEMM, then values GEMMs
+                0 if n == len(req) else 2 if isinstance(p, tuple) else None
+                for n, p in enumerate(woven)), fallback=(FusedGroup((i, j), parts, owners),))
+            out.append(both)
+            continue
         scores = _folds_after(parts, fold) if _folds_beside(cfg, members, vec.length) \
             else [*parts, *fold]
         both = FusedGroup((i, j, k), (*scores, tuple(work[k][3]), *vdeq),

@@ -24,6 +24,7 @@ from hw.isa import (
     check,
     decode_program,
     dequant_fold,
+    gemm_weight_bytes,
     program_words,
 )
 from hw.numerics import (
@@ -396,25 +397,26 @@ def _program(words):
 OUT_ROW = 4 * CFG.lanes // CFG.beat_bytes
 
 
-def _gemm_like(tiles: int, dram: int = 0, spad: Spad = Spad.WGT) -> np.ndarray:
+def _gemm_like(tiles: int, dram: int = 0, spad: Spad = Spad.WGT, beats: int = 8,
+               k_steps: int = 1) -> np.ndarray:
     """A linear program's shape (:func:`sw.compile.schedule.schedule_layers`, one resident
-    token): the activations (from DRAM beat ``dram``), then per GEMM its weights into a half
-    of ``spad``, the GEMMs and their stores; a load reusing a half waits for the store of the
-    GEMM that read it."""
+    token): the activations (from DRAM beat ``dram``), then per GEMM (of ``k_steps``) its
+    weights (``beats`` beats) into a half of ``spad``, the GEMMs and their stores; a load
+    reusing a half waits for the store of the GEMM that read it."""
     ev = EVENTS
     out = [Load(spad=Spad.ACT, dram_addr=dram, rows=1, row_beats=2)]
 
     def weights(i):
         h = i % 2
-        out.append(Load(spad=spad, spad_addr=8 * h, dram_addr=1000 + 8 * i, rows=1,
-                        row_beats=8, wait=ev[f"STORED{h}"] if i >= 2 else None,
+        out.append(Load(spad=spad, spad_addr=beats * h, dram_addr=1000 + beats * i, rows=1,
+                        row_beats=beats, wait=ev[f"STORED{h}"] if i >= 2 else None,
                         signal=ev[f"FULL{h}"]))
     weights(0)
     for i in range(tiles):
         h = i % 2
         if i + 1 < tiles:
             weights(i + 1)
-        out.append(Gemm(wgt_addr=8 * h, k_steps=1, out_addr=OUT_ROW * h,
+        out.append(Gemm(wgt_addr=beats * h, k_steps=k_steps, out_addr=OUT_ROW * h,
                         wait=ev[f"FULL{h}"], signal=ev[f"OUT_FULL{h}"]))
         out.append(Store(spad=Spad.OUT, spad_addr=OUT_ROW * h, dram_addr=2000 + OUT_ROW * i,
                          rows=1, row_beats=OUT_ROW, wait=ev[f"OUT_FULL{h}"],
@@ -486,6 +488,70 @@ def test_weights_go_up_past_several_parts_where_the_load_engine_idles(seed):
         assert all(r.ok for r in runs), [r.error for r in runs]
         assert np.array_equal(runs[0].dram, runs[1].dram)
         assert runs[1].cycles <= runs[0].cycles
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_weights_longer_than_the_idle_go_where_they_fill_at_least_half(monkeypatch, seed):
+    """Two vector parts, then a GEMM part on a ring of four WGT slots (:func:`_ring_like`)
+    reading the second's row, whose weights LOADs each take longer than the LOAD engine
+    idles at a vector part's drain (:func:`sw.compile.fusion._slack`) but no more than
+    twice as long (:data:`sw.compile.fusion.HOIST_FILL`): its first weights go before the
+    first part's drain, not behind the second's SYNCs as where only a LOAD that fits the
+    idle goes (``HOIST_FILL = 1``); the LOAD engine streams them instead of idling, the
+    ring's later slots fill before the activations land and the step ends earlier, with the
+    drained program's DRAM from a random image. (With a ring of two slots, both already
+    loaded before the activations either way, the earlier weights only delay them.)"""
+    a, b = _vector_part(y=40), _vector_part(y=0)
+    ring = _ring_like(1, 12, 48, 1, 4)
+    idle = fusion._slack(CFG, a[:-1])
+    assert idle < 48 <= fusion.HOIST_FILL * idle
+    assert hoistable(b[:-1], ring[:-1]) == [1, 2, 3, 4]
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    drained = make_backend("model", CFG).run(fuse_words(CFG, [a, b, ring], False), dram.copy())
+    cycles = {}
+    for fill, moved in ((fusion.HOIST_FILL, True), (1, False)):
+        monkeypatch.setattr(fusion, "HOIST_FILL", fill)
+        words, places = fuse_parts(CFG, [a, b, ring])
+        got = _program(words)
+        drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
+        w0 = places[2][1]
+        assert got[w0].spad == Spad.WGT and got[w0].signal is None
+        assert (w0 < drain) == moved
+        r = make_backend("model", CFG).run(words, dram.copy())
+        assert r.ok, r.error
+        assert np.array_equal(r.dram, drained.dram)
+        cycles[fill] = r.cycles
+    assert cycles[2] < cycles[1] < drained.cycles
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_rolled_steps_activations_load_before_weights_that_find_no_room(monkeypatch, seed):
+    """Without ``spread`` (a step whose blocks roll into one loop), a vector part then a
+    GEMM-like part whose two leading weights LOADs each take more than twice the LOAD
+    engine's idle at the vector part's drain: the first goes before the drain's SYNC
+    (:data:`sw.compile.fusion.HOIST_UNFIT`), the second stays after the activations' LOAD,
+    which then no longer waits behind it; with both hoisted (``HOIST_UNFIT = 2``, as every
+    hoistable LOAD went before) the GEMMs start later. Both compute the drained program's
+    DRAM from a random image."""
+    a, gemm = _vector_part(y=40), _gemm_like(4, dram=40, beats=120, k_steps=32)
+    assert 2 * fusion._slack(CFG, a[:-1]) < 120
+    assert hoistable(a[:-1], gemm[:-1], False) == [1, 2]
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    drained = make_backend("model", CFG).run(fuse_words(CFG, [a, gemm], False), dram.copy())
+    cycles = {}
+    for unfit in (fusion.HOIST_UNFIT, 2):
+        monkeypatch.setattr(fusion, "HOIST_UNFIT", unfit)
+        words, places = fuse_parts(CFG, [a, gemm], spread=False)
+        got = _program(words)
+        drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
+        assert [places[1][i] < drain for i in (0, 1, 2)] == [False, True, unfit > 1]
+        r = make_backend("model", CFG).run(words, dram.copy())
+        assert r.ok, r.error
+        assert np.array_equal(r.dram, drained.dram)
+        cycles[unfit] = r.cycles
+    assert cycles[1] < cycles[2]
 
 
 def _spread_slots(words: np.ndarray, slot: int) -> np.ndarray:
@@ -608,15 +674,17 @@ def test_a_hoisted_loads_signal_comes_right_after_the_load_engine_word_before_it
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_weights_load_inside_a_gemm_part_whose_own_loaded_before_it(seed):
+def test_weights_load_inside_a_gemm_part_whose_own_loaded_before_it(monkeypatch, seed):
     """A vector part (its LOAD engine last, waiting for its STORE: no room before its drain),
-    a GEMM-like part (its weights hoisted before the vector part's drain, its LOAD engine
-    then waiting for its first STORE), a vector part, and a GEMM-like part
+    a GEMM-like part (its two weights LOADs hoisted before the vector part's drain, though
+    they find no room there: ``HOIST_UNFIT`` 2; its LOAD engine then waiting for its first
+    STORE), a vector part, and a GEMM-like part
     of other weights: the second GEMM's leading weights go inside the first GEMM part, after
     its activations' LOAD and before its first GEMM, where its LOAD engine idles while the
     array runs -- at WGT beats above the first's. The program computes the drained one's DRAM
     from a random image, in fewer cycles; with no wait in the first GEMM part the weights
     stay at a boundary."""
+    monkeypatch.setattr(fusion, "HOIST_UNFIT", 2)
     rng = np.random.default_rng(seed)
     a, b = _draining(_vector_part(y=40)), _vector_part(y=60)  # a: no room after its LOADs
     second = _gemm_like(int(rng.integers(2, 6)), dram=60)
@@ -1096,7 +1164,9 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
     see); and with four kv heads (scores GEMMs long enough to outlast a head's DEQUANT) a
     SOFTMAX runs while a GEMM does. Odd seeds put each FOLD beside too, right after its
     SOFTMAX (as sw.compile.fusion._folds_beside does where the keys stream longer than the
-    vector engine works on them: an INT8 cache at a long context, not a tiny model's)."""
+    vector engine works on them: an INT8 cache at a long context, not a tiny model's) where
+    there is one kv head; with several, each FOLD follows its SOFTMAX whatever the cache
+    (sw.compile.fusion._values_woven: a head's values GEMM beside the next head's work)."""
     rng = np.random.default_rng(seed)
     folds = bool(seed % 2)
     monkeypatch.setattr(fusion, "_folds_beside", lambda *_: folds)
@@ -1113,9 +1183,79 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
         soft = [k for k, f in enumerate(funcs) if f == VecFunc.SOFTMAX]
         assert all(funcs[k - 1] in (VecFunc.DEQUANT, VecFunc.SOFTMAX) for k in soft)
         after = {funcs[k + 1] for k in soft if funcs[k + 1] != VecFunc.SOFTMAX}
-        assert after == ({VecFunc.FOLD} if folds or kv == 1 else {VecFunc.DEQUANT, VecFunc.FOLD})
+        assert after == {VecFunc.FOLD}  # several kv heads: woven with the values GEMMs
         beside_gemm += _runs_as_drained(model, parts, rng, VecFunc.SOFTMAX)
     assert beside_gemm or kv < 4
+
+
+def _gemm_races(words: np.ndarray, trace, cfg) -> list[tuple[int, int]]:
+    """The (LOAD, GEMM) pairs of a run of a compiled program ``words`` on ``cfg`` (its
+    ``trace``) that race on ACT or WGT beats: the LOAD writes beats the GEMM reads while the
+    GEMM runs (as :func:`_races`; the GEMM reading ``tokens`` rows ``act_stride`` beats
+    apart and its weight stream, :func:`hw.isa.gemm_weight_bytes`)."""
+    program = _program(words)
+    at = {t.index: t for t in trace}
+
+    def beats(ins) -> list[tuple[Spad, int, int]]:
+        if isinstance(ins, Load):
+            return [(ins.spad, ins.spad_addr, ins.spad_addr + ins.rows * ins.row_beats)]
+        return [(Spad.ACT, ins.act_addr, ins.act_addr + ins.tokens * max(ins.act_stride, 1)),
+                (Spad.WGT, ins.wgt_addr,
+                 ins.wgt_addr + -(-gemm_weight_bytes(ins, cfg) // cfg.beat_bytes))]
+    loads = [i for i, ins in enumerate(program) if isinstance(ins, Load)]
+    gemms = [i for i, ins in enumerate(program) if isinstance(ins, Gemm)]
+    return [(i, j) for i in loads for j in gemms
+            if any(s == t and lo < e and u < hi for s, lo, hi in beats(program[i])
+                   for t, u, e in beats(program[j]))
+            and at[i].grant <= at[j].end and at[j].grant <= at[i].done]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_heads_values_gemm_runs_beside_the_next_heads_scores(monkeypatch, seed):
+    """A tiny model of 2 or 4 kv heads (grouped or not) compiled for decode steps up to a
+    random context: in every attention program each kv head's values GEMM is a part of its
+    own right after its FOLD, and the next head's DEQUANT, SOFTMAX and FOLD run beside it
+    (sw.compile.fusion._values_woven; the next head's DEQUANT reads an earlier GEMM part's
+    accumulators, sw.compile.fusion._may_run_beside). On the fast model from a random DRAM
+    image the overlapped program runs (no deadlock) to the drained program's DRAM in no more
+    cycles, with no LOAD writing ACT or WGT beats a GEMM reads, or VIN beats a VEC reads,
+    while it runs; and in every program the vector engine works on a head's scores (their
+    DEQUANT or SOFTMAX) while a values GEMM runs (the values of every head after every head's
+    FOLD, as before the weaving, never do)."""
+    rng = np.random.default_rng(seed)
+    kv = int(rng.choice([2, 4]))
+    heads = kv * int(rng.choice([1, 2])) if kv < 4 else 4
+    context = int(rng.integers(8, 40))
+    programs = _fused_programs_with(monkeypatch, tiny_lm(heads=heads, kv_heads=kv, seed=seed),
+                                    CompileOptions(4, context, one_program=False),
+                                    VecFunc.SOFTMAX)
+    model = make_backend("model", VSMALL)
+    beside_values = 0
+    for parts in programs:
+        gemm = [k for k, p in enumerate(parts) if any(isinstance(i, Gemm) for i in _program(p))]
+        values = gemm[1:kv + 1]  # the scores GEMM (one part), then a part per kv head
+        assert len(values) == kv
+        for k in values:  # right after its FOLD
+            assert [i.func for i in _program(parts[k - 1]) if isinstance(i, Vec)][-1] \
+                == VecFunc.FOLD
+        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
+        words, places = fuse_parts(VSMALL, parts)
+        drained, overlapped = (model.run(w, dram.copy(), trace=True) for w in (
+            fuse_words(VSMALL, parts, False), words))
+        assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
+        assert np.array_equal(drained.dram, overlapped.dram)
+        assert overlapped.cycles <= drained.cycles
+        assert not _gemm_races(words, overlapped.trace, VSMALL)
+        assert not _vin_races(words, overlapped.trace)
+        program = _program(words)
+        at = {t.index: (t.grant, t.end) for t in overlapped.trace}
+        gemms = [at[places[k][i]] for k in values
+                 for i, ins in enumerate(_program(parts[k])) if isinstance(ins, Gemm)]
+        scores = [at[i] for i, ins in enumerate(program) if isinstance(ins, Vec) and (
+            ins.func == VecFunc.SOFTMAX
+            or ins.func == VecFunc.DEQUANT and not dequant_fold(ins.imm))]
+        beside_values += any(g0 < v1 and v0 < g1 for g0, g1 in gemms for v0, v1 in scores)
+    assert beside_values == len(programs)
 
 
 def _fused_programs_with(monkeypatch, lm, opts: CompileOptions, func: VecFunc
@@ -1258,13 +1398,23 @@ def test_scores_and_softmax_are_one_program_per_layer_and_bucket(kv_heads):
         requant = [VecFunc.REQUANT] * (4 * tokens)  # a row per head and token
         # the chain after it (o_proj's REQUANT on): its own test
         vecs = vecs[:len(requant) + 4 * op.rows]
-        # per operand head, its rows' DEQUANT then their SOFTMAX (beside the next heads)
-        scores = [f for m in first.members
-                  for f in [VecFunc.DEQUANT] * m.tokens + [VecFunc.SOFTMAX] * m.tokens]
-        assert [v.func for v in vecs] == requant + scores + [VecFunc.FOLD] * op.rows \
-            + [VecFunc.DEQUANT] * op.rows
-        assert all(dequant_fold(v.imm) == (k >= len(requant) + 3 * op.rows)
-                   for k, v in enumerate(vecs) if v.func == VecFunc.DEQUANT)
+        # per operand head, its rows' DEQUANT then their SOFTMAX (beside the next heads);
+        # with several kv heads woven with the values (sw.compile.fusion._values_woven):
+        # each head's FOLD after its SOFTMAX, the head before's values DEQUANT after that
+        # (FOLD's amax words: the fold bit)
+        heads = [(f, False) for f in requant]
+        if len(first.members) == len(values.members) > 1:
+            for h, (m, v) in enumerate(zip(first.members, values.members, strict=True)):
+                heads += [(VecFunc.DEQUANT, False)] * m.tokens \
+                    + [(VecFunc.SOFTMAX, False)] * m.tokens + [(VecFunc.FOLD, False)] * v.tokens
+                heads += [(VecFunc.DEQUANT, True)] * values.members[h - 1].tokens if h else []
+            heads += [(VecFunc.DEQUANT, True)] * values.members[-1].tokens
+        else:
+            heads += [(f, False) for m in first.members
+                      for f in [VecFunc.DEQUANT] * m.tokens + [VecFunc.SOFTMAX] * m.tokens]
+            heads += [(VecFunc.FOLD, False)] * op.rows + [(VecFunc.DEQUANT, True)] * op.rows
+        assert [(v.func, v.func == VecFunc.DEQUANT and dequant_fold(v.imm)) for v in vecs] \
+            == heads
         layer = int(p.node.split(".")[1])
         for j, m in enumerate(values.members):   # FOLD reads the host's value codes
             assert m.codes == f"vc:{layer}:{j // (len(values.members) // kv_heads)}"

@@ -486,3 +486,29 @@ def test_rtl_runs_the_vector_nodes_as_the_fast_model():
     twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True)
     for (a, _), w in zip(runs[1], twin_step_logits(twin, ids, PROMPT), strict=True):
         assert torch.equal(a, w)
+
+
+@pytest.mark.rtl
+@pytest.mark.slow
+def test_rtl_runs_woven_attention_as_the_fast_model():
+    """With two kv heads each attention program weaves its values GEMMs with the next head's
+    DEQUANT and SOFTMAX (sw.compile.fusion._values_woven: a values GEMM part per kv head); the
+    RTL gives the fast model's logits and cycles (the equivalence harness's vector
+    configuration), which are the vector twin's."""
+    from sim.random_programs import EQUIVALENCE_CONFIGS
+    cfg = EQUIVALENCE_CONFIGS["4x4"]
+    # (a vocabulary of 16: the activations fit the configuration's 32 KiB)
+    lm = tiny_lm(layers=1, heads=2, kv_heads=2, hidden=32, vocab=16)
+    ws = compressed(lm, "2:4", 32)
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + 2), weights=ws)
+    values = [p for p in exe.programs if p.node.endswith(".values") and p.fused_into is not None]
+    assert values and all(len(p.members) == 2 for p in values)
+    for p in (exe.programs[i] for i in {p.fused_into for p in values}):
+        funcs = [v.func for v in _vecs(p)]  # the second head's DEQUANT after the first FOLD
+        assert funcs.index(VecFunc.FOLD) < max(
+            k for k, f in enumerate(funcs) if f == VecFunc.SOFTMAX)
+    ids = _ids(lm, PROMPT + 2, seed=5)
+    runs = backends_agree(exe, cfg, ids, PROMPT)
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True)
+    for (a, _), w in zip(runs[1], twin_step_logits(twin, ids, PROMPT), strict=True):
+        assert torch.equal(a, w)
