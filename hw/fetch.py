@@ -88,7 +88,7 @@ __all__ = ["FetchUnit"]
 _CHECK_STAGES = 4
 #: The S2 registers that hold a multiplier's product: the DSP's own output register can hold
 #: them (hw.ecp5_dsp), so no route lies between the multiplier and its register.
-_PRODUCTS = ("span_lo", "span_hi", "rope_row", "spad_len")
+_PRODUCTS = ("span_lo", "span_hi", "rope_row")
 #: Bits of a ROPE's heads that enter the heads * head_dim product: 15, as the row has fewer
 #: than 2**16 elements and head_dim is at least 2.
 _ROPE_HEADS_BITS = VecBody["length"].width - 1

@@ -135,8 +135,9 @@ bucket (between a FOLD and a DEQUANT per member, :func:`values_parts`) are one p
 softmax is a SOFTMAX part per member, of its rows (:attr:`VectorOp.within`), right after its
 DEQUANT, so a head's softmax runs beside the next heads' scores GEMMs (:func:`beside`); each
 FOLD goes right after its SOFTMAX too where the keys outlast the vector engine's work on them
-(:func:`_folds_beside`), else after the scores. With several kv heads the values are woven
-in a head at a time (:func:`_values_woven`): each head's values GEMM is a part of its own
+(:func:`_folds_beside`), else after the scores. With several kv heads and at most
+:data:`WEAVE_POSITIONS` positions the values are woven in a head at a time
+(:func:`_values_woven`): each head's values GEMM is a part of its own
 (a member alone) right after its FOLD, and the next head's DEQUANT, SOFTMAX and FOLD, then
 the head before's values DEQUANT, run beside it (a DEQUANT that reads no STORE of the GEMM
 part, an earlier part's drained accumulators, may: :func:`_may_run_beside`), so the array
@@ -220,7 +221,7 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "query_requants",
            "VECTOR_EVENTS", "vector_events", "BESIDE_EVENTS", "rename_events", "beside",
            "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments", "HOIST_FILL",
-           "HOIST_UNFIT"]
+           "HOIST_UNFIT", "WEAVE_POSITIONS"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -1901,6 +1902,16 @@ def _folds_after(parts: Sequence[Part], fold: Sequence[RequantOp]) -> list[Part]
     return out
 
 
+#: The most positions (the scores' row length) at which attention's values are woven a head at
+#: a time (:func:`_values_woven`); at more, every head's values GEMM is one part after the
+#: FOLDs, as the vector engine's work then hides beside the longer scores GEMMs and a values
+#: part per head only adds its drain. A measured fit: the reference model's step (context
+#: 128) 109,440 -> 108,772 cycles woven, and ``python -m bench.beats --context 256`` 136,784
+#: -> 134,072; LLaMA-7B's on DDR4-class (2:4 INT4, INT4 KV cache, ``bench.scaling.run_step``)
+#: at context 128 unchanged and at 2048 162.81 -> 168.35 ms.
+WEAVE_POSITIONS = 256
+
+
 def _values_woven(parts: Sequence[Part], fold: Sequence[RequantOp], values: Sequence[Member],
                   vdeq: Sequence[DequantOp]) -> tuple[Part, ...] | None:
     """``parts`` (a scores program's: its REQUANTs, its GEMM, each member's DEQUANT and
@@ -1987,7 +1998,8 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
             out.append(FusedGroup((i, j), parts, owners))
             continue
         fold, vdeq = values_parts(cfg, work, k, vec)
-        woven = _values_woven(parts, fold, work[k][3], vdeq)
+        woven = _values_woven(parts, fold, work[k][3], vdeq) \
+            if vec.length <= WEAVE_POSITIONS else None
         if woven is not None:
             both = FusedGroup((i, j, k), woven, tuple(  # the scores GEMM, then values GEMMs
                 0 if n == len(req) else 2 if isinstance(p, tuple) else None

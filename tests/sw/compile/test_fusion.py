@@ -1258,6 +1258,23 @@ def test_a_heads_values_gemm_runs_beside_the_next_heads_scores(monkeypatch, seed
     assert beside_values == len(programs)
 
 
+def test_beyond_the_weave_positions_the_values_are_one_part(monkeypatch):
+    """At more positions than :data:`sw.compile.fusion.WEAVE_POSITIONS` the values of every
+    kv head are one GEMM part after every head's FOLD, as before the weaving (the vector work
+    hides beside the scores GEMMs there and a part per head only adds drains)."""
+    import sw.compile.fusion as fusion
+    monkeypatch.setattr(fusion, "WEAVE_POSITIONS", 4)
+    programs = _fused_programs_with(monkeypatch, tiny_lm(heads=4, kv_heads=2, seed=0),
+                                    CompileOptions(4, 24, one_program=False), VecFunc.SOFTMAX)
+    assert programs
+    for parts in programs:
+        gemm = [k for k, p in enumerate(parts) if any(isinstance(i, Gemm) for i in _program(p))]
+        folds = [k for k, p in enumerate(parts)
+                 if any(isinstance(i, Vec) and i.func == VecFunc.FOLD for i in _program(p))]
+        # woven, head 0's values GEMM would come before head 1's FOLD
+        assert len(folds) == 2 and max(folds) < gemm[1]
+
+
 def _fused_programs_with(monkeypatch, lm, opts: CompileOptions, func: VecFunc
                          ) -> list[list[np.ndarray]]:
     """The parts of every fused program compiling ``lm`` on VSMALL with ``opts`` builds that
