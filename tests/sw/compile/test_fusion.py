@@ -742,19 +742,37 @@ def _sets_like(sets: int, tiles: int, beats: int, k_steps: int) -> np.ndarray:
     return program_words(out + [End()])
 
 
-def _races(words: np.ndarray, trace) -> list[tuple[int, int]]:
+def _random_attention(monkeypatch, rng, seed: int, kv_choices) -> tuple[int, list]:
+    """A tiny model of one of ``kv_choices`` kv heads (grouped or not, at most 4 heads)
+    compiled for decode steps up to a random context: its kv heads and the parts of its
+    fused attention programs (:func:`_fused_programs_with`)."""
+    kv = int(rng.choice(kv_choices))
+    heads = kv * int(rng.choice([1, 2])) if kv < 4 else 4
+    context = int(rng.integers(8, 40))
+    return kv, _fused_programs_with(monkeypatch, tiny_lm(heads=heads, kv_heads=kv, seed=seed),
+                                    CompileOptions(4, context, one_program=False),
+                                    VecFunc.SOFTMAX)
+
+
+def _races(words: np.ndarray, trace, cfg=None) -> list[tuple[int, int]]:
     """The (LOAD, GEMM) pairs of a run of ``words`` (its ``trace``) that race on ACT or WGT
     beats: the LOAD writes beats the GEMM reads while the GEMM runs (from the LOAD's grant
-    to its landing, from the GEMM's grant to its end; a GEMM reads its activations' row of
-    :func:`_sets_like`, 2 beats, and ``8 * k_steps`` weight beats)."""
+    to its landing, from the GEMM's grant to its end). A GEMM reads, without ``cfg``, its
+    activations' row of :func:`_sets_like`, 2 beats, and ``8 * k_steps`` weight beats; with
+    it, a compiled program's GEMM, ``tokens`` rows ``act_stride`` beats apart and its weight
+    stream (:func:`hw.isa.gemm_weight_bytes`)."""
     program = _program(words)
     at = {t.index: t for t in trace}
 
     def beats(ins) -> list[tuple[Spad, int, int]]:
         if isinstance(ins, Load):
             return [(ins.spad, ins.spad_addr, ins.spad_addr + ins.rows * ins.row_beats)]
-        return [(Spad.ACT, ins.act_addr, ins.act_addr + 2),
-                (Spad.WGT, ins.wgt_addr, ins.wgt_addr + 8 * ins.k_steps)]
+        if cfg is None:
+            return [(Spad.ACT, ins.act_addr, ins.act_addr + 2),
+                    (Spad.WGT, ins.wgt_addr, ins.wgt_addr + 8 * ins.k_steps)]
+        return [(Spad.ACT, ins.act_addr, ins.act_addr + ins.tokens * max(ins.act_stride, 1)),
+                (Spad.WGT, ins.wgt_addr,
+                 ins.wgt_addr + -(-gemm_weight_bytes(ins, cfg) // cfg.beat_bytes))]
     loads = [i for i, ins in enumerate(program) if isinstance(ins, Load)]
     gemms = [i for i, ins in enumerate(program) if isinstance(ins, Gemm)]
     return [(i, j) for i in loads for j in gemms
@@ -1170,12 +1188,7 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
     rng = np.random.default_rng(seed)
     folds = bool(seed % 2)
     monkeypatch.setattr(fusion, "_folds_beside", lambda *_: folds)
-    kv = int(rng.choice([1, 2, 4]))
-    heads = kv * int(rng.choice([1, 2])) if kv < 4 else 4
-    context = int(rng.integers(8, 40))
-    programs = _fused_programs_with(monkeypatch, tiny_lm(heads=heads, kv_heads=kv, seed=seed),
-                                    CompileOptions(4, context, one_program=False),
-                                    VecFunc.SOFTMAX)
+    kv, programs = _random_attention(monkeypatch, rng, seed, [1, 2, 4])
     model = make_backend("model", VSMALL)
     beside_gemm = 0
     for parts in programs:
@@ -1186,28 +1199,6 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
         assert after == {VecFunc.FOLD}  # several kv heads: woven with the values GEMMs
         beside_gemm += _runs_as_drained(model, parts, rng, VecFunc.SOFTMAX)
     assert beside_gemm or kv < 4
-
-
-def _gemm_races(words: np.ndarray, trace, cfg) -> list[tuple[int, int]]:
-    """The (LOAD, GEMM) pairs of a run of a compiled program ``words`` on ``cfg`` (its
-    ``trace``) that race on ACT or WGT beats: the LOAD writes beats the GEMM reads while the
-    GEMM runs (as :func:`_races`; the GEMM reading ``tokens`` rows ``act_stride`` beats
-    apart and its weight stream, :func:`hw.isa.gemm_weight_bytes`)."""
-    program = _program(words)
-    at = {t.index: t for t in trace}
-
-    def beats(ins) -> list[tuple[Spad, int, int]]:
-        if isinstance(ins, Load):
-            return [(ins.spad, ins.spad_addr, ins.spad_addr + ins.rows * ins.row_beats)]
-        return [(Spad.ACT, ins.act_addr, ins.act_addr + ins.tokens * max(ins.act_stride, 1)),
-                (Spad.WGT, ins.wgt_addr,
-                 ins.wgt_addr + -(-gemm_weight_bytes(ins, cfg) // cfg.beat_bytes))]
-    loads = [i for i, ins in enumerate(program) if isinstance(ins, Load)]
-    gemms = [i for i, ins in enumerate(program) if isinstance(ins, Gemm)]
-    return [(i, j) for i in loads for j in gemms
-            if any(s == t and lo < e and u < hi for s, lo, hi in beats(program[i])
-                   for t, u, e in beats(program[j]))
-            and at[i].grant <= at[j].end and at[j].grant <= at[i].done]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -1223,12 +1214,7 @@ def test_a_heads_values_gemm_runs_beside_the_next_heads_scores(monkeypatch, seed
     DEQUANT or SOFTMAX) while a values GEMM runs (the values of every head after every head's
     FOLD, as before the weaving, never do)."""
     rng = np.random.default_rng(seed)
-    kv = int(rng.choice([2, 4]))
-    heads = kv * int(rng.choice([1, 2])) if kv < 4 else 4
-    context = int(rng.integers(8, 40))
-    programs = _fused_programs_with(monkeypatch, tiny_lm(heads=heads, kv_heads=kv, seed=seed),
-                                    CompileOptions(4, context, one_program=False),
-                                    VecFunc.SOFTMAX)
+    kv, programs = _random_attention(monkeypatch, rng, seed, [2, 4])
     model = make_backend("model", VSMALL)
     beside_values = 0
     for parts in programs:
@@ -1245,7 +1231,7 @@ def test_a_heads_values_gemm_runs_beside_the_next_heads_scores(monkeypatch, seed
         assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
         assert np.array_equal(drained.dram, overlapped.dram)
         assert overlapped.cycles <= drained.cycles
-        assert not _gemm_races(words, overlapped.trace, VSMALL)
+        assert not _races(words, overlapped.trace, VSMALL)
         assert not _vin_races(words, overlapped.trace)
         program = _program(words)
         at = {t.index: (t.grant, t.end) for t in overlapped.trace}
