@@ -477,12 +477,7 @@ def test_weights_go_up_past_several_parts_where_the_load_engine_idles(seed):
     rng = np.random.default_rng(seed)
     dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
     for first, moved in ((a, True), (_vector_part(y=1000), False)):
-        words, places = fuse_parts(CFG, [first, b, gemm])
-        got = _program(words)
-        drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
-        w0 = places[2][1]
-        assert got[w0].spad == Spad.WGT and got[w0].signal is None
-        assert (w0 < drain) == moved
+        _check_first_weights(CFG, [first, b, gemm], moved)
         runs = [make_backend("model", CFG).run(fuse_words(CFG, [first, b, gemm], overlap),
                                                dram.copy()) for overlap in (False, True)]
         assert all(r.ok for r in runs), [r.error for r in runs]
@@ -512,12 +507,7 @@ def test_weights_longer_than_the_idle_go_where_they_fill_at_least_half(monkeypat
     cycles = {}
     for fill, moved in ((fusion.HOIST_FILL, True), (1, False)):
         monkeypatch.setattr(fusion, "HOIST_FILL", fill)
-        words, places = fuse_parts(CFG, [a, b, ring])
-        got = _program(words)
-        drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
-        w0 = places[2][1]
-        assert got[w0].spad == Spad.WGT and got[w0].signal is None
-        assert (w0 < drain) == moved
+        words = _check_first_weights(CFG, [a, b, ring], moved)
         r = make_backend("model", CFG).run(words, dram.copy())
         assert r.ok, r.error
         assert np.array_equal(r.dram, drained.dram)
@@ -740,6 +730,19 @@ def _sets_like(sets: int, tiles: int, beats: int, k_steps: int) -> np.ndarray:
                          rows=1, row_beats=OUT_ROW, wait=ev[f"OUT_FULL{h}"],
                          signal=ev[f"STORED{h}"]))
     return program_words(out + [End()])
+
+
+def _check_first_weights(cfg, parts, moved: bool) -> np.ndarray:
+    """Fuse ``parts`` (two vector parts, then a GEMM part) and check that the GEMM's first
+    weights LOAD comes before the first drain (SYNC) exactly when ``moved``, into WGT and
+    without a signal; the fused words."""
+    words, places = fuse_parts(cfg, parts)
+    got = _program(words)
+    drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
+    w0 = places[2][1]
+    assert got[w0].spad == Spad.WGT and got[w0].signal is None
+    assert (w0 < drain) == moved
+    return words
 
 
 def _random_attention(monkeypatch, rng, seed: int, kv_choices) -> tuple[int, list]:
