@@ -79,6 +79,7 @@ from sw.compile.ir import OPS, Graph, Node, linear_layers
 from sw.compile.ir.types import SYMBOL
 from sw.compile.kvappend import KVAppendOp, kv_append_words
 from sw.compile.lower import KVLayout, Member, context_bucket, node_members
+from sw.compile.onchip import onchip_moves
 from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
 from sw.compile.plan import (
     ArenaPlan,
@@ -900,7 +901,8 @@ def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
     joined decode steps (:func:`_join_step`) of ``work`` lowered with ``placed`` (the
     ``embedding`` buffers read from the embedding table: :func:`_lower`); ``wide``: steps
     joined whatever their length, each part's LOADs hoisted no further than its own boundary
-    (a block loop may make them fit: ``spread`` of :func:`_join_step`)."""
+    (a block loop may make them fit: ``spread`` of :func:`_join_step`). Every program that
+    runs then has its round trips of vector rows as moves (:func:`_with_moves`)."""
     symbols = dict(placed)
     for g in all_groups(pairs.values()):  # a part's results inside another's rows
         for name, parent, offset, size in part_aliases(cfg, g.parts):
@@ -913,6 +915,12 @@ def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
         programs, table, joined = _join_step(cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg,
                                              programs, table, graphs["decode"], templates,
                                              spread=not wide)
+    # the round trips of a vector part's rows to the next one's VIN become moves (a program
+    # that runs: not a fused one's part), once its LOADs are where the fusion put them
+    wider = cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg
+    programs = [p if p.fused_into is not None or not p.instructions
+                else _with_moves(wider if p.template >= templates else cfg, p)
+                for p in programs]
     return symbols, programs, table, templates, joined
 
 
@@ -1055,6 +1063,22 @@ def _joinable(graph: Graph, programs: Sequence[Program], runs: Sequence[int]) ->
         for _, kind, _, layer in p.append_rows:
             appended.setdefault(layer, set()).add(kind)
     return True
+
+
+def _with_moves(cfg: AcceleratorConfig, p: Program) -> Program:
+    """``p`` with its round trips of vector rows through DRAM as moves
+    (:func:`sw.compile.onchip.onchip_moves`; the words the runtime sets per step stay as
+    they are, the others' rows follow), where the moves still fit ``cfg``'s instruction
+    memory (else ``p``)."""
+    keep = (*p.position_rows, *p.imm_rows, *p.embed_rows, *(i for i, *_ in p.append_rows))
+    words, where = onchip_moves(cfg, p.words, keep)
+    if words is p.words or words.shape[0] > cfg.imem_depth:
+        return p
+    return dataclasses.replace(
+        p, words=words, position_rows=tuple(where[i] for i in p.position_rows),
+        imm_rows=tuple(where[i] for i in p.imm_rows),
+        embed_rows=tuple(where[i] for i in p.embed_rows),
+        append_rows=tuple((where[i], *rest) for i, *rest in p.append_rows))
 
 
 def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTable,
