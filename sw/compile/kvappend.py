@@ -194,10 +194,11 @@ class _Geometry(NamedTuple):
 
 
 def _geometry(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int, codes: bool,
-              channels: bool, moves: bool = True) -> _Geometry:
+              channels: bool, moves: bool = True, early: bool = True) -> _Geometry:
     """The shape of the append of ``kv_heads`` kv heads of ``layout`` (with value codes,
-    with scores' channel words), its results moved through VIN where they fit and ``moves``
-    (the module docstring): a function of the configuration and layout alone.
+    with scores' channel words), its results moved through VIN where they fit and ``moves``,
+    phase 3's cache beats loaded early where they fit and ``early`` (the module docstring):
+    a function of the configuration and layout alone.
 
     Raises
     ------
@@ -242,19 +243,20 @@ def _geometry(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int, codes: bo
     # Where a slot per kv head of the group fits above the moved results too, phase 3's
     # cache beats load while phase 1 computes.
     slots, slot = keep + 2 * chunk * cw + chunk, end - 2 * cw
-    early = slots if moved and slots + chunk * slot <= vin and chunk * slot <= vout \
-        else None
+    fits = early and moved and slots + chunk * slot <= vin and chunk * slot <= vout
     return _Geometry(per, cw, kinds, shapes, pieces, beats, at, end, chunk, keep, moved,
-                     early)
+                     slots if fits else None)
 
 
 def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
-                       plan: KVAppendPlan, moves: bool = True
+                       plan: KVAppendPlan, moves: bool = True, early: bool = True
                        ) -> tuple[list[Instr], list[AppendSite]]:
     """The program (without END) appending one token's keys and values (INT8 or INT4) of
     ``kv_heads`` kv heads at position 0 (module docstring), and the words a step's position
     moves. With ``moves``, phases 1 and 2 hand their results on through VIN where they fit
-    (the module docstring's moves); without, through the scratch buffer.
+    (the module docstring's moves); without, through the scratch buffer. With ``early`` (and
+    the moves), phase 3's cache beats load while phase 1 computes where VIN and VOUT hold a
+    slot per kv head of a phase-1 group; without, each head's task loads its own.
 
     Raises
     ------
@@ -264,7 +266,7 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
         walk, or a task that does not fit VIN or VOUT.
     """
     g = _geometry(cfg, layout, kv_heads, plan.codes is not None, plan.channels is not None,
-                  moves)
+                  moves, early)
     beat, d, per, cw = cfg.beat_bytes, layout.head_dim, g.per, g.cw
     kinds, shapes, pieces, beats, at = g.kinds, g.shapes, g.pieces, g.beats, g.at
     chunk, keep, moved = g.chunk, g.keep, g.moved
