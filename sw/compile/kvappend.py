@@ -41,10 +41,22 @@ results move (:meth:`KVAppendOp.scratch_bytes` 0) has none in DRAM.
 Phase 1 takes as many kv heads at a time as VIN and VOUT hold, each such group followed by
 its heads' phase 2 and phase 3. Every task waits for the one before it (``FULL0``,
 ``OUT_FULL0``, ``STORED0`` as a vector program's; :data:`sw.compile.schedule.EVENTS`): the
-append is a few hundred cycles a head and needs no double buffering. The program is built for
-position 0; a step's position moves each LOAD and STORE of the cache and each INSERT's
-``base`` by :meth:`KVLayout.append_site` alone (:class:`AppendSite`: which words, which
-region), the one place the per-step rule lives, which the runtime applies.
+append is a few hundred cycles a head and needs no double buffering. Except *early*: where
+the results move and VIN (above the moved results) and VOUT also hold a slot per kv head of
+the group, phase 3's cache beats read nothing the append writes, so every head's cache LOADs
+go right after phase 1's row LOADs, each head's into its own VIN slot, and land while the
+REQUANTs compute (phase 2's SYNC, or phase 3's, is raised once they have: the LOAD engine is
+in order); the heads' INSERTs then run back to back, each head's into its own VOUT beats and
+its STOREs on its own ``OUT_FULL0`` signal, one ``STORED0`` on the last STORE. A SYNC on the
+LOAD engine that waits for nothing follows the last head's INSERTs: a fused program fills
+the LOAD engine's idle after a part's last LOAD-engine word with LOADs of later parts
+(:func:`sw.compile.fusion._slack`), which come behind every word of the append, and the
+heads' INSERTs overlap the STOREs before them, so only the last head's STOREs are that idle.
+
+The program is built for position 0; a step's position moves each LOAD and STORE of the
+cache and each INSERT's ``base`` by :meth:`KVLayout.append_site` alone
+(:class:`AppendSite`: which words, which region), the one place the per-step rule lives,
+which the runtime applies.
 """
 
 from __future__ import annotations
