@@ -41,10 +41,22 @@ results move (:meth:`KVAppendOp.scratch_bytes` 0) has none in DRAM.
 Phase 1 takes as many kv heads at a time as VIN and VOUT hold, each such group followed by
 its heads' phase 2 and phase 3. Every task waits for the one before it (``FULL0``,
 ``OUT_FULL0``, ``STORED0`` as a vector program's; :data:`sw.compile.schedule.EVENTS`): the
-append is a few hundred cycles a head and needs no double buffering. The program is built for
-position 0; a step's position moves each LOAD and STORE of the cache and each INSERT's
-``base`` by :meth:`KVLayout.append_site` alone (:class:`AppendSite`: which words, which
-region), the one place the per-step rule lives, which the runtime applies.
+append is a few hundred cycles a head and needs no double buffering. Except *early*: where
+the results move and VIN (above the moved results) and VOUT also hold a slot per kv head of
+the group, phase 3's cache beats read nothing the append writes, so every head's cache LOADs
+go right after phase 1's row LOADs, each head's into its own VIN slot, and land while the
+REQUANTs compute (phase 2's SYNC, or phase 3's, is raised once they have: the LOAD engine is
+in order); the heads' INSERTs then run back to back, each head's into its own VOUT beats and
+its STOREs on its own ``OUT_FULL0`` signal, one ``STORED0`` on the last STORE. A SYNC on the
+LOAD engine that waits for nothing follows the last head's INSERTs: a fused program fills
+the LOAD engine's idle after a part's last LOAD-engine word with LOADs of later parts
+(:func:`sw.compile.fusion._slack`), which come behind every word of the append, and the
+heads' INSERTs overlap the STOREs before them, so only the last head's STOREs are that idle.
+
+The program is built for position 0; a step's position moves each LOAD and STORE of the
+cache and each INSERT's ``base`` by :meth:`KVLayout.append_site` alone
+(:class:`AppendSite`: which words, which region), the one place the per-step rule lives,
+which the runtime applies.
 """
 
 from __future__ import annotations
@@ -174,7 +186,10 @@ class _Geometry(NamedTuple):
     (``shapes``: :meth:`KVLayout.append_transfer`) and pieces (``pieces``:
     :meth:`KVLayout.append_pieces`), a piece's ``beats`` and VIN beats ``at``, the
     channel word's beat ``word_at``, kv heads per phase-1 group ``chunk``, the first VIN beat
-    above every task's ``keep``, and whether results move through VIN (``moved``)."""
+    above every task's ``keep``, whether results move through VIN (``moved``), and where
+    phase 3's cache beats load early (the module docstring) the first VIN beat of the
+    group's slots (``early``: a kv head's ``word_at - 2 * cw`` beats of its regions' pieces
+    each, its INSERTs' results as many VOUT beats from 0; None: a task at a time)."""
 
     per: int
     cw: int
@@ -187,13 +202,15 @@ class _Geometry(NamedTuple):
     chunk: int
     keep: int
     moved: bool
+    early: int | None = None
 
 
 def _geometry(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int, codes: bool,
-              channels: bool, moves: bool = True) -> _Geometry:
+              channels: bool, moves: bool = True, early: bool = True) -> _Geometry:
     """The shape of the append of ``kv_heads`` kv heads of ``layout`` (with value codes,
-    with scores' channel words), its results moved through VIN where they fit and ``moves``
-    (the module docstring): a function of the configuration and layout alone.
+    with scores' channel words), its results moved through VIN where they fit and ``moves``,
+    phase 3's cache beats loaded early where they fit and ``early`` (the module docstring):
+    a function of the configuration and layout alone.
 
     Raises
     ------
@@ -235,16 +252,23 @@ def _geometry(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int, codes: bo
     # through the scratch buffer.
     keep = max(used, 2 * -(-chunk * d // per))
     moved = moves and keep + 2 * chunk * cw + chunk <= vin
-    return _Geometry(per, cw, kinds, shapes, pieces, beats, at, end, chunk, keep, moved)
+    # Where a slot per kv head of the group fits above the moved results too, phase 3's
+    # cache beats load while phase 1 computes.
+    slots, slot = keep + 2 * chunk * cw + chunk, end - 2 * cw
+    fits = early and moved and slots + chunk * slot <= vin and chunk * slot <= vout
+    return _Geometry(per, cw, kinds, shapes, pieces, beats, at, end, chunk, keep, moved,
+                     slots if fits else None)
 
 
 def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
-                       plan: KVAppendPlan, moves: bool = True
+                       plan: KVAppendPlan, moves: bool = True, early: bool = True
                        ) -> tuple[list[Instr], list[AppendSite]]:
     """The program (without END) appending one token's keys and values (INT8 or INT4) of
     ``kv_heads`` kv heads at position 0 (module docstring), and the words a step's position
     moves. With ``moves``, phases 1 and 2 hand their results on through VIN where they fit
-    (the module docstring's moves); without, through the scratch buffer.
+    (the module docstring's moves); without, through the scratch buffer. With ``early`` (and
+    the moves), phase 3's cache beats load while phase 1 computes where VIN and VOUT hold a
+    slot per kv head of a phase-1 group; without, each head's task loads its own.
 
     Raises
     ------
@@ -254,7 +278,7 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
         walk, or a task that does not fit VIN or VOUT.
     """
     g = _geometry(cfg, layout, kv_heads, plan.codes is not None, plan.channels is not None,
-                  moves)
+                  moves, early)
     beat, d, per, cw = cfg.beat_bytes, layout.head_dim, g.per, g.cw
     kinds, shapes, pieces, beats, at = g.kinds, g.shapes, g.pieces, g.beats, g.at
     chunk, keep, moved = g.chunk, g.keep, g.moved
@@ -262,15 +286,21 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
     out: list[Instr] = []
     sites: list[AppendSite] = []
 
-    def task(loads, vecs, stores, first: bool) -> None:
+    def put(ins, site, wait=None, signal=None) -> None:
+        if site is not None:
+            sites.append(AppendSite(len(out), *site))
+        out.append(replace(ins, wait=wait, signal=signal))
+
+    def task(loads, vecs, stores, first: bool, early=()) -> None:
+        """A task's words; ``early`` (LOADs that wait for nothing and signal nothing) go right
+        after its loads, so its VECs start on its own loads' FULL signal."""
         for group, wait, signal in ((loads, None if first else ev["STORED"], ev["FULL"]),
+                                    (early, None, None),
                                     (vecs, ev["FULL"], ev["OUT_FULL"]),
                                     (stores, ev["OUT_FULL"], ev["STORED"])):
             for k, (ins, site) in enumerate(group):
-                if site is not None:
-                    sites.append(AppendSite(len(out), *site))
-                out.append(replace(ins, wait=wait if k == 0 else None,
-                                   signal=signal if k == len(group) - 1 else None))
+                put(ins, site, wait if k == 0 else None,
+                    signal if k == len(group) - 1 else None)
 
     word_at = g.word_at                            # the kv head's channel word (its beat)
     amax_at = {kind: _out_words(layout, kind) - 1 for kind in "kv"}   # a result's amax word
@@ -303,6 +333,45 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
     scratch = 0 if moved else _address(plan.scratch, beat, "scratch buffer")
     words = scratch + 2 * kv_heads * cw                          # the channel words' beats
     rows_at = [_address(a, beat, "row") for a in (plan.k_row, plan.v_row)]
+    slot = g.word_at - 2 * cw             # a kv head's phase-3 beats (VIN and VOUT)
+
+    def phase3(h: int, h0: int, m: int, vin0: int, vout0: int) -> tuple[list, list, list]:
+        """Kv head ``h``'s (of the phase-1 group of ``m`` from ``h0``) phase-3 LOADs,
+        INSERTs and STOREs, its cache beats loaded from VIN beat ``vin0`` and its INSERTs'
+        results from VOUT beat ``vout0``."""
+        region = {"k": plan.keys[h], "h": plan.keys[h], "v": plan.values[h],
+                  "c": None if plan.codes is None else plan.codes[h],
+                  "s": None if plan.channels is None else plan.channels[h]}
+        loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + 2 * h * cw,
+                       rows=1, row_beats=2 * cw), None)]
+        if plan.channels is not None:
+            loads.append((Load(spad=Spad.VIN, spad_addr=word_at, dram_addr=words + h,
+                               rows=1, row_beats=1), None))
+        # the INSERTs' codes: where the codes were loaded, or where they were moved
+        src = code
+        if moved:
+            loads, base = [], (keep + 2 * (h - h0) * cw) * per
+            src = {kind: base + code[kind] for kind in "khvc"}
+            src["s"] = (keep + 2 * m * cw + h - h0) * per
+        vecs, stores = [], []
+        for kind, j in ((k, j) for k in kinds for j in range(pieces[k][0])):
+            rows, row_beats, stride = shapes[kind]
+            dram = _address(region[kind], beat, f"{kind} region of kv head {h}") \
+                + layout.append_origin(kind) + j * pieces[kind][1]
+            piece = at[kind] - 2 * cw + j * beats[kind]
+            vin_at, dst = vin0 + piece, vout0 + piece
+            loads.append((Load(spad=Spad.VIN, spad_addr=vin_at, dram_addr=dram,
+                               rows=rows, row_beats=row_beats, dram_stride=stride),
+                          (kind, "dram_addr")))
+            vecs.append((Vec(func=funcs[kind], a_addr=vin_at * per,
+                             b_addr=src[kind] + j * codes_at[kind],
+                             length=beats[kind] * per, dst_addr=dst * per,
+                             imm=imms[kind]), (kind, "imm")))
+            stores.append((Store(spad=Spad.VOUT, spad_addr=dst, dram_addr=dram,
+                                 rows=rows, row_beats=row_beats, dram_stride=stride),
+                           (kind, "dram_addr")))
+        return loads, vecs, stores
+
     for h0 in range(0, kv_heads, chunk):
         m = min(chunk, kv_heads - h0)
         rb = -(-m * d // per)
@@ -317,7 +386,10 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
         if moved:
             stores = [(Store(spad=MOVE_SPAD, spad_addr=0, dram_addr=keep, rows=1,
                              row_beats=2 * m * cw), None)]
-        task(loads, vecs, stores, first=not out)
+        tasks = [] if g.early is None else [
+            phase3(h, h0, m, g.early + (h - h0) * slot, (h - h0) * slot)
+            for h in range(h0, h0 + m)]
+        task(loads, vecs, stores, first=not out, early=[w for t in tasks for w in t[0]])
         # phase 2: the heads' scores channel words of their key rows' amax words, a beat each
         # (moved: read where phase 1's move put them, the words moved beside; a SYNC on the
         # LOAD engine passes the move's signal on to the VECs)
@@ -338,40 +410,31 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
             stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=words + h0, rows=1,
                              row_beats=m), None)]
             task(loads, vecs, stores, first=False)
-        # phase 3, per kv head
-        for h in range(h0, h0 + m):
-            region = {"k": plan.keys[h], "h": plan.keys[h], "v": plan.values[h],
-                      "c": None if plan.codes is None else plan.codes[h],
-                      "s": None if plan.channels is None else plan.channels[h]}
-            loads = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=scratch + 2 * h * cw,
-                           rows=1, row_beats=2 * cw), None)]
-            if plan.channels is not None:
-                loads.append((Load(spad=Spad.VIN, spad_addr=word_at, dram_addr=words + h,
-                                   rows=1, row_beats=1), None))
-            # the INSERTs' codes: where the codes were loaded, or where they were moved
-            src = code
-            if moved:
-                loads, base = [], (keep + 2 * (h - h0) * cw) * per
-                src = {kind: base + code[kind] for kind in "khvc"}
-                src["s"] = (keep + 2 * m * cw + h - h0) * per
-            vecs, stores = [], []
-            for kind, j in ((k, j) for k in kinds for j in range(pieces[k][0])):
-                rows, row_beats, stride = shapes[kind]
-                dram = _address(region[kind], beat, f"{kind} region of kv head {h}") \
-                    + layout.append_origin(kind) + j * pieces[kind][1]
-                vin_at = at[kind] + j * beats[kind]
-                loads.append((Load(spad=Spad.VIN, spad_addr=vin_at, dram_addr=dram,
-                                   rows=rows, row_beats=row_beats, dram_stride=stride),
-                              (kind, "dram_addr")))
-                dst = vin_at - 2 * cw
-                vecs.append((Vec(func=funcs[kind], a_addr=vin_at * per,
-                                 b_addr=src[kind] + j * codes_at[kind],
-                                 length=beats[kind] * per, dst_addr=dst * per,
-                                 imm=imms[kind]), (kind, "imm")))
-                stores.append((Store(spad=Spad.VOUT, spad_addr=dst, dram_addr=dram,
-                                     rows=rows, row_beats=row_beats, dram_stride=stride),
-                               (kind, "dram_addr")))
-            task(loads, vecs, stores, first=False)
+        if not tasks:  # phase 3, a kv head at a time
+            for h in range(h0, h0 + m):
+                task(*phase3(h, h0, m, 2 * cw, 0), first=False)
+            continue
+        # phase 3 early: every kv head's cache beats already in a VIN slot of its own (loaded
+        # while phase 1 computes, after its LOADs: the SYNC of phase 2, or this one, is
+        # raised once they landed) and its INSERTs' results in VOUT beats of its own, so the
+        # heads' INSERTs run back to back, each head's STOREs on its own OUT_FULL signal,
+        # one STORED signal on the last STORE (the STORE engine is in order) as a task's.
+        # A SYNC on the LOAD engine that waits for nothing goes after the last head's
+        # INSERTs: a fused program fills the LOAD engine's idle after its last word with
+        # LOADs hoisted to the boundary after this part (sw.compile.fusion._slack: what the
+        # other engines execute after that word), but those are dispatched behind every
+        # word before them and the heads' INSERTs overlap the STOREs before them, so only
+        # the last head's STOREs count
+        put(Sync(engine=Engine.LOAD), None, ev["STORED"], ev["FULL"])
+        for j, (_, vecs, stores) in enumerate(tasks):
+            for k, (ins, site) in enumerate(vecs):
+                put(ins, site, ev["FULL"] if j == k == 0 else None,
+                    ev["OUT_FULL"] if k == len(vecs) - 1 else None)
+            if j and j == m - 1:
+                put(Sync(engine=Engine.LOAD), None)
+            for k, (ins, site) in enumerate(stores):
+                put(ins, site, ev["OUT_FULL"] if k == 0 else None,
+                    ev["STORED"] if j == m - 1 and k == len(stores) - 1 else None)
     return out, sites
 
 
