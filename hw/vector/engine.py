@@ -730,7 +730,17 @@ class VectorEngine(wiring.Component):
             m.d.sync += [kv_gi.eq(kv_gi + 1), kv_busy.eq(~g_last)]
         with m.If(~active):
             m.d.sync += [g_at.eq(0), kv_rowr.eq(0), kv_busy.eq(0), kv_gi.eq(0)]
-        m.d.comb += g_rd.addr.eq(Mux(feeding, kv_gi + 1, kv_gi))   # the data a cycle later
+        # The group fed next cycle is read now (its data a cycle later): kv_gi + feeding,
+        # which is kv_gi's next value. That address is a register, kept as kv_gi + feeding
+        # from `feeding` one cycle ahead (Recip's valid ahead, kv_rowr's and kv_busy's next
+        # values; the flags hold while KV4 feeds), so that no logic lies between the engine's
+        # control and the memories' blocks, which lie across the die from it. (Cleared while
+        # idle, as kv_gi is; not reset: nothing reads the memory before the first clear.)
+        g_addr = Signal.like(g_rd.addr, name="kv_g_addr", reset_less=True)
+        feeding_ahead = ((ahead["recip"] & kv & ~(kv_rowr | row_r) & kv_codes)
+                         | Mux(feeding, ~g_last, kv_busy))
+        m.d.sync += g_addr.eq(Mux(active, g_addr + feeding_ahead, 0))
+        m.d.comb += g_rd.addr.eq(g_addr)
         feed(u["mul_code"], feeding,
              a=Mux(shift, g_rd.data[ACT_BITS:], g_rd.data[:ACT_BITS]),
              b=Mux(row_r, u["recip"].o.payload.r, r))
