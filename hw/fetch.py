@@ -89,6 +89,10 @@ _CHECK_STAGES = 4
 #: The S2 registers that hold a multiplier's product: the DSP's own output register can hold
 #: them (hw.ecp5_dsp), so no route lies between the multiplier and its register.
 _PRODUCTS = ("span_lo", "span_hi", "rope_row")
+#: ``spad_len`` too, in configurations with a vector engine only (their DSP sites are nearly
+#: all used, so its multiplier is placed away from the fetch unit: docs/synthesis.md); the
+#: board's design keeps it in a slice until its bitstream is next rebuilt.
+_VECTOR_PRODUCTS = ("spad_len",)
 #: Bits of a ROPE's heads that enter the heads * head_dim product: 15, as the row has fewer
 #: than 2**16 elements and head_dim is at least 2.
 _ROPE_HEADS_BITS = VecBody["length"].width - 1
@@ -376,8 +380,9 @@ class FetchUnit(wiring.Component):
             an invalid instruction (hw/top.py, "Reset")."""
             regs = {}
             for key, value in values.items():
+                in_dsp = key in _PRODUCTS or (key in _VECTOR_PRODUCTS and cfg.has_vector)
                 regs[key] = Signal(value.shape(), name=f"{name}_{key}", reset_less=key != "v",
-                                   attrs={DSP_REGISTER: 1} if key in _PRODUCTS else {})
+                                   attrs={DSP_REGISTER: 1} if in_dsp else {})
                 copies.setdefault(name, []).append(regs[key].eq(value))
             return regs
 

@@ -239,6 +239,18 @@ def _delay(m: Module, value: Value, n: int, name: str, *, data: bool = False) ->
     return value
 
 
+def _delay_ahead(m: Module, value: Value, n: int, name: str) -> tuple[Value, Value]:
+    """``(ahead, delayed)``: :func:`_delay`'s chain of ``n >= 1`` registers, ``delayed`` its
+    last and ``ahead`` the value that register loads (``delayed`` one cycle early), for a
+    strobe registered a cycle before its use."""
+    if n < 1:
+        raise ValueError(f"a value one cycle ahead of a delay needs n >= 1, got n={n}")
+    ahead = _delay(m, value, n - 1, name)
+    delayed = Signal(Value.cast(value).shape(), name=f"{name}{n}")
+    m.d.sync += delayed.eq(ahead)
+    return ahead, delayed
+
+
 class VectorEngine(wiring.Component):
     """VIN rows -> function units -> VOUT, one VEC instruction at a time.
 
@@ -718,7 +730,17 @@ class VectorEngine(wiring.Component):
             m.d.sync += [kv_gi.eq(kv_gi + 1), kv_busy.eq(~g_last)]
         with m.If(~active):
             m.d.sync += [g_at.eq(0), kv_rowr.eq(0), kv_busy.eq(0), kv_gi.eq(0)]
-        m.d.comb += g_rd.addr.eq(Mux(feeding, kv_gi + 1, kv_gi))   # the data a cycle later
+        # The group fed next cycle is read now (its data a cycle later): kv_gi + feeding,
+        # which is kv_gi's next value. That address is a register, kept as kv_gi + feeding
+        # from `feeding` one cycle ahead (Recip's valid ahead, kv_rowr's and kv_busy's next
+        # values; the flags hold while KV4 feeds), so that no logic lies between the engine's
+        # control and the memories' blocks, which lie across the die from it. (Cleared while
+        # idle, as kv_gi is; not reset: nothing reads the memory before the first clear.)
+        g_addr = Signal.like(g_rd.addr, name="kv_g_addr", reset_less=True)
+        feeding_ahead = ((ahead["recip"] & kv & ~(kv_rowr | row_r) & kv_codes)
+                         | Mux(feeding, ~g_last, kv_busy))
+        m.d.sync += g_addr.eq(Mux(active, g_addr + feeding_ahead, 0))
+        m.d.comb += g_rd.addr.eq(g_addr)
         feed(u["mul_code"], feeding,
              a=Mux(shift, g_rd.data[ACT_BITS:], g_rd.data[:ACT_BITS]),
              b=Mux(row_r, u["recip"].o.payload.r, r))
@@ -844,22 +866,25 @@ class VectorEngine(wiring.Component):
                                           [u["scale16"], *lanes("scale16")], strict=True)):
             feed(ex, (p2 | p3) & sm, a=Mux(inrows[k], xs[k], top), b=top)
             e_in = _delay(m, inrows[k], exp_lat, "e_in" if k == 0 else f"e_in_l{k}_",
-                          data=k > 0)
+                          data=True)
             es.append(Mux(e_in, ex.o.payload.y, 0))
             feed(s16, u["exp"].o.valid & (phase == 2), x=es[-1], r=r, sh=sh)
         feed(u["sum"], u["exp"].o.valid & (phase == 1), x=es[0] if n == 1 else es,
              last=e_last)
-        p_last = _delay(m, e_last, lat["scale16"], "p_last")
+        # (the probabilities' last: Scale(16)'s valid folded in before the delay, so that
+        # the strobe alone is the write's last and its done, a cycle ahead below)
+        p_last_a, p_last = _delay_ahead(m, e_last & u["exp"].o.valid & (phase == 2),
+                                        lat["scale16"], "p_last")
         # -- RMSNORM: SumSq (pass 2); Scale(30) and Mul with the delayed weight (pass 3)
         rn = is_[VecFunc.RMSNORM]
         feed(u["sumsq"], p2 & rn, x=x if n == 1 else xs, shift=shift, last=last)
-        n_last = _delay(m, last & rn, lat["scale30"], "n_last")
+        n_last = _delay(m, last & p3 & rn, lat["scale30"], "n_last")   # pass 3's: Mul's valid
         for k, (s30, mul30) in enumerate(zip([u["scale30"], *lanes("scale30")],
                                              [u["mul"], *lanes("mul")], strict=True)):
             feed(s30, p3 & rn, x=xs[k], r=r, sh=sh)
             w = _delay(m, bs[k], lat["scale30"], "w" if k == 0 else f"w_l{k}_", data=True)
             feed(mul30, s30.o.valid, a=s30.o.payload.y, b=w)
-        y_last = _delay(m, n_last, lat["mul"], "y_last")
+        y_last_a, y_last = _delay_ahead(m, n_last, lat["mul"], "y_last")
 
         # -- MUL; SILU_GATE: every unit's operands carried beside it (the units never stall)
         # (n lanes, vector_laned_silu: lane k's chain of copies, its own Recip; lane 0's
@@ -870,7 +895,7 @@ class VectorEngine(wiring.Component):
         at_mul_es = at_scale + lat["scale60"]
         at_mul_gs = at_mul_es + lat["mul_es"]
         at_mul_u = at_mul_gs + lat["mul_gs"]
-        s_last = _delay(m, last & silu, at_mul_u + lat["mul16"], "silu_last")
+        s_last_a, s_last = _delay_ahead(m, last & silu, at_mul_u + lat["mul16"], "silu_last")
         mul = is_[VecFunc.MUL]   # Mul(16): MUL's row, or the SiLU-gate's last step
         for k in range(n):
             def unit(name, k=k):
@@ -901,7 +926,8 @@ class VectorEngine(wiring.Component):
                      b=Mux(mul, bs[k], g_b))
             else:
                 feed(unit("mul16"), valid & mul, a=xs[k], b=bs[k])
-        mul_last = _delay(m, last & is_[VecFunc.MUL], lat["mul16"], "mul_last")
+        mul_last_a, mul_last = _delay_ahead(m, last & is_[VecFunc.MUL], lat["mul16"],
+                                            "mul_last")
 
         # -- ROPE: x[k], x[k + d/2] registered as they arrive; element k enters Rope with the
         # table word, element k + d/2 the cycle after
@@ -924,7 +950,7 @@ class VectorEngine(wiring.Component):
             word_cs = Mux(upper, cs, xs[k][:2 * ROPE_HALF_BITS])
             feed(rope_k, lower | upper, x=Mux(upper, xu, xl), rot=Mux(upper, xl, -xu),
                  cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
-        rope_last = _delay(m, up_last, lat["rope"], "rope_last")
+        rope_last_a, rope_last = _delay_ahead(m, up_last, lat["rope"], "rope_last")
         # Each result's VOUT position: lower k -> upper k (+ d/2) -> lower k + 1 (+ 1 - d/2),
         # or the next head's first (+ 1) after its last pair (a laned ROPE: k steps by n,
         # `inc`, and so do these).
@@ -985,8 +1011,9 @@ class VectorEngine(wiring.Component):
             dq_acc = _delay(m, xs[k], lat["dequant_factor"],
                             "dq_acc" if k == 0 else f"dq_acc_l{k}_", data=True)
             feed(s31, df.o.valid & dq, x=dq_acc, r=df.o.payload.r, sh=df.o.payload.sh)
-        dq_last = _delay(m, last & dq_valid, lat["dequant_factor"] + lat["scale31"], "dq_last")
-        ch_last = _delay(m, last & ch, lat["dequant_factor"], "ch_last")
+        dq_last_a, dq_last = _delay_ahead(m, last & dq_valid,
+                                          lat["dequant_factor"] + lat["scale31"], "dq_last")
+        ch_last_a, ch_last = _delay_ahead(m, last & ch, lat["dequant_factor"], "ch_last")
 
         # -- INSERT: the word read with its code word beside it, the code's byte (or the whole
         # code word) multiplexed in, registered and written
@@ -1017,7 +1044,7 @@ class VectorEngine(wiring.Component):
         m.d.sync += [ins_y[k].eq(merged(k)) for k in range(1, n)]
 
         # ---- write
-        add_last = _delay(m, last & is_[VecFunc.ADD], lat["add"], "add_last")
+        add_last_a, add_last = _delay_ahead(m, last & is_[VecFunc.ADD], lat["add"], "add_last")
         code_last = _delay(m, (last & rq_kv & (phase == 1)) | (wf_last & wf_p2),
                            lat["requant"], "code_last")
         # ARGMAX: the index now, the maximum next cycle
@@ -1062,7 +1089,8 @@ class VectorEngine(wiring.Component):
         k_t = Signal(len(c_rd.addr), reset_less=True)
         t_last = k_tail & (k_t == (kv_glast >> 2))    # ceil(groups / 4) - 1
         k_amax = Signal()
-        m.d.sync += k_amax.eq((n_full & nib_last & ~kv_codes) | t_last)
+        k_amax_a = (n_full & nib_last & ~kv_codes) | t_last
+        m.d.sync += k_amax.eq(k_amax_a)
         with m.If(n_full & nib_last):
             m.d.sync += k_tail.eq(kv_codes)
         with m.If(k_tail):
@@ -1118,8 +1146,28 @@ class VectorEngine(wiring.Component):
             write, dst_step = self._write_lanes(
                 m, sources, dst=dst, step=step, tail=tail, wide=wide, code_last=code_last,
                 codes=(word_full, word, kw), length=length)
-        done = Cat(en & end for en, _, end in sources).any()
-        m.d.comb += self.done.eq(done)
+        # `done` is the OR of each source's enable and last (Cat(en & end ...).any()), which
+        # the sequencer and the event unit read across the die in the same cycle: it is
+        # registered from each source's (en & end) one cycle ahead instead. Each `end`
+        # implies its `en` (a unit's valid is its input's delayed by its fixed latency, and
+        # the last strobes are formed from what feeds it: SOFTMAX's and RMSNORM's with the
+        # pass folded in), so the ahead value is the strobe's chain a register short; the
+        # registered sources have their inputs. `wide` and the `is_` flags hold while
+        # `active`, which holds from before a source's ahead cycle to its done. (Reset, as
+        # the strobes are: no done in the cycle after a reset.) The port's copy and the one
+        # that ends `active` are apart (hw/fanout.py), so that the placer can put the port's
+        # beside its loads (the sequencer, the event unit, the counters).
+        if n == 1:
+            mul16_a = mul_last_a | s_last_a
+        elif self._cfg.vector_laned_silu:
+            mul16_a = mul_last_a | s_last_a
+        else:
+            mul16_a = (wide & mul_last_a) | (~wide & s_last_a)
+        done_ahead = Cat(add_last_a, u["argmax"].o.valid, rq.valid & ~kv & code_last,
+                         p_last_a, y_last_a, mul16_a, rope_last_a, dq_last_a,
+                         valid & last & is_insert, ch_last_a, k_amax_a).any()
+        done = replica(m, done_ahead, "done_local", reset=True)
+        m.d.comb += self.done.eq(replica(m, done_ahead, "done_port", reset=True))
         with m.If(write):
             m.d.sync += dst.eq(dst + dst_step)
         with m.If(done):

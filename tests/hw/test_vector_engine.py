@@ -400,6 +400,7 @@ def _simulate(vin: np.ndarray, vecs: list[Vec], gaps: list[int], cfg=VCFG):
         await _load_vin(ctx, dut, raw, beat)
         for v, gap in zip(vecs, gaps, strict=True):
             for _ in range(gap):
+                assert not ctx.get(dut.vec.done), f"done while idle, before {v}"
                 await ctx.tick()
             await _issue(ctx, dut, v)              # the grant cycle g
             cycles = 1
@@ -928,11 +929,11 @@ def _reset_bits(elaboratable) -> int:
 def test_the_reset_reaches_only_the_executors_control_bits():
     """A reset of every operand register is a net of thousands of loads across the die (3,511
     bits of the preset's engine, the SiLU-gate's operand delay lines most of them); the valid
-    and ``last`` bits of the pipelines (with their copies one cycle ahead), the state bits
-    and ``elements`` are 319 bits with one lane, 383 with the preset's two (a valid bit a
-    lane copy's stage, SOFTMAX's Exp and Scale among them), 417 with SILU_GATE laned too
-    (its chain's). The bounds leave room for a few more control bits, not for an operand line
-    (32 bits a stage)."""
+    and ``last`` bits of the pipelines (with their copies one cycle ahead), the state bits,
+    ``done`` (two copies) and ``elements`` are 313 bits with one lane, 382 with the preset's
+    two (a valid bit a lane copy's stage, SOFTMAX's Exp and Scale among them), 416 with
+    SILU_GATE laned too (its chain's). The bounds leave room for a few more control bits,
+    not for an operand line (32 bits a stage)."""
     from hw.config import preset
     for cfg, bound in ((preset("vector").replace(vector_lanes=1), 330),
                        (preset("vector"), 390),
