@@ -1157,9 +1157,7 @@ class VectorEngine(wiring.Component):
         # the strobes are: no done in the cycle after a reset.) The port's copy and the one
         # that ends `active` are apart (hw/fanout.py), so that the placer can put the port's
         # beside its loads (the sequencer, the event unit, the counters).
-        if n == 1:
-            mul16_a = mul_last_a | s_last_a
-        elif self._cfg.vector_laned_silu:
+        if n == 1 or self._cfg.vector_laned_silu:
             mul16_a = mul_last_a | s_last_a
         else:
             mul16_a = (wide & mul_last_a) | (~wide & s_last_a)
