@@ -10,6 +10,8 @@ from sw.models import LlamaConfig, LlamaLM
 
 #: A small accelerator: 16 lanes, room for the tiny models below.
 SMALL = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 20))
+#: SMALL with a vector engine: 512 int32 elements of VIN, 256 of VOUT.
+VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
 
 
 def tiny_lm(layers: int = 2, heads: int = 4, kv_heads: int = 2, hidden: int = 64,

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from compile_testutil import SMALL, backends_agree, compressed, tiny_lm
+from compile_testutil import VSMALL, backends_agree, compressed, tiny_lm
 
 from hw.config import AcceleratorConfig
 from hw.isa import (
@@ -48,7 +48,6 @@ from sw.compile.plan import Region
 from sw.runtime import Runtime
 
 CFG = AcceleratorConfig()
-VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
 
 
 def _dispatched(words: np.ndarray) -> list:

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
+from compile_testutil import SMALL, VSMALL, compressed, tiny_lm, twin_step_logits
 
 from hw.config import MemoryModel
 from hw.isa import (
@@ -77,8 +77,6 @@ from sw.runtime import Runtime
 
 CFG = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024,
                     memory=MemoryModel(size_bytes=1 << 16))
-#: SMALL with a vector engine (tests/sw/runtime/test_vector_nodes.py's).
-VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
 
 
 class _Op:

@@ -4,7 +4,7 @@ compute what the fused ones do, and a compiled decode step keeps its norm rows o
 import numpy as np
 import pytest
 import torch
-from compile_testutil import SMALL, compressed, tiny_lm
+from compile_testutil import SMALL, VSMALL, compressed, tiny_lm
 
 from hw.config import MemoryModel, preset
 from hw.isa import (
@@ -28,7 +28,6 @@ from sw.compile.relocation import lower_vector_template, relocate
 
 CFG = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024,
                     memory=MemoryModel(size_bytes=1 << 16))
-VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
 
 
 def _program(words):

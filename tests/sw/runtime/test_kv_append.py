@@ -11,6 +11,7 @@ import pytest
 import torch
 from compile_testutil import (
     SMALL,
+    VSMALL,
     backends_agree,
     compressed,
     runtime_steps,
@@ -28,7 +29,6 @@ from sw.compress.model import use_hardware_numerics
 from sw.runtime import Runtime
 
 PROMPT, STEPS = 6, 4
-VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
 
 
 def _ids(lm, n, seed=7):

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from compile_testutil import SMALL, compressed, tiny_lm, twin_step_logits
+from compile_testutil import VSMALL, compressed, tiny_lm, twin_step_logits
 
 from hw.config import AcceleratorConfig, MemoryModel
 from sim.backends import make_backend
@@ -21,7 +21,6 @@ from sw.runtime import Runtime
 from sw.runtime.trace import step_trace
 
 PROMPT, STEPS = 6, 4
-VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
 
 
 @pytest.fixture(scope="module")

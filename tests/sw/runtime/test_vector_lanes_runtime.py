@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from compile_testutil import (
-    SMALL,
+    VSMALL,
     backends_agree,
     compressed,
     runtime_steps,
@@ -22,7 +22,6 @@ from sw.compress.model import use_hardware_numerics
 from sw.runtime import Runtime
 
 PROMPT, STEPS = 6, 3
-VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
 
 
 def test_lanes_change_cycles_not_logits():

@@ -11,6 +11,7 @@ import pytest
 import torch
 from compile_testutil import (
     SMALL,
+    VSMALL,
     backends_agree,
     compressed,
     runtime_steps,
@@ -43,8 +44,6 @@ from sw.runtime import Runtime, RuntimeFault
 from sw.runtime.runtime import _set_imm
 
 PROMPT, STEPS = 6, 4
-#: SMALL with a vector engine: 512 int32 elements of VIN, 256 of VOUT.
-VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
 VECTOR_OPS = {name for name, d in OPS.items() if d.vector is not None}
 
 

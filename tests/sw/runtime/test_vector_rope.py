@@ -6,7 +6,7 @@ kernel's (``rope_vector``) bit for bit."""
 import numpy as np
 import pytest
 import torch
-from compile_testutil import SMALL, compressed, tiny_lm
+from compile_testutil import VSMALL, compressed, tiny_lm
 
 from hw.config import MemoryModel
 from hw.isa import Load, Spad, Vec, VecFunc, check, decode_program, reg_table_values, rope_imm
@@ -34,7 +34,6 @@ from sw.runtime import Runtime
 from sw.runtime import runtime as runtime_module
 
 PROMPT, STEPS = 6, 4
-VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
 
 
 def _rope_programs(exe):
