@@ -12,6 +12,13 @@ from sw.models import LlamaConfig, LlamaLM
 SMALL = AcceleratorConfig(rows=2, cols=8, memory=MemoryModel(size_bytes=1 << 20))
 #: SMALL with a vector engine: 512 int32 elements of VIN, 256 of VOUT.
 VSMALL = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024)
+#: VSMALL with 64 KiB of DRAM (the hand-built vector parts of the fusion and move tests).
+VTINY = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 16))
+
+
+def vin_row_bytes(length: int, cfg: AcceleratorConfig = VTINY) -> int:
+    """Bytes of a row of ``length`` int32 elements in whole beats of ``cfg``."""
+    return -(-4 * length // cfg.beat_bytes) * cfg.beat_bytes
 
 
 def tiny_lm(layers: int = 2, heads: int = 4, kv_heads: int = 2, hidden: int = 64,

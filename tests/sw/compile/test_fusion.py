@@ -7,7 +7,14 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from compile_testutil import SMALL, VSMALL, compressed, tiny_lm, twin_step_logits
+from compile_testutil import (
+    VSMALL,
+    VTINY,
+    compressed,
+    tiny_lm,
+    twin_step_logits,
+    vin_row_bytes,
+)
 
 from hw.config import MemoryModel
 from hw.isa import (
@@ -75,8 +82,7 @@ from sw.compile.vector import VectorOp, vector_op
 from sw.compress.model import use_hardware_numerics
 from sw.runtime import Runtime
 
-CFG = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024,
-                    memory=MemoryModel(size_bytes=1 << 16))
+CFG = VTINY
 
 
 class _Op:
@@ -85,8 +91,7 @@ class _Op:
     x, y, b, w, w_tile_stride = "x", "y", None, "w", None
 
 
-def _row_bytes(length: int) -> int:
-    return -(-4 * length // CFG.beat_bytes) * CFG.beat_bytes
+_row_bytes = vin_row_bytes
 
 
 @pytest.mark.parametrize("seed", range(4))

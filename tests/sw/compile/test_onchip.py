@@ -4,9 +4,9 @@ compute what the fused ones do, and a compiled decode step keeps its norm rows o
 import numpy as np
 import pytest
 import torch
-from compile_testutil import SMALL, VSMALL, compressed, tiny_lm
+from compile_testutil import VSMALL, VTINY, compressed, tiny_lm, vin_row_bytes
 
-from hw.config import MemoryModel, preset
+from hw.config import preset
 from hw.isa import (
     MOVE_SPAD,
     Engine,
@@ -26,16 +26,14 @@ from sw.compile.fusion import fuse_parts, fuse_words, vector_events
 from sw.compile.onchip import MOVE_EVENT, onchip_moves, round_trips
 from sw.compile.relocation import lower_vector_template, relocate
 
-CFG = SMALL.replace(vin_spad_bytes=2048, vout_spad_bytes=1024,
-                    memory=MemoryModel(size_bytes=1 << 16))
+CFG = VTINY
 
 
 def _program(words):
     return decode_program(words.astype("<u8").view(np.uint8).reshape(-1))
 
 
-def _row_bytes(length: int) -> int:
-    return -(-4 * length // CFG.beat_bytes) * CFG.beat_bytes
+_row_bytes = vin_row_bytes
 
 
 def _part(func: VecFunc, rows: int, length: int, x: str, y: str, b: str | None,
