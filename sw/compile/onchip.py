@@ -46,6 +46,12 @@ Events are counting semaphores with one producer and one consumer engine each
 program order (:func:`_matches`): the proof needs no timing. A move goes in after each rewritten
 STORE, its SYNC after ``X``; the returned index map says where every input
 word lies in the output (for the runtime's per-step words).
+
+The STORE ``S`` stays for the host; where nobody reads its rows -- no later LOAD, no LOAD
+of the next step's run before the step writes them, not the host (the caller's ``live``
+beats) -- :func:`quiet_stores` finds it and :func:`quieten` makes it a SYNC of the STORE
+engine with ``S``'s wait and signal: the move then starts as soon as the VEC is done, and
+no event count or word index changes.
 """
 
 from __future__ import annotations
