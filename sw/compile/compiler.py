@@ -79,7 +79,7 @@ from sw.compile.ir import OPS, Graph, Node, linear_layers
 from sw.compile.ir.types import SYMBOL
 from sw.compile.kvappend import KVAppendOp, kv_append_words
 from sw.compile.lower import KVLayout, Member, context_bucket, node_members
-from sw.compile.onchip import onchip_moves
+from sw.compile.onchip import onchip_moves, quiet_stores, quieten
 from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
 from sw.compile.plan import (
     ArenaPlan,
@@ -325,6 +325,10 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         else:
             symbols, programs, table, templates, joined = (rolled[0], looped, *rolled[2:])
             (placed, layout, arenas), embedding = framed, served
+    if "decode" in graphs:  # the joined steps' STOREs of rows only moves carry on
+        programs = [_with_quiet_stores(cfg, p, programs, graphs["decode"], symbols)
+                    if i in _joined(programs, templates) else p
+                    for i, p in enumerate(programs)]
     if embedding:
         programs = [token_relative(cfg, p, symbols, embedding) for p in programs]
     registers = RegisterFile()
@@ -1079,6 +1083,36 @@ def _with_moves(cfg: AcceleratorConfig, p: Program) -> Program:
         imm_rows=tuple(where[i] for i in p.imm_rows),
         embed_rows=tuple(where[i] for i in p.embed_rows),
         append_rows=tuple((where[i], *rest) for i, *rest in p.append_rows))
+
+
+def _outside_beats(cfg: AcceleratorConfig, p: Program, programs: Sequence[Program],
+               graph: Graph, symbols: Mapping[str, Region]) -> list[tuple[int, int]]:
+    """The DRAM beats (``[lo, hi)`` ranges) joined step ``p``'s rows may be read or written
+    outside its words: every region but the arena's (weights, the KV cache the next step
+    reads, the constants its run-time words address) and the results of the parts that
+    compute ``graph``'s outputs (the logits, the greedy token: what the host reads back;
+    a joined step's other rows it reads only with ``Runtime(read_back_all=True)``, which
+    puts the STOREs back, ``Program.quiet_rows``)."""
+    beat = cfg.beat_bytes
+    out = {node.name for node in graph.nodes if set(node.outputs) & set(graph.outputs)}
+    names = {s for i in p.parts if programs[i].node in out for m in programs[i].members
+             for s in (m.y, m.dequant, m.argmax) if s is not None}
+    return [(r.addr // beat, -(-r.end // beat)) for n, r in symbols.items()
+            if r.kind != "arena" or n in names]
+
+
+def _with_quiet_stores(cfg: AcceleratorConfig, p: Program, programs: Sequence[Program],
+                       graph: Graph, symbols: Mapping[str, Region]) -> Program:
+    """Joined decode step ``p`` with its STOREs of rows that only a move carries on and
+    nobody reads (:func:`sw.compile.onchip.quiet_stores`; the host's rows,
+    :func:`_outside_beats`, stay) as SYNCs (:func:`sw.compile.onchip.quieten`), each listed in
+    ``quiet_rows`` with its STORE's words."""
+    keep = (*p.position_rows, *p.imm_rows, *p.embed_rows, *(i for i, *_ in p.append_rows))
+    rows = quiet_stores(p.words, keep, _outside_beats(cfg, p, programs, graph, symbols))
+    if not rows:
+        return p
+    return dataclasses.replace(p, words=quieten(p.words, rows), quiet_rows=tuple(
+        (i, int(p.words[i, 0]), int(p.words[i, 1])) for i in rows))
 
 
 def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTable,

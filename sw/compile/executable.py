@@ -141,7 +141,10 @@ class Program:
     computes) are its ``embed_rows``: LOADs of the constant embedding table
     (``symbols.embedding_table()``) relative to a run-time register holding ``tok`` (the
     step's token) times the table's row beats, so the host writes neither the rows nor the
-    words."""
+    words. A joined decode step's STOREs of rows that only a move carries on and nobody reads
+    (:func:`sw.compile.onchip.quiet_stores`) are SYNCs of the STORE engine in ``words``;
+    ``quiet_rows`` lists each as ``(index, low word, high word)`` of the STORE, which
+    ``Runtime(read_back_all=True)`` puts back to read every node's rows."""
 
     phase: str
     node: str
@@ -157,6 +160,7 @@ class Program:
     position_rows: tuple[int, ...] = ()
     append_rows: tuple[tuple[int, str, str, int], ...] = ()
     embed_rows: tuple[int, ...] = ()
+    quiet_rows: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def instructions(self) -> int:
@@ -333,6 +337,8 @@ def _program_doc(p: Program) -> dict:
             doc.update(append_rows=[list(r) for r in p.append_rows])
     if p.embed_rows:  # its LOADs of the token's embedding rows
         doc.update(embed_rows=list(p.embed_rows))
+    if p.quiet_rows:  # its STOREs nobody reads, as SYNCs
+        doc.update(quiet_rows=[list(r) for r in p.quiet_rows])
     return doc
 
 
@@ -397,7 +403,8 @@ def _from_doc(tensors: dict[str, np.ndarray], doc: dict) -> Executable:
                 tuple(p["work"]) if p.get("work") else None,
                 tuple(p.get("position_rows", ())),
                 tuple(tuple(r) for r in p.get("append_rows", ())),
-                tuple(p.get("embed_rows", ())))
+                tuple(p.get("embed_rows", ())),
+                tuple(tuple(r) for r in p.get("quiet_rows", ())))
         for p, a, b in zip(doc["programs"], starts[:-1], starts[1:], strict=True)]
     kv = doc["kv"]
     return Executable(

@@ -46,6 +46,12 @@ Events are counting semaphores with one producer and one consumer engine each
 program order (:func:`_matches`): the proof needs no timing. A move goes in after each rewritten
 STORE, its SYNC after ``X``; the returned index map says where every input
 word lies in the output (for the runtime's per-step words).
+
+The STORE ``S`` stays for the host; where nobody reads its rows -- no later LOAD, no LOAD
+of the next step's run before the step writes them, not the host (the caller's ``live``
+beats) -- :func:`quiet_stores` finds it and :func:`quieten` makes it a SYNC of the STORE
+engine with ``S``'s wait and signal: the move then starts as soon as the VEC is done, and
+no event count or word index changes.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ from hw.isa import (
     Sync,
     decode,
     decode_fields,
+    loop_stream,
     program_words,
 )
 from sw.compile.fusion import BESIDE_EVENTS
@@ -76,7 +83,7 @@ from sw.compile.fusion import BESIDE_EVENTS
 #: after the fused programs' (:data:`sw.compile.fusion.BESIDE_EVENTS`).
 MOVE_EVENT = max(BESIDE_EVENTS.values()) + 1
 
-__all__ = ["MOVE_EVENT", "onchip_moves", "round_trips"]
+__all__ = ["MOVE_EVENT", "onchip_moves", "quiet_stores", "quieten", "round_trips"]
 
 
 def _matches(f) -> np.ndarray:
@@ -204,3 +211,84 @@ def onchip_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int
         if i in flights:
             out.append(Sync(engine=Engine.LOAD, signal=MOVE_EVENT))
     return program_words(out), tuple(where)
+
+
+def _ranges(ins: Load | Store, offset: int = 0) -> list[tuple[int, int]]:
+    """The DRAM beats a LOAD or STORE of ``ins`` addresses (``offset`` beats on, a loop's
+    iteration), one ``[lo, hi)`` per row."""
+    a = ins.dram_addr + offset
+    return [(a + r * ins.dram_stride, a + r * ins.dram_stride + ins.row_beats)
+            for r in range(ins.rows)]
+
+
+def quiet_stores(words: np.ndarray, keep: Collection[int] = (),
+                 live: Sequence[tuple[int, int]] = ()) -> list[int]:
+    """The STOREs of ``words`` (``uint64 [n, 2]``, REPEATs allowed) whose DRAM rows nobody
+    needs: each a STORE of VOUT rows right before a move of the same VOUT beats (the rows go
+    on chip, :func:`onchip_moves`), not in ``keep`` (words the runtime rewrites per step),
+    and such that in every iteration it runs (:func:`hw.isa.loop_stream`)
+
+    * no later LOAD of the program reads one of its beats before a STORE writes it again;
+    * no LOAD reads one of its beats before any STORE of the program writes it (the next
+      step's run of the same words would read what this one left: rows written across
+      steps, such as the KV cache's, stay);
+    * none of its beats lies in ``live`` (``[lo, hi)`` DRAM beat ranges the host reads
+      back or a run-time word may address: the caller's).
+
+    The STORE engine is in order and the move reads the VOUT beats the STORE would, so the
+    STORE can go (:func:`quieten`) without changing what any word reads."""
+    f = decode_fields(words)
+    n = f["opcode"].shape[0]
+    ins = [decode(int(lo) | int(hi) << 64) for lo, hi in words]
+    cand = [i for i in range(n - 1) if i not in keep
+            and isinstance(ins[i], Store) and ins[i].spad == Spad.VOUT
+            and isinstance(ins[i + 1], Store) and ins[i + 1].spad == MOVE_SPAD
+            and ins[i + 1].spad_addr == ins[i].spad_addr]
+    if not cand:
+        return []
+    candset = set(cand)
+    stream = loop_stream(f, np.zeros(n, dtype=np.int64))
+    # the beats the candidates write, in any iteration: the only ones tracked
+    pcs, offs = stream.pcs.tolist(), stream.offsets.tolist()
+    tracked = np.unique(np.concatenate([
+        np.arange(lo, hi) for e, pc in enumerate(pcs) if pc in candset
+        for lo, hi in _ranges(ins[pc], offs[e])]))
+
+    def hits(x, offset: int) -> np.ndarray:
+        return np.concatenate([tracked[np.searchsorted(tracked, lo):np.searchsorted(tracked, hi)]
+                               for lo, hi in _ranges(x, offset)])
+    writer: dict[int, int] = {}  # tracked beat -> the stream entry of its last STORE
+    read, exposed = set(), set()
+    for e, pc in enumerate(pcs):
+        x = ins[pc]
+        if isinstance(x, Load):
+            for b in hits(x, offs[e]).tolist():
+                w = writer.get(b)
+                if w is None:
+                    exposed.add(b)
+                else:
+                    read.add(w)
+        elif isinstance(x, Store) and x.spad != MOVE_SPAD:
+            for b in hits(x, offs[e]).tolist():
+                writer[b] = e
+    lo_hi = np.asarray(live, dtype=np.int64).reshape(-1, 2)
+    bad = set()
+    for e, pc in enumerate(pcs):
+        if pc not in candset or pc in bad:
+            continue
+        beats = hits(ins[pc], offs[e])
+        if e in read or exposed.intersection(beats.tolist()) or (
+                (beats[:, None] >= lo_hi[:, 0]) & (beats[:, None] < lo_hi[:, 1])).any():
+            bad.add(pc)
+    return [i for i in cand if i not in bad]
+
+
+def quieten(words: np.ndarray, rows: Collection[int]) -> np.ndarray:
+    """``words`` with each STORE at ``rows`` (:func:`quiet_stores`) a SYNC of the STORE
+    engine with its wait and signal: its events run as before, its DRAM write goes (and its
+    index stays, so the run-time rows do not move)."""
+    out = words.copy()
+    for i in rows:
+        st = decode(int(words[i, 0]) | int(words[i, 1]) << 64)
+        out[i] = program_words([Sync(engine=Engine.STORE, wait=st.wait, signal=st.signal)])[0]
+    return out

@@ -676,8 +676,10 @@ class Runtime:
     def _fused_words(self, run: int, env) -> np.ndarray | None:
         """The words of fused program ``run`` with its SOFTMAX parts' VECs (``imm_rows``)
         given each row's valid positions where a sliding window makes them other than the
-        causal ones the words count from ``pos`` (None: the program's words; its KV append's
-        words are relative to run-time registers, :meth:`_registers`)."""
+        causal ones the words count from ``pos``, and with ``read_back_all`` its STOREs of
+        rows nobody reads put back (``quiet_rows``: the host reads every node's rows; None:
+        the program's words; its KV append's words are relative to run-time registers,
+        :meth:`_registers`)."""
         program = self.exe.programs[run]
         words = None
         if program.imm_rows and env.window is not None:
@@ -685,6 +687,10 @@ class Runtime:
             counts = _causal_counts(env, n)
             if not torch.equal(counts, (env.past + torch.arange(1, env.t + 1)).repeat(n // env.t)):
                 words = _set_imm(program, counts.numpy())
+        if self.read_back_all and program.quiet_rows:
+            words = (program.words if words is None else words).copy()
+            for i, lo, hi in program.quiet_rows:
+                words[i] = (lo, hi)
         return words
 
     def _appended_on_chip(self, phase: str, node: Node, positions: int) -> frozenset[str]:

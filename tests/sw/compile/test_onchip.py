@@ -1,5 +1,7 @@
 """Round trips VOUT -> DRAM -> VIN as moves (sw/compile/onchip.py): the rewritten programs
-compute what the fused ones do, and a compiled decode step keeps its norm rows on chip."""
+compute what the fused ones do, and a compiled decode step keeps its norm rows on chip; the
+STOREs of rows only a move carries on and nobody reads go (quiet_stores), and the DRAM rows
+anything reads stay what they were."""
 
 import numpy as np
 import pytest
@@ -23,7 +25,7 @@ from hw.numerics import norm_eps, norm_weight, to_fixed
 from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model, compiler
 from sw.compile.fusion import fuse_parts, fuse_words, vector_events
-from sw.compile.onchip import MOVE_EVENT, onchip_moves, round_trips
+from sw.compile.onchip import MOVE_EVENT, onchip_moves, quiet_stores, quieten, round_trips
 from sw.compile.relocation import lower_vector_template, relocate
 
 CFG = VTINY
@@ -210,3 +212,163 @@ def test_a_decode_step_moves_its_norm_rows_and_keeps_the_tokens(monkeypatch):
     assert round_trips_of_norms(plain_exe) and not round_trips_of_norms(exe)
     assert any(isinstance(i, Store) and i.spad == MOVE_SPAD
                for p in exe.programs for i in _program(p.words))
+
+
+def _beats(ins) -> set[int]:
+    return {ins.dram_addr + r * ins.dram_stride + k for r in range(ins.rows)
+            for k in range(ins.row_beats)}
+
+
+def test_a_norm_only_the_move_reads_goes_quiet_and_the_rest_stays():
+    """RMSNorm of r0 into r1, then an ADD of r1 and r2 into r3: the norm's STORE of r1
+    (before its move) is the one quiet STORE; as a SYNC of the STORE engine with its events,
+    the program writes r3 as before, r1 not at all, and as many fewer beats. Where the host
+    reads r1 (``live``), a later part LOADs r1, or an earlier one reads r1 before the norm
+    writes it (the next step's run would read the rows this one left), it stays."""
+    length = 24
+    row = _row_bytes(length)
+    beat = CFG.beat_bytes
+    base = {f"r{i}": i * row for i in range(4)} | {"w": 4 * row}
+    norm = _part(VecFunc.RMSNORM, 1, length, "r0", "r1", None, base)
+    add = _part(VecFunc.ADD, 1, length, "r1", "r3", "r2", base)
+    moved = onchip_moves(CFG, fuse_parts(CFG, [norm, add])[0])[0]
+    (q,) = quiet_stores(moved)
+    ins = _program(moved)
+    st = ins[q]
+    assert isinstance(st, Store) and st.spad == Spad.VOUT and ins[q + 1].spad == MOVE_SPAD
+    assert st.dram_addr == base["r1"] // beat
+    quiet = quieten(moved, [q])
+    assert _program(quiet)[q] == Sync(engine=Engine.STORE, wait=st.wait, signal=st.signal)
+    dram = _dram(np.random.default_rng(1), base, 1, length)
+    runs = [make_backend("model", CFG).run(w, dram.copy()) for w in (moved, quiet)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    r1 = slice(base["r1"], base["r1"] + row)
+    assert not np.array_equal(runs[0].dram[r1], dram[r1])  # the norm wrote r1 ...
+    assert np.array_equal(runs[1].dram[r1], dram[r1])      # ... and, quiet, does not
+    rest = np.ones(dram.size, bool)
+    rest[r1] = False
+    assert np.array_equal(runs[0].dram[rest], runs[1].dram[rest])
+    assert runs[1].counters["dram_write_beats"] == (runs[0].counters["dram_write_beats"]
+                                                    - st.rows * st.row_beats)
+    lo = base["r1"] // beat
+    assert quiet_stores(moved, live=[(lo, lo + 1)]) == []
+    assert quiet_stores(moved, keep=[q]) == []
+    later = _part(VecFunc.ADD, 1, length, "r1", "r2", "r0", base)   # reads r1 again
+    assert all(_program(w)[i].dram_addr != lo
+               for w in [onchip_moves(CFG, fuse_parts(CFG, [norm, add, later])[0])[0]]
+               for i in quiet_stores(w))
+    earlier = _part(VecFunc.ADD, 1, length, "r1", "r3", "r2", base)  # reads r1 first
+    w = onchip_moves(CFG, fuse_parts(CFG, [earlier, norm, add])[0])[0]
+    assert all(_program(w)[i].dram_addr != lo for i in quiet_stores(w))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_vector_chains_without_their_quiet_stores_write_the_same_rows(seed):
+    """Random chains of RMSNorm and ADD parts with moves (as above), their quiet STOREs as
+    SYNCs: on the fast model every DRAM byte no quiet STORE addresses is what the chain with
+    every STORE leaves (a LOAD that read a quiet STORE's rows would read other values), in
+    as many fewer written beats as the quiet STOREs write."""
+    rng = np.random.default_rng(seed)
+    length = int(rng.integers(8, 64))
+    row = _row_bytes(length)
+    rows_max = 12
+    bufs = [f"r{i}" for i in range(5)]
+    base = {name: i * rows_max * row for i, name in enumerate(bufs)}
+    base["w"] = len(bufs) * rows_max * row
+    parts = []
+    for _ in range(int(rng.integers(2, 7))):
+        x, b, y = (str(v) for v in rng.permutation(bufs)[:3])
+        func = VecFunc.ADD if rng.integers(2) else VecFunc.RMSNORM
+        parts.append(_part(func, int(rng.integers(1, rows_max + 1)), length, x, y, b, base))
+    moved = onchip_moves(CFG, fuse_words(CFG, parts))[0]
+    rows = quiet_stores(moved)
+    ins = _program(moved)
+    dram = _dram(rng, base, rows_max, length)
+    runs = [make_backend("model", CFG).run(w, dram.copy()) for w in (moved, quieten(moved, rows))]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    rest = np.ones(dram.size, bool)
+    for i in rows:
+        for b in _beats(ins[i]):
+            rest[b * CFG.beat_bytes:(b + 1) * CFG.beat_bytes] = False
+    assert np.array_equal(runs[0].dram[rest], runs[1].dram[rest])
+    assert runs[0].counters["dram_write_beats"] - runs[1].counters["dram_write_beats"] == sum(
+        ins[i].rows * ins[i].row_beats for i in rows)
+
+
+def test_random_chains_have_quiet_stores():
+    """The random chains above do exercise quiet STOREs (some seed has one)."""
+    found = 0
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        length = int(rng.integers(8, 64))
+        row = _row_bytes(length)
+        bufs = [f"r{i}" for i in range(5)]
+        base = {name: i * 12 * row for i, name in enumerate(bufs)} | {"w": 60 * row}
+        parts = []
+        for _ in range(int(rng.integers(2, 7))):
+            x, b, y = (str(v) for v in rng.permutation(bufs)[:3])
+            func = VecFunc.ADD if rng.integers(2) else VecFunc.RMSNORM
+            parts.append(_part(func, int(rng.integers(1, 13)), length, x, y, b, base))
+        found += len(quiet_stores(onchip_moves(CFG, fuse_words(CFG, parts))[0]))
+    assert found
+
+
+def test_a_decode_step_without_its_quiet_stores_keeps_logits_and_every_node(monkeypatch):
+    """A tiny model's decode step (one program), compiled with and without its quiet STOREs
+    (rows only a move carries on: the norms', the SiLU-gate's): the same logits bit for bit
+    at every step, fewer DRAM beats written (as many as the quiet STOREs write) and fewer
+    cycles; with ``read_back_all`` (the STOREs put back) every node's value the host reads
+    equals the one without (and they are not all zeros)."""
+    from sw.runtime import Runtime
+    from sw.runtime import runtime as runtime_module
+
+    lm = tiny_lm()
+    ws = compressed(lm)
+    opts = CompileOptions(4, 8)
+    exes = [compile_model(lm, VSMALL, opts, weights=ws)]
+    monkeypatch.setattr(compiler, "quiet_stores", lambda *a, **k: [])
+    exes.append(compile_model(lm, VSMALL, opts, weights=ws))
+    (joined,) = [p for p in exes[0].programs if p.quiet_rows]
+    assert not any(p.quiet_rows for p in exes[1].programs)
+    quiet = [_program(np.array([[lo, hi]], np.uint64))[0] for _, lo, hi in joined.quiet_rows]
+    names = {exes[0].symbols[n].addr // VSMALL.beat_bytes: n for n in exes[0].symbols
+             if exes[0].symbols[n].kind == "arena"}
+    quieted = {names.get(q.dram_addr, "?") for q in quiet}
+    assert any(n.endswith("input_layernorm") for n in quieted), quieted
+    assert any(n.endswith("mlp.act") for n in quieted), quieted
+    seen: dict = {}
+    run_node = runtime_module.run_node
+
+    def spy(node, vals, *args, **kw):  # every node's values as the host reads them back
+        out = run_node(node, vals, *args, **kw)
+        seen.update({o: vals[o] for o in node.outputs})
+        return out
+    monkeypatch.setattr(runtime_module, "run_node", spy)
+    prompt = torch.arange(4).reshape(1, 4) % 64
+    runs = []
+    for exe in exes:
+        rt = Runtime(exe, make_backend("model", VSMALL), vector=True)
+        full = Runtime(exe, make_backend("model", VSMALL), vector=True, read_back_all=True)
+        steps = [rt.step(prompt)]
+        full.step(prompt)
+        for tok in (5, 9, 17):
+            steps.append(rt.step(torch.tensor([[tok]])))
+            seen.clear()
+            full.step(torch.tensor([[tok]]))
+            steps.append(dict(seen))
+        runs.append(steps)
+    beats = len(quiet) and sum(q.rows * q.row_beats for q in quiet)
+    for got, want in zip(runs[0], runs[1], strict=True):
+        if isinstance(got, dict):  # read_back_all: every node's values
+            assert got.keys() == want.keys() and len(got) > 50
+            assert all(torch.equal(got[k], want[k]) for k in got
+                       if isinstance(want[k], torch.Tensor))
+            assert any(got[k].abs().max() > 0 for k in got if k.endswith("mlp.act"))
+            continue
+        (logits, stats), (plain, plain_stats) = got, want
+        assert torch.equal(logits, plain)
+        if stats.phase == "decode":
+            written = [sum(r.counters["dram_write_beats"] for r in s.programs)
+                       for s in (stats, plain_stats)]
+            assert written[1] - written[0] == beats > 0
+            assert stats.cycles < plain_stats.cycles
