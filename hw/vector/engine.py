@@ -1045,8 +1045,8 @@ class VectorEngine(wiring.Component):
 
         # ---- write
         add_last_a, add_last = _delay_ahead(m, last & is_[VecFunc.ADD], lat["add"], "add_last")
-        code_last = _delay(m, (last & rq_kv & (phase == 1)) | (wf_last & wf_p2),
-                           lat["requant"], "code_last")
+        code_last_a, code_last = _delay_ahead(
+            m, (last & rq_kv & (phase == 1)) | (wf_last & wf_p2), lat["requant"], "code_last")
         # ARGMAX: the index now, the maximum next cycle
         second = Signal()
         arg_top = Signal(signed(ACT_BITS), reset_less=True)
@@ -1076,8 +1076,8 @@ class VectorEngine(wiring.Component):
                          byte.eq(Mux(word_full, 0, byte + (n if n < nbytes else 0)))]
         with m.If(~active):
             m.d.sync += [packed.eq(0), byte.eq(0)]
-        # KV4: nibbles packed eight to a word; then a key row's code words (read a cycle
-        # ahead), then amax
+        # KV4: nibbles packed eight to a word; then a key row's code words (read two cycles
+        # ahead and registered out of their block RAM), then amax
         nib_last = code_last
         n_pk = Signal(8 * nbytes, reset_less=True)
         n_lane = Signal(range(KV4_NIBBLES_PER_WORD), reset_less=True)
@@ -1095,9 +1095,23 @@ class VectorEngine(wiring.Component):
             m.d.sync += k_tail.eq(kv_codes)
         with m.If(k_tail):
             m.d.sync += [k_t.eq(k_t + 1), k_tail.eq(~t_last)]
+        # The code words' read address is a register: word 0 read two cycles before the
+        # tail's first write (the cycle before the last nibble word's: code_last a cycle
+        # ahead, which for KV4 implies Requant's valid as code_last does), then one word a
+        # cycle; the word read is registered (`kv_cq`), so the block RAM's clock-to-output
+        # and the VOUT write multiplexer lie in different cycles. (The last code word was
+        # written Requant's latency and more before: pass 2 starts after the last group's
+        # reciprocal.)
+        k_go = n_full & nib_last & kv_codes           # k_tail's first cycle next
+        k_go_a = code_last_a & kv & kv_codes          # k_go next cycle
+        c_ra = Signal.like(c_rd.addr, name="kv_c_ra", reset_less=True)
+        c_q = Signal.like(c_rd.data, name="kv_cq", reset_less=True)
+        with m.If(k_go_a | k_go | k_tail):
+            m.d.sync += c_ra.eq(c_ra + 1)
         with m.If(~active):
-            m.d.sync += [n_pk.eq(0), n_lane.eq(0), k_tail.eq(0), k_t.eq(0)]
-        m.d.comb += c_rd.addr.eq(Mux(k_tail, k_t + 1, k_t))
+            m.d.sync += [n_pk.eq(0), n_lane.eq(0), k_tail.eq(0), k_t.eq(0), c_ra.eq(0)]
+        m.d.comb += c_rd.addr.eq(c_ra)
+        m.d.sync += c_q.eq(c_rd.data)
 
         def ys(name):
             """Unit ``name``'s result: lane 0's alone (one lane), else every lane's."""
@@ -1130,10 +1144,10 @@ class VectorEngine(wiring.Component):
             (n_full, n_word, 0),
             (k_amax, amax, 1),
         ]
-        # A key row's code words come from a block RAM's read port, whose clock-to-output is
-        # half a cycle: they take the last multiplexer before VOUT, not the first (no other
-        # source writes while k_tail is set: KV4 writes nothing else then).
-        sources.insert(0, (k_tail, c_rd.data, 0))
+        # A key row's code words (registered out of their block RAM, which lies apart from
+        # the engine) take the last multiplexer before VOUT, not the first (no other source
+        # writes while k_tail is set: KV4 writes nothing else then).
+        sources.insert(0, (k_tail, c_q, 0))
         if n == 1:
             data = 0
             for en, value, _ in reversed(sources):
