@@ -80,7 +80,7 @@ KV4        REQUANT's pass 1, ``AbsMax`` and ``Recip(amax >> s)``; a key row's (`
            another; pass 2 from the cycle after the last reciprocal (a value row: after ``r``)
            ``Requant`` with 4-bit codes (factor 7 with ``r, sh``; a key row's 7 * 255 with its
            element's group's ``r2, sh2``, read beside the element); nibbles packed eight to a
-           word, then the code words (read a cycle ahead), then ``amax``
+           word, then the code words (read two cycles ahead, registered), then ``amax``
 =========  =================================================================================
 
 (:func:`hw.numerics.vec_add`, :func:`~hw.numerics.vec_argmax`,
