@@ -72,6 +72,7 @@ from hw.vector.engine import VectorEngine, command_lanes
 
 __all__ = ["Accelerator", "host_ports", "HOST_STATUS"]
 
+
 def _derive(cfg: AcceleratorConfig, engine: Engine):
     """What ``engine``'s sequencer computes from an entry's body at its pop (its ``derive``,
     :class:`hw.engine.EngineSequencer`), or None: a vector engine of several lanes takes
