@@ -18,7 +18,9 @@ and the engine is IDLE again in ``e + 1 = free``.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal
+from collections.abc import Callable
+
+from amaranth import Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -39,6 +41,9 @@ class EngineSequencer(wiring.Component):
     num_events:
         Number of event counters; events travel to the event unit as one-hot masks of this
         width, decoded when the entry is popped (so the grant logic starts from flip-flops).
+    derive:
+        Optional: a function of a body (an Amaranth view of ``body``) whose value is registered
+        at each pop and given beside the body (``derived``); None (the default) adds nothing.
 
     Members
     -------
@@ -52,6 +57,11 @@ class EngineSequencer(wiring.Component):
         The body, valid in the grant cycle of a non-SYNC instruction. The executor must be
         ready then (it is idle: the previous instruction has ended). ``payload`` holds the body
         from the cycle after the pop, so an executor may copy it while idle.
+    derived: Out(width of ``derive``'s value), only with ``derive``
+        ``derive(body)`` of the entry popped, registered beside the body at the pop (so, as
+        ``payload``, held from the cycle after it): what the executor would compute from the
+        body in the transfer cycle, computed here from the queue's entry instead, so that
+        only a register's wire lies between the sequencer and the executor's registers.
     done: In(1)
         The executor's end-of-execution pulse.
     idle, waiting, executing: Out(1)
@@ -60,11 +70,16 @@ class EngineSequencer(wiring.Component):
         The last execution cycle ``e`` (every instruction's, with or without a signal).
     """
 
-    def __init__(self, body: data.Layout, num_events: int):
+    def __init__(self, body: data.Layout, num_events: int,
+                 derive: Callable[[data.View], Value] | None = None):
         if not isinstance(num_events, int) or not 1 <= num_events < NO_EVENT:
             raise ValueError(f"num_events must be in [1, {NO_EVENT - 1}], got {num_events!r}")
         self._body = body
         self._num_events = num_events
+        self._derive = derive
+        extra = {}
+        if derive is not None:
+            extra["derived"] = Out(Value.cast(derive(Signal(body))).shape())
         super().__init__({
             "queue": In(stream.Signature(entry_layout(body))),
             "wait": Out(stream.Signature(num_events)),
@@ -75,6 +90,7 @@ class EngineSequencer(wiring.Component):
             "waiting": Out(1),
             "executing": Out(1),
             "ending": Out(1),
+            **extra,
         })
 
     def elaborate(self, platform):
@@ -103,6 +119,8 @@ class EngineSequencer(wiring.Component):
                         wait_mask.eq(Cat(e.wait == v for v in range(n))),
                         signal_mask.eq(Cat(e.signal == v for v in range(n))),
                     ]
+                    if self._derive is not None:
+                        m.d.sync += self.derived.eq(self._derive(e.body))
                     m.next = "WAIT"
             with m.State("WAIT"):
                 m.d.comb += self.wait.valid.eq(has_wait)

@@ -68,9 +68,19 @@ from hw.isa import INSTR_BITS, Engine, ErrorCode, GemmBody, RunRegs
 from hw.queues import InstrQueue, entry_layout
 from hw.spad import Scratchpad
 from hw.timing import START_LATENCY, STOP_DELAY
-from hw.vector.engine import VectorEngine
+from hw.vector.engine import VectorEngine, command_lanes
 
 __all__ = ["Accelerator", "host_ports", "HOST_STATUS"]
+
+
+def _derive(cfg: AcceleratorConfig, engine: Engine):
+    """What ``engine``'s sequencer computes from an entry's body at its pop (its ``derive``,
+    :class:`hw.engine.EngineSequencer`), or None: a vector engine of several lanes takes
+    :func:`hw.vector.engine.command_lanes` of its command from the sequencer's register."""
+    if engine != Engine.VECTOR or cfg.vector_lanes < 2:
+        return None
+    return lambda body: Cat(*command_lanes(cfg, body.func.as_value(), body.imm))
+
 
 #: The host-side outputs that report a run (:func:`host_ports`), in port order.
 HOST_STATUS = ("busy", "done", "error", "error_pc", "cycles", "counters")
@@ -210,7 +220,8 @@ class Accelerator(wiring.Component):
             queues[e.engine] = block(f"{e.name}_queue",
                                      InstrQueue(entry_layout(e.body_layout), cfg.queue_depth))
             seqs[e.engine] = block(f"{e.name}_seq",
-                                   EngineSequencer(e.body_layout, cfg.num_events))
+                                   EngineSequencer(e.body_layout, cfg.num_events,
+                                                   derive=_derive(cfg, e.engine)))
         # The event unit's ports are the engines' values (the optional engines come last).
         if [e.engine.value for e in engines] != list(range(len(engines))):
             raise ValueError(f"the engines {[e.name for e in engines]} are not the first "
@@ -260,6 +271,8 @@ class Accelerator(wiring.Component):
                 m.d.comb += ex.end_in.eq(seq.ending)
                 connect(m, ex.signal, events.signal[eng.value])
             connect(m, seq.cmd, ex.cmd)
+            if _derive(cfg, eng) is not None:
+                m.d.comb += ex.cmd_lanes.eq(seq.derived)
             m.d.comb += seq.done.eq(ex.done)
         # Engines that complete late have instructions in flight after they end.
         in_flight = Cat(executors[e.engine].in_flight for e in engines

@@ -80,7 +80,7 @@ KV4        REQUANT's pass 1, ``AbsMax`` and ``Recip(amax >> s)``; a key row's (`
            another; pass 2 from the cycle after the last reciprocal (a value row: after ``r``)
            ``Requant`` with 4-bit codes (factor 7 with ``r, sh``; a key row's 7 * 255 with its
            element's group's ``r2, sh2``, read beside the element); nibbles packed eight to a
-           word, then the code words (read a cycle ahead), then ``amax``
+           word, then the code words (read two cycles ahead, registered), then ``amax``
 =========  =================================================================================
 
 (:func:`hw.numerics.vec_add`, :func:`~hw.numerics.vec_argmax`,
@@ -128,6 +128,9 @@ engine takes the next command from the cycle after. Elements are int32 (VIN and 
 
 from __future__ import annotations
 
+import functools
+import operator
+
 from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -171,7 +174,7 @@ from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
 from hw.vector.tables import TABLE_RESULT_BITS, Exp, Recip, Rsqrt
 
-__all__ = ["VectorEngine"]
+__all__ = ["VectorEngine", "command_lanes"]
 
 #: Longest row a VEC names (its ``length`` field).
 _MAX_LENGTH = 1 << VecBody["length"].width
@@ -193,6 +196,32 @@ def _word_port(elements: int, direction: str, lanes: int = 1):
 #: The laned sub-ops whose results are packed codes (four to a VOUT word) and an amax word,
 #: not a result an element.
 _CODE_FUNCS = (VecFunc.REQUANT, VecFunc.FOLD)
+
+
+def _is_one_of(func, funcs):
+    """``func`` is one of ``funcs`` (ints or Amaranth values)."""
+    return functools.reduce(operator.or_, (func == f.value for f in funcs), func != func)
+
+
+def command_lanes(cfg: AcceleratorConfig, func, imm):
+    """``(laned, writes_n)`` of a VEC of ``func`` and ``imm`` on ``cfg``'s engine of ``n =
+    vector_lanes > 1`` lanes: ``laned`` it reads ``n`` elements a cycle
+    (:func:`hw.isa.vec_lanes`: a sub-op of :func:`hw.isa.laned_vec_funcs`, or an INSERT of
+    :func:`hw.isa.insert_laned` or a ROPE of :func:`hw.isa.rope_laned`); ``writes_n`` its
+    writes step by ``n`` words (a laned sub-op but REQUANT's and FOLD's packed codes, or a
+    laned INSERT; ROPE's writes step by its pairs, whatever ``writes_n``). Ints or Amaranth
+    values; the engine takes them as ``cmd_lanes``, which the vector sequencer registers at
+    the pop (:class:`hw.engine.EngineSequencer`'s ``derive``): the compares and carry chains
+    of ``imm``'s fields lie before the sequencer's register, not between it and the
+    engine's across the die."""
+    n = cfg.vector_lanes
+    if n < 2:
+        raise ValueError(f"command_lanes is for an engine of lanes > 1, got {n}")
+    ins = insert_laned(func, imm, n)
+    funcs = laned_vec_funcs(cfg)
+    laned = _is_one_of(func, funcs) | ins | rope_laned(func, imm, n)
+    writes_n = _is_one_of(func, [f for f in funcs if f not in _CODE_FUNCS]) | ins
+    return laned, writes_n
 
 #: The element units of the laned sub-ops (:data:`hw.isa.LANED_VEC_FUNCS`), by name: lane 0's
 #: is the engine's unit of that name (the other sub-ops use some of them too), and every lane
@@ -266,6 +295,9 @@ class VectorEngine(wiring.Component):
     cmd: In(stream.Signature(VecBody))
         VEC bodies (already checked by fetch); ``ready`` while no instruction is in progress.
         Transfer cycle ``g``.
+    cmd_lanes: In(2), only with ``n > 1``
+        :func:`command_lanes` of the command (``laned`` bit 0, ``writes_n`` bit 1), valid with
+        ``cmd.payload`` (the vector sequencer's ``derived``).
     done: Out(1)
         Pulse in ``g + hw.timing.vec_cycles(ins, cfg)``, with the last VOUT write.
     elements: Out(16)
@@ -345,6 +377,7 @@ class VectorEngine(wiring.Component):
             "vin_a": _word_port(vin, "read", n),
             "vin_b": _word_port(vin, "read", n),
             "vout_wr": _word_port(vout, "write", n),
+            **({"cmd_lanes": In(2)} if n > 1 else {}),
         })
 
     def elaborate(self, platform):
@@ -401,11 +434,9 @@ class VectorEngine(wiring.Component):
         reads_m1 = Signal(VecBody["length"].width, reset_less=True)  # a pass's reads - 1
         tail = Signal(n, reset_less=True)   # the lanes of a laned row's last group
         m.d.comb += self.cmd.ready.eq(~active)
-        # the command's: laned (n > 1), and its pointers' step
-        wide_now = 0 if n == 1 else (
-            Cat(body.func == f for f in laned_vec_funcs(self._cfg)).any()
-            | insert_laned(body.func.as_value(), body.imm, n)
-            | rope_laned(body.func.as_value(), body.imm, n))
+        # the command's: laned (n > 1), from the sequencer's register (command_lanes), and
+        # its pointers' step
+        wide_now = 0 if n == 1 else self.cmd_lanes[0]
         inc_now = 1 if n == 1 else Mux(wide_now, n, 1)
         with m.If(~active):
             # The payload is stable from the cycle after the pop (hw.engine): copied while idle.
@@ -969,9 +1000,7 @@ class VectorEngine(wiring.Component):
             # (n lanes: a laned sub-op's writes step by their words, n or a cycle's codes'; a
             # sub-op streaming one element a cycle writes one)
             one = 1 if n == 1 else Mux(
-                Cat(body.func == f for f in laned_vec_funcs(self._cfg)
-                    if f not in _CODE_FUNCS).any()
-                | insert_laned(body.func.as_value(), body.imm, n), n,
+                self.cmd_lanes[1], n,
                 Mux(Cat(body.func == f for f in _CODE_FUNCS).any(),
                     max(1, n // VECTOR_WORD_BYTES), 1))
             m.d.sync += [r_up.eq(0), r_k.eq(0),
@@ -1045,8 +1074,8 @@ class VectorEngine(wiring.Component):
 
         # ---- write
         add_last_a, add_last = _delay_ahead(m, last & is_[VecFunc.ADD], lat["add"], "add_last")
-        code_last = _delay(m, (last & rq_kv & (phase == 1)) | (wf_last & wf_p2),
-                           lat["requant"], "code_last")
+        code_last_a, code_last = _delay_ahead(
+            m, (last & rq_kv & (phase == 1)) | (wf_last & wf_p2), lat["requant"], "code_last")
         # ARGMAX: the index now, the maximum next cycle
         second = Signal()
         arg_top = Signal(signed(ACT_BITS), reset_less=True)
@@ -1076,8 +1105,8 @@ class VectorEngine(wiring.Component):
                          byte.eq(Mux(word_full, 0, byte + (n if n < nbytes else 0)))]
         with m.If(~active):
             m.d.sync += [packed.eq(0), byte.eq(0)]
-        # KV4: nibbles packed eight to a word; then a key row's code words (read a cycle
-        # ahead), then amax
+        # KV4: nibbles packed eight to a word; then a key row's code words (read two cycles
+        # ahead and registered out of their block RAM), then amax
         nib_last = code_last
         n_pk = Signal(8 * nbytes, reset_less=True)
         n_lane = Signal(range(KV4_NIBBLES_PER_WORD), reset_less=True)
@@ -1095,9 +1124,23 @@ class VectorEngine(wiring.Component):
             m.d.sync += k_tail.eq(kv_codes)
         with m.If(k_tail):
             m.d.sync += [k_t.eq(k_t + 1), k_tail.eq(~t_last)]
+        # The code words' read address is a register: word 0 read two cycles before the
+        # tail's first write (the cycle before the last nibble word's: code_last a cycle
+        # ahead, which for KV4 implies Requant's valid as code_last does), then one word a
+        # cycle; the word read is registered (`kv_cq`), so the block RAM's clock-to-output
+        # and the VOUT write multiplexer lie in different cycles. (The last code word was
+        # written Requant's latency and more before: pass 2 starts after the last group's
+        # reciprocal.)
+        k_go = n_full & nib_last & kv_codes           # k_tail's first cycle next
+        k_go_a = code_last_a & kv & kv_codes          # k_go next cycle
+        c_ra = Signal.like(c_rd.addr, name="kv_c_ra", reset_less=True)
+        c_q = Signal.like(c_rd.data, name="kv_cq", reset_less=True)
+        with m.If(k_go_a | k_go | k_tail):
+            m.d.sync += c_ra.eq(c_ra + 1)
         with m.If(~active):
-            m.d.sync += [n_pk.eq(0), n_lane.eq(0), k_tail.eq(0), k_t.eq(0)]
-        m.d.comb += c_rd.addr.eq(Mux(k_tail, k_t + 1, k_t))
+            m.d.sync += [n_pk.eq(0), n_lane.eq(0), k_tail.eq(0), k_t.eq(0), c_ra.eq(0)]
+        m.d.comb += c_rd.addr.eq(c_ra)
+        m.d.sync += c_q.eq(c_rd.data)
 
         def ys(name):
             """Unit ``name``'s result: lane 0's alone (one lane), else every lane's."""
@@ -1130,10 +1173,10 @@ class VectorEngine(wiring.Component):
             (n_full, n_word, 0),
             (k_amax, amax, 1),
         ]
-        # A key row's code words come from a block RAM's read port, whose clock-to-output is
-        # half a cycle: they take the last multiplexer before VOUT, not the first (no other
-        # source writes while k_tail is set: KV4 writes nothing else then).
-        sources.insert(0, (k_tail, c_rd.data, 0))
+        # A key row's code words (registered out of their block RAM, which lies apart from
+        # the engine) take the last multiplexer before VOUT, not the first (no other source
+        # writes while k_tail is set: KV4 writes nothing else then).
+        sources.insert(0, (k_tail, c_q, 0))
         if n == 1:
             data = 0
             for en, value, _ in reversed(sources):

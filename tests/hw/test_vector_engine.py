@@ -73,7 +73,7 @@ from hw.numerics import (
     vec_rope,
 )
 from hw.spad import Scratchpad
-from hw.vector.engine import VectorEngine
+from hw.vector.engine import VectorEngine, command_lanes
 from sim.functional import MachineState, exec_vec
 from sim.random_programs import random_channel_word, random_insert_imm, random_kv4_imm
 
@@ -109,8 +109,12 @@ async def _read_vout(ctx, dut, beat: int) -> bytes:
 async def _issue(ctx, dut, v) -> None:
     """Offer VEC ``v`` to the engine (which must be ready) for one cycle: its grant cycle."""
     assert ctx.get(dut.vec.cmd.ready)
-    for name, value in v._body_fields().items():
+    fields = v._body_fields()
+    for name, value in fields.items():
         ctx.set(getattr(dut.vec.cmd.payload, name), value)
+    if hasattr(dut.vec, "cmd_lanes"):   # what the vector sequencer registers beside the body
+        laned, writes_n = command_lanes(dut.vec._cfg, int(fields["func"]), fields["imm"])
+        ctx.set(dut.vec.cmd_lanes, int(laned) | int(writes_n) << 1)
     ctx.set(dut.vec.cmd.valid, 1)
     await ctx.tick()
     ctx.set(dut.vec.cmd.valid, 0)

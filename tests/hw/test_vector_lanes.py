@@ -34,7 +34,7 @@ from hw.isa import (
     vec_reads_b,
     vec_unaligned,
 )
-from hw.vector.engine import VectorEngine
+from hw.vector.engine import VectorEngine, command_lanes
 from sim.model import FastModel
 from sim.random_programs import EQUIVALENCE_CONFIGS, random_program
 
@@ -208,6 +208,46 @@ def test_a_rope_is_laned_where_its_half_head_is_whole_groups(head_dim, limit):
                         (0, 0, 1)):
             assert bool(vec_unaligned(VecFunc.ROPE.value, a, b, d, lanes)) == (
                 lanes > 1 and 1 in (a, b, d)), (lanes, a, b, d)
+
+
+@pytest.mark.parametrize(("lanes", "silu"), [(2, False), (4, False), (4, True)])
+def test_command_lanes_is_the_lane_table(lanes, silu):
+    """:func:`hw.vector.engine.command_lanes` (what the vector sequencer registers beside
+    the command): ``laned`` is ``vec_lanes > 1`` and ``writes_n`` that but for REQUANT's and
+    FOLD's packed codes and ROPE's pairs, for every sub-op over INSERT and ROPE geometries
+    and random imms, on ints and in the RTL (its Amaranth expression, simulated)."""
+    from amaranth import Module, Signal
+    from amaranth.sim import Simulator
+
+    cfg = _cfg(lanes).replace(vector_laned_silu=silu)
+    rng = np.random.default_rng(lanes + silu)
+    imms = ([insert_imm(*g) for g, _ in INSERT_SPANS]
+            + [rope_imm(d, 3) for d in (0, 2, 4, 6, 64, 96, 128)]
+            + [int(v) for v in rng.integers(0, 2**40, 12, dtype=np.int64)])
+    cases = [(f, imm) for f in VecFunc for imm in imms]
+    want = []
+    for f, imm in cases:
+        wide = int(vec_lanes(f.value, lanes, imm, silu)) > 1
+        want.append((wide, wide and f not in (VecFunc.REQUANT, VecFunc.FOLD, VecFunc.ROPE)))
+        got = command_lanes(cfg, f.value, imm)
+        assert (bool(got[0]), bool(got[1])) == want[-1], (f, hex(imm))
+    assert any(w for w, _ in want) and not all(w for w, _ in want)
+    func, imm_s = Signal(VecFunc), Signal(40)
+    laned, writes_n = command_lanes(cfg, func.as_value(), imm_s)
+    seen = []
+
+    async def bench(ctx):
+        for f, imm in cases:
+            ctx.set(func, f)
+            ctx.set(imm_s, imm)
+            seen.append((bool(ctx.get(laned)), bool(ctx.get(writes_n))))
+
+    sim = Simulator(Module())
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen == want
+    with pytest.raises(ValueError, match="lanes > 1, got 1"):
+        command_lanes(VCFG, 0, 0)
 
 
 # ---------------------------------------------------------------------- timing
