@@ -344,7 +344,7 @@ class _Dma(_Base):
     """The body shared by :class:`Load` and :class:`Store`: ``rows`` rows of ``row_beats``
     beats, DRAM rows ``dram_stride`` apart, scratchpad rows contiguous from ``spad_addr``."""
 
-    spad: Spad = Spad.ACT
+    spad: Spad | SpadMove = Spad.ACT   # SpadMove: a move (STORE only; hw.isa.MOVE_SOURCES)
     dram_addr: int = 0
     spad_addr: int = 0
     rows: int = 1
@@ -377,7 +377,8 @@ class Load(_Dma):
 
 @dataclass(frozen=True, kw_only=True)
 class Store(_Dma):
-    """Scratchpad (OUT) -> DRAM, the mirror image of :class:`Load`."""
+    """Scratchpad (OUT) -> DRAM, the mirror image of :class:`Load`; a move into VIN where
+    ``spad`` is a key of :data:`MOVE_SOURCES`."""
 
     spad: Spad = Spad.OUT
     opcode: ClassVar[Opcode] = Opcode.STORE
@@ -1248,6 +1249,11 @@ def _kind(f: dict) -> str:
     return Opcode(f["opcode"]).name
 
 
+def _spad_name(value: int) -> str:
+    v = int(value)
+    return (OUT_MOVE_SPAD if v == OUT_MOVE_SPAD.value else Spad(v)).name
+
+
 def _source_name(f: dict) -> str:
     return Spad(int(dma_source(f["opcode"], f["dma.spad"]))).name
 
@@ -1298,12 +1304,12 @@ _DMA_RULES = (
           lambda f, lim: (f["opcode"] == Opcode.STORE.value) & ~_one_of(f["dma.spad"],
                                                                          STORE_SPADS),
           lambda f, cfg: f"STORE reads the {[s.name for s in STORE_SPADS]} scratchpads only, "
-                         f"got spad={Spad(f['dma.spad']).name}"),
+                         f"got spad={_spad_name(f['dma.spad'])}"),
     _Rule(_BAD_ADDRESS, _DMA,
           lambda f, lim: (f["opcode"] == Opcode.LOAD.value) & ~_one_of(f["dma.spad"],
                                                                         LOAD_SPADS),
           lambda f, cfg: f"LOAD writes the {[s.name for s in LOAD_SPADS]} scratchpads only, "
-                         f"got spad={Spad(f['dma.spad']).name}"),
+                         f"got spad={_spad_name(f['dma.spad'])}"),
     _Rule(_BAD_ADDRESS, _DMA,
           lambda f, lim: (f["dma.rows"] < 1) | (f["dma.row_beats"] < 1),
           lambda f, cfg: f"{_kind(f)} of rows={f['dma.rows']} x "
