@@ -1,4 +1,5 @@
-"""Round trips through DRAM that become on-chip moves (VOUT -> VIN, :data:`hw.isa.MOVE_SPAD`).
+"""Round trips through DRAM that become on-chip moves (VOUT -> VIN, :data:`hw.isa.MOVE_SPAD`;
+OUT -> VIN, :data:`hw.isa.OUT_MOVE_SPAD`: :func:`out_moves`, below).
 
 A fused program's parts meet in DRAM (:mod:`sw.compile.fusion`): a vector part STOREs its
 VOUT rows and the vector part after it LOADs them back into VIN (RMSNorm -> REQUANT, the
@@ -69,6 +70,7 @@ from hw.isa import (
     Spad,
     Store,
     Sync,
+    Vec,
     decode,
     decode_fields,
     dequant_amax_addr,
@@ -356,9 +358,11 @@ def out_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[
     4. the LOADs into VIN that may be in flight when ``M`` starts (not landed then, not
        waiting on ``S``'s signal or later) end at ``X``: ``M`` waits on
        :data:`OUT_MOVE_EVENT`, which a SYNC right after ``X`` signals (VIN has one DMA
-       write port); no word up to ``X`` waits on a later word (a seeded credit), and the
-       ``X`` of the moves, in their order, never goes back (the SYNCs signal in the order
-       the moves wait);
+       write port), placed after that SYNC where ``X`` lies after ``S`` (no STORE-engine
+       word between, nor a word waiting on the signal ``M`` takes over); no word up to
+       ``X`` depends on itself in the table (a deadlocking program), the ``X`` of the
+       moves, in their order, never goes back (the SYNCs signal in the order the moves
+       wait), and no other word uses the event;
     5. the event ``L`` waits on, if any, is signalled by a word complete when ``M`` starts.
 
     ``S`` keeps its DRAM write (the host may read the rows); ``M`` follows it and takes its
@@ -377,6 +381,9 @@ def out_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[
     vin_loads = [j for j, x in enumerate(ins) if _vin_load(x)]
     moves = [j for j, x in enumerate(ins) if isinstance(x, Store) and x.spad in MOVE_SOURCES]
     gemms = [j for j, x in enumerate(ins) if isinstance(x, Gemm)]
+    # OUT_MOVE_EVENT is this pass's alone (else a move may not wait on it)
+    free = cfg.num_events > OUT_MOVE_EVENT and not np.any(
+        (f["wait"] == OUT_MOVE_EVENT) | (f["signal"] == OUT_MOVE_EVENT))
     used: set[int] = set()
     chosen: list[tuple[int, int]] = []   # (S, X) of every move that waits, all groups
     out = []
@@ -407,7 +414,7 @@ def out_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[
                 continue
             waits = sorted(chosen + [(max(s, x), x) for s, x, _ in group if x is not None])
             if any(a[1] > b[1] for a, b in zip(waits, waits[1:], strict=False)) or (
-                    len(waits) > len(chosen) and cfg.num_events <= OUT_MOVE_EVENT):
+                    len(waits) > len(chosen) and not free):
                 continue
             chosen = waits
             used.update(s for s, _, _ in group)
@@ -486,7 +493,8 @@ def _flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c, mv,
                                        for j in range(s + 1, x + 1)):
             return False
         k[load_e] = max(int(k[load_e]), x)
-    if any(eng[v] == vec_e and any(_span_overlap(mine, r) for r in _vin_reads(cfg, ins[v]))
+    if any(isinstance(ins[v], Vec) and any(_span_overlap(mine, r)
+                                           for r in _vin_reads(cfg, ins[v]))
            for v in range(int(k[vec_e]) + 1, c)):
         return False
     if ins[t].wait is not None:
