@@ -36,7 +36,7 @@ import numpy as np
 from bench.common import RESULTS, command, parser, positive_int, stamp, write_json
 from hw.board.ecpix5 import ECPIX5
 from hw.config import AcceleratorConfig, ConfigError, named_or_file
-from hw.isa import MOVE_SPAD, Engine, Load, Store, Sync, relative_words
+from hw.isa import MOVE_SOURCES, Engine, Load, Store, Sync, relative_words
 from sim.model import Schedule, program_words, schedule
 from sim.result import RunResult
 from sw.compile.fusion import BESIDE_EVENTS, VECTOR_EVENTS
@@ -154,7 +154,7 @@ def beat_breakdown(sched: Schedule, words: np.ndarray, labels: np.ndarray,
     out: Counter = Counter()
     for _, ins in _rows(sched, words):
         if not isinstance(ins, (Load, Store)) or (isinstance(ins, Store)
-                                                  and ins.spad == MOVE_SPAD):
+                                                  and ins.spad in MOVE_SOURCES):
             continue
         out[(type(ins).__name__.upper(), ins.spad.name,
              _klass(ins.dram_addr, labels, names, regions))] += ins.rows * ins.row_beats

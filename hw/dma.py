@@ -20,9 +20,9 @@ LOAD
 STORE
     one scratchpad read per cycle in ``g + 1 .. g + B``; each beat is written to DRAM in the
     next cycle (posted writes): the last write, and ``done``, are in ``g + B + STORE_OVERHEAD``
-    with ``STORE_OVERHEAD = 1``. A move (:func:`hw.isa.is_move`) is a STORE of VOUT whose
-    beats go to VIN's DMA write port instead, at the addresses a STORE writes DRAM at, in the
-    same cycles; the DRAM write channel stays idle.
+    with ``STORE_OVERHEAD = 1``. A move (:func:`hw.isa.is_move`) is a STORE of VOUT or OUT
+    (:data:`hw.isa.MOVE_SOURCES`) whose beats go to VIN's DMA write port instead, at the
+    addresses a STORE writes DRAM at, in the same cycles; the DRAM write channel stays idle.
 
 The DRAM port (:class:`DramSignature`) has a read channel (requests, and responses exactly
 ``cfg.memory.latency`` cycles later, no back-pressure) and a posted write channel, one beat
@@ -39,12 +39,14 @@ from amaranth.utils import ceil_log2
 from hw import timing
 from hw.config import AcceleratorConfig
 from hw.engines import completion_delay
-from hw.isa import MOVE_SPAD, DmaBody, Engine, Spad
+from hw.isa import MOVE_SOURCES, DmaBody, Engine, Opcode, Spad, is_move
 
 __all__ = ["DRAM_ADDR_BITS", "dram_write_layout", "DramSignature", "LoadEngine", "StoreEngine"]
 
 #: DRAM beat address width, as in the ISA.
 DRAM_ADDR_BITS = DmaBody["dram_addr"].width
+#: The STORE ``spad`` values that read VOUT: its own, and a move's from VOUT.
+_VOUT_SOURCES = (Spad.VOUT, *(k for k, v in MOVE_SOURCES.items() if v == Spad.VOUT))
 #: Number of beats one DMA instruction can move (rows x row_beats).
 _BEATS_BITS = DmaBody["rows"].width + DmaBody["row_beats"].width
 
@@ -261,7 +263,7 @@ class LoadEngine(wiring.Component):
 
 
 class StoreEngine(wiring.Component):
-    """OUT (and VOUT) scratchpad -> DRAM transfers.
+    """OUT (and VOUT) scratchpad -> DRAM transfers, and moves of either into VIN.
 
     Parameters
     ----------
@@ -328,13 +330,16 @@ class StoreEngine(wiring.Component):
         issue = walk.active
         data = self.out_rd.data
         if self._cfg.has_vector:
-            # The source (OUT, or VOUT for a STORE of VOUT and a move; fetch lets nothing else
-            # through) and whether the beats go to VIN, copied while idle.
+            # The source (OUT, or VOUT for a STORE of VOUT and a move from VOUT: fetch lets
+            # nothing else through, hw.isa.MOVE_SOURCES) and whether the beats go to VIN (a
+            # move from either), copied while idle. A move from OUT reads OUT as a STORE of OUT
+            # does: OUT's read data reaches VIN's write data through the multiplexer a move
+            # from VOUT uses, no new path.
             vout = Signal()
-            spad = self.cmd.payload.spad
+            spad = self.cmd.payload.spad.as_value()
             with m.If(idle):
-                m.d.sync += [vout.eq((spad == Spad.VOUT) | (spad == MOVE_SPAD)),
-                             self.move.eq(spad == MOVE_SPAD)]
+                m.d.sync += [vout.eq(Cat(spad == s.value for s in _VOUT_SOURCES).any()),
+                             self.move.eq(is_move(Opcode.STORE.value, spad))]
             m.d.comb += [self.out_rd.addr.eq(rd_ptr), self.out_rd.en.eq(issue & ~vout),
                          self.vout_rd.addr.eq(rd_ptr), self.vout_rd.en.eq(issue & vout)]
             data = Mux(vout, self.vout_rd.data, self.out_rd.data)

@@ -53,7 +53,7 @@ from hw.isa import (
     IMM_MAX,
     INSTR_BITS,
     LOAD_SPADS,
-    MOVE_SPAD,
+    MOVE_SOURCES,
     NO_EVENT,
     NUM_REGS,
     REG_BITS,
@@ -226,14 +226,17 @@ class FetchUnit(wiring.Component):
         def one_of(spads) -> Value:
             return Cat(spad == s.value for s in spads).any()
 
-        # A move (hw.isa.is_move) reads VOUT and writes VIN where a STORE writes DRAM; without
-        # a vector engine it fails the VIN range as any transfer naming VIN: no logic for it.
+        # A move (hw.isa.is_move) reads VOUT or OUT (hw.isa.MOVE_SOURCES) and writes VIN where
+        # a STORE writes DRAM; without a vector engine a move from VOUT fails the VIN range as
+        # any transfer naming VIN and one from OUT is ILLEGAL_OPCODE: no logic for either.
         far, src = lim.dram_beats + 1, spad
         if self._cfg.has_vector:
             move = is_move(op.as_value(), spad)
-            far, src = Mux(move, lim.move_beats + 1, far), Mux(move, Spad.VOUT, spad)
+            far = Mux(move, lim.move_beats + 1, far)
+            for k, v in MOVE_SOURCES.items():   # (hw.isa.dma_source, as a multiplexer)
+                src = Mux(move & (spad == k.value), v.value, src)
         stores = STORE_SPADS if self._cfg.has_vector else tuple(
-            s for s in STORE_SPADS if s != MOVE_SPAD)   # (a move fails the VIN range there)
+            s for s in STORE_SPADS if s not in MOVE_SOURCES)
         dma_bad = Cat(Mux(is_[Opcode.STORE], ~one_of(stores), ~one_of(LOAD_SPADS)),
                       dma.rows == 0, dma.row_beats == 0)
 

@@ -20,6 +20,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import enum as pyenum
 import functools
 import itertools
 import operator
@@ -39,7 +40,8 @@ from hw.format import StreamGeometry
 __all__ = [
     "INSTR_BITS", "INSTR_BYTES", "NO_EVENT", "MAX_HEADER_WORDS", "Opcode",
     "Spad", "Engine", "EpilogueMode", "ErrorCode", "VecFunc", "LOAD_SPADS", "STORE_SPADS",
-    "MOVE_SPAD", "is_move", "dma_source",
+    "MOVE_SPAD", "SpadMove", "OUT_MOVE_SPAD", "MOVE_SOURCES", "is_move",
+    "dma_source",
     "REG_FIELD_BITS", "NUM_REGS", "REG_BITS", "REG_VEC_FUNCS", "RunRegs", "RegTerm",
     "REG_SOURCES", "reg_value", "reg_table_values", "RegTable", "reg_values", "relative_fields",
     "relative_words",
@@ -89,30 +91,50 @@ class Spad(enum.Enum, shape=3):
     VOUT = 5   # vector engine results (int32 elements), read by the store engine
 
 
+class SpadMove(pyenum.Enum):
+    """DMA ``spad`` values past :class:`Spad`'s that name a move, not a scratchpad (defined
+    only with a vector engine: :func:`legal_words`). A plain Python enum, not a member of
+    :class:`Spad`: the RTL carries that enum's names as attributes of every signal of its
+    shape, so a member there would change configurations without a vector engine (the
+    board's design) too."""
+
+    OUT_VIN = 6   # a STORE naming it moves OUT beats into VIN (:data:`OUT_MOVE_SPAD`)
+
+
 #: The scratchpads a LOAD may write and a STORE may read: every scratchpad has one writer and
 #: one reader (the compute core or the vector engine on one side, a DMA engine on the other).
-#: A DMA instruction naming another one fails with BAD_ADDRESS; an undefined value (6, 7) is
-#: ILLEGAL_OPCODE (:func:`legal_words`). A configuration without a vector engine has empty VIN
-#: and VOUT scratchpads, so a transfer naming them fails its range check (BAD_ADDRESS).
+#: A DMA instruction naming another one fails with BAD_ADDRESS; an undefined value (7, and 6
+#: without a vector engine) is ILLEGAL_OPCODE (:func:`legal_words`). A configuration without a
+#: vector engine has empty VIN and VOUT scratchpads, so a transfer naming them fails its range
+#: check (BAD_ADDRESS).
 LOAD_SPADS = (Spad.ACT, Spad.WGT, Spad.PARAM, Spad.VIN)
 #: A STORE naming :data:`MOVE_SPAD` (VIN) is a *move*: it reads VOUT from ``spad_addr`` as a
 #: STORE of VOUT does and writes the beats into VIN where a STORE writes DRAM (``dram_addr``,
 #: ``dram_stride``: VIN beat addresses), so a vector result reaches the next VEC's operands
 #: without DRAM (docs/architecture.md, "Vector engine").
 MOVE_SPAD = Spad.VIN
-STORE_SPADS = (Spad.OUT, Spad.VOUT, MOVE_SPAD)
+#: A STORE naming :data:`OUT_MOVE_SPAD` is the same move from OUT: a GEMM's epilogue results
+#: (int32 lanes of a WIDE epilogue, the beats a STORE of OUT writes to DRAM) reach VIN, where a
+#: DEQUANT reads them, without DRAM. The value is defined only with a vector engine.
+OUT_MOVE_SPAD = SpadMove.OUT_VIN
+#: Each move's field value and the scratchpad it reads (:func:`is_move`, :func:`dma_source`).
+MOVE_SOURCES = {MOVE_SPAD: Spad.VOUT, OUT_MOVE_SPAD: Spad.OUT}
+STORE_SPADS = (Spad.OUT, Spad.VOUT, *MOVE_SOURCES)
 
 
 def is_move(opcode, spad):
     """Whether a DMA word of ``opcode`` and ``spad`` (values: ints, numpy arrays or Amaranth
-    values) is a move, a STORE of VOUT beats into VIN (:data:`MOVE_SPAD`)."""
-    return (opcode == Opcode.STORE.value) & (spad == MOVE_SPAD.value)
+    values) is a move, a STORE of VOUT or OUT beats into VIN (:data:`MOVE_SOURCES`)."""
+    return (opcode == Opcode.STORE.value) & functools.reduce(
+        operator.or_, (spad == s.value for s in MOVE_SOURCES))
 
 
 def dma_source(opcode, spad):
-    """The scratchpad value whose beats ``spad_addr`` counts in a DMA word: VOUT for a move
-    (:func:`is_move`), ``spad`` otherwise (ints, numpy arrays or Amaranth values)."""
-    return spad + is_move(opcode, spad) * (Spad.VOUT.value - MOVE_SPAD.value)
+    """The scratchpad value whose beats ``spad_addr`` counts in a DMA word: a move's source
+    (:data:`MOVE_SOURCES`), ``spad`` otherwise (ints, numpy arrays or Amaranth values)."""
+    store = opcode == Opcode.STORE.value
+    return spad + sum((store & (spad == k.value)) * (v.value - k.value)
+                      for k, v in MOVE_SOURCES.items())
 
 
 class Engine(enum.Enum, shape=2):
@@ -322,7 +344,7 @@ class _Dma(_Base):
     """The body shared by :class:`Load` and :class:`Store`: ``rows`` rows of ``row_beats``
     beats, DRAM rows ``dram_stride`` apart, scratchpad rows contiguous from ``spad_addr``."""
 
-    spad: Spad = Spad.ACT
+    spad: Spad | SpadMove = Spad.ACT   # SpadMove: a move (STORE only; hw.isa.MOVE_SOURCES)
     dram_addr: int = 0
     spad_addr: int = 0
     rows: int = 1
@@ -338,6 +360,8 @@ class _Dma(_Base):
 
     @classmethod
     def _from_body(cls, f: dict[str, int], ev: dict[str, int | None]) -> _Base:
+        if f["spad"] == OUT_MOVE_SPAD.value:   # (a LOAD naming it: BAD_ADDRESS, as OUT)
+            return cls(**{**f, "spad": OUT_MOVE_SPAD}, **ev)
         if f["spad"] not in Spad._value2member_map_:
             raise ISAError(f"{cls.opcode.name} names spad {f['spad']}, which does not exist")
         return cls(**{**f, "spad": Spad(f["spad"])}, **ev)
@@ -353,7 +377,8 @@ class Load(_Dma):
 
 @dataclass(frozen=True, kw_only=True)
 class Store(_Dma):
-    """Scratchpad (OUT) -> DRAM, the mirror image of :class:`Load`."""
+    """Scratchpad (OUT) -> DRAM, the mirror image of :class:`Load`; a move into VIN where
+    ``spad`` is a key of :data:`MOVE_SOURCES`."""
 
     spad: Spad = Spad.OUT
     opcode: ClassVar[Opcode] = Opcode.STORE
@@ -1065,6 +1090,7 @@ class DispatchLimits:
     spad_beats: np.ndarray   # int64, indexed by Spad value
     dram_beats: int
     move_beats: int          # beats of a move's far side (VIN: is_move)
+    max_spad: int            # the largest defined DMA spad value (OUT_MOVE_SPAD: a vector engine)
     patterns: int
     max_tokens: int
     int8: bool               # 8-bit weights supported
@@ -1097,6 +1123,7 @@ def dispatch_limits(cfg: AcceleratorConfig) -> DispatchLimits:
             spad_beats=np.array(beats + [0] * ((1 << Spad.as_shape().width) - len(beats)),
                                 dtype=np.int64),
             dram_beats=cfg.dram_beats, move_beats=cfg.spad_beats(MOVE_SPAD.name.lower()),
+            max_spad=OUT_MOVE_SPAD.value if cfg.has_vector else max(s.value for s in Spad),
             patterns=len(cfg.pattern_table),
             max_tokens=cfg.max_tokens, int8=8 in cfg.weight_bits,
             wgt_words=word_beats(cfg.wgt_word_bytes, cfg),
@@ -1222,6 +1249,11 @@ def _kind(f: dict) -> str:
     return Opcode(f["opcode"]).name
 
 
+def _spad_name(value: int) -> str:
+    v = int(value)
+    return (OUT_MOVE_SPAD if v == OUT_MOVE_SPAD.value else Spad(v)).name
+
+
 def _source_name(f: dict) -> str:
     return Spad(int(dma_source(f["opcode"], f["dma.spad"]))).name
 
@@ -1272,12 +1304,12 @@ _DMA_RULES = (
           lambda f, lim: (f["opcode"] == Opcode.STORE.value) & ~_one_of(f["dma.spad"],
                                                                          STORE_SPADS),
           lambda f, cfg: f"STORE reads the {[s.name for s in STORE_SPADS]} scratchpads only, "
-                         f"got spad={Spad(f['dma.spad']).name}"),
+                         f"got spad={_spad_name(f['dma.spad'])}"),
     _Rule(_BAD_ADDRESS, _DMA,
           lambda f, lim: (f["opcode"] == Opcode.LOAD.value) & ~_one_of(f["dma.spad"],
                                                                         LOAD_SPADS),
           lambda f, cfg: f"LOAD writes the {[s.name for s in LOAD_SPADS]} scratchpads only, "
-                         f"got spad={Spad(f['dma.spad']).name}"),
+                         f"got spad={_spad_name(f['dma.spad'])}"),
     _Rule(_BAD_ADDRESS, _DMA,
           lambda f, lim: (f["dma.rows"] < 1) | (f["dma.row_beats"] < 1),
           lambda f, cfg: f"{_kind(f)} of rows={f['dma.rows']} x "
@@ -1447,13 +1479,17 @@ def _absent(ins: Instr, lim: DispatchLimits) -> str | None:
         return f"this accelerator has no engine for {ins.opcode.name} (no vector engine)"
     if isinstance(ins, Sync) and ins.engine.value not in lim.engines:
         return f"SYNC names engine {ins.engine.name}, which this accelerator does not have"
+    if isinstance(ins, _Dma) and ins.spad.value > lim.max_spad:
+        return (f"{ins.opcode.name} names spad {ins.spad.name}: a move from OUT needs a vector "
+                "engine")
     return None
 
 
 def legal_words(f: dict, lim: DispatchLimits):
     """Which words a configuration runs (its :class:`DispatchLimits` ``lim``; the others are
     ILLEGAL_OPCODE): an opcode it has (VEC only with a vector engine), a SYNC naming an engine
-    it has, a GEMM naming an epilogue mode, a LOAD or STORE naming a scratchpad, a VEC naming
+    it has, a GEMM naming an epilogue mode, a LOAD or STORE naming a scratchpad (or
+    :data:`OUT_MOVE_SPAD`, with a vector engine), a VEC naming
     a sub-op, a VEC naming a run-time register only for a sub-op of :data:`REG_VEC_FUNCS`
     (:func:`decode` raises for every word these rules reject). ``f`` as from
     :func:`decode_fields`, numpy arrays or Amaranth values (the fetch unit and its proof use
@@ -1464,7 +1500,7 @@ def legal_words(f: dict, lim: DispatchLimits):
     no_engine = (op == Opcode.SYNC.value) & ~engine
     no_mode = (op == Opcode.GEMM.value) & (f["gemm.epilogue"] > max(EPILOGUE_VALUES))
     is_dma = (op == Opcode.LOAD.value) | (op == Opcode.STORE.value)
-    no_spad = is_dma & (f["dma.spad"] > max(s.value for s in Spad))
+    no_spad = is_dma & (f["dma.spad"] > lim.max_spad)
     func = f["vec.func"]
     no_func = (op == Opcode.VEC.value) & functools.reduce(
         operator.or_, (func == v for v in _VEC_FUNC_GAPS), func > max(VEC_FUNC_VALUES))

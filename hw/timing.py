@@ -185,9 +185,9 @@ def load_completion_delay(cfg: AcceleratorConfig) -> int:
 
 def store_cycles(ins: Store, cfg: AcceleratorConfig) -> int:
     """STORE: one spad read per cycle, each written to DRAM the cycle after (posted writes).
-    A move (:func:`hw.isa.is_move`) takes as long: it writes each VOUT beat into VIN the
-    cycle after its read, where a STORE writes DRAM; its last VIN write is in ``e``, so a
-    VEC granted on its signal reads the beats."""
+    A move (:func:`hw.isa.is_move`, from VOUT or OUT) takes as long: it writes each beat
+    into VIN the cycle after its read, where a STORE writes DRAM; its last VIN write is in
+    ``e``, so a VEC granted on its signal reads the beats."""
     return dma_beats(ins) + STORE_OVERHEAD
 
 

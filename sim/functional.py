@@ -21,7 +21,7 @@ from hw.engines import OPS
 from hw.errors import ContractError
 from hw.format import _unpack_fields
 from hw.isa import (
-    MOVE_SPAD,
+    MOVE_SOURCES,
     EpilogueMode,
     Gemm,
     Instr,
@@ -260,16 +260,17 @@ def exec_load(st: MachineState, ins: Load) -> None:
 
 
 def _prepare_move(ins: Store, cfg: AcceleratorConfig) -> Step:
-    """A move (:data:`hw.isa.MOVE_SPAD`): contiguous VOUT beats from ``spad_addr`` into VIN
-    rows from ``dram_addr``, ``dram_stride`` beats apart, each row written after the one
-    before (overlapping rows: the later one's bytes)."""
+    """A move (:data:`hw.isa.MOVE_SOURCES`): contiguous beats of its source (VOUT, or OUT)
+    from ``spad_addr`` into VIN rows from ``dram_addr``, ``dram_stride`` beats apart, each row
+    written after the one before (overlapping rows: the later one's bytes)."""
+    k = MOVE_SOURCES[ins.spad].value
     beat = cfg.beat_bytes
     row = ins.row_beats * beat
     src = ins.spad_addr * beat
     starts = [(ins.dram_addr + r * ins.dram_stride) * beat for r in range(ins.rows)]
 
     def move(st: MachineState) -> None:
-        data = st.spad_arrays[_VOUT][src:src + ins.rows * row].copy()
+        data = st.spad_arrays[k][src:src + ins.rows * row].copy()
         vin = st.spad_arrays[_VIN]
         for r, start in enumerate(starts):
             vin[start:start + row] = data[r * row:(r + 1) * row]
@@ -277,7 +278,7 @@ def _prepare_move(ins: Store, cfg: AcceleratorConfig) -> Step:
 
 
 def _prepare_store(ins: Store, cfg: AcceleratorConfig) -> Step:
-    if ins.spad == MOVE_SPAD:
+    if ins.spad in MOVE_SOURCES:
         return _prepare_move(ins, cfg)
     beat = cfg.beat_bytes
     row = ins.row_beats * beat
@@ -299,7 +300,7 @@ def _prepare_store(ins: Store, cfg: AcceleratorConfig) -> Step:
 
 
 def exec_store(st: MachineState, ins: Store) -> None:
-    """Contiguous OUT (VOUT) beats -> DRAM rows; a move's VOUT beats -> VIN rows."""
+    """Contiguous OUT (VOUT) beats -> DRAM rows; a move's VOUT (OUT) beats -> VIN rows."""
     _prepare_store(ins, st.cfg)(st)
 
 

@@ -28,9 +28,11 @@ import numpy as np
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.engines import engines_of
 from hw.isa import (
+    MOVE_SOURCES,
     MOVE_SPAD,
     NO_EVENT,
     NUM_REGS,
+    OUT_MOVE_SPAD,
     REG_BITS,
     REG_VEC_FUNCS,
     RTL_VEC_FUNCS,
@@ -44,6 +46,7 @@ from hw.isa import (
     Load,
     Repeat,
     Spad,
+    SpadMove,
     Store,
     Sync,
     Vec,
@@ -302,10 +305,12 @@ def _random_store(cfg, rng, regions, spad: Spad, base: int, out_span: int, wait,
                  wait=wait, signal=signal)
 
 
-def _random_move(rng: np.random.Generator, regions, wait: int, signal: int) -> Store:
-    """A move (:data:`hw.isa.MOVE_SPAD`) of rows of the chain's VOUT region into its VIN
-    region (rows ``dram_stride`` beats apart, overlapping when the stride is below the row)."""
-    o0, o1 = regions["vout"]
+def _random_move(rng: np.random.Generator, regions, wait: int, signal: int,
+                 spad: Spad | SpadMove = MOVE_SPAD) -> Store:
+    """A move (:data:`hw.isa.MOVE_SOURCES`: ``spad``, from VOUT by default) of rows of the
+    chain's region of its source into its VIN region (rows ``dram_stride`` beats apart,
+    overlapping when the stride is below the row)."""
+    o0, o1 = regions[MOVE_SOURCES[spad].name.lower()]
     i0, i1 = regions["vin"]
     rows = int(rng.integers(1, 4))
     row_beats = max(1, int(rng.integers(1, min(o1 - o0, i1 - i0) + 1)) // rows)
@@ -313,7 +318,7 @@ def _random_move(rng: np.random.Generator, regions, wait: int, signal: int) -> S
     span = (rows - 1) * stride + row_beats
     if span > i1 - i0:
         rows, span = 1, row_beats
-    return Store(spad=MOVE_SPAD, spad_addr=o0 + int(rng.integers(0, o1 - o0 - rows * row_beats
+    return Store(spad=spad, spad_addr=o0 + int(rng.integers(0, o1 - o0 - rows * row_beats
                                                                      + 1)),
                  dram_addr=i0 + int(rng.integers(0, i1 - i0 - span + 1)), rows=rows,
                  row_beats=row_beats, dram_stride=stride, wait=wait, signal=signal)
@@ -347,7 +352,11 @@ def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: 
     configuration with a vector engine, each task is a vector task with probability
     ``vector``; each task is a hardware loop with probability ``loops``. With one chain, a
     vector task moves some of its VOUT rows into VIN with probability ``moves`` (where the
-    configuration has an event for it), and one more VEC follows the move."""
+    configuration has an event for it), and one more VEC follows the move; so does a GEMM task
+    (not a loop) with its OUT rows (:data:`hw.isa.OUT_MOVE_SPAD`), its STORE of OUT after the
+    move, and the VEC's results stored as a vector task's: the STORE engine is in order, so
+    every earlier vector task is done when the move writes VIN, and the next vector task's
+    LOADs wait on that STORE."""
     dram = rng.integers(0, 256, size=cfg.memory.size_bytes, dtype=np.uint8)
     half = cfg.dram_beats // 2          # inputs below, chain outputs above
     out_span = (cfg.dram_beats - half) // chains
@@ -392,6 +401,8 @@ def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: 
                                      e[2] if started["gemm"] or loop else None)
                 ops = [_random_gemm(cfg, rng, regions) for _ in range(int(rng.integers(1, 4)))]
                 store = (Spad.OUT, base)
+            out_move = (kind == "gemm" and not loop and move_ev is not None
+                        and rng.random() < moves)
             seed = None if started[kind] else Sync(engine=Engine.STORE, signal=e[2])
             started[kind] = True
             task[-1] = Load(**{**task[-1].__dict__, "signal": e[0]})
@@ -401,8 +412,20 @@ def random_program(cfg: AcceleratorConfig, rng: np.random.Generator, *, chains: 
                 ops += [_random_move(rng, regions, e[1], move_ev[c]),
                         replace(_random_vec(cfg, rng, regions), wait=move_ev[c], signal=e[1])]
             task += ops
-            task.append(_random_store(cfg, rng, regions, store[0], store[1], span,
-                                      wait=e[1], signal=e[2]))
+            if out_move:  # the move takes e[1]; the STORE of OUT follows it in order
+                v = vev[c]
+                if started["vec"]:  # the last vector task's credit: the next one waits on ours
+                    task.insert(0, Sync(engine=Engine.LOAD, wait=v[2]))
+                task += [_random_move(rng, regions, e[1], move_ev[c], OUT_MOVE_SPAD),
+                         _random_store(cfg, rng, regions, store[0], store[1], span,
+                                       wait=None, signal=e[2]),
+                         replace(_random_vec(cfg, rng, regions), wait=move_ev[c], signal=v[1]),
+                         _random_store(cfg, rng, regions, Spad.VOUT, base + span, span,
+                                       wait=v[1], signal=v[2])]
+                started["vec"] = True
+            else:
+                task.append(_random_store(cfg, rng, regions, store[0], store[1], span,
+                                          wait=e[1], signal=e[2]))
             if loop:
                 task = _loop(rng, task, half, store[1] + span, seed)
             chain_tasks.append(task)

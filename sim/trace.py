@@ -12,7 +12,7 @@ from pathlib import Path
 from hw.cli import write_text_atomic
 from hw.config import AcceleratorConfig
 from hw.engines import ENGINES
-from hw.isa import MOVE_SPAD, Gemm, Instr, Load, Store, Sync
+from hw.isa import MOVE_SOURCES, Gemm, Instr, Load, Store, Sync
 from sim.model import InstrTiming
 
 __all__ = ["chrome_trace", "write_trace", "instruction_events", "track_names"]
@@ -24,7 +24,7 @@ _TRACKS = {"fetch": 0, **{e.engine.name: 1 + i for i, e in enumerate(ENGINES)}}
 def _label(ins: Instr) -> str:
     if isinstance(ins, Load):
         return f"LOAD {ins.spad.name} {ins.rows}x{ins.row_beats} beats"
-    if isinstance(ins, Store) and ins.spad == MOVE_SPAD:
+    if isinstance(ins, Store) and ins.spad in MOVE_SOURCES:
         return f"MOVE {ins.rows}x{ins.row_beats} beats -> VIN @{ins.dram_addr}"
     if isinstance(ins, Store):
         return f"STORE {ins.rows}x{ins.row_beats} beats -> @{ins.dram_addr}"

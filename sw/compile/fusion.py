@@ -183,7 +183,7 @@ import torch
 from hw.config import AcceleratorConfig
 from hw.engines import completion_delay, engines_fields, exec_cycles_fields
 from hw.isa import (
-    MOVE_SPAD,
+    MOVE_SOURCES,
     NO_EVENT,
     End,
     Engine,
@@ -736,7 +736,7 @@ def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
         ins = _instr(w)
         if isinstance(ins, Load) and ins.spad == Spad.VIN:
             ins = replace(ins, spad_addr=ins.spad_addr + top)
-        elif isinstance(ins, Store) and ins.spad == MOVE_SPAD:  # a move's VIN rows
+        elif isinstance(ins, Store) and ins.spad in MOVE_SOURCES:  # a move's VIN rows
             ins = replace(ins, dram_addr=ins.dram_addr + top)
         elif isinstance(ins, Vec):
             ins = replace(ins, a_addr=ins.a_addr + top * per, b_addr=ins.b_addr + top * per,

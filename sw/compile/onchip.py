@@ -1,4 +1,5 @@
-"""Round trips through DRAM that become on-chip moves (VOUT -> VIN, :data:`hw.isa.MOVE_SPAD`).
+"""Round trips through DRAM that become on-chip moves (VOUT -> VIN, :data:`hw.isa.MOVE_SPAD`;
+OUT -> VIN, :data:`hw.isa.OUT_MOVE_SPAD`: :func:`out_moves`, below).
 
 A fused program's parts meet in DRAM (:mod:`sw.compile.fusion`): a vector part STOREs its
 VOUT rows and the vector part after it LOADs them back into VIN (RMSNorm -> REQUANT, the
@@ -64,17 +65,26 @@ import numpy as np
 from hw.config import AcceleratorConfig
 from hw.engines import engines_fields
 from hw.isa import (
+    MOVE_SOURCES,
     MOVE_SPAD,
     NO_EVENT,
+    OUT_MOVE_SPAD,
     Engine,
+    Gemm,
     Load,
+    Opcode,
     Spad,
     Store,
     Sync,
+    Vec,
     decode,
     decode_fields,
+    dequant_amax_addr,
+    gemm_extents,
     loop_stream,
     program_words,
+    vec_reads_amax,
+    vec_reads_b,
 )
 from sw.compile.fusion import BESIDE_EVENTS
 
@@ -83,7 +93,8 @@ from sw.compile.fusion import BESIDE_EVENTS
 #: after the fused programs' (:data:`sw.compile.fusion.BESIDE_EVENTS`).
 MOVE_EVENT = max(BESIDE_EVENTS.values()) + 1
 
-__all__ = ["MOVE_EVENT", "onchip_moves", "quiet_stores", "quieten", "round_trips"]
+__all__ = ["MOVE_EVENT", "OUT_MOVE_EVENT", "onchip_moves", "out_moves", "out_round_trips",
+           "quiet_stores", "quieten", "round_trips"]
 
 
 def _matches(f) -> np.ndarray:
@@ -268,7 +279,7 @@ def quiet_stores(words: np.ndarray, keep: Collection[int] = (),
                     exposed.add(b)
                 else:
                     read.add(w)
-        elif isinstance(x, Store) and x.spad != MOVE_SPAD:
+        elif isinstance(x, Store) and x.spad not in MOVE_SOURCES:  # a move writes VIN
             for b in hits(x, offs[e]).tolist():
                 writer[b] = e
     lo_hi = np.asarray(live, dtype=np.int64).reshape(-1, 2)
@@ -292,3 +303,329 @@ def quieten(words: np.ndarray, rows: Collection[int]) -> np.ndarray:
         st = decode(int(words[i, 0]) | int(words[i, 1]) << 64)
         out[i] = program_words([Sync(engine=Engine.STORE, wait=st.wait, signal=st.signal)])[0]
     return out
+
+
+# ---------------------------------------------------------------------- moves from OUT
+#: The event a move from OUT (:data:`hw.isa.OUT_MOVE_SPAD`) waits on where a LOAD into VIN
+#: may be in flight (LOAD -> STORE), as :data:`MOVE_EVENT` for the moves from VOUT: the one
+#: after it, so that the two rewrites' waits and signals never pair across.
+OUT_MOVE_EVENT = MOVE_EVENT + 1
+
+
+def _known(eng: np.ndarray, match: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per word, per engine value: the last word of that engine known complete when the word
+    starts (-1: none), from its engine's order (a word starts after the one before it on its
+    engine started) and its wait (granted once the matched word, and every word before that
+    on its engine, is complete). The engines are in order, so one index per engine says it
+    all; it is also the latest word of each engine the word depends on. A wait granted by a
+    later word (a seeded credit) takes that word's row too: the table is the fixpoint of
+    passes in program order. And per word: whether that failed (a word that would depend on
+    itself: a program that deadlocks), where the table proves nothing."""
+    n, engines = eng.shape[0], len(Engine)
+    known = np.full((n, engines), -1, dtype=np.int64)
+    for _ in range(n + 1):
+        before = known.copy()
+        last: dict[int, int] = {}
+        for i in range(n):
+            e = int(eng[i])
+            if e < 0:
+                continue
+            if e in last:
+                known[i] = np.maximum(known[i], known[last[e]])
+            j = int(match[i])
+            if j >= 0:
+                known[i] = np.maximum(known[i], known[j])
+                known[i, eng[j]] = max(int(known[i, eng[j]]), j)
+            last[e] = i
+        if (known == before).all():
+            break
+    idx = np.arange(n)
+    ok = eng >= 0
+    forward = np.zeros(n, dtype=bool)
+    forward[ok] = known[idx[ok], eng[ok]] >= idx[ok]
+    if forward.any() or not (known == before).all():
+        forward[:] = True
+    return known, forward
+
+
+def _dram_beats(ins) -> np.ndarray:
+    """The DRAM beats of a LOAD or STORE, in transfer order (rows of ``row_beats``)."""
+    return (ins.dram_addr + np.arange(ins.rows)[:, None] * ins.dram_stride
+            + np.arange(ins.row_beats)[None, :]).reshape(-1)
+
+
+def _vin_reads(cfg: AcceleratorConfig, v) -> list[tuple[int, int]]:
+    """VIN beats ``[first, last + 1)`` a VEC may read: its ``a`` row, its ``b`` row
+    (:func:`hw.isa.vec_reads_b`; a ROPE's table is shorter) and its amax word
+    (:func:`hw.isa.vec_reads_amax`), each ``length`` elements or one (a superset)."""
+    per = cfg.beat_bytes // cfg.vin_word_bytes
+    spans = [(v.a_addr, v.a_addr + v.length)]
+    if vec_reads_b(v.func.value):
+        spans.append((v.b_addr, v.b_addr + v.length))
+    if vec_reads_amax(v.func.value):
+        a = int(dequant_amax_addr(v.imm))
+        spans.append((a, a + 1))
+    return [(lo // per, -(-hi // per)) for lo, hi in spans]
+
+
+def _span_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def _last_writers(ins: Sequence, stores: Sequence[int], t: int
+                  ) -> list[tuple[int, np.ndarray]] | None:
+    """The STOREs of OUT (indices in ``stores``, before ``t``) that last wrote the DRAM beats
+    the LOAD ``ins[t]`` reads, latest first, each with the positions of its beats in the
+    LOAD's; None where a beat's last writer is no STORE of this program, a STORE of another
+    scratchpad, a STORE writing only some of its rows into the LOAD's beats, or one whose
+    address a run-time register moves (its rows are unknown here)."""
+    ld = ins[t]
+    lb = _dram_beats(ld)
+    order = np.argsort(lb, kind="stable")
+    need = np.ones(lb.shape[0], dtype=bool)
+    lo, hi = int(lb.min()), int(lb.max()) + 1
+    out = []
+    for j in reversed(stores):
+        if j >= t:
+            continue
+        st = ins[j]
+        if st.reg:
+            return None
+        sb = _dram_beats(st)
+        if int(sb.max()) < lo or int(sb.min()) >= hi:
+            continue
+        k = np.searchsorted(lb, sb, sorter=order)
+        pos = order[np.minimum(k, lb.shape[0] - 1)]
+        inside = lb[pos] == sb
+        if not inside.any():
+            continue
+        if st.spad != Spad.OUT or not inside.all() or not need[pos].all():
+            return None
+        need[pos] = False
+        out.append((j, pos))
+        if not need.any():
+            return out
+    return None
+
+
+def _out_move(st: Store, ld: Load, pos: np.ndarray) -> Store | None:
+    """The move of ``st``'s OUT beats to the VIN beats the LOAD ``ld`` puts them at
+    (``pos``: their positions in its transfer), None where those are not rows of
+    ``st.row_beats`` beats a fixed stride apart."""
+    v = (ld.spad_addr + pos).reshape(st.rows, st.row_beats)
+    if not (v == v[:, :1] + np.arange(st.row_beats)[None, :]).all():
+        return None
+    stride = int(v[1, 0] - v[0, 0]) if st.rows > 1 else st.row_beats
+    if stride < 0 or (st.rows > 2 and not (np.diff(v[:, 0]) == stride).all()):
+        return None
+    return Store(spad=OUT_MOVE_SPAD, spad_addr=st.spad_addr, dram_addr=int(v[0, 0]),
+                 rows=st.rows, row_beats=st.row_beats, dram_stride=stride)
+
+
+def out_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] = ()
+                    ) -> list[tuple[int, list[tuple[int, int | None, Store]]]]:
+    """The round trips of OUT rows through DRAM in ``words`` (``uint64 [n, 2]``) that
+    :func:`out_moves` rewrites: per LOAD ``L`` into VIN (not in ``keep``), the STOREs of
+    OUT that last wrote its DRAM beats, each ``(S, X, M)`` with the move ``M`` that puts
+    its beats where ``L`` does and ``X``, the last LOAD into VIN that may be in flight when
+    ``M`` starts (None: none). A STORE of OUT waits on a GEMM, not a VEC, so the proof of
+    :func:`round_trips` does not carry over; each triple meets instead (from the words
+    alone, with :func:`_known`'s table of what is complete when a word starts):
+
+    1. every beat ``L`` reads was last written by a STORE of OUT of this program before
+       ``L``, each of whose beats ``L`` reads (rows that do not overlap, no run-time
+       register), none of them in ``keep`` nor feeding another ``L``;
+    2. a LOAD-engine word up to ``L`` waits on the last ``S`` or a later STORE-engine word,
+       so ``L``'s SYNC raises its signal after every ``M`` is done; ``L`` signals, and the
+       first word granted by it is on the vector engine (its consumer ``C``: every VEC
+       after ``C`` starts after every ``M``);
+    3. no VEC that may run when ``M`` starts (after the last one complete then, before
+       ``C``) reads ``M``'s VIN beats (:func:`_vin_reads`), no LOAD into VIN that may not
+       have landed then (and lies before ``L``) writes them, nor a move between ``S`` and
+       ``L`` (``M`` writes them earlier than ``L`` did);
+    4. the LOADs into VIN that may be in flight when ``M`` starts (not landed then, not
+       waiting on ``S``'s signal or later) end at ``X``: ``M`` waits on
+       :data:`OUT_MOVE_EVENT`, which a SYNC right after ``X`` signals (VIN has one DMA
+       write port), placed after that SYNC where ``X`` lies after ``S`` (no STORE-engine
+       word between, nor a word waiting on the signal ``M`` takes over); no word up to
+       ``X`` depends on itself in the table (a deadlocking program), the ``X`` of the
+       moves, in their order, never goes back (the SYNCs signal in the order the moves
+       wait), and no other word uses the event;
+    5. the event ``L`` waits on, if any, is signalled by a word complete when ``M`` starts.
+
+    ``S`` keeps its DRAM write (the host may read the rows); ``M`` follows it and takes its
+    signal, so whatever frees OUT once ``S`` read it waits on ``M``, which reads the same
+    beats. Returns ``(L, [(S, X, M), ...])`` in program order of ``L``."""
+    f = decode_fields(words)
+    if np.any(f["opcode"] == Opcode.REPEAT.value) or cfg.num_events <= MOVE_EVENT:
+        return []
+    eng = engines_fields(f)
+    ins = [decode(int(lo) | int(hi) << 64) for lo, hi in words]
+    match = _matches(f)
+    known, forward = _known(eng, match)
+    store_e, vec_e = Engine.STORE.value, Engine.VECTOR.value
+    stores = [j for j, x in enumerate(ins) if isinstance(x, Store)
+              and x.spad not in MOVE_SOURCES]
+    vin_loads = [j for j, x in enumerate(ins) if _vin_load(x)]
+    moves = [j for j, x in enumerate(ins) if isinstance(x, Store) and x.spad in MOVE_SOURCES]
+    gemms = [j for j, x in enumerate(ins) if isinstance(x, Gemm)]
+    # OUT_MOVE_EVENT is this pass's alone (else a move may not wait on it)
+    free = cfg.num_events > OUT_MOVE_EVENT and not np.any(
+        (f["wait"] == OUT_MOVE_EVENT) | (f["signal"] == OUT_MOVE_EVENT))
+    used: set[int] = set()
+    chosen: list[tuple[int, int]] = []   # (S, X) of every move that waits, all groups
+    out = []
+    for t in vin_loads:
+        ld = ins[t]
+        if t in keep or ld.reg or ld.signal is None or (
+                ld.rows > 1 and ld.dram_stride < ld.row_beats):
+            continue
+        writers = _last_writers(ins, stores, t)
+        if not writers or any(s in keep or s in used for s, _ in writers):
+            continue
+        c = next((j for j in range(t + 1, len(ins)) if match[j] == t), None)
+        s_last = max(s for s, _ in writers)
+        if c is None or eng[c] != vec_e or known[t, store_e] < s_last:
+            continue
+        units = _merged([(s, _out_move(ins[s], ld, pos)) for s, pos in sorted(writers)])
+        group = []
+        for s, parts, mv in units or ():
+            signal = s == s_last or ins[s].signal is None
+            x = _flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c, mv,
+                        signal)
+            if x is False or not all(_out_kept(cfg, ins, known, gemms, p, s, signal)
+                                     for p in parts):
+                break
+            group.append((s, x, mv))
+        else:
+            if not units:
+                continue
+            waits = sorted(chosen + [(max(s, x), x) for s, x, _ in group if x is not None])
+            if any(a[1] > b[1] for a, b in zip(waits, waits[1:], strict=False)) or (
+                    len(waits) > len(chosen) and not free):
+                continue
+            chosen = waits
+            used.update(s for s, _, _ in group)
+            out.append((t, group))
+    return out
+
+
+def _merged(moves: Sequence[tuple[int, Store | None]]
+            ) -> list[tuple[int, tuple[int, ...], Store]] | None:
+    """The moves of ``(S, M)`` pairs (in program order) as few moves as they make: one-row
+    moves whose OUT beats and VIN beats both continue the one before's become one, after the
+    last of their STOREs. Returns ``(S, STOREs, M)`` per move, None where a move is None.
+    Each move takes a slot of the STORE engine's queue, and the fetch unit stalls when it is
+    full: the GEMMs it dispatches ahead of their STOREs are what the moves would cost."""
+    out: list[tuple[int, tuple[int, ...], Store]] = []
+    for s, mv in moves:
+        if mv is None:
+            return None
+        if out:
+            s0, parts, m0 = out[-1]
+            if m0.rows == mv.rows == 1 and m0.spad_addr + m0.row_beats == mv.spad_addr \
+                    and m0.dram_addr + m0.row_beats == mv.dram_addr:
+                out[-1] = (s, (*parts, s), replace(m0, row_beats=m0.row_beats + mv.row_beats,
+                                                   dram_stride=m0.row_beats + mv.row_beats))
+                continue
+        out.append((s, (s,), mv))
+    return out
+
+
+def _out_kept(cfg: AcceleratorConfig, ins: Sequence, known: np.ndarray, gemms: Sequence[int],
+              p: int, s: int, signal: bool) -> bool:
+    """Whether the OUT beats the STORE ``p`` reads stay until a move right after the STORE
+    ``s`` (``p`` or a later one) has read them: the first GEMM after ``p`` that writes them
+    starts after a STORE-engine word after ``s`` is complete, or after ``s`` is where the
+    move takes over ``s``'s signal (``signal``)."""
+    st = ins[p]
+    mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
+    for g in gemms:
+        if g > p:
+            end = -(-gemm_extents(ins[g], cfg)[Spad.OUT] // cfg.beat_bytes)
+            if ins[g].out_addr < end and _span_overlap(mine, (ins[g].out_addr, end)):
+                k = int(known[g, Engine.STORE.value])
+                return k > s or (signal and k == s)
+    return True
+
+
+def _flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c, mv, signal
+            ) -> int | None | bool:
+    """:func:`out_round_trips`'s rules 3-5 for the move ``mv`` after the STORE ``s``, of the
+    LOAD ``t`` whose consumer is ``c``: the last LOAD into VIN that may be in flight when it
+    starts (None: none), False where a rule fails. ``signal``: the move takes over the
+    STORE's signal (a word granted by it starts after the move), else the STORE keeps it."""
+    if mv is None:
+        return False
+    load_e, store_e, vec_e = Engine.LOAD.value, Engine.STORE.value, Engine.VECTOR.value
+    k = known[s].copy()
+    k[store_e] = max(int(k[store_e]), s)   # the STORE engine is in order: S is done
+    w0, w1 = mv.dram_addr, mv.dram_addr + (mv.rows - 1) * mv.dram_stride + mv.row_beats
+    mine = (w0, w1)
+    flying = [j for j in vin_loads if k[load_e] < j < t]
+    for j in flying:
+        x = ins[j]
+        if _span_overlap(mine, (x.spad_addr, x.spad_addr + x.rows * x.row_beats)):
+            return False
+    for j in moves:
+        if s < j < t and _span_overlap(mine, (ins[j].dram_addr, ins[j].dram_addr + (
+                ins[j].rows - 1) * ins[j].dram_stride + ins[j].row_beats)):
+            return False
+    early = [j for j in flying if known[j, store_e] < s + (not signal)]
+    x = max(early) if early else None
+    if x is not None:
+        # M goes after X's SYNC in program order where X lies after S (the fetch unit would
+        # hold the SYNC behind a waiting M): still next to S on the STORE engine, and no word
+        # between waits on the signal M takes over
+        if forward[x] or x > s and any(eng[j] == store_e or signal and match[j] == s
+                                       for j in range(s + 1, x + 1)):
+            return False
+        k[load_e] = max(int(k[load_e]), x)
+    if any(isinstance(ins[v], Vec) and any(_span_overlap(mine, r)
+                                           for r in _vin_reads(cfg, ins[v]))
+           for v in range(int(k[vec_e]) + 1, c)):
+        return False
+    if ins[t].wait is not None:
+        w = int(match[t])
+        if w < 0 or w > k[eng[w]]:
+            return False
+    return x
+
+
+def out_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] = ()
+              ) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``words`` (``uint64 [n, 2]``) with every :func:`out_round_trips` group rewritten: a
+    move after each STORE of OUT, carrying its signal (and, where a LOAD into VIN may be in
+    flight, waiting on :data:`OUT_MOVE_EVENT`, which a SYNC of the LOAD engine right after
+    that LOAD signals), and the LOAD as a SYNC with its wait and signal. ``keep``: words the
+    runtime rewrites per step. Returns the words and, per input word, its index in them."""
+    found = out_round_trips(cfg, words, keep)
+    if not found:
+        return words, tuple(range(words.shape[0]))
+    loads = {t for t, _ in found}
+    last = {max(s for s, _, _ in group) for _, group in found}
+    stores: dict[int, Store] = {}   # the STOREs whose signal a move takes
+    placed: dict[int, list[Store]] = {}   # the moves after each word (S, or X's SYNCs)
+    flights: dict[int, int] = {}
+    for _, group in found:
+        for s, x, mv in group:
+            mv = replace(mv, wait=None if x is None else OUT_MOVE_EVENT)
+            if s in last:
+                stores[s] = mv = replace(mv, signal=decode(
+                    int(words[s, 0]) | int(words[s, 1]) << 64).signal)
+            placed.setdefault(s if x is None else max(s, x), []).append(mv)
+            if x is not None:
+                flights[x] = flights.get(x, 0) + 1
+    out, where = [], []
+    for i, w in enumerate(words):
+        ins = decode(int(w[0]) | int(w[1]) << 64)
+        where.append(len(out))
+        if i in loads:
+            out.append(Sync(engine=Engine.LOAD, wait=ins.wait, signal=ins.signal))
+        elif i in stores:
+            out.append(replace(ins, signal=None))
+        else:
+            out.append(ins)
+        out += [Sync(engine=Engine.LOAD, signal=OUT_MOVE_EVENT)] * flights.get(i, 0)
+        out += placed.get(i, [])
+    return program_words(out), tuple(where)

@@ -31,7 +31,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from hw.isa import (
-    MOVE_SPAD,
+    MOVE_SOURCES,
     Instr,
     Load,
     Repeat,
@@ -57,7 +57,7 @@ def stride_class(ins: Instr) -> str | None:
     move's VIN rows do not advance)."""
     if isinstance(ins, Load):
         return "wgt_stride" if ins.spad == Spad.WGT else "load_stride"
-    if isinstance(ins, Store) and ins.spad != MOVE_SPAD:
+    if isinstance(ins, Store) and ins.spad not in MOVE_SOURCES:
         return "store_stride"
     return None
 

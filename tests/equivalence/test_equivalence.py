@@ -21,6 +21,7 @@ import pytest
 
 from hw.isa import (
     MOVE_SPAD,
+    OUT_MOVE_SPAD,
     RTL_VEC_FUNCS,
     EpilogueMode,
     Repeat,
@@ -145,6 +146,25 @@ def test_move_programs_agree(backends, block):
         rp = random_program(cfg, rng, chains=1, tasks=int(rng.integers(2, 5)), vector=0.8,
                             loops=0.5, moves=1.0)
         moves += sum(getattr(i, "spad", None) == MOVE_SPAD for i in rp.program)
+        r = _check(cfg, model, rtl, rp.program, rp.dram)
+        outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
+    assert moves >= 10 and outcomes.get("NONE", 0) >= 8, (moves, outcomes)
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_out_move_programs_agree(backends, block):
+    """Moves from OUT (hw.isa.OUT_MOVE_SPAD): one chain of mostly GEMM tasks, each moving OUT
+    rows into VIN before its STORE of OUT, a VEC reading them after; the fetch checks, the
+    STORE engine's OUT reads and VIN writes and their cycles agree with the model."""
+    cfg, model, rtl = backends
+    if not cfg.has_vector:
+        pytest.skip("no vector engine")
+    outcomes, moves = {}, 0
+    for seed in range(95_000 + 1000 * block, 95_000 + 1000 * block + 10):
+        rng = np.random.default_rng(seed)
+        rp = random_program(cfg, rng, chains=1, tasks=int(rng.integers(2, 5)), vector=0.3,
+                            loops=0.2, moves=1.0)
+        moves += sum(getattr(i, "spad", None) == OUT_MOVE_SPAD for i in rp.program)
         r = _check(cfg, model, rtl, rp.program, rp.dram)
         outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
     assert moves >= 10 and outcomes.get("NONE", 0) >= 8, (moves, outcomes)

@@ -20,7 +20,7 @@ from control_testutil import random_dma, run_sim, small_config, wide_config
 from hw import timing
 from hw.dma import LoadEngine, StoreEngine
 from hw.engines import completion_delay
-from hw.isa import Engine, Load, Spad, Store, dispatch_error
+from hw.isa import MOVE_SOURCES, DmaBody, Engine, Load, Spad, Store, dispatch_error
 from hw.memory_model import DramModel
 from hw.spad import Scratchpad
 from sim.functional import MachineState, exec_load, exec_store
@@ -249,15 +249,19 @@ VECTOR = small_config(vin_spad_bytes=512, vout_spad_bytes=256,
                       memory={"bytes_per_cycle": 16, "latency": 4, "size_bytes": 4096})
 
 
-def _random_move(rng: random.Random, cfg, vout: bool = False) -> Store:
-    """A move of random VOUT rows into random VIN rows (``vout``: a STORE of VOUT to DRAM
-    instead), inside both ranges; VIN rows may overlap (stride below the row)."""
-    src, dst = cfg.spad_beats("vout"), (cfg.dram_beats if vout else cfg.spad_beats("vin"))
+def _random_move(rng: random.Random, cfg, vout: bool = False, source: Spad = Spad.VOUT
+                 ) -> Store:
+    """A move of random rows of ``source`` (VOUT or OUT) into random VIN rows (``vout``: a
+    STORE of them to DRAM instead), inside both ranges; VIN rows may overlap (stride below
+    the row)."""
+    src, dst = (cfg.spad_beats(source.name.lower()),
+                cfg.dram_beats if vout else cfg.spad_beats("vin"))
+    move = next(k for k, v in MOVE_SOURCES.items() if v == source)
     rows = rng.randint(1, 3)
     row_beats = rng.randint(1, min(6, src // rows))
     stride = rng.randint(0, 2 * row_beats)
     span = (rows - 1) * stride + row_beats
-    ins = Store(spad=Spad.VOUT if vout else Spad.VIN, spad_addr=rng.randint(0, src - rows
+    ins = Store(spad=source if vout else move, spad_addr=rng.randint(0, src - rows
                                                                             * row_beats),
                 dram_addr=rng.randint(0, dst - span), rows=rows, row_beats=row_beats,
                 dram_stride=stride)
@@ -265,10 +269,12 @@ def _random_move(rng: random.Random, cfg, vout: bool = False) -> Store:
     return ins
 
 
-def test_move():
-    """Moves (VOUT -> VIN) and STOREs of VOUT back to back on the STORE engine: each takes
-    ``store_cycles``, a move writes VIN at the cycles a STORE writes DRAM and never the DRAM,
-    and VIN and DRAM end as ``exec_store`` leaves them."""
+@pytest.mark.parametrize("source", [Spad.VOUT, Spad.OUT])
+def test_move(source):
+    """Moves (VOUT -> VIN, or OUT -> VIN: hw.isa.MOVE_SOURCES) and STOREs of their source
+    back to back on the STORE engine: each takes ``store_cycles``, a move writes VIN at the
+    cycles a STORE writes DRAM and never the DRAM, and VIN and DRAM end as ``exec_store``
+    leaves them."""
     cfg = VECTOR
     m = Module()
     m.submodules.store = store = StoreEngine(cfg)
@@ -276,21 +282,24 @@ def test_move():
     m.submodules.vin = vin = Scratchpad(size_bytes=cfg.vin_spad_bytes,
                                         word_bytes=cfg.vin_word_bytes,
                                         beat_bytes=cfg.beat_bytes, core="read")
-    m.submodules.vout = vout = Scratchpad(size_bytes=cfg.vout_spad_bytes,
-                                          word_bytes=cfg.vout_word_bytes,
-                                          beat_bytes=cfg.beat_bytes, core="write")
-    connect(m, store.vout_rd, vout.dma_rd)
+    name = source.name.lower()
+    m.submodules.src = vout = Scratchpad(size_bytes=getattr(cfg, f"{name}_spad_bytes"),
+                                         word_bytes=getattr(cfg, f"{name}_word_bytes"),
+                                         beat_bytes=cfg.beat_bytes, core="write")
+    connect(m, store.vout_rd if source == Spad.VOUT else store.out_rd, vout.dma_rd)
     connect(m, store.vin_wr, vin.dma_wr)
     connect(m, store.wr, dram.bus.wr)
     rng = random.Random(4)
-    moves = [_random_move(rng, cfg, vout=rng.random() < 0.3) for _ in range(16)]
-    data = np.random.default_rng(4).integers(0, 256, cfg.vout_spad_bytes, dtype=np.uint8)
+    moves = [_random_move(rng, cfg, vout=rng.random() < 0.3, source=source)
+             for _ in range(16)]
+    data = np.random.default_rng(4).integers(0, 256, getattr(cfg, f"{name}_spad_bytes"),
+                                             dtype=np.uint8)
     state = MachineState(cfg)
-    state.spads[Spad.VOUT][:] = data
+    state.spads[source][:] = data
     writes = []   # (cycle, VIN write, DRAM write) while an instruction runs
 
     async def tb(ctx):
-        word = cfg.vout_word_bytes
+        word = getattr(cfg, f"{name}_word_bytes")
         ctx.set(vout.core_wr.en, 1)
         for a in range(data.size // word):
             ctx.set(vout.core_wr.addr, a)
@@ -299,10 +308,9 @@ def test_move():
             await ctx.tick()
         ctx.set(vout.core_wr.en, 0)
         for ins in moves:
-            ctx.set(store.cmd.payload, {"spad": ins.spad, "dram_addr": ins.dram_addr,
-                                        "spad_addr": ins.spad_addr, "rows": ins.rows,
-                                        "row_beats": ins.row_beats,
-                                        "dram_stride": ins.dram_stride})
+            # (packed: the field's Spad shape has no member for a move from OUT)
+            ctx.set(store.cmd.payload.as_value(), sum(
+                v << DmaBody[k].offset for k, v in ins._body_fields().items()))
             ctx.set(store.cmd.valid, 1)
             await ctx.tick()
             ctx.set(store.cmd.valid, 0)
@@ -336,6 +344,6 @@ def test_move():
         beats = timing.dma_beats(ins)
         # the writes in g + 2 .. g + B + 1 (seen[0] is cycle g + 1), to VIN or to DRAM only
         want = [0] + [1] * beats
-        move = ins.spad == Spad.VIN
+        move = ins.spad in MOVE_SOURCES
         assert [v for v, _ in seen] == (want if move else [0] * len(want)), ins
         assert [w for _, w in seen] == ([0] * len(want) if move else want), ins

@@ -17,7 +17,7 @@ from hw.engines import engine_of, engines_of
 from hw.fetch import FetchUnit
 from hw.isa import (
     LOAD_SPADS,
-    MOVE_SPAD,
+    MOVE_SOURCES,
     NO_EVENT,
     NUM_REGS,
     REG_BITS,
@@ -102,10 +102,11 @@ def boundary_words(rng: random.Random, cfg: AcceleratorConfig) -> list[int]:
     the fetch unit's span product."""
     words = []
     # (class, spad, beats on the scratchpad side, beats on the far side): a move (a STORE
-    # naming VIN) reads VOUT and writes VIN where a STORE writes DRAM.
+    # naming VIN, or OUT_MOVE_SPAD) reads VOUT (OUT) and writes VIN where a STORE writes DRAM.
     kinds = [(Load if spad in LOAD_SPADS else Store, spad, cfg.spad_beats(spad.name.lower()),
               cfg.dram_beats) for spad in Spad]
-    kinds.append((Store, MOVE_SPAD, cfg.spad_beats("vout"), cfg.spad_beats("vin")))
+    kinds += [(Store, k, cfg.spad_beats(v.name.lower()), cfg.spad_beats("vin"))
+              for k, v in MOVE_SOURCES.items()]
     for cls, spad, beats, far in kinds:
         for _ in range(3 if beats and far else 0):   # (no VIN, VOUT without a vector engine)
             rows = rng.randint(1, 4)

@@ -137,6 +137,32 @@ def test_dispatch_error_codes():
         check(big, CFG)
 
 
+def test_a_move_from_out_is_defined_with_a_vector_engine_only():
+    """A STORE naming OUT_MOVE_SPAD (value 6) decodes, reads OUT (its range is OUT's) and
+    writes VIN (its far range is VIN's) where there is a vector engine; without one it is
+    ILLEGAL_OPCODE, as an undefined value (7) is everywhere; a LOAD naming it is a LOAD of
+    no loadable scratchpad (BAD_ADDRESS)."""
+    from hw.isa import OUT_MOVE_SPAD, decode_fields, dispatch_errors, program_words
+
+    mv = Store(spad=OUT_MOVE_SPAD, spad_addr=1, dram_addr=2, rows=2, row_beats=3,
+               dram_stride=4)
+    assert decode(encode(mv)) == mv
+    assert dispatch_error(mv, VCFG) == ErrorCode.NONE
+    assert dispatch_error(mv, CFG) == ErrorCode.ILLEGAL_OPCODE
+    assert dispatch_error(Load(spad=OUT_MOVE_SPAD), VCFG) == ErrorCode.BAD_ADDRESS
+    out, vin = VCFG.spad_beats("out"), VCFG.spad_beats("vin")
+    for bad in (Store(spad=OUT_MOVE_SPAD, spad_addr=out - 1, row_beats=2),
+                Store(spad=OUT_MOVE_SPAD, dram_addr=vin - 1, row_beats=2)):
+        assert dispatch_error(bad, VCFG) == ErrorCode.BAD_ADDRESS, bad
+    assert dispatch_error(Store(spad=OUT_MOVE_SPAD, spad_addr=out - 2, dram_addr=vin - 2,
+                                row_beats=2), VCFG) == ErrorCode.NONE
+    seven = encode(mv) + ((7 - 6) << field_location("dma.spad")[0])
+    for cfg in (CFG, VCFG):
+        f = decode_fields(program_words([encode(mv), seven, encode(End())]))
+        assert list(dispatch_errors(f, cfg)) == [dispatch_error(mv, cfg).value,
+                                                 ErrorCode.ILLEGAL_OPCODE.value, 0]
+
+
 def test_field_overflow_is_named():
     with pytest.raises(ISAError, match="k_steps=20000 does not fit in 14 bits"):
         encode(Gemm(k_steps=20000))

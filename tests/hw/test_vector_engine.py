@@ -165,8 +165,9 @@ def test_an_undefined_sub_op_or_spad_is_an_illegal_word():
         f = decode_fields(program_words([word]))
         assert not legal_words(f, dispatch_limits(VCFG))[0], func
     off, width = field_location("dma.spad")
-    bad_spad = encode(Load()) & ~(((1 << width) - 1) << off) | (6 << off)
-    with pytest.raises(ISAError, match="spad 6"):
+    # (6 is a move from OUT with a vector engine, hw.isa.OUT_MOVE_SPAD; 7 is undefined)
+    bad_spad = encode(Load()) & ~(((1 << width) - 1) << off) | (7 << off)
+    with pytest.raises(ISAError, match="spad 7"):
         decode(bad_spad)
     errs = dispatch_errors(decode_fields(program_words([word, bad_spad, encode(Vec())])), VCFG)
     assert errs.tolist() == [ErrorCode.ILLEGAL_OPCODE.value] * 2 + [ErrorCode.NONE.value]
