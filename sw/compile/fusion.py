@@ -46,7 +46,11 @@ reads only what its own LOADs put there) and whose scratchpad beats no LOAD it o
 writes -- a GEMM's first weight chunks after a REQUANT, a DEQUANT's channel words and
 ``amax`` beats after the GEMM -- and, past that run, each LOAD without a wait into WGT, ACT
 or VIN that meets the same and whose beats and DRAM no earlier LOAD, move or STORE of the
-part writes (in a joined step, weights an earlier fusion moved inside the next program).
+part writes (in a joined step, weights an earlier fusion moved inside the next program);
+and a leading LOAD into VIN whose beats the part before loads but has settled by its end
+(:func:`drained_loads`: no VEC of it that the events do not prove complete reads them,
+:func:`settled`) goes right before that boundary alone (the query's rows after the KV
+append).
 Each goes to the first boundary, in order, where the LOAD engine would idle for at least
 half as long as the LOAD takes (:func:`_slack`, :data:`HOIST_FILL`: the part after then
 starts later by less than the LOAD engine streams instead of idling), up past several parts
