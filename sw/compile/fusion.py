@@ -46,7 +46,11 @@ reads only what its own LOADs put there) and whose scratchpad beats no LOAD it o
 writes -- a GEMM's first weight chunks after a REQUANT, a DEQUANT's channel words and
 ``amax`` beats after the GEMM -- and, past that run, each LOAD without a wait into WGT, ACT
 or VIN that meets the same and whose beats and DRAM no earlier LOAD, move or STORE of the
-part writes (in a joined step, weights an earlier fusion moved inside the next program).
+part writes (in a joined step, weights an earlier fusion moved inside the next program);
+and a leading LOAD into VIN whose beats the part before loads but has settled by its end
+(:func:`drained_loads`: no VEC of it that the events do not prove complete reads them,
+:func:`settled`) goes right before that boundary alone (the query's rows after the KV
+append).
 Each goes to the first boundary, in order, where the LOAD engine would idle for at least
 half as long as the LOAD takes (:func:`_slack`, :data:`HOIST_FILL`: the part after then
 starts later by less than the LOAD engine streams instead of idling), up past several parts
@@ -198,11 +202,13 @@ from hw.isa import (
     VecFunc,
     decode,
     decode_fields,
+    dequant_amax_addr,
     dispatch_errors,
     field_location,
     is_move,
     program_words,
     vec_reads_amax,
+    vec_reads_b,
 )
 from hw.numerics import ACT_QMAX, KV4_QMAX
 from hw.timing import vec_cycles
@@ -746,6 +752,97 @@ def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     # every range as the fetch unit checks it (an INSERT's codes: ``length`` words from
     # ``b_addr``), not just the LOADs' beats
     return None if dispatch_errors(decode_fields(moved), cfg).any() else moved
+
+
+def settled(words: np.ndarray) -> dict[int, int]:
+    """Per engine (:class:`hw.isa.Engine` value), the last word of the program ``words``
+    (``uint64 [n, 2]``, counters from 0, no REPEAT) proven complete once its LOAD engine has
+    been granted every one of its words (-1: none), from the words alone: the ``k``-th wait
+    on an event is granted by its ``k``-th signal (:func:`sw.compile.onchip._matches`), so a
+    granted word's signaller is complete; each engine grants and completes its words in
+    program order, so a word complete (or granted) means every word before it on its engine
+    is too. The closure of both, from the LOAD engine's last word."""
+    from sw.compile.onchip import _matches  # onchip imports this module
+
+    f = decode_fields(words)
+    eng = engines_fields(f)
+    match = _matches(f)
+    granted = {e.value: -1 for e in Engine}
+    done = dict(granted)
+    loads = np.flatnonzero(eng == Engine.LOAD.value)
+    granted[Engine.LOAD.value] = int(loads[-1]) if loads.size else -1
+    seen = dict(granted)
+    seen[Engine.LOAD.value] = -1
+    while seen != granted:
+        for e in granted:  # the words granted since the last pass: their signallers are done
+            lo, hi = seen[e], granted[e]
+            seen[e] = hi
+            for i in np.flatnonzero(eng[lo + 1:hi + 1] == e).tolist():
+                s = int(match[lo + 1 + i])
+                if s >= 0:
+                    done[int(eng[s])] = max(done[int(eng[s])], s)
+        for e in granted:
+            granted[e] = max(granted[e], done[e])
+    return done
+
+
+def _vec_vin_beats(f: Mapping[str, np.ndarray], i: int, per: int) -> list[tuple[int, int]]:
+    """The VIN beats VEC ``i`` of fields ``f`` may read (``per`` elements a beat): ``length``
+    elements from ``a_addr`` and, where it reads a second operand (or a ROPE its table, half
+    a head), from ``b_addr`` (:func:`hw.isa.vec_reads_b`), and a DEQUANT's ``amax`` word
+    (:func:`hw.isa.vec_reads_amax`) -- a superset of what it reads, as the dispatch checks
+    bound it."""
+    func, n = int(f["vec.func"][i]), int(f["vec.length"][i])
+    out = [(int(f["vec.a_addr"][i]), int(f["vec.a_addr"][i]) + n)]
+    if vec_reads_b(func) or func == VecFunc.ROPE.value:
+        out.append((int(f["vec.b_addr"][i]), int(f["vec.b_addr"][i]) + n))
+    if vec_reads_amax(func):
+        a = dequant_amax_addr(int(f["vec.imm"][i]))
+        out.append((a, a + 1))
+    return [(a // per, -(-b // per)) for a, b in out]
+
+
+def drained_loads(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray,
+                  hoisted: Sequence[int]) -> list[int]:
+    """The LOADs into VIN of a part's ``words`` (END dropped) that :func:`hoistable` keeps
+    (not in ``hoisted``) but that may go right before the SYNCs draining the part ``before``
+    (END dropped) -- after its every word, its boundary -- where its VIN and DRAM are
+    settled there: the LOADs without a wait of the part's leading run of LOAD-engine words
+    without a wait, whose VIN beats no VEC of ``before`` not proven complete (:func:`settled`)
+    may read (:func:`_vec_vin_beats`) and whose DRAM source no STORE of ``before`` not
+    proven complete writes, where every move of ``before`` is proven complete (VIN has one
+    DMA write port) and no LOAD of the part ahead of it that stays writes its beats. Every
+    LOAD of ``before`` lands first (the LOAD engine is in order), so the VIN rows the part
+    before loaded and has finished reading -- a query's rows after the KV append that read
+    other rows -- take the part's LOAD while ``before`` drains. Returns their indices, in
+    order; such a LOAD goes to that boundary alone (:func:`_fuse`), not further up."""
+    prev, f = decode_fields(before), decode_fields(words)
+    done = settled(before)
+    pending = np.arange(prev["opcode"].shape[0]) > done[Engine.STORE.value]
+    if (pending & is_move(prev["opcode"], prev["dma.spad"])).any():
+        return []
+    stores = [_dram_extent(prev, i) for i in _stores(prev) if pending[i]]
+    peng = engines_fields(prev)
+    per = cfg.beat_bytes // cfg.vin_word_bytes
+    reads = [r for i in np.flatnonzero(peng == Engine.VECTOR.value).tolist()
+             if i > done[Engine.VECTOR.value] for r in _vec_vin_beats(prev, i, per)]
+    eng = engines_fields(f)
+    skip = set(hoisted)
+    staying: list[tuple[int, int, int]] = []
+    out = []
+    for i in np.flatnonzero(eng == Engine.LOAD.value).tolist():
+        if int(f["wait"][i]) != NO_EVENT:
+            break
+        if int(f["opcode"][i]) != Opcode.LOAD.value or i in skip:
+            continue  # a SYNC without a wait, or a LOAD that goes ahead anyway
+        spad, lo, hi = _spad_extent(f, i)
+        if spad == Spad.VIN.value and not any(_overlap((lo, hi), r) for r in reads) \
+                and not any(_overlap(_dram_extent(f, i), s) for s in stores) \
+                and not any(s == spad and _overlap((lo, hi), (a, b)) for s, a, b in staying):
+            out.append(i)
+        else:
+            staying.append((spad, lo, hi))
+    return out
 
 
 def _wgt_moved(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.ndarray
@@ -1294,13 +1391,17 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         if shifted is not None and _reach(placed, shifted, more := hoistable(
                 placed[-1], shifted), constant) >= _reach(placed, body, hoisted, constant):
             body, hoisted = shifted, more
+        # the LOADs into VIN the part before has settled at its end: to this boundary alone
+        drained = set(drained_loads(cfg, placed[-1], body, hoisted)) if overlap and k else set()
+        hoisted = sorted([*hoisted, *drained])
         placed.append(body)
         room.append(_slack(cfg, placed[-2]) if k else 0)
         at, f, goes = 0, decode_fields(body), []
         for i in hoisted:  # in order, each at the first slot with room
             beats = int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
             # inside the part before its earliest boundary; rolled (not spread), its own
-            first = 2 * _boundary(placed, body, i, constant) - 1 if spread else 2 * k
+            first = 2 * _boundary(placed, body, i, constant) - 1 \
+                if spread and i not in drained else 2 * k
             at = next((j for j in range(max(at, first), 2 * k + 1)
                        if room[j] > 0 and HOIST_FILL * room[j] >= beats),
                       2 * k if len(goes) < HOIST_UNFIT else None)

@@ -1841,3 +1841,44 @@ def test_a_requant_head_joins_a_chain_that_holds_its_rows(monkeypatch):
     req = g.parts[2]
     assert isinstance(req, RequantOp) and not req.host and req.x == vec.y
     assert g.parts[1].x == vec.y    # the other vector node reads them on chip too
+
+
+def test_drained_loads_take_only_vin_rows_the_part_before_has_settled():
+    """A part that loads, reads and stores rows r1 (VIN beats 0-3), proves them done with a
+    SYNC on its LOAD engine (its STORE's signal, which waited on the VEC's), then loads,
+    reads and stores rows r2 (beats 8-11) unproven: the next part's LOAD of r1's DRAM into
+    beats 0-3 may go before the boundary (:func:`fusion.drained_loads`), its LOAD into beats
+    8-11 and its LOAD of r2's DRAM may not; and :func:`fusion.settled` says which words are
+    complete once the LOAD engine passed them all."""
+    from hw.isa import MOVE_SPAD, Engine, Spad, Store, Sync, Vec, VecFunc
+    from sw.compile.fusion import drained_loads, settled
+
+    full, done, stored = 0, 4, 6
+    cfg = VSMALL
+    per = cfg.beat_bytes // cfg.vin_word_bytes
+    r1, r2, r3 = 1000, 2000, 3000
+
+    def row(vin: int, dram: int, signal: int | None = full) -> Load:
+        return Load(spad=Spad.VIN, spad_addr=vin, dram_addr=dram, rows=1, row_beats=4,
+                    dram_stride=4, signal=signal)
+
+    def vec(vin: int) -> Vec:
+        return Vec(func=VecFunc.REQUANT, a_addr=vin * per, b_addr=0, dst_addr=0,
+                   length=4 * per, wait=full, signal=done)
+
+    def store(dram: int) -> Store:
+        return Store(spad=Spad.VOUT, spad_addr=0, dram_addr=dram, rows=1, row_beats=4,
+                     dram_stride=4, wait=done, signal=stored)
+    before = program_words([row(0, r1), vec(0), store(r1), Sync(engine=Engine.LOAD, wait=stored),
+                            row(8, r3), vec(8), store(r2)])
+    assert settled(before) == {Engine.LOAD.value: 0, Engine.COMPUTE.value: -1,
+                               Engine.STORE.value: 2, Engine.VECTOR.value: 1}
+    part = program_words([row(0, r1, None), row(8, r3, None), row(16, r2, None),
+                          row(24, r3, None), Sync(engine=Engine.LOAD, wait=stored),
+                          row(32, r3, None)])
+    assert drained_loads(cfg, before, part, []) == [0, 3]
+    assert drained_loads(cfg, before, part, [3]) == [0]
+    # an unproven move into VIN of the part before: nothing goes (one DMA write port)
+    moved = np.concatenate([before, program_words([Store(
+        spad=MOVE_SPAD, spad_addr=0, dram_addr=64, rows=1, row_beats=4, dram_stride=4)])])
+    assert drained_loads(cfg, moved, part, []) == []

@@ -169,16 +169,18 @@ def test_every_fused_program_of_a_tiny_model_with_moves_computes_the_same(monkey
 def test_a_decode_step_moves_its_norm_rows_and_keeps_the_tokens(monkeypatch):
     """The reference model's decode step, compiled as one program: each block's input norm
     rows reach the REQUANT after it by a move (no LOAD into VIN reads the STORE's rows), and
-    its logits equal those of the same step compiled without moves (bit for bit), in fewer
+    its logits (real weights: the recipe's format, magnitude-compressed, so they are not
+    zeros) equal those of the same step compiled without moves (bit for bit), in fewer
     DRAM beats."""
-    from sw.compress.model import selected_linears
+    from sw.compress.model import compress_llama
     from sw.models.recipes import recipe_for
     from sw.models.source import open_model
     from sw.runtime import Runtime
 
     cfg = preset("vector")
     lm = open_model("reference").model
-    formats = recipe_for("reference").formats(selected_linears(lm))
+    weights = compress_llama(lm, recipe_for("reference").uniform_format(), "magnitude",
+                             progress=False)
     opts = CompileOptions(prompt_tokens=7, max_context=8, decode_contexts=(8,),
                           phases=("decode",))
     steps = []
@@ -186,13 +188,13 @@ def test_a_decode_step_moves_its_norm_rows_and_keeps_the_tokens(monkeypatch):
         if not moves:
             monkeypatch.setattr(compiler, "onchip_moves",
                                 lambda cfg, words, keep=(): (words, tuple(range(len(words)))))
-        exe = compile_model(lm, cfg, opts, formats=formats)
+        exe = compile_model(lm, cfg, opts, weights=weights)
         rt = Runtime(exe, make_backend("model", cfg), vector=True)
         rt.seek(7)
         logits, stats = rt.step(torch.tensor([[3]]))
         steps.append((exe, logits, stats))
     (exe, logits, stats), (plain_exe, plain, plain_stats) = steps
-    assert torch.equal(logits, plain)
+    assert torch.equal(logits, plain) and logits.abs().max() > 0
     beats = [sum(r.counters["dram_read_beats"] for r in s.programs) for s in (stats,
                                                                                plain_stats)]
     assert beats[0] < beats[1]
@@ -372,3 +374,51 @@ def test_a_decode_step_without_its_quiet_stores_keeps_logits_and_every_node(monk
                        for s in (stats, plain_stats)]
             assert written[1] - written[0] == beats > 0
             assert stats.cycles < plain_stats.cycles
+
+
+def test_a_decode_step_loads_the_query_while_the_kv_append_drains(monkeypatch):
+    """The reference model's decode step (real weights): in every block after the first, the
+    LOAD of the rotated query rows into VIN (the scores' REQUANT) follows the KV append's
+    STOREs with no LOAD-engine word that waits between them (:func:`fusion.drained_loads`:
+    the append has settled those VIN beats), where without it a SYNC on the append's last
+    STORE comes first; the logits equal those without it bit for bit, in fewer cycles."""
+    from sw.compile import fusion
+    from sw.compress.model import compress_llama
+    from sw.models.recipes import recipe_for
+    from sw.models.source import open_model
+    from sw.runtime import Runtime
+
+    cfg = preset("vector")
+    lm = open_model("reference").model
+    weights = compress_llama(lm, recipe_for("reference").uniform_format(), "magnitude",
+                             progress=False)
+    opts = CompileOptions(prompt_tokens=7, max_context=8, decode_contexts=(8,),
+                          phases=("decode",))
+    steps = []
+    for drained in (True, False):
+        if not drained:
+            monkeypatch.setattr(fusion, "drained_loads", lambda *a, **k: [])
+        exe = compile_model(lm, cfg, opts, weights=weights)
+        rt = Runtime(exe, make_backend("model", cfg), vector=True)
+        rt.seek(7)
+        logits, stats = rt.step(torch.tensor([[3]]))
+        steps.append((exe, logits, stats))
+    (exe, logits, stats), (plain_exe, plain, plain_stats) = steps
+    assert torch.equal(logits, plain) and logits.abs().max() > 0
+    assert stats.cycles < plain_stats.cycles
+
+    def waits_before_query(e) -> list[bool]:
+        """Per block after the first: a LOAD-engine word that waits lies between the last
+        STORE before the query rows' LOAD and that LOAD."""
+        out = []
+        for layer in range(1, lm.config.num_hidden_layers):
+            rows = e.symbols[f"y:decode:layers.{layer}.self_attn.q_proj.rope"].addr
+            (ins, j), = [(ins, i) for ins in (_program(p.words) for p in e.programs)
+                         for i, x in enumerate(ins) if isinstance(x, Load)
+                         and x.spad == Spad.VIN and x.dram_addr == rows // cfg.beat_bytes]
+            s = max(i for i in range(j) if isinstance(ins[i], Store))
+            out.append(any(isinstance(x, (Load, Sync)) and x.wait is not None
+                           and (not isinstance(x, Sync) or x.engine == Engine.LOAD)
+                           for x in ins[s + 1:j]))
+        return out
+    assert all(waits_before_query(plain_exe)) and not any(waits_before_query(exe))
