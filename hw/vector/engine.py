@@ -630,14 +630,19 @@ class VectorEngine(wiring.Component):
             """Unit ``name``'s lane copies, lane 1 to n - 1 (:data:`_LANE_UNITS`)."""
             return [u[f"{name}_l{k}"] for k in range(1, n)]
 
+        aheads = {}
+
         def valid_ahead(name):
             """Unit ``name``'s ``o.valid`` one cycle early: its input valid (with ``last``, a
-            reduction's) delayed by its latency less one (the units never stall)."""
-            unit = u[name]
-            taken = unit.i.valid
-            if isinstance(unit, ReductionUnit):
-                taken = taken & unit.i.payload.last
-            return _delay(m, taken, unit.latency - 1, f"{name}_ahead")
+            reduction's) delayed by its latency less one (the units never stall); one delay
+            line a unit, however many read it."""
+            if name not in aheads:
+                unit = u[name]
+                taken = unit.i.valid
+                if isinstance(unit, ReductionUnit):
+                    taken = taken & unit.i.payload.last
+                aheads[name] = _delay(m, taken, unit.latency - 1, f"{name}_ahead")
+            return aheads[name]
 
         feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
         for k, unit in enumerate(lanes("add"), 1):
