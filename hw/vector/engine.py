@@ -630,14 +630,19 @@ class VectorEngine(wiring.Component):
             """Unit ``name``'s lane copies, lane 1 to n - 1 (:data:`_LANE_UNITS`)."""
             return [u[f"{name}_l{k}"] for k in range(1, n)]
 
+        aheads = {}
+
         def valid_ahead(name):
             """Unit ``name``'s ``o.valid`` one cycle early: its input valid (with ``last``, a
-            reduction's) delayed by its latency less one (the units never stall)."""
-            unit = u[name]
-            taken = unit.i.valid
-            if isinstance(unit, ReductionUnit):
-                taken = taken & unit.i.payload.last
-            return _delay(m, taken, unit.latency - 1, f"{name}_ahead")
+            reduction's) delayed by its latency less one (the units never stall); one delay
+            line a unit, however many read it."""
+            if name not in aheads:
+                unit = u[name]
+                taken = unit.i.valid
+                if isinstance(unit, ReductionUnit):
+                    taken = taken & unit.i.payload.last
+                aheads[name] = _delay(m, taken, unit.latency - 1, f"{name}_ahead")
+            return aheads[name]
 
         feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
         for k, unit in enumerate(lanes("add"), 1):
@@ -1147,35 +1152,60 @@ class VectorEngine(wiring.Component):
             return u[name].o.payload.y if n == 1 else \
                 [u[name].o.payload.y] + [unit.o.payload.y for unit in lanes(name)]
 
+        # Each enable the VOUT write multiplexer's priority chain selects on is a register
+        # beside it, loaded one cycle ahead (as `done` is), not a unit's valid ANDed with the
+        # engine's `is_` flags and counters across the die: a unit's valid ahead is
+        # valid_ahead's, the flags (`kv`, `wide`, `ch`) hold while `active` (from before a
+        # source's ahead cycle to its done), and a counter's compare reads the value the
+        # counter loads next (its statements above, the idle clear last). The enables that
+        # are the engine's own registers already (ARGMAX's second, amax_write, ins_v, k_amax,
+        # k_tail) stay. (Reset, as the valid bits are: no write in the cycle after a reset.)
+        def early(name, ahead):
+            return replica(m, ahead, f"vout_en_{name}", reset=True)
+
+        def unit_en(name, flag=None):
+            ahead = valid_ahead(name)
+            return early(name if flag is None else f"{name}_{flag[1]}",
+                         ahead if flag is None else ahead & flag[0])
+
+        rq_a = valid_ahead("requant")
+        if n < nbytes:
+            byte_next = Mux(~active, 0,
+                            Mux(rq.valid & ~kv, Mux(word_full, 0, byte + n), byte))[:len(byte)]
+            word_en = early("codes", rq_a & ~kv & ((byte_next == nbytes - n) | code_last_a))
+        else:
+            word_en = early("codes", rq_a & ~kv)
+        lane_next = Mux(~active, 0,
+                        Mux(rq.valid & kv, Mux(n_full, 0, n_lane + 1), n_lane))[:len(n_lane)]
+        nib_en = early("nibbles", rq_a & kv & ((lane_next == KV4_NIBBLES_PER_WORD - 1)
+                                               | code_last_a))
         if n == 1:
-            mul16 = [(u["mul16"].o.valid, u["mul16"].o.payload.y, mul_last | s_last)]
+            mul16 = [(unit_en("mul16"), u["mul16"].o.payload.y, mul_last | s_last)]
         elif self._cfg.vector_laned_silu:   # MUL's or SILU_GATE's lanes
-            mul16 = [(u["mul16"].o.valid, ys("mul16"), mul_last | s_last)]
+            mul16 = [(unit_en("mul16"), ys("mul16"), mul_last | s_last)]
         else:   # MUL's lanes, or SILU_GATE's one element
-            mul16 = [(u["mul16"].o.valid & wide, ys("mul16"), mul_last),
-                     (u["mul16"].o.valid & ~wide, u["mul16"].o.payload.y, s_last)]
+            mul16 = [(unit_en("mul16", (wide, "wide")), ys("mul16"), mul_last),
+                     (unit_en("mul16", (~wide, "one")), u["mul16"].o.payload.y, s_last)]
         sources = [  # (write enable, data, the instruction's last write)
-            (u["add"].o.valid, ys("add"), add_last),
-            (u["argmax"].o.valid, u["argmax"].o.payload.index, 0),
+            (unit_en("add"), ys("add"), add_last),
+            (unit_en("argmax"), u["argmax"].o.payload.index, 0),
             (second, arg_top, 1),
-            (word_full, word, 0),
+            (word_en, word, 0),
             (amax_write, Mux(fold, fword, amax), 1),
-            (u["scale16"].o.valid, ys("scale16"), p_last),   # 0 where masked
-            (u["mul"].o.valid, ys("mul"), y_last),
+            (unit_en("scale16"), ys("scale16"), p_last),   # 0 where masked
+            (unit_en("mul"), ys("mul"), y_last),
             *mul16,
-            *([(u["rope"].o.valid, u["rope"].o.payload.y, rope_last)] if n == 1 else
-              [(u["rope"].o.valid & wide, ys("rope"), rope_last),     # a laned ROPE's
-               (u["rope"].o.valid & ~wide, u["rope"].o.payload.y, rope_last)]),
-            (u["scale31"].o.valid, ys("scale31"), dq_last),
+            *([(unit_en("rope"), u["rope"].o.payload.y, rope_last)] if n == 1 else
+              [(unit_en("rope", (wide, "wide")), ys("rope"), rope_last),   # a laned ROPE's
+               (unit_en("rope", (~wide, "one")), u["rope"].o.payload.y, rope_last)]),
+            (unit_en("scale31"), ys("scale31"), dq_last),
             *([(ins_v, ins_y[0], ins_last)] if n == 1 else   # laned INSERT, or one word
               [(ins_v & wide, ins_y, ins_last), (ins_v & ~wide, ins_y[0], ins_last)]),
-            (u["dequant_factor"].o.valid & ch, u["dequant_factor"].o.payload.word, ch_last),
-            (n_full, n_word, 0),
+            (unit_en("dequant_factor", (ch, "ch")), u["dequant_factor"].o.payload.word,
+             ch_last),
+            (nib_en, n_word, 0),
             (k_amax, amax, 1),
         ]
-        # A key row's code words (registered out of their block RAM, which lies apart from
-        # the engine) take the last multiplexer before VOUT, not the first (no other source
-        # writes while k_tail is set: KV4 writes nothing else then).
         sources.insert(0, (k_tail, c_q, 0))
         if n == 1:
             data = 0
@@ -1188,7 +1218,7 @@ class VectorEngine(wiring.Component):
         else:
             write, dst_step = self._write_lanes(
                 m, sources, dst=dst, step=step, tail=tail, wide=wide, code_last=code_last,
-                codes=(word_full, word, kw), length=length)
+                codes=(word_en, word, kw), length=length)
         # `done` is the OR of each source's enable and last (Cat(en & end ...).any()), which
         # the sequencer and the event unit read across the die in the same cycle: it is
         # registered from each source's (en & end) one cycle ahead instead. Each `end`
