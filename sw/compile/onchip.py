@@ -117,6 +117,11 @@ def _matches(f) -> np.ndarray:
     return out
 
 
+def _instrs(words: np.ndarray) -> list:
+    """The decoded instructions of ``words`` (``uint64 [n, 2]``: low, high halves)."""
+    return [decode(int(lo) | int(hi) << 64) for lo, hi in words]
+
+
 def round_trips(words: np.ndarray) -> list[tuple[int, int | None, int]]:
     """The ``(S, X, L)`` index triples of ``words`` (``uint64 [n, 2]``) that
     :func:`onchip_moves` rewrites: a STORE of VOUT rows, the last LOAD into VIN that may
@@ -124,7 +129,7 @@ def round_trips(words: np.ndarray) -> list[tuple[int, int | None, int]]:
     VIN, each safe by the module's rules, in order."""
     f = decode_fields(words)
     eng = engines_fields(f)
-    ins = [decode(int(lo) | int(hi) << 64) for lo, hi in words]
+    ins = _instrs(words)
     match = _matches(f)
     out: list[tuple[int, int | None, int]] = []
     last = -1  # the last X: the SYNCs after them signal in the order the moves wait
@@ -204,15 +209,15 @@ def onchip_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int
     stores = {s: (x, t) for s, x, t in found}
     flights = {x for _, x, _ in found if x is not None}
     loads = {t for _, _, t in found}
+    decoded = _instrs(words)
     out, where = [], []
-    for i, w in enumerate(words):
-        ins = decode(int(w[0]) | int(w[1]) << 64)
+    for i, ins in enumerate(decoded):
         where.append(len(out))
         if i in loads:
             out.append(Sync(engine=Engine.LOAD, wait=ins.wait, signal=ins.signal))
         elif i in stores:
             x, t = stores[i]
-            ld = decode(int(words[t, 0]) | int(words[t, 1]) << 64)
+            ld = decoded[t]
             out += [replace(ins, signal=None),
                     Store(spad=MOVE_SPAD, spad_addr=ins.spad_addr, dram_addr=ld.spad_addr,
                           rows=ld.rows, row_beats=ld.row_beats, dram_stride=ld.row_beats,
@@ -250,7 +255,7 @@ def quiet_stores(words: np.ndarray, keep: Collection[int] = (),
     STORE can go (:func:`quieten`) without changing what any word reads."""
     f = decode_fields(words)
     n = f["opcode"].shape[0]
-    ins = [decode(int(lo) | int(hi) << 64) for lo, hi in words]
+    ins = _instrs(words)
     cand = [i for i in range(n - 1) if i not in keep
             and isinstance(ins[i], Store) and ins[i].spad == Spad.VOUT
             and isinstance(ins[i + 1], Store) and ins[i + 1].spad == MOVE_SPAD
@@ -298,9 +303,9 @@ def quieten(words: np.ndarray, rows: Collection[int]) -> np.ndarray:
     """``words`` with each STORE at ``rows`` (:func:`quiet_stores`) a SYNC of the STORE
     engine with its wait and signal: its events run as before, its DRAM write goes (and its
     index stays, so the run-time rows do not move)."""
-    out = words.copy()
+    out, decoded = words.copy(), _instrs(words)
     for i in rows:
-        st = decode(int(words[i, 0]) | int(words[i, 1]) << 64)
+        st = decoded[i]
         out[i] = program_words([Sync(engine=Engine.STORE, wait=st.wait, signal=st.signal)])[0]
     return out
 
@@ -460,7 +465,7 @@ def out_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[
     if np.any(f["opcode"] == Opcode.REPEAT.value) or cfg.num_events <= MOVE_EVENT:
         return []
     eng = engines_fields(f)
-    ins = [decode(int(lo) | int(hi) << 64) for lo, hi in words]
+    ins = _instrs(words)
     match = _matches(f)
     known, forward = _known(eng, match)
     store_e, vec_e = Engine.STORE.value, Engine.VECTOR.value
@@ -607,18 +612,17 @@ def out_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] =
     stores: dict[int, Store] = {}   # the STOREs whose signal a move takes
     placed: dict[int, list[Store]] = {}   # the moves after each word (S, or X's SYNCs)
     flights: dict[int, int] = {}
+    decoded = _instrs(words)
     for _, group in found:
         for s, x, mv in group:
             mv = replace(mv, wait=None if x is None else OUT_MOVE_EVENT)
             if s in last:
-                stores[s] = mv = replace(mv, signal=decode(
-                    int(words[s, 0]) | int(words[s, 1]) << 64).signal)
+                stores[s] = mv = replace(mv, signal=decoded[s].signal)
             placed.setdefault(s if x is None else max(s, x), []).append(mv)
             if x is not None:
                 flights[x] = flights.get(x, 0) + 1
     out, where = [], []
-    for i, w in enumerate(words):
-        ins = decode(int(w[0]) | int(w[1]) << 64)
+    for i, ins in enumerate(decoded):
         where.append(len(out))
         if i in loads:
             out.append(Sync(engine=Engine.LOAD, wait=ins.wait, signal=ins.signal))

@@ -50,13 +50,30 @@ def _part(func: VecFunc, rows: int, length: int, x: str, y: str, b: str | None,
     return vector_events(relocate(t, base, [_Part], CFG.beat_bytes))
 
 
-def _dram(rng, base: dict, rows: int, length: int) -> np.ndarray:
+def _dram(rng, base: dict, rows: int, length: int, buffers: int = 4) -> np.ndarray:
     dram = np.zeros(CFG.memory.size_bytes, np.uint8)
-    values = to_fixed(rng.standard_normal((4 * rows, _row_bytes(length) // 4)))
+    values = to_fixed(rng.standard_normal((buffers * rows, _row_bytes(length) // 4)))
     dram[:values.size * 4] = values.astype("<i4").view(np.uint8).reshape(-1)
     w = norm_weight(rng.standard_normal(length), length)
     dram[base["w"]:base["w"] + 4 * length] = w.astype("<i4").view(np.uint8)
     return dram
+
+
+def _random_chain(rng, buffers: int, parts_max: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """A random chain of RMSNorm and ADD parts (1 to 12 rows, 2 to ``parts_max`` parts) over
+    ``buffers`` row buffers, each part reading and writing random ones, and the DRAM holding
+    its operands."""
+    length = int(rng.integers(8, 64))
+    rows_max = 12
+    bufs = [f"r{i}" for i in range(buffers)]
+    base = {name: i * rows_max * _row_bytes(length) for i, name in enumerate(bufs)}
+    base["w"] = len(bufs) * rows_max * _row_bytes(length)
+    parts = []
+    for _ in range(int(rng.integers(2, parts_max + 1))):
+        x, b, y = (str(v) for v in rng.permutation(bufs)[:3])
+        func = VecFunc.ADD if rng.integers(2) else VecFunc.RMSNORM
+        parts.append(_part(func, int(rng.integers(1, rows_max + 1)), length, x, y, b, base))
+    return parts, _dram(rng, base, rows_max, length, buffers)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -120,19 +137,7 @@ def test_random_vector_chains_with_moves_compute_what_drained_ones_do(seed):
     reading and writing random ones: overlapped with moves, the same DRAM at the end as
     drained on the fast model (which applies every effect at its completion, so a move that
     overwrote VIN beats still read, or read VOUT beats already overwritten, would show)."""
-    rng = np.random.default_rng(seed)
-    length = int(rng.integers(8, 64))
-    row = _row_bytes(length)
-    rows_max = 12
-    bufs = [f"r{i}" for i in range(4)]
-    base = {name: i * rows_max * row for i, name in enumerate(bufs)}
-    base["w"] = len(bufs) * rows_max * row
-    parts = []
-    for _ in range(int(rng.integers(2, 6))):
-        x, b, y = (str(v) for v in rng.permutation(bufs)[:3])
-        func = VecFunc.ADD if rng.integers(2) else VecFunc.RMSNORM
-        parts.append(_part(func, int(rng.integers(1, rows_max + 1)), length, x, y, b, base))
-    dram = _dram(rng, base, rows_max, length)
+    parts, dram = _random_chain(np.random.default_rng(seed), 4, 5)
     moved = onchip_moves(CFG, fuse_words(CFG, parts))[0]
     runs = [make_backend("model", CFG).run(w, dram.copy())
             for w in (fuse_words(CFG, parts, False), moved)]
@@ -270,22 +275,10 @@ def test_random_vector_chains_without_their_quiet_stores_write_the_same_rows(see
     SYNCs: on the fast model every DRAM byte no quiet STORE addresses is what the chain with
     every STORE leaves (a LOAD that read a quiet STORE's rows would read other values), in
     as many fewer written beats as the quiet STOREs write."""
-    rng = np.random.default_rng(seed)
-    length = int(rng.integers(8, 64))
-    row = _row_bytes(length)
-    rows_max = 12
-    bufs = [f"r{i}" for i in range(5)]
-    base = {name: i * rows_max * row for i, name in enumerate(bufs)}
-    base["w"] = len(bufs) * rows_max * row
-    parts = []
-    for _ in range(int(rng.integers(2, 7))):
-        x, b, y = (str(v) for v in rng.permutation(bufs)[:3])
-        func = VecFunc.ADD if rng.integers(2) else VecFunc.RMSNORM
-        parts.append(_part(func, int(rng.integers(1, rows_max + 1)), length, x, y, b, base))
+    parts, dram = _random_chain(np.random.default_rng(seed), 5, 6)
     moved = onchip_moves(CFG, fuse_words(CFG, parts))[0]
     rows = quiet_stores(moved)
     ins = _program(moved)
-    dram = _dram(rng, base, rows_max, length)
     runs = [make_backend("model", CFG).run(w, dram.copy()) for w in (moved, quieten(moved, rows))]
     assert all(r.ok for r in runs), [r.error for r in runs]
     rest = np.ones(dram.size, bool)
@@ -299,19 +292,8 @@ def test_random_vector_chains_without_their_quiet_stores_write_the_same_rows(see
 
 def test_random_chains_have_quiet_stores():
     """The random chains above do exercise quiet STOREs (some seed has one)."""
-    found = 0
-    for seed in range(8):
-        rng = np.random.default_rng(seed)
-        length = int(rng.integers(8, 64))
-        row = _row_bytes(length)
-        bufs = [f"r{i}" for i in range(5)]
-        base = {name: i * 12 * row for i, name in enumerate(bufs)} | {"w": 60 * row}
-        parts = []
-        for _ in range(int(rng.integers(2, 7))):
-            x, b, y = (str(v) for v in rng.permutation(bufs)[:3])
-            func = VecFunc.ADD if rng.integers(2) else VecFunc.RMSNORM
-            parts.append(_part(func, int(rng.integers(1, 13)), length, x, y, b, base))
-        found += len(quiet_stores(onchip_moves(CFG, fuse_words(CFG, parts))[0]))
+    found = sum(len(quiet_stores(onchip_moves(CFG, fuse_words(
+        CFG, _random_chain(np.random.default_rng(seed), 5, 6)[0]))[0])) for seed in range(8))
     assert found
 
 
