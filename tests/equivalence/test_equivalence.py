@@ -132,39 +132,24 @@ def test_loop_programs_agree(backends, block):
     assert outcomes.get("BAD_REPEAT", 0) + outcomes.get("BAD_ADDRESS", 0) >= 1, outcomes
 
 
+@pytest.mark.parametrize("spad, vector, loops, seed0", [
+    (MOVE_SPAD, 0.8, 0.5, 90_000), (OUT_MOVE_SPAD, 0.3, 0.2, 95_000)], ids=["vout", "out"])
 @pytest.mark.parametrize("block", range(2))
-def test_move_programs_agree(backends, block):
-    """Moves (VOUT -> VIN, hw.isa.MOVE_SPAD): one chain of mostly vector tasks, each with a
-    move and a VEC after it, half of them hardware loops (a move's VIN rows do not advance);
-    the fetch checks, the STORE engine's VIN writes and their cycles agree with the model."""
+def test_move_programs_agree(backends, block, spad, vector, loops, seed0):
+    """Moves into VIN: from VOUT (hw.isa.MOVE_SPAD; one chain of mostly vector tasks, each
+    with a move and a VEC after it, half of them hardware loops, where a move's VIN rows do
+    not advance) and from OUT (hw.isa.OUT_MOVE_SPAD; mostly GEMM tasks, each moving OUT rows
+    into VIN before its STORE of OUT, a VEC reading them after): the fetch checks, the STORE
+    engine's reads and VIN writes and their cycles agree with the model."""
     cfg, model, rtl = backends
     if not cfg.has_vector:
         pytest.skip("no vector engine")
     outcomes, moves = {}, 0
-    for seed in range(90_000 + 1000 * block, 90_000 + 1000 * block + 10):
+    for seed in range(seed0 + 1000 * block, seed0 + 1000 * block + 10):
         rng = np.random.default_rng(seed)
-        rp = random_program(cfg, rng, chains=1, tasks=int(rng.integers(2, 5)), vector=0.8,
-                            loops=0.5, moves=1.0)
-        moves += sum(getattr(i, "spad", None) == MOVE_SPAD for i in rp.program)
-        r = _check(cfg, model, rtl, rp.program, rp.dram)
-        outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
-    assert moves >= 10 and outcomes.get("NONE", 0) >= 8, (moves, outcomes)
-
-
-@pytest.mark.parametrize("block", range(2))
-def test_out_move_programs_agree(backends, block):
-    """Moves from OUT (hw.isa.OUT_MOVE_SPAD): one chain of mostly GEMM tasks, each moving OUT
-    rows into VIN before its STORE of OUT, a VEC reading them after; the fetch checks, the
-    STORE engine's OUT reads and VIN writes and their cycles agree with the model."""
-    cfg, model, rtl = backends
-    if not cfg.has_vector:
-        pytest.skip("no vector engine")
-    outcomes, moves = {}, 0
-    for seed in range(95_000 + 1000 * block, 95_000 + 1000 * block + 10):
-        rng = np.random.default_rng(seed)
-        rp = random_program(cfg, rng, chains=1, tasks=int(rng.integers(2, 5)), vector=0.3,
-                            loops=0.2, moves=1.0)
-        moves += sum(getattr(i, "spad", None) == OUT_MOVE_SPAD for i in rp.program)
+        rp = random_program(cfg, rng, chains=1, tasks=int(rng.integers(2, 5)), vector=vector,
+                            loops=loops, moves=1.0)
+        moves += sum(getattr(i, "spad", None) == spad for i in rp.program)
         r = _check(cfg, model, rtl, rp.program, rp.dram)
         outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
     assert moves >= 10 and outcomes.get("NONE", 0) >= 8, (moves, outcomes)

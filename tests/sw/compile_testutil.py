@@ -1,6 +1,7 @@
 """Tiny models shared by the compiler, runtime and deploy tests (``tests/sw/conftest.py`` puts
 this directory on the import path)."""
 
+import pytest
 import torch
 
 from hw.config import AcceleratorConfig, MemoryModel
@@ -71,3 +72,34 @@ def backends_agree(exe, cfg: AcceleratorConfig, ids: torch.Tensor, prompt: int,
             assert torch.equal(a, b)
             assert [p.cycles for p in sa.programs] == [p.cycles for p in sb.programs]
     return runs
+
+
+def reference_decode_steps(mp: pytest.MonkeyPatch, target, name: str, replacement) -> tuple:
+    """The reference model's decode step (context 8; real weights: the recipe's format,
+    magnitude-compressed, so the logits are not zeros), compiled as it is and then with
+    ``target.name`` replaced by ``replacement`` (through ``mp``), each run for one step on the
+    fast model. Returns the configuration, the model and ``[(executable, logits, stats)]``
+    for the two builds."""
+    from hw.config import preset
+    from sim.backends import make_backend
+    from sw.compile import CompileOptions, compile_model
+    from sw.models.recipes import recipe_for
+    from sw.models.source import open_model
+    from sw.runtime import Runtime
+
+    cfg = preset("vector")
+    lm = open_model("reference").model
+    weights = compress_llama(lm, recipe_for("reference").uniform_format(), "magnitude",
+                             progress=False)
+    opts = CompileOptions(prompt_tokens=7, max_context=8, decode_contexts=(8,),
+                          phases=("decode",))
+    steps = []
+    for patched in (False, True):
+        if patched:
+            mp.setattr(target, name, replacement)
+        exe = compile_model(lm, cfg, opts, weights=weights)
+        rt = Runtime(exe, make_backend("model", cfg), vector=True)
+        rt.seek(7)
+        logits, stats = rt.step(torch.tensor([[3]]))
+        steps.append((exe, logits, stats))
+    return cfg, lm, steps

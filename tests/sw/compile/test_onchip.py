@@ -6,9 +6,15 @@ anything reads stay what they were."""
 import numpy as np
 import pytest
 import torch
-from compile_testutil import VSMALL, VTINY, compressed, tiny_lm, vin_row_bytes
+from compile_testutil import (
+    VSMALL,
+    VTINY,
+    compressed,
+    reference_decode_steps,
+    tiny_lm,
+    vin_row_bytes,
+)
 
-from hw.config import preset
 from hw.isa import (
     MOVE_SPAD,
     Engine,
@@ -177,27 +183,9 @@ def test_a_decode_step_moves_its_norm_rows_and_keeps_the_tokens(monkeypatch):
     its logits (real weights: the recipe's format, magnitude-compressed, so they are not
     zeros) equal those of the same step compiled without moves (bit for bit), in fewer
     DRAM beats."""
-    from sw.compress.model import compress_llama
-    from sw.models.recipes import recipe_for
-    from sw.models.source import open_model
-    from sw.runtime import Runtime
-
-    cfg = preset("vector")
-    lm = open_model("reference").model
-    weights = compress_llama(lm, recipe_for("reference").uniform_format(), "magnitude",
-                             progress=False)
-    opts = CompileOptions(prompt_tokens=7, max_context=8, decode_contexts=(8,),
-                          phases=("decode",))
-    steps = []
-    for moves in (True, False):
-        if not moves:
-            monkeypatch.setattr(compiler, "onchip_moves",
-                                lambda cfg, words, keep=(): (words, tuple(range(len(words)))))
-        exe = compile_model(lm, cfg, opts, weights=weights)
-        rt = Runtime(exe, make_backend("model", cfg), vector=True)
-        rt.seek(7)
-        logits, stats = rt.step(torch.tensor([[3]]))
-        steps.append((exe, logits, stats))
+    cfg, _, steps = reference_decode_steps(
+        monkeypatch, compiler, "onchip_moves",
+        lambda cfg, words, keep=(): (words, tuple(range(len(words)))))
     (exe, logits, stats), (plain_exe, plain, plain_stats) = steps
     assert torch.equal(logits, plain) and logits.abs().max() > 0
     beats = [sum(r.counters["dram_read_beats"] for r in s.programs) for s in (stats,
@@ -365,26 +353,9 @@ def test_a_decode_step_loads_the_query_while_the_kv_append_drains(monkeypatch):
     the append has settled those VIN beats), where without it a SYNC on the append's last
     STORE comes first; the logits equal those without it bit for bit, in fewer cycles."""
     from sw.compile import fusion
-    from sw.compress.model import compress_llama
-    from sw.models.recipes import recipe_for
-    from sw.models.source import open_model
-    from sw.runtime import Runtime
 
-    cfg = preset("vector")
-    lm = open_model("reference").model
-    weights = compress_llama(lm, recipe_for("reference").uniform_format(), "magnitude",
-                             progress=False)
-    opts = CompileOptions(prompt_tokens=7, max_context=8, decode_contexts=(8,),
-                          phases=("decode",))
-    steps = []
-    for drained in (True, False):
-        if not drained:
-            monkeypatch.setattr(fusion, "drained_loads", lambda *a, **k: [])
-        exe = compile_model(lm, cfg, opts, weights=weights)
-        rt = Runtime(exe, make_backend("model", cfg), vector=True)
-        rt.seek(7)
-        logits, stats = rt.step(torch.tensor([[3]]))
-        steps.append((exe, logits, stats))
+    cfg, lm, steps = reference_decode_steps(monkeypatch, fusion, "drained_loads",
+                                            lambda *a, **k: [])
     (exe, logits, stats), (plain_exe, plain, plain_stats) = steps
     assert torch.equal(logits, plain) and logits.abs().max() > 0
     assert stats.cycles < plain_stats.cycles
