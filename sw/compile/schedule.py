@@ -393,10 +393,10 @@ class _Scheduler:
 
 
 class _RingScheduler(_Scheduler):
-    """:func:`schedule_layers` with ``slots`` WGT slots and OUT buffers (:func:`ring_slots`)
-    and one counting event each for FULL, FREE, OUT_FULL and STORED (``FULL0``, ``FREE0``,
-    ``OUT_FULL0``, ``STORED0``): GEMM ``i`` reads slot ``i % slots``, a tile writes OUT
-    buffer ``tile % slots``. Every event is signalled and consumed in order, so the k-th
+    """:func:`schedule_layers` with ``slots`` WGT slots (:func:`ring_slots`), ``out_ring``
+    OUT buffers (:func:`out_ring`) and one counting event each for FULL, FREE, OUT_FULL and
+    STORED (``FULL0``, ``FREE0``, ``OUT_FULL0``, ``STORED0``): GEMM ``i`` reads slot
+    ``i % slots``. Every event is signalled and consumed in order, so the k-th
     grant of one is its k-th signal. A GEMM is *done* when its FREE (a non-final K chunk) or
     its tile's STORED (the final one) is signalled; the load into slot ``i % slots`` first
     consumes the done signals of every GEMM up to ``i - slots`` not yet consumed (one on the
