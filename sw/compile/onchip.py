@@ -1,5 +1,6 @@
 """Round trips through DRAM that become on-chip moves (VOUT -> VIN, :data:`hw.isa.MOVE_SPAD`;
-OUT -> VIN, :data:`hw.isa.OUT_MOVE_SPAD`: :func:`out_moves`, below).
+OUT -> VIN, :data:`hw.isa.OUT_MOVE_SPAD`: :func:`out_moves`, below; rows several STOREs of
+VOUT write: :func:`vout_moves`, after it).
 
 A fused program's parts meet in DRAM (:mod:`sw.compile.fusion`): a vector part STOREs its
 VOUT rows and the vector part after it LOADs them back into VIN (RMSNorm -> REQUANT, the
