@@ -646,16 +646,76 @@ def _vout_writes(cfg: AcceleratorConfig, v: Vec) -> tuple[int, int]:
     return v.dst_addr // per, -(-end // per)
 
 
-def _vout_kept(cfg: AcceleratorConfig, ins: Sequence, known: np.ndarray, vecs: Sequence[int],
-               s: int) -> bool:
-    """Whether the VOUT beats the STORE ``ins[s]`` reads stay until the move right after it
-    (which takes over its signal) has read them: every VEC not known complete when ``s``
-    starts that writes them starts after ``s`` or a later STORE-engine word is complete."""
+def _after(eng: np.ndarray, match: np.ndarray, s: int) -> np.ndarray:
+    """Per word, whether it starts only after a word granted by the signal of word ``s``
+    has been granted (so after whatever raises that signal completes): granted by it, or
+    after such a word on its own engine (in order), or granted by such a word. Program
+    order; a wait granted by a later word (a seeded credit) proves nothing here."""
+    out = np.zeros(eng.shape[0], dtype=bool)
+    last: dict[int, int] = {}
+    for i in range(eng.shape[0]):
+        e, j = int(eng[i]), int(match[i])
+        out[i] = j == s or (e in last and out[last[e]]) or (0 <= j < i and out[j])
+        last[e] = i
+    return out
+
+
+def _vout_kept(cfg: AcceleratorConfig, ins: Sequence, eng: np.ndarray, match: np.ndarray,
+               known: np.ndarray, vecs: Sequence[int], s: int, p: int) -> bool:
+    """Whether the VOUT beats the STORE ``ins[s]`` reads stay until its move, which takes
+    over its signal and goes on the STORE engine after every STORE-engine word up to ``p``
+    (``s`` or later), has read them: every VEC not known complete when ``s`` starts that
+    writes them starts after ``s``'s signal (the move's: :func:`_after`) or after a
+    STORE-engine word after ``p`` is complete."""
     st = ins[s]
     mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
     done = int(known[s, Engine.VECTOR.value])
-    return all(int(known[v, Engine.STORE.value]) >= s for v in vecs
-               if v > done and _span_overlap(mine, _vout_writes(cfg, ins[v])))
+    writers = [v for v in vecs if v > done and _span_overlap(mine, _vout_writes(cfg, ins[v]))]
+    late = [v for v in writers if int(known[v, Engine.STORE.value]) not in
+            (s, *range(p + 1, len(ins)))]
+    return not late or bool(_after(eng, match, s)[late].all())
+
+
+def _vout_flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c, mv
+                 ) -> tuple[int | None, int] | bool:
+    """:func:`_flight`'s rules for the move ``mv`` of the STORE ``s`` of VOUT, which takes
+    over its signal, of the LOAD ``t`` whose consumer is ``c``: ``(X, p)``, the last LOAD
+    into VIN that may be in flight when it starts (None: none) and the word it goes after
+    (``s``, or ``X``'s SYNC), else False. Where ``X`` lies after ``s``, the STORE-engine
+    words between them (a GEMM's STOREs of OUT beside a DEQUANT's segments) may go before
+    the move, unlike :func:`_flight`'s: none of the words between ``s`` and ``X`` depends on
+    ``s`` or a later STORE-engine word (the move, after them, holds ``s``'s signal) and none
+    signals ``s``'s event (the STORE engine signals it in the order it did)."""
+    if mv is None:
+        return False
+    load_e, store_e, vec_e = Engine.LOAD.value, Engine.STORE.value, Engine.VECTOR.value
+    k = known[s].copy()
+    k[store_e] = max(int(k[store_e]), s)   # the STORE engine is in order: S is done
+    mine = (mv.dram_addr, mv.dram_addr + (mv.rows - 1) * mv.dram_stride + mv.row_beats)
+    flying = [j for j in vin_loads if k[load_e] < j < t]
+    if any(_span_overlap(mine, (ins[j].spad_addr, ins[j].spad_addr
+                                + ins[j].rows * ins[j].row_beats)) for j in flying):
+        return False
+    if any(s < j < t and _span_overlap(mine, (ins[j].dram_addr, ins[j].dram_addr + (
+            ins[j].rows - 1) * ins[j].dram_stride + ins[j].row_beats)) for j in moves):
+        return False
+    early = [j for j in flying if known[j, store_e] < s]
+    x = max(early) if early else None
+    if x is not None:
+        if forward[x] or x > s and any(
+                known[j, store_e] >= s or ins[j].signal is not None
+                and ins[j].signal == ins[s].signal for j in range(s + 1, x + 1)):
+            return False
+        k[load_e] = max(int(k[load_e]), x)
+    if any(isinstance(ins[v], Vec) and any(_span_overlap(mine, r)
+                                           for r in _vin_reads(cfg, ins[v]))
+           for v in range(int(k[vec_e]) + 1, c)):
+        return False
+    if ins[t].wait is not None:
+        w = int(match[t])
+        if w < 0 or w > k[eng[w]]:
+            return False
+    return x, s if x is None else max(s, x)
 
 
 def _move_event_pairs(ins: Sequence, f, match: np.ndarray
@@ -756,11 +816,12 @@ def vout_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection
         for s, pos in sorted(writers):
             mv = _out_move(ins[s], ld, pos)
             mv = mv and replace(mv, spad=MOVE_SPAD)
-            x = _flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c, mv,
-                        True)
-            if x is False or not _vout_kept(cfg, ins, known, vecs, s):
+            place = _vout_flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t,
+                                 c, mv)
+            if place is False or not _vout_kept(cfg, ins, eng, match, known, vecs, s,
+                                                  place[1]):
                 break
-            group.append((s, x, mv))
+            group.append((s, place[0], mv))
         else:
             new = [((x, 1, s), (max(s, x), 2, s)) for s, x, _ in group if x is not None]
             fits = [e for e in ((event,) if event is not None else pairs)
