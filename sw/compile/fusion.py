@@ -1251,7 +1251,9 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     LOAD-engine word before, or on a SYNC of their own), so they stream while the part
     before drains and the events run as without them; a vector part whose VIN beats collide
     with the part before's moves its VIN above them first (:func:`_vin_moved`), where that
-    lets more of its LOADs go. With ``spread``, a part's WGT is packed above the WGT of the
+    lets more of its LOADs go, or, where there is no room above them and it reads rows the
+    part before stores from VOUT, into a gap between them (:func:`_vin_gap`), where that
+    lets as many go. With ``spread``, a part's WGT is packed above the WGT of the
     parts before it where that lets its LOADs go as far (:func:`_wgt_moved`), and each of
     those LOADs goes up to the first boundary where the LOAD engine idles long enough for it
     (past several parts), or inside a GEMM part before it whose own weights all loaded

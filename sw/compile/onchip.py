@@ -769,13 +769,16 @@ def vout_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection
        after ``L`` known to start after it (its signal need not say so: a LOAD hoisted
        above its boundary leaves it on a SYNC), and every VEC after ``C`` start after
        every ``M``;
-    3. and 4. as :func:`out_round_trips` (:func:`_flight`, every move taking over its
+    3. and 4. as :func:`out_round_trips` (:func:`_vout_flight`, every move taking over its
        STORE's signal): no VEC that may run when ``M`` starts, before ``C``, reads ``M``'s
        VIN beats, no LOAD into VIN not landed then writes them, nor a move between ``S``
-       and ``L``; ``M`` waits for the LOADs into VIN that may be in flight;
-    5. every VEC not complete when ``S`` starts that writes ``S``'s VOUT beats starts after
-       ``S``'s signal or a later STORE-engine word (:func:`_vout_kept`): ``M``, right after
-       ``S`` on the in-order STORE engine with its signal, reads what ``S`` read;
+       and ``L``; ``M`` waits for the LOADs into VIN that may be in flight, after the last
+       one's SYNC where it lies after ``S`` -- behind the STORE-engine words between them
+       (a GEMM's STOREs of OUT beside a DEQUANT's segments), where none of the words between
+       depends on ``S`` or signals its event;
+    5. every VEC not complete when ``S`` starts that writes ``S``'s VOUT beats waits on
+       ``S``'s signal (:func:`_after`: now ``M``'s) or starts after a STORE-engine word after
+       ``M`` (:func:`_vout_kept`): ``M`` reads what ``S`` read;
     6. the moves that wait share an event with the earlier passes' (every event is in use):
        :data:`OUT_MOVE_EVENT` or :data:`MOVE_EVENT`, the first whose every signal is a
        LOAD-engine SYNC and every wait a move's, and where, with the new SYNCs and moves in

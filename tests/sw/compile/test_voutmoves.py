@@ -1,6 +1,6 @@
 """Rows several STOREs of VOUT write and one LOAD reads back into VIN, as moves
-(sw/compile/onchip.py, :func:`vout_moves`): a DEQUANT's column segments reach the REQUANT
-or the residual ADD after it on the STORE engine (hw.isa.MOVE_SPAD), the step computes the
+(sw/compile/onchip.py, :func:`vout_moves`): a DEQUANT's column segments reach the vector
+part after it on the STORE engine (hw.isa.MOVE_SPAD), the step computes the
 same logits in fewer DRAM beats, and a rewrite the words cannot prove safe is left alone."""
 
 import numpy as np
@@ -17,10 +17,10 @@ def _program(words):
     return decode_program(words.astype("<u8").view(np.uint8).reshape(-1))
 
 
-def _split_round_trip_beats(words: np.ndarray) -> int:
-    """DRAM beats LOADs into VIN read whose beats several STOREs of VOUT last wrote."""
+def _split_round_trips(words: np.ndarray) -> list[tuple[int, int]]:
+    """``(beats, STOREs)`` per LOAD into VIN whose beats several STOREs of VOUT last wrote."""
     writer: dict[int, int] = {}
-    beats = 0
+    out = []
     for i, ins in enumerate(_program(words)):
         if not isinstance(ins, (Load, Store)) or isinstance(ins, Store) and \
                 ins.spad not in (Spad.OUT, Spad.VOUT):
@@ -32,8 +32,8 @@ def _split_round_trip_beats(words: np.ndarray) -> int:
         elif ins.spad == Spad.VIN:
             w = {writer.get(b) for b in rows}
             if len(w) > 1 and None not in w and -1 not in w:
-                beats += len(rows)
-    return beats
+                out.append((len(rows), len(w)))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +48,10 @@ def steps():
 
 
 def test_a_decode_step_moves_dequant_segments_and_keeps_the_logits(steps):
-    """The step's LOADs of rows a DEQUANT's segments wrote (the REQUANT before the scores,
-    the residual ADD) that the words prove safe become moves from VOUT: the logits equal
-    the step's without them bit for bit, its DRAM reads drop by the beats moved (and so do
-    the round trips of such rows), in fewer cycles."""
+    """The step's LOADs of rows a DEQUANT's segments wrote (the query's ROPE, the REQUANT
+    before o_proj, the residual ADDs, the SiLU-gate) become moves from VOUT: the logits
+    equal the step's without them bit for bit, its DRAM reads drop by the beats moved (and
+    so do the round trips of such rows), in fewer cycles, and only the amax pairs stay."""
     cfg, ((exe, logits, stats), (plain_exe, plain, plain_stats)) = steps
     assert torch.equal(logits, plain) and logits.abs().max() > 0
     moved = sum(m.rows * m.row_beats for p in exe.programs for m in _program(p.words)
@@ -60,11 +60,17 @@ def test_a_decode_step_moves_dequant_segments_and_keeps_the_logits(steps):
         if isinstance(m, Store) and m.spad == MOVE_SPAD)
     reads = [sum(r.counters["dram_read_beats"] for r in s.programs)
              for s in (stats, plain_stats)]
-    trips = [sum(_split_round_trip_beats(p.words) for p in e.programs)
+    trips = [[t for p in e.programs for t in _split_round_trips(p.words)]
              for e in (exe, plain_exe)]
     assert moved > 0
-    assert reads[1] - reads[0] == trips[1] - trips[0] == moved
+    assert reads[1] - reads[0] == sum(b for b, _ in trips[1]) - sum(b for b, _ in trips[0]) \
+        == moved
     assert stats.cycles < plain_stats.cycles
+    # the gate and up rows (688 wide: 172 beats, the only ones over 100) move: the SiLU-gate
+    # part in a gap of the DEQUANT segments' VIN (fusion._vin_gap), each segment's move
+    # behind the GEMM's STOREs of OUT before the next segment's LOADs (_vout_flight)
+    assert not [b for b, _ in trips[0] if b > 100]
+    assert len([b for b, _ in trips[1] if b > 100]) == 2 * 4   # two per block
 
 
 def test_a_vec_that_may_read_the_moved_beats_keeps_the_load(steps):
