@@ -79,7 +79,7 @@ from sw.compile.ir import OPS, Graph, Node, linear_layers
 from sw.compile.ir.types import SYMBOL
 from sw.compile.kvappend import KVAppendOp, kv_append_words
 from sw.compile.lower import KVLayout, Member, context_bucket, node_members
-from sw.compile.onchip import onchip_moves, out_moves, quiet_stores, quieten
+from sw.compile.onchip import onchip_moves, out_moves, quiet_stores, quieten, vout_moves
 from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
 from sw.compile.plan import (
     ArenaPlan,
@@ -1072,12 +1072,16 @@ def _joinable(graph: Graph, programs: Sequence[Program], runs: Sequence[int]) ->
 def _with_moves(cfg: AcceleratorConfig, p: Program) -> Program:
     """``p`` with its round trips of vector rows through DRAM as moves
     (:func:`sw.compile.onchip.onchip_moves`), then those of GEMM results (OUT rows,
-    :func:`sw.compile.onchip.out_moves`; the words the runtime sets per step stay as they
+    :func:`sw.compile.onchip.out_moves`), then those of rows several STOREs of VOUT write
+    (:func:`sw.compile.onchip.vout_moves`; the words the runtime sets per step stay as they
     are, the others' rows follow), where the moves still fit ``cfg``'s instruction memory
-    (else fewer: ``p`` without the moves from OUT, or ``p``)."""
+    (else fewer: ``p`` without the later passes' moves, or ``p``)."""
     keep = (*p.position_rows, *p.imm_rows, *p.embed_rows, *(i for i, *_ in p.append_rows))
     words, where = onchip_moves(cfg, p.words, keep)
     more, after = out_moves(cfg, words, {where[i] for i in keep})
+    if more is not words and more.shape[0] <= cfg.imem_depth:
+        words, where = more, tuple(after[i] for i in where)
+    more, after = vout_moves(cfg, words, {where[i] for i in keep})
     if more is not words and more.shape[0] <= cfg.imem_depth:
         words, where = more, tuple(after[i] for i in where)
     if words is p.words or words.shape[0] > cfg.imem_depth:

@@ -736,6 +736,13 @@ def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     top, end = max(b for _, b in theirs), max(b for _, b in mine)
     if top + end > cfg.spad_beats("vin"):
         return None
+    return _vin_shifted(cfg, words, top)
+
+
+def _vin_shifted(cfg: AcceleratorConfig, words: np.ndarray, top: int) -> np.ndarray | None:
+    """:func:`_vin_moved`'s words of a vector part with every LOAD into VIN, move, VEC operand
+    row and ``amax`` word ``top`` beats higher, None where a moved word fails the dispatch
+    checks."""
     per = cfg.beat_bytes // cfg.vin_word_bytes
     out = []
     for w in words:
@@ -752,6 +759,35 @@ def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     # every range as the fetch unit checks it (an INSERT's codes: ``length`` words from
     # ``b_addr``), not just the LOADs' beats
     return None if dispatch_errors(decode_fields(moved), cfg).any() else moved
+
+
+def _vin_gap(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
+             ) -> np.ndarray | None:
+    """A vector part's ``words`` (END dropped) moved, as :func:`_vin_moved` would, into the
+    lowest VIN beats clear of every beat the part ``before`` it loads (a gap between them),
+    where its LOADs into VIN overlap those, :func:`_vin_moved` finds no room above them, and
+    one of those LOADs reads rows a STORE of VOUT of ``before`` writes (else None): with
+    its VIN clear of the part before's, those rows may go by moves
+    (:func:`sw.compile.onchip.vout_moves`), which write VIN while the part before runs."""
+    vin = Spad.VIN.value
+    f, g = decode_fields(words), decode_fields(before)
+    mine = [(a, b) for s, a, b in _loaded(f) if s == vin]
+    theirs = sorted((a, b) for s, a, b in _loaded(g) if s == vin)
+    if not mine or not theirs or not any(_overlap(m, t) for m in mine for t in theirs):
+        return None
+    stored = [_dram_extent(g, j) for j in np.flatnonzero(
+        (g["opcode"] == Opcode.STORE.value) & (g["dma.spad"] == Spad.VOUT.value)).tolist()]
+    if not any(_overlap(_dram_extent(f, i), d) for i in np.flatnonzero(
+            (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == vin)).tolist()
+            for d in stored):
+        return None
+    lo, end = min(a for a, _ in mine), max(b for _, b in mine)
+    beats = cfg.spad_beats("vin")
+    for top in sorted({0, *(b for _, b in theirs)}):
+        span = (top, top + end - lo)
+        if span[1] <= beats and not any(_overlap(span, t) for t in theirs):
+            return _vin_shifted(cfg, words, top - lo)
+    return None
 
 
 def settled(words: np.ndarray) -> dict[int, int]:
@@ -1215,7 +1251,9 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     LOAD-engine word before, or on a SYNC of their own), so they stream while the part
     before drains and the events run as without them; a vector part whose VIN beats collide
     with the part before's moves its VIN above them first (:func:`_vin_moved`), where that
-    lets more of its LOADs go. With ``spread``, a part's WGT is packed above the WGT of the
+    lets more of its LOADs go, or, where there is no room above them and it reads rows the
+    part before stores from VOUT, into a gap between them (:func:`_vin_gap`), where that
+    lets as many go. With ``spread``, a part's WGT is packed above the WGT of the
     parts before it where that lets its LOADs go as far (:func:`_wgt_moved`), and each of
     those LOADs goes up to the first boundary where the LOAD engine idles long enough for it
     (past several parts), or inside a GEMM part before it whose own weights all loaded
@@ -1387,6 +1425,10 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         moved = _vin_moved(cfg, placed[-1], body) if overlap and k else None
         if moved is not None and len(more := hoistable(placed[-1], moved, spread)) > len(hoisted):
             body, hoisted = moved, more
+        elif moved is None and (gap := _vin_gap(cfg, placed[-1], body) if overlap and k
+                                else None) is not None and len(
+                more := hoistable(placed[-1], gap, spread)) >= len(hoisted):
+            body, hoisted = gap, more
         shifted = _wgt_moved(cfg, placed, body) if overlap and spread and k else None
         if shifted is not None and _reach(placed, shifted, more := hoistable(
                 placed[-1], shifted), constant) >= _reach(placed, body, hoisted, constant):

@@ -1,5 +1,6 @@
 """Round trips through DRAM that become on-chip moves (VOUT -> VIN, :data:`hw.isa.MOVE_SPAD`;
-OUT -> VIN, :data:`hw.isa.OUT_MOVE_SPAD`: :func:`out_moves`, below).
+OUT -> VIN, :data:`hw.isa.OUT_MOVE_SPAD`: :func:`out_moves`, below; rows several STOREs of
+VOUT write: :func:`vout_moves`, after it).
 
 A fused program's parts meet in DRAM (:mod:`sw.compile.fusion`): a vector part STOREs its
 VOUT rows and the vector part after it LOADs them back into VIN (RMSNorm -> REQUANT, the
@@ -83,6 +84,7 @@ from hw.isa import (
     gemm_extents,
     loop_stream,
     program_words,
+    vec_out_words,
     vec_reads_amax,
     vec_reads_b,
 )
@@ -94,7 +96,7 @@ from sw.compile.fusion import BESIDE_EVENTS
 MOVE_EVENT = max(BESIDE_EVENTS.values()) + 1
 
 __all__ = ["MOVE_EVENT", "OUT_MOVE_EVENT", "onchip_moves", "out_moves", "out_round_trips",
-           "quiet_stores", "quieten", "round_trips"]
+           "quiet_stores", "quieten", "round_trips", "vout_moves", "vout_round_trips"]
 
 
 def _matches(f) -> np.ndarray:
@@ -405,9 +407,9 @@ def _span_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def _last_writers(ins: Sequence, stores: Sequence[int], t: int
+def _last_writers(ins: Sequence, stores: Sequence[int], t: int, spad: Spad = Spad.OUT
                   ) -> list[tuple[int, np.ndarray]] | None:
-    """The STOREs of OUT (indices in ``stores``, before ``t``) that last wrote the DRAM beats
+    """The STOREs of ``spad`` (indices in ``stores``, before ``t``) that last wrote the DRAM beats
     the LOAD ``ins[t]`` reads, latest first, each with the positions of its beats in the
     LOAD's; None where a beat's last writer is no STORE of this program, a STORE of another
     scratchpad, a STORE writing only some of its rows into the LOAD's beats, or one whose
@@ -432,7 +434,7 @@ def _last_writers(ins: Sequence, stores: Sequence[int], t: int
         inside = lb[pos] == sb
         if not inside.any():
             continue
-        if st.spad != Spad.OUT or not inside.all() or not need[pos].all():
+        if st.spad != spad or not inside.all() or not need[pos].all():
             return None
         need[pos] = False
         out.append((j, pos))
@@ -638,7 +640,7 @@ def out_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] =
     loads = {t for t, _ in found}
     last = {max(s for s, _, _ in group) for _, group in found}
     stores: dict[int, Store] = {}   # the STOREs whose signal a move takes
-    placed: dict[int, list[Store]] = {}   # the moves after each word (S, or X's SYNCs)
+    placed: dict[int, list[tuple[int, Store]]] = {}   # (S, M) after each word (S, X)
     flights: dict[int, int] = {}
     decoded = _instrs(words)
     for _, group in found:
@@ -660,4 +662,244 @@ def out_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] =
             out.append(ins)
         out += [Sync(engine=Engine.LOAD, signal=OUT_MOVE_EVENT)] * flights.get(i, 0)
         out += placed.get(i, [])
+    return program_words(out), tuple(where)
+
+
+# ------------------------------------------------------- rows several STOREs of VOUT write
+def _vout_writes(cfg: AcceleratorConfig, v: Vec) -> tuple[int, int]:
+    """The VOUT beats ``[first, last + 1)`` a VEC writes (:func:`hw.isa.vec_out_words` words
+    from its ``dst_addr``)."""
+    per = cfg.beat_bytes // cfg.vout_word_bytes
+    end = v.dst_addr + int(vec_out_words(v.func.value, v.length, v.imm))
+    return v.dst_addr // per, -(-end // per)
+
+
+def _after(eng: np.ndarray, match: np.ndarray, s: int) -> np.ndarray:
+    """Per word, whether it starts only after a word granted by the signal of word ``s``
+    has been granted (so after whatever raises that signal completes): granted by it, or
+    after such a word on its own engine (in order), or granted by such a word. Program
+    order; a wait granted by a later word (a seeded credit) proves nothing here."""
+    out = np.zeros(eng.shape[0], dtype=bool)
+    last: dict[int, int] = {}
+    for i in range(eng.shape[0]):
+        e, j = int(eng[i]), int(match[i])
+        out[i] = j == s or (e in last and out[last[e]]) or (0 <= j < i and out[j])
+        last[e] = i
+    return out
+
+
+def _vout_kept(cfg: AcceleratorConfig, ins: Sequence, eng: np.ndarray, match: np.ndarray,
+               known: np.ndarray, vecs: Sequence[int], s: int, p: int) -> bool:
+    """Whether the VOUT beats the STORE ``ins[s]`` reads stay until its move, which takes
+    over its signal and goes on the STORE engine after every STORE-engine word up to ``p``
+    (``s`` or later), has read them: every VEC not known complete when ``s`` starts that
+    writes them starts after ``s``'s signal (the move's: :func:`_after`) or after a
+    STORE-engine word after ``p`` is complete."""
+    st = ins[s]
+    mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
+    done = int(known[s, Engine.VECTOR.value])
+    writers = [v for v in vecs if v > done and _span_overlap(mine, _vout_writes(cfg, ins[v]))]
+    late = [v for v in writers if int(known[v, Engine.STORE.value]) not in
+            (s, *range(p + 1, len(ins)))]
+    return not late or bool(_after(eng, match, s)[late].all())
+
+
+def _vout_flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c, mv
+                 ) -> tuple[int | None, int] | bool:
+    """:func:`_flight`'s rules for the move ``mv`` of the STORE ``s`` of VOUT, which takes
+    over its signal, of the LOAD ``t`` whose consumer is ``c``: ``(X, p)``, the last LOAD
+    into VIN that may be in flight when it starts (None: none) and the word it goes after
+    (``s``, or ``X``'s SYNC), else False. Where ``X`` lies after ``s``, the STORE-engine
+    words between them (a GEMM's STOREs of OUT beside a DEQUANT's segments) may go before
+    the move, unlike :func:`_flight`'s: none of the words between ``s`` and ``X`` depends on
+    ``s`` or a later STORE-engine word (the move, after them, holds ``s``'s signal) and none
+    signals ``s``'s event (the STORE engine signals it in the order it did)."""
+    if mv is None:
+        return False
+    load_e, store_e, vec_e = Engine.LOAD.value, Engine.STORE.value, Engine.VECTOR.value
+    k = known[s].copy()
+    k[store_e] = max(int(k[store_e]), s)   # the STORE engine is in order: S is done
+    mine = (mv.dram_addr, mv.dram_addr + (mv.rows - 1) * mv.dram_stride + mv.row_beats)
+    flying = [j for j in vin_loads if k[load_e] < j < t]
+    if any(_span_overlap(mine, (ins[j].spad_addr, ins[j].spad_addr
+                                + ins[j].rows * ins[j].row_beats)) for j in flying):
+        return False
+    if any(s < j < t and _span_overlap(mine, (ins[j].dram_addr, ins[j].dram_addr + (
+            ins[j].rows - 1) * ins[j].dram_stride + ins[j].row_beats)) for j in moves):
+        return False
+    early = [j for j in flying if known[j, store_e] < s]
+    x = max(early) if early else None
+    if x is not None:
+        if forward[x] or x > s and any(
+                known[j, store_e] >= s or ins[j].signal is not None
+                and ins[j].signal == ins[s].signal for j in range(s + 1, x + 1)):
+            return False
+        k[load_e] = max(int(k[load_e]), x)
+    if any(isinstance(ins[v], Vec) and any(_span_overlap(mine, r)
+                                           for r in _vin_reads(cfg, ins[v]))
+           for v in range(int(k[vec_e]) + 1, c)):
+        return False
+    if ins[t].wait is not None:
+        w = int(match[t])
+        if w < 0 or w > k[eng[w]]:
+            return False
+    return x, s if x is None else max(s, x)
+
+
+def _move_event_pairs(ins: Sequence, f, match: np.ndarray
+                      ) -> dict[int, list[tuple[tuple[int], tuple[int]]]]:
+    """Per move event (:data:`OUT_MOVE_EVENT`, :data:`MOVE_EVENT`) that only SYNCs of the
+    LOAD engine signal and only moves wait on in the words ``ins`` (fields ``f``), each
+    signal granting one wait (:func:`_matches`), its ``((signal,), (wait,))`` word pairs."""
+    out = {}
+    for e in (OUT_MOVE_EVENT, MOVE_EVENT):
+        sig = np.flatnonzero(f["signal"] == e).tolist()
+        wait = np.flatnonzero(f["wait"] == e).tolist()
+        if len(sig) == len(wait) and all(
+                isinstance(ins[j], Sync) and ins[j].engine == Engine.LOAD for j in sig) \
+                and all(isinstance(ins[j], Store) and ins[j].spad in MOVE_SOURCES
+                        and match[j] >= 0 for j in wait):
+            out[e] = [((int(match[j]),), (j,)) for j in wait]
+    return out
+
+
+def _pairs_hold(pairs: Sequence[tuple[tuple, tuple]]) -> bool:
+    """Whether the ``k``-th signal in program order grants the ``k``-th wait for every
+    ``(signal, wait)`` pair of words (keys that order them: ``(index, ...)``)."""
+    sig = sorted(s for s, _ in pairs)
+    want = dict((w, s) for s, w in pairs)
+    return all(want[w] == sig[k] for k, w in enumerate(sorted(want)))
+
+
+def vout_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] = ()
+                     ) -> tuple[int | None, list[tuple[int, list[tuple[int, int | None, Store]]]]]:
+    """The round trips through DRAM of rows that STOREs of VOUT write and one LOAD reads back
+    into VIN, in ``words`` (``uint64 [n, 2]``, after :func:`onchip_moves` and
+    :func:`out_moves`), that :func:`vout_moves` rewrites: a DEQUANT's column segments read by
+    the REQUANT before the scores or by the residual ADD. Per LOAD ``L`` into
+    VIN (not in ``keep``), each STORE ``S`` of VOUT that last wrote some of its beats with
+    ``X``, the last LOAD into VIN that may be in flight when its move ``M`` starts (None:
+    none), and ``M`` (:data:`MOVE_SPAD`: ``S``'s VOUT beats to the VIN beats ``L`` puts
+    them at). :func:`onchip_moves` wants one STORE whose rows equal the LOAD's, right
+    before it; here each ``S`` gets its own move, which takes over its signal, and the
+    proof is :func:`out_round_trips`' (the table of what is complete when a word starts,
+    :func:`_known`), with what differs:
+
+    1. every beat ``L`` reads was last written by a STORE of VOUT of this program before
+       ``L`` (:func:`_last_writers`: each of whose beats ``L`` reads, no run-time
+       register), none in ``keep`` nor feeding another ``L``; there are several of them
+       (one is :func:`onchip_moves`' case; where it leaves one, measured on the reference
+       step, the move cost cycles) and more beats than STOREs (an ``amax`` pair, one beat
+       each, read by the scores' DEQUANT: its two moves cost the step 732 cycles on the
+       reference model, in STORE-engine words the fetch unit dispatches in order);
+    2. a LOAD-engine word up to ``L`` waits on the last ``S`` or a later STORE-engine word,
+       so ``L``'s SYNC passes the LOAD engine once every ``M`` is done; ``C``, the first VEC
+       after ``L`` known to start after it (its signal need not say so: a LOAD hoisted
+       above its boundary leaves it on a SYNC), and every VEC after ``C`` start after
+       every ``M``;
+    3. and 4. as :func:`out_round_trips` (:func:`_vout_flight`, every move taking over its
+       STORE's signal): no VEC that may run when ``M`` starts, before ``C``, reads ``M``'s
+       VIN beats, no LOAD into VIN not landed then writes them, nor a move between ``S``
+       and ``L``; ``M`` waits for the LOADs into VIN that may be in flight, after the last
+       one's SYNC where it lies after ``S`` -- behind the STORE-engine words between them
+       (a GEMM's STOREs of OUT beside a DEQUANT's segments), where none of the words between
+       depends on ``S`` or signals its event;
+    5. every VEC not complete when ``S`` starts that writes ``S``'s VOUT beats waits on
+       ``S``'s signal (:func:`_after`: now ``M``'s) or starts after a STORE-engine word after
+       ``M`` (:func:`_vout_kept`): ``M`` reads what ``S`` read;
+    6. the moves that wait share an event with the earlier passes' (every event is in use):
+       :data:`OUT_MOVE_EVENT` or :data:`MOVE_EVENT`, the first whose every signal is a
+       LOAD-engine SYNC and every wait a move's, and where, with the new SYNCs and moves in
+       their places, the ``k``-th signal still grants the ``k``-th wait of every old and
+       new move (:func:`_pairs_hold`); a group that would break it stays.
+
+    Returns the event the waiting moves use (None: none waits) and ``(L, [(S, X, M), ...])``
+    in program order of ``L``."""
+    f = decode_fields(words)
+    if np.any(f["opcode"] == Opcode.REPEAT.value) or cfg.num_events <= OUT_MOVE_EVENT:
+        return None, []
+    eng = engines_fields(f)
+    ins = _instrs(words)
+    match = _matches(f)
+    known, forward = _known(eng, match)
+    load_e, store_e = Engine.LOAD.value, Engine.STORE.value
+    stores = [j for j, x in enumerate(ins) if isinstance(x, Store)
+              and x.spad not in MOVE_SOURCES]
+    vin_loads = [j for j, x in enumerate(ins) if _vin_load(x)]
+    moves = [j for j, x in enumerate(ins) if isinstance(x, Store) and x.spad in MOVE_SOURCES]
+    vecs = [j for j, x in enumerate(ins) if isinstance(x, Vec)]
+    pairs = _move_event_pairs(ins, f, match)
+    event = None
+    used: set[int] = set()
+    out = []
+    for t in vin_loads:
+        ld = ins[t]
+        if t in keep or ld.reg or (ld.rows > 1 and ld.dram_stride < ld.row_beats):
+            continue
+        writers = _last_writers(ins, stores, t, Spad.VOUT)
+        if not writers or len(writers) < 2 or ld.rows * ld.row_beats <= len(writers) or any(
+                s in keep or s in used for s, _ in writers):
+            continue
+        c = next((j for j in vecs if j > t and known[j, load_e] >= t), None)
+        if c is None or known[t, store_e] < max(s for s, _ in writers):
+            continue
+        group = []
+        for s, pos in sorted(writers):
+            mv = _out_move(ins[s], ld, pos)
+            mv = mv and replace(mv, spad=MOVE_SPAD)
+            place = _vout_flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t,
+                                 c, mv)
+            if place is False or not _vout_kept(cfg, ins, eng, match, known, vecs, s,
+                                                  place[1]):
+                break
+            group.append((s, place[0], mv))
+        else:
+            new = [((x, 1, s), (max(s, x), 2, s)) for s, x, _ in group if x is not None]
+            fits = [e for e in ((event,) if event is not None else pairs)
+                    if not new or _pairs_hold(pairs[e] + new)]
+            if not fits:
+                continue
+            if new:
+                event = fits[0]
+                pairs[event] += new
+            used.update(s for s, _, _ in group)
+            out.append((t, group))
+    return event, out
+
+
+def vout_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] = ()
+               ) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``words`` (``uint64 [n, 2]``) with every :func:`vout_round_trips` group rewritten: a
+    move (:data:`MOVE_SPAD`) after each STORE of VOUT, carrying its signal (and, where a
+    LOAD into VIN may be in flight, waiting on the event the groups share, which a SYNC of
+    the LOAD engine right after that LOAD signals: the move then goes after that SYNC where
+    the LOAD lies after the STORE), and the LOAD as a SYNC with its wait and signal.
+    ``keep``: words the runtime rewrites per step. Returns the words and, per input word,
+    its index in them."""
+    event, found = vout_round_trips(cfg, words, keep)
+    if not found:
+        return words, tuple(range(words.shape[0]))
+    loads = {t for t, _ in found}
+    stores: set[int] = set()
+    placed: dict[int, list[tuple[int, Store]]] = {}   # (S, M) after each word (S, X)
+    flights: dict[int, int] = {}
+    decoded = _instrs(words)
+    for _, group in found:
+        for s, x, mv in group:
+            stores.add(s)
+            mv = replace(mv, wait=None if x is None else event, signal=decoded[s].signal)
+            placed.setdefault(s if x is None else max(s, x), []).append((s, mv))
+            if x is not None:
+                flights[x] = flights.get(x, 0) + 1
+    out, where = [], []
+    for i, ins in enumerate(decoded):
+        where.append(len(out))
+        if i in loads:
+            out.append(Sync(engine=Engine.LOAD, wait=ins.wait, signal=ins.signal))
+        elif i in stores:
+            out.append(replace(ins, signal=None))
+        else:
+            out.append(ins)
+        out += [Sync(engine=Engine.LOAD, signal=event)] * flights.get(i, 0)
+        out += [mv for _, mv in sorted(placed.get(i, []), key=lambda m: m[0])]
     return program_words(out), tuple(where)

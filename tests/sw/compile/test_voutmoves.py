@@ -1,0 +1,104 @@
+"""Rows several STOREs of VOUT write and one LOAD reads back into VIN, as moves
+(sw/compile/onchip.py, :func:`vout_moves`): a DEQUANT's column segments reach the vector
+part after it on the STORE engine (hw.isa.MOVE_SPAD), the step computes the
+same logits in fewer DRAM beats, and a rewrite the words cannot prove safe is left alone."""
+
+import numpy as np
+import pytest
+import torch
+from compile_testutil import reference_decode_steps
+
+from hw.isa import MOVE_SPAD, Load, Spad, Store, Vec, VecFunc, decode_program, program_words
+from sw.compile import compiler
+from sw.compile.onchip import vout_moves, vout_round_trips
+
+
+def _program(words):
+    return decode_program(words.astype("<u8").view(np.uint8).reshape(-1))
+
+
+def _split_round_trips(words: np.ndarray) -> list[tuple[int, int]]:
+    """``(beats, STOREs)`` per LOAD into VIN whose beats several STOREs of VOUT last wrote."""
+    writer: dict[int, int] = {}
+    out = []
+    for i, ins in enumerate(_program(words)):
+        if not isinstance(ins, (Load, Store)) or isinstance(ins, Store) and \
+                ins.spad not in (Spad.OUT, Spad.VOUT):
+            continue
+        rows = [ins.dram_addr + r * ins.dram_stride + c for r in range(ins.rows)
+                for c in range(ins.row_beats)]
+        if isinstance(ins, Store):
+            writer.update(dict.fromkeys(rows, i if ins.spad == Spad.VOUT else -1))
+        elif ins.spad == Spad.VIN:
+            w = {writer.get(b) for b in rows}
+            if len(w) > 1 and None not in w and -1 not in w:
+                out.append((len(rows), len(w)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def steps():
+    """The reference model's decode step (context 8, real weights) compiled with and without
+    the moves of rows several STOREs of VOUT write, run on the fast model."""
+    with pytest.MonkeyPatch.context() as mp:
+        cfg, _, out = reference_decode_steps(
+            mp, compiler, "vout_moves",
+            lambda cfg, words, keep=(): (words, tuple(range(len(words)))))
+    return cfg, out
+
+
+def test_a_decode_step_moves_dequant_segments_and_keeps_the_logits(steps):
+    """The step's LOADs of rows a DEQUANT's segments wrote (the query's ROPE, the REQUANT
+    before o_proj, the residual ADDs, the SiLU-gate) become moves from VOUT: the logits
+    equal the step's without them bit for bit, its DRAM reads drop by the beats moved (and
+    so do the round trips of such rows), in fewer cycles, and only the amax pairs stay."""
+    cfg, ((exe, logits, stats), (plain_exe, plain, plain_stats)) = steps
+    assert torch.equal(logits, plain) and logits.abs().max() > 0
+    moved = sum(m.rows * m.row_beats for p in exe.programs for m in _program(p.words)
+                if isinstance(m, Store) and m.spad == MOVE_SPAD) - sum(
+        m.rows * m.row_beats for p in plain_exe.programs for m in _program(p.words)
+        if isinstance(m, Store) and m.spad == MOVE_SPAD)
+    reads = [sum(r.counters["dram_read_beats"] for r in s.programs)
+             for s in (stats, plain_stats)]
+    trips = [[t for p in e.programs for t in _split_round_trips(p.words)]
+             for e in (exe, plain_exe)]
+    assert moved > 0
+    assert reads[1] - reads[0] == sum(b for b, _ in trips[1]) - sum(b for b, _ in trips[0]) \
+        == moved
+    assert stats.cycles < plain_stats.cycles
+    # the gate and up rows (688 wide: 172 beats, the only ones over 100) move: the SiLU-gate
+    # part in a gap of the DEQUANT segments' VIN (fusion._vin_gap), each segment's move
+    # behind the GEMM's STOREs of OUT before the next segment's LOADs (_vout_flight)
+    assert not [b for b, _ in trips[0] if b > 100]
+    assert len([b for b, _ in trips[1] if b > 100]) == 2 * 4   # two per block
+
+
+def test_a_vec_that_may_read_the_moved_beats_keeps_the_load(steps):
+    """Rule 3 of :func:`vout_round_trips`: a VEC that may still run when a move writes VIN
+    (no wait, between the STORE and the LOAD) and reads its VIN beats keeps the round trip
+    through DRAM; one reading other beats does not."""
+    cfg, (_, (plain_exe, _, _)) = steps
+    words = next(p.words for p in plain_exe.programs
+                 if p.words.shape[0] > 500 and vout_round_trips(cfg, p.words)[1])
+    (t, group), *_ = vout_round_trips(cfg, words)[1]
+    s, _, mv = group[-1]
+    per = cfg.beat_bytes // cfg.vin_word_bytes
+    ins = list(_program(words))
+    last = cfg.spad_beats("vin") - 1   # VIN's last beat, outside the move's
+    spare = (cfg.spad_beats("vout") - 1) * (cfg.beat_bytes // cfg.vout_word_bytes)
+    assert not mv.dram_addr <= last < mv.dram_addr + mv.rows * mv.row_beats
+    for beat, kept in ((mv.dram_addr, True), (last, False)):
+        vec = Vec(func=VecFunc.ADD, a_addr=beat * per, b_addr=beat * per, dst_addr=spare,
+                  length=per)
+        probe = program_words(ins[:t] + [vec] + ins[t:])
+        found = [u for u, _ in vout_round_trips(cfg, probe)[1]]
+        assert (t + 1 not in found) == kept, (beat, found)
+
+
+def test_vout_moves_is_the_identity_without_round_trips(steps):
+    """Words with no such round trip come back unchanged, with the identity map."""
+    cfg, ((exe, _, _), _) = steps
+    words = exe.programs[0].words
+    assert not vout_round_trips(cfg, words)[1]
+    got, where = vout_moves(cfg, words)
+    assert got is words and where == tuple(range(words.shape[0]))
