@@ -243,7 +243,9 @@ def quiet_stores(words: np.ndarray, keep: Collection[int] = (),
                  live: Sequence[tuple[int, int]] = ()) -> list[int]:
     """The STOREs of ``words`` (``uint64 [n, 2]``, REPEATs allowed) whose DRAM rows nobody
     needs: each a STORE of VOUT rows right before a move of the same VOUT beats (the rows go
-    on chip, :func:`onchip_moves`), not in ``keep`` (words the runtime rewrites per step),
+    on chip, :func:`onchip_moves`) or a STORE of OUT rows a later move from OUT reads
+    (:func:`out_moves`, :func:`_beside_out_moves`), not in ``keep`` (words the runtime
+    rewrites per step),
     and such that in every iteration it runs (:func:`hw.isa.loop_stream`)
 
     * no later LOAD of the program reads one of its beats before a STORE writes it again;
@@ -253,8 +255,8 @@ def quiet_stores(words: np.ndarray, keep: Collection[int] = (),
     * none of its beats lies in ``live`` (``[lo, hi)`` DRAM beat ranges the host reads
       back or a run-time word may address: the caller's).
 
-    The STORE engine is in order and the move reads the VOUT beats the STORE would, so the
-    STORE can go (:func:`quieten`) without changing what any word reads."""
+    A STORE's only effect is its DRAM write (the move reads the VOUT or OUT beats itself), so
+    the STORE can go (:func:`quieten`) without changing what any word reads."""
     f = decode_fields(words)
     n = f["opcode"].shape[0]
     ins = _instrs(words)
@@ -262,6 +264,7 @@ def quiet_stores(words: np.ndarray, keep: Collection[int] = (),
             and isinstance(ins[i], Store) and ins[i].spad == Spad.VOUT
             and isinstance(ins[i + 1], Store) and ins[i + 1].spad == MOVE_SPAD
             and ins[i + 1].spad_addr == ins[i].spad_addr]
+    cand = sorted(cand + [i for i in _beside_out_moves(ins) if i not in keep])
     if not cand:
         return []
     candset = set(cand)
@@ -299,6 +302,31 @@ def quiet_stores(words: np.ndarray, keep: Collection[int] = (),
                 (beats[:, None] >= lo_hi[:, 0]) & (beats[:, None] < lo_hi[:, 1])).any():
             bad.add(pc)
     return [i for i in cand if i not in bad]
+
+
+def _beside_out_moves(ins: Sequence) -> list[int]:
+    """The STOREs of OUT in ``ins`` beside a move (:func:`quiet_stores`' candidates): each
+    STORE of OUT, no run-time register, whose OUT beats lie inside those of the first move
+    from OUT (:data:`OUT_MOVE_SPAD`, :func:`out_moves`) after it that reads any of them, no
+    other STORE of OUT of those beats between: the move carries its rows on chip, as a move
+    of VOUT carries a STORE's of VOUT. (Whether its DRAM rows may go is
+    :func:`quiet_stores`' proof, which holds for any STORE.)"""
+    out = []
+    for i, st in enumerate(ins):
+        if not (isinstance(st, Store) and st.spad == Spad.OUT) or st.reg:
+            continue
+        lo, hi = st.spad_addr, st.spad_addr + st.rows * st.row_beats
+        for x in ins[i + 1:]:
+            if not isinstance(x, Store):
+                continue
+            span = (x.spad_addr, x.spad_addr + x.rows * x.row_beats)
+            if not _span_overlap((lo, hi), span):
+                continue
+            if x.spad == OUT_MOVE_SPAD and span[0] <= lo and hi <= span[1]:
+                out.append(i)
+            if x.spad in (OUT_MOVE_SPAD, Spad.OUT):
+                break
+    return out
 
 
 def quieten(words: np.ndarray, rows: Collection[int]) -> np.ndarray:

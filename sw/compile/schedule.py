@@ -183,7 +183,8 @@ def ring_slots(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: Spa
     to :data:`MAX_RING_SLOTS`, its GEMMs and what an event counter holds (as many signals
     as slots may be outstanding), a power of two (a ring: the LOAD engine runs that many
     chunks ahead of the array, so the weights stream while the array, or another engine
-    before it in a fused program, waits on activations)."""
+    before it in a fused program, waits on activations). Its tiles' OUT buffers:
+    :func:`out_ring`."""
     if not all(ly.plan.resident_acts and not ly.plan.bias for ly in layers):
         return 2
     beat = cfg.beat_bytes
@@ -193,6 +194,19 @@ def ring_slots(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: Spa
     fit = min(MAX_RING_SLOTS, steps, cfg.spad_beats("wgt") // chunk,
               cfg.spad_beats("out") // spads.out_buf_beats, (1 << cfg.event_bits) - 1)
     return 1 << max(1, fit.bit_length() - 1)
+
+
+def out_ring(cfg: AcceleratorConfig, slots: int, out_buf_beats: int) -> int:
+    """How many OUT buffers (of ``out_buf_beats`` beats) a ring of ``slots`` WGT slots
+    (:func:`ring_slots`) writes its tiles into, in turn: the most multiples of ``slots``
+    that OUT holds (at least ``slots``, which :func:`ring_slots` fits). Tile ``t``'s buffer
+    was last written by tile ``t - out_ring``, whose last GEMM is at least ``out_ring >=
+    slots`` GEMMs before tile ``t``'s first, and that GEMM's done signal is consumed before
+    the first GEMM's weights load: a buffer is free when it is written, as with ``slots``
+    buffers. More buffers keep a tile's results in OUT for longer after its STORE, so a move
+    of several tiles' rows to VIN (:func:`sw.compile.onchip.out_moves`) reads them before a
+    GEMM writes the buffers again, and no GEMM need wait on the move."""
+    return slots * max(1, cfg.spad_beats("out") // (slots * out_buf_beats))
 
 
 @dataclass(frozen=True)
@@ -379,16 +393,17 @@ class _Scheduler:
 
 
 class _RingScheduler(_Scheduler):
-    """:func:`schedule_layers` with ``slots`` WGT slots and OUT buffers (:func:`ring_slots`)
-    and one counting event each for FULL, FREE, OUT_FULL and STORED (``FULL0``, ``FREE0``,
-    ``OUT_FULL0``, ``STORED0``): GEMM ``i`` reads slot ``i % slots``, a tile writes OUT
-    buffer ``tile % slots``. Every event is signalled and consumed in order, so the k-th
+    """:func:`schedule_layers` with ``slots`` WGT slots (:func:`ring_slots`), ``out_ring``
+    OUT buffers (:func:`out_ring`) and one counting event each for FULL, FREE, OUT_FULL and
+    STORED (``FULL0``, ``FREE0``, ``OUT_FULL0``, ``STORED0``): GEMM ``i`` reads slot
+    ``i % slots``. Every event is signalled and consumed in order, so the k-th
     grant of one is its k-th signal. A GEMM is *done* when its FREE (a non-final K chunk) or
     its tile's STORED (the final one) is signalled; the load into slot ``i % slots`` first
     consumes the done signals of every GEMM up to ``i - slots`` not yet consumed (one on the
     LOAD itself, the others on SYNCs before it), and a new activation set's of every GEMM
-    before it. A tile's OUT buffer is then free when its first GEMM's weights land: the tile
-    ``slots`` before it ended at GEMM ``i - slots`` or earlier. Loads are emitted up to
+    before it. Tile ``t`` writes OUT buffer ``t % out_ring`` (:func:`out_ring`: a multiple of
+    ``slots``), then free when its first GEMM's weights land: the tile ``out_ring`` before it
+    ended at GEMM ``i - slots`` or earlier. Loads are emitted up to
     ``min(slots, queue_depth) - 1`` GEMMs ahead (never past a new activation set, whose
     loads wait on the GEMM just before it): further, in-order fetch would wait on a full
     LOAD queue before dispatching the GEMMs. The first ``slots`` loads wait on nothing, so
@@ -401,9 +416,9 @@ class _RingScheduler(_Scheduler):
         self.slots = slots
         self.slot_beats = cfg.spad_beats("wgt") // slots
         self.out_buf = []
-        tiles = 0
+        tiles, ring = 0, out_ring(cfg, slots, spads.out_buf_beats)
         for s in self.steps:
-            self.out_buf.append(tiles % slots)
+            self.out_buf.append(tiles % ring)
             tiles += s.final
         self.done = 0  # GEMMs whose done signal a LOAD-engine word consumed
 

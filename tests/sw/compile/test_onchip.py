@@ -287,10 +287,10 @@ def test_random_chains_have_quiet_stores():
 
 def test_a_decode_step_without_its_quiet_stores_keeps_logits_and_every_node(monkeypatch):
     """A tiny model's decode step (one program), compiled with and without its quiet STOREs
-    (rows only a move carries on: the norms', the SiLU-gate's): the same logits bit for bit
-    at every step, fewer DRAM beats written (as many as the quiet STOREs write) and fewer
-    cycles; with ``read_back_all`` (the STOREs put back) every node's value the host reads
-    equals the one without (and they are not all zeros)."""
+    (rows only a move carries on: the norms', the SiLU-gate's, GEMM results'): the same
+    logits bit for bit at every step, fewer DRAM beats written (as many as the quiet STOREs
+    write) and fewer cycles; with ``read_back_all`` (the STOREs put back) every node's value
+    the host reads equals the one without (and they are not all zeros)."""
     from sw.runtime import Runtime
     from sw.runtime import runtime as runtime_module
 
@@ -308,6 +308,7 @@ def test_a_decode_step_without_its_quiet_stores_keeps_logits_and_every_node(monk
     quieted = {names.get(q.dram_addr, "?") for q in quiet}
     assert any(n.endswith("input_layernorm") for n in quieted), quieted
     assert any(n.endswith("mlp.act") for n in quieted), quieted
+    assert any(q.spad == Spad.OUT for q in quiet)   # GEMM results moves from OUT carry on
     seen: dict = {}
     run_node = runtime_module.run_node
 
