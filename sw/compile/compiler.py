@@ -1116,7 +1116,7 @@ def _with_quiet_stores(cfg: AcceleratorConfig, p: Program, programs: Sequence[Pr
     :func:`_outside_beats`, stay) as SYNCs (:func:`sw.compile.onchip.quieten`), each listed in
     ``quiet_rows`` with its STORE's words."""
     keep = (*p.position_rows, *p.imm_rows, *p.embed_rows, *(i for i, *_ in p.append_rows))
-    rows = quiet_stores(p.words, keep, _outside_beats(cfg, p, programs, graph, symbols))
+    rows = quiet_stores(p.words, keep, _outside_beats(cfg, p, programs, graph, symbols), cfg)
     if not rows:
         return p
     return dataclasses.replace(p, words=quieten(p.words, rows), quiet_rows=tuple(

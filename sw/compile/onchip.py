@@ -240,12 +240,14 @@ def _ranges(ins: Load | Store, offset: int = 0) -> list[tuple[int, int]]:
 
 
 def quiet_stores(words: np.ndarray, keep: Collection[int] = (),
-                 live: Sequence[tuple[int, int]] = ()) -> list[int]:
+                 live: Sequence[tuple[int, int]] = (),
+                 cfg: AcceleratorConfig | None = None) -> list[int]:
     """The STOREs of ``words`` (``uint64 [n, 2]``, REPEATs allowed) whose DRAM rows nobody
     needs: each a STORE of VOUT rows right before a move of the same VOUT beats (the rows go
-    on chip, :func:`onchip_moves`) or a STORE of OUT rows a later move from OUT reads
-    (:func:`out_moves`, :func:`_beside_out_moves`), not in ``keep`` (words the runtime
-    rewrites per step),
+    on chip, :func:`onchip_moves`), a STORE of OUT rows a later move from OUT reads
+    (:func:`out_moves`, :func:`_beside_out_moves`) or, given ``cfg``, a STORE of VOUT rows a
+    later move reads behind other STORE-engine words (:func:`vout_moves`,
+    :func:`_beside_late_moves`), not in ``keep`` (words the runtime rewrites per step),
     and such that in every iteration it runs (:func:`hw.isa.loop_stream`)
 
     * no later LOAD of the program reads one of its beats before a STORE writes it again;
@@ -264,7 +266,10 @@ def quiet_stores(words: np.ndarray, keep: Collection[int] = (),
             and isinstance(ins[i], Store) and ins[i].spad == Spad.VOUT
             and isinstance(ins[i + 1], Store) and ins[i + 1].spad == MOVE_SPAD
             and ins[i + 1].spad_addr == ins[i].spad_addr]
-    cand = sorted(cand + [i for i in _beside_out_moves(ins) if i not in keep])
+    cand += [i for i in _beside_out_moves(ins) if i not in keep]
+    if cfg is not None:
+        cand += [i for i in _beside_late_moves(cfg, ins) if i not in keep]
+    cand = sorted(set(cand))
     if not cand:
         return []
     candset = set(cand)
@@ -326,6 +331,39 @@ def _beside_out_moves(ins: Sequence) -> list[int]:
                 out.append(i)
             if x.spad in (OUT_MOVE_SPAD, Spad.OUT):
                 break
+    return out
+
+
+def _beside_late_moves(cfg: AcceleratorConfig, ins: Sequence) -> list[int]:
+    """The STOREs of VOUT in ``ins`` whose move sits behind other STORE-engine words
+    (:func:`quiet_stores`' candidates; :func:`vout_moves` places a DEQUANT segment's move
+    after the next segment's LOADs, behind the GEMM's STOREs of OUT): each STORE ``S`` of
+    VOUT, no run-time register, whose VOUT beats lie inside those of ``M``, the first move
+    from VOUT (:data:`MOVE_SPAD`) after it whose VOUT beats overlap them, where no STORE of
+    VOUT of those beats lies between them and no VEC between them in program order writes
+    one of them (:func:`_vout_writes`). ``M`` then reads the VOUT beats ``S`` read before
+    anything rewrites them: the STORE engine is in order (``M`` starts after ``S``), a VEC
+    before ``S`` in program order is done when ``S`` starts or was a writer ``S`` did not
+    wait for (the same for ``M``), none between them writes the beats, and one after ``M``
+    that writes them starts after ``M`` (the proof of the pass that placed ``M``: rule 2 of
+    :func:`onchip_moves`, rule 5 of :func:`vout_round_trips`). Its DRAM rows being read by
+    nobody, in any iteration, is :func:`quiet_stores`' proof, which holds for any STORE."""
+    out = []
+    for i, st in enumerate(ins):
+        if not (isinstance(st, Store) and st.spad == Spad.VOUT) or st.reg:
+            continue
+        mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
+        for x in ins[i + 1:]:
+            if isinstance(x, Vec) and _span_overlap(mine, _vout_writes(cfg, x)):
+                break
+            if not (isinstance(x, Store) and x.spad in (Spad.VOUT, MOVE_SPAD)):
+                continue
+            span = (x.spad_addr, x.spad_addr + x.rows * x.row_beats)
+            if not _span_overlap(mine, span):
+                continue
+            if x.spad == MOVE_SPAD and span[0] <= mine[0] and mine[1] <= span[1]:
+                out.append(i)
+            break
     return out
 
 

@@ -347,6 +347,62 @@ def test_a_decode_step_without_its_quiet_stores_keeps_logits_and_every_node(monk
             assert stats.cycles < plain_stats.cycles
 
 
+def test_the_segment_stores_behind_their_moves_go_quiet(monkeypatch):
+    """The reference model's decode step (real weights), compiled with and without the
+    quiet STOREs whose move sits behind other STORE-engine words (:func:`onchip.
+    _beside_late_moves`: the gate/up DEQUANT segments', whose moves wait behind the GEMM's
+    STOREs of OUT): those STOREs are SYNCs (none right before its move), the logits equal
+    bit for bit, fewer DRAM beats written (as many as they write) in fewer cycles, and with
+    ``read_back_all`` (the STOREs put back) every node's value the host reads equals the
+    one without (the gate and up rows not all zeros)."""
+    from sw.compile import onchip
+    from sw.runtime import Runtime
+    from sw.runtime import runtime as runtime_module
+
+    cfg, lm, steps = reference_decode_steps(monkeypatch, onchip, "_beside_late_moves",
+                                            lambda *a, **k: [])
+    (exe, logits, stats), (plain_exe, plain, plain_stats) = steps
+    assert torch.equal(logits, plain) and logits.abs().max() > 0
+    (joined,) = [p for p in exe.programs if p.quiet_rows]
+    (plain_joined,) = [p for p in plain_exe.programs if p.quiet_rows]
+    had = {i for i, *_ in plain_joined.quiet_rows}
+    assert had < {i for i, *_ in joined.quiet_rows}
+    late = [(i, _program(np.array([[lo, hi]], np.uint64))[0]) for i, lo, hi
+            in joined.quiet_rows if i not in had]
+    words = _program(joined.words)
+    assert all(q.spad == Spad.VOUT and not (isinstance(words[i + 1], Store)
+                                            and words[i + 1].spad == MOVE_SPAD)
+               for i, q in late)
+    arena = [(r.addr // cfg.beat_bytes, r.end // cfg.beat_bytes, n)
+             for n, r in exe.symbols.items() if r.kind == "arena"]
+    owners = {min((hi - lo, n) for lo, hi, n in arena if lo <= q.dram_addr < hi)[1]
+              for _, q in late}   # the innermost region (the arena holds them all)
+    assert any("mlp.gate_proj" in n for n in owners), owners   # gate/up's segments
+    written = [sum(r.counters["dram_write_beats"] for r in s.programs)
+               for s in (stats, plain_stats)]
+    assert written[1] - written[0] == sum(q.rows * q.row_beats for _, q in late) > 0
+    assert stats.cycles < plain_stats.cycles
+    seen: dict = {}
+    run_node = runtime_module.run_node
+
+    def spy(node, vals, *args, **kw):  # every node's values as the host reads them back
+        out = run_node(node, vals, *args, **kw)
+        seen.update({o: vals[o] for o in node.outputs})
+        return out
+    monkeypatch.setattr(runtime_module, "run_node", spy)
+    values = []
+    for e in (exe, plain_exe):
+        full = Runtime(e, make_backend("model", cfg), vector=True, read_back_all=True)
+        full.seek(7)
+        seen.clear()
+        full.step(torch.tensor([[3]]))
+        values.append(dict(seen))
+    got, want = values
+    assert got.keys() == want.keys() and len(got) > 50
+    assert all(torch.equal(got[k], want[k]) for k in got if isinstance(want[k], torch.Tensor))
+    assert any(got[k].abs().max() > 0 for k in got if "gate_proj" in k), sorted(got)
+
+
 def test_a_decode_step_loads_the_query_while_the_kv_append_drains(monkeypatch):
     """The reference model's decode step (real weights): in every block after the first, the
     LOAD of the rotated query rows into VIN (the scores' REQUANT) follows the KV append's
