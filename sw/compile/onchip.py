@@ -678,7 +678,7 @@ def out_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] =
     loads = {t for t, _ in found}
     last = {max(s for s, _, _ in group) for _, group in found}
     stores: dict[int, Store] = {}   # the STOREs whose signal a move takes
-    placed: dict[int, list[tuple[int, Store]]] = {}   # (S, M) after each word (S, X)
+    placed: dict[int, list[Store]] = {}   # the moves after each word (S, or X's SYNCs)
     flights: dict[int, int] = {}
     decoded = _instrs(words)
     for _, group in found:
@@ -689,6 +689,16 @@ def out_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] =
             placed.setdefault(s if x is None else max(s, x), []).append(mv)
             if x is not None:
                 flights[x] = flights.get(x, 0) + 1
+    return _rewritten(decoded, loads, stores, flights, placed, OUT_MOVE_EVENT)
+
+
+def _rewritten(decoded: Sequence, loads: Collection[int], stores: Collection[int],
+               flights: dict[int, int], placed: dict[int, list[Store]], event: int
+               ) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The words of ``decoded`` with each LOAD at ``loads`` a SYNC of the LOAD engine with its
+    wait and signal, each STORE at ``stores`` without its signal (a move takes it), and after
+    word ``i`` its ``flights[i]`` SYNCs of the LOAD engine signalling ``event``, then the moves
+    ``placed[i]``. Returns the words and, per input word, its index in them."""
     out, where = [], []
     for i, ins in enumerate(decoded):
         where.append(len(out))
@@ -698,7 +708,7 @@ def out_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] =
             out.append(replace(ins, signal=None))
         else:
             out.append(ins)
-        out += [Sync(engine=Engine.LOAD, signal=OUT_MOVE_EVENT)] * flights.get(i, 0)
+        out += [Sync(engine=Engine.LOAD, signal=event)] * flights.get(i, 0)
         out += placed.get(i, [])
     return program_words(out), tuple(where)
 
@@ -929,15 +939,5 @@ def vout_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] 
             placed.setdefault(s if x is None else max(s, x), []).append((s, mv))
             if x is not None:
                 flights[x] = flights.get(x, 0) + 1
-    out, where = [], []
-    for i, ins in enumerate(decoded):
-        where.append(len(out))
-        if i in loads:
-            out.append(Sync(engine=Engine.LOAD, wait=ins.wait, signal=ins.signal))
-        elif i in stores:
-            out.append(replace(ins, signal=None))
-        else:
-            out.append(ins)
-        out += [Sync(engine=Engine.LOAD, signal=event)] * flights.get(i, 0)
-        out += [mv for _, mv in sorted(placed.get(i, []), key=lambda m: m[0])]
-    return program_words(out), tuple(where)
+    moves = {i: [mv for _, mv in sorted(p, key=lambda m: m[0])] for i, p in placed.items()}
+    return _rewritten(decoded, loads, stores, flights, moves, event)

@@ -292,7 +292,6 @@ def test_a_decode_step_without_its_quiet_stores_keeps_logits_and_every_node(monk
     write) and fewer cycles; with ``read_back_all`` (the STOREs put back) every node's value
     the host reads equals the one without (and they are not all zeros)."""
     from sw.runtime import Runtime
-    from sw.runtime import runtime as runtime_module
 
     lm = tiny_lm()
     ws = compressed(lm)
@@ -309,14 +308,7 @@ def test_a_decode_step_without_its_quiet_stores_keeps_logits_and_every_node(monk
     assert any(n.endswith("input_layernorm") for n in quieted), quieted
     assert any(n.endswith("mlp.act") for n in quieted), quieted
     assert any(q.spad == Spad.OUT for q in quiet)   # GEMM results moves from OUT carry on
-    seen: dict = {}
-    run_node = runtime_module.run_node
-
-    def spy(node, vals, *args, **kw):  # every node's values as the host reads them back
-        out = run_node(node, vals, *args, **kw)
-        seen.update({o: vals[o] for o in node.outputs})
-        return out
-    monkeypatch.setattr(runtime_module, "run_node", spy)
+    seen = _recorded_node_values(monkeypatch)
     prompt = torch.arange(4).reshape(1, 4) % 64
     runs = []
     for exe in exes:
@@ -357,7 +349,6 @@ def test_the_segment_stores_behind_their_moves_go_quiet(monkeypatch):
     one without (the gate and up rows not all zeros)."""
     from sw.compile import onchip
     from sw.runtime import Runtime
-    from sw.runtime import runtime as runtime_module
 
     cfg, lm, steps = reference_decode_steps(monkeypatch, onchip, "_beside_late_moves",
                                             lambda *a, **k: [])
@@ -382,14 +373,7 @@ def test_the_segment_stores_behind_their_moves_go_quiet(monkeypatch):
                for s in (stats, plain_stats)]
     assert written[1] - written[0] == sum(q.rows * q.row_beats for _, q in late) > 0
     assert stats.cycles < plain_stats.cycles
-    seen: dict = {}
-    run_node = runtime_module.run_node
-
-    def spy(node, vals, *args, **kw):  # every node's values as the host reads them back
-        out = run_node(node, vals, *args, **kw)
-        seen.update({o: vals[o] for o in node.outputs})
-        return out
-    monkeypatch.setattr(runtime_module, "run_node", spy)
+    seen = _recorded_node_values(monkeypatch)
     values = []
     for e in (exe, plain_exe):
         full = Runtime(e, make_backend("model", cfg), vector=True, read_back_all=True)
@@ -432,3 +416,19 @@ def test_a_decode_step_loads_the_query_while_the_kv_append_drains(monkeypatch):
                            for x in ins[s + 1:j]))
         return out
     assert all(waits_before_query(plain_exe)) and not any(waits_before_query(exe))
+
+
+def _recorded_node_values(monkeypatch) -> dict:
+    """A dict that fills with every node's values as the host reads them back (the runtime's
+    ``run_node`` spied on for the test's duration)."""
+    from sw.runtime import runtime as runtime_module
+
+    seen: dict = {}
+    run_node = runtime_module.run_node
+
+    def spy(node, vals, *args, **kw):
+        out = run_node(node, vals, *args, **kw)
+        seen.update({o: vals[o] for o in node.outputs})
+        return out
+    monkeypatch.setattr(runtime_module, "run_node", spy)
+    return seen
