@@ -24,6 +24,8 @@ from hw.numerics import (
 from hw.vector.base import (
     MULT_CHUNK,
     PipelineUnit,
+    chunks,
+    dsp_product,
     grid_halves,
     grid_products,
     grid_sum,
@@ -102,14 +104,24 @@ class Mul(PipelineUnit):
         that share its multipliers, one at a time. The input then has a ``mode`` field, the
         index of its element's pair (the rounding and saturation a multiplexer behind the
         product), and ``y`` is as wide as the widest ``y_bits`` (each mode's result
-        sign-extended). One pair is ``Mul(frac, y_bits=y_bits)``.
+        sign-extended). One pair is ``Mul(frac, y_bits=y_bits)``. The entry
+        :data:`Mul.ROPE` is :class:`Rope`'s rotation, ``x`` in ``a`` and ``rot`` in ``b``
+        (``b_bits`` at least 33), with ``cos`` and ``sin`` inputs: its two 32 x 16-bit
+        products are the grid's four multipliers, their operands selected by the mode
+        (``a_0 * cos``, ``a_1 * cos``, ``b_1 * sin``, ``b_0 * sin`` in place of ``a_0 * b_0``,
+        ``a_1 * b_0``, ``a_0 * b_1``, ``a_1 * b_1``, ``_i`` the 17-bit chunks), the outer two
+        summed in stage 2 rather than set side by side.
 
     Members
     -------
     i: In(stream.Signature(StructLayout({"a": signed(a_bits), "b": signed(b_bits)})))
-        (and ``"mode": range(len(modes))`` with several modes)
+        (and ``"mode": range(len(modes))`` with several modes; ``"cos", "sin": signed(16)``
+        with :data:`Mul.ROPE`)
     o: Out(stream.Signature(StructLayout({"y": signed(y_bits)})))
     """
+
+    #: The rotation of :class:`Rope` as a mode of a shared ``Mul`` (``modes``).
+    ROPE = "rope"
 
     NAME = "mul"
 
@@ -119,13 +131,25 @@ class Mul(PipelineUnit):
             modes = ((frac, y_bits),)
         if not modes:
             raise ValueError("mul modes must name at least one (frac, y_bits)")
-        self.modes = tuple((_bits("mul frac", f, 0, 62), _bits("mul y_bits", y, ACT_BITS,
-                                                                FOLD_BITS)) for f, y in modes)
-        self.frac, self.y_bits = self.modes[0][0], max(y for _, y in self.modes)
+        self.modes = tuple(
+            mode if mode == self.ROPE else
+            (_bits("mul frac", mode[0], 0, 62), _bits("mul y_bits", mode[1], ACT_BITS, FOLD_BITS))
+            for mode in modes)
         self.a_bits = _bits("mul a_bits", a_bits, 2, 2 * MULT_CHUNK)
         self.b_bits = _bits("mul b_bits", b_bits, 2, 2 * MULT_CHUNK)
+        # the rotation: ROPE_FRAC fraction bits, an activation
+        self._rounding = [(ROPE_FRAC, ACT_BITS) if mode == self.ROPE else mode
+                          for mode in self.modes]
+        self.frac, self.y_bits = self._rounding[0][0], max(y for _, y in self._rounding)
+        rope = {}
+        if self.ROPE in self.modes:
+            if len(self.modes) < 2 or self.b_bits < ACT_BITS + 1 or self.a_bits < ACT_BITS:
+                raise ValueError("a mul's rope mode takes a second mode, a_bits >= 32 and "
+                                 f"b_bits >= 33, got {self.modes}, {a_bits}, {b_bits}")
+            rope = {"cos": signed(ROPE_BITS), "sin": signed(ROPE_BITS)}
         mode = {"mode": range(len(self.modes))} if len(self.modes) > 1 else {}
-        super().__init__(data.StructLayout({"a": signed(a_bits), "b": signed(b_bits), **mode}),
+        super().__init__(data.StructLayout({"a": signed(a_bits), "b": signed(b_bits), **mode,
+                                            **rope}),
                          data.StructLayout({"y": signed(self.y_bits)}))
 
     def _stages(self):
@@ -138,17 +162,31 @@ class Mul(PipelineUnit):
         def carry(v):
             return {"mode": v.mode} if several else {}
 
+        rope = self.modes.index(self.ROPE) if self.ROPE in self.modes else None
+
         def s1(m, v):
-            return {**grid_products(v.a, v.b), **carry(v)}
+            if rope is None:
+                return {**grid_products(v.a, v.b), **carry(v)}
+            # the rotation's products on the grid's multipliers: x = a, rot = b
+            (a0, a1), (b0, b1) = chunks(v.a), chunks(v.b)
+            on = v.mode == rope
+            by_cos = Mux(on, v.cos, b0)
+            by_sin = Mux(on, v.sin, b1)
+            return {"pp00": dsp_product(a0 * by_cos), "pp10": dsp_product(a1 * by_cos),
+                    "pp01": dsp_product(b1 * Mux(on, v.sin, a0)),
+                    "pp11": dsp_product(Mux(on, b0, a1) * by_sin), **carry(v)}
 
         def s2(m, v):
-            return {**grid_halves(v), **carry(v)}
+            halves = grid_halves(v)
+            if rope is not None:   # x_0 cos + rot_0 sin; mid is x_1 cos + rot_1 sin
+                halves["outer"] = Mux(v.mode == rope, v.pp00 + v.pp11, halves["outer"])
+            return {**halves, **carry(v)}
 
         def s3(m, v):
             return {"p": (grid_sum(v), p_shape), **carry(v)}
 
         def s4(m, v):
-            y = [round_shift_saturate_const(v.p, f, yb) for f, yb in self.modes]
+            y = [round_shift_saturate_const(v.p, f, yb) for f, yb in self._rounding]
             return {"y": (_select(v.mode, y) if several else y[0], y_shape)}
 
         return [s1, s2, s3, s4]

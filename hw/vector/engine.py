@@ -170,7 +170,7 @@ from hw.numerics import (
 )
 from hw.vector.base import MULT_CHUNK, ReductionUnit, chunks
 from hw.vector.dequant import AMAX_BITS, DEQUANT_SCALE_FRAC, DequantFactor
-from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
+from hw.vector.elementwise import Add, Mul, Requant, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
 from hw.vector.tables import Exp, Recip, Rsqrt
 
@@ -223,15 +223,17 @@ def command_lanes(cfg: AcceleratorConfig, func, imm):
     writes_n = _is_one_of(func, [f for f in funcs if f not in _CODE_FUNCS]) | ins
     return laned, writes_n
 
-#: The shared units' uses, by unit: each use's ``(frac, y_bits)`` (a ``Mul``'s) or ``frac`` (a
-#: ``Scale``'s), its mode the use's index. A VEC runs one sub-op at a time, and no sub-op
-#: takes two uses of one unit, so the uses share the unit's multipliers: each feeds it with
-#: its mode while its sub-op runs, and reads its results only then.
+#: The shared units' uses, by unit: each use's ``(frac, y_bits)`` (a ``Mul``'s, or its
+#: rotation, ``Rope``'s) or ``frac`` (a ``Scale``'s), its mode the use's index. A VEC runs
+#: one sub-op at a time, and no sub-op takes two uses of one unit, so the uses share the
+#: unit's multipliers: each feeds it with its mode while its sub-op runs, and reads its
+#: results only then.
 _SHARED = {
     "mul": {
         "mul16": (ACT_FRAC, ACT_BITS),     # MUL (and SILU_GATE's last step)
         "mul_w": (NORM_FRAC, ACT_BITS),    # RMSNORM's weight (33 bits: the unit's b_bits)
         "mul_fold": (0, FOLD_BITS),        # FOLD's products (and lane 0's KV4 codes')
+        "rope": Mul.ROPE,                  # ROPE's pairs (hw.isa.rope_laned)
     },
     "scale": {
         "scale16": ACT_FRAC,               # SOFTMAX's probabilities
@@ -258,7 +260,6 @@ _LANE_UNITS = {
     "dequant_factor": DequantFactor,                     # DEQUANT (and CHANNEL)
     "requant": lambda: Requant(FOLD_BITS),               # REQUANT's and FOLD's codes (KV4's)
     "exp": lambda: Exp(ACT_FRAC),                        # SOFTMAX's exponentials
-    "rope": Rope,                                        # ROPE's pairs (hw.isa.rope_laned)
 }
 
 #: The SiLU-gate's element units but its last ``Mul(16)`` (``mul16``, MUL's): lane 0's are
@@ -639,7 +640,8 @@ class VectorEngine(wiring.Component):
         use_sel = {"mul16": is_[VecFunc.MUL] | is_[VecFunc.SILU_GATE],
                    "mul_w": is_[VecFunc.RMSNORM], "mul_fold": is_[VecFunc.FOLD],
                    "mul_code": is_[VecFunc.KV4], "scale16": is_[VecFunc.SOFTMAX],
-                   "scale30": is_[VecFunc.RMSNORM], "scale31": is_[VecFunc.DEQUANT]}
+                   "scale30": is_[VecFunc.RMSNORM], "scale31": is_[VecFunc.DEQUANT],
+                   "rope": is_[VecFunc.ROPE]}
         if set(use_sel) != set(_USES):
             raise ValueError(f"the shared units' uses {sorted(_USES)} have no select flag")
         feeds = {}   # unit -> [(when, select, payload)], registered by _feed_units below
@@ -658,21 +660,21 @@ class VectorEngine(wiring.Component):
 
         def _feed_units():
             """Each unit's feed register: one use's operands, or a shared unit's uses'
-            selected by their flags (one at a time), their valids ORed."""
+            selected by their flags (one at a time), their valids ORed; a field that only
+            some uses feed (ROPE's cos and sin) is theirs, whatever the others'."""
             for unit, uses in feeds.values():
                 valid = Signal(name=f"{unit.NAME}_iv")
                 m.d.sync += valid.eq(functools.reduce(operator.or_, (w for w, _, _ in uses)))
                 m.d.comb += unit.i.valid.eq(valid)
-                fields = list(uses[0][2])
-                if any(list(p) != fields for _, _, p in uses):
-                    raise ValueError(f"the uses of unit {unit.NAME} feed different fields")
-                for k in fields:
+                for k in unit.i.payload.shape().members:
                     port = getattr(unit.i.payload, k)
-                    vals = [p[k] for _, _, p in uses]
-                    if isinstance(vals[0], list):
-                        port, vals = Value.cast(port), [Cat(v) for v in vals]
-                    v = vals[-1]
-                    for (_, sel, _), other in zip(uses[-2::-1], vals[-2::-1], strict=True):
+                    given = [(sel, p[k]) for _, sel, p in uses if k in p]
+                    if not given:
+                        raise ValueError(f"no use of unit {unit.NAME} feeds its {k!r}")
+                    if isinstance(given[0][1], list):
+                        port, given = Value.cast(port), [(c, Cat(v)) for c, v in given]
+                    v = given[-1][1]
+                    for sel, other in given[-2::-1]:
                         v = Mux(sel, other, v)
                     reg = Signal.like(port, name=f"{unit.NAME}_i_{k}", reset_less=True)
                     m.d.sync += reg.eq(v)
@@ -1044,7 +1046,7 @@ class VectorEngine(wiring.Component):
             with m.If(lower):
                 m.d.sync += cs.eq(xs[k])
             word_cs = Mux(upper, cs, xs[k][:2 * ROPE_HALF_BITS])
-            feed(rope_k, lower | upper, x=Mux(upper, xu, xl), rot=Mux(upper, xl, -xu),
+            feed(rope_k, lower | upper, "rope", a=Mux(upper, xu, xl), b=Mux(upper, xl, -xu),
                  cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
         rope_last_a, rope_last = _delay_ahead(m, up_last, lat["rope"], "rope_last")
         # Each result's VOUT position: lower k -> upper k (+ d/2) -> lower k + 1 (+ 1 - d/2),
@@ -1055,7 +1057,7 @@ class VectorEngine(wiring.Component):
         r_k = Signal(ROPE_HEAD_DIM_BITS, reset_less=True)   # loaded while idle, as above
         r_last = Signal()    # r_k == head_dim / 2 - inc
         step = Signal(len(dst), init=1, reset_less=True)
-        with m.If(u["rope"].o.valid):
+        with m.If(out_valid("rope")):
             r_last_next = Mux(r_up, Mux(r_last, half_m1 == 0, r_k == half_m2), r_last)
             inc_r = 1 if n == 1 else inc
             m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_last, 0, r_k + inc_r), r_k)),

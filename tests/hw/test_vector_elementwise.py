@@ -112,7 +112,10 @@ def test_a_mul_of_several_modes_is_each_of_them():
     assert set(mode) == {0, 1, 2}
     check_latency(run_unit(unit, els), timing.VECTOR_LATENCY["mul"])
 
-def test_rope_matches_numerics():
+
+def rope_elements() -> tuple[list[dict], np.ndarray]:
+    """Rotary elements ``(x, rot, cos, sin)`` (random, saturating, the word and table
+    extremes) and their results."""
     rng = np.random.default_rng(4)
     d, heads = 16, 12
     one = 1 << ROPE_FRAC
@@ -131,9 +134,41 @@ def test_rope_matches_numerics():
     rot = np.concatenate((-x[:, h:], x[:, :h]), axis=-1)
     els = [{"x": int(p), "rot": int(q), "cos": int(c), "sin": int(s)}
            for p, q, c, s in zip(x.ravel(), rot.ravel(), cos.ravel(), sin.ravel(), strict=True)]
+    return els, vec_rope(x, cos, sin).ravel()
+
+
+def test_a_mul_with_the_rope_mode_is_rope_and_mul():
+    """A ``Mul`` with :data:`Mul.ROPE` among its modes (the vector engine's lanes: ROPE's
+    rotation on MUL's multipliers, its operands selected by the mode), the rotation's
+    elements mixed with products in one stream and with stalls: each result is ``Rope``'s or
+    its mode's ``Mul``'s, bit for bit, at both units' latency."""
+    modes = ((ACT_FRAC, 32), (0, FOLD_BITS), Mul.ROPE)
+    rope_els, rope_want = rope_elements()
+    a, b = operands(13)
+    rng = np.random.default_rng(14)
+    mul_mode = rng.integers(0, 2, len(a))
+    els = [{"a": e["x"], "b": e["rot"], "cos": e["cos"], "sin": e["sin"], "mode": 2}
+           for e in rope_els]
+    want = list(rope_want)
+    for p, q, k in zip(a, b, mul_mode, strict=True):
+        els.append({"a": int(p), "b": int(q), "mode": int(k),
+                    "cos": int(rng.integers(-2**15, 2**15)),
+                    "sin": int(rng.integers(-2**15, 2**15))})
+        want.append(saturate(round_shift(np.int64(p) * np.int64(q), modes[k][0]), modes[k][1]))
+    order = rng.permutation(len(els))
+    els, want = [els[i] for i in order], np.array(want, dtype=np.int64)[order]
+    unit = Mul(modes=modes, b_bits=33)
+    for seed in (None, 15):
+        run = run_unit(unit, els, seed=seed)
+        assert np.array_equal(run.field("y"), want)
+    assert timing.VECTOR_LATENCY["rope"] == timing.VECTOR_LATENCY["mul"]
+    check_latency(run_unit(unit, els), timing.VECTOR_LATENCY["mul"])
+
+def test_rope_matches_numerics():
+    els, want = rope_elements()
     u = Rope()
     run = run_unit(u, els)
-    assert np.array_equal(run.field("y"), vec_rope(x, cos, sin).ravel())
+    assert np.array_equal(run.field("y"), want)
     check_latency(run, timing.VECTOR_LATENCY["rope"])
 
 
@@ -252,6 +287,7 @@ def test_requant_in_four_bits_matches_kv4_rows():
     (lambda: Scale((16, 63)), "got 63"),
     (lambda: Mul(modes=()), "at least one"),
     (lambda: Mul(modes=((16, 32), (0, 55))), r"mul y_bits .* got 55"),
+    (lambda: Mul(modes=((16, 32), Mul.ROPE)), "b_bits >= 33"),
     (lambda: Requant(55), r"requant x_bits must be an integer in \[32, 54\], got 55"),
 ])
 def test_rejects_bad_parameters(make, message):

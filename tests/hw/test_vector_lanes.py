@@ -36,6 +36,7 @@ from hw.isa import (
 )
 from hw.numerics import ACT_BITS, ACT_FRAC, FOLD_BITS, NORM_FRAC
 from hw.vector.dequant import DEQUANT_SCALE_FRAC
+from hw.vector.elementwise import Mul
 from hw.vector.engine import VectorEngine, command_lanes
 from sim.model import FastModel
 from sim.random_programs import EQUIVALENCE_CONFIGS, random_program
@@ -100,13 +101,14 @@ def test_rtl_engine_builds_lanes(lanes):
     assert units["sumsq"].latency == timing.VECTOR_LATENCY["sumsq"] + tree
     assert units["max"].latency == timing.VECTOR_LATENCY["max"] + tree       # SOFTMAX's
     assert units["sum"].latency == timing.VECTOR_LATENCY["sum"] + tree
-    for name in ("add", "mul", "scale", "requant", "dequant_factor", "exp", "rope"):
+    for name in ("add", "mul", "scale", "requant", "dequant_factor", "exp"):
         assert sum(k == name or k.startswith(f"{name}_l") for k in units) == lanes, name
-    # MUL's, RMSNORM's weight's, FOLD's (and lane 0's KV4 codes') Mul and SOFTMAX's,
-    # RMSNORM's and DEQUANT's Scale are one unit a lane, its mode selecting the use
-    assert units["mul"].modes == ((ACT_FRAC, ACT_BITS), (NORM_FRAC, ACT_BITS), (0, FOLD_BITS))
+    # MUL's, RMSNORM's weight's, FOLD's (and lane 0's KV4 codes') Mul and ROPE's rotation,
+    # and SOFTMAX's, RMSNORM's and DEQUANT's Scale, are one unit a lane, a mode each use
+    assert units["mul"].modes == ((ACT_FRAC, ACT_BITS), (NORM_FRAC, ACT_BITS), (0, FOLD_BITS),
+                                  Mul.ROPE)
     assert units["scale"].fracs == (ACT_FRAC, NORM_FRAC, DEQUANT_SCALE_FRAC)
-    for name in ("mul16", "mul_fold", "mul_code", "scale16", "scale30", "scale31"):
+    for name in ("mul16", "mul_fold", "mul_code", "rope", "scale16", "scale30", "scale31"):
         assert name not in units
     for name in ("recip", "rsqrt", "exp30", "argmax"):
         assert name in units and f"{name}_l1" not in units
