@@ -7,7 +7,7 @@ the steps of :func:`~hw.numerics.vec_softmax`, :func:`~hw.numerics.vec_rmsnorm` 
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Mux, Value, signed, unsigned
+from amaranth import Cat, Const, Mux, signed, unsigned
 from amaranth.lib import data
 
 from hw.numerics import (
@@ -33,6 +33,7 @@ from hw.vector.base import (
     round_saturate,
     round_shift_saturate_const,
     saturate,
+    select_mode,
     signed_range,
     sum_partial_products,
 )
@@ -187,7 +188,7 @@ class Mul(PipelineUnit):
 
         def s4(m, v):
             y = [round_shift_saturate_const(v.p, f, yb) for f, yb in self._rounding]
-            return {"y": (_select(v.mode, y) if several else y[0], y_shape)}
+            return {"y": (select_mode(v.mode, y) if several else y[0], y_shape)}
 
         return [s1, s2, s3, s4]
 
@@ -307,7 +308,7 @@ class Scale(PipelineUnit):
 
         def s1(m, v):
             offset = (offsets[0] if len(offsets) == 1 else
-                      _select(v.mode, [Const(o, signed_range(o, o)) for o in offsets]))
+                      select_mode(v.mode, [Const(o, signed_range(o, o)) for o in offsets]))
             shift = (v.sh + offset).as_signed()
             return {**partial_products(v.r, v.x),
                     "amount": (Mux(shift > right_max, right_max, shift), amount)}
@@ -323,14 +324,6 @@ class Scale(PipelineUnit):
             return {"y": (round_saturate(v.w), signed(ACT_BITS))}
 
         return [s1, s1b, s2, s3]
-
-
-def _select(mode: Value, values: list) -> Value:
-    """``values[mode]`` (a multiplexer chain; the last value for any larger ``mode``)."""
-    out = values[-1]
-    for k in reversed(range(len(values) - 1)):
-        out = Mux(mode == k, values[k], out)
-    return out
 
 
 def _mersenne_bits(name: str, n: int) -> int:

@@ -240,6 +240,10 @@ _SHARED = {
         "scale30": NORM_FRAC,              # RMSNORM's pass 3
         "scale31": DEQUANT_SCALE_FRAC,     # DEQUANT
     },
+    "exp": {   # (a lane that runs SILU_GATE's; another lane's Exp is SOFTMAX's alone)
+        "exp16": ACT_FRAC,                 # SOFTMAX's exponentials
+        "exp30": NORM_FRAC,                # SILU_GATE's
+    },
 }
 
 #: Each use of a shared unit: ``use -> (unit, mode)``; KV4's group products (lane 0's
@@ -259,15 +263,16 @@ _LANE_UNITS = {
     "scale": lambda: Scale(tuple(_SHARED["scale"].values())),
     "dequant_factor": DequantFactor,                     # DEQUANT (and CHANNEL)
     "requant": lambda: Requant(FOLD_BITS),               # REQUANT's and FOLD's codes (KV4's)
-    "exp": lambda: Exp(ACT_FRAC),                        # SOFTMAX's exponentials
+    "exp": lambda: Exp(_SHARED["exp"]["exp16"]),         # SOFTMAX's exponentials
 }
 
 #: The SiLU-gate's element units but its last ``Mul(16)`` (``mul16``, MUL's): lane 0's are
 #: the engine's units of these names (``recip`` shared with the per-row reciprocals), and
 #: every lane beyond it has a copy, ``<name>_l<k>``, where the configuration's
-#: ``vector_laned_silu`` lanes SILU_GATE.
+#: ``vector_laned_silu`` lanes SILU_GATE. ``exp``, the lane's SOFTMAX Exp of
+#: :data:`_LANE_UNITS`, is there shared with the SiLU-gate's (:data:`_SHARED`).
 _SILU_LANE_UNITS = {
-    "exp30": lambda: Exp(NORM_FRAC),
+    "exp": lambda: Exp(tuple(_SHARED["exp"].values())),
     "recip": Recip,
     "scale60": lambda: Scale(2 * NORM_FRAC),
     "mul_es": lambda: Mul(NORM_FRAC),
@@ -366,6 +371,7 @@ class VectorEngine(wiring.Component):
         n = self._lanes = cfg.vector_lanes
         self._units = {
             **{name: make() for name, make in _LANE_UNITS.items()},
+            "exp": _SILU_LANE_UNITS["exp"](),   # lane 0 runs SILU_GATE
             "argmax": ArgMax(signed(ACT_BITS), max_len=_MAX_LENGTH),
             # activations, FOLD's products; a laned row's through a lane tree
             "absmax": AbsMax(signed(FOLD_BITS), lanes=n),
@@ -375,7 +381,6 @@ class VectorEngine(wiring.Component):
             "sum": Sum(unsigned(ACT_FRAC + 1), max_len=_MAX_LENGTH, lanes=n),
             "sumsq": SumSq(max_len=_MAX_LENGTH, lanes=n),
             "rsqrt": Rsqrt(),
-            "exp30": Exp(NORM_FRAC),
             "scale60": Scale(2 * NORM_FRAC),
             "mul_es": Mul(NORM_FRAC),
             "mul_gs": Mul(NORM_FRAC),
@@ -641,7 +646,8 @@ class VectorEngine(wiring.Component):
                    "mul_w": is_[VecFunc.RMSNORM], "mul_fold": is_[VecFunc.FOLD],
                    "mul_code": is_[VecFunc.KV4], "scale16": is_[VecFunc.SOFTMAX],
                    "scale30": is_[VecFunc.RMSNORM], "scale31": is_[VecFunc.DEQUANT],
-                   "rope": is_[VecFunc.ROPE]}
+                   "rope": is_[VecFunc.ROPE], "exp16": is_[VecFunc.SOFTMAX],
+                   "exp30": is_[VecFunc.SILU_GATE]}
         if set(use_sel) != set(_USES):
             raise ValueError(f"the shared units' uses {sorted(_USES)} have no select flag")
         feeds = {}   # unit -> [(when, select, payload)], registered by _feed_units below
@@ -917,7 +923,7 @@ class VectorEngine(wiring.Component):
         rq_kv = is_[VecFunc.REQUANT] | kv
         feed(u["recip"], Mux(rq_kv, am_valid | kv_code_v,
                              Mux(fold, fold_go,
-                                 Mux(silu, u["exp30"].o.valid, u["sum"].o.valid))),
+                                 Mux(silu, out_valid("exp30"), u["sum"].o.valid))),
              x=Mux(rq_kv, Mux(kv_code_v, kv_ac, y >> big),
                    Mux(fold, famax >> fs,
                        Mux(silu, (1 << NORM_FRAC) + e30, u["sum"].o.payload.y))))
@@ -962,16 +968,17 @@ class VectorEngine(wiring.Component):
         es = []
         for k, (ex, s16) in enumerate(zip([u["exp"], *lanes("exp")],
                                           [u["scale16"], *lanes("scale16")], strict=True)):
-            feed(ex, (p2 | p3) & sm, a=Mux(inrows[k], xs[k], top), b=top)
+            feed(ex, (p2 | p3) & sm, "exp16", a=Mux(inrows[k], xs[k], top), b=top)
             e_in = _delay(m, inrows[k], exp_lat, "e_in" if k == 0 else f"e_in_l{k}_",
                           data=True)
-            es.append(Mux(e_in, ex.o.payload.y, 0))
-            feed(s16, u["exp"].o.valid & (phase == 2), "scale16", x=es[-1], r=r, sh=sh)
-        feed(u["sum"], u["exp"].o.valid & (phase == 1), x=es[0] if n == 1 else es,
+            # (an Exp shared with the SiLU-gate's is wider: SOFTMAX's results have 17 bits)
+            es.append(Mux(e_in, ex.o.payload.y[:ACT_FRAC + 1], 0))
+            feed(s16, out_valid("exp16") & (phase == 2), "scale16", x=es[-1], r=r, sh=sh)
+        feed(u["sum"], out_valid("exp16") & (phase == 1), x=es[0] if n == 1 else es,
              last=e_last)
         # (the probabilities' last: Scale(16)'s valid folded in before the delay, so that
         # the strobe alone is the write's last and its done, a cycle ahead below)
-        p_last_a, p_last = _delay_ahead(m, e_last & u["exp"].o.valid & (phase == 2),
+        p_last_a, p_last = _delay_ahead(m, e_last & out_valid("exp16") & (phase == 2),
                                         lat["scale16"], "p_last")
         # -- RMSNORM: SumSq (pass 2); Scale(30) and Mul with the delayed weight (pass 3)
         rn = is_[VecFunc.RMSNORM]
@@ -1002,11 +1009,11 @@ class VectorEngine(wiring.Component):
             gates = []   # (valid, a, b) of the SiLU-gate's Mul(16) of this lane
             if k < silu_lanes:
                 ex30, rc = unit("exp30"), unit("recip")
-                feed(ex30, valid & silu, a=Mux(xs[k][-1], xs[k], 0),
+                feed(ex30, valid & silu, "exp30", a=Mux(xs[k][-1], xs[k], 0),
                      b=Mux(xs[k][-1], 0, xs[k]))
                 e30k = ex30.o.payload.y
                 if k > 0:   # lane 0's Recip is fed above, with the per-row reciprocals
-                    feed(rc, ex30.o.valid, x=(1 << NORM_FRAC) + e30k)
+                    feed(rc, out_valid("exp30", k), x=(1 << NORM_FRAC) + e30k)
                 e_es = _delay(m, e30k, lat["recip"] + lat["scale60"], f"silu_e{sfx}", data=True)
                 g_gs = _delay(m, xs[k], at_mul_gs, f"silu_g{sfx}", data=True)
                 u_mu = _delay(m, bs[k], at_mul_u, f"silu_u{sfx}", data=True)
