@@ -121,6 +121,19 @@ Lanes
     from the group read by address bits registered with the read (as the scratchpad selects
     its group in a row), and write it to the lane of its address (``dst`` steps by 1).
 
+Shared units
+    A VEC runs one sub-op at a time, so units no sub-op uses together share their
+    multipliers (:data:`_SHARED`): each lane has one ``Mul`` for MUL's ``Mul(16)`` (and the
+    SiLU-gate's last step), RMSNORM's ``Mul(30, b_bits=33)``, FOLD's ``Mul(0, y54)`` (and
+    lane 0's KV4 group products) and ROPE's ``Rope`` (its two 32 x 16-bit products on the
+    ``Mul``'s four multipliers), one ``Scale`` for SOFTMAX's ``Scale(16)``, RMSNORM's
+    ``Scale(30)`` and DEQUANT's ``Scale(31)``, and lane 0 (and, with ``vector_laned_silu``,
+    every lane) one ``Exp`` for SOFTMAX's ``Exp(16)`` and the SiLU-gate's ``Exp(30)``. Each
+    use feeds its unit with its mode (the unit's ``mode`` field: its rounding, its fraction
+    bits) and its operands while its sub-op runs (the ``is_`` flag selects them in the feed
+    register), and reads the unit's results only then; latencies and results are each
+    use's own unit's.
+
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
 :data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.
@@ -369,9 +382,10 @@ class VectorEngine(wiring.Component):
                              f"engine's {self.ARGMAX_WORDS} result words")
         self._cfg = cfg
         n = self._lanes = cfg.vector_lanes
+        # (a lane that runs SILU_GATE, lane 0 always, takes the SiLU-gate's Exp for its own)
+        silu_exp = {"exp": _SILU_LANE_UNITS["exp"]}
         self._units = {
-            **{name: make() for name, make in _LANE_UNITS.items()},
-            "exp": _SILU_LANE_UNITS["exp"](),   # lane 0 runs SILU_GATE
+            **{name: make() for name, make in {**_LANE_UNITS, **silu_exp}.items()},
             "argmax": ArgMax(signed(ACT_BITS), max_len=_MAX_LENGTH),
             # activations, FOLD's products; a laned row's through a lane tree
             "absmax": AbsMax(signed(FOLD_BITS), lanes=n),
@@ -389,11 +403,10 @@ class VectorEngine(wiring.Component):
             # KV4 (not laned: no lane tree in its timing) has its own one-lane AbsMax.
             self._units["absmax_kv"] = AbsMax(signed(ACT_BITS))
             for k in range(1, n):
-                for name, make in _LANE_UNITS.items():
+                lane = ({**_LANE_UNITS, **_SILU_LANE_UNITS} if cfg.vector_laned_silu else
+                        _LANE_UNITS)
+                for name, make in lane.items():
                     self._units[f"{name}_l{k}"] = make()
-                if cfg.vector_laned_silu:
-                    for name, make in _SILU_LANE_UNITS.items():
-                        self._units[f"{name}_l{k}"] = make()
         vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
         vout = cfg.vout_spad_bytes // cfg.vout_word_bytes
         super().__init__({
