@@ -189,11 +189,11 @@ class AcceleratorConfig:
     vector_laned_silu:
         SILU_GATE streams :attr:`vector_lanes` elements a cycle too
         (:func:`hw.isa.laned_vec_funcs`): each lane past the first gets its own copy of the
-        SiLU-gate's chain (``Exp(30)``, ``Recip``, ``Scale(60)`` and two ``Mul(30)``, 20
-        multipliers a lane in Yosys' count), more than the ECP5-85F has left beside the 4x8
-        array and two lanes (docs/architecture.md, *Lanes*): the wide systems set it, the
-        ``vector`` preset does not. Needs ``vector_lanes > 1``; False (the default) is left out of
-        :meth:`to_dict`.
+        SiLU-gate's chain (``Recip``, ``Scale(60)`` and two ``Mul(30)``, its ``Exp(30)`` the
+        lane's SOFTMAX ``Exp``: 11 multipliers a lane in Yosys' count), which the ECP5-85F
+        has beside the 4x8 array with two lanes, not with four (docs/architecture.md,
+        *Lanes*): the wide systems set it, the ``vector`` preset does not. Needs
+        ``vector_lanes > 1``; False (the default) is left out of :meth:`to_dict`.
     queue_depth:
         Depth of each engine's instruction queue.
     num_events:
@@ -555,10 +555,11 @@ class AcceleratorConfig:
 #: Scratchpads of the vector engine in the named ``"vector"`` configuration: the sizes
 #: synthesised beside the default 4x8 array (int32 elements: 4096 in VIN, 2048 in VOUT).
 VECTOR_PRESET_SPADS = {"vin_spad_bytes": 16384, "vout_spad_bytes": 8192}
-#: The ``"vector"`` configuration's :attr:`AcceleratorConfig.vector_lanes`: the most that fit
-#: the ECP5-85F's 156 multipliers beside the 4x8 array's 67 (the engine takes 56 with one
-#: lane, 83 with two, 20 more with :attr:`AcceleratorConfig.vector_laned_silu`, which the
-#: preset therefore leaves off; docs/architecture.md, *Lanes*).
+#: The ``"vector"`` configuration's :attr:`AcceleratorConfig.vector_lanes`. Of the ECP5-85F's
+#: 156 multipliers, beside the 4x8 array's 67, the engine takes 34 with one lane, 50 with two
+#: and 82 with four (a lane's sub-ops share its units), 11 more a lane past the first with
+#: :attr:`AcceleratorConfig.vector_laned_silu`, which the preset leaves off
+#: (docs/architecture.md, *Lanes*).
 VECTOR_PRESET_LANES = 2
 
 #: Named configurations (``sw.deploy --config NAME``): each a function of no arguments.

@@ -34,7 +34,7 @@ __all__ = ["Stage", "PipelineUnit", "ReductionUnit", "build_pipeline", "check_la
            "round_shift", "round_shift_const", "saturate", "round_saturate",
            "round_shift_saturate_const", "normalise_levels",
            "rom", "bits_for", "MAX_ROW", "MULT_CHUNK", "partial_products", "sum_partial_products",
-           "dsp_product", "chunks", "grid_products", "grid_halves", "grid_sum"]
+           "dsp_product", "chunks", "grid_products", "grid_halves", "grid_sum", "select_mode"]
 
 #: Default bound on the length of a row a reduction takes (the LM head's vocabulary of the
 #: largest supported models: LLaMA-3's 128256 needs 17 bits).
@@ -359,6 +359,15 @@ def rom(m: Module, name: str, init: Sequence[int], index: Value) -> Value:
     port = mem.read_port(domain="comb")
     m.d.comb += port.addr.eq(index)
     return port.data
+
+
+def select_mode(mode: Value, values: Sequence) -> Value:
+    """``values[mode]``, a multiplexer chain (the last value for any larger ``mode``): a
+    shared unit's per-mode constant or result (its input's ``mode`` field)."""
+    out = values[-1]
+    for k in reversed(range(len(values) - 1)):
+        out = Mux(mode == k, values[k], out)
+    return out
 
 
 def signed_range(lo: int, hi: int) -> Shape:

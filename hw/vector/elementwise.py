@@ -24,6 +24,8 @@ from hw.numerics import (
 from hw.vector.base import (
     MULT_CHUNK,
     PipelineUnit,
+    chunks,
+    dsp_product,
     grid_halves,
     grid_products,
     grid_sum,
@@ -31,6 +33,8 @@ from hw.vector.base import (
     round_saturate,
     round_shift_saturate_const,
     saturate,
+    select_mode,
+    signed_range,
     sum_partial_products,
 )
 from hw.vector.tables import SH_BITS, SH_MIN, TABLE_RESULT_BITS
@@ -96,39 +100,95 @@ class Mul(PipelineUnit):
     y_bits:
         Signed width the result saturates to: 32 (activations, the default) up to 54
         (:data:`hw.numerics.FOLD_BITS`, FOLD's products).
+    modes:
+        ``(frac, y_bits)`` pairs, instead of ``frac`` and ``y_bits``: a unit of several uses
+        that share its multipliers, one at a time. The input then has a ``mode`` field, the
+        index of its element's pair (the rounding and saturation a multiplexer behind the
+        product), and ``y`` is as wide as the widest ``y_bits`` (each mode's result
+        sign-extended). One pair is ``Mul(frac, y_bits=y_bits)``. The entry
+        :data:`Mul.ROPE` is :class:`Rope`'s rotation, ``x`` in ``a`` and ``rot`` in ``b``
+        (``b_bits`` at least 33), with ``cos`` and ``sin`` inputs: its two 32 x 16-bit
+        products are the grid's four multipliers, their operands selected by the mode
+        (``a_0 * cos``, ``a_1 * cos``, ``b_1 * sin``, ``b_0 * sin`` in place of ``a_0 * b_0``,
+        ``a_1 * b_0``, ``a_0 * b_1``, ``a_1 * b_1``, ``_i`` the 17-bit chunks), the outer two
+        summed in stage 2 rather than set side by side.
 
     Members
     -------
     i: In(stream.Signature(StructLayout({"a": signed(a_bits), "b": signed(b_bits)})))
+        (and ``"mode": range(len(modes))`` with several modes; ``"cos", "sin": signed(16)``
+        with :data:`Mul.ROPE`)
     o: Out(stream.Signature(StructLayout({"y": signed(y_bits)})))
     """
+
+    #: The rotation of :class:`Rope` as a mode of a shared ``Mul`` (``modes``).
+    ROPE = "rope"
 
     NAME = "mul"
 
     def __init__(self, frac: int = ACT_FRAC, a_bits: int = ACT_BITS, b_bits: int = ACT_BITS,
-                 y_bits: int = ACT_BITS):
-        self.frac = _bits("mul frac", frac, 0, 62)
+                 y_bits: int = ACT_BITS, *, modes: tuple[tuple[int, int], ...] | None = None):
+        if modes is None:
+            modes = ((frac, y_bits),)
+        if not modes:
+            raise ValueError("mul modes must name at least one (frac, y_bits)")
+        self.modes = tuple(
+            mode if mode == self.ROPE else
+            (_bits("mul frac", mode[0], 0, 62), _bits("mul y_bits", mode[1], ACT_BITS, FOLD_BITS))
+            for mode in modes)
         self.a_bits = _bits("mul a_bits", a_bits, 2, 2 * MULT_CHUNK)
         self.b_bits = _bits("mul b_bits", b_bits, 2, 2 * MULT_CHUNK)
-        self.y_bits = _bits("mul y_bits", y_bits, ACT_BITS, FOLD_BITS)
-        super().__init__(data.StructLayout({"a": signed(a_bits), "b": signed(b_bits)}),
-                         data.StructLayout({"y": signed(y_bits)}))
+        # the rotation: ROPE_FRAC fraction bits, an activation
+        self._rounding = [(ROPE_FRAC, ACT_BITS) if mode == self.ROPE else mode
+                          for mode in self.modes]
+        self.frac, self.y_bits = self._rounding[0][0], max(y for _, y in self._rounding)
+        rope = {}
+        if self.ROPE in self.modes:
+            if len(self.modes) < 2 or self.b_bits < ACT_BITS + 1 or self.a_bits < ACT_BITS:
+                raise ValueError("a mul's rope mode takes a second mode, a_bits >= 32 and "
+                                 f"b_bits >= 33, got {self.modes}, {a_bits}, {b_bits}")
+            rope = {"cos": signed(ROPE_BITS), "sin": signed(ROPE_BITS)}
+        mode = {"mode": range(len(self.modes))} if len(self.modes) > 1 else {}
+        super().__init__(data.StructLayout({"a": signed(a_bits), "b": signed(b_bits), **mode,
+                                            **rope}),
+                         data.StructLayout({"y": signed(self.y_bits)}))
 
     def _stages(self):
         p_shape = signed(self.a_bits + self.b_bits)
 
+        y_shape = signed(self.y_bits)
+        several = len(self.modes) > 1
+        # (several modes: the mode travels beside the product, its stage's results selected)
+
+        def carry(v):
+            return {"mode": v.mode} if several else {}
+
+        rope = self.modes.index(self.ROPE) if self.ROPE in self.modes else None
+
         def s1(m, v):
-            return grid_products(v.a, v.b)
+            if rope is None:
+                return {**grid_products(v.a, v.b), **carry(v)}
+            # the rotation's products on the grid's multipliers: x = a, rot = b
+            (a0, a1), (b0, b1) = chunks(v.a), chunks(v.b)
+            on = v.mode == rope
+            by_cos = Mux(on, v.cos, b0)
+            by_sin = Mux(on, v.sin, b1)
+            return {"pp00": dsp_product(a0 * by_cos), "pp10": dsp_product(a1 * by_cos),
+                    "pp01": dsp_product(b1 * Mux(on, v.sin, a0)),
+                    "pp11": dsp_product(Mux(on, b0, a1) * by_sin), **carry(v)}
 
         def s2(m, v):
-            return grid_halves(v)
+            halves = grid_halves(v)
+            if rope is not None:   # x_0 cos + rot_0 sin; mid is x_1 cos + rot_1 sin
+                halves["outer"] = Mux(v.mode == rope, v.pp00 + v.pp11, halves["outer"])
+            return {**halves, **carry(v)}
 
         def s3(m, v):
-            return {"p": (grid_sum(v), p_shape)}
+            return {"p": (grid_sum(v), p_shape), **carry(v)}
 
         def s4(m, v):
-            return {"y": (round_shift_saturate_const(v.p, self.frac, self.y_bits),
-                          signed(self.y_bits))}
+            y = [round_shift_saturate_const(v.p, f, yb) for f, yb in self._rounding]
+            return {"y": (select_mode(v.mode, y) if several else y[0], y_shape)}
 
         return [s1, s2, s3, s4]
 
@@ -202,39 +262,54 @@ class Scale(PipelineUnit):
     Parameters
     ----------
     frac:
-        Fraction bits of the result (0 to 62).
+        Fraction bits of the result (0 to 62), or a tuple of them: a unit of several uses
+        that share its multipliers, one at a time. The input then has a ``mode`` field, the
+        index of its element's ``frac``, which selects the constant added to ``sh`` (one
+        shifter for every ``frac``: ``2p`` shifted left by the largest left shift of them
+        all, then right by ``sh - frac`` plus that).
 
     Members
     -------
     i: In(stream.Signature(StructLayout({"x": signed(32), "r": unsigned(17),
                                          "sh": unsigned(7)})))
+        (and ``"mode": range(len(frac))`` with several)
     o: Out(stream.Signature(StructLayout({"y": signed(32)})))
     """
 
     NAME = "scale"
 
-    def __init__(self, frac: int = ACT_FRAC):
-        self.frac = _bits("scale frac", frac, 0, 62)
+    def __init__(self, frac: int | tuple[int, ...] = ACT_FRAC):
+        fracs = frac if isinstance(frac, tuple) else (frac,)
+        if not fracs:
+            raise ValueError("scale frac must name at least one fraction")
+        self.fracs = tuple(_bits("scale frac", f, 0, 62) for f in fracs)
+        self.frac = self.fracs[0]
+        mode = {"mode": range(len(self.fracs))} if len(self.fracs) > 1 else {}
         super().__init__(data.StructLayout({"x": signed(ACT_BITS),
                                             "r": unsigned(TABLE_RESULT_BITS),
-                                            "sh": unsigned(SH_BITS)}),
+                                            "sh": unsigned(SH_BITS), **mode}),
                          data.StructLayout({"y": signed(ACT_BITS)}))
 
     def _stages(self):
-        frac = self.frac
         p_shape = signed(ACT_BITS + TABLE_RESULT_BITS)
         # One right shifter: 2p is first shifted left by the largest left shift, then right by
         # sh - frac + left_max >= 0. Shifts past right_max change nothing (round_shift of p
-        # gives 0); a non-zero p shifted left by ACT_BITS - 1 or more saturates.
-        left_max = min(max(0, frac - SH_MIN), ACT_BITS - 1)
+        # gives 0); a non-zero p shifted left by ACT_BITS - 1 or more saturates. With several
+        # fracs, left_max is the largest of theirs: 2p << left_max >> (sh - frac + left_max)
+        # is 2p << l >> (sh - frac + l) for each frac's own l <= left_max (the first shift
+        # loses no bit), and a shift past right_max still gives p's sign alone.
+        left_max = max(min(max(0, f - SH_MIN), ACT_BITS - 1) for f in self.fracs)
         right_max = p_shape.width + 1 + left_max
         amount = unsigned(right_max.bit_length())
         # w = 2 * (p >> s) rounded down, or 2 * (p << -s): the last stage's (w + 1) >> 1 is
         # round_shift(p, s) either way.
         w_shape = signed(p_shape.width + 1 + left_max)
+        offsets = [left_max - f for f in self.fracs]
 
         def s1(m, v):
-            shift = (v.sh + (left_max - frac)).as_signed()
+            offset = (offsets[0] if len(offsets) == 1 else
+                      select_mode(v.mode, [Const(o, signed_range(o, o)) for o in offsets]))
+            shift = (v.sh + offset).as_signed()
             return {**partial_products(v.r, v.x),
                     "amount": (Mux(shift > right_max, right_max, shift), amount)}
 

@@ -121,6 +121,19 @@ Lanes
     from the group read by address bits registered with the read (as the scratchpad selects
     its group in a row), and write it to the lane of its address (``dst`` steps by 1).
 
+Shared units
+    A VEC runs one sub-op at a time, so units no sub-op uses together share their
+    multipliers (:data:`_SHARED`): each lane has one ``Mul`` for MUL's ``Mul(16)`` (and the
+    SiLU-gate's last step), RMSNORM's ``Mul(30, b_bits=33)``, FOLD's ``Mul(0, y54)`` (and
+    lane 0's KV4 group products) and ROPE's ``Rope`` (its two 32 x 16-bit products on the
+    ``Mul``'s four multipliers), one ``Scale`` for SOFTMAX's ``Scale(16)``, RMSNORM's
+    ``Scale(30)`` and DEQUANT's ``Scale(31)``, and lane 0 (and, with ``vector_laned_silu``,
+    every lane) one ``Exp`` for SOFTMAX's ``Exp(16)`` and the SiLU-gate's ``Exp(30)``. Each
+    use feeds its unit with its mode (the unit's ``mode`` field: its rounding, its fraction
+    bits) and its operands while its sub-op runs (the ``is_`` flag selects them in the feed
+    register), and reads the unit's results only then; latencies and results are each
+    use's own unit's.
+
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
 :data:`hw.config.VECTOR_WORD_BYTES` bytes); addresses count elements.
@@ -170,9 +183,9 @@ from hw.numerics import (
 )
 from hw.vector.base import MULT_CHUNK, ReductionUnit, chunks
 from hw.vector.dequant import AMAX_BITS, DEQUANT_SCALE_FRAC, DequantFactor
-from hw.vector.elementwise import Add, Mul, Requant, Rope, Scale
+from hw.vector.elementwise import Add, Mul, Requant, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
-from hw.vector.tables import TABLE_RESULT_BITS, Exp, Recip, Rsqrt
+from hw.vector.tables import Exp, Recip, Rsqrt
 
 __all__ = ["VectorEngine", "command_lanes"]
 
@@ -223,29 +236,56 @@ def command_lanes(cfg: AcceleratorConfig, func, imm):
     writes_n = _is_one_of(func, [f for f in funcs if f not in _CODE_FUNCS]) | ins
     return laned, writes_n
 
+#: The shared units' uses, by unit: each use's ``(frac, y_bits)`` (a ``Mul``'s, or its
+#: rotation, ``Rope``'s) or ``frac`` (a ``Scale``'s), its mode the use's index. A VEC runs
+#: one sub-op at a time, and no sub-op takes two uses of one unit, so the uses share the
+#: unit's multipliers: each feeds it with its mode while its sub-op runs, and reads its
+#: results only then.
+_SHARED = {
+    "mul": {
+        "mul16": (ACT_FRAC, ACT_BITS),     # MUL (and SILU_GATE's last step)
+        "mul_w": (NORM_FRAC, ACT_BITS),    # RMSNORM's weight (33 bits: the unit's b_bits)
+        "mul_fold": (0, FOLD_BITS),        # FOLD's products (and lane 0's KV4 codes')
+        "rope": Mul.ROPE,                  # ROPE's pairs (hw.isa.rope_laned)
+    },
+    "scale": {
+        "scale16": ACT_FRAC,               # SOFTMAX's probabilities
+        "scale30": NORM_FRAC,              # RMSNORM's pass 3
+        "scale31": DEQUANT_SCALE_FRAC,     # DEQUANT
+    },
+    "exp": {   # (a lane that runs SILU_GATE's; another lane's Exp is SOFTMAX's alone)
+        "exp16": ACT_FRAC,                 # SOFTMAX's exponentials
+        "exp30": NORM_FRAC,                # SILU_GATE's
+    },
+}
+
+#: Each use of a shared unit: ``use -> (unit, mode)``; KV4's group products (lane 0's
+#: ``mul_code``) are FOLD's mode, ``sat54(a * b)``, of 17-bit reciprocals.
+_USES = {
+    **{use: (unit, k) for unit, uses in _SHARED.items() for k, use in enumerate(uses)},
+    "mul_code": ("mul", list(_SHARED["mul"]).index("mul_fold")),
+}
+
 #: The element units of the laned sub-ops (:data:`hw.isa.LANED_VEC_FUNCS`), by name: lane 0's
 #: is the engine's unit of that name (the other sub-ops use some of them too), and every lane
-#: beyond it has a copy, ``<name>_l<k>``.
+#: beyond it has a copy, ``<name>_l<k>``. ``mul`` and ``scale`` are shared by the uses of
+#: :data:`_SHARED`.
 _LANE_UNITS = {
     "add": Add,                                          # ADD
-    "mul16": lambda: Mul(ACT_FRAC),                      # MUL (and SILU_GATE's last step)
-    "scale30": lambda: Scale(NORM_FRAC),                 # RMSNORM's pass 3
-    "mul": lambda: Mul(NORM_FRAC, b_bits=ACT_BITS + 1),  # RMSNORM's weight
+    "mul": lambda: Mul(modes=tuple(_SHARED["mul"].values()), b_bits=ACT_BITS + 1),
+    "scale": lambda: Scale(tuple(_SHARED["scale"].values())),
     "dequant_factor": DequantFactor,                     # DEQUANT (and CHANNEL)
-    "scale31": lambda: Scale(DEQUANT_SCALE_FRAC),        # DEQUANT
     "requant": lambda: Requant(FOLD_BITS),               # REQUANT's and FOLD's codes (KV4's)
-    "mul_fold": lambda: Mul(0, y_bits=FOLD_BITS),        # FOLD's products
-    "exp": lambda: Exp(ACT_FRAC),                        # SOFTMAX's exponentials
-    "scale16": lambda: Scale(ACT_FRAC),                  # SOFTMAX's probabilities
-    "rope": Rope,                                        # ROPE's pairs (hw.isa.rope_laned)
+    "exp": lambda: Exp(_SHARED["exp"]["exp16"]),         # SOFTMAX's exponentials
 }
 
 #: The SiLU-gate's element units but its last ``Mul(16)`` (``mul16``, MUL's): lane 0's are
 #: the engine's units of these names (``recip`` shared with the per-row reciprocals), and
 #: every lane beyond it has a copy, ``<name>_l<k>``, where the configuration's
-#: ``vector_laned_silu`` lanes SILU_GATE.
+#: ``vector_laned_silu`` lanes SILU_GATE. ``exp``, the lane's SOFTMAX Exp of
+#: :data:`_LANE_UNITS`, is there shared with the SiLU-gate's (:data:`_SHARED`).
 _SILU_LANE_UNITS = {
-    "exp30": lambda: Exp(NORM_FRAC),
+    "exp": lambda: Exp(tuple(_SHARED["exp"].values())),
     "recip": Recip,
     "scale60": lambda: Scale(2 * NORM_FRAC),
     "mul_es": lambda: Mul(NORM_FRAC),
@@ -342,8 +382,10 @@ class VectorEngine(wiring.Component):
                              f"engine's {self.ARGMAX_WORDS} result words")
         self._cfg = cfg
         n = self._lanes = cfg.vector_lanes
+        # (a lane that runs SILU_GATE, lane 0 always, takes the SiLU-gate's Exp for its own)
+        silu_exp = {"exp": _SILU_LANE_UNITS["exp"]}
         self._units = {
-            **{name: make() for name, make in _LANE_UNITS.items()},
+            **{name: make() for name, make in {**_LANE_UNITS, **silu_exp}.items()},
             "argmax": ArgMax(signed(ACT_BITS), max_len=_MAX_LENGTH),
             # activations, FOLD's products; a laned row's through a lane tree
             "absmax": AbsMax(signed(FOLD_BITS), lanes=n),
@@ -353,21 +395,18 @@ class VectorEngine(wiring.Component):
             "sum": Sum(unsigned(ACT_FRAC + 1), max_len=_MAX_LENGTH, lanes=n),
             "sumsq": SumSq(max_len=_MAX_LENGTH, lanes=n),
             "rsqrt": Rsqrt(),
-            "exp30": Exp(NORM_FRAC),
             "scale60": Scale(2 * NORM_FRAC),
             "mul_es": Mul(NORM_FRAC),
             "mul_gs": Mul(NORM_FRAC),
-            "mul_code": Mul(0, b_bits=TABLE_RESULT_BITS + 1, y_bits=FOLD_BITS),  # KV4's codes
         }
         if n > 1:
             # KV4 (not laned: no lane tree in its timing) has its own one-lane AbsMax.
             self._units["absmax_kv"] = AbsMax(signed(ACT_BITS))
             for k in range(1, n):
-                for name, make in _LANE_UNITS.items():
+                lane = ({**_LANE_UNITS, **_SILU_LANE_UNITS} if cfg.vector_laned_silu else
+                        _LANE_UNITS)
+                for name, make in lane.items():
                     self._units[f"{name}_l{k}"] = make()
-                if cfg.vector_laned_silu:
-                    for name, make in _SILU_LANE_UNITS.items():
-                        self._units[f"{name}_l{k}"] = make()
         vin = cfg.vin_spad_bytes // cfg.vin_word_bytes
         vout = cfg.vout_spad_bytes // cfg.vout_word_bytes
         super().__init__({
@@ -382,10 +421,14 @@ class VectorEngine(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        u = self._units
-        for name, unit in u.items():
+        for name, unit in self._units.items():
             m.submodules[name] = unit
             m.d.comb += unit.o.ready.eq(1)
+        n = self._lanes
+        # A use of a shared unit (_USES) names its unit, lane by lane: u[use], u[use_l<k>].
+        u = {**self._units,
+             **{f"{use}{sfx}": self._units[f"{unit}{sfx}"] for use, (unit, _) in _USES.items()
+                for sfx in ["", *(f"_l{k}" for k in range(1, n))]}}
         # Cycles from feeding a unit (below) to its result: its feed register, then its own.
         lat = {k: self.FEED_LATENCY + v.latency for k, v in u.items()}
         body = self.cmd.payload
@@ -427,7 +470,6 @@ class VectorEngine(wiring.Component):
         is_ = {f: Signal(name=f"is_{f.name.lower()}", reset_less=True) for f in VecFunc}
         # Lanes: a laned sub-op's reads are aligned groups of n elements (`left` counts
         # groups, the pointers step by n); the others read one element a cycle.
-        n = self._lanes
         lg = n.bit_length() - 1
         wide = Signal(reset_less=True)                  # the sub-op is laned (n > 1)
         inc = Signal(range(n + 1), reset_less=True)     # the pointers' step: n or 1
@@ -611,20 +653,56 @@ class VectorEngine(wiring.Component):
         b = bs[0]
         p1, p2, p3 = valid & (phase == 0), valid & (phase == 1), valid & (phase == 2)
 
-        def feed(unit, when, **payload):
+        # A shared unit's uses (_USES), each while its sub-op runs: the flag that selects
+        # its operands and mode, and gates its results (is_ flags: they hold while active).
+        use_sel = {"mul16": is_[VecFunc.MUL] | is_[VecFunc.SILU_GATE],
+                   "mul_w": is_[VecFunc.RMSNORM], "mul_fold": is_[VecFunc.FOLD],
+                   "mul_code": is_[VecFunc.KV4], "scale16": is_[VecFunc.SOFTMAX],
+                   "scale30": is_[VecFunc.RMSNORM], "scale31": is_[VecFunc.DEQUANT],
+                   "rope": is_[VecFunc.ROPE], "exp16": is_[VecFunc.SOFTMAX],
+                   "exp30": is_[VecFunc.SILU_GATE]}
+        if set(use_sel) != set(_USES):
+            raise ValueError(f"the shared units' uses {sorted(_USES)} have no select flag")
+        feeds = {}   # unit -> [(when, select, payload)], registered by _feed_units below
+
+        def feed(unit, when, use=None, **payload):
             """The unit takes ``when`` and ``payload`` FEED_LATENCY (1) cycle later, from a
             register: the engine's operand selection stays apart from the unit's first
-            stage. (A laned reduction's ``x`` is a list, a value a lane.)"""
-            valid = Signal(name=f"{unit.NAME}_iv")
-            m.d.sync += valid.eq(when)
-            m.d.comb += unit.i.valid.eq(valid)
-            for k, v in payload.items():
-                port = getattr(unit.i.payload, k)
-                if isinstance(v, list):
-                    port, v = Value.cast(port), Cat(v)
-                reg = Signal.like(port, name=f"{unit.NAME}_i_{k}", reset_less=True)
-                m.d.sync += reg.eq(v)
-                m.d.comb += port.eq(reg)
+            stage. (A laned reduction's ``x`` is a list, a value a lane.) ``use``: a use of a
+            shared unit (:data:`_USES`), fed with its mode while its sub-op runs."""
+            sel = when
+            if use is not None:
+                sel = use_sel[use]
+                if len(getattr(unit, "modes", getattr(unit, "fracs", ()))) > 1:
+                    payload["mode"] = _USES[use][1]
+            feeds.setdefault(id(unit), (unit, []))[1].append((when, sel, payload))
+
+        def _feed_units():
+            """Each unit's feed register: one use's operands, or a shared unit's uses'
+            selected by their flags (one at a time), their valids ORed; a field that only
+            some uses feed (ROPE's cos and sin) is theirs, whatever the others'."""
+            for unit, uses in feeds.values():
+                valid = Signal(name=f"{unit.NAME}_iv")
+                m.d.sync += valid.eq(functools.reduce(operator.or_, (w for w, _, _ in uses)))
+                m.d.comb += unit.i.valid.eq(valid)
+                for k in unit.i.payload.shape().members:
+                    port = getattr(unit.i.payload, k)
+                    given = [(sel, p[k]) for _, sel, p in uses if k in p]
+                    if not given:
+                        raise ValueError(f"no use of unit {unit.NAME} feeds its {k!r}")
+                    if isinstance(given[0][1], list):
+                        port, given = Value.cast(port), [(c, Cat(v)) for c, v in given]
+                    v = given[-1][1]
+                    for sel, other in given[-2::-1]:
+                        v = Mux(sel, other, v)
+                    reg = Signal.like(port, name=f"{unit.NAME}_i_{k}", reset_less=True)
+                    m.d.sync += reg.eq(v)
+                    m.d.comb += port.eq(reg)
+
+        def out_valid(use, k=0):
+            """Use ``use``'s results of lane ``k``: its unit's valid while its sub-op runs."""
+            unit = u[use] if k == 0 else u[f"{use}_l{k}"]
+            return unit.o.valid & use_sel[use]
 
         def lanes(name):
             """Unit ``name``'s lane copies, lane 1 to n - 1 (:data:`_LANE_UNITS`)."""
@@ -635,7 +713,10 @@ class VectorEngine(wiring.Component):
         def valid_ahead(name):
             """Unit ``name``'s ``o.valid`` one cycle early: its input valid (with ``last``, a
             reduction's) delayed by its latency less one (the units never stall); one delay
-            line a unit, however many read it."""
+            line a unit, however many read it. A use of a shared unit: its unit's, while its
+            sub-op runs."""
+            if name in _USES:
+                return valid_ahead(_USES[name][0]) & use_sel[name]
             if name not in aheads:
                 unit = u[name]
                 taken = unit.i.valid
@@ -650,14 +731,14 @@ class VectorEngine(wiring.Component):
         feed(u["argmax"], valid & is_[VecFunc.ARGMAX], x=x, last=last)
         # FOLD: the products a * c in both passes, into AbsMax (pass 1) or Requant (pass 2)
         fold = is_[VecFunc.FOLD]
-        feed(u["mul_fold"], valid & fold, a=x, b=b)
+        feed(u["mul_fold"], valid & fold, "mul_fold", a=x, b=b)
         for k, unit in enumerate(lanes("mul_fold"), 1):
-            feed(unit, valid & fold, a=xs[k], b=bs[k])
+            feed(unit, valid & fold, "mul_fold", a=xs[k], b=bs[k])
         wf = u["mul_fold"].o.payload.y
         wfs = [wf] + [unit.o.payload.y for unit in lanes("mul_fold")]
         wf_last = _delay(m, last & fold, lat["mul_fold"], "fold_last")
-        wf_p1 = u["mul_fold"].o.valid & (phase == 0)
-        wf_p2 = u["mul_fold"].o.valid & (phase == 1)
+        wf_p1 = out_valid("mul_fold") & (phase == 0)
+        wf_p2 = out_valid("mul_fold") & (phase == 1)
         kv = is_[VecFunc.KV4]
         if n == 1:
             feed(u["absmax"], (p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM] | kv)) | wf_p1,
@@ -777,7 +858,7 @@ class VectorEngine(wiring.Component):
                          | Mux(feeding, ~g_last, kv_busy))
         m.d.sync += g_addr.eq(Mux(active, g_addr + feeding_ahead, 0))
         m.d.comb += g_rd.addr.eq(g_addr)
-        feed(u["mul_code"], feeding,
+        feed(u["mul_code"], feeding, "mul_code",
              a=Mux(shift, g_rd.data[ACT_BITS:], g_rd.data[:ACT_BITS]),
              b=Mux(row_r, u["recip"].o.payload.r, r))
         # the code in three stages of KV4_CODE_LATENCY: -255 p registered; its shift by sh's
@@ -806,7 +887,7 @@ class VectorEngine(wiring.Component):
         m.d.sync += [kv_np.eq(pc - (pc << KV4_CODE_BITS)),   # -255 p: one adder, no DSP
                      kv_u.eq(kv_np >> Cat(Const(0, lo_bits), sh[lo_bits:])),
                      kv_c.eq(Mux(~kv_u[-1], 1, Mux(in_range, -low, KV4_CODE_MAX)))]
-        kv_code_v = _delay(m, u["mul_code"].o.valid, self.KV4_CODE_LATENCY, "kv_code_v")
+        kv_code_v = _delay(m, out_valid("mul_code"), self.KV4_CODE_LATENCY, "kv_code_v")
         kv_a = Signal(ACT_BITS, reset_less=True)     # amax >> s
         m.d.sync += kv_a.eq(amax >> shift)
         # the fourth stage: (amax >> s) * c as its chunk products, each in its DSP's output
@@ -855,7 +936,7 @@ class VectorEngine(wiring.Component):
         rq_kv = is_[VecFunc.REQUANT] | kv
         feed(u["recip"], Mux(rq_kv, am_valid | kv_code_v,
                              Mux(fold, fold_go,
-                                 Mux(silu, u["exp30"].o.valid, u["sum"].o.valid))),
+                                 Mux(silu, out_valid("exp30"), u["sum"].o.valid))),
              x=Mux(rq_kv, Mux(kv_code_v, kv_ac, y >> big),
                    Mux(fold, famax >> fs,
                        Mux(silu, (1 << NORM_FRAC) + e30, u["sum"].o.payload.y))))
@@ -900,27 +981,28 @@ class VectorEngine(wiring.Component):
         es = []
         for k, (ex, s16) in enumerate(zip([u["exp"], *lanes("exp")],
                                           [u["scale16"], *lanes("scale16")], strict=True)):
-            feed(ex, (p2 | p3) & sm, a=Mux(inrows[k], xs[k], top), b=top)
+            feed(ex, (p2 | p3) & sm, "exp16", a=Mux(inrows[k], xs[k], top), b=top)
             e_in = _delay(m, inrows[k], exp_lat, "e_in" if k == 0 else f"e_in_l{k}_",
                           data=True)
-            es.append(Mux(e_in, ex.o.payload.y, 0))
-            feed(s16, u["exp"].o.valid & (phase == 2), x=es[-1], r=r, sh=sh)
-        feed(u["sum"], u["exp"].o.valid & (phase == 1), x=es[0] if n == 1 else es,
+            # (an Exp shared with the SiLU-gate's is wider: SOFTMAX's results have 17 bits)
+            es.append(Mux(e_in, ex.o.payload.y[:ACT_FRAC + 1], 0))
+            feed(s16, out_valid("exp16") & (phase == 2), "scale16", x=es[-1], r=r, sh=sh)
+        feed(u["sum"], out_valid("exp16") & (phase == 1), x=es[0] if n == 1 else es,
              last=e_last)
         # (the probabilities' last: Scale(16)'s valid folded in before the delay, so that
         # the strobe alone is the write's last and its done, a cycle ahead below)
-        p_last_a, p_last = _delay_ahead(m, e_last & u["exp"].o.valid & (phase == 2),
+        p_last_a, p_last = _delay_ahead(m, e_last & out_valid("exp16") & (phase == 2),
                                         lat["scale16"], "p_last")
         # -- RMSNORM: SumSq (pass 2); Scale(30) and Mul with the delayed weight (pass 3)
         rn = is_[VecFunc.RMSNORM]
         feed(u["sumsq"], p2 & rn, x=x if n == 1 else xs, shift=shift, last=last)
         n_last = _delay(m, last & p3 & rn, lat["scale30"], "n_last")   # pass 3's: Mul's valid
         for k, (s30, mul30) in enumerate(zip([u["scale30"], *lanes("scale30")],
-                                             [u["mul"], *lanes("mul")], strict=True)):
-            feed(s30, p3 & rn, x=xs[k], r=r, sh=sh)
+                                             [u["mul_w"], *lanes("mul_w")], strict=True)):
+            feed(s30, p3 & rn, "scale30", x=xs[k], r=r, sh=sh)
             w = _delay(m, bs[k], lat["scale30"], "w" if k == 0 else f"w_l{k}_", data=True)
-            feed(mul30, s30.o.valid, a=s30.o.payload.y, b=w)
-        y_last_a, y_last = _delay_ahead(m, n_last, lat["mul"], "y_last")
+            feed(mul30, out_valid("scale30", k), "mul_w", a=s30.o.payload.y, b=w)
+        y_last_a, y_last = _delay_ahead(m, n_last, lat["mul_w"], "y_last")
 
         # -- MUL; SILU_GATE: every unit's operands carried beside it (the units never stall)
         # (n lanes, vector_laned_silu: lane k's chain of copies, its own Recip; lane 0's
@@ -940,11 +1022,11 @@ class VectorEngine(wiring.Component):
             gates = []   # (valid, a, b) of the SiLU-gate's Mul(16) of this lane
             if k < silu_lanes:
                 ex30, rc = unit("exp30"), unit("recip")
-                feed(ex30, valid & silu, a=Mux(xs[k][-1], xs[k], 0),
+                feed(ex30, valid & silu, "exp30", a=Mux(xs[k][-1], xs[k], 0),
                      b=Mux(xs[k][-1], 0, xs[k]))
                 e30k = ex30.o.payload.y
                 if k > 0:   # lane 0's Recip is fed above, with the per-row reciprocals
-                    feed(rc, ex30.o.valid, x=(1 << NORM_FRAC) + e30k)
+                    feed(rc, out_valid("exp30", k), x=(1 << NORM_FRAC) + e30k)
                 e_es = _delay(m, e30k, lat["recip"] + lat["scale60"], f"silu_e{sfx}", data=True)
                 g_gs = _delay(m, xs[k], at_mul_gs, f"silu_g{sfx}", data=True)
                 u_mu = _delay(m, bs[k], at_mul_u, f"silu_u{sfx}", data=True)
@@ -958,10 +1040,10 @@ class VectorEngine(wiring.Component):
                 gates = [(mgs.o.valid, mgs.o.payload.y, u_mu)]
             if gates:
                 g_valid, g_a, g_b = gates[0]
-                feed(unit("mul16"), (valid & mul) | g_valid, a=Mux(mul, xs[k], g_a),
+                feed(unit("mul16"), (valid & mul) | g_valid, "mul16", a=Mux(mul, xs[k], g_a),
                      b=Mux(mul, bs[k], g_b))
             else:
-                feed(unit("mul16"), valid & mul, a=xs[k], b=bs[k])
+                feed(unit("mul16"), valid & mul, "mul16", a=xs[k], b=bs[k])
         mul_last_a, mul_last = _delay_ahead(m, last & is_[VecFunc.MUL], lat["mul16"],
                                             "mul_last")
 
@@ -984,7 +1066,7 @@ class VectorEngine(wiring.Component):
             with m.If(lower):
                 m.d.sync += cs.eq(xs[k])
             word_cs = Mux(upper, cs, xs[k][:2 * ROPE_HALF_BITS])
-            feed(rope_k, lower | upper, x=Mux(upper, xu, xl), rot=Mux(upper, xl, -xu),
+            feed(rope_k, lower | upper, "rope", a=Mux(upper, xu, xl), b=Mux(upper, xl, -xu),
                  cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
         rope_last_a, rope_last = _delay_ahead(m, up_last, lat["rope"], "rope_last")
         # Each result's VOUT position: lower k -> upper k (+ d/2) -> lower k + 1 (+ 1 - d/2),
@@ -995,7 +1077,7 @@ class VectorEngine(wiring.Component):
         r_k = Signal(ROPE_HEAD_DIM_BITS, reset_less=True)   # loaded while idle, as above
         r_last = Signal()    # r_k == head_dim / 2 - inc
         step = Signal(len(dst), init=1, reset_less=True)
-        with m.If(u["rope"].o.valid):
+        with m.If(out_valid("rope")):
             r_last_next = Mux(r_up, Mux(r_last, half_m1 == 0, r_k == half_m2), r_last)
             inc_r = 1 if n == 1 else inc
             m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_last, 0, r_k + inc_r), r_k)),
@@ -1044,7 +1126,8 @@ class VectorEngine(wiring.Component):
                                           [u["scale31"], *lanes("scale31")], strict=True)):
             dq_acc = _delay(m, xs[k], lat["dequant_factor"],
                             "dq_acc" if k == 0 else f"dq_acc_l{k}_", data=True)
-            feed(s31, df.o.valid & dq, x=dq_acc, r=df.o.payload.r, sh=df.o.payload.sh)
+            feed(s31, df.o.valid & dq, "scale31", x=dq_acc, r=df.o.payload.r,
+                 sh=df.o.payload.sh)
         dq_last_a, dq_last = _delay_ahead(m, last & dq_valid,
                                           lat["dequant_factor"] + lat["scale31"], "dq_last")
         ch_last_a, ch_last = _delay_ahead(m, last & ch, lat["dequant_factor"], "ch_last")
@@ -1193,7 +1276,7 @@ class VectorEngine(wiring.Component):
             (word_en, word, 0),
             (amax_write, Mux(fold, fword, amax), 1),
             (unit_en("scale16"), ys("scale16"), p_last),   # 0 where masked
-            (unit_en("mul"), ys("mul"), y_last),
+            (unit_en("mul_w"), ys("mul_w"), y_last),
             *mul16,
             *([(unit_en("rope"), u["rope"].o.payload.y, rope_last)] if n == 1 else
               [(unit_en("rope", (wide, "wide")), ys("rope"), rope_last),   # a laned ROPE's
@@ -1243,6 +1326,7 @@ class VectorEngine(wiring.Component):
             m.d.sync += dst.eq(dst + dst_step)
         with m.If(done):
             m.d.sync += active.eq(0)
+        _feed_units()
         return m
 
     def _write_lanes(self, m, sources, *, dst, step, tail, wide, code_last, codes, length):

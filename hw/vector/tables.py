@@ -33,6 +33,7 @@ from hw.vector.base import (
     normalise_levels,
     partial_products,
     rom,
+    select_mode,
     signed_range,
     sum_partial_products,
 )
@@ -239,26 +240,40 @@ class Exp(PipelineUnit):
     ----------
     frac:
         Fraction bits of the result: :data:`hw.numerics.ACT_FRAC` (16, softmax) or
-        :data:`hw.numerics.NORM_FRAC` (30, SiLU-gate); any value from 16 to 30.
+        :data:`hw.numerics.NORM_FRAC` (30, SiLU-gate); any value from 16 to 30. Or a tuple
+        of them: a unit of several uses that share its multipliers and table, one at a
+        time. The input then has a ``mode`` field, the index of its element's ``frac``,
+        which selects the constants of stage 4's shift ``s``; ``y`` is as wide as the
+        largest ``frac``'s.
 
     Members
     -------
     i: In(stream.Signature(StructLayout({"a": signed(32), "b": signed(32)})))
+        (and ``"mode": range(len(frac))`` with several)
     o: Out(stream.Signature(StructLayout({"y": unsigned(frac + 1)})))
     """
 
     NAME = "exp"
 
-    def __init__(self, frac: int = ACT_FRAC):
-        if not isinstance(frac, int) or not ACT_FRAC <= frac <= NORM_FRAC:
-            raise ValueError(f"exp frac must be an integer in [{ACT_FRAC}, {NORM_FRAC}], "
-                             f"got {frac!r}")
-        self.frac = frac
-        super().__init__(data.StructLayout({"a": signed(ACT_BITS), "b": signed(ACT_BITS)}),
-                         data.StructLayout({"y": unsigned(frac + 1)}))
+    def __init__(self, frac: int | tuple[int, ...] = ACT_FRAC):
+        fracs = frac if isinstance(frac, tuple) else (frac,)
+        if not fracs:
+            raise ValueError("exp frac must name at least one fraction")
+        for f in fracs:
+            if not isinstance(f, int) or not ACT_FRAC <= f <= NORM_FRAC:
+                raise ValueError(f"exp frac must be an integer in [{ACT_FRAC}, {NORM_FRAC}], "
+                                 f"got {f!r}")
+        self.fracs = fracs
+        self.frac = fracs[0]
+        mode = {"mode": range(len(fracs))} if len(fracs) > 1 else {}
+        super().__init__(data.StructLayout({"a": signed(ACT_BITS), "b": signed(ACT_BITS),
+                                            **mode}),
+                         data.StructLayout({"y": unsigned(max(fracs) + 1)}))
 
     def _stages(self):
-        frac = self.frac
+        fracs = self.fracs
+        several = len(fracs) > 1
+        frac = max(fracs)   # the widest result, the largest left shift
         lo_bits = ACT_FRAC - LUT_BITS
         t_max = int(EXP2_LUT.max())
         p_max = t_max + int(np_round_shift(t_max * ((1 << lo_bits) - 1) * LN2_Q,
@@ -269,15 +284,21 @@ class Exp(PipelineUnit):
         s_min, s_max = ACT_FRAC - frac, p_bits + 1
         s_shape = signed_range(s_min, s_max)
         tl_bits = p_bits + lo_bits
+        # (several fracs: the mode travels to stage 4, which selects 16 - frac; stages 7 and
+        # 8 are the largest frac's, whose left shifts a smaller frac's s >= 0 never takes)
+        offsets = [ACT_FRAC - f for f in fracs]
+
+        def carry(v):
+            return {"mode": v.mode} if several else {}
 
         def s1(m, v):
-            return {"d": (v.a - v.b, signed(d_bits))}
+            return {"d": (v.a - v.b, signed(d_bits)), **carry(v)}
 
         def s2(m, v):
-            return partial_products(Const(LOG2E_Q), v.d)
+            return {**partial_products(Const(LOG2E_Q), v.d), **carry(v)}
 
         def s2b(m, v):
-            return {"u": (sum_partial_products(v) >> CONST_FRAC, signed(u_bits))}
+            return {"u": (sum_partial_products(v) >> CONST_FRAC, signed(u_bits)), **carry(v)}
 
         def s3(m, v):
             k = v.u[ACT_FRAC:].as_signed()
@@ -285,8 +306,13 @@ class Exp(PipelineUnit):
             t = rom(m, "exp2_lut", EXP2_LUT, f[lo_bits:])
             # min(16 - frac - k, s_max): a compare of k with a constant beside a subtraction
             # as narrow as the result (which fits it whenever it is selected).
-            big = k < (ACT_FRAC - frac) - s_max
-            s_narrow = (ACT_FRAC - frac) - k[:s_shape.width].as_signed()
+            big = [k < o - s_max for o in offsets]
+            offset = [Const(o, s_shape) for o in offsets]
+            if several:
+                big, offset = select_mode(v.mode, big), select_mode(v.mode, offset)
+            else:
+                big, offset = big[0], offsets[0]
+            s_narrow = offset - k[:s_shape.width].as_signed()
             return {"t": (t, unsigned(p_bits)), "lo": f[:lo_bits],
                     "s": (Mux(big, s_max, s_narrow), s_shape)}
 

@@ -89,7 +89,33 @@ def test_mul_of_fold_saturates_at_54_bits():
     check_latency(run, timing.VECTOR_LATENCY["mul"])
 
 
-def test_rope_matches_numerics():
+def test_a_mul_of_several_modes_is_each_of_them():
+    """A ``Mul`` shared by uses of different ``(frac, y_bits)`` (the vector engine's lanes:
+    MUL's, RMSNORM's weight, FOLD's products), the mode chosen per element, mixed in one
+    stream and with stalls: each element's result is its mode's own unit's, bit for bit, at
+    the same latency."""
+    modes = ((ACT_FRAC, 32), (NORM_FRAC, 32), (0, FOLD_BITS))
+    rng = np.random.default_rng(8)
+    a, b = operands(9)
+    b = np.concatenate([b, [(1 << 32) - 1, -(1 << 32) + 1]])   # RMSNorm's 33-bit weights
+    a = np.concatenate([a, [ACT_MAX, -ACT_MAX]])
+    mode = rng.integers(0, len(modes), len(a))
+    unit = Mul(modes=modes, b_bits=33)
+    els = [{"a": int(p), "b": int(q), "mode": int(k)} for p, q, k in zip(a, b, mode, strict=True)]
+    want = np.array([saturate(round_shift(np.int64(0) + int(p) * int(q), modes[k][0]),
+                              modes[k][1]) if modes[k][1] == FOLD_BITS else
+                     vec_mul(np.array([p]), np.array([q]), modes[k][0])[0]
+                     for p, q, k in zip(a, b, mode, strict=True)], dtype=np.int64)
+    for seed in (None, 10):
+        run = run_unit(unit, els, seed=seed)
+        assert np.array_equal(run.field("y"), want)
+    assert set(mode) == {0, 1, 2}
+    check_latency(run_unit(unit, els), timing.VECTOR_LATENCY["mul"])
+
+
+def rope_elements() -> tuple[list[dict], np.ndarray]:
+    """Rotary elements ``(x, rot, cos, sin)`` (random, saturating, the word and table
+    extremes) and their results."""
     rng = np.random.default_rng(4)
     d, heads = 16, 12
     one = 1 << ROPE_FRAC
@@ -108,9 +134,41 @@ def test_rope_matches_numerics():
     rot = np.concatenate((-x[:, h:], x[:, :h]), axis=-1)
     els = [{"x": int(p), "rot": int(q), "cos": int(c), "sin": int(s)}
            for p, q, c, s in zip(x.ravel(), rot.ravel(), cos.ravel(), sin.ravel(), strict=True)]
+    return els, vec_rope(x, cos, sin).ravel()
+
+
+def test_a_mul_with_the_rope_mode_is_rope_and_mul():
+    """A ``Mul`` with :data:`Mul.ROPE` among its modes (the vector engine's lanes: ROPE's
+    rotation on MUL's multipliers, its operands selected by the mode), the rotation's
+    elements mixed with products in one stream and with stalls: each result is ``Rope``'s or
+    its mode's ``Mul``'s, bit for bit, at both units' latency."""
+    modes = ((ACT_FRAC, 32), (0, FOLD_BITS), Mul.ROPE)
+    rope_els, rope_want = rope_elements()
+    a, b = operands(13)
+    rng = np.random.default_rng(14)
+    mul_mode = rng.integers(0, 2, len(a))
+    els = [{"a": e["x"], "b": e["rot"], "cos": e["cos"], "sin": e["sin"], "mode": 2}
+           for e in rope_els]
+    want = list(rope_want)
+    for p, q, k in zip(a, b, mul_mode, strict=True):
+        els.append({"a": int(p), "b": int(q), "mode": int(k),
+                    "cos": int(rng.integers(-2**15, 2**15)),
+                    "sin": int(rng.integers(-2**15, 2**15))})
+        want.append(saturate(round_shift(np.int64(p) * np.int64(q), modes[k][0]), modes[k][1]))
+    order = rng.permutation(len(els))
+    els, want = [els[i] for i in order], np.array(want, dtype=np.int64)[order]
+    unit = Mul(modes=modes, b_bits=33)
+    for seed in (None, 15):
+        run = run_unit(unit, els, seed=seed)
+        assert np.array_equal(run.field("y"), want)
+    assert timing.VECTOR_LATENCY["rope"] == timing.VECTOR_LATENCY["mul"]
+    check_latency(run_unit(unit, els), timing.VECTOR_LATENCY["mul"])
+
+def test_rope_matches_numerics():
+    els, want = rope_elements()
     u = Rope()
     run = run_unit(u, els)
-    assert np.array_equal(run.field("y"), vec_rope(x, cos, sin).ravel())
+    assert np.array_equal(run.field("y"), want)
     check_latency(run, timing.VECTOR_LATENCY["rope"])
 
 
@@ -131,6 +189,32 @@ def test_scale_matches_numerics(frac):
     assert (sh < frac).any() == (frac == NORM_FRAC)   # both directions of the shift covered
     check_latency(run, timing.VECTOR_LATENCY["scale"])
 
+
+def test_a_scale_of_several_fracs_is_each_of_them():
+    """A ``Scale`` shared by uses of different ``frac`` (the vector engine's lanes: SOFTMAX's
+    16, RMSNORM's 30, DEQUANT's 31), the mode chosen per element, mixed in one stream and
+    with stalls: each element's result is ``Scale(frac)``'s, bit for bit (left shifts
+    included), at the same latency."""
+    from hw.vector.dequant import DEQUANT_SCALE_FRAC
+    fracs = (ACT_FRAC, NORM_FRAC, DEQUANT_SCALE_FRAC)
+    rng = np.random.default_rng(11)
+    x = rng.integers(-ACT_MAX, ACT_MAX + 1, 300)
+    x[:3] = [ACT_MAX, -ACT_MAX, 0]
+    ops = np.int64(1) << rng.integers(0, 53, 300) | rng.integers(0, 1 << 20, 300)
+    r1, sh1 = vec_recip(ops[:150])
+    r2, sh2 = vec_rsqrt(ops[150:])
+    r, sh = np.concatenate([r1, r2]), np.concatenate([sh1, sh2])
+    mode = rng.integers(0, len(fracs), len(x))
+    f = np.array(fracs)[mode]
+    unit = Scale(fracs)
+    els = [{"x": int(a), "r": int(b), "sh": int(c), "mode": int(k)}
+           for a, b, c, k in zip(x, r, sh, mode, strict=True)]
+    want = saturate(round_shift(x * r, sh - f))
+    for seed in (None, 12):
+        run = run_unit(unit, els, seed=seed)
+        assert np.array_equal(run.field("y"), want)
+    assert (sh < f).any() and (sh > f).any()   # both directions of the shift covered
+    check_latency(run_unit(unit, els), timing.VECTOR_LATENCY["scale"])
 
 def requant_elements(rows_, x_bits):
     """Each row's elements with its ``(r, sh, s)`` as the INT8 requantisation sequence
@@ -200,6 +284,10 @@ def test_requant_in_four_bits_matches_kv4_rows():
     (lambda: Mul(b_bits=35), r"mul b_bits must be an integer in \[2, 34\], got 35"),
     (lambda: Mul(y_bits=55), r"mul y_bits must be an integer in \[32, 54\], got 55"),
     (lambda: Scale(-1), "got -1"),
+    (lambda: Scale((16, 63)), "got 63"),
+    (lambda: Mul(modes=()), "at least one"),
+    (lambda: Mul(modes=((16, 32), (0, 55))), r"mul y_bits .* got 55"),
+    (lambda: Mul(modes=((16, 32), Mul.ROPE)), "b_bits >= 33"),
     (lambda: Requant(55), r"requant x_bits must be an integer in \[32, 54\], got 55"),
 ])
 def test_rejects_bad_parameters(make, message):

@@ -34,6 +34,9 @@ from hw.isa import (
     vec_reads_b,
     vec_unaligned,
 )
+from hw.numerics import ACT_BITS, ACT_FRAC, FOLD_BITS, NORM_FRAC
+from hw.vector.dequant import DEQUANT_SCALE_FRAC
+from hw.vector.elementwise import Mul
 from hw.vector.engine import VectorEngine, command_lanes
 from sim.model import FastModel
 from sim.random_programs import EQUIVALENCE_CONFIGS, random_program
@@ -98,10 +101,19 @@ def test_rtl_engine_builds_lanes(lanes):
     assert units["sumsq"].latency == timing.VECTOR_LATENCY["sumsq"] + tree
     assert units["max"].latency == timing.VECTOR_LATENCY["max"] + tree       # SOFTMAX's
     assert units["sum"].latency == timing.VECTOR_LATENCY["sum"] + tree
-    for name in ("add", "mul16", "requant", "mul_fold", "dequant_factor", "scale31", "exp",
-                 "scale16", "rope"):
+    for name in ("add", "mul", "scale", "requant", "dequant_factor", "exp"):
         assert sum(k == name or k.startswith(f"{name}_l") for k in units) == lanes, name
-    for name in ("recip", "rsqrt", "exp30", "argmax"):
+    # MUL's, RMSNORM's weight's, FOLD's (and lane 0's KV4 codes') Mul and ROPE's rotation,
+    # and SOFTMAX's, RMSNORM's and DEQUANT's Scale, are one unit a lane, a mode each use
+    assert units["mul"].modes == ((ACT_FRAC, ACT_BITS), (NORM_FRAC, ACT_BITS), (0, FOLD_BITS),
+                                  Mul.ROPE)
+    assert units["scale"].fracs == (ACT_FRAC, NORM_FRAC, DEQUANT_SCALE_FRAC)
+    # lane 0's Exp is SOFTMAX's and the SiLU-gate's
+    assert units["exp"].fracs == (ACT_FRAC, NORM_FRAC)
+    for name in ("mul16", "mul_fold", "mul_code", "rope", "scale16", "scale30", "scale31",
+                 "exp30"):
+        assert name not in units
+    for name in ("recip", "rsqrt", "argmax"):
         assert name in units and f"{name}_l1" not in units
     assert ("absmax_kv" in units) == (lanes > 1)   # KV4's one-lane AbsMax (no lane tree)
 
@@ -127,12 +139,15 @@ def test_laned_silu_is_a_validated_field():
 @pytest.mark.parametrize("lanes", [2, 4])
 def test_rtl_engine_builds_silu_lanes(lanes):
     """With ``vector_laned_silu`` every lane has the SiLU-gate's chain (its own Recip beside
-    lane 0's shared one); without, only lane 0 has it."""
+    lane 0's shared one, its SOFTMAX Exp shared with its ``Exp(30)``); without, only lane 0
+    has it."""
     for silu in (False, True):
         units = VectorEngine(_cfg(lanes).replace(vector_laned_silu=silu))._units
-        for name in ("exp30", "recip", "scale60", "mul_es", "mul_gs"):
+        for name in ("recip", "scale60", "mul_es", "mul_gs"):
             count = sum(k == name or k.startswith(f"{name}_l") for k in units)
             assert count == (lanes if silu else 1), (name, silu)
+        for k in range(1, lanes):
+            assert units[f"exp_l{k}"].fracs == ((ACT_FRAC, NORM_FRAC) if silu else (ACT_FRAC,))
 
 
 # ---------------------------------------------------------------------- the lane table

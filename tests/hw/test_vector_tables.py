@@ -81,6 +81,22 @@ def test_exp_matches_numerics(frac):
     check_latency(run, timing.VECTOR_LATENCY["exp"])
 
 
+def test_an_exp_of_several_fracs_is_each_of_them():
+    """An ``Exp`` shared by uses of different ``frac`` (the vector engine's lane 0: SOFTMAX's
+    16, the SiLU-gate's 30), the mode chosen per element, mixed in one stream and with
+    stalls: each element's result is ``Exp(frac)``'s, bit for bit, at the same latency."""
+    fracs = (ACT_FRAC, NORM_FRAC)
+    a, b = exp_operands(7)
+    mode = np.random.default_rng(8).integers(0, len(fracs), len(a))
+    unit = Exp(fracs)
+    els = [{"a": int(p), "b": int(q), "mode": int(k)} for p, q, k in zip(a, b, mode, strict=True)]
+    want = np.where(mode == 0, vec_exp(a - b, ACT_FRAC), vec_exp(a - b, NORM_FRAC))
+    for seed in (None, 9):
+        run = run_unit(unit, els, seed=seed)
+        assert np.array_equal(run.field("y"), want)
+    assert set(mode) == {0, 1}
+    check_latency(run_unit(unit, els), timing.VECTOR_LATENCY["exp"])
+
 def test_stalls_lose_nothing():
     """Random gaps in the input and random output stalls: the same results, in order."""
     x = table_operands(3)[:120]
