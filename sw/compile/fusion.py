@@ -1349,8 +1349,9 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
     """``bodies`` (parts, END dropped) with each GEMM part and the vector parts right after
     it that may run beside it (:func:`_may_run_beside`: its DEQUANTs) as one part
     (:func:`beside`; the vector parts one after the other, the LOAD engine draining each
-    before the next as between parts). Returns the parts and, per part of ``bodies``, the
-    part it is in and where each of its words lies there."""
+    before the next as between parts, a FOLD's value codes going before the drain:
+    :func:`_run_early`). Returns the parts and, per part of ``bodies``, the part it is in
+    and where each of its words lies there."""
     out: list[np.ndarray] = []
     within: list[tuple[int, list[int]]] = []
     k = 0
@@ -1364,20 +1365,41 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
             out.append(gemm)
             k += 1
             continue
-        chain, at = [], []
-        for j, body in enumerate(run):
-            if j:
-                left = _left_over(run[j - 1])
-                chain += [Sync(engine=Engine.LOAD, wait=e) for e, n in left.items()
-                          for _ in range(n)]
-            at.append(len(chain))
-            chain += [_instr(w) for w in body]
+        chain: list[Instr] = []
+        at: list[list[int]] = []  # per part of the run: where each of its words lies in chain
+        prev = None
+        for body in run:
+            syncs = [] if prev is None else [
+                Sync(engine=Engine.LOAD, wait=e) for e, n in _left_over(prev).items()
+                for _ in range(n)]
+            body, hoisted = (body, []) if prev is None else _run_early(cfg, prev, body)
+            blocks, place = _join(syncs, body, hoisted)
+            at.append([len(chain) + p for p in place])
+            chain += [_instr(w) for b in blocks for w in b]
+            prev = body
         words, g_at, v_at = beside(cfg, gemm, program_words(chain))
         within.append((len(out), g_at))
-        within += [(len(out), v_at[a:a + body.shape[0]]) for a, body in zip(at, run, strict=True)]
+        within += [(len(out), [v_at[p] for p in ps]) for ps in at]
         out.append(words)
         k += 1 + len(run)
     return out, within
+
+
+def _run_early(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
+               ) -> tuple[np.ndarray, list[int]]:
+    """A vector part ``words`` (END dropped) of a beside run after the vector part ``before``
+    of it, and the LOADs of its leading run that may go before the SYNCs draining ``before``
+    (:func:`hoistable`, its own boundary alone): its VIN moved above ``before``'s where
+    that lets more go (:func:`_vin_moved`). A FOLD's value codes (a row no part of the run
+    writes) then load while the SOFTMAX before it runs, where they waited for its STORE."""
+    f = decode_fields(words)
+    if not (f["vec.func"][f["opcode"] == Opcode.VEC.value] == VecFunc.FOLD.value).all():
+        return words, []
+    hoisted = hoistable(before, words, deep=False)
+    moved = _vin_moved(cfg, before, words)
+    if moved is not None and len(more := hoistable(before, moved, deep=False)) > len(hoisted):
+        return moved, more
+    return words, hoisted
 
 
 #: A hoisted LOAD goes to the first boundary (or inside slot) where the LOAD engine would

@@ -1250,6 +1250,47 @@ def test_a_heads_values_gemm_runs_beside_the_next_heads_scores(monkeypatch, seed
     assert beside_values == len(programs)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_folds_value_codes_load_while_its_softmax_runs(monkeypatch, seed):
+    """A tiny model of 2 or 4 kv heads compiled for decode steps up to a random context: in
+    every attention program each FOLD's value codes (its part's first LOAD, a row no part of
+    its beside run writes) go before the SYNC that drains the SOFTMAX before it
+    (sw.compile.fusion._run_early, its VIN moved above the SOFTMAX's), so on the fast model
+    they land while that SOFTMAX's VECs run, where they waited for its STORE; the
+    overlapped program computes the drained one's DRAM in no more cycles, with no LOAD
+    writing VIN beats a VEC reads while it runs."""
+    rng = np.random.default_rng(seed)
+    _, programs = _random_attention(monkeypatch, rng, seed, [2, 4])
+    model = make_backend("model", VSMALL)
+    for parts in programs:
+        words, places = fuse_parts(VSMALL, parts)
+        program = _program(words)
+        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
+        drained, overlapped = (model.run(w, dram.copy(), trace=True) for w in (
+            fuse_words(VSMALL, parts, False), words))
+        assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
+        assert np.array_equal(drained.dram, overlapped.dram)
+        assert overlapped.cycles <= drained.cycles
+        assert not _vin_races(words, overlapped.trace)
+        at = {t.index: t for t in overlapped.trace}
+        folds = [k for k, p in enumerate(parts)
+                 if [i.func for i in _program(p) if isinstance(i, Vec)][:1] == [VecFunc.FOLD]]
+        assert folds
+        for k in folds:
+            softmax = [places[k - 1][i] for i, ins in enumerate(_program(parts[k - 1]))
+                       if isinstance(ins, Vec)]
+            assert {program[i].func for i in softmax} == {VecFunc.SOFTMAX}
+            store = places[k - 1][max(i for i, ins in enumerate(_program(parts[k - 1]))
+                                      if isinstance(ins, Store))]
+            drain = next(j for j in range(store + 1, len(program))
+                         if isinstance(program[j], Sync) and program[j].engine == Engine.LOAD
+                         and program[j].wait == program[store].signal)
+            codes = places[k][0]
+            assert isinstance(program[codes], Load) and program[codes].spad == Spad.VIN
+            assert codes < drain
+            assert at[codes].done <= at[softmax[-1]].end
+
+
 def test_beyond_the_weave_positions_the_values_are_one_part(monkeypatch):
     """At more positions than :data:`sw.compile.fusion.WEAVE_POSITIONS` the values of every
     kv head are one GEMM part after every head's FOLD, as before the weaving (the vector work
