@@ -205,6 +205,7 @@ from hw.isa import (
     dequant_amax_addr,
     dispatch_errors,
     field_location,
+    gemm_weight_bytes,
     is_move,
     program_words,
     vec_reads_amax,
@@ -822,6 +823,66 @@ def settled(words: np.ndarray) -> dict[int, int]:
     return done
 
 
+def loads_ahead(cfg: AcceleratorConfig, words: np.ndarray, movable: Sequence[int],
+                idle: Mapping[int, int]) -> tuple[np.ndarray, list[int]] | None:
+    """``words`` (a program, END last, no REPEAT) with each LOAD ``movable`` (into WGT,
+    without a wait, from DRAM no STORE of the program writes: a KV cache tile the step does
+    not append to) moved up before the first SYNC of the LOAD engine that waits, in order,
+    where the LOAD engine idles (``idle``: its cycles idle before each of its words, the
+    fast model's) for at least ``1 / HOIST_FILL`` of its beats (:data:`HOIST_FILL`), no
+    word between there and its place reads or writes its WGT beats (a GEMM, a LOAD) and
+    every GEMM before that reads them is complete once the LOAD engine is there
+    (:func:`settled`). Its signal stays at its place, on a SYNC of the LOAD engine that
+    completes after it (the engine is in order), so every event is signalled in the same
+    order and its consumer starts no earlier than before; only the beats stream earlier.
+    Returns the words and where each word of ``words`` lands (a moved LOAD: its new
+    place), or None where none moves."""
+    f = decode_fields(words)
+    eng = engines_fields(f)
+    ops = f["opcode"]
+    wgt = Spad.WGT.value
+    touch: list[tuple[int, int] | None] = [None] * eng.shape[0]  # WGT beats written or read
+    for i in np.flatnonzero((ops == Opcode.LOAD.value) & (f["dma.spad"] == wgt)).tolist():
+        touch[i] = _spad_extent(f, i)[1:]
+    for i in np.flatnonzero(ops == Opcode.GEMM.value).tolist():
+        g = _instr(words[i])
+        touch[i] = (g.wgt_addr, g.wgt_addr + -(-gemm_weight_bytes(g, cfg) // cfg.beat_bytes))
+    syncs = np.flatnonzero((eng == Engine.LOAD.value) & (ops == Opcode.SYNC.value)
+                           & (f["wait"] != NO_EVENT)).tolist()
+    room = dict(idle)
+    done: dict[int, int] = {}  # per place: the last COMPUTE word complete once it is reached
+    goes: dict[int, list[int]] = {}
+    for j in movable:
+        beats = int(f["dma.rows"][j]) * int(f["dma.row_beats"][j])
+        before = [i for i in range(j) if touch[i] is not None and _overlap(touch[i], touch[j])]
+        last = max(before, default=-1)
+        gemm = max((i for i in before if ops[i] == Opcode.GEMM.value), default=-1)
+        for p in syncs:
+            if p <= last or p >= j or HOIST_FILL * room.get(p, 0) < beats:
+                continue
+            if gemm >= 0 and done.setdefault(p, settled(words[:p])[Engine.COMPUTE.value]) < gemm:
+                continue
+            room[p] -= beats
+            goes.setdefault(p, []).append(j)
+            break
+    if not goes:
+        return None
+    moved = {j for js in goes.values() for j in js}
+    out: list[np.ndarray] = []
+    where = [0] * eng.shape[0]
+    for i in range(eng.shape[0]):
+        for j in goes.get(i, []):
+            where[j] = len(out)
+            out.append(program_words([replace(_instr(words[j]), signal=None)]))
+        if i in moved:
+            out.append(program_words([Sync(engine=Engine.LOAD, signal=None if int(
+                f["signal"][i]) == NO_EVENT else int(f["signal"][i]))]))
+        else:
+            where[i] = len(out)
+            out.append(words[i:i + 1])
+    return np.concatenate(out).astype(np.uint64), where
+
+
 def _vec_vin_beats(f: Mapping[str, np.ndarray], i: int, per: int) -> list[tuple[int, int]]:
     """The VIN beats VEC ``i`` of fields ``f`` may read (``per`` elements a beat): ``length``
     elements from ``a_addr`` and, where it reads a second operand (or a ROPE its table, half
@@ -1349,8 +1410,9 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
     """``bodies`` (parts, END dropped) with each GEMM part and the vector parts right after
     it that may run beside it (:func:`_may_run_beside`: its DEQUANTs) as one part
     (:func:`beside`; the vector parts one after the other, the LOAD engine draining each
-    before the next as between parts). Returns the parts and, per part of ``bodies``, the
-    part it is in and where each of its words lies there."""
+    before the next as between parts, a FOLD's value codes going before the drain:
+    :func:`_run_early`). Returns the parts and, per part of ``bodies``, the part it is in
+    and where each of its words lies there."""
     out: list[np.ndarray] = []
     within: list[tuple[int, list[int]]] = []
     k = 0
@@ -1364,20 +1426,41 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
             out.append(gemm)
             k += 1
             continue
-        chain, at = [], []
-        for j, body in enumerate(run):
-            if j:
-                left = _left_over(run[j - 1])
-                chain += [Sync(engine=Engine.LOAD, wait=e) for e, n in left.items()
-                          for _ in range(n)]
-            at.append(len(chain))
-            chain += [_instr(w) for w in body]
+        chain: list[Instr] = []
+        at: list[list[int]] = []  # per part of the run: where each of its words lies in chain
+        prev = None
+        for body in run:
+            syncs = [] if prev is None else [
+                Sync(engine=Engine.LOAD, wait=e) for e, n in _left_over(prev).items()
+                for _ in range(n)]
+            body, hoisted = (body, []) if prev is None else _run_early(cfg, prev, body)
+            blocks, place = _join(syncs, body, hoisted)
+            at.append([len(chain) + p for p in place])
+            chain += [_instr(w) for b in blocks for w in b]
+            prev = body
         words, g_at, v_at = beside(cfg, gemm, program_words(chain))
         within.append((len(out), g_at))
-        within += [(len(out), v_at[a:a + body.shape[0]]) for a, body in zip(at, run, strict=True)]
+        within += [(len(out), [v_at[p] for p in ps]) for ps in at]
         out.append(words)
         k += 1 + len(run)
     return out, within
+
+
+def _run_early(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
+               ) -> tuple[np.ndarray, list[int]]:
+    """A vector part ``words`` (END dropped) of a beside run after the vector part ``before``
+    of it, and the LOADs of its leading run that may go before the SYNCs draining ``before``
+    (:func:`hoistable`, its own boundary alone): its VIN moved above ``before``'s where
+    that lets more go (:func:`_vin_moved`). A FOLD's value codes (a row no part of the run
+    writes) then load while the SOFTMAX before it runs, where they waited for its STORE."""
+    f = decode_fields(words)
+    if not (f["vec.func"][f["opcode"] == Opcode.VEC.value] == VecFunc.FOLD.value).all():
+        return words, []
+    hoisted = hoistable(before, words, deep=False)
+    moved = _vin_moved(cfg, before, words)
+    if moved is not None and len(more := hoistable(before, moved, deep=False)) > len(hoisted):
+        return moved, more
+    return words, hoisted
 
 
 #: A hoisted LOAD goes to the first boundary (or inside slot) where the LOAD engine would

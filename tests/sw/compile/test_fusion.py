@@ -63,6 +63,7 @@ from sw.compile.fusion import (
     fusion_groups,
     hoistable,
     linear_group,
+    loads_ahead,
     part_buffers,
     rename_events,
     row_aliases,
@@ -467,6 +468,39 @@ def test_a_gemms_weights_stream_while_the_part_before_drains():
         r = make_backend("model", CFG).run(fuse_words(CFG, [before, gemm], overlap),
                                            np.zeros(CFG.memory.size_bytes, np.uint8))
         assert r.ok, r.error
+
+
+def test_a_constant_load_goes_up_once_the_gemms_reading_its_beats_are_done():
+    """A GEMM-like part, a vector part and a GEMM-like part again, drained: the last part's
+    weight LOADs (DRAM no STORE writes) go up to the first SYNC of the LOAD engine that waits
+    where the LOAD engine idles and every GEMM reading their beats before is proven done
+    (sw.compile.fusion.loads_ahead): the first half's right after the SYNC on the first
+    part's STORED0, the second's after its STORED1 (before the vector part's drain); each
+    leaves its signal on a SYNC at its place, and the program computes the same DRAM. With
+    room only where the first part's GEMMs may still run, nothing moves."""
+    words = fuse_words(CFG, [_gemm_like(2), _vector_part(y=40), _gemm_like(2, dram=40)],
+                       False)
+    before = _program(words)
+    ev = EVENTS
+    assert before[14].spad == before[15].spad == Spad.WGT
+    assert before[8] == Sync(engine=Engine.LOAD, wait=ev["STORED1"])
+    assert loads_ahead(CFG, words, [14, 15], {}) is None
+    assert loads_ahead(CFG, words, [14, 15], {7: 100}) is None  # GEMMs 3, 5 may run
+    moved, where = loads_ahead(CFG, words, [14, 15], dict.fromkeys(range(len(before)), 100))
+    got = _program(moved)
+    assert len(got) == len(before) + 2
+    assert where[14] == 8 and where[15] == 13
+    assert got[7] == before[7] and got[9] == before[8] and got[14] == before[12]
+    assert got[8] == dataclasses.replace(before[14], signal=None)
+    assert got[13] == dataclasses.replace(before[15], signal=None)
+    assert got[16:18] == [Sync(engine=Engine.LOAD, signal=ev["FULL0"]),
+                          Sync(engine=Engine.LOAD, signal=ev["FULL1"])]
+    assert all(got[where[i]] == ins for i, ins in enumerate(before) if i not in (14, 15))
+    model = make_backend("model", CFG)
+    dram = np.random.default_rng(0).integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    a, b = (model.run(w, dram.copy()) for w in (words, moved))
+    assert a.ok and b.ok, (a.error, b.error)
+    assert np.array_equal(a.dram, b.dram)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -1248,6 +1282,47 @@ def test_a_heads_values_gemm_runs_beside_the_next_heads_scores(monkeypatch, seed
             or ins.func == VecFunc.DEQUANT and not dequant_fold(ins.imm))]
         beside_values += any(g0 < v1 and v0 < g1 for g0, g1 in gemms for v0, v1 in scores)
     assert beside_values == len(programs)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_folds_value_codes_load_while_its_softmax_runs(monkeypatch, seed):
+    """A tiny model of 2 or 4 kv heads compiled for decode steps up to a random context: in
+    every attention program each FOLD's value codes (its part's first LOAD, a row no part of
+    its beside run writes) go before the SYNC that drains the SOFTMAX before it
+    (sw.compile.fusion._run_early, its VIN moved above the SOFTMAX's), so on the fast model
+    they land while that SOFTMAX's VECs run, where they waited for its STORE; the
+    overlapped program computes the drained one's DRAM in no more cycles, with no LOAD
+    writing VIN beats a VEC reads while it runs."""
+    rng = np.random.default_rng(seed)
+    _, programs = _random_attention(monkeypatch, rng, seed, [2, 4])
+    model = make_backend("model", VSMALL)
+    for parts in programs:
+        words, places = fuse_parts(VSMALL, parts)
+        program = _program(words)
+        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
+        drained, overlapped = (model.run(w, dram.copy(), trace=True) for w in (
+            fuse_words(VSMALL, parts, False), words))
+        assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
+        assert np.array_equal(drained.dram, overlapped.dram)
+        assert overlapped.cycles <= drained.cycles
+        assert not _vin_races(words, overlapped.trace)
+        at = {t.index: t for t in overlapped.trace}
+        folds = [k for k, p in enumerate(parts)
+                 if [i.func for i in _program(p) if isinstance(i, Vec)][:1] == [VecFunc.FOLD]]
+        assert folds
+        for k in folds:
+            softmax = [places[k - 1][i] for i, ins in enumerate(_program(parts[k - 1]))
+                       if isinstance(ins, Vec)]
+            assert {program[i].func for i in softmax} == {VecFunc.SOFTMAX}
+            store = places[k - 1][max(i for i, ins in enumerate(_program(parts[k - 1]))
+                                      if isinstance(ins, Store))]
+            drain = next(j for j in range(store + 1, len(program))
+                         if isinstance(program[j], Sync) and program[j].engine == Engine.LOAD
+                         and program[j].wait == program[store].signal)
+            codes = places[k][0]
+            assert isinstance(program[codes], Load) and program[codes].spad == Spad.VIN
+            assert codes < drain
+            assert at[codes].done <= at[softmax[-1]].end
 
 
 def test_beyond_the_weave_positions_the_values_are_one_part(monkeypatch):
