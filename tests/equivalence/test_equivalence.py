@@ -14,6 +14,7 @@ per configuration and 360 loop programs, and adds 1,000 programs with vector tas
 VECTOR_NETLIST_CONFIG (the 2x4 shape with the vector engine): fast model, RTL and netlist.
 """
 
+import dataclasses
 import os
 
 import numpy as np
@@ -321,6 +322,40 @@ def test_laned_vector_programs_agree(laned_backends, block):
         r = _check(cfg, model, rtl, rp.program, rp.dram, regs=rp.regs)
         outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
     assert outcomes.get("NONE", 0) >= 6 and laned >= 10, (outcomes, laned)
+
+
+# ---- a paced DRAM port (MemoryModel.cycles_per_beat > 1)
+#: The 4x4 shape (vector engine, moves) with a beat every 2 cycles, the board's pace
+#: (bench.board), and the 2x4 shape with a beat every 3 cycles (the LOAD engine's turnaround,
+#: hw.timing.LOAD_TURNAROUND: back-to-back LOADs as far apart as the beats within one).
+PACED_CONFIGS = {f"{name} k={k}": EQUIVALENCE_CONFIGS[name].replace(
+    memory=dataclasses.replace(EQUIVALENCE_CONFIGS[name].memory, cycles_per_beat=k))
+    for name, k in (("4x4", 2), ("2x4", 3))}
+
+
+@pytest.fixture(scope="module", params=sorted(PACED_CONFIGS))
+def paced_backends(request):
+    return _built(PACED_CONFIGS[request.param])
+
+
+@pytest.mark.parametrize("block", range(3))
+def test_paced_programs_agree(paced_backends, block):
+    """Random programs (moves too, which are not paced; a quarter of the tasks loops, one in
+    five broken) give the same bits,
+    cycles and counters on the fast model and the RTL of a paced DRAM port."""
+    cfg, model, rtl = paced_backends
+    outcomes, dma = {}, 0
+    for seed in range(60_000 + 10 * block, 60_010 + 10 * block):
+        rng = np.random.default_rng(seed)
+        rp = random_program(cfg, rng, chains=int(rng.integers(1, 3)),
+                            tasks=int(rng.integers(1, 4)), loops=0.25)
+        if seed % 5 == 4:
+            rp = break_program(rp, cfg, rng, BROKEN[(seed // 5) % len(BROKEN)])
+        dma += sum(type(i).__name__ in ("Load", "Store") and i.rows * i.row_beats > 1
+                   for i in rp.program)
+        r = _check(cfg, model, rtl, rp.program, rp.dram, regs=rp.regs)
+        outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
+    assert outcomes.get("NONE", 0) >= 6 and dma >= 10, (outcomes, dma)
 
 
 # ---- level 4: the Yosys netlist against the RTL (sim/netlist.py)
