@@ -405,7 +405,10 @@ def _page(rec: dict, memory: dict[str, MemoryTiming], wall: float) -> str:
             "instruction memory runs its decoder blocks as one loop), only the LM head on the "
             f"host; beside it the board's configuration ({rec['config']}), one program per "
             "layer with the host's work between them. Both at the board's memory and sys clock "
-            f"({t0.sys_clk_hz / 1e6:g} MHz); which bitstream could run each: docs/board.md.",
+            f"({t0.sys_clk_hz / 1e6:g} MHz); which bitstream could run each: docs/board.md. "
+            "The vector configuration's DRAM port is paced at the memory's peak (a beat every "
+            f"{per['cycles_per_beat']} cycles), so the bridge stops it only for the memory's "
+            "shortfall below the peak; the board's configuration asks for a beat every cycle.",
             "", "| model | configuration | programs/token | weight + KV bytes/token | roofline "
             "tok/s | fast model tok/s | predicted tok/s | of roofline | host work, est. "
             "ms/token |", "|---|---|---|---|---|---|---|---|---|"]
@@ -514,6 +517,7 @@ def _persistent(models: list[dict], name: str, cfg: AcceleratorConfig, port: str
     memory ``port``."""
     done = [m for m in models if not m.get("skipped")]
     return {"base": name, "config": cfg.fingerprint, "array": cfg.array,
+            "cycles_per_beat": cfg.memory.cycles_per_beat,
             "predicted_tokens_per_s": {m["model"]: m["ports"][port]["tokens_per_s"]
                                        for m in done},
             "roofline_tokens_per_s": {m["model"]: m["roofline_tokens_per_s"] for m in done},

@@ -262,6 +262,7 @@ def test_the_persistent_program_is_predicted_on_the_vector_configuration(tmp_pat
     vector = ECPIX5.accelerator_config(preset("vector"), paced=True)
     assert vector.memory.cycles_per_beat == 2
     assert per["base"] == "vector" and per["config"] == vector.fingerprint
+    assert per["cycles_per_beat"] == 2
     assert per["provenance"]["config"] == vector.fingerprint
     assert per["programs_per_token"] == {"reference": 1}
     (m,) = per["models"]
@@ -275,6 +276,7 @@ def test_the_persistent_program_is_predicted_on_the_vector_configuration(tmp_pat
     assert rec["models"][0]["ports"][rec["board_memory"]]["programs"] > 1
     page = (tmp_path / "docs" / "board_performance.md").read_text()
     assert "## One program per decode step" in page and vector.fingerprint in page
+    assert "a beat every 2 cycles" in page
 
 
 @pytest.mark.parametrize("argv, message", [
