@@ -2,8 +2,10 @@
 
 ``python -m bench.beats`` compiles one decode step of --model at --context positions on the
 board's accelerator (:data:`hw.board.ecpix5.ECPIX5` with --config, by default the 'vector'
-preset: the persistent program that ``python -m bench.board`` predicts on --vector-config),
-runs it on the fast model (timing-only, as :func:`sw.codesign.decode_step`) and breaks down
+preset: the persistent program that ``python -m bench.board`` predicts on --vector-config,
+its DRAM port paced at the memory's peak as there, a beat every two cycles, unless
+--unpaced), runs it on the fast model (timing-only, as :func:`sw.codesign.decode_step`) and
+breaks down
 
   1. its DRAM beats (reads and writes, moves left out: they stay on chip) by the symbol each
      DMA word addresses (the smallest region of the executable's DRAM layout that holds its
@@ -18,8 +20,9 @@ runs it on the fast model (timing-only, as :func:`sw.codesign.decode_step`) and 
      LOAD-engine word was executing); the cycles after the last LOAD are ``tail``.
 
 The board model (sim.board_memory.board_cycles) charges every beat the memory's shortfall on
-top of the fast model's cycles, and every cycle the LOAD engine idles is a cycle the weight
-stream is not using: the two are its levers. The breakdown is written as JSON (--out).
+top of the fast model's cycles (on the paced port only the shortfall below the memory's
+peak), and every cycle the LOAD engine idles is a cycle the weight stream is not using: the
+two are its levers. The breakdown is written as JSON (--out).
 """
 
 from __future__ import annotations
@@ -304,15 +307,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=positive_int, default=25, help="rows of each table")
     ap.add_argument("--out", type=Path, default=RESULTS / "beats.json",
                     help="the breakdown as JSON, stamped with its commit and configuration")
+    ap.add_argument("--unpaced", action="store_true",
+                    help="the DRAM port a beat every cycle, as the board's bitstream has it, "
+                         "instead of paced at the memory's peak (bench.board's persistent "
+                         "prediction)")
     args = ap.parse_args(argv)
     try:
-        cfg = ECPIX5.accelerator_config(named_or_file(args.config))
+        cfg = ECPIX5.accelerator_config(named_or_file(args.config), paced=not args.unpaced)
     except (ConfigError, OSError, ValueError) as e:
         ap.error(f"--config {args.config}: {e}")
     print(f"compiling and running one decode step of {args.model} at context {args.context} "
           "(minutes for smollm2) ...", flush=True)
     b = step_breakdown(args.model, cfg, args.context)
-    print(f"{args.model} at context {args.context} on {args.config} (ECPIX-5 memory): "
+    print(f"{args.model} at context {args.context} on {args.config} (ECPIX-5 memory, a beat "
+          f"every {cfg.memory.cycles_per_beat} cycles): "
           f"{b.cycles:,} cycles, {b.dram_beats:,} DRAM beats, LOAD engine streaming "
           f"{b.streamed:,} cycles, the array computing {b.computed:,}")
     print("\n".join(_table("DRAM beats by (direction, scratchpad, symbol kind)",

@@ -19,16 +19,20 @@ The prediction, per model and measured memory:
      accelerator with the board's memory (ECPIX5.accelerator_config of --config, by default
      the board's own ECPIX5.base_config, the configuration its bitstream is built for: one
      beat of the port's bytes per sys cycle, the contract's read latency, longer than the
-     measured idle latency): C cycles, B DRAM beats (reads and writes);
+     measured idle latency): C cycles, R DRAM reads and W DRAM writes (beats);
   2. the board's bridge stops the whole accelerator whenever the memory is late
-     (hw/board/__init__.py), so every beat the memory delivers below the port's rate costs
-     cycles on top of C: cycles = C + B * (beat / measured sequential bytes per cycle - 1);
-     tokens/s = sys clock / cycles. This charges every beat at the sustained rate of a
-     sequential stream (refresh and a sequential stream's row changes included): exact for
+     (hw/board/__init__.py), so every beat the memory delivers slower than the port asks
+     costs cycles on top of C: with t = beat / measured sequential bytes per cycle,
+     cycles = C + R * max(0, t - s) + W * t (sim.board_memory.board_cycles), s the fewest
+     cycles between two read requests (hw.timing.read_request_spacing: 1 on the unpaced
+     port); tokens/s = sys clock / cycles. This charges every read at the sustained rate of
+     a sequential stream (refresh and a sequential stream's row changes included): exact for
      back-to-back streams, pessimistic where the accelerator computes between beats (the
-     memory then keeps up). Writes are charged as reads. Not modelled: row misses from
-     switching between streams (weights, activations, KV cache; the row-miss rate bounds
-     them: 'all row misses' column), host work.
+     memory then keeps up). A write may come in the same cycle as a read (the LOAD and
+     STORE engines run side by side, the memory has one port for both), so each is charged
+     its whole t. Not modelled: row misses from switching between streams (weights,
+     activations, KV cache; the row-miss rate bounds them: 'all row misses' column), host
+     work.
 The memory roofline is (packed weight bytes + KV-cache bytes read per token) / the board's
 peak bytes per second: the linears' packed weight streams and the KV cache of the executable's
 layout (stream_bytes), the same on every configuration of the same lanes; what else a
@@ -43,6 +47,11 @@ program's: the host ops on the vector engine, the step's programs fused and join
 per token, a model whose joined step does not fit the instruction memory (SmolLM2) running its
 decoder blocks as one loop, only the LM head on the host; at the board's clock whatever clock
 that configuration's own design reaches (docs/board.md says which bitstream could run it).
+Its DRAM port is paced at the memory's peak (Board.accelerator_config(..., paced=True): a beat
+every port bytes // peak bytes per sys cycle = 2 cycles, hw.config.MemoryModel.cycles_per_beat),
+so the accelerator computes while the beats come in and the bridge stops it only for the
+memory's shortfall below the peak (s = 2 above). The board's configuration (--config) stays
+unpaced: its bitstream is built for it.
 
 Writes board.json (bench/results/ with --record, else build/bench/results/) with board,
 config, predicted_tokens_per_s (the board's port) and roofline_tokens_per_s per model,
@@ -91,6 +100,7 @@ from hw.board.ecpix5 import ECPIX5, Board
 from hw.cli import write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError, named_or_file
 from hw.format import FormatError, WeightFormat
+from hw.timing import read_request_spacing
 from sim.backends import make_backend
 from sim.board import BoardLink, FaultyTransport
 from sim.board_backend import BoardBackend
@@ -238,9 +248,12 @@ def stream_bytes(exe: Executable) -> tuple[int, int]:
 
 
 def predict(spec: ModelSpec, base: AcceleratorConfig, board: Board,
-            timings: dict[str, MemoryTiming], context: int) -> dict[str, Any]:
+            timings: dict[str, MemoryTiming], context: int, paced: bool = False
+            ) -> dict[str, Any]:
     """One model's prediction (module docstring) for each memory of ``timings`` (by
-    :attr:`~sim.board_memory.MemoryTiming.key`).
+    :attr:`~sim.board_memory.MemoryTiming.key`), on ``base`` with the board's memory,
+    its DRAM port paced at the memory's peak where ``paced``
+    (:meth:`~hw.board.ecpix5.Board.accelerator_config`).
 
     Raises
     ------
@@ -259,22 +272,27 @@ def predict(spec: ModelSpec, base: AcceleratorConfig, board: Board,
                else recipe_for(spec.model).formats(layers))
     names = sorted({f.name for f in formats.values()})
     peak_s = board.peak_bytes_per_s
-    cfg = board.accelerator_config(base)
+    cfg = board.accelerator_config(base, paced=paced)
     exe, stats = decode_step(lm, cfg, formats, context)
+    spacing = read_request_spacing(cfg)
     ports, roofline = {}, None
     for key, t in timings.items():
         if t.read_latency > cfg.memory.latency:
             raise ValueError(f"the contract's read latency ({cfg.memory.latency} cycles) is "
                              f"below the measured idle latency of {key} ({t.read_latency}): "
                              f"every read would stall, which this model does not charge")
-        beats = stats.counter("dram_read_beats") + stats.counter("dram_write_beats")
-        cycles = board_cycles(stats.cycles, beats, cfg.beat_bytes, t.sequential_bytes_per_cycle)
-        worst = board_cycles(stats.cycles, beats, cfg.beat_bytes, t.row_miss_bytes_per_cycle)
+        reads, writes = stats.counter("dram_read_beats"), stats.counter("dram_write_beats")
+        beats = reads + writes
+        cycles = board_cycles(stats.cycles, reads, writes, cfg.beat_bytes,
+                              t.sequential_bytes_per_cycle, spacing)
+        worst = board_cycles(stats.cycles, reads, writes, cfg.beat_bytes,
+                             t.row_miss_bytes_per_cycle, spacing)
         weight_bytes, kv_bytes = stream_bytes(exe)
         roofline = peak_s / (weight_bytes + kv_bytes)
         ports[key] = {
             "contract_latency": cfg.memory.latency, "fast_model_cycles": stats.cycles,
-            "dram_beats": beats, "cycles": cycles,
+            "dram_beats": beats, "dram_read_beats": reads, "dram_write_beats": writes,
+            "cycles_per_beat": cfg.memory.cycles_per_beat, "cycles": cycles,
             "tokens_per_s": board.sys_clk_hz / cycles,
             "fraction_of_roofline": board.sys_clk_hz / cycles / roofline,
             "tokens_per_s_all_row_misses": board.sys_clk_hz / worst,
@@ -387,7 +405,10 @@ def _page(rec: dict, memory: dict[str, MemoryTiming], wall: float) -> str:
             "instruction memory runs its decoder blocks as one loop), only the LM head on the "
             f"host; beside it the board's configuration ({rec['config']}), one program per "
             "layer with the host's work between them. Both at the board's memory and sys clock "
-            f"({t0.sys_clk_hz / 1e6:g} MHz); which bitstream could run each: docs/board.md.",
+            f"({t0.sys_clk_hz / 1e6:g} MHz); which bitstream could run each: docs/board.md. "
+            "The vector configuration's DRAM port is paced at the memory's peak (a beat every "
+            f"{per['cycles_per_beat']} cycles), so the bridge stops it only for the memory's "
+            "shortfall below the peak; the board's configuration asks for a beat every cycle.",
             "", "| model | configuration | programs/token | weight + KV bytes/token | roofline "
             "tok/s | fast model tok/s | predicted tok/s | of roofline | host work, est. "
             "ms/token |", "|---|---|---|---|---|---|---|---|---|"]
@@ -496,6 +517,7 @@ def _persistent(models: list[dict], name: str, cfg: AcceleratorConfig, port: str
     memory ``port``."""
     done = [m for m in models if not m.get("skipped")]
     return {"base": name, "config": cfg.fingerprint, "array": cfg.array,
+            "cycles_per_beat": cfg.memory.cycles_per_beat,
             "predicted_tokens_per_s": {m["model"]: m["ports"][port]["tokens_per_s"]
                                        for m in done},
             "roofline_tokens_per_s": {m["model"]: m["roofline_tokens_per_s"] for m in done},
@@ -574,11 +596,11 @@ def main(argv: list[str] | None = None) -> int:
     memory = memory_timings(args.out.parent / MEMORY_FILE, board, args.measure_memory)
     port = board_key(board)
 
-    def predict_all(specs, cfg: AcceleratorConfig) -> list[dict]:
+    def predict_all(specs, cfg: AcceleratorConfig, paced: bool = False) -> list[dict]:
         out = []
         for spec in specs:
             try:
-                out.append(predict(spec, cfg, board, memory, args.context))
+                out.append(predict(spec, cfg, board, memory, args.context, paced))
             except ModelSourceError as e:
                 print(f"{spec}: not predicted: {e}")
                 out.append({"model": str(spec), "skipped": str(e)})
@@ -601,8 +623,9 @@ def main(argv: list[str] | None = None) -> int:
                   "runs it again)")
         else:
             sim = dict.fromkeys(SIM_FIELDS)
-    persistent = (_persistent(predict_all(args.vector_models, vector), args.vector_config,
-                              board.accelerator_config(vector), port)
+    persistent = (_persistent(predict_all(args.vector_models, vector, paced=True),
+                              args.vector_config, board.accelerator_config(vector, paced=True),
+                              port)
                   if vector is not None else None)
     rec = {
         "board": board.name, "config": board_cfg.fingerprint, "port_bits": board.port_bits,

@@ -112,6 +112,9 @@ VECTOR_WORD_BYTES = 4
 #: The configuration fields of the vector engine's scratchpads (0: no vector engine).
 _VECTOR_SPADS = ("vin_spad_bytes", "vout_spad_bytes")
 
+#: The slowest DRAM port pace (:attr:`MemoryModel.cycles_per_beat`): a beat every 16 cycles.
+MAX_CYCLES_PER_BEAT = 16
+
 
 @dataclass(frozen=True)
 class MemoryModel:
@@ -125,11 +128,23 @@ class MemoryModel:
         Cycles from a read request to its data.
     size_bytes:
         DRAM size modelled in simulation (addresses beyond it are errors).
+    cycles_per_beat:
+        The DRAM port's pace ``k``: the LOAD engine issues a read request, and the STORE
+        engine reads a beat for a DRAM write, once every ``k`` cycles of an instruction
+        (:func:`hw.timing.load_cycles`, :func:`hw.timing.store_cycles`), so the port never
+        asks more than ``bytes_per_cycle / k`` bytes a cycle of a memory that gives no more (a
+        DRAM slower than the accelerator's port, behind a bridge that stops the accelerator
+        while the memory is late). Moves (:func:`hw.isa.is_move`) are not paced: their beats
+        go from VOUT or OUT to VIN on chip, one a cycle, and are no DRAM traffic. A positive
+        int; at 1 (the default, one beat a cycle) it is left out of
+        :meth:`AcceleratorConfig.to_dict`, so the unpaced configurations keep their
+        :attr:`AcceleratorConfig.fingerprint`.
     """
 
     bytes_per_cycle: int = 16
     latency: int = 24
     size_bytes: int = 1 << 22
+    cycles_per_beat: int = 1
 
     def __post_init__(self):
         if not _is_pow2(self.bytes_per_cycle) or not 4 <= self.bytes_per_cycle <= 1 << 16:
@@ -145,6 +160,10 @@ class MemoryModel:
         if self.size_bytes // self.bytes_per_cycle > 1 << 32:
             raise ConfigError(f"memory.size_bytes too large for 32-bit beat addresses: "
                               f"{self.size_bytes!r}")
+        if (not isinstance(self.cycles_per_beat, int) or isinstance(self.cycles_per_beat, bool)
+                or not 1 <= self.cycles_per_beat <= MAX_CYCLES_PER_BEAT):
+            raise ConfigError(f"memory.cycles_per_beat must be an int in "
+                              f"[1, {MAX_CYCLES_PER_BEAT}], got {self.cycles_per_beat!r}")
 
 
 def _default_patterns() -> tuple[NMPattern, ...]:
@@ -345,6 +364,12 @@ class AcceleratorConfig:
         return self.memory.bytes_per_cycle
 
     @property
+    def dram_bytes_per_cycle(self) -> float:
+        """The DRAM port's bandwidth per direction: a beat every
+        :attr:`MemoryModel.cycles_per_beat` cycles (:attr:`beat_bytes` unpaced)."""
+        return self.beat_bytes / self.memory.cycles_per_beat
+
+    @property
     def max_block(self) -> int:
         """Largest activation block a step selects from (also the ACT spad word)."""
         return max([DENSE_BLOCK] + [p.m for p in self.patterns])
@@ -470,6 +495,8 @@ class AcceleratorConfig:
             del d["vector_lanes"]
         if not d["vector_laned_silu"]:  # absent, as before the field
             del d["vector_laned_silu"]
+        if d["memory"]["cycles_per_beat"] == 1:  # unpaced: absent, as before the field
+            del d["memory"]["cycles_per_beat"]
         return d
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -9,10 +9,13 @@ scratchpad side is contiguous from ``spad_addr`` (:func:`sim.functional.exec_loa
 LOAD
     one read request per cycle in ``g + 1 .. g + B`` (``B = rows * row_beats``); ``done`` is in
     the last request's cycle ``g + B``, and the engine takes the next command from the cycle
-    after. The response to a request of cycle ``r`` arrives in ``r + latency`` and is
-    registered, then written to the scratchpad in ``r + latency + 1``: each request carries its
-    scratchpad and address down a delay line of ``latency + LOAD_OVERHEAD`` stages (with
-    ``LOAD_OVERHEAD = 1``), so the responses of one LOAD are written while the next one's
+    after. On a paced port (``k = cfg.memory.cycles_per_beat > 1``) the requests go one every
+    ``k`` cycles, in ``g + 1, g + 1 + k, .. , g + 1 + k (B - 1)`` (a phase counter, held at 0
+    while idle; none at ``k = 1``), and ``done`` is in the last one's cycle. The response to a
+    request of cycle ``r`` arrives in ``r + latency`` and is registered, then written to the
+    scratchpad in ``r + latency + 1``: each request carries its scratchpad and address down a
+    delay line of ``latency + LOAD_OVERHEAD`` stages (with ``LOAD_OVERHEAD = 1``), so the
+    responses of one LOAD are written while the next one's
     requests go out. The LOAD engine's signal events ride the same line: a signal raised in
     cycle ``e`` (a LOAD's ``done``, or a SYNC on that engine) reaches the event unit in
     ``e + latency + LOAD_OVERHEAD`` (:func:`hw.engines.completion_delay`), with the LOAD's
@@ -20,13 +23,16 @@ LOAD
 STORE
     one scratchpad read per cycle in ``g + 1 .. g + B``; each beat is written to DRAM in the
     next cycle (posted writes): the last write, and ``done``, are in ``g + B + STORE_OVERHEAD``
-    with ``STORE_OVERHEAD = 1``. A move (:func:`hw.isa.is_move`) is a STORE of VOUT or OUT
-    (:data:`hw.isa.MOVE_SOURCES`) whose beats go to VIN's DMA write port instead, at the
-    addresses a STORE writes DRAM at, in the same cycles; the DRAM write channel stays idle.
+    with ``STORE_OVERHEAD = 1``. On a paced port the reads, and so the writes, go one every
+    ``k`` cycles, as a LOAD's requests. A move (:func:`hw.isa.is_move`) is a STORE of VOUT or
+    OUT (:data:`hw.isa.MOVE_SOURCES`) whose beats go to VIN's DMA write port instead, at the
+    addresses a STORE writes DRAM at, one a cycle whatever the pace (they are no DRAM
+    traffic); the DRAM write channel stays idle.
 
 The DRAM port (:class:`DramSignature`) has a read channel (requests, and responses exactly
 ``cfg.memory.latency`` cycles later, no back-pressure) and a posted write channel, one beat
-each per cycle; addresses count beats.
+each per cycle at most (one per ``k`` cycles of a transfer on a paced port); addresses count
+beats.
 """
 
 from __future__ import annotations
@@ -134,6 +140,20 @@ class _Walker:
             m.d.sync += [self.cols_left.eq(self.cols_left - 1), self.addr.eq(self.addr + 1)]
 
 
+def _paced(m: Module, active, k: int):
+    """The cycles in which a transfer that is ``active`` issues a beat: every cycle at ``k =
+    1`` (no logic), else the first active cycle and every ``k``-th after it (a phase counter,
+    held at 0 while idle)."""
+    if k == 1:
+        return active
+    phase = Signal(range(k))
+    with m.If(~active | (phase == k - 1)):
+        m.d.sync += phase.eq(0)
+    with m.Else():
+        m.d.sync += phase.eq(phase + 1)
+    return active & (phase == 0)
+
+
 class LoadEngine(wiring.Component):
     """DRAM -> ACT / WGT / PARAM scratchpad transfers.
 
@@ -150,7 +170,8 @@ class LoadEngine(wiring.Component):
         in every such cycle, so it must be stable in the transfer cycle (as
         :class:`hw.engine.EngineSequencer` keeps it).
     done: Out(1)
-        Pulse in ``g + hw.timing.load_cycles(ins, cfg)``, the last request's cycle.
+        Pulse in ``g + hw.timing.load_cycles(ins, cfg)``, the last request's cycle (requests
+        one every ``cfg.memory.cycles_per_beat`` cycles from ``g + 1``).
     beats: Out(32)
         Beats requested by the current instruction, this cycle's included (its total when
         ``done`` pulses).
@@ -220,7 +241,7 @@ class LoadEngine(wiring.Component):
             with m.If(self.cmd.valid):
                 m.d.sync += walk.active.eq(1)
 
-        issue = walk.active
+        issue = _paced(m, walk.active, cfg.memory.cycles_per_beat)
         m.d.comb += [self.rd_req.valid.eq(issue), self.rd_req.payload.eq(walk.addr),
                      self.beats.eq(count + issue), self.done.eq(issue & walk.last)]
         with m.If(issue):
@@ -327,7 +348,14 @@ class StoreEngine(wiring.Component):
             with m.If(self.cmd.valid):
                 m.d.sync += walk.active.eq(1)
 
-        issue = walk.active
+        k = self._cfg.memory.cycles_per_beat
+        if k == 1:
+            issue = walk.active
+        elif self._cfg.has_vector:
+            # A move is not paced (on chip, no DRAM traffic): its beats go one a cycle.
+            issue = _paced(m, walk.active, k) | (walk.active & self.move)
+        else:
+            issue = _paced(m, walk.active, k)
         data = self.out_rd.data
         if self._cfg.has_vector:
             # The source (OUT, or VOUT for a STORE of VOUT and a move from VOUT: fetch lets

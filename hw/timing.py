@@ -85,6 +85,7 @@ from hw.isa import (
     ErrorCode,
     Gemm,
     Load,
+    Opcode,
     Store,
     Sync,
     Vec,
@@ -102,6 +103,7 @@ __all__ = [
     "START_LATENCY", "FETCH_LATENCY", "LOOP_BACK_LATENCY", "LOAD_OVERHEAD", "STORE_OVERHEAD",
     "SYNC_CYCLES", "GEMM_FILL",
     "GEMM_DRAIN", "EPILOGUE_FILL", "STOP_DELAY", "stop_delay", "dma_beats", "dma_beats_fields",
+    "paced_cycles", "LOAD_TURNAROUND", "read_request_spacing",
     "load_cycles", "load_cycles_fields", "load_completion_delay", "store_cycles",
     "store_cycles_fields", "sync_cycles", "sync_cycles_fields", "gemm_step_cycles",
     "epilogue_cycles", "gemm_cycles", "gemm_cycles_fields", "mac_cycles_fields",
@@ -162,15 +164,34 @@ def dma_beats_fields(f: dict):
     return f["dma.rows"] * f["dma.row_beats"]
 
 
+def paced_cycles(beats, k: int):
+    """Cycles from the first to the last of ``beats`` beats issued one every ``k`` cycles
+    (:attr:`hw.config.MemoryModel.cycles_per_beat`), both included: ``k * (beats - 1) + 1``
+    (``beats`` at ``k = 1``; 0 for no beats; ints or arrays)."""
+    return beats if k == 1 else beats + (k - 1) * np.maximum(beats - 1, 0)
+
+
+#: Cycles from the last read request of a LOAD to the first of the next LOAD, at least: the
+#: engine is free in ``e + 1``, pops then, is granted in ``e + 2`` and requests in ``e + 3``.
+LOAD_TURNAROUND = 3
+
+
+def read_request_spacing(cfg: AcceleratorConfig) -> int:
+    """The fewest cycles between two consecutive DRAM read requests: ``k`` within a LOAD
+    (:func:`load_cycles`), :data:`LOAD_TURNAROUND` between two LOADs."""
+    return min(cfg.memory.cycles_per_beat, LOAD_TURNAROUND)
+
+
 def load_cycles(ins: Load, cfg: AcceleratorConfig) -> int:
-    """LOAD: one read request per cycle; execution ends with the last request (the beats land
-    later: :func:`load_completion_delay`)."""
-    return dma_beats(ins)
+    """LOAD: a read request in ``g + 1`` and one every ``k`` cycles after it (``k`` =
+    ``cfg.memory.cycles_per_beat``: one per cycle unpaced, :func:`paced_cycles`); execution
+    ends with the last request (the beats land later: :func:`load_completion_delay`)."""
+    return int(paced_cycles(dma_beats(ins), cfg.memory.cycles_per_beat))
 
 
 def load_cycles_fields(f: dict, cfg: AcceleratorConfig):
     """:func:`load_cycles` from :func:`hw.isa.decode_fields` (ints or arrays)."""
-    return dma_beats_fields(f)
+    return paced_cycles(dma_beats_fields(f), cfg.memory.cycles_per_beat)
 
 
 def load_completion_delay(cfg: AcceleratorConfig) -> int:
@@ -184,16 +205,24 @@ def load_completion_delay(cfg: AcceleratorConfig) -> int:
 
 
 def store_cycles(ins: Store, cfg: AcceleratorConfig) -> int:
-    """STORE: one spad read per cycle, each written to DRAM the cycle after (posted writes).
-    A move (:func:`hw.isa.is_move`, from VOUT or OUT) takes as long: it writes each beat
-    into VIN the cycle after its read, where a STORE writes DRAM; its last VIN write is in
-    ``e``, so a VEC granted on its signal reads the beats."""
-    return dma_beats(ins) + STORE_OVERHEAD
+    """STORE: a spad read in ``g + 1`` and one every ``k`` cycles after it (``k`` =
+    ``cfg.memory.cycles_per_beat``, :func:`paced_cycles`), each written to DRAM the cycle
+    after (posted writes). A move (:func:`hw.isa.is_move`, from VOUT or OUT) is not paced:
+    it reads one beat a cycle and writes each into VIN the cycle after its read, where a
+    STORE writes DRAM; its last VIN write is in ``e``, so a VEC granted on its signal reads
+    the beats."""
+    move = is_move(Opcode.STORE.value, int(getattr(ins.spad, "value", ins.spad)))
+    k = 1 if move else cfg.memory.cycles_per_beat
+    return int(paced_cycles(dma_beats(ins), k)) + STORE_OVERHEAD
 
 
 def store_cycles_fields(f: dict, cfg: AcceleratorConfig):
     """:func:`store_cycles` from :func:`hw.isa.decode_fields` (ints or arrays)."""
-    return dma_beats_fields(f) + STORE_OVERHEAD
+    beats, k = dma_beats_fields(f), cfg.memory.cycles_per_beat
+    if k == 1:
+        return beats + STORE_OVERHEAD
+    move = is_move(f["opcode"], f["dma.spad"])
+    return np.where(move, beats, paced_cycles(beats, k)) + STORE_OVERHEAD
 
 
 def store_dram_beats_fields(f: dict):

@@ -57,7 +57,7 @@ def report(cfg: AcceleratorConfig, r, lp, fmt: WeightFormat, seconds: float) -> 
     cyc = r.cycles
     lines = [f"{plan.tokens} tokens x {plan.k_padded} -> {plan.n} ({fmt.pattern} int{fmt.bits} "
              f"g{fmt.group}) on {cfg.rows}x{cfg.cols} = {cfg.lanes} lanes, "
-             f"{cfg.beat_bytes} B/cycle, {cfg.clock_mhz:g} MHz",
+             f"{cfg.dram_bytes_per_cycle:g} B/cycle, {cfg.clock_mhz:g} MHz",
              f"program: {len(lp.program)} instructions, {plan.n_tiles} n-tiles x "
              f"{plan.k_chunks} K-chunks x {plan.token_tiles} token tiles "
              f"({'resident' if plan.resident_acts else 'chunked'} activations)",
@@ -78,7 +78,7 @@ def report(cfg: AcceleratorConfig, r, lp, fmt: WeightFormat, seconds: float) -> 
     lines += [f"utilisation (array MAC cycles / cycles): {r.utilisation:.1%}",
               f"DRAM: read {read:,} B, written {write:,} B, achieved "
               f"{read / cyc:.2f} B/cycle = {read / cyc * cfg.clock_mhz / 1e3:.2f} GB/s "
-              f"({read / cyc / cfg.beat_bytes:.1%} of the read channel)",
+              f"({read / cyc / cfg.dram_bytes_per_cycle:.1%} of the read channel)",
               f"roofline bound {bound:,.0f} cycles -> {bound / cyc:.1%} of the bound",
               f"fetch stalls on full queues: {c['fetch_stall']:,} cycles"]
     return "\n".join(lines)

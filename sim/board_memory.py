@@ -446,22 +446,35 @@ def measure(board: Board, port_bits: int | None = None, refresh_intervals: int =
         peak_bytes_per_cycle=board.peak_bytes_per_sys_cycle, trfc_ns=trfc_ns)
 
 
-def board_cycles(fast_cycles: float, beats: float, beat_bytes: int,
-                 bytes_per_cycle: float) -> float:
-    """Cycles on the board of work the fast model counts as ``fast_cycles`` with one beat of
-    ``beat_bytes`` per cycle, when each of its ``beats`` DRAM beats comes at the memory's
-    ``bytes_per_cycle`` instead: the bridge stops the accelerator for the difference
-    (:mod:`hw.board`), ``beats * (beat_bytes / bytes_per_cycle - 1)`` cycles, none when the
-    memory is as fast as the beat.
+def board_cycles(fast_cycles: float, read_beats: float, write_beats: float, beat_bytes: int,
+                 bytes_per_cycle: float, read_spacing: int = 1) -> float:
+    """Cycles on the board of work the fast model counts as ``fast_cycles``, when the memory
+    moves ``bytes_per_cycle`` and the bridge stops the whole accelerator while it is late
+    (:mod:`hw.board`): a bound, exact for back-to-back read streams and pessimistic
+    elsewhere, never optimistic.
 
-    >>> board_cycles(1000, 400, 8, 6.4)
+    The memory spends ``t = beat_bytes / bytes_per_cycle`` cycles on a beat. Consecutive read
+    requests are at least ``read_spacing`` cycles apart
+    (:func:`hw.timing.read_request_spacing`: 1 on the unpaced port, ``k`` on a port paced a
+    beat every ``k`` cycles), so a read adds at most ``max(0, t - read_spacing)`` cycles to
+    the memory's backlog, the stop it causes. A write shares the memory with the reads but
+    may come in the same cycle as one (the LOAD and STORE engines run side by side): it is
+    charged its whole ``t``. The backlog the accelerator waits for never exceeds the sum of
+    these charges, whatever the order of the beats.
+
+    >>> board_cycles(1000, 400, 0, 8, 6.4)
     1100.0
+    >>> board_cycles(1000, 400, 10, 16, 6.4, read_spacing=2)
+    1225.0
 
     Raises
     ------
     MemoryMeasureError
-        ``bytes_per_cycle`` not positive.
+        ``bytes_per_cycle`` not positive, or ``read_spacing`` not a positive int.
     """
     if not bytes_per_cycle > 0:
         raise MemoryMeasureError(f"bytes_per_cycle must be > 0, got {bytes_per_cycle!r}")
-    return fast_cycles + beats * max(0.0, beat_bytes / bytes_per_cycle - 1)
+    if not isinstance(read_spacing, int) or read_spacing < 1:
+        raise MemoryMeasureError(f"read_spacing must be a positive int, got {read_spacing!r}")
+    t = beat_bytes / bytes_per_cycle
+    return fast_cycles + read_beats * max(0.0, t - read_spacing) + write_beats * t

@@ -1,9 +1,10 @@
 """Roofline bounds and plots: where each layer sits against compute and bandwidth limits.
 
 The bound of a layer on a configuration is ``max(read_bytes / bw, write_bytes / bw, macs /
-peak)`` cycles, with DRAM read and write channels of ``cfg.beat_bytes`` each per cycle (see
-hw/config.py) and ``peak = cfg.lanes`` MACs per cycle on kept weights. Bytes are the minimum a
-layer must move (the packed weight stream, activations in, results out, each once).
+peak)`` cycles, with DRAM read and write channels of ``bw = cfg.dram_bytes_per_cycle`` each (a
+beat per cycle, or per ``cycles_per_beat`` cycles on a paced port; see hw/config.py) and
+``peak = cfg.lanes`` MACs per cycle on kept weights. Bytes are the minimum a layer must move
+(the packed weight stream, activations in, results out, each once).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class LayerPoint:
 
 def bound_cycles(cfg: AcceleratorConfig, read_bytes: int, write_bytes: int, macs: int) -> float:
     """Roofline lower bound in cycles."""
-    bw = cfg.beat_bytes
+    bw = cfg.dram_bytes_per_cycle
     return max(read_bytes / bw, write_bytes / bw, macs / cfg.peak_macs_per_cycle)
 
 
@@ -150,7 +151,7 @@ def roofline_figure(points: list[LayerPoint], cfg: AcceleratorConfig, title: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    peak, bw = cfg.peak_macs_per_cycle, cfg.beat_bytes
+    peak, bw = cfg.peak_macs_per_cycle, cfg.dram_bytes_per_cycle
     xs = np.array([p.macs / max(1, p.read_bytes) for p in points])
     ys = np.array([p.macs / p.cycles for p in points])
     lo, hi = min(xs.min(), peak / bw) / 2, max(xs.max(), peak / bw) * 2

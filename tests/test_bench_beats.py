@@ -45,7 +45,7 @@ def _step(block_loop: bool | None = None):
     from sw.models.source import open_model
     from sw.runtime import Runtime
 
-    cfg = ECPIX5.accelerator_config(preset("vector"))
+    cfg = ECPIX5.accelerator_config(preset("vector"), paced=True)  # as bench.beats runs it
     lm = open_model("reference").model
     formats = recipe_for("reference").formats(selected_linears(lm))
     opts = CompileOptions(prompt_tokens=CONTEXT - 1, max_context=CONTEXT,
@@ -96,6 +96,7 @@ def test_command_prints_the_tables(capsys):
     out = capsys.readouterr().out
     assert "DRAM beats by (direction, scratchpad, symbol kind)" in out
     assert "LOAD WGT weights" in out and "LOAD engine idle cycles" in out
+    assert "a beat every 2 cycles" in out   # the persistent prediction's paced port
 
 
 def test_a_block_loop_reads_every_layers_weights_once():

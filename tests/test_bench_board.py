@@ -66,19 +66,24 @@ def reference() -> dict:
     return predict(ModelSpec.parse("reference"), AcceleratorConfig(), ECPIX5, memory, 64)
 
 
-def test_at_the_beat_rate_the_board_is_the_fast_model(reference):
+def test_at_the_beat_rate_only_the_writes_cost(reference):
+    """A memory as fast as the beat keeps up with the reads; a write may come beside a read
+    (one port for both), so each is charged its beat's time, a cycle."""
     p = reference["ports"][FULL.key]
-    assert p["cycles"] == p["fast_model_cycles"]
-    assert p["tokens_per_s"] == p["fast_model_tokens_per_s"]
-    assert p["dram_beats"] > 0
+    assert p["dram_beats"] == p["dram_read_beats"] + p["dram_write_beats"]
+    assert p["dram_read_beats"] > 0 and p["dram_write_beats"] > 0
+    assert p["cycles_per_beat"] == 1
+    assert p["cycles"] == p["fast_model_cycles"] + p["dram_write_beats"]
 
 
-def test_half_the_rate_costs_a_cycle_per_beat(reference):
+def test_half_the_rate_costs_a_cycle_per_read_and_two_per_write(reference):
     p = reference["ports"][HALF.key]
-    assert p["cycles"] == p["fast_model_cycles"] + p["dram_beats"]
-    # row misses at a quarter of the peak: three extra cycles per beat
+    assert p["cycles"] == p["fast_model_cycles"] + p["dram_read_beats"] \
+        + 2 * p["dram_write_beats"]
+    # row misses at a quarter of the beat's rate: three extra cycles per read, four per write
     assert p["tokens_per_s_all_row_misses"] == pytest.approx(
-        ECPIX5.sys_clk_hz / (p["fast_model_cycles"] + 3 * p["dram_beats"]), rel=1e-12)
+        ECPIX5.sys_clk_hz / (p["fast_model_cycles"] + 3 * p["dram_read_beats"]
+                             + 4 * p["dram_write_beats"]), rel=1e-12)
 
 
 def test_roofline_is_weight_and_kv_bytes_at_the_peak(reference):
@@ -114,9 +119,21 @@ def test_the_roofline_bytes_are_the_same_on_every_configuration_of_the_lanes():
 
 def test_board_cycles_refuses_a_memory_that_moves_nothing():
     with pytest.raises(MemoryMeasureError, match="got 0"):
-        board_cycles(100, 10, 8, 0)
+        board_cycles(100, 10, 0, 8, 0)
+    with pytest.raises(MemoryMeasureError, match="read_spacing .* got 0"):
+        board_cycles(100, 10, 0, 8, 8, read_spacing=0)
     # a memory faster than the beat does not speed the accelerator up
-    assert board_cycles(100, 10, 8, 16) == 100
+    assert board_cycles(100, 10, 0, 8, 16) == 100
+
+
+@pytest.mark.parametrize("spacing", [1, 2, 3])
+def test_board_cycles_charges_reads_the_shortfall_below_their_spacing(spacing):
+    """The board's sustained rate (16-byte beats at 7.44 bytes a cycle: t = 2.15 cycles a
+    beat): a read s cycles after the one before adds max(0, t - s) to the memory's backlog,
+    a write its whole t (it may come beside a read); floats summed exactly to 1e-9."""
+    t = 16 / 7.44
+    assert board_cycles(1000, 300, 20, 16, 7.44, spacing) == pytest.approx(
+        1000 + 300 * max(0.0, t - spacing) + 20 * t, abs=1e-9)
 
 
 @pytest.mark.parametrize("text, model, fmt", [
@@ -175,15 +192,20 @@ def test_main_writes_the_record_and_page(tmp_path, capsys):
     board, quarter_key, fast = (timing_key(*v) for v in variants(ECPIX5))
     assert rec["board_memory"] == board == board_key(ECPIX5)
     assert set(by_memory) == {board, quarter_key, fast} == set(m["ports"])
-    # at the beat's rate the board is the fast model; at half of it (the board's port) a beat
-    # costs two cycles, at a quarter of it (the narrow port) four
+    # at the beat's rate only the writes cost (a cycle each); at half of it (the board's port)
+    # a read costs a cycle more and a write two, at a quarter of it (the narrow port) three
+    # and four
     best = m["ports"][fast]
-    assert by_memory[fast]["reference"] == best["fast_model_tokens_per_s"]
+    assert by_memory[fast]["reference"] == pytest.approx(
+        ECPIX5.sys_clk_hz / (best["fast_model_cycles"] + best["dram_write_beats"]), rel=1e-12)
     quarter = m["ports"][quarter_key]
-    assert quarter["cycles"] == quarter["fast_model_cycles"] + 3 * quarter["dram_beats"]
+    assert quarter["cycles"] == quarter["fast_model_cycles"] + 3 * quarter["dram_read_beats"] \
+        + 4 * quarter["dram_write_beats"]
     p = m["ports"][board]
+    assert p["cycles_per_beat"] == 1                    # the board's configuration: unpaced
     assert rec["predicted_tokens_per_s"]["reference"] == pytest.approx(
-        ECPIX5.sys_clk_hz / (p["fast_model_cycles"] + p["dram_beats"]), rel=1e-12)
+        ECPIX5.sys_clk_hz / (p["fast_model_cycles"] + p["dram_read_beats"]
+                             + 2 * p["dram_write_beats"]), rel=1e-12)
     assert rec["provenance"]["config"] == rec["config"]
     page = (tmp_path / "docs" / "board_performance.md").read_text()
     assert f"{rec['roofline_tokens_per_s']['reference']:.1f}" in page
@@ -236,20 +258,25 @@ def test_the_persistent_program_is_predicted_on_the_vector_configuration(tmp_pat
                              str(tmp_path / "none.json")]) == 0
     rec = json.loads(out.read_text())
     per = rec["persistent"]
-    vector = ECPIX5.accelerator_config(preset("vector"))
+    # paced at the memory's peak: a 16-byte beat every 2 cycles of a memory of 8 bytes a cycle
+    vector = ECPIX5.accelerator_config(preset("vector"), paced=True)
+    assert vector.memory.cycles_per_beat == 2
     assert per["base"] == "vector" and per["config"] == vector.fingerprint
+    assert per["cycles_per_beat"] == 2
     assert per["provenance"]["config"] == vector.fingerprint
     assert per["programs_per_token"] == {"reference": 1}
     (m,) = per["models"]
     p = m["ports"][rec["board_memory"]]
-    # the memory at the beat's rate: the board is the fast model
-    assert p["cycles"] == p["fast_model_cycles"] and p["config"] == vector.fingerprint
+    # the memory at the beat's rate, reads two cycles apart: only the writes cost
+    assert p["cycles"] == p["fast_model_cycles"] + p["dram_write_beats"]
+    assert p["config"] == vector.fingerprint and p["cycles_per_beat"] == 2
     assert per["predicted_tokens_per_s"]["reference"] == p["tokens_per_s"]
     assert per["fraction_of_roofline"]["reference"] == p["fraction_of_roofline"]
     # the per-layer step of the board's configuration runs more programs
     assert rec["models"][0]["ports"][rec["board_memory"]]["programs"] > 1
     page = (tmp_path / "docs" / "board_performance.md").read_text()
     assert "## One program per decode step" in page and vector.fingerprint in page
+    assert "a beat every 2 cycles" in page
 
 
 @pytest.mark.parametrize("argv, message", [

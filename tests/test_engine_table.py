@@ -24,12 +24,14 @@ from hw.engines import (
     engines_fields,
     engines_of,
     exec_cycles,
+    exec_cycles_fields,
     work_fields,
 )
 from hw.errors import ContractError
 from hw.fetch import FetchUnit
 from hw.isa import (
     INSTRUCTIONS,
+    MOVE_SPAD,
     End,
     Engine,
     Gemm,
@@ -198,6 +200,27 @@ def test_timing_dispatch_follows_the_table():
         assert exec_cycles(ins, FULL) == OP[ins.opcode].cycles(ins, FULL), ins
     with pytest.raises(TypeError, match="End does not execute on an engine"):
         exec_cycles(End(), CFG)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_paced_dma_durations(k):
+    """A DRAM port paced a beat every ``k`` cycles (MemoryModel.cycles_per_beat): a LOAD of B
+    beats executes ``k (B - 1) + 1`` cycles, a STORE to DRAM one more, a move (on chip, not
+    paced) ``B + 1``; the array twin the fast model uses agrees on random programs."""
+    cfg = FULL.replace(memory=dataclasses.replace(FULL.memory, cycles_per_beat=k))
+    for ins, want in ((Load(rows=2, row_beats=3), k * 5 + 1), (Store(rows=2, row_beats=3),
+                      k * 5 + 2), (Store(spad=MOVE_SPAD, rows=2, row_beats=3), 7),
+                      (Load(rows=1, row_beats=1), 1)):
+        assert exec_cycles(ins, cfg) == want, ins
+    rng = np.random.default_rng(6)
+    prog = random_program(cfg, rng, chains=2, tasks=6).program + \
+        random_program(cfg, rng, chains=1, tasks=4, vector=1.0, moves=1.0).program
+    f = decode_fields(program_words(prog))
+    durs = exec_cycles_fields(f, cfg)
+    dma = [i for i, ins in enumerate(prog) if isinstance(ins, (Load, Store))]
+    assert any(getattr(prog[i], "spad", None) == MOVE_SPAD for i in dma)
+    for i in dma:
+        assert durs[i] == exec_cycles(prog[i], cfg), prog[i]
 
 
 def test_the_functional_model_has_semantics_for_every_opcode_that_moves_data():

@@ -7,7 +7,9 @@ an FTDI FT2232H whose second channel is the board's UART.
 LiteDRAM's ECP5 DDR3 PHY moves 4 beats of 16 bits per controller (``sys``) cycle, 8 bytes:
 600 MB/s peak at 75 MHz. The controller's native data word is one BL8 burst (128 bits), and the
 accelerator's port has that width: its beat is a burst, so the accelerator, one beat per cycle,
-asks for twice what the memory gives, and the bridge stalls it (hw/board/__init__.py). A 64-bit
+asks for twice what the memory gives, and the bridge stalls it (hw/board/__init__.py); a paced
+port (``accelerator_config(..., paced=True)``: a beat every two cycles) asks for the peak, and
+the bridge stalls it only for the memory's shortfall below the peak. A 64-bit
 port would match the rate on paper, but LiteDRAM's port converter serves sequential 64-bit reads
 at 0.7 bytes per cycle against 6.8 for the 128-bit port (``python -m bench.board``, which
 measures both on LiteDRAM's controller).
@@ -22,6 +24,8 @@ Examples
 600.0
 >>> ECPIX5.accelerator_config(ECPIX5.base_config).fingerprint   # the bitstream's
 'f14742cecb0e'
+>>> ECPIX5.accelerator_config(AcceleratorConfig(), paced=True).memory.cycles_per_beat
+2
 """
 
 from __future__ import annotations
@@ -94,17 +98,29 @@ class Board:
         """Word-address width of a native port of :attr:`port_bits`."""
         return (self.dram_bytes // (self.port_bits // 8) - 1).bit_length()
 
-    def accelerator_config(self, base: AcceleratorConfig, latency: int | None = None
-                           ) -> AcceleratorConfig:
+    @property
+    def paced_cycles_per_beat(self) -> int:
+        """The DRAM port's pace at the memory's peak
+        (:attr:`hw.config.MemoryModel.cycles_per_beat`): a beat of the native port every
+        ``port bytes // peak_bytes_per_sys_cycle`` cycles (at least 1)."""
+        return max(1, (self.port_bits // 8) // self.peak_bytes_per_sys_cycle)
+
+    def accelerator_config(self, base: AcceleratorConfig, latency: int | None = None,
+                           paced: bool = False) -> AcceleratorConfig:
         """``base`` on this board: its clock (``sys``), its memory (beats of the native port,
         the whole DRAM).
 
         ``latency`` (default: ``base``'s) is the contract's read latency; the bridge stalls the
-        accelerator whenever the controller takes longer (hw/board/bridge.py).
+        accelerator whenever the controller takes longer (hw/board/bridge.py). ``paced``: the
+        DMA engines issue a beat every :attr:`paced_cycles_per_beat` cycles, the memory's
+        peak, so the bridge stops the accelerator only for the memory's shortfall below it
+        (default: ``base``'s pace, one beat a cycle unless ``base`` says otherwise).
         """
         memory = MemoryModel(bytes_per_cycle=self.port_bits // 8,
                              latency=base.memory.latency if latency is None else latency,
-                             size_bytes=self.dram_bytes)
+                             size_bytes=self.dram_bytes,
+                             cycles_per_beat=(self.paced_cycles_per_beat if paced
+                                              else base.memory.cycles_per_beat))
         return dataclasses.replace(base, memory=memory, clock_mhz=self.sys_clk_hz / 1e6)
 
 

@@ -8,12 +8,15 @@ errors, error pcs, cycles, every counter and the final DRAM must be identical. A
 shrunk to a minimal program and saved under build/equivalence/ for replay.
 
 Default run: 110 programs per configuration (220 in all); `-m slow` adds 1,000 more per
-configuration. The Yosys netlist (level 4) runs 100 programs and the 36 loop programs (REPEAT)
-of the 2x4 configuration against the RTL by default; `-m slow` brings them to 1,000 programs
-per configuration and 360 loop programs, and adds 1,000 programs with vector tasks on
+configuration. A paced DRAM port (MemoryModel.cycles_per_beat 2 on the 4x4 shape, 3 on the
+2x4) runs 30 programs and two lowered rings of decode layers per configuration. The Yosys
+netlist (level 4) runs 100 programs and the 36 loop programs (REPEAT) of the 2x4
+configuration against the RTL by default; `-m slow` brings them to 1,000 programs per
+configuration and 360 loop programs, and adds 1,000 programs with vector tasks on
 VECTOR_NETLIST_CONFIG (the 2x4 shape with the vector engine): fast model, RTL and netlist.
 """
 
+import dataclasses
 import os
 
 import numpy as np
@@ -260,6 +263,11 @@ def test_lowered_decode_layers_in_a_ring_agree(backends, seed):
     """Unbiased one-token layers (resident activations) keep a ring of weight chunks in
     flight (sw.compile.schedule.ring_slots, one counting event per role): they run
     identically on both backends, values the golden ones, so the ring is race-free too."""
+    _ring_layers_agree(backends, seed)
+
+
+def _ring_layers_agree(backends, seed):
+    """:func:`test_lowered_decode_layers_in_a_ring_agree` on ``backends``."""
     from hw.format import WeightFormat, random_quantized
     from sw.compile.errors import LoweringError
     from sw.compile.layers import LayerSpec, build_layers
@@ -321,6 +329,47 @@ def test_laned_vector_programs_agree(laned_backends, block):
         r = _check(cfg, model, rtl, rp.program, rp.dram, regs=rp.regs)
         outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
     assert outcomes.get("NONE", 0) >= 6 and laned >= 10, (outcomes, laned)
+
+
+# ---- a paced DRAM port (MemoryModel.cycles_per_beat > 1)
+#: The 4x4 shape (vector engine, moves) with a beat every 2 cycles, the board's pace
+#: (bench.board), and the 2x4 shape with a beat every 3 cycles (the LOAD engine's turnaround,
+#: hw.timing.LOAD_TURNAROUND: back-to-back LOADs as far apart as the beats within one).
+PACED_CONFIGS = {f"{name} k={k}": EQUIVALENCE_CONFIGS[name].replace(
+    memory=dataclasses.replace(EQUIVALENCE_CONFIGS[name].memory, cycles_per_beat=k))
+    for name, k in (("4x4", 2), ("2x4", 3))}
+
+
+@pytest.fixture(scope="module", params=sorted(PACED_CONFIGS))
+def paced_backends(request):
+    return _built(PACED_CONFIGS[request.param])
+
+
+@pytest.mark.parametrize("block", range(3))
+def test_paced_programs_agree(paced_backends, block):
+    """Random programs (moves too, which are not paced; a quarter of the tasks loops, one in
+    five broken) give the same bits,
+    cycles and counters on the fast model and the RTL of a paced DRAM port."""
+    cfg, model, rtl = paced_backends
+    outcomes, dma = {}, 0
+    for seed in range(60_000 + 10 * block, 60_010 + 10 * block):
+        rng = np.random.default_rng(seed)
+        rp = random_program(cfg, rng, chains=int(rng.integers(1, 3)),
+                            tasks=int(rng.integers(1, 4)), loops=0.25)
+        if seed % 5 == 4:
+            rp = break_program(rp, cfg, rng, BROKEN[(seed // 5) % len(BROKEN)])
+        dma += sum(type(i).__name__ in ("Load", "Store") and i.rows * i.row_beats > 1
+                   for i in rp.program)
+        r = _check(cfg, model, rtl, rp.program, rp.dram, regs=rp.regs)
+        outcomes[r.error.name] = outcomes.get(r.error.name, 0) + 1
+    assert outcomes.get("NONE", 0) >= 6 and dma >= 10, (outcomes, dma)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_paced_lowered_decode_layers_in_a_ring_agree(paced_backends, seed):
+    """The compiler's ring of weight chunks on a paced port: the same on both backends,
+    values the golden ones (the paced LOADs shift every event, the ring stays race-free)."""
+    _ring_layers_agree(paced_backends, seed)
 
 
 # ---- level 4: the Yosys netlist against the RTL (sim/netlist.py)

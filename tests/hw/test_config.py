@@ -76,6 +76,10 @@ def test_bad_values_are_named(kwargs, needle):
     ({"bytes_per_cycle": 12}, "bytes_per_cycle must be a power of two"),
     ({"latency": 0}, "latency"),
     ({"size_bytes": 1000}, "multiple of bytes_per_cycle"),
+    ({"cycles_per_beat": 0}, r"cycles_per_beat must be an int in \[1, 16\], got 0"),
+    ({"cycles_per_beat": 17}, "cycles_per_beat .* got 17"),
+    ({"cycles_per_beat": 2.0}, "cycles_per_beat .* got 2.0"),
+    ({"cycles_per_beat": True}, "cycles_per_beat .* got True"),
 ])
 def test_bad_memory(mem, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -114,3 +118,20 @@ def test_timing_only_view_changes_only_dram_and_imem():
     big = AcceleratorConfig(imem_depth=1 << 20, memory=MemoryModel(
         bytes_per_cycle=64, size_bytes=1 << 38))  # 64-byte beats: 2**32 beats
     assert big.timing_only() == big  # never shrinks
+
+
+def test_an_unpaced_memory_keeps_its_fingerprint():
+    """MemoryModel.cycles_per_beat: at 1 (the default) absent from to_dict, so every
+    configuration from before the field keeps its fingerprint; paced, present, and the
+    fingerprint is another; the port's bandwidth is a beat per pace."""
+    cfg = AcceleratorConfig()
+    assert "cycles_per_beat" not in cfg.to_dict()["memory"]
+    assert AcceleratorConfig.from_dict(
+        {**cfg.to_dict(), "memory": {**cfg.to_dict()["memory"], "cycles_per_beat": 1}}
+    ).fingerprint == cfg.fingerprint
+    paced = cfg.replace(memory=MemoryModel(cycles_per_beat=2))
+    assert paced.to_dict()["memory"]["cycles_per_beat"] == 2
+    assert paced.fingerprint != cfg.fingerprint
+    assert AcceleratorConfig.from_json(paced.to_json()) == paced
+    assert (cfg.dram_bytes_per_cycle, paced.dram_bytes_per_cycle) == (16, 8)
+    assert paced.with_dram(1 << 20).memory.cycles_per_beat == 2

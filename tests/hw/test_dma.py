@@ -9,6 +9,7 @@ the bytes must be those of ``sim.functional.exec_load`` / ``exec_store``.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -30,6 +31,11 @@ CONFIGS = {
     "wide": wide_config(memory={"bytes_per_cycle": 16, "latency": 3, "size_bytes": 4096}),
     "beat8": small_config(rows=4, cols=4, memory={"bytes_per_cycle": 8, "latency": 2,
                                                   "size_bytes": 4096}),
+    # paced ports (MemoryModel.cycles_per_beat): a beat every 2 and every 3 cycles
+    "narrow k=2": small_config(memory={"bytes_per_cycle": 16, "latency": 5, "size_bytes": 4096,
+                                       "cycles_per_beat": 2}),
+    "beat8 k=3": small_config(rows=4, cols=4, memory={"bytes_per_cycle": 8, "latency": 2,
+                                                      "size_bytes": 4096, "cycles_per_beat": 3}),
 }
 _SPADS = {Spad.ACT: "act", Spad.WGT: "wgt", Spad.PARAM: "param", Spad.OUT: "out"}
 
@@ -235,6 +241,34 @@ def test_load_completion_and_signal_delay(name):
     assert written_at == [1] * len(loads)
 
 
+@pytest.mark.parametrize("name", ["narrow", "narrow k=2", "beat8 k=3"])
+def test_load_requests_are_paced(name):
+    """A LOAD requests its beats in ``g + 1``, ``g + 1 + k``, .. (``k`` =
+    MemoryModel.cycles_per_beat), at the addresses of its rows in order, nothing between."""
+    cfg = CONFIGS[name]
+    k = cfg.memory.cycles_per_beat
+    bench = Bench(cfg)
+    ins = Load(spad=Spad.ACT, dram_addr=9, spad_addr=0, rows=3, row_beats=2, dram_stride=5)
+    seen = []
+
+    async def tb(ctx):
+        ctx.set(bench.load.cmd.payload, {f: getattr(ins, f) for f in (
+            "dram_addr", "spad_addr", "rows", "row_beats", "dram_stride", "spad")})
+        ctx.set(bench.load.cmd.valid, 1)
+        await ctx.tick()
+        ctx.set(bench.load.cmd.valid, 0)
+        for _ in range(timing.load_cycles(ins, cfg) + 2):   # cycles g + 1 ..
+            seen.append(ctx.get(bench.load.rd_req.payload) if ctx.get(bench.load.rd_req.valid)
+                        else None)
+            await ctx.tick()
+
+    run_sim(bench.m, tb)
+    want = [None] * (timing.load_cycles(ins, cfg) + 2)
+    for j, a in enumerate((9, 10, 14, 15, 19, 20)):
+        want[j * k] = a
+    assert seen == want
+
+
 def test_overhead_constants_checked(monkeypatch):
     monkeypatch.setattr(timing, "LOAD_OVERHEAD", 2)
     with pytest.raises(ValueError, match="LOAD_OVERHEAD=2"):
@@ -269,13 +303,15 @@ def _random_move(rng: random.Random, cfg, vout: bool = False, source: Spad = Spa
     return ins
 
 
+@pytest.mark.parametrize("k", [1, 2, 3])
 @pytest.mark.parametrize("source", [Spad.VOUT, Spad.OUT])
-def test_move(source):
+def test_move(source, k):
     """Moves (VOUT -> VIN, or OUT -> VIN: hw.isa.MOVE_SOURCES) and STOREs of their source
-    back to back on the STORE engine: each takes ``store_cycles``, a move writes VIN at the
-    cycles a STORE writes DRAM and never the DRAM, and VIN and DRAM end as ``exec_store``
+    back to back on the STORE engine: each takes ``store_cycles``, a move writes VIN one
+    beat a cycle (never paced: on chip) and never the DRAM, a STORE writes DRAM a beat every
+    ``k`` cycles (MemoryModel.cycles_per_beat), and VIN and DRAM end as ``exec_store``
     leaves them."""
-    cfg = VECTOR
+    cfg = VECTOR.replace(memory=dataclasses.replace(VECTOR.memory, cycles_per_beat=k))
     m = Module()
     m.submodules.store = store = StoreEngine(cfg)
     m.submodules.dram = dram = DramModel(cfg)
@@ -342,8 +378,10 @@ def test_move(source):
     for ins, d, seen in writes:
         assert d == timing.store_cycles(ins, cfg), ins
         beats = timing.dma_beats(ins)
-        # the writes in g + 2 .. g + B + 1 (seen[0] is cycle g + 1), to VIN or to DRAM only
-        want = [0] + [1] * beats
+        # the writes in g + 2, g + 2 + p, .. (seen[0] is cycle g + 1; p = 1 for a move, k for
+        # a STORE to DRAM), to VIN or to DRAM only
         move = ins.spad in MOVE_SOURCES
+        pace = 1 if move else k
+        want = [0] + [int(j % pace == 0) for j in range((beats - 1) * pace + 1)]
         assert [v for v, _ in seen] == (want if move else [0] * len(want)), ins
         assert [w for _, w in seen] == ([0] * len(want) if move else want), ins
