@@ -582,12 +582,13 @@ class AcceleratorConfig:
 #: Scratchpads of the vector engine in the named ``"vector"`` configuration: the sizes
 #: synthesised beside the default 4x8 array (int32 elements: 4096 in VIN, 2048 in VOUT).
 VECTOR_PRESET_SPADS = {"vin_spad_bytes": 16384, "vout_spad_bytes": 8192}
-#: The ``"vector"`` configuration's :attr:`AcceleratorConfig.vector_lanes`. Of the ECP5-85F's
-#: 156 multipliers, beside the 4x8 array's 67, the engine takes 34 with one lane, 50 with two
-#: and 82 with four (a lane's sub-ops share its units), 11 more a lane past the first with
-#: :attr:`AcceleratorConfig.vector_laned_silu`, which the preset leaves off
-#: (docs/architecture.md, *Lanes*).
-VECTOR_PRESET_LANES = 2
+#: The ``"vector"`` configuration's :attr:`AcceleratorConfig.vector_lanes`: a 16-byte beat's
+#: four int32 elements (:attr:`AcceleratorConfig.vector_lanes_max`), which fit the ECP5-85F's
+#: 156 multipliers beside the 4x8 array's 67 (the engine takes 34 with one lane, 50 with two
+#: and 82 with four, a lane's sub-ops sharing its units) with
+#: :attr:`AcceleratorConfig.vector_laned_silu` off (11 more a lane past the first;
+#: docs/architecture.md, *Lanes*).
+VECTOR_PRESET_LANES = 4
 
 #: Named configurations (``sw.deploy --config NAME``): each a function of no arguments.
 PRESETS = {
