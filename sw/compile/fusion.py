@@ -205,7 +205,6 @@ from hw.isa import (
     dequant_amax_addr,
     dispatch_errors,
     field_location,
-    gemm_weight_bytes,
     is_move,
     program_words,
     vec_reads_amax,
@@ -821,66 +820,6 @@ def settled(words: np.ndarray) -> dict[int, int]:
         for e in granted:
             granted[e] = max(granted[e], done[e])
     return done
-
-
-def loads_ahead(cfg: AcceleratorConfig, words: np.ndarray, movable: Sequence[int],
-                idle: Mapping[int, int]) -> tuple[np.ndarray, list[int]] | None:
-    """``words`` (a program, END last, no REPEAT) with each LOAD ``movable`` (into WGT,
-    without a wait, from DRAM no STORE of the program writes: a KV cache tile the step does
-    not append to) moved up before the first SYNC of the LOAD engine that waits, in order,
-    where the LOAD engine idles (``idle``: its cycles idle before each of its words, the
-    fast model's) for at least ``1 / HOIST_FILL`` of its beats (:data:`HOIST_FILL`), no
-    word between there and its place reads or writes its WGT beats (a GEMM, a LOAD) and
-    every GEMM before that reads them is complete once the LOAD engine is there
-    (:func:`settled`). Its signal stays at its place, on a SYNC of the LOAD engine that
-    completes after it (the engine is in order), so every event is signalled in the same
-    order and its consumer starts no earlier than before; only the beats stream earlier.
-    Returns the words and where each word of ``words`` lands (a moved LOAD: its new
-    place), or None where none moves."""
-    f = decode_fields(words)
-    eng = engines_fields(f)
-    ops = f["opcode"]
-    wgt = Spad.WGT.value
-    touch: list[tuple[int, int] | None] = [None] * eng.shape[0]  # WGT beats written or read
-    for i in np.flatnonzero((ops == Opcode.LOAD.value) & (f["dma.spad"] == wgt)).tolist():
-        touch[i] = _spad_extent(f, i)[1:]
-    for i in np.flatnonzero(ops == Opcode.GEMM.value).tolist():
-        g = _instr(words[i])
-        touch[i] = (g.wgt_addr, g.wgt_addr + -(-gemm_weight_bytes(g, cfg) // cfg.beat_bytes))
-    syncs = np.flatnonzero((eng == Engine.LOAD.value) & (ops == Opcode.SYNC.value)
-                           & (f["wait"] != NO_EVENT)).tolist()
-    room = dict(idle)
-    done: dict[int, int] = {}  # per place: the last COMPUTE word complete once it is reached
-    goes: dict[int, list[int]] = {}
-    for j in movable:
-        beats = int(f["dma.rows"][j]) * int(f["dma.row_beats"][j])
-        before = [i for i in range(j) if touch[i] is not None and _overlap(touch[i], touch[j])]
-        last = max(before, default=-1)
-        gemm = max((i for i in before if ops[i] == Opcode.GEMM.value), default=-1)
-        for p in syncs:
-            if p <= last or p >= j or HOIST_FILL * room.get(p, 0) < beats:
-                continue
-            if gemm >= 0 and done.setdefault(p, settled(words[:p])[Engine.COMPUTE.value]) < gemm:
-                continue
-            room[p] -= beats
-            goes.setdefault(p, []).append(j)
-            break
-    if not goes:
-        return None
-    moved = {j for js in goes.values() for j in js}
-    out: list[np.ndarray] = []
-    where = [0] * eng.shape[0]
-    for i in range(eng.shape[0]):
-        for j in goes.get(i, []):
-            where[j] = len(out)
-            out.append(program_words([replace(_instr(words[j]), signal=None)]))
-        if i in moved:
-            out.append(program_words([Sync(engine=Engine.LOAD, signal=None if int(
-                f["signal"][i]) == NO_EVENT else int(f["signal"][i]))]))
-        else:
-            where[i] = len(out)
-            out.append(words[i:i + 1])
-    return np.concatenate(out).astype(np.uint64), where
 
 
 def _vec_vin_beats(f: Mapping[str, np.ndarray], i: int, per: int) -> list[tuple[int, int]]:

@@ -63,7 +63,6 @@ from sw.compile.fusion import (
     fusion_groups,
     hoistable,
     linear_group,
-    loads_ahead,
     part_buffers,
     rename_events,
     row_aliases,
@@ -468,39 +467,6 @@ def test_a_gemms_weights_stream_while_the_part_before_drains():
         r = make_backend("model", CFG).run(fuse_words(CFG, [before, gemm], overlap),
                                            np.zeros(CFG.memory.size_bytes, np.uint8))
         assert r.ok, r.error
-
-
-def test_a_constant_load_goes_up_once_the_gemms_reading_its_beats_are_done():
-    """A GEMM-like part, a vector part and a GEMM-like part again, drained: the last part's
-    weight LOADs (DRAM no STORE writes) go up to the first SYNC of the LOAD engine that waits
-    where the LOAD engine idles and every GEMM reading their beats before is proven done
-    (sw.compile.fusion.loads_ahead): the first half's right after the SYNC on the first
-    part's STORED0, the second's after its STORED1 (before the vector part's drain); each
-    leaves its signal on a SYNC at its place, and the program computes the same DRAM. With
-    room only where the first part's GEMMs may still run, nothing moves."""
-    words = fuse_words(CFG, [_gemm_like(2), _vector_part(y=40), _gemm_like(2, dram=40)],
-                       False)
-    before = _program(words)
-    ev = EVENTS
-    assert before[14].spad == before[15].spad == Spad.WGT
-    assert before[8] == Sync(engine=Engine.LOAD, wait=ev["STORED1"])
-    assert loads_ahead(CFG, words, [14, 15], {}) is None
-    assert loads_ahead(CFG, words, [14, 15], {7: 100}) is None  # GEMMs 3, 5 may run
-    moved, where = loads_ahead(CFG, words, [14, 15], dict.fromkeys(range(len(before)), 100))
-    got = _program(moved)
-    assert len(got) == len(before) + 2
-    assert where[14] == 8 and where[15] == 13
-    assert got[7] == before[7] and got[9] == before[8] and got[14] == before[12]
-    assert got[8] == dataclasses.replace(before[14], signal=None)
-    assert got[13] == dataclasses.replace(before[15], signal=None)
-    assert got[16:18] == [Sync(engine=Engine.LOAD, signal=ev["FULL0"]),
-                          Sync(engine=Engine.LOAD, signal=ev["FULL1"])]
-    assert all(got[where[i]] == ins for i, ins in enumerate(before) if i not in (14, 15))
-    model = make_backend("model", CFG)
-    dram = np.random.default_rng(0).integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
-    a, b = (model.run(w, dram.copy()) for w in (words, moved))
-    assert a.ok and b.ok, (a.error, b.error)
-    assert np.array_equal(a.dram, b.dram)
 
 
 @pytest.mark.parametrize("seed", range(3))
