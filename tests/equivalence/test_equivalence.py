@@ -365,6 +365,7 @@ def test_paced_programs_agree(paced_backends, block):
     assert outcomes.get("NONE", 0) >= 6 and dma >= 10, (outcomes, dma)
 
 
+@pytest.mark.slow  # minutes on 2 cores; the random paced programs above run by default
 @pytest.mark.parametrize("seed", range(2))
 def test_paced_lowered_decode_layers_in_a_ring_agree(paced_backends, seed):
     """The compiler's ring of weight chunks on a paced port: the same on both backends,
