@@ -1438,19 +1438,28 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         hoisted = sorted([*hoisted, *drained])
         placed.append(body)
         room.append(_slack(cfg, placed[-2]) if k else 0)
-        at, f, goes = 0, decode_fields(body), []
-        for i in hoisted:  # in order, each at the first slot with room
+        f, goes, extents = decode_fields(body), [], []
+        for i in hoisted:  # each at the first slot with room
             beats = int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
-            # inside the part before its earliest boundary; rolled (not spread), its own
-            first = 2 * _boundary(placed, body, i, constant) - 1 \
-                if spread and i not in drained else 2 * k
-            at = next((j for j in range(max(at, first), 2 * k + 1)
+            # inside the part before its earliest boundary (rolled, not spread: no inside
+            # slot has room); not before an earlier LOAD of the part, unless it loads
+            # weights and that LOAD writes none of its beats (neither waits: the weights
+            # may overtake a constant row that goes no further up, SmolLM2's gate/up
+            # weights its DEQUANT's channel words)
+            first = 2 * _boundary(placed, body, i, constant, not spread) - 1 \
+                if i not in drained else 2 * k
+            spad, lo, hi = _spad_extent(f, i)
+            first = max([first, *(j for j, (s, a, b) in zip(goes, extents, strict=True)
+                                  if spad != Spad.WGT.value
+                                  or s == spad and _overlap((lo, hi), (a, b)))])
+            at = next((j for j in range(first, 2 * k + 1)
                        if room[j] > 0 and HOIST_FILL * room[j] >= beats),
                       2 * k if len(goes) < HOIST_UNFIT else None)
             if at is None:
                 break
             room[at] -= beats
             goes.append(at)
+            extents.append((spad, lo, hi))
         hoisted = hoisted[:len(goes)]
         for i, j in zip(hoisted, goes, strict=True):
             early[j].append((k, i))
@@ -1563,22 +1572,43 @@ def _constant_sources(parts: Sequence[np.ndarray]) -> list[tuple[int, int]]:
 
 
 def _boundary(placed: Sequence[np.ndarray], body: np.ndarray, i: int,
-              stored: Sequence[tuple[int, int]]) -> int:
+              stored: Sequence[tuple[int, int]], rolled: bool = False) -> int:
     """The earliest boundary a hoistable LOAD ``i`` of the last part of ``placed``
     (``body``) may go before: that part's own (its index), or, when no STORE of the whole
     program writes its DRAM source (``stored``: weights, constant rows), further up past
     every part before whose LOADs write none of its scratchpad beats (the part before such a
     boundary then reads none of them: a part reads only what its own LOADs put in a
-    scratchpad)."""
+    scratchpad) and, with ``rolled`` (a step whose blocks roll into one loop), only
+    weights (a constant row into VIN keeps its own boundary), only past vector parts (not
+    a GEMM part: nothing places a LOAD by its GEMMs' timing, as :func:`_inside` does with
+    ``spread``; o_proj's weights went up past attention's values heads and held up the
+    next head's values), and neither past nor before the drain of a part that runs an ADD
+    (:func:`_adds`: a residual addition; a block's last one ends it, where the loop's body
+    may end: no LOAD of one block may move into the block before it, and the first
+    block's, after no ADD, must go where the others' do)."""
     k = len(placed) - 1
     f = decode_fields(body[i:i + 1])
     if any(_overlap(_dram_extent(f, 0), s) for s in stored):
         return k
     spad, lo, hi = _spad_extent(f, 0)
+    if rolled and spad != Spad.WGT.value:
+        return k
     while k > 1 and not any(s == spad and _overlap((lo, hi), (a, b))
-                            for s, a, b in _loaded(decode_fields(placed[k - 2]))):
+                            for s, a, b in _loaded(decode_fields(placed[k - 2]))) \
+            and not (rolled and (_gemms_or_adds(placed[k - 1]) or _adds(placed[k - 2]))):
         k -= 1
     return k
+
+
+def _adds(words: np.ndarray) -> bool:
+    """Whether the part ``words`` runs a VEC of :attr:`hw.isa.VecFunc.ADD`."""
+    f = decode_fields(words)
+    return bool((f["vec.func"][f["opcode"] == Opcode.VEC.value] == VecFunc.ADD.value).any())
+
+
+def _gemms_or_adds(words: np.ndarray) -> bool:
+    """Whether the part ``words`` runs a GEMM or an ADD (:func:`_adds`)."""
+    return bool((decode_fields(words)["opcode"] == Opcode.GEMM.value).any()) or _adds(words)
 
 
 @dataclass(frozen=True)
