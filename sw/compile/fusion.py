@@ -56,25 +56,27 @@ half as long as the LOAD takes (:func:`_slack`, :data:`HOIST_FILL`: the part aft
 starts later by less than the LOAD engine streams instead of idling), up past several parts
 when no STORE of the program writes its DRAM source and none of those parts loads its
 scratchpad beats (:func:`_boundary`: weights load while the vector parts before their GEMM
-run); of those that find no room, the first goes before its own boundary's SYNCs and the
-rest stay after them (:data:`HOIST_UNFIT`), where they do not hold up the activations' LOAD
-that the GEMM needs first. The scheduler spreads a ring's
-slots over the whole WGT scratchpad, so before that a GEMM part's WGT is packed (its LOADs'
-beats side by side) and moved above the WGT the parts before it load, as many of the latest
-as leave room (:func:`_wgt_moved`): a GEMM's weights then load past the GEMM parts before it
-(o_proj's weights while attention runs). A GEMM part whose weights all load before its
-boundary leaves its LOAD engine idle while its array computes: a later part's LOAD may also
-go inside it, after its leading LOAD-engine words and before its first GEMM
-(:func:`_inside`), where it has room. Consecutive vector parts load the same VIN beats
-(every template starts at 0), so a vector part's VIN moves above the beats the part before
-loads, where it fits and lets more LOADs go: a DEQUANT after another, or a ROPE after a
-DEQUANT, then loads its rows while the VEC before it runs. The moved LOADs leave their
-signals behind; the LOAD engine, in order, raises each at the moved LOAD's place after the
-SYNCs (on the LOAD-engine word before that place, or on a SYNC of its own right after that
-word, ahead of the other engines' words up to the place, so the dispatcher reaches it as
-early as the LOAD engine could raise it), so a consumer is granted only once every load
-before that place, the moved ones included, has landed, and no event is signalled before the
-boundary: the events run as in the drained program, and the DRAM results are its
+run; in a step whose blocks roll into one loop, weights only, past vector parts only and not
+past a residual ADD); a weights LOAD may overtake an earlier one of its part into other
+beats (a DEQUANT's channel words that stay at their own boundary); of those that find no
+room, the first goes before its own boundary's SYNCs and the rest stay after them
+(:data:`HOIST_UNFIT`), where they do not hold up the activations' LOAD that the GEMM needs
+first. The scheduler spreads a ring's slots over the whole WGT scratchpad, so before that a
+GEMM part's WGT is packed (its LOADs' beats side by side) and moved above the WGT the parts
+before it load, as many of the latest as leave room (:func:`_wgt_moved`): a GEMM's weights
+then load past the GEMM parts before it (o_proj's weights while attention runs). A GEMM part
+whose weights all load before its boundary leaves its LOAD engine idle while its array
+computes: a later part's LOAD may also go inside it, after its leading LOAD-engine words and
+before its first GEMM (:func:`_inside`), where it has room. Consecutive vector parts load
+the same VIN beats (every template starts at 0), so a vector part's VIN moves above the
+beats the part before loads, where it fits and lets more LOADs go: a DEQUANT after another,
+or a ROPE after a DEQUANT, then loads its rows while the VEC before it runs. The moved LOADs
+leave their signals behind; the LOAD engine, in order, raises each at the moved LOAD's place
+after the SYNCs (on the LOAD-engine word before that place, or on a SYNC of its own right
+after that word, ahead of the other engines' words up to the place, so the dispatcher
+reaches it as early as the LOAD engine could raise it), so a consumer is granted only once
+every load before that place, the moved ones included, has landed, and no event is signalled
+before the boundary: the events run as in the drained program, and the DRAM results are its
 (tests/sw/compile/test_fusion.py). The weights then stream while the part before computes
 and drains.
 
@@ -1257,12 +1259,14 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     parts before it where that lets its LOADs go as far (:func:`_wgt_moved`), and each of
     those LOADs goes up to the first boundary where the LOAD engine idles long enough for it
     (past several parts), or inside a GEMM part before it whose own weights all loaded
-    before its boundary (:func:`_inside`: while its array computes); without,
-    each to its own part's boundary where the LOAD engine idles long enough there (a step
-    whose blocks roll into one loop: no body's LOADs may move into the block before, which
-    the last block's successor does not mirror). Where no slot has room, the first goes
-    to its own boundary anyway and the rest stay (:data:`HOIST_FILL`,
-    :data:`HOIST_UNFIT`).
+    before its boundary (:func:`_inside`: while its array computes); without (a step
+    whose blocks roll into one loop), each to its own part's boundary where the LOAD engine
+    idles long enough there, but weights up past vector parts to the first such boundary,
+    never past nor before the drain of a residual ADD (no body's LOADs may move into the
+    block before, which the last block's successor does not mirror: :func:`_boundary`).
+    A weights LOAD may overtake an earlier hoisted LOAD of its part into other beats.
+    Where no slot has room, the first goes to its own boundary anyway and the rest stay
+    (:data:`HOIST_FILL`, :data:`HOIST_UNFIT`).
     Returns the program and, per part, where each of its words (END aside) lies in it.
 
     Raises
