@@ -1446,15 +1446,16 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         for i in hoisted:  # each at the first slot with room
             beats = int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
             # inside the part before its earliest boundary (rolled, not spread: no inside
-            # slot has room); not before an earlier LOAD of the part, unless it loads
-            # weights and that LOAD writes none of its beats (neither waits: the weights
-            # may overtake a constant row that goes no further up, SmolLM2's gate/up
-            # weights its DEQUANT's channel words)
+            # slot has room); not before an earlier LOAD of the part, unless rolled it
+            # loads weights and that LOAD writes none of its beats (neither waits: the
+            # weights may overtake a constant row that goes no further up, SmolLM2's
+            # gate/up weights its DEQUANT's channel words; spread, where the weights go
+            # inside GEMM parts too, the reference model's step took longer)
             first = 2 * _boundary(placed, body, i, constant, not spread) - 1 \
                 if i not in drained else 2 * k
             spad, lo, hi = _spad_extent(f, i)
             first = max([first, *(j for j, (s, a, b) in zip(goes, extents, strict=True)
-                                  if spad != Spad.WGT.value
+                                  if spread or spad != Spad.WGT.value
                                   or s == spad and _overlap((lo, hi), (a, b)))])
             at = next((j for j in range(first, 2 * k + 1)
                        if room[j] > 0 and HOIST_FILL * room[j] >= beats),
