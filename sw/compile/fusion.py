@@ -57,8 +57,8 @@ starts later by less than the LOAD engine streams instead of idling), up past se
 when no STORE of the program writes its DRAM source and none of those parts loads its
 scratchpad beats (:func:`_boundary`: weights load while the vector parts before their GEMM
 run; in a step whose blocks roll into one loop, weights only, past vector parts only and not
-past a residual ADD); a weights LOAD may overtake an earlier one of its part into other
-beats (a DEQUANT's channel words that stay at their own boundary); of those that find no
+past a residual ADD, where a weights LOAD may overtake an earlier one of its part into other
+beats (a DEQUANT's channel words that stay at their own boundary)); of those that find no
 room, the first goes before its own boundary's SYNCs and the rest stay after them
 (:data:`HOIST_UNFIT`), where they do not hold up the activations' LOAD that the GEMM needs
 first. The scheduler spreads a ring's slots over the whole WGT scratchpad, so before that a
@@ -1264,7 +1264,7 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     idles long enough there, but weights up past vector parts to the first such boundary,
     never past nor before the drain of a residual ADD (no body's LOADs may move into the
     block before, which the last block's successor does not mirror: :func:`_boundary`).
-    A weights LOAD may overtake an earlier hoisted LOAD of its part into other beats.
+    There a weights LOAD may overtake an earlier hoisted LOAD of its part into other beats.
     Where no slot has room, the first goes to its own boundary anyway and the rest stay
     (:data:`HOIST_FILL`, :data:`HOIST_UNFIT`).
     Returns the program and, per part, where each of its words (END aside) lies in it.
