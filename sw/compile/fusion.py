@@ -56,25 +56,27 @@ half as long as the LOAD takes (:func:`_slack`, :data:`HOIST_FILL`: the part aft
 starts later by less than the LOAD engine streams instead of idling), up past several parts
 when no STORE of the program writes its DRAM source and none of those parts loads its
 scratchpad beats (:func:`_boundary`: weights load while the vector parts before their GEMM
-run); of those that find no room, the first goes before its own boundary's SYNCs and the
-rest stay after them (:data:`HOIST_UNFIT`), where they do not hold up the activations' LOAD
-that the GEMM needs first. The scheduler spreads a ring's
-slots over the whole WGT scratchpad, so before that a GEMM part's WGT is packed (its LOADs'
-beats side by side) and moved above the WGT the parts before it load, as many of the latest
-as leave room (:func:`_wgt_moved`): a GEMM's weights then load past the GEMM parts before it
-(o_proj's weights while attention runs). A GEMM part whose weights all load before its
-boundary leaves its LOAD engine idle while its array computes: a later part's LOAD may also
-go inside it, after its leading LOAD-engine words and before its first GEMM
-(:func:`_inside`), where it has room. Consecutive vector parts load the same VIN beats
-(every template starts at 0), so a vector part's VIN moves above the beats the part before
-loads, where it fits and lets more LOADs go: a DEQUANT after another, or a ROPE after a
-DEQUANT, then loads its rows while the VEC before it runs. The moved LOADs leave their
-signals behind; the LOAD engine, in order, raises each at the moved LOAD's place after the
-SYNCs (on the LOAD-engine word before that place, or on a SYNC of its own right after that
-word, ahead of the other engines' words up to the place, so the dispatcher reaches it as
-early as the LOAD engine could raise it), so a consumer is granted only once every load
-before that place, the moved ones included, has landed, and no event is signalled before the
-boundary: the events run as in the drained program, and the DRAM results are its
+run; in a step whose blocks roll into one loop, weights only, past vector parts only and not
+past a residual ADD, where a weights LOAD may overtake an earlier one of its part into other
+beats (a DEQUANT's channel words that stay at their own boundary)); of those that find no
+room, the first goes before its own boundary's SYNCs and the rest stay after them
+(:data:`HOIST_UNFIT`), where they do not hold up the activations' LOAD that the GEMM needs
+first. The scheduler spreads a ring's slots over the whole WGT scratchpad, so before that a
+GEMM part's WGT is packed (its LOADs' beats side by side) and moved above the WGT the parts
+before it load, as many of the latest as leave room (:func:`_wgt_moved`): a GEMM's weights
+then load past the GEMM parts before it (o_proj's weights while attention runs). A GEMM part
+whose weights all load before its boundary leaves its LOAD engine idle while its array
+computes: a later part's LOAD may also go inside it, after its leading LOAD-engine words and
+before its first GEMM (:func:`_inside`), where it has room. Consecutive vector parts load
+the same VIN beats (every template starts at 0), so a vector part's VIN moves above the
+beats the part before loads, where it fits and lets more LOADs go: a DEQUANT after another,
+or a ROPE after a DEQUANT, then loads its rows while the VEC before it runs. The moved LOADs
+leave their signals behind; the LOAD engine, in order, raises each at the moved LOAD's place
+after the SYNCs (on the LOAD-engine word before that place, or on a SYNC of its own right
+after that word, ahead of the other engines' words up to the place, so the dispatcher
+reaches it as early as the LOAD engine could raise it), so a consumer is granted only once
+every load before that place, the moved ones included, has landed, and no event is signalled
+before the boundary: the events run as in the drained program, and the DRAM results are its
 (tests/sw/compile/test_fusion.py). The weights then stream while the part before computes
 and drains.
 
@@ -1257,12 +1259,14 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     parts before it where that lets its LOADs go as far (:func:`_wgt_moved`), and each of
     those LOADs goes up to the first boundary where the LOAD engine idles long enough for it
     (past several parts), or inside a GEMM part before it whose own weights all loaded
-    before its boundary (:func:`_inside`: while its array computes); without,
-    each to its own part's boundary where the LOAD engine idles long enough there (a step
-    whose blocks roll into one loop: no body's LOADs may move into the block before, which
-    the last block's successor does not mirror). Where no slot has room, the first goes
-    to its own boundary anyway and the rest stay (:data:`HOIST_FILL`,
-    :data:`HOIST_UNFIT`).
+    before its boundary (:func:`_inside`: while its array computes); without (a step
+    whose blocks roll into one loop), each to its own part's boundary where the LOAD engine
+    idles long enough there, but weights up past vector parts to the first such boundary,
+    never past nor before the drain of a residual ADD (no body's LOADs may move into the
+    block before, which the last block's successor does not mirror: :func:`_boundary`).
+    There a weights LOAD may overtake an earlier hoisted LOAD of its part into other beats.
+    Where no slot has room, the first goes to its own boundary anyway and the rest stay
+    (:data:`HOIST_FILL`, :data:`HOIST_UNFIT`).
     Returns the program and, per part, where each of its words (END aside) lies in it.
 
     Raises
@@ -1460,19 +1464,29 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         hoisted = sorted([*hoisted, *drained])
         placed.append(body)
         room.append(_slack(cfg, placed[-2]) if k else 0)
-        at, f, goes = 0, decode_fields(body), []
-        for i in hoisted:  # in order, each at the first slot with room
+        f, goes, extents = decode_fields(body), [], []
+        for i in hoisted:  # each at the first slot with room
             beats = int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
-            # inside the part before its earliest boundary; rolled (not spread), its own
-            first = 2 * _boundary(placed, body, i, constant) - 1 \
-                if spread and i not in drained else 2 * k
-            at = next((j for j in range(max(at, first), 2 * k + 1)
+            # inside the part before its earliest boundary (rolled, not spread: no inside
+            # slot has room); not before an earlier LOAD of the part, unless rolled it
+            # loads weights and that LOAD writes none of its beats (neither waits: the
+            # weights may overtake a constant row that goes no further up, SmolLM2's
+            # gate/up weights its DEQUANT's channel words; spread, where the weights go
+            # inside GEMM parts too, the reference model's step took longer)
+            first = 2 * _boundary(placed, body, i, constant, not spread) - 1 \
+                if i not in drained else 2 * k
+            spad, lo, hi = _spad_extent(f, i)
+            first = max([first, *(j for j, (s, a, b) in zip(goes, extents, strict=True)
+                                  if spread or spad != Spad.WGT.value
+                                  or s == spad and _overlap((lo, hi), (a, b)))])
+            at = next((j for j in range(first, 2 * k + 1)
                        if room[j] > 0 and HOIST_FILL * room[j] >= beats),
                       2 * k if len(goes) < HOIST_UNFIT else None)
             if at is None:
                 break
             room[at] -= beats
             goes.append(at)
+            extents.append((spad, lo, hi))
         hoisted = hoisted[:len(goes)]
         for i, j in zip(hoisted, goes, strict=True):
             early[j].append((k, i))
@@ -1585,22 +1599,43 @@ def _constant_sources(parts: Sequence[np.ndarray]) -> list[tuple[int, int]]:
 
 
 def _boundary(placed: Sequence[np.ndarray], body: np.ndarray, i: int,
-              stored: Sequence[tuple[int, int]]) -> int:
+              stored: Sequence[tuple[int, int]], rolled: bool = False) -> int:
     """The earliest boundary a hoistable LOAD ``i`` of the last part of ``placed``
     (``body``) may go before: that part's own (its index), or, when no STORE of the whole
     program writes its DRAM source (``stored``: weights, constant rows), further up past
     every part before whose LOADs write none of its scratchpad beats (the part before such a
     boundary then reads none of them: a part reads only what its own LOADs put in a
-    scratchpad)."""
+    scratchpad) and, with ``rolled`` (a step whose blocks roll into one loop), only
+    weights (a constant row into VIN keeps its own boundary), only past vector parts (not
+    a GEMM part: nothing places a LOAD by its GEMMs' timing, as :func:`_inside` does with
+    ``spread``; o_proj's weights went up past attention's values heads and held up the
+    next head's values), and neither past nor before the drain of a part that runs an ADD
+    (:func:`_adds`: a residual addition; a block's last one ends it, where the loop's body
+    may end: no LOAD of one block may move into the block before it, and the first
+    block's, after no ADD, must go where the others' do)."""
     k = len(placed) - 1
     f = decode_fields(body[i:i + 1])
     if any(_overlap(_dram_extent(f, 0), s) for s in stored):
         return k
     spad, lo, hi = _spad_extent(f, 0)
+    if rolled and spad != Spad.WGT.value:
+        return k
     while k > 1 and not any(s == spad and _overlap((lo, hi), (a, b))
-                            for s, a, b in _loaded(decode_fields(placed[k - 2]))):
+                            for s, a, b in _loaded(decode_fields(placed[k - 2]))) \
+            and not (rolled and (_gemms_or_adds(placed[k - 1]) or _adds(placed[k - 2]))):
         k -= 1
     return k
+
+
+def _adds(words: np.ndarray) -> bool:
+    """Whether the part ``words`` runs a VEC of :attr:`hw.isa.VecFunc.ADD`."""
+    f = decode_fields(words)
+    return bool((f["vec.func"][f["opcode"] == Opcode.VEC.value] == VecFunc.ADD.value).any())
+
+
+def _gemms_or_adds(words: np.ndarray) -> bool:
+    """Whether the part ``words`` runs a GEMM or an ADD (:func:`_adds`)."""
+    return bool((decode_fields(words)["opcode"] == Opcode.GEMM.value).any()) or _adds(words)
 
 
 @dataclass(frozen=True)

@@ -427,12 +427,16 @@ def _gemm_like(tiles: int, dram: int = 0, spad: Spad = Spad.WGT, beats: int = 8,
     return program_words(out + [End()])
 
 
-def _vector_part(y: int) -> np.ndarray:
-    """A one-task vector part (events renamed) storing its row at DRAM beat ``y``."""
+def _vector_part(y: int, func: VecFunc = VecFunc.ADD, vin: int = 0) -> np.ndarray:
+    """A one-task vector part (events renamed) of ``func`` on a row it loads into VIN beat
+    ``vin``, storing its row at DRAM beat ``y``."""
     ev = EVENTS
+    per = CFG.beat_bytes // CFG.vin_word_bytes
     return vector_events(program_words([
-        Load(spad=Spad.VIN, dram_addr=0, rows=1, row_beats=2, signal=ev["FULL0"]),
-        Vec(func=VecFunc.ADD, length=4, wait=ev["FULL0"], signal=ev["OUT_FULL0"]),
+        Load(spad=Spad.VIN, spad_addr=vin, dram_addr=0, rows=1, row_beats=2,
+             signal=ev["FULL0"]),
+        Vec(func=func, length=4, a_addr=vin * per, b_addr=vin * per, wait=ev["FULL0"],
+            signal=ev["OUT_FULL0"]),
         Store(spad=Spad.VOUT, dram_addr=y, rows=1, row_beats=2, wait=ev["OUT_FULL0"],
               signal=ev["STORED0"]),
         End()]))
@@ -545,6 +549,77 @@ def test_a_rolled_steps_activations_load_before_weights_that_find_no_room(monkey
         assert np.array_equal(r.dram, drained.dram)
         cycles[unfit] = r.cycles
     assert cycles[1] < cycles[2]
+
+
+def _rolled_first_weights(parts, moved: bool, dram: np.ndarray) -> int:
+    """Fuse ``parts`` (vector parts, then a GEMM part) without ``spread``, check that the
+    GEMM's first weights LOAD comes before the first drain (SYNC) exactly when ``moved``
+    (without its signal), and that the program computes the drained one's DRAM from
+    ``dram``, in no more cycles; its cycles."""
+    words, places = fuse_parts(CFG, parts, spread=False)
+    got = _program(words)
+    drain = next(i for i, w in enumerate(got) if isinstance(w, Sync))
+    w0 = next(j for j in places[-1] if isinstance(got[j], Load) and got[j].spad == Spad.WGT)
+    assert got[w0].signal is None
+    assert (w0 < drain) == moved
+    runs = [make_backend("model", CFG).run(w, dram.copy())
+            for w in (fuse_words(CFG, parts, False), words)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[1].cycles <= runs[0].cycles
+    return runs[1].cycles
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_rolled_steps_weights_go_up_past_vector_parts_to_a_residual_add(monkeypatch, seed):
+    """Without ``spread`` (a step whose blocks roll into one loop), two vector parts (a norm,
+    a REQUANT), then a GEMM-like part reading the second's row: its first weights go before
+    the first part's drain, where the LOAD engine idles while that part's VEC and STORE run,
+    as with ``spread``, and the program ends earlier than with every LOAD at its own
+    boundary; not past an ADD (a residual addition, which may end a block: the loop's body
+    may end there) nor before its drain, and not past a GEMM part. Each computes the
+    drained program's DRAM from a random image, in no more cycles."""
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    norm, add = _vector_part(y=40, func=VecFunc.MUL), _vector_part(y=40)
+    b, gemm = _vector_part(y=60, func=VecFunc.MUL), _gemm_like(4, dram=60)
+    _rolled_first_weights([norm, b, gemm], True, dram)
+    _rolled_first_weights([add, b, gemm], False, dram)
+    _rolled_first_weights([norm, _vector_part(y=60), gemm], False, dram)
+    other = _gemm_like(2, dram=0, spad=Spad.ACT)  # its "weights" into ACT: no WGT in common
+    _rolled_first_weights([norm, other, b, gemm], False, dram)
+    # a ring of four slots whose weights take longer than the idle at a drain (as
+    # SmolLM2's): the ring fills before the activations land, and the step ends earlier
+    # than with every LOAD at its own boundary
+    ring = [norm, _vector_part(y=0, func=VecFunc.MUL), _ring_like(1, 12, 48, 1, 4)]
+    moved = _rolled_first_weights(ring, True, dram)
+    monkeypatch.setattr(fusion, "_gemms_or_adds", lambda words: True)
+    assert moved < _rolled_first_weights(ring, False, dram)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_rolled_steps_weights_overtake_a_load_that_stays_where_their_beats_differ(seed):
+    """A GEMM-like part whose leading LOADs are a constant row into VIN beats the part two
+    before loads (so it goes no further up than its own boundary) and then its weights
+    (which may go up past both vector parts): the weights overtake the row, going before the
+    first part's drain, the row after it; the row and the weights write different beats, and
+    neither waits. The program computes the drained one's DRAM from a random image, in no
+    more cycles. So in a step whose blocks roll into one loop; spread, the LOADs keep their
+    order (the row, then the weights after it)."""
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    a, b = _vector_part(y=40, func=VecFunc.MUL), _vector_part(y=60, func=VecFunc.MUL, vin=8)
+    body = _program(_gemm_like(4, dram=60))[:-1]
+    row = Load(spad=Spad.VIN, spad_addr=0, dram_addr=3000, rows=1, row_beats=2)
+    gemm = program_words([row, *body, End()])
+    assert hoistable(b[:-1], gemm[:-1], False) == [0, 2, 3]
+    for spread in (False, True):
+        words, places = fuse_parts(CFG, [a, b, gemm], spread=spread)
+        got = _program(words)
+        drains = [i for i, w in enumerate(got) if isinstance(w, Sync) and w.wait is not None]
+        assert drains[0] < places[2][0] < drains[1]
+        assert (places[2][2] < drains[0]) == (not spread)
+    _rolled_first_weights([a, b, gemm], True, dram)
 
 
 def _spread_slots(words: np.ndarray, slot: int) -> np.ndarray:
