@@ -1259,8 +1259,8 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
     durations). On the fast model from a random DRAM image, overlapped as drained, it runs
     (no deadlock) to the drained program's DRAM (the model applies every effect at its
     completion: a softmax of rows not yet dequantised would show) in no more cycles, with
-    no LOAD writing VIN beats a VEC reads while it runs (which the model's values do not
-    see); and with four kv heads (scores GEMMs long enough to outlast a head's DEQUANT) a
+    no LOAD writing beats a GEMM or VEC reads while it runs (which the model's values do
+    not see); and with four kv heads (scores GEMMs long enough to outlast a head's DEQUANT) a
     SOFTMAX runs while a GEMM does. Odd seeds put each FOLD beside too, right after its
     SOFTMAX (as sw.compile.fusion._folds_beside does where the keys stream longer than the
     vector engine works on them: an INT8 cache at a long context, not a tiny model's) where
@@ -1305,15 +1305,7 @@ def test_a_heads_values_gemm_runs_beside_the_next_heads_scores(monkeypatch, seed
         for k in values:  # right after its FOLD
             assert [i.func for i in _program(parts[k - 1]) if isinstance(i, Vec)][-1] \
                 == VecFunc.FOLD
-        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
-        words, places = fuse_parts(VSMALL, parts)
-        drained, overlapped = (model.run(w, dram.copy(), trace=True) for w in (
-            fuse_words(VSMALL, parts, False), words))
-        assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
-        assert np.array_equal(drained.dram, overlapped.dram)
-        assert overlapped.cycles <= drained.cycles
-        assert not _races(words, overlapped.trace, VSMALL)
-        assert not _vin_races(words, overlapped.trace)
+        words, places, overlapped = _overlapped_run(model, parts, rng)
         program = _program(words)
         at = {t.index: (t.grant, t.end) for t in overlapped.trace}
         gemms = [at[places[k][i]] for k in values
@@ -1333,20 +1325,13 @@ def test_a_folds_value_codes_load_while_its_softmax_runs(monkeypatch, seed):
     (sw.compile.fusion._run_early, its VIN moved above the SOFTMAX's), so on the fast model
     they land while that SOFTMAX's VECs run, where they waited for its STORE; the
     overlapped program computes the drained one's DRAM in no more cycles, with no LOAD
-    writing VIN beats a VEC reads while it runs."""
+    writing beats a GEMM or VEC reads while it runs."""
     rng = np.random.default_rng(seed)
     _, programs = _random_attention(monkeypatch, rng, seed, [2, 4])
     model = make_backend("model", VSMALL)
     for parts in programs:
-        words, places = fuse_parts(VSMALL, parts)
+        words, places, overlapped = _overlapped_run(model, parts, rng)
         program = _program(words)
-        dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
-        drained, overlapped = (model.run(w, dram.copy(), trace=True) for w in (
-            fuse_words(VSMALL, parts, False), words))
-        assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
-        assert np.array_equal(drained.dram, overlapped.dram)
-        assert overlapped.cycles <= drained.cycles
-        assert not _vin_races(words, overlapped.trace)
         at = {t.index: t for t in overlapped.trace}
         folds = [k for k, p in enumerate(parts)
                  if [i.func for i in _program(p) if isinstance(i, Vec)][:1] == [VecFunc.FOLD]]
@@ -1400,19 +1385,27 @@ def _fused_programs_with(monkeypatch, lm, opts: CompileOptions, func: VecFunc
     return programs
 
 
-def _runs_as_drained(model, parts, rng, func: VecFunc) -> bool:
+def _overlapped_run(model, parts, rng) -> tuple[np.ndarray, tuple, object]:
     """Run ``parts`` fused overlapped and drained from one random DRAM image on the fast
     model: both finish, with the same DRAM, the overlapped in no more cycles and with no LOAD
-    writing VIN beats a VEC reads while it runs. Returns whether a VEC of ``func`` ran while
-    a GEMM did."""
+    writing ACT or WGT beats a GEMM reads, or VIN beats a VEC reads, while it runs. Returns
+    the overlapped program's words, each part's places in it and its traced run."""
     dram = rng.integers(0, 256, VSMALL.memory.size_bytes, dtype=np.uint8)
-    words = fuse_words(VSMALL, parts)
+    words, places = fuse_parts(VSMALL, parts)
     drained, overlapped = (model.run(w, dram.copy(), trace=True) for w in (
         fuse_words(VSMALL, parts, False), words))
     assert drained.ok and overlapped.ok, (drained.error, overlapped.error)
     assert np.array_equal(drained.dram, overlapped.dram)
     assert overlapped.cycles <= drained.cycles
+    assert not _races(words, overlapped.trace, VSMALL)
     assert not _vin_races(words, overlapped.trace)
+    return words, places, overlapped
+
+
+def _runs_as_drained(model, parts, rng, func: VecFunc) -> bool:
+    """:func:`_overlapped_run` of ``parts``; returns whether a VEC of ``func`` ran while a
+    GEMM did."""
+    words, _, overlapped = _overlapped_run(model, parts, rng)
     program = _program(words)
     gemms = [(t.grant, t.end) for t in overlapped.trace if isinstance(program[t.index], Gemm)]
     vecs = [(t.grant, t.end) for t in overlapped.trace
@@ -1429,8 +1422,8 @@ def test_a_decode_silu_gate_runs_beside_the_up_gemm(monkeypatch, seed):
     after its DEQUANT, one VEC each), the REQUANT after the last. On the fast model from a
     random DRAM image, overlapped as drained, it runs (no deadlock) to the drained
     program's DRAM (the model applies every effect at its completion: a SILU_GATE of rows
-    not yet dequantised would show) in no more cycles, with no LOAD writing VIN beats a VEC
-    reads while it runs; and with three segments (up tiles left beside the first two) a
+    not yet dequantised would show) in no more cycles, with no LOAD writing beats a GEMM or
+    VEC reads while it runs; and with three segments (up tiles left beside the first two) a
     SILU_GATE runs while a GEMM does."""
     rng = np.random.default_rng(seed)
     monkeypatch.setattr(fusion, "SILU_SEGMENT_MARGIN", 0)
