@@ -34,7 +34,16 @@ from torch import nn
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
-from hw.isa import Opcode, VecFunc, decode, decode_fields, program_words
+from hw.isa import (
+    NO_EVENT,
+    Opcode,
+    Spad,
+    VecFunc,
+    decode,
+    decode_fields,
+    is_move,
+    program_words,
+)
 from hw.numerics import (
     ACT_MAX,
     dequant_channels,
@@ -58,21 +67,27 @@ from sw.compile.executable import (
     ProgramTable,
 )
 from sw.compile.fusion import (
+    AHEAD_FILLS,
+    HOIST_FILL,
     ArgmaxOp,
     DequantOp,
     FusedGroup,
     RequantOp,
+    _dram_extent,
     all_groups,
     attention_chains,
     fuse_parts,
     fusion_groups,
     kv_appends,
+    load_idle,
+    loads_ahead,
     part_aliases,
     part_buffers,
     part_constants,
     row_aliases,
     rows_left,
     scores_groups,
+    timeline,
     vector_events,
 )
 from sw.compile.ir import OPS, Graph, Node, linear_layers
@@ -290,7 +305,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         embedding = {}
         placed, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options, regions)
     symbols, programs, table, templates, joined = _lower_join(
-        cfg, work, placed, options, pairs, graphs, frozenset(embedding))
+        cfg, work, placed, options, pairs, graphs, frozenset(embedding), kv=kv)
     frames = None
     if options.one_program and options.chain_programs and "decode" in table.entries and (
             options.block_loop or options.block_loop is None
@@ -900,12 +915,14 @@ _WIDE_IMEM = 1 << 20
 def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
                 options: CompileOptions, pairs: Mapping[int, FusedGroup],
                 graphs: Mapping[str, Graph], embedding: frozenset[str] = frozenset(),
-                wide: bool = False) -> tuple:
+                wide: bool = False, kv: KVLayout | None = None) -> tuple:
     """The symbols (``placed`` and the fused parts' aliases), programs, table, templates and
     joined decode steps (:func:`_join_step`) of ``work`` lowered with ``placed`` (the
     ``embedding`` buffers read from the embedding table: :func:`_lower`); ``wide``: steps
     joined whatever their length, each part's LOADs hoisted no further than its own boundary
-    (a block loop may make them fit: ``spread`` of :func:`_join_step`). Every program that
+    (a block loop may make them fit: ``spread`` of :func:`_join_step`); ``kv``: the KV
+    cache's layout, whose tiles a step does not append to load early in a joined step
+    (:func:`_kv_ahead`). Every program that
     runs then has its round trips of vector rows as moves (:func:`_with_moves`)."""
     symbols = dict(placed)
     for g in all_groups(pairs.values()):  # a part's results inside another's rows
@@ -918,7 +935,8 @@ def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
     if options.one_program and options.chain_programs and "decode" in table.entries:
         programs, table, joined = _join_step(cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg,
                                              programs, table, graphs["decode"], templates,
-                                             spread=not wide)
+                                             spread=not wide, kv=None if kv is None
+                                             else (kv, symbols))
     # the round trips of a vector part's rows to the next one's VIN become moves (a program
     # that runs: not a fused one's part), once its LOADs are where the fusion put them
     wider = cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg
@@ -1124,7 +1142,8 @@ def _with_quiet_stores(cfg: AcceleratorConfig, p: Program, programs: Sequence[Pr
 
 
 def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTable,
-               graph: Graph, templates: int, spread: bool = True
+               graph: Graph, templates: int, spread: bool = True,
+               kv: tuple[KVLayout, Mapping[str, Region]] | None = None
                ) -> tuple[list[Program], ProgramTable, int]:
     """One program per decode step and context range: the fused programs a step runs
     (:func:`_step_runs`) joined by :func:`sw.compile.fusion.fuse_parts` where
@@ -1132,8 +1151,10 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
     copies of every part (each range has its own, ``fused_into`` the joined one) and its
     run-time words (``position_rows``, ``imm_rows``, ``append_rows``) are the fused
     programs', moved to where they land; a range that does not join keeps its programs. The
-    table is rebuilt per range (``spread``: :func:`sw.compile.fusion.fuse_parts`'s). Returns
-    the programs, the table and how many joined (their
+    table is rebuilt per range (``spread``: :func:`sw.compile.fusion.fuse_parts`'s). With
+    ``spread`` and ``kv`` (the KV cache's layout and the symbols), the KV cache LOADs no
+    STORE of the range's steps writes go up where the LOAD engine idles
+    (:func:`_kv_ahead`). Returns the programs, the table and how many joined (their
     templates numbered from ``templates``)."""
     phase = "decode"
     entries = table.entries[phase]
@@ -1149,6 +1170,8 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
                 fused = fuse_parts(cfg, [programs[r].words for r in runs], spread=spread)
             except LoweringError:  # it does not fit: the fused programs run
                 fused = None
+        if fused is not None and spread and kv is not None:
+            fused = _kv_ahead(cfg, *fused, [programs[r] for r in runs], first, last, *kv)
         if fused is not None:
             words, places = fused
             n = len(programs)
@@ -1176,6 +1199,56 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
     entries = {ph: dict(e) for ph, e in table.entries.items()}
     entries[phase] = {n: tuple(r) for n, r in rows.items()}
     return (*_compact(programs, entries), joined) if joined else (programs, table, 0)
+
+
+def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequence[int]],
+              ps: Sequence[Program], first: int, last: int, kv: KVLayout,
+              symbols: Mapping[str, Region]) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
+    """A joined step's ``words`` (``places``: where each word of the programs ``ps`` lies)
+    with LOADs into WGT that no STORE writes at any position the contexts ``first`` to
+    ``last`` append (:meth:`KVLayout.append_site`: the append's words,
+    ``Program.append_rows``, are built for position 0) moved up where the LOAD engine idles
+    (:func:`sw.compile.fusion.loads_ahead`, the idle :func:`sw.compile.fusion.load_idle`
+    estimates from ``words``): the KV cache tiles only (a head's key tiles before the
+    appended one load while the KV append and the query's REQUANTs run, where they queued
+    behind the SYNCs waiting for them), or every such LOAD, weights too, with each fill of
+    :data:`sw.compile.fusion.AHEAD_FILLS` (the o_proj's weights stream while the vector
+    engine runs the softmax and the folds); of these and ``words`` as they are, the one
+    :func:`sw.compile.fusion.timeline` estimates to end first that fits the instruction
+    memory (the first of equals: ``words`` first)."""
+    f = decode_fields(words)
+    beat = cfg.beat_bytes
+    sites = {places[k][i]: kind for k, p in enumerate(ps)
+             for i, kind, field, _ in p.append_rows if field == "dram_addr"}
+    written = []
+    for i in np.flatnonzero((f["opcode"] == Opcode.STORE.value)
+                            & ~is_move(f["opcode"], f["dma.spad"])).tolist():
+        lo, hi = _dram_extent(f, i)
+        shifts = {0} if i not in sites else {
+            kv.append_site(sites[i], pos)[0] for pos in range(first - 1, last)}
+        written += [(lo + d, hi + d) for d in shifts]
+    caches = [(r.addr // beat, -(-r.end // beat)) for r in symbols.values() if r.kind == "kv"]
+    constant = [(i, src) for i in np.flatnonzero(
+        (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == Spad.WGT.value)
+        & (f["wait"] == NO_EVENT) & (f["dma.reg"] == 0)).tolist()
+        if not any((src := _dram_extent(f, i))[0] < b and a < src[1] for a, b in written)]
+    cached = [i for i, src in constant
+              if any(a <= src[0] and src[1] <= b for a, b in caches)]
+    if not constant:
+        return words, places
+    idle = load_idle(cfg, words)
+    best, where, end = words, None, timeline(cfg, words).total
+    for movable, fill in [(cached, HOIST_FILL)] + [([i for i, _ in constant], fill)
+                                                    for fill in AHEAD_FILLS]:
+        ahead = loads_ahead(cfg, words, movable, idle, fill) if movable else None
+        if ahead is None or ahead[0].shape[0] > cfg.imem_depth:
+            continue
+        total = timeline(cfg, ahead[0]).total
+        if total < end:
+            (best, where), end = ahead, total
+    if where is None:
+        return words, places
+    return best, tuple(tuple(where[i] for i in ps_) for ps_ in places)
 
 
 def _compact(programs: Sequence[Program], entries: Mapping[str, Mapping[str, tuple]]

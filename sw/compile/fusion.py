@@ -182,10 +182,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from hw import timing
 from hw.config import AcceleratorConfig
 from hw.engines import completion_delay, engines_fields, exec_cycles_fields
 from hw.isa import (
@@ -207,6 +209,7 @@ from hw.isa import (
     dequant_amax_addr,
     dispatch_errors,
     field_location,
+    gemm_weight_bytes,
     is_move,
     program_words,
     vec_reads_amax,
@@ -229,7 +232,8 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "query_requants",
            "VECTOR_EVENTS", "vector_events", "BESIDE_EVENTS", "rename_events", "beside",
            "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments", "HOIST_FILL",
-           "HOIST_UNFIT", "WEAVE_POSITIONS"]
+           "HOIST_UNFIT", "AHEAD_FILLS", "WEAVE_POSITIONS", "Timeline", "timeline", "load_idle",
+           "loads_ahead"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -822,6 +826,151 @@ def settled(words: np.ndarray) -> dict[int, int]:
         for e in granted:
             granted[e] = max(granted[e], done[e])
     return done
+
+
+class Timeline(NamedTuple):
+    """A program's estimated schedule (:func:`timeline`): per word its engine (-1: END),
+    grant, duration and completion cycle (-1: never granted), and the program's cycles."""
+
+    engines: list[int]
+    grants: list[int]
+    cycles: list[int]
+    dones: list[int]
+    total: int
+
+
+def timeline(cfg: AcceleratorConfig, words: np.ndarray) -> Timeline:
+    """The schedule of the program ``words`` (``uint64 [n, 2]``, END last, no REPEAT)
+    estimated from the words alone by the timing contract's rules (:mod:`hw.timing`,
+    "Engines"): fetch dispatches a word a cycle from :data:`hw.timing.FETCH_LATENCY` on, in
+    order, once its engine's queue (``cfg.queue_depth``) has room, and stops at END; each
+    engine pops its words in order, grants a word the cycle after its pop or after the
+    completion of the signal its wait consumes (the ``k``-th signal of the event for its
+    ``k``-th wait, :func:`sw.compile.onchip._matches`; at once where none does: a count
+    seeded otherwise), executes it for its duration (:func:`hw.engines.exec_cycles_fields`)
+    and completes it :func:`hw.engines.completion_delay` cycles later; the program ends the
+    cycle after END's dispatch and every completion. The DRAM port's sharing and the VIN
+    port are left out: an estimate for placing words (:func:`load_idle`,
+    :func:`loads_ahead`), not a cycle count. A word whose wait never resolves (a deadlock)
+    and every word after it on its engine are never granted."""
+    from sw.compile.onchip import _matches  # onchip imports this module
+
+    f = decode_fields(words)
+    eng = engines_fields(f).tolist()
+    cycles = exec_cycles_fields(f, cfg).tolist()
+    match = _matches(f).tolist()
+    engines = sorted({e for e in eng if e >= 0})
+    late = {e: completion_delay(Engine(e), cfg) for e in engines}
+    n = len(eng)
+    disp, pops, grants, dones = ([-1] * n for _ in range(4))
+    queues: dict[int, list[int]] = {e: [] for e in engines}
+    pos = dict.fromkeys(engines, 0)
+    free = dict.fromkeys(engines, 0)
+    fetch, last = 0, timing.FETCH_LATENCY - 1
+    progress = True
+    while progress:
+        progress = False
+        while fetch < n and eng[fetch] >= 0:  # END (or an undefined word) stops fetch
+            q = queues[eng[fetch]]
+            d = last + 1
+            if len(q) >= cfg.queue_depth:
+                older = pops[q[-cfg.queue_depth]]
+                if older < 0:
+                    break  # its queue is full until that pop is known
+                d = max(d, older + 1)
+            disp[fetch] = last = d
+            q.append(fetch)
+            fetch += 1
+            progress = True
+        for e, q in queues.items():
+            while pos[e] < len(q):
+                i = q[pos[e]]
+                pops[i] = p = max(disp[i] + 1, free[e])
+                s = match[i]
+                if s >= 0 and dones[s] < 0:
+                    break  # the signal it consumes is not known yet
+                grants[i] = g = max(p + 1, dones[s] + 1 if s >= 0 else 0)
+                free[e] = g + cycles[i] + 1
+                dones[i] = free[e] - 1 + late[e]
+                pos[e] += 1
+                progress = True
+    return Timeline(eng, grants, cycles, dones, max([last + 2, *(d + 1 for d in dones)]))
+
+
+def load_idle(cfg: AcceleratorConfig, words: np.ndarray) -> dict[int, int]:
+    """Per LOAD-engine word of the program ``words`` (END last, no REPEAT) up to the first
+    never granted, the cycles the LOAD engine idles before its grant: since the end of the
+    LOAD-engine word before it, by :func:`timeline`'s estimate."""
+    t = timeline(cfg, words)
+    idle, ready = {}, 0
+    for i in (i for i, e in enumerate(t.engines) if e == Engine.LOAD.value):
+        if t.grants[i] < 0:
+            break
+        idle[i] = max(0, t.grants[i] - ready)
+        ready = t.grants[i] + t.cycles[i] + 1
+    return idle
+
+
+def loads_ahead(cfg: AcceleratorConfig, words: np.ndarray, movable: Sequence[int],
+                idle: Mapping[int, int], fill: float | None = None
+                ) -> tuple[np.ndarray, list[int]] | None:
+    """``words`` (a program, END last, no REPEAT) with each LOAD ``movable`` (into WGT,
+    without a wait, from DRAM no STORE of the program writes: a weights tile, a KV cache
+    tile the step does not append to) moved up before the first SYNC of the LOAD engine
+    that waits, in order, where the LOAD engine idles (``idle``: its cycles idle before
+    each of its words, :func:`load_idle`'s; less what the LOADs moved there before stream)
+    for at least ``1 / fill`` of its beats (default :data:`HOIST_FILL`), no
+    word between there and its place reads or writes its WGT beats (a GEMM, a LOAD) and
+    every GEMM before that reads them is complete once the LOAD engine is there
+    (:func:`settled`). Its signal stays at its place, on a SYNC of the LOAD engine that
+    completes after it (the engine is in order), so every event is signalled in the same
+    order and its consumer starts no earlier than before; only the beats stream earlier.
+    Returns the words and where each word of ``words`` lands (a moved LOAD: its new
+    place), or None where none moves."""
+    f = decode_fields(words)
+    eng = engines_fields(f)
+    ops = f["opcode"]
+    wgt = Spad.WGT.value
+    touch: list[tuple[int, int] | None] = [None] * eng.shape[0]  # WGT beats written or read
+    for i in np.flatnonzero((ops == Opcode.LOAD.value) & (f["dma.spad"] == wgt)).tolist():
+        touch[i] = _spad_extent(f, i)[1:]
+    for i in np.flatnonzero(ops == Opcode.GEMM.value).tolist():
+        g = _instr(words[i])
+        touch[i] = (g.wgt_addr, g.wgt_addr + -(-gemm_weight_bytes(g, cfg) // cfg.beat_bytes))
+    syncs = np.flatnonzero((eng == Engine.LOAD.value) & (ops == Opcode.SYNC.value)
+                           & (f["wait"] != NO_EVENT)).tolist()
+    room = dict(idle)
+    done: dict[int, int] = {}  # per place: the last COMPUTE word complete once it is reached
+    goes: dict[int, list[int]] = {}
+    for j in movable:
+        beats = int(f["dma.rows"][j]) * int(f["dma.row_beats"][j])
+        before = [i for i in range(j) if touch[i] is not None and _overlap(touch[i], touch[j])]
+        last = max(before, default=-1)
+        gemm = max((i for i in before if ops[i] == Opcode.GEMM.value), default=-1)
+        for p in syncs:
+            if p <= last or p >= j or (fill or HOIST_FILL) * room.get(p, 0) < beats:
+                continue
+            if gemm >= 0 and done.setdefault(p, settled(words[:p])[Engine.COMPUTE.value]) < gemm:
+                continue
+            room[p] -= beats
+            goes.setdefault(p, []).append(j)
+            break
+    if not goes:
+        return None
+    moved = {j for js in goes.values() for j in js}
+    out: list[np.ndarray] = []
+    where = [0] * eng.shape[0]
+    for i in range(eng.shape[0]):
+        for j in goes.get(i, []):
+            where[j] = len(out)
+            out.append(program_words([replace(_instr(words[j]), signal=None)]))
+        if i in moved:
+            out.append(program_words([Sync(engine=Engine.LOAD, signal=None if int(
+                f["signal"][i]) == NO_EVENT else int(f["signal"][i]))]))
+        else:
+            where[i] = len(out)
+            out.append(words[i:i + 1])
+    return np.concatenate(out).astype(np.uint64), where
 
 
 def _vec_vin_beats(f: Mapping[str, np.ndarray], i: int, per: int) -> list[tuple[int, int]]:
@@ -1423,6 +1572,15 @@ def _run_early(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
 #: norm leaves the LOAD engine, and the gain is that fit, not a trend.
 HOIST_FILL = 2
 
+
+#: The fills :func:`loads_ahead` tries (besides :data:`HOIST_FILL` for the KV cache tiles
+#: alone) when a joined decode step's constant WGT LOADs, weights included, go where the
+#: LOAD engine idles (``sw.compile.compiler._kv_ahead``, which keeps whichever
+#: :func:`timeline` estimates to end first). No one fill is best everywhere: ``python -m
+#: bench.beats --unpaced`` (reference, context 128, four lanes), every such LOAD at one fill:
+#: 0.8: 105,308 cycles; 1: 105,228; 1.25: 105,224; 1.5: 105,948; 2: 106,145 (KV tiles alone
+#: at 2: 105,723; none: 105,871).
+AHEAD_FILLS = (HOIST_FILL, 1.25, 1)
 #: How many of a part's hoistable LOADs that find no slot with room (:data:`HOIST_FILL`) go
 #: before their own boundary's SYNCs anyway (the rest stay after them): one, so that the
 #: LOAD engine has work at every boundary, but no more -- a rolled step's (:func:`_fuse`

@@ -12,6 +12,7 @@ import torch
 from compile_testutil import VSMALL, compressed, tiny_lm, twin_step_logits
 
 from hw.config import AcceleratorConfig, MemoryModel
+from hw.isa import Load, Spad, Store, decode_program
 from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model, compiler
 from sw.compile.errors import LoweringError
@@ -79,6 +80,74 @@ def test_a_decode_step_is_one_program_and_the_tokens_equal_the_twins(model, cont
         assert torch.equal(a, b)
     # one program: the fused programs' instructions and the drains between them, no more
     assert steps[-1][1].cycles <= base[-1][1].cycles
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_key_tiles_no_step_appends_to_load_before_the_append_and_the_tokens_equal_the_twins(
+        model, bits):
+    """At contexts 37 to 40 (bucket 48, positions 32 to 47 appended) the key tiles of the
+    positions below (two of 16 lanes) hold nothing a step of the bucket writes: in the
+    joined step some of them load before the KV append of their layer has stored
+    (sw.compile.compiler._kv_ahead), where the LOAD engine waits on the append, instead of
+    after the program that holds it; the logits equal the twin's bit for bit, with an INT8
+    or an INT4 cache (KV4 and INSERT4 append keys and their group codes)."""
+    lm, ws = model
+    prompt = 36
+    exe = compile_model(lm, VSMALL, CompileOptions(prompt, prompt + STEPS, kv_bits=bits,
+                                                   block_loop=False), weights=ws)
+    beat = VSMALL.beat_bytes
+    joined = [p for p in exe.programs if p.phase == "decode"
+              and len(p.parts) == len(exe.table.nodes("decode"))]
+    early = 0
+    for p in joined:
+        program = decode_program(p.words.astype("<u8").view(np.uint8).reshape(-1))
+        for layer in {r[3] for r in p.append_rows}:
+            keys = [r for n, r in exe.symbols.items() if n.startswith(f"k:{layer}:")]
+            stored = max(i for i, _, _, at in p.append_rows
+                         if at == layer and isinstance(program[i], Store))
+            early += sum(isinstance(ins, Load) and ins.spad == Spad.WGT and i < stored
+                         and any(r.addr <= ins.dram_addr * beat < r.end for r in keys)
+                         for i, ins in enumerate(program))
+    assert early
+    ids = torch.randint(0, lm.config.vocab_size, (1, prompt + STEPS),
+                        generator=torch.Generator().manual_seed(5))
+    rt = Runtime(exe, make_backend("model", exe.cfg), vector=True)
+    got = [rt.step(ids[:, :prompt])[0]] + [rt.step(ids[:, p:p + 1])[0]
+                                            for p in range(prompt, prompt + STEPS)]
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True,
+                                 kv_bits=bits)
+    for a, b in zip(got, twin_step_logits(twin, ids, prompt), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_constant_loads_go_ahead_only_where_the_estimate_gains(model, monkeypatch):
+    """At contexts 37 to 40 a joined step's constant WGT LOADs (weights and the KV tiles no
+    step of the bucket appends to) go where the LOAD engine idles at the placement
+    sw.compile.fusion.timeline estimates to end first (sw.compile.compiler._kv_ahead): on the
+    fast model each decode step takes no more cycles than with the KV tiles alone
+    (AHEAD_FILLS empty) or with nothing moved, and fewer than with nothing moved at some
+    step (on this model weights moved too gain nothing over the KV tiles alone: the
+    reference model's do, docs/architecture.md); the logits are the same."""
+    lm, ws = model
+    prompt = 36
+    opts = CompileOptions(prompt, prompt + STEPS, block_loop=False)
+    ids = torch.randint(0, lm.config.vocab_size, (1, prompt + STEPS),
+                        generator=torch.Generator().manual_seed(7))
+
+    def steps():
+        exe = compile_model(lm, VSMALL, opts, weights=ws)
+        rt = Runtime(exe, make_backend("model", exe.cfg), vector=True)
+        rt.step(ids[:, :prompt])
+        return [rt.step(ids[:, p:p + 1]) for p in range(prompt, prompt + STEPS)]
+    full = steps()
+    monkeypatch.setattr(compiler, "AHEAD_FILLS", ())
+    kv_only = steps()
+    monkeypatch.setattr(compiler, "_kv_ahead", lambda cfg, words, places, *a: (words, places))
+    none = steps()
+    for (a, sa), (b, sb), (c, sc) in zip(full, kv_only, none, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+        assert sa.cycles <= sb.cycles and sa.cycles <= sc.cycles
+    assert sum(s.cycles for _, s in full) < sum(s.cycles for _, s in none)
 
 
 def test_a_step_that_does_not_fit_runs_its_fused_programs(model, monkeypatch):
