@@ -1289,23 +1289,24 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     next part's loads after every completion those signals report); END once at the end.
     With ``overlap``, the next part's :func:`hoistable` LOADs go before those SYNCs, without
     their signals, which the LOAD engine raises at their places after the SYNCs (on the
-    LOAD-engine word before, or on a SYNC of their own), so they stream while the part
-    before drains and the events run as without them; a vector part whose VIN beats collide
-    with the part before's moves its VIN above them first (:func:`_vin_moved`), where that
-    lets more of its LOADs go, or, where there is no room above them and it reads rows the
-    part before stores from VOUT, into a gap between them (:func:`_vin_gap`), where that
-    lets as many go. With ``spread``, a part's WGT is packed above the WGT of the
-    parts before it where that lets its LOADs go as far (:func:`_wgt_moved`), and each of
+    LOAD-engine word before, or on a SYNC of their own), so they stream while the part before
+    drains and the events run as without them; a vector part whose VIN beats collide with the
+    part before's moves its VIN above them first (:func:`_vin_moved`), where that lets more of
+    its LOADs go, or, where there is no room above them and it reads rows the part before stores
+    from VOUT, into a gap between them (:func:`_vin_gap`), where that lets as many go; a vector
+    part whose rows several parts store from VOUT, the last of them among those, goes first into
+    a gap clear of every one of those parts' VIN beats (:func:`_vin_clear`: the REQUANT after
+    the SiLU-gate's column segments). With ``spread``, a part's WGT is packed above the WGT of
+    the parts before it where that lets its LOADs go as far (:func:`_wgt_moved`), and each of
     those LOADs goes up to the first boundary where the LOAD engine idles long enough for it
-    (past several parts), or inside a GEMM part before it whose own weights all loaded
-    before its boundary (:func:`_inside`: while its array computes); without (a step
-    whose blocks roll into one loop), each to its own part's boundary where the LOAD engine
-    idles long enough there, but weights up past vector parts to the first such boundary,
-    never past nor before the drain of a residual ADD (no body's LOADs may move into the
-    block before, which the last block's successor does not mirror: :func:`_boundary`).
-    There a weights LOAD may overtake an earlier hoisted LOAD of its part into other beats.
-    Where no slot has room, the first goes to its own boundary anyway and the rest stay
-    (:data:`HOIST_FILL`, :data:`HOIST_UNFIT`).
+    (past several parts), or inside a GEMM part before it whose own weights all loaded before
+    its boundary (:func:`_inside`: while its array computes); without (a step whose blocks roll
+    into one loop), each to its own part's boundary where the LOAD engine idles long enough
+    there, but weights up past vector parts to the first such boundary, never past nor before
+    the drain of a residual ADD (no body's LOADs may move into the block before, which the last
+    block's successor does not mirror: :func:`_boundary`). There a weights LOAD may overtake an
+    earlier hoisted LOAD of its part into other beats. Where no slot has room, the first goes to
+    its own boundary anyway and the rest stay (:data:`HOIST_FILL`, :data:`HOIST_UNFIT`).
     Returns the program and, per part, where each of its words (END aside) lies in it.
 
     Raises
