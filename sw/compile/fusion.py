@@ -796,6 +796,45 @@ def _vin_gap(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     return None
 
 
+def _vin_writers(placed: Sequence[np.ndarray], words: np.ndarray) -> list[int]:
+    """The parts ``placed`` (indices, latest first) holding a STORE of VOUT that last wrote
+    (latest part first) one of the DRAM beats a vector part's ``words`` load into VIN."""
+    f = decode_fields(words)
+    vin, vout, load, store = (Spad.VIN.value, Spad.VOUT.value, Opcode.LOAD.value,
+                              Opcode.STORE.value)
+    need: set[int] = set()
+    for i in np.flatnonzero((f["opcode"] == load) & (f["dma.spad"] == vin)).tolist():
+        need.update(range(*_dram_extent(f, i)))
+    out = []
+    for k in range(len(placed) - 1, -1, -1):
+        if not need:
+            break
+        g = decode_fields(placed[k])
+        stored: set[int] = set()
+        for j in np.flatnonzero((g["opcode"] == store) & (g["dma.spad"] == vout)).tolist():
+            stored.update(range(*_dram_extent(g, j)))
+        if need & stored:
+            out.append(k)
+        need -= stored   # an earlier part's writes there are overwritten
+    return out
+
+
+def _vin_clear(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.ndarray
+               ) -> np.ndarray | None:
+    """A vector part's ``words`` (END dropped) moved, as :func:`_vin_gap` would, into the
+    lowest VIN beats clear of every beat loaded by the parts ``placed`` from the earliest
+    whose STOREs of VOUT write rows it loads (:func:`_vin_writers`) to the last, where
+    several parts, the last among them, write those rows (the SiLU-gate's column segments,
+    each a part, read by the REQUANT before ``down_proj``) and its VIN overlaps theirs (else
+    None): each segment's move (:func:`sw.compile.onchip.vout_moves`) then writes VIN beats
+    no later segment loads or reads, which its proof needs (a gap clear of the last part
+    alone leaves the moved rows under the later segments' LOADs)."""
+    writers = _vin_writers(placed, words)
+    if len(writers) < 2 or writers[0] != len(placed) - 1:
+        return None
+    return _vin_gap(cfg, np.concatenate(placed[writers[-1]:]), words)
+
+
 def settled(words: np.ndarray) -> dict[int, int]:
     """Per engine (:class:`hw.isa.Engine` value), the last word of the program ``words``
     (``uint64 [n, 2]``, counters from 0, no REPEAT) proven complete once its LOAD engine has
@@ -1399,23 +1438,24 @@ def fuse_parts(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: boo
     next part's loads after every completion those signals report); END once at the end.
     With ``overlap``, the next part's :func:`hoistable` LOADs go before those SYNCs, without
     their signals, which the LOAD engine raises at their places after the SYNCs (on the
-    LOAD-engine word before, or on a SYNC of their own), so they stream while the part
-    before drains and the events run as without them; a vector part whose VIN beats collide
-    with the part before's moves its VIN above them first (:func:`_vin_moved`), where that
-    lets more of its LOADs go, or, where there is no room above them and it reads rows the
-    part before stores from VOUT, into a gap between them (:func:`_vin_gap`), where that
-    lets as many go. With ``spread``, a part's WGT is packed above the WGT of the
-    parts before it where that lets its LOADs go as far (:func:`_wgt_moved`), and each of
+    LOAD-engine word before, or on a SYNC of their own), so they stream while the part before
+    drains and the events run as without them; a vector part whose VIN beats collide with the
+    part before's moves its VIN above them first (:func:`_vin_moved`), where that lets more of
+    its LOADs go, or, where there is no room above them and it reads rows the part before stores
+    from VOUT, into a gap between them (:func:`_vin_gap`), where that lets as many go; a vector
+    part whose rows several parts store from VOUT, the last of them among those, goes first into
+    a gap clear of every one of those parts' VIN beats (:func:`_vin_clear`: the REQUANT after
+    the SiLU-gate's column segments). With ``spread``, a part's WGT is packed above the WGT of
+    the parts before it where that lets its LOADs go as far (:func:`_wgt_moved`), and each of
     those LOADs goes up to the first boundary where the LOAD engine idles long enough for it
-    (past several parts), or inside a GEMM part before it whose own weights all loaded
-    before its boundary (:func:`_inside`: while its array computes); without (a step
-    whose blocks roll into one loop), each to its own part's boundary where the LOAD engine
-    idles long enough there, but weights up past vector parts to the first such boundary,
-    never past nor before the drain of a residual ADD (no body's LOADs may move into the
-    block before, which the last block's successor does not mirror: :func:`_boundary`).
-    There a weights LOAD may overtake an earlier hoisted LOAD of its part into other beats.
-    Where no slot has room, the first goes to its own boundary anyway and the rest stay
-    (:data:`HOIST_FILL`, :data:`HOIST_UNFIT`).
+    (past several parts), or inside a GEMM part before it whose own weights all loaded before
+    its boundary (:func:`_inside`: while its array computes); without (a step whose blocks roll
+    into one loop), each to its own part's boundary where the LOAD engine idles long enough
+    there, but weights up past vector parts to the first such boundary, never past nor before
+    the drain of a residual ADD (no body's LOADs may move into the block before, which the last
+    block's successor does not mirror: :func:`_boundary`). There a weights LOAD may overtake an
+    earlier hoisted LOAD of its part into other beats. Where no slot has room, the first goes to
+    its own boundary anyway and the rest stay (:data:`HOIST_FILL`, :data:`HOIST_UNFIT`).
     Returns the program and, per part, where each of its words (END aside) lies in it.
 
     Raises
@@ -1606,8 +1646,12 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
     syncs: list[Instr] = []
     for k, body in enumerate(parts):
         hoisted = hoistable(placed[-1], body, spread) if overlap and k else []
-        moved = _vin_moved(cfg, placed[-1], body) if overlap and k else None
-        if moved is not None and len(more := hoistable(placed[-1], moved, spread)) > len(hoisted):
+        clear = _vin_clear(cfg, placed, body) if overlap and k else None
+        moved = _vin_moved(cfg, placed[-1], body) if overlap and k and clear is None else None
+        if clear is not None:
+            body, hoisted = clear, hoistable(placed[-1], clear, spread)
+        elif moved is not None and len(more := hoistable(placed[-1], moved, spread)) > len(
+                hoisted):
             body, hoisted = moved, more
         elif moved is None and (gap := _vin_gap(cfg, placed[-1], body) if overlap and k
                                 else None) is not None and len(

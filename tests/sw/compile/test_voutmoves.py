@@ -3,14 +3,26 @@
 part after it on the STORE engine (hw.isa.MOVE_SPAD), the step computes the
 same logits in fewer DRAM beats, and a rewrite the words cannot prove safe is left alone."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
-from compile_testutil import reference_decode_steps
+from compile_testutil import (
+    VSMALL,
+    compressed,
+    reference_decode_steps,
+    runtime_steps,
+    tiny_lm,
+    twin_step_logits,
+)
 
 from hw.isa import MOVE_SPAD, Load, Spad, Store, Vec, VecFunc, decode_program, program_words
-from sw.compile import compiler
+from sim.backends import make_backend
+from sw.compile import CompileOptions, compile_model, compiler, fusion
 from sw.compile.onchip import vout_moves, vout_round_trips
+from sw.compress.model import use_hardware_numerics
+from sw.runtime import Runtime
 
 
 def _program(words):
@@ -102,3 +114,38 @@ def test_vout_moves_is_the_identity_without_round_trips(steps):
     assert not vout_round_trips(cfg, words)[1]
     got, where = vout_moves(cfg, words)
     assert got is words and where == tuple(range(words.shape[0]))
+
+
+def test_the_silu_gate_segments_rows_move_into_the_requant_before_down_proj(monkeypatch):
+    """The SiLU-gate cut into column segments beside the up GEMM (each a part:
+    fusion.silu_segments, SILU_SEGMENT_MARGIN 0 on a tiny model) writes its row with a STORE
+    of VOUT per segment, which the REQUANT before down_proj reads back into VIN. Placed clear
+    of every segment's VIN beats (fusion._vin_clear), not only the last one's, each
+    segment's move is provably safe (onchip.vout_round_trips) and the round trip goes:
+    without it the step keeps a LOAD of the row from its segments' STOREs (36 beats, three
+    STOREs) per block. The logits equal the vector twin's bit for bit, the DRAM reads drop by
+    the beats moved, in fewer cycles."""
+    monkeypatch.setattr(fusion, "SILU_SEGMENT_MARGIN", 0)
+    cfg = VSMALL.replace(vin_spad_bytes=4096)   # room for the row beside the segments' VIN
+    lm = tiny_lm(hidden=96)                     # 144 wide: three segments
+    ws = compressed(lm, "2:4", 32)
+    ids = torch.randint(0, lm.config.vocab_size, (1, 8),
+                        generator=torch.Generator().manual_seed(5))
+    twin = twin_step_logits(use_hardware_numerics(copy.deepcopy(lm), ws, vector=True), ids, 6)
+    runs = []
+    for clear in (True, False):
+        if not clear:
+            monkeypatch.setattr(fusion, "_vin_clear", lambda cfg, placed, words: None)
+        exe = compile_model(lm, cfg, CompileOptions(6, 8), weights=ws)
+        steps = runtime_steps(Runtime(exe, make_backend("model", cfg), vector=True), ids, 6)
+        for (logits, _), want in zip(steps, twin, strict=True):
+            assert torch.equal(logits, want)
+        trips = [t for p in exe.programs if p.phase == "decode"
+                 for t in _split_round_trips(p.words)]
+        runs.append((trips, steps[-1][1]))
+    (trips, stats), (plain_trips, plain) = runs
+    silu = (36, 3)   # the SiLU-gate's row: 144 words in 36 beats, from three segments
+    assert silu not in trips and plain_trips.count(silu) == lm.config.num_hidden_layers
+    reads = [sum(r.counters["dram_read_beats"] for r in s.programs) for s in (stats, plain)]
+    assert reads[1] - reads[0] == sum(b for b, _ in plain_trips) - sum(b for b, _ in trips)
+    assert stats.cycles < plain.cycles
