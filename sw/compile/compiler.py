@@ -73,9 +73,9 @@ from sw.compile.fusion import (
     DequantOp,
     FusedGroup,
     RequantOp,
-    _dram_extent,
     all_groups,
     attention_chains,
+    dram_extent,
     fuse_parts,
     fusion_groups,
     kv_appends,
@@ -1223,7 +1223,7 @@ def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequen
     written = []
     for i in np.flatnonzero((f["opcode"] == Opcode.STORE.value)
                             & ~is_move(f["opcode"], f["dma.spad"])).tolist():
-        lo, hi = _dram_extent(f, i)
+        lo, hi = dram_extent(f, i)
         shifts = {0} if i not in sites else {
             kv.append_site(sites[i], pos)[0] for pos in range(first - 1, last)}
         written += [(lo + d, hi + d) for d in shifts]
@@ -1231,7 +1231,7 @@ def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequen
     constant = [(i, src) for i in np.flatnonzero(
         (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == Spad.WGT.value)
         & (f["wait"] == NO_EVENT) & (f["dma.reg"] == 0)).tolist()
-        if not any((src := _dram_extent(f, i))[0] < b and a < src[1] for a, b in written)]
+        if not any((src := dram_extent(f, i))[0] < b and a < src[1] for a, b in written)]
     cached = [i for i, src in constant
               if any(a <= src[0] and src[1] <= b for a, b in caches)]
     if not constant:

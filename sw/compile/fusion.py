@@ -233,7 +233,7 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "VECTOR_EVENTS", "vector_events", "BESIDE_EVENTS", "rename_events", "beside",
            "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments", "HOIST_FILL",
            "HOIST_UNFIT", "AHEAD_FILLS", "WEAVE_POSITIONS", "Timeline", "timeline", "load_idle",
-           "loads_ahead"]
+           "loads_ahead", "dram_extent"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -624,7 +624,7 @@ def _left_over(words: np.ndarray) -> dict[int, int]:
     return {e: n for e, n in sorted(count.items()) if n}
 
 
-def _dram_extent(f: Mapping[str, np.ndarray], i: int) -> tuple[int, int]:
+def dram_extent(f: Mapping[str, np.ndarray], i: int) -> tuple[int, int]:
     """The DRAM beats ``[first, last + 1)`` DMA instruction ``i`` of fields ``f`` spans
     (its rows and the gaps between them)."""
     first = int(f["dma.dram_addr"][i])
@@ -670,7 +670,7 @@ def hoistable(before: np.ndarray, words: np.ndarray, deep: bool = True) -> list[
     f, prev = decode_fields(words), decode_fields(before)
     eng = engines_fields(f)
     busy = _loaded(prev)
-    stores = [_dram_extent(prev, i) for i in _stores(prev)]
+    stores = [dram_extent(prev, i) for i in _stores(prev)]
     staying: list[tuple[int, int, int]] = []  # the beats the part's staying LOADs write
     earlier: list[tuple[int, int, int]] = []  # the beats its LOADs and moves wrote so far
     written: list[tuple[int, int]] = []  # the DRAM its STOREs wrote so far
@@ -680,9 +680,9 @@ def hoistable(before: np.ndarray, words: np.ndarray, deep: bool = True) -> list[
     for i in range(eng.shape[0]):
         op = int(f["opcode"][i])
         if moves[i]:
-            earlier.append((Spad.VIN.value, *_dram_extent(f, i)))
+            earlier.append((Spad.VIN.value, *dram_extent(f, i)))
         elif op == Opcode.STORE.value:
-            written.append(_dram_extent(f, i))
+            written.append(dram_extent(f, i))
         if eng[i] != Engine.LOAD.value:
             continue
         if int(f["wait"][i]) != NO_EVENT:
@@ -692,7 +692,7 @@ def hoistable(before: np.ndarray, words: np.ndarray, deep: bool = True) -> list[
         if op != Opcode.LOAD.value:
             continue  # a SYNC without a wait stays, signalling after the LOADs before it
         spad, lo, hi = _spad_extent(f, i)
-        src = _dram_extent(f, i)
+        src = dram_extent(f, i)
         if int(f["wait"][i]) != NO_EVENT or any(
                 s == spad and _overlap((lo, hi), (a, b)) for s, a, b in busy + staying) or any(
                 _overlap(src, s) for s in stores) or past and (
@@ -718,10 +718,10 @@ def _loaded(f: Mapping[str, np.ndarray], per_word: bool = False
         for i in np.flatnonzero(f["opcode"] == Opcode.LOAD.value).tolist():
             out[i] = _spad_extent(f, i)
         for i in moves:
-            out[i] = (Spad.VIN.value, *_dram_extent(f, i))
+            out[i] = (Spad.VIN.value, *dram_extent(f, i))
         return out
     return [_spad_extent(f, i) for i in np.flatnonzero(f["opcode"] == Opcode.LOAD.value).tolist()
-            ] + [(Spad.VIN.value, *_dram_extent(f, i)) for i in moves]
+            ] + [(Spad.VIN.value, *dram_extent(f, i)) for i in moves]
 
 
 def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
@@ -781,9 +781,9 @@ def _vin_gap(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     theirs = sorted((a, b) for s, a, b in _loaded(g) if s == vin)
     if not mine or not theirs or not any(_overlap(m, t) for m in mine for t in theirs):
         return None
-    stored = [_dram_extent(g, j) for j in np.flatnonzero(
+    stored = [dram_extent(g, j) for j in np.flatnonzero(
         (g["opcode"] == Opcode.STORE.value) & (g["dma.spad"] == Spad.VOUT.value)).tolist()]
-    if not any(_overlap(_dram_extent(f, i), d) for i in np.flatnonzero(
+    if not any(_overlap(dram_extent(f, i), d) for i in np.flatnonzero(
             (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == vin)).tolist()
             for d in stored):
         return None
@@ -804,7 +804,7 @@ def _vin_writers(placed: Sequence[np.ndarray], words: np.ndarray) -> list[int]:
                               Opcode.STORE.value)
     need: set[int] = set()
     for i in np.flatnonzero((f["opcode"] == load) & (f["dma.spad"] == vin)).tolist():
-        need.update(range(*_dram_extent(f, i)))
+        need.update(range(*dram_extent(f, i)))
     out = []
     for k in range(len(placed) - 1, -1, -1):
         if not need:
@@ -812,7 +812,7 @@ def _vin_writers(placed: Sequence[np.ndarray], words: np.ndarray) -> list[int]:
         g = decode_fields(placed[k])
         stored: set[int] = set()
         for j in np.flatnonzero((g["opcode"] == store) & (g["dma.spad"] == vout)).tolist():
-            stored.update(range(*_dram_extent(g, j)))
+            stored.update(range(*dram_extent(g, j)))
         if need & stored:
             out.append(k)
         need -= stored   # an earlier part's writes there are overwritten
@@ -1047,7 +1047,7 @@ def drained_loads(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray,
     pending = np.arange(prev["opcode"].shape[0]) > done[Engine.STORE.value]
     if (pending & is_move(prev["opcode"], prev["dma.spad"])).any():
         return []
-    stores = [_dram_extent(prev, i) for i in _stores(prev) if pending[i]]
+    stores = [dram_extent(prev, i) for i in _stores(prev) if pending[i]]
     peng = engines_fields(prev)
     per = cfg.beat_bytes // cfg.vin_word_bytes
     reads = [r for i in np.flatnonzero(peng == Engine.VECTOR.value).tolist()
@@ -1063,7 +1063,7 @@ def drained_loads(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray,
             continue  # a SYNC without a wait, or a LOAD that goes ahead anyway
         spad, lo, hi = _spad_extent(f, i)
         if spad == Spad.VIN.value and not any(_overlap((lo, hi), r) for r in reads) \
-                and not any(_overlap(_dram_extent(f, i), s) for s in stores) \
+                and not any(_overlap(dram_extent(f, i), s) for s in stores) \
                 and not any(s == spad and _overlap((lo, hi), (a, b)) for s, a, b in staying):
             out.append(i)
         else:
@@ -1237,25 +1237,25 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
     if any(int(g["signal"][i]) in by_store for i in np.flatnonzero(
             g["opcode"] != Opcode.STORE.value).tolist()):
         return False
-    moved = [_dram_extent(g, i) for i in np.flatnonzero(
+    moved = [dram_extent(g, i) for i in np.flatnonzero(
         (g["opcode"] == Opcode.LOAD.value) | (g["opcode"] == Opcode.STORE.value)).tolist()]
-    if any(_overlap(_dram_extent(v, i), m) for i in _stores(v) for m in moved):
+    if any(_overlap(dram_extent(v, i), m) for i in _stores(v) for m in moved):
         return False
     stores = _stores(g)
-    written = [_dram_extent(g, i) for i in stores]
+    written = [dram_extent(g, i) for i in stores]
     funcs = v["vec.func"][v["opcode"] == Opcode.VEC.value]
     if funcs.size and (funcs == VecFunc.DEQUANT.value).all() and not any(
-            _overlap(_dram_extent(v, i), w) for i in np.flatnonzero(
+            _overlap(dram_extent(v, i), w) for i in np.flatnonzero(
                 v["opcode"] == Opcode.LOAD.value).tolist() for w in written):
         return True  # an earlier GEMM part's accumulators (drained): the next head's scores
     if run and funcs.size and np.isin(funcs, [f.value for f in _AFTER_RUN]).all():
         if (funcs == VecFunc.SILU_GATE.value).any() and stores and any(
-                _overlap(_dram_extent(r, i), _dram_extent(g, stores[-1])) for r in map(
+                _overlap(dram_extent(r, i), dram_extent(g, stores[-1])) for r in map(
                     decode_fields, run) for i in np.flatnonzero(r["opcode"] == Opcode.LOAD.value)):
             return False  # the run has read the last tile: no GEMM left to run beside
         f = decode_fields(run[-1])
-        written += [_dram_extent(f, i) for i in _stores(f)]
-    return any(_overlap(_dram_extent(v, i), w) for i in np.flatnonzero(
+        written += [dram_extent(f, i) for i in _stores(f)]
+    return any(_overlap(dram_extent(v, i), w) for i in np.flatnonzero(
         v["opcode"] == Opcode.LOAD.value).tolist() for w in written)
 
 
@@ -1301,7 +1301,7 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     load, vector = Engine.LOAD.value, Engine.VECTOR.value
     delay = completion_delay(Engine.LOAD, cfg)
     stores = _stores(g)
-    written = [_dram_extent(g, i) for i in stores]
+    written = [dram_extent(g, i) for i in stores]
     by_event: dict[int, list[int]] = {}  # event -> its STOREs (their order among the STOREs)
     for k, i in enumerate(stores):
         if int(g["signal"][i]) != NO_EVENT:
@@ -1309,7 +1309,7 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     # per LOAD of vec: the last STORE of gemm it must follow (-1: none)
     need = [-1] * v_eng.shape[0]
     for i in np.flatnonzero(v["opcode"] == Opcode.LOAD.value).tolist():
-        src = _dram_extent(v, i)
+        src = dram_extent(v, i)
         need[i] = max((k for k, w in enumerate(written) if _overlap(src, w)), default=-1)
     vecs = v["opcode"] == Opcode.VEC.value
     paced = bool(np.isin(v["vec.func"][vecs], [f.value for f in _PACED]).any())
@@ -1513,7 +1513,7 @@ def weights_first(words: np.ndarray) -> tuple[np.ndarray, list[int]]:
     Returns the words and, per word of ``words``, where it lands."""
     f = decode_fields(words)
     eng = engines_fields(f)
-    stores = [_dram_extent(f, i) for i in _stores(f)]
+    stores = [dram_extent(f, i) for i in _stores(f)]
     load = Opcode.LOAD.value
     order = list(range(words.shape[0]))
     out = words.copy()
@@ -1528,7 +1528,7 @@ def weights_first(words: np.ndarray) -> tuple[np.ndarray, list[int]]:
                      or f["wait"][j] == NO_EVENT and not any(
                          b is not None and b[0] == Spad.WGT.value
                          and _overlap(b[1:], loaded[j][1:]) for b in loaded[:i]))
-                and not any(_overlap(_dram_extent(f, j), s) for s in stores)):
+                and not any(_overlap(dram_extent(f, j), s) for s in stores)):
             continue
         acts, weights = _instr(words[i]), _instr(words[j])
         out[i:j + 1] = program_words([replace(weights, signal=None),
@@ -1796,7 +1796,7 @@ def _constant_sources(parts: Sequence[np.ndarray]) -> list[tuple[int, int]]:
     out = []
     for words in parts:
         f = decode_fields(words)
-        out += [_dram_extent(f, i) for i in _stores(f)]
+        out += [dram_extent(f, i) for i in _stores(f)]
     return out
 
 
@@ -1817,7 +1817,7 @@ def _boundary(placed: Sequence[np.ndarray], body: np.ndarray, i: int,
     block's, after no ADD, must go where the others' do)."""
     k = len(placed) - 1
     f = decode_fields(body[i:i + 1])
-    if any(_overlap(_dram_extent(f, 0), s) for s in stored):
+    if any(_overlap(dram_extent(f, 0), s) for s in stored):
         return k
     spad, lo, hi = _spad_extent(f, 0)
     if rolled and spad != Spad.WGT.value:
