@@ -264,7 +264,7 @@ def _steps(exe, lm, prompt=6, steps=4, seed=3):
                                          for p in range(prompt, prompt + steps)]
 
 
-@pytest.mark.parametrize("layers", [2, 3])
+@pytest.mark.parametrize("layers", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers, monkeypatch):
     """On the fast model, the decode step whose blocks are one REPEAT gives the unrolled
     join's logits bit for bit, from about one block's words (every context range's
@@ -288,7 +288,8 @@ def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers, monkeyp
     written = compile_model(lm, VSMALL, opts, weights=ws)
     lower, join = compiler._lower, compiler._join_step
     monkeypatch.setattr(compiler, "_lower", lambda *a: lower(*a[:-1], False))
-    monkeypatch.setattr(compiler, "_join_step", lambda *a, spread: join(*a, spread=False))
+    monkeypatch.setattr(compiler, "_join_step",
+                        lambda *a, spread, **k: join(*a, spread=False, **k))
     flat = compile_model(lm, VSMALL, CompileOptions(6, 40, block_loop=False), weights=ws)
     monkeypatch.undo()
     rep = exe.report["block_loop"]

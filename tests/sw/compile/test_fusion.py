@@ -1322,7 +1322,13 @@ def _vin_races(words: np.ndarray, trace) -> list[tuple[int, int]]:
             and at[i].grant <= at[j].end and at[j].grant <= at[i].done]
 
 
-@pytest.mark.parametrize("seed", range(4))
+def _seeds(n: int, default: int = 2) -> list:
+    """Seeds ``range(n)`` for a test that compiles and runs whole attention programs, those
+    from ``default`` on in the slow set (the default run keeps an even and an odd one)."""
+    return [s if s < default else pytest.param(s, marks=pytest.mark.slow) for s in range(n)]
+
+
+@pytest.mark.parametrize("seed", _seeds(4))
 def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
     """A tiny model of random heads (1 to 4 kv heads, grouped or not) compiled for decode
     steps up to a random context: in every attention program each kv head's SOFTMAX follows
@@ -1353,7 +1359,7 @@ def test_a_heads_softmax_runs_beside_the_next_heads_scores(monkeypatch, seed):
     assert beside_gemm or kv < 4
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", _seeds(4))
 def test_a_heads_values_gemm_runs_beside_the_next_heads_scores(monkeypatch, seed):
     """A tiny model of 2 or 4 kv heads (grouped or not) compiled for decode steps up to a
     random context: in every attention program each kv head's values GEMM is a part of its
@@ -1388,7 +1394,7 @@ def test_a_heads_values_gemm_runs_beside_the_next_heads_scores(monkeypatch, seed
     assert beside_values == len(programs)
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", _seeds(3))
 def test_a_folds_value_codes_load_while_its_softmax_runs(monkeypatch, seed):
     """A tiny model of 2 or 4 kv heads compiled for decode steps up to a random context: in
     every attention program each FOLD's value codes (its part's first LOAD, a row no part of
