@@ -95,6 +95,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow  # Yosys on a 1x8 array inside a Dask worker: about 3 minutes on 2 cores
 def test_sweep_on_a_local_dask_cluster_and_resume(tmp_path, monkeypatch, capsys):
     """One N:M point of the 1x8 array through Yosys (no place-and-route: minutes otherwise)
     and the fast model, on a one-worker LocalCluster; the second run comes from the cache."""
