@@ -172,17 +172,23 @@ def test_rope_matches_numerics():
     check_latency(run, timing.VECTOR_LATENCY["rope"])
 
 
+def _scale_operands(rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
+    """``n`` random ``(x, r, sh)`` of a ``Scale``: activations (the extremes and 0 first) and
+    the table units' outputs, half ``vec_recip``'s, half ``vec_rsqrt``'s, of operands of
+    every bit length."""
+    x = rng.integers(-ACT_MAX, ACT_MAX + 1, n)
+    x[:3] = [ACT_MAX, -ACT_MAX, 0]
+    ops = np.int64(1) << rng.integers(0, 53, n) | rng.integers(0, 1 << 20, n)
+    r1, sh1 = vec_recip(ops[:n // 2])
+    r2, sh2 = vec_rsqrt(ops[n // 2:])
+    return x, np.concatenate([r1, r2]), np.concatenate([sh1, sh2])
+
+
 @pytest.mark.parametrize("frac", [ACT_FRAC, NORM_FRAC])
 def test_scale_matches_numerics(frac):
     """``(r, sh)`` of both table units over every bit length: right shifts and, for 30
     fraction bits and small operands, left shifts."""
-    rng = np.random.default_rng(5 + frac)
-    x = rng.integers(-ACT_MAX, ACT_MAX + 1, 200)
-    x[:3] = [ACT_MAX, -ACT_MAX, 0]
-    ops = np.int64(1) << rng.integers(0, 53, 200) | rng.integers(0, 1 << 20, 200)
-    r1, sh1 = vec_recip(ops[:100])
-    r2, sh2 = vec_rsqrt(ops[100:])
-    r, sh = np.concatenate([r1, r2]), np.concatenate([sh1, sh2])
+    x, r, sh = _scale_operands(np.random.default_rng(5 + frac), 200)
     run = run_unit(Scale(frac), [{"x": int(a), "r": int(b), "sh": int(c)}
                                  for a, b, c in zip(x, r, sh, strict=True)])
     assert np.array_equal(run.field("y"), saturate(round_shift(x * r, sh - frac)))
@@ -198,12 +204,7 @@ def test_a_scale_of_several_fracs_is_each_of_them():
     from hw.vector.dequant import DEQUANT_SCALE_FRAC
     fracs = (ACT_FRAC, NORM_FRAC, DEQUANT_SCALE_FRAC)
     rng = np.random.default_rng(11)
-    x = rng.integers(-ACT_MAX, ACT_MAX + 1, 300)
-    x[:3] = [ACT_MAX, -ACT_MAX, 0]
-    ops = np.int64(1) << rng.integers(0, 53, 300) | rng.integers(0, 1 << 20, 300)
-    r1, sh1 = vec_recip(ops[:150])
-    r2, sh2 = vec_rsqrt(ops[150:])
-    r, sh = np.concatenate([r1, r2]), np.concatenate([sh1, sh2])
+    x, r, sh = _scale_operands(rng, 300)
     mode = rng.integers(0, len(fracs), len(x))
     f = np.array(fracs)[mode]
     unit = Scale(fracs)
