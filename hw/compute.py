@@ -44,7 +44,20 @@ from hw.isa import MAX_HEADER_WORDS, EpilogueMode, GemmBody
 from hw.pe import PE, act_block_layout, index_bits
 from hw.timing import GEMM_DRAIN, GEMM_FILL
 
-__all__ = ["ComputeCore", "header_words"]
+__all__ = ["ComputeCore", "header_words", "registered_done"]
+
+
+def registered_done(cfg: AcceleratorConfig) -> bool:
+    """:attr:`ComputeCore.done` comes straight from a flip-flop, set a cycle early (same cycle).
+
+    With the vector engine (:attr:`hw.config.AcceleratorConfig.has_vector`): the COMPUTE
+    sequencer turns ``done`` into its signal, which feeds every event counter and the event
+    unit's overflow multiplexer (four ports), and a ``done`` decoded from the instruction
+    register in the core was the placed vector design's critical path (a long wire from the
+    core to the sequencer). The configurations without the engine keep the decode (it adds no
+    flip-flop to the board's 2x8 design, whose bitstream stays valid).
+    """
+    return cfg.has_vector
 
 
 def header_words(body) -> Value:
@@ -68,7 +81,7 @@ class ComputeCore(wiring.Component):
         cycle is cycle ``c``.
     done: Out(1)
         High for one cycle, in cycle ``c + hw.timing.gemm_cycles(ins, cfg)``. A new command may
-        be accepted from the next cycle.
+        be accepted from the next cycle. A register with :func:`registered_done`.
     mac: Out(1)
         Row 0 takes a MAC this cycle: ``k_steps * tokens`` cycles per GEMM.
     act_rd, wgt_rd, param_rd: In(ReadPort.Signature(...))
@@ -97,6 +110,8 @@ class ComputeCore(wiring.Component):
         if GEMM_FILL - self.LATENCY < self.CONST_STAGES:
             raise ValueError(f"hw.timing.GEMM_FILL={GEMM_FILL} issues the first record before "
                              f"the per-instruction constants ({self.CONST_STAGES} stages) hold")
+        if self.LATENCY + cfg.rows + GEMM_DRAIN - 2 < 1:
+            raise ValueError("the drain must take a cycle: a registered done is set in it")
         if GEMM_DRAIN < PE.LATENCY - 1:
             raise ValueError(f"hw.timing.GEMM_DRAIN={GEMM_DRAIN} is shorter than the PE "
                              f"accumulate pipeline ({PE.LATENCY - 1} cycles)")
@@ -124,7 +139,8 @@ class ComputeCore(wiring.Component):
         adepth = spad_depth(cfg, "act")
         m.submodules.decoder = dec = Decoder(cfg)
         m.submodules.array = arr = Array(cfg)
-        m.submodules.epilogue = epi = Epilogue(cfg)
+        early = registered_done(cfg)
+        m.submodules.epilogue = epi = Epilogue(cfg, ahead=early)
         connect(m, flipped(self.wgt_rd), dec.rd)
         connect(m, flipped(self.param_rd), epi.param_rd)
         connect(m, flipped(self.out_wr), epi.out_wr)
@@ -200,6 +216,7 @@ class ComputeCore(wiring.Component):
 
         ep_start = Signal()
         none_done = Signal()
+        none_ahead = Signal()                   # none_done in the next cycle
 
         with m.FSM():
             with m.State("IDLE"):
@@ -266,7 +283,7 @@ class ComputeCore(wiring.Component):
                         m.d.sync += nib.eq(nib + 1)
                 # Epilogue start = last slot + activation path + row skew + drain.
                 with m.If(final_slot | (~more & (slots_left == 0))):
-                    m.d.sync += drain.eq(self.LATENCY + cfg.rows - 1 + GEMM_DRAIN - 1)
+                    m.d.sync += drain.eq(self.LATENCY + cfg.rows + GEMM_DRAIN - 2)
                     m.next = "DRAIN"
             with m.State("DRAIN"):
                 with m.If(drain == 0):
@@ -278,14 +295,19 @@ class ComputeCore(wiring.Component):
                         m.next = "EPILOGUE"
                 with m.Else():
                     m.d.sync += drain.eq(drain - 1)
+                    if early:  # DRAIN starts with drain >= 1 (checked above): 0 follows 1
+                        m.d.comb += none_ahead.eq((drain == 1)
+                                                  & (ins.epilogue == EpilogueMode.NONE))
             with m.State("EPILOGUE"):
                 with m.If(epi.done):
                     m.next = "IDLE"
-        m.d.comb += [
-            dec.sub.eq(kb_sub),
-            epi.start.eq(ep_start),
-            self.done.eq(none_done | epi.done),
-        ]
+        m.d.comb += [dec.sub.eq(kb_sub), epi.start.eq(ep_start)]
+        if early:
+            # A flip-flop the placer can put beside the sequencer, the event unit's side of the
+            # long wire; reset with the core, as the state it is decoded from.
+            m.d.sync += self.done.eq(none_ahead | epi.done_ahead)
+        else:
+            m.d.comb += self.done.eq(none_done | epi.done)
 
         # ---- activation path: slot -> register -> address -> wrap -> ACT read -> block -> row 0
         s_v = Signal()

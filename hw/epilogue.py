@@ -96,6 +96,8 @@ class Epilogue(wiring.Component):
     ----------
     cfg:
         The accelerator configuration.
+    ahead:
+        Also give ``done`` a cycle early (``done_ahead``); False (the default) adds nothing.
 
     Members
     -------
@@ -115,6 +117,9 @@ class Epilogue(wiring.Component):
         OUT scratchpad write port.
     done: Out(1)
         The last word is written this cycle.
+    done_ahead: Out(1), only with ``ahead``
+        ``done`` of the next cycle (the register ``done`` follows), for a user that registers
+        it (:class:`hw.compute.ComputeCore` with :func:`hw.compute.registered_done`).
     ep_next: Out(1)
         An accumulator read in the next cycle (to the array: multiply the low slices; the
         array registers it per PE).
@@ -135,7 +140,7 @@ class Epilogue(wiring.Component):
     #: Cycles from an accumulator read to the write of its word.
     LATENCY = 5
 
-    def __init__(self, cfg: AcceleratorConfig):
+    def __init__(self, cfg: AcceleratorConfig, ahead: bool = False):
         if not isinstance(cfg, AcceleratorConfig):
             raise TypeError(f"cfg must be an AcceleratorConfig, got {cfg!r}")
         if EPILOGUE_FILL < self.LATENCY:
@@ -144,6 +149,7 @@ class Epilogue(wiring.Component):
         if cfg.lanes % 4:
             raise ValueError(f"WIDE needs lanes divisible by 4, got {cfg.lanes}")
         self._cfg = cfg
+        extra = {"done_ahead": Out(1)} if ahead else {}
         super().__init__({
             "prefetch": In(1),
             "start": In(1),
@@ -159,6 +165,7 @@ class Epilogue(wiring.Component):
             "hi": Out(data.ArrayLayout(signed(hi_slice_bits(cfg)), cfg.lanes)),
             "lo_prod": In(data.ArrayLayout(lo_product_shape(cfg), cfg.lanes)),
             "hi_prod": In(data.ArrayLayout(hi_product_shape(cfg), cfg.lanes)),
+            **extra,
         })
 
     @property
@@ -385,6 +392,8 @@ class Epilogue(wiring.Component):
         for i in range(self.LATENCY):
             nd = Signal(name=f"last_d{i}")
             m.d.sync += nd.eq(d)
+            if i == self.LATENCY - 1 and "done_ahead" in self.signature.members:
+                m.d.comb += self.done_ahead.eq(d)
             d = nd
         m.d.comb += self.done.eq(d)
         return m

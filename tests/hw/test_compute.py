@@ -13,7 +13,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import connect
 from amaranth.sim import Simulator
 
-from hw.compute import ComputeCore, header_words
+from hw.compute import ComputeCore, header_words, registered_done
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.decoder import SPADS, spad_depth, spad_word_bits
 from hw.format import WeightFormat, pack, random_quantized
@@ -48,6 +48,10 @@ WIDEACC = AcceleratorConfig(rows=1, cols=8, max_tokens=2, acc_bits=48, patterns=
                             memory=MemoryModel(bytes_per_cycle=32, size_bytes=1 << 16),
                             act_spad_bytes=512, wgt_spad_bytes=1024, out_spad_bytes=512,
                             param_spad_bytes=256)
+
+#: SMALL with a vector engine: the core's ``done`` is a register set a cycle early.
+SMALL_VEC = SMALL.replace(vin_spad_bytes=256, vout_spad_bytes=256)
+assert registered_done(SMALL_VEC) and not registered_done(SMALL)
 
 
 class Harness(Elaboratable):
@@ -163,8 +167,9 @@ def run_program(cfg, steps, *, seed=0):
     return st
 
 
-@pytest.mark.parametrize("cfg, seed, count", [(SMALL, 1, 40), (ODD, 2, 30), (WIDEACC, 3, 20)],
-                         ids=["small", "odd", "wideacc"])
+@pytest.mark.parametrize("cfg, seed, count", [(SMALL, 1, 40), (ODD, 2, 30), (WIDEACC, 3, 20),
+                                              (SMALL_VEC, 1, 40)],
+                         ids=["small", "odd", "wideacc", "small-registered-done"])
 def test_random_gemms_match_functional_model(cfg, seed, count):
     rng = np.random.default_rng(seed)
     run_program(cfg, [(random_gemm(rng, cfg), None) for _ in range(count)], seed=seed)
