@@ -76,6 +76,7 @@ from sw.compile.executable import (
 )
 from sw.compile.fusion import (
     AHEAD_FILLS,
+    AHEAD_ROUNDS,
     HOIST_FILL,
     ArgmaxOp,
     DequantOp,
@@ -1260,17 +1261,26 @@ def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequen
         period = (*found, blocks)
     if not constant:
         return words, places
-    idle = load_idle(cfg, words)
-    best, where, end = words, None, timeline(cfg, words).total
-    for movable, fill in [(cached, HOIST_FILL)] + [([i for i, _ in constant], fill)
-                                                    for fill in AHEAD_FILLS]:
-        ahead = loads_ahead(cfg, words, movable, idle, fill, period) if movable else None
-        if ahead is None or ahead[0].shape[0] > cfg.imem_depth:
-            continue
-        total = timeline(cfg, ahead[0]).total
-        if total < end:
-            (best, where), end = ahead, total
-    if where is None:
+    sets = [(cached, HOIST_FILL)] + [([i for i, _ in constant], fill) for fill in AHEAD_FILLS]
+    best, where, end = words, list(range(words.shape[0])), timeline(cfg, words).total
+    for _ in range(AHEAD_ROUNDS):  # each round from the last's placement and its idle
+        idle = load_idle(cfg, best)
+        found = None
+        for movable, fill in sets:
+            ahead = loads_ahead(cfg, best, sorted(where[i] for i in movable), idle, fill,
+                                period) if movable else None
+            if ahead is None or ahead[0].shape[0] > cfg.imem_depth:
+                continue
+            total = timeline(cfg, ahead[0]).total
+            if total < end:
+                found, end = ahead, total
+        if found is None:
+            break
+        if period is not None:  # each block's moved LOADs left a SYNC behind
+            period = (period[0], period[1] + (found[0].shape[0] - best.shape[0]) // blocks,
+                      blocks)
+        best, where = found[0], [found[1][i] for i in where]
+    if best is words:
         return words, places
     return best, tuple(tuple(where[i] for i in ps_) for ps_ in places)
 

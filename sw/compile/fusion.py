@@ -232,8 +232,8 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "query_requants",
            "VECTOR_EVENTS", "vector_events", "BESIDE_EVENTS", "rename_events", "beside",
            "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments", "HOIST_FILL",
-           "HOIST_UNFIT", "AHEAD_FILLS", "WEAVE_POSITIONS", "Timeline", "timeline", "load_idle",
-           "loads_ahead", "dram_extent"]
+           "HOIST_UNFIT", "AHEAD_FILLS", "AHEAD_ROUNDS", "WEAVE_POSITIONS", "Timeline",
+           "timeline", "load_idle", "loads_ahead", "dram_extent"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -1648,6 +1648,10 @@ HOIST_FILL = 2
 #: 0.8: 105,308 cycles; 1: 105,228; 1.25: 105,224; 1.5: 105,948; 2: 106,145 (KV tiles alone
 #: at 2: 105,723; none: 105,871).
 AHEAD_FILLS = (HOIST_FILL, 1.25, 1)
+#: How many times ``sw.compile.compiler._kv_ahead`` places the constant LOADs: each round
+#: from the last one's placement and the idle :func:`timeline` estimates for it, while the
+#: estimate ends earlier.
+AHEAD_ROUNDS = 2
 #: How many of a part's hoistable LOADs that find no slot with room (:data:`HOIST_FILL`) go
 #: before their own boundary's SYNCs anyway (the rest stay after them): one, so that the
 #: LOAD engine has work at every boundary, but no more -- a rolled step's (:func:`_fuse`
