@@ -1651,7 +1651,7 @@ AHEAD_FILLS = (HOIST_FILL, 1.25, 1)
 #: How many times ``sw.compile.compiler._kv_ahead`` places the constant LOADs: each round
 #: from the last one's placement and the idle :func:`timeline` estimates for it, while the
 #: estimate ends earlier.
-AHEAD_ROUNDS = 2
+AHEAD_ROUNDS = 1
 #: How many of a part's hoistable LOADs that find no slot with room (:data:`HOIST_FILL`) go
 #: before their own boundary's SYNCs anyway (the rest stay after them): one, so that the
 #: LOAD engine has work at every boundary, but no more -- a rolled step's (:func:`_fuse`
