@@ -55,7 +55,15 @@ from hw.numerics import (
     values_channel,
 )
 from sw.compile import symbols as sym
-from sw.compile.blockloop import FramePlan, copy_row, frame_plan, frame_symbols, roll_blocks
+from sw.compile.blockloop import (
+    FramePlan,
+    block_period,
+    copy_row,
+    frame_plan,
+    frame_symbols,
+    instructions,
+    roll_blocks,
+)
 from sw.compile.capture import CaptureResult, capture
 from sw.compile.errors import CompileError, LoweringError, PlanError
 from sw.compile.executable import (
@@ -68,6 +76,7 @@ from sw.compile.executable import (
 )
 from sw.compile.fusion import (
     AHEAD_FILLS,
+    AHEAD_ROUNDS,
     HOIST_FILL,
     ArgmaxOp,
     DequantOp,
@@ -332,7 +341,7 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
             frames = None
     if frames is not None:
         rolled = _lower_join(cfg, work, framed[0], options, pairs, graphs, frozenset(served),
-                             wide=True)
+                             wide=True, kv=kv, blocks=model.config.num_hidden_layers)
         looped = _roll_step(cfg, rolled[1], model.config.num_hidden_layers, rolled[3],
                             rolled[0], frames, served)
         if any(looped[i].instructions > cfg.imem_depth for i in _joined(looped, rolled[3])):
@@ -915,14 +924,16 @@ _WIDE_IMEM = 1 << 20
 def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
                 options: CompileOptions, pairs: Mapping[int, FusedGroup],
                 graphs: Mapping[str, Graph], embedding: frozenset[str] = frozenset(),
-                wide: bool = False, kv: KVLayout | None = None) -> tuple:
+                wide: bool = False, kv: KVLayout | None = None,
+                blocks: int | None = None) -> tuple:
     """The symbols (``placed`` and the fused parts' aliases), programs, table, templates and
     joined decode steps (:func:`_join_step`) of ``work`` lowered with ``placed`` (the
     ``embedding`` buffers read from the embedding table: :func:`_lower`); ``wide``: steps
     joined whatever their length, each part's LOADs hoisted no further than its own boundary
     (a block loop may make them fit: ``spread`` of :func:`_join_step`); ``kv``: the KV
     cache's layout, whose tiles a step does not append to load early in a joined step
-    (:func:`_kv_ahead`). Every program that
+    (:func:`_kv_ahead`; ``wide``, with ``blocks``, the decoder blocks its steps roll into
+    one loop, alike in every block). Every program that
     runs then has its round trips of vector rows as moves (:func:`_with_moves`)."""
     symbols = dict(placed)
     for g in all_groups(pairs.values()):  # a part's results inside another's rows
@@ -936,7 +947,8 @@ def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
         programs, table, joined = _join_step(cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg,
                                              programs, table, graphs["decode"], templates,
                                              spread=not wide, kv=None if kv is None
-                                             else (kv, symbols))
+                                             or wide and blocks is None else (kv, symbols),
+                                             blocks=blocks if wide else None)
     # the round trips of a vector part's rows to the next one's VIN become moves (a program
     # that runs: not a fused one's part), once its LOADs are where the fusion put them
     wider = cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg
@@ -1143,8 +1155,8 @@ def _with_quiet_stores(cfg: AcceleratorConfig, p: Program, programs: Sequence[Pr
 
 def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTable,
                graph: Graph, templates: int, spread: bool = True,
-               kv: tuple[KVLayout, Mapping[str, Region]] | None = None
-               ) -> tuple[list[Program], ProgramTable, int]:
+               kv: tuple[KVLayout, Mapping[str, Region]] | None = None,
+               blocks: int | None = None) -> tuple[list[Program], ProgramTable, int]:
     """One program per decode step and context range: the fused programs a step runs
     (:func:`_step_runs`) joined by :func:`sw.compile.fusion.fuse_parts` where
     :func:`_joinable` and it fits the instruction memory. The joined program's parts are
@@ -1152,10 +1164,11 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
     run-time words (``position_rows``, ``imm_rows``, ``append_rows``) are the fused
     programs', moved to where they land; a range that does not join keeps its programs. The
     table is rebuilt per range (``spread``: :func:`sw.compile.fusion.fuse_parts`'s). With
-    ``spread`` and ``kv`` (the KV cache's layout and the symbols), the KV cache LOADs no
-    STORE of the range's steps writes go up where the LOAD engine idles
-    (:func:`_kv_ahead`). Returns the programs, the table and how many joined (their
-    templates numbered from ``templates``)."""
+    ``kv`` (the KV cache's layout and the symbols) and ``spread`` or ``blocks`` (the decoder
+    blocks, for a step whose blocks roll into one loop), the LOADs into WGT no STORE of the
+    range's steps writes go up where the LOAD engine idles (:func:`_kv_ahead`). Returns
+    the programs, the table and how many joined (their templates numbered from
+    ``templates``)."""
     phase = "decode"
     entries = table.entries[phase]
     rows: dict[str, list[tuple[int, int, int]]] = {n: [] for n in entries}
@@ -1170,8 +1183,9 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
                 fused = fuse_parts(cfg, [programs[r].words for r in runs], spread=spread)
             except LoweringError:  # it does not fit: the fused programs run
                 fused = None
-        if fused is not None and spread and kv is not None:
-            fused = _kv_ahead(cfg, *fused, [programs[r] for r in runs], first, last, *kv)
+        if fused is not None and (spread or blocks) and kv is not None:
+            fused = _kv_ahead(cfg, *fused, [programs[r] for r in runs], first, last, *kv,
+                              None if spread else blocks)
         if fused is not None:
             words, places = fused
             n = len(programs)
@@ -1203,7 +1217,8 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
 
 def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequence[int]],
               ps: Sequence[Program], first: int, last: int, kv: KVLayout,
-              symbols: Mapping[str, Region]) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
+              symbols: Mapping[str, Region], blocks: int | None = None
+              ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
     """A joined step's ``words`` (``places``: where each word of the programs ``ps`` lies)
     with LOADs into WGT that no STORE writes at any position the contexts ``first`` to
     ``last`` append (:meth:`KVLayout.append_site`: the append's words,
@@ -1215,7 +1230,11 @@ def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequen
     :data:`sw.compile.fusion.AHEAD_FILLS` (the o_proj's weights stream while the vector
     engine runs the softmax and the folds); of these and ``words`` as they are, the one
     :func:`sw.compile.fusion.timeline` estimates to end first that fits the instruction
-    memory (the first of equals: ``words`` first)."""
+    memory (the first of equals: ``words`` first). With ``blocks`` (a step whose decoder
+    blocks roll into one loop, :func:`_roll_step`) the moves keep the blocks alike
+    (``period`` of :func:`sw.compile.fusion.loads_ahead`, the blocks
+    :func:`sw.compile.blockloop.block_period` finds), and ``words`` stay as they are where it
+    finds none."""
     f = decode_fields(words)
     beat = cfg.beat_bytes
     sites = {places[k][i]: kind for k, p in enumerate(ps)
@@ -1234,19 +1253,34 @@ def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequen
         if not any((src := dram_extent(f, i))[0] < b and a < src[1] for a, b in written)]
     cached = [i for i, src in constant
               if any(a <= src[0] and src[1] <= b for a, b in caches)]
+    period = None
+    if blocks is not None:
+        found = block_period(instructions(words), blocks) if blocks > 1 else None
+        if found is None:
+            return words, places
+        period = (*found, blocks)
     if not constant:
         return words, places
-    idle = load_idle(cfg, words)
-    best, where, end = words, None, timeline(cfg, words).total
-    for movable, fill in [(cached, HOIST_FILL)] + [([i for i, _ in constant], fill)
-                                                    for fill in AHEAD_FILLS]:
-        ahead = loads_ahead(cfg, words, movable, idle, fill) if movable else None
-        if ahead is None or ahead[0].shape[0] > cfg.imem_depth:
-            continue
-        total = timeline(cfg, ahead[0]).total
-        if total < end:
-            (best, where), end = ahead, total
-    if where is None:
+    sets = [(cached, HOIST_FILL)] + [([i for i, _ in constant], fill) for fill in AHEAD_FILLS]
+    best, where, end = words, list(range(words.shape[0])), timeline(cfg, words).total
+    for _ in range(AHEAD_ROUNDS):  # each round from the last's placement and its idle
+        idle = load_idle(cfg, best)
+        found = None
+        for movable, fill in sets:
+            ahead = loads_ahead(cfg, best, sorted(where[i] for i in movable), idle, fill,
+                                period) if movable else None
+            if ahead is None or ahead[0].shape[0] > cfg.imem_depth:
+                continue
+            total = timeline(cfg, ahead[0]).total
+            if total < end:
+                found, end = ahead, total
+        if found is None:
+            break
+        if period is not None:  # each block's moved LOADs left a SYNC behind
+            period = (period[0], period[1] + (found[0].shape[0] - best.shape[0]) // blocks,
+                      blocks)
+        best, where = found[0], [found[1][i] for i in where]
+    if best is words:
         return words, places
     return best, tuple(tuple(where[i] for i in ps_) for ps_ in places)
 

@@ -232,8 +232,8 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "query_requants",
            "VECTOR_EVENTS", "vector_events", "BESIDE_EVENTS", "rename_events", "beside",
            "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments", "HOIST_FILL",
-           "HOIST_UNFIT", "AHEAD_FILLS", "WEAVE_POSITIONS", "Timeline", "timeline", "load_idle",
-           "loads_ahead", "dram_extent"]
+           "HOIST_UNFIT", "AHEAD_FILLS", "AHEAD_ROUNDS", "WEAVE_POSITIONS", "Timeline",
+           "timeline", "load_idle", "loads_ahead", "dram_extent"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -951,7 +951,8 @@ def load_idle(cfg: AcceleratorConfig, words: np.ndarray) -> dict[int, int]:
 
 
 def loads_ahead(cfg: AcceleratorConfig, words: np.ndarray, movable: Sequence[int],
-                idle: Mapping[int, int], fill: float | None = None
+                idle: Mapping[int, int], fill: float | None = None,
+                period: tuple[int, int, int] | None = None
                 ) -> tuple[np.ndarray, list[int]] | None:
     """``words`` (a program, END last, no REPEAT) with each LOAD ``movable`` (into WGT,
     without a wait, from DRAM no STORE of the program writes: a weights tile, a KV cache
@@ -964,13 +965,21 @@ def loads_ahead(cfg: AcceleratorConfig, words: np.ndarray, movable: Sequence[int
     (:func:`settled`). Its signal stays at its place, on a SYNC of the LOAD engine that
     completes after it (the engine is in order), so every event is signalled in the same
     order and its consumer starts no earlier than before; only the beats stream earlier.
+
+    With ``period`` (``(start, length, blocks)``: ``words`` repeats ``blocks`` runs of
+    ``length`` words from ``start`` alike but for DMA addresses, a step whose blocks roll
+    into one loop, ``sw.compile.blockloop.block_period``) the moves keep the runs alike:
+    they are chosen in the middle run (``blocks // 2``, past the first's start-up), each to
+    a SYNC of its own run, by that run's idle, and each goes in every run at the same
+    offsets where it may there (movable and the conditions above), else in none.
+
     Returns the words and where each word of ``words`` lands (a moved LOAD: its new
     place), or None where none moves."""
     f = decode_fields(words)
     eng = engines_fields(f)
     ops = f["opcode"]
     wgt = Spad.WGT.value
-    touch: list[tuple[int, int] | None] = [None] * eng.shape[0]  # WGT beats written or read
+    touch = np.zeros((eng.shape[0], 2), np.int64)  # WGT beats written or read ([0, 0): none)
     for i in np.flatnonzero((ops == Opcode.LOAD.value) & (f["dma.spad"] == wgt)).tolist():
         touch[i] = _spad_extent(f, i)[1:]
     for i in np.flatnonzero(ops == Opcode.GEMM.value).tolist():
@@ -978,22 +987,40 @@ def loads_ahead(cfg: AcceleratorConfig, words: np.ndarray, movable: Sequence[int
         touch[i] = (g.wgt_addr, g.wgt_addr + -(-gemm_weight_bytes(g, cfg) // cfg.beat_bytes))
     syncs = np.flatnonzero((eng == Engine.LOAD.value) & (ops == Opcode.SYNC.value)
                            & (f["wait"] != NO_EVENT)).tolist()
-    room = dict(idle)
+    waits = set(syncs)
     done: dict[int, int] = {}  # per place: the last COMPUTE word complete once it is reached
+    limits: dict[int, tuple[int, int]] = {}  # per LOAD: the last word, GEMM on its beats
+
+    def may(j: int, p: int) -> bool:
+        """Whether LOAD ``j`` may go before SYNC ``p`` (all but the room)."""
+        if j not in limits:
+            before = np.flatnonzero((touch[:j, 0] < touch[j, 1]) & (touch[j, 0] < touch[:j, 1]))
+            gemms = before[ops[before] == Opcode.GEMM.value]
+            limits[j] = (int(before[-1]) if before.size else -1,
+                         int(gemms[-1]) if gemms.size else -1)
+        last, gemm = limits[j]
+        return last < p < j and p in waits and (gemm < 0 or done.setdefault(
+            p, settled(words[:p])[Engine.COMPUTE.value]) >= gemm)
+
+    runs = [0]
+    lo, hi = 0, eng.shape[0]
+    if period is not None:
+        start, length, blocks = period
+        mid = blocks // 2
+        lo, hi = start + mid * length, start + (mid + 1) * length
+        runs = [(b - mid) * length for b in range(blocks)]
+    room = dict(idle)
+    moves = set(movable)
     goes: dict[int, list[int]] = {}
-    for j in movable:
+    for j in (j for j in movable if lo <= j < hi):
         beats = int(f["dma.rows"][j]) * int(f["dma.row_beats"][j])
-        before = [i for i in range(j) if touch[i] is not None and _overlap(touch[i], touch[j])]
-        last = max(before, default=-1)
-        gemm = max((i for i in before if ops[i] == Opcode.GEMM.value), default=-1)
-        for p in syncs:
-            if p <= last or p >= j or (fill or HOIST_FILL) * room.get(p, 0) < beats:
-                continue
-            if gemm >= 0 and done.setdefault(p, settled(words[:p])[Engine.COMPUTE.value]) < gemm:
-                continue
-            room[p] -= beats
-            goes.setdefault(p, []).append(j)
-            break
+        p = next((p for p in syncs if lo <= p < j and (fill or HOIST_FILL) * room.get(p, 0)
+                  >= beats and may(j, p)), None)
+        if p is None or not all(j + d in moves and may(j + d, p + d) for d in runs if d):
+            continue
+        room[p] -= beats
+        for d in runs:
+            goes.setdefault(p + d, []).append(j + d)
     if not goes:
         return None
     moved = {j for js in goes.values() for j in js}
@@ -1621,6 +1648,10 @@ HOIST_FILL = 2
 #: 0.8: 105,308 cycles; 1: 105,228; 1.25: 105,224; 1.5: 105,948; 2: 106,145 (KV tiles alone
 #: at 2: 105,723; none: 105,871).
 AHEAD_FILLS = (HOIST_FILL, 1.25, 1)
+#: How many times ``sw.compile.compiler._kv_ahead`` places the constant LOADs: each round
+#: from the last one's placement and the idle :func:`timeline` estimates for it, while the
+#: estimate ends earlier.
+AHEAD_ROUNDS = 1
 #: How many of a part's hoistable LOADs that find no slot with room (:data:`HOIST_FILL`) go
 #: before their own boundary's SYNCs anyway (the rest stay after them): one, so that the
 #: LOAD engine has work at every boundary, but no more -- a rolled step's (:func:`_fuse`

@@ -270,9 +270,10 @@ def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers, monkeyp
     join's logits bit for bit, from about one block's words (every context range's
     program). With the host writing the token's embedding row into frame 0 it takes as many
     cycles as the unrolled join with the same hoisting (each part's LOADs no further than
-    its own boundary, ``fuse_parts(spread=False)``: the loop's REPEAT and loop-backs are
-    fetch work the dispatch of the body hides, hw/timing.py "Fetch"); copying the row from
-    the table first (``copy_row``, the host writing nothing) takes more, at most the
+    its own boundary, ``fuse_parts(spread=False)``, and the constant LOADs placed alike in
+    every block, ``compiler._kv_ahead`` with ``blocks``: the loop's REPEAT and loop-backs
+    are fetch work the dispatch of the body hides, hw/timing.py "Fetch"); copying the row
+    from the table first (``copy_row``, the host writing nothing) takes more, at most the
     cycles of the copy alone. Those three without their quiet STOREs (a STORE quiet in the
     unrolled join's last block only is not in the loop's body, which every block runs);
     with them the rolled step (REPEATs expanded: ``onchip.quiet_stores``) has some, gives
@@ -288,8 +289,8 @@ def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers, monkeyp
     written = compile_model(lm, VSMALL, opts, weights=ws)
     lower, join = compiler._lower, compiler._join_step
     monkeypatch.setattr(compiler, "_lower", lambda *a: lower(*a[:-1], False))
-    monkeypatch.setattr(compiler, "_join_step",
-                        lambda *a, spread, **k: join(*a, spread=False, **k))
+    monkeypatch.setattr(compiler, "_join_step", lambda *a, spread, **k: join(
+        *a, spread=False, **{**k, "blocks": layers}))
     flat = compile_model(lm, VSMALL, CompileOptions(6, 40, block_loop=False), weights=ws)
     monkeypatch.undo()
     rep = exe.report["block_loop"]

@@ -18,11 +18,13 @@ from compile_testutil import (
 
 from hw.config import MemoryModel
 from hw.isa import (
+    NO_EVENT,
     End,
     Engine,
     ErrorCode,
     Gemm,
     Load,
+    Opcode,
     RegTerm,
     Spad,
     Store,
@@ -30,6 +32,7 @@ from hw.isa import (
     Vec,
     VecFunc,
     check,
+    decode_fields,
     decode_program,
     dequant_fold,
     gemm_weight_bytes,
@@ -52,6 +55,7 @@ from hw.numerics import (
 from sim.backends import make_backend
 from sim.model import schedule
 from sw.compile import CompileOptions, compile_model, compiler, fusion
+from sw.compile.blockloop import block_period, instructions, roll_blocks
 from sw.compile.errors import LoweringError
 from sw.compile.fusion import (
     BESIDE_EVENTS,
@@ -507,6 +511,41 @@ def test_a_constant_load_goes_up_once_the_gemms_reading_its_beats_are_done():
     a, b = (model.run(w, dram.copy()) for w in (words, moved))
     assert a.ok and b.ok, (a.error, b.error)
     assert np.array_equal(a.dram, b.dram)
+
+
+def test_constant_loads_go_up_alike_in_every_block_of_a_loop():
+    """Three blocks alike (a GEMM-like part, a vector part, a GEMM-like part) then a vector
+    part: with room only in the middle block, its last part's weights go up past the vector
+    part's drain (sw.compile.fusion.loads_ahead); with ``period`` the same moves go in every
+    block, so the blocks stay alike and roll into one REPEAT (sw.compile.blockloop), which
+    computes the same DRAM as the program before; without, only the middle block's move
+    and the blocks no longer roll."""
+    blocks = 3
+    words = fuse_words(CFG, [_gemm_like(2), _vector_part(y=40), _gemm_like(3, dram=40)]
+                       * blocks + [_vector_part(y=80)], False)
+    start, length = block_period(instructions(words), blocks)
+    assert (start, length) == (0, 25)
+    f = decode_fields(words)
+    movable = np.flatnonzero((f["opcode"] == Opcode.LOAD.value)
+                             & (f["dma.spad"] == Spad.WGT.value)
+                             & (f["wait"] == NO_EVENT)).tolist()
+    assert movable == [b * length + i for b in range(blocks) for i in (1, 2, 14, 15)]
+    idle = dict.fromkeys(range(length, 2 * length), 100)  # the middle block's
+    plain, _ = loads_ahead(CFG, words, movable, idle)
+    assert roll_blocks(plain, blocks) is None
+    moved, where = loads_ahead(CFG, words, movable, idle, period=(start, length, blocks))
+    # per block its third part's weights go before the SYNCs on the first part's STOREs
+    assert [where[j] for j in movable] == [
+        b * (length + 2) + i for b in range(blocks) for i in (1, 2, 8, 13)]
+    assert block_period(instructions(moved), blocks) == (0, length + 2)
+    rolled = roll_blocks(moved, blocks)["words"]
+    assert rolled.shape[0] < moved.shape[0] - length
+    model = make_backend("model", CFG)
+    dram = np.random.default_rng(0).integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    a, b, c = (model.run(w, dram.copy()) for w in (words, moved, rolled))
+    assert a.ok and b.ok and c.ok, (a.error, b.error, c.error)
+    assert np.array_equal(a.dram, b.dram) and np.array_equal(a.dram, c.dram)
+    assert max(b.cycles, c.cycles) < a.cycles  # the rolled one fetches its REPEAT too
 
 
 def _model_load_idle(cfg, words) -> tuple[dict[int, int], int]:
