@@ -777,15 +777,24 @@ def _vin_gap(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     (:func:`sw.compile.onchip.vout_moves`), which write VIN while the part before runs."""
     vin = Spad.VIN.value
     f, g = decode_fields(words), decode_fields(before)
-    mine = [(a, b) for s, a, b in _loaded(f) if s == vin]
-    theirs = sorted((a, b) for s, a, b in _loaded(g) if s == vin)
-    if not mine or not theirs or not any(_overlap(m, t) for m in mine for t in theirs):
-        return None
+    theirs = [(a, b) for s, a, b in _loaded(g) if s == vin]
     stored = [dram_extent(g, j) for j in np.flatnonzero(
         (g["opcode"] == Opcode.STORE.value) & (g["dma.spad"] == Spad.VOUT.value)).tolist()]
     if not any(_overlap(dram_extent(f, i), d) for i in np.flatnonzero(
             (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == vin)).tolist()
             for d in stored):
+        return None
+    return _vin_gap_clear(cfg, theirs, words)
+
+
+def _vin_gap_clear(cfg: AcceleratorConfig, theirs: Sequence[tuple[int, int]],
+                   words: np.ndarray) -> np.ndarray | None:
+    """A vector part's ``words`` (END dropped) moved (:func:`_vin_shifted`) into the lowest
+    VIN beats clear of every span ``[first, last + 1)`` of ``theirs``, where its LOADs into
+    VIN overlap one of them and such a gap exists (else None)."""
+    mine = [(a, b) for s, a, b in _loaded(decode_fields(words)) if s == Spad.VIN.value]
+    theirs = sorted(theirs)
+    if not mine or not any(_overlap(m, t) for m in mine for t in theirs):
         return None
     lo, end = min(a for a, _ in mine), max(b for _, b in mine)
     beats = cfg.spad_beats("vin")
@@ -828,11 +837,44 @@ def _vin_clear(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.n
     each a part, read by the REQUANT before ``down_proj``) and its VIN overlaps theirs (else
     None): each segment's move (:func:`sw.compile.onchip.vout_moves`) then writes VIN beats
     no later segment loads or reads, which its proof needs (a gap clear of the last part
-    alone leaves the moved rows under the later segments' LOADs)."""
+    alone leaves the moved rows under the later segments' LOADs). Where those parts leave
+    no such gap, the lowest clear only of the beats their words load or read from the first
+    STORE of those rows on (:func:`_vin_used_from`): SmolLM2's gate DEQUANT segments, in
+    the part of the first SiLU-gate segments (beside the gate and up GEMMs), read the
+    gate's channel words, 384 of VIN's 1,024 beats, before any SiLU-gate segment writes a
+    row, and leave no gap for the REQUANT's 384 beats clear of them too."""
     writers = _vin_writers(placed, words)
     if len(writers) < 2 or writers[0] != len(placed) - 1:
         return None
-    return _vin_gap(cfg, np.concatenate(placed[writers[-1]:]), words)
+    before = np.concatenate(placed[writers[-1]:])
+    out = _vin_gap(cfg, before, words)
+    return out if out is not None else _vin_gap_clear(cfg, _vin_used_from(cfg, before, words),
+                                                      words)
+
+
+def _vin_used_from(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
+                   ) -> list[tuple[int, int]]:
+    """The VIN beats ``[first, last + 1)`` the words ``before`` (END dropped) load (LOADs and
+    moves, :func:`_loaded`) or a VEC of them reads (:func:`sw.compile.onchip._vin_reads`),
+    from their first STORE of VOUT of a DRAM beat a LOAD into VIN of ``words`` reads on (all
+    of them where there is none). A move of rows that STORE or a later one writes
+    (:func:`sw.compile.onchip.vout_moves`) starts after it, so only these beats can
+    overwrite its VIN beats or read them before the LOAD it replaces; whether any does is
+    :func:`sw.compile.onchip.vout_round_trips`' to prove, from the whole program."""
+    from sw.compile.onchip import _vin_reads  # onchip imports this module
+
+    f, g = decode_fields(words), decode_fields(before)
+    vin = Spad.VIN.value
+    need = [dram_extent(f, i) for i in np.flatnonzero(
+        (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == vin)).tolist()]
+    stores = [j for j in np.flatnonzero((g["opcode"] == Opcode.STORE.value)
+                                        & (g["dma.spad"] == Spad.VOUT.value)).tolist()
+              if any(_overlap(dram_extent(g, j), d) for d in need)]
+    first = stores[0] if stores else 0
+    used = [(a, b) for w in _loaded(g, per_word=True)[first:]
+            if w is not None and w[0] == vin for _, a, b in (w,)]
+    vecs = np.flatnonzero(g["opcode"][first:] == Opcode.VEC.value) + first
+    return used + [r for j in vecs.tolist() for r in _vin_reads(cfg, _instr(before[j]))]
 
 
 def settled(words: np.ndarray) -> dict[int, int]:

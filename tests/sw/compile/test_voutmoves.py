@@ -116,7 +116,8 @@ def test_vout_moves_is_the_identity_without_round_trips(steps):
     assert got is words and where == tuple(range(words.shape[0]))
 
 
-def test_the_silu_gate_segments_rows_move_into_the_requant_before_down_proj(monkeypatch):
+@pytest.mark.parametrize("vin", [4096, pytest.param(2048, marks=pytest.mark.slow)])
+def test_the_silu_gate_segments_rows_move_into_the_requant_before_down_proj(monkeypatch, vin):
     """The SiLU-gate cut into column segments beside the up GEMM (each a part:
     fusion.silu_segments, SILU_SEGMENT_MARGIN 0 on a tiny model) writes its row with a STORE
     of VOUT per segment, which the REQUANT before down_proj reads back into VIN. Placed clear
@@ -124,9 +125,11 @@ def test_the_silu_gate_segments_rows_move_into_the_requant_before_down_proj(monk
     segment's move is provably safe (onchip.vout_round_trips) and the round trip goes:
     without it the step keeps a LOAD of the row from its segments' STOREs (36 beats, three
     STOREs) per block. The logits equal the vector twin's bit for bit, the DRAM reads drop by
-    the beats moved, in fewer cycles."""
+    the beats moved, in fewer cycles. With 4,096 bytes of VIN there is room for the row
+    beside every beat the segments' parts load; with 2,048 only beside those loaded from the
+    first segment's STORE on (as on SmolLM2: fusion._vin_used_from)."""
     monkeypatch.setattr(fusion, "SILU_SEGMENT_MARGIN", 0)
-    cfg = VSMALL.replace(vin_spad_bytes=4096)   # room for the row beside the segments' VIN
+    cfg = VSMALL.replace(vin_spad_bytes=vin)
     lm = tiny_lm(hidden=96)                     # 144 wide: three segments
     ws = compressed(lm, "2:4", 32)
     ids = torch.randint(0, lm.config.vocab_size, (1, 8),
@@ -149,3 +152,35 @@ def test_the_silu_gate_segments_rows_move_into_the_requant_before_down_proj(monk
     reads = [sum(r.counters["dram_read_beats"] for r in s.programs) for s in (stats, plain)]
     assert reads[1] - reads[0] == sum(b for b, _ in plain_trips) - sum(b for b, _ in trips)
     assert stats.cycles < plain.cycles
+
+
+def test_the_consumer_goes_clear_of_the_beats_used_after_its_rows_first_store():
+    """fusion._vin_clear: where the parts writing a vector part's rows from VOUT leave no
+    VIN gap clear of every beat they load (here 16 beats between a constant loaded before
+    any of the rows is stored and the segments' beats), the part goes into the lowest gap
+    clear of the beats loaded (or read by a VEC) from the first STORE of its rows on; a
+    part already clear of those stays where it is (None, as with no writers)."""
+    cfg = VSMALL   # 128 VIN beats
+    vin, vout = Spad.VIN, Spad.VOUT
+
+    def seg(k, pre=()):   # a segment: its operand into VIN 80..88, then 8 beats of the row
+        return program_words([*pre, Load(spad=vin, spad_addr=80, dram_addr=2000 + 8 * k,
+                                          row_beats=8),
+                              Vec(func=VecFunc.ADD, a_addr=80 * 4, b_addr=80 * 4, length=32),
+                              Store(spad=vout, dram_addr=500 + 8 * k, row_beats=8)])
+    # the first part loads 80 + 24 constant beats before its first STORE of the row
+    pre = (Load(spad=vin, spad_addr=0, dram_addr=1000, row_beats=80),
+           Load(spad=vin, spad_addr=104, dram_addr=1100, row_beats=24))
+    placed = [np.concatenate([seg(0, pre), seg(1)]), seg(2)]
+    consumer = program_words([Load(spad=vin, spad_addr=80, dram_addr=500, row_beats=24)])
+    assert fusion._vin_gap(cfg, np.concatenate(placed), consumer) is None   # no room
+    got = fusion._vin_clear(cfg, placed, consumer)
+    assert got is not None
+    (ld,) = _program(got)
+    assert ld == Load(spad=vin, spad_addr=0, dram_addr=500, row_beats=24)
+    # a VEC after the first STORE reading beats 0..24 (loaded before it) takes them too
+    late = program_words([Vec(func=VecFunc.ADD, a_addr=0, b_addr=0, length=96)])
+    got = fusion._vin_clear(cfg, [placed[0], np.concatenate([late, placed[1]])], consumer)
+    assert got is not None and _program(got)[0].spad_addr == 24
+    stays = program_words([Load(spad=vin, spad_addr=40, dram_addr=500, row_beats=24)])
+    assert fusion._vin_clear(cfg, placed, stays) is None
