@@ -1289,30 +1289,33 @@ def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequen
         return words, places
     sets = [(cached, HOIST_FILL)] + [([i for i, _ in constant], fill) for fill in AHEAD_FILLS]
 
-    def estimate(moved: np.ndarray, where: Sequence[int]) -> int:
-        """When ``moved`` (``where``: the place of each word of ``words``) ends, as it runs."""
-        if ran is not None:
-            moved = ran(moved, tuple(tuple(where[i] for i in ps_) for ps_ in places))
-        return timeline(cfg, moved).total
+    def as_run(moved: np.ndarray, where: Sequence[int]) -> int:
+        """When ``moved`` (``where``: the place of each word of ``words``) ends as it runs."""
+        return timeline(cfg, moved if ran is None else ran(
+            moved, tuple(tuple(where[i] for i in ps_) for ps_ in places))).total
     best, where = words, list(range(words.shape[0]))
-    end = estimate(best, where)
+    end, runs = timeline(cfg, words).total, as_run(words, where)
     for _ in range(AHEAD_ROUNDS):  # each round from the last's placement and its idle
         idle = load_idle(cfg, best)
-        found = None
-        for movable, fill in sets:
+        gains = []  # (estimate, order, placement, where) of those estimated to end earlier
+        for k, (movable, fill) in enumerate(sets):
             ahead = loads_ahead(cfg, best, sorted(where[i] for i in movable), idle, fill,
                                 period) if movable else None
             if ahead is None or ahead[0].shape[0] > cfg.imem_depth:
                 continue
-            total = estimate(ahead[0], [ahead[1][i] for i in where])
+            total = timeline(cfg, ahead[0]).total
             if total < end:
-                found, end = ahead, total
+                gains.append((total, k, ahead[0], [ahead[1][i] for i in where]))
+        # the earliest that also ends earlier as it runs (the passes after the join are
+        # slow: estimated as run only in this order, until one gains)
+        found = next(((total, moved, at, run) for total, _, moved, at in sorted(
+            gains, key=lambda g: g[:2]) if (run := as_run(moved, at)) < runs), None)
         if found is None:
             break
         if period is not None:  # each block's moved LOADs left a SYNC behind
-            period = (period[0], period[1] + (found[0].shape[0] - best.shape[0]) // blocks,
+            period = (period[0], period[1] + (found[1].shape[0] - best.shape[0]) // blocks,
                       blocks)
-        best, where = found[0], [found[1][i] for i in where]
+        end, best, where, runs = found
     if best is words:
         return words, places
     return best, tuple(tuple(where[i] for i in ps_) for ps_ in places)
