@@ -25,8 +25,9 @@ accelerator -> host round trip (two *transitions*), except the pairs and chains
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -1184,26 +1185,17 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
             except LoweringError:  # it does not fit: the fused programs run
                 fused = None
         if fused is not None and (spread or blocks) and kv is not None:
-            fused = _kv_ahead(cfg, *fused, [programs[r] for r in runs], first, last, *kv,
-                              None if spread else blocks)
+            ps = [programs[r] for r in runs]
+            fused = _kv_ahead(cfg, *fused, ps, first, last, *kv, None if spread else blocks,
+                              functools.partial(_as_run, cfg, programs, graph, kv[1], ps))
         if fused is not None:
             words, places = fused
             n = len(programs)
             parts = [i for r in runs for i in programs[r].parts]
             copies = {i: n + 1 + k for k, i in enumerate(parts)}
-            ps = [programs[r] for r in runs]
-            programs.append(Program(
-                phase, ps[0].node, ps[0].bucket, words,
-                tuple(m for p in ps for m in p.members), templates + joined,
-                imm_rows=tuple(places[k][i] for k, p in enumerate(ps) for i in p.imm_rows),
-                parts=tuple(copies[i] for i in parts),
-                work=tuple(sum(p.work[j] for p in ps) for j in range(3)),
-                position_rows=tuple(places[k][i] for k, p in enumerate(ps)
-                                    for i in p.position_rows),
-                append_rows=tuple((places[k][i], *rest) for k, p in enumerate(ps)
-                                  for i, *rest in p.append_rows),
-                embed_rows=tuple(places[k][i] for k, p in enumerate(ps)
-                                 for i in p.embed_rows)))
+            programs.append(_joined_program(phase, [programs[r] for r in runs], words, places,
+                                            templates + joined,
+                                            tuple(copies[i] for i in parts)))
             programs += [dataclasses.replace(programs[i], fused_into=n) for i in parts]
             pids = {name: copies.get(p, p) for name, p in pids.items()}
             joined += 1
@@ -1215,9 +1207,39 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
     return (*_compact(programs, entries), joined) if joined else (programs, table, 0)
 
 
+def _joined_program(phase: str, ps: Sequence[Program], words: np.ndarray,
+                    places: Sequence[Sequence[int]], template: int, parts: tuple[int, ...]
+                    ) -> Program:
+    """The program of the joined ``words`` of the programs ``ps`` (``places``: where each
+    word of each lies): their members, work and run-time words, moved to where they land;
+    ``parts`` its parts, ``template`` its number."""
+    return Program(
+        phase, ps[0].node, ps[0].bucket, words, tuple(m for p in ps for m in p.members),
+        template,
+        imm_rows=tuple(places[k][i] for k, p in enumerate(ps) for i in p.imm_rows),
+        parts=parts, work=tuple(sum(p.work[j] for p in ps) for j in range(3)),
+        position_rows=tuple(places[k][i] for k, p in enumerate(ps) for i in p.position_rows),
+        append_rows=tuple((places[k][i], *rest) for k, p in enumerate(ps)
+                          for i, *rest in p.append_rows),
+        embed_rows=tuple(places[k][i] for k, p in enumerate(ps) for i in p.embed_rows))
+
+
+def _as_run(cfg: AcceleratorConfig, programs: Sequence[Program], graph: Graph,
+            symbols: Mapping[str, Region], ps: Sequence[Program], words: np.ndarray,
+            places: Sequence[Sequence[int]]) -> np.ndarray:
+    """The joined ``words`` of the programs ``ps`` of ``programs`` (``places``: where each
+    word of each lies) as the decode step of ``graph`` runs them: with the moves
+    (:func:`_with_moves`) and quiet STOREs (:func:`_with_quiet_stores`) the passes after the
+    join give them."""
+    p = _joined_program(ps[0].phase, ps, words, places, -1,
+                        tuple(i for q in ps for i in q.parts))
+    return _with_quiet_stores(cfg, _with_moves(cfg, p), programs, graph, symbols).words
+
+
 def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequence[int]],
               ps: Sequence[Program], first: int, last: int, kv: KVLayout,
-              symbols: Mapping[str, Region], blocks: int | None = None
+              symbols: Mapping[str, Region], blocks: int | None = None,
+              ran: Callable[[np.ndarray, Sequence[Sequence[int]]], np.ndarray] | None = None
               ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
     """A joined step's ``words`` (``places``: where each word of the programs ``ps`` lies)
     with LOADs into WGT that no STORE writes at any position the contexts ``first`` to
@@ -1230,9 +1252,13 @@ def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequen
     :data:`sw.compile.fusion.AHEAD_FILLS` (the o_proj's weights stream while the vector
     engine runs the softmax and the folds); of these and ``words`` as they are, the one
     :func:`sw.compile.fusion.timeline` estimates to end first that fits the instruction
-    memory (the first of equals: ``words`` first). With ``blocks`` (a step whose decoder
-    blocks roll into one loop, :func:`_roll_step`) the moves keep the blocks alike
-    (``period`` of :func:`sw.compile.fusion.loads_ahead`, the blocks
+    memory (the first of equals: ``words`` first), each estimated as the step runs it:
+    ``ran(words, places)`` (:func:`_as_run`: with the moves and quiet STOREs the passes after
+    the join give it, which change when it ends; without ``ran``, as it is). That in
+    :data:`sw.compile.fusion.AHEAD_ROUNDS` rounds, each from the last one's placement and
+    the LOAD engine's idle in it, while the estimate ends earlier. With ``blocks`` (a step
+    whose decoder blocks roll into one loop, :func:`_roll_step`) the moves keep the blocks
+    alike (``period`` of :func:`sw.compile.fusion.loads_ahead`, the blocks
     :func:`sw.compile.blockloop.block_period` finds), and ``words`` stay as they are where it
     finds none."""
     f = decode_fields(words)
@@ -1262,24 +1288,34 @@ def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequen
     if not constant:
         return words, places
     sets = [(cached, HOIST_FILL)] + [([i for i, _ in constant], fill) for fill in AHEAD_FILLS]
-    best, where, end = words, list(range(words.shape[0])), timeline(cfg, words).total
+
+    def as_run(moved: np.ndarray, where: Sequence[int]) -> int:
+        """When ``moved`` (``where``: the place of each word of ``words``) ends as it runs."""
+        return timeline(cfg, moved if ran is None else ran(
+            moved, tuple(tuple(where[i] for i in ps_) for ps_ in places))).total
+    best, where = words, list(range(words.shape[0]))
+    end, runs = timeline(cfg, words).total, as_run(words, where)
     for _ in range(AHEAD_ROUNDS):  # each round from the last's placement and its idle
         idle = load_idle(cfg, best)
-        found = None
-        for movable, fill in sets:
+        gains = []  # (estimate, order, placement, where) of those estimated to end earlier
+        for k, (movable, fill) in enumerate(sets):
             ahead = loads_ahead(cfg, best, sorted(where[i] for i in movable), idle, fill,
                                 period) if movable else None
             if ahead is None or ahead[0].shape[0] > cfg.imem_depth:
                 continue
             total = timeline(cfg, ahead[0]).total
             if total < end:
-                found, end = ahead, total
+                gains.append((total, k, ahead[0], [ahead[1][i] for i in where]))
+        # the earliest that also ends earlier as it runs (the passes after the join are
+        # slow: estimated as run only in this order, until one gains)
+        found = next(((total, moved, at, run) for total, _, moved, at in sorted(
+            gains, key=lambda g: g[:2]) if (run := as_run(moved, at)) < runs), None)
         if found is None:
             break
         if period is not None:  # each block's moved LOADs left a SYNC behind
-            period = (period[0], period[1] + (found[0].shape[0] - best.shape[0]) // blocks,
+            period = (period[0], period[1] + (found[1].shape[0] - best.shape[0]) // blocks,
                       blocks)
-        best, where = found[0], [found[1][i] for i in where]
+        end, best, where, runs = found
     if best is words:
         return words, places
     return best, tuple(tuple(where[i] for i in ps_) for ps_ in places)

@@ -930,10 +930,12 @@ def timeline(cfg: AcceleratorConfig, words: np.ndarray) -> Timeline:
     ``k``-th wait, :func:`sw.compile.onchip._matches`; at once where none does: a count
     seeded otherwise), executes it for its duration (:func:`hw.engines.exec_cycles_fields`)
     and completes it :func:`hw.engines.completion_delay` cycles later; the program ends the
-    cycle after END's dispatch and every completion. The DRAM port's sharing and the VIN
-    port are left out: an estimate for placing words (:func:`load_idle`,
-    :func:`loads_ahead`), not a cycle count. A word whose wait never resolves (a deadlock)
-    and every word after it on its engine are never granted."""
+    cycle after END's dispatch and every completion. LOAD and STORE never wait on each
+    other (the DRAM port's read and write channels are separate, :mod:`hw.dma`); the VIN
+    port is left out (a program whose move and LOAD write it in one cycle is wrong, not
+    slow: :mod:`sim.model` rejects it), and so are errors: on a program that runs, the
+    fast model's schedule. A word whose wait never resolves (a deadlock) and every word
+    after it on its engine are never granted."""
     from sw.compile.onchip import _matches  # onchip imports this module
 
     f = decode_fields(words)
@@ -1692,8 +1694,10 @@ HOIST_FILL = 2
 AHEAD_FILLS = (HOIST_FILL, 1.25, 1)
 #: How many times ``sw.compile.compiler._kv_ahead`` places the constant LOADs: each round
 #: from the last one's placement and the idle :func:`timeline` estimates for it, while the
-#: estimate ends earlier.
-AHEAD_ROUNDS = 1
+#: estimate of the step as it runs (``sw.compile.compiler._as_run``) ends earlier. ``python
+#: -m bench.beats --unpaced`` (reference, context 128): one round 105,050 cycles, two
+#: 104,891.
+AHEAD_ROUNDS = 2
 #: How many of a part's hoistable LOADs that find no slot with room (:data:`HOIST_FILL`) go
 #: before their own boundary's SYNCs anyway (the rest stay after them): one, so that the
 #: LOAD engine has work at every boundary, but no more -- a rolled step's (:func:`_fuse`
