@@ -103,6 +103,7 @@ from sw.compile.ir import OPS, Graph, Node, linear_layers
 from sw.compile.ir.types import SYMBOL
 from sw.compile.kvappend import KVAppendOp, kv_append_words
 from sw.compile.lower import KVLayout, Member, context_bucket, node_members
+from sw.compile.memo import fuse_parts_cached, moves_cached
 from sw.compile.onchip import onchip_moves, out_moves, quiet_stores, quieten, vout_moves
 from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
 from sw.compile.plan import (
@@ -871,7 +872,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
             work = [work[0] + acc + 4 * part.length + 4 * part.rows * (offset == 0),
                     work[1] + acc, work[2]]
     try:
-        fused, places = fuse_parts(cfg, words, spread=spread or nodes[0].phase != "decode")
+        fused, places = fuse_parts_cached(cfg, words, spread or nodes[0].phase != "decode",
+                                          fuse_parts)
     except LoweringError:
         return False
     # a ROPE part's table LOADs, as words of the fused program: the runtime sets them per step
@@ -1107,14 +1109,8 @@ def _with_moves(cfg: AcceleratorConfig, p: Program) -> Program:
     are, the others' rows follow), where the moves still fit ``cfg``'s instruction memory
     (else fewer: ``p`` without the later passes' moves, or ``p``)."""
     keep = (*p.position_rows, *p.imm_rows, *p.embed_rows, *(i for i, *_ in p.append_rows))
-    words, where = onchip_moves(cfg, p.words, keep)
-    more, after = out_moves(cfg, words, {where[i] for i in keep})
-    if more is not words and more.shape[0] <= cfg.imem_depth:
-        words, where = more, tuple(after[i] for i in where)
-    more, after = vout_moves(cfg, words, {where[i] for i in keep})
-    if more is not words and more.shape[0] <= cfg.imem_depth:
-        words, where = more, tuple(after[i] for i in where)
-    if words is p.words or words.shape[0] > cfg.imem_depth:
+    words, where = moves_cached(cfg, p.words, keep, (onchip_moves, out_moves, vout_moves))
+    if where is None:
         return p
     return dataclasses.replace(
         p, words=words, position_rows=tuple(where[i] for i in p.position_rows),
@@ -1180,7 +1176,8 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
         fused = None
         if len(runs) > 1 and _joinable(graph, programs, runs):
             try:
-                fused = fuse_parts(cfg, [programs[r].words for r in runs], spread=spread)
+                fused = fuse_parts_cached(cfg, [programs[r].words for r in runs], spread,
+                                          fuse_parts)
             except LoweringError:  # it does not fit: the fused programs run
                 fused = None
         if fused is not None and (spread or blocks) and kv is not None:

@@ -427,6 +427,13 @@ def _dram_beats(ins) -> np.ndarray:
             + np.arange(ins.row_beats)[None, :]).reshape(-1)
 
 
+def _dram_span(ins) -> tuple[int, int]:
+    """The first and last of :func:`_dram_beats` ``(ins)`` (a LOAD or STORE of at least one
+    beat), from its fields."""
+    rows = (ins.rows - 1) * ins.dram_stride
+    return ins.dram_addr + min(0, rows), ins.dram_addr + max(0, rows) + ins.row_beats - 1
+
+
 def _vin_reads(cfg: AcceleratorConfig, v) -> list[tuple[int, int]]:
     """VIN beats ``[first, last + 1)`` a VEC may read: its ``a`` row, its ``b`` row
     (:func:`hw.isa.vec_reads_b`; a ROPE's table is shorter) and its amax word
@@ -464,9 +471,10 @@ def _last_writers(ins: Sequence, stores: Sequence[int], t: int, spad: Spad = Spa
         st = ins[j]
         if st.reg:
             return None
-        sb = _dram_beats(st)
-        if int(sb.max()) < lo or int(sb.min()) >= hi:
+        first, last = _dram_span(st)
+        if last < lo or first >= hi:  # no beat in the LOAD's span (_dram_beats unbuilt)
             continue
+        sb = _dram_beats(st)
         k = np.searchsorted(lb, sb, sorter=order)
         pos = order[np.minimum(k, lb.shape[0] - 1)]
         inside = lb[pos] == sb
