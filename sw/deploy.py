@@ -77,7 +77,7 @@ from sim.board import BoardLinkError
 from sim.roofline import plot_roofline
 from sw.artifact import publish
 from sw.cli import UsageError, add_tokenizer_option
-from sw.compile import CompileError, CompileOptions, PlanError, compile_model
+from sw.compile import CompileError, CompileOptions, PlanError, compile_model, memo
 from sw.compile import executable as executable_io
 from sw.compile.compiler import capture_model, static_dram_bytes
 from sw.compress.model import (
@@ -359,7 +359,8 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     recipe = _recipe(opts, cfg)
     torch.manual_seed(opts.seed)
     t_all = time.perf_counter()
-    return _pipeline(opts, cfg, recipe, out, log, Phases(log, t_all), t_all)
+    with memo.enabled():  # the probe's fusions and moves, found again by the compilations
+        return _pipeline(opts, cfg, recipe, out, log, Phases(log, t_all), t_all)
 
 
 def _pipeline(opts: DeployOptions, cfg: AcceleratorConfig, recipe: Recipe, out: Path, log,

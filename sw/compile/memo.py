@@ -12,6 +12,10 @@ the moves of a fused program as long, so each repeat is worth a lookup:
   :func:`~sw.compile.onchip.vout_moves`, each kept where the words still fit the
   instruction memory).
 
+The memos answer only inside :func:`enabled` (``sw.deploy`` runs its pipeline there): a
+lookup cannot tell that a function the step calls was replaced (a test's stand-in), so
+outside it every call computes.
+
 A key is the SHA-256 of everything the step reads (:func:`content_key`): its name, the
 configuration but ``memory.size_bytes`` (read under :mod:`sw.compile` only by the DRAM plan,
 and by none of the hardware modules these steps call), every array's dtype, shape and bytes,
@@ -25,7 +29,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -34,7 +39,7 @@ from sw.compile.errors import LoweringError
 from sw.compile.fusion import fuse_parts
 from sw.compile.onchip import onchip_moves, out_moves, vout_moves
 
-__all__ = ["MAX_BYTES", "MOVE_PASSES", "content_key", "fuse_parts_cached", "moves",
+__all__ = ["MAX_BYTES", "MOVE_PASSES", "content_key", "enabled", "fuse_parts_cached", "moves",
            "moves_cached", "clear", "stats"]
 
 #: The outcomes' bytes kept (least recently used first out): a SmolLM2 compilation's
@@ -43,6 +48,20 @@ MAX_BYTES = 256 << 20
 
 _memo: OrderedDict[str, tuple | str] = OrderedDict()
 _stats = {"hits": 0, "misses": 0, "bytes": 0}
+_depth = [0]  # how many enabled() blocks are open
+
+
+@contextmanager
+def enabled() -> Iterator[None]:
+    """Memoise inside the block; the outermost block forgets every outcome at its end
+    (:func:`clear`)."""
+    _depth[0] += 1
+    try:
+        yield
+    finally:
+        _depth[0] -= 1
+        if not _depth[0]:
+            clear()
 
 
 def _cfg_key(cfg: AcceleratorConfig) -> str:
@@ -74,7 +93,10 @@ def _size(outcome: tuple | str) -> int:
 
 
 def _cached(key: str, compute: Callable[[], tuple]) -> tuple:
-    """``compute()``'s outcome, from the memo where ``key`` was computed before."""
+    """``compute()``'s outcome, from the memo where ``key`` was computed before (outside
+    :func:`enabled`: computed)."""
+    if not _depth[0]:
+        return compute()
     hit = _memo.get(key)
     if hit is None:
         _stats["misses"] += 1
@@ -98,15 +120,15 @@ def fuse_parts_cached(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], sprea
                       fuse: Callable = fuse_parts
                       ) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
     """``fuse(cfg, parts, spread=spread)`` (:func:`~sw.compile.fusion.fuse_parts`), from
-    the memo where the same arguments were fused before in this process; another ``fuse``
-    (a test's stand-in) is called, never memoised.
+    the memo where the same arguments were fused before inside :func:`enabled`; another
+    ``fuse`` (a test's stand-in) is called, never memoised.
 
     Raises
     ------
     LoweringError
         As ``fuse`` does (its message).
     """
-    if fuse is not fuse_parts:
+    if fuse is not fuse_parts or not _depth[0]:
         return fuse(cfg, parts, spread=spread)
     key = content_key("fuse_parts", cfg, parts, spread)
     return _cached(key, lambda: fuse_parts(cfg, parts, spread=spread))
@@ -141,9 +163,9 @@ def moves_cached(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int
                  passes: Sequence[Callable] = MOVE_PASSES
                  ) -> tuple[np.ndarray, tuple[int, ...] | None]:
     """:func:`moves` ``(cfg, words, keep, passes)``, from the memo where the same arguments
-    were rewritten before in this process; other ``passes`` (a test's stand-ins) are run,
-    never memoised."""
-    if tuple(passes) != MOVE_PASSES:
+    were rewritten before inside :func:`enabled`; other ``passes`` (a test's stand-ins) are
+    run, never memoised."""
+    if tuple(passes) != MOVE_PASSES or not _depth[0]:
         return moves(cfg, words, keep, passes)
     key = content_key("moves", cfg, [words], tuple(keep))
     return _cached(key, lambda: moves(cfg, words, keep))

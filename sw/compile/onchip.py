@@ -58,6 +58,7 @@ no event count or word index changes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
@@ -121,7 +122,12 @@ def _matches(f) -> np.ndarray:
 
 def _instrs(words: np.ndarray) -> list:
     """The decoded instructions of ``words`` (``uint64 [n, 2]``: low, high halves)."""
-    return [decode(int(lo) | int(hi) << 64) for lo, hi in words]
+    return [_decode(int(lo) | int(hi) << 64) for lo, hi in words.tolist()]
+
+
+#: :func:`hw.isa.decode`, remembered: each pass decodes the words of the one before, mostly
+#: the same (an instruction is a frozen dataclass, safe to share).
+_decode = functools.lru_cache(maxsize=1 << 16)(decode)
 
 
 def round_trips(words: np.ndarray) -> list[tuple[int, int | None, int]]:
@@ -623,11 +629,18 @@ def _out_kept(cfg: AcceleratorConfig, ins: Sequence, known: np.ndarray, gemms: S
     mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
     for g in gemms:
         if g > p:
-            end = -(-gemm_extents(ins[g], cfg)[Spad.OUT] // cfg.beat_bytes)
+            end = _out_end(cfg, ins[g])
             if ins[g].out_addr < end and _span_overlap(mine, (ins[g].out_addr, end)):
                 k = int(known[g, Engine.STORE.value])
                 return k > s or (signal and k == s)
     return True
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _out_end(cfg: AcceleratorConfig, g: Gemm) -> int:
+    """The OUT beat after the GEMM ``g``'s results (:func:`hw.isa.gemm_extents`), remembered:
+    each candidate STORE scans the GEMMs after it."""
+    return -(-gemm_extents(g, cfg)[Spad.OUT] // cfg.beat_bytes)
 
 
 def _flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c, mv, signal
@@ -726,8 +739,14 @@ def _vout_writes(cfg: AcceleratorConfig, v: Vec) -> tuple[int, int]:
     """The VOUT beats ``[first, last + 1)`` a VEC writes (:func:`hw.isa.vec_out_words` words
     from its ``dst_addr``)."""
     per = cfg.beat_bytes // cfg.vout_word_bytes
-    end = v.dst_addr + int(vec_out_words(v.func.value, v.length, v.imm))
+    end = v.dst_addr + _out_words(v.func.value, v.length, v.imm)
     return v.dst_addr // per, -(-end // per)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _out_words(func: int, length: int, imm: int) -> int:
+    """:func:`hw.isa.vec_out_words`, remembered: each candidate STORE scans the VECs."""
+    return int(vec_out_words(func, length, imm))
 
 
 def _after(eng: np.ndarray, match: np.ndarray, s: int) -> np.ndarray:

@@ -21,14 +21,21 @@ def _parts(rows: int = 2, length: int = 8) -> list[np.ndarray]:
     return [vector_events(a.words), vector_events(b.words)]
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    memo.clear()
-    yield
-    memo.clear()
+@pytest.fixture
+def on():
+    with memo.enabled():
+        yield
+    assert memo.stats()["entries"] == 0  # forgotten at the end
 
 
-def test_a_repeat_is_a_hit_and_equals_fuse_parts():
+def test_outside_enabled_every_call_computes():
+    parts = _parts()
+    for _ in range(2):
+        memo.fuse_parts_cached(CFG, parts)
+    assert memo.stats()["entries"] == 0
+
+
+def test_a_repeat_is_a_hit_and_equals_fuse_parts(on):
     parts = _parts()
     want = fuse_parts(CFG, parts)
     first = memo.fuse_parts_cached(CFG, parts)
@@ -39,7 +46,7 @@ def test_a_repeat_is_a_hit_and_equals_fuse_parts():
 
 
 @pytest.mark.parametrize("change", ["word", "spread", "imem", "lanes"])
-def test_a_changed_input_misses(change):
+def test_a_changed_input_misses(on, change):
     parts = _parts()
     memo.fuse_parts_cached(CFG, parts)
     cfg, spread = CFG, True
@@ -66,7 +73,7 @@ def test_the_drams_size_is_not_in_the_key():
     assert memo.content_key("moves", CFG, parts, True) != key
 
 
-def test_a_program_that_does_not_fit_raises_again():
+def test_a_program_that_does_not_fit_raises_again(on):
     parts = _parts(rows=4, length=32)
     words, _ = fuse_parts(CFG, parts)
     small = CFG.replace(imem_depth=1 << ((words.shape[0] - 1).bit_length() - 1))
@@ -77,7 +84,7 @@ def test_a_program_that_does_not_fit_raises_again():
     assert memo.stats()["hits"] == 1
 
 
-def test_a_stand_in_is_called_every_time():
+def test_a_stand_in_is_called_every_time(on):
     parts, calls = _parts(), []
 
     def spy(cfg, parts, spread=True):
@@ -88,7 +95,7 @@ def test_a_stand_in_is_called_every_time():
     assert calls == [False, False] and memo.stats()["entries"] == 0
 
 
-def test_the_moves_of_a_fused_program_equal_the_passes():
+def test_the_moves_of_a_fused_program_equal_the_passes(on):
     words, places = fuse_parts(CFG, _parts())
     keep = (places[1][0],)
     want = memo.moves(CFG, words, keep)
