@@ -774,8 +774,8 @@ def _vout_kept(cfg: AcceleratorConfig, ins: Sequence, eng: np.ndarray, match: np
     mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
     done = int(known[s, Engine.VECTOR.value])
     writers = [v for v in vecs if v > done and _span_overlap(mine, _vout_writes(cfg, ins[v]))]
-    late = [v for v in writers if int(known[v, Engine.STORE.value]) not in
-            (s, *range(p + 1, len(ins)))]
+    late = [v for v in writers if (k := int(known[v, Engine.STORE.value])) != s
+            and not p < k < len(ins)]  # known complete: s, or a word after p
     return not late or bool(_after(eng, match, s)[late].all())
 
 
