@@ -47,6 +47,8 @@ import tempfile
 import textwrap
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +77,7 @@ from sim.board import BoardLinkError
 from sim.roofline import plot_roofline
 from sw.artifact import publish
 from sw.cli import UsageError, add_tokenizer_option
-from sw.compile import CompileError, CompileOptions, PlanError, compile_model
+from sw.compile import CompileError, CompileOptions, PlanError, compile_model, memo
 from sw.compile import executable as executable_io
 from sw.compile.compiler import capture_model, static_dram_bytes
 from sw.compress.model import (
@@ -316,6 +318,37 @@ def _check(opts: DeployOptions) -> None:
 
 
 # ---------------------------------------------------------------------- pipeline
+#: The pipeline's phases, in order (``report.json``'s ``phase_s``: the wall seconds of each).
+PHASES = ("load", "size DRAM", "compress", "accuracy", "compile", "run", "twin", "dense",
+          "report")
+
+
+class Phases:
+    """The wall time of the pipeline's phases (:data:`PHASES`): each logged as it starts,
+    with the time since the run began, and as it ends (``log``, stdout flushed: piped output
+    too shows which phase runs; the long ones have progress bars of their own, unless
+    ``quiet``); :attr:`seconds` per phase run."""
+
+    def __init__(self, log, t0: float) -> None:
+        self.log, self.t0 = log, t0
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        """Time the phase ``name`` (one of :data:`PHASES`)."""
+        t0 = time.perf_counter()
+        self._say(f"[{name}] at {t0 - self.t0:.1f} s")
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+            self._say(f"[{name}] done in {self.seconds[name]:.1f} s")
+
+    def _say(self, text: str) -> None:
+        self.log(text)
+        sys.stdout.flush()
+
+
 def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     """Run the whole pipeline, writing the outputs into ``out``; returns the report."""
     _check(opts)
@@ -324,13 +357,21 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
     if cfg.has_vector:  # host ops run on the vector engine: the rest with its numerics too
         opts = dataclasses.replace(opts, vector_numerics=True)
     recipe = _recipe(opts, cfg)
-    progress = not opts.quiet
     torch.manual_seed(opts.seed)
     t_all = time.perf_counter()
-    try:
-        src = open_model(opts.model, tokenizer=opts.tokenizer)
-    except ModelSourceError as e:
-        raise UsageError(str(e)) from None
+    with memo.enabled():  # the probe's fusions and moves, found again by the compilations
+        return _pipeline(opts, cfg, recipe, out, log, Phases(log, t_all), t_all)
+
+
+def _pipeline(opts: DeployOptions, cfg: AcceleratorConfig, recipe: Recipe, out: Path, log,
+              phase: Phases, t_all: float) -> dict:
+    """:func:`deploy`'s phases (:data:`PHASES`, timed by ``phase``)."""
+    progress = not opts.quiet
+    with phase("load"):
+        try:
+            src = open_model(opts.model, tokenizer=opts.tokenizer)
+        except ModelSourceError as e:
+            raise UsageError(str(e)) from None
     mcfg = src.model.config
     prompt, prompt_text, eos = _prompt(src, opts)
     total = len(prompt) + opts.max_new_tokens
@@ -347,52 +388,62 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
                              argmax=opts.temperature == 0)
     explicit = _check_static_dram(src.model, cfg, options, formats, opts)
     windows = _eval_windows(src, opts, seq)
-    cfg, captured, dram = _size_dram(src.model, cfg, options, formats, explicit, log)
+    with phase("size DRAM"):
+        cfg, captured, dram = _size_dram(src.model, cfg, options, formats, explicit, log,
+                                         progress)
     # a board that cannot be reached fails here, before the compression
     backend = _open_backend(opts, cfg)
     try:
-        weights, compressed, compress_s = _compress(src, recipe, formats, opts, seq, progress, log)
-        bits = sum(stream_layout(w.fmt, *w.shape, cfg.lanes).bits_per_weight["total"] * w.shape[0]
-                   * w.shape[1] for w in weights.values()) / sum(
-                       w.shape[0] * w.shape[1] for w in weights.values())
-        twin = use_hardware_numerics(copy.deepcopy(compressed), weights, cfg.acc_bits,
-                                     attention=True, vector=opts.vector_numerics,
-                                     kv_bits=opts.kv_bits)
+        with phase("compress"):
+            weights, compressed, compress_s = _compress(src, recipe, formats, opts, seq,
+                                                        progress, log)
+            bits = sum(stream_layout(w.fmt, *w.shape, cfg.lanes).bits_per_weight["total"]
+                       * w.shape[0] * w.shape[1] for w in weights.values()) / sum(
+                           w.shape[0] * w.shape[1] for w in weights.values())
+            twin = use_hardware_numerics(copy.deepcopy(compressed), weights, cfg.acc_bits,
+                                         attention=True, vector=opts.vector_numerics,
+                                         kv_bits=opts.kv_bits)
 
         # ---- accuracy (no fp32 baseline for a compressed file: it holds compressed weights)
         ppl = {}
         if windows is not None:
-            proto = EvalProtocol(seq_len=seq, max_tokens=opts.eval_tokens)
-            models = ([] if src.weights else [("fp32", src.model)]) + [("compressed", twin)]
-            for label, m in models:
-                ppl[label] = perplexity(m, proto, windows=windows).perplexity
-            log(f"perplexity on {windows.shape[0] * seq:,} held-out tokens: "
-                + (f"fp32 {ppl['fp32']:.3f} -> " if "fp32" in ppl else "")
-                + f"compressed, accelerator numerics {ppl['compressed']:.3f}")
+            with phase("accuracy"):
+                proto = EvalProtocol(seq_len=seq, max_tokens=opts.eval_tokens)
+                models = ([] if src.weights else [("fp32", src.model)]) + [("compressed", twin)]
+                for label, m in models:
+                    ppl[label] = perplexity(m, proto, windows=windows).perplexity
+                log(f"perplexity on {windows.shape[0] * seq:,} held-out tokens: "
+                    + (f"fp32 {ppl['fp32']:.3f} -> " if "fp32" in ppl else "")
+                    + f"compressed, accelerator numerics {ppl['compressed']:.3f}")
 
-        # ---- compile
-        exe = compile_model(src.model, cfg, options, weights=weights, captured=captured)
+        # ---- compile (the DRAM-sizing probe's fusions and moves again: sw.compile.memo)
+        with phase("compile"):
+            exe = compile_model(src.model, cfg, options, weights=weights, captured=captured,
+                                progress=progress)
         rep = exe.report
         log(f"compile: {rep['programs']} programs, {rep['instructions']:,} instructions in "
             f"{rep['compile_s']:.2f} s (capture {rep['capture_s']:.1f} s); DRAM "
             f"{rep['dram']['total']:,} of {cfg.memory.size_bytes:,} bytes")
 
         # ---- run on the backend, and the twin
-        runtime = Runtime(exe, backend, trace=True, vector=opts.vector_numerics)
-        bar = tqdm(total=opts.max_new_tokens, desc=f"generate ({opts.backend})",
-                   disable=not progress, leave=False)
-        sampling = dict(temperature=opts.temperature, top_k=opts.top_k, eos_token_id=eos)
-        # the twin check compares tokens: where the chip picks them, only they are read back
-        gen = runtime.generate(prompt, opts.max_new_tokens, seed=opts.seed,
-                               on_token=lambda _: bar.update(), logits=False, **sampling)
-        bar.close()
-        if len(gen.steps) == 1:  # ended at the first token: measure one decode step anyway
-            greedy = opts.temperature == 0 and runtime.argmax_on_chip("decode")
-            gen.steps.append(runtime.step(torch.tensor([[gen.tokens[-1]]]),
-                                          logits=not greedy)[1])
-        with torch.no_grad():
-            twin_out = generate(twin, torch.tensor(prompt), opts.max_new_tokens,
-                                generator=torch.Generator().manual_seed(opts.seed), **sampling)
+        with phase("run"):
+            runtime = Runtime(exe, backend, trace=True, vector=opts.vector_numerics)
+            bar = tqdm(total=opts.max_new_tokens, desc=f"generate ({opts.backend})",
+                       disable=not progress, leave=False)
+            sampling = dict(temperature=opts.temperature, top_k=opts.top_k, eos_token_id=eos)
+            # the twin check compares tokens: where the chip picks them, only they are read back
+            gen = runtime.generate(prompt, opts.max_new_tokens, seed=opts.seed,
+                                   on_token=lambda _: bar.update(), logits=False, **sampling)
+            bar.close()
+            if len(gen.steps) == 1:  # ended at the first token: measure one decode step anyway
+                greedy = opts.temperature == 0 and runtime.argmax_on_chip("decode")
+                gen.steps.append(runtime.step(torch.tensor([[gen.tokens[-1]]]),
+                                              logits=not greedy)[1])
+        with phase("twin"):
+            with torch.no_grad():
+                twin_out = generate(twin, torch.tensor(prompt), opts.max_new_tokens,
+                                    generator=torch.Generator().manual_seed(opts.seed),
+                                    **sampling)
         twin_tokens = _until_eos(twin_out[len(prompt):].tolist(), eos)
         values = runtime.values
         tokens = gen.tokens if values else twin_tokens
@@ -400,26 +451,38 @@ def deploy(opts: DeployOptions, out: Path, log=print) -> dict:
 
         # ---- the same model in dense INT4 on the same hardware (timing only: no cycle count
         # depends on the DRAM's size, which the denser weights may outgrow)
-        dense = {k: WeightFormat(DENSE, 4, w.fmt.group or recipe.group) for k, w in weights.items()}
-        dense_cfg = cfg.timing_only()
-        dense_exe = compile_model(src.model, dense_cfg, options, formats=dense, captured=captured)
-        dense_rt = Runtime(dense_exe, make_backend("model-timing", dense_cfg),
-                           vector=opts.vector_numerics)
-        dense_steps = [dense_rt.step(torch.tensor([prompt]))[1]]
-        for tok in tokens[:max(1, len(gen.steps) - 1)]:  # the same decode steps as the run
-            dense_steps.append(dense_rt.step(torch.tensor([[tok]]))[1])
+        with phase("dense"):
+            dense = {k: WeightFormat(DENSE, 4, w.fmt.group or recipe.group)
+                     for k, w in weights.items()}
+            dense_cfg = cfg.timing_only()
+            dense_exe = compile_model(src.model, dense_cfg, options, formats=dense,
+                                      captured=captured, progress=progress)
+            dense_rt = Runtime(dense_exe, make_backend("model-timing", dense_cfg),
+                               vector=opts.vector_numerics)
+            dense_steps = [dense_rt.step(torch.tensor([prompt]))[1]]
+            for tok in tokens[:max(1, len(gen.steps) - 1)]:  # the same decode steps as the run
+                dense_steps.append(dense_rt.step(torch.tensor([[tok]]))[1])
 
-        report = _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl, bits,
-                         compress_s, time.perf_counter() - t_all)
-        report.update(method="from the file" if src.weights else recipe.method,
-                      recipe=None if src.weights else str(recipe),
-                      recipe_why=None if src.weights else recipe.why,
-                      recipe_layers=None if src.weights else dict(recipe.layers), dram_sizing=dram,
-                      calib_corpus=(opts.calib_domain
-                                    if not src.weights and calibrates(recipe.method) else None),
-                      board=_board_report(backend, opts))
-        _write(out, opts, cfg, exe, gen, report, src, tokens, prompt_text)
+        with phase("report"):
+            report = _report(opts, cfg, weights, src, exe, gen, tokens, match, dense_steps, ppl,
+                             bits, compress_s, time.perf_counter() - t_all)
+            report.update(method="from the file" if src.weights else recipe.method,
+                          recipe=None if src.weights else str(recipe),
+                          recipe_why=None if src.weights else recipe.why,
+                          recipe_layers=None if src.weights else dict(recipe.layers),
+                          dram_sizing=dram,
+                          calib_corpus=(opts.calib_domain
+                                        if not src.weights and calibrates(recipe.method)
+                                        else None),
+                          board=_board_report(backend, opts), phase_s=phase.seconds)
+            _write(out, opts, cfg, exe, gen, report, src, tokens, prompt_text)
+        # the report phase's own seconds, and the whole run's, after it is written
+        report["wall_s"] = time.perf_counter() - t_all
+        (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
         _print_summary(report, src.decode(tokens), prompt_text, log)
+        log("wall time by phase: " + ", ".join(f"{k} {v:.1f} s"
+                                                for k, v in phase.seconds.items())
+            + f"; total {report['wall_s']:.1f} s")
         return report
     finally:
         if opts.backend in BOARD_BACKENDS:
@@ -486,7 +549,8 @@ def _check_static_dram(model, cfg: AcceleratorConfig, options: CompileOptions,
 
 
 def _size_dram(model, cfg: AcceleratorConfig, options: CompileOptions,
-               formats: dict[str, WeightFormat], explicit: str | None, log):
+               formats: dict[str, WeightFormat], explicit: str | None, log,
+               progress: bool = False):
     """Check that the compiled model fits before anything is compressed, sizing the DRAM to
     it when no --config or --dram-mb (``explicit``) says otherwise.
 
@@ -500,8 +564,8 @@ def _size_dram(model, cfg: AcceleratorConfig, options: CompileOptions,
     captured = capture_model(model, options)
     probe = cfg if explicit else cfg.with_dram(cfg.timing_only().memory.size_bytes)
     try:
-        needed = compile_model(model, probe, options, formats=formats,
-                               captured=captured).report["dram"]["total"]
+        needed = compile_model(model, probe, options, formats=formats, captured=captured,
+                               progress=progress).report["dram"]["total"]
     except PlanError as e:
         raise UsageError(f"{explicit}: {e}") from None
     if explicit:

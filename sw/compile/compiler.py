@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from torch import nn
+from tqdm.auto import tqdm
 
 from hw.config import AcceleratorConfig
 from hw.format import QuantizedWeight, WeightFormat, stream_layout
@@ -104,6 +105,7 @@ from sw.compile.ir import OPS, Graph, Node, linear_layers
 from sw.compile.ir.types import SYMBOL
 from sw.compile.kvappend import KVAppendOp, kv_append_words
 from sw.compile.lower import KVLayout, Member, context_bucket, node_members
+from sw.compile.memo import fuse_parts_cached, moves_cached
 from sw.compile.onchip import onchip_moves, out_moves, quiet_stores, quieten, vout_moves
 from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
 from sw.compile.plan import (
@@ -272,7 +274,8 @@ def capture_model(model: LlamaLM, options: CompileOptions) -> dict[str, CaptureR
 def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOptions, *,
                   weights: Mapping[str, QuantizedWeight] | None = None,
                   formats: Mapping[str, WeightFormat] | None = None,
-                  captured: Mapping[str, CaptureResult] | None = None) -> Executable:
+                  captured: Mapping[str, CaptureResult] | None = None,
+                  progress: bool = False) -> Executable:
     """Compile ``model`` for ``cfg``.
 
     Parameters
@@ -291,6 +294,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         executable (no DRAM image, no values).
     captured : mapping, optional
         :func:`capture_model` of the same model and options, to skip the capture.
+    progress : bool
+        A progress bar (tqdm) over the nodes each lowering lowers.
 
     Raises
     ------
@@ -314,8 +319,9 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
             raise
         embedding = {}
         placed, layout, arenas = _place(model, cfg, fmt_map, buffers, kv, options, regions)
+    bar = "compile: lower" if progress else None
     symbols, programs, table, templates, joined = _lower_join(
-        cfg, work, placed, options, pairs, graphs, frozenset(embedding), kv=kv)
+        cfg, work, placed, options, pairs, graphs, frozenset(embedding), kv=kv, progress=bar)
     frames = None
     if options.one_program and options.chain_programs and "decode" in table.entries and (
             options.block_loop or options.block_loop is None
@@ -323,8 +329,9 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
         # joined whatever their length, the blocks' symbols in frames, the blocks one loop
         plain = (_place(model, cfg, fmt_map, buffers, kv, options, regions) if embedding
                  else (placed, layout, arenas))
-        _, wide, _, wide_templates, wide_joined = _lower_join(cfg, work, plain[0], options,
-                                                              pairs, graphs, wide=True)
+        _, wide, _, wide_templates, wide_joined = _lower_join(
+            cfg, work, plain[0], options, pairs, graphs, wide=True,
+            progress=bar and "compile: lower (blocks joined)")
         if wide_joined:
             frames = _frame_step(cfg, model, plain[0], wide, wide_templates)
     framed, served = None, {}
@@ -342,7 +349,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
             frames = None
     if frames is not None:
         rolled = _lower_join(cfg, work, framed[0], options, pairs, graphs, frozenset(served),
-                             wide=True, kv=kv, blocks=model.config.num_hidden_layers)
+                             wide=True, kv=kv, blocks=model.config.num_hidden_layers,
+                             progress=bar and "compile: lower (blocks in frames)")
         looped = _roll_step(cfg, rolled[1], model.config.num_hidden_layers, rolled[3],
                             rolled[0], frames, served)
         if any(looped[i].instructions > cfg.imem_depth for i in _joined(looped, rolled[3])):
@@ -646,8 +654,8 @@ def static_dram_bytes(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOp
 
 def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int,
            groups: Mapping[int, FusedGroup] | None = None, loops: bool | None = None,
-           embedding: frozenset[str] = frozenset(), spread: bool = True
-           ) -> tuple[list[Program], ProgramTable, int]:
+           embedding: frozenset[str] = frozenset(), spread: bool = True,
+           progress: str | None = None) -> tuple[list[Program], ProgramTable, int]:
     """One program per (node, bucket): each distinct one lowered once (``loops``: rolled,
     :class:`CompileOptions`), relocated; and the table that finds them for every context.
     Each of ``groups`` (by the index of its last entry in ``work``:
@@ -662,7 +670,7 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
     A compilation that fuses programs (``groups``) keeps its linears' weights in a ring
     (:func:`sw.compile.relocation.lower_template`), one that does not in the double buffers.
     A decode program's LOADs of the ``embedding`` buffers (the token's embedding rows) are
-    its ``embed_rows``."""
+    its ``embed_rows``. ``progress``: a progress bar's description (None: no bar)."""
     templates: dict[tuple, tuple[int, Template | None]] = {}
     programs: list[Program] = []
     table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
@@ -670,7 +678,8 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
     groups = groups or {}
     pos: dict[int, int] = {}  # work entry -> its program
     onchip: set[str] = set()  # the rows of the groups every context runs whole
-    for i, (phase, node, bucket, members) in enumerate(work):
+    for i, (phase, node, bucket, members) in enumerate(tqdm(
+            work, desc=progress, disable=progress is None, leave=False, unit="node")):
         key = tuple(m.signature for m in members)
         vec = members[0] if isinstance(members[0], VectorOp) else None
         if key not in templates:
@@ -872,7 +881,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
             work = [work[0] + acc + 4 * part.length + 4 * part.rows * (offset == 0),
                     work[1] + acc, work[2]]
     try:
-        fused, places = fuse_parts(cfg, words, spread=spread or nodes[0].phase != "decode")
+        fused, places = fuse_parts_cached(cfg, words, spread or nodes[0].phase != "decode",
+                                          fuse_parts)
     except LoweringError:
         return False
     # a ROPE part's table LOADs, as words of the fused program: the runtime sets them per step
@@ -926,7 +936,7 @@ def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
                 options: CompileOptions, pairs: Mapping[int, FusedGroup],
                 graphs: Mapping[str, Graph], embedding: frozenset[str] = frozenset(),
                 wide: bool = False, kv: KVLayout | None = None,
-                blocks: int | None = None) -> tuple:
+                blocks: int | None = None, progress: str | None = None) -> tuple:
     """The symbols (``placed`` and the fused parts' aliases), programs, table, templates and
     joined decode steps (:func:`_join_step`) of ``work`` lowered with ``placed`` (the
     ``embedding`` buffers read from the embedding table: :func:`_lower`); ``wide``: steps
@@ -935,14 +945,15 @@ def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
     cache's layout, whose tiles a step does not append to load early in a joined step
     (:func:`_kv_ahead`; ``wide``, with ``blocks``, the decoder blocks its steps roll into
     one loop, alike in every block). Every program that
-    runs then has its round trips of vector rows as moves (:func:`_with_moves`)."""
+    runs then has its round trips of vector rows as moves (:func:`_with_moves`).
+    ``progress``: the description of a progress bar over the lowering (None: none)."""
     symbols = dict(placed)
     for g in all_groups(pairs.values()):  # a part's results inside another's rows
         for name, parent, offset, size in part_aliases(cfg, g.parts):
             r = symbols[parent]
             symbols[name] = Region(r.addr + offset, size, r.kind)
     programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
-                                        options.loops, embedding, not wide)
+                                        options.loops, embedding, not wide, progress)
     joined = 0
     if options.one_program and options.chain_programs and "decode" in table.entries:
         programs, table, joined = _join_step(cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg,
@@ -955,7 +966,8 @@ def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
     wider = cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg
     programs = [p if p.fused_into is not None or not p.instructions
                 else _with_moves(wider if p.template >= templates else cfg, p)
-                for p in programs]
+                for p in tqdm(programs, desc=progress and f"{progress}: moves",
+                              disable=progress is None, leave=False, unit="program")]
     return symbols, programs, table, templates, joined
 
 
@@ -1108,14 +1120,8 @@ def _with_moves(cfg: AcceleratorConfig, p: Program) -> Program:
     are, the others' rows follow), where the moves still fit ``cfg``'s instruction memory
     (else fewer: ``p`` without the later passes' moves, or ``p``)."""
     keep = (*p.position_rows, *p.imm_rows, *p.embed_rows, *(i for i, *_ in p.append_rows))
-    words, where = onchip_moves(cfg, p.words, keep)
-    more, after = out_moves(cfg, words, {where[i] for i in keep})
-    if more is not words and more.shape[0] <= cfg.imem_depth:
-        words, where = more, tuple(after[i] for i in where)
-    more, after = vout_moves(cfg, words, {where[i] for i in keep})
-    if more is not words and more.shape[0] <= cfg.imem_depth:
-        words, where = more, tuple(after[i] for i in where)
-    if words is p.words or words.shape[0] > cfg.imem_depth:
+    words, where = moves_cached(cfg, p.words, keep, (onchip_moves, out_moves, vout_moves))
+    if where is None:
         return p
     return dataclasses.replace(
         p, words=words, position_rows=tuple(where[i] for i in p.position_rows),
@@ -1181,7 +1187,8 @@ def _join_step(cfg: AcceleratorConfig, programs: list[Program], table: ProgramTa
         fused = None
         if len(runs) > 1 and _joinable(graph, programs, runs):
             try:
-                fused = fuse_parts(cfg, [programs[r].words for r in runs], spread=spread)
+                fused = fuse_parts_cached(cfg, [programs[r].words for r in runs], spread,
+                                          fuse_parts)
             except LoweringError:  # it does not fit: the fused programs run
                 fused = None
         if fused is not None and (spread or blocks) and kv is not None:

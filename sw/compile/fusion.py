@@ -180,6 +180,7 @@ rows again as its column range of o_proj's input rows (:func:`_values_into`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -724,6 +725,19 @@ def _loaded(f: Mapping[str, np.ndarray], per_word: bool = False
             ] + [(Spad.VIN.value, *dram_extent(f, i)) for i in moves]
 
 
+def _loads(words: np.ndarray) -> tuple[tuple[int, int, int], ...]:
+    """:func:`_loaded` of the program ``words``' fields, from a memo by their content (a
+    fusion asks it of every part before the one it places, for each of that one's LOADs)."""
+    a = np.ascontiguousarray(words, dtype=np.uint64)
+    return _loads_of(a.tobytes(), a.shape)
+
+
+@functools.lru_cache(maxsize=1024)
+def _loads_of(data: bytes, shape: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    words = np.frombuffer(data, dtype=np.uint64).reshape(shape)
+    return tuple(_loaded(decode_fields(words)))
+
+
 def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
                ) -> np.ndarray | None:
     """A vector part's ``words`` (END dropped) with its VIN moved above the VIN beats the part
@@ -735,8 +749,8 @@ def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     reads only what its LOADs put in VIN, so it computes what it did; its VOUT stays, as its
     VECs start only after the boundary (:func:`fuse_parts`)."""
     vin = Spad.VIN.value
-    mine = [(a, b) for s, a, b in _loaded(decode_fields(words)) if s == vin]
-    theirs = [(a, b) for s, a, b in _loaded(decode_fields(before)) if s == vin]
+    mine = [(a, b) for s, a, b in _loads(words) if s == vin]
+    theirs = [(a, b) for s, a, b in _loads(before) if s == vin]
     if not mine or not theirs or not any(_overlap(m, t) for m in mine for t in theirs):
         return None
     top, end = max(b for _, b in theirs), max(b for _, b in mine)
@@ -792,7 +806,7 @@ def _vin_gap_clear(cfg: AcceleratorConfig, theirs: Sequence[tuple[int, int]],
     """A vector part's ``words`` (END dropped) moved (:func:`_vin_shifted`) into the lowest
     VIN beats clear of every span ``[first, last + 1)`` of ``theirs``, where its LOADs into
     VIN overlap one of them and such a gap exists (else None)."""
-    mine = [(a, b) for s, a, b in _loaded(decode_fields(words)) if s == Spad.VIN.value]
+    mine = [(a, b) for s, a, b in _loads(words) if s == Spad.VIN.value]
     theirs = sorted(theirs)
     if not mine or not any(_overlap(m, t) for m in mine for t in theirs):
         return None
@@ -1156,7 +1170,7 @@ def _wgt_moved(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.n
     vector parts before it run)."""
     wgt = Spad.WGT.value
     runs: list[list[int]] = []
-    for a, b in sorted((a, b) for s, a, b in _loaded(decode_fields(words)) if s == wgt):
+    for a, b in sorted((a, b) for s, a, b in _loads(words) if s == wgt):
         if runs and a <= runs[-1][1]:
             runs[-1][1] = max(runs[-1][1], b)
         else:
@@ -1166,7 +1180,7 @@ def _wgt_moved(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.n
     size = sum(b - a for a, b in runs)
     top, base = 0, 0
     for part in reversed(placed):
-        top = max([top] + [b for s, _, b in _loaded(decode_fields(part)) if s == wgt])
+        top = max([top] + [b for s, _, b in _loads(part) if s == wgt])
         if top + size > cfg.spad_beats("wgt"):
             break
         base = top
@@ -1894,13 +1908,14 @@ def _boundary(placed: Sequence[np.ndarray], body: np.ndarray, i: int,
     block's, after no ADD, must go where the others' do)."""
     k = len(placed) - 1
     f = decode_fields(body[i:i + 1])
-    if any(_overlap(dram_extent(f, 0), s) for s in stored):
+    src = dram_extent(f, 0)
+    if any(_overlap(src, s) for s in stored):
         return k
     spad, lo, hi = _spad_extent(f, 0)
     if rolled and spad != Spad.WGT.value:
         return k
     while k > 1 and not any(s == spad and _overlap((lo, hi), (a, b))
-                            for s, a, b in _loaded(decode_fields(placed[k - 2]))) \
+                            for s, a, b in _loads(placed[k - 2])) \
             and not (rolled and (_gemms_or_adds(placed[k - 1]) or _adds(placed[k - 2]))):
         k -= 1
     return k

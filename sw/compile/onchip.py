@@ -58,6 +58,7 @@ no event count or word index changes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
@@ -121,7 +122,12 @@ def _matches(f) -> np.ndarray:
 
 def _instrs(words: np.ndarray) -> list:
     """The decoded instructions of ``words`` (``uint64 [n, 2]``: low, high halves)."""
-    return [decode(int(lo) | int(hi) << 64) for lo, hi in words]
+    return [_decode(int(lo) | int(hi) << 64) for lo, hi in words.tolist()]
+
+
+#: :func:`hw.isa.decode`, remembered: each pass decodes the words of the one before, mostly
+#: the same (an instruction is a frozen dataclass, safe to share).
+_decode = functools.lru_cache(maxsize=1 << 16)(decode)
 
 
 def round_trips(words: np.ndarray) -> list[tuple[int, int | None, int]]:
@@ -427,6 +433,13 @@ def _dram_beats(ins) -> np.ndarray:
             + np.arange(ins.row_beats)[None, :]).reshape(-1)
 
 
+def _dram_span(ins) -> tuple[int, int]:
+    """The first and last of :func:`_dram_beats` ``(ins)`` (a LOAD or STORE of at least one
+    beat), from its fields."""
+    rows = (ins.rows - 1) * ins.dram_stride
+    return ins.dram_addr + min(0, rows), ins.dram_addr + max(0, rows) + ins.row_beats - 1
+
+
 def _vin_reads(cfg: AcceleratorConfig, v) -> list[tuple[int, int]]:
     """VIN beats ``[first, last + 1)`` a VEC may read: its ``a`` row, its ``b`` row
     (:func:`hw.isa.vec_reads_b`; a ROPE's table is shorter) and its amax word
@@ -464,9 +477,10 @@ def _last_writers(ins: Sequence, stores: Sequence[int], t: int, spad: Spad = Spa
         st = ins[j]
         if st.reg:
             return None
-        sb = _dram_beats(st)
-        if int(sb.max()) < lo or int(sb.min()) >= hi:
+        first, last = _dram_span(st)
+        if last < lo or first >= hi:  # no beat in the LOAD's span (_dram_beats unbuilt)
             continue
+        sb = _dram_beats(st)
         k = np.searchsorted(lb, sb, sorter=order)
         pos = order[np.minimum(k, lb.shape[0] - 1)]
         inside = lb[pos] == sb
@@ -615,11 +629,18 @@ def _out_kept(cfg: AcceleratorConfig, ins: Sequence, known: np.ndarray, gemms: S
     mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
     for g in gemms:
         if g > p:
-            end = -(-gemm_extents(ins[g], cfg)[Spad.OUT] // cfg.beat_bytes)
+            end = _out_end(cfg, ins[g])
             if ins[g].out_addr < end and _span_overlap(mine, (ins[g].out_addr, end)):
                 k = int(known[g, Engine.STORE.value])
                 return k > s or (signal and k == s)
     return True
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _out_end(cfg: AcceleratorConfig, g: Gemm) -> int:
+    """The OUT beat after the GEMM ``g``'s results (:func:`hw.isa.gemm_extents`), remembered:
+    each candidate STORE scans the GEMMs after it."""
+    return -(-gemm_extents(g, cfg)[Spad.OUT] // cfg.beat_bytes)
 
 
 def _flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c, mv, signal
@@ -718,8 +739,14 @@ def _vout_writes(cfg: AcceleratorConfig, v: Vec) -> tuple[int, int]:
     """The VOUT beats ``[first, last + 1)`` a VEC writes (:func:`hw.isa.vec_out_words` words
     from its ``dst_addr``)."""
     per = cfg.beat_bytes // cfg.vout_word_bytes
-    end = v.dst_addr + int(vec_out_words(v.func.value, v.length, v.imm))
+    end = v.dst_addr + _out_words(v.func.value, v.length, v.imm)
     return v.dst_addr // per, -(-end // per)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _out_words(func: int, length: int, imm: int) -> int:
+    """:func:`hw.isa.vec_out_words`, remembered: each candidate STORE scans the VECs."""
+    return int(vec_out_words(func, length, imm))
 
 
 def _after(eng: np.ndarray, match: np.ndarray, s: int) -> np.ndarray:
@@ -747,8 +774,8 @@ def _vout_kept(cfg: AcceleratorConfig, ins: Sequence, eng: np.ndarray, match: np
     mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
     done = int(known[s, Engine.VECTOR.value])
     writers = [v for v in vecs if v > done and _span_overlap(mine, _vout_writes(cfg, ins[v]))]
-    late = [v for v in writers if int(known[v, Engine.STORE.value]) not in
-            (s, *range(p + 1, len(ins)))]
+    late = [v for v in writers if (k := int(known[v, Engine.STORE.value])) != s
+            and not p < k < len(ins)]  # known complete: s, or a word after p
     return not late or bool(_after(eng, match, s)[late].all())
 
 

@@ -61,6 +61,10 @@ def test_deploy_reference_model(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "tokens equal the model-level twin's: yes" in text
     assert f"DRAM: the compiled model needs {report['dram_bytes']['total']:,} bytes" in text
+    # every phase timed, in order, each logged as it starts and ends
+    assert tuple(report["phase_s"]) == sw.deploy.PHASES
+    assert 0 < sum(report["phase_s"].values()) <= report["wall_s"]
+    assert all(f"[{p}] at " in text and f"[{p}] done in " in text for p in sw.deploy.PHASES)
     md = (out / "report.md").read_text()
     assert f"| recipe | {report['recipe']} (the options given) |" in md
 
