@@ -1328,6 +1328,27 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
         v["opcode"] == Opcode.LOAD.value).tolist() for w in written)
 
 
+def _loads_follow_stores(g: Mapping[str, np.ndarray], eng: np.ndarray, stores: Sequence[int]
+                         ) -> bool:
+    """Whether every LOAD-engine word of the GEMM part ``g`` (decoded fields, ``eng`` their
+    engines, ``stores`` its STOREs' indices) that waits on an event its STOREs signal comes
+    right after the STORE whose signal it consumes (the ``k``-th wait on an event, its
+    ``k``-th signal): a ring no deeper than the LOAD queue (:mod:`sw.compile.schedule`)."""
+    by_event: dict[int, list[int]] = {}
+    for i in stores:
+        if int(g["signal"][i]) != NO_EVENT:
+            by_event.setdefault(int(g["signal"][i]), []).append(i)
+    taken: dict[int, int] = {}
+    for i in np.flatnonzero(eng == Engine.LOAD.value).tolist():
+        e = int(g["wait"][i])
+        if e in by_event:
+            k = taken.get(e, 0)
+            taken[e] = k + 1
+            if k >= len(by_event[e]) or by_event[e][k] != i - 1:
+                return False
+    return True
+
+
 def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
            ) -> tuple[np.ndarray, list[int], list[int]]:
     """The GEMM part ``gemm`` and the vector part ``vec`` after it (both END dropped, checked
@@ -1392,6 +1413,12 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         for j in range(len(loads) - 2, -1, -1):
             if need[loads[j]] < 0:
                 need[loads[j]] = need[loads[j + 1]]
+    # a DEQUANT of gemm's results whose ring LOADs each follow the STORE they wait on comes
+    # right before gemm's next LOAD-engine word, behind the GEMM and STORE words before it
+    # (the docstring says why; where a LOAD waits on an earlier STORE, a ring deeper than
+    # the LOAD queue, the segment's LOADs would then follow the next segment's STOREs and
+    # their moves from OUT could not be proved: sw.compile.onchip.out_round_trips)
+    late = not paced and any(n >= 0 for n in need) and _loads_follow_stores(g, g_eng, stores)
     for i in now:
         need[i] = -2
     queues = {e: [i for i in range(v_eng.shape[0]) if int(v_eng[i]) == e]
@@ -1473,7 +1500,8 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         if int(g_eng[i]) == load and e in by_event:
             done = max(done, by_event[e][consumed.get(e, 0)])
             consumed[e] = consumed.get(e, 0) + 1
-        flush(done, False)
+        if not late or i + 1 == g_eng.shape[0] or int(g_eng[i + 1]) == load:
+            flush(done, False)
     while any(queues.values()):
         before = len(out)
         flush(done, True)
