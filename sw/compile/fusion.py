@@ -1375,8 +1375,17 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     program (paced: a STORE once, by the durations, what it waits on is done; a VEC as
     soon as the vector engine's queue has room, right after the LOAD that grants it, so a
     drained vector part of the run costs the LOAD stream a GEMM-part word or two, not one
-    per word: SILU_GATE segments keep up with the up GEMM's tiles). So every wait on an
-    event of ``vec`` follows its signal in program order, no word of ``vec`` comes while
+    per word: SILU_GATE segments keep up with the up GEMM's tiles). A DEQUANT of ``gemm``'s
+    results (not paced) beside a ring whose LOADs each follow the STORE they wait on
+    (:func:`_loads_follow_stores`) comes only right before a LOAD-engine word of ``gemm``
+    (or after its last word), behind the GEMM and STORE words before it: the in-order STORE
+    engine then runs the tile's STORE, whose signal frees the ring slot the next weights
+    LOAD waits for, before the DEQUANT's STORE, which waits for the LOADs after the weights
+    LOAD before it, and the GEMM is dispatched before those LOADs fill the LOAD queue (a
+    deeper ring's LOADs wait on earlier STOREs: a segment's LOADs would then follow the next
+    segment's STOREs, and :func:`sw.compile.onchip.out_round_trips` could not prove that
+    segment's moves from OUT). So every wait on an event of ``vec`` follows its signal in
+    program order, no word of ``vec`` comes while
     a LOAD-engine word of ``gemm`` before it waits on a STORE after it (``gemm``'s loads
     run ahead of its stores), so no engine waits on one that waits on it, and every event
     is signalled and consumed as in the two parts alone. The durations only place the
@@ -1413,11 +1422,8 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         for j in range(len(loads) - 2, -1, -1):
             if need[loads[j]] < 0:
                 need[loads[j]] = need[loads[j + 1]]
-    # a DEQUANT of gemm's results whose ring LOADs each follow the STORE they wait on comes
-    # right before gemm's next LOAD-engine word, behind the GEMM and STORE words before it
-    # (the docstring says why; where a LOAD waits on an earlier STORE, a ring deeper than
-    # the LOAD queue, the segment's LOADs would then follow the next segment's STOREs and
-    # their moves from OUT could not be proved: sw.compile.onchip.out_round_trips)
+    # a DEQUANT of gemm's results beside a ring whose LOADs follow the STOREs they wait on:
+    # its words right before gemm's next LOAD-engine word (the docstring says why)
     late = not paced and any(n >= 0 for n in need) and _loads_follow_stores(g, g_eng, stores)
     for i in now:
         need[i] = -2
