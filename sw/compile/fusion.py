@@ -1385,10 +1385,10 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     deeper ring's LOADs wait on earlier STOREs: a segment's LOADs would then follow the next
     segment's STOREs, and :func:`sw.compile.onchip.out_round_trips` could not prove that
     segment's moves from OUT). So every wait on an event of ``vec`` follows its signal in
-    program order, no word of ``vec`` comes while
-    a LOAD-engine word of ``gemm`` before it waits on a STORE after it (``gemm``'s loads
-    run ahead of its stores), so no engine waits on one that waits on it, and every event
-    is signalled and consumed as in the two parts alone. The durations only place the
+    program order, no word of ``vec`` comes while a LOAD-engine word of ``gemm`` before it
+    waits on a STORE after it (``gemm``'s loads run ahead of its stores), so no engine
+    waits on one that waits on it, and every event is signalled and consumed as in the two
+    parts alone. The durations only place the
     words: the events order them.
 
     Returns the words and, per word of ``gemm`` and of ``vec``, its index in them.
