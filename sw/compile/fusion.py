@@ -1344,6 +1344,27 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
         v["opcode"] == Opcode.LOAD.value).tolist() for w in written)
 
 
+def _loads_follow_stores(g: Mapping[str, np.ndarray], eng: np.ndarray, stores: Sequence[int]
+                         ) -> bool:
+    """Whether every LOAD-engine word of the GEMM part ``g`` (decoded fields, ``eng`` their
+    engines, ``stores`` its STOREs' indices) that waits on an event its STOREs signal comes
+    right after the STORE whose signal it consumes (the ``k``-th wait on an event, its
+    ``k``-th signal): a ring no deeper than the LOAD queue (:mod:`sw.compile.schedule`)."""
+    by_event: dict[int, list[int]] = {}
+    for i in stores:
+        if int(g["signal"][i]) != NO_EVENT:
+            by_event.setdefault(int(g["signal"][i]), []).append(i)
+    taken: dict[int, int] = {}
+    for i in np.flatnonzero(eng == Engine.LOAD.value).tolist():
+        e = int(g["wait"][i])
+        if e in by_event:
+            k = taken.get(e, 0)
+            taken[e] = k + 1
+            if k >= len(by_event[e]) or by_event[e][k] != i - 1:
+                return False
+    return True
+
+
 def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
            ) -> tuple[np.ndarray, list[int], list[int]]:
     """The GEMM part ``gemm`` and the vector part ``vec`` after it (both END dropped, checked
@@ -1370,11 +1391,20 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     program (paced: a STORE once, by the durations, what it waits on is done; a VEC as
     soon as the vector engine's queue has room, right after the LOAD that grants it, so a
     drained vector part of the run costs the LOAD stream a GEMM-part word or two, not one
-    per word: SILU_GATE segments keep up with the up GEMM's tiles). So every wait on an
-    event of ``vec`` follows its signal in program order, no word of ``vec`` comes while
-    a LOAD-engine word of ``gemm`` before it waits on a STORE after it (``gemm``'s loads
-    run ahead of its stores), so no engine waits on one that waits on it, and every event
-    is signalled and consumed as in the two parts alone. The durations only place the
+    per word: SILU_GATE segments keep up with the up GEMM's tiles). A DEQUANT of ``gemm``'s
+    results (not paced) beside a ring whose LOADs each follow the STORE they wait on
+    (:func:`_loads_follow_stores`) comes only right before a LOAD-engine word of ``gemm``
+    (or after its last word), behind the GEMM and STORE words before it: the in-order STORE
+    engine then runs the tile's STORE, whose signal frees the ring slot the next weights
+    LOAD waits for, before the DEQUANT's STORE, which waits for the LOADs after the weights
+    LOAD before it, and the GEMM is dispatched before those LOADs fill the LOAD queue (a
+    deeper ring's LOADs wait on earlier STOREs: a segment's LOADs would then follow the next
+    segment's STOREs, and :func:`sw.compile.onchip.out_round_trips` could not prove that
+    segment's moves from OUT). So every wait on an event of ``vec`` follows its signal in
+    program order, no word of ``vec`` comes while a LOAD-engine word of ``gemm`` before it
+    waits on a STORE after it (``gemm``'s loads run ahead of its stores), so no engine
+    waits on one that waits on it, and every event is signalled and consumed as in the two
+    parts alone. The durations only place the
     words: the events order them.
 
     Returns the words and, per word of ``gemm`` and of ``vec``, its index in them.
@@ -1408,6 +1438,9 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         for j in range(len(loads) - 2, -1, -1):
             if need[loads[j]] < 0:
                 need[loads[j]] = need[loads[j + 1]]
+    # a DEQUANT of gemm's results beside a ring whose LOADs follow the STOREs they wait on:
+    # its words right before gemm's next LOAD-engine word (the docstring says why)
+    late = not paced and any(n >= 0 for n in need) and _loads_follow_stores(g, g_eng, stores)
     for i in now:
         need[i] = -2
     queues = {e: [i for i in range(v_eng.shape[0]) if int(v_eng[i]) == e]
@@ -1489,7 +1522,8 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         if int(g_eng[i]) == load and e in by_event:
             done = max(done, by_event[e][consumed.get(e, 0)])
             consumed[e] = consumed.get(e, 0) + 1
-        flush(done, False)
+        if not late or i + 1 == g_eng.shape[0] or int(g_eng[i + 1]) == load:
+            flush(done, False)
     while any(queues.values()):
         before = len(out)
         flush(done, True)

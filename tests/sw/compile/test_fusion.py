@@ -1323,12 +1323,70 @@ def test_a_decode_dequant_runs_beside_its_gemms(monkeypatch):
     assert overlapping
 
 
+def _on_load_engine(ins) -> bool:
+    return isinstance(ins, Load) or isinstance(ins, Sync) and ins.engine == Engine.LOAD
+
+
+def _tiles_part(tiles: int) -> np.ndarray:
+    """A vector part (events renamed, END dropped) of one VEC on the rows of GEMM-like tiles
+    ``0 .. tiles - 1`` (:func:`_ring_like`'s), loaded into VIN beat 0, storing its row at
+    DRAM beat 3000: a DEQUANT segment's shape."""
+    per, ev = CFG.beat_bytes // CFG.vin_word_bytes, EVENTS
+    return vector_events(program_words([
+        Load(spad=Spad.VIN, dram_addr=2000, rows=1, row_beats=OUT_ROW * tiles,
+             signal=ev["FULL0"]),
+        Vec(func=VecFunc.ADD, length=OUT_ROW * tiles * per, wait=ev["FULL0"],
+            signal=ev["OUT_FULL0"]),
+        Store(spad=Spad.VOUT, dram_addr=3000, rows=1, row_beats=OUT_ROW * tiles,
+              wait=ev["OUT_FULL0"], signal=ev["STORED0"])]))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_segment_beside_a_ring_goes_behind_the_next_tiles_store(monkeypatch, seed):
+    """``beside`` of a ring whose weights LOADs each follow the STORE they wait on (as many
+    slots as the LOAD queue holds, as SmolLM2's projections) and a vector part reading its
+    first four tiles: the vector part's words come right before the ring's next weights
+    LOAD, behind the GEMM and STORE after the LOAD that takes the fourth tile's STORED, so
+    the in-order STORE engine stores that tile before the vector part's row and the next
+    weights LOAD does not wait on the vector part. On the fast model from a random DRAM
+    image the program writes what the words placed right after that LOAD write
+    (``_loads_follow_stores`` patched off), in fewer cycles. A ring deeper than the LOAD
+    queue (its LOADs wait on earlier STOREs) keeps that placement."""
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    gemm, vec = _ring_like(1, 12, 64, 8, CFG.queue_depth)[:-1], _tiles_part(4)
+    g = decode_fields(gemm)
+    assert fusion._loads_follow_stores(g, engines_fields(g), fusion._stores(g))
+    deep = decode_fields(_ring_like(1, 12, 64, 8, 2 * CFG.queue_depth)[:-1])
+    assert not fusion._loads_follow_stores(deep, engines_fields(deep), fusion._stores(deep))
+    runs = []
+    for follow in (True, False):
+        if not follow:
+            monkeypatch.setattr(fusion, "_loads_follow_stores", lambda *_: False)
+        words, g_at, v_at = beside(CFG, gemm, vec)
+        got = _program(words)
+        assert g_at == sorted(g_at) and v_at == sorted(v_at)
+        # the weights LOADs that wait take the tiles' STOREDs in order: the fourth, tile 3's
+        taker = [i for i, w in enumerate(got) if isinstance(w, Load) and w.spad == Spad.WGT
+                 and w.wait is not None][3]
+        after = got[taker + 1:v_at[0]]
+        assert [type(w) for w in after] == ([Gemm, Store] if follow else [])
+        assert isinstance(got[v_at[-1] + 1], Load) and got[v_at[-1] + 1].spad == Spad.WGT \
+            or not follow
+        r = make_backend("model", CFG).run(program_words(got + [End()]), dram.copy())
+        assert r.ok, r.error
+        runs.append(r)
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[0].cycles < runs[1].cycles
+
+
 def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
     """``beside`` of a GEMM-like part (four tiles) and a vector part reading one tile's row:
-    each part's words in their order; the vector part's LOAD right after the LOAD-engine
-    word that takes that tile's STORED (tile 1: the fourth weights' LOAD; tile 3, whose
-    STORED no word of the part takes: SYNCs taking the STOREDs of tiles 2 and 3, in order),
-    its STORE signalling the renamed STORED; the program runs."""
+    each part's words in their order; the vector part's LOAD after the LOAD-engine word
+    that takes that tile's STORED (tile 1: the fourth weights' LOAD, then the GEMM and
+    STORE words up to the part's next LOAD-engine word, none: its last word; tile 3,
+    whose STORED no word of the part takes: SYNCs taking the STOREDs of tiles 2 and 3, in
+    order), its STORE signalling the renamed STORED; the program runs."""
     gemm = _gemm_like(4)[:-1]
     for tile, after, syncs in ((1, Load, 0), (3, Sync, 2)):
         load, *rest = _program(_vector_part(y=3000)[:-1])
@@ -1338,8 +1396,9 @@ def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
         got = _program(words)
         assert g_at == sorted(g_at) and v_at == sorted(v_at)
         assert len(got) == len(g_at) + len(v_at) + syncs
-        before = got[v_at[0] - 1]
+        before = [w for w in got[:v_at[0]] if _on_load_engine(w)][-1]
         assert isinstance(before, after) and before.wait == EVENTS[f"STORED{tile % 2}"]
+        assert all(_on_load_engine(w) for w in got[got.index(before):v_at[0]]) == (tile == 3)
         assert got[v_at[2]].signal == BESIDE_EVENTS[EVENTS["STORED0"]]
         r = make_backend("model", CFG).run(program_words(got + [End()]),
                                            np.zeros(CFG.memory.size_bytes, np.uint8))
