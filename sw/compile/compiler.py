@@ -953,7 +953,7 @@ def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
             r = symbols[parent]
             symbols[name] = Region(r.addr + offset, size, r.kind)
     programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
-                                        options.loops, embedding, not wide, progress)
+                                        options.loops, embedding, not wide, progress=progress)
     joined = 0
     if options.one_program and options.chain_programs and "decode" in table.entries:
         programs, table, joined = _join_step(cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg,

@@ -288,7 +288,7 @@ def test_a_rolled_decode_step_computes_the_unrolled_joins_logits(layers, monkeyp
     monkeypatch.setattr(compiler, "_copies_row", lambda *a: False)
     written = compile_model(lm, VSMALL, opts, weights=ws)
     lower, join = compiler._lower, compiler._join_step
-    monkeypatch.setattr(compiler, "_lower", lambda *a: lower(*a[:-1], False))
+    monkeypatch.setattr(compiler, "_lower", lambda *a, **k: lower(*a[:-1], False, **k))
     monkeypatch.setattr(compiler, "_join_step", lambda *a, spread, **k: join(
         *a, spread=False, **{**k, "blocks": layers}))
     flat = compile_model(lm, VSMALL, CompileOptions(6, 40, block_loop=False), weights=ws)
