@@ -1743,7 +1743,7 @@ AHEAD_FILLS = (HOIST_FILL, 1.25, 1)
 #: How many times ``sw.compile.compiler._kv_ahead`` places the constant LOADs: each round
 #: from the last one's placement and the idle :func:`timeline` estimates for it, while the
 #: estimate of the step as it runs (``sw.compile.compiler._as_run``) ends earlier. ``python
-#: -m bench.beats --unpaced`` (reference, context 128): one round 105,050 cycles, two
+#: -m bench.beats --unpaced`` (reference, context 128, at 1bc6aab): one round 105,050 cycles, two
 #: 104,891.
 AHEAD_ROUNDS = 2
 #: How many of a part's hoistable LOADs that find no slot with room (:data:`HOIST_FILL`) go
