@@ -51,7 +51,7 @@ __all__ = [
     "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
     "vec_out_words", "vec_out_terms", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT",
     "dequant_imm", "dequant_amax_addr", "dequant_fold", "ARGMAX_BASE_BITS", "argmax_imm",
-    "argmax_base", "argmax_pairs", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS",
+    "argmax_base", "argmax_pairs", "argmax_bad", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS",
     "laned_vec_funcs", "vec_lanes", "rope_laned",
     "insert_laned", "vec_unaligned", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
@@ -661,10 +661,11 @@ ARGMAX_BASE_BITS = 24
 def argmax_imm(base: int = 0, pairs: bool = False) -> int:
     """The ``imm`` of an ARGMAX (:func:`hw.numerics.vec_argmax_words`) whose index word is
     ``base`` (below ``2**ARGMAX_BASE_BITS``) plus the first maximum's index, or, with
-    ``pairs``, plus the index word of the first pair of maximal value word (its row: ``length
-    / 2`` pairs ``(index, value)``): a row too long for a scratchpad half is cut into
-    segments, each segment's ARGMAX with its first element's index as ``base``, their
-    ``(index, max)`` words one row of pairs, whose PAIRS ARGMAX is the whole row's."""
+    ``pairs``, plus the index word of the first pair of maximal value word (its row:
+    ``length / 2`` pairs ``(index, value)``; an odd ``length`` is BAD_ADDRESS,
+    :func:`argmax_bad`): a row too long for a scratchpad half is cut into segments, each
+    segment's ARGMAX with its first element's index as ``base``, their ``(index, max)``
+    words one row of pairs, whose PAIRS ARGMAX is the whole row's."""
     if not 0 <= base < 1 << ARGMAX_BASE_BITS:
         raise ValueError(f"ARGMAX index base {base} must be in [0, {1 << ARGMAX_BASE_BITS})")
     return base | (int(pairs) << ARGMAX_BASE_BITS)
@@ -1263,6 +1264,13 @@ def kv4_bad(func, length, imm):
     return (func == VecFunc.KV4.value) & (codes == 1) & rest
 
 
+def argmax_bad(func, length, imm):
+    """The VEC is an ARGMAX over pairs (:func:`argmax_imm`) of an odd ``length``: a word
+    with no pair (the rule table's ARGMAX rule, for the fetch unit); ints, arrays or Amaranth
+    values."""
+    return (func == VecFunc.ARGMAX.value) & (argmax_pairs(imm) == 1) & ((length & 1) == 1)
+
+
 def insert_bad(func, imm):
     """The VEC is an INSERT or INSERT4 whose geometry the engine cannot walk (the two INSERT
     rules of the rule table, for the fetch unit); ints, arrays or Amaranth values."""
@@ -1444,6 +1452,10 @@ _VEC_RULES = (
           lambda f, lim: _kv4_group_bad(f),
           lambda f, cfg: f"KV4 of length={f['vec.length']}: its group "
                          f"{kv4_group(f['vec.imm'])} (imm={f['vec.imm']}) does not divide it"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: argmax_bad(f["vec.func"], f["vec.length"], f["vec.imm"]),
+          lambda f, cfg: f"ARGMAX over pairs (imm={f['vec.imm']}) of an odd "
+                         f"length={f['vec.length']}"),
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: vec_unaligned(f["vec.func"], f["vec.a_addr"], f["vec.b_addr"],
                                        f["vec.dst_addr"], lim.vec_lanes, lim.vec_silu),

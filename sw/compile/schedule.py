@@ -848,9 +848,9 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     VEC reads its ``amax`` word (``imm``: its VIN address, FOLD's word with ``fold``:
     :func:`hw.isa.dequant_imm`; the values epilogue). A row too long for the halves, and a
     single row (a decode step's: :func:`dequant_segment_beats`), is cut into beat-aligned
-    segments, one per task (:func:`_dequant_tasks`); a single row whose channel row does not
-    fit VIN beside a segment (an LM head's: its row is the vocabulary) loads each segment's
-    channel words with it (segments of whole GEMM output tiles that fit a VIN half thrice
+    segments, one per task (:func:`_dequant_tasks`); rows whose channel row does not fit VIN
+    beside a segment (an LM head's: its row is the vocabulary) are cut into segments that
+    load their channel words with them (segments of whole GEMM output tiles that fit a VIN half thrice
     and a VOUT half). Tasks alternate
     between the halves with the events of :func:`schedule_vector`.
 
@@ -876,9 +876,9 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     const = row_beats  # the channel row's beats below the halves (0: a task's, with it)
     tasks = _dequant_tasks(rows, row_beats, (cfg.spad_beats("vin") - const) // 2, out_half,
                            segment)
-    if not tasks and rows == 1:  # the channel row does not fit: each segment loads its own
+    if not tasks:  # the channel row does not fit: each segment loads its own
         const, tile = 0, 4 * cfg.lanes // beat
-        seg = min(segment, (cfg.spad_beats("vin") // 2 - 1) // 2, out_half)
+        seg = min(segment or row_beats, (cfg.spad_beats("vin") // 2 - 1) // 2, out_half)
         seg -= seg % tile if seg > tile else 0  # whole GEMM output tiles (as segment's)
         tasks = _dequant_tasks(rows, row_beats, seg + 1, out_half, seg) if seg > 0 else []
     if not tasks:
