@@ -66,7 +66,7 @@ __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule
            "vector_tasks", "schedule_vector",
            "rope_table_beats", "schedule_requant", "AmaxPlace", "amax_place", "schedule_dequant",
            "dequant_segment_beats", "DEQUANT_TILES", "MAX_DEQUANT_SEGMENTS", "schedule_argmax",
-           "argmax_segments", "argmax_beats"]
+           "argmax_segments", "argmax_beats", "check_head_row"]
 
 #: The event table of a scheduled program: two per double buffer (docs/architecture.md, 9).
 EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
@@ -850,9 +850,10 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     single row (a decode step's: :func:`dequant_segment_beats`), is cut into beat-aligned
     segments, one per task (:func:`_dequant_tasks`); rows whose channel row does not fit VIN
     beside a segment (an LM head's: its row is the vocabulary) are cut into segments that
-    load their channel words with them (segments of whole GEMM output tiles that fit a VIN half thrice
-    and a VOUT half). Tasks alternate
-    between the halves with the events of :func:`schedule_vector`.
+    load their channel words with them (segments of whole GEMM output tiles: a VIN half
+    holds a segment's accumulators, its channel words and the ``amax`` beat, a VOUT half its
+    results). Tasks alternate between the halves with the events of
+    :func:`schedule_vector`.
 
     Raises
     ------
@@ -1030,6 +1031,22 @@ def schedule_argmax(cfg: AcceleratorConfig, rows: int, length: int) -> Schedule:
                        row_beats=1, dram_stride=1), (0, "y"))]
 
     return _row_tasks(_row_chunks(rows, m), load, vecs, store_rows)
+
+
+def check_head_row(cfg: AcceleratorConfig, length: int, argmax: bool = True) -> None:
+    """Lower the one-row DEQUANT (and, with ``argmax``, ARGMAX) of a decode step's LM head
+    of ``length`` logits as a compilation would (:func:`schedule_dequant`,
+    :func:`schedule_argmax`): a check from the configuration and the model's shapes alone.
+
+    Raises
+    ------
+    LoweringError
+        As those do: no vector engine, or a row that even segments do not fit.
+    """
+    acc_row_bytes = -(-length // _elems_per_beat(cfg)) * cfg.beat_bytes
+    schedule_dequant(cfg, 1, length, acc_row_bytes, AmaxPlace(True, 0, 0, 1))
+    if argmax:
+        schedule_argmax(cfg, 1, length)
 
 
 class _ArgmaxTask(NamedTuple):
