@@ -19,7 +19,9 @@ write
 
 =========  =================================================================================
 ADD        ``Add(a, b)``, written as it comes out
-ARGMAX     ``ArgMax``; its index and then its maximum written in two cycles
+ARGMAX     ``ArgMax``; its index plus imm's base and then its maximum written in two cycles;
+           with imm's PAIRS bit only the odd positions' words enter, each tagged with the
+           word before it, the tag the index (``hw.isa.argmax_imm``)
 REQUANT    pass 1 ``AbsMax``; as ``amax`` comes out, ``s = bitlen(amax) - 31`` (0, or 1 for
            ``amax = 2**31``: bit 31) and ``Recip(amax >> s)``; pass 2 ``Requant(33)`` with
            ``r, sh, s``; codes packed four to a word (code ``i`` in byte ``i % 4``, a word
