@@ -67,6 +67,7 @@ from hw.isa import (
     Spad,
     VecBody,
     VecFunc,
+    argmax_bad,
     dequant_amax_addr,
     dispatch_limits,
     field_location,
@@ -262,6 +263,7 @@ class FetchUnit(wiring.Component):
                                  | (v.b_addr + head_dim[1:] > lim.vin_elems)),
                       vec_reads_amax(func) & (dequant_amax_addr(v.imm) >= lim.vin_elems),
                       insert_bad(func, v.imm) & ~relative, kv4_bad(func, length, v.imm),
+                      argmax_bad(func, length, v.imm),
                       vec_unaligned(func, v.a_addr, v.b_addr, v.dst_addr, lim.vec_lanes,
                                     lim.vec_silu))
         rope_row = heads[:_ROPE_HEADS_BITS] * head_dim

@@ -50,7 +50,8 @@ __all__ = [
     "Load", "Store", "Gemm", "Sync", "Vec", "End", "Repeat", "Instr", "ISAError",
     "LoopStream", "loop_stream", "loop_stride", "loop_instruction", "DRAM_ADDR_MAX",
     "vec_out_words", "vec_out_terms", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT",
-    "dequant_imm", "dequant_amax_addr", "dequant_fold", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS",
+    "dequant_imm", "dequant_amax_addr", "dequant_fold", "ARGMAX_BASE_BITS", "argmax_imm",
+    "argmax_base", "argmax_pairs", "argmax_bad", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS",
     "laned_vec_funcs", "vec_lanes", "rope_laned",
     "insert_laned", "vec_unaligned", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
@@ -157,7 +158,8 @@ class VecFunc(enum.Enum, shape=4):
     "Vector engine"). Rows are ``length`` int32 elements of VIN; results go to VOUT."""
 
     ADD = 0      # dst[i] = sat32(a[i] + b[i])                   (hw.numerics.vec_add)
-    ARGMAX = 1   # dst[0] = first index of max(a), dst[1] = max   (hw.numerics.vec_argmax)
+    ARGMAX = 1   # dst[0] = imm's base + first index of max(a), dst[1] = max; imm's PAIRS
+    #              bit: over a's (index, value) pairs (argmax_imm, hw.numerics.vec_argmax_words)
     REQUANT = 2  # int8 codes of a, four per word, then amax      (hw.numerics.vec_requant)
     SOFTMAX = 3  # dst[i] = softmax of a over its first imm positions (hw.numerics.vec_softmax)
     RMSNORM = 4  # dst[i] = RMSNorm of a, weight row b, eps imm    (hw.numerics.vec_rmsnorm)
@@ -262,7 +264,8 @@ VecBody = data.StructLayout({
                     # ROPE: head_dim + heads * 2**16 (rope_imm)
                     # DEQUANT: the VIN address of the token's amax word, FOLD's with
                     # bit 16 (dequant_imm); INSERT: the codes' bytes (insert_imm);
-                    # CHANNEL: a channel word (bits 0..23, those above ignored)
+                    # CHANNEL: a channel word (bits 0..23, those above ignored);
+                    # ARGMAX: an index base and the PAIRS bit (argmax_imm)
     "reg": REG_FIELD_BITS,  # imm + the register's value, saturated (0: none; REG_VEC_FUNCS)
 })
 
@@ -648,6 +651,36 @@ def dequant_fold(imm):
     """The DEQUANT's amax word is FOLD's (:data:`DEQUANT_FOLD_BIT` of ``imm``); ints, arrays or
     Amaranth values."""
     return (imm >> DEQUANT_FOLD_BIT) & 1
+
+
+#: Bits of an ARGMAX's ``imm`` holding its index base; the bit above is its PAIRS bit
+#: (:func:`argmax_imm`), the bits above that are ignored.
+ARGMAX_BASE_BITS = 24
+
+
+def argmax_imm(base: int = 0, pairs: bool = False) -> int:
+    """The ``imm`` of an ARGMAX (:func:`hw.numerics.vec_argmax_words`) whose index word is
+    ``base`` (below ``2**ARGMAX_BASE_BITS``) plus the first maximum's index, or, with
+    ``pairs``, plus the index word of the first pair of maximal value word (its row:
+    ``length / 2`` pairs ``(index, value)``; an odd ``length`` is BAD_ADDRESS,
+    :func:`argmax_bad`): a row too long for a scratchpad half is cut into segments, each
+    segment's ARGMAX with its first element's index as ``base``, their ``(index, max)``
+    words one row of pairs, whose PAIRS ARGMAX is the whole row's."""
+    if not 0 <= base < 1 << ARGMAX_BASE_BITS:
+        raise ValueError(f"ARGMAX index base {base} must be in [0, {1 << ARGMAX_BASE_BITS})")
+    return base | (int(pairs) << ARGMAX_BASE_BITS)
+
+
+def argmax_base(imm):
+    """The index base of an ARGMAX's ``imm`` (:func:`argmax_imm`); ints, arrays or Amaranth
+    values."""
+    return imm & ((1 << ARGMAX_BASE_BITS) - 1)
+
+
+def argmax_pairs(imm):
+    """The PAIRS bit of an ARGMAX's ``imm`` (:func:`argmax_imm`); ints, arrays or Amaranth
+    values."""
+    return (imm >> ARGMAX_BASE_BITS) & 1
 
 
 #: Bits of ``imm`` that hold a ROPE's ``head_dim`` (the bits above hold its number of heads).
@@ -1231,6 +1264,13 @@ def kv4_bad(func, length, imm):
     return (func == VecFunc.KV4.value) & (codes == 1) & rest
 
 
+def argmax_bad(func, length, imm):
+    """The VEC is an ARGMAX over pairs (:func:`argmax_imm`) of an odd ``length``: a word
+    with no pair (the rule table's ARGMAX rule, for the fetch unit); ints, arrays or Amaranth
+    values."""
+    return (func == VecFunc.ARGMAX.value) & (argmax_pairs(imm) == 1) & ((length & 1) == 1)
+
+
 def insert_bad(func, imm):
     """The VEC is an INSERT or INSERT4 whose geometry the engine cannot walk (the two INSERT
     rules of the rule table, for the fetch unit); ints, arrays or Amaranth values."""
@@ -1412,6 +1452,10 @@ _VEC_RULES = (
           lambda f, lim: _kv4_group_bad(f),
           lambda f, cfg: f"KV4 of length={f['vec.length']}: its group "
                          f"{kv4_group(f['vec.imm'])} (imm={f['vec.imm']}) does not divide it"),
+    _Rule(_BAD_ADDRESS, _VEC,
+          lambda f, lim: argmax_bad(f["vec.func"], f["vec.length"], f["vec.imm"]),
+          lambda f, cfg: f"ARGMAX over pairs (imm={f['vec.imm']}) of an odd "
+                         f"length={f['vec.length']}"),
     _Rule(_BAD_ADDRESS, _VEC,
           lambda f, lim: vec_unaligned(f["vec.func"], f["vec.a_addr"], f["vec.b_addr"],
                                        f["vec.dst_addr"], lim.vec_lanes, lim.vec_silu),

@@ -514,7 +514,7 @@ __all__ += [
     "to_fixed", "from_fixed", "round_shift", "saturate", "vec_sum", "vec_sumsq", "vec_max",
     "vec_add", "vec_mul", "vec_exp", "vec_recip", "vec_rsqrt", "vec_rope", "vec_silu_gate",
     "norm_weight", "norm_eps", "vec_rmsnorm", "vec_softmax", "vec_requant", "act_scale",
-    "vec_argmax", "rope_table",
+    "vec_argmax", "vec_argmax_words", "rope_table",
     "ROPE_HALF_BITS", "rope_pairs", "rope_unpack", "vec_rope_pairs",
     "to_fixed_torch", "from_fixed_torch", "round_shift_torch", "saturate_torch",
     "vec_sumsq_torch", "vec_add_torch", "vec_mul_torch", "vec_exp_torch", "vec_recip_torch",
@@ -907,6 +907,26 @@ def act_scale(amax: np.ndarray, frac: int = ACT_FRAC) -> np.ndarray:
 def vec_argmax(x: np.ndarray) -> np.ndarray:
     """Index of the maximum of the last axis; ties go to the lowest index (int64)."""
     return np.argmax(np.asarray(x, dtype=np.int64), axis=-1).astype(np.int64)
+
+
+def vec_argmax_words(x: np.ndarray, base: int = 0, pairs: bool = False) -> np.ndarray:
+    """The two words an ARGMAX writes (:func:`hw.isa.argmax_imm`): ``base`` plus the index of
+    the first maximum of the 1-D int32 row ``x`` (:func:`vec_argmax`), then the maximum; with
+    ``pairs``, ``x`` is ``len(x) // 2`` pairs ``(index, value)`` (an odd last word is
+    ignored) and the words are ``base`` plus the index word of the first pair of maximal
+    value, then that value. The index word wraps to int32 (two's complement), as the
+    engine's 32-bit adder.
+
+    The PAIRS form composes segments exactly: for a row cut into consecutive segments whose
+    words are ``vec_argmax_words(segment, first index of the segment)``, the PAIRS form over
+    the segments' words in order is ``vec_argmax_words`` of the whole row (the first
+    segment holding the maximum holds its first index)."""
+    x = np.asarray(x, dtype=np.int64)
+    if pairs:
+        tags, x = x[0:len(x) - 1:2], x[1::2]
+    i = int(vec_argmax(x))
+    index = (base + (int(tags[i]) if pairs else i) + (1 << 31)) % (1 << 32) - (1 << 31)
+    return np.array([index, int(x[i])], dtype=np.int64)
 
 
 # ------------------------------------------------- vector unit: torch twin (bit-identical)

@@ -31,6 +31,8 @@ from hw.isa import (
     Store,
     Vec,
     VecFunc,
+    argmax_base,
+    argmax_pairs,
     bias_row_bytes,
     dequant_amax_addr,
     dequant_fold,
@@ -45,7 +47,7 @@ from hw.numerics import (
     fold_amax_word,
     requantize_int8,
     vec_add,
-    vec_argmax,
+    vec_argmax_words,
     vec_channel,
     vec_dequant,
     vec_fold,
@@ -601,10 +603,10 @@ def _prepare_vec(ins: Vec, cfg: AcceleratorConfig) -> Step:
             put(st, vec_channel(row(st, a0) & 0xFFFFFFFF, ins.imm))
         return channel
 
+    base, pairs = int(argmax_base(ins.imm)), bool(argmax_pairs(ins.imm))
+
     def argmax(st: MachineState) -> None:
-        x = row(st, a0)
-        i = vec_argmax(x)
-        put(st, np.array([i, x[i]]))
+        put(st, vec_argmax_words(row(st, a0), base, pairs))
     return argmax
 
 

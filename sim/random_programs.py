@@ -28,6 +28,7 @@ import numpy as np
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.engines import engines_of
 from hw.isa import (
+    ARGMAX_BASE_BITS,
     MOVE_SOURCES,
     MOVE_SPAD,
     NO_EVENT,
@@ -51,6 +52,7 @@ from hw.isa import (
     Sync,
     Vec,
     VecFunc,
+    argmax_imm,
     check,
     dequant_imm,
     dispatch_limits,
@@ -69,7 +71,7 @@ from hw.numerics import DEQUANT_EXP_MAX, DEQUANT_MANT_BITS, norm_eps
 __all__ = ["RandomProgram", "random_config", "random_program", "break_program",
            "random_channel_word",
            "EQUIVALENCE_CONFIGS", "VECTOR_NETLIST_CONFIG", "random_insert_imm",
-           "random_kv4_imm"]
+           "random_kv4_imm", "random_argmax_imm"]
 
 #: Two array shapes (8 and 16 lanes) with different memories, queues and pattern sets, the
 #: second with a vector engine (the first, without one, checks its absence); small buffers and
@@ -197,6 +199,8 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
         imm = random_channel_word(rng)
     elif func == VecFunc.KV4:      # a value row, or a key row's group dividing it
         imm = random_kv4_imm(rng, length)
+    elif func == VecFunc.ARGMAX:   # an index base, over pairs where the row is even
+        imm = random_argmax_imm(rng, length)
     # A laned sub-op's rows start on a multiple of its lanes, an INSERT's but its code
     # words' too (hw.isa.vec_unaligned): the draws rounded down (the regions start on
     # beats), the same draws as with one lane.
@@ -218,6 +222,17 @@ def random_kv4_imm(rng: np.random.Generator, length: int) -> int:
         return kv4_imm(None)
     top = (length & -length).bit_length() - 1    # the largest power of two dividing it
     return kv4_imm(1 << int(rng.integers(0, top + 1)))
+
+
+def random_argmax_imm(rng: np.random.Generator, length: int) -> int:
+    """An ARGMAX's imm for a row of ``length`` (:func:`hw.isa.argmax_imm`): no base, a random
+    one or the largest, over pairs half the time where ``length`` is even (an odd one is
+    BAD_ADDRESS), sometimes with the ignored bits above set."""
+    base = int(rng.choice([0, int(rng.integers(0, 1 << ARGMAX_BASE_BITS)),
+                           (1 << ARGMAX_BASE_BITS) - 1]))
+    imm = argmax_imm(base, length % 2 == 0 and rng.random() < 0.5)
+    return imm | (int(rng.integers(1, 1 << 8)) << (ARGMAX_BASE_BITS + 1)
+                  if rng.random() < 0.2 else 0)
 
 
 def random_insert_imm(rng: np.random.Generator, length: int, nibbles: bool = False) -> int:
@@ -514,7 +529,8 @@ def break_program(rp: RandomProgram, cfg: AcceleratorConfig, rng: np.random.Gene
                         Vec(dst_addr=cfg.vout_spad_bytes // cfg.vout_word_bytes - 1, length=2),
                         Vec(func=VecFunc.ROPE, length=4, imm=rope_imm(4, 2)),
                         Vec(func=VecFunc.ROPE, length=3, imm=rope_imm(3, 1)),
-                        Vec(func=VecFunc.ROPE, b_addr=vin - 1, length=4, imm=rope_imm(4, 1))]
+                        Vec(func=VecFunc.ROPE, b_addr=vin - 1, length=4, imm=rope_imm(4, 1)),
+                        Vec(func=VecFunc.ARGMAX, length=3, imm=argmax_imm(pairs=True))]
         else:               # the absent engine, its opcode and its scratchpads
             choices += [Vec(), Sync(engine=Engine.VECTOR), Load(spad=Spad.VIN),
                         Store(spad=Spad.VOUT)]

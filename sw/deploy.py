@@ -80,6 +80,8 @@ from sw.cli import UsageError, add_tokenizer_option
 from sw.compile import CompileError, CompileOptions, PlanError, compile_model, memo
 from sw.compile import executable as executable_io
 from sw.compile.compiler import capture_model, static_dram_bytes
+from sw.compile.errors import LoweringError
+from sw.compile.schedule import check_head_row
 from sw.compress.model import (
     COMPRESS_METHODS,
     calibrates,
@@ -386,6 +388,12 @@ def _pipeline(opts: DeployOptions, cfg: AcceleratorConfig, recipe: Recipe, out: 
     formats = _layer_formats(src, recipe, opts)
     options = CompileOptions(prompt_tokens=len(prompt), max_context=total, kv_bits=opts.kv_bits,
                              argmax=opts.temperature == 0)
+    if recipe.head_bits and cfg.has_vector:  # its DEQUANT (and ARGMAX) on the vector engine
+        try:
+            check_head_row(cfg, mcfg.vocab_size, options.argmax)
+        except LoweringError as e:
+            raise UsageError(f"--lm-head {opts.lm_head}: the head's row of "
+                             f"{mcfg.vocab_size} logits: {e}") from None
     explicit = _check_static_dram(src.model, cfg, options, formats, opts)
     windows = _eval_windows(src, opts, seq)
     with phase("size DRAM"):

@@ -19,7 +19,9 @@ write
 
 =========  =================================================================================
 ADD        ``Add(a, b)``, written as it comes out
-ARGMAX     ``ArgMax``; its index and then its maximum written in two cycles
+ARGMAX     ``ArgMax``; its index plus imm's base and then its maximum written in two cycles;
+           with imm's PAIRS bit only the odd positions' words enter, each tagged with the
+           word before it, the tag the index (``hw.isa.argmax_imm``)
 REQUANT    pass 1 ``AbsMax``; as ``amax`` comes out, ``s = bitlen(amax) - 31`` (0, or 1 for
            ``amax = 2**31``: bit 31) and ``Recip(amax >> s)``; pass 2 ``Requant(33)`` with
            ``r, sh, s``; codes packed four to a word (code ``i`` in byte ``i % 4``, a word
@@ -160,6 +162,8 @@ from hw.isa import (
     ROPE_HEAD_DIM_BITS,
     VecBody,
     VecFunc,
+    argmax_base,
+    argmax_pairs,
     insert_fields,
     insert_laned,
     laned_vec_funcs,
@@ -386,7 +390,7 @@ class VectorEngine(wiring.Component):
         silu_exp = {"exp": _SILU_LANE_UNITS["exp"]}
         self._units = {
             **{name: make() for name, make in {**_LANE_UNITS, **silu_exp}.items()},
-            "argmax": ArgMax(signed(ACT_BITS), max_len=_MAX_LENGTH),
+            "argmax": ArgMax(signed(ACT_BITS), max_len=_MAX_LENGTH, tag_bits=ACT_BITS),
             # activations, FOLD's products; a laned row's through a lane tree
             "absmax": AbsMax(signed(FOLD_BITS), lanes=n),
             "recip": Recip(),
@@ -728,7 +732,15 @@ class VectorEngine(wiring.Component):
         feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
         for k, unit in enumerate(lanes("add"), 1):
             feed(unit, valid & is_[VecFunc.ADD], a=xs[k], b=bs[k])
-        feed(u["argmax"], valid & is_[VecFunc.ARGMAX], x=x, last=last)
+        # ARGMAX: with imm's PAIRS bit only a pair's value (an odd position's word) enters,
+        # tagged with the word before it (hw.numerics.vec_argmax_words)
+        arg_pairs = argmax_pairs(imm)
+        arg_odd = _delay(m, idx[0], rl, "arg_odd")
+        arg_prev = Signal(ACT_BITS, reset_less=True)
+        with m.If(valid):
+            m.d.sync += arg_prev.eq(x)
+        feed(u["argmax"], valid & is_[VecFunc.ARGMAX] & (~arg_pairs | arg_odd), x=x,
+             tag=arg_prev, pair=arg_pairs, last=last)
         # FOLD: the products a * c in both passes, into AbsMax (pass 1) or Requant (pass 2)
         fold = is_[VecFunc.FOLD]
         feed(u["mul_fold"], valid & fold, "mul_fold", a=x, b=b)
@@ -1271,7 +1283,8 @@ class VectorEngine(wiring.Component):
                      (unit_en("mul16", (~wide, "one")), u["mul16"].o.payload.y, s_last)]
         sources = [  # (write enable, data, the instruction's last write)
             (unit_en("add"), ys("add"), add_last),
-            (unit_en("argmax"), u["argmax"].o.payload.index, 0),
+            (unit_en("argmax"), (u["argmax"].o.payload.index + argmax_base(imm))[:ACT_BITS],
+             0),
             (second, arg_top, 1),
             (word_en, word, 0),
             (amax_write, Mux(fold, fword, amax), 1),

@@ -251,31 +251,41 @@ class ArgMax(ReductionUnit):
         Shape of the elements (default ``signed(32)``).
     max_len:
         Longest row (the index's range).
+    tag_bits:
+        With ``tag_bits > 0``, each element carries a ``tag`` of as many bits and a ``pair``
+        flag: the index given for an element with ``pair`` set is its tag, not its position
+        (an ARGMAX over (index, value) pairs: :func:`hw.numerics.vec_argmax_words`).
 
     Members
     -------
-    i: In(stream.Signature(row_layout(shape)))
+    i: In(stream.Signature(row_layout(shape[, tag=unsigned(tag_bits), pair=1])))
     o: Out(stream.Signature(StructLayout({"index": range(max_len), "y": shape})))
     """
 
     NAME = "argmax"
 
-    def __init__(self, shape: Shape = ACT, max_len: int = MAX_ROW):
+    def __init__(self, shape: Shape = ACT, max_len: int = MAX_ROW, tag_bits: int = 0):
         self._shape = _check(shape, max_len)
-        self._index = unsigned(bits_for(max_len))
-        super().__init__(row_layout(self._shape),
+        self._pos = unsigned(bits_for(max_len))
+        self._tagged = tag_bits > 0
+        self._index = unsigned(max(bits_for(max_len), tag_bits))
+        extra = {"tag": unsigned(tag_bits), "pair": 1} if self._tagged else {}
+        super().__init__(row_layout(self._shape, **extra),
                          data.StructLayout({"index": self._index, "y": self._shape}))
 
     def _stages(self):
-        return [_input_stage]
+        if not self._tagged:
+            return [_input_stage]
+        return [lambda m, v: {"x": v.x, "tag": v.tag, "pair": v.pair, "last": v.last}]
 
     def _state(self):
-        return {"y": self._shape, "index": self._index, "pos": self._index}
+        return {"y": self._shape, "index": self._index, "pos": self._pos}
 
     def _combine(self, m, v, state, first):
         pos = Mux(first, 0, state.pos + 1)
         take = first | (v.x > state.y)
-        return {"y": Mux(take, v.x, state.y), "index": Mux(take, pos, state.index),
+        at = Mux(v.pair, v.tag, pos) if self._tagged else pos
+        return {"y": Mux(take, v.x, state.y), "index": Mux(take, at, state.index),
                 "pos": pos}
 
 

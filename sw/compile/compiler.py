@@ -848,7 +848,11 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
             t = templates[tuple(m.signature for m in part)][1]
         else:
             if part.signature not in templates:
-                templates[part.signature] = (len(templates), _part_template(cfg, part))
+                try:  # unrolled: a vocabulary's segments of many rows may not fit
+                    t = _part_template(cfg, part)
+                except LoweringError:
+                    return False
+                templates[part.signature] = (len(templates), t)
             t = templates[part.signature][1]
         layers = list(part) if isinstance(part, tuple) else [part]
         w = relocate(t, addr, layers, cfg.beat_bytes)

@@ -223,7 +223,13 @@ from sw.compile.errors import LoweringError
 from sw.compile.ir import OPS, Graph, rope_rows
 from sw.compile.kvappend import KVAppendOp
 from sw.compile.lower import Member
-from sw.compile.schedule import EVENTS, AmaxPlace, amax_place, dequant_segment_beats
+from sw.compile.schedule import (
+    EVENTS,
+    AmaxPlace,
+    amax_place,
+    argmax_beats,
+    dequant_segment_beats,
+)
 from sw.compile.vector import VectorOp, row_bytes
 
 __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requant_op",
@@ -558,8 +564,8 @@ def part_buffers(cfg: AcceleratorConfig, parts: Sequence[Part]) -> list[tuple[st
         elif isinstance(p, DequantOp):
             out += [(p.y, p.data_bytes)] if p.within is None else []
             out += [(p.b, p.rows * cfg.beat_bytes)] if p.host and p.place == SCORES_AMAX else []
-        elif isinstance(p, ArgmaxOp):
-            out.append((p.y, p.rows * cfg.beat_bytes))
+        elif isinstance(p, ArgmaxOp):  # its result beats and any segments' pairs
+            out.append((p.y, argmax_beats(cfg, p.rows, p.length) * cfg.beat_bytes))
         elif isinstance(p, VectorOp) and p.within is None:  # a slice's rows are its node's
             out += [(name, size) for name, size, _ in p.buffers()]
         elif isinstance(p, KVAppendOp) and p.scratch_bytes(cfg):  # none where results move

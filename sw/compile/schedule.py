@@ -52,6 +52,7 @@ from hw.isa import (
     Sync,
     Vec,
     VecFunc,
+    argmax_imm,
     dequant_imm,
     rope_geometry,
     vec_out_words,
@@ -64,7 +65,8 @@ __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule
            "schedule_layers", "ring_slots", "MAX_RING_SLOTS", "ELEMENTWISE", "VectorTask",
            "vector_tasks", "schedule_vector",
            "rope_table_beats", "schedule_requant", "AmaxPlace", "amax_place", "schedule_dequant",
-           "dequant_segment_beats", "DEQUANT_TILES", "MAX_DEQUANT_SEGMENTS", "schedule_argmax"]
+           "dequant_segment_beats", "DEQUANT_TILES", "MAX_DEQUANT_SEGMENTS", "schedule_argmax",
+           "argmax_segments", "argmax_beats", "check_head_row"]
 
 #: The event table of a scheduled program: two per double buffer (docs/architecture.md, 9).
 EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
@@ -846,8 +848,12 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     VEC reads its ``amax`` word (``imm``: its VIN address, FOLD's word with ``fold``:
     :func:`hw.isa.dequant_imm`; the values epilogue). A row too long for the halves, and a
     single row (a decode step's: :func:`dequant_segment_beats`), is cut into beat-aligned
-    segments, one per task (:func:`_dequant_tasks`). Tasks alternate
-    between the halves with the events of :func:`schedule_vector`.
+    segments, one per task (:func:`_dequant_tasks`); rows whose channel row does not fit VIN
+    beside a segment (an LM head's: its row is the vocabulary) are cut into segments that
+    load their channel words with them (segments of whole GEMM output tiles: a VIN half
+    holds a segment's accumulators, its channel words and the ``amax`` beat, a VOUT half its
+    results). Tasks alternate between the halves with the events of
+    :func:`schedule_vector`.
 
     Raises
     ------
@@ -865,27 +871,38 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
     if acc_row_bytes % beat or acc_row_bytes < length * 4:
         raise LoweringError(f"accumulator rows of {acc_row_bytes} bytes cannot hold {length} "
                             f"int32 words in whole {beat}-byte beats")
-    in_half = (cfg.spad_beats("vin") - row_beats) // 2
     out_half = cfg.spad_beats("vout") // 2
     acc_beats = acc_row_bytes // beat
-    tasks = _dequant_tasks(rows, row_beats, in_half, out_half,
-                           dequant_segment_beats(cfg, row_beats) if rows == 1 else 0)
+    segment = dequant_segment_beats(cfg, row_beats) if rows == 1 else 0
+    const = row_beats  # the channel row's beats below the halves (0: a task's, with it)
+    tasks = _dequant_tasks(rows, row_beats, (cfg.spad_beats("vin") - const) // 2, out_half,
+                           segment)
+    if not tasks:  # the channel row does not fit: each segment loads its own
+        const, tile = 0, 4 * cfg.lanes // beat
+        seg = min(segment or row_beats, (cfg.spad_beats("vin") // 2 - 1) // 2, out_half)
+        seg -= seg % tile if seg > tile else 0  # whole GEMM output tiles (as segment's)
+        tasks = _dequant_tasks(rows, row_beats, seg + 1, out_half, seg) if seg > 0 else []
     if not tasks:
         raise _no_fit(cfg, VecFunc.DEQUANT, length)
+    in_half = (cfg.spad_beats("vin") - const) // 2
 
     def load(t: _DequantTask, h: int) -> _Emitted:
-        at = row_beats + h * in_half
+        at = const + h * in_half
         return [(Load(spad=Spad.VIN, spad_addr=at, dram_addr=t.row * place.stride + place.beat,
                       rows=t.rows, row_beats=1, dram_stride=place.stride), (0, "b")),
                 (Load(spad=Spad.VIN, spad_addr=at + t.rows,
                       dram_addr=t.row * acc_beats + t.start, rows=t.rows, row_beats=t.beats,
-                      dram_stride=acc_beats), (0, "x"))]
+                      dram_stride=acc_beats), (0, "x"))] + (
+                [] if const else [(Load(spad=Spad.VIN, spad_addr=at + 1 + t.beats,
+                                        dram_addr=t.start, rows=1, row_beats=t.beats),
+                                   (0, "w"))])
 
     def vecs(t: _DequantTask, h: int) -> _Emitted:
-        at = row_beats + h * in_half
+        at = const + h * in_half
         n = min(t.beats * per, length - t.start * per)
         return [(Vec(func=VecFunc.DEQUANT, a_addr=(at + t.rows + j * t.beats) * per,
-                     b_addr=t.start * per, dst_addr=(h * out_half + j * t.beats) * per,
+                     b_addr=t.start * per if const else (at + 1 + t.beats) * per,
+                     dst_addr=(h * out_half + j * t.beats) * per,
                      length=n, imm=dequant_imm((at + j) * per + place.elem, fold)), None)
                 for j in range(t.rows)]
 
@@ -895,7 +912,7 @@ def schedule_dequant(cfg: AcceleratorConfig, rows: int, length: int, acc_row_byt
                        dram_stride=y_stride), (0, "y"))]
 
     head = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=row_beats),
-             (0, "w"))]
+             (0, "w"))] if const else []
     return _row_tasks(tasks, load, vecs, store_rows, head)
 
 
@@ -946,30 +963,66 @@ def _dequant_tasks(rows: int, row_beats: int, in_half: int, out_half: int, segme
             for e in range(0, row_beats, seg)]
 
 
-def schedule_argmax(cfg: AcceleratorConfig, rows: int, length: int) -> Schedule:
-    """One program finding the first maximum of each of ``rows`` rows of ``length`` int32
-    elements (:data:`VecFunc.ARGMAX`, :func:`hw.numerics.vec_argmax`).
-
-    DRAM operands (relocated as :data:`Reloc` of layer 0): ``"x"`` the rows (as
-    :func:`schedule_vector`'s), ``"y"`` one beat per row holding its index and maximum (the
-    two words ARGMAX writes, the rest of the beat 0). Tasks alternate between the halves with
-    the events of :func:`schedule_vector`.
+def argmax_segments(cfg: AcceleratorConfig, length: int) -> tuple[int, int]:
+    """``(segment beats, pair beats)`` of an ARGMAX over rows of ``length`` elements
+    (:func:`schedule_argmax`): ``(0, 0)`` where a row fits a VIN half whole; else the beats
+    of each column segment (a VIN half's) and of the row of the segments' ``(index, max)``
+    pairs (:func:`hw.isa.argmax_imm`).
 
     Raises
     ------
     LoweringError
-        No vector engine, a beat narrower than two words, or a row that does not fit a VIN
-        half.
+        No vector engine, a beat narrower than two words, or a row whose segments' pairs do
+        not fit a VIN half.
     """
     _require_vector(cfg)
     per = _elems_per_beat(cfg)
     words = int(vec_out_words(VecFunc.ARGMAX.value, length))
     row_beats = -(-length // per)
-    in_half, out_half = cfg.spad_beats("vin") // 2, cfg.spad_beats("vout") // 2
-    m = min(in_half // row_beats, out_half, rows) if words <= per else 0
-    if m < 1:
+    in_half = cfg.spad_beats("vin") // 2
+    if words > per:
         raise _no_fit(cfg, VecFunc.ARGMAX, length, 'beat_bytes')
+    if row_beats <= in_half:
+        return 0, 0
+    pair_beats = -(-words * -(-row_beats // in_half) // per)
+    if pair_beats > in_half or pair_beats + 2 > cfg.spad_beats("vout"):
+        raise _no_fit(cfg, VecFunc.ARGMAX, length)
+    return in_half, pair_beats
 
+
+def argmax_beats(cfg: AcceleratorConfig, rows: int, length: int) -> int:
+    """The beats of an ARGMAX's ``"y"`` (:func:`schedule_argmax`): a result beat per row,
+    then, where the rows are cut into segments, each row's pairs (:func:`argmax_segments`)."""
+    return rows * (1 + argmax_segments(cfg, length)[1])
+
+
+def schedule_argmax(cfg: AcceleratorConfig, rows: int, length: int) -> Schedule:
+    """One program finding the first maximum of each of ``rows`` rows of ``length`` int32
+    elements (:data:`VecFunc.ARGMAX`, :func:`hw.numerics.vec_argmax_words`).
+
+    DRAM operands (relocated as :data:`Reloc` of layer 0): ``"x"`` the rows (as
+    :func:`schedule_vector`'s), ``"y"`` one beat per row holding its index and maximum (the
+    two words ARGMAX writes, the rest of the beat 0), then the pairs of the rows cut into
+    segments (:func:`argmax_beats`). Tasks alternate between the halves with the events of
+    :func:`schedule_vector`. A row longer than a VIN half is cut into segments of a half
+    (:func:`argmax_segments`), one task each: each segment's ARGMAX (its first element's
+    index as base) writes its ``(index, max)`` pair into a row of pairs in VOUT, which its
+    STORE writes to ``"y"``; a bridge task (one beat, its result overwritten) lets the row's
+    last task, the PAIRS ARGMAX over the pairs loaded back, wait for the last segment's STORE
+    with the events of :func:`_row_tasks`.
+
+    Raises
+    ------
+    LoweringError
+        As :func:`argmax_segments`.
+    """
+    seg, pair_beats = argmax_segments(cfg, length)
+    per = _elems_per_beat(cfg)
+    row_beats = -(-length // per)
+    in_half, out_half = cfg.spad_beats("vin") // 2, cfg.spad_beats("vout") // 2
+    if seg:
+        return _segmented_argmax(cfg, rows, length, seg, pair_beats)
+    m = min(in_half // row_beats, out_half, rows)
     load, vecs = _whole_rows(cfg, VecFunc.ARGMAX, length, in_half, out_half, 1)
 
     def store_rows(task: tuple[int, int], h: int) -> _Emitted:
@@ -978,3 +1031,80 @@ def schedule_argmax(cfg: AcceleratorConfig, rows: int, length: int) -> Schedule:
                        row_beats=1, dram_stride=1), (0, "y"))]
 
     return _row_tasks(_row_chunks(rows, m), load, vecs, store_rows)
+
+
+def check_head_row(cfg: AcceleratorConfig, length: int, argmax: bool = True) -> None:
+    """Lower the one-row DEQUANT (and, with ``argmax``, ARGMAX) of a decode step's LM head
+    of ``length`` logits as a compilation would (:func:`schedule_dequant`,
+    :func:`schedule_argmax`): a check from the configuration and the model's shapes alone.
+
+    Raises
+    ------
+    LoweringError
+        As those do: no vector engine, or a row that even segments do not fit.
+    """
+    acc_row_bytes = -(-length // _elems_per_beat(cfg)) * cfg.beat_bytes
+    schedule_dequant(cfg, 1, length, acc_row_bytes, AmaxPlace(True, 0, 0, 1))
+    if argmax:
+        schedule_argmax(cfg, 1, length)
+
+
+class _ArgmaxTask(NamedTuple):
+    """A task of a segmented ARGMAX (:func:`schedule_argmax`) of row ``row``: segment
+    ``segment`` (its beats from ``start``, ``beats`` of them), or the bridge (``segment``
+    -1) or the PAIRS ARGMAX (``segment`` -2)."""
+
+    row: int
+    segment: int
+    start: int
+    beats: int
+
+
+def _segmented_argmax(cfg: AcceleratorConfig, rows: int, length: int, seg: int,
+                      pair_beats: int) -> Schedule:
+    """:func:`schedule_argmax` of rows cut into segments of ``seg`` beats, their pairs
+    ``pair_beats`` beats in VOUT's first beats (the bridge's and the PAIRS ARGMAX's results
+    in the two beats after)."""
+    per = _elems_per_beat(cfg)
+    words = int(vec_out_words(VecFunc.ARGMAX.value, length))
+    row_beats = -(-length // per)
+    in_half = cfg.spad_beats("vin") // 2
+    tasks = [t for r in range(rows) for t in (
+        *(_ArgmaxTask(r, s, e, min(seg, row_beats - e))
+          for s, e in enumerate(range(0, row_beats, seg))),
+        _ArgmaxTask(r, -1, 0, 1), _ArgmaxTask(r, -2, 0, pair_beats))]
+    pairs_at = rows  # "y" beat of row 0's pairs
+
+    def load(t: _ArgmaxTask, h: int) -> _Emitted:
+        if t.segment >= 0:
+            return [(Load(spad=Spad.VIN, spad_addr=h * in_half,
+                          dram_addr=t.row * row_beats + t.start, rows=1, row_beats=t.beats),
+                     (0, "x"))]
+        if t.segment == -1:  # the row's first beat: any beat no STORE may be writing
+            return [(Load(spad=Spad.VIN, spad_addr=h * in_half, dram_addr=t.row * row_beats,
+                          rows=1, row_beats=1), (0, "x"))]
+        return [(Load(spad=Spad.VIN, spad_addr=h * in_half,
+                      dram_addr=pairs_at + t.row * pair_beats, rows=1, row_beats=t.beats),
+                 (0, "y"))]
+
+    def run(t: _ArgmaxTask, h: int) -> _Emitted:
+        if t.segment >= 0:
+            n = min(t.beats * per, length - t.start * per)
+            return [(Vec(func=VecFunc.ARGMAX, a_addr=h * in_half * per,
+                         dst_addr=words * t.segment, length=n,
+                         imm=argmax_imm(t.start * per)), None)]
+        return [(Vec(func=VecFunc.ARGMAX, a_addr=h * in_half * per,
+                     dst_addr=(pair_beats + h) * per, imm=argmax_imm(pairs=t.segment == -2),
+                     length=words if t.segment == -1 else words * -(-row_beats // seg)),
+                 None)]
+
+    def store(t: _ArgmaxTask, h: int) -> _Emitted:
+        if t.segment >= 0:
+            b = words * t.segment // per
+            return [(Store(spad=Spad.VOUT, spad_addr=b,
+                           dram_addr=pairs_at + t.row * pair_beats + b, rows=1, row_beats=1),
+                     (0, "y"))]
+        return [(Store(spad=Spad.VOUT, spad_addr=pair_beats + h, dram_addr=t.row, rows=1,
+                       row_beats=1), (0, "y"))]
+
+    return _row_tasks(tasks, load, run, store)

@@ -30,6 +30,8 @@ from hw.isa import (
     Repeat,
     Vec,
     VecFunc,
+    argmax_base,
+    argmax_pairs,
     insert_laned,
     laned_vec_funcs,
     rope_geometry,
@@ -213,12 +215,16 @@ def test_every_pattern_and_instruction_is_covered(backends):
                 many = (rope_geometry(ins.imm)[1] > 1 if ins.func == VecFunc.ROPE
                         else ins.length > 1)
                 seen.add(("vec", ins.func.name, many))
+                if ins.func == VecFunc.ARGMAX:   # its imm: an index base, over pairs
+                    seen |= {("argmax base", argmax_base(ins.imm) > 0),
+                             ("argmax pairs", bool(argmax_pairs(ins.imm)) and many)}
             if type(ins).__name__ in ("Load", "Store"):
                 seen.add((type(ins).__name__, ins.spad.name))
     need = {"Load", "Store", "Gemm", "Sync", "End", "illegal"}
     if cfg.has_vector:
         need |= {("vec", f.name, many) for f in RTL_VEC_FUNCS for many in (False, True)}
-        need |= {("Load", "VIN"), ("Store", "VOUT")}
+        need |= {("Load", "VIN"), ("Store", "VOUT"), ("argmax base", True),
+                 ("argmax pairs", True)}
     need |= {("pattern", i) for i in range(len(cfg.pattern_table))}
     need |= {("epilogue", e.name, many) for e in EpilogueMode for many in (False, True)}
     need |= {(f, v) for f in ("int8", "asym", "raw", "accumulate") for v in (True, False)}

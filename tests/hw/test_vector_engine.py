@@ -34,6 +34,7 @@ from hw.isa import (
     Sync,
     Vec,
     VecFunc,
+    argmax_imm,
     check,
     decode,
     decode_fields,
@@ -75,7 +76,12 @@ from hw.numerics import (
 from hw.spad import Scratchpad
 from hw.vector.engine import VectorEngine, command_lanes
 from sim.functional import MachineState, exec_vec
-from sim.random_programs import random_channel_word, random_insert_imm, random_kv4_imm
+from sim.random_programs import (
+    random_argmax_imm,
+    random_channel_word,
+    random_insert_imm,
+    random_kv4_imm,
+)
 
 VCFG = AcceleratorConfig(rows=2, cols=4, vin_spad_bytes=512, vout_spad_bytes=256,
                          memory={"bytes_per_cycle": 16, "latency": 3, "size_bytes": 4096})
@@ -306,6 +312,41 @@ def test_a_dequant_names_its_amax_word_and_whether_it_is_folds():
         dequant_imm(1 << 16)
 
 
+def test_argmax_over_pairs_of_an_odd_row_is_a_bad_address():
+    """ARGMAX's PAIRS form (hw.isa.argmax_imm) needs whole pairs: an odd length is
+    BAD_ADDRESS (the fetch unit's rule, hw.isa.argmax_bad), an even one and any base pass."""
+    bad = Vec(func=VecFunc.ARGMAX, length=3, imm=argmax_imm(pairs=True))
+    assert dispatch_error(bad, VCFG) == ErrorCode.BAD_ADDRESS
+    for v in (dataclasses.replace(bad, length=4), dataclasses.replace(bad, imm=argmax_imm(9)),
+              dataclasses.replace(bad, length=VIN, imm=argmax_imm((1 << 24) - 1, True))):
+        assert dispatch_error(v, VCFG) == ErrorCode.NONE
+    with pytest.raises(ValueError, match="ARGMAX index base"):
+        argmax_imm(1 << 24)
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_argmax_index_base_and_pairs(lanes):
+    """ARGMAX's imm on the executor: the base added to the index word (wrapping to int32),
+    and over (index, value) pairs the index word of the first pair of maximal value (ties
+    across pairs to the first, tags at the int32 extremes), the ignored bits above; cycles
+    and VOUT equal the timing contract's and the functional model's."""
+    cfg = VCFG.replace(vector_lanes=lanes)
+    vin = _random_vin(np.random.default_rng(7))
+    vin[0:8] = [5, 7, 3, 9, -1, 9, 2, 9]     # pairs (5, 7) (3, 9) (-1, 9) (2, 9): tag 3
+    vin[8:12] = [2**31 - 1, 4, -2**31, 4]    # a tie: the first tag, plus 5 wraps
+    arg = VecFunc.ARGMAX
+    vecs = [Vec(func=arg, a_addr=0, length=8, imm=argmax_imm(pairs=True), dst_addr=0),
+            Vec(func=arg, a_addr=8, length=4, imm=argmax_imm(5, True), dst_addr=2),
+            Vec(func=arg, a_addr=1, length=7, imm=argmax_imm((1 << 24) - 1), dst_addr=4),
+            Vec(func=arg, a_addr=0, length=VIN, imm=argmax_imm(123, True), dst_addr=6),
+            Vec(func=arg, a_addr=3, length=2, imm=argmax_imm(pairs=True) | 1 << 30,
+                dst_addr=8)]
+    st = _check_against_the_models(vin, vecs, [0, 1, 0, 5, 0], cfg)
+    words = st.spads[Spad.VOUT][:40].view("<i4").tolist()
+    assert words[:6] == [3, 9, -2**31 + 4, 4, (1 << 24) - 1 + 2, 9]
+    assert words[8:10] == [int(vin[3]), int(vin[4])]
+
+
 def test_argmax_ignores_b_and_its_result_is_two_words():
     """ARGMAX reads no second row (any b_addr passes) and writes an index and a maximum."""
     assert dispatch_error(Vec(func=VecFunc.ARGMAX, b_addr=VIN + 5, length=VIN), VCFG) \
@@ -384,6 +425,8 @@ def _random_vecs(rng, n):
             imm = random_channel_word(rng)
         elif func == VecFunc.KV4:      # a value row, or a key row's group dividing it
             imm = random_kv4_imm(rng, length)
+        elif func == VecFunc.ARGMAX:   # an index base, over pairs where the row is even
+            imm = random_argmax_imm(rng, length)
         out.append(Vec(func=func, length=length, imm=imm,
                        a_addr=int(rng.integers(0, VIN - length + 1)),
                        b_addr=int(rng.integers(0, VIN - length + 1)),

@@ -50,6 +50,7 @@ from hw.numerics import (
     vec_add_torch,
     vec_argmax,
     vec_argmax_torch,
+    vec_argmax_words,
     vec_exp,
     vec_exp_torch,
     vec_fold,
@@ -252,6 +253,24 @@ def test_argmax_lowest_index_on_ties(x):
     assert same(i, vec_argmax_torch(t(x)))
     for row, k in zip(x, i, strict=True):
         assert row[k] == row.max() and not (row[:k] == row.max()).any()
+
+
+@given(st.lists(st.integers(-2, 2), min_size=1, max_size=40), st.integers(1, 9))
+def test_argmax_of_segments_then_of_their_pairs_is_the_rows(xs, seg):
+    """A row cut into segments of ``seg`` elements (the last shorter): each segment's ARGMAX
+    words with its first index as base, their PAIRS ARGMAX is the whole row's (the index of
+    its first maximum, ties across segments to the earlier one: a few values, many ties)."""
+    x = np.array(xs, dtype=np.int64)
+    pairs = np.concatenate([vec_argmax_words(x[s:s + seg], s) for s in range(0, len(x), seg)])
+    assert vec_argmax_words(pairs, pairs=True).tolist() == [int(vec_argmax(x)), int(x.max())]
+
+
+def test_argmax_words_base_and_pairs():
+    """The index word: the base plus the first maximum's index, or plus the index word of
+    the first pair of maximal value (an odd last word ignored), wrapping to int32."""
+    assert vec_argmax_words(np.array([1, 3, 3]), 10).tolist() == [11, 3]
+    assert vec_argmax_words(np.array([7, 1, 4, 5, -9, 5, 0]), pairs=True).tolist() == [4, 5]
+    assert vec_argmax_words(np.array([2**31 - 1, 0]), 2, pairs=True).tolist() == [-2**31 + 1, 0]
 
 
 @given(st.lists(st.floats(-1e6, 1e6, allow_nan=False, width=32), min_size=1, max_size=20))

@@ -270,6 +270,22 @@ def test_invalid_configuration_and_a_model_too_large(tmp_path, monkeypatch, caps
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "small.json"]
 
 
+def test_a_head_row_the_vector_engine_cannot_hold_fails_before_capture(tmp_path, monkeypatch,
+                                                                       capsys):
+    """``--lm-head int8`` on a vector engine of 64-byte scratchpads: not even a segment of the
+    head's DEQUANT fits (its row is the vocabulary), found from the configuration and the
+    model's shapes before the DRAM sizing's capture: one line, exit 2."""
+    tiny = tmp_path / "tiny.json"
+    tiny.write_text('{"vin_spad_bytes": 64, "vout_spad_bytes": 64}')
+    _no_slow_work(monkeypatch)
+    assert main(FAST + ["--config", str(tiny), "--lm-head", "int8",
+                        "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sw.deploy: --lm-head int8: the head's row of ") and \
+        "does not fit the vector engine's scratchpad halves" in err and err.count("\n") == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny.json"]
+
+
 def test_format_summary_names_group_sizes():
     from types import SimpleNamespace
 

@@ -85,7 +85,7 @@ from sw.compile.relocation import (
     lower_vector_template,
     relocate,
 )
-from sw.compile.schedule import EVENTS, amax_place
+from sw.compile.schedule import EVENTS, amax_place, argmax_segments
 from sw.compile.vector import VectorOp, vector_op
 from sw.compress.model import use_hardware_numerics
 from sw.runtime import Runtime
@@ -152,17 +152,19 @@ def test_a_part_must_end_with_end_and_fit():
                    [t.words, t.words])
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(10))
 def test_requant_leaves_amax_for_a_dequant_part(seed):
     """REQUANT (``amax``) then DEQUANT of random accumulator rows, fused, through the fast
     model: the Q15.16 rows are vec_dequant with the amax vec_requant found, whether the INT8
     rows hold the amax words or a buffer of their own does (both placements are drawn), and
     whether the DEQUANT takes whole rows per task or (seeds 6, 7: rows longer than a
-    scratchpad half) segments of one row."""
+    scratchpad half) segments of one row, or (seeds 8, 9: rows longer than VIN, a head's
+    vocabulary) segments that load their channel words with them."""
     rng = np.random.default_rng(seed)
     length = int(rng.integers(8, 100))
-    rows = int(rng.integers(1, 6))
-    n = int(rng.integers(4, 60)) if seed < 6 else int(rng.integers(300, 480))
+    rows = int(rng.integers(1, 4 if seed >= 8 else 6))
+    n = (int(rng.integers(4, 60)) if seed < 6 else int(rng.integers(300, 480)) if seed < 8
+         else int(rng.integers(600, 1000)))
     beat = CFG.beat_bytes
     act_row = -(-(length + int(rng.integers(0, 2 * beat))) // beat) * beat
     if seed % 2:  # whole beats of codes: the rows hold no amax word
@@ -317,24 +319,36 @@ def test_fold_leaves_its_amax_words_for_a_values_dequant(seed):
         assert np.array_equal(got[i], vec_dequant(acc[i], chan, m, x)), i
 
 
-def test_a_dequant_refuses_a_row_whose_channel_words_leave_no_room():
-    """A DEQUANT keeps its channel row in VIN: with it there, each half must still hold a
-    row's amax beat and one beat of accumulators."""
+def test_a_dequant_whose_channel_words_leave_no_room_loads_them_per_segment():
+    """A DEQUANT keeps its channel row in VIN while each half still holds a row's amax beat
+    and one beat of accumulators beside it; past that its segments load their own channel
+    words (no constant row LOADed first); a VIN whose half holds no amax beat, one beat of
+    accumulators and one of channel words refuses the row."""
     per = CFG.beat_bytes // 4
     vin = CFG.vin_spad_bytes // CFG.beat_bytes
     place = amax_place(CFG, 16, 16)
-    lower_dequant_template(CFG, 2, (vin - 4) * per, 4 * (vin - 4) * per, place)
+
+    def loads(length):
+        t = lower_dequant_template(CFG, 2, length, 4 * length, place)
+        return [i for i in decode_program(t.words.astype("<u8").view(np.uint8).reshape(-1))
+                if isinstance(i, Load)]
+    assert loads((vin - 4) * per)[0].row_beats == vin - 4   # the constant row, once
+    assert all(i.row_beats < vin // 2 for i in loads((vin - 3) * per))
+    tiny = CFG.replace(vin_spad_bytes=4 * CFG.beat_bytes)
     with pytest.raises(LoweringError, match="a DEQUANT row of .* does not fit"):
-        lower_dequant_template(CFG, 2, (vin - 3) * per, 4 * (vin - 3) * per, place)
+        lower_dequant_template(tiny, 1, 3 * per, 4 * 3 * per, place)
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(5))
 def test_argmax_part_writes_each_rows_first_maximum(seed):
     """ARGMAX of random rows with ties (several tasks) through the fast model: one beat per
-    row holding vec_argmax's index (the lowest of a tie) and the maximum."""
+    row holding vec_argmax's index (the lowest of a tie) and the maximum; seeds 3, 4: rows
+    longer than a VIN half, in segments whose (index, max) pairs a PAIRS ARGMAX reduces
+    (ties across segments too)."""
     rng = np.random.default_rng(seed)
-    length = int(rng.integers(2, 200))
-    rows = int(rng.integers(1, 9))
+    length = int(rng.integers(2, 200)) if seed < 3 else int(rng.integers(300, 1500))
+    rows = int(rng.integers(1, 9 if seed < 3 else 4))
+    assert (argmax_segments(CFG, length)[0] > 0) == (seed >= 3)
     row = _row_bytes(length)
     base = {"x": 0, "y": rows * row}
 

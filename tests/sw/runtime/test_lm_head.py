@@ -80,6 +80,46 @@ def test_argmax_after_the_head_picks_the_greedy_token_on_chip(logits):
         assert token == int(torch.argmax(step_logits[0, -1]))
 
 
+def test_a_head_wider_than_the_vector_scratchpads_runs_on_chip_in_segments():
+    """A vocabulary of 1,000 on VSMALL (VIN halves of 256 elements, the channel row 1,000
+    words): the head's DEQUANT loads each segment's channel words with it, its ARGMAX runs
+    per segment and then over the segments' (index, max) pairs (the PAIRS form,
+    :func:`hw.isa.argmax_imm`); greedy decoding takes one program a token, no host work
+    (the token id read back alone), and its tokens equal the twin's."""
+    from compile_testutil import VSMALL
+
+    from hw.config import MemoryModel
+    from hw.isa import Vec, VecFunc, argmax_pairs, decode_program
+    from sw.models.generate import generate
+
+    vocab = 1000
+    lm = tiny_lm(vocab=vocab)
+    untie_head(lm)
+    ws = compress_llama(lm, lambda name, _: (WeightFormat("dense", 8, 32) if name == HEAD
+                                             else WeightFormat("2:4", 4, 32)),
+                        "magnitude", skip=(), progress=False)
+    cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 22))
+    assert vocab > cfg.vin_spad_bytes // cfg.vin_word_bytes // 2
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + STEPS, argmax=True),
+                        weights=ws)
+    (step,) = [p for p in exe.programs if p.phase == "decode" and p.fused_into is None
+               and any(m.argmax for m in p.members)]
+    argmaxes = [i for i in decode_program(step.words.view("u1"))
+                if isinstance(i, Vec) and i.func == VecFunc.ARGMAX]
+    assert [int(argmax_pairs(i.imm)) for i in argmaxes][-1] == 1 and len(argmaxes) > 2
+    rt = Runtime(exe, make_backend("model", cfg), vector=True)
+    ids = torch.randint(0, vocab, (1, PROMPT), generator=torch.Generator().manual_seed(4))
+    gen = rt.generate(ids[0].tolist(), STEPS + 1, logits=False)
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
+    with torch.no_grad():
+        want = generate(twin, ids[0], STEPS + 1)[PROMPT:].tolist()
+    assert gen.tokens == want
+    decode = [s for s in gen.steps if s.phase == "decode"]
+    assert len(decode) == STEPS
+    assert all(len(s.programs) == 1 and s.host_wall_s == 0 and s.read_back_bytes <= 4
+               for s in decode), decode
+
+
 def test_logits_read_back_keep_every_q15_16_word_apart():
     """The host reads a DEQUANT head's logits as float64 (from_fixed): two words never round
     to one value, even from 256 on where float32 would merge neighbours, so the first maximum
