@@ -1371,6 +1371,14 @@ def _loads_follow_stores(g: Mapping[str, np.ndarray], eng: np.ndarray, stores: S
     return True
 
 
+def _tail_from(g: Mapping[str, np.ndarray], eng: np.ndarray) -> int:
+    """The last GEMM or LOAD-engine word of the GEMM part ``g`` (decoded fields, ``eng``
+    their engines; -1: none): after it only its tiles' STOREs are left, which wait on
+    GEMMs already fetched (:func:`beside`'s tail)."""
+    return max(np.flatnonzero((eng == Engine.LOAD.value)
+                              | (g["opcode"] == Opcode.GEMM.value)).tolist(), default=-1)
+
+
 def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
            ) -> tuple[np.ndarray, list[int], list[int]]:
     """The GEMM part ``gemm`` and the vector part ``vec`` after it (both END dropped, checked
@@ -1390,7 +1398,18 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     to the STORE it waits on, so the in-order LOAD engine does not stop the GEMMs' weights
     while the vector engine works (a SOFTMAX of one head's scores while the next head's
     keys stream; likewise where ``vec`` holds a SILU_GATE, :data:`_PACED`); one that does
-    not wait comes as soon as the words before it. The leading LOAD-engine words of a
+    not wait comes as soon as the words before it. Past ``gemm``'s last GEMM and LOAD-engine
+    word (:func:`_tail_from`: only its last tiles' STOREs are left, each waiting on a GEMM
+    already fetched) a word of a run that holds a SILU_GATE comes as soon as the events let
+    it (attention's runs keep the clock: the reference model's step took 80 cycles longer
+    with theirs by the events too, ``python -m bench.beats --unpaced``): the durations' clock
+    stands still there (no word of ``gemm`` left adds to it), so it held every word of
+    ``vec`` behind ``gemm``'s last STORE, and a SILU_GATE segment that reads the segment
+    before, not the last tiles, waited for the last GEMM on the in-order STORE engine.
+    Placed before the last GEMM instead, a STORE of ``vec`` came before a tile's STORE and
+    split a round trip from the LOAD that reads it back (:mod:`sw.compile.onchip` moves it
+    only where no STORE-engine word comes between), and LOAD-engine words of ``vec`` that
+    wait would fill the LOAD queue ahead of the GEMMs' dispatch. The leading LOAD-engine words of a
     ``vec`` that reads no STORE of ``gemm`` (up to the first that waits) come right away,
     so its vector engine work overlaps the GEMMs from their start. A word of
     another engine comes as soon as every signal it waits on has come before it in the
@@ -1498,8 +1517,10 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         n = waited.get(w, 0)
         return n < len(at) and at[n] <= clock
 
-    def flush(done: int, end: bool) -> None:
-        """Emit what of vec may come now (``done``: the last STORE known written)."""
+    def flush(done: int, end: bool, tail: bool = False) -> None:
+        """Emit what of vec may come now (``done``: the last STORE known written; ``tail``:
+        gemm has no GEMM and no LOAD-engine word left, so a paced word need not be
+        :func:`ready`)."""
         if any(waited.get(e, 0) > signalled.get(e, 0) for e in by_event):
             return  # a word of gemm before waits on a STORE after: gemm's words first
         progress = True
@@ -1512,7 +1533,7 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
                     if w != NO_EVENT and signalled.get(w, 0) <= waited.get(w, 0):
                         break
                     if e == load and (need[i] > done or need[i] == -1 and not (end or paced)) \
-                            or paced and not end and not ready(i):
+                            or paced and not (end or tail or ready(i)):
                         break
                     v_at[i] = len(out)
                     put(vec[i:i + 1], v, i, e, int(v_cycles[i]), True)
@@ -1521,6 +1542,9 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
 
     done = -1
     consumed: dict[int, int] = {}
+    # (a SILU_GATE run's alone: attention's runs, SOFTMAX and FOLD, took longer so)
+    tail = _tail_from(g, g_eng) if (v["vec.func"][vecs] == VecFunc.SILU_GATE.value).any() \
+        else g_eng.shape[0]
     for i in range(g_eng.shape[0]):
         g_at[i] = len(out)
         put(gemm[i:i + 1], g, i, int(g_eng[i]), int(g_cycles[i]), False)
@@ -1529,7 +1553,7 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
             done = max(done, by_event[e][consumed.get(e, 0)])
             consumed[e] = consumed.get(e, 0) + 1
         if not late or i + 1 == g_eng.shape[0] or int(g_eng[i + 1]) == load:
-            flush(done, False)
+            flush(done, False, i >= tail)
     while any(queues.values()):
         before = len(out)
         flush(done, True)

@@ -1394,6 +1394,55 @@ def test_a_segment_beside_a_ring_goes_behind_the_next_tiles_store(monkeypatch, s
     assert runs[0].cycles < runs[1].cycles
 
 
+def _rows_part(src: int, beats: int, y: int, func: VecFunc = VecFunc.ADD) -> list:
+    """A vector task (events not renamed) of ``func`` on ``beats`` beats of DRAM from beat
+    ``src``, loaded into VIN beat 0, storing its row at DRAM beat ``y``."""
+    per, ev = CFG.beat_bytes // CFG.vin_word_bytes, EVENTS
+    return [Load(spad=Spad.VIN, dram_addr=src, rows=1, row_beats=beats, signal=ev["FULL0"]),
+            Vec(func=func, length=beats * per, b_addr=0, wait=ev["FULL0"],
+                signal=ev["OUT_FULL0"]),
+            Store(spad=Spad.VOUT, dram_addr=y, rows=1, row_beats=beats, wait=ev["OUT_FULL0"],
+                  signal=ev["STORED0"])]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_paced_run_past_the_last_gemm_goes_by_its_events(monkeypatch, seed):
+    """``beside`` of a ring (as many slots as the LOAD queue holds, as SmolLM2's gate/up
+    projection: its weights LOADs about as long as its GEMMs) and a paced run, drained
+    between its parts: an ADD of four tiles' rows (a DEQUANT segment), a SILU_GATE of its
+    row (a SiLU-gate segment, reading no tile) and an ADD of the last four tiles'. Past
+    the ring's last GEMM (``_tail_from``) the run's words
+    come by their events: the SILU_GATE's STORE before the last tile's STORE, so it runs
+    while the last GEMMs compute, where by the durations' clock (``_tail_from`` patched
+    to no tail) it came after that STORE and waited for the last GEMM. On the fast model
+    from a random DRAM image both placements write the same DRAM, the new one in fewer
+    cycles."""
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    tiles, ev = 12, EVENTS
+    gemm = _ring_like(1, tiles, 140, 128, CFG.queue_depth)[:-1]
+    drain = [Sync(engine=Engine.LOAD, wait=ev["STORED0"])]
+    vec = vector_events(program_words(
+        _rows_part(2000 + OUT_ROW * 4, OUT_ROW * 4, 3000) + drain
+        + _rows_part(3000, OUT_ROW * 4, 3100, VecFunc.SILU_GATE) + drain
+        + _rows_part(2000 + OUT_ROW * 8, OUT_ROW * 4, 3200)))
+    silu_store = 5  # the SILU_GATE part's STORE among vec's words
+    runs, places = [], []
+    for tail in (True, False):
+        if not tail:
+            monkeypatch.setattr(fusion, "_tail_from", lambda g, eng: eng.shape[0])
+        words, g_at, v_at = beside(CFG, gemm, vec)
+        assert g_at == sorted(g_at) and v_at == sorted(v_at)
+        places.append(v_at[silu_store] < g_at[-1])
+        r = make_backend("model", CFG).run(program_words(_program(words) + [End()]),
+                                           dram.copy())
+        assert r.ok, r.error
+        runs.append(r)
+    assert places == [True, False]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[0].cycles < runs[1].cycles
+
+
 def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
     """``beside`` of a GEMM-like part (four tiles) and a vector part reading one tile's row:
     each part's words in their order; the vector part's LOAD after the LOAD-engine word
