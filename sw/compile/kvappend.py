@@ -55,7 +55,7 @@ heads' INSERTs overlap the STOREs before them, so only the last head's STOREs ar
 Where the slots do not fit (LLaMA-7B's 32 kv heads, a head's beats about half of VOUT) but
 the results move and VIN holds :data:`PIPELINE_SLOTS` slots, phase 3 is *pipelined*
 (:func:`_pipelined`): a head at a time through VOUT, each INSERT followed by the STORE of
-its piece, and the heads' cache beats loaded into the VIN slots in turn, two heads ahead,
+its piece, and the heads' cache beats loaded into the VIN slots in turn, a head ahead,
 so the LOAD engine brings the next heads' beats while a head inserts and stores, and the
 next head's INSERTs wait only for the head before's STOREs (on DDR4-class's 16x64 array,
 LLaMA-7B shapes, about 8k of the 14-15k cycles a layer's phase 3 took one head after the
@@ -217,9 +217,9 @@ class _Geometry(NamedTuple):
 
 
 #: VIN slots phase 3 loads one kv head's cache beats into in turn where it loads a head at a
-#: time (:func:`_ring`): head ``h + 2``'s LOADs go while head ``h``'s INSERTs run, into the
+#: time (:func:`_ring`): head ``h + 1``'s LOADs go while head ``h``'s INSERTs run, into the
 #: slot of head ``h - 1``, whose INSERTs are done once its STOREs are.
-PIPELINE_SLOTS = 3
+PIPELINE_SLOTS = 2
 
 
 def _ring(cfg: AcceleratorConfig, g: _Geometry, kv_heads: int) -> tuple[int, ...] | None:
@@ -483,36 +483,35 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
 def _pipelined(tasks: Sequence[tuple[list, list, list]], put, ev: dict[str, int]) -> None:
     """Phase 3 of a group's kv heads, a head at a time, pipelined (the module docstring):
     ``tasks`` their ``(loads, vecs, stores)`` (:func:`schedule_kv_append`'s ``phase3``),
-    each head's cache beats in its own slot of the ring (:data:`PIPELINE_SLOTS` apart), its
+    each head's cache beats in its own slot of the ring (:data:`PIPELINE_SLOTS`), its
     INSERTs' results in the same VOUT beats; ``put(ins, site, wait, signal)`` emits a word.
 
     Each INSERT signals ``OUT_FULL`` and the STORE of its piece waits on it, so a head's
     STOREs follow its INSERTs piece by piece. The STORE engine reaches the LOAD engine
     alone (``STORED``) and the LOAD engine the vector engine (``FULL``), so a SYNC on the
     LOAD engine passes a head's last STORE on to the next head's first INSERT (VOUT is
-    free, and its cache beats, loaded before the SYNC, have landed), and each head's LOADs
-    go after the SYNC of the head two before: ``PIPELINE_SLOTS - 1`` heads' LOADs are ahead
-    of the INSERTs, the slot they overwrite a head's whose STOREs are done. The first
-    head's LOADs wait for the task before (``STORED``), the last head's last STORE signals
-    ``STORED`` as a task's."""
+    free, and its cache beats, loaded before the SYNC, have landed). The next head's LOADs
+    go right after that SYNC, into the slot of the head before, whose INSERTs are done once
+    its STOREs are, one after each INSERT and STORE in the program, so that neither waits
+    in a full queue of the fetch unit for the other. The first head's LOADs wait for the
+    task before (``STORED``), the last head's last STORE signals ``STORED`` as a task's."""
     n = len(tasks)
-    ahead = PIPELINE_SLOTS - 1
-
-    def loads(h: int) -> None:
-        for k, (ins, site) in enumerate(tasks[h][0]):
-            put(ins, site, ev["STORED"] if h == 0 and k == 0 else None,
-                ev["FULL"] if h == 0 and k == len(tasks[h][0]) - 1 else None)
-    for h in range(min(ahead, n)):
-        loads(h)
+    for k, (ins, site) in enumerate(tasks[0][0]):
+        put(ins, site, ev["STORED"] if k == 0 else None,
+            ev["FULL"] if k == len(tasks[0][0]) - 1 else None)
     for h, (_, vecs, stores) in enumerate(tasks):
         if h:  # the head before's STOREs done, this head's beats landed
             put(Sync(engine=Engine.LOAD), None, ev["STORED"], ev["FULL"])
-        for k, ((vec, vsite), (st, ssite)) in enumerate(zip(vecs, stores, strict=True)):
-            put(vec, vsite, ev["FULL"] if k == 0 else None, ev["OUT_FULL"])
-            put(st, ssite, ev["OUT_FULL"],
-                ev["STORED"] if k == len(stores) - 1 else None)
-        if h + ahead < n:
-            loads(h + ahead)
+        pairs = list(zip(vecs, stores, strict=True))
+        ahead = tasks[h + 1][0] if h + 1 < n else []
+        for k in range(max(len(pairs), len(ahead))):
+            if k < len(pairs):
+                (vec, vsite), (st, ssite) = pairs[k]
+                put(vec, vsite, ev["FULL"] if k == 0 else None, ev["OUT_FULL"])
+                put(st, ssite, ev["OUT_FULL"],
+                    ev["STORED"] if k == len(pairs) - 1 else None)
+            if k < len(ahead):
+                put(*ahead[k])
 
 
 @dataclass(frozen=True)
