@@ -58,7 +58,7 @@ the results move and VIN holds :data:`PIPELINE_SLOTS` slots, phase 3 is *pipelin
 its piece, and the heads' cache beats loaded into the VIN slots in turn, a head ahead,
 so the LOAD engine brings the next heads' beats while a head inserts and stores, and the
 next head's INSERTs wait only for the head before's STOREs (on DDR4-class's 16x64 array,
-LLaMA-7B shapes, about 8k of the 14-15k cycles a layer's phase 3 took one head after the
+LLaMA-7B shapes, 8-10k of the 14-15k cycles a layer's phase 3 took one head after the
 other).
 
 The program is built for position 0; a step's position moves each LOAD and STORE of the
