@@ -52,6 +52,14 @@ LOAD engine that waits for nothing follows the last head's INSERTs: a fused prog
 the LOAD engine's idle after a part's last LOAD-engine word with LOADs of later parts
 (:func:`sw.compile.fusion._slack`), which come behind every word of the append, and the
 heads' INSERTs overlap the STOREs before them, so only the last head's STOREs are that idle.
+Where the slots do not fit (LLaMA-7B's 32 kv heads, a head's beats about half of VOUT) but
+the results move and VIN holds :data:`PIPELINE_SLOTS` slots, phase 3 is *pipelined*
+(:func:`_pipelined`): a head at a time through VOUT, each INSERT followed by the STORE of
+its piece, and the heads' cache beats loaded into the VIN slots in turn, a head ahead,
+so the LOAD engine brings the next heads' beats while a head inserts and stores, and the
+next head's INSERTs wait only for the head before's STOREs (on DDR4-class's 16x64 array,
+LLaMA-7B shapes, 8-10k of the 14-15k cycles a layer's phase 3 took one head after the
+other).
 
 The program is built for position 0; a step's position moves each LOAD and STORE of the
 cache and each INSERT's ``base`` by :meth:`KVLayout.append_site` alone
@@ -189,7 +197,9 @@ class _Geometry(NamedTuple):
     above every task's ``keep``, whether results move through VIN (``moved``), and where
     phase 3's cache beats load early (the module docstring) the first VIN beat of the
     group's slots (``early``: a kv head's ``word_at - 2 * cw`` beats of its regions' pieces
-    each, its INSERTs' results as many VOUT beats from 0; None: a task at a time)."""
+    each, its INSERTs' results as many VOUT beats from 0; None: a task at a time) and, where
+    they load one kv head at a time, the first VIN beats of :data:`PIPELINE_SLOTS` slots its
+    heads' cache beats take in turn (``ring``, :func:`_ring`; None: every head's in one)."""
 
     per: int
     cw: int
@@ -203,14 +213,39 @@ class _Geometry(NamedTuple):
     keep: int
     moved: bool
     early: int | None = None
+    ring: tuple[int, ...] | None = None
+
+
+#: VIN slots phase 3 loads one kv head's cache beats into in turn where it loads a head at a
+#: time (:func:`_ring`): head ``h + 1``'s LOADs go while head ``h``'s INSERTs run, into the
+#: slot of head ``h - 1``, whose INSERTs are done once its STOREs are.
+PIPELINE_SLOTS = 2
+
+
+def _ring(cfg: AcceleratorConfig, g: _Geometry, kv_heads: int) -> tuple[int, ...] | None:
+    """The first VIN beats of phase 3's :data:`PIPELINE_SLOTS` slots where its results move
+    (``g.moved``) and heads load their cache beats one at a time (``g.early`` None): the one
+    above the codes' beats (``2 * g.cw``, where a head's task loads them alone) and the
+    others a slot above the moved results and channel words (an INSERT reads its codes
+    there, and no VIN beat within its row's length of them is loaded while it may run),
+    where they fit VIN (None where not, or for a single kv head)."""
+    if not g.moved or g.early is not None or kv_heads < 2:
+        return None
+    slot = g.word_at - 2 * g.cw
+    top = g.keep + 2 * g.chunk * g.cw + g.chunk + slot
+    if top + (PIPELINE_SLOTS - 1) * slot > cfg.spad_beats("vin"):
+        return None
+    return (2 * g.cw, *(top + i * slot for i in range(PIPELINE_SLOTS - 1)))
 
 
 def _geometry(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int, codes: bool,
-              channels: bool, moves: bool = True, early: bool = True) -> _Geometry:
+              channels: bool, moves: bool = True, early: bool = True,
+              pipeline: bool = True) -> _Geometry:
     """The shape of the append of ``kv_heads`` kv heads of ``layout`` (with value codes,
     with scores' channel words), its results moved through VIN where they fit and ``moves``,
-    phase 3's cache beats loaded early where they fit and ``early`` (the module docstring):
-    a function of the configuration and layout alone.
+    phase 3's cache beats loaded early where they fit and ``early``, else with ``pipeline``
+    a ring of VIN slots where it fits (:func:`_ring`; the module docstring): a function of
+    the configuration and layout alone.
 
     Raises
     ------
@@ -256,19 +291,22 @@ def _geometry(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int, codes: bo
     # cache beats load while phase 1 computes.
     slots, slot = keep + 2 * chunk * cw + chunk, end - 2 * cw
     fits = early and moved and slots + chunk * slot <= vin and chunk * slot <= vout
-    return _Geometry(per, cw, kinds, shapes, pieces, beats, at, end, chunk, keep, moved,
-                     slots if fits else None)
+    g = _Geometry(per, cw, kinds, shapes, pieces, beats, at, end, chunk, keep, moved,
+                  slots if fits else None)
+    return g._replace(ring=_ring(cfg, g, kv_heads) if pipeline else None)
 
 
 def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
-                       plan: KVAppendPlan, moves: bool = True, early: bool = True
-                       ) -> tuple[list[Instr], list[AppendSite]]:
+                       plan: KVAppendPlan, moves: bool = True, early: bool = True,
+                       pipeline: bool = True) -> tuple[list[Instr], list[AppendSite]]:
     """The program (without END) appending one token's keys and values (INT8 or INT4) of
     ``kv_heads`` kv heads at position 0 (module docstring), and the words a step's position
     moves. With ``moves``, phases 1 and 2 hand their results on through VIN where they fit
     (the module docstring's moves); without, through the scratch buffer. With ``early`` (and
     the moves), phase 3's cache beats load while phase 1 computes where VIN and VOUT hold a
-    slot per kv head of a phase-1 group; without, each head's task loads its own.
+    slot per kv head of a phase-1 group; without, each head's task loads its own, with
+    ``pipeline`` (and the moves) into a ring of VIN slots while the heads before insert
+    (:func:`_ring`, the module docstring).
 
     Raises
     ------
@@ -278,7 +316,7 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
         walk, or a task that does not fit VIN or VOUT.
     """
     g = _geometry(cfg, layout, kv_heads, plan.codes is not None, plan.channels is not None,
-                  moves, early)
+                  moves, early, pipeline)
     beat, d, per, cw = cfg.beat_bytes, layout.head_dim, g.per, g.cw
     kinds, shapes, pieces, beats, at = g.kinds, g.shapes, g.pieces, g.beats, g.at
     chunk, keep, moved = g.chunk, g.keep, g.moved
@@ -410,9 +448,13 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
             stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=words + h0, rows=1,
                              row_beats=m), None)]
             task(loads, vecs, stores, first=False)
-        if not tasks:  # phase 3, a kv head at a time
+        if not tasks and (g.ring is None or m < 2):  # phase 3, a kv head at a time
             for h in range(h0, h0 + m):
                 task(*phase3(h, h0, m, 2 * cw, 0), first=False)
+            continue
+        if not tasks:
+            _pipelined([phase3(h, h0, m, g.ring[(h - h0) % len(g.ring)], 0)
+                        for h in range(h0, h0 + m)], put, ev)
             continue
         # phase 3 early: every kv head's cache beats already in a VIN slot of its own (loaded
         # while phase 1 computes, after its LOADs: the SYNC of phase 2, or this one, is
@@ -436,6 +478,40 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
                 put(ins, site, ev["OUT_FULL"] if k == 0 else None,
                     ev["STORED"] if j == m - 1 and k == len(stores) - 1 else None)
     return out, sites
+
+
+def _pipelined(tasks: Sequence[tuple[list, list, list]], put, ev: dict[str, int]) -> None:
+    """Phase 3 of a group's kv heads, a head at a time, pipelined (the module docstring):
+    ``tasks`` their ``(loads, vecs, stores)`` (:func:`schedule_kv_append`'s ``phase3``),
+    each head's cache beats in its own slot of the ring (:data:`PIPELINE_SLOTS`), its
+    INSERTs' results in the same VOUT beats; ``put(ins, site, wait, signal)`` emits a word.
+
+    Each INSERT signals ``OUT_FULL`` and the STORE of its piece waits on it, so a head's
+    STOREs follow its INSERTs piece by piece. The STORE engine reaches the LOAD engine
+    alone (``STORED``) and the LOAD engine the vector engine (``FULL``), so a SYNC on the
+    LOAD engine passes a head's last STORE on to the next head's first INSERT (VOUT is
+    free, and its cache beats, loaded before the SYNC, have landed). The next head's LOADs
+    go right after that SYNC, into the slot of the head before, whose INSERTs are done once
+    its STOREs are, one after each INSERT and STORE in the program, so that neither waits
+    in a full queue of the fetch unit for the other. The first head's LOADs wait for the
+    task before (``STORED``), the last head's last STORE signals ``STORED`` as a task's."""
+    n = len(tasks)
+    for k, (ins, site) in enumerate(tasks[0][0]):
+        put(ins, site, ev["STORED"] if k == 0 else None,
+            ev["FULL"] if k == len(tasks[0][0]) - 1 else None)
+    for h, (_, vecs, stores) in enumerate(tasks):
+        if h:  # the head before's STOREs done, this head's beats landed
+            put(Sync(engine=Engine.LOAD), None, ev["STORED"], ev["FULL"])
+        pairs = list(zip(vecs, stores, strict=True))
+        ahead = tasks[h + 1][0] if h + 1 < n else []
+        for k in range(max(len(pairs), len(ahead))):
+            if k < len(pairs):
+                (vec, vsite), (st, ssite) = pairs[k]
+                put(vec, vsite, ev["FULL"] if k == 0 else None, ev["OUT_FULL"])
+                put(st, ssite, ev["OUT_FULL"],
+                    ev["STORED"] if k == len(pairs) - 1 else None)
+            if k < len(ahead):
+                put(*ahead[k])
 
 
 @dataclass(frozen=True)

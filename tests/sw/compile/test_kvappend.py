@@ -478,9 +478,9 @@ def test_the_cache_beats_load_while_phase_1_computes(name, kv_heads, d):
     nothing and go before the first VEC (right after phase 1's LOADs), no LOAD follows, and
     every INSERT but the first head's waits for nothing (the heads' INSERTs back to back);
     from one random image at a random position it writes the DRAM of the program that loads
-    each head's beats in its own task (``early=False``), with no LOAD or move writing VIN
-    beats a VEC reads, and no VEC writing VOUT beats a STORE reads, while the other runs
-    (:func:`_spad_races`), in fewer cycles."""
+    each head's beats in its own task (``early=False``, ``pipeline=False``), with no LOAD or
+    move writing VIN beats a VEC reads, and no VEC writing VOUT beats a STORE reads, while
+    the other runs (:func:`_spad_races`), in fewer cycles."""
     cfg = CONFIGS[name]
     rng = np.random.default_rng(kv_heads)
     layout = KVLayout(head_dim=d, max_context=128, lanes=cfg.lanes, beat=cfg.beat_bytes)
@@ -490,7 +490,8 @@ def test_the_cache_beats_load_while_phase_1_computes(name, kv_heads, d):
     position = int(rng.integers(0, layout.max_context))
     runs = {}
     for early in (True, False):
-        program, sites = schedule_kv_append(cfg, layout, kv_heads, plan, early=early)
+        program, sites = schedule_kv_append(cfg, layout, kv_heads, plan, early=early,
+                                            pipeline=False)
         cache = {s.index for s in sites if s.field == "dram_addr"
                  and isinstance(program[s.index], Load)}
         first_vec = next(i for i, ins in enumerate(program) if isinstance(ins, Vec))
@@ -510,5 +511,48 @@ def test_the_cache_beats_load_while_phase_1_computes(name, kv_heads, d):
                                           trace=True)
         assert runs[early].ok, runs[early].error
         assert not _spad_races(program, runs[early].trace, cfg), early
+    assert np.array_equal(runs[True].dram, runs[False].dram)
+    assert runs[True].cycles < runs[False].cycles, {k: r.cycles for k, r in runs.items()}
+
+
+@pytest.mark.parametrize("name,bits", [("many_lanes", 8), ("vector", 8), ("wide_beat", 8),
+                                       ("many_lanes", 4), ("vector", 4)])
+def test_phase_3_loads_the_next_heads_beats_while_a_head_inserts(name, bits):
+    """Where phase 3 loads a kv head's cache beats at a time (``early=False``), the heads'
+    beats go into a ring of VIN slots (``pipeline``): the next head's LOADs go between a
+    head's INSERTs and STOREs, which alternate piece by piece, the second head's before the
+    first head's last INSERT. From one random
+    image at a random position it writes the DRAM of the program that loads a head at a
+    time after the head before is stored (``pipeline=False``), with no LOAD or move writing
+    VIN beats a VEC reads and no VEC writing VOUT beats a STORE reads while the other runs
+    (:func:`_spad_races`), in fewer cycles; five kv heads reuse the slots."""
+    cfg = CONFIGS[name]
+    kv_heads, d = 5, 32
+    rng = np.random.default_rng(bits + kv_heads)
+    layout = KVLayout(head_dim=d, max_context=128, lanes=cfg.lanes, beat=cfg.beat_bytes,
+                      bits=bits)
+    dram0, plan = _setup(cfg, layout, kv_heads, rng)
+    plan = replace(plan, scale_word=scores_scale_word(SCALE, bits))
+    cfg = cfg.with_dram(_up(dram0.size, cfg.beat_bytes))
+    dram0 = np.concatenate([dram0, np.zeros(cfg.memory.size_bytes - dram0.size, np.uint8)])
+    position = int(rng.integers(0, layout.max_context))
+    runs = {}
+    for pipeline in (True, False):
+        program, sites = schedule_kv_append(cfg, layout, kv_heads, plan, early=False,
+                                            pipeline=pipeline)
+        inserts = [i for i, ins in enumerate(program) if isinstance(ins, Vec)
+                   and ins.func in (VecFunc.INSERT, VecFunc.INSERT4)]
+        cache = [s.index for s in sites if s.field == "dram_addr"
+                 and isinstance(program[s.index], Load)]
+        last = inserts[len(inserts) // kv_heads - 1]    # the first head's last INSERT
+        assert (cache[len(cache) // kv_heads] < last) == pipeline    # the second's LOADs
+        regs = RegisterFile()
+        words = allocate_words(program_words([*program, End()]), regs, {
+            s.index: layout.append_terms(s.kind)[s.field == "imm"] for s in sites})
+        runs[pipeline] = FastModel(cfg).run(words, dram0,
+                                             regs=reg_table_values(regs.table, position),
+                                             trace=True)
+        assert runs[pipeline].ok, runs[pipeline].error
+        assert not _spad_races(program, runs[pipeline].trace, cfg), pipeline
     assert np.array_equal(runs[True].dram, runs[False].dram)
     assert runs[True].cycles < runs[False].cycles, {k: r.cycles for k, r in runs.items()}
