@@ -438,6 +438,20 @@ def test_an_append_whose_results_move_has_no_scratch_buffer(name, kv_heads, d):
             schedule_kv_append(cfg, layout, kv_heads, replace(plan, scratch=None))
 
 
+def _race_free_run(cfg, layout, program, sites, dram0, position):
+    """The fast model's traced run of the append ``program`` (END appended, its ``sites``
+    relative to the run-time registers at ``position``) from ``dram0``, asserted to finish
+    with no scratchpad race (:func:`_spad_races`)."""
+    regs = RegisterFile()
+    words = allocate_words(program_words([*program, End()]), regs, {
+        s.index: layout.append_terms(s.kind)[s.field == "imm"] for s in sites})
+    run = FastModel(cfg).run(words, dram0, regs=reg_table_values(regs.table, position),
+                             trace=True)
+    assert run.ok, run.error
+    assert not _spad_races(program, run.trace, cfg)
+    return run
+
+
 def _spad_races(program, trace, cfg) -> list[tuple[int, int]]:
     """The (writer, reader) pairs of a run of the append ``program`` (its ``trace``) that
     race on VIN or VOUT beats: a LOAD or move writes VIN beats a VEC reads (``length`` words
@@ -503,14 +517,7 @@ def test_the_cache_beats_load_while_phase_1_computes(name, kv_heads, d):
             assert sum(ins.wait is not None for ins in inserts) == 1
         else:
             assert all(i > first_vec for i in cache)
-        regs = RegisterFile()
-        words = allocate_words(program_words([*program, End()]), regs, {
-            s.index: layout.append_terms(s.kind)[s.field == "imm"] for s in sites})
-        runs[early] = FastModel(cfg).run(words, dram0,
-                                          regs=reg_table_values(regs.table, position),
-                                          trace=True)
-        assert runs[early].ok, runs[early].error
-        assert not _spad_races(program, runs[early].trace, cfg), early
+        runs[early] = _race_free_run(cfg, layout, program, sites, dram0, position)
     assert np.array_equal(runs[True].dram, runs[False].dram)
     assert runs[True].cycles < runs[False].cycles, {k: r.cycles for k, r in runs.items()}
 
@@ -546,13 +553,6 @@ def test_phase_3_loads_the_next_heads_beats_while_a_head_inserts(name, bits):
                  and isinstance(program[s.index], Load)]
         last = inserts[len(inserts) // kv_heads - 1]    # the first head's last INSERT
         assert (cache[len(cache) // kv_heads] < last) == pipeline    # the second's LOADs
-        regs = RegisterFile()
-        words = allocate_words(program_words([*program, End()]), regs, {
-            s.index: layout.append_terms(s.kind)[s.field == "imm"] for s in sites})
-        runs[pipeline] = FastModel(cfg).run(words, dram0,
-                                             regs=reg_table_values(regs.table, position),
-                                             trace=True)
-        assert runs[pipeline].ok, runs[pipeline].error
-        assert not _spad_races(program, runs[pipeline].trace, cfg), pipeline
+        runs[pipeline] = _race_free_run(cfg, layout, program, sites, dram0, position)
     assert np.array_equal(runs[True].dram, runs[False].dram)
     assert runs[True].cycles < runs[False].cycles, {k: r.cycles for k, r in runs.items()}
