@@ -1379,6 +1379,15 @@ def _tail_from(g: Mapping[str, np.ndarray], eng: np.ndarray) -> int:
                               | (g["opcode"] == Opcode.GEMM.value)).tolist(), default=-1)
 
 
+def _tail_room(cfg: AcceleratorConfig, placed: int, left: int) -> bool:
+    """Whether one more STORE-engine word of a vector part may come in :func:`beside`'s
+    tail ahead of the GEMM part's ``left`` STORE-engine words still to come, after
+    ``placed`` of the vector part's there: together they leave half the STORE queue
+    (``cfg.queue_depth``) free, so the fetch unit does not stop on the in-order STORE
+    engine's queue before the next part's LOADs."""
+    return placed + left + 1 <= cfg.queue_depth // 2
+
+
 def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
            ) -> tuple[np.ndarray, list[int], list[int]]:
     """The GEMM part ``gemm`` and the vector part ``vec`` after it (both END dropped, checked
@@ -1400,12 +1409,23 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     keys stream; likewise where ``vec`` holds a SILU_GATE, :data:`_PACED`); one that does
     not wait comes as soon as the words before it. Past ``gemm``'s last GEMM and LOAD-engine
     word (:func:`_tail_from`: only its last tiles' STOREs are left, each waiting on a GEMM
-    already fetched) a word of a run that holds a SILU_GATE comes as soon as the events let
-    it (attention's runs keep the clock: the reference model's step took 80 cycles longer
-    with theirs by the events too, ``python -m bench.beats --unpaced``): the durations' clock
-    stands still there (no word of ``gemm`` left adds to it), so it held every word of
+    already fetched) a word of ``vec`` comes as soon as the events let it: the durations'
+    clock stands still there (no word of ``gemm`` left adds to it), so it held every word of
     ``vec`` behind ``gemm``'s last STORE, and a SILU_GATE segment that reads the segment
-    before, not the last tiles, waited for the last GEMM on the in-order STORE engine.
+    before, not the last tiles, waited for the last GEMM on the in-order STORE engine (an
+    attention head's SOFTMAX and FOLD likewise for the values GEMM's last weights, 1,024
+    beats a head on LLaMA-7B's shapes with INT8 keys and values). A run without a SILU_GATE
+    (attention's, SOFTMAX and FOLD) does so only where ``gemm``'s last LOAD-engine word
+    takes at least as long as the VECs of ``vec`` not placed before the tail (else its STOREs,
+    ahead of the last tiles' on the in-order STORE engine, wait on VECs that end after the
+    last GEMM: the reference model's deploy step took 188 cycles longer so, 97,578 against
+    97,390), and there a STORE-engine word of ``vec`` comes only while it, those of ``vec``
+    before it there and those of ``gemm`` still to come leave half the STORE queue free
+    (:func:`_tail_room`): a full STORE queue stops the fetch unit, so the next part's
+    weights LOAD is not dispatched (unbounded, the reference model's four FOLD STOREs of two
+    heads filled its four-deep queue ahead of the last tile's STORE and the next values LOAD
+    waited 235 cycles for dispatch; LLaMA-7B's two-layer DDR4-class step, INT8 KV: 1,101,755
+    cycles by the clock, 1,094,577 unbounded, 1,092,641 bounded; docs/architecture.md).
     Placed before the last GEMM instead, a STORE of ``vec`` came before a tile's STORE and
     split a round trip from the LOAD that reads it back (:mod:`sw.compile.onchip` moves it
     only where no STORE-engine word comes between), and LOAD-engine words of ``vec`` that
@@ -1438,7 +1458,7 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     g, v = decode_fields(gemm), decode_fields(vec)
     g_eng, v_eng = engines_fields(g), engines_fields(v)
     g_cycles, v_cycles = exec_cycles_fields(g, cfg), exec_cycles_fields(v, cfg)
-    load, vector = Engine.LOAD.value, Engine.VECTOR.value
+    load, vector, store = Engine.LOAD.value, Engine.VECTOR.value, Engine.STORE.value
     delay = completion_delay(Engine.LOAD, cfg)
     stores = _stores(g)
     written = [dram_extent(g, i) for i in stores]
@@ -1518,9 +1538,11 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         return n < len(at) and at[n] <= clock
 
     def flush(done: int, end: bool, tail: bool = False) -> None:
+        nonlocal placed
         """Emit what of vec may come now (``done``: the last STORE known written; ``tail``:
         gemm has no GEMM and no LOAD-engine word left, so a paced word need not be
-        :func:`ready`)."""
+        :func:`ready`; in a bounded tail a STORE-engine word only where :func:`_tail_room`
+        says so)."""
         if any(waited.get(e, 0) > signalled.get(e, 0) for e in by_event):
             return  # a word of gemm before waits on a STORE after: gemm's words first
         progress = True
@@ -1532,9 +1554,13 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
                     w = int(v["wait"][i])
                     if w != NO_EVENT and signalled.get(w, 0) <= waited.get(w, 0):
                         break
+                    early = tail and not (bounded and e == store
+                                          and not _tail_room(cfg, placed, g_left))
                     if e == load and (need[i] > done or need[i] == -1 and not (end or paced)) \
-                            or paced and not (end or tail or ready(i)):
+                            or paced and not (end or early or ready(i)):
                         break
+                    if tail and not end and e == store:
+                        placed += 1
                     v_at[i] = len(out)
                     put(vec[i:i + 1], v, i, e, int(v_cycles[i]), True)
                     q.pop(0)
@@ -1542,12 +1568,19 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
 
     done = -1
     consumed: dict[int, int] = {}
-    # (a SILU_GATE run's alone: attention's runs, SOFTMAX and FOLD, took longer so)
-    tail = _tail_from(g, g_eng) if (v["vec.func"][vecs] == VecFunc.SILU_GATE.value).any() \
-        else g_eng.shape[0]
+    tail = _tail_from(g, g_eng)
+    # attention's runs: a tail only past a long last LOAD, its STOREs bounded (docstring)
+    bounded = not (v["vec.func"][vecs] == VecFunc.SILU_GATE.value).any()
+    last_load = max(np.flatnonzero(g_eng == load).tolist(), default=-1)
+    placed = 0  # STORE-engine words of vec placed in the tail
+    g_left = 0  # STORE-engine words of gemm after the last placed
     for i in range(g_eng.shape[0]):
         g_at[i] = len(out)
         put(gemm[i:i + 1], g, i, int(g_eng[i]), int(g_cycles[i]), False)
+        g_left = int((g_eng[i + 1:] == store).sum())
+        if bounded and i == tail and (last_load < 0 or int(g_cycles[last_load]) < sum(
+                int(v_cycles[j]) for j in queues.get(vector, []))):
+            tail = g_eng.shape[0]  # the VECs left outlast the last LOAD: the clock's
         e = int(g["wait"][i])
         if int(g_eng[i]) == load and e in by_event:
             done = max(done, by_event[e][consumed.get(e, 0)])

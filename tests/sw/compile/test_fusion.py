@@ -1443,6 +1443,77 @@ def test_a_paced_run_past_the_last_gemm_goes_by_its_events(monkeypatch, seed):
     assert runs[0].cycles < runs[1].cycles
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_an_attention_run_past_the_last_gemm_leaves_half_the_store_queue(monkeypatch, seed):
+    """``beside`` of a ring and a paced run without a SILU_GATE (as attention's: a SOFTMAX
+    of four tiles' rows, then a part that STOREs its row in four pieces, as a FOLD's
+    outputs, drained between), the ring's last weights LOAD longer than the run's VECs:
+    past the ring's last GEMM (``_tail_from``) the run's STORE-engine words ahead of the
+    ring's last tile STOREs, at least one, leave half the STORE queue free
+    (:func:`sw.compile.fusion._tail_room`), where without the bound (``_tail_room``
+    patched to always) more of them come there. On the fast model from a random DRAM image
+    both placements write the same DRAM."""
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    tiles, ev, beats = 12, EVENTS, OUT_ROW * 4
+    gemm = _ring_like(1, tiles, 140, 128, CFG.queue_depth)[:-1]
+    drain = [Sync(engine=Engine.LOAD, wait=ev["STORED0"])]
+    load, vec_, store = _rows_part(3000, beats, 3100)
+    pieces = [dataclasses.replace(store, dram_addr=3100 + k * OUT_ROW, spad_addr=k * OUT_ROW,
+                                  row_beats=OUT_ROW, wait=store.wait if k == 0 else None,
+                                  signal=store.signal if k == 3 else None) for k in range(4)]
+    vec = vector_events(program_words(
+        _rows_part(2000 + OUT_ROW * 4, beats, 3000, VecFunc.SOFTMAX) + drain
+        + [load, vec_, *pieces]))
+    g_eng = engines_fields(decode_fields(gemm))
+    v_store = np.flatnonzero(engines_fields(decode_fields(vec)) == Engine.STORE.value)
+    last = fusion._tail_from(decode_fields(gemm), g_eng)
+    counts, runs = [], []
+    for bound in (True, False):
+        if not bound:
+            monkeypatch.setattr(fusion, "_tail_room", lambda cfg, placed, left: True)
+        words, g_at, v_at = beside(CFG, gemm, vec)
+        assert g_at == sorted(g_at) and v_at == sorted(v_at)
+        ahead = sum(g_at[last] < v_at[i] < g_at[-1] for i in v_store.tolist())
+        behind = int((g_eng[last + 1:] == Engine.STORE.value).sum())
+        counts.append((ahead, behind))
+        r = make_backend("model", CFG).run(program_words(_program(words) + [End()]),
+                                           dram.copy())
+        assert r.ok, r.error
+        runs.append(r)
+    (bounded, left), (unbounded, _) = counts
+    assert left >= 1 and 1 <= bounded and bounded + left <= CFG.queue_depth // 2 < unbounded + left
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+
+
+def test_an_attention_run_keeps_the_clock_where_its_vecs_outlast_the_last_load(monkeypatch):
+    """``beside`` of the ring of
+    :func:`test_an_attention_run_past_the_last_gemm_leaves_half_the_store_queue` (140-beat
+    weights LOADs) and a paced run without a SILU_GATE whose VECs take longer than the
+    last LOAD (a SOFTMAX of four tiles' rows, then three ADD parts, drained between): the
+    same words as with no tail (``_tail_from`` patched to none: the durations' clock
+    places the run to the end), and the program runs on the fast model."""
+    tiles, ev, beats = 12, EVENTS, OUT_ROW * 4
+    gemm = _ring_like(1, tiles, 140, 128, CFG.queue_depth)[:-1]
+    drain = [Sync(engine=Engine.LOAD, wait=ev["STORED0"])]
+    parts = _rows_part(2000 + OUT_ROW * 4, beats, 3000, VecFunc.SOFTMAX)
+    for k in range(3):
+        parts += drain + _rows_part(3000 + 100 * k, beats, 3100 + 100 * k)
+    vec = vector_events(program_words(parts))
+    g, v = decode_fields(gemm), decode_fields(vec)
+    g_eng, v_eng = engines_fields(g), engines_fields(v)
+    last_load = int(np.flatnonzero(g_eng == Engine.LOAD.value)[-1])
+    assert exec_cycles_fields(g, CFG)[last_load] < exec_cycles_fields(v, CFG)[
+        v_eng == Engine.VECTOR.value].sum()
+    words, g_at, v_at = beside(CFG, gemm, vec)
+    monkeypatch.setattr(fusion, "_tail_from", lambda g, eng: eng.shape[0])
+    clock = beside(CFG, gemm, vec)
+    assert np.array_equal(words, clock[0]) and (g_at, v_at) == clock[1:]
+    r = make_backend("model", CFG).run(program_words(_program(words) + [End()]),
+                                       np.zeros(CFG.memory.size_bytes, np.uint8))
+    assert r.ok, r.error
+
+
 def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
     """``beside`` of a GEMM-like part (four tiles) and a vector part reading one tile's row:
     each part's words in their order; the vector part's LOAD after the LOAD-engine word
