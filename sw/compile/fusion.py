@@ -1538,11 +1538,11 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
         return n < len(at) and at[n] <= clock
 
     def flush(done: int, end: bool, tail: bool = False) -> None:
-        nonlocal placed
         """Emit what of vec may come now (``done``: the last STORE known written; ``tail``:
         gemm has no GEMM and no LOAD-engine word left, so a paced word need not be
         :func:`ready`; in a bounded tail a STORE-engine word only where :func:`_tail_room`
         says so)."""
+        nonlocal placed
         if any(waited.get(e, 0) > signalled.get(e, 0) for e in by_event):
             return  # a word of gemm before waits on a STORE after: gemm's words first
         progress = True
