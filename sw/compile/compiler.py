@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -128,9 +129,12 @@ from sw.compile.relocation import (
     lower_vector_template,
     relocate,
 )
+from sw.compile.roll import roll_words
 from sw.compile.tiling import stream_bytes, weight_image
 from sw.compile.vector import VectorOp, row_bytes, vector_op
 from sw.models.llama import LlamaLM, rotary_tables
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["CompileOptions", "capture_model", "compile_model", "accelerator_nodes", "vector_ops",
            "static_dram_bytes", "fuses_programs"]
@@ -353,7 +357,8 @@ def compile_model(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOption
                              progress=bar and "compile: lower (blocks in frames)")
         looped = _roll_step(cfg, rolled[1], model.config.num_hidden_layers, rolled[3],
                             rolled[0], frames, served)
-        if any(looped[i].instructions > cfg.imem_depth for i in _joined(looped, rolled[3])):
+        # every program that runs fits (a group fused for the wider memory runs joined)
+        if any(p.instructions > cfg.imem_depth for p in looped if p.fused_into is None):
             frames = None
         else:
             symbols, programs, table, templates, joined = (rolled[0], looped, *rolled[2:])
@@ -655,7 +660,8 @@ def static_dram_bytes(model: LlamaLM, cfg: AcceleratorConfig, options: CompileOp
 def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_context: int,
            groups: Mapping[int, FusedGroup] | None = None, loops: bool | None = None,
            embedding: frozenset[str] = frozenset(), spread: bool = True,
-           progress: str | None = None) -> tuple[list[Program], ProgramTable, int]:
+           progress: str | None = None, wider: AcceleratorConfig | None = None
+           ) -> tuple[list[Program], ProgramTable, int]:
     """One program per (node, bucket): each distinct one lowered once (``loops``: rolled,
     :class:`CompileOptions`), relocated; and the table that finds them for every context.
     Each of ``groups`` (by the index of its last entry in ``work``:
@@ -670,7 +676,10 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
     A compilation that fuses programs (``groups``) keeps its linears' weights in a ring
     (:func:`sw.compile.relocation.lower_template`), one that does not in the double buffers.
     A decode program's LOADs of the ``embedding`` buffers (the token's embedding rows) are
-    its ``embed_rows``. ``progress``: a progress bar's description (None: no bar)."""
+    its ``embed_rows``. ``progress``: a progress bar's description (None: no bar).
+    ``wider``: a larger instruction memory a decode group that does not fit is fused for,
+    its node parts unrolled (a step whose blocks one loop runs, and whose tail
+    :func:`_roll_tail` rolls: :func:`_roll_step`)."""
     templates: dict[tuple, tuple[int, Template | None]] = {}
     programs: list[Program] = []
     table: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
@@ -712,10 +721,12 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
                                     embed_rows=embed))
         if i in groups and groups[i].attention:
             whole = _fuse_attention(cfg, programs, pos, groups[i], templates, addr,
-                                    table[phase], work, onchip, embedding, spread)
+                                    table[phase], work, onchip, embedding, spread,
+                                    wider if phase == "decode" else None)
         elif i in groups:
             whole = _fuse_or_fall_back(cfg, programs, pos, groups[i], templates, addr, onchip,
-                                       embedding, spread)
+                                       embedding, spread,
+                                       wider if phase == "decode" else None)
         if i in groups and whole:
             onchip |= rows_left(groups[i])
     return programs, ProgramTable({ph: {n: tuple(rows) for n, rows in nodes.items()}
@@ -725,22 +736,38 @@ def _lower(cfg: AcceleratorConfig, work, symbols: Mapping[str, Region], max_cont
 def _fuse_or_fall_back(cfg: AcceleratorConfig, programs: list[Program],
                        pos: Mapping[int, int], group: FusedGroup, templates: dict,
                        addr: Mapping[str, int], onchip: Collection[str] = frozenset(),
-                       embedding: frozenset[str] = frozenset(), spread: bool = True
-                       ) -> bool:
-    """:func:`_fuse` ``group``, or each of its fallbacks where it does not fit; whether
-    ``group`` itself fused."""
-    if _fuse(cfg, programs, pos, group, templates, addr, onchip, embedding, spread):
+                       embedding: frozenset[str] = frozenset(), spread: bool = True,
+                       wider: AcceleratorConfig | None = None) -> bool:
+    """:func:`_fuse` ``group``, or where it does not fit ``cfg``'s instruction memory, for
+    ``wider``'s with its node parts unrolled (``unroll``), or else each of its fallbacks
+    (logged: which group, and why); whether ``group`` itself fused."""
+    why: list[str] = []
+    if _fuse(cfg, programs, pos, group, templates, addr, onchip, embedding, spread, why=why):
         return True
+    if wider is not None and _fuse(wider, programs, pos, group, templates, addr, onchip,
+                                   embedding, spread, unroll=True, why=why):
+        return True
+    nodes = [programs[pos[e]].node for e in group.entries]
+    _log.log(logging.WARNING if wider is not None else logging.INFO,
+             "fused group %s..%s (%d nodes) falls back to %d smaller groups: %s",
+             nodes[0], nodes[-1], len(nodes), len(group.fallback), "; ".join(why))
     for g in group.fallback:
         _fuse(cfg, programs, pos, g, templates, addr, onchip, embedding, spread)
     return False
+
+
+def _rolled(t: Template | None) -> bool:
+    """Whether template ``t`` holds a REPEAT (a hardware loop: it cannot be a fused part)."""
+    return t is not None and bool(
+        (decode_fields(t.words)["opcode"] == Opcode.REPEAT.value).any())
 
 
 def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[int, int],
                     chain: FusedGroup, templates: dict, addr: Mapping[str, int],
                     table: dict[str, list[tuple[int, int, int]]], work,
                     onchip: Collection[str] = frozenset(),
-                    embedding: frozenset[str] = frozenset(), spread: bool = True) -> bool:
+                    embedding: frozenset[str] = frozenset(), spread: bool = True,
+                    wider: AcceleratorConfig | None = None) -> bool:
     """Fuse ``chain`` after each context bucket's attention program
     (:attr:`sw.compile.fusion.FusedGroup.attention`): the chain's nodes then have a program
     per bucket (the first merged bucket's their own programs, the others' copies of them),
@@ -748,9 +775,16 @@ def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[i
     context. A bucket whose merged program does not fit the instruction memory keeps its
     attention program (or that one's fallbacks) and the chain its own fused program, which
     every context of such a bucket runs. Whether every context's programs hold the chain's
-    parts (the chain's own program fused where a bucket needs it)."""
-    fits = [m for m in chain.attention
-            if _fuse(cfg, list(programs), pos, m, dict(templates), addr, onchip, embedding, spread)]
+    parts (the chain's own program fused where a bucket needs it). ``wider``: as for
+    :func:`_fuse_or_fall_back`, a merged program that does not fit ``cfg`` is fused for it."""
+    fits, how = [], {}
+    for m in chain.attention:
+        for c, unroll in ((cfg, False), (wider, True)) if wider is not None else ((cfg, False),):
+            if _fuse(c, list(programs), pos, m, dict(templates), addr, onchip, embedding,
+                     spread, unroll=unroll):
+                fits.append(m)
+                how[id(m)] = (c, unroll)
+                break
     merged = {id(m) for m in fits}
     own = len(fits) < len(chain.attention)  # the chain runs alone in some bucket
     rows: dict[str, list[tuple[int, int, int]]] = {}
@@ -766,17 +800,18 @@ def _fuse_attention(cfg: AcceleratorConfig, programs: list[Program], pos: dict[i
             rows.setdefault(work[e][1].name, []).append((first, last, at[e]))
         where.append(at)
     for m, at in zip(fits, where, strict=True):
-        if not _fuse(cfg, programs, at, m, templates, addr, onchip, embedding,
-                     spread):  # pragma: no cover
+        c, unroll = how[id(m)]
+        if not _fuse(c, programs, at, m, templates, addr, onchip, embedding, spread,
+                     unroll=unroll):  # pragma: no cover
             raise LoweringError(f"the merged program of {programs[at[m.entries[0]]].node!r} "
                                 "fitted once and no longer does")
     for m in chain.attention:
         if id(m) not in merged:
             for a in m.fallback:
                 _fuse_or_fall_back(cfg, programs, pos, a, templates, addr, onchip, embedding,
-                                   spread)
+                                   spread, wider)
     whole = not own or _fuse_or_fall_back(cfg, programs, pos, chain, templates, addr, onchip,
-                                          embedding, spread)
+                                          embedding, spread, wider)
     for name, r in rows.items():  # each merged bucket's first, the chain's own last
         table[name] = r + (table[name] if own else [])
     return whole
@@ -802,7 +837,8 @@ def _part_template(cfg: AcceleratorConfig, part) -> Template:
 def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int],
           group: FusedGroup, templates: dict, addr: Mapping[str, int],
           onchip: Collection[str] = frozenset(),
-          embedding: frozenset[str] = frozenset(), spread: bool = True) -> bool:
+          embedding: frozenset[str] = frozenset(), spread: bool = True, *,
+          unroll: bool = False, why: list[str] | None = None) -> bool:
     """Append the fused program of ``group`` and make its entries' programs (at ``pos``) its
     parts; False, and nothing changed, if it does not fit the instruction memory.
 
@@ -815,7 +851,10 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     fused program's ``position_rows`` are its ROPE parts' table LOADs, its ``imm_rows`` its
     SOFTMAX parts' VECs; a scores member names the ``amax`` and channel words the host
     writes for its DEQUANT part; a residual linear's member the residual rows the host writes
-    (``residual``), unless an earlier program left them on chip (``onchip``)."""
+    (``residual``), unless an earlier program left them on chip (``onchip``). ``unroll``: a
+    node's part is lowered unrolled even where its own program rolled (its template has a
+    REPEAT). ``why``: where it does not fit, the reason is appended."""
+    why = why if why is not None else []
     nodes = [programs[pos[e]] for e in group.entries]
     words, key, work = [], ["fused"], [0, 0, 0]
     dequant, argmax, tables, imms = {}, {}, [], []
@@ -839,18 +878,27 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
         if owner is not None and isinstance(part, VectorOp):
             t = templates[(part.signature,)][1]
         elif owner is not None:
-            if tuple(m.signature for m in part) not in templates:  # a member alone
-                try:  # unrolled, as a part must be (a node's too long one rolls: no part)
-                    t = lower_template(cfg, part, ring=True)
-                except LoweringError:
+            sig = tuple(m.signature for m in part)
+            if unroll and sig in templates and _rolled(templates[sig][1]):
+                sig = ("unrolled", *sig)  # beside the node's own rolled program
+            if sig not in templates:  # a member alone, or a node's part unrolled
+                try:  # unrolled, as a part must be (a node's too long one rolls: no part);
+                    # one a tail loop rolls: in the double buffers, whose period is 2 GEMMs
+                    t = lower_template(cfg, part, ring=sig[0] != "unrolled")
+                except LoweringError as e:
+                    why.append(f"part {nodes[owner].node!r} unrolled: {e}")
                     return False
-                templates[tuple(m.signature for m in part)] = (len(templates), t)
-            t = templates[tuple(m.signature for m in part)][1]
+                templates[sig] = (len(templates), t)
+            t = templates[sig][1]
+            if _rolled(t):
+                why.append(f"part {nodes[owner].node!r} is rolled (a REPEAT) unrolled too long")
+                return False
         else:
             if part.signature not in templates:
                 try:  # unrolled: a vocabulary's segments of many rows may not fit
                     t = _part_template(cfg, part)
-                except LoweringError:
+                except LoweringError as e:
+                    why.append(f"{type(part).__name__} part: {e}")
                     return False
                 templates[part.signature] = (len(templates), t)
             t = templates[part.signature][1]
@@ -887,7 +935,8 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     try:
         fused, places = fuse_parts_cached(cfg, words, spread or nodes[0].phase != "decode",
                                           fuse_parts)
-    except LoweringError:
+    except LoweringError as e:
+        why.append(f"fused: {e}")
         return False
     # a ROPE part's table LOADs, as words of the fused program: the runtime sets them per step
     position_rows = tuple(places[k][i] for k, rows in tables for i in rows)
@@ -957,7 +1006,9 @@ def _lower_join(cfg: AcceleratorConfig, work, placed: Mapping[str, Region],
             r = symbols[parent]
             symbols[name] = Region(r.addr + offset, size, r.kind)
     programs, table, templates = _lower(cfg, work, symbols, options.max_context, pairs,
-                                        options.loops, embedding, not wide, progress=progress)
+                                        options.loops, embedding, not wide, progress=progress,
+                                        wider=cfg.replace(imem_depth=_WIDE_IMEM) if wide
+                                        else None)
     joined = 0
     if options.one_program and options.chain_programs and "decode" in table.entries:
         programs, table, joined = _join_step(cfg.replace(imem_depth=_WIDE_IMEM) if wide else cfg,
@@ -1020,11 +1071,39 @@ def _roll_step(cfg: AcceleratorConfig, programs: list[Program], blocks: int, tem
         rolled = roll_blocks(p.words, blocks, shared=shared, position_rows=p.position_rows,
                              imm_rows=p.imm_rows, append_rows=p.append_rows, first=copy)
         if rolled is not None:
-            programs[i] = dataclasses.replace(
+            programs[i] = _roll_tail(cfg, dataclasses.replace(
                 p, words=rolled["words"], position_rows=rolled["position_rows"],
                 imm_rows=rolled["imm_rows"], append_rows=rolled["append_rows"],
-                embed_rows=(0,) if copy else ())
+                embed_rows=(0,) if copy else ()))
     return programs
+
+
+def _roll_tail(cfg: AcceleratorConfig, p: Program) -> Program:
+    """Block-looped step ``p`` (``[prologue | REPEAT | block 0 | epilogue]``) with its
+    epilogue's periodic runs as REPEATs too (:func:`sw.compile.roll.roll_words`: loops one
+    after the other, none nested) where ``p`` does not fit ``cfg``'s instruction memory (a
+    head too long unrolled: its output tiles' GEMMs); its run-time words stay unrolled, moved
+    to where they land. ``p`` itself where it fits, or has no block loop."""
+    if p.instructions <= cfg.imem_depth:
+        return p
+    f = decode_fields(p.words)
+    reps = np.flatnonzero(f["opcode"] == Opcode.REPEAT.value)
+    if reps.size != 1:
+        return p
+    start = int(reps[0]) + 1 + int(f["repeat.length"][reps[0]])  # the epilogue's first word
+    end = len(p.words) - 1  # END
+    keep = {i - start for i in (*p.position_rows, *p.imm_rows, *p.embed_rows,
+                                *(r for r, *_ in p.append_rows)) if start <= i < end}
+    tail, where = roll_words(instructions(p.words[start:end]), keep)
+
+    def moved(i: int) -> int:
+        return i if i < start else start + where[i - start]
+    return dataclasses.replace(
+        p, words=np.concatenate([p.words[:start], program_words(tail), p.words[end:]]),
+        position_rows=tuple(moved(i) for i in p.position_rows),
+        imm_rows=tuple(moved(i) for i in p.imm_rows),
+        embed_rows=tuple(moved(i) for i in p.embed_rows),
+        append_rows=tuple((moved(i), *rest) for i, *rest in p.append_rows))
 
 
 def _copies_row(cfg: AcceleratorConfig, embedding: Mapping[str, int]) -> bool:

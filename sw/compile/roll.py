@@ -28,7 +28,7 @@ Example
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from hw.isa import (
     MOVE_SOURCES,
@@ -42,7 +42,7 @@ from hw.isa import (
     VecFunc,
 )
 
-__all__ = ["roll", "stride_class", "MAX_BODY"]
+__all__ = ["roll", "roll_words", "stride_class", "MAX_BODY"]
 
 #: Longest body :func:`roll` tries (instructions): a layer's period is a few instructions;
 #: longer bodies cost search time for little gain.
@@ -146,19 +146,49 @@ def roll(prog: Sequence[Instr], relocs: Sequence, max_body: int = MAX_BODY
     """
     if any(isinstance(ins, Repeat) for ins in prog):
         raise ValueError("roll takes a schedule without REPEATs")
+    out_prog, out_relocs, _ = _roll(prog, relocs, max_body)
+    return out_prog, out_relocs
+
+
+def _roll(prog: Sequence[Instr], relocs: Sequence, max_body: int
+          ) -> tuple[list[Instr], list, list[int]]:
+    """:func:`roll`, and per output instruction the index in ``prog`` of the one it is (of
+    a body's: the first period's), -1 for a REPEAT."""
     keys = [_key(j, ins, r) for j, (ins, r) in enumerate(zip(prog, relocs, strict=True))]
     out_prog: list[Instr] = []
     out_relocs: list = []
+    origin: list[int] = []
     i, n = 0, len(prog)
     while i < n:
         run = _best_run(prog, keys, i, max_body)
         if run is None:
             out_prog.append(prog[i])
             out_relocs.append(relocs[i])
+            origin.append(i)
             i += 1
             continue
         length, count, strides = run
         out_prog += [Repeat(length=length, count=count, **strides)] + list(prog[i:i + length])
         out_relocs += [None] + list(relocs[i:i + length])
+        origin += [-1, *range(i, i + length)]
         i += length * count
-    return out_prog, out_relocs
+    return out_prog, out_relocs, origin
+
+
+def roll_words(prog: Sequence[Instr], keep: Collection[int] = (), max_body: int = MAX_BODY
+               ) -> tuple[list[Instr], dict[int, int]]:
+    """The relocated program ``prog`` (no END, no REPEAT: every address final) with its
+    periodic runs as REPEATs (:func:`roll`), but for the instructions ``keep`` (indices:
+    words the runtime sets per step), which no run holds.
+
+    Returns
+    -------
+    (list of Instr, dict)
+        The rolled program, and where each of ``keep`` lies in it.
+    """
+    relocs = [("keep", j) if j in keep else None for j in range(len(prog))]
+    out, _, origin = _roll(prog, relocs, max_body)
+    where = {j: k for k, j in enumerate(origin) if j in keep}
+    if set(where) != set(keep):  # pragma: no cover - a kept word's key is its own
+        raise AssertionError("a kept instruction was rolled into a loop")
+    return out, where

@@ -27,7 +27,7 @@ from sim.backends import make_backend
 from sw.compile import CompileError, CompileOptions, compile_model
 from sw.compile.lower import Member
 from sw.compile.relocation import lower_template
-from sw.compile.roll import roll
+from sw.compile.roll import roll, roll_words
 from sw.compile.schedule import PlacedLayer, schedule_layers
 from sw.compile.tiling import plan_linear
 from sw.runtime import Runtime
@@ -57,6 +57,25 @@ def test_rolled_schedule_dispatches_the_unrolled_one(n, k, tokens):
     assert [rrelocs[p] for p in pcs if not isinstance(rolled[p], Repeat)] == list(relocs)
     if len(prog) >= 40:  # many output tiles: their periods roll
         assert len(rolled) < len(prog) // 3
+
+
+def test_relocated_words_roll_but_the_kept_ones_and_say_where_those_are():
+    """``roll_words``: a relocated schedule (every address final) rolls as :func:`roll`
+    does and dispatches the same instructions, except the words kept (the runtime sets
+    them per step), which no loop holds; the map says where each kept word lies."""
+    cfg = AcceleratorConfig()
+    plan = plan_linear(cfg, WeightFormat.parse("dense-int4-g64"), 512, 1024, 1)
+    prog, _ = schedule_layers(cfg, [PlacedLayer(plan)])
+    loads = [j for j, ins in enumerate(prog) if isinstance(ins, Load) and ins.spad == Spad.WGT]
+    keep = {loads[5], loads[len(loads) // 2]}
+    rolled, where = roll_words(prog, keep)
+    assert _dispatched(program_words(rolled), cfg) == prog
+    assert len(rolled) < len(prog)
+    assert set(where) == keep and all(rolled[where[j]] == prog[j] for j in keep)
+    f = decode_fields(program_words(rolled))
+    pcs = loop_stream(f, dispatch_errors(f, cfg)).pcs.tolist()
+    assert all(pcs.count(where[j]) == 1 for j in keep)  # dispatched once: in no loop
+    assert len(roll_words(prog)[0]) < len(rolled)  # without them: longer loops
 
 
 def test_roll_keeps_what_must_not_repeat():

@@ -136,3 +136,46 @@ def test_logits_read_back_keep_every_q15_16_word_apart():
     assert torch.equal(from_fixed_torch(torch.from_numpy(words)), torch.from_numpy(got))
     tie = from_fixed(np.array([edge, edge + 1, edge + 1]))  # float32: all three one value
     assert int(torch.argmax(torch.from_numpy(tie))) == 1
+
+
+@pytest.mark.slow
+def test_a_head_too_long_unrolled_runs_in_loops_after_the_block_loop():
+    """A head of 6,000 logits on a 1,024-word instruction memory: alone, unrolled, its GEMM
+    does not fit (its own program rolls), nor does the last block's chain with it, so that
+    group is fused for a wider memory with the head in double buffers, the step joins, its
+    blocks roll into one loop and the head after it into loops of its own (between its
+    DEQUANT segments). Greedy decoding then takes one program a token, which fits the
+    instruction memory, with no host work, and its tokens equal the twin's."""
+    from compile_testutil import VSMALL
+
+    from hw.config import MemoryModel
+    from hw.isa import Opcode, decode_fields
+    from sw.models.generate import generate
+
+    vocab = 6000
+    lm = tiny_lm(layers=4, vocab=vocab)
+    untie_head(lm)
+    ws = compress_llama(lm, lambda name, _: (WeightFormat("dense", 8, 32) if name == HEAD
+                                             else WeightFormat("2:4", 4, 32)),
+                        "magnitude", skip=(), progress=False)
+    cfg = VSMALL.replace(memory=MemoryModel(size_bytes=1 << 22), imem_depth=1024,
+                         vin_spad_bytes=4096, vout_spad_bytes=2048)
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + STEPS, argmax=True),
+                        weights=ws)
+    assert exe.report["phases"]["decode"]["programs_per_step"] == 1
+    (step,) = [p for p in exe.programs if p.phase == "decode" and p.fused_into is None
+               and any(m.argmax for m in p.members)]
+    assert step.instructions <= cfg.imem_depth
+    repeats = int((decode_fields(step.words)["opcode"] == Opcode.REPEAT.value).sum())
+    assert repeats > 1  # the blocks' loop, then the head's
+    rt = Runtime(exe, make_backend("model", cfg), vector=True)
+    ids = torch.randint(0, vocab, (1, PROMPT), generator=torch.Generator().manual_seed(4))
+    gen = rt.generate(ids[0].tolist(), STEPS + 1, logits=False)
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
+    with torch.no_grad():
+        want = generate(twin, ids[0], STEPS + 1)[PROMPT:].tolist()
+    assert gen.tokens == want
+    decode = [s for s in gen.steps if s.phase == "decode"]
+    assert len(decode) == STEPS
+    assert all(len(s.programs) == 1 and s.host_wall_s == 0 and s.read_back_bytes <= 4
+               for s in decode), decode
