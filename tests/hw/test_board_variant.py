@@ -120,3 +120,25 @@ def test_the_prediction_s_files_are_the_board_s():
     names = bench_board.record_names(ECPIX5_SYS50)
     assert names == ("board_ecpix5-85f-sys50.json", "board_memory_ecpix5-85f-sys50.json",
                      "board_performance_ecpix5-85f-sys50.md")
+
+
+@pytest.mark.parametrize("board, record", [(ECPIX5, False), (ECPIX5_SYS50, False),
+                                           (ECPIX5_SYS50, True)])
+def test_the_prediction_reads_and_writes_the_board_s_files(board, record, monkeypatch):
+    """bench.board --board: the memory record beside the output, both under the board's names
+    (--record: the committed folder), measured for that board."""
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def memory_timings(path, b, remeasure, log=print):
+        seen.append((path, b))
+        raise Stop
+
+    monkeypatch.setattr(bench_board, "memory_timings", memory_timings)
+    with pytest.raises(Stop):
+        bench_board.main(["--board", board.name, "--vector-config", "none"]
+                         + ["--record"] * record)
+    folder = bench_board.recorded(bench_board.RESULTS) if record else bench_board.RESULTS
+    assert seen == [(folder / bench_board.record_names(board)[1], board)]
