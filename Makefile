@@ -66,12 +66,16 @@ sim: setup
 synth: setup
 	$(PY) -m hw.synth $(if $(CONFIG),--config $(CONFIG))
 
-# The ECPIX-5 board: `make bitstream [CONFIG=x.json|PRESET]` generates LiteDRAM's DDR3
-# controller, runs Yosys, nextpnr-ecp5 (placer seeds 1 and 2) and ecppack on the board top, and
-# writes bitstreams/ecpix5-85f/<config>/top.bit and report.json (hw/board/build.py); without
-# CONFIG the board's configuration (the 2x8 array, Board.base_config).
+# The ECPIX-5 board: `make bitstream [CONFIG=x.json|PRESET] [BOARD=ecpix5-85f-sys50] [PACED=1]`
+# generates LiteDRAM's DDR3 controller, runs Yosys, nextpnr-ecp5 (placer seeds 1 and 2) and
+# ecppack on the board top, and writes bitstreams/<board>/<config>/top.bit and report.json
+# (hw/board/build.py); without CONFIG the board's configuration (the 2x8 array,
+# Board.base_config), without BOARD the board at sys 75 MHz (ecpix5-85f; ecpix5-85f-sys50:
+# sys 50 MHz), with PACED=1 the DRAM port paced at the memory's peak. The vector bitstream:
+# `make bitstream BOARD=ecpix5-85f-sys50 CONFIG=vector PACED=1`.
 bitstream: setup
-	$(PY) -m hw.board.build $(if $(CONFIG),--config $(CONFIG))
+	$(PY) -m hw.board.build $(if $(BOARD),--board $(BOARD)) $(if $(CONFIG),--config $(CONFIG)) \
+	    $(if $(PACED),--paced)
 
 clean:
 	rm -rf build sim_build .hypothesis

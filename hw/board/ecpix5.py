@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from hw.config import AcceleratorConfig, MemoryModel
 
-__all__ = ["Board", "ECPIX5"]
+__all__ = ["Board", "ECPIX5", "ECPIX5_SYS50", "BOARDS", "board_named"]
 
 
 @dataclass(frozen=True)
@@ -146,3 +146,31 @@ ECPIX5 = Board(
     # memory's peak gives.
     base_config=AcceleratorConfig(rows=2),
 )
+
+
+# The same board with ``sys`` at 50 MHz (``sys2x`` 100 MHz), a clock LiteDRAM's ECP5 DDR3 PHY is
+# reported to work at: the vector configuration (the 4x8 array and the vector engine) places
+# at about 59 MHz, short of the 75 MHz of :data:`ECPIX5` (docs/board.md, "The 50 MHz
+# variant"). Only the clock differs: LiteDRAM is generated for it (its PLL, its timings in
+# ``sys`` cycles), the UART's divisor and the accelerator's ``clock_mhz`` follow from it, and
+# the memory's peak scales with it (400 MB/s).
+ECPIX5_SYS50 = dataclasses.replace(ECPIX5, name="ecpix5-85f-sys50", sys_clk_hz=50e6)
+
+#: The boards the board flow builds for, by :attr:`Board.name` (``--board``).
+BOARDS: dict[str, Board] = {b.name: b for b in (ECPIX5, ECPIX5_SYS50)}
+
+
+def board_named(name: str) -> Board:
+    """The board of :data:`BOARDS` called ``name``.
+
+    Raises ``ValueError`` (one line naming the choices) for another name.
+
+    Examples
+    --------
+    >>> board_named("ecpix5-85f-sys50").sys_clk_hz / 1e6, board_named("ecpix5-85f") is ECPIX5
+    (50.0, True)
+    """
+    board = BOARDS.get(name)
+    if board is None:
+        raise ValueError(f"unknown board {name!r} (choose from {', '.join(BOARDS)})")
+    return board
