@@ -19,6 +19,25 @@ from sw.runtime import Runtime
 PROMPT, STEPS = 5, 3
 
 
+def _greedy_on_chip(lm, ws, cfg, exe) -> None:
+    """Greedy decoding of ``exe`` on the fast model takes one program a decode step, no host
+    work (the token id read back alone), and its tokens equal the twin's."""
+    from sw.models.generate import generate
+
+    rt = Runtime(exe, make_backend("model", cfg), vector=True)
+    ids = torch.randint(0, lm.config.vocab_size, (1, PROMPT),
+                        generator=torch.Generator().manual_seed(4))
+    gen = rt.generate(ids[0].tolist(), STEPS + 1, logits=False)
+    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
+    with torch.no_grad():
+        want = generate(twin, ids[0], STEPS + 1)[PROMPT:].tolist()
+    assert gen.tokens == want
+    decode = [s for s in gen.steps if s.phase == "decode"]
+    assert len(decode) == STEPS
+    assert all(len(s.programs) == 1 and s.host_wall_s == 0 and s.read_back_bytes <= 4
+               for s in decode), decode
+
+
 @pytest.mark.parametrize("tied", [False, True], ids=["own-head", "tied-head"])
 @pytest.mark.parametrize("vector", [False, True], ids=["default", "vector"])
 @pytest.mark.parametrize("bits", [8, 4])
@@ -90,7 +109,6 @@ def test_a_head_wider_than_the_vector_scratchpads_runs_on_chip_in_segments():
 
     from hw.config import MemoryModel
     from hw.isa import Vec, VecFunc, argmax_pairs, decode_program
-    from sw.models.generate import generate
 
     vocab = 1000
     lm = tiny_lm(vocab=vocab)
@@ -107,17 +125,7 @@ def test_a_head_wider_than_the_vector_scratchpads_runs_on_chip_in_segments():
     argmaxes = [i for i in decode_program(step.words.view("u1"))
                 if isinstance(i, Vec) and i.func == VecFunc.ARGMAX]
     assert [int(argmax_pairs(i.imm)) for i in argmaxes][-1] == 1 and len(argmaxes) > 2
-    rt = Runtime(exe, make_backend("model", cfg), vector=True)
-    ids = torch.randint(0, vocab, (1, PROMPT), generator=torch.Generator().manual_seed(4))
-    gen = rt.generate(ids[0].tolist(), STEPS + 1, logits=False)
-    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
-    with torch.no_grad():
-        want = generate(twin, ids[0], STEPS + 1)[PROMPT:].tolist()
-    assert gen.tokens == want
-    decode = [s for s in gen.steps if s.phase == "decode"]
-    assert len(decode) == STEPS
-    assert all(len(s.programs) == 1 and s.host_wall_s == 0 and s.read_back_bytes <= 4
-               for s in decode), decode
+    _greedy_on_chip(lm, ws, cfg, exe)
 
 
 def test_logits_read_back_keep_every_q15_16_word_apart():
@@ -150,7 +158,6 @@ def test_a_head_too_long_unrolled_runs_in_loops_after_the_block_loop():
 
     from hw.config import MemoryModel
     from hw.isa import Opcode, decode_fields
-    from sw.models.generate import generate
 
     vocab = 6000
     lm = tiny_lm(layers=4, vocab=vocab)
@@ -168,14 +175,4 @@ def test_a_head_too_long_unrolled_runs_in_loops_after_the_block_loop():
     assert step.instructions <= cfg.imem_depth
     repeats = int((decode_fields(step.words)["opcode"] == Opcode.REPEAT.value).sum())
     assert repeats > 1  # the blocks' loop, then the head's
-    rt = Runtime(exe, make_backend("model", cfg), vector=True)
-    ids = torch.randint(0, vocab, (1, PROMPT), generator=torch.Generator().manual_seed(4))
-    gen = rt.generate(ids[0].tolist(), STEPS + 1, logits=False)
-    twin = use_hardware_numerics(copy.deepcopy(lm), ws, vector=True, attention=True)
-    with torch.no_grad():
-        want = generate(twin, ids[0], STEPS + 1)[PROMPT:].tolist()
-    assert gen.tokens == want
-    decode = [s for s in gen.steps if s.phase == "decode"]
-    assert len(decode) == STEPS
-    assert all(len(s.programs) == 1 and s.host_wall_s == 0 and s.read_back_bytes <= 4
-               for s in decode), decode
+    _greedy_on_chip(lm, ws, cfg, exe)
