@@ -100,7 +100,7 @@ from bench.common import (
     stamp,
     write_json,
 )
-from hw.board.ecpix5 import BOARDS, ECPIX5, Board, board_named
+from hw.board.ecpix5 import ECPIX5, Board, board_named, boards_help
 from hw.cli import write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError, named_or_file
 from hw.format import FormatError, WeightFormat
@@ -558,8 +558,7 @@ def _persistent(models: list[dict], name: str, cfg: AcceleratorConfig, port: str
 def main(argv: list[str] | None = None) -> int:
     ap = parser("python -m bench.board", __doc__)
     ap.add_argument("--board", default=ECPIX5.name, metavar="B",
-                    help="the board: " + "; ".join(
-                        f"{b.name} (sys {b.sys_clk_hz / 1e6:g} MHz)" for b in BOARDS.values()))
+                    help=f"the board: {boards_help()}")
     ap.add_argument("--models", type=_models, default=",".join(MODELS),
                     metavar="NAME[@FORMAT],...",
                     help=f"models to predict: built-ins ({', '.join(BUILTINS)}), each with its "
@@ -595,9 +594,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="probability of corrupting, and of dropping, each frame of the "
                          "simulated link")
     ap.add_argument("--out", type=Path, default=RESULTS / RECORD_FILE,
-                    help="results JSON (another board's default: record_names)")
+                    help="results JSON (for another board than the default the default file is "
+                         "board_<board>.json)")
     ap.add_argument("--docs", type=Path, default=DOCS,
-                    help="where board_performance.md is written")
+                    help="where board_performance.md (another board's: "
+                         "board_performance_<board>.md) is written")
     args = ap.parse_args(argv)
     if not 0 <= args.sim_faults < 1:
         ap.error(f"--sim-faults must be in [0, 1), got {args.sim_faults}")

@@ -54,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hw import ecp5_dsp, ecp5_global
-from hw.board.ecpix5 import BOARDS, ECPIX5, Board, board_named
+from hw.board.ecpix5 import ECPIX5, Board, board_named, boards_help
 from hw.cli import OneLineParser, command, write_text_atomic
 from hw.config import AcceleratorConfig, ConfigError, named_or_file
 from hw.synth import (
@@ -418,10 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m hw.board.build", name="hw.board.build",
                        description=__doc__.split("\n")[0])
     ap.add_argument("--board", default=ECPIX5.name, metavar="B",
-                    help="the board: " + "; ".join(
-                        f"{b.name} (sys {b.sys_clk_hz / 1e6:g} MHz, sys2x "
-                        f"{2 * b.sys_clk_hz / 1e6:g} MHz)" for b in BOARDS.values())
-                    + " (default: %(default)s)")
+                    help=f"the board: {boards_help()} (default: %(default)s)")
     ap.add_argument("--config", help="accelerator configuration, a preset or a JSON file "
                     f"(default: the board's, {ECPIX5.base_config.array}: Board.base_config; "
                     "with the board's memory and clock)")

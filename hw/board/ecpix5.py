@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from hw.config import AcceleratorConfig, MemoryModel
 
-__all__ = ["Board", "ECPIX5", "ECPIX5_SYS50", "BOARDS", "board_named"]
+__all__ = ["Board", "ECPIX5", "ECPIX5_SYS50", "BOARDS", "board_named", "boards_help"]
 
 
 @dataclass(frozen=True)
@@ -174,3 +174,13 @@ def board_named(name: str) -> Board:
     if board is None:
         raise ValueError(f"unknown board {name!r} (choose from {', '.join(BOARDS)})")
     return board
+
+
+def boards_help() -> str:
+    """The boards of :data:`BOARDS` with their clocks, for a ``--board`` option's help.
+
+    >>> boards_help()
+    'ecpix5-85f (sys 75 MHz, sys2x 150 MHz); ecpix5-85f-sys50 (sys 50 MHz, sys2x 100 MHz)'
+    """
+    return "; ".join(f"{b.name} (sys {b.sys_clk_hz / 1e6:g} MHz, sys2x "
+                     f"{2 * b.sys_clk_hz / 1e6:g} MHz)" for b in BOARDS.values())
