@@ -1573,11 +1573,13 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     bounded = not (v["vec.func"][vecs] == VecFunc.SILU_GATE.value).any()
     last_load = max(np.flatnonzero(g_eng == load).tolist(), default=-1)
     placed = 0  # STORE-engine words of vec placed in the tail
-    g_left = 0  # STORE-engine words of gemm after the last placed
+    # STORE-engine words of gemm after its i-th (g_left: after the last placed)
+    stores_after = np.concatenate([np.cumsum((g_eng == store)[::-1])[::-1][1:], [0]])
+    g_left = 0
     for i in range(g_eng.shape[0]):
         g_at[i] = len(out)
         put(gemm[i:i + 1], g, i, int(g_eng[i]), int(g_cycles[i]), False)
-        g_left = int((g_eng[i + 1:] == store).sum())
+        g_left = int(stores_after[i])
         if bounded and i == tail and (last_load < 0 or int(g_cycles[last_load]) < sum(
                 int(v_cycles[j]) for j in queues.get(vector, []))):
             tail = g_eng.shape[0]  # the VECs left outlast the last LOAD: the clock's
