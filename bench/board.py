@@ -451,8 +451,21 @@ def _page(rec: dict, memory: dict[str, MemoryTiming], wall: float,
                 f"{m['roofline_tokens_per_s']:.1f} | {p['fast_model_tokens_per_s']:.1f} | "
                 f"{p['tokens_per_s']:.1f} | {p['fraction_of_roofline']:.0%} | "
                 f"{p['host_unit_cycles'] / t0.sys_clk_hz * 1e3:.2f} |")
-    lines += ["", f"Build: {rec['build_source']}.", ""]
-    return "\n".join(lines)
+    lines += ["", f"Build of {rec['config']}: {_build_line(rec)}."]
+    if per:
+        lines.append(f"Build of {per['config']}: {_build_line(per)}.")
+    return "\n".join(lines + [""])
+
+
+def _build_line(rec: dict) -> str:
+    """Where a record's (or its persistent section's) build fields come from and, when there
+    is a report, its clocks and seeds."""
+    if not rec.get("clocks"):
+        return rec["build_source"]
+    clocks = ", ".join(f"{name} {c['fmax_mhz']:g} MHz against {c['target_mhz']:g}"
+                       f"{'' if c['met'] else ' (not met)'}"
+                       for name, c in rec["clocks"].items())
+    return f"{rec['build_source']}: {clocks}; met on {rec['seeds_met']} seeds"
 
 
 def kept_sim(paths: list[Path], config: str) -> dict | None:
@@ -538,11 +551,14 @@ def simulate_board(board: Board, base: AcceleratorConfig, tokens: int, faults: f
             "sim_dram_words_read": backend.words_read}
 
 
-def _persistent(models: list[dict], name: str, cfg: AcceleratorConfig, port: str) -> dict:
+def _persistent(models: list[dict], name: str, cfg: AcceleratorConfig, port: str,
+                board: Board) -> dict:
     """The record's ``persistent`` section: the predictions on the configuration with the
     vector engine (``cfg`` on the board, named ``name`` on the command line), at the board's
-    memory ``port``."""
+    memory ``port``, and the fields of ``cfg``'s bitstream build on ``board``
+    (:data:`BUILD_FIELDS`, null when there is none) with their ``build_source``."""
     done = [m for m in models if not m.get("skipped")]
+    build, source = build_fields(build_report_path(board, cfg))
     return {"base": name, "config": cfg.fingerprint, "array": cfg.array,
             "cycles_per_beat": cfg.memory.cycles_per_beat,
             "predicted_tokens_per_s": {m["model"]: m["ports"][port]["tokens_per_s"]
@@ -551,7 +567,7 @@ def _persistent(models: list[dict], name: str, cfg: AcceleratorConfig, port: str
             "fraction_of_roofline": {m["model"]: m["ports"][port]["fraction_of_roofline"]
                                      for m in done},
             "programs_per_token": {m["model"]: m["ports"][port]["programs"] for m in done},
-            "models": models, "provenance": provenance(cfg)}
+            **build, "build_source": source, "models": models, "provenance": provenance(cfg)}
 
 
 @command("bench.board")
@@ -663,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
             sim = dict.fromkeys(SIM_FIELDS)
     persistent = (_persistent(predict_all(args.vector_models, vector, paced=True),
                               args.vector_config, board.accelerator_config(vector, paced=True),
-                              port)
+                              port, board)
                   if vector is not None else None)
     rec = {
         "board": board.name, "config": board_cfg.fingerprint, "port_bits": board.port_bits,

@@ -247,10 +247,17 @@ def test_a_run_without_sim_keeps_the_recorded_simulation(tmp_path, capsys):
     assert all(rec[k] is None for k in SIM_FIELDS) and "sim_provenance" not in rec
 
 
-def test_the_persistent_program_is_predicted_on_the_vector_configuration(tmp_path):
+def test_the_persistent_program_is_predicted_on_the_vector_configuration(tmp_path,
+                                                                         monkeypatch):
     """--vector-config's decode step is one program per token (the reference model's joined
-    step fits the preset's instruction memory), with its own stamp and page section."""
+    step fits the preset's instruction memory), with its own stamp, page section and the
+    build fields of its own bitstream report."""
     _memory_record(tmp_path)
+    vector = ECPIX5.accelerator_config(preset("vector"), paced=True)
+    monkeypatch.setattr(bench_board, "ROOT", tmp_path)
+    clocks = {"sys": {"fmax_mhz": 80.5, "target_mhz": 75.0, "met": True}}
+    write_json(bench_board.build_report_path(ECPIX5, vector),
+               {"clocks": clocks, "seeds_met": 2, "luts": 4321})
     out = tmp_path / "board.json"
     assert bench_board.main(["--models", "reference", "--vector-models", "reference",
                              "--context", "64", "--out", str(out), "--docs",
@@ -259,8 +266,9 @@ def test_the_persistent_program_is_predicted_on_the_vector_configuration(tmp_pat
     rec = json.loads(out.read_text())
     per = rec["persistent"]
     # paced at the memory's peak: a 16-byte beat every 2 cycles of a memory of 8 bytes a cycle
-    vector = ECPIX5.accelerator_config(preset("vector"), paced=True)
     assert vector.memory.cycles_per_beat == 2
+    assert per["clocks"] == clocks and per["seeds_met"] == 2 and per["luts"] == 4321
+    assert per["brams"] is None and vector.fingerprint in per["build_source"]
     assert per["base"] == "vector" and per["config"] == vector.fingerprint
     assert per["cycles_per_beat"] == 2
     assert per["provenance"]["config"] == vector.fingerprint
@@ -277,6 +285,8 @@ def test_the_persistent_program_is_predicted_on_the_vector_configuration(tmp_pat
     page = (tmp_path / "docs" / "board_performance.md").read_text()
     assert "## One program per decode step" in page and vector.fingerprint in page
     assert "a beat every 2 cycles" in page
+    assert f"Build of {vector.fingerprint}: from bitstreams/" in page
+    assert "sys 80.5 MHz against 75; met on 2 seeds" in page
 
 
 @pytest.mark.parametrize("argv, message", [
