@@ -57,6 +57,7 @@ from hw.isa import (
     rope_geometry,
     vec_out_words,
 )
+from hw.timing import gemm_cycles, load_cycles
 from sw.compile.errors import LoweringError
 from sw.compile.registers import POS as PENDING_POS
 from sw.compile.tiling import LinearPlan
@@ -169,9 +170,11 @@ def schedule_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer],
                                 max((ly.plan.token_tile for ly in layers if ly.plan.bias),
                                     default=0))
     slots = ring_slots(cfg, layers, spads) if ring else 2
-    if slots > 2:
-        return _RingScheduler(cfg, layers, spads, slots).run()
-    return _Scheduler(cfg, layers, spads).run()
+    if slots <= 2:
+        return _Scheduler(cfg, layers, spads).run()
+    one = _RingScheduler(cfg, layers, spads, slots, 1).run()
+    buffers = act_buffers(cfg, layers, spads, one.instructions)
+    return one if buffers == 1 else _RingScheduler(cfg, layers, spads, slots, buffers).run()
 
 
 #: The most WGT slots of a ring (:func:`ring_slots`).
@@ -394,13 +397,21 @@ class _Scheduler:
 
 
 
-def act_buffers(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer],
-                spads: SpadPlan) -> int:
+def act_buffers(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: SpadPlan,
+                program: Sequence[Instr]) -> int:
     """How many resident activation sets a ring (:class:`_RingScheduler`) keeps in ACT: 2,
     one per half (:attr:`SpadPlan.act_half_beats`), where every layer's token tile of
-    activation rows fits a half; else 1, from beat 0."""
+    activation rows fits a half and the ring is memory-bound: its weights LOADs take longer
+    than its GEMMs (``program``: its schedule with one buffer; :mod:`hw.timing`'s cycles),
+    so a set's LOAD waiting for the GEMM before it idles the stream. Else 1, from beat 0:
+    an array-bound ring loses nothing by that wait, and a set's LOAD consumes the signal
+    of the STORE just before it, which a fused program's vector part beside the ring
+    (:func:`sw.compile.fusion.beside`: the scores' DEQUANT) follows."""
     beats = max(ly.plan.token_tile * ly.plan.act_row_bytes // cfg.beat_bytes for ly in layers)
-    return 2 if beats <= spads.act_half_beats else 1
+    loads = sum(load_cycles(i, cfg) for i in program
+                if isinstance(i, Load) and i.spad == Spad.WGT)
+    gemms = sum(gemm_cycles(i, cfg) for i in program if isinstance(i, Gemm))
+    return 2 if beats <= spads.act_half_beats and loads > gemms else 1
 
 
 class _ActSet(NamedTuple):
@@ -450,14 +461,14 @@ class _RingScheduler(_Scheduler):
     a fused program runs them before the parts ahead of it (:func:`sw.compile.fusion.
     fuse_parts`).
 
-    Activation sets alternate between the halves of ACT where each fits one
-    (:func:`act_buffers`): set ``k`` loads into half ``k % 2`` once the GEMMs of set ``k - 2``
+    With ``act_buffers`` 2 (:func:`act_buffers`), activation sets alternate between the
+    halves of ACT: set ``k`` loads into half ``k % 2`` once the GEMMs of set ``k - 2``
     are done (those before set ``k - 1``'s first), not the GEMM just before it, so the next
     set (the next head's query row of the attention scores) and the weights after it load
     while set ``k - 1`` computes."""
 
     def __init__(self, cfg: AcceleratorConfig, layers: list[PlacedLayer], spads: SpadPlan,
-                 slots: int):
+                 slots: int, act_buffers: int = 1):
         super().__init__(cfg, layers, spads)
         self.slots = slots
         self.slot_beats = cfg.spad_beats("wgt") // slots
@@ -467,8 +478,8 @@ class _RingScheduler(_Scheduler):
             self.out_buf.append(tiles % ring)
             tiles += s.final
         self.done = 0  # GEMMs whose done signal a LOAD-engine word consumed
-        self.act_sets = act_sets([s.new_acts for s in self.steps],
-                                act_buffers(cfg, layers, spads), spads.act_half_beats)
+        self.act_sets = act_sets([s.new_acts for s in self.steps], act_buffers,
+                                 spads.act_half_beats)
 
     def run(self) -> Schedule:
         emitted = 0

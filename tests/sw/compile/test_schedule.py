@@ -6,7 +6,7 @@ import pytest
 
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, random_quantized
-from hw.isa import Load, Spad
+from hw.isa import Gemm, Load, Spad
 from hw.numerics import gemm_acc
 from sim.model import FastModel
 from sw.compile import schedule
@@ -121,3 +121,14 @@ def test_ring_alternates_activation_sets_between_act_halves(monkeypatch):
         assert acts == [0, half] * 2 if buffers == 2 else [0] * 4
         cycles[buffers] = r.cycles
     assert cycles[2] <= cycles[1]
+
+
+def test_only_memory_bound_rings_alternate_act_halves():
+    """Two ACT buffers where the ring's weights LOADs outlast its GEMMs (hw.timing's
+    cycles: 200 beats against a 64-step GEMM), one where the array is the bound."""
+    fmt = WeightFormat("2:4", 4, 128)
+    layers = [PlacedLayer(plan_linear(RING, fmt, RING.lanes, 128, 1))] * 2
+    spads, gemm = plan_spads(RING, 1), Gemm(k_steps=64, tokens=1)
+    for beats, buffers in ((200, 2), (8, 1)):
+        load = Load(spad=Spad.WGT, rows=1, row_beats=beats)
+        assert schedule.act_buffers(RING, layers, spads, [load, gemm]) == buffers
