@@ -57,6 +57,7 @@ from hw.isa import (
     rope_geometry,
     vec_out_words,
 )
+from hw.timing import gemm_cycles, load_cycles
 from sw.compile.errors import LoweringError
 from sw.compile.registers import POS as PENDING_POS
 from sw.compile.tiling import LinearPlan
@@ -169,9 +170,11 @@ def schedule_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer],
                                 max((ly.plan.token_tile for ly in layers if ly.plan.bias),
                                     default=0))
     slots = ring_slots(cfg, layers, spads) if ring else 2
-    if slots > 2:
-        return _RingScheduler(cfg, layers, spads, slots).run()
-    return _Scheduler(cfg, layers, spads).run()
+    if slots <= 2:
+        return _Scheduler(cfg, layers, spads).run()
+    one = _RingScheduler(cfg, layers, spads, slots, 1).run()
+    buffers = act_buffers(cfg, layers, spads, one.instructions)
+    return one if buffers == 1 else _RingScheduler(cfg, layers, spads, slots, buffers).run()
 
 
 #: The most WGT slots of a ring (:func:`ring_slots`).
@@ -394,6 +397,52 @@ class _Scheduler:
 
 
 
+def act_buffers(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: SpadPlan,
+                program: Sequence[Instr]) -> int:
+    """How many resident activation sets a ring (:class:`_RingScheduler`) keeps in ACT: 2,
+    one per half (:attr:`SpadPlan.act_half_beats`), where every layer's token tile of
+    activation rows fits a half and the ring is memory-bound: its weights LOADs take longer
+    than its GEMMs (``program``: its schedule with one buffer; :mod:`hw.timing`'s cycles),
+    so a set's LOAD waiting for the GEMM before it idles the stream. Else 1, from beat 0:
+    an array-bound ring loses nothing by that wait, and a set's LOAD consumes the signal
+    of the STORE just before it, which a fused program's vector part beside the ring
+    (:func:`sw.compile.fusion.beside`: the scores' DEQUANT) follows."""
+    beats = max(ly.plan.token_tile * ly.plan.act_row_bytes // cfg.beat_bytes for ly in layers)
+    loads = sum(load_cycles(i, cfg) for i in program
+                if isinstance(i, Load) and i.spad == Spad.WGT)
+    gemms = sum(gemm_cycles(i, cfg) for i in program if isinstance(i, Gemm))
+    return 2 if beats <= spads.act_half_beats and loads > gemms else 1
+
+
+class _ActSet(NamedTuple):
+    """Where a GEMM's activation set lies in ACT (``base``, beats) and, for the set's first
+    GEMM, the last GEMM that reads that buffer before it (``after``; -1: none), which its
+    LOAD waits for."""
+
+    base: int
+    after: int
+
+
+def act_sets(new_acts: Sequence[bool], buffers: int, half_beats: int = 0) -> list[_ActSet]:
+    """Per GEMM (``new_acts``: whether each starts a new activation set), its
+    :class:`_ActSet` with ``buffers`` (:func:`act_buffers`) buffers ``half_beats`` apart:
+    set ``k`` in buffer ``k % buffers``, last read by set ``k - buffers``, whose GEMMs end
+    before set ``k - buffers + 1``'s first.
+
+    >>> [tuple(a) for a in act_sets([True, True, False, True], 2, 100)]
+    [(0, -1), (100, -1), (100, -1), (0, 0)]
+    >>> [tuple(a) for a in act_sets([True, True, False, True], 1)]
+    [(0, -1), (0, 0), (0, 0), (0, 2)]
+    """
+    starts = [i for i, new in enumerate(new_acts) if new]
+    out, k = [], -1
+    for new in new_acts:
+        k += new
+        j = k - buffers + 1
+        out.append(_ActSet(k % buffers * half_beats, (starts[j] if j >= 0 else 0) - 1))
+    return out
+
+
 class _RingScheduler(_Scheduler):
     """:func:`schedule_layers` with ``slots`` WGT slots (:func:`ring_slots`), ``out_ring``
     OUT buffers (:func:`out_ring`) and one counting event each for FULL, FREE, OUT_FULL and
@@ -410,10 +459,16 @@ class _RingScheduler(_Scheduler):
     loads wait on the GEMM just before it): further, in-order fetch would wait on a full
     LOAD queue before dispatching the GEMMs. The first ``slots`` loads wait on nothing, so
     a fused program runs them before the parts ahead of it (:func:`sw.compile.fusion.
-    fuse_parts`)."""
+    fuse_parts`).
+
+    With ``act_buffers`` 2 (:func:`act_buffers`), activation sets alternate between the
+    halves of ACT: set ``k`` loads into half ``k % 2`` once the GEMMs of set ``k - 2``
+    are done (those before set ``k - 1``'s first), not the GEMM just before it, so the next
+    set (the next head's query row of the attention scores) and the weights after it load
+    while set ``k - 1`` computes."""
 
     def __init__(self, cfg: AcceleratorConfig, layers: list[PlacedLayer], spads: SpadPlan,
-                 slots: int):
+                 slots: int, act_buffers: int = 1):
         super().__init__(cfg, layers, spads)
         self.slots = slots
         self.slot_beats = cfg.spad_beats("wgt") // slots
@@ -423,6 +478,8 @@ class _RingScheduler(_Scheduler):
             self.out_buf.append(tiles % ring)
             tiles += s.final
         self.done = 0  # GEMMs whose done signal a LOAD-engine word consumed
+        self.act_sets = act_sets([s.new_acts for s in self.steps], act_buffers,
+                                 spads.act_half_beats)
 
     def run(self) -> Schedule:
         emitted = 0
@@ -453,10 +510,10 @@ class _RingScheduler(_Scheduler):
         ly, beat = self.layers[s.layer], self.beat
         plan = ly.plan
         if s.new_acts:
-            wait = self._through(s.index - 1)
+            wait = self._through(self.act_sets[s.index].after)
             t0, rows = plan.first_token(s.token_tile), plan.tile_tokens(s.token_tile)
             x_row_beats = plan.act_row_bytes // beat
-            self._emit(Load(spad=Spad.ACT, spad_addr=0,
+            self._emit(Load(spad=Spad.ACT, spad_addr=self.act_sets[s.index].base,
                             dram_addr=ly.x_addr + t0 * x_row_beats, rows=rows,
                             row_beats=x_row_beats, dram_stride=x_row_beats, wait=wait),
                        (s.layer, "x"))
@@ -472,7 +529,8 @@ class _RingScheduler(_Scheduler):
         fmt, spg = plan.fmt, plan.layout.steps_per_group
         act = self._act_chunk(s)
         self._emit(Gemm(
-            wgt_addr=(s.index % self.slots) * self.slot_beats, act_addr=act.spad_addr,
+            wgt_addr=(s.index % self.slots) * self.slot_beats,
+            act_addr=self.act_sets[s.index].base + act.spad_addr,
             act_stride=act.row_stride, out_addr=self.out_buf[s.index] * spads.out_buf_beats,
             param_addr=0, k_steps=plan.chunk_groups(s.chunk) * spg,
             group_steps=0 if fmt.raw else spg, tokens=plan.tile_tokens(s.token_tile),

@@ -6,7 +6,7 @@ import pytest
 
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, random_quantized
-from hw.isa import Load, Spad
+from hw.isa import Gemm, Load, Spad
 from hw.numerics import gemm_acc
 from sim.model import FastModel
 from sw.compile import schedule
@@ -95,3 +95,40 @@ def test_only_resident_unbiased_layers_get_a_ring():
     assert ring_slots(small, [chunked], plan_spads(small, 1)) == 2
     sched = schedule_layers(RING, [plain], ring=False)
     assert len(_wgt_slots(sched.instructions)) == 2
+
+
+def test_ring_alternates_activation_sets_between_act_halves(monkeypatch):
+    """Layers with inputs of their own (attention heads' query rows) load their activation
+    sets into the two ACT halves in turn, so a set's LOAD waits for the GEMMs of the set two
+    before, not the one just before: golden results, and no more cycles than one buffer."""
+    rng = np.random.default_rng(0)
+    fmt = WeightFormat("2:4", 4, 128)
+    n, k = RING.lanes, 128
+    specs = [LayerSpec(fmt, n, k, 1, random_quantized(fmt, (n, k), rng),
+                       rng.integers(-127, 128, size=(1, k)).astype(np.int8)) for _ in range(4)]
+    cycles = {}
+    for buffers in (2, 1):
+        monkeypatch.setattr(schedule, "act_buffers", lambda *a, b=buffers: b)
+        lp = build_layers(RING, specs, ring=True)
+        r = FastModel(RING).run(lp.program, lp.dram)
+        assert r.ok, r.detail
+        for L, sp in enumerate(specs):
+            assert np.array_equal(lp.read_output(r.dram, L),
+                                  gemm_acc(sp.acts, sp.weight.int_weight()))
+        acts = [ins.spad_addr for ins in lp.program
+                if isinstance(ins, Load) and ins.spad == Spad.ACT]
+        half = plan_spads(RING, 1).act_half_beats
+        assert acts == [0, half] * 2 if buffers == 2 else [0] * 4
+        cycles[buffers] = r.cycles
+    assert cycles[2] <= cycles[1]
+
+
+def test_only_memory_bound_rings_alternate_act_halves():
+    """Two ACT buffers where the ring's weights LOADs outlast its GEMMs (hw.timing's
+    cycles: 200 beats against a 64-step GEMM), one where the array is the bound."""
+    fmt = WeightFormat("2:4", 4, 128)
+    layers = [PlacedLayer(plan_linear(RING, fmt, RING.lanes, 128, 1))] * 2
+    spads, gemm = plan_spads(RING, 1), Gemm(k_steps=64, tokens=1)
+    for beats, buffers in ((200, 2), (8, 1)):
+        load = Load(spad=Spad.WGT, rows=1, row_beats=beats)
+        assert schedule.act_buffers(RING, layers, spads, [load, gemm]) == buffers
