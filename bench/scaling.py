@@ -50,6 +50,7 @@ from bench.common import DOCS as OUTPUT_DOCS
 from bench.common import RESULTS, command, parser, recorded, stamp, write_json
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat
+from hw.isa import INSERT_FIELDS
 from sim.backends import make_backend
 from sim.roofline import plot_roofline
 from sw.compile import CompileOptions, compile_model
@@ -223,7 +224,10 @@ def summarise(stats: StepStats, cfg: AcceleratorConfig, phase: str, tokens: int,
     the step: ``memory_bound_cycles`` (the programs' read bytes over the bandwidth),
     ``array_bound_cycles`` (their MACs over the array's peak) -- the roofline bound is their
     larger -- and ``vector_cycles``, the cycles the vector engine executes (a bound of its own
-    that the roofline does not count)."""
+    that the roofline does not count); ``array_cycles``, the cycles the array computes (a
+    k step of a tile a cycle, however few of its lanes the tile fills: above
+    ``array_bound_cycles`` where a GEMM's outputs fill few lanes, attention's values on a
+    large array), a bound of the programs as lowered."""
     linears = [p.cycles for p in stats.programs if OPS[stats.ops[p.node]].streams == "weights"]
     linear = sum(linears) if linears else None
     seconds = stats.cycles / (cfg.clock_mhz * 1e6)
@@ -242,7 +246,8 @@ def summarise(stats: StepStats, cfg: AcceleratorConfig, phase: str, tokens: int,
             "kv_bits": kv_bits,
             "memory_bound_cycles": sum(p.read_bytes for p in stats.programs) / cfg.beat_bytes,
             "array_bound_cycles": sum(p.macs for p in stats.programs) / cfg.peak_macs_per_cycle,
-            "vector_cycles": stats.counter("vector_exec")}
+            "vector_cycles": stats.counter("vector_exec"),
+            "array_cycles": stats.counter("mac_cycles")}
 
 
 def host_breakdown(stats: StepStats) -> dict[str, float]:
@@ -354,12 +359,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bounds(rec: dict) -> str:
-    """``memory / array / vector`` of a record as fractions of its cycles ("-" for a record
-    measured without them)."""
+    """``memory / array (busy) / vector`` of a record as fractions of its cycles ("-" for a
+    record measured without them; no ``(busy)``, the array's computing cycles, for one
+    measured without those)."""
     keys = ("memory_bound_cycles", "array_bound_cycles", "vector_cycles")
     if not all(k in rec for k in keys):
         return "-"
-    return " / ".join(f"{rec[k] / rec['cycles']:.0%}" for k in keys)
+    memory, array, vector = (f"{rec[k] / rec['cycles']:.0%}" for k in keys)
+    if "array_cycles" in rec:
+        array += f" ({rec['array_cycles'] / rec['cycles']:.0%})"
+    return " / ".join((memory, array, vector))
 
 
 def _times(ratio: float | None) -> str:
@@ -447,6 +456,7 @@ def persistent_lines(records: list[dict]) -> list[str]:
     """scaling.md's section of the ``--config vector`` records (one program per decode
     step): the table and the targets of :data:`ROOFLINE_TARGETS` and :data:`SPEEDUP_TARGET`."""
     spads = vector_spads(LLAMA7B["hidden"], LLAMA7B["intermediate"], LLAMA7B["vocab"])
+    fields = dict(INSERT_FIELDS)
     lines = ["## One program per decode step (`--config vector`)", "",
              "The accelerator with the vector engine (`VECTOR_SYSTEMS`: the systems' memories, "
              "the default 4x8 array and 16x64 on the larger memories; the `vector` preset's "
@@ -465,13 +475,14 @@ def persistent_lines(records: list[dict]) -> list[str]:
              "per token, wall time on the machine that ran the benchmark (the transfer of the "
              "program's run-time parameters, its registers and the token id read back, apart: "
              "`host_io_ms` in the records). Speedups are over "
-             "dense INT4 with the same KV cache on the same system. `memory / array / vector` "
-             "are what bounds the step, each as a fraction of its cycles: the memory's cycles "
-             "for the bytes read, the array's for the MACs at its peak (the roofline bound is "
-             "the larger) and the cycles the vector engine executes (the roofline does not "
-             "count it).", "",
+             "dense INT4 with the same KV cache on the same system. `memory / array (busy) / "
+             "vector` are what bounds the step, each as a fraction of its cycles: the memory's "
+             "cycles for the bytes read, the array's for the MACs at its peak (the roofline "
+             "bound is the larger; in parentheses the cycles the array computes, a k step of "
+             "a tile a cycle however few lanes the tile fills) and the cycles the vector "
+             "engine executes (the roofline does not count it).", "",
              "| system | array | GB/s | context | KV | format | ms/token | tokens/s | roofline "
-             "(end to end) | memory / array / vector | vs dense INT4 | programs/token | "
+             "(end to end) | memory / array (busy) / vector | vs dense INT4 | programs/token | "
              "host ms | commit |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
@@ -510,15 +521,26 @@ def persistent_lines(records: list[dict]) -> list[str]:
               "`hw.isa.insert_laned`); no INSERT walks fewer, since a STORE writes whole beats "
               "from VOUT, which only the vector engine writes. Where `vector` exceeds the "
               "larger of `memory` and `array`, no schedule reaches the roofline.", "",
-              "The HBM-class steps are not one program: an INSERT's `base` field (10 bits) "
-              "cannot name a byte of a 2048-byte beat and an INT8 key record's 1024-byte "
-              "stride exceeds its `stride` field (8 bits), so the host appends the cache; and "
-              "a head's rows (128 elements, 512 bytes) are a quarter of a beat, which the "
-              "query REQUANT of the scores and the values' rows into o_proj's REQUANT need "
-              "whole (`fusion._query_rows`, `fusion.attention_chains`), so the host "
-              "requantises them and the step splits at every layer's scores and o_proj. Its "
-              "roofline is the array's (`array`: 1024 MACs a cycle against the 2048 bytes a "
-              "cycle the memory gives), not the memory's."]
+              "The HBM-class steps are not one program. The KV append's INSERTs cannot "
+              f"address a 2048-byte beat: their `base` field ({fields['base']} bits, "
+              "`hw.isa.INSERT_FIELDS`) names fewer bytes (nibbles at INT4) than a beat "
+              "holds -- a position's value code and channel word lie up to 2044 bytes into "
+              "their beat, its INT4 values up to 3072 nibbles --, an INT8 key record's "
+              f"1024-byte stride exceeds the `stride` field ({fields['stride']} bits), and an "
+              "INT4 key record (512 bytes, its group headers 1024) is not the whole beats the "
+              "append moves. The fields are the instruction set's, one for every "
+              "configuration, so the host appends the cache (the compiler warns why). And a "
+              "head's rows (128 elements, 512 bytes) are a quarter of a beat, which the query "
+              "REQUANT of the scores and the values' rows into o_proj's REQUANT need whole (a "
+              "512-lane engine reads and writes a row from a multiple of its lanes, "
+              "`hw.isa.vec_unaligned`), so the host requantises them (`fusion._query_rows`, "
+              "`fusion.attention_chains`) and the step splits at every layer's scores and "
+              "o_proj. Its roofline is the array's (`array`: 1024 MACs a cycle against the "
+              "2048 bytes a cycle the memory gives), not the memory's, and attention's values "
+              "product fills 128 of the 1024 lanes (a lane an output channel, a head's 128 "
+              "channels a GEMM), so the array computes it eight times as long as its MACs "
+              "take at peak (`array`'s `busy` above it): at context 2048 the sparse formats' "
+              "steps stay below 80% of the roofline however their programs are joined."]
 
     def row(what, target, value, ok):
         status = "reported" if ok is None else "met" if ok else "**not met**"

@@ -3,7 +3,9 @@ fraction end to end (the host's work at its estimated on-chip cycles counted); t
 decode step on the vector engine (a small model standing in for LLaMA-7B), the merge of a run
 into the record and the targets."""
 
+import itertools
 import json
+import logging
 import random
 
 import pytest
@@ -18,12 +20,17 @@ from bench.scaling import (
     persistent_lines,
     record_key,
     run_step,
+    step_options,
     summarise,
     vector_spads,
 )
 from hw.config import VECTOR_WORD_BYTES, AcceleratorConfig
 from hw.format import WeightFormat
+from hw.isa import INSERT_FIELDS
+from sw.compile import compile_model
 from sw.compile.compiler import capture_model
+from sw.compile.kvappend import KVAppendOp
+from sw.compile.lower import KVLayout
 from sw.models import LlamaConfig, LlamaLM
 from sw.runtime.runtime import HostRun, ProgramRun, StepStats
 
@@ -31,8 +38,8 @@ from sw.runtime.runtime import HostRun, ProgramRun, StepStats
 def test_a_record_has_the_host_work_and_the_roofline_end_to_end():
     cfg = AcceleratorConfig()
     st = StepStats("decode", 127, 1)
-    st.programs = [ProgramRun("lm_head", 0, None, 1000, {"vector_exec": 300}, 4096, 64, 512,
-                              400.0)]
+    st.programs = [ProgramRun("lm_head", 0, None, 1000, {"vector_exec": 300, "mac_cycles": 48},
+                              4096, 64, 512, 400.0)]
     st.host = [HostRun("embed_tokens", "embed", 2e-4, 100),
                HostRun("lm_head", "linear:io", 0.0, 1, 3e-5)]
     st.ops = {"lm_head": "linear"}
@@ -43,9 +50,11 @@ def test_a_record_has_the_host_work_and_the_roofline_end_to_end():
     # the bound over the programs' cycles plus the host's estimated on-chip cycles
     assert r["roofline_fraction"] == 400.0 / 1101
     assert r["roofline_fraction_accelerator"] == 400.0 / 1000
-    # what bounds it: the memory's cycles, the array's and the vector engine's
+    # what bounds it: the memory's cycles, the array's (at its peak, and computing) and the
+    # vector engine's
     assert r["memory_bound_cycles"] == 4096 / cfg.beat_bytes
     assert r["array_bound_cycles"] == 512 / cfg.lanes and r["vector_cycles"] == 300
+    assert r["array_cycles"] == 48
 
 
 def tiny_meta_lm(layers: int = 2) -> LlamaLM:
@@ -141,6 +150,8 @@ def test_the_targets_name_the_worst_row_and_the_speedup_at_2048():
     records[0].update(cycles=1000, memory_bound_cycles=904.0, array_bound_cycles=125.0,
                       vector_cycles=333)
     assert "| 95.0% | 90% / 12% / 33% | 1.00x |" in "\n".join(persistent_lines(records))
+    records[0]["array_cycles"] = 500   # the array computes longer than its MACs at peak
+    assert "| 95.0% | 90% / 12% (50%) / 33% | 1.00x |" in "\n".join(persistent_lines(records))
     records[-1]["programs_per_token"] = 65
     text = "\n".join(persistent_lines(records))
     assert "Not one program per token: HBM-class 4x8, 65 programs." in text
@@ -211,3 +222,32 @@ def test_a_per_layer_run_keeps_the_one_program_rows(monkeypatch, tmp_path):
     assert (tmp_path / "scaling_host_ops.json").is_file()
     page = (tmp_path / "scaling.md").read_text()
     assert "## One program per layer" in page and "0123abc" in page
+
+
+def test_the_hbm_class_kv_append_stays_on_the_host_and_the_compiler_says_why(caplog):
+    """HBM-class's 2048-byte beat has more bytes (nibbles at INT4) than an INSERT's ``base``
+    names: LLaMA-7B's append cannot be on chip there, and compiling a decode step warns why;
+    the default's and DDR4-class's append lowers."""
+    width = dict(INSERT_FIELDS)["base"]
+
+    def why(kv_bits):
+        unit = "nibble" if kv_bits == 4 else "byte"
+        return (f"an INSERT's {width}-bit base cannot name every {unit} of a 2048-byte beat "
+                f"({2048 * (1 + (kv_bits == 4))} of them)")
+    for (label, design), kv_bits in itertools.product(VECTOR_SYSTEMS, (8, 4)):
+        cfg = design.timing_only()
+        layout = KVLayout(head_dim=128, max_context=2048, lanes=cfg.lanes,
+                          beat=cfg.beat_bytes, bits=kv_bits)
+        op = KVAppendOp(0, 32, layout, "k", "v", "kv", *(
+            tuple(f"{s}{h}" for h in range(32)) for s in ("key", "val", "code", "chan")),
+            scale_word=1)
+        assert op.refusal(cfg) == (why(kv_bits) if label == "HBM-class" else None), label
+    lm = tiny_meta_lm(layers=1)
+    hbm = dict(VECTOR_SYSTEMS)["HBM-class"].timing_only()
+    with caplog.at_level(logging.WARNING, logger="sw.compile.compiler"):
+        compile_model(lm, hbm, step_options("decode", 1, 64, 4, argmax=True),
+                      formats={n: WeightFormat.parse("2:4-int4") for n, m in lm.named_modules()
+                               if isinstance(m, torch.nn.Linear)})
+    assert [r.getMessage() for r in caplog.records if "KV append" in r.getMessage()] == [
+        "decode: the KV append runs on the host, so a decode step splits before each layer's "
+        f"attention: {why(4)}"]

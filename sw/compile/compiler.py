@@ -545,21 +545,28 @@ def _kv_appends(model: LlamaLM, cfg: AcceleratorConfig, graph: Graph, kv: KVLayo
     """The KV appends a decode chain may run on chip (:func:`sw.compile.fusion.kv_appends`):
     with the cache on the accelerator (INT8 or INT4), a vector engine and chained programs;
     per key row value, its value row's value and the part (its rows' symbols set by the
-    chain)."""
+    chain). Where the part cannot be on chip (:meth:`KVAppendOp.refusal`), a warning says
+    why: each chain then leaves the append to the host, a program boundary at each layer."""
     if not (opts.attention and cfg.has_vector and opts.chain_programs
             and fuses_programs(cfg, opts)):
         return {}
     heads = model.config.num_key_value_heads
     scales = {n.attrs["layer"]: n.attrs["scale"] for n in graph.nodes if n.op == "attn_scores"}
-    return {k: (v, KVAppendOp(layer, heads, kv, "", "", sym.buffer("kv", "decode",
-                                                                      f"layer{layer}"),
-                              tuple(sym.cache("k", layer, h) for h in range(heads)),
-                              tuple(sym.cache("v", layer, h) for h in range(heads)),
-                              tuple(sym.value_codes(layer, h) for h in range(heads)),
-                              tuple(sym.score_channels(layer, h) for h in range(heads)),
-                              scores_scale_word(scales[layer], kv.bits)
-                              if layer in scales else 0))
-            for k, (layer, v) in kv_appends(graph).items()}
+    appends = {k: (v, KVAppendOp(layer, heads, kv, "", "",
+                                 sym.buffer("kv", "decode", f"layer{layer}"),
+                                 tuple(sym.cache("k", layer, h) for h in range(heads)),
+                                 tuple(sym.cache("v", layer, h) for h in range(heads)),
+                                 tuple(sym.value_codes(layer, h) for h in range(heads)),
+                                 tuple(sym.score_channels(layer, h) for h in range(heads)),
+                                 scores_scale_word(scales[layer], kv.bits)
+                                 if layer in scales else 0))
+               for k, (layer, v) in kv_appends(graph).items()}
+    # every layer's append has the same geometry: one check says it for all
+    why = next(iter(appends.values()))[1].refusal(cfg) if appends else None
+    if why:
+        _log.warning("decode: the KV append runs on the host, so a decode step splits before "
+                     "each layer's attention: %s", why)
+    return appends
 
 
 def _shift(g: FusedGroup, d: int) -> FusedGroup:

@@ -256,8 +256,11 @@ def _geometry(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int, codes: bo
     if not cfg.has_vector:
         raise LoweringError("the KV append on chip needs a vector engine")
     beat, d = cfg.beat_bytes, layout.head_dim
-    if (2 if layout.bits == 4 else 1) * beat > 1 << dict(INSERT_FIELDS)["base"]:
-        raise LoweringError(f"an INSERT's base holds no code of a {beat}-byte beat")
+    width, (unit, per_byte) = dict(INSERT_FIELDS)["base"], \
+        ("nibble", 2) if layout.bits == 4 else ("byte", 1)
+    if per_byte * beat > 1 << width:
+        raise LoweringError(f"an INSERT's {width}-bit base cannot name every {unit} of a "
+                            f"{beat}-byte beat ({per_byte * beat} of them)")
     per = beat // cfg.vin_word_bytes
     cw = _codes_beats(cfg, layout)
     vin, vout = cfg.spad_beats("vin"), cfg.spad_beats("vout")
@@ -553,6 +556,18 @@ class KVAppendOp:
         except LoweringError:  # no program appends it as it is
             moved = False
         return 0 if moved else KVAppendPlan.scratch_bytes(cfg, self.layout, self.kv_heads)
+
+    def refusal(self, cfg: AcceleratorConfig) -> str | None:
+        """Why no program appends this op on ``cfg`` (the :class:`LoweringError` of
+        :func:`kv_append_words` with every symbol at address 0: its geometry alone), or
+        None where one does; with its value codes and channel words as it names them."""
+        names = [self.k, self.v, self.scratch, *self.keys, *self.values, *(self.codes or ()),
+                 *(self.channels or ())]
+        try:
+            kv_append_words(cfg, self, dict.fromkeys(names, 0))
+        except LoweringError as e:
+            return str(e)
+        return None
 
 
 def kv_append_words(cfg: AcceleratorConfig, op: KVAppendOp, addr) -> tuple[np.ndarray,
