@@ -72,7 +72,8 @@ images), frames_injected and frames_recovered; without --sim they are kept, with
 (sim_provenance), from the record there of the same board configuration, else null. The
 persistent program's prediction is the record's 'persistent' section (its configuration's
 stamp, predicted and roofline tokens/s, fraction of the roofline, programs per token, the
-details). Also writes board_performance.md (docs/ with --record).
+details, and the build's fields from bitstreams/<board>/<its fingerprint>/report.json, null
+when there is none). Also writes board_performance.md (docs/ with --record).
 """
 
 from __future__ import annotations
