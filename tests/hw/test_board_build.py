@@ -333,3 +333,18 @@ def test_another_router_is_in_the_command_the_key_and_the_report(tmp_path, fake_
     assert default["cache_key"] != other["cache_key"]
     with pytest.raises(ValueError, match="router must be one of"):
         board_build.build(AcceleratorConfig(), "default", ECPIX5, router="router3")
+
+
+def test_another_placer_is_in_the_command_the_key_and_the_report(tmp_path, fake_tools):
+    """The default placer adds nothing to nextpnr's command (the board's key stays); another
+    is passed to nextpnr, changes the key and is reported."""
+    platform = ECPIX585Platform()
+    assert "--placer" not in board_build._nextpnr_cmd(platform, 1)
+    assert board_build._nextpnr_cmd(platform, 1, placer="static")[-2:] == ["--placer", "static"]
+    default = _build(tmp_path)
+    other = board_build.build(AcceleratorConfig(), "default", ECPIX5, out=tmp_path / "out2",
+                              work=tmp_path / "work2", verbose=False, placer="static")
+    assert (default["placer"], other["placer"]) == ("heap", "static")
+    assert default["cache_key"] != other["cache_key"]
+    with pytest.raises(ValueError, match="placer must be one of"):
+        board_build.build(AcceleratorConfig(), "default", ECPIX5, placer="sa2")
