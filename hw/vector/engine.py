@@ -71,8 +71,9 @@ CHANNEL    one pass, each element an amax word: ``A`` (``127 * 2**16`` for 0) an
            bitlen(A)`` into ``DequantFactor(c, A, b, 0)`` with ``c`` the channel word in
            ``imm``'s bits 0..23; the factor's channel word written as it comes out
 KV4        REQUANT's pass 1, ``AbsMax`` and ``Recip(amax >> s)``; a key row's (``imm``'s codes
-           bit) groups' maxima of ``|x|`` and ``|x >> 1|`` registered beside, each group's
-           kept in a memory at its end; from the cycle ``r`` comes out, one group a cycle:
+           bit) groups' maxima of ``|x|`` and ``|x >> 1|`` from AbsMax's of each cycle
+           (``2 |x| + (x < 0)``: its signs), each group's kept in a memory the cycle after
+           its end; from the cycle ``r`` comes out, one group a cycle:
            its maximum (for ``s``) into ``Mul(0)`` with ``r``; from the product ``p``, ``-255
            p``, its shift by ``sh``'s high bits and then the code ``c = clip(ceil(255 p /
            2**sh), 1, 255)`` registered, then
@@ -99,8 +100,11 @@ Lanes
     ``n``: :func:`hw.isa.vec_unaligned`, a dispatch rule) reads a group a cycle per pass,
     ``ceil(L / n)`` reads; lane 0 goes to the units above and lane ``k`` to copies of ADD's,
     MUL's, RMSNORM's pass-3, DEQUANT's, FOLD's, SOFTMAX's (``Exp(16)``, ``Scale(16)``) and
-    the codes' element units, side by side (``<name>_l<k>``). A ROPE of
-    :func:`hw.isa.rope_laned` reads ``n`` pairs' lower and upper elements in one cycle and
+    the codes' element units, side by side (``<name>_l<k>``). So does a KV4 of
+    :func:`hw.isa.kv4_laned` (a value row, or a key row's groups of ``n`` elements or more:
+    a cycle's elements lie in one group, whose maximum is AbsMax's of the cycle and whose
+    ``r2, sh2`` every lane's ``Requant`` takes); its rows are aligned whatever its ``imm``.
+    A ROPE of :func:`hw.isa.rope_laned` reads ``n`` pairs' lower and upper elements in one cycle and
     their table words in the next, each lane through its ``Rope`` (``k``, the pointers and
     the write positions step by ``n``; its rows are aligned whatever its ``imm``). With the
     configuration's ``vector_laned_silu``, SILU_GATE's lane ``k`` goes to a copy of the
@@ -110,18 +114,20 @@ Lanes
     ``imm`` (``-ACT_MAX`` into ``Max``, exponential 0). The reductions over a laned row,
     ``AbsMax`` (REQUANT, RMSNORM, FOLD), ``SumSq`` (RMSNORM), ``Max`` and ``Sum`` (SOFTMAX),
     take a cycle's ``n`` values through a tree of ``log2 n`` registered levels
-    (:func:`hw.timing.vec_lane_tree`) into their running reduction; KV4 keeps a one-lane
-    ``AbsMax`` of its own. ``Recip`` (but the SiLU-gate's lane copies), ``Rsqrt`` and the
-    per-row scalars are single. The results are written ``n`` a cycle (the
-    last group's lanes past the row's end kept), REQUANT's and FOLD's ``n`` codes a cycle
-    packed as one lane's (``n < 4``: a word every ``4 / n`` cycles; else ``n / 4`` words a
-    cycle). An INSERT or INSERT4 whose codes lie ``n`` words apart or more
-    (:func:`hw.isa.insert_laned`: a key cache's append, a code a beat) reads a group a cycle
-    too: ``idx`` counts groups, a group holds at most one code, merged into the lane of its
-    word (``at``'s word bits below ``log2 n``); its code words are read one at a time as with
-    one lane. The other sub-ops read one element a cycle, the lane of its address selected
-    from the group read by address bits registered with the read (as the scratchpad selects
-    its group in a row), and write it to the lane of its address (``dst`` steps by 1).
+    (:func:`hw.timing.vec_lane_tree`) into their running reduction; KV4's ``AbsMax`` too
+    (a KV4 of one element a cycle, its lanes above 0 reading 0). ``Recip`` (but the
+    SiLU-gate's lane copies), ``Rsqrt`` and the per-row scalars are single. The results are
+    written ``n`` a cycle (the last group's lanes past the row's end kept), REQUANT's and
+    FOLD's ``n`` codes a cycle packed as one lane's (``n < 4``: a word every ``4 / n``
+    cycles; else ``n / 4`` words a cycle), a laned KV4's ``n`` nibbles alike (``n <= 8``: a
+    word every ``8 / n`` cycles; else ``n / 8`` words a cycle). An INSERT or INSERT4 whose
+    codes lie ``n`` words apart or more (:func:`hw.isa.insert_laned`: a key cache's append, a
+    code a beat) reads a group a cycle too: ``idx`` counts groups, a group holds at most one
+    code, merged into the lane of its word (``at``'s word bits below ``log2 n``); its code
+    words are read one at a time as with one lane. The other sub-ops read one element a
+    cycle, the lane of its address selected from the group read by address bits registered
+    with the read (as the scratchpad selects its group in a row), and write it to the lane
+    of its address (``dst`` steps by 1).
 
 Shared units
     A VEC runs one sub-op at a time, so units no sub-op uses together share their
