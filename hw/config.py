@@ -201,7 +201,7 @@ class AcceleratorConfig:
         without the engine keeps the :attr:`fingerprint` it had before the engine existed.
     vector_lanes:
         Elements the vector engine takes per cycle in the sub-ops that stream laned
-        (:data:`hw.isa.LANED_VEC_FUNCS`; the others one): a power of two from 1 to the
+        (:func:`hw.isa.vec_lanes`; the others one): a power of two from 1 to the
         elements of a DMA beat (:attr:`vector_lanes_max`), above 1 only with a vector engine.
         At 1 (the default) it is left out of :meth:`to_dict`, so the configurations that
         stream one element a cycle keep their :attr:`fingerprint`.

@@ -161,10 +161,15 @@ class ReductionUnit(_StreamUnit):
                  first: Value) -> dict:
         """The state after element ``v`` (``first``: it starts a row), by register name."""
 
+    def _elements(self, m: Module, valid: Value, v: SimpleNamespace) -> None:
+        """A hook on the element stages' last values ``v`` (``valid``: they hold an
+        element), as the accumulation takes them: nothing, or a unit's view of them."""
+
     def elaborate(self, platform):
         m = Module()
         en, v = self._front(m)
         valid = _delay(m, en, self.i.valid, len(self._stage_list), "valid")
+        self._elements(m, valid, v)
         state = SimpleNamespace(**{k: Signal(s, name=f"acc_{k}", reset_less=True)
                                    for k, s in self._state().items()})
         first = Signal(init=1)   # the next element starts a row
