@@ -32,7 +32,7 @@ from hw.timing import VECTOR_LATENCY, vec_lane_tree
 
 __all__ = ["Stage", "PipelineUnit", "ReductionUnit", "build_pipeline", "check_latency",
            "round_shift", "round_shift_const", "saturate", "round_saturate",
-           "round_shift_saturate_const", "normalise_levels",
+           "round_shift_saturate_const", "round_saturate_widths", "normalise_levels",
            "rom", "bits_for", "MAX_ROW", "MULT_CHUNK", "partial_products", "sum_partial_products",
            "dsp_product", "chunks", "grid_products", "grid_halves", "grid_sum", "select_mode"]
 
@@ -247,6 +247,25 @@ def round_saturate(w: Value, bits: int = ACT_BITS) -> Value:
     down = sign & (~hi.all() | (lo == 0))
     near = (w[:bits + 1].as_signed() + 1) >> 1
     return Mux(up, top, Mux(down, -top, near[:bits].as_signed()))
+
+
+def round_saturate_widths(w: Value, widths: Sequence[int]) -> list[Value]:
+    """:func:`round_saturate` of ``w`` to each of ``widths`` (signed, as wide as the widest),
+    with one increment for them all: the low ``bits`` bits of ``(w + 1) >> 1`` are those of
+    the increment of ``w``'s low ``max(widths) + 1`` bits, and each width's saturation is read
+    from ``w``'s bits as :func:`round_saturate` reads it."""
+    w = Value.cast(w)
+    if any(w.shape().width <= bits for bits in widths):
+        return [round_saturate(w, bits) for bits in widths]
+    near = (w[:max(widths) + 1].as_signed() + 1) >> 1
+    out = []
+    for bits in widths:
+        top = (1 << (bits - 1)) - 1
+        sign, hi, lo = w[-1], w[bits:], w[:bits]
+        up = ~sign & (hi.any() | lo.all())
+        down = sign & (~hi.all() | (lo == 0))
+        out.append(Mux(up, top, Mux(down, -top, near[:bits].as_signed())))
+    return out
 
 
 def round_shift_saturate_const(v: Value, s: int, bits: int = ACT_BITS) -> Value:

@@ -31,6 +31,7 @@ from hw.vector.base import (
     grid_sum,
     partial_products,
     round_saturate,
+    round_saturate_widths,
     round_shift_saturate_const,
     saturate,
     select_mode,
@@ -186,9 +187,20 @@ class Mul(PipelineUnit):
         def s3(m, v):
             return {"p": (grid_sum(v), p_shape), **carry(v)}
 
+        widths = sorted({yb for _, yb in self._rounding})
+
         def s4(m, v):
-            y = [round_shift_saturate_const(v.p, f, yb) for f, yb in self._rounding]
-            return {"y": (select_mode(v.mode, y) if several else y[0], y_shape)}
+            if not several:
+                return {"y": (round_shift_saturate_const(v.p, *self._rounding[0]), y_shape)}
+            # One rounding for every mode: round_shift(p, frac) is (w + 1) >> 1 of w = p >>
+            # (frac - 1), or 2p for frac 0 (round_shift_saturate_const), w selected by the
+            # mode; then one increment and each y_bits' saturation (round_saturate_widths).
+            w = select_mode(v.mode, [v.p >> (f - 1) if f else Cat(Const(0, 1), v.p).as_signed()
+                                     for f, _ in self._rounding])
+            y = round_saturate_widths(w, widths)
+            width = select_mode(v.mode, [Const(widths.index(yb), range(len(widths)))
+                                         for _, yb in self._rounding])
+            return {"y": (select_mode(width, y), y_shape)}
 
         return [s1, s2, s3, s4]
 
