@@ -130,7 +130,9 @@ Shared units
     lane 0's KV4 group products) and ROPE's ``Rope`` (its two 32 x 16-bit products on the
     ``Mul``'s four multipliers), one ``Scale`` for SOFTMAX's ``Scale(16)``, RMSNORM's
     ``Scale(30)`` and DEQUANT's ``Scale(31)``, and lane 0 (and, with ``vector_laned_silu``,
-    every lane) one ``Exp`` for SOFTMAX's ``Exp(16)`` and the SiLU-gate's ``Exp(30)``. Each
+    every lane) one ``Exp`` for SOFTMAX's ``Exp(16)`` and the SiLU-gate's ``Exp(30)``. Without
+    ``vector_laned_silu``, lanes 1 and 2's ``Mul`` are idle while SILU_GATE runs: they take
+    its two ``Mul(30)`` (:data:`_SILU_ON_LANES`, mode ``mul_w``). Each
     use feeds its unit with its mode (the unit's ``mode`` field: its rounding, its fraction
     bits) and its operands while its sub-op runs (the ``is_`` flag selects them in the feed
     register), and reads the unit's results only then; latencies and results are each
@@ -394,7 +396,11 @@ class VectorEngine(wiring.Component):
         n = self._lanes = cfg.vector_lanes
         # (a lane that runs SILU_GATE, lane 0 always, takes the SiLU-gate's Exp for its own)
         silu_exp = {"exp": _SILU_LANE_UNITS["exp"]}
-        # the SiLU-gate's Muls that another lane's shared Mul takes (_SILU_ON_LANES)
+        # the SiLU-gate's Muls that another lane's shared Mul takes (_SILU_ON_LANES), in the
+        # mode of Mul(NORM_FRAC)'s rounding
+        if _SHARED["mul"]["mul_w"] != (NORM_FRAC, ACT_BITS):
+            raise ValueError(f"the shared Mul's mode mul_w {_SHARED['mul']['mul_w']} is not "
+                             f"the SiLU-gate's Mul({NORM_FRAC}) rounding")
         self._silu_hosts = {} if cfg.vector_laned_silu else {
             name: f"mul_l{k}" for name, k in _SILU_ON_LANES.items() if k < n}
         self._units = {

@@ -234,7 +234,7 @@ class Exp(PipelineUnit):
     Pipeline (``D`` the fewest bits of ``d`` below whose range every result is 0: 21 for
     ``frac`` 16, 22 for 30; ``d`` is clamped to ``-2**(D - 1)``, whose result is 0 too)::
 
-        1  d = a - b                                    33 bits
+        1  d = max(a - b, -2**(D - 1))                  D bits
         2  d[0:17] * LOG2E_Q, d[17:D] * LOG2E_Q         partial products, the second a
                                                         table of the 2**(D - 17) values
         3  u = (d * LOG2E_Q) >> 16                      their sum, flooring
@@ -306,23 +306,24 @@ class Exp(PipelineUnit):
         def carry(v):
             return {"mode": v.mode} if several else {}
 
-        def s1(m, v):
-            return {"d": (v.a - v.b, signed(d_bits)), **carry(v)}
-
         # d * LOG2E_Q: every d below -2**(d_keep - 1) gives 0 (k <= offset - s_max: the
-        # shift s_max of p < 2**P_BITS), as -2**(d_keep - 1) does, so d is clamped to it:
-        # its low MULT_CHUNK bits on one multiplier, the few above them a table of their
-        # products.
+        # shift s_max of p < 2**P_BITS), as -2**(d_keep - 1) does, so d is clamped to it as
+        # it is formed (no logic before the multiplier): its low MULT_CHUNK bits on one
+        # multiplier, the few above them a table of their products.
         d_keep = _exp_operand_bits(min(offsets) - s_max)
         hi_bits = d_keep - MULT_CHUNK
         hi_signed = [(h - (h >> (hi_bits - 1) << hi_bits)) * LOG2E_Q for h in range(1 << hi_bits)]
         hi_shape = signed_range(min(hi_signed), max(hi_signed))
         hi_products = [x % (1 << hi_shape.width) for x in hi_signed]
 
+        def s1(m, v):
+            d = (v.a - v.b).as_signed()
+            clamp = d[-1] & ~d[d_keep - 1:].all()
+            return {"d": (Mux(clamp, -(1 << (d_keep - 1)), d[:d_keep].as_signed()),
+                          signed(d_keep)), **carry(v)}
+
         def s2(m, v):
-            clamp = v.d[-1] & ~v.d[d_keep - 1:].all()
-            lo = Mux(clamp, 0, v.d[:MULT_CHUNK])
-            hi = Mux(clamp, 1 << (hi_bits - 1), v.d[MULT_CHUNK:d_keep])
+            lo, hi = v.d[:MULT_CHUNK], v.d[MULT_CHUNK:]
             hi_product = rom(m, "log2e_hi", hi_products, hi).as_signed()
             return {"pp0": dsp_product(lo * LOG2E_Q), "pp1": (hi_product, hi_shape),
                     **carry(v)}
