@@ -242,12 +242,9 @@ def round_saturate(w: Value, bits: int = ACT_BITS) -> Value:
     w = Value.cast(w)
     if w.shape().width <= bits:
         return saturate((w + 1) >> 1, bits)
-    return round_saturate_low(w[:bits + 1], w[-1], _not_sign(w[bits:], w[-1]), bits)
-
-
-def _not_sign(hi: Value, sign: Value) -> Value:
-    """``hi``'s bits are not all ``sign``."""
-    return Mux(sign, ~hi.all(), hi.any())
+    hi = w[bits:]
+    return _saturated(w[:bits], (w[:bits + 1].as_signed() + 1) >> 1, w[-1], hi.any(), ~hi.all(),
+                      bits)
 
 
 def round_saturate_low(low: Value, sign: Value, big: Value, bits: int = ACT_BITS) -> Value:
@@ -255,15 +252,18 @@ def round_saturate_low(low: Value, sign: Value, big: Value, bits: int = ACT_BITS
     its low ``bits + 1`` bits, ``sign`` its sign and ``big`` whether its bits from ``bits`` up
     are not all its sign (then it saturates, upwards or downwards by its sign; else it does
     when its low ``bits`` bits are all ones, non-negative, or all zeros, negative)."""
-    return _saturated(low[:bits], (low[:bits + 1].as_signed() + 1) >> 1, sign, big, bits)
+    return _saturated(low[:bits], (low[:bits + 1].as_signed() + 1) >> 1, sign, big, big, bits)
 
 
-def _saturated(lo: Value, near: Value, sign: Value, big: Value, bits: int) -> Value:
-    """:func:`round_saturate_low` of ``lo``, ``w``'s low ``bits`` bits, and ``near``, at least
-    the low ``bits`` bits of ``(w + 1) >> 1``."""
+def _saturated(lo: Value, near: Value, sign: Value, hi_any: Value, hi_not_all: Value,
+               bits: int) -> Value:
+    """The saturation of :func:`round_saturate` from ``lo``, ``w``'s low ``bits`` bits,
+    ``near``, at least the low ``bits`` bits of ``(w + 1) >> 1``, and whether ``w``'s bits
+    from ``bits`` up are not all zeros (``hi_any``, read when ``w >= 0``) and not all ones
+    (``hi_not_all``, read when ``w < 0``)."""
     top = (1 << (bits - 1)) - 1
-    up = ~sign & (big | lo.all())
-    down = sign & (big | (lo == 0))
+    up = ~sign & (hi_any | lo.all())
+    down = sign & (hi_not_all | (lo == 0))
     return Mux(up, top, Mux(down, -top, near[:bits].as_signed()))
 
 
@@ -276,7 +276,7 @@ def round_saturate_widths(w: Value, widths: Sequence[int]) -> list[Value]:
     if any(w.shape().width <= bits for bits in widths):
         return [round_saturate(w, bits) for bits in widths]
     near = (w[:max(widths) + 1].as_signed() + 1) >> 1
-    return [_saturated(w[:bits], near, w[-1], _not_sign(w[bits:], w[-1]), bits)
+    return [_saturated(w[:bits], near, w[-1], w[bits:].any(), ~w[bits:].all(), bits)
             for bits in widths]
 
 
