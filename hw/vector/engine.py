@@ -136,7 +136,9 @@ Shared units
     lane 0's KV4 group products) and ROPE's ``Rope`` (its two 32 x 16-bit products on the
     ``Mul``'s four multipliers), one ``Scale`` for SOFTMAX's ``Scale(16)``, RMSNORM's
     ``Scale(30)`` and DEQUANT's ``Scale(31)``, and lane 0 (and, with ``vector_laned_silu``,
-    every lane) one ``Exp`` for SOFTMAX's ``Exp(16)`` and the SiLU-gate's ``Exp(30)``. Each
+    every lane) one ``Exp`` for SOFTMAX's ``Exp(16)`` and the SiLU-gate's ``Exp(30)``. Without
+    ``vector_laned_silu``, lanes 1 and 2's ``Mul`` are idle while SILU_GATE runs: they take
+    its two ``Mul(30)`` (:data:`_SILU_ON_LANES`, mode ``mul_w``). Each
     use feeds its unit with its mode (the unit's ``mode`` field: its rounding, its fraction
     bits) and its operands while its sub-op runs (the ``is_`` flag selects them in the feed
     register), and reads the unit's results only then; latencies and results are each
@@ -303,6 +305,12 @@ _SILU_LANE_UNITS = {
     "mul_gs": lambda: Mul(NORM_FRAC),
 }
 
+#: The SiLU-gate's two ``Mul(30)`` on the shared ``Mul`` of another lane, by lane: while
+#: SILU_GATE streams one element a cycle (``vector_laned_silu`` off), lanes 1 and 2's ``Mul``
+#: are idle, and their mode ``mul_w`` is ``Mul(NORM_FRAC)``'s rounding (the operands fit its
+#: 32 x 33 bits). An engine of fewer lanes keeps the others' own ``Mul``.
+_SILU_ON_LANES = {"mul_es": 1, "mul_gs": 2}
+
 
 def _delay(m: Module, value: Value, n: int, name: str, *, data: bool = False) -> Value:
     """``value`` delayed by ``n`` cycles (the units never stall: plain registers).
@@ -395,6 +403,13 @@ class VectorEngine(wiring.Component):
         n = self._lanes = cfg.vector_lanes
         # (a lane that runs SILU_GATE, lane 0 always, takes the SiLU-gate's Exp for its own)
         silu_exp = {"exp": _SILU_LANE_UNITS["exp"]}
+        # the SiLU-gate's Muls that another lane's shared Mul takes (_SILU_ON_LANES), in the
+        # mode of Mul(NORM_FRAC)'s rounding
+        if _SHARED["mul"]["mul_w"] != (NORM_FRAC, ACT_BITS):
+            raise ValueError(f"the shared Mul's mode mul_w {_SHARED['mul']['mul_w']} is not "
+                             f"the SiLU-gate's Mul({NORM_FRAC}) rounding")
+        self._silu_hosts = {} if cfg.vector_laned_silu else {
+            name: f"mul_l{k}" for name, k in _SILU_ON_LANES.items() if k < n}
         self._units = {
             **{name: make() for name, make in {**_LANE_UNITS, **silu_exp}.items()},
             "argmax": ArgMax(signed(ACT_BITS), max_len=_MAX_LENGTH, tag_bits=ACT_BITS),
@@ -408,8 +423,8 @@ class VectorEngine(wiring.Component):
             "sumsq": SumSq(max_len=_MAX_LENGTH, lanes=n),
             "rsqrt": Rsqrt(),
             "scale60": Scale(2 * NORM_FRAC),
-            "mul_es": Mul(NORM_FRAC),
-            "mul_gs": Mul(NORM_FRAC),
+            **{name: Mul(NORM_FRAC) for name in ("mul_es", "mul_gs")
+               if name not in self._silu_hosts},
         }
         if n > 1:
             for k in range(1, n):
@@ -438,7 +453,8 @@ class VectorEngine(wiring.Component):
         # A use of a shared unit (_USES) names its unit, lane by lane: u[use], u[use_l<k>].
         u = {**self._units,
              **{f"{use}{sfx}": self._units[f"{unit}{sfx}"] for use, (unit, _) in _USES.items()
-                for sfx in ["", *(f"_l{k}" for k in range(1, n))]}}
+                for sfx in ["", *(f"_l{k}" for k in range(1, n))]},
+             **{name: self._units[host] for name, host in self._silu_hosts.items()}}
         # Cycles from feeding a unit (below) to its result: its feed register, then its own.
         lat = {k: self.FEED_LATENCY + v.latency for k, v in u.items()}
         body = self.cmd.payload
@@ -673,18 +689,22 @@ class VectorEngine(wiring.Component):
                    "exp30": is_[VecFunc.SILU_GATE]}
         if set(use_sel) != set(_USES):
             raise ValueError(f"the shared units' uses {sorted(_USES)} have no select flag")
+        use_mode = {use: mode for use, (_, mode) in _USES.items()}
+        for name in self._silu_hosts:   # (the SiLU-gate's Muls on other lanes' Mul: mul_w)
+            use_sel[name], use_mode[name] = is_[VecFunc.SILU_GATE], use_mode["mul_w"]
         feeds = {}   # unit -> [(when, select, payload)], registered by _feed_units below
 
-        def feed(unit, when, use=None, **payload):
+        def feed(unit, when, use=None, only=None, **payload):
             """The unit takes ``when`` and ``payload`` FEED_LATENCY (1) cycle later, from a
             register: the engine's operand selection stays apart from the unit's first
             stage. (A laned reduction's ``x`` is a list, a value a lane.) ``use``: a use of a
-            shared unit (:data:`_USES`), fed with its mode while its sub-op runs."""
+            shared unit (:data:`_USES`), fed with its mode while its sub-op runs; ``only``,
+            if given, the flag that selects it instead of the use's (a narrower one)."""
             sel = when
             if use is not None:
-                sel = use_sel[use]
+                sel = use_sel[use] if only is None else only
                 if len(getattr(unit, "modes", getattr(unit, "fracs", ()))) > 1:
-                    payload["mode"] = _USES[use][1]
+                    payload["mode"] = use_mode[use]
             feeds.setdefault(id(unit), (unit, []))[1].append((when, sel, payload))
 
         def _feed_units():
@@ -1056,17 +1076,29 @@ class VectorEngine(wiring.Component):
                 s60, mes, mgs = unit("scale60"), unit("mul_es"), unit("mul_gs")
                 feed(s60, rc.o.valid & silu, x=1, r=rc.o.payload.r, sh=rc.o.payload.sh)
                 sig_pos = s60.o.payload.y
-                feed(mes, s60.o.valid, a=e_es, b=sig_pos)
+
+                def silu_mul(name, k=k):
+                    """The use of lane ``k``'s SiLU-gate Mul ``name`` (a use of another
+                    lane's Mul, _SILU_ON_LANES, or None: its own) and its results' valid."""
+                    if k == 0 and name in self._silu_hosts:
+                        return name, out_valid(name)
+                    return None, unit(name).o.valid
+
+                use_es, es_valid = silu_mul("mul_es")
+                use_gs, gs_valid = silu_mul("mul_gs")
+                feed(mes, s60.o.valid, use_es, a=e_es, b=sig_pos)
                 sig = Mux(g_gs[-1], mes.o.payload.y,
                           _delay(m, sig_pos, lat["mul_es"], f"silu_s{sfx}", data=True))
-                feed(mgs, mes.o.valid, a=g_gs, b=sig)
-                gates = [(mgs.o.valid, mgs.o.payload.y, u_mu)]
+                feed(mgs, es_valid, use_gs, a=g_gs, b=sig)
+                gates = [(gs_valid, mgs.o.payload.y, u_mu)]
             if gates:
                 g_valid, g_a, g_b = gates[0]
                 feed(unit("mul16"), (valid & mul) | g_valid, "mul16", a=Mux(mul, xs[k], g_a),
                      b=Mux(mul, bs[k], g_b))
             else:
-                feed(unit("mul16"), valid & mul, "mul16", a=xs[k], b=bs[k])
+                # (MUL's alone: while SILU_GATE runs this lane's Mul may be lane 0's
+                # SiLU-gate's, _SILU_ON_LANES)
+                feed(unit("mul16"), valid & mul, "mul16", mul, a=xs[k], b=bs[k])
         mul_last_a, mul_last = _delay_ahead(m, last & is_[VecFunc.MUL], lat["mul16"],
                                             "mul_last")
 

@@ -651,6 +651,33 @@ def test_kv4_on_lanes(lanes):
     _check_against_the_models(vin, vecs, [int(rng.choice([0, 0, 2])) for _ in vecs], cfg)
 
 
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_the_silu_gates_muls_on_other_lanes_back_to_back(lanes):
+    """Without ``vector_laned_silu`` the SiLU-gate's two ``Mul(30)`` are lanes 1 and 2's
+    shared ``Mul`` (hw.vector.engine._SILU_ON_LANES): SILU_GATE back to back, no gap, with
+    each other use of those units (MUL's, RMSNORM's, FOLD's and ROPE's lanes) before and
+    after it, on rows of one to two groups and more: cycles and VOUT exact."""
+    cfg = VCFG.replace(vector_lanes=lanes)
+    assert VecFunc.SILU_GATE not in laned_vec_funcs(cfg)
+    rng = np.random.default_rng(70 + lanes)
+    vin = _random_vin(rng)
+    others = [Vec(func=VecFunc.MUL, a_addr=0, b_addr=2 * lanes, length=3 * lanes + 1,
+                  dst_addr=0),
+              Vec(func=VecFunc.RMSNORM, a_addr=lanes, b_addr=0, length=2 * lanes,
+                  dst_addr=lanes, imm=norm_eps(1e-5, 2 * lanes)),
+              Vec(func=VecFunc.FOLD, a_addr=0, b_addr=lanes, length=lanes + 1, dst_addr=0),
+              Vec(func=VecFunc.ROPE, length=8 * lanes, imm=rope_imm(2 * lanes, 4), a_addr=0,
+                  b_addr=VIN - lanes, dst_addr=0)]
+    vecs = []
+    for other in others:
+        length = int(rng.integers(1, 3 * lanes))
+        vecs += [Vec(func=VecFunc.SILU_GATE, a_addr=int(rng.integers(0, VIN - length)),
+                     b_addr=int(rng.integers(0, VIN - length)), length=length,
+                     dst_addr=int(rng.integers(0, VOUT - length))), other]
+    vecs.append(dataclasses.replace(vecs[0], dst_addr=VOUT - vecs[0].length))
+    _check_against_the_models(vin, vecs, [0] * len(vecs), cfg)
+
+
 def test_requant_softmax_and_rmsnorm_edges_in_the_executor():
     """The rows the scalar steps treat specially: all zeros (REQUANT: amax 0; RMSNORM with
     eps 0: a sum of squares of 0), one holding -2**31 (REQUANT: amax 2**31, s = 1; RMSNORM:

@@ -143,12 +143,18 @@ def test_laned_silu_is_a_validated_field():
 def test_rtl_engine_builds_silu_lanes(lanes):
     """With ``vector_laned_silu`` every lane has the SiLU-gate's chain (its own Recip beside
     lane 0's shared one, its SOFTMAX Exp shared with its ``Exp(30)``); without, only lane 0
-    has it."""
+    has it, and its two ``Mul(30)`` are lanes 1 and 2's shared ``Mul`` where the engine has
+    them (their mode ``mul_w`` is ``Mul(30)``'s rounding)."""
     for silu in (False, True):
-        units = VectorEngine(_cfg(lanes).replace(vector_laned_silu=silu))._units
+        engine = VectorEngine(_cfg(lanes).replace(vector_laned_silu=silu))
+        units = engine._units
+        hosted = {} if silu else {"mul_es": "mul_l1", "mul_gs": "mul_l2"}
+        hosted = {name: host for name, host in hosted.items() if host in units}
+        assert engine._silu_hosts == hosted and len(hosted) == (0 if silu else min(2, lanes - 1))
+        assert units["mul"].modes[1] == (NORM_FRAC, ACT_BITS)   # mul_w: Mul(NORM_FRAC)'s
         for name in ("recip", "scale60", "mul_es", "mul_gs"):
             count = sum(k == name or k.startswith(f"{name}_l") for k in units)
-            assert count == (lanes if silu else 1), (name, silu)
+            assert count == (lanes if silu else 0 if name in hosted else 1), (name, silu)
         for k in range(1, lanes):
             assert units[f"exp_l{k}"].fracs == ((ACT_FRAC, NORM_FRAC) if silu else (ACT_FRAC,))
 
