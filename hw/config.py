@@ -201,7 +201,7 @@ class AcceleratorConfig:
         without the engine keeps the :attr:`fingerprint` it had before the engine existed.
     vector_lanes:
         Elements the vector engine takes per cycle in the sub-ops that stream laned
-        (:data:`hw.isa.LANED_VEC_FUNCS`; the others one): a power of two from 1 to the
+        (:func:`hw.isa.vec_lanes`; the others one): a power of two from 1 to the
         elements of a DMA beat (:attr:`vector_lanes_max`), above 1 only with a vector engine.
         At 1 (the default) it is left out of :meth:`to_dict`, so the configurations that
         stream one element a cycle keep their :attr:`fingerprint`.
@@ -584,10 +584,10 @@ class AcceleratorConfig:
 VECTOR_PRESET_SPADS = {"vin_spad_bytes": 16384, "vout_spad_bytes": 8192}
 #: The ``"vector"`` configuration's :attr:`AcceleratorConfig.vector_lanes`: a 16-byte beat's
 #: four int32 elements (:attr:`AcceleratorConfig.vector_lanes_max`), which fit the ECP5-85F's
-#: 156 multipliers beside the 4x8 array's 67 (the engine takes 34 with one lane, 50 with two
-#: and 82 with four, a lane's sub-ops sharing its units) with
-#: :attr:`AcceleratorConfig.vector_laned_silu` off (11 more a lane past the first;
-#: docs/architecture.md, *Lanes*).
+#: 156 multipliers beside the 4x8 array's 67 (the engine takes 32 with one lane, 42 with two
+#: and 66 with four, a lane's sub-ops sharing its units and the SiLU-gate's two ``Mul(30)``
+#: lanes 1 and 2's) with :attr:`AcceleratorConfig.vector_laned_silu` off (11 more a lane past
+#: the first, and lane 0's ``Mul(30)`` its own; docs/architecture.md, *Lanes*).
 VECTOR_PRESET_LANES = 4
 
 #: Named configurations (``sw.deploy --config NAME``): each a function of no arguments.

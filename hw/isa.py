@@ -52,7 +52,7 @@ __all__ = [
     "vec_out_words", "vec_out_terms", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT",
     "dequant_imm", "dequant_amax_addr", "dequant_fold", "ARGMAX_BASE_BITS", "argmax_imm",
     "argmax_base", "argmax_pairs", "argmax_bad", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS",
-    "laned_vec_funcs", "vec_lanes", "rope_laned",
+    "laned_vec_funcs", "vec_lanes", "rope_laned", "kv4_laned",
     "insert_laned", "vec_unaligned", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
     "insert_fields", "insert_geometry", "insert_bad", "KV4_GROUP_BITS", "kv4_imm", "kv4_group",
@@ -538,7 +538,8 @@ def vec_reads_b(func):
 
 #: The sub-ops the vector engine streams :attr:`hw.config.AcceleratorConfig.vector_lanes`
 #: elements a cycle (every other one element a cycle, but INSERT's and INSERT4's whose codes
-#: lie a group of lanes apart: :func:`insert_laned`): the one table the timing
+#: lie a group of lanes apart, :func:`insert_laned`, ROPE's of :func:`rope_laned` and KV4's
+#: of :func:`kv4_laned`): the one table the timing
 #: (:func:`hw.timing.vec_cycles`), the dispatch checks (their rows aligned to the lanes) and
 #: the compiler read.
 LANED_VEC_FUNCS = (VecFunc.ADD, VecFunc.REQUANT, VecFunc.RMSNORM, VecFunc.MUL, VecFunc.DEQUANT,
@@ -555,10 +556,11 @@ def laned_vec_funcs(cfg: AcceleratorConfig) -> tuple[VecFunc, ...]:
 def vec_lanes(func, lanes: int, imm, silu: bool = False):
     """Elements a VEC of ``func`` and ``imm`` streams per cycle on an engine of ``lanes``
     (:attr:`hw.config.AcceleratorConfig.vector_lanes`; ``silu`` its ``vector_laned_silu``):
-    ``lanes`` for a sub-op of :func:`laned_vec_funcs` and an INSERT or INSERT4 of
-    :func:`insert_laned`, 1 for the others; ints, arrays or Amaranth values."""
+    ``lanes`` for a sub-op of :func:`laned_vec_funcs`, an INSERT or INSERT4 of
+    :func:`insert_laned`, a ROPE of :func:`rope_laned` and a KV4 of :func:`kv4_laned`, 1 for
+    the others; ints, arrays or Amaranth values."""
     return 1 + (lanes - 1) * (_vec_laned(func, silu) | insert_laned(func, imm, lanes)
-                              | rope_laned(func, imm, lanes))
+                              | rope_laned(func, imm, lanes) | kv4_laned(func, imm, lanes))
 
 
 def rope_laned(func, imm, lanes: int):
@@ -571,6 +573,18 @@ def rope_laned(func, imm, lanes: int):
         return func != func   # false, of func's kind
     half = rope_geometry(imm)[0] >> 1
     return (func == VecFunc.ROPE.value) & (half != 0) & ((half & (lanes - 1)) == 0)
+
+
+def kv4_laned(func, imm, lanes: int):
+    """A KV4 that streams ``lanes`` elements a cycle (:func:`vec_lanes`): a value row, or a
+    key row whose group (:func:`kv4_imm`) is ``lanes`` elements or more, so that a cycle's
+    aligned group of elements lies in one group of the row (one maximum of it, one
+    reciprocal). Never with one lane; ints, arrays or Amaranth values."""
+    if lanes == 1:
+        return func != func   # false, of func's kind
+    lg = imm & ((1 << KV4_GROUP_BITS) - 1)
+    codes = (imm >> KV4_GROUP_BITS) & 1
+    return (func == VecFunc.KV4.value) & ((codes == 0) | (lg >= lanes.bit_length() - 1))
 
 
 def _vec_laned(func, silu: bool = False):
@@ -605,18 +619,20 @@ def insert_laned(func, imm, lanes: int):
 
 def vec_unaligned(func, a_addr, b_addr, dst_addr, lanes: int, silu: bool = False):
     """A VEC that may stream ``lanes`` elements a cycle (:data:`LANED_VEC_FUNCS`, SILU_GATE
-    with ``silu``, INSERT and INSERT4: :func:`vec_lanes`) whose row ``a_addr``, second row
-    ``b_addr`` (where a laned sub-op reads one: :func:`vec_reads_b`) or results ``dst_addr`` do not
-    start on a multiple of its lanes: the engine reads and writes ``lanes`` elements of one
-    scratchpad row a cycle. An INSERT's rows are aligned whatever its ``imm`` (so that the
-    rule reads no ``imm``, which a run-time register moves); it reads its code words one at
-    a time. A ROPE's row, its table (``b_addr``) and its results are held to the lanes
-    whatever its ``imm`` too (:func:`rope_laned` reads the head from it). Always false with
-    one lane; ints, arrays or Amaranth values."""
+    with ``silu``, INSERT, INSERT4, ROPE and KV4: :func:`vec_lanes`) whose row ``a_addr``,
+    second row ``b_addr`` (where a laned sub-op reads one: :func:`vec_reads_b`) or results
+    ``dst_addr`` do not start on a multiple of its lanes: the engine reads and writes
+    ``lanes`` elements of one scratchpad row a cycle. An INSERT's rows are aligned whatever
+    its ``imm`` (so that the rule reads no ``imm``, which a run-time register moves); it reads
+    its code words one at a time. A ROPE's row, its table (``b_addr``) and its results are
+    held to the lanes whatever its ``imm`` too (:func:`rope_laned` reads the head from it),
+    and a KV4's row and results (:func:`kv4_laned` reads the group from it). Always false
+    with one lane; ints, arrays or Amaranth values."""
     mask = lanes - 1
     laned = _vec_laned(func, silu)
     rope = func == VecFunc.ROPE.value
-    return (((laned | _is_insert_func(func) | rope) & (((a_addr | dst_addr) & mask) != 0))
+    rows = laned | _is_insert_func(func) | rope | (func == VecFunc.KV4.value)
+    return ((rows & (((a_addr | dst_addr) & mask) != 0))
             | (((laned & vec_reads_b(func)) | rope) & ((b_addr & mask) != 0)))
 
 

@@ -64,6 +64,10 @@ from hw.ecp5_dsp import DSP_REGISTER
 #: placement's timing estimate and router2 well below it (docs/synthesis.md has the
 #: measurements).
 ROUTERS = ("router1", "router2")
+#: nextpnr-ecp5's placers, the default first: HeAP (analytic, timing-driven with
+#: :data:`PLACER_TIMING_WEIGHT` and :data:`PLACER_CRITEXP`) and the electrostatic placer, which
+#: spreads cells for shorter wires at a lower clock (docs/board.md has the measurements).
+PLACERS = ("heap", "static")
 #: nextpnr's HeAP placer weighting of timing (``--placer-heap-timingweight``, nextpnr's own
 #: default 10) and the exponent of a path's criticality in it (``--placer-heap-critexp``,
 #: default 2). Ours place the control paths that cross the design closer together, for a higher
@@ -72,7 +76,7 @@ ROUTERS = ("router1", "router2")
 PLACER_TIMING_WEIGHT = 40
 PLACER_CRITEXP = 4
 
-__all__ = ["ROUTERS", "PLACER_TIMING_WEIGHT", "PLACER_CRITEXP", "ECP5_85F", "RECORDS",
+__all__ = ["ROUTERS", "PLACERS", "PLACER_TIMING_WEIGHT", "PLACER_CRITEXP", "ECP5_85F", "RECORDS",
            "SynthesisedClock", "COMPONENTS", "find_tool", "yosys_script", "synthesize", "collect",
            "critical_path", "summary", "recorded", "synthesised_clock", "keep_record",
            "nextpnr_command", "logged_fmax", "yosys_luts", "synthesize_vector",

@@ -327,9 +327,9 @@ def _vec_cycles(func, length, imm=0, lanes=1, silu=False):
     (:attr:`hw.config.AcceleratorConfig.vector_lanes`; ``silu`` its ``vector_laned_silu``).
     The engine reads ``n`` elements (of each operand row) per cycle, ``n =
     hw.isa.vec_lanes(func, lanes, imm, silu)`` (one but for :func:`hw.isa.laned_vec_funcs`
-    and :func:`hw.isa.insert_laned`), in ``g + 1 .. g +
-    ceil(length / n)``; each cycle's elements are fed to their units (``n`` of each, side
-    by side) ``VEC_READ_LATENCY`` cycles later, and a unit gives its result
+    and the INSERTs, ROPEs and KV4s of its rules), in ``g + 1 .. g + ceil(length / n)``;
+    each cycle's elements are fed to their units (``n`` of each, side by side)
+    ``VEC_READ_LATENCY`` cycles later, and a unit gives its result
     ``VEC_FEED_LATENCY + VECTOR_LATENCY[name]`` cycles
     after it is fed (``lat`` below); a reduction's ``n`` values of a cycle first pass
     :func:`vec_lane_tree`. ADD writes each cycle's results as its units give them: the last
@@ -388,15 +388,17 @@ def _vec_cycles(func, length, imm=0, lanes=1, silu=False):
     # CHANNEL: one pass, each amax word (A and its bit length from it as it is read) through
     # DequantFactor with imm's word, the factor's channel word written as it comes out.
     channel = stream + lat["dequant_factor"]
-    # KV4 (hw.numerics.vec_kv4): pass 1 into AbsMax, each group's max registered beside;
-    # Recip of amax as it comes out; a key row's group codes then one per cycle through Mul,
-    # the code (the ceiling of max_g * 255 * r, KV4_CODE_LATENCY) and Recip of amax times
-    # the code, the last reciprocal a cycle after the one before; pass 2 from the cycle after
-    # the last reciprocal into Requant, the nibbles packed eight to a word as they come out;
-    # then the code words and the amax word, one per cycle.
+    # KV4 (hw.numerics.vec_kv4): pass 1 into AbsMax, through the engine's lane tree whatever
+    # n (its one AbsMax: `lanes`, not n), each group's max kept beside; Recip of amax as it
+    # comes out; a key row's group codes then one per cycle through Mul, the code (the
+    # ceiling of max_g * 255 * r, KV4_CODE_LATENCY) and Recip of amax times the code, the
+    # last reciprocal a cycle after the one before; pass 2 from the cycle after the last
+    # reciprocal into Requant, the nibbles packed eight to a word as they come out (n
+    # lanes, hw.isa.kv4_laned: n codes a cycle); then the code words and the amax word, one
+    # per cycle.
     groups = kv4_groups(length, imm)
     codes = (imm >> KV4_GROUP_BITS) & 1
-    kv4 = (stream + lat["absmax"] + lat["recip"]
+    kv4 = (stream + vec_lane_tree(lanes) + lat["absmax"] + lat["recip"]
            + codes * (lat["mul"] + KV4_CODE_LATENCY + lat["recip"] + groups - 1)
            + stream + lat["requant"] + ((groups + 3) >> 2) + 1)
     # INSERT4: INSERT's pass, nibble multiplexers in place of the byte ones.

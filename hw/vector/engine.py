@@ -71,8 +71,9 @@ CHANNEL    one pass, each element an amax word: ``A`` (``127 * 2**16`` for 0) an
            bitlen(A)`` into ``DequantFactor(c, A, b, 0)`` with ``c`` the channel word in
            ``imm``'s bits 0..23; the factor's channel word written as it comes out
 KV4        REQUANT's pass 1, ``AbsMax`` and ``Recip(amax >> s)``; a key row's (``imm``'s codes
-           bit) groups' maxima of ``|x|`` and ``|x >> 1|`` registered beside, each group's
-           kept in a memory at its end; from the cycle ``r`` comes out, one group a cycle:
+           bit) groups' maxima of ``|x|`` and ``|x >> 1|`` from AbsMax's of each cycle
+           (``2 |x| + (x < 0)``: its signs), each group's kept in a memory the cycle after
+           its end; from the cycle ``r`` comes out, one group a cycle:
            its maximum (for ``s``) into ``Mul(0)`` with ``r``; from the product ``p``, ``-255
            p``, its shift by ``sh``'s high bits and then the code ``c = clip(ceil(255 p /
            2**sh), 1, 255)`` registered, then
@@ -99,8 +100,11 @@ Lanes
     ``n``: :func:`hw.isa.vec_unaligned`, a dispatch rule) reads a group a cycle per pass,
     ``ceil(L / n)`` reads; lane 0 goes to the units above and lane ``k`` to copies of ADD's,
     MUL's, RMSNORM's pass-3, DEQUANT's, FOLD's, SOFTMAX's (``Exp(16)``, ``Scale(16)``) and
-    the codes' element units, side by side (``<name>_l<k>``). A ROPE of
-    :func:`hw.isa.rope_laned` reads ``n`` pairs' lower and upper elements in one cycle and
+    the codes' element units, side by side (``<name>_l<k>``). So does a KV4 of
+    :func:`hw.isa.kv4_laned` (a value row, or a key row's groups of ``n`` elements or more:
+    a cycle's elements lie in one group, whose maximum is AbsMax's of the cycle and whose
+    ``r2, sh2`` every lane's ``Requant`` takes); its rows are aligned whatever its ``imm``.
+    A ROPE of :func:`hw.isa.rope_laned` reads ``n`` pairs' lower and upper elements in one cycle and
     their table words in the next, each lane through its ``Rope`` (``k``, the pointers and
     the write positions step by ``n``; its rows are aligned whatever its ``imm``). With the
     configuration's ``vector_laned_silu``, SILU_GATE's lane ``k`` goes to a copy of the
@@ -110,18 +114,20 @@ Lanes
     ``imm`` (``-ACT_MAX`` into ``Max``, exponential 0). The reductions over a laned row,
     ``AbsMax`` (REQUANT, RMSNORM, FOLD), ``SumSq`` (RMSNORM), ``Max`` and ``Sum`` (SOFTMAX),
     take a cycle's ``n`` values through a tree of ``log2 n`` registered levels
-    (:func:`hw.timing.vec_lane_tree`) into their running reduction; KV4 keeps a one-lane
-    ``AbsMax`` of its own. ``Recip`` (but the SiLU-gate's lane copies), ``Rsqrt`` and the
-    per-row scalars are single. The results are written ``n`` a cycle (the
-    last group's lanes past the row's end kept), REQUANT's and FOLD's ``n`` codes a cycle
-    packed as one lane's (``n < 4``: a word every ``4 / n`` cycles; else ``n / 4`` words a
-    cycle). An INSERT or INSERT4 whose codes lie ``n`` words apart or more
-    (:func:`hw.isa.insert_laned`: a key cache's append, a code a beat) reads a group a cycle
-    too: ``idx`` counts groups, a group holds at most one code, merged into the lane of its
-    word (``at``'s word bits below ``log2 n``); its code words are read one at a time as with
-    one lane. The other sub-ops read one element a cycle, the lane of its address selected
-    from the group read by address bits registered with the read (as the scratchpad selects
-    its group in a row), and write it to the lane of its address (``dst`` steps by 1).
+    (:func:`hw.timing.vec_lane_tree`) into their running reduction; KV4's ``AbsMax`` too
+    (a KV4 of one element a cycle, its lanes above 0 reading 0). ``Recip`` (but the
+    SiLU-gate's lane copies), ``Rsqrt`` and the per-row scalars are single. The results are
+    written ``n`` a cycle (the last group's lanes past the row's end kept), REQUANT's and
+    FOLD's ``n`` codes a cycle packed as one lane's (``n < 4``: a word every ``4 / n``
+    cycles; else ``n / 4`` words a cycle), a laned KV4's ``n`` nibbles alike (``n <= 8``: a
+    word every ``8 / n`` cycles; else ``n / 8`` words a cycle). An INSERT or INSERT4 whose
+    codes lie ``n`` words apart or more (:func:`hw.isa.insert_laned`: a key cache's append, a
+    code a beat) reads a group a cycle too: ``idx`` counts groups, a group holds at most one
+    code, merged into the lane of its word (``at``'s word bits below ``log2 n``); its code
+    words are read one at a time as with one lane. The other sub-ops read one element a
+    cycle, the lane of its address selected from the group read by address bits registered
+    with the read (as the scratchpad selects its group in a row), and write it to the lane
+    of its address (``dst`` steps by 1).
 
 Shared units
     A VEC runs one sub-op at a time, so units no sub-op uses together share their
@@ -130,7 +136,9 @@ Shared units
     lane 0's KV4 group products) and ROPE's ``Rope`` (its two 32 x 16-bit products on the
     ``Mul``'s four multipliers), one ``Scale`` for SOFTMAX's ``Scale(16)``, RMSNORM's
     ``Scale(30)`` and DEQUANT's ``Scale(31)``, and lane 0 (and, with ``vector_laned_silu``,
-    every lane) one ``Exp`` for SOFTMAX's ``Exp(16)`` and the SiLU-gate's ``Exp(30)``. Each
+    every lane) one ``Exp`` for SOFTMAX's ``Exp(16)`` and the SiLU-gate's ``Exp(30)``. Without
+    ``vector_laned_silu``, lanes 1 and 2's ``Mul`` are idle while SILU_GATE runs: they take
+    its two ``Mul(30)`` (:data:`_SILU_ON_LANES`, mode ``mul_w``). Each
     use feeds its unit with its mode (the unit's ``mode`` field: its rounding, its fraction
     bits) and its operands while its sub-op runs (the ``is_`` flag selects them in the feed
     register), and reads the unit's results only then; latencies and results are each
@@ -166,6 +174,7 @@ from hw.isa import (
     argmax_pairs,
     insert_fields,
     insert_laned,
+    kv4_laned,
     laned_vec_funcs,
     rope_laned,
     vec_out_words,
@@ -236,7 +245,7 @@ def command_lanes(cfg: AcceleratorConfig, func, imm):
         raise ValueError(f"command_lanes is for an engine of lanes > 1, got {n}")
     ins = insert_laned(func, imm, n)
     funcs = laned_vec_funcs(cfg)
-    laned = _is_one_of(func, funcs) | ins | rope_laned(func, imm, n)
+    laned = _is_one_of(func, funcs) | ins | rope_laned(func, imm, n) | kv4_laned(func, imm, n)
     writes_n = _is_one_of(func, [f for f in funcs if f not in _CODE_FUNCS]) | ins
     return laned, writes_n
 
@@ -295,6 +304,12 @@ _SILU_LANE_UNITS = {
     "mul_es": lambda: Mul(NORM_FRAC),
     "mul_gs": lambda: Mul(NORM_FRAC),
 }
+
+#: The SiLU-gate's two ``Mul(30)`` on the shared ``Mul`` of another lane, by lane: while
+#: SILU_GATE streams one element a cycle (``vector_laned_silu`` off), lanes 1 and 2's ``Mul``
+#: are idle, and their mode ``mul_w`` is ``Mul(NORM_FRAC)``'s rounding (the operands fit its
+#: 32 x 33 bits). An engine of fewer lanes keeps the others' own ``Mul``.
+_SILU_ON_LANES = {"mul_es": 1, "mul_gs": 2}
 
 
 def _delay(m: Module, value: Value, n: int, name: str, *, data: bool = False) -> Value:
@@ -388,11 +403,19 @@ class VectorEngine(wiring.Component):
         n = self._lanes = cfg.vector_lanes
         # (a lane that runs SILU_GATE, lane 0 always, takes the SiLU-gate's Exp for its own)
         silu_exp = {"exp": _SILU_LANE_UNITS["exp"]}
+        # the SiLU-gate's Muls that another lane's shared Mul takes (_SILU_ON_LANES), in the
+        # mode of Mul(NORM_FRAC)'s rounding
+        if _SHARED["mul"]["mul_w"] != (NORM_FRAC, ACT_BITS):
+            raise ValueError(f"the shared Mul's mode mul_w {_SHARED['mul']['mul_w']} is not "
+                             f"the SiLU-gate's Mul({NORM_FRAC}) rounding")
+        self._silu_hosts = {} if cfg.vector_laned_silu else {
+            name: f"mul_l{k}" for name, k in _SILU_ON_LANES.items() if k < n}
         self._units = {
             **{name: make() for name, make in {**_LANE_UNITS, **silu_exp}.items()},
             "argmax": ArgMax(signed(ACT_BITS), max_len=_MAX_LENGTH, tag_bits=ACT_BITS),
-            # activations, FOLD's products; a laned row's through a lane tree
-            "absmax": AbsMax(signed(FOLD_BITS), lanes=n),
+            # activations, FOLD's products; a laned row's through a lane tree; with signs
+            # below the magnitudes (KV4's group maxima of |x >> 1|)
+            "absmax": AbsMax(signed(FOLD_BITS), lanes=n, signs=True),
             "recip": Recip(),
             # SOFTMAX's reductions; a laned row's through a lane tree
             "max": Max(signed(ACT_BITS), lanes=n),
@@ -400,12 +423,10 @@ class VectorEngine(wiring.Component):
             "sumsq": SumSq(max_len=_MAX_LENGTH, lanes=n),
             "rsqrt": Rsqrt(),
             "scale60": Scale(2 * NORM_FRAC),
-            "mul_es": Mul(NORM_FRAC),
-            "mul_gs": Mul(NORM_FRAC),
+            **{name: Mul(NORM_FRAC) for name in ("mul_es", "mul_gs")
+               if name not in self._silu_hosts},
         }
         if n > 1:
-            # KV4 (not laned: no lane tree in its timing) has its own one-lane AbsMax.
-            self._units["absmax_kv"] = AbsMax(signed(ACT_BITS))
             for k in range(1, n):
                 lane = ({**_LANE_UNITS, **_SILU_LANE_UNITS} if cfg.vector_laned_silu else
                         _LANE_UNITS)
@@ -432,7 +453,8 @@ class VectorEngine(wiring.Component):
         # A use of a shared unit (_USES) names its unit, lane by lane: u[use], u[use_l<k>].
         u = {**self._units,
              **{f"{use}{sfx}": self._units[f"{unit}{sfx}"] for use, (unit, _) in _USES.items()
-                for sfx in ["", *(f"_l{k}" for k in range(1, n))]}}
+                for sfx in ["", *(f"_l{k}" for k in range(1, n))]},
+             **{name: self._units[host] for name, host in self._silu_hosts.items()}}
         # Cycles from feeding a unit (below) to its result: its feed register, then its own.
         lat = {k: self.FEED_LATENCY + v.latency for k, v in u.items()}
         body = self.cmd.payload
@@ -667,18 +689,22 @@ class VectorEngine(wiring.Component):
                    "exp30": is_[VecFunc.SILU_GATE]}
         if set(use_sel) != set(_USES):
             raise ValueError(f"the shared units' uses {sorted(_USES)} have no select flag")
+        use_mode = {use: mode for use, (_, mode) in _USES.items()}
+        for name in self._silu_hosts:   # (the SiLU-gate's Muls on other lanes' Mul: mul_w)
+            use_sel[name], use_mode[name] = is_[VecFunc.SILU_GATE], use_mode["mul_w"]
         feeds = {}   # unit -> [(when, select, payload)], registered by _feed_units below
 
-        def feed(unit, when, use=None, **payload):
+        def feed(unit, when, use=None, only=None, **payload):
             """The unit takes ``when`` and ``payload`` FEED_LATENCY (1) cycle later, from a
             register: the engine's operand selection stays apart from the unit's first
             stage. (A laned reduction's ``x`` is a list, a value a lane.) ``use``: a use of a
-            shared unit (:data:`_USES`), fed with its mode while its sub-op runs."""
+            shared unit (:data:`_USES`), fed with its mode while its sub-op runs; ``only``,
+            if given, the flag that selects it instead of the use's (a narrower one)."""
             sel = when
             if use is not None:
-                sel = use_sel[use]
+                sel = use_sel[use] if only is None else only
                 if len(getattr(unit, "modes", getattr(unit, "fracs", ()))) > 1:
-                    payload["mode"] = _USES[use][1]
+                    payload["mode"] = use_mode[use]
             feeds.setdefault(id(unit), (unit, []))[1].append((when, sel, payload))
 
         def _feed_units():
@@ -752,17 +778,13 @@ class VectorEngine(wiring.Component):
         wf_p1 = out_valid("mul_fold") & (phase == 0)
         wf_p2 = out_valid("mul_fold") & (phase == 1)
         kv = is_[VecFunc.KV4]
-        if n == 1:
-            feed(u["absmax"], (p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM] | kv)) | wf_p1,
-                 x=Mux(fold, wf, x), last=Mux(fold, wf_last, last))
-            am_valid = u["absmax"].o.valid
-            y = u["absmax"].o.payload.y
-        else:   # the laned rows' AbsMax (through its lane tree), and KV4's
-            feed(u["absmax"], (p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM])) | wf_p1,
-                 x=[Mux(fold, wfs[k], xs[k]) for k in range(n)], last=Mux(fold, wf_last, last))
-            feed(u["absmax_kv"], p1 & kv, x=x, last=last)
-            am_valid = u["absmax"].o.valid | u["absmax_kv"].o.valid
-            y = Mux(kv, u["absmax_kv"].o.payload.y, u["absmax"].o.payload.y)
+        # (n lanes: a laned row's through the lane tree; a KV4 of one lane's too, its lanes
+        # above 0 reading 0)
+        feed(u["absmax"], (p1 & (is_[VecFunc.REQUANT] | is_[VecFunc.RMSNORM] | kv)) | wf_p1,
+             x=Mux(fold, wf, x) if n == 1 else [Mux(fold, wfs[k], xs[k]) for k in range(n)],
+             last=Mux(fold, wf_last, last))
+        am_valid = u["absmax"].o.valid
+        y = u["absmax"].o.payload.y[1:]   # amax (the sign bit below it is KV4's)
 
         # -- per-row scalars, registered as their units give them
         amax = Signal(ACT_BITS, reset_less=True)
@@ -805,42 +827,50 @@ class VectorEngine(wiring.Component):
         with m.If(fold_go):
             m.d.sync += fword.eq(Cat((famax >> fs27)[:FOLD_AMAX_MANT_BITS], fs27))
         # -- KV4 (hw.numerics.vec_kv4_rows): pass 1 into AbsMax and Recip as REQUANT's; a key
-        # row's group maxima of |x| and of |x >> 1| (the row's s is 0 or 1) registered beside
-        # and kept in a memory at each group's end. From the cycle the row's reciprocal comes
-        # out, one group a cycle: its maximum (for s) into Mul with r; as the product p comes
-        # out, the code c = clip(ceil(255 p / 2**sh), 1, 255) (two stages) and Recip of
-        # (amax >> s) * c; each group's (r2, sh2) kept in a memory, its code packed four to a
-        # word in another.
+        # row's group maxima of |x| and of |x >> 1| (the row's s is 0 or 1) kept in a memory,
+        # from AbsMax's maxima of each cycle's lanes (n lanes, hw.isa.kv4_laned: a cycle's
+        # elements lie in one group). From the cycle the row's reciprocal comes out, one group
+        # a cycle: its maximum (for s) into Mul with r; as the product p comes out, the code
+        # c = clip(ceil(255 p / 2**sh), 1, 255) (two stages) and Recip of (amax >> s) * c;
+        # each group's (r2, sh2) kept in a memory, its code packed four to a word in another.
         depth = self._cfg.vin_spad_bytes // self._cfg.vin_word_bytes
         kv_codes = Signal(reset_less=True)     # a key row: group codes
-        kv_lg = Signal(KV4_GROUP_BITS, reset_less=True)
-        kv_gm = Signal(VecBody["length"].width, reset_less=True)      # group - 1
+        kv_lg = Signal(KV4_GROUP_BITS, reset_less=True)   # log2 of a group's reads
+        kv_gm = Signal(VecBody["length"].width, reset_less=True)      # a group's reads - 1
         kv_glast = Signal(VecBody["length"].width, reset_less=True)   # groups - 1
         with m.If(~active):
             lg_now = body.imm[:KV4_GROUP_BITS]
+            gm_now = (Const(1, 1) << lg_now) - 1
             m.d.sync += [kv_codes.eq(body.imm[KV4_GROUP_BITS] & (body.func == VecFunc.KV4)),
-                         kv_lg.eq(lg_now), kv_gm.eq((Const(1, 1) << lg_now) - 1),
                          kv_glast.eq((body.length >> lg_now) - 1)]
-        e_idx = _delay(m, idx, rl, "kv_idx", data=True)
-        ax = Mux(x < 0, -x, x)[:ACT_BITS]              # |x|, up to 2**31
-        x1 = x >> 1
-        ax1 = Mux(x1 < 0, -x1, x1)[:ACT_BITS - 1]      # |x >> 1|, up to 2**30
-        g0 = Signal(ACT_BITS, reset_less=True)
-        g1 = Signal(ACT_BITS - 1, reset_less=True)
-        g_first = (e_idx & kv_gm) == 0
-        g0n = Mux(g_first | (ax > g0), ax, g0)
-        g1n = Mux(g_first | (ax1 > g1), ax1, g1)
-        kv_p1 = p1 & kv & kv_codes
-        g_end = kv_p1 & ((e_idx & kv_gm) == kv_gm)
+            if n == 1:
+                m.d.sync += [kv_lg.eq(lg_now), kv_gm.eq(gm_now)]
+            else:   # a laned row's reads are groups of n elements (the group >= n)
+                m.d.sync += [kv_lg.eq(Mux(wide_now, lg_now - lg, lg_now)),
+                             kv_gm.eq(Mux(wide_now, gm_now >> lg, gm_now))]
+        # A cycle's maximum over its lanes of 2|x| + (x < 0) (AbsMax's signs), px = 2M + t:
+        # M its largest |x| and t whether such an element is negative, so that its largest
+        # |x >> 1| is (M + t) >> 1 = (px + 1) >> 2 (a negative x's |x >> 1| is (|x| + 1) >> 1).
+        # A group's maximum of them gw; the cycle after its last, its M and (M + t) >> 1
+        # written.
+        part = u["absmax"].partial
+        px = part.x[:ACT_BITS + 1]
+        kv_p1 = part.valid & kv & kv_codes    # (pass 1's: only it feeds AbsMax)
+        kv_ci = Signal(VecBody["length"].width, reset_less=True)   # its cycles so far
+        gw = Signal(ACT_BITS + 1, reset_less=True)
+        g_end = Signal()
+        g_first = (kv_ci & kv_gm) == 0
+        m.d.sync += g_end.eq(kv_p1 & ((kv_ci & kv_gm) == kv_gm))
+        with m.If(kv_p1):
+            m.d.sync += [gw.eq(Mux(g_first | (px > gw), px, gw)), kv_ci.eq(kv_ci + 1)]
         m.submodules.kv_gmax = gmem = memory.Memory(shape=unsigned(2 * ACT_BITS - 1),
                                                     depth=depth, init=[])
         g_wr, g_rd = gmem.write_port(), gmem.read_port()
         g_at = Signal(len(g_wr.addr), reset_less=True)
-        with m.If(kv_p1):
-            m.d.sync += [g0.eq(g0n), g1.eq(g1n)]
         with m.If(g_end):
             m.d.sync += g_at.eq(g_at + 1)
-        m.d.comb += [g_wr.addr.eq(g_at), g_wr.en.eq(g_end), g_wr.data.eq(Cat(g0n, g1n))]
+        m.d.comb += [g_wr.addr.eq(g_at), g_wr.en.eq(g_end),
+                     g_wr.data.eq(Cat(gw[1:], ((gw + 1) >> 2)[:ACT_BITS - 1]))]
         # The per-row scalars' units' o.valid one cycle early (valid_ahead); for the group
         # memories' addresses and write enables a registered copy of Recip's, equal to its
         # o.valid (reset, as the unit's valid bits are), placed apart from the unit: the
@@ -858,7 +888,7 @@ class VectorEngine(wiring.Component):
         with m.If(feeding):
             m.d.sync += [kv_gi.eq(kv_gi + 1), kv_busy.eq(~g_last)]
         with m.If(~active):
-            m.d.sync += [g_at.eq(0), kv_rowr.eq(0), kv_busy.eq(0), kv_gi.eq(0)]
+            m.d.sync += [g_at.eq(0), kv_ci.eq(0), kv_rowr.eq(0), kv_busy.eq(0), kv_gi.eq(0)]
         # The group fed next cycle is read now (its data a cycle later): kv_gi + feeding,
         # which is kv_gi's next value. That address is a register, kept as kv_gi + feeding
         # from `feeding` one cycle ahead (Recip's valid ahead, kv_rowr's and kv_busy's next
@@ -974,14 +1004,15 @@ class VectorEngine(wiring.Component):
             | (is_[VecFunc.SOFTMAX] & (ahead["max"] | ahead["recip"]))
             | (is_[VecFunc.RMSNORM] & (ahead["absmax"] | ahead["rsqrt"])))
 
-        # -- REQUANT pass 2
-        feed(u["requant"], (p2 & rq_kv) | wf_p2, x=Mux(fold, wf, x),
-             r=Mux(kv & kv_codes, kv_rs.data[:len(r)], r),
-             sh=Mux(kv & kv_codes, kv_rs.data[len(r):], sh), s=Mux(fold, fs, shift),
-             four=kv, key=kv_codes)
+        # -- REQUANT pass 2 (a key row's KV4: its element's group's r2, sh2; n lanes, a laned
+        # KV4: a cycle's elements lie in one group, whose r2, sh2 every lane takes)
+        rq_r = Mux(kv & kv_codes, kv_rs.data[:len(r)], r)
+        rq_sh = Mux(kv & kv_codes, kv_rs.data[len(r):], sh)
+        feed(u["requant"], (p2 & rq_kv) | wf_p2, x=Mux(fold, wf, x), r=rq_r, sh=rq_sh,
+             s=Mux(fold, fs, shift), four=kv, key=kv_codes)
         for k, unit in enumerate(lanes("requant"), 1):
-            feed(unit, (p2 & is_[VecFunc.REQUANT]) | wf_p2, x=Mux(fold, wfs[k], xs[k]), r=r,
-                 sh=sh, s=Mux(fold, fs, shift), four=0, key=0)
+            feed(unit, (p2 & rq_kv) | wf_p2, x=Mux(fold, wfs[k], xs[k]), r=rq_r, sh=rq_sh,
+                 s=Mux(fold, fs, shift), four=kv, key=kv_codes)
         # -- SOFTMAX: masked Max; Exp into Sum (pass 2) or Scale(16) (pass 3)
         # (n lanes: every lane through its Exp and Scale(16), Max and Sum through their lane
         # trees; a lane past the row's end is masked: -ACT_MAX into Max, exponential 0)
@@ -1045,17 +1076,29 @@ class VectorEngine(wiring.Component):
                 s60, mes, mgs = unit("scale60"), unit("mul_es"), unit("mul_gs")
                 feed(s60, rc.o.valid & silu, x=1, r=rc.o.payload.r, sh=rc.o.payload.sh)
                 sig_pos = s60.o.payload.y
-                feed(mes, s60.o.valid, a=e_es, b=sig_pos)
+
+                def silu_mul(name, k=k):
+                    """The use of lane ``k``'s SiLU-gate Mul ``name`` (a use of another
+                    lane's Mul, _SILU_ON_LANES, or None: its own) and its results' valid."""
+                    if k == 0 and name in self._silu_hosts:
+                        return name, out_valid(name)
+                    return None, unit(name).o.valid
+
+                use_es, es_valid = silu_mul("mul_es")
+                use_gs, gs_valid = silu_mul("mul_gs")
+                feed(mes, s60.o.valid, use_es, a=e_es, b=sig_pos)
                 sig = Mux(g_gs[-1], mes.o.payload.y,
                           _delay(m, sig_pos, lat["mul_es"], f"silu_s{sfx}", data=True))
-                feed(mgs, mes.o.valid, a=g_gs, b=sig)
-                gates = [(mgs.o.valid, mgs.o.payload.y, u_mu)]
+                feed(mgs, es_valid, use_gs, a=g_gs, b=sig)
+                gates = [(gs_valid, mgs.o.payload.y, u_mu)]
             if gates:
                 g_valid, g_a, g_b = gates[0]
                 feed(unit("mul16"), (valid & mul) | g_valid, "mul16", a=Mux(mul, xs[k], g_a),
                      b=Mux(mul, bs[k], g_b))
             else:
-                feed(unit("mul16"), valid & mul, "mul16", a=xs[k], b=bs[k])
+                # (MUL's alone: while SILU_GATE runs this lane's Mul may be lane 0's
+                # SiLU-gate's, _SILU_ON_LANES)
+                feed(unit("mul16"), valid & mul, "mul16", mul, a=xs[k], b=bs[k])
         mul_last_a, mul_last = _delay_ahead(m, last & is_[VecFunc.MUL], lat["mul16"],
                                             "mul_last")
 
@@ -1191,11 +1234,10 @@ class VectorEngine(wiring.Component):
         # (n lanes: a cycle's n codes, lane k's in byte k of them; a laned row's lanes past
         # its end read 0 and give code 0, the zeros above its last code)
         codes = Cat(code, *(unit.o.payload.a.as_unsigned() for unit in lanes("requant")))
-        kw = max(1, n // nbytes)   # the words a cycle's codes fill
         if n < nbytes:
             word = packed | (codes << (byte * 8))[:8 * nbytes]
             word_full = rq.valid & ~kv & ((byte == nbytes - n) | code_last)
-        else:   # every cycle's codes fill kw words: no packing register
+        else:   # every cycle's codes fill n / 4 words: no packing register
             word = codes
             word_full = rq.valid & ~kv
         amax_write = Signal()
@@ -1206,21 +1248,31 @@ class VectorEngine(wiring.Component):
         with m.If(~active):
             m.d.sync += [packed.eq(0), byte.eq(0)]
         # KV4: nibbles packed eight to a word; then a key row's code words (read two cycles
-        # ahead and registered out of their block RAM), then amax
+        # ahead and registered out of their block RAM), then amax. (n lanes, a laned KV4: a
+        # cycle's n nibbles, lane k's in nibble k of them, into the word being packed, n <= 8,
+        # or filling n / 8 words a cycle, written as REQUANT's codes; a laned row's lanes
+        # past its end give nibble 0, the zeros above its last.)
         nib_last = code_last
+        per = KV4_NIBBLES_PER_WORD
+        nibs = Cat(code[:4], *(unit.o.payload.a[:4] for unit in lanes("requant")))
+        packs = n <= per                       # every KV4's nibbles packed into n_pk
+        n_inc = inc if packs and n > 1 else 1  # the nibbles a cycle packed
         n_pk = Signal(8 * nbytes, reset_less=True)
-        n_lane = Signal(range(KV4_NIBBLES_PER_WORD), reset_less=True)
-        n_word = n_pk | (code[:4] << (n_lane * 4))[:8 * nbytes]
-        n_full = rq.valid & kv & ((n_lane == KV4_NIBBLES_PER_WORD - 1) | nib_last)
-        with m.If(rq.valid & kv):
-            m.d.sync += [n_pk.eq(Mux(n_full, 0, n_word)), n_lane.eq(Mux(n_full, 0, n_lane + 1))]
+        n_lane = Signal(range(per), reset_less=True)
+        n_word = n_pk | ((nibs if packs else code[:4]) << (n_lane * 4))[:8 * nbytes]
+        n_pack = rq.valid & kv & (1 if packs else ~wide)
+        n_full = n_pack & ((n_lane == per - n_inc) | nib_last)
+        with m.If(n_pack):
+            m.d.sync += [n_pk.eq(Mux(n_full, 0, n_word)),
+                         n_lane.eq(Mux(n_full, 0, n_lane + n_inc))]
+        n_done = rq.valid & kv & nib_last     # the row's last nibbles written now
         k_tail = Signal()
         k_t = Signal(len(c_rd.addr), reset_less=True)
         t_last = k_tail & (k_t == (kv_glast >> 2))    # ceil(groups / 4) - 1
         k_amax = Signal()
-        k_amax_a = (n_full & nib_last & ~kv_codes) | t_last
+        k_amax_a = (n_done & ~kv_codes) | t_last
         m.d.sync += k_amax.eq(k_amax_a)
-        with m.If(n_full & nib_last):
+        with m.If(n_done):
             m.d.sync += k_tail.eq(kv_codes)
         with m.If(k_tail):
             m.d.sync += [k_t.eq(k_t + 1), k_tail.eq(~t_last)]
@@ -1231,7 +1283,7 @@ class VectorEngine(wiring.Component):
         # and the VOUT write multiplexer lie in different cycles. (The last code word was
         # written Requant's latency and more before: pass 2 starts after the last group's
         # reciprocal.)
-        k_go = n_full & nib_last & kv_codes           # k_tail's first cycle next
+        k_go = n_done & kv_codes                      # k_tail's first cycle next
         k_go_a = code_last_a & kv & kv_codes          # k_go next cycle
         c_ra = Signal.like(c_rd.addr, name="kv_c_ra", reset_less=True)
         c_q = Signal.like(c_rd.data, name="kv_cq", reset_less=True)
@@ -1271,9 +1323,11 @@ class VectorEngine(wiring.Component):
         else:
             word_en = early("codes", rq_a & ~kv)
         lane_next = Mux(~active, 0,
-                        Mux(rq.valid & kv, Mux(n_full, 0, n_lane + 1), n_lane))[:len(n_lane)]
-        nib_en = early("nibbles", rq_a & kv & ((lane_next == KV4_NIBBLES_PER_WORD - 1)
-                                               | code_last_a))
+                        Mux(n_pack, Mux(n_full, 0, n_lane + n_inc), n_lane))[:len(n_lane)]
+        nib_en = early("nibbles", rq_a & kv & (1 if packs else ~wide)
+                       & ((lane_next == per - n_inc) | code_last_a))
+        # (n > 8 lanes: a laned KV4's n / 8 words a cycle, as REQUANT's codes)
+        nib_words = [] if packs else [(early("nibble_words", rq_a & kv & wide), nibs, per)]
         if n == 1:
             mul16 = [(unit_en("mul16"), u["mul16"].o.payload.y, mul_last | s_last)]
         elif self._cfg.vector_laned_silu:   # MUL's or SILU_GATE's lanes
@@ -1300,6 +1354,7 @@ class VectorEngine(wiring.Component):
             (unit_en("dequant_factor", (ch, "ch")), u["dequant_factor"].o.payload.word,
              ch_last),
             (nib_en, n_word, 0),
+            *((en, value, 0) for en, value, _ in nib_words),
             (k_amax, amax, 1),
         ]
         sources.insert(0, (k_tail, c_q, 0))
@@ -1313,8 +1368,8 @@ class VectorEngine(wiring.Component):
             dst_step = step
         else:
             write, dst_step = self._write_lanes(
-                m, sources, dst=dst, step=step, tail=tail, wide=wide, code_last=code_last,
-                codes=(word_en, word, kw), length=length)
+                m, sources, dst=dst, step=step, tail=tail, code_last=code_last,
+                packed=[(word_en, word, nbytes), *nib_words], length=length)
         # `done` is the OR of each source's enable and last (Cat(en & end ...).any()), which
         # the sequencer and the event unit read across the die in the same cycle: it is
         # registered from each source's (en & end) one cycle ahead instead. Each `end`
@@ -1342,39 +1397,42 @@ class VectorEngine(wiring.Component):
         _feed_units()
         return m
 
-    def _write_lanes(self, m, sources, *, dst, step, tail, wide, code_last, codes, length):
+    def _write_lanes(self, m, sources, *, dst, step, tail, code_last, packed, length):
         """The VOUT write of an engine of ``n > 1`` lanes: ``(write, dst_step)``.
 
         ``sources`` are ``(enable, data, last)`` with ``data`` one word, written to the lane
         of ``dst`` (an element address), or a list of ``n`` (a laned sub-op's results,
         ``dst`` aligned, the lanes past the row's end, ``tail``, kept in its last write);
-        ``codes``' ``(enable, word, kw)`` are REQUANT's and FOLD's packed codes, ``kw``
-        words a write (one, or a cycle's ``n`` codes, four to a word, the row's last write
-        only its words).
+        ``packed``' ``(enable, word, per)`` name the sources of packed codes, ``per`` to a
+        word (REQUANT's and FOLD's bytes, KV4's nibbles): ``kw = n / per`` words a write
+        where that is more than one (a cycle's ``n`` codes, at ``dst``, a multiple of
+        ``kw``, which steps by ``kw``; the row's last write, ``code_last``, only its words),
+        else one word as the others.
         """
         n = self._lanes
         lg = n.bit_length() - 1
         ew = 8 * VECTOR_WORD_BYTES
-        code_en, code_word, kw = codes
         at = dst[:lg]
         one_hot = Cat(at == j for j in range(n))
-        if kw == 1:
-            code_lanes = one_hot
-            tail_words = 1
-        else:   # kw-word groups at dst (a multiple of kw): the row's last has its words
+        words = {}    # a packed source's enable -> (its values a lane, its lanes' mask)
+        dst_step = step
+        for code_en, code_word, per in packed:
+            kw = n // per
+            if kw < 2:
+                continue
             lkw = kw.bit_length() - 1
-            last_w = (length - 1)[:lg] >> (VECTOR_WORD_BYTES.bit_length() - 1)
-            words = Mux(code_last, Cat(last_w >= j for j in range(kw)), Const((1 << kw) - 1, kw))
-            code_lanes = Cat(words[j % kw] & (at[lkw:] == j // kw) for j in range(n))
-            tail_words = last_w + 1
+            last_w = (length - 1)[:lg] >> (per.bit_length() - 1)
+            mine = Mux(code_last, Cat(last_w >= j for j in range(kw)), Const((1 << kw) - 1, kw))
+            words[id(code_en)] = ([code_word.word_select(j % kw, ew) for j in range(n)],
+                                  Cat(mine[j % kw] & (at[lkw:] == j // kw) for j in range(n)))
+            dst_step = Mux(code_en, Mux(code_last, last_w + 1, kw), dst_step)
         full = Const((1 << n) - 1, n)
         en = Const(0, n)
         lane_data = [Signal(ew, name=f"vout_l{j}") for j in range(n)]
         data = [0] * n
         for src_en, value, last in reversed(sources):
-            if src_en is code_en:
-                vals = [code_word.word_select(j % kw, ew) for j in range(n)]
-                mask = code_lanes
+            if id(src_en) in words:
+                vals, mask = words[id(src_en)]
             elif isinstance(value, list):
                 vals, mask = value, Mux(last, tail, full)
             else:
@@ -1385,7 +1443,6 @@ class VectorEngine(wiring.Component):
         m.d.comb += [self.vout_wr.addr.eq(dst[lg:]), self.vout_wr.en.eq(en),
                      self.vout_wr.data.eq(Cat(lane_data))]
         write = Cat(src_en for src_en, _, _ in sources).any()
-        dst_step = step if kw == 1 else Mux(code_en & code_last, tail_words, step)
         return write, dst_step
 
 

@@ -9,7 +9,7 @@ after the row's last element (:data:`hw.timing.VECTOR_LATENCY`).
 
 from __future__ import annotations
 
-from amaranth import Mux, Shape, signed, unsigned
+from amaranth import Cat, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data
 
 from hw.numerics import ACT_BITS, ACT_FRAC
@@ -203,32 +203,51 @@ class AbsMax(ReductionUnit):
     lanes:
         Elements a cycle (a power of two): ``x`` is an array of them (a laned row's cycle,
         :func:`hw.timing.vec_lane_tree`; a lane past the row's end must hold 0).
+    signs:
+        Every magnitude carries its element's sign below it, ``2 |x| + (x < 0)``, and the
+        maxima are of these (a bit wider): the result is ``2 max|x| + t``, ``t`` whether an
+        element of the largest magnitude is negative, from which ``max |x >> 1|`` follows
+        (``(max|x| + t) >> 1``: KV4's shifted rows, :func:`hw.numerics.vec_kv4_rows`).
 
     Members
     -------
     i: In(stream.Signature(row_layout(shape or ArrayLayout(shape, lanes))))
-    o: Out(stream.Signature(StructLayout({"y": unsigned(shape.width)})))
+    o: Out(stream.Signature(StructLayout({"y": unsigned(shape.width [+ 1 with signs])})))
+    partial: Out(StructLayout({"valid": 1, "x": unsigned(...)}))
+        Each cycle's maximum of its lanes (past the lane tree: one lane's magnitude with one
+        lane) as the row's maximum takes it, ``valid`` with an element; while ``o`` is never
+        stalled, ``latency - 1`` cycles after the element was accepted (the maxima of a
+        row's parts: KV4's groups).
     """
 
     NAME = "absmax"
 
-    def __init__(self, shape: Shape = ACT, lanes: int = 1):
+    def __init__(self, shape: Shape = ACT, lanes: int = 1, signs: bool = False):
         shape = _check(shape, 1)
         if not shape.signed:
             raise ValueError(f"abs-max takes signed elements, got {shape!r}")
         self._lanes = _lanes(lanes)
-        self._out = unsigned(shape.width)
+        self._signs = bool(signs)
+        self._out = unsigned(shape.width + self._signs)
         super().__init__(row_layout(_lane_input(shape, lanes)),
                          data.StructLayout({"y": self._out}))
+        self.partial = Signal(data.StructLayout({"valid": 1, "x": self._out}))
 
     def _stages(self):
         n = self._lanes
 
+        def magnitude(x):
+            a = Mux(x[-1], -x, x)
+            return Cat(x[-1], a) if self._signs else a
+
         def s1(m, v):
             xs = [v.x] if n == 1 else [v.x[k] for k in range(n)]
-            return {**{name: (Mux(x[-1], -x, x), self._out)
+            return {**{name: (magnitude(x), self._out)
                        for name, x in zip(_lane_names(n), xs, strict=True)}, "last": v.last}
         return [s1, *lane_tree(lambda a, b: Mux(a > b, a, b), self._out, n)]
+
+    def _elements(self, m, valid, v):
+        m.d.comb += [self.partial.valid.eq(valid), self.partial.x.eq(v.x)]
 
     def _state(self):
         return {"y": self._out}

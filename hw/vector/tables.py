@@ -28,6 +28,7 @@ from hw.numerics import (
     round_shift as np_round_shift,
 )
 from hw.vector.base import (
+    MULT_CHUNK,
     PipelineUnit,
     dsp_product,
     normalise_levels,
@@ -87,6 +88,16 @@ def _normalise_stages():
         return stage
 
     return [first, *(step(levels) for levels in groups[1:])]
+
+
+def _exp_operand_bits(k_max: int) -> int:
+    """The fewest signed bits ``b`` of :class:`Exp`'s ``d`` (at least two multiplier chunks'
+    worth, one and a sign) such that ``d = -2**(b - 1)``, and so every smaller ``d``, has
+    ``k = ((d * LOG2E_Q) >> 16) >> 16 <= k_max``."""
+    bits = MULT_CHUNK + 1
+    while (((-(1 << (bits - 1))) * LOG2E_Q) >> CONST_FRAC) >> ACT_FRAC > k_max:
+        bits += 1
+    return bits
 
 
 class Recip(PipelineUnit):
@@ -220,21 +231,25 @@ class Exp(PipelineUnit):
     feeds ``(x, max)``; the SiLU-gate ``(min(g, 0), max(g, 0))``, whose difference is
     ``-|g|``. ``P_BITS`` below is the bit length of the largest ``p`` the table allows.
 
-    Pipeline::
+    Pipeline (``D`` the fewest bits of ``d`` below whose range every result is 0: 21 for
+    ``frac`` 16, 22 for 30; ``d`` is clamped to ``-2**(D - 1)``, whose result is 0 too)::
 
-        1  d = a - b                                    33 bits
-        2  d[0:17] * LOG2E_Q, d[17:33] * LOG2E_Q        partial products
+        1  d = max(a - b, -2**(D - 1))                  D bits
+        2  d[0:17] * LOG2E_Q, d[17:D] * LOG2E_Q         partial products, the second a
+                                                        table of the 2**(D - 17) values
         3  u = (d * LOG2E_Q) >> 16                      their sum, flooring
-        4  k = u >> 16, f = u & 0xFFFF; t = EXP2_LUT[f >> 10], lo = f & 0x3FF;
-           s = min(16 - frac - k, P_BITS + 1)           (any larger shift gives 0 as well)
-        5  tl = t * lo                                  17 x 10 bits
-        6  tl[0:17] * LN2_Q, tl[17:27] * LN2_Q          partial products
-        7  p = t + round_shift(q, 32), q = tl * LN2_Q   (their sum), in [2**16, 2**P_BITS)
+        4  k = u >> 16, f = u & 0xFFFF; t = EXP2_LUT[f >> 10], tL = t * LN2_Q (a table
+           beside it), lo = f & 0x3FF; s = min(16 - frac - k, P_BITS + 1)
+                                                        (any larger shift gives 0 as well)
+        5  lo * tL[0:17], lo * tL[17:33]                partial products
+        6  q >> 31, q = tL * lo = t * lo * LN2_Q        their sum
+        7  p = t + round_shift(q, 32)                   in [2**16, 2**P_BITS)
         8  w = (2 * p) >> s, or 2 * (p << -s) when frac > 16 and s < 0
         9  y = (w + 1) >> 1                             round_shift(p, s)
 
-    Cost: five 18x18 multipliers (two for ``d * LOG2E_Q``, one for ``t * lo``, two for
-    ``tl * LN2_Q``), the table (64 words of 17 bits) and a rounding shifter of ``p``.
+    Cost: three 18x18 multipliers (one for ``d * LOG2E_Q``, two for ``tL * lo``), the
+    tables (64 words of 17 and of 33 bits, 16 or 32 of ``d``'s high products) and a
+    rounding shifter of ``p``.
 
     Parameters
     ----------
@@ -291,11 +306,27 @@ class Exp(PipelineUnit):
         def carry(v):
             return {"mode": v.mode} if several else {}
 
+        # d * LOG2E_Q: every d below -2**(d_keep - 1) gives 0 (k <= offset - s_max: the
+        # shift s_max of p < 2**P_BITS), as -2**(d_keep - 1) does, so d is clamped to it as
+        # it is formed (no logic before the multiplier): its low MULT_CHUNK bits on one
+        # multiplier, the few above them a table of their products.
+        d_keep = _exp_operand_bits(min(offsets) - s_max)
+        hi_bits = d_keep - MULT_CHUNK
+        hi_signed = [(h - (h >> (hi_bits - 1) << hi_bits)) * LOG2E_Q for h in range(1 << hi_bits)]
+        hi_shape = signed_range(min(hi_signed), max(hi_signed))
+        hi_products = [x % (1 << hi_shape.width) for x in hi_signed]
+
         def s1(m, v):
-            return {"d": (v.a - v.b, signed(d_bits)), **carry(v)}
+            d = (v.a - v.b).as_signed()
+            clamp = d[-1] & ~d[d_keep - 1:].all()
+            return {"d": (Mux(clamp, -(1 << (d_keep - 1)), d[:d_keep].as_signed()),
+                          signed(d_keep)), **carry(v)}
 
         def s2(m, v):
-            return {**partial_products(Const(LOG2E_Q), v.d), **carry(v)}
+            lo, hi = v.d[:MULT_CHUNK], v.d[MULT_CHUNK:]
+            hi_product = rom(m, "log2e_hi", hi_products, hi).as_signed()
+            return {"pp0": dsp_product(lo * LOG2E_Q), "pp1": (hi_product, hi_shape),
+                    **carry(v)}
 
         def s2b(m, v):
             return {"u": (sum_partial_products(v) >> CONST_FRAC, signed(u_bits)), **carry(v)}
@@ -304,6 +335,7 @@ class Exp(PipelineUnit):
             k = v.u[ACT_FRAC:].as_signed()
             f = v.u[:ACT_FRAC]
             t = rom(m, "exp2_lut", EXP2_LUT, f[lo_bits:])
+            t_ln2 = rom(m, "exp2_ln2_lut", EXP2_LUT * LN2_Q, f[lo_bits:])
             # min(16 - frac - k, s_max): a compare of k with a constant beside a subtraction
             # as narrow as the result (which fits it whenever it is selected).
             big = [k < o - s_max for o in offsets]
@@ -313,22 +345,26 @@ class Exp(PipelineUnit):
             else:
                 big, offset = big[0], offsets[0]
             s_narrow = offset - k[:s_shape.width].as_signed()
-            return {"t": (t, unsigned(p_bits)), "lo": f[:lo_bits],
+            return {"t": (t, unsigned(p_bits)), "t_ln2": t_ln2, "lo": f[:lo_bits],
                     "s": (Mux(big, s_max, s_narrow), s_shape)}
 
+        # q = t * lo * LN2_Q as (t * LN2_Q, a table beside t's) * lo: two multipliers for
+        # the 10 x 33 bits, not one for t * lo and two for its 27 x 16-bit product
         def s4(m, v):
-            return {"tl": dsp_product(v.t * v.lo, unsigned(tl_bits)), "t": v.t, "s": v.s}
-
-        def s5(m, v):
-            return {**partial_products(Const(LN2_Q), v.tl), "t": v.t, "s": v.s}
+            return {**partial_products(v.lo, v.t_ln2), "t": v.t, "s": v.s}
 
         q_shift = ACT_FRAC + CONST_FRAC
+
+        def s5(m, v):
+            # only q's bits from 31 up: p's rounding below reads no other
+            q = sum_partial_products(v)
+            return {"q": (q >> (q_shift - 1), unsigned(tl_bits + CONST_FRAC - q_shift + 1)),
+                    "t": v.t, "s": v.s}
 
         def s6(m, v):
             # t + round_shift(q, 32) is (2t + 1 + (q >> 31)) >> 1 (nested floors; 2t even):
             # the rounding constant is the low bit beside t, two adders in series, not three.
-            q = sum_partial_products(v)
-            p = (Cat(Const(1, 1), v.t) + (q >> (q_shift - 1))) >> 1
+            p = (Cat(Const(1, 1), v.t) + v.q) >> 1
             return {"p": (p, unsigned(p_bits)), "s": v.s}
 
         left = frac - ACT_FRAC

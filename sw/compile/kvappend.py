@@ -93,6 +93,7 @@ from hw.isa import (
     kv4_imm,
     program_words,
     vec_out_words,
+    vec_unaligned,
 )
 from hw.numerics import KV4_NIBBLES_PER_WORD
 from sw.compile.errors import LoweringError
@@ -422,6 +423,12 @@ def schedule_kv_append(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int,
         vecs = [(Vec(func=quantize[kind][0], a_addr=i * rb * per + j * d, length=d,
                      dst_addr=(2 * j + i) * cw * per, imm=quantize[kind][1]), None)
                 for j in range(m) for i, kind in enumerate("kv")]
+        for v, _ in vecs:   # (a head's row, head_dim words after the one before)
+            if vec_unaligned(v.func.value, v.a_addr, v.b_addr, v.dst_addr, cfg.vector_lanes,
+                             cfg.vector_laned_silu):
+                raise LoweringError(f"the KV append's {v.func.name} of a kv head's row at "
+                                    f"element {v.a_addr} (head_dim={d}) is not on a group of "
+                                    f"the vector engine's {cfg.vector_lanes} lanes")
         stores = [(Store(spad=Spad.VOUT, spad_addr=0, dram_addr=scratch + 2 * h0 * cw,
                          rows=1, row_beats=2 * m * cw), None)]
         if moved:

@@ -320,16 +320,20 @@ def _wait_for(path: Path, timeout_s: float = 20) -> None:
 
 
 
-def test_another_router_is_in_the_command_the_key_and_the_report(tmp_path, fake_tools):
-    """The default router adds nothing to nextpnr's command (the board's key stays); another
-    is passed to nextpnr, changes the key and is reported."""
+@pytest.mark.parametrize("option, default, other, bad",
+                         [("router", "router1", "router2", "router3"),
+                          ("placer", "heap", "static", "sa2")])
+def test_another_router_or_placer_is_in_the_command_the_key_and_the_report(
+        tmp_path, fake_tools, option, default, other, bad):
+    """The default router and placer add nothing to nextpnr's command (the board's key stays);
+    another is passed to nextpnr, changes the key and is reported."""
     platform = ECPIX585Platform()
-    assert "--router" not in board_build._nextpnr_cmd(platform, 1)
-    assert board_build._nextpnr_cmd(platform, 1, "router2")[-2:] == ["--router", "router2"]
-    default = _build(tmp_path)
-    other = board_build.build(AcceleratorConfig(), "default", ECPIX5, out=tmp_path / "out2",
-                              work=tmp_path / "work2", verbose=False, router="router2")
-    assert (default["router"], other["router"]) == ("router1", "router2")
-    assert default["cache_key"] != other["cache_key"]
-    with pytest.raises(ValueError, match="router must be one of"):
-        board_build.build(AcceleratorConfig(), "default", ECPIX5, router="router3")
+    assert f"--{option}" not in board_build._nextpnr_cmd(platform, 1)
+    assert board_build._nextpnr_cmd(platform, 1, **{option: other})[-2:] == [f"--{option}", other]
+    first = _build(tmp_path)
+    second = board_build.build(AcceleratorConfig(), "default", ECPIX5, out=tmp_path / "out2",
+                               work=tmp_path / "work2", verbose=False, **{option: other})
+    assert (first[option], second[option]) == (default, other)
+    assert first["cache_key"] != second["cache_key"]
+    with pytest.raises(ValueError, match=f"{option} must be one of"):
+        board_build.build(AcceleratorConfig(), "default", ECPIX5, **{option: bad})

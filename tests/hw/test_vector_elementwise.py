@@ -217,6 +217,32 @@ def test_a_scale_of_several_fracs_is_each_of_them():
     assert (sh < f).any() and (sh > f).any()   # both directions of the shift covered
     check_latency(run_unit(unit, els), timing.VECTOR_LATENCY["scale"])
 
+def test_a_scale_saturates_exactly_at_the_edges():
+    """Products whose rounded shift lands on, beside and past the 32-bit saturation bounds,
+    at every shift a table result gives (``sh`` from ``SH_MIN`` up), for each ``frac`` of the
+    engine's shared ``Scale``: its last stage reads whether ``p``'s bits that land at
+    ``2**32`` and above are all its sign from a mask of the shift, not from a full-width
+    ``w``."""
+    from hw.vector.dequant import DEQUANT_SCALE_FRAC
+    from hw.vector.tables import SH_BITS, SH_MIN
+    fracs = (ACT_FRAC, NORM_FRAC, DEQUANT_SCALE_FRAC)
+    rng = np.random.default_rng(13)
+    els, want = [], []
+    for k, frac in enumerate(fracs):
+        for sh in range(SH_MIN, 1 << SH_BITS):
+            s = sh - frac
+            for target in (ACT_MAX - 1, ACT_MAX, ACT_MAX + 1, -ACT_MAX, -ACT_MAX - 1,
+                           -ACT_MAX - 2):
+                r = int(rng.integers(1 << 15, (1 << 16) + 1))
+                x0 = round(target * 2.0 ** s / r)
+                for x in {min(max(x0 + d, -ACT_MAX - 1), ACT_MAX) for d in (-1, 0, 1)}:
+                    els.append({"x": x, "r": r, "sh": sh, "mode": k})
+                    want.append(saturate(round_shift(np.int64(x) * r, s)))
+    y = run_unit(Scale(fracs), els).field("y")
+    assert np.array_equal(y, np.array(want, dtype=np.int64))
+    assert {ACT_MAX, -ACT_MAX, ACT_MAX - 1, -ACT_MAX + 1} <= set(y.tolist())
+
+
 def requant_elements(rows_, x_bits):
     """Each row's elements with its ``(r, sh, s)`` as the INT8 requantisation sequence
     computes them (hw/vector/__init__.py), and the expected codes."""

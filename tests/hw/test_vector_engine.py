@@ -49,6 +49,8 @@ from hw.isa import (
     insert_geometry,
     insert_imm,
     insert_laned,
+    kv4_imm,
+    kv4_laned,
     laned_vec_funcs,
     legal_words,
     program_words,
@@ -499,7 +501,8 @@ def _aligned(v: Vec, cfg: AcceleratorConfig) -> Vec:
     """``v`` with its rows moved down to multiples of ``cfg``'s lanes where it is a laned
     sub-op (the dispatch rule, :func:`hw.isa.vec_unaligned`)."""
     mask = ~(cfg.vector_lanes - 1)
-    if v.func in (VecFunc.INSERT, VecFunc.INSERT4):   # its code words anywhere
+    if v.func in (VecFunc.INSERT, VecFunc.INSERT4, VecFunc.KV4):   # (INSERT's code words
+        # anywhere; KV4 reads no b)
         return dataclasses.replace(v, a_addr=v.a_addr & mask, dst_addr=v.dst_addr & mask)
     if v.func not in (*laned_vec_funcs(cfg), VecFunc.ROPE):   # ROPE: its table too
         return v
@@ -575,7 +578,7 @@ def test_a_laned_insert_and_the_one_lane_sub_ops_on_lanes(lanes):
                                 dst_addr=lanes * int(rng.integers(0, 16 // lanes))))
     assert laned == 3 * 2 * (2 * lanes + 2)   # the last geometry of each row: one lane
     for func, imm in ((VecFunc.ARGMAX, 0), (VecFunc.SILU_GATE, 0),
-                      (VecFunc.CHANNEL, random_channel_word(rng)), (VecFunc.KV4, 0)):
+                      (VecFunc.CHANNEL, random_channel_word(rng))):
         for length in (1, lanes + 1, 24):
             out = int(vec_out_words(func.value, length, imm or 0))
             vecs.append(Vec(func=func, length=length, imm=imm,
@@ -614,6 +617,64 @@ def test_every_laned_sub_op_on_lanes(lanes):
                    }.get(func, 0)
             vecs.append(Vec(func=func, length=length, imm=imm, a_addr=lanes * 3,
                             b_addr=VIN - 48, dst_addr=lanes * int(rng.integers(0, 16 // lanes))))
+    _check_against_the_models(vin, vecs, [0] * len(vecs), cfg)
+
+
+@pytest.mark.parametrize("lanes", [2, pytest.param(16, marks=pytest.mark.slow)])
+def test_kv4_on_lanes(lanes):
+    """KV4 on an engine of ``lanes`` (16, slow: two words of nibbles a cycle, as DDR4-class's
+    32 lanes write four): value rows of 1 to ``lanes + 1`` elements and a long one, key rows
+    of groups of the lanes or more (:func:`hw.isa.kv4_laned`: a cycle's elements in one
+    group) and of fewer (one element a cycle); rows of zeros and rows holding ``-2**31``
+    (the row's shift ``s`` 1, the groups' maxima of ``|x >> 1|``), aligned: cycles and VOUT
+    exact."""
+    cfg = _wide_cfg(lanes)
+    rng = np.random.default_rng(70 + lanes)
+    vin = _random_vin(rng)
+    vin[:2 * lanes] = 0
+    vin[2 * lanes:4 * lanes:3] = -2**31
+    shapes = [*((length, None) for length in (1, 2, lanes - 1, lanes + 1, 40)),
+              (2 * lanes, lanes), (4 * lanes, 2 * lanes), (2 * lanes, lanes // 2), (48, 16),
+              (32, 32), (24, 8)]
+    vecs = []
+    for length, group in shapes:
+        imm = kv4_imm(group)
+        words = int(vec_out_words(VecFunc.KV4.value, length, imm))
+        for a in (2 * lanes * int(rng.integers(0, 2)),   # zeros, or -2**31 in the row
+                  lanes * int(rng.integers(0, (VIN - length) // lanes + 1))):
+            if a + length <= VIN:
+                vecs.append(Vec(func=VecFunc.KV4, length=length, imm=imm, a_addr=a,
+                                dst_addr=lanes * int(rng.integers(0, (VOUT - words) // lanes + 1))))
+    assert all(dispatch_error(v, cfg) == ErrorCode.NONE for v in vecs)
+    laned = [bool(kv4_laned(v.func.value, v.imm, lanes)) for v in vecs]
+    assert any(laned) and not all(laned)
+    _check_against_the_models(vin, vecs, [int(rng.choice([0, 0, 2])) for _ in vecs], cfg)
+
+
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_the_silu_gates_muls_on_other_lanes_back_to_back(lanes):
+    """Without ``vector_laned_silu`` the SiLU-gate's two ``Mul(30)`` are lanes 1 and 2's
+    shared ``Mul`` (hw.vector.engine._SILU_ON_LANES): SILU_GATE back to back, no gap, with
+    each other use of those units (MUL's, RMSNORM's, FOLD's and ROPE's lanes) before and
+    after it, on rows of one to two groups and more: cycles and VOUT exact."""
+    cfg = VCFG.replace(vector_lanes=lanes)
+    assert VecFunc.SILU_GATE not in laned_vec_funcs(cfg)
+    rng = np.random.default_rng(70 + lanes)
+    vin = _random_vin(rng)
+    others = [Vec(func=VecFunc.MUL, a_addr=0, b_addr=2 * lanes, length=3 * lanes + 1,
+                  dst_addr=0),
+              Vec(func=VecFunc.RMSNORM, a_addr=lanes, b_addr=0, length=2 * lanes,
+                  dst_addr=lanes, imm=norm_eps(1e-5, 2 * lanes)),
+              Vec(func=VecFunc.FOLD, a_addr=0, b_addr=lanes, length=lanes + 1, dst_addr=0),
+              Vec(func=VecFunc.ROPE, length=8 * lanes, imm=rope_imm(2 * lanes, 4), a_addr=0,
+                  b_addr=VIN - lanes, dst_addr=0)]
+    vecs = []
+    for other in others:
+        length = int(rng.integers(1, 3 * lanes))
+        vecs += [Vec(func=VecFunc.SILU_GATE, a_addr=int(rng.integers(0, VIN - length)),
+                     b_addr=int(rng.integers(0, VIN - length)), length=length,
+                     dst_addr=int(rng.integers(0, VOUT - length))), other]
+    vecs.append(dataclasses.replace(vecs[0], dst_addr=VOUT - vecs[0].length))
     _check_against_the_models(vin, vecs, [0] * len(vecs), cfg)
 
 

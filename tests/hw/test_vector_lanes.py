@@ -24,7 +24,9 @@ from hw.isa import (
     dispatch_errors,
     insert_imm,
     insert_laned,
+    kv4_group,
     kv4_imm,
+    kv4_laned,
     laned_vec_funcs,
     program_words,
     rope_geometry,
@@ -113,9 +115,10 @@ def test_rtl_engine_builds_lanes(lanes):
     for name in ("mul16", "mul_fold", "mul_code", "rope", "scale16", "scale30", "scale31",
                  "exp30"):
         assert name not in units
-    for name in ("recip", "rsqrt", "argmax"):
+    for name in ("recip", "rsqrt", "argmax", "absmax"):
         assert name in units and f"{name}_l1" not in units
-    assert ("absmax_kv" in units) == (lanes > 1)   # KV4's one-lane AbsMax (no lane tree)
+    # one AbsMax, KV4's too (its maxima with the signs below them: its groups' |x >> 1|)
+    assert units["absmax"].o.payload.y.shape().width == FOLD_BITS + 1
 
 
 def test_laned_silu_is_a_validated_field():
@@ -140,12 +143,18 @@ def test_laned_silu_is_a_validated_field():
 def test_rtl_engine_builds_silu_lanes(lanes):
     """With ``vector_laned_silu`` every lane has the SiLU-gate's chain (its own Recip beside
     lane 0's shared one, its SOFTMAX Exp shared with its ``Exp(30)``); without, only lane 0
-    has it."""
+    has it, and its two ``Mul(30)`` are lanes 1 and 2's shared ``Mul`` where the engine has
+    them (their mode ``mul_w`` is ``Mul(30)``'s rounding)."""
     for silu in (False, True):
-        units = VectorEngine(_cfg(lanes).replace(vector_laned_silu=silu))._units
+        engine = VectorEngine(_cfg(lanes).replace(vector_laned_silu=silu))
+        units = engine._units
+        hosted = {} if silu else {"mul_es": "mul_l1", "mul_gs": "mul_l2"}
+        hosted = {name: host for name, host in hosted.items() if host in units}
+        assert engine._silu_hosts == hosted and len(hosted) == (0 if silu else min(2, lanes - 1))
+        assert units["mul"].modes[1] == (NORM_FRAC, ACT_BITS)   # mul_w: Mul(NORM_FRAC)'s
         for name in ("recip", "scale60", "mul_es", "mul_gs"):
             count = sum(k == name or k.startswith(f"{name}_l") for k in units)
-            assert count == (lanes if silu else 1), (name, silu)
+            assert count == (lanes if silu else 0 if name in hosted else 1), (name, silu)
         for k in range(1, lanes):
             assert units[f"exp_l{k}"].fracs == ((ACT_FRAC, NORM_FRAC) if silu else (ACT_FRAC,))
 
@@ -153,18 +162,18 @@ def test_rtl_engine_builds_silu_lanes(lanes):
 # ---------------------------------------------------------------------- the lane table
 def _laned(func: VecFunc, imm: int, lanes: int) -> bool:
     return (func in LANED_VEC_FUNCS or bool(insert_laned(func.value, imm, lanes))
-            or bool(rope_laned(func.value, imm, lanes)))
+            or bool(rope_laned(func.value, imm, lanes)) or bool(kv4_laned(func.value, imm, lanes)))
 
 
 @pytest.mark.parametrize("lanes", LANES)
 def test_lane_table(lanes):
     """``vec_lanes`` is the lanes for the table's sub-ops and 1 for the others (an INSERT of
-    several codes a word apart: one; a ROPE of this ``imm``, heads of 2048 elements: laned),
-    on ints and arrays alike."""
+    several codes a word apart: one; a ROPE of this ``imm``, heads of 2048 elements, and a
+    KV4, a value row: laned), on ints and arrays alike."""
     imm = insert_imm(0, 3, 1, 4)
-    assert rope_geometry(imm)[0] == 2048
+    assert rope_geometry(imm)[0] == 2048 and kv4_group(imm) is None
     funcs = np.array([f.value for f in VecFunc])
-    want = [lanes if f in LANED_VEC_FUNCS or f == VecFunc.ROPE else 1 for f in VecFunc]
+    want = [lanes if f in (*LANED_VEC_FUNCS, VecFunc.ROPE, VecFunc.KV4) else 1 for f in VecFunc]
     assert [int(vec_lanes(f.value, lanes, imm)) for f in VecFunc] == want
     assert vec_lanes(funcs, lanes, np.full(funcs.shape, imm)).tolist() == want
 
@@ -238,12 +247,14 @@ def test_command_lanes_is_the_lane_table(lanes, silu):
     rng = np.random.default_rng(lanes + silu)
     imms = ([insert_imm(*g) for g, _ in INSERT_SPANS]
             + [rope_imm(d, 3) for d in (0, 2, 4, 6, 64, 96, 128)]
+            + [kv4_imm(g) for g in (None, 1, 2, 4, 8, 32)]
             + [int(v) for v in rng.integers(0, 2**40, 12, dtype=np.int64)])
     cases = [(f, imm) for f in VecFunc for imm in imms]
     want = []
     for f, imm in cases:
         wide = int(vec_lanes(f.value, lanes, imm, silu)) > 1
-        want.append((wide, wide and f not in (VecFunc.REQUANT, VecFunc.FOLD, VecFunc.ROPE)))
+        want.append((wide, wide and f not in (VecFunc.REQUANT, VecFunc.FOLD, VecFunc.ROPE,
+                                              VecFunc.KV4)))
         got = command_lanes(cfg, f.value, imm)
         assert (bool(got[0]), bool(got[1])) == want[-1], (f, hex(imm))
     assert any(w for w, _ in want) and not all(w for w, _ in want)
@@ -273,12 +284,13 @@ def _one_lane(func: VecFunc, length: int, imm: int) -> int:
 @pytest.mark.parametrize("lanes", LANES)
 def test_laned_cycles(lanes):
     """A laned sub-op takes its one-lane cycles of a row of ``ceil(L / lanes)`` elements, plus
-    ``log2(lanes)`` per reduction over the lanes (REQUANT's and FOLD's AbsMax, RMSNORM's
-    AbsMax and SumSq, SOFTMAX's Max and Sum); every other sub-op its one-lane cycles. Random
-    lengths, not multiples of the lanes among them."""
+    ``log2(lanes)`` per reduction over the lanes (REQUANT's, FOLD's and KV4's AbsMax,
+    RMSNORM's AbsMax and SumSq, SOFTMAX's Max and Sum); every other sub-op its one-lane
+    cycles. Random lengths, not multiples of the lanes among them (KV4: a value row)."""
     rng = np.random.default_rng(lanes)
     tree = lanes.bit_length() - 1
-    reductions = {VecFunc.REQUANT: 1, VecFunc.FOLD: 1, VecFunc.RMSNORM: 2, VecFunc.SOFTMAX: 2}
+    reductions = {VecFunc.REQUANT: 1, VecFunc.FOLD: 1, VecFunc.RMSNORM: 2, VecFunc.SOFTMAX: 2,
+                  VecFunc.KV4: 1}
     cfg = _cfg(lanes)
     for length in [1, 2, 3, 4, 5, 7, 8, 9, 255, 256, 257] + rng.integers(1, 4096, 20).tolist():
         for func in VecFunc:
@@ -295,6 +307,31 @@ def test_laned_cycles(lanes):
     for length in [1, 2, 3, 5, 8, 9, 688, 1536]:
         v = Vec(func=VecFunc.SILU_GATE, length=length)
         assert timing.vec_cycles(v, silu) == _one_lane(VecFunc.SILU_GATE, -(-length // lanes), 0)
+
+
+@pytest.mark.parametrize("lanes", [2, 4, 32])
+def test_laned_kv4_key_row_cycles(lanes):
+    """A KV4 key row of groups of ``lanes`` elements or more (:func:`hw.isa.kv4_laned`) reads
+    each of its two passes in ``ceil(L / lanes)`` cycles, its groups' codes one a cycle as
+    with one lane, and its AbsMax passes the lane tree; one of smaller groups streams one
+    element a cycle, through the engine's lane tree still (the one AbsMax), its rows aligned
+    all the same (the rule reads no ``imm``)."""
+    cfg = _cfg(lanes) if lanes <= 4 else VCFG.replace(
+        memory=dataclasses.replace(VCFG.memory, bytes_per_cycle=4 * lanes), vector_lanes=lanes)
+    tree = lanes.bit_length() - 1
+    for length, group in ((4096, 32), (128, 128), (64, lanes), (64, 2 * lanes), (64, 1),
+                          (64, lanes // 2)):
+        v = Vec(func=VecFunc.KV4, length=length, imm=kv4_imm(group))
+        laned = group >= lanes
+        assert bool(kv4_laned(v.func.value, v.imm, lanes)) == laned
+        saved = 2 * (length - -(-length // lanes)) if laned else 0
+        assert timing.vec_cycles(v, cfg) == _one_lane(v.func, length, v.imm) - saved + tree
+        assert bool(vec_unaligned(v.func.value, lanes // 2, 0, 0, lanes)) == (lanes > 1)
+    # LLaMA-7B's key row (32 heads of 128, groups of 32) on DDR4-class's 32 lanes: a few
+    # hundred cycles, not the one-lane ~8.3k
+    if lanes == 32:
+        v = Vec(func=VecFunc.KV4, length=4096, imm=kv4_imm(32))
+        assert timing.vec_cycles(v, cfg) < 600 < 8000 < _one_lane(v.func, 4096, v.imm)
 
 
 @pytest.mark.parametrize("lanes", LANES)
@@ -339,7 +376,8 @@ def test_alignment_rule(lanes, silu):
         v = Vec(func=func, length=length, imm=_imm(func, length), a_addr=a,
                 b_addr=b if vec_reads_b(func.value) else int(rng.integers(0, 512)), dst_addr=d)
         n = lanes if func in laned_vec_funcs(cfg) else 1
-        rows = lanes if func in (VecFunc.INSERT, VecFunc.INSERT4) else n  # its codes: any
+        # (INSERT's codes, b_addr, any; a KV4's rows whatever its imm)
+        rows = lanes if func in (VecFunc.INSERT, VecFunc.INSERT4, VecFunc.KV4) else n
         bad = bool(a % rows or d % rows or (vec_reads_b(func.value) and v.b_addr % n))
         assert bool(vec_unaligned(func.value, a, v.b_addr, d, lanes, silu)) == bad
         vecs.append(v)
@@ -378,4 +416,9 @@ def test_random_programs_results_independent_of_lanes(seed):
         results.append(res)
     for res in results[1:]:
         assert np.array_equal(res.dram, results[0].dram)
-    assert results[-1].cycles <= results[0].cycles
+    # faster but by the cycles a VEC takes more laned (a short row's lane tree; a KV4 of
+    # groups below the lanes, one lane through the tree)
+    assert base.vector_lanes == 1
+    slower = sum(max(0, timing.vec_cycles(i, widest) - timing.vec_cycles(i, base))
+                 for i in rp.program if isinstance(i, Vec))
+    assert results[-1].cycles <= results[0].cycles + slower

@@ -138,3 +138,44 @@ def test_laned_reductions_match_numerics(lanes):
     assert np.array_equal(run.field("y"),
                           [vec_sumsq(r, s) for r, s in zip(data, shifts, strict=True)])
     check_latency(run, timing.VECTOR_LATENCY["sumsq"] + tree, ends)
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_absmax_signs_give_each_cycles_shifted_maximum(lanes):
+    """With ``signs`` the result is ``2 max|x| + t`` (``t``: an element of that magnitude is
+    negative), and ``partial`` gives each cycle's maximum of its lanes ``latency - 1`` cycles
+    after it entered, from which ``max|x|`` is its value over 2 and ``max|x >> 1|`` its
+    value plus 1 over 4 (KV4's groups): rows of ties of both signs, the word's ends, random."""
+    from amaranth.sim import Simulator
+
+    data = act_rows(9, 12) + [np.array([-5, 5, 3, -5]), np.array([5, -4, 5, 1]),
+                              np.array([-2**31, 2**31 - 1, 7, -3])]
+    els, ends = _laned(data, lanes) if lanes > 1 else stream(data)
+    unit = AbsMax(signed(32), lanes=lanes, signs=True)
+    seen, outs = [], []
+
+    async def bench(ctx):
+        for k in range(len(els) + unit.latency + 1):
+            offer = k < len(els)
+            ctx.set(unit.o.ready, 1)
+            ctx.set(unit.i.valid, int(offer))
+            if offer:
+                ctx.set(unit.i.payload.x, els[k]["x"])
+                ctx.set(unit.i.payload.last, els[k]["last"])
+            if ctx.get(unit.partial.valid):
+                seen.append((k, int(ctx.get(unit.partial.x))))
+            if ctx.get(unit.o.valid):
+                outs.append(int(ctx.get(unit.o.payload.y)))
+            await ctx.tick()
+
+    sim = Simulator(unit)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    flags = [2 * int(np.abs(r).max()) + int(np.any(r[np.abs(r) == np.abs(r).max()] < 0))
+             for r in data]
+    assert outs == flags and any(f & 1 for f in flags) and not all(f & 1 for f in flags)
+    cycles = [np.array(e["x"] if lanes > 1 else [e["x"]], np.int64) for e in els]
+    assert [k for k, _ in seen] == [k + unit.latency - 1 for k in range(len(els))]
+    for (_, px), x in zip(seen, cycles, strict=True):
+        assert px >> 1 == np.abs(x).max() and (px + 1) >> 2 == np.abs(x >> 1).max()

@@ -97,6 +97,26 @@ def test_an_exp_of_several_fracs_is_each_of_them():
     assert set(mode) == {0, 1}
     check_latency(run_unit(unit, els), timing.VECTOR_LATENCY["exp"])
 
+def test_an_exp_is_zero_wherever_its_clamped_operand_is():
+    """``Exp`` multiplies ``d`` clamped below at the bound under which every result is 0
+    (its low chunk on a multiplier, the bits above it a table of their products): ``d``
+    beside each power of two from the smallest results down to ``-2**32 + 1``, for both
+    ``frac`` mixed, is ``vec_exp``'s, bit for bit, and nonzero just above the bound."""
+    fracs = (ACT_FRAC, NORM_FRAC)
+    d = np.array(sorted({-(1 << e) + k for e in range(14, 33) for k in (-3, -1, 0, 1, 3)}
+                        - {-(1 << 32) - 3, -(1 << 32) - 1, -(1 << 32)}), dtype=np.int64)
+    d = np.repeat(d, len(fracs))
+    mode = np.tile(np.arange(len(fracs)), len(d) // len(fracs))
+    b = np.full(len(d), ACT_MAX)
+    a = b + d
+    a = np.where(a < -ACT_MAX - 1, -ACT_MAX - 1, a)   # d down to -2**32 + 1: a then b
+    b = a - d
+    els = [{"a": int(p), "b": int(q), "mode": int(k)} for p, q, k in zip(a, b, mode, strict=True)]
+    want = np.where(mode == 0, vec_exp(a - b, ACT_FRAC), vec_exp(a - b, NORM_FRAC))
+    assert np.array_equal(run_unit(Exp(fracs), els).field("y"), want)
+    assert (want == 0).any() and (want[d > -(1 << 19)] > 0).all()
+
+
 def test_stalls_lose_nothing():
     """Random gaps in the input and random output stalls: the same results, in order."""
     x = table_operands(3)[:120]

@@ -187,6 +187,9 @@ def test_what_the_append_cannot_do_is_a_lowering_error():
     with pytest.raises(LoweringError, match="not on a 16-byte beat"):
         schedule_kv_append(cfg, layout, 1, KVAppendPlan(8, 4096, 8192, [16384], [32768],
                                                         [49152]))
+    two = KVAppendPlan(0, 4096, 8192, [16384] * 2, [32768] * 2, [49152] * 2)
+    with pytest.raises(LoweringError, match="element 34 .* 4 lanes"):   # the second head's row
+        schedule_kv_append(cfg, KVLayout(34, 128, cfg.lanes, cfg.beat_bytes), 2, two)
     tiny = CONFIGS["narrow"].replace(vin_spad_bytes=256, vout_spad_bytes=256)
     narrow = KVLayout(64, 128, tiny.lanes, tiny.beat_bytes)
     with pytest.raises(LoweringError, match="of a kv head .* does not fit"):
