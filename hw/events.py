@@ -39,7 +39,8 @@ class EventUnit(wiring.Component):
         placed beside its logic, so that only the valid bits cross from the sequencers in
         the cycle of a signal. A port's payload must then be held from the cycle before its
         ``valid`` (a sequencer's mask is loaded at the pop, at least two cycles before its
-        signal: :class:`hw.engine.EngineSequencer`).
+        signal: :class:`hw.engine.EngineSequencer`; the LOAD engine's delay line keeps the
+        spacing).
 
     Members
     -------
