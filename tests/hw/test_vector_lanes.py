@@ -115,8 +115,10 @@ def test_rtl_engine_builds_lanes(lanes):
     for name in ("mul16", "mul_fold", "mul_code", "rope", "scale16", "scale30", "scale31",
                  "exp30"):
         assert name not in units
-    for name in ("recip", "rsqrt", "argmax", "absmax"):
+    for name in ("recip", "argmax", "absmax"):
         assert name in units and f"{name}_l1" not in units
+    # RMSNORM's Rsqrt is lane 0's Recip's port, its multipliers Recip's and two more
+    assert "rsqrt" not in units and list(units["recip"].ports) == ["rsqrt"]
     # one AbsMax, KV4's too (its maxima with the signs below them: its groups' |x >> 1|)
     assert units["absmax"].o.payload.y.shape().width == FOLD_BITS + 1
 
