@@ -724,6 +724,18 @@ def test_rmsnorm_and_the_reciprocals_back_to_back(lanes):
         _no_imm(VecFunc.KV4), _KV4_KEY])
 
 
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_the_scales_and_the_requants_back_to_back(lanes):
+    """Each lane's Scale is its Requant too, on its port, a stage behind a Scale element on
+    its multipliers (hw.vector.engine._PORTS): each sub-op that takes the codes' Requant
+    (REQUANT, FOLD, KV4's value and key rows) right after and right before one that takes
+    Scale (SOFTMAX, RMSNORM, DEQUANT of a REQUANT's or a FOLD's amax word)."""
+    _sharing_back_to_back(lanes, 95 + lanes, [
+        _SOFTMAX, _RMSNORM, (VecFunc.DEQUANT, lambda n: dequant_imm(VIN - 1)),
+        (VecFunc.DEQUANT, lambda n: dequant_imm(VIN - 2, True))],
+        [_no_imm(VecFunc.REQUANT), _no_imm(VecFunc.FOLD), _no_imm(VecFunc.KV4), _KV4_KEY])
+
+
 def test_requant_softmax_and_rmsnorm_edges_in_the_executor():
     """The rows the scalar steps treat specially: all zeros (REQUANT: amax 0; RMSNORM with
     eps 0: a sum of squares of 0), one holding -2**31 (REQUANT: amax 2**31, s = 1; RMSNORM:

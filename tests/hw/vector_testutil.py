@@ -44,9 +44,10 @@ def run_ports(unit, elements: list[tuple[str | None, dict]], *, seed: int | None
               max_cycles: int = 100_000) -> dict[str | None, Run]:
     """:func:`run_unit` of a unit with ports (:class:`hw.vector.base.UnitPort`): each element
     ``(port, payload)`` goes to the input of ``unit.ports[port]``, or to ``unit.i`` for
-    ``None``, one element a cycle over them all, in order; returns each port's :class:`Run`
-    (its ``accepted`` and ``produced`` its own elements'). With ``seed``, every output's ready
-    is random, each independently."""
+    ``None``, one element a cycle over them all, in order; an element ``None`` is a cycle in
+    which the unit advances with no element. Returns each port's :class:`Run` (its
+    ``accepted`` and ``produced`` its own elements'). With ``seed``, every output's ready is
+    random, each independently."""
     rng = np.random.default_rng(seed) if seed is not None else None
     ios = {None: (unit.i, unit.o), **{k: (p.i, p.o) for k, p in unit.ports.items()}}
     latency = max([unit.latency, *(p.latency for p in unit.ports.values())])
@@ -58,11 +59,14 @@ def run_ports(unit, elements: list[tuple[str | None, dict]], *, seed: int | None
         idle = 0
         while k < len(elements) or idle <= latency + 2:
             offer = k < len(elements) and (rng is None or rng.random() < 0.5)
-            name = elements[k][0] if offer else None
+            gap = offer and elements[k] is None
+            name = elements[k][0] if offer and not gap else None
             for port, (i, o) in ios.items():
                 ctx.set(o.ready, int(rng is None or rng.random() < 0.5))
-                ctx.set(i.valid, int(offer and port == name))
-            if offer:
+                ctx.set(i.valid, int(offer and not gap and port == name))
+            if gap:   # taken in a cycle the unit advances in
+                k += bool(ctx.get(unit.i.ready))
+            elif offer:
                 i = ios[name][0]
                 for f in i.payload.shape().members:
                     v = elements[k][1][f]   # a list: a laned unit's lanes
