@@ -300,11 +300,11 @@ _LANE_UNITS = {
 
 #: The units' ports (:class:`hw.vector.base.UnitPort`), each a function another unit computes on
 #: its multipliers, by the host unit's name: lane 0's ``Recip`` is RMSNORM's ``Rsqrt`` too (a
-#: stage longer, from its seventh stage on its own multipliers), and each lane's ``Scale`` its
-#: ``Requant(54)`` (a stage behind a Scale element on its multipliers: a Scale element must not
-#: follow a Requant element at once, which no VEC does). No sub-op uses both of a unit's
-#: functions, and every VEC's elements leave its units before its ``done``. Each is fed and read
-#: as a unit of its own.
+#: stage longer: after their seven shared stages, two of its own on two more multipliers), and
+#: each lane's ``Scale`` its ``Requant(54)`` (a stage behind a Scale element on its
+#: multipliers: a Scale element must not follow a Requant element at once, which no VEC does).
+#: No sub-op uses both of a unit's functions, and every VEC's elements leave its units before
+#: its ``done``. Each is fed and read as a unit of its own.
 _PORTS = {"rsqrt": "recip", "requant": "scale"}
 
 #: The SiLU-gate's element units but its last ``Mul(16)`` (``mul16``, MUL's): lane 0's are
