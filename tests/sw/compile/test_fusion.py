@@ -1541,6 +1541,16 @@ def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
         assert r.ok, r.error
 
 
+def _drained_part(func: VecFunc, src: int, y: int) -> list:
+    """A vector part drained through VOUT: a VIN LOAD of two beats from ``src``, a VEC
+    ``func`` of 4 elements reading it, a STORE of its results to ``y``."""
+    ev = EVENTS
+    return [Load(spad=Spad.VIN, dram_addr=src, rows=1, row_beats=2, signal=ev["FULL0"]),
+            Vec(func=func, length=4, b_addr=4, wait=ev["FULL0"], signal=ev["OUT_FULL0"]),
+            Store(spad=Spad.VOUT, dram_addr=y, rows=1, row_beats=2,
+                  wait=ev["OUT_FULL0"], signal=ev["STORED0"])]
+
+
 @pytest.mark.parametrize("tiles", [4, 9])
 def test_a_paced_vec_follows_the_load_it_waits_on(tiles):
     """``beside`` of a GEMM-like part and a paced vector run (a SOFTMAX part, drained, then
@@ -1551,15 +1561,9 @@ def test_a_paced_vec_follows_the_load_it_waits_on(tiles):
     word. The program runs on the fast model to the DRAM of the two parts one after the
     other."""
     ev = EVENTS
-
-    def part(func: VecFunc, src: int, y: int) -> list:
-        return [Load(spad=Spad.VIN, dram_addr=src, rows=1, row_beats=2, signal=ev["FULL0"]),
-                Vec(func=func, length=4, b_addr=4, wait=ev["FULL0"], signal=ev["OUT_FULL0"]),
-                Store(spad=Spad.VOUT, dram_addr=y, rows=1, row_beats=2,
-                      wait=ev["OUT_FULL0"], signal=ev["STORED0"])]
-    vec = vector_events(program_words(part(VecFunc.SOFTMAX, 0, 3000)
+    vec = vector_events(program_words(_drained_part(VecFunc.SOFTMAX, 0, 3000)
                                       + [Sync(engine=Engine.LOAD, wait=ev["STORED0"])]
-                                      + part(VecFunc.SILU_GATE, 3000, 3100)))
+                                      + _drained_part(VecFunc.SILU_GATE, 3000, 3100)))
     gemm = _gemm_like(tiles)[:-1]
     words, g_at, v_at = beside(CFG, gemm, vec)
     got, mine = _program(words), _program(vec)
@@ -1584,16 +1588,10 @@ def test_a_memory_bound_attention_runs_weights_loads_are_cut_into_steps():
     vector parts alone take longer than the GEMM part alone."""
     ev = EVENTS
 
-    def part(func: VecFunc, src: int, y: int) -> list:
-        return [Load(spad=Spad.VIN, dram_addr=src, rows=1, row_beats=2, signal=ev["FULL0"]),
-                Vec(func=func, length=4, b_addr=4, wait=ev["FULL0"], signal=ev["OUT_FULL0"]),
-                Store(spad=Spad.VOUT, dram_addr=y, rows=1, row_beats=2,
-                      wait=ev["OUT_FULL0"], signal=ev["STORED0"])]
-
     def run(func: VecFunc) -> np.ndarray:
-        return vector_events(program_words(part(VecFunc.SOFTMAX, 0, 3000)
+        return vector_events(program_words(_drained_part(VecFunc.SOFTMAX, 0, 3000)
                                            + [Sync(engine=Engine.LOAD, wait=ev["STORED0"])]
-                                           + part(func, 3000, 3100)))
+                                           + _drained_part(func, 3000, 3100)))
     vec = run(VecFunc.SOFTMAX)
     piece = piece_beats(CFG, decode_fields(vec))
     gemm = _gemm_like(2, beats=4 * piece)[:-1]
