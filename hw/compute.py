@@ -40,6 +40,7 @@ from hw.decoder import (
     wrap_inc,
 )
 from hw.epilogue import Epilogue
+from hw.fanout import replica
 from hw.isa import MAX_HEADER_WORDS, EpilogueMode, GemmBody
 from hw.pe import PE, act_block_layout, index_bits
 from hw.timing import GEMM_DRAIN, GEMM_FILL
@@ -54,7 +55,9 @@ def registered_done(cfg: AcceleratorConfig) -> bool:
     sequencer turns ``done`` into its signal, which feeds every event counter and the event
     unit's overflow multiplexer (four ports), and a ``done`` decoded from the instruction
     register in the core was the placed vector design's critical path (a long wire from the
-    core to the sequencer). The configurations without the engine keep the decode (it adds no
+    core to the sequencer). The epilogue's ``start`` (DRAIN's last cycle), which forms the
+    epilogue's first read strobes and addresses into the array in its cycle, is registered a
+    cycle early with it. The configurations without the engine keep the decode (it adds no
     flip-flop to the board's 2x8 design, whose bitstream stays valid).
     """
     return cfg.has_vector
@@ -215,6 +218,7 @@ class ComputeCore(wiring.Component):
         drain = Signal(range(cfg.rows + self.LATENCY + GEMM_DRAIN + 1))
 
         ep_start = Signal()
+        ep_ahead = Signal()                     # ep_start in the next cycle
         none_done = Signal()
         none_ahead = Signal()                   # none_done in the next cycle
 
@@ -296,15 +300,18 @@ class ComputeCore(wiring.Component):
                 with m.Else():
                     m.d.sync += drain.eq(drain - 1)
                     if early:  # DRAIN starts with drain >= 1 (checked above): 0 follows 1
-                        m.d.comb += none_ahead.eq((drain == 1)
-                                                  & (ins.epilogue == EpilogueMode.NONE))
+                        m.d.comb += [ep_ahead.eq(drain == 1),
+                                     none_ahead.eq((drain == 1)
+                                                   & (ins.epilogue == EpilogueMode.NONE))]
             with m.State("EPILOGUE"):
                 with m.If(epi.done):
                     m.next = "IDLE"
-        m.d.comb += [dec.sub.eq(kb_sub), epi.start.eq(ep_start)]
+        # With `early`, flip-flops the placer can put beside the epilogue and beside the
+        # sequencer (the event unit's side of the long wire); reset with the core, as the
+        # state they are decoded from.
+        start = replica(m, ep_ahead, "ep_start_r", reset=True) if early else ep_start
+        m.d.comb += [dec.sub.eq(kb_sub), epi.start.eq(start)]
         if early:
-            # A flip-flop the placer can put beside the sequencer, the event unit's side of the
-            # long wire; reset with the core, as the state it is decoded from.
             m.d.sync += self.done.eq(none_ahead | epi.done_ahead)
         else:
             m.d.comb += self.done.eq(none_done | epi.done)

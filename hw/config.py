@@ -584,10 +584,11 @@ class AcceleratorConfig:
 VECTOR_PRESET_SPADS = {"vin_spad_bytes": 16384, "vout_spad_bytes": 8192}
 #: The ``"vector"`` configuration's :attr:`AcceleratorConfig.vector_lanes`: a 16-byte beat's
 #: four int32 elements (:attr:`AcceleratorConfig.vector_lanes_max`), which fit the ECP5-85F's
-#: 156 multipliers beside the 4x8 array's 67 (the engine takes 32 with one lane, 42 with two
-#: and 66 with four, a lane's sub-ops sharing its units and the SiLU-gate's two ``Mul(30)``
-#: lanes 1 and 2's) with :attr:`AcceleratorConfig.vector_laned_silu` off (11 more a lane past
-#: the first, and lane 0's ``Mul(30)`` its own; docs/architecture.md, *Lanes*).
+#: 156 multipliers beside the 4x8 array's 67 (the engine takes 27 with one lane, 35 with two
+#: and 55 with four, a lane's sub-ops sharing its units, Recip and Rsqrt one unit, Scale and
+#: Requant another, and the SiLU-gate's two ``Mul(30)`` lanes 1 and 2's) with
+#: :attr:`AcceleratorConfig.vector_laned_silu` off (11 more a lane past the first, and lane
+#: 0's ``Mul(30)`` its own; docs/architecture.md, *Lanes*).
 VECTOR_PRESET_LANES = 4
 
 #: Named configurations (``sw.deploy --config NAME``): each a function of no arguments.

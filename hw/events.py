@@ -17,6 +17,7 @@ from amaranth import Cat, Const, Module, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.fanout import replica
 from hw.queues import EVENT_ID_BITS
 
 __all__ = ["EventUnit"]
@@ -33,6 +34,13 @@ class EventUnit(wiring.Component):
         Width of every counter.
     ports:
         Number of engines (wait and signal ports); port 0 wins a contended grant.
+    signal_copies:
+        The unit reads a registered copy of each signal's payload (:func:`hw.fanout.replica`),
+        placed beside its logic, so that only the valid bits cross from the sequencers in
+        the cycle of a signal. A port's payload must then be held from the cycle before its
+        ``valid`` (a sequencer's mask is loaded at the pop, at least two cycles before its
+        signal: :class:`hw.engine.EngineSequencer`; the LOAD engine's delay line keeps the
+        spacing).
 
     Members
     -------
@@ -51,7 +59,8 @@ class EventUnit(wiring.Component):
         The registered counter values (for debug and tests).
     """
 
-    def __init__(self, num_events: int, event_bits: int, ports: int = 3):
+    def __init__(self, num_events: int, event_bits: int, ports: int = 3,
+                 signal_copies: bool = False):
         if not isinstance(num_events, int) or not 1 <= num_events < 1 << EVENT_ID_BITS:
             raise ValueError(f"num_events must be in [1, {(1 << EVENT_ID_BITS) - 1}], "
                              f"got {num_events!r}")
@@ -62,6 +71,7 @@ class EventUnit(wiring.Component):
         self._num_events = num_events
         self._event_bits = event_bits
         self._ports = ports
+        self._signal_copies = signal_copies
         super().__init__({
             "wait": In(stream.Signature(num_events)).array(ports),
             "signal": In(stream.Signature(num_events, always_ready=True)).array(ports),
@@ -92,7 +102,8 @@ class EventUnit(wiring.Component):
         # non-zero; a lower port requests the same mask), not a claim per event in series
         # behind every lower port's request.
         wait_hot = [w.payload for w in self.wait]
-        sig_hot = [s.payload for s in self.signal]
+        sig_hot = [replica(m, s.payload, f"signal_hot_{e}") if self._signal_copies
+                   else s.payload for e, s in enumerate(self.signal)]
         for e, w in enumerate(self.wait):
             claimed = any_of([f.valid & (wait_hot[e] & wait_hot[i]).any()
                               for i, f in enumerate(self.wait[:e])])

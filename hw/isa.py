@@ -55,8 +55,8 @@ __all__ = [
     "laned_vec_funcs", "vec_lanes", "rope_laned", "kv4_laned",
     "insert_laned", "vec_unaligned", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
-    "insert_fields", "insert_geometry", "insert_bad", "KV4_GROUP_BITS", "kv4_imm", "kv4_group",
-    "kv4_groups", "kv4_bad",
+    "insert_fields", "insert_geometry", "insert_bad", "KV4_GROUP_BITS", "kv4_imm", "kv4_fields",
+    "kv4_group", "kv4_groups", "kv4_bad",
     "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
     "program_words",
     "decode_fields", "set_field", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
@@ -582,8 +582,7 @@ def kv4_laned(func, imm, lanes: int):
     reciprocal). Never with one lane; ints, arrays or Amaranth values."""
     if lanes == 1:
         return func != func   # false, of func's kind
-    lg = imm & ((1 << KV4_GROUP_BITS) - 1)
-    codes = (imm >> KV4_GROUP_BITS) & 1
+    lg, codes = kv4_fields(imm)
     return (func == VecFunc.KV4.value) & ((codes == 0) | (lg >= lanes.bit_length() - 1))
 
 
@@ -829,11 +828,16 @@ def kv4_imm(group: int | None) -> int:
     return (group.bit_length() - 1) | (1 << KV4_GROUP_BITS)
 
 
+def kv4_fields(imm):
+    """The fields of a KV4's ``imm`` (:func:`kv4_imm`): its group's log2 and the codes bit (1:
+    a key row, with group codes); ints, arrays or Amaranth values."""
+    return imm & ((1 << KV4_GROUP_BITS) - 1), (imm >> KV4_GROUP_BITS) & 1
+
+
 def kv4_group(imm) -> int | None:
     """The group of a KV4's ``imm`` (:func:`kv4_imm`), None for a value row; ints."""
-    if not (int(imm) >> KV4_GROUP_BITS) & 1:
-        return None
-    return 1 << (int(imm) & ((1 << KV4_GROUP_BITS) - 1))
+    lg, codes = kv4_fields(int(imm))
+    return 1 << lg if codes else None
 
 
 def kv4_groups(length, imm):
@@ -841,10 +845,10 @@ def kv4_groups(length, imm):
     0 (:func:`kv4_imm`); ints, arrays or Amaranth values (an OR over the 16 shifts, at most
     one of them selected, so that a shift by a field stays a constant one in hardware and no
     adder sums them)."""
-    lg = imm & ((1 << KV4_GROUP_BITS) - 1)
+    lg, codes = kv4_fields(imm)
     shifted = functools.reduce(operator.or_, (_masked(lg == k, length >> k)
                                               for k in range(1 << KV4_GROUP_BITS)))
-    return _masked((imm >> KV4_GROUP_BITS) & 1, shifted)
+    return _masked(codes, shifted)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1273,8 +1277,7 @@ def kv4_bad(func, length, imm):
     """The VEC is a KV4 with group codes whose group (:func:`kv4_imm`) does not divide its
     row ``length`` (the rule table's KV4 rule, for the fetch unit); ints, arrays or Amaranth
     values."""
-    lg = imm & ((1 << KV4_GROUP_BITS) - 1)
-    codes = (imm >> KV4_GROUP_BITS) & 1
+    lg, codes = kv4_fields(imm)
     rest = functools.reduce(operator.or_, ((lg == k) & ((length & ((1 << k) - 1)) != 0)
                                            for k in range(1, 1 << KV4_GROUP_BITS)))
     return (func == VecFunc.KV4.value) & (codes == 1) & rest

@@ -48,6 +48,11 @@ class InstrQueue(wiring.Component):
         Entry layout (see :func:`entry_layout`).
     depth:
         Number of entries, at least 1 (need not be a power of two).
+    ready_copy:
+        ``w.ready`` is a copy of the "not full" register (``keep``, :mod:`hw.fanout`) that
+        the write side alone reads, the queue's own writes reading the original: the placer
+        can put the copy beside the fetch unit, whose dispatch decision reads it, so that the
+        wire across the die lies in front of a register, not between it and fetch's logic.
 
     Members
     -------
@@ -59,11 +64,12 @@ class InstrQueue(wiring.Component):
         Entries held.
     """
 
-    def __init__(self, layout: data.Layout, depth: int):
+    def __init__(self, layout: data.Layout, depth: int, ready_copy: bool = False):
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"queue depth must be a positive integer, got {depth!r}")
         self._layout = layout
         self._depth = depth
+        self._ready_copy = ready_copy
         super().__init__({
             "w": In(stream.Signature(layout)),
             "r": Out(stream.Signature(layout)),
@@ -86,19 +92,23 @@ class InstrQueue(wiring.Component):
         def inc(ptr):
             return Mux(ptr == depth - 1, 0, ptr + 1)
 
-        push = self.w.valid & self.w.ready
+        not_full = Signal(init=1)
+        push = self.w.valid & (not_full if self._ready_copy else self.w.ready)
         pop = self.r.valid & self.r.ready
         # Registered flags: `ready` feeds the fetch unit's stall logic. push and pop arrive
         # late in their cycle, so the flags' next values are tests of `level` that they only
         # pick from, not a comparison behind the level's adder.
-        not_full = Signal(init=1)
         not_empty = Signal()
         level_next = self.level + push - pop
-        m.d.sync += [not_full.eq(pop | (self.level < depth - 1) | ((self.level == depth - 1)
-                                                                 & ~push)),
+        not_full_next = pop | (self.level < depth - 1) | ((self.level == depth - 1) & ~push)
+        m.d.sync += [not_full.eq(not_full_next),
                      not_empty.eq(push | (self.level > 1) | ((self.level == 1) & ~pop))]
+        ready = not_full
+        if self._ready_copy:   # (reset to "not full", as the original)
+            ready = Signal(init=1, name="ready_copy", attrs={"keep": 1})
+            m.d.sync += ready.eq(not_full_next)
         m.d.comb += [
-            self.w.ready.eq(not_full),
+            self.w.ready.eq(ready),
             self.r.valid.eq(not_empty),
             wp.addr.eq(w_ptr), wp.data.eq(self.w.payload), wp.en.eq(push),
             rp.addr.eq(r_ptr), self.r.payload.eq(rp.data),

@@ -80,7 +80,6 @@ import numpy as np
 from hw.config import AcceleratorConfig
 from hw.format import StreamGeometry
 from hw.isa import (
-    KV4_GROUP_BITS,
     EpilogueMode,
     ErrorCode,
     Gemm,
@@ -94,6 +93,7 @@ from hw.isa import (
     gemm_geometry,
     gemm_geometry_fields,
     is_move,
+    kv4_fields,
     kv4_groups,
     vec_lanes,
     vec_out_words,
@@ -397,7 +397,7 @@ def _vec_cycles(func, length, imm=0, lanes=1, silu=False):
     # lanes, hw.isa.kv4_laned: n codes a cycle); then the code words and the amax word, one
     # per cycle.
     groups = kv4_groups(length, imm)
-    codes = (imm >> KV4_GROUP_BITS) & 1
+    codes = kv4_fields(imm)[1]
     kv4 = (stream + vec_lane_tree(lanes) + lat["absmax"] + lat["recip"]
            + codes * (lat["mul"] + KV4_CODE_LATENCY + lat["recip"] + groups - 1)
            + stream + lat["requant"] + ((groups + 3) >> 2) + 1)

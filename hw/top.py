@@ -218,7 +218,8 @@ class Accelerator(wiring.Component):
         queues, seqs = {}, {}
         for e in engines:
             queues[e.engine] = block(f"{e.name}_queue",
-                                     InstrQueue(entry_layout(e.body_layout), cfg.queue_depth))
+                                     InstrQueue(entry_layout(e.body_layout), cfg.queue_depth,
+                                                ready_copy=cfg.has_vector))
             seqs[e.engine] = block(f"{e.name}_seq",
                                    EngineSequencer(e.body_layout, cfg.num_events,
                                                    derive=_derive(cfg, e.engine)))
@@ -226,7 +227,8 @@ class Accelerator(wiring.Component):
         if [e.engine.value for e in engines] != list(range(len(engines))):
             raise ValueError(f"the engines {[e.name for e in engines]} are not the first "
                              f"{len(engines)} values of hw.isa.Engine")
-        events = block("events", EventUnit(cfg.num_events, cfg.event_bits, ports=len(engines)))
+        events = block("events", EventUnit(cfg.num_events, cfg.event_bits, ports=len(engines),
+                                           signal_copies=cfg.has_vector))
         load = block("load", LoadEngine(cfg))
         store = block("store", StoreEngine(cfg))
         core = block("core", self._compute(cfg))

@@ -13,12 +13,21 @@ gives its result in cycle ``c + latency`` when the output is never stalled, one 
 cycle; a stall delays everything behind it by the stalled cycles and loses nothing.
 ``latency`` is the unit's entry of :data:`hw.timing.VECTOR_LATENCY` (the single source); the
 constructor checks that the pipeline it builds has exactly that many stages.
+
+A unit may compute a second function on a port of its own (:class:`UnitPort`: its input and
+output streams, members ``<name>_i`` and ``<name>_o``, and its latency, the function's entry of
+:data:`~hw.timing.VECTOR_LATENCY`), sharing multipliers and logic with its own; it advances as
+a whole (``en`` while every output holds no result or has it taken) and takes an element from
+one input a cycle, never from both (the unit says what else its sharing asks).
 """
 
 from __future__ import annotations
 
 import abc
+import functools
+import operator
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from amaranth import Cat, Const, Module, Mux, Shape, Signal, Value, signed
@@ -30,7 +39,8 @@ from hw.ecp5_dsp import DSP_REGISTER
 from hw.numerics import ACT_BITS
 from hw.timing import VECTOR_LATENCY, vec_lane_tree
 
-__all__ = ["Stage", "PipelineUnit", "ReductionUnit", "build_pipeline", "check_latency",
+__all__ = ["Stage", "PipelineUnit", "ReductionUnit", "UnitPort", "build_pipeline",
+           "check_latency", "beside", "valid_delay",
            "round_shift", "round_shift_const", "saturate", "round_saturate",
            "round_shift_saturate_const", "round_saturate_widths", "round_saturate_low",
            "shift_right_low", "normalise_levels",
@@ -91,7 +101,14 @@ def build_pipeline(m: Module, en: Value, first, stages: Sequence[Stage]) -> Simp
     return v
 
 
-def _delay(m: Module, en: Value, value: Value, n: int, name: str) -> Value:
+def beside(stage: Stage, *names: str) -> Stage:
+    """``stage`` with the values ``names`` of the stage before carried beside its own."""
+    def carried(m, v):
+        return {**stage(m, v), **{k: getattr(v, k) for k in names}}
+    return carried
+
+
+def valid_delay(m: Module, en: Value, value: Value, n: int, name: str) -> Value:
     """``value`` delayed by ``n`` enabled cycles (reset to 0: used for valid bits)."""
     for k in range(n):
         r = Signal(name=f"{name}{k + 1}")
@@ -101,30 +118,77 @@ def _delay(m: Module, en: Value, value: Value, n: int, name: str) -> Value:
     return value
 
 
+@dataclass(frozen=True)
+class UnitPort:
+    """A second function of a unit, on streams of its own (the module's docstring): what the
+    vector engine feeds and reads as a unit of its own."""
+
+    #: The function's key in :data:`hw.timing.VECTOR_LATENCY`.
+    NAME: str
+    #: Its input stream (the unit's member ``<NAME>_i``).
+    i: wiring.PureInterface
+    #: Its output stream (``<NAME>_o``).
+    o: wiring.PureInterface
+    #: Cycles from an element accepted on ``i`` to its result on ``o`` (never stalled).
+    latency: int
+
+
 class _StreamUnit(wiring.Component, metaclass=abc.ABCMeta):
     """An input stream ``i`` into the stages ``_stages()``, an output stream ``o``; the whole
     pipeline advances (``en``) whenever ``o`` holds nothing or is taken. Subclasses set
     ``NAME`` (their key in :data:`hw.timing.VECTOR_LATENCY`); ``_EXTRA_STAGES`` counts the
-    stages after ``_stages()`` toward the latency."""
+    stages after ``_stages()`` toward the latency.
+
+    ``ports`` names a second function's ``(input layout, output layout, stages)``: the unit
+    has its :class:`UnitPort` in ``self.ports[name]`` (``stages`` checked against the
+    function's latency), and advances while every output holds nothing or is taken."""
 
     NAME = ""
     _EXTRA_STAGES = 0
 
-    def __init__(self, in_layout: data.StructLayout, out_layout: data.StructLayout):
+    def __init__(self, in_layout: data.StructLayout, out_layout: data.StructLayout,
+                 ports: dict[str, tuple[data.StructLayout, data.StructLayout, int]]
+                 | None = None):
         self._stage_list = list(self._stages())
         self.latency = check_latency(self.NAME, len(self._stage_list) + self._EXTRA_STAGES,
                                      type(self).__name__, getattr(self, "_lanes", 1))
-        super().__init__({"i": In(stream.Signature(in_layout)),
-                          "o": Out(stream.Signature(out_layout))})
+        ports = ports or {}
+        members = {"i": In(stream.Signature(in_layout)), "o": Out(stream.Signature(out_layout))}
+        for name, (port_in, port_out, _) in ports.items():
+            members[f"{name}_i"] = In(stream.Signature(port_in))
+            members[f"{name}_o"] = Out(stream.Signature(port_out))
+        super().__init__(members)
+        self.ports = {name: UnitPort(name, getattr(self, f"{name}_i"), getattr(self, f"{name}_o"),
+                                     check_latency(name, stages, type(self).__name__))
+                      for name, (_, _, stages) in ports.items()}
 
     @abc.abstractmethod
     def _stages(self) -> list[Stage]:
         """The unit's stages, in order (:func:`build_pipeline`)."""
 
+    def _enable(self, m: Module) -> Value:
+        """The pipeline's enable: every output holds nothing or is taken (every input's
+        ``ready``). With ports, an output's ``valid`` is its result's (:meth:`_output`) while
+        every other output holds nothing or is taken: a result is taken only in a cycle in
+        which the pipeline advances."""
+        en = Signal()
+        outs = [self.o, *(port.o for port in self.ports.values())]
+        if not self.ports:   # (its result is o.valid)
+            self._results = {id(self.o): self.o.valid}
+        else:
+            self._results = {id(o): Signal(name=f"result{k}") for k, o in enumerate(outs)}
+        free = [~self._results[id(o)] | o.ready for o in outs]
+        m.d.comb += en.eq(functools.reduce(operator.and_, free))
+        if self.ports:
+            for k, o in enumerate(outs):
+                others = functools.reduce(operator.and_, free[:k] + free[k + 1:])
+                m.d.comb += o.valid.eq(self._results[id(o)] & others)
+        m.d.comb += [i.ready.eq(en) for i in [self.i, *(port.i for port in self.ports.values())]]
+        return en
+
     def _front(self, m: Module) -> tuple[Value, SimpleNamespace]:
         """The enable and the last of ``_stages()``'s registered values."""
-        en = Signal()
-        m.d.comb += [en.eq(~self.o.valid | self.o.ready), self.i.ready.eq(en)]
+        en = self._enable(m)
         return en, build_pipeline(m, en, self.i.payload, self._stage_list)
 
 
@@ -135,10 +199,16 @@ class PipelineUnit(_StreamUnit):
     def elaborate(self, platform):
         m = Module()
         en, v = self._front(m)
-        m.d.comb += self.o.valid.eq(_delay(m, en, self.i.valid, self.latency, "valid"))
-        for name in self.o.payload.shape().members:
-            m.d.comb += getattr(self.o.payload, name).eq(getattr(v, name))
+        self._output(m, self.o, valid_delay(m, en, self.i.valid, self.latency, "valid"), v)
         return m
+
+    def _output(self, m: Module, o: wiring.PureInterface, valid: Value,
+                v: SimpleNamespace) -> None:
+        """Output stream ``o``: its result ``valid`` (its input's valid delayed by its
+        latency) and the payload's fields, the last stage's values ``v`` of their names."""
+        m.d.comb += self._results[id(o)].eq(valid)
+        for name in o.payload.shape().members:
+            m.d.comb += getattr(o.payload, name).eq(getattr(v, name))
 
 
 class ReductionUnit(_StreamUnit):
@@ -169,7 +239,7 @@ class ReductionUnit(_StreamUnit):
     def elaborate(self, platform):
         m = Module()
         en, v = self._front(m)
-        valid = _delay(m, en, self.i.valid, len(self._stage_list), "valid")
+        valid = valid_delay(m, en, self.i.valid, len(self._stage_list), "valid")
         self._elements(m, valid, v)
         state = SimpleNamespace(**{k: Signal(s, name=f"acc_{k}", reset_less=True)
                                    for k, s in self._state().items()})
@@ -185,7 +255,7 @@ class ReductionUnit(_StreamUnit):
                 with m.If(v.last):
                     m.d.sync += [getattr(out, k).eq(nxt[k])
                                  for k in self.o.payload.shape().members]
-        m.d.comb += [self.o.valid.eq(out_valid), self.o.payload.eq(out)]
+        m.d.comb += [self._results[id(self.o)].eq(out_valid), self.o.payload.eq(out)]
         return m
 
 

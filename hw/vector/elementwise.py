@@ -7,7 +7,9 @@ the steps of :func:`~hw.numerics.vec_softmax`, :func:`~hw.numerics.vec_rmsnorm` 
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Mux, signed, unsigned
+from types import SimpleNamespace
+
+from amaranth import Cat, Const, Module, Mux, signed, unsigned
 from amaranth.lib import data
 
 from hw.numerics import (
@@ -24,6 +26,9 @@ from hw.numerics import (
 from hw.vector.base import (
     MULT_CHUNK,
     PipelineUnit,
+    Stage,
+    beside,
+    build_pipeline,
     chunks,
     dsp_product,
     grid_halves,
@@ -39,6 +44,7 @@ from hw.vector.base import (
     shift_right_low,
     signed_range,
     sum_partial_products,
+    valid_delay,
 )
 from hw.vector.tables import SH_BITS, SH_MIN, TABLE_RESULT_BITS
 
@@ -282,6 +288,17 @@ class Scale(PipelineUnit):
         index of its element's ``frac``, which selects the constant added to ``sh`` (one
         shifter for every ``frac``: ``2p`` shifted left by the largest left shift of them
         all, then right by ``sh - frac`` plus that).
+    requant_bits:
+        The unit is ``Requant(requant_bits)`` too, on its port ``requant`` (``ports
+        ["requant"]``: members ``requant_i`` and ``requant_o``, Requant's layouts and
+        latency): Requant's ``(x >> s) * r`` is the same 32 x 17-bit product, so after its
+        first stage a Requant element takes this unit's first two stages' multipliers
+        (their operands selected by whether a Requant element is in its first stage) and
+        sum, a stage behind a Scale element, then Requant's stages from its third. An
+        element is taken from one input a cycle, never from both, and no Scale element in
+        the cycle after a Requant element (among the cycles the unit advances in: both would
+        need the multipliers in the next); a Requant element may follow a Scale element at
+        once. Cost: Scale's two multipliers for both.
 
     Members
     -------
@@ -289,21 +306,54 @@ class Scale(PipelineUnit):
                                          "sh": unsigned(7)})))
         (and ``"mode": range(len(frac))`` with several)
     o: Out(stream.Signature(StructLayout({"y": signed(32)})))
+    requant_i, requant_o: with ``requant_bits``, ``Requant(requant_bits)``'s ``i`` and ``o``
     """
 
     NAME = "scale"
 
-    def __init__(self, frac: int | tuple[int, ...] = ACT_FRAC):
+    def __init__(self, frac: int | tuple[int, ...] = ACT_FRAC, *,
+                 requant_bits: int | None = None):
         fracs = frac if isinstance(frac, tuple) else (frac,)
         if not fracs:
             raise ValueError("scale frac must name at least one fraction")
         self.fracs = tuple(_bits("scale frac", f, 0, 62) for f in fracs)
         self.frac = self.fracs[0]
         mode = {"mode": range(len(self.fracs))} if len(self.fracs) > 1 else {}
+        ports = None
+        if requant_bits is not None:
+            shift, products, tail = _requant_stages()
+            ports = {Requant.NAME: (*_requant_layouts(requant_bits),
+                                    1 + len(products) + len(tail))}
         super().__init__(data.StructLayout({"x": signed(ACT_BITS),
                                             "r": unsigned(TABLE_RESULT_BITS),
                                             "sh": unsigned(SH_BITS), **mode}),
-                         data.StructLayout({"y": signed(ACT_BITS)}))
+                         data.StructLayout({"y": signed(ACT_BITS)}), ports)
+
+    def elaborate(self, platform):
+        if not self.ports:
+            return super().elaborate(platform)
+        m = Module()
+        en = self._enable(m)
+        port = self.ports[Requant.NAME]
+        shift, _, tail = _requant_stages()
+        rq = build_pipeline(m, en, port.i.payload, [shift])
+        # A Requant element in its first stage: the multipliers are its, a stage behind a
+        # Scale element's (the same product; Requant's own two stages of it are these).
+        rq_valid = valid_delay(m, en, port.i.valid, 1, "requant_valid")
+        products, product_sum, *scale_tail = self._stage_list
+        carried = ("sh", "four", "key")   # Requant's, beside its product
+
+        def first(m, v):
+            ops = {"x": Mux(rq_valid, rq.x, v.x), "r": Mux(rq_valid, rq.r, v.r), "sh": v.sh,
+                   **({"mode": v.mode} if len(self.fracs) > 1 else {})}
+            return {**products(m, SimpleNamespace(**ops)), **{k: getattr(rq, k) for k in carried}}
+
+        v = build_pipeline(m, en, self.i.payload, [first, beside(product_sum, *carried)])
+        self._output(m, self.o, valid_delay(m, en, self.i.valid, self.latency, "valid"),
+                     build_pipeline(m, en, v, scale_tail))
+        self._output(m, port.o, valid_delay(m, en, rq_valid, port.latency - 1, "rq_valid"),
+                     build_pipeline(m, en, v, tail))
+        return m
 
     def _stages(self):
         p_shape = signed(ACT_BITS + TABLE_RESULT_BITS)
@@ -401,59 +451,72 @@ class Requant(PipelineUnit):
     NAME = "requant"
 
     def __init__(self, x_bits: int = ACT_BITS):
-        self.x_bits = _bits("requant x_bits", x_bits, ACT_BITS, TABLE_IN_BITS + 1)
-        super().__init__(data.StructLayout({"x": signed(x_bits),
-                                            "r": unsigned(TABLE_RESULT_BITS),
-                                            "sh": unsigned(SH_BITS),
-                                            "s": range(x_bits - ACT_BITS + 1),
-                                            "four": 1, "key": 1}),
-                         data.StructLayout({"a": signed(CODE_BITS)}))
+        layouts = _requant_layouts(x_bits)
+        self.x_bits = x_bits
+        super().__init__(*layouts)
 
     def _stages(self):
-        p_shape = signed(ACT_BITS + TABLE_RESULT_BITS)
-        # Every factor is a product of numbers 2**k - 1, so q = hi - lo with hi and lo each a
-        # shift of p or one adder of two: (2**a - 1) p = (p << a) - p, and (2**a - 1)(2**b - 1)
-        # p = ((p << (a + b)) - (p << b)) - ((p << a) - p).
-        a = _mersenne_bits("ACT_QMAX", ACT_QMAX)
-        a4 = _mersenne_bits("KV4_QMAX", KV4_QMAX)
-        b4 = _mersenne_bits("KV4_CODE_MAX", KV4_CODE_MAX)
-        key_factor = KV4_QMAX * KV4_CODE_MAX
-        q_bits = p_shape.width + max(ACT_QMAX, key_factor).bit_length()
-        flags = ("four", "key")
+        shift, products, tail = _requant_stages()
+        return [shift, *products, *tail]
 
-        def s1(m, v):
-            return {"x": (v.x >> v.s, signed(ACT_BITS)), "r": v.r, "sh": v.sh,
-                    **{k: getattr(v, k) for k in flags}}
 
-        def s2(m, v):
-            return {**partial_products(v.r, v.x), "sh": v.sh, **{k: getattr(v, k) for k in flags}}
+def _requant_layouts(x_bits: int) -> tuple[data.StructLayout, data.StructLayout]:
+    """:class:`Requant`'s input and output layouts for elements of ``x_bits``."""
+    _bits("requant x_bits", x_bits, ACT_BITS, TABLE_IN_BITS + 1)
+    return (data.StructLayout({"x": signed(x_bits), "r": unsigned(TABLE_RESULT_BITS),
+                               "sh": unsigned(SH_BITS), "s": range(x_bits - ACT_BITS + 1),
+                               "four": 1, "key": 1}),
+            data.StructLayout({"a": signed(CODE_BITS)}))
 
-        def s2b(m, v):
-            return {"p": (sum_partial_products(v), p_shape), "sh": v.sh,
-                    **{k: getattr(v, k) for k in flags}}
 
-        def s3(m, v):
-            # No multiplier: a constant product here was a chain of DSPs and adders.
-            p = v.p
-            hi = Mux(v.four, Mux(v.key, (p << (a4 + b4)) - (p << b4), p << a4), p << a)
-            lo = Mux(v.four & v.key, (p << a4) - p, p)
-            # A shift past q's bits gives 0, as any larger one does.
-            return {"hi": (hi, signed(q_bits)), "lo": (lo, signed(q_bits)),
-                    "sh": (_at_most(v.sh, q_bits + 1), unsigned((q_bits + 1).bit_length())),
-                    "four": v.four}
+def _requant_stages() -> tuple[Stage, list[Stage], list[Stage]]:
+    """:class:`Requant`'s stages: ``x >> s``; its product ``(x >> s) * r`` (the partial
+    products, their sum ``p``: :class:`Scale`'s first two stages', ``sh``, ``four`` and
+    ``key`` beside); the rest, from ``p``."""
+    p_shape = signed(ACT_BITS + TABLE_RESULT_BITS)
+    # Every factor is a product of numbers 2**k - 1, so q = hi - lo with hi and lo each a
+    # shift of p or one adder of two: (2**a - 1) p = (p << a) - p, and (2**a - 1)(2**b - 1)
+    # p = ((p << (a + b)) - (p << b)) - ((p << a) - p).
+    a = _mersenne_bits("ACT_QMAX", ACT_QMAX)
+    a4 = _mersenne_bits("KV4_QMAX", KV4_QMAX)
+    b4 = _mersenne_bits("KV4_CODE_MAX", KV4_CODE_MAX)
+    key_factor = KV4_QMAX * KV4_CODE_MAX
+    q_bits = p_shape.width + max(ACT_QMAX, key_factor).bit_length()
+    flags = ("four", "key")
 
-        def s3b(m, v):
-            return {"q": (v.hi - v.lo, signed(q_bits)), "sh": v.sh, "four": v.four}
+    def s1(m, v):
+        return {"x": (v.x >> v.s, signed(ACT_BITS)), "r": v.r, "sh": v.sh,
+                **{k: getattr(v, k) for k in flags}}
 
-        def s4(m, v):
-            # 2q >> sh: round_shift(q, sh) is (w + 1) >> 1 (hw.vector.base.round_shift).
-            return {"w": (Cat(Const(0, 1), v.q).as_signed() >> v.sh, signed(q_bits + 1)),
-                    "four": v.four}
+    def s2(m, v):
+        return {**partial_products(v.r, v.x), "sh": v.sh, **{k: getattr(v, k) for k in flags}}
 
-        def s5(m, v):
-            # Clipping to [-7, 7] is saturating to a4 + 1 bits, from w's bits beside the
-            # 8-bit saturation (not two compares of its result after it).
-            a = Mux(v.four, round_saturate(v.w, a4 + 1), round_saturate(v.w, CODE_BITS))
-            return {"a": (a, signed(CODE_BITS))}
+    def s2b(m, v):
+        return {"p": (sum_partial_products(v), p_shape), "sh": v.sh,
+                **{k: getattr(v, k) for k in flags}}
 
-        return [s1, s2, s2b, s3, s3b, s4, s5]
+    def s3(m, v):
+        # No multiplier: a constant product here was a chain of DSPs and adders.
+        p = v.p
+        hi = Mux(v.four, Mux(v.key, (p << (a4 + b4)) - (p << b4), p << a4), p << a)
+        lo = Mux(v.four & v.key, (p << a4) - p, p)
+        # A shift past q's bits gives 0, as any larger one does.
+        return {"hi": (hi, signed(q_bits)), "lo": (lo, signed(q_bits)),
+                "sh": (_at_most(v.sh, q_bits + 1), unsigned((q_bits + 1).bit_length())),
+                "four": v.four}
+
+    def s3b(m, v):
+        return {"q": (v.hi - v.lo, signed(q_bits)), "sh": v.sh, "four": v.four}
+
+    def s4(m, v):
+        # 2q >> sh: round_shift(q, sh) is (w + 1) >> 1 (hw.vector.base.round_shift).
+        return {"w": (Cat(Const(0, 1), v.q).as_signed() >> v.sh, signed(q_bits + 1)),
+                "four": v.four}
+
+    def s5(m, v):
+        # Clipping to [-7, 7] is saturating to a4 + 1 bits, from w's bits beside the
+        # 8-bit saturation (not two compares of its result after it).
+        a = Mux(v.four, round_saturate(v.w, a4 + 1), round_saturate(v.w, CODE_BITS))
+        return {"a": (a, signed(CODE_BITS))}
+
+    return s1, [s2, s2b], [s3, s3b, s4, s5]

@@ -142,7 +142,12 @@ Shared units
     use feeds its unit with its mode (the unit's ``mode`` field: its rounding, its fraction
     bits) and its operands while its sub-op runs (the ``is_`` flag selects them in the feed
     register), and reads the unit's results only then; latencies and results are each
-    use's own unit's.
+    use's own unit's. A unit may compute a second function on a port of its own
+    (:data:`_PORTS`, :class:`hw.vector.base.UnitPort`), fed and read as a unit of its own at
+    its own latency: lane 0's ``Recip`` is RMSNORM's ``Rsqrt``, the two sharing the
+    normaliser and three multipliers (Rsqrt's results a stage later), and each lane's
+    ``Scale`` its ``Requant(54)`` (REQUANT's, FOLD's and KV4's codes), whose 32 x 17-bit
+    product is Scale's, on its two multipliers a stage behind a Scale element's.
 
 ``done`` pulses with the last VOUT write, in ``g + hw.timing.vec_cycles(ins, cfg)``, and the
 engine takes the next command from the cycle after. Elements are int32 (VIN and VOUT words are
@@ -196,9 +201,9 @@ from hw.numerics import (
 )
 from hw.vector.base import MULT_CHUNK, ReductionUnit, chunks
 from hw.vector.dequant import AMAX_BITS, DEQUANT_SCALE_FRAC, DequantFactor
-from hw.vector.elementwise import Add, Mul, Requant, Scale
+from hw.vector.elementwise import Add, Mul, Scale
 from hw.vector.reduce import SUMSQ_SHIFT_MAX, AbsMax, ArgMax, Max, Sum, SumSq
-from hw.vector.tables import Exp, Recip, Rsqrt
+from hw.vector.tables import Exp, Recip
 
 __all__ = ["VectorEngine", "command_lanes"]
 
@@ -282,15 +287,25 @@ _USES = {
 #: The element units of the laned sub-ops (:data:`hw.isa.LANED_VEC_FUNCS`), by name: lane 0's
 #: is the engine's unit of that name (the other sub-ops use some of them too), and every lane
 #: beyond it has a copy, ``<name>_l<k>``. ``mul`` and ``scale`` are shared by the uses of
-#: :data:`_SHARED`.
+#: :data:`_SHARED`; ``requant``, REQUANT's, FOLD's and KV4's codes', is ``scale``'s port
+#: (:data:`_PORTS`).
 _LANE_UNITS = {
     "add": Add,                                          # ADD
     "mul": lambda: Mul(modes=tuple(_SHARED["mul"].values()), b_bits=ACT_BITS + 1),
-    "scale": lambda: Scale(tuple(_SHARED["scale"].values())),
+    # (and REQUANT's, FOLD's and KV4's codes' Requant(54) on its port: _PORTS)
+    "scale": lambda: Scale(tuple(_SHARED["scale"].values()), requant_bits=FOLD_BITS),
     "dequant_factor": DequantFactor,                     # DEQUANT (and CHANNEL)
-    "requant": lambda: Requant(FOLD_BITS),               # REQUANT's and FOLD's codes (KV4's)
     "exp": lambda: Exp(_SHARED["exp"]["exp16"]),         # SOFTMAX's exponentials
 }
+
+#: The units' ports (:class:`hw.vector.base.UnitPort`), each a function another unit computes on
+#: its multipliers, by the host unit's name: lane 0's ``Recip`` is RMSNORM's ``Rsqrt`` too (a
+#: stage longer: after their seven shared stages, two of its own on two more multipliers), and
+#: each lane's ``Scale`` its ``Requant(54)`` (a stage behind a Scale element on its
+#: multipliers: a Scale element must not follow a Requant element at once, which no VEC does).
+#: No sub-op uses both of a unit's functions, and every VEC's elements leave its units before
+#: its ``done``. Each is fed and read as a unit of its own.
+_PORTS = {"rsqrt": "recip", "requant": "scale"}
 
 #: The SiLU-gate's element units but its last ``Mul(16)`` (``mul16``, MUL's): lane 0's are
 #: the engine's units of these names (``recip`` shared with the per-row reciprocals), and
@@ -416,12 +431,12 @@ class VectorEngine(wiring.Component):
             # activations, FOLD's products; a laned row's through a lane tree; with signs
             # below the magnitudes (KV4's group maxima of |x >> 1|)
             "absmax": AbsMax(signed(FOLD_BITS), lanes=n, signs=True),
-            "recip": Recip(),
+            # the per-row reciprocals' and RMSNORM's Rsqrt on its port (_PORTS)
+            "recip": Recip(rsqrt=True),
             # SOFTMAX's reductions; a laned row's through a lane tree
             "max": Max(signed(ACT_BITS), lanes=n),
             "sum": Sum(unsigned(ACT_FRAC + 1), max_len=_MAX_LENGTH, lanes=n),
             "sumsq": SumSq(max_len=_MAX_LENGTH, lanes=n),
-            "rsqrt": Rsqrt(),
             "scale60": Scale(2 * NORM_FRAC),
             **{name: Mul(NORM_FRAC) for name in ("mul_es", "mul_gs")
                if name not in self._silu_hosts},
@@ -448,10 +463,14 @@ class VectorEngine(wiring.Component):
         m = Module()
         for name, unit in self._units.items():
             m.submodules[name] = unit
-            m.d.comb += unit.o.ready.eq(1)
+            m.d.comb += [o.ready.eq(1) for o in [unit.o, *(p.o for p in unit.ports.values())]]
         n = self._lanes
-        # A use of a shared unit (_USES) names its unit, lane by lane: u[use], u[use_l<k>].
+        # A use of a shared unit (_USES) names its unit, lane by lane: u[use], u[use_l<k>];
+        # a unit's port (_PORTS) is fed and read as a unit of its own, u[port], u[port_l<k>].
         u = {**self._units,
+             **{f"{port}{sfx}": unit.ports[port] for port, host in _PORTS.items()
+                for sfx in ["", *(f"_l{k}" for k in range(1, n))]
+                if (unit := self._units.get(f"{host}{sfx}")) is not None and port in unit.ports},
              **{f"{use}{sfx}": self._units[f"{unit}{sfx}"] for use, (unit, _) in _USES.items()
                 for sfx in ["", *(f"_l{k}" for k in range(1, n))]},
              **{name: self._units[host] for name, host in self._silu_hosts.items()}}

@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Mux, signed, unsigned
+from types import SimpleNamespace
+
+from amaranth import Cat, Const, Module, Mux, signed, unsigned
 from amaranth.lib import data
 
 from hw.numerics import (
@@ -30,6 +32,8 @@ from hw.numerics import (
 from hw.vector.base import (
     MULT_CHUNK,
     PipelineUnit,
+    beside,
+    build_pipeline,
     dsp_product,
     normalise_levels,
     partial_products,
@@ -37,6 +41,7 @@ from hw.vector.base import (
     select_mode,
     signed_range,
     sum_partial_products,
+    valid_delay,
 )
 
 __all__ = ["Recip", "Rsqrt", "Exp", "TABLE_RESULT_BITS", "RECIP_SH_MAX", "RSQRT_SH_MAX",
@@ -100,6 +105,88 @@ def _exp_operand_bits(k_max: int) -> int:
     return bits
 
 
+#: The table units' functions, by their names in :data:`hw.timing.VECTOR_LATENCY`.
+_RECIP, _RSQRT = "recip", "rsqrt"
+
+
+def _table_stages(funcs: tuple[str, ...]) -> tuple[list, dict[str, list]]:
+    """The stages of a table unit of ``funcs`` (``("recip",)``, ``("rsqrt",)`` or both, an
+    element of the second flagged ``rsqrt`` in the first stage's input): the seven the
+    functions share (an element's function selects its mantissa, ``sh`` and table words in
+    stage 4), and each function's after them, by name (:class:`Recip`, :class:`Rsqrt`)."""
+    both = len(funcs) > 1
+    r0_bits = max(int((RECIP_LUT if f == _RECIP else RSQRT_LUT).max()).bit_length()
+                  for f in funcs)
+    p_bits = MANT_BITS + r0_bits
+    t_shift = MANT_BITS
+    q_const = 3 << (2 * RSQRT_FRAC - MANT_BITS)
+    r_shift = 2 * RSQRT_FRAC - MANT_BITS + 1
+
+    def table(m, func, mant):
+        """``func``'s table word at mantissa ``mant`` (a reciprocal's by the 6 bits after
+        its leading one; an rsqrt's by 7 over its two octaves, the first 32 words unused)."""
+        if func == _RECIP:
+            return rom(m, "recip_lut", RECIP_LUT, mant[_IDX_LO:MANT_BITS - 1])
+        unused = 2 ** (LUT_BITS - 1)   # indices below the table's first octave
+        return rom(m, "rsqrt_lut", [0] * unused + [int(x) for x in RSQRT_LUT], mant[_IDX_LO:])
+
+    def fields(v, func):
+        """``func``'s mantissa and ``sh`` from the normalised ``y`` and ``lz``."""
+        top = TABLE_IN_BITS - MANT_BITS
+        if func == _RECIP:
+            return v.y[top:], TABLE_IN_BITS + RECIP_FRAC - MANT_BITS - v.lz
+        n = (TABLE_IN_BITS - v.lz).as_signed()
+        odd = n[0]
+        e = n - MANT_BITS + odd
+        return Mux(odd, v.y[top + 1:], v.y[top:]), RSQRT_FRAC + (e >> 1)
+
+    def s3(m, v):
+        (mant, sh), *other = [fields(v, f) for f in funcs]
+        if both:
+            ((mant_rs, sh_rs),) = other
+            mant, sh = Mux(v.rsqrt, mant_rs, mant), Mux(v.rsqrt, sh_rs, sh)
+        # (both: each table at the element's mantissa, the function's word selected before
+        # the register: two small tables in logic, not one block RAM before a multiplier)
+        r0, *r0_other = [table(m, f, mant) for f in funcs]
+        if both:
+            r0 = Mux(v.rsqrt, r0_other[0], r0)
+        return {"m": (mant, unsigned(MANT_BITS)), "sh": (sh, unsigned(SH_BITS)),
+                "r0": (r0, unsigned(r0_bits))}
+
+    def s4(m, v):
+        return {"p": dsp_product(v.m * v.r0, unsigned(p_bits)), "r0": v.r0, "sh": v.sh}
+
+    def s5(m, v):
+        return {**partial_products(v.r0, v.p), "r0": v.r0, "sh": v.sh}
+
+    def s6(m, v):
+        # r0 * p: a reciprocal's r0 * (2**32 - p) is r0 * 2**32 less it; an rsqrt's t its top
+        s = sum_partial_products(v)
+        out = {"r0": v.r0, "sh": v.sh}
+        if _RECIP in funcs:
+            out["s"] = (s, unsigned(p_bits + r0_bits))
+        if _RSQRT in funcs:
+            out["q"] = (q_const - (s >> t_shift), unsigned(q_const.bit_length()))
+        return out
+
+    def recip_r(m, v):
+        r = ((v.r0 << (RECIP_FRAC + 1)) - v.s) >> RECIP_FRAC
+        return {"r": (r, unsigned(TABLE_RESULT_BITS)), "sh": v.sh}
+
+    def rsqrt_q(m, v):
+        return {**partial_products(v.r0, v.q), "sh": v.sh}
+
+    def rsqrt_r(m, v):
+        return {"r": (sum_partial_products(v) >> r_shift, unsigned(TABLE_RESULT_BITS)),
+                "sh": v.sh}
+
+    normalise = _normalise_stages()
+    if both:
+        normalise = [beside(stage, "rsqrt") for stage in normalise]
+    finals = {_RECIP: [recip_r], _RSQRT: [rsqrt_q, rsqrt_r]}
+    return [*normalise, s3, s4, s5, s6], {f: finals[f] for f in funcs}
+
+
 class Recip(PipelineUnit):
     """Reciprocal of ``1 <= x < 2**53``: ``(r, sh)`` with ``1/x ~= r / 2**sh``, exactly
     :func:`hw.numerics.vec_recip` (``x = 0`` gives the result of ``x = 1``).
@@ -110,49 +197,60 @@ class Recip(PipelineUnit):
         4     m = y[37:53] (= x >> (n - 16), flooring, or x << (16 - n)); sh = n + 15;
               r0 = RECIP_LUT[m[9:15]] (the 6 bits after the leading one)
         5     p = m * r0                         16 x 16 bits
-        6     q = 2**32 - p                      33 bits, positive
-        7     r0 * q[0:17], r0 * q[17:33]        partial products
-        8     r = (r0 * q) >> 31                 their sum
+        6     r0 * p[0:17], r0 * p[17:32]        partial products
+        7     s = r0 * p                         their sum
+        8     r = (r0 * 2**32 - s) >> 31         (r0 * (2**32 - p)) >> 31
 
-    Cost: three 18x18 multipliers (one for ``m * r0``, two for ``r0 * q``), the table (64
+    Cost: three 18x18 multipliers (one for ``m * r0``, two for ``r0 * p``), the table (64
     words of 16 bits) and the normalising shifter.
+
+    Parameters
+    ----------
+    rsqrt:
+        The unit is :class:`Rsqrt` too, on its port ``rsqrt`` (``ports["rsqrt"]``: members
+        ``rsqrt_i`` and ``rsqrt_o``, Rsqrt's layouts and latency, a stage more): stages 1 to
+        6 are both functions' (Rsqrt's ``a = m * r0`` is ``p``, its ``r0 * a`` ``r0 * p``;
+        an element's function selects its mantissa, ``sh`` and table word), stage 7 forms
+        Recip's ``s`` and Rsqrt's ``q`` from one sum, then Recip's stage 8 lies beside
+        Rsqrt's last two. An element is taken from one input a cycle, never from both
+        (``rsqrt_i``'s when it is valid); elements of the two may follow each other in any
+        order. Cost: Rsqrt's five multipliers, one normaliser, both tables.
 
     Members
     -------
     i: In(stream.Signature(table_in_layout()))
     o: Out(stream.Signature(table_out_layout()))
+    rsqrt_i, rsqrt_o: with ``rsqrt``, Rsqrt's ``i`` and ``o``
     """
 
-    NAME = "recip"
+    NAME = _RECIP
 
-    def __init__(self):
-        super().__init__(table_in_layout(), table_out_layout())
+    def __init__(self, *, rsqrt: bool = False):
+        self._funcs = (_RECIP, _RSQRT) if rsqrt else (_RECIP,)
+        shared, finals = _table_stages(self._funcs)
+        ports = ({_RSQRT: (table_in_layout(), table_out_layout(),
+                           len(shared) + len(finals[_RSQRT]))} if rsqrt else None)
+        super().__init__(table_in_layout(), table_out_layout(), ports)
 
     def _stages(self):
-        r0_bits = int(RECIP_LUT.max()).bit_length()
+        shared, finals = _table_stages(self._funcs)
+        return [*shared, *finals[_RECIP]]
 
-        def s3(m, v):
-            mant = v.y[TABLE_IN_BITS - MANT_BITS:]
-            sh = TABLE_IN_BITS + RECIP_FRAC - MANT_BITS - v.lz
-            r0 = rom(m, "recip_lut", RECIP_LUT, mant[_IDX_LO:MANT_BITS - 1])
-            return {"m": mant, "sh": (sh, unsigned(SH_BITS)), "r0": (r0, unsigned(r0_bits))}
-
-        def s4(m, v):
-            return {"p": dsp_product(v.m * v.r0, unsigned(MANT_BITS + r0_bits)), "r0": v.r0,
-                    "sh": v.sh}
-
-        def s5(m, v):
-            return {"q": ((1 << (RECIP_FRAC + 1)) - v.p, unsigned(RECIP_FRAC + 2)),
-                    "r0": v.r0, "sh": v.sh}
-
-        def s6(m, v):
-            return {**partial_products(v.r0, v.q), "sh": v.sh}
-
-        def s7(m, v):
-            return {"r": (sum_partial_products(v) >> RECIP_FRAC, unsigned(TABLE_RESULT_BITS)),
-                    "sh": v.sh}
-
-        return [*_normalise_stages(), s3, s4, s5, s6, s7]
+    def elaborate(self, platform):
+        if not self.ports:
+            return super().elaborate(platform)
+        m = Module()
+        en = self._enable(m)
+        port = self.ports[_RSQRT]
+        shared, finals = _table_stages(self._funcs)
+        first = SimpleNamespace(x=Mux(port.i.valid, port.i.payload.x, self.i.payload.x),
+                                rsqrt=port.i.valid)
+        v = build_pipeline(m, en, first, shared)
+        for func, i, o in ((_RECIP, self.i, self.o), (_RSQRT, port.i, port.o)):
+            valid = valid_delay(m, en, i.valid, len(shared) + len(finals[func]),
+                                f"{func}_valid")
+            self._output(m, o, valid, build_pipeline(m, en, v, finals[func]))
+        return m
 
 
 class Rsqrt(PipelineUnit):
@@ -164,13 +262,14 @@ class Rsqrt(PipelineUnit):
         1-3   y = x << lz (leading one at bit 52), two shift levels per stage
         4     m = x >> e (= y[37:53], or y[38:53] for odd n); sh = 23 + e / 2;
               r0 = RSQRT_LUT[(m >> 9) - 32] (a table of 128 words, the first 32 unused)
-        5     a = m * r0                         16 x 16 bits
-        6     r0 * a[0:17], r0 * a[17:32]        partial products
-        7     t = (a * r0) >> 16 (their sum); q = 3 * 2**30 - t    32 bits, positive
+        5     p = m * r0                         16 x 16 bits
+        6     r0 * p[0:17], r0 * p[17:32]        partial products
+        7     t = (p * r0) >> 16 (their sum); q = 3 * 2**30 - t    32 bits, positive
         8     r0 * q[0:17], r0 * q[17:32]        partial products
         9     r = (r0 * q) >> 31                 their sum
 
     Cost: five 18x18 multipliers (one, two, two), the table and the normalising shifter.
+    (``Recip(rsqrt=True)`` is both units on Rsqrt's multipliers.)
 
     Members
     -------
@@ -178,50 +277,14 @@ class Rsqrt(PipelineUnit):
     o: Out(stream.Signature(table_out_layout()))
     """
 
-    NAME = "rsqrt"
+    NAME = _RSQRT
 
     def __init__(self):
         super().__init__(table_in_layout(), table_out_layout())
 
     def _stages(self):
-        r0_bits = int(RSQRT_LUT.max()).bit_length()
-        unused = 2 ** (LUT_BITS - 1)   # indices below the table's first octave
-        t_shift = MANT_BITS
-        q_const = 3 << (2 * RSQRT_FRAC - MANT_BITS)
-        r_shift = 2 * RSQRT_FRAC - MANT_BITS + 1
-
-        def s3(m, v):
-            n = (TABLE_IN_BITS - v.lz).as_signed()
-            odd = n[0]
-            e = n - MANT_BITS + odd
-            mant = Mux(odd, v.y[TABLE_IN_BITS - MANT_BITS + 1:],
-                       v.y[TABLE_IN_BITS - MANT_BITS:])
-            r0 = rom(m, "rsqrt_lut", [0] * unused + [int(x) for x in RSQRT_LUT],
-                     mant[_IDX_LO:])
-            return {"m": (mant, unsigned(MANT_BITS)),
-                    "sh": (RSQRT_FRAC + (e >> 1), unsigned(SH_BITS)),
-                    "r0": (r0, unsigned(r0_bits))}
-
-        def s4(m, v):
-            return {"a": dsp_product(v.m * v.r0, unsigned(MANT_BITS + r0_bits)), "r0": v.r0,
-                    "sh": v.sh}
-
-        def s5(m, v):
-            return {**partial_products(v.r0, v.a), "r0": v.r0, "sh": v.sh}
-
-        def s6(m, v):
-            t = sum_partial_products(v) >> t_shift
-            return {"q": (q_const - t, unsigned(q_const.bit_length())), "r0": v.r0,
-                    "sh": v.sh}
-
-        def s7(m, v):
-            return {**partial_products(v.r0, v.q), "sh": v.sh}
-
-        def s8(m, v):
-            return {"r": (sum_partial_products(v) >> r_shift, unsigned(TABLE_RESULT_BITS)),
-                    "sh": v.sh}
-
-        return [*_normalise_stages(), s3, s4, s5, s6, s7, s8]
+        shared, finals = _table_stages((_RSQRT,))
+        return [*shared, *finals[_RSQRT]]
 
 
 class Exp(PipelineUnit):

@@ -1725,10 +1725,11 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
                  ) -> tuple[list[np.ndarray], list[tuple[int, list[int]]]]:
     """``bodies`` (parts, END dropped) with each GEMM part and the vector parts right after
     it that may run beside it (:func:`_may_run_beside`: its DEQUANTs) as one part
-    (:func:`beside`; the vector parts one after the other, the LOAD engine draining each
-    before the next as between parts, a FOLD's value codes going before the drain:
-    :func:`_run_early`). Returns the parts and, per part of ``bodies``, the part it is in
-    and where each of its words lies there."""
+    (:func:`beside`, the GEMM part's weights LOADs cut by :func:`cut_loads`; the vector
+    parts one after the other, the LOAD engine draining each before the next as between
+    parts, a FOLD's value codes going before the drain: :func:`_run_early`). Returns the
+    parts and, per part of ``bodies``, the part it is in and where each of its words lies
+    there."""
     out: list[np.ndarray] = []
     within: list[tuple[int, list[int]]] = []
     k = 0
@@ -1754,12 +1755,94 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
             at.append([len(chain) + p for p in place])
             chain += [_instr(w) for b in blocks for w in b]
             prev = body
-        words, g_at, v_at = beside(cfg, gemm, program_words(chain))
-        within.append((len(out), g_at))
+        cut, last = cut_loads(cfg, gemm, program_words(chain))
+        words, g_at, v_at = beside(cfg, cut, program_words(chain))
+        within.append((len(out), [g_at[j] for j in last]))
         within += [(len(out), [v_at[p] for p in ps]) for ps in at]
         out.append(words)
         k += 1 + len(run)
     return out, within
+
+
+def piece_beats(cfg: AcceleratorConfig, vec: Mapping[str, np.ndarray]) -> int:
+    """The most beats of a piece of a weights LOAD that :func:`cut_loads` cuts beside the
+    vector parts ``vec`` (decoded fields): as many as stream (``cfg.memory.cycles_per_beat``
+    cycles each) while the vector engine takes one step of the run -- its longest VEC and the
+    LOAD completion delay of the operands a drain waits on (:mod:`hw.timing`), so a waiting
+    word of ``vec`` comes within about a step of when it can go."""
+    vecs = exec_cycles_fields(vec, cfg)[vec["opcode"] == Opcode.VEC.value]
+    step = int(vecs.max(initial=0)) + completion_delay(Engine.LOAD, cfg)
+    return max(1, step // cfg.memory.cycles_per_beat)
+
+
+def load_pieces(gemm: np.ndarray, piece: int) -> tuple[np.ndarray, list[int]]:
+    """The part ``gemm`` (END dropped) with each one-row weights LOAD longer than ``piece``
+    beats cut into consecutive LOADs of at most ``piece`` beats, the first with its wait,
+    the last with its signal (the LOAD engine completes in order, so a word that waits on
+    the signal finds every piece loaded). Returns the words and, per word of ``gemm``, its
+    last word in them."""
+    out: list[Instr] = []
+    last = []
+    for w in gemm:
+        ins = _instr(w)
+        if isinstance(ins, Load) and ins.spad == Spad.WGT and ins.rows == 1 \
+                and ins.row_beats > piece:
+            n = -(-ins.row_beats // piece)
+            out += [replace(ins, wait=ins.wait if k == 0 else None,
+                            signal=ins.signal if k == n - 1 else None,
+                            dram_addr=ins.dram_addr + k * piece,
+                            spad_addr=ins.spad_addr + k * piece,
+                            row_beats=min(piece, ins.row_beats - k * piece)) for k in range(n)]
+        else:
+            out.append(ins)
+        last.append(len(out) - 1)
+    return program_words(out), last
+
+
+def _ends(cfg: AcceleratorConfig, words: np.ndarray) -> int:
+    """The cycles of the part ``words`` (END dropped) run alone, by :func:`timeline`."""
+    return timeline(cfg, np.concatenate([words, program_words([End()])])).total
+
+
+def cut_loads(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
+              ) -> tuple[np.ndarray, list[int]]:
+    """The GEMM part ``gemm`` (END dropped) of an attention run beside the vector parts
+    ``vec`` (a SOFTMAX and no SILU_GATE: :func:`beside` places their waiting words by the
+    instructions' durations) with its weights LOADs cut into pieces of a vector step
+    (:func:`load_pieces`, :func:`piece_beats`) where the timing contract's schedule
+    (:func:`timeline`) says the run is memory-bound and the pieces end it earlier:
+
+    - ``gemm`` alone takes longer than ``vec`` alone: the weights stream bounds the run, and
+      the vector parts fit inside it unless their drains are held. A waiting word of ``vec``
+      goes after the LOAD-engine word whose end the durations say it can go by, so behind a
+      whole LOAD it waits for that LOAD's end: a LOAD of LLaMA-7B's values, 512 beats a head
+      on the DDR4-class system with an INT4 cache, held the next head's DEQUANT, SOFTMAX and
+      FOLD (each a drain on the LOAD engine) until its end, where they could go between its
+      beats. Where ``vec`` alone takes longer, its drains bound the run whatever the LOADs,
+      and the pieces only put weights behind its VIN LOADs on the in-order LOAD engine,
+      later than the part after the run expects them (which the run alone does not show:
+      the board's paced reference step took 185,940 cycles with such runs cut, against
+      184,916);
+    - :func:`beside` of the pieces ends earlier than of ``gemm``: a piece boundary lets a
+      waiting word go before the rest of its LOAD, which gains only where the word bounds the
+      run, while each piece costs the LOAD engine ``hw.timing.LOAD_TURNAROUND`` cycles between
+      read requests where a beat's are closer (the unpaced port) and a word to fetch (the
+      reference model's deploy step took 97,429 cycles with every memory-bound run cut,
+      against 97,390).
+
+    Returns the words and, per word of ``gemm``, its last word in them."""
+    same = (gemm, list(range(gemm.shape[0])))
+    v = decode_fields(vec)
+    funcs = v["vec.func"][v["opcode"] == Opcode.VEC.value]
+    if not (funcs == VecFunc.SOFTMAX.value).any() or (funcs == VecFunc.SILU_GATE.value).any():
+        return same
+    if _ends(cfg, gemm) <= _ends(cfg, vec):
+        return same
+    cut, last = load_pieces(gemm, piece_beats(cfg, v))
+    if cut.shape[0] == gemm.shape[0] or _ends(cfg, beside(cfg, cut, vec)[0]) >= _ends(
+            cfg, beside(cfg, gemm, vec)[0]):
+        return same
+    return cut, last
 
 
 def _run_early(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray

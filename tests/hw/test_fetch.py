@@ -402,11 +402,13 @@ def test_fetch_latency_checked(monkeypatch):
         FetchUnit(small_config())
 
 
-def test_queue_order_and_flags():
-    """InstrQueue: first in, first out; full/empty registered; any depth."""
+@pytest.mark.parametrize("ready_copy", [False, True])
+def test_queue_order_and_flags(ready_copy):
+    """InstrQueue: first in, first out; full/empty registered; any depth. With ``ready_copy``
+    the write side's ``ready`` is the copy: a copy a cycle late or early fails its check."""
     from hw.queues import DMA_ENTRY
     for depth in (1, 2, 3, 4):
-        dut = InstrQueue(DMA_ENTRY, depth)
+        dut = InstrQueue(DMA_ENTRY, depth, ready_copy=ready_copy)
         rng = random.Random(depth)
 
         async def tb(ctx, dut=dut, depth=depth, rng=rng):

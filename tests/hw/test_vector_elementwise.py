@@ -5,7 +5,7 @@ and requantisation of activation rows and of wide (folded-value) rows."""
 
 import numpy as np
 import pytest
-from vector_testutil import check_latency, run_unit
+from vector_testutil import check_latency, run_ports, run_unit
 
 from hw import timing
 from hw.numerics import (
@@ -281,13 +281,11 @@ def test_requant_of_wide_rows():
     assert np.array_equal(run.field("a"), want)
 
 
-def test_requant_in_four_bits_matches_kv4_rows():
-    """``four`` (KV4's nibbles): a value row's factor 7 with the row's reciprocal, a key
-    row's (``key``) 7 * 255 with its group's reciprocal of ``a * c``, each clipped to
-    [-7, 7]: vec_kv4_rows' q element for element (random rows, the int32 extremes, zeros)."""
-    rng = np.random.default_rng(9)
+def kv4_elements(rng: np.random.Generator, n: int):
+    """Requant's elements of ``n`` random KV4 rows and three special ones (the int32 extremes,
+    zeros), value rows and key rows of groups 1, 2 and 8, with vec_kv4_rows' codes."""
     els, want = [], []
-    rows = [rng.integers(-ACT_MAX - 1, ACT_MAX + 1, 8 * int(k)) for k in rng.integers(1, 5, 12)]
+    rows = [rng.integers(-ACT_MAX - 1, ACT_MAX + 1, 8 * int(k)) for k in rng.integers(1, 5, n)]
     rows += [np.zeros(8, np.int64), np.array([-ACT_MAX - 1, ACT_MAX, 3, -3] * 2),
              rng.integers(-50, 50, 16)]
     for k, row in enumerate(rows):
@@ -301,8 +299,53 @@ def test_requant_in_four_bits_matches_kv4_rows():
         els += [{"x": int(e), "r": int(r[i]), "sh": int(sh[i]), "s": int(s), "four": 1,
                  "key": int(group is not None)} for i, e in enumerate(row)]
         want += list(q)
+    return els, np.array(want)
+
+
+def test_requant_in_four_bits_matches_kv4_rows():
+    """``four`` (KV4's nibbles): a value row's factor 7 with the row's reciprocal, a key
+    row's (``key``) 7 * 255 with its group's reciprocal of ``a * c``, each clipped to
+    [-7, 7]: vec_kv4_rows' q element for element (random rows, the int32 extremes, zeros)."""
+    els, want = kv4_elements(np.random.default_rng(9), 12)
     run = run_unit(Requant(FOLD_BITS), els, seed=10)
-    assert np.array_equal(run.field("a"), np.array(want))
+    assert np.array_equal(run.field("a"), want)
+
+
+def test_a_scale_with_requant_is_both():
+    """``Scale(fracs, requant_bits=54)`` (a lane's shared Scale of the vector engine, its
+    Requant on the port ``requant``, a stage behind on Scale's multipliers): Scale's elements
+    of every mode and Requant's of wide rows and of KV4's nibbles, in a random order, each
+    function right after the other but no Scale element in the cycle after a Requant element
+    (there an advancing cycle with none), and with random gaps and stalls: each port's
+    results are its function's bit for bit, at its own latency."""
+    from hw.vector.dequant import DEQUANT_SCALE_FRAC
+    fracs = (ACT_FRAC, NORM_FRAC, DEQUANT_SCALE_FRAC)
+    rng = np.random.default_rng(14)
+    x, r, sh = _scale_operands(rng, 160)
+    mode = rng.integers(0, len(fracs), len(x))
+    scale = [{"x": int(a), "r": int(b), "sh": int(c), "mode": int(k)}
+             for a, b, c, k in zip(x, r, sh, mode, strict=True)]
+    wide = [rng.integers(-(1 << int(b)), 1 << int(b), 6) for b in rng.integers(20, 54, 8)]
+    rq, rq_want = requant_elements(wide + [np.array([(1 << 53) - 1, 0, 1])], FOLD_BITS)
+    rq4, rq4_want = kv4_elements(rng, 4)
+    rq += rq4
+    els, queue = [], {None: iter(scale), "requant": iter(rq)}
+    for port in rng.permutation([None] * len(scale) + ["requant"] * len(rq)):
+        port = None if port is None else str(port)
+        if port is None and els and els[-1][0] == "requant":
+            els.append(None)
+        els.append((port, next(queue[port])))
+    unit = Scale(fracs, requant_bits=FOLD_BITS)
+    assert unit.ports["requant"].latency == timing.VECTOR_LATENCY["requant"]
+    for seed in (None, 15):
+        runs = run_ports(unit, els, seed=seed)
+        assert np.array_equal(runs[None].field("y"),
+                              saturate(round_shift(x * r, sh - np.array(fracs)[mode])))
+        assert np.array_equal(runs["requant"].field("a"), np.concatenate([rq_want, rq4_want]))
+    runs = run_ports(unit, els)
+    check_latency(runs[None], timing.VECTOR_LATENCY["scale"])
+    check_latency(runs["requant"], timing.VECTOR_LATENCY["requant"])
+    assert set(runs["requant"].accepted) & {c + 1 for c in runs[None].accepted}
 
 
 @pytest.mark.parametrize("make, message", [

@@ -678,6 +678,64 @@ def test_the_silu_gates_muls_on_other_lanes_back_to_back(lanes):
     _check_against_the_models(vin, vecs, [0] * len(vecs), cfg)
 
 
+def _sharing_back_to_back(lanes: int, seed: int, firsts, seconds) -> None:
+    """Each sub-op of ``seconds`` right after and right before one of ``firsts`` (in turn),
+    no gap, on rows of one element (a row's scalars and results soonest) and of two groups
+    and one more element: cycles and VOUT exact on an engine of ``lanes``. Each is ``(func,
+    imm of the row's length)``."""
+    cfg = VCFG.replace(vector_lanes=lanes)
+    rng = np.random.default_rng(seed)
+    vin = _random_vin(rng)
+
+    def vec(func_imm, length):
+        func, imm = func_imm
+        words = int(vec_out_words(func.value, length, imm(length)))
+        return _aligned(Vec(func=func, length=length, imm=imm(length),
+                            a_addr=int(rng.integers(0, VIN - length + 1)),
+                            b_addr=int(rng.integers(0, VIN - length + 1)),
+                            dst_addr=int(rng.integers(0, VOUT - words + 1))), cfg)
+    vecs = []
+    for k, second in enumerate(seconds):
+        for length in (1, 2 * lanes + 1):
+            vecs += [vec(firsts[k % len(firsts)], length), vec(second, length)]
+    vecs.append(vec(firsts[0], 1))
+    assert all(dispatch_error(v, cfg) == ErrorCode.NONE for v in vecs)
+    _check_against_the_models(vin, vecs, [0] * len(vecs), cfg)
+
+
+#: Sub-ops and their imm of a row's length: RMSNORM's (a model's epsilon), KV4's key row's
+#: (the largest group dividing it) and SOFTMAX's (every position valid), the others' 0.
+_RMSNORM = (VecFunc.RMSNORM, lambda n: norm_eps(1e-5, n))
+_KV4_KEY = (VecFunc.KV4, lambda n: kv4_imm(n & -n))
+_SOFTMAX = (VecFunc.SOFTMAX, lambda n: n)
+
+
+def _no_imm(func: VecFunc) -> tuple:
+    return (func, lambda n: 0)
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_rmsnorm_and_the_reciprocals_back_to_back(lanes):
+    """Lane 0's Recip is RMSNORM's Rsqrt too, on its port (hw.vector.engine._PORTS): RMSNORM
+    right before and right after each sub-op that takes a reciprocal (REQUANT, SOFTMAX,
+    FOLD, SILU_GATE, KV4's value and key rows)."""
+    _sharing_back_to_back(lanes, 90 + lanes, [_RMSNORM], [
+        _no_imm(VecFunc.REQUANT), _SOFTMAX, _no_imm(VecFunc.FOLD), _no_imm(VecFunc.SILU_GATE),
+        _no_imm(VecFunc.KV4), _KV4_KEY])
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_the_scales_and_the_requants_back_to_back(lanes):
+    """Each lane's Scale is its Requant too, on its port, a stage behind a Scale element on
+    its multipliers (hw.vector.engine._PORTS): each sub-op that takes the codes' Requant
+    (REQUANT, FOLD, KV4's value and key rows) right after and right before one that takes
+    Scale (SOFTMAX, RMSNORM, DEQUANT of a REQUANT's or a FOLD's amax word)."""
+    _sharing_back_to_back(lanes, 95 + lanes, [
+        _SOFTMAX, _RMSNORM, (VecFunc.DEQUANT, lambda n: dequant_imm(VIN - 1)),
+        (VecFunc.DEQUANT, lambda n: dequant_imm(VIN - 2, True))],
+        [_no_imm(VecFunc.REQUANT), _no_imm(VecFunc.FOLD), _no_imm(VecFunc.KV4), _KV4_KEY])
+
+
 def test_requant_softmax_and_rmsnorm_edges_in_the_executor():
     """The rows the scalar steps treat specially: all zeros (REQUANT: amax 0; RMSNORM with
     eps 0: a sum of squares of 0), one holding -2**31 (REQUANT: amax 2**31, s = 1; RMSNORM:

@@ -103,8 +103,13 @@ def test_rtl_engine_builds_lanes(lanes):
     assert units["sumsq"].latency == timing.VECTOR_LATENCY["sumsq"] + tree
     assert units["max"].latency == timing.VECTOR_LATENCY["max"] + tree       # SOFTMAX's
     assert units["sum"].latency == timing.VECTOR_LATENCY["sum"] + tree
-    for name in ("add", "mul", "scale", "requant", "dequant_factor", "exp"):
+    for name in ("add", "mul", "scale", "dequant_factor", "exp"):
         assert sum(k == name or k.startswith(f"{name}_l") for k in units) == lanes, name
+    # each lane's Requant (REQUANT's, FOLD's and KV4's codes) is its Scale's port
+    assert all(list(units[k].ports) == ["requant"] and units[k].ports["requant"].latency
+               == timing.VECTOR_LATENCY["requant"] for k in units
+               if k == "scale" or k.startswith("scale_l"))
+    assert not any(k.startswith("requant") for k in units)
     # MUL's, RMSNORM's weight's, FOLD's (and lane 0's KV4 codes') Mul and ROPE's rotation,
     # and SOFTMAX's, RMSNORM's and DEQUANT's Scale, are one unit a lane, a mode each use
     assert units["mul"].modes == ((ACT_FRAC, ACT_BITS), (NORM_FRAC, ACT_BITS), (0, FOLD_BITS),
@@ -115,8 +120,10 @@ def test_rtl_engine_builds_lanes(lanes):
     for name in ("mul16", "mul_fold", "mul_code", "rope", "scale16", "scale30", "scale31",
                  "exp30"):
         assert name not in units
-    for name in ("recip", "rsqrt", "argmax", "absmax"):
+    for name in ("recip", "argmax", "absmax"):
         assert name in units and f"{name}_l1" not in units
+    # RMSNORM's Rsqrt is lane 0's Recip's port, its multipliers Recip's and two more
+    assert "rsqrt" not in units and list(units["recip"].ports) == ["rsqrt"]
     # one AbsMax, KV4's too (its maxima with the signs below them: its groups' |x >> 1|)
     assert units["absmax"].o.payload.y.shape().width == FOLD_BITS + 1
 

@@ -5,7 +5,7 @@ latency of hw.timing.VECTOR_LATENCY and the stall protocol."""
 
 import numpy as np
 import pytest
-from vector_testutil import check_latency, run_unit
+from vector_testutil import check_latency, run_ports, run_unit
 
 from hw import timing
 from hw.numerics import (
@@ -53,6 +53,43 @@ def test_table_unit_takes_zero_as_one(unit, golden):
     run = run_unit(unit(), [{"x": 0}])
     r, sh = golden(np.array([1]))
     assert (run.field("r")[0], run.field("sh")[0]) == (r[0], sh[0])
+
+
+def _recip_rsqrt(x: np.ndarray, rsqrt: np.ndarray) -> list[tuple[str | None, dict]]:
+    """Elements of ``Recip(rsqrt=True)``: ``x[k]`` to its ``rsqrt`` port where ``rsqrt[k]``,
+    else to its own input."""
+    return [("rsqrt" if s else None, {"x": int(a)}) for a, s in zip(x, rsqrt, strict=True)]
+
+
+def _check_recip_rsqrt(runs, x: np.ndarray, rsqrt: np.ndarray) -> None:
+    """Each port's results are its function's of its elements, bit for bit, in order."""
+    for port, golden, mine in ((None, vec_recip, ~rsqrt), ("rsqrt", vec_rsqrt, rsqrt)):
+        r, sh = golden(np.maximum(x[mine], 1))
+        assert np.array_equal(runs[port].field("r"), r), port
+        assert np.array_equal(runs[port].field("sh"), sh), port
+
+
+def test_a_recip_with_rsqrt_is_both():
+    """``Recip(rsqrt=True)`` (the vector engine's Recip and RMSNORM's Rsqrt on one normaliser,
+    table memory and Rsqrt's multipliers): one element a cycle, each to either port in a
+    random order (each function right after the other, and runs of each), and with random
+    gaps and stalls: each port's results are its function's bit for bit, at its own latency
+    (a reciprocal's result in the same cycle as an rsqrt's fed the cycle before)."""
+    x = np.concatenate([[0], table_operands(4)])
+    rng = np.random.default_rng(5)
+    rsqrt = rng.random(len(x)) < 0.5
+    rsqrt[100:140] = True
+    rsqrt[140:180] = False
+    unit = Recip(rsqrt=True)
+    assert unit.latency == timing.VECTOR_LATENCY["recip"]
+    assert unit.ports["rsqrt"].latency == timing.VECTOR_LATENCY["rsqrt"]
+    els = _recip_rsqrt(x, rsqrt)
+    runs = run_ports(unit, els)
+    _check_recip_rsqrt(runs, x, rsqrt)
+    check_latency(runs[None], timing.VECTOR_LATENCY["recip"])
+    check_latency(runs["rsqrt"], timing.VECTOR_LATENCY["rsqrt"])
+    assert set(runs[None].accepted) & {c + 1 for c in runs["rsqrt"].accepted}
+    _check_recip_rsqrt(run_ports(unit, els, seed=6), x, rsqrt)
 
 
 def exp_operands(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -150,6 +187,17 @@ def test_every_mantissa(unit, golden, lo):
     run = run_unit(unit(), [{"x": int(a)} for a in x])
     r, sh = golden(x)
     assert np.array_equal(run.field("r"), r) and np.array_equal(run.field("sh"), sh)
+
+
+@pytest.mark.slow
+def test_every_mantissa_of_a_recip_with_rsqrt():
+    """``Recip(rsqrt=True)``: every mantissa of each function (as above), alternating between
+    its ports: both its tables, bit for bit."""
+    rs = np.arange(1 << (MANT_BITS - 2), 1 << MANT_BITS, dtype=np.int64)
+    rc = np.arange(1 << (MANT_BITS - 1), 1 << MANT_BITS, dtype=np.int64)
+    x = np.concatenate([np.stack([rc, rs[:len(rc)]], axis=1).ravel(), rs[len(rc):]])
+    rsqrt = np.concatenate([np.tile([False, True], len(rc)), np.ones(len(rs) - len(rc), bool)])
+    _check_recip_rsqrt(run_ports(Recip(rsqrt=True), _recip_rsqrt(x, rsqrt)), x, rsqrt)
 
 
 @pytest.mark.slow

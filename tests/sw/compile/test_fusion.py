@@ -65,6 +65,7 @@ from sw.compile.fusion import (
     DequantOp,
     RequantOp,
     beside,
+    cut_loads,
     fuse_parts,
     fuse_words,
     fusion_groups,
@@ -72,6 +73,7 @@ from sw.compile.fusion import (
     linear_group,
     loads_ahead,
     part_buffers,
+    piece_beats,
     rename_events,
     row_aliases,
     vector_events,
@@ -1539,6 +1541,16 @@ def test_beside_keeps_each_parts_order_and_follows_the_stores_it_reads():
         assert r.ok, r.error
 
 
+def _drained_part(func: VecFunc, src: int, y: int) -> list:
+    """A vector part drained through VOUT: a VIN LOAD of two beats from ``src``, a VEC
+    ``func`` of 4 elements reading it, a STORE of its results to ``y``."""
+    ev = EVENTS
+    return [Load(spad=Spad.VIN, dram_addr=src, rows=1, row_beats=2, signal=ev["FULL0"]),
+            Vec(func=func, length=4, b_addr=4, wait=ev["FULL0"], signal=ev["OUT_FULL0"]),
+            Store(spad=Spad.VOUT, dram_addr=y, rows=1, row_beats=2,
+                  wait=ev["OUT_FULL0"], signal=ev["STORED0"])]
+
+
 @pytest.mark.parametrize("tiles", [4, 9])
 def test_a_paced_vec_follows_the_load_it_waits_on(tiles):
     """``beside`` of a GEMM-like part and a paced vector run (a SOFTMAX part, drained, then
@@ -1549,15 +1561,9 @@ def test_a_paced_vec_follows_the_load_it_waits_on(tiles):
     word. The program runs on the fast model to the DRAM of the two parts one after the
     other."""
     ev = EVENTS
-
-    def part(func: VecFunc, src: int, y: int) -> list:
-        return [Load(spad=Spad.VIN, dram_addr=src, rows=1, row_beats=2, signal=ev["FULL0"]),
-                Vec(func=func, length=4, b_addr=4, wait=ev["FULL0"], signal=ev["OUT_FULL0"]),
-                Store(spad=Spad.VOUT, dram_addr=y, rows=1, row_beats=2,
-                      wait=ev["OUT_FULL0"], signal=ev["STORED0"])]
-    vec = vector_events(program_words(part(VecFunc.SOFTMAX, 0, 3000)
+    vec = vector_events(program_words(_drained_part(VecFunc.SOFTMAX, 0, 3000)
                                       + [Sync(engine=Engine.LOAD, wait=ev["STORED0"])]
-                                      + part(VecFunc.SILU_GATE, 3000, 3100)))
+                                      + _drained_part(VecFunc.SILU_GATE, 3000, 3100)))
     gemm = _gemm_like(tiles)[:-1]
     words, g_at, v_at = beside(CFG, gemm, vec)
     got, mine = _program(words), _program(vec)
@@ -1569,6 +1575,57 @@ def test_a_paced_vec_follows_the_load_it_waits_on(tiles):
             for p in (got, _program(gemm) + _program(rename_events(vec, BESIDE_EVENTS)))]
     assert all(r.ok for r in runs), [r.error for r in runs]
     assert np.array_equal(runs[0].dram, runs[1].dram)
+
+
+def test_a_memory_bound_attention_runs_weights_loads_are_cut_into_steps():
+    """``cut_loads`` of a GEMM-like part whose weights LOADs are four vector steps long
+    (:func:`piece_beats`) beside a paced run of two drained SOFTMAX parts (the GEMM part
+    alone takes longer): each weights LOAD becomes consecutive LOADs of at most a step's
+    beats covering its beats, its wait on the first and its signal on the last (where each
+    of its words went: its last); ``beside`` of the cut part runs on the fast model to the
+    DRAM of the two parts one after the other, in fewer cycles than of the part uncut (the
+    drain waited for a whole LOAD there). Left as it is: beside a SILU_GATE, and where the
+    vector parts alone take longer than the GEMM part alone."""
+    ev = EVENTS
+
+    def run(func: VecFunc) -> np.ndarray:
+        return vector_events(program_words(_drained_part(VecFunc.SOFTMAX, 0, 3000)
+                                           + [Sync(engine=Engine.LOAD, wait=ev["STORED0"])]
+                                           + _drained_part(func, 3000, 3100)))
+    vec = run(VecFunc.SOFTMAX)
+    piece = piece_beats(CFG, decode_fields(vec))
+    gemm = _gemm_like(2, beats=4 * piece)[:-1]
+    cut, last = cut_loads(CFG, gemm, vec)
+    before, after = _program(gemm), _program(cut)
+    assert len(after) > len(before)
+    for i, ins in enumerate(before):
+        k = last[i]
+        first = last[i - 1] + 1 if i else 0
+        if not (isinstance(ins, Load) and ins.spad == Spad.WGT):
+            assert after[first:k + 1] == [ins]
+            continue
+        pieces = after[first:k + 1]
+        assert [p.dram_addr for p in pieces] == [ins.dram_addr + j * piece
+                                                for j in range(len(pieces))]
+        assert [p.spad_addr - ins.spad_addr for p in pieces] == \
+            [p.dram_addr - ins.dram_addr for p in pieces]
+        assert sum(p.row_beats for p in pieces) == ins.row_beats
+        assert max(p.row_beats for p in pieces) <= piece < ins.row_beats
+        assert [p.wait for p in pieces] == [ins.wait] + [None] * (len(pieces) - 1)
+        assert [p.signal for p in pieces] == [None] * (len(pieces) - 1) + [ins.signal]
+    dram = np.random.default_rng(0).integers(0, 256, CFG.memory.size_bytes, np.uint8)
+    runs = [make_backend("model", CFG).run(program_words(p + [End()]), dram.copy())
+            for p in (_program(beside(CFG, cut, vec)[0]), _program(beside(CFG, gemm, vec)[0]),
+                      before + _program(rename_events(vec, BESIDE_EVENTS)))]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[2].dram)
+    assert runs[0].cycles < runs[1].cycles
+    assert cut_loads(CFG, gemm, run(VecFunc.SILU_GATE))[0] is gemm
+    short = _gemm_like(1, beats=piece + 1)[:-1]  # cuttable, but the vector parts outlast it
+    alone = [make_backend("model", CFG).run(program_words(_program(w) + [End()]), dram.copy())
+             for w in (short, vec)]
+    assert alone[0].cycles < alone[1].cycles
+    assert cut_loads(CFG, short, vec)[0] is short
 
 
 def _vin_races(words: np.ndarray, trace) -> list[tuple[int, int]]:
