@@ -2380,8 +2380,10 @@ def test_drained_loads_take_only_vin_rows_the_part_before_has_settled():
     beats 0-3 may go before the boundary (:func:`fusion.drained_loads`), its LOAD into beats
     8-11 and its LOAD of r2's DRAM may not; and :func:`fusion.settled` says which words are
     complete once the LOAD engine passed them all."""
+    from hw.engines import engines_fields
     from hw.isa import MOVE_SPAD, Engine, Spad, Store, Sync, Vec, VecFunc
-    from sw.compile.fusion import drained_loads, settled
+    from sw.compile.fusion import _settled, drained_loads, settled
+    from sw.compile.onchip import _matches
 
     full, done, stored = 0, 4, 6
     cfg = VSMALL
@@ -2403,6 +2405,11 @@ def test_drained_loads_take_only_vin_rows_the_part_before_has_settled():
                             row(8, r3), vec(8), store(r2)])
     assert settled(before) == {Engine.LOAD.value: 0, Engine.COMPUTE.value: -1,
                                Engine.STORE.value: 2, Engine.VECTOR.value: 1}
+    # loads_ahead's settled of each prefix, from the whole program's decode and matches
+    f = decode_fields(before)
+    eng, match = engines_fields(f), _matches(f)
+    assert all(_settled(eng[:p], np.where(match[:p] < p, match[:p], -1)) == settled(before[:p])
+               for p in range(before.shape[0] + 1))
     part = program_words([row(0, r1, None), row(8, r3, None), row(16, r2, None),
                           row(24, r3, None), Sync(engine=Engine.LOAD, wait=stored),
                           row(32, r3, None)])
