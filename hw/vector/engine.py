@@ -759,20 +759,27 @@ class VectorEngine(wiring.Component):
 
         aheads = {}
 
-        def valid_ahead(name):
-            """Unit ``name``'s ``o.valid`` one cycle early: its input valid (with ``last``, a
-            reduction's) delayed by its latency less one (the units never stall); one delay
-            line a unit, however many read it. A use of a shared unit: its unit's, while its
-            sub-op runs."""
+        def valid_ahead(name, k=1):
+            """Unit ``name``'s ``o.valid`` ``k`` cycles early (``1 <= k <= latency``): its
+            input valid (with ``last``, a reduction's) delayed by its latency less ``k`` (the
+            units never stall); one delay line a unit, however many read it. A use of a
+            shared unit: its unit's, while its sub-op runs."""
             if name in _USES:
-                return valid_ahead(_USES[name][0]) & use_sel[name]
+                return valid_ahead(_USES[name][0], k) & use_sel[name]
             if name not in aheads:
                 unit = u[name]
                 taken = unit.i.valid
                 if isinstance(unit, ReductionUnit):
                     taken = taken & unit.i.payload.last
-                aheads[name] = _delay(m, taken, unit.latency - 1, f"{name}_ahead")
-            return aheads[name]
+                line = [taken]   # line[j]: the input valid j cycles ago
+                for j in range(1, unit.latency):
+                    line.append(_delay(m, line[-1], 1, f"{name}_ahead{j}_"))
+                aheads[name] = line
+            line = aheads[name]
+            if not 1 <= k <= len(line):
+                raise ValueError(f"unit {name}'s valid is known at most {len(line)} cycles "
+                                 f"ahead, not {k}")
+            return line[len(line) - k]
 
         feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
         for k, unit in enumerate(lanes("add"), 1):
@@ -908,19 +915,25 @@ class VectorEngine(wiring.Component):
             m.d.sync += [kv_gi.eq(kv_gi + 1), kv_busy.eq(~g_last)]
         with m.If(~active):
             m.d.sync += [g_at.eq(0), kv_ci.eq(0), kv_rowr.eq(0), kv_busy.eq(0), kv_gi.eq(0)]
-        # The group fed next cycle is read now (its data a cycle later): kv_gi + feeding,
-        # which is kv_gi's next value. That address is a register, kept as kv_gi + feeding
-        # from `feeding` one cycle ahead (Recip's valid ahead, kv_rowr's and kv_busy's next
-        # values; the flags hold while KV4 feeds), so that no logic lies between the engine's
-        # control and the memories' blocks, which lie across the die from it. (Cleared while
-        # idle, as kv_gi is; not reset: nothing reads the memory before the first clear.)
+        # The group fed in cycle t is read in t - 2 and its word registered (`kv_gq`), so the
+        # block RAM's clock-to-output and its blocks' read multiplexer lie in a cycle of their
+        # own, not in front of the shared Mul's feed selection. The groups are fed in
+        # consecutive cycles from the one the row's reciprocal comes out, f0, so the address
+        # is a register that counts from f0 - 2 (Recip's valid two cycles ahead; KV4's first
+        # reciprocal is the row's, and kv_rowr is set only after f0) until the instruction
+        # ends, so that no logic lies between the engine's control and the memories' blocks,
+        # which lie across the die from it; the words read past the last group are not fed.
+        # (Cleared while idle, as kv_gi is; not reset: nothing reads the memory before the
+        # first clear.)
         g_addr = Signal.like(g_rd.addr, name="kv_g_addr", reset_less=True)
-        feeding_ahead = ((ahead["recip"] & kv & ~(kv_rowr | row_r) & kv_codes)
-                         | Mux(feeding, ~g_last, kv_busy))
-        m.d.sync += g_addr.eq(Mux(active, g_addr + feeding_ahead, 0))
+        g_q = Signal.like(g_rd.data, name="kv_gq", reset_less=True)
+        kv_rd = Signal()      # reading the groups, two cycles ahead of feeding them
+        rd_go = (valid_ahead("recip", 2) & kv & kv_codes & ~kv_rowr) | kv_rd
+        m.d.sync += [kv_rd.eq(active & rd_go), g_addr.eq(Mux(active, g_addr + rd_go, 0)),
+                     g_q.eq(g_rd.data)]
         m.d.comb += g_rd.addr.eq(g_addr)
         feed(u["mul_code"], feeding, "mul_code",
-             a=Mux(shift, g_rd.data[ACT_BITS:], g_rd.data[:ACT_BITS]),
+             a=Mux(shift, g_q[ACT_BITS:], g_q[:ACT_BITS]),
              b=Mux(row_r, u["recip"].o.payload.r, r))
         # the code in three stages of KV4_CODE_LATENCY: -255 p registered; its shift by sh's
         # high bits (a 63-bit shifter of four multiplexer levels was too long with the clip
