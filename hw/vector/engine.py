@@ -481,6 +481,11 @@ class VectorEngine(wiring.Component):
 
         active = Signal()     # from the command to the last write
         issuing = Signal()    # reading the row
+        # INSERT's copy of `issuing`, set and cleared with it (its `keep` holds it apart): the
+        # VIN ports' enables and the read pipeline load `issuing` across the die, and its
+        # wire was most of the path into INSERT's walker and b_ptr's enable.
+        ins_issuing = Signal(attrs={"keep": 1})
+        issuers = (issuing, ins_issuing)
         # The instruction's registers below are loaded from the command in every idle cycle,
         # so in the cycle after a reset (which clears `active`, `issuing` and the units' valid
         # bits) before any use: they are not reset (hw/top.py, "Reset").
@@ -567,7 +572,7 @@ class VectorEngine(wiring.Component):
                          one_m_half.eq(per_step(lambda i: i - body_half)),
                          rk_last.eq(per_step(lambda i: body_half == i))]
             with m.If(self.cmd.valid):
-                m.d.sync += [active.eq(1), issuing.eq(1)]
+                m.d.sync += [active.eq(1), *(i.eq(1) for i in issuers)]
 
         # ---- read: one element (of each operand row) per cycle
         is_rope = is_[VecFunc.ROPE]
@@ -594,7 +599,7 @@ class VectorEngine(wiring.Component):
                     m.d.sync += [t_ptr.eq(t_ptr + step_rd), rk.eq(rk + step_rd),
                                  rk_last.eq(rk == half_m2)]
             with m.If(at_end):
-                m.d.sync += issuing.eq(0)
+                m.d.sync += [i.eq(0) for i in issuers]
         # A per-row scalar is ready: the next pass reads from the next cycle. The decision is
         # registered, from each unit's result one cycle ahead (below), and each group of
         # registers it loads takes its own copy of it (hw/fanout.py; reset, as the units'
@@ -608,7 +613,7 @@ class VectorEngine(wiring.Component):
             m.d.sync += [left.eq(length - 1 if n == 1 else reads_m1), idx.eq(0),
                          at_end.eq(len_one)]
         with m.If(pass_ctl):
-            m.d.sync += [issuing.eq(1), phase.eq(phase + 1)]
+            m.d.sync += [*(i.eq(1) for i in issuers), phase.eq(phase + 1)]
 
         # -- INSERT: the byte `at` of the next code (a whole code word at stride 1) walks up the
         # row; the word read now takes it when idx == at // 4 (`hit`), and then `at` steps
@@ -642,7 +647,7 @@ class VectorEngine(wiring.Component):
         # (n lanes, a laned INSERT: idx counts the groups of n words read, the code's word is
         # lane at // 4 % n of group at // 4n; hw.isa.insert_laned: a group takes one code)
         ins_word_at = Mux(ins_nib, ins_at[3:], ins_at[2:])
-        hit = issuing & is_insert & ~ins_end & (
+        hit = ins_issuing & is_insert & ~ins_end & (
             idx == (ins_word_at if n == 1 else Mux(wide, ins_word_at[lg:], ins_word_at)))
         with m.If(hit):
             r_last = (ins_r | Mux(ins_word, ins_jl, 0)) == ins["group_m1"]
@@ -651,7 +656,7 @@ class VectorEngine(wiring.Component):
                          ins_g.eq(ins_g + r_last),
                          ins_end.eq(r_last & (ins_g == ins["groups_m1"])),
                          ins_j3.eq(Mux(ins_word | (ins_j3 == ins_jl), 0, ins_j3 + 1))]
-        with m.If(issuing & is_insert):   # (after the read's b_ptr + 1: this one holds)
+        with m.If(ins_issuing & is_insert):   # (after the read's b_ptr + 1: this one holds)
             # hit selects between b_ptr + 1 and b_ptr: the compare stays out of the adder
             m.d.sync += b_ptr.eq(Mux(hit & (ins_word | (ins_j3 == ins_jl)), b_ptr + 1, b_ptr))
 
@@ -1026,8 +1031,20 @@ class VectorEngine(wiring.Component):
         # The next pass starts (the copies of next_pass_d, a cycle behind) in the cycle a
         # per-row scalar's unit gives it, and DEQUANT's second in g + 2, after its amax read:
         # next_pass_d is that, a cycle early.
-        # KV4: the last group's reciprocal next cycle (rs_at + g_out: those out before it)
-        kv_last_ahead = ahead["recip"] & kv & kv_rowr & ((rs_at + g_out) == kv_glast)
+        # KV4: the last group's reciprocal next cycle, when kv_glast = rs_at + g_out (those
+        # out before it). A count of the groups' reciprocals still to come, `gl` = kv_glast -
+        # rs_at, with flags gl == 0 and gl == 1 registered beside it, so no adder and compare
+        # lie in front of the pass decision: kv_glast - rs_at - g_out is 0 when gl is g_out.
+        # (Loaded from kv_glast until the row's reciprocal comes out, after which the groups'
+        # come.)
+        gl = Signal.like(kv_glast, name="kv_gl", reset_less=True)
+        gl0 = Signal(name="kv_gl0", reset_less=True)
+        gl1 = Signal(name="kv_gl1", reset_less=True)
+        with m.If(~kv_rowr):
+            m.d.sync += [gl.eq(kv_glast), gl0.eq(kv_glast == 0), gl1.eq(kv_glast == 1)]
+        with m.Elif(g_out):
+            m.d.sync += [gl.eq(gl - 1), gl0.eq(gl1), gl1.eq(gl == 2)]
+        kv_last_ahead = ahead["recip"] & kv & kv_rowr & Mux(g_out, gl1, gl0)
         m.d.sync += g_out_last.eq(kv_last_ahead)
         m.d.comb += next_pass_d.eq(
             (~active & self.cmd.valid & (body.func == VecFunc.DEQUANT))
