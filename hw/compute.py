@@ -40,27 +40,12 @@ from hw.decoder import (
     wrap_inc,
 )
 from hw.epilogue import Epilogue
-from hw.fanout import replica
+from hw.fanout import registered_control, replica
 from hw.isa import MAX_HEADER_WORDS, EpilogueMode, GemmBody
 from hw.pe import PE, act_block_layout, index_bits
 from hw.timing import GEMM_DRAIN, GEMM_FILL
 
-__all__ = ["ComputeCore", "header_words", "registered_done"]
-
-
-def registered_done(cfg: AcceleratorConfig) -> bool:
-    """:attr:`ComputeCore.done` comes straight from a flip-flop, set a cycle early (same cycle).
-
-    With the vector engine (:attr:`hw.config.AcceleratorConfig.has_vector`): the COMPUTE
-    sequencer turns ``done`` into its signal, which feeds every event counter and the event
-    unit's overflow multiplexer (four ports), and a ``done`` decoded from the instruction
-    register in the core was the placed vector design's critical path (a long wire from the
-    core to the sequencer). The epilogue's ``start`` (DRAIN's last cycle), which forms the
-    epilogue's first read strobes and addresses into the array in its cycle, is registered a
-    cycle early with it. The configurations without the engine keep the decode (it adds no
-    flip-flop to the board's 2x8 design, whose bitstream stays valid).
-    """
-    return cfg.has_vector
+__all__ = ["ComputeCore", "header_words"]
 
 
 def header_words(body) -> Value:
@@ -84,7 +69,7 @@ class ComputeCore(wiring.Component):
         cycle is cycle ``c``.
     done: Out(1)
         High for one cycle, in cycle ``c + hw.timing.gemm_cycles(ins, cfg)``. A new command may
-        be accepted from the next cycle. A register with :func:`registered_done`.
+        be accepted from the next cycle. A register with :func:`hw.fanout.registered_control`.
     mac: Out(1)
         Row 0 takes a MAC this cycle: ``k_steps * tokens`` cycles per GEMM.
     act_rd, wgt_rd, param_rd: In(ReadPort.Signature(...))
@@ -142,7 +127,7 @@ class ComputeCore(wiring.Component):
         adepth = spad_depth(cfg, "act")
         m.submodules.decoder = dec = Decoder(cfg)
         m.submodules.array = arr = Array(cfg)
-        early = registered_done(cfg)
+        early = registered_control(cfg)
         m.submodules.epilogue = epi = Epilogue(cfg, ahead=early)
         connect(m, flipped(self.wgt_rd), dec.rd)
         connect(m, flipped(self.param_rd), epi.param_rd)

@@ -119,7 +119,7 @@ class Epilogue(wiring.Component):
         The last word is written this cycle.
     done_ahead: Out(1), only with ``ahead``
         ``done`` of the next cycle (the register ``done`` follows), for a user that registers
-        it (:class:`hw.compute.ComputeCore` with :func:`hw.compute.registered_done`).
+        it (:class:`hw.compute.ComputeCore` with :func:`hw.fanout.registered_control`).
     ep_next: Out(1)
         An accumulator read in the next cycle (to the array: multiply the low slices; the
         array registers it per PE).

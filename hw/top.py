@@ -62,7 +62,7 @@ from hw.dma import DramSignature, LoadEngine, StoreEngine
 from hw.engine import EngineSequencer
 from hw.engines import engines_of
 from hw.events import EventUnit
-from hw.fanout import replica
+from hw.fanout import registered_control, replica
 from hw.fetch import FetchUnit
 from hw.isa import INSTR_BITS, Engine, ErrorCode, GemmBody, RunRegs
 from hw.queues import InstrQueue, entry_layout
@@ -219,7 +219,7 @@ class Accelerator(wiring.Component):
         for e in engines:
             queues[e.engine] = block(f"{e.name}_queue",
                                      InstrQueue(entry_layout(e.body_layout), cfg.queue_depth,
-                                                ready_copy=cfg.has_vector))
+                                                ready_copy=registered_control(cfg)))
             seqs[e.engine] = block(f"{e.name}_seq",
                                    EngineSequencer(e.body_layout, cfg.num_events,
                                                    derive=_derive(cfg, e.engine)))
@@ -228,7 +228,7 @@ class Accelerator(wiring.Component):
             raise ValueError(f"the engines {[e.name for e in engines]} are not the first "
                              f"{len(engines)} values of hw.isa.Engine")
         events = block("events", EventUnit(cfg.num_events, cfg.event_bits, ports=len(engines),
-                                           signal_copies=cfg.has_vector))
+                                           signal_copies=registered_control(cfg)))
         load = block("load", LoadEngine(cfg))
         store = block("store", StoreEngine(cfg))
         core = block("core", self._compute(cfg))

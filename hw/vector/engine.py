@@ -481,6 +481,11 @@ class VectorEngine(wiring.Component):
 
         active = Signal()     # from the command to the last write
         issuing = Signal()    # reading the row
+        # INSERT's copy of `issuing`, set and cleared with it (its `keep` holds it apart): the
+        # VIN ports' enables and the read pipeline load `issuing` across the die, and its
+        # wire was most of the path into INSERT's walker and b_ptr's enable.
+        ins_issuing = Signal(attrs={"keep": 1})
+        issuers = (issuing, ins_issuing)
         # The instruction's registers below are loaded from the command in every idle cycle,
         # so in the cycle after a reset (which clears `active`, `issuing` and the units' valid
         # bits) before any use: they are not reset (hw/top.py, "Reset").
@@ -567,7 +572,7 @@ class VectorEngine(wiring.Component):
                          one_m_half.eq(per_step(lambda i: i - body_half)),
                          rk_last.eq(per_step(lambda i: body_half == i))]
             with m.If(self.cmd.valid):
-                m.d.sync += [active.eq(1), issuing.eq(1)]
+                m.d.sync += [active.eq(1), *(i.eq(1) for i in issuers)]
 
         # ---- read: one element (of each operand row) per cycle
         is_rope = is_[VecFunc.ROPE]
@@ -594,7 +599,7 @@ class VectorEngine(wiring.Component):
                     m.d.sync += [t_ptr.eq(t_ptr + step_rd), rk.eq(rk + step_rd),
                                  rk_last.eq(rk == half_m2)]
             with m.If(at_end):
-                m.d.sync += issuing.eq(0)
+                m.d.sync += [i.eq(0) for i in issuers]
         # A per-row scalar is ready: the next pass reads from the next cycle. The decision is
         # registered, from each unit's result one cycle ahead (below), and each group of
         # registers it loads takes its own copy of it (hw/fanout.py; reset, as the units'
@@ -608,7 +613,7 @@ class VectorEngine(wiring.Component):
             m.d.sync += [left.eq(length - 1 if n == 1 else reads_m1), idx.eq(0),
                          at_end.eq(len_one)]
         with m.If(pass_ctl):
-            m.d.sync += [issuing.eq(1), phase.eq(phase + 1)]
+            m.d.sync += [*(i.eq(1) for i in issuers), phase.eq(phase + 1)]
 
         # -- INSERT: the byte `at` of the next code (a whole code word at stride 1) walks up the
         # row; the word read now takes it when idx == at // 4 (`hit`), and then `at` steps
@@ -642,7 +647,7 @@ class VectorEngine(wiring.Component):
         # (n lanes, a laned INSERT: idx counts the groups of n words read, the code's word is
         # lane at // 4 % n of group at // 4n; hw.isa.insert_laned: a group takes one code)
         ins_word_at = Mux(ins_nib, ins_at[3:], ins_at[2:])
-        hit = issuing & is_insert & ~ins_end & (
+        hit = ins_issuing & is_insert & ~ins_end & (
             idx == (ins_word_at if n == 1 else Mux(wide, ins_word_at[lg:], ins_word_at)))
         with m.If(hit):
             r_last = (ins_r | Mux(ins_word, ins_jl, 0)) == ins["group_m1"]
@@ -651,7 +656,7 @@ class VectorEngine(wiring.Component):
                          ins_g.eq(ins_g + r_last),
                          ins_end.eq(r_last & (ins_g == ins["groups_m1"])),
                          ins_j3.eq(Mux(ins_word | (ins_j3 == ins_jl), 0, ins_j3 + 1))]
-        with m.If(issuing & is_insert):   # (after the read's b_ptr + 1: this one holds)
+        with m.If(ins_issuing & is_insert):   # (after the read's b_ptr + 1: this one holds)
             # hit selects between b_ptr + 1 and b_ptr: the compare stays out of the adder
             m.d.sync += b_ptr.eq(Mux(hit & (ins_word | (ins_j3 == ins_jl)), b_ptr + 1, b_ptr))
 
@@ -759,20 +764,27 @@ class VectorEngine(wiring.Component):
 
         aheads = {}
 
-        def valid_ahead(name):
-            """Unit ``name``'s ``o.valid`` one cycle early: its input valid (with ``last``, a
-            reduction's) delayed by its latency less one (the units never stall); one delay
-            line a unit, however many read it. A use of a shared unit: its unit's, while its
-            sub-op runs."""
+        def valid_ahead(name, k=1):
+            """Unit ``name``'s ``o.valid`` ``k`` cycles early (``1 <= k <= latency``): its
+            input valid (with ``last``, a reduction's) delayed by its latency less ``k`` (the
+            units never stall); one delay line a unit, however many read it. A use of a
+            shared unit: its unit's, while its sub-op runs."""
             if name in _USES:
-                return valid_ahead(_USES[name][0]) & use_sel[name]
+                return valid_ahead(_USES[name][0], k) & use_sel[name]
             if name not in aheads:
                 unit = u[name]
                 taken = unit.i.valid
                 if isinstance(unit, ReductionUnit):
                     taken = taken & unit.i.payload.last
-                aheads[name] = _delay(m, taken, unit.latency - 1, f"{name}_ahead")
-            return aheads[name]
+                line = [taken]   # line[j]: the input valid j cycles ago
+                for j in range(1, unit.latency):
+                    line.append(_delay(m, line[-1], 1, f"{name}_ahead{j}_"))
+                aheads[name] = line
+            line = aheads[name]
+            if not 1 <= k <= len(line):
+                raise ValueError(f"unit {name}'s valid is known at most {len(line)} cycles "
+                                 f"ahead, not {k}")
+            return line[len(line) - k]
 
         feed(u["add"], valid & is_[VecFunc.ADD], a=x, b=b)
         for k, unit in enumerate(lanes("add"), 1):
@@ -908,19 +920,25 @@ class VectorEngine(wiring.Component):
             m.d.sync += [kv_gi.eq(kv_gi + 1), kv_busy.eq(~g_last)]
         with m.If(~active):
             m.d.sync += [g_at.eq(0), kv_ci.eq(0), kv_rowr.eq(0), kv_busy.eq(0), kv_gi.eq(0)]
-        # The group fed next cycle is read now (its data a cycle later): kv_gi + feeding,
-        # which is kv_gi's next value. That address is a register, kept as kv_gi + feeding
-        # from `feeding` one cycle ahead (Recip's valid ahead, kv_rowr's and kv_busy's next
-        # values; the flags hold while KV4 feeds), so that no logic lies between the engine's
-        # control and the memories' blocks, which lie across the die from it. (Cleared while
-        # idle, as kv_gi is; not reset: nothing reads the memory before the first clear.)
+        # The group fed in cycle t is read in t - 2 and its word registered (`kv_gq`), so the
+        # block RAM's clock-to-output and its blocks' read multiplexer lie in a cycle of their
+        # own, not in front of the shared Mul's feed selection. The groups are fed in
+        # consecutive cycles from the one the row's reciprocal comes out, f0, so the address
+        # is a register that counts from f0 - 2 (Recip's valid two cycles ahead; KV4's first
+        # reciprocal is the row's, and kv_rowr is set only after f0) until the instruction
+        # ends, so that no logic lies between the engine's control and the memories' blocks,
+        # which lie across the die from it; the words read past the last group are not fed.
+        # (Cleared while idle, as kv_gi is; not reset: nothing reads the memory before the
+        # first clear.)
         g_addr = Signal.like(g_rd.addr, name="kv_g_addr", reset_less=True)
-        feeding_ahead = ((ahead["recip"] & kv & ~(kv_rowr | row_r) & kv_codes)
-                         | Mux(feeding, ~g_last, kv_busy))
-        m.d.sync += g_addr.eq(Mux(active, g_addr + feeding_ahead, 0))
+        g_q = Signal.like(g_rd.data, name="kv_gq", reset_less=True)
+        kv_rd = Signal()      # reading the groups, two cycles ahead of feeding them
+        rd_go = (valid_ahead("recip", 2) & kv & kv_codes & ~kv_rowr) | kv_rd
+        m.d.sync += [kv_rd.eq(active & rd_go), g_addr.eq(Mux(active, g_addr + rd_go, 0)),
+                     g_q.eq(g_rd.data)]
         m.d.comb += g_rd.addr.eq(g_addr)
         feed(u["mul_code"], feeding, "mul_code",
-             a=Mux(shift, g_rd.data[ACT_BITS:], g_rd.data[:ACT_BITS]),
+             a=Mux(shift, g_q[ACT_BITS:], g_q[:ACT_BITS]),
              b=Mux(row_r, u["recip"].o.payload.r, r))
         # the code in three stages of KV4_CODE_LATENCY: -255 p registered; its shift by sh's
         # high bits (a 63-bit shifter of four multiplexer levels was too long with the clip
@@ -1013,8 +1031,20 @@ class VectorEngine(wiring.Component):
         # The next pass starts (the copies of next_pass_d, a cycle behind) in the cycle a
         # per-row scalar's unit gives it, and DEQUANT's second in g + 2, after its amax read:
         # next_pass_d is that, a cycle early.
-        # KV4: the last group's reciprocal next cycle (rs_at + g_out: those out before it)
-        kv_last_ahead = ahead["recip"] & kv & kv_rowr & ((rs_at + g_out) == kv_glast)
+        # KV4: the last group's reciprocal next cycle, when kv_glast = rs_at + g_out (those
+        # out before it). A count of the groups' reciprocals still to come, `gl` = kv_glast -
+        # rs_at, with flags gl == 0 and gl == 1 registered beside it, so no adder and compare
+        # lie in front of the pass decision: kv_glast - rs_at - g_out is 0 when gl is g_out.
+        # (Loaded from kv_glast until the row's reciprocal comes out, after which the groups'
+        # come.)
+        gl = Signal.like(kv_glast, name="kv_gl", reset_less=True)
+        gl0 = Signal(name="kv_gl0", reset_less=True)
+        gl1 = Signal(name="kv_gl1", reset_less=True)
+        with m.If(~kv_rowr):
+            m.d.sync += [gl.eq(kv_glast), gl0.eq(kv_glast == 0), gl1.eq(kv_glast == 1)]
+        with m.Elif(g_out):
+            m.d.sync += [gl.eq(gl - 1), gl0.eq(gl1), gl1.eq(gl == 2)]
+        kv_last_ahead = ahead["recip"] & kv & kv_rowr & Mux(g_out, gl1, gl0)
         m.d.sync += g_out_last.eq(kv_last_ahead)
         m.d.comb += next_pass_d.eq(
             (~active & self.cmd.valid & (body.func == VecFunc.DEQUANT))

@@ -181,6 +181,7 @@ rows again as its column range of o_proj's input rows (:func:`_values_into`).
 from __future__ import annotations
 
 import functools
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -829,23 +830,31 @@ def _vin_writers(placed: Sequence[np.ndarray], words: np.ndarray) -> list[int]:
     """The parts ``placed`` (indices, latest first) holding a STORE of VOUT that last wrote
     (latest part first) one of the DRAM beats a vector part's ``words`` load into VIN."""
     f = decode_fields(words)
-    vin, vout, load, store = (Spad.VIN.value, Spad.VOUT.value, Opcode.LOAD.value,
-                              Opcode.STORE.value)
     need: set[int] = set()
-    for i in np.flatnonzero((f["opcode"] == load) & (f["dma.spad"] == vin)).tolist():
+    for i in np.flatnonzero((f["opcode"] == Opcode.LOAD.value)
+                            & (f["dma.spad"] == Spad.VIN.value)).tolist():
         need.update(range(*dram_extent(f, i)))
     out = []
     for k in range(len(placed) - 1, -1, -1):
         if not need:
             break
-        g = decode_fields(placed[k])
-        stored: set[int] = set()
-        for j in np.flatnonzero((g["opcode"] == store) & (g["dma.spad"] == vout)).tolist():
-            stored.update(range(*dram_extent(g, j)))
+        a = np.ascontiguousarray(placed[k], dtype=np.uint64)
+        stored = _vout_stored(a.tobytes(), a.shape)
         if need & stored:
             out.append(k)
         need -= stored   # an earlier part's writes there are overwritten
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _vout_stored(data: bytes, shape: tuple[int, ...]) -> frozenset[int]:
+    """The DRAM beats the STOREs of VOUT of the words ``data`` (``uint64`` bytes of
+    ``shape``) write, from a memo by their content (:func:`_vin_writers` asks it of every
+    part before the one it places)."""
+    g = decode_fields(np.frombuffer(data, dtype=np.uint64).reshape(shape))
+    return frozenset(b for j in np.flatnonzero((g["opcode"] == Opcode.STORE.value)
+                                               & (g["dma.spad"] == Spad.VOUT.value)).tolist()
+                     for b in range(*dram_extent(g, j)))
 
 
 def _vin_clear(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.ndarray
@@ -908,8 +917,15 @@ def settled(words: np.ndarray) -> dict[int, int]:
     from sw.compile.onchip import _matches  # onchip imports this module
 
     f = decode_fields(words)
-    eng = engines_fields(f)
-    match = _matches(f)
+    return _settled(engines_fields(f), _matches(f))
+
+
+def _settled(eng: np.ndarray, match: np.ndarray) -> dict[int, int]:
+    """:func:`settled` of the words whose engines are ``eng`` and whose waits' signallers
+    are ``match`` (:func:`sw.compile.onchip._matches`'s). The ``k``-th signal of an event
+    in a program's first ``p`` words is its ``k``-th in the program where it comes before
+    ``p``, so a prefix's are the program's, those at ``p`` or later -1: each prefix of one
+    program from one ``match`` (:func:`loads_ahead`)."""
     granted = {e.value: -1 for e in Engine}
     done = dict(granted)
     loads = np.flatnonzero(eng == Engine.LOAD.value)
@@ -920,10 +936,11 @@ def settled(words: np.ndarray) -> dict[int, int]:
         for e in granted:  # the words granted since the last pass: their signallers are done
             lo, hi = seen[e], granted[e]
             seen[e] = hi
-            for i in np.flatnonzero(eng[lo + 1:hi + 1] == e).tolist():
-                s = int(match[lo + 1 + i])
-                if s >= 0:
-                    done[int(eng[s])] = max(done[int(eng[s])], s)
+            s = match[lo + 1 + np.flatnonzero(eng[lo + 1:hi + 1] == e)]
+            s = s[s >= 0]
+            signaller = eng[s]
+            for d in np.unique(signaller).tolist():
+                done[d] = max(done[d], int(s[signaller == d].max()))
         for e in granted:
             granted[e] = max(granted[e], done[e])
     return done
@@ -1039,6 +1056,8 @@ def loads_ahead(cfg: AcceleratorConfig, words: np.ndarray, movable: Sequence[int
 
     Returns the words and where each word of ``words`` lands (a moved LOAD: its new
     place), or None where none moves."""
+    from sw.compile.onchip import _matches  # onchip imports this module
+
     f = decode_fields(words)
     eng = engines_fields(f)
     ops = f["opcode"]
@@ -1052,6 +1071,7 @@ def loads_ahead(cfg: AcceleratorConfig, words: np.ndarray, movable: Sequence[int
     syncs = np.flatnonzero((eng == Engine.LOAD.value) & (ops == Opcode.SYNC.value)
                            & (f["wait"] != NO_EVENT)).tolist()
     waits = set(syncs)
+    match = _matches(f)
     done: dict[int, int] = {}  # per place: the last COMPUTE word complete once it is reached
     limits: dict[int, tuple[int, int]] = {}  # per LOAD: the last word, GEMM on its beats
 
@@ -1063,8 +1083,12 @@ def loads_ahead(cfg: AcceleratorConfig, words: np.ndarray, movable: Sequence[int
             limits[j] = (int(before[-1]) if before.size else -1,
                          int(gemms[-1]) if gemms.size else -1)
         last, gemm = limits[j]
-        return last < p < j and p in waits and (gemm < 0 or done.setdefault(
-            p, settled(words[:p])[Engine.COMPUTE.value]) >= gemm)
+        if not (last < p < j and p in waits):
+            return False
+        if gemm >= 0 and p not in done:
+            done[p] = _settled(eng[:p], np.where(match[:p] < p, match[:p], -1)
+                               )[Engine.COMPUTE.value]
+        return gemm < 0 or done[p] >= gemm
 
     runs = [0]
     lo, hi = 0, eng.shape[0]
@@ -1078,8 +1102,8 @@ def loads_ahead(cfg: AcceleratorConfig, words: np.ndarray, movable: Sequence[int
     goes: dict[int, list[int]] = {}
     for j in (j for j in movable if lo <= j < hi):
         beats = int(f["dma.rows"][j]) * int(f["dma.row_beats"][j])
-        p = next((p for p in syncs if lo <= p < j and (fill or HOIST_FILL) * room.get(p, 0)
-                  >= beats and may(j, p)), None)
+        p = next((p for p in syncs[bisect_left(syncs, lo):bisect_left(syncs, j)]
+                  if (fill or HOIST_FILL) * room.get(p, 0) >= beats and may(j, p)), None)
         if p is None or not all(j + d in moves and may(j + d, p + d) for d in runs if d):
             continue
         room[p] -= beats
@@ -1755,8 +1779,7 @@ def _beside_runs(cfg: AcceleratorConfig, bodies: Sequence[np.ndarray]
             at.append([len(chain) + p for p in place])
             chain += [_instr(w) for b in blocks for w in b]
             prev = body
-        cut, last = cut_loads(cfg, gemm, program_words(chain))
-        words, g_at, v_at = beside(cfg, cut, program_words(chain))
+        last, (words, g_at, v_at) = cut_loads(cfg, gemm, program_words(chain))
         within.append((len(out), [g_at[j] for j in last]))
         within += [(len(out), [v_at[p] for p in ps]) for ps in at]
         out.append(words)
@@ -1805,12 +1828,12 @@ def _ends(cfg: AcceleratorConfig, words: np.ndarray) -> int:
 
 
 def cut_loads(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
-              ) -> tuple[np.ndarray, list[int]]:
-    """The GEMM part ``gemm`` (END dropped) of an attention run beside the vector parts
-    ``vec`` (a SOFTMAX and no SILU_GATE: :func:`beside` places their waiting words by the
-    instructions' durations) with its weights LOADs cut into pieces of a vector step
-    (:func:`load_pieces`, :func:`piece_beats`) where the timing contract's schedule
-    (:func:`timeline`) says the run is memory-bound and the pieces end it earlier:
+              ) -> tuple[list[int], tuple[np.ndarray, list[int], list[int]]]:
+    """:func:`beside` of the GEMM part ``gemm`` (END dropped) of an attention run and the
+    vector parts ``vec`` (a SOFTMAX and no SILU_GATE: :func:`beside` places their waiting
+    words by the instructions' durations), with ``gemm``'s weights LOADs cut into pieces of
+    a vector step (:func:`load_pieces`, :func:`piece_beats`) where the timing contract's
+    schedule (:func:`timeline`) says the run is memory-bound and the pieces end it earlier:
 
     - ``gemm`` alone takes longer than ``vec`` alone: the weights stream bounds the run, and
       the vector parts fit inside it unless their drains are held. A waiting word of ``vec``
@@ -1830,19 +1853,20 @@ def cut_loads(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
       reference model's deploy step took 97,429 cycles with every memory-bound run cut,
       against 97,390).
 
-    Returns the words and, per word of ``gemm``, its last word in them."""
-    same = (gemm, list(range(gemm.shape[0])))
+    Returns, per word of ``gemm``, its last word in the part beside ``vec`` (the pieces, or
+    ``gemm`` uncut), and :func:`beside` of that part and ``vec``."""
+    same = list(range(gemm.shape[0]))
     v = decode_fields(vec)
     funcs = v["vec.func"][v["opcode"] == Opcode.VEC.value]
-    if not (funcs == VecFunc.SOFTMAX.value).any() or (funcs == VecFunc.SILU_GATE.value).any():
-        return same
-    if _ends(cfg, gemm) <= _ends(cfg, vec):
-        return same
+    if not (funcs == VecFunc.SOFTMAX.value).any() or (funcs == VecFunc.SILU_GATE.value).any() \
+            or _ends(cfg, gemm) <= _ends(cfg, vec):
+        return same, beside(cfg, gemm, vec)
     cut, last = load_pieces(gemm, piece_beats(cfg, v))
-    if cut.shape[0] == gemm.shape[0] or _ends(cfg, beside(cfg, cut, vec)[0]) >= _ends(
-            cfg, beside(cfg, gemm, vec)[0]):
-        return same
-    return cut, last
+    whole = beside(cfg, gemm, vec)
+    if cut.shape[0] == gemm.shape[0]:
+        return same, whole
+    pieces = beside(cfg, cut, vec)
+    return (same, whole) if _ends(cfg, pieces[0]) >= _ends(cfg, whole[0]) else (last, pieces)
 
 
 def _run_early(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
@@ -2091,7 +2115,8 @@ def _boundary(placed: Sequence[np.ndarray], body: np.ndarray, i: int,
     k = len(placed) - 1
     f = decode_fields(body[i:i + 1])
     src = dram_extent(f, 0)
-    if any(_overlap(src, s) for s in stored):
+    firsts, ends = np.array(stored, np.int64).reshape(-1, 2).T
+    if ((src[0] < ends) & (firsts < src[1])).any():  # _overlap with one of them
         return k
     spad, lo, hi = _spad_extent(f, 0)
     if rolled and spad != Spad.WGT.value:

@@ -139,6 +139,7 @@ def round_trips(words: np.ndarray) -> list[tuple[int, int | None, int]]:
     eng = engines_fields(f)
     ins = _instrs(words)
     match = _matches(f)
+    landed = _landed(eng, match)
     out: list[tuple[int, int | None, int]] = []
     last = -1  # the last X: the SYNCs after them signal in the order the moves wait
     for s, st in enumerate(ins):
@@ -149,7 +150,7 @@ def round_trips(words: np.ndarray) -> list[tuple[int, int | None, int]]:
                 break
             ld = ins[t]
             if isinstance(ld, Load) and ld.spad == Spad.VIN and _same_rows(st, ld):
-                x = _safe(ins, eng, match, s, t)
+                x = _safe(ins, eng, match, landed, s, t)
                 if x is not False and (x is None or x > last):
                     out.append((s, x, t))
                     last = last if x is None else x
@@ -167,11 +168,20 @@ def _vin_load(x) -> bool:
     return isinstance(x, Load) and x.spad == Spad.VIN
 
 
-def _safe(ins: Sequence, eng: np.ndarray, match: np.ndarray, s: int, t: int
-          ) -> int | None | bool:
+def _landed(eng: np.ndarray, match: np.ndarray) -> np.ndarray:
+    """Per word of a program (``eng``: its words' engines, ``match``: :func:`_matches`'s),
+    the latest LOAD-engine word that a VEC up to it waits on (-1: none)."""
+    vec_waits = (eng == Engine.VECTOR.value) & (match >= 0) \
+        & (eng[np.maximum(match, 0)] == Engine.LOAD.value)
+    return np.maximum.accumulate(np.where(vec_waits, match, -1)) if eng.size else match
+
+
+def _safe(ins: Sequence, eng: np.ndarray, match: np.ndarray, landed: np.ndarray, s: int,
+          t: int) -> int | None | bool:
     """Where the STORE ``s`` and the LOAD ``t`` of ``ins`` meet the module's rules 1-4
     (rule 2's first half is the caller's): the last LOAD into VIN that may be in flight
-    when ``s`` starts (None where none is), else False."""
+    when ``s`` starts (None where none is), else False (``eng``, ``match``, ``landed``:
+    the words' engines, :func:`_matches`, :func:`_landed`)."""
     st, ld = ins[s], ins[t]
     if not _same_rows(st, ld) or st.wait is None:
         return False
@@ -188,8 +198,7 @@ def _safe(ins: Sequence, eng: np.ndarray, match: np.ndarray, s: int, t: int
            for x in ins[b:t]):
         return False  # (a LOAD after the move overwrites the beats it wrote)
     # landed when S starts: every LOAD-engine word up to the latest one a VEC up to v waits on
-    u = max((int(match[j]) for j in range(v + 1) if eng[j] == Engine.VECTOR.value
-             and match[j] >= 0 and eng[match[j]] == Engine.LOAD.value), default=-1)
+    u = int(landed[v])
     x = next((j for j in range(b - 1, u, -1) if _vin_load(ins[j])), None)
     if x is not None and any(eng[j] == Engine.LOAD.value and match[j] > s
                              for j in range(s, x + 1)):
@@ -265,6 +274,7 @@ def quiet_stores(words: np.ndarray, keep: Collection[int] = (),
 
     A STORE's only effect is its DRAM write (the move reads the VOUT or OUT beats itself), so
     the STORE can go (:func:`quieten`) without changing what any word reads."""
+    keep = set(keep)  # asked of every word
     f = decode_fields(words)
     n = f["opcode"].shape[0]
     ins = _instrs(words)
@@ -458,28 +468,34 @@ def _span_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def _last_writers(ins: Sequence, stores: Sequence[int], t: int, spad: Spad = Spad.OUT
+def _store_spans(ins: Sequence, stores: Sequence[int]) -> np.ndarray:
+    """Per STORE ``ins[j]`` of ``stores`` (in order): ``j``, its :func:`_dram_span` and
+    whether a run-time register moves its address (``int64 [len(stores), 4]``), the
+    table :func:`_last_writers` scans."""
+    return np.array([(j, *_dram_span(ins[j]), bool(ins[j].reg)) for j in stores],
+                    np.int64).reshape(-1, 4)
+
+
+def _last_writers(ins: Sequence, stores: np.ndarray, t: int, spad: Spad = Spad.OUT
                   ) -> list[tuple[int, np.ndarray]] | None:
-    """The STOREs of ``spad`` (indices in ``stores``, before ``t``) that last wrote the DRAM beats
-    the LOAD ``ins[t]`` reads, latest first, each with the positions of its beats in the
-    LOAD's; None where a beat's last writer is no STORE of this program, a STORE of another
-    scratchpad, a STORE writing only some of its rows into the LOAD's beats, or one whose
-    address a run-time register moves (its rows are unknown here)."""
+    """The STOREs of ``spad`` (``stores``: :func:`_store_spans` of some STOREs of ``ins``;
+    those before ``t``) that last wrote the DRAM beats the LOAD ``ins[t]`` reads, latest
+    first, each with the positions of its beats in the LOAD's; None where a beat's last
+    writer is no STORE of this program, a STORE of another scratchpad, a STORE writing only
+    some of its rows into the LOAD's beats, or one whose address a run-time register moves
+    (its rows are unknown here)."""
     ld = ins[t]
     lb = _dram_beats(ld)
     order = np.argsort(lb, kind="stable")
     need = np.ones(lb.shape[0], dtype=bool)
     lo, hi = int(lb.min()), int(lb.max()) + 1
     out = []
-    for j in reversed(stores):
-        if j >= t:
-            continue
+    at, first, last, reg = stores.T
+    # the others have no beat in the LOAD's span (their _dram_beats unbuilt)
+    for j in at[(at < t) & ((reg != 0) | ((last >= lo) & (first < hi)))][::-1].tolist():
         st = ins[j]
         if st.reg:
             return None
-        first, last = _dram_span(st)
-        if last < lo or first >= hi:  # no beat in the LOAD's span (_dram_beats unbuilt)
-            continue
         sb = _dram_beats(st)
         k = np.searchsorted(lb, sb, sorter=order)
         pos = order[np.minimum(k, lb.shape[0] - 1)]
@@ -553,6 +569,7 @@ def out_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[
     store_e, vec_e = Engine.STORE.value, Engine.VECTOR.value
     stores = [j for j, x in enumerate(ins) if isinstance(x, Store)
               and x.spad not in MOVE_SOURCES]
+    spans = _store_spans(ins, stores)
     vin_loads = [j for j, x in enumerate(ins) if _vin_load(x)]
     moves = [j for j, x in enumerate(ins) if isinstance(x, Store) and x.spad in MOVE_SOURCES]
     gemms = [j for j, x in enumerate(ins) if isinstance(x, Gemm)]
@@ -567,7 +584,7 @@ def out_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[
         if t in keep or ld.reg or ld.signal is None or (
                 ld.rows > 1 and ld.dram_stride < ld.row_beats):
             continue
-        writers = _last_writers(ins, stores, t)
+        writers = _last_writers(ins, spans, t)
         if not writers or any(s in keep or s in used for s, _ in writers):
             continue
         c = next((j for j in range(t + 1, len(ins)) if match[j] == t), None)
@@ -763,17 +780,19 @@ def _after(eng: np.ndarray, match: np.ndarray, s: int) -> np.ndarray:
     return out
 
 
-def _vout_kept(cfg: AcceleratorConfig, ins: Sequence, eng: np.ndarray, match: np.ndarray,
-               known: np.ndarray, vecs: Sequence[int], s: int, p: int) -> bool:
+def _vout_kept(ins: Sequence, eng: np.ndarray, match: np.ndarray, known: np.ndarray,
+               vecs: np.ndarray, s: int, p: int) -> bool:
     """Whether the VOUT beats the STORE ``ins[s]`` reads stay until its move, which takes
     over its signal and goes on the STORE engine after every STORE-engine word up to ``p``
     (``s`` or later), has read them: every VEC not known complete when ``s`` starts that
     writes them starts after ``s``'s signal (the move's: :func:`_after`) or after a
-    STORE-engine word after ``p`` is complete."""
+    STORE-engine word after ``p`` is complete (``vecs``: per VEC of ``ins``, its index and
+    :func:`_vout_writes`, ``int64 [n, 3]``)."""
     st = ins[s]
     mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
     done = int(known[s, Engine.VECTOR.value])
-    writers = [v for v in vecs if v > done and _span_overlap(mine, _vout_writes(cfg, ins[v]))]
+    at, first, end = vecs.T
+    writers = at[(at > done) & (mine[0] < end) & (first < mine[1])].tolist()
     late = [v for v in writers if (k := int(known[v, Engine.STORE.value])) != s
             and not p < k < len(ins)]  # known complete: s, or a word after p
     return not late or bool(_after(eng, match, s)[late].all())
@@ -900,9 +919,12 @@ def vout_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection
     load_e, store_e = Engine.LOAD.value, Engine.STORE.value
     stores = [j for j, x in enumerate(ins) if isinstance(x, Store)
               and x.spad not in MOVE_SOURCES]
+    spans = _store_spans(ins, stores)
     vin_loads = [j for j, x in enumerate(ins) if _vin_load(x)]
     moves = [j for j, x in enumerate(ins) if isinstance(x, Store) and x.spad in MOVE_SOURCES]
     vecs = [j for j, x in enumerate(ins) if isinstance(x, Vec)]
+    vec_writes = np.array([(j, *_vout_writes(cfg, ins[j])) for j in vecs],
+                          np.int64).reshape(-1, 3)
     pairs = _move_event_pairs(ins, f, match)
     event = None
     used: set[int] = set()
@@ -911,7 +933,7 @@ def vout_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection
         ld = ins[t]
         if t in keep or ld.reg or (ld.rows > 1 and ld.dram_stride < ld.row_beats):
             continue
-        writers = _last_writers(ins, stores, t, Spad.VOUT)
+        writers = _last_writers(ins, spans, t, Spad.VOUT)
         if not writers or len(writers) < 2 or ld.rows * ld.row_beats <= len(writers) or any(
                 s in keep or s in used for s, _ in writers):
             continue
@@ -924,7 +946,7 @@ def vout_round_trips(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection
             mv = mv and replace(mv, spad=MOVE_SPAD)
             place = _vout_flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t,
                                  c, mv)
-            if place is False or not _vout_kept(cfg, ins, eng, match, known, vecs, s,
+            if place is False or not _vout_kept(ins, eng, match, known, vec_writes, s,
                                                   place[1]):
                 break
             group.append((s, place[0], mv))

@@ -13,9 +13,10 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import connect
 from amaranth.sim import Simulator
 
-from hw.compute import ComputeCore, header_words, registered_done
+from hw.compute import ComputeCore, header_words
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.decoder import SPADS, spad_depth, spad_word_bits
+from hw.fanout import registered_control
 from hw.format import WeightFormat, pack, random_quantized
 from hw.isa import (
     EpilogueMode,
@@ -51,7 +52,7 @@ WIDEACC = AcceleratorConfig(rows=1, cols=8, max_tokens=2, acc_bits=48, patterns=
 
 #: SMALL with a vector engine: the core's ``done`` is a register set a cycle early.
 SMALL_VEC = SMALL.replace(vin_spad_bytes=256, vout_spad_bytes=256)
-assert registered_done(SMALL_VEC) and not registered_done(SMALL)
+assert registered_control(SMALL_VEC) and not registered_control(SMALL)
 
 
 class Harness(Elaboratable):

@@ -1185,6 +1185,36 @@ def test_kv4_matches_the_models(seed):
     _check_against_the_models(vin, vecs, gaps)
 
 
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_kv4_key_rows_of_one_two_and_many_groups_back_to_back(lanes):
+    """KV4 reads a key row's group maxima two cycles before it feeds them to Mul (their block
+    RAM's word registered: hw.vector.engine, ``kv_gq``), counting from Recip's valid two
+    cycles ahead: key rows of one group, two and many (groups of one element a cycle and of
+    lanes), back to back with no gap with each other and with the sub-ops whose reciprocal
+    comes out of the same Recip (REQUANT, SOFTMAX, RMSNORM, a value row). A read a cycle
+    early or late gives a group its neighbour's maximum (the first group the row before's
+    last): cycles and VOUT exact."""
+    cfg = VCFG.replace(vector_lanes=lanes)
+    rng = np.random.default_rng(130 + lanes)
+    vin = _random_vin(rng)
+    keys = [(8, 8), (16, 8), (32, 4), (24, 1), (lanes, lanes), (2 * lanes, lanes)]
+    others = [(VecFunc.REQUANT, 0), (VecFunc.SOFTMAX, None), (VecFunc.RMSNORM, None),
+              (VecFunc.KV4, kv4_imm(None))]
+    vecs = []
+    for k, (length, group) in enumerate(keys * 2):
+        func, imm = others[k % len(others)]
+        olen = int(rng.integers(1, 3 * lanes + 2))
+        imm = {VecFunc.SOFTMAX: olen, VecFunc.RMSNORM: norm_eps(1e-5, olen)}.get(func, imm)
+        for f, n, i in ((VecFunc.KV4, length, kv4_imm(group)), (func, olen, imm)):
+            words = int(vec_out_words(f.value, n, i))
+            vecs.append(_aligned(Vec(func=f, length=n, imm=i,
+                                     a_addr=int(rng.integers(0, VIN - n + 1)),
+                                     b_addr=int(rng.integers(0, VIN - n + 1)),
+                                     dst_addr=int(rng.integers(0, VOUT - words + 1))), cfg))
+    assert all(dispatch_error(v, cfg) == ErrorCode.NONE for v in vecs)
+    _check_against_the_models(vin, vecs, [0] * len(vecs), cfg)
+
+
 @pytest.mark.parametrize("width", [1, 5, 17, 32, 33])
 def test_the_bit_length_tree_is_int_bit_length(width):
     """``_bitlen`` (a multiplexer tree, no adder) is ``int.bit_length`` on 0, every power of

@@ -71,6 +71,7 @@ from sw.compile.fusion import (
     fusion_groups,
     hoistable,
     linear_group,
+    load_pieces,
     loads_ahead,
     part_buffers,
     piece_beats,
@@ -1595,7 +1596,10 @@ def test_a_memory_bound_attention_runs_weights_loads_are_cut_into_steps():
     vec = run(VecFunc.SOFTMAX)
     piece = piece_beats(CFG, decode_fields(vec))
     gemm = _gemm_like(2, beats=4 * piece)[:-1]
-    cut, last = cut_loads(CFG, gemm, vec)
+    last, placed = cut_loads(CFG, gemm, vec)
+    cut = load_pieces(gemm, piece)[0]
+    whole = beside(CFG, gemm, vec)
+    assert _same_placement(placed, beside(CFG, cut, vec))
     before, after = _program(gemm), _program(cut)
     assert len(after) > len(before)
     for i, ins in enumerate(before):
@@ -1615,17 +1619,23 @@ def test_a_memory_bound_attention_runs_weights_loads_are_cut_into_steps():
         assert [p.signal for p in pieces] == [None] * (len(pieces) - 1) + [ins.signal]
     dram = np.random.default_rng(0).integers(0, 256, CFG.memory.size_bytes, np.uint8)
     runs = [make_backend("model", CFG).run(program_words(p + [End()]), dram.copy())
-            for p in (_program(beside(CFG, cut, vec)[0]), _program(beside(CFG, gemm, vec)[0]),
+            for p in (_program(placed[0]), _program(whole[0]),
                       before + _program(rename_events(vec, BESIDE_EVENTS)))]
     assert all(r.ok for r in runs), [r.error for r in runs]
     assert np.array_equal(runs[0].dram, runs[2].dram)
     assert runs[0].cycles < runs[1].cycles
-    assert cut_loads(CFG, gemm, run(VecFunc.SILU_GATE))[0] is gemm
+    silu = run(VecFunc.SILU_GATE)
+    assert _same_placement(cut_loads(CFG, gemm, silu)[1], beside(CFG, gemm, silu))
     short = _gemm_like(1, beats=piece + 1)[:-1]  # cuttable, but the vector parts outlast it
     alone = [make_backend("model", CFG).run(program_words(_program(w) + [End()]), dram.copy())
              for w in (short, vec)]
     assert alone[0].cycles < alone[1].cycles
-    assert cut_loads(CFG, short, vec)[0] is short
+    assert _same_placement(cut_loads(CFG, short, vec)[1], beside(CFG, short, vec))
+
+
+def _same_placement(a: tuple, b: tuple) -> bool:
+    """Whether two :func:`beside` results are the same words and places."""
+    return np.array_equal(a[0], b[0]) and list(a[1:]) == list(b[1:])
 
 
 def _vin_races(words: np.ndarray, trace) -> list[tuple[int, int]]:
@@ -2370,8 +2380,10 @@ def test_drained_loads_take_only_vin_rows_the_part_before_has_settled():
     beats 0-3 may go before the boundary (:func:`fusion.drained_loads`), its LOAD into beats
     8-11 and its LOAD of r2's DRAM may not; and :func:`fusion.settled` says which words are
     complete once the LOAD engine passed them all."""
+    from hw.engines import engines_fields
     from hw.isa import MOVE_SPAD, Engine, Spad, Store, Sync, Vec, VecFunc
-    from sw.compile.fusion import drained_loads, settled
+    from sw.compile.fusion import _settled, drained_loads, settled
+    from sw.compile.onchip import _matches
 
     full, done, stored = 0, 4, 6
     cfg = VSMALL
@@ -2393,6 +2405,11 @@ def test_drained_loads_take_only_vin_rows_the_part_before_has_settled():
                             row(8, r3), vec(8), store(r2)])
     assert settled(before) == {Engine.LOAD.value: 0, Engine.COMPUTE.value: -1,
                                Engine.STORE.value: 2, Engine.VECTOR.value: 1}
+    # loads_ahead's settled of each prefix, from the whole program's decode and matches
+    f = decode_fields(before)
+    eng, match = engines_fields(f), _matches(f)
+    assert all(_settled(eng[:p], np.where(match[:p] < p, match[:p], -1)) == settled(before[:p])
+               for p in range(before.shape[0] + 1))
     part = program_words([row(0, r1, None), row(8, r3, None), row(16, r2, None),
                           row(24, r3, None), Sync(engine=Engine.LOAD, wait=stored),
                           row(32, r3, None)])
