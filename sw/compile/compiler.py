@@ -93,6 +93,7 @@ from sw.compile.fusion import (
     kv_appends,
     load_idle,
     loads_ahead,
+    overlapping,
     part_aliases,
     part_buffers,
     part_constants,
@@ -1370,11 +1371,11 @@ def _kv_ahead(cfg: AcceleratorConfig, words: np.ndarray, places: Sequence[Sequen
             kv.append_site(sites[i], pos)[0] for pos in range(first - 1, last)}
         written += [(lo + d, hi + d) for d in shifts]
     caches = [(r.addr // beat, -(-r.end // beat)) for r in symbols.values() if r.kind == "kv"]
-    los, his = np.array(written, np.int64).reshape(-1, 2).T
+    spans = np.array(written, np.int64).reshape(-1, 2)
     constant = [(i, src) for i in np.flatnonzero(
         (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == Spad.WGT.value)
         & (f["wait"] == NO_EVENT) & (f["dma.reg"] == 0)).tolist()
-        if not ((los < (src := dram_extent(f, i))[1]) & (src[0] < his)).any()]
+        if not overlapping(spans, src := dram_extent(f, i)).any()]
     cached = [i for i, src in constant
               if any(a <= src[0] and src[1] <= b for a, b in caches)]
     period = None

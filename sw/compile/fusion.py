@@ -241,7 +241,8 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "VECTOR_EVENTS", "vector_events", "BESIDE_EVENTS", "rename_events", "beside",
            "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments", "HOIST_FILL",
            "HOIST_UNFIT", "AHEAD_FILLS", "AHEAD_ROUNDS", "WEAVE_POSITIONS", "Timeline",
-           "timeline", "load_idle", "loads_ahead", "dram_extent"]
+           "timeline", "load_idle", "loads_ahead", "dram_extent",
+           "overlapping"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -649,6 +650,12 @@ def _spad_extent(f: Mapping[str, np.ndarray], i: int) -> tuple[int, int, int]:
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
+
+
+def overlapping(spans: np.ndarray, span: tuple[int, int]) -> np.ndarray:
+    """Per half-open span of ``spans`` (``int64 [n, 2]``): whether it shares a position with
+    ``span`` (:func:`_overlap` over arrays)."""
+    return (spans[:, 0] < span[1]) & (span[0] < spans[:, 1])
 
 
 def hoistable(before: np.ndarray, words: np.ndarray, deep: bool = True) -> list[int]:
@@ -2115,8 +2122,7 @@ def _boundary(placed: Sequence[np.ndarray], body: np.ndarray, i: int,
     k = len(placed) - 1
     f = decode_fields(body[i:i + 1])
     src = dram_extent(f, 0)
-    firsts, ends = np.array(stored, np.int64).reshape(-1, 2).T
-    if ((src[0] < ends) & (firsts < src[1])).any():  # _overlap with one of them
+    if overlapping(np.array(stored, np.int64).reshape(-1, 2), src).any():
         return k
     spad, lo, hi = _spad_extent(f, 0)
     if rolled and spad != Spad.WGT.value:

@@ -89,7 +89,7 @@ from hw.isa import (
     vec_reads_amax,
     vec_reads_b,
 )
-from sw.compile.fusion import BESIDE_EVENTS
+from sw.compile.fusion import BESIDE_EVENTS, overlapping
 
 #: The event a move (LOAD -> STORE) waits on: raised by a SYNC of the LOAD engine right
 #: before the boundary the move's signal ends, once every LOAD before has landed. The one
@@ -791,8 +791,8 @@ def _vout_kept(ins: Sequence, eng: np.ndarray, match: np.ndarray, known: np.ndar
     st = ins[s]
     mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
     done = int(known[s, Engine.VECTOR.value])
-    at, first, end = vecs.T
-    writers = at[(at > done) & (mine[0] < end) & (first < mine[1])].tolist()
+    at = vecs[:, 0]
+    writers = at[(at > done) & overlapping(vecs[:, 1:], mine)].tolist()
     late = [v for v in writers if (k := int(known[v, Engine.STORE.value])) != s
             and not p < k < len(ins)]  # known complete: s, or a word after p
     return not late or bool(_after(eng, match, s)[late].all())
