@@ -19,6 +19,7 @@ True
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum as pyenum
 import functools
@@ -58,7 +59,7 @@ __all__ = [
     "insert_fields", "insert_geometry", "insert_bad", "KV4_GROUP_BITS", "kv4_imm", "kv4_fields",
     "kv4_group", "kv4_groups", "kv4_bad",
     "INSTRUCTIONS", "encode", "decode", "encode_program", "decode_program", "field_location",
-    "program_words",
+    "program_words", "FieldArrays",
     "decode_fields", "set_field", "gemm_header_words", "gemm_geometry", "gemm_geometry_fields",
     "gemm_weight_bytes", "gemm_extents", "EPILOGUE_VALUES", "reads_param", "writes_wide",
     "epilogue_words",
@@ -1006,18 +1007,49 @@ def set_field(words: np.ndarray, rows: np.ndarray, name: str, values) -> None:
         words[rows, half] = (words[rows, half] & ~mask) | (part & mask)
 
 
-def decode_fields(words: np.ndarray) -> dict[str, np.ndarray]:
-    """Every field of every instruction as ``int64`` arrays (the vectorised :func:`decode`).
+#: Every field's ``(offset, width)`` under its :func:`decode_fields` name, in the layouts' order.
+_FIELD_LOCATIONS = {**_HDR, **{f"{body}.{name}": f for body, fields in _BODIES.items()
+                               for name, f in fields.items()}}
+
+
+class FieldArrays(typing.Mapping[str, np.ndarray]):
+    """Named per-instruction arrays, each computed by ``read(name)`` on its first lookup and
+    kept: a caller reads a few of a program's fields, most often of a word or two, so
+    decoding all of them up front is most of the cost. ``names`` are every key, in order;
+    looking up another raises ``KeyError``."""
+
+    __slots__ = ("_read", "_names", "_kept")
+
+    def __init__(self, read: Callable[[str], np.ndarray], names: typing.Collection[str]):
+        self._read, self._names, self._kept = read, names, {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            return self._kept[name]
+        except KeyError:
+            if name not in self._names:
+                raise
+        value = self._kept[name] = self._read(name)
+        return value
+
+    def __iter__(self) -> typing.Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def decode_fields(words: np.ndarray) -> FieldArrays:
+    """Every field of every instruction as ``int64`` arrays (the vectorised :func:`decode`),
+    each decoded when it is first read (:class:`FieldArrays`) from a copy of ``words``.
 
     Header fields keep their names (``opcode``, ``wait``, ``signal``); body fields are decoded
     under every layout of the union and named ``dma.rows``, ``gemm.k_steps``, ``sync.engine``...
     Offsets come from the same Amaranth layouts as :func:`encode`.
     """
-    out = {name: _field_array(words, f) for name, f in _HDR.items()}
-    for body, fields in _BODIES.items():
-        for name, f in fields.items():
-            out[f"{body}.{name}"] = _field_array(words, f)
-    return out
+    words = np.array(words, dtype=np.uint64)
+    return FieldArrays(lambda name: _field_array(words, _FIELD_LOCATIONS[name]),
+                       _FIELD_LOCATIONS)
 
 
 # ---------------------------------------------------------------------- GEMM stream geometry
@@ -1630,13 +1662,17 @@ class LoopStream:
         """Whether any entry differs from the straight program (a REPEAT was expanded)."""
         return bool(self.offsets.any() or self.loop_back.any() or self.bad_repeat.any())
 
-    def fields(self, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def fields(self, f: typing.Mapping[str, np.ndarray]) -> FieldArrays:
         """The entries' fields from the program's (:func:`decode_fields`), each LOAD's and
         STORE's ``dram_addr`` its effective address (at most :data:`DRAM_ADDR_MAX`)."""
-        g = {k: v[self.pcs] for k, v in f.items()}
-        if self.offsets.any():
-            g["dma.dram_addr"] = np.minimum(g["dma.dram_addr"] + self.offsets, DRAM_ADDR_MAX)
-        return g
+        offset = self.offsets.any()
+
+        def read(name: str) -> np.ndarray:
+            v = f[name][self.pcs]
+            if offset and name == "dma.dram_addr":
+                return np.minimum(v + self.offsets, DRAM_ADDR_MAX)
+            return v
+        return FieldArrays(read, tuple(f))
 
 
 _STRIDES = ("wgt_stride", "load_stride", "store_stride")
@@ -1852,8 +1888,8 @@ class RegTable:
         return regs
 
 
-def relative_fields(f: dict[str, np.ndarray], regs: typing.Mapping[str, int] | None
-                    ) -> dict[str, np.ndarray]:
+def relative_fields(f: typing.Mapping[str, np.ndarray], regs: typing.Mapping[str, int] | None
+                    ) -> typing.Mapping[str, np.ndarray]:
     """The fields of a program (:func:`decode_fields`) as the fetch unit dispatches them with
     run-time registers ``regs`` (:func:`reg_values`): a LOAD's or STORE's ``dram_addr`` plus
     the value of its register (at most :data:`DRAM_ADDR_MAX`: the transfer then fails its DRAM
@@ -1862,7 +1898,7 @@ def relative_fields(f: dict[str, np.ndarray], regs: typing.Mapping[str, int] | N
     and the semantics read the effective fields; no field changes an instruction's cycles
     (hw/timing.py). Before a REPEAT's offsets: the two add (:meth:`LoopStream.fields`)."""
     values = reg_values(regs)
-    g = dict(f)
+    g = collections.ChainMap({}, f)  # the moved fields over the program's, read lazily
     for body, (field,) in RELATIVE.items():
         reg = f[f"{body}.reg"]
         moved = functools.reduce(operator.or_, (f["opcode"] == o.value for o in _REL_OPS[body]))

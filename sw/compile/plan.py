@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from hw.config import AcceleratorConfig
 from sw.compile.errors import PlanError
 
@@ -84,27 +86,32 @@ def plan_arena(buffers: Sequence[Buffer], align: int) -> ArenaPlan:
         return -(-n // align) * align
 
     order = sorted(buffers, key=lambda b: (-rounded(b.size), b.start, b.name))
-    placed: list[tuple[int, int]] = []            # (offset, end) per placed buffer
-    placed_buffers: list[Buffer] = []             # the buffers of `placed`, in order
+    # the placed buffers' lifetimes and byte ranges, in placement order
+    start, end, lo, hi = (np.zeros(len(order), dtype=np.int64) for _ in range(4))
     offsets: dict[str, int] = {}
-    for b in order:
+    for n, b in enumerate(order):
         size = rounded(b.size)
-        busy = sorted(p for p, other in zip(placed, placed_buffers, strict=True)
-                      if b.overlaps_in_time(other))
-        best, best_slack, cursor = None, None, 0
-        for lo, hi in busy:
-            gap = lo - cursor
-            if gap >= size and (best_slack is None or gap - size < best_slack):
-                best, best_slack = cursor, gap - size
-            cursor = max(cursor, hi)
-        if best is None:
-            best = cursor
+        live = (start[:n] <= b.end) & (b.start <= end[:n])
+        best = _best_gap(lo[:n][live], hi[:n][live], size)
         offsets[b.name] = best
-        placed_buffers.append(b)
-        placed.append((best, best + size))
-    size = max((end for _, end in placed), default=0)
+        start[n], end[n], lo[n], hi[n] = b.start, b.end, best, best + size
+    size = int(hi.max(initial=0))
     return ArenaPlan(offsets, size, lower_bound(
         Buffer(b.name, rounded(b.size), b.start, b.end) for b in buffers))
+
+
+def _best_gap(lo: np.ndarray, hi: np.ndarray, size: int) -> int:
+    """The offset for ``size`` bytes beside the byte ranges ``[lo, hi)``: the gap between
+    them (in order of ``lo``, then ``hi``) that leaves the least slack, the lowest on ties,
+    else the top of the highest."""
+    order = np.lexsort((hi, lo))
+    lo, hi = lo[order], hi[order]
+    cursor = np.maximum.accumulate(np.concatenate(([0], hi)))  # the top before each range
+    slack = lo - cursor[:-1] - size
+    fits = np.flatnonzero(slack >= 0)
+    if not fits.size:
+        return int(cursor[-1])
+    return int(cursor[fits[np.argmin(slack[fits])]])
 
 
 @dataclass(frozen=True)
