@@ -187,6 +187,22 @@ def test_vectorised_decode_and_checks_equal_the_scalar_ones(prog):
             assert f["opcode"][i] == back.opcode.value
 
 
+@given(st.lists(instructions, min_size=1, max_size=8))
+def test_decoded_fields_are_read_lazily_from_a_copy(prog):
+    """decode_fields names every field of the layouts and decodes each on its first lookup,
+    from the words as they were when it was called."""
+    from hw.isa import decode_fields, program_words
+
+    words = program_words(prog).copy()
+    f = decode_fields(words)
+    assert len(f) == len(list(f)) and "opcode" in f and "gemm.k_steps" in list(f)
+    words[:] = 0
+    assert f["opcode"].tolist() == [decode(encode(ins)).opcode.value for ins in prog]
+    assert f["opcode"] is f["opcode"]
+    with pytest.raises(KeyError):
+        f["gemm.no_such_field"]
+
+
 def test_vectorised_checks_flag_illegal_words():
     from hw.isa import decode_fields, dispatch_errors, program_words
 

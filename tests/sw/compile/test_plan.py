@@ -65,3 +65,24 @@ def test_a_model_too_large_for_dram_names_every_size():
         layout_dram(cfg, [("w:a", 1 << 16)], [("k:0:0", 4096)], [arena])
     ok = layout_dram(AcceleratorConfig(), [("w:a", 100)], [("k:0:0", 50)], [arena])
     assert ok.regions["k:0:0"].addr == 112 and ok.regions["arena"].addr == 176   # beat-aligned
+
+
+@given(buffer_sets())
+def test_each_buffer_takes_the_tightest_gap(case):
+    """The placement rule, replayed in plain Python: largest first, each into the gap among
+    the placed, time-overlapping buffers that leaves the least slack (lowest on ties), else on
+    top of them all."""
+    buffers, align = case
+    plan = plan_arena(buffers, align)
+    size = {b.name: -(-b.size // align) * align for b in buffers}
+    placed: list[Buffer] = []
+    for b in sorted(buffers, key=lambda b: (-size[b.name], b.start, b.name)):
+        busy = sorted((plan.offsets[o.name], plan.offsets[o.name] + size[o.name])
+                      for o in placed if b.overlaps_in_time(o))
+        fits, top = [], 0
+        for lo, hi in busy:
+            if lo - top >= size[b.name]:
+                fits.append((lo - top - size[b.name], top))
+            top = max(top, hi)
+        assert plan.offsets[b.name] == (min(fits)[1] if fits else top), b
+        placed.append(b)
