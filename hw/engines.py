@@ -230,7 +230,7 @@ def engine_of(ins: Instr) -> Engine | None:
     return op.engine if op.engine is not None else ins.engine
 
 
-def engines_fields(f: dict[str, np.ndarray]) -> np.ndarray:
+def engines_fields(f: Mapping[str, np.ndarray]) -> np.ndarray:
     """:func:`engine_of` for many instructions at once, from :func:`hw.isa.decode_fields`:
     each instruction's engine value (``int64``), -1 for END, REPEAT and undefined opcodes."""
     op = f["opcode"]
@@ -267,7 +267,7 @@ def completion_delay(engine: Engine, cfg: AcceleratorConfig) -> int:
     return 0 if spec.completion is None else spec.completion(cfg)
 
 
-def work_fields(f: dict[str, np.ndarray]) -> np.ndarray:
+def work_fields(f: Mapping[str, np.ndarray]) -> np.ndarray:
     """Each instruction's work totals, ``int64 [n, len(WORK_COUNTERS)]`` in the order of
     :data:`WORK_COUNTERS` (0 where the opcode adds nothing to a counter), from
     :func:`hw.isa.decode_fields`."""

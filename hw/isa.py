@@ -1093,7 +1093,8 @@ def gemm_geometry(g: Gemm, cfg: AcceleratorConfig) -> StreamGeometry:
                           _index_bits(g.pattern, cfg))
 
 
-def gemm_geometry_fields(f: dict[str, np.ndarray], cfg: AcceleratorConfig) -> StreamGeometry:
+def gemm_geometry_fields(f: typing.Mapping[str, np.ndarray], cfg: AcceleratorConfig
+                         ) -> StreamGeometry:
     """:func:`gemm_geometry` of many instructions at once, from :func:`decode_fields`
     (``int64`` arrays)."""
     return _gemm_geometry(cfg, f["gemm.k_steps"], f["gemm.group_steps"], f["gemm.asym"],
@@ -1604,7 +1605,7 @@ def legal_words(f: dict, lim: DispatchLimits):
     return defined & ~no_engine & ~no_mode & ~no_spad & ~no_func & ~no_reg
 
 
-def dispatch_errors(f: dict[str, np.ndarray], cfg: AcceleratorConfig) -> np.ndarray:
+def dispatch_errors(f: typing.Mapping[str, np.ndarray], cfg: AcceleratorConfig) -> np.ndarray:
     """:func:`dispatch_error` for many instructions at once (``ErrorCode`` values, int64).
 
     ``f`` comes from :func:`decode_fields`. Undefined opcodes and SYNCs naming no engine are
@@ -1696,7 +1697,7 @@ def _straight(start: int, stop: int) -> tuple:
             np.zeros(n, bool), np.zeros(n, bool))
 
 
-def loop_stream(f: dict[str, np.ndarray], errs: np.ndarray) -> LoopStream:
+def loop_stream(f: typing.Mapping[str, np.ndarray], errs: np.ndarray) -> LoopStream:
     """The order in which the fetch unit dispatches a program's instructions.
 
     ``f``: the program's fields (:func:`decode_fields`); ``errs``: their dispatch errors
