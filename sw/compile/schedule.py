@@ -399,12 +399,13 @@ class _Scheduler:
 
 #: A ring's activation sets are *short* (:func:`act_buffers`) where a set's GEMMs take at most
 #: this many times the LOAD engine's completion delay (:func:`hw.timing.load_completion_delay`):
-#: with one buffer the array idles that delay and more at every set, a quarter of its work
-#: or more. HBM-class decode's attention scores (LLaMA-7B, a head's 128 keys a 166-cycle
-#: GEMM against a 65-cycle delay) idled 108 cycles a head, 24,779 -> 21,745 cycles a program
-#: with two; the reference deploy's rings (sets of 244 cycles and more against 25) keep one,
-#: where two cost its step 612 cycles (97,390 -> 98,002).
-SHORT_SET_DELAYS = 4
+#: with one buffer the array idles that delay and more at every set, an eighth of its work or
+#: more. A measured fit: HBM-class decode's attention scores (LLaMA-7B, 1:4 INT4, INT4 cache,
+#: a 65-cycle delay) idled 108 cycles a head with one buffer, a program 24,779 -> 21,745
+#: cycles with two at context 128 (a head's GEMM 166 cycles) and 106,715 -> 103,689 at 2048
+#: (332); the reference deploy's shortest sets, 244 cycles against a 25-cycle delay, keep one
+#: buffer, where two cost its step 612 cycles (97,390 -> 98,002).
+SHORT_SET_DELAYS = 8
 
 
 def act_buffers(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: SpadPlan,
