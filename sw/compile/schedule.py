@@ -57,7 +57,7 @@ from hw.isa import (
     rope_geometry,
     vec_out_words,
 )
-from hw.timing import gemm_cycles, load_cycles
+from hw.timing import gemm_cycles, load_completion_delay, load_cycles
 from sw.compile.errors import LoweringError
 from sw.compile.registers import POS as PENDING_POS
 from sw.compile.tiling import LinearPlan
@@ -66,8 +66,8 @@ __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule
            "schedule_layers", "ring_slots", "MAX_RING_SLOTS", "ELEMENTWISE", "VectorTask",
            "vector_tasks", "schedule_vector",
            "rope_table_beats", "schedule_requant", "AmaxPlace", "amax_place", "schedule_dequant",
-           "dequant_segment_beats", "DEQUANT_TILES", "MAX_DEQUANT_SEGMENTS", "schedule_argmax",
-           "argmax_segments", "argmax_beats", "check_head_row"]
+           "dequant_segment_beats", "DEQUANT_TILES", "SHORT_SET_DELAYS", "MAX_DEQUANT_SEGMENTS",
+           "schedule_argmax", "argmax_segments", "argmax_beats", "check_head_row"]
 
 #: The event table of a scheduled program: two per double buffer (docs/architecture.md, 9).
 EVENTS = {"FULL0": 0, "FULL1": 1, "FREE0": 2, "FREE1": 3, "OUT_FULL0": 4, "OUT_FULL1": 5,
@@ -397,21 +397,37 @@ class _Scheduler:
 
 
 
+#: A ring's activation sets are *short* (:func:`act_buffers`) where a set's GEMMs take at most
+#: this many times the LOAD engine's completion delay (:func:`hw.timing.load_completion_delay`):
+#: with one buffer the array idles that delay and more at every set, an eighth of its work or
+#: more. A measured fit: HBM-class decode's attention scores (LLaMA-7B, 1:4 INT4, INT4 cache,
+#: a 65-cycle delay) idled 108 cycles a head with one buffer, a program 24,779 -> 21,745
+#: cycles with two at context 128 (a head's GEMM 166 cycles) and 106,715 -> 103,689 at 2048
+#: (332); the reference deploy's shortest sets, 244 cycles against a 25-cycle delay, keep one
+#: buffer, where two cost its step 612 cycles (97,390 -> 98,002).
+SHORT_SET_DELAYS = 8
+
+
 def act_buffers(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: SpadPlan,
                 program: Sequence[Instr]) -> int:
     """How many resident activation sets a ring (:class:`_RingScheduler`) keeps in ACT: 2,
     one per half (:attr:`SpadPlan.act_half_beats`), where every layer's token tile of
-    activation rows fits a half and the ring is memory-bound: its weights LOADs take longer
-    than its GEMMs (``program``: its schedule with one buffer; :mod:`hw.timing`'s cycles),
-    so a set's LOAD waiting for the GEMM before it idles the stream. Else 1, from beat 0:
-    an array-bound ring loses nothing by that wait, and a set's LOAD consumes the signal
-    of the STORE just before it, which a fused program's vector part beside the ring
+    activation rows fits a half and either the ring is memory-bound -- its weights LOADs
+    take longer than its GEMMs (``program``: its schedule with one buffer; :mod:`hw.timing`'s
+    cycles), so a set's LOAD waiting for the GEMM before it idles the stream -- or its sets
+    are short: several, whose GEMMs take at most :data:`SHORT_SET_DELAYS` LOAD completion
+    delays each on average, so the array idling on each set's LOAD (issued only once the
+    set before is stored) is a large part of its work. Else 1, from beat 0: an array-bound
+    ring of long sets loses little by that wait, and a set's LOAD consumes the signal of
+    the STORE just before it, which a fused program's vector part beside the ring
     (:func:`sw.compile.fusion.beside`: the scores' DEQUANT) follows."""
     beats = max(ly.plan.token_tile * ly.plan.act_row_bytes // cfg.beat_bytes for ly in layers)
     loads = sum(load_cycles(i, cfg) for i in program
                 if isinstance(i, Load) and i.spad == Spad.WGT)
     gemms = sum(gemm_cycles(i, cfg) for i in program if isinstance(i, Gemm))
-    return 2 if beats <= spads.act_half_beats and loads > gemms else 1
+    sets = sum(isinstance(i, Load) and i.spad == Spad.ACT for i in program)
+    short = sets > 1 and gemms <= sets * SHORT_SET_DELAYS * load_completion_delay(cfg)
+    return 2 if beats <= spads.act_half_beats and (loads > gemms or short) else 1
 
 
 class _ActSet(NamedTuple):

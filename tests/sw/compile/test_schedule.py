@@ -8,12 +8,14 @@ from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, random_quantized
 from hw.isa import Gemm, Load, Spad
 from hw.numerics import gemm_acc
+from hw.timing import gemm_cycles, load_completion_delay
 from sim.model import FastModel
 from sw.compile import schedule
 from sw.compile.errors import LoweringError
 from sw.compile.layers import LayerSpec, build_layers, build_linear
 from sw.compile.schedule import (
     MAX_RING_SLOTS,
+    SHORT_SET_DELAYS,
     PlacedLayer,
     plan_spads,
     ring_slots,
@@ -123,12 +125,46 @@ def test_ring_alternates_activation_sets_between_act_halves(monkeypatch):
     assert cycles[2] <= cycles[1]
 
 
-def test_only_memory_bound_rings_alternate_act_halves():
+def test_memory_bound_or_short_set_rings_alternate_act_halves():
     """Two ACT buffers where the ring's weights LOADs outlast its GEMMs (hw.timing's
-    cycles: 200 beats against a 64-step GEMM), one where the array is the bound."""
+    cycles: 200 beats against a 64-step GEMM) or its activation sets are short (several,
+    each a GEMM of at most SHORT_SET_DELAYS LOAD completion delays); one where the array is
+    the bound and its sets are long (512-step GEMMs) or one."""
     fmt = WeightFormat("2:4", 4, 128)
     layers = [PlacedLayer(plan_linear(RING, fmt, RING.lanes, 128, 1))] * 2
-    spads, gemm = plan_spads(RING, 1), Gemm(k_steps=64, tokens=1)
-    for beats, buffers in ((200, 2), (8, 1)):
+    spads, act = plan_spads(RING, 1), Load(spad=Spad.ACT, rows=1, row_beats=1)
+    short = SHORT_SET_DELAYS * load_completion_delay(RING)
+    for steps, beats, sets, buffers in ((64, 200, 2, 2), (512, 8, 2, 1), (64, 8, 2, 2),
+                                        (64, 8, 1, 1)):
+        gemm = Gemm(k_steps=steps, tokens=1)
+        assert (gemm_cycles(gemm, RING) <= short) == (steps == 64)
         load = Load(spad=Spad.WGT, rows=1, row_beats=beats)
-        assert schedule.act_buffers(RING, layers, spads, [load, gemm]) == buffers
+        program = [act, load, gemm] * sets
+        assert schedule.act_buffers(RING, layers, spads, program) == buffers
+
+
+def test_short_activation_sets_run_back_to_back():
+    """Attention scores of several heads (a head's query row a set of its own, one short
+    GEMM each: an array-bound ring): the ring alternates the sets between the ACT halves,
+    so the array does not idle a LOAD completion delay between heads (with one buffer it
+    idled that and more at each set, its LOAD waiting for the STORE of the head before): its
+    GEMMs span less than their cycles plus a delay per set after the first, and the results
+    are golden."""
+    rng = np.random.default_rng(1)
+    cfg = AcceleratorConfig(rows=4, cols=8, memory=MemoryModel(
+        bytes_per_cycle=128, size_bytes=1 << 22))  # a head's keys stream in 16 beats
+    fmt = WeightFormat("dense", 8, 0, raw=True)
+    n, k, heads = cfg.lanes, 64, 6
+    specs = [LayerSpec(fmt, n, k, 1, random_quantized(fmt, (n, k), rng),
+                       rng.integers(-127, 128, size=(1, k)).astype(np.int8))
+             for _ in range(heads)]
+    lp = build_layers(cfg, specs, ring=True)
+    r = FastModel(cfg).run(lp.program, lp.dram, trace=True)
+    assert r.ok, r.detail
+    for L, sp in enumerate(specs):
+        assert np.array_equal(lp.read_output(r.dram, L),
+                              gemm_acc(sp.acts, sp.weight.int_weight()))
+    gemms = [t for t in r.trace if isinstance(lp.program[t.index], Gemm)]
+    assert len(gemms) == heads
+    busy = sum(gemm_cycles(lp.program[t.index], cfg) for t in gemms)
+    assert gemms[-1].end - gemms[0].grant < busy + (heads - 1) * load_completion_delay(cfg)
