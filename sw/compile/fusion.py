@@ -242,7 +242,7 @@ __all__ = ["RequantOp", "DequantOp", "ArgmaxOp", "Part", "fusion_pairs", "requan
            "SCORES_AMAX", "kv_appends", "weights_first", "silu_segments", "HOIST_FILL",
            "HOIST_UNFIT", "AHEAD_FILLS", "AHEAD_ROUNDS", "WEAVE_POSITIONS", "Timeline",
            "timeline", "load_idle", "loads_ahead", "dram_extent",
-           "overlapping"]
+           "overlapping", "overlaps"]
 
 #: The events a vector part of a fused program uses instead of the scheduler's
 #: (:data:`sw.compile.schedule.EVENTS`) where the vector engine takes the compute engine's
@@ -648,13 +648,14 @@ def _spad_extent(f: Mapping[str, np.ndarray], i: int) -> tuple[int, int, int]:
     return int(f["dma.spad"][i]), first, first + int(f["dma.rows"][i]) * int(f["dma.row_beats"][i])
 
 
-def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether half-open spans ``a`` and ``b`` share a position."""
     return a[0] < b[1] and b[0] < a[1]
 
 
 def overlapping(spans: np.ndarray, span: tuple[int, int]) -> np.ndarray:
     """Per half-open span of ``spans`` (``int64 [n, 2]``): whether it shares a position with
-    ``span`` (:func:`_overlap` over arrays)."""
+    ``span`` (:func:`overlaps` over arrays)."""
     return (spans[:, 0] < span[1]) & (span[0] < spans[:, 1])
 
 
@@ -709,11 +710,11 @@ def hoistable(before: np.ndarray, words: np.ndarray, deep: bool = True) -> list[
         spad, lo, hi = _spad_extent(f, i)
         src = dram_extent(f, i)
         if int(f["wait"][i]) != NO_EVENT or any(
-                s == spad and _overlap((lo, hi), (a, b)) for s, a, b in busy + staying) or any(
-                _overlap(src, s) for s in stores) or past and (
+                s == spad and overlaps((lo, hi), (a, b)) for s, a, b in busy + staying) or any(
+                overlaps(src, s) for s in stores) or past and (
                 spad not in (Spad.WGT.value, Spad.ACT.value, Spad.VIN.value)
-                or any(s == spad and _overlap((lo, hi), (a, b)) for s, a, b in earlier)
-                or any(_overlap(src, w) for w in written)):
+                or any(s == spad and overlaps((lo, hi), (a, b)) for s, a, b in earlier)
+                or any(overlaps(src, w) for w in written)):
             staying.append((spad, lo, hi))
         else:
             out.append(i)
@@ -765,7 +766,7 @@ def _vin_moved(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     vin = Spad.VIN.value
     mine = [(a, b) for s, a, b in _loads(words) if s == vin]
     theirs = [(a, b) for s, a, b in _loads(before) if s == vin]
-    if not mine or not theirs or not any(_overlap(m, t) for m in mine for t in theirs):
+    if not mine or not theirs or not any(overlaps(m, t) for m in mine for t in theirs):
         return None
     top, end = max(b for _, b in theirs), max(b for _, b in mine)
     if top + end > cfg.spad_beats("vin"):
@@ -808,7 +809,7 @@ def _vin_gap(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
     theirs = [(a, b) for s, a, b in _loaded(g) if s == vin]
     stored = [dram_extent(g, j) for j in np.flatnonzero(
         (g["opcode"] == Opcode.STORE.value) & (g["dma.spad"] == Spad.VOUT.value)).tolist()]
-    if not any(_overlap(dram_extent(f, i), d) for i in np.flatnonzero(
+    if not any(overlaps(dram_extent(f, i), d) for i in np.flatnonzero(
             (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == vin)).tolist()
             for d in stored):
         return None
@@ -822,13 +823,13 @@ def _vin_gap_clear(cfg: AcceleratorConfig, theirs: Sequence[tuple[int, int]],
     VIN overlap one of them and such a gap exists (else None)."""
     mine = [(a, b) for s, a, b in _loads(words) if s == Spad.VIN.value]
     theirs = sorted(theirs)
-    if not mine or not any(_overlap(m, t) for m in mine for t in theirs):
+    if not mine or not any(overlaps(m, t) for m in mine for t in theirs):
         return None
     lo, end = min(a for a, _ in mine), max(b for _, b in mine)
     beats = cfg.spad_beats("vin")
     for top in sorted({0, *(b for _, b in theirs)}):
         span = (top, top + end - lo)
-        if span[1] <= beats and not any(_overlap(span, t) for t in theirs):
+        if span[1] <= beats and not any(overlaps(span, t) for t in theirs):
             return _vin_shifted(cfg, words, top - lo)
     return None
 
@@ -905,7 +906,7 @@ def _vin_used_from(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray
         (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == vin)).tolist()]
     stores = [j for j in np.flatnonzero((g["opcode"] == Opcode.STORE.value)
                                         & (g["dma.spad"] == Spad.VOUT.value)).tolist()
-              if any(_overlap(dram_extent(g, j), d) for d in need)]
+              if any(overlaps(dram_extent(g, j), d) for d in need)]
     first = stores[0] if stores else 0
     used = [(a, b) for w in _loaded(g, per_word=True)[first:]
             if w is not None and w[0] == vin for _, a, b in (w,)]
@@ -1184,9 +1185,9 @@ def drained_loads(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray,
         if int(f["opcode"][i]) != Opcode.LOAD.value or i in skip:
             continue  # a SYNC without a wait, or a LOAD that goes ahead anyway
         spad, lo, hi = _spad_extent(f, i)
-        if spad == Spad.VIN.value and not any(_overlap((lo, hi), r) for r in reads) \
-                and not any(_overlap(dram_extent(f, i), s) for s in stores) \
-                and not any(s == spad and _overlap((lo, hi), (a, b)) for s, a, b in staying):
+        if spad == Spad.VIN.value and not any(overlaps((lo, hi), r) for r in reads) \
+                and not any(overlaps(dram_extent(f, i), s) for s in stores) \
+                and not any(s == spad and overlaps((lo, hi), (a, b)) for s, a, b in staying):
             out.append(i)
         else:
             staying.append((spad, lo, hi))
@@ -1361,23 +1362,23 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
         return False
     moved = [dram_extent(g, i) for i in np.flatnonzero(
         (g["opcode"] == Opcode.LOAD.value) | (g["opcode"] == Opcode.STORE.value)).tolist()]
-    if any(_overlap(dram_extent(v, i), m) for i in _stores(v) for m in moved):
+    if any(overlaps(dram_extent(v, i), m) for i in _stores(v) for m in moved):
         return False
     stores = _stores(g)
     written = [dram_extent(g, i) for i in stores]
     funcs = v["vec.func"][v["opcode"] == Opcode.VEC.value]
     if funcs.size and (funcs == VecFunc.DEQUANT.value).all() and not any(
-            _overlap(dram_extent(v, i), w) for i in np.flatnonzero(
+            overlaps(dram_extent(v, i), w) for i in np.flatnonzero(
                 v["opcode"] == Opcode.LOAD.value).tolist() for w in written):
         return True  # an earlier GEMM part's accumulators (drained): the next head's scores
     if run and funcs.size and np.isin(funcs, [f.value for f in _AFTER_RUN]).all():
         if (funcs == VecFunc.SILU_GATE.value).any() and stores and any(
-                _overlap(dram_extent(r, i), dram_extent(g, stores[-1])) for r in map(
+                overlaps(dram_extent(r, i), dram_extent(g, stores[-1])) for r in map(
                     decode_fields, run) for i in np.flatnonzero(r["opcode"] == Opcode.LOAD.value)):
             return False  # the run has read the last tile: no GEMM left to run beside
         f = decode_fields(run[-1])
         written += [dram_extent(f, i) for i in _stores(f)]
-    return any(_overlap(dram_extent(v, i), w) for i in np.flatnonzero(
+    return any(overlaps(dram_extent(v, i), w) for i in np.flatnonzero(
         v["opcode"] == Opcode.LOAD.value).tolist() for w in written)
 
 
@@ -1501,7 +1502,7 @@ def beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray
     need = [-1] * v_eng.shape[0]
     for i in np.flatnonzero(v["opcode"] == Opcode.LOAD.value).tolist():
         src = dram_extent(v, i)
-        need[i] = max((k for k, w in enumerate(written) if _overlap(src, w)), default=-1)
+        need[i] = max((k for k, w in enumerate(written) if overlaps(src, w)), default=-1)
     vecs = v["opcode"] == Opcode.VEC.value
     paced = bool(np.isin(v["vec.func"][vecs], [f.value for f in _PACED]).any())
     loads = np.flatnonzero(v_eng == load).tolist()
@@ -1742,8 +1743,8 @@ def weights_first(words: np.ndarray) -> tuple[np.ndarray, list[int]]:
                 and (f["wait"][j] != NO_EVENT and f["wait"][j] != f["wait"][i]
                      or f["wait"][j] == NO_EVENT and not any(
                          b is not None and b[0] == Spad.WGT.value
-                         and _overlap(b[1:], loaded[j][1:]) for b in loaded[:i]))
-                and not any(_overlap(dram_extent(f, j), s) for s in stores)):
+                         and overlaps(b[1:], loaded[j][1:]) for b in loaded[:i]))
+                and not any(overlaps(dram_extent(f, j), s) for s in stores)):
             continue
         acts, weights = _instr(words[i]), _instr(words[j])
         out[i:j + 1] = program_words([replace(weights, signal=None),
@@ -1984,7 +1985,7 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
             spad, lo, hi = _spad_extent(f, i)
             first = max([first, *(j for j, (s, a, b) in zip(goes, extents, strict=True)
                                   if spread or spad != Spad.WGT.value
-                                  or s == spad and _overlap((lo, hi), (a, b)))])
+                                  or s == spad and overlaps((lo, hi), (a, b)))])
             at = next((j for j in range(first, 2 * k + 1)
                        if room[j] > 0 and HOIST_FILL * room[j] >= beats),
                       2 * k if len(goes) < HOIST_UNFIT else None)
@@ -2127,7 +2128,7 @@ def _boundary(placed: Sequence[np.ndarray], body: np.ndarray, i: int,
     spad, lo, hi = _spad_extent(f, 0)
     if rolled and spad != Spad.WGT.value:
         return k
-    while k > 1 and not any(s == spad and _overlap((lo, hi), (a, b))
+    while k > 1 and not any(s == spad and overlaps((lo, hi), (a, b))
                             for s, a, b in _loads(placed[k - 2])) \
             and not (rolled and (_gemms_or_adds(placed[k - 1]) or _adds(placed[k - 2]))):
         k -= 1

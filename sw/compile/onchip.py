@@ -89,7 +89,7 @@ from hw.isa import (
     vec_reads_amax,
     vec_reads_b,
 )
-from sw.compile.fusion import BESIDE_EVENTS, overlapping
+from sw.compile.fusion import BESIDE_EVENTS, overlapping, overlaps
 
 #: The event a move (LOAD -> STORE) waits on: raised by a SYNC of the LOAD engine right
 #: before the boundary the move's signal ends, once every LOAD before has landed. The one
@@ -341,7 +341,7 @@ def _beside_out_moves(ins: Sequence) -> list[int]:
             if not isinstance(x, Store):
                 continue
             span = (x.spad_addr, x.spad_addr + x.rows * x.row_beats)
-            if not _span_overlap((lo, hi), span):
+            if not overlaps((lo, hi), span):
                 continue
             if x.spad == OUT_MOVE_SPAD and span[0] <= lo and hi <= span[1]:
                 out.append(i)
@@ -370,12 +370,12 @@ def _beside_late_moves(cfg: AcceleratorConfig, ins: Sequence) -> list[int]:
             continue
         mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
         for x in ins[i + 1:]:
-            if isinstance(x, Vec) and _span_overlap(mine, _vout_writes(cfg, x)):
+            if isinstance(x, Vec) and overlaps(mine, _vout_writes(cfg, x)):
                 break
             if not (isinstance(x, Store) and x.spad in (Spad.VOUT, MOVE_SPAD)):
                 continue
             span = (x.spad_addr, x.spad_addr + x.rows * x.row_beats)
-            if not _span_overlap(mine, span):
+            if not overlaps(mine, span):
                 continue
             if x.spad == MOVE_SPAD and span[0] <= mine[0] and mine[1] <= span[1]:
                 out.append(i)
@@ -462,10 +462,6 @@ def _vin_reads(cfg: AcceleratorConfig, v) -> list[tuple[int, int]]:
         a = int(dequant_amax_addr(v.imm))
         spans.append((a, a + 1))
     return [(lo // per, -(-hi // per)) for lo, hi in spans]
-
-
-def _span_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[0] < b[1] and b[0] < a[1]
 
 
 def _store_spans(ins: Sequence, stores: Sequence[int]) -> np.ndarray:
@@ -647,7 +643,7 @@ def _out_kept(cfg: AcceleratorConfig, ins: Sequence, known: np.ndarray, gemms: S
     for g in gemms:
         if g > p:
             end = _out_end(cfg, ins[g])
-            if ins[g].out_addr < end and _span_overlap(mine, (ins[g].out_addr, end)):
+            if ins[g].out_addr < end and overlaps(mine, (ins[g].out_addr, end)):
                 k = int(known[g, Engine.STORE.value])
                 return k > s or (signal and k == s)
     return True
@@ -676,10 +672,10 @@ def _flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c, mv,
     flying = [j for j in vin_loads if k[load_e] < j < t]
     for j in flying:
         x = ins[j]
-        if _span_overlap(mine, (x.spad_addr, x.spad_addr + x.rows * x.row_beats)):
+        if overlaps(mine, (x.spad_addr, x.spad_addr + x.rows * x.row_beats)):
             return False
     for j in moves:
-        if s < j < t and _span_overlap(mine, (ins[j].dram_addr, ins[j].dram_addr + (
+        if s < j < t and overlaps(mine, (ins[j].dram_addr, ins[j].dram_addr + (
                 ins[j].rows - 1) * ins[j].dram_stride + ins[j].row_beats)):
             return False
     early = [j for j in flying if known[j, store_e] < s + (not signal)]
@@ -692,7 +688,7 @@ def _flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c, mv,
                                        for j in range(s + 1, x + 1)):
             return False
         k[load_e] = max(int(k[load_e]), x)
-    if any(isinstance(ins[v], Vec) and any(_span_overlap(mine, r)
+    if any(isinstance(ins[v], Vec) and any(overlaps(mine, r)
                                            for r in _vin_reads(cfg, ins[v]))
            for v in range(int(k[vec_e]) + 1, c)):
         return False
@@ -815,10 +811,10 @@ def _vout_flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c
     k[store_e] = max(int(k[store_e]), s)   # the STORE engine is in order: S is done
     mine = (mv.dram_addr, mv.dram_addr + (mv.rows - 1) * mv.dram_stride + mv.row_beats)
     flying = [j for j in vin_loads if k[load_e] < j < t]
-    if any(_span_overlap(mine, (ins[j].spad_addr, ins[j].spad_addr
+    if any(overlaps(mine, (ins[j].spad_addr, ins[j].spad_addr
                                 + ins[j].rows * ins[j].row_beats)) for j in flying):
         return False
-    if any(s < j < t and _span_overlap(mine, (ins[j].dram_addr, ins[j].dram_addr + (
+    if any(s < j < t and overlaps(mine, (ins[j].dram_addr, ins[j].dram_addr + (
             ins[j].rows - 1) * ins[j].dram_stride + ins[j].row_beats)) for j in moves):
         return False
     early = [j for j in flying if known[j, store_e] < s]
@@ -829,7 +825,7 @@ def _vout_flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c
                 and ins[j].signal == ins[s].signal for j in range(s + 1, x + 1)):
             return False
         k[load_e] = max(int(k[load_e]), x)
-    if any(isinstance(ins[v], Vec) and any(_span_overlap(mine, r)
+    if any(isinstance(ins[v], Vec) and any(overlaps(mine, r)
                                            for r in _vin_reads(cfg, ins[v]))
            for v in range(int(k[vec_e]) + 1, c)):
         return False
