@@ -193,9 +193,7 @@ def _safe(ins: Sequence, eng: np.ndarray, match: np.ndarray, landed: np.ndarray,
              None)
     if b is None:
         return False
-    lo, hi = ld.spad_addr, ld.spad_addr + ld.rows * ld.row_beats
-    if any(_vin_load(x) and x.spad_addr < hi and lo < x.spad_addr + x.rows * x.row_beats
-           for x in ins[b:t]):
+    if any(_vin_load(x) and overlaps(_spad_rows(ld), _spad_rows(x)) for x in ins[b:t]):
         return False  # (a LOAD after the move overwrites the beats it wrote)
     # landed when S starts: every LOAD-engine word up to the latest one a VEC up to v waits on
     u = int(landed[v])
@@ -336,11 +334,11 @@ def _beside_out_moves(ins: Sequence) -> list[int]:
     for i, st in enumerate(ins):
         if not (isinstance(st, Store) and st.spad == Spad.OUT) or st.reg:
             continue
-        lo, hi = st.spad_addr, st.spad_addr + st.rows * st.row_beats
+        lo, hi = _spad_rows(st)
         for x in ins[i + 1:]:
             if not isinstance(x, Store):
                 continue
-            span = (x.spad_addr, x.spad_addr + x.rows * x.row_beats)
+            span = _spad_rows(x)
             if not overlaps((lo, hi), span):
                 continue
             if x.spad == OUT_MOVE_SPAD and span[0] <= lo and hi <= span[1]:
@@ -368,13 +366,13 @@ def _beside_late_moves(cfg: AcceleratorConfig, ins: Sequence) -> list[int]:
     for i, st in enumerate(ins):
         if not (isinstance(st, Store) and st.spad == Spad.VOUT) or st.reg:
             continue
-        mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
+        mine = _spad_rows(st)
         for x in ins[i + 1:]:
             if isinstance(x, Vec) and overlaps(mine, _vout_writes(cfg, x)):
                 break
             if not (isinstance(x, Store) and x.spad in (Spad.VOUT, MOVE_SPAD)):
                 continue
-            span = (x.spad_addr, x.spad_addr + x.rows * x.row_beats)
+            span = _spad_rows(x)
             if not overlaps(mine, span):
                 continue
             if x.spad == MOVE_SPAD and span[0] <= mine[0] and mine[1] <= span[1]:
@@ -441,6 +439,17 @@ def _dram_beats(ins) -> np.ndarray:
     """The DRAM beats of a LOAD or STORE, in transfer order (rows of ``row_beats``)."""
     return (ins.dram_addr + np.arange(ins.rows)[:, None] * ins.dram_stride
             + np.arange(ins.row_beats)[None, :]).reshape(-1)
+
+
+def _spad_rows(ins) -> tuple[int, int]:
+    """The scratchpad beats ``[first, last + 1)`` of a LOAD's or STORE's rows."""
+    return ins.spad_addr, ins.spad_addr + ins.rows * ins.row_beats
+
+
+def _move_rows(mv) -> tuple[int, int]:
+    """The VIN beats ``[first, last + 1)`` a move (:func:`hw.isa.is_move`) writes: its
+    ``dram_addr`` names VIN's rows, ``dram_stride`` apart."""
+    return mv.dram_addr, mv.dram_addr + (mv.rows - 1) * mv.dram_stride + mv.row_beats
 
 
 def _dram_span(ins) -> tuple[int, int]:
@@ -639,7 +648,7 @@ def _out_kept(cfg: AcceleratorConfig, ins: Sequence, known: np.ndarray, gemms: S
     starts after a STORE-engine word after ``s`` is complete, or after ``s`` is where the
     move takes over ``s``'s signal (``signal``)."""
     st = ins[p]
-    mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
+    mine = _spad_rows(st)
     for g in gemms:
         if g > p:
             end = _out_end(cfg, ins[g])
@@ -667,16 +676,15 @@ def _flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c, mv,
     load_e, store_e, vec_e = Engine.LOAD.value, Engine.STORE.value, Engine.VECTOR.value
     k = known[s].copy()
     k[store_e] = max(int(k[store_e]), s)   # the STORE engine is in order: S is done
-    w0, w1 = mv.dram_addr, mv.dram_addr + (mv.rows - 1) * mv.dram_stride + mv.row_beats
+    w0, w1 = _move_rows(mv)
     mine = (w0, w1)
     flying = [j for j in vin_loads if k[load_e] < j < t]
     for j in flying:
         x = ins[j]
-        if overlaps(mine, (x.spad_addr, x.spad_addr + x.rows * x.row_beats)):
+        if overlaps(mine, _spad_rows(x)):
             return False
     for j in moves:
-        if s < j < t and overlaps(mine, (ins[j].dram_addr, ins[j].dram_addr + (
-                ins[j].rows - 1) * ins[j].dram_stride + ins[j].row_beats)):
+        if s < j < t and overlaps(mine, _move_rows(ins[j])):
             return False
     early = [j for j in flying if known[j, store_e] < s + (not signal)]
     x = max(early) if early else None
@@ -785,7 +793,7 @@ def _vout_kept(ins: Sequence, eng: np.ndarray, match: np.ndarray, known: np.ndar
     STORE-engine word after ``p`` is complete (``vecs``: per VEC of ``ins``, its index and
     :func:`_vout_writes`, ``int64 [n, 3]``)."""
     st = ins[s]
-    mine = (st.spad_addr, st.spad_addr + st.rows * st.row_beats)
+    mine = _spad_rows(st)
     done = int(known[s, Engine.VECTOR.value])
     at = vecs[:, 0]
     writers = at[(at > done) & overlapping(vecs[:, 1:], mine)].tolist()
@@ -809,13 +817,11 @@ def _vout_flight(cfg, ins, eng, match, known, forward, vin_loads, moves, s, t, c
     load_e, store_e, vec_e = Engine.LOAD.value, Engine.STORE.value, Engine.VECTOR.value
     k = known[s].copy()
     k[store_e] = max(int(k[store_e]), s)   # the STORE engine is in order: S is done
-    mine = (mv.dram_addr, mv.dram_addr + (mv.rows - 1) * mv.dram_stride + mv.row_beats)
+    mine = _move_rows(mv)
     flying = [j for j in vin_loads if k[load_e] < j < t]
-    if any(overlaps(mine, (ins[j].spad_addr, ins[j].spad_addr
-                                + ins[j].rows * ins[j].row_beats)) for j in flying):
+    if any(overlaps(mine, _spad_rows(ins[j])) for j in flying):
         return False
-    if any(s < j < t and overlaps(mine, (ins[j].dram_addr, ins[j].dram_addr + (
-            ins[j].rows - 1) * ins[j].dram_stride + ins[j].row_beats)) for j in moves):
+    if any(s < j < t and overlaps(mine, _move_rows(ins[j])) for j in moves):
         return False
     early = [j for j in flying if known[j, store_e] < s]
     x = max(early) if early else None
