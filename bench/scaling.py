@@ -125,10 +125,12 @@ def vector_spads(hidden: int, intermediate: int, vocab: int) -> dict[str, int]:
 def with_vector(cfg: AcceleratorConfig, wide: bool = False) -> AcceleratorConfig:
     """``cfg`` with a vector engine for LLaMA-7B (:func:`vector_spads`); ``wide``: of
     :attr:`~hw.config.AcceleratorConfig.vector_lanes_max` lanes, a beat's int32 elements,
-    SILU_GATE among them (:attr:`~hw.config.AcceleratorConfig.vector_laned_silu`), so that
-    the laned sub-ops (:func:`hw.isa.laned_vec_funcs`) take a row as fast as a LOAD brings
-    it (one lane, the default, takes a 16-byte beat's four elements in four cycles, a
-    2048-byte beat's 512 in 512).
+    SILU_GATE among them (:attr:`~hw.config.AcceleratorConfig.vector_laned_silu`) and a
+    ROPE over heads the lanes hold whole
+    (:attr:`~hw.config.AcceleratorConfig.vector_laned_rope_heads`), so that the laned
+    sub-ops (:func:`hw.isa.laned_vec_funcs`) take a row as fast as a LOAD brings it (one
+    lane, the default, takes a 16-byte beat's four elements in four cycles, a 2048-byte
+    beat's 512 in 512).
 
     >>> with_vector(scaled_config(16, 64, 128, 200.0), wide=True).vector_lanes
     32
@@ -137,7 +139,8 @@ def with_vector(cfg: AcceleratorConfig, wide: bool = False) -> AcceleratorConfig
     cfg = cfg.replace(**vector_spads(c["hidden"], c["intermediate"], c["vocab"]))
     if not wide or cfg.vector_lanes_max == 1:
         return cfg
-    return cfg.replace(vector_lanes=cfg.vector_lanes_max, vector_laned_silu=True)
+    return cfg.replace(vector_lanes=cfg.vector_lanes_max, vector_laned_silu=True,
+                       vector_laned_rope_heads=True)
 
 
 #: (label, accelerator) of ``--config vector``: :data:`SYSTEMS`' memories with the vector
@@ -509,10 +512,11 @@ def persistent_lines(records: list[dict]) -> list[str]:
               "scratchpad prefetches. The DDR4- and HBM-class engines are as wide as their "
               "beat (`vector_lanes` 32 and 512, a beat's int32 elements; the default's one): "
               "ADD, REQUANT, RMSNORM, MUL, DEQUANT, FOLD, SOFTMAX, SILU_GATE "
-              "(`vector_laned_silu`), ROPE where its half head (64) is a multiple of the lanes "
-              "(DDR4-class; not HBM-class's 512) and the KV append's INSERTs whose codes "
+              "(`vector_laned_silu`), ROPE (DDR4-class: its half head, 64, a multiple of the "
+              "lanes; HBM-class: a group of 512 holding four whole heads of 128, "
+              "`vector_laned_rope_heads`) and the KV append's INSERTs whose codes "
               "lie a beat apart stream a beat a cycle, so against the bytes streamed they weigh "
-              "as on the default system. ARGMAX, CHANNEL and KV4 (and HBM-class's ROPE) "
+              "as on the default system. ARGMAX, CHANNEL and KV4 "
               "stream one element (4 bytes) a cycle whatever the beat, which on a 128-byte beat "
               "weighs 8 times what it does on the default's 16 bytes. The KV append: a 1024-lane "
               "tile's key record is 1024 bytes (INT8; 512 at INT4), so a position's key touches "

@@ -213,6 +213,15 @@ class AcceleratorConfig:
         has beside the 4x8 array with two lanes, not with four (docs/architecture.md,
         *Lanes*): the wide systems set it, the ``vector`` preset does not. Needs
         ``vector_lanes > 1``; False (the default) is left out of :meth:`to_dict`.
+    vector_laned_rope_heads:
+        A ROPE whose heads the lanes hold whole (:func:`hw.isa.rope_heads_laned`: a power-of-two
+        ``head_dim`` dividing :attr:`vector_lanes`) streams ``vector_lanes`` elements a cycle
+        too (:func:`hw.isa.rope_laned`), each lane's ``Rope`` taking its partner lane's
+        element through a multiplexer of the ``log2 vector_lanes`` half heads and its table
+        word through another, the table's group read beside the row (docs/architecture.md,
+        *Lanes*): the wide systems set it (HBM-class's 512 lanes hold four LLaMA heads), the
+        ``vector`` preset does not. Needs ``vector_lanes > 1``; False (the default) is left
+        out of :meth:`to_dict`.
     queue_depth:
         Depth of each engine's instruction queue.
     num_events:
@@ -244,6 +253,7 @@ class AcceleratorConfig:
     vout_spad_bytes: int = 0
     vector_lanes: int = 1
     vector_laned_silu: bool = False
+    vector_laned_rope_heads: bool = False
     queue_depth: int = 4
     num_events: int = 16
     event_bits: int = 8
@@ -335,6 +345,11 @@ class AcceleratorConfig:
              f"vector_laned_silu must be a bool, got {self.vector_laned_silu!r}")
         need(not self.vector_laned_silu or self.vector_lanes > 1,
              f"vector_laned_silu needs vector_lanes > 1, got vector_lanes={self.vector_lanes}")
+        need(isinstance(self.vector_laned_rope_heads, bool),
+             f"vector_laned_rope_heads must be a bool, got {self.vector_laned_rope_heads!r}")
+        need(not self.vector_laned_rope_heads or self.vector_lanes > 1,
+             f"vector_laned_rope_heads needs vector_lanes > 1, got vector_lanes="
+             f"{self.vector_lanes}")
         need(self.param_spad_bytes // self.beat_bytes <= 1 << 8,
              f"param_spad_bytes={self.param_spad_bytes} exceeds the ISA's 256-beat param range")
         need(isinstance(self.queue_depth, int) and 1 <= self.queue_depth <= 64,
@@ -493,8 +508,9 @@ class AcceleratorConfig:
                 del d[name]
         if d["vector_lanes"] == 1:  # one element a cycle: absent, as before the field
             del d["vector_lanes"]
-        if not d["vector_laned_silu"]:  # absent, as before the field
-            del d["vector_laned_silu"]
+        for name in ("vector_laned_silu", "vector_laned_rope_heads"):
+            if not d[name]:  # absent, as before the field
+                del d[name]
         if d["memory"]["cycles_per_beat"] == 1:  # unpaced: absent, as before the field
             del d["memory"]["cycles_per_beat"]
         return d

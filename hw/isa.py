@@ -53,7 +53,7 @@ __all__ = [
     "vec_out_words", "vec_out_terms", "vec_reads_b", "vec_reads_amax", "DEQUANT_FOLD_BIT",
     "dequant_imm", "dequant_amax_addr", "dequant_fold", "ARGMAX_BASE_BITS", "argmax_imm",
     "argmax_base", "argmax_pairs", "argmax_bad", "VEC_FUNC_VALUES", "LANED_VEC_FUNCS",
-    "laned_vec_funcs", "vec_lanes", "rope_laned", "kv4_laned",
+    "laned_vec_funcs", "vec_lanes", "rope_laned", "rope_heads_laned", "kv4_laned",
     "insert_laned", "vec_unaligned", "RTL_VEC_FUNCS", "ROPE_HEAD_DIM_BITS",
     "rope_imm", "rope_geometry", "INSERT_FIELDS", "InsertGeometry", "insert_imm",
     "insert_fields", "insert_geometry", "insert_bad", "KV4_GROUP_BITS", "kv4_imm", "kv4_fields",
@@ -554,26 +554,45 @@ def laned_vec_funcs(cfg: AcceleratorConfig) -> tuple[VecFunc, ...]:
     return LANED_VEC_FUNCS + ((VecFunc.SILU_GATE,) if cfg.vector_laned_silu else ())
 
 
-def vec_lanes(func, lanes: int, imm, silu: bool = False):
+def vec_lanes(func, lanes: int, imm, silu: bool = False, rope_heads: bool = False):
     """Elements a VEC of ``func`` and ``imm`` streams per cycle on an engine of ``lanes``
-    (:attr:`hw.config.AcceleratorConfig.vector_lanes`; ``silu`` its ``vector_laned_silu``):
-    ``lanes`` for a sub-op of :func:`laned_vec_funcs`, an INSERT or INSERT4 of
-    :func:`insert_laned`, a ROPE of :func:`rope_laned` and a KV4 of :func:`kv4_laned`, 1 for
-    the others; ints, arrays or Amaranth values."""
+    (:attr:`hw.config.AcceleratorConfig.vector_lanes`; ``silu`` its ``vector_laned_silu``,
+    ``rope_heads`` its ``vector_laned_rope_heads``): ``lanes`` for a sub-op of
+    :func:`laned_vec_funcs`, an INSERT or INSERT4 of :func:`insert_laned`, a ROPE of
+    :func:`rope_laned` and a KV4 of :func:`kv4_laned`, 1 for the others; ints, arrays or
+    Amaranth values."""
     return 1 + (lanes - 1) * (_vec_laned(func, silu) | insert_laned(func, imm, lanes)
-                              | rope_laned(func, imm, lanes) | kv4_laned(func, imm, lanes))
+                              | rope_laned(func, imm, lanes, rope_heads)
+                              | kv4_laned(func, imm, lanes))
 
 
-def rope_laned(func, imm, lanes: int):
+def rope_laned(func, imm, lanes: int, heads: bool = False):
     """A ROPE that streams ``lanes`` elements a cycle (:func:`vec_lanes`): one whose half
     head ``head_dim / 2`` (:func:`rope_geometry`) is a multiple of ``lanes``, so that a
     group of ``lanes`` pairs ``k .. k + lanes - 1`` lies in two aligned groups of the row
-    (``x[k ..]`` and ``x[k + d/2 ..]``) and one of the table. Never with one lane; ints,
-    arrays or Amaranth values."""
+    (``x[k ..]`` and ``x[k + d/2 ..]``) and one of the table; with ``heads`` (the
+    configuration's ``vector_laned_rope_heads``) also one of :func:`rope_heads_laned`. Never
+    with one lane; ints, arrays or Amaranth values."""
     if lanes == 1:
         return func != func   # false, of func's kind
     half = rope_geometry(imm)[0] >> 1
-    return (func == VecFunc.ROPE.value) & (half != 0) & ((half & (lanes - 1)) == 0)
+    pairs = (func == VecFunc.ROPE.value) & (half != 0) & ((half & (lanes - 1)) == 0)
+    return (pairs | rope_heads_laned(func, imm, lanes)) if heads else pairs
+
+
+def rope_heads_laned(func, imm, lanes: int):
+    """A ROPE whose heads an aligned group of ``lanes`` elements holds whole: its
+    ``head_dim`` (:func:`rope_geometry`) a power of two dividing ``lanes`` (a half head of 1
+    to ``lanes / 2``), so that element ``k``'s partner ``k ^ d/2`` lies in the group of
+    ``k`` and every head's table words ``0 .. d/2 - 1`` in one group of the table. Streamed
+    ``lanes`` elements a cycle by an engine with ``vector_laned_rope_heads``
+    (:func:`rope_laned`); disjoint from :func:`rope_laned`'s half heads of a multiple of the
+    lanes. Never with one lane; ints, arrays or Amaranth values."""
+    if lanes == 1:
+        return func != func   # false, of func's kind
+    half = rope_geometry(imm)[0] >> 1
+    return ((func == VecFunc.ROPE.value) & (half != 0) & ((half & (half - 1)) == 0)
+            & ((half >> (lanes.bit_length() - 1)) == 0))
 
 
 def kv4_laned(func, imm, lanes: int):
@@ -625,9 +644,10 @@ def vec_unaligned(func, a_addr, b_addr, dst_addr, lanes: int, silu: bool = False
     ``lanes`` elements of one scratchpad row a cycle. An INSERT's rows are aligned whatever
     its ``imm`` (so that the rule reads no ``imm``, which a run-time register moves); it reads
     its code words one at a time. A ROPE's row, its table (``b_addr``) and its results are
-    held to the lanes whatever its ``imm`` too (:func:`rope_laned` reads the head from it),
-    and a KV4's row and results (:func:`kv4_laned` reads the group from it). Always false
-    with one lane; ints, arrays or Amaranth values."""
+    held to the lanes whatever its ``imm`` too (:func:`rope_laned` reads the head from it;
+    one of :func:`rope_heads_laned` reads its table's group whole), and a KV4's row and
+    results (:func:`kv4_laned` reads the group from it). Always false with one lane; ints,
+    arrays or Amaranth values."""
     mask = lanes - 1
     laned = _vec_laned(func, silu)
     rope = func == VecFunc.ROPE.value

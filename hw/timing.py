@@ -95,6 +95,7 @@ from hw.isa import (
     is_move,
     kv4_fields,
     kv4_groups,
+    rope_heads_laned,
     vec_lanes,
     vec_out_words,
 )
@@ -322,23 +323,23 @@ def vec_lane_tree(lanes):
         else int(lanes).bit_length() - 1
 
 
-def _vec_cycles(func, length, imm=0, lanes=1, silu=False):
+def _vec_cycles(func, length, imm=0, lanes=1, silu=False, rope_heads=False):
     """:func:`vec_cycles` on ints or arrays, on an engine of ``lanes``
-    (:attr:`hw.config.AcceleratorConfig.vector_lanes`; ``silu`` its ``vector_laned_silu``).
-    The engine reads ``n`` elements (of each operand row) per cycle, ``n =
-    hw.isa.vec_lanes(func, lanes, imm, silu)`` (one but for :func:`hw.isa.laned_vec_funcs`
-    and the INSERTs, ROPEs and KV4s of its rules), in ``g + 1 .. g + ceil(length / n)``;
-    each cycle's elements are fed to their units (``n`` of each, side by side)
-    ``VEC_READ_LATENCY`` cycles later, and a unit gives its result
-    ``VEC_FEED_LATENCY + VECTOR_LATENCY[name]`` cycles
-    after it is fed (``lat`` below); a reduction's ``n`` values of a cycle first pass
-    :func:`vec_lane_tree`. ADD writes each cycle's results as its units give them: the last
-    ``lat["add"]`` cycles after the last elements were fed. ARGMAX writes its result's words
-    one per cycle from the cycle its unit gives it, ``lat["argmax"]`` cycles after the last
-    element was fed. The instruction ends with its last VOUT write."""
+    (:attr:`hw.config.AcceleratorConfig.vector_lanes`; ``silu`` its ``vector_laned_silu``,
+    ``rope_heads`` its ``vector_laned_rope_heads``). The engine reads ``n`` elements (of each
+    operand row) per cycle, ``n = hw.isa.vec_lanes(func, lanes, imm, silu, rope_heads)`` (one
+    but for :func:`hw.isa.laned_vec_funcs` and the INSERTs, ROPEs and KV4s of its rules), in
+    ``g + 1 .. g + ceil(length / n)``; each cycle's elements are fed to their units (``n`` of
+    each, side by side) ``VEC_READ_LATENCY`` cycles later, and a unit gives its result
+    ``VEC_FEED_LATENCY + VECTOR_LATENCY[name]`` cycles after it is fed (``lat`` below); a
+    reduction's ``n`` values of a cycle first pass :func:`vec_lane_tree`. ADD writes each
+    cycle's results as its units give them: the last ``lat["add"]`` cycles after the last
+    elements were fed. ARGMAX writes its result's words one per cycle from the cycle its unit
+    gives it, ``lat["argmax"]`` cycles after the last element was fed. The instruction ends
+    with its last VOUT write."""
     # A unit's result comes VEC_FEED_LATENCY + its latency after the engine feeds it.
     lat = {k: VEC_FEED_LATENCY + v for k, v in VECTOR_LATENCY.items()}
-    n = vec_lanes(func, lanes, imm, silu)
+    n = vec_lanes(func, lanes, imm, silu, rope_heads)
     stream = (length + n - 1) // n + VEC_READ_LATENCY
     tree = vec_lane_tree(n)
     add = stream + lat["add"]
@@ -368,8 +369,11 @@ def _vec_cycles(func, length, imm=0, lanes=1, silu=False):
     # ROPE: two reads per pair of elements (x[k] and x[k + d/2] on the two ports, then the
     # table word), so the row's reads still take `length` cycles; each pair's two elements
     # enter Rope in the cycles the table word arrives and after it: the last one a cycle after
-    # the last read's data.
-    rope = stream + 1 + lat["rope"]
+    # the last read's data. A ROPE over whole heads (hw.isa.rope_heads_laned, with
+    # rope_heads) reads a group of its row a cycle, its table's group beside it, each lane's
+    # element entering Rope with its partner lane's as the read's data arrives: no second read.
+    heads = rope_heads & rope_heads_laned(func, imm, lanes)
+    rope = stream + 1 - heads + lat["rope"]
     # DEQUANT: the amax word read in g + 1 (it is the row's scalar as it is read), then one
     # pass from g + 2, each element through DequantFactor and Scale (the accumulator carried
     # beside the factor), written as it comes out.
@@ -418,13 +422,13 @@ def vec_cycles(ins: Vec, cfg: AcceleratorConfig) -> int:
     """VEC: stream the row through the sub-op's function unit, write the results to VOUT
     (see :func:`_vec_cycles`)."""
     return int(_vec_cycles(ins.func.value, ins.length, ins.imm, cfg.vector_lanes,
-                           cfg.vector_laned_silu))
+                           cfg.vector_laned_silu, cfg.vector_laned_rope_heads))
 
 
 def vec_cycles_fields(f: dict, cfg: AcceleratorConfig):
     """:func:`vec_cycles` from :func:`hw.isa.decode_fields` (ints or arrays)."""
     return _vec_cycles(f["vec.func"], f["vec.length"], f["vec.imm"], cfg.vector_lanes,
-                       cfg.vector_laned_silu)
+                       cfg.vector_laned_silu, cfg.vector_laned_rope_heads)
 
 
 def vec_elements_fields(f: dict):

@@ -181,7 +181,8 @@ def _random_vec(cfg: AcceleratorConfig, rng: np.random.Generator, regions) -> Ve
     o0, o1 = (b * per_beat for b in regions["vout"])
     func = VecFunc(int(rng.choice([f.value for f in RTL_VEC_FUNCS])))
     if func == VecFunc.ROPE:
-        return _random_rope(rng, (i0, i1), (o0, o1), cfg.vector_lanes)
+        return _random_rope(rng, (i0, i1), (o0, o1), cfg.vector_lanes,
+                            cfg.vector_laned_rope_heads)
     length = int(rng.integers(1, min(i1 - i0, o1 - o0) + 1))
     if rng.random() < 0.4:  # short rows, where the pipeline's fill and drain overlap most
         length = int(rng.integers(1, 4))
@@ -268,17 +269,21 @@ def random_channel_word(rng: np.random.Generator) -> int:
 
 
 def _random_rope(rng: np.random.Generator, vin: tuple[int, int], vout: tuple[int, int],
-                 lanes: int = 1) -> Vec:
+                 lanes: int = 1, heads: bool = False) -> Vec:
     """A ROPE over random heads (small ones often: one pair per head, the table's wrap every
     two elements) with its row, its table and its results inside the element ranges ``vin``
     and ``vout`` (which start on beats); the table words are whatever VIN holds. With
     ``lanes > 1`` its rows start on multiples of them (:func:`hw.isa.vec_unaligned`) and a
-    half head of ``lanes`` pairs, or a multiple, is drawn too (:func:`hw.isa.rope_laned`)."""
+    half head of ``lanes`` pairs, or a multiple, is drawn too (:func:`hw.isa.rope_laned`);
+    with ``heads`` (the configuration's ``vector_laned_rope_heads``) a power-of-two one
+    below the lanes too, heads the lanes hold whole (:func:`hw.isa.rope_heads_laned`)."""
     (i0, i1), (o0, o1) = vin, vout
     room = min(i1 - i0, o1 - o0)
     halves = [1, 2, int(rng.integers(1, room // 2 + 1))]
     if lanes > 1 and room >= 2 * lanes:
         halves.append(lanes * int(rng.integers(1, room // (2 * lanes) + 1)))
+    if heads and room >= lanes:
+        halves.append(1 << int(rng.integers(0, lanes.bit_length() - 1)))
     head_dim = 2 * int(rng.choice(halves))
     heads = int(rng.integers(1, room // head_dim + 1))
     length = heads * head_dim

@@ -105,11 +105,14 @@ def test_the_vector_engine_is_sized_from_the_rows_it_reads_whole():
 
 
 def test_the_wide_memories_have_an_engine_as_wide_as_their_beat():
-    """DDR4- and HBM-class engines take a beat's int32 elements a cycle (32 and 512 lanes);
-    the default keeps one lane, its recorded rows unchanged."""
-    lanes = {label: (cfg.vector_lanes, cfg.beat_bytes // VECTOR_WORD_BYTES)
+    """DDR4- and HBM-class engines take a beat's int32 elements a cycle (32 and 512 lanes),
+    SILU_GATE and the ROPEs over heads the lanes hold among them; the default keeps one lane,
+    its recorded rows unchanged."""
+    lanes = {label: (cfg.vector_lanes, cfg.beat_bytes // VECTOR_WORD_BYTES,
+                     cfg.vector_laned_silu, cfg.vector_laned_rope_heads)
              for label, cfg in VECTOR_SYSTEMS}
-    assert lanes == {"default": (1, 4), "DDR4-class": (32, 32), "HBM-class": (512, 512)}
+    assert lanes == {"default": (1, 4, False, False), "DDR4-class": (32, 32, True, True),
+                     "HBM-class": (512, 512, True, True)}
     for _, cfg in VECTOR_SYSTEMS:
         assert cfg.timing_only().vector_lanes == cfg.vector_lanes
 

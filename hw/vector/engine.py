@@ -107,6 +107,13 @@ Lanes
     A ROPE of :func:`hw.isa.rope_laned` reads ``n`` pairs' lower and upper elements in one cycle and
     their table words in the next, each lane through its ``Rope`` (``k``, the pointers and
     the write positions step by ``n``; its rows are aligned whatever its ``imm``). With the
+    configuration's ``vector_laned_rope_heads``, one whose heads a group holds whole
+    (:func:`hw.isa.rope_heads_laned`, told from one over pairs by :func:`command_lanes`'
+    ``writes_n``) reads a group of its row a cycle on the first port and its table's group
+    (``b_addr``, held) beside it on the second: lane ``k``'s ``Rope`` takes its element as it
+    arrives with lane ``k ^ d/2``'s (``rot``, negated where bit ``d/2`` of ``k`` is 0) and
+    table word ``k mod d/2``, each through a multiplexer of the ``log2 n`` half heads
+    (``imm``'s one-hot ``d/2``), its results written ``n`` a cycle. With the
     configuration's ``vector_laned_silu``, SILU_GATE's lane ``k`` goes to a copy of the
     SiLU-gate's chain (``Exp(30)``, a ``Recip`` of its own, ``Scale(60)``, the two
     ``Mul(30)``; lane 0's ``Recip`` is the per-row scalars' too). Lanes past a row's end
@@ -181,6 +188,7 @@ from hw.isa import (
     insert_laned,
     kv4_laned,
     laned_vec_funcs,
+    rope_heads_laned,
     rope_laned,
     vec_out_words,
 )
@@ -239,8 +247,10 @@ def command_lanes(cfg: AcceleratorConfig, func, imm):
     vector_lanes > 1`` lanes: ``laned`` it reads ``n`` elements a cycle
     (:func:`hw.isa.vec_lanes`: a sub-op of :func:`hw.isa.laned_vec_funcs`, or an INSERT of
     :func:`hw.isa.insert_laned` or a ROPE of :func:`hw.isa.rope_laned`); ``writes_n`` its
-    writes step by ``n`` words (a laned sub-op but REQUANT's and FOLD's packed codes, or a
-    laned INSERT; ROPE's writes step by its pairs, whatever ``writes_n``). Ints or Amaranth
+    writes step by ``n`` words (a laned sub-op but REQUANT's and FOLD's packed codes, a
+    laned INSERT, or with ``vector_laned_rope_heads`` a ROPE over whole heads,
+    :func:`hw.isa.rope_heads_laned`, which the engine tells from a ROPE over pairs by this
+    bit; a ROPE over pairs' writes step by its pairs). Ints or Amaranth
     values; the engine takes them as ``cmd_lanes``, which the vector sequencer registers at
     the pop (:class:`hw.engine.EngineSequencer`'s ``derive``): the compares and carry chains
     of ``imm``'s fields lie before the sequencer's register, not between it and the
@@ -250,8 +260,12 @@ def command_lanes(cfg: AcceleratorConfig, func, imm):
         raise ValueError(f"command_lanes is for an engine of lanes > 1, got {n}")
     ins = insert_laned(func, imm, n)
     funcs = laned_vec_funcs(cfg)
-    laned = _is_one_of(func, funcs) | ins | rope_laned(func, imm, n) | kv4_laned(func, imm, n)
+    heads = cfg.vector_laned_rope_heads
+    laned = (_is_one_of(func, funcs) | ins | rope_laned(func, imm, n, heads)
+             | kv4_laned(func, imm, n))
     writes_n = _is_one_of(func, [f for f in funcs if f not in _CODE_FUNCS]) | ins
+    if heads:
+        writes_n = writes_n | rope_heads_laned(func, imm, n)
     return laned, writes_n
 
 #: The shared units' uses, by unit: each use's ``(frac, y_bits)`` (a ``Mul``'s, or its
@@ -518,6 +532,12 @@ class VectorEngine(wiring.Component):
         # func's decode, registered with func (loaded together while idle, so always equal to
         # func == f): the sub-ops' control starts at a flag, not at func's comparators.
         is_ = {f: Signal(name=f"is_{f.name.lower()}", reset_less=True) for f in VecFunc}
+        # A ROPE over whole heads (vector_laned_rope_heads, hw.isa.rope_heads_laned: a ROPE
+        # whose writes step by n, command_lanes) reads a group of its row a cycle on the first
+        # port, its table's group (t_ptr, held) on the second; `pairs`: a ROPE over pairs.
+        heads_cfg = self._cfg.vector_laned_rope_heads
+        heads = Signal(reset_less=True) if heads_cfg else Const(0)
+        pairs = is_[VecFunc.ROPE] & ~heads if heads_cfg else is_[VecFunc.ROPE]
         # Lanes: a laned sub-op's reads are aligned groups of n elements (`left` counts
         # groups, the pointers step by n); the others read one element a cycle.
         lg = n.bit_length() - 1
@@ -559,6 +579,8 @@ class VectorEngine(wiring.Component):
                              at_end.eq(amax_first | g_one),
                              len_one.eq(g_one),
                              tail.eq(Cat((body.length - 1)[:lg] >= j for j in range(n)))]
+            if heads_cfg:
+                m.d.sync += heads.eq(rope & self.cmd_lanes[1])
             # (a laned ROPE's pairs come `inc` = n at a time: k steps by n; each constant is
             # formed for both steps, wide_now only selecting, as the row counts above)
             body_half = body.imm[1:ROPE_HEAD_DIM_BITS]
@@ -577,15 +599,16 @@ class VectorEngine(wiring.Component):
         # ---- read: one element (of each operand row) per cycle
         is_rope = is_[VecFunc.ROPE]
         a_rd = Mux(is_rope & tab, t_ptr, a_ptr)   # the element addresses read now
+        b_rd = Mux(heads, t_ptr, b_ptr) if heads_cfg else b_ptr
         m.d.comb += [self.vin_a.addr.eq(a_rd[lg:]),
                      self.vin_a.en.eq(issuing),
-                     self.vin_b.addr.eq(b_ptr[lg:]), self.vin_b.en.eq(issuing)]
+                     self.vin_b.addr.eq(b_rd[lg:]), self.vin_b.en.eq(issuing)]
         step_rd = 1 if n == 1 else inc
         with m.If(issuing):
             m.d.sync += [a_ptr.eq(a_ptr + step_rd), b_ptr.eq(b_ptr + step_rd),
                          left.eq(left - 1),
                          idx.eq(idx + 1), at_end.eq(left == 1)]
-            with m.If(is_rope):   # the pointers move after each table read
+            with m.If(pairs):   # the pointers move after each table read
                 m.d.sync += tab.eq(~tab)
                 with m.If(~tab):
                     m.d.sync += [a_ptr.eq(a_ptr), b_ptr.eq(b_ptr)]
@@ -689,7 +712,7 @@ class VectorEngine(wiring.Component):
             sel_b = Signal(lg, reset_less=True)
             ok = Signal(n, reset_less=True)   # the lanes of the group read now that count
             with m.If(issuing):
-                m.d.sync += [sel_a.eq(a_rd[:lg]), sel_b.eq(b_ptr[:lg]),
+                m.d.sync += [sel_a.eq(a_rd[:lg]), sel_b.eq(b_rd[:lg]),
                              ok.eq(Mux(at_end, tail, Const((1 << n) - 1, n)) & wide.replicate(n))]
             rd_a = _delay(m, self.vin_a.data.word_select(sel_a, ew), rl - 1, "rd_a", data=True)
             rd_b = _delay(m, self.vin_b.data.word_select(sel_b, ew), rl - 1, "rd_b", data=True)
@@ -1151,6 +1174,21 @@ class VectorEngine(wiring.Component):
         mul_last_a, mul_last = _delay_ahead(m, last & is_[VecFunc.MUL], lat["mul16"],
                                             "mul_last")
 
+        def _feed_rope_heads(k, unit):
+            """A ROPE over whole heads (``heads``): lane ``k``'s element enters its Rope as
+            the read's data arrives, with its partner lane ``k ^ d/2`` (negated in a head's
+            first half, where bit ``d/2`` of ``k`` is 0) and table word ``k % (d/2)`` of the
+            table's group read beside it; ``d/2`` is a power of two below ``n``, so its bits
+            ``0 .. log2 n - 1`` select both (one of them set)."""
+            partner, word = xs[k ^ 1], bs[0]
+            for j in range(1, lg):
+                partner = Mux(half[j], xs[k ^ (1 << j)], partner)
+                word = Mux(half[j], bs[k & ((1 << j) - 1)], word)
+            up = Cat(half[j] for j in range(lg) if k >> j & 1).any()
+            feed(unit, valid & heads, "rope", only=heads, a=xs[k],
+                 b=Mux(up, partner, -partner), cos=word[:ROPE_HALF_BITS],
+                 sin=word[ROPE_HALF_BITS:2 * ROPE_HALF_BITS])
+
         # -- ROPE: x[k], x[k + d/2] registered as they arrive; element k enters Rope with the
         # table word, element k + d/2 the cycle after
         was_tab = _delay(m, tab, rl, "was_tab")
@@ -1162,6 +1200,8 @@ class VectorEngine(wiring.Component):
         # lane 0's is the one-lane ROPE's, whose elements the reads select)
         for k, rope_k in enumerate([u["rope"], *lanes("rope")]):
             sfx = "" if k == 0 else f"_l{k}"
+            if heads_cfg:   # (first: its operands the outer selection, over a pair's)
+                _feed_rope_heads(k, rope_k)
             xl = Signal(signed(ACT_BITS), name=f"rope_xl{sfx}", reset_less=True)
             xu = Signal(signed(ACT_BITS), name=f"rope_xu{sfx}", reset_less=True)
             cs = Signal(2 * ROPE_HALF_BITS, name=f"rope_cs{sfx}", reset_less=True)
@@ -1172,7 +1212,9 @@ class VectorEngine(wiring.Component):
             word_cs = Mux(upper, cs, xs[k][:2 * ROPE_HALF_BITS])
             feed(rope_k, lower | upper, "rope", a=Mux(upper, xu, xl), b=Mux(upper, xl, -xu),
                  cos=word_cs[:ROPE_HALF_BITS], sin=word_cs[ROPE_HALF_BITS:])
-        rope_last_a, rope_last = _delay_ahead(m, up_last, lat["rope"], "rope_last")
+        rope_last_a, rope_last = _delay_ahead(
+            m, (up_last | (valid & last & heads)) if heads_cfg else up_last, lat["rope"],
+            "rope_last")
         # Each result's VOUT position: lower k -> upper k (+ d/2) -> lower k + 1 (+ 1 - d/2),
         # or the next head's first (+ 1) after its last pair (a laned ROPE: k steps by n,
         # `inc`, and so do these).
@@ -1181,7 +1223,7 @@ class VectorEngine(wiring.Component):
         r_k = Signal(ROPE_HEAD_DIM_BITS, reset_less=True)   # loaded while idle, as above
         r_last = Signal()    # r_k == head_dim / 2 - inc
         step = Signal(len(dst), init=1, reset_less=True)
-        with m.If(out_valid("rope")):
+        with m.If(out_valid("rope") & ~heads if heads_cfg else out_valid("rope")):
             r_last_next = Mux(r_up, Mux(r_last, half_m1 == 0, r_k == half_m2), r_last)
             inc_r = 1 if n == 1 else inc
             m.d.sync += [r_up.eq(~r_up), r_k.eq(Mux(r_up, Mux(r_last, 0, r_k + inc_r), r_k)),
@@ -1194,10 +1236,13 @@ class VectorEngine(wiring.Component):
                 self.cmd_lanes[1], n,
                 Mux(Cat(body.func == f for f in _CODE_FUNCS).any(),
                     max(1, n // VECTOR_WORD_BYTES), 1))
+            # (a ROPE over whole heads writes n a cycle: writes_n)
+            rope_steps = body.func == VecFunc.ROPE
+            if heads_cfg:
+                rope_steps = rope_steps & ~self.cmd_lanes[1]
             m.d.sync += [r_up.eq(0), r_k.eq(0),
                          r_last.eq(body.imm[1:ROPE_HEAD_DIM_BITS] == inc_now),
-                         step.eq(Mux(body.func == VecFunc.ROPE, body.imm[1:ROPE_HEAD_DIM_BITS],
-                                     one))]
+                         step.eq(Mux(rope_steps, body.imm[1:ROPE_HEAD_DIM_BITS], one))]
         # -- DEQUANT: the amax word (pass 1, one element) gives the row's scalars; pass 2
         # streams the accumulators and channel words through DequantFactor and Scale(31).
         # CHANNEL: each element is an amax word, A and b from it as it is read, through

@@ -302,11 +302,12 @@ def _ring_layers_agree(backends, seed):
 
 # ---- a laned vector engine (AcceleratorConfig.vector_lanes > 1) on the vector shape
 #: The 4x4 shape's vector engine with 2 and 4 lanes (its beat's elements, vector_lanes_max).
-#: Two lanes as the vector preset streams them; four with SILU_GATE laned too (the wide
-#: systems' ``vector_laned_silu``).
-LANED_CONFIGS = {lanes: EQUIVALENCE_CONFIGS["4x4"].replace(vector_lanes=lanes,
-                                                         vector_laned_silu=lanes == 4)
-                 for lanes in (2, 4)}
+#: Two lanes as the vector preset streams them; four with SILU_GATE laned too and a ROPE over
+#: the heads the lanes hold (the wide systems' ``vector_laned_silu`` and
+#: ``vector_laned_rope_heads``).
+LANED_CONFIGS = {lanes: EQUIVALENCE_CONFIGS["4x4"].replace(
+    vector_lanes=lanes, vector_laned_silu=lanes == 4, vector_laned_rope_heads=lanes == 4)
+    for lanes in (2, 4)}
 
 
 @pytest.fixture(scope="module", params=sorted(LANED_CONFIGS))

@@ -54,6 +54,7 @@ from hw.isa import (
     laned_vec_funcs,
     legal_words,
     program_words,
+    rope_heads_laned,
     rope_imm,
     rope_laned,
     vec_out_words,
@@ -516,9 +517,10 @@ def test_a_laned_executor_matches_numerics_and_the_timing_contract(lanes, seed):
     lengths any: a last group of 1 to ``lanes`` elements), back to back and after gaps, end
     in exactly ``vec_cycles`` of that configuration and leave the functional model's VOUT
     byte for byte (the lanes change when, never what); the rows where the laned sub-ops'
-    scalars and packed codes are special lead. Seed 1 lanes SILU_GATE too
-    (``vector_laned_silu``)."""
-    cfg = VCFG.replace(vector_lanes=lanes, vector_laned_silu=seed == 1)
+    scalars and packed codes are special lead. Seed 1 lanes SILU_GATE and the ROPEs over
+    heads the lanes hold too (``vector_laned_silu``, ``vector_laned_rope_heads``)."""
+    cfg = VCFG.replace(vector_lanes=lanes, vector_laned_silu=seed == 1,
+                       vector_laned_rope_heads=seed == 1)
     rng = np.random.default_rng(100 * lanes + seed)
     vin = _random_vin(rng)
     vin[:8] = 0
@@ -618,6 +620,36 @@ def test_every_laned_sub_op_on_lanes(lanes):
             vecs.append(Vec(func=func, length=length, imm=imm, a_addr=lanes * 3,
                             b_addr=VIN - 48, dst_addr=lanes * int(rng.integers(0, 16 // lanes))))
     _check_against_the_models(vin, vecs, [0] * len(vecs), cfg)
+
+
+@pytest.mark.parametrize("lanes", [2, 4, 8])
+def test_a_rope_over_heads_the_lanes_hold_on_lanes(lanes):
+    """With ``vector_laned_rope_heads``, ROPEs whose heads (``head_dim`` 2 to ``lanes``) the
+    lanes hold whole stream ``lanes`` elements a cycle (:func:`hw.isa.rope_heads_laned`),
+    on 1 to 5 heads (a last group of whole heads and lanes past the row's end) and random
+    rows and table words, beside ROPEs over pairs (a half head of ``lanes``) and the other
+    uses of the lanes' shared ``Mul`` (MUL, RMSNORM, FOLD) back to back and after gaps:
+    cycles and VOUT exact on an engine of ``lanes``."""
+    cfg = _wide_cfg(lanes).replace(vector_laned_rope_heads=True)
+    rng = np.random.default_rng(70 + lanes)
+    vin = _random_vin(rng)
+    vecs, over_heads = [], []
+    for half in [1 << j for j in range(lanes.bit_length() - 1)] + [lanes]:
+        for heads in [h for h in (1, 2, 3, 5) if 2 * half * h <= VOUT]:
+            length = 2 * half * heads
+            v = Vec(func=VecFunc.ROPE, length=length, imm=rope_imm(2 * half, heads),
+                    a_addr=lanes * int(rng.integers(0, (VIN - length) // lanes + 1)),
+                    b_addr=lanes * int(rng.integers(0, (VIN - half) // lanes + 1)),
+                    dst_addr=lanes * int(rng.integers(0, (VOUT - length) // lanes + 1)))
+            assert rope_laned(v.func.value, v.imm, lanes, True)
+            over_heads.append((bool(rope_heads_laned(v.func.value, v.imm, lanes)), half < lanes))
+            vecs.append(v)
+            func = (VecFunc.MUL, VecFunc.RMSNORM, VecFunc.FOLD)[len(vecs) % 3]
+            vecs.append(Vec(func=func, length=int(rng.integers(1, 2 * lanes + 2)),
+                            a_addr=lanes * 3, b_addr=VIN - 48, dst_addr=0))
+    assert all(got == want for got, want in over_heads) and any(w for _, w in over_heads)
+    gaps = [int(rng.choice([0, 0, 1, 5])) for _ in vecs]
+    _check_against_the_models(vin, vecs, gaps, cfg)
 
 
 @pytest.mark.parametrize("lanes", [2, pytest.param(16, marks=pytest.mark.slow)])

@@ -30,6 +30,7 @@ from hw.isa import (
     laned_vec_funcs,
     program_words,
     rope_geometry,
+    rope_heads_laned,
     rope_imm,
     rope_laned,
     vec_lanes,
@@ -146,6 +147,22 @@ def test_laned_silu_is_a_validated_field():
     assert laned_vec_funcs(on) == (*LANED_VEC_FUNCS, VecFunc.SILU_GATE)
 
 
+def test_laned_rope_heads_is_a_validated_field():
+    """``vector_laned_rope_heads`` (a ROPE over heads the lanes hold whole) is a bool, only
+    with lanes, off in the vector preset (its board key stays), left out of the JSON when off
+    and in it when on (the wide systems set it: tests/test_bench_scaling.py)."""
+    assert not preset("vector").vector_laned_rope_heads
+    assert "vector_laned_rope_heads" not in preset("vector").to_dict()
+    on = _cfg(4).replace(vector_laned_rope_heads=True)
+    assert on.to_dict()["vector_laned_rope_heads"] is True
+    assert AcceleratorConfig.from_json(on.to_json()) == on
+    assert on.fingerprint != _cfg(4).fingerprint
+    with pytest.raises(ConfigError, match="vector_laned_rope_heads needs vector_lanes > 1"):
+        VCFG.replace(vector_laned_rope_heads=True)
+    with pytest.raises(ConfigError, match="vector_laned_rope_heads must be a bool, got 1"):
+        _cfg(2).replace(vector_laned_rope_heads=1)
+
+
 @pytest.mark.parametrize("lanes", [2, 4])
 def test_rtl_engine_builds_silu_lanes(lanes):
     """With ``vector_laned_silu`` every lane has the SiLU-gate's chain (its own Recip beside
@@ -234,6 +251,9 @@ def test_a_rope_is_laned_where_its_half_head_is_whole_groups(head_dim, limit):
         arr = rope_laned(np.array([VecFunc.ROPE.value, VecFunc.ADD.value]),
                          np.array([imm, imm]), lanes)
         assert arr.tolist() == [want, False]
+        # disjoint from a ROPE over heads the lanes hold, which adds to it with the flag
+        if want:
+            assert not rope_heads_laned(VecFunc.ROPE.value, imm, lanes)
         # its row, table and results aligned whatever its imm (the rule reads no imm)
         for a, b, d in ((lanes, 0, 0), (0, lanes, 0), (0, 0, lanes), (1, 0, 0), (0, 1, 0),
                         (0, 0, 1)):
@@ -241,27 +261,59 @@ def test_a_rope_is_laned_where_its_half_head_is_whole_groups(head_dim, limit):
                 lanes > 1 and 1 in (a, b, d)), (lanes, a, b, d)
 
 
-@pytest.mark.parametrize(("lanes", "silu"), [(2, False), (4, False), (4, True)])
-def test_command_lanes_is_the_lane_table(lanes, silu):
+@pytest.mark.parametrize("head_dim", [0, 2, 4, 6, 8, 12, 64, 96, 128, 256])
+def test_a_rope_over_heads_the_lanes_hold_is_laned_with_the_flag(head_dim):
+    """:func:`hw.isa.rope_heads_laned`: a ROPE whose ``head_dim`` is a power of two dividing
+    the lanes, never at one lane nor for another sub-op; :func:`hw.isa.rope_laned` and
+    ``vec_lanes`` add it to the half heads of whole groups only with ``heads`` (the
+    configuration's ``vector_laned_rope_heads``); ints and arrays agree. LLaMA's head of 128
+    streams laned on HBM-class's 512 lanes only with the flag, on DDR4-class's 32 without
+    it (its half head, 64, whole groups) and so with it alike."""
+    imm = rope_imm(head_dim, 3)
+    for lanes in (1, 2, 4, 8, 16, 32, 64, 128, 512):
+        want = lanes > 1 and head_dim > 0 and lanes % head_dim == 0 and \
+            head_dim & (head_dim - 1) == 0
+        assert bool(rope_heads_laned(VecFunc.ROPE.value, imm, lanes)) == want, (head_dim, lanes)
+        arr = rope_heads_laned(np.array([VecFunc.ROPE.value, VecFunc.ADD.value]),
+                               np.array([imm, imm]), lanes)
+        assert arr.tolist() == [want, False]
+        pairs = bool(rope_laned(VecFunc.ROPE.value, imm, lanes))
+        assert bool(rope_laned(VecFunc.ROPE.value, imm, lanes, True)) == (pairs or want)
+        assert int(vec_lanes(VecFunc.ROPE.value, lanes, imm, False, True)) == (
+            lanes if pairs or want else 1)
+        assert not rope_heads_laned(VecFunc.ADD.value, imm, lanes)
+    llama = rope_imm(128, 32)
+    assert not rope_laned(VecFunc.ROPE.value, llama, 512)
+    assert rope_laned(VecFunc.ROPE.value, llama, 512, True)
+    assert rope_laned(VecFunc.ROPE.value, llama, 32) and \
+        not rope_heads_laned(VecFunc.ROPE.value, llama, 32)
+
+
+@pytest.mark.parametrize(("lanes", "silu", "heads"),
+                         [(2, False, False), (4, False, False), (4, True, False),
+                          (2, False, True), (4, True, True)])
+def test_command_lanes_is_the_lane_table(lanes, silu, heads):
     """:func:`hw.vector.engine.command_lanes` (what the vector sequencer registers beside
     the command): ``laned`` is ``vec_lanes > 1`` and ``writes_n`` that but for REQUANT's and
-    FOLD's packed codes and ROPE's pairs, for every sub-op over INSERT and ROPE geometries
-    and random imms, on ints and in the RTL (its Amaranth expression, simulated)."""
+    FOLD's packed codes and ROPE's pairs (a ROPE over whole heads, ``heads``, writes ``n``),
+    for every sub-op over INSERT and ROPE geometries and random imms, on ints and in the RTL
+    (its Amaranth expression, simulated)."""
     from amaranth import Module, Signal
     from amaranth.sim import Simulator
 
-    cfg = _cfg(lanes).replace(vector_laned_silu=silu)
+    cfg = _cfg(lanes).replace(vector_laned_silu=silu, vector_laned_rope_heads=heads)
     rng = np.random.default_rng(lanes + silu)
     imms = ([insert_imm(*g) for g, _ in INSERT_SPANS]
-            + [rope_imm(d, 3) for d in (0, 2, 4, 6, 64, 96, 128)]
+            + [rope_imm(d, 3) for d in (0, 2, 4, 6, 8, 64, 96, 128)]
             + [kv4_imm(g) for g in (None, 1, 2, 4, 8, 32)]
             + [int(v) for v in rng.integers(0, 2**40, 12, dtype=np.int64)])
     cases = [(f, imm) for f in VecFunc for imm in imms]
     want = []
     for f, imm in cases:
-        wide = int(vec_lanes(f.value, lanes, imm, silu)) > 1
-        want.append((wide, wide and f not in (VecFunc.REQUANT, VecFunc.FOLD, VecFunc.ROPE,
-                                              VecFunc.KV4)))
+        wide = int(vec_lanes(f.value, lanes, imm, silu, heads)) > 1
+        heads_rope = heads and bool(rope_heads_laned(f.value, imm, lanes))
+        want.append((wide, heads_rope or wide and f not in (
+            VecFunc.REQUANT, VecFunc.FOLD, VecFunc.ROPE, VecFunc.KV4)))
         got = command_lanes(cfg, f.value, imm)
         assert (bool(got[0]), bool(got[1])) == want[-1], (f, hex(imm))
     assert any(w for w, _ in want) and not all(w for w, _ in want)
@@ -316,6 +368,35 @@ def test_laned_cycles(lanes):
         assert timing.vec_cycles(v, silu) == _one_lane(VecFunc.SILU_GATE, -(-length // lanes), 0)
 
 
+@pytest.mark.parametrize("lanes", [2, 4, 512])
+def test_laned_rope_over_heads_cycles(lanes):
+    """A ROPE over heads the lanes hold whole (``vector_laned_rope_heads``) reads a group a
+    cycle, its table's group beside it, and each element enters Rope as it arrives: its
+    one-lane cycles of a row of ``ceil(L / lanes)`` elements less the one-lane ROPE's cycle
+    between a pair's two elements; without the flag, one element a cycle. LLaMA-7B's query
+    row (32 heads of 128) on HBM-class's 512 lanes: 15 cycles, not the one-lane 4,104."""
+    from bench.scaling import VECTOR_SYSTEMS
+
+    cfg = _cfg(lanes) if lanes <= VCFG.vector_lanes_max else dict(VECTOR_SYSTEMS)[
+        "HBM-class"].replace(vector_laned_rope_heads=False)
+    assert cfg.vector_lanes == lanes
+    on = cfg.replace(vector_laned_rope_heads=True)
+    lat = timing.VEC_FEED_LATENCY + timing.VECTOR_LATENCY["rope"]
+    for head_dim in (2, 4, 128):
+        for heads in (1, 2, 3, 32):
+            v = Vec(func=VecFunc.ROPE, length=heads * head_dim, imm=rope_imm(head_dim, heads))
+            if head_dim > lanes:
+                assert timing.vec_cycles(v, on) == timing.vec_cycles(v, cfg)
+                continue
+            groups = -(-v.length // lanes)
+            assert timing.vec_cycles(v, on) == groups + timing.VEC_READ_LATENCY + lat
+            assert timing.vec_cycles(v, on) == _one_lane(v.func, groups, v.imm) - 1
+            assert timing.vec_cycles(v, cfg) == _one_lane(v.func, v.length, v.imm)
+    if lanes == 512:
+        v = Vec(func=VecFunc.ROPE, length=4096, imm=rope_imm(128, 32))
+        assert (timing.vec_cycles(v, on), timing.vec_cycles(v, cfg)) == (15, 4104)
+
+
 @pytest.mark.parametrize("lanes", [2, 4, 32])
 def test_laned_kv4_key_row_cycles(lanes):
     """A KV4 key row of groups of ``lanes`` elements or more (:func:`hw.isa.kv4_laned`) reads
@@ -352,7 +433,8 @@ def test_laned_cycles_fields(lanes):
         length = int(rng.integers(1, 2048))
         vecs.append(Vec(func=func, length=length, imm=_imm(func, length)))
     f = decode_fields(program_words(vecs))
-    for c in (cfg, cfg.replace(vector_laned_silu=True)) if lanes > 1 else (cfg,):
+    for c in (cfg, cfg.replace(vector_laned_silu=True, vector_laned_rope_heads=True)
+              ) if lanes > 1 else (cfg,):
         assert timing.vec_cycles_fields(f, c).tolist() == [timing.vec_cycles(v, c)
                                                             for v in vecs]
 
@@ -405,12 +487,12 @@ def test_alignment_rule(lanes, silu):
 @pytest.mark.parametrize("seed", range(4))
 def test_random_programs_results_independent_of_lanes(seed):
     """Random vector programs (rows drawn aligned, lengths any) on 1, 2 and 4 lanes, and 4
-    with SILU_GATE laned: each runs without error, every VEC takes its ``vec_cycles`` on that
-    configuration, and the DRAM they leave is the same bit for bit (the lanes change when,
-    never what)."""
+    with SILU_GATE and the ROPEs over heads the lanes hold laned: each runs without error,
+    every VEC takes its ``vec_cycles`` on that configuration, and the DRAM they leave is the
+    same bit for bit (the lanes change when, never what)."""
     base = EQUIVALENCE_CONFIGS["4x4"]
     rng = np.random.default_rng(seed)
-    widest = base.replace(vector_lanes=4, vector_laned_silu=True)
+    widest = base.replace(vector_lanes=4, vector_laned_silu=True, vector_laned_rope_heads=True)
     rp = random_program(widest, rng, chains=int(rng.integers(1, 3)), tasks=3, vector=0.9)
     results = []
     for cfg in [*(base.replace(vector_lanes=lanes) for lanes in LANES), widest]:
