@@ -15,6 +15,7 @@ from bench.scaling import VECTOR_SYSTEMS, llama7b, step_options
 from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import QuantizedWeight, pack
 from hw.numerics import ACT_QMAX
+from hw.timing import load_completion_delay
 from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model
 from sw.compile.compiler import _kv_layout
@@ -30,7 +31,7 @@ WIDE_BEAT = AcceleratorConfig(rows=4, cols=128, act_spad_bytes=64 << 10,
                               vout_spad_bytes=16384, vector_lanes=16,
                               memory=MemoryModel(bytes_per_cycle=2048, latency=8,
                                                  size_bytes=1 << 24))
-PROMPT, STEPS = 6, 4
+PROMPT, STEPS, CONTEXT = 6, 4, 40
 
 
 def test_the_residue_is_the_widest_one_to_m_pattern_that_fits_the_lanes_exactly():
@@ -46,12 +47,22 @@ def test_the_residue_is_the_widest_one_to_m_pattern_that_fits_the_lanes_exactly(
     most = ((1 << 23) - 1) // (ACT_QMAX * -value_format(4, 8).qmin)
     assert value_residue(acc24, 16, 4, most) == 8
     assert value_residue(acc24, 16, 4, most + 1) == 1
+    # the k-steps saved a head, S * 7 / 8, must exceed the three ADDs' hand-offs on chip
+    # (and 1:4's two, S * 3 / 4: with WIDE_BEAT's delay of 9, 1:4 pays from 25 positions)
+    least = 8 * 3 * load_completion_delay(cfg) // 7 + 1
+    assert load_completion_delay(cfg) == 9 and least == 31
+    assert value_residue(cfg, 16, 4, least) == 8
+    assert value_residue(cfg, 16, 4, least - 1) == 4
+    assert value_residue(cfg, 16, 4, 24) == 1
+    host = cfg.replace(vin_spad_bytes=0, vout_spad_bytes=0, vector_lanes=1)
+    assert value_residue(host, 16, 4, 16) == 8            # the host adds them: no hand-offs
 
 
 def test_the_compiler_splits_only_where_the_host_appends():
-    """LLaMA-7B: HBM-class (host append) splits by 8 where its fold rows start on whole
-    vector lanes (64, 128; not 512); the default and DDR4-class append on chip: unsplit."""
-    lm, opts = llama7b(), step_options("decode", 1, 128, 4)
+    """LLaMA-7B at context 2048: HBM-class (host append) splits by 8 where its fold rows
+    start on whole vector lanes (64, 128; not 512); the default and DDR4-class append on
+    chip: unsplit. At 128 the split would not pay: unsplit."""
+    lm, opts = llama7b(), step_options("decode", 1, 2048, 4)
     got = {(label, lanes): _kv_layout(lm, dataclasses.replace(cfg, vector_lanes=lanes),
                                       opts).residue
            for label, cfg in VECTOR_SYSTEMS for lanes in {64, 128, cfg.vector_lanes}
@@ -60,6 +71,7 @@ def test_the_compiler_splits_only_where_the_host_appends():
                    ("HBM-class", 128): 8, ("HBM-class", 512): 1}
     hbm = dataclasses.replace(dict(VECTOR_SYSTEMS)["HBM-class"], vector_lanes=128)
     assert _kv_layout(lm, hbm, dataclasses.replace(opts, attention=False)).residue == 1
+    assert _kv_layout(lm, hbm, step_options("decode", 1, 128, 4)).residue == 1
 
 
 @pytest.mark.parametrize("lanes, head_dim, max_context, residue", [
@@ -95,8 +107,7 @@ def test_split_values_are_where_pack_puts_them(lanes, head_dim, max_context, res
 def _equals_twin(cfg: AcceleratorConfig, bits: int, residue: int) -> None:
     lm = tiny_lm(layers=2, heads=4, kv_heads=2)
     ws = compressed(lm)
-    exe = compile_model(lm, cfg, CompileOptions(PROMPT, PROMPT + STEPS, kv_bits=bits),
-                        weights=ws)
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, CONTEXT, kv_bits=bits), weights=ws)
     assert exe.kv.layout.residue == residue
     ids = torch.randint(0, lm.config.vocab_size, (1, PROMPT + STEPS),
                         generator=torch.Generator().manual_seed(3))
