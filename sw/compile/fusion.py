@@ -1379,7 +1379,7 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
     vecs = v["opcode"] == Opcode.VEC.value
     funcs = v["vec.func"][vecs]
     halves = (funcs == VecFunc.ADD.value) & (v["vec.a_addr"][vecs] == v["vec.b_addr"][vecs]
-                                             + v["vec.length"][vecs])  # schedule_vector's
+                                             + v["vec.length"][vecs])  # as folds name them
     if funcs.size and ((funcs == VecFunc.DEQUANT.value) | halves).all() and not any(
             overlaps(dram_extent(v, i), w) for i in np.flatnonzero(
                 v["opcode"] == Opcode.LOAD.value).tolist() for w in written):

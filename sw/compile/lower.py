@@ -78,16 +78,15 @@ def value_format(bits: int, residue: int = 1) -> WeightFormat:
     (:func:`value_residue`), the same ``1:R`` sparse (a position's value at its residue's
     output rows, its index the residue)."""
     _check_bits(bits)
-    pattern = DENSE if residue == 1 else NMPattern(1, residue)
-    return VALUE_FORMAT if bits == 8 and residue == 1 else \
-        WeightFormat(pattern, bits, DENSE_BLOCK, raw=True)
+    return WeightFormat(DENSE if residue == 1 else NMPattern(1, residue), bits, DENSE_BLOCK,
+                        raw=True)
 
 
 def value_residue(cfg: AcceleratorConfig, head_dim: int, bits: int, max_context: int) -> int:
     """The position residue R that attention's values product is split by where the host
     appends the cache (a stream of sparse fields, which no INSERT writes): the largest M of a
-    ``1:M`` pattern of ``cfg.patterns`` whose R * ``head_dim`` outputs fit the array's lanes
-    (the GEMM then takes S / R k-steps at up to full lanes instead of S at ``head_dim``),
+    ``1:M`` pattern of ``cfg.patterns`` whose ``M * head_dim`` outputs fit the array's lanes
+    (the GEMM then takes S / M k-steps at up to full lanes instead of S at ``head_dim``),
     else 1. Output ``(c, d)`` sums ``P[p] * V[p, d]`` over the positions ``p = c (mod R)``;
     the R partial rows are added after the GEMM (the vector engine's ADDs, each a half of
     the rows left, rows of a multiple of ``head_dim`` elements: so ``head_dim`` must be a
@@ -103,8 +102,9 @@ def value_residue(cfg: AcceleratorConfig, head_dim: int, bits: int, max_context:
     ``max_context * (M - 1) / M``, must exceed its log2 M hand-offs from one ADD to the
     next, each at least a LOAD's completion delay (:func:`hw.timing.load_completion_delay`:
     the memory's latency). A short cache's attention program is paced by such hand-offs,
-    not by its GEMMs (LLaMA-7B on HBM-class at context 128: 21,625 cycles unsplit, 29,686
-    split; at 2048 107,160 and 42,802, ``vector_lanes`` 64)."""
+    not by its GEMMs (LLaMA-7B on HBM-class, ``vector_lanes`` 64, INT4 cache, measured at
+    a84debf, which split at every context: an attention program at context 128 took 21,625
+    cycles unsplit and 29,686 split, at 2048 107,160 and 42,802)."""
     best = 1
     for p in cfg.patterns:
         m = p.m

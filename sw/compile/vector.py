@@ -72,8 +72,8 @@ class VectorOp:
     :func:`sw.compile.fusion.scores_groups`; or some columns of a one-row program: a
     SILU_GATE segment, :func:`sw.compile.fusion.silu_segments`; None: its own); ``halves``:
     an ADD of the two halves of each row of ``x`` (``2 * length`` elements, ``row_bytes``
-    apart: a values GEMM's accumulator rows split by position residue, folded in place,
-    ``y`` the same rows: :func:`sw.compile.fusion.values_parts`)."""
+    apart: a values GEMM's accumulator rows split by position residue), its results rows of
+    ``y`` laid out alike (:func:`sw.compile.fusion.values_parts`)."""
 
     func: VecFunc
     rows: int

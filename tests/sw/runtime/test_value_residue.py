@@ -19,6 +19,7 @@ from hw.timing import load_completion_delay
 from sim.backends import make_backend
 from sw.compile import CompileOptions, compile_model
 from sw.compile.compiler import _kv_layout
+from sw.compile.executable import load, save
 from sw.compile.lower import KVLayout, context_bucket, value_format, value_residue
 from sw.compress.model import use_hardware_numerics
 from sw.runtime import Runtime
@@ -104,10 +105,14 @@ def test_split_values_are_where_pack_puts_them(lanes, head_dim, max_context, res
         kv.fields("v", [0])
 
 
-def _equals_twin(cfg: AcceleratorConfig, bits: int, residue: int) -> None:
+def _equals_twin(cfg: AcceleratorConfig, bits: int, residue: int, tmp_path=None,
+                 **options) -> None:
     lm = tiny_lm(layers=2, heads=4, kv_heads=2)
     ws = compressed(lm)
-    exe = compile_model(lm, cfg, CompileOptions(PROMPT, CONTEXT, kv_bits=bits), weights=ws)
+    exe = compile_model(lm, cfg, CompileOptions(PROMPT, CONTEXT, kv_bits=bits, **options),
+                        weights=ws)
+    if tmp_path is not None:  # the split survives a save and load
+        exe = load(save(exe, tmp_path / "m.safetensors"))
     assert exe.kv.layout.residue == residue
     ids = torch.randint(0, lm.config.vocab_size, (1, PROMPT + STEPS),
                         generator=torch.Generator().manual_seed(3))
@@ -120,10 +125,19 @@ def _equals_twin(cfg: AcceleratorConfig, bits: int, residue: int) -> None:
         assert torch.equal(a, b)
 
 
-def test_split_values_folded_on_chip_equal_the_twin():
+def test_split_values_folded_on_chip_equal_the_twin(tmp_path):
     """INT4 cache on WIDE_BEAT: the attention programs' values GEMMs of 128 outputs, three
     halving ADDs and the DEQUANT on chip; the logits equal the twin's bit for bit."""
-    _equals_twin(WIDE_BEAT, 4, 8)
+    _equals_twin(WIDE_BEAT, 4, 8, tmp_path)
+
+
+def test_split_values_in_records_narrower_than_a_weights_word_equal_the_twin():
+    """128 lanes in 16-byte beats, the host appending (no chains): a 1:8 INT4 record is 7
+    beats, a WGT word 8, and a fused program that packs its GEMM's weights above the parts
+    before keeps them word-aligned (``fusion._wgt_moved``)."""
+    cfg = AcceleratorConfig(rows=8, cols=16, vin_spad_bytes=8192, vout_spad_bytes=4096,
+                            vector_lanes=4, memory=MemoryModel(latency=8, size_bytes=1 << 22))
+    _equals_twin(cfg, 4, 8, chain_programs=False)
 
 
 def test_split_values_folded_by_the_host_equal_the_twin():
