@@ -130,6 +130,16 @@ class WeightFormat:
     def steps_per_group(self, k_padded: int) -> int:
         return self.group_of(k_padded) * self.pattern.n // self.pattern.m
 
+    def fields(self, values: np.ndarray, index: np.ndarray | None) -> np.ndarray:
+        """The per-lane fields (``uint16``, elementwise) of kept ``values`` (two's complement
+        if symmetric) and their in-block ``index`` (None for dense): the value's low
+        :attr:`bits`, the index above them."""
+        out = np.asarray(values).astype(np.int16).astype(np.uint16) & np.uint16(
+            (1 << self.bits) - 1)
+        if not self.pattern.dense:
+            out |= np.asarray(index).astype(np.uint16) << np.uint16(self.bits)
+        return out
+
     def bits_per_weight(self, k: int, n_out: int = 1, lanes: int = 64) -> dict[str, float]:
         """Storage cost per dense weight position, split into its parts."""
         return stream_layout(self, n_out, k, lanes).bits_per_weight
@@ -449,6 +459,25 @@ class StreamLayout:
         return ((row // self.lanes) * stride + self.geometry.record_offset(k)
                 + lane * self.fmt.field_bits // 8)
 
+    def write_fields(self, region: np.ndarray, row, step, fields,
+                     tile_stride: int | None = None) -> None:
+        """Write the ``fields`` (:meth:`WeightFormat.fields`) of output rows ``row`` at steps
+        ``step`` (int arrays, broadcast elementwise; each pair at most once) into ``region``
+        (the stream's uint8 bytes, in place; ``tile_stride`` as :meth:`byte_offset`'s),
+        keeping every other field: each record touched is unpacked, its lanes set and packed
+        back, so fields of any width (not byte-aligned ones too) land where :func:`pack`
+        puts them."""
+        row, step, fields = np.broadcast_arrays(np.asarray(row), np.asarray(step),
+                                                np.asarray(fields))
+        stride = self.tile_bytes if tile_stride is None else tile_stride
+        start = ((row // self.lanes) * stride + self.geometry.record_offset(step)).reshape(-1)
+        first, which = np.unique(start, return_inverse=True)
+        at = first[:, None] + np.arange(self.record_bytes)
+        width = self.fmt.field_bits
+        lanes = _unpack_fields(region[at], width, self.lanes).astype(np.uint16)
+        lanes[which, (row % self.lanes).reshape(-1)] = fields.reshape(-1)
+        region[at] = _pack_fields(lanes, width)
+
     @property
     def bits_per_weight(self) -> dict[str, float]:
         """Bits per dense weight of the original (unpadded) matrix, split by part."""
@@ -572,10 +601,8 @@ def _pack_tiles(w: QuantizedWeight, lay: StreamLayout, t0: int, t1: int,
         res[: r1 - r0] = a[r0:r1]
         return res
 
-    # Field = value (low `bits`, two's complement masked) | index << bits.
-    fields = rows(w.values, np.int16).astype(np.uint16) & np.uint16((1 << fmt.bits) - 1)
-    if not fmt.pattern.dense:
-        fields |= rows(w.index, np.uint16) << np.uint16(fmt.bits)
+    fields = fmt.fields(rows(w.values, np.int16),
+                        None if fmt.pattern.dense else rows(w.index, np.uint16))
     # [tiles, lanes, groups, spg] -> [tiles, groups, spg, lanes]: one record per step.
     fields = fields.reshape(nt, lanes, lay.groups, lay.steps_per_group)
     records = _pack_fields(fields.transpose(0, 2, 3, 1), fmt.field_bits)

@@ -106,7 +106,7 @@ from sw.compile.fusion import (
 from sw.compile.ir import OPS, Graph, Node, linear_layers
 from sw.compile.ir.types import SYMBOL
 from sw.compile.kvappend import KVAppendOp, kv_append_words
-from sw.compile.lower import KVLayout, Member, context_bucket, node_members
+from sw.compile.lower import KVLayout, Member, context_bucket, node_members, value_residue
 from sw.compile.memo import fuse_parts_cached, moves_cached
 from sw.compile.onchip import onchip_moves, out_moves, quiet_stores, quieten, vout_moves
 from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
@@ -548,26 +548,39 @@ def _kv_appends(model: LlamaLM, cfg: AcceleratorConfig, graph: Graph, kv: KVLayo
     per key row value, its value row's value and the part (its rows' symbols set by the
     chain). Where the part cannot be on chip (:meth:`KVAppendOp.refusal`), a warning says
     why: each chain then leaves the append to the host, a program boundary at each layer."""
-    if not (opts.attention and cfg.has_vector and opts.chain_programs
-            and fuses_programs(cfg, opts)):
+    if not _appends_on_chip(cfg, opts):
         return {}
-    heads = model.config.num_key_value_heads
     scales = {n.attrs["layer"]: n.attrs["scale"] for n in graph.nodes if n.op == "attn_scores"}
-    appends = {k: (v, KVAppendOp(layer, heads, kv, "", "",
-                                 sym.buffer("kv", "decode", f"layer{layer}"),
-                                 tuple(sym.cache("k", layer, h) for h in range(heads)),
-                                 tuple(sym.cache("v", layer, h) for h in range(heads)),
-                                 tuple(sym.value_codes(layer, h) for h in range(heads)),
-                                 tuple(sym.score_channels(layer, h) for h in range(heads)),
-                                 scores_scale_word(scales[layer], kv.bits)
+    appends = {k: (v, _append_op(model, kv, layer, scores_scale_word(scales[layer], kv.bits)
                                  if layer in scales else 0))
                for k, (layer, v) in kv_appends(graph).items()}
-    # every layer's append has the same geometry: one check says it for all
-    why = next(iter(appends.values()))[1].refusal(cfg) if appends else None
+    # every layer's append has the same geometry: one check says it for all (values split by
+    # residue: why the unsplit cache's append is refused, which is why they are split)
+    why = dataclasses.replace(next(iter(appends.values()))[1], layout=dataclasses.replace(
+        kv, residue=1)).refusal(cfg) if appends else None
     if why:
         _log.warning("decode: the KV append runs on the host, so a decode step splits before "
                      "each layer's attention: %s", why)
     return appends
+
+
+def _appends_on_chip(cfg: AcceleratorConfig, opts: CompileOptions) -> bool:
+    """Whether a decode chain may append the KV cache on chip: the cache on the accelerator,
+    a vector engine and chained programs (:func:`_kv_appends`)."""
+    return opts.attention and cfg.has_vector and opts.chain_programs and \
+        fuses_programs(cfg, opts)
+
+
+def _append_op(model: LlamaLM, kv: KVLayout, layer: int, scale_word: int) -> KVAppendOp:
+    """The on-chip append of ``layer``'s kv heads (every region named, its rows' symbols
+    set by the chain)."""
+    heads = range(model.config.num_key_value_heads)
+    return KVAppendOp(layer, len(heads), kv, "", "",
+                      sym.buffer("kv", "decode", f"layer{layer}"),
+                      tuple(sym.cache("k", layer, h) for h in heads),
+                      tuple(sym.cache("v", layer, h) for h in heads),
+                      tuple(sym.value_codes(layer, h) for h in heads),
+                      tuple(sym.score_channels(layer, h) for h in heads), scale_word)
 
 
 def _shift(g: FusedGroup, d: int) -> FusedGroup:
@@ -622,12 +635,19 @@ _FRAMES = "frames"
 
 
 def _kv_layout(model: LlamaLM, cfg: AcceleratorConfig, opts: CompileOptions) -> KVLayout:
-    """The KV cache's layout: ``max_context`` positions rounded up to their bucket."""
+    """The KV cache's layout: ``max_context`` positions rounded up to their bucket; where
+    the host appends it (no on-chip append, or one its layout refuses), its values split by
+    :func:`sw.compile.lower.value_residue`."""
     try:
-        return KVLayout(model.config.head_dim, context_bucket(opts.max_context), cfg.lanes,
-                        cfg.beat_bytes, opts.kv_bits)
+        kv = KVLayout(model.config.head_dim, context_bucket(opts.max_context), cfg.lanes,
+                      cfg.beat_bytes, opts.kv_bits)
     except ValueError as e:
         raise CompileError(str(e)) from None
+    if opts.attention and (not _appends_on_chip(cfg, opts)
+                           or _append_op(model, kv, 0, 0).refusal(cfg) is not None):
+        kv = dataclasses.replace(kv, residue=value_residue(cfg, kv.head_dim, kv.bits,
+                                                           kv.max_context))
+    return kv
 
 
 def _static_regions(model: LlamaLM, cfg: AcceleratorConfig, fmt_map, kv: KVLayout,
@@ -836,7 +856,10 @@ def _part_template(cfg: AcceleratorConfig, part) -> Template:
     if isinstance(part, VectorOp):
         return lower_vector_template(cfg, part.func, part.rows, part.length,
                                      second=part.b is not None, const=part.w is not None,
-                                     imm=part.imm, positions=part.positions)
+                                     imm=part.imm, positions=part.positions,
+                                     halves=part.halves,
+                                     stride=part.row_bytes // cfg.beat_bytes if part.halves
+                                     else 0)
     return lower_dequant_template(cfg, part.rows, part.length, part.acc_row_bytes, part.place,
                                   fold=bool(part.fold_qmax),
                                   y_stride=part.row_bytes // cfg.beat_bytes)
@@ -866,6 +889,7 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
     nodes = [programs[pos[e]] for e in group.entries]
     words, key, work = [], ["fused"], [0, 0, 0]
     dequant, argmax, tables, imms = {}, {}, [], []
+    folded: dict[str, str] = {}  # a values fold's rows -> the accumulators they fold
     appends, embeds, counted = [], [], set()
     for part, owner in zip(group.parts, group.owners, strict=True):
         if isinstance(part, KVAppendOp):
@@ -931,12 +955,14 @@ def _fuse(cfg: AcceleratorConfig, programs: list[Program], pos: Mapping[int, int
                     work[2]]
         elif isinstance(part, VectorOp):
             work = [work[0] + part.read_bytes, work[1] + part.write_bytes, work[2]]
+            if part.halves:
+                folded[part.y] = folded.get(part.x, part.x)
         elif isinstance(part, ArgmaxOp):
             argmax[part.x] = part.y
             work = [work[0] + 4 * part.rows * part.length, work[1] + 8 * part.rows, work[2]]
         else:  # a column segment's rows are its whole row's, whose amax words it reads once
             whole, offset = part.columns or (part, 0)
-            dequant[whole.x] = whole
+            dequant[folded.get(whole.x, whole.x)] = whole
             acc = 4 * part.rows * part.length
             work = [work[0] + acc + 4 * part.length + 4 * part.rows * (offset == 0),
                     work[1] + acc, work[2]]

@@ -216,6 +216,7 @@ from hw.isa import (
     program_words,
     vec_reads_amax,
     vec_reads_b,
+    word_beats,
 )
 from hw.numerics import ACT_QMAX, KV4_QMAX
 from hw.timing import vec_cycles
@@ -1205,7 +1206,8 @@ def _wgt_moved(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.n
     scheduler, then take only the beats its chunks fill. The part reads only what its LOADs
     put in WGT, each GEMM within one run, so it computes what it did; its weight LOADs may
     then go up past those parts (:func:`_boundary`: the next GEMM's weights stream while the
-    vector parts before it run)."""
+    vector parts before it run). A run keeps its place within a WGT word (a GEMM's
+    ``wgt_addr`` is a word's: records of sparse fields are fewer beats than a word)."""
     wgt = Spad.WGT.value
     runs: list[list[int]] = []
     for a, b in sorted((a, b) for s, a, b in _loads(words) if s == wgt):
@@ -1215,17 +1217,23 @@ def _wgt_moved(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.n
             runs.append([a, b])
     if not runs:
         return None
-    size = sum(b - a for a, b in runs)
+    word = word_beats(cfg.wgt_word_bytes, cfg)
+
+    def place(base: int) -> tuple[list[int], int]:
+        """Each run's new start from ``base`` on, and the end of the last."""
+        starts, at = [], base
+        for a, b in runs:
+            at += (a - at) % word
+            starts.append(at)
+            at += b - a
+        return starts, at
     top, base = 0, 0
     for part in reversed(placed):
         top = max([top] + [b for s, _, b in _loads(part) if s == wgt])
-        if top + size > cfg.spad_beats("wgt"):
+        if place(top)[1] > cfg.spad_beats("wgt"):
             break
         base = top
-    starts, at = [], base
-    for a, b in runs:
-        starts.append(at)
-        at += b - a
+    starts, _ = place(base)
 
     def moved(addr: int) -> int | None:
         return next((n + addr - a for (a, b), n in zip(runs, starts, strict=True)
@@ -1334,9 +1342,11 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
     ``vec`` uses the vector parts' events and the scheduler's STORED ones only
     (:data:`VECTOR_EVENTS`), ``gemm`` none of :data:`BESIDE_EVENTS`, every event ``gemm``
     signals with a STORE is signalled by its STOREs alone, no STORE of ``vec`` writes DRAM
-    that ``gemm`` moves, and ``vec`` is a DEQUANT that reads no STORE of ``gemm`` (an earlier
-    GEMM part's accumulators, drained at the boundary before ``gemm``: the next head's scores
-    beside a head's values GEMM, :func:`_values_woven`), or some LOAD of ``vec`` reads what a
+    that ``gemm`` moves, and ``vec`` is a DEQUANT, or an ADD of its rows' halves (a values
+    fold, :func:`values_parts`), that reads no STORE of ``gemm`` (an earlier GEMM part's
+    accumulators, drained at the boundary before ``gemm``: the next head's scores beside a
+    head's values GEMM, :func:`_values_woven`; or the rows the fold before it in the run
+    wrote, drained behind it), or some LOAD of ``vec`` reads what a
     STORE of ``gemm`` writes (its accumulators: a DEQUANT) or, for a SOFTMAX, FOLD or
     SILU_GATE, of the last part of
     ``run`` (the rows a DEQUANT of the scores wrote, the probabilities a SOFTMAX wrote:
@@ -1366,8 +1376,11 @@ def _may_run_beside(cfg: AcceleratorConfig, gemm: np.ndarray, vec: np.ndarray,
         return False
     stores = _stores(g)
     written = [dram_extent(g, i) for i in stores]
-    funcs = v["vec.func"][v["opcode"] == Opcode.VEC.value]
-    if funcs.size and (funcs == VecFunc.DEQUANT.value).all() and not any(
+    vecs = v["opcode"] == Opcode.VEC.value
+    funcs = v["vec.func"][vecs]
+    halves = (funcs == VecFunc.ADD.value) & (v["vec.a_addr"][vecs] == v["vec.b_addr"][vecs]
+                                             + v["vec.length"][vecs])  # as folds name them
+    if funcs.size and ((funcs == VecFunc.DEQUANT.value) | halves).all() and not any(
             overlaps(dram_extent(v, i), w) for i in np.flatnonzero(
                 v["opcode"] == Opcode.LOAD.value).tolist() for w in written):
         return True  # an earlier GEMM part's accumulators (drained): the next head's scores
@@ -2553,19 +2566,32 @@ def _values_entry(work: Sequence[tuple], j: int) -> int | None:
 
 
 def values_parts(cfg: AcceleratorConfig, work: Sequence[tuple], k: int, softmax: VectorOp
-                 ) -> tuple[list[RequantOp], list[DequantOp]]:
+                 ) -> tuple[list[RequantOp], list[tuple[Part, ...]]]:
     """The FOLD and DEQUANT parts around the values program of entry ``k``, which reads the
     probabilities ``softmax`` writes: per member, a FOLD of its rows of them (``within``
     the softmax's results, as the scores' DEQUANTs write its input) times the value codes
     of its kv head (:func:`sw.compile.symbols.value_codes`, the host's) into the member's
-    INT8 rows, leaving FOLD's ``amax`` words; and a DEQUANT of its accumulators with the
-    constant channel words :func:`hw.numerics.values_channel` and those words into Q15.16
-    rows (:func:`hw.numerics.values_vector`)."""
+    INT8 rows, leaving FOLD's ``amax`` words; and its *outputs*: a DEQUANT of its
+    accumulators with the constant channel words :func:`hw.numerics.values_channel` and
+    those words into Q15.16 rows (:func:`hw.numerics.values_vector`), after, where the
+    values are split by position residue (:func:`sw.compile.lower.value_residue`: ``R *
+    head_dim`` accumulators a row), an ADD per halving of the partial rows left
+    (``halves``: log2 R of them) that leaves their sum in each row's first ``head_dim``
+    and the DEQUANT reads there: the first from the accumulators into rows of their own
+    (``"r"``, laid out as the accumulators; so it writes nothing the GEMM part moves and
+    may run beside it, :func:`_may_run_beside`), the others in place."""
     phase, node, _, members = work[k]
     per = len(members) // node.attrs["kv_heads"]  # operand heads per kv head
     fold, deq, at = [], [], 0
     for h, m in enumerate(members):
-        n, length = m.plan.n, softmax.length
+        n, length = node.attrs["head_dim"], softmax.length
+        acc, adds, half = m.y, [], m.plan.n
+        while half > n:
+            half //= 2
+            folded = symbols.buffer("r", phase, node.name, h)
+            adds.append(VectorOp(VecFunc.ADD, m.plan.tokens, half, m.plan.out_row_bytes, acc,
+                                 folded, halves=True))
+            acc = folded
         qmax = ACT_QMAX if m.plan.fmt.bits == 8 else KV4_QMAX
         place = amax_place(cfg, length, m.plan.act_row_bytes)
         amax = symbols.buffer("a", phase, node.name, h)
@@ -2574,10 +2600,11 @@ def values_parts(cfg: AcceleratorConfig, work: Sequence[tuple], k: int, softmax:
                               amax if place.separate else None, True,
                               symbols.value_codes(node.attrs["layer"], h // per),
                               within=(softmax.y, at), w_bytes=row_bytes(cfg, length)))
-        deq.append(DequantOp(m.plan.tokens, n, m.plan.out_row_bytes, row_bytes(cfg, n), place,
-                             m.y, symbols.values_channels(qmax, n),
-                             amax if place.separate else m.x,
-                             symbols.buffer("q", phase, node.name, h), fold_qmax=qmax))
+        deq.append((*adds, DequantOp(m.plan.tokens, n, m.plan.out_row_bytes, row_bytes(cfg, n),
+                                     place, acc, symbols.values_channels(qmax, n),
+                                     amax if place.separate else m.x,
+                                     symbols.buffer("q", phase, node.name, h),
+                                     fold_qmax=qmax)))
         at += m.plan.tokens * softmax.row_bytes
     return fold, deq
 
@@ -2621,12 +2648,13 @@ WEAVE_POSITIONS = 256
 
 
 def _values_woven(parts: Sequence[Part], fold: Sequence[RequantOp], values: Sequence[Member],
-                  vdeq: Sequence[DequantOp]) -> tuple[Part, ...] | None:
+                  vdeq: Sequence[tuple[Part, ...]]) -> tuple[Part, ...] | None:
     """``parts`` (a scores program's: its REQUANTs, its GEMM, each member's DEQUANT and
     SOFTMAX slice) and the values program's (``fold``, ``values``, ``vdeq``: a FOLD, a member
-    and a DEQUANT per kv head) woven a head at a time: head ``h``'s values GEMM, a part of its
-    own, right after its FOLD, and head ``h + 1``'s DEQUANT, SOFTMAX and FOLD after that GEMM,
-    then head ``h``'s values DEQUANT, so the vector engine works on the next head while the
+    and its outputs' parts per kv head, :func:`values_parts`) woven a head at a time: head
+    ``h``'s values GEMM, a part of its own, right after its FOLD, and head ``h + 1``'s
+    DEQUANT, SOFTMAX and FOLD after that GEMM, then head ``h``'s values outputs (its fold's
+    ADDs, its DEQUANT), so the vector engine works on the next head while the
     array computes this head's values (:func:`_may_run_beside`) instead of the array waiting
     for every head's FOLD. None where the heads do not pair up (a FOLD per SOFTMAX slice of
     the same rows, a values member per FOLD)."""
@@ -2641,8 +2669,8 @@ def _values_woven(parts: Sequence[Part], fold: Sequence[RequantOp], values: Sequ
             out += parts[soft[h - 1] + 1:soft[h] + 1]
         out += [fold[h], (values[h],)]
         if h:  # after the next values GEMM's operands: its weights stream right after FOLD's
-            out.append(vdeq[h - 1])
-    out += [vdeq[-1], *parts[soft[-1] + 1:]]
+            out += vdeq[h - 1]
+    out += [*vdeq[-1], *parts[soft[-1] + 1:]]
     return tuple(out)
 
 
@@ -2705,8 +2733,9 @@ def scores_groups(cfg: AcceleratorConfig, work: Sequence[tuple]) -> list[FusedGr
         if k is None:
             out.append(FusedGroup((i, j), parts, owners))
             continue
-        fold, vdeq = values_parts(cfg, work, k, vec)
-        woven = _values_woven(parts, fold, work[k][3], vdeq) \
+        fold, outs = values_parts(cfg, work, k, vec)
+        vdeq = [p for ps in outs for p in ps]
+        woven = _values_woven(parts, fold, work[k][3], outs) \
             if vec.length <= WEAVE_POSITIONS else None
         if woven is not None:
             both = FusedGroup((i, j, k), woven, tuple(  # the scores GEMM, then values GEMMs

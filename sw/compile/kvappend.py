@@ -256,6 +256,9 @@ def _geometry(cfg: AcceleratorConfig, layout: KVLayout, kv_heads: int, codes: bo
     """
     if not cfg.has_vector:
         raise LoweringError("the KV append on chip needs a vector engine")
+    if layout.residue > 1:
+        raise LoweringError(f"values split by residue {layout.residue} are sparse fields no "
+                            "INSERT writes")
     beat, d = cfg.beat_bytes, layout.head_dim
     width, (unit, per_byte) = dict(INSERT_FIELDS)["base"], \
         ("nibble", 2) if layout.bits == 4 else ("byte", 1)

@@ -13,7 +13,11 @@ node               members
                    query head without the GQA pass)
 ``attn_values``    per kv head: W = the value cache transposed ``[head_dim, S]``, rows the
                    same; the cache region is laid out for the longest context, so its
-                   tiles are further apart than a shorter context's (``w_tile_stride``)
+                   tiles are further apart than a shorter context's (``w_tile_stride``).
+                   Split by position residue (``R`` = :attr:`KVLayout.residue` > 1): W is
+                   ``[R * head_dim, S]``, output ``(c, d)`` summing the positions ``p = c
+                   (mod R)``, one nonzero per block of R positions (``1:R``); the R
+                   partial rows are then added (:func:`value_residue`)
 =================  ================================================================
 
 The KV cache is a weight stream the host extends one position at a time (:class:`KVLayout`
@@ -34,17 +38,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.config import DENSE, DENSE_BLOCK, AcceleratorConfig
-from hw.format import StreamLayout, WeightFormat, stream_layout
+from hw.config import DENSE, DENSE_BLOCK, AcceleratorConfig, NMPattern
+from hw.format import FormatError, StreamLayout, WeightFormat, stream_layout
 from hw.isa import RegTerm, VecFunc, reg_value
-from hw.numerics import KV4_CODE_BITS, KV_BITS, kv4_key_group
+from hw.numerics import ACT_QMAX, KV4_CODE_BITS, KV_BITS, kv4_key_group
+from hw.timing import load_completion_delay
 from sw.compile import symbols
 from sw.compile.errors import LoweringError
 from sw.compile.ir import Graph, LinearLayer, Node, linear_layers
 from sw.compile.tiling import LinearPlan, plan_linear, stream_bytes, tile_stride
 
-__all__ = ["KEY_FORMAT", "VALUE_FORMAT", "key_format", "value_format", "context_bucket",
-           "KVLayout", "Member",
+__all__ = ["KEY_FORMAT", "VALUE_FORMAT", "key_format", "value_format", "value_residue",
+           "context_bucket", "KVLayout", "Member",
            "node_members", "LOWERINGS", "LoweringRule", "LowerContext", "FormatOf"]
 
 #: Keys as the weight of ``q . k^T``: raw INT8, one group per head (K = head_dim).
@@ -66,14 +71,57 @@ def key_format(bits: int, head_dim: int) -> WeightFormat:
     return WeightFormat(DENSE, 4, kv4_key_group(head_dim), code_bits=KV4_CODE_BITS)
 
 
-def value_format(bits: int) -> WeightFormat:
+def value_format(bits: int, residue: int = 1) -> WeightFormat:
     """The value cache's stream format: :data:`VALUE_FORMAT`, or the same raw at INT4 (a
     value row's one scale is per position, a K position of ``p . v``: it is folded into the
-    probabilities, so the stream has no header)."""
-    if bits == 8:
-        return VALUE_FORMAT
+    probabilities, so the stream has no header); split by position ``residue`` R > 1
+    (:func:`value_residue`), the same ``1:R`` sparse (a position's value at its residue's
+    output rows, its index the residue)."""
     _check_bits(bits)
-    return WeightFormat(DENSE, 4, DENSE_BLOCK, raw=True)
+    return WeightFormat(DENSE if residue == 1 else NMPattern(1, residue), bits, DENSE_BLOCK,
+                        raw=True)
+
+
+def value_residue(cfg: AcceleratorConfig, head_dim: int, bits: int, max_context: int) -> int:
+    """The position residue R that attention's values product is split by where the host
+    appends the cache (a stream of sparse fields, which no INSERT writes): the largest M of a
+    ``1:M`` pattern of ``cfg.patterns`` whose ``M * head_dim`` outputs fit the array's lanes
+    (the GEMM then takes S / M k-steps at up to full lanes instead of S at ``head_dim``),
+    else 1. Output ``(c, d)`` sums ``P[p] * V[p, d]`` over the positions ``p = c (mod R)``;
+    the R partial rows are added after the GEMM (the vector engine's ADDs, each a half of
+    the rows left, rows of a multiple of ``head_dim`` elements: so ``head_dim`` must be a
+    multiple of ``cfg.vector_lanes`` for them to start on whole lanes, and R a power of two).
+
+    M must also divide :data:`~hw.config.DENSE_BLOCK` (the buckets stay whole blocks), the
+    decoder must stream the format (INT8 only dense: an INT8 cache is never split), and
+    every sum must be exact: ``|P code| <= ACT_QMAX``, ``|value code| <= -qmin``, so a
+    partial and the total are at most ``ACT_QMAX * -qmin * max_context``, which must stay
+    below ``2 ** (acc_bits - 1)``; then the wrapping accumulator, the saturating ADDs and
+    the unsplit GEMM give the same integers. And, where the vector engine adds the partial
+    rows, the split must pay at the longest context: the k-steps it saves a head,
+    ``max_context * (M - 1) / M``, must exceed its log2 M hand-offs from one ADD to the
+    next, each at least a LOAD's completion delay (:func:`hw.timing.load_completion_delay`:
+    the memory's latency). A short cache's attention program is paced by such hand-offs,
+    not by its GEMMs (LLaMA-7B on HBM-class, ``vector_lanes`` 64, INT4 cache, measured at
+    a84debf, which split at every context: an attention program at context 128 took 21,625
+    cycles unsplit and 29,686 split, at 2048 107,160 and 42,802)."""
+    best = 1
+    for p in cfg.patterns:
+        m = p.m
+        fmt = value_format(bits, m) if p.n == 1 and not DENSE_BLOCK % m and m & (m - 1) == 0 \
+            else None
+        if fmt is None or m * head_dim > cfg.lanes or head_dim % cfg.vector_lanes or \
+                ACT_QMAX * -fmt.qmin * max_context >= 1 << (cfg.acc_bits - 1):
+            continue
+        hand_offs = (m.bit_length() - 1) * load_completion_delay(cfg) if cfg.has_vector else 0
+        if max_context * (m - 1) <= m * hand_offs:
+            continue
+        try:
+            fmt.check_supported(cfg)
+        except FormatError:
+            continue
+        best = max(best, m)
+    return best
 
 
 def _check_bits(bits: int) -> None:
@@ -94,8 +142,11 @@ class KVLayout:
 
     The key region is the stream of ``W = K[max_context, head_dim]`` (tiles of ``lanes``
     positions); the value region that of ``W = V^T[head_dim, max_context]`` (tiles of
-    ``lanes`` channels, each ``value_tile_stride`` bytes). Formats: :func:`key_format`,
-    :func:`value_format`.
+    ``lanes`` channels, each ``value_tile_stride`` bytes), or, split by position
+    ``residue`` R > 1 (:func:`value_residue`), of ``W[R * head_dim, max_context]``: position
+    ``p``'s value of channel ``d`` is row ``(p % R) * head_dim + d``'s, at step ``p // R``
+    with index ``p % R``, every other row's field of that block 0. Formats:
+    :func:`key_format`, :func:`value_format`.
     """
 
     head_dim: int
@@ -103,6 +154,7 @@ class KVLayout:
     lanes: int
     beat: int
     bits: int = 8
+    residue: int = 1
 
     def __post_init__(self):
         _check_bits(self.bits)
@@ -113,7 +165,12 @@ class KVLayout:
 
     @property
     def value_format(self) -> WeightFormat:
-        return value_format(self.bits)
+        return value_format(self.bits, self.residue)
+
+    @property
+    def value_rows(self) -> int:
+        """Output rows of the values product: ``residue * head_dim``."""
+        return self.residue * self.head_dim
 
     @property
     def keys(self) -> StreamLayout:
@@ -121,7 +178,7 @@ class KVLayout:
 
     @property
     def values(self) -> StreamLayout:
-        return stream_layout(self.value_format, self.head_dim, self.max_context, self.lanes)
+        return stream_layout(self.value_format, self.value_rows, self.max_context, self.lanes)
 
     @property
     def key_bytes(self) -> int:
@@ -160,7 +217,17 @@ class KVLayout:
 
         In a dense stream step ``k`` holds K position ``k``; its record holds lane ``row %
         lanes`` of tile ``row // lanes`` (keys: row = position, K = channel; values: row =
-        channel, K = position) at bit ``lane * bits`` (:mod:`hw.format`)."""
+        channel, K = position) at bit ``lane * bits`` (:mod:`hw.format`). Values split by
+        residue are no such stream (:meth:`write` writes them).
+
+        Raises
+        ------
+        LoweringError
+            Values split by residue (fields of value and index bits, not at K position
+            ``k``)."""
+        if kind == "v" and self.residue > 1:
+            raise LoweringError(f"values split by residue {self.residue} are sparse fields, "
+                                "not bytes or nibbles at their positions")
         pos = np.asarray(positions).reshape(-1, 1)
         ch = np.arange(self.head_dim)[None, :]
         if kind == "k":
@@ -330,9 +397,18 @@ class KVLayout:
         """Write integer keys or values ``q [len(positions), head_dim]`` (int8, INT4 in
         [-8, 7] at 4 bits) and, for INT4 keys, their scale ``codes [len(positions), groups]``
         into ``region`` (the kv head's uint8 region, in place). A byte shared by two INT4
-        fields keeps the other field's bits."""
-        offset, shift = self.fields(kind, positions)
+        fields keeps the other field's bits; values split by residue go to their rows,
+        steps and indices (the class docstring) through
+        :meth:`hw.format.StreamLayout.write_fields`."""
         q = np.asarray(q)
+        if kind == "v" and self.residue > 1:
+            pos = np.asarray(positions).reshape(-1, 1)
+            c = pos % self.residue
+            self.values.write_fields(region, c * self.head_dim + np.arange(self.head_dim),
+                                     pos // self.residue, self.value_format.fields(q, c),
+                                     self.value_tile_stride)
+            return
+        offset, shift = self.fields(kind, positions)
         if self.bits == 8:
             region[offset] = q.astype(np.int8).view(np.uint8)
         else:
@@ -443,8 +519,8 @@ def _attention_members(node: Node, graph: Graph, ctx: LowerContext) -> list[Memb
             plan = plan_linear(ctx.cfg, ctx.kv.key_format, ctx.bucket, a["head_dim"],
                                b * per * t)
             stride, kind = None, "k"
-        else:
-            plan = plan_linear(ctx.cfg, ctx.kv.value_format, a["head_dim"], ctx.bucket,
+        else:  # split by residue: R * head_dim outputs, added after (value_residue)
+            plan = plan_linear(ctx.cfg, ctx.kv.value_format, ctx.kv.value_rows, ctx.bucket,
                                b * per * t)
             stride, kind = ctx.kv.value_tile_stride, "v"
         out.append(Member(plan, symbols.cache(kind, a["layer"], cache_head),

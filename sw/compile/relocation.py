@@ -110,12 +110,13 @@ def lower_template(cfg: AcceleratorConfig, layers: Sequence[SymbolicLayer], *,
 
 def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
                           second: bool = False, const: bool = False, imm: int = 0,
-                          table: bool = False, positions: int = 0,
-                          loops: bool | None = False) -> Template:
+                          table: bool = False, positions: int = 0, halves: bool = False,
+                          stride: int = 0, loops: bool | None = False) -> Template:
     """:func:`sw.compile.schedule.schedule_vector` as one relocatable program (END appended;
     its operands are layer 0's ``x``, ``b``, ``w`` and ``y``; a ROPE's table LOADs, those
     relative to ``w``, in :attr:`Template.position_rows`; a SOFTMAX's rows relative to the
-    step's first position with ``positions``, the step's tokens); ``loops`` as for
+    step's first position with ``positions``, the step's tokens; ``halves`` and
+    ``stride`` as :func:`~sw.compile.schedule.schedule_vector`'s); ``loops`` as for
     :func:`lower_template`.
 
     Raises
@@ -124,7 +125,8 @@ def lower_vector_template(cfg: AcceleratorConfig, func: VecFunc, rows: int, leng
         The rows do not fit the vector scratchpads, or the program the instruction memory.
     """
     t = _template(cfg, schedule_vector(cfg, func, rows, length, second=second, const=const,
-                                       imm=imm, table=table, positions=positions), loops)
+                                       imm=imm, table=table, positions=positions,
+                                       halves=halves, stride=stride), loops)
     if not table:
         return t
     at = t.reloc_rows[t.reloc_keys == _OPERANDS["w"]]

@@ -730,7 +730,8 @@ def _whole_rows(cfg: AcceleratorConfig, func: VecFunc, length: int, in_half: int
 
 def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: int, *,
                     second: bool = False, const: bool = False, imm: int = 0,
-                    table: bool = False, positions: int = 0) -> Schedule:
+                    table: bool = False, positions: int = 0, halves: bool = False,
+                    stride: int = 0) -> Schedule:
     """One program computing ``func`` on ``rows`` rows of ``length`` int32 elements.
 
     DRAM operands (relocated as :data:`Reloc` of layer 0): ``"x"`` the rows (each
@@ -744,7 +745,14 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
     table, :func:`hw.isa.relative_fields`). Every VEC gets ``imm`` (RMSNORM's epsilon;
     ROPE's :func:`hw.isa.rope_imm`); with ``positions`` (the step's tokens, a head's rows
     consecutive) a SOFTMAX's row ``r`` gets instead its causal valid positions ``pos + r %
-    positions + 1``: ``imm`` ``r % positions + 1`` relative to ``pos``. Tasks
+    positions + 1``: ``imm`` ``r % positions + 1`` relative to ``pos``. With ``halves`` (an
+    ADD), each row of ``"x"`` is ``2 * length`` elements and its VEC adds the two halves,
+    naming the second first (``a_addr = b_addr + length``, as no other ADD does: a second
+    row lies after the first; :func:`sw.compile.fusion._may_run_beside` tells the fold so):
+    the fold of values split by position residue (:func:`sw.compile.lower.value_residue`);
+    ``stride``: DRAM beats from a row of ``"x"`` and ``"y"`` to the next (0: consecutive),
+    so the results may go in place (the first half's beats, the rest of their last beat
+    overwritten). Tasks
     (:func:`vector_tasks`) alternate between the halves of VIN and VOUT; the
     loads of task ``i + 1`` are emitted before the VECs of task ``i`` (software pipelining, as
     :func:`schedule_layers`), so the LOAD engine fills one half while the vector engine
@@ -757,16 +765,24 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
     if table and (func != VecFunc.ROPE or second or const):
         raise LoweringError(f"only a ROPE reads a rotary table, not {func.name}"
                             + (" with other operands" if func == VecFunc.ROPE else ""))
+    if halves and (func != VecFunc.ADD or second or const or table):
+        raise LoweringError(f"only an ADD of no other operand adds a row's halves, not "
+                            f"{func.name}")
     row_beats = -(-length // per)
+    x_beats = -(-2 * length // per) if halves else row_beats  # beats of a row of "x"
+    pitch = stride or row_beats
     t_beats = rope_table_beats(cfg, imm) if table else 0
-    tasks, in_half, out_half = vector_tasks(cfg, func, rows, length, 2 if second else 1,
-                                            const, t_beats)
+    tasks, in_half, out_half = vector_tasks(cfg, func, rows, length, 2 if second or halves
+                                            else 1, const, t_beats)
+    if halves and any(t.start or t.length != length for t in tasks):
+        raise LoweringError(f"an ADD of the halves of a row of {2 * length} elements does "
+                            "not fit the vector engine's scratchpad halves")
     base = row_beats if const else 0
 
     def loads(t: VectorTask, h: int) -> _Emitted:
         beats, offset = -(-t.length // per), t.start // per
         # (operand, VIN beats before it in the half, DRAM beats of a row, beats loaded)
-        ops = [("x", 0, row_beats, beats)]
+        ops = [("x", 0, pitch, x_beats if halves else beats)]
         if second:
             ops.append(("b", t.rows * beats, row_beats, beats))
         if table:  # the task's table rows, the table's rows in the same order as x's
@@ -780,8 +796,9 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
     def vecs(t: VectorTask, h: int) -> _Emitted:
         beats = -(-t.length // per)
         a0 = base + h * in_half
-        return [(Vec(func=func, a_addr=(a0 + j * beats) * per,
+        return [(Vec(func=func, a_addr=(a0 + j * x_beats) * per + (length if halves else 0),
                      b_addr=((a0 + (t.rows + j) * beats) * per if second
+                             else (a0 + j * x_beats) * per if halves
                              else (a0 + t.rows * beats + j * t_beats) * per if table
                              else 0),  # const: row 0
                      dst_addr=(h * out_half + j * beats) * per, length=t.length,
@@ -795,8 +812,8 @@ def schedule_vector(cfg: AcceleratorConfig, func: VecFunc, rows: int, length: in
 
     def store(t: VectorTask, h: int) -> _Emitted:
         return [(Store(spad=Spad.VOUT, spad_addr=h * out_half,
-                       dram_addr=t.row * row_beats + t.start // per, rows=t.rows,
-                       row_beats=-(-t.length // per), dram_stride=row_beats), (0, "y"))]
+                       dram_addr=t.row * pitch + t.start // per, rows=t.rows,
+                       row_beats=-(-t.length // per), dram_stride=pitch), (0, "y"))]
 
     head = [(Load(spad=Spad.VIN, spad_addr=0, dram_addr=0, rows=1, row_beats=row_beats),
              (0, "w"))] if const else []

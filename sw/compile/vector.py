@@ -70,7 +70,10 @@ class VectorOp:
     from that offset on, and ``b`` of a fourth, ``b buffer``, where one follows (a fused
     program's part that runs some rows of a node's program: a SOFTMAX per scores member,
     :func:`sw.compile.fusion.scores_groups`; or some columns of a one-row program: a
-    SILU_GATE segment, :func:`sw.compile.fusion.silu_segments`; None: its own)."""
+    SILU_GATE segment, :func:`sw.compile.fusion.silu_segments`; None: its own); ``halves``:
+    an ADD of the two halves of each row of ``x`` (``2 * length`` elements, ``row_bytes``
+    apart: a values GEMM's accumulator rows split by position residue), its results rows of
+    ``y`` laid out alike (:func:`sw.compile.fusion.values_parts`)."""
 
     func: VecFunc
     rows: int
@@ -85,6 +88,7 @@ class VectorOp:
     table_row_bytes: int = 0
     positions: int = 0
     within: tuple[str, str, int] | tuple[str, str, int, str] | None = None
+    halves: bool = False
 
     @property
     def w_tile_stride(self) -> None:
@@ -95,7 +99,8 @@ class VectorOp:
     def signature(self) -> tuple:
         """What the instructions depend on, addresses aside."""
         return ("vec", self.func, self.rows, self.length, self.b is not None,
-                self.w is not None, self.imm, self.table_rows, self.positions)
+                self.w is not None, self.imm, self.table_rows, self.positions) + (
+                    ("halves", self.row_bytes) if self.halves else ())
 
     def const_bytes(self, max_context: int) -> int:
         """DRAM bytes of its constant ``w``: a row (RMSNorm's weight), or a ROPE's table of
@@ -117,6 +122,8 @@ class VectorOp:
         """Bytes the program must read at least: its operand rows, the constant row (or a
         ROPE's table rows) once."""
         n = self.rows * self.length * VECTOR_WORD_BYTES
+        if self.halves:
+            return 2 * n
         if self.table_rows:
             return n + self.table_rows * self._table_words * VECTOR_WORD_BYTES
         return n * (2 if self.b else 1) + (self.length * VECTOR_WORD_BYTES if self.w else 0)
@@ -134,7 +141,8 @@ class VectorOp:
                 "row_bytes": self.row_bytes, "x": self.x, "y": self.y, "b": self.b,
                 "w": self.w, "imm": self.imm, "table_rows": self.table_rows,
                 "table_row_bytes": self.table_row_bytes, "positions": self.positions,
-                **({} if self.within is None else {"within": list(self.within)})}
+                **({} if self.within is None else {"within": list(self.within)}),
+                **({"halves": True} if self.halves else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> VectorOp:

@@ -913,8 +913,9 @@ class Runtime:
     def _attention_out(self, node: Node, args: list, env, program: Program, state) -> tuple:
         """Dequantise the integer scores (key scales as row scales, times the softmax scale;
         with ``vector`` as the vector unit's DEQUANT: :func:`~hw.numerics.scores_vector`) or
-        values; the scores a fused program dequantised on chip (``dequant``) are read back
-        as its Q15.16 rows instead."""
+        values (the partial rows of values split by position residue added first:
+        :func:`~sw.compile.lower.value_residue`); the scores a fused program dequantised on
+        chip (``dequant``) are read back as its Q15.16 rows instead."""
         s = env.past + env.t
         n = s if node.op == "attn_scores" else self.kv.head_dim
         heads = args[0].shape[1]
@@ -928,12 +929,15 @@ class Runtime:
             out = ungroup_rows(out, heads)
             return (out,), stream_cycles(out.numel() * 4, out.numel() * 4, self.exe.cfg)
         rows, s_x, scale = state
+        split = 1 if node.op == "attn_scores" else self.kv.residue
         if self.values:
             acc = torch.from_numpy(np.stack([
-                self._read_rows(m.y, rows, m.out_row_bytes, n) for m in program.members]))[None]
+                self._read_rows(m.y, rows, m.out_row_bytes, split * n)
+                for m in program.members]))[None]
         else:
-            acc = torch.zeros((1, len(program.members), rows, n), dtype=torch.int64)
+            acc = torch.zeros((1, len(program.members), rows, split * n), dtype=torch.int64)
         if node.op != "attn_scores":
+            acc = acc.reshape(*acc.shape[:-1], split, n).sum(-2)  # exact: value_residue
             out = values_epilogue(acc, s_x, heads, self.vector, self.kv.bits)
         elif self.vector:
             out = scores_vector(acc, s_x, scale, node.attrs["scale"], heads, self.kv.bits)
