@@ -123,30 +123,50 @@ def vector_spads(hidden: int, intermediate: int, vocab: int) -> dict[str, int]:
 
 
 def with_vector(cfg: AcceleratorConfig, wide: bool = False) -> AcceleratorConfig:
-    """``cfg`` with a vector engine for LLaMA-7B (:func:`vector_spads`); ``wide``: of
-    :attr:`~hw.config.AcceleratorConfig.vector_lanes_max` lanes, a beat's int32 elements,
-    SILU_GATE among them (:attr:`~hw.config.AcceleratorConfig.vector_laned_silu`) and a
-    ROPE over heads the lanes hold whole
-    (:attr:`~hw.config.AcceleratorConfig.vector_laned_rope_heads`), so that the laned
-    sub-ops (:func:`hw.isa.laned_vec_funcs`) take a row as fast as a LOAD brings it (one
-    lane, the default, takes a 16-byte beat's four elements in four cycles, a 2048-byte
-    beat's 512 in 512).
+    """``cfg`` with a vector engine for LLaMA-7B (:func:`vector_spads`); ``wide``: as many
+    lanes as a beat's int32 elements (:attr:`~hw.config.AcceleratorConfig.vector_lanes_max`)
+    but no more than a head's channels (:func:`wide_lanes`), SILU_GATE among them
+    (:attr:`~hw.config.AcceleratorConfig.vector_laned_silu`) and a ROPE over heads the lanes
+    hold whole (:attr:`~hw.config.AcceleratorConfig.vector_laned_rope_heads`, where they
+    hold one: the lanes a multiple of the head; DDR4-class's 32 lanes, a half head's
+    divisors, stream its ROPE in pairs without it), so that the
+    laned sub-ops (:func:`hw.isa.laned_vec_funcs`) take a row about as fast as a LOAD brings
+    it (one lane, the default, takes a 16-byte beat's four elements in four cycles).
 
     >>> with_vector(scaled_config(16, 64, 128, 200.0), wide=True).vector_lanes
     32
+    >>> with_vector(scaled_config(16, 64, 2048, 200.0), wide=True).vector_lanes
+    128
     """
     c = LLAMA7B
     cfg = cfg.replace(**vector_spads(c["hidden"], c["intermediate"], c["vocab"]))
     if not wide or cfg.vector_lanes_max == 1:
         return cfg
-    return cfg.replace(vector_lanes=cfg.vector_lanes_max, vector_laned_silu=True,
-                       vector_laned_rope_heads=True)
+    head_dim = c["hidden"] // c["heads"]
+    lanes = wide_lanes(cfg, head_dim)
+    return cfg.replace(vector_lanes=lanes, vector_laned_silu=True,
+                       vector_laned_rope_heads=lanes % head_dim == 0)
+
+
+def wide_lanes(cfg: AcceleratorConfig, head_dim: int) -> int:
+    """A wide engine's lanes: a beat's int32 elements, at most ``head_dim``. A laned row
+    starts on a multiple of the lanes (:func:`hw.isa.vec_unaligned`), and a head's rows --
+    the values product's fold rows where it is split by position residue
+    (:func:`sw.compile.lower.value_residue`) -- start at multiples of ``head_dim``, so lanes
+    past a head would leave the split's fold unaligned; the engine is fast enough at a head's
+    width (LLaMA-7B decode on HBM-class, 1:4 INT4, INT4 cache, at dc6bb79: 64.8% / 66.7% of
+    the roofline at contexts 128 / 2048 with 128 lanes, 65.0% / 42.8% with a beat's 512).
+
+    >>> wide_lanes(scaled_config(16, 64, 2048, 200.0), 128)
+    128
+    """
+    return min(cfg.vector_lanes_max, head_dim)
 
 
 #: (label, accelerator) of ``--config vector``: :data:`SYSTEMS`' memories with the vector
 #: engine (:func:`with_vector`), one array per memory: the default 4x8 (one lane, the engine
-#: as the FPGA's memory paces it), and 16x64 on the DDR4- and HBM-class memories with an
-#: engine as wide as their beat (32 and 512 lanes). A decode step there is one program per
+#: as the FPGA's memory paces it), and 16x64 on the DDR4- and HBM-class memories with a
+#: wide engine (:func:`with_vector`: 32 and 128 lanes). A decode step there is one program per
 #: token (on HBM-class, one per layer's part: :func:`persistent_lines` says why).
 VECTOR_SYSTEMS = [
     ("default", with_vector(AcceleratorConfig())),
@@ -510,10 +530,11 @@ def persistent_lines(records: list[dict]) -> list[str]:
               "mostly on the step's dependency chain (a GEMM's input is a VEC's result and a "
               "VEC's input a GEMM's), so the weight stream waits on it beyond what the weight "
               "scratchpad prefetches. The DDR4- and HBM-class engines are as wide as their "
-              "beat (`vector_lanes` 32 and 512, a beat's int32 elements; the default's one): "
+              "beat or a head, the narrower (`vector_lanes` 32, a 128-byte beat's int32 "
+              "elements, and 128, a head's channels: `wide_lanes`; the default's one): "
               "ADD, REQUANT, RMSNORM, MUL, DEQUANT, FOLD, SOFTMAX, SILU_GATE "
               "(`vector_laned_silu`), ROPE (DDR4-class: its half head, 64, a multiple of the "
-              "lanes; HBM-class: a group of 512 holding four whole heads of 128, "
+              "lanes; HBM-class: a group of 128 holding a whole head, "
               "`vector_laned_rope_heads`) and the KV append's INSERTs whose codes "
               "lie a beat apart stream a beat a cycle, so against the bytes streamed they weigh "
               "as on the default system. ARGMAX, CHANNEL and KV4 "
@@ -535,9 +556,8 @@ def persistent_lines(records: list[dict]) -> list[str]:
               "append moves. The fields are the instruction set's, one for every "
               "configuration, so the host appends the cache (the compiler warns why). And a "
               "head's rows (128 elements, 512 bytes) are a quarter of a beat, which the query "
-              "REQUANT of the scores and the values' rows into o_proj's REQUANT need whole (a "
-              "512-lane engine reads and writes a row from a multiple of its lanes, "
-              "`hw.isa.vec_unaligned`), so the host requantises them (`fusion._query_rows`, "
+              "REQUANT of the scores and the values' rows into o_proj's REQUANT need in whole "
+              "beats, so the host requantises them (`fusion._query_rows`, "
               "`fusion.attention_chains`) and the step splits at every layer's scores and "
               "o_proj. A layer's attention program (its 32 heads' scores, softmax and values) "
               "is paced by the hand-offs between its vector parts, not by its engines' work "
@@ -560,14 +580,12 @@ def persistent_lines(records: list[dict]) -> list[str]:
               "split pays) it fills them all: eight partial rows of a head's channels, each "
               "the positions of one residue mod 8 (`1:8` sparse values, a k-step per 8 "
               "positions), then three halving ADDs, whose rows must start on a multiple of the "
-              "vector lanes -- 64 or 128, not this system's 512, where the values stay whole "
-              "and at context 2048 the sparse formats' steps stay below 80% of the roofline "
-              "however their programs are joined. With `vector_lanes` 64 (measured at "
-              "c653e74) the 1:4 INT4 step at context 2048 takes 65.0% of the roofline against "
-              "41.7% whole, its attention program 42,802 cycles against 107,160 (dense INT4: "
-              "84.8% against 68.7%); at context 128 the split would not pay (a short cache's "
-              "program is paced by its vector parts' hand-offs, and the fold adds three a "
-              "head) and the compiler keeps the values whole."]
+              "vector lanes, so the engine is no wider than a head (`wide_lanes`: with a beat's "
+              "512 lanes the values stay whole, and the 1:4 INT4 step at context 2048 takes "
+              "42.8% of the roofline against 66.7% split, measured at dc6bb79). At context "
+              "128 the split would not pay (a short cache's program is paced by its vector "
+              "parts' hand-offs, and the fold adds three a head) and the compiler keeps the "
+              "values whole."]
 
     def row(what, target, value, ok):
         status = "reported" if ok is None else "met" if ok else "**not met**"

@@ -104,15 +104,16 @@ def test_the_vector_engine_is_sized_from_the_rows_it_reads_whole():
     assert [s for s, _ in VECTOR_SYSTEMS] == list(dict.fromkeys(s for s, _ in SYSTEMS))
 
 
-def test_the_wide_memories_have_an_engine_as_wide_as_their_beat():
-    """DDR4- and HBM-class engines take a beat's int32 elements a cycle (32 and 512 lanes),
-    SILU_GATE and the ROPEs over heads the lanes hold among them; the default keeps one lane,
-    its recorded rows unchanged."""
+def test_the_wide_memories_have_an_engine_a_beat_or_a_head_wide():
+    """DDR4- and HBM-class engines take a beat's int32 elements a cycle, at most a head's
+    128 channels (32 and 128 lanes: ``wide_lanes``), SILU_GATE among them and, where the
+    lanes hold a head (HBM-class), the ROPEs over heads; the default keeps one lane, its
+    recorded rows unchanged."""
     lanes = {label: (cfg.vector_lanes, cfg.beat_bytes // VECTOR_WORD_BYTES,
                      cfg.vector_laned_silu, cfg.vector_laned_rope_heads)
              for label, cfg in VECTOR_SYSTEMS}
-    assert lanes == {"default": (1, 4, False, False), "DDR4-class": (32, 32, True, True),
-                     "HBM-class": (512, 512, True, True)}
+    assert lanes == {"default": (1, 4, False, False), "DDR4-class": (32, 32, True, False),
+                     "HBM-class": (128, 512, True, True)}
     for _, cfg in VECTOR_SYSTEMS:
         assert cfg.timing_only().vector_lanes == cfg.vector_lanes
 

@@ -66,7 +66,7 @@ def test_the_compiler_splits_only_where_the_host_appends():
     lm, opts = llama7b(), step_options("decode", 1, 2048, 4)
     got = {(label, lanes): _kv_layout(lm, dataclasses.replace(cfg, vector_lanes=lanes),
                                       opts).residue
-           for label, cfg in VECTOR_SYSTEMS for lanes in {64, 128, cfg.vector_lanes}
+           for label, cfg in VECTOR_SYSTEMS for lanes in {64, 128, 512, cfg.vector_lanes}
            if lanes <= cfg.vector_lanes_max}
     assert got == {("default", 1): 1, ("DDR4-class", 32): 1, ("HBM-class", 64): 8,
                    ("HBM-class", 128): 8, ("HBM-class", 512): 1}
