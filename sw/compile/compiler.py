@@ -108,7 +108,14 @@ from sw.compile.ir.types import SYMBOL
 from sw.compile.kvappend import KVAppendOp, kv_append_words
 from sw.compile.lower import KVLayout, Member, context_bucket, node_members, value_residue
 from sw.compile.memo import fuse_parts_cached, moves_cached
-from sw.compile.onchip import onchip_moves, out_moves, quiet_stores, quieten, vout_moves
+from sw.compile.onchip import (
+    moved_waits,
+    onchip_moves,
+    out_moves,
+    quiet_stores,
+    quieten,
+    vout_moves,
+)
 from sw.compile.passes import PassReport, default_passes, last_token_logits, run_passes
 from sw.compile.plan import (
     ArenaPlan,
@@ -1237,7 +1244,8 @@ def _with_moves(cfg: AcceleratorConfig, p: Program) -> Program:
     are, the others' rows follow), where the moves still fit ``cfg``'s instruction memory
     (else fewer: ``p`` without the later passes' moves, or ``p``)."""
     keep = (*p.position_rows, *p.imm_rows, *p.embed_rows, *(i for i, *_ in p.append_rows))
-    words, where = moves_cached(cfg, p.words, keep, (onchip_moves, out_moves, vout_moves))
+    words, where = moves_cached(cfg, p.words, keep,
+                                 (onchip_moves, out_moves, vout_moves, moved_waits))
     if where is None:
         return p
     return dataclasses.replace(

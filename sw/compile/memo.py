@@ -37,7 +37,7 @@ import numpy as np
 from hw.config import AcceleratorConfig
 from sw.compile.errors import LoweringError
 from sw.compile.fusion import fuse_parts
-from sw.compile.onchip import onchip_moves, out_moves, vout_moves
+from sw.compile.onchip import moved_waits, onchip_moves, out_moves, vout_moves
 
 __all__ = ["MAX_BYTES", "MOVE_PASSES", "content_key", "enabled", "fuse_parts_cached", "moves",
            "moves_cached", "clear", "stats"]
@@ -135,7 +135,7 @@ def fuse_parts_cached(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], sprea
 
 
 #: The passes of :func:`moves`, in order.
-MOVE_PASSES = (onchip_moves, out_moves, vout_moves)
+MOVE_PASSES = (onchip_moves, out_moves, vout_moves, moved_waits)
 
 
 def moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int],

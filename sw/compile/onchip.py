@@ -96,8 +96,9 @@ from sw.compile.fusion import BESIDE_EVENTS, overlapping, overlaps
 #: after the fused programs' (:data:`sw.compile.fusion.BESIDE_EVENTS`).
 MOVE_EVENT = max(BESIDE_EVENTS.values()) + 1
 
-__all__ = ["MOVE_EVENT", "OUT_MOVE_EVENT", "onchip_moves", "out_moves", "out_round_trips",
-           "quiet_stores", "quieten", "round_trips", "vout_moves", "vout_round_trips"]
+__all__ = ["MOVE_EVENT", "OUT_MOVE_EVENT", "moved_waits", "onchip_moves", "out_moves",
+           "out_round_trips", "quiet_stores", "quieten", "round_trips", "vout_moves",
+           "vout_round_trips"]
 
 
 def _matches(f) -> np.ndarray:
@@ -992,3 +993,119 @@ def vout_moves(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] 
                 flights[x] = flights.get(x, 0) + 1
     moves = {i: [mv for _, mv in sorted(p, key=lambda m: m[0])] for i, p in placed.items()}
     return _rewritten(decoded, loads, stores, flights, moves, event)
+
+
+# ------------------------------------------------------------ VECs waiting on their move
+def _free_event(cfg: AcceleratorConfig, f) -> int | None:
+    """The lowest event of ``cfg`` that no word of fields ``f`` waits on or signals (None:
+    every one is in use)."""
+    used = set(f["wait"].tolist()) | set(f["signal"].tolist())
+    return next((e for e in range(cfg.num_events) if e not in used), None)
+
+
+def _moved_candidates(cfg: AcceleratorConfig, ins: Sequence, eng: np.ndarray,
+                      match: np.ndarray, keep: Collection[int]) -> list[tuple[int, int, int]]:
+    """The ``(M, L, V)`` index triples :func:`moved_waits` tries, in program order: a VEC
+    ``V`` whose wait a SYNC ``L`` of the LOAD engine grants (a LOAD a move replaced, not in
+    ``keep``), and ``M``, the last move before ``L`` that writes VIN beats ``V`` reads, each
+    ``M`` for one ``V`` and the ``M`` in the order of the ``V`` (the ``k``-th signal of the
+    new event grants its ``k``-th wait)."""
+    out, last = [], -1
+    for v, x in enumerate(ins):
+        if not isinstance(x, Vec) or x.wait is None:
+            continue
+        t = int(match[v])
+        if t < 0 or t in keep or eng[t] != Engine.LOAD.value or not isinstance(ins[t], Sync):
+            continue
+        reads = _vin_reads(cfg, x)
+        m = next((j for j in range(t - 1, last, -1) if isinstance(ins[j], Store)
+                  and ins[j].spad in MOVE_SOURCES
+                  and any(overlaps(_move_rows(ins[j]), r) for r in reads)), None)
+        if m is not None:
+            out.append((m, t, v))
+            last = m
+    return out
+
+
+def _with_moved(words: np.ndarray, triples: Sequence[tuple[int, int, int]], event: int
+                ) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``words`` with, per ``(M, L, V)`` of ``triples``, a SYNC of the STORE engine
+    signalling ``event`` right after ``M``, ``L`` without its signal (gone where it then
+    neither waits nor signals) and ``V`` waiting on ``event``. Returns the words and, per
+    input word, its index in them (a word gone: the next word's)."""
+    after = {m for m, _, _ in triples}
+    quiet = {t for _, t, _ in triples}
+    waits = {v for _, _, v in triples}
+    out, where = [], []
+    for i, ins in enumerate(_instrs(words)):
+        where.append(len(out))
+        if i in quiet:
+            if ins.wait is not None:
+                out.append(replace(ins, signal=None))
+        else:
+            out.append(replace(ins, wait=event) if i in waits else ins)
+        if i in after:
+            out.append(Sync(engine=Engine.STORE, signal=event))
+    return program_words(out), tuple(where)
+
+
+def _moved_unsafe(cfg: AcceleratorConfig, words: np.ndarray, vecs: Collection[int]
+                  ) -> set[int]:
+    """The VECs at ``vecs`` (indices into ``words``) not proven to start after every word
+    before them that writes a VIN beat they read (a LOAD into VIN, a move) and every
+    STORE-engine word before them that reads a VOUT beat they write (a STORE of VOUT, a move
+    from VOUT): :func:`_known` of ``words``. All of them where the table proves nothing."""
+    f = decode_fields(words)
+    eng = engines_fields(f)
+    ins = _instrs(words)
+    known, forward = _known(eng, _matches(f))
+    if forward.any():
+        return set(vecs)
+    # (index, engine, VIN beats written, VOUT beats read) of every such writer and reader
+    dma = [(j, eng[j], *_spad_rows(x), 0, 0) for j, x in enumerate(ins) if _vin_load(x)]
+    dma += [(j, eng[j], *(_move_rows(x) if x.spad in MOVE_SOURCES else (0, 0)),
+             *(_spad_rows(x) if x.spad in (Spad.VOUT, MOVE_SPAD) else (0, 0)))
+            for j, x in enumerate(ins) if isinstance(x, Store)]
+    at, engine, w_lo, w_hi, r_lo, r_hi = np.array(dma, np.int64).reshape(-1, 6).T
+    bad = set()
+    for v in vecs:
+        late = (at < v) & (at > known[v][engine])
+        hit = overlapping(np.stack([r_lo, r_hi], 1), _vout_writes(cfg, ins[v]))
+        for r in _vin_reads(cfg, ins[v]):
+            hit |= overlapping(np.stack([w_lo, w_hi], 1), r)
+        if (late & hit).any():
+            bad.add(v)
+    return bad
+
+
+def moved_waits(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int] = ()
+                ) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``words`` (``uint64 [n, 2]``, after the moves: :func:`onchip_moves`,
+    :func:`out_moves`, :func:`vout_moves`) with a VEC that waited on a LOAD-engine SYNC in a
+    moved LOAD's place waiting on its move instead: the SYNC raised its FULL a LOAD
+    completion delay (:func:`hw.timing.load_completion_delay`) after the move's signal let
+    the LOAD engine pass the boundary; a SYNC of the STORE engine right after the move raises
+    an event no word uses (:func:`_free_event`: STORE -> VECTOR) as the move completes.
+
+    Per :func:`_moved_candidates` triple ``(M, L, V)``: that SYNC after ``M``, ``L``
+    without its signal and ``V`` waiting on the new event (:func:`_with_moved`); removing a
+    matched signal and wait of ``L``'s event keeps every other pairing of it. ``V`` no
+    longer waits for the LOAD-engine words up to ``L``, so it is kept only where
+    :func:`_known` of the new words proves it starts after every word before it that
+    writes a VIN beat it reads or reads a VOUT beat it writes (:func:`_moved_unsafe`;
+    what comes after ``V`` waits on ``V``'s signals as before); the others are dropped
+    and the rest checked again. Unchanged where no event is free or the words loop
+    (REPEAT). Returns the words and, per input word, its index in them."""
+    f = decode_fields(words)
+    event = _free_event(cfg, f)
+    if event is None or np.any(f["opcode"] == Opcode.REPEAT.value):
+        return words, tuple(range(words.shape[0]))
+    eng = engines_fields(f)
+    triples = _moved_candidates(cfg, _instrs(words), eng, _matches(f), keep)
+    while triples:
+        out, where = _with_moved(words, triples, event)
+        bad = _moved_unsafe(cfg, out, [where[v] for _, _, v in triples])
+        if not bad:
+            return out, where
+        triples = [tr for tr in triples if where[tr[2]] not in bad]
+    return words, tuple(range(words.shape[0]))

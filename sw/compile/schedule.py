@@ -398,14 +398,30 @@ class _Scheduler:
 
 
 #: A ring's activation sets are *short* (:func:`act_buffers`) where a set's GEMMs take at most
-#: this many times the LOAD engine's completion delay (:func:`hw.timing.load_completion_delay`):
-#: with one buffer the array idles that delay and more at every set, an eighth of its work or
-#: more. A measured fit: HBM-class decode's attention scores (LLaMA-7B, 1:4 INT4, INT4 cache,
-#: a 65-cycle delay) idled 108 cycles a head with one buffer, a program 24,779 -> 21,745
+#: this many times what the array idles at the set with one buffer: the LOAD engine's
+#: completion delay (:func:`hw.timing.load_completion_delay`) and the set's first weights
+#: LOAD, which waits behind the set's activation LOAD; an eighth of its work or more. A
+#: measured fit: HBM-class decode's attention scores (LLaMA-7B, 1:4 INT4, INT4 cache, a
+#: 65-cycle delay) idled 108 cycles a head with one buffer, a program 24,779 -> 21,745
 #: cycles with two at context 128 (a head's GEMM 166 cycles) and 106,715 -> 103,689 at 2048
-#: (332); the reference deploy's shortest sets, 244 cycles against a 25-cycle delay, keep one
-#: buffer, where two cost its step 612 cycles (97,390 -> 98,002).
+#: (332); its values GEMMs at 2048 (2,082 cycles a head, a first weights LOAD of 513) idled
+#: 598 cycles a head, 102,550 -> 85,653 with two; the reference deploy's shortest sets, 244
+#: cycles against a 25-cycle delay, keep one buffer, where two cost its step 612 cycles
+#: (97,390 -> 98,002).
 SHORT_SET_DELAYS = 8
+
+
+def _set_idle(cfg: AcceleratorConfig, program: Sequence[Instr]) -> int:
+    """What the array idles over every activation set of the ring schedule ``program`` (one
+    buffer) before the set's first GEMM: per activation LOAD, the LOAD completion delay and
+    the first weights LOAD after it (:mod:`hw.timing`'s cycles)."""
+    idle, pending = 0, False
+    for i in program:
+        if isinstance(i, Load) and i.spad == Spad.ACT:
+            idle, pending = idle + load_completion_delay(cfg), True
+        elif pending and isinstance(i, Load) and i.spad == Spad.WGT:
+            idle, pending = idle + load_cycles(i, cfg), False
+    return idle
 
 
 def act_buffers(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: SpadPlan,
@@ -415,18 +431,19 @@ def act_buffers(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: Sp
     activation rows fits a half and either the ring is memory-bound -- its weights LOADs
     take longer than its GEMMs (``program``: its schedule with one buffer; :mod:`hw.timing`'s
     cycles), so a set's LOAD waiting for the GEMM before it idles the stream -- or its sets
-    are short: several, whose GEMMs take at most :data:`SHORT_SET_DELAYS` LOAD completion
-    delays each on average, so the array idling on each set's LOAD (issued only once the
-    set before is stored) is a large part of its work. Else 1, from beat 0: an array-bound
-    ring of long sets loses little by that wait, and a set's LOAD consumes the signal of
-    the STORE just before it, which a fused program's vector part beside the ring
-    (:func:`sw.compile.fusion.beside`: the scores' DEQUANT) follows."""
+    are short: several, whose GEMMs take at most :data:`SHORT_SET_DELAYS` times what the
+    array idles at each set with one buffer (:func:`_set_idle`: a set's LOAD is issued only
+    once the set before is stored, and its first weights LOAD after it), so that idling is
+    a large part of its work. Else 1, from beat 0: an array-bound ring of long sets loses
+    little by that wait, and a set's LOAD consumes the signal of the STORE just before it,
+    which a fused program's vector part beside the ring (:func:`sw.compile.fusion.beside`:
+    the scores' DEQUANT) follows."""
     beats = max(ly.plan.token_tile * ly.plan.act_row_bytes // cfg.beat_bytes for ly in layers)
     loads = sum(load_cycles(i, cfg) for i in program
                 if isinstance(i, Load) and i.spad == Spad.WGT)
     gemms = sum(gemm_cycles(i, cfg) for i in program if isinstance(i, Gemm))
     sets = sum(isinstance(i, Load) and i.spad == Spad.ACT for i in program)
-    short = sets > 1 and gemms <= sets * SHORT_SET_DELAYS * load_completion_delay(cfg)
+    short = sets > 1 and gemms <= SHORT_SET_DELAYS * _set_idle(cfg, program)
     return 2 if beats <= spads.act_half_beats and (loads > gemms or short) else 1
 
 

@@ -8,7 +8,7 @@ from hw.config import AcceleratorConfig, MemoryModel
 from hw.format import WeightFormat, random_quantized
 from hw.isa import Gemm, Load, Spad
 from hw.numerics import gemm_acc
-from hw.timing import gemm_cycles, load_completion_delay
+from hw.timing import gemm_cycles, load_completion_delay, load_cycles
 from sim.model import FastModel
 from sw.compile import schedule
 from sw.compile.errors import LoweringError
@@ -128,17 +128,18 @@ def test_ring_alternates_activation_sets_between_act_halves(monkeypatch):
 def test_memory_bound_or_short_set_rings_alternate_act_halves():
     """Two ACT buffers where the ring's weights LOADs outlast its GEMMs (hw.timing's
     cycles: 200 beats against a 64-step GEMM) or its activation sets are short (several,
-    each a GEMM of at most SHORT_SET_DELAYS LOAD completion delays); one where the array is
-    the bound and its sets are long (512-step GEMMs) or one."""
+    each a GEMM of at most SHORT_SET_DELAYS times a LOAD completion delay and its first
+    weights LOAD); one where the array is the bound and its sets are long (512-step GEMMs)
+    or one."""
     fmt = WeightFormat("2:4", 4, 128)
     layers = [PlacedLayer(plan_linear(RING, fmt, RING.lanes, 128, 1))] * 2
     spads, act = plan_spads(RING, 1), Load(spad=Spad.ACT, rows=1, row_beats=1)
-    short = SHORT_SET_DELAYS * load_completion_delay(RING)
     for steps, beats, sets, buffers in ((64, 200, 2, 2), (512, 8, 2, 1), (64, 8, 2, 2),
                                         (64, 8, 1, 1)):
         gemm = Gemm(k_steps=steps, tokens=1)
-        assert (gemm_cycles(gemm, RING) <= short) == (steps == 64)
         load = Load(spad=Spad.WGT, rows=1, row_beats=beats)
+        short = SHORT_SET_DELAYS * (load_completion_delay(RING) + load_cycles(load, RING))
+        assert (gemm_cycles(gemm, RING) <= short) == (steps == 64)
         program = [act, load, gemm] * sets
         assert schedule.act_buffers(RING, layers, spads, program) == buffers
 

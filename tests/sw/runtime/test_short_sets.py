@@ -2,7 +2,7 @@
 model on VSMALL, whose scores rings are array-bound with a head's query row a set of a
 36-cycle GEMM against a 25-cycle LOAD completion delay, alternates those sets between the ACT
 halves; its decode steps (one program each) run to the twin's logits in fewer cycles than
-with one buffer (16,717 against 16,831 a step)."""
+with one buffer (15,899 against 16,013 a step)."""
 
 import copy
 
