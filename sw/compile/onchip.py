@@ -1106,6 +1106,70 @@ def moved_waits(cfg: AcceleratorConfig, words: np.ndarray, keep: Collection[int]
         out, where = _with_moved(words, triples, event)
         bad = _moved_unsafe(cfg, out, [where[v] for _, _, v in triples])
         if not bad:
-            return out, where
+            late = _lost_unsafe(cfg, words, out, where)
+            if late is None:
+                return out, where
+            # the last rewritten VEC before the word that lost an ordering it needs
+            bad = {where[max((v for _, _, v in triples if v <= late),
+                             default=triples[0][2])]}
         triples = [tr for tr in triples if where[tr[2]] not in bad]
     return words, tuple(range(words.shape[0]))
+
+
+def _lost_unsafe(cfg: AcceleratorConfig, words: np.ndarray, out: np.ndarray,
+                 where: Sequence[int]) -> int | None:
+    """The first word of ``words`` (an index into them) that :func:`_with_moved`'s ``out``
+    (``where``: each word's index in ``out``) no longer proves to start after a word it
+    needs to, or None. A rewritten VEC no longer waits for the LOAD engine, and neither does
+    what waited on it: per word, the words of its engines' queues :func:`_known` proved
+    complete in ``words`` and not in ``out`` must all be the LOAD engine's, and none a LOAD
+    the word conflicts with -- a VEC reading VIN beats it writes, a move writing them or
+    reading the scratchpad it writes, a STORE writing DRAM beats it reads or reading its
+    scratchpad, any GEMM after a LOAD of a scratchpad but VIN (a GEMM's operand rows are
+    left unchecked: conservative). The rewritten VECs' own reads are
+    :func:`_moved_unsafe`'s."""
+    ins, new = _instrs(words), _instrs(out)
+    eng_o, eng_n = engines_fields(decode_fields(words)), engines_fields(decode_fields(out))
+    k_old, fwd_old = _known(eng_o, _matches(decode_fields(words)))
+    k_new, fwd_new = _known(eng_n, _matches(decode_fields(out)))
+    if fwd_old.any() or fwd_new.any():
+        return 0
+    # each word of ``out`` as the last word of ``words`` up to it on its engine (a SYNC
+    # _with_moved added: its move, the word before it on the STORE engine)
+    back = np.full(len(new), -1, np.int64)
+    last = {}
+    src = {w: i for i, w in enumerate(where)}
+    for k in range(len(new)):
+        e = int(eng_n[k])
+        if k in src and int(eng_o[src[k]]) == e:
+            last[e] = src[k]
+        back[k] = last.get(e, -1)
+    load = Engine.LOAD.value
+    for i, x in enumerate(ins):
+        w = where[i]
+        if eng_o[i] < 0 or w >= len(new) or type(new[w]) is not type(x):
+            continue        # a SYNC _with_moved took out
+        kn = np.where(k_new[w] >= 0, back[np.maximum(k_new[w], 0)], -1)
+        for e in np.flatnonzero(kn < k_old[i]):
+            if e != load:
+                return i
+            lost = [ins[j] for j in range(int(kn[e]) + 1, int(k_old[i, e]) + 1)
+                    if eng_o[j] == load and isinstance(ins[j], Load)]
+            if any(_load_conflicts(cfg, x, ld) for ld in lost):
+                return i
+    return None
+
+
+def _load_conflicts(cfg: AcceleratorConfig, x, ld: Load) -> bool:
+    """Whether word ``x`` must start after LOAD ``ld`` completes (see :func:`_lost_unsafe`)."""
+    if isinstance(x, Vec):
+        return ld.spad == Spad.VIN and any(overlaps(_spad_rows(ld), r)
+                                           for r in _vin_reads(cfg, x))
+    if isinstance(x, Store):
+        source = MOVE_SOURCES.get(x.spad, x.spad)
+        if x.spad in MOVE_SOURCES:
+            return ld.spad == source or (ld.spad == Spad.VIN
+                                         and overlaps(_move_rows(x), _spad_rows(ld)))
+        (a, b), (c, d) = _dram_span(x), _dram_span(ld)
+        return ld.spad == source or overlaps((a, b + 1), (c, d + 1))
+    return isinstance(x, Gemm) and ld.spad != Spad.VIN
