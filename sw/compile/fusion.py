@@ -46,15 +46,14 @@ reads only what its own LOADs put there) and whose scratchpad beats no LOAD it o
 writes -- a GEMM's first weight chunks after a REQUANT, a DEQUANT's channel words and
 ``amax`` beats after the GEMM -- and, past that run, each LOAD without a wait into WGT, ACT
 or VIN that meets the same and whose beats and DRAM no earlier LOAD, move or STORE of the
-part writes (in a joined step, weights an earlier fusion moved inside the next program);
-and a leading LOAD into VIN whose beats the part before loads but has settled by its end
+part writes (in a joined step, weights an earlier fusion moved inside the next program); and
+a leading LOAD into VIN whose beats the part before loads but has settled by its end
 (:func:`drained_loads`: no VEC of it that the events do not prove complete reads them,
 :func:`settled`) goes right before that boundary alone (the query's rows after the KV
-append).
-Each goes to the first boundary, in order, where the LOAD engine would idle for at least
-half as long as the LOAD takes (:func:`_slack`, :data:`HOIST_FILL`: the part after then
-starts later by less than the LOAD engine streams instead of idling), up past several parts
-when no STORE of the program writes its DRAM source and none of those parts loads its
+append). Each goes to the first boundary, in order, where the LOAD engine would idle for at
+least half as long as the LOAD takes (:func:`_slack`, :data:`HOIST_FILL`: the part after
+then starts later by less than the LOAD engine streams instead of idling), up past several
+parts when no STORE of the program writes its DRAM source and none of those parts loads its
 scratchpad beats (:func:`_boundary`: weights load while the vector parts before their GEMM
 run; in a step whose blocks roll into one loop, weights only, past vector parts only and not
 past a residual ADD, where a weights LOAD may overtake an earlier one of its part into other
@@ -63,22 +62,25 @@ room, the first goes before its own boundary's SYNCs and the rest stay after the
 (:data:`HOIST_UNFIT`), where they do not hold up the activations' LOAD that the GEMM needs
 first. The scheduler spreads a ring's slots over the whole WGT scratchpad, so before that a
 GEMM part's WGT is packed (its LOADs' beats side by side) and moved above the WGT the parts
-before it load, as many of the latest as leave room (:func:`_wgt_moved`): a GEMM's weights
-then load past the GEMM parts before it (o_proj's weights while attention runs). A GEMM part
-whose weights all load before its boundary leaves its LOAD engine idle while its array
-computes: a later part's LOAD may also go inside it, after its leading LOAD-engine words and
-before its first GEMM (:func:`_inside`), where it has room. Consecutive vector parts load
-the same VIN beats (every template starts at 0), so a vector part's VIN moves above the
-beats the part before loads, where it fits and lets more LOADs go: a DEQUANT after another,
-or a ROPE after a DEQUANT, then loads its rows while the VEC before it runs. The moved LOADs
-leave their signals behind; the LOAD engine, in order, raises each at the moved LOAD's place
-after the SYNCs (on the LOAD-engine word before that place, or on a SYNC of its own right
-after that word, ahead of the other engines' words up to the place, so the dispatcher
-reaches it as early as the LOAD engine could raise it), so a consumer is granted only once
-every load before that place, the moved ones included, has landed, and no event is signalled
-before the boundary: the events run as in the drained program, and the DRAM results are its
-(tests/sw/compile/test_fusion.py). The weights then stream while the part before computes
-and drains.
+before it load, or below it where only that leaves room, past as many of the latest as leave
+room (:func:`_wgt_moved`): a GEMM's weights then load past the GEMM parts before it
+(o_proj's weights while attention runs). A GEMM part whose weights all load before its
+boundary leaves its LOAD engine idle while its array computes: a later part's LOAD may also
+go inside it, after its leading LOAD-engine words and before its first GEMM
+(:func:`_inside`), where it has room; one whose ring loads weights after its boundary, right
+after its last GEMM (:func:`_after_weights`: HBM-class decode's next GEMM's first tiles
+while its last GEMM runs), where weights may overtake the part's earlier hoisted LOADs of
+other beats. Consecutive vector parts load the same VIN beats (every template starts at 0),
+so a vector part's VIN moves above the beats the part before loads, where it fits and lets
+more LOADs go: a DEQUANT after another, or a ROPE after a DEQUANT, then loads its rows while
+the VEC before it runs. The moved LOADs leave their signals behind; the LOAD engine, in
+order, raises each at the moved LOAD's place after the SYNCs (on the LOAD-engine word before
+that place, or on a SYNC of its own right after that word, ahead of the other engines' words
+up to the place, so the dispatcher reaches it as early as the LOAD engine could raise it),
+so a consumer is granted only once every load before that place, the moved ones included,
+has landed, and no event is signalled before the boundary: the events run as in the drained
+program, and the DRAM results are its (tests/sw/compile/test_fusion.py). The weights then
+stream while the part before computes and drains.
 
 A GEMM part and the DEQUANT parts after it that read its stores are one part
 (:func:`beside`, where :func:`_may_run_beside`): a DEQUANT's LOADs of accumulator rows go
@@ -1197,9 +1199,10 @@ def drained_loads(cfg: AcceleratorConfig, before: np.ndarray, words: np.ndarray,
 
 def _wgt_moved(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.ndarray
                ) -> np.ndarray | None:
-    """A part's ``words`` (END dropped) with its WGT packed and moved above the WGT beats the
-    parts ``placed`` before it load, as many of the latest of them as leave room (else at 0),
-    or None where that changes nothing or a GEMM reads WGT beats no LOAD of the part writes.
+    """A part's ``words`` (END dropped) with its WGT packed and moved clear of the WGT beats
+    the latest parts ``placed`` before it load -- above them, or at 0 where it fits below
+    them, past as many of them as leave room (else at 0) --, or None where that changes
+    nothing or a GEMM reads WGT beats no LOAD of the part writes.
     The beats its LOADs write (runs of touching or overlapping extents, in order) go one
     after the other from there, each LOAD's ``spad_addr`` and each GEMM's ``wgt_addr`` moved
     with the run it lies in: a ring's slots, spread over the whole scratchpad by the
@@ -1227,12 +1230,18 @@ def _wgt_moved(cfg: AcceleratorConfig, placed: Sequence[np.ndarray], words: np.n
             starts.append(at)
             at += b - a
         return starts, at
-    top, base = 0, 0
+    cap = cfg.spad_beats("wgt")
+    lo, hi, base = cap, 0, 0
     for part in reversed(placed):
-        top = max([top] + [b for s, _, b in _loads(part) if s == wgt])
-        if place(top)[1] > cfg.spad_beats("wgt"):
+        for s, a, b in _loads(part):
+            if s == wgt:
+                lo, hi = min(lo, a), max(hi, b)
+        if place(hi)[1] <= cap:
+            base = hi
+        elif place(0)[1] <= lo:
+            base = 0
+        else:
             break
-        base = top
     starts, _ = place(base)
 
     def moved(addr: int) -> int | None:
@@ -1961,6 +1970,7 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
     constant = _constant_sources(parts)
     room: list[int] = []  # per slot: the LOAD engine's idle cycles left there
     cuts: list[int | None] = []  # per part: the word its inside slot goes before
+    after: set[int] = set()  # the inside slots after a GEMM part's last weights
     syncs: list[Instr] = []
     for k, body in enumerate(parts):
         hoisted = hoistable(placed[-1], body, spread) if overlap and k else []
@@ -1995,12 +2005,16 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
             # inside GEMM parts too, the reference model's step took longer)
             first = 2 * _boundary(placed, body, i, constant, not spread) - 1 \
                 if i not in drained else 2 * k
+            # (spread, weights may overtake them into a slot after a GEMM part's last
+            # weights, :func:`_after_weights`: the MLP's weights its channel words)
             spad, lo, hi = _spad_extent(f, i)
             first = max([first, *(j for j, (s, a, b) in zip(goes, extents, strict=True)
-                                  if spread or spad != Spad.WGT.value
+                                  if spad != Spad.WGT.value
                                   or s == spad and overlaps((lo, hi), (a, b)))])
+            last = max([first, *goes]) if spread else first
             at = next((j for j in range(first, 2 * k + 1)
-                       if room[j] > 0 and HOIST_FILL * room[j] >= beats),
+                       if (j >= last or j in after) and room[j] > 0
+                       and (1 if j in after else HOIST_FILL) * room[j] >= beats),
                       2 * k if len(goes) < HOIST_UNFIT else None)
             if at is None:
                 break
@@ -2010,8 +2024,10 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
         hoisted = hoisted[:len(goes)]
         for i, j in zip(hoisted, goes, strict=True):
             early[j].append((k, i))
-        cut, idle = _inside(cfg, body, hoisted) if spread else (None, 0)
+        cut, idle, late = _inside(cfg, body, hoisted) if spread else (None, 0, False)
         cuts.append(cut)
+        if late:
+            after.add(len(room))
         room.append(idle)
         blocks, place = _join(syncs, body, hoisted)
         head = len(hoisted)
@@ -2058,7 +2074,7 @@ def _fuse(cfg: AcceleratorConfig, parts: Sequence[np.ndarray], overlap: bool, sp
 
 
 def _inside(cfg: AcceleratorConfig, words: np.ndarray, hoisted: Sequence[int]
-            ) -> tuple[int | None, int]:
+            ) -> tuple[int | None, int, bool]:
     """A GEMM part's inside slot, where every LOAD of the part into WGT goes before its
     boundary (``hoisted``): its first word on another engine than LOAD, before which a later
     part's hoisted LOAD may go -- after the LOAD-engine words that lead the part (its
@@ -2079,14 +2095,54 @@ def _inside(cfg: AcceleratorConfig, words: np.ndarray, hoisted: Sequence[int]
     weights = (f["opcode"] == Opcode.LOAD.value) & (f["dma.spad"] == Spad.WGT.value)
     cycles = exec_cycles_fields(f, cfg)
     if others.size == 0 or not ((eng == load) & kept & (f["wait"] != NO_EVENT)).any() \
-            or not weights.any() or (weights & kept).any():
-        return None, 0
+            or not weights.any():
+        return None, 0, False
+    if (weights & kept).any():
+        cut, idle = _after_weights(f, eng, weights & kept, cycles)
+        return cut, idle, cut is not None
     busiest = max(int(cycles[eng == e].sum()) for e in set(eng[others].tolist()))
     # not past a LOAD-engine word that waits: its signal may come after the slot (a GEMM's
     # STORE), and LOADs queued behind it would hold the dispatch of that GEMM
     waits = np.flatnonzero((eng == load) & kept & (f["wait"] != NO_EVENT))
     return int(min(others[0], waits[0])), max(0, busiest - int(cycles[(eng == load) & kept].sum())
-                                              - _tail(cfg, words))
+                                              - _tail(cfg, words)), False
+
+
+def _after_weights(f: Mapping[str, np.ndarray], eng: np.ndarray, weights: np.ndarray,
+                   cycles: np.ndarray) -> tuple[int | None, int]:
+    """:func:`_inside` of a GEMM part that loads weights after its boundary (a ring's, each
+    LOAD waiting for a GEMM ``slots`` before it): the slot right after its last GEMM, and the
+    cycles the LOAD engine idles from its last weights LOAD (``weights``) on while the array
+    runs its last GEMM (which reads what that LOAD brought) -- that GEMM's cycles, less what
+    the LOAD engine executes from that LOAD on (a LOAD there that fits them delays none of
+    the part's, a DEQUANT's rows beside: :func:`_fuse` fits it whole, not by
+    :data:`HOIST_FILL`). Past every GEMM, LOADs queued there hold the dispatch of no GEMM;
+    None and 0 where a word before the slot waits on a signal only a word after it gives
+    (:func:`_met_before`: LOADs queued behind that word could then hold the dispatch of its
+    signal). The weights of the GEMM part after it then land while its last GEMMs compute
+    (HBM-class decode: the MLP's first tiles while o_proj's last ones run, where a ring of
+    two slots, :func:`sw.compile.schedule.ahead_slots`, leaves them WGT beats of their
+    own)."""
+    last = int(np.flatnonzero(weights)[-1])
+    cut = int(np.flatnonzero(eng == Engine.COMPUTE.value)[-1]) + 1
+    if cut <= last or not _met_before(f, cut):
+        return None, 0
+    load = np.flatnonzero(eng == Engine.LOAD.value)
+    return cut, max(0, int(cycles[cut - 1]) - int(cycles[load[load >= last]].sum()))
+
+
+def _met_before(f: Mapping[str, np.ndarray], cut: int) -> bool:
+    """Whether every wait of the words before ``cut`` (fields of a part, its counters from 0)
+    is met by a signal of a word before it: the k-th wait on an event by its k-th signal."""
+    count: dict[int, int] = {}
+    for i in range(cut):
+        if (e := int(f["wait"][i])) != NO_EVENT:
+            if not count.get(e):
+                return False
+            count[e] -= 1
+        if (e := int(f["signal"][i])) != NO_EVENT:
+            count[e] = count.get(e, 0) + 1
+    return True
 
 
 def _slack(cfg: AcceleratorConfig, words: np.ndarray) -> int:

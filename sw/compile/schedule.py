@@ -57,14 +57,14 @@ from hw.isa import (
     rope_geometry,
     vec_out_words,
 )
-from hw.timing import gemm_cycles, load_completion_delay, load_cycles
+from hw.timing import LOAD_TURNAROUND, gemm_cycles, load_completion_delay, load_cycles
 from sw.compile.errors import LoweringError
 from sw.compile.registers import POS as PENDING_POS
 from sw.compile.tiling import LinearPlan
 
 __all__ = ["EVENTS", "SpadPlan", "plan_spads", "PlacedLayer", "Reloc", "Schedule",
-           "schedule_layers", "ring_slots", "MAX_RING_SLOTS", "ELEMENTWISE", "VectorTask",
-           "vector_tasks", "schedule_vector",
+           "schedule_layers", "ring_slots", "ahead_slots", "half_slots", "MAX_RING_SLOTS",
+           "ELEMENTWISE", "VectorTask", "vector_tasks", "schedule_vector",
            "rope_table_beats", "schedule_requant", "AmaxPlace", "amax_place", "schedule_dequant",
            "dequant_segment_beats", "DEQUANT_TILES", "SHORT_SET_DELAYS", "MAX_DEQUANT_SEGMENTS",
            "schedule_argmax", "argmax_segments", "argmax_beats", "check_head_row"]
@@ -173,6 +173,9 @@ def schedule_layers(cfg: AcceleratorConfig, layers: list[PlacedLayer],
     if slots <= 2:
         return _Scheduler(cfg, layers, spads).run()
     one = _RingScheduler(cfg, layers, spads, slots, 1).run()
+    if (fewer := max(ahead_slots(cfg, one.instructions), half_slots(cfg, one.instructions))
+            ) < slots:
+        slots, one = fewer, _RingScheduler(cfg, layers, spads, fewer, 1).run()
     buffers = act_buffers(cfg, layers, spads, one.instructions)
     return one if buffers == 1 else _RingScheduler(cfg, layers, spads, slots, buffers).run()
 
@@ -199,6 +202,33 @@ def ring_slots(cfg: AcceleratorConfig, layers: Sequence[PlacedLayer], spads: Spa
     fit = min(MAX_RING_SLOTS, steps, cfg.spad_beats("wgt") // chunk,
               cfg.spad_beats("out") // spads.out_buf_beats, (1 << cfg.event_bits) - 1)
     return 1 << max(1, fit.bit_length() - 1)
+
+
+def ahead_slots(cfg: AcceleratorConfig, program: Sequence[Instr]) -> int:
+    """The fewest slots (a power of two, at least 2) a ring needs to keep its array fed: a
+    weights LOAD into slot ``i % slots`` waits for GEMM ``i - slots`` to be done, so its chunk
+    must land (:func:`hw.timing.load_cycles`, :func:`hw.timing.load_completion_delay`, after
+    :data:`hw.timing.LOAD_TURNAROUND`) while the ``slots - 1`` GEMMs between run
+    (:func:`hw.timing.gemm_cycles`; ``program``: the ring's schedule, the longest LOAD
+    against the shortest GEMM). Where the weights stream much faster than the array computes
+    (HBM-class decode), two slots do: the ring then takes less of the WGT scratchpad, so the
+    next GEMM part of a fused program packs its weights beside it and loads them while the
+    vector parts between run (:func:`sw.compile.fusion._wgt_moved`)."""
+    land = max(load_cycles(i, cfg) for i in program if isinstance(i, Load) and i.spad == Spad.WGT)
+    gemm = min(gemm_cycles(i, cfg) for i in program if isinstance(i, Gemm))
+    gemms = -(-(land + load_completion_delay(cfg) + LOAD_TURNAROUND) // gemm)
+    return 1 << max(1, gemms.bit_length())
+
+
+def half_slots(cfg: AcceleratorConfig, program: Sequence[Instr]) -> int:
+    """The most slots of a ring's largest chunk (``program``: its schedule) that half the WGT
+    scratchpad holds (a power of two, at least 1): a ring of no more leaves the other half
+    to the next GEMM part of a fused program; one already that small keeps its slots
+    (:func:`ahead_slots` lowers only rings that fill more of WGT)."""
+    chunk = max(i.rows * i.row_beats for i in program
+                if isinstance(i, Load) and i.spad == Spad.WGT)
+    fit = cfg.spad_beats("wgt") // 2 // chunk
+    return 1 << max(0, fit.bit_length() - 1)
 
 
 def out_ring(cfg: AcceleratorConfig, slots: int, out_buf_beats: int) -> int:

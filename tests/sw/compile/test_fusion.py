@@ -16,6 +16,7 @@ from compile_testutil import (
     vin_row_bytes,
 )
 
+from hw import timing
 from hw.config import MemoryModel
 from hw.engines import engines_fields, exec_cycles_fields
 from hw.isa import (
@@ -73,6 +74,7 @@ from sw.compile.fusion import (
     linear_group,
     load_pieces,
     loads_ahead,
+    overlaps,
     part_buffers,
     piece_beats,
     rename_events,
@@ -945,6 +947,43 @@ def test_weights_load_inside_a_gemm_part_whose_own_loaded_before_it(monkeypatch,
         assert all(r.ok for r in runs), [r.error for r in runs]
         assert np.array_equal(runs[0].dram, runs[1].dram)
         assert runs[1].cycles < runs[0].cycles
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_weights_load_after_the_last_gemm_of_a_part_whose_own_wait(seed):
+    """A GEMM-like part whose later weights LOADs wait for its GEMMs (a ring's: ahead of
+    nothing to spare, its LOAD engine last waiting for its first STORE, so its boundary has
+    no room), a vector part, then a GEMM-like part of other weights: the second GEMM's
+    leading weights go inside the first part right after its last GEMM (its last weights
+    landed, the LOAD engine idles while that GEMM runs), at WGT beats clear of the first's.
+    The program computes the drained one's DRAM from a random image, and the LOAD of those
+    weights no longer adds to the program's cycles: it takes at most the drained program's
+    cycles less that LOAD's (hw.timing.load_cycles)."""
+    rng = np.random.default_rng(seed)
+    steps = 2 * int(rng.integers(20, 30))  # a GEMM long enough to hide the second's LOAD
+    beats = -(-gemm_weight_bytes(Gemm(k_steps=steps), CFG) // CFG.beat_bytes)
+    first = _draining(_gemm_like(int(rng.integers(3, 6)), dram=40, beats=beats,
+                                 k_steps=steps))
+    second = _gemm_like(2, dram=60)
+    parts = [first, _vector_part(y=60), second]
+    words, places = fuse_parts(CFG, parts)
+    got = _program(words)
+    last = max(j for j in places[0] if isinstance(got[j], Gemm))
+    drain = next(j for j in range(last, len(got))  # the first SYNC of no part's: its drain
+                 if isinstance(got[j], Sync) and not any(j in p for p in places))
+    lead = places[2][1]
+    assert isinstance(got[lead], Load) and got[lead].spad == Spad.WGT
+    assert last < lead < drain
+    firsts = [(got[j].spad_addr, got[j].spad_addr + got[j].row_beats) for j in places[0]
+              if isinstance(got[j], Load) and got[j].spad == Spad.WGT]
+    assert not any(overlaps((got[lead].spad_addr, got[lead].spad_addr + got[lead].row_beats),
+                            b) for b in firsts)
+    dram = rng.integers(0, 256, CFG.memory.size_bytes, dtype=np.uint8)
+    runs = [make_backend("model", CFG).run(fuse_words(CFG, parts, overlap), dram.copy())
+            for overlap in (False, True)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert np.array_equal(runs[0].dram, runs[1].dram)
+    assert runs[1].cycles <= runs[0].cycles - timing.load_cycles(got[lead], CFG)
 
 
 def _sets_like(sets: int, tiles: int, beats: int, k_steps: int) -> np.ndarray:
