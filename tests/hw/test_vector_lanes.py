@@ -267,7 +267,8 @@ def test_a_rope_over_heads_the_lanes_hold_is_laned_with_the_flag(head_dim):
     the lanes, never at one lane nor for another sub-op; :func:`hw.isa.rope_laned` and
     ``vec_lanes`` add it to the half heads of whole groups only with ``heads`` (the
     configuration's ``vector_laned_rope_heads``); ints and arrays agree. LLaMA's head of 128
-    streams laned on HBM-class's 512 lanes only with the flag, on DDR4-class's 32 without
+    streams laned on HBM-class's 128 lanes (or a beat's 512) only with the flag, on
+    DDR4-class's 32 without
     it (its half head, 64, whole groups) and so with it alike."""
     imm = rope_imm(head_dim, 3)
     for lanes in (1, 2, 4, 8, 16, 32, 64, 128, 512):
@@ -283,8 +284,9 @@ def test_a_rope_over_heads_the_lanes_hold_is_laned_with_the_flag(head_dim):
             lanes if pairs or want else 1)
         assert not rope_heads_laned(VecFunc.ADD.value, imm, lanes)
     llama = rope_imm(128, 32)
-    assert not rope_laned(VecFunc.ROPE.value, llama, 512)
-    assert rope_laned(VecFunc.ROPE.value, llama, 512, True)
+    for lanes in (128, 512):
+        assert not rope_laned(VecFunc.ROPE.value, llama, lanes)
+        assert rope_laned(VecFunc.ROPE.value, llama, lanes, True)
     assert rope_laned(VecFunc.ROPE.value, llama, 32) and \
         not rope_heads_laned(VecFunc.ROPE.value, llama, 32)
 
@@ -368,17 +370,18 @@ def test_laned_cycles(lanes):
         assert timing.vec_cycles(v, silu) == _one_lane(VecFunc.SILU_GATE, -(-length // lanes), 0)
 
 
-@pytest.mark.parametrize("lanes", [2, 4, 512])
+@pytest.mark.parametrize("lanes", [2, 4, 128, 512])
 def test_laned_rope_over_heads_cycles(lanes):
     """A ROPE over heads the lanes hold whole (``vector_laned_rope_heads``) reads a group a
     cycle, its table's group beside it, and each element enters Rope as it arrives: its
     one-lane cycles of a row of ``ceil(L / lanes)`` elements less the one-lane ROPE's cycle
     between a pair's two elements; without the flag, one element a cycle. LLaMA-7B's query
-    row (32 heads of 128) on HBM-class's 512 lanes: 15 cycles, not the one-lane 4,104."""
+    row (32 heads of 128) on HBM-class's memory with a beat's 512 lanes: 15 cycles, not the
+    one-lane 4,104."""
     from bench.scaling import VECTOR_SYSTEMS
 
     cfg = _cfg(lanes) if lanes <= VCFG.vector_lanes_max else dict(VECTOR_SYSTEMS)[
-        "HBM-class"].replace(vector_laned_rope_heads=False)
+        "HBM-class"].replace(vector_lanes=lanes, vector_laned_rope_heads=False)
     assert cfg.vector_lanes == lanes
     on = cfg.replace(vector_laned_rope_heads=True)
     lat = timing.VEC_FEED_LATENCY + timing.VECTOR_LATENCY["rope"]
